@@ -1,0 +1,25 @@
+"""fastlm: fast, measured fine-tuning of causal language models.
+
+Importing the package sets safe process defaults before any library reads them: telemetry off
+(Kedro, MLflow, Hugging Face) and no hub downloads unless the user opted in by setting the
+variables themselves. Nothing here imports Kedro, so the engine stays usable on its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+__version__ = "0.1.0"
+
+_OFFLINE_DEFAULTS = {
+    "DO_NOT_TRACK": "true",  # the word true: Kedro and MLflow telemetry both read it
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+}
+for _key, _value in _OFFLINE_DEFAULTS.items():
+    os.environ.setdefault(_key, _value)

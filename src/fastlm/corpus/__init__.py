@@ -1,0 +1,1 @@
+"""Corpus preparation (read, clean, split, tokenizer, tokenize, fingerprint). Kedro-free."""

@@ -1,0 +1,129 @@
+"""Tokenize texts fast: batched Rust tokenizer calls, a fork pool on large inputs, numpy post-processing.
+
+Nothing is padded: each sample is its ids (special tokens as the tokenizer adds them), truncated so
+that, with one EOS appended, it has at most ``max_length`` tokens.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+POOL_MIN_ROWS = 100_000  # below this a pool's start-up costs more than it saves
+
+
+@dataclass(frozen=True)
+class TokenizedTexts:
+    """Ragged token ids: row i is ``values[offsets[i]:offsets[i + 1]]`` (EOS last)."""
+
+    values: np.ndarray  # int32
+    offsets: np.ndarray  # int64, len(rows) + 1
+    truncated: np.ndarray  # bool, one per row
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def to_arrow(self, rows: np.ndarray | None = None) -> pa.Table:
+        """An Arrow table with ``input_ids`` (list<int32>) and ``length`` (int32), optionally of ``rows``."""
+        offsets = self.offsets.astype(np.int32) if self.offsets[-1] < 2**31 else self.offsets
+        list_type = pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray
+        ids = list_type.from_arrays(pa.array(offsets), pa.array(self.values, type=pa.int32()))
+        table = pa.table({"input_ids": ids, "length": pa.array(self.lengths.astype(np.int32))})
+        return table if rows is None else table.take(pa.array(rows))
+
+
+def resolve_num_proc(num_proc: int | str, rows: int) -> int:
+    if num_proc != "auto":
+        return int(num_proc)
+    if rows < POOL_MIN_ROWS or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+
+
+def tokenize_texts(
+    texts: Sequence[str], tokenizer, *, max_length: int, batch_size: int = 20_000, num_proc: int | str = "auto"
+) -> TokenizedTexts:
+    """Token ids of ``texts`` with EOS appended and truncation at ``max_length`` (EOS included)."""
+    eos = int(tokenizer.eos_token_id)
+    chunks = [texts[start : start + batch_size] for start in range(0, len(texts), batch_size)]
+    procs = resolve_num_proc(num_proc, len(texts))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow (Python) tokenizer: batched calls in this process
+        parts = [_finish(_ids_to_arrays(tokenizer(list(chunk))["input_ids"]), eos, max_length) for chunk in chunks]
+    elif procs > 1 and len(chunks) > 1:
+        parts = _in_pool(chunks, backend.to_str(), eos, max_length, procs)
+    else:
+        _init_worker(backend.to_str())
+        parts = [_encode_chunk(chunk, eos, max_length) for chunk in chunks]
+    return _concat(parts)
+
+
+def _in_pool(chunks, backend_json: str, eos: int, max_length: int, procs: int) -> list:
+    # Workers tokenize single-threaded: the pool is the parallelism. Setting the variable before the
+    # fork also keeps the tokenizers library from warning about a fork after its thread pool started.
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        context = multiprocessing.get_context("fork")
+        with context.Pool(procs, initializer=_init_worker, initargs=(backend_json,)) as pool:
+            return pool.starmap(_encode_chunk, [(chunk, eos, max_length) for chunk in chunks], chunksize=1)
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+_worker_backend = None
+
+
+def _init_worker(backend_json: str) -> None:
+    global _worker_backend
+    from tokenizers import Tokenizer
+
+    _worker_backend = Tokenizer.from_str(backend_json)
+
+
+def _encode_chunk(chunk: Sequence[str], eos: int, max_length: int):
+    encode = getattr(_worker_backend, "encode_batch_fast", _worker_backend.encode_batch)
+    encodings = encode(list(chunk), add_special_tokens=True)
+    return _finish(_ids_to_arrays([encoding.ids for encoding in encodings]), eos, max_length)
+
+
+def _ids_to_arrays(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    values = np.fromiter((token for row in rows for token in row), dtype=np.int32, count=int(lengths.sum()))
+    return values, lengths
+
+
+def _finish(arrays: tuple[np.ndarray, np.ndarray], eos: int, max_length: int):
+    """Drop a trailing EOS the tokenizer added, truncate the body to max_length - 1, append one EOS."""
+    values, lengths = arrays
+    ends = np.cumsum(lengths)
+    ends_with_eos = (lengths > 0) & (values[np.maximum(ends - 1, 0)] == eos) if len(values) else lengths > 0
+    body = lengths - ends_with_eos
+    keep = np.minimum(body, max_length - 1)
+    position = np.arange(len(values)) - np.repeat(ends - lengths, lengths)
+    kept_values = values[position < np.repeat(keep, lengths)]
+    out_lengths = keep + 1
+    out = np.empty(int(out_lengths.sum()), dtype=np.int32)
+    is_eos = np.zeros(len(out), dtype=bool)
+    is_eos[np.cumsum(out_lengths) - 1] = True
+    out[is_eos] = eos
+    out[~is_eos] = kept_values
+    return out, out_lengths, body > max_length - 1
+
+
+def _concat(parts) -> TokenizedTexts:
+    if not parts:
+        return TokenizedTexts(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, bool))
+    values = np.concatenate([part[0] for part in parts])
+    lengths = np.concatenate([part[1] for part in parts])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return TokenizedTexts(values, offsets, np.concatenate([part[2] for part in parts]))

@@ -1,0 +1,84 @@
+"""Get the tokenizer: train a byte-level BPE on the train split, or load a local directory / hub id."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from fastlm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+PARAM = "split.tokenizer.source"
+FIX_SOURCE = f"set {PARAM} to 'train', to a local tokenizer directory, or to a hub id with split.tokenizer.allow_download: true"
+
+
+def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency: int, model_max_length: int):
+    """A byte-level BPE (GPT-2 style, no unknown tokens) trained on ``texts``; EOS doubles as pad.
+
+    The pad id never reaches the loss: labels come from sample boundaries, so EOS is still learned.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        padding_side="right",
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_code: bool = False):
+    """Load ``source`` (local directory, or hub id when downloads are allowed) with clear errors."""
+    from transformers import AutoTokenizer
+
+    local = Path(source).expanduser()
+    looks_like_path = local.is_absolute() or source.startswith((".", "~")) or local.exists()
+    if looks_like_path and not local.is_dir():
+        raise ConfigError(f"{PARAM} = {source!r}: no such tokenizer directory.", fix=FIX_SOURCE + ".")
+    if not local.is_dir() and not allow_download:
+        raise ConfigError(
+            f"{PARAM} = {source!r} is not a local directory and downloads are off.",
+            fix=f"download it once and point {PARAM} at the folder, or set split.tokenizer.allow_download: true.",
+        )
+    if not local.is_dir():
+        os.environ["HF_HUB_OFFLINE"] = "0"  # explicit opt-in for this process
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(local) if local.is_dir() else source, trust_remote_code=trust_remote_code
+        )
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{PARAM} = {source!r} could not be loaded as a tokenizer: {first_line}", fix=FIX_SOURCE + ".") from exc
+    return prepare_for_training(tokenizer, source)
+
+
+def prepare_for_training(tokenizer, source: str = "tokenizer"):
+    """Right padding, and EOS as pad when the tokenizer has no pad token (one warning)."""
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(
+            f"{PARAM} = {source!r} has no EOS token, which fastlm appends to every sample.",
+            fix="use a tokenizer that defines eos_token (or add one to its special_tokens_map.json).",
+        )
+    if tokenizer.pad_token_id is None:
+        log.warning("Tokenizer %s has no pad token: using EOS (%r) as pad; EOS stays in the loss.", source, tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer

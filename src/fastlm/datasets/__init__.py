@@ -1,0 +1,7 @@
+"""Kedro datasets the catalog needs where kedro-datasets has none (or none that writes atomically)."""
+
+from fastlm.datasets.atomic_arrow import AtomicArrowDataset
+from fastlm.datasets.pretrained_tokenizer import PretrainedTokenizerDataset
+from fastlm.datasets.text_corpus import TextCorpusDataset
+
+__all__ = ["AtomicArrowDataset", "PretrainedTokenizerDataset", "TextCorpusDataset"]

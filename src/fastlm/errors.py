@@ -1,0 +1,39 @@
+"""User-facing errors: each one is a single line naming the file or parameter and the fix."""
+
+from __future__ import annotations
+
+
+class FastlmError(Exception):
+    """A problem the user can fix (bad input, bad parameter, stale data).
+
+    The project CLI prints ``str(error)`` as one line and exits with status 2; no traceback.
+    """
+
+    exit_code = 2
+
+    def __init__(self, what: str, fix: str | None = None):
+        message = what if fix is None else f"{what} Fix: {fix}"
+        super().__init__(" ".join(message.split()))
+
+
+class ConfigError(FastlmError):
+    """A parameter is missing, misspelled, of the wrong type or out of range."""
+
+
+class InputDataError(FastlmError):
+    """An input file or folder is missing, unreadable or has the wrong shape."""
+
+
+class StaleDataError(FastlmError):
+    """Derived data no longer matches the configuration that should have produced it."""
+
+
+def find_user_error(exc: BaseException | None) -> FastlmError | None:
+    """Return the first FastlmError in ``exc``'s cause/context chain (Kedro wraps node errors)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, FastlmError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

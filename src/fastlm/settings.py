@@ -1,0 +1,18 @@
+"""Kedro project settings."""
+
+import os
+import warnings
+
+from kedro.config import OmegaConfigLoader
+
+CONFIG_LOADER_CLASS = OmegaConfigLoader
+CONFIG_LOADER_ARGS = {
+    "base_env": "base",
+    "default_run_env": "local",
+    # ${env_or:NAME,default}: an environment variable where the user set one (e.g. MLFLOW_TRACKING_URI)
+    "custom_resolvers": {"env_or": lambda name, default=None: os.environ.get(name) or default},
+}
+
+# Deprecation chatter from third-party code at start-up, not actionable by a fastlm user.
+warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
+warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
