@@ -21,5 +21,12 @@ _OFFLINE_DEFAULTS = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
 }
-for _key, _value in _OFFLINE_DEFAULTS.items():
-    os.environ.setdefault(_key, _value)
+
+
+def apply_process_defaults() -> None:
+    """Set the defaults above where the user has not set the variable (also a ``kedro.init`` hook)."""
+    for key, value in _OFFLINE_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+apply_process_defaults()

@@ -7,13 +7,16 @@ deprecation warning.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import pkgutil
 import sys
 
 import click
 from kedro.framework.cli.project import run as kedro_run
 
-from fastlm.errors import find_user_error
+import fastlm.pipelines
+from fastlm.errors import ConfigError, FastlmError, find_user_error
 
 
 @click.group(name="fastlm")
@@ -28,12 +31,30 @@ def _run(**kwargs):
     try:
         return kedro_run.callback(**kwargs)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
-        user_error = find_user_error(exc)
+        user_error = find_user_error(exc) or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
         if user_error is None:
             raise
         logging.shutdown()
         click.secho(f"fastlm: error: {user_error}", fg="red", err=True)
         sys.exit(user_error.exit_code)
+
+
+def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError | None:
+    """Kedro's ValueErrors for an unknown or empty pipeline, as one line."""
+    message = str(exc)
+    unknown = [name for name in names if importlib.util.find_spec(f"fastlm.pipelines.{name}") is None]
+    if unknown and isinstance(exc, ImportError | ValueError):
+        known = sorted(info.name for info in pkgutil.iter_modules(fastlm.pipelines.__path__) if info.ispkg)
+        return ConfigError(f"unknown pipeline {', '.join(unknown)!r}.", fix=f"use one of: {', '.join(known)}.")
+    if not isinstance(exc, ValueError):
+        return None
+    if "Pipeline contains no nodes" in message:
+        return ConfigError(
+            f"pipeline {', '.join(names) or '__default__'!r} has no nodes in this version of fastlm (or none left "
+            "after your --tags/--nodes filters).",
+            fix="run `kedro run --pipeline=split`, or check the filters.",
+        )
+    return None
 
 
 run = click.Command(

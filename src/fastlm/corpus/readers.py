@@ -81,7 +81,7 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
 
         return pajson.read_json(path).to_pandas()
     except Exception:  # noqa: BLE001 - mixed types in a column: fall back to Python's json
-        return pd.read_json(path, lines=True, dtype=False, convert_dates=False)
+        return pd.read_json(path, lines=True, dtype=False)
 
 
 def _read_arrow_dir(path: Path) -> pd.DataFrame:

@@ -1,0 +1,38 @@
+import pytest
+from transformers import AutoTokenizer
+
+from fastlm.corpus.fingerprint import check_fresh, make_fingerprint
+from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+from fastlm.errors import StaleDataError
+
+
+def test_fingerprint_survives_save_and_load(bpe_tokenizer, bpe_tokenizer_dir):
+    loaded = AutoTokenizer.from_pretrained(bpe_tokenizer_dir)
+    assert make_fingerprint(bpe_tokenizer, 64)["fingerprint"] == make_fingerprint(loaded, 64)["fingerprint"]
+    check_fresh(make_fingerprint(bpe_tokenizer, 64), loaded, 64, where="tokenized")
+
+
+def test_changed_max_length_is_refused_with_the_refresh_command(bpe_tokenizer):
+    stored = make_fingerprint(bpe_tokenizer, 320)
+    with pytest.raises(StaleDataError) as error:
+        check_fresh(stored, bpe_tokenizer, 512, where="data/05_model_input/tokenized_corpus")
+    message = str(error.value)
+    assert "max_length 320 -> 512" in message and "kedro run --pipeline=split" in message
+    assert "data/05_model_input/tokenized_corpus" in message
+
+
+def test_changed_tokenizer_is_refused(bpe_tokenizer, sample_texts):
+    other = train_bpe_tokenizer(sample_texts[:200], vocab_size=300, min_frequency=1, model_max_length=64)
+    with pytest.raises(StaleDataError, match="the tokenizer changed"):
+        check_fresh(make_fingerprint(bpe_tokenizer, 64), other, 64, where="tokenized")
+
+
+def test_missing_fingerprint_is_refused(bpe_tokenizer):
+    with pytest.raises(StaleDataError, match="no tokenization fingerprint"):
+        check_fresh(None, bpe_tokenizer, 64, where="tokenized")
+
+
+def test_bpe_training_is_deterministic(sample_texts):
+    first = train_bpe_tokenizer(sample_texts, vocab_size=400, min_frequency=2, model_max_length=64)
+    second = train_bpe_tokenizer(sample_texts, vocab_size=400, min_frequency=2, model_max_length=64)
+    assert make_fingerprint(first, 64) == make_fingerprint(second, 64)

@@ -1,0 +1,107 @@
+"""The split pipeline end to end: through a KedroSession in-process, and through the real CLI."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import datasets
+import pandas as pd
+import pytest
+
+from fastlm.errors import ConfigError, InputDataError
+from tests.conftest import run_pipeline, write_jsonl
+
+pytestmark = pytest.mark.e2e
+OUTPUTS = [
+    "data/03_primary/corpus_splits.parquet",
+    "data/05_model_input/tokenized_corpus",
+    "data/05_model_input/tokenized_corpus_fingerprint.json",
+    "data/06_models/tokenizer",
+    "data/08_reporting/split_report.json",
+    "data/08_reporting/split_summary.csv",
+]
+SMALL = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48}}
+
+
+def _snapshot(project):
+    digest = {}
+    for output in OUTPUTS:
+        path = project / output
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        digest[output] = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+    return digest
+
+
+def test_session_run_writes_every_output(kedro_project):
+    run_pipeline(kedro_project, "split", SMALL)
+    report = json.loads((kedro_project / "data/08_reporting/split_report.json").read_text())
+    assert report["dropped"]["empty"] == 1 and report["dropped"]["whitespace_only"] == 1
+    assert report["dropped"]["missing"] == 1 and report["dropped"]["non_string"] == 1
+    tokenized = datasets.load_from_disk(str(kedro_project / "data/05_model_input/tokenized_corpus"))
+    assert sum(len(part) for part in tokenized.values()) == report["kept_rows"]
+    assert max(max(part["length"]) for part in tokenized.values()) <= 48
+    splits = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet")
+    assert splits["split"].value_counts().to_dict() == {name: len(part) for name, part in tokenized.items()}
+    summary = pd.read_csv(kedro_project / "data/08_reporting/split_summary.csv")
+    assert summary["rows"].sum() == report["kept_rows"]
+
+
+def test_appending_rows_keeps_every_existing_row_in_its_split(kedro_project, sample_texts):
+    run_pipeline(kedro_project, "split", SMALL)
+    before = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet")
+    write_jsonl(kedro_project / "data/01_raw/demo_corpus.jsonl", sample_texts + [f"new row {i}" for i in range(200)])
+    run_pipeline(kedro_project, "split", SMALL)
+    after = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet").set_index("text")["split"]
+    assert len(after) == len(before) + 200
+    assert (after.loc[before["text"]].to_numpy() == before["split"].to_numpy()).all()
+
+
+@pytest.mark.parametrize(
+    ("params", "error", "expected"),
+    [
+        ({"raw_path": "data/01_raw/missing.csv"}, InputDataError, "does not exist"),
+        ({"split": {"text_column": "body"}}, InputDataError, "its columns are ['text']"),
+        ({"split": {"ratios": {"train": 0.7}}}, ConfigError, "must sum to 1"),
+        ({"split": {"max_length": 1}}, ConfigError, "split.max_length = 1"),
+        ({"split": {"tokenizer": {"source": "./no/tokenizer"}}}, ConfigError, "split.tokenizer.source"),
+    ],
+)
+def test_bad_input_leaves_existing_outputs_untouched(kedro_project, params, error, expected):
+    run_pipeline(kedro_project, "split", SMALL)
+    before = _snapshot(kedro_project)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(kedro_project, "split", params)
+    from fastlm.errors import find_user_error
+
+    user_error = find_user_error(raised.value)
+    assert isinstance(user_error, error) and expected in str(user_error)
+    assert _snapshot(kedro_project) == before
+
+
+def test_zero_rows_after_cleaning_is_refused(kedro_project):
+    write_jsonl(kedro_project / "data/01_raw/demo_corpus.jsonl", ["", "  ", None, 3])
+    with pytest.raises(Exception) as raised:
+        run_pipeline(kedro_project, "split")
+    assert "no usable text left" in str(raised.value)
+    assert not (kedro_project / "data/05_model_input/tokenized_corpus").exists()
+
+
+def _kedro(project, *args):
+    env = {**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "kedro", *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_singular_pipeline_flag_runs_and_bad_input_is_one_line(kedro_project):
+    done = _kedro(kedro_project, "run", "--pipeline=split", "--params", "split.tokenizer.vocab_size=400")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "deprecated" not in done.stderr.lower()
+    before = _snapshot(kedro_project)
+    failed = _kedro(kedro_project, "run", "--pipelines=split", "--params", "raw_path=data/01_raw/nope.tsv")
+    assert failed.returncode == 2
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastlm: error:") and "nope.tsv does not exist" in last and "Fix:" in last
+    assert "Traceback" not in failed.stderr
+    assert _snapshot(kedro_project) == before
