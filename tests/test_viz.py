@@ -1,0 +1,165 @@
+"""Kedro-Viz sees the split pipeline: `kedro viz build` writes it into the static site, `kedro viz run` serves it.
+
+Both commands run in a throw-away copy of the project (conf/, pyproject.toml; the code is the installed fastlm):
+`kedro viz build` has no output option and always writes ./build, and `kedro viz run` writes ./.viz.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SPLIT_NODES = {"clean_corpus", "split_corpus", "build_tokenizer", "tokenize_corpus", "report_split"}
+SPLIT_DATASETS = {"raw_corpus", "tokenized_corpus"}
+KEDRO = [sys.executable, "-m", "kedro"]
+
+
+@pytest.fixture
+def viz_project(tmp_path) -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", ".telemetry"):
+        if (PROJECT_ROOT / name).is_file():
+            shutil.copy(PROJECT_ROOT / name, project / name)
+    shutil.copytree(PROJECT_ROOT / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
+    (project / "conf" / "local").mkdir()
+    (
+        project / "src"
+    ).mkdir()  # Kedro wants <project>/src (resolved, so no link); the code is the installed fastlm
+    return project
+
+
+def _viz_env(project: Path) -> dict[str, str]:
+    env = {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"}
+    # `kedro viz run` asks PyPI for a newer kedro-viz (30 s timeout): make that fail at once, keep localhost direct.
+    for name in ("HTTPS_PROXY", "https_proxy"):
+        env[name] = "http://127.0.0.1:9"
+    for name in ("NO_PROXY", "no_proxy"):
+        env[name] = "127.0.0.1,localhost"
+    return env
+
+
+def _assert_split_graph(graph: dict, where: str) -> None:
+    """The split pipeline's nodes and datasets are in a /api/main-style graph, wired raw_corpus -> clean_corpus."""
+    tasks = {node["name"]: node for node in graph["nodes"] if node["type"] == "task"}
+    data = {node["name"]: node for node in graph["nodes"] if node["type"] == "data"}
+    assert SPLIT_NODES <= tasks.keys(), f"{where}: split nodes missing, tasks are {sorted(tasks)}"
+    assert SPLIT_DATASETS <= data.keys(), f"{where}: datasets missing, data nodes are {sorted(data)}"
+    assert "split" in {pipeline["id"] for pipeline in graph["pipelines"]}, f"{where}: {graph['pipelines']}"
+    for name in SPLIT_NODES:
+        assert "split" in tasks[name]["pipelines"], f"{where}: {name} is not in the split pipeline"
+    edges = {(edge["source"], edge["target"]) for edge in graph["edges"]}
+    assert (data["raw_corpus"]["id"], tasks["clean_corpus"]["id"]) in edges
+    assert (tasks["tokenize_corpus"]["id"], data["tokenized_corpus"]["id"]) in edges
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_viz_build_lists_the_split_pipeline(viz_project):
+    result = subprocess.run(
+        [*KEDRO, "viz", "build"],
+        cwd=viz_project,
+        env=_viz_env(viz_project),
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    log = f"rc={result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    # `kedro viz build` reports its own failures as a message and still exits 0: check the files it wrote.
+    api = viz_project / "build" / "api"
+    assert result.returncode == 0 and (api / "main").is_file(), log
+    assert (viz_project / "build" / "index.html").is_file(), log
+
+    main = json.loads((api / "main").read_text(encoding="utf-8"))
+    _assert_split_graph(main, "build/api/main")
+    assert main["selected_pipeline"] == "__default__"
+
+    split = json.loads((api / "pipelines" / "split").read_text(encoding="utf-8"))
+    _assert_split_graph(split, "build/api/pipelines/split")
+    assert split["selected_pipeline"] == "split"
+    assert {node["name"] for node in split["nodes"] if node["type"] == "task"} == SPLIT_NODES
+
+
+def _free_port() -> int:
+    """A free localhost port below 49151 (kedro viz refuses higher ones)."""
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randint(20000, 45000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-45000")
+
+
+def _stop_process_group(process: subprocess.Popen) -> None:
+    """SIGTERM the server's whole process group (the CLI and its spawned server), SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the spawned server child may outlive the CLI by a moment
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_viz_run_serves_the_split_pipeline(viz_project):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api/main"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    log_path = viz_project / "viz_run.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [*KEDRO, "viz", "run", "--no-browser", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=viz_project,
+            env=_viz_env(viz_project),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        graph, error = None, None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with opener.open(url, timeout=5) as response:
+                    graph = json.load(response)
+                break
+            except OSError as exc:  # not listening yet (URLError, ConnectionError, timeouts)
+                error = exc
+                time.sleep(0.25)
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        assert graph is not None, (
+            f"no graph at {url} (exit code {server.poll()}, last error {error!r}):\n{tail}"
+        )
+        _assert_split_graph(graph, url)
+    finally:
+        _stop_process_group(server)
+    assert server.poll() is not None
