@@ -41,8 +41,14 @@ def write_jsonl(path: Path, rows: list) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory) -> str:
+    """One tracking database for the whole session: creating MLflow's schema costs seconds each time."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 @pytest.fixture
-def kedro_project(tmp_path, monkeypatch, sample_texts) -> Path:
+def kedro_project(tmp_path, monkeypatch, sample_texts, mlflow_uri) -> Path:
     """A copy of the project's configuration in tmp_path (cwd), with a small raw corpus; code is the installed package."""
     for name in ("pyproject.toml", ".telemetry"):
         shutil.copy(PROJECT_ROOT / name, tmp_path / name)
@@ -54,7 +60,7 @@ def kedro_project(tmp_path, monkeypatch, sample_texts) -> Path:
         (tmp_path / "data" / layer).mkdir(parents=True)
     write_jsonl(tmp_path / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]])
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     return tmp_path
 
 
