@@ -1,0 +1,49 @@
+"""The engine's data layer: labels from sample boundaries, token-budget packing, collators, batch samplers.
+
+``labels`` (what is a target), ``packing`` (which samples share a row, and the position ids / block mask that
+keep them apart), ``collators`` (samples to tensors), ``samplers`` (epoch order, resumable).
+"""
+
+from fastlm.engine.data.collators import DynamicPaddingCollator, PackedCollator, pad_id_of
+from fastlm.engine.data.labels import (
+    IGNORE_INDEX,
+    causal_lm_labels,
+    count_target_tokens,
+    packed_causal_lm_labels,
+    real_token_mask,
+)
+from fastlm.engine.data.packing import (
+    PackedLayout,
+    Packing,
+    TokenBudget,
+    assign_rows,
+    block_causal_mask,
+    pack_by_token_budget,
+    pack_rows,
+    packed_layout,
+    to_additive_mask,
+)
+from fastlm.engine.data.samplers import LengthGroupedSampler, PackedBatchSampler, epoch_rng
+
+__all__ = [
+    "IGNORE_INDEX",
+    "DynamicPaddingCollator",
+    "LengthGroupedSampler",
+    "PackedBatchSampler",
+    "PackedCollator",
+    "PackedLayout",
+    "Packing",
+    "TokenBudget",
+    "assign_rows",
+    "block_causal_mask",
+    "causal_lm_labels",
+    "count_target_tokens",
+    "epoch_rng",
+    "pack_by_token_budget",
+    "pack_rows",
+    "packed_causal_lm_labels",
+    "packed_layout",
+    "pad_id_of",
+    "real_token_mask",
+    "to_additive_mask",
+]

@@ -1,0 +1,162 @@
+"""Collators: lists of samples (token id lists / arrays, or dicts with ``input_ids``) to dicts of tensors.
+
+No tokenization happens here; samples arrive as the split pipeline stored them (unpadded, EOS last).
+Every collator returns ``input_ids``, ``labels``, ``attention_mask`` and the host-side counts
+
+``num_target_tokens``    labels some position predicts (``count_target_tokens``: the divisor of the mean loss)
+``num_real_tokens``      sample tokens in the batch
+``num_computed_tokens``  tokens the model runs on (the tensor's numel); real / computed = padding efficiency
+
+all int64 scalar tensors. Collators hold only ints and strings, so they pickle into DataLoader workers.
+
+* ``DynamicPaddingCollator``: right padding to the longest sample of the batch, rounded up to
+  ``pad_to_multiple_of``; 2D ``attention_mask``. Pair it with ``samplers.LengthGroupedSampler`` so that a
+  batch holds samples of similar lengths (or with a shuffling sampler for plain random batches).
+* ``PackedCollator``: several samples per row (``packing``), ``position_ids`` restarting per sample, a 4D
+  block-diagonal causal ``attention_mask``, plus ``cu_seq_lens`` / ``max_seqlen`` for flash-attention varlen.
+  Pair it with ``samplers.PackedBatchSampler``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastlm.engine.data.labels import causal_lm_labels, count_target_tokens, packed_causal_lm_labels
+from fastlm.engine.data.packing import (
+    TokenBudget,
+    assign_rows,
+    block_causal_mask,
+    packed_layout,
+    to_additive_mask,
+)
+
+__all__ = ["DynamicPaddingCollator", "PackedCollator", "pad_id_of"]
+
+ATTENTION_MASK_FORMATS = ("bool", "additive", "none")
+
+
+def pad_id_of(tokenizer) -> int:
+    """The tokenizer's pad id, else its EOS id (labels never depend on the pad id, so either is safe)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token")
+    return int(pad)
+
+
+def _sample_ids(feature) -> np.ndarray:
+    ids = feature["input_ids"] if isinstance(feature, Mapping) else feature
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def _round_up(value: int, multiple: int | None) -> int:
+    return value if not multiple else -(-value // multiple) * multiple
+
+
+def _counts(labels: torch.Tensor, num_real: int, num_computed: int) -> dict[str, torch.Tensor]:
+    return {
+        "num_target_tokens": count_target_tokens(labels).to(torch.int64),
+        "num_real_tokens": torch.tensor(num_real, dtype=torch.int64),
+        "num_computed_tokens": torch.tensor(num_computed, dtype=torch.int64),
+    }
+
+
+@dataclass(frozen=True)
+class DynamicPaddingCollator:
+    """Right-pads a batch to its longest sample (rounded up to ``pad_to_multiple_of``) with ``pad_id``.
+
+    ``attention_mask`` is 1 on sample tokens; ``labels`` are ``input_ids`` with -100 exactly on the padding,
+    so each sample's final EOS stays a target even when ``pad_id`` is the EOS id.
+    """
+
+    pad_id: int
+    pad_to_multiple_of: int | None = 8
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, **kwargs) -> DynamicPaddingCollator:
+        return cls(pad_id=pad_id_of(tokenizer), **kwargs)
+
+    def __call__(self, features: Sequence) -> dict[str, torch.Tensor]:
+        samples = [_sample_ids(feature) for feature in features]
+        if not samples:
+            raise ValueError("cannot collate an empty batch")
+        lengths = np.fromiter((len(ids) for ids in samples), dtype=np.int64, count=len(samples))
+        seq_len = _round_up(int(lengths.max()), self.pad_to_multiple_of)
+        input_ids = np.full((len(samples), seq_len), self.pad_id, dtype=np.int64)
+        for row, ids in enumerate(samples):
+            input_ids[row, : len(ids)] = ids
+        attention_mask = torch.from_numpy(np.arange(seq_len)[None, :] < lengths[:, None]).to(torch.int64)
+        input_ids = torch.from_numpy(input_ids)
+        labels = causal_lm_labels(input_ids, attention_mask)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": labels,
+            **_counts(labels, int(lengths.sum()), input_ids.numel()),
+        }
+
+
+@dataclass(frozen=True)
+class PackedCollator:
+    """Packs a batch's samples, in order, into rows of at most ``budget.row_length`` tokens.
+
+    Rows are filled next-fit (``packing.assign_rows``): on batches from ``PackedBatchSampler`` this reproduces
+    the packer's rows, so at most ``budget.rows_per_batch`` rows; more raise ``ValueError``. Shape:
+    ``[rows_per_batch, row_length]`` with ``fixed_shape`` (static shapes; empty rows are all padding), else
+    ``[rows used, longest row rounded up to pad_to_multiple_of]``.
+
+    Returns ``input_ids``, ``labels`` (-100 on padding and on every sample's first token, see ``labels``),
+    ``position_ids`` (restarting at 0 per sample), ``attention_mask`` — ``[rows, 1, T, T]`` block-diagonal
+    causal: bool (True = attend) for SDPA with ``attention_mask_format="bool"``, 0 / float32-min for eager with
+    ``"additive"``, left out with ``"none"`` (flash-attention varlen) —, ``cu_seq_lens`` (int32) and
+    ``max_seqlen`` (see ``packing``), and the counts of the module docstring.
+    """
+
+    pad_id: int
+    budget: TokenBudget
+    pad_to_multiple_of: int | None = 8
+    fixed_shape: bool = False
+    attention_mask_format: str = "bool"
+
+    def __post_init__(self) -> None:
+        if self.attention_mask_format not in ATTENTION_MASK_FORMATS:
+            raise ValueError(f"attention_mask_format must be one of {ATTENTION_MASK_FORMATS}")
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, budget: TokenBudget, **kwargs) -> PackedCollator:
+        return cls(pad_id=pad_id_of(tokenizer), budget=budget, **kwargs)
+
+    def __call__(self, features: Sequence) -> dict[str, torch.Tensor]:
+        samples = [_sample_ids(feature) for feature in features]
+        if not samples:
+            raise ValueError("cannot collate an empty batch")
+        lengths = [len(ids) for ids in samples]
+        rows = assign_rows(lengths, self.budget.row_length)
+        if len(rows) > self.budget.rows_per_batch:
+            raise ValueError(
+                f"the batch needs {len(rows)} rows of {self.budget.row_length} tokens, "
+                f"more than rows_per_batch={self.budget.rows_per_batch}"
+            )
+        row_lengths = [[lengths[i] for i in row] for row in rows]
+        if self.fixed_shape:
+            seq_len = self.budget.row_length
+            row_lengths += [[] for _ in range(self.budget.rows_per_batch - len(rows))]
+        else:
+            longest = max(sum(row) for row in row_lengths)
+            seq_len = min(_round_up(max(longest, 1), self.pad_to_multiple_of), self.budget.row_length)
+        layout = packed_layout(row_lengths, seq_len)
+        flat = np.full(len(row_lengths) * seq_len, self.pad_id, dtype=np.int64)
+        flat[layout.real_mask.reshape(-1).numpy()] = np.concatenate([samples[i] for row in rows for i in row])
+        input_ids = torch.from_numpy(flat.reshape(len(row_lengths), seq_len))
+        labels = packed_causal_lm_labels(input_ids, layout.position_ids, layout.real_mask)
+        batch = {"input_ids": input_ids, "labels": labels, "position_ids": layout.position_ids}
+        if self.attention_mask_format != "none":
+            mask = block_causal_mask(layout.sequence_ids)
+            batch["attention_mask"] = mask if self.attention_mask_format == "bool" else to_additive_mask(mask)
+        batch["cu_seq_lens"] = layout.cu_seq_lens
+        batch["max_seqlen"] = torch.tensor(layout.max_seqlen, dtype=torch.int64)
+        batch.update(_counts(labels, sum(lengths), input_ids.numel()))
+        return batch

@@ -1,0 +1,64 @@
+"""Labels for causal-LM training, taken from sample boundaries, never from the pad id.
+
+Hugging Face causal-LM models shift the labels inside their loss: position ``t`` predicts ``labels[t + 1]``
+(``fastlm.engine.loss.shift_labels`` does the same). So the labels are a copy of ``input_ids``, and
+``IGNORE_INDEX`` (-100) marks only the labels no position may be trained to predict:
+
+* padding positions, known from the lengths / the attention mask of the batch. Testing
+  ``input_ids == pad_id`` instead would also drop each sample's final EOS whenever pad == eos (as
+  ``transformers.DataCollatorForLanguageModeling(mlm=False)`` does), and the model would never learn to stop.
+  Here the EOS that ends each sample stays a target.
+* in packed rows, the first token of every sample: position ``s - 1`` is the last token (the EOS) of the
+  previous sample, and "predict the first token of an unrelated sample from the previous one's EOS" is not
+  a transition of the data. For the first sample of a row the shift already drops that label (label 0 of a
+  row is never a target); for every later sample it is set to -100 here. It is also set on the row's first
+  token, which changes no loss but keeps the row-major flattened view ``[1, rows * T]`` (flash-attention
+  varlen) free of cross-row transitions.
+
+With these labels, the summed loss of a packed row (with its block-diagonal mask, see ``packing``) equals the
+sum of the losses of its samples run one at a time, and ``count_target_tokens(labels)`` (labels[..., 1:] that
+are not -100, the divisor of the mean loss) is the number of next-token predictions actually scored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastlm.engine.loss import IGNORE_INDEX, count_target_tokens
+
+__all__ = [
+    "IGNORE_INDEX",
+    "causal_lm_labels",
+    "count_target_tokens",
+    "packed_causal_lm_labels",
+    "real_token_mask",
+]
+
+
+def real_token_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(batch, seq_len) bool, True on the first ``lengths[i]`` positions of row i (right padding)."""
+    lengths = torch.as_tensor(lengths)
+    return torch.arange(seq_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def causal_lm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Labels of a padded batch: ``input_ids`` with ``IGNORE_INDEX`` exactly where ``attention_mask`` is 0.
+
+    ``attention_mask`` (0/1 or bool, same shape) says which positions hold real tokens; the pad id plays no role.
+    """
+    labels = input_ids.clone()
+    labels[~attention_mask.bool()] = IGNORE_INDEX
+    return labels
+
+
+def packed_causal_lm_labels(
+    input_ids: torch.Tensor, position_ids: torch.Tensor, real_mask: torch.Tensor
+) -> torch.Tensor:
+    """Labels of packed rows: padding and every sample's first token (``position_ids == 0``) are ``IGNORE_INDEX``.
+
+    ``position_ids`` restart at 0 at each sample start (as the packed layout builds them); ``real_mask`` is True
+    on sample tokens, False on padding.
+    """
+    labels = input_ids.clone()
+    labels[~real_mask.bool() | (position_ids == 0)] = IGNORE_INDEX
+    return labels

@@ -1,0 +1,122 @@
+"""Batch samplers: which sample indices form each batch of an epoch, deterministic and resumable.
+
+Both samplers yield lists of indices (``DataLoader(dataset, batch_sampler=..., collate_fn=...)``). An epoch's
+order depends only on ``(seed, epoch)``: it is drawn from ``numpy.random.default_rng((seed, epoch))``.
+``set_epoch(epoch, start_batch=0)`` selects the epoch; ``start_batch`` skips the batches a checkpointed run
+already consumed, so a resumed run continues the data order exactly (``len()`` counts the batches left).
+
+* ``LengthGroupedSampler`` (with ``collators.DynamicPaddingCollator``): shuffle, cut the order into
+  mega-batches of ``mega_batch_mult * batch_size`` samples, sort each mega-batch by length (longest first),
+  cut it into batches, and shuffle the order of all the batches. Batches hold samples of similar lengths,
+  so padding to the longest of the batch wastes little, while the epoch stays random at the batch level.
+* ``PackedBatchSampler`` (with ``collators.PackedCollator``): the batches of
+  ``packing.pack_by_token_budget`` for the epoch's generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from fastlm.engine.data.packing import Packing, TokenBudget, pack_by_token_budget
+
+__all__ = ["LengthGroupedSampler", "PackedBatchSampler", "epoch_rng"]
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator of one epoch: the same for the same (seed, epoch), independent across epochs."""
+    return np.random.default_rng((seed, epoch))
+
+
+class _EpochBatchSampler(Sampler[list[int]]):
+    """Epoch bookkeeping shared by the samplers: ``_make_batches`` draws one epoch's batches."""
+
+    def __init__(self, lengths, *, seed: int, epoch: int, start_batch: int) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if self.lengths.ndim != 1:
+            raise ValueError(f"lengths must be 1-D, got shape {self.lengths.shape}")
+        self.seed = int(seed)
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+        self.set_epoch(epoch, start_batch)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Use ``epoch``'s order, starting at its batch ``start_batch`` (0: the whole epoch)."""
+        if epoch < 0 or start_batch < 0:
+            raise ValueError("epoch and start_batch must be >= 0")
+        self.epoch, self.start_batch = int(epoch), int(start_batch)
+
+    def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        """All the batches of the current epoch (``start_batch`` not applied)."""
+        if self._cache is None or self._cache[0] != self.epoch:
+            self._cache = (self.epoch, self._make_batches(epoch_rng(self.seed, self.epoch)))
+        return self._cache[1]
+
+    def __iter__(self):
+        for batch in self.epoch_batches()[self.start_batch :]:
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return max(len(self.epoch_batches()) - self.start_batch, 0)
+
+
+class LengthGroupedSampler(_EpochBatchSampler):
+    """Batches of ``batch_size`` samples of similar lengths, in a random order (see the module docstring)."""
+
+    def __init__(
+        self,
+        lengths,
+        batch_size: int,
+        *,
+        mega_batch_mult: int = 50,
+        seed: int = 0,
+        epoch: int = 0,
+        start_batch: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if batch_size < 1 or mega_batch_mult < 1:
+            raise ValueError("batch_size and mega_batch_mult must be >= 1")
+        self.batch_size, self.mega_batch_mult, self.drop_last = batch_size, mega_batch_mult, drop_last
+        super().__init__(lengths, seed=seed, epoch=epoch, start_batch=start_batch)
+
+    def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
+        order = rng.permutation(self.lengths.size)
+        mega = self.batch_size * self.mega_batch_mult
+        batches: list[np.ndarray] = []
+        for start in range(0, order.size, mega):
+            chunk = order[start : start + mega]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            batches.extend(chunk[i : i + self.batch_size] for i in range(0, chunk.size, self.batch_size))
+        if self.drop_last and batches and batches[-1].size < self.batch_size:
+            batches.pop()  # only the last mega-batch can end with a short batch
+        return [batches[k] for k in rng.permutation(len(batches)).tolist()]
+
+
+class PackedBatchSampler(_EpochBatchSampler):
+    """Batches of whole samples packed within ``budget`` (see ``packing``), reshuffled every epoch."""
+
+    def __init__(
+        self,
+        lengths,
+        budget: TokenBudget,
+        *,
+        window: int = 4096,
+        seed: int = 0,
+        epoch: int = 0,
+        start_batch: int = 0,
+    ) -> None:
+        self.budget, self.window = budget, window
+        self.packing: Packing | None = None
+        super().__init__(lengths, seed=seed, epoch=epoch, start_batch=start_batch)
+
+    def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
+        self.packing = pack_by_token_budget(self.lengths, self.budget, rng=rng, window=self.window)
+        return self.packing.batches
+
+    @property
+    def efficiency(self) -> float:
+        """Packing efficiency of the current epoch (real tokens / budget of all its batches)."""
+        self.epoch_batches()
+        return self.packing.efficiency

@@ -1,0 +1,109 @@
+"""Causal language-model loss, normalised over all the target tokens of one optimizer step.
+
+With gradient accumulation, one optimizer step sees k micro-batches. Taking the mean loss of each
+micro-batch and averaging the k means weights every micro-batch equally, so a token in a micro-batch with
+few targets counts more than a token in one with many: the gradient is not the gradient of the big batch
+(the gradient-accumulation bug found in Hugging Face trainers in 2024). The fix is to sum the per-token
+losses of each micro-batch and divide by the number of target tokens of the WHOLE step:
+
+    total = total_target_tokens(micro_batches)          # known on the host from the collator, no sync
+    for batch in micro_batches:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
+        (loss_sum / total).backward()                   # the grads add up to the big-batch gradient
+
+``accumulate_gradients`` is that loop, with autocast and an optional fp16 GradScaler. Under data
+parallelism, ``total`` must also be summed over ranks and the result multiplied by the world size (DDP
+averages gradients over ranks); that belongs to the distributed module.
+
+A target token is a label that some position predicts: position t predicts label t+1, so the first label
+of each row is never a target, and labels equal to ``IGNORE_INDEX`` (prompt, padding) are skipped.
+``count_target_tokens`` is the one definition; a collator's ``num_target_tokens`` must agree with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The label each position predicts: labels moved one step left, the last position gets ``ignore_index``.
+
+    Padding the labels (instead of dropping the last logit) keeps the big logits tensor uncopied.
+    """
+    return F.pad(labels[..., 1:], (0, 1), value=ignore_index)
+
+
+def count_target_tokens(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Number of labels that some position predicts (an int64 scalar tensor on the labels' device)."""
+    return (labels[..., 1:] != ignore_index).sum()
+
+
+def causal_lm_loss_sum(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy (computed in fp32) and the number of target tokens it sums over.
+
+    ``logits``: (batch, seq, vocab), any float dtype; ``labels``: (batch, seq) with ``ignore_index`` where
+    no loss is wanted. ``loss_sum / n_targets`` is the usual mean loss (what a Hugging Face model returns
+    as ``outputs.loss`` when given ``labels``).
+    """
+    targets = shift_labels(labels, ignore_index)
+    loss_sum = F.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)),
+        targets.reshape(-1),
+        ignore_index=ignore_index,
+        reduction="sum",
+    )
+    return loss_sum, (targets != ignore_index).sum()
+
+
+def total_target_tokens(micro_batches: Iterable[Mapping]) -> int:
+    """Target tokens of all the micro-batches of one optimizer step.
+
+    Uses each batch's ``num_target_tokens`` (counted by the collator on the host, before the transfer, so
+    reading it costs no device sync); counts from the labels when a batch does not carry it.
+    """
+    total = 0
+    for batch in micro_batches:
+        count = batch.get("num_target_tokens")
+        if count is None:
+            count = count_target_tokens(batch["labels"])
+        total += int(count)
+    return total
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Mapping[str, torch.Tensor]],
+    *,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    grad_scaler: torch.amp.GradScaler | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
+
+    The gradients left in ``model`` equal those of one batch holding every sample. Returns the step's
+    summed loss (detached, still on the device: no sync) and its number of target tokens, for metrics.
+    The caller unscales/clips, steps the optimizer and zeroes the gradients.
+    """
+    total = total_target_tokens(micro_batches)
+    step_loss_sum = None
+    for batch in micro_batches:
+        inputs = {key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}
+        with autocast():
+            logits = model(**inputs).logits
+        loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
+        loss = loss_sum / max(total, 1)
+        (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
+        loss_sum = loss_sum.detach()
+        step_loss_sum = loss_sum if step_loss_sum is None else step_loss_sum + loss_sum
+    if step_loss_sum is None:
+        raise ValueError("accumulate_gradients needs at least one micro-batch")
+    return step_loss_sum, total

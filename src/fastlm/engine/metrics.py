@@ -1,0 +1,209 @@
+"""Training metrics that cost no GPU sync per step.
+
+Reading a CUDA value on the host (``.item()``, ``.cpu()``, ``float(t)``, ``print(t)``) waits until the GPU
+has finished every queued kernel, so the host can no longer run ahead and the GPU idles while the next step
+is prepared. ``StepMetrics`` therefore keeps its sums in one small tensor ON THE DEVICE and updates it with
+in-place tensor ops only; values are read back with a single transfer in ``flush()``, on logging steps.
+Wall times are taken on the host (``time.perf_counter``), which needs no sync: over a flush window the
+host cannot run ahead of the GPU by more than the queue, and ``flush()`` waits for the GPU before it reads
+the clock, so window throughputs are exact.
+
+A flush record (plain floats, ready for ``mlflow.log_metrics``):
+
+``loss``                mean loss per target token since the last flush
+``grad_norm``           last gradient norm passed to ``update`` (None if none was)
+``lr``                  last learning rate passed to ``update``
+``tokens_per_s``        computed tokens (padding included) per second
+``real_tokens_per_s``   non-padding tokens per second
+``samples_per_s``       rows per second
+``step_time_s``         mean wall time of an optimizer step in the window
+``step_time_max_s``     slowest host-side step time in the window (all of them are in ``step_times``)
+``data_wait_share``     time spent waiting for the DataLoader ÷ window time (``record_data_wait``)
+``padding_efficiency``  real ÷ computed tokens
+``peak_memory_mb``      CUDA ``max_memory_allocated`` on a GPU, peak process RSS on CPU
+``mfu``                 model FLOPs utilisation: flops_per_token × real tokens/s ÷ device peak FLOPs;
+                        None on CPU or on a GPU missing from ``PEAK_BF16_DENSE_FLOPS``
+``eta_s``               steps remaining × mean step time of the window (None without ``total_steps``)
+``elapsed_s``           time since ``start()`` (or construction)
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from time import perf_counter
+
+import torch
+
+# Dense (no sparsity) bf16 tensor-core peaks, FLOP/s, matched against torch.cuda.get_device_name in this
+# order (more specific names first). fp16 peaks are the same on these GPUs.
+PEAK_BF16_DENSE_FLOPS = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM
+    ("H200 NVL", 835e12),
+    ("H200", 989e12),  # SXM
+    ("A100", 312e12),
+)
+
+_SLOTS = ("loss_sum", "target_tokens", "real_tokens", "computed_tokens", "samples", "grad_norm")
+
+
+def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int) -> int:
+    """Training FLOPs per token (forward + backward), PaLM appendix B: 6·N + 12·layers·hidden·seq_len.
+
+    6·N covers the matmuls with the weights, the second term the attention scores and their use, which grow
+    with the attended length ``seq_len`` (the padded or packed row length).
+    """
+    return 6 * n_params + 12 * n_layers * hidden_size * seq_len
+
+
+def device_peak_flops(device: torch.device | str) -> float | None:
+    """Dense bf16 peak of a known GPU; None on CPU or for a GPU missing from the table."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_DENSE_FLOPS if key in name), None)
+
+
+def peak_memory_mb(device: torch.device | str) -> float:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20  # allocator bookkeeping, no sync
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss / 2**20 if sys.platform == "darwin" else max_rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+class StepMetrics:
+    """Per-step accumulators on the device, read back once per logging step.
+
+    In the loop::
+
+        metrics = StepMetrics(device, total_steps=..., flops_per_token=flops_per_token(...))
+        metrics.start()
+        for step in range(total_steps):
+            t0 = perf_counter(); batches = next_micro_batches(); metrics.record_data_wait(perf_counter() - t0)
+            loss_sum, n_targets = accumulate_gradients(...); grad_norm = clip_grad_norm_(...); ...
+            metrics.update(loss_sum=loss_sum, target_tokens=n_targets, real_tokens=..., computed_tokens=...,
+                           samples=..., grad_norm=grad_norm, lr=scheduler.get_last_lr()[0])
+            if (step + 1) % log_every == 0:
+                log_metrics(metrics.flush(step + 1))
+
+    ``update`` takes tensors (on the device) or host numbers; it never reads a tensor on the host.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        *,
+        total_steps: int | None = None,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.total_steps = total_steps
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops if peak_flops is not None else device_peak_flops(self.device)
+        self._sums = torch.zeros(len(_SLOTS), dtype=torch.float64, device=self.device)
+        # Views into _sums, made once: in-place ops on them update the one tensor flush() reads.
+        (self._loss_sum, self._target_tokens, self._real_tokens, self._computed_tokens, self._samples,
+         self._grad_norm) = self._sums.unbind()
+        self.step_times: list[float] = []  # host wall time of every step, since start()
+        self.history: list[dict] = []  # one record per flush
+        self.start()
+
+    def start(self) -> None:
+        """(Re)start the clocks, e.g. right before the first step once the model is built and compiled."""
+        self._start = self._window_start = self._last_step_end = perf_counter()
+        self._window_steps = 0
+        self._window_data_wait = 0.0
+        self._has_grad_norm = False
+        self._lr: float | None = None
+        self._sums.zero_()
+
+    @property
+    def pending_steps(self) -> int:
+        """Steps updated since the last flush."""
+        return self._window_steps
+
+    def record_data_wait(self, seconds: float) -> None:
+        """Host time the loop spent waiting for the next batch(es) during the current step."""
+        self._window_data_wait += seconds
+
+    def update(
+        self,
+        *,
+        loss_sum: torch.Tensor | float,
+        target_tokens: torch.Tensor | int,
+        real_tokens: torch.Tensor | int,
+        computed_tokens: torch.Tensor | int,
+        samples: torch.Tensor | int,
+        grad_norm: torch.Tensor | float | None = None,
+        lr: float | None = None,
+    ) -> None:
+        """Add one optimizer step. Tensor ops and host arithmetic only: no device-to-host transfer."""
+        now = perf_counter()
+        self.step_times.append(now - self._last_step_end)
+        self._last_step_end = now
+        self._window_steps += 1
+
+        if isinstance(loss_sum, torch.Tensor):
+            loss_sum = loss_sum.detach()
+        self._loss_sum.add_(loss_sum)
+        self._target_tokens.add_(target_tokens)
+        self._real_tokens.add_(real_tokens)
+        self._computed_tokens.add_(computed_tokens)
+        self._samples.add_(samples)
+        if grad_norm is not None:
+            if isinstance(grad_norm, torch.Tensor):
+                self._grad_norm.copy_(grad_norm.detach())
+            else:
+                self._grad_norm.fill_(grad_norm)
+            self._has_grad_norm = True
+        if lr is not None:
+            self._lr = lr
+
+    def flush(self, step: int) -> dict[str, float | int | None]:
+        """Read the sums back (the one sync), compute the window's metrics, reset the window."""
+        if not self._window_steps:
+            raise ValueError("flush() with no update() since the last flush")
+        loss_sum, target_tokens, real_tokens, computed_tokens, samples, grad_norm = self._sums.tolist()
+        now = perf_counter()  # after the sync: the GPU has finished the window's work
+        window = max(now - self._window_start, 1e-12)
+        steps = self._window_steps
+        step_time = window / steps
+        real_tokens_per_s = real_tokens / window
+        mfu = None
+        if self.flops_per_token is not None and self.peak_flops:
+            mfu = self.flops_per_token * real_tokens_per_s / self.peak_flops
+        record = {
+            "step": step,
+            "loss": loss_sum / target_tokens if target_tokens else float("nan"),
+            "grad_norm": grad_norm if self._has_grad_norm else None,
+            "lr": self._lr,
+            "tokens_per_s": computed_tokens / window,
+            "real_tokens_per_s": real_tokens_per_s,
+            "samples_per_s": samples / window,
+            "step_time_s": step_time,
+            "step_time_max_s": max(self.step_times[-steps:]),
+            "data_wait_share": self._window_data_wait / window,
+            "padding_efficiency": real_tokens / computed_tokens if computed_tokens else None,
+            "peak_memory_mb": peak_memory_mb(self.device),
+            "mfu": mfu,
+            "eta_s": max(self.total_steps - step, 0) * step_time if self.total_steps is not None else None,
+            "elapsed_s": now - self._start,
+        }
+        self.history.append(record)
+        self._sums.zero_()
+        self._window_steps = 0
+        self._window_data_wait = 0.0
+        self._has_grad_norm = False
+        self._window_start = self._last_step_end = perf_counter()
+        return record
+
+    def to_frame(self):
+        """The flush history as a pandas DataFrame (built once, at the end)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history)

@@ -1,0 +1,140 @@
+"""Causal LM loss: shift semantics, equality with Hugging Face's loss, unbiased gradient accumulation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.engine.loss import (
+    IGNORE_INDEX,
+    accumulate_gradients,
+    causal_lm_loss_sum,
+    count_target_tokens,
+    total_target_tokens,
+)
+
+VOCAB = 300
+SEQ_LEN = 16
+TOLERANCE = 1e-6  # relative gradient difference allowed between accumulation and the full batch
+
+
+@pytest.fixture(scope="module")
+def tiny_llama() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    return model.eval()  # no dropout; gradients still flow
+
+
+def make_batch(rows: list[tuple[int, int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Right-padded rows; a (length, prompt) row has its ``prompt`` first labels masked, as in SFT."""
+    input_ids = torch.zeros(len(rows), SEQ_LEN, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), SEQ_LEN, dtype=torch.long)
+    labels = torch.full((len(rows), SEQ_LEN), IGNORE_INDEX)
+    for i, (length, prompt) in enumerate(rows):
+        tokens = torch.randint(1, VOCAB, (length,), generator=generator)
+        input_ids[i, :length] = tokens
+        attention_mask[i, :length] = 1
+        labels[i, prompt:length] = tokens[prompt:]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "labels": labels,
+        "num_target_tokens": int(count_target_tokens(labels)),  # what the collator provides
+    }
+
+
+@pytest.fixture(scope="module")
+def micro_batches() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    layouts = [[(16, 0), (15, 2)], [(5, 0), (4, 3)], [(12, 6), (9, 0)]]  # very unequal target counts
+    return [make_batch(rows, generator) for rows in layouts]
+
+
+def concatenate(batches: list[dict]) -> dict:
+    full = {key: torch.cat([b[key] for b in batches]) for key in ("input_ids", "attention_mask", "labels")}
+    full["num_target_tokens"] = sum(b["num_target_tokens"] for b in batches)
+    return full
+
+
+def gradients(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_shift_position_t_predicts_label_t_plus_1_and_ignores_masked_labels():
+    labels = torch.tensor([[5, 7, IGNORE_INDEX, 2]])
+    logits = torch.full((1, 4, 10), -30.0)
+    logits[0, 0, 7] = 30.0  # position 0 predicts label 1 (= 7): right
+    logits[0, 1, 3] = 30.0  # position 1 predicts label 2 (ignored): anything goes
+    logits[0, 2, 9] = 30.0  # position 2 predicts label 3 (= 2): wrong, costs 60
+    loss_sum, n_targets = causal_lm_loss_sum(logits, labels)
+    assert n_targets.item() == 2 == count_target_tokens(labels).item()
+    assert loss_sum.item() == pytest.approx(60.0, abs=1e-3)
+
+
+def test_loss_sum_is_fp32_for_bf16_logits():
+    logits = torch.randn(2, 8, 50).to(torch.bfloat16)
+    labels = torch.randint(0, 50, (2, 8))
+    loss_sum, n_targets = causal_lm_loss_sum(logits, labels)
+    assert loss_sum.dtype == torch.float32
+    assert n_targets.item() == 2 * 7
+
+
+def test_mean_loss_equals_the_hugging_face_model_loss(tiny_llama, micro_batches):
+    batch = concatenate(micro_batches)
+    with torch.no_grad():
+        outputs = tiny_llama(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+        )
+        loss_sum, n_targets = causal_lm_loss_sum(outputs.logits, batch["labels"])
+    assert n_targets.item() == batch["num_target_tokens"]
+    torch.testing.assert_close(loss_sum / n_targets, outputs.loss, rtol=1e-6, atol=0)
+
+
+def test_total_target_tokens_uses_the_collator_count_or_counts_labels(micro_batches):
+    counts = [b["num_target_tokens"] for b in micro_batches]
+    assert len(set(counts)) == 3, "the micro-batches must have unequal target counts"
+    without_counts = [{"labels": b["labels"]} for b in micro_batches]
+    assert total_target_tokens(micro_batches) == total_target_tokens(without_counts) == sum(counts)
+
+
+def test_accumulated_gradients_equal_the_full_batch_and_naive_averaging_does_not(tiny_llama, micro_batches):
+    model = tiny_llama
+
+    model.zero_grad(set_to_none=True)
+    full_loss_sum, full_targets = accumulate_gradients(model, [concatenate(micro_batches)])
+    full = gradients(model)
+
+    model.zero_grad(set_to_none=True)
+    step_loss_sum, step_targets = accumulate_gradients(model, micro_batches)
+    accumulated = gradients(model)
+
+    model.zero_grad(set_to_none=True)
+    for batch in micro_batches:  # the bug: mean per micro-batch, then the mean of the k means
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss_sum, n_targets = causal_lm_loss_sum(logits, batch["labels"])
+        (loss_sum / n_targets / len(micro_batches)).backward()
+    naive = gradients(model)
+    model.zero_grad(set_to_none=True)
+
+    assert step_targets == full_targets
+    torch.testing.assert_close(step_loss_sum, full_loss_sum, rtol=1e-6, atol=0)
+    accumulated_error = relative_difference(accumulated, full)
+    naive_error = relative_difference(naive, full)
+    print(f"relative L2 gradient error: accumulated {accumulated_error:.2e}, naive {naive_error:.2e}")
+    assert accumulated_error < TOLERANCE
+    assert naive_error > 100 * TOLERANCE
