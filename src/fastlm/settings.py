@@ -5,6 +5,10 @@ import warnings
 
 from kedro.config import OmegaConfigLoader
 
+from fastlm.hooks import MlflowArtifactsHook
+
+HOOKS = (MlflowArtifactsHook(),)
+
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {
     "base_env": "base",

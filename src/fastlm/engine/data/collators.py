@@ -56,8 +56,9 @@ def _round_up(value: int, multiple: int | None) -> int:
     return value if not multiple else -(-value // multiple) * multiple
 
 
-def _counts(labels: torch.Tensor, num_real: int, num_computed: int) -> dict[str, torch.Tensor]:
+def _counts(labels: torch.Tensor, num_real: int, num_computed: int, num_samples: int) -> dict[str, torch.Tensor]:
     return {
+        "num_samples": torch.tensor(num_samples, dtype=torch.int64),
         "num_target_tokens": count_target_tokens(labels).to(torch.int64),
         "num_real_tokens": torch.tensor(num_real, dtype=torch.int64),
         "num_computed_tokens": torch.tensor(num_computed, dtype=torch.int64),
@@ -95,7 +96,7 @@ class DynamicPaddingCollator:
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "labels": labels,
-            **_counts(labels, int(lengths.sum()), input_ids.numel()),
+            **_counts(labels, int(lengths.sum()), input_ids.numel(), len(samples)),
         }
 
 
@@ -158,5 +159,5 @@ class PackedCollator:
             batch["attention_mask"] = mask if self.attention_mask_format == "bool" else to_additive_mask(mask)
         batch["cu_seq_lens"] = layout.cu_seq_lens
         batch["max_seqlen"] = torch.tensor(layout.max_seqlen, dtype=torch.int64)
-        batch.update(_counts(labels, sum(lengths), input_ids.numel()))
+        batch.update(_counts(labels, sum(lengths), input_ids.numel(), len(samples)))
         return batch

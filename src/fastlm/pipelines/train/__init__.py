@@ -1,4 +1,4 @@
-"""The train pipeline (filled by its own issue)."""
+"""tokenized splits -> a trained causal LM (save_pretrained folder), metric histories, run summary."""
 
 from fastlm.pipelines.train.pipeline import create_pipeline
 

@@ -1,7 +1,19 @@
-"""Wiring of the train pipeline: empty until its nodes land."""
+"""Wiring of the train pipeline."""
 
-from kedro.pipeline import Pipeline
+from kedro.pipeline import Node, Pipeline
+
+from fastlm.pipelines.train import nodes
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return Pipeline([])
+    return Pipeline(
+        [
+            Node(
+                nodes.train_model,
+                ["tokenized_corpus", "tokenized_corpus_fingerprint", "tokenizer", "params:train", "params:split"],
+                ["trained_model", "train_history", "eval_history", "train_summary"],
+                name="train_model",
+            ),
+        ],
+        tags={"train"},
+    )

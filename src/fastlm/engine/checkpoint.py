@@ -1,0 +1,466 @@
+"""Atomic, resumable training checkpoints: ``root/checkpoint-<step:08d>/``.
+
+A checkpoint is written into a temporary sibling folder (``root/.tmp-checkpoint-<step>-<pid>-<rand>``);
+every file is fsync'ed, then the ``COMPLETE`` marker (a small JSON manifest with each file's size) is written
+and fsync'ed last, then the folder is renamed into place and ``root`` is fsync'ed. A crash at any point
+leaves either the previous checkpoints alone (plus a ``.tmp-*`` folder that the next save removes) or a
+complete new one: a ``checkpoint-*`` folder without ``COMPLETE`` never comes from this module, and
+:func:`latest_checkpoint` never picks one.
+
+Contents:
+
+- ``model.safetensors``: ``safetensors.torch.save_model`` (one copy of tied tensors, e.g. a tied LM head);
+- ``optimizer.pt``, ``scheduler.pt``, ``grad_scaler.pt`` (when given): ``torch.save`` of the state dicts;
+- ``rng.pt``: the torch CPU RNG state and, when CUDA is available, every CUDA device's RNG state (tensors);
+- ``trainer_state.json``: the caller's ``state`` (JSON: step, epoch, position, metric history, config digest)
+  and the Python ``random`` and NumPy global RNG states as plain lists, so nothing needs pickle;
+- ``COMPLETE``: ``{"format": 1, "step": ..., "files": {name: size in bytes}}``.
+
+Loading uses ``weights_only=True`` for every ``torch.load`` and checks each file against the manifest first,
+so a truncated or missing file fails with one clear line (:class:`CheckpointError`) instead of a stack of
+pickle or safetensors internals.
+
+One process writes into a ``root`` (rank 0 under DDP): a save removes every ``.tmp-*`` folder it finds there,
+which would break a second writer. Pass the unwrapped model (not the DDP wrapper or a ``torch.compile``
+module), so the tensor names do not depend on how the model was run.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MARKER = "COMPLETE"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+GRAD_SCALER_FILE = "grad_scaler.pt"
+RNG_FILE = "rng.pt"
+STATE_FILE = "trainer_state.json"
+TMP_PREFIX = ".tmp-"
+RESUME_MODES = ("auto", "never")
+
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message is one line naming the file and the fix."""
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"checkpoint-{step:08d}"
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    grad_scaler: torch.amp.GradScaler | None = None,
+    state: dict,
+    keep_last: int | None = 2,
+) -> Path:
+    """Write ``root/checkpoint-<step:08d>/`` atomically, then keep only the ``keep_last`` newest ones.
+
+    An existing folder for the same step is replaced (the old one is moved aside first, then deleted).
+    ``keep_last=None`` keeps every checkpoint. Returns the checkpoint folder.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (or None to keep all), got {keep_last}")
+    trainer_state = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "state": state,
+        "rng": {"python": _python_rng_state(), "numpy": _numpy_rng_state()},
+    }
+    try:  # fail before touching the disk
+        state_bytes = json.dumps(trainer_state, indent=2).encode("utf-8")
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"checkpoint state must be JSON-serialisable: {error}") from error
+
+    started = time.perf_counter()
+    root = Path(root)
+    if not root.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        _fsync_dir(root.parent)
+    _remove_temporaries(root)  # space left by an earlier crash, before writing a new copy
+    final = checkpoint_dir(root, step)
+    tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        safetensors.torch.save_model(
+            model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)}
+        )
+        _fsync_file(tmp / MODEL_FILE)
+        _torch_save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
+        if grad_scaler is not None:
+            _torch_save(grad_scaler.state_dict(), tmp / GRAD_SCALER_FILE)
+        _torch_save(_torch_rng_state(), tmp / RNG_FILE)
+        _write_bytes(tmp / STATE_FILE, state_bytes)
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        marker = {"format": FORMAT_VERSION, "step": step, "files": files}
+        _write_bytes(tmp / MARKER, json.dumps(marker, indent=2).encode("utf-8"))  # last
+        _fsync_dir(tmp)
+        _move_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _remove_temporaries(root)
+    _prune(root, keep_last, keep=final)
+    log.info(
+        "saved checkpoint %s (%.1f MB in %.2f s)",
+        final,
+        sum(files.values()) / 1e6,
+        time.perf_counter() - started,
+    )
+    return final
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """``os.replace`` cannot replace a non-empty folder: move an existing one aside first, delete it after."""
+    old = None
+    if final.exists() or final.is_symlink():
+        old = final.with_name(f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}-{secrets.token_hex(4)}")
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        if old is not None:
+            os.replace(old, final)  # put the previous copy back
+        raise
+    _fsync_dir(final.parent)
+    if old is not None:
+        _remove_path(old)
+
+
+def _prune(root: Path, keep_last: int | None, *, keep: Path) -> None:
+    if keep_last is None:
+        return
+    complete = _complete_checkpoints(root)  # (step, path), oldest first
+    for _, path in complete[:-keep_last]:
+        if path == keep:
+            continue
+        trash = root / f"{TMP_PREFIX}delete-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:  # rename first: a crash during the delete must not leave a half-deleted checkpoint-* folder
+            os.replace(path, trash)
+        except OSError as error:
+            log.warning("could not remove old checkpoint %s: %s", path, error)
+            continue
+        _remove_path(trash)
+        log.info("removed old checkpoint %s (keep_last=%d)", path, keep_last)
+    _fsync_dir(root)
+
+
+def _remove_temporaries(root: Path) -> None:
+    for path in root.glob(f"{TMP_PREFIX}*"):
+        _remove_path(path)
+
+
+def _remove_path(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        log.warning("could not remove %s: %s", path, error)
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and new entries in ``path`` durable (POSIX; some filesystems refuse, which is fine)."""
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------- finding
+
+
+def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _CHECKPOINT_RE.match(path.name)
+        if match and path.is_dir() and (path / MARKER).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``root``, or None.
+
+    Folders without the ``COMPLETE`` marker, temporary folders and names that do not parse are ignored.
+    """
+    complete = _complete_checkpoints(root)
+    return complete[-1][1] if complete else None
+
+
+def resolve_resume(root: Path, resume: str) -> Path | None:
+    """``"auto"``: the latest complete checkpoint under ``root`` (None when there is none); ``"never"``: None;
+    anything else: the path of a complete checkpoint folder (absolute, relative to the working directory, or
+    a folder name under ``root``), else :class:`CheckpointError`."""
+    if resume == "auto":
+        return latest_checkpoint(root)
+    if resume == "never":
+        return None
+    if not isinstance(resume, str | os.PathLike) or not str(resume).strip():
+        raise CheckpointError(f"train.resume must be 'auto', 'never' or a checkpoint folder, got {resume!r}")
+    path = Path(resume).expanduser()
+    if not path.exists() and not path.is_absolute() and (Path(root) / path).exists():
+        path = Path(root) / path
+    if not path.is_dir():
+        raise CheckpointError(
+            f"train.resume: checkpoint folder {path} does not exist; "
+            "set train.resume to 'auto', 'never' or an existing checkpoint folder"
+        )
+    if not (path / MARKER).is_file():
+        raise CheckpointError(
+            f"train.resume: {path} is not a complete checkpoint (no {MARKER} marker, the save was interrupted); "
+            "point train.resume at a complete checkpoint, or set train.resume: auto or never"
+        )
+    return path
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    grad_scaler: torch.amp.GradScaler | None = None,
+    map_location: str | torch.device = "cpu",
+    restore_rng: bool = True,
+) -> dict:
+    """Load a checkpoint folder into ``model`` (and the optimizer, scheduler and grad scaler when given).
+
+    Restores the torch, CUDA, Python and NumPy RNG states when ``restore_rng``. Returns the saved ``state``.
+    A missing, truncated or mismatched file raises :class:`CheckpointError`.
+    """
+    folder = Path(path)
+    manifest = _read_manifest(folder)
+    files = manifest["files"]
+    for name, size in files.items():
+        file = folder / name
+        if not file.is_file():
+            raise _broken(file, "missing")
+        actual = file.stat().st_size
+        if actual != size:
+            raise _broken(file, f"truncated or changed ({actual} bytes, the save wrote {size})")
+    for name in (MODEL_FILE, OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE, STATE_FILE):
+        if name not in files:
+            raise _broken(folder / name, f"missing (not listed in {MARKER})")
+
+    trainer_state = _read_trainer_state(folder / STATE_FILE)
+
+    model_file = folder / MODEL_FILE
+    try:
+        safetensors.torch.load_model(
+            model, str(model_file), strict=True, device=_safetensors_device(map_location)
+        )
+    except Exception as error:
+        raise _broken(model_file, f"unreadable or does not match the model ({_one_line(error)})") from error
+
+    if optimizer is not None:
+        _load_into(optimizer, folder / OPTIMIZER_FILE, map_location)
+    if scheduler is not None:
+        _load_into(scheduler, folder / SCHEDULER_FILE, map_location)
+    if grad_scaler is not None:
+        if GRAD_SCALER_FILE in files:
+            _load_into(grad_scaler, folder / GRAD_SCALER_FILE, "cpu")
+        else:
+            log.warning("%s has no %s; the grad scaler starts fresh", folder, GRAD_SCALER_FILE)
+    if restore_rng:
+        rng = _torch_load(folder / RNG_FILE, "cpu")  # RNG states must stay CPU byte tensors
+        try:
+            torch.set_rng_state(rng["torch"])
+            _set_cuda_rng_states(rng.get("cuda"))
+            _set_python_rng_state(trainer_state["rng"]["python"])
+            _set_numpy_rng_state(trainer_state["rng"]["numpy"])
+        except Exception as error:
+            raise _broken(folder / RNG_FILE, f"holds unusable RNG states ({_one_line(error)})") from error
+    log.info("loaded checkpoint %s (step %s)", folder, trainer_state.get("step"))
+    return trainer_state["state"]
+
+
+def _read_manifest(folder: Path) -> dict:
+    marker = folder / MARKER
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"checkpoint folder {folder} does not exist; set train.resume to 'auto', 'never' or an existing checkpoint"
+        )
+    if not marker.is_file():
+        raise _broken(marker, "missing (the save was interrupted)")
+    try:
+        manifest = json.loads(marker.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise ValueError("no 'files' table")
+        if manifest.get("format") != FORMAT_VERSION:
+            raise ValueError(f"format {manifest.get('format')!r}, this version reads {FORMAT_VERSION}")
+    except (OSError, ValueError) as error:
+        raise _broken(marker, f"unreadable ({_one_line(error)})") from error
+    return manifest
+
+
+def _read_trainer_state(file: Path) -> dict:
+    try:
+        trainer_state = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(trainer_state, dict) or not {"state", "rng"} <= trainer_state.keys():
+            raise ValueError("no 'state' or 'rng' entry")
+    except (OSError, ValueError) as error:
+        raise _broken(file, f"unreadable ({_one_line(error)})") from error
+    return trainer_state
+
+
+def _torch_load(file: Path, map_location: Any) -> Any:
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as error:
+        raise _broken(file, f"unreadable ({_one_line(error)})") from error
+
+
+def _load_into(target: Any, file: Path, map_location: Any) -> None:
+    state_dict = _torch_load(file, map_location)
+    try:
+        target.load_state_dict(state_dict)
+    except Exception as error:
+        raise _broken(file, f"does not match the {type(target).__name__} ({_one_line(error)})") from error
+
+
+def _broken(file: Path, reason: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint file {file} is {reason}; delete {file.parent} to resume from the previous checkpoint, "
+        "or set train.resume: never"
+    )
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _safetensors_device(map_location: str | torch.device) -> str:
+    return str(torch.device(map_location))
+
+
+# --------------------------------------------------------------------------------------------- RNG
+
+
+def _torch_rng_state() -> dict:
+    rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def _set_cuda_rng_states(states: list[torch.Tensor] | None) -> None:
+    if not states or not torch.cuda.is_available():
+        return
+    count = torch.cuda.device_count()
+    if len(states) != count:
+        log.warning("checkpoint has %d CUDA RNG states, this machine %d devices", len(states), count)
+    for index, cuda_state in enumerate(states[:count]):
+        torch.cuda.set_rng_state(cuda_state.cpu(), index)
+
+
+def _python_rng_state() -> dict:
+    version, internal, gauss_next = random.getstate()
+    return {"version": version, "internal": list(internal), "gauss_next": gauss_next}
+
+
+def _set_python_rng_state(saved: dict) -> None:
+    random.setstate((saved["version"], tuple(saved["internal"]), saved["gauss_next"]))
+
+
+def _numpy_rng_state() -> dict:
+    return _to_json(np.random.get_state(legacy=False))
+
+
+def _set_numpy_rng_state(saved: dict) -> None:
+    np.random.set_state(_from_json(saved))
+
+
+def _to_json(value: Any) -> Any:
+    """NumPy arrays and scalars to plain JSON values (arrays tagged so that :func:`_from_json` restores them)."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": value.dtype.str}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(key): _to_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_json(item) for item in value]
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=np.dtype(value["dtype"]))
+        return {key: _from_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_from_json(item) for item in value]
+    return value

@@ -1,0 +1,92 @@
+"""Training parameters (``params:train``), validated once into typed objects with one-line errors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from fastlm.config import Params, parse_params
+
+SOURCE = "conf/base/parameters_train.yml"
+
+
+class ModelParams(Params):
+    name_or_path: str | None = Field(None, description="local directory or hub id; null = from scratch")
+    trust_remote_code: bool = False
+    allow_download: bool = False
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    gradient_checkpointing: bool = False
+    # From-scratch Llama-architecture config (ignored with name_or_path).
+    hidden_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(344, ge=8)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int | None = Field(None, ge=1)
+    tie_word_embeddings: bool = True
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelParams:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
+                             f"{self.num_attention_heads}")
+        return self
+
+
+class BatchingParams(Params):
+    mode: Literal["packed", "length_grouped", "dynamic"] = "packed"
+    micro_batch_size: int = Field(32, ge=1, description="samples per micro-batch; packed: rows of max_length")
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    pad_to_multiple_of: int = Field(8, ge=1)
+
+
+class OptimizerParams(Params):
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class DataLoaderParams(Params):
+    num_workers: int | Literal["auto"] = "auto"
+    pin_memory: bool | Literal["auto"] = "auto"
+    prefetch_factor: int = Field(4, ge=1)
+    persistent_workers: bool = True
+
+
+class RuntimeParams(Params):
+    device: str = "auto"
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    tf32: bool = True
+    cudnn_benchmark: bool = True
+    compile: bool = False
+    deterministic: bool = False
+    num_threads: int | None = Field(None, ge=1)
+
+
+class TrainParams(Params):
+    model: ModelParams = ModelParams()
+    batching: BatchingParams = BatchingParams()
+    optimizer: OptimizerParams = OptimizerParams()
+    dataloader: DataLoaderParams = DataLoaderParams()
+    runtime: RuntimeParams = RuntimeParams()
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
+    seed: int = 0
+    log_every: int = Field(10, ge=1)
+    eval_every: int | None = Field(100, ge=1)
+    eval_max_batches: int | None = Field(None, ge=1)
+    save_every: int | None = Field(200, ge=1)
+    keep_last: int = Field(2, ge=1)
+    resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder")
+    checkpoint_dir: str = "data/06_models/checkpoints"
+    quiet: bool = False
+
+
+def parse_train_params(raw) -> TrainParams:
+    return parse_params(TrainParams, raw, prefix="train", source=SOURCE)
