@@ -109,3 +109,19 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
     assert last.name == "checkpoint-00000002"
     state = load_checkpoint(last, model=_model(), restore_rng=False)
     assert state["step"] == 2 and all(math.isfinite(r["loss"]) for r in state["history"])
+
+
+def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
+    from fastlm.engine.data import PackedCollator, TokenBudget
+    from fastlm.engine.loop import _to_device
+
+    data = _sequences(50, 3)
+    samples = data.__getitems__(range(8))
+    budget = TokenBudget(row_length=64, rows_per_batch=4)
+    reference = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="bool")(samples)
+    shipped = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="none")(samples)
+    assert "attention_mask" not in shipped
+    assert torch.equal(_to_device(shipped, torch.device("cpu"), "sdpa")["attention_mask"], reference["attention_mask"])
+    additive = _to_device(shipped, torch.device("cpu"), "eager")["attention_mask"]
+    assert torch.equal(additive == 0, reference["attention_mask"])
+    assert "attention_mask" not in _to_device(shipped, torch.device("cpu"), "flash_attention_2")

@@ -26,7 +26,7 @@ from fastlm.engine.data import (
     PackedBatchSampler,
     PackedCollator,
 )
-from fastlm.engine.data.packing import TokenBudget
+from fastlm.engine.data.packing import TokenBudget, block_causal_mask, to_additive_mask
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.loss import accumulate_gradients, causal_lm_loss_sum
 from fastlm.engine.metrics import StepMetrics, flops_per_token
@@ -61,8 +61,9 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     if batching.mode == "packed":
         budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
         sampler = PackedBatchSampler(lengths, budget, seed=seed)
+        # The [rows, 1, T, T] block mask is built on the device from the small sequence ids (see _to_device).
         collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
-                                  attention_mask_format=MASK_FORMATS[attn])
+                                  attention_mask_format="none")
     else:
         group = 50 if batching.mode == "length_grouped" else 1
         sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=group, seed=seed)
@@ -121,9 +122,18 @@ class MicroBatches:
         return batch
 
 
-def _to_device(batch: dict, device: torch.device) -> dict:
+def _to_device(batch: dict, device: torch.device, attn: str) -> dict:
+    """Model inputs to the device (counts stay on the host: reading them costs no sync).
+
+    Packed batches carry per-token ``sequence_ids``; the block-diagonal causal mask that SDPA/eager need is
+    built here, on the device, instead of copying ``rows * T * T`` booleans from the host every step.
+    Flash-attention varlen needs no mask: it reads the sample boundaries from the restarting position ids.
+    """
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
-    return {**batch, **moved}  # counts stay on the host: reading them costs no sync
+    if "sequence_ids" in batch and "attention_mask" not in batch and MASK_FORMATS[attn] != "none":
+        mask = block_causal_mask(batch["sequence_ids"].to(device, non_blocking=True))
+        moved["attention_mask"] = mask if MASK_FORMATS[attn] == "bool" else to_additive_mask(mask)
+    return {**batch, **moved}
 
 
 def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runtime, *, pad_id: int, max_length: int,
@@ -139,7 +149,7 @@ def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runti
         for index, batch in enumerate(loader):
             if max_batches is not None and index >= max_batches:
                 break
-            batch = _to_device(batch, runtime.device)
+            batch = _to_device(batch, runtime.device, attn)
             with runtime.autocast_context():
                 logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}).logits
             batch_sum, batch_targets = causal_lm_loss_sum(logits, batch["labels"])
@@ -193,7 +203,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     metrics.start()
     while step < total_steps:
         waited = perf_counter()
-        micro = [_to_device(next(stream), device) for _ in range(accum)]
+        micro = [_to_device(next(stream), device, attn) for _ in range(accum)]
         metrics.record_data_wait(perf_counter() - waited)
         loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
                                                    grad_scaler=scaler if scaler.is_enabled() else None)

@@ -153,7 +153,8 @@ class PackedCollator:
         flat[layout.real_mask.reshape(-1).numpy()] = np.concatenate([samples[i] for row in rows for i in row])
         input_ids = torch.from_numpy(flat.reshape(len(row_lengths), seq_len))
         labels = packed_causal_lm_labels(input_ids, layout.position_ids, layout.real_mask)
-        batch = {"input_ids": input_ids, "labels": labels, "position_ids": layout.position_ids}
+        batch = {"input_ids": input_ids, "labels": labels, "position_ids": layout.position_ids,
+                 "sequence_ids": layout.sequence_ids.to(torch.int32)}
         if self.attention_mask_format != "none":
             mask = block_causal_mask(layout.sequence_ids)
             batch["attention_mask"] = mask if self.attention_mask_format == "bool" else to_additive_mask(mask)

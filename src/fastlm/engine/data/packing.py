@@ -225,7 +225,8 @@ def block_causal_mask(sequence_ids: torch.Tensor) -> torch.Tensor:
     """``[rows, 1, T, T]`` bool, True where query ``q`` may attend key ``k``: same segment and ``k <= q``."""
     index = torch.arange(sequence_ids.shape[-1], device=sequence_ids.device)
     causal = index[None, :] <= index[:, None]
-    return ((sequence_ids[:, :, None] == sequence_ids[:, None, :]) & causal).unsqueeze(1)
+    ids = sequence_ids.to(torch.int32)  # narrower compares: the mask is rows * T * T elements
+    return ((ids[:, :, None] == ids[:, None, :]) & causal).unsqueeze(1)
 
 
 def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,733 @@
+"""Benchmark: training throughput of the fastlm engine against the Hugging Face ``Trainer``, side by side.
+
+Target (from the issue): on 2 CPU cores, batch 32, max_length 320, review-like texts (median about 27
+characters, a tail to about 150, about 1% far longer), the fastlm engine trains at least 3x as many real
+tokens per second (non-padding tokens) as ``transformers.Trainer`` in its usual set-up
+(``DataCollatorForLanguageModeling`` with dynamic padding, default ``TrainingArguments``), with at most 3%
+padding waste (the Trainer wastes about 70% there), and at least 15x a Trainer run on data padded to
+``max_length``. The engine's metric/logging bookkeeping costs at most 1% of the step time and it waits for
+data at most 2% of the time. Nothing is asserted: the script prints the figures, their ratios and PASS/FAIL.
+
+    python benchmarks/train_speed.py                                  # 20,000 reviews, 3 + 20 steps each
+    python benchmarks/train_speed.py --repeats 3 --json out.json      # fastlm, trainer, ..., three times
+    python benchmarks/train_speed.py --rows 2000 --steps 3 --warmup 1  # smoke run
+
+Preparation (once, not timed): ``make_texts(rows, seed=0, profile="reviews")`` -> byte-level BPE
+(``train_bpe_tokenizer``, vocab 8000, min_frequency 2) -> ``tokenize_texts`` (unpadded, EOS appended,
+truncated at max_length). The tokenizer and the token ids go to a temporary workdir.
+
+Contenders, each in its own fresh Python process (this script with ``--run NAME``), in the order given,
+interleaved when ``--repeats`` > 1. All of them build the project's default tiny Llama
+(``ModelParams()``: hidden 128, intermediate 344, 2 layers, 4 heads, tied embeddings, vocab =
+len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they start from identical weights
+(the table's ``init`` column is a digest of the initial weights), SDPA attention, fp32, and the same
+``torch.set_num_threads``. Each runs ``warmup`` untimed optimizer steps, then ``steps`` timed ones.
+
+* ``fastlm``: the engine's own loop (``fastlm.engine.loop.train``), batching ``packed``: micro-batches of
+  ``batch_size`` rows of ``max_length`` tokens. Figures come from the engine's ``StepMetrics`` records: the
+  loop flushes on step 1, every ``log_every`` steps and on the last step, so ``log_every`` is chosen such
+  that step ``warmup`` ends a window (``warmup`` itself, or ``steps`` when warmup is 1); the windows after
+  it cover exactly the timed steps and are added up. Cross-checks: the wall clock between the flush
+  callbacks of steps ``warmup`` and ``warmup + steps`` (``wall`` below), and real/computed tokens counted
+  again, after the run, from the engine's own sampler and collator for the same steps.
+* ``fastlm_dynamic``: the same engine with batching ``dynamic`` (random batches of ``batch_size``
+  samples padded to their longest, rounded up to 8), for reference.
+* ``trainer``: ``transformers.Trainer`` with ``DataCollatorForLanguageModeling(tokenizer, mlm=False)``
+  on a ``datasets.Dataset`` holding only ``input_ids`` (EOS already appended), ``TrainingArguments(
+  per_device_train_batch_size=batch_size, max_steps=warmup + steps, report_to=[], save_strategy="no",
+  logging_steps=10**9, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=0)``, everything
+  else default. A thin wrapper around the collator records ``attention_mask.sum()`` (real tokens) and
+  ``input_ids.numel()`` (computed tokens) of each batch. A ``TrainerCallback`` takes ``perf_counter`` at
+  ``on_step_end``; the timed window runs from the end of step ``warmup`` to the end of the last step, so it
+  holds everything the Trainer does per step (fetching and collating the batch included). The time outside
+  ``on_step_begin``..``on_step_end`` is its "data wait" (batch fetch plus the Trainer's log/save checks).
+* ``trainer_max_length``: the same Trainer on data padded to ``max_length`` beforehand, as with
+  ``tokenizer(..., padding="max_length")``: ``input_ids`` padded with the pad id, ``attention_mask``,
+  ``labels`` = ``input_ids`` on real tokens and -100 on padding, ``default_data_collator``. It is slow, so it
+  times only ``max(3, steps // 4)`` steps (after the same warmup).
+
+Overheads (fastlm): (a) metric/logging bookkeeping: the loop's per-step host work (``record_data_wait``,
+the token counts, ``StepMetrics.update``, ``Progress.advance`` with a tqdm bar writing to /dev/null) and its
+flush work (``StepMetrics.flush``, the finiteness and gradient-norm checks, ``Progress.show``) amortised
+over ``log_every`` = 10, timed over 10,000 steps in the fastlm process after training, divided by the
+measured fastlm step time. (b) data-wait share: the engine's ``data_wait_share`` over the timed window.
+
+The machine may be shared: each run also reports ``other load``, the busy cores of the whole machine
+that were not this benchmark's (from /proc/stat), averaged over the run. Figures taken while it is well
+above 0 are not comparable.
+
+Network: HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1, TRANSFORMERS_OFFLINE=1, DO_NOT_TRACK=true and
+HF_HUB_DISABLE_TELEMETRY=1 are set before anything is imported; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+os.environ.update(OFFLINE_ENV)
+
+REPO = Path(__file__).resolve().parents[1]
+CONTENDERS = ("fastlm", "fastlm_dynamic", "trainer", "trainer_max_length")
+VOCAB_SIZE = 8000
+MIN_FREQUENCY = 2
+TEXT_SEED = 0
+MODEL_SEED = 0
+OVERHEAD_STEPS = 10_000
+OVERHEAD_LOG_EVERY = 10
+
+TARGET_VS_TRAINER = 3.0
+TARGET_VS_MAX_LENGTH = 15.0
+TARGET_WASTE = 0.03
+TARGET_OVERHEAD = 0.01
+TARGET_DATA_WAIT = 0.02
+
+
+# --------------------------------------------------------------------------------------------------
+# Preparation (parent, not timed)
+# --------------------------------------------------------------------------------------------------
+
+
+def prepare(workdir: Path, rows: int, max_length: int) -> dict:
+    import numpy as np
+
+    from fastlm.corpus.synthetic import make_texts
+    from fastlm.corpus.tokenization import tokenize_texts
+    from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+
+    start = time.perf_counter()
+    texts = make_texts(rows, seed=TEXT_SEED, profile="reviews")
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=VOCAB_SIZE, min_frequency=MIN_FREQUENCY,
+                                    model_max_length=max_length)
+    tokenizer.save_pretrained(str(workdir / "tokenizer"))
+    tokens = tokenize_texts(texts, tokenizer, max_length=max_length, num_proc=1)
+    np.savez(workdir / "tokens.npz", values=tokens.values, offsets=tokens.offsets)
+    chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    lengths = tokens.lengths
+    return {
+        "rows": len(texts),
+        "chars_median": float(np.median(chars)),
+        "chars_p90": float(np.percentile(chars, 90)),
+        "chars_p99": float(np.percentile(chars, 99)),
+        "chars_max": int(chars.max()),
+        "tokens_total": int(lengths.sum()),
+        "tokens_median": float(np.median(lengths)),
+        "tokens_mean": float(lengths.mean()),
+        "tokens_p99": float(np.percentile(lengths, 99)),
+        "tokens_max": int(lengths.max()),
+        "truncated": int(tokens.truncated.sum()),
+        "vocab": len(tokenizer),
+        "prepare_s": time.perf_counter() - start,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Children: one contender each
+# --------------------------------------------------------------------------------------------------
+
+
+class Context:
+    """What every contender loads: the tokenizer, the token ids, the model built from one seed."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import numpy as np
+        from transformers import AutoTokenizer
+
+        self.args = args
+        self.workdir = Path(args.workdir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.workdir / "tokenizer"))
+        with np.load(self.workdir / "tokens.npz") as data:
+            self.values, self.offsets = data["values"], data["offsets"]
+        self.lengths = np.diff(self.offsets)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+
+    def build_model(self):
+        import torch
+
+        from fastlm.engine.config import ModelParams
+        from fastlm.engine.model import build_model
+
+        torch.manual_seed(MODEL_SEED)
+        model = build_model(ModelParams(attn_implementation="sdpa"), self.tokenizer,
+                            max_length=self.args.max_length, attn_implementation="sdpa")
+        digest = hashlib.sha256()
+        for name, parameter in sorted(model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(parameter.detach().float().contiguous().numpy().tobytes())
+        return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters())
+
+
+def fastlm_log_every(warmup: int, steps: int) -> int:
+    """A ``log_every`` for which step ``warmup`` ends a flush window (the loop also flushes on step 1 and last)."""
+    return warmup if warmup >= 2 else steps
+
+
+def run_fastlm(ctx: Context, mode: str) -> dict:
+    from time import perf_counter
+
+    import torch
+
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.loop import make_batching, train
+    from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+
+    args = ctx.args
+    warmup, steps = args.warmup, args.steps
+    log_every = fastlm_log_every(warmup, steps)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=args.threads, seed=0))
+    model, init_digest, n_params = ctx.build_model()
+    train_set = TokenSequences(ctx.values, ctx.offsets)
+    params = parse_train_params({
+        "model": {"attn_implementation": "sdpa"},
+        "batching": {"mode": mode, "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
+        "runtime": {"device": "cpu", "precision": "fp32", "num_threads": args.threads},
+        "max_steps": warmup + steps,
+        "seed": 0,
+        "log_every": log_every,
+        "eval_every": None,
+        "save_every": None,
+        "resume": "never",
+        "checkpoint_dir": str(Path(args.workdir) / f"checkpoints_{mode}"),
+        "quiet": True,
+    })
+    flushed_at: dict[int, float] = {}
+
+    def on_record(kind: str, record: dict) -> None:
+        if kind == "train":
+            flushed_at[record["step"]] = perf_counter()
+
+    result = train(model, train_set, None, params=params, runtime=runtime, pad_id=ctx.pad_id,
+                   max_length=args.max_length, attn="sdpa", callbacks=[on_record])
+    history = result.history
+    if warmup and warmup not in flushed_at:
+        raise RuntimeError(f"no flush at step {warmup}: flushed at {sorted(flushed_at)}")
+    end = warmup + steps
+    window = real = computed = waited = 0.0
+    previous, windows = warmup, 0
+    for record in history:
+        if warmup < record["step"] <= end:
+            seconds = record["step_time_s"] * (record["step"] - previous)
+            window += seconds
+            real += record["real_tokens_per_s"] * seconds
+            computed += record["tokens_per_s"] * seconds
+            waited += record["data_wait_share"] * seconds
+            previous, windows = record["step"], windows + 1
+    wall = flushed_at[end] - flushed_at[warmup] if warmup else None
+
+    # Cross-check: the same steps' batches again, from the engine's own sampler and collator (not timed).
+    sampler, collator = make_batching(params, train_set.lengths, pad_id=ctx.pad_id, max_length=args.max_length,
+                                      attn="sdpa", seed=params.seed)
+    batches, epoch = [], 0
+    while len(batches) < end:
+        sampler.set_epoch(epoch)
+        batches.extend(sampler.epoch_batches())
+        epoch += 1
+    check_real = check_computed = 0
+    for batch in batches[warmup:end]:
+        collated = collator(train_set.__getitems__(batch))
+        check_real += int(collated["num_real_tokens"])
+        check_computed += int(collated["num_computed_tokens"])
+    out = {
+        "contender": f"fastlm_{mode}" if mode != "packed" else "fastlm",
+        "init": init_digest,
+        "parameters": n_params,
+        "threads": torch.get_num_threads(),
+        "steps_timed": steps,
+        "warmup": warmup,
+        "log_every": log_every,
+        "flush_windows": windows,
+        "window_s": window,
+        "wall_s": wall,
+        "real_tokens": real,
+        "computed_tokens": computed,
+        "real_tokens_per_s": real / window,
+        "computed_tokens_per_s": computed / window,
+        "padding_waste": 1 - real / computed,
+        "step_time_s": window / steps,
+        "data_wait_share": waited / window,
+        "check_real_tokens": check_real,
+        "check_computed_tokens": check_computed,
+        "check_real_tokens_per_s_wall": check_real / wall if wall else None,
+        "steps_per_epoch": len(sampler.epoch_batches()),
+        "final_loss": history[-1]["loss"],
+        "peak_memory_mb": result.summary.get("peak_memory_mb"),
+    }
+    if mode == "packed":
+        out["overhead"] = bookkeeping_overhead(ctx, step_time=out["step_time_s"])
+    return out
+
+
+def bookkeeping_overhead(ctx: Context, *, step_time: float) -> dict:
+    """The loop's per-step metric/logging host work, timed alone (see the module docstring)."""
+    from time import perf_counter
+
+    import torch
+    from tqdm.auto import tqdm
+
+    from fastlm.engine.loop import _check_finite, _check_grad_norm
+    from fastlm.engine.metrics import StepMetrics
+    from fastlm.engine.progress import Progress
+
+    n = OVERHEAD_STEPS
+    metrics = StepMetrics("cpu", total_steps=n, flops_per_token=10_000_000)
+    progress = Progress(n, quiet=True)
+    null = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    progress.bar = tqdm(total=n, file=null, mininterval=0.5, unit="step")  # what an interactive run shows
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    loss_sum, n_targets, grad_norm = torch.tensor(30_000.0), torch.tensor(9_900), torch.tensor(0.9)
+    micro = [{"num_real_tokens": torch.tensor(10_000), "num_computed_tokens": torch.tensor(10_240),
+              "num_samples": torch.tensor(800)}]
+    root = Path(ctx.args.workdir) / "overhead"
+    history: list[dict] = []
+    norms: list[float] = []
+    tokens_seen = 0
+    metrics.start()
+    start = perf_counter()
+    for step in range(1, n + 1):
+        waited = perf_counter()
+        metrics.record_data_wait(perf_counter() - waited)
+        real_tokens = sum(int(b["num_real_tokens"]) for b in micro)
+        tokens_seen += real_tokens
+        metrics.update(loss_sum=loss_sum, target_tokens=n_targets, grad_norm=grad_norm, real_tokens=real_tokens,
+                       computed_tokens=sum(int(b["num_computed_tokens"]) for b in micro),
+                       samples=sum(int(b["num_samples"]) for b in micro), lr=scheduler.get_last_lr()[0])
+        progress.advance()
+        if step % OVERHEAD_LOG_EVERY == 0:
+            record = {**metrics.flush(step), "epoch": 0, "batch_in_epoch": step}
+            _check_finite(record, step, root)
+            _check_grad_norm(record, norms)
+            history.append(record)
+            progress.show(record)
+    per_step = (perf_counter() - start) / n
+    progress.close()
+    null.close()
+    return {"per_step_s": per_step, "steps": n, "log_every": OVERHEAD_LOG_EVERY, "share": per_step / step_time}
+
+
+class CountingCollator:
+    """Wraps a collator; records each batch's real (attention-mask) and computed (numel) token counts."""
+
+    def __init__(self, collator) -> None:
+        self.collator = collator
+        self.real: list[int] = []
+        self.computed: list[int] = []
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        self.real.append(int(batch["attention_mask"].sum()))
+        self.computed.append(int(batch["input_ids"].numel()))
+        return batch
+
+
+def run_trainer(ctx: Context, max_length_mode: bool) -> dict:
+    from time import perf_counter
+
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+    import torch
+    from datasets.table import InMemoryTable
+    from transformers import (
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        default_data_collator,
+    )
+
+    args = ctx.args
+    warmup = args.warmup
+    steps = max(3, args.steps // 4) if max_length_mode else args.steps
+    torch.set_num_threads(args.threads)
+    datasets.disable_progress_bars()
+    model, init_digest, n_params = ctx.build_model()
+
+    def list_column(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=pa.int32()))
+
+    if max_length_mode:  # as tokenizer(..., padding="max_length") leaves the data
+        rows, width = len(ctx.lengths), args.max_length
+        mask = np.arange(width)[None, :] < ctx.lengths[:, None]
+        ids = np.full((rows, width), ctx.pad_id, dtype=np.int32)
+        ids[mask] = ctx.values
+        labels = np.where(mask, ids, -100).astype(np.int32)
+        offsets = np.arange(rows + 1, dtype=np.int64) * width
+        table = pa.table({"input_ids": list_column(ids.reshape(-1), offsets),
+                          "attention_mask": list_column(mask.astype(np.int32).reshape(-1), offsets),
+                          "labels": list_column(labels.reshape(-1), offsets)})
+        collator = CountingCollator(default_data_collator)
+    else:  # the usual set-up: unpadded input_ids, dynamic padding in the collator
+        table = pa.table({"input_ids": list_column(ctx.values, ctx.offsets)})
+        collator = CountingCollator(DataCollatorForLanguageModeling(ctx.tokenizer, mlm=False))
+    train_dataset = datasets.Dataset(InMemoryTable(table))
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin = 0.0
+            self.inside = 0.0
+            self.marks: dict[int, tuple[float, int]] = {}
+            self.threads: int | None = None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begin = perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = perf_counter()
+            step = state.global_step
+            if warmup < step <= warmup + steps:
+                self.inside += now - self.begin
+            if step in (warmup, warmup + steps):
+                self.marks[step] = (now, len(collator.real))
+            self.threads = torch.get_num_threads()
+
+    timer = StepTimer()
+    output_dir = Path(args.workdir) / ("trainer_max_length_out" if max_length_mode else "trainer_out")
+    training_args = TrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, max_steps=warmup + steps,
+        report_to=[], save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
+        dataloader_num_workers=0, seed=0,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, data_collator=collator,
+                      processing_class=ctx.tokenizer, callbacks=[timer])
+    trainer.train()
+    (t0, n0), (t1, n1) = timer.marks[warmup], timer.marks[warmup + steps]
+    window = t1 - t0
+    real, computed = sum(collator.real[n0:n1]), sum(collator.computed[n0:n1])
+    return {
+        "contender": "trainer_max_length" if max_length_mode else "trainer",
+        "init": init_digest,
+        "parameters": n_params,
+        "threads": timer.threads,
+        "steps_timed": steps,
+        "warmup": warmup,
+        "batches_in_window": n1 - n0,
+        "window_s": window,
+        "wall_s": window,
+        "real_tokens": real,
+        "computed_tokens": computed,
+        "real_tokens_per_s": real / window,
+        "computed_tokens_per_s": computed / window,
+        "padding_waste": 1 - real / computed,
+        "step_time_s": window / steps,
+        "data_wait_share": 1 - timer.inside / window,
+        "optim": str(getattr(training_args.optim, "value", training_args.optim)),
+        "final_loss": trainer.state.log_history[-1].get("train_loss") if trainer.state.log_history else None,
+    }
+
+
+def child_main(args: argparse.Namespace) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    ctx = Context(args)
+    started = time.perf_counter()
+    if args.run == "fastlm":
+        info = run_fastlm(ctx, "packed")
+    elif args.run == "fastlm_dynamic":
+        info = run_fastlm(ctx, "dynamic")
+    elif args.run == "trainer":
+        info = run_trainer(ctx, max_length_mode=False)
+    elif args.run == "trainer_max_length":
+        info = run_trainer(ctx, max_length_mode=True)
+    else:
+        raise SystemExit(f"unknown contender {args.run!r}")
+    info["child_run_s"] = time.perf_counter() - started
+    info["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(args.result).write_text(json.dumps(info))
+
+
+# --------------------------------------------------------------------------------------------------
+# Parent
+# --------------------------------------------------------------------------------------------------
+
+
+def _own_children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _busy_cpu_s() -> float:
+    """Busy CPU seconds of the whole machine so far (all cores), from /proc/stat."""
+    try:
+        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    steal = fields[7] if len(fields) > 7 else 0
+    guest = sum(fields[8:10])
+    return (sum(fields) - idle - steal - guest) / os.sysconf("SC_CLK_TCK")
+
+
+def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) -> dict:
+    result_path = workdir / f"result_{index}_{name}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--workdir", str(workdir),
+               "--result", str(result_path), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
+               "--threads", str(args.threads)]
+    env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_DATASETS_CACHE": str(workdir / "hf_cache")}
+    cpu_before, busy_before = _own_children_cpu_s(), _busy_cpu_s()
+    start = time.perf_counter()
+    process = subprocess.run(command, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    wall = time.perf_counter() - start
+    own, busy = _own_children_cpu_s() - cpu_before, _busy_cpu_s() - busy_before
+    if process.returncode != 0 or not result_path.exists():
+        tail = "\n".join(process.stdout.strip().splitlines()[-30:])
+        print(f"  {name}: FAILED (exit {process.returncode})\n{tail}", flush=True)
+        return {"contender": name, "error": f"exit {process.returncode}", "output_tail": tail}
+    result = json.loads(result_path.read_text())
+    result.update(process_wall_s=wall, other_load_cores=max(busy - own, 0.0) / wall)
+    return result
+
+
+def machine(threads: int) -> dict:
+    from fastlm.engine.runtime import usable_cpu_count
+
+    model = "unknown"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    packages = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "pyarrow")
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cores": usable_cpu_count(),
+        "threads": threads,
+        "cpu": model,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "versions": {name: version(name) for name in packages},
+    }
+
+
+def _median(runs: list[dict], key: str) -> float | None:
+    values = [run[key] for run in runs if run.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def summarise(results: dict[str, list[dict]]) -> dict:
+    keys = ("steps_timed", "real_tokens_per_s", "computed_tokens_per_s", "padding_waste", "step_time_s",
+            "data_wait_share", "other_load_cores")
+    table = {}
+    for name, runs in results.items():
+        ok = [run for run in runs if "error" not in run]
+        row = {key: _median(ok, key) for key in keys}
+        row.update(runs=len(ok), failed=len(runs) - len(ok), init=sorted({run["init"] for run in ok}))
+        if name == "fastlm":
+            row["overhead_share"] = _median([run["overhead"] for run in ok if "overhead" in run], "share")
+            row["overhead_per_step_s"] = _median([run["overhead"] for run in ok if "overhead" in run], "per_step_s")
+        table[name] = row
+    return table
+
+
+def ratio(table: dict, a: str, b: str) -> float | None:
+    top, bottom = table.get(a, {}).get("real_tokens_per_s"), table.get(b, {}).get("real_tokens_per_s")
+    return top / bottom if top and bottom else None
+
+
+def verdicts(table: dict) -> list[tuple[str, bool | None]]:
+    """(line, passed) per target; passed is None when the figure is missing (contender not run or failed)."""
+    fast = table.get("fastlm", {})
+    vs_trainer, vs_max = ratio(table, "fastlm", "trainer"), ratio(table, "fastlm", "trainer_max_length")
+    waste, overhead, wait = fast.get("padding_waste"), fast.get("overhead_share"), fast.get("data_wait_share")
+    checks = (
+        (f"fastlm / trainer real tokens/s >= {TARGET_VS_TRAINER:g}x", vs_trainer, TARGET_VS_TRAINER, ">=", ".2f", "x"),
+        (f"fastlm / trainer_max_length real tokens/s >= {TARGET_VS_MAX_LENGTH:g}x", vs_max, TARGET_VS_MAX_LENGTH,
+         ">=", ".2f", "x"),
+        (f"fastlm padding waste <= {TARGET_WASTE:.0%}", waste, TARGET_WASTE, "<=", ".2%", ""),
+        (f"fastlm metric/logging overhead <= {TARGET_OVERHEAD:.0%} of step time", overhead, TARGET_OVERHEAD, "<=",
+         ".4%", ""),
+        (f"fastlm data-wait share <= {TARGET_DATA_WAIT:.0%}", wait, TARGET_DATA_WAIT, "<=", ".2%", ""),
+    )
+    lines = []
+    for text, value, target, op, spec, unit in checks:
+        if value is None:
+            lines.append((f"{text}: n/a", None))
+        else:
+            lines.append((f"{text}: {value:{spec}}{unit}", value >= target if op == ">=" else value <= target))
+    return lines
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) -> None:
+    print()
+    print(f"machine: {info['cpu']}; nproc {info['nproc']}, usable cores {info['usable_cores']}, "
+          f"torch threads {info['threads']}; load average at start {info['load_average']}")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + f", python {info['python']}")
+    print(f"data: {prep['rows']:,} review texts (chars median {prep['chars_median']:.0f}, p90 {prep['chars_p90']:.0f}, "
+          f"p99 {prep['chars_p99']:.0f}, max {prep['chars_max']}); {prep['tokens_total']:,} tokens (median "
+          f"{prep['tokens_median']:.0f}, mean {prep['tokens_mean']:.1f}, p99 {prep['tokens_p99']:.0f}, max "
+          f"{prep['tokens_max']}, {prep['truncated']} truncated); vocab {prep['vocab']}")
+    print()
+    print("per run:")
+    for name, runs in results.items():
+        for number, run in enumerate(runs, 1):
+            if "error" in run:
+                print(f"  {name} #{number}: FAILED ({run['error']})")
+                continue
+            extra = ""
+            if run["contender"].startswith("fastlm"):
+                extra = (f", flush windows {run['flush_windows']} (log_every {run['log_every']}), "
+                         f"wall {_fmt(run['wall_s'], '.3f')} s vs metric windows {run['window_s']:.3f} s, "
+                         f"tokens re-counted: real {run['check_real_tokens']:,} vs {run['real_tokens']:,.0f}, "
+                         f"computed {run['check_computed_tokens']:,} vs {run['computed_tokens']:,.0f}; "
+                         f"{run['steps_per_epoch']} steps/epoch")
+            else:
+                extra = f", batches in window {run['batches_in_window']}, optim {run['optim']}"
+            print(f"  {name} #{number}: init {run['init']}, threads {run['threads']}, "
+                  f"other load {run['other_load_cores']:.2f} cores, process {run['process_wall_s']:.1f} s{extra}")
+    print()
+    header = (f"{'contender':<20}{'steps':>6}{'real tok/s':>12}{'computed tok/s':>16}{'pad waste':>11}"
+              f"{'step s':>9}{'data wait':>11}{'other load':>12}")
+    print(header)
+    print("-" * len(header))
+    for name, row in table.items():
+        if not row["runs"]:
+            print(f"{name:<20}  failed")
+            continue
+        print(f"{name:<20}{_fmt(row['steps_timed'], '>6.0f')}{_fmt(row['real_tokens_per_s'], '>12,.0f')}"
+              f"{_fmt(row['computed_tokens_per_s'], '>16,.0f')}{_fmt(row['padding_waste'], '>11.1%')}"
+              f"{_fmt(row['step_time_s'], '>9.3f')}{_fmt(row['data_wait_share'], '>11.2%')}"
+              f"{_fmt(row['other_load_cores'], '>12.2f')}")
+    runs = {row["runs"] for row in table.values() if row["runs"]}
+    if runs != {1}:
+        print("(medians over the repeats)")
+    if "trainer_max_length" in table:
+        print(f"(trainer_max_length times max(3, steps // 4) = {table['trainer_max_length']['steps_timed']:.0f} steps)")
+    print("data wait: fastlm = the engine's data_wait_share; trainer = time outside on_step_begin..on_step_end "
+          "(batch fetch + the Trainer's log/save checks)")
+    inits = {digest for row in table.values() for digest in row["init"]}
+    print(f"initial weights: {'identical' if len(inits) == 1 else 'DIFFERENT'} across contenders ({', '.join(sorted(inits))})")
+    fast = table.get("fastlm", {})
+    if fast.get("overhead_per_step_s") is not None:
+        print(f"fastlm metric/logging bookkeeping: {fast['overhead_per_step_s'] * 1e6:.1f} us per step "
+              f"(log_every {OVERHEAD_LOG_EVERY}, {OVERHEAD_STEPS:,} steps) = {fast['overhead_share']:.4%} of "
+              f"the {fast['step_time_s']:.3f} s step")
+    print()
+    print("ratios (real tokens/s):")
+    for a, b in (("fastlm", "trainer"), ("fastlm", "trainer_max_length"), ("fastlm_dynamic", "trainer"),
+                 ("fastlm", "fastlm_dynamic"), ("trainer", "trainer_max_length")):
+        value = ratio(table, a, b)
+        if value is not None:
+            print(f"  {a} / {b}: {value:.2f}x")
+    print()
+    for text, ok in verdicts(table):
+        print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'N/A '}  {text}")
+    if "trainer" in table and table["trainer"].get("padding_waste") is not None:
+        print(f"      (trainer padding waste {table['trainer']['padding_waste']:.1%}; the issue expects about 70%)")
+    loads = [row["other_load_cores"] for row in table.values() if row.get("other_load_cores") is not None]
+    if loads and max(loads) > 0.25:
+        print(f"NOTE: other processes kept up to {max(loads):.2f} cores busy during the runs: the figures are noisy.")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=20_000, help="review texts to generate (default 20000)")
+    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per contender (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (default 3, >= 1)")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples (fastlm packed: rows) per batch")
+    parser.add_argument("--max-length", type=int, default=320)
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--repeats", type=int, default=1, help="run the contender list this many times, interleaved")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the prepared data here (default: a temp dir)")
+    parser.add_argument("--run", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.warmup < 1 or args.steps < 1 or args.repeats < 1 or args.rows < 1:
+        parser.error("--warmup, --steps, --repeats and --rows must be >= 1")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.run:
+        child_main(args)
+        return
+    if args.threads is None:
+        from fastlm.engine.runtime import usable_cpu_count
+
+        args.threads = usable_cpu_count()
+    info = machine(args.threads)
+    keep = args.workdir is not None
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fastlm_train_speed_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        print(f"preparing {args.rows:,} review texts (tokenizer, token ids) in {workdir} ...", flush=True)
+        prep = prepare(workdir, args.rows, args.max_length)
+        order = [name for _ in range(args.repeats) for name in args.contenders]
+        results: dict[str, list[dict]] = {name: [] for name in args.contenders}
+        for index, name in enumerate(order):
+            print(f"[{index + 1}/{len(order)}] {name} ...", flush=True)
+            run = run_child(name, args, workdir, index)
+            results[name].append(run)
+            if "error" not in run:
+                print(f"  {run['real_tokens_per_s']:,.0f} real tok/s, waste {run['padding_waste']:.1%}, "
+                      f"step {run['step_time_s']:.3f} s, {run['process_wall_s']:.1f} s in all", flush=True)
+        table = summarise(results)
+        report(info, prep, results, table)
+        if args.json:
+            payload = {
+                "settings": {key: (str(value) if isinstance(value, Path) else value)
+                             for key, value in vars(args).items() if key not in ("run", "result")},
+                "targets": {"vs_trainer": TARGET_VS_TRAINER, "vs_trainer_max_length": TARGET_VS_MAX_LENGTH,
+                            "padding_waste": TARGET_WASTE, "overhead": TARGET_OVERHEAD,
+                            "data_wait": TARGET_DATA_WAIT},
+                "machine": info, "data": prep, "runs": results, "summary": table,
+                "ratios": {"fastlm/trainer": ratio(table, "fastlm", "trainer"),
+                           "fastlm/trainer_max_length": ratio(table, "fastlm", "trainer_max_length"),
+                           "fastlm_dynamic/trainer": ratio(table, "fastlm_dynamic", "trainer")},
+                "verdicts": [{"check": text, "pass": ok} for text, ok in verdicts(table)],
+            }
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(payload, indent=2, default=str))
+            print(f"\nwrote {args.json}")
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
