@@ -203,8 +203,9 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     metrics.start()
     while step < total_steps:
         waited = perf_counter()
-        micro = [_to_device(next(stream), device, attn) for _ in range(accum)]
+        fetched = [next(stream) for _ in range(accum)]  # data wait: time blocked on the DataLoader only
         metrics.record_data_wait(perf_counter() - waited)
+        micro = [_to_device(batch, device, attn) for batch in fetched]
         loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
                                                    grad_scaler=scaler if scaler.is_enabled() else None)
         if scaler.is_enabled():
