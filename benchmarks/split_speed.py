@@ -51,6 +51,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from cpu_usage import busy_cpu_s, children_cpu_s  # sibling module: scripts run from benchmarks/
+
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -332,7 +334,7 @@ def run_child(kind: str, workdir: Path) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--workdir", str(workdir),
                "--result", str(result_path)]
     peak = {"pss": 0, "rss": 0}
-    cpu_before, busy_before = _tree_cpu_s(), _busy_cpu_s()
+    cpu_before, busy_before, own_before = children_cpu_s(), busy_cpu_s(), time.process_time()
     start = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done = threading.Event()
@@ -347,7 +349,8 @@ def run_child(kind: str, workdir: Path) -> dict:
     sampler.start()
     output = process.communicate()[0]
     wall = time.perf_counter() - start
-    own_cpu, busy = _tree_cpu_s() - cpu_before, _busy_cpu_s() - busy_before
+    own_cpu, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
+    busy -= time.process_time() - own_before  # this script's own sampling is not "other processes"
     done.set()
     sampler.join()
     if process.returncode != 0 or not result_path.exists():
@@ -356,24 +359,6 @@ def run_child(kind: str, workdir: Path) -> dict:
     result.update(wall_s=wall, peak_tree_pss=peak["pss"], peak_tree_rss_sum=peak["rss"], output=output.strip(),
                   cpu_s=own_cpu, foreign_cores=max(busy - own_cpu, 0.0) / wall)
     return result
-
-
-def _tree_cpu_s() -> float:
-    """User + system CPU seconds of every reaped descendant (the child and, through it, its workers)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _busy_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine so far (all cores), from /proc/stat."""
-    try:
-        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    steal = fields[7] if len(fields) > 7 else 0
-    guest = sum(fields[8:10])  # already counted in user/nice
-    return (sum(fields) - idle - steal - guest) / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -78,6 +78,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from cpu_usage import busy_cpu_s, children_cpu_s  # sibling module: scripts run from benchmarks/
+
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -469,23 +471,6 @@ def child_main(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _own_children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _busy_cpu_s() -> float:
-    """Busy CPU seconds of the whole machine so far (all cores), from /proc/stat."""
-    try:
-        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    steal = fields[7] if len(fields) > 7 else 0
-    guest = sum(fields[8:10])
-    return (sum(fields) - idle - steal - guest) / os.sysconf("SC_CLK_TCK")
-
-
 def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) -> dict:
     result_path = workdir / f"result_{index}_{name}.json"
     command = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--workdir", str(workdir),
@@ -493,12 +478,12 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) ->
                "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
                "--threads", str(args.threads)]
     env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_DATASETS_CACHE": str(workdir / "hf_cache")}
-    cpu_before, busy_before = _own_children_cpu_s(), _busy_cpu_s()
+    cpu_before, busy_before = children_cpu_s(), busy_cpu_s()
     start = time.perf_counter()
     process = subprocess.run(command, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     wall = time.perf_counter() - start
-    own, busy = _own_children_cpu_s() - cpu_before, _busy_cpu_s() - busy_before
+    own, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
     if process.returncode != 0 or not result_path.exists():
         tail = "\n".join(process.stdout.strip().splitlines()[-30:])
         print(f"  {name}: FAILED (exit {process.returncode})\n{tail}", flush=True)

@@ -47,14 +47,24 @@ def mlflow_uri(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
+def copy_project(project: Path) -> Path:
+    """pyproject.toml, .telemetry and conf/ (without conf/local) copied to ``project``, and an empty src/.
+
+    Kedro wants <project>/src to exist (it resolves links, so no symlink); the code is the installed fastlm.
+    """
+    project.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(PROJECT_ROOT / name, project / name)
+    shutil.copytree(PROJECT_ROOT / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
+    (project / "conf" / "local").mkdir()
+    (project / "src").mkdir()
+    return project
+
+
 @pytest.fixture
 def kedro_project(tmp_path, monkeypatch, sample_texts, mlflow_uri) -> Path:
     """A copy of the project's configuration in tmp_path (cwd), with a small raw corpus; code is the installed package."""
-    for name in ("pyproject.toml", ".telemetry"):
-        shutil.copy(PROJECT_ROOT / name, tmp_path / name)
-    shutil.copytree(PROJECT_ROOT / "conf", tmp_path / "conf", ignore=shutil.ignore_patterns("local"))
-    (tmp_path / "conf" / "local").mkdir()
-    (tmp_path / "src").mkdir()  # the code is the installed fastlm package
+    copy_project(tmp_path)
     for layer in ("01_raw", "02_intermediate", "03_primary", "04_feature", "05_model_input", "06_models",
                   "07_model_output", "08_reporting"):
         (tmp_path / "data" / layer).mkdir(parents=True)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import sys
 import unicodedata
 import warnings
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import copy_project
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = PROJECT_ROOT / "notebooks" / "explore_splits.ipynb"
@@ -60,14 +61,7 @@ def _execute(cells: list[str]) -> dict:
 @pytest.fixture
 def small_project(tmp_path, monkeypatch) -> Path:
     """conf/ and pyproject.toml copied to tmp_path (the cwd), an empty src/ (the code is the installed fastlm)."""
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in ("pyproject.toml", ".telemetry"):
-        if (PROJECT_ROOT / name).is_file():
-            shutil.copy(PROJECT_ROOT / name, project / name)
-    shutil.copytree(PROJECT_ROOT / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
-    (project / "conf" / "local").mkdir()
-    (project / "src").mkdir()
+    project = copy_project(tmp_path / "project")
     monkeypatch.chdir(project)
     monkeypatch.setenv("DO_NOT_TRACK", "true")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")

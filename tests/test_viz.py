@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import copy_project
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SPLIT_NODES = {"clean_corpus", "split_corpus", "build_tokenizer", "tokenize_corpus", "report_split"}
 SPLIT_DATASETS = {"raw_corpus", "tokenized_corpus"}
@@ -29,16 +30,7 @@ KEDRO = [sys.executable, "-m", "kedro"]
 
 @pytest.fixture
 def viz_project(tmp_path) -> Path:
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in ("pyproject.toml", ".telemetry"):
-        if (PROJECT_ROOT / name).is_file():
-            shutil.copy(PROJECT_ROOT / name, project / name)
-    shutil.copytree(PROJECT_ROOT / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
-    (project / "conf" / "local").mkdir()
-    (
-        project / "src"
-    ).mkdir()  # Kedro wants <project>/src (resolved, so no link); the code is the installed fastlm
+    project = copy_project(tmp_path / "project")
     return project
 
 
