@@ -18,6 +18,19 @@ from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _no_dangling_mlflow_run():
+    """Each test starts with no active MLflow run (kedro-mlflow can leave one open in-process)."""
+    yield
+    import sys
+
+    if "mlflow" in sys.modules:
+        import mlflow
+
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+
+
 @pytest.fixture(scope="session")
 def sample_texts() -> list[str]:
     return make_texts(600, seed=3, profile="demo")

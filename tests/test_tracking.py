@@ -9,8 +9,10 @@ from fastlm.tracking import MlflowMetrics
 
 
 @pytest.fixture
-def active_run(tmp_path, monkeypatch):
+def active_run(tmp_path):
+    """A run of its own experiment in its own store (earlier tests may have set a global experiment id)."""
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("tracking-test")
     with mlflow.start_run() as run:
         yield run
     mlflow.set_tracking_uri(None)
@@ -42,6 +44,7 @@ def test_store_failure_warns_once_and_is_then_skipped(active_run, monkeypatch, c
     assert len(calls) == 1 and tracker.failed
 
 
-def test_no_active_run_is_a_no_op():
+def test_no_active_run_is_a_no_op(tmp_path):
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert mlflow.active_run() is None
     MlflowMetrics()("train", {"step": 1, "loss": 1.0})  # nothing to log to, nothing raised
