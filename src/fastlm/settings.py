@@ -5,9 +5,9 @@ import warnings
 
 from kedro.config import OmegaConfigLoader
 
-from fastlm.hooks import MlflowArtifactsHook
+from fastlm.hooks import MissingInputsHook, MlflowArtifactsHook
 
-HOOKS = (MlflowArtifactsHook(),)
+HOOKS = (MissingInputsHook(), MlflowArtifactsHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

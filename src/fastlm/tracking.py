@@ -13,6 +13,17 @@ from numbers import Number
 log = logging.getLogger(__name__)
 
 
+def active_run_id() -> str | None:
+    """The id of the active MLflow run, if any (never raises)."""
+    try:
+        import mlflow
+
+        run = mlflow.active_run()
+        return run.info.run_id if run is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
 class SafeMlflow:
     """Calls into mlflow that warn once on the first failure and are skipped afterwards."""
 

@@ -40,7 +40,7 @@ def _params(tmp_path, **overrides):
     raw = {"batching": {"mode": "packed", "micro_batch_size": 4}, "optimizer": {"lr": 1e-2, "warmup_steps": 2},
            "max_steps": 30, "log_every": 5, "eval_every": 15, "save_every": None, "quiet": True,
            "checkpoint_dir": str(tmp_path / "checkpoints"), "resume": "never",
-           "runtime": {"device": "cpu", "num_threads": 1}}
+           "runtime": {"device": "cpu", "num_threads": 1}, "profile": {"enabled": False}}
     for key, value in overrides.items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
     return parse_train_params(raw)
@@ -125,3 +125,16 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
     additive = _to_device(shipped, torch.device("cpu"), "eager")["attention_mask"]
     assert torch.equal(additive == 0, reference["attention_mask"])
     assert "attention_mask" not in _to_device(shipped, torch.device("cpu"), "flash_attention_2")
+
+
+def test_profiling_records_the_requested_window(tmp_path):
+    trace_dir = tmp_path / "profile"
+    params = _params(tmp_path, max_steps=6, eval_every=None,
+                     profile={"enabled": True, "start_step": 3, "steps": 2, "trace_dir": str(trace_dir)})
+    profile = _run(params).summary["profile"]
+    assert profile["recorded"] and profile["steps"] == "3-4"
+    assert (trace_dir / "steps_3-4.pt.trace.json").stat().st_size > 1000
+    shares = profile["phase_share"]
+    assert set(shares) == {"data", "forward", "backward", "optimizer"}
+    assert shares["forward"] > 0 and shares["backward"] > 0 and 0.5 < sum(shares.values()) <= 1.05
+    assert profile["top_operators"][0]["self_cpu_ms"] >= profile["top_operators"][-1]["self_cpu_ms"] > 0

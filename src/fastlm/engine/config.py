@@ -69,6 +69,13 @@ class RuntimeParams(Params):
     num_threads: int | None = Field(None, ge=1)
 
 
+class ProfileParams(Params):
+    enabled: bool = False
+    start_step: int = Field(5, ge=1, description="first optimizer step recorded (after warm-up)")
+    steps: int = Field(3, ge=1)
+    trace_dir: str = "data/07_model_output/profile"
+
+
 class TrainParams(Params):
     model: ModelParams = ModelParams()
     batching: BatchingParams = BatchingParams()
@@ -86,6 +93,7 @@ class TrainParams(Params):
     resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder")
     checkpoint_dir: str = "data/06_models/checkpoints"
     quiet: bool = False
+    profile: ProfileParams = ProfileParams()
 
 
 def parse_train_params(raw) -> TrainParams:

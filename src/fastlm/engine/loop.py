@@ -32,6 +32,7 @@ from fastlm.engine.loss import accumulate_gradients, causal_lm_loss_sum
 from fastlm.engine.metrics import StepMetrics, flops_per_token
 from fastlm.engine.model import MASK_FORMATS
 from fastlm.engine.optim import make_adamw
+from fastlm.engine.profiling import StepProfiler
 from fastlm.engine.progress import Progress
 from fastlm.engine.runtime import Runtime, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
@@ -199,23 +200,32 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     progress = Progress(total_steps, initial=step, quiet=params.quiet)
     grad_norms: list[float] = [record["grad_norm"] for record in history if record.get("grad_norm") is not None]
     clip = params.optimizer.grad_clip if params.optimizer.grad_clip is not None else math.inf
+    profile = params.profile
+    profiler = (StepProfiler(start_step=profile.start_step, steps=profile.steps, trace_dir=profile.trace_dir,
+                             device=device) if profile.enabled else None)
     start = perf_counter()
     metrics.start()
     while step < total_steps:
+        if profiler is not None:
+            profiler.before_step(step + 1)
         waited = perf_counter()
-        fetched = [next(stream) for _ in range(accum)]  # data wait: time blocked on the DataLoader only
+        with torch.profiler.record_function("fastlm.data"):
+            fetched = [next(stream) for _ in range(accum)]  # data wait: time blocked on the DataLoader only
         metrics.record_data_wait(perf_counter() - waited)
         micro = [_to_device(batch, device, attn) for batch in fetched]
         loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
                                                    grad_scaler=scaler if scaler.is_enabled() else None)
-        if scaler.is_enabled():
-            scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        with torch.profiler.record_function("fastlm.optimizer"):
+            if scaler.is_enabled():
+                scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
         step += 1
+        if profiler is not None:
+            profiler.after_step(step)
         real_tokens = sum(int(b["num_real_tokens"]) for b in micro)  # host tensors from the collator: no sync
         tokens_seen += real_tokens
         metrics.update(loss_sum=loss_sum, target_tokens=n_targets, grad_norm=grad_norm, real_tokens=real_tokens,
@@ -249,8 +259,11 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                             state={"step": step, "history": history, "eval_history": eval_history,
                                    "tokens_seen": tokens_seen, **stream.position})
     progress.close()
+    if profiler is not None:
+        profiler.close(step)
     summary = _summary(history, eval_history, params, total_steps, perf_counter() - start, n_params, steps_per_epoch)
     summary["tokens_seen"] = tokens_seen
+    summary["profile"] = profiler.summary if profiler is not None else {"enabled": False}
     return TrainResult(model=raw_model, history=history, eval_history=eval_history, summary=summary)
 
 

@@ -97,11 +97,12 @@ def accumulate_gradients(
     step_loss_sum = None
     for batch in micro_batches:
         inputs = {key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}
-        with autocast():
+        with torch.profiler.record_function("fastlm.forward"), autocast():
             logits = model(**inputs).logits
-        loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
+            loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
         loss = loss_sum / max(total, 1)
-        (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
+        with torch.profiler.record_function("fastlm.backward"):
+            (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
         loss_sum = loss_sum.detach()
         step_loss_sum = loss_sum if step_loss_sum is None else step_loss_sum + loss_sum
     if step_loss_sum is None:

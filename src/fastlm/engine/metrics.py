@@ -29,6 +29,7 @@ A flush record (plain floats, ready for ``mlflow.log_metrics``):
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from time import perf_counter
@@ -65,6 +66,17 @@ def device_peak_flops(device: torch.device | str) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in PEAK_BF16_DENSE_FLOPS if key in name), None)
+
+
+def device_memory_mb(device: torch.device | str) -> float | None:
+    """Total memory of the device: the GPU's, or the host's RAM on CPU (None where unknown)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**20
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def peak_memory_mb(device: torch.device | str) -> float:

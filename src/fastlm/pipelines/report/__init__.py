@@ -1,4 +1,4 @@
-"""The report pipeline (filled by its own issue)."""
+"""training outputs -> summaries, test evaluation, plots, run comparison, diagnosis, one HTML report."""
 
 from fastlm.pipelines.report.pipeline import create_pipeline
 

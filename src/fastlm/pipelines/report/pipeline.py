@@ -1,7 +1,27 @@
-"""Wiring of the report pipeline: empty until its nodes land."""
+"""Wiring of the report pipeline."""
 
-from kedro.pipeline import Pipeline
+from kedro.pipeline import Node, Pipeline
+
+from fastlm.pipelines.report import nodes
 
 
 def create_pipeline(**kwargs) -> Pipeline:
-    return Pipeline([])
+    return Pipeline(
+        [
+            Node(nodes.summarize_training, ["train_summary", "train_history", "eval_history"],
+                 ["training_summary", "efficiency_summary", "bottleneck_diagnosis"], name="summarize_training"),
+            Node(nodes.evaluate_model,
+                 ["trained_model", "tokenized_corpus", "tokenized_corpus_fingerprint", "params:train", "params:split",
+                  "params:report"],
+                 ["test_metrics", "error_pairs", "worst_samples", "sample_generations"], name="evaluate_model"),
+            Node(nodes.plot_training, ["train_history", "eval_history"],
+                 ["loss_plot", "throughput_plot", "learning_rate_plot", "memory_plot"], name="plot_training"),
+            Node(nodes.compare_training_runs, "params:report", "run_comparison", name="compare_training_runs"),
+            Node(nodes.write_report,
+                 ["train_summary", "train_history", "eval_history", "training_summary", "efficiency_summary",
+                  "bottleneck_diagnosis", "test_metrics", "error_pairs", "worst_samples", "sample_generations",
+                  "run_comparison"],
+                 ["report_html", "report_markdown"], name="write_report"),
+        ],
+        tags={"report"},
+    )

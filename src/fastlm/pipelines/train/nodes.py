@@ -12,10 +12,11 @@ from fastlm.corpus.params import parse_split_params
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import train
+from fastlm.engine.loop import loader_settings, train
+from fastlm.engine.metrics import device_memory_mb
 from fastlm.engine.model import build_model, choose_attention
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
-from fastlm.tracking import MlflowMetrics
+from fastlm.tracking import MlflowMetrics, active_run_id
 
 log = logging.getLogger(__name__)
 TOKENIZED = "data/05_model_input/tokenized_corpus"
@@ -37,6 +38,11 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
     result = train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id_of(tokenizer),
                    max_length=max_length, attn=attn, callbacks=[tracker])
     summary = {**result.summary, "attention": attn, "fingerprint": fingerprint["fingerprint"],
+               "micro_batch_size": params.batching.micro_batch_size,
+               "gradient_accumulation_steps": params.batching.gradient_accumulation_steps,
+               "dataloader_workers": loader_settings(params, runtime.device)["num_workers"],
+               "train_samples": len(train_set), "train_tokens": train_set.num_tokens,
+               "device_memory_mb": device_memory_mb(runtime.device), "mlflow_run_id": active_run_id(),
                "runtime": runtime.describe()}
     log.info("Trained %d steps in %.1fs: train loss %.4f, validation loss %s", summary["steps"],
              summary["wall_time_s"], summary["final_train_loss"], summary["final_val_loss"])

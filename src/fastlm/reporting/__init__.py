@@ -1,0 +1,1 @@
+"""Run reports: summary tables and a diagnosis of what limits training speed (Kedro-free)."""

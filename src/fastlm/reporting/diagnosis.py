@@ -1,0 +1,300 @@
+"""What limits a run's speed: a few conservative rules over ``train_summary.json`` and the history.
+
+``diagnose`` returns one :class:`Finding` per rule, triggered or not, so a report can show which checks
+passed. The rules, in order (thresholds are the module constants below):
+
+* ``input-bound`` -- the training loop waits for the DataLoader: mean ``data_wait_share`` is at least
+  ``INPUT_BOUND_SHARE``.
+* ``padding-bound`` -- much of the computed tokens is padding: mean ``padding_efficiency`` is below
+  ``PADDING_BOUND_EFFICIENCY``.
+* ``host-sync-bound`` -- CUDA only; see :func:`_host_sync_bound` for the heuristic.
+* ``memory-saturated`` -- peak memory is at least ``MEMORY_SATURATED_SHARE`` of the device memory *and*
+  step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed.
+* ``compute-bound`` -- none of the above: the run spends its time in the math, as it should.
+
+Everything is measured after the warm-up row (step 1 alone), except the memory peak. Missing keys or
+columns (older runs) make a rule not trigger, with "n/a" as its figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from fastlm.reporting.summaries import after_warmup, numeric
+
+__all__ = [
+    "COMPUTE_BOUND",
+    "HOST_SYNC_BOUND",
+    "HOST_SYNC_LOW_DATA_WAIT_SHARE",
+    "HOST_SYNC_MAX_MFU",
+    "HOST_SYNC_MIN_PADDING_EFFICIENCY",
+    "HOST_SYNC_SPIKE_RATIO",
+    "INPUT_BOUND",
+    "INPUT_BOUND_SHARE",
+    "MEMORY_SATURATED",
+    "MEMORY_SATURATED_SHARE",
+    "PADDING_BOUND",
+    "PADDING_BOUND_EFFICIENCY",
+    "STEP_TIME_RISE_RATIO",
+    "Finding",
+    "diagnose",
+    "epoch_eta",
+    "format_duration",
+]
+
+INPUT_BOUND = "input-bound"
+PADDING_BOUND = "padding-bound"
+HOST_SYNC_BOUND = "host-sync-bound"
+MEMORY_SATURATED = "memory-saturated"
+COMPUTE_BOUND = "compute-bound"
+
+#: input-bound when the mean share of each window spent blocked on the DataLoader reaches this.
+INPUT_BOUND_SHARE = 0.10
+#: padding-bound when the mean share of real (non-padding) tokens among computed tokens is below this.
+PADDING_BOUND_EFFICIENCY = 0.80
+#: host-sync: the median over windows of (slowest step / mean step) that reads as periodic stalls.
+HOST_SYNC_SPIKE_RATIO = 3.0
+#: host-sync: MFU below this, with the input and padding ruled out, reads as host overhead.
+HOST_SYNC_MAX_MFU = 0.15
+#: host-sync needs the data wait this low (stricter than INPUT_BOUND_SHARE: conservative).
+HOST_SYNC_LOW_DATA_WAIT_SHARE = 0.05
+#: host-sync by MFU needs the padding efficiency this high (padding would explain a low MFU otherwise).
+HOST_SYNC_MIN_PADDING_EFFICIENCY = 0.90
+#: memory-saturated: peak memory at least this share of the device memory (GPU total, or host RAM on CPU).
+MEMORY_SATURATED_SHARE = 0.90
+#: memory-saturated: mean step time of the last third of windows at least this times the first third's.
+STEP_TIME_RISE_RATIO = 1.15
+
+_NA = "n/a"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule's verdict: ``figure`` is the measured figure it judged, formatted ("34 %")."""
+
+    kind: str
+    triggered: bool
+    figure: str
+    message: str
+    advice: str
+
+
+def _mean(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def _known(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _measured(summary: dict, timed: pd.DataFrame, column: str) -> float:
+    """Mean of ``column`` after warm-up, else the summary's figure, else NaN."""
+    value = _mean(numeric(timed, column))
+    if math.isnan(value) and _known(summary.get(column)):
+        value = float(summary[column])
+    return value
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def _is_cuda(summary: dict) -> bool:
+    return str((summary.get("runtime") or {}).get("device") or "").startswith("cuda")
+
+
+def _input_bound(summary: dict, timed: pd.DataFrame) -> Finding:
+    share = _measured(summary, timed, "data_wait_share")
+    if math.isnan(share):
+        return Finding(INPUT_BOUND, False, _NA, "the data wait was not measured", "")
+    figure = _percent(share)
+    if share < INPUT_BOUND_SHARE:
+        return Finding(INPUT_BOUND, False, figure,
+                       f"data wait is {figure} of step time (below {_percent(INPUT_BOUND_SHARE)})", "")
+    workers = summary.get("dataloader_workers")
+    if not _known(workers):
+        advice = "raise train.dataloader.num_workers (e.g. to 4)"
+    elif int(workers) == 0:
+        advice = "raise train.dataloader.num_workers from 0 (loading in the training process) to 2"
+    else:
+        advice = f"raise train.dataloader.num_workers from {int(workers)} to {max(2, 2 * int(workers))}"
+    if _is_cuda(summary):
+        advice += ("; keep train.dataloader.pin_memory on and raise train.dataloader.prefetch_factor "
+                   "so batches are ready and copied asynchronously")
+    return Finding(INPUT_BOUND, True, figure, f"data wait is {figure} of step time", advice)
+
+
+def _padding_bound(summary: dict, timed: pd.DataFrame) -> Finding:
+    efficiency = _measured(summary, timed, "padding_efficiency")
+    if math.isnan(efficiency):
+        return Finding(PADDING_BOUND, False, _NA, "the padding efficiency was not measured", "")
+    figure = _percent(efficiency)
+    if efficiency >= PADDING_BOUND_EFFICIENCY:
+        return Finding(PADDING_BOUND, False, figure,
+                       f"{figure} of the computed tokens are real (at least {_percent(PADDING_BOUND_EFFICIENCY)})",
+                       "")
+    mode = summary.get("batching")
+    if mode == "packed":
+        advice = ("packed batching should barely pad: lower train.batching.pad_to_multiple_of and check "
+                  "split.max_length against the document lengths")
+    elif mode == "length_grouped":
+        advice = "switch train.batching.mode from length_grouped to packed"
+    elif mode:
+        advice = f"switch train.batching.mode from {mode} to packed (or length_grouped)"
+    else:
+        advice = "switch train.batching.mode to packed (or length_grouped)"
+    return Finding(PADDING_BOUND, True, figure,
+                   f"only {figure} of the computed tokens are real: the rest is padding", advice)
+
+
+def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
+    """CUDA only. Triggered by either signal, each with the input and padding ruled out:
+
+    * stalls: the median over windows of ``step_time_max_s / step_time_s`` is at least
+      ``HOST_SYNC_SPIKE_RATIO`` -- in a typical window one step takes 3x the mean, the signature of the
+      host blocking on the GPU (``.item()``, ``torch.cuda.synchronize``, a print) every few steps --
+      while the data wait is below ``HOST_SYNC_LOW_DATA_WAIT_SHARE`` (so the slow steps are not data);
+    * starved GPU: the mean MFU is below ``HOST_SYNC_MAX_MFU`` while the data wait is below
+      ``HOST_SYNC_LOW_DATA_WAIT_SHARE`` and the padding efficiency is at least
+      ``HOST_SYNC_MIN_PADDING_EFFICIENCY`` -- neither input nor padding explains the idle GPU, so the
+      host (Python, kernel launches, syncs) does.
+
+    Conservative: unmeasured figures (NaN MFU, no data wait) never trigger it, and a data wait between
+    the two thresholds triggers neither this nor ``input-bound``.
+    """
+    if not _is_cuda(summary):
+        device = (summary.get("runtime") or {}).get("device") or "unknown device"
+        return Finding(HOST_SYNC_BOUND, False, _NA, f"checked on CUDA only (this run: {device})", "")
+    wait = _measured(summary, timed, "data_wait_share")
+    efficiency = _measured(summary, timed, "padding_efficiency")
+    mfu = _mean(numeric(timed, "mfu"))
+    ratios = (numeric(timed, "step_time_max_s") / numeric(timed, "step_time_s")).replace(
+        [math.inf, -math.inf], math.nan).dropna()
+    spike = float(ratios.median()) if len(ratios) else math.nan
+    low_wait = not math.isnan(wait) and wait < HOST_SYNC_LOW_DATA_WAIT_SHARE
+    stalls = low_wait and not math.isnan(spike) and spike >= HOST_SYNC_SPIKE_RATIO
+    starved = (low_wait and not math.isnan(mfu) and mfu < HOST_SYNC_MAX_MFU
+               and not math.isnan(efficiency) and efficiency >= HOST_SYNC_MIN_PADDING_EFFICIENCY)
+    parts = []
+    if not math.isnan(spike):
+        parts.append(f"slowest/mean step {spike:.1f}x")
+    if not math.isnan(mfu):
+        parts.append(f"MFU {_percent(mfu)}")
+    figure = ", ".join(parts) or _NA
+    if not (stalls or starved):
+        return Finding(HOST_SYNC_BOUND, False, figure, "no sign of the host stalling the GPU", "")
+    reasons = []
+    if stalls:
+        reasons.append(f"in a typical window the slowest step takes {spike:.1f}x the mean step time")
+    if starved:
+        reasons.append(f"MFU is only {_percent(mfu)} although data wait and padding are low")
+    advice = ("remove host-device syncs from the step: .item()/.cpu()/print of tensors, torch.cuda.synchronize, "
+              "CPU-side work between steps; raise train.log_every so metrics are read back less often; "
+              "try train.runtime.compile: true (torch.compile) or CUDA graphs to cut launch overhead")
+    return Finding(HOST_SYNC_BOUND, True, figure,
+                   "the host seems to stall the GPU: " + "; ".join(reasons), advice)
+
+
+def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame) -> Finding:
+    peaks = numeric(history, "peak_memory_mb").dropna()
+    peak = float(peaks.max()) if len(peaks) else math.nan
+    if math.isnan(peak) and _known(summary.get("peak_memory_mb")):
+        peak = float(summary["peak_memory_mb"])
+    total = summary.get("device_memory_mb")
+    if math.isnan(peak) or not _known(total) or float(total) <= 0:
+        return Finding(MEMORY_SATURATED, False, _NA, "peak or device memory unknown", "")
+    share = peak / float(total)
+    figure = f"{_percent(share)} of {float(total):,.0f} MB"
+    step_times = numeric(timed, "step_time_s").dropna()
+    third = len(step_times) // 3
+    rise = math.nan
+    if third >= 1:
+        first = float(step_times.iloc[:third].mean())
+        rise = float(step_times.iloc[-third:].mean()) / first if first > 0 else math.nan
+    full = share >= MEMORY_SATURATED_SHARE
+    rising = not math.isnan(rise) and rise >= STEP_TIME_RISE_RATIO
+    if full and rising:
+        return Finding(MEMORY_SATURATED, True, figure,
+                       f"peak memory is {figure} and step time rose {rise:.2f}x from the first to the last "
+                       "third of the run",
+                       "run `kedro run --pipeline=tune`, lower micro_batch_size and raise "
+                       "gradient_accumulation_steps to keep the effective batch, or turn on "
+                       "gradient_checkpointing")
+    if full:
+        message = f"peak memory is {figure}, but step time does not rise"
+    else:
+        message = f"peak memory is {figure} (below {_percent(MEMORY_SATURATED_SHARE)})"
+    return Finding(MEMORY_SATURATED, False, figure, message, "")
+
+
+def _compute_bound(summary: dict, timed: pd.DataFrame, others: list[Finding]) -> Finding:
+    tokens = _measured(summary, timed, "real_tokens_per_s")
+    rate = f"{tokens:,.0f} real tokens/s" if not math.isnan(tokens) else "unknown real tokens/s"
+    runtime = summary.get("runtime") or {}
+    if _is_cuda(summary):
+        mfu = _mean(numeric(timed, "mfu"))
+        where = f"at MFU {_percent(mfu)}" if not math.isnan(mfu) else f"on {runtime.get('device')} (MFU unknown)"
+        advice = ("train.runtime.precision: bf16 (where the GPU has it), train.runtime.compile: true, and a "
+                  "bigger train.batching.micro_batch_size if memory allows")
+    else:
+        threads = runtime.get("num_threads")
+        where = f"on {threads} CPU threads" if _known(threads) else "on the CPU"
+        advice = "train on a GPU (train.runtime.device: cuda): a CPU run is limited by its cores"
+    figure = f"{rate} {where}"
+    blocking = [finding.kind for finding in others if finding.triggered]
+    if blocking:
+        return Finding(COMPUTE_BOUND, False, figure, f"not compute-bound yet: {', '.join(blocking)} first", "")
+    return Finding(COMPUTE_BOUND, True, figure, f"the run is compute-bound: {figure}", advice)
+
+
+def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
+    """One :class:`Finding` per rule, in the order of the module docstring; ``compute-bound`` last."""
+    summary = summary or {}
+    history = history if history is not None else pd.DataFrame()
+    timed = after_warmup(history)
+    findings = [
+        _input_bound(summary, timed),
+        _padding_bound(summary, timed),
+        _host_sync_bound(summary, timed),
+        _memory_saturated(summary, history, timed),
+    ]
+    return [*findings, _compute_bound(summary, timed, findings)]
+
+
+def format_duration(seconds: float | None) -> str | None:
+    """``"1 h 12 min"``, ``"3 min 20 s"``, ``"45 s"``, ``"2 d 3 h"``; ``None`` when unknown."""
+    if seconds is None or math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        return None
+    if seconds < 1:
+        return "< 1 s"
+    if seconds < 600:
+        whole = round(seconds)
+        minutes, secs = divmod(whole, 60)
+        return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+    if seconds < 86400:
+        minutes = round(seconds / 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours} h {minutes} min" if hours else f"{minutes} min"
+    hours = round(seconds / 3600)
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def epoch_eta(summary: dict, history: pd.DataFrame) -> dict:
+    """Time for one full epoch of the train split at the measured speed: ``train_tokens / real_tokens_per_s``.
+
+    Returns ``{"seconds", "human", "train_tokens", "real_tokens_per_s"}``; fields are ``None`` when unknown.
+    The speed is the mean after warm-up, else the summary's figure.
+    """
+    summary = summary or {}
+    tokens = summary.get("train_tokens")
+    rate = _measured(summary, after_warmup(history), "real_tokens_per_s")
+    rate = None if math.isnan(rate) or rate <= 0 else rate
+    tokens = int(tokens) if _known(tokens) else None
+    seconds = tokens / rate if tokens is not None and rate is not None else None
+    return {"seconds": seconds, "human": format_duration(seconds), "train_tokens": tokens,
+            "real_tokens_per_s": rate}

@@ -1,0 +1,40 @@
+"""Parameters of the report pipeline (``params:report`` in conf/base/parameters_report.yml)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fastlm.config import Params, parse_params
+
+SOURCE = "conf/base/parameters_report.yml"
+
+
+class DecodingSetting(Params):
+    name: str = Field(min_length=1)
+    do_sample: bool = False
+    temperature: float | None = Field(None, gt=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    num_beams: int | None = Field(None, ge=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    no_repeat_ngram_size: int | None = Field(None, ge=1)
+    min_new_tokens: int | None = Field(None, ge=0)
+    seed: int = 0
+
+
+class ReportParams(Params):
+    eval_max_batches: int | None = Field(None, ge=1, description="null: the whole test split")
+    top_k: int = Field(5, ge=1)
+    worst_samples: int = Field(10, ge=1)
+    error_pairs: int = Field(20, ge=1)
+    prompts: list[str] = ["", "배송", "The battery", "가격 대비"]
+    max_new_tokens: int = Field(40, ge=1)
+    decoding: list[DecodingSetting] = [
+        DecodingSetting(name="greedy"),
+        DecodingSetting(name="sampled", do_sample=True, temperature=0.8, top_p=0.95),
+    ]
+    compare_runs: int = Field(20, ge=1, description="latest MLflow training runs in the comparison table")
+
+
+def parse_report_params(raw) -> ReportParams:
+    return parse_params(ReportParams, raw, prefix="report", source=SOURCE)

@@ -1,0 +1,97 @@
+"""Figures of a training run, drawn from the ``history`` and ``eval_history`` tables.
+
+Every function returns a :class:`matplotlib.figure.Figure` built directly (never through ``pyplot``), so
+nothing is registered globally, no GUI backend is touched and the figure is freed with its last reference.
+A missing or all-NaN column draws no line (the axes then say "no data"); rows whose value is NaN are left
+out of a line, so ``Line2D.get_xdata()``/``get_ydata()`` hold only real points. If ``history`` has no
+``step`` column, the row number (from 1) stands in for it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter
+
+FIGSIZE = (7.0, 3.5)
+DPI = 110
+
+
+def _new_figure(title: str, ylabel: str) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="tight")
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _points(frame: pd.DataFrame | None, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of ``column`` with NaN/non-numeric rows dropped; empty arrays if there is nothing."""
+    if frame is None or column not in frame.columns or len(frame) == 0:
+        return np.array([], dtype=float), np.array([], dtype=float)
+    if "step" in frame.columns:
+        steps = pd.to_numeric(frame["step"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    else:
+        steps = np.arange(1, len(frame) + 1, dtype=float)
+    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    keep = np.isfinite(steps) & np.isfinite(values)
+    return steps[keep], values[keep]
+
+
+def _plot(ax: Axes, frame: pd.DataFrame | None, column: str, label: str, **style) -> bool:
+    steps, values = _points(frame, column)
+    if len(values) == 0:
+        return False
+    ax.plot(steps, values, label=label, **style)
+    return True
+
+
+def _finish(ax: Axes, drawn: int, *, legend: bool, from_zero: bool = False) -> None:
+    if drawn == 0:
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5")
+        return
+    if legend:
+        ax.legend(loc="best", frameon=False)
+    if from_zero:
+        ax.set_ylim(bottom=0)
+
+
+def loss_figure(history: pd.DataFrame | None, eval_history: pd.DataFrame | None) -> Figure:
+    """Training loss (line) and validation loss (line with markers) against step."""
+    fig, ax = _new_figure("Loss", "loss")
+    drawn = _plot(ax, history, "loss", "train loss", color="C0", linewidth=1.5)
+    drawn += _plot(ax, eval_history, "val_loss", "validation loss", color="C1", linewidth=1.5, marker="o")
+    _finish(ax, drawn, legend=True)
+    return fig
+
+
+def throughput_figure(history: pd.DataFrame | None) -> Figure:
+    """Real (non-padding) tokens/s and computed tokens/s (padding included) against step."""
+    fig, ax = _new_figure("Throughput", "tokens/s")
+    drawn = _plot(ax, history, "real_tokens_per_s", "real tokens/s", color="C0", linewidth=1.5)
+    drawn += _plot(ax, history, "tokens_per_s", "computed tokens/s", color="C1", linewidth=1.5,
+                   linestyle="--")
+    ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    _finish(ax, drawn, legend=True, from_zero=True)
+    return fig
+
+
+def learning_rate_figure(history: pd.DataFrame | None) -> Figure:
+    """Learning rate against step."""
+    fig, ax = _new_figure("Learning rate", "learning rate")
+    drawn = _plot(ax, history, "lr", "learning rate", color="C2", linewidth=1.5)
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    _finish(ax, drawn, legend=False, from_zero=True)
+    return fig
+
+
+def memory_figure(history: pd.DataFrame | None) -> Figure:
+    """Peak accelerator memory (MB) against step."""
+    fig, ax = _new_figure("Peak memory", "peak memory (MB)")
+    drawn = _plot(ax, history, "peak_memory_mb", "peak memory (MB)", color="C3", linewidth=1.5)
+    _finish(ax, drawn, legend=False, from_zero=True)
+    return fig

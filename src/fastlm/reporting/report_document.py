@@ -1,0 +1,71 @@
+"""The training report as sections: what a user reads instead of guessing. Rendered to HTML and Markdown."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fastlm.reporting import plots
+from fastlm.reporting.html_report import Section, render_html, render_markdown
+
+
+def _one_row(frame: pd.DataFrame) -> pd.DataFrame:
+    """A one-row summary shown as a two-column table (name, value)."""
+    if frame.empty:
+        return frame
+    row = frame.iloc[0]
+    return pd.DataFrame({"figure": row.index, "value": row.to_numpy()})
+
+
+def build_sections(*, summary, history, eval_history, training, efficiency, diagnosis, test_metrics, error_pairs,
+                   worst, generations, runs) -> list[Section]:
+    findings = diagnosis.get("findings", [])
+    triggered = [f for f in findings if f["triggered"]]
+    eta = diagnosis.get("epoch_eta") or {}
+    verdict = [f"{f['kind'].upper()}: {f['message'].rstrip('.')}. Advice: {f['advice']}" for f in triggered]
+    checks = [f"{'⚠' if f['triggered'] else '✓'} {f['kind']}: {f['figure']}" for f in findings]
+    eta_line = (f"One full epoch of the {eta.get('train_tokens'):,} training tokens takes about {eta['human']} at the "
+                f"measured {eta.get('real_tokens_per_s'):,.0f} real tokens/s." if eta.get("human") else "")
+    train_speed = efficiency["real_tokens_per_s"].iloc[0] if not efficiency.empty else float("nan")
+    speeds = pd.DataFrame({"phase": ["training", "test evaluation"],
+                           "real tokens/s": [train_speed, test_metrics.get("real_tokens_per_s")]})
+    evaluation = pd.DataFrame({"metric": list(test_metrics), "value": list(test_metrics.values())})
+    return [
+        Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
+        Section("Training summary", table=_one_row(training)),
+        Section("Efficiency", table=_one_row(efficiency)),
+        Section("Curves", figures={"loss": plots.loss_figure(history, eval_history),
+                                   "throughput": plots.throughput_figure(history),
+                                   "learning rate": plots.learning_rate_figure(history),
+                                   "peak memory": plots.memory_figure(history)}),
+        Section("Test split evaluation", table=evaluation),
+        Section("Throughput: training and evaluation", table=speeds),
+        Section("Most frequent wrong predictions", table=error_pairs),
+        Section("Worst samples by loss", table=worst),
+        Section("Sample generations", table=generations),
+        Section("Run comparison", text="Training runs of this MLflow experiment; only parameters that differ.",
+                table=runs),
+        *_profile_sections(summary.get("profile") or {}),
+    ]
+
+
+def _profile_sections(profile: dict) -> list[Section]:
+    """Top operators and time per phase of the profiled steps (train.profile.enabled), if any."""
+    if not profile.get("recorded"):
+        return [Section("Profile", text="No profile recorded: set train.profile.enabled: true to record a few "
+                                        "steps with torch.profiler.")]
+    shares = pd.DataFrame({"phase": list(profile["phase_share"]),
+                           "share of the window": list(profile["phase_share"].values())})
+    text = (f"Steps {profile['steps']} ({profile['window_ms']:,.0f} ms). Trace: {profile['trace']} "
+            "(open it in Perfetto or TensorBoard's profiler).")
+    return [Section("Profile: time per phase", text=text, table=shares),
+            Section("Profile: top operators by self time", table=pd.DataFrame(profile["top_operators"]))]
+
+
+def build_document(**parts) -> tuple[str, str]:
+    summary = parts["summary"]
+    title = "fastlm training report"
+    subtitle = (f"{summary.get('steps', '?')} steps, {summary.get('batching', '?')} batching, "
+                f"{summary.get('parameters', 0):,} parameters, on {summary.get('runtime', {}).get('device_name', '?')}")
+    sections = build_sections(**parts)
+    return render_html(title=title, subtitle=subtitle, sections=sections), render_markdown(
+        title=title, subtitle=subtitle, sections=sections)

@@ -1,0 +1,139 @@
+"""One-row summary tables of a training run, built from ``train_summary.json`` and the metric histories.
+
+Every summary key and history column may be missing (runs from older versions): a missing figure is
+``None``/NaN, never an error. The first history row is step 1 alone (warm-up: CUDA context, allocator,
+compilation); rates and step times leave it out whenever there are other rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["after_warmup", "efficiency_summary", "numeric", "training_summary"]
+
+
+def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
+    """The history without its first (warm-up) row, unless that row is all there is."""
+    if history is None or history.empty:
+        return pd.DataFrame()
+    return history.iloc[1:] if len(history) > 1 else history
+
+
+def numeric(frame: pd.DataFrame | None, column: str) -> pd.Series:
+    """``frame[column]`` as floats (``None`` -> NaN); an empty series when the column is missing."""
+    if frame is None or column not in frame.columns:
+        return pd.Series(dtype="float64")
+    return pd.to_numeric(frame[column], errors="coerce").astype("float64")
+
+
+def _mean(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def _max(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.max()) if len(values) else math.nan
+
+
+def _quantile(values: pd.Series, q: float) -> float:
+    values = values.dropna()
+    return float(values.quantile(q)) if len(values) else math.nan
+
+
+def _last(frame: pd.DataFrame | None, column: str) -> float:
+    values = numeric(frame, column).dropna()
+    return float(values.iloc[-1]) if len(values) else math.nan
+
+
+def _first_known(*values: Any) -> Any:
+    """The first value that is neither ``None`` nor NaN (``None`` when there is none)."""
+    for value in values:
+        if value is None:
+            continue
+        if isinstance(value, float) and math.isnan(value):
+            continue
+        return value
+    return None
+
+
+def _exp(loss: Any) -> float | None:
+    if loss is None:
+        return None
+    try:
+        return math.exp(float(loss))
+    except OverflowError:
+        return math.inf
+
+
+def training_summary(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame,
+                     run_id: str | None = None) -> pd.DataFrame:
+    """One row: what was trained, for how long, and how it ended.
+
+    Columns: run_id, steps, epochs, wall_time_s, final_train_loss, final_val_loss, final_val_perplexity,
+    effective_batch, tokens_seen, batching, parameters, device. Losses fall back to the last history rows;
+    the perplexity to ``exp(final_val_loss)`` when it was not recorded.
+    """
+    summary = summary or {}
+    runtime = summary.get("runtime") or {}
+    last_step = _max(numeric(history, "step"))
+    final_val_loss = _first_known(summary.get("final_val_loss"), _last(eval_history, "val_loss"))
+    final_val_perplexity = _first_known(summary.get("final_val_perplexity"), _last(eval_history, "val_perplexity"),
+                                        _exp(final_val_loss))
+    row = {
+        "run_id": run_id,
+        "steps": _first_known(summary.get("steps"), None if math.isnan(last_step) else int(last_step)),
+        "epochs": summary.get("epochs"),
+        "wall_time_s": _first_known(summary.get("wall_time_s"), _last(history, "elapsed_s")),
+        "final_train_loss": _first_known(summary.get("final_train_loss"), _last(history, "loss")),
+        "final_val_loss": final_val_loss,
+        "final_val_perplexity": final_val_perplexity,
+        "effective_batch": summary.get("effective_batch"),
+        "tokens_seen": summary.get("tokens_seen"),
+        "batching": summary.get("batching"),
+        "parameters": summary.get("parameters"),
+        "device": runtime.get("device"),
+    }
+    return pd.DataFrame([row])
+
+
+def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None = None) -> pd.DataFrame:
+    """One row: throughput, step-time spread, input/padding overheads, memory and MFU.
+
+    Rates, step times, data wait and padding are means/percentiles over the logging windows after the
+    warm-up row (``step_time_p50/p90/p99_s`` are percentiles of the per-window mean step times,
+    ``step_time_max_s`` the slowest single step); ``peak_memory_mb`` is the maximum over all rows (the
+    warm-up row included: memory peaks count wherever they happen). Figures the history lacks come from
+    ``summary`` when it has them. ``mfu`` is NaN when never measured (CPU runs).
+    """
+    summary = summary or {}
+    timed = after_warmup(history)
+    step_times = numeric(timed, "step_time_s")
+    row = {
+        "run_id": run_id,
+        "windows": len(timed),
+        "real_tokens_per_s": _first_known(_mean(numeric(timed, "real_tokens_per_s")),
+                                          summary.get("real_tokens_per_s"), math.nan),
+        "tokens_per_s": _mean(numeric(timed, "tokens_per_s")),
+        "samples_per_s": _mean(numeric(timed, "samples_per_s")),
+        "step_time_p50_s": _quantile(step_times, 0.50),
+        "step_time_p90_s": _quantile(step_times, 0.90),
+        "step_time_p99_s": _quantile(step_times, 0.99),
+        "step_time_max_s": _max(numeric(timed, "step_time_max_s")),
+        "data_wait_share": _first_known(_mean(numeric(timed, "data_wait_share")),
+                                        summary.get("data_wait_share"), math.nan),
+        "padding_efficiency": _first_known(_mean(numeric(timed, "padding_efficiency")),
+                                           summary.get("padding_efficiency"), math.nan),
+        "peak_memory_mb": _first_known(_max(numeric(history, "peak_memory_mb")),
+                                       summary.get("peak_memory_mb"), math.nan),
+        "mfu": _mean(numeric(timed, "mfu")),
+    }
+    frame = pd.DataFrame([row])
+    numeric_columns = [column for column in frame.columns if column != "run_id"]
+    frame[numeric_columns] = frame[numeric_columns].astype(np.float64)
+    frame["windows"] = frame["windows"].astype("int64")
+    return frame

@@ -1,0 +1,172 @@
+"""evaluate_split against the loop's evaluate and brute-force per-sample runs; generate_samples' padding/seeds."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+from fastlm.engine import evaluation
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.evaluation import evaluate_split, generate_samples
+from fastlm.engine.loop import evaluate
+from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+
+MAX_LENGTH = 64
+WORDS = ("the cat dog bird sat ran on a mat log tree red blue small big quickly and then it saw"
+         " one two three fish swam in sea").split()
+
+
+def _texts(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 12)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    tokenizer = train_bpe_tokenizer(_texts(200, 0), vocab_size=300, min_frequency=1, model_max_length=MAX_LENGTH)
+    rows = [tokenizer(text)["input_ids"] + [tokenizer.eos_token_id] for text in _texts(120, 1)]
+    rows += [[tokenizer.eos_token_id]]  # a one-token sample: no target, never among the worst
+    lengths = np.array([len(row) for row in rows])
+    data = TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=MAX_LENGTH, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa", use_cache=False)
+    model = LlamaForCausalLM(config)
+    _fit(model, rows)  # a little training: non-trivial accuracy and mistakes
+    return model.train(), tokenizer, data, runtime
+
+
+def _fit(model, rows, steps: int = 12):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    for step in range(steps):
+        batch = [torch.tensor(r) for r in rows[(step * 16) % 96 : (step * 16) % 96 + 16]]
+        ids = torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=0)
+        mask = (torch.arange(ids.shape[1])[None] < torch.tensor([len(b) for b in batch])[:, None]).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _params(mode: str):
+    rows_or_samples = 4 if mode == "packed" else 16  # packed: rows of MAX_LENGTH tokens
+    return parse_train_params({"batching": {"mode": mode, "micro_batch_size": rows_or_samples},
+                               "runtime": {"device": "cpu"}})
+
+
+def _brute_force(model, data: TokenSequences):
+    """Each sample alone, unpadded: per-sample mean loss, correct / top-5 counts and wrong pairs."""
+    losses, correct, top5, pairs, targets = {}, 0, 0, Counter(), 0
+    model.eval()
+    with torch.no_grad():
+        for index in range(len(data)):
+            ids = torch.as_tensor(data[index], dtype=torch.int64)
+            if ids.numel() < 2:
+                continue
+            logits = model(input_ids=ids[None]).logits[0, :-1].float()
+            target = ids[1:]
+            losses[index] = F.cross_entropy(logits, target).item()
+            predicted = logits.argmax(-1)
+            correct += int((predicted == target).sum())
+            top5 += int((logits.topk(5, dim=-1).indices == target[:, None]).any(-1).sum())
+            targets += target.numel()
+            pairs.update((t, p) for t, p in zip(target.tolist(), predicted.tolist(), strict=True) if t != p)
+    model.train()
+    return losses, correct, top5, pairs, targets
+
+
+@pytest.fixture(scope="module")
+def brute(setup):
+    model, _, data, _ = setup
+    return _brute_force(model, data)
+
+
+@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
+    model, tokenizer, data, runtime = setup
+    params = _params(mode)
+    report = evaluate_split(model, tokenizer, data, params=params, runtime=runtime, max_length=MAX_LENGTH,
+                            attn="sdpa", worst=7, pairs=15)
+    reference = evaluate(model, data, params, runtime, pad_id=tokenizer.pad_token_id, max_length=MAX_LENGTH,
+                         attn="sdpa", max_batches=None)
+    metrics = report.metrics
+    assert abs(metrics["loss"] - reference["val_loss"]) < 1e-6
+    assert abs(metrics["perplexity"] - reference["val_perplexity"]) < 1e-6 * reference["val_perplexity"]
+    assert metrics["target_tokens"] == reference["val_target_tokens"]
+    assert model.training  # the mode is restored
+
+    losses, correct, top5, pairs, targets = brute
+    assert metrics["target_tokens"] == targets and metrics["samples"] == len(data)
+    assert round(metrics["accuracy"] * targets) == correct and round(metrics["top5_accuracy"] * targets) == top5
+    assert 0 < correct < top5 < targets
+    assert metrics["seconds"] > 0 and metrics["real_tokens_per_s"] > 0
+
+    # Worst samples: the brute-force top losses, in the same order.
+    expected = sorted(losses.items(), key=lambda item: -item[1])[:7]
+    worst = report.worst_samples
+    assert list(worst.columns[:4]) == ["sample", "loss", "length", "text"] and len(worst) == 7
+    np.testing.assert_allclose(worst["loss"].to_numpy(), [loss for _, loss in expected], atol=1e-5)
+    for row in worst.itertuples():
+        assert abs(losses[row.sample] - row.loss) < 1e-5
+        assert row.length == len(data[row.sample])
+        assert row.text == tokenizer.decode(data[row.sample].tolist())
+
+    # Wrong pairs: the brute-force Counter's most common pairs and counts.
+    frame = report.wrong_pairs
+    assert len(frame) == 15
+    got = {(t, p): c for t, p, c in zip(frame["target_id"], frame["predicted_id"], frame["count"], strict=True)}
+    assert all(pairs[key] == count for key, count in got.items())
+    assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(15)]
+    assert frame["count"].is_monotonic_decreasing
+    np.testing.assert_allclose(frame["share_of_errors"], frame["count"] / sum(pairs.values()))
+    first = frame.iloc[0]
+    assert first["target"] == tokenizer.convert_ids_to_tokens(int(first["target_id"]))
+    assert first["predicted_text"] == tokenizer.decode([int(first["predicted_id"])])
+
+
+def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkeypatch):
+    model, tokenizer, data, runtime = setup
+    monkeypatch.setattr(evaluation, "DENSE_PAIR_TABLE_MAX", 10)  # force the torch.unique path
+    monkeypatch.setattr(evaluation, "_COMPACT_EVERY", 100)  # and several merges
+    report = evaluate_split(model, tokenizer, data, params=_params("packed"), runtime=runtime,
+                            max_length=MAX_LENGTH, attn="sdpa", pairs=10)
+    pairs = brute[3]
+    got = dict(zip(zip(report.wrong_pairs["target_id"], report.wrong_pairs["predicted_id"], strict=True),
+                   report.wrong_pairs["count"], strict=True))
+    assert all(pairs[key] == count for key, count in got.items())
+    assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(10)]
+
+    partial = evaluate_split(model, tokenizer, data, params=_params("dynamic"), runtime=runtime,
+                             max_length=MAX_LENGTH, attn="sdpa", max_batches=2, worst=100)
+    assert partial.metrics["samples"] == 32 and len(partial.worst_samples) <= 32
+    assert math.isfinite(partial.metrics["loss"])
+
+
+GREEDY = {"name": "greedy", "do_sample": False, "min_new_tokens": 8}  # no immediate EOS
+SAMPLED = {"name": "sampled", "do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 0}
+
+
+def test_generation_left_pads_restores_state_and_is_reproducible(setup):
+    model, tokenizer, _, runtime = setup
+    prompts = ["", "the cat", "a big red dog ran on the mat and then"]
+    kwargs = {"max_new_tokens": 8, "runtime": runtime}
+    frame = generate_samples(model, tokenizer, prompts, settings=[GREEDY, SAMPLED], **kwargs)
+    assert tokenizer.padding_side == "right" and model.training and not model.config.use_cache
+    assert list(frame.columns) == ["prompt", "setting", "settings", "output"] and len(frame) == 6
+    assert frame["setting"].tolist() == ["greedy"] * 3 + ["sampled"] * 3
+    assert frame["settings"].tolist()[3] == "temperature=0.8, top_p=0.95"
+    again = generate_samples(model, tokenizer, prompts, settings=[GREEDY, SAMPLED], **kwargs)
+    assert again["output"].tolist() == frame["output"].tolist()  # greedy deterministic, sampling seeded
+    alone = [generate_samples(model, tokenizer, [p], settings=[GREEDY], **kwargs)["output"][0] for p in prompts]
+    assert frame["output"].tolist()[:3] == alone  # left padding: batching changes nothing
+    assert any(text for text in alone)
+    reseeded = generate_samples(model, tokenizer, prompts, settings=[{**SAMPLED, "seed": 1}], **kwargs)
+    assert reseeded["output"].tolist() != frame["output"].tolist()[3:]

@@ -1,0 +1,69 @@
+"""split -> train -> report through a KedroSession, and the report's bad-input cases."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from fastlm.errors import InputDataError, find_user_error
+from tests.conftest import run_pipeline
+from tests.pipelines.test_train_e2e import SPLIT, TRAIN
+from tests.reporting.test_html_in_browser import find_chromium, run_chromium
+
+pytestmark = pytest.mark.e2e
+REPORT = {"max_new_tokens": 5, "prompts": ["", "배송"], "worst_samples": 3, "error_pairs": 5}
+PARAMS = {"split": SPLIT, "train": TRAIN, "report": REPORT}
+
+
+def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_project, tmp_path):
+    run_pipeline(kedro_project, "split", PARAMS)
+    run_pipeline(kedro_project, "train", PARAMS)
+    run_pipeline(kedro_project, "train", {**PARAMS, "train": {**TRAIN, "batching": {"mode": "dynamic"},
+                                                              "resume": "never"}})
+    run_pipeline(kedro_project, "report", PARAMS)
+    out = kedro_project / "data/08_reporting"
+
+    training = pd.read_csv(out / "training_summary.csv")
+    efficiency = pd.read_csv(out / "efficiency_summary.csv")
+    assert len(training) == 1 and training["steps"].iloc[0] == 6 and training["batching"].iloc[0] == "dynamic"
+    assert len(efficiency) == 1 and efficiency["real_tokens_per_s"].iloc[0] > 0
+    diagnosis = json.loads((out / "bottleneck_diagnosis.json").read_text())
+    kinds = {f["kind"]: f["triggered"] for f in diagnosis["findings"]}
+    assert kinds["padding-bound"] is True  # dynamic padding on heavy-tailed lengths wastes most tokens
+    assert diagnosis["epoch_eta"]["seconds"] > 0
+
+    metrics = json.loads((out / "test_metrics.json").read_text())
+    assert 0 <= metrics["accuracy"] <= metrics["top5_accuracy"] <= 1 and metrics["perplexity"] > 1
+    assert len(pd.read_csv(out / "worst_samples.csv")) == 3
+    generations = pd.read_csv(out / "sample_generations.csv", keep_default_na=False)
+    assert set(generations["setting"]) == {"greedy", "sampled"} and len(generations) == 4
+    for name in ("loss", "throughput", "learning_rate", "memory"):
+        assert (out / "plots" / f"{name}.png").stat().st_size > 5_000
+
+    runs = pd.read_csv(out / "run_comparison.csv")
+    assert len(runs) == 2 and set(runs["train.batching.mode"]) == {"packed", "dynamic"}  # only what differs
+    assert "train.seed" not in runs.columns
+
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4 and "http://" not in html and "https://" not in html
+    assert "Bottleneck diagnosis" in (out / "report.md").read_text()
+    chromium = find_chromium()
+    if chromium is not None:  # CI installs it; the DOM as the browser built it
+        dom = run_chromium(chromium, tmp_path / "profile", "--dump-dom", (out / "report.html").as_uri()).stdout
+        assert dom.count("<img") == 4 and dom.count("<table") >= 8 and "Run comparison" in dom
+
+
+def test_report_before_training_names_the_pipeline_to_run(kedro_project):
+    run_pipeline(kedro_project, "split", PARAMS)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(kedro_project, "report", PARAMS)
+    error = find_user_error(raised.value)
+    assert isinstance(error, InputDataError) and "run `kedro run --pipeline=train` first" in str(error)
+    assert not (kedro_project / "data/08_reporting/report.html").exists()
+
+
+def test_history_without_steps_is_refused(kedro_project):
+    from fastlm.pipelines.report.nodes import summarize_training
+
+    with pytest.raises(InputDataError, match="has no training steps"):
+        summarize_training({}, pd.DataFrame(), pd.DataFrame())

@@ -1,0 +1,188 @@
+"""Each diagnosis rule on synthetic histories: triggers when it should, stays quiet when it should not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fastlm.reporting.diagnosis import (
+    COMPUTE_BOUND,
+    HOST_SYNC_BOUND,
+    INPUT_BOUND,
+    MEMORY_SATURATED,
+    PADDING_BOUND,
+    Finding,
+    diagnose,
+    epoch_eta,
+    format_duration,
+)
+
+KINDS = [INPUT_BOUND, PADDING_BOUND, HOST_SYNC_BOUND, MEMORY_SATURATED, COMPUTE_BOUND]
+
+
+def make_history(n: int, **columns) -> pd.DataFrame:
+    """``n`` healthy logging rows (step 1 alone first); ``columns`` override a value or give a list."""
+    steps = [1, *range(10, 10 * n, 10)][:n]
+    base = {
+        "step": steps, "loss": 3.0, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1100.0,
+        "real_tokens_per_s": 1000.0, "samples_per_s": 8.0, "step_time_s": 0.1, "step_time_max_s": 0.12,
+        "data_wait_share": 0.01, "padding_efficiency": 0.95, "peak_memory_mb": 500.0, "mfu": None,
+        "eta_s": 10.0, "elapsed_s": np.arange(1, n + 1, dtype=float), "epoch": 0, "batch_in_epoch": steps,
+    }
+    base.update(columns)
+    return pd.DataFrame({key: (value if np.ndim(value) else [value] * n) for key, value in base.items()})
+
+
+def cpu(**extra) -> dict:
+    return {"batching": "dynamic", "dataloader_workers": 2, "device_memory_mb": 16000.0,
+            "runtime": {"device": "cpu", "num_threads": 8}, **extra}
+
+
+def cuda(**extra) -> dict:
+    return {"batching": "packed", "dataloader_workers": 2, "device_memory_mb": 80000.0,
+            "runtime": {"device": "cuda:0", "device_name": "H100", "precision": "bf16"}, **extra}
+
+
+def by_kind(findings: list[Finding]) -> dict[str, Finding]:
+    return {finding.kind: finding for finding in findings}
+
+
+def triggered(findings: list[Finding]) -> set[str]:
+    return {finding.kind for finding in findings if finding.triggered}
+
+
+def test_every_rule_reports_a_frozen_finding():
+    findings = diagnose(cpu(), make_history(6))
+    assert [finding.kind for finding in findings] == KINDS
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        findings[0].triggered = True  # type: ignore[misc]
+
+
+def test_input_bound_triggers_with_the_figure_and_doubled_workers():
+    finding = by_kind(diagnose(cpu(), make_history(6, data_wait_share=0.34)))[INPUT_BOUND]
+    assert finding.triggered and finding.figure == "34 %"
+    assert "34 %" in finding.message and "from 2 to 4" in finding.advice
+    assert "pin_memory" not in finding.advice  # CPU run
+
+
+def test_input_bound_quiet_on_low_data_wait():
+    finding = by_kind(diagnose(cpu(), make_history(6, data_wait_share=0.01)))[INPUT_BOUND]
+    assert not finding.triggered and finding.figure == "1 %"
+
+
+@pytest.mark.parametrize(("workers", "expected"), [
+    (0, "from 0 (loading in the training process) to 2"), (1, "from 1 to 2"), (4, "from 4 to 8"),
+])
+def test_input_bound_worker_advice(workers, expected):
+    finding = by_kind(diagnose(cpu(dataloader_workers=workers), make_history(4, data_wait_share=0.5)))[INPUT_BOUND]
+    assert expected in finding.advice
+
+
+def test_input_bound_on_cuda_mentions_pin_memory_and_prefetch():
+    finding = by_kind(diagnose(cuda(), make_history(4, data_wait_share=0.3, mfu=0.4)))[INPUT_BOUND]
+    assert finding.triggered and "pin_memory" in finding.advice and "prefetch" in finding.advice
+
+
+def test_input_bound_ignores_the_warm_up_row():
+    history = make_history(5, data_wait_share=[0.9, 0.01, 0.01, 0.01, 0.01])
+    assert INPUT_BOUND not in triggered(diagnose(cpu(), history))
+
+
+def test_padding_bound_names_the_current_mode():
+    finding = by_kind(diagnose(cpu(), make_history(6, padding_efficiency=0.6)))[PADDING_BOUND]
+    assert finding.triggered and finding.figure == "60 %"
+    assert "switch train.batching.mode from dynamic to packed (or length_grouped)" in finding.advice
+    assert not by_kind(diagnose(cpu(), make_history(6, padding_efficiency=0.85)))[PADDING_BOUND].triggered
+
+
+def test_compute_bound_only_when_nothing_else_triggers():
+    healthy = diagnose(cpu(), make_history(6))
+    assert triggered(healthy) == {COMPUTE_BOUND}
+    finding = by_kind(healthy)[COMPUTE_BOUND]
+    assert finding.message == "the run is compute-bound: 1,000 real tokens/s on 8 CPU threads"
+    assert "GPU" in finding.advice
+    slow_input = diagnose(cpu(), make_history(6, data_wait_share=0.34))
+    assert triggered(slow_input) == {INPUT_BOUND}
+    assert INPUT_BOUND in by_kind(slow_input)[COMPUTE_BOUND].message
+
+
+def test_compute_bound_on_cuda_reports_mfu():
+    findings = diagnose(cuda(), make_history(6, mfu=0.45))
+    assert triggered(findings) == {COMPUTE_BOUND}
+    finding = by_kind(findings)[COMPUTE_BOUND]
+    assert "at MFU 45 %" in finding.message and "bf16" in finding.advice
+
+
+def test_host_sync_triggers_on_cuda_step_time_spikes():
+    history = make_history(6, step_time_s=0.1, step_time_max_s=0.5, mfu=0.4)
+    finding = by_kind(diagnose(cuda(), history))[HOST_SYNC_BOUND]
+    assert finding.triggered and "5.0x" in finding.figure
+    assert "log_every" in finding.advice and ".item()" in finding.advice
+    assert COMPUTE_BOUND not in triggered(diagnose(cuda(), history))
+
+
+def test_host_sync_triggers_on_low_mfu_with_low_wait_and_padding():
+    assert HOST_SYNC_BOUND in triggered(diagnose(cuda(), make_history(6, mfu=0.05)))
+    # padding or input would explain the low MFU instead
+    assert HOST_SYNC_BOUND not in triggered(diagnose(cuda(), make_history(6, mfu=0.05, padding_efficiency=0.7)))
+    assert HOST_SYNC_BOUND not in triggered(diagnose(cuda(), make_history(6, mfu=0.05, data_wait_share=0.3)))
+
+
+def test_host_sync_never_on_cpu():
+    history = make_history(6, step_time_s=0.1, step_time_max_s=0.5, mfu=0.05)
+    finding = by_kind(diagnose(cpu(), history))[HOST_SYNC_BOUND]
+    assert not finding.triggered and "CUDA only" in finding.message
+
+
+def test_host_sync_quiet_on_a_healthy_cuda_run():
+    assert not by_kind(diagnose(cuda(), make_history(6, mfu=0.4)))[HOST_SYNC_BOUND].triggered
+
+
+RISING = [1.0, 0.10, 0.10, 0.11, 0.12, 0.13, 0.14]  # warm-up, then 0.10 -> 0.135 (x1.35)
+
+
+def test_memory_saturated_needs_full_memory_and_rising_step_time():
+    summary = cpu(device_memory_mb=1000.0)
+    both = by_kind(diagnose(summary, make_history(7, peak_memory_mb=950.0, step_time_s=RISING)))[MEMORY_SATURATED]
+    assert both.triggered and both.figure.startswith("95 %")
+    assert "kedro run --pipeline=tune" in both.advice and "gradient_checkpointing" in both.advice
+    memory_only = diagnose(summary, make_history(7, peak_memory_mb=950.0))
+    assert MEMORY_SATURATED not in triggered(memory_only)
+    assert "does not rise" in by_kind(memory_only)[MEMORY_SATURATED].message
+    rising_only = diagnose(summary, make_history(7, peak_memory_mb=500.0, step_time_s=RISING))
+    assert MEMORY_SATURATED not in triggered(rising_only)
+
+
+def test_missing_keys_and_columns_are_tolerated():
+    findings = diagnose({}, make_history(4)[["step", "loss"]])
+    assert [finding.kind for finding in findings] == KINDS
+    assert triggered(findings) == {COMPUTE_BOUND}
+    assert by_kind(findings)[INPUT_BOUND].figure == "n/a"
+    assert [finding.kind for finding in diagnose({}, pd.DataFrame())] == KINDS
+    finding = by_kind(diagnose({"data_wait_share": 0.5}, pd.DataFrame()))[INPUT_BOUND]
+    assert finding.triggered and "num_workers" in finding.advice
+
+
+def test_epoch_eta_is_train_tokens_over_real_tokens_per_s():
+    history = make_history(5, real_tokens_per_s=[1.0, 1000.0, 1000.0, 1000.0, 1000.0])
+    eta = epoch_eta({"train_tokens": 4_320_000}, history)
+    assert eta["seconds"] == pytest.approx(4320.0) and eta["human"] == "1 h 12 min"
+    assert eta["real_tokens_per_s"] == pytest.approx(1000.0) and eta["train_tokens"] == 4_320_000
+
+
+def test_epoch_eta_unknown_fields_are_none():
+    assert epoch_eta({}, make_history(3)) == {"seconds": None, "human": None, "train_tokens": None,
+                                              "real_tokens_per_s": pytest.approx(1000.0)}
+    assert epoch_eta({"train_tokens": 10}, pd.DataFrame())["seconds"] is None
+    assert epoch_eta({"train_tokens": 5000, "real_tokens_per_s": 100.0}, pd.DataFrame())["human"] == "50 s"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0.2, "< 1 s"), (45, "45 s"), (200, "3 min 20 s"), (4320, "1 h 12 min"), (1800, "30 min"), (183600, "2 d 3 h"),
+    (None, None),
+])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text

@@ -1,0 +1,100 @@
+"""One-row training and efficiency summaries from synthetic histories."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fastlm.reporting.summaries import after_warmup, efficiency_summary, training_summary
+
+
+def make_history(n: int, **columns) -> pd.DataFrame:
+    """``n`` logging rows (step 1 alone, then every 10 steps); ``columns`` override a value or give a list."""
+    steps = [1, *range(10, 10 * n, 10)][:n]
+    base = {
+        "step": steps, "loss": np.linspace(5.0, 3.0, n), "grad_norm": 1.0, "lr": 1e-3,
+        "tokens_per_s": 1200.0, "real_tokens_per_s": 1000.0, "samples_per_s": 8.0,
+        "step_time_s": 0.1, "step_time_max_s": 0.12, "data_wait_share": 0.01, "padding_efficiency": 0.95,
+        "peak_memory_mb": 500.0, "mfu": None, "eta_s": 10.0, "elapsed_s": np.arange(1, n + 1, dtype=float),
+        "epoch": 0, "batch_in_epoch": steps,
+    }
+    base.update(columns)
+    return pd.DataFrame({key: (value if np.ndim(value) else [value] * n) for key, value in base.items()})
+
+
+SUMMARY = {
+    "steps": 50, "epochs": 0.5, "wall_time_s": 12.5, "final_train_loss": 3.0, "final_val_loss": 3.2,
+    "final_val_perplexity": 24.5, "effective_batch": 32, "batching": "packed", "parameters": 123456,
+    "tokens_seen": 99999, "runtime": {"device": "cpu", "num_threads": 4},
+}
+EVAL = pd.DataFrame({"step": [25, 50], "val_loss": [3.5, 3.2], "val_perplexity": [33.1, 24.5],
+                     "val_target_tokens": [1000, 1000]})
+
+
+def test_training_summary_is_one_row_with_the_summary_figures():
+    frame = training_summary(SUMMARY, make_history(6), EVAL, run_id="abc")
+    assert len(frame) == 1
+    row = frame.iloc[0]
+    assert row["run_id"] == "abc"
+    assert (row["steps"], row["epochs"], row["effective_batch"], row["tokens_seen"]) == (50, 0.5, 32, 99999)
+    assert (row["batching"], row["parameters"], row["device"]) == ("packed", 123456, "cpu")
+    assert row["final_val_perplexity"] == pytest.approx(24.5)
+
+
+def test_training_summary_perplexity_is_exp_of_val_loss_when_missing():
+    summary = {k: v for k, v in SUMMARY.items() if k != "final_val_perplexity"}
+    frame = training_summary(summary, make_history(3), pd.DataFrame())
+    assert frame.loc[0, "final_val_perplexity"] == pytest.approx(math.exp(3.2))
+
+
+def test_training_summary_tolerates_an_empty_summary():
+    history = make_history(4)
+    frame = training_summary({}, history, EVAL)
+    row = frame.iloc[0]
+    assert len(frame) == 1 and row["run_id"] is None and row["device"] is None
+    assert row["steps"] == 30 and row["final_train_loss"] == pytest.approx(3.0)
+    assert row["final_val_loss"] == pytest.approx(3.2) and row["final_val_perplexity"] == pytest.approx(24.5)
+    assert row["wall_time_s"] == pytest.approx(4.0)
+
+
+def test_efficiency_summary_excludes_the_warm_up_row():
+    history = make_history(5, real_tokens_per_s=[10.0, 1000, 1000, 1000, 1000],
+                           step_time_s=[5.0, 0.1, 0.1, 0.1, 0.1], step_time_max_s=[5.0, 0.2, 0.3, 0.2, 0.2],
+                           data_wait_share=[0.9, 0.02, 0.02, 0.02, 0.02], peak_memory_mb=[900.0, 500, 500, 500, 500])
+    frame = efficiency_summary(SUMMARY, history, run_id="r1")
+    assert len(frame) == 1
+    row = frame.iloc[0]
+    assert row["run_id"] == "r1" and row["windows"] == 4
+    assert row["real_tokens_per_s"] == pytest.approx(1000)
+    assert row["step_time_p50_s"] == pytest.approx(0.1) and row["step_time_max_s"] == pytest.approx(0.3)
+    assert row["data_wait_share"] == pytest.approx(0.02)
+    assert row["peak_memory_mb"] == pytest.approx(900)  # memory peaks count wherever they happen
+    assert math.isnan(row["mfu"])  # CPU: never measured
+
+
+def test_efficiency_summary_percentiles_of_the_window_step_times():
+    times = [9.0, *np.arange(1, 101) / 100]  # warm-up, then 0.01 .. 1.00
+    frame = efficiency_summary({}, make_history(101, step_time_s=times, mfu=0.4))
+    row = frame.iloc[0]
+    assert row["step_time_p50_s"] == pytest.approx(0.505)
+    assert row["step_time_p90_s"] == pytest.approx(0.901)
+    assert row["step_time_p99_s"] == pytest.approx(0.9901)
+    assert row["mfu"] == pytest.approx(0.4)
+
+
+def test_a_single_row_history_is_kept():
+    history = make_history(1, real_tokens_per_s=777.0)
+    assert len(after_warmup(history)) == 1
+    assert efficiency_summary({}, history).loc[0, "real_tokens_per_s"] == pytest.approx(777)
+
+
+def test_missing_columns_fall_back_to_the_summary_or_nan():
+    history = make_history(3)[["step", "loss"]]
+    frame = efficiency_summary({"real_tokens_per_s": 321.0, "data_wait_share": 0.2}, history)
+    row = frame.iloc[0]
+    assert row["real_tokens_per_s"] == pytest.approx(321) and row["data_wait_share"] == pytest.approx(0.2)
+    assert math.isnan(row["step_time_p90_s"]) and math.isnan(row["peak_memory_mb"])
+    assert len(efficiency_summary({}, pd.DataFrame())) == 1
