@@ -204,17 +204,21 @@ def split_params(tokenizer_dir: Path) -> dict:
 
 
 def run_fastlm(workdir: Path, stages: Stages) -> dict:
-    from kedro_datasets.json import JSONDataset
-    from kedro_datasets.pandas import CSVDataset, ParquetDataset
-    from transformers import AutoTokenizer
-
     from fastlm.corpus.readers import read_text_table
-    from fastlm.datasets import AtomicArrowDataset
     from fastlm.pipelines.split.nodes import clean_corpus, report_split, split_corpus, tokenize_corpus
 
+    stages.mark("import fastlm nodes")
+    from transformers import AutoTokenizer
+
+    stages.mark("import transformers")
+    from kedro_datasets.json import JSONDataset
+    from kedro_datasets.pandas import CSVDataset, ParquetDataset
+
+    from fastlm.datasets import AtomicArrowDataset
+
+    stages.mark("import catalog datasets")
     params = split_params(workdir / "tokenizer")
     out = workdir / "fastlm_out"
-    stages.mark("import")
 
     raw = read_text_table(workdir / "input.parquet")
     stages.mark("load")
@@ -251,11 +255,13 @@ def run_fastlm(workdir: Path, stages: Stages) -> dict:
 
 def run_peer(workdir: Path, stages: Stages) -> dict:
     import datasets
+
+    stages.mark("import datasets")
     from transformers import AutoTokenizer
 
+    stages.mark("import transformers")
     datasets.disable_progress_bars()
     cache = workdir / "hf_cache"
-    stages.mark("import")
 
     # The usual code, as in the Hugging Face course and the run_clm.py examples.
     data = datasets.Dataset.from_parquet(str(workdir / "input.parquet"), cache_dir=str(cache))
@@ -404,12 +410,12 @@ def _gb(value: int) -> str:
 
 def print_run(title: str, result: dict, rows: int) -> None:
     print(f"\n{title}")
-    print(f"  {'stage':<22} {'wall':>8}   {'CPU':>7} (this process + its workers)")
+    print(f"  {'stage':<24} {'wall':>8}   {'CPU':>7} (this process + its workers)")
     for name, seconds in result["stages"].items():
-        print(f"  {name:<22} {seconds:8.2f} s {result['stages_cpu'][name]:7.2f} s")
-    print(f"  {'stages total':<22} {result['stages_total_s']:8.2f} s")
-    print(f"  {'interpreter start+exit':<22} {result['wall_s'] - result['stages_total_s']:8.2f} s")
-    print(f"  {'process wall':<22} {result['wall_s']:8.2f} s   ({rows / result['wall_s']:,.0f} rows/s)")
+        print(f"  {name:<24} {seconds:8.2f} s {result['stages_cpu'][name]:7.2f} s")
+    print(f"  {'stages total':<24} {result['stages_total_s']:8.2f} s")
+    print(f"  {'interpreter start+exit':<24} {result['wall_s'] - result['stages_total_s']:8.2f} s")
+    print(f"  {'process wall':<24} {result['wall_s']:8.2f} s   ({rows / result['wall_s']:,.0f} rows/s)")
     print(f"  CPU {result['cpu_s']:.1f} s ({result['cpu_s'] / result['wall_s']:.2f} cores busy on average); "
           f"other processes used {result['foreign_cores']:.2f} cores meanwhile")
     print(f"  rows out {result['rows_out']}, tokens {result['tokens']:,}, num_proc {result['num_proc']}")
