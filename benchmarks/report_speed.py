@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-
 from cpu_usage import busy_cpu_s, children_cpu_s  # sibling module: scripts run from benchmarks/
 
 ROOT = Path(__file__).resolve().parents[1]
