@@ -44,6 +44,14 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
     assert len(runs) == 2 and set(runs["train.batching.mode"]) == {"packed", "dynamic"}  # only what differs
     assert "train.seed" not in runs.columns
 
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    report_run = client.search_runs(client.get_experiment_by_name("fastlm").experiment_id,
+                                    filter_string="tags.`mlflow.runName` = 'report'", max_results=1)[0]
+    logged = {item.path for item in client.list_artifacts(report_run.info.run_id, "report")}
+    assert {"report/report.html", "report/report.md"} <= logged
+
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 4 and "http://" not in html and "https://" not in html
     assert "Bottleneck diagnosis" in (out / "report.md").read_text()
