@@ -13,6 +13,8 @@ CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
+    # conf/local parameters override conf/base key by key (a tuned micro-batch keeps the rest of train:)
+    "merge_strategy": {"parameters": "soft"},
     # ${env_or:NAME,default}: an environment variable where the user set one (e.g. MLFLOW_TRACKING_URI)
     "custom_resolvers": {"env_or": lambda name, default=None: os.environ.get(name) or default},
 }

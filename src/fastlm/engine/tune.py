@@ -1,0 +1,221 @@
+"""Throughput autotune: measure the real training step for a ladder of micro-batch sizes, find the memory
+cliff, pick the fastest size under a memory headroom, and the accumulation that keeps an effective batch.
+
+Doubling the micro-batch can make a big model slower per token (memory near the device limit: allocator
+retries, or a silent spill to host memory) while it makes a small model faster. Nobody should guess: each
+trial runs warm-up steps (not timed) then timed steps of the user's real model, data, precision and
+checkpointing settings, and records real tokens/s, step time and peak memory. The ladder stops at
+out-of-memory (caught and cleaned up: the process goes on), past the memory headroom, or at the cliff
+(throughput falls while memory rises).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from time import perf_counter
+
+import torch
+
+OK, OOM, CLIFF, OVER = "ok", "out of memory", "cliff", "over headroom"
+
+
+@dataclass(frozen=True)
+class Trial:
+    micro_batch_size: int
+    status: str
+    real_tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    peak_memory_mb: float | None = None
+    alloc_retries: int | None = None
+    error: str | None = None
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    real_tokens_per_s: float
+    step_time_s: float
+    peak_memory_mb: float
+    alloc_retries: int | None = None
+
+
+def ladder(smallest: int, largest: int) -> list[int]:
+    """Powers of two from ``smallest`` up to ``largest`` (both included)."""
+    sizes, size = [], max(1, smallest)
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, largest]
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(error).lower()
+
+
+def run_ladder(measure: Callable[[int], Measurement], sizes: Sequence[int], *, memory_limit_mb: float | None,
+               headroom: float, cliff_tolerance: float) -> list[Trial]:
+    """Measure each size in order until out-of-memory, the headroom, or the cliff; every trial is kept."""
+    trials: list[Trial] = []
+    budget = memory_limit_mb * (1 - headroom) if memory_limit_mb else None
+    for size in sizes:
+        try:
+            result = measure(size)
+            release_memory()  # the trial's optimizer state and activations, before the next size
+        except Exception as error:  # noqa: BLE001 - only out-of-memory is expected; anything else re-raised
+            if not is_out_of_memory(error):
+                raise
+            release_memory()
+            trials.append(Trial(size, OOM, error=str(error).splitlines()[0][:200]))
+            break
+        best = max((t for t in trials if t.status == OK), key=lambda t: t.real_tokens_per_s, default=None)
+        status = OK
+        if budget is not None and result.peak_memory_mb > budget:
+            status = OVER
+        elif (best is not None and result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
+              and result.peak_memory_mb > trials[-1].peak_memory_mb):
+            status = CLIFF
+        trials.append(Trial(size, status, result.real_tokens_per_s, result.step_time_s, result.peak_memory_mb,
+                            result.alloc_retries))
+        if status != OK:
+            break
+    return trials
+
+
+def choose(trials: Sequence[Trial]) -> Trial | None:
+    """The fastest trial that finished within the headroom and before the cliff."""
+    return max((t for t in trials if t.status == OK), key=lambda t: t.real_tokens_per_s, default=None)
+
+
+def accumulation_for(target_effective_batch: int | None, micro_batch_size: int, world_size: int = 1,
+                     current: int = 1) -> int:
+    """Accumulation steps so that micro x accumulation x world size reaches the target (at least 1)."""
+    if target_effective_batch is None:
+        return current
+    return max(1, math.ceil(target_effective_batch / (micro_batch_size * world_size)))
+
+
+def explain(trials: Sequence[Trial], chosen: Trial | None, *, accumulation: int, target: int | None,
+            headroom: float, memory_limit_mb: float | None, world_size: int = 1) -> str:
+    """One paragraph, with the figures, saying what was measured and why this size."""
+    measured = ", ".join(f"{t.micro_batch_size}: {t.real_tokens_per_s:,.0f} tok/s at {t.peak_memory_mb:,.0f} MB"
+                         for t in trials if t.real_tokens_per_s is not None)
+    stop = trials[-1] if trials else None
+    ended = _why_stopped(stop, headroom, memory_limit_mb) if stop is not None else ""
+    if chosen is None:
+        return f"No micro-batch size finished within the limits ({measured or 'nothing measured'}); {ended}."
+    effective = chosen.micro_batch_size * accumulation * world_size
+    return (f"Measured real tokens/s and peak memory per micro-batch size ({measured})"
+            + (f"; the ladder stopped because {ended}" if ended else "; the ladder reached its largest size")
+            + f". Fastest within {1 - headroom:.0%} of the device memory: micro-batch {chosen.micro_batch_size} "
+            f"({chosen.real_tokens_per_s:,.0f} real tokens/s, {chosen.peak_memory_mb:,.0f} MB). With "
+            f"{accumulation} accumulation step(s) x {world_size} process(es) the effective batch is {effective}"
+            + (f" (target {target})." if target else "."))
+
+
+def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) -> str:
+    if stop.status == OOM:
+        return f"micro-batch {stop.micro_batch_size} ran out of memory"
+    if stop.status == CLIFF:
+        return (f"micro-batch {stop.micro_batch_size} was slower ({stop.real_tokens_per_s:,.0f} tok/s) while using "
+                "more memory: the cliff")
+    if stop.status == OVER:
+        return (f"micro-batch {stop.micro_batch_size} needed {stop.peak_memory_mb:,.0f} MB, over the "
+                f"{1 - headroom:.0%} of {memory_limit_mb or 0:,.0f} MB allowed")
+    return ""
+
+
+def release_memory() -> None:
+    """Free what a failed trial left behind (between trials only: never in the training loop)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def current_rss_mb() -> float:
+    """Resident memory of this process now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def measure_training_step(step: Callable[[int], int], *, device: torch.device, warmup: int, timed: int) -> Measurement:
+    """Time ``timed`` calls of ``step(i) -> real tokens`` after ``warmup`` untimed ones; peak memory of all.
+
+    CUDA: ``max_memory_allocated`` (reset first) and the allocator's ``num_alloc_retries`` during the trial;
+    CPU: the largest process RSS seen after each step.
+    """
+    on_cuda = device.type == "cuda"
+    if on_cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        retries_before = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+    peak_rss = current_rss_mb()
+    tokens = 0
+    start = 0.0
+    for index in range(warmup + timed):
+        if index == warmup:
+            if on_cuda:
+                torch.cuda.synchronize(device)
+            start = perf_counter()
+        real = step(index)
+        if index >= warmup:
+            tokens += real
+        if not on_cuda:
+            peak_rss = max(peak_rss, current_rss_mb())
+    if on_cuda:
+        torch.cuda.synchronize(device)
+    elapsed = max(perf_counter() - start, 1e-9)
+    if on_cuda:
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries_before
+    else:
+        peak, retries = peak_rss, None
+    return Measurement(tokens / elapsed, elapsed / timed, peak, retries)
+
+
+def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str,
+                       warmup: int, timed: int) -> Callable[[int], Measurement]:
+    """``measure(micro_batch_size)``: the training step of ``train`` (same batching, precision, optimizer)."""
+    from fastlm.engine.loop import _to_device, make_batching
+    from fastlm.engine.loss import accumulate_gradients
+    from fastlm.engine.optim import make_adamw
+
+    model.to(runtime.device)
+    model.train()
+
+    def measure(size: int) -> Measurement:
+        batching = params.batching.model_copy(update={"micro_batch_size": size})
+        trial_params = params.model_copy(update={"batching": batching})
+        sampler, collator = make_batching(trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length,
+                                          attn=attn, seed=params.seed)
+        sampler.set_epoch(0)
+        batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
+        if len(batches) < warmup + timed:
+            raise ValueError(f"micro-batch {size} leaves fewer than {warmup + timed} batches in the data")
+        optimizer = make_adamw(model, lr=params.optimizer.lr, weight_decay=params.optimizer.weight_decay)
+        scaler = runtime.make_grad_scaler()
+
+        def step(index: int) -> int:
+            batch = collator(dataset.__getitems__(batches[index]))
+            accumulate_gradients(model, [_to_device(batch, runtime.device, attn)], autocast=runtime.autocast_context,
+                                 grad_scaler=scaler if scaler.is_enabled() else None)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return int(batch["num_real_tokens"])
+
+        try:
+            return measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
+        finally:  # the optimizer state goes with this call's frame
+            optimizer.zero_grad(set_to_none=True)
+            release_memory()
+
+    return measure

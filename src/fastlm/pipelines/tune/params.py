@@ -1,0 +1,29 @@
+"""Parameters of the tune pipeline (``params:tune`` in conf/base/parameters_tune.yml)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from fastlm.config import Params, parse_params
+
+SOURCE = "conf/base/parameters_tune.yml"
+
+
+class TuneParams(Params):
+    min_micro_batch_size: int = Field(1, ge=1)
+    max_micro_batch_size: int = Field(64, ge=1)
+    target_effective_batch: int | None = Field(None, ge=1, description="samples per optimizer step")
+    warmup_steps: int = Field(1, ge=0)
+    timed_steps: int = Field(2, ge=1)
+    memory_headroom: float = Field(0.10, ge=0, lt=1)
+    cliff_tolerance: float = Field(0.05, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TuneParams:
+        if self.min_micro_batch_size > self.max_micro_batch_size:
+            raise ValueError("min_micro_batch_size must not exceed max_micro_batch_size")
+        return self
+
+
+def parse_tune_params(raw) -> TuneParams:
+    return parse_params(TuneParams, raw, prefix="tune", source=SOURCE)

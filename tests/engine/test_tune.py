@@ -1,0 +1,74 @@
+"""Autotune ladder: cliff, out-of-memory, headroom, accumulation; and a real short run on CPU."""
+
+import pytest
+import torch
+
+from fastlm.engine import tune
+from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from tests.engine.test_loop import EOS, _model, _params, _sequences
+
+
+def fake(speeds: dict[int, float], memory: dict[int, float], oom_at: int | None = None, calls=None):
+    def measure(size: int) -> tune.Measurement:
+        if calls is not None:
+            calls.append(size)
+        if oom_at is not None and size >= oom_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return tune.Measurement(speeds[size], 1.0 / speeds[size], memory[size])
+    return measure
+
+
+SIZES = [1, 2, 4, 8, 16, 32]
+MEMORY = {1: 10, 2: 20, 4: 40, 8: 70, 16: 95, 32: 100}
+
+
+def test_cliff_stops_the_ladder_and_the_fastest_before_it_is_chosen():
+    speeds = {1: 100, 2: 190, 4: 350, 8: 400, 16: 170, 32: 999}  # 16: near the memory limit, 2.4x slower
+    calls = []
+    trials = tune.run_ladder(fake(speeds, MEMORY, calls=calls), SIZES, memory_limit_mb=None, headroom=0.1,
+                             cliff_tolerance=0.05)
+    assert [t.status for t in trials] == ["ok", "ok", "ok", "ok", "cliff"] and calls == [1, 2, 4, 8, 16]
+    assert tune.choose(trials).micro_batch_size == 8
+
+
+def test_out_of_memory_is_caught_recorded_and_the_process_goes_on():
+    speeds = {size: 100.0 * size for size in SIZES}
+    trials = tune.run_ladder(fake(speeds, MEMORY, oom_at=16), SIZES, memory_limit_mb=None, headroom=0.1,
+                             cliff_tolerance=0.05)
+    assert trials[-1].status == tune.OOM and "out of memory" in trials[-1].error
+    assert tune.choose(trials).micro_batch_size == 8
+
+
+def test_headroom_is_respected():
+    speeds = {size: 100.0 * size for size in SIZES}  # always faster: only memory stops it
+    trials = tune.run_ladder(fake(speeds, MEMORY), SIZES, memory_limit_mb=100, headroom=0.2, cliff_tolerance=0.05)
+    assert [t.status for t in trials][-1] == tune.OVER and trials[-1].micro_batch_size == 16  # 95 > 80
+    assert tune.choose(trials).micro_batch_size == 8
+
+
+def test_other_errors_are_not_swallowed():
+    def broken(size):
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        tune.run_ladder(broken, [1], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+
+
+def test_accumulation_keeps_the_effective_batch_and_the_explanation_has_the_figures():
+    assert tune.accumulation_for(256, 24) == 11 and tune.accumulation_for(64, 16, world_size=2) == 2
+    assert tune.accumulation_for(None, 16, current=3) == 3
+    assert tune.ladder(1, 48) == [1, 2, 4, 8, 16, 32, 48]
+    speeds = {1: 100, 2: 190, 4: 350, 8: 400, 16: 170, 32: 1}
+    trials = tune.run_ladder(fake(speeds, MEMORY), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+    text = tune.explain(trials, tune.choose(trials), accumulation=4, target=32, headroom=0.1, memory_limit_mb=None)
+    assert "micro-batch 8 (400 real tokens/s" in text and "the cliff" in text and "effective batch is 32" in text
+
+
+def test_real_short_run_on_cpu(tmp_path):
+    params = _params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(_model(), _sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
+                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    trials = tune.run_ladder(measure, tune.ladder(1, 4), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
+    assert [t.micro_batch_size for t in trials] == [1, 2, 4]
+    assert all(t.real_tokens_per_s > 0 and t.peak_memory_mb > 0 and t.step_time_s > 0 for t in trials)

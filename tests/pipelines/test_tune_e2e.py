@@ -1,0 +1,29 @@
+"""The tune pipeline through a KedroSession: trials, plot, and a parameters file the train pipeline uses."""
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import run_pipeline
+from tests.pipelines.test_train_e2e import SPLIT, TRAIN
+
+pytestmark = pytest.mark.e2e
+
+
+def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_project):
+    params = {"split": SPLIT, "train": TRAIN, "tune": {"max_micro_batch_size": 4, "target_effective_batch": 8,
+                                                       "cliff_tolerance": 0.9}}
+    run_pipeline(kedro_project, "split", params)
+    run_pipeline(kedro_project, "tune", params)
+    trials = pd.read_csv(kedro_project / "data/08_reporting/tune_trials.csv")
+    assert list(trials["micro_batch_size"]) == [1, 2, 4] and (trials["real_tokens_per_s"] > 0).all()
+    assert (kedro_project / "data/08_reporting/plots/tune.png").stat().st_size > 5_000
+    tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
+    chosen = tuned["train"]["batching"]["micro_batch_size"]
+    assert chosen in (1, 2, 4) and tuned["train"]["batching"]["gradient_accumulation_steps"] == 8 // chosen
+
+    from kedro.framework.session import KedroSession
+
+    with KedroSession.create(project_path=kedro_project) as session:
+        train = session.load_context().params["train"]
+    assert train["batching"]["micro_batch_size"] == chosen and train["optimizer"]["lr"] == 0.002
