@@ -57,3 +57,15 @@ def test_pipelines_are_registered(name):
     assert name in pipelines
     if name in ("split", "__default__"):
         assert {n.name for n in pipelines[name].nodes} >= {"clean_corpus", "tokenize_corpus", "report_split"}
+
+
+def test_main_job_is_split_train_report_and_tune_only_on_request():
+    from kedro.framework.project import configure_project
+
+    configure_project("fastlm")
+    from fastlm.pipeline_registry import register_pipelines
+
+    pipelines = register_pipelines()
+    default = {node.name for node in pipelines["__default__"].nodes}
+    assert {"tokenize_corpus", "train_model", "write_report"} <= default
+    assert "tune_micro_batch" not in default and "tune_micro_batch" in {n.name for n in pipelines["tune"].nodes}

@@ -7,7 +7,11 @@ from kedro.pipeline import Pipeline
 
 
 def register_pipelines() -> dict[str, Pipeline]:
-    """Register every pipeline under ``fastlm.pipelines``; ``__default__`` runs them all in order."""
+    """Every pipeline under ``fastlm.pipelines``; ``__default__`` is the main job: split -> train -> report.
+
+    ``tune`` only runs when asked for (it measures and rewrites conf/local/parameters_tuned.yml).
+    """
     pipelines = find_pipelines(raise_errors=True)
-    pipelines["__default__"] = sum(pipelines.values(), Pipeline([]))
+    main_job = [pipelines[name] for name in ("split", "train", "report") if name in pipelines]
+    pipelines["__default__"] = sum(main_job, Pipeline([]))
     return pipelines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import datasets
 import pandas as pd
@@ -20,6 +21,7 @@ from fastlm.tracking import MlflowMetrics, active_run_id
 
 log = logging.getLogger(__name__)
 TOKENIZED = "data/05_model_input/tokenized_corpus"
+TUNED = "conf/local/parameters_tuned.yml"
 
 
 def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict,
@@ -28,6 +30,10 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
     params = parse_train_params(train_params)
     max_length = parse_split_params(split_params).max_length
     check_fresh(fingerprint, tokenizer, max_length, where=TOKENIZED)
+    if Path(TUNED).is_file():
+        log.info("%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
+                 "gradient_accumulation_steps=%d; delete it to go back to conf/base", TUNED,
+                 params.batching.micro_batch_size, params.batching.gradient_accumulation_steps)
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
     attn = choose_attention(params.model.attn_implementation, runtime.device)
     model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)
