@@ -36,6 +36,7 @@ from fastlm.engine.profiling import StepProfiler
 from fastlm.engine.progress import Progress
 from fastlm.engine.runtime import Runtime, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
+from fastlm.engine.signals import GracefulStop, TrainingInterrupted
 from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
@@ -205,59 +206,64 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                              device=device) if profile.enabled else None)
     start = perf_counter()
     metrics.start()
-    while step < total_steps:
-        if profiler is not None:
-            profiler.before_step(step + 1)
-        waited = perf_counter()
-        with torch.profiler.record_function("fastlm.data"):
-            fetched = [next(stream) for _ in range(accum)]  # data wait: time blocked on the DataLoader only
-        metrics.record_data_wait(perf_counter() - waited)
-        micro = [_to_device(batch, device, attn) for batch in fetched]
-        loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
-                                                   grad_scaler=scaler if scaler.is_enabled() else None)
-        with torch.profiler.record_function("fastlm.optimizer"):
-            if scaler.is_enabled():
-                scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if profiler is not None:
-            profiler.after_step(step)
-        real_tokens = sum(int(b["num_real_tokens"]) for b in micro)  # host tensors from the collator: no sync
-        tokens_seen += real_tokens
-        metrics.update(loss_sum=loss_sum, target_tokens=n_targets, grad_norm=grad_norm, real_tokens=real_tokens,
-                       computed_tokens=sum(int(b["num_computed_tokens"]) for b in micro),
-                       samples=sum(int(b["num_samples"]) for b in micro), lr=scheduler.get_last_lr()[0])
-        progress.advance()
-        first_step = step == 1 and not history
-        if first_step or step % params.log_every == 0 or step == total_steps:
-            record = {**metrics.flush(step), **stream.position}
-            _check_finite(record, step, root)
-            if first_step:
-                _check_first_loss(record["loss"], len_vocab=raw_model.get_input_embeddings().num_embeddings,
-                                  from_scratch=getattr(config, "_name_or_path", "") == "")
-            _check_grad_norm(record, grad_norms)
-            history.append(record)
-            progress.show(record)
-            _emit(callbacks, "train", record)
-        if eval_set is not None and params.eval_every and (step % params.eval_every == 0 or step == total_steps):
-            record = {"step": step, **evaluate(model, eval_set, params, runtime, pad_id=pad_id, max_length=max_length,
-                                                attn=attn, max_batches=params.eval_max_batches)}
-            eval_history.append(record)
-            log.info("step %d: validation loss %.4f, perplexity %.2f", step, record["val_loss"], record["val_perplexity"])
-            _emit(callbacks, "eval", record)
-        if params.save_every and (step % params.save_every == 0 or step == total_steps):
-            if metrics.pending_steps:  # never save a checkpoint whose loss was not checked
+    with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
+        while step < total_steps:
+            if profiler is not None:
+                profiler.before_step(step + 1)
+            waited = perf_counter()
+            with torch.profiler.record_function("fastlm.data"):
+                fetched = [next(stream) for _ in range(accum)]  # data wait: time blocked on the DataLoader only
+            metrics.record_data_wait(perf_counter() - waited)
+            micro = [_to_device(batch, device, attn) for batch in fetched]
+            loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
+                                                       grad_scaler=scaler if scaler.is_enabled() else None)
+            with torch.profiler.record_function("fastlm.optimizer"):
+                if scaler.is_enabled():
+                    scaler.unscale_(optimizer)
+                grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if profiler is not None:
+                profiler.after_step(step)
+            real_tokens = sum(int(b["num_real_tokens"]) for b in micro)  # host tensors from the collator: no sync
+            tokens_seen += real_tokens
+            metrics.update(loss_sum=loss_sum, target_tokens=n_targets, grad_norm=grad_norm, real_tokens=real_tokens,
+                           computed_tokens=sum(int(b["num_computed_tokens"]) for b in micro),
+                           samples=sum(int(b["num_samples"]) for b in micro), lr=scheduler.get_last_lr()[0])
+            progress.advance()
+            first_step = step == 1 and not history
+            if first_step or step % params.log_every == 0 or step == total_steps:
                 record = {**metrics.flush(step), **stream.position}
                 _check_finite(record, step, root)
+                if first_step:
+                    _check_first_loss(record["loss"], len_vocab=raw_model.get_input_embeddings().num_embeddings,
+                                      from_scratch=getattr(config, "_name_or_path", "") == "")
+                _check_grad_norm(record, grad_norms)
                 history.append(record)
-            save_checkpoint(root, step, model=raw_model, optimizer=optimizer, scheduler=scheduler,
-                            grad_scaler=scaler, keep_last=params.keep_last,
-                            state={"step": step, "history": history, "eval_history": eval_history,
-                                   "tokens_seen": tokens_seen, **stream.position})
+                progress.show(record)
+                _emit(callbacks, "train", record)
+            if eval_set is not None and params.eval_every and (step % params.eval_every == 0 or step == total_steps):
+                record = {"step": step, **evaluate(model, eval_set, params, runtime, pad_id=pad_id, max_length=max_length,
+                                                    attn=attn, max_batches=params.eval_max_batches)}
+                eval_history.append(record)
+                log.info("step %d: validation loss %.4f, perplexity %.2f", step, record["val_loss"], record["val_perplexity"])
+                _emit(callbacks, "eval", record)
+            saved, stopping = None, stop.requested  # read the flag once: a signal may land between the checks
+            if (params.save_every and (step % params.save_every == 0 or step == total_steps)) or stopping:
+                if metrics.pending_steps:  # never save a checkpoint whose loss was not checked
+                    record = {**metrics.flush(step), **stream.position}
+                    _check_finite(record, step, root)
+                    history.append(record)
+                saved = save_checkpoint(root, step, model=raw_model, optimizer=optimizer, scheduler=scheduler,
+                                        grad_scaler=scaler, keep_last=params.keep_last,
+                                        state={"step": step, "history": history, "eval_history": eval_history,
+                                               "tokens_seen": tokens_seen, **stream.position})
+            if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
+                progress.close()
+                raise TrainingInterrupted(stop.signal_name, step, saved, resume=params.resume)
     progress.close()
     if profiler is not None:
         profiler.close(step)
