@@ -72,3 +72,13 @@ def test_real_short_run_on_cpu(tmp_path):
     trials = tune.run_ladder(measure, tune.ladder(1, 4), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
     assert [t.micro_batch_size for t in trials] == [1, 2, 4]
     assert all(t.real_tokens_per_s > 0 and t.peak_memory_mb > 0 and t.step_time_s > 0 for t in trials)
+
+
+def test_allocator_retries_without_a_speed_gain_mark_the_cliff():
+    def measure(size):
+        retries = 3 if size == 8 else 0
+        return tune.Measurement(100.0 * min(size, 4), 0.1, MEMORY[size], alloc_retries=retries,
+                                peak_reserved_mb=MEMORY[size] * 1.2)
+    trials = tune.run_ladder(measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+    assert [t.status for t in trials] == ["ok", "ok", "ok", "cliff"] and trials[-1].alloc_retries == 3
+    assert trials[0].peak_reserved_mb == pytest.approx(12.0) and tune.choose(trials).micro_batch_size == 4

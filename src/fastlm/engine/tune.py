@@ -30,6 +30,7 @@ class Trial:
     real_tokens_per_s: float | None = None
     step_time_s: float | None = None
     peak_memory_mb: float | None = None
+    peak_reserved_mb: float | None = None
     alloc_retries: int | None = None
     error: str | None = None
 
@@ -43,6 +44,7 @@ class Measurement:
     step_time_s: float
     peak_memory_mb: float
     alloc_retries: int | None = None
+    peak_reserved_mb: float | None = None
 
 
 def ladder(smallest: int, largest: int) -> list[int]:
@@ -77,11 +79,13 @@ def run_ladder(measure: Callable[[int], Measurement], sizes: Sequence[int], *, m
         status = OK
         if budget is not None and result.peak_memory_mb > budget:
             status = OVER
-        elif (best is not None and result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
-              and result.peak_memory_mb > trials[-1].peak_memory_mb):
-            status = CLIFF
+        elif best is not None and (
+                (result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
+                 and result.peak_memory_mb > trials[-1].peak_memory_mb)
+                or (result.alloc_retries and result.real_tokens_per_s <= best.real_tokens_per_s)):
+            status = CLIFF  # slower while using more memory, or the CUDA allocator had to retry for no gain
         trials.append(Trial(size, status, result.real_tokens_per_s, result.step_time_s, result.peak_memory_mb,
-                            result.alloc_retries))
+                            result.peak_reserved_mb, result.alloc_retries))
         if status != OK:
             break
     return trials
@@ -149,7 +153,8 @@ def current_rss_mb() -> float:
 def measure_training_step(step: Callable[[int], int], *, device: torch.device, warmup: int, timed: int) -> Measurement:
     """Time ``timed`` calls of ``step(i) -> real tokens`` after ``warmup`` untimed ones; peak memory of all.
 
-    CUDA: ``max_memory_allocated`` (reset first) and the allocator's ``num_alloc_retries`` during the trial;
+    CUDA: ``max_memory_allocated`` and ``max_memory_reserved`` (reset first) and the allocator's
+    ``num_alloc_retries`` during the trial (retries with no speed gain mark the cliff);
     CPU: the largest process RSS seen after each step.
     """
     on_cuda = device.type == "cuda"
@@ -173,12 +178,14 @@ def measure_training_step(step: Callable[[int], int], *, device: torch.device, w
     if on_cuda:
         torch.cuda.synchronize(device)
     elapsed = max(perf_counter() - start, 1e-9)
+    reserved = None
     if on_cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20
+        reserved = torch.cuda.max_memory_reserved(device) / 2**20
         retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries_before
     else:
         peak, retries = peak_rss, None
-    return Measurement(tokens / elapsed, elapsed / timed, peak, retries)
+    return Measurement(tokens / elapsed, elapsed / timed, peak, retries, reserved)
 
 
 def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str,
