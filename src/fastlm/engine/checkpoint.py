@@ -44,6 +44,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from fastlm.errors import FastlmError
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -60,8 +62,11 @@ RESUME_MODES = ("auto", "never")
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message is one line naming the file and the fix."""
+class CheckpointError(FastlmError, ValueError):
+    """A checkpoint that cannot be used; the message is one line naming the file and the fix.
+
+    A FastlmError, so the project CLI prints it as one line and exits with status 2 (no traceback).
+    """
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
@@ -392,8 +397,8 @@ def _load_into(target: Any, file: Path, map_location: Any) -> None:
 
 def _broken(file: Path, reason: str) -> CheckpointError:
     return CheckpointError(
-        f"checkpoint file {file} is {reason}; delete {file.parent} to resume from the previous checkpoint, "
-        "or set train.resume: never"
+        f"checkpoint file {file} is {reason}.",
+        fix=f"delete {file.parent} to resume from the previous checkpoint, or set train.resume: never.",
     )
 
 

@@ -1,0 +1,767 @@
+"""Benchmark (issue 8): fastlm ``train`` against the Hugging Face ``Trainer`` on a GPU (H100/H200), one run.
+
+Targets (printed as PASS/FAIL, never asserted): on ``--model 0.5b`` the fastlm engine reaches MFU >= 45 %
+and >= 1.3x the real tokens/s of the Trainer in its best set-up; its data-wait share is <= 1 %; it makes no
+host synchronisation between log steps; packed and unpacked losses agree within bf16 tolerance. When a
+target is missed, the top 10 CUDA kernels of a short torch.profiler window of fastlm are printed.
+
+    python benchmarks/gpu_speed.py --model 0.5b               # H100/H200: the issue's measurement
+    python benchmarks/gpu_speed.py --model tiny               # the project's default tiny Llama
+    python benchmarks/gpu_speed.py --device cpu --model tiny --steps 2 --warmup 1 --seq-len 256   # smoke run
+
+Models (random init, ``torch.manual_seed(0)``, built with ``fastlm.engine.model.build_model``):
+``tiny`` = ``ModelParams()`` (hidden 128, 2 layers, 4 heads, intermediate 344, vocab = len(tokenizer));
+``0.5b`` = Llama, hidden 1536, 24 layers, 16 heads, intermediate 4096, vocab 32000, tied embeddings
+(about 0.73 B parameters; the embedding rows past the tokenizer's 8000 tokens are simply never used).
+
+Data (prepared once, not timed): the seq-len 2048 rows need long samples, so the documents are runs of
+consecutive ``make_texts(profile="demo")`` texts joined by newlines, the run lengths geometric with a mean
+chosen for about seq_len / 4 tokens per document (a long tail, truncated at seq_len). Byte-level BPE
+tokenizer (vocab 8000) and token ids as in ``train_speed.prepare`` (``tokenize_texts``, EOS appended).
+
+Contenders, each in a fresh process (``--run NAME``), same data, same initial weights, same attention
+implementation (``--attn auto``: flash_attention_2 on CUDA when flash_attn is installed, else SDPA):
+
+* ``fastlm_compile`` / ``fastlm_eager``: ``fastlm.engine.loop.train``, batching ``packed`` (``--batch-size``
+  rows of ``--seq-len`` tokens), ``runtime.precision`` = ``--precision``, ``runtime.compile`` on / off.
+* ``trainer_usual``: ``Trainer`` with ``DataCollatorForLanguageModeling(mlm=False)`` (dynamic padding),
+  ``per_device_train_batch_size = --batch-size`` samples, default arguments + ``bf16``.
+* ``trainer_best``: ``bf16=True``, ``tf32=True`` (CUDA only), ``torch_compile=True``, and padding-free
+  ``DataCollatorWithFlattening`` when the attention implementation is flash_attention_2 (batch of
+  ``batch_size * seq_len / mean sample length`` samples, the tokens of one packed fastlm batch), else
+  dynamic padding with length grouping (``group_by_length=True`` / ``train_sampling_strategy=
+  "group_by_length"``, whichever this transformers has).
+
+The Trainer needs ``accelerate``: without it both Trainer contenders are skipped with a printed reason.
+Figures: real (non-padding) tokens/s over the timed steps (after ``--warmup`` steps); MFU = 6N + 12·L·H·
+seq_len FLOPs per real token (``flops_per_token``) × real tokens/s ÷ ``device_peak_flops`` (dense bf16);
+peak memory = ``torch.cuda.max_memory_allocated`` (peak RSS on CPU). The Trainer window is closed with a
+``torch.cuda.synchronize()`` at both ends; fastlm's windows end with the engine's own flush (which syncs).
+Host syncs: during fastlm's timed steps ``torch.cuda.set_sync_debug_mode("warn")`` is on and every
+"synchronizing" warning is counted, split into those raised inside the log-step flush (expected) and the
+others (between log steps: target 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+# Sibling modules (scripts run from benchmarks/); importing train_speed also sets the offline environment.
+from cpu_usage import busy_cpu_s, children_cpu_s
+from train_speed import REPO, TEXT_SEED, VOCAB_SIZE, Context, CountingCollator, _fmt, machine
+
+MODELS = {
+    "tiny": {},  # ModelParams() defaults: hidden 128, 2 layers, 4 heads, intermediate 344
+    "0.5b": {"hidden_size": 1536, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16},
+}
+MODEL_VOCAB = {"tiny": None, "0.5b": 32000}  # None: len(tokenizer)
+DEFAULT_BATCH = {"tiny": 16, "0.5b": 8}
+CONTENDERS = ("fastlm_compile", "fastlm_eager", "trainer_usual", "trainer_best")
+MODEL_SEED = 0
+LOSS_CHECK_SAMPLES = 4
+LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relative
+SYNC_LOG_FRAMES = {"flush", "_check_finite", "_check_grad_norm", "_check_first_loss", "show", "on_record"}
+
+TARGET_MFU = 0.45
+TARGET_VS_BEST = 1.3
+TARGET_DATA_WAIT = 0.01
+
+
+# --------------------------------------------------------------------------------------------------
+# Preparation (parent, not timed)
+# --------------------------------------------------------------------------------------------------
+
+
+def make_documents(n_docs: int, seq_len: int, seed: int = TEXT_SEED) -> list[str]:
+    """Runs of consecutive demo texts joined by newlines; geometric run lengths, about seq_len / 4 tokens."""
+    import numpy as np
+
+    from fastlm.corpus.synthetic import make_texts
+
+    probe = make_texts(2000, seed=seed, profile="demo")
+    chars_per_text = sum(map(len, probe)) / len(probe)
+    mean_texts = max(1.0, (seq_len / 4) * 3.0 / chars_per_text)  # about 3 characters per BPE token
+    rng = np.random.default_rng(seed)
+    counts = rng.geometric(1.0 / mean_texts, size=n_docs)
+    texts = make_texts(int(counts.sum()), seed=seed, profile="demo")
+    ends = np.cumsum(counts)
+    return ["\n".join(texts[end - count:end]) for count, end in zip(counts, ends, strict=True)]
+
+
+def prepare(workdir: Path, n_docs: int, seq_len: int) -> dict:
+    import numpy as np
+
+    from fastlm.corpus.tokenization import tokenize_texts
+    from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+
+    start = time.perf_counter()
+    docs = make_documents(n_docs, seq_len)
+    tokenizer = train_bpe_tokenizer(docs, vocab_size=VOCAB_SIZE, min_frequency=2, model_max_length=seq_len)
+    tokenizer.save_pretrained(str(workdir / "tokenizer"))
+    tokens = tokenize_texts(docs, tokenizer, max_length=seq_len, num_proc=1)
+    np.savez(workdir / "tokens.npz", values=tokens.values, offsets=tokens.offsets)
+    lengths = tokens.lengths
+    return {"docs": len(docs), "tokens_total": int(lengths.sum()), "tokens_median": float(np.median(lengths)),
+            "tokens_mean": float(lengths.mean()), "tokens_p90": float(np.percentile(lengths, 90)),
+            "tokens_max": int(lengths.max()), "truncated": int(tokens.truncated.sum()), "vocab": len(tokenizer),
+            "prepare_s": time.perf_counter() - start}
+
+
+def model_params(name: str):
+    from fastlm.engine.config import ModelParams
+
+    return ModelParams(attn_implementation="sdpa", **MODELS[name])
+
+
+class VocabOf:
+    """What ``build_model`` reads from a tokenizer: its length (the model's vocabulary) and special ids."""
+
+    def __init__(self, tokenizer, size: int | None) -> None:
+        self.size = size or len(tokenizer)
+        self.bos_token_id, self.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def count_parameters(name: str, seq_len: int, vocab: int = 8000) -> int:
+    """Parameters of a model config, built on the meta device (no memory, no init)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    p = model_params(name)
+    config = LlamaConfig(vocab_size=MODEL_VOCAB[name] or vocab, hidden_size=p.hidden_size,
+                         intermediate_size=p.intermediate_size, num_hidden_layers=p.num_hidden_layers,
+                         num_attention_heads=p.num_attention_heads, tie_word_embeddings=p.tie_word_embeddings,
+                         max_position_embeddings=max(seq_len, 512))
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    return sum(t.numel() for t in model.parameters())
+
+
+# --------------------------------------------------------------------------------------------------
+# Children
+# --------------------------------------------------------------------------------------------------
+
+
+class GpuContext(Context):
+    """``train_speed.Context`` (tokenizer, token ids) plus the chosen model, device, attention."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        from fastlm.engine.model import choose_attention
+        from fastlm.engine.runtime import resolve_device
+
+        super().__init__(args)
+        self.device = resolve_device(args.device)
+        self.on_cuda = self.device.type == "cuda"
+        self.attn = choose_attention(args.attn, self.device)
+        torch.set_num_threads(args.threads)
+
+    def build_model(self):
+        import torch
+
+        from fastlm.engine.model import build_model
+
+        torch.manual_seed(MODEL_SEED)
+        params = model_params(self.args.model).model_copy(update={"attn_implementation": self.attn})
+        model = build_model(params, VocabOf(self.tokenizer, MODEL_VOCAB[self.args.model]),
+                            max_length=self.args.seq_len, attn_implementation=self.attn)
+        digest = hashlib.sha256()
+        for name, parameter in sorted(model.state_dict().items()):  # a sample of each tensor: cheap at 0.7 B
+            digest.update(name.encode())
+            digest.update(parameter.detach().reshape(-1)[:4096].float().numpy().tobytes())
+        return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters())
+
+    def mfu(self, model, real_tokens_per_s: float) -> tuple[int, float | None]:
+        from fastlm.engine.metrics import device_peak_flops, flops_per_token
+
+        config = model.config
+        n_params = sum(p.numel() for p in model.parameters())
+        fpt = flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, self.args.seq_len)
+        peak = device_peak_flops(self.device)
+        return fpt, (fpt * real_tokens_per_s / peak) if peak else None
+
+    def reset_peak(self) -> None:
+        import torch
+
+        if self.on_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_memory_mb(self) -> float:
+        from fastlm.engine.metrics import peak_memory_mb
+
+        return peak_memory_mb(self.device)
+
+
+def fastlm_params(ctx: GpuContext, *, compile_: bool, max_steps: int, log_every: int, name: str, profile=None):
+    from fastlm.engine.config import parse_train_params
+
+    args = ctx.args
+    raw = {
+        "model": {"attn_implementation": ctx.attn},
+        "batching": {"mode": "packed", "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
+        "runtime": {"device": str(ctx.device), "precision": args.precision, "compile": compile_,
+                    "num_threads": args.threads},
+        "max_steps": max_steps, "seed": 0, "log_every": log_every, "eval_every": None, "save_every": None,
+        "resume": "never", "checkpoint_dir": str(Path(args.workdir) / f"checkpoints_{name}"), "quiet": True,
+    }
+    if profile:
+        raw["profile"] = profile
+    return parse_train_params(raw)
+
+
+class SyncCounter:
+    """Counts CUDA 'synchronizing operation' warnings; those raised inside a log-step flush apart."""
+
+    def __init__(self) -> None:
+        self.at_log_step = 0
+        self.between = 0
+        self.examples: list[str] = []
+
+    def hook(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" not in str(message):
+            return
+        frames = traceback.extract_stack()[:-1]
+        if any(frame.name in SYNC_LOG_FRAMES for frame in frames):
+            self.at_log_step += 1
+        else:
+            self.between += 1
+            if len(self.examples) < 3:
+                where = next((f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+                              for f in reversed(frames) if "warnings" not in f.filename), "?")
+                self.examples.append(f"{str(message)[:80]} at {where}")
+
+
+def run_fastlm(ctx: GpuContext, compile_: bool) -> dict:
+    from time import perf_counter
+
+    import torch
+
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.loop import train
+    from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+
+    args = ctx.args
+    warmup, steps = args.warmup, args.steps
+    log_every = warmup if warmup >= 2 else steps
+    name = "fastlm_compile" if compile_ else "fastlm_eager"
+    end = warmup + steps
+    runtime = setup_runtime(RuntimeConfig(device=str(ctx.device), precision=args.precision, compile=compile_,
+                                          num_threads=args.threads, seed=0))
+    model, init_digest, n_params = ctx.build_model()
+    train_set = TokenSequences(ctx.values, ctx.offsets)
+    params = fastlm_params(ctx, compile_=compile_, max_steps=end, log_every=log_every, name=name)
+    flushed_at: dict[int, float] = {}
+    sync = SyncCounter()
+
+    def on_record(kind: str, record: dict) -> None:
+        if kind != "train":
+            return
+        flushed_at[record["step"]] = perf_counter()
+        if ctx.on_cuda and record["step"] == warmup:
+            ctx.reset_peak()  # steady-state peak (the compile warm-up is excluded)
+            torch.cuda.set_sync_debug_mode("warn")
+        if ctx.on_cuda and record["step"] == end:
+            torch.cuda.set_sync_debug_mode(0)
+
+    ctx.reset_peak()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = sync.hook
+        result = train(model, train_set, None, params=params, runtime=runtime, pad_id=ctx.pad_id,
+                       max_length=args.seq_len, attn=ctx.attn, callbacks=[on_record])
+    if ctx.on_cuda:
+        torch.cuda.set_sync_debug_mode(0)
+    peak = ctx.peak_memory_mb()
+    window = real = computed = waited = 0.0
+    previous = warmup
+    for record in result.history:
+        if warmup < record["step"] <= end:
+            seconds = record["step_time_s"] * (record["step"] - previous)
+            window += seconds
+            real += record["real_tokens_per_s"] * seconds
+            computed += record["tokens_per_s"] * seconds
+            waited += record["data_wait_share"] * seconds
+            previous = record["step"]
+    trained = result.model
+    fpt, mfu = ctx.mfu(trained, real / window)
+    out = {
+        "contender": name, "init": init_digest, "parameters": n_params, "attn": trained.config._attn_implementation,
+        "steps_timed": steps, "warmup": warmup, "window_s": window,
+        "wall_s": flushed_at[end] - flushed_at[warmup] if warmup in flushed_at else None,
+        "real_tokens_per_s": real / window, "computed_tokens_per_s": computed / window,
+        "padding_waste": 1 - real / computed, "step_time_s": window / steps, "data_wait_share": waited / window,
+        "flops_per_token": fpt, "mfu": mfu, "peak_memory_mb": peak, "final_loss": result.history[-1]["loss"],
+        "sync_between_log_steps": sync.between if ctx.on_cuda else None,
+        "sync_at_log_steps": sync.at_log_step if ctx.on_cuda else None, "sync_examples": sync.examples,
+    }
+    out["loss_check"] = packed_vs_unpacked(ctx, trained, runtime)
+    return out
+
+
+def packed_vs_unpacked(ctx: GpuContext, model, runtime) -> dict:
+    """Mean loss of a few samples packed into one row vs. each run alone (no padding), same weights."""
+    import torch
+
+    from fastlm.engine.data.collators import PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+    from fastlm.engine.loop import _to_device
+    from fastlm.engine.loss import MODEL_INPUT_KEYS, causal_lm_loss_sum
+
+    seq_len = ctx.args.seq_len
+    picked, used = [], 0
+    for index in range(len(ctx.lengths)):
+        length = int(ctx.lengths[index])
+        if 2 <= length and used + length <= seq_len:
+            picked.append(ctx.values[ctx.offsets[index]:ctx.offsets[index + 1]])
+            used += length
+        if len(picked) == LOSS_CHECK_SAMPLES:
+            break
+    collator = PackedCollator(pad_id=ctx.pad_id, budget=TokenBudget(row_length=seq_len, rows_per_batch=1),
+                              attention_mask_format="none")
+    model.eval()
+    with torch.no_grad(), runtime.autocast_context():
+        batch = _to_device(collator([{"input_ids": ids} for ids in picked]), ctx.device, ctx.attn)
+        logits = model(**{key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}).logits
+        packed_sum, packed_n = causal_lm_loss_sum(logits, batch["labels"])
+        alone_sum = alone_n = 0.0
+        for ids in picked:
+            tensor = torch.as_tensor(ids, dtype=torch.long, device=ctx.device)[None]
+            loss_sum, n = causal_lm_loss_sum(model(input_ids=tensor).logits, tensor)
+            alone_sum, alone_n = alone_sum + float(loss_sum), alone_n + int(n)
+    model.train()
+    packed, alone = float(packed_sum) / int(packed_n), alone_sum / alone_n
+    rel = abs(packed - alone) / max(abs(alone), 1e-9)
+    tol = LOSS_TOL.get(runtime.precision, LOSS_TOL["bf16"])
+    return {"samples": len(picked), "tokens": used, "packed": packed, "unpacked": alone, "rel_diff": rel,
+            "tolerance": tol, "ok": rel <= tol}
+
+
+class RealTokenCounter(CountingCollator):
+    """``train_speed.CountingCollator`` that also handles padding-free batches (no attention mask)."""
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        mask = batch.get("attention_mask")
+        self.real.append(int(mask.sum()) if mask is not None else int(batch["input_ids"].numel()))
+        self.computed.append(int(batch["input_ids"].numel()))
+        return batch
+
+
+def run_trainer(ctx: GpuContext, best: bool) -> dict:
+    import dataclasses
+    from time import perf_counter
+
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+    import torch
+    from datasets.table import InMemoryTable
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+
+    args = ctx.args
+    warmup, steps = args.warmup, args.steps
+    datasets.disable_progress_bars()
+    if ctx.on_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False  # the usual set-up: torch defaults; best sets tf32 below
+    model, init_digest, n_params = ctx.build_model()
+    ids = pa.ListArray.from_arrays(pa.array(ctx.offsets.astype(np.int32)), pa.array(ctx.values, type=pa.int32()))
+    train_dataset = datasets.Dataset(InMemoryTable(pa.table({"input_ids": ids,
+                                                             "length": pa.array(ctx.lengths.astype(np.int64))})))
+    fields = {field.name for field in dataclasses.fields(TrainingArguments)}
+    batch_size, setup = args.batch_size, "dynamic padding, default arguments"
+    extra: dict = {}
+    padding_free = best and ctx.attn == "flash_attention_2"
+    if padding_free:
+        from transformers import DataCollatorWithFlattening
+
+        collator = RealTokenCounter(DataCollatorWithFlattening(return_position_ids=True))
+        batch_size = max(1, round(args.batch_size * args.seq_len / float(ctx.lengths.mean())))
+        setup = "DataCollatorWithFlattening (padding-free)"
+    else:
+        collator = RealTokenCounter(DataCollatorForLanguageModeling(ctx.tokenizer, mlm=False))
+        if best:
+            if "group_by_length" in fields:
+                extra["group_by_length"] = True
+            elif "train_sampling_strategy" in fields:
+                extra["train_sampling_strategy"] = "group_by_length"
+            setup = f"dynamic padding + length grouping ({', '.join(f'{k}={v}' for k, v in extra.items())})"
+    if best:
+        extra["torch_compile"] = args.compile != "off"
+        if ctx.on_cuda:
+            extra["tf32"] = True
+        setup += f", torch_compile={extra['torch_compile']}, tf32={extra.get('tf32', False)}"
+    if not (best and not padding_free):  # the "length" column only serves length grouping
+        train_dataset = train_dataset.remove_columns(["length"])
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin = 0.0
+            self.inside = 0.0
+            self.marks: dict[int, tuple[float, int]] = {}
+
+        def on_step_begin(self, args_, state, control, **kwargs):
+            self.begin = perf_counter()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            step = state.global_step
+            if step in (warmup, warmup + steps) and ctx.on_cuda:
+                torch.cuda.synchronize()  # close the window on finished GPU work
+            now = perf_counter()
+            if warmup < step <= warmup + steps:
+                self.inside += now - self.begin
+            if step == warmup:
+                ctx.reset_peak()
+            if step in (warmup, warmup + steps):
+                self.marks[step] = (now, len(collator.real))
+
+    timer = StepTimer()
+    training_args = TrainingArguments(
+        output_dir=str(Path(args.workdir) / ("trainer_best_out" if best else "trainer_usual_out")),
+        per_device_train_batch_size=batch_size, max_steps=warmup + steps, report_to=[], save_strategy="no",
+        logging_steps=10**9, disable_tqdm=True, use_cpu=not ctx.on_cuda, seed=0,
+        bf16=args.precision == "bf16", **extra)
+    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, data_collator=collator,
+                      processing_class=ctx.tokenizer, callbacks=[timer])
+    trainer.train()
+    peak = ctx.peak_memory_mb()
+    (t0, n0), (t1, n1) = timer.marks[warmup], timer.marks[warmup + steps]
+    window = t1 - t0
+    real, computed = sum(collator.real[n0:n1]), sum(collator.computed[n0:n1])
+    fpt, mfu = ctx.mfu(model, real / window)
+    return {
+        "contender": "trainer_best" if best else "trainer_usual", "init": init_digest, "parameters": n_params,
+        "attn": model.config._attn_implementation, "setup": setup, "batch_samples": batch_size,
+        "steps_timed": steps, "warmup": warmup, "window_s": window, "real_tokens_per_s": real / window,
+        "computed_tokens_per_s": computed / window, "padding_waste": 1 - real / computed,
+        "step_time_s": window / steps, "data_wait_share": 1 - timer.inside / window, "flops_per_token": fpt,
+        "mfu": mfu, "peak_memory_mb": peak,
+        "optim": str(getattr(training_args.optim, "value", training_args.optim)),
+    }
+
+
+def run_profile(ctx: GpuContext) -> dict:
+    """A few fastlm steps under the engine's StepProfiler; the top CUDA kernels from its Chrome trace."""
+    from collections import defaultdict
+
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.loop import train
+    from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+
+    args = ctx.args
+    compile_ = args.compile != "off"
+    runtime = setup_runtime(RuntimeConfig(device=str(ctx.device), precision=args.precision, compile=compile_,
+                                          num_threads=args.threads, seed=0))
+    model, _, _ = ctx.build_model()
+    trace_dir = Path(args.workdir) / "profile"
+    params = fastlm_params(ctx, compile_=compile_, max_steps=args.warmup + 3, log_every=args.warmup + 3,
+                           name="profile", profile={"enabled": True, "start_step": args.warmup + 1, "steps": 3,
+                                                    "trace_dir": str(trace_dir)})
+    result = train(model, TokenSequences(ctx.values, ctx.offsets), None, params=params, runtime=runtime,
+                   pad_id=ctx.pad_id, max_length=args.seq_len, attn=ctx.attn)
+    summary = result.summary["profile"]
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    total = 0.0
+    if summary.get("trace"):
+        events = json.loads(Path(summary["trace"]).read_text()).get("traceEvents", [])
+        for event in events:
+            if event.get("cat") == "kernel" and "dur" in event:
+                kernels[event["name"]][0] += 1
+                kernels[event["name"]][1] += event["dur"]
+                total += event["dur"]
+    top = sorted(kernels.items(), key=lambda item: item[1][1], reverse=True)[:10]
+    return {"contender": "fastlm_profile", "window_ms": summary.get("window_ms"),
+            "phase_share": summary.get("phase_share"), "kernel_total_ms": total / 1e3,
+            "top_kernels": [{"kernel": k, "calls": c, "ms": d / 1e3, "share": d / total if total else None}
+                            for k, (c, d) in top]}
+
+
+def child_main(args: argparse.Namespace) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    ctx = GpuContext(args)
+    started = time.perf_counter()
+    runners = {"fastlm_compile": lambda: run_fastlm(ctx, True), "fastlm_eager": lambda: run_fastlm(ctx, False),
+               "trainer_usual": lambda: run_trainer(ctx, False), "trainer_best": lambda: run_trainer(ctx, True),
+               "fastlm_profile": lambda: run_profile(ctx)}
+    info = runners[args.run]()
+    info["device"] = str(ctx.device)
+    info["child_run_s"] = time.perf_counter() - started
+    info["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(args.result).write_text(json.dumps(info, default=str))
+
+
+# --------------------------------------------------------------------------------------------------
+# Parent
+# --------------------------------------------------------------------------------------------------
+
+
+def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) -> dict:
+    result_path = workdir / f"result_{index}_{name}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--workdir", str(workdir),
+               "--result", str(result_path), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--threads", str(args.threads),
+               "--device", args.device, "--model", args.model, "--precision", args.precision,
+               "--compile", args.compile, "--attn", args.attn]
+    env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_DATASETS_CACHE": str(workdir / "hf_cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                       os.environ.get("PYTHONPATH")]))}
+    cpu_before, busy_before = children_cpu_s(), busy_cpu_s()
+    start = time.perf_counter()
+    process = subprocess.run(command, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    wall = time.perf_counter() - start
+    own, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
+    if process.returncode != 0 or not result_path.exists():
+        tail = "\n".join(process.stdout.strip().splitlines()[-30:])
+        print(f"  {name}: FAILED (exit {process.returncode})\n{tail}", flush=True)
+        return {"contender": name, "error": f"exit {process.returncode}", "output_tail": tail}
+    result = json.loads(result_path.read_text())
+    result.update(process_wall_s=wall, other_load_cores=max(busy - own, 0.0) / wall)
+    return result
+
+
+def gpu_info() -> dict:
+    import torch
+
+    from fastlm.engine.metrics import device_peak_flops
+
+    if not torch.cuda.is_available():
+        return {"cuda": False}
+    props = torch.cuda.get_device_properties(0)
+    return {"cuda": True, "name": props.name, "memory_gb": props.total_memory / 2**30,
+            "capability": f"{props.major}.{props.minor}", "cuda_version": torch.version.cuda,
+            "peak_bf16_tflops": (device_peak_flops("cuda") or 0) / 1e12 or None,
+            "flash_attn": importlib.util.find_spec("flash_attn") is not None}
+
+
+def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[str, bool | None]]:
+    fastlm = [r for name, r in results.items() if name.startswith("fastlm") and "error" not in r]
+    best_fast = max(fastlm, key=lambda r: r["real_tokens_per_s"], default=None)
+    best_trainer = results.get("trainer_best", {})
+    lines: list[tuple[str, bool | None]] = []
+
+    def check(text: str, value, ok) -> None:
+        lines.append((f"{text}: {value}", ok))
+
+    if best_fast is None:
+        return [("fastlm: no successful run", False)]
+    label = best_fast["contender"]
+    mfu = best_fast.get("mfu")
+    text = f"{label} MFU >= {TARGET_MFU:.0%} (target set for 0.5b)"
+    if mfu is None:
+        check(text, "n/a (" + ("GPU missing from PEAK_BF16_DENSE_FLOPS" if on_cuda else "skipped: no CUDA") + ")",
+              None)
+    else:
+        check(text, f"{mfu:.1%}", mfu >= TARGET_MFU if model == "0.5b" else None)
+    if best_trainer.get("real_tokens_per_s"):
+        ratio = best_fast["real_tokens_per_s"] / best_trainer["real_tokens_per_s"]
+        check(f"{label} / trainer_best real tokens/s >= {TARGET_VS_BEST:g}x", f"{ratio:.2f}x", ratio >= TARGET_VS_BEST)
+    else:
+        check(f"{label} / trainer_best real tokens/s >= {TARGET_VS_BEST:g}x",
+              "n/a (" + best_trainer.get("skipped", best_trainer.get("error", "not run")) + ")", None)
+    for run in fastlm:
+        name = run["contender"]
+        wait = run["data_wait_share"]
+        check(f"{name} data-wait share <= {TARGET_DATA_WAIT:.0%}", f"{wait:.2%}", wait <= TARGET_DATA_WAIT)
+        if run.get("sync_between_log_steps") is None:
+            check(f"{name} host syncs between log steps == 0", "skipped: no CUDA", None)
+        else:
+            check(f"{name} host syncs between log steps == 0",
+                  f"{run['sync_between_log_steps']} (and {run['sync_at_log_steps']} in the log-step flushes)",
+                  run["sync_between_log_steps"] == 0)
+        loss = run["loss_check"]
+        check(f"{name} packed vs unpacked loss ({loss['samples']} samples, {loss['tokens']} tokens)",
+              f"{loss['packed']:.5f} vs {loss['unpacked']:.5f}, rel diff {loss['rel_diff']:.2e} "
+              f"(tol {loss['tolerance']:g})", loss["ok"])
+    return lines
+
+
+def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict[str, dict]) -> None:
+    print()
+    print(f"machine: {info['cpu']}; nproc {info['nproc']}, usable cores {info['usable_cores']}, "
+          f"torch threads {info['threads']}; load average at start {info['load_average']}")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + f", python {info['python']}")
+    if gpu.get("cuda"):
+        print(f"GPU: {gpu['name']}, {gpu['memory_gb']:.0f} GiB, sm {gpu['capability']}, CUDA {gpu['cuda_version']}, "
+              f"dense bf16 peak {_fmt(gpu['peak_bf16_tflops'], '.0f')} TFLOP/s, flash_attn installed: "
+              f"{gpu['flash_attn']}")
+    else:
+        print("GPU: none (CUDA not available)")
+    print(f"model {args.model}: {n_params:,} parameters; seq_len {args.seq_len}; precision {args.precision}; "
+          f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps")
+    print(f"data: {prep['docs']:,} documents of demo texts, {prep['tokens_total']:,} tokens (median "
+          f"{prep['tokens_median']:.0f}, mean {prep['tokens_mean']:.0f}, p90 {prep['tokens_p90']:.0f}, max "
+          f"{prep['tokens_max']}, {prep['truncated']} truncated at {args.seq_len}); vocab {prep['vocab']}")
+    print()
+    header = (f"{'contender':<16}{'attn':>19}{'real tok/s':>13}{'pad waste':>10}{'step s':>9}{'MFU':>8}"
+              f"{'peak MiB':>10}{'data wait':>10}{'other load':>11}")
+    print(header)
+    print("-" * len(header))
+    for name, run in results.items():
+        if "skipped" in run:
+            print(f"{name:<16}  skipped: {run['skipped']}")
+            continue
+        if "error" in run:
+            print(f"{name:<16}  FAILED ({run['error']})")
+            continue
+        print(f"{name:<16}{run['attn']:>19}{run['real_tokens_per_s']:>13,.0f}{run['padding_waste']:>10.1%}"
+              f"{run['step_time_s']:>9.3f}{_fmt(run['mfu'], '.1%'):>8}{_fmt(run['peak_memory_mb'], ',.0f'):>10}"
+              f"{run['data_wait_share']:>10.2%}{run['other_load_cores']:>11.2f}")
+    for name, run in results.items():
+        if run.get("setup"):
+            print(f"  {name}: {run['setup']}; {run['batch_samples']} samples per batch; optim {run['optim']}")
+    inits = {run["init"] for run in results.values() if "init" in run}
+    print(f"initial weights: {'identical' if len(inits) <= 1 else 'DIFFERENT'} across contenders "
+          f"({', '.join(sorted(inits))})")
+    print("MFU: flops_per_token (6N + 12*layers*hidden*seq_len) x real tokens/s / dense bf16 peak; "
+          "peak MiB: torch.cuda.max_memory_allocated over the timed steps (peak RSS on CPU)")
+    print()
+    print("ratios (real tokens/s):")
+    for a in ("fastlm_compile", "fastlm_eager"):
+        for b in ("trainer_best", "trainer_usual", "fastlm_eager"):
+            ra, rb = results.get(a, {}), results.get(b, {})
+            if a != b and ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
+                print(f"  {a} / {b}: {ra['real_tokens_per_s'] / rb['real_tokens_per_s']:.2f}x")
+    tb, tu = results.get("trainer_best", {}), results.get("trainer_usual", {})
+    if tb.get("real_tokens_per_s") and tu.get("real_tokens_per_s"):
+        print(f"  trainer_best / trainer_usual: {tb['real_tokens_per_s'] / tu['real_tokens_per_s']:.2f}x")
+    for run in results.values():
+        if run.get("sync_examples"):
+            print(f"  {run['contender']} syncs between log steps, e.g.: " + "; ".join(run["sync_examples"]))
+    print()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=tuple(MODELS), default="0.5b", help="model config (default 0.5b)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--seq-len", type=int, default=2048, help="packed row length / truncation (default 2048)")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    parser.add_argument("--compile", choices=("both", "on", "off"), default="both",
+                        help="fastlm variants: compiled and eager (both), one of them; 'off' also turns "
+                             "torch_compile off in trainer_best")
+    parser.add_argument("--attn", choices=("auto", "sdpa", "flash_attention_2", "eager"), default="auto")
+    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per contender (default 30)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first, compile included (default 10)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="fastlm packed rows per step, Trainer samples per step (default 8 for 0.5b, 16 tiny)")
+    parser.add_argument("--docs", type=int, default=None, help="documents to generate (default: enough for the run)")
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    parser.add_argument("--no-profile", action="store_true", help="no profiler window when a target is missed")
+    parser.add_argument("--force", action="store_true", help="train 0.5b even on CPU")
+    parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the prepared data here (default: temp dir)")
+    parser.add_argument("--run", choices=(*CONTENDERS, "fastlm_profile"), help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.warmup < 1 or args.steps < 1 or args.seq_len < 8:
+        parser.error("--warmup and --steps must be >= 1, --seq-len >= 8")
+    if args.batch_size is None:
+        args.batch_size = DEFAULT_BATCH[args.model]
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.run:
+        child_main(args)
+        return
+    import torch
+
+    from fastlm.engine.runtime import usable_cpu_count
+
+    if args.threads is None:
+        args.threads = usable_cpu_count()
+    on_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available here")
+    n_params = count_parameters(args.model, args.seq_len)
+    print(f"model {args.model}: {n_params:,} parameters ({n_params / 1e9:.2f} B)", flush=True)
+    if args.model == "0.5b" and not on_cuda and not args.force:
+        print("0.5b on CPU: parameter count only (pass --force to train it anyway)")
+        return
+    contenders = list(args.contenders or CONTENDERS)
+    if args.compile == "on":
+        contenders = [c for c in contenders if c != "fastlm_eager"]
+    elif args.compile == "off":
+        contenders = [c for c in contenders if c != "fastlm_compile"]
+    info, gpu = machine(args.threads), gpu_info()
+    keep = args.workdir is not None
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fastlm_gpu_speed_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        n_docs = args.docs or math.ceil(6 * (args.warmup + args.steps) * args.batch_size)
+        print(f"preparing {n_docs:,} documents (tokenizer, token ids) in {workdir} ...", flush=True)
+        prep = prepare(workdir, n_docs, args.seq_len)
+        results: dict[str, dict] = {}
+        accelerate = importlib.util.find_spec("accelerate") is not None
+        for index, name in enumerate(contenders):
+            if name.startswith("trainer") and not accelerate:
+                reason = "accelerate is not installed (transformers.Trainer needs it)"
+                print(f"[{index + 1}/{len(contenders)}] {name}: skipped: {reason}", flush=True)
+                results[name] = {"contender": name, "skipped": reason}
+                continue
+            print(f"[{index + 1}/{len(contenders)}] {name} ...", flush=True)
+            run = run_child(name, args, workdir, index)
+            results[name] = run
+            if "error" not in run:
+                print(f"  {run['real_tokens_per_s']:,.0f} real tok/s, MFU {_fmt(run['mfu'], '.1%')}, step "
+                      f"{run['step_time_s']:.3f} s, {run['process_wall_s']:.1f} s in all", flush=True)
+        report(args, info, gpu, prep, n_params, results)
+        lines = verdicts(results, on_cuda, args.model)
+        for text, ok in lines:
+            print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'N/A '}  {text}")
+        if args.model != "0.5b":
+            print("      (the MFU target is set for --model 0.5b; a tiny model cannot fill a GPU)")
+        profile = None
+        if any(ok is False for _, ok in lines) and not args.no_profile:
+            if not on_cuda:
+                print("\ntop CUDA kernels: skipped: no CUDA")
+            else:
+                print("\na target was missed: profiling a few fastlm steps ...", flush=True)
+                profile = run_child("fastlm_profile", args, workdir, len(contenders))
+                if "error" not in profile:
+                    print(f"top 10 CUDA kernels of fastlm (steps {args.warmup + 1}-{args.warmup + 3}, "
+                          f"{profile['kernel_total_ms']:.1f} ms of kernels in a {_fmt(profile['window_ms'], '.1f')}"
+                          f" ms window; phase shares {profile['phase_share']}):")
+                    for row in profile["top_kernels"]:
+                        print(f"  {row['ms']:>9.2f} ms {_fmt(row['share'], '>6.1%')} {row['calls']:>6}x  "
+                              f"{row['kernel'][:110]}")
+        if args.json:
+            payload = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                                    if k not in ("run", "result")},
+                       "targets": {"mfu": TARGET_MFU, "vs_trainer_best": TARGET_VS_BEST,
+                                   "data_wait": TARGET_DATA_WAIT},
+                       "machine": info, "gpu": gpu, "data": prep, "parameters": n_params, "runs": results,
+                       "verdicts": [{"check": t, "pass": ok} for t, ok in lines], "profile": profile}
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(payload, indent=2, default=str))
+            print(f"\nwrote {args.json}")
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

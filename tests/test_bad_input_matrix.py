@@ -1,0 +1,299 @@
+"""Issue 7: the bad-input matrix. Each case is one test: one line naming the file or parameter and the fix,
+a non-zero exit (2 from the CLI), and every existing output left byte for byte as it was.
+
+One module-scoped project is built once (split + a 2-step train with a checkpoint); each test works on a
+copy of it. Cases that must *work* (NaN/None texts, 1 MB texts, only duplicates) check the split report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from fastlm.engine.checkpoint import CheckpointError
+from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
+from tests.conftest import copy_project, run_pipeline, write_jsonl
+
+pytestmark = pytest.mark.e2e
+
+SPLIT = {"tokenizer": {"vocab_size": 400}, "max_length": 48}
+TRAIN = {"max_steps": 2, "log_every": 1, "eval_every": None, "save_every": 2, "quiet": True,
+         "batching": {"micro_batch_size": 8},
+         "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}}
+LAYERS = ("01_raw", "02_intermediate", "03_primary", "04_feature", "05_model_input", "06_models",
+          "07_model_output", "08_reporting")
+CHECKPOINT = "data/06_models/checkpoints/checkpoint-00000002"
+
+
+@pytest.fixture(scope="module")
+def base_project(tmp_path_factory, sample_texts, mlflow_uri) -> Path:
+    """A project with split and train outputs (and one checkpoint), built once for the module.
+
+    The small split/train settings live in conf/local (soft-merged over conf/base), so CLI runs use them too.
+    """
+    project = copy_project(tmp_path_factory.mktemp("matrix") / "project")
+    for layer in LAYERS:
+        (project / "data" / layer).mkdir(parents=True)
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]])
+    (project / "conf/local/parameters_matrix.yml").write_text(yaml.safe_dump({"split": SPLIT, "train": TRAIN}))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+        run_pipeline(project, "split")
+        run_pipeline(project, "train")
+    assert (project / CHECKPOINT / "COMPLETE").is_file()
+    return project
+
+
+@pytest.fixture
+def project(base_project, tmp_path, monkeypatch, mlflow_uri) -> Path:
+    """A fresh copy of the built project (cwd)."""
+    copy = tmp_path / "project"
+    shutil.copytree(base_project, copy, symlinks=True)
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    return copy
+
+
+def _snapshot(project: Path) -> dict[str, str]:
+    """SHA-256 of every output file (everything under data/ but the raw inputs the tests write)."""
+    return {
+        str(path.relative_to(project)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted((project / "data").rglob("*"))
+        if path.is_file() and "01_raw" not in path.parts
+    }
+
+
+def _fails_cleanly(project: Path, pipeline: str, params: dict, error: type[FastlmError], *expected: str):
+    """Run ``pipeline``: it must raise ``error`` (one line, naming ``expected``, with a fix) and write nothing."""
+    before = _snapshot(project)
+    assert before, "the module project should have outputs to protect"
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, pipeline, params)
+    user_error = find_user_error(raised.value)
+    assert isinstance(user_error, error), repr(raised.value)
+    message = str(user_error)
+    assert "\n" not in message and "Fix:" in message, message
+    for part in expected:
+        assert part in message, message
+    assert _snapshot(project) == before
+    return message
+
+
+def _report(project: Path) -> dict:
+    return json.loads((project / "data/08_reporting/split_report.json").read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------------------ split: files
+
+
+def test_missing_raw_file(project):
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/missing.jsonl"}, InputDataError,
+                   "data/01_raw/missing.jsonl does not exist", "raw_path")
+
+
+def test_empty_raw_file(project):
+    (project / "data/01_raw/empty.jsonl").write_bytes(b"")
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/empty.jsonl"}, InputDataError,
+                   "data/01_raw/empty.jsonl is empty", "raw_path")
+
+
+def test_unknown_extension(project):
+    (project / "data/01_raw/corpus.txt").write_text("text\nhello\n", encoding="utf-8")
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/corpus.txt"}, InputDataError,
+                   "data/01_raw/corpus.txt: unknown extension '.txt'", ".jsonl")
+
+
+def test_missing_text_column(project):
+    _fails_cleanly(project, "split", {"split": {"text_column": "body"}}, InputDataError,
+                   "has no column 'body'", "split.text_column")
+
+
+def test_invalid_utf8_bytes_in_csv(project):
+    (project / "data/01_raw/cp949.csv").write_bytes(b"text\nhello\n" + "배송 빠름\n".encode("cp949"))
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/cp949.csv"}, InputDataError,
+                   "data/01_raw/cp949.csv is not valid UTF-8", "iconv")
+
+
+# ------------------------------------------------------------------------------------------- split: contents
+
+
+@pytest.mark.parametrize("extension", ["jsonl", "parquet"])
+def test_a_column_of_numbers(project, extension):
+    path = project / f"data/01_raw/numbers.{extension}"
+    if extension == "jsonl":
+        write_jsonl(path, list(range(40)))
+    else:
+        pd.DataFrame({"text": np.arange(40, dtype=np.int64)}).to_parquet(path)
+    _fails_cleanly(project, "split", {"raw_path": str(path.relative_to(project))}, InputDataError,
+                   f"data/01_raw/numbers.{extension} after cleaning 40 rows", "'non_string': 40",
+                   "split.text_column")
+
+
+def test_all_nan_and_none_texts(project):
+    pd.DataFrame({"text": [None, float("nan")] * 20}, dtype=object).to_parquet(project / "data/01_raw/nan.parquet")
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/nan.parquet"}, InputDataError,
+                   "data/01_raw/nan.parquet after cleaning 40 rows", "'missing': 40", "split.text_column")
+
+
+def test_all_rows_empty_after_cleaning(project):
+    write_jsonl(project / "data/01_raw/blank.jsonl", ["", "   ", "\t\n", "\u3000"])
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/blank.jsonl"}, InputDataError,
+                   "data/01_raw/blank.jsonl after cleaning 4 rows", "'whitespace_only': 3", "split.text_column")
+
+
+def test_ratios_not_summing_to_one(project):
+    _fails_cleanly(project, "split", {"split": {"ratios": {"train": 0.5, "validation": 0.1, "test": 0.1}}},
+                   ConfigError, "parameter split.ratios", "must sum to 1", "--params split.ratios.<key>")
+
+
+def test_nan_and_none_texts_are_dropped_and_counted(project, sample_texts):
+    rows = sample_texts[:200] + [None, float("nan"), None]
+    pd.DataFrame({"text": rows}, dtype=object).to_parquet(project / "data/01_raw/some_nan.parquet")
+    run_pipeline(project, "split", {"raw_path": "data/01_raw/some_nan.parquet"})
+    report = _report(project)
+    assert report["raw_rows"] == 203 and report["dropped"]["missing"] == 3
+    assert report["kept_rows"] == len(set(sample_texts[:200]))
+
+
+def test_one_megabyte_texts_are_truncated_not_refused(project, sample_texts):
+    body = " ".join(sample_texts)
+    huge = [(body * (1_000_000 // len(body) + 1))[:1_000_000], ("x" + body) * (1_000_000 // len(body) + 1)]
+    write_jsonl(project / "data/01_raw/huge.jsonl", sample_texts[:100] + huge)
+    run_pipeline(project, "split", {"raw_path": "data/01_raw/huge.jsonl"})
+    report = _report(project)
+    assert report["kept_rows"] == 102
+    assert sum(split.get("truncated_rows", 0) for split in report["splits"].values()) >= 2
+    assert max(split["max_length"] for split in report["splits"].values()) == SPLIT["max_length"]
+
+
+def test_only_duplicates_keep_one(project):
+    text = "배송이 빠르고 포장도 꼼꼼해요. The battery lasts all day."
+    write_jsonl(project / "data/01_raw/dupes.jsonl", [text] * 30)
+    run_pipeline(project, "split", {"raw_path": "data/01_raw/dupes.jsonl"})
+    report = _report(project)
+    assert report["kept_rows"] == 1 and report["dropped"]["duplicate"] == 29
+
+
+# ----------------------------------------------------------------------------------------- train: parameters
+
+
+@pytest.mark.parametrize(
+    ("train", "expected"),
+    [
+        ({"batching": {"micro_batch_size": 0}}, "train.batching.micro_batch_size = 0"),
+        ({"batching": {"micro_batch_size": -4}}, "train.batching.micro_batch_size = -4"),
+        ({"batching": {"gradient_accumulation_steps": 0}}, "train.batching.gradient_accumulation_steps = 0"),
+        ({"batching": {"gradient_accumulation_steps": -1}}, "train.batching.gradient_accumulation_steps = -1"),
+        ({"max_steps": 0}, "train.max_steps = 0"),
+        ({"max_steps": -5}, "train.max_steps = -5"),
+        ({"batching": {"mode": "padded"}}, "train.batching.mode = 'padded'"),
+        ({"optimizer": {"lr": 0.0}}, "train.optimizer.lr = 0.0"),
+        ({"optimizer": {"lr": -0.001}}, "train.optimizer.lr = -0.001"),
+    ],
+    ids=["micro_batch_0", "micro_batch_neg", "accumulation_0", "accumulation_neg", "max_steps_0",
+         "max_steps_neg", "batching_mode", "lr_0", "lr_neg"],
+)
+def test_bad_train_parameter(project, train, expected):
+    _fails_cleanly(project, "train", {"train": train}, ConfigError, expected, "--params")
+
+
+def test_model_path_that_does_not_exist(project):
+    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": "./no/such/model"}}}, ConfigError,
+                   "train.model.name_or_path = './no/such/model' is not a model directory")
+
+
+def _save_tiny_llama(project: Path, *, vocab_size: int | None = None, max_positions: int = 64) -> str:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
+    config = LlamaConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=max_positions)
+    folder = project / "models" / f"tiny-{config.vocab_size}-{max_positions}"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return f"./{folder.relative_to(project)}"
+
+
+def test_max_length_above_the_models_positions(project):
+    path = _save_tiny_llama(project, max_positions=32)
+    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError,
+                   "split.max_length = 48 exceeds the model's max_position_embeddings (32)",
+                   "split.max_length <= 32")
+
+
+def test_tokenizer_and_model_vocabularies_disagree(project):
+    path = _save_tiny_llama(project, vocab_size=50)
+    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError,
+                   "the model's embedding has 50", "split.tokenizer.source")
+
+
+# ------------------------------------------------------------------------------------ train: stale or broken
+
+
+def test_stale_tokenized_data_after_a_max_length_change(project):
+    _fails_cleanly(project, "train", {"split": {"max_length": 64}}, StaleDataError,
+                   "data/05_model_input/tokenized_corpus is stale", "max_length 48 -> 64",
+                   "kedro run --pipeline=split")
+
+
+def test_stale_tokenized_data_after_a_tokenizer_change(project, bpe_tokenizer):
+    folder = project / "data/06_models/tokenizer"
+    shutil.rmtree(folder)
+    bpe_tokenizer.save_pretrained(folder)
+    _fails_cleanly(project, "train", {}, StaleDataError, "is stale", "the tokenizer changed",
+                   "kedro run --pipeline=split")
+
+
+def _corrupt_checkpoint(project: Path) -> Path:
+    model_file = project / CHECKPOINT / "model.safetensors"
+    model_file.write_bytes(b"\x5a" * model_file.stat().st_size)  # same size: the manifest check passes
+    return model_file
+
+
+def test_corrupted_checkpoint_names_the_file(project):
+    model_file = _corrupt_checkpoint(project)
+    _fails_cleanly(project, "train", {"train": {"resume": "auto"}}, CheckpointError,
+                   f"checkpoint file {model_file.relative_to(project)} is unreadable",
+                   "train.resume: never")
+
+
+# ------------------------------------------------------------------------------------------- the real CLI
+
+
+def _kedro(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "kedro", "run", *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_line_exit_2(project: Path, *args: str) -> str:
+    before = _snapshot(project)
+    done = _kedro(project, *args)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastlm: error:") and "Fix:" in last, last
+    assert _snapshot(project) == before
+    return last
+
+
+def test_cli_misspelled_parameter_key(project):
+    last = _one_line_exit_2(project, "--pipeline=split", "--params", "split.max_lenght=64")
+    assert "unknown parameter split.max_lenght (did you mean split.max_length?)" in last
+
+
+def test_cli_corrupted_checkpoint(project):
+    model_file = _corrupt_checkpoint(project)
+    last = _one_line_exit_2(project, "--pipeline=train", "--params", "train.resume=auto")
+    assert f"checkpoint file {model_file.relative_to(project)} is unreadable" in last
+
