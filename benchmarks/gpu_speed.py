@@ -52,8 +52,6 @@ import math
 import os
 import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
@@ -61,7 +59,7 @@ import warnings
 from pathlib import Path
 
 # Sibling modules (scripts run from benchmarks/); importing train_speed also sets the offline environment.
-from cpu_usage import busy_cpu_s, children_cpu_s
+from contender_process import run_contender
 from train_speed import REPO, TEXT_SEED, VOCAB_SIZE, Context, CountingCollator, _fmt, machine
 
 MODELS = {
@@ -515,28 +513,12 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) -> dict:
-    result_path = workdir / f"result_{index}_{name}.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--workdir", str(workdir),
-               "--result", str(result_path), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--threads", str(args.threads),
-               "--device", args.device, "--model", args.model, "--precision", args.precision,
-               "--compile", args.compile, "--attn", args.attn]
-    env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_DATASETS_CACHE": str(workdir / "hf_cache"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
-                                                       os.environ.get("PYTHONPATH")]))}
-    cpu_before, busy_before = children_cpu_s(), busy_cpu_s()
-    start = time.perf_counter()
-    process = subprocess.run(command, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-    wall = time.perf_counter() - start
-    own, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
-    if process.returncode != 0 or not result_path.exists():
-        tail = "\n".join(process.stdout.strip().splitlines()[-30:])
-        print(f"  {name}: FAILED (exit {process.returncode})\n{tail}", flush=True)
-        return {"contender": name, "error": f"exit {process.returncode}", "output_tail": tail}
-    result = json.loads(result_path.read_text())
-    result.update(process_wall_s=wall, other_load_cores=max(busy - own, 0.0) / wall)
-    return result
+    here = str(Path(__file__).resolve().parent)
+    return run_contender(Path(__file__), name, workdir, index, repo=REPO, extra_args=[
+        "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
+        "--seq-len", str(args.seq_len), "--threads", str(args.threads), "--device", args.device,
+        "--model", args.model, "--precision", args.precision, "--compile", args.compile, "--attn", args.attn],
+        extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))})
 
 
 def gpu_info() -> dict:

@@ -71,14 +71,12 @@ import platform
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
-from cpu_usage import busy_cpu_s, children_cpu_s  # sibling module: scripts run from benchmarks/
+from contender_process import run_contender
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -472,25 +470,9 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) -> dict:
-    result_path = workdir / f"result_{index}_{name}.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--workdir", str(workdir),
-               "--result", str(result_path), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
-               "--threads", str(args.threads)]
-    env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_DATASETS_CACHE": str(workdir / "hf_cache")}
-    cpu_before, busy_before = children_cpu_s(), busy_cpu_s()
-    start = time.perf_counter()
-    process = subprocess.run(command, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-    wall = time.perf_counter() - start
-    own, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
-    if process.returncode != 0 or not result_path.exists():
-        tail = "\n".join(process.stdout.strip().splitlines()[-30:])
-        print(f"  {name}: FAILED (exit {process.returncode})\n{tail}", flush=True)
-        return {"contender": name, "error": f"exit {process.returncode}", "output_tail": tail}
-    result = json.loads(result_path.read_text())
-    result.update(process_wall_s=wall, other_load_cores=max(busy - own, 0.0) / wall)
-    return result
+    return run_contender(Path(__file__), name, workdir, index, repo=REPO, extra_args=[
+        "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
+        "--max-length", str(args.max_length), "--threads", str(args.threads)])
 
 
 def machine(threads: int) -> dict:

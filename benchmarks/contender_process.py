@@ -1,0 +1,39 @@
+"""Run one benchmark contender in a fresh Python process and collect its JSON result (shared by the scripts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cpu_usage import busy_cpu_s, children_cpu_s
+
+
+def run_contender(script: Path, name: str, workdir: Path, index: int, extra_args: list[str], *, repo: Path,
+                  extra_env: dict[str, str] | None = None) -> dict:
+    """``python <script> --run <name> --workdir ... --result ... <extra_args>``; its result plus wall and load.
+
+    ``process_wall_s`` is the child's wall time from start to exit; ``other_load_cores`` how many cores other
+    processes kept busy meanwhile. A failed child gives ``{"contender", "error", "output_tail"}``.
+    """
+    result_path = workdir / f"result_{index}_{name}.json"
+    command = [sys.executable, str(Path(script).resolve()), "--run", name, "--workdir", str(workdir),
+               "--result", str(result_path), *extra_args]
+    env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_DATASETS_CACHE": str(workdir / "hf_cache"),
+           **(extra_env or {})}
+    cpu_before, busy_before = children_cpu_s(), busy_cpu_s()
+    start = time.perf_counter()
+    process = subprocess.run(command, env=env, cwd=str(repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    wall = time.perf_counter() - start
+    own, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
+    if process.returncode != 0 or not result_path.exists():
+        tail = "\n".join(process.stdout.strip().splitlines()[-30:])
+        print(f"  {name}: FAILED (exit {process.returncode})\n{tail}", flush=True)
+        return {"contender": name, "error": f"exit {process.returncode}", "output_tail": tail}
+    result = json.loads(result_path.read_text())
+    result.update(process_wall_s=wall, other_load_cores=max(busy - own, 0.0) / wall)
+    return result
