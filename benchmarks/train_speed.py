@@ -30,6 +30,10 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
   it cover exactly the timed steps and are added up. Cross-checks: the wall clock between the flush
   callbacks of steps ``warmup`` and ``warmup + steps`` (``wall`` below), and real/computed tokens counted
   again, after the run, from the engine's own sampler and collator for the same steps.
+* ``fastlm_lora``: the same packed engine fine-tuning with LoRA (``train.model.lora``: r 16, alpha 32,
+  dropout 0.05, target_modules auto = q/k/v/o/gate/up/down projections) on that same initial model, saved
+  once with ``save_pretrained`` in the workdir and loaded back from the folder (as a user's local checkpoint
+  is); the frozen base is fp32 here (CPU). Compared with ``fastlm`` (full fine-tuning), same data, same run.
 * ``fastlm_dynamic``: the same engine with batching ``dynamic`` (random batches of ``batch_size``
   samples padded to their longest, rounded up to 8), for reference.
 * ``trainer``: ``transformers.Trainer`` with ``DataCollatorForLanguageModeling(tokenizer, mlm=False)``
@@ -93,7 +97,7 @@ OFFLINE_ENV = {
 os.environ.update(OFFLINE_ENV)
 
 REPO = Path(__file__).resolve().parents[1]
-CONTENDERS = ("fastlm", "fastlm_dynamic", "trainer", "trainer_max_length")
+CONTENDERS = ("fastlm", "fastlm_lora", "fastlm_dynamic", "trainer", "trainer_max_length")
 VOCAB_SIZE = 8000
 MIN_FREQUENCY = 2
 TEXT_SEED = 0
@@ -127,6 +131,7 @@ def prepare(workdir: Path, rows: int, max_length: int) -> dict:
     tokenizer.save_pretrained(str(workdir / "tokenizer"))
     tokens = tokenize_texts(texts, tokenizer, max_length=max_length, num_proc=1)
     np.savez(workdir / "tokens.npz", values=tokens.values, offsets=tokens.offsets)
+    save_base_model(workdir, tokenizer, max_length)
     chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     lengths = tokens.lengths
     return {
@@ -144,6 +149,20 @@ def prepare(workdir: Path, rows: int, max_length: int) -> dict:
         "vocab": len(tokenizer),
         "prepare_s": time.perf_counter() - start,
     }
+
+
+def save_base_model(workdir: Path, tokenizer, max_length: int) -> None:
+    """The contenders' common initial model, saved as a local pretrained folder for ``fastlm_lora``."""
+    import torch
+
+    from fastlm.engine.config import ModelParams
+    from fastlm.engine.model import build_model
+
+    torch.manual_seed(MODEL_SEED)
+    model = build_model(ModelParams(attn_implementation="sdpa"), tokenizer, max_length=max_length,
+                        attn_implementation="sdpa")
+    model.save_pretrained(str(workdir / "base"))
+    tokenizer.save_pretrained(str(workdir / "base"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,20 +185,29 @@ class Context:
         self.lengths = np.diff(self.offsets)
         self.pad_id = int(self.tokenizer.pad_token_id)
 
-    def build_model(self):
+    def model_params(self, lora: bool = False) -> dict:
+        if not lora:
+            return {"attn_implementation": "sdpa"}
+        return {"attn_implementation": "sdpa", "name_or_path": str(self.workdir / "base"), "lora": {"enabled": True}}
+
+    def build_model(self, lora: bool = False):
+        """The model and a digest of its initial base weights (LoRA: the same base, adapter names mapped)."""
         import torch
 
         from fastlm.engine.config import ModelParams
         from fastlm.engine.model import build_model
 
         torch.manual_seed(MODEL_SEED)
-        model = build_model(ModelParams(attn_implementation="sdpa"), self.tokenizer,
+        model = build_model(ModelParams(**self.model_params(lora)), self.tokenizer,
                             max_length=self.args.max_length, attn_implementation="sdpa")
         digest = hashlib.sha256()
-        for name, parameter in sorted(model.state_dict().items()):
+        base = {name.removeprefix("base_model.model.").replace(".base_layer", ""): parameter
+                for name, parameter in model.state_dict().items() if "lora_" not in name}
+        for name, parameter in sorted(base.items()):
             digest.update(name.encode())
             digest.update(parameter.detach().float().contiguous().numpy().tobytes())
-        return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters())
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters()), trainable
 
 
 def fastlm_log_every(warmup: int, steps: int) -> int:
@@ -187,7 +215,7 @@ def fastlm_log_every(warmup: int, steps: int) -> int:
     return warmup if warmup >= 2 else steps
 
 
-def run_fastlm(ctx: Context, mode: str) -> dict:
+def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
     from time import perf_counter
 
     import torch
@@ -201,10 +229,10 @@ def run_fastlm(ctx: Context, mode: str) -> dict:
     warmup, steps = args.warmup, args.steps
     log_every = fastlm_log_every(warmup, steps)
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=args.threads, seed=0))
-    model, init_digest, n_params = ctx.build_model()
+    model, init_digest, n_params, n_trainable = ctx.build_model(lora)
     train_set = TokenSequences(ctx.values, ctx.offsets)
     params = parse_train_params({
-        "model": {"attn_implementation": "sdpa"},
+        "model": ctx.model_params(lora),
         "batching": {"mode": mode, "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
         "runtime": {"device": "cpu", "precision": "fp32", "num_threads": args.threads},
         "max_steps": warmup + steps,
@@ -213,7 +241,7 @@ def run_fastlm(ctx: Context, mode: str) -> dict:
         "eval_every": None,
         "save_every": None,
         "resume": "never",
-        "checkpoint_dir": str(Path(args.workdir) / f"checkpoints_{mode}"),
+        "checkpoint_dir": str(Path(args.workdir) / f"checkpoints_{mode}{'_lora' if lora else ''}"),
         "quiet": True,
     })
     flushed_at: dict[int, float] = {}
@@ -254,9 +282,10 @@ def run_fastlm(ctx: Context, mode: str) -> dict:
         check_real += int(collated["num_real_tokens"])
         check_computed += int(collated["num_computed_tokens"])
     out = {
-        "contender": f"fastlm_{mode}" if mode != "packed" else "fastlm",
+        "contender": "fastlm_lora" if lora else f"fastlm_{mode}" if mode != "packed" else "fastlm",
         "init": init_digest,
         "parameters": n_params,
+        "trainable_parameters": n_trainable,
         "threads": torch.get_num_threads(),
         "steps_timed": steps,
         "warmup": warmup,
@@ -278,7 +307,7 @@ def run_fastlm(ctx: Context, mode: str) -> dict:
         "final_loss": history[-1]["loss"],
         "peak_memory_mb": result.summary.get("peak_memory_mb"),
     }
-    if mode == "packed":
+    if mode == "packed" and not lora:
         out["overhead"] = bookkeeping_overhead(ctx, step_time=out["step_time_s"])
     return out
 
@@ -451,6 +480,8 @@ def child_main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     if args.run == "fastlm":
         info = run_fastlm(ctx, "packed")
+    elif args.run == "fastlm_lora":
+        info = run_fastlm(ctx, "packed", lora=True)
     elif args.run == "fastlm_dynamic":
         info = run_fastlm(ctx, "dynamic")
     elif args.run == "trainer":
@@ -605,6 +636,10 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
           "(batch fetch + the Trainer's log/save checks)")
     inits = {digest for row in table.values() for digest in row["init"]}
     print(f"initial weights: {'identical' if len(inits) == 1 else 'DIFFERENT'} across contenders ({', '.join(sorted(inits))})")
+    lora_runs = [run for run in results.get("fastlm_lora", []) if "error" not in run]
+    if lora_runs:
+        print(f"fastlm_lora trains {lora_runs[0]['trainable_parameters']:,} of {lora_runs[0]['parameters']:,} "
+              "parameters (adapters only; same packed batches as fastlm)")
     fast = table.get("fastlm", {})
     if fast.get("overhead_per_step_s") is not None:
         print(f"fastlm metric/logging bookkeeping: {fast['overhead_per_step_s'] * 1e6:.1f} us per step "
@@ -612,7 +647,8 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
               f"the {fast['step_time_s']:.3f} s step")
     print()
     print("ratios (real tokens/s):")
-    for a, b in (("fastlm", "trainer"), ("fastlm", "trainer_max_length"), ("fastlm_dynamic", "trainer"),
+    for a, b in (("fastlm", "trainer"), ("fastlm", "trainer_max_length"), ("fastlm_lora", "fastlm"),
+                 ("fastlm_lora", "trainer"), ("fastlm_dynamic", "trainer"),
                  ("fastlm", "fastlm_dynamic"), ("trainer", "trainer_max_length")):
         value = ratio(table, a, b)
         if value is not None:
@@ -685,7 +721,8 @@ def main(argv=None) -> None:
                 "machine": info, "data": prep, "runs": results, "summary": table,
                 "ratios": {"fastlm/trainer": ratio(table, "fastlm", "trainer"),
                            "fastlm/trainer_max_length": ratio(table, "fastlm", "trainer_max_length"),
-                           "fastlm_dynamic/trainer": ratio(table, "fastlm_dynamic", "trainer")},
+                           "fastlm_dynamic/trainer": ratio(table, "fastlm_dynamic", "trainer"),
+                           "fastlm_lora/fastlm": ratio(table, "fastlm_lora", "fastlm")},
                 "verdicts": [{"check": text, "pass": ok} for text, ok in verdicts(table)],
             }
             args.json.parent.mkdir(parents=True, exist_ok=True)

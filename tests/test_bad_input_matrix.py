@@ -7,12 +7,16 @@ copy of it. Cases that must *work* (NaN/None texts, 1 MB texts, only duplicates)
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +25,7 @@ import pytest
 import yaml
 
 from fastlm.engine.checkpoint import CheckpointError
+from fastlm.engine.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
 from tests.conftest import copy_project, run_pipeline, write_jsonl
 
@@ -33,6 +38,7 @@ TRAIN = {"max_steps": 2, "log_every": 1, "eval_every": None, "save_every": 2, "q
 LAYERS = ("01_raw", "02_intermediate", "03_primary", "04_feature", "05_model_input", "06_models",
           "07_model_output", "08_reporting")
 CHECKPOINT = "data/06_models/checkpoints/checkpoint-00000002"
+Usage = namedtuple("Usage", "total used free")
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +303,42 @@ def test_cli_corrupted_checkpoint(project):
     last = _one_line_exit_2(project, "--pipeline=train", "--params", "train.resume=auto")
     assert f"checkpoint file {model_file.relative_to(project)} is unreadable" in last
 
+
+
+# ------------------------------------------------------------------------------- storage and --params keys
+
+
+def _deny_writes_under(monkeypatch, folder: Path) -> None:
+    """Creating a file under ``folder`` fails as in a read-only folder (chmod does not stop root)."""
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve().is_relative_to(folder.resolve()):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
+def test_disk_full_before_training(project, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 4096, 4096))
+    _fails_cleanly(project, "train", {}, StorageError, "not enough free disk space", "train.checkpoint_dir",
+                   "4.1 KB is free", "lower train.keep_last")
+
+
+def test_unwritable_checkpoint_folder(project, monkeypatch):
+    _deny_writes_under(monkeypatch, project / "data/06_models/checkpoints")
+    _fails_cleanly(project, "train", {}, StorageError, "train.checkpoint_dir", "is not writable",
+                   "Permission denied")
+
+
+def test_unwritable_split_output_folder(project, monkeypatch):
+    _deny_writes_under(monkeypatch, project / "data/05_model_input")
+    _fails_cleanly(project, "split", {}, StorageError, "tokenized_corpus", "data/05_model_input is not writable")
+
+
+def test_misspelled_top_level_params_key_warns(project, caplog):
+    with caplog.at_level(logging.WARNING, logger="fastlm.hooks"):
+        run_pipeline(project, "split", {"trian": {"max_steps": 3}})
+    warnings = [r.getMessage() for r in caplog.records if "unknown parameter trian" in r.getMessage()]
+    assert len(warnings) == 1 and "(did you mean train?)" in warnings[0] and "Fix:" in warnings[0]

@@ -1,5 +1,6 @@
 """A failing MLflow store warns once and never stops training."""
 
+import json
 import logging
 
 import mlflow
@@ -48,3 +49,40 @@ def test_no_active_run_is_a_no_op(tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert mlflow.active_run() is None
     MlflowMetrics()("train", {"step": 1, "loss": 1.0})  # nothing to log to, nothing raised
+
+
+@pytest.mark.e2e
+def test_store_failing_mid_run_leaves_training_and_outputs_intact(kedro_project, monkeypatch):
+    """Through a KedroSession: the store accepts the first metrics, then fails; the run completes."""
+    from tests.conftest import run_pipeline
+
+    small = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48}}
+    run_pipeline(kedro_project, "split", small)
+    calls = []
+    real_log_metrics = mlflow.log_metrics
+
+    def failing_after_the_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise ConnectionError("tracking server went away")
+        return real_log_metrics(*args, **kwargs)
+
+    monkeypatch.setattr(mlflow, "log_metrics", failing_after_the_first)
+    train = {"max_steps": 4, "log_every": 1, "eval_every": None, "save_every": 2, "quiet": True,
+             "batching": {"micro_batch_size": 8},
+             "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}}
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # on the logger itself: Kedro reconfigures the root handlers per session
+    logging.getLogger("fastlm.tracking").addHandler(handler)
+    try:
+        run_pipeline(kedro_project, "train", {**small, "train": train})
+    finally:
+        logging.getLogger("fastlm.tracking").removeHandler(handler)
+    warnings = [r for r in records if "training and local outputs continue" in r.getMessage()]
+    assert len(warnings) == 1 and "ConnectionError" in warnings[0].getMessage()
+    assert len(calls) == 2  # one success, one failure, then never called again
+    summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
+    assert summary["steps"] == 4
+    assert (kedro_project / "data/06_models/model/model.safetensors").is_file()
+    assert (kedro_project / "data/06_models/checkpoints/checkpoint-00000004/COMPLETE").is_file()

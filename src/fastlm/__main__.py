@@ -1,15 +1,24 @@
-"""``python -m fastlm`` runs the Kedro CLI of this project."""
+"""``python -m fastlm`` runs the Kedro CLI of this project; ``python -m fastlm merge-adapter`` merges a LoRA
+adapter into its base model and writes a full ``save_pretrained`` folder.
+
+    python -m fastlm merge-adapter --adapter data/06_models/model --out data/06_models/merged
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from kedro.framework.cli.utils import find_run_command
-from kedro.framework.project import configure_project
+MERGE = "merge-adapter"
 
 
 def main(*args, **kwargs):
+    if not args and sys.argv[1:2] == [MERGE]:
+        return merge_adapter_command(sys.argv[2:])
+    from kedro.framework.cli.utils import find_run_command
+    from kedro.framework.project import configure_project
+
     package_name = Path(__file__).parent.name
     configure_project(package_name)
     interactive = hasattr(sys, "ps1")
@@ -18,5 +27,53 @@ def main(*args, **kwargs):
     return run(*args, **kwargs)
 
 
+def merge_adapter_command(argv: list[str]) -> int:
+    """Merge ``--adapter`` (a LoRA model folder from the train pipeline) into its base, write ``--out``.
+
+    The output holds the merged weights (safetensors) and the adapter folder's tokenizer, and loads with
+    ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any full model. An existing ``--out`` is never replaced
+    unless ``--overwrite`` is given; the folder is written atomically.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m fastlm {MERGE}", description=merge_adapter_command.__doc__)
+    parser.add_argument("--adapter", default="data/06_models/model", help="LoRA adapter folder (adapter_config.json)")
+    parser.add_argument("--out", required=True, help="folder for the merged full model")
+    parser.add_argument("--base", default=None, help="base model folder (default: the one the adapter config names)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    args = parser.parse_args(argv)
+    from fastlm.errors import FastlmError, InputDataError
+
+    try:
+        adapter, out = Path(args.adapter), Path(args.out)
+        if not (adapter / "adapter_config.json").is_file():
+            raise InputDataError(
+                f"{adapter} is not a LoRA adapter folder (no adapter_config.json).",
+                fix="point --adapter at the model folder of a run with train.model.lora.enabled: true.",
+            )
+        if out.exists() and any(out.iterdir()) and not args.overwrite:
+            raise InputDataError(f"{out} already exists and is not empty.", fix="choose another --out or add --overwrite.")
+        _write_merged(adapter, out, args.base)
+    except FastlmError as error:
+        print(f"fastlm: error: {error}", file=sys.stderr)
+        return error.exit_code
+    print(f"Merged {adapter} into a full model at {out}")
+    return 0
+
+
+def _write_merged(adapter: Path, out: Path, base: str | None) -> None:
+    from transformers import AutoTokenizer
+
+    from fastlm.datasets.atomic_folder import write_folder_atomically
+    from fastlm.engine.lora import merge_adapter
+
+    model = merge_adapter(adapter, base=base)
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(str(folder), safe_serialization=True)
+        tokenizer.save_pretrained(str(folder))
+
+    write_folder_atomically(out, write)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

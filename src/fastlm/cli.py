@@ -17,6 +17,7 @@ from kedro.framework.cli.project import run as kedro_run
 
 import fastlm.pipelines
 from fastlm.errors import ConfigError, FastlmError, find_user_error
+from fastlm.redaction import redact_text
 
 
 @click.group(name="fastlm")
@@ -35,7 +36,7 @@ def _run(**kwargs):
         if user_error is None:
             raise
         logging.shutdown()
-        click.secho(f"fastlm: error: {user_error}", fg="red", err=True)
+        click.secho(f"fastlm: error: {redact_text(str(user_error))}", fg="red", err=True)
         sys.exit(user_error.exit_code)
 
 

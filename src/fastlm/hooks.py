@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import logging
 import pkgutil
+import re
+from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
+from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 
+from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
+from fastlm.redaction import redact
 from fastlm.tracking import MlflowMetrics
+
+log = logging.getLogger(__name__)
 
 
 class MlflowArtifactsHook:
@@ -68,3 +77,82 @@ class MissingInputsHook:
                 f"{dataset}{f' ({path})' if path else ''} does not exist yet.",
                 fix=f"run `kedro run --pipeline={producer}` first.",
             )
+
+
+class RedactingMlflowHook(MlflowHook):
+    """kedro-mlflow's hook, fed copies of the parameters and run parameters with every secret masked.
+
+    kedro-mlflow logs each node's ``params:*`` inputs verbatim as MLflow parameters and the run parameters
+    (``--params`` included) as tags. This subclass replaces the plugin's own hook (``settings.py`` disables the
+    plugin's registration), so what reaches MLflow is :func:`fastlm.redaction.redact`'s copy; the nodes still
+    receive the real values.
+    """
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        super().before_pipeline_run(redact(run_params), pipeline, catalog)
+
+    @hook_impl
+    def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
+        logged = {name: redact(value, name.removeprefix("params:")) if name.startswith("params:") or
+                  name == "parameters" else value for name, value in inputs.items()}
+        super().before_node_run(node, catalog, logged, is_async)
+
+
+class OutputFoldersWritableHook:
+    """Before a run starts, refuse an output folder that cannot be written: one line, nothing has run.
+
+    A read-only ``data/`` folder would otherwise fail after the slow steps (tokenization, training).
+    Each distinct parent folder of the pipeline's file outputs gets one probe file, written and removed.
+    """
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        checked: set[Path] = set()
+        for name in sorted(pipeline.all_outputs()):
+            path = _local_path(catalog, name)
+            if path is None or path.parent in checked:
+                continue
+            checked.add(path.parent)
+            check_writable(path.parent, parameter=f"{name} (conf/base/catalog.yml)")
+
+
+def _local_path(catalog, name: str) -> Path | None:
+    """The local file or folder a catalog entry writes, or None (memory datasets, remote storage)."""
+    try:
+        dataset = catalog[name] if name in catalog else None
+    except Exception:  # noqa: BLE001 - an entry that cannot be built explains itself when it is used
+        return None
+    path = getattr(dataset, "_filepath", None) or getattr(dataset, "_path", None)
+    if path is None or getattr(dataset, "_protocol", "file") not in ("file", "", None):
+        return None
+    return Path(str(path))
+
+
+class UnknownRuntimeParamsHook:
+    """Warn about a top-level ``--params`` key that no node and no catalog entry reads (``trian.max_steps=5``).
+
+    Keys inside a parameter group (``train.max_stesp``) are refused by the group's validation with a
+    suggestion; a misspelled group name would otherwise be dropped without a word.
+    """
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        given = run_params.get("runtime_params") or {}
+        if not given:
+            return
+        known = known_top_level_params(Path(run_params.get("project_path") or "."))
+        for key in sorted(set(given) - known):
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            log.warning("unknown parameter %s in --params%s: no node or catalog entry reads it, so it has no effect. "
+                        "Fix: %s.", key, f" (did you mean {close[0]}?)" if close else "",
+                        f"use {close[0]}" if close else f"remove it; known top-level parameters: {', '.join(sorted(known))}")
+
+
+def known_top_level_params(project_path: Path) -> set[str]:
+    """``X`` of every ``params:X`` node input, plus every ``${runtime_params:X}`` name in the catalog files."""
+    names = {dataset.split(":", 1)[1].split(".", 1)[0] for pipeline in all_pipelines().values()
+             for dataset in pipeline.inputs() if dataset.startswith("params:")}
+    for catalog_file in (project_path / "conf").glob("*/catalog*.yml"):
+        names.update(re.findall(r"\$\{runtime_params:\s*([\w-]+)", catalog_file.read_text(encoding="utf-8")))
+    return names

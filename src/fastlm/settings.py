@@ -5,9 +5,25 @@ import warnings
 
 from kedro.config import OmegaConfigLoader
 
-from fastlm.hooks import MissingInputsHook, MlflowArtifactsHook
+from fastlm.hooks import (
+    MissingInputsHook,
+    MlflowArtifactsHook,
+    OutputFoldersWritableHook,
+    RedactingMlflowHook,
+    UnknownRuntimeParamsHook,
+)
+from fastlm.rank_hooks import OtherRankOutputsHook, torchrun_rank
+from fastlm.redaction import install_log_redaction
 
-HOOKS = (MissingInputsHook(), MlflowArtifactsHook())
+install_log_redaction()  # every log record of the process, whatever handler shows it: secrets masked
+
+# kedro-mlflow's own hook logs parameters verbatim; RedactingMlflowHook is that hook with secrets masked.
+DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
+# pluggy calls the last registered first: MLflow opens the run, then --params, inputs and output folders are checked.
+HOOKS = (MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(), UnknownRuntimeParamsHook(),
+         RedactingMlflowHook())
+if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
+    HOOKS = (OtherRankOutputsHook(), MissingInputsHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from numbers import Number
+
+from fastlm.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +33,13 @@ class SafeMlflow:
     def __init__(self) -> None:
         self.failed = False
 
-    def call(self, what: str, function, *args, **kwargs) -> None:
+    def call(self, what: str, function, *args, needs_active_run: bool = True, **kwargs) -> None:
         if self.failed:
             return
         try:
             import mlflow
 
-            if mlflow.active_run() is None:
+            if needs_active_run and mlflow.active_run() is None:
                 return
             function(mlflow, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any store failure: warn once, keep training
@@ -45,16 +48,48 @@ class SafeMlflow:
                         what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
 
 
+@dataclass(frozen=True)
+class TrackingTarget:
+    """The active run, for a launched training worker to log into (the worker has no active run of its own)."""
+
+    tracking_uri: str
+    run_id: str
+
+
+def tracking_target() -> TrackingTarget | None:
+    run_id = active_run_id()
+    if run_id is None:
+        return None
+    import mlflow
+
+    return TrackingTarget(mlflow.get_tracking_uri(), run_id)
+
+
 class MlflowMetrics(SafeMlflow):
-    """Loop callback: each logging-step record as MLflow metrics (``train/loss``, ``eval/val_loss``...)."""
+    """Loop callback: each logging-step record as MLflow metrics (``train/loss``, ``eval/val_loss``...).
+
+    With ``run_id`` (a launched worker), metrics go to that run of ``tracking_uri`` instead of the active run.
+    """
+
+    def __init__(self, run_id: str | None = None, tracking_uri: str | None = None) -> None:
+        super().__init__()
+        self.run_id = run_id
+        if tracking_uri is not None:
+            import mlflow
+
+            mlflow.set_tracking_uri(tracking_uri)
 
     def __call__(self, kind: str, record: dict) -> None:
         values = {f"{kind}/{key}": float(value) for key, value in record.items()
                   if key != "step" and isinstance(value, Number) and math.isfinite(value)}
+        if self.run_id is not None:
+            self.call("metric logging", lambda mlflow: mlflow.log_metrics(values, step=int(record["step"]),
+                                                                        run_id=self.run_id), needs_active_run=False)
+            return
         self.call("metric logging", lambda mlflow: mlflow.log_metrics(values, step=int(record["step"])))
 
     def log_params(self, params: dict) -> None:
-        clean = {key: ("" if value is None else str(value)[:500]) for key, value in params.items()}
+        clean = {key: ("" if value is None else str(redact(value, key))[:500]) for key, value in params.items()}
         self.call("parameter logging", lambda mlflow: mlflow.log_params(clean))
 
     def log_artifacts(self, path: str, artifact_path: str | None) -> None:

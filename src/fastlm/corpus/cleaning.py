@@ -1,4 +1,9 @@
-"""Clean raw texts: Unicode NFC, strip, drop unusable rows and exact duplicates, counting each reason."""
+"""Clean raw texts: Unicode NFC, strip, drop unusable rows and exact duplicates, counting each reason.
+
+Plain text (``clean_texts``) and prompt/response pairs (``clean_pairs``: a row is usable only when both its
+prompt and its response are, and duplicates are exact repeats of the *pair*) share one rule per value.
+Chat-style message lists are cleaned in ``fastlm.corpus.prompts.clean_messages`` with the same rule.
+"""
 
 from __future__ import annotations
 
@@ -14,24 +19,49 @@ def clean_texts(values: pd.Series) -> tuple[pd.Series, dict[str, int]]:
     ``empty`` (""), ``whitespace_only`` (nothing left after strip), ``duplicate`` (same text after
     NFC and strip as an earlier row).
     """
+    normalized, reasons = classify_values(values)
+    usable = normalized[reasons.isna()]
+    duplicate = usable.duplicated(keep="first")
+    kept = usable[~duplicate].reset_index(drop=True)
+    return kept.rename("text"), _drop_counts(reasons, int(duplicate.sum()))
+
+
+def clean_pairs(prompts: pd.Series, responses: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Kept ``prompt``/``response`` pairs (each value NFC + stripped; first occurrence of each pair) and drops.
+
+    A row is dropped for the first reason found in its prompt, else in its response; ``duplicate`` means the
+    same (prompt, response) pair as an earlier row (the same prompt with another response is kept).
+    """
+    prompt_text, prompt_reason = classify_values(prompts.reset_index(drop=True))
+    response_text, response_reason = classify_values(responses.reset_index(drop=True))
+    reasons = prompt_reason.fillna(response_reason)
+    usable = pd.DataFrame({"prompt": prompt_text, "response": response_text})[reasons.isna()]
+    duplicate = usable.duplicated(keep="first")
+    kept = usable[~duplicate].reset_index(drop=True)
+    return kept, _drop_counts(reasons, int(duplicate.sum()))
+
+
+def classify_values(values: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Each value NFC-normalized and stripped (object dtype), and its drop reason (None when usable)."""
     missing = values.isna()
     if pd.api.types.is_string_dtype(values.dtype) and not pd.api.types.is_object_dtype(values.dtype):
         is_text = ~missing
     else:
         is_text = values.map(lambda value: isinstance(value, str), na_action="ignore").fillna(False)
         is_text = is_text.astype(bool)
-    texts = values[is_text].astype(object)
-    empty = texts == ""
-    normalized = texts.str.normalize("NFC").str.strip()
-    whitespace_only = (normalized == "") & ~empty
-    usable = normalized[~empty & ~whitespace_only]
-    duplicate = usable.duplicated(keep="first")
-    kept = usable[~duplicate].reset_index(drop=True)
-    drops = {
-        "missing": int(missing.sum()),
-        "non_string": int((~missing & ~is_text).sum()),
-        "empty": int(empty.sum()),
-        "whitespace_only": int(whitespace_only.sum()),
-        "duplicate": int(duplicate.sum()),
-    }
-    return kept.rename("text"), drops
+    normalized = pd.Series(None, index=values.index, dtype=object)
+    normalized[is_text] = values[is_text].astype(object).str.normalize("NFC").str.strip()
+    reasons = pd.Series(None, index=values.index, dtype=object)
+    reasons[missing] = "missing"
+    reasons[~missing & ~is_text] = "non_string"
+    raw_empty = is_text & values.where(is_text, "x").astype(object).eq("")
+    reasons[raw_empty] = "empty"
+    reasons[is_text & ~raw_empty & normalized.eq("")] = "whitespace_only"
+    return normalized, reasons
+
+
+def _drop_counts(reasons: pd.Series, duplicates: int) -> dict[str, int]:
+    counts = reasons.value_counts()
+    drops = {reason: int(counts.get(reason, 0)) for reason in DROP_REASONS[:-1]}
+    extra = {str(reason): int(count) for reason, count in counts.items() if reason not in drops}
+    return {**drops, **extra, "duplicate": duplicates}

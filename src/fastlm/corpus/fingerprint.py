@@ -35,8 +35,10 @@ def tokenizer_digest(tokenizer) -> str:
     return digest.hexdigest()
 
 
-def tokenization_params(max_length: int) -> dict[str, Any]:
-    return {
+def tokenization_params(max_length: int, data_format: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What decides the ids besides the tokenizer; ``data_format`` only for prompt/response data, so the
+    fingerprint of plain-text data is what it always was."""
+    params = {
         "format_version": FORMAT_VERSION,
         "max_length": int(max_length),
         "add_special_tokens": True,
@@ -44,27 +46,65 @@ def tokenization_params(max_length: int) -> dict[str, Any]:
         "truncation_side": "right",
         "padding": False,
     }
+    if data_format is not None:
+        params["data_format"] = data_format
+    return params
 
 
-def make_fingerprint(tokenizer, max_length: int, *, data_digest: str | None = None) -> dict[str, Any]:
-    params = tokenization_params(max_length)
+def data_format_params(split, tokenizer) -> dict[str, Any] | None:
+    """The split parameters (``SplitParams``) that shape prompt/response tokens; None for plain text.
+
+    The chat template itself is part of it when messages are rendered with one, so editing the template in
+    the tokenizer folder makes the tokenized data stale too.
+    """
+    kind = split.data_format
+    if kind == "text":
+        return None
+    if kind == "prompt_response":
+        columns = {"prompt_column": split.prompt_column, "response_column": split.response_column}
+    else:
+        template = getattr(tokenizer, "chat_template", None) if split.chat_template else None
+        template_sha = hashlib.sha256(str(template).encode()).hexdigest() if template else None
+        columns = {"messages_column": split.messages_column, "chat_template_sha256": template_sha}
+    return {"kind": kind, **columns, "prompt_template": split.prompt_template,
+            "prompt_special_tokens": "leading_bos", "truncation": "prompt_left_first", "completion_only": True}
+
+
+def make_fingerprint(tokenizer, max_length: int, *, data_digest: str | None = None,
+                     data_format: dict[str, Any] | None = None) -> dict[str, Any]:
+    params = tokenization_params(max_length, data_format)
     token_digest = tokenizer_digest(tokenizer)
     combined = hashlib.sha256(json.dumps([token_digest, params], sort_keys=True).encode()).hexdigest()
     return {"fingerprint": combined, "tokenizer_sha256": token_digest, "params": params, "data_sha256": data_digest}
 
 
-def check_fresh(stored: dict[str, Any] | None, tokenizer, max_length: int, *, where: str) -> None:
-    """Raise StaleDataError unless ``stored`` matches ``tokenizer`` and ``max_length``."""
+def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) -> None:
+    """Raise StaleDataError unless ``stored`` matches ``tokenizer`` and ``split``.
+
+    ``split`` is the split parameters (``SplitParams``: max_length and the prompt/response format are checked)
+    or just ``max_length`` (an int: the data format is then not compared).
+    """
     if not stored or "fingerprint" not in stored:
         raise StaleDataError(f"{where} has no tokenization fingerprint, so it cannot be trusted.", fix=REFRESH + ".")
-    current = make_fingerprint(tokenizer, max_length)
+    if isinstance(split, int):
+        current = make_fingerprint(tokenizer, split, data_format=stored.get("params", {}).get("data_format"))
+    else:
+        current = make_fingerprint(tokenizer, split.max_length, data_format=data_format_params(split, tokenizer))
     if stored["fingerprint"] == current["fingerprint"]:
         return
     old, new = stored.get("params", {}), current["params"]
-    changed = [f"{key} {old.get(key)!r} -> {new[key]!r}" for key in new if old.get(key) != new[key]]
+    changed = [_change(key, old.get(key), new.get(key)) for key in {**new, **old} if old.get(key) != new.get(key)]
     if stored.get("tokenizer_sha256") != current["tokenizer_sha256"]:
         changed.append("the tokenizer changed")
     raise StaleDataError(f"{where} is stale: {', '.join(changed) or 'its fingerprint differs'}.", fix=REFRESH + ".")
+
+
+def _change(key: str, old: Any, new: Any) -> str:
+    if key != "data_format":
+        return f"{key} {old!r} -> {new!r}"
+    if old is None or new is None:
+        return f"the data format changed ({(old or {}).get('kind', 'text')} -> {(new or {}).get('kind', 'text')})"
+    return ", ".join(f"{name} changed" for name in {**new, **old} if old.get(name) != new.get(name))
 
 
 def texts_digest(texts, splits) -> str:

@@ -44,8 +44,23 @@ class TokenizerParams(Params):
     trust_remote_code: bool = False
 
 
+DEFAULT_PROMPT_TEMPLATE = "{prompt}\n\n### Response:\n"
+
+
 class SplitParams(Params):
+    """``text_column`` for plain text; ``prompt_column`` + ``response_column``, or ``messages_column``, for
+    prompt/response data (completion-only loss; see ``fastlm.corpus.prompts``)."""
+
     text_column: str = Field("text", min_length=1)
+    prompt_column: str | None = Field(None, min_length=1, description="with response_column: prompt/response data")
+    response_column: str | None = Field(None, min_length=1)
+    messages_column: str | None = Field(
+        None, min_length=1, description="chat-style lists of {role, content}; the last (assistant) one is the response"
+    )
+    prompt_template: str = Field(
+        DEFAULT_PROMPT_TEMPLATE, description="wraps the prompt text ({prompt}) when no chat template is used"
+    )
+    chat_template: bool = Field(True, description="render messages with the tokenizer's chat template when it has one")
     ratios: SplitRatios = SplitRatios()
     max_samples: int | None = Field(None, ge=1)
     hash_salt: str = Field("", max_length=64, description="changing it re-draws every split")
@@ -53,6 +68,24 @@ class SplitParams(Params):
     tokenizer: TokenizerParams = TokenizerParams()
     batch_size: int = Field(20_000, ge=1, description="texts per tokenizer call")
     num_proc: int | Literal["auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_data_format(self) -> SplitParams:
+        if (self.prompt_column is None) != (self.response_column is None):
+            missing = "response_column" if self.response_column is None else "prompt_column"
+            raise ValueError(f"prompt_column and response_column go together; set {missing} too (or neither)")
+        if self.prompt_column is not None and self.messages_column is not None:
+            raise ValueError("give either prompt_column/response_column or messages_column, not both")
+        if self.prompt_template.count("{prompt}") != 1:
+            raise ValueError("prompt_template must contain {prompt} exactly once")
+        return self
+
+    @property
+    def data_format(self) -> str:
+        """``text``, ``prompt_response`` (two columns) or ``messages`` (a chat list per row)."""
+        if self.messages_column is not None:
+            return "messages"
+        return "text" if self.prompt_column is None else "prompt_response"
 
     @field_validator("num_proc")
     @classmethod

@@ -24,17 +24,22 @@ class TokenizedTexts:
     values: np.ndarray  # int32
     offsets: np.ndarray  # int64, len(rows) + 1
     truncated: np.ndarray  # bool, one per row
+    prompt_lengths: np.ndarray | None = None  # int32 leading prompt tokens per row (prompt/response data only)
 
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
     def to_arrow(self, rows: np.ndarray | None = None) -> pa.Table:
-        """An Arrow table with ``input_ids`` (list<int32>) and ``length`` (int32), optionally of ``rows``."""
+        """An Arrow table with ``input_ids`` (list<int32>), ``length`` (int32) and, for prompt/response data,
+        ``prompt_length`` (int32), optionally of ``rows``."""
         offsets = self.offsets.astype(np.int32) if self.offsets[-1] < 2**31 else self.offsets
         list_type = pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray
         ids = list_type.from_arrays(pa.array(offsets), pa.array(self.values, type=pa.int32()))
-        table = pa.table({"input_ids": ids, "length": pa.array(self.lengths.astype(np.int32))})
+        columns = {"input_ids": ids, "length": pa.array(self.lengths.astype(np.int32))}
+        if self.prompt_lengths is not None:
+            columns["prompt_length"] = pa.array(self.prompt_lengths.astype(np.int32))
+        table = pa.table(columns)
         return table if rows is None else table.take(pa.array(rows))
 
 
@@ -51,20 +56,41 @@ def tokenize_texts(
 ) -> TokenizedTexts:
     """Token ids of ``texts`` with EOS appended and truncation at ``max_length`` (EOS included)."""
     eos = int(tokenizer.eos_token_id)
+    return _concat(_encode_all(texts, tokenizer, eos=eos, max_length=max_length, add_special_tokens=True,
+                               batch_size=batch_size, num_proc=num_proc))
+
+
+def encode_ragged(
+    texts: Sequence[str], tokenizer, *, add_special_tokens: bool, batch_size: int = 20_000,
+    num_proc: int | str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Raw token ids of ``texts`` as flat int32 ``values`` and int64 ``lengths``: no EOS, no truncation."""
+    parts = _encode_all(texts, tokenizer, eos=-1, max_length=None, add_special_tokens=add_special_tokens,
+                        batch_size=batch_size, num_proc=num_proc)
+    if not parts:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    return np.concatenate([part[0] for part in parts]), np.concatenate([part[1] for part in parts])
+
+
+def _encode_all(texts, tokenizer, *, eos: int, max_length: int | None, add_special_tokens: bool, batch_size: int,
+                num_proc: int | str) -> list:
     chunks = [texts[start : start + batch_size] for start in range(0, len(texts), batch_size)]
     procs = resolve_num_proc(num_proc, len(texts))
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a slow (Python) tokenizer: batched calls in this process
-        parts = [_finish(_ids_to_arrays(tokenizer(list(chunk))["input_ids"]), eos, max_length) for chunk in chunks]
-    elif procs > 1 and len(chunks) > 1:
-        parts = _in_pool(chunks, backend.to_str(), eos, max_length, procs)
-    else:
-        _init_worker(backend.to_str())
-        parts = [_encode_chunk(chunk, eos, max_length) for chunk in chunks]
-    return _concat(parts)
+        return [
+            _finish(_ids_to_arrays(tokenizer(list(chunk), add_special_tokens=add_special_tokens)["input_ids"]),
+                    eos, max_length)
+            for chunk in chunks
+        ]
+    if procs > 1 and len(chunks) > 1:
+        return _in_pool(chunks, backend.to_str(), eos, max_length, procs, add_special_tokens)
+    _init_worker(backend.to_str())
+    return [_encode_chunk(chunk, eos, max_length, add_special_tokens) for chunk in chunks]
 
 
-def _in_pool(chunks, backend_json: str, eos: int, max_length: int, procs: int) -> list:
+def _in_pool(chunks, backend_json: str, eos: int, max_length: int | None, procs: int,
+             add_special_tokens: bool = True) -> list:
     # Workers tokenize single-threaded: the pool is the parallelism. Setting the variable before the
     # fork also keeps the tokenizers library from warning about a fork after its thread pool started.
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -72,7 +98,9 @@ def _in_pool(chunks, backend_json: str, eos: int, max_length: int, procs: int) -
     try:
         context = multiprocessing.get_context("fork")
         with context.Pool(procs, initializer=_init_worker, initargs=(backend_json,)) as pool:
-            return pool.starmap(_encode_chunk, [(chunk, eos, max_length) for chunk in chunks], chunksize=1)
+            return pool.starmap(
+                _encode_chunk, [(chunk, eos, max_length, add_special_tokens) for chunk in chunks], chunksize=1
+            )
     finally:
         if previous is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -90,9 +118,9 @@ def _init_worker(backend_json: str) -> None:
     _worker_backend = Tokenizer.from_str(backend_json)
 
 
-def _encode_chunk(chunk: Sequence[str], eos: int, max_length: int):
+def _encode_chunk(chunk: Sequence[str], eos: int, max_length: int | None, add_special_tokens: bool = True):
     encode = getattr(_worker_backend, "encode_batch_fast", _worker_backend.encode_batch)
-    encodings = encode(list(chunk), add_special_tokens=True)
+    encodings = encode(list(chunk), add_special_tokens=add_special_tokens)
     return _finish(_ids_to_arrays([encoding.ids for encoding in encodings]), eos, max_length)
 
 
@@ -102,9 +130,14 @@ def _ids_to_arrays(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return values, lengths
 
 
-def _finish(arrays: tuple[np.ndarray, np.ndarray], eos: int, max_length: int):
-    """Drop a trailing EOS the tokenizer added, truncate the body to max_length - 1, append one EOS."""
+def _finish(arrays: tuple[np.ndarray, np.ndarray], eos: int, max_length: int | None):
+    """Drop a trailing EOS the tokenizer added, truncate the body to max_length - 1, append one EOS.
+
+    ``max_length=None`` returns the raw ids untouched (``encode_ragged``).
+    """
     values, lengths = arrays
+    if max_length is None:
+        return values, lengths
     ends = np.cumsum(lengths)
     ends_with_eos = (lengths > 0) & (values[np.maximum(ends - 1, 0)] == eos) if len(values) else lengths > 0
     body = lengths - ends_with_eos

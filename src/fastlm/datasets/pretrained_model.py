@@ -13,7 +13,11 @@ from fastlm.datasets.atomic_folder import write_folder_atomically
 class PretrainedModelDataset(AbstractDataset):
     """Saves ``{"model": ..., "tokenizer": ...}`` (safetensors) atomically; loads the same dict, offline.
 
-    The folder loads with ``AutoModelForCausalLM``, ``AutoTokenizer`` and ``pipeline("text-generation")``.
+    A full model's folder loads with ``AutoModelForCausalLM``, ``AutoTokenizer`` and
+    ``pipeline("text-generation")``. A LoRA model (peft) is saved as its adapter (``adapter_config.json``,
+    ``adapter_model.safetensors``) plus the tokenizer; loading it reads the base model from the folder the
+    adapter config names and returns the adapter merged into it, a plain transformers model
+    (``python -m fastlm merge-adapter`` writes that model as a full folder).
     """
 
     def __init__(self, filepath: str, load_args: dict[str, Any] | None = None, metadata: dict | None = None):
@@ -24,12 +28,16 @@ class PretrainedModelDataset(AbstractDataset):
     def load(self) -> dict:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if not (Path(self._filepath) / "config.json").is_file():
+        if not self._exists():
             raise DatasetError(f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first.")
-        return {
-            "model": AutoModelForCausalLM.from_pretrained(str(self._filepath), **self._load_args),
-            "tokenizer": AutoTokenizer.from_pretrained(str(self._filepath), **self._load_args),
-        }
+        folder = str(self._filepath)
+        if _is_adapter_folder(folder):
+            from fastlm.engine.lora import load_adapter_model
+
+            model = load_adapter_model(folder, **self._load_args)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, **self._load_args)
+        return {"model": model, "tokenizer": AutoTokenizer.from_pretrained(folder, **self._load_args)}
 
     def save(self, data: dict) -> None:
         def write(folder: Path) -> None:
@@ -39,7 +47,12 @@ class PretrainedModelDataset(AbstractDataset):
         write_folder_atomically(self._filepath, write)
 
     def _exists(self) -> bool:
-        return (Path(self._filepath) / "config.json").is_file()
+        return (Path(self._filepath) / "config.json").is_file() or _is_adapter_folder(self._filepath)
 
     def _describe(self) -> dict[str, Any]:
         return {"filepath": str(self._filepath)}
+
+
+def _is_adapter_folder(folder) -> bool:
+    """A peft LoRA adapter folder (``fastlm.engine.lora.ADAPTER_CONFIG``), checked without importing torch."""
+    return (Path(folder) / "adapter_config.json").is_file()

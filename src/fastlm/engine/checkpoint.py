@@ -44,6 +44,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from fastlm.engine.storage import os_error_in, storage_error
 from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
@@ -86,11 +87,15 @@ def save_checkpoint(
     grad_scaler: torch.amp.GradScaler | None = None,
     state: dict,
     keep_last: int | None = 2,
+    model_state: dict | None = None,
+    optimizer_state: dict | None = None,
 ) -> Path:
     """Write ``root/checkpoint-<step:08d>/`` atomically, then keep only the ``keep_last`` newest ones.
 
     An existing folder for the same step is replaced (the old one is moved aside first, then deleted).
     ``keep_last=None`` keeps every checkpoint. Returns the checkpoint folder.
+    ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded (FSDP2) model, written instead
+    of ``model.state_dict()`` / ``optimizer.state_dict()`` (same files, so any world size or strategy resumes).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -117,11 +122,12 @@ def save_checkpoint(
     tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        safetensors.torch.save_model(
-            model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)}
-        )
+        if model_state is None:
+            safetensors.torch.save_model(model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
+        else:
+            safetensors.torch.save_file(model_state, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
         _fsync_file(tmp / MODEL_FILE)
-        _torch_save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        _torch_save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / OPTIMIZER_FILE)
         _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         if grad_scaler is not None:
             _torch_save(grad_scaler.state_dict(), tmp / GRAD_SCALER_FILE)
@@ -132,8 +138,10 @@ def save_checkpoint(
         _write_bytes(tmp / MARKER, json.dumps(marker, indent=2).encode("utf-8"))  # last
         _fsync_dir(tmp)
         _move_into_place(tmp, final)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, Exception):  # a full disk or a read-only folder: one line, the previous copy named
+            _raise_storage_error(error, final)
         raise
     _remove_temporaries(root)
     _prune(root, keep_last, keep=final)
@@ -144,6 +152,24 @@ def save_checkpoint(
         time.perf_counter() - started,
     )
     return final
+
+
+def _raise_storage_error(error: Exception, final: Path) -> None:
+    """Re-raise a disk-full or permission ``error`` as one StorageError line; other errors return unchanged.
+
+    safetensors reports the OS error inside its own exception's text; :func:`_torch_save` re-raises the
+    OSError that torch's writer turns into a RuntimeError.
+    """
+    os_error = os_error_in(error)
+    if os_error is None:
+        return
+    kept = latest_checkpoint(final.parent)
+    clear = storage_error(
+        os_error, f"could not write checkpoint {final}", parameter="train.checkpoint_dir",
+        detail=f"; the partial copy was removed, {f'the previous checkpoint {kept} is kept' if kept else 'no earlier checkpoint exists'}",
+    )
+    if clear is not os_error:
+        raise clear from error
 
 
 def _move_into_place(tmp: Path, final: Path) -> None:
@@ -200,9 +226,34 @@ def _remove_path(path: Path) -> None:
 
 def _torch_save(obj: Any, path: Path) -> None:
     with open(path, "wb") as handle:
-        torch.save(obj, handle)
+        writer = _ErrorKeepingWriter(handle)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError:
+            if writer.error is not None:  # e.g. ENOSPC, which torch reports as "unexpected pos"
+                raise writer.error from None
+            raise
         handle.flush()
         os.fsync(handle.fileno())
+
+
+class _ErrorKeepingWriter:
+    """A file for ``torch.save`` that keeps the OSError of a failed write (torch's zip writer drops its errno)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.name = handle.name  # the path, as a plain file would show it
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -293,7 +344,7 @@ def resolve_resume(root: Path, resume: str) -> Path | None:
 def load_checkpoint(
     path: Path,
     *,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     grad_scaler: torch.amp.GradScaler | None = None,
@@ -323,9 +374,8 @@ def load_checkpoint(
 
     model_file = folder / MODEL_FILE
     try:
-        safetensors.torch.load_model(
-            model, str(model_file), strict=True, device=_safetensors_device(map_location)
-        )
+        if model is not None:  # None: the caller loads the weights itself (a sharded model, see distributed.py)
+            safetensors.torch.load_model(model, str(model_file), strict=True, device=_safetensors_device(map_location))
     except Exception as error:
         raise _broken(model_file, f"unreadable or does not match the model ({_one_line(error)})") from error
 

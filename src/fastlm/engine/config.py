@@ -11,8 +11,27 @@ from fastlm.config import Params, parse_params
 SOURCE = "conf/base/parameters_train.yml"
 
 
+class LoraParams(Params):
+    """LoRA adapters through peft (``fastlm.engine.lora``): only the adapters train, the base stays frozen."""
+
+    enabled: bool = False
+    r: int = Field(16, ge=1)
+    alpha: float = Field(32, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | Literal["auto", "all-linear"] = Field(
+        "auto", description="auto: per-architecture defaults (fastlm.engine.lora.DEFAULT_TARGETS)"
+    )
+    bias: Literal["none", "all", "lora_only"] = "none"
+    modules_to_save: list[str] | None = None
+    base_dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="frozen base weights; auto: bf16 on GPUs that have it, else fp32"
+    )
+    load_in_4bit: bool = Field(False, description="QLoRA: 4-bit NF4 base weights (CUDA + bitsandbytes)")
+
+
 class ModelParams(Params):
     name_or_path: str | None = Field(None, description="local directory or hub id; null = from scratch")
+    lora: LoraParams = LoraParams()
     trust_remote_code: bool = False
     allow_download: bool = False
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
@@ -38,6 +57,7 @@ class BatchingParams(Params):
     micro_batch_size: int = Field(32, ge=1, description="samples per micro-batch; packed: rows of max_length")
     gradient_accumulation_steps: int = Field(1, ge=1)
     pad_to_multiple_of: int = Field(8, ge=1)
+    oom_backoff: bool = Field(False, description="on CUDA out of memory: halve micro-batch, double accumulation")
 
 
 class OptimizerParams(Params):
@@ -76,6 +96,16 @@ class ProfileParams(Params):
     trace_dir: str = "data/07_model_output/profile"
 
 
+class DistributedParams(Params):
+    nproc_per_node: int = Field(1, ge=1, description="worker processes the train node launches; 1 = this process")
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    find_unused_parameters: bool = False
+    bucket_cap_mb: int = Field(25, ge=1)
+    timeout_s: float = Field(600, gt=0, description="a collective waiting longer than this ends the run")
+    monitor_interval_s: float = Field(0.5, gt=0, description="how often the launcher checks its workers")
+
+
 class TrainParams(Params):
     model: ModelParams = ModelParams()
     batching: BatchingParams = BatchingParams()
@@ -94,6 +124,7 @@ class TrainParams(Params):
     checkpoint_dir: str = "data/06_models/checkpoints"
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
+    distributed: DistributedParams = DistributedParams()
 
 
 def parse_train_params(raw) -> TrainParams:

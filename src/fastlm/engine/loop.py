@@ -18,7 +18,14 @@ from time import perf_counter
 import torch
 from torch.utils.data import DataLoader
 
-from fastlm.engine.checkpoint import latest_checkpoint, load_checkpoint, resolve_resume, save_checkpoint
+from fastlm.engine.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data import (
     DynamicPaddingCollator,
@@ -28,8 +35,17 @@ from fastlm.engine.data import (
 )
 from fastlm.engine.data.packing import TokenBudget, block_causal_mask, to_additive_mask
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loss import accumulate_gradients, causal_lm_loss_sum
-from fastlm.engine.metrics import StepMetrics, flops_per_token
+from fastlm.engine.distributed import (
+    Collectives,
+    SingleProcess,
+    full_state_dicts,
+    gradient_sync,
+    is_sharded,
+    load_full_state_dicts,
+    wrap_model,
+)
+from fastlm.engine.loss import accumulate_gradients, causal_lm_loss_sum, total_target_tokens
+from fastlm.engine.metrics import StepMetrics, device_peak_flops, flops_per_token
 from fastlm.engine.model import MASK_FORMATS
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.profiling import StepProfiler
@@ -95,7 +111,11 @@ def loader_settings(params: TrainParams, device: torch.device) -> dict:
 
 
 class MicroBatches:
-    """Endless micro-batches across epochs; ``position`` counts what the loop consumed (for exact resume)."""
+    """Endless micro-batches across epochs; ``position`` counts what the loop consumed (for exact resume).
+
+    ``batch`` counts this rank's batches; ``position`` reports GLOBAL batches (``batch * shards``: every rank
+    has consumed as many), so a checkpoint can be resumed by another number of ranks (``resume_position``).
+    """
 
     def __init__(self, dataset: TokenSequences, sampler, collator, loader_kwargs: dict, *, epoch: int, batch: int):
         self.dataset, self.sampler, self.collator, self.loader_kwargs = dataset, sampler, collator, loader_kwargs
@@ -104,7 +124,7 @@ class MicroBatches:
 
     @property
     def position(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch}
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch * self.sampler.num_shards}
 
     def batches_per_epoch(self) -> int:
         self.sampler.set_epoch(self.epoch, start_batch=0)
@@ -139,9 +159,17 @@ def _to_device(batch: dict, device: torch.device, attn: str) -> dict:
 
 
 def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runtime, *, pad_id: int, max_length: int,
-             attn: str, max_batches: int | None) -> dict:
-    """Mean loss and perplexity over target tokens, batched like training, under no_grad and autocast."""
+             attn: str, max_batches: int | None, comm: Collectives | None = None, even_shards: bool = False) -> dict:
+    """Mean loss and perplexity over target tokens, batched like training, under no_grad and autocast.
+
+    Data parallel: each rank evaluates its shard of the batches (``max_batches`` is split between ranks) and
+    the sums are added across ranks once, at the end. ``even_shards`` for FSDP, whose forward is collective.
+    """
+    comm = comm or SingleProcess()
     sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length, attn=attn, seed=0)
+    sampler.shard(comm.rank, comm.world_size, even=even_shards)
+    if max_batches is not None:
+        max_batches = math.ceil(max_batches / comm.world_size)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
     loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
     targets = torch.zeros((), dtype=torch.int64, device=runtime.device)
@@ -158,18 +186,33 @@ def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runti
             loss_sum += batch_sum
             targets += batch_targets
     model.train(was_training)
+    if comm.world_size > 1:
+        sums = comm.sum_device_(torch.stack([loss_sum, targets.to(torch.float64)]))
+        loss_sum, targets = sums[0], sums[1].round().to(torch.int64)
     loss = (loss_sum / targets.clamp(min=1)).item()  # one sync per evaluation
     return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0)), "val_target_tokens": int(targets.item())}
 
 
 def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, params: TrainParams, runtime: Runtime,
-          pad_id: int, max_length: int, attn: str, callbacks: Sequence[Callback] = ()) -> TrainResult:
-    """Train ``model`` on ``train_set``; see the module docstring for what the hot loop never does."""
-    device, accum = runtime.device, params.batching.gradient_accumulation_steps
+          pad_id: int, max_length: int, attn: str, callbacks: Sequence[Callback] = (),
+          comm: Collectives | None = None) -> TrainResult:
+    """Train ``model`` on ``train_set``; see the module docstring for what the hot loop never does.
+
+    ``comm`` (``engine.distributed``): this rank's view of a data-parallel run. Every rank runs this function
+    on its shard of the batches; only rank 0 writes checkpoints and calls ``callbacks``.
+    """
+    comm = comm or SingleProcess()
+    device, accum, world = runtime.device, params.batching.gradient_accumulation_steps, comm.world_size
+    dist_params = params.distributed
     model.to(device)
-    raw_model, model = model, runtime.compile_model(model)
+    raw_model = model
+    model = runtime.compile_model(wrap_model(raw_model, comm, strategy=dist_params.strategy, device=device,
+                                             find_unused_parameters=dist_params.find_unused_parameters,
+                                             bucket_cap_mb=dist_params.bucket_cap_mb))
+    sync = gradient_sync(model if not hasattr(model, "_orig_mod") else model._orig_mod)
     sampler, collator = make_batching(params, train_set.lengths, pad_id=pad_id, max_length=max_length,
                                       attn=attn, seed=params.seed)
+    sampler.shard(comm.rank, world)
     stream = MicroBatches(train_set, sampler, collator, loader_settings(params, device), epoch=0, batch=0)
     steps_per_epoch = max(1, math.ceil(stream.batches_per_epoch() / accum))
     total_steps = params.max_steps or max(1, math.ceil(params.epochs * steps_per_epoch))
@@ -182,28 +225,45 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     root = Path(params.checkpoint_dir)
     state = {"step": 0, "history": [], "eval_history": [], "tokens_seen": 0, **stream.position}
     resume_from = resolve_resume(root, params.resume)
+    sharded = is_sharded(raw_model)  # FSDP2: checkpoints hold the gathered, whole state dicts
+    # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only.
+    trainable_only = not sharded and any(not param.requires_grad for param in raw_model.parameters())
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model=raw_model, optimizer=optimizer, scheduler=scheduler,
-                                grad_scaler=scaler, map_location=device)
-        stream.epoch, stream.batch = state["epoch"], state["batch_in_epoch"]
-        log.info("Resumed from %s at step %d (epoch %d, micro-batch %d)", resume_from, state["step"],
+        saved_state = load_checkpoint(resume_from, model=None, restore_rng=False)
+        _check_same_layout(saved_state, sharded, resume_from)
+        own_loader = sharded or saved_state.get("trainable_only", False)
+        state = load_checkpoint(resume_from, model=None if own_loader else raw_model,
+                                optimizer=None if sharded else optimizer, scheduler=scheduler, grad_scaler=scaler,
+                                map_location=device)
+        if sharded:
+            load_full_state_dicts(raw_model, optimizer, resume_from)
+        elif own_loader:
+            _load_trainable(raw_model, resume_from)
+        stream.epoch, stream.batch = state["epoch"], resume_position(state, world, resume_from)
+        log.info("Resumed from %s at step %d (epoch %d, micro-batch %d of this rank)", resume_from, state["step"],
                  stream.epoch, stream.batch)
     config = raw_model.config
     n_params = sum(p.numel() for p in raw_model.parameters())
-    metrics = StepMetrics(device, total_steps=total_steps,
-                          flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size,
-                                                          max_length))
-    log.info("Training %d steps (%d per epoch); effective batch = %d micro-batch x %d accumulation x 1 process; "
-             "batching %s", total_steps, steps_per_epoch, params.batching.micro_batch_size, accum,
-             params.batching.mode)
+    peak = device_peak_flops(device)
+    metrics = StepMetrics(device, total_steps=total_steps, peak_flops=peak * world if peak else None,
+                          flops_per_token=flops_per_token(n_params * (world if dist_params.strategy == "fsdp" else 1),
+                                                          config.num_hidden_layers, config.hidden_size, max_length),
+                          reduce_loss_sum=comm.sum_device_ if world > 1 else None)
+    log.info("Training %d steps (%d per epoch); effective batch = %d micro-batch x %d accumulation x %d process%s; "
+             "batching %s", total_steps, steps_per_epoch, params.batching.micro_batch_size, accum, world,
+             "es" if world > 1 else "", params.batching.mode)
     step, history, eval_history, tokens_seen = (state["step"], state["history"], state["eval_history"],
                                                 state["tokens_seen"])
-    progress = Progress(total_steps, initial=step, quiet=params.quiet)
+    if not comm.is_main:
+        callbacks = ()
+    progress = Progress(total_steps, initial=step, quiet=params.quiet or not comm.is_main)
     grad_norms: list[float] = [record["grad_norm"] for record in history if record.get("grad_norm") is not None]
     clip = params.optimizer.grad_clip if params.optimizer.grad_clip is not None else math.inf
     profile = params.profile
     profiler = (StepProfiler(start_step=profile.start_step, steps=profile.steps, trace_dir=profile.trace_dir,
-                             device=device) if profile.enabled else None)
+                             device=device) if profile.enabled and comm.is_main else None)
+    eval_model = model if dist_params.strategy == "fsdp" else raw_model  # DDP's forward is not needed to evaluate
+    backoffs: list[dict] = []
     start = perf_counter()
     metrics.start()
     with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
@@ -215,8 +275,26 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 fetched = [next(stream) for _ in range(accum)]  # data wait: time blocked on the DataLoader only
             metrics.record_data_wait(perf_counter() - waited)
             micro = [_to_device(batch, device, attn) for batch in fetched]
-            loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
-                                                       grad_scaler=scaler if scaler.is_enabled() else None)
+            # Host-side counts from the collator (no sync); summed over ranks in one small gloo all-reduce.
+            counts = [total_target_tokens(micro), *(sum(int(b[key]) for b in micro) for key in COUNT_KEYS)]
+            if world > 1:
+                *counts, stop_votes = comm.sum_host([*counts, float(stop.requested)])
+            targets, real_tokens, computed_tokens, samples = (int(value) for value in counts)
+            try:
+                loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
+                                                           grad_scaler=scaler if scaler.is_enabled() else None,
+                                                           total_targets=targets, world_size=world,
+                                                           gradient_sync=sync)
+            except torch.OutOfMemoryError as error:  # this step's update never happened: redo it smaller
+                micro = fetched = None
+                optimizer.zero_grad(set_to_none=True)
+                params, stream = _back_off(error, params, stream, step + 1, world=world, device=device,
+                                           lengths=train_set.lengths, pad_id=pad_id, max_length=max_length,
+                                           attn=attn)
+                accum = params.batching.gradient_accumulation_steps
+                backoffs.append({"step": step + 1, "micro_batch_size": params.batching.micro_batch_size,
+                                 "gradient_accumulation_steps": accum})
+                continue
             with torch.profiler.record_function("fastlm.optimizer"):
                 if scaler.is_enabled():
                     scaler.unscale_(optimizer)
@@ -228,11 +306,10 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
             step += 1
             if profiler is not None:
                 profiler.after_step(step)
-            real_tokens = sum(int(b["num_real_tokens"]) for b in micro)  # host tensors from the collator: no sync
             tokens_seen += real_tokens
-            metrics.update(loss_sum=loss_sum, target_tokens=n_targets, grad_norm=grad_norm, real_tokens=real_tokens,
-                           computed_tokens=sum(int(b["num_computed_tokens"]) for b in micro),
-                           samples=sum(int(b["num_samples"]) for b in micro), lr=scheduler.get_last_lr()[0])
+            metrics.update(loss_sum=loss_sum, target_tokens=n_targets, grad_norm=_local(grad_norm),
+                           real_tokens=real_tokens, computed_tokens=computed_tokens, samples=samples,
+                           lr=scheduler.get_last_lr()[0])
             progress.advance()
             first_step = step == 1 and not history
             if first_step or step % params.log_every == 0 or step == total_steps:
@@ -246,31 +323,137 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 progress.show(record)
                 _emit(callbacks, "train", record)
             if eval_set is not None and params.eval_every and (step % params.eval_every == 0 or step == total_steps):
-                record = {"step": step, **evaluate(model, eval_set, params, runtime, pad_id=pad_id, max_length=max_length,
-                                                    attn=attn, max_batches=params.eval_max_batches)}
+                record = {"step": step, **evaluate(eval_model, eval_set, params, runtime, pad_id=pad_id,
+                                                    max_length=max_length, attn=attn, comm=comm,
+                                                    max_batches=params.eval_max_batches,
+                                                    even_shards=dist_params.strategy == "fsdp")}
                 eval_history.append(record)
-                log.info("step %d: validation loss %.4f, perplexity %.2f", step, record["val_loss"], record["val_perplexity"])
+                if comm.is_main:
+                    log.info("step %d: validation loss %.4f, perplexity %.2f", step, record["val_loss"],
+                             record["val_perplexity"])
                 _emit(callbacks, "eval", record)
-            saved, stopping = None, stop.requested  # read the flag once: a signal may land between the checks
+            # Read the flag once (a signal may land between the checks); ranks act on the step's common vote.
+            saved, stopping = None, stop.requested if world == 1 else stop_votes > 0
             if (params.save_every and (step % params.save_every == 0 or step == total_steps)) or stopping:
                 if metrics.pending_steps:  # never save a checkpoint whose loss was not checked
                     record = {**metrics.flush(step), **stream.position}
                     _check_finite(record, step, root)
                     history.append(record)
-                saved = save_checkpoint(root, step, model=raw_model, optimizer=optimizer, scheduler=scheduler,
-                                        grad_scaler=scaler, keep_last=params.keep_last,
-                                        state={"step": step, "history": history, "eval_history": eval_history,
-                                               "tokens_seen": tokens_seen, **stream.position})
+                saved = checkpoint_dir(root, step)
+                model_state, optimizer_state = full_state_dicts(raw_model, optimizer) if sharded else (None, None)
+                if trainable_only:
+                    model_state = {name: param.detach() for name, param in raw_model.named_parameters()
+                                   if param.requires_grad}
+                if comm.is_main:  # one writer (checkpoint.py removes other writers' temporaries)
+                    saved = save_checkpoint(root, step, model=raw_model, optimizer=optimizer, scheduler=scheduler,
+                                            grad_scaler=scaler, keep_last=params.keep_last,
+                                            model_state=model_state, optimizer_state=optimizer_state,
+                                            state={"step": step, "history": history, "eval_history": eval_history,
+                                                   "tokens_seen": tokens_seen, "world_size": world,
+                                                   "sharded": sharded, "trainable_only": trainable_only,
+                                                   **stream.position})
             if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
                 progress.close()
-                raise TrainingInterrupted(stop.signal_name, step, saved, resume=params.resume)
+                comm.barrier()  # the other ranks wait until rank 0's checkpoint is on disk
+                raise TrainingInterrupted(stop.signal_name or "a signal to another rank", step, saved,
+                                          resume=params.resume)
     progress.close()
     if profiler is not None:
         profiler.close(step)
     summary = _summary(history, eval_history, params, total_steps, perf_counter() - start, n_params, steps_per_epoch)
     summary["tokens_seen"] = tokens_seen
+    summary["world_size"] = world
+    summary["oom_backoffs"] = backoffs
+    summary["effective_batch"] *= world
     summary["profile"] = profiler.summary if profiler is not None else {"enabled": False}
     return TrainResult(model=raw_model, history=history, eval_history=eval_history, summary=summary)
+
+
+COUNT_KEYS = ("num_real_tokens", "num_computed_tokens", "num_samples")
+
+
+def _local(value):
+    """A DTensor (FSDP2's gradient norm) as a plain tensor; anything else unchanged."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+class OutOfMemory(FastlmError):
+    """The device ran out of memory and the back-off was off or could not shrink the micro-batch further."""
+
+
+def _back_off(error: BaseException, params: TrainParams, stream: MicroBatches, step: int, *, world: int,
+              device: torch.device, lengths, pad_id: int, max_length: int, attn: str):
+    """CUDA out of memory: halve the micro-batch and double the accumulation (``batching.oom_backoff``).
+
+    The effective batch, the loss normalisation and the learning-rate schedule are unchanged; the data stream
+    restarts at the first sample of the failed step (batch indices double with half-size batches).
+    Without the opt-in, in a multi-process run (every rank would have to agree), or at micro-batch 1: one line.
+    """
+    batching = params.batching
+    where = f"at step {step} with micro_batch_size {batching.micro_batch_size}"
+    if not batching.oom_backoff or world > 1 or batching.micro_batch_size == 1:
+        raise OutOfMemory(
+            f"the {device.type.upper()} device ran out of memory {where} (x {batching.gradient_accumulation_steps} "
+            f"accumulation, batching {batching.mode}).",
+            fix="run `kedro run --pipeline=tune` to measure the largest micro-batch that fits"
+            + (", or set train.batching.oom_backoff: true to halve it automatically" if world == 1 and
+               batching.micro_batch_size > 1 else "")
+            + ", or turn on train.model.gradient_checkpointing.") from error
+    smaller = batching.model_copy(update={"micro_batch_size": batching.micro_batch_size // 2,
+                                          "gradient_accumulation_steps": batching.gradient_accumulation_steps * 2})
+    params = params.model_copy(update={"batching": smaller})
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # once, after a failure: hand the failed step's blocks back to the allocator
+    log.warning("Out of memory %s: continuing with micro_batch_size %d x gradient_accumulation_steps %d (the "
+                "effective batch is unchanged). Put these in conf/local to skip the failed attempt next time, or "
+                "run `kedro run --pipeline=tune`.", where, smaller.micro_batch_size, smaller.gradient_accumulation_steps)
+    sampler, collator = make_batching(params, lengths, pad_id=pad_id, max_length=max_length, attn=attn,
+                                      seed=params.seed)
+    sampler.shard(0, 1)
+    restart = max(0, stream.batch - batching.gradient_accumulation_steps) * 2
+    return params, MicroBatches(stream.dataset, sampler, collator, stream.loader_kwargs, epoch=stream.epoch,
+                                batch=restart)
+
+
+def _load_trainable(model: torch.nn.Module, folder: Path) -> None:
+    """A trainable-only (LoRA) checkpoint: its tensors must be exactly the model's trainable parameters."""
+    import safetensors.torch
+
+    file = folder / "model.safetensors"
+    saved = safetensors.torch.load_file(str(file))
+    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    if set(saved) != trainable:
+        raise CheckpointError(
+            f"checkpoint file {file} holds {len(saved)} tensors, but this model trains {len(trainable)} "
+            "(a different LoRA set-up).",
+            fix="resume with the train.model.lora settings the checkpoint was written with, or set train.resume: never.")
+    model.load_state_dict(saved, strict=False)
+
+
+def _check_same_layout(state: dict, sharded: bool, folder: Path) -> None:
+    """FSDP2 checkpoints key the optimizer state by parameter name, DDP/one-process ones by index."""
+    if bool(state.get("sharded", False)) != sharded:
+        was, now = ("fsdp", "ddp (or one process)") if state.get("sharded") else ("ddp (or one process)", "fsdp")
+        raise CheckpointError(
+            f"checkpoint {folder} was written with train.distributed.strategy {was}; this run uses {now}.",
+            fix=f"resume with strategy {was.split()[0]} (any number of processes), or set train.resume: never.")
+
+
+def resume_position(state: dict, world_size: int, folder: Path) -> int:
+    """This rank's micro-batch to resume from: the checkpoint's global batch count split over ``world_size``.
+
+    Every rank consumed the same number of batches, so a checkpoint written by W ranks at global batch ``b``
+    resumes exactly with W' ranks when W' divides ``b`` (e.g. the same effective batch with W' * a' = W * a).
+    """
+    global_batch = int(state["batch_in_epoch"])
+    if global_batch % world_size:
+        raise CheckpointError(
+            f"checkpoint {folder} was saved after global micro-batch {global_batch} of epoch {state['epoch']} "
+            f"by {state.get('world_size', 1)} process(es); {world_size} processes cannot split that position evenly.",
+            fix=f"resume with a number of processes that divides {global_batch} (it was {state.get('world_size', 1)}), "
+            "or set train.resume: never to start over.",
+        )
+    return global_batch // world_size
 
 
 def _emit(callbacks: Sequence[Callback], kind: str, record: dict) -> None:

@@ -14,7 +14,7 @@ losses of each micro-batch and divide by the number of target tokens of the WHOL
 
 ``accumulate_gradients`` is that loop, with autocast and an optional fp16 GradScaler. Under data
 parallelism, ``total`` must also be summed over ranks and the result multiplied by the world size (DDP
-averages gradients over ranks); that belongs to the distributed module.
+averages gradients over ranks): ``accumulate_gradients(..., total_targets=global, world_size=W)``.
 
 A target token is a label that some position predicts: position t predicts label t+1, so the first label
 of each row is never a target, and labels equal to ``IGNORE_INDEX`` (prompt, padding) are skipped.
@@ -86,23 +86,33 @@ def accumulate_gradients(
     *,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     grad_scaler: torch.amp.GradScaler | None = None,
+    total_targets: int | None = None,
+    world_size: int = 1,
+    gradient_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
 
     The gradients left in ``model`` equal those of one batch holding every sample. Returns the step's
     summed loss (detached, still on the device: no sync) and its number of target tokens, for metrics.
     The caller unscales/clips, steps the optimizer and zeroes the gradients.
+
+    Data parallel: ``total_targets`` is the step's target count summed over ALL ranks, ``world_size`` undoes
+    DDP's gradient averaging, and ``gradient_sync(last)`` is entered around each micro-batch so that
+    gradients are reduced across ranks only on the last one (see ``distributed.gradient_sync``).
     """
-    total = total_target_tokens(micro_batches)
+    total = total_target_tokens(micro_batches) if total_targets is None else int(total_targets)
     step_loss_sum = None
-    for batch in micro_batches:
+    last_index = len(micro_batches) - 1
+    for index, batch in enumerate(micro_batches):
         inputs = {key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}
-        with torch.profiler.record_function("fastlm.forward"), autocast():
-            logits = model(**inputs).logits
-            loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
-        loss = loss_sum / max(total, 1)
-        with torch.profiler.record_function("fastlm.backward"):
-            (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
+        sync = gradient_sync(index == last_index) if gradient_sync is not None else contextlib.nullcontext()
+        with sync:
+            with torch.profiler.record_function("fastlm.forward"), autocast():
+                logits = model(**inputs).logits
+                loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
+            loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
+            with torch.profiler.record_function("fastlm.backward"):
+                (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
         loss_sum = loss_sum.detach()
         step_loss_sum = loss_sum if step_loss_sum is None else step_loss_sum + loss_sum
     if step_loss_sum is None:

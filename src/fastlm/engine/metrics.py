@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+from collections.abc import Callable
 from time import perf_counter
 
 import torch
@@ -112,8 +113,12 @@ class StepMetrics:
         total_steps: int | None = None,
         flops_per_token: float | None = None,
         peak_flops: float | None = None,
+        reduce_loss_sum: Callable[[torch.Tensor], object] | None = None,
     ) -> None:
         self.device = torch.device(device)
+        # Data parallel: sums the window's loss over ranks in flush() (the token counts passed to update()
+        # are already global); one small collective per logging step.
+        self._reduce_loss_sum = reduce_loss_sum
         self.total_steps = total_steps
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops if peak_flops is not None else device_peak_flops(self.device)
@@ -180,6 +185,8 @@ class StepMetrics:
         """Read the sums back (the one sync), compute the window's metrics, reset the window."""
         if not self._window_steps:
             raise ValueError("flush() with no update() since the last flush")
+        if self._reduce_loss_sum is not None:
+            self._reduce_loss_sum(self._sums[:1])
         loss_sum, target_tokens, real_tokens, computed_tokens, samples, grad_norm = self._sums.tolist()
         now = perf_counter()  # after the sync: the GPU has finished the window's work
         window = max(now - self._window_start, 1e-12)

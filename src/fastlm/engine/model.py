@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from fastlm.engine import lora
 from fastlm.engine.config import ModelParams
 from fastlm.errors import ConfigError
 
@@ -27,9 +28,12 @@ def choose_attention(requested: str, device: torch.device) -> str:
 
 
 def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_implementation: str):
-    """The model, in fp32, training mode, with the KV cache off; vocabulary and positions checked."""
+    """The model, in fp32 (LoRA: frozen base in ``lora.base_dtype``, adapters fp32), training mode, with the KV
+    cache off; vocabulary and positions checked."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+    if params.lora.enabled:  # before any weights load: a LoRA set-up this machine cannot run is one line
+        lora.check_supported(params)
     if params.name_or_path is None:
         config = LlamaConfig(
             vocab_size=len(tokenizer),
@@ -47,25 +51,28 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
         )
         model = LlamaForCausalLM(config)
     else:
+        load = lora.load_kwargs(params.lora) if params.lora.enabled else {"dtype": torch.float32}
         model = AutoModelForCausalLM.from_pretrained(
             _local_or_hub(params), trust_remote_code=params.trust_remote_code,
-            attn_implementation=attn_implementation, dtype=torch.float32,
+            attn_implementation=attn_implementation, **load,
         )
     _check_fits(model, tokenizer, max_length)
     model.config.use_cache = False  # a cache is useless in training and turns off packed-sample detection
     if params.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("Model %s: %s parameters, attention %s", params.name_or_path or "llama (from config)",
-             f"{n_params:,}", attn_implementation)
+    if params.lora.enabled:
+        model = lora.apply_lora(model, params.lora, gradient_checkpointing=params.gradient_checkpointing)
+    counts = lora.parameter_counts(model)
+    log.info("Model %s: %s parameters (%s trainable), attention %s", params.name_or_path or "llama (from config)",
+             f"{counts['total_parameters']:,}", f"{counts['trainable_parameters']:,}", attn_implementation)
     return model.train()
 
 
 def _local_or_hub(params: ModelParams) -> str:
     source = params.name_or_path
     local = Path(source).expanduser()
-    if local.is_dir():
-        return str(local)
+    if local.is_dir():  # absolute: a LoRA adapter's config names its base folder, loadable from anywhere
+        return str(local.resolve())
     if local.is_absolute() or source.startswith((".", "~")) or local.exists() or not params.allow_download:
         raise ConfigError(
             f"{PARAM} = {source!r} is not a model directory"

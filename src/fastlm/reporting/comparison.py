@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
+from numbers import Number
 
 import pandas as pd
+
+from fastlm.tracking import SafeMlflow, active_run_id
 
 log = logging.getLogger(__name__)
 SPEED = "metrics.train/real_tokens_per_s"
 VAL_LOSS = "metrics.eval/val_loss"
 TRAIN_LOSS = "metrics.train/loss"
+# Test-split metrics logged by the report (``test_<name>``), shown in the comparison when a run has them.
+TEST_METRICS = ("loss", "perplexity", "accuracy", "top5_accuracy", "rouge1", "rouge2", "rougeL",
+                "rouge1_precision", "rouge1_recall", "rouge2_precision", "rouge2_recall", "rougeL_precision",
+                "rougeL_recall")
+COMPARED_TEST_METRICS = ("loss", "rouge1", "rouge2", "rougeL")
 
 
 def compare_runs(runs: pd.DataFrame, limit: int = 20) -> pd.DataFrame:
     """One row per training run (newest first) from ``mlflow.search_runs`` output.
 
     Only parameters whose values differ between the runs are shown, so "batch 8 vs 16" or "packed vs
-    dynamic" is one look. Speed and losses are the last values logged; wall time is end - start.
+    dynamic" is one look. Speed and losses are the last values logged; wall time is end - start. Test loss
+    and ROUGE-1/2/L (F1) columns appear when at least one run has them (a report logged them).
     """
     if runs.empty or SPEED not in runs.columns:
         return pd.DataFrame(columns=["run_id", "run_name", "start_time"])
@@ -30,11 +41,36 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20) -> pd.DataFrame:
         "real_tokens_per_s": runs[SPEED],
         "final_train_loss": runs.get(TRAIN_LOSS),
         "final_val_loss": runs.get(VAL_LOSS),
-        "wall_time_s": (runs["end_time"] - runs["start_time"]).dt.total_seconds() if "end_time" in runs else None,
+        "wall_time_s": _wall_time_s(runs),
     })
+    for name in COMPARED_TEST_METRICS:
+        column = f"metrics.test_{name}"
+        if column in runs and runs[column].notna().any():
+            table[f"test_{name}"] = runs[column]
     for column in differing:
         table[column.removeprefix("params.")] = runs[column]
     return table.reset_index(drop=True)
+
+
+def log_test_metrics(metrics: dict, training_run_id: str | None) -> dict:
+    """``test_<name>`` for the finite TEST_METRICS in ``metrics``, on the active run and on the training run
+    (the one the comparison lists; it may be the active run). A failing store warns once. Returns them."""
+    values = {f"test_{name}": float(metrics[name]) for name in TEST_METRICS
+              if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])}
+    if not values:
+        return values
+    tracking = SafeMlflow()
+    tracking.call("test metric logging", lambda mlflow: mlflow.log_metrics(values))
+    if training_run_id and training_run_id != active_run_id():
+        def log_on_training_run(mlflow):
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            batch = [Metric(key, value, now, 0) for key, value in values.items()]
+            mlflow.MlflowClient().log_batch(training_run_id, metrics=batch)
+
+        tracking.call("test metric logging on the training run", log_on_training_run)
+    return values
 
 
 def search_training_runs(experiment: str | None = None) -> pd.DataFrame:
@@ -50,3 +86,13 @@ def search_training_runs(experiment: str | None = None) -> pd.DataFrame:
     except Exception as exc:  # noqa: BLE001 - a report without the comparison beats no report
         log.warning("Run comparison skipped: MLflow search failed (%s: %s)", type(exc).__name__, exc)
         return pd.DataFrame()
+
+
+def _wall_time_s(runs: pd.DataFrame) -> pd.Series | None:
+    """End minus start, in seconds; NaN for a run still active (MLflow gives it no end time, and a column of
+    only missing end times comes back tz-naive while start times are UTC)."""
+    if "end_time" not in runs:
+        return None
+    end = pd.to_datetime(runs["end_time"], utc=True)
+    start = pd.to_datetime(runs["start_time"], utc=True)
+    return (end - start).dt.total_seconds()

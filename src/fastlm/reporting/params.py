@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from fastlm.config import Params, parse_params
+from fastlm.reporting.rouge import TOKENIZERS
 
 SOURCE = "conf/base/parameters_report.yml"
 
@@ -22,6 +25,29 @@ class DecodingSetting(Params):
     seed: int = 0
 
 
+class ReferenceParams(Params):
+    """Generation on the test split and ROUGE against the references (prompt/response data only)."""
+
+    enabled: Literal["auto", True, False] = Field("auto", description="auto: when the data has prompt/response")
+    max_samples: int | None = Field(200, ge=1, description="hash-selected test samples; null: all")
+    batch_size: int = Field(16, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    num_beams: int = Field(1, ge=1)
+    do_sample: bool = False
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    no_repeat_ngram_size: int = Field(0, ge=0)
+    seed: int = 0
+    rouge_tokenizer: Literal[TOKENIZERS] = "auto"  # type: ignore[valid-type]
+
+    def decoding(self) -> dict:
+        """The decoding settings (``fastlm.engine.generation.decoding_kwargs`` arguments)."""
+        return self.model_dump(include={"num_beams", "do_sample", "temperature", "top_p", "top_k",
+                                        "repetition_penalty", "no_repeat_ngram_size"})
+
+
 class ReportParams(Params):
     eval_max_batches: int | None = Field(None, ge=1, description="null: the whole test split")
     top_k: int = Field(5, ge=1)
@@ -34,6 +60,7 @@ class ReportParams(Params):
         DecodingSetting(name="sampled", do_sample=True, temperature=0.8, top_p=0.95),
     ]
     compare_runs: int = Field(20, ge=1, description="latest MLflow training runs in the comparison table")
+    references: ReferenceParams = ReferenceParams()
 
 
 def parse_report_params(raw) -> ReportParams:

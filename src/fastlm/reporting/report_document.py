@@ -17,7 +17,7 @@ def _one_row(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_sections(*, summary, history, eval_history, training, efficiency, diagnosis, test_metrics, error_pairs,
-                   worst, generations, runs) -> list[Section]:
+                   worst, generations, runs, predictions=None) -> list[Section]:
     findings = diagnosis.get("findings", [])
     triggered = [f for f in findings if f["triggered"]]
     eta = diagnosis.get("epoch_eta") or {}
@@ -42,10 +42,45 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
         Section("Most frequent wrong predictions", table=error_pairs),
         Section("Worst samples by loss", table=worst),
         Section("Sample generations", table=generations),
+        *_rouge_sections(test_metrics, predictions),
         Section("Run comparison", text="Training runs of this MLflow experiment; only parameters that differ.",
                 table=runs),
         *_profile_sections(summary.get("profile") or {}),
     ]
+
+
+ROUGE_SHOWN = 10  # samples shown in the report (all of them are in reference_predictions.csv)
+PROMPT_SHOWN = 160  # characters of a prompt shown (its end: where the response starts)
+
+
+def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> list[Section]:
+    """ROUGE against the references (prompt/response data only): precision/recall/F1 and a few samples."""
+    if predictions is None or predictions.empty or "rouge1" not in test_metrics:
+        return []
+    scores = pd.DataFrame({
+        "ROUGE": ["ROUGE-1", "ROUGE-2", "ROUGE-L"],
+        "precision": [test_metrics[f"{r}_precision"] for r in ("rouge1", "rouge2", "rougeL")],
+        "recall": [test_metrics[f"{r}_recall"] for r in ("rouge1", "rouge2", "rougeL")],
+        "F1": [test_metrics[r] for r in ("rouge1", "rouge2", "rougeL")],
+    })
+    text = (f"{test_metrics['rouge_samples']:,} test samples generated ({test_metrics['rouge_decoding']}) and "
+            f"scored against their reference responses with rouge-score, tokenizer "
+            f"'{test_metrics['rouge_tokenizer']}'; means over samples. "
+            f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s.")
+    shown = predictions.head(ROUGE_SHOWN)
+    samples = pd.DataFrame({
+        "prompt (end)": [_tail(prompt, PROMPT_SHOWN) for prompt in shown["prompt"].astype(str)],
+        "reference": shown["reference"], "prediction": shown["prediction"].fillna(""),
+        "ROUGE-1": shown["rouge1_f1"], "ROUGE-L": shown["rougeL_f1"],
+    })
+    return [Section("ROUGE on the test split", text=text, table=scores),
+            Section("Generations against references",
+                    text=f"The first {len(shown)} of {len(predictions):,} (all in reference_predictions.csv).",
+                    table=samples)]
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "…" + text[-limit:]
 
 
 def _profile_sections(profile: dict) -> list[Section]:

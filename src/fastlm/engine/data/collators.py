@@ -1,6 +1,9 @@
 """Collators: lists of samples (token id lists / arrays, or dicts with ``input_ids``) to dicts of tensors.
 
 No tokenization happens here; samples arrive as the split pipeline stored them (unpadded, EOS last).
+Prompt/response samples arrive as ``{"input_ids": ..., "prompt_length": n}`` (``TokenSequences`` with
+prompt lengths): every collator then sets the labels of the first ``n`` tokens to -100 (completion-only loss,
+see ``labels``), and ``num_target_tokens`` counts only the response tokens and EOS.
 Every collator returns ``input_ids``, ``labels``, ``attention_mask`` and the host-side counts
 
 ``num_target_tokens``    labels some position predicts (``count_target_tokens``: the divisor of the mean loss)
@@ -52,6 +55,10 @@ def _sample_ids(feature) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64).reshape(-1)
 
 
+def _prompt_length(feature) -> int:
+    return int(feature.get("prompt_length", 0)) if isinstance(feature, Mapping) else 0
+
+
 def _round_up(value: int, multiple: int | None) -> int:
     return value if not multiple else -(-value // multiple) * multiple
 
@@ -91,7 +98,8 @@ class DynamicPaddingCollator:
             input_ids[row, : len(ids)] = ids
         attention_mask = torch.from_numpy(np.arange(seq_len)[None, :] < lengths[:, None]).to(torch.int64)
         input_ids = torch.from_numpy(input_ids)
-        labels = causal_lm_labels(input_ids, attention_mask)
+        prompts = [_prompt_length(feature) for feature in features]
+        labels = causal_lm_labels(input_ids, attention_mask, torch.tensor(prompts) if any(prompts) else None)
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -152,7 +160,16 @@ class PackedCollator:
         flat = np.full(len(row_lengths) * seq_len, self.pad_id, dtype=np.int64)
         flat[layout.real_mask.reshape(-1).numpy()] = np.concatenate([samples[i] for row in rows for i in row])
         input_ids = torch.from_numpy(flat.reshape(len(row_lengths), seq_len))
-        labels = packed_causal_lm_labels(input_ids, layout.position_ids, layout.real_mask)
+        prompts = [_prompt_length(feature) for feature in features]
+        limits = None
+        if any(prompts):  # each token gets its sample's prompt length; position < limit marks a prompt token
+            flat_limits = np.zeros(flat.size, dtype=np.int64)
+            order = [i for row in rows for i in row]
+            flat_limits[layout.real_mask.reshape(-1).numpy()] = np.repeat(
+                [prompts[i] for i in order], [lengths[i] for i in order]
+            )
+            limits = torch.from_numpy(flat_limits.reshape(input_ids.shape))
+        labels = packed_causal_lm_labels(input_ids, layout.position_ids, layout.real_mask, limits)
         batch = {"input_ids": input_ids, "labels": labels, "position_ids": layout.position_ids,
                  "sequence_ids": layout.sequence_ids.to(torch.int32)}
         if self.attention_mask_format != "none":

@@ -15,6 +15,11 @@ Hugging Face causal-LM models shift the labels inside their loss: position ``t``
   token, which changes no loss but keeps the row-major flattened view ``[1, rows * T]`` (flash-attention
   varlen) free of cross-row transitions.
 
+* prompt tokens of prompt/response samples (completion-only loss): the first ``prompt_length`` labels of a
+  sample are -100, so no position is trained to predict a prompt token. The label of the first response
+  token (predicted from the last prompt token) and the closing EOS stay targets. Prompt tokens are still
+  *inputs*: the response is conditioned on them.
+
 With these labels, the summed loss of a packed row (with its block-diagonal mask, see ``packing``) equals the
 sum of the losses of its samples run one at a time, and ``count_target_tokens(labels)`` (labels[..., 1:] that
 are not -100, the divisor of the mean loss) is the number of next-token predictions actually scored.
@@ -41,24 +46,34 @@ def real_token_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.arange(seq_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def causal_lm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Labels of a padded batch: ``input_ids`` with ``IGNORE_INDEX`` exactly where ``attention_mask`` is 0.
+def causal_lm_labels(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Labels of a padded batch: ``input_ids`` with ``IGNORE_INDEX`` exactly where ``attention_mask`` is 0
+    and, with ``prompt_lengths`` (one per row), on the first ``prompt_lengths[i]`` tokens of row i.
 
     ``attention_mask`` (0/1 or bool, same shape) says which positions hold real tokens; the pad id plays no role.
     """
     labels = input_ids.clone()
     labels[~attention_mask.bool()] = IGNORE_INDEX
+    if prompt_lengths is not None:
+        labels[real_token_mask(prompt_lengths, input_ids.shape[-1])] = IGNORE_INDEX
     return labels
 
 
 def packed_causal_lm_labels(
-    input_ids: torch.Tensor, position_ids: torch.Tensor, real_mask: torch.Tensor
+    input_ids: torch.Tensor, position_ids: torch.Tensor, real_mask: torch.Tensor,
+    prompt_limits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Labels of packed rows: padding and every sample's first token (``position_ids == 0``) are ``IGNORE_INDEX``.
 
     ``position_ids`` restart at 0 at each sample start (as the packed layout builds them); ``real_mask`` is True
-    on sample tokens, False on padding.
+    on sample tokens, False on padding. ``prompt_limits`` (same shape, optional) holds, at each token, the
+    prompt length of its sample: tokens with ``position_ids < prompt_limits`` are prompt tokens, ``IGNORE_INDEX``.
     """
     labels = input_ids.clone()
-    labels[~real_mask.bool() | (position_ids == 0)] = IGNORE_INDEX
+    ignored = ~real_mask.bool() | (position_ids == 0)
+    if prompt_limits is not None:
+        ignored |= position_ids < prompt_limits
+    labels[ignored] = IGNORE_INDEX
     return labels

@@ -5,6 +5,14 @@ order depends only on ``(seed, epoch)``: it is drawn from ``numpy.random.default
 ``set_epoch(epoch, start_batch=0)`` selects the epoch; ``start_batch`` skips the batches a checkpointed run
 already consumed, so a resumed run continues the data order exactly (``len()`` counts the batches left).
 
+Data parallelism: ``shard(index, count)`` makes the sampler yield only shard ``index`` of ``count``: every
+rank draws the same global batches from the same generator, drops the last ``len % count`` of them (so every
+rank runs the same number of steps) and takes every ``count``-th batch, starting at ``index``. Optimizer step k
+with ``a`` micro-batches per rank then covers global batches ``k*a*count ... (k+1)*a*count - 1``: exactly the
+batches one process with ``a*count`` accumulation steps would use, so the two runs see the same data. Packed
+batches each fill the same token budget, so the shards are balanced by tokens, not by rows.
+``start_batch`` and ``len()`` count this shard's batches.
+
 * ``LengthGroupedSampler`` (with ``collators.DynamicPaddingCollator``): shuffle, cut the order into
   mega-batches of ``mega_batch_mult * batch_size`` samples, sort each mega-batch by length (longest first),
   cut it into batches, and shuffle the order of all the batches. Batches hold samples of similar lengths,
@@ -36,6 +44,7 @@ class _EpochBatchSampler(Sampler[list[int]]):
         if self.lengths.ndim != 1:
             raise ValueError(f"lengths must be 1-D, got shape {self.lengths.shape}")
         self.seed = int(seed)
+        self.shard_index, self.num_shards, self.even_shards = 0, 1, True
         self._cache: tuple[int, list[np.ndarray]] | None = None
         self.set_epoch(epoch, start_batch)
 
@@ -44,6 +53,16 @@ class _EpochBatchSampler(Sampler[list[int]]):
         if epoch < 0 or start_batch < 0:
             raise ValueError("epoch and start_batch must be >= 0")
         self.epoch, self.start_batch = int(epoch), int(start_batch)
+
+    def shard(self, index: int, count: int, *, even: bool = True) -> None:
+        """Yield only shard ``index`` of ``count`` (one per data-parallel rank; see the module docstring).
+
+        ``even=False`` keeps the last ``len % count`` batches (some shards get one more): for evaluation, where
+        ranks meet only once, at the end, to sum their results.
+        """
+        if count < 1 or not 0 <= index < count:
+            raise ValueError(f"shard index must be in [0, {count}), got {index}")
+        self.shard_index, self.num_shards, self.even_shards = int(index), int(count), even
 
     def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
         raise NotImplementedError
@@ -54,12 +73,20 @@ class _EpochBatchSampler(Sampler[list[int]]):
             self._cache = (self.epoch, self._make_batches(epoch_rng(self.seed, self.epoch)))
         return self._cache[1]
 
+    def shard_batches(self) -> list[np.ndarray]:
+        """This shard's batches of the current epoch (all of them with one shard)."""
+        batches = self.epoch_batches()
+        if self.num_shards == 1:
+            return batches
+        usable = len(batches) - len(batches) % self.num_shards if self.even_shards else len(batches)
+        return batches[self.shard_index : usable : self.num_shards]
+
     def __iter__(self):
-        for batch in self.epoch_batches()[self.start_batch :]:
+        for batch in self.shard_batches()[self.start_batch :]:
             yield batch.tolist()
 
     def __len__(self) -> int:
-        return max(len(self.epoch_batches()) - self.start_batch, 0)
+        return max(len(self.shard_batches()) - self.start_batch, 0)
 
 
 class LengthGroupedSampler(_EpochBatchSampler):

@@ -1,4 +1,4 @@
-"""Nodes of the report pipeline: summaries, test-split evaluation, plots, run comparison, the report."""
+"""Nodes of the report pipeline: summaries, test-split evaluation, ROUGE, plots, run comparison, the report."""
 
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ from fastlm.errors import InputDataError
 from fastlm.reporting import comparison, plots
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
 from fastlm.reporting.params import parse_report_params
+from fastlm.reporting.references import (
+    PREDICTION_COLUMNS,
+    has_references,
+    reference_pairs,
+    score_test_generations,
+)
 from fastlm.reporting.report_document import build_document
 from fastlm.reporting.summaries import efficiency_summary, training_summary
 
 log = logging.getLogger(__name__)
 HISTORY = "data/07_model_output/train_history.csv"
+SPLITS = "data/03_primary/corpus_splits.parquet"
 
 
 def summarize_training(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame):
@@ -43,9 +50,10 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
                    split_params: dict, report_params: dict):
     """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations."""
     params, report = parse_train_params(train_params), parse_report_params(report_params)
-    max_length = parse_split_params(split_params).max_length
+    split = parse_split_params(split_params)
+    max_length = split.max_length
     model, tokenizer = trained["model"], trained["tokenizer"]
-    check_fresh(fingerprint, tokenizer, max_length, where="data/05_model_input/tokenized_corpus")
+    check_fresh(fingerprint, tokenizer, split, where="data/05_model_input/tokenized_corpus")
     if len(tokenized["test"]) == 0:
         raise InputDataError("the test split is empty.", fix="raise split.ratios.test and rerun the split pipeline.")
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
@@ -63,14 +71,60 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
     return result.metrics, result.wrong_pairs, result.worst_samples, generations
 
 
+def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: dict, split_params: dict,
+                           report_params: dict) -> tuple[pd.DataFrame, dict]:
+    """Prompt/response data: generations on the test split and their ROUGE against the responses.
+
+    Plain-text data (``report.references.enabled: auto``) or ``enabled: false``: an empty table and no
+    metrics, and the report has no ROUGE section.
+    """
+    references = parse_report_params(report_params).references
+    found = has_references(splits)
+    if references.enabled is True and not found:
+        raise InputDataError(
+            f"report.references.enabled is true but {SPLITS} has no prompt/response columns "
+            f"(it has {list(map(str, splits.columns))}).",
+            fix="split prompt/response data (split.prompt_column and split.response_column) or set "
+                "report.references.enabled: auto.")
+    if references.enabled is False or not found:
+        log.info("No generation against references: %s", "report.references.enabled is false" if found
+                 else "the data has no prompt/response columns")
+        return pd.DataFrame(columns=PREDICTION_COLUMNS), {}
+    pairs = reference_pairs(splits, references.max_samples)
+    if pairs.empty:
+        raise InputDataError(f"the test split of {SPLITS} is empty.",
+                             fix="raise split.ratios.test and rerun the split pipeline.")
+    params = parse_train_params(train_params)
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    model = trained["model"].to(runtime.device)
+    table, metrics = score_test_generations(
+        model, trained["tokenizer"], pairs, settings=references.decoding(), runtime=runtime,
+        max_new_tokens=references.max_new_tokens, batch_size=references.batch_size, seed=references.seed,
+        rouge_tokenizer=references.rouge_tokenizer, max_length=parse_split_params(split_params).max_length)
+    log.info("ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
+             "(%.1f s, %.0f generated tokens/s)", metrics["rouge_samples"], metrics["rouge_decoding"],
+             metrics["rouge_tokenizer"], metrics["rouge1"], metrics["rouge2"], metrics["rougeL"],
+             metrics["generation_seconds"], metrics["generated_tokens_per_s"])
+    return table, metrics
+
+
+def collect_test_metrics(evaluation: dict, references: dict, summary: dict) -> dict:
+    """Loss, perplexity and accuracy beside ROUGE (when scored), logged to MLflow as ``test_<name>`` on this
+    run and on the training run, where the run comparison finds them."""
+    metrics = {**evaluation, **references}
+    comparison.log_test_metrics(metrics, training_run_id=summary.get("mlflow_run_id"))
+    return metrics
+
+
 def plot_training(history: pd.DataFrame, eval_history: pd.DataFrame):
     """Loss, throughput, learning rate and peak memory against step, as PNGs through the catalog."""
     return (plots.loss_figure(history, eval_history), plots.throughput_figure(history),
             plots.learning_rate_figure(history), plots.memory_figure(history))
 
 
-def compare_training_runs(report_params: dict) -> pd.DataFrame:
-    """The experiment's training runs side by side (parameters that differ, tokens/s, loss, wall time)."""
+def compare_training_runs(report_params: dict, test_metrics: dict) -> pd.DataFrame:
+    """The experiment's training runs side by side (parameters that differ, tokens/s, loss, test loss and
+    ROUGE, wall time). ``test_metrics`` is an input so that this run's are logged before the search."""
     table = comparison.compare_runs(comparison.search_training_runs(), parse_report_params(report_params).compare_runs)
     log.info("Run comparison: %d training runs", len(table))
     return table
@@ -78,8 +132,10 @@ def compare_training_runs(report_params: dict) -> pd.DataFrame:
 
 def write_report(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, training: pd.DataFrame,
                  efficiency: pd.DataFrame, diagnosis: dict, test_metrics: dict, error_pairs: pd.DataFrame,
-                 worst: pd.DataFrame, generations: pd.DataFrame, runs: pd.DataFrame) -> tuple[str, str]:
+                 worst: pd.DataFrame, generations: pd.DataFrame, predictions: pd.DataFrame,
+                 runs: pd.DataFrame) -> tuple[str, str]:
     """One self-contained HTML report (plots embedded) and a Markdown summary."""
     return build_document(summary=summary, history=history, eval_history=eval_history, training=training,
                           efficiency=efficiency, diagnosis=diagnosis, test_metrics=test_metrics,
-                          error_pairs=error_pairs, worst=worst, generations=generations, runs=runs)
+                          error_pairs=error_pairs, worst=worst, generations=generations,
+                          predictions=predictions, runs=runs)

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.cleaning import clean_texts
-from fastlm.corpus.fingerprint import make_fingerprint
+from fastlm.corpus.fingerprint import data_format_params, make_fingerprint
 from fastlm.corpus.params import TRAIN_TOKENIZER, parse_split_params
+from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
 from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import build_report, length_summary
 from fastlm.corpus.tokenization import tokenize_texts
@@ -22,36 +23,64 @@ log = logging.getLogger(__name__)
 
 
 def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
-    """NFC + strip, drop missing/non-string/empty/whitespace-only rows and exact duplicates."""
+    """NFC + strip, drop missing/non-string/empty/whitespace-only rows and exact duplicates.
+
+    Prompt/response data (``split.prompt_column`` + ``response_column``, or ``messages_column``) is also
+    rendered here (prompt template or chat template, see ``fastlm.corpus.prompts``), keyed on the raw pair.
+    """
     config = parse_split_params(params)
     source = raw.attrs.get("source_path", "raw_corpus")
-    if config.text_column not in raw.columns:
-        raise InputDataError(
-            f"{source} has no column {config.text_column!r}; its columns are {list(map(str, raw.columns))}.",
-            fix="set split.text_column to one of them (--params split.text_column=<name>).",
-        )
+    _require_columns(raw, config, source)
+    tokenizer = None
     if config.tokenizer.source != TRAIN_TOKENIZER:  # fail now, before any output is written
-        load_tokenizer(config.tokenizer.source, **config.tokenizer.model_dump(include={"allow_download", "trust_remote_code"}))
-    kept, drops = clean_texts(raw[config.text_column])
+        tokenizer = load_tokenizer(
+            config.tokenizer.source, **config.tokenizer.model_dump(include={"allow_download", "trust_remote_code"})
+        )
+    if config.data_format == "text":
+        kept, drops = clean_texts(raw[config.text_column])
+        kept = kept.to_frame()
+    else:
+        kept, drops = prompt_frame(raw, config, tokenizer)
+        if config.data_format == "messages":
+            log.info("Messages rendered with %s", "the tokenizer's chat template" if config.chat_template
+                     and has_chat_template(tokenizer) else "split.prompt_template")
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
         raise InputDataError(
-            f"no usable text left in {source} after cleaning {len(raw)} rows (dropped: {drops}).",
-            fix=f"check that split.text_column ({config.text_column!r}) holds the texts.",
+            f"no usable {'text' if config.data_format == 'text' else 'prompt/response row'} left in {source} "
+            f"after cleaning {len(raw)} rows (dropped: {drops}).",
+            fix=f"check that {', '.join(f'split.{name} ({column!r})' for name, column in _columns(config))} "
+            "hold the data.",
         )
-    return kept.to_frame(), {"raw_rows": len(raw), "dropped": drops, "source": source}
+    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+
+
+def _columns(config) -> list[tuple[str, str]]:
+    """(parameter, column) pairs the configured data format reads."""
+    names = {"text": ["text_column"], "prompt_response": ["prompt_column", "response_column"],
+             "messages": ["messages_column"]}[config.data_format]
+    return [(name, getattr(config, name)) for name in names]
+
+
+def _require_columns(raw: pd.DataFrame, config, source: str) -> None:
+    for name, column in _columns(config):
+        if column not in raw.columns:
+            raise InputDataError(
+                f"{source} has no column {column!r}; its columns are {list(map(str, raw.columns))}.",
+                fix=f"set split.{name} to one of them (--params split.{name}=<name>).",
+            )
 
 
 def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.DataFrame, dict]:
-    """Assign train/validation/test by a keyed hash of each text; apply the max_samples cap."""
+    """Assign train/validation/test by a keyed hash of each text (or raw prompt/response pair); apply the
+    max_samples cap."""
     config = parse_split_params(params)
-    keys = text_keys(clean["text"], config.hash_salt)
+    keys = text_keys(clean["split_key" if "split_key" in clean else "text"], config.hash_salt)
     keep = cap_rows(keys[:, 1], config.max_samples)
     ratios = config.ratios
     codes = assign_splits(keys[keep, 0], ratios.train, ratios.validation, ratios.test)
-    splits = pd.DataFrame(
-        {"text": clean["text"].to_numpy()[keep], "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))}
-    )
+    columns = {name: clean[name].to_numpy()[keep] for name in clean.columns if name != "split_key"}
+    splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
     counts = splits["split"].value_counts().reindex(SPLITS).to_dict()
     for name in SPLITS:
         if counts[name] == 0 and getattr(ratios, name) > 0:
@@ -67,7 +96,8 @@ def build_tokenizer(splits: pd.DataFrame, params: dict):
     config = parse_split_params(params).tokenizer
     if config.source != TRAIN_TOKENIZER:
         return load_tokenizer(config.source, allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
-    train = splits.loc[splits["split"] == "train", "text"].tolist()[: config.training_samples]
+    train_rows = splits.loc[splits["split"] == "train"].head(config.training_samples)
+    train = train_rows["text"].tolist() if "text" in splits else train_rows["prompt"].tolist() + train_rows["response"].tolist()
     tokenizer = train_bpe_tokenizer(
         train, vocab_size=config.vocab_size, min_frequency=config.min_frequency,
         model_max_length=parse_split_params(params).max_length,
@@ -77,18 +107,26 @@ def build_tokenizer(splits: pd.DataFrame, params: dict):
 
 
 def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[datasets.DatasetDict, dict, dict]:
-    """Unpadded token ids with EOS appended, truncated at max_length; fingerprint; length stats."""
+    """Unpadded token ids with EOS appended, truncated at max_length; fingerprint; length stats.
+
+    Prompt/response rows become prompt ids + response ids + EOS with a ``prompt_length`` column.
+    """
     config = parse_split_params(params)
-    tokens = tokenize_texts(
-        splits["text"].tolist(), tokenizer, max_length=config.max_length,
-        batch_size=config.batch_size, num_proc=config.num_proc,
-    )
+    encode = {"max_length": config.max_length, "batch_size": config.batch_size, "num_proc": config.num_proc}
+    if config.data_format == "text":
+        tokens = tokenize_texts(splits["text"].tolist(), tokenizer, **encode)
+    else:
+        tokens = tokenize_pairs(splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, **encode)
     codes = splits["split"].cat.codes.to_numpy()
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}
     tokenized = datasets.DatasetDict({name: datasets.Dataset(tokens.to_arrow(rows[name])) for name in SPLITS})
     row_hashes = pd.util.hash_pandas_object(splits, index=False).to_numpy()
-    fingerprint = make_fingerprint(tokenizer, config.max_length, data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest())
+    fingerprint = make_fingerprint(tokenizer, config.max_length, data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
+                                   data_format=data_format_params(config, tokenizer))
     stats = {name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS}
+    if tokens.prompt_lengths is not None:
+        for name in SPLITS:
+            stats[name]["target_tokens"] = int((tokens.lengths[rows[name]] - tokens.prompt_lengths[rows[name]]).sum())
     log.info("Tokenized %d texts into %d tokens (max_length %d)", len(splits), len(tokens.values), config.max_length)
     return tokenized, fingerprint, stats
 

@@ -2,55 +2,68 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
 import datasets
 import pandas as pd
+import torch
 
 from fastlm.corpus.fingerprint import check_fresh
 from fastlm.corpus.params import parse_split_params
 from fastlm.engine.config import parse_train_params
-from fastlm.engine.data import pad_id_of
-from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import loader_settings, train
-from fastlm.engine.metrics import device_memory_mb
+from fastlm.engine.distributed import launch_mode, rank_from_env
+from fastlm.engine.job import TrainJob, run_job
+from fastlm.engine.launcher import launch_workers
+from fastlm.engine.lora import parameter_counts
 from fastlm.engine.model import build_model, choose_attention
-from fastlm.engine.runtime import RuntimeConfig, setup_runtime
-from fastlm.tracking import MlflowMetrics, active_run_id
+from fastlm.redaction import redact
+from fastlm.tracking import MlflowMetrics, active_run_id, tracking_target
 
 log = logging.getLogger(__name__)
 TOKENIZED = "data/05_model_input/tokenized_corpus"
 TUNED = "conf/local/parameters_tuned.yml"
+MODEL_DIR = "data/06_models/model"  # the trained_model catalog entry
 
 
 def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict,
                 split_params: dict) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
-    """Train on the tokenized splits; return the model+tokenizer, metric histories and the run summary."""
+    """Train on the tokenized splits (in this process, as a torchrun rank, or in launched workers); return the
+    model+tokenizer, metric histories and the run summary."""
     params = parse_train_params(train_params)
-    max_length = parse_split_params(split_params).max_length
-    check_fresh(fingerprint, tokenizer, max_length, where=TOKENIZED)
+    split = parse_split_params(split_params)
+    max_length = split.max_length
+    check_fresh(fingerprint, tokenizer, split, where=TOKENIZED)  # max_length and the prompt/response format
     if Path(TUNED).is_file():
         log.info("%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
                  "gradient_accumulation_steps=%d; delete it to go back to conf/base", TUNED,
                  params.batching.micro_batch_size, params.batching.gradient_accumulation_steps)
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-    attn = choose_attention(params.model.attn_implementation, runtime.device)
-    model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)
-    train_set = TokenSequences.from_arrow(tokenized["train"])
-    eval_set = TokenSequences.from_arrow(tokenized["validation"]) if len(tokenized["validation"]) else None
-    tracker = MlflowMetrics()
-    tracker.log_params({f"runtime.{key}": value for key, value in runtime.describe().items()})
-    result = train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id_of(tokenizer),
-                   max_length=max_length, attn=attn, callbacks=[tracker])
-    summary = {**result.summary, "attention": attn, "fingerprint": fingerprint["fingerprint"],
-               "micro_batch_size": params.batching.micro_batch_size,
-               "gradient_accumulation_steps": params.batching.gradient_accumulation_steps,
-               "dataloader_workers": loader_settings(params, runtime.device)["num_workers"],
-               "train_samples": len(train_set), "train_tokens": train_set.num_tokens,
-               "device_memory_mb": device_memory_mb(runtime.device), "mlflow_run_id": active_run_id(),
-               "runtime": runtime.describe()}
-    log.info("Trained %d steps in %.1fs: train loss %.4f, validation loss %s", summary["steps"],
-             summary["wall_time_s"], summary["final_train_loss"], summary["final_val_loss"])
+    job = TrainJob(params=params, max_length=max_length, train_split=tokenized["train"],
+                   eval_split=tokenized["validation"] if len(tokenized["validation"]) else None,
+                   tokenizer=tokenizer, model_dir=MODEL_DIR, extra_summary={"fingerprint": fingerprint["fingerprint"]})
+    mode = launch_mode(params.distributed.nproc_per_node)
+    if mode == "spawn":
+        target = tracking_target()
+        result = launch_workers(
+            job, params.distributed.nproc_per_node, monitor_interval_s=params.distributed.monitor_interval_s,
+            build_model=functools.partial(_untrained_model, params, tokenizer, max_length),
+            callback_factory=functools.partial(MlflowMetrics, run_id=target.run_id, tracking_uri=target.tracking_uri)
+            if target else None)
+    else:
+        result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=[MlflowMetrics()])
+    if result is None:  # a torchrun rank other than 0: rank 0 writes every output (see fastlm.rank_hooks)
+        return {"model": None, "tokenizer": tokenizer}, pd.DataFrame(), pd.DataFrame(), {}
+    summary = {**result.summary, **parameter_counts(result.model), "lora": params.model.lora.enabled,
+               "mlflow_run_id": active_run_id(), "runtime": redact(result.summary["runtime"])}
+    MlflowMetrics().log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
+    log.info("Trained %d steps in %.1fs on %d process(es): train loss %.4f, validation loss %s", summary["steps"],
+             summary["wall_time_s"], summary["world_size"], summary["final_train_loss"], summary["final_val_loss"])
     return ({"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history),
             pd.DataFrame(result.eval_history), summary)
+
+
+def _untrained_model(params, tokenizer, max_length: int):
+    """The model as the workers built it, on the CPU, to receive rank 0's trained weights."""
+    attn = choose_attention(params.model.attn_implementation, torch.device("cpu"))
+    return build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)

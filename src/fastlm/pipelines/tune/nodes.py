@@ -29,8 +29,9 @@ def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokeniz
                      split_params: dict, tune_params: dict):
     """Trials table, chosen settings (with the explanation), a plot, and the parameters file for train."""
     params, settings = parse_train_params(train_params), parse_tune_params(tune_params)
-    max_length = parse_split_params(split_params).max_length
-    check_fresh(fingerprint, tokenizer, max_length, where="data/05_model_input/tokenized_corpus")
+    split = parse_split_params(split_params)
+    max_length = split.max_length
+    check_fresh(fingerprint, tokenizer, split, where="data/05_model_input/tokenized_corpus")
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
     attn = choose_attention(params.model.attn_implementation, runtime.device)
     model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)

@@ -1,0 +1,135 @@
+"""Data-parallel scaling, measured with CPU processes (gloo), and the multi-GPU communication volume on paper.
+
+    python benchmarks/ddp_scaling.py [--steps 30] [--world 2] [--rows 6000]
+
+Same model, data and effective batch for every contender, each in the same run:
+
+* ``1 process``: all the cores in one process, accumulation = world x a;
+* ``N processes``: ``train.distributed.nproc_per_node = N`` (the launcher the train node uses), cores / N threads
+  each, accumulation a, DDP with ``no_sync`` on the non-final micro-batches.
+
+Printed: real tokens/s of the timed steps (the first log window, holding warm-up, is excluded), the ratio of
+N processes to 1 process, the launch overhead (start to first step), and whether the loss trajectories agree.
+On a CPU the cores are shared, so N processes cannot be faster than one process using every core: the figure
+shows what data parallelism costs (gloo all-reduce, per-step host sums), not a speed-up. GPUs add devices.
+
+``--paper`` also prints, for the 0.73 B GPU benchmark config (benchmarks/gpu_speed.py) and a 7 B model, the
+gradient bytes each GPU sends per optimizer step with a ring all-reduce (2 (N-1)/N x gradient bytes) and the
+time it takes at a given bus bandwidth, beside the step's compute time at a given MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from fastlm.corpus.synthetic import make_texts  # noqa: E402
+from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
+from fastlm.engine.config import parse_train_params  # noqa: E402
+from fastlm.engine.job import TrainJob, run_job  # noqa: E402
+from fastlm.engine.launcher import launch_workers  # noqa: E402
+from fastlm.engine.model import build_model  # noqa: E402
+from fastlm.engine.runtime import usable_cpu_count  # noqa: E402
+
+MAX_LENGTH = 256
+
+
+def prepare(rows: int):
+    import datasets
+
+    texts = make_texts(rows, seed=5, profile="reviews")
+    tokenizer = train_bpe_tokenizer(texts[:4000], vocab_size=4000, min_frequency=2, model_max_length=10**6)
+    eos = tokenizer.eos_token_id
+    ids = [row[: MAX_LENGTH - 1] + [eos] for row in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return tokenizer, datasets.Dataset.from_dict({"input_ids": ids})
+
+
+def params(workdir: Path, *, steps: int, accum: int, nproc: int, threads: int):
+    return parse_train_params({
+        "max_steps": steps, "log_every": 5, "eval_every": None, "save_every": None, "quiet": True, "resume": "never",
+        "checkpoint_dir": str(workdir / f"checkpoints-{nproc}"), "optimizer": {"warmup_steps": 5},
+        "runtime": {"num_threads": threads},
+        "model": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4},
+        "batching": {"mode": "packed", "micro_batch_size": 8, "gradient_accumulation_steps": accum},
+        "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2}})
+
+
+def timed(result) -> float:
+    windows = result.history[1:] or result.history
+    return statistics.median(record["real_tokens_per_s"] for record in windows)
+
+
+def paper(world: int, bandwidth_gb_s: float, mfu: float, peak_tflops: float) -> None:
+    """Gradient all-reduce bytes per GPU per step (ring) vs compute time, for two model sizes."""
+    print(f"\nOn paper: {world} GPUs, ring all-reduce of bf16 gradients at {bandwidth_gb_s:.0f} GB/s bus bandwidth, "
+          f"compute at {mfu:.0%} MFU of {peak_tflops:.0f} TFLOP/s")
+    print("| model | parameters | tokens / GPU / step | bytes sent / GPU / step | all-reduce time | compute time "
+          "| communication / compute |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, n_params, tokens in (("0.73 B (gpu_speed.py)", 0.73e9, 16 * 2048), ("7 B", 7.0e9, 8 * 4096)):
+        grad_bytes = 2 * n_params  # bf16 gradients
+        sent = 2 * (world - 1) / world * grad_bytes
+        comm_s = sent / (bandwidth_gb_s * 1e9)
+        compute_s = 6 * n_params * tokens / (mfu * peak_tflops * 1e12)
+        print(f"| {name} | {n_params / 1e9:.2f} B | {tokens:,} | {sent / 1e9:.2f} GB | {comm_s * 1e3:.1f} ms | "
+              f"{compute_s * 1e3:.0f} ms | {comm_s / compute_s:.1%} |")
+    print("DDP overlaps the bucketed all-reduce with the backward pass, so while communication / compute stays well "
+          "under 1 the expected speed-up is close to the number of GPUs.")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--accum", type=int, default=1, help="accumulation per process in the N-process run")
+    parser.add_argument("--rows", type=int, default=6000)
+    parser.add_argument("--paper", action="store_true")
+    parser.add_argument("--bandwidth", type=float, default=150.0, help="GB/s bus bandwidth per GPU (all-reduce)")
+    parser.add_argument("--mfu", type=float, default=0.4)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    args = parser.parse_args(argv)
+    cores = usable_cpu_count()
+    tokenizer, data = prepare(args.rows)
+    print(f"machine: {cores} usable cores; {len(data):,} samples, packed rows of {MAX_LENGTH}")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        one_params = params(workdir, steps=args.steps, accum=args.accum * args.world, nproc=1, threads=cores)
+        start = time.perf_counter()
+        one = run_job(TrainJob(one_params, MAX_LENGTH, data, None, tokenizer, str(workdir / "model")))
+        one_wall = time.perf_counter() - start
+        many_params = params(workdir, steps=args.steps, accum=args.accum, nproc=args.world,
+                             threads=max(1, cores // args.world))
+        build = functools.partial(build_model, many_params.model, tokenizer, max_length=MAX_LENGTH,
+                                  attn_implementation="sdpa")
+        start = time.perf_counter()
+        many = launch_workers(TrainJob(many_params, MAX_LENGTH, data, None, tokenizer, str(workdir / "model")),
+                              args.world, build_model=build, monitor_interval_s=0.2)
+        many_wall = time.perf_counter() - start
+    losses_one = [r["loss"] for r in one.history]
+    losses_many = [r["loss"] for r in many.history]
+    agree = float(np.max(np.abs(np.array(losses_one) - np.array(losses_many)) / np.array(losses_one)))
+    one_tps, many_tps = timed(one), timed(many)
+    print(f"effective batch {one.summary['effective_batch']} packed rows, {args.steps} steps")
+    print("| contender | real tokens/s (timed steps) | wall incl. start-up | start-up |")
+    print("| --- | --- | --- | --- |")
+    print(f"| 1 process, {cores} threads, accumulation {args.accum * args.world} | {one_tps:,.0f} | {one_wall:.1f} s "
+          f"| {one_wall - one.summary['wall_time_s']:.1f} s |")
+    print(f"| {args.world} processes (DDP, gloo), {max(1, cores // args.world)} threads each, accumulation "
+          f"{args.accum} | {many_tps:,.0f} | {many_wall:.1f} s | {many_wall - many.summary['wall_time_s']:.1f} s |")
+    print(f"ratio {args.world} processes / 1 process: {many_tps / one_tps:.2f}x; largest relative loss difference "
+          f"{agree:.1e}")
+    if args.paper:
+        paper(4, args.bandwidth, args.mfu, args.peak_tflops)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Deterministic synthetic dialogue -> summary pairs (Korean + English) for the prompt/response demo.
+
+``make_dialogues(n, seed=...)`` fills hand-written scenarios (a delayed order, a meeting to schedule, a
+refund, a restaurant booking, weekend plans) with slot values; each summary is written from the same slots, so
+it is learnable from the dialogue. About 40% of rows are Korean. As in ``synthetic``, all randomness is integer
+draws from ``numpy.random.default_rng`` (same output on every machine, independent of ``PYTHONHASHSEED``).
+
+``write_demo_dialogues(path)`` writes ``{"dialogue": ..., "summary": ...}`` JSONL with a few dirty rows at
+fixed positions (an empty summary, a missing dialogue, an exact duplicate) and returns what it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fastlm.corpus.synthetic import _SLOT, _attach
+
+__all__ = ["make_dialogues", "write_demo_dialogues"]
+
+# fmt: off
+_SLOTS = {
+    "en": {
+        "name": ("Alex", "Sam", "Jordan", "Taylor", "Chris", "Morgan", "Jamie", "Riley", "Casey", "Drew", "Mina",
+                 "Daniel", "Grace", "Kevin", "Sophie", "Noah"),
+        "product": ("laptop", "phone case", "coffee maker", "desk lamp", "pair of running shoes", "backpack",
+                    "air fryer", "monitor", "keyboard", "winter jacket", "blender", "yoga mat"),
+        "day": ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"),
+        "time": ("9 am", "10 am", "11:30 am", "1 pm", "2 pm", "3:30 pm", "5 pm", "6:30 pm", "7 pm"),
+        "place": ("the regional hub", "customs", "the local depot", "the sorting center"),
+        "venue": ("the cafe downstairs", "meeting room B", "the library", "the office lobby", "the park entrance"),
+        "project": ("budget", "marketing", "website", "hiring", "product launch", "training"),
+        "thing": ("slides", "report", "contract draft", "sales figures", "timeline"),
+        "reason": ("it arrived damaged", "it is the wrong size", "it stopped working after two days",
+                   "the color is different from the photo"),
+        "food": ("Italian", "Korean barbecue", "sushi", "Thai", "Mexican", "vegetarian"),
+        "activity": ("go hiking", "see a movie", "visit the museum", "try the new bakery", "go cycling"),
+        "count": ("two", "three", "four", "five", "six"),
+    },
+    "ko": {
+        "name": ("민수", "지은", "서연", "도윤", "하준", "유진", "현우", "수빈", "지호", "예린", "태민", "소희"),
+        "product": ("노트북", "휴대폰 케이스", "커피 머신", "스탠드 조명", "운동화", "백팩", "에어프라이어", "모니터",
+                    "키보드", "겨울 패딩", "믹서기", "요가 매트"),
+        "day": ("월요일", "화요일", "수요일", "목요일", "금요일", "토요일", "일요일"),
+        "time": ("오전 9시", "오전 10시", "오전 11시 반", "오후 1시", "오후 2시", "오후 3시 반", "오후 5시", "저녁 7시"),
+        "place": ("지역 물류센터", "세관", "동네 배송 거점", "분류 센터"),
+        "venue": ("1층 카페", "B 회의실", "도서관", "회사 로비", "공원 입구"),
+        "project": ("예산", "마케팅", "홈페이지", "채용", "신제품 출시", "교육"),
+        "thing": ("발표 자료", "보고서", "계약서 초안", "매출 자료", "일정표"),
+        "reason": ("배송 중에 파손되었다", "사이즈가 맞지 않는다", "이틀 만에 고장이 났다", "사진과 색상이 다르다"),
+        "food": ("이탈리아 음식", "고기집", "초밥", "태국 음식", "멕시코 음식", "채식 메뉴"),
+        "activity": ("등산을 가기로", "영화를 보기로", "박물관에 가기로", "새로 생긴 빵집에 가기로", "자전거를 타기로"),
+        "count": ("두", "세", "네", "다섯", "여섯"),
+    },
+}
+
+_SCENARIOS = {
+    "en": (
+        (["{a}: Hi, I ordered a {product} last {day} and it still hasn't arrived.",
+          "{b}: Sorry about that. Could you give me the order number?",
+          "{a}: Sure, it's {order}.",
+          "{b}: Thanks. The package is held up at {place}. It should reach you by {day2}.",
+          "{a}: OK, thanks for checking."],
+         "{a}'s {product} order ({order}) is delayed at {place}; {b} says it should arrive by {day2}."),
+        (["{a}: Are you free on {day} to go over the {project} plan?",
+          "{b}: I'm busy in the morning, but {time} works for me.",
+          "{a}: Great, let's meet at {venue} at {time}.",
+          "{b}: Sounds good. I'll bring the {thing}."],
+         "{a} and {b} will meet on {day} at {time} at {venue} to discuss the {project} plan; {b} will bring the {thing}."),
+        (["{a}: I'd like to return the {product} I bought because {reason}.",
+          "{b}: I'm sorry to hear that. Do you want a refund or an exchange?",
+          "{a}: A refund, please.",
+          "{b}: Done. The refund will reach your card within {count} business days."],
+         "{a} returns the {product} because {reason}; {b} issues a refund that arrives within {count} business days."),
+        (["{a}: Can I book a table for {count} on {day} evening?",
+          "{b}: We have {time} or a bit later. Any preference for the menu?",
+          "{a}: {time} is perfect, and we'd love the {food} set.",
+          "{b}: Booked: a table for {count} at {time} on {day}, {food} set."],
+         "{a} books a table for {count} at {time} on {day} and orders the {food} set."),
+        (["{a}: Any plans for {day}?",
+          "{b}: Not yet. Want to {activity}?",
+          "{a}: Sure! Let's meet at {venue} at {time}.",
+          "{b}: Perfect, see you there."],
+         "{a} and {b} plan to {activity} on {day}, meeting at {venue} at {time}."),
+    ),
+    "ko": (
+        (["{a}: 안녕하세요, 지난 {day}에 {product:을} 주문했는데 아직 안 왔어요.",
+          "{b}: 불편을 드려 죄송합니다. 주문 번호를 알려 주시겠어요?",
+          "{a}: 네, {order}입니다.",
+          "{b}: 확인해 보니 {place}에서 지연되고 있어요. {day2}까지는 도착할 예정입니다.",
+          "{a}: 알겠습니다, 감사합니다."],
+         "{a}의 {product} 주문({order})이 {place}에서 지연되어 {day2}까지 도착할 예정이라고 {b:이} 안내했다."),
+        (["{a}: {day}에 {project} 계획 같이 검토할 수 있어요?",
+          "{b}: 오전에는 바쁘고 {time:은} 괜찮아요.",
+          "{a}: 좋아요, {time}에 {venue}에서 봬요.",
+          "{b}: 네, {thing:은} 제가 챙겨 갈게요."],
+         "{a:과} {b:은} {day} {time}에 {venue}에서 {project} 계획을 검토하기로 했고 {b:이} {thing:을} 가져온다."),
+        (["{a}: 구매한 {product:을} 반품하고 싶어요. {reason}고요.",
+          "{b}: 죄송합니다. 환불과 교환 중 어떤 걸 원하세요?",
+          "{a}: 환불해 주세요.",
+          "{b}: 처리되었습니다. 영업일 기준 {count} 일 안에 카드로 환불됩니다."],
+         "{a:은} {product:이} {reason}는 이유로 반품했고 {count} 영업일 안에 환불받는다."),
+        (["{a}: {day} 저녁에 {count} 명 예약할 수 있을까요?",
+          "{b}: {time}에 자리가 있어요. 메뉴는 정하셨어요?",
+          "{a}: {time} 좋아요. {food} 코스로 할게요.",
+          "{b}: {day} {time}, {count} 명, {food} 코스로 예약되었습니다."],
+         "{a:은} {day} {time}에 {count} 명 자리를 {food} 코스로 예약했다."),
+        (["{a}: {day}에 뭐 해?",
+          "{b}: 아직 계획 없어. 같이 놀까?",
+          "{a}: 좋아, 그럼 {activity} 하자. {time}에 {venue}에서 만나.",
+          "{b}: 좋아, 그때 봐."],
+         "{a:과} {b:은} {day}에 {activity} 했고 {time}에 {venue}에서 만난다."),
+    ),
+}
+# fmt: on
+
+
+def make_dialogues(n: int, *, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` rows of ``{"dialogue", "summary"}``, about 40% Korean; the same ``(n, seed)`` gives the same rows."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        lang = "ko" if rng.integers(0, 10) < 4 else "en"
+        slots, scenarios = _SLOTS[lang], _SCENARIOS[lang]
+        lines, summary = scenarios[int(rng.integers(0, len(scenarios)))]
+        values = {key: options[int(rng.integers(0, len(options)))] for key, options in slots.items()}
+        names = slots["name"]
+        first = int(rng.integers(0, len(names)))
+        values["a"] = names[first]
+        values["b"] = names[(first + 1 + int(rng.integers(0, len(names) - 1))) % len(names)]
+        values["day2"] = slots["day"][(slots["day"].index(values["day"]) + 2 + int(rng.integers(0, 3))) % 7]
+        values["order"] = f"{'A' if lang == 'en' else 'K'}{int(rng.integers(100000, 1000000))}"
+        rows.append({"dialogue": "\n".join(_fill(line, values) for line in lines), "summary": _fill(summary, values)})
+    return rows
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    """Slots ``{name}``, or ``{name:particle}`` for a Korean particle that follows the word's last sound."""
+    return _SLOT.sub(lambda m: _attach(values[m[1]], m[2]) if m[2] else values[m[1]], template)
+
+
+def write_demo_dialogues(path: str | Path, *, n: int = 3_000, seed: int = 0) -> dict:
+    """Write ``n`` rows (3 of them dirty on purpose) as JSONL; return the counts written."""
+    rows: list[dict] = make_dialogues(n - 3, seed=seed)
+    dirty = [({"dialogue": rows[0]["dialogue"], "summary": ""}, "empty_summary"),
+             ({"dialogue": None, "summary": rows[1]["summary"]}, "missing_dialogue"),
+             (dict(rows[2]), "duplicate")]
+    for offset, (row, _) in enumerate(dirty):
+        rows.insert((offset + 1) * (len(rows) // 4), row)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="\n") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    korean = sum(1 for row in rows if row["summary"] and not row["summary"].isascii())
+    return {"rows": len(rows), "korean_rows": korean, "dirty_rows": {reason: 1 for _, reason in dirty}}

@@ -1,0 +1,44 @@
+"""Kedro under torchrun: every rank runs ``kedro run``, only rank 0 writes.
+
+``torchrun --nproc-per-node=N --no-python kedro run --pipeline=train`` starts N copies of the whole Kedro run.
+Every rank loads the inputs and runs the train node (the training is collective), but the outputs must be
+written once: on ranks other than 0 (``RANK`` > 0), :class:`OtherRankOutputsHook` re-registers every output of
+the pipeline as an in-memory dataset before the run (nothing reaches the disk), and ``settings.py`` leaves out
+the MLflow hooks (no second MLflow run). Rank 0 writes checkpoints, catalog outputs and MLflow as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from kedro.framework.hooks import hook_impl
+from kedro.io import MemoryDataset
+
+log = logging.getLogger(__name__)
+
+
+def torchrun_rank() -> int:
+    """This process's rank under torchrun (0 outside it)."""
+    try:
+        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except ValueError:
+        return 0
+
+
+class OtherRankOutputsHook:
+    """On a torchrun rank other than 0: the pipeline's outputs stay in memory; logs keep to warnings."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
+        rank = torchrun_rank()
+        if rank == 0:
+            return
+        logging.getLogger().setLevel(logging.WARNING)
+        catalog_log = logging.getLogger("kedro.io.data_catalog")
+        level, catalog_log.level = catalog_log.level, logging.ERROR  # "Replacing dataset" x outputs
+        try:
+            for name in sorted(pipeline.all_outputs()):
+                catalog[name] = MemoryDataset(copy_mode="assign")
+        finally:
+            catalog_log.setLevel(level)

@@ -1,0 +1,134 @@
+"""Secrets never leave the process: masked in log records, MLflow parameters and tags, and written summaries.
+
+Two rules, applied together:
+
+- **By name**: a value whose key looks secret (``hf_token``, ``password``, ``api_key``, ``aws_secret_access_key``,
+  ``credentials``, ``auth`` ...) is replaced by ``***`` whatever it holds. Words are matched whole, so
+  ``max_tokens``, ``tokenizer``, ``pad_token`` or ``train_tokens`` stay visible.
+- **By shape**: anywhere in any text, Hugging Face / GitHub / OpenAI-style tokens, AWS access key ids,
+  ``Bearer`` tokens, ``secret=...`` pairs and the credentials of ``scheme://user:password@host`` URIs are
+  masked; the scheme, host and path stay readable (``https://***:***@host/path``).
+
+Kedro-free and dependency-free: the log filter is installed at start-up (``fastlm.settings``), the MLflow hook
+and the train summary call :func:`redact` on what they write.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MASK = "***"
+
+_SECRET_WORDS = {"token", "password", "passwd", "pwd", "secret", "apikey", "credential", "credentials", "auth",
+                 "authorization", "passphrase", "cookie", "privatekey"}
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("client", "secret")}
+_NOT_SECRET_BEFORE_TOKEN = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "max", "num", "added"}
+
+_URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/\s:@'\"]+)(?::[^/\s@'\"]*)?@")
+_VALUE_PATTERNS = (
+    re.compile(r"\bhf_[A-Za-z0-9]{16,}\b"),  # Hugging Face
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"),  # GitHub
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{20,}\b"),  # OpenAI-style API keys
+    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),  # AWS access key id
+    re.compile(r"\beyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]+"),  # JWT
+)
+_BEARER = re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=\-]{8,}")
+_KEY_VALUE = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*)(?P<kq>['\"]?)(?P<sep>\s*[=:]\s*)(?P<quote>['\"]?)(?P<value>[^\s,;&'\"}]+)")
+
+
+def is_secret_key(key: Any) -> bool:
+    """True when the last component of ``key`` (``a.b.hf_token`` -> ``hf_token``) names a secret."""
+    name = str(key).rsplit(".", 1)[-1]
+    words = [word for word in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()) if word]
+    for index, word in enumerate(words):
+        if word == "token" and (index == 0 or words[index - 1] not in _NOT_SECRET_BEFORE_TOKEN):
+            return True
+        if word in _SECRET_WORDS - {"token"} or word == "key" and index == len(words) - 1 and len(words) == 1:
+            return True
+        if index and (words[index - 1], word) in _SECRET_PAIRS:
+            return True
+    return False
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every secret-shaped part masked (URIs keep scheme and host)."""
+    if not text:
+        return text
+    text = _URI_CREDENTIALS.sub(_mask_uri, text)
+    for pattern in _VALUE_PATTERNS:
+        text = pattern.sub(MASK, text)
+    text = _BEARER.sub(lambda match: f"{match.group(1)}{match.group(2)}{MASK}", text)
+    return _KEY_VALUE.sub(_mask_pair, text)
+
+
+def redact(value: Any, key: Any = None) -> Any:
+    """A copy of ``value`` (mappings and sequences followed) with secret keys and secret-shaped strings masked.
+
+    Non-string leaves under harmless keys are returned as they are, so numbers stay numbers.
+    """
+    if key is not None and is_secret_key(key) and value not in (None, ""):
+        return MASK
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, Mapping):
+        return {name: redact(item, name) for name, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(redact(item) for item in value)
+    return value
+
+
+def _mask_uri(match: re.Match) -> str:
+    has_password = ":" in match.group(0)[len(match.group("scheme")):]
+    return f"{match.group('scheme')}{MASK}{':' + MASK if has_password else ''}@"
+
+
+def _mask_pair(match: re.Match) -> str:
+    if not is_secret_key(match.group("key")) or match.group("value") == MASK:
+        return match.group(0)
+    return f"{match.group('key')}{match.group('kq')}{match.group('sep')}{match.group('quote')}{MASK}"
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter (for handlers or loggers) that masks secrets in the formatted message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        redact_record(record)
+        return True
+
+
+def redact_record(record: logging.LogRecord) -> logging.LogRecord:
+    """Mask secrets in ``record``'s message (formatted with its arguments first) and exception text."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a broken format string is logging's business, not ours
+        return record
+    clean = redact_text(message)
+    if clean != message:
+        record.msg, record.args = clean, None
+    if record.exc_text:
+        record.exc_text = redact_text(record.exc_text)
+    return record
+
+
+_installed = False
+
+
+def install_log_redaction() -> None:
+    """Mask secrets in every log record of the process, whatever handler (Rich, file, pytest) later shows it.
+
+    A log-record factory sees each record once, at creation, before any handler or filter configuration
+    (``conf/logging.yml``, ``KEDRO_LOGGING_CONFIG``) can route it around a handler-level filter. Idempotent.
+    """
+    global _installed
+    if _installed:
+        return
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        return redact_record(previous(*args, **kwargs))
+
+    logging.setLogRecordFactory(factory)
+    _installed = True

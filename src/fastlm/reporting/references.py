@@ -1,0 +1,93 @@
+"""Generation on the test split of prompt/response data, scored with ROUGE against the reference responses.
+
+* Which samples: the test rows of ``corpus_splits``, capped at ``max_samples`` by a keyed hash of the pair
+  (``fastlm.corpus.splitting``: the same subset whatever the row order, the same for every run on the data),
+  kept in corpus order.
+* What the model sees: ``prompt_token_ids`` (the ids the prompt was trained with, template and BOS
+  included), cut as training cuts prompts (``truncate_prompt_ids``: the last tokens, a leading BOS kept) to
+  ``max(budget - max_new_tokens, budget // 2)`` tokens, ``budget = max_length - 1``: prompt and generation
+  fit in the trained length, and no prompt is cut shorter than training ever cut it.
+* What is scored: the generated text after the prompt, stopped at EOS, special tokens skipped, against the
+  ``response`` column (``fastlm.reporting.rouge``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+
+from fastlm.corpus.prompts import leading_bos, prompt_token_ids, truncate_prompt_ids
+from fastlm.corpus.splitting import cap_rows, text_keys
+from fastlm.engine.data.collators import pad_id_of
+from fastlm.engine.generation import decoding_kwargs, generate_continuations
+from fastlm.engine.runtime import Runtime
+from fastlm.reporting.rouge import rouge_scores, score_columns
+
+__all__ = ["PREDICTION_COLUMNS", "describe_decoding", "has_references", "score_test_generations", "reference_pairs"]
+
+log = logging.getLogger(__name__)
+PAIR_COLUMNS = ("prompt", "response")
+PREDICTION_COLUMNS = ["sample", "prompt", "reference", "prediction", "prompt_tokens", "new_tokens", *score_columns()]
+_PAIR_SEPARATOR = "\x00"
+
+
+def has_references(splits: pd.DataFrame) -> bool:
+    """Prompt/response data (``prompt`` and ``response`` columns), as opposed to plain text."""
+    return all(column in splits.columns for column in PAIR_COLUMNS)
+
+
+def reference_pairs(splits: pd.DataFrame, max_samples: int | None) -> pd.DataFrame:
+    """The test rows (``sample`` = position among the test rows, ``prompt``, ``response``), hash-capped."""
+    test = splits.loc[splits["split"].astype(str) == "test", list(PAIR_COLUMNS)].reset_index(drop=True)
+    keys = text_keys((test["prompt"] + _PAIR_SEPARATOR + test["response"]).tolist())
+    keep = cap_rows(keys[:, 1], max_samples) if len(test) else []
+    return test.iloc[keep].rename_axis("sample").reset_index()
+
+
+def describe_decoding(settings: dict, max_new_tokens: int) -> str:
+    """``{"num_beams": 1, "do_sample": False, ...}`` -> ``"greedy, max_new_tokens=64"`` (only what is on)."""
+    kwargs = decoding_kwargs(**settings)
+    mode = "sampling" if kwargs.pop("do_sample") else ("greedy" if kwargs["num_beams"] == 1 else "beam search")
+    if kwargs["num_beams"] == 1:
+        kwargs.pop("num_beams")
+    return ", ".join([mode, *(f"{key}={value}" for key, value in kwargs.items()), f"max_new_tokens={max_new_tokens}"])
+
+
+def _generation_prompts(tokenizer, prompts, *, max_length: int, max_new_tokens: int) -> list[list[int]]:
+    budget = max_length - 1
+    keep = max(budget - max_new_tokens, budget // 2, 1)
+    bos = leading_bos(tokenizer)
+    return [truncate_prompt_ids(prompt_token_ids(tokenizer, prompt), keep, bos) for prompt in prompts]
+
+
+def score_test_generations(model, tokenizer, pairs: pd.DataFrame, *, settings: dict, max_new_tokens: int,
+                           batch_size: int, seed: int, rouge_tokenizer: str, max_length: int,
+                           runtime: Runtime) -> tuple[pd.DataFrame, dict]:
+    """Per-sample predictions and scores (``PREDICTION_COLUMNS``) and the aggregate metrics.
+
+    ``settings``: decoding settings (:func:`fastlm.engine.generation.decoding_kwargs` arguments). The
+    aggregate has ``rouge1``/``rouge2``/``rougeL`` (mean F1), their ``_precision``/``_recall``, and
+    ``rouge_samples``, ``rouge_tokenizer``, ``rouge_decoding``, ``generation_seconds``,
+    ``generated_tokens_per_s``.
+    """
+    prompt_ids = _generation_prompts(tokenizer, pairs["prompt"], max_length=max_length,
+                                     max_new_tokens=max_new_tokens)
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    generations = generate_continuations(
+        model, prompt_ids, pad_id=pad_id_of(tokenizer), eos_id=tokenizer.eos_token_id, runtime=runtime,
+        batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed, start_id=start_id,
+        **decoding_kwargs(**settings))
+    predictions = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in generations.continuations]
+    per_sample, aggregate, kind = rouge_scores(predictions, pairs["response"].tolist(), rouge_tokenizer)
+    table = pd.concat([
+        pd.DataFrame({"sample": pairs["sample"].to_numpy(), "prompt": pairs["prompt"].to_numpy(),
+                      "reference": pairs["response"].to_numpy(), "prediction": predictions,
+                      "prompt_tokens": [len(ids) for ids in prompt_ids],
+                      "new_tokens": [len(ids) for ids in generations.continuations]}),
+        per_sample], axis=1)
+    seconds = generations.seconds
+    aggregate.update(rouge_samples=len(table), rouge_tokenizer=kind,
+                     rouge_decoding=describe_decoding(settings, max_new_tokens), generation_seconds=seconds,
+                     generated_tokens_per_s=generations.new_tokens / seconds if seconds > 0 else float("nan"))
+    return table[PREDICTION_COLUMNS], aggregate

@@ -1,0 +1,114 @@
+"""Prompt/response data: cleaning on the pair, chat rendering, split keys independent of the template,
+tokenization with exact prompt lengths and truncation that keeps the EOS and part of the response."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fastlm.corpus.cleaning import clean_pairs
+from fastlm.corpus.params import parse_split_params
+from fastlm.corpus.prompts import (
+    clean_messages,
+    prompt_frame,
+    prompt_token_ids,
+    tokenize_pairs,
+    truncate_prompt_ids,
+)
+from fastlm.errors import ConfigError
+from fastlm.pipelines.split import nodes
+from tests.tiny_llama import llama_style_tokenizer
+
+
+@pytest.fixture(scope="module")
+def llama_tokenizer(sample_texts):
+    return llama_style_tokenizer(sample_texts, chat_template=True)
+
+
+def test_pairs_are_cleaned_and_deduplicated_as_pairs():
+    kept, drops = clean_pairs(pd.Series(["q1 ", "q1", "q1", None, "q3", "  "]),
+                              pd.Series(["a1", "a1", "a2", "a", "", "a"]))
+    assert kept.to_dict("records") == [{"prompt": "q1", "response": "a1"}, {"prompt": "q1", "response": "a2"}]
+    assert drops == {"missing": 1, "non_string": 0, "empty": 1, "whitespace_only": 1, "duplicate": 1}
+
+
+def test_messages_are_checked_cleaned_and_keyed_on_their_content():
+    chats = pd.Series([
+        [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "hello"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],  # duplicate after strip
+        [{"role": "user", "content": "hi"}],  # no response
+        [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}],  # last is not the assistant
+        None, "not a list",
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": " "}],
+    ])
+    kept, drops = clean_messages(chats)
+    assert len(kept) == 1 and kept.loc[0, "history"] == [{"role": "user", "content": "hi"}]
+    assert drops == {"missing": 1, "non_string": 0, "empty": 0, "whitespace_only": 1, "malformed_messages": 3,
+                     "duplicate": 1}
+
+
+def test_split_keys_ignore_the_template_and_chat_rendering_uses_the_tokenizer(llama_tokenizer):
+    raw = pd.DataFrame({"d": ["a dialogue", "another"], "s": ["sum", "mary"]})
+    first, _ = prompt_frame(raw, parse_split_params({"prompt_column": "d", "response_column": "s"}))
+    second, _ = prompt_frame(raw, parse_split_params({"prompt_column": "d", "response_column": "s",
+                                                      "prompt_template": "Q: {prompt} A:"}))
+    assert first["prompt"][0] == "a dialogue\n\n### Response:\n" and second["prompt"][0] == "Q: a dialogue A:"
+    assert list(first["split_key"]) == list(second["split_key"])
+    chat = pd.DataFrame({"m": [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]})
+    config = parse_split_params({"messages_column": "m"})
+    rendered, _ = prompt_frame(chat, config, llama_tokenizer)
+    assert rendered.loc[0, "prompt"] == "<s><|user|>hi\n<|assistant|>" and rendered.loc[0, "response"] == "yo"
+    plain, _ = prompt_frame(chat, config, None)
+    assert plain.loc[0, "prompt"] == "user: hi\n\n### Response:\n"
+    assert prompt_token_ids(llama_tokenizer, rendered.loc[0, "prompt"]).count(llama_tokenizer.bos_token_id) == 1
+
+
+@pytest.mark.parametrize("max_length", [2, 5, 12, 40, 400])
+def test_tokenized_pairs_keep_eos_part_of_the_response_and_an_exact_prompt_length(llama_tokenizer, sample_texts,
+                                                                                 max_length):
+    prompts, responses = sample_texts[:40], sample_texts[40:80]
+    tokens = tokenize_pairs(prompts, responses, llama_tokenizer, max_length=max_length)
+    bos, eos = llama_tokenizer.bos_token_id, llama_tokenizer.eos_token_id
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        row = tokens.values[tokens.offsets[i] : tokens.offsets[i + 1]].tolist()
+        n = int(tokens.prompt_lengths[i])
+        full_prompt = prompt_token_ids(llama_tokenizer, prompt)
+        full_response = llama_tokenizer(response, add_special_tokens=False)["input_ids"]
+        assert len(row) <= max_length and row[-1] == eos and len(row) - n >= 2  # >= 1 response token + EOS
+        assert row[:n] == truncate_prompt_ids(full_prompt, n, bos)
+        assert row[n:-1] == full_response[: len(row) - n - 1]
+        assert bool(tokens.truncated[i]) == (len(full_prompt) + len(full_response) + 1 > max_length)
+        if len(full_prompt) + len(full_response) + 1 <= max_length:
+            assert row == full_prompt + full_response + [eos]
+        elif n < len(full_prompt):  # the prompt was cut first, from the left, keeping the BOS
+            assert n == 0 or row[0] == bos
+    if max_length == 400:
+        assert not tokens.truncated.any() and np.all(tokens.prompt_lengths > 0)
+
+
+def test_messages_flow_through_the_split_nodes(tmp_path, llama_tokenizer):
+    llama_tokenizer.save_pretrained(tmp_path / "tok")
+    chats = [[{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+             for i in range(40)]
+    raw = pd.DataFrame({"chat": chats})
+    params = {"messages_column": "chat", "max_length": 96, "tokenizer": {"source": str(tmp_path / "tok")}}
+    clean, counts = nodes.clean_corpus(raw, params)
+    splits, split_counts = nodes.split_corpus(clean, counts, params)
+    assert list(splits.columns) == ["prompt", "response", "split"]
+    tokenizer = nodes.build_tokenizer(splits, params)
+    tokenized, fingerprint, stats = nodes.tokenize_corpus(splits, tokenizer, params)
+    assert fingerprint["params"]["data_format"]["chat_template_sha256"] is not None
+    row = tokenized["train"][0]
+    prompt = splits[splits["split"] == "train"].iloc[0]["prompt"]
+    assert row["input_ids"][: row["prompt_length"]] == prompt_token_ids(tokenizer, prompt)
+    assert stats["train"]["target_tokens"] == sum(len(r["input_ids"]) - r["prompt_length"] for r in tokenized["train"])
+
+
+def test_bad_prompt_parameters_and_columns_are_one_line():
+    with pytest.raises(ConfigError, match="set response_column too"):
+        parse_split_params({"prompt_column": "dialogue"})
+    with pytest.raises(ConfigError, match="exactly once"):
+        parse_split_params({"prompt_column": "a", "response_column": "b", "prompt_template": "no slot"})
+    frame = pd.DataFrame({"dialogue": ["x"]})
+    frame.attrs["source_path"] = "data/01_raw/d.jsonl"
+    with pytest.raises(Exception, match=r"has no column 'summary'.*split.response_column"):
+        nodes.clean_corpus(frame, {"prompt_column": "dialogue", "response_column": "summary"})

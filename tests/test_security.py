@@ -1,0 +1,210 @@
+"""Security defaults: secrets masked in logs, MLflow and outputs; safe weight loading; no remote code; telemetry off."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import fastlm
+from fastlm.redaction import MASK, install_log_redaction, is_secret_key, redact, redact_text
+from tests.conftest import PROJECT_ROOT, copy_project, write_jsonl
+
+SRC = PROJECT_ROOT / "src" / "fastlm"
+HF_TOKEN = "hf_FAKEabcdefghijklmnopqrstuvwxyz0123"
+SALT_TOKEN = "hf_SALTabcdefghijklmnopqrstuvwxyz"
+PASSWORD = "s3cr3t-pw"
+URI = f"https://alice:{PASSWORD}@example.com/traces"
+
+
+# ------------------------------------------------------------------------------------------------ redaction
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"token {HF_TOKEN} used", "token *** used"),
+        (f"tracking at {URI}", "tracking at https://***:***@example.com/traces"),
+        ("postgresql://bob@db:5432/mlflow", "postgresql://***@db:5432/mlflow"),
+        ("Authorization: Bearer abcdefgh.ijklmnop", "Authorization: *** ***"),
+        ("key id AKIAABCDEFGHIJKLMNOP", "key id ***"),
+        ("ghp_abcdefghijklmnopqrstuvwxyz012345 and sk-abcdefghijklmnopqrstuvwx", "*** and ***"),
+        ("password=hunter2 aws_secret_access_key: wJalrXUtnFEMI", "password=*** aws_secret_access_key: ***"),
+        ("{'api_key': 'abc', 'vocab_size': 400}", "{'api_key': '***', 'vocab_size': 400}"),
+    ],
+)
+def test_secret_shaped_text_is_masked(text, expected):
+    assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "the tokenizer has 400 tokens; one EOS token appended to every sample",
+    "max_tokens=5, train/tokens_per_s: 1200.5, pad_token=<pad>",
+    "MLflow tracking URI sqlite:///mlflow.db, http://127.0.0.1:5000",
+    "saved checkpoint data/06_models/checkpoints/checkpoint-00000004 (1.2 MB in 0.10 s)",
+])
+def test_ordinary_text_is_left_alone(text):
+    assert redact_text(text) == text
+
+
+def test_nested_parameters_are_masked_by_key_and_by_shape():
+    params = {"hf_token": "plain-looking", "split": {"hash_salt": "", "tokenizer": {"vocab_size": 400}},
+              "train": {"model": {"name_or_path": URI}, "keep_last": 2}, "creds": {"password": None},
+              "headers": [f"Bearer {HF_TOKEN}"]}
+    assert redact(params) == {"hf_token": MASK, "split": {"hash_salt": "", "tokenizer": {"vocab_size": 400}},
+                              "train": {"model": {"name_or_path": "https://***:***@example.com/traces"},
+                                        "keep_last": 2},
+                              "creds": {"password": None}, "headers": ["Bearer ***"]}
+    assert params["hf_token"] == "plain-looking"  # a copy: the caller's values are untouched
+
+
+def test_no_project_parameter_name_looks_secret():
+    """Every key of conf/base/parameters_*.yml stays visible in MLflow (no false positives)."""
+    keys = []
+
+    def walk(prefix, value):
+        for key, item in value.items():
+            keys.append(f"{prefix}{key}")
+            if isinstance(item, dict):
+                walk(f"{prefix}{key}.", item)
+
+    for file in (PROJECT_ROOT / "conf/base").glob("parameters_*.yml"):
+        walk("", yaml.safe_load(file.read_text(encoding="utf-8")) or {})
+    assert len(keys) > 40
+    assert [key for key in keys if is_secret_key(key)] == []
+    assert all(is_secret_key(key) for key in ("hf_token", "HF_TOKEN", "db.password", "apiKey", "client_secret",
+                                              "aws_secret_access_key", "credentials", "key"))
+
+
+def test_every_log_record_is_masked_whatever_the_handler(caplog):
+    install_log_redaction()
+    install_log_redaction()  # idempotent
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("fastlm.anything").info("MLflow at %s with %s", URI, HF_TOKEN)
+        logging.getLogger("kedro.somewhere").warning("params: %s", {"hf_token": "abc"})
+    assert PASSWORD not in caplog.text and HF_TOKEN not in caplog.text and "'abc'" not in caplog.text
+    assert "https://***:***@example.com/traces" in caplog.text and "{'hf_token': '***'}" in caplog.text
+
+
+def test_settings_replace_kedro_mlflows_hook_with_the_redacting_one():
+    from importlib.metadata import distribution
+
+    from fastlm import settings
+    from fastlm.hooks import RedactingMlflowHook
+
+    assert distribution("kedro_mlflow").metadata["Name"] in settings.DISABLE_HOOKS_FOR_PLUGINS
+    assert sum(isinstance(hook, RedactingMlflowHook) for hook in settings.HOOKS) == 1
+
+
+# ----------------------------------------------------------------------------------------- safe loading (AST)
+
+
+def _calls(name: str):
+    """(file, call) for every call of ``*.name(...)`` or ``name(...)`` under src/fastlm."""
+    for file in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if called == name:
+                    yield file.relative_to(PROJECT_ROOT), node
+
+
+def _keyword(call: ast.Call, name: str):
+    return next((kw.value for kw in call.keywords if kw.arg == name), None)
+
+
+def test_every_torch_load_passes_weights_only_true():
+    calls = [(file, call) for file, call in _calls("load")
+             if isinstance(call.func, ast.Attribute) and getattr(call.func.value, "id", None) == "torch"]
+    assert calls, "expected the checkpoint loader's torch.load"
+    for file, call in calls:
+        value = _keyword(call, "weights_only")
+        assert isinstance(value, ast.Constant) and value.value is True, f"{file}:{call.lineno}"
+
+
+def test_trust_remote_code_is_never_hard_coded_on():
+    """Remote code runs only when a user sets a ``trust_remote_code`` parameter: never a literal True in src/.
+
+    Calls that do not pass it get the libraries' default, False.
+    """
+    found = 0
+    for file in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.keyword) and node.arg == "trust_remote_code":
+                value = node.value
+            elif isinstance(node, ast.Dict):
+                value = next((v for k, v in zip(node.keys, node.values, strict=True)
+                              if isinstance(k, ast.Constant) and k.value == "trust_remote_code"), None)
+            else:
+                continue
+            if value is not None:
+                found += 1
+                assert not (isinstance(value, ast.Constant) and value.value is True), f"{file}:{value.lineno}"
+    assert found >= 4  # the model and tokenizer loaders pass it on
+
+
+def test_defaults_keep_remote_code_off_and_weights_in_safetensors():
+    from fastlm.corpus.params import parse_split_params
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
+    from fastlm.datasets.pretrained_tokenizer import PretrainedTokenizerDataset
+    from fastlm.engine.config import parse_train_params
+
+    assert parse_train_params({}).model.trust_remote_code is False
+    assert parse_split_params({}).tokenizer.trust_remote_code is False
+    for dataset in (PretrainedModelDataset("x"), PretrainedTokenizerDataset("x")):
+        assert dataset._load_args["trust_remote_code"] is False and dataset._load_args["local_files_only"] is True
+    source = (SRC / "datasets/pretrained_model.py").read_text(encoding="utf-8")
+    assert "safe_serialization=True" in source
+
+
+def test_telemetry_and_downloads_are_off_by_default(monkeypatch):
+    for name in fastlm._OFFLINE_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    fastlm.apply_process_defaults()
+    assert os.environ["DO_NOT_TRACK"] == "true" and os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    assert os.environ["HF_HUB_DISABLE_TELEMETRY"] == "1" and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert os.environ["HF_DATASETS_OFFLINE"] == "1" and os.environ["TRANSFORMERS_OFFLINE"] == "1"
+    assert yaml.safe_load((PROJECT_ROOT / ".telemetry").read_text()) == {"consent": False}
+
+
+# --------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.e2e
+def test_secrets_in_params_reach_no_log_mlflow_or_output(tmp_path, sample_texts):
+    """`kedro run` (split -> train -> report) with a fake token and a URI with a password in --params."""
+    project = copy_project(tmp_path / "project")
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts)
+    small = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48},
+             "train": {"max_steps": 2, "log_every": 1, "eval_every": 2, "save_every": 2, "quiet": True,
+                       "batching": {"micro_batch_size": 8},
+                       "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}}}
+    (project / "conf/local/parameters_small.yml").write_text(yaml.safe_dump(small))
+    params = f"hf_token={HF_TOKEN},split.hash_salt={SALT_TOKEN},train.profile.trace_dir={URI}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--params", params], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    secrets = (HF_TOKEN, SALT_TOKEN, PASSWORD)
+    for secret in secrets:
+        assert secret not in done.stdout + done.stderr
+    leaked = [str(path.relative_to(project)) for path in project.rglob("*")
+              if path.is_file() and any(s.encode() in path.read_bytes() for s in secrets)]
+    assert leaked == []  # outputs, checkpoints, the MLflow database and artefacts
+    assert (project / "data/08_reporting/report.html").is_file() and (project / "data/08_reporting/train_summary.json").is_file()
+
+    with sqlite3.connect(project / "mlflow.db") as db:  # the parameters were logged, masked
+        params_logged = dict(db.execute("select key, value from params"))
+        tags = [value for (value,) in db.execute("select value from tags where key = 'runtime_params'")]
+    assert params_logged["split.hash_salt"] == MASK
+    assert params_logged["train.profile.trace_dir"] == "https://***:***@example.com/traces"
+    assert params_logged["train.max_steps"] == "2"  # ordinary parameters unchanged
+    assert tags and all("'hf_token': '***'" in tag for tag in tags)
+    assert "unknown parameter hf_token in --params" in done.stdout + done.stderr
