@@ -34,6 +34,9 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
   dropout 0.05, target_modules auto = q/k/v/o/gate/up/down projections) on that same initial model, saved
   once with ``save_pretrained`` in the workdir and loaded back from the folder (as a user's local checkpoint
   is); the frozen base is fp32 here (CPU). Compared with ``fastlm`` (full fine-tuning), same data, same run.
+* ``trainer_lora``: the ``trainer`` set-up below (``DataCollatorForLanguageModeling``, dynamic padding, default
+  arguments) training that same LoRA model (the peft model ``fastlm_lora`` builds: same base, same adapters):
+  the peer of ``fastlm_lora``.
 * ``fastlm_dynamic``: the same engine with batching ``dynamic`` (random batches of ``batch_size``
   samples padded to their longest, rounded up to 8), for reference.
 * ``trainer``: ``transformers.Trainer`` with ``DataCollatorForLanguageModeling(tokenizer, mlm=False)``
@@ -97,7 +100,7 @@ OFFLINE_ENV = {
 os.environ.update(OFFLINE_ENV)
 
 REPO = Path(__file__).resolve().parents[1]
-CONTENDERS = ("fastlm", "fastlm_lora", "fastlm_dynamic", "trainer", "trainer_max_length")
+CONTENDERS = ("fastlm", "fastlm_lora", "fastlm_dynamic", "trainer", "trainer_lora", "trainer_max_length")
 VOCAB_SIZE = 8000
 MIN_FREQUENCY = 2
 TEXT_SEED = 0
@@ -376,7 +379,7 @@ class CountingCollator:
         return batch
 
 
-def run_trainer(ctx: Context, max_length_mode: bool) -> dict:
+def run_trainer(ctx: Context, max_length_mode: bool, lora: bool = False) -> dict:
     from time import perf_counter
 
     import datasets
@@ -397,7 +400,7 @@ def run_trainer(ctx: Context, max_length_mode: bool) -> dict:
     steps = max(3, args.steps // 4) if max_length_mode else args.steps
     torch.set_num_threads(args.threads)
     datasets.disable_progress_bars()
-    model, init_digest, n_params = ctx.build_model()
+    model, init_digest, n_params, n_trainable = ctx.build_model(lora)
 
     def list_column(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=pa.int32()))
@@ -438,7 +441,8 @@ def run_trainer(ctx: Context, max_length_mode: bool) -> dict:
             self.threads = torch.get_num_threads()
 
     timer = StepTimer()
-    output_dir = Path(args.workdir) / ("trainer_max_length_out" if max_length_mode else "trainer_out")
+    name = "trainer_max_length" if max_length_mode else "trainer_lora" if lora else "trainer"
+    output_dir = Path(args.workdir) / f"{name}_out"
     training_args = TrainingArguments(
         output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, max_steps=warmup + steps,
         report_to=[], save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
@@ -451,9 +455,10 @@ def run_trainer(ctx: Context, max_length_mode: bool) -> dict:
     window = t1 - t0
     real, computed = sum(collator.real[n0:n1]), sum(collator.computed[n0:n1])
     return {
-        "contender": "trainer_max_length" if max_length_mode else "trainer",
+        "contender": name,
         "init": init_digest,
         "parameters": n_params,
+        "trainable_parameters": n_trainable,
         "threads": timer.threads,
         "steps_timed": steps,
         "warmup": warmup,
@@ -486,6 +491,8 @@ def child_main(args: argparse.Namespace) -> None:
         info = run_fastlm(ctx, "dynamic")
     elif args.run == "trainer":
         info = run_trainer(ctx, max_length_mode=False)
+    elif args.run == "trainer_lora":
+        info = run_trainer(ctx, max_length_mode=False, lora=True)
     elif args.run == "trainer_max_length":
         info = run_trainer(ctx, max_length_mode=True)
     else:
@@ -648,7 +655,7 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
     print()
     print("ratios (real tokens/s):")
     for a, b in (("fastlm", "trainer"), ("fastlm", "trainer_max_length"), ("fastlm_lora", "fastlm"),
-                 ("fastlm_lora", "trainer"), ("fastlm_dynamic", "trainer"),
+                 ("fastlm_lora", "trainer_lora"), ("trainer_lora", "trainer"), ("fastlm_dynamic", "trainer"),
                  ("fastlm", "fastlm_dynamic"), ("trainer", "trainer_max_length")):
         value = ratio(table, a, b)
         if value is not None:

@@ -1,8 +1,10 @@
-"""Write the embedded demo corpus (synthetic Korean/English texts with dirty rows) as JSONL.
+"""Write the embedded demo data as JSONL: synthetic Korean/English texts, or dialogue -> summary pairs.
 
-Usage: python scripts/make_demo_corpus.py [--out data/01_raw/demo_corpus.jsonl] [--n 24000] [--seed 0]
+Usage:
+    python scripts/make_demo_corpus.py [--out data/01_raw/demo_corpus.jsonl] [--n 24000] [--seed 0]
+    python scripts/make_demo_corpus.py --dialogues [--out data/01_raw/demo_dialogues.jsonl] [--n 3000]
 
-The output depends only on --n and --seed (byte for byte, on any machine).
+Both files have a few dirty rows on purpose. The output depends only on --n and --seed (byte for byte).
 """
 
 from __future__ import annotations
@@ -13,25 +15,28 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RAW = ROOT / "data" / "01_raw"
 
 try:
     from fastlm.corpus.synthetic import write_demo_corpus
+    from fastlm.corpus.synthetic_dialogues import write_demo_dialogues
 except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(ROOT / "src"))
     from fastlm.corpus.synthetic import write_demo_corpus
+    from fastlm.corpus.synthetic_dialogues import write_demo_dialogues
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out",
-        default=str(ROOT / "data" / "01_raw" / "demo_corpus.jsonl"),
-        help="output JSONL path (default: data/01_raw/demo_corpus.jsonl)",
-    )
-    parser.add_argument("--n", type=int, default=24_000, help="rows in the file, dirty rows included")
+    parser.add_argument("--dialogues", action="store_true", help="dialogue -> summary pairs instead of texts")
+    parser.add_argument("--out", default=None, help="output JSONL path (default: data/01_raw/demo_corpus.jsonl, "
+                        "or demo_dialogues.jsonl with --dialogues)")
+    parser.add_argument("--n", type=int, default=None, help="rows, dirty rows included (default 24,000 / 3,000)")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     args = parser.parse_args(argv)
-    counts = write_demo_corpus(args.out, n=args.n, seed=args.seed)
+    write, name, rows = ((write_demo_dialogues, "demo_dialogues.jsonl", 3_000) if args.dialogues
+                         else (write_demo_corpus, "demo_corpus.jsonl", 24_000))
+    counts = write(args.out or str(RAW / name), n=args.n or rows, seed=args.seed)
     print(json.dumps(counts, indent=2, ensure_ascii=False))
     return 0
 
