@@ -156,3 +156,26 @@ def known_top_level_params(project_path: Path) -> set[str]:
     for catalog_file in (project_path / "conf").glob("*/catalog*.yml"):
         names.update(re.findall(r"\$\{runtime_params:\s*([\w-]+)", catalog_file.read_text(encoding="utf-8")))
     return names
+
+
+class ParametersValidHook:
+    """Before a run starts, validate every parameter group its nodes read: a bad value is one line, before
+    any node has written anything (a node that validates on entry may run after others saved their outputs)."""
+
+    @staticmethod
+    def parsers() -> dict:
+        from fastlm.corpus.params import parse_split_params
+        from fastlm.engine.config import parse_train_params
+        from fastlm.pipelines.tune.params import parse_tune_params
+        from fastlm.reporting.params import parse_report_params
+
+        return {"split": parse_split_params, "train": parse_train_params, "report": parse_report_params,
+                "tune": parse_tune_params}
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        parsers = self.parsers()
+        for dataset in sorted(pipeline.inputs()):
+            group = dataset.removeprefix("params:")
+            if dataset.startswith("params:") and group in parsers:
+                parsers[group](catalog.load(dataset))

@@ -9,6 +9,7 @@ from fastlm.hooks import (
     MissingInputsHook,
     MlflowArtifactsHook,
     OutputFoldersWritableHook,
+    ParametersValidHook,
     RedactingMlflowHook,
     UnknownRuntimeParamsHook,
 )
@@ -20,10 +21,10 @@ install_log_redaction()  # every log record of the process, whatever handler sho
 # kedro-mlflow's own hook logs parameters verbatim; RedactingMlflowHook is that hook with secrets masked.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
 # pluggy calls the last registered first: MLflow opens the run, then --params, inputs and output folders are checked.
-HOOKS = (MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(), UnknownRuntimeParamsHook(),
-         RedactingMlflowHook())
+HOOKS = (MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(), ParametersValidHook(),
+         UnknownRuntimeParamsHook(), RedactingMlflowHook())
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
-    HOOKS = (OtherRankOutputsHook(), MissingInputsHook())
+    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

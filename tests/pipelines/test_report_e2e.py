@@ -66,6 +66,12 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
     assert html.count("data:image/png;base64,") == 4 and "http://" not in html and "https://" not in html
     assert "Bottleneck diagnosis" in (out / "report.md").read_text()
     assert "ROUGE" not in html and "test_rouge1" not in runs.columns
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    with pytest.raises(Exception) as raised:  # a bad report parameter: one line before any node writes
+        run_pipeline(kedro_project, "report", {**PARAMS, "report": {**REPORT, "top_k": 0}})
+    assert "report.top_k" in str(find_user_error(raised.value))
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+
     chromium = find_chromium()
     if chromium is not None:  # CI installs it; the DOM as the browser built it
         dom = run_chromium(chromium, tmp_path / "profile", "--dump-dom", (out / "report.html").as_uri()).stdout
