@@ -213,6 +213,13 @@ class Context:
         return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters()), trainable
 
 
+def rates(real: float, computed: float, window: float, steps: int) -> dict:
+    """The throughput figures every contender reports for its timed window."""
+    return {"real_tokens": real, "computed_tokens": computed, "real_tokens_per_s": real / window,
+            "computed_tokens_per_s": computed / window, "padding_waste": 1 - real / computed,
+            "step_time_s": window / steps}
+
+
 def fastlm_log_every(warmup: int, steps: int) -> int:
     """A ``log_every`` for which step ``warmup`` ends a flush window (the loop also flushes on step 1 and last)."""
     return warmup if warmup >= 2 else steps
@@ -296,12 +303,7 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
         "flush_windows": windows,
         "window_s": window,
         "wall_s": wall,
-        "real_tokens": real,
-        "computed_tokens": computed,
-        "real_tokens_per_s": real / window,
-        "computed_tokens_per_s": computed / window,
-        "padding_waste": 1 - real / computed,
-        "step_time_s": window / steps,
+        **rates(real, computed, window, steps),
         "data_wait_share": waited / window,
         "check_real_tokens": check_real,
         "check_computed_tokens": check_computed,
@@ -465,12 +467,7 @@ def run_trainer(ctx: Context, max_length_mode: bool, lora: bool = False) -> dict
         "batches_in_window": n1 - n0,
         "window_s": window,
         "wall_s": window,
-        "real_tokens": real,
-        "computed_tokens": computed,
-        "real_tokens_per_s": real / window,
-        "computed_tokens_per_s": computed / window,
-        "padding_waste": 1 - real / computed,
-        "step_time_s": window / steps,
+        **rates(real, computed, window, steps),
         "data_wait_share": 1 - timer.inside / window,
         "optim": str(getattr(training_args.optim, "value", training_args.optim)),
         "final_loss": trainer.state.log_history[-1].get("train_loss") if trainer.state.log_history else None,
