@@ -11,6 +11,17 @@ from pathlib import Path
 
 from cpu_usage import busy_cpu_s, children_cpu_s
 
+# Set by every benchmark script before it imports a Hugging Face library: nothing is downloaded or reported.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "true",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
+
 
 def run_contender(script: Path, name: str, workdir: Path, index: int, extra_args: list[str], *, repo: Path,
                   extra_env: dict[str, str] | None = None) -> dict:

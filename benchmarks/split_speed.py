@@ -51,17 +51,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from cpu_usage import busy_cpu_s, children_cpu_s  # sibling module: scripts run from benchmarks/
+from contender_process import OFFLINE_ENV  # sibling modules: scripts run from benchmarks/
+from cpu_usage import busy_cpu_s, children_cpu_s
 
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "DO_NOT_TRACK": "true",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "TRANSFORMERS_VERBOSITY": "error",
-}
 os.environ.update(OFFLINE_ENV)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -83,21 +83,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from contender_process import run_contender
+from contender_process import OFFLINE_ENV, run_contender
 
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "TRANSFORMERS_VERBOSITY": "error",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-os.environ.update(OFFLINE_ENV)
+os.environ.update({**OFFLINE_ENV, "MLFLOW_DISABLE_TELEMETRY": "true", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+                   "TOKENIZERS_PARALLELISM": "false"})
 
 REPO = Path(__file__).resolve().parents[1]
 CONTENDERS = ("fastlm", "fastlm_lora", "fastlm_dynamic", "trainer", "trainer_lora", "trainer_max_length")
