@@ -148,7 +148,8 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     generation and evaluation want: no adapter overhead); else the peft model.
     """
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+
+    from fastlm.engine import pretrained
 
     base = base or adapter_base(folder)
     if not Path(base).is_dir():
@@ -157,7 +158,11 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
             fix="put the base model back there, or pass its new folder (python -m fastlm merge-adapter --base <dir>).",
         )
     args = {"local_files_only": True, "dtype": torch.float32, **load_args}
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **args), str(folder))
+    checkpoint = pretrained.inspect_checkpoint(
+        base, str(Path(base).resolve()), label=f"the base model {base} of the LoRA adapter in {folder}",
+        trust_remote_code=args.get("trust_remote_code", False), local_files_only=True)
+    model = PeftModel.from_pretrained(pretrained.load_pretrained(checkpoint, new_weights_param=None, **args),
+                                      str(folder))
     return model.merge_and_unload() if merge else model
 
 
