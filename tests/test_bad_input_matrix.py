@@ -350,8 +350,15 @@ def test_misspelled_top_level_params_key_warns(project, caplog):
 
 def _save_tiny_pretrained(project: Path, kind: str) -> str:
     """A tiny BART, T5 or BERT masked-LM folder for the project's tokenizer (save_pretrained, no hub)."""
-    from transformers import (AutoTokenizer, BartConfig, BartForConditionalGeneration, BertConfig, BertForMaskedLM,
-                              T5Config, T5ForConditionalGeneration)
+    from transformers import (
+        AutoTokenizer,
+        BartConfig,
+        BartForConditionalGeneration,
+        BertConfig,
+        BertForMaskedLM,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
 
     vocab = len(AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True))
     model = {

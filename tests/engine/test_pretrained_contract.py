@@ -23,9 +23,20 @@ MAX_LENGTH = 32
 
 
 def _tiny(kind: str, vocab: int):
-    from transformers import (BartConfig, BartForConditionalGeneration, BertConfig, BertForMaskedLM,
-                              BertLMHeadModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                              LlamaModel, T5Config, T5ForConditionalGeneration)
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        BertConfig,
+        BertForMaskedLM,
+        BertLMHeadModel,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        LlamaModel,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
 
     torch.manual_seed(0)
     llama = {"vocab_size": vocab, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,

@@ -200,25 +200,27 @@ def load_pretrained(checkpoint: Checkpoint, *, allow_new_weights: bool = False,
 
 def _check_loaded_whole(checkpoint: Checkpoint, model, info: dict, *, allow_new_weights: bool,
                         new_weights_param: str | None) -> None:
-    groups = {
-        "missing from the checkpoint (newly initialised)": sorted(info.get("missing_keys") or ()),
-        "in the checkpoint but unused by the model (dropped)": sorted(info.get("unexpected_keys") or ()),
-        "of another shape than the model's (newly initialised)": sorted(key for key, *_ in
-                                                                         info.get("mismatched_keys") or ()),
-    }
-    found = [f"{len(keys)} {what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
-             for what, keys in groups.items() if keys]
-    if not found:
+    groups = [  # (what, what loading with allow_new_weights does to them, keys)
+        ("missing from the checkpoint", "newly initialised", sorted(info.get("missing_keys") or ())),
+        ("in the checkpoint but unused by the model", "dropped", sorted(info.get("unexpected_keys") or ())),
+        ("of another shape than the model's", "newly initialised",
+         sorted(key for key, *_ in info.get("mismatched_keys") or ())),
+    ]
+    if not any(keys for *_, keys in groups):
         return
-    summary = "; ".join(found)
+
+    def summary(with_effect: bool) -> str:
+        return "; ".join(f"{len(keys)} {what}{f', {effect}' if with_effect else ''}: {', '.join(keys[:3])}"
+                         f"{', ...' if len(keys) > 3 else ''}" for what, effect, keys in groups if keys)
+
     if allow_new_weights:
         log.warning("%s into %s with %s = true: %s", checkpoint.label, type(model).__name__, new_weights_param,
-                    summary)
+                    summary(True))
         return
     fix = "restore the folder's weight files from the original model (a cut-off or edited safetensors)"
     if new_weights_param:
         fix += f", or set {new_weights_param}: true if a new head is deliberate"
-    raise ConfigError(f"{checkpoint.label} does not load whole into {type(model).__name__}: {summary}.",
+    raise ConfigError(f"{checkpoint.label} does not load whole into {type(model).__name__}: {summary(False)}.",
                       fix=fix + ".")
 
 
