@@ -259,3 +259,24 @@ def test_merge_adapter_refuses_a_base_that_is_not_whole(folders, tmp_path, capsy
         assert code == 2 and "Traceback" not in err, err
         assert last.startswith("fastlm: error:") and expected in last and "Fix:" in last, last
         assert not (tmp_path / "merged").exists()
+
+
+def test_lora_with_resized_embeddings_trains_the_new_rows_and_loads_back(bpe_tokenizer, tmp_path):
+    from fastlm.engine.lora import load_adapter_model
+
+    folder = tmp_path / "base"
+    _tiny("llama", len(bpe_tokenizer) - 8).save_pretrained(folder)
+    bpe_tokenizer.save_pretrained(folder)
+    lora = {"enabled": True, "r": 2}
+    _refused(folder, bpe_tokenizer, "LoRA keeps the embedding frozen", "train.model.lora.modules_to_save",
+             resize_embeddings=True, lora=lora)
+    model = _build(folder, bpe_tokenizer, resize_embeddings=True,
+                   lora={**lora, "modules_to_save": ["embed_tokens", "lm_head"]})
+    embedding = model.get_input_embeddings()
+    assert embedding.weight.requires_grad and embedding.weight.shape[0] == len(bpe_tokenizer)
+    with torch.no_grad():
+        embedding.weight.add_(1.0)  # stands in for training
+    model.save_pretrained(tmp_path / "adapter")
+    bpe_tokenizer.save_pretrained(tmp_path / "adapter")
+    back = load_adapter_model(tmp_path / "adapter")
+    assert torch.equal(back.get_input_embeddings().weight, embedding.weight)

@@ -161,8 +161,11 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     checkpoint = pretrained.inspect_checkpoint(
         base, str(Path(base).resolve()), label=f"the base model {base} of the LoRA adapter in {folder}",
         trust_remote_code=args.get("trust_remote_code", False), local_files_only=True)
-    model = PeftModel.from_pretrained(pretrained.load_pretrained(checkpoint, new_weights_param=None, **args),
-                                      str(folder))
+    base_model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **args)
+    size = len(pretrained.folder_vocabulary(folder) or ())
+    if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
+        base_model.resize_token_embeddings(size)
+    model = PeftModel.from_pretrained(base_model, str(folder))
     return model.merge_and_unload() if merge else model
 
 

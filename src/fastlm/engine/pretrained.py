@@ -227,9 +227,8 @@ def _check_loaded_whole(checkpoint: Checkpoint, model, info: dict, *, allow_new_
 # ------------------------------------------------------------------------------------------------ vocabulary
 
 
-def tokenizer_relation(location: str, tokenizer) -> str | None:
-    """``same`` / ``extends`` (the folder's tokens, same ids, plus more) / ``other``, or None when the folder
-    has no tokenizer to compare with."""
+def folder_vocabulary(location: str | Path) -> dict[str, int] | None:
+    """The vocabulary of the tokenizer saved in a folder, or None when it has none (or it does not load)."""
     from transformers import AutoTokenizer
 
     folder = Path(location)
@@ -237,9 +236,17 @@ def tokenizer_relation(location: str, tokenizer) -> str | None:
                                                                               "tokenizer_config.json")):
         return None
     try:
-        own = AutoTokenizer.from_pretrained(str(folder), local_files_only=True).get_vocab()
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True).get_vocab()
     except Exception as error:  # noqa: BLE001 - an unloadable tokenizer: nothing to compare
-        log.debug("Could not load the tokenizer of %s to compare: %s", folder, error)
+        log.debug("Could not load the tokenizer of %s: %s", folder, error)
+        return None
+
+
+def tokenizer_relation(location: str, tokenizer) -> str | None:
+    """``same`` / ``extends`` (the folder's tokens, same ids, plus more) / ``other``, or None when the folder
+    has no tokenizer to compare with."""
+    own = folder_vocabulary(location)
+    if own is None:
         return None
     used = tokenizer.get_vocab()
     if used == own:
