@@ -138,12 +138,16 @@ def test_a_model_type_transformers_does_not_know_is_one_line(folders, bpe_tokeni
 # ----------------------------------------------------------------------------------------- weights load whole
 
 
-def _remove_tensor(folder: Path, key: str) -> None:
+def _remove_tensor_from(file: Path, key: str) -> None:
     from safetensors.torch import load_file, save_file
 
-    weights = load_file(folder / "model.safetensors")
+    weights = load_file(file)
     del weights[key]
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    save_file(weights, file, metadata={"format": "pt"})
+
+
+def _remove_tensor(folder: Path, key: str) -> None:
+    _remove_tensor_from(folder / "model.safetensors", key)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -280,3 +284,28 @@ def test_lora_with_resized_embeddings_trains_the_new_rows_and_loads_back(bpe_tok
     bpe_tokenizer.save_pretrained(tmp_path / "adapter")
     back = load_adapter_model(tmp_path / "adapter")
     assert torch.equal(back.get_input_embeddings().weight, embedding.weight)
+
+
+def test_merge_adapter_refuses_an_adapter_that_is_not_whole(folders, tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from fastlm.__main__ import merge_adapter_command
+
+    base = AutoModelForCausalLM.from_pretrained(folders["llama"], local_files_only=True)
+    adapter = tmp_path / "adapter"
+    get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(adapter)
+    cut = _copy(adapter, tmp_path, "cut-adapter")
+    data = (cut / "adapter_model.safetensors").read_bytes()
+    (cut / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
+    edited = _copy(adapter, tmp_path, "edited-adapter")
+    _remove_tensor_from(edited / "adapter_model.safetensors",
+                        "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight")
+    for bad, expected in ((cut, f"{cut}/adapter_model.safetensors is unreadable"),
+                          (edited, "layers.1.self_attn.q_proj.lora_B")):
+        code = merge_adapter_command(["--adapter", str(bad), "--out", str(tmp_path / "merged")])
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and "Traceback" not in err, err
+        assert last.startswith("fastlm: error:") and expected in last and "Fix:" in last, last
+        assert not (tmp_path / "merged").exists()

@@ -154,8 +154,6 @@ def require_trainable(checkpoint: Checkpoint) -> str:
 
 def check_weight_files(checkpoint: Checkpoint) -> None:
     """A local folder has weights, and each safetensors file opens (a cut-off or garbled file is named)."""
-    from safetensors import safe_open
-
     folder = Path(checkpoint.location)
     if not folder.is_dir():
         return
@@ -163,13 +161,20 @@ def check_weight_files(checkpoint: Checkpoint) -> None:
     if not any(any(folder.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         raise ConfigError(f"{checkpoint.label} has no weights (no model.safetensors, sharded index or "
                           "pytorch_model.bin next to config.json).", fix=restore)
-    for path in sorted(folder.glob("*.safetensors")):
+    check_safetensors(folder, checkpoint.source, fix=restore)
+
+
+def check_safetensors(folder: str | Path, shown: str, *, fix: str) -> None:
+    """Each safetensors file of ``folder`` opens (its header and size agree); else one line naming it."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
         try:
             with safe_open(str(path), framework="pt"):
                 pass
         except Exception as error:  # noqa: BLE001 - SafetensorError, OSError
-            raise ConfigError(f"{checkpoint.file(path.name)} is unreadable ({error}): a cut-off or edited file.",
-                              fix=restore) from error
+            raise ConfigError(f"{str(shown).rstrip('/')}/{path.name} is unreadable ({error}): a cut-off or edited "
+                              "file.", fix=fix) from error
 
 
 def load_pretrained(checkpoint: Checkpoint, *, allow_new_weights: bool = False,
