@@ -309,3 +309,27 @@ def test_merge_adapter_refuses_an_adapter_that_is_not_whole(folders, tmp_path, c
         assert code == 2 and "Traceback" not in err, err
         assert last.startswith("fastlm: error:") and expected in last and "Fix:" in last, last
         assert not (tmp_path / "merged").exists()
+
+
+@pytest.mark.parametrize(("model_type", "changes", "kind"), [
+    ("qwen3", {}, "causal LM"), ("mistral", {}, "causal LM"), ("gpt_neox", {}, "causal LM"),
+    ("bert", {"is_decoder": True, "architectures": ["BertLMHeadModel"]}, "causal LM"),
+    ("roberta", {"architectures": ["RobertaForMaskedLM"]}, "encoder-only or masked LM"),
+    ("electra", {}, "encoder-only or masked LM"), ("deberta-v2", {}, "encoder-only or masked LM"),
+    ("mbart", {}, "encoder-decoder (seq2seq) model"), ("mt5", {}, "encoder-decoder (seq2seq) model"),
+    ("vit", {}, "unknown kind of model"),
+])
+def test_the_kind_follows_the_config(model_type, changes, kind):
+    from transformers import AutoConfig
+
+    from fastlm.engine import pretrained
+
+    config = AutoConfig.for_model(model_type, **changes)
+    assert pretrained.checkpoint_kind(config) == kind
+    checkpoint = pretrained.Checkpoint(source="./m", location="./m", label="train.model.name_or_path = './m'",
+                                       config=config, kind=kind)
+    if kind in pretrained.TRAINABLE:
+        assert pretrained.require_trainable(checkpoint) == "AutoModelForCausalLM"
+    else:
+        with pytest.raises(ConfigError, match=f"model type {model_type}.*fastlm trains"):
+            pretrained.require_trainable(checkpoint)

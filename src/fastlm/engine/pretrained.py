@@ -36,7 +36,7 @@ RESIZE_PARAM = "train.model.resize_embeddings"
 CAUSAL_LM = "causal LM"
 SEQ2SEQ = "encoder-decoder (seq2seq) model"
 ENCODER = "encoder-only or masked LM"
-UNKNOWN = "model of no language-model kind fastlm knows"
+UNKNOWN = "unknown kind of model"
 # The kinds fastlm trains, and the transformers auto class that builds each.
 TRAINABLE = {CAUSAL_LM: "AutoModelForCausalLM"}
 FIX_CAUSAL = f"point {PARAM} at a decoder-only causal LM folder (e.g. a Llama, Qwen, Gemma or GPT-2 family model)"
@@ -147,7 +147,7 @@ def require_trainable(checkpoint: Checkpoint) -> str:
                           "not available yet.", fix=FIX_CAUSAL + ".")
     seq2seq_note = "" if SEQ2SEQ in TRAINABLE else " (seq2seq: not available yet)"
     reason = ("its attention sees every position, so a next-token loss would mean nothing"
-              if checkpoint.kind == ENCODER else "transformers cannot build it as a language model")
+              if checkpoint.kind == ENCODER else "fastlm finds no causal LM class for it in transformers")
     raise ConfigError(f"{what}: {reason}; fastlm trains causal and seq2seq LMs{seq2seq_note}.",
                       fix=FIX_CAUSAL + ".")
 
