@@ -128,6 +128,10 @@ def inspect_checkpoint(source: str, location: str, *, trust_remote_code: bool = 
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, **config_args)
     except Exception as error:  # noqa: BLE001 - transformers raises ValueError, KeyError, OSError here
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if not Path(location).is_dir():  # a hub id: not found, offline, no access ...
+            raise ConfigError(f"{label}: the model config could not be read ({first})",
+                              fix=f"check the hub id, or download the model once and point {PARAM} at its "
+                              "folder.") from error
         raise ConfigError(
             f"{label}: model type {model_type!r} in {shown} is not one transformers {__version__} can build "
             f"({first})",
