@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -342,3 +343,84 @@ def test_misspelled_top_level_params_key_warns(project, caplog):
         run_pipeline(project, "split", {"trian": {"max_steps": 3}})
     warnings = [r.getMessage() for r in caplog.records if "unknown parameter trian" in r.getMessage()]
     assert len(warnings) == 1 and "(did you mean train?)" in warnings[0] and "Fix:" in warnings[0]
+
+
+# --------------------------------------------------------- train: pretrained folders (issues 21 and 15)
+
+
+def _save_tiny_pretrained(project: Path, kind: str) -> str:
+    """A tiny BART, T5 or BERT masked-LM folder for the project's tokenizer (save_pretrained, no hub)."""
+    from transformers import (
+        AutoTokenizer,
+        BartConfig,
+        BartForConditionalGeneration,
+        BertConfig,
+        BertForMaskedLM,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+
+    vocab = len(AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True))
+    model = {
+        "bart": lambda: BartForConditionalGeneration(BartConfig(
+            vocab_size=vocab, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64)),
+        "t5": lambda: T5ForConditionalGeneration(T5Config(vocab_size=vocab, d_model=16, d_kv=8, d_ff=32,
+                                                          num_layers=1, num_heads=2)),
+        "bert": lambda: BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=1,
+                                                   num_attention_heads=2, intermediate_size=32,
+                                                   max_position_embeddings=64)),
+    }[kind]()
+    folder = project / "models" / kind
+    model.save_pretrained(folder)
+    return f"./{folder.relative_to(project)}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("bart", "encoder-decoder (seq2seq) training is not available yet"),
+     ("t5", "encoder-decoder (seq2seq) training is not available yet"),
+     ("bert", "fastlm trains causal and seq2seq LMs")],
+    ids=["bart", "t5", "bert_masked_lm"],
+)
+def test_pretrained_folder_that_is_not_a_causal_lm(project, kind, expected):
+    path = _save_tiny_pretrained(project, kind)
+    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError, expected,
+                   f"model type {kind}", path)
+
+
+def _break_model_folder(folder: Path, how: str) -> str:
+    if how == "empty_folder":
+        shutil.rmtree(folder)
+        folder.mkdir()
+        return "config.json"
+    name = "config.json" if how == "cut_config" else "model.safetensors"
+    data = (folder / name).read_bytes()
+    (folder / name).write_bytes(data[: len(data) // 2])
+    return name
+
+
+@pytest.mark.parametrize("how", ["empty_folder", "cut_config", "cut_safetensors"])
+def test_broken_pretrained_folder_names_the_file(project, how):
+    path = _save_tiny_llama(project)
+    name = _break_model_folder(project / path, how)
+    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError,
+                   f"{path}/{name}")
+
+
+def test_cli_pretrained_folder_with_a_removed_tensor(project, mlflow_uri):
+    """A cut or edited safetensors (one tensor gone) is refused before training, and no run is FINISHED."""
+    import mlflow
+    from safetensors.torch import load_file, save_file
+
+    path = _save_tiny_llama(project)
+    weights = load_file(project / path / "model.safetensors")
+    del weights["model.layers.0.mlp.up_proj.weight"]
+    save_file(weights, project / path / "model.safetensors", metadata={"format": "pt"})
+    started_ms = int(time.time() * 1000)
+    last = _one_line_exit_2(project, "--pipeline=train", "--params", f"train.model.name_or_path={path}")
+    assert "model.layers.0.mlp.up_proj.weight" in last and path in last, last
+    client = mlflow.MlflowClient(mlflow_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, filter_string=f"attributes.start_time >= {started_ms}")
+    assert all(run.info.status != "FINISHED" for run in runs), [(run.info.run_name, run.info.status) for run in runs]

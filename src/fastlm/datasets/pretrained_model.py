@@ -26,7 +26,7 @@ class PretrainedModelDataset(AbstractDataset):
         self.metadata = metadata
 
     def load(self) -> dict:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if not self._exists():
             raise DatasetError(f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first.")
@@ -35,8 +35,13 @@ class PretrainedModelDataset(AbstractDataset):
             from fastlm.engine.lora import load_adapter_model
 
             model = load_adapter_model(folder, **self._load_args)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(folder, **self._load_args)
+        else:  # as what its config says it is, whole, or one line (never re-shaped into another class)
+            from fastlm.engine import pretrained
+
+            checkpoint = pretrained.inspect_checkpoint(
+                folder, str(Path(folder).resolve()), label=f"the trained model {folder}",
+                trust_remote_code=self._load_args["trust_remote_code"], local_files_only=True)
+            model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **self._load_args)
         return {"model": model, "tokenizer": AutoTokenizer.from_pretrained(folder, **self._load_args)}
 
     def save(self, data: dict) -> None:

@@ -34,6 +34,10 @@ class ModelParams(Params):
     lora: LoraParams = LoraParams()
     trust_remote_code: bool = False
     allow_download: bool = False
+    allow_new_weights: bool = Field(False, description="load weights the checkpoint lacks as new (e.g. a new "
+                                    "head), logged; false: any missing or unused weight is an error")
+    resize_embeddings: bool = Field(False, description="grow the embedding to the tokenizer's size (logged) "
+                                    "when the model's own tokenizer is larger than it")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     gradient_checkpointing: bool = False
     # From-scratch Llama-architecture config (ignored with name_or_path).

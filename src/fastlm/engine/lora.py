@@ -27,6 +27,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -147,8 +149,7 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     ``merge=True`` folds the adapters into the weights and returns a plain transformers model (what
     generation and evaluation want: no adapter overhead); else the peft model.
     """
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from fastlm.engine import pretrained
 
     base = base or adapter_base(folder)
     if not Path(base).is_dir():
@@ -157,8 +158,38 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
             fix="put the base model back there, or pass its new folder (python -m fastlm merge-adapter --base <dir>).",
         )
     args = {"local_files_only": True, "dtype": torch.float32, **load_args}
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **args), str(folder))
+    checkpoint = pretrained.inspect_checkpoint(
+        base, str(Path(base).resolve()), label=f"the base model {base} of the LoRA adapter in {folder}",
+        trust_remote_code=args.get("trust_remote_code", False), local_files_only=True)
+    base_model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **args)
+    size = len(pretrained.folder_vocabulary(folder) or ())
+    if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
+        log.info("Growing the embedding of %s to the %d tokens of the adapter's tokenizer", base, size)
+        base_model.resize_token_embeddings(size)
+    model = _load_adapter_whole(base_model, folder)
     return model.merge_and_unload() if merge else model
+
+
+def _load_adapter_whole(base_model, folder: str | Path):
+    """``PeftModel.from_pretrained``, refusing a cut-off adapter file or adapter weights missing from it (peft
+    only warns and leaves those adapters at their initial values)."""
+    from peft import PeftModel
+
+    from fastlm.engine import pretrained
+
+    fix = "train the adapter again (its folder is incomplete), or restore the folder from a backup."
+    pretrained.check_safetensors(folder, str(folder), fix=fix)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(base_model, str(folder))
+    for warning in caught:
+        text = str(warning.message)
+        if "missing adapter keys" in text:
+            keys = re.findall(r"'([^']+)'", text)
+            raise ConfigError(f"the LoRA adapter in {folder} does not load whole: {len(keys)} adapter weights are "
+                              f"missing from it ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}).", fix=fix)
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return model
 
 
 def merge_adapter(folder: str | Path, *, base: str | None = None):

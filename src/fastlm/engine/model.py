@@ -1,4 +1,8 @@
-"""Build the causal LM: a local pretrained directory (offline), a hub id (opt-in), or a tiny Llama config."""
+"""Build the causal LM: a local pretrained directory (offline), a hub id (opt-in), or a tiny Llama config.
+
+A pretrained folder goes through ``fastlm.engine.pretrained``: it trains as what its config says it is, with
+every weight it holds, or is refused with one line.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from fastlm.engine import lora
+from fastlm.engine import lora, pretrained
 from fastlm.engine.config import ModelParams
 from fastlm.errors import ConfigError
 
@@ -30,7 +34,7 @@ def choose_attention(requested: str, device: torch.device) -> str:
 def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_implementation: str):
     """The model, in fp32 (LoRA: frozen base in ``lora.base_dtype``, adapters fp32), training mode, with the KV
     cache off; vocabulary and positions checked."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     if params.lora.enabled:  # before any weights load: a LoRA set-up this machine cannot run is one line
         lora.check_supported(params)
@@ -52,11 +56,16 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
         model = LlamaForCausalLM(config)
     else:
         load = lora.load_kwargs(params.lora) if params.lora.enabled else {"dtype": torch.float32}
-        model = AutoModelForCausalLM.from_pretrained(
-            _local_or_hub(params), trust_remote_code=params.trust_remote_code,
-            attn_implementation=attn_implementation, **load,
-        )
-    _check_fits(model, tokenizer, max_length)
+        checkpoint = pretrained.inspect_checkpoint(params.name_or_path, _local_or_hub(params),
+                                                   trust_remote_code=params.trust_remote_code)
+        model = pretrained.load_pretrained(checkpoint, allow_new_weights=params.allow_new_weights,
+                                           trust_remote_code=params.trust_remote_code,
+                                           attn_implementation=attn_implementation, **load)
+        frozen = params.lora.enabled and not pretrained.embedding_module_names(model) <= set(
+            params.lora.modules_to_save or ())
+        pretrained.fit_vocabulary(checkpoint, model, tokenizer, resize=params.resize_embeddings,
+                                  frozen_embeddings=frozen)
+    _check_fits(model, max_length)
     model.config.use_cache = False  # a cache is useless in training and turns off packed-sample detection
     if params.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -82,15 +91,7 @@ def _local_or_hub(params: ModelParams) -> str:
     return source
 
 
-def _check_fits(model, tokenizer, max_length: int) -> None:
-    vocab = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > vocab:
-        raise ConfigError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}: "
-            "tokenizer and model vocabularies disagree.",
-            fix="tokenize with the model's own tokenizer (split.tokenizer.source: <model folder>) and rerun "
-            "`kedro run --pipeline=split`.",
-        )
+def _check_fits(model, max_length: int) -> None:
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and max_length > limit:
         raise ConfigError(
