@@ -159,6 +159,23 @@ def test_a_removed_tensor_is_refused(folders, bpe_tokenizer, tmp_path, lora):
              "train.model.allow_new_weights", **extra)
 
 
+def test_a_refusal_is_the_only_report_of_the_missing_keys(folders, bpe_tokenizer, tmp_path):
+    """transformers' own multi-line load report would print above fastlm's one line: it is kept quiet."""
+    folder = _copy(folders["llama"], tmp_path)
+    _remove_tensor(folder, "model.layers.1.mlp.up_proj.weight")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    library = logging.getLogger("transformers")  # its own stderr handler; it does not propagate
+    library.addHandler(handler)
+    try:
+        _refused(folder, bpe_tokenizer, "model.layers.1.mlp.up_proj.weight")
+    finally:
+        library.removeHandler(handler)
+    reports = [record.getMessage() for record in records if "LOAD REPORT" in record.getMessage()]
+    assert not reports, reports[0]
+
+
 def test_a_new_head_needs_allow_new_weights_and_is_logged(folders, bpe_tokenizer, caplog):
     _refused(folders["llama_without_head"], bpe_tokenizer, "lm_head.weight", "train.model.allow_new_weights")
     with caplog.at_level(logging.WARNING, logger="fastlm"):

@@ -20,6 +20,7 @@ resizes and logs) or to fix the folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -193,8 +194,9 @@ def load_pretrained(checkpoint: Checkpoint, *, allow_new_weights: bool = False,
     auto_class = getattr(transformers, require_trainable(checkpoint))
     check_weight_files(checkpoint)
     try:
-        model, info = auto_class.from_pretrained(checkpoint.location, output_loading_info=True,
-                                                 ignore_mismatched_sizes=True, **load_args)
+        with _without_load_report():
+            model, info = auto_class.from_pretrained(checkpoint.location, output_loading_info=True,
+                                                     ignore_mismatched_sizes=True, **load_args)
     except (FastlmError, torch.OutOfMemoryError, MemoryError):
         raise
     except Exception as error:  # noqa: BLE001 - OSError, ValueError, RuntimeError, SafetensorError ...
@@ -205,6 +207,27 @@ def load_pretrained(checkpoint: Checkpoint, *, allow_new_weights: bool = False,
     _check_loaded_whole(checkpoint, model, info, allow_new_weights=allow_new_weights,
                         new_weights_param=new_weights_param)
     return model
+
+
+class _DropLoadReport(logging.Filter):
+    """transformers' multi-line LOAD REPORT: ``_check_loaded_whole`` says the same in one line (or one warning)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_load_report():
+    library = logging.getLogger("transformers")  # the report reaches the library logger's own handlers
+    handlers = list(library.handlers)
+    drop = _DropLoadReport()
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)
 
 
 def _check_loaded_whole(checkpoint: Checkpoint, model, info: dict, *, allow_new_weights: bool,
