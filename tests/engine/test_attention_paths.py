@@ -164,6 +164,7 @@ def flex_reference(monkeypatch):
     return calls
 
 
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 PATHS = ["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "torch_varlen"]
 
 

@@ -34,7 +34,8 @@ class ModelParams(Params):
     lora: LoraParams = LoraParams()
     trust_remote_code: bool = False
     allow_download: bool = False
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
+                                 "torch_varlen"] = "auto"
     gradient_checkpointing: bool = False
     # From-scratch Llama-architecture config (ignored with name_or_path).
     hidden_size: int = Field(128, ge=8)
