@@ -85,7 +85,7 @@ class RuntimeParams(Params):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     tf32: bool = True
     cudnn_benchmark: bool = True
-    compile: bool = False
+    compile: bool | Literal["auto"] = Field("auto", description="torch.compile; auto: on CUDA, off on CPU")
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
 

@@ -304,6 +304,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 record = {**metrics.flush(step), **stream.position}
                 _check_finite(record, step, root)
                 if first_step:
+                    log.info("First step: %.2f s%s; the throughput figures leave it out", record["step_time_s"],
+                             " (torch.compile included)" if runtime.compile else "")
                     _check_first_loss(record["loss"], len_vocab=raw_model.get_input_embeddings().num_embeddings,
                                       from_scratch=getattr(config, "_name_or_path", "") == "")
                 _check_grad_norm(record, grad_norms)
@@ -351,6 +353,9 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     summary = _summary(history, eval_history, params, total_steps, perf_counter() - start, n_params, steps_per_epoch)
     summary["tokens_seen"] = tokens_seen
     summary["flops_per_token"] = metrics.flops_per_token
+    summary["first_step_s"] = metrics.step_times[0] if metrics.step_times else None  # compile included
+    summary["compiled"] = runtime.compile
+    summary["attention"] = attn
     summary["world_size"] = world
     summary["oom_backoffs"] = backoffs
     summary["effective_batch"] *= world
