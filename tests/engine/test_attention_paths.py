@@ -229,3 +229,31 @@ def test_packed_training_step_sees_each_sample_alone(path_kernels, reference, tm
     assert len(recorder.seen) >= 3
     _check_samples(recorder, reference_logits, len([key for key in recorder.seen if key in reference_logits]))
     assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
+
+
+@pytest.mark.parametrize("path_kernels", ["flash_attention_2", "torch_varlen"], indirect=True)
+def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, reference, tmp_path):
+    """Dynamic padding (one sample per row): the varlen view gets each row's sample and padding tail apart."""
+    attn, kernels_fed = path_kernels
+    _, reference_losses = reference
+    params = _params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    result = evaluate(_model(attn), _dataset(), params, runtime, pad_id=PAD, max_length=ROW, attn=attn,
+                      max_batches=None)
+    expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
+    assert math.isclose(result["val_loss"], expected, rel_tol=1e-5) and kernels_fed()
+
+
+def test_generation_on_a_torch_varlen_model_uses_sdpa_and_puts_it_back():
+    """Generation (KV cache, left padding) cannot use the packed-only varlen path: it runs on SDPA meanwhile."""
+    from fastlm.engine.generation import generate_continuations
+
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    prompts = [SAMPLES[0][:4].tolist(), SAMPLES[3][:7].tolist()]
+    outputs = {}
+    for attn in ("sdpa", "torch_varlen"):
+        model = _model(attn)
+        outputs[attn] = generate_continuations(model, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime,
+                                               max_new_tokens=4).continuations
+        assert model.config._attn_implementation == attn
+    assert outputs["torch_varlen"] == outputs["sdpa"]
