@@ -6,8 +6,9 @@ the default tiny Llama (``ModelParams()``), packed batches of ``micro_batch_size
 For each path, the engine's own input builder (``attention.to_device``: dense bool mask for ``sdpa``, a
 document-causal ``BlockMask`` for ``flex_attention``) and model call (``loss.forward_logits``):
 
-* forward (no_grad, what evaluation runs): seconds per batch, mask building included, after ``--warmup``
-  batches (flex_attention's first call compiles its kernel: that time is reported separately);
+* forward (no_grad, what evaluation runs): median seconds per batch, mask building included, after
+  ``--warmup`` batches (flex_attention's first call compiles its kernel: that time is reported separately),
+  the paths interleaved batch by batch (a shared machine's load then hits them alike);
 * forward + backward (training): flex_attention raises on CPU in torch 2.13 ("does not support backward on
   CPU"): reported as such.
 
@@ -49,53 +50,69 @@ def _data(folder: Path):
     return TokenSequences.from_arrow(tokenized["train"]), tokenizer
 
 
-def _time(fn, warmup: int, batches: list) -> tuple[float, list[float]]:
-    start = perf_counter()
-    fn(batches[0])
-    first = perf_counter() - start
-    for batch in batches[1:warmup]:
-        fn(batch)
-    times = []
-    for batch in batches[warmup:]:
-        start = perf_counter()
-        fn(batch)
-        times.append(perf_counter() - start)
-    return first, times
+class Path_:
+    """One attention path: its batches (the engine's collator), its model (same initial weights) and steps."""
 
+    def __init__(self, attn: str, dataset, tokenizer, *, rows: int, max_length: int, count: int) -> None:
+        params = parse_train_params({"batching": {"mode": "packed", "micro_batch_size": rows}})
+        sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id_of(tokenizer),
+                                          max_length=max_length, attn=attn, seed=0)
+        sampler.set_epoch(0)
+        self.attn, self.rows, self.max_length = attn, rows, max_length
+        self.batches = [collator(dataset.__getitems__(indices))
+                        for _, indices in zip(range(count), sampler, strict=False)]
+        torch.manual_seed(0)
+        self.model = build_model(ModelParams(), tokenizer, max_length=max_length, attn_implementation=attn)
+        self.cpu = torch.device("cpu")
 
-def measure(attn: str, dataset, tokenizer, *, rows: int, max_length: int, warmup: int, batches: int) -> dict:
-    params = parse_train_params({"batching": {"mode": "packed", "micro_batch_size": rows}})
-    sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id_of(tokenizer), max_length=max_length,
-                                      attn=attn, seed=0)
-    sampler.set_epoch(0)
-    chosen = [collator(dataset.__getitems__(indices)) for _, indices in zip(range(warmup + batches), sampler,
-                                                                               strict=False)]
-    torch.manual_seed(0)
-    model = build_model(ModelParams(), tokenizer, max_length=max_length, attn_implementation=attn)
-    cpu = torch.device("cpu")
-
-    def forward(batch):
-        model.eval()
+    def forward(self, batch) -> None:
+        self.model.eval()
         with torch.no_grad():
-            forward_logits(model, to_device(batch, cpu, attn))
+            forward_logits(self.model, to_device(batch, self.cpu, self.attn))
 
-    def train_step(batch):
-        model.train()
-        batch = to_device(batch, cpu, attn)
-        loss, targets = causal_lm_loss_sum(forward_logits(model, batch), batch["labels"])
+    def train_step(self, batch) -> None:
+        self.model.train()
+        batch = to_device(batch, self.cpu, self.attn)
+        loss, targets = causal_lm_loss_sum(forward_logits(self.model, batch), batch["labels"])
         (loss / targets).backward()
-        model.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
 
-    record = {"attn": attn, "rows": rows, "row_length": max_length,
-              "real_tokens_per_batch": statistics.fmean(int(b["num_real_tokens"]) for b in chosen)}
-    first, times = _time(forward, warmup, chosen)
-    record.update(forward_first_s=round(first, 3), forward_s=round(statistics.median(times), 4))
-    try:
-        first, times = _time(train_step, warmup, chosen)
-        record.update(train_first_s=round(first, 3), train_step_s=round(statistics.median(times), 4))
-    except NotImplementedError as error:
-        record["train_step_s"] = f"not supported: {str(error).splitlines()[0]}"
-    return record
+
+def _timed(fn, batch) -> float:
+    start = perf_counter()
+    fn(batch)
+    return perf_counter() - start
+
+
+def measure(paths: list[Path_], warmup: int) -> list[dict]:
+    """Warm-up (first call apart: compile), then the timed batches, the paths interleaved batch by batch so
+    that a change of load on a shared machine hits them alike."""
+    records = []
+    for path in paths:
+        record = {"attn": path.attn, "rows": path.rows, "row_length": path.max_length,
+                  "real_tokens_per_batch": statistics.fmean(int(b["num_real_tokens"]) for b in path.batches),
+                  "forward_first_s": round(_timed(path.forward, path.batches[0]), 3)}
+        for batch in path.batches[1:warmup]:
+            path.forward(batch)
+        try:
+            record["train_first_s"] = round(_timed(path.train_step, path.batches[0]), 3)
+            for batch in path.batches[1:warmup]:
+                path.train_step(batch)
+        except NotImplementedError as error:
+            record["train_step_s"] = f"not supported: {str(error).splitlines()[0]}"
+        records.append(record)
+    forward = {path.attn: [] for path in paths}
+    train = {path.attn: [] for path in paths}
+    for index in range(warmup, len(paths[0].batches)):
+        for path, record in zip(paths, records, strict=True):
+            forward[path.attn].append(_timed(path.forward, path.batches[index]))
+            if "train_step_s" not in record:
+                train[path.attn].append(_timed(path.train_step, path.batches[index]))
+    for path, record in zip(paths, records, strict=True):
+        record["forward_s"] = round(statistics.median(forward[path.attn]), 4)
+        if train[path.attn]:
+            record["train_step_s"] = round(statistics.median(train[path.attn]), 4)
+    return records
 
 
 def main(argv=None) -> None:
@@ -109,11 +126,10 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     dataset, tokenizer = _data(args.project)
-    results = []
-    for attn in args.paths:
-        result = measure(attn, dataset, tokenizer, rows=args.rows, max_length=args.max_length, warmup=args.warmup,
-                         batches=args.batches)
-        results.append(result)
+    paths = [Path_(attn, dataset, tokenizer, rows=args.rows, max_length=args.max_length,
+                   count=args.warmup + args.batches) for attn in args.paths]
+    results = measure(paths, args.warmup)
+    for result in results:
         print(json.dumps(result), flush=True)
     by = {r["attn"]: r for r in results}
     if {"sdpa", "flex_attention"} <= by.keys():

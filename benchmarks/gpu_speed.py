@@ -10,7 +10,8 @@ and is stopped when it runs past it ("did not finish in N s").
 
     python benchmarks/gpu_speed.py --model 0.5b               # H100/H200: the measurement
     python benchmarks/gpu_speed.py --model tiny               # the project's default tiny Llama
-    python benchmarks/gpu_speed.py --device cpu --model tiny --steps 2 --warmup 1 --seq-len 256   # smoke run
+    python benchmarks/gpu_speed.py --device cpu --model tiny --steps 2 --warmup 1 --seq-len 256 --compile off \
+        --budget-s 900                                        # CPU smoke run
 
 Models (random init, ``torch.manual_seed(0)``, built with ``fastlm.engine.model.build_model``):
 ``tiny`` = ``ModelParams()`` (hidden 128, 2 layers, 4 heads, intermediate 344, vocab = len(tokenizer));
@@ -321,6 +322,7 @@ def run_fastlm(ctx: GpuContext, compile_: bool) -> dict:
         "real_tokens_per_s": real / window, "computed_tokens_per_s": computed / window,
         "padding_waste": 1 - real / computed, "step_time_s": window / steps, "data_wait_share": waited / window,
         **ctx.mfu(trained, real / window), "first_step_s": result.summary.get("first_step_s"),
+        "compiled": result.summary.get("compiled"),
         "peak_memory_mb": peak, "final_loss": result.history[-1]["loss"],
         "sync_between_log_steps": sync.between if ctx.on_cuda else None,
         "sync_at_log_steps": sync.at_log_step if ctx.on_cuda else None, "sync_examples": sync.examples,
@@ -702,7 +704,8 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
           "on CPU)")
     for name, run in results.items():
         if run.get("first_step_s") is not None:
-            print(f"  {name}: first step {run['first_step_s']:.1f} s (compile included; not timed)")
+            print(f"  {name}: first step {run['first_step_s']:.1f} s ("
+                  + ("torch.compile included; " if run.get("compiled") else "") + "not timed)")
     print()
     print("ratios (real tokens/s):")
     for a in ("fastlm_compile", "fastlm_eager"):
