@@ -257,3 +257,27 @@ def test_generation_on_a_torch_varlen_model_uses_sdpa_and_puts_it_back():
                                                max_new_tokens=4).continuations
         assert model.config._attn_implementation == attn
     assert outputs["torch_varlen"] == outputs["sdpa"]
+
+
+def test_auto_prefers_varlen_then_flex_then_dense_and_logs_why(monkeypatch, caplog):
+    import importlib.util
+    import logging
+
+    from fastlm.engine import attention
+
+    installed: set[str] = set()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
+    monkeypatch.setattr(attention, "torch_varlen_available", lambda device: "torch" in installed)
+    cuda = torch.device("cuda")
+    with caplog.at_level(logging.INFO, logger="fastlm.engine.attention"):
+        installed.update({"flash_attn", "torch"})
+        assert attention.choose_attention("auto", cuda, "bf16") == "flash_attention_2"
+        installed.discard("flash_attn")
+        assert attention.choose_attention("auto", cuda, "bf16") == "torch_varlen"
+        installed.clear()
+        assert attention.choose_attention("auto", cuda, "bf16") == "flex_attention"
+        installed.update({"flash_attn", "torch"})
+        assert attention.choose_attention("auto", cuda, "fp32") == "flex_attention"  # varlen kernels: half only
+        assert attention.choose_attention("auto", torch.device("cpu")) == "sdpa"
+        assert attention.choose_attention("eager", cuda) == "eager"
+    assert sum("attention auto ->" in message for message in caplog.messages) == 5
