@@ -84,7 +84,7 @@ def _timed(fn, batch) -> float:
     return perf_counter() - start
 
 
-def measure(paths: list[Path_], warmup: int) -> list[dict]:
+def measure(paths: list[Path_], warmup: int, train: bool = True) -> list[dict]:
     """Warm-up (first call apart: compile), then the timed batches, the paths interleaved batch by batch so
     that a change of load on a shared machine hits them alike."""
     records = []
@@ -94,6 +94,10 @@ def measure(paths: list[Path_], warmup: int) -> list[dict]:
                   "forward_first_s": round(_timed(path.forward, path.batches[0]), 3)}
         for batch in path.batches[1:warmup]:
             path.forward(batch)
+        if not train:
+            record["train_step_s"] = "not measured (--forward-only)"
+            records.append(record)
+            continue
         try:
             record["train_first_s"] = round(_timed(path.train_step, path.batches[0]), 3)
             for batch in path.batches[1:warmup]:
@@ -102,16 +106,16 @@ def measure(paths: list[Path_], warmup: int) -> list[dict]:
             record["train_step_s"] = f"not supported: {str(error).splitlines()[0]}"
         records.append(record)
     forward = {path.attn: [] for path in paths}
-    train = {path.attn: [] for path in paths}
+    steps = {path.attn: [] for path in paths}
     for index in range(warmup, len(paths[0].batches)):
         for path, record in zip(paths, records, strict=True):
             forward[path.attn].append(_timed(path.forward, path.batches[index]))
             if "train_step_s" not in record:
-                train[path.attn].append(_timed(path.train_step, path.batches[index]))
+                steps[path.attn].append(_timed(path.train_step, path.batches[index]))
     for path, record in zip(paths, records, strict=True):
         record["forward_s"] = round(statistics.median(forward[path.attn]), 4)
-        if train[path.attn]:
-            record["train_step_s"] = round(statistics.median(train[path.attn]), 4)
+        if steps[path.attn]:
+            record["train_step_s"] = round(statistics.median(steps[path.attn]), 4)
     return records
 
 
@@ -123,12 +127,13 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--paths", nargs="+", default=["sdpa", "flex_attention"])
+    parser.add_argument("--forward-only", action="store_true", help="no training steps (forward only)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     dataset, tokenizer = _data(args.project)
     paths = [Path_(attn, dataset, tokenizer, rows=args.rows, max_length=args.max_length,
                    count=args.warmup + args.batches) for attn in args.paths]
-    results = measure(paths, args.warmup)
+    results = measure(paths, args.warmup, train=not args.forward_only)
     for result in results:
         print(json.dumps(result), flush=True)
     by = {r["attn"]: r for r in results}
