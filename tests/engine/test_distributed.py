@@ -166,6 +166,8 @@ def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(tmp_path, bp
     params = _params(tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"})
     two = _launch(params, bpe_tokenizer, tokenized, tmp_path)
     np.testing.assert_allclose([r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=1e-5)
+    # MFU's model FLOPs per token: FSDP2 parameters already count the whole model (DTensor numel is global)
+    assert two.summary["flops_per_token"] == one.summary["flops_per_token"] > 0
     assert two.summary["distributed_strategy"] == "fsdp" and not any(
         hasattr(p, "full_tensor") for p in two.model.parameters())  # a plain model came back
     import safetensors.torch

@@ -112,8 +112,8 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
 
 
 def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
+    from fastlm.engine.attention import to_device
     from fastlm.engine.data import PackedCollator, TokenBudget
-    from fastlm.engine.loop import _to_device
 
     data = _sequences(50, 3)
     samples = data.__getitems__(range(8))
@@ -121,10 +121,13 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
     reference = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="bool")(samples)
     shipped = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="none")(samples)
     assert "attention_mask" not in shipped
-    assert torch.equal(_to_device(shipped, torch.device("cpu"), "sdpa")["attention_mask"], reference["attention_mask"])
-    additive = _to_device(shipped, torch.device("cpu"), "eager")["attention_mask"]
+    cpu = torch.device("cpu")
+    assert torch.equal(to_device(shipped, cpu, "sdpa")["model_inputs"]["attention_mask"], reference["attention_mask"])
+    additive = to_device(shipped, cpu, "eager")["model_inputs"]["attention_mask"]
     assert torch.equal(additive == 0, reference["attention_mask"])
-    assert "attention_mask" not in _to_device(shipped, torch.device("cpu"), "flash_attention_2")
+    varlen = to_device(shipped, cpu, "flash_attention_2")["model_inputs"]
+    assert "attention_mask" not in varlen and varlen["input_ids"].shape == (1, shipped["input_ids"].numel())
+    assert torch.equal(varlen["cu_seq_lens_q"], shipped["cu_seq_lens"])
 
 
 def test_profiling_records_the_requested_window(tmp_path):
@@ -138,3 +141,20 @@ def test_profiling_records_the_requested_window(tmp_path):
     assert set(shares) == {"data", "forward", "backward", "optimizer"}
     assert shares["forward"] > 0 and shares["backward"] > 0 and 0.5 < sum(shares.values()) <= 1.05
     assert profile["top_operators"][0]["self_cpu_ms"] >= profile["top_operators"][-1]["self_cpu_ms"] > 0
+
+
+def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path, monkeypatch):
+    import fastlm.engine.loop as loop_module
+
+    used, make_adamw = [], loop_module.make_adamw
+
+    def recording_adamw(*args, **kwargs):
+        optimizer = make_adamw(*args, **kwargs)
+        optimizer.register_step_pre_hook(lambda opt, a, k: used.append(opt.param_groups[0]["lr"]))
+        return optimizer
+
+    monkeypatch.setattr(loop_module, "make_adamw", recording_adamw)
+    params = _params(tmp_path, max_steps=4, log_every=1, eval_every=None, optimizer={"warmup_steps": 3})
+    result = _run(params)
+    assert len(used) == 4 and used[0] < used[1] < used[2]  # warmup: the rate grows step by step
+    assert [record["lr"] for record in result.history] == pytest.approx(used)

@@ -148,3 +148,11 @@ def test_update_does_not_synchronize_cuda():
     record = metrics.flush(step=3)
     assert record["loss"] == pytest.approx(0.75)
     assert record["peak_memory_mb"] > 0
+
+
+def test_attended_length_is_the_per_document_span():
+    from fastlm.engine.metrics import attended_length, flops_per_token
+
+    assert attended_length([4, 4]) == 4.0  # documents filling the rows: the usual figure
+    assert attended_length([1, 3]) == (1 + 9) / 4
+    assert flops_per_token(10, 2, 8, attended_length([2, 6])) < flops_per_token(10, 2, 8, 8)

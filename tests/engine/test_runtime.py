@@ -205,3 +205,14 @@ def test_cuda_speed_flags():
     with runtime.autocast_context():
         out = torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
     assert out.dtype == runtime.autocast_dtype
+
+
+def test_compile_auto_is_on_for_cuda_and_off_on_cpu():
+    from fastlm.engine.runtime import resolve_compile
+
+    assert resolve_compile("auto", torch.device("cuda")) is True
+    assert resolve_compile("auto", torch.device("cpu")) is False
+    assert resolve_compile(True, torch.device("cpu")) is True and resolve_compile(False, torch.device("cuda")) is False
+    assert setup_runtime(RuntimeConfig(device="cpu")).compile is False  # the default, resolved
+    with pytest.raises(ValueError, match="compile"):
+        RuntimeConfig(compile="sometimes")

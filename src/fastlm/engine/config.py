@@ -38,7 +38,8 @@ class ModelParams(Params):
                                     "head), logged; false: any missing or unused weight is an error")
     resize_embeddings: bool = Field(False, description="grow the embedding to the tokenizer's size (logged) "
                                     "when the model's own tokenizer is larger than it")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
+                                 "torch_varlen"] = "auto"
     gradient_checkpointing: bool = False
     # From-scratch Llama-architecture config (ignored with name_or_path).
     hidden_size: int = Field(128, ge=8)
@@ -88,7 +89,7 @@ class RuntimeParams(Params):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     tf32: bool = True
     cudnn_benchmark: bool = True
-    compile: bool = False
+    compile: bool | Literal["auto"] = Field("auto", description="torch.compile; auto: on CUDA, off on CPU")
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
 

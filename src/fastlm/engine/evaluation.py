@@ -1,8 +1,8 @@
 """Evaluation of a trained causal LM on a tokenized split, with error analysis, and sample generations.
 
 ``evaluate_split`` batches the split exactly like training (``loop.make_batching``: packed by default, the
-block mask built on the device by ``loop._to_device``), in a fixed order (seed 0), under ``torch.no_grad()``
-and the runtime's autocast. Everything is accumulated on the device and read back once at the end:
+inputs of the model's attention path from ``attention.to_device``), in a fixed order (seed 0), under
+``torch.no_grad()`` and the runtime's autocast. Everything is accumulated on the device and read back once at the end:
 
 * loss (mean over target tokens, the ``loss.causal_lm_loss_sum`` definition: position t predicts label t+1,
   -100 ignored), perplexity, next-token accuracy (argmax == target), top-k accuracy (target among the k
@@ -35,16 +35,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from fastlm.engine.attention import generation_attention, to_device
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import _to_device, make_batching
-from fastlm.engine.loss import IGNORE_INDEX, shift_labels
+from fastlm.engine.loop import make_batching
+from fastlm.engine.loss import IGNORE_INDEX, forward_logits, shift_labels
 from fastlm.engine.runtime import Runtime
 
 __all__ = ["DENSE_PAIR_TABLE_MAX", "EvaluationReport", "evaluate_split", "generate_samples"]
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 # Largest vocab**2 counted in a dense table (int64: 256 MiB). The hard limit would be 2**31 (int32 bin ids),
 # but a 32k vocabulary would then need an 8 GiB table; larger vocabularies use the torch.unique path.
 DENSE_PAIR_TABLE_MAX = 2**25
@@ -137,9 +137,9 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
                 if max_batches is not None and index >= max_batches:
                     break
                 host = batch
-                batch = _to_device(batch, device, attn)
+                batch = to_device(batch, device, attn)
                 with runtime.autocast_context():
-                    logits = model(**{key: batch[key] for key in MODEL_INPUTS if key in batch}).logits
+                    logits = forward_logits(model, batch)
                 targets = shift_labels(batch["labels"])
                 valid = targets != IGNORE_INDEX
                 vocab = logits.size(-1)
@@ -269,7 +269,7 @@ def generate_samples(model, tokenizer, prompts: Sequence[str], *, settings: Sequ
             kwargs = {key: value for key, value in setting.items() if key not in ("name", "seed")}
             devices = [device.index if device.index is not None else torch.cuda.current_device()] \
                 if device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
+            with torch.random.fork_rng(devices=devices), torch.no_grad(), generation_attention(model):
                 torch.manual_seed(int(setting.get("seed", 0)))
                 for begin in range(0, len(encoded), batch_size):
                     chunk = encoded[begin : begin + batch_size]

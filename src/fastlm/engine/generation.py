@@ -26,6 +26,7 @@ from time import perf_counter
 import numpy as np
 import torch
 
+from fastlm.engine.attention import generation_attention
 from fastlm.engine.runtime import Runtime
 
 __all__ = ["Generations", "decoding_kwargs", "generate_continuations"]
@@ -110,7 +111,7 @@ def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: i
     if config is not None:
         config.use_cache = True
     try:
-        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+        with torch.random.fork_rng(devices=devices), torch.inference_mode(), generation_attention(model):
             torch.manual_seed(seed)
             for begin in range(0, len(order), batch_size):
                 chunk = order[begin:begin + batch_size]

@@ -61,7 +61,7 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
     runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed))
     comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
     try:
-        attn = choose_attention(params.model.attn_implementation, runtime.device)
+        attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
         model = build_model(params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn)
         if comm.is_main:
             check_training_storage(model, checkpoint_dir=Path(params.checkpoint_dir), model_dir=Path(job.model_dir),

@@ -18,6 +18,7 @@ from time import perf_counter
 import torch
 from torch.utils.data import DataLoader
 
+from fastlm.engine.attention import packed_inputs, to_device
 from fastlm.engine.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -33,7 +34,7 @@ from fastlm.engine.data import (
     PackedBatchSampler,
     PackedCollator,
 )
-from fastlm.engine.data.packing import TokenBudget, block_causal_mask, to_additive_mask
+from fastlm.engine.data.packing import TokenBudget
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed import (
     Collectives,
@@ -44,9 +45,8 @@ from fastlm.engine.distributed import (
     load_full_state_dicts,
     wrap_model,
 )
-from fastlm.engine.loss import accumulate_gradients, causal_lm_loss_sum, total_target_tokens
+from fastlm.engine.loss import accumulate_gradients, causal_lm_loss_sum, forward_logits, total_target_tokens
 from fastlm.engine.metrics import StepMetrics, device_peak_flops, flops_per_token
-from fastlm.engine.model import MASK_FORMATS
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.profiling import StepProfiler
 from fastlm.engine.progress import Progress
@@ -57,7 +57,6 @@ from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
 Callback = Callable[[str, dict], None]  # ("train" | "eval", record)
-DEVICE_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
 
 
 class NonFiniteLossError(FastlmError):
@@ -79,7 +78,8 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     if batching.mode == "packed":
         budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
         sampler = PackedBatchSampler(lengths, budget, seed=seed)
-        # The [rows, 1, T, T] block mask is built on the device from the small sequence ids (see _to_device).
+        packed_inputs(attn)  # an unknown implementation fails here, before any data is read
+        # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
         collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
                                   attention_mask_format="none")
     else:
@@ -144,20 +144,6 @@ class MicroBatches:
         return batch
 
 
-def _to_device(batch: dict, device: torch.device, attn: str) -> dict:
-    """Model inputs to the device (counts stay on the host: reading them costs no sync).
-
-    Packed batches carry per-token ``sequence_ids``; the block-diagonal causal mask that SDPA/eager need is
-    built here, on the device, instead of copying ``rows * T * T`` booleans from the host every step.
-    Flash-attention varlen needs no mask: it reads the sample boundaries from the restarting position ids.
-    """
-    moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
-    if "sequence_ids" in batch and "attention_mask" not in batch and MASK_FORMATS[attn] != "none":
-        mask = block_causal_mask(batch["sequence_ids"].to(device, non_blocking=True))
-        moved["attention_mask"] = mask if MASK_FORMATS[attn] == "bool" else to_additive_mask(mask)
-    return {**batch, **moved}
-
-
 def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runtime, *, pad_id: int, max_length: int,
              attn: str, max_batches: int | None, comm: Collectives | None = None, even_shards: bool = False) -> dict:
     """Mean loss and perplexity over target tokens, batched like training, under no_grad and autocast.
@@ -179,9 +165,9 @@ def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runti
         for index, batch in enumerate(loader):
             if max_batches is not None and index >= max_batches:
                 break
-            batch = _to_device(batch, runtime.device, attn)
+            batch = to_device(batch, runtime.device, attn)
             with runtime.autocast_context():
-                logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}).logits
+                logits = forward_logits(model, batch)
             batch_sum, batch_targets = causal_lm_loss_sum(logits, batch["labels"])
             loss_sum += batch_sum
             targets += batch_targets
@@ -243,11 +229,12 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         log.info("Resumed from %s at step %d (epoch %d, micro-batch %d of this rank)", resume_from, state["step"],
                  stream.epoch, stream.batch)
     config = raw_model.config
+    # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
     n_params = sum(p.numel() for p in raw_model.parameters())
     peak = device_peak_flops(device)
     metrics = StepMetrics(device, total_steps=total_steps, peak_flops=peak * world if peak else None,
-                          flops_per_token=flops_per_token(n_params * (world if dist_params.strategy == "fsdp" else 1),
-                                                          config.num_hidden_layers, config.hidden_size, max_length),
+                          flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size,
+                                                          max_length),
                           reduce_loss_sum=comm.sum_device_ if world > 1 else None)
     log.info("Training %d steps (%d per epoch); effective batch = %d micro-batch x %d accumulation x %d process%s; "
              "batching %s", total_steps, steps_per_epoch, params.batching.micro_batch_size, accum, world,
@@ -274,7 +261,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
             with torch.profiler.record_function("fastlm.data"):
                 fetched = [next(stream) for _ in range(accum)]  # data wait: time blocked on the DataLoader only
             metrics.record_data_wait(perf_counter() - waited)
-            micro = [_to_device(batch, device, attn) for batch in fetched]
+            micro = [to_device(batch, device, attn) for batch in fetched]
             # Host-side counts from the collator (no sync); summed over ranks in one small gloo all-reduce.
             counts = [total_target_tokens(micro), *(sum(int(b[key]) for b in micro) for key in COUNT_KEYS)]
             if world > 1:
@@ -299,6 +286,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 if scaler.is_enabled():
                     scaler.unscale_(optimizer)
                 grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
+                step_lr = scheduler.get_last_lr()[0]  # the rate this update uses (host float, no sync)
                 scaler.step(optimizer)
                 scaler.update()
                 scheduler.step()
@@ -309,13 +297,15 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
             tokens_seen += real_tokens
             metrics.update(loss_sum=loss_sum, target_tokens=n_targets, grad_norm=_local(grad_norm),
                            real_tokens=real_tokens, computed_tokens=computed_tokens, samples=samples,
-                           lr=scheduler.get_last_lr()[0])
+                           lr=step_lr)
             progress.advance()
             first_step = step == 1 and not history
             if first_step or step % params.log_every == 0 or step == total_steps:
                 record = {**metrics.flush(step), **stream.position}
                 _check_finite(record, step, root)
                 if first_step:
+                    log.info("First step: %.2f s%s; the throughput figures leave it out", record["step_time_s"],
+                             " (torch.compile included)" if runtime.compile else "")
                     _check_first_loss(record["loss"], len_vocab=raw_model.get_input_embeddings().num_embeddings,
                                       from_scratch=getattr(config, "_name_or_path", "") == "")
                 _check_grad_norm(record, grad_norms)
@@ -362,6 +352,10 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         profiler.close(step)
     summary = _summary(history, eval_history, params, total_steps, perf_counter() - start, n_params, steps_per_epoch)
     summary["tokens_seen"] = tokens_seen
+    summary["flops_per_token"] = metrics.flops_per_token
+    summary["first_step_s"] = metrics.step_times[0] if metrics.step_times else None  # compile included
+    summary["compiled"] = runtime.compile
+    summary["attention"] = attn
     summary["world_size"] = world
     summary["oom_backoffs"] = backoffs
     summary["effective_batch"] *= world

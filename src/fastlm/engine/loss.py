@@ -31,6 +31,20 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+MODEL_INPUTS = "model_inputs"  # a batch from attention.to_device: the model's keyword arguments for its path
+
+
+def model_inputs(batch: Mapping) -> dict:
+    """The model's keyword arguments: ``batch["model_inputs"]`` (``attention.to_device``), else its plain keys."""
+    if MODEL_INPUTS in batch:
+        return batch[MODEL_INPUTS]
+    return {key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}
+
+
+def forward_logits(model: torch.nn.Module, batch: Mapping) -> torch.Tensor:
+    """The model's logits for ``batch``, shaped like its labels (varlen paths run rows flattened to one)."""
+    logits = model(**model_inputs(batch)).logits
+    return logits.view(*batch["labels"].shape, logits.shape[-1])
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -104,11 +118,10 @@ def accumulate_gradients(
     step_loss_sum = None
     last_index = len(micro_batches) - 1
     for index, batch in enumerate(micro_batches):
-        inputs = {key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}
         sync = gradient_sync(index == last_index) if gradient_sync is not None else contextlib.nullcontext()
         with sync:
             with torch.profiler.record_function("fastlm.forward"), autocast():
-                logits = model(**inputs).logits
+                logits = forward_logits(model, batch)
                 loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
             loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
             with torch.profiler.record_function("fastlm.backward"):

@@ -60,6 +60,15 @@ def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int
     return 6 * n_params + 12 * n_layers * hidden_size * seq_len
 
 
+def attended_length(lengths) -> float:
+    """The mean number of keys a token's attention row spans when each document attends only to itself:
+    ``sum(len**2) / sum(len)`` over the documents (``flops_per_token``'s ``seq_len`` for document-masked work)."""
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return float((lengths**2).sum() / lengths.sum()) if lengths.sum() else 0.0
+
+
 def device_peak_flops(device: torch.device | str) -> float | None:
     """Dense bf16 peak of a known GPU; None on CPU or for a GPU missing from the table."""
     device = torch.device(device)

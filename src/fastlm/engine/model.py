@@ -6,30 +6,18 @@ every weight it holds, or is refused with one line.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 
 import torch
 
 from fastlm.engine import lora, pretrained
+from fastlm.engine.attention import choose_attention  # noqa: F401  (registers torch_varlen; re-exported)
 from fastlm.engine.config import ModelParams
 from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 PARAM = "train.model.name_or_path"
-# The collator's 4D attention mask format each attention implementation needs (see data.packing).
-MASK_FORMATS = {"sdpa": "bool", "eager": "additive", "flash_attention_2": "none"}
-
-
-def choose_attention(requested: str, device: torch.device) -> str:
-    """``auto``: flash-attention varlen on CUDA when the package is installed, else SDPA."""
-    if requested != "auto":
-        return requested
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
-
 
 def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_implementation: str):
     """The model, in fp32 (LoRA: frozen base in ``lora.base_dtype``, adapters fp32), training mode, with the KV

@@ -191,7 +191,8 @@ def measure_training_step(step: Callable[[int], int], *, device: torch.device, w
 def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str,
                        warmup: int, timed: int) -> Callable[[int], Measurement]:
     """``measure(micro_batch_size)``: the training step of ``train`` (same batching, precision, optimizer)."""
-    from fastlm.engine.loop import _to_device, make_batching
+    from fastlm.engine.attention import to_device
+    from fastlm.engine.loop import make_batching
     from fastlm.engine.loss import accumulate_gradients
     from fastlm.engine.optim import make_adamw
 
@@ -212,7 +213,7 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
 
         def step(index: int) -> int:
             batch = collator(dataset.__getitems__(batches[index]))
-            accumulate_gradients(model, [_to_device(batch, runtime.device, attn)], autocast=runtime.autocast_context,
+            accumulate_gradients(model, [to_device(batch, runtime.device, attn)], autocast=runtime.autocast_context,
                                  grad_scaler=scaler if scaler.is_enabled() else None)
             scaler.step(optimizer)
             scaler.update()

@@ -33,7 +33,7 @@ def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokeniz
     max_length = split.max_length
     check_fresh(fingerprint, tokenizer, split, where="data/05_model_input/tokenized_corpus")
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-    attn = choose_attention(params.model.attn_implementation, runtime.device)
+    attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
     model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)
     measure = tune.real_step_measurer(model, TokenSequences.from_arrow(tokenized["train"]), params=params,
                                       runtime=runtime, pad_id=pad_id_of(tokenizer), max_length=max_length,

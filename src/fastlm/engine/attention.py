@@ -1,0 +1,216 @@
+"""Attention paths: which inputs each attention implementation needs to keep packed samples apart, the one
+input builder every model call uses (training, evaluation, tune), and what ``auto`` picks.
+
+A packed micro-batch is ``[rows, T]`` with several samples per row (``data.packing``). Each implementation
+keeps them apart its own way, and gets exactly what it needs from :func:`to_device`:
+
+=====================  ==============  ====================================================================
+implementation          packed inputs   what the model gets
+=====================  ==============  ====================================================================
+``flash_attention_2``   varlen          rows flattened to ``[1, rows*T]`` and ``cu_seq_lens_q/k`` +
+``flash_attention_3``                   ``max_length_q/k`` (transformers' FlashAttentionKwargs -> the kernel's
+``flash_attention_4``                   ``cu_seqlens`` / ``max_seqlen``): only same-document blocks are computed
+``torch_varlen``        varlen          the same, to ``torch.nn.attention.varlen.varlen_attn`` (registered here)
+``flex_attention``      block_mask      a document-causal ``BlockMask`` built once per batch on the device;
+                                        fully masked blocks are skipped
+``sdpa``                bool            the dense ``[rows, 1, T, T]`` bool block-causal mask (exact, but every
+                                        block is computed and SDPA cannot use its flash kernel with a mask)
+``eager``               additive        the same mask as 0 / dtype-min (eager ADDS the mask: a bool leaks)
+=====================  ==============  ====================================================================
+
+Why: transformers 5 infers packed samples from restarting position ids only for a ONE-row batch
+(``modeling_flash_attention_utils._is_packed_sequence``); with several rows and no mask, flash attention is
+plain causal attention over each row and samples see their neighbours. Varlen kernels therefore get the
+flattened view with explicit boundaries (``cu_seq_lens`` from the collator, host-side: no sync).
+
+``auto`` (:func:`choose_attention`), logged: on CUDA, flash-attention varlen when a kernel package is
+installed (FA3 on Hopper, else FA2), then PyTorch's native varlen attention, then ``flex_attention``, then
+SDPA with the dense mask; the varlen kernels need bf16/fp16. On CPU: ``sdpa``, by measurement
+(``python benchmarks/attention_cpu.py``, docs/benchmarks.md): flex_attention has no CPU backward in torch
+2.13 (it cannot train), and on the default shape (32 rows x 320) its compiled CPU forward saves at best
+~0.16 s of ~0.9 s per batch against >= 4.5 s of compile, and lost (1.7x slower) in a loaded run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+
+import numpy as np
+import torch
+
+from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
+from fastlm.engine.loss import MODEL_INPUTS
+
+try:  # PyTorch's native varlen attention (CUDA flash kernels); absent from older torch
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - depends on the installed torch
+    varlen_attn = None
+
+log = logging.getLogger(__name__)
+
+TORCH_VARLEN = "torch_varlen"
+VARLEN, BLOCK_MASK, DENSE_BOOL, DENSE_ADDITIVE = "varlen", "block_mask", "bool", "additive"
+# How each implementation receives a packed batch (see the module docstring).
+PACKED_INPUTS = {
+    "flash_attention_2": VARLEN,
+    "flash_attention_3": VARLEN,
+    "flash_attention_4": VARLEN,
+    TORCH_VARLEN: VARLEN,
+    "flex_attention": BLOCK_MASK,
+    "sdpa": DENSE_BOOL,
+    "eager": DENSE_ADDITIVE,
+}
+IMPLEMENTATIONS = tuple(PACKED_INPUTS)
+DEVICE_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+
+
+def packed_inputs(attn: str) -> str:
+    if attn not in PACKED_INPUTS:
+        raise ValueError(f"attention implementation {attn!r} is not one of {IMPLEMENTATIONS}")
+    return PACKED_INPUTS[attn]
+
+
+def to_device(batch: dict, device: torch.device, attn: str) -> dict:
+    """The batch with its tensors on ``device`` and ``batch[MODEL_INPUTS]``: the model's keyword arguments for
+    ``attn`` (counts, ``cu_seq_lens`` and ``max_seqlen`` stay on the host: reading them costs no sync)."""
+    kind = packed_inputs(attn)
+    moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
+    out = {**batch, **moved}
+    packed = "sequence_ids" in batch
+    if kind == VARLEN:
+        cu_seq_lens, max_seqlen = varlen_boundaries(batch)
+        rows, length = out["input_ids"].shape
+        positions = out["position_ids"] if packed else torch.arange(length, device=device).expand(rows, -1)
+        cu = cu_seq_lens.to(device, non_blocking=True)
+        out[MODEL_INPUTS] = {"input_ids": out["input_ids"].reshape(1, -1), "position_ids": positions.reshape(1, -1),
+                             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_seqlen,
+                             "max_length_k": max_seqlen}
+        return out
+    inputs = {"input_ids": out["input_ids"]}
+    if packed:  # the mask this path needs, from the segment ids (whatever mask format the collator made)
+        inputs["position_ids"] = out["position_ids"]
+        sequence_ids = batch["sequence_ids"].to(device, non_blocking=True)
+        inputs["attention_mask"] = (document_block_mask(sequence_ids) if kind == BLOCK_MASK
+                                    else dense_mask(sequence_ids, kind))
+    elif "attention_mask" in out:  # padded rows, one sample each: transformers builds the mask it needs
+        inputs["attention_mask"] = out["attention_mask"]
+    out[MODEL_INPUTS] = inputs
+    return out
+
+
+def varlen_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
+    """``cu_seq_lens`` (int32) and the longest segment of the row-major flattening of the batch, on the host.
+
+    Packed batches carry them (``PackedCollator``); right-padded ones (one sample + a padding tail per row) get
+    them from the host-side 2D ``attention_mask``.
+    """
+    if "cu_seq_lens" in batch:
+        return batch["cu_seq_lens"], int(batch["max_seqlen"])
+    mask = batch["attention_mask"]
+    if mask.device.type != "cpu" or mask.dim() != 2:
+        raise ValueError("varlen attention needs the collator's host-side 2D attention_mask or cu_seq_lens")
+    length = mask.shape[1]
+    real = mask.sum(dim=1).numpy()
+    segments = np.stack([real, length - real], axis=1).reshape(-1)
+    segments = segments[segments > 0]
+    bounds = np.concatenate([[0], np.cumsum(segments)]).astype(np.int32)
+    return torch.from_numpy(bounds), int(segments.max())
+
+
+def dense_mask(sequence_ids: torch.Tensor, kind: str) -> torch.Tensor:
+    """The ``[rows, 1, T, T]`` block-causal mask, bool (SDPA) or additive (eager), built on the ids' device."""
+    mask = block_causal_mask(sequence_ids)
+    return mask if kind == DENSE_BOOL else to_additive_mask(mask)
+
+
+def document_block_mask(sequence_ids: torch.Tensor):
+    """flex_attention's document-causal ``BlockMask`` for ``[rows, T]`` segment ids, built on their device by
+    vectorised mask evaluation (no Python loop per token); blocks no query of a document needs are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = sequence_ids.to(torch.int32)
+    rows, length = documents.shape
+
+    def document_causal(batch, head, query, key):
+        return (documents[batch, query] == documents[batch, key]) & (key <= query)
+
+    return create_block_mask(document_causal, B=rows, H=None, Q_LEN=length, KV_LEN=length,
+                             device=sequence_ids.device)
+
+
+def torch_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                           cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+    """transformers attention function for ``torch.nn.attention.varlen.varlen_attn`` (causal, per segment).
+
+    ``query`` ``[B, H, S, D]`` (key/value may have fewer heads: GQA); returns ``[B, S, H, D]`` like the others.
+    """
+    if cu_seq_lens_q is None or max_length_q is None:
+        raise ValueError("torch_varlen attention needs cu_seq_lens_q/k and max_length_q/k (fastlm's to_device "
+                         "gives them); use sdpa for generation")
+    if dropout:
+        raise ValueError("torch_varlen attention has no dropout; set the model's attention_dropout to 0")
+    if varlen_attn is None:
+        raise RuntimeError("torch.nn.attention.varlen is missing from this torch; choose another attention")
+    batch, heads, length, dim = query.shape
+    q, k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], dim) for x in (query, key, value))
+    out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
+                      int(max_length_q), int(max_length_k if max_length_k is not None else max_length_q),
+                      scale=scaling, window_size=(-1, 0), enable_gqa=key.shape[1] != heads)
+    return out.view(batch, length, heads, dim), None
+
+
+def register_attention_functions() -> None:
+    """Add ``torch_varlen`` to transformers' attention registry (no mask function: it needs none)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(TORCH_VARLEN, torch_varlen_attention)
+
+
+register_attention_functions()
+
+
+@contextlib.contextmanager
+def generation_attention(model):
+    """Generation (KV cache, left padding) on a model whose path only takes packed varlen inputs: SDPA meanwhile."""
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current != TORCH_VARLEN:
+        yield
+        return
+    config._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        config._attn_implementation = current
+
+
+def torch_varlen_available(device: torch.device) -> bool:
+    """The native varlen kernel exists in this torch and the GPU runs its flash kernel (sm80+)."""
+    return (varlen_attn is not None and device.type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device)[0] >= 8)
+
+
+def choose_attention(requested: str, device: torch.device, precision: str | None = None) -> str:
+    """``auto``: the fastest path that keeps packed samples apart here (see the module docstring); logged."""
+    if requested != "auto":
+        return requested
+    half = precision in (None, "bf16", "fp16")
+    if device.type == "cuda" and half:
+        hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
+        if hopper and importlib.util.find_spec("flash_attn_interface") is not None:
+            return _chosen("flash_attention_3", "FA3 kernel installed")
+        if importlib.util.find_spec("flash_attn") is not None:
+            return _chosen("flash_attention_2", "flash_attn installed")
+        if torch_varlen_available(device):
+            return _chosen(TORCH_VARLEN, "no flash-attention package; PyTorch's native varlen attention")
+    if device.type == "cuda":
+        return _chosen("flex_attention", "document-causal BlockMask")
+    return _chosen("sdpa", "CPU: flex_attention has no CPU backward and loses to the dense mask here "
+                           "(benchmarks/attention_cpu.py)")
+
+
+def _chosen(attn: str, why: str) -> str:
+    log.info("attention auto -> %s (%s)", attn, why)
+    return attn
