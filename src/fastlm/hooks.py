@@ -119,8 +119,8 @@ class RunOutputsHook:
     ``<folder>/<run name>/`` (a model folder as hard links where the disk allows, so no second copy of the
     weights), so an earlier run's model and report survive the next run for comparison.
 
-    The run name is the TRAINING run's: the one that wrote ``train_summary`` (this run, or the summary a report
-    run reads), else this run's own name.
+    The run name is the TRAINING run's: this run's own name when it trains, else the name in the
+    ``train_summary`` that a report run reads (its own name when that summary has none).
     """
 
     def __init__(self) -> None:
@@ -129,15 +129,14 @@ class RunOutputsHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        self._catalog, self._trained = catalog, None
+        self._catalog = catalog
+        self._trained = catalog.load(RUN_NAME) if "train_summary" in pipeline.all_outputs() else None
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
         catalog = self._catalog
         if catalog is None or dataset_name not in catalog:
             return
-        if dataset_name == "train_summary" and isinstance(data, dict) and data.get("run_name"):
-            self._trained = data["run_name"]
         folder = (getattr(catalog[dataset_name], "metadata", None) or {}).get("keep_per_run")
         path = _local_path(catalog, dataset_name)
         if not folder or path is None or not path.exists():
