@@ -17,6 +17,7 @@ from fastlm.engine.checkpoint import CheckpointError, checkpoint_lock, latest_ch
 from fastlm.engine.loop import NonFiniteLossError, train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from tests.engine.test_loop import EOS, VOCAB, _model, _params, _sequences
+from tests.engine.test_oom_backoff import memory_for_rows  # noqa: F401 - a fixture
 
 BASE = {"max_steps": 4, "save_every": 2, "log_every": 1, "eval_every": None}
 
@@ -142,3 +143,23 @@ def test_the_digest_is_in_the_checkpoint(tmp_path):
                 "max_length", "seed", "micro_batches_per_step", "sharded"):
         assert key in digest, key
     assert math.isfinite(state["state"]["total_steps"])
+
+
+def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_saved_with(tmp_path, memory_for_rows):
+    seen = memory_for_rows(2)
+    settings = {**BASE, "max_steps": 6, "batching": {"micro_batch_size": 8, "oom_backoff": True},
+                "runtime": {"deterministic": True}}
+    straight = _train(_params(tmp_path / "a", **settings))
+    assert straight.summary["oom_backoffs"]  # backed off to 2 rows at step 1
+
+    def interrupt(kind, record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _train(_params(tmp_path / "b", **settings), callbacks=[interrupt])
+    seen.clear()
+    resumed = _train(_params(tmp_path / "b", **settings, resume="auto"))
+    assert resumed.summary["resumed_from_step"] == 2 and resumed.summary["oom_backoffs"] == []
+    assert max(seen) <= 2  # no second out-of-memory attempt with the configured 8 rows
+    assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]
