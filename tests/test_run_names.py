@@ -8,7 +8,7 @@ import pytest
 from fastlm.engine.checkpoint import save_checkpoint
 from fastlm.errors import ConfigError
 from fastlm.runs import default_run_name, resolve_run_name, validate_run_name
-from tests.engine.test_checkpoint import trainer, tiny_llama
+from tests.engine.test_checkpoint import tiny_llama, trainer
 
 NOW = dt.datetime(2026, 11, 23, 4, 14, 28)
 

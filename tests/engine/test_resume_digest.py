@@ -145,7 +145,8 @@ def test_the_digest_is_in_the_checkpoint(tmp_path):
     assert math.isfinite(state["state"]["total_steps"])
 
 
-def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_saved_with(tmp_path, memory_for_rows):
+def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_saved_with(
+        tmp_path, memory_for_rows):  # noqa: F811 - the fixture imported above
     seen = memory_for_rows(2)
     settings = {**BASE, "max_steps": 6, "batching": {"micro_batch_size": 8, "oom_backoff": True},
                 "runtime": {"deterministic": True}}
