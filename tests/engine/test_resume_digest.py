@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fastlm.engine.checkpoint import CheckpointError, checkpoint_lock, latest_checkpoint
 from fastlm.engine.loop import NonFiniteLossError, train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
-from tests.engine.test_loop import EOS, VOCAB, _model, _params, _sequences
+from tests.engine.test_loop import EOS, VOCAB, _model, _params, _sequences, poisoned_model
 from tests.engine.test_oom_backoff import memory_for_rows  # noqa: F401 - a fixture
 
 BASE = {"max_steps": 4, "save_every": 2, "log_every": 1, "eval_every": None}
@@ -105,14 +105,7 @@ def test_an_explicit_folder_that_does_not_match_is_refused_in_one_line(tmp_path)
 
 def test_nan_stop_names_this_runs_checkpoint_not_an_earlier_runs(tmp_path):
     _train(_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 6}, seed=5))  # an earlier run, step 6
-    poisoned = {"on": False}
-
-    def poison(kind, record):
-        if record["step"] == 3:
-            poisoned["on"] = True
-
-    model = _model()
-    model.model.embed_tokens.register_forward_hook(lambda m, i, out: out * float("nan") if poisoned["on"] else out)
+    model, poison = poisoned_model(3)
     with pytest.raises(NonFiniteLossError) as error:
         _train(_params(tmp_path, **{**BASE, "max_steps": 8}), model=model, callbacks=[poison])
     message = str(error.value)
