@@ -133,7 +133,7 @@ def test_the_digest_is_in_the_checkpoint(tmp_path):
     state = json.loads((tmp_path / "checkpoints" / "checkpoint-00000004" / "trainer_state.json").read_text())
     digest = state["state"]["digest"]
     for key in ("model.source", "model.shape", "model.lora", "data", "batching.mode", "batching.micro_batch_size",
-                "max_length", "seed", "micro_batches_per_step", "sharded"):
+                "max_length", "seed", "micro_batches_per_step", "distributed.strategy"):
         assert key in digest, key
     assert math.isfinite(state["state"]["total_steps"])
 

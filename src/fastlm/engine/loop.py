@@ -234,6 +234,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
     scaler = runtime.make_grad_scaler()
     root = Path(params.checkpoint_dir)
     state = {"step": 0, "history": [], "eval_history": [], "tokens_seen": 0, **stream.position}
+    configured = params  # an OOM back-off (now or before the checkpoint) replaces params.batching
     sharded = is_sharded(raw_model)  # FSDP2: checkpoints hold the gathered, whole state dicts
     # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only.
     trainable_only = not sharded and any(not param.requires_grad for param in raw_model.parameters())
@@ -243,16 +244,18 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                        move_old=comm.is_main)
     resume_from = plan.checkpoint
     if resume_from is not None:
-        saved_batching = plan.state.get("batching") or {}
-        if saved_batching and saved_batching != _batching_now(params):  # saved after an OOM back-off
-            params = params.model_copy(update={"batching": params.batching.model_copy(update=saved_batching)})
-            accum = params.batching.gradient_accumulation_steps
+        saved = plan.state.get("batching") or {}
+        saved_micro = saved.get("micro_batch_size", params.batching.micro_batch_size)
+        if saved_micro < params.batching.micro_batch_size:  # saved after an OOM back-off: keep what fitted
+            accum *= int(saved.get("accumulation_factor", 1))
+            params = params.model_copy(update={"batching": params.batching.model_copy(
+                update={"micro_batch_size": saved_micro, "gradient_accumulation_steps": accum})})
             sampler, collator = make_batching(params, train_set.lengths, pad_id=pad_id, max_length=max_length,
                                               attn=attn, seed=params.seed)
             sampler.shard(comm.rank, world)
             stream = MicroBatches(train_set, sampler, collator, stream.loader_kwargs, epoch=0, batch=0)
-            log.info("Continuing with the micro_batch_size %d x gradient_accumulation_steps %d that %s was saved "
-                     "with (after an out-of-memory back-off)", saved_batching["micro_batch_size"], accum, resume_from)
+            log.info("Continuing with micro_batch_size %d x gradient_accumulation_steps %d, as %s was saved after "
+                     "an out-of-memory back-off", saved_micro, accum, resume_from)
         own_loader = sharded or plan.state.get("trainable_only", False)
         state = load_checkpoint(resume_from, model=None if own_loader else raw_model,
                                 optimizer=None if sharded else optimizer, scheduler=scheduler, grad_scaler=scaler,
@@ -379,7 +382,8 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                                                    "tokens_seen": tokens_seen, "world_size": world,
                                                    "sharded": sharded, "trainable_only": trainable_only,
                                                    "total_steps": total_steps, "digest": digest,
-                                                   "batching": _batching_now(params), **stream.position})
+                                                   "batching": _batching_now(params, configured),
+                                                   **stream.position})
                 last_good = saved
             if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
                 progress.close()
@@ -483,10 +487,11 @@ def _emit(callbacks: Sequence[Callback], kind: str, record: dict) -> None:
         callback(kind, record)
 
 
-def _batching_now(params: TrainParams) -> dict:
-    """The micro-batch and accumulation in use (after an OOM back-off, not the configured ones)."""
+def _batching_now(params: TrainParams, configured: TrainParams) -> dict:
+    """The micro-batch in use and its accumulation over the configured one's (an OOM back-off changes both)."""
     return {"micro_batch_size": params.batching.micro_batch_size,
-            "gradient_accumulation_steps": params.batching.gradient_accumulation_steps}
+            "accumulation_factor": params.batching.gradient_accumulation_steps
+            // configured.batching.gradient_accumulation_steps}
 
 
 def _check_finite(record: dict, step: int, last: Path | None) -> None:

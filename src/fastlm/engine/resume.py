@@ -8,8 +8,8 @@ digest (:func:`run_digest`) records, as readable fields:
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths);
 - ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
   ``seed``: the data order and the meaning of the saved micro-batch position;
-- ``micro_batches_per_step`` (gradient accumulation x processes) and ``sharded`` (FSDP2 or not): the world
-  layout. The number of processes alone may change (resume across world sizes with the same effective batch).
+- ``micro_batches_per_step`` (gradient accumulation x processes) and ``distributed.strategy`` (``fsdp``:
+  FSDP2's parameter-keyed optimizer state, else ``ddp``, one process included): the world layout. The number of processes alone may change (resume across world sizes with the same effective batch).
 
 :func:`plan_resume` applies ``train.resume``: ``auto`` continues the newest checkpoint in the run's folder when its
 digest matches and its step is within this run's total; otherwise it starts fresh, moves the folder's old
@@ -73,7 +73,7 @@ def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, 
         "max_length": max_length,
         "seed": params.seed,
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
-        "sharded": sharded,
+        "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp
     }
 
 
