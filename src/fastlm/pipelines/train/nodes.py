@@ -68,9 +68,13 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
                if summary.get("resumed_from") else "")
     log.info("Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s", run_name,
              summary["steps_trained"], resumed, summary["wall_time_s"], summary["world_size"],
-             summary["final_train_loss"], summary["final_val_loss"])
+             _loss(summary["final_train_loss"]), _loss(summary["final_val_loss"]))
     return ({"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history),
             pd.DataFrame(result.eval_history), summary)
+
+
+def _loss(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f}"
 
 
 def _untrained_model(params, tokenizer, max_length: int):
