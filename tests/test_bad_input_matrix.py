@@ -38,7 +38,7 @@ TRAIN = {"max_steps": 2, "log_every": 1, "eval_every": None, "save_every": 2, "q
          "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}}
 LAYERS = ("01_raw", "02_intermediate", "03_primary", "04_feature", "05_model_input", "06_models",
           "07_model_output", "08_reporting")
-CHECKPOINT = "data/06_models/checkpoints/checkpoint-00000002"
+CHECKPOINT = "data/06_models/checkpoints/matrix/checkpoint-00000002"  # run_name: matrix (conf/local)
 Usage = namedtuple("Usage", "total used free")
 
 
@@ -52,7 +52,7 @@ def base_project(tmp_path_factory, sample_texts, mlflow_uri) -> Path:
     for layer in LAYERS:
         (project / "data" / layer).mkdir(parents=True)
     write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]])
-    (project / "conf/local/parameters_matrix.yml").write_text(yaml.safe_dump({"split": SPLIT, "train": TRAIN}))
+    (project / "conf/local/parameters_matrix.yml").write_text(yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"}))
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
         patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)

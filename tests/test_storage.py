@@ -115,7 +115,8 @@ def test_estimate_covers_a_real_checkpoint(tmp_path):
     estimate = estimate_run_bytes(model, keep_last=2)
     n_params = sum(p.numel() for p in model.parameters())
     assert estimate.checkpoint >= actual
-    assert estimate.checkpoint - storage.STATE_SLACK_BYTES == 3 * 4 * n_params  # weights + two AdamW moments
+    history = storage.RECORD_BYTES * storage.UNKNOWN_RECORDS  # steps not known: a cautious metric history
+    assert estimate.checkpoint - storage.STATE_SLACK_BYTES - history == 3 * 4 * n_params  # weights + AdamW moments
     assert estimate.checkpoints_at_peak == 3 and estimate.checkpoints_total == 3 * estimate.checkpoint
     assert estimate_run_bytes(model, keep_last=2, saves_checkpoints=False).checkpoints_at_peak == 1
 
@@ -125,7 +126,8 @@ def test_tied_weights_count_once():
     head = torch.nn.Linear(16, 100, bias=False)
     head.weight = embedding.weight
     model = torch.nn.ModuleDict({"embedding": embedding, "head": head})
-    assert estimate_run_bytes(model, keep_last=1).final_model == 100 * 16 * 4 + storage.STATE_SLACK_BYTES
+    assert (estimate_run_bytes(model, keep_last=1).final_model
+            == 100 * 16 * 4 + storage.STATE_SLACK_BYTES + storage.UNKNOWN_TOKENIZER_BYTES)  # no tokenizer given
 
 
 def test_disk_full_before_training_names_bytes_needed_and_free(tmp_path, monkeypatch):

@@ -85,4 +85,4 @@ def test_store_failing_mid_run_leaves_training_and_outputs_intact(kedro_project,
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
     assert summary["steps"] == 4
     assert (kedro_project / "data/06_models/model/model.safetensors").is_file()
-    assert (kedro_project / "data/06_models/checkpoints/checkpoint-00000004/COMPLETE").is_file()
+    assert (kedro_project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000004/COMPLETE").is_file()

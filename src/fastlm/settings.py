@@ -11,6 +11,8 @@ from fastlm.hooks import (
     OutputFoldersWritableHook,
     ParametersValidHook,
     RedactingMlflowHook,
+    RunNameHook,
+    RunOutputsHook,
     UnknownRuntimeParamsHook,
 )
 from fastlm.rank_hooks import OtherRankOutputsHook, torchrun_rank
@@ -20,11 +22,12 @@ install_log_redaction()  # every log record of the process, whatever handler sho
 
 # kedro-mlflow's own hook logs parameters verbatim; RedactingMlflowHook is that hook with secrets masked.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
-# pluggy calls the last registered first: MLflow opens the run, then --params, inputs and output folders are checked.
-HOOKS = (MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(), ParametersValidHook(),
-         UnknownRuntimeParamsHook(), RedactingMlflowHook())
+# pluggy calls the last registered first: the run name is resolved (and checked), MLflow opens the run under it,
+# then --params, inputs and output folders are checked.
+HOOKS = (RunOutputsHook(), MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(),
+         ParametersValidHook(), UnknownRuntimeParamsHook(), RedactingMlflowHook(), RunNameHook())
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
-    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook())
+    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), RunNameHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

@@ -175,7 +175,7 @@ def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(tmp_path, bp
     saved = safetensors.torch.load_file(str(tmp_path / "checkpoints-2" / "checkpoint-00000004" / "model.safetensors"))
     for name, param in one.model.named_parameters():
         torch.testing.assert_close(saved[name], param.detach().cpu(), rtol=1e-5, atol=1e-6)
-    with pytest.raises(CheckpointError, match="strategy fsdp; this run uses ddp"):
+    with pytest.raises(CheckpointError, match="distributed.strategy fsdp -> ddp"):
         run_job(TrainJob(_params(tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2/checkpoint-00000004")),
                          48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
 

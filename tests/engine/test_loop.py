@@ -89,16 +89,22 @@ def test_interrupted_run_resumes_to_the_same_loss(tmp_path):
         assert torch.equal(a, b)
 
 
-def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
-    params = _params(tmp_path, log_every=1, save_every=2, eval_every=None)
+def poisoned_model(after_step: int):
+    """A model whose embeddings turn NaN once a callback saw ``after_step``; returns (model, that callback)."""
     poisoned = {"on": False}
 
     def poison(kind, record):
-        if record["step"] == 3:
+        if record["step"] == after_step:
             poisoned["on"] = True
 
     model = _model()
     model.model.embed_tokens.register_forward_hook(lambda m, i, out: out * float("nan") if poisoned["on"] else out)
+    return model, poison
+
+
+def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
+    params = _params(tmp_path, log_every=1, save_every=2, eval_every=None)
+    model, poison = poisoned_model(3)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
     with pytest.raises(NonFiniteLossError) as error:
         train(model, _sequences(300, 1), None, params=params, runtime=runtime, pad_id=EOS, max_length=64,

@@ -28,12 +28,12 @@ def _train_runs(experiment: str = "fastlm") -> list:
 
     client = mlflow.MlflowClient()
     return client.search_runs(client.get_experiment_by_name(experiment).experiment_id,
-                              filter_string="tags.`mlflow.runName` = 'train'", max_results=1000)
+                              filter_string="tags.`mlflow.runName` LIKE 'train-%'", max_results=1000)
 
 
 def _written_outputs(project: Path) -> dict:
     return {"models": sorted(p.name for p in (project / "data/06_models").iterdir() if p.name != "tokenizer"),
-            "checkpoints": sorted(p.name for p in (project / "data/06_models/checkpoints").iterdir())}
+            "checkpoints": sorted(p.name for p in (project / "data/06_models/checkpoints").glob("*/checkpoint-*"))}
 
 
 def test_nproc_per_node_launches_workers_and_only_rank_0_writes(kedro_project):
@@ -43,7 +43,7 @@ def test_nproc_per_node_launches_workers_and_only_rank_0_writes(kedro_project):
     run_pipeline(kedro_project, "train", {"split": SPLIT, "train": distributed})
 
     assert len(_train_runs()) == before + 1  # one MLflow run
-    assert _written_outputs(kedro_project) == {"models": ["checkpoints", "model"],
+    assert _written_outputs(kedro_project) == {"models": ["checkpoints", "model", "runs"],
                                                "checkpoints": ["checkpoint-00000002", "checkpoint-00000004"]}
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["effective_batch"] == 8 and summary["distributed_strategy"] == "ddp"
@@ -123,7 +123,7 @@ def test_a_killed_worker_ends_the_run_with_a_clear_error_and_no_process_left(ked
                                stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
-        while not list((kedro_project / "data/06_models/checkpoints").glob("checkpoint-*")):
+        while not list((kedro_project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
             assert process.poll() is None and time.monotonic() < deadline, "training did not start"
             time.sleep(0.2)
         workers = _spawned_workers(process.pid)

@@ -68,7 +68,7 @@ def test_dialogue_summary_lora_run_saves_an_adapter_that_loads_and_merges(dialog
     summary = json.loads((project / "data/08_reporting/train_summary.json").read_text())
     assert summary["lora"] is True and summary["batching"] == "packed"
     assert 0 < summary["trainable_parameters"] < summary["total_parameters"]
-    assert (project / "data/06_models/checkpoints/checkpoint-00000004/COMPLETE").is_file()
+    assert (project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000004/COMPLETE").is_file()
 
     from fastlm.__main__ import merge_adapter_command
     from fastlm.datasets import PretrainedModelDataset

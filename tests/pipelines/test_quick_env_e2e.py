@@ -43,6 +43,6 @@ def test_quick_run_trains_with_eval_and_checkpoints_in_few_steps(kedro_project):
     assert summary["steps"] == 30
     evals = pd.read_csv(kedro_project / "data/07_model_output/eval_history.csv")
     assert list(evals["step"]) == [10, 20, 30]
-    checkpoints = sorted(p.name for p in (kedro_project / "data/06_models/checkpoints_quick").glob("checkpoint-*"))
-    assert checkpoints == ["checkpoint-00000030"]  # keep_last: 1
+    checkpoints = sorted(p.name for p in (kedro_project / "data/06_models/checkpoints_quick" / summary["run_name"]).iterdir())
+    assert checkpoints == ["checkpoint-00000030"]  # keep_last: 1, in the run's own folder
     assert not (kedro_project / "data/06_models/checkpoints").exists()

@@ -58,7 +58,7 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
 
     client = mlflow.MlflowClient()
     report_run = client.search_runs(client.get_experiment_by_name("report-e2e").experiment_id,
-                                    filter_string="tags.`mlflow.runName` = 'report'", max_results=1)[0]
+                                    filter_string="tags.`mlflow.runName` LIKE 'report-%'", max_results=1)[0]
     logged = {item.path for item in client.list_artifacts(report_run.info.run_id, "report")}
     assert {"report/report.html", "report/report.md"} <= logged
 

@@ -56,7 +56,7 @@ def test_report_scores_test_generations_with_rouge_everywhere(kedro_project):
 
     client = mlflow.MlflowClient()
     experiment = client.get_experiment_by_name("fastlm").experiment_id
-    train_run = client.search_runs(experiment, filter_string="tags.`mlflow.runName` = 'train'", max_results=1)[0]
+    train_run = client.search_runs(experiment, filter_string="tags.`mlflow.runName` LIKE 'train-%'", max_results=1)[0]
     assert client.get_run(train_run.info.run_id).data.metrics["test_rouge1"] == pytest.approx(metrics["rouge1"])
     runs = pd.read_csv(out / "run_comparison.csv")
     assert runs["test_rouge1"].iloc[0] == pytest.approx(metrics["rouge1"]) and "test_rougeL" in runs

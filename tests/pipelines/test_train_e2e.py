@@ -34,13 +34,13 @@ def test_train_writes_a_loadable_model_histories_summary_and_live_mlflow_metrics
     assert list(evals["step"]) == [3, 6] and (evals["val_perplexity"] > 1).all()
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
     assert summary["steps"] == 6 and summary["batching"] == "packed" and summary["tokens_seen"] > 0
-    assert (kedro_project / "data/06_models/checkpoints/checkpoint-00000006/COMPLETE").is_file()
+    assert (kedro_project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000006/COMPLETE").is_file()
 
     import mlflow
 
     client = mlflow.MlflowClient()
     runs = client.search_runs(client.get_experiment_by_name("fastlm").experiment_id,
-                              filter_string="tags.`mlflow.runName` = 'train'", max_results=1)
+                              filter_string="tags.`mlflow.runName` LIKE 'train-%'", max_results=1)
     run = runs[0]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 2, 4, 6]
     assert run.data.params["train.batching.mode"] == "packed" and "runtime.precision" in run.data.params

@@ -21,7 +21,9 @@ so a truncated or missing file fails with one clear line (:class:`CheckpointErro
 pickle or safetensors internals.
 
 One process writes into a ``root`` (rank 0 under DDP): a save removes every ``.tmp-*`` folder it finds there,
-which would break a second writer. Pass the unwrapped model (not the DDP wrapper or a ``torch.compile``
+which would break a second writer, so a training run holds :func:`checkpoint_lock` on its folder (a ``.lock``
+file naming its PID; a second run is refused in one line, a lock left by a process that no longer runs is taken
+over). Pass the unwrapped model (not the DDP wrapper or a ``torch.compile``
 module), so the tensor names do not depend on how the model was run.
 """
 
@@ -35,8 +37,10 @@ import random
 import re
 import secrets
 import shutil
+import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +62,8 @@ GRAD_SCALER_FILE = "grad_scaler.pt"
 RNG_FILE = "rng.pt"
 STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
+LOCK_FILE = ".lock"
+SUPERSEDED_PREFIX = "superseded-"
 RESUME_MODES = ("auto", "never")
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -310,6 +316,135 @@ def latest_checkpoint(root: Path) -> Path | None:
     """
     complete = _complete_checkpoints(root)
     return complete[-1][1] if complete else None
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Every complete checkpoint folder directly under ``root``, oldest (lowest step) first."""
+    return [path for _, path in _complete_checkpoints(root)]
+
+
+def read_checkpoint_state(path: Path) -> dict:
+    """The ``state`` a checkpoint was saved with (step, position, settings digest), without loading tensors.
+
+    A missing or cut-off manifest or state file raises :class:`CheckpointError`.
+    """
+    folder = Path(path)
+    _read_manifest(folder)
+    return _read_trainer_state(folder / STATE_FILE)["state"]
+
+
+def unfinished_runs(base: Path) -> list[Path]:
+    """Run folders under ``base`` whose newest checkpoint stopped before its run's ``total_steps``, newest first.
+
+    A run folder is a direct subfolder holding ``checkpoint-*`` folders; its newest checkpoint's ``COMPLETE``
+    marker time orders the runs. Unreadable states and checkpoints without ``total_steps`` are skipped.
+    """
+    base = Path(base)
+    found = []
+    for folder in base.iterdir() if base.is_dir() else ():
+        if not folder.is_dir() or folder.name.startswith("."):
+            continue
+        newest = latest_checkpoint(folder)
+        if newest is None:
+            continue
+        try:
+            state = read_checkpoint_state(newest)
+        except CheckpointError:
+            continue
+        total = state.get("total_steps")
+        if isinstance(total, int) and int(state.get("step", 0)) < total:
+            found.append(((newest / MARKER).stat().st_mtime, folder))
+    return [folder for _, folder in sorted(found, reverse=True)]
+
+
+def move_aside(root: Path) -> Path | None:
+    """Move every ``checkpoint-*`` folder of ``root`` into ``root/superseded-<time>/`` (out of the way of a run
+    that starts fresh there, kept for the user); returns that folder, or None when there was nothing to move."""
+    root = Path(root)
+    old = [path for path in root.glob("checkpoint-*") if path.is_dir()] if root.is_dir() else []
+    if not old:
+        return None
+    aside = root / f"{SUPERSEDED_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}"
+    while aside.exists():
+        aside = aside.with_name(f"{aside.name}-{secrets.token_hex(2)}")
+    aside.mkdir()
+    for path in old:
+        os.replace(path, aside / path.name)
+    _fsync_dir(root)
+    return aside
+
+
+@contextmanager
+def checkpoint_lock(root: Path) -> Iterator[Path]:
+    """Hold ``root/.lock`` while one training run writes checkpoints into ``root``.
+
+    A lock held by a running process (this machine) or written on another machine is refused with one
+    :class:`CheckpointError` line naming the holder's PID; a lock whose process no longer runs is taken over.
+    """
+    root = Path(root)
+    created = not root.exists()  # removed again when the run leaves it empty (e.g. refused before any step)
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / LOCK_FILE
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    for _ in range(3):
+        try:
+            handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(lock)
+            if holder is not None and _holder_runs(holder):
+                raise CheckpointError(
+                    f"checkpoint folder {root} is in use by another training run (PID {holder['pid']} on "
+                    f"{holder.get('host', '?')}, lock file {lock}).",
+                    fix="wait for that run to finish or stop it, or give this run its own --params run_name=...; "
+                    f"delete {lock} only if that process is gone.") from None
+            log.warning("taking over %s: the training run that held it (PID %s) no longer runs", lock,
+                        holder.get("pid") if holder else "unknown")
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(mine)
+        break
+    else:
+        raise CheckpointError(f"could not take the lock {lock} of checkpoint folder {root}.",
+                              fix="make sure no other training run writes there, delete the file and rerun.")
+    try:
+        yield lock
+    finally:
+        try:
+            if lock.read_text(encoding="utf-8") == mine:
+                lock.unlink()
+            if created and not any(root.iterdir()):
+                root.rmdir()
+        except OSError:
+            pass
+
+
+def _lock_holder(lock: Path) -> dict | None:
+    try:
+        holder = json.loads(lock.read_text(encoding="utf-8"))
+        return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+    except (OSError, ValueError):
+        return None  # cut off while being written: its writer died
+
+
+def _holder_runs(holder: dict) -> bool:
+    """Whether the lock's process still runs; a lock from another machine (a shared disk) counts as held."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    pid = holder["pid"]
+    if os.name == "nt":  # os.kill would terminate the process on Windows
+        try:
+            import psutil
+        except ImportError:
+            return True  # cannot tell: the message names the file to delete
+        return psutil.pid_exists(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def resolve_resume(root: Path, resume: str) -> Path | None:

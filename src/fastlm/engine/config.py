@@ -125,8 +125,9 @@ class TrainParams(Params):
     eval_max_batches: int | None = Field(None, ge=1)
     save_every: int | None = Field(200, ge=1)
     keep_last: int = Field(2, ge=1)
-    resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder")
-    checkpoint_dir: str = "data/06_models/checkpoints"
+    resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder (engine/resume.py)")
+    checkpoint_dir: str = Field("data/06_models/checkpoints",
+                                description="the engine writes here; the train node appends /<run_name>")
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
     distributed: DistributedParams = DistributedParams()

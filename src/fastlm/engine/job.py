@@ -40,6 +40,14 @@ class TrainJob:
     extra_summary: dict = field(default_factory=dict)
 
 
+def expected_log_records(params: TrainParams) -> int | None:
+    """Metric records a run's history will hold (train and evaluation), when ``max_steps`` fixes the length."""
+    steps = params.max_steps
+    if steps is None:
+        return None
+    return steps // params.log_every + 2 + (steps // params.eval_every + 1 if params.eval_every else 0)
+
+
 @dataclass
 class JobResult:
     model: object
@@ -65,7 +73,8 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
         model = build_model(params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn)
         if comm.is_main:
             check_training_storage(model, checkpoint_dir=Path(params.checkpoint_dir), model_dir=Path(job.model_dir),
-                                   keep_last=params.keep_last, saves_checkpoints=params.save_every is not None)
+                                   keep_last=params.keep_last, saves_checkpoints=params.save_every is not None,
+                                   tokenizer=job.tokenizer, log_records=expected_log_records(params))
         train_set = TokenSequences.from_arrow(job.train_split)
         eval_set = TokenSequences.from_arrow(job.eval_split) if job.eval_split is not None else None
         result = train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id_of(job.tokenizer),

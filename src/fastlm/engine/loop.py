@@ -11,6 +11,7 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
@@ -22,9 +23,8 @@ from fastlm.engine.attention import packed_inputs, to_device
 from fastlm.engine.checkpoint import (
     CheckpointError,
     checkpoint_dir,
-    latest_checkpoint,
+    checkpoint_lock,
     load_checkpoint,
-    resolve_resume,
     save_checkpoint,
 )
 from fastlm.engine.config import TrainParams
@@ -50,6 +50,7 @@ from fastlm.engine.metrics import StepMetrics, device_peak_flops, flops_per_toke
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.profiling import StepProfiler
 from fastlm.engine.progress import Progress
+from fastlm.engine.resume import data_digest, plan_resume, run_digest
 from fastlm.engine.runtime import Runtime, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
@@ -185,9 +186,18 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     """Train ``model`` on ``train_set``; see the module docstring for what the hot loop never does.
 
     ``comm`` (``engine.distributed``): this rank's view of a data-parallel run. Every rank runs this function
-    on its shard of the batches; only rank 0 writes checkpoints and calls ``callbacks``.
+    on its shard of the batches; only rank 0 writes checkpoints (holding the folder's lock) and calls
+    ``callbacks``. Which checkpoint is continued: ``engine.resume.plan_resume``.
     """
     comm = comm or SingleProcess()
+    with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
+        return _train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id,
+                      max_length=max_length, attn=attn, callbacks=callbacks, comm=comm)
+
+
+def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, params: TrainParams,
+           runtime: Runtime, pad_id: int, max_length: int, attn: str, callbacks: Sequence[Callback],
+           comm: Collectives) -> TrainResult:
     device, accum, world = runtime.device, params.batching.gradient_accumulation_steps, comm.world_size
     dist_params = params.distributed
     model.to(device)
@@ -210,14 +220,29 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     scaler = runtime.make_grad_scaler()
     root = Path(params.checkpoint_dir)
     state = {"step": 0, "history": [], "eval_history": [], "tokens_seen": 0, **stream.position}
-    resume_from = resolve_resume(root, params.resume)
+    configured = params  # an OOM back-off (now or before the checkpoint) replaces params.batching
     sharded = is_sharded(raw_model)  # FSDP2: checkpoints hold the gathered, whole state dicts
     # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only.
     trainable_only = not sharded and any(not param.requires_grad for param in raw_model.parameters())
+    digest = run_digest(raw_model, params, max_length=max_length, world_size=world, sharded=sharded,
+                        data=data_digest(train_set.values, train_set.offsets, train_set.prompt_lengths))
+    plan = plan_resume(root, params.resume, digest, total_steps=total_steps, world_size=world,
+                       move_old=comm.is_main)
+    resume_from = plan.checkpoint
     if resume_from is not None:
-        saved_state = load_checkpoint(resume_from, model=None, restore_rng=False)
-        _check_same_layout(saved_state, sharded, resume_from)
-        own_loader = sharded or saved_state.get("trainable_only", False)
+        saved = plan.state.get("batching") or {}
+        saved_micro = saved.get("micro_batch_size", params.batching.micro_batch_size)
+        if saved_micro < params.batching.micro_batch_size:  # saved after an OOM back-off: keep what fitted
+            accum *= int(saved.get("accumulation_factor", 1))
+            params = params.model_copy(update={"batching": params.batching.model_copy(
+                update={"micro_batch_size": saved_micro, "gradient_accumulation_steps": accum})})
+            sampler, collator = make_batching(params, train_set.lengths, pad_id=pad_id, max_length=max_length,
+                                              attn=attn, seed=params.seed)
+            sampler.shard(comm.rank, world)
+            stream = MicroBatches(train_set, sampler, collator, stream.loader_kwargs, epoch=0, batch=0)
+            log.info("Continuing with micro_batch_size %d x gradient_accumulation_steps %d, as %s was saved after "
+                     "an out-of-memory back-off", saved_micro, accum, resume_from)
+        own_loader = sharded or plan.state.get("trainable_only", False)
         state = load_checkpoint(resume_from, model=None if own_loader else raw_model,
                                 optimizer=None if sharded else optimizer, scheduler=scheduler, grad_scaler=scaler,
                                 map_location=device)
@@ -226,8 +251,12 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         elif own_loader:
             _load_trainable(raw_model, resume_from)
         stream.epoch, stream.batch = state["epoch"], resume_position(state, world, resume_from)
-        log.info("Resumed from %s at step %d (epoch %d, micro-batch %d of this rank)", resume_from, state["step"],
-                 stream.epoch, stream.batch)
+        log.info("Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)", resume_from,
+                 state["step"], total_steps, stream.epoch, stream.batch)
+        if state["step"] >= total_steps:
+            log.warning("%s already reached step %d of this run's %d: nothing to train. Raise train.max_steps (or "
+                        "train.epochs) to continue it, or set train.resume: never to train again from scratch.",
+                        resume_from, state["step"], total_steps)
     config = raw_model.config
     # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
     n_params = sum(p.numel() for p in raw_model.parameters())
@@ -251,6 +280,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                              device=device) if profile.enabled and comm.is_main else None)
     eval_model = model if dist_params.strategy == "fsdp" else raw_model  # DDP's forward is not needed to evaluate
     backoffs: list[dict] = []
+    first_step, last_good = step, resume_from  # this process's first step; this run's newest checkpoint
     start = perf_counter()
     metrics.start()
     with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
@@ -299,11 +329,11 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                            real_tokens=real_tokens, computed_tokens=computed_tokens, samples=samples,
                            lr=step_lr)
             progress.advance()
-            first_step = step == 1 and not history
-            if first_step or step % params.log_every == 0 or step == total_steps:
+            very_first = step == 1 and not history
+            if very_first or step % params.log_every == 0 or step == total_steps:
                 record = {**metrics.flush(step), **stream.position}
-                _check_finite(record, step, root)
-                if first_step:
+                _check_finite(record, step, last_good)
+                if very_first:
                     log.info("First step: %.2f s%s; the throughput figures leave it out", record["step_time_s"],
                              " (torch.compile included)" if runtime.compile else "")
                     _check_first_loss(record["loss"], len_vocab=raw_model.get_input_embeddings().num_embeddings,
@@ -327,7 +357,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
             if (params.save_every and (step % params.save_every == 0 or step == total_steps)) or stopping:
                 if metrics.pending_steps:  # never save a checkpoint whose loss was not checked
                     record = {**metrics.flush(step), **stream.position}
-                    _check_finite(record, step, root)
+                    _check_finite(record, step, last_good)
                     history.append(record)
                 saved = checkpoint_dir(root, step)
                 model_state, optimizer_state = full_state_dicts(raw_model, optimizer) if sharded else (None, None)
@@ -341,7 +371,10 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                                             state={"step": step, "history": history, "eval_history": eval_history,
                                                    "tokens_seen": tokens_seen, "world_size": world,
                                                    "sharded": sharded, "trainable_only": trainable_only,
+                                                   "total_steps": total_steps, "digest": digest,
+                                                   "batching": _batching_now(params, configured),
                                                    **stream.position})
+                last_good = saved
             if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
                 progress.close()
                 comm.barrier()  # the other ranks wait until rank 0's checkpoint is on disk
@@ -351,6 +384,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     if profiler is not None:
         profiler.close(step)
     summary = _summary(history, eval_history, params, total_steps, perf_counter() - start, n_params, steps_per_epoch)
+    summary.update(steps_trained=step - first_step, resumed_from=str(resume_from) if resume_from else None,
+                   resumed_from_step=first_step if resume_from else None)
     summary["tokens_seen"] = tokens_seen
     summary["flops_per_token"] = metrics.flops_per_token
     summary["first_step_s"] = metrics.step_times[0] if metrics.step_times else None  # compile included
@@ -424,15 +459,6 @@ def _load_trainable(model: torch.nn.Module, folder: Path) -> None:
     model.load_state_dict(saved, strict=False)
 
 
-def _check_same_layout(state: dict, sharded: bool, folder: Path) -> None:
-    """FSDP2 checkpoints key the optimizer state by parameter name, DDP/one-process ones by index."""
-    if bool(state.get("sharded", False)) != sharded:
-        was, now = ("fsdp", "ddp (or one process)") if state.get("sharded") else ("ddp (or one process)", "fsdp")
-        raise CheckpointError(
-            f"checkpoint {folder} was written with train.distributed.strategy {was}; this run uses {now}.",
-            fix=f"resume with strategy {was.split()[0]} (any number of processes), or set train.resume: never.")
-
-
 def resume_position(state: dict, world_size: int, folder: Path) -> int:
     """This rank's micro-batch to resume from: the checkpoint's global batch count split over ``world_size``.
 
@@ -455,11 +481,20 @@ def _emit(callbacks: Sequence[Callback], kind: str, record: dict) -> None:
         callback(kind, record)
 
 
-def _check_finite(record: dict, step: int, root: Path) -> None:
-    """Stop on a NaN/inf loss, or a NaN/inf gradient norm (that step's update already broke the weights)."""
+def _batching_now(params: TrainParams, configured: TrainParams) -> dict:
+    """The micro-batch in use and its accumulation over the configured one's (an OOM back-off changes both)."""
+    return {"micro_batch_size": params.batching.micro_batch_size,
+            "accumulation_factor": params.batching.gradient_accumulation_steps
+            // configured.batching.gradient_accumulation_steps}
+
+
+def _check_finite(record: dict, step: int, last: Path | None) -> None:
+    """Stop on a NaN/inf loss, or a NaN/inf gradient norm (that step's update already broke the weights).
+
+    ``last``: this run's newest checkpoint (saved or resumed from by this process), the one to name as good.
+    """
     norm = record.get("grad_norm")
     if not math.isfinite(record["loss"]) or (norm is not None and not math.isfinite(norm)):
-        last = latest_checkpoint(root)
         what = f"loss became {record['loss']}" if not math.isfinite(record["loss"]) else f"gradient norm became {norm}"
         raise NonFiniteLossError(
             f"the training {what} by step {step}; training stopped"

@@ -6,9 +6,10 @@ A full disk or a read-only output folder otherwise shows up minutes (or hours) i
 - :func:`check_writable`: a folder (or, when it does not exist yet, its nearest existing ancestor, so a check
   never creates folders) accepts a new file: a probe file is written, then removed.
 - :func:`estimate_run_bytes`: what a training run will write at its peak: ``keep_last + 1`` checkpoints
-  (the newest is written before the oldest is pruned), each the weights plus AdamW's two fp32 moments per
-  trainable parameter plus RNG and trainer state, and the final model folder (written beside the old one,
-  then swapped in).
+  (the newest is written before the oldest is pruned), each the saved weights (the trainable ones only for
+  LoRA) plus AdamW's two fp32 moments per trainable parameter plus RNG states and the metric history, and the
+  final model folder (weights, tokenizer files and configs; written beside the old one, then swapped in). The
+  estimate stays above what a run writes and within about 3x of it (tests/engine/test_storage_estimate.py).
 - :func:`check_free_space`: ``shutil.disk_usage`` of each filesystem involved covers what will be written
   there (folders on one device add up).
 - :func:`storage_error`: an ``OSError`` such as ENOSPC from a write, as one :class:`StorageError` line.
@@ -31,7 +32,10 @@ import torch
 
 from fastlm.errors import FastlmError
 
-STATE_SLACK_BYTES = 8 * 2**20  # RNG states, trainer_state.json (metric history), manifest; tokenizer files
+STATE_SLACK_BYTES = 128 * 2**10  # RNG states (torch, Python, NumPy: ~30 KB as saved), manifest, config files
+RECORD_BYTES = 1536  # one metric record in trainer_state.json (about 900 bytes as indented JSON)
+UNKNOWN_RECORDS = 2000  # metric records assumed when the number of steps is not known before training
+UNKNOWN_TOKENIZER_BYTES = 8 * 2**20  # tokenizer files assumed when no tokenizer is given
 DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
 NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
 _OS_ERROR_TEXT = re.compile(r"\(os error (\d+)\)")
@@ -86,17 +90,33 @@ def check_writable(directory: Path, *, parameter: str) -> None:
         raise clear from error
 
 
-def estimate_run_bytes(model: torch.nn.Module, *, keep_last: int, saves_checkpoints: bool = True) -> RunBytes:
-    """Peak bytes a run of ``model`` writes: checkpoints (weights + AdamW state + slack) and the final model.
+def estimate_run_bytes(model: torch.nn.Module, *, keep_last: int, saves_checkpoints: bool = True,
+                       tokenizer=None, log_records: int | None = None) -> RunBytes:
+    """Peak bytes a run of ``model`` writes: checkpoints (weights + AdamW state + history + slack) and the final
+    model (weights + tokenizer files + slack).
 
-    Shared (tied) parameters count once, as ``model.parameters()`` yields them once. Without periodic saves a
-    graceful stop (SIGTERM/Ctrl-C) still writes one checkpoint.
+    Shared (tied) parameters count once, as ``model.parameters()`` yields them once. A model with frozen
+    parameters (LoRA) saves its trainable ones only. Without periodic saves a graceful stop (SIGTERM/Ctrl-C)
+    still writes one checkpoint. ``log_records``: metric records the history will hold (None: not known).
     """
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    adam_moments = 2 * 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)  # exp_avg, exp_avg_sq fp32
-    checkpoint = weights + adam_moments + STATE_SLACK_BYTES
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    saved = trainable if len(trainable) < len(params) else params
+    weights = sum(p.numel() * p.element_size() for p in saved)
+    adam_moments = 2 * 4 * sum(p.numel() for p in trainable)  # exp_avg, exp_avg_sq fp32
+    history = RECORD_BYTES * (UNKNOWN_RECORDS if log_records is None else log_records)
+    checkpoint = weights + adam_moments + history + STATE_SLACK_BYTES
     return RunBytes(checkpoint=checkpoint, checkpoints_at_peak=keep_last + 1 if saves_checkpoints else 1,
-                    final_model=weights + STATE_SLACK_BYTES)
+                    final_model=weights + tokenizer_bytes(tokenizer) + STATE_SLACK_BYTES)
+
+
+def tokenizer_bytes(tokenizer) -> int:
+    """What ``tokenizer.save_pretrained`` writes, measured in a temporary folder (a cautious guess without one)."""
+    if tokenizer is None:
+        return UNKNOWN_TOKENIZER_BYTES
+    with tempfile.TemporaryDirectory(prefix="fastlm-tokenizer-size-") as folder:
+        tokenizer.save_pretrained(folder)
+        return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
 
 
 def check_free_space(needs: Mapping[str, tuple[Path, int]], *, fix: str) -> None:
@@ -121,7 +141,8 @@ def check_free_space(needs: Mapping[str, tuple[Path, int]], *, fix: str) -> None
 
 
 def check_training_storage(model: torch.nn.Module, *, checkpoint_dir: Path, model_dir: Path, keep_last: int,
-                           saves_checkpoints: bool, model_entry: str = "trained_model") -> RunBytes:
+                           saves_checkpoints: bool, model_entry: str = "trained_model", tokenizer=None,
+                           log_records: int | None = None) -> RunBytes:
     """Before the first step: both output folders writable, and room for the checkpoints and the final model.
 
     Complete checkpoints already in ``checkpoint_dir`` are on the disk already: they count towards the
@@ -131,7 +152,8 @@ def check_training_storage(model: torch.nn.Module, *, checkpoint_dir: Path, mode
 
     check_writable(checkpoint_dir, parameter="train.checkpoint_dir")
     check_writable(Path(model_dir).parent, parameter=f"{model_entry} (the model output folder {model_dir})")
-    estimate = estimate_run_bytes(model, keep_last=keep_last, saves_checkpoints=saves_checkpoints)
+    estimate = estimate_run_bytes(model, keep_last=keep_last, saves_checkpoints=saves_checkpoints,
+                                  tokenizer=tokenizer, log_records=log_records)
     existing = sum(1 for path in Path(checkpoint_dir).glob("checkpoint-*") if (path / MARKER).is_file())
     new_checkpoints = max(estimate.checkpoints_at_peak - min(existing, keep_last), 1)
     check_free_space(

@@ -98,7 +98,7 @@ def _profile_sections(profile: dict) -> list[Section]:
 
 def build_document(**parts) -> tuple[str, str]:
     summary = parts["summary"]
-    title = "fastlm training report"
+    title = f"fastlm training report: {summary['run_name']}" if summary.get("run_name") else "fastlm training report"
     subtitle = (f"{summary.get('steps', '?')} steps, {summary.get('batching', '?')} batching, "
                 f"{summary.get('parameters', 0):,} parameters, on {summary.get('runtime', {}).get('device_name', '?')}")
     sections = build_sections(**parts)

@@ -19,6 +19,7 @@ from fastlm.engine.launcher import launch_workers
 from fastlm.engine.lora import parameter_counts
 from fastlm.engine.model import build_model, choose_attention
 from fastlm.redaction import redact
+from fastlm.runs import default_run_name, validate_run_name
 from fastlm.tracking import MlflowMetrics, active_run_id, tracking_target
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,15 @@ MODEL_DIR = "data/06_models/model"  # the trained_model catalog entry
 
 
 def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict,
-                split_params: dict) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
+                split_params: dict, run_name: str | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
     """Train on the tokenized splits (in this process, as a torchrun rank, or in launched workers); return the
-    model+tokenizer, metric histories and the run summary."""
+    model+tokenizer, metric histories and the run summary.
+
+    Checkpoints go to ``<train.checkpoint_dir>/<run_name>/`` (the name the hooks resolved for this run).
+    """
     params = parse_train_params(train_params)
+    run_name = validate_run_name(run_name) if run_name is not None else default_run_name(["train"])
+    params = params.model_copy(update={"checkpoint_dir": str(Path(params.checkpoint_dir) / run_name)})
     split = parse_split_params(split_params)
     max_length = split.max_length
     check_fresh(fingerprint, tokenizer, split, where=TOKENIZED)  # max_length and the prompt/response format
@@ -54,13 +60,21 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
         result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=[MlflowMetrics()])
     if result is None:  # a torchrun rank other than 0: rank 0 writes every output (see fastlm.rank_hooks)
         return {"model": None, "tokenizer": tokenizer}, pd.DataFrame(), pd.DataFrame(), {}
-    summary = {**result.summary, **parameter_counts(result.model), "lora": params.model.lora.enabled,
+    summary = {"run_name": run_name, **result.summary, **parameter_counts(result.model),
+               "lora": params.model.lora.enabled, "checkpoint_dir": params.checkpoint_dir,
                "mlflow_run_id": active_run_id(), "runtime": redact(result.summary["runtime"])}
     MlflowMetrics().log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
-    log.info("Trained %d steps in %.1fs on %d process(es): train loss %.4f, validation loss %s", summary["steps"],
-             summary["wall_time_s"], summary["world_size"], summary["final_train_loss"], summary["final_val_loss"])
+    resumed = (f" (resumed at step {summary['resumed_from_step']}, run at step {summary['steps']})"
+               if summary.get("resumed_from") else "")
+    log.info("Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s", run_name,
+             summary["steps_trained"], resumed, summary["wall_time_s"], summary["world_size"],
+             _loss(summary["final_train_loss"]), _loss(summary["final_val_loss"]))
     return ({"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history),
             pd.DataFrame(result.eval_history), summary)
+
+
+def _loss(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f}"
 
 
 def _untrained_model(params, tokenizer, max_length: int):

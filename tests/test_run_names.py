@@ -1,0 +1,47 @@
+"""run_name: validated as a safe folder name, default pipeline + timestamp, and with resume: auto the default
+reuses the newest interrupted run's name, so running the same command again continues it."""
+
+import datetime as dt
+
+import pytest
+
+from fastlm.engine.checkpoint import save_checkpoint
+from fastlm.errors import ConfigError
+from fastlm.runs import default_run_name, resolve_run_name, validate_run_name
+from tests.engine.test_checkpoint import tiny_llama, trainer
+
+NOW = dt.datetime(2026, 11, 23, 4, 14, 28)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "..", ".hidden", "a b", "x" * 101, "con\x00", "../up", "名前/"])
+def test_unsafe_names_are_one_line(bad):
+    with pytest.raises(ConfigError) as raised:
+        validate_run_name(bad)
+    assert "run_name" in str(raised.value) and "\n" not in str(raised.value) and "Fix:" in str(raised.value)
+
+
+def test_safe_names_pass_and_the_default_is_pipeline_and_time():
+    assert validate_run_name("lora-r16_v2.1") == "lora-r16_v2.1"
+    assert default_run_name(["train"], NOW) == "train-20261123-041428"
+    assert default_run_name(None, NOW) == default_run_name(["__default__"], NOW) == "main-20261123-041428"
+    assert default_run_name(["split", "train"], NOW) == "split+train-20261123-041428"
+
+
+def _checkpoint(root, step, total):
+    model = tiny_llama(seed=0)
+    optimizer, scheduler = trainer(model)
+    save_checkpoint(root, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                    state={"step": step, "total_steps": total})
+
+
+def test_auto_reuses_the_newest_interrupted_run_only(tmp_path):
+    base = tmp_path / "checkpoints"
+    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "train-20261123-041428"
+    _checkpoint(base / "train-old", 2, 4)  # interrupted
+    _checkpoint(base / "done", 4, 4)  # finished
+    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "train-old"
+    assert resolve_run_name(None, ["train"], base, resume="never", trains=True, now=NOW) == "train-20261123-041428"
+    assert resolve_run_name(None, ["report"], base, resume="auto", trains=False, now=NOW) == "report-20261123-041428"
+    assert resolve_run_name("mine", ["train"], base, resume="auto", trains=True, now=NOW) == "mine"
+    _checkpoint(base / "train-old", 4, 4)  # now finished: a new name
+    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "train-20261123-041428"
