@@ -342,3 +342,194 @@ def test_misspelled_top_level_params_key_warns(project, caplog):
         run_pipeline(project, "split", {"trian": {"max_steps": 3}})
     warnings = [r.getMessage() for r in caplog.records if "unknown parameter trian" in r.getMessage()]
     assert len(warnings) == 1 and "(did you mean train?)" in warnings[0] and "Fix:" in warnings[0]
+
+
+# ------------------------------------------------------------------------------------- round two (issue 15)
+
+
+@pytest.mark.parametrize(("split", "expected"), [
+    ({"ratios": {"train": 0.8, "validation": 0.1, "test": 0.1}}, "split.ratios"),
+    ({"hash_salt": "again"}, "split.hash_salt"),
+    ({"max_samples": 100}, "split.max_samples"),
+], ids=["ratios", "hash_salt", "max_samples"])
+def test_stale_tokenized_data_after_a_split_parameter_change(project, split, expected):
+    _fails_cleanly(project, "train", {"split": split}, StaleDataError, "data/05_model_input/tokenized_corpus is stale",
+                   expected, "kedro run --pipeline=split")
+
+
+def test_an_empty_test_split_is_refused_before_writing(project):
+    ratios = {"train": 0.95, "validation": 0.05, "test": 0.0}
+    _fails_cleanly(project, "split", {"split": {"ratios": ratios}}, InputDataError, "the test split would be empty",
+                   "split.ratios.test")
+
+
+def test_a_two_row_corpus_is_refused_before_writing(project, sample_texts):
+    write_jsonl(project / "data/01_raw/two.jsonl", sample_texts[:2])
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/two.jsonl"}, InputDataError, "split would be empty",
+                   "2 texts")
+
+
+@pytest.mark.timeout(120)
+def test_a_named_pipe_as_the_raw_file_is_refused(project):
+    os.mkfifo(project / "data/01_raw/pipe.jsonl")
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/pipe.jsonl"}, InputDataError,
+                   "data/01_raw/pipe.jsonl is not a regular file", "raw_path")
+
+
+def _korean_rows(sample_texts) -> list[str]:
+    return [f"{text} 배송이 빠르고 포장도 꼼꼼해요 {index}" for index, text in enumerate(sample_texts[:120])]
+
+
+@pytest.mark.parametrize("encoding", ["euc-kr", "cp949"])
+def test_korean_legacy_encodings_are_read(project, sample_texts, encoding):
+    rows = _korean_rows(sample_texts) + ["똠방각하 뷁 햏"] if encoding == "cp949" else _korean_rows(sample_texts)
+    lines = "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows)
+    (project / "data/01_raw/korean.jsonl").write_bytes(lines.encode(encoding))
+    run_pipeline(project, "split", {"raw_path": "data/01_raw/korean.jsonl"})
+    assert _report(project)["kept_rows"] == len(rows)
+    splits = pd.read_parquet(project / "data/03_primary/corpus_splits.parquet")
+    assert set(splits["text"]) == set(rows)
+
+
+@pytest.mark.parametrize(("encoding", "named"), [("latin-1", "ISO-8859-1"), ("utf-16", "UTF-16")])
+def test_other_encodings_are_named_in_the_hint(project, encoding, named):
+    rows = ["Le café est très bon, merci beaucoup à vous. Ça va très bien, à bientôt !"] * 3
+    (project / "data/01_raw/other.csv").write_bytes(("text\n" + "\n".join(rows) + "\n").encode(encoding))
+    message = _fails_cleanly(project, "split", {"raw_path": "data/01_raw/other.csv"}, InputDataError,
+                             "data/01_raw/other.csv is not valid UTF-8", f"iconv -f {named} -t UTF-8")
+    assert "cp949" not in message
+
+
+def test_a_json_array_file_is_read(project, sample_texts):
+    rows = sample_texts[:150]
+    (project / "data/01_raw/array.json").write_text(json.dumps([{"text": row} for row in rows]), encoding="utf-8")
+    run_pipeline(project, "split", {"raw_path": "data/01_raw/array.json"})
+    assert _report(project)["kept_rows"] == len(set(rows))
+
+
+def test_a_malformed_jsonl_line_is_named_by_number(project):
+    lines = ['{"text": "one"}', '{"text": "two"}', '{"text": "three"', '{"text": "four"}']
+    (project / "data/01_raw/broken.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/broken.jsonl"}, InputDataError,
+                   "data/01_raw/broken.jsonl line 3", "not valid JSON")
+
+
+def test_a_huge_max_length_is_refused_at_validation(project):
+    _fails_cleanly(project, "split", {"split": {"max_length": 1_000_000_000}}, ConfigError,
+                   "split.max_length = 1000000000", "--params split.max_length")
+
+
+def test_a_long_line_is_cut_by_characters_before_tokenizing(bpe_tokenizer, monkeypatch):
+    from fastlm.corpus import tokenization
+
+    seen = []
+    real = type(bpe_tokenizer).__call__
+
+    def spy(self, texts, *args, **kwargs):
+        seen.extend(len(text) for text in texts)
+        return real(self, texts, *args, **kwargs)
+
+    monkeypatch.setattr(type(bpe_tokenizer), "__call__", spy)
+    long_text = "배송 빠름 fast delivery " * 100_000  # 2 MB of text on one line
+    tokens = tokenization.tokenize_texts([long_text, "short"], bpe_tokenizer, max_length=48, batch_size=10, num_proc=1)
+    assert max(seen) <= 48 * tokenization.MAX_CHARS_PER_TOKEN < len(long_text) // 100
+    assert tokens.lengths.tolist()[0] == 48 and bool(tokens.truncated[0]) and not bool(tokens.truncated[1])
+
+
+@pytest.mark.parametrize(("runtime", "expected"), [
+    ({"device": "cuda"}, "train.runtime.device = 'cuda'"),
+    ({"device": "gpu"}, "train.runtime.device = 'gpu'"),
+    ({"device": "cpu", "precision": "fp16"}, "train.runtime.precision = 'fp16'"),
+], ids=["cuda", "gpu", "fp16"])
+def test_a_device_or_precision_this_machine_lacks(project, runtime, expected):
+    import torch
+
+    if torch.cuda.is_available() and runtime.get("device") != "gpu":
+        pytest.skip("this machine has CUDA")
+    _fails_cleanly(project, "train", {"train": {"runtime": runtime}}, ConfigError, expected)
+
+
+@pytest.mark.parametrize(("path", "pipeline"), [
+    ("data/05_model_input/tokenized_corpus_fingerprint.json", "train"),
+    ("data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow", "train"),
+    ("data/08_reporting/train_summary.json", "report"),
+    ("data/06_models/model/model.safetensors", "report"),
+    ("data/06_models/model/config.json", "report"),
+], ids=["fingerprint", "arrow", "train_summary", "model_weights", "model_config"])
+def test_a_cut_off_output_is_named_with_the_pipeline_to_rerun(project, path, pipeline):
+    cut = project / path
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    producer = "split" if "05_model_input" in path else "train"
+    _fails_cleanly(project, pipeline, {}, InputDataError, f"{path} is cut off or corrupt",
+                   f"kedro run --pipeline={producer}")
+
+
+def test_disk_full_while_split_saves(project, monkeypatch):
+    import datasets
+
+    def disk_full(self, path, *args, **kwargs):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "partial.arrow").write_bytes(b"\0" * 64)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(datasets.DatasetDict, "save_to_disk", disk_full)
+    _fails_cleanly(project, "split", {}, StorageError, "data/05_model_input/tokenized_corpus", "the disk is full")
+
+
+def test_cli_mistyped_env(project):
+    last = _one_line_exit_2(project, "--pipeline=split", "--env", "quik")
+    assert "--env quik" in last and "conf/quik" in last and "quick" in last
+
+
+def test_cli_yaml_syntax_error_names_file_and_line(project):
+    (project / "conf/local/parameters_typo.yml").write_text("split:\n  max_length: 48\n  ratios: {train: 0.9\n")
+    last = _one_line_exit_2(project, "--pipeline=split")
+    assert "conf/local/parameters_typo.yml" in last and "line " in last
+
+
+SECRET_URI = "http://alice:S3cretPassw0rdXYZ@127.0.0.1:9"
+
+
+def test_cli_tracking_server_down_training_finishes_fast(project):
+    """A closed local port as the tracking server: one warning, the run completes, no secret printed."""
+    import time
+
+    params = ("--params", "train.resume=never,train.save_every=null")
+    start = time.monotonic()
+    tracked = _kedro(project, "--pipeline=train", *params)
+    with_store = time.monotonic() - start
+    assert tracked.returncode == 0, tracked.stderr[-3000:]
+    (project / "data/06_models/model/model.safetensors").unlink()
+    start = time.monotonic()
+    down = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipeline=train", *params], cwd=project,
+                          env={**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200",
+                               "MLFLOW_TRACKING_URI": SECRET_URI}, capture_output=True, text=True, timeout=300)
+    without_store = time.monotonic() - start
+    output = down.stdout + down.stderr
+    assert down.returncode == 0, output[-3000:]
+    assert (project / "data/06_models/model/model.safetensors").is_file()
+    assert without_store <= with_store + 30, (with_store, without_store)
+    assert "S3cretPassw0rdXYZ" not in output and "Traceback" not in output
+    assert output.count("training and local outputs continue without tracking") == 1, output[-3000:]
+
+
+def test_a_corrupt_tracking_database_does_not_stop_training(project, monkeypatch):
+    (project / "broken.db").write_bytes(b"this is not a sqlite database" * 100)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'broken.db'}")
+    run_pipeline(project, "train", {"train": {"resume": "never"}})
+    summary = json.loads((project / "data/08_reporting/train_summary.json").read_text())
+    assert summary["steps"] == TRAIN["max_steps"]
+
+
+def test_cli_secrets_are_masked_in_tracebacks(monkeypatch):
+    from click.testing import CliRunner
+
+    from fastlm import cli
+
+    def crash(**kwargs):
+        raise RuntimeError(f"could not reach {SECRET_URI}/api")
+
+    monkeypatch.setattr(cli.kedro_run, "callback", crash)
+    result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train"])
+    assert isinstance(result.exception, RuntimeError)
+    assert "S3cretPassw0rdXYZ" not in str(result.exception) and "127.0.0.1:9" in str(result.exception)
