@@ -59,8 +59,9 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
     MlflowMetrics().log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
     log.info("Trained %d steps in %.1fs on %d process(es): train loss %.4f, validation loss %s", summary["steps"],
              summary["wall_time_s"], summary["world_size"], summary["final_train_loss"], summary["final_val_loss"])
-    return ({"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history),
-            pd.DataFrame(result.eval_history), summary)
+    # Without evaluations (eval_every: null) the table keeps its header: an empty CSV file cannot be read back.
+    evaluations = pd.DataFrame(result.eval_history, columns=None if result.eval_history else ["step", "val_loss"])
+    return {"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history), evaluations, summary
 
 
 def _untrained_model(params, tokenizer, max_length: int):
