@@ -126,9 +126,10 @@ def test_missing_text_column(project):
 
 
 def test_invalid_utf8_bytes_in_csv(project):
-    (project / "data/01_raw/cp949.csv").write_bytes(b"text\nhello\n" + "배송 빠름\n".encode("cp949"))
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/cp949.csv"}, InputDataError,
-                   "data/01_raw/cp949.csv is not valid UTF-8", "iconv")
+    # Korean CP949 is now read (see round two); bytes of another legacy encoding are still refused
+    (project / "data/01_raw/legacy.csv").write_bytes(b"text\nhello\n" + "Très bien, café crème\n".encode("latin-1"))
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/legacy.csv"}, InputDataError,
+                   "data/01_raw/legacy.csv is not valid UTF-8", "iconv")
 
 
 # ------------------------------------------------------------------------------------------- split: contents
@@ -380,12 +381,15 @@ def _korean_rows(sample_texts) -> list[str]:
     return [f"{text} 배송이 빠르고 포장도 꼼꼼해요 {index}" for index, text in enumerate(sample_texts[:120])]
 
 
-@pytest.mark.parametrize("encoding", ["euc-kr", "cp949"])
-def test_korean_legacy_encodings_are_read(project, sample_texts, encoding):
+@pytest.mark.parametrize(("encoding", "extension"), [("euc-kr", "jsonl"), ("cp949", "jsonl"), ("cp949", "csv")])
+def test_korean_legacy_encodings_are_read(project, sample_texts, encoding, extension):
     rows = _korean_rows(sample_texts) + ["똠방각하 뷁 햏"] if encoding == "cp949" else _korean_rows(sample_texts)
-    lines = "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows)
-    (project / "data/01_raw/korean.jsonl").write_bytes(lines.encode(encoding))
-    run_pipeline(project, "split", {"raw_path": "data/01_raw/korean.jsonl"})
+    if extension == "jsonl":
+        lines = "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows)
+    else:
+        lines = pd.DataFrame({"text": rows}).to_csv(index=False)
+    (project / f"data/01_raw/korean.{extension}").write_bytes(lines.encode(encoding))
+    run_pipeline(project, "split", {"raw_path": f"data/01_raw/korean.{extension}"})
     assert _report(project)["kept_rows"] == len(rows)
     splits = pd.read_parquet(project / "data/03_primary/corpus_splits.parquet")
     assert set(splits["text"]) == set(rows)
