@@ -180,11 +180,12 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
 
 def _read_json_array(source, path: Path) -> pd.DataFrame:
     try:
-        rows = json.load(_rewound(source))
+        with _open(source) as handle:
+            rows = json.load(handle)
     except json.JSONDecodeError as exc:
         raise InputDataError(f"{path} line {exc.lineno} is not valid JSON ({exc.msg}).",
                              fix="fix the JSON array, or give one JSON object per line (.jsonl).") from exc
-    if not all(isinstance(row, dict) for row in rows):
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         raise InputDataError(f"{path} holds a JSON array, but not only of objects.",
                              fix='give an array of objects such as [{"text": "..."}, ...].')
     return pd.DataFrame.from_records(rows)
