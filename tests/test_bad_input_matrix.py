@@ -185,11 +185,11 @@ def test_one_megabyte_texts_are_truncated_not_refused(project, sample_texts):
 
 
 def test_only_duplicates_keep_one(project):
+    # one text is kept; since round two (issue 15) a corpus that leaves a split empty is refused before writing
     text = "배송이 빠르고 포장도 꼼꼼해요. The battery lasts all day."
     write_jsonl(project / "data/01_raw/dupes.jsonl", [text] * 30)
-    run_pipeline(project, "split", {"raw_path": "data/01_raw/dupes.jsonl"})
-    report = _report(project)
-    assert report["kept_rows"] == 1 and report["dropped"]["duplicate"] == 29
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/dupes.jsonl"}, InputDataError,
+                   "split would be empty: 1 text with", "give more texts")
 
 
 # ----------------------------------------------------------------------------------------- train: parameters
@@ -378,7 +378,10 @@ def test_a_named_pipe_as_the_raw_file_is_refused(project):
 
 
 def _korean_rows(sample_texts) -> list[str]:
-    return [f"{text} 배송이 빠르고 포장도 꼼꼼해요 {index}" for index, text in enumerate(sample_texts[:120])]
+    """Korean review-like texts that EUC-KR can encode (the sample texts hold emoji, which it cannot)."""
+    words = ["배송이", "빠르고", "포장도", "꼼꼼해요", "가격", "대비", "만족합니다", "재구매", "의사", "있어요"]
+    return [" ".join(words[(index + shift) % len(words)] for shift in range(1 + index % 7)) + f" {index}번째 후기"
+            for index in range(120)]
 
 
 @pytest.mark.parametrize(("encoding", "extension"), [("euc-kr", "jsonl"), ("cp949", "jsonl"), ("cp949", "csv")])
@@ -427,13 +430,14 @@ def test_a_long_line_is_cut_by_characters_before_tokenizing(bpe_tokenizer, monke
     from fastlm.corpus import tokenization
 
     seen = []
-    real = type(bpe_tokenizer).__call__
+    real = tokenization.cut_long_texts
 
-    def spy(self, texts, *args, **kwargs):
+    def spy(*args, **kwargs):  # what reaches the tokenizer
+        texts, cut = real(*args, **kwargs)
         seen.extend(len(text) for text in texts)
-        return real(self, texts, *args, **kwargs)
+        return texts, cut
 
-    monkeypatch.setattr(type(bpe_tokenizer), "__call__", spy)
+    monkeypatch.setattr(tokenization, "cut_long_texts", spy)
     long_text = "배송 빠름 fast delivery " * 100_000  # 2 MB of text on one line
     tokens = tokenization.tokenize_texts([long_text, "short"], bpe_tokenizer, max_length=48, batch_size=10, num_proc=1)
     assert max(seen) <= 48 * tokenization.MAX_CHARS_PER_TOKEN < len(long_text) // 100
@@ -480,15 +484,33 @@ def test_disk_full_while_split_saves(project, monkeypatch):
     _fails_cleanly(project, "split", {}, StorageError, "data/05_model_input/tokenized_corpus", "the disk is full")
 
 
+def _cli_one_line_in_process(project: Path, *args: str) -> str:
+    """``kedro run *args`` through the project's click command in this process (no interpreter start-up):
+    exit status 2, one ``fastlm: error:`` line with a fix, every output unchanged."""
+    from click.testing import CliRunner
+    from kedro.framework.startup import bootstrap_project
+
+    from fastlm import cli
+
+    bootstrap_project(project)
+    before = _snapshot(project)
+    result = CliRunner().invoke(cli.cli, ["run", *args])
+    assert result.exit_code == 2, (result.output, result.exception)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastlm: error:") and "Fix:" in last, last
+    assert _snapshot(project) == before
+    return last
+
+
 def test_cli_mistyped_env(project):
-    last = _one_line_exit_2(project, "--pipeline=split", "--env", "quik")
+    last = _cli_one_line_in_process(project, "--pipeline=split", "--env", "quik")
     assert "--env quik" in last and "conf/quik" in last and "quick" in last
 
 
 def test_cli_yaml_syntax_error_names_file_and_line(project):
     (project / "conf/local/parameters_typo.yml").write_text("split:\n  max_length: 48\n  ratios: {train: 0.9\n")
-    last = _one_line_exit_2(project, "--pipeline=split")
-    assert "conf/local/parameters_typo.yml" in last and "line " in last
+    last = _cli_one_line_in_process(project, "--pipeline=split")
+    assert "conf/local/parameters_typo.yml line 4" in last and "invalid YAML" in last
 
 
 SECRET_URI = "http://alice:S3cretPassw0rdXYZ@127.0.0.1:9"
@@ -542,7 +564,6 @@ def test_cli_secrets_are_masked_in_tracebacks(monkeypatch):
 
 def test_report_after_training_without_evaluation(project):
     """eval_every: null (the module's training) leaves an evaluation table without rows; report works."""
-    run_pipeline(project, "train", {"train": {"resume": "never"}})
     small = {"eval_max_batches": 1, "prompts": ["배송"], "max_new_tokens": 4, "decoding": [{"name": "greedy"}],
              "references": {"enabled": False}}
     run_pipeline(project, "report", {"report": small})

@@ -86,7 +86,7 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     if empty:  # train needs every split (validation for evaluation, test for the report): refuse before writing
         name = empty[0]
         raise InputDataError(
-            f"the {name} split would be empty: {len(splits)} texts with split.ratios.{name} = "
+            f"the {name} split would be empty: {len(splits)} text{'' if len(splits) == 1 else 's'} with split.ratios.{name} = "
             f"{getattr(ratios, name):g} give it no text (counts {counts}); nothing was written.",
             fix=f"give more texts (split.max_samples: {config.max_samples}) or raise split.ratios.{name} "
             "(every split needs at least one text).",
