@@ -484,32 +484,14 @@ def test_disk_full_while_split_saves(project, monkeypatch):
     _fails_cleanly(project, "split", {}, StorageError, "data/05_model_input/tokenized_corpus", "the disk is full")
 
 
-def _cli_one_line_in_process(project: Path, *args: str) -> str:
-    """``kedro run *args`` through the project's click command in this process (no interpreter start-up):
-    exit status 2, one ``fastlm: error:`` line with a fix, every output unchanged."""
-    from click.testing import CliRunner
-    from kedro.framework.startup import bootstrap_project
-
-    from fastlm import cli
-
-    bootstrap_project(project)
-    before = _snapshot(project)
-    result = CliRunner().invoke(cli.cli, ["run", *args])
-    assert result.exit_code == 2, (result.output, result.exception)
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("fastlm: error:") and "Fix:" in last, last
-    assert _snapshot(project) == before
-    return last
-
-
 def test_cli_mistyped_env(project):
-    last = _cli_one_line_in_process(project, "--pipeline=split", "--env", "quik")
+    last = _one_line_exit_2(project, "--pipeline=split", "--env", "quik")
     assert "--env quik" in last and "conf/quik" in last and "quick" in last
 
 
 def test_cli_yaml_syntax_error_names_file_and_line(project):
     (project / "conf/local/parameters_typo.yml").write_text("split:\n  max_length: 48\n  ratios: {train: 0.9\n")
-    last = _cli_one_line_in_process(project, "--pipeline=split")
+    last = _one_line_exit_2(project, "--pipeline=split")
     assert "conf/local/parameters_typo.yml line 4" in last and "invalid YAML" in last
 
 
