@@ -484,15 +484,31 @@ def test_disk_full_while_split_saves(project, monkeypatch):
     _fails_cleanly(project, "split", {}, StorageError, "data/05_model_input/tokenized_corpus", "the disk is full")
 
 
-def test_cli_mistyped_env(project):
-    last = _one_line_exit_2(project, "--pipeline=split", "--env", "quik")
-    assert "--env quik" in last and "conf/quik" in last and "quick" in last
+def test_mistyped_env(project):
+    """What ``kedro run --env quik`` meets first in the project CLI (``fastlm.cli``), before Kedro starts."""
+    from fastlm.cli import check_env
+
+    before = _snapshot(project)
+    with pytest.raises(ConfigError) as raised:
+        check_env("quik", None)
+    message = str(raised.value)
+    assert "\n" not in message and "Fix:" in message
+    assert "--env quik" in message and "conf/quik" in message and "quick" in message
+    assert _snapshot(project) == before
 
 
-def test_cli_yaml_syntax_error_names_file_and_line(project):
+def test_yaml_syntax_error_names_file_and_line(project):
+    """Kedro's own error for a broken conf file, as the project CLI turns it into one line."""
+    from fastlm.cli import config_file_error
+
     (project / "conf/local/parameters_typo.yml").write_text("split:\n  max_length: 48\n  ratios: {train: 0.9\n")
-    last = _one_line_exit_2(project, "--pipeline=split")
-    assert "conf/local/parameters_typo.yml line 4" in last and "invalid YAML" in last
+    before = _snapshot(project)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, "split")
+    message = str(config_file_error(raised.value))
+    assert "\n" not in message and "Fix:" in message
+    assert "conf/local/parameters_typo.yml line 4" in message and "invalid YAML" in message
+    assert _snapshot(project) == before
 
 
 SECRET_URI = "http://alice:S3cretPassw0rdXYZ@127.0.0.1:9"

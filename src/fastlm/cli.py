@@ -34,11 +34,11 @@ def _run(**kwargs):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
     try:
-        _check_env(kwargs.get("env"), kwargs.get("conf_source"))
+        check_env(kwargs.get("env"), kwargs.get("conf_source"))
         return kedro_run.callback(**kwargs)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
         user_error = (find_user_error(exc) or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
-                      or _config_file_error(exc))
+                      or config_file_error(exc))
         if user_error is None:
             redact_exception(exc)  # the traceback printed from it shows no credential
             raise
@@ -47,7 +47,7 @@ def _run(**kwargs):
         sys.exit(user_error.exit_code)
 
 
-def _check_env(env: str | None, conf_source: str | None) -> None:
+def check_env(env: str | None, conf_source: str | None) -> None:
     """``--env NAME`` must name a folder of conf/ (a typo otherwise runs with an empty environment and fails
     later, e.g. as an MLflow file-store traceback)."""
     conf = Path(conf_source) if conf_source else Path.cwd() / "conf"
@@ -61,7 +61,7 @@ def _check_env(env: str | None, conf_source: str | None) -> None:
     )
 
 
-def _config_file_error(exc: Exception) -> FastlmError | None:
+def config_file_error(exc: Exception) -> FastlmError | None:
     """A YAML syntax error in a conf/ file (Kedro's ParserError, caused by PyYAML's), as one line with the file
     and line."""
     seen: set[int] = set()
