@@ -59,7 +59,8 @@ def selection_params(split) -> dict[str, Any]:
     any of them without re-running split leaves train on the old rows. (The tokenizer settings are covered
     by the tokenizer digest, the prompt/response settings by :func:`data_format_params`, and ``batch_size``
     / ``num_proc`` do not change the data.)"""
-    return {"text_column": split.text_column, "ratios": split.ratios.model_dump(), "hash_salt": split.hash_salt,
+    salt = hashlib.sha256(split.hash_salt.encode()).hexdigest()  # a digest: the salt may be a secret
+    return {"text_column": split.text_column, "ratios": split.ratios.model_dump(), "hash_salt": salt,
             "max_samples": split.max_samples}
 
 
@@ -118,7 +119,8 @@ def _change(key: str, old: Any, new: Any) -> str:
     if key == "selection":
         if old is None:
             return "it records no split parameters (written by an older fastlm)"
-        return ", ".join(f"split.{name} {old.get(name)!r} -> {new.get(name)!r}" for name in {**new, **old}
+        return ", ".join(f"split.{name} changed" if name == "hash_salt" else
+                         f"split.{name} {old.get(name)!r} -> {new.get(name)!r}" for name in {**new, **old}
                          if old.get(name) != new.get(name))
     if key != "data_format":
         return f"{key} {old!r} -> {new!r}"
