@@ -127,9 +127,10 @@ def test_missing_text_column(project):
 
 
 def test_invalid_utf8_bytes_in_csv(project):
-    (project / "data/01_raw/cp949.csv").write_bytes(b"text\nhello\n" + "배송 빠름\n".encode("cp949"))
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/cp949.csv"}, InputDataError,
-                   "data/01_raw/cp949.csv is not valid UTF-8", "iconv")
+    # Korean CP949 is now read (see round two); bytes of another legacy encoding are still refused
+    (project / "data/01_raw/legacy.csv").write_bytes(b"text\nhello\n" + "Très bien café crème\n".encode("latin-1"))
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/legacy.csv"}, InputDataError,
+                   "data/01_raw/legacy.csv is not valid UTF-8", "iconv")
 
 
 # ------------------------------------------------------------------------------------------- split: contents
@@ -185,11 +186,11 @@ def test_one_megabyte_texts_are_truncated_not_refused(project, sample_texts):
 
 
 def test_only_duplicates_keep_one(project):
+    # one text is kept; since round two (issue 15) a corpus that leaves a split empty is refused before writing
     text = "배송이 빠르고 포장도 꼼꼼해요. The battery lasts all day."
     write_jsonl(project / "data/01_raw/dupes.jsonl", [text] * 30)
-    run_pipeline(project, "split", {"raw_path": "data/01_raw/dupes.jsonl"})
-    report = _report(project)
-    assert report["kept_rows"] == 1 and report["dropped"]["duplicate"] == 29
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/dupes.jsonl"}, InputDataError,
+                   "split would be empty: 1 text with", "give more texts")
 
 
 # ----------------------------------------------------------------------------------------- train: parameters
@@ -424,3 +425,228 @@ def test_cli_pretrained_folder_with_a_removed_tensor(project, mlflow_uri):
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, filter_string=f"attributes.start_time >= {started_ms}")
     assert all(run.info.status != "FINISHED" for run in runs), [(run.info.run_name, run.info.status) for run in runs]
+
+
+# ------------------------------------------------------------------------------------- round two (issue 15)
+
+
+@pytest.mark.parametrize(("split", "expected"), [
+    ({"ratios": {"train": 0.8, "validation": 0.1, "test": 0.1}}, "split.ratios"),
+    ({"hash_salt": "again"}, "split.hash_salt"),
+    ({"max_samples": 100}, "split.max_samples"),
+], ids=["ratios", "hash_salt", "max_samples"])
+def test_stale_tokenized_data_after_a_split_parameter_change(project, split, expected):
+    _fails_cleanly(project, "train", {"split": split}, StaleDataError, "data/05_model_input/tokenized_corpus is stale",
+                   expected, "kedro run --pipeline=split")
+
+
+def test_an_empty_test_split_is_refused_before_writing(project):
+    ratios = {"train": 0.95, "validation": 0.05, "test": 0.0}
+    _fails_cleanly(project, "split", {"split": {"ratios": ratios}}, InputDataError, "the test split would be empty",
+                   "split.ratios.test")
+
+
+def test_a_two_row_corpus_is_refused_before_writing(project, sample_texts):
+    write_jsonl(project / "data/01_raw/two.jsonl", sample_texts[:2])
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/two.jsonl"}, InputDataError, "split would be empty",
+                   "2 texts")
+
+
+@pytest.mark.timeout(120)
+def test_a_named_pipe_as_the_raw_file_is_refused(project):
+    os.mkfifo(project / "data/01_raw/pipe.jsonl")
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/pipe.jsonl"}, InputDataError,
+                   "data/01_raw/pipe.jsonl is not a regular file", "raw_path")
+
+
+def _korean_rows(sample_texts) -> list[str]:
+    """Korean review-like texts that EUC-KR can encode (the sample texts hold emoji, which it cannot)."""
+    words = ["배송이", "빠르고", "포장도", "꼼꼼해요", "가격", "대비", "만족합니다", "재구매", "의사", "있어요"]
+    return [" ".join(words[(index + shift) % len(words)] for shift in range(1 + index % 7)) + f" {index}번째 후기"
+            for index in range(120)]
+
+
+@pytest.mark.parametrize(("encoding", "extension"), [("euc-kr", "jsonl"), ("cp949", "jsonl"), ("cp949", "csv")])
+def test_korean_legacy_encodings_are_read(project, sample_texts, encoding, extension):
+    rows = _korean_rows(sample_texts) + ["똠방각하 뷁 햏"] if encoding == "cp949" else _korean_rows(sample_texts)
+    if extension == "jsonl":
+        lines = "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows)
+    else:
+        lines = pd.DataFrame({"text": rows}).to_csv(index=False)
+    (project / f"data/01_raw/korean.{extension}").write_bytes(lines.encode(encoding))
+    run_pipeline(project, "split", {"raw_path": f"data/01_raw/korean.{extension}"})
+    assert _report(project)["kept_rows"] == len(rows)
+    splits = pd.read_parquet(project / "data/03_primary/corpus_splits.parquet")
+    assert set(splits["text"]) == set(rows)
+
+
+@pytest.mark.parametrize(("encoding", "named"), [("latin-1", "ISO-8859-1"), ("utf-16", "UTF-16")])
+def test_other_encodings_are_named_in_the_hint(project, encoding, named):
+    rows = ["Le café est très bon, merci beaucoup à vous. Ça va très bien, à bientôt !"] * 3
+    (project / "data/01_raw/other.csv").write_bytes(("text\n" + "\n".join(rows) + "\n").encode(encoding))
+    message = _fails_cleanly(project, "split", {"raw_path": "data/01_raw/other.csv"}, InputDataError,
+                             "data/01_raw/other.csv is not valid UTF-8", f"iconv -f {named} -t UTF-8")
+    assert "cp949" not in message
+
+
+def test_a_json_array_file_is_read(project, sample_texts):
+    rows = sample_texts[:150]
+    (project / "data/01_raw/array.json").write_text(json.dumps([{"text": row} for row in rows]), encoding="utf-8")
+    run_pipeline(project, "split", {"raw_path": "data/01_raw/array.json"})
+    assert _report(project)["kept_rows"] == len(set(rows))
+
+
+def test_a_malformed_jsonl_line_is_named_by_number(project):
+    lines = ['{"text": "one"}', '{"text": "two"}', '{"text": "three"', '{"text": "four"}']
+    (project / "data/01_raw/broken.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/broken.jsonl"}, InputDataError,
+                   "data/01_raw/broken.jsonl line 3", "not valid JSON")
+
+
+def test_a_huge_max_length_is_refused_at_validation(project):
+    _fails_cleanly(project, "split", {"split": {"max_length": 1_000_000_000}}, ConfigError,
+                   "split.max_length = 1000000000", "--params split.max_length")
+
+
+def test_a_long_line_is_cut_by_characters_before_tokenizing(bpe_tokenizer, monkeypatch):
+    from fastlm.corpus import tokenization
+
+    seen = []
+    real = tokenization.cut_long_texts
+
+    def spy(*args, **kwargs):  # what reaches the tokenizer
+        texts, cut = real(*args, **kwargs)
+        seen.extend(len(text) for text in texts)
+        return texts, cut
+
+    monkeypatch.setattr(tokenization, "cut_long_texts", spy)
+    long_text = "배송 빠름 fast delivery " * 100_000  # 2 MB of text on one line
+    tokens = tokenization.tokenize_texts([long_text, "short"], bpe_tokenizer, max_length=48, batch_size=10, num_proc=1)
+    assert max(seen) <= 48 * tokenization.MAX_CHARS_PER_TOKEN < len(long_text) // 100
+    assert tokens.lengths.tolist()[0] == 48 and bool(tokens.truncated[0]) and not bool(tokens.truncated[1])
+
+
+@pytest.mark.parametrize(("runtime", "expected"), [
+    ({"device": "cuda"}, "train.runtime.device = 'cuda'"),
+    ({"device": "gpu"}, "train.runtime.device = 'gpu'"),
+    ({"device": "cpu", "precision": "fp16"}, "train.runtime.precision = 'fp16'"),
+], ids=["cuda", "gpu", "fp16"])
+def test_a_device_or_precision_this_machine_lacks(project, runtime, expected):
+    import torch
+
+    if torch.cuda.is_available() and runtime.get("device") != "gpu":
+        pytest.skip("this machine has CUDA")
+    _fails_cleanly(project, "train", {"train": {"runtime": runtime}}, ConfigError, expected)
+
+
+@pytest.mark.parametrize(("path", "pipeline"), [
+    ("data/05_model_input/tokenized_corpus_fingerprint.json", "train"),
+    ("data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow", "train"),
+    ("data/08_reporting/train_summary.json", "report"),
+    ("data/06_models/model/model.safetensors", "report"),
+    ("data/06_models/model/config.json", "report"),
+], ids=["fingerprint", "arrow", "train_summary", "model_weights", "model_config"])
+def test_a_cut_off_output_is_named_with_the_pipeline_to_rerun(project, path, pipeline):
+    cut = project / path
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    producer = "split" if "05_model_input" in path else "train"
+    _fails_cleanly(project, pipeline, {}, InputDataError, f"{path} is cut off or corrupt",
+                   f"kedro run --pipeline={producer}")
+
+
+def test_disk_full_while_split_saves(project, monkeypatch):
+    import datasets
+
+    def disk_full(self, path, *args, **kwargs):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "partial.arrow").write_bytes(b"\0" * 64)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(datasets.DatasetDict, "save_to_disk", disk_full)
+    _fails_cleanly(project, "split", {}, StorageError, "data/05_model_input/tokenized_corpus", "the disk is full")
+
+
+def test_mistyped_env(project):
+    """What ``kedro run --env quik`` meets first in the project CLI (``fastlm.cli``), before Kedro starts."""
+    from fastlm.cli import check_env
+
+    before = _snapshot(project)
+    with pytest.raises(ConfigError) as raised:
+        check_env("quik", None)
+    message = str(raised.value)
+    assert "\n" not in message and "Fix:" in message
+    assert "--env quik" in message and "conf/quik" in message and "quick" in message
+    assert _snapshot(project) == before
+
+
+def test_yaml_syntax_error_names_file_and_line(project):
+    """Kedro's own error for a broken conf file, as the project CLI turns it into one line."""
+    from fastlm.cli import config_file_error
+
+    (project / "conf/local/parameters_typo.yml").write_text("split:\n  max_length: 48\n  ratios: {train: 0.9\n")
+    before = _snapshot(project)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, "split")
+    message = str(config_file_error(raised.value))
+    assert "\n" not in message and "Fix:" in message
+    assert "conf/local/parameters_typo.yml line 4" in message and "invalid YAML" in message
+    assert _snapshot(project) == before
+
+
+SECRET_URI = "http://alice:S3cretPassw0rdXYZ@127.0.0.1:9"
+
+
+def test_cli_tracking_server_down_training_finishes_fast(project):
+    """A closed local port as the tracking server: one warning, the run completes, no secret printed."""
+    import time
+
+    params = ("--params", "train.resume=never,train.save_every=null")
+    start = time.monotonic()
+    tracked = _kedro(project, "--pipeline=train", *params)
+    with_store = time.monotonic() - start
+    assert tracked.returncode == 0, tracked.stderr[-3000:]
+    (project / "data/06_models/model/model.safetensors").unlink()
+    start = time.monotonic()
+    down = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipeline=train", *params], cwd=project,
+                          env={**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200",
+                               "MLFLOW_TRACKING_URI": SECRET_URI}, capture_output=True, text=True, timeout=300)
+    without_store = time.monotonic() - start
+    output = down.stdout + down.stderr
+    assert down.returncode == 0, output[-3000:]
+    assert (project / "data/06_models/model/model.safetensors").is_file()
+    assert without_store <= with_store + 30, (with_store, without_store)
+    assert "S3cretPassw0rdXYZ" not in "".join(output.split()) and "Traceback" not in output  # Rich wraps lines
+    words = " ".join(output.split())
+    assert words.count("training and local outputs continue without tracking") == 1, output[-3000:]
+
+
+def test_a_corrupt_tracking_database_does_not_stop_training(project, monkeypatch):
+    (project / "broken.db").write_bytes(b"this is not a sqlite database" * 100)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'broken.db'}")
+    run_pipeline(project, "train", {"train": {"resume": "never"}})
+    summary = json.loads((project / "data/08_reporting/train_summary.json").read_text())
+    assert summary["steps"] == TRAIN["max_steps"]
+
+
+def test_cli_secrets_are_masked_in_tracebacks(monkeypatch):
+    from click.testing import CliRunner
+
+    from fastlm import cli
+
+    def crash(**kwargs):
+        raise RuntimeError(f"could not reach {SECRET_URI}/api")
+
+    monkeypatch.setattr(cli.kedro_run, "callback", crash)
+    result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train"])
+    assert isinstance(result.exception, RuntimeError)
+    assert "S3cretPassw0rdXYZ" not in str(result.exception) and "127.0.0.1:9" in str(result.exception)
+
+
+def test_report_after_training_without_evaluation(project):
+    """eval_every: null (the module's training) leaves an evaluation table without rows; report works."""
+    small = {"eval_max_batches": 1, "prompts": ["배송"], "max_new_tokens": 4, "decoding": [{"name": "greedy"}],
+             "references": {"enabled": False}}
+    run_pipeline(project, "report", {"report": small})
+    training = pd.read_csv(project / "data/08_reporting/training_summary.csv")
+    assert training["final_val_loss"].isna().all()
+    assert (project / "data/08_reporting/test_metrics.json").is_file()

@@ -7,17 +7,21 @@ deprecation warning.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import logging
 import pkgutil
+import re
 import sys
+from pathlib import Path
 
 import click
 from kedro.framework.cli.project import run as kedro_run
 
 import fastlm.pipelines
+from fastlm.datasets.atomic_folder import shown_path
 from fastlm.errors import ConfigError, FastlmError, find_user_error
-from fastlm.redaction import redact_text
+from fastlm.redaction import redact_exception, redact_text
 
 
 @click.group(name="fastlm")
@@ -30,14 +34,54 @@ def _run(**kwargs):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
     try:
+        check_env(kwargs.get("env"), kwargs.get("conf_source"))
         return kedro_run.callback(**kwargs)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
-        user_error = find_user_error(exc) or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
+        user_error = (find_user_error(exc) or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
+                      or config_file_error(exc))
         if user_error is None:
+            redact_exception(exc)  # the traceback printed from it shows no credential
             raise
         logging.shutdown()
         click.secho(f"fastlm: error: {redact_text(str(user_error))}", fg="red", err=True)
         sys.exit(user_error.exit_code)
+
+
+def check_env(env: str | None, conf_source: str | None) -> None:
+    """``--env NAME`` must name a folder of conf/ (a typo otherwise runs with an empty environment and fails
+    later, e.g. as an MLflow file-store traceback)."""
+    conf = Path(conf_source) if conf_source else Path.cwd() / "conf"
+    if not env or not conf.is_dir() or (conf / env).is_dir():
+        return
+    known = sorted(path.name for path in conf.iterdir() if path.is_dir() and path.name != "base")
+    close = difflib.get_close_matches(env, known, n=1)
+    raise ConfigError(
+        f"--env {env}: there is no conf/{env} folder{f' (did you mean {close[0]}?)' if close else ''}.",
+        fix=f"use one of: {', '.join(known) or '(none)'}, or create conf/{env}.",
+    )
+
+
+def config_file_error(exc: Exception) -> FastlmError | None:
+    """A YAML syntax error in a conf/ file (Kedro's ParserError, caused by PyYAML's), as one line with the file
+    and line."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        mark = getattr(current, "problem_mark", None)
+        if mark is not None and type(current).__module__.startswith("yaml"):
+            named = _YAML_FILE.search(str(exc))
+            file = shown_path(named.group(1)) if named else getattr(mark, "name", "a conf/ file")
+            problem = getattr(current, "problem", None) or type(current).__name__
+            return ConfigError(
+                f"{file} line {mark.line + 1}, column {mark.column + 1}: invalid YAML ({problem}).",
+                fix="correct the YAML there (indentation, a missing ':', or an unclosed bracket or quote).",
+            )
+        current = current.__cause__ or current.__context__
+    return None
+
+
+_YAML_FILE = re.compile(r"Invalid YAML or JSON file (.+?), unable to read")
 
 
 def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError | None:

@@ -14,10 +14,11 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 
+from fastlm.datasets.integrity import check_intact
 from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
 from fastlm.redaction import redact
-from fastlm.tracking import MlflowMetrics
+from fastlm.tracking import MlflowMetrics, SafeMlflow, bound_tracking_requests
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class MissingInputsHook:
     """Before a run starts, refuse inputs that another pipeline produces but that do not exist yet.
 
     One line names the dataset, its path and the pipeline to run first; nothing has run, nothing is written.
+    An input that exists is checked to be whole (``fastlm.datasets.integrity``): a cut-off file is one line too.
     Raw inputs (produced by no pipeline) are left to their datasets, which explain themselves.
     """
 
@@ -72,9 +74,13 @@ class MissingInputsHook:
             if dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog:
                 continue
             producer = next((name for name, p in producers.items() if dataset in p.all_outputs()), None)
-            if producer is None or catalog.exists(dataset):
+            if producer is None:
                 continue
             path = getattr(catalog[dataset], "_filepath", None) or getattr(catalog[dataset], "_path", None)
+            if catalog.exists(dataset):
+                if path is not None:  # whole, not cut off: a damaged file is one line before any node writes
+                    check_intact(str(path), producer=producer)
+                continue
             raise InputDataError(
                 f"{dataset}{f' ({path})' if path else ''} does not exist yet.",
                 fix=f"run `kedro run --pipeline={producer}` first.",
@@ -180,19 +186,50 @@ class RedactingMlflowHook(MlflowHook):
     (``--params`` included) as tags. This subclass replaces the plugin's own hook (``settings.py`` disables the
     plugin's registration), so what reaches MLflow is :func:`fastlm.redaction.redact`'s copy; the nodes still
     receive the real values.
+
+    It also fails open: MLflow's requests get bounded retries and timeout, and the first failing tracking call
+    (server down, a corrupt ``mlflow.db``) warns once and turns tracking off for the run; training and every
+    local output continue.
     """
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        bound_tracking_requests()
+        self._tracking = SafeMlflow()  # one per run: this hook object outlives a session in-process
+        self._tracking.call("tracking setup", lambda _: super(RedactingMlflowHook, self).after_context_created(context),
+                            needs_active_run=False)
+
+    @hook_impl
+    def after_catalog_created(self, catalog, conf_catalog, conf_creds, parameters, save_version,
+                              load_versions) -> None:
+        self._guarded("catalog setup", super().after_catalog_created, catalog, conf_catalog, conf_creds, parameters,
+                      save_version, load_versions)
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         if RUN_NAME in catalog and getattr(self, "mlflow_config", None) is not None:
             self.mlflow_config.tracking.run.name = catalog.load(RUN_NAME)  # resolved by RunNameHook
-        super().before_pipeline_run(redact(run_params), pipeline, catalog)
+        self._guarded("run start", super().before_pipeline_run, redact(run_params), pipeline, catalog)
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
         logged = {name: redact(value, name.removeprefix("params:")) if name.startswith("params:") or
                   name == "parameters" else value for name, value in inputs.items()}
-        super().before_node_run(node, catalog, logged, is_async)
+        self._guarded("parameter logging", super().before_node_run, node, catalog, logged, is_async)
+
+    @hook_impl
+    def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
+        self._guarded("run end", super().after_pipeline_run, run_params, pipeline, catalog)
+
+    @hook_impl
+    def on_pipeline_error(self, error, run_params, pipeline, catalog) -> None:
+        self._guarded("run end", super().on_pipeline_error, error, run_params, pipeline, catalog)
+
+    def _guarded(self, what: str, method, *args) -> None:
+        tracking = getattr(self, "_tracking", None)
+        if tracking is None or tracking.failed:
+            return
+        tracking.call(what, lambda _: method(*args), needs_active_run=False)
 
 
 class OutputFoldersWritableHook:

@@ -132,3 +132,23 @@ def install_log_redaction() -> None:
 
     logging.setLogRecordFactory(factory)
     _installed = True
+
+
+def redact_exception(error: BaseException) -> BaseException:
+    """Mask secrets in the text of ``error`` and of every exception in its cause/context chain, in place, so
+    that a traceback printed from it (Rich's, Python's) shows no credential; returns ``error``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        masked = redact_text(text)
+        if masked != text:
+            try:
+                current.args = (masked,)
+                if isinstance(getattr(current, "message", None), str):
+                    current.message = masked
+            except (AttributeError, TypeError):  # an exception type whose text cannot be replaced
+                pass
+        current = current.__cause__ or current.__context__
+    return error

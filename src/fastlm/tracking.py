@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from numbers import Number
 
 from fastlm.redaction import redact
 
 log = logging.getLogger(__name__)
+
+# An unreachable tracking server must cost seconds, not MLflow's default 7 retries with exponential back-off
+# and a 120 s timeout per request (over four minutes before the first failure). A value the user set wins.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+
+
+def bound_tracking_requests() -> None:
+    """Bounded retries and timeout for MLflow's REST calls (read by MLflow at each request), unless set."""
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def active_run_id() -> str | None:

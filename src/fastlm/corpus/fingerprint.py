@@ -35,9 +35,10 @@ def tokenizer_digest(tokenizer) -> str:
     return digest.hexdigest()
 
 
-def tokenization_params(max_length: int, data_format: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What decides the ids besides the tokenizer; ``data_format`` only for prompt/response data, so the
-    fingerprint of plain-text data is what it always was."""
+def tokenization_params(max_length: int, data_format: dict[str, Any] | None = None,
+                        selection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What decides the ids besides the tokenizer; ``data_format`` only for prompt/response data;
+    ``selection``: the split parameters that decide which rows land in which split (:func:`selection_params`)."""
     params = {
         "format_version": FORMAT_VERSION,
         "max_length": int(max_length),
@@ -48,7 +49,19 @@ def tokenization_params(max_length: int, data_format: dict[str, Any] | None = No
     }
     if data_format is not None:
         params["data_format"] = data_format
+    if selection is not None:
+        params["selection"] = selection
     return params
+
+
+def selection_params(split) -> dict[str, Any]:
+    """The split parameters (``SplitParams``) that decide which texts are kept and where they go: changing
+    any of them without re-running split leaves train on the old rows. (The tokenizer settings are covered
+    by the tokenizer digest, the prompt/response settings by :func:`data_format_params`, and ``batch_size``
+    / ``num_proc`` do not change the data.)"""
+    salt = hashlib.sha256(split.hash_salt.encode()).hexdigest()  # a digest: the salt may be a secret
+    return {"text_column": split.text_column, "ratios": split.ratios.model_dump(), "hash_salt": salt,
+            "max_samples": split.max_samples}
 
 
 def data_format_params(split, tokenizer) -> dict[str, Any] | None:
@@ -71,8 +84,9 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
 
 
 def make_fingerprint(tokenizer, max_length: int, *, data_digest: str | None = None,
-                     data_format: dict[str, Any] | None = None) -> dict[str, Any]:
-    params = tokenization_params(max_length, data_format)
+                     data_format: dict[str, Any] | None = None, selection: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    params = tokenization_params(max_length, data_format, selection)
     token_digest = tokenizer_digest(tokenizer)
     combined = hashlib.sha256(json.dumps([token_digest, params], sort_keys=True).encode()).hexdigest()
     return {"fingerprint": combined, "tokenizer_sha256": token_digest, "params": params, "data_sha256": data_digest}
@@ -81,15 +95,17 @@ def make_fingerprint(tokenizer, max_length: int, *, data_digest: str | None = No
 def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) -> None:
     """Raise StaleDataError unless ``stored`` matches ``tokenizer`` and ``split``.
 
-    ``split`` is the split parameters (``SplitParams``: max_length and the prompt/response format are checked)
-    or just ``max_length`` (an int: the data format is then not compared).
+    ``split`` is the split parameters (``SplitParams``: max_length, the prompt/response format and the row
+    selection are checked) or just ``max_length`` (an int: the data format and selection are then not compared).
     """
-    if not stored or "fingerprint" not in stored:
+    if not isinstance(stored, dict) or "fingerprint" not in stored:
         raise StaleDataError(f"{where} has no tokenization fingerprint, so it cannot be trusted.", fix=REFRESH + ".")
     if isinstance(split, int):
-        current = make_fingerprint(tokenizer, split, data_format=stored.get("params", {}).get("data_format"))
+        kept = stored.get("params", {})
+        current = make_fingerprint(tokenizer, split, data_format=kept.get("data_format"), selection=kept.get("selection"))
     else:
-        current = make_fingerprint(tokenizer, split.max_length, data_format=data_format_params(split, tokenizer))
+        current = make_fingerprint(tokenizer, split.max_length, data_format=data_format_params(split, tokenizer),
+                                   selection=selection_params(split))
     if stored["fingerprint"] == current["fingerprint"]:
         return
     old, new = stored.get("params", {}), current["params"]
@@ -100,6 +116,12 @@ def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) 
 
 
 def _change(key: str, old: Any, new: Any) -> str:
+    if key == "selection":
+        if old is None:
+            return "it records no split parameters (written by an older fastlm)"
+        return ", ".join(f"split.{name} changed" if name == "hash_salt" else
+                         f"split.{name} {old.get(name)!r} -> {new.get(name)!r}" for name in {**new, **old}
+                         if old.get(name) != new.get(name))
     if key != "data_format":
         return f"{key} {old!r} -> {new!r}"
     if old is None or new is None:

@@ -11,6 +11,9 @@ from fastlm.config import Params, parse_params
 
 SOURCE = "conf/base/parameters_split.yml"
 TRAIN_TOKENIZER = "train"
+# Tokens per sample that any model fastlm trains can take: a saved model is also held to its own
+# max_position_embeddings (checked when train loads it); a from-scratch model gets max(max_length, 512) positions.
+MAX_LENGTH_LIMIT = 32_768
 
 
 class SplitRatios(Params):
@@ -64,7 +67,7 @@ class SplitParams(Params):
     ratios: SplitRatios = SplitRatios()
     max_samples: int | None = Field(None, ge=1)
     hash_salt: str = Field("", max_length=64, description="changing it re-draws every split")
-    max_length: int = Field(320, ge=2, description="tokens per sample, EOS included")
+    max_length: int = Field(320, ge=2, le=MAX_LENGTH_LIMIT, description="tokens per sample, EOS included")
     tokenizer: TokenizerParams = TokenizerParams()
     batch_size: int = Field(20_000, ge=1, description="texts per tokenizer call")
     num_proc: int | Literal["auto"] = "auto"

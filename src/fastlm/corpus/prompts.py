@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
-from fastlm.corpus.tokenization import TokenizedTexts, encode_ragged
+from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_ragged
 
 __all__ = [
     "clean_messages",
@@ -174,8 +174,10 @@ def tokenize_pairs(
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     eos = int(tokenizer.eos_token_id)
     encode = {"batch_size": batch_size, "num_proc": num_proc}
-    p_values, p_lengths = encode_ragged(list(prompts), tokenizer, add_special_tokens=False, **encode)
-    r_values, r_lengths = encode_ragged(list(responses), tokenizer, add_special_tokens=False, **encode)
+    prompts, prompt_cut = cut_long_texts(list(prompts), max_length, keep="tail")  # prompts lose their start
+    responses, response_cut = cut_long_texts(list(responses), max_length)
+    p_values, p_lengths = encode_ragged(prompts, tokenizer, add_special_tokens=False, **encode)
+    r_values, r_lengths = encode_ragged(responses, tokenizer, add_special_tokens=False, **encode)
     p_values, p_lengths, has_bos = _with_bos(p_values, p_lengths, leading_bos(tokenizer))
     r_values, r_lengths = _without_trailing(r_values, r_lengths, eos)
     budget = max_length - 1  # room for prompt + response; the EOS takes the last slot
@@ -193,7 +195,7 @@ def tokenize_pairs(
     r_keep = _positions(r_lengths) < np.repeat(keep_r, r_lengths)
     out[_destinations(offsets[:-1] + keep_p, keep_r)] = r_values[r_keep]
     out[offsets[1:] - 1] = eos
-    truncated = (keep_p < p_lengths) | (keep_r < r_lengths)
+    truncated = (keep_p < p_lengths) | (keep_r < r_lengths) | prompt_cut | response_cut
     return TokenizedTexts(out, offsets, truncated, prompt_lengths=keep_p.astype(np.int32))
 
 

@@ -6,6 +6,7 @@ that, with one EOS appended, it has at most ``max_length`` tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Sequence
@@ -15,6 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 POOL_MIN_ROWS = 100_000  # below this a pool's start-up costs more than it saves
+# A token of any tokenizer fastlm meets spans far fewer characters than this: a text longer than
+# max_length * MAX_CHARS_PER_TOKEN characters is cut before tokenizing (what is cut could never survive the
+# token truncation), so one 50 MB line costs memory for max_length tokens, not for millions.
+MAX_CHARS_PER_TOKEN = 64
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,22 @@ def tokenize_texts(
 ) -> TokenizedTexts:
     """Token ids of ``texts`` with EOS appended and truncation at ``max_length`` (EOS included)."""
     eos = int(tokenizer.eos_token_id)
-    return _concat(_encode_all(texts, tokenizer, eos=eos, max_length=max_length, add_special_tokens=True,
-                               batch_size=batch_size, num_proc=num_proc))
+    texts, cut = cut_long_texts(texts, max_length)
+    tokens = _concat(_encode_all(texts, tokenizer, eos=eos, max_length=max_length, add_special_tokens=True,
+                                 batch_size=batch_size, num_proc=num_proc))
+    return dataclasses.replace(tokens, truncated=tokens.truncated | cut) if cut.any() else tokens
+
+
+def cut_long_texts(texts: Sequence[str], max_length: int, *, keep: str = "head") -> tuple[Sequence[str], np.ndarray]:
+    """``texts`` with every text longer than ``max_length * MAX_CHARS_PER_TOKEN`` characters cut to that many
+    (its first characters, or its last with ``keep="tail"``), and which ones were cut."""
+    limit = max_length * MAX_CHARS_PER_TOKEN
+    cut = np.fromiter((len(text) > limit for text in texts), dtype=bool, count=len(texts))
+    if not cut.any():
+        return texts, cut
+    if keep == "head":
+        return [text[:limit] if too_long else text for text, too_long in zip(texts, cut, strict=True)], cut
+    return [text[-limit:] if too_long else text for text, too_long in zip(texts, cut, strict=True)], cut
 
 
 def encode_ragged(

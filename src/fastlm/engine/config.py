@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from fastlm.config import Params, parse_params
 
@@ -85,8 +86,35 @@ class DataLoaderParams(Params):
 
 
 class RuntimeParams(Params):
+    """Where and how to compute. A device or precision this machine cannot give is refused here, before any
+    node has run (not as a traceback from torch once training or the report's evaluation starts)."""
+
     device: str = "auto"
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+
+    @field_validator("device")
+    @classmethod
+    def _device_this_machine_has(cls, value: str) -> str:
+        import torch
+
+        if value not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", value):
+            raise ValueError("must be 'auto', 'cpu', 'cuda' or 'cuda:N' (e.g. cuda:0)")
+        if value.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("CUDA is not available on this machine (torch sees no GPU); use 'auto' or 'cpu'")
+        if value.startswith("cuda:") and int(value[5:]) >= torch.cuda.device_count():
+            raise ValueError(f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
+        return value
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_this_machine_has(cls, value: str, info: ValidationInfo) -> str:
+        import torch
+
+        on_cpu = info.data.get("device") == "cpu" or not torch.cuda.is_available()
+        if value == "fp16" and on_cpu:
+            raise ValueError("fp16 needs a CUDA device and this run is on CPU; use 'auto', 'bf16' or 'fp32'")
+        return value
+
     tf32: bool = True
     cudnn_benchmark: bool = True
     compile: bool | Literal["auto"] = Field("auto", description="torch.compile; auto: on CUDA, off on CPU")

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.cleaning import clean_texts
-from fastlm.corpus.fingerprint import data_format_params, make_fingerprint
+from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
 from fastlm.corpus.params import TRAIN_TOKENIZER, parse_split_params
 from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
 from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys
@@ -82,11 +82,15 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     columns = {name: clean[name].to_numpy()[keep] for name in clean.columns if name != "split_key"}
     splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
     counts = splits["split"].value_counts().reindex(SPLITS).to_dict()
-    for name in SPLITS:
-        if counts[name] == 0 and getattr(ratios, name) > 0:
-            log.warning("Split %r is empty: %d texts are too few for ratio %g.", name, len(splits), getattr(ratios, name))
-    if counts["train"] == 0:
-        raise InputDataError(f"the train split is empty ({len(splits)} texts).", fix="give more texts or raise split.ratios.train.")
+    empty = [name for name in SPLITS if counts[name] == 0]
+    if empty:  # train needs every split (validation for evaluation, test for the report): refuse before writing
+        name = empty[0]
+        raise InputDataError(
+            f"the {name} split would be empty: {len(splits)} text{'' if len(splits) == 1 else 's'} with split.ratios.{name} = "
+            f"{getattr(ratios, name):g} give it no text (counts {counts}); nothing was written.",
+            fix=f"give more texts (split.max_samples: {config.max_samples}) or raise split.ratios.{name} "
+            "(every split needs at least one text).",
+        )
     log.info("Split %d texts: %s", len(splits), counts)
     return splits, {**cleaning, "capped_by_max_samples": int(len(clean) - len(keep))}
 
@@ -122,7 +126,8 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
     tokenized = datasets.DatasetDict({name: datasets.Dataset(tokens.to_arrow(rows[name])) for name in SPLITS})
     row_hashes = pd.util.hash_pandas_object(splits, index=False).to_numpy()
     fingerprint = make_fingerprint(tokenizer, config.max_length, data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
-                                   data_format=data_format_params(config, tokenizer))
+                                   data_format=data_format_params(config, tokenizer),
+                                   selection=selection_params(config))
     stats = {name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS}
     if tokens.prompt_lengths is not None:
         for name in SPLITS:

@@ -69,8 +69,9 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
     log.info("Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s", run_name,
              summary["steps_trained"], resumed, summary["wall_time_s"], summary["world_size"],
              _loss(summary["final_train_loss"]), _loss(summary["final_val_loss"]))
-    return ({"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history),
-            pd.DataFrame(result.eval_history), summary)
+    # Without evaluations (eval_every: null) the table keeps its header: an empty CSV file cannot be read back.
+    evaluations = pd.DataFrame(result.eval_history, columns=None if result.eval_history else ["step", "val_loss"])
+    return {"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history), evaluations, summary
 
 
 def _loss(value: float | None) -> str:
