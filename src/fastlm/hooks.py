@@ -15,7 +15,7 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
 from fastlm.redaction import redact
-from fastlm.tracking import MlflowMetrics
+from fastlm.tracking import MlflowMetrics, active_run_id, param_text, register_project_artifacts
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,38 @@ class RedactingMlflowHook(MlflowHook):
     """
 
     @hook_impl
+    def after_context_created(self, context) -> None:
+        register_project_artifacts()  # the experiment's artefacts live next to the project's store
+        super().after_context_created(context)
+
+    @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        super().before_pipeline_run(redact(run_params), pipeline, catalog)
+        run_params = redact(run_params)
+        super().before_pipeline_run(run_params, pipeline, catalog)
+        # Tags as values: the runner's class name, not its repr; lists and --params as JSON.
+        tags = {key: text for key, value in run_params.items() if value and (text := param_text(value))}
+        MlflowMetrics().call("tagging", lambda mlflow: mlflow.set_tags(tags))
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
         logged = {name: redact(value, name.removeprefix("params:")) if name.startswith("params:") or
                   name == "parameters" else value for name, value in inputs.items()}
-        super().before_node_run(node, catalog, logged, is_async)
+        run_id = self.run_id
+        if run_id is not None and active_run_id() == run_id:
+            # kedro-mlflow re-opens its run at every node (for threaded runners); MLflow 3 then stacks the same
+            # run once per node, and closing it takes as many end_run calls: the last one, at exit, set
+            # FINISHED on failed runs. Only a thread without the run re-opens it.
+            self.run_id = None
+        try:
+            super().before_node_run(node, catalog, logged, is_async)
+        finally:
+            self.run_id = run_id
+
+    def _log_param(self, name: str, value) -> None:
+        """Typed values: an unset parameter is not logged (no 'None' string); lists and mappings as JSON."""
+        text = param_text(value)
+        if text is not None:
+            super()._log_param(name, text)
 
 
 class OutputFoldersWritableHook:

@@ -15,14 +15,16 @@ from fastlm.hooks import (
 )
 from fastlm.rank_hooks import OtherRankOutputsHook, torchrun_rank
 from fastlm.redaction import install_log_redaction
+from fastlm.tracking import project_artifact_location
 
 install_log_redaction()  # every log record of the process, whatever handler shows it: secrets masked
 
 # kedro-mlflow's own hook logs parameters verbatim; RedactingMlflowHook is that hook with secrets masked.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
-# pluggy calls the last registered first: MLflow opens the run, then --params, inputs and output folders are checked.
-HOOKS = (MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(), ParametersValidHook(),
-         UnknownRuntimeParamsHook(), RedactingMlflowHook())
+# pluggy calls the last registered first: --params, parameters, inputs and output folders are checked, then
+# MLflow opens the run (a run refused before any node runs leaves no MLflow run behind).
+HOOKS = (RedactingMlflowHook(), MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(),
+         ParametersValidHook(), UnknownRuntimeParamsHook())
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
     HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook())
 
@@ -33,7 +35,11 @@ CONFIG_LOADER_ARGS = {
     # conf/local parameters override conf/base key by key (a tuned micro-batch keeps the rest of train:)
     "merge_strategy": {"parameters": "soft"},
     # ${env_or:NAME,default}: an environment variable where the user set one (e.g. MLFLOW_TRACKING_URI)
-    "custom_resolvers": {"env_or": lambda name, default=None: os.environ.get(name) or default},
+    "custom_resolvers": {
+        "env_or": lambda name, default=None: os.environ.get(name) or default,
+        # mlflow.yml: artefacts next to a local SQLite store, relative to it (see fastlm.tracking)
+        "project_artifacts": lambda tracking_uri: project_artifact_location(tracking_uri),
+    },
 }
 
 # Deprecation chatter from third-party code at start-up, not actionable by a fastlm user.

@@ -82,7 +82,8 @@ def test_tracking_is_relative_typed_complete_and_honest(own_store, tmp_path, mon
     copy = tmp_path.parent / f"{tmp_path.name}-copy"
     shutil.copytree(project, copy)
     shutil.rmtree(project / "mlruns")
-    monkeypatch.chdir(copy)
+    monkeypatch.chdir(copy)  # MLflow caches a store per URI within a process: name the copy's by its path
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{copy / 'mlflow.db'}")
     run_pipeline(copy, "train", PARAMS)
     newest = max(runs_of(copy), key=lambda run: run.info.start_time)
     assert "train_summary.json" in artifact_files(newest, copy)

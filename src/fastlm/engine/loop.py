@@ -130,6 +130,10 @@ class MicroBatches:
         self.sampler.set_epoch(self.epoch, start_batch=0)
         return len(self.sampler)
 
+    def progress(self, batches_per_epoch: int) -> dict:
+        """``position`` for a metric record, ``epoch`` as epochs done (1.5: half-way through the second)."""
+        return {**self.position, "epoch": round(self.epoch + self.batch / max(1, batches_per_epoch), 4)}
+
     def __next__(self) -> dict:
         if self._iterator is None:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
@@ -214,7 +218,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                                       attn=attn, seed=params.seed)
     sampler.shard(comm.rank, world)
     stream = MicroBatches(train_set, sampler, collator, loader_settings(params, device), epoch=0, batch=0)
-    steps_per_epoch = max(1, math.ceil(stream.batches_per_epoch() / accum))
+    batches_per_epoch = stream.batches_per_epoch()
+    steps_per_epoch = max(1, math.ceil(batches_per_epoch / accum))
     total_steps = params.max_steps or max(1, math.ceil(params.epochs * steps_per_epoch))
     optimizer = make_adamw(raw_model, lr=params.optimizer.lr, weight_decay=params.optimizer.weight_decay,
                            betas=(params.optimizer.beta1, params.optimizer.beta2), eps=params.optimizer.eps)
@@ -313,7 +318,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
             progress.advance()
             first_step = step == 1 and not history
             if first_step or step % params.log_every == 0 or step == total_steps:
-                record = {**metrics.flush(step), **stream.position}
+                record = {**metrics.flush(step), **stream.progress(batches_per_epoch)}
                 _check_finite(record, step, root)
                 if first_step:
                     _check_first_loss(record["loss"], len_vocab=raw_model.get_input_embeddings().num_embeddings,
@@ -336,7 +341,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
             saved, stopping = None, stop.requested if world == 1 else stop_votes > 0
             if (params.save_every and (step % params.save_every == 0 or step == total_steps)) or stopping:
                 if metrics.pending_steps:  # never save a checkpoint whose loss was not checked
-                    record = {**metrics.flush(step), **stream.position}
+                    record = {**metrics.flush(step), **stream.progress(batches_per_epoch)}
                     _check_finite(record, step, root)
                     history.append(record)
                 saved = checkpoint_dir(root, step)
