@@ -8,6 +8,7 @@ variables themselves. Nothing here imports Kedro, so the engine stays usable on 
 from __future__ import annotations
 
 import os
+import warnings
 
 __version__ = "0.1.0"
 
@@ -23,10 +24,17 @@ _OFFLINE_DEFAULTS = {
 }
 
 
+# Warnings third-party code raises at start-up whatever the user does (kedro-mlflow importing MLflow's pyfunc,
+# OmegaConf's resolver API): filtered before any plugin is imported.
+_THIRD_PARTY_NOISE = (r".*Add type hints to the `predict` method", r"register_new_resolver\(\) is deprecated")
+
+
 def apply_process_defaults() -> None:
     """Set the defaults above where the user has not set the variable (also a ``kedro.init`` hook)."""
     for key, value in _OFFLINE_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    for message in _THIRD_PARTY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
 apply_process_defaults()

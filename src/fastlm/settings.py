@@ -1,10 +1,10 @@
 """Kedro project settings."""
 
 import os
-import warnings
 
 from kedro.config import OmegaConfigLoader
 
+from fastlm import apply_process_defaults
 from fastlm.hooks import (
     MissingInputsHook,
     MlflowArtifactsHook,
@@ -13,6 +13,7 @@ from fastlm.hooks import (
     RedactingMlflowHook,
     UnknownRuntimeParamsHook,
 )
+from fastlm.log_handler import plain_logs_when_redirected, quiet_third_party_logs
 from fastlm.rank_hooks import OtherRankOutputsHook, torchrun_rank
 from fastlm.redaction import install_log_redaction
 from fastlm.tracking import project_artifact_location
@@ -42,6 +43,6 @@ CONFIG_LOADER_ARGS = {
     },
 }
 
-# Deprecation chatter from third-party code at start-up, not actionable by a fastlm user.
-warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
-warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
+apply_process_defaults()  # the warning filters too, for sessions not started by the kedro CLI
+quiet_third_party_logs()
+plain_logs_when_redirected()

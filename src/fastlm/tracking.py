@@ -90,6 +90,12 @@ class MlflowMetrics(SafeMlflow):
             return
         self.call("metric logging", lambda mlflow: mlflow.log_metrics(values, step=int(record["step"])))
 
+    def log_run_metrics(self, values: dict) -> None:
+        """Whole-run figures (no step), e.g. ``real_tokens_per_s`` over the timed steps; missing ones skipped."""
+        clean = {key: float(value) for key, value in values.items()
+                 if isinstance(value, Number) and math.isfinite(value)}
+        self.call("metric logging", lambda mlflow: mlflow.log_metrics(clean))
+
     def log_params(self, params: dict) -> None:
         clean = {key: text[:500] for key, value in params.items()
                  if (text := param_text(redact(value, key))) is not None}

@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from fastlm.engine.metrics import timed_rate
+from fastlm.engine.rates import timed_rate
 from fastlm.reporting.comparison import compare_runs
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
 from fastlm.reporting.report_document import build_document, readable_token

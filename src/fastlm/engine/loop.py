@@ -50,6 +50,7 @@ from fastlm.engine.model import MASK_FORMATS
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.profiling import StepProfiler
 from fastlm.engine.progress import Progress
+from fastlm.engine.rates import timed_rate
 from fastlm.engine.runtime import Runtime, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
@@ -500,7 +501,6 @@ def _check_grad_norm(record: dict, seen: list[float]) -> None:
 def _summary(history, eval_history, params: TrainParams, total_steps, wall, n_params, steps_per_epoch) -> dict:
     last = history[-1] if history else {}
     timed = [record for record in history[1:]] or history  # the first window holds warm-up
-    real_tps = [record["real_tokens_per_s"] for record in timed]
     final_eval = eval_history[-1] if eval_history else {}
     return {
         "steps": total_steps,
@@ -512,7 +512,7 @@ def _summary(history, eval_history, params: TrainParams, total_steps, wall, n_pa
         "effective_batch": params.batching.micro_batch_size * params.batching.gradient_accumulation_steps,
         "batching": params.batching.mode,
         "parameters": n_params,
-        "real_tokens_per_s": statistics.fmean(real_tps) if real_tps else None,
+        "real_tokens_per_s": timed_rate(history),
         "padding_efficiency": statistics.fmean(r["padding_efficiency"] for r in timed) if timed else None,
         "data_wait_share": statistics.fmean(r["data_wait_share"] for r in timed) if timed else None,
         "peak_memory_mb": max((r["peak_memory_mb"] for r in history), default=None),

@@ -18,6 +18,14 @@ PARAM = "train.model.name_or_path"
 MASK_FORMATS = {"sdpa": "bool", "eager": "additive", "flash_attention_2": "none"}
 
 
+def enable_checkpointing(model) -> None:
+    """Activation (gradient) checkpointing, non-reentrant, through the API of the installed transformers."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x: the other name is deprecated
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def choose_attention(requested: str, device: torch.device) -> str:
     """``auto``: flash-attention varlen on CUDA when the package is installed, else SDPA."""
     if requested != "auto":
@@ -59,7 +67,7 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
     _check_fits(model, tokenizer, max_length)
     model.config.use_cache = False  # a cache is useless in training and turns off packed-sample detection
     if params.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     if params.lora.enabled:
         model = lora.apply_lora(model, params.lora, gradient_checkpointing=params.gradient_checkpointing)
     counts = lora.parameter_counts(model)

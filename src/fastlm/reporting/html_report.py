@@ -47,6 +47,8 @@ table.report-table { border-collapse: collapse; font-size: 0.92em; margin: 8px 0
 table.report-table th, table.report-table td { border: 1px solid #d0d7de; padding: 4px 10px; }
 table.report-table thead th { background: #f3f5f7; text-align: right; }
 table.report-table td { text-align: right; font-variant-numeric: tabular-nums; }
+table.report-table td, table.report-table th { overflow-wrap: anywhere; white-space: pre-wrap;
+  max-width: 36em; vertical-align: top; }
 table.report-table tbody th { font-weight: 600; }
 table.report-table tr > :first-child { text-align: left; }
 table.report-table tbody tr:nth-child(even) { background: #fafbfc; }
@@ -149,10 +151,18 @@ def _paragraphs_html(text: str) -> str:
 
 
 def _table_html(table: pd.DataFrame) -> str:
-    text = _formatted(table).to_html(
-        escape=True, classes="report-table", border=0, index=_show_index(table), na_rep=MISSING
-    )
-    return f'<div class="table-wrap">\n{text}\n</div>\n'
+    """The table as HTML, every cell escaped; line breaks in a cell stay line breaks (pandas' ``to_html``
+    writes them as a literal backslash-n), shown by the ``pre-wrap`` style."""
+    cells = _formatted(table)
+    show_index = _show_index(table)
+    head = ([html.escape(str(table.index.name or ""))] if show_index else []) + [html.escape(c) for c in cells.columns]
+    rows = []
+    for label, values in zip(table.index.tolist(), cells.itertuples(index=False, name=None), strict=True):
+        index = f"<th>{html.escape(format_number(label))}</th>" if show_index else ""
+        rows.append("<tr>" + index + "".join(f"<td>{html.escape(v)}</td>" for v in values) + "</tr>\n")
+    header = "".join(f"<th>{h}</th>" for h in head)
+    return (f'<div class="table-wrap">\n<table class="report-table">\n<thead>\n<tr>{header}</tr>\n</thead>\n'
+            f"<tbody>\n{''.join(rows)}</tbody>\n</table>\n</div>\n")
 
 
 def render_html(*, title: str, subtitle: str, sections: Iterable[Section]) -> str:

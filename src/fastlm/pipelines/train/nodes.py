@@ -55,8 +55,11 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
     if result is None:  # a torchrun rank other than 0: rank 0 writes every output (see fastlm.rank_hooks)
         return {"model": None, "tokenizer": tokenizer}, pd.DataFrame(), pd.DataFrame(), {}
     summary = {**result.summary, **parameter_counts(result.model), "lora": params.model.lora.enabled,
-               "mlflow_run_id": active_run_id(), "runtime": redact(result.summary["runtime"])}
-    MlflowMetrics().log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
+               "mlflow_run_id": active_run_id(), "runtime": redact(result.summary["runtime"]),
+               "base_model": params.model.name_or_path}
+    tracker = MlflowMetrics()
+    tracker.log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
+    tracker.log_run_metrics({"real_tokens_per_s": summary["real_tokens_per_s"]})  # the run comparison's speed
     log.info("Trained %d steps in %.1fs on %d process(es): train loss %.4f, validation loss %s", summary["steps"],
              summary["wall_time_s"], summary["world_size"], summary["final_train_loss"], summary["final_val_loss"])
     return ({"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history),
