@@ -18,20 +18,26 @@ NOISE = ("[33m", "Registering new custom resolver", "gradient_checkpointing_enab
          "No typed parameter requirements", "UserWarning")
 
 
-def kedro(project, *args) -> subprocess.CompletedProcess:
+def kedro(project, *args, python=()) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "80"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([sys.executable, "-m", "kedro", "run", *args], cwd=project, env=env, text=True,
+    return subprocess.run([sys.executable, *python, "-m", "kedro", "run", *args], cwd=project, env=env, text=True,
                           capture_output=True, timeout=300)
+
+
+def imported(importtime_log: str) -> set[str]:
+    return {line.rsplit("|", 1)[1].strip() for line in importtime_log.splitlines() if line.startswith("import time:")}
 
 
 @pytest.mark.e2e
 def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed(tmp_path, sample_texts):
     project = copy_project(tmp_path / "project")
     write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts[:200])
-    done = kedro(project, "--pipeline=split", "--params", "split.tokenizer.vocab_size=300")
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
+    done = kedro(project, "--pipeline=split", "--params", "split.tokenizer.vocab_size=300", python=("-X", "importtime"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # start-up cost the project causes: a split needs neither torch nor transformers' pipelines nor plotting
+    assert {"torch", "transformers.pipelines", "matplotlib.pyplot", "rouge_score"} & imported(done.stderr) == set()
+    output = done.stdout + "\n".join(line for line in done.stderr.splitlines() if not line.startswith("import time:"))
     assert [noise for noise in NOISE if noise in output] == []
     cleaned = [line for line in output.splitlines() if "Cleaned 200 raw rows" in line]
     assert len(cleaned) == 1 and "kept" in cleaned[0] and "dropped" in cleaned[0]  # one line, not wrapped at 80
