@@ -65,12 +65,15 @@ class MissingInputsHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        producers = all_pipelines()
+        producers = None  # every pipeline, imported only when an input is missing (torch etc. cost seconds)
         for dataset in sorted(pipeline.inputs()):
             if dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog:
                 continue
+            if catalog.exists(dataset):
+                continue
+            producers = all_pipelines() if producers is None else producers
             producer = next((name for name, p in producers.items() if dataset in p.all_outputs()), None)
-            if producer is None or catalog.exists(dataset):
+            if producer is None:
                 continue
             path = getattr(catalog[dataset], "_filepath", None) or getattr(catalog[dataset], "_path", None)
             raise InputDataError(
@@ -87,6 +90,11 @@ class RedactingMlflowHook(MlflowHook):
     plugin's registration), so what reaches MLflow is :func:`fastlm.redaction.redact`'s copy; the nodes still
     receive the real values.
     """
+
+    @hook_impl
+    def after_catalog_created(self, catalog, **kwargs) -> None:
+        """Nothing: the plugin's version builds every catalog entry (seconds of imports at each start-up) to
+        rename kedro-mlflow metric datasets, which this project does not use (MlflowArtifactsHook logs)."""
 
     @hook_impl
     def after_context_created(self, context) -> None:
@@ -154,7 +162,8 @@ def _local_path(catalog, name: str) -> Path | None:
 
 
 class UnknownRuntimeParamsHook:
-    """Warn about a top-level ``--params`` key that no node and no catalog entry reads (``trian.max_steps=5``).
+    """Warn about a top-level ``--params`` key that no parameters file and no catalog entry has
+    (``trian.max_steps=5``).
 
     Keys inside a parameter group (``train.max_stesp``) are refused by the group's validation with a
     suggestion; a misspelled group name would otherwise be dropped without a word.
@@ -174,9 +183,14 @@ class UnknownRuntimeParamsHook:
 
 
 def known_top_level_params(project_path: Path) -> set[str]:
-    """``X`` of every ``params:X`` node input, plus every ``${runtime_params:X}`` name in the catalog files."""
-    names = {dataset.split(":", 1)[1].split(".", 1)[0] for pipeline in all_pipelines().values()
-             for dataset in pipeline.inputs() if dataset.startswith("params:")}
+    """The top-level keys of every ``conf/*/parameters*.yml`` file, plus every ``${runtime_params:X}`` name in
+    the catalog files (read as text: no pipeline module is imported for this)."""
+    import yaml
+
+    names: set[str] = set()
+    for parameters_file in (project_path / "conf").glob("*/parameters*.yml"):
+        loaded = yaml.safe_load(parameters_file.read_text(encoding="utf-8"))
+        names.update(loaded if isinstance(loaded, dict) else {})
     for catalog_file in (project_path / "conf").glob("*/catalog*.yml"):
         names.update(re.findall(r"\$\{runtime_params:\s*([\w-]+)", catalog_file.read_text(encoding="utf-8")))
     return names
@@ -186,20 +200,16 @@ class ParametersValidHook:
     """Before a run starts, validate every parameter group its nodes read: a bad value is one line, before
     any node has written anything (a node that validates on entry may run after others saved their outputs)."""
 
-    @staticmethod
-    def parsers() -> dict:
-        from fastlm.corpus.params import parse_split_params
-        from fastlm.engine.config import parse_train_params
-        from fastlm.pipelines.tune.params import parse_tune_params
-        from fastlm.reporting.params import parse_report_params
-
-        return {"split": parse_split_params, "train": parse_train_params, "report": parse_report_params,
-                "tune": parse_tune_params}
+    # group -> (module, parser): imported only for the groups a run reads (the tune package imports torch)
+    PARSERS = {"split": ("fastlm.corpus.params", "parse_split_params"),
+               "train": ("fastlm.engine.config", "parse_train_params"),
+               "report": ("fastlm.reporting.params", "parse_report_params"),
+               "tune": ("fastlm.pipelines.tune.params", "parse_tune_params")}
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        parsers = self.parsers()
         for dataset in sorted(pipeline.inputs()):
             group = dataset.removeprefix("params:")
-            if dataset.startswith("params:") and group in parsers:
-                parsers[group](catalog.load(dataset))
+            if dataset.startswith("params:") and group in self.PARSERS:
+                module, parser = self.PARSERS[group]
+                getattr(importlib.import_module(module), parser)(catalog.load(dataset))

@@ -26,10 +26,12 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from fastlm.errors import FastlmError
+
+if TYPE_CHECKING:  # type hints only: `kedro run` start-up (hooks import check_writable) stays torch-free
+    import torch
 
 STATE_SLACK_BYTES = 8 * 2**20  # RNG states, trainer_state.json (metric history), manifest; tokenizer files
 DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
