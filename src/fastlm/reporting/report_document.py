@@ -100,7 +100,7 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
         *_rouge_sections(test_metrics, predictions),
         Section("Run comparison", text="Training runs of this MLflow experiment (◀: the run of this report); only "
                                         "parameters whose values differ among the runs that have them.",
-                table=runs),
+                table=runs.fillna({"this run": ""}) if "this run" in runs else runs),
         *_profile_sections(summary.get("profile") or {}),
     ]
 
