@@ -167,7 +167,7 @@ def _table_html(table: pd.DataFrame) -> str:
                                                                                                    strict=True))
                     + "</tr>\n")
     header = "".join(f"<th{kind}>{h}</th>" for kind, h in zip([""] * show_index + kinds, head, strict=True))
-    return (f'<div class="table-wrap">\n<table class="report-table">\n<thead>\n<tr>{header}</tr>\n</thead>\n'
+    return (f'<div class="table-wrap">\n<table class="dataframe report-table">\n<thead>\n<tr>{header}</tr>\n</thead>\n'
             f"<tbody>\n{''.join(rows)}</tbody>\n</table>\n</div>\n")
 
 
