@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import copy_project, write_jsonl
 
 NOISE = ("[33m", "Registering new custom resolver", "gradient_checkpointing_enable is deprecated",
-         "No typed parameter requirements", "UserWarning")
+         "No typed parameter requirements", "UserWarning", "it/s]")  # it/s]: a tqdm bar redrawn into a log
 
 
 def kedro(project, *args, python=()) -> subprocess.CompletedProcess:
