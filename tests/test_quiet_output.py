@@ -51,6 +51,8 @@ def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed(tmp_path, samp
     statuses = sqlite3.connect(project / "mlflow.db").execute(
         "select status from runs order by start_time").fetchall()
     assert [status for (status,) in statuses] == ["FINISHED", "FAILED"]
+    runners = sqlite3.connect(project / "mlflow.db").execute("select value from tags where key = 'runner'").fetchall()
+    assert runners and {value for (value,) in runners} == {"SequentialRunner"}  # a value, not an object repr
 
 
 def test_every_log_step_leaves_one_summary_line_and_the_bar_shows_one_eta(monkeypatch, caplog):

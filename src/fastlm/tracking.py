@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from numbers import Number
 from pathlib import Path
@@ -111,13 +112,17 @@ class MlflowMetrics(SafeMlflow):
         self.call(f"artifact logging of {path}", log)
 
 
+OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
 def param_text(value) -> str | None:
     """A parameter or tag value as MLflow stores it (text): ``None`` for an unset value (not logged at all),
     lists and mappings as JSON, an object without a readable value (a runner) as its class name."""
     if value is None:
         return None
-    if isinstance(value, str):
-        return value
+    if isinstance(value, str):  # Kedro passes its runner as str(runner): "<pkg.Class object at 0x…>"
+        found = OBJECT_REPR.fullmatch(value)
+        return found.group(1).rsplit(".", 1)[-1] if found else value
     if isinstance(value, bool | Number):
         return str(value)
     if isinstance(value, list | tuple | dict):
