@@ -18,7 +18,14 @@ from fastlm.datasets.integrity import check_intact
 from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
 from fastlm.redaction import redact
-from fastlm.tracking import MlflowMetrics, SafeMlflow, bound_tracking_requests
+from fastlm.tracking import (
+    MlflowMetrics,
+    SafeMlflow,
+    active_run_id,
+    bound_tracking_requests,
+    param_text,
+    register_project_artifacts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +76,13 @@ class MissingInputsHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        producers = all_pipelines()
+        producers = None  # every pipeline, imported only when an input is missing (torch etc. cost seconds)
         for dataset in sorted(pipeline.inputs()):
             if dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog:
                 continue
+            if catalog.exists(dataset):
+                continue
+            producers = all_pipelines() if producers is None else producers
             producer = next((name for name, p in producers.items() if dataset in p.all_outputs()), None)
             if producer is None:
                 continue
@@ -193,29 +203,44 @@ class RedactingMlflowHook(MlflowHook):
     """
 
     @hook_impl
+    def after_catalog_created(self, catalog, **kwargs) -> None:
+        """Nothing: the plugin's version builds every catalog entry (seconds of imports at each start-up) to
+        rename kedro-mlflow metric datasets, which this project does not use (MlflowArtifactsHook logs)."""
+
+    @hook_impl
     def after_context_created(self, context) -> None:
         bound_tracking_requests()
+        register_project_artifacts()  # the experiment's artefacts live next to the project's store
         self._tracking = SafeMlflow()  # one per run: this hook object outlives a session in-process
         self._tracking.call("tracking setup", lambda _: super(RedactingMlflowHook, self).after_context_created(context),
                             needs_active_run=False)
 
     @hook_impl
-    def after_catalog_created(self, catalog, conf_catalog, conf_creds, parameters, save_version,
-                              load_versions) -> None:
-        self._guarded("catalog setup", super().after_catalog_created, catalog, conf_catalog, conf_creds, parameters,
-                      save_version, load_versions)
-
-    @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         if RUN_NAME in catalog and getattr(self, "mlflow_config", None) is not None:
             self.mlflow_config.tracking.run.name = catalog.load(RUN_NAME)  # resolved by RunNameHook
-        self._guarded("run start", super().before_pipeline_run, redact(run_params), pipeline, catalog)
+        run_params = redact(run_params)
+        self._guarded("run start", super().before_pipeline_run, run_params, pipeline, catalog)
+        # Tags as values: the runner's class name, not its repr; lists and --params as JSON.
+        tags = {key: text for key, value in run_params.items() if value and (text := param_text(value))}
+        tracking = getattr(self, "_tracking", None)
+        if tracking is not None:  # skipped once tracking has failed
+            tracking.call("tagging", lambda mlflow: mlflow.set_tags(tags))
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
         logged = {name: redact(value, name.removeprefix("params:")) if name.startswith("params:") or
                   name == "parameters" else value for name, value in inputs.items()}
-        self._guarded("parameter logging", super().before_node_run, node, catalog, logged, is_async)
+        run_id = self.run_id
+        if run_id is not None and active_run_id() == run_id:
+            # kedro-mlflow re-opens its run at every node (for threaded runners); MLflow 3 then stacks the same
+            # run once per node, and closing it takes as many end_run calls: the last one, at exit, set
+            # FINISHED on failed runs. Only a thread without the run re-opens it.
+            self.run_id = None
+        try:
+            self._guarded("parameter logging", super().before_node_run, node, catalog, logged, is_async)
+        finally:
+            self.run_id = run_id
 
     @hook_impl
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
@@ -230,6 +255,12 @@ class RedactingMlflowHook(MlflowHook):
         if tracking is None or tracking.failed:
             return
         tracking.call(what, lambda _: method(*args), needs_active_run=False)
+
+    def _log_param(self, name: str, value) -> None:
+        """Typed values: an unset parameter is not logged (no 'None' string); lists and mappings as JSON."""
+        text = param_text(value)
+        if text is not None:
+            super()._log_param(name, text)
 
 
 class OutputFoldersWritableHook:
@@ -263,7 +294,8 @@ def _local_path(catalog, name: str) -> Path | None:
 
 
 class UnknownRuntimeParamsHook:
-    """Warn about a top-level ``--params`` key that no node and no catalog entry reads (``trian.max_steps=5``).
+    """Warn about a top-level ``--params`` key that no parameters file and no catalog entry has
+    (``trian.max_steps=5``).
 
     Keys inside a parameter group (``train.max_stesp``) are refused by the group's validation with a
     suggestion; a misspelled group name would otherwise be dropped without a word.
@@ -283,9 +315,14 @@ class UnknownRuntimeParamsHook:
 
 
 def known_top_level_params(project_path: Path) -> set[str]:
-    """``X`` of every ``params:X`` node input, plus every ``${runtime_params:X}`` name in the catalog files."""
-    names = {dataset.split(":", 1)[1].split(".", 1)[0] for pipeline in all_pipelines().values()
-             for dataset in pipeline.inputs() if dataset.startswith("params:")}
+    """The top-level keys of every ``conf/*/parameters*.yml`` file, plus every ``${runtime_params:X}`` name in
+    the catalog files (read as text: no pipeline module is imported for this)."""
+    import yaml
+
+    names: set[str] = set()
+    for parameters_file in (project_path / "conf").glob("*/parameters*.yml"):
+        loaded = yaml.safe_load(parameters_file.read_text(encoding="utf-8"))
+        names.update(loaded if isinstance(loaded, dict) else {})
     for catalog_file in (project_path / "conf").glob("*/catalog*.yml"):
         names.update(re.findall(r"\$\{runtime_params:\s*([\w-]+)", catalog_file.read_text(encoding="utf-8")))
     return names
@@ -295,20 +332,16 @@ class ParametersValidHook:
     """Before a run starts, validate every parameter group its nodes read: a bad value is one line, before
     any node has written anything (a node that validates on entry may run after others saved their outputs)."""
 
-    @staticmethod
-    def parsers() -> dict:
-        from fastlm.corpus.params import parse_split_params
-        from fastlm.engine.config import parse_train_params
-        from fastlm.pipelines.tune.params import parse_tune_params
-        from fastlm.reporting.params import parse_report_params
-
-        return {"split": parse_split_params, "train": parse_train_params, "report": parse_report_params,
-                "tune": parse_tune_params}
+    # group -> (module, parser): imported only for the groups a run reads (the tune package imports torch)
+    PARSERS = {"split": ("fastlm.corpus.params", "parse_split_params"),
+               "train": ("fastlm.engine.config", "parse_train_params"),
+               "report": ("fastlm.reporting.params", "parse_report_params"),
+               "tune": ("fastlm.pipelines.tune.params", "parse_tune_params")}
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        parsers = self.parsers()
         for dataset in sorted(pipeline.inputs()):
             group = dataset.removeprefix("params:")
-            if dataset.startswith("params:") and group in parsers:
-                parsers[group](catalog.load(dataset))
+            if dataset.startswith("params:") and group in self.PARSERS:
+                module, parser = self.PARSERS[group]
+                getattr(importlib.import_module(module), parser)(catalog.load(dataset))

@@ -1,10 +1,10 @@
 """Kedro project settings."""
 
 import os
-import warnings
 
 from kedro.config import OmegaConfigLoader
 
+from fastlm import apply_process_defaults
 from fastlm.hooks import (
     MissingInputsHook,
     MlflowArtifactsHook,
@@ -15,17 +15,20 @@ from fastlm.hooks import (
     RunOutputsHook,
     UnknownRuntimeParamsHook,
 )
+from fastlm.log_handler import plain_logs_when_redirected, quiet_third_party_logs
 from fastlm.rank_hooks import OtherRankOutputsHook, torchrun_rank
 from fastlm.redaction import install_log_redaction
+from fastlm.tracking import project_artifact_location
 
 install_log_redaction()  # every log record of the process, whatever handler shows it: secrets masked
 
 # kedro-mlflow's own hook logs parameters verbatim; RedactingMlflowHook is that hook with secrets masked.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
-# pluggy calls the last registered first: the run name is resolved (and checked), MLflow opens the run under it,
-# then --params, inputs and output folders are checked.
-HOOKS = (RunOutputsHook(), MlflowArtifactsHook(), OutputFoldersWritableHook(), MissingInputsHook(),
-         ParametersValidHook(), UnknownRuntimeParamsHook(), RedactingMlflowHook(), RunNameHook())
+# pluggy calls the last registered first: the run name is resolved (and checked); --params, parameters, inputs
+# and output folders are checked; then MLflow opens the run under that name (a run refused before any node runs
+# leaves no MLflow run behind). At the end, artefacts are logged before MLflow closes the run.
+HOOKS = (RunOutputsHook(), RedactingMlflowHook(), MlflowArtifactsHook(), OutputFoldersWritableHook(),
+         MissingInputsHook(), ParametersValidHook(), UnknownRuntimeParamsHook(), RunNameHook())
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
     HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), RunNameHook())
 
@@ -36,9 +39,13 @@ CONFIG_LOADER_ARGS = {
     # conf/local parameters override conf/base key by key (a tuned micro-batch keeps the rest of train:)
     "merge_strategy": {"parameters": "soft"},
     # ${env_or:NAME,default}: an environment variable where the user set one (e.g. MLFLOW_TRACKING_URI)
-    "custom_resolvers": {"env_or": lambda name, default=None: os.environ.get(name) or default},
+    "custom_resolvers": {
+        "env_or": lambda name, default=None: os.environ.get(name) or default,
+        # mlflow.yml: artefacts next to a local SQLite store, relative to it (see fastlm.tracking)
+        "project_artifacts": lambda tracking_uri: project_artifact_location(tracking_uri),
+    },
 }
 
-# Deprecation chatter from third-party code at start-up, not actionable by a fastlm user.
-warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
-warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
+apply_process_defaults()  # the warning filters too, for sessions not started by the kedro CLI
+quiet_third_party_logs()
+plain_logs_when_redirected()

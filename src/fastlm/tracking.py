@@ -6,11 +6,14 @@ kedro-mlflow opened for the current ``kedro run``, or any active run.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from numbers import Number
+from pathlib import Path
 
 from fastlm.redaction import redact
 
@@ -100,13 +103,18 @@ class MlflowMetrics(SafeMlflow):
             return
         self.call("metric logging", lambda mlflow: mlflow.log_metrics(values, step=int(record["step"])))
 
+    def log_run_metrics(self, values: dict) -> None:
+        """Whole-run figures (no step), e.g. ``real_tokens_per_s`` over the timed steps; missing ones skipped."""
+        clean = {key: float(value) for key, value in values.items()
+                 if isinstance(value, Number) and math.isfinite(value)}
+        self.call("metric logging", lambda mlflow: mlflow.log_metrics(clean))
+
     def log_params(self, params: dict) -> None:
-        clean = {key: ("" if value is None else str(redact(value, key))[:500]) for key, value in params.items()}
+        clean = {key: text[:500] for key, value in params.items()
+                 if (text := param_text(redact(value, key))) is not None}
         self.call("parameter logging", lambda mlflow: mlflow.log_params(clean))
 
     def log_artifacts(self, path: str, artifact_path: str | None) -> None:
-        from pathlib import Path
-
         def log(mlflow):
             if Path(path).is_dir():
                 mlflow.log_artifacts(path, artifact_path)
@@ -114,3 +122,70 @@ class MlflowMetrics(SafeMlflow):
                 mlflow.log_artifact(path, artifact_path)
 
         self.call(f"artifact logging of {path}", log)
+
+
+OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
+def param_text(value) -> str | None:
+    """A parameter or tag value as MLflow stores it (text): ``None`` for an unset value (not logged at all),
+    lists and mappings as JSON, an object without a readable value (a runner) as its class name."""
+    if value is None:
+        return None
+    if isinstance(value, str):  # Kedro passes its runner as str(runner): "<pkg.Class object at 0x…>"
+        found = OBJECT_REPR.fullmatch(value)
+        return found.group(1).rsplit(".", 1)[-1] if found else value
+    if isinstance(value, bool | Number):
+        return str(value)
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value, ensure_ascii=False, default=lambda item: type(item).__name__)
+    return type(value).__name__
+
+
+PROJECT_SCHEME = "fastlm-project"
+
+
+def project_artifact_location(tracking_uri: str | None) -> str | None:
+    """The experiment artefact location for ``tracking_uri``: ``fastlm-project:mlruns`` (a folder next to the
+    SQLite store, resolved when used, so a copied or moved project keeps its artefacts with it) for a local
+    SQLite store; ``None`` (the server's own default) for a tracking server."""
+    return f"{PROJECT_SCHEME}:mlruns" if not tracking_uri or tracking_uri.startswith("sqlite:") else None
+
+
+def project_folder(tracking_uri: str | None) -> Path:
+    """The folder holding a local SQLite store (``sqlite:///mlflow.db``: the working directory)."""
+    if tracking_uri and tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri.removeprefix("sqlite:///")).parent.resolve()
+    return Path.cwd()
+
+
+def register_project_artifacts() -> None:
+    """Let MLflow read and write ``fastlm-project:`` artefact locations (also an ``mlflow.artifact_repository``
+    entry point, for ``mlflow ui``). Imports MLflow: call it where MLflow is used."""
+    from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
+
+    _artifact_repository_registry.register(PROJECT_SCHEME, ProjectArtifactRepository)
+
+
+def _local_repository():
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    return LocalArtifactRepository
+
+
+class ProjectArtifactRepository:
+    """``fastlm-project:<path>``: a local artefact folder relative to the SQLite store's folder."""
+
+    def __new__(cls, artifact_uri: str, tracking_uri: str | None = None, registry_uri: str | None = None):
+        relative = artifact_uri.removeprefix(f"{PROJECT_SCHEME}:").lstrip("/")
+        folder = project_folder(tracking_uri or _current_tracking_uri()) / relative
+        return _local_repository()(folder.as_uri(), tracking_uri, registry_uri)
+
+
+def _current_tracking_uri() -> str | None:
+    try:
+        import mlflow
+
+        return mlflow.get_tracking_uri()
+    except Exception:  # noqa: BLE001
+        return None

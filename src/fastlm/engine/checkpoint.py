@@ -532,7 +532,8 @@ def load_checkpoint(
             _set_numpy_rng_state(trainer_state["rng"]["numpy"])
         except Exception as error:
             raise _broken(folder / RNG_FILE, f"holds unusable RNG states ({_one_line(error)})") from error
-    log.info("loaded checkpoint %s (step %s)", folder, trainer_state.get("step"))
+    if restore_rng:  # the full load (a state-only read before it would say the same again)
+        log.info("loaded checkpoint %s (step %s)", folder, trainer_state.get("step"))
     return trainer_state["state"]
 
 

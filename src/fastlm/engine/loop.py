@@ -50,6 +50,7 @@ from fastlm.engine.metrics import StepMetrics, device_peak_flops, flops_per_toke
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.profiling import StepProfiler
 from fastlm.engine.progress import Progress
+from fastlm.engine.rates import timed_rate
 from fastlm.engine.resume import data_digest, plan_resume, run_digest
 from fastlm.engine.runtime import Runtime, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
@@ -131,6 +132,10 @@ class MicroBatches:
         self.sampler.set_epoch(self.epoch, start_batch=0)
         return len(self.sampler)
 
+    def progress(self, batches_per_epoch: int) -> dict:
+        """``position`` for a metric record, ``epoch`` as epochs done (1.5: half-way through the second)."""
+        return {**self.position, "epoch": round(self.epoch + self.batch / max(1, batches_per_epoch), 4)}
+
     def __next__(self) -> dict:
         if self._iterator is None:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
@@ -210,7 +215,8 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                                       attn=attn, seed=params.seed)
     sampler.shard(comm.rank, world)
     stream = MicroBatches(train_set, sampler, collator, loader_settings(params, device), epoch=0, batch=0)
-    steps_per_epoch = max(1, math.ceil(stream.batches_per_epoch() / accum))
+    batches_per_epoch = stream.batches_per_epoch()
+    steps_per_epoch = max(1, math.ceil(batches_per_epoch / accum))
     total_steps = params.max_steps or max(1, math.ceil(params.epochs * steps_per_epoch))
     optimizer = make_adamw(raw_model, lr=params.optimizer.lr, weight_decay=params.optimizer.weight_decay,
                            betas=(params.optimizer.beta1, params.optimizer.beta2), eps=params.optimizer.eps)
@@ -331,7 +337,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
             progress.advance()
             very_first = step == 1 and not history
             if very_first or step % params.log_every == 0 or step == total_steps:
-                record = {**metrics.flush(step), **stream.position}
+                record = {**metrics.flush(step), **stream.progress(batches_per_epoch)}
                 _check_finite(record, step, last_good)
                 if very_first:
                     log.info("First step: %.2f s%s; the throughput figures leave it out", record["step_time_s"],
@@ -356,7 +362,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
             saved, stopping = None, stop.requested if world == 1 else stop_votes > 0
             if (params.save_every and (step % params.save_every == 0 or step == total_steps)) or stopping:
                 if metrics.pending_steps:  # never save a checkpoint whose loss was not checked
-                    record = {**metrics.flush(step), **stream.position}
+                    record = {**metrics.flush(step), **stream.progress(batches_per_epoch)}
                     _check_finite(record, step, last_good)
                     history.append(record)
                 saved = checkpoint_dir(root, step)
@@ -524,7 +530,6 @@ def _check_grad_norm(record: dict, seen: list[float]) -> None:
 def _summary(history, eval_history, params: TrainParams, total_steps, wall, n_params, steps_per_epoch) -> dict:
     last = history[-1] if history else {}
     timed = [record for record in history[1:]] or history  # the first window holds warm-up
-    real_tps = [record["real_tokens_per_s"] for record in timed]
     final_eval = eval_history[-1] if eval_history else {}
     return {
         "steps": total_steps,
@@ -536,7 +541,7 @@ def _summary(history, eval_history, params: TrainParams, total_steps, wall, n_pa
         "effective_batch": params.batching.micro_batch_size * params.batching.gradient_accumulation_steps,
         "batching": params.batching.mode,
         "parameters": n_params,
-        "real_tokens_per_s": statistics.fmean(real_tps) if real_tps else None,
+        "real_tokens_per_s": timed_rate(history),
         "padding_efficiency": statistics.fmean(r["padding_efficiency"] for r in timed) if timed else None,
         "data_wait_share": statistics.fmean(r["data_wait_share"] for r in timed) if timed else None,
         "peak_memory_mb": max((r["peak_memory_mb"] for r in history), default=None),

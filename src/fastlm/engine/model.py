@@ -19,6 +19,15 @@ from fastlm.errors import ConfigError
 log = logging.getLogger(__name__)
 PARAM = "train.model.name_or_path"
 
+
+def enable_checkpointing(model) -> None:
+    """Activation (gradient) checkpointing, non-reentrant, through the API of the installed transformers."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x: the other name is deprecated
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_implementation: str):
     """The model, in fp32 (LoRA: frozen base in ``lora.base_dtype``, adapters fp32), training mode, with the KV
     cache off; vocabulary and positions checked."""
@@ -56,7 +65,7 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
     _check_fits(model, max_length)
     model.config.use_cache = False  # a cache is useless in training and turns off packed-sample detection
     if params.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     if params.lora.enabled:
         model = lora.apply_lora(model, params.lora, gradient_checkpointing=params.gradient_checkpointing)
     counts = lora.parameter_counts(model)

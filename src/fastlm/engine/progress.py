@@ -1,4 +1,6 @@
-"""Progress bar: ETA and tokens/s, refreshed from logging-step records only (no per-step sync)."""
+"""Progress: one summary line per logging step (kept in the scrollback) and, on a terminal, a tqdm bar between
+them; refreshed from logging-step records only (no per-step sync). One ETA: fastlm's (from the measured step
+time after warm-up), in the line and on the bar; tqdm's own remaining-time estimate is not shown."""
 
 from __future__ import annotations
 
@@ -6,10 +8,13 @@ import logging
 import sys
 
 log = logging.getLogger(__name__)
+# tqdm's default bar without its "<remaining" estimate: the ETA is fastlm's, in the postfix.
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
 
 
 class Progress:
-    """A tqdm bar on an interactive terminal; log lines otherwise; nothing but warnings when ``quiet``."""
+    """A summary log line at every logging step; on an interactive terminal also a tqdm bar; nothing but
+    warnings when ``quiet``."""
 
     def __init__(self, total: int, *, initial: int = 0, quiet: bool = False):
         self.quiet = quiet
@@ -17,21 +22,27 @@ class Progress:
         if not quiet and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=0.5)
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=0.5,
+                            bar_format=BAR_FORMAT, file=sys.stderr)
 
     def advance(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
 
     def show(self, record: dict) -> None:
-        summary = (f"loss {record['loss']:.4f}  {record['real_tokens_per_s']:,.0f} tok/s  "
-                   f"eta {record['eta_s'] or 0:,.0f}s")
-        if self.bar is not None:
-            self.bar.set_postfix_str(summary, refresh=False)
-        elif not self.quiet:
-            log.info("step %d: %s  lr %.2e  grad-norm %.3g  data-wait %.1f%%  padding-eff %.1f%%",
-                     record["step"], summary, record["lr"] or 0, record["grad_norm"] or 0,
-                     100 * record["data_wait_share"], 100 * (record["padding_efficiency"] or 0))
+        if self.quiet:
+            return
+        eta = f"eta {record['eta_s'] or 0:,.0f}s"
+        summary = f"loss {record['loss']:.4f}  {record['real_tokens_per_s']:,.0f} tok/s"
+        line = ("step %d: %s  lr %.2e  grad-norm %.3g  data-wait %.1f%%  padding-eff %.1f%%  %s",
+                record["step"], summary, record["lr"] or 0, record["grad_norm"] or 0,
+                100 * record["data_wait_share"], 100 * (record["padding_efficiency"] or 0), eta)
+        if self.bar is None:
+            log.info(*line)
+            return
+        self.bar.set_postfix_str(f"{summary}  {eta}", refresh=False)
+        with self.bar.external_write_mode(file=sys.stderr):  # the line above the bar, the bar redrawn below
+            log.info(*line)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -27,10 +27,12 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from fastlm.errors import FastlmError
+
+if TYPE_CHECKING:  # type hints only: `kedro run` start-up (hooks import check_writable) stays torch-free
+    import torch
 
 STATE_SLACK_BYTES = 128 * 2**10  # RNG states (torch, Python, NumPy: ~30 KB as saved), manifest, config files
 RECORD_BYTES = 1536  # one metric record in trainer_state.json (about 900 bytes as indented JSON)

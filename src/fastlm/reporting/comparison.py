@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -12,7 +13,10 @@ import pandas as pd
 from fastlm.tracking import SafeMlflow, active_run_id
 
 log = logging.getLogger(__name__)
-SPEED = "metrics.train/real_tokens_per_s"
+# The run's throughput over its timed steps (fastlm.engine.rates.timed_rate), logged once by the train node;
+# runs from before it have only the per-window metric, whose last value stands in.
+SPEED = "metrics.real_tokens_per_s"
+WINDOW_SPEED = "metrics.train/real_tokens_per_s"
 VAL_LOSS = "metrics.eval/val_loss"
 TRAIN_LOSS = "metrics.train/loss"
 # Test-split metrics logged by the report (``test_<name>``), shown in the comparison when a run has them.
@@ -22,23 +26,31 @@ TEST_METRICS = ("loss", "perplexity", "accuracy", "top5_accuracy", "rouge1", "ro
 COMPARED_TEST_METRICS = ("loss", "rouge1", "rouge2", "rougeL")
 
 
-def compare_runs(runs: pd.DataFrame, limit: int = 20) -> pd.DataFrame:
+def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None = None) -> pd.DataFrame:
     """One row per training run (newest first) from ``mlflow.search_runs`` output.
 
-    Only parameters whose values differ between the runs are shown, so "batch 8 vs 16" or "packed vs
-    dynamic" is one look. Speed and losses are the last values logged; wall time is end - start. Test loss
-    and ROUGE-1/2/L (F1) columns appear when at least one run has them (a report logged them).
+    Only parameters whose values differ among the runs that have them are shown (a report-only key missing
+    from train-only runs is not a difference), as values (lists as ``a, b``), so "batch 8 vs 16" or "packed vs
+    dynamic" is one look. ``real_tokens_per_s`` is the run's throughput over its timed steps, the figure of its
+    own report; losses are the last values logged; wall time is end - start. Test loss and ROUGE-1/2/L (F1)
+    columns appear when at least one run has them (a report logged them). ``this run`` marks
+    ``current_run_id``.
     """
-    if runs.empty or SPEED not in runs.columns:
+    if runs.empty or not {SPEED, WINDOW_SPEED} & set(runs.columns):
         return pd.DataFrame(columns=["run_id", "run_name", "start_time"])
-    runs = runs[runs[SPEED].notna()].sort_values("start_time", ascending=False).head(limit)
-    params = [c for c in runs.columns if c.startswith("params.") and not c.startswith("params.runtime.torch")]
-    differing = [c for c in params if runs[c].astype("string").fillna("<unset>").nunique() > 1]
+    speed = runs.get(SPEED, pd.Series(math.nan, index=runs.index)).fillna(
+        runs.get(WINDOW_SPEED, pd.Series(math.nan, index=runs.index)))
+    runs = runs.assign(_speed=speed)
+    runs = runs[runs["_speed"].notna()].sort_values("start_time", ascending=False).head(limit)
+    params = {column: runs[column].map(param_value) for column in runs.columns
+              if column.startswith("params.") and not column.startswith("params.runtime.torch")}
+    differing = [column for column, values in params.items() if values.dropna().nunique() > 1]
     table = pd.DataFrame({
+        "this run": ["◀" if run_id == current_run_id else "" for run_id in runs["run_id"]],
         "run_id": runs["run_id"].str.slice(0, 8),
         "run_name": runs.get("tags.mlflow.runName"),
         "start_time": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M") if "start_time" in runs else None,
-        "real_tokens_per_s": runs[SPEED],
+        "real_tokens_per_s": runs["_speed"],
         "final_train_loss": runs.get(TRAIN_LOSS),
         "final_val_loss": runs.get(VAL_LOSS),
         "wall_time_s": _wall_time_s(runs),
@@ -48,8 +60,23 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20) -> pd.DataFrame:
         if column in runs and runs[column].notna().any():
             table[f"test_{name}"] = runs[column]
     for column in differing:
-        table[column.removeprefix("params.")] = runs[column]
+        table[column.removeprefix("params.")] = params[column]
     return table.reset_index(drop=True)
+
+
+def param_value(text):
+    """A logged parameter as a person reads it: JSON lists as ``a, b``, ``None``/missing as missing."""
+    if text is None or (isinstance(text, float) and math.isnan(text)) or text == "None":
+        return None
+    if isinstance(text, str) and text[:1] in "[{":
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(value, list):
+            return ", ".join(item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+                             for item in value)
+    return text
 
 
 def log_test_metrics(metrics: dict, training_run_id: str | None) -> dict:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fastlm.reporting.summaries import after_warmup, numeric
+from fastlm.reporting.summaries import after_warmup, numeric, throughput
 
 __all__ = [
     "COMPUTE_BOUND",
@@ -231,8 +231,16 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame)
     return Finding(MEMORY_SATURATED, False, figure, message, "")
 
 
-def _compute_bound(summary: dict, timed: pd.DataFrame, others: list[Finding]) -> Finding:
-    tokens = _measured(summary, timed, "real_tokens_per_s")
+def _speed(summary: dict, history: pd.DataFrame) -> float:
+    """The run's real tokens/s (:func:`throughput`), else the summary's figure, else NaN."""
+    value = throughput(history)
+    if math.isnan(value) and _known(summary.get("real_tokens_per_s")):
+        value = float(summary["real_tokens_per_s"])
+    return value
+
+
+def _compute_bound(summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding]) -> Finding:
+    tokens = _speed(summary, history)
     rate = f"{tokens:,.0f} real tokens/s" if not math.isnan(tokens) else "unknown real tokens/s"
     runtime = summary.get("runtime") or {}
     if _is_cuda(summary):
@@ -262,7 +270,7 @@ def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
         _host_sync_bound(summary, timed),
         _memory_saturated(summary, history, timed),
     ]
-    return [*findings, _compute_bound(summary, timed, findings)]
+    return [*findings, _compute_bound(summary, history, timed, findings)]
 
 
 def format_duration(seconds: float | None) -> str | None:
@@ -288,11 +296,11 @@ def epoch_eta(summary: dict, history: pd.DataFrame) -> dict:
     """Time for one full epoch of the train split at the measured speed: ``train_tokens / real_tokens_per_s``.
 
     Returns ``{"seconds", "human", "train_tokens", "real_tokens_per_s"}``; fields are ``None`` when unknown.
-    The speed is the mean after warm-up, else the summary's figure.
+    The speed is :func:`throughput` (after warm-up), else the summary's figure.
     """
     summary = summary or {}
     tokens = summary.get("train_tokens")
-    rate = _measured(summary, after_warmup(history), "real_tokens_per_s")
+    rate = _speed(summary, history if history is not None else pd.DataFrame())
     rate = None if math.isnan(rate) or rate <= 0 else rate
     tokens = int(tokens) if _known(tokens) else None
     seconds = tokens / rate if tokens is not None and rate is not None else None

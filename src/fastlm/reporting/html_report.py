@@ -47,6 +47,10 @@ table.report-table { border-collapse: collapse; font-size: 0.92em; margin: 8px 0
 table.report-table th, table.report-table td { border: 1px solid #d0d7de; padding: 4px 10px; }
 table.report-table thead th { background: #f3f5f7; text-align: right; }
 table.report-table td { text-align: right; font-variant-numeric: tabular-nums; }
+table.report-table td, table.report-table th { vertical-align: top; white-space: nowrap; }
+table.report-table td.text { text-align: left; overflow-wrap: anywhere; white-space: pre-wrap; min-width: 10ch;
+  max-width: 36em; }
+table.report-table th.text { text-align: left; }
 table.report-table tbody th { font-weight: 600; }
 table.report-table tr > :first-child { text-align: left; }
 table.report-table tbody tr:nth-child(even) { background: #fafbfc; }
@@ -149,10 +153,22 @@ def _paragraphs_html(text: str) -> str:
 
 
 def _table_html(table: pd.DataFrame) -> str:
-    text = _formatted(table).to_html(
-        escape=True, classes="report-table", border=0, index=_show_index(table), na_rep=MISSING
-    )
-    return f'<div class="table-wrap">\n{text}\n</div>\n'
+    """The table as HTML, every cell escaped; line breaks in a cell stay line breaks (pandas' ``to_html``
+    writes them as a literal backslash-n), shown by the ``pre-wrap`` style."""
+    cells = _formatted(table)
+    show_index = _show_index(table)
+    head = ([html.escape(str(table.index.name or ""))] if show_index else []) + [html.escape(c) for c in cells.columns]
+    kinds = ["" if pd.api.types.is_numeric_dtype(table.iloc[:, pos]) else ' class="text"'
+             for pos in range(table.shape[1])]  # text reads from the left, numbers line up on the right
+    rows = []
+    for label, values in zip(table.index.tolist(), cells.itertuples(index=False, name=None), strict=True):
+        index = f"<th>{html.escape(format_number(label))}</th>" if show_index else ""
+        rows.append("<tr>" + index + "".join(f"<td{kind}>{html.escape(v)}</td>" for kind, v in zip(kinds, values,
+                                                                                                   strict=True))
+                    + "</tr>\n")
+    header = "".join(f"<th{kind}>{h}</th>" for kind, h in zip([""] * show_index + kinds, head, strict=True))
+    return (f'<div class="table-wrap">\n<table class="dataframe report-table">\n<thead>\n<tr>{header}</tr>\n</thead>\n'
+            f"<tbody>\n{''.join(rows)}</tbody>\n</table>\n</div>\n")
 
 
 def render_html(*, title: str, subtitle: str, sections: Iterable[Section]) -> str:

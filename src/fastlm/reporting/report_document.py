@@ -16,13 +16,67 @@ def _one_row(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"figure": row.index, "value": row.to_numpy()})
 
 
+# What each diagnosis rule measures, named in its line: "padding efficiency 100 %", not "padding-bound: 100 %".
+MEASURES = {"input-bound": "data wait", "padding-bound": "padding efficiency", "host-sync-bound": "host sync",
+            "memory-saturated": "peak memory", "compute-bound": "throughput"}
+
+
+def check_line(finding: dict) -> str:
+    """One diagnosis check as a person reads it: the measure and its figure, then the verdict."""
+    measure = MEASURES.get(finding["kind"], finding["kind"])
+    verdict = finding["kind"] if finding["triggered"] else f"not {finding['kind']}"
+    return f"{'⚠' if finding['triggered'] else '✓'} {measure} {finding['figure']}: {verdict}"
+
+
+def readable_token(text) -> str:
+    """A decoded token for people: leading/trailing spaces shown as ␣ (invisible otherwise), newlines as ⏎."""
+    text = "" if text is None or (isinstance(text, float) and pd.isna(text)) else str(text)
+    stripped = text.strip(" ")
+    lead, trail = len(text) - len(text.lstrip(" ")), len(text) - len(text.rstrip(" "))
+    if not stripped:
+        return "␣" * len(text)
+    return ("␣" * lead + stripped + "␣" * trail).replace("\n", "⏎")
+
+
+def error_pairs_table(pairs: pd.DataFrame) -> pd.DataFrame:
+    """The wrong predictions with decoded tokens (byte-level BPE pieces such as ``Ġthe`` are for machines)."""
+    if pairs is None or pairs.empty or "target_text" not in pairs:
+        return pairs
+    return pd.DataFrame({"target": pairs["target_text"].map(readable_token),
+                         "predicted": pairs["predicted_text"].map(readable_token),
+                         "count": pairs["count"], "share of errors": pairs.get("share_of_errors")})
+
+
+def run_lines(summary: dict, split_report: dict | None) -> list[str]:
+    """What was trained, how, and on which data: model (LoRA and its base), trainable counts, split counts."""
+    lines = []
+    total, trainable = summary.get("total_parameters") or summary.get("parameters"), summary.get("trainable_parameters")
+    counts = (f"{trainable:,} trainable of {total:,} parameters" if trainable is not None and total
+              else f"{total:,} parameters" if total else "")
+    if summary.get("lora"):
+        lines.append(f"Model: LoRA on {summary.get('base_model') or 'a pretrained model'}"
+                     f"{f' ({counts})' if counts else ''}; the adapters alone were trained.")
+    else:
+        lines.append(f"Model: {summary.get('base_model') or 'tiny Llama from config'}"
+                     f"{f' ({counts})' if counts else ''}; every parameter trained.")
+    splits = (split_report or {}).get("splits") or {}
+    if splits:
+        rows = ", ".join(f"{name} {int(info.get('rows', 0)):,}" for name, info in splits.items())
+        dropped = {k: v for k, v in ((split_report or {}).get("dropped") or {}).items() if k != "total" and v}
+        drops = ", ".join(f"{reason} {count:,}" for reason, count in dropped.items()) or "none"
+        raw = split_report.get("raw_rows")
+        lines.append(f"Data: {raw:,} raw rows; dropped: {drops}; splits: {rows}." if raw is not None
+                     else f"Data splits: {rows}; dropped: {drops}.")
+    return lines
+
+
 def build_sections(*, summary, history, eval_history, training, efficiency, diagnosis, test_metrics, error_pairs,
-                   worst, generations, runs, predictions=None) -> list[Section]:
+                   worst, generations, runs, predictions=None, split_report=None) -> list[Section]:
     findings = diagnosis.get("findings", [])
     triggered = [f for f in findings if f["triggered"]]
     eta = diagnosis.get("epoch_eta") or {}
     verdict = [f"{f['kind'].upper()}: {f['message'].rstrip('.')}. Advice: {f['advice']}" for f in triggered]
-    checks = [f"{'⚠' if f['triggered'] else '✓'} {f['kind']}: {f['figure']}" for f in findings]
+    checks = [check_line(f) for f in findings]
     eta_line = (f"One full epoch of the {eta.get('train_tokens'):,} training tokens takes about {eta['human']} at the "
                 f"measured {eta.get('real_tokens_per_s'):,.0f} real tokens/s." if eta.get("human") else "")
     train_speed = efficiency["real_tokens_per_s"].iloc[0] if not efficiency.empty else float("nan")
@@ -31,7 +85,7 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
     evaluation = pd.DataFrame({"metric": list(test_metrics), "value": list(test_metrics.values())})
     return [
         Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
-        Section("Training summary", table=_one_row(training)),
+        Section("Training summary", items=run_lines(summary, split_report), table=_one_row(training)),
         Section("Efficiency", table=_one_row(efficiency)),
         Section("Curves", figures={"loss": plots.loss_figure(history, eval_history),
                                    "throughput": plots.throughput_figure(history),
@@ -39,12 +93,14 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
                                    "peak memory": plots.memory_figure(history)}),
         Section("Test split evaluation", table=evaluation),
         Section("Throughput: training and evaluation", table=speeds),
-        Section("Most frequent wrong predictions", table=error_pairs),
+        Section("Most frequent wrong predictions", text="Decoded tokens; ␣ is a space.",
+                table=error_pairs_table(error_pairs)),
         Section("Worst samples by loss", table=worst),
         Section("Sample generations", table=generations),
         *_rouge_sections(test_metrics, predictions),
-        Section("Run comparison", text="Training runs of this MLflow experiment; only parameters that differ.",
-                table=runs),
+        Section("Run comparison", text="Training runs of this MLflow experiment (◀: the run of this report); only "
+                                        "parameters whose values differ among the runs that have them.",
+                table=runs.fillna({"this run": ""}) if "this run" in runs else runs),
         *_profile_sections(summary.get("profile") or {}),
     ]
 
@@ -100,7 +156,8 @@ def build_document(**parts) -> tuple[str, str]:
     summary = parts["summary"]
     title = f"fastlm training report: {summary['run_name']}" if summary.get("run_name") else "fastlm training report"
     subtitle = (f"{summary.get('steps', '?')} steps, {summary.get('batching', '?')} batching, "
-                f"{summary.get('parameters', 0):,} parameters, on {summary.get('runtime', {}).get('device_name', '?')}")
+                f"{summary.get('parameters', 0):,} parameters{' (LoRA)' if summary.get('lora') else ''}, "
+                f"on {summary.get('runtime', {}).get('device_name', '?')}")
     sections = build_sections(**parts)
     return render_html(title=title, subtitle=subtitle, sections=sections), render_markdown(
         title=title, subtitle=subtitle, sections=sections)

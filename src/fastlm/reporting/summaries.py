@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["after_warmup", "efficiency_summary", "numeric", "training_summary"]
+from fastlm.engine.rates import timed_rate
+
+__all__ = ["after_warmup", "efficiency_summary", "numeric", "throughput", "training_summary"]
 
 
 def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
@@ -21,6 +23,15 @@ def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
     if history is None or history.empty:
         return pd.DataFrame()
     return history.iloc[1:] if len(history) > 1 else history
+
+
+def throughput(history: pd.DataFrame | None, column: str = "real_tokens_per_s") -> float:
+    """:func:`fastlm.engine.rates.timed_rate` of a history frame (NaN when not measured): the one figure."""
+    if history is None or history.empty or column not in history or "step_time_s" not in history:
+        return math.nan
+    frame = history[["step", "step_time_s", column]].apply(pd.to_numeric, errors="coerce").astype("float64")
+    rate = timed_rate(frame.to_dict("records"), column)
+    return math.nan if rate is None else rate
 
 
 def numeric(frame: pd.DataFrame | None, column: str) -> pd.Series:
@@ -104,8 +115,8 @@ def training_summary(summary: dict, history: pd.DataFrame, eval_history: pd.Data
 def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None = None) -> pd.DataFrame:
     """One row: throughput, step-time spread, input/padding overheads, memory and MFU.
 
-    Rates, step times, data wait and padding are means/percentiles over the logging windows after the
-    warm-up row (``step_time_p50/p90/p99_s`` are percentiles of the per-window mean step times,
+    Rates are :func:`throughput` (total over time, warm-up left out: the figure every table shows); step
+    times, data wait and padding are means/percentiles over the logging windows after the warm-up row (``step_time_p50/p90/p99_s`` are percentiles of the per-window mean step times,
     ``step_time_max_s`` the slowest single step); ``peak_memory_mb`` is the maximum over all rows (the
     warm-up row included: memory peaks count wherever they happen). Figures the history lacks come from
     ``summary`` when it has them. ``mfu`` is NaN when never measured (CPU runs).
@@ -116,10 +127,9 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
     row = {
         "run_id": run_id,
         "windows": len(timed),
-        "real_tokens_per_s": _first_known(_mean(numeric(timed, "real_tokens_per_s")),
-                                          summary.get("real_tokens_per_s"), math.nan),
-        "tokens_per_s": _mean(numeric(timed, "tokens_per_s")),
-        "samples_per_s": _mean(numeric(timed, "samples_per_s")),
+        "real_tokens_per_s": _first_known(throughput(history), summary.get("real_tokens_per_s"), math.nan),
+        "tokens_per_s": throughput(history, "tokens_per_s"),
+        "samples_per_s": throughput(history, "samples_per_s"),
         "step_time_p50_s": _quantile(step_times, 0.50),
         "step_time_p90_s": _quantile(step_times, 0.90),
         "step_time_p99_s": _quantile(step_times, 0.99),

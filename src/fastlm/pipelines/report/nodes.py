@@ -122,10 +122,12 @@ def plot_training(history: pd.DataFrame, eval_history: pd.DataFrame):
             plots.learning_rate_figure(history), plots.memory_figure(history))
 
 
-def compare_training_runs(report_params: dict, test_metrics: dict) -> pd.DataFrame:
+def compare_training_runs(report_params: dict, test_metrics: dict, summary: dict | None = None) -> pd.DataFrame:
     """The experiment's training runs side by side (parameters that differ, tokens/s, loss, test loss and
-    ROUGE, wall time). ``test_metrics`` is an input so that this run's are logged before the search."""
-    table = comparison.compare_runs(comparison.search_training_runs(), parse_report_params(report_params).compare_runs)
+    ROUGE, wall time), the reported training run marked. ``test_metrics`` is an input so that this run's are
+    logged before the search."""
+    table = comparison.compare_runs(comparison.search_training_runs(), parse_report_params(report_params).compare_runs,
+                                    current_run_id=(summary or {}).get("mlflow_run_id"))
     log.info("Run comparison: %d training runs", len(table))
     return table
 
@@ -133,9 +135,9 @@ def compare_training_runs(report_params: dict, test_metrics: dict) -> pd.DataFra
 def write_report(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, training: pd.DataFrame,
                  efficiency: pd.DataFrame, diagnosis: dict, test_metrics: dict, error_pairs: pd.DataFrame,
                  worst: pd.DataFrame, generations: pd.DataFrame, predictions: pd.DataFrame,
-                 runs: pd.DataFrame) -> tuple[str, str]:
+                 runs: pd.DataFrame, split_report: dict | None = None) -> tuple[str, str]:
     """One self-contained HTML report (plots embedded) and a Markdown summary."""
     return build_document(summary=summary, history=history, eval_history=eval_history, training=training,
                           efficiency=efficiency, diagnosis=diagnosis, test_metrics=test_metrics,
                           error_pairs=error_pairs, worst=worst, generations=generations,
-                          predictions=predictions, runs=runs)
+                          predictions=predictions, runs=runs, split_report=split_report)

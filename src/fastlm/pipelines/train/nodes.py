@@ -49,6 +49,7 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
                    eval_split=tokenized["validation"] if len(tokenized["validation"]) else None,
                    tokenizer=tokenizer, model_dir=MODEL_DIR, extra_summary={"fingerprint": fingerprint["fingerprint"]})
     mode = launch_mode(params.distributed.nproc_per_node)
+    tracker = MlflowMetrics()  # one per run: a store that failed during training is not tried again after it
     if mode == "spawn":
         target = tracking_target()
         result = launch_workers(
@@ -57,13 +58,15 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
             callback_factory=functools.partial(MlflowMetrics, run_id=target.run_id, tracking_uri=target.tracking_uri)
             if target else None)
     else:
-        result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=[MlflowMetrics()])
+        result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=[tracker])
     if result is None:  # a torchrun rank other than 0: rank 0 writes every output (see fastlm.rank_hooks)
         return {"model": None, "tokenizer": tokenizer}, pd.DataFrame(), pd.DataFrame(), {}
     summary = {"run_name": run_name, **result.summary, **parameter_counts(result.model),
-               "lora": params.model.lora.enabled, "checkpoint_dir": params.checkpoint_dir,
-               "mlflow_run_id": active_run_id(), "runtime": redact(result.summary["runtime"])}
-    MlflowMetrics().log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
+               "lora": params.model.lora.enabled, "base_model": params.model.name_or_path,
+               "checkpoint_dir": params.checkpoint_dir, "mlflow_run_id": active_run_id(),
+               "runtime": redact(result.summary["runtime"])}
+    tracker.log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
+    tracker.log_run_metrics({"real_tokens_per_s": summary["real_tokens_per_s"]})  # the run comparison's speed
     resumed = (f" (resumed at step {summary['resumed_from_step']}, run at step {summary['steps']})"
                if summary.get("resumed_from") else "")
     log.info("Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s", run_name,

@@ -1,0 +1,51 @@
+"""Readable logs: plain lines when output is redirected, and no third-party lines a user did not ask for."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+PLAIN_FORMAT = "[%(asctime)s] %(levelname)-7s %(message)s"
+# Lines other libraries log at INFO on every run, saying nothing about the user's run.
+NOISE = {
+    "kedro_mlflow.framework.hooks.mlflow_hook": ("Registering new custom resolver",),
+    "kedro.validation.parameter_validator": ("No typed parameter requirements found",),
+}
+
+
+def plain_logs_when_redirected() -> None:
+    """Output not a terminal (CI, nohup, a pipe): the root logger's Rich handlers (conf/logging.yml) become one
+    plain line per record, so that a redirected log is not wrapped at Rich's default 80 columns. On a terminal
+    nothing changes. (Kedro accepts only its own and the logging module's handler classes in logging.yml.)"""
+    if sys.stdout.isatty():
+        return
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler).__name__ != "RichHandler":
+            continue
+        plain = logging.StreamHandler(sys.stdout)
+        plain.setFormatter(logging.Formatter(PLAIN_FORMAT, datefmt="%m/%d/%y %H:%M:%S"))
+        plain.setLevel(handler.level)
+        for record_filter in handler.filters:
+            plain.addFilter(record_filter)
+        root.removeHandler(handler)
+        root.addHandler(plain)
+
+
+class _DropPrefixes(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_third_party_logs() -> None:
+    """Drop the NOISE lines (once per process; a logger keeps its filters) and show Python warnings again
+    (conf/logging.yml hides those raised while Kedro loads its plugins)."""
+    logging.getLogger("py.warnings").setLevel(logging.WARNING)
+    for name, prefixes in NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
+            logger.addFilter(_DropPrefixes(prefixes))

