@@ -59,7 +59,9 @@ def test_tracking_is_relative_typed_complete_and_honest(own_store, tmp_path, mon
     run_pipeline(project, "split", PARAMS)
     run_pipeline(project, "train", PARAMS)
     run_pipeline(project, "report", PARAMS)
-    runs = {run.info.run_name: run for run in runs_of(project)}
+    # Default run names are "<pipeline>-<timestamp>": one run of each pipeline here.
+    runs = {run.info.run_name.split("-", 1)[0]: run for run in runs_of(project)}
+    assert sorted(runs) == ["report", "split", "train"], sorted(runs)
 
     train = runs["train"]
     assert train.info.status == "FINISHED"
