@@ -14,7 +14,7 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 
-from fastlm.datasets.integrity import check_intact
+from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
 from fastlm.redaction import redact
@@ -76,21 +76,22 @@ class MissingInputsHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        producers = None  # every pipeline, imported only when an input is missing (torch etc. cost seconds)
+        producers = None  # every pipeline, imported only when an input is missing or damaged (torch etc. cost seconds)
         for dataset in sorted(pipeline.inputs()):
-            if dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog:
+            if (dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog
+                    or getattr(catalog[dataset], "raw_input", False)):
                 continue
-            if catalog.exists(dataset):
+            path = getattr(catalog[dataset], "_filepath", None) or getattr(catalog[dataset], "_path", None)
+            exists = catalog.exists(dataset)
+            damaged = find_damaged(str(path)) if exists and path is not None else None
+            if exists and damaged is None:
                 continue
             producers = all_pipelines() if producers is None else producers
             producer = next((name for name, p in producers.items() if dataset in p.all_outputs()), None)
             if producer is None:
                 continue
-            path = getattr(catalog[dataset], "_filepath", None) or getattr(catalog[dataset], "_path", None)
-            if catalog.exists(dataset):
-                if path is not None:  # whole, not cut off: a damaged file is one line before any node writes
-                    check_intact(str(path), producer=producer)
-                continue
+            if damaged is not None:  # a cut-off file is one line before any node writes
+                raise damaged_input_error(*damaged, producer=producer)
             raise InputDataError(
                 f"{dataset}{f' ({path})' if path else ''} does not exist yet.",
                 fix=f"run `kedro run --pipeline={producer}` first.",

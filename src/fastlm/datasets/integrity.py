@@ -17,8 +17,8 @@ from fastlm.datasets.atomic_folder import shown_path
 from fastlm.errors import InputDataError
 
 
-def check_intact(path: str | Path, *, producer: str) -> None:
-    """Raise one InputDataError line naming the first damaged file under ``path`` and the pipeline to rerun."""
+def find_damaged(path: str | Path) -> tuple[Path, str] | None:
+    """The first damaged file under ``path`` and what its reader said, or None when every file reads whole."""
     path = Path(path)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
     for file in files:
@@ -29,10 +29,14 @@ def check_intact(path: str | Path, *, producer: str) -> None:
             check(file)
         except Exception as exc:  # noqa: BLE001 - every reader fails its own way; the file is what matters
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InputDataError(
-                f"{shown_path(file)} is cut off or corrupt ({detail[:200]}).",
-                fix=f"run `kedro run --pipeline={producer}` to write it again.",
-            ) from exc
+            return file, detail[:200]
+    return None
+
+
+def damaged_input_error(file: Path, detail: str, *, producer: str) -> InputDataError:
+    """One line naming the damaged ``file`` and the pipeline that writes it again."""
+    return InputDataError(f"{shown_path(file)} is cut off or corrupt ({detail}).",
+                          fix=f"run `kedro run --pipeline={producer}` to write it again.")
 
 
 def _json(file: Path) -> None:

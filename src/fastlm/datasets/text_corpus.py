@@ -13,6 +13,8 @@ from fastlm.corpus.readers import read_text_table
 class TextCorpusDataset(AbstractDataset):
     """The user's raw corpus. Never written by a pipeline."""
 
+    raw_input = True  # its reader explains a bad file itself (hooks.MissingInputsHook leaves it alone)
+
     def __init__(self, filepath: str, metadata: dict | None = None):
         self._filepath = PurePosixPath(filepath)
         self.metadata = metadata
