@@ -40,7 +40,8 @@ def summarize_training(summary: dict, history: pd.DataFrame, eval_history: pd.Da
     findings = diagnose(summary, history)
     for finding in findings:
         if finding.triggered:
-            log.info("Diagnosis: %s — %s %s", finding.kind, finding.message, finding.advice)
+            log.info("Diagnosis: %s — %s%s", finding.kind, finding.message,
+                     f". What to do: {finding.advice}" if finding.advice else "")
     diagnosis = {"findings": [dataclasses.asdict(f) for f in findings], "epoch_eta": epoch_eta(summary, history)}
     return (training_summary(summary, history, eval_history, run_id), efficiency_summary(summary, history, run_id),
             diagnosis)
