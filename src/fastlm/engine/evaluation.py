@@ -51,7 +51,7 @@ DENSE_PAIR_TABLE_MAX = 2**25
 _COMPACT_EVERY = 2**24  # pending pair ids (unique path) merged once they exceed this many elements
 WRONG_PAIR_COLUMNS = ["target_id", "predicted_id", "target", "predicted", "target_text", "predicted_text",
                       "count", "share_of_errors"]
-WORST_COLUMNS = ["sample", "loss", "anomaly_score", "length", "text"]
+WORST_COLUMNS = ["sample", "loss", "length", "text", "anomaly_score"]
 
 
 @dataclass
@@ -233,8 +233,8 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
             continue  # fewer scored samples than ``worst``
         sample = int(all_scored[key])
         ids = dataset[sample]
-        worst_rows.append({"sample": sample, "loss": value, "anomaly_score": score, "length": int(ids.size),
-                           "text": tokenizer.decode(ids.tolist())})
+        worst_rows.append({"sample": sample, "loss": value, "length": int(ids.size),
+                           "text": tokenizer.decode(ids.tolist()), "anomaly_score": score})
     return EvaluationReport(metrics=metrics, wrong_pairs=wrong_pairs,
                             worst_samples=pd.DataFrame(worst_rows, columns=WORST_COLUMNS))
 
