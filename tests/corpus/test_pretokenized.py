@@ -94,3 +94,20 @@ def test_logkey_demo_is_deterministic_with_planted_anomalies():
         assert unusual == session["anomaly"]
         assert max(session["ids"]) < VOCAB_SIZE - 1  # the last id stays free for EOS
     assert 0 < sum(s["anomaly"] for s in sessions) < 30
+
+
+def test_parquet_list_column_and_jsonl_with_a_string_id(tmp_path):
+    """Parquet list<int> rows arrive as numpy arrays; a JSONL string id makes the reader fall back to Python
+    lists: both are checked with the right row number."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastlm.corpus.readers import read_text_table
+
+    path = tmp_path / "keys.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], [3], [4, 5, 6]], type=pa.list_(pa.int32()))}), path)
+    assert id_texts(read_text_table(path)["ids"], vocab_size=7, source="k", param=PARAM) == ["1 2", "3", "4 5 6"]
+    path = tmp_path / "keys.jsonl"
+    path.write_text('{"ids": [1, 2]}\n{"ids": [3, "x"]}\n', encoding="utf-8")
+    with pytest.raises(InputDataError, match=r"^k row 2: split.ids_column \('ids'\) holds 'x'"):
+        id_texts(read_text_table(path)["ids"], vocab_size=7, source="k", param=PARAM)
