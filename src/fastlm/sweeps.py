@@ -93,8 +93,9 @@ def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: in
     return params
 
 
-def finished_summary(folder: Path, overrides: dict[str, Any]) -> dict | None:
-    """The stored summary of a run that finished with exactly ``overrides``, else None."""
+def finished_summary(folder: Path, identity: dict[str, Any]) -> dict | None:
+    """The stored summary of a run that finished with exactly ``identity`` (its effective train parameters and
+    the data fingerprint), else None: a changed setting or a re-split reruns it."""
     path = folder / "summary.json"
     if not path.is_file():
         return None
@@ -102,7 +103,7 @@ def finished_summary(folder: Path, overrides: dict[str, Any]) -> dict | None:
         stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return stored if stored.get("sweep_overrides") == json.loads(json.dumps(overrides)) else None
+    return stored if stored.get("sweep_identity") == json.loads(json.dumps(identity, default=str)) else None
 
 
 def save_finished(folder: Path, summary: dict, history, eval_history) -> None:

@@ -4,12 +4,14 @@ run of this pipeline's run) on the same tokenized data; finished runs are kept, 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from pathlib import Path
 
 import datasets
 import pandas as pd
 
+from fastlm.engine.config import parse_train_params
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.html_report import markdown_table
 from fastlm.reporting.sweep_view import comparison_table, loss_plot, verdict
@@ -26,18 +28,19 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
     spec = load_sweep(sweep)
     plan, names = spec.plan(), spec.run_names()
     for overrides in plan:  # every run's parameters checked before the first one
-        apply_overrides(train_params, overrides, spec.max_steps)
+        parse_train_params(apply_overrides(train_params, overrides, spec.max_steps))
     summaries, histories, evaluations = {}, {}, {}
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         folder = STATE / spec.name / name
-        done = finished_summary(folder, overrides)
+        params = apply_overrides(train_params, overrides, spec.max_steps)
+        identity = {"train": params, "data": fingerprint.get("fingerprint"), "overrides": overrides}
+        done = finished_summary(folder, identity)
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
             with _child_run(name, overrides):
-                _, history, evaluation, summary = train_model(
-                    tokenized, fingerprint, tokenizer, apply_overrides(train_params, overrides, spec.max_steps),
-                    split_params, run_name=name)
-            done = {**summary, "sweep_overrides": overrides}
+                _, history, evaluation, summary = train_model(tokenized, fingerprint, tokenizer, params, split_params,
+                                                              run_name=name)
+            done = {**summary, "sweep_identity": json.loads(json.dumps(identity, default=str))}
             save_finished(folder, done, history, evaluation)
         else:
             log.info("Sweep %s: run %d of %d, %s, finished before: kept", spec.name, index, len(plan), name)
