@@ -66,3 +66,16 @@ def test_table_sorted_by_metric_and_verdict_names_best_and_diverged():
     assert text.startswith("c (optimizer.lr 0.01) is best by final_val_loss = 1.5")
     assert "the worst, a (optimizer.lr 0.001), has 2" in text and "diverged: b at step 2" in text
     assert "a was the fastest (2.0x less wall time than the slowest)" in text
+
+
+def test_verdict_says_which_run_reached_a_common_validation_loss_sooner():
+    overrides = {"a": {"train.batching.micro_batch_size": 8}, "b": {"train.batching.micro_batch_size": 16}}
+    summaries = {"a": {"final_val_loss": 2.0, "wall_time_s": 10.0}, "b": {"final_val_loss": 1.9, "wall_time_s": 12.0}}
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    histories = {"a": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.5, 2.2], "elapsed_s": [2.0, 4, 6, 8]}),
+                 "b": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.4, 2.1], "elapsed_s": [2.0, 4, 6, 8]})}
+    evaluations = {"a": pd.DataFrame({"step": [2, 4], "val_loss": [3.0, 2.0]}),
+                   "b": pd.DataFrame({"step": [2, 4], "val_loss": [1.95, 1.9]})}
+    text = verdict(table, "final_val_loss", histories, evaluations)
+    assert ("b (batching.micro_batch_size 16) reached validation loss 2 2.0x sooner in wall time than "
+            "a (batching.micro_batch_size 8)") in text

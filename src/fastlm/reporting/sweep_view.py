@@ -46,8 +46,10 @@ def loss_plot(histories: dict[str, pd.DataFrame], evaluations: dict[str, pd.Data
     return fig
 
 
-def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame]) -> str:
-    """One paragraph: the best run and its settings, how much faster it was, which runs diverged."""
+def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame],
+            evaluations: dict[str, pd.DataFrame] | None = None) -> str:
+    """One paragraph: the best run and its settings, the worst, which run reached a common validation loss
+    soonest in wall time (or was fastest), which runs diverged."""
     swept = [column for column in table.columns if column.startswith("train.")]
     describe = lambda row: ", ".join(f"{key.removeprefix('train.')} {row[key]}" for key in swept)  # noqa: E731
     finite = table[table[metric].map(lambda value: value is not None and math.isfinite(float(value)))]
@@ -58,9 +60,12 @@ def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame]
     if len(finite) > 1:
         last = finite.iloc[-1]
         parts.append(f"the worst, {last['run']} ({describe(last)}), has {float(last[metric]):.4g}")
+        sooner = _sooner(finite, evaluations or {}, histories, describe)
         times = finite["wall_time_s"].astype(float)
         fastest = finite.loc[times.idxmin()]
-        if times.max() > 0 and times.min() > 0:
+        if sooner:
+            parts.append(sooner)
+        elif times.max() > 0 and times.min() > 0:
             parts.append(f"{fastest['run']} was the fastest ({times.max() / times.min():.1f}x less wall time "
                          "than the slowest)")
     diverged = [name for name, history in histories.items() if _diverged(history)]
@@ -68,6 +73,33 @@ def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame]
         parts.append("diverged: " + ", ".join(f"{name} at step {step}" for name, step in
                                               ((name, _diverged(histories[name])) for name in diverged)))
     return "; ".join(parts) + "."
+
+
+def _sooner(finite: pd.DataFrame, evaluations: dict, histories: dict, describe) -> str | None:
+    """"X reached validation loss L N.Nx sooner in wall time than Y": L is the level every evaluated run
+    reached (the highest final validation loss), the times are when each run's evaluation first got there."""
+    times = {}
+    for name in finite["run"]:
+        evaluation, history = evaluations.get(name), histories.get(name)
+        if evaluation is None or history is None or "val_loss" not in evaluation or "elapsed_s" not in history:
+            continue
+        times[name] = evaluation
+    if len(times) < 2:
+        return None
+    level = max(float(frame["val_loss"].iloc[-1]) for frame in times.values())
+    reached = {}
+    for name, evaluation in times.items():
+        step = int(evaluation.loc[evaluation["val_loss"] <= level + 1e-12, "step"].iloc[0])
+        history = histories[name]
+        before = history.loc[history["step"] <= step, "elapsed_s"]
+        reached[name] = float(before.iloc[-1]) if len(before) else math.nan
+    reached = {name: value for name, value in reached.items() if math.isfinite(value) and value > 0}
+    if len(reached) < 2:
+        return None
+    first, last = min(reached, key=reached.get), max(reached, key=reached.get)
+    row = lambda name: finite[finite["run"] == name].iloc[0]  # noqa: E731 - with "run": values keep their types
+    return (f"{first} ({describe(row(first))}) reached validation loss {level:.4g} "
+            f"{reached[last] / reached[first]:.1f}x sooner in wall time than {last} ({describe(row(last))})")
 
 
 def _diverged(history: pd.DataFrame) -> int | None:

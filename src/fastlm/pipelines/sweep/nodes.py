@@ -48,7 +48,7 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
         histories[name] = pd.read_csv(folder / "history.csv")
         evaluations[name] = pd.read_csv(folder / "eval_history.csv")
     table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
-    text = verdict(table, spec.metric, histories)
+    text = verdict(table, spec.metric, histories, evaluations)
     log.info("Sweep %s: %s", spec.name, text)
     document = f"# Sweep {spec.name}\n\n{text}\n\n{markdown_table(table)}\n"
     return table, loss_plot(histories, evaluations), document
