@@ -29,7 +29,8 @@ from fastlm.errors import ConfigError
 from fastlm.runs import validate_run_name
 
 PARAM = "sweep"
-METRICS = ("final_val_loss", "final_train_loss", "wall_time_s", "real_tokens_per_s")
+METRICS = ("final_val_loss", "final_train_loss", "test_loss", "test_accuracy", "test_top5_accuracy", "wall_time_s",
+           "real_tokens_per_s")
 
 
 class SweepSpec(Params):

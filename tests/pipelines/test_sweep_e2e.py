@@ -35,6 +35,7 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
     assert set(zip(table["train.optimizer.lr"], table["train.batching.micro_batch_size"], strict=True)) == {
         (0.001, 4), (0.001, 8), (0.01, 4), (0.01, 8)}
     assert (table["steps"] == 2).all() and (table["wall_time_s"] > 0).all()
+    assert table["test_loss"].gt(0).all() and table["test_top5_accuracy"].between(0, 1).all()
     verdict = (kedro_project / "data/08_reporting/sweep.md").read_text()
     assert f"{table['run'][0]} (optimizer.lr" in verdict and "is best by final_val_loss" in verdict
     assert (kedro_project / "data/08_reporting/plots/sweep_loss.png").stat().st_size > 0
@@ -47,6 +48,7 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
     children = runs[runs["tags.mlflow.parentRunId"] == parent["run_id"].iloc[0]]
     assert sorted(children["tags.mlflow.runName"]) == names
     assert set(children["params.train.optimizer.lr"]) == {"0.001", "0.01"}
+    assert children["metrics.test_loss"].gt(0).all()
 
     # Interrupted after two runs: the rerun keeps runs 1-2 untouched and trains 3-4 again.
     state = kedro_project / "data/08_reporting/sweeps/tiny"

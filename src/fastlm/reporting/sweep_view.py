@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-SUMMARY_COLUMNS = ["final_train_loss", "final_val_loss", "real_tokens_per_s", "peak_memory_mb", "wall_time_s",
-                   "steps"]
-LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s"}
+SUMMARY_COLUMNS = ["final_train_loss", "final_val_loss", "test_loss", "test_accuracy", "test_top5_accuracy",
+                   "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps"]
+LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
 
 
 def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], metric: str) -> pd.DataFrame:

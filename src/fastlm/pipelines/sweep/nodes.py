@@ -11,18 +11,24 @@ from pathlib import Path
 import datasets
 import pandas as pd
 
+from fastlm.corpus.params import parse_split_params
 from fastlm.engine.config import parse_train_params
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.evaluation import evaluate_split
+from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.html_report import markdown_table
+from fastlm.reporting.params import parse_report_params
 from fastlm.reporting.sweep_view import comparison_table, loss_plot, verdict
 from fastlm.sweeps import apply_overrides, finished_summary, load_sweep, save_finished
+from fastlm.tracking import MlflowMetrics
 
 log = logging.getLogger(__name__)
 STATE = Path("data/08_reporting/sweeps")
 
 
 def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict, split_params: dict,
-              sweep: str):
+              report_params: dict, sweep: str):
     """Train every run of the sweep file ``sweep`` that has not finished yet; the comparison table, the loss
     plot and the verdict of all of them."""
     spec = load_sweep(sweep)
@@ -38,8 +44,10 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
             with _child_run(name, overrides):
-                _, history, evaluation, summary = train_model(tokenized, fingerprint, tokenizer, params, split_params,
-                                                              run_name=name)
+                trained, history, evaluation, summary = train_model(tokenized, fingerprint, tokenizer, params,
+                                                                    split_params, run_name=name)
+                summary.update(_test_metrics(trained["model"], tokenizer, tokenized, params, split_params,
+                                             report_params))
             done = {**summary, "sweep_identity": json.loads(json.dumps(identity, default=str))}
             save_finished(folder, done, history, evaluation)
         else:
@@ -52,6 +60,22 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
     log.info("Sweep %s: %s", spec.name, text)
     document = f"# Sweep {spec.name}\n\n{text}\n\n{markdown_table(table)}\n"
     return table, loss_plot(histories, evaluations), document
+
+
+def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict) -> dict:
+    """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``; logged to its run)."""
+    if model is None or len(tokenized["test"]) == 0:
+        return {}
+    params, report = parse_train_params(train_params), parse_report_params(report_params)
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    model.to(runtime.device)
+    result = evaluate_split(model, tokenizer, TokenSequences.from_arrow(tokenized["test"]), params=params,
+                            runtime=runtime, max_length=parse_split_params(split_params).max_length,
+                            attn=model.config._attn_implementation or "sdpa", max_batches=report.eval_max_batches,
+                            top_k=report.top_k, worst=1, pairs=1)
+    metrics = {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
+    MlflowMetrics().log_run_metrics(metrics)
+    return metrics
 
 
 @contextlib.contextmanager

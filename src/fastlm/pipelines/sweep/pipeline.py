@@ -11,7 +11,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             Node(
                 nodes.run_sweep,
                 ["tokenized_corpus", "tokenized_corpus_fingerprint", "tokenizer", "params:train", "params:split",
-                 "params:sweep"],
+                 "params:report", "params:sweep"],
                 ["sweep_comparison", "sweep_loss_plot", "sweep_verdict"],
                 name="run_sweep",
             ),
