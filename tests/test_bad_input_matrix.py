@@ -650,3 +650,33 @@ def test_report_after_training_without_evaluation(project):
     training = pd.read_csv(project / "data/08_reporting/training_summary.csv")
     assert training["final_val_loss"].isna().all()
     assert (project / "data/08_reporting/test_metrics.json").is_file()
+
+
+# ------------------------------------------------------------------------- pre-tokenized data (issue 18)
+
+LOGKEYS = {"pretokenized": True, "vocab_size": 10}
+
+
+def _logkeys(project: Path, bad_row) -> dict:
+    """A pre-tokenized raw file whose third line holds ``bad_row``; the parameters that split it."""
+    rows = [[1, 2, 3], [4, 5], bad_row, [6, 7, 8]]
+    path = project / "data/01_raw/logkeys.jsonl"
+    path.write_text("".join(json.dumps({"ids": row}) + "\n" for row in rows), encoding="utf-8")
+    return {"raw_path": "data/01_raw/logkeys.jsonl", "split": LOGKEYS}
+
+
+@pytest.mark.parametrize(("bad_row", "expected"), [
+    ([1, 10], "id 10 in split.ids_column ('ids') is not below split.vocab_size (10)"),
+    ([1, -1], "id -1 in split.ids_column ('ids') is negative"),
+    ([1, 2.5], "split.ids_column ('ids') holds 2.5, not an integer id"),
+    ([], "split.ids_column ('ids') is an empty list"),
+], ids=["id_at_vocab_size", "negative_id", "non_integer_id", "empty_list"])
+def test_pretokenized_bad_id_row(project, bad_row, expected):
+    _fails_cleanly(project, "split", _logkeys(project, bad_row), InputDataError,
+                   "data/01_raw/logkeys.jsonl row 3:", expected)
+
+
+def test_pretokenized_without_vocab_size(project):
+    params = _logkeys(project, [1, 2])
+    _fails_cleanly(project, "split", {**params, "split": {"pretokenized": True}}, ConfigError,
+                   "split.pretokenized is true but split.vocab_size is not set", "--params split.vocab_size=")

@@ -337,7 +337,8 @@ class ParametersValidHook:
     PARSERS = {"split": ("fastlm.corpus.params", "parse_split_params"),
                "train": ("fastlm.engine.config", "parse_train_params"),
                "report": ("fastlm.reporting.params", "parse_report_params"),
-               "tune": ("fastlm.pipelines.tune.params", "parse_tune_params")}
+               "tune": ("fastlm.pipelines.tune.params", "parse_tune_params"),
+               "sweep": ("fastlm.sweeps", "load_sweep")}
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:

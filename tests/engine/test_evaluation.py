@@ -64,7 +64,7 @@ def _params(mode: str):
 
 def _brute_force(model, data: TokenSequences):
     """Each sample alone, unpadded: per-sample mean loss, correct / top-5 counts and wrong pairs."""
-    losses, correct, top5, pairs, targets = {}, 0, 0, Counter(), 0
+    losses, correct, top5, pairs, targets, misses = {}, 0, 0, Counter(), 0, {}
     model.eval()
     with torch.no_grad():
         for index in range(len(data)):
@@ -76,11 +76,13 @@ def _brute_force(model, data: TokenSequences):
             losses[index] = F.cross_entropy(logits, target).item()
             predicted = logits.argmax(-1)
             correct += int((predicted == target).sum())
-            top5 += int((logits.topk(5, dim=-1).indices == target[:, None]).any(-1).sum())
+            in_top5 = (logits.topk(5, dim=-1).indices == target[:, None]).any(-1)
+            top5 += int(in_top5.sum())
+            misses[index] = 1 - in_top5.float().mean().item()
             targets += target.numel()
             pairs.update((t, p) for t, p in zip(target.tolist(), predicted.tolist(), strict=True) if t != p)
     model.train()
-    return losses, correct, top5, pairs, targets
+    return losses, correct, top5, pairs, targets, misses
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     assert metrics["target_tokens"] == reference["val_target_tokens"]
     assert model.training  # the mode is restored
 
-    losses, correct, top5, pairs, targets = brute
+    losses, correct, top5, pairs, targets, misses = brute
     assert metrics["target_tokens"] == targets and metrics["samples"] == len(data)
     assert round(metrics["accuracy"] * targets) == correct and round(metrics["top5_accuracy"] * targets) == top5
     assert 0 < correct < top5 < targets
@@ -116,6 +118,7 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     np.testing.assert_allclose(worst["loss"].to_numpy(), [loss for _, loss in expected], atol=1e-5)
     for row in worst.itertuples():
         assert abs(losses[row.sample] - row.loss) < 1e-5
+        assert abs(misses[row.sample] - row.anomaly_score) < 1e-6  # share of targets outside the top 5
         assert row.length == len(data[row.sample])
         assert row.text == tokenizer.decode(data[row.sample].tolist())
 
@@ -170,3 +173,39 @@ def test_generation_left_pads_restores_state_and_is_reproducible(setup):
     assert any(text for text in alone)
     reseeded = generate_samples(model, tokenizer, prompts, settings=[{**SAMPLED, "seed": 1}], **kwargs)
     assert reseeded["output"].tolist() != frame["output"].tolist()[3:]
+
+
+def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
+    """Issue 18: after a short training on log-key sessions, the sessions with planted anomalies have the
+    highest anomaly scores (share of next keys outside the top 5) among held-out sessions."""
+    from fastlm.corpus.pretokenized import id_tokenizer
+    from fastlm.corpus.synthetic_logkeys import VOCAB_SIZE, logkey_sessions
+    from fastlm.corpus.tokenization import encode_id_lists
+
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    sessions = logkey_sessions(400, seed=3, anomaly_rate=0.05)
+    eos = VOCAB_SIZE - 1
+    tokenizer = id_tokenizer(VOCAB_SIZE, eos_id=eos, pad_id=eos, model_max_length=MAX_LENGTH)
+    rows = [session["ids"] + [eos] for session in sessions]
+    train, held_out = rows[:300], sessions[300:]
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, max_position_embeddings=MAX_LENGTH, eos_token_id=eos,
+                         pad_token_id=eos, attn_implementation="sdpa", use_cache=False)
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(25):
+        batch = [torch.tensor(row) for row in train[(step * 16) % 288 : (step * 16) % 288 + 16]]
+        ids = torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=eos)
+        mask = (torch.arange(ids.shape[1])[None] < torch.tensor([len(b) for b in batch])[:, None]).long()
+        model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    tokens = encode_id_lists([session["ids"] for session in held_out], eos=eos, max_length=MAX_LENGTH)
+    report = evaluate_split(model, tokenizer, TokenSequences(tokens.values, tokens.offsets), params=_params("dynamic"),
+                            runtime=runtime, max_length=MAX_LENGTH, attn="sdpa", worst=len(held_out))
+    ranked = report.worst_samples.sort_values("anomaly_score", ascending=False, kind="stable")
+    planted = {index for index, session in enumerate(held_out) if session["anomaly"]}
+    assert len(planted) >= 3 and len(ranked) == len(held_out)
+    assert set(ranked["sample"].head(len(planted))) == planted
+    assert ranked["anomaly_score"].iloc[len(planted) - 1] > ranked["anomaly_score"].iloc[len(planted)]

@@ -73,6 +73,10 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
     kind = split.data_format
     if kind == "text":
         return None
+    if kind == "pretokenized":  # the vocabulary and special ids are in the tokenizer digest too
+        eos, pad = split.special_ids
+        return {"kind": kind, "ids_column": split.ids_column, "vocab_size": split.vocab_size, "eos_id": eos,
+                "pad_id": pad}
     if kind == "prompt_response":
         columns = {"prompt_column": split.prompt_column, "response_column": split.response_column}
     else:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from fastlm.config import Params, parse_params
+from fastlm.errors import ConfigError
 
 SOURCE = "conf/base/parameters_split.yml"
 TRAIN_TOKENIZER = "train"
@@ -71,6 +72,12 @@ class SplitParams(Params):
     tokenizer: TokenizerParams = TokenizerParams()
     batch_size: int = Field(20_000, ge=1, description="texts per tokenizer call")
     num_proc: int | Literal["auto"] = "auto"
+    # Pre-tokenized data (integer id lists, e.g. log keys): no tokenizer is trained or loaded.
+    pretokenized: bool = Field(False, description="ids_column holds lists of integer ids, not texts")
+    ids_column: str = Field("ids", min_length=1, description="the column of id lists (pretokenized only)")
+    vocab_size: int | None = Field(None, ge=2, le=10_000_000, description="ids are 0 .. vocab_size - 1")
+    eos_id: int | None = Field(None, ge=0, description="appended to every sample; default vocab_size - 1")
+    pad_id: int | None = Field(None, ge=0, description="padding id; default eos_id")
 
     @model_validator(mode="after")
     def _one_data_format(self) -> SplitParams:
@@ -81,11 +88,36 @@ class SplitParams(Params):
             raise ValueError("give either prompt_column/response_column or messages_column, not both")
         if self.prompt_template.count("{prompt}") != 1:
             raise ValueError("prompt_template must contain {prompt} exactly once")
+        if self.pretokenized:
+            self._check_pretokenized()
         return self
+
+    def _check_pretokenized(self) -> None:
+        # ConfigError (not ValueError): pydantic lets it through, so the line names the one parameter at fault.
+        if self.vocab_size is None:
+            raise ConfigError("split.pretokenized is true but split.vocab_size is not set (ids must run from 0 "
+                              "to vocab_size - 1).", fix=f"set split.vocab_size in {SOURCE} or pass "
+                              "--params split.vocab_size=<largest id + 2> (the last id is EOS by default).")
+        if self.prompt_column is not None or self.messages_column is not None:
+            raise ConfigError("split.pretokenized data is one id list per row, not prompt/response data.",
+                              fix="unset split.prompt_column, split.response_column and split.messages_column.")
+        for name in ("eos_id", "pad_id"):
+            value = getattr(self, name)
+            if value is not None and value >= self.vocab_size:
+                raise ConfigError(f"split.{name} = {value} is not below split.vocab_size ({self.vocab_size}).",
+                                  fix=f"set split.{name} < {self.vocab_size} or raise split.vocab_size.")
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        """(eos, pad) of pre-tokenized data: ``eos_id`` (default ``vocab_size - 1``), ``pad_id`` (default EOS)."""
+        eos = self.vocab_size - 1 if self.eos_id is None else self.eos_id
+        return eos, eos if self.pad_id is None else self.pad_id
 
     @property
     def data_format(self) -> str:
-        """``text``, ``prompt_response`` (two columns) or ``messages`` (a chat list per row)."""
+        """``text``, ``prompt_response`` (two columns), ``messages`` (a chat list per row) or ``pretokenized``."""
+        if self.pretokenized:
+            return "pretokenized"
         if self.messages_column is not None:
             return "messages"
         return "text" if self.prompt_column is None else "prompt_response"

@@ -67,6 +67,12 @@ def tokenize_texts(
     return dataclasses.replace(tokens, truncated=tokens.truncated | cut) if cut.any() else tokens
 
 
+def encode_id_lists(rows: Sequence[Sequence[int]], *, eos: int, max_length: int) -> TokenizedTexts:
+    """Pre-tokenized rows as samples: the same EOS and truncation rules as :func:`tokenize_texts` (a trailing
+    EOS already there is not doubled; the body is cut at ``max_length - 1`` ids, then EOS)."""
+    return _concat([_finish(_ids_to_arrays([list(row) for row in rows]), eos, max_length)] if len(rows) else [])
+
+
 def cut_long_texts(texts: Sequence[str], max_length: int, *, keep: str = "head") -> tuple[Sequence[str], np.ndarray]:
     """``texts`` with every text longer than ``max_length * MAX_CHARS_PER_TOKEN`` characters cut to that many
     (its first characters, or its last with ``keep="tail"``), and which ones were cut."""

@@ -51,7 +51,7 @@ DENSE_PAIR_TABLE_MAX = 2**25
 _COMPACT_EVERY = 2**24  # pending pair ids (unique path) merged once they exceed this many elements
 WRONG_PAIR_COLUMNS = ["target_id", "predicted_id", "target", "predicted", "target_text", "predicted_text",
                       "count", "share_of_errors"]
-WORST_COLUMNS = ["sample", "loss", "length", "text"]
+WORST_COLUMNS = ["sample", "loss", "length", "text", "anomaly_score"]
 
 
 @dataclass
@@ -59,7 +59,9 @@ class EvaluationReport:
     """``metrics``: loss, perplexity, accuracy, top5_accuracy, target_tokens, samples, seconds,
     real_tokens_per_s. ``wrong_pairs``: the most frequent (target, predicted) mistakes (``target`` /
     ``predicted`` are the tokens, ``*_text`` their decoded text, ``*_id`` their ids). ``worst_samples``: the
-    samples of highest mean token loss, worst first (``sample`` is the index in the split)."""
+    samples of highest mean token loss, worst first (``sample`` is the index in the split; ``anomaly_score`` the
+    fraction of its target positions whose target is not among the model's top k: on log-key data, the share
+    of next keys the model did not expect)."""
 
     metrics: dict
     wrong_pairs: pd.DataFrame
@@ -124,6 +126,7 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
     n_targets, n_correct, n_topk = zero.clone(), zero.clone(), zero.clone()
     worst_loss = torch.empty(0, dtype=torch.float32, device=device)
     worst_key = torch.empty(0, dtype=torch.int64, device=device)
+    worst_score = torch.empty(0, dtype=torch.float32, device=device)
     counter: _PairCounter | None = None
     scored: list[np.ndarray] = []  # per batch, in order: indices of its samples with a target (>= 2 tokens)
     n_scored = real_tokens = samples = 0
@@ -150,7 +153,8 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
                 predicted = logits.argmax(dim=-1)
                 n_correct += ((predicted == targets) & valid).sum()
                 top = logits.topk(min(top_k, vocab), dim=-1).indices
-                n_topk += ((top == targets.unsqueeze(-1)).any(dim=-1) & valid).sum()
+                in_top = (top == targets.unsqueeze(-1)).any(dim=-1) & valid
+                n_topk += in_top.sum()
                 if counter is None:
                     counter = _PairCounter(vocab, device)
                 counter.add(targets, predicted, valid & (predicted != targets))
@@ -168,15 +172,18 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
                 seg_loss.index_add_(0, segment_ids, token_loss.reshape(-1))
                 seg_count = torch.zeros(n_segments, dtype=torch.int64, device=device)
                 seg_count.index_add_(0, segment_ids, valid.reshape(-1).to(torch.int64))
+                seg_miss = torch.zeros(n_segments, dtype=torch.float32, device=device)
+                seg_miss.index_add_(0, segment_ids, (valid & ~in_top).reshape(-1).to(torch.float32))
                 has_target = seg_count > 0
                 mean = torch.where(has_target, seg_loss / seg_count.clamp(min=1), -math.inf)
                 rank = torch.cumsum(has_target, 0) - 1 + n_scored  # global rank among scored samples
                 best = torch.topk(mean, min(worst, n_segments))
                 worst_loss = torch.cat([worst_loss, best.values])
                 worst_key = torch.cat([worst_key, rank[best.indices]])
+                worst_score = torch.cat([worst_score, seg_miss[best.indices] / seg_count[best.indices].clamp(min=1)])
                 if worst_loss.numel() > worst:
                     keep = torch.topk(worst_loss, worst).indices
-                    worst_loss, worst_key = worst_loss[keep], worst_key[keep]
+                    worst_loss, worst_key, worst_score = worst_loss[keep], worst_key[keep], worst_score[keep]
 
                 indices = np.asarray(indices, dtype=np.int64)
                 indices = indices[dataset.lengths[indices] >= 2]
@@ -192,6 +199,7 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
             pair_ids, pair_counts, errors = [], [], 0
         order = torch.argsort(worst_loss, descending=True, stable=True)
         worst_values, worst_keys = worst_loss[order].tolist(), worst_key[order].tolist()
+        worst_scores = worst_score[order].tolist()
     finally:
         model.train(was_training)
     seconds = perf_counter() - start
@@ -220,13 +228,13 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
     )
     all_scored = np.concatenate(scored) if scored else np.empty(0, dtype=np.int64)
     worst_rows = []
-    for value, key in zip(worst_values, worst_keys, strict=True):
+    for value, key, score in zip(worst_values, worst_keys, worst_scores, strict=True):
         if not math.isfinite(value):
             continue  # fewer scored samples than ``worst``
         sample = int(all_scored[key])
         ids = dataset[sample]
         worst_rows.append({"sample": sample, "loss": value, "length": int(ids.size),
-                           "text": tokenizer.decode(ids.tolist())})
+                           "text": tokenizer.decode(ids.tolist()), "anomaly_score": score})
     return EvaluationReport(metrics=metrics, wrong_pairs=wrong_pairs,
                             worst_samples=pd.DataFrame(worst_rows, columns=WORST_COLUMNS))
 

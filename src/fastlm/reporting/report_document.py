@@ -95,7 +95,9 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
         Section("Throughput: training and evaluation", table=speeds),
         Section("Most frequent wrong predictions", text="Decoded tokens; ␣ is a space.",
                 table=error_pairs_table(error_pairs)),
-        Section("Worst samples by loss", table=worst),
+        Section("Worst samples by loss", table=worst,
+                text="anomaly_score: the share of a sample's next tokens outside the model's top k (on log-key "
+                     "data, the next-key anomaly check)." if worst is not None and "anomaly_score" in worst else ""),
         Section("Sample generations", table=generations),
         *_rouge_sections(test_metrics, predictions),
         Section("Run comparison", text="Training runs of this MLflow experiment (◀: the run of this report); only "

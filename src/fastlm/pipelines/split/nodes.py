@@ -12,10 +12,11 @@ import pandas as pd
 from fastlm.corpus.cleaning import clean_texts
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
 from fastlm.corpus.params import TRAIN_TOKENIZER, parse_split_params
+from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
 from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import build_report, length_summary
-from fastlm.corpus.tokenization import tokenize_texts
+from fastlm.corpus.tokenization import encode_id_lists, tokenize_texts
 from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
 from fastlm.errors import InputDataError
 
@@ -31,6 +32,8 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     config = parse_split_params(params)
     source = raw.attrs.get("source_path", "raw_corpus")
     _require_columns(raw, config, source)
+    if config.pretokenized:
+        return _clean_id_lists(raw, config, source)
     tokenizer = None
     if config.tokenizer.source != TRAIN_TOKENIZER:  # fail now, before any output is written
         tokenizer = load_tokenizer(
@@ -55,10 +58,23 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
 
 
+def _clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame, dict]:
+    """Pre-tokenized rows: every id list checked (one bad row refuses the file), exact duplicates dropped."""
+    texts = pd.Series(id_texts(raw[config.ids_column], vocab_size=config.vocab_size, source=source,
+                               param=f"split.ids_column ({config.ids_column!r})"), name="text", dtype=object)
+    kept = texts.drop_duplicates().to_frame()
+    drops = {"duplicate": int(len(texts) - len(kept))}
+    log.info("Checked %d pre-tokenized rows of %s (vocab_size %d): kept %d, dropped %s", len(raw), source,
+             config.vocab_size, len(kept), drops)
+    if kept.empty:
+        raise InputDataError(f"{source} has no rows.", fix=f"fill split.ids_column ({config.ids_column!r}).")
+    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+
+
 def _columns(config) -> list[tuple[str, str]]:
     """(parameter, column) pairs the configured data format reads."""
     names = {"text": ["text_column"], "prompt_response": ["prompt_column", "response_column"],
-             "messages": ["messages_column"]}[config.data_format]
+             "messages": ["messages_column"], "pretokenized": ["ids_column"]}[config.data_format]
     return [(name, getattr(config, name)) for name in names]
 
 
@@ -97,7 +113,12 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
 
 def build_tokenizer(splits: pd.DataFrame, params: dict):
     """Train a byte-level BPE on the train split (the default), or load the configured tokenizer."""
-    config = parse_split_params(params).tokenizer
+    split = parse_split_params(params)
+    if split.pretokenized:
+        eos, pad = split.special_ids
+        log.info("Pre-tokenized data: ids 0..%d, EOS %d, pad %d (no tokenizer trained)", split.vocab_size - 1, eos, pad)
+        return id_tokenizer(split.vocab_size, eos_id=eos, pad_id=pad, model_max_length=split.max_length)
+    config = split.tokenizer
     if config.source != TRAIN_TOKENIZER:
         return load_tokenizer(config.source, allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
     train_rows = splits.loc[splits["split"] == "train"].head(config.training_samples)
@@ -117,7 +138,10 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
     """
     config = parse_split_params(params)
     encode = {"max_length": config.max_length, "batch_size": config.batch_size, "num_proc": config.num_proc}
-    if config.data_format == "text":
+    if config.pretokenized:
+        tokens = encode_id_lists(parse_id_texts(splits["text"].tolist()), eos=int(tokenizer.eos_token_id),
+                                 max_length=config.max_length)
+    elif config.data_format == "text":
         tokens = tokenize_texts(splits["text"].tolist(), tokenizer, **encode)
     else:
         tokens = tokenize_pairs(splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, **encode)

@@ -1,0 +1,102 @@
+"""Node of the sweep pipeline: each parameter set of the sweep file is one named training run (an MLflow child
+run of this pipeline's run) on the same tokenized data; finished runs are kept, so a rerun continues."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+import datasets
+import pandas as pd
+
+from fastlm.corpus.params import parse_split_params
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.evaluation import evaluate_split
+from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from fastlm.pipelines.train.nodes import train_model
+from fastlm.reporting.html_report import markdown_table
+from fastlm.reporting.params import parse_report_params
+from fastlm.reporting.sweep_view import comparison_table, loss_plot, verdict
+from fastlm.sweeps import apply_overrides, finished_summary, load_sweep, save_finished
+from fastlm.tracking import MlflowMetrics
+
+log = logging.getLogger(__name__)
+STATE = Path("data/08_reporting/sweeps")
+
+
+def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict, split_params: dict,
+              report_params: dict, sweep: str):
+    """Train every run of the sweep file ``sweep`` that has not finished yet; the comparison table, the loss
+    plot and the verdict of all of them."""
+    spec = load_sweep(sweep)
+    plan, names = spec.plan(), spec.run_names()
+    for overrides in plan:  # every run's parameters checked before the first one
+        parse_train_params(apply_overrides(train_params, overrides, spec.max_steps))
+    summaries, histories, evaluations = {}, {}, {}
+    for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
+        folder = STATE / spec.name / name
+        params = apply_overrides(train_params, overrides, spec.max_steps)
+        identity = {"train": params, "data": fingerprint.get("fingerprint"), "overrides": overrides}
+        done = finished_summary(folder, identity)
+        if done is None:
+            log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
+            with _child_run(name, overrides):
+                trained, history, evaluation, summary = train_model(tokenized, fingerprint, tokenizer, params,
+                                                                    split_params, run_name=name)
+                summary.update(_test_metrics(trained["model"], tokenizer, tokenized, params, split_params,
+                                             report_params))
+            done = {**summary, "sweep_identity": json.loads(json.dumps(identity, default=str))}
+            save_finished(folder, done, history, evaluation)
+        else:
+            log.info("Sweep %s: run %d of %d, %s, finished before: kept", spec.name, index, len(plan), name)
+        summaries[name] = done
+        histories[name] = pd.read_csv(folder / "history.csv")
+        evaluations[name] = pd.read_csv(folder / "eval_history.csv")
+    table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
+    text = verdict(table, spec.metric, histories, evaluations)
+    log.info("Sweep %s: %s", spec.name, text)
+    document = f"# Sweep {spec.name}\n\n{text}\n\n{markdown_table(table)}\n"
+    return table, loss_plot(histories, evaluations), document
+
+
+def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict) -> dict:
+    """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``; logged to its run)."""
+    if model is None or len(tokenized["test"]) == 0:
+        return {}
+    params, report = parse_train_params(train_params), parse_report_params(report_params)
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    model.to(runtime.device)
+    result = evaluate_split(model, tokenizer, TokenSequences.from_arrow(tokenized["test"]), params=params,
+                            runtime=runtime, max_length=parse_split_params(split_params).max_length,
+                            attn=model.config._attn_implementation or "sdpa", max_batches=report.eval_max_batches,
+                            top_k=report.top_k, worst=1, pairs=1)
+    metrics = {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
+    MlflowMetrics().log_run_metrics(metrics)
+    return metrics
+
+
+@contextlib.contextmanager
+def _child_run(name: str, overrides: dict):
+    """An MLflow run nested under the active (sweep) run, with the swept parameters; nothing without tracking."""
+    import mlflow
+
+    from fastlm.tracking import param_text
+
+    try:
+        run = mlflow.start_run(run_name=name, nested=True) if mlflow.active_run() is not None else None
+        if run is not None:
+            mlflow.log_params({key: param_text(value) for key, value in overrides.items()})
+    except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
+        log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
+        run = None
+    try:
+        yield
+    except BaseException:
+        if run is not None:
+            mlflow.end_run("FAILED")
+        raise
+    if run is not None:
+        mlflow.end_run()

@@ -1,0 +1,117 @@
+"""Parameter sweeps: a YAML file naming a grid (every combination) or a list of ``train.*`` settings.
+
+    # conf/base/sweeps/lr_batch.yml
+    name: lr_batch                 # the runs are lr_batch-01, lr_batch-02, ...
+    max_steps: 30                  # per-run budget (train.max_steps of every run)
+    metric: final_val_loss         # the comparison table is sorted by it (lower is better)
+    grid:                          # or  runs: [{train.optimizer.lr: 0.001}, ...]
+      train.optimizer.lr: [0.001, 0.003]
+      train.batching.micro_batch_size: [8, 16]
+
+Kedro-free: the sweep pipeline reads the file, runs the plan and keeps each finished run's summary in
+``<state folder>/<run name>/`` so that an interrupted sweep continues with its first unfinished run.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, model_validator
+
+from fastlm.config import Params, parse_params
+from fastlm.errors import ConfigError
+from fastlm.runs import validate_run_name
+
+PARAM = "sweep"
+METRICS = ("final_val_loss", "final_train_loss", "test_loss", "test_accuracy", "test_top5_accuracy", "wall_time_s",
+           "real_tokens_per_s")
+
+
+class SweepSpec(Params):
+    name: str = Field(min_length=1, max_length=60)
+    max_steps: int | None = Field(None, ge=1, description="train.max_steps of every run")
+    metric: str = "final_val_loss"
+    grid: dict[str, list[Any]] | None = None
+    runs: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _one_plan(self) -> SweepSpec:
+        if (self.grid is None) == (self.runs is None):
+            raise ValueError("give either grid (every combination) or runs (a list of settings), not both")
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {', '.join(METRICS)}")
+        validate_run_name(self.name)
+        for key in {key for overrides in self.plan() for key in overrides}:
+            if not key.startswith("train."):
+                raise ValueError(f"{key}: only train.* parameters can be swept (the tokenized data is reused; "
+                                 "run a split per setting for split.* parameters)")
+        return self
+
+    def plan(self) -> list[dict[str, Any]]:
+        """The parameter sets in run order (a grid: the last key varies fastest)."""
+        if self.runs is not None:
+            return [dict(run) for run in self.runs]
+        keys = list(self.grid)
+        return [dict(zip(keys, values, strict=True)) for values in itertools.product(*self.grid.values())]
+
+    def run_names(self) -> list[str]:
+        return [f"{self.name}-{index:02d}" for index in range(1, len(self.plan()) + 1)]
+
+
+def load_sweep(path) -> SweepSpec:
+    """The sweep file at ``path`` (the ``sweep`` parameter), validated, or one ConfigError line."""
+    if not isinstance(path, str | os.PathLike) or not Path(path).is_file():
+        raise ConfigError(f"parameter {PARAM} = {path!r} is not a sweep file.",
+                          fix="pass --params sweep=conf/base/sweeps/lr_batch.yml (a YAML file with name and grid or runs).")
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"sweep file {path} is not valid YAML ({str(exc).splitlines()[0]}).",
+                          fix="correct the file.") from exc
+    return parse_params(SweepSpec, raw, prefix=PARAM, source=str(path))
+
+
+def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: int | None) -> dict:
+    """A copy of ``train_params`` with each ``train.a.b: value`` set (and ``max_steps``, when given)."""
+    params = copy.deepcopy(train_params or {})
+    for key, value in overrides.items():
+        *path, last = key.split(".")[1:]
+        node = params
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"sweep key {key}: train.{part} is not a group of parameters.",
+                                  fix="name a parameter such as train.optimizer.lr.")
+        node[last] = value
+    if max_steps is not None:
+        params["max_steps"] = max_steps
+    return params
+
+
+def finished_summary(folder: Path, identity: dict[str, Any]) -> dict | None:
+    """The stored summary of a run that finished with exactly ``identity`` (its effective train parameters and
+    the data fingerprint), else None: a changed setting or a re-split reruns it."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stored if stored.get("sweep_identity") == json.loads(json.dumps(identity, default=str)) else None
+
+
+def save_finished(folder: Path, summary: dict, history, eval_history) -> None:
+    """Keep a finished run's summary and histories (the summary last, atomically: it marks the run done)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    history.to_csv(folder / "history.csv", index=False)
+    eval_history.to_csv(folder / "eval_history.csv", index=False)
+    temporary = folder / "summary.json.tmp"
+    temporary.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    os.replace(temporary, folder / "summary.json")

@@ -1,0 +1,113 @@
+"""Pre-tokenized data (issue 18): id lists checked per row, EOS/truncation like text, the id vocabulary,
+parameters and fingerprint, the deterministic log-key demo."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fastlm.corpus.fingerprint import check_fresh, data_format_params, make_fingerprint
+from fastlm.corpus.params import parse_split_params
+from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
+from fastlm.corpus.synthetic_logkeys import NORMAL_KEYS, VOCAB_SIZE, logkey_sessions
+from fastlm.corpus.tokenization import encode_id_lists
+from fastlm.errors import ConfigError, InputDataError, StaleDataError
+
+PARAM = "split.ids_column ('ids')"
+
+
+def _texts(rows, vocab_size=10):
+    return id_texts(pd.Series(rows, dtype=object), vocab_size=vocab_size, source="raw.jsonl", param=PARAM)
+
+
+def test_id_lists_become_space_joined_keys_and_back():
+    rows = [[3, 1, 4], np.array([0, 9]), [2.0, 5.0]]  # arrays (pyarrow) and whole floats (a double column)
+    texts = _texts(rows)
+    assert texts == ["3 1 4", "0 9", "2 5"]
+    assert parse_id_texts(texts) == [[3, 1, 4], [0, 9], [2, 5]]
+
+
+@pytest.mark.parametrize(("row", "expected"), [
+    ([1, 10], "row 2: id 10 in split.ids_column ('ids') is not below split.vocab_size (10)"),
+    ([1, -3], "row 2: id -3 in split.ids_column ('ids') is negative"),
+    ([1, 2.5], "row 2: split.ids_column ('ids') holds 2.5, not an integer id"),
+    ([1, "7"], "row 2: split.ids_column ('ids') holds '7', not an integer id"),
+    ([True], "row 2: split.ids_column ('ids') holds True, not an integer id"),
+    ([], "row 2: split.ids_column ('ids') is an empty list"),
+    ("1 2 3", "row 2: split.ids_column ('ids') is '1 2 3', not a list of integer ids"),
+    (None, "row 2: split.ids_column ('ids') is None, not a list"),
+])
+def test_a_bad_row_is_named(row, expected):
+    with pytest.raises(InputDataError) as raised:
+        _texts([[1, 2], row, [3]])
+    message = str(raised.value)
+    assert message.startswith("raw.jsonl " + expected), message
+    assert "\n" not in message and "Fix:" in message
+
+
+def test_eos_appended_and_truncated_like_text():
+    tokens = encode_id_lists([[1, 2, 3], [4, 5, 6, 7, 8, 9], [1, 9]], eos=9, max_length=4)
+    rows = [tokens.values[a:b].tolist() for a, b in zip(tokens.offsets[:-1], tokens.offsets[1:], strict=True)]
+    assert rows == [[1, 2, 3, 9], [4, 5, 6, 9], [1, 9]]  # a trailing EOS is not doubled
+    assert tokens.truncated.tolist() == [False, True, False]
+
+
+def test_id_tokenizer_maps_each_id_to_itself(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = id_tokenizer(50, eos_id=49, pad_id=0, model_max_length=32)
+    assert (len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id) == (50, 49, 0)
+    assert tokenizer("3 17 5")["input_ids"] == [3, 17, 5]
+    assert tokenizer.decode([3, 17, 5, 49], skip_special_tokens=True) == "3 17 5"
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert (len(loaded), loaded.eos_token_id, loaded.pad_token_id) == (50, 49, 0)
+    assert make_fingerprint(loaded, 32) == make_fingerprint(tokenizer, 32)
+
+
+def test_parameters():
+    config = parse_split_params({"pretokenized": True, "vocab_size": 64})
+    assert config.data_format == "pretokenized" and config.special_ids == (63, 63)
+    assert parse_split_params({"pretokenized": True, "vocab_size": 64, "eos_id": 0, "pad_id": 1}).special_ids == (0, 1)
+    with pytest.raises(ConfigError, match=r"split.pretokenized is true but split.vocab_size is not set"):
+        parse_split_params({"pretokenized": True})
+    with pytest.raises(ConfigError, match=r"split.eos_id = 64 is not below split.vocab_size \(64\)"):
+        parse_split_params({"pretokenized": True, "vocab_size": 64, "eos_id": 64})
+
+
+@pytest.mark.parametrize("change", [{"vocab_size": 65}, {"eos_id": 0}, {"pad_id": 0}, {"ids_column": "keys"}])
+def test_every_pretokenized_parameter_is_in_the_fingerprint(change):
+    base = {"pretokenized": True, "vocab_size": 64, "max_length": 32}
+    old = parse_split_params(base)
+    stored = make_fingerprint(id_tokenizer(64, eos_id=63, pad_id=63, model_max_length=32), 32,
+                              data_format=data_format_params(old, None))
+    new = parse_split_params({**base, **change})
+    eos, pad = new.special_ids
+    with pytest.raises(StaleDataError):
+        check_fresh(stored, id_tokenizer(new.vocab_size, eos_id=eos, pad_id=pad, model_max_length=32), new, where="x")
+
+
+def test_logkey_demo_is_deterministic_with_planted_anomalies():
+    sessions = logkey_sessions(300, seed=1)
+    assert sessions == logkey_sessions(300, seed=1) and sessions != logkey_sessions(300, seed=2)
+    for session in sessions:
+        unusual = any(key >= NORMAL_KEYS for key in session["ids"])
+        assert unusual == session["anomaly"]
+        assert max(session["ids"]) < VOCAB_SIZE - 1  # the last id stays free for EOS
+    assert 0 < sum(s["anomaly"] for s in sessions) < 30
+
+
+def test_parquet_list_column_and_jsonl_with_a_string_id(tmp_path):
+    """Parquet list<int> rows arrive as numpy arrays; a JSONL string id makes the reader fall back to Python
+    lists: both are checked with the right row number."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastlm.corpus.readers import read_text_table
+
+    path = tmp_path / "keys.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], [3], [4, 5, 6]], type=pa.list_(pa.int32()))}), path)
+    assert id_texts(read_text_table(path)["ids"], vocab_size=7, source="k", param=PARAM) == ["1 2", "3", "4 5 6"]
+    path = tmp_path / "keys.jsonl"
+    path.write_text('{"ids": [1, 2]}\n{"ids": [3, "x"]}\n', encoding="utf-8")
+    with pytest.raises(InputDataError, match=r"^k row 2: split.ids_column \('ids'\) holds 'x'"):
+        id_texts(read_text_table(path)["ids"], vocab_size=7, source="k", param=PARAM)

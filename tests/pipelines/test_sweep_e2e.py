@@ -1,0 +1,65 @@
+"""Issue 18: a 2x2 sweep of tiny runs through a KedroSession (MLflow child runs, comparison, plot, verdict), then
+the same sweep after an interruption continues with its first unfinished run."""
+
+import json
+import shutil
+
+import mlflow
+import pandas as pd
+import pytest
+import yaml
+
+from fastlm.corpus.synthetic_logkeys import VOCAB_SIZE, write_demo_logkeys
+from tests.conftest import run_pipeline
+from tests.pipelines.test_report_e2e import own_experiment
+from tests.pipelines.test_train_e2e import TRAIN as BASE_TRAIN
+
+pytestmark = pytest.mark.e2e
+TRAIN = {**BASE_TRAIN, "eval_every": 1, "save_every": None}
+SWEEP = {"name": "tiny", "max_steps": 2, "metric": "final_val_loss",
+         "grid": {"train.optimizer.lr": [0.001, 0.01], "train.batching.micro_batch_size": [4, 8]}}
+
+
+def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
+    own_experiment(kedro_project, "sweep-e2e")
+    raw = write_demo_logkeys(kedro_project / "data/01_raw/logkeys.jsonl", n=200, seed=0)
+    (kedro_project / "sweep.yml").write_text(yaml.safe_dump(SWEEP, sort_keys=False))
+    params = {"raw_path": str(raw.relative_to(kedro_project)), "sweep": "sweep.yml", "train": TRAIN,
+              "split": {"pretokenized": True, "vocab_size": VOCAB_SIZE, "max_length": 48}}
+    run_pipeline(kedro_project, "split", params)
+    run_pipeline(kedro_project, "sweep", params)
+
+    names = ["tiny-01", "tiny-02", "tiny-03", "tiny-04"]
+    table = pd.read_csv(kedro_project / "data/08_reporting/sweep_comparison.csv")
+    assert sorted(table["run"]) == names and table["final_val_loss"].is_monotonic_increasing
+    assert set(zip(table["train.optimizer.lr"], table["train.batching.micro_batch_size"], strict=True)) == {
+        (0.001, 4), (0.001, 8), (0.01, 4), (0.01, 8)}
+    assert (table["steps"] == 2).all() and (table["wall_time_s"] > 0).all()
+    assert table["test_loss"].gt(0).all() and table["test_top5_accuracy"].between(0, 1).all()
+    verdict = (kedro_project / "data/08_reporting/sweep.md").read_text()
+    assert f"{table['run'][0]} (optimizer.lr" in verdict and "is best by final_val_loss" in verdict
+    assert (kedro_project / "data/08_reporting/plots/sweep_loss.png").stat().st_size > 0
+
+    mlflow.set_tracking_uri(mlflow_uri)
+    experiment = mlflow.get_experiment_by_name("sweep-e2e")
+    runs = mlflow.search_runs([experiment.experiment_id])
+    parent = runs[runs["tags.mlflow.runName"].str.startswith("sweep-")]
+    assert len(parent) == 1
+    children = runs[runs["tags.mlflow.parentRunId"] == parent["run_id"].iloc[0]]
+    assert sorted(children["tags.mlflow.runName"]) == names
+    assert set(children["params.train.optimizer.lr"]) == {"0.001", "0.01"}
+    assert children["metrics.test_loss"].gt(0).all()
+
+    # Interrupted after two runs: the rerun keeps runs 1-2 untouched and trains 3-4 again.
+    state = kedro_project / "data/08_reporting/sweeps/tiny"
+    kept = {name: (state / name / "summary.json").read_bytes() for name in names[:2]}
+    for name in names[2:]:
+        shutil.rmtree(state / name)
+    run_pipeline(kedro_project, "sweep", params)
+    assert {name: (state / name / "summary.json").read_bytes() for name in names[:2]} == kept
+    for name in names[2:]:
+        assert json.loads((state / name / "summary.json").read_text())["run_name"] == name
+    assert len(pd.read_csv(kedro_project / "data/08_reporting/sweep_comparison.csv")) == 4
+    runs = mlflow.search_runs([experiment.experiment_id])
+    second = runs[runs["tags.mlflow.runName"].str.startswith("sweep-")].sort_values("start_time")["run_id"].iloc[-1]
+    assert sorted(runs[runs["tags.mlflow.parentRunId"] == second]["tags.mlflow.runName"]) == names[2:]

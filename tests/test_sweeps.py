@@ -1,0 +1,81 @@
+"""Issue 18: the sweep file (grid or list, train.* only, one line on bad input), overrides, and the verdict."""
+
+import pandas as pd
+import pytest
+import yaml
+
+from fastlm.errors import ConfigError
+from fastlm.reporting.sweep_view import comparison_table, verdict
+from fastlm.sweeps import apply_overrides, finished_summary, load_sweep, save_finished
+
+
+def _file(tmp_path, spec) -> str:
+    path = tmp_path / "sweep.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(path)
+
+
+def test_grid_and_list_plans(tmp_path):
+    grid = load_sweep(_file(tmp_path, {"name": "g", "grid": {"train.optimizer.lr": [1, 2], "train.seed": [0, 1]}}))
+    assert grid.plan() == [{"train.optimizer.lr": 1, "train.seed": 0}, {"train.optimizer.lr": 1, "train.seed": 1},
+                           {"train.optimizer.lr": 2, "train.seed": 0}, {"train.optimizer.lr": 2, "train.seed": 1}]
+    assert grid.run_names() == ["g-01", "g-02", "g-03", "g-04"]
+    listed = load_sweep(_file(tmp_path, {"name": "l", "runs": [{"train.seed": 3}, {"train.optimizer.lr": 0.1}]}))
+    assert listed.plan() == [{"train.seed": 3}, {"train.optimizer.lr": 0.1}]
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ({"name": "s", "grid": {"split.max_length": [32, 64]}}, "only train.* parameters can be swept"),
+    ({"name": "s"}, "give either grid"),
+    ({"name": "s", "grid": {"train.seed": [1]}, "runs": [{"train.seed": 1}]}, "give either grid"),
+    ({"name": "s", "grid": {"train.seed": [1]}, "metric": "accuracy"}, "metric must be one of"),
+    ({"name": "a b", "grid": {"train.seed": [1]}}, "not a safe folder name"),
+])
+def test_bad_sweep_files_are_one_line(tmp_path, spec, expected):
+    with pytest.raises(ConfigError, match=expected) as raised:
+        load_sweep(_file(tmp_path, spec))
+    assert "\n" not in str(raised.value) and "Fix:" in str(raised.value)
+    with pytest.raises(ConfigError, match="is not a sweep file"):
+        load_sweep(str(tmp_path / "missing.yml"))
+
+
+def test_overrides_and_finished_runs(tmp_path):
+    base = {"optimizer": {"lr": 0.002, "beta1": 0.9}, "max_steps": 500}
+    params = apply_overrides(base, {"train.optimizer.lr": 0.01, "train.batching.micro_batch_size": 4}, 7)
+    assert params == {"optimizer": {"lr": 0.01, "beta1": 0.9}, "batching": {"micro_batch_size": 4}, "max_steps": 7}
+    assert base["optimizer"]["lr"] == 0.002  # a copy
+    identity = {"train": params, "data": "abc"}
+    save_finished(tmp_path / "r", {"run_name": "r", "sweep_identity": identity}, pd.DataFrame({"step": [1]}),
+                  pd.DataFrame({"step": [1]}))
+    assert finished_summary(tmp_path / "r", identity)["run_name"] == "r"
+    assert finished_summary(tmp_path / "r", {**identity, "data": "other"}) is None  # re-split: run again
+    assert finished_summary(tmp_path / "missing", identity) is None
+
+
+def test_table_sorted_by_metric_and_verdict_names_best_and_diverged():
+    overrides = {"a": {"train.optimizer.lr": 0.001}, "b": {"train.optimizer.lr": 0.1}, "c": {"train.optimizer.lr": 0.01}}
+    summaries = {"a": {"final_val_loss": 2.0, "wall_time_s": 10.0, "steps": 4},
+                 "b": {"final_val_loss": float("nan"), "wall_time_s": 5.0, "steps": 4},
+                 "c": {"final_val_loss": 1.5, "wall_time_s": 20.0, "steps": 4}}
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    assert list(table["run"]) == ["c", "a", "b"]
+    histories = {"a": pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0]}),
+                 "b": pd.DataFrame({"step": [1, 2, 3], "loss": [4.0, 9.0, float("nan")]}),
+                 "c": pd.DataFrame({"step": [1, 2], "loss": [4.0, 2.0]})}
+    text = verdict(table, "final_val_loss", histories)
+    assert text.startswith("c (optimizer.lr 0.01) is best by final_val_loss = 1.5")
+    assert "the worst, a (optimizer.lr 0.001), has 2" in text and "diverged: b at step 2" in text
+    assert "a was the fastest (2.0x less wall time than the slowest)" in text
+
+
+def test_verdict_says_which_run_reached_a_common_validation_loss_sooner():
+    overrides = {"a": {"train.batching.micro_batch_size": 8}, "b": {"train.batching.micro_batch_size": 16}}
+    summaries = {"a": {"final_val_loss": 2.0, "wall_time_s": 10.0}, "b": {"final_val_loss": 1.9, "wall_time_s": 12.0}}
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    histories = {"a": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.5, 2.2], "elapsed_s": [2.0, 4, 6, 8]}),
+                 "b": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.4, 2.1], "elapsed_s": [2.0, 4, 6, 8]})}
+    evaluations = {"a": pd.DataFrame({"step": [2, 4], "val_loss": [3.0, 2.0]}),
+                   "b": pd.DataFrame({"step": [2, 4], "val_loss": [1.95, 1.9]})}
+    text = verdict(table, "final_val_loss", histories, evaluations)
+    assert ("b (batching.micro_batch_size 16) reached validation loss 2 2.0x sooner in wall time than "
+            "a (batching.micro_batch_size 8)") in text
