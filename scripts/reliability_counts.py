@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -42,13 +43,17 @@ def section_rows(text: str, heading: str) -> list[str]:
 
 
 def collect(files: list[str]) -> set[str]:
-    """Node ids pytest collects from ``files`` (those that exist)."""
-    present = [file for file in sorted(set(files)) if (ROOT / file).is_file()]
+    """Node ids pytest collects from ``files`` (those that exist); one collection per set of files."""
+    return set(_collect(tuple(file for file in sorted(set(files)) if (ROOT / file).is_file())))
+
+
+@functools.lru_cache(maxsize=8)
+def _collect(present: tuple[str, ...]) -> frozenset[str]:
     if not present:
-        return set()
+        return frozenset()
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *present],
                           cwd=ROOT, capture_output=True, text=True)
-    return {line.strip() for line in done.stdout.splitlines() if "::" in line}
+    return frozenset(line.strip() for line in done.stdout.splitlines() if "::" in line)
 
 
 def run(node_ids: set[str]) -> set[str]:
@@ -84,7 +89,7 @@ def matrix_kinds() -> dict[str, bool]:
 
 def compute(text: str, *, execute: bool = False) -> dict:
     fault_refs = [TEST_REF.findall(row) for row in section_rows(text, "Faults")]
-    files = [file for refs in fault_refs for file, _ in refs] + [MATRIX]
+    files = [file for file, _ in TEST_REF.findall(text)] + [MATRIX]  # every file the document names: one collection
     collected = collect(files)
     fault_nodes = [set().union(*(expand(ref, collected) for ref in refs)) if refs else set() for refs in fault_refs]
     complete = [nodes for refs, nodes in zip(fault_refs, fault_nodes, strict=True)
