@@ -63,7 +63,8 @@ PACKED_INPUTS = {
     "eager": DENSE_ADDITIVE,
 }
 IMPLEMENTATIONS = tuple(PACKED_INPUTS)
-DEVICE_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+DEVICE_KEYS = ("input_ids", "labels", "attention_mask", "position_ids", "decoder_input_ids", "decoder_attention_mask")
+SEQ2SEQ_INPUTS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
 
 
 def packed_inputs(attn: str) -> str:
@@ -79,6 +80,9 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
     out = {**batch, **moved}
     packed = "sequence_ids" in batch
+    if "decoder_input_ids" in batch:  # encoder-decoder (collators.Seq2SeqCollator): padded sides, their masks
+        out[MODEL_INPUTS] = {key: out[key] for key in SEQ2SEQ_INPUTS}
+        return out
     if kind == VARLEN:
         cu_seq_lens, max_seqlen = varlen_boundaries(batch)
         rows, length = out["input_ids"].shape
