@@ -17,7 +17,7 @@ import torch
 
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.model import build_model
-from fastlm.errors import ConfigError, find_user_error
+from fastlm.errors import ConfigError
 
 MAX_LENGTH = 32
 

@@ -30,7 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastlm.engine.data.labels import IGNORE_INDEX, causal_lm_labels, count_target_tokens, packed_causal_lm_labels
+from fastlm.engine.data.labels import (
+    IGNORE_INDEX,
+    causal_lm_labels,
+    count_target_tokens,
+    packed_causal_lm_labels,
+)
 from fastlm.engine.data.packing import (
     TokenBudget,
     assign_rows,
