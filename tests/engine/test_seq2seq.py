@@ -113,13 +113,21 @@ def test_seq2seq_needs_prompt_response_data(tmp_path):
         seq2seq_batching(_tiny("bart"), plain)
 
 
-def test_packed_seq2seq_falls_back_to_length_grouped_with_one_line(tmp_path, caplog):
-    params = _params(tmp_path, tmp_path, mode="packed")
+def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog):
+    folder = tmp_path / "bart"
+    _tiny("bart").save_pretrained(folder)
+    params = _params(tmp_path, folder, mode="packed")
     samples = copy_samples(20, 0)
-    with caplog.at_level("WARNING"):
-        sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, attn="sdpa", seed=0,
-                                          **seq2seq_batching(_tiny("bart"), samples))
+    sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, attn="sdpa", seed=0,
+                                      **seq2seq_batching(_tiny("bart"), samples))
     assert isinstance(collator, Seq2SeqCollator)
-    assert [r.getMessage() for r in caplog.records if "packed" in r.getMessage()][0].count("length_grouped") == 1
     sampler.set_epoch(0, start_batch=0)
     assert sorted(i for batch in sampler for i in batch) == list(range(20))
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    params = params.model_copy(update={"max_steps": 2, "eval_every": 2})
+    with caplog.at_level("WARNING"):
+        result = train(model, samples, copy_samples(8, 1), params=params, runtime=runtime, pad_id=PAD,
+                       max_length=64, attn="sdpa")
+    assert len([r for r in caplog.records if "packed is not available" in r.getMessage()]) == 1
+    assert result.summary["batching"] == "length_grouped"

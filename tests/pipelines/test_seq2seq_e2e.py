@@ -12,7 +12,7 @@ from tests.pipelines.test_report_rouge_e2e import RAW, REPORT, SPLIT, TOPICS, wr
 
 pytestmark = pytest.mark.e2e
 MODEL = "models/bart"
-TRAIN = {"max_steps": 40, "log_every": 10, "eval_every": 20, "save_every": 40, "quiet": True,
+TRAIN = {"max_steps": 25, "log_every": 5, "eval_every": 25, "save_every": 25, "quiet": True,
          "batching": {"micro_batch_size": 8}, "optimizer": {"lr": 1e-2, "warmup_steps": 2},
          "model": {"name_or_path": f"./{MODEL}"}}
 PARAMS = {"raw_path": RAW, "split": SPLIT, "train": TRAIN,
@@ -49,6 +49,8 @@ def test_bart_trains_on_dialogues_and_is_scored_with_rouge_beside_decoder_runs(k
     assert trained["architectures"] == ["BartForConditionalGeneration"]
     history = pd.read_csv(kedro_project / "data/07_model_output/train_history.csv")
     assert history["loss"].iloc[-1] < history["loss"].iloc[0] - 1.0
+    summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
+    assert summary["batching"] == "length_grouped"  # packed (the default) is not available for seq2seq yet
     out = kedro_project / "data/08_reporting"
     metrics = json.loads((out / "test_metrics.json").read_text())
     assert metrics["loss"] > 0 and metrics["perplexity"] > 1

@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from fastlm.engine.attention import generation_attention, to_device
-from fastlm.engine.generation import continuation_start, is_encoder_decoder
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.generation import continuation_start, is_encoder_decoder
 from fastlm.engine.loop import make_batching, seq2seq_batching
 from fastlm.engine.loss import IGNORE_INDEX, forward_logits, shift_labels
 from fastlm.engine.runtime import Runtime

@@ -88,9 +88,7 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     mode = batching.mode
     if seq2seq:
         lengths = seq2seq_lengths(lengths, prompt_lengths)
-        if mode == "packed":
-            log.warning("train.batching.mode packed is not available for encoder-decoder models yet: batching "
-                        "length_grouped instead (each side padded to its own batch maximum)")
+        if mode == "packed":  # train() says so once, in its log and summary
             mode = "length_grouped"
     if mode == "packed":
         budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
@@ -237,7 +235,12 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     ``callbacks``. Which checkpoint is continued: ``engine.resume.plan_resume``.
     """
     comm = comm or SingleProcess()
-    seq2seq_batching(model, train_set)  # an encoder-decoder model on plain text: refused before anything is written
+    # An encoder-decoder model on plain text is refused before anything is written; packing is not available for
+    # it yet (cross-attention isolation per sample): it batches length_grouped, and the log and summary say so.
+    if seq2seq_batching(model, train_set) and params.batching.mode == "packed":
+        log.warning("train.batching.mode packed is not available for encoder-decoder models yet: batching "
+                    "length_grouped instead (each side padded to its own batch maximum)")
+        params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})})
     with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
         return _train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id,
                       max_length=max_length, attn=attn, callbacks=callbacks, comm=comm)
