@@ -6,6 +6,8 @@ and saved with ``save_pretrained`` into temporary folders (no hub).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -21,7 +23,7 @@ from fastlm.errors import ConfigError
 VOCAB, PAD, EOS = 64, 1, 2
 
 
-def _tiny(kind: str):
+def _tiny(kind: str, init_std: float = 0.02):
     from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
@@ -29,7 +31,8 @@ def _tiny(kind: str):
         return BartForConditionalGeneration(BartConfig(
             vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
             decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-            pad_token_id=PAD, eos_token_id=EOS, bos_token_id=0, decoder_start_token_id=EOS, dropout=0.0))
+            pad_token_id=PAD, eos_token_id=EOS, bos_token_id=0, decoder_start_token_id=EOS, dropout=0.0,
+            init_std=init_std))
     return T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
                                                num_heads=2, pad_token_id=PAD, eos_token_id=EOS,
                                                decoder_start_token_id=PAD, dropout_rate=0.0))
@@ -131,3 +134,36 @@ def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog
                        max_length=64, attn="sdpa")
     assert len([r for r in caplog.records if "packed is not available" in r.getMessage()]) == 1
     assert result.summary["batching"] == "length_grouped"
+
+
+@pytest.mark.parametrize(("kind", "targets"), [("bart", {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"}),
+                                               ("t5", {"q", "k", "v", "o", "wi", "wo"})])
+def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp_path, kind, targets):
+    from fastlm.engine.lora import load_adapter_model
+
+    folder = tmp_path / kind
+    # frozen embeddings (LoRA) of BART's usual init (std 0.02) in 16 dimensions barely move the tied logits
+    _tiny(kind, init_std=0.5).save_pretrained(folder)
+    params = _params(tmp_path, folder)
+    params = params.model_copy(update={"max_steps": 30, "optimizer": params.optimizer.model_copy(update={"lr": 2e-2}),
+                                       "model": params.model.model_copy(update={
+        "lora": params.model.lora.model_copy(update={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0})})})
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert adapted == targets
+    assert any("encoder" in name and "lora_A" in name for name, _ in model.named_parameters())
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    result = train(model, copy_samples(200, 1), None, params=params, runtime=runtime, pad_id=PAD, max_length=64,
+                   attn="sdpa")
+    losses = [record["loss"] for record in result.history]
+    assert losses[-1] < losses[0] - 0.3
+    result.model.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_2_SEQ_LM" and targets <= set(config["target_modules"])
+    merged = load_adapter_model(tmp_path / "adapter")
+    assert type(merged).__name__ == type(_tiny(kind)).__name__
+    batch = Seq2SeqCollator(pad_id=PAD, decoder_start_id=EOS)(copy_samples(4, 5).__getitems__(range(4)))
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")}
+    result.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**inputs).logits, result.model(**inputs).logits, atol=1e-4, rtol=1e-4)
