@@ -167,3 +167,14 @@ def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp
     result.model.eval()
     with torch.no_grad():
         torch.testing.assert_close(merged(**inputs).logits, result.model(**inputs).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_tune_measures_the_seq2seq_training_step(tmp_path):
+    from fastlm.engine import tune
+
+    params = _params(tmp_path, tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(_tiny("t5"), copy_samples(60, 1), params=params, runtime=runtime, pad_id=PAD,
+                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    trial = measure(4)
+    assert trial.real_tokens_per_s > 0 and trial.step_time_s > 0
