@@ -178,3 +178,31 @@ def test_tune_measures_the_seq2seq_training_step(tmp_path):
                                       max_length=64, attn="sdpa", warmup=1, timed=2)
     trial = measure(4)
     assert trial.real_tokens_per_s > 0 and trial.step_time_s > 0
+
+
+def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
+    folder = tmp_path / "t5"
+    _tiny("t5").save_pretrained(folder)
+    runtime_params = {"device": "cpu", "num_threads": 1, "deterministic": True}
+
+    def run(root, callbacks=(), **overrides):
+        params = _params(root, folder).model_copy(update={"max_steps": 8, "save_every": 4, "eval_every": None,
+                                                          "log_every": 1, **overrides})
+        params = params.model_copy(update={"runtime": params.runtime.model_copy(update=runtime_params)})
+        runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+        model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+        return train(model, copy_samples(120, 1), None, params=params, runtime=runtime, pad_id=PAD, max_length=64,
+                     attn="sdpa", callbacks=callbacks)
+
+    def interrupt(kind, record):
+        if record["step"] == 6:
+            raise KeyboardInterrupt
+
+    straight = run(tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", callbacks=[interrupt])
+    resumed = run(tmp_path / "b", resume="auto")
+    assert resumed.summary["resumed_from_step"] == 4 and resumed.summary["steps_trained"] == 4
+    assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)

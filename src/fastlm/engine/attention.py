@@ -18,6 +18,9 @@ implementation          packed inputs   what the model gets
 ``eager``               additive        the same mask as 0 / dtype-min (eager ADDS the mask: a bool leaks)
 =====================  ==============  ====================================================================
 
+Encoder-decoder batches (``decoder_input_ids``, from ``data.Seq2SeqCollator``) are never packed: every path gets
+the padded encoder and decoder inputs with their 2D masks, and transformers builds the masks it needs.
+
 Why: transformers 5 infers packed samples from restarting position ids only for a ONE-row batch
 (``modeling_flash_attention_utils._is_packed_sequence``); with several rows and no mask, flash attention is
 plain causal attention over each row and samples see their neighbours. Varlen kernels therefore get the
