@@ -17,7 +17,7 @@ import torch
 
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.model import build_model
-from fastlm.errors import ConfigError, find_user_error
+from fastlm.errors import ConfigError
 
 MAX_LENGTH = 32
 
@@ -115,11 +115,17 @@ def test_a_causal_lm_trains_as_itself_with_its_own_weights(folders, bpe_tokenize
     assert saved and all(torch.equal(state[key], value) for key, value in saved.items())
 
 
-@pytest.mark.parametrize(("kind", "model_type"), [("bart", "bart"), ("t5", "t5")])
-def test_an_encoder_decoder_is_refused_in_one_line(folders, bpe_tokenizer, kind, model_type):
-    message = _refused(folders[kind], bpe_tokenizer, "encoder-decoder (seq2seq) training is not available yet",
-                       str(folders[kind]), f"model type {model_type}", "train.model.name_or_path")
-    assert "Traceback" not in message
+@pytest.mark.parametrize(("kind", "expected"), [("bart", "BartForConditionalGeneration"),
+                                                ("t5", "T5ForConditionalGeneration")])
+def test_an_encoder_decoder_trains_as_seq2seq_with_its_own_weights(folders, bpe_tokenizer, kind, expected):
+    from safetensors.torch import load_file
+
+    model = _build(folders[kind], bpe_tokenizer)
+    assert type(model).__name__ == expected and model.training and model.config.is_encoder_decoder
+    saved = load_file(folders[kind] / "model.safetensors")
+    state = model.state_dict()
+    assert any(".encoder." in f".{key}" for key in saved)
+    assert saved and all(torch.equal(state[key], value) for key, value in saved.items())
 
 
 def test_a_masked_lm_is_refused_in_one_line(folders, bpe_tokenizer):
@@ -252,13 +258,11 @@ def test_new_parameters_default_off_and_are_validated():
 # ---------------------------------------------------- the trained-model loaders do not re-shape a model either
 
 
-def test_the_report_loader_refuses_an_encoder_decoder_folder(folders, tmp_path):
+def test_the_report_loader_loads_an_encoder_decoder_folder_as_seq2seq(folders):
     from fastlm.datasets.pretrained_model import PretrainedModelDataset
 
-    with pytest.raises(Exception) as raised:
-        PretrainedModelDataset(str(folders["bart"])).load()
-    error = find_user_error(raised.value)
-    assert isinstance(error, ConfigError) and "encoder-decoder" in str(error), repr(raised.value)
+    model = PretrainedModelDataset(str(folders["bart"])).load()["model"]
+    assert type(model).__name__ == "BartForConditionalGeneration"
 
 
 def test_merge_adapter_refuses_a_base_that_is_not_whole(folders, tmp_path, capsys):
@@ -272,7 +276,7 @@ def test_merge_adapter_refuses_a_base_that_is_not_whole(folders, tmp_path, capsy
     get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(adapter)
     cut = _copy(folders["llama"], tmp_path, "cut-base")
     _remove_tensor(cut, "model.layers.1.mlp.up_proj.weight")
-    for bad_base, expected in ((cut, "model.layers.1.mlp.up_proj.weight"), (folders["bart"], "encoder-decoder")):
+    for bad_base, expected in ((cut, "model.layers.1.mlp.up_proj.weight"), (folders["bart"], "does not load")):
         code = merge_adapter_command(["--adapter", str(adapter), "--base", str(bad_base),
                                       "--out", str(tmp_path / "merged")])
         err = capsys.readouterr().err
@@ -346,7 +350,8 @@ def test_the_kind_follows_the_config(model_type, changes, kind):
     checkpoint = pretrained.Checkpoint(source="./m", location="./m", label="train.model.name_or_path = './m'",
                                        config=config, kind=kind)
     if kind in pretrained.TRAINABLE:
-        assert pretrained.require_trainable(checkpoint) == "AutoModelForCausalLM"
+        assert pretrained.require_trainable(checkpoint) == (
+            "AutoModelForSeq2SeqLM" if kind == pretrained.SEQ2SEQ else "AutoModelForCausalLM")
     else:
         with pytest.raises(ConfigError, match=f"model type {model_type}.*fastlm trains"):
             pretrained.require_trainable(checkpoint)

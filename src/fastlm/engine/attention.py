@@ -18,6 +18,9 @@ implementation          packed inputs   what the model gets
 ``eager``               additive        the same mask as 0 / dtype-min (eager ADDS the mask: a bool leaks)
 =====================  ==============  ====================================================================
 
+Encoder-decoder batches (``decoder_input_ids``, from ``data.Seq2SeqCollator``) are never packed: every path gets
+the padded encoder and decoder inputs with their 2D masks, and transformers builds the masks it needs.
+
 Why: transformers 5 infers packed samples from restarting position ids only for a ONE-row batch
 (``modeling_flash_attention_utils._is_packed_sequence``); with several rows and no mask, flash attention is
 plain causal attention over each row and samples see their neighbours. Varlen kernels therefore get the
@@ -63,7 +66,8 @@ PACKED_INPUTS = {
     "eager": DENSE_ADDITIVE,
 }
 IMPLEMENTATIONS = tuple(PACKED_INPUTS)
-DEVICE_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+DEVICE_KEYS = ("input_ids", "labels", "attention_mask", "position_ids", "decoder_input_ids", "decoder_attention_mask")
+SEQ2SEQ_INPUTS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
 
 
 def packed_inputs(attn: str) -> str:
@@ -79,6 +83,9 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
     out = {**batch, **moved}
     packed = "sequence_ids" in batch
+    if "decoder_input_ids" in batch:  # encoder-decoder (collators.Seq2SeqCollator): padded sides, their masks
+        out[MODEL_INPUTS] = {key: out[key] for key in SEQ2SEQ_INPUTS}
+        return out
     if kind == VARLEN:
         cu_seq_lens, max_seqlen = varlen_boundaries(batch)
         rows, length = out["input_ids"].shape

@@ -39,7 +39,8 @@ from fastlm.engine.attention import generation_attention, to_device
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import make_batching
+from fastlm.engine.generation import continuation_start, is_encoder_decoder
+from fastlm.engine.loop import make_batching, seq2seq_batching
 from fastlm.engine.loss import IGNORE_INDEX, forward_logits, shift_labels
 from fastlm.engine.runtime import Runtime
 
@@ -117,10 +118,11 @@ def evaluate_split(model, tokenizer, dataset: TokenSequences, *, params: TrainPa
                    pairs: int = 20) -> EvaluationReport:
     """Metrics and error analysis of ``model`` on ``dataset`` (see the module docstring)."""
     device = runtime.device
+    sides = seq2seq_batching(model, dataset)  # encoder-decoder: each side padded to its own maximum, unpacked
     sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id_of(tokenizer),
-                                      max_length=max_length, attn=attn, seed=0)
+                                      max_length=max_length, attn=attn, seed=0, **sides)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
-    packed = params.batching.mode == "packed"
+    packed = params.batching.mode == "packed" and not sides
     zero = torch.zeros((), dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets, n_correct, n_topk = zero.clone(), zero.clone(), zero.clone()
@@ -270,7 +272,7 @@ def generate_samples(model, tokenizer, prompts: Sequence[str], *, settings: Sequ
     rows = []
     was_training, padding_side = model.training, tokenizer.padding_side
     model.eval()
-    tokenizer.padding_side = "left"
+    tokenizer.padding_side = "right" if is_encoder_decoder(model) else "left"  # see engine.generation
     try:
         for setting in settings:
             name = setting.get("name", _describe(setting) or "default")
@@ -288,7 +290,7 @@ def generate_samples(model, tokenizer, prompts: Sequence[str], *, settings: Sequ
                             max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                             eos_token_id=tokenizer.eos_token_id, use_cache=True, **kwargs,
                         )
-                    continuations = output[:, inputs["input_ids"].shape[1] :].tolist()
+                    continuations = output[:, continuation_start(model, inputs["input_ids"]) :].tolist()
                     for offset, ids in enumerate(continuations):
                         rows.append({"prompt": prompts[begin + offset], "setting": name,
                                      "settings": _describe(setting),

@@ -15,6 +15,11 @@ first EOS, which is not included), in the prompts' order. What makes it fast and
   same texts, and the caller's random state is untouched.
 
 Only ``model.generate`` is used, so a plain Hugging Face model and a peft adapter model both work.
+
+Encoder-decoder models (``config.is_encoder_decoder``: BART, T5) decode with their own ``generate`` too: the
+prompts are the ENCODER inputs, right-padded with their mask (learned absolute positions, as in BART, count
+from the first column, so right padding is what training saw); their output is the decoder row, whose first
+token is the decoder start, so the continuation is everything after it. ``continuation_start`` says which.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 from fastlm.engine.attention import generation_attention
 from fastlm.engine.runtime import Runtime
 
-__all__ = ["Generations", "decoding_kwargs", "generate_continuations"]
+__all__ = ["Generations", "continuation_start", "decoding_kwargs", "generate_continuations", "is_encoder_decoder"]
 
 
 @dataclass
@@ -44,11 +49,12 @@ class Generations:
 
 def decoding_kwargs(*, num_beams: int = 1, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
                     top_k: int | None = None, repetition_penalty: float = 1.0,
-                    no_repeat_ngram_size: int = 0) -> dict:
+                    no_repeat_ngram_size: int = 0, length_penalty: float = 1.0) -> dict:
     """``model.generate`` options for these settings, leaving out the ones that would do nothing.
 
     Temperature, top-p and top-k only matter when sampling (passing them to greedy decoding makes
-    transformers warn); a repetition penalty of 1 and a no-repeat size of 0 are off.
+    transformers warn); a repetition penalty of 1 and a no-repeat size of 0 are off; a length penalty only
+    matters to beam search (the encoder-decoder summarisers' usual set-up).
     """
     kwargs: dict = {"num_beams": num_beams, "do_sample": do_sample}
     if do_sample:
@@ -59,17 +65,30 @@ def decoding_kwargs(*, num_beams: int = 1, do_sample: bool = False, temperature:
         kwargs["repetition_penalty"] = repetition_penalty
     if no_repeat_ngram_size > 0:
         kwargs["no_repeat_ngram_size"] = no_repeat_ngram_size
+    if num_beams > 1 and length_penalty != 1.0:
+        kwargs["length_penalty"] = length_penalty
     return kwargs
 
 
-def _left_padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device):
+def is_encoder_decoder(model) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def continuation_start(model, input_ids: torch.Tensor) -> int:
+    """Where the new tokens begin in ``model.generate``'s output: after the prompt (decoder-only) or after
+    the decoder start token (encoder-decoder, whose output holds no prompt)."""
+    return 1 if is_encoder_decoder(model) else input_ids.shape[1]
+
+
+def _padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device, *, left: bool = True):
     width = max(len(ids) for ids in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, ids in enumerate(prompts):
         if ids:
-            input_ids[row, width - len(ids):] = torch.as_tensor(list(ids), dtype=torch.long)
-            attention_mask[row, width - len(ids):] = 1
+            columns = slice(width - len(ids), width) if left else slice(0, len(ids))
+            input_ids[row, columns] = torch.as_tensor(list(ids), dtype=torch.long)
+            attention_mask[row, columns] = 1
     return input_ids.to(device), attention_mask.to(device)
 
 
@@ -115,12 +134,14 @@ def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: i
             torch.manual_seed(seed)
             for begin in range(0, len(order), batch_size):
                 chunk = order[begin:begin + batch_size]
-                input_ids, attention_mask = _left_padded([prompts[i] for i in chunk], pad_id, device)
+                input_ids, attention_mask = _padded([prompts[i] for i in chunk], pad_id, device,
+                                                    left=not is_encoder_decoder(model))
                 with runtime.autocast_context():
                     output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                             max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                                             eos_token_id=sorted(eos_ids), use_cache=True, **generate_kwargs)
-                for index, ids in zip(chunk, output[:, input_ids.shape[1]:].tolist(), strict=True):
+                new = output[:, continuation_start(model, input_ids):].tolist()
+                for index, ids in zip(chunk, new, strict=True):
                     results[int(index)] = _until_eos(ids, eos_ids)
                     new_tokens += len(results[int(index)])
     finally:

@@ -33,6 +33,8 @@ from fastlm.engine.data import (
     LengthGroupedSampler,
     PackedBatchSampler,
     PackedCollator,
+    Seq2SeqCollator,
+    seq2seq_lengths,
 )
 from fastlm.engine.data.packing import TokenBudget
 from fastlm.engine.data.token_dataset import TokenSequences
@@ -55,7 +57,7 @@ from fastlm.engine.resume import data_digest, plan_resume, run_digest
 from fastlm.engine.runtime import Runtime, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
-from fastlm.errors import FastlmError
+from fastlm.errors import ConfigError, FastlmError
 
 log = logging.getLogger(__name__)
 Callback = Callable[[str, dict], None]  # ("train" | "eval", record)
@@ -74,10 +76,21 @@ class TrainResult:
 
 
 def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, attn: str, seed: int,
-                  shuffle: bool = True):
-    """The batch sampler and collator of the configured mode (packed rows are ``max_length`` long)."""
+                  shuffle: bool = True, prompt_lengths=None, decoder_start_id: int | None = None):
+    """The batch sampler and collator of the configured mode (packed rows are ``max_length`` long).
+
+    Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``): a
+    ``Seq2SeqCollator`` padding each side to its own batch maximum, batches grouped by the longer side;
+    ``packed`` is not available for them yet (cross-attention isolation) and runs ``length_grouped``, logged.
+    """
     batching = params.batching
-    if batching.mode == "packed":
+    seq2seq = decoder_start_id is not None
+    mode = batching.mode
+    if seq2seq:
+        lengths = seq2seq_lengths(lengths, prompt_lengths)
+        if mode == "packed":  # train() says so once, in its log and summary
+            mode = "length_grouped"
+    if mode == "packed":
         budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
         sampler = PackedBatchSampler(lengths, budget, seed=seed)
         packed_inputs(attn)  # an unknown implementation fails here, before any data is read
@@ -85,12 +98,38 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
         collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
                                   attention_mask_format="none")
     else:
-        group = 50 if batching.mode == "length_grouped" else 1
+        group = 50 if mode == "length_grouped" else 1
         sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=group, seed=seed)
-        if batching.mode == "dynamic":
+        if mode == "dynamic":
             sampler = _RandomBatches(lengths, batching.micro_batch_size, seed=seed)
-        collator = DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=batching.pad_to_multiple_of)
+        collator = (Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id,
+                                    pad_to_multiple_of=batching.pad_to_multiple_of) if seq2seq else
+                    DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=batching.pad_to_multiple_of))
     return sampler, collator
+
+
+def seq2seq_batching(model, dataset: TokenSequences) -> dict:
+    """``make_batching``'s encoder-decoder arguments for ``model`` on ``dataset`` (none for a causal LM).
+
+    The prompt feeds the encoder and the response is the decoder target, so the data must be prompt/response.
+    """
+    config = getattr(model, "config", None)
+    if not getattr(config, "is_encoder_decoder", False):
+        return {}
+    if dataset.prompt_lengths is None:
+        raise ConfigError(
+            f"{type(model).__name__} is an encoder-decoder model: it trains on prompt/response data (the prompt "
+            "feeds the encoder, the response is the decoder target), but the tokenized split has no prompts.",
+            fix="set split.prompt_column and split.response_column (or split.messages_column) and rerun `kedro "
+            "run --pipeline=split`, or train a decoder-only model on plain text.")
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "pad_token_id", None)
+    if start is None:
+        raise ConfigError(f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
+                          fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
+                          "T5: the pad id).")
+    return {"prompt_lengths": dataset.prompt_lengths, "decoder_start_id": int(start)}
 
 
 class _RandomBatches(LengthGroupedSampler):
@@ -158,7 +197,8 @@ def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runti
     the sums are added across ranks once, at the end. ``even_shards`` for FSDP, whose forward is collective.
     """
     comm = comm or SingleProcess()
-    sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length, attn=attn, seed=0)
+    sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length, attn=attn, seed=0,
+                                      **seq2seq_batching(model, dataset))
     sampler.shard(comm.rank, comm.world_size, even=even_shards)
     if max_batches is not None:
         max_batches = math.ceil(max_batches / comm.world_size)
@@ -195,6 +235,12 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     ``callbacks``. Which checkpoint is continued: ``engine.resume.plan_resume``.
     """
     comm = comm or SingleProcess()
+    # An encoder-decoder model on plain text is refused before anything is written; packing is not available for
+    # it yet (cross-attention isolation per sample): it batches length_grouped, and the log and summary say so.
+    if seq2seq_batching(model, train_set) and params.batching.mode == "packed":
+        log.warning("train.batching.mode packed is not available for encoder-decoder models yet: batching "
+                    "length_grouped instead (each side padded to its own batch maximum)")
+        params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})})
     with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
         return _train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id,
                       max_length=max_length, attn=attn, callbacks=callbacks, comm=comm)
@@ -211,8 +257,9 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                                              find_unused_parameters=dist_params.find_unused_parameters,
                                              bucket_cap_mb=dist_params.bucket_cap_mb))
     sync = gradient_sync(model if not hasattr(model, "_orig_mod") else model._orig_mod)
+    sides = seq2seq_batching(raw_model, train_set)  # {} for a causal LM
     sampler, collator = make_batching(params, train_set.lengths, pad_id=pad_id, max_length=max_length,
-                                      attn=attn, seed=params.seed)
+                                      attn=attn, seed=params.seed, **sides)
     sampler.shard(comm.rank, world)
     stream = MicroBatches(train_set, sampler, collator, loader_settings(params, device), epoch=0, batch=0)
     batches_per_epoch = stream.batches_per_epoch()
@@ -243,7 +290,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
             params = params.model_copy(update={"batching": params.batching.model_copy(
                 update={"micro_batch_size": saved_micro, "gradient_accumulation_steps": accum})})
             sampler, collator = make_batching(params, train_set.lengths, pad_id=pad_id, max_length=max_length,
-                                              attn=attn, seed=params.seed)
+                                              attn=attn, seed=params.seed, **sides)
             sampler.shard(comm.rank, world)
             stream = MicroBatches(train_set, sampler, collator, stream.loader_kwargs, epoch=0, batch=0)
             log.info("Continuing with micro_batch_size %d x gradient_accumulation_steps %d, as %s was saved after "
@@ -313,7 +360,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                 optimizer.zero_grad(set_to_none=True)
                 params, stream = _back_off(error, params, stream, step + 1, world=world, device=device,
                                            lengths=train_set.lengths, pad_id=pad_id, max_length=max_length,
-                                           attn=attn)
+                                           attn=attn, sides=sides)
                 accum = params.batching.gradient_accumulation_steps
                 backoffs.append({"step": step + 1, "micro_batch_size": params.batching.micro_batch_size,
                                  "gradient_accumulation_steps": accum})
@@ -417,7 +464,7 @@ class OutOfMemory(FastlmError):
 
 
 def _back_off(error: BaseException, params: TrainParams, stream: MicroBatches, step: int, *, world: int,
-              device: torch.device, lengths, pad_id: int, max_length: int, attn: str):
+              device: torch.device, lengths, pad_id: int, max_length: int, attn: str, sides: dict):
     """CUDA out of memory: halve the micro-batch and double the accumulation (``batching.oom_backoff``).
 
     The effective batch, the loss normalisation and the learning-rate schedule are unchanged; the data stream
@@ -443,7 +490,7 @@ def _back_off(error: BaseException, params: TrainParams, stream: MicroBatches, s
                 "effective batch is unchanged). Put these in conf/local to skip the failed attempt next time, or "
                 "run `kedro run --pipeline=tune`.", where, smaller.micro_batch_size, smaller.gradient_accumulation_steps)
     sampler, collator = make_batching(params, lengths, pad_id=pad_id, max_length=max_length, attn=attn,
-                                      seed=params.seed)
+                                      seed=params.seed, **sides)
     sampler.shard(0, 1)
     restart = max(0, stream.batch - batching.gradient_accumulation_steps) * 2
     return params, MicroBatches(stream.dataset, sampler, collator, stream.loader_kwargs, epoch=stream.epoch,

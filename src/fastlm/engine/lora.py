@@ -45,6 +45,9 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
     **{name: _ATTENTION_MLP for name in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
                                          "gemma3_text", "phi3", "olmo2", "exaone", "solar")},
     "gpt2": ["c_attn", "c_proj", "c_fc"],
+    # encoder-decoder families: self- and cross-attention and the feed-forward, in encoder and decoder alike
+    **{name: ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"] for name in ("bart", "mbart")},
+    **{name: ["q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo"] for name in ("t5", "mt5", "umt5")},
 }
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -108,7 +111,8 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: bool):
     if gradient_checkpointing:
         model.enable_input_require_grads()
     targets = target_modules(model, lora.target_modules)
-    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+    task = TaskType.SEQ_2_SEQ_LM if getattr(model.config, "is_encoder_decoder", False) else TaskType.CAUSAL_LM
+    config = LoraConfig(task_type=task, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=targets, bias=lora.bias, modules_to_save=lora.modules_to_save)
     try:
         peft_model = get_peft_model(model, config)

@@ -1,7 +1,7 @@
-"""Build the causal LM: a local pretrained directory (offline), a hub id (opt-in), or a tiny Llama config.
+"""Build the model: a local pretrained directory (offline), a hub id (opt-in), or a tiny Llama config.
 
-A pretrained folder goes through ``fastlm.engine.pretrained``: it trains as what its config says it is, with
-every weight it holds, or is refused with one line.
+A pretrained folder goes through ``fastlm.engine.pretrained``: it trains as what its config says it is (a causal
+LM, or an encoder-decoder model such as BART or T5), with every weight it holds, or is refused with one line.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 One place decides what a checkpoint is: ``checkpoint_kind`` reads its config (``is_encoder_decoder``,
 ``is_decoder``, ``architectures``, ``model_type``, a remote-code ``auto_map``) and says causal LM,
 encoder-decoder (seq2seq), encoder-only / masked LM, or unknown. ``TRAINABLE`` maps the kinds fastlm trains to
-the transformers auto class that builds them; every other kind is refused with one line. A seq2seq training
-path plugs in by adding ``SEQ2SEQ: "AutoModelForSeq2SeqLM"`` there (and a trainer that feeds it).
+the transformers auto class that builds them: causal LMs, and encoder-decoder models (BART, mBART, T5
+families), which train on prompt/response data (the prompt feeds the encoder, the response is the decoder
+target: ``data.Seq2SeqCollator``); every other kind is refused with one line.
 
 Weights load whole: the folder's weight files are opened first (a cut-off file is named), then
 ``from_pretrained(..., output_loading_info=True)`` reports missing, unexpected and size-mismatched keys.
@@ -39,8 +40,9 @@ SEQ2SEQ = "encoder-decoder (seq2seq) model"
 ENCODER = "encoder-only or masked LM"
 UNKNOWN = "unknown kind of model"
 # The kinds fastlm trains, and the transformers auto class that builds each.
-TRAINABLE = {CAUSAL_LM: "AutoModelForCausalLM"}
-FIX_CAUSAL = f"point {PARAM} at a decoder-only causal LM folder (e.g. a Llama, Qwen, Gemma or GPT-2 family model)"
+TRAINABLE = {CAUSAL_LM: "AutoModelForCausalLM", SEQ2SEQ: "AutoModelForSeq2SeqLM"}
+FIX_CAUSAL = (f"point {PARAM} at a causal LM folder (e.g. a Llama, Qwen, Gemma or GPT-2 family model) or an "
+              "encoder-decoder one (BART, T5)")
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
 
 
@@ -147,14 +149,9 @@ def require_trainable(checkpoint: Checkpoint) -> str:
     if checkpoint.kind in TRAINABLE:
         return TRAINABLE[checkpoint.kind]
     what = f"{checkpoint.label} holds a {checkpoint.architecture} (model type {checkpoint.model_type}), an {checkpoint.kind}"
-    if checkpoint.kind == SEQ2SEQ:
-        raise ConfigError(f"{what}: fastlm trains decoder-only causal LMs; encoder-decoder (seq2seq) training is "
-                          "not available yet.", fix=FIX_CAUSAL + ".")
-    seq2seq_note = "" if SEQ2SEQ in TRAINABLE else " (seq2seq: not available yet)"
     reason = ("its attention sees every position, so a next-token loss would mean nothing"
-              if checkpoint.kind == ENCODER else "fastlm finds no causal LM class for it in transformers")
-    raise ConfigError(f"{what}: {reason}; fastlm trains causal and seq2seq LMs{seq2seq_note}.",
-                      fix=FIX_CAUSAL + ".")
+              if checkpoint.kind == ENCODER else "fastlm finds no causal LM or seq2seq class for it in transformers")
+    raise ConfigError(f"{what}: {reason}; fastlm trains causal and seq2seq LMs.", fix=FIX_CAUSAL + ".")
 
 
 def check_weight_files(checkpoint: Checkpoint) -> None:

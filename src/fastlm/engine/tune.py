@@ -192,18 +192,19 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
                        warmup: int, timed: int) -> Callable[[int], Measurement]:
     """``measure(micro_batch_size)``: the training step of ``train`` (same batching, precision, optimizer)."""
     from fastlm.engine.attention import to_device
-    from fastlm.engine.loop import make_batching
+    from fastlm.engine.loop import make_batching, seq2seq_batching
     from fastlm.engine.loss import accumulate_gradients
     from fastlm.engine.optim import make_adamw
 
     model.to(runtime.device)
     model.train()
+    sides = seq2seq_batching(model, dataset)  # an encoder-decoder model measures its own (seq2seq) batches
 
     def measure(size: int) -> Measurement:
         batching = params.batching.model_copy(update={"micro_batch_size": size})
         trial_params = params.model_copy(update={"batching": batching})
         sampler, collator = make_batching(trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length,
-                                          attn=attn, seed=params.seed)
+                                          attn=attn, seed=params.seed, **sides)
         sampler.set_epoch(0)
         batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
         if len(batches) < warmup + timed:

@@ -21,6 +21,7 @@ class DecodingSetting(Params):
     num_beams: int | None = Field(None, ge=1)
     repetition_penalty: float | None = Field(None, gt=0)
     no_repeat_ngram_size: int | None = Field(None, ge=1)
+    length_penalty: float | None = None
     min_new_tokens: int | None = Field(None, ge=0)
     seed: int = 0
 
@@ -39,13 +40,14 @@ class ReferenceParams(Params):
     top_k: int | None = Field(None, ge=1)
     repetition_penalty: float = Field(1.0, gt=0)
     no_repeat_ngram_size: int = Field(0, ge=0)
+    length_penalty: float = Field(1.0, description="beam search only: > 1 favours longer outputs")
     seed: int = 0
     rouge_tokenizer: Literal[TOKENIZERS] = "auto"  # type: ignore[valid-type]
 
     def decoding(self) -> dict:
         """The decoding settings (``fastlm.engine.generation.decoding_kwargs`` arguments)."""
         return self.model_dump(include={"num_beams", "do_sample", "temperature", "top_p", "top_k",
-                                        "repetition_penalty", "no_repeat_ngram_size"})
+                                        "repetition_penalty", "no_repeat_ngram_size", "length_penalty"})
 
 
 class ReportParams(Params):

@@ -4,7 +4,13 @@
 keep them apart), ``collators`` (samples to tensors), ``samplers`` (epoch order, resumable).
 """
 
-from fastlm.engine.data.collators import DynamicPaddingCollator, PackedCollator, pad_id_of
+from fastlm.engine.data.collators import (
+    DynamicPaddingCollator,
+    PackedCollator,
+    Seq2SeqCollator,
+    pad_id_of,
+    seq2seq_lengths,
+)
 from fastlm.engine.data.labels import (
     IGNORE_INDEX,
     causal_lm_labels,
@@ -32,6 +38,7 @@ __all__ = [
     "PackedBatchSampler",
     "PackedCollator",
     "PackedLayout",
+    "Seq2SeqCollator",
     "Packing",
     "TokenBudget",
     "assign_rows",
@@ -45,5 +52,6 @@ __all__ = [
     "packed_layout",
     "pad_id_of",
     "real_token_mask",
+    "seq2seq_lengths",
     "to_additive_mask",
 ]

@@ -18,6 +18,8 @@ all int64 scalar tensors. Collators hold only ints and strings, so they pickle i
 * ``PackedCollator``: several samples per row (``packing``), ``position_ids`` restarting per sample, a 4D
   block-diagonal causal ``attention_mask``, plus ``cu_seq_lens`` / ``max_seqlen`` for flash-attention varlen.
   Pair it with ``samplers.PackedBatchSampler``.
+* ``Seq2SeqCollator``: encoder-decoder models; the prompt is the encoder input, the response the decoder
+  row, each padded to its own longest side (pair it with a ``LengthGroupedSampler`` over ``seq2seq_lengths``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastlm.engine.data.labels import causal_lm_labels, count_target_tokens, packed_causal_lm_labels
+from fastlm.engine.data.labels import (
+    IGNORE_INDEX,
+    causal_lm_labels,
+    count_target_tokens,
+    packed_causal_lm_labels,
+)
 from fastlm.engine.data.packing import (
     TokenBudget,
     assign_rows,
@@ -37,7 +44,7 @@ from fastlm.engine.data.packing import (
     to_additive_mask,
 )
 
-__all__ = ["DynamicPaddingCollator", "PackedCollator", "pad_id_of"]
+__all__ = ["DynamicPaddingCollator", "PackedCollator", "Seq2SeqCollator", "pad_id_of", "seq2seq_lengths"]
 
 ATTENTION_MASK_FORMATS = ("bool", "additive", "none")
 
@@ -179,3 +186,56 @@ class PackedCollator:
         batch["max_seqlen"] = torch.tensor(layout.max_seqlen, dtype=torch.int64)
         batch.update(_counts(labels, sum(lengths), input_ids.numel(), len(samples)))
         return batch
+
+
+@dataclass(frozen=True)
+class Seq2SeqCollator:
+    """Encoder-decoder batches from prompt/response samples: the prompt feeds the encoder, the response (with
+    its EOS) is the decoder's target. Encoder and decoder are right-padded separately, each to its own longest
+    side in the batch (rounded up to ``pad_to_multiple_of``): no ``max_length`` padding.
+
+    The decoder row is ``[decoder_start_id] + response + EOS`` (what the model's own shift of the labels would
+    feed it), and ``labels`` is that row with -100 on its first token and on padding: the same causal
+    convention as the decoder-only collators (position t predicts ``labels[t + 1]``), so the one loss
+    (``loss.causal_lm_loss_sum``), target count and token-normalised accumulation serve both kinds. The EOS
+    input's own prediction is ignored (one computed, never scored position per sample).
+
+    Returns ``input_ids`` / ``attention_mask`` (encoder), ``decoder_input_ids`` / ``decoder_attention_mask``,
+    ``labels`` and the counts of the module docstring (real and computed tokens cover both sides).
+    """
+
+    pad_id: int
+    decoder_start_id: int
+    pad_to_multiple_of: int | None = 8
+
+    def __call__(self, features: Sequence) -> dict[str, torch.Tensor]:
+        if not features:
+            raise ValueError("cannot collate an empty batch")
+        if not all(isinstance(feature, Mapping) and "prompt_length" in feature for feature in features):
+            raise ValueError("encoder-decoder batches need prompt/response samples (a prompt_length per sample)")
+        samples = [_sample_ids(feature) for feature in features]
+        prompts = [_prompt_length(feature) for feature in features]
+        encoder = [ids[:n] for ids, n in zip(samples, prompts, strict=True)]
+        decoder = [np.concatenate([[self.decoder_start_id], ids[n:]]) for ids, n in zip(samples, prompts, strict=True)]
+        input_ids, attention_mask = self._pad(encoder)
+        decoder_input_ids, decoder_attention_mask = self._pad(decoder)
+        labels = causal_lm_labels(decoder_input_ids, decoder_attention_mask)
+        labels[:, 0] = IGNORE_INDEX
+        real = sum(len(ids) for ids in encoder) + sum(len(ids) for ids in decoder)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids,
+                "decoder_attention_mask": decoder_attention_mask, "labels": labels,
+                **_counts(labels, real, input_ids.numel() + decoder_input_ids.numel(), len(samples))}
+
+    def _pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = np.fromiter((len(ids) for ids in rows), dtype=np.int64, count=len(rows))
+        seq_len = _round_up(max(int(lengths.max()), 1), self.pad_to_multiple_of)
+        ids = np.full((len(rows), seq_len), self.pad_id, dtype=np.int64)
+        for row, values in enumerate(rows):
+            ids[row, : len(values)] = values
+        mask = torch.from_numpy(np.arange(seq_len)[None, :] < lengths[:, None]).to(torch.int64)
+        return torch.from_numpy(ids), mask
+
+
+def seq2seq_lengths(lengths: np.ndarray, prompt_lengths: np.ndarray) -> np.ndarray:
+    """The longer side of each encoder-decoder sample (prompt, or decoder start + response): what to group by."""
+    return np.maximum(prompt_lengths, lengths - prompt_lengths + 1)
