@@ -131,14 +131,20 @@ def _legacy_text(path: Path, position: int, reason: str) -> io.BytesIO:
     raise _not_utf8(path, position, reason, encoding)
 
 
+# Among equally good guesses, the Western European encodings win, in this order: a French Latin-1 text scores
+# the same as Central European cp1250 or Baltic cp1257, which would turn its è into č (charset-normalizer's
+# candidates and their order vary between its releases).
+WESTERN = ("latin_1", "cp1252", "iso8859_15")
+
+
 def _likely_encoding(matches) -> str | None:
-    """charset-normalizer's best guess; among equally good guesses the common Latin-1 family wins (a French
-    Latin-1 text scores the same as Central European cp1250)."""
+    """charset-normalizer's best guess; among equally good guesses the Western European family wins."""
     best = matches.best()
     if best is None:
         return None
     ties = [match for match in matches if (match.chaos, match.coherence) == (best.chaos, best.coherence)]
-    return "latin_1" if any("latin_1" in match.could_be_from_charset for match in ties) else best.encoding
+    candidates = {name for match in ties for name in (match.encoding, *match.could_be_from_charset)}
+    return next((name for name in WESTERN if name in candidates), best.encoding)
 
 
 def _not_utf8(path: Path, position: int, reason: str, encoding: str | None) -> InputDataError:
