@@ -8,16 +8,29 @@ padding waste (the Trainer wastes about 70% there), and at least 15x a Trainer r
 ``max_length``. The engine's metric/logging bookkeeping costs at most 1% of the step time and it waits for
 data at most 2% of the time. Nothing is asserted: the script prints the figures, their ratios and PASS/FAIL.
 
-    python benchmarks/train_speed.py                                  # 20,000 reviews, 3 + 20 steps each
+Issue 16 (realistic short texts): the default ``--profile realistic`` draws each text's character length from
+the distribution of 300,000 real Korean user reviews (``benchmarks/data/short_review_lengths.csv``: median 27,
+p90 75, p99 139, max 147; no long tail; a few empty rows and about 2.5 % exact duplicates; see
+``length_profile.py``). ``--profile reviews`` is the older long-tail profile the figures above were taken on.
+``--model 5m`` is the issue's shape (Llama hidden 256, intermediate 688, 4 layers, 4 heads, tied embeddings:
+5.2 M parameters with the 8k vocab) next to the tiny default. The issue's targets (fastlm's default >= 1.3x the
+Trainer with ``train_sampling_strategy="group_by_length"``, >= 4x the usual Trainer, >= 3x TRL's
+``SFTTrainer(packing=True)``, >= 20x ``padding="max_length"``; padding waste <= 2 %; fastlm's length_grouped
+mode wastes no more than the Trainer's group_by_length) are printed as PASS/FAIL too, never asserted.
+
+    python benchmarks/train_speed.py                                  # realistic, tiny model, 3 + 20 steps each
+    python benchmarks/train_speed.py --model 5m                       # the issue-16 model shape
+    python benchmarks/train_speed.py --profile reviews                # the older long-tail profile
     python benchmarks/train_speed.py --repeats 3 --json out.json      # fastlm, trainer, ..., three times
     python benchmarks/train_speed.py --rows 2000 --steps 3 --warmup 1  # smoke run
 
-Preparation (once, not timed): ``make_texts(rows, seed=0, profile="reviews")`` -> byte-level BPE
+Preparation (once, not timed): ``realistic_texts(rows, seed=0)`` (or ``make_texts(rows, seed=0,
+profile="reviews")``) -> byte-level BPE
 (``train_bpe_tokenizer``, vocab 8000, min_frequency 2) -> ``tokenize_texts`` (unpadded, EOS appended,
 truncated at max_length). The tokenizer and the token ids go to a temporary workdir.
 
 Contenders, each in its own fresh Python process (this script with ``--run NAME``), in the order given,
-interleaved when ``--repeats`` > 1. All of them build the project's default tiny Llama
+interleaved when ``--repeats`` > 1. All of them build the project's default tiny Llama (or ``--model 5m``)
 (``ModelParams()``: hidden 128, intermediate 344, 2 layers, 4 heads, tied embeddings, vocab =
 len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they start from identical weights
 (the table's ``init`` column is a digest of the initial weights), SDPA attention, fp32, and the same
@@ -48,6 +61,15 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
   ``on_step_end``; the timed window runs from the end of step ``warmup`` to the end of the last step, so it
   holds everything the Trainer does per step (fetching and collating the batch included). The time outside
   ``on_step_begin``..``on_step_end`` is its "data wait" (batch fetch plus the Trainer's log/save checks).
+* ``fastlm_length_grouped``: the engine with batching ``length_grouped`` (its own row; same model and data).
+* ``trainer_group_by_length``: the ``trainer`` set-up plus ``train_sampling_strategy="group_by_length"``
+  (transformers 5.x: ``LengthGroupedSampler``, lengths computed from ``input_ids`` before training), the
+  Trainer's best simple set-up on short texts.
+* ``trl_packing``: TRL's ``SFTTrainer`` with ``SFTConfig(packing=True, max_length=max_length)`` and otherwise
+  the same arguments (TRL's defaults: best-fit-decreasing packing, padding-free batches with ``position_ids``);
+  batches of ``batch_size`` packed rows. Needs the ``bench`` extra (``pip install -e '.[bench]'``, trl==1.16.0);
+  without trl the script says "not installed" and skips it. A padding-free batch has no padding, so its real
+  tokens are all its tokens. Slow, so it times ``max(3, steps // 4)`` steps like ``trainer_max_length``.
 * ``trainer_max_length``: the same Trainer on data padded to ``max_length`` beforehand, as with
   ``tokenizer(..., padding="max_length")``: ``input_ids`` padded with the pad id, ``attention_mask``,
   ``labels`` = ``input_ids`` on real tokens and -100 on padding, ``default_data_collator``. It is slow, so it
