@@ -617,13 +617,14 @@ def verdicts(table: dict) -> list[tuple[str, bool | None]]:
          ".4%", ""),
         (f"fastlm data-wait share <= {TARGET_DATA_WAIT:.0%}", wait, TARGET_DATA_WAIT, "<=", ".2%", ""),
     )
-    lines = []
-    for text, value, target, op, spec, unit in checks:
-        if value is None:
-            lines.append((f"{text}: n/a", None))
-        else:
-            lines.append((f"{text}: {value:{spec}}{unit}", value >= target if op == ">=" else value <= target))
-    return lines
+    return judge(checks)
+
+
+def judge(checks) -> list[tuple[str, bool | None]]:
+    """(text, value, target, op, format spec, unit) per check -> (line, passed or None when value is missing)."""
+    return [(f"{text}: n/a", None) if value is None else
+            (f"{text}: {value:{spec}}{unit}", value >= target if op == ">=" else value <= target)
+            for text, value, target, op, spec, unit in checks]
 
 
 def verdicts_issue16(table: dict) -> list[tuple[str, bool | None]]:
@@ -642,9 +643,7 @@ def verdicts_issue16(table: dict) -> list[tuple[str, bool | None]]:
     ]
     grouped = table.get("fastlm_length_grouped", {}).get("padding_waste")
     trainer_grouped = table.get("trainer_group_by_length", {}).get("padding_waste")
-    lines = [(f"{text}: n/a", None) if value is None else
-             (f"{text}: {value:{spec}}{unit}", value >= target if op == ">=" else value <= target)
-             for text, value, target, op, spec, unit in checks]
+    lines = judge(checks)
     text = "fastlm_length_grouped padding waste <= trainer_group_by_length's"
     if grouped is None or trainer_grouped is None:
         lines.append((f"{text}: n/a", None))
