@@ -8,16 +8,29 @@ padding waste (the Trainer wastes about 70% there), and at least 15x a Trainer r
 ``max_length``. The engine's metric/logging bookkeeping costs at most 1% of the step time and it waits for
 data at most 2% of the time. Nothing is asserted: the script prints the figures, their ratios and PASS/FAIL.
 
-    python benchmarks/train_speed.py                                  # 20,000 reviews, 3 + 20 steps each
+Issue 16 (realistic short texts): the default ``--profile realistic`` draws each text's character length from
+the distribution of 300,000 real Korean user reviews (``benchmarks/data/short_review_lengths.csv``: median 27,
+p90 75, p99 139, max 147; no long tail; a few empty rows and about 2.5 % exact duplicates; see
+``length_profile.py``). ``--profile reviews`` is the older long-tail profile the figures above were taken on.
+``--model 5m`` is the issue's shape (Llama hidden 256, intermediate 688, 4 layers, 4 heads, tied embeddings:
+5.2 M parameters with the 8k vocab) next to the tiny default. The issue's targets (fastlm's default >= 1.3x the
+Trainer with ``train_sampling_strategy="group_by_length"``, >= 4x the usual Trainer, >= 3x TRL's
+``SFTTrainer(packing=True)``, >= 20x ``padding="max_length"``; padding waste <= 2 %; fastlm's length_grouped
+mode wastes no more than the Trainer's group_by_length) are printed as PASS/FAIL too, never asserted.
+
+    python benchmarks/train_speed.py                                  # realistic, tiny model, 3 + 20 steps each
+    python benchmarks/train_speed.py --model 5m                       # the issue-16 model shape
+    python benchmarks/train_speed.py --profile reviews                # the older long-tail profile
     python benchmarks/train_speed.py --repeats 3 --json out.json      # fastlm, trainer, ..., three times
     python benchmarks/train_speed.py --rows 2000 --steps 3 --warmup 1  # smoke run
 
-Preparation (once, not timed): ``make_texts(rows, seed=0, profile="reviews")`` -> byte-level BPE
+Preparation (once, not timed): ``realistic_texts(rows, seed=0)`` (or ``make_texts(rows, seed=0,
+profile="reviews")``) -> byte-level BPE
 (``train_bpe_tokenizer``, vocab 8000, min_frequency 2) -> ``tokenize_texts`` (unpadded, EOS appended,
 truncated at max_length). The tokenizer and the token ids go to a temporary workdir.
 
 Contenders, each in its own fresh Python process (this script with ``--run NAME``), in the order given,
-interleaved when ``--repeats`` > 1. All of them build the project's default tiny Llama
+interleaved when ``--repeats`` > 1. All of them build the project's default tiny Llama (or ``--model 5m``)
 (``ModelParams()``: hidden 128, intermediate 344, 2 layers, 4 heads, tied embeddings, vocab =
 len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they start from identical weights
 (the table's ``init`` column is a digest of the initial weights), SDPA attention, fp32, and the same
@@ -48,6 +61,15 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
   ``on_step_end``; the timed window runs from the end of step ``warmup`` to the end of the last step, so it
   holds everything the Trainer does per step (fetching and collating the batch included). The time outside
   ``on_step_begin``..``on_step_end`` is its "data wait" (batch fetch plus the Trainer's log/save checks).
+* ``fastlm_length_grouped``: the engine with batching ``length_grouped`` (its own row; same model and data).
+* ``trainer_group_by_length``: the ``trainer`` set-up plus ``train_sampling_strategy="group_by_length"``
+  (transformers 5.x: ``LengthGroupedSampler``, lengths computed from ``input_ids`` before training), the
+  Trainer's best simple set-up on short texts.
+* ``trl_packing``: TRL's ``SFTTrainer`` with ``SFTConfig(packing=True, max_length=max_length)`` and otherwise
+  the same arguments (TRL's defaults: best-fit-decreasing packing, padding-free batches with ``position_ids``);
+  batches of ``batch_size`` packed rows. Needs the ``bench`` extra (``pip install -e '.[bench]'``, trl==1.16.0);
+  without trl the script says "not installed" and skips it. A padding-free batch has no padding, so its real
+  tokens are all its tokens. Slow, so it times ``max(3, steps // 4)`` steps like ``trainer_max_length``.
 * ``trainer_max_length``: the same Trainer on data padded to ``max_length`` beforehand, as with
   ``tokenizer(..., padding="max_length")``: ``input_ids`` padded with the pad id, ``attention_mask``,
   ``labels`` = ``input_ids`` on real tokens and -100 on padding, ``default_data_collator``. It is slow, so it
@@ -84,12 +106,20 @@ from importlib import metadata
 from pathlib import Path
 
 from contender_process import OFFLINE_ENV, run_contender
+from length_profile import realistic_texts, text_statistics
 
 os.environ.update({**OFFLINE_ENV, "MLFLOW_DISABLE_TELEMETRY": "true", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
                    "TOKENIZERS_PARALLELISM": "false"})
 
 REPO = Path(__file__).resolve().parents[1]
-CONTENDERS = ("fastlm", "fastlm_lora", "fastlm_dynamic", "trainer", "trainer_lora", "trainer_max_length")
+CONTENDERS = ("fastlm", "fastlm_length_grouped", "fastlm_lora", "fastlm_dynamic", "trainer",
+              "trainer_group_by_length", "trainer_lora", "trainer_max_length", "trl_packing")
+PROFILES = ("realistic", "reviews")
+# --model: the project's default tiny Llama, and the 5.2 M-parameter shape of issue 16 (tied embeddings).
+MODELS = {
+    "tiny": {},
+    "5m": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4},
+}
 VOCAB_SIZE = 8000
 MIN_FREQUENCY = 2
 TEXT_SEED = 0
@@ -102,6 +132,13 @@ TARGET_VS_MAX_LENGTH = 15.0
 TARGET_WASTE = 0.03
 TARGET_OVERHEAD = 0.01
 TARGET_DATA_WAIT = 0.02
+# Issue 16, item 3 (realistic profile, 5.2 M shape): fastlm's default against each peer's best honest set-up.
+SLOW_PEERS = ("trainer_max_length", "trl_packing")  # time only max(3, steps // 4) steps
+TARGET_VS_GROUP_BY_LENGTH = 1.3
+TARGET_VS_TRAINER_16 = 4.0
+TARGET_VS_TRL = 3.0
+TARGET_VS_MAX_LENGTH_16 = 20.0
+TARGET_WASTE_16 = 0.02
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,7 +146,7 @@ TARGET_DATA_WAIT = 0.02
 # --------------------------------------------------------------------------------------------------
 
 
-def prepare(workdir: Path, rows: int, max_length: int) -> dict:
+def prepare(workdir: Path, rows: int, max_length: int, profile: str = "realistic", model: str = "tiny") -> dict:
     import numpy as np
 
     from fastlm.corpus.synthetic import make_texts
@@ -117,21 +154,18 @@ def prepare(workdir: Path, rows: int, max_length: int) -> dict:
     from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 
     start = time.perf_counter()
-    texts = make_texts(rows, seed=TEXT_SEED, profile="reviews")
+    texts = realistic_texts(rows, seed=TEXT_SEED) if profile == "realistic" else make_texts(
+        rows, seed=TEXT_SEED, profile="reviews")
     tokenizer = train_bpe_tokenizer(texts, vocab_size=VOCAB_SIZE, min_frequency=MIN_FREQUENCY,
                                     model_max_length=max_length)
     tokenizer.save_pretrained(str(workdir / "tokenizer"))
     tokens = tokenize_texts(texts, tokenizer, max_length=max_length, num_proc=1)
     np.savez(workdir / "tokens.npz", values=tokens.values, offsets=tokens.offsets)
-    save_base_model(workdir, tokenizer, max_length)
-    chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    save_base_model(workdir, tokenizer, max_length, model)
     lengths = tokens.lengths
     return {
-        "rows": len(texts),
-        "chars_median": float(np.median(chars)),
-        "chars_p90": float(np.percentile(chars, 90)),
-        "chars_p99": float(np.percentile(chars, 99)),
-        "chars_max": int(chars.max()),
+        "profile": profile,
+        **text_statistics(texts),
         "tokens_total": int(lengths.sum()),
         "tokens_median": float(np.median(lengths)),
         "tokens_mean": float(lengths.mean()),
@@ -143,7 +177,7 @@ def prepare(workdir: Path, rows: int, max_length: int) -> dict:
     }
 
 
-def save_base_model(workdir: Path, tokenizer, max_length: int) -> None:
+def save_base_model(workdir: Path, tokenizer, max_length: int, model_name: str) -> None:
     """The contenders' common initial model, saved as a local pretrained folder for ``fastlm_lora``."""
     import torch
 
@@ -151,8 +185,8 @@ def save_base_model(workdir: Path, tokenizer, max_length: int) -> None:
     from fastlm.engine.model import build_model
 
     torch.manual_seed(MODEL_SEED)
-    model = build_model(ModelParams(attn_implementation="sdpa"), tokenizer, max_length=max_length,
-                        attn_implementation="sdpa")
+    model = build_model(ModelParams(attn_implementation="sdpa", **MODELS[model_name]), tokenizer,
+                        max_length=max_length, attn_implementation="sdpa")
     model.save_pretrained(str(workdir / "base"))
     tokenizer.save_pretrained(str(workdir / "base"))
 
@@ -179,7 +213,7 @@ class Context:
 
     def model_params(self, lora: bool = False) -> dict:
         if not lora:
-            return {"attn_implementation": "sdpa"}
+            return {"attn_implementation": "sdpa", **MODELS[self.args.model]}
         return {"attn_implementation": "sdpa", "name_or_path": str(self.workdir / "base"), "lora": {"enabled": True}}
 
     def build_model(self, lora: bool = False):
@@ -356,7 +390,10 @@ def bookkeeping_overhead(ctx: Context, *, step_time: float) -> dict:
 
 
 class CountingCollator:
-    """Wraps a collator; records each batch's real (attention-mask) and computed (numel) token counts."""
+    """Wraps a collator; records each batch's real (attention-mask) and computed (numel) token counts.
+
+    A padding-free batch (TRL packing: one flattened row with ``position_ids``, no ``attention_mask``) holds
+    no padding: all of its tokens are real."""
 
     def __init__(self, collator) -> None:
         self.collator = collator
@@ -365,12 +402,14 @@ class CountingCollator:
 
     def __call__(self, features):
         batch = self.collator(features)
-        self.real.append(int(batch["attention_mask"].sum()))
+        mask = batch.get("attention_mask")
+        self.real.append(int(mask.sum()) if mask is not None else int(batch["input_ids"].numel()))
         self.computed.append(int(batch["input_ids"].numel()))
         return batch
 
 
-def run_trainer(ctx: Context, max_length_mode: bool, lora: bool = False) -> dict:
+def run_trainer(ctx: Context, name: str) -> dict:
+    """``name``: trainer, trainer_lora, trainer_max_length, trainer_group_by_length or trl_packing."""
     from time import perf_counter
 
     import datasets
@@ -388,7 +427,8 @@ def run_trainer(ctx: Context, max_length_mode: bool, lora: bool = False) -> dict
 
     args = ctx.args
     warmup = args.warmup
-    steps = max(3, args.steps // 4) if max_length_mode else args.steps
+    max_length_mode, lora = name == "trainer_max_length", name == "trainer_lora"
+    steps = max(3, args.steps // 4) if name in SLOW_PEERS else args.steps
     torch.set_num_threads(args.threads)
     datasets.disable_progress_bars()
     model, init_digest, n_params, n_trainable = ctx.build_model(lora)
@@ -432,15 +472,26 @@ def run_trainer(ctx: Context, max_length_mode: bool, lora: bool = False) -> dict
             self.threads = torch.get_num_threads()
 
     timer = StepTimer()
-    name = "trainer_max_length" if max_length_mode else "trainer_lora" if lora else "trainer"
     output_dir = Path(args.workdir) / f"{name}_out"
-    training_args = TrainingArguments(
+    common = dict(
         output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, max_steps=warmup + steps,
         report_to=[], save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
         dataloader_num_workers=0, seed=0,
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, data_collator=collator,
-                      processing_class=ctx.tokenizer, callbacks=[timer])
+    if name == "trl_packing":
+        from trl import SFTConfig, SFTTrainer
+
+        # TRL's own defaults for packing: best-fit decreasing into rows of max_length, padding-free batches.
+        training_args = SFTConfig(**common, packing=True, max_length=args.max_length)
+        trainer = SFTTrainer(model=model, args=training_args, train_dataset=train_dataset,
+                             processing_class=ctx.tokenizer, callbacks=[timer])
+        collator = trainer.data_collator = CountingCollator(trainer.data_collator)
+    else:
+        if name == "trainer_group_by_length":
+            common["train_sampling_strategy"] = "group_by_length"
+        training_args = TrainingArguments(**common)
+        trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, data_collator=collator,
+                          processing_class=ctx.tokenizer, callbacks=[timer])
     trainer.train()
     (t0, n0), (t1, n1) = timer.marks[warmup], timer.marks[warmup + steps]
     window = t1 - t0
@@ -459,6 +510,7 @@ def run_trainer(ctx: Context, max_length_mode: bool, lora: bool = False) -> dict
         **rates(real, computed, window, steps),
         "data_wait_share": 1 - timer.inside / window,
         "optim": str(getattr(training_args.optim, "value", training_args.optim)),
+        "sampling": str(getattr(training_args, "train_sampling_strategy", "random")),
         "final_loss": trainer.state.log_history[-1].get("train_loss") if trainer.state.log_history else None,
     }
 
@@ -475,12 +527,10 @@ def child_main(args: argparse.Namespace) -> None:
         info = run_fastlm(ctx, "packed", lora=True)
     elif args.run == "fastlm_dynamic":
         info = run_fastlm(ctx, "dynamic")
-    elif args.run == "trainer":
-        info = run_trainer(ctx, max_length_mode=False)
-    elif args.run == "trainer_lora":
-        info = run_trainer(ctx, max_length_mode=False, lora=True)
-    elif args.run == "trainer_max_length":
-        info = run_trainer(ctx, max_length_mode=True)
+    elif args.run == "fastlm_length_grouped":
+        info = run_fastlm(ctx, "length_grouped")
+    elif args.run.startswith(("trainer", "trl")):
+        info = run_trainer(ctx, args.run)
     else:
         raise SystemExit(f"unknown contender {args.run!r}")
     info["child_run_s"] = time.perf_counter() - started
@@ -496,7 +546,7 @@ def child_main(args: argparse.Namespace) -> None:
 def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) -> dict:
     return run_contender(Path(__file__), name, workdir, index, repo=REPO, extra_args=[
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
-        "--max-length", str(args.max_length), "--threads", str(args.threads)])
+        "--max-length", str(args.max_length), "--threads", str(args.threads), "--model", args.model])
 
 
 def machine(threads: int) -> dict:
@@ -515,7 +565,7 @@ def machine(threads: int) -> dict:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    packages = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "pyarrow")
+    packages = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "pyarrow", "peft", "trl")
     return {
         "nproc": os.cpu_count(),
         "usable_cores": usable_cpu_count(),
@@ -567,12 +617,38 @@ def verdicts(table: dict) -> list[tuple[str, bool | None]]:
          ".4%", ""),
         (f"fastlm data-wait share <= {TARGET_DATA_WAIT:.0%}", wait, TARGET_DATA_WAIT, "<=", ".2%", ""),
     )
-    lines = []
-    for text, value, target, op, spec, unit in checks:
-        if value is None:
-            lines.append((f"{text}: n/a", None))
-        else:
-            lines.append((f"{text}: {value:{spec}}{unit}", value >= target if op == ">=" else value <= target))
+    return judge(checks)
+
+
+def judge(checks) -> list[tuple[str, bool | None]]:
+    """(text, value, target, op, format spec, unit) per check -> (line, passed or None when value is missing)."""
+    return [(f"{text}: n/a", None) if value is None else
+            (f"{text}: {value:{spec}}{unit}", value >= target if op == ">=" else value <= target)
+            for text, value, target, op, spec, unit in checks]
+
+
+def verdicts_issue16(table: dict) -> list[tuple[str, bool | None]]:
+    """Issue 16, item 3: fastlm's default (packed) against each peer's best set-up; printed, never asserted."""
+    checks = [
+        (f"fastlm / trainer_group_by_length >= {TARGET_VS_GROUP_BY_LENGTH:g}x",
+         ratio(table, "fastlm", "trainer_group_by_length"), TARGET_VS_GROUP_BY_LENGTH, ">=", ".2f", "x"),
+        (f"fastlm / trainer >= {TARGET_VS_TRAINER_16:g}x", ratio(table, "fastlm", "trainer"), TARGET_VS_TRAINER_16,
+         ">=", ".2f", "x"),
+        (f"fastlm / trl_packing >= {TARGET_VS_TRL:g}x", ratio(table, "fastlm", "trl_packing"), TARGET_VS_TRL, ">=",
+         ".2f", "x"),
+        (f"fastlm / trainer_max_length >= {TARGET_VS_MAX_LENGTH_16:g}x", ratio(table, "fastlm", "trainer_max_length"),
+         TARGET_VS_MAX_LENGTH_16, ">=", ".2f", "x"),
+        (f"fastlm padding waste <= {TARGET_WASTE_16:.0%}", table.get("fastlm", {}).get("padding_waste"),
+         TARGET_WASTE_16, "<=", ".2%", ""),
+    ]
+    grouped = table.get("fastlm_length_grouped", {}).get("padding_waste")
+    trainer_grouped = table.get("trainer_group_by_length", {}).get("padding_waste")
+    lines = judge(checks)
+    text = "fastlm_length_grouped padding waste <= trainer_group_by_length's"
+    if grouped is None or trainer_grouped is None:
+        lines.append((f"{text}: n/a", None))
+    else:
+        lines.append((f"{text}: {grouped:.2%} vs {trainer_grouped:.2%}", grouped <= trainer_grouped))
     return lines
 
 
@@ -585,6 +661,8 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
     print(f"machine: {info['cpu']}; nproc {info['nproc']}, usable cores {info['usable_cores']}, "
           f"torch threads {info['threads']}; load average at start {info['load_average']}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + f", python {info['python']}")
+    print(f"data: profile {prep['profile']}, {prep['empty_rows']} empty rows, "
+          f"{prep['duplicate_share']:.2%} exact duplicates; model {info['model']} ({info['parameters']})")
     print(f"data: {prep['rows']:,} review texts (chars median {prep['chars_median']:.0f}, p90 {prep['chars_p90']:.0f}, "
           f"p99 {prep['chars_p99']:.0f}, max {prep['chars_max']}); {prep['tokens_total']:,} tokens (median "
           f"{prep['tokens_median']:.0f}, mean {prep['tokens_mean']:.1f}, p99 {prep['tokens_p99']:.0f}, max "
@@ -604,7 +682,8 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
                          f"computed {run['check_computed_tokens']:,} vs {run['computed_tokens']:,.0f}; "
                          f"{run['steps_per_epoch']} steps/epoch")
             else:
-                extra = f", batches in window {run['batches_in_window']}, optim {run['optim']}"
+                extra = (f", batches in window {run['batches_in_window']}, optim {run['optim']}, "
+                         f"sampling {run['sampling']}")
             print(f"  {name} #{number}: init {run['init']}, threads {run['threads']}, "
                   f"other load {run['other_load_cores']:.2f} cores, process {run['process_wall_s']:.1f} s{extra}")
     print()
@@ -623,8 +702,9 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
     runs = {row["runs"] for row in table.values() if row["runs"]}
     if runs != {1}:
         print("(medians over the repeats)")
-    if "trainer_max_length" in table:
-        print(f"(trainer_max_length times max(3, steps // 4) = {table['trainer_max_length']['steps_timed']:.0f} steps)")
+    for name in SLOW_PEERS:
+        if table.get(name, {}).get("steps_timed") is not None:
+            print(f"({name} times max(3, steps // 4) = {table[name]['steps_timed']:.0f} steps)")
     print("data wait: fastlm = the engine's data_wait_share; trainer = time outside on_step_begin..on_step_end "
           "(batch fetch + the Trainer's log/save checks)")
     inits = {digest for row in table.values() for digest in row["init"]}
@@ -640,14 +720,19 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
               f"the {fast['step_time_s']:.3f} s step")
     print()
     print("ratios (real tokens/s):")
-    for a, b in (("fastlm", "trainer"), ("fastlm", "trainer_max_length"), ("fastlm_lora", "fastlm"),
+    for a, b in (("fastlm", "trainer"), ("fastlm", "trainer_group_by_length"), ("fastlm", "trl_packing"),
+                 ("fastlm", "fastlm_length_grouped"), ("fastlm", "trainer_max_length"), ("fastlm_lora", "fastlm"),
                  ("fastlm_lora", "trainer_lora"), ("trainer_lora", "trainer"), ("fastlm_dynamic", "trainer"),
                  ("fastlm", "fastlm_dynamic"), ("trainer", "trainer_max_length")):
         value = ratio(table, a, b)
         if value is not None:
             print(f"  {a} / {b}: {value:.2f}x")
     print()
+    print("targets of the earlier train issue (long-tail profile, tiny model):")
     for text, ok in verdicts(table):
+        print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'N/A '}  {text}")
+    print("targets of issue 16 (realistic profile, 5.2 M shape; printed, not asserted):")
+    for text, ok in verdicts_issue16(table):
         print(f"{'PASS' if ok else 'FAIL' if ok is not None else 'N/A '}  {text}")
     if "trainer" in table and table["trainer"].get("padding_waste") is not None:
         print(f"      (trainer padding waste {table['trainer']['padding_waste']:.1%}; the issue expects about 70%)")
@@ -660,6 +745,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20_000, help="review texts to generate (default 20000)")
+    parser.add_argument("--profile", choices=PROFILES, default="realistic",
+                        help="text lengths: realistic = real short reviews (default, benchmarks/data/"
+                             "short_review_lengths.csv); reviews = the older long-tail profile (1%% of 500-2,000 chars)")
+    parser.add_argument("--model", choices=tuple(MODELS), default="tiny",
+                        help="tiny = the project default (hidden 128, 2 layers); 5m = hidden 256, intermediate 688, "
+                             "4 layers, 4 heads (5.2 M parameters with the 8k vocab)")
     parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per contender (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (default 3, >= 1)")
     parser.add_argument("--batch-size", type=int, default=32, help="samples (fastlm packed: rows) per batch")
@@ -691,8 +782,12 @@ def main(argv=None) -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fastlm_train_speed_"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        print(f"preparing {args.rows:,} review texts (tokenizer, token ids) in {workdir} ...", flush=True)
-        prep = prepare(workdir, args.rows, args.max_length)
+        print(f"preparing {args.rows:,} {args.profile} texts (tokenizer, token ids) in {workdir} ...", flush=True)
+        prep = prepare(workdir, args.rows, args.max_length, args.profile, args.model)
+        info["model"] = args.model
+        if "trl_packing" in args.contenders and info["versions"]["trl"] == "not installed":
+            print("trl_packing: skipped, trl not installed (pip install -e '.[bench]')", flush=True)
+            args.contenders = [name for name in args.contenders if name != "trl_packing"]
         order = [name for _ in range(args.repeats) for name in args.contenders]
         results: dict[str, list[dict]] = {name: [] for name in args.contenders}
         for index, name in enumerate(order):
@@ -703,6 +798,8 @@ def main(argv=None) -> None:
                 print(f"  {run['real_tokens_per_s']:,.0f} real tok/s, waste {run['padding_waste']:.1%}, "
                       f"step {run['step_time_s']:.3f} s, {run['process_wall_s']:.1f} s in all", flush=True)
         table = summarise(results)
+        info["parameters"] = next((f"{run['parameters']:,} parameters" for runs in results.values() for run in runs
+                                   if "parameters" in run and "lora" not in run["contender"]), "n/a")
         report(info, prep, results, table)
         if args.json:
             payload = {
@@ -717,6 +814,7 @@ def main(argv=None) -> None:
                            "fastlm_dynamic/trainer": ratio(table, "fastlm_dynamic", "trainer"),
                            "fastlm_lora/fastlm": ratio(table, "fastlm_lora", "fastlm")},
                 "verdicts": [{"check": text, "pass": ok} for text, ok in verdicts(table)],
+                "verdicts_issue16": [{"check": text, "pass": ok} for text, ok in verdicts_issue16(table)],
             }
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(payload, indent=2, default=str))

@@ -1,0 +1,65 @@
+"""benchmarks/train_speed.py: the realistic length profile, the issue-16 verdicts and a CPU smoke run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import length_profile
+    import train_speed
+
+    return length_profile, train_speed
+
+
+def test_realistic_texts_match_the_real_review_statistics(bench):
+    length_profile, _ = bench
+    texts = length_profile.realistic_texts(20_000, seed=0)
+    stats = length_profile.text_statistics(texts)
+    # The real corpus: median 27, p90 75, p99 139, max 147 characters, 2.5 % exact duplicates, a few empty rows.
+    assert stats["chars_median"] == 27
+    assert 73 <= stats["chars_p90"] <= 77
+    assert 137 <= stats["chars_p99"] <= 141
+    assert 135 <= stats["chars_max"] <= 147
+    assert stats["empty_rows"] == length_profile.EMPTY_ROWS
+    assert 0.02 <= stats["duplicate_share"] <= 0.03
+    assert length_profile.realistic_texts(2_000, seed=0) == length_profile.realistic_texts(2_000, seed=0)
+    assert length_profile.realistic_texts(2_000, seed=1) != length_profile.realistic_texts(2_000, seed=0)
+
+
+def test_issue16_verdicts_compare_fastlm_with_each_peer(bench):
+    _, train_speed = bench
+    table = {"fastlm": {"real_tokens_per_s": 2600.0, "padding_waste": 0.002},
+             "fastlm_length_grouped": {"real_tokens_per_s": 2300.0, "padding_waste": 0.22},
+             "trainer_group_by_length": {"real_tokens_per_s": 2700.0, "padding_waste": 0.03},
+             "trainer": {"real_tokens_per_s": 600.0, "padding_waste": 0.7}}
+    lines = dict(train_speed.verdicts_issue16(table))
+    outcome = {text.split(":")[0]: ok for text, ok in lines.items()}
+    assert outcome["fastlm / trainer_group_by_length >= 1.3x"] is False
+    assert outcome["fastlm / trainer >= 4x"] is True
+    assert outcome["fastlm / trl_packing >= 3x"] is None  # not run: n/a, not a pass
+    assert outcome["fastlm padding waste <= 2%"] is True
+    assert outcome["fastlm_length_grouped padding waste <= trainer_group_by_length's"] is False
+
+
+def test_cpu_smoke_run_with_the_5m_shape(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS.parent / "src"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "train_speed.py"), "--rows", "300", "--steps", "1", "--warmup", "1",
+         "--model", "5m", "--contenders", "fastlm_length_grouped", "trainer_group_by_length",
+         "--json", str(tmp_path / "out.json")],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "profile realistic" in out.stdout and "model 5m (" in out.stdout
+    assert "initial weights: identical" in out.stdout
+    assert "fastlm_length_grouped padding waste <= trainer_group_by_length's:" in out.stdout
