@@ -237,18 +237,20 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     comm = comm or SingleProcess()
     # An encoder-decoder model on plain text is refused before anything is written; packing is not available for
     # it yet (cross-attention isolation per sample): it batches length_grouped, and the log and summary say so.
-    if seq2seq_batching(model, train_set) and params.batching.mode == "packed":
+    sides = seq2seq_batching(model, train_set)  # {} for a causal LM
+    if sides and params.batching.mode == "packed":
         log.warning("train.batching.mode packed is not available for encoder-decoder models yet: batching "
                     "length_grouped instead (each side padded to its own batch maximum)")
         params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})})
     with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
         return _train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id,
-                      max_length=max_length, attn=attn, callbacks=callbacks, comm=comm)
+                      max_length=max_length, attn=attn, callbacks=callbacks, comm=comm, sides=sides)
 
 
 def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, params: TrainParams,
            runtime: Runtime, pad_id: int, max_length: int, attn: str, callbacks: Sequence[Callback],
-           comm: Collectives) -> TrainResult:
+           comm: Collectives, sides: dict) -> TrainResult:
+    """``train`` under the checkpoint lock; ``sides``: ``seq2seq_batching``'s arguments ({} for a causal LM)."""
     device, accum, world = runtime.device, params.batching.gradient_accumulation_steps, comm.world_size
     dist_params = params.distributed
     model.to(device)
@@ -257,7 +259,6 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                                              find_unused_parameters=dist_params.find_unused_parameters,
                                              bucket_cap_mb=dist_params.bucket_cap_mb))
     sync = gradient_sync(model if not hasattr(model, "_orig_mod") else model._orig_mod)
-    sides = seq2seq_batching(raw_model, train_set)  # {} for a causal LM
     sampler, collator = make_batching(params, train_set.lengths, pad_id=pad_id, max_length=max_length,
                                       attn=attn, seed=params.seed, **sides)
     sampler.shard(comm.rank, world)
