@@ -244,6 +244,81 @@ def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, re
     assert math.isclose(result["val_loss"], expected, rel_tol=1e-5) and kernels_fed()
 
 
+@pytest.mark.parametrize("signature", ["torch_2_9", "torch_2_11"])
+def test_torch_varlen_adapts_to_older_torch_signatures(signature, reference, tmp_path, monkeypatch):
+    """torch 2.9-2.10 ``varlen_attn(..., is_causal=False, return_aux=None)`` (no scale, no GQA) and torch 2.11
+    (``scale``, ``window_size`` but no ``enable_gqa``: seen on an H200 with torch 2.11): the GQA model (2 KV
+    heads for 4 query heads) must still give each sample its own logits."""
+    from fastlm.engine import attention
+
+    calls = []
+
+    def split(query, key, value, cu_seq_q, scale, causal):
+        assert key.shape[1] == query.shape[1], "older varlen_attn has no GQA: KV heads must be expanded"
+        assert causal, "causal attention was not asked for"
+        bounds = cu_seq_q.tolist()
+        calls.append(signature)
+        return torch.cat([_causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
+                          for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+
+    if signature == "torch_2_9":
+        def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+            return split(query, key, value, cu_seq_q, None, is_causal)
+    else:
+        def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                            window_size=(-1, -1)):
+            return split(query, key, value, cu_seq_q, scale, window_size == (-1, 0))
+
+    monkeypatch.setattr(attention, "varlen_attn", old_varlen_attn)
+    reference_logits, reference_losses = reference
+    params = _params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    model = _model("torch_varlen")
+    recorder = Recorder(model)
+    result = evaluate(model, _dataset(), params, runtime, pad_id=PAD, max_length=ROW, attn="torch_varlen",
+                      max_batches=None)
+    _check_samples(recorder, reference_logits, len(SAMPLES))
+    expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
+    assert calls and math.isclose(result["val_loss"], expected, rel_tol=1e-5)
+
+
+def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_path, monkeypatch):
+    """Under bf16 autocast Llama's rotary embedding gives fp32 queries and keys (fp32 weights); the flash kernel
+    behind varlen_attn takes only fp16/bf16 ("FlashAttention only support fp16 and bf16 data type", seen on an
+    H200): fastlm casts them to the autocast dtype, as transformers' flash-attention paths do."""
+    from fastlm.engine import attention
+
+    dtypes = []
+
+    def half_only_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
+                              window_size=(-1, -1), enable_gqa=False, **kwargs):
+        if {query.dtype, key.dtype, value.dtype} - {torch.bfloat16, torch.float16}:
+            raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+        dtypes.append(query.dtype)
+        bounds = cu_seq_q.tolist()
+        return torch.cat([_causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
+                          for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+
+    monkeypatch.setattr(attention, "varlen_attn", half_only_varlen_attn)
+    _, reference_losses = reference
+    params = _params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", num_threads=1))
+    result = evaluate(_model("torch_varlen"), _dataset(), params, runtime, pad_id=PAD, max_length=ROW,
+                      attn="torch_varlen", max_batches=None)
+    expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    assert math.isclose(result["val_loss"], expected, rel_tol=2e-2)
+
+
+@pytest.mark.parametrize("attn", ["torch_varlen", "flash_attention_2"])
+def test_half_precision_kernels_are_refused_in_fp32_on_cuda_with_a_clear_message(attn):
+    from fastlm.engine.attention import choose_attention
+
+    with pytest.raises(ValueError, match=f"{attn} runs in bf16 or fp16 only.*runtime.precision"):
+        choose_attention(attn, torch.device("cuda"), "fp32")
+    assert choose_attention(attn, torch.device("cuda"), "bf16") == attn
+
+
 def test_generation_on_a_torch_varlen_model_uses_sdpa_and_puts_it_back():
     """Generation (KV cache, left padding) cannot use the packed-only varlen path: it runs on SDPA meanwhile."""
     from fastlm.engine.generation import generate_continuations

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import logging
+import math
 
 import numpy as np
 import torch
@@ -162,10 +164,60 @@ def torch_varlen_attention(module, query, key, value, attention_mask, dropout: f
         raise RuntimeError("torch.nn.attention.varlen is missing from this torch; choose another attention")
     batch, heads, length, dim = query.shape
     q, k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], dim) for x in (query, key, value))
-    out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
-                      int(max_length_q), int(max_length_k if max_length_k is not None else max_length_q),
-                      scale=scaling, window_size=(-1, 0), enable_gqa=key.shape[1] != heads)
+    device_type = query.device.type
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+        # Under autocast the rotary embedding hands fp32 queries/keys (fp32 weights); the flash kernel takes
+        # fp16/bf16 only: cast to the autocast dtype, as transformers' flash-attention paths do.
+        target = torch.get_autocast_dtype(device_type)
+        q, k, v = q.to(target), k.to(target), v.to(target)
+    out = call_varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
+                           int(max_length_q), int(max_length_k if max_length_k is not None else max_length_q),
+                           scaling)
     return out.view(batch, length, heads, dim), None
+
+
+_VARLEN_PARAMETERS: dict = {}
+
+
+def varlen_parameters(function) -> frozenset:
+    """The keyword names ``function`` accepts, read once (kept out of torch.compile's traced code)."""
+    names = _VARLEN_PARAMETERS.get(function)
+    if names is None:
+        names = _VARLEN_PARAMETERS[function] = frozenset(inspect.signature(function).parameters)
+    return names
+
+
+if varlen_attn is not None:
+    varlen_parameters(varlen_attn)
+
+
+def call_varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale: float | None) -> torch.Tensor:
+    """Causal ``varlen_attn`` over ``[tokens, heads, dim]`` inputs, whatever the installed torch's signature.
+
+    torch 2.13: ``window_size=(-1, 0)``, ``scale``, ``enable_gqa``. torch 2.11 (seen on an H200): ``scale`` and
+    ``window_size`` but no ``enable_gqa``. torch 2.9-2.10: ``is_causal`` only. Without GQA support the KV heads
+    are repeated; without ``scale`` a non-default scale is folded into the queries.
+    """
+    accepted = varlen_parameters(varlen_attn)
+    kwargs = {}
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in accepted:
+            kwargs["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if "window_size" in accepted:
+        kwargs["window_size"] = (-1, 0)
+    elif "is_causal" in accepted:
+        kwargs["is_causal"] = True
+    else:
+        raise RuntimeError("this torch's varlen_attn has neither window_size nor is_causal; choose another attention")
+    if scale is not None:
+        if "scale" in accepted:
+            kwargs["scale"] = scale
+        elif not math.isclose(scale, q.shape[-1] ** -0.5):
+            q = q * (scale * q.shape[-1] ** 0.5)
+    return varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs)
 
 
 def register_attention_functions() -> None:
@@ -202,6 +254,10 @@ def torch_varlen_available(device: torch.device) -> bool:
 def choose_attention(requested: str, device: torch.device, precision: str | None = None) -> str:
     """``auto``: the fastest path that keeps packed samples apart here (see the module docstring); logged."""
     if requested != "auto":
+        if (device.type == "cuda" and precision == "fp32"
+                and PACKED_INPUTS.get(requested) == VARLEN):
+            raise ValueError(f"train.model.attn_implementation: {requested} runs in bf16 or fp16 only; set "
+                             "train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32)")
         return requested
     half = precision in (None, "bf16", "fp16")
     if device.type == "cuda" and half:
