@@ -11,8 +11,9 @@ import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
+from demo_data.texts import make_texts  # noqa: E402
+
 import fastlm  # noqa: E402,F401  (sets offline/telemetry defaults before any HF import)
-from fastlm.corpus.synthetic import make_texts  # noqa: E402
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

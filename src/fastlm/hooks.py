@@ -17,6 +17,7 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
+from fastlm.parameters import GROUPS
 from fastlm.redaction import redact
 from fastlm.tracking import (
     MlflowMetrics,
@@ -330,20 +331,51 @@ def known_top_level_params(project_path: Path) -> set[str]:
 
 
 class ParametersValidHook:
-    """Before a run starts, validate every parameter group its nodes read: a bad value is one line, before
-    any node has written anything (a node that validates on entry may run after others saved their outputs)."""
-
-    # group -> (module, parser): imported only for the groups a run reads (the tune package imports torch)
-    PARSERS = {"split": ("fastlm.corpus.params", "parse_split_params"),
-               "train": ("fastlm.engine.config", "parse_train_params"),
-               "report": ("fastlm.reporting.params", "parse_report_params"),
-               "tune": ("fastlm.pipelines.tune.params", "parse_tune_params"),
-               "sweep": ("fastlm.sweeps", "load_sweep")}
+    """Before a run starts, validate every parameter group its nodes read (``fastlm.parameters.GROUPS``): a bad
+    value is one line, before any node has written anything (a node that validates on entry may run after
+    others saved their outputs)."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         for dataset in sorted(pipeline.inputs()):
             group = dataset.removeprefix("params:")
-            if dataset.startswith("params:") and group in self.PARSERS:
-                module, parser = self.PARSERS[group]
-                getattr(importlib.import_module(module), parser)(catalog.load(dataset))
+            if dataset.startswith("params:") and group in GROUPS:
+                GROUPS[group].parse(catalog.load(dataset))
+
+
+DATASET_PATHS = "dataset_paths"
+
+
+class DatasetPathsHook:
+    """Put the local path of each file dataset the run reads or writes into the catalog entry ``dataset_paths``
+    (``{name: path}``), for the nodes that name a file in a message or hand a folder to the engine: nodes hold
+    no path of their own, so a catalog change cannot leave one behind."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if DATASET_PATHS not in pipeline.inputs():
+            return
+        names = sorted(pipeline.all_inputs() | pipeline.all_outputs())
+        paths = {name: str(path) for name in names if name != DATASET_PATHS
+                 and (path := _local_path(catalog, name)) is not None}
+        if DATASET_PATHS in catalog:
+            catalog[DATASET_PATHS].save(paths)
+        else:
+            catalog[DATASET_PATHS] = paths
+
+
+class TunedParametersHook:
+    """Say, before a training run, that ``tuned_parameters`` (written by the tune pipeline into conf/local)
+    is in effect, with the micro-batch settings it gives."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if "trained_model" not in pipeline.all_outputs() or "tuned_parameters" not in catalog:
+            return
+        path = _local_path(catalog, "tuned_parameters")
+        if path is None or not catalog.exists("tuned_parameters"):
+            return
+        batching = GROUPS["train"].parse(catalog.load("params:train")).batching
+        log.info("%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
+                 "gradient_accumulation_steps=%d; delete it to go back to conf/base", path,
+                 batching.micro_batch_size, batching.gradient_accumulation_steps)

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from demo_data.texts import make_texts
 
 from fastlm.corpus.prompts import tokenize_pairs
-from fastlm.corpus.synthetic import make_texts
 from fastlm.engine import lora
 from fastlm.engine.checkpoint import latest_checkpoint
 from fastlm.engine.config import parse_train_params

@@ -8,9 +8,9 @@ import datasets
 import pandas as pd
 import pytest
 import torch
+from demo_data.dialogues import make_dialogues
 
 from fastlm.corpus.prompts import prompt_token_ids, truncate_prompt_ids
-from fastlm.corpus.synthetic_dialogues import make_dialogues
 from fastlm.errors import StaleDataError, find_user_error
 from tests.conftest import run_pipeline
 from tests.tiny_llama import llama_style_tokenizer, save_tiny_llama

@@ -8,14 +8,15 @@ from fastlm.pipelines.report import nodes
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline(
         [
-            Node(nodes.summarize_training, ["train_summary", "train_history", "eval_history"],
+            Node(nodes.summarize_training, ["train_summary", "train_history", "eval_history", "dataset_paths"],
                  ["training_summary", "efficiency_summary", "bottleneck_diagnosis"], name="summarize_training"),
             Node(nodes.evaluate_model,
                  ["trained_model", "tokenized_corpus", "tokenized_corpus_fingerprint", "params:train", "params:split",
-                  "params:report"],
+                  "params:report", "dataset_paths"],
                  ["evaluation_metrics", "error_pairs", "worst_samples", "sample_generations"], name="evaluate_model"),
             Node(nodes.generate_on_references,
-                 ["trained_model", "corpus_splits", "params:train", "params:split", "params:report"],
+                 ["trained_model", "corpus_splits", "params:train", "params:split", "params:report",
+                  "dataset_paths"],
                  ["reference_predictions", "reference_metrics"], name="generate_on_references"),
             Node(nodes.collect_test_metrics, ["evaluation_metrics", "reference_metrics", "train_summary"],
                  "test_metrics", name="collect_test_metrics"),
