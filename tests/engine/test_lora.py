@@ -18,7 +18,7 @@ from fastlm.engine.model import build_model
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.errors import ConfigError
-from tests.tiny_llama import llama_style_tokenizer, save_tiny_llama
+from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
 
 MAX_LENGTH = 48
 
