@@ -21,6 +21,7 @@ from fastlm.parameters import GROUPS
 from fastlm.redaction import redact
 from fastlm.tracking import (
     MlflowMetrics,
+    RunTracker,
     SafeMlflow,
     active_run_id,
     bound_tracking_requests,
@@ -358,10 +359,29 @@ class DatasetPathsHook:
         names = sorted(pipeline.all_inputs() | pipeline.all_outputs())
         paths = {name: str(path) for name in names if name != DATASET_PATHS
                  and (path := _local_path(catalog, name)) is not None}
-        if DATASET_PATHS in catalog:
-            catalog[DATASET_PATHS].save(paths)
-        else:
-            catalog[DATASET_PATHS] = paths
+        _put(catalog, DATASET_PATHS, paths)
+
+
+def _put(catalog, name: str, value) -> None:
+    """``value`` as the data of the memory dataset ``name`` (declared in catalog.yml, else made here)."""
+    if name in catalog:
+        catalog[name].save(value)
+    else:
+        catalog[name] = value
+
+
+RUN_TRACKER = "run_tracker"
+
+
+class RunTrackerHook:
+    """Hand the nodes that track (train, tune, report) one ``fastlm.tracking.RunTracker`` per run as the catalog
+    entry ``run_tracker``: they pass its callbacks to the engine and report their results to it, and the
+    tracker logs to the MLflow run the MLflow hook opened. Nodes make no MLflow call themselves."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if RUN_TRACKER in pipeline.inputs():
+            _put(catalog, RUN_TRACKER, RunTracker())
 
 
 class TunedParametersHook:

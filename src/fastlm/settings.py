@@ -14,6 +14,7 @@ from fastlm.hooks import (
     RedactingMlflowHook,
     RunNameHook,
     RunOutputsHook,
+    RunTrackerHook,
     TunedParametersHook,
     UnknownRuntimeParamsHook,
 )
@@ -31,9 +32,10 @@ DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
 # leaves no MLflow run behind). At the end, artefacts are logged before MLflow closes the run.
 HOOKS = (RunOutputsHook(), RedactingMlflowHook(), MlflowArtifactsHook(), TunedParametersHook(),
          OutputFoldersWritableHook(), MissingInputsHook(), ParametersValidHook(), UnknownRuntimeParamsHook(),
-         DatasetPathsHook(), RunNameHook())
+         DatasetPathsHook(), RunTrackerHook(), RunNameHook())
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
-    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), DatasetPathsHook(), RunNameHook())
+    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), DatasetPathsHook(), RunTrackerHook(),
+             RunNameHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

@@ -23,6 +23,7 @@ from fastlm.reporting.references import (
 )
 from fastlm.reporting.report_document import build_document
 from fastlm.reporting.summaries import efficiency_summary, training_summary
+from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +109,12 @@ def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: di
     return table, metrics
 
 
-def collect_test_metrics(evaluation: dict, references: dict, summary: dict) -> dict:
-    """Loss, perplexity and accuracy beside ROUGE (when scored), logged to MLflow as ``test_<name>`` on this
-    run and on the training run, where the run comparison finds them."""
+def collect_test_metrics(evaluation: dict, references: dict, summary: dict,
+                         tracker: RunTracker | None = None) -> dict:
+    """Loss, perplexity and accuracy beside ROUGE (when scored), handed to ``tracker`` (``run_tracker``), which
+    logs them as ``test_<name>`` on this run and on the training run, where the run comparison finds them."""
     metrics = {**evaluation, **references}
-    comparison.log_test_metrics(metrics, training_run_id=summary.get("mlflow_run_id"))
+    (tracker if tracker is not None else RunTracker()).log_test_metrics(metrics, summary.get("mlflow_run_id"))
     return metrics
 
 
@@ -122,11 +124,13 @@ def plot_training(history: pd.DataFrame, eval_history: pd.DataFrame):
             plots.learning_rate_figure(history), plots.memory_figure(history))
 
 
-def compare_training_runs(report_params: dict, test_metrics: dict, summary: dict | None = None) -> pd.DataFrame:
-    """The experiment's training runs side by side (parameters that differ, tokens/s, loss, test loss and
-    ROUGE, wall time), the reported training run marked. ``test_metrics`` is an input so that this run's are
-    logged before the search."""
-    table = comparison.compare_runs(comparison.search_training_runs(), parse_group("report", report_params).compare_runs,
+def compare_training_runs(report_params: dict, test_metrics: dict, summary: dict | None = None,
+                          tracker: RunTracker | None = None) -> pd.DataFrame:
+    """The experiment's training runs (from ``tracker``, ``run_tracker``) side by side (parameters that differ,
+    tokens/s, loss, test loss and ROUGE, wall time), the reported training run marked. ``test_metrics`` is an
+    input so that this run's are logged before the search."""
+    runs = (tracker if tracker is not None else RunTracker()).training_runs()
+    table = comparison.compare_runs(runs, parse_group("report", report_params).compare_runs,
                                     current_run_id=(summary or {}).get("mlflow_run_id"))
     log.info("Run comparison: %d training runs", len(table))
     return table

@@ -16,15 +16,17 @@ from fastlm.errors import ConfigError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
 from fastlm.reporting.plots import tune_figure
-from fastlm.tracking import MlflowMetrics
+from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
 
 
 def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict,
-                     split_params: dict, tune_params: dict, paths: dict | None = None):
+                     split_params: dict, tune_params: dict, paths: dict | None = None,
+                     tracker: RunTracker | None = None):
     """Trials table, chosen settings (with the explanation), a plot, and the parameters for train
-    (``tuned_parameters``, named in messages by its path from ``paths``)."""
+    (``tuned_parameters``, named in messages by its path from ``paths``). Each trial and the choice go to
+    ``tracker`` (``run_tracker``), also when no size fits."""
     start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths)
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     settings = parse_group("tune", tune_params)
@@ -46,9 +48,9 @@ def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokeniz
                                headroom=settings.memory_headroom, memory_limit_mb=limit)
     log.info("Tune: %s", explanation)
     table = pd.DataFrame([trial.as_row() for trial in trials])
-    tracker = MlflowMetrics()
+    tracker = tracker if tracker is not None else RunTracker()
     for trial in trials:
-        tracker("tune", {"step": trial.micro_batch_size, "real_tokens_per_s": trial.real_tokens_per_s,
+        tracker.record("tune", {"step": trial.micro_batch_size, "real_tokens_per_s": trial.real_tokens_per_s,
                          "peak_memory_mb": trial.peak_memory_mb})
     choice = {"micro_batch_size": chosen.micro_batch_size if chosen else None, "trials": len(trials),
               "gradient_accumulation_steps": accumulation, "device": str(runtime.device),
