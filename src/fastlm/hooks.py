@@ -126,10 +126,7 @@ class RunNameHook:
                                 Path(str(train.get("checkpoint_dir", TrainParams().checkpoint_dir))),
                                 resume=str(train.get("resume", "auto")), trains=trains,
                                 launch_id=launch if launch not in (None, "", "none") else None)
-        if RUN_NAME in catalog:
-            catalog[RUN_NAME].save(name)
-        else:
-            catalog[RUN_NAME] = name
+        _put(catalog, RUN_NAME, name)
         log.info("Run name: %s", name)
 
 

@@ -9,8 +9,9 @@ import pytest
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.pipeline import Node, Pipeline
 from kedro_datasets.json import JSONDataset
+from kedro_datasets.yaml import YAMLDataset
 
-from fastlm.hooks import DatasetPathsHook, RunTrackerHook
+from fastlm.hooks import DatasetPathsHook, RunTrackerHook, TunedParametersHook
 from fastlm.tracking import RunTracker
 
 PIPELINES = Path(__file__).resolve().parents[2] / "src" / "fastlm" / "pipelines"
@@ -72,3 +73,18 @@ def test_a_pipeline_that_does_not_ask_gets_neither(tmp_path):
     DatasetPathsHook().before_pipeline_run({}, pipeline, catalog)
     RunTrackerHook().before_pipeline_run({}, pipeline, catalog)
     assert not catalog.exists("dataset_paths") and not catalog.exists("run_tracker")
+
+
+def test_a_training_run_says_that_the_tuned_parameters_file_is_in_effect(tmp_path, caplog):
+    tuned = tmp_path / "parameters_tuned.yml"
+    catalog = DataCatalog({"tuned_parameters": YAMLDataset(filepath=str(tuned)),
+                           "params:train": MemoryDataset({"batching": {"micro_batch_size": 6}})})
+    training = Pipeline([Node(lambda train: train, "params:train", "trained_model")])
+    with caplog.at_level("INFO", logger="fastlm.hooks"):
+        TunedParametersHook().before_pipeline_run({}, training, catalog)  # no file yet: nothing to say
+        tuned.write_text("train: {batching: {micro_batch_size: 6}}\n")
+        TunedParametersHook().before_pipeline_run({}, Pipeline([Node(lambda t: t, "params:train", "x")]), catalog)
+        TunedParametersHook().before_pipeline_run({}, training, catalog)
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{tuned} is in effect (from `kedro run --pipeline=tune`): micro_batch_size=6, "
+        "gradient_accumulation_steps=1; delete it to go back to conf/base"]
