@@ -31,8 +31,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
 
-from fastlm.corpus.synthetic import make_texts  # noqa: E402
+from demo_data.texts import make_texts  # noqa: E402
+
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
 from fastlm.engine.config import parse_train_params  # noqa: E402
 from fastlm.engine.job import TrainJob, run_job  # noqa: E402

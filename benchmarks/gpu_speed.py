@@ -62,6 +62,7 @@ import math
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -71,6 +72,8 @@ from pathlib import Path
 # Sibling modules (scripts run from benchmarks/); importing train_speed also sets the offline environment.
 from contender_process import run_contender
 from train_speed import REPO, TEXT_SEED, VOCAB_SIZE, Context, CountingCollator, _fmt, machine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
 
 MODELS = {
     "tiny": {},  # ModelParams() defaults: hidden 128, 2 layers, 4 heads, intermediate 344
@@ -97,8 +100,7 @@ TARGET_DATA_WAIT = 0.01
 def make_documents(n_docs: int, seq_len: int, seed: int = TEXT_SEED) -> list[str]:
     """Runs of consecutive demo texts joined by newlines; geometric run lengths, about seq_len / 4 tokens."""
     import numpy as np
-
-    from fastlm.corpus.synthetic import make_texts
+    from demo_data.texts import make_texts
 
     probe = make_texts(2000, seed=seed, profile="demo")
     chars_per_text = sum(map(len, probe)) / len(probe)

@@ -12,9 +12,12 @@ copies a row drawn from the same distribution, so the length statistics stay tho
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
 
 LENGTHS_CSV = Path(__file__).resolve().parent / "data" / "short_review_lengths.csv"
 DUPLICATE_SHARE = 0.025
@@ -32,7 +35,7 @@ def load_length_distribution(path: Path = LENGTHS_CSV) -> tuple[np.ndarray, np.n
 
 def realistic_texts(n: int, *, seed: int = 0) -> list[str]:
     """``n`` texts whose character lengths follow the real short-review distribution (same seed, same list)."""
-    from fastlm.corpus.synthetic import make_texts
+    from demo_data.texts import make_texts
 
     rng = np.random.default_rng(seed)
     chars, share = load_length_distribution()

@@ -54,6 +54,8 @@ from pathlib import Path
 from contender_process import OFFLINE_ENV  # sibling modules: scripts run from benchmarks/
 from cpu_usage import busy_cpu_s, children_cpu_s
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
+
 os.environ.update(OFFLINE_ENV)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,8 +115,8 @@ def prepare(workdir: Path, rows: int) -> dict:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from demo_data.texts import make_texts
 
-    from fastlm.corpus.synthetic import make_texts
     from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 
     start = time.perf_counter()

@@ -100,6 +100,7 @@ import platform
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from importlib import metadata
@@ -107,6 +108,8 @@ from pathlib import Path
 
 from contender_process import OFFLINE_ENV, run_contender
 from length_profile import realistic_texts, text_statistics
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
 
 os.environ.update({**OFFLINE_ENV, "MLFLOW_DISABLE_TELEMETRY": "true", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
                    "TOKENIZERS_PARALLELISM": "false"})
@@ -148,8 +151,8 @@ TARGET_WASTE_16 = 0.02
 
 def prepare(workdir: Path, rows: int, max_length: int, profile: str = "realistic", model: str = "tiny") -> dict:
     import numpy as np
+    from demo_data.texts import make_texts
 
-    from fastlm.corpus.synthetic import make_texts
     from fastlm.corpus.tokenization import tokenize_texts
     from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 

@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from demo_data.dialogues import write_demo_dialogues  # scripts/demo_data: this script's folder is on the path
+from demo_data.texts import write_demo_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "data" / "01_raw"
-
-try:
-    from fastlm.corpus.synthetic import write_demo_corpus
-    from fastlm.corpus.synthetic_dialogues import write_demo_dialogues
-except ImportError:  # not installed: use the source tree
-    sys.path.insert(0, str(ROOT / "src"))
-    from fastlm.corpus.synthetic import write_demo_corpus
-    from fastlm.corpus.synthetic_dialogues import write_demo_dialogues
 
 
 def main(argv: list[str] | None = None) -> int:

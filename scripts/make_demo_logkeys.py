@@ -10,16 +10,11 @@ Split it with: kedro run --pipeline=split --params raw_path=data/01_raw/demo_log
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from demo_data.logkeys import write_demo_logkeys  # scripts/demo_data: this script's folder is on the path
 
-try:
-    from fastlm.corpus.synthetic_logkeys import write_demo_logkeys
-except ImportError:  # not installed: use the source tree
-    sys.path.insert(0, str(ROOT / "src"))
-    from fastlm.corpus.synthetic_logkeys import write_demo_logkeys
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:

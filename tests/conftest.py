@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
-import fastlm  # noqa: E402,F401  (sets offline/telemetry defaults before any HF import)
-from fastlm.corpus.synthetic import make_texts  # noqa: E402
-from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
+from demo_data.texts import make_texts  # noqa: E402
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+import fastlm  # noqa: E402,F401  (sets offline/telemetry defaults before any HF import)
+from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
+from tests.support.project import copy_project, write_jsonl  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -48,10 +46,6 @@ def bpe_tokenizer_dir(bpe_tokenizer, tmp_path_factory) -> Path:
     return folder
 
 
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -60,18 +54,6 @@ def mlflow_uri(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
-def copy_project(project: Path) -> Path:
-    """pyproject.toml, .telemetry and conf/ (without conf/local) copied to ``project``, and an empty src/.
-
-    Kedro wants <project>/src to exist (it resolves links, so no symlink); the code is the installed fastlm.
-    """
-    project.mkdir(parents=True, exist_ok=True)
-    for name in ("pyproject.toml", ".telemetry"):
-        shutil.copy(PROJECT_ROOT / name, project / name)
-    shutil.copytree(PROJECT_ROOT / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
-    (project / "conf" / "local").mkdir()
-    (project / "src").mkdir()
-    return project
 
 
 @pytest.fixture
@@ -87,16 +69,3 @@ def kedro_project(tmp_path, monkeypatch, sample_texts, mlflow_uri) -> Path:
     return tmp_path
 
 
-def run_pipeline(project: Path, pipeline: str, params: dict | None = None):
-    """Run ``pipeline`` in-process through a KedroSession, as `kedro run --pipelines=<pipeline>` does."""
-    import mlflow
-    from kedro.framework.session import KedroSession
-    from kedro.framework.startup import bootstrap_project
-
-    bootstrap_project(project)
-    try:
-        with KedroSession.create(project_path=project, runtime_params=params or {}) as session:
-            return session.run(pipeline_names=[pipeline])
-    finally:  # kedro-mlflow can leave a failed run active; one CLI run is one process, a test is not
-        while mlflow.active_run() is not None:
-            mlflow.end_run("FAILED")

@@ -28,7 +28,7 @@ import yaml
 from fastlm.engine.checkpoint import CheckpointError
 from fastlm.engine.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
-from tests.conftest import copy_project, run_pipeline, write_jsonl
+from tests.support.project import copy_project, run_pipeline, write_jsonl
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT, copy_project, write_jsonl
+from tests.support.project import PROJECT_ROOT, copy_project, write_jsonl
 
 nbformat = pytest.importorskip("nbformat", reason="the dev extras (jupyter, nbconvert, ipykernel)")
 nbconvert = pytest.importorskip("nbconvert", reason="the dev extras (jupyter, nbconvert, ipykernel)")
@@ -31,7 +31,7 @@ def execute_notebook(project) -> list[str]:
 
 
 def test_notebook_runs_on_text_and_on_prompt_response_data(tmp_path, monkeypatch, sample_texts):
-    from tests.conftest import run_pipeline
+    from tests.support.project import run_pipeline
 
     project = copy_project(tmp_path / "project")
     monkeypatch.chdir(project)

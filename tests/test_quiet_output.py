@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import copy_project, write_jsonl
+from tests.support.project import copy_project, write_jsonl
 
 NOISE = ("[33m", "Registering new custom resolver", "gradient_checkpointing_enable is deprecated",
          "No typed parameter requirements", "UserWarning", "it/s]")  # it/s]: a tqdm bar redrawn into a log

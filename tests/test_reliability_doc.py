@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.support.project import PROJECT_ROOT
 
 SCRIPT = PROJECT_ROOT / "scripts" / "reliability_counts.py"
 

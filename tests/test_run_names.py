@@ -8,7 +8,7 @@ import pytest
 from fastlm.engine.checkpoint import save_checkpoint
 from fastlm.errors import ConfigError
 from fastlm.runs import default_run_name, resolve_run_name, validate_run_name
-from tests.engine.test_checkpoint import tiny_llama, trainer
+from tests.support.tiny_models import checkpoint_llama, optimizer_and_scheduler
 
 NOW = dt.datetime(2026, 11, 23, 4, 14, 28)
 
@@ -28,8 +28,8 @@ def test_safe_names_pass_and_the_default_is_pipeline_and_time():
 
 
 def _checkpoint(root, step, total):
-    model = tiny_llama(seed=0)
-    optimizer, scheduler = trainer(model)
+    model = checkpoint_llama(seed=0)
+    optimizer, scheduler = optimizer_and_scheduler(model)
     save_checkpoint(root, step, model=model, optimizer=optimizer, scheduler=scheduler,
                     state={"step": step, "total_steps": total})
 

@@ -15,7 +15,7 @@ import yaml
 
 import fastlm
 from fastlm.redaction import MASK, install_log_redaction, is_secret_key, redact, redact_text
-from tests.conftest import PROJECT_ROOT, copy_project, write_jsonl
+from tests.support.project import PROJECT_ROOT, copy_project, write_jsonl
 
 SRC = PROJECT_ROOT / "src" / "fastlm"
 HF_TOKEN = "hf_FAKEabcdefghijklmnopqrstuvwxyz0123"

@@ -54,7 +54,7 @@ def test_no_active_run_is_a_no_op(tmp_path):
 @pytest.mark.e2e
 def test_store_failing_mid_run_leaves_training_and_outputs_intact(kedro_project, monkeypatch):
     """Through a KedroSession: the store accepts the first metrics, then fails; the run completes."""
-    from tests.conftest import run_pipeline
+    from tests.support.project import run_pipeline
 
     small = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48}}
     run_pipeline(kedro_project, "split", small)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_project
+from tests.support.project import copy_project
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SPLIT_NODES = {"clean_corpus", "split_corpus", "build_tokenizer", "tokenize_corpus", "report_split"}

@@ -17,9 +17,11 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
+from fastlm.parameters import GROUPS
 from fastlm.redaction import redact
 from fastlm.tracking import (
     MlflowMetrics,
+    RunTracker,
     SafeMlflow,
     active_run_id,
     bound_tracking_requests,
@@ -124,10 +126,7 @@ class RunNameHook:
                                 Path(str(train.get("checkpoint_dir", TrainParams().checkpoint_dir))),
                                 resume=str(train.get("resume", "auto")), trains=trains,
                                 launch_id=launch if launch not in (None, "", "none") else None)
-        if RUN_NAME in catalog:
-            catalog[RUN_NAME].save(name)
-        else:
-            catalog[RUN_NAME] = name
+        _put(catalog, RUN_NAME, name)
         log.info("Run name: %s", name)
 
 
@@ -330,20 +329,70 @@ def known_top_level_params(project_path: Path) -> set[str]:
 
 
 class ParametersValidHook:
-    """Before a run starts, validate every parameter group its nodes read: a bad value is one line, before
-    any node has written anything (a node that validates on entry may run after others saved their outputs)."""
-
-    # group -> (module, parser): imported only for the groups a run reads (the tune package imports torch)
-    PARSERS = {"split": ("fastlm.corpus.params", "parse_split_params"),
-               "train": ("fastlm.engine.config", "parse_train_params"),
-               "report": ("fastlm.reporting.params", "parse_report_params"),
-               "tune": ("fastlm.pipelines.tune.params", "parse_tune_params"),
-               "sweep": ("fastlm.sweeps", "load_sweep")}
+    """Before a run starts, validate every parameter group its nodes read (``fastlm.parameters.GROUPS``): a bad
+    value is one line, before any node has written anything (a node that validates on entry may run after
+    others saved their outputs)."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         for dataset in sorted(pipeline.inputs()):
             group = dataset.removeprefix("params:")
-            if dataset.startswith("params:") and group in self.PARSERS:
-                module, parser = self.PARSERS[group]
-                getattr(importlib.import_module(module), parser)(catalog.load(dataset))
+            if dataset.startswith("params:") and group in GROUPS:
+                GROUPS[group].parse(catalog.load(dataset))
+
+
+DATASET_PATHS = "dataset_paths"
+
+
+class DatasetPathsHook:
+    """Put the local path of each file dataset the run reads or writes into the catalog entry ``dataset_paths``
+    (``{name: path}``), for the nodes that name a file in a message or hand a folder to the engine: nodes hold
+    no path of their own, so a catalog change cannot leave one behind."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if DATASET_PATHS not in pipeline.inputs():
+            return
+        names = sorted(pipeline.all_inputs() | pipeline.all_outputs())
+        paths = {name: str(path) for name in names if name != DATASET_PATHS
+                 and (path := _local_path(catalog, name)) is not None}
+        _put(catalog, DATASET_PATHS, paths)
+
+
+def _put(catalog, name: str, value) -> None:
+    """``value`` as the data of the memory dataset ``name`` (declared in catalog.yml, else made here)."""
+    if name in catalog:
+        catalog[name].save(value)
+    else:
+        catalog[name] = value
+
+
+RUN_TRACKER = "run_tracker"
+
+
+class RunTrackerHook:
+    """Hand the nodes that track (train, tune, report) one ``fastlm.tracking.RunTracker`` per run as the catalog
+    entry ``run_tracker``: they pass its callbacks to the engine and report their results to it, and the
+    tracker logs to the MLflow run the MLflow hook opened. Nodes make no MLflow call themselves."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if RUN_TRACKER in pipeline.inputs():
+            _put(catalog, RUN_TRACKER, RunTracker())
+
+
+class TunedParametersHook:
+    """Say, before a training run, that ``tuned_parameters`` (written by the tune pipeline into conf/local)
+    is in effect, with the micro-batch settings it gives."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if "trained_model" not in pipeline.all_outputs() or "tuned_parameters" not in catalog:
+            return
+        path = _local_path(catalog, "tuned_parameters")
+        if path is None or not catalog.exists("tuned_parameters"):
+            return
+        batching = GROUPS["train"].parse(catalog.load("params:train")).batching
+        log.info("%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
+                 "gradient_accumulation_steps=%d; delete it to go back to conf/base", path,
+                 batching.micro_batch_size, batching.gradient_accumulation_steps)

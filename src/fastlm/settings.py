@@ -6,6 +6,7 @@ from kedro.config import OmegaConfigLoader
 
 from fastlm import apply_process_defaults
 from fastlm.hooks import (
+    DatasetPathsHook,
     MissingInputsHook,
     MlflowArtifactsHook,
     OutputFoldersWritableHook,
@@ -13,6 +14,8 @@ from fastlm.hooks import (
     RedactingMlflowHook,
     RunNameHook,
     RunOutputsHook,
+    RunTrackerHook,
+    TunedParametersHook,
     UnknownRuntimeParamsHook,
 )
 from fastlm.log_handler import plain_logs_when_redirected, quiet_third_party_logs
@@ -27,10 +30,12 @@ DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
 # pluggy calls the last registered first: the run name is resolved (and checked); --params, parameters, inputs
 # and output folders are checked; then MLflow opens the run under that name (a run refused before any node runs
 # leaves no MLflow run behind). At the end, artefacts are logged before MLflow closes the run.
-HOOKS = (RunOutputsHook(), RedactingMlflowHook(), MlflowArtifactsHook(), OutputFoldersWritableHook(),
-         MissingInputsHook(), ParametersValidHook(), UnknownRuntimeParamsHook(), RunNameHook())
+HOOKS = (RunOutputsHook(), RedactingMlflowHook(), MlflowArtifactsHook(), TunedParametersHook(),
+         OutputFoldersWritableHook(), MissingInputsHook(), ParametersValidHook(), UnknownRuntimeParamsHook(),
+         DatasetPathsHook(), RunTrackerHook(), RunNameHook())
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
-    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), RunNameHook())
+    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), DatasetPathsHook(), RunTrackerHook(),
+             RunNameHook())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

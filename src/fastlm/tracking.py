@@ -124,6 +124,57 @@ class MlflowMetrics(SafeMlflow):
         self.call(f"artifact logging of {path}", log)
 
 
+
+class RunTracker:
+    """The tracking a node is handed (catalog entry ``run_tracker``, filled by ``fastlm.hooks.RunTrackerHook``
+    for each run): nodes pass its callbacks to the engine and report what they produced to it, and make no
+    MLflow call themselves. One per run, so a store that failed once is not tried again by a later node."""
+
+    def __init__(self) -> None:
+        self.metrics = MlflowMetrics()
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run of this ``kedro run`` (opened by the MLflow hook), if any."""
+        return active_run_id()
+
+    def callbacks(self) -> list:
+        """Loop callbacks for this process: each logging-step record as metrics of the run."""
+        return [self.metrics]
+
+    def worker_callback_factory(self):
+        """A picklable factory of the loop callback for launched training workers (they have no active run),
+        or None without a run."""
+        import functools
+
+        target = tracking_target()
+        return functools.partial(MlflowMetrics, run_id=target.run_id, tracking_uri=target.tracking_uri) if target else None
+
+    def record(self, kind: str, record: dict) -> None:
+        """One record with a ``step`` (e.g. a tune trial, ``step`` = its micro-batch size) as metrics."""
+        self.metrics(kind, record)
+
+    def log_params(self, params: dict) -> None:
+        self.metrics.log_params(params)
+
+    def training_finished(self, summary: dict) -> None:
+        """The run's runtime settings as parameters and its real tokens/s (the run comparison's speed)."""
+        self.metrics.log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
+        self.metrics.log_run_metrics({"real_tokens_per_s": summary["real_tokens_per_s"]})
+
+    def log_test_metrics(self, metrics: dict, training_run_id: str | None) -> dict:
+        """``test_<name>`` on this run and on the training run (``fastlm.reporting.comparison``)."""
+        from fastlm.reporting.comparison import log_test_metrics
+
+        return log_test_metrics(metrics, training_run_id=training_run_id)
+
+    def training_runs(self):
+        """The experiment's runs, for the run comparison (an empty frame, with a warning, if MLflow fails)."""
+        from fastlm.reporting.comparison import search_training_runs
+
+        return search_training_runs()
+
+
 OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
 
 

@@ -16,7 +16,7 @@ from fastlm.corpus.prompts import (
 )
 from fastlm.errors import ConfigError
 from fastlm.pipelines.split import nodes
-from tests.tiny_llama import llama_style_tokenizer
+from tests.support.tiny_llama import llama_style_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from fastlm.corpus.synthetic import PROFILES, make_texts, write_demo_corpus
+from demo_data.texts import PROFILES, make_texts, write_demo_corpus
 
 DEMO_FILE = Path(__file__).resolve().parents[2] / "data/01_raw/demo_corpus.jsonl"
 HANGUL = re.compile("[\uac00-\ud7a3]")

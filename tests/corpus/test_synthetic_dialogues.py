@@ -1,6 +1,6 @@
 import json
 
-from fastlm.corpus.synthetic_dialogues import make_dialogues, write_demo_dialogues
+from demo_data.dialogues import make_dialogues, write_demo_dialogues
 
 
 def test_dialogues_are_deterministic_bilingual_and_summaries_name_the_speakers(tmp_path):

@@ -9,7 +9,6 @@ import random
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine import checkpoint as ckpt
 from fastlm.engine.checkpoint import (
@@ -19,10 +18,9 @@ from fastlm.engine.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
-from fastlm.engine.optim import make_adamw
-from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
+from tests.support.tiny_models import CHECKPOINT_VOCAB as VOCAB
+from tests.support.tiny_models import checkpoint_llama, optimizer_and_scheduler
 
-VOCAB = 100
 STATE = {
     "step": 2,
     "epoch": 0,
@@ -30,27 +28,6 @@ STATE = {
     "history": [{"step": 1, "loss": 4.5}],
     "config_digest": "ab12",
 }
-
-
-def tiny_llama(*, seed: int = 0, tie: bool = False, vocab: int = VOCAB) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
-    return LlamaForCausalLM(config)
-
-
-def trainer(model: torch.nn.Module):
-    optimizer = make_adamw(model, lr=1e-3, weight_decay=0.1)
-    scheduler = make_lr_scheduler(optimizer, LRSchedule(peak_lr=1e-3, total_steps=10, warmup_steps=3))
-    return optimizer, scheduler
 
 
 def batch(seed: int) -> torch.Tensor:
@@ -87,8 +64,8 @@ def steps_on_disk(root) -> list[str]:
 
 @pytest.fixture
 def trained():
-    model = tiny_llama()
-    optimizer, scheduler = trainer(model)
+    model = checkpoint_llama()
+    optimizer, scheduler = optimizer_and_scheduler(model)
     for seed in range(2):
         train_step(model, optimizer, scheduler, batch(seed))
     return model, optimizer, scheduler
@@ -96,10 +73,10 @@ def trained():
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_round_trip_is_exact_and_training_continues_identically(tmp_path, tie):
-    model = tiny_llama(tie=tie)
+    model = checkpoint_llama(tie=tie)
     if tie:
         assert model.lm_head.weight is model.model.embed_tokens.weight
-    optimizer, scheduler = trainer(model)
+    optimizer, scheduler = optimizer_and_scheduler(model)
     for seed in range(2):
         train_step(model, optimizer, scheduler, batch(seed))
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
@@ -124,8 +101,8 @@ def test_round_trip_is_exact_and_training_continues_identically(tmp_path, tie):
     train_step(model, optimizer, scheduler, batch(7))
     expected_after = {name: tensor.clone() for name, tensor in model.state_dict().items()}
 
-    resumed = tiny_llama(seed=1, tie=tie)
-    resumed_optimizer, resumed_scheduler = trainer(resumed)
+    resumed = checkpoint_llama(seed=1, tie=tie)
+    resumed_optimizer, resumed_scheduler = optimizer_and_scheduler(resumed)
     resumed_scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
     random.seed(99)
     np.random.seed(99)
@@ -207,7 +184,7 @@ def test_saving_the_same_step_again_replaces_it(tmp_path, trained):
         tmp_path, 3, model=model, optimizer=optimizer, scheduler=scheduler, state={"step": 3, "v": 2}
     )
     assert steps_on_disk(tmp_path) == ["checkpoint-00000003"]
-    assert load_checkpoint(tmp_path / "checkpoint-00000003", model=tiny_llama(), restore_rng=False) == {
+    assert load_checkpoint(tmp_path / "checkpoint-00000003", model=checkpoint_llama(), restore_rng=False) == {
         "step": 3,
         "v": 2,
     }
@@ -231,7 +208,7 @@ def test_torn_or_foreign_folders_are_never_picked(tmp_path, trained):
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         resolve_resume(tmp_path, str(torn))
     with pytest.raises(CheckpointError, match="COMPLETE"):
-        load_checkpoint(torn, model=tiny_llama())
+        load_checkpoint(torn, model=checkpoint_llama())
 
 
 def assert_names_file_and_fix(error: pytest.ExceptionInfo, file) -> None:
@@ -250,7 +227,7 @@ def test_truncated_model_file_is_picked_but_fails_clearly(tmp_path, trained):
 
     assert latest_checkpoint(tmp_path) == folder  # the marker is there; loading says what to do
     with pytest.raises(CheckpointError, match="truncated") as error:
-        load_checkpoint(folder, model=tiny_llama())
+        load_checkpoint(folder, model=checkpoint_llama())
     assert_names_file_and_fix(error, model_file)
 
     # Even if the manifest agreed with the torn size, the safetensors error is reported the same way.
@@ -258,16 +235,16 @@ def test_truncated_model_file_is_picked_but_fails_clearly(tmp_path, trained):
     manifest["files"]["model.safetensors"] = model_file.stat().st_size
     (folder / "COMPLETE").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError) as error:
-        load_checkpoint(folder, model=tiny_llama())
+        load_checkpoint(folder, model=checkpoint_llama())
     assert_names_file_and_fix(error, model_file)
 
-    load_checkpoint(tmp_path / "checkpoint-00000001", model=tiny_llama())  # the previous one is fine
+    load_checkpoint(tmp_path / "checkpoint-00000001", model=checkpoint_llama())  # the previous one is fine
 
 
 def test_missing_or_corrupt_optimizer_file_fails_clearly(tmp_path, trained):
     folder = save(tmp_path, 1, *trained)
-    model = tiny_llama()
-    optimizer, _ = trainer(model)
+    model = checkpoint_llama()
+    optimizer, _ = optimizer_and_scheduler(model)
     (folder / "optimizer.pt").unlink()
     with pytest.raises(CheckpointError, match="missing") as error:
         load_checkpoint(folder, model=model, optimizer=optimizer)
@@ -284,7 +261,7 @@ def test_missing_or_corrupt_optimizer_file_fails_clearly(tmp_path, trained):
 def test_model_of_another_shape_fails_clearly(tmp_path, trained):
     folder = save(tmp_path, 1, *trained)
     with pytest.raises(CheckpointError, match="does not match the model") as error:
-        load_checkpoint(folder, model=tiny_llama(vocab=VOCAB + 8))
+        load_checkpoint(folder, model=checkpoint_llama(vocab=VOCAB + 8))
     assert_names_file_and_fix(error, folder / "model.safetensors")
 
 
@@ -310,7 +287,7 @@ def test_failure_in_the_middle_of_a_save_leaves_previous_checkpoints(tmp_path, t
     assert steps_on_disk(tmp_path) == ["checkpoint-00000001", "checkpoint-00000002"]  # no .tmp-*, no step 3
     assert (before / "COMPLETE").read_text() == manifest_before
     assert latest_checkpoint(tmp_path) == before
-    assert load_checkpoint(before, model=tiny_llama(), restore_rng=False)["step"] == 2
+    assert load_checkpoint(before, model=checkpoint_llama(), restore_rng=False)["step"] == 2
 
 
 def test_every_torch_load_is_weights_only(tmp_path, trained, monkeypatch):
@@ -333,8 +310,8 @@ def test_every_torch_load_is_weights_only(tmp_path, trained, monkeypatch):
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", checking_load)
-    fresh = tiny_llama()
-    fresh_optimizer, fresh_scheduler = trainer(fresh)
+    fresh = checkpoint_llama()
+    fresh_optimizer, fresh_scheduler = optimizer_and_scheduler(fresh)
     load_checkpoint(
         folder,
         model=fresh,

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from torch.utils.data import DataLoader
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.data import (
     IGNORE_INDEX,
@@ -19,29 +18,16 @@ from fastlm.engine.data import (
     packed_layout,
     pad_id_of,
 )
+from tests.support.tiny_models import PACKING_EOS as EOS
+from tests.support.tiny_models import PACKING_VOCAB as VOCAB
+from tests.support.tiny_models import packing_llama
 
-VOCAB, EOS = 300, 2
 REL_TOL = 1e-5
-
-
-def tiny_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=128,
-        attn_implementation=attn_implementation,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama("sdpa")
+    return packing_llama("sdpa")
 
 
 def make_samples(lengths, seed=0) -> list[np.ndarray]:
@@ -129,7 +115,7 @@ def test_without_the_block_mask_attention_leaks_across_samples(model, leaky_mask
 
 
 def test_eager_attention_needs_the_additive_mask():
-    eager = tiny_llama("eager")
+    eager = packing_llama("eager")
     reference = unpacked_loss(eager, SAMPLES)
     budget = TokenBudget(row_length=32, rows_per_batch=4)
     results, errors = {}, {}

@@ -16,7 +16,9 @@ from fastlm.engine.data import IGNORE_INDEX, DynamicPaddingCollator, PackedColla
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.loop import make_batching
 from fastlm.engine.loss import causal_lm_loss_sum
-from tests.engine.test_collators import EOS, VOCAB, tiny_llama
+from tests.support.tiny_models import PACKING_EOS as EOS
+from tests.support.tiny_models import PACKING_VOCAB as VOCAB
+from tests.support.tiny_models import packing_llama
 
 PAD = 0
 MODES = ("packed", "length_grouped", "dynamic")
@@ -36,7 +38,7 @@ def prompt_samples(seed: int = 0, n: int = 12) -> TokenSequences:
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_llama("sdpa")
+    return packing_llama("sdpa")
 
 
 @pytest.fixture(scope="module")

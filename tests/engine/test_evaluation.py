@@ -178,8 +178,9 @@ def test_generation_left_pads_restores_state_and_is_reproducible(setup):
 def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
     """Issue 18: after a short training on log-key sessions, the sessions with planted anomalies have the
     highest anomaly scores (share of next keys outside the top 5) among held-out sessions."""
+    from demo_data.logkeys import VOCAB_SIZE, logkey_sessions
+
     from fastlm.corpus.pretokenized import id_tokenizer
-    from fastlm.corpus.synthetic_logkeys import VOCAB_SIZE, logkey_sessions
     from fastlm.corpus.tokenization import encode_id_lists
 
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))

@@ -14,7 +14,7 @@ import torch
 
 from fastlm.engine.checkpoint import MARKER, latest_checkpoint, load_checkpoint
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
-from tests.engine.test_loop import _model, _params, _run
+from tests.support.toy_training import run_toy, toy_model, toy_params
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODES = ["packed", "length_grouped", "dynamic"]
@@ -31,14 +31,14 @@ def _settings(mode: str, **overrides) -> dict:
 def _straight(tmp_path_factory, mode: str) -> tuple[float, list[torch.Tensor]]:
     """The final loss and weights of an uninterrupted run (one per mode for the whole module)."""
     if mode not in _straight_runs:
-        result = _run(_params(tmp_path_factory.mktemp(f"straight-{mode}"), **_settings(mode)))
+        result = run_toy(toy_params(tmp_path_factory.mktemp(f"straight-{mode}"), **_settings(mode)))
         _straight_runs[mode] = (result.history[-1]["loss"],
                                 [p.detach().clone() for p in result.model.parameters()])
     return _straight_runs[mode]
 
 
 def _assert_resumes_exactly(tmp_path, tmp_path_factory, mode: str, **overrides):
-    resumed = _run(_params(tmp_path, **_settings(mode, resume="auto", **overrides)))
+    resumed = run_toy(toy_params(tmp_path, **_settings(mode, resume="auto", **overrides)))
     assert resumed.history[-1]["step"] == STEPS
     loss, weights = _straight(tmp_path_factory, mode)
     assert resumed.history[-1]["loss"] == loss  # bitwise: deterministic mode
@@ -58,16 +58,16 @@ def test_sigterm_saves_the_step_and_resumes_exactly(tmp_path, tmp_path_factory, 
         if record["step"] == 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    params = _params(tmp_path, **_settings(mode, save_every=None, resume="auto"))
+    params = toy_params(tmp_path, **_settings(mode, save_every=None, resume="auto"))
     with pytest.raises(TrainingInterrupted) as error:
-        _run(params, callbacks=[terminate])
+        run_toy(params, callbacks=[terminate])
     checkpoint = tmp_path / "checkpoints" / "checkpoint-00000003"
     assert str(error.value) == (f"training stopped by SIGTERM at step 3; checkpoint {checkpoint} saved; "
                                 "run the same command again (train.resume: auto) to continue")
     assert error.value.exit_code == 130 and error.value.step == 3
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # handlers restored
     assert latest_checkpoint(tmp_path / "checkpoints") == checkpoint and (checkpoint / MARKER).is_file()
-    state = load_checkpoint(checkpoint, model=_model(), restore_rng=False)
+    state = load_checkpoint(checkpoint, model=toy_model(), restore_rng=False)
     assert state["step"] == 3 and [r["step"] for r in state["history"]] == [1, 2, 3]
     resumed = _assert_resumes_exactly(tmp_path, tmp_path_factory, mode, save_every=None)
     assert [r["step"] for r in resumed.history] == list(range(1, STEPS + 1))
@@ -89,15 +89,15 @@ def test_ctrl_c_mid_step_finishes_the_step_flushes_and_names_the_fix(tmp_path, m
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loop, "accumulate_gradients", accumulate)
-    params = _params(tmp_path, **_settings("packed", log_every=4, save_every=None, resume="never"))
+    params = toy_params(tmp_path, **_settings("packed", log_every=4, save_every=None, resume="never"))
     with pytest.raises(TrainingInterrupted) as error:
-        _run(params)
+        run_toy(params)
     checkpoint = tmp_path / "checkpoints" / "checkpoint-00000006"
     message = str(error.value)
     assert message.startswith(f"training stopped by SIGINT at step 6; checkpoint {checkpoint} saved;")
     assert "with train.resume: auto (it is 'never' now)" in message
     assert latest_checkpoint(tmp_path / "checkpoints") == checkpoint == error.value.checkpoint
-    history = load_checkpoint(checkpoint, model=_model(), restore_rng=False)["history"]
+    history = load_checkpoint(checkpoint, model=toy_model(), restore_rng=False)["history"]
     assert [r["step"] for r in history] == [1, 4, 6] and calls["n"] == 6
 
 
@@ -133,7 +133,7 @@ DRIVER = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from tests.engine.test_loop import _params, _run
+from tests.support.toy_training import toy_params, run_toy
 
 settings = {settings!r}
 kill_at_step = {kill_at_step!r}
@@ -157,7 +157,7 @@ def kill(kind, record):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-_run(_params(Path({tmp!r}), **settings), callbacks=[kill])
+run_toy(toy_params(Path({tmp!r}), **settings), callbacks=[kill])
 print("finished without being killed")
 """
 

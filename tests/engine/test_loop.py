@@ -2,60 +2,27 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.checkpoint import latest_checkpoint, load_checkpoint
-from fastlm.engine.config import parse_train_params
-from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.loop import NonFiniteLossError, train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
-
-VOCAB, EOS = 64, 1
-
-
-def _sequences(n: int, seed: int) -> TokenSequences:
-    """Learnable toy data: arithmetic progressions mod VOCAB, heavy-tailed lengths, EOS last."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(n):
-        length = int(min(48, 2 + rng.lognormal(2.0, 0.7)))
-        start, stride = rng.integers(2, VOCAB), rng.integers(1, 4)
-        rows.append([(start + stride * k) % (VOCAB - 2) + 2 for k in range(length - 1)] + [EOS])
-    lengths = np.array([len(r) for r in rows])
-    return TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))
-
-
-def _model(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=64, eos_token_id=EOS, pad_token_id=EOS,
-                         attn_implementation="sdpa", use_cache=False)
-    return LlamaForCausalLM(config)
-
-
-def _params(tmp_path, **overrides):
-    raw = {"batching": {"mode": "packed", "micro_batch_size": 4}, "optimizer": {"lr": 1e-2, "warmup_steps": 2},
-           "max_steps": 30, "log_every": 5, "eval_every": 15, "save_every": None, "quiet": True,
-           "checkpoint_dir": str(tmp_path / "checkpoints"), "resume": "never",
-           "runtime": {"device": "cpu", "num_threads": 1}, "profile": {"enabled": False}}
-    for key, value in overrides.items():
-        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
-    return parse_train_params(raw)
-
-
-def _run(params, callbacks=(), seed=0):
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-    return train(_model(seed), _sequences(300, 1), _sequences(40, 2), params=params, runtime=runtime, pad_id=EOS,
-                 max_length=64, attn="sdpa", callbacks=callbacks)
+from tests.support.toy_training import (
+    EOS,
+    VOCAB,
+    poisoned_model,
+    run_toy,
+    toy_model,
+    toy_params,
+    toy_sequences,
+)
 
 
 @pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
 def test_loss_falls_and_metrics_are_logged(tmp_path, mode):
     seen = []
-    result = _run(_params(tmp_path, batching={"mode": mode}), callbacks=[lambda kind, record: seen.append(kind)])
+    result = run_toy(toy_params(tmp_path, batching={"mode": mode}), callbacks=[lambda kind, record: seen.append(kind)])
     losses = [record["loss"] for record in result.history]
     assert losses[-1] < losses[0] - 0.3
     assert abs(losses[0] - math.log(VOCAB)) < 1.0  # a fresh model starts near ln(vocab)
@@ -72,48 +39,35 @@ def test_loss_falls_and_metrics_are_logged(tmp_path, mode):
 def test_interrupted_run_resumes_to_the_same_loss(tmp_path):
     deterministic = {"runtime": {"deterministic": True}, "log_every": 1, "save_every": 4, "eval_every": None,
                      "max_steps": 12}
-    straight = _run(_params(tmp_path / "a", **deterministic))
+    straight = run_toy(toy_params(tmp_path / "a", **deterministic))
 
     def interrupt(kind, record):
         if record["step"] == 6:
             raise KeyboardInterrupt
 
-    interrupted = _params(tmp_path / "b", **deterministic)
+    interrupted = toy_params(tmp_path / "b", **deterministic)
     with pytest.raises(KeyboardInterrupt):
-        _run(interrupted, callbacks=[interrupt])
+        run_toy(interrupted, callbacks=[interrupt])
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "checkpoint-00000004"
-    resumed = _run(_params(tmp_path / "b", **deterministic, resume="auto"))
+    resumed = run_toy(toy_params(tmp_path / "b", **deterministic, resume="auto"))
     assert [r["step"] for r in resumed.history][-1] == 12
     assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]  # bitwise: deterministic mode
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
 
 
-def poisoned_model(after_step: int):
-    """A model whose embeddings turn NaN once a callback saw ``after_step``; returns (model, that callback)."""
-    poisoned = {"on": False}
-
-    def poison(kind, record):
-        if record["step"] == after_step:
-            poisoned["on"] = True
-
-    model = _model()
-    model.model.embed_tokens.register_forward_hook(lambda m, i, out: out * float("nan") if poisoned["on"] else out)
-    return model, poison
-
-
 def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
-    params = _params(tmp_path, log_every=1, save_every=2, eval_every=None)
+    params = toy_params(tmp_path, log_every=1, save_every=2, eval_every=None)
     model, poison = poisoned_model(3)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
     with pytest.raises(NonFiniteLossError) as error:
-        train(model, _sequences(300, 1), None, params=params, runtime=runtime, pad_id=EOS, max_length=64,
+        train(model, toy_sequences(300, 1), None, params=params, runtime=runtime, pad_id=EOS, max_length=64,
               attn="sdpa", callbacks=[poison])
     message = str(error.value)
     assert "by step 4" in message and "checkpoint-00000002" in message and "lower train.optimizer.lr" in message
     last = latest_checkpoint(tmp_path / "checkpoints")
     assert last.name == "checkpoint-00000002"
-    state = load_checkpoint(last, model=_model(), restore_rng=False)
+    state = load_checkpoint(last, model=toy_model(), restore_rng=False)
     assert state["step"] == 2 and all(math.isfinite(r["loss"]) for r in state["history"])
 
 
@@ -121,7 +75,7 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
     from fastlm.engine.attention import to_device
     from fastlm.engine.data import PackedCollator, TokenBudget
 
-    data = _sequences(50, 3)
+    data = toy_sequences(50, 3)
     samples = data.__getitems__(range(8))
     budget = TokenBudget(row_length=64, rows_per_batch=4)
     reference = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="bool")(samples)
@@ -138,9 +92,9 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
 
 def test_profiling_records_the_requested_window(tmp_path):
     trace_dir = tmp_path / "profile"
-    params = _params(tmp_path, max_steps=6, eval_every=None,
+    params = toy_params(tmp_path, max_steps=6, eval_every=None,
                      profile={"enabled": True, "start_step": 3, "steps": 2, "trace_dir": str(trace_dir)})
-    profile = _run(params).summary["profile"]
+    profile = run_toy(params).summary["profile"]
     assert profile["recorded"] and profile["steps"] == "3-4"
     assert (trace_dir / "steps_3-4.pt.trace.json").stat().st_size > 1000
     shares = profile["phase_share"]
@@ -160,7 +114,7 @@ def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path, monkeypatch
         return optimizer
 
     monkeypatch.setattr(loop_module, "make_adamw", recording_adamw)
-    params = _params(tmp_path, max_steps=4, log_every=1, eval_every=None, optimizer={"warmup_steps": 3})
-    result = _run(params)
+    params = toy_params(tmp_path, max_steps=4, log_every=1, eval_every=None, optimizer={"warmup_steps": 3})
+    result = run_toy(params)
     assert len(used) == 4 and used[0] < used[1] < used[2]  # warmup: the rate grows step by step
     assert [record["lr"] for record in result.history] == pytest.approx(used)

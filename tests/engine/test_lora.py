@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from demo_data.texts import make_texts
 
 from fastlm.corpus.prompts import tokenize_pairs
-from fastlm.corpus.synthetic import make_texts
 from fastlm.engine import lora
 from fastlm.engine.checkpoint import latest_checkpoint
 from fastlm.engine.config import parse_train_params
@@ -18,7 +18,7 @@ from fastlm.engine.model import build_model
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.errors import ConfigError
-from tests.tiny_llama import llama_style_tokenizer, save_tiny_llama
+from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
 
 MAX_LENGTH = 48
 

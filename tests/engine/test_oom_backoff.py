@@ -5,39 +5,17 @@ A real CUDA OOM cannot happen on the CPU machines that run the suite, so the ste
 """
 
 import pytest
-import torch
 
-import fastlm.engine.loop as loop
 from fastlm.engine.loop import OutOfMemory
-from tests.engine.test_loop import _params, _run
-
-
-@pytest.fixture
-def memory_for_rows(monkeypatch):
-    """Make any micro-batch with more than ``limit`` rows fail like a CUDA out-of-memory error."""
-    real = loop.accumulate_gradients
-    seen: list[int] = []
-
-    def limited(limit):
-        def accumulate(model, micro_batches, **kwargs):
-            rows = max(batch["input_ids"].shape[0] for batch in micro_batches)
-            seen.append(rows)
-            if rows > limit:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            return real(model, micro_batches, **kwargs)
-
-        monkeypatch.setattr(loop, "accumulate_gradients", accumulate)
-        return seen
-
-    return limited
+from tests.support.toy_training import run_toy, toy_params
 
 
 @pytest.mark.parametrize("mode", ["packed", "dynamic"])
 def test_backoff_halves_the_micro_batch_keeps_the_effective_batch_and_finishes(tmp_path, memory_for_rows, mode, caplog):
     seen = memory_for_rows(2)
-    params = _params(tmp_path, batching={"mode": mode, "micro_batch_size": 8, "oom_backoff": True}, max_steps=12)
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 8, "oom_backoff": True}, max_steps=12)
     with caplog.at_level("WARNING"):
-        result = _run(params)
+        result = run_toy(params)
     assert result.summary["oom_backoffs"] == [
         {"step": 1, "micro_batch_size": 4, "gradient_accumulation_steps": 2},
         {"step": 1, "micro_batch_size": 2, "gradient_accumulation_steps": 4},
@@ -52,11 +30,11 @@ def test_without_backoff_out_of_memory_is_one_line_pointing_to_tune(tmp_path, me
     memory_for_rows(2)
     with pytest.raises(OutOfMemory, match=r"ran out of memory at step 1 with micro_batch_size 4 .*pipeline=tune.*"
                                           r"oom_backoff: true") as caught:
-        _run(_params(tmp_path, batching={"micro_batch_size": 4}))
+        run_toy(toy_params(tmp_path, batching={"micro_batch_size": 4}))
     assert "\n" not in str(caught.value)
 
 
 def test_backoff_stops_at_one_row(tmp_path, memory_for_rows):
     memory_for_rows(0)
     with pytest.raises(OutOfMemory, match="micro_batch_size 1"):
-        _run(_params(tmp_path, batching={"micro_batch_size": 2, "oom_backoff": True}))
+        run_toy(toy_params(tmp_path, batching={"micro_batch_size": 2, "oom_backoff": True}))

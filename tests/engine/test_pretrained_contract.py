@@ -224,7 +224,7 @@ def test_a_folder_without_weights_names_the_folder(folders, bpe_tokenizer, tmp_p
 
 
 def test_a_tokenizer_from_another_model_is_told_to_use_the_models_own(bpe_tokenizer, tmp_path, sample_texts):
-    from tests.tiny_llama import llama_style_tokenizer
+    from tests.support.tiny_llama import llama_style_tokenizer
 
     folder = tmp_path / "other"
     _tiny("llama", 60).save_pretrained(folder)

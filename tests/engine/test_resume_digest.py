@@ -16,15 +16,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fastlm.engine.checkpoint import CheckpointError, checkpoint_lock, latest_checkpoint
 from fastlm.engine.loop import NonFiniteLossError, train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
-from tests.engine.test_loop import EOS, VOCAB, _model, _params, _sequences, poisoned_model
-from tests.engine.test_oom_backoff import memory_for_rows  # noqa: F401 - a fixture
+from tests.support.toy_training import EOS, VOCAB, poisoned_model, toy_model, toy_params, toy_sequences
 
 BASE = {"max_steps": 4, "save_every": 2, "log_every": 1, "eval_every": None}
 
 
 def _train(params, *, model=None, data_seed=1, max_length=64, callbacks=()):
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-    return train(model if model is not None else _model(), _sequences(300, data_seed), None, params=params,
+    return train(model if model is not None else toy_model(), toy_sequences(300, data_seed), None, params=params,
                  runtime=runtime, pad_id=EOS, max_length=max_length, attn="sdpa", callbacks=callbacks)
 
 
@@ -33,8 +32,8 @@ def _fresh_lines(caplog) -> list[str]:
 
 
 def test_auto_continues_a_matching_checkpoint_to_a_larger_total_and_reports_this_process(tmp_path):
-    _train(_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 3}))
-    more = _train(_params(tmp_path, **{**BASE, "max_steps": 10, "save_every": 3}, resume="auto"))
+    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 3}))
+    more = _train(toy_params(tmp_path, **{**BASE, "max_steps": 10, "save_every": 3}, resume="auto"))
     assert [r["step"] for r in more.history] == list(range(1, 11))
     summary = more.summary
     assert summary["steps"] == 10 and summary["steps_trained"] == 4 and summary["resumed_from_step"] == 6
@@ -43,9 +42,9 @@ def test_auto_continues_a_matching_checkpoint_to_a_larger_total_and_reports_this
 
 
 def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog):
-    _train(_params(tmp_path, **BASE))
+    _train(toy_params(tmp_path, **BASE))
     caplog.set_level(logging.INFO, logger="fastlm")
-    again = _train(_params(tmp_path, **BASE, resume="auto"))
+    again = _train(toy_params(tmp_path, **BASE, resume="auto"))
     assert again.summary["steps_trained"] == 0 and again.summary["steps"] == 4
     assert any("nothing to train" in r.getMessage() and "train.max_steps" in r.getMessage() for r in caplog.records)
 
@@ -57,10 +56,10 @@ def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog)
     ({"batching": {"gradient_accumulation_steps": 2}}, "micro_batches_per_step"),
 ])
 def test_auto_starts_fresh_when_the_batching_changed_and_says_why_and_where(tmp_path, caplog, change, field):
-    _train(_params(tmp_path, **BASE))
+    _train(toy_params(tmp_path, **BASE))
     root = tmp_path / "checkpoints"
     caplog.set_level(logging.INFO, logger="fastlm")
-    again = _train(_params(tmp_path, **BASE, **change, resume="auto"))
+    again = _train(toy_params(tmp_path, **BASE, **change, resume="auto"))
     assert again.summary["steps_trained"] == 4 and [r["step"] for r in again.history] == [1, 2, 3, 4]
     (line,) = _fresh_lines(caplog)
     assert field in line and "checkpoint-00000004" in line and "\n" not in line
@@ -70,44 +69,44 @@ def test_auto_starts_fresh_when_the_batching_changed_and_says_why_and_where(tmp_
 
 
 def test_auto_starts_fresh_on_other_data_max_length_or_model_shape(tmp_path, caplog):
-    _train(_params(tmp_path, **BASE))
+    _train(toy_params(tmp_path, **BASE))
     caplog.set_level(logging.INFO, logger="fastlm")
-    _train(_params(tmp_path, **BASE, resume="auto"), data_seed=5)
-    _train(_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48)
+    _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5)
+    _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48)
     torch.manual_seed(0)
     wider = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, max_position_embeddings=64, eos_token_id=EOS,
                                          pad_token_id=EOS, attn_implementation="sdpa", use_cache=False))
-    _train(_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48, model=wider)
+    _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48, model=wider)
     lines = _fresh_lines(caplog)
     assert len(lines) == 3
     assert "data" in lines[0] and "max_length" in lines[1] and "model.shape" in lines[2]
 
 
 def test_a_checkpoint_past_the_asked_steps_is_not_resumed(tmp_path, caplog):
-    _train(_params(tmp_path, **{**BASE, "max_steps": 6}))
+    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6}))
     caplog.set_level(logging.INFO, logger="fastlm")
-    fewer = _train(_params(tmp_path, **BASE, resume="auto"))
+    fewer = _train(toy_params(tmp_path, **BASE, resume="auto"))
     assert fewer.summary["steps_trained"] == 4
     (line,) = _fresh_lines(caplog)
     assert "step 6" in line and "4" in line
 
 
 def test_an_explicit_folder_that_does_not_match_is_refused_in_one_line(tmp_path):
-    _train(_params(tmp_path, **BASE))
+    _train(toy_params(tmp_path, **BASE))
     folder = tmp_path / "checkpoints" / "checkpoint-00000004"
     with pytest.raises(CheckpointError) as raised:
-        _train(_params(tmp_path / "other", **{**BASE, "max_steps": 8}, seed=3, resume=str(folder)))
+        _train(toy_params(tmp_path / "other", **{**BASE, "max_steps": 8}, seed=3, resume=str(folder)))
     message = str(raised.value)
     assert "\n" not in message and "seed" in message and str(folder) in message and "train.resume" in message
     assert not (tmp_path / "other" / "checkpoints").exists()  # nothing written
 
 
 def test_nan_stop_names_this_runs_checkpoint_not_an_earlier_runs(tmp_path):
-    _train(_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 6}, seed=5))  # an earlier run, step 6
+    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 6}, seed=5))  # an earlier run, step 6
     model, poison = poisoned_model(3)
     with pytest.raises(NonFiniteLossError) as error:
-        _train(_params(tmp_path, **{**BASE, "max_steps": 8}), model=model, callbacks=[poison])
+        _train(toy_params(tmp_path, **{**BASE, "max_steps": 8}), model=model, callbacks=[poison])
     message = str(error.value)
     assert "checkpoint-00000002" in message and "checkpoint-00000006" not in message
 
@@ -116,7 +115,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_stale_lock_is_taken_
     root = tmp_path / "checkpoints"
     with checkpoint_lock(root):
         with pytest.raises(CheckpointError) as raised:
-            _train(_params(tmp_path, **BASE, resume="auto"))
+            _train(toy_params(tmp_path, **BASE, resume="auto"))
     message = str(raised.value)
     assert f"PID {os.getpid()}" in message and "\n" not in message and str(root) in message
     assert not latest_checkpoint(root)
@@ -124,12 +123,12 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_stale_lock_is_taken_
     dead.wait()
     root.mkdir(parents=True, exist_ok=True)
     (root / ".lock").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
-    done = _train(_params(tmp_path, **BASE, resume="auto"))
+    done = _train(toy_params(tmp_path, **BASE, resume="auto"))
     assert done.summary["steps_trained"] == 4 and not (root / ".lock").exists()
 
 
 def test_the_digest_is_in_the_checkpoint(tmp_path):
-    _train(_params(tmp_path, **BASE))
+    _train(toy_params(tmp_path, **BASE))
     state = json.loads((tmp_path / "checkpoints" / "checkpoint-00000004" / "trainer_state.json").read_text())
     digest = state["state"]["digest"]
     for key in ("model.source", "model.shape", "model.lora", "data", "batching.mode", "batching.micro_batch_size",
@@ -143,7 +142,7 @@ def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_sa
     seen = memory_for_rows(2)
     settings = {**BASE, "max_steps": 6, "batching": {"micro_batch_size": 8, "oom_backoff": True},
                 "runtime": {"deterministic": True}}
-    straight = _train(_params(tmp_path / "a", **settings))
+    straight = _train(toy_params(tmp_path / "a", **settings))
     assert straight.summary["oom_backoffs"]  # backed off to 2 rows at step 1
 
     def interrupt(kind, record):
@@ -151,9 +150,9 @@ def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_sa
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _train(_params(tmp_path / "b", **settings), callbacks=[interrupt])
+        _train(toy_params(tmp_path / "b", **settings), callbacks=[interrupt])
     seen.clear()
-    resumed = _train(_params(tmp_path / "b", **settings, resume="auto"))
+    resumed = _train(toy_params(tmp_path / "b", **settings, resume="auto"))
     assert resumed.summary["resumed_from_step"] == 2 and resumed.summary["oom_backoffs"] == []
     assert max(seen) <= 2  # no second out-of-memory attempt with the configured 8 rows
     assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]

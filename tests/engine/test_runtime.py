@@ -216,3 +216,17 @@ def test_compile_auto_is_on_for_cuda_and_off_on_cpu():
     assert setup_runtime(RuntimeConfig(device="cpu")).compile is False  # the default, resolved
     with pytest.raises(ValueError, match="compile"):
         RuntimeConfig(compile="sometimes")
+
+
+def test_the_validated_train_runtime_parameters_are_applied_as_they_are():
+    """The node hands ``train.runtime`` (validated once by the parameter hook) and ``train.seed`` straight in."""
+    from fastlm.engine.config import parse_train_params
+
+    params = parse_train_params({"seed": 7, "runtime": {"device": "cpu", "precision": "bf16", "num_threads": 1}})
+    runtime = setup_runtime(params.runtime, seed=params.seed)
+    assert (runtime.device.type, runtime.precision, runtime.num_threads, runtime.seed) == ("cpu", "bf16", 1, 7)
+    assert torch.get_num_threads() == 1
+    first = torch.rand(3)
+    setup_runtime(params.runtime, seed=7)
+    assert torch.equal(torch.rand(3), first)  # seeded with train.seed
+    assert setup_runtime(params.runtime).seed == 0  # RuntimeParams has no seed of its own

@@ -5,7 +5,7 @@ import torch
 
 from fastlm.engine import tune
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
-from tests.engine.test_loop import EOS, _model, _params, _sequences
+from tests.support.toy_training import EOS, toy_model, toy_params, toy_sequences
 
 
 def fake(speeds: dict[int, float], memory: dict[int, float], oom_at: int | None = None, calls=None):
@@ -65,9 +65,9 @@ def test_accumulation_keeps_the_effective_batch_and_the_explanation_has_the_figu
 
 
 def test_real_short_run_on_cpu(tmp_path):
-    params = _params(tmp_path)
+    params = toy_params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(_model(), _sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
+    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
                                       max_length=64, attn="sdpa", warmup=1, timed=2)
     trials = tune.run_ladder(measure, tune.ladder(1, 4), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
     assert [t.micro_batch_size for t in trials] == [1, 2, 4]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import run_pipeline
+from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 SPLIT = {"tokenizer": {"vocab_size": 400}, "max_length": 48}

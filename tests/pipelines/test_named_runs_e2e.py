@@ -11,8 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from fastlm.errors import ConfigError, find_user_error
-from tests.conftest import run_pipeline, write_jsonl
-from tests.pipelines.test_quick_env_e2e import run_quick
+from tests.support.project import run_pipeline, run_quick, write_jsonl
 
 pytestmark = pytest.mark.e2e
 SPLIT = {"max_samples": 300, "max_length": 48, "tokenizer": {"vocab_size": 400}}

@@ -4,11 +4,11 @@ import json
 
 import pandas as pd
 import pytest
+from demo_data.logkeys import VOCAB_SIZE, write_demo_logkeys
 
-from fastlm.corpus.synthetic_logkeys import VOCAB_SIZE, write_demo_logkeys
-from tests.conftest import run_pipeline
-from tests.pipelines.test_report_e2e import own_experiment
-from tests.pipelines.test_train_e2e import TRAIN as BASE_TRAIN
+from tests.support.e2e import TRAIN as BASE_TRAIN
+from tests.support.e2e import own_experiment
+from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 TRAIN = {**BASE_TRAIN, "max_steps": 3, "eval_every": None, "save_every": None}

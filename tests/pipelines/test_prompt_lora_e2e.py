@@ -8,12 +8,12 @@ import datasets
 import pandas as pd
 import pytest
 import torch
+from demo_data.dialogues import make_dialogues
 
 from fastlm.corpus.prompts import prompt_token_ids, truncate_prompt_ids
-from fastlm.corpus.synthetic_dialogues import make_dialogues
 from fastlm.errors import StaleDataError, find_user_error
-from tests.conftest import run_pipeline
-from tests.tiny_llama import llama_style_tokenizer, save_tiny_llama
+from tests.support.project import run_pipeline
+from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
 
 pytestmark = pytest.mark.e2e
 TEMPLATE = "{prompt}\n\nSummary:\n"

@@ -3,23 +3,16 @@ with evaluation and checkpoints on a capped sample in a few steps."""
 
 import json
 
-import mlflow
 import pandas as pd
 import pytest
 from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
+from tests.support.project import run_quick
+
 pytestmark = pytest.mark.e2e
 
 
-def run_quick(project, pipeline: str, params: dict | None = None):
-    bootstrap_project(project)
-    try:
-        with KedroSession.create(project_path=project, env="quick", runtime_params=params or {}) as session:
-            return session.run(pipeline_names=[pipeline])
-    finally:
-        while mlflow.active_run() is not None:
-            mlflow.end_run("FAILED")
 
 
 def test_quick_env_overrides_apply_and_keep_the_rest_of_base(kedro_project):

@@ -6,21 +6,15 @@ import pandas as pd
 import pytest
 
 from fastlm.errors import InputDataError, find_user_error
-from tests.conftest import run_pipeline
-from tests.pipelines.test_train_e2e import SPLIT, TRAIN
-from tests.reporting.test_html_in_browser import find_chromium, run_chromium
+from tests.support.browser import find_chromium, run_chromium
+from tests.support.e2e import SPLIT, TRAIN, own_experiment
+from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 REPORT = {"max_new_tokens": 5, "prompts": ["", "배송"], "worst_samples": 3, "error_pairs": 5}
 PARAMS = {"split": SPLIT, "train": TRAIN, "report": REPORT}
 
 
-def own_experiment(project, name: str) -> None:
-    """Point the project copy's MLflow runs at their own experiment (the run comparison reads one experiment)."""
-    mlflow_yml = project / "conf/base/mlflow.yml"
-    text = mlflow_yml.read_text()
-    assert "    name: fastlm\n" in text
-    mlflow_yml.write_text(text.replace("    name: fastlm\n", f"    name: {name}\n", 1))
 
 
 def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_project, tmp_path):

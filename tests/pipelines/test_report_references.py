@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fastlm.errors import ConfigError, InputDataError
 from fastlm.pipelines.report.nodes import collect_test_metrics, compare_training_runs, generate_on_references
 from fastlm.reporting.references import PREDICTION_COLUMNS
-from tests.reporting.test_references import pair_frame
+from tests.support.reporting import pair_frame
 
 TRAIN = {"runtime": {"device": "cpu", "precision": "fp32"}}
 REPORT = {"references": {"max_samples": 5, "max_new_tokens": 4, "batch_size": 2}}
@@ -80,7 +80,7 @@ def test_quick_mode_keeps_every_report_feature_on_with_fewer_samples():
 
     from fastlm.reporting.params import parse_report_params
     from fastlm.settings import CONFIG_LOADER_ARGS
-    from tests.conftest import PROJECT_ROOT
+    from tests.support.project import PROJECT_ROOT
 
     def report(env):
         loader = OmegaConfigLoader(str(PROJECT_ROOT / "conf"), env=env, **CONFIG_LOADER_ARGS)

@@ -4,36 +4,19 @@ test_report_e2e, where the report has no ROUGE.)"""
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import run_pipeline
-from tests.pipelines.test_train_e2e import TRAIN
+from tests.support.dialogues import RAW, REPORT, SPLIT, TOPICS, write_dialogues
+from tests.support.e2e import TRAIN
+from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
-RAW = "data/01_raw/dialogues.jsonl"
-TOPICS = {"배송": "배송 문의 답변", "가격": "가격 문의 답변", "환불": "환불 문의 답변"}
-SPLIT = {"prompt_column": "dialogue", "response_column": "summary", "tokenizer": {"vocab_size": 400},
-         "max_length": 48, "ratios": {"train": 0.8, "validation": 0.1, "test": 0.1}}
-REPORT = {"max_new_tokens": 4, "prompts": [""], "decoding": [{"name": "greedy"}], "eval_max_batches": 2,
-          "references": {"max_samples": 12, "max_new_tokens": 8, "batch_size": 4}}
 PARAMS = {"raw_path": RAW, "split": SPLIT, "train": {**TRAIN, "max_steps": 30, "eval_every": 15, "save_every": 30,
                                                       "optimizer": {"lr": 1e-2}},
           "report": REPORT}
 
 
-def write_dialogues(path, n: int = 240):
-    """Korean dialogues whose summary is fixed by their topic: a tiny model learns the mapping in seconds."""
-    rng = np.random.default_rng(0)
-    fillers = ["안녕하세요", "문의 드립니다", "확인 부탁드려요", "언제쯤 되나요", "감사합니다", "네 알겠습니다"]
-    rows = []
-    for i in range(n):
-        topic = list(TOPICS)[i % 3]
-        words = [*rng.choice(fillers, size=3), f"{topic} 관련", str(i)]
-        rows.append({"dialogue": " ".join(words), "summary": TOPICS[topic]})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
 def test_report_scores_test_generations_with_rouge_everywhere(kedro_project):

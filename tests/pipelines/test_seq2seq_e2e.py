@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from tests.conftest import run_pipeline
-from tests.pipelines.test_report_rouge_e2e import RAW, REPORT, SPLIT, TOPICS, write_dialogues
+from tests.support.dialogues import RAW, REPORT, SPLIT, TOPICS, write_dialogues
+from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 MODEL = "models/bart"

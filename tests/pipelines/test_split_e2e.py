@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from fastlm.errors import ConfigError, InputDataError
-from tests.conftest import run_pipeline, write_jsonl
+from tests.support.project import run_pipeline, write_jsonl
 
 pytestmark = pytest.mark.e2e
 OUTPUTS = [

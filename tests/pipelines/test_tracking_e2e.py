@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT, run_pipeline
-from tests.pipelines.test_train_e2e import SPLIT, TRAIN
+from tests.support.e2e import SPLIT, TRAIN
+from tests.support.project import PROJECT_ROOT, run_pipeline
 
 pytestmark = pytest.mark.e2e
 TINY_TRAIN = {**TRAIN, "max_steps": 4, "eval_every": 4, "save_every": 4, "resume": "never"}

@@ -6,13 +6,10 @@ import pandas as pd
 import pytest
 
 from fastlm.errors import ConfigError, StaleDataError, find_user_error
-from tests.conftest import run_pipeline
+from tests.support.e2e import SPLIT, TRAIN
+from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
-SPLIT = {"tokenizer": {"vocab_size": 400}, "max_length": 48}
-TRAIN = {"max_steps": 6, "log_every": 2, "eval_every": 3, "save_every": 3, "quiet": True,
-         "batching": {"micro_batch_size": 8},
-         "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4}}
 
 
 def test_train_writes_a_loadable_model_histories_summary_and_live_mlflow_metrics(kedro_project):

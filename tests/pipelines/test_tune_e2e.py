@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import run_pipeline
-from tests.pipelines.test_train_e2e import SPLIT, TRAIN
+from tests.support.e2e import SPLIT, TRAIN
+from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 

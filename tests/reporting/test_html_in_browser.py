@@ -7,12 +7,9 @@ call runs in its own process group under a 60 s limit, and the group is killed a
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,22 +18,16 @@ import pytest
 
 from fastlm.reporting.html_report import Section, render_html
 from fastlm.reporting.plots import loss_figure, throughput_figure
+from tests.support.browser import find_chromium, run_chromium
 
 pytestmark = pytest.mark.e2e
 
-TIMEOUT_S = 60
 WINDOW = (1200, 2000)
 # Matplotlib's default colours C0 (blue) and C1 (orange): the two lines of both figures. Finding them in
 # bulk inside each image's box on the screenshot means the embedded PNG was decoded and painted.
 C0, C1 = (31, 119, 180), (255, 127, 14)
 
 
-def find_chromium() -> str | None:
-    for candidate in ("chromium", "chromium-browser", "/usr/bin/chromium"):
-        path = shutil.which(candidate)
-        if path:
-            return path
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -48,29 +39,8 @@ def chromium() -> str:
     return path
 
 
-def run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    """One headless Chromium call; its whole process group is killed afterwards, also on timeout."""
-    command = [
-        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        "--hide-scrollbars", "--force-device-scale-factor=1", f"--user-data-dir={profile}", *args,
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
-        process.communicate()
-        pytest.fail(f"chromium did not finish within {TIMEOUT_S} s: {' '.join(args)}")
-    finally:
-        _kill_group(process.pid)  # helpers (zygote, crashpad) that outlived the browser
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ from fastlm.reporting.comparison import compare_runs
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
 from fastlm.reporting.report_document import build_document, readable_token
 from fastlm.reporting.summaries import efficiency_summary
-from tests.reporting.test_summaries import SUMMARY, make_history
+from tests.support.reporting import SUMMARY, make_history
 
-# Windows of 1 (warm-up), 9 and 1 steps: a mean of window rates (1000 and 4000 -> 2500) is not the speed.
 HISTORY = make_history(3, step=[1, 10, 11], real_tokens_per_s=[100.0, 1000.0, 4000.0], step_time_s=[2.0, 0.5, 0.5])
 SPEED = (1000.0 * 9 * 0.5 + 4000.0 * 1 * 0.5) / (9 * 0.5 + 1 * 0.5)  # total real tokens over total time
 

@@ -22,7 +22,13 @@ from fastlm.reporting.html_report import (
     render_html,
     render_markdown,
 )
-from fastlm.reporting.plots import learning_rate_figure, loss_figure, memory_figure, throughput_figure
+from fastlm.reporting.plots import (
+    learning_rate_figure,
+    loss_figure,
+    memory_figure,
+    throughput_figure,
+    tune_figure,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = [1, 10, 20, 30, 40]
@@ -321,3 +327,19 @@ def test_markdown_table_keeps_a_meaningful_index_and_handles_edge_cases():
     assert markdown_table(pd.DataFrame()).strip() == "_(empty table)_"
     multiline = markdown_table(pd.DataFrame({"note": ["two\nlines"]})).splitlines()
     assert len(multiline) == 3 and "two lines" in multiline[2]
+
+
+def test_tune_figure_draws_the_measured_trials_marks_the_cliff_and_the_choice():
+    trials = pd.DataFrame([
+        {"micro_batch_size": 1, "status": "ok", "real_tokens_per_s": 100.0, "peak_memory_mb": 10.0},
+        {"micro_batch_size": 2, "status": "ok", "real_tokens_per_s": 180.0, "peak_memory_mb": 20.0},
+        {"micro_batch_size": 4, "status": "out of memory", "real_tokens_per_s": None, "peak_memory_mb": None},
+    ])
+    figure = tune_figure(trials, 2)
+    speed, memory = figure.axes
+    line, chosen = speed.get_lines()[0], speed.get_lines()[-1]
+    assert list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [100.0, 180.0]
+    assert list(memory.get_lines()[0].get_ydata()) == [10.0, 20.0]
+    assert (list(chosen.get_xdata()), list(chosen.get_ydata())) == ([2], [180.0])
+    assert [text.get_text() for text in speed.texts] == ["out of memory"]
+    assert tune_figure(trials.iloc[:0], None).axes  # no trial at all: an empty figure, no error

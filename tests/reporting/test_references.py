@@ -18,18 +18,12 @@ from fastlm.reporting.references import (
 )
 from fastlm.reporting.report_document import build_sections
 from fastlm.reporting.rouge import rouge_scores
+from tests.support.reporting import pair_frame
 
 GREEDY = {"num_beams": 1, "do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": None,
           "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
 
 
-def pair_frame(n: int = 40) -> pd.DataFrame:
-    splits = ["train", "validation", "test", "test"] * (n // 4)
-    return pd.DataFrame({
-        "prompt": [f"대화 {i}: 배송이 언제 오나요?\n\n### Response:\n" for i in range(n)],
-        "response": [f"배송 문의 {i % 3}" for i in range(n)],
-        "split": pd.Categorical(splits, categories=["train", "validation", "test"]),
-    })
 
 
 @pytest.fixture(scope="module")

@@ -9,27 +9,8 @@ import pandas as pd
 import pytest
 
 from fastlm.reporting.summaries import after_warmup, efficiency_summary, training_summary
+from tests.support.reporting import SUMMARY, make_history
 
-
-def make_history(n: int, **columns) -> pd.DataFrame:
-    """``n`` logging rows (step 1 alone, then every 10 steps); ``columns`` override a value or give a list."""
-    steps = [1, *range(10, 10 * n, 10)][:n]
-    base = {
-        "step": steps, "loss": np.linspace(5.0, 3.0, n), "grad_norm": 1.0, "lr": 1e-3,
-        "tokens_per_s": 1200.0, "real_tokens_per_s": 1000.0, "samples_per_s": 8.0,
-        "step_time_s": 0.1, "step_time_max_s": 0.12, "data_wait_share": 0.01, "padding_efficiency": 0.95,
-        "peak_memory_mb": 500.0, "mfu": None, "eta_s": 10.0, "elapsed_s": np.arange(1, n + 1, dtype=float),
-        "epoch": 0, "batch_in_epoch": steps,
-    }
-    base.update(columns)
-    return pd.DataFrame({key: (value if np.ndim(value) else [value] * n) for key, value in base.items()})
-
-
-SUMMARY = {
-    "steps": 50, "epochs": 0.5, "wall_time_s": 12.5, "final_train_loss": 3.0, "final_val_loss": 3.2,
-    "final_val_perplexity": 24.5, "effective_batch": 32, "batching": "packed", "parameters": 123456,
-    "tokens_seen": 99999, "runtime": {"device": "cpu", "num_threads": 4},
-}
 EVAL = pd.DataFrame({"step": [25, 50], "val_loss": [3.5, 3.2], "val_perplexity": [33.1, 24.5],
                      "val_target_tokens": [1000, 1000]})
 

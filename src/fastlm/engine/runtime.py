@@ -1,6 +1,7 @@
 """Process-wide runtime settings, applied once at the start of training, in one place.
 
-``setup_runtime(RuntimeConfig(...))`` picks the device, sets the CUDA speed flags (TF32, cuDNN autotuning,
+``setup_runtime(params.runtime, seed=params.seed)`` (the validated ``train.runtime`` parameters,
+``fastlm.engine.config.RuntimeParams``; or a plain :class:`RuntimeConfig` outside a Kedro run) picks the device, sets the CUDA speed flags (TF32, cuDNN autotuning,
 fused attention kernels), resolves the training precision, sizes the CPU thread pool, prepares the
 environment for DataLoader workers and, on request, trades speed for bitwise reproducibility. It returns
 a frozen :class:`Runtime` that records what was applied (``describe()`` gives flat MLflow parameters) and
@@ -35,8 +36,12 @@ import math
 import os
 import random
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from fastlm.engine.config import RuntimeParams
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +186,13 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     return "bf16" if requested == "bf16" else "fp32"
 
 
-def setup_runtime(config: RuntimeConfig) -> Runtime:
-    """Apply the whole runtime configuration to this process (call it once, before building the model)."""
+def setup_runtime(config: RuntimeConfig | RuntimeParams, *, seed: int | None = None) -> Runtime:
+    """Apply the whole runtime configuration to this process (call it once, before building the model).
+
+    ``config`` is already validated (``RuntimeParams`` by the parameter hook, ``RuntimeConfig`` on creation): it
+    is read as it is. ``seed`` (``train.seed``) overrides ``config.seed``; ``RuntimeParams`` has none (default 0).
+    """
+    seed = getattr(config, "seed", 0) if seed is None else seed
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     on_cuda = device.type == "cuda"
@@ -222,7 +232,7 @@ def setup_runtime(config: RuntimeConfig) -> Runtime:
         sdpa_flash = torch.backends.cuda.flash_sdp_enabled()
         sdpa_mem_efficient = torch.backends.cuda.mem_efficient_sdp_enabled()
 
-    seed_everything(config.seed)
+    seed_everything(seed)
 
     runtime = Runtime(
         device=device,
@@ -236,7 +246,7 @@ def setup_runtime(config: RuntimeConfig) -> Runtime:
         deterministic=config.deterministic,
         compile=resolve_compile(config.compile, device),
         num_threads=num_threads,
-        seed=config.seed,
+        seed=seed,
         tokenizers_parallelism=os.environ["TOKENIZERS_PARALLELISM"],
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,

@@ -8,16 +8,13 @@ import logging
 import datasets
 import pandas as pd
 
-from fastlm.corpus.fingerprint import check_fresh
-from fastlm.corpus.params import parse_split_params
-from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.evaluation import evaluate_split, generate_samples
-from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.errors import InputDataError
+from fastlm.parameters import parse_group
+from fastlm.pipelines.start import start_node
 from fastlm.reporting import comparison, plots
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
-from fastlm.reporting.params import parse_report_params
 from fastlm.reporting.references import (
     PREDICTION_COLUMNS,
     has_references,
@@ -26,16 +23,21 @@ from fastlm.reporting.references import (
 )
 from fastlm.reporting.report_document import build_document
 from fastlm.reporting.summaries import efficiency_summary, training_summary
+from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
-HISTORY = "data/07_model_output/train_history.csv"
-SPLITS = "data/03_primary/corpus_splits.parquet"
 
 
-def summarize_training(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame):
+def _path(paths: dict | None, name: str) -> str:
+    """The file of catalog entry ``name`` (from ``dataset_paths``), for messages; the entry's name without one."""
+    return (paths or {}).get(name, name)
+
+
+def summarize_training(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, paths: dict | None = None):
     """training_summary and efficiency_summary rows, and the bottleneck diagnosis with an epoch ETA."""
     if history is None or history.empty or "step" not in history:
-        raise InputDataError(f"{HISTORY} has no training steps.", fix="run `kedro run --pipeline=train` first.")
+        raise InputDataError(f"{_path(paths, 'train_history')} has no training steps.",
+                             fix="run `kedro run --pipeline=train` first.")
     run_id = summary.get("mlflow_run_id")
     findings = diagnose(summary, history)
     for finding in findings:
@@ -48,16 +50,14 @@ def summarize_training(summary: dict, history: pd.DataFrame, eval_history: pd.Da
 
 
 def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: dict, train_params: dict,
-                   split_params: dict, report_params: dict):
+                   split_params: dict, report_params: dict, paths: dict | None = None):
     """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations."""
-    params, report = parse_train_params(train_params), parse_report_params(report_params)
-    split = parse_split_params(split_params)
-    max_length = split.max_length
+    report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]
-    check_fresh(fingerprint, tokenizer, split, where="data/05_model_input/tokenized_corpus")
+    start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths)
     if len(tokenized["test"]) == 0:
         raise InputDataError("the test split is empty.", fix="raise split.ratios.test and rerun the split pipeline.")
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    params, runtime, max_length = start.train, start.runtime, start.split.max_length
     model.to(runtime.device)
     attn = model.config._attn_implementation or "sdpa"
     result = evaluate_split(model, tokenizer, TokenSequences.from_arrow(tokenized["test"]), params=params,
@@ -73,17 +73,17 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
 
 
 def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: dict, split_params: dict,
-                           report_params: dict) -> tuple[pd.DataFrame, dict]:
+                           report_params: dict, paths: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """Prompt/response data: generations on the test split and their ROUGE against the responses.
 
     Plain-text data (``report.references.enabled: auto``) or ``enabled: false``: an empty table and no
     metrics, and the report has no ROUGE section.
     """
-    references = parse_report_params(report_params).references
+    references = parse_group("report", report_params).references
     found = has_references(splits)
     if references.enabled is True and not found:
         raise InputDataError(
-            f"report.references.enabled is true but {SPLITS} has no prompt/response columns "
+            f"report.references.enabled is true but {_path(paths, 'corpus_splits')} has no prompt/response columns "
             f"(it has {list(map(str, splits.columns))}).",
             fix="split prompt/response data (split.prompt_column and split.response_column) or set "
                 "report.references.enabled: auto.")
@@ -93,15 +93,15 @@ def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: di
         return pd.DataFrame(columns=PREDICTION_COLUMNS), {}
     pairs = reference_pairs(splits, references.max_samples)
     if pairs.empty:
-        raise InputDataError(f"the test split of {SPLITS} is empty.",
+        raise InputDataError(f"the test split of {_path(paths, 'corpus_splits')} is empty.",
                              fix="raise split.ratios.test and rerun the split pipeline.")
-    params = parse_train_params(train_params)
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    start = start_node(train_params, split_params)
+    runtime = start.runtime
     model = trained["model"].to(runtime.device)
     table, metrics = score_test_generations(
         model, trained["tokenizer"], pairs, settings=references.decoding(), runtime=runtime,
         max_new_tokens=references.max_new_tokens, batch_size=references.batch_size, seed=references.seed,
-        rouge_tokenizer=references.rouge_tokenizer, max_length=parse_split_params(split_params).max_length)
+        rouge_tokenizer=references.rouge_tokenizer, max_length=start.split.max_length)
     log.info("ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
              "(%.1f s, %.0f generated tokens/s)", metrics["rouge_samples"], metrics["rouge_decoding"],
              metrics["rouge_tokenizer"], metrics["rouge1"], metrics["rouge2"], metrics["rougeL"],
@@ -109,11 +109,12 @@ def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: di
     return table, metrics
 
 
-def collect_test_metrics(evaluation: dict, references: dict, summary: dict) -> dict:
-    """Loss, perplexity and accuracy beside ROUGE (when scored), logged to MLflow as ``test_<name>`` on this
-    run and on the training run, where the run comparison finds them."""
+def collect_test_metrics(evaluation: dict, references: dict, summary: dict,
+                         tracker: RunTracker | None = None) -> dict:
+    """Loss, perplexity and accuracy beside ROUGE (when scored), handed to ``tracker`` (``run_tracker``), which
+    logs them as ``test_<name>`` on this run and on the training run, where the run comparison finds them."""
     metrics = {**evaluation, **references}
-    comparison.log_test_metrics(metrics, training_run_id=summary.get("mlflow_run_id"))
+    (tracker if tracker is not None else RunTracker()).log_test_metrics(metrics, summary.get("mlflow_run_id"))
     return metrics
 
 
@@ -123,11 +124,13 @@ def plot_training(history: pd.DataFrame, eval_history: pd.DataFrame):
             plots.learning_rate_figure(history), plots.memory_figure(history))
 
 
-def compare_training_runs(report_params: dict, test_metrics: dict, summary: dict | None = None) -> pd.DataFrame:
-    """The experiment's training runs side by side (parameters that differ, tokens/s, loss, test loss and
-    ROUGE, wall time), the reported training run marked. ``test_metrics`` is an input so that this run's are
-    logged before the search."""
-    table = comparison.compare_runs(comparison.search_training_runs(), parse_report_params(report_params).compare_runs,
+def compare_training_runs(report_params: dict, test_metrics: dict, summary: dict | None = None,
+                          tracker: RunTracker | None = None) -> pd.DataFrame:
+    """The experiment's training runs (from ``tracker``, ``run_tracker``) side by side (parameters that differ,
+    tokens/s, loss, test loss and ROUGE, wall time), the reported training run marked. ``test_metrics`` is an
+    input so that this run's are logged before the search."""
+    runs = (tracker if tracker is not None else RunTracker()).training_runs()
+    table = comparison.compare_runs(runs, parse_group("report", report_params).compare_runs,
                                     current_run_id=(summary or {}).get("mlflow_run_id"))
     log.info("Run comparison: %d training runs", len(table))
     return table

@@ -11,7 +11,7 @@ import pandas as pd
 
 from fastlm.corpus.cleaning import clean_texts
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
-from fastlm.corpus.params import TRAIN_TOKENIZER, parse_split_params
+from fastlm.corpus.params import TRAIN_TOKENIZER
 from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
 from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys
@@ -19,6 +19,7 @@ from fastlm.corpus.statistics import build_report, length_summary
 from fastlm.corpus.tokenization import encode_id_lists, tokenize_texts
 from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
 from fastlm.errors import InputDataError
+from fastlm.parameters import parse_group
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     Prompt/response data (``split.prompt_column`` + ``response_column``, or ``messages_column``) is also
     rendered here (prompt template or chat template, see ``fastlm.corpus.prompts``), keyed on the raw pair.
     """
-    config = parse_split_params(params)
+    config = parse_group("split", params)
     source = raw.attrs.get("source_path", "raw_corpus")
     _require_columns(raw, config, source)
     if config.pretokenized:
@@ -90,7 +91,7 @@ def _require_columns(raw: pd.DataFrame, config, source: str) -> None:
 def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.DataFrame, dict]:
     """Assign train/validation/test by a keyed hash of each text (or raw prompt/response pair); apply the
     max_samples cap."""
-    config = parse_split_params(params)
+    config = parse_group("split", params)
     keys = text_keys(clean["split_key" if "split_key" in clean else "text"], config.hash_salt)
     keep = cap_rows(keys[:, 1], config.max_samples)
     ratios = config.ratios
@@ -113,7 +114,7 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
 
 def build_tokenizer(splits: pd.DataFrame, params: dict):
     """Train a byte-level BPE on the train split (the default), or load the configured tokenizer."""
-    split = parse_split_params(params)
+    split = parse_group("split", params)
     if split.pretokenized:
         eos, pad = split.special_ids
         log.info("Pre-tokenized data: ids 0..%d, EOS %d, pad %d (no tokenizer trained)", split.vocab_size - 1, eos, pad)
@@ -125,7 +126,7 @@ def build_tokenizer(splits: pd.DataFrame, params: dict):
     train = train_rows["text"].tolist() if "text" in splits else train_rows["prompt"].tolist() + train_rows["response"].tolist()
     tokenizer = train_bpe_tokenizer(
         train, vocab_size=config.vocab_size, min_frequency=config.min_frequency,
-        model_max_length=parse_split_params(params).max_length,
+        model_max_length=split.max_length,
     )
     log.info("Trained a byte-level BPE on %d train texts: %d tokens", len(train), len(tokenizer))
     return tokenizer
@@ -136,7 +137,7 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
 
     Prompt/response rows become prompt ids + response ids + EOS with a ``prompt_length`` column.
     """
-    config = parse_split_params(params)
+    config = parse_group("split", params)
     encode = {"max_length": config.max_length, "batch_size": config.batch_size, "num_proc": config.num_proc}
     if config.pretokenized:
         tokens = encode_id_lists(parse_id_texts(splits["text"].tolist()), eos=int(tokenizer.eos_token_id),

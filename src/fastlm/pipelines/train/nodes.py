@@ -10,63 +10,57 @@ import datasets
 import pandas as pd
 import torch
 
-from fastlm.corpus.fingerprint import check_fresh
-from fastlm.corpus.params import parse_split_params
-from fastlm.engine.config import parse_train_params
 from fastlm.engine.distributed import launch_mode, rank_from_env
 from fastlm.engine.job import TrainJob, run_job
 from fastlm.engine.launcher import launch_workers
 from fastlm.engine.lora import parameter_counts
 from fastlm.engine.model import build_model, choose_attention
+from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.runs import default_run_name, validate_run_name
-from fastlm.tracking import MlflowMetrics, active_run_id, tracking_target
+from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
-TOKENIZED = "data/05_model_input/tokenized_corpus"
-TUNED = "conf/local/parameters_tuned.yml"
-MODEL_DIR = "data/06_models/model"  # the trained_model catalog entry
 
 
 def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict,
-                split_params: dict, run_name: str | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
+                split_params: dict, run_name: str | None = None,
+                paths: dict | None = None,
+                tracker: RunTracker | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
     """Train on the tokenized splits (in this process, as a torchrun rank, or in launched workers); return the
     model+tokenizer, metric histories and the run summary.
 
     Checkpoints go to ``<train.checkpoint_dir>/<run_name>/`` (the name the hooks resolved for this run).
+    ``paths`` (``dataset_paths``) names the tokenized data in a freshness error and gives the folder the model
+    is saved to (``trained_model``), whose disk space the engine checks before training; a caller that saves no
+    model through the catalog (the sweep) has room for it counted on the checkpoint disk. ``tracker``
+    (``run_tracker``) gets the live metrics and the finished run; without one, a tracker of its own.
     """
-    params = parse_train_params(train_params)
+    start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths,
+                       runtime=False)  # the engine applies the runtime per rank
     run_name = validate_run_name(run_name) if run_name is not None else default_run_name(["train"])
-    params = params.model_copy(update={"checkpoint_dir": str(Path(params.checkpoint_dir) / run_name)})
-    split = parse_split_params(split_params)
-    max_length = split.max_length
-    check_fresh(fingerprint, tokenizer, split, where=TOKENIZED)  # max_length and the prompt/response format
-    if Path(TUNED).is_file():
-        log.info("%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
-                 "gradient_accumulation_steps=%d; delete it to go back to conf/base", TUNED,
-                 params.batching.micro_batch_size, params.batching.gradient_accumulation_steps)
+    params = start.train.model_copy(update={"checkpoint_dir": str(Path(start.train.checkpoint_dir) / run_name)})
+    max_length = start.split.max_length
     job = TrainJob(params=params, max_length=max_length, train_split=tokenized["train"],
                    eval_split=tokenized["validation"] if len(tokenized["validation"]) else None,
-                   tokenizer=tokenizer, model_dir=MODEL_DIR, extra_summary={"fingerprint": fingerprint["fingerprint"]})
+                   tokenizer=tokenizer, model_dir=(paths or {}).get("trained_model", params.checkpoint_dir),
+                   extra_summary={"fingerprint": fingerprint["fingerprint"]})
     mode = launch_mode(params.distributed.nproc_per_node)
-    tracker = MlflowMetrics()  # one per run: a store that failed during training is not tried again after it
+    tracker = tracker if tracker is not None else RunTracker()
     if mode == "spawn":
-        target = tracking_target()
         result = launch_workers(
             job, params.distributed.nproc_per_node, monitor_interval_s=params.distributed.monitor_interval_s,
             build_model=functools.partial(_untrained_model, params, tokenizer, max_length),
-            callback_factory=functools.partial(MlflowMetrics, run_id=target.run_id, tracking_uri=target.tracking_uri)
-            if target else None)
+            callback_factory=tracker.worker_callback_factory())
     else:
-        result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=[tracker])
+        result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=tracker.callbacks())
     if result is None:  # a torchrun rank other than 0: rank 0 writes every output (see fastlm.rank_hooks)
         return {"model": None, "tokenizer": tokenizer}, pd.DataFrame(), pd.DataFrame(), {}
     summary = {"run_name": run_name, **result.summary, **parameter_counts(result.model),
                "lora": params.model.lora.enabled, "base_model": params.model.name_or_path,
-               "checkpoint_dir": params.checkpoint_dir, "mlflow_run_id": active_run_id(),
+               "checkpoint_dir": params.checkpoint_dir, "mlflow_run_id": tracker.run_id,
                "runtime": redact(result.summary["runtime"])}
-    tracker.log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
-    tracker.log_run_metrics({"real_tokens_per_s": summary["real_tokens_per_s"]})  # the run comparison's speed
+    tracker.training_finished(summary)
     resumed = (f" (resumed at step {summary['resumed_from_step']}, run at step {summary['steps']})"
                if summary.get("resumed_from") else "")
     log.info("Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s", run_name,

@@ -653,7 +653,7 @@ def _rieul(word: str) -> bool:
     return last in "178" or last.upper() == "L"
 
 
-def _attach(word: str, particle: str) -> str:
+def attach_particle(word: str, particle: str) -> str:
     if particle == "도":
         return word + "도"
     if particle == "으로":
@@ -666,7 +666,7 @@ def _attach(word: str, particle: str) -> str:
 # Compiled bank
 # --------------------------------------------------------------------------------------------------
 
-_SLOT = re.compile(r"\{(\w+)(?::(\w+))?\}")
+SLOT = re.compile(r"\{(\w+)(?::(\w+))?\}")
 
 
 @dataclass(frozen=True)
@@ -704,7 +704,7 @@ def _compile(text: str, lang: str, vocab: dict[str, tuple[str, ...]]) -> _Templa
         slots.append((name, particle))
         return "{" + str(len(slots) - 1) + "}"
 
-    fmt = _SLOT.sub(field, text)
+    fmt = SLOT.sub(field, text)
     return _Template(fmt=fmt, slots=tuple(slots), capitalize=lang == "en" and fmt.startswith("{"))
 
 
@@ -725,7 +725,7 @@ def _bank() -> _Bank:
             for template in first + rest:
                 for name, particle in template.slots:
                     if particle and (lang, name, particle) not in words:
-                        attached = [_attach(w, particle) for w in vocab[name]]
+                        attached = [attach_particle(w, particle) for w in vocab[name]]
                         words[(lang, name, particle)] = np.array(attached, dtype=object)
     return _Bank(words=words, cum=cum, groups=groups)
 

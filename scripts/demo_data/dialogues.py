@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastlm.corpus.synthetic import _SLOT, _attach
+from demo_data.texts import SLOT, attach_particle
 
 __all__ = ["make_dialogues", "write_demo_dialogues"]
 
@@ -138,7 +138,7 @@ def make_dialogues(n: int, *, seed: int = 0) -> list[dict[str, str]]:
 
 def _fill(template: str, values: dict[str, str]) -> str:
     """Slots ``{name}``, or ``{name:particle}`` for a Korean particle that follows the word's last sound."""
-    return _SLOT.sub(lambda m: _attach(values[m[1]], m[2]) if m[2] else values[m[1]], template)
+    return SLOT.sub(lambda m: attach_particle(values[m[1]], m[2]) if m[2] else values[m[1]], template)
 
 
 def write_demo_dialogues(path: str | Path, *, n: int = 3_000, seed: int = 0) -> dict:

@@ -1,0 +1,49 @@
+"""Throw-away copies of the Kedro project and running a pipeline in them in-process (fixtures: tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def copy_project(project: Path) -> Path:
+    """pyproject.toml, .telemetry and conf/ (without conf/local) copied to ``project``, and an empty src/.
+
+    Kedro wants <project>/src to exist (it resolves links, so no symlink); the code is the installed fastlm.
+    """
+    project.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(PROJECT_ROOT / name, project / name)
+    shutil.copytree(PROJECT_ROOT / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
+    (project / "conf" / "local").mkdir()
+    (project / "src").mkdir()
+    return project
+
+
+def run_pipeline(project: Path, pipeline: str, params: dict | None = None, *, env: str | None = None):
+    """Run ``pipeline`` in-process through a KedroSession, as `kedro run --pipelines=<pipeline>` does."""
+    import mlflow
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    bootstrap_project(project)
+    try:
+        with KedroSession.create(project_path=project, env=env, runtime_params=params or {}) as session:
+            return session.run(pipeline_names=[pipeline])
+    finally:  # kedro-mlflow can leave a failed run active; one CLI run is one process, a test is not
+        while mlflow.active_run() is not None:
+            mlflow.end_run("FAILED")
+
+
+def run_quick(project: Path, pipeline: str, params: dict | None = None):
+    """Run ``pipeline`` in the ``quick`` environment (conf/quick over conf/base), as `kedro run --env quick`."""
+    return run_pipeline(project, pipeline, params, env="quick")

@@ -1,0 +1,37 @@
+"""Tiny Llamas built from configs (no download): one for the packing and completion-only checks, one with an
+optimizer and schedule for the checkpoint round trips."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.engine.optim import make_adamw
+from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
+
+PACKING_VOCAB, PACKING_EOS = 300, 2
+CHECKPOINT_VOCAB = 100
+
+
+def llama_config(*, vocab: int, hidden: int, positions: int, **extra) -> LlamaConfig:
+    """Two layers, four heads (no grouped-query attention), an MLP twice as wide as ``hidden``."""
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=positions, **extra)
+
+
+def packing_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:
+    """In eval mode (no dropout), seeded: packed and one-at-a-time logits can be compared exactly."""
+    config = llama_config(vocab=PACKING_VOCAB, hidden=64, positions=128, attn_implementation=attn_implementation)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def checkpoint_llama(*, seed: int = 0, tie: bool = False, vocab: int = CHECKPOINT_VOCAB) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(llama_config(vocab=vocab, hidden=32, positions=64, tie_word_embeddings=tie))
+
+
+def optimizer_and_scheduler(model: torch.nn.Module):
+    optimizer = make_adamw(model, lr=1e-3, weight_decay=0.1)
+    scheduler = make_lr_scheduler(optimizer, LRSchedule(peak_lr=1e-3, total_steps=10, warmup_steps=3))
+    return optimizer, scheduler

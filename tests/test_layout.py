@@ -1,0 +1,30 @@
+"""The test suite's own layout: helpers shared between test files live in tests/support (no test file imports
+another test file or a conftest), and fixtures live only in conftest files."""
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_test_files_import_shared_helpers_only_from_tests_support():
+    wrong = {f"{path.relative_to(TESTS)}: {module}" for path in TESTS.rglob("*.py")
+             for module in _imported_modules(path)
+             if module.startswith("tests.") and not module.startswith("tests.support")}
+    assert not wrong, sorted(wrong)
+
+
+def test_tests_support_defines_no_fixture():
+    shared = [path for path in (TESTS / "support").rglob("*.py") if "pytest.fixture" in path.read_text("utf-8")]
+    assert not shared, shared
