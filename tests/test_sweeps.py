@@ -1,5 +1,7 @@
 """Issue 18: the sweep file (grid or list, train.* only, one line on bad input), overrides, and the verdict."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -79,3 +81,28 @@ def test_verdict_says_which_run_reached_a_common_validation_loss_sooner():
     text = verdict(table, "final_val_loss", histories, evaluations)
     assert ("b (batching.micro_batch_size 16) reached validation loss 2 2.0x sooner in wall time than "
             "a (batching.micro_batch_size 8)") in text
+
+
+def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_path):
+    """An interrupted sweep child's checkpoint folder is not one that ``train.resume: auto`` of a plain train run
+    takes as "the newest interrupted run"; a sweep's children live under their own sweep's folder."""
+    import datetime as dt
+
+    from fastlm.engine.checkpoint import save_checkpoint
+    from fastlm.runs import resolve_run_name
+    from fastlm.sweeps import run_train_params
+    from tests.engine.test_checkpoint import tiny_llama, trainer
+
+    base = tmp_path / "checkpoints"
+    spec = load_sweep(_file(tmp_path, {"name": "s", "max_steps": 4, "grid": {"train.seed": [0, 1]}}))
+    child = run_train_params({"checkpoint_dir": str(base)}, spec, spec.plan()[0])
+    other = run_train_params({"checkpoint_dir": str(base)},
+                             load_sweep(_file(tmp_path, {"name": "t", "grid": {"train.seed": [0]}})), {})
+    assert child["max_steps"] == 4 and child["seed"] == 0
+    assert child["checkpoint_dir"] != other["checkpoint_dir"]  # each sweep resumes only its own children
+    model = tiny_llama(seed=0)
+    optimizer, scheduler = trainer(model)
+    save_checkpoint(Path(child["checkpoint_dir"]) / "s-01", 2, model=model, optimizer=optimizer,
+                    scheduler=scheduler, state={"step": 2, "total_steps": 4})  # a sweep child cut off at step 2
+    now = dt.datetime(2026, 11, 23, 4, 14, 28)
+    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=now) == "train-20261123-041428"

@@ -25,6 +25,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from fastlm.config import Params, parse_params
+from fastlm.engine.config import TrainParams
 from fastlm.errors import ConfigError
 from fastlm.runs import validate_run_name
 
@@ -91,6 +92,20 @@ def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: in
         node[last] = value
     if max_steps is not None:
         params["max_steps"] = max_steps
+    return params
+
+
+CHECKPOINTS = "sweeps"  # <train.checkpoint_dir>/sweeps/<sweep name>/<run name>/
+
+
+def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, Any]) -> dict:
+    """The train parameters of one run of the sweep: ``overrides`` and the sweep's budget applied, and the
+    checkpoints under ``<train.checkpoint_dir>/sweeps/<sweep name>/``. That folder holds no checkpoint itself, so
+    ``train.resume: auto`` of a plain train run never takes a sweep run as "the newest interrupted run"
+    (:func:`fastlm.engine.checkpoint.unfinished_runs` looks one level down), and a sweep resumes only its own runs."""
+    params = apply_overrides(train_params, overrides, spec.max_steps)
+    base = Path(str(params.get("checkpoint_dir") or TrainParams().checkpoint_dir))
+    params["checkpoint_dir"] = str(base / CHECKPOINTS / spec.name)
     return params
 
 

@@ -20,7 +20,7 @@ from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.html_report import markdown_table
 from fastlm.reporting.params import parse_report_params
 from fastlm.reporting.sweep_view import comparison_table, loss_plot, verdict
-from fastlm.sweeps import apply_overrides, finished_summary, load_sweep, save_finished
+from fastlm.sweeps import finished_summary, load_sweep, run_train_params, save_finished
 from fastlm.tracking import MlflowMetrics
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,11 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
     spec = load_sweep(sweep)
     plan, names = spec.plan(), spec.run_names()
     for overrides in plan:  # every run's parameters checked before the first one
-        parse_train_params(apply_overrides(train_params, overrides, spec.max_steps))
+        parse_train_params(run_train_params(train_params, spec, overrides))
     summaries, histories, evaluations = {}, {}, {}
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         folder = STATE / spec.name / name
-        params = apply_overrides(train_params, overrides, spec.max_steps)
+        params = run_train_params(train_params, spec, overrides)
         identity = {"train": params, "data": fingerprint.get("fingerprint"), "overrides": overrides}
         done = finished_summary(folder, identity)
         if done is None:
