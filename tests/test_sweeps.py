@@ -106,3 +106,53 @@ def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_pa
                     scheduler=scheduler, state={"step": 2, "total_steps": 4})  # a sweep child cut off at step 2
     now = dt.datetime(2026, 11, 23, 4, 14, 28)
     assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=now) == "train-20261123-041428"
+
+
+def test_table_has_rouge_when_present_and_says_which_runs_the_time_budget_stopped():
+    overrides = {"a": {"train.optimizer.lr": 0.001}, "b": {"train.optimizer.lr": 0.01}}
+    figures = {"final_train_loss": 2.0, "final_val_loss": 2.1, "test_loss": 2.2, "test_accuracy": 0.3,
+               "test_top5_accuracy": 0.6, "real_tokens_per_s": 900.0, "peak_memory_mb": 12.0, "wall_time_s": 3.0,
+               "steps": 4}
+    summaries = {"a": {**figures, "test_rouge1": 0.2, "test_rouge2": 0.05, "test_rougeL": 0.18},
+                 "b": {**figures, "test_rouge1": 0.4, "test_rouge2": 0.1, "test_rougeL": 0.35,
+                       "stopped_by": "time budget", "steps": 2}}
+    table = comparison_table(summaries, overrides, "test_rougeL")
+    assert list(table.columns) == ["run", "train.optimizer.lr", "final_train_loss", "final_val_loss", "test_loss",
+                                   "test_accuracy", "test_top5_accuracy", "test_rouge1", "test_rouge2",
+                                   "test_rougeL", "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps",
+                                   "stopped"]
+    assert list(table["run"]) == ["b", "a"]  # ROUGE: higher is better
+    assert list(table["stopped"]) == ["stopped by time budget", ""]
+    plain = comparison_table({name: {**figures} for name in overrides}, overrides, "final_val_loss")
+    assert "test_rouge1" not in plain and "stopped" in plain  # no ROUGE column on data without references
+
+
+def test_sweep_budget_and_rouge_metric_are_validated(tmp_path):
+    spec = load_sweep(_file(tmp_path, {"name": "s", "max_minutes": 0.5, "metric": "test_rougeL",
+                                       "grid": {"train.seed": [0]}}))
+    from fastlm.sweeps import run_train_params
+
+    assert run_train_params({}, spec, {})["max_minutes"] == 0.5
+    with pytest.raises(ConfigError, match="max_minutes") as raised:
+        load_sweep(_file(tmp_path, {"name": "s", "max_minutes": 0, "grid": {"train.seed": [0]}}))
+    assert "\n" not in str(raised.value)
+
+
+def test_reference_scores_of_a_run_on_prompt_response_data(bpe_tokenizer):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fastlm.pipelines.sweep.nodes import reference_scores
+    from tests.reporting.test_references import pair_frame
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, pad_token_id=0, eos_token_id=0, use_cache=False)
+    model = LlamaForCausalLM(config)
+    train = {"runtime": {"device": "cpu", "precision": "fp32"}}
+    report = {"references": {"max_samples": 3, "max_new_tokens": 3, "batch_size": 3}}
+    scores = reference_scores(model, bpe_tokenizer, pair_frame(), train, {}, report)
+    assert set(scores) == {"test_rouge1", "test_rouge2", "test_rougeL"}
+    assert all(0 <= value <= 1 for value in scores.values())
+    plain = pd.DataFrame({"text": ["a", "b"], "split": ["train", "test"]})
+    assert reference_scores(model, bpe_tokenizer, plain, train, {}, report) == {}

@@ -36,6 +36,8 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
         (0.001, 4), (0.001, 8), (0.01, 4), (0.01, 8)}
     assert (table["steps"] == 2).all() and (table["wall_time_s"] > 0).all()
     assert table["test_loss"].gt(0).all() and table["test_top5_accuracy"].between(0, 1).all()
+    assert table["peak_memory_mb"].notna().all() and table["real_tokens_per_s"].gt(0).all()
+    assert "test_rouge1" not in table and table["stopped"].isna().all()  # log keys: no references; no budget hit
     verdict = (kedro_project / "data/08_reporting/sweep.md").read_text()
     assert f"{table['run'][0]} (optimizer.lr" in verdict and "is best by final_val_loss" in verdict
     assert (kedro_project / "data/08_reporting/plots/sweep_loss.png").stat().st_size > 0

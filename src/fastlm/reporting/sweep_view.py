@@ -8,16 +8,22 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+ROUGE_COLUMNS = ["test_rouge1", "test_rouge2", "test_rougeL"]  # prompt/response data only
 SUMMARY_COLUMNS = ["final_train_loss", "final_val_loss", "test_loss", "test_accuracy", "test_top5_accuracy",
-                   "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps"]
+                   *ROUGE_COLUMNS, "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps"]
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
 
 
 def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], metric: str) -> pd.DataFrame:
-    """One row per run: its name, the swept parameters, the summary figures; best ``metric`` first."""
+    """One row per run: its name, the swept parameters, the summary figures (ROUGE when a run has it), and
+    ``stopped`` ("stopped by time budget" for a run that ``max_minutes`` ended before its steps); best first."""
+    columns = [column for column in SUMMARY_COLUMNS
+               if column not in ROUGE_COLUMNS or any(column in summary for summary in summaries.values())]
     rows = [{"run": name, **{key: overrides[name].get(key) for key in _swept(overrides)},
-             **{column: summaries[name].get(column) for column in SUMMARY_COLUMNS}} for name in summaries]
-    table = pd.DataFrame(rows, columns=["run", *_swept(overrides), *SUMMARY_COLUMNS])
+             **{column: summaries[name].get(column) for column in columns},
+             "stopped": f"stopped by {summaries[name]['stopped_by']}" if summaries[name].get("stopped_by") else ""}
+            for name in summaries]
+    table = pd.DataFrame(rows, columns=["run", *_swept(overrides), *columns, "stopped"])
     return table.sort_values(metric, ascending=metric in LOWER_IS_BETTER, na_position="last", kind="stable",
                              ignore_index=True)
 

@@ -16,6 +16,7 @@ from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.evaluation import evaluate_split
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.html_report import markdown_table
 from fastlm.reporting.params import parse_report_params
@@ -27,8 +28,8 @@ log = logging.getLogger(__name__)
 STATE = Path("data/08_reporting/sweeps")
 
 
-def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict, split_params: dict,
-              report_params: dict, sweep: str):
+def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, splits: pd.DataFrame, train_params: dict,
+              split_params: dict, report_params: dict, sweep: str):
     """Train every run of the sweep file ``sweep`` that has not finished yet; the comparison table, the loss
     plot and the verdict of all of them."""
     spec = load_sweep(sweep)
@@ -48,6 +49,8 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
                                                                     split_params, run_name=name)
                 summary.update(_test_metrics(trained["model"], tokenizer, tokenized, params, split_params,
                                              report_params))
+                summary.update(reference_scores(trained["model"], tokenizer, splits, params, split_params,
+                                                report_params))
             done = {**summary, "sweep_identity": json.loads(json.dumps(identity, default=str))}
             save_finished(folder, done, history, evaluation)
         else:
@@ -76,6 +79,20 @@ def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params:
     metrics = {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
     MlflowMetrics().log_run_metrics(metrics)
     return metrics
+
+
+def reference_scores(model, tokenizer, splits: pd.DataFrame, train_params: dict, split_params: dict,
+                     report_params: dict) -> dict:
+    """ROUGE-1/2/L F1 (``test_rouge*``) of a run's generations against the test split's references, as the
+    report scores them (prompt/response data under ``report.references``; nothing otherwise); logged to its run."""
+    if model is None:
+        return {}
+    _, metrics = generate_on_references({"model": model, "tokenizer": tokenizer}, splits, train_params,
+                                        split_params, report_params)
+    scores = {f"test_{key}": metrics[key] for key in ("rouge1", "rouge2", "rougeL") if key in metrics}
+    if scores:
+        MlflowMetrics().log_run_metrics(scores)
+    return scores
 
 
 @contextlib.contextmanager
