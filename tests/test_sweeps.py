@@ -156,3 +156,46 @@ def test_reference_scores_of_a_run_on_prompt_response_data(bpe_tokenizer):
     assert all(0 <= value <= 1 for value in scores.values())
     plain = pd.DataFrame({"text": ["a", "b"], "split": ["train", "test"]})
     assert reference_scores(model, bpe_tokenizer, plain, train, {}, report) == {}
+
+
+def _png() -> bytes:
+    import io
+
+    from matplotlib.figure import Figure
+
+    buffer = io.BytesIO()
+    Figure(figsize=(1, 1)).savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def test_sweep_results_load_as_one_view_or_none_before_any_sweep(tmp_path):
+    from fastlm.datasets.sweep_results import SweepResultsDataset
+    from fastlm.reporting.sweep_view import sweep_document
+
+    paths = {"comparison": tmp_path / "sweep_comparison.csv", "document": tmp_path / "sweep.md",
+             "plot": tmp_path / "plots/sweep_loss.png"}
+    dataset = SweepResultsDataset(**{key: str(path) for key, path in paths.items()})
+    assert dataset.load() is None and not dataset.exists()
+    table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
+    table.to_csv(paths["comparison"], index=False)
+    paths["document"].write_text(sweep_document("s", "s-02 (seed 1) is best.", table))
+    paths["plot"].parent.mkdir()
+    paths["plot"].write_bytes(_png())
+    view = dataset.load()
+    assert view["name"] == "s" and view["verdict"] == "s-02 (seed 1) is best."
+    pd.testing.assert_frame_equal(view["table"], table)
+    assert view["plot"] == paths["plot"].read_bytes()
+
+
+def test_report_shows_the_sweep_table_plot_and_verdict_only_after_a_sweep():
+    from tests.reporting.test_one_truth import document
+
+    table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
+    view = {"name": "s", "verdict": "s-02 (seed 1) is best by final_val_loss = 1.5.", "table": table,
+            "plot": _png(), "source": "data/08_reporting/sweep_comparison.csv"}
+    html, markdown = document(sweep=view)
+    assert '<section id="sweep-s">' in html and "s-02 (seed 1) is best by final_val_loss = 1.5." in html
+    assert '<img id="fig-sweep-loss" alt="sweep loss" src="data:image/png;base64,' in html
+    assert "| s-02" in markdown and "## Sweep s" in markdown
+    html, markdown = document(sweep=None)
+    assert "Sweep" not in html and "Sweep" not in markdown

@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from fastlm.reporting.html_report import markdown_table
+
 ROUGE_COLUMNS = ["test_rouge1", "test_rouge2", "test_rougeL"]  # prompt/response data only
 SUMMARY_COLUMNS = ["final_train_loss", "final_val_loss", "test_loss", "test_accuracy", "test_top5_accuracy",
                    *ROUGE_COLUMNS, "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps"]
@@ -26,6 +28,18 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
     table = pd.DataFrame(rows, columns=["run", *_swept(overrides), *columns, "stopped"])
     return table.sort_values(metric, ascending=metric in LOWER_IS_BETTER, na_position="last", kind="stable",
                              ignore_index=True)
+
+
+def sweep_document(name: str, verdict_text: str, table: pd.DataFrame) -> str:
+    """``sweep.md``: a title naming the sweep, the verdict paragraph, the comparison table (see
+    :func:`read_sweep_document`)."""
+    return f"# Sweep {name}\n\n{verdict_text}\n\n{markdown_table(table)}"
+
+
+def read_sweep_document(text: str) -> tuple[str, str]:
+    """The sweep's name and verdict paragraph from a :func:`sweep_document`."""
+    title, _, rest = text.partition("\n\n")
+    return title.removeprefix("# Sweep ").strip(), rest.partition("\n\n")[0].strip()
 
 
 def _swept(overrides: dict[str, dict]) -> list[str]:

@@ -18,9 +18,8 @@ from fastlm.engine.evaluation import evaluate_split
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
-from fastlm.reporting.html_report import markdown_table
 from fastlm.reporting.params import parse_report_params
-from fastlm.reporting.sweep_view import comparison_table, loss_plot, verdict
+from fastlm.reporting.sweep_view import comparison_table, loss_plot, sweep_document, verdict
 from fastlm.sweeps import finished_summary, load_sweep, run_train_params, save_finished
 from fastlm.tracking import MlflowMetrics
 
@@ -61,8 +60,7 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, spl
     table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
     text = verdict(table, spec.metric, histories, evaluations)
     log.info("Sweep %s: %s", spec.name, text)
-    document = f"# Sweep {spec.name}\n\n{text}\n\n{markdown_table(table)}\n"
-    return table, loss_plot(histories, evaluations), document
+    return table, loss_plot(histories, evaluations), sweep_document(spec.name, text, table)
 
 
 def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict) -> dict:
