@@ -123,6 +123,7 @@ def test_table_has_rouge_when_present_and_says_which_runs_the_time_budget_stoppe
                                    "stopped"]
     assert list(table["run"]) == ["b", "a"]  # ROUGE: higher is better
     assert list(table["stopped"]) == ["stopped by time budget", ""]
+    assert "the time budget (max_minutes) stopped b at step 2" in verdict(table, "test_rougeL", {})
     plain = comparison_table({name: {**figures} for name in overrides}, overrides, "final_val_loss")
     assert "test_rouge1" not in plain and "stopped" in plain  # no ROUGE column on data without references
 

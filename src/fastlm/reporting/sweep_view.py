@@ -69,7 +69,7 @@ def loss_plot(histories: dict[str, pd.DataFrame], evaluations: dict[str, pd.Data
 def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame],
             evaluations: dict[str, pd.DataFrame] | None = None) -> str:
     """One paragraph: the best run and its settings, the worst, which run reached a common validation loss
-    soonest in wall time (or was fastest), which runs diverged."""
+    soonest in wall time (or was fastest), which runs the time budget stopped, which runs diverged."""
     swept = [column for column in table.columns if column.startswith("train.")]
     describe = lambda row: ", ".join(f"{key.removeprefix('train.')} {row[key]}" for key in swept)  # noqa: E731
     finite = table[table[metric].map(lambda value: value is not None and math.isfinite(float(value)))]
@@ -88,6 +88,10 @@ def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame]
         elif times.max() > 0 and times.min() > 0:
             parts.append(f"{fastest['run']} was the fastest ({times.max() / times.min():.1f}x less wall time "
                          "than the slowest)")
+    stopped = table[table["stopped"].fillna("").astype(bool)] if "stopped" in table else table.iloc[:0]
+    if len(stopped):
+        parts.append("the time budget (max_minutes) stopped " + ", ".join(
+            f"{row['run']} at step {row['steps']}" for _, row in stopped.iterrows()))
     diverged = [name for name, history in histories.items() if _diverged(history)]
     if diverged:
         parts.append("diverged: " + ", ".join(f"{name} at step {step}" for name, step in
