@@ -28,7 +28,10 @@ class SweepResultsDataset(AbstractDataset):
         document = Path(self._document)
         name, verdict = read_sweep_document(document.read_text(encoding="utf-8")) if document.is_file() else ("", "")
         plot = Path(self._plot)
-        return {"name": name, "verdict": verdict, "table": pd.read_csv(self._comparison),
+        table = pd.read_csv(self._comparison)
+        if "stopped" in table:  # an empty cell: the run was not stopped (not a missing value)
+            table["stopped"] = table["stopped"].fillna("")
+        return {"name": name, "verdict": verdict, "table": table,
                 "plot": plot.read_bytes() if plot.is_file() else None, "source": str(self._comparison)}
 
     def save(self, data) -> None:
