@@ -200,3 +200,16 @@ def test_report_shows_the_sweep_table_plot_and_verdict_only_after_a_sweep():
     assert "| s-02" in markdown and "## Sweep s" in markdown
     html, markdown = document(sweep=None)
     assert "Sweep" not in html and "Sweep" not in markdown
+
+
+def test_verdict_claims_no_speed_up_where_the_times_are_about_equal():
+    overrides = {"a": {"train.seed": 0}, "b": {"train.seed": 1}}
+    table = comparison_table({"a": {"final_val_loss": 2.0, "wall_time_s": 10.0},
+                              "b": {"final_val_loss": 1.9, "wall_time_s": 10.2}}, overrides, "final_val_loss")
+    histories = {name: pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0], "elapsed_s": [5.0, 10.0]})
+                 for name in overrides}
+    evaluations = {"a": pd.DataFrame({"step": [2], "val_loss": [2.0]}),
+                   "b": pd.DataFrame({"step": [2], "val_loss": [1.9]})}
+    text = verdict(table, "final_val_loss", histories, evaluations)
+    assert "sooner" not in text and "fastest" not in text and "1.0x" not in text
+    assert text.startswith("b (seed 1) is best by final_val_loss = 1.9")

@@ -14,6 +14,7 @@ ROUGE_COLUMNS = ["test_rouge1", "test_rouge2", "test_rougeL"]  # prompt/response
 SUMMARY_COLUMNS = ["final_train_loss", "final_val_loss", "test_loss", "test_accuracy", "test_top5_accuracy",
                    *ROUGE_COLUMNS, "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps"]
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
+NOTABLE_RATIO = 1.05  # a wall-time ratio below this is noise: the verdict claims no speed-up
 
 
 def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], metric: str) -> pd.DataFrame:
@@ -85,7 +86,7 @@ def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame]
         fastest = finite.loc[times.idxmin()]
         if sooner:
             parts.append(sooner)
-        elif times.max() > 0 and times.min() > 0:
+        elif times.min() > 0 and times.max() / times.min() >= NOTABLE_RATIO:
             parts.append(f"{fastest['run']} was the fastest ({times.max() / times.min():.1f}x less wall time "
                          "than the slowest)")
     stopped = table[table["stopped"].fillna("").astype(bool)] if "stopped" in table else table.iloc[:0]
@@ -121,6 +122,8 @@ def _sooner(finite: pd.DataFrame, evaluations: dict, histories: dict, describe) 
     if len(reached) < 2:
         return None
     first, last = min(reached, key=reached.get), max(reached, key=reached.get)
+    if reached[last] / reached[first] < NOTABLE_RATIO:
+        return None
     row = lambda name: finite[finite["run"] == name].iloc[0]  # noqa: E731 - with "run": values keep their types
     return (f"{first} ({describe(row(first))}) reached validation loss {level:.4g} "
             f"{reached[last] / reached[first]:.1f}x sooner in wall time than {last} ({describe(row(last))})")
