@@ -205,12 +205,13 @@ def test_only_duplicates_keep_one(project):
         ({"batching": {"gradient_accumulation_steps": -1}}, "train.batching.gradient_accumulation_steps = -1"),
         ({"max_steps": 0}, "train.max_steps = 0"),
         ({"max_steps": -5}, "train.max_steps = -5"),
+        ({"max_minutes": 0}, "train.max_minutes = 0"),
         ({"batching": {"mode": "padded"}}, "train.batching.mode = 'padded'"),
         ({"optimizer": {"lr": 0.0}}, "train.optimizer.lr = 0.0"),
         ({"optimizer": {"lr": -0.001}}, "train.optimizer.lr = -0.001"),
     ],
     ids=["micro_batch_0", "micro_batch_neg", "accumulation_0", "accumulation_neg", "max_steps_0",
-         "max_steps_neg", "batching_mode", "lr_0", "lr_neg"],
+         "max_steps_neg", "max_minutes_0", "batching_mode", "lr_0", "lr_neg"],
 )
 def test_bad_train_parameter(project, train, expected):
     _fails_cleanly(project, "train", {"train": train}, ConfigError, expected, "--params")

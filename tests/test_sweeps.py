@@ -1,5 +1,7 @@
 """Issue 18: the sweep file (grid or list, train.* only, one line on bad input), overrides, and the verdict."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -79,3 +81,135 @@ def test_verdict_says_which_run_reached_a_common_validation_loss_sooner():
     text = verdict(table, "final_val_loss", histories, evaluations)
     assert ("b (batching.micro_batch_size 16) reached validation loss 2 2.0x sooner in wall time than "
             "a (batching.micro_batch_size 8)") in text
+
+
+def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_path):
+    """An interrupted sweep child's checkpoint folder is not one that ``train.resume: auto`` of a plain train run
+    takes as "the newest interrupted run"; a sweep's children live under their own sweep's folder."""
+    import datetime as dt
+
+    from fastlm.engine.checkpoint import save_checkpoint
+    from fastlm.runs import resolve_run_name
+    from fastlm.sweeps import run_train_params
+    from tests.engine.test_checkpoint import tiny_llama, trainer
+
+    base = tmp_path / "checkpoints"
+    spec = load_sweep(_file(tmp_path, {"name": "s", "max_steps": 4, "grid": {"train.seed": [0, 1]}}))
+    child = run_train_params({"checkpoint_dir": str(base)}, spec, spec.plan()[0])
+    other = run_train_params({"checkpoint_dir": str(base)},
+                             load_sweep(_file(tmp_path, {"name": "t", "grid": {"train.seed": [0]}})), {})
+    assert child["max_steps"] == 4 and child["seed"] == 0
+    assert child["checkpoint_dir"] != other["checkpoint_dir"]  # each sweep resumes only its own children
+    model = tiny_llama(seed=0)
+    optimizer, scheduler = trainer(model)
+    save_checkpoint(Path(child["checkpoint_dir"]) / "s-01", 2, model=model, optimizer=optimizer,
+                    scheduler=scheduler, state={"step": 2, "total_steps": 4})  # a sweep child cut off at step 2
+    now = dt.datetime(2026, 11, 23, 4, 14, 28)
+    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=now) == "train-20261123-041428"
+
+
+def test_table_has_rouge_when_present_and_says_which_runs_the_time_budget_stopped():
+    overrides = {"a": {"train.optimizer.lr": 0.001}, "b": {"train.optimizer.lr": 0.01}}
+    figures = {"final_train_loss": 2.0, "final_val_loss": 2.1, "test_loss": 2.2, "test_accuracy": 0.3,
+               "test_top5_accuracy": 0.6, "real_tokens_per_s": 900.0, "peak_memory_mb": 12.0, "wall_time_s": 3.0,
+               "steps": 4}
+    summaries = {"a": {**figures, "test_rouge1": 0.2, "test_rouge2": 0.05, "test_rougeL": 0.18},
+                 "b": {**figures, "test_rouge1": 0.4, "test_rouge2": 0.1, "test_rougeL": 0.35,
+                       "stopped_by": "time budget", "steps": 2}}
+    table = comparison_table(summaries, overrides, "test_rougeL")
+    assert list(table.columns) == ["run", "train.optimizer.lr", "final_train_loss", "final_val_loss", "test_loss",
+                                   "test_accuracy", "test_top5_accuracy", "test_rouge1", "test_rouge2",
+                                   "test_rougeL", "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps",
+                                   "stopped"]
+    assert list(table["run"]) == ["b", "a"]  # ROUGE: higher is better
+    assert list(table["stopped"]) == ["stopped by time budget", ""]
+    assert "the time budget (max_minutes) stopped b at step 2" in verdict(table, "test_rougeL", {})
+    plain = comparison_table({name: {**figures} for name in overrides}, overrides, "final_val_loss")
+    assert "test_rouge1" not in plain and "stopped" in plain  # no ROUGE column on data without references
+
+
+def test_sweep_budget_and_rouge_metric_are_validated(tmp_path):
+    spec = load_sweep(_file(tmp_path, {"name": "s", "max_minutes": 0.5, "metric": "test_rougeL",
+                                       "grid": {"train.seed": [0]}}))
+    from fastlm.sweeps import run_train_params
+
+    assert run_train_params({}, spec, {})["max_minutes"] == 0.5
+    with pytest.raises(ConfigError, match="max_minutes") as raised:
+        load_sweep(_file(tmp_path, {"name": "s", "max_minutes": 0, "grid": {"train.seed": [0]}}))
+    assert "\n" not in str(raised.value)
+
+
+def test_reference_scores_of_a_run_on_prompt_response_data(bpe_tokenizer):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fastlm.pipelines.sweep.nodes import reference_scores
+    from tests.reporting.test_references import pair_frame
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, pad_token_id=0, eos_token_id=0, use_cache=False)
+    model = LlamaForCausalLM(config)
+    train = {"runtime": {"device": "cpu", "precision": "fp32"}}
+    report = {"references": {"max_samples": 3, "max_new_tokens": 3, "batch_size": 3}}
+    scores = reference_scores(model, bpe_tokenizer, pair_frame(), train, {}, report)
+    assert set(scores) == {"test_rouge1", "test_rouge2", "test_rougeL"}
+    assert all(0 <= value <= 1 for value in scores.values())
+    plain = pd.DataFrame({"text": ["a", "b"], "split": ["train", "test"]})
+    assert reference_scores(model, bpe_tokenizer, plain, train, {}, report) == {}
+
+
+def _png() -> bytes:
+    import io
+
+    from matplotlib.figure import Figure
+
+    buffer = io.BytesIO()
+    Figure(figsize=(1, 1)).savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def test_sweep_results_load_as_one_view_or_none_before_any_sweep(tmp_path):
+    from fastlm.datasets.sweep_results import SweepResultsDataset
+    from fastlm.reporting.sweep_view import sweep_document
+
+    paths = {"comparison": tmp_path / "sweep_comparison.csv", "document": tmp_path / "sweep.md",
+             "plot": tmp_path / "plots/sweep_loss.png"}
+    dataset = SweepResultsDataset(**{key: str(path) for key, path in paths.items()})
+    assert dataset.load() is None and not dataset.exists()
+    table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
+    table.to_csv(paths["comparison"], index=False)
+    paths["document"].write_text(sweep_document("s", "s-02 (seed 1) is best.", table))
+    paths["plot"].parent.mkdir()
+    paths["plot"].write_bytes(_png())
+    view = dataset.load()
+    assert view["name"] == "s" and view["verdict"] == "s-02 (seed 1) is best."
+    pd.testing.assert_frame_equal(view["table"], table)
+    assert view["plot"] == paths["plot"].read_bytes()
+
+
+def test_report_shows_the_sweep_table_plot_and_verdict_only_after_a_sweep():
+    from tests.reporting.test_one_truth import document
+
+    table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
+    view = {"name": "s", "verdict": "s-02 (seed 1) is best by final_val_loss = 1.5.", "table": table,
+            "plot": _png(), "source": "data/08_reporting/sweep_comparison.csv"}
+    html, markdown = document(sweep=view)
+    assert '<section id="sweep-s">' in html and "s-02 (seed 1) is best by final_val_loss = 1.5." in html
+    assert '<img id="fig-sweep-loss" alt="sweep loss" src="data:image/png;base64,' in html
+    assert "| s-02" in markdown and "## Sweep s" in markdown
+    html, markdown = document(sweep=None)
+    assert "Sweep" not in html and "Sweep" not in markdown
+
+
+def test_verdict_claims_no_speed_up_where_the_times_are_about_equal():
+    overrides = {"a": {"train.seed": 0}, "b": {"train.seed": 1}}
+    table = comparison_table({"a": {"final_val_loss": 2.0, "wall_time_s": 10.0},
+                              "b": {"final_val_loss": 1.9, "wall_time_s": 10.2}}, overrides, "final_val_loss")
+    histories = {name: pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0], "elapsed_s": [5.0, 10.0]})
+                 for name in overrides}
+    evaluations = {"a": pd.DataFrame({"step": [2], "val_loss": [2.0]}),
+                   "b": pd.DataFrame({"step": [2], "val_loss": [1.9]})}
+    text = verdict(table, "final_val_loss", histories, evaluations)
+    assert "sooner" not in text and "fastest" not in text and "1.0x" not in text
+    assert text.startswith("b (seed 1) is best by final_val_loss = 1.9")

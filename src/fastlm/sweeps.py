@@ -3,6 +3,7 @@
     # conf/base/sweeps/lr_batch.yml
     name: lr_batch                 # the runs are lr_batch-01, lr_batch-02, ...
     max_steps: 30                  # per-run budget (train.max_steps of every run)
+    max_minutes: 5                 # optional time budget per run (train.max_minutes: stops at a step boundary)
     metric: final_val_loss         # the comparison table is sorted by it (lower is better)
     grid:                          # or  runs: [{train.optimizer.lr: 0.001}, ...]
       train.optimizer.lr: [0.001, 0.003]
@@ -25,17 +26,19 @@ import yaml
 from pydantic import Field, model_validator
 
 from fastlm.config import Params, parse_params
+from fastlm.engine.config import TrainParams
 from fastlm.errors import ConfigError
 from fastlm.runs import validate_run_name
 
 PARAM = "sweep"
-METRICS = ("final_val_loss", "final_train_loss", "test_loss", "test_accuracy", "test_top5_accuracy", "wall_time_s",
-           "real_tokens_per_s")
+METRICS = ("final_val_loss", "final_train_loss", "test_loss", "test_accuracy", "test_top5_accuracy", "test_rouge1",
+           "test_rouge2", "test_rougeL", "wall_time_s", "real_tokens_per_s")
 
 
 class SweepSpec(Params):
     name: str = Field(min_length=1, max_length=60)
     max_steps: int | None = Field(None, ge=1, description="train.max_steps of every run")
+    max_minutes: float | None = Field(None, gt=0, description="train.max_minutes of every run (a time budget)")
     metric: str = "final_val_loss"
     grid: dict[str, list[Any]] | None = None
     runs: list[dict[str, Any]] | None = None
@@ -91,6 +94,22 @@ def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: in
         node[last] = value
     if max_steps is not None:
         params["max_steps"] = max_steps
+    return params
+
+
+CHECKPOINTS = "sweeps"  # <train.checkpoint_dir>/sweeps/<sweep name>/<run name>/
+
+
+def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, Any]) -> dict:
+    """The train parameters of one run of the sweep: ``overrides`` and the sweep's budgets applied, and the
+    checkpoints under ``<train.checkpoint_dir>/sweeps/<sweep name>/``. That folder holds no checkpoint itself, so
+    ``train.resume: auto`` of a plain train run never takes a sweep run as "the newest interrupted run"
+    (:func:`fastlm.engine.checkpoint.unfinished_runs` looks one level down), and a sweep resumes only its own runs."""
+    params = apply_overrides(train_params, overrides, spec.max_steps)
+    if spec.max_minutes is not None:
+        params["max_minutes"] = spec.max_minutes
+    base = Path(str(params.get("checkpoint_dir") or TrainParams().checkpoint_dir))
+    params["checkpoint_dir"] = str(base / CHECKPOINTS / spec.name)
     return params
 
 

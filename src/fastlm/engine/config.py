@@ -147,6 +147,8 @@ class TrainParams(Params):
     runtime: RuntimeParams = RuntimeParams()
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
+    max_minutes: float | None = Field(None, gt=0, description="time budget of the training loop: it stops at "
+                                      "the first step boundary after it, with a checkpoint (engine/budget.py)")
     seed: int = 0
     log_every: int = Field(10, ge=1)
     eval_every: int | None = Field(100, ge=1)

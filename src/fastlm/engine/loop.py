@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastlm.engine.attention import packed_inputs, to_device
+from fastlm.engine.budget import STOPPED_BY, TimeBudget
 from fastlm.engine.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -336,6 +337,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
     backoffs: list[dict] = []
     first_step, last_good = step, resume_from  # this process's first step; this run's newest checkpoint
     start = perf_counter()
+    budget, out_of_time = TimeBudget(params.max_minutes), False  # train.max_minutes: a stop at a step boundary
     metrics.start()
     with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
         while step < total_steps:
@@ -349,7 +351,8 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
             # Host-side counts from the collator (no sync); summed over ranks in one small gloo all-reduce.
             counts = [total_target_tokens(micro), *(sum(int(b[key]) for b in micro) for key in COUNT_KEYS)]
             if world > 1:
-                *counts, stop_votes = comm.sum_host([*counts, float(stop.requested)])
+                *counts, stop_votes, time_votes = comm.sum_host([*counts, float(stop.requested),
+                                                                 float(budget.spent)])
             targets, real_tokens, computed_tokens, samples = (int(value) for value in counts)
             try:
                 loss_sum, n_targets = accumulate_gradients(model, micro, autocast=runtime.autocast_context,
@@ -376,6 +379,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             step += 1
+            out_of_time = step < total_steps and (budget.spent if world == 1 else time_votes > 0)
             if profiler is not None:
                 profiler.after_step(step)
             tokens_seen += real_tokens
@@ -384,7 +388,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                            lr=step_lr)
             progress.advance()
             very_first = step == 1 and not history
-            if very_first or step % params.log_every == 0 or step == total_steps:
+            if very_first or step % params.log_every == 0 or step == total_steps or out_of_time:
                 record = {**metrics.flush(step), **stream.progress(batches_per_epoch)}
                 _check_finite(record, step, last_good)
                 if very_first:
@@ -396,7 +400,8 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                 history.append(record)
                 progress.show(record)
                 _emit(callbacks, "train", record)
-            if eval_set is not None and params.eval_every and (step % params.eval_every == 0 or step == total_steps):
+            if eval_set is not None and params.eval_every and (step % params.eval_every == 0 or step == total_steps
+                                                               or out_of_time):
                 record = {"step": step, **evaluate(eval_model, eval_set, params, runtime, pad_id=pad_id,
                                                     max_length=max_length, attn=attn, comm=comm,
                                                     max_batches=params.eval_max_batches,
@@ -408,7 +413,7 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                 _emit(callbacks, "eval", record)
             # Read the flag once (a signal may land between the checks); ranks act on the step's common vote.
             saved, stopping = None, stop.requested if world == 1 else stop_votes > 0
-            if (params.save_every and (step % params.save_every == 0 or step == total_steps)) or stopping:
+            if (params.save_every and (step % params.save_every == 0 or step == total_steps)) or stopping or out_of_time:
                 if metrics.pending_steps:  # never save a checkpoint whose loss was not checked
                     record = {**metrics.flush(step), **stream.progress(batches_per_epoch)}
                     _check_finite(record, step, last_good)
@@ -434,11 +439,16 @@ def _train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *,
                 comm.barrier()  # the other ranks wait until rank 0's checkpoint is on disk
                 raise TrainingInterrupted(stop.signal_name or "a signal to another rank", step, saved,
                                           resume=params.resume)
+            if out_of_time:
+                log.info("train.max_minutes (%g) spent at step %d of %d: stopped, checkpoint %s saved (train.resume: "
+                         "auto continues it)", params.max_minutes, step, total_steps, saved)
+                break
     progress.close()
     if profiler is not None:
         profiler.close(step)
-    summary = _summary(history, eval_history, params, total_steps, perf_counter() - start, n_params, steps_per_epoch)
-    summary.update(steps_trained=step - first_step, resumed_from=str(resume_from) if resume_from else None,
+    summary = _summary(history, eval_history, params, step if out_of_time else total_steps, perf_counter() - start,
+                       n_params, steps_per_epoch)
+    summary.update(planned_steps=total_steps, stopped_by=STOPPED_BY if out_of_time else None, steps_trained=step - first_step, resumed_from=str(resume_from) if resume_from else None,
                    resumed_from_step=first_step if resume_from else None)
     summary["tokens_seen"] = tokens_seen
     summary["flops_per_token"] = metrics.flops_per_token

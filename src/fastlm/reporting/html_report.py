@@ -63,17 +63,20 @@ _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 @dataclass
 class Section:
-    """One part of a report: a heading, then text, bullet items, a table and figures (each optional)."""
+    """One part of a report: a heading, then text, bullet items, a table and figures (each optional); a figure
+    is a matplotlib Figure or an already rendered PNG (bytes)."""
 
     heading: str
     text: str = ""
     table: pd.DataFrame | None = None
-    figures: dict[str, Figure] = field(default_factory=dict)
+    figures: dict[str, Figure | bytes] = field(default_factory=dict)
     items: list[str] = field(default_factory=list)
 
 
-def figure_to_base64_png(fig: Figure) -> str:
-    """The figure as a PNG, base64-encoded (ASCII, no newlines): ``data:image/png;base64,`` + this."""
+def figure_to_base64_png(fig: Figure | bytes) -> str:
+    """The figure (or PNG bytes) as a PNG, base64-encoded (ASCII, no newlines): ``data:image/png;base64,`` + this."""
+    if isinstance(fig, bytes):
+        return base64.b64encode(fig).decode("ascii")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
     return base64.b64encode(buffer.getvalue()).decode("ascii")

@@ -71,7 +71,7 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
 
 
 def build_sections(*, summary, history, eval_history, training, efficiency, diagnosis, test_metrics, error_pairs,
-                   worst, generations, runs, predictions=None, split_report=None) -> list[Section]:
+                   worst, generations, runs, predictions=None, split_report=None, sweep=None) -> list[Section]:
     findings = diagnosis.get("findings", [])
     triggered = [f for f in findings if f["triggered"]]
     eta = diagnosis.get("epoch_eta") or {}
@@ -103,6 +103,7 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
         Section("Run comparison", text="Training runs of this MLflow experiment (◀: the run of this report); only "
                                         "parameters whose values differ among the runs that have them.",
                 table=runs.fillna({"this run": ""}) if "this run" in runs else runs),
+        *_sweep_sections(sweep),
         *_profile_sections(summary.get("profile") or {}),
     ]
 
@@ -135,6 +136,15 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
             Section("Generations against references",
                     text=f"The first {len(shown)} of {len(predictions):,} (all in reference_predictions.csv).",
                     table=samples)]
+
+
+def _sweep_sections(sweep: dict | None) -> list[Section]:
+    """The last sweep (``kedro run --pipeline=sweep``): its verdict, comparison table and all-runs loss plot."""
+    if not sweep:
+        return []
+    text = f"{sweep['verdict']}\n\nOne row per run of the sweep, best first ({sweep['source']})."
+    return [Section(f"Sweep {sweep['name']}".strip(), text=text, table=sweep["table"],
+                    figures={"sweep loss": sweep["plot"]} if sweep.get("plot") else {})]
 
 
 def _tail(text: str, limit: int) -> str:

@@ -8,18 +8,39 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from fastlm.reporting.html_report import markdown_table
+
+ROUGE_COLUMNS = ["test_rouge1", "test_rouge2", "test_rougeL"]  # prompt/response data only
 SUMMARY_COLUMNS = ["final_train_loss", "final_val_loss", "test_loss", "test_accuracy", "test_top5_accuracy",
-                   "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps"]
+                   *ROUGE_COLUMNS, "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps"]
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
+NOTABLE_RATIO = 1.05  # a wall-time ratio below this is noise: the verdict claims no speed-up
 
 
 def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], metric: str) -> pd.DataFrame:
-    """One row per run: its name, the swept parameters, the summary figures; best ``metric`` first."""
+    """One row per run: its name, the swept parameters, the summary figures (ROUGE when a run has it), and
+    ``stopped`` ("stopped by time budget" for a run that ``max_minutes`` ended before its steps); best first."""
+    columns = [column for column in SUMMARY_COLUMNS
+               if column not in ROUGE_COLUMNS or any(column in summary for summary in summaries.values())]
     rows = [{"run": name, **{key: overrides[name].get(key) for key in _swept(overrides)},
-             **{column: summaries[name].get(column) for column in SUMMARY_COLUMNS}} for name in summaries]
-    table = pd.DataFrame(rows, columns=["run", *_swept(overrides), *SUMMARY_COLUMNS])
+             **{column: summaries[name].get(column) for column in columns},
+             "stopped": f"stopped by {summaries[name]['stopped_by']}" if summaries[name].get("stopped_by") else ""}
+            for name in summaries]
+    table = pd.DataFrame(rows, columns=["run", *_swept(overrides), *columns, "stopped"])
     return table.sort_values(metric, ascending=metric in LOWER_IS_BETTER, na_position="last", kind="stable",
                              ignore_index=True)
+
+
+def sweep_document(name: str, verdict_text: str, table: pd.DataFrame) -> str:
+    """``sweep.md``: a title naming the sweep, the verdict paragraph, the comparison table (see
+    :func:`read_sweep_document`)."""
+    return f"# Sweep {name}\n\n{verdict_text}\n\n{markdown_table(table)}"
+
+
+def read_sweep_document(text: str) -> tuple[str, str]:
+    """The sweep's name and verdict paragraph from a :func:`sweep_document`."""
+    title, _, rest = text.partition("\n\n")
+    return title.removeprefix("# Sweep ").strip(), rest.partition("\n\n")[0].strip()
 
 
 def _swept(overrides: dict[str, dict]) -> list[str]:
@@ -49,7 +70,7 @@ def loss_plot(histories: dict[str, pd.DataFrame], evaluations: dict[str, pd.Data
 def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame],
             evaluations: dict[str, pd.DataFrame] | None = None) -> str:
     """One paragraph: the best run and its settings, the worst, which run reached a common validation loss
-    soonest in wall time (or was fastest), which runs diverged."""
+    soonest in wall time (or was fastest), which runs the time budget stopped, which runs diverged."""
     swept = [column for column in table.columns if column.startswith("train.")]
     describe = lambda row: ", ".join(f"{key.removeprefix('train.')} {row[key]}" for key in swept)  # noqa: E731
     finite = table[table[metric].map(lambda value: value is not None and math.isfinite(float(value)))]
@@ -65,9 +86,13 @@ def verdict(table: pd.DataFrame, metric: str, histories: dict[str, pd.DataFrame]
         fastest = finite.loc[times.idxmin()]
         if sooner:
             parts.append(sooner)
-        elif times.max() > 0 and times.min() > 0:
+        elif times.min() > 0 and times.max() / times.min() >= NOTABLE_RATIO:
             parts.append(f"{fastest['run']} was the fastest ({times.max() / times.min():.1f}x less wall time "
                          "than the slowest)")
+    stopped = table[table["stopped"].fillna("").astype(bool)] if "stopped" in table else table.iloc[:0]
+    if len(stopped):
+        parts.append("the time budget (max_minutes) stopped " + ", ".join(
+            f"{row['run']} at step {row['steps']}" for _, row in stopped.iterrows()))
     diverged = [name for name, history in histories.items() if _diverged(history)]
     if diverged:
         parts.append("diverged: " + ", ".join(f"{name} at step {step}" for name, step in
@@ -97,6 +122,8 @@ def _sooner(finite: pd.DataFrame, evaluations: dict, histories: dict, describe) 
     if len(reached) < 2:
         return None
     first, last = min(reached, key=reached.get), max(reached, key=reached.get)
+    if reached[last] / reached[first] < NOTABLE_RATIO:
+        return None
     row = lambda name: finite[finite["run"] == name].iloc[0]  # noqa: E731 - with "run": values keep their types
     return (f"{first} ({describe(row(first))}) reached validation loss {level:.4g} "
             f"{reached[last] / reached[first]:.1f}x sooner in wall time than {last} ({describe(row(last))})")

@@ -139,9 +139,10 @@ def compare_training_runs(report_params: dict, test_metrics: dict, summary: dict
 def write_report(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, training: pd.DataFrame,
                  efficiency: pd.DataFrame, diagnosis: dict, test_metrics: dict, error_pairs: pd.DataFrame,
                  worst: pd.DataFrame, generations: pd.DataFrame, predictions: pd.DataFrame,
-                 runs: pd.DataFrame, split_report: dict | None = None) -> tuple[str, str]:
-    """One self-contained HTML report (plots embedded) and a Markdown summary."""
+                 runs: pd.DataFrame, split_report: dict | None = None, sweep: dict | None = None) -> tuple[str, str]:
+    """One self-contained HTML report (plots embedded) and a Markdown summary; with a sweep section when
+    ``sweep_results`` holds a sweep's results."""
     return build_document(summary=summary, history=history, eval_history=eval_history, training=training,
                           efficiency=efficiency, diagnosis=diagnosis, test_metrics=test_metrics,
                           error_pairs=error_pairs, worst=worst, generations=generations,
-                          predictions=predictions, runs=runs, split_report=split_report)
+                          predictions=predictions, runs=runs, split_report=split_report, sweep=sweep)

@@ -28,7 +28,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             Node(nodes.write_report,
                  ["train_summary", "train_history", "eval_history", "training_summary", "efficiency_summary",
                   "bottleneck_diagnosis", "test_metrics", "error_pairs", "worst_samples", "sample_generations",
-                  "reference_predictions", "run_comparison", "split_report"],
+                  "reference_predictions", "run_comparison", "split_report", "sweep_results"],
                  ["report_html", "report_markdown"], name="write_report"),
         ],
         tags={"report"},

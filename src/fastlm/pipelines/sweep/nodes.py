@@ -16,29 +16,29 @@ from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.evaluation import evaluate_split
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
-from fastlm.reporting.html_report import markdown_table
 from fastlm.reporting.params import parse_report_params
-from fastlm.reporting.sweep_view import comparison_table, loss_plot, verdict
-from fastlm.sweeps import apply_overrides, finished_summary, load_sweep, save_finished
+from fastlm.reporting.sweep_view import comparison_table, loss_plot, sweep_document, verdict
+from fastlm.sweeps import finished_summary, load_sweep, run_train_params, save_finished
 from fastlm.tracking import MlflowMetrics
 
 log = logging.getLogger(__name__)
 STATE = Path("data/08_reporting/sweeps")
 
 
-def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict, split_params: dict,
-              report_params: dict, sweep: str):
+def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, splits: pd.DataFrame, train_params: dict,
+              split_params: dict, report_params: dict, sweep: str):
     """Train every run of the sweep file ``sweep`` that has not finished yet; the comparison table, the loss
     plot and the verdict of all of them."""
     spec = load_sweep(sweep)
     plan, names = spec.plan(), spec.run_names()
     for overrides in plan:  # every run's parameters checked before the first one
-        parse_train_params(apply_overrides(train_params, overrides, spec.max_steps))
+        parse_train_params(run_train_params(train_params, spec, overrides))
     summaries, histories, evaluations = {}, {}, {}
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         folder = STATE / spec.name / name
-        params = apply_overrides(train_params, overrides, spec.max_steps)
+        params = run_train_params(train_params, spec, overrides)
         identity = {"train": params, "data": fingerprint.get("fingerprint"), "overrides": overrides}
         done = finished_summary(folder, identity)
         if done is None:
@@ -48,6 +48,8 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
                                                                     split_params, run_name=name)
                 summary.update(_test_metrics(trained["model"], tokenizer, tokenized, params, split_params,
                                              report_params))
+                summary.update(reference_scores(trained["model"], tokenizer, splits, params, split_params,
+                                                report_params))
             done = {**summary, "sweep_identity": json.loads(json.dumps(identity, default=str))}
             save_finished(folder, done, history, evaluation)
         else:
@@ -58,8 +60,7 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, tra
     table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
     text = verdict(table, spec.metric, histories, evaluations)
     log.info("Sweep %s: %s", spec.name, text)
-    document = f"# Sweep {spec.name}\n\n{text}\n\n{markdown_table(table)}\n"
-    return table, loss_plot(histories, evaluations), document
+    return table, loss_plot(histories, evaluations), sweep_document(spec.name, text, table)
 
 
 def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict) -> dict:
@@ -76,6 +77,20 @@ def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params:
     metrics = {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
     MlflowMetrics().log_run_metrics(metrics)
     return metrics
+
+
+def reference_scores(model, tokenizer, splits: pd.DataFrame, train_params: dict, split_params: dict,
+                     report_params: dict) -> dict:
+    """ROUGE-1/2/L F1 (``test_rouge*``) of a run's generations against the test split's references, as the
+    report scores them (prompt/response data under ``report.references``; nothing otherwise); logged to its run."""
+    if model is None:
+        return {}
+    _, metrics = generate_on_references({"model": model, "tokenizer": tokenizer}, splits, train_params,
+                                        split_params, report_params)
+    scores = {f"test_{key}": metrics[key] for key in ("rouge1", "rouge2", "rougeL") if key in metrics}
+    if scores:
+        MlflowMetrics().log_run_metrics(scores)
+    return scores
 
 
 @contextlib.contextmanager

@@ -1,0 +1,44 @@
+"""The last sweep's results as one read-only view for the report: None before any sweep, so the report has a
+sweep section only after ``kedro run --pipeline=sweep``."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pandas as pd
+from kedro.io import AbstractDataset, DatasetError
+
+from fastlm.reporting.sweep_view import read_sweep_document
+
+
+class SweepResultsDataset(AbstractDataset):
+    """Loads ``{"name", "verdict", "table", "plot" (PNG bytes or None), "source"}`` from the sweep pipeline's
+    comparison table, document (``sweep.md``) and loss plot; None when there is no comparison table yet.
+    Read-only: the sweep pipeline writes those files through their own catalog entries."""
+
+    def __init__(self, comparison: str, document: str, plot: str, metadata: dict | None = None):
+        self._comparison, self._document, self._plot = (PurePosixPath(comparison), PurePosixPath(document),
+                                                         PurePosixPath(plot))
+        self.metadata = metadata
+
+    def load(self) -> dict | None:
+        if not Path(self._comparison).is_file():
+            return None
+        document = Path(self._document)
+        name, verdict = read_sweep_document(document.read_text(encoding="utf-8")) if document.is_file() else ("", "")
+        plot = Path(self._plot)
+        table = pd.read_csv(self._comparison)
+        if "stopped" in table:  # an empty cell: the run was not stopped (not a missing value)
+            table["stopped"] = table["stopped"].fillna("")
+        return {"name": name, "verdict": verdict, "table": table,
+                "plot": plot.read_bytes() if plot.is_file() else None, "source": str(self._comparison)}
+
+    def save(self, data) -> None:
+        raise DatasetError("sweep_results is read-only: `kedro run --pipeline=sweep` writes the sweep's files.")
+
+    def _exists(self) -> bool:
+        return Path(self._comparison).is_file()
+
+    def _describe(self) -> dict[str, Any]:
+        return {"comparison": str(self._comparison), "document": str(self._document), "plot": str(self._plot)}
