@@ -91,7 +91,7 @@ def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_pa
     from fastlm.engine.checkpoint import save_checkpoint
     from fastlm.runs import resolve_run_name
     from fastlm.sweeps import run_train_params
-    from tests.engine.test_checkpoint import tiny_llama, trainer
+    from tests.support.tiny_models import checkpoint_llama, optimizer_and_scheduler
 
     base = tmp_path / "checkpoints"
     spec = load_sweep(_file(tmp_path, {"name": "s", "max_steps": 4, "grid": {"train.seed": [0, 1]}}))
@@ -100,8 +100,8 @@ def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_pa
                              load_sweep(_file(tmp_path, {"name": "t", "grid": {"train.seed": [0]}})), {})
     assert child["max_steps"] == 4 and child["seed"] == 0
     assert child["checkpoint_dir"] != other["checkpoint_dir"]  # each sweep resumes only its own children
-    model = tiny_llama(seed=0)
-    optimizer, scheduler = trainer(model)
+    model = checkpoint_llama(seed=0)
+    optimizer, scheduler = optimizer_and_scheduler(model)
     save_checkpoint(Path(child["checkpoint_dir"]) / "s-01", 2, model=model, optimizer=optimizer,
                     scheduler=scheduler, state={"step": 2, "total_steps": 4})  # a sweep child cut off at step 2
     now = dt.datetime(2026, 11, 23, 4, 14, 28)
@@ -144,7 +144,7 @@ def test_reference_scores_of_a_run_on_prompt_response_data(bpe_tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from fastlm.pipelines.sweep.nodes import reference_scores
-    from tests.reporting.test_references import pair_frame
+    from tests.support.reporting import pair_frame
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -189,16 +189,16 @@ def test_sweep_results_load_as_one_view_or_none_before_any_sweep(tmp_path):
 
 
 def test_report_shows_the_sweep_table_plot_and_verdict_only_after_a_sweep():
-    from tests.reporting.test_one_truth import document
+    from tests.support.reporting import make_history, report_document
 
     table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
     view = {"name": "s", "verdict": "s-02 (seed 1) is best by final_val_loss = 1.5.", "table": table,
             "plot": _png(), "source": "data/08_reporting/sweep_comparison.csv"}
-    html, markdown = document(sweep=view)
+    html, markdown = report_document(make_history(3), sweep=view)
     assert '<section id="sweep-s">' in html and "s-02 (seed 1) is best by final_val_loss = 1.5." in html
     assert '<img id="fig-sweep-loss" alt="sweep loss" src="data:image/png;base64,' in html
     assert "| s-02" in markdown and "## Sweep s" in markdown
-    html, markdown = document(sweep=None)
+    html, markdown = report_document(make_history(3), sweep=None)
     assert "Sweep" not in html and "Sweep" not in markdown
 
 

@@ -8,13 +8,13 @@ import pytest
 import fastlm.engine.budget as budget
 from fastlm.engine.checkpoint import MARKER, latest_checkpoint, read_checkpoint_state
 from fastlm.errors import ConfigError
-from tests.engine.test_loop import _params, _run
+from tests.support.toy_training import run_toy, toy_params
 
 
 def test_time_budget_stops_at_a_step_boundary_with_a_checkpoint(tmp_path, monkeypatch):
     ticks = itertools.count(0.0, 30.0)
     monkeypatch.setattr(budget, "monotonic", lambda: next(ticks))  # start 0 s, after step 1: 30 s, step 2: 60 s
-    result = _run(_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=15))
+    result = run_toy(toy_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=15))
     summary = result.summary
     assert summary["stopped_by"] == "time budget" and summary["steps"] == 2 and summary["planned_steps"] == 30
     assert [record["step"] for record in result.history] == [1, 2]  # the stop step is logged
@@ -26,7 +26,7 @@ def test_time_budget_stops_at_a_step_boundary_with_a_checkpoint(tmp_path, monkey
     assert state["step"] == 2 and state["total_steps"] == 30  # unfinished: resume: auto continues it
 
     monkeypatch.setattr(budget, "monotonic", lambda: 0.0)  # a new budget: the resumed run goes to the end
-    resumed = _run(_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=15, resume="auto"))
+    resumed = run_toy(toy_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=15, resume="auto"))
     assert resumed.summary["stopped_by"] is None and resumed.summary["steps"] == 30
     assert resumed.summary["resumed_from_step"] == 2
 
@@ -34,5 +34,5 @@ def test_time_budget_stops_at_a_step_boundary_with_a_checkpoint(tmp_path, monkey
 @pytest.mark.parametrize("value", [0, -1, "soon"])
 def test_bad_time_budget_is_one_line(tmp_path, value):
     with pytest.raises(ConfigError, match="train.max_minutes") as raised:
-        _params(tmp_path, max_minutes=value)
+        toy_params(tmp_path, max_minutes=value)
     assert "\n" not in str(raised.value)

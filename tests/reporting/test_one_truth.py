@@ -4,7 +4,6 @@ summary that says what was trained on what data."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pandas as pd
@@ -12,9 +11,9 @@ import pandas as pd
 from fastlm.engine.rates import timed_rate
 from fastlm.reporting.comparison import compare_runs
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
-from fastlm.reporting.report_document import build_document, readable_token
+from fastlm.reporting.report_document import readable_token
 from fastlm.reporting.summaries import efficiency_summary
-from tests.support.reporting import SUMMARY, make_history
+from tests.support.reporting import SUMMARY, make_history, report_document
 
 HISTORY = make_history(3, step=[1, 10, 11], real_tokens_per_s=[100.0, 1000.0, 4000.0], step_time_s=[2.0, 0.5, 0.5])
 SPEED = (1000.0 * 9 * 0.5 + 4000.0 * 1 * 0.5) / (9 * 0.5 + 1 * 0.5)  # total real tokens over total time
@@ -80,10 +79,4 @@ def test_diagnosis_lines_name_what_they_measure_and_the_summary_says_what_was_tr
 
 
 def document(**parts) -> tuple[str, str]:
-    defaults = dict(summary=SUMMARY, history=HISTORY, eval_history=pd.DataFrame(),
-                    training=pd.DataFrame(), efficiency=efficiency_summary(SUMMARY, HISTORY),
-                    diagnosis={"findings": [json.loads(json.dumps(f.__dict__)) for f in diagnose(SUMMARY, HISTORY)],
-                               "epoch_eta": epoch_eta(SUMMARY, HISTORY)},
-                    test_metrics={"loss": 3.0}, error_pairs=pd.DataFrame(), worst=pd.DataFrame(),
-                    generations=pd.DataFrame(), predictions=pd.DataFrame(), runs=pd.DataFrame(), split_report={})
-    return build_document(**{**defaults, **parts})
+    return report_document(HISTORY, **parts)

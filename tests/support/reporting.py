@@ -34,3 +34,20 @@ def pair_frame(n: int = 40) -> pd.DataFrame:
         "response": [f"배송 문의 {i % 3}" for i in range(n)],
         "split": pd.Categorical(splits, categories=["train", "validation", "test"]),
     })
+
+
+def report_document(history: pd.DataFrame, **parts) -> tuple[str, str]:
+    """The report's HTML and Markdown for ``SUMMARY`` and ``history``, with ``parts`` replacing sections."""
+    import json
+
+    from fastlm.reporting.diagnosis import diagnose, epoch_eta
+    from fastlm.reporting.report_document import build_document
+    from fastlm.reporting.summaries import efficiency_summary
+
+    findings = [json.loads(json.dumps(f.__dict__)) for f in diagnose(SUMMARY, history)]
+    defaults = dict(summary=SUMMARY, history=history, eval_history=pd.DataFrame(),
+                    training=pd.DataFrame(), efficiency=efficiency_summary(SUMMARY, history),
+                    diagnosis={"findings": findings, "epoch_eta": epoch_eta(SUMMARY, history)},
+                    test_metrics={"loss": 3.0}, error_pairs=pd.DataFrame(), worst=pd.DataFrame(),
+                    generations=pd.DataFrame(), predictions=pd.DataFrame(), runs=pd.DataFrame(), split_report={})
+    return build_document(**{**defaults, **parts})
