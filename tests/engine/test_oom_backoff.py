@@ -7,15 +7,15 @@ A real CUDA OOM cannot happen on the CPU machines that run the suite, so the ste
 import pytest
 import torch
 
-import fastlm.engine.loop as loop
-from fastlm.engine.loop import OutOfMemory
+import fastlm.engine.step as step_module
+from fastlm.engine.backoff import OutOfMemory
 from tests.engine.test_loop import _params, _run
 
 
 @pytest.fixture
 def memory_for_rows(monkeypatch):
     """Make any micro-batch with more than ``limit`` rows fail like a CUDA out-of-memory error."""
-    real = loop.accumulate_gradients
+    real = step_module.accumulate_gradients
     seen: list[int] = []
 
     def limited(limit):
@@ -26,7 +26,7 @@ def memory_for_rows(monkeypatch):
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             return real(model, micro_batches, **kwargs)
 
-        monkeypatch.setattr(loop, "accumulate_gradients", accumulate)
+        monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
         return seen
 
     return limited

@@ -14,7 +14,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.checkpoint import CheckpointError, checkpoint_lock, latest_checkpoint
-from fastlm.engine.loop import NonFiniteLossError, train
+from fastlm.engine.health import NonFiniteLossError
+from fastlm.engine.loop import train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from tests.engine.test_loop import EOS, VOCAB, _model, _params, _sequences, poisoned_model
 from tests.engine.test_oom_backoff import memory_for_rows  # noqa: F401 - a fixture

@@ -196,15 +196,6 @@ def gradient_sync(model: torch.nn.Module) -> Callable[[bool], contextlib.Abstrac
     return lambda last: contextlib.nullcontext()
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under DDP / torch.compile wrappers (FSDP2 wraps in place: the model itself)."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
-
-
 def is_sharded(model: torch.nn.Module) -> bool:
     """True for an FSDP2 (fully_shard) model: its parameters are DTensors."""
     return any(hasattr(param, "full_tensor") for param in model.parameters())
@@ -223,16 +214,14 @@ def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
     return get_state_dict(model, optimizer, options=options)
 
 
-def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder) -> None:
-    """Load a checkpoint's whole model/optimizer state into a sharded model; every rank reads the files."""
-    import safetensors.torch
+def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
+                          optimizer_state: dict) -> None:
+    """Load a checkpoint's whole model/optimizer state dicts into a sharded model (every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    model_state = safetensors.torch.load_file(str(folder / "model.safetensors"))
     model_keys = set(get_plain_keys(model))
     for name in model_keys - model_state.keys():  # a tied head saved once (save_model de-duplicates)
         model_state[name] = model_state[_tied_source(model, name)]
-    optimizer_state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
                    options=StateDictOptions(full_state_dict=True))
 

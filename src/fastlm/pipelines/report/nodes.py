@@ -12,7 +12,8 @@ from fastlm.corpus.fingerprint import check_fresh
 from fastlm.corpus.params import parse_split_params
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluation import evaluate_split, generate_samples
+from fastlm.engine.evaluation import evaluate
+from fastlm.engine.generation import generate_samples
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.errors import InputDataError
 from fastlm.reporting import comparison, plots
@@ -60,9 +61,10 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
     model.to(runtime.device)
     attn = model.config._attn_implementation or "sdpa"
-    result = evaluate_split(model, tokenizer, TokenSequences.from_arrow(tokenized["test"]), params=params,
-                            runtime=runtime, max_length=max_length, attn=attn, max_batches=report.eval_max_batches,
-                            top_k=report.top_k, worst=report.worst_samples, pairs=report.error_pairs)
+    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, analysis=True,
+                      params=params, runtime=runtime, max_length=max_length, attn=attn,
+                      max_batches=report.eval_max_batches, top_k=report.top_k, worst=report.worst_samples,
+                      pairs=report.error_pairs)
     settings = [setting.model_dump(exclude_none=True) for setting in report.decoding]
     generations = generate_samples(model, tokenizer, report.prompts, settings=settings,
                                    max_new_tokens=report.max_new_tokens, runtime=runtime)
