@@ -26,38 +26,18 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from fastlm.engine.ranks import RankInfo, rank_from_env
+
 log = logging.getLogger(__name__)
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits: ``rank`` of ``world_size`` (``local_rank`` picks the GPU on its node)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def rank_from_env(environ: dict | None = None) -> RankInfo | None:
-    """The rank an elastic agent (torchrun, or our launcher) gave this process; None outside one."""
-    environ = os.environ if environ is None else environ
-    if "RANK" not in environ or "WORLD_SIZE" not in environ:
-        return None
-    return RankInfo(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", "0")))
-
+__all__ = ["Collectives", "ProcessGroup", "RankInfo", "SingleProcess", "connect", "full_state_dicts", "gradient_sync",
+           "is_sharded", "launch_mode", "load_full_state_dicts", "rank_device", "rank_from_env", "resolve_backend",
+           "wrap_model"]
 
 def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
     """``"torchrun"`` (started under an elastic agent), ``"spawn"`` (we launch workers) or ``"single"``."""
