@@ -50,6 +50,7 @@ class TrainState:
     resumed_from: Path | None = None
     first_step: int = 0  # this process's first step
     last_good: Path | None = None  # this run's newest checkpoint (saved, or resumed from)
+    backoffs: list[dict] = field(default_factory=list)  # this process's out-of-memory back-offs (step, new sizes)
 
 
 class Checkpointer:

@@ -26,7 +26,7 @@ from fastlm.engine.attention import packed_inputs
 from fastlm.engine.backoff import batching_record, halve_micro_batch, resumed_batching
 from fastlm.engine.batching import loader_settings, micro_batches, seq2seq_batching
 from fastlm.engine.checkpoint import checkpoint_lock
-from fastlm.engine.checkpointer import Checkpointer
+from fastlm.engine.checkpointer import Checkpointer, TrainState
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed import Collectives, SingleProcess, gradient_sync, wrap_model
@@ -71,14 +71,11 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
         device, world, configured, started = runtime.device, comm.world_size, params, perf_counter()
         raw_model = model.to(device)
-        model = runtime.compile_model(wrap_model(raw_model, comm, strategy=params.distributed.strategy, device=device,
-                                                 find_unused_parameters=params.distributed.find_unused_parameters,
-                                                 bucket_cap_mb=params.distributed.bucket_cap_mb))
+        model = runtime.compile_model(wrap_model(raw_model, comm, device=device, **_wrapping(params)))
         sync = gradient_sync(getattr(model, "_orig_mod", model))
-        stream_args = {"pad_id": pad_id, "max_length": max_length, "sides": sides,
-                       "loader_kwargs": loader_settings(params, device)}
-        stream = micro_batches(train_set, params, rank=comm.rank, world_size=world, **stream_args)
-        batches_per_epoch = stream.batches_per_epoch()
+        stream_args = {"pad_id": pad_id, "max_length": max_length, "sides": sides, "rank": comm.rank,
+                       "world_size": world, "loader_kwargs": loader_settings(params, device)}
+        batches_per_epoch = micro_batches(train_set, params, **stream_args).batches_per_epoch()
         steps_per_epoch = max(1, math.ceil(batches_per_epoch / params.batching.gradient_accumulation_steps))
         total_steps = params.max_steps or max(1, math.ceil(params.epochs * steps_per_epoch))
         opt = make_optimization(raw_model, params, runtime, total_steps)
@@ -86,42 +83,26 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                                     max_length=max_length, total_steps=total_steps, device=device)
         state = checkpointer.restore()
         params = resumed_batching(params, state.batching, state.resumed_from)
-        stream = micro_batches(train_set, params, rank=comm.rank, world_size=world, epoch=state.epoch,
-                               batch=state.batch_in_epoch, **stream_args)
         state.batching = batching_record(params, configured)
+        stream = micro_batches(train_set, params, epoch=state.epoch, batch=state.batch_in_epoch, **stream_args)
         metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=max_length)
-        recorder = Recorder(state, metrics, Progress(total_steps, initial=state.step, quiet=params.quiet or not comm.is_main),
-                            callbacks if comm.is_main else (), log_every=params.log_every, total_steps=total_steps,
-                            compiled=runtime.compile, first_loss={
-                                "len_vocab": raw_model.get_input_embeddings().num_embeddings,
-                                "from_scratch": getattr(raw_model.config, "_name_or_path", "") == ""})
+        recorder = _recorder(state, metrics, raw_model, params, runtime, callbacks, comm, total_steps=total_steps)
         profiler = step_profiler(params.profile, device, enabled=comm.is_main)
-        eval_model = model if params.distributed.strategy == "fsdp" else raw_model  # DDP's forward not needed
-        log.info("Training %d steps (%d per epoch); effective batch = %d micro-batch x %d accumulation x %d "
-                 "process%s; batching %s", total_steps, steps_per_epoch, params.batching.micro_batch_size,
-                 params.batching.gradient_accumulation_steps, world, "es" if world > 1 else "", params.batching.mode)
-        backoffs: list[dict] = []
+        _log_start(params, total_steps, steps_per_epoch, world)
         metrics.start()
         with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
             while state.step < total_steps:
                 profiler.before_step(state.step + 1)
                 micro, waited = stream.next_step(params.batching.gradient_accumulation_steps, device, attn)
                 metrics.record_data_wait(waited)
-                # Host-side counts from the collator (no sync); summed over ranks in one small gloo all-reduce.
-                counts = [total_target_tokens(micro), *(sum(int(b[key]) for b in micro) for key in COUNT_KEYS)]
-                stop_votes = float(stop.requested)
-                if world > 1:
-                    *counts, stop_votes = comm.sum_host([*counts, stop_votes])
-                targets, real_tokens, computed_tokens, samples = (int(value) for value in counts)
+                targets, real_tokens, computed_tokens, samples, stop_votes = _step_counts(micro, comm, stop)
                 try:
                     result = train_step(model, micro, opt, runtime=runtime, total_targets=targets, world_size=world,
                                         gradient_sync=sync)
                 except torch.OutOfMemoryError as error:  # this step's update never happened: redo it smaller
                     micro = None
-                    stream, params = _backed_off(error, stream, params, state.step + 1, world, device, stream_args)
+                    stream, params = _backed_off(error, stream, params, state, device, stream_args)
                     state.batching = batching_record(params, configured)
-                    backoffs.append({"step": state.step + 1, "micro_batch_size": params.batching.micro_batch_size,
-                                     "gradient_accumulation_steps": params.batching.gradient_accumulation_steps})
                     continue
                 state.step += 1
                 state.tokens_seen += real_tokens
@@ -130,11 +111,11 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                               position=stream.progress(batches_per_epoch))
                 if eval_set is not None and params.eval_every and (state.step % params.eval_every == 0
                                                                     or state.step == total_steps):
-                    recorder.evaluation(evaluate(eval_model, eval_set, params=params, runtime=runtime, pad_id=pad_id,
+                    recorder.evaluation(evaluate(model if params.distributed.strategy == "fsdp" else raw_model,
+                                                 eval_set, params=params, runtime=runtime, pad_id=pad_id,
                                                  max_length=max_length, attn=attn, comm=comm,
                                                  max_batches=params.eval_max_batches,
-                                                 even_shards=params.distributed.strategy == "fsdp").metrics,
-                                        main=comm.is_main)
+                                                 even_shards=params.distributed.strategy == "fsdp").metrics)
                 # Read the flag once (a signal may land between the checks); ranks act on the step's common vote.
                 stopping, saved = (stop.requested if world == 1 else stop_votes > 0), None
                 if checkpointer.due(state.step, force=stopping):
@@ -151,7 +132,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                               wall=perf_counter() - started, n_params=sum(p.numel() for p in raw_model.parameters()),
                               effective_batch=params.batching.micro_batch_size
                               * params.batching.gradient_accumulation_steps * world, batching=params.batching.mode)
-        summary.update(compiled=runtime.compile, attention=attn, world_size=world, oom_backoffs=backoffs,
+        summary.update(compiled=runtime.compile, attention=attn, world_size=world, oom_backoffs=state.backoffs,
                        profile=profiler.summary)
         return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times)
 
@@ -177,10 +158,51 @@ def _step_metrics(raw_model, device: torch.device, comm: Collectives, *, total_s
                        reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None)
 
 
-def _backed_off(error: BaseException, stream, params: TrainParams, step: int, world: int, device: torch.device,
+def _wrapping(params: TrainParams) -> dict:
+    """``distributed.wrap_model``'s settings from ``train.distributed``."""
+    settings = params.distributed
+    return {"strategy": settings.strategy, "find_unused_parameters": settings.find_unused_parameters,
+            "bucket_cap_mb": settings.bucket_cap_mb}
+
+
+def _step_counts(micro: list[dict], comm: Collectives, stop: GracefulStop) -> tuple[int, int, int, int, float]:
+    """The step's target, real and computed tokens and samples (host counts from the collator, no sync), summed
+    over ranks with the stop votes in one small gloo all-reduce; one process: its own counts."""
+    counts = [total_target_tokens(micro), *(sum(int(batch[key]) for batch in micro) for key in COUNT_KEYS),
+              float(stop.requested)]
+    if comm.world_size > 1:
+        counts = comm.sum_host(counts)
+    *numbers, votes = counts
+    targets, real_tokens, computed_tokens, samples = (int(value) for value in numbers)
+    return targets, real_tokens, computed_tokens, samples, votes
+
+
+def _recorder(state: TrainState, metrics: StepMetrics, raw_model, params: TrainParams, runtime: Runtime,
+              callbacks: Sequence[Callback], comm: Collectives, *, total_steps: int) -> Recorder:
+    """Rows, progress bar and callbacks on rank 0; the other ranks keep the same rows quietly."""
+    progress = Progress(total_steps, initial=state.step, quiet=params.quiet or not comm.is_main)
+    return Recorder(state, metrics, progress, callbacks if comm.is_main else (), log_every=params.log_every,
+                    total_steps=total_steps, compiled=runtime.compile, main=comm.is_main,
+                    first_loss={"len_vocab": raw_model.get_input_embeddings().num_embeddings,
+                                "from_scratch": getattr(raw_model.config, "_name_or_path", "") == ""})
+
+
+def _log_start(params: TrainParams, total_steps: int, steps_per_epoch: int, world: int) -> None:
+    batching = params.batching
+    log.info("Training %d steps (%d per epoch); effective batch = %d micro-batch x %d accumulation x %d process%s; "
+             "batching %s", total_steps, steps_per_epoch, batching.micro_batch_size,
+             batching.gradient_accumulation_steps, world, "es" if world > 1 else "", batching.mode)
+
+
+def _backed_off(error: BaseException, stream, params: TrainParams, state: TrainState, device: torch.device,
                 stream_args: dict):
-    """The retry's stream and params after an out-of-memory ``error`` (``backoff.halve_micro_batch``): the data
-    restarts at the first sample of the failed step (batch indices double with half-size batches)."""
-    smaller = halve_micro_batch(error, params, step, world=world, device=device)
+    """The retry's stream and params after an out-of-memory ``error`` (``backoff.halve_micro_batch``, noted in
+    ``state.backoffs``): the data restarts at the first sample of the failed step (batch indices double with
+    half-size batches)."""
+    step = state.step + 1
+    smaller = halve_micro_batch(error, params, step, world=stream_args["world_size"], device=device)
+    state.backoffs.append({"step": step, "micro_batch_size": smaller.batching.micro_batch_size,
+                           "gradient_accumulation_steps": smaller.batching.gradient_accumulation_steps})
     restart = max(0, stream.batch - params.batching.gradient_accumulation_steps) * 2
-    return micro_batches(stream.dataset, smaller, epoch=stream.epoch, batch=restart, **stream_args), smaller
+    return micro_batches(stream.dataset, smaller, **{**stream_args, "rank": 0, "world_size": 1},
+                         epoch=stream.epoch, batch=restart), smaller

@@ -27,14 +27,16 @@ __all__ = ["Callback", "Recorder", "run_summary"]
 class Recorder:
     """Metrics, progress, health checks and callbacks of one run; rows go into ``state``'s histories.
 
-    ``first_loss``: ``check_first_loss``'s keywords (vocabulary size, from scratch) for the run's first row.
+    ``first_loss``: ``check_first_loss``'s keywords (vocabulary size, from scratch) for the run's first row;
+    ``main``: this is rank 0 (the others keep the same rows, quietly).
     """
 
     def __init__(self, state: TrainState, metrics: StepMetrics, progress: Progress, callbacks: Sequence[Callback], *,
-                 log_every: int, total_steps: int, compiled: bool, first_loss: dict) -> None:
+                 log_every: int, total_steps: int, compiled: bool, first_loss: dict, main: bool = True) -> None:
         self.state, self.metrics, self.progress, self.callbacks = state, metrics, progress, tuple(callbacks)
         self.log_every, self.total_steps, self.compiled, self.first_loss = log_every, total_steps, compiled, first_loss
         self.grad_norms = GradNormWatch.from_history(state.history)
+        self.main = main  # rank 0 logs the evaluations
 
     def step(self, result: StepResult, *, real_tokens: int, computed_tokens: int, samples: int,
              position: dict) -> None:
@@ -63,12 +65,12 @@ class Recorder:
         self._emit("train", record)
         return record
 
-    def evaluation(self, metrics: dict, *, main: bool) -> dict:
-        """An evaluation row (``evaluation.evaluate``'s metrics) for the current step."""
+    def evaluation(self, metrics: dict) -> dict:
+        """An evaluation row (``evaluation.evaluate``'s metrics) for the current step, logged when not quiet."""
         record = {"step": self.state.step, "val_loss": metrics["loss"], "val_perplexity": metrics["perplexity"],
                   "val_target_tokens": metrics["target_tokens"]}
         self.state.eval_history.append(record)
-        if main:
+        if self.main:
             log.info("step %d: validation loss %.4f, perplexity %.2f", record["step"], record["val_loss"],
                      record["val_perplexity"])
         self._emit("eval", record)
