@@ -36,3 +36,22 @@ def test_summary_figures_are_over_steps_not_window_means(tmp_path):
     assert summary["step_time_p50_s"] == pytest.approx(float(np.percentile(step_times, 50)))
     assert summary["step_time_max_s"] == pytest.approx(max(step_times))
     assert 0 <= summary["data_wait_share"] < 1
+
+
+def test_a_resume_reads_the_checkpoint_once(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from fastlm.engine.checkpoint import MARKER, STATE_FILE
+
+    _run(_params(tmp_path, max_steps=4, save_every=2, eval_every=None))
+    reads, read_text = [], Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.name in (STATE_FILE, MARKER):
+            reads.append(self.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    result = _run(_params(tmp_path, max_steps=6, save_every=None, eval_every=None, resume="auto"))
+    assert result.summary["resumed_from_step"] == 4
+    assert sorted(reads) == sorted([MARKER, STATE_FILE])
