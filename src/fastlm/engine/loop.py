@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 
@@ -88,6 +89,9 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=max_length)
         recorder = _recorder(state, metrics, raw_model, params, runtime, callbacks, comm, total_steps=total_steps)
         profiler = step_profiler(params.profile, device, enabled=comm.is_main)
+        fsdp = params.distributed.strategy == "fsdp"  # FSDP's forward is collective; DDP's is not needed to evaluate
+        validate = partial(_validate, model if fsdp else raw_model, eval_set, params=params, runtime=runtime,
+                           pad_id=pad_id, max_length=max_length, attn=attn, comm=comm, even_shards=fsdp)
         _log_start(params, total_steps, steps_per_epoch, world)
         metrics.start()
         with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
@@ -109,13 +113,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 profiler.after_step(state.step)
                 recorder.step(result, real_tokens=real_tokens, computed_tokens=computed_tokens, samples=samples,
                               position=stream.progress(batches_per_epoch))
-                if eval_set is not None and params.eval_every and (state.step % params.eval_every == 0
-                                                                    or state.step == total_steps):
-                    recorder.evaluation(evaluate(model if params.distributed.strategy == "fsdp" else raw_model,
-                                                 eval_set, params=params, runtime=runtime, pad_id=pad_id,
-                                                 max_length=max_length, attn=attn, comm=comm,
-                                                 max_batches=params.eval_max_batches,
-                                                 even_shards=params.distributed.strategy == "fsdp").metrics)
+                if eval_set is not None and _due(state.step, params.eval_every, total_steps):
+                    recorder.evaluation(validate())
                 # Read the flag once (a signal may land between the checks); ranks act on the step's common vote.
                 stopping, saved = (stop.requested if world == 1 else stop_votes > 0), None
                 if checkpointer.due(state.step, force=stopping):
@@ -130,10 +129,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         profiler.close(state.step)
         summary = run_summary(state, metrics, total_steps=total_steps, steps_per_epoch=steps_per_epoch,
                               wall=perf_counter() - started, n_params=sum(p.numel() for p in raw_model.parameters()),
-                              effective_batch=params.batching.micro_batch_size
-                              * params.batching.gradient_accumulation_steps * world, batching=params.batching.mode)
-        summary.update(compiled=runtime.compile, attention=attn, world_size=world, oom_backoffs=state.backoffs,
-                       profile=profiler.summary)
+                              params=params, world_size=world)
+        summary.update(compiled=runtime.compile, attention=attn, profile=profiler.summary)
         return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times)
 
 
@@ -156,6 +153,15 @@ def _step_metrics(raw_model, device: torch.device, comm: Collectives, *, total_s
                        flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size,
                                                        max_length),
                        reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None)
+
+
+def _due(step: int, every: int | None, total_steps: int) -> bool:
+    return bool(every) and (step % every == 0 or step == total_steps)
+
+
+def _validate(model, eval_set: TokenSequences, *, params: TrainParams, **kwargs) -> dict:
+    """The validation metrics (``evaluation.evaluate``, loss only, ``train.eval_max_batches`` batches)."""
+    return evaluate(model, eval_set, params=params, max_batches=params.eval_max_batches, **kwargs).metrics
 
 
 def _wrapping(params: TrainParams) -> dict:

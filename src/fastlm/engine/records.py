@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from fastlm.engine.checkpointer import TrainState
+from fastlm.engine.config import TrainParams
 from fastlm.engine.health import GradNormWatch, check_finite, check_first_loss
 from fastlm.engine.metrics import StepMetrics
 from fastlm.engine.progress import Progress
@@ -82,7 +83,7 @@ class Recorder:
 
 
 def run_summary(state: TrainState, metrics: StepMetrics, *, total_steps: int, steps_per_epoch: int, wall: float,
-                n_params: int, effective_batch: int, batching: str) -> dict:
+                n_params: int, params: TrainParams, world_size: int) -> dict:
     """The run's summary: final losses, throughput over the timed windows (``rates.timed_rate``, the figure
     every report table shows) and the per-step figures of ``StepMetrics.step_figures`` (this process's steps)."""
     history, eval_history = state.history, state.eval_history
@@ -95,8 +96,8 @@ def run_summary(state: TrainState, metrics: StepMetrics, *, total_steps: int, st
         "final_train_loss": last.get("loss"),
         "final_val_loss": final_eval.get("val_loss"),
         "final_val_perplexity": final_eval.get("val_perplexity"),
-        "effective_batch": effective_batch,
-        "batching": batching,
+        "effective_batch": params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * world_size,
+        "batching": params.batching.mode,
         "parameters": n_params,
         "real_tokens_per_s": timed_rate(history),
         **metrics.step_figures(),
@@ -107,4 +108,6 @@ def run_summary(state: TrainState, metrics: StepMetrics, *, total_steps: int, st
         "steps_trained": state.step - state.first_step,
         "resumed_from": str(state.resumed_from) if state.resumed_from else None,
         "resumed_from_step": state.first_step if state.resumed_from else None,
+        "world_size": world_size,
+        "oom_backoffs": state.backoffs,
     }
