@@ -3,14 +3,16 @@
 ``Checkpointer.restore()`` applies ``train.resume`` (``resume.plan_resume``: the run digest must match), loads
 the chosen checkpoint once (weights, optimizer, scheduler, grad scaler, RNG states; a sharded FSDP2 model or
 a trainable-only LoRA checkpoint through their own loaders) and returns the :class:`TrainState` to continue
-from (a fresh one when starting over). ``due(step, force)`` says whether a step ends with a checkpoint and
-``save(state, position)`` writes it (``checkpoint.save_checkpoint``: atomic, pruned to ``keep_last``); every
-rank calls it (FSDP2 gathers the whole state dicts collectively), only rank 0 writes.
+from (a fresh one when starting over). ``maybe_save(state, position, force=...)`` writes a checkpoint when
+the step is ``due`` (every ``save_every`` steps, the last step, or forced by a stop signal) through ``save``
+(``checkpoint.save_checkpoint``: atomic, pruned to ``keep_last``); every rank calls it (FSDP2 gathers the whole
+state dicts collectively), only rank 0 writes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,9 +122,14 @@ class Checkpointer:
         state.last_good = saved
         return saved
 
-    def maybe_save(self, state: TrainState, position: dict, *, force: bool = False) -> Path | None:
-        """``save`` when ``due``; None otherwise."""
-        return self.save(state, position) if self.due(state.step, force=force) else None
+    def maybe_save(self, state: TrainState, position: dict, *, force: bool = False,
+                   before_save: Callable[[], object] | None = None) -> Path | None:
+        """``save`` when ``due`` (``before_save`` first: the loop flushes its pending metrics); None otherwise."""
+        if not self.due(state.step, force=force):
+            return None
+        if before_save is not None:
+            before_save()
+        return self.save(state, position)
 
     def _load_trainable(self, folder: Path) -> None:
         """A trainable-only (LoRA) checkpoint: its tensors must be exactly the model's trainable parameters."""

@@ -116,10 +116,10 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 if eval_set is not None and _due(state.step, params.eval_every, total_steps):
                     recorder.evaluation(validate())
                 # Read the flag once (a signal may land between the checks); ranks act on the step's common vote.
-                stopping, saved = (stop.requested if world == 1 else stop_votes > 0), None
-                if checkpointer.due(state.step, force=stopping):
-                    recorder.flush(stream.progress(batches_per_epoch))  # never save a loss that was not checked
-                    saved = checkpointer.save(state, stream.position)
+                stopping = stop.requested if world == 1 else stop_votes > 0
+                position = stream.progress(batches_per_epoch)
+                saved = checkpointer.maybe_save(state, stream.position, force=stopping,  # a checked loss only
+                                                before_save=partial(recorder.flush, position))
                 if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
                     recorder.progress.close()
                     comm.barrier()  # the other ranks wait until rank 0's checkpoint is on disk
