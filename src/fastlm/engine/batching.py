@@ -122,7 +122,7 @@ class MicroBatches:
     def __init__(self, dataset: TokenSequences, sampler, collator, loader_kwargs: dict, *, epoch: int, batch: int):
         self.dataset, self.sampler, self.collator, self.loader_kwargs = dataset, sampler, collator, loader_kwargs
         self.epoch, self.batch = epoch, batch
-        self.iterator: Iterator | None = None
+        self._iterator: Iterator | None = None
 
     @property
     def position(self) -> dict:
@@ -137,14 +137,14 @@ class MicroBatches:
         return {**self.position, "epoch": round(self.epoch + self.batch / max(1, batches_per_epoch), 4)}
 
     def __next__(self) -> dict:
-        if self.iterator is None:
+        if self._iterator is None:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
             loader = DataLoader(self.dataset, batch_sampler=self.sampler, collate_fn=self.collator, **self.loader_kwargs)
-            self.iterator = iter(loader)
+            self._iterator = iter(loader)
         try:
-            batch = next(self.iterator)
+            batch = next(self._iterator)
         except StopIteration:
-            self.epoch, self.batch, self.iterator = self.epoch + 1, 0, None
+            self.epoch, self.batch, self._iterator = self.epoch + 1, 0, None
             return next(self)
         self.batch += 1
         return batch

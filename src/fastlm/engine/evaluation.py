@@ -128,6 +128,8 @@ def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Ru
     forward is collective.
     """
     comm = comm or SingleProcess()
+    if pad_id is None and tokenizer is None:
+        raise ValueError("evaluate needs the pad id or the tokenizer")
     if analysis and (tokenizer is None or comm.world_size > 1):
         raise ValueError("the error analysis needs the tokenizer and runs in one process")
     device = runtime.device
