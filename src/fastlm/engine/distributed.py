@@ -39,6 +39,7 @@ __all__ = ["Collectives", "ProcessGroup", "RankInfo", "SingleProcess", "connect"
            "is_sharded", "launch_mode", "load_full_state_dicts", "rank_device", "rank_from_env", "resolve_backend",
            "wrap_model"]
 
+
 def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
     """``"torchrun"`` (started under an elastic agent), ``"spawn"`` (we launch workers) or ``"single"``."""
     info = rank_from_env(environ)

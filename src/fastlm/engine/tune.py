@@ -6,8 +6,8 @@ retries, or a silent spill to host memory) while it makes a small model faster. 
 trial runs warm-up steps (not timed) then timed steps of ``step.train_step``, the training loop's own step
 (forward/backward under the runtime's precision, gradient clipping, AdamW, the learning-rate scheduler, the
 model compiled when training compiles it) on the user's real model, data and checkpointing settings, and
-records real tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up: the process goes on), past the memory headroom, or at the cliff
-(throughput falls while memory rises).
+records real tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up:
+the process goes on), past the memory headroom, or at the cliff (throughput falls while memory rises).
 """
 
 from __future__ import annotations
