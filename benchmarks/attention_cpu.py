@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from fastlm.engine.attention import to_device  # noqa: E402
+from fastlm.engine.batching import make_batching  # noqa: E402
 from fastlm.engine.config import ModelParams, parse_train_params  # noqa: E402
 from fastlm.engine.data import pad_id_of  # noqa: E402
 from fastlm.engine.data.token_dataset import TokenSequences  # noqa: E402
-from fastlm.engine.loop import make_batching  # noqa: E402
 from fastlm.engine.loss import causal_lm_loss_sum, forward_logits  # noqa: E402
 from fastlm.engine.model import build_model  # noqa: E402
 
@@ -56,7 +56,7 @@ class Path_:
     def __init__(self, attn: str, dataset, tokenizer, *, rows: int, max_length: int, count: int) -> None:
         params = parse_train_params({"batching": {"mode": "packed", "micro_batch_size": rows}})
         sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id_of(tokenizer),
-                                          max_length=max_length, attn=attn, seed=0)
+                                          max_length=max_length, seed=0)
         sampler.set_epoch(0)
         self.attn, self.rows, self.max_length = attn, rows, max_length
         self.batches = [collator(dataset.__getitems__(indices))

@@ -85,7 +85,7 @@ CONTENDERS = ("fastlm_compile", "fastlm_eager", "trainer_usual", "trainer_best")
 MODEL_SEED = 0
 LOSS_CHECK_ROWS = 4
 LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relative
-SYNC_LOG_FRAMES = {"flush", "_check_finite", "_check_grad_norm", "_check_first_loss", "show", "on_record"}
+SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show", "on_record"}  # records.Recorder.flush
 
 TARGET_MFU = 0.45
 TARGET_VS_BEST = 1.3

@@ -256,9 +256,10 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
 
     import torch
 
+    from fastlm.engine.batching import make_batching
     from fastlm.engine.config import parse_train_params
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.loop import make_batching, train
+    from fastlm.engine.loop import train
     from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 
     args = ctx.args
@@ -306,7 +307,7 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
 
     # Cross-check: the same steps' batches again, from the engine's own sampler and collator (not timed).
     sampler, collator = make_batching(params, train_set.lengths, pad_id=ctx.pad_id, max_length=args.max_length,
-                                      attn="sdpa", seed=params.seed)
+                                      seed=params.seed)
     batches, epoch = [], 0
     while len(batches) < end:
         sampler.set_epoch(epoch)
@@ -350,7 +351,7 @@ def bookkeeping_overhead(ctx: Context, *, step_time: float) -> dict:
     import torch
     from tqdm.auto import tqdm
 
-    from fastlm.engine.loop import _check_finite, _check_grad_norm
+    from fastlm.engine.health import GradNormWatch, check_finite
     from fastlm.engine.metrics import StepMetrics
     from fastlm.engine.progress import Progress
 
@@ -367,7 +368,7 @@ def bookkeeping_overhead(ctx: Context, *, step_time: float) -> dict:
               "num_samples": torch.tensor(800)}]
     root = Path(ctx.args.workdir) / "overhead"
     history: list[dict] = []
-    norms: list[float] = []
+    norms = GradNormWatch()
     tokens_seen = 0
     metrics.start()
     start = perf_counter()
@@ -382,8 +383,8 @@ def bookkeeping_overhead(ctx: Context, *, step_time: float) -> dict:
         progress.advance()
         if step % OVERHEAD_LOG_EVERY == 0:
             record = {**metrics.flush(step), "epoch": 0, "batch_in_epoch": step}
-            _check_finite(record, step, root)
-            _check_grad_norm(record, norms)
+            check_finite(record, step, root)
+            norms.check(record)
             history.append(record)
             progress.show(record)
     per_step = (perf_counter() - start) / n

@@ -10,10 +10,11 @@ the MLflow hooks (no second MLflow run). Rank 0 writes checkpoints, catalog outp
 from __future__ import annotations
 
 import logging
-import os
 
 from kedro.framework.hooks import hook_impl
 from kedro.io import MemoryDataset
+
+from fastlm.engine.ranks import rank_from_env
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +22,10 @@ log = logging.getLogger(__name__)
 def torchrun_rank() -> int:
     """This process's rank under torchrun (0 outside it)."""
     try:
-        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+        info = rank_from_env()
     except ValueError:
         return 0
+    return info.rank if info is not None and info.world_size > 1 else 0
 
 
 class OtherRankOutputsHook:

@@ -8,9 +8,9 @@ def memory_for_rows(monkeypatch):
     """Make any micro-batch with more than ``limit`` rows fail like a CUDA out-of-memory error."""
     import torch
 
-    import fastlm.engine.loop as loop
+    import fastlm.engine.step as step_module
 
-    real = loop.accumulate_gradients
+    real = step_module.accumulate_gradients
     seen: list[int] = []
 
     def limited(limit):
@@ -21,7 +21,7 @@ def memory_for_rows(monkeypatch):
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
             return real(model, micro_batches, **kwargs)
 
-        monkeypatch.setattr(loop, "accumulate_gradients", accumulate)
+        monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
         return seen
 
     return limited

@@ -1,7 +1,7 @@
 """Packed batches keep samples apart on every attention path fastlm can choose.
 
 For each implementation, the REAL engine path runs (``make_batching`` -> collator -> device transfer -> the
-model call of ``loop.evaluate`` / ``loop.train``) with several rows per micro-batch, and every sample's logits
+model call of ``evaluation.evaluate`` / ``loop.train``) with several rows per micro-batch, and every sample's logits
 and the loss must equal those of the sample run alone. CUDA-only kernels are replaced, on CPU, by pure-PyTorch
 references with the kernel's own calling convention (flash-attention: ``flash_attn_func`` /
 ``flash_attn_varlen_func`` behind transformers' real ``_flash_attention_forward`` dispatch; PyTorch varlen:
@@ -21,7 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import evaluate, train
+from fastlm.engine.evaluation import evaluate
+from fastlm.engine.loop import train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 
 VOCAB, PAD, EOS = 96, 0, 2
@@ -207,12 +208,12 @@ def test_packed_evaluation_equals_each_sample_alone(path_kernels, reference, tmp
     recorder = Recorder(model)
     params = _params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
-    result = evaluate(model, _dataset(), params, runtime, pad_id=PAD, max_length=ROW, attn=attn, max_batches=None)
+    result = evaluate(model, _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn=attn)
     _check_samples(recorder, reference_logits, len(SAMPLES))
     assert max(shape[0] for shape in recorder.shapes) > 1 or attn in ("flash_attention_2", "flash_attention_3",
                                                                        "torch_varlen"), "one row per batch"
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
-    assert math.isclose(result["val_loss"], expected, rel_tol=1e-5)
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=1e-5)
     assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
 
 
@@ -238,10 +239,10 @@ def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, re
     _, reference_losses = reference
     params = _params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4})
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
-    result = evaluate(_model(attn), _dataset(), params, runtime, pad_id=PAD, max_length=ROW, attn=attn,
-                      max_batches=None)
+    result = evaluate(_model(attn), _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW,
+                      attn=attn)
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
-    assert math.isclose(result["val_loss"], expected, rel_tol=1e-5) and kernels_fed()
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=1e-5) and kernels_fed()
 
 
 @pytest.mark.parametrize("signature", ["torch_2_9", "torch_2_11"])
@@ -275,11 +276,11 @@ def test_torch_varlen_adapts_to_older_torch_signatures(signature, reference, tmp
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
     model = _model("torch_varlen")
     recorder = Recorder(model)
-    result = evaluate(model, _dataset(), params, runtime, pad_id=PAD, max_length=ROW, attn="torch_varlen",
-                      max_batches=None)
+    result = evaluate(model, _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW,
+                      attn="torch_varlen")
     _check_samples(recorder, reference_logits, len(SAMPLES))
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
-    assert calls and math.isclose(result["val_loss"], expected, rel_tol=1e-5)
+    assert calls and math.isclose(result.metrics["loss"], expected, rel_tol=1e-5)
 
 
 def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_path, monkeypatch):
@@ -303,11 +304,11 @@ def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_p
     _, reference_losses = reference
     params = _params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", num_threads=1))
-    result = evaluate(_model("torch_varlen"), _dataset(), params, runtime, pad_id=PAD, max_length=ROW,
-                      attn="torch_varlen", max_batches=None)
+    result = evaluate(_model("torch_varlen"), _dataset(), params=params, runtime=runtime, pad_id=PAD,
+                      max_length=ROW, attn="torch_varlen")
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert dtypes and set(dtypes) == {torch.bfloat16}
-    assert math.isclose(result["val_loss"], expected, rel_tol=2e-2)
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=2e-2)
 
 
 @pytest.mark.parametrize("attn", ["torch_varlen", "flash_attention_2"])

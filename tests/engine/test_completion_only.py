@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from fastlm.engine.batching import make_batching
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data import IGNORE_INDEX, DynamicPaddingCollator, PackedCollator, TokenBudget
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import make_batching
 from fastlm.engine.loss import causal_lm_loss_sum
 from tests.support.tiny_models import PACKING_EOS as EOS
 from tests.support.tiny_models import PACKING_VOCAB as VOCAB
@@ -48,7 +48,7 @@ def data():
 
 def batches(data: TokenSequences, mode: str, micro_batch_size: int = 4) -> list[dict]:
     params = TrainParams.model_validate({"batching": {"mode": mode, "micro_batch_size": micro_batch_size}})
-    sampler, collator = make_batching(params, data.lengths, pad_id=PAD, max_length=32, attn="sdpa", seed=0)
+    sampler, collator = make_batching(params, data.lengths, pad_id=PAD, max_length=32, seed=0)
     if mode == "packed":  # the loop builds the block mask on the device; here the collator builds it
         collator = PackedCollator(pad_id=PAD, budget=collator.budget, attention_mask_format="bool")
     return list(DataLoader(data, batch_sampler=sampler, collate_fn=collator))

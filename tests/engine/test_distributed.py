@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from fastlm.engine.batching import RandomBatches
 from fastlm.engine.checkpoint import CheckpointError
+from fastlm.engine.checkpointer import resume_position
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBudget
 from fastlm.engine.distributed import RankInfo, launch_mode, rank_from_env
 from fastlm.engine.job import TrainJob, run_job
 from fastlm.engine.launcher import WorkerFailedError, launch_workers
-from fastlm.engine.loop import _RandomBatches, resume_position
 from fastlm.engine.model import build_model
 
 LENGTHS = np.random.default_rng(0).integers(3, 40, size=500)
@@ -24,7 +25,7 @@ def _samplers():
     return {
         "packed": lambda: PackedBatchSampler(LENGTHS, TokenBudget(row_length=48, rows_per_batch=2), seed=1),
         "length_grouped": lambda: LengthGroupedSampler(LENGTHS, 4, mega_batch_mult=5, seed=1),
-        "dynamic": lambda: _RandomBatches(LENGTHS, 4, seed=1),
+        "dynamic": lambda: RandomBatches(LENGTHS, 4, seed=1),
     }
 
 

@@ -1,4 +1,4 @@
-"""evaluate_split against the loop's evaluate and brute-force per-sample runs; generate_samples' padding/seeds."""
+"""evaluate (loss only and with the analysis) against brute-force per-sample runs; generate_samples' padding/seeds."""
 
 import math
 from collections import Counter
@@ -13,8 +13,8 @@ from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 from fastlm.engine import evaluation
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluation import evaluate_split, generate_samples
-from fastlm.engine.loop import evaluate
+from fastlm.engine.evaluation import evaluate
+from fastlm.engine.generation import generate_samples
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 
 MAX_LENGTH = 64
@@ -95,14 +95,15 @@ def brute(setup):
 def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     model, tokenizer, data, runtime = setup
     params = _params(mode)
-    report = evaluate_split(model, tokenizer, data, params=params, runtime=runtime, max_length=MAX_LENGTH,
-                            attn="sdpa", worst=7, pairs=15)
-    reference = evaluate(model, data, params, runtime, pad_id=tokenizer.pad_token_id, max_length=MAX_LENGTH,
-                         attn="sdpa", max_batches=None)
-    metrics = report.metrics
-    assert abs(metrics["loss"] - reference["val_loss"]) < 1e-6
-    assert abs(metrics["perplexity"] - reference["val_perplexity"]) < 1e-6 * reference["val_perplexity"]
-    assert metrics["target_tokens"] == reference["val_target_tokens"]
+    report = evaluate(model, data, params=params, runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
+                      tokenizer=tokenizer, analysis=True, worst=7, pairs=15)
+    reference = evaluate(model, data, params=params, runtime=runtime, pad_id=tokenizer.pad_token_id,
+                         max_length=MAX_LENGTH, attn="sdpa")
+    assert reference.wrong_pairs is None and reference.worst_samples is None and "accuracy" not in reference.metrics
+    metrics, reference = report.metrics, reference.metrics
+    assert abs(metrics["loss"] - reference["loss"]) < 1e-6
+    assert abs(metrics["perplexity"] - reference["perplexity"]) < 1e-6 * reference["perplexity"]
+    assert metrics["target_tokens"] == reference["target_tokens"]
     assert model.training  # the mode is restored
 
     losses, correct, top5, pairs, targets, misses = brute
@@ -139,16 +140,16 @@ def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkey
     model, tokenizer, data, runtime = setup
     monkeypatch.setattr(evaluation, "DENSE_PAIR_TABLE_MAX", 10)  # force the torch.unique path
     monkeypatch.setattr(evaluation, "_COMPACT_EVERY", 100)  # and several merges
-    report = evaluate_split(model, tokenizer, data, params=_params("packed"), runtime=runtime,
-                            max_length=MAX_LENGTH, attn="sdpa", pairs=10)
+    report = evaluate(model, data, tokenizer=tokenizer, analysis=True, params=_params("packed"), runtime=runtime,
+                      max_length=MAX_LENGTH, attn="sdpa", pairs=10)
     pairs = brute[3]
     got = dict(zip(zip(report.wrong_pairs["target_id"], report.wrong_pairs["predicted_id"], strict=True),
                    report.wrong_pairs["count"], strict=True))
     assert all(pairs[key] == count for key, count in got.items())
     assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(10)]
 
-    partial = evaluate_split(model, tokenizer, data, params=_params("dynamic"), runtime=runtime,
-                             max_length=MAX_LENGTH, attn="sdpa", max_batches=2, worst=100)
+    partial = evaluate(model, data, tokenizer=tokenizer, analysis=True, params=_params("dynamic"), runtime=runtime,
+                       max_length=MAX_LENGTH, attn="sdpa", max_batches=2, worst=100)
     assert partial.metrics["samples"] == 32 and len(partial.worst_samples) <= 32
     assert math.isfinite(partial.metrics["loss"])
 
@@ -203,8 +204,9 @@ def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
         optimizer.step()
         optimizer.zero_grad()
     tokens = encode_id_lists([session["ids"] for session in held_out], eos=eos, max_length=MAX_LENGTH)
-    report = evaluate_split(model, tokenizer, TokenSequences(tokens.values, tokens.offsets), params=_params("dynamic"),
-                            runtime=runtime, max_length=MAX_LENGTH, attn="sdpa", worst=len(held_out))
+    report = evaluate(model, TokenSequences(tokens.values, tokens.offsets), tokenizer=tokenizer, analysis=True,
+                      params=_params("dynamic"), runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
+                      worst=len(held_out))
     ranked = report.worst_samples.sort_values("anomaly_score", ascending=False, kind="stable")
     planted = {index for index, session in enumerate(held_out) if session["anomaly"]}
     assert len(planted) >= 3 and len(ranked) == len(held_out)

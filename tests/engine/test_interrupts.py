@@ -77,10 +77,10 @@ def test_ctrl_c_mid_step_finishes_the_step_flushes_and_names_the_fix(tmp_path, m
     """SIGINT in the middle of step 6 (before its forward pass), which is neither a logging nor a saving
     step: the step still completes, its pending metrics are flushed and checked, a checkpoint is written
     anyway, and a run with resume: never is told to switch to auto."""
-    import fastlm.engine.loop as loop
+    import fastlm.engine.step as step_module
 
     calls = {"n": 0}
-    real = loop.accumulate_gradients
+    real = step_module.accumulate_gradients
 
     def accumulate(*args, **kwargs):
         calls["n"] += 1
@@ -88,7 +88,7 @@ def test_ctrl_c_mid_step_finishes_the_step_flushes_and_names_the_fix(tmp_path, m
             os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "accumulate_gradients", accumulate)
+    monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
     params = toy_params(tmp_path, **_settings("packed", log_every=4, save_every=None, resume="never"))
     with pytest.raises(TrainingInterrupted) as error:
         run_toy(params)

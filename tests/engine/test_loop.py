@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fastlm.engine.checkpoint import latest_checkpoint, load_checkpoint
-from fastlm.engine.loop import NonFiniteLossError, train
+from fastlm.engine.health import NonFiniteLossError
+from fastlm.engine.loop import train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from tests.support.toy_training import (
     EOS,
@@ -104,16 +105,16 @@ def test_profiling_records_the_requested_window(tmp_path):
 
 
 def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path, monkeypatch):
-    import fastlm.engine.loop as loop_module
+    import fastlm.engine.step as step_module
 
-    used, make_adamw = [], loop_module.make_adamw
+    used, make_adamw = [], step_module.make_adamw
 
     def recording_adamw(*args, **kwargs):
         optimizer = make_adamw(*args, **kwargs)
         optimizer.register_step_pre_hook(lambda opt, a, k: used.append(opt.param_groups[0]["lr"]))
         return optimizer
 
-    monkeypatch.setattr(loop_module, "make_adamw", recording_adamw)
+    monkeypatch.setattr(step_module, "make_adamw", recording_adamw)
     params = toy_params(tmp_path, max_steps=4, log_every=1, eval_every=None, optimizer={"warmup_steps": 3})
     result = run_toy(params)
     assert len(used) == 4 and used[0] < used[1] < used[2]  # warmup: the rate grows step by step

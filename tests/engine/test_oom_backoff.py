@@ -6,7 +6,7 @@ A real CUDA OOM cannot happen on the CPU machines that run the suite, so the ste
 
 import pytest
 
-from fastlm.engine.loop import OutOfMemory
+from fastlm.engine.backoff import OutOfMemory
 from tests.support.toy_training import run_toy, toy_params
 
 

@@ -14,7 +14,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.checkpoint import CheckpointError, checkpoint_lock, latest_checkpoint
-from fastlm.engine.loop import NonFiniteLossError, train
+from fastlm.engine.health import NonFiniteLossError
+from fastlm.engine.loop import train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from tests.support.toy_training import EOS, VOCAB, poisoned_model, toy_model, toy_params, toy_sequences
 

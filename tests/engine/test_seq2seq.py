@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from fastlm.engine.batching import make_batching, seq2seq_batching
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data import Seq2SeqCollator
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import make_batching, seq2seq_batching, train
+from fastlm.engine.loop import train
 from fastlm.engine.model import build_model
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.errors import ConfigError
@@ -121,7 +122,7 @@ def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog
     _tiny("bart").save_pretrained(folder)
     params = _params(tmp_path, folder, mode="packed")
     samples = copy_samples(20, 0)
-    sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, attn="sdpa", seed=0,
+    sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=0,
                                       **seq2seq_batching(_tiny("bart"), samples))
     assert isinstance(collator, Seq2SeqCollator)
     sampler.set_epoch(0, start_batch=0)

@@ -82,3 +82,25 @@ def test_allocator_retries_without_a_speed_gain_mark_the_cliff():
     trials = tune.run_ladder(measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
     assert [t.status for t in trials] == ["ok", "ok", "ok", "cliff"] and trials[-1].alloc_retries == 3
     assert trials[0].peak_reserved_mb == pytest.approx(12.0) and tune.choose(trials).micro_batch_size == 4
+
+
+def test_the_measured_step_is_the_training_step(tmp_path, monkeypatch):
+    """tune times ``step.train_step`` with the run's clipping and learning-rate schedule, as training does."""
+    from fastlm.engine import step as step_module
+
+    seen, real = [], step_module.train_step
+
+    def spying(model, micro, opt, **kwargs):
+        before = opt.scheduler.last_epoch
+        result = real(model, micro, opt, **kwargs)
+        seen.append((opt.clip, opt.scheduler.last_epoch - before, result.lr))
+        return result
+
+    monkeypatch.setattr(step_module, "train_step", spying)
+    params = toy_params(tmp_path, optimizer={"grad_clip": 0.5, "warmup_steps": 2})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
+                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    measure(2)
+    assert [(clip, advanced) for clip, advanced, _ in seen] == [(0.5, 1)] * 3
+    assert seen[0][2] < seen[1][2]  # warm-up: the rate grows step by step

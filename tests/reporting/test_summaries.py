@@ -79,3 +79,14 @@ def test_missing_columns_fall_back_to_the_summary_or_nan():
     assert row["real_tokens_per_s"] == pytest.approx(321) and row["data_wait_share"] == pytest.approx(0.2)
     assert math.isnan(row["step_time_p90_s"]) and math.isnan(row["peak_memory_mb"])
     assert len(efficiency_summary({}, pd.DataFrame())) == 1
+
+
+def test_efficiency_summary_takes_the_runs_per_step_figures():
+    """A run's summary holds percentiles of its single steps' times (engine: StepMetrics.step_figures); the
+    window means of the history are only the fallback for runs that do not have them."""
+    times = [9.0, *np.arange(1, 101) / 100]
+    per_step = {"step_time_p50_s": 0.2, "step_time_p90_s": 0.7, "step_time_p99_s": 1.5, "step_time_max_s": 2.0,
+                "data_wait_share": 0.05, "padding_efficiency": 0.8}
+    row = efficiency_summary(per_step, make_history(101, step_time_s=times, data_wait_share=0.5,
+                                                    padding_efficiency=0.3)).iloc[0]
+    assert {key: row[key] for key in per_step} == pytest.approx(per_step)

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
-from fastlm.engine.loss import MODEL_INPUTS
+from fastlm.engine.loss import MODEL_INPUT_KEYS, MODEL_INPUTS
 
 try:  # PyTorch's native varlen attention (CUDA flash kernels); absent from older torch
     from torch.nn.attention.varlen import varlen_attn
@@ -68,8 +68,10 @@ PACKED_INPUTS = {
     "eager": DENSE_ADDITIVE,
 }
 IMPLEMENTATIONS = tuple(PACKED_INPUTS)
-DEVICE_KEYS = ("input_ids", "labels", "attention_mask", "position_ids", "decoder_input_ids", "decoder_attention_mask")
-SEQ2SEQ_INPUTS = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
+# The model-input keys are loss.MODEL_INPUT_KEYS (a causal LM's); an encoder-decoder model adds the decoder's.
+DECODER_INPUT_KEYS = ("decoder_input_ids", "decoder_attention_mask")
+SEQ2SEQ_INPUTS = (*(key for key in MODEL_INPUT_KEYS if key != "position_ids"), *DECODER_INPUT_KEYS)
+DEVICE_KEYS = (*MODEL_INPUT_KEYS, "labels", *DECODER_INPUT_KEYS)
 
 
 def packed_inputs(attn: str) -> str:

@@ -64,7 +64,6 @@ STATE_FILE = "trainer_state.json"
 TMP_PREFIX = ".tmp-"
 LOCK_FILE = ".lock"
 SUPERSEDED_PREFIX = "superseded-"
-RESUME_MODES = ("auto", "never")
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
@@ -328,9 +327,18 @@ def read_checkpoint_state(path: Path) -> dict:
 
     A missing or cut-off manifest or state file raises :class:`CheckpointError`.
     """
+    return read_header(path)["trainer_state"]["state"]
+
+
+def read_header(path: Path) -> dict:
+    """A checkpoint's manifest and trainer state (``{"manifest": ..., "trainer_state": ...}``), no tensors.
+
+    Read once on resume: :func:`load_checkpoint` takes it back (``header=``) instead of reading the files again.
+    A missing or cut-off manifest or state file raises :class:`CheckpointError`.
+    """
     folder = Path(path)
-    _read_manifest(folder)
-    return _read_trainer_state(folder / STATE_FILE)["state"]
+    manifest = _read_manifest(folder)
+    return {"manifest": manifest, "trainer_state": _read_trainer_state(folder / STATE_FILE)}
 
 
 def unfinished_runs(base: Path) -> list[Path]:
@@ -485,14 +493,16 @@ def load_checkpoint(
     grad_scaler: torch.amp.GradScaler | None = None,
     map_location: str | torch.device = "cpu",
     restore_rng: bool = True,
+    header: dict | None = None,
 ) -> dict:
     """Load a checkpoint folder into ``model`` (and the optimizer, scheduler and grad scaler when given).
 
     Restores the torch, CUDA, Python and NumPy RNG states when ``restore_rng``. Returns the saved ``state``.
+    ``header``: :func:`read_header`'s result for this folder when the caller already read it.
     A missing, truncated or mismatched file raises :class:`CheckpointError`.
     """
     folder = Path(path)
-    manifest = _read_manifest(folder)
+    manifest = header["manifest"] if header is not None else _read_manifest(folder)
     files = manifest["files"]
     for name, size in files.items():
         file = folder / name
@@ -505,7 +515,7 @@ def load_checkpoint(
         if name not in files:
             raise _broken(folder / name, f"missing (not listed in {MARKER})")
 
-    trainer_state = _read_trainer_state(folder / STATE_FILE)
+    trainer_state = header["trainer_state"] if header is not None else _read_trainer_state(folder / STATE_FILE)
 
     model_file = folder / MODEL_FILE
     try:
@@ -532,7 +542,7 @@ def load_checkpoint(
             _set_numpy_rng_state(trainer_state["rng"]["numpy"])
         except Exception as error:
             raise _broken(folder / RNG_FILE, f"holds unusable RNG states ({_one_line(error)})") from error
-    if restore_rng:  # the full load (a state-only read before it would say the same again)
+    if restore_rng:  # the full load
         log.info("loaded checkpoint %s (step %s)", folder, trainer_state.get("step"))
     return trainer_state["state"]
 

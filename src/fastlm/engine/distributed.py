@@ -26,37 +26,18 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from fastlm.engine.ranks import RankInfo, rank_from_env
+
 log = logging.getLogger(__name__)
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """Where this process sits: ``rank`` of ``world_size`` (``local_rank`` picks the GPU on its node)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def rank_from_env(environ: dict | None = None) -> RankInfo | None:
-    """The rank an elastic agent (torchrun, or our launcher) gave this process; None outside one."""
-    environ = os.environ if environ is None else environ
-    if "RANK" not in environ or "WORLD_SIZE" not in environ:
-        return None
-    return RankInfo(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", "0")))
+__all__ = ["Collectives", "ProcessGroup", "RankInfo", "SingleProcess", "connect", "full_state_dicts", "gradient_sync",
+           "is_sharded", "launch_mode", "load_full_state_dicts", "rank_device", "rank_from_env", "resolve_backend",
+           "wrap_model"]
 
 
 def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
@@ -196,15 +177,6 @@ def gradient_sync(model: torch.nn.Module) -> Callable[[bool], contextlib.Abstrac
     return lambda last: contextlib.nullcontext()
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under DDP / torch.compile wrappers (FSDP2 wraps in place: the model itself)."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
-
-
 def is_sharded(model: torch.nn.Module) -> bool:
     """True for an FSDP2 (fully_shard) model: its parameters are DTensors."""
     return any(hasattr(param, "full_tensor") for param in model.parameters())
@@ -223,16 +195,14 @@ def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
     return get_state_dict(model, optimizer, options=options)
 
 
-def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder) -> None:
-    """Load a checkpoint's whole model/optimizer state into a sharded model; every rank reads the files."""
-    import safetensors.torch
+def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
+                          optimizer_state: dict) -> None:
+    """Load a checkpoint's whole model/optimizer state dicts into a sharded model (every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    model_state = safetensors.torch.load_file(str(folder / "model.safetensors"))
     model_keys = set(get_plain_keys(model))
     for name in model_keys - model_state.keys():  # a tied head saved once (save_model de-duplicates)
         model_state[name] = model_state[_tied_source(model, name)]
-    optimizer_state = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
                    options=StateDictOptions(full_state_dict=True))
 

@@ -14,6 +14,9 @@ first EOS, which is not included), in the prompts' order. What makes it fast and
 * sampling is seeded once (``seed``) in a forked RNG state: the same prompts, order and settings give the
   same texts, and the caller's random state is untouched.
 
+``generate_samples`` is the same path for text: a few prompts under several decoding settings (greedy, seeded
+sampling), returned as a DataFrame of decoded continuations (the report's sample generations).
+
 Only ``model.generate`` is used, so a plain Hugging Face model and a peft adapter model both work.
 
 Encoder-decoder models (``config.is_encoder_decoder``: BART, T5) decode with their own ``generate`` too: the
@@ -29,12 +32,15 @@ from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
+import pandas as pd
 import torch
 
 from fastlm.engine.attention import generation_attention
+from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.runtime import Runtime
 
-__all__ = ["Generations", "continuation_start", "decoding_kwargs", "generate_continuations", "is_encoder_decoder"]
+__all__ = ["Generations", "continuation_start", "decoding_kwargs", "generate_continuations", "generate_samples",
+           "is_encoder_decoder"]
 
 
 @dataclass
@@ -149,3 +155,32 @@ def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: i
             config.use_cache = cache_setting
         model.train(was_training)
     return Generations(continuations=results, seconds=perf_counter() - start, new_tokens=new_tokens)
+
+
+def generate_samples(model, tokenizer, prompts: Sequence[str], *, settings: Sequence[dict],
+                     max_new_tokens: int = 40, runtime: Runtime, batch_size: int = 32) -> pd.DataFrame:
+    """Continuations of ``prompts`` under each decoding setting: rows prompt, setting, settings, output.
+
+    A setting is ``model.generate`` keyword arguments plus ``name`` and an optional ``seed`` (default 0: see
+    ``generate_continuations``, which decodes each setting). An empty prompt starts from BOS, or EOS when the
+    tokenizer has no BOS. ``output`` is the continuation only, decoded with special tokens skipped.
+    """
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    encoded = [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts]
+    rows = []
+    for setting in settings:
+        kwargs = {key: value for key, value in setting.items() if key not in ("name", "seed")}
+        generated = generate_continuations(model, encoded, pad_id=pad_id_of(tokenizer), eos_id=tokenizer.eos_token_id,
+                                           runtime=runtime, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                           seed=int(setting.get("seed", 0)), start_id=start_id, **kwargs)
+        name, described = setting.get("name", _describe(setting) or "default"), _describe(setting)
+        rows += [{"prompt": prompt, "setting": name, "settings": described,
+                  "output": tokenizer.decode(ids, skip_special_tokens=True)}
+                 for prompt, ids in zip(prompts, generated.continuations, strict=True)]
+    return pd.DataFrame(rows, columns=["prompt", "setting", "settings", "output"])
+
+
+def _describe(setting: dict) -> str:
+    """``{"name": "sampled", "do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 0}`` ->
+    ``"temperature=0.8, top_p=0.95"``."""
+    return ", ".join(f"{key}={value}" for key, value in setting.items() if key not in ("name", "do_sample", "seed"))

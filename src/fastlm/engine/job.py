@@ -14,11 +14,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastlm.engine.batching import loader_settings
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed import RankInfo, connect, full_state_dicts, is_sharded, rank_device
-from fastlm.engine.loop import loader_settings, train
+from fastlm.engine.loop import train
 from fastlm.engine.metrics import device_memory_mb
 from fastlm.engine.model import build_model, choose_attention
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime, usable_cpu_count

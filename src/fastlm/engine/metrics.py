@@ -136,6 +136,10 @@ class StepMetrics:
         (self._loss_sum, self._target_tokens, self._real_tokens, self._computed_tokens, self._samples,
          self._grad_norm) = self._sums.unbind()
         self.step_times: list[float] = []  # host wall time of every step, since start()
+        # Per step, host numbers only (None where update() got a device tensor): data wait, real and computed tokens.
+        self.step_data_waits: list[float] = []
+        self.step_real_tokens: list[float | None] = []
+        self.step_computed_tokens: list[float | None] = []
         self.history: list[dict] = []  # one record per flush
         self.start()
 
@@ -144,7 +148,9 @@ class StepMetrics:
         self._start = self._window_start = self._last_step_end = perf_counter()
         self._window_steps = 0
         self._window_data_wait = 0.0
+        self._step_data_wait = 0.0
         self._has_grad_norm = False
+        self._sharded_grad_norm = None
         self._lr: float | None = None
         self._sums.zero_()
 
@@ -156,6 +162,7 @@ class StepMetrics:
     def record_data_wait(self, seconds: float) -> None:
         """Host time the loop spent waiting for the next batch(es) during the current step."""
         self._window_data_wait += seconds
+        self._step_data_wait += seconds
 
     def update(
         self,
@@ -171,7 +178,11 @@ class StepMetrics:
         """Add one optimizer step. Tensor ops and host arithmetic only: no device-to-host transfer."""
         now = perf_counter()
         self.step_times.append(now - self._last_step_end)
+        self.step_data_waits.append(self._step_data_wait)
+        self.step_real_tokens.append(None if isinstance(real_tokens, torch.Tensor) else float(real_tokens))
+        self.step_computed_tokens.append(None if isinstance(computed_tokens, torch.Tensor) else float(computed_tokens))
         self._last_step_end = now
+        self._step_data_wait = 0.0
         self._window_steps += 1
 
         if isinstance(loss_sum, torch.Tensor):
@@ -182,7 +193,9 @@ class StepMetrics:
         self._computed_tokens.add_(computed_tokens)
         self._samples.add_(samples)
         if grad_norm is not None:
-            if isinstance(grad_norm, torch.Tensor):
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2's DTensor: made whole at the flush, not every step
+                self._sharded_grad_norm = grad_norm.detach()
+            elif isinstance(grad_norm, torch.Tensor):
                 self._grad_norm.copy_(grad_norm.detach())
             else:
                 self._grad_norm.fill_(grad_norm)
@@ -196,6 +209,9 @@ class StepMetrics:
             raise ValueError("flush() with no update() since the last flush")
         if self._reduce_loss_sum is not None:
             self._reduce_loss_sum(self._sums[:1])
+        if self._sharded_grad_norm is not None:  # every rank flushes at the same steps: the collective matches
+            self._grad_norm.copy_(self._sharded_grad_norm.full_tensor())
+            self._sharded_grad_norm = None
         loss_sum, target_tokens, real_tokens, computed_tokens, samples, grad_norm = self._sums.tolist()
         now = perf_counter()  # after the sync: the GPU has finished the window's work
         window = max(now - self._window_start, 1e-12)
@@ -230,8 +246,35 @@ class StepMetrics:
         self._window_start = self._last_step_end = perf_counter()
         return record
 
+    def step_figures(self) -> dict[str, float | None]:
+        """The run's figures over its single steps (the first one, warm-up and compilation, left out unless it
+        is the only one): step-time percentiles and maximum, data-wait share (total wait / total time) and
+        padding efficiency (total real / total computed tokens). None where nothing was measured."""
+        keep = slice(1, None) if len(self.step_times) > 1 else slice(None)
+        times, waits = self.step_times[keep], self.step_data_waits[keep]
+        real, computed = self.step_real_tokens[keep], self.step_computed_tokens[keep]
+        counted = None not in real and None not in computed and sum(computed) > 0
+        total = sum(times)
+        return {
+            "step_time_p50_s": _percentile(times, 50),
+            "step_time_p90_s": _percentile(times, 90),
+            "step_time_p99_s": _percentile(times, 99),
+            "step_time_max_s": max(times, default=None),
+            "data_wait_share": sum(waits) / total if total > 0 else None,
+            "padding_efficiency": sum(real) / sum(computed) if counted else None,
+        }
+
     def to_frame(self):
         """The flush history as a pandas DataFrame (built once, at the end)."""
         import pandas as pd
 
         return pd.DataFrame(self.history)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile with linear interpolation (numpy's default); None for no values."""
+    if not values:
+        return None
+    import numpy as np
+
+    return float(np.percentile(values, q))

@@ -73,3 +73,25 @@ class StepProfiler:
         log.info("Profiled steps %s: trace %s (open it in Perfetto or TensorBoard); phase shares %s",
                  self.summary["steps"], trace,
                  ", ".join(f"{k} {v:.0%}" for k, v in self.summary["phase_share"].items()))
+
+
+class NoProfiler:
+    """Profiling off (or another rank than 0): the profiler's calls do nothing."""
+
+    summary = {"enabled": False}
+
+    def before_step(self, step: int) -> None:
+        return None
+
+    def after_step(self, step: int) -> None:
+        return None
+
+    def close(self, step: int) -> None:
+        return None
+
+
+def step_profiler(profile, device: torch.device, *, enabled: bool = True) -> StepProfiler | NoProfiler:
+    """``train.profile``'s profiler (``StepProfiler``) when it is on and ``enabled``, else a ``NoProfiler``."""
+    if not (profile.enabled and enabled):
+        return NoProfiler()
+    return StepProfiler(start_step=profile.start_step, steps=profile.steps, trace_dir=profile.trace_dir, device=device)

@@ -37,7 +37,7 @@ from fastlm.engine.checkpoint import (
     CheckpointError,
     complete_checkpoints,
     move_aside,
-    read_checkpoint_state,
+    read_header,
     resolve_resume,
 )
 from fastlm.engine.config import TrainParams
@@ -93,7 +93,12 @@ def _short(value: Any) -> str:
 @dataclass
 class ResumePlan:
     checkpoint: Path | None  # None: start fresh
-    state: dict | None = None  # the checkpoint's saved state (step, position, digest)
+    header: dict | None = None  # checkpoint.read_header's result: read once, handed to load_checkpoint
+
+    @property
+    def state(self) -> dict | None:
+        """The checkpoint's saved state (step, position, digest)."""
+        return self.header["trainer_state"]["state"] if self.header is not None else None
 
 
 def plan_resume(root: Path, resume: str, digest: dict, *, total_steps: int, world_size: int,
@@ -104,21 +109,21 @@ def plan_resume(root: Path, resume: str, digest: dict, *, total_steps: int, worl
     root = Path(root)
     if resume not in ("auto", "never"):
         folder = resolve_resume(root, resume)
-        state = read_checkpoint_state(folder)
-        problems = _problems(state, digest, total_steps, world_size)
+        header = read_header(folder)
+        problems = _problems(header["trainer_state"]["state"], digest, total_steps, world_size)
         if problems:
             raise CheckpointError(
                 f"train.resume: checkpoint {folder} does not belong to this run: {'; '.join(problems)}.",
                 fix="resume with the settings it was written with, or set train.resume: auto (continues a matching "
                 "checkpoint, else starts fresh) or never.")
-        return ResumePlan(folder, state)
+        return ResumePlan(folder, header)
     newest = complete_checkpoints(root)[-1:] if resume == "auto" else []  # a folder holds one run: its newest
     why = None
     if newest:
-        state = read_checkpoint_state(newest[0])
-        problems = _problems(state, digest, total_steps, world_size)
+        header = read_header(newest[0])
+        problems = _problems(header["trainer_state"]["state"], digest, total_steps, world_size)
         if not problems:
-            return ResumePlan(newest[0], state)
+            return ResumePlan(newest[0], header)
         why = f"{newest[0].name} does not match this run ({'; '.join(problems)})"
     aside = move_aside(root) if move_old else None
     if why is not None:

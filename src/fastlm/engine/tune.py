@@ -3,10 +3,11 @@ cliff, pick the fastest size under a memory headroom, and the accumulation that 
 
 Doubling the micro-batch can make a big model slower per token (memory near the device limit: allocator
 retries, or a silent spill to host memory) while it makes a small model faster. Nobody should guess: each
-trial runs warm-up steps (not timed) then timed steps of the user's real model, data, precision and
-checkpointing settings, and records real tokens/s, step time and peak memory. The ladder stops at
-out-of-memory (caught and cleaned up: the process goes on), past the memory headroom, or at the cliff
-(throughput falls while memory rises).
+trial runs warm-up steps (not timed) then timed steps of ``step.train_step``, the training loop's own step
+(forward/backward under the runtime's precision, gradient clipping, AdamW, the learning-rate scheduler, the
+model compiled when training compiles it) on the user's real model, data and checkpointing settings, and
+records real tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up:
+the process goes on), past the memory headroom, or at the cliff (throughput falls while memory rises).
 """
 
 from __future__ import annotations
@@ -190,41 +191,38 @@ def measure_training_step(step: Callable[[int], int], *, device: torch.device, w
 
 def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str,
                        warmup: int, timed: int) -> Callable[[int], Measurement]:
-    """``measure(micro_batch_size)``: the training step of ``train`` (same batching, precision, optimizer)."""
+    """``measure(micro_batch_size)``: the training step itself (``step.train_step``: the same batching, precision,
+    torch.compile, AdamW, gradient clipping and learning-rate schedule as ``loop.train``), one micro-batch per
+    step (the accumulation multiplies the time per step, not the memory)."""
     from fastlm.engine.attention import to_device
-    from fastlm.engine.loop import make_batching, seq2seq_batching
-    from fastlm.engine.loss import accumulate_gradients
-    from fastlm.engine.optim import make_adamw
+    from fastlm.engine.batching import make_batching, seq2seq_batching
+    from fastlm.engine.step import make_optimization, train_step
 
     model.to(runtime.device)
     model.train()
+    compiled = runtime.compile_model(model)
     sides = seq2seq_batching(model, dataset)  # an encoder-decoder model measures its own (seq2seq) batches
 
     def measure(size: int) -> Measurement:
         batching = params.batching.model_copy(update={"micro_batch_size": size})
         trial_params = params.model_copy(update={"batching": batching})
         sampler, collator = make_batching(trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length,
-                                          attn=attn, seed=params.seed, **sides)
+                                          seed=params.seed, **sides)
         sampler.set_epoch(0)
         batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
         if len(batches) < warmup + timed:
             raise ValueError(f"micro-batch {size} leaves fewer than {warmup + timed} batches in the data")
-        optimizer = make_adamw(model, lr=params.optimizer.lr, weight_decay=params.optimizer.weight_decay)
-        scaler = runtime.make_grad_scaler()
+        opt = make_optimization(model, trial_params, runtime, total_steps=warmup + timed)
 
         def step(index: int) -> int:
             batch = collator(dataset.__getitems__(batches[index]))
-            accumulate_gradients(model, [to_device(batch, runtime.device, attn)], autocast=runtime.autocast_context,
-                                 grad_scaler=scaler if scaler.is_enabled() else None)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            train_step(compiled, [to_device(batch, runtime.device, attn)], opt, runtime=runtime)
             return int(batch["num_real_tokens"])
 
         try:
             return measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
         finally:  # the optimizer state goes with this call's frame
-            optimizer.zero_grad(set_to_none=True)
+            opt.optimizer.zero_grad(set_to_none=True)
             release_memory()
 
     return measure

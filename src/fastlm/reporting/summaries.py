@@ -115,9 +115,11 @@ def training_summary(summary: dict, history: pd.DataFrame, eval_history: pd.Data
 def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None = None) -> pd.DataFrame:
     """One row: throughput, step-time spread, input/padding overheads, memory and MFU.
 
-    Rates are :func:`throughput` (total over time, warm-up left out: the figure every table shows); step
-    times, data wait and padding are means/percentiles over the logging windows after the warm-up row (``step_time_p50/p90/p99_s`` are percentiles of the per-window mean step times,
-    ``step_time_max_s`` the slowest single step); ``peak_memory_mb`` is the maximum over all rows (the
+    Rates are :func:`throughput` (total over time, warm-up left out: the figure every table shows). Step times
+    (``step_time_p50/p90/p99_s`` percentiles and ``step_time_max_s``), data wait (total wait / total time) and
+    padding (real / computed tokens) are the run's figures over its single steps, from ``summary`` (the engine
+    computes them, first step left out); a run without them falls back to the logging windows after the
+    warm-up row (percentiles of the window mean step times, means of the window shares). ``peak_memory_mb`` is the maximum over all rows (the
     warm-up row included: memory peaks count wherever they happen). Figures the history lacks come from
     ``summary`` when it has them. ``mfu`` is NaN when never measured (CPU runs).
     """
@@ -130,14 +132,14 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
         "real_tokens_per_s": _first_known(throughput(history), summary.get("real_tokens_per_s"), math.nan),
         "tokens_per_s": throughput(history, "tokens_per_s"),
         "samples_per_s": throughput(history, "samples_per_s"),
-        "step_time_p50_s": _quantile(step_times, 0.50),
-        "step_time_p90_s": _quantile(step_times, 0.90),
-        "step_time_p99_s": _quantile(step_times, 0.99),
-        "step_time_max_s": _max(numeric(timed, "step_time_max_s")),
-        "data_wait_share": _first_known(_mean(numeric(timed, "data_wait_share")),
-                                        summary.get("data_wait_share"), math.nan),
-        "padding_efficiency": _first_known(_mean(numeric(timed, "padding_efficiency")),
-                                           summary.get("padding_efficiency"), math.nan),
+        "step_time_p50_s": _first_known(summary.get("step_time_p50_s"), _quantile(step_times, 0.50)),
+        "step_time_p90_s": _first_known(summary.get("step_time_p90_s"), _quantile(step_times, 0.90)),
+        "step_time_p99_s": _first_known(summary.get("step_time_p99_s"), _quantile(step_times, 0.99)),
+        "step_time_max_s": _first_known(summary.get("step_time_max_s"), _max(numeric(timed, "step_time_max_s"))),
+        "data_wait_share": _first_known(summary.get("data_wait_share"), _mean(numeric(timed, "data_wait_share")),
+                                        math.nan),
+        "padding_efficiency": _first_known(summary.get("padding_efficiency"),
+                                           _mean(numeric(timed, "padding_efficiency")), math.nan),
         "peak_memory_mb": _first_known(_max(numeric(history, "peak_memory_mb")),
                                        summary.get("peak_memory_mb"), math.nan),
         "mfu": _mean(numeric(timed, "mfu")),

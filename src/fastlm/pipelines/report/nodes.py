@@ -9,7 +9,8 @@ import datasets
 import pandas as pd
 
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluation import evaluate_split, generate_samples
+from fastlm.engine.evaluation import evaluate
+from fastlm.engine.generation import generate_samples
 from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
@@ -60,9 +61,10 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     model.to(runtime.device)
     attn = model.config._attn_implementation or "sdpa"
-    result = evaluate_split(model, tokenizer, TokenSequences.from_arrow(tokenized["test"]), params=params,
-                            runtime=runtime, max_length=max_length, attn=attn, max_batches=report.eval_max_batches,
-                            top_k=report.top_k, worst=report.worst_samples, pairs=report.error_pairs)
+    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, analysis=True,
+                      params=params, runtime=runtime, max_length=max_length, attn=attn,
+                      max_batches=report.eval_max_batches, top_k=report.top_k, worst=report.worst_samples,
+                      pairs=report.error_pairs)
     settings = [setting.model_dump(exclude_none=True) for setting in report.decoding]
     generations = generate_samples(model, tokenizer, report.prompts, settings=settings,
                                    max_new_tokens=report.max_new_tokens, runtime=runtime)

@@ -14,8 +14,8 @@ import pandas as pd
 from fastlm.corpus.params import parse_split_params
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluation import evaluate_split
-from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from fastlm.engine.evaluation import evaluate
+from fastlm.engine.runtime import setup_runtime
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import parse_report_params
@@ -68,12 +68,12 @@ def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params:
     if model is None or len(tokenized["test"]) == 0:
         return {}
     params, report = parse_train_params(train_params), parse_report_params(report_params)
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    runtime = setup_runtime(params.runtime, seed=params.seed)
     model.to(runtime.device)
-    result = evaluate_split(model, tokenizer, TokenSequences.from_arrow(tokenized["test"]), params=params,
-                            runtime=runtime, max_length=parse_split_params(split_params).max_length,
-                            attn=model.config._attn_implementation or "sdpa", max_batches=report.eval_max_batches,
-                            top_k=report.top_k, worst=1, pairs=1)
+    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, analysis=True,
+                      params=params, runtime=runtime, max_length=parse_split_params(split_params).max_length,
+                      attn=model.config._attn_implementation or "sdpa", max_batches=report.eval_max_batches,
+                      top_k=report.top_k, worst=1, pairs=1)
     metrics = {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
     MlflowMetrics().log_run_metrics(metrics)
     return metrics

@@ -1,0 +1,171 @@
+"""Batching for training, evaluation and tuning: the sampler and collator of the configured mode, the
+DataLoader settings, the endless micro-batch stream of a run, and one optimizer step's batches on the device.
+
+``make_batching`` is the one place a batching mode (``packed``, ``length_grouped``, ``dynamic``) becomes a
+batch sampler and a collator; ``seq2seq_batching`` gives its extra arguments for an encoder-decoder model.
+``MicroBatches`` yields micro-batches across epochs and knows its position (for exact resume);
+``MicroBatches.next_step`` fetches one optimizer step's micro-batches and moves them to the device with the
+inputs of the model's attention path (``attention.to_device``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from time import perf_counter
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastlm.engine.attention import to_device
+from fastlm.engine.config import TrainParams
+from fastlm.engine.data import (
+    DynamicPaddingCollator,
+    LengthGroupedSampler,
+    PackedBatchSampler,
+    PackedCollator,
+    Seq2SeqCollator,
+    seq2seq_lengths,
+)
+from fastlm.engine.data.packing import TokenBudget
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.runtime import usable_cpu_count
+from fastlm.errors import ConfigError
+
+__all__ = ["MicroBatches", "RandomBatches", "loader_settings", "make_batching", "micro_batches", "seq2seq_batching"]
+
+LENGTH_GROUPED_MEGA_BATCH = 50  # samples sorted by length within mega-batches of 50 micro-batches
+
+
+def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, seed: int, prompt_lengths=None,
+                  decoder_start_id: int | None = None):
+    """The batch sampler and collator of the configured mode (packed rows are ``max_length`` long).
+
+    Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``): a
+    ``Seq2SeqCollator`` padding each side to its own batch maximum, batches grouped by the longer side;
+    ``packed`` is not available for them yet (cross-attention isolation) and runs ``length_grouped`` (the
+    training loop says so once, in its log and summary).
+    """
+    batching = params.batching
+    seq2seq = decoder_start_id is not None
+    mode = batching.mode
+    if seq2seq:
+        lengths = seq2seq_lengths(lengths, prompt_lengths)
+        if mode == "packed":
+            mode = "length_grouped"
+    if mode == "packed":
+        budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
+        # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
+        collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
+                                  attention_mask_format="none")
+        return PackedBatchSampler(lengths, budget, seed=seed), collator
+    if mode == "dynamic":
+        sampler = RandomBatches(lengths, batching.micro_batch_size, seed=seed)
+    else:
+        sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCH,
+                                       seed=seed)
+    collator = (Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id,
+                                pad_to_multiple_of=batching.pad_to_multiple_of) if seq2seq else
+                DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=batching.pad_to_multiple_of))
+    return sampler, collator
+
+
+def seq2seq_batching(model, dataset: TokenSequences) -> dict:
+    """``make_batching``'s encoder-decoder arguments for ``model`` on ``dataset`` (none for a causal LM).
+
+    The prompt feeds the encoder and the response is the decoder target, so the data must be prompt/response.
+    """
+    config = getattr(model, "config", None)
+    if not getattr(config, "is_encoder_decoder", False):
+        return {}
+    if dataset.prompt_lengths is None:
+        raise ConfigError(
+            f"{type(model).__name__} is an encoder-decoder model: it trains on prompt/response data (the prompt "
+            "feeds the encoder, the response is the decoder target), but the tokenized split has no prompts.",
+            fix="set split.prompt_column and split.response_column (or split.messages_column) and rerun `kedro "
+            "run --pipeline=split`, or train a decoder-only model on plain text.")
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "pad_token_id", None)
+    if start is None:
+        raise ConfigError(f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
+                          fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
+                          "T5: the pad id).")
+    return {"prompt_lengths": dataset.prompt_lengths, "decoder_start_id": int(start)}
+
+
+class RandomBatches(LengthGroupedSampler):
+    """``dynamic`` mode: random batches (no length grouping), each padded to its own longest sample."""
+
+    def _make_batches(self, rng):
+        order = rng.permutation(self.lengths.size)
+        return [order[i : i + self.batch_size] for i in range(0, order.size, self.batch_size)]
+
+
+def loader_settings(params: TrainParams, device: torch.device) -> dict:
+    """Workers from the cores (none on CPU, where they would compete with the math), pinned memory on CUDA."""
+    settings = params.dataloader
+    workers = settings.num_workers
+    if workers == "auto":
+        workers = min(8, max(2, usable_cpu_count() // 2)) if device.type == "cuda" else 0
+    pin = device.type == "cuda" if settings.pin_memory == "auto" else settings.pin_memory
+    extra = {"persistent_workers": settings.persistent_workers, "prefetch_factor": settings.prefetch_factor}
+    return {"num_workers": workers, "pin_memory": pin, **(extra if workers else {})}
+
+
+class MicroBatches:
+    """Endless micro-batches across epochs; ``position`` counts what the loop consumed (for exact resume).
+
+    ``batch`` counts this rank's batches; ``position`` reports GLOBAL batches (``batch * shards``: every rank
+    has consumed as many), so a checkpoint can be resumed by another number of ranks (``resume_position``).
+    """
+
+    def __init__(self, dataset: TokenSequences, sampler, collator, loader_kwargs: dict, *, epoch: int, batch: int):
+        self.dataset, self.sampler, self.collator, self.loader_kwargs = dataset, sampler, collator, loader_kwargs
+        self.epoch, self.batch = epoch, batch
+        self._iterator: Iterator | None = None
+
+    @property
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch * self.sampler.num_shards}
+
+    def batches_per_epoch(self) -> int:
+        self.sampler.set_epoch(self.epoch, start_batch=0)
+        return len(self.sampler)
+
+    def progress(self, batches_per_epoch: int) -> dict:
+        """``position`` for a metric record, ``epoch`` as epochs done (1.5: half-way through the second)."""
+        return {**self.position, "epoch": round(self.epoch + self.batch / max(1, batches_per_epoch), 4)}
+
+    def __next__(self) -> dict:
+        if self._iterator is None:
+            self.sampler.set_epoch(self.epoch, start_batch=self.batch)
+            loader = DataLoader(self.dataset, batch_sampler=self.sampler, collate_fn=self.collator, **self.loader_kwargs)
+            self._iterator = iter(loader)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            self.epoch, self.batch, self._iterator = self.epoch + 1, 0, None
+            return next(self)
+        self.batch += 1
+        return batch
+
+    def next_step(self, accumulation: int, device: torch.device, attn: str) -> tuple[list[dict], float]:
+        """One optimizer step's micro-batches on ``device`` and the seconds spent waiting for the DataLoader."""
+        waited = perf_counter()
+        with torch.profiler.record_function("fastlm.data"):
+            fetched = [next(self) for _ in range(accumulation)]
+        wait = perf_counter() - waited
+        return [to_device(batch, device, attn) for batch in fetched], wait
+
+
+def micro_batches(dataset: TokenSequences, params: TrainParams, *, pad_id: int, max_length: int, sides: dict,
+                  loader_kwargs: dict, rank: int = 0, world_size: int = 1, epoch: int = 0,
+                  batch: int = 0) -> MicroBatches:
+    """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on.
+
+    ``sides``: ``seq2seq_batching``'s arguments ({} for a causal LM); ``loader_kwargs``: ``loader_settings``.
+    """
+    sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length,
+                                      seed=params.seed, **sides)
+    sampler.shard(rank, world_size)
+    return MicroBatches(dataset, sampler, collator, loader_kwargs, epoch=epoch, batch=batch)

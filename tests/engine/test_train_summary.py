@@ -1,0 +1,57 @@
+"""The run summary's figures come from per-step values, and every history row reaches the callbacks."""
+
+import numpy as np
+import pytest
+
+from fastlm.engine.batching import make_batching
+from tests.support.toy_training import EOS, run_toy, toy_params, toy_sequences
+
+
+def test_every_history_row_reaches_the_callbacks(tmp_path):
+    # save_every 3 with log_every 4: the window pending at step 3 is flushed before the checkpoint is written.
+    seen = []
+    params = toy_params(tmp_path, max_steps=6, log_every=4, save_every=3, eval_every=None)
+    result = run_toy(params, callbacks=[lambda kind, record: seen.append(record) if kind == "train" else None])
+    assert [record["step"] for record in result.history] == [1, 3, 4, 6]
+    assert seen == result.history
+
+
+def test_summary_figures_are_over_steps_not_window_means(tmp_path):
+    params = toy_params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4}, max_steps=7, log_every=3,
+                     eval_every=None)
+    result = run_toy(params)
+    assert [record["step"] for record in result.history] == [1, 3, 6, 7]  # windows of 1, 2, 3 and 1 steps
+    # The same batches the run drew: steps 2..7 (step 1 is warm-up and left out).
+    sampler, collator = make_batching(params, toy_sequences(300, 1).lengths, pad_id=EOS, max_length=64, seed=params.seed)
+    sampler.set_epoch(0)
+    data = toy_sequences(300, 1)
+    batches = [collator(data.__getitems__(list(indices))) for _, indices in zip(range(7), sampler, strict=False)]
+    real = sum(int(batch["num_real_tokens"]) for batch in batches[1:])
+    computed = sum(int(batch["num_computed_tokens"]) for batch in batches[1:])
+    summary = result.summary
+    assert summary["padding_efficiency"] == pytest.approx(real / computed)
+    step_times = result.step_times[1:]
+    assert len(step_times) == 6
+    assert summary["step_time_p99_s"] == pytest.approx(float(np.percentile(step_times, 99)))
+    assert summary["step_time_p50_s"] == pytest.approx(float(np.percentile(step_times, 50)))
+    assert summary["step_time_max_s"] == pytest.approx(max(step_times))
+    assert 0 <= summary["data_wait_share"] < 1
+
+
+def test_a_resume_reads_the_checkpoint_once(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from fastlm.engine.checkpoint import MARKER, STATE_FILE
+
+    run_toy(toy_params(tmp_path, max_steps=4, save_every=2, eval_every=None))
+    reads, read_text = [], Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.name in (STATE_FILE, MARKER):
+            reads.append(self.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    result = run_toy(toy_params(tmp_path, max_steps=6, save_every=None, eval_every=None, resume="auto"))
+    assert result.summary["resumed_from_step"] == 4
+    assert sorted(reads) == sorted([MARKER, STATE_FILE])
