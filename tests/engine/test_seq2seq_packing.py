@@ -150,3 +150,19 @@ def test_only_checked_families_on_dense_mask_paths_pack():
         vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64))
     assert "pegasus family is not checked" in packing_unavailable(pegasus, "sdpa")
+
+
+def test_a_lora_wrapped_model_packs_exactly_too():
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    model = get_peft_model(tiny_seq2seq("bart"), LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=4, lora_alpha=8,
+                                                            target_modules=["q_proj", "v_proj"])).eval()
+    enable_packed_seq2seq(model)  # the entry hooks sit on the PEFT wrapper, the position hooks on its base
+    enable_packed_seq2seq(model)  # idempotent
+    features = samples(seed=3)
+    batch = packed_batch(features, EOS)
+    with torch.no_grad():
+        logits = forward_logits(model, to_device(batch, torch.device("cpu"), "sdpa"))
+        for index, feature in enumerate(features):
+            torch.testing.assert_close(per_sample(logits, batch, index), alone(model, feature, EOS, "sdpa")[0],
+                                       rtol=1e-5, atol=1e-5)

@@ -33,6 +33,7 @@ from fastlm.engine.data import (
     LengthGroupedSampler,
     PackedBatchSampler,
     PackedCollator,
+    PackedSeq2SeqCollator,
     Seq2SeqCollator,
     seq2seq_lengths,
 )
@@ -56,6 +57,7 @@ from fastlm.engine.rates import timed_rate
 from fastlm.engine.resume import data_digest, plan_resume, run_digest
 from fastlm.engine.runtime import Runtime, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
+from fastlm.engine.seq2seq_hooks import enable_packed_seq2seq, packing_unavailable
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
 from fastlm.errors import ConfigError, FastlmError
 
@@ -76,27 +78,32 @@ class TrainResult:
 
 
 def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, attn: str, seed: int,
-                  shuffle: bool = True, prompt_lengths=None, decoder_start_id: int | None = None):
+                  shuffle: bool = True, prompt_lengths=None, decoder_start_id: int | None = None,
+                  seq2seq_packing: bool = False):
     """The batch sampler and collator of the configured mode (packed rows are ``max_length`` long).
 
-    Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``): a
-    ``Seq2SeqCollator`` padding each side to its own batch maximum, batches grouped by the longer side;
-    ``packed`` is not available for them yet (cross-attention isolation) and runs ``length_grouped``, logged.
+    Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
+    batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family and
+    attention path keep packed samples apart, ``seq2seq_hooks``) gives a ``PackedSeq2SeqCollator``; otherwise a
+    ``Seq2SeqCollator`` pads each side to its own batch maximum and ``packed`` runs ``length_grouped`` (train()
+    says so once, in its log and summary).
     """
     batching = params.batching
     seq2seq = decoder_start_id is not None
     mode = batching.mode
     if seq2seq:
         lengths = seq2seq_lengths(lengths, prompt_lengths)
-        if mode == "packed":  # train() says so once, in its log and summary
+        if mode == "packed" and not seq2seq_packing:
             mode = "length_grouped"
     if mode == "packed":
         budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
         sampler = PackedBatchSampler(lengths, budget, seed=seed)
         packed_inputs(attn)  # an unknown implementation fails here, before any data is read
         # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
-        collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
-                                  attention_mask_format="none")
+        collator = (PackedSeq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, budget=budget,
+                                          pad_to_multiple_of=batching.pad_to_multiple_of) if seq2seq else
+                    PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
+                                   attention_mask_format="none"))
     else:
         group = 50 if mode == "length_grouped" else 1
         sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=group, seed=seed)
@@ -108,10 +115,12 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     return sampler, collator
 
 
-def seq2seq_batching(model, dataset: TokenSequences) -> dict:
+def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) -> dict:
     """``make_batching``'s encoder-decoder arguments for ``model`` on ``dataset`` (none for a causal LM).
 
     The prompt feeds the encoder and the response is the decoder target, so the data must be prompt/response.
+    ``attn`` given and the family able to keep packed samples apart with it (``seq2seq_hooks``): the model gets
+    its packing hooks and ``packed`` batches pack (``seq2seq_packing``); without ``attn`` batches stay padded.
     """
     config = getattr(model, "config", None)
     if not getattr(config, "is_encoder_decoder", False):
@@ -129,7 +138,10 @@ def seq2seq_batching(model, dataset: TokenSequences) -> dict:
         raise ConfigError(f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
                           fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
                           "T5: the pad id).")
-    return {"prompt_lengths": dataset.prompt_lengths, "decoder_start_id": int(start)}
+    packing = attn is not None and packing_unavailable(model, attn) is None
+    if packing:
+        enable_packed_seq2seq(model)
+    return {"prompt_lengths": dataset.prompt_lengths, "decoder_start_id": int(start), "seq2seq_packing": packing}
 
 
 class _RandomBatches(LengthGroupedSampler):
@@ -198,7 +210,7 @@ def evaluate(model, dataset: TokenSequences, params: TrainParams, runtime: Runti
     """
     comm = comm or SingleProcess()
     sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length, attn=attn, seed=0,
-                                      **seq2seq_batching(model, dataset))
+                                      **seq2seq_batching(model, dataset, attn))
     sampler.shard(comm.rank, comm.world_size, even=even_shards)
     if max_batches is not None:
         max_batches = math.ceil(max_batches / comm.world_size)
@@ -235,12 +247,12 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     ``callbacks``. Which checkpoint is continued: ``engine.resume.plan_resume``.
     """
     comm = comm or SingleProcess()
-    # An encoder-decoder model on plain text is refused before anything is written; packing is not available for
-    # it yet (cross-attention isolation per sample): it batches length_grouped, and the log and summary say so.
-    sides = seq2seq_batching(model, train_set)  # {} for a causal LM
-    if sides and params.batching.mode == "packed":
-        log.warning("train.batching.mode packed is not available for encoder-decoder models yet: batching "
-                    "length_grouped instead (each side padded to its own batch maximum)")
+    # An encoder-decoder model on plain text is refused before anything is written; one whose family or attention
+    # path cannot keep packed samples apart batches length_grouped, and the log and summary say so.
+    sides = seq2seq_batching(model, train_set, attn)  # {} for a causal LM
+    if sides and params.batching.mode == "packed" and not sides["seq2seq_packing"]:
+        log.warning("train.batching.mode packed is not available here: %s; batching length_grouped instead "
+                    "(each side padded to its own batch maximum)", packing_unavailable(model, attn))
         params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})})
     with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
         return _train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id,

@@ -16,7 +16,8 @@ A packed seq2seq batch (``data.seq2seq_packing``) needs three things from the mo
 
 The extra inputs travel as keyword arguments of the model call (``PACKED_KEYS``, set by
 ``attention.to_device``); a forward pre-hook on the model that is called pops them (the model never sees them)
-and a forward hook (``always_call``) forgets them after the call. Without them the hooks do nothing
+and a forward hook (``always_call``) forgets them after the call. That model is the one a step calls under
+DDP / ``torch.compile``, a PEFT wrapper included: the extra keywords never reach a wrapper's own ``forward``. Without them the hooks do nothing
 (generation, unpacked batches). Families outside ``PACKABLE_FAMILIES`` (sinusoidal positions: Marian, Pegasus;
 others not checked) and attention paths without dense masks keep length-grouped dynamic padding.
 
@@ -45,8 +46,19 @@ DENSE_MASK_ATTENTION = ("sdpa", "eager")  # the 4D masks are dense: bool (SDPA) 
 STATE_ATTRIBUTE = "fastlm_packed_seq2seq_state"
 
 
+def entry_module(model) -> torch.nn.Module:
+    """The module a training step calls, under DDP (``.module``) and ``torch.compile`` (``._orig_mod``)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or (model.module if type(model).__name__ ==
+                                                      "DistributedDataParallel" else None)
+        if inner is None:
+            return model
+        model = inner
+
+
 def unwrapped(model) -> torch.nn.Module:
-    """The transformers model under a PEFT wrapper (or the model itself)."""
+    """The transformers model under DDP / compile / PEFT wrappers."""
+    model = entry_module(model)
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
@@ -63,6 +75,7 @@ def packing_unavailable(model, attn: str) -> str | None:
 
 def enable_packed_seq2seq(model) -> None:
     """Install the hooks of the module docstring on ``model`` (idempotent; inactive without ``PACKED_KEYS``)."""
+    model = entry_module(model)
     base = unwrapped(model)
     state = getattr(base, STATE_ATTRIBUTE, None)
     if state is None:
