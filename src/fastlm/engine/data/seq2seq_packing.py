@@ -27,12 +27,13 @@ Labels follow ``Seq2SeqCollator``: the decoder row with -100 on each sample's st
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fastlm.engine.data.collators import seq2seq_sides
 from fastlm.engine.data.labels import count_target_tokens, packed_causal_lm_labels
 from fastlm.engine.data.packing import TokenBudget, assign_rows, block_causal_mask, packed_layout
 
@@ -57,14 +58,7 @@ class PackedSeq2SeqCollator:
     pad_to_multiple_of: int | None = 8
 
     def __call__(self, features: Sequence) -> dict[str, torch.Tensor]:
-        if not features:
-            raise ValueError("cannot collate an empty batch")
-        if not all(isinstance(feature, Mapping) and "prompt_length" in feature for feature in features):
-            raise ValueError("encoder-decoder batches need prompt/response samples (a prompt_length per sample)")
-        samples = [np.asarray(feature["input_ids"], dtype=np.int64).reshape(-1) for feature in features]
-        prompts = [int(feature["prompt_length"]) for feature in features]
-        encoder = [ids[:n] for ids, n in zip(samples, prompts, strict=True)]
-        decoder = [np.concatenate([[self.decoder_start_id], ids[n:]]) for ids, n in zip(samples, prompts, strict=True)]
+        encoder, decoder = seq2seq_sides(features, self.decoder_start_id)
         longer = [max(len(e), len(d)) for e, d in zip(encoder, decoder, strict=True)]
         rows = assign_rows(longer, self.budget.row_length)
         if len(rows) > self.budget.rows_per_batch:
@@ -78,7 +72,7 @@ class PackedSeq2SeqCollator:
             "input_ids": input_ids, "encoder_position_ids": encoder_positions, "encoder_segment_ids": encoder_segments,
             "decoder_input_ids": decoder_ids, "decoder_position_ids": decoder_positions,
             "decoder_segment_ids": decoder_segments, "labels": labels,
-            "num_samples": torch.tensor(len(samples), dtype=torch.int64),
+            "num_samples": torch.tensor(len(features), dtype=torch.int64),
             "num_target_tokens": count_target_tokens(labels).to(torch.int64),
             "num_real_tokens": torch.tensor(real, dtype=torch.int64),
             "num_computed_tokens": torch.tensor(input_ids.numel() + decoder_ids.numel(), dtype=torch.int64),
