@@ -32,6 +32,7 @@ sensitive to other processes, though not immune to them).
     python benchmarks/seq2seq_speed.py                       # 3 warm-up + 20 timed steps each, batch 32
     python benchmarks/seq2seq_speed.py --repeat 3            # three rotated rounds, medians
     python benchmarks/seq2seq_speed.py --steps 3 --warmup 1 --rows 300   # smoke run
+    python benchmarks/seq2seq_speed.py --interleaved 10      # fastlm packed vs length_grouped steps alternated
 """
 
 from __future__ import annotations
@@ -127,6 +128,58 @@ def run_fastlm(tokenizer, samples, folder: Path, args, mode: str = "length_group
             "padding_efficiency": result.summary["padding_efficiency"], "final_loss": result.history[-1]["loss"]}
 
 
+def interleaved(tokenizer, samples, folder: Path, args) -> dict:
+    """fastlm packed vs length_grouped, their training steps alternated in one process (``--interleaved N``).
+
+    The same model and weights run N steps of each batching in turn (forward, loss, backward; the collated batches
+    are made beforehand, the masks by ``to_device`` inside the timed step), so both see the same machine load;
+    returns microseconds of wall and CPU time per real token (prompt + response + EOS) for each.
+    """
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+    from fastlm.engine.attention import to_device
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.data.collators import pad_id_of
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.loop import make_batching, seq2seq_batching
+    from fastlm.engine.loss import causal_lm_loss_sum, forward_logits
+    from fastlm.engine.model import build_model
+
+    torch.set_num_threads(args.threads)
+    rows = [prompt + response for prompt, response in samples]
+    data = TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum([len(r) for r in rows])]),
+                          np.array([len(prompt) for prompt, _ in samples]))
+    params = parse_train_params({"model": {"name_or_path": str(folder)}})
+    model = build_model(params.model, tokenizer, max_length=args.max_length, attn_implementation="sdpa").train()
+    batches = {}
+    for mode, size in (("packed", args.packed_rows), ("length_grouped", args.batch_size)):
+        mode_params = params.model_copy(update={"batching": params.batching.model_copy(
+            update={"mode": mode, "micro_batch_size": size})})
+        sampler, collator = make_batching(mode_params, data.lengths, pad_id=pad_id_of(tokenizer),
+                                          max_length=args.max_length, attn="sdpa", seed=0,
+                                          **seq2seq_batching(model, data, "sdpa"))
+        sampler.set_epoch(0)
+        loader = DataLoader(data, batch_sampler=sampler, collate_fn=collator)
+        batches[mode] = [batch for _, batch in zip(range(args.interleaved + 1), loader, strict=False)]
+    totals = {mode: [0.0, 0.0, 0] for mode in batches}  # wall s, CPU s, real tokens
+    for index in range(args.interleaved + 1):  # the first step of each is a warm-up
+        for mode, mode_batches in batches.items():
+            wall, cpu = perf_counter(), process_time()
+            batch = to_device(mode_batches[index], torch.device("cpu"), "sdpa")
+            loss_sum, targets = causal_lm_loss_sum(forward_logits(model, batch), batch["labels"])
+            (loss_sum / targets).backward()
+            model.zero_grad(set_to_none=True)
+            if index:
+                total = totals[mode]
+                total[0] += perf_counter() - wall
+                total[1] += process_time() - cpu
+                total[2] += int(batch["num_real_tokens"]) - int(batch["num_samples"])
+    return {mode: {"wall_us_per_real_token": 1e6 * wall / real, "cpu_us_per_real_token": 1e6 * cpu / real,
+                   "real_tokens_per_step": real / args.interleaved} for mode, (wall, cpu, real) in totals.items()}
+
+
 def run_trainer(tokenizer, samples, folder: Path, args, tag: str = "") -> dict:
     import datasets
     import torch
@@ -187,12 +240,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds; each runs the three contenders, in an order rotated round by round")
+    parser.add_argument("--interleaved", type=int, default=0,
+                        help="only compare fastlm packed and length_grouped, N steps each alternated in one process")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         tokenizer, samples = load_samples(args.rows, args.max_length, workdir)
         save_model(tokenizer, workdir / "model")
+        if args.interleaved:
+            figures = interleaved(tokenizer, samples, workdir / "model", args)
+            for mode, row in figures.items():
+                print(f"{mode:15s} " + "   ".join(f"{key} {value:.1f}" for key, value in row.items()))
+            ratio = figures["length_grouped"]["wall_us_per_real_token"] / figures["packed"]["wall_us_per_real_token"]
+            print(f"packed / length_grouped real tokens per second (interleaved): {ratio:.2f}x")
+            if args.json:
+                args.json.write_text(json.dumps({"interleaved": figures, "ratio": ratio}, indent=2))
+            return
         folder = workdir / "model"
         contenders = {"fastlm_packed": lambda tag: run_fastlm(tokenizer, samples, folder, args, "packed", tag),
                       "fastlm": lambda tag: run_fastlm(tokenizer, samples, folder, args, "length_grouped", tag),
