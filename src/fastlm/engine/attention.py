@@ -18,8 +18,11 @@ implementation          packed inputs   what the model gets
 ``eager``               additive        the same mask as 0 / dtype-min (eager ADDS the mask: a bool leaks)
 =====================  ==============  ====================================================================
 
-Encoder-decoder batches (``decoder_input_ids``, from ``data.Seq2SeqCollator``) are never packed: every path gets
-the padded encoder and decoder inputs with their 2D masks, and transformers builds the masks it needs.
+Encoder-decoder batches (``decoder_input_ids``): padded ones (``data.Seq2SeqCollator``) give every path the
+encoder and decoder inputs with their 2D masks, and transformers builds the masks it needs. Packed ones
+(``data.PackedSeq2SeqCollator``, families and paths in ``seq2seq_hooks``: sdpa / eager) get the three dense
+per-sample masks (encoder, causal decoder, cross-attention) built here from the segment ids, plus the packed
+positions the model's hooks take (``seq2seq_hooks.PACKED_KEYS``).
 
 Why: transformers 5 infers packed samples from restarting position ids only for a ONE-row batch
 (``modeling_flash_attention_utils._is_packed_sequence``); with several rows and no mask, flash attention is
@@ -46,7 +49,9 @@ import numpy as np
 import torch
 
 from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
+from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
 from fastlm.engine.loss import MODEL_INPUT_KEYS, MODEL_INPUTS
+from fastlm.engine.seq2seq_hooks import CROSS_ATTENTION_MASK, DECODER_POSITIONS, ENCODER_POSITIONS
 
 try:  # PyTorch's native varlen attention (CUDA flash kernels); absent from older torch
     from torch.nn.attention.varlen import varlen_attn
@@ -87,6 +92,9 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
     out = {**batch, **moved}
     packed = "sequence_ids" in batch
+    if "decoder_segment_ids" in batch:  # packed encoder-decoder rows (data.seq2seq_packing)
+        out[MODEL_INPUTS] = packed_seq2seq_inputs(batch, out, device, kind)
+        return out
     if "decoder_input_ids" in batch:  # encoder-decoder (collators.Seq2SeqCollator): padded sides, their masks
         out[MODEL_INPUTS] = {key: out[key] for key in SEQ2SEQ_INPUTS}
         return out
@@ -109,6 +117,19 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
         inputs["attention_mask"] = out["attention_mask"]
     out[MODEL_INPUTS] = inputs
     return out
+
+
+def packed_seq2seq_inputs(batch: dict, out: dict, device: torch.device, kind: str) -> dict:
+    """A packed encoder-decoder batch's model inputs: the three dense masks made on the device from the segment
+    ids, and the packed positions / cross-attention mask that ``seq2seq_hooks`` feed to the model."""
+    if kind not in (DENSE_BOOL, DENSE_ADDITIVE):
+        raise ValueError(f"packed encoder-decoder batches need dense masks (sdpa or eager), not {kind} inputs")
+    segments = [batch[key].to(device, non_blocking=True) for key in ("encoder_segment_ids", "decoder_segment_ids")]
+    masks = [mask if kind == DENSE_BOOL else to_additive_mask(mask) for mask in seq2seq_packed_masks(*segments)]
+    positions = [batch[key].to(device, non_blocking=True) for key in ("encoder_position_ids", "decoder_position_ids")]
+    return {"input_ids": out["input_ids"], "attention_mask": masks[0], "decoder_input_ids": out["decoder_input_ids"],
+            "decoder_attention_mask": masks[1], ENCODER_POSITIONS: positions[0], DECODER_POSITIONS: positions[1],
+            CROSS_ATTENTION_MASK: masks[2]}
 
 
 def varlen_boundaries(batch: dict) -> tuple[torch.Tensor, int]:

@@ -23,12 +23,14 @@ from fastlm.engine.data import (
     LengthGroupedSampler,
     PackedBatchSampler,
     PackedCollator,
+    PackedSeq2SeqCollator,
     Seq2SeqCollator,
     seq2seq_lengths,
 )
 from fastlm.engine.data.packing import TokenBudget
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.runtime import usable_cpu_count
+from fastlm.engine.seq2seq_hooks import enable_packed_seq2seq, packing_unavailable
 from fastlm.errors import ConfigError
 
 __all__ = ["MicroBatches", "RandomBatches", "loader_settings", "make_batching", "micro_batches", "seq2seq_batching"]
@@ -37,12 +39,13 @@ LENGTH_GROUPED_MEGA_BATCH = 50  # samples sorted by length within mega-batches o
 
 
 def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, seed: int, prompt_lengths=None,
-                  decoder_start_id: int | None = None):
+                  decoder_start_id: int | None = None, seq2seq_packing: bool = False):
     """The batch sampler and collator of the configured mode (packed rows are ``max_length`` long).
 
-    Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``): a
-    ``Seq2SeqCollator`` padding each side to its own batch maximum, batches grouped by the longer side;
-    ``packed`` is not available for them yet (cross-attention isolation) and runs ``length_grouped`` (the
+    Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
+    batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family and
+    attention path keep packed samples apart, ``seq2seq_hooks``) gives a ``PackedSeq2SeqCollator``; otherwise a
+    ``Seq2SeqCollator`` pads each side to its own batch maximum and ``packed`` runs ``length_grouped`` (the
     training loop says so once, in its log and summary).
     """
     batching = params.batching
@@ -50,13 +53,15 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     mode = batching.mode
     if seq2seq:
         lengths = seq2seq_lengths(lengths, prompt_lengths)
-        if mode == "packed":
+        if mode == "packed" and not seq2seq_packing:
             mode = "length_grouped"
     if mode == "packed":
         budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
         # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
-        collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
-                                  attention_mask_format="none")
+        collator = (PackedSeq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, budget=budget,
+                                          pad_to_multiple_of=batching.pad_to_multiple_of) if seq2seq else
+                    PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
+                                   attention_mask_format="none"))
         return PackedBatchSampler(lengths, budget, seed=seed), collator
     if mode == "dynamic":
         sampler = RandomBatches(lengths, batching.micro_batch_size, seed=seed)
@@ -69,10 +74,12 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     return sampler, collator
 
 
-def seq2seq_batching(model, dataset: TokenSequences) -> dict:
+def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) -> dict:
     """``make_batching``'s encoder-decoder arguments for ``model`` on ``dataset`` (none for a causal LM).
 
     The prompt feeds the encoder and the response is the decoder target, so the data must be prompt/response.
+    ``attn`` given and the family able to keep packed samples apart with it (``seq2seq_hooks``): the model gets
+    its packing hooks and ``packed`` batches pack (``seq2seq_packing``); without ``attn`` batches stay padded.
     """
     config = getattr(model, "config", None)
     if not getattr(config, "is_encoder_decoder", False):
@@ -90,7 +97,10 @@ def seq2seq_batching(model, dataset: TokenSequences) -> dict:
         raise ConfigError(f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
                           fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
                           "T5: the pad id).")
-    return {"prompt_lengths": dataset.prompt_lengths, "decoder_start_id": int(start)}
+    packing = attn is not None and packing_unavailable(model, attn) is None
+    if packing:
+        enable_packed_seq2seq(model)
+    return {"prompt_lengths": dataset.prompt_lengths, "decoder_start_id": int(start), "seq2seq_packing": packing}
 
 
 class RandomBatches(LengthGroupedSampler):

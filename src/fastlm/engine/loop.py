@@ -39,6 +39,7 @@ from fastlm.engine.profiling import step_profiler
 from fastlm.engine.progress import Progress
 from fastlm.engine.records import Callback, Recorder, run_summary
 from fastlm.engine.runtime import Runtime
+from fastlm.engine.seq2seq_hooks import packing_unavailable
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
 from fastlm.engine.step import make_optimization, train_step
 
@@ -69,7 +70,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     """
     comm = comm or SingleProcess()
     packed_inputs(attn)  # an unknown attention implementation fails here, before any data is read
-    params, sides = _batching_for(model, train_set, params)
+    params, sides = _batching_for(model, train_set, params, attn)
     with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
         device, world, configured, started = runtime.device, comm.world_size, params, perf_counter()
         raw_model = model.to(device)
@@ -146,13 +147,14 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times)
 
 
-def _batching_for(model, train_set: TokenSequences, params: TrainParams) -> tuple[TrainParams, dict]:
+def _batching_for(model, train_set: TokenSequences, params: TrainParams, attn: str) -> tuple[TrainParams, dict]:
     """``params`` and ``seq2seq_batching``'s arguments; an encoder-decoder model on plain text is refused before
-    anything is written, and ``packed`` (not available for it yet) becomes ``length_grouped``, said once."""
-    sides = seq2seq_batching(model, train_set)  # {} for a causal LM
-    if sides and params.batching.mode == "packed":
-        log.warning("train.batching.mode packed is not available for encoder-decoder models yet: batching "
-                    "length_grouped instead (each side padded to its own batch maximum)")
+    anything is written, and one whose family or attention path cannot keep packed samples apart batches
+    ``length_grouped`` instead of ``packed``, said once."""
+    sides = seq2seq_batching(model, train_set, attn)  # {} for a causal LM
+    if sides and params.batching.mode == "packed" and not sides["seq2seq_packing"]:
+        log.warning("train.batching.mode packed is not available here: %s; batching length_grouped instead "
+                    "(each side padded to its own batch maximum)", packing_unavailable(model, attn))
         params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})})
     return params, sides
 

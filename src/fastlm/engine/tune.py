@@ -201,7 +201,7 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
     model.to(runtime.device)
     model.train()
     compiled = runtime.compile_model(model)
-    sides = seq2seq_batching(model, dataset)  # an encoder-decoder model measures its own (seq2seq) batches
+    sides = seq2seq_batching(model, dataset, attn)  # an encoder-decoder model measures its own (seq2seq) batches
 
     def measure(size: int) -> Measurement:
         batching = params.batching.model_copy(update={"micro_batch_size": size})

@@ -1,7 +1,7 @@
 """The engine's data layer: labels from sample boundaries, token-budget packing, collators, batch samplers.
 
 ``labels`` (what is a target), ``packing`` (which samples share a row, and the position ids / block mask that
-keep them apart), ``collators`` (samples to tensors), ``samplers`` (epoch order, resumable).
+keep them apart), ``collators`` (samples to tensors; ``seq2seq_packing``: packed encoder-decoder rows), ``samplers`` (epoch order, resumable).
 """
 
 from fastlm.engine.data.collators import (
@@ -30,6 +30,7 @@ from fastlm.engine.data.packing import (
     to_additive_mask,
 )
 from fastlm.engine.data.samplers import LengthGroupedSampler, PackedBatchSampler, epoch_rng
+from fastlm.engine.data.seq2seq_packing import PackedSeq2SeqCollator, seq2seq_packed_masks
 
 __all__ = [
     "IGNORE_INDEX",
@@ -38,6 +39,7 @@ __all__ = [
     "PackedBatchSampler",
     "PackedCollator",
     "PackedLayout",
+    "PackedSeq2SeqCollator",
     "Seq2SeqCollator",
     "Packing",
     "TokenBudget",
@@ -53,5 +55,6 @@ __all__ = [
     "pad_id_of",
     "real_token_mask",
     "seq2seq_lengths",
+    "seq2seq_packed_masks",
     "to_additive_mask",
 ]

@@ -44,7 +44,8 @@ from fastlm.engine.data.packing import (
     to_additive_mask,
 )
 
-__all__ = ["DynamicPaddingCollator", "PackedCollator", "Seq2SeqCollator", "pad_id_of", "seq2seq_lengths"]
+__all__ = ["DynamicPaddingCollator", "PackedCollator", "Seq2SeqCollator", "pad_id_of", "seq2seq_lengths",
+           "seq2seq_sides"]
 
 ATTENTION_MASK_FORMATS = ("bool", "additive", "none")
 
@@ -209,14 +210,7 @@ class Seq2SeqCollator:
     pad_to_multiple_of: int | None = 8
 
     def __call__(self, features: Sequence) -> dict[str, torch.Tensor]:
-        if not features:
-            raise ValueError("cannot collate an empty batch")
-        if not all(isinstance(feature, Mapping) and "prompt_length" in feature for feature in features):
-            raise ValueError("encoder-decoder batches need prompt/response samples (a prompt_length per sample)")
-        samples = [_sample_ids(feature) for feature in features]
-        prompts = [_prompt_length(feature) for feature in features]
-        encoder = [ids[:n] for ids, n in zip(samples, prompts, strict=True)]
-        decoder = [np.concatenate([[self.decoder_start_id], ids[n:]]) for ids, n in zip(samples, prompts, strict=True)]
+        encoder, decoder = seq2seq_sides(features, self.decoder_start_id)
         input_ids, attention_mask = self._pad(encoder)
         decoder_input_ids, decoder_attention_mask = self._pad(decoder)
         labels = causal_lm_labels(decoder_input_ids, decoder_attention_mask)
@@ -224,7 +218,7 @@ class Seq2SeqCollator:
         real = sum(len(ids) for ids in encoder) + sum(len(ids) for ids in decoder)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids,
                 "decoder_attention_mask": decoder_attention_mask, "labels": labels,
-                **_counts(labels, real, input_ids.numel() + decoder_input_ids.numel(), len(samples))}
+                **_counts(labels, real, input_ids.numel() + decoder_input_ids.numel(), len(features))}
 
     def _pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         lengths = np.fromiter((len(ids) for ids in rows), dtype=np.int64, count=len(rows))
@@ -234,6 +228,19 @@ class Seq2SeqCollator:
             ids[row, : len(values)] = values
         mask = torch.from_numpy(np.arange(seq_len)[None, :] < lengths[:, None]).to(torch.int64)
         return torch.from_numpy(ids), mask
+
+
+def seq2seq_sides(features: Sequence, decoder_start_id: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each prompt/response sample's encoder ids (the prompt) and decoder row (``[decoder_start_id] + response``)."""
+    if not features:
+        raise ValueError("cannot collate an empty batch")
+    if not all(isinstance(feature, Mapping) and "prompt_length" in feature for feature in features):
+        raise ValueError("encoder-decoder batches need prompt/response samples (a prompt_length per sample)")
+    samples = [_sample_ids(feature) for feature in features]
+    prompts = [_prompt_length(feature) for feature in features]
+    encoder = [ids[:n] for ids, n in zip(samples, prompts, strict=True)]
+    decoder = [np.concatenate([[decoder_start_id], ids[n:]]) for ids, n in zip(samples, prompts, strict=True)]
+    return encoder, decoder
 
 
 def seq2seq_lengths(lengths: np.ndarray, prompt_lengths: np.ndarray) -> np.ndarray:
