@@ -60,23 +60,89 @@ def count_target_tokens(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) 
     return (labels[..., 1:] != ignore_index).sum()
 
 
+# Logit elements (tokens x vocab) per cross-entropy chunk: 2**21 fp32 values = 8 MiB, small enough to stay in
+# the CPU's caches between the passes over one chunk; a GPU does not mind the loop (a handful of chunks).
+CE_CHUNK_ELEMENTS = 2**21
+
+
 def causal_lm_loss_sum(
-    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, *, reuse_logits: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy (computed in fp32) and the number of target tokens it sums over.
 
     ``logits``: (batch, seq, vocab), any float dtype; ``labels``: (batch, seq) with ``ignore_index`` where
     no loss is wanted. ``loss_sum / n_targets`` is the usual mean loss (what a Hugging Face model returns
     as ``outputs.loss`` when given ``labels``).
+
+    Computed chunk by chunk of tokens (``ChunkedCrossEntropySum``): no full-size fp32 copy, log-softmax,
+    zero-filled gradient or log-softmax gradient of the ``[tokens x vocab]`` logits is made; the gradient
+    ``softmax - one_hot`` is written once, during the forward, while each chunk is in cache. With
+    ``reuse_logits=True`` it is written over ``logits`` themselves (no second ``[tokens x vocab]`` buffer):
+    only for a caller that never reads the logits again (``accumulate_gradients``).
     """
     targets = shift_labels(labels, ignore_index)
-    loss_sum = F.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)),
-        targets.reshape(-1),
-        ignore_index=ignore_index,
-        reduction="sum",
-    )
+    flat_logits = logits.reshape(-1, logits.size(-1))
+    flat_targets = targets.reshape(-1)
+    if torch.is_grad_enabled() and logits.requires_grad:
+        loss_sum = ChunkedCrossEntropySum.apply(flat_logits, flat_targets, ignore_index, reuse_logits)
+    else:
+        loss_sum = chunked_cross_entropy_sum(flat_logits, flat_targets, ignore_index)
     return loss_sum, (targets != ignore_index).sum()
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(1, CE_CHUNK_ELEMENTS // max(vocab, 1))
+
+
+def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
+                              grad_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Summed fp32 cross-entropy of ``logits`` (tokens, vocab) against ``targets`` (tokens,), chunk by chunk.
+
+    ``grad_out`` (same shape as ``logits``, may be ``logits`` itself): receives d(loss_sum)/d(logits), i.e.
+    ``softmax - one_hot`` on target rows and 0 on ignored rows, in its own dtype.
+    """
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    step = _chunk_rows(logits.size(-1))
+    for start in range(0, logits.size(0), step):
+        chunk = logits[start : start + step].float()
+        target = targets[start : start + step]
+        valid = target != ignore_index
+        index = torch.where(valid, target, 0).unsqueeze(1)
+        lse = torch.logsumexp(chunk, dim=-1)
+        picked = chunk.gather(1, index).squeeze(1)
+        total += torch.where(valid, lse - picked, 0.0).sum()
+        if grad_out is not None:
+            part = grad_out[start : start + step]
+            grad = part if part.dtype == torch.float32 else torch.empty_like(chunk)
+            torch.sub(chunk, lse.unsqueeze(1), out=grad).exp_()  # may overwrite chunk: lse and picked are taken
+            grad.scatter_add_(1, index, -valid.to(grad.dtype).unsqueeze(1))
+            grad.mul_(valid.unsqueeze(1))
+            if grad is not part:
+                part.copy_(grad)
+    return total
+
+
+class ChunkedCrossEntropySum(torch.autograd.Function):
+    """``chunked_cross_entropy_sum`` with its gradient, computed in the forward pass (one read of the logits).
+
+    The backward only scales the stored gradient by the incoming scalar gradient. ``reuse_logits``: the
+    gradient overwrites the logits' memory (the caller must not read the logits afterwards).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index, reuse_logits):
+        ctx.in_place = bool(reuse_logits and logits.is_contiguous())
+        grad = logits if ctx.in_place else torch.empty_like(logits)
+        with torch.no_grad():
+            loss_sum = chunked_cross_entropy_sum(logits, targets, ignore_index, grad_out=grad)
+        ctx.save_for_backward(grad)
+        return loss_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        scale = grad_loss.to(grad.dtype)
+        return (grad.mul_(scale) if ctx.in_place else grad * scale), None, None, None
 
 
 def total_target_tokens(micro_batches: Iterable[Mapping]) -> int:
@@ -122,7 +188,7 @@ def accumulate_gradients(
         with sync:
             with torch.profiler.record_function("fastlm.forward"), autocast():
                 logits = forward_logits(model, batch)
-                loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
+                loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"], reuse_logits=True)
             loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
             with torch.profiler.record_function("fastlm.backward"):
                 (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
