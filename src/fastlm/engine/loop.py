@@ -37,6 +37,7 @@ from fastlm.engine.data import (
     seq2seq_lengths,
 )
 from fastlm.engine.data.packing import TokenBudget
+from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed import (
     Collectives,
@@ -54,7 +55,7 @@ from fastlm.engine.profiling import StepProfiler
 from fastlm.engine.progress import Progress
 from fastlm.engine.rates import timed_rate
 from fastlm.engine.resume import data_digest, plan_resume, run_digest
-from fastlm.engine.runtime import Runtime, usable_cpu_count
+from fastlm.engine.runtime import Runtime, resolve_device, usable_cpu_count
 from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
 from fastlm.errors import ConfigError, FastlmError
@@ -84,6 +85,7 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     ``packed`` is not available for them yet (cross-attention isolation) and runs ``length_grouped``, logged.
     """
     batching = params.batching
+    pad_multiple = batching.pad_multiple(resolve_device(params.runtime.device).type)
     seq2seq = decoder_start_id is not None
     mode = batching.mode
     if seq2seq:
@@ -95,16 +97,16 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
         sampler = PackedBatchSampler(lengths, budget, seed=seed)
         packed_inputs(attn)  # an unknown implementation fails here, before any data is read
         # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
-        collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
+        collator = PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=pad_multiple,
                                   attention_mask_format="none")
     else:
-        group = 50 if mode == "length_grouped" else 1
+        group = LENGTH_GROUPED_MEGA_BATCHES if mode == "length_grouped" else 1
         sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=group, seed=seed)
         if mode == "dynamic":
             sampler = _RandomBatches(lengths, batching.micro_batch_size, seed=seed)
         collator = (Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id,
-                                    pad_to_multiple_of=batching.pad_to_multiple_of) if seq2seq else
-                    DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=batching.pad_to_multiple_of))
+                                    pad_to_multiple_of=pad_multiple) if seq2seq else
+                    DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=pad_multiple))
     return sampler, collator
 
 
