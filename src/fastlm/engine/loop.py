@@ -36,7 +36,7 @@ from fastlm.engine.data import (
     Seq2SeqCollator,
     seq2seq_lengths,
 )
-from fastlm.engine.data.packing import TokenBudget
+from fastlm.engine.data.packing import TokenBudget, choose_row_length
 from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed import (
@@ -78,7 +78,7 @@ class TrainResult:
 
 def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, attn: str, seed: int,
                   shuffle: bool = True, prompt_lengths=None, decoder_start_id: int | None = None):
-    """The batch sampler and collator of the configured mode (packed rows are ``max_length`` long).
+    """The batch sampler and collator of the configured mode (packed: ``packed_budget``).
 
     Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``): a
     ``Seq2SeqCollator`` padding each side to its own batch maximum, batches grouped by the longer side;
@@ -93,7 +93,7 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
         if mode == "packed":  # train() says so once, in its log and summary
             mode = "length_grouped"
     if mode == "packed":
-        budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
+        budget = packed_budget(batching, lengths, max_length)
         sampler = PackedBatchSampler(lengths, budget, seed=seed)
         packed_inputs(attn)  # an unknown implementation fails here, before any data is read
         # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
@@ -108,6 +108,20 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
                                     pad_to_multiple_of=pad_multiple) if seq2seq else
                     DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=pad_multiple))
     return sampler, collator
+
+
+def packed_budget(batching, lengths, max_length: int) -> TokenBudget:
+    """Rows of ``batching.row_length`` tokens (``auto``: chosen from ``lengths``) holding together the
+    micro-batch's ``micro_batch_size * max_length`` tokens."""
+    row_length = batching.row_length
+    if row_length == "auto":
+        row_length = choose_row_length(lengths, max_length)
+    longest = int(lengths.max()) if len(lengths) else 0
+    if longest > row_length:
+        raise ConfigError(f"train.batching.row_length is {row_length} tokens but the data has a sample of {longest}.",
+                          fix=f"set train.batching.row_length to auto or to at least {longest}.")
+    return TokenBudget(row_length=row_length,
+                       rows_per_batch=max(1, batching.micro_batch_size * max_length // row_length))
 
 
 def seq2seq_batching(model, dataset: TokenSequences) -> dict:
