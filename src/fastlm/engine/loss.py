@@ -138,18 +138,20 @@ class ChunkedCrossEntropySum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, reuse_logits):
-        ctx.in_place = bool(reuse_logits and logits.is_contiguous())
-        grad = logits if ctx.in_place else torch.empty_like(logits)
+        grad = logits if reuse_logits and logits.is_contiguous() else torch.empty_like(logits)
         with torch.no_grad():
             loss_sum = chunked_cross_entropy_sum(logits, targets, ignore_index, grad_out=grad)
         ctx.save_for_backward(grad)
+        ctx.used = False
         return loss_sum
 
     @staticmethod
     def backward(ctx, grad_loss):
+        if ctx.used:  # the stored gradient was scaled in place by the first backward
+            raise RuntimeError("ChunkedCrossEntropySum supports one backward pass (no retain_graph reuse)")
+        ctx.used = True
         (grad,) = ctx.saved_tensors
-        scale = grad_loss.to(grad.dtype)
-        return (grad.mul_(scale) if ctx.in_place else grad * scale), None, None, None
+        return grad.mul_(grad_loss.to(grad.dtype)), None, None, None
 
 
 def total_target_tokens(micro_batches: Iterable[Mapping]) -> int:
