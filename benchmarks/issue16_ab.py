@@ -6,7 +6,10 @@ time, and the medians of the per-step times compared. Measuring A and B in the s
 keeps a shared machine's load from favouring one side; the absolute figures still move with the load.
 
     python benchmarks/issue16_ab.py --workdir WORK --lever loss        # full log-softmax vs chunked CE
+    python benchmarks/issue16_ab.py --workdir WORK --lever loss --row-length 320  # the same on 32 x 320 rows
     python benchmarks/issue16_ab.py --workdir WORK --lever row_length  # rows of 320 vs 128 vs 64 tokens
+
+Every variant keeps the micro-batch's token budget (``--rows`` x ``--max-length`` tokens).
 
 ``WORK`` is a folder prepared by ``train_speed.prepare`` (``tokens.npz`` and ``tokenizer/``).
 """
@@ -73,6 +76,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=320)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--row-length", default="auto", help="packed row length of the loss lever (auto or N)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
@@ -90,7 +94,8 @@ def main(argv=None) -> None:
     pad_id = int(tokenizer.pad_token_id)
     new_loss = loss_module.causal_lm_loss_sum
     if args.lever == "loss":
-        batches = batches_for(dataset, params, pad_id, args.max_length, args.steps)
+        row_length = args.row_length if args.row_length == "auto" else int(args.row_length)
+        batches = batches_for(dataset, params, pad_id, args.max_length, args.steps, row_length=row_length)
         variants = {"full_log_softmax": (full_log_softmax_loss_sum, batches),
                     "chunked": (new_loss, batches)}
     else:
@@ -99,7 +104,7 @@ def main(argv=None) -> None:
         for length in (args.max_length, 128, 64):
             rows = budget // length
             variants[f"rows {rows} x {length}"] = (new_loss, batches_for(
-                dataset, params, pad_id, length, args.steps, micro_batch_size=rows))
+                dataset, params, pad_id, args.max_length, args.steps, row_length=length))
     results: dict[str, list[float]] = {name: [] for name in variants}
     real_tokens: dict[str, int] = {}
     for function, batches in variants.values():  # warm-up, untimed
