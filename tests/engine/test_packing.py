@@ -137,3 +137,13 @@ def test_packed_batches_keep_their_token_budget_with_shorter_auto_rows():
     fixed = parse_train_params({"batching": {"micro_batch_size": 32, "row_length": 320}})
     sampler, _ = make_batching(fixed, lengths, pad_id=0, max_length=320, attn="sdpa", seed=0)
     assert (sampler.budget.row_length, sampler.budget.rows_per_batch) == (320, 32)
+
+
+def test_a_row_length_shorter_than_a_sample_is_refused_naming_the_parameter():
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.loop import make_batching
+    from fastlm.errors import ConfigError
+
+    params = parse_train_params({"batching": {"row_length": 16}})
+    with pytest.raises(ConfigError, match="train.batching.row_length is 16 tokens but the data has a sample of 44"):
+        make_batching(params, np.array([5, 44, 9]), pad_id=0, max_length=64, attn="sdpa", seed=0)
