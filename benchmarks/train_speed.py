@@ -37,7 +37,8 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
 ``torch.set_num_threads``. Each runs ``warmup`` untimed optimizer steps, then ``steps`` timed ones.
 
 * ``fastlm``: the engine's own loop (``fastlm.engine.loop.train``), batching ``packed``: micro-batches of
-  ``batch_size`` rows of ``max_length`` tokens. Figures come from the engine's ``StepMetrics`` records: the
+  ``batch_size * max_length`` tokens in rows of ``train.batching.row_length`` (auto: chosen from the data;
+  64 on the realistic profile, i.e. 160 rows of 64). Figures come from the engine's ``StepMetrics`` records: the
   loop flushes on step 1, every ``log_every`` steps and on the last step, so ``log_every`` is chosen such
   that step ``warmup`` ends a window (``warmup`` itself, or ``steps`` when warmup is 1); the windows after
   it cover exactly the timed steps and are added up. Cross-checks: the wall clock between the flush
@@ -51,7 +52,7 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
   arguments) training that same LoRA model (the peft model ``fastlm_lora`` builds: same base, same adapters):
   the peer of ``fastlm_lora``.
 * ``fastlm_dynamic``: the same engine with batching ``dynamic`` (random batches of ``batch_size``
-  samples padded to their longest, rounded up to 8), for reference.
+  samples padded to their longest; ``pad_to_multiple_of`` auto: no rounding on CPU), for reference.
 * ``trainer``: ``transformers.Trainer`` with ``DataCollatorForLanguageModeling(tokenizer, mlm=False)``
   on a ``datasets.Dataset`` holding only ``input_ids`` (EOS already appended), ``TrainingArguments(
   per_device_train_batch_size=batch_size, max_steps=warmup + steps, report_to=[], save_strategy="no",

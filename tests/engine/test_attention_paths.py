@@ -90,7 +90,8 @@ class Recorder:
     def __call__(self, module, args, kwargs, output):
         ids, positions = kwargs["input_ids"], kwargs["position_ids"].expand_as(kwargs["input_ids"])
         self.shapes.append(tuple(ids.shape))
-        logits = output.logits.detach().reshape(*ids.shape, -1)
+        # a copy: the training loss writes its gradient over the logits (loss.accumulate_gradients)
+        logits = output.logits.detach().clone().reshape(*ids.shape, -1)
         for row in range(ids.shape[0]):
             starts = (positions[row] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
             for begin, end in zip(starts[:-1], starts[1:], strict=True):

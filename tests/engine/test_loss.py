@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import fastlm.engine.loss as loss_module
 from fastlm.engine.loss import (
     IGNORE_INDEX,
     accumulate_gradients,
@@ -138,3 +139,86 @@ def test_accumulated_gradients_equal_the_full_batch_and_naive_averaging_does_not
     print(f"relative L2 gradient error: accumulated {accumulated_error:.2e}, naive {naive_error:.2e}")
     assert accumulated_error < TOLERANCE
     assert naive_error > 100 * TOLERANCE
+
+
+def reference_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The plain, unchunked definition: full fp32 log-softmax of the shifted logits."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
+                                             labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def random_logits_and_labels(rows: int = 3, seq: int = 11, vocab: int = 37):
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(rows, seq, vocab, generator=generator) * 4
+    labels = torch.randint(0, vocab, (rows, seq), generator=generator)
+    labels[0, 2:5] = IGNORE_INDEX  # a prompt
+    labels[2, 7:] = IGNORE_INDEX  # padding
+    return logits, labels
+
+
+@pytest.mark.parametrize("reuse_logits", [False, True])
+@pytest.mark.parametrize("chunk_elements", [1, 37 * 4 + 5, 2**21])  # one token per chunk, a ragged last chunk, one
+def test_chunked_loss_and_gradient_equal_the_full_log_softmax(monkeypatch, reuse_logits, chunk_elements):
+    monkeypatch.setattr(loss_module, "CE_CHUNK_ELEMENTS", chunk_elements)
+    logits, labels = random_logits_and_labels()
+    reference_input = logits.clone().requires_grad_()
+    expected = reference_loss_sum(reference_input, labels)
+    (expected / 7).backward()
+
+    leaf = logits.clone().requires_grad_()
+    produced = leaf * 1.0  # a non-leaf, as a model's logits are; its memory may be reused for the gradient
+    loss_sum, n_targets = causal_lm_loss_sum(produced, labels, reuse_logits=reuse_logits)
+    (loss_sum / 7).backward()
+
+    assert n_targets.item() == (labels[:, 1:] != IGNORE_INDEX).sum().item()
+    torch.testing.assert_close(loss_sum, expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(leaf.grad, reference_input.grad, rtol=1e-6, atol=1e-8)
+    assert leaf.grad[2, 6:].abs().sum() == 0 and leaf.grad[:, -1].abs().sum() == 0  # no target: no gradient
+
+
+def test_bf16_logits_get_a_bf16_gradient_close_to_the_fp32_one():
+    logits, labels = random_logits_and_labels()
+    half = logits.to(torch.bfloat16).requires_grad_()
+    reference = half.detach().float().requires_grad_()
+    reference_loss_sum(reference, labels).backward()
+    loss_sum, _ = causal_lm_loss_sum(half * 1, labels, reuse_logits=True)
+    loss_sum.backward()
+    assert half.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(half.grad.float(), reference.grad, rtol=1e-2, atol=1e-2)
+
+
+def full_size_allocations(function, numel: int) -> int:
+    """How many ops run by ``function()`` return a NEW tensor of at least ``numel`` elements."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        found = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor)}
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.numel() >= numel and t.untyped_storage().data_ptr() not in inputs:
+                    Count.found += 1
+            return out
+
+    with Count():
+        function()
+    return Count.found
+
+
+def test_training_loss_makes_no_tokens_by_vocab_buffer_besides_the_logits(monkeypatch):
+    """The old path made a log-softmax, a zero-filled nll gradient and a log-softmax gradient, each
+    [tokens x vocab] fp32; the chunked one writes the gradient over the logits and makes none."""
+    monkeypatch.setattr(loss_module, "CE_CHUNK_ELEMENTS", 37 * 8)
+    logits, labels = random_logits_and_labels(rows=4, seq=32)
+    leaf = logits.requires_grad_()
+
+    def step():
+        produced = leaf * 1.0
+        loss_sum, _ = causal_lm_loss_sum(produced, labels, reuse_logits=True)
+        (loss_sum / 10).backward()
+
+    produced_numel = logits.numel()
+    assert full_size_allocations(step, produced_numel) == 2  # the logits themselves and the leaf's .grad

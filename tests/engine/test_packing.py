@@ -100,3 +100,50 @@ def test_budget_validation():
     assert TokenBudget(512, 8).tokens_per_batch == 4096 and TokenBudget.flat(4096).rows_per_batch == 1
     with pytest.raises(ValueError):
         TokenBudget(0, 1)
+
+
+def row_fill(lengths: np.ndarray, row_length: int) -> float:
+    rows = pack_by_token_budget(lengths, TokenBudget(row_length=row_length), window=4096).num_rows
+    return lengths.sum() / (rows * row_length)
+
+
+def test_auto_row_length_is_as_short_as_short_samples_allow_and_fills_rows_as_well():
+    from fastlm.engine.data.packing import choose_row_length
+
+    rng = np.random.default_rng(0)
+    short = np.clip(np.round(rng.lognormal(np.log(8), 0.6, 20_000)), 1, 44).astype(np.int64)  # short reviews
+    assert choose_row_length(short, 320) == 64
+    assert row_fill(short, 64) >= row_fill(short, 320) - 0.01
+    # samples of 33 tokens: one per 64-token row (half padding); longer rows are needed to fill as well
+    uniform = np.full(5000, 33)
+    chosen = choose_row_length(uniform, 320)
+    assert chosen > 64 and row_fill(uniform, chosen) >= row_fill(uniform, 320) - 0.01
+    tail = heavy_tailed_lengths()
+    chosen = choose_row_length(tail, 512)
+    assert tail.max() <= chosen < 512 and row_fill(tail, chosen) >= row_fill(tail, 512) - 0.01
+    assert choose_row_length(np.append(tail, 512), 512) == 512  # a sample needs the whole row
+    assert choose_row_length(np.array([3, 5]), 40) == 40  # nothing shorter than the 64-token step
+
+
+def test_packed_batches_keep_their_token_budget_with_shorter_auto_rows():
+    from fastlm.engine.batching import make_batching
+    from fastlm.engine.config import parse_train_params
+
+    lengths = np.clip(np.round(np.random.default_rng(1).lognormal(np.log(8), 0.6, 5000)), 1, 44).astype(np.int64)
+    auto = parse_train_params({"batching": {"micro_batch_size": 32}, "runtime": {"device": "cpu"}})
+    sampler, collator = make_batching(auto, lengths, pad_id=0, max_length=320, seed=0)
+    assert (sampler.budget.row_length, sampler.budget.rows_per_batch) == (64, 160)
+    assert sampler.budget.tokens_per_batch == 32 * 320 and collator.budget == sampler.budget
+    fixed = parse_train_params({"batching": {"micro_batch_size": 32, "row_length": 320}})
+    sampler, _ = make_batching(fixed, lengths, pad_id=0, max_length=320, seed=0)
+    assert (sampler.budget.row_length, sampler.budget.rows_per_batch) == (320, 32)
+
+
+def test_a_row_length_shorter_than_a_sample_is_refused_naming_the_parameter():
+    from fastlm.engine.batching import make_batching
+    from fastlm.engine.config import parse_train_params
+    from fastlm.errors import ConfigError
+
+    params = parse_train_params({"batching": {"row_length": 16}})
+    with pytest.raises(ConfigError, match="train.batching.row_length is 16 tokens but the data has a sample of 44"):
+        make_batching(params, np.array([5, 44, 9]), pad_id=0, max_length=64, seed=0)

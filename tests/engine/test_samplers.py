@@ -95,3 +95,37 @@ def test_invalid_arguments():
         LengthGroupedSampler([3, 4], batch_size=1, start_batch=-1)
     with pytest.raises(ValueError):
         LengthGroupedSampler([[3, 4]], batch_size=1)
+
+
+def short_review_token_lengths(n: int, seed: int) -> np.ndarray:
+    """Token lengths like the realistic short-review profile (median ~8, p99 ~35, max 44, EOS included)."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.round(rng.lognormal(np.log(8), 0.6, n)), 1, 44).astype(np.int64)
+
+
+def test_length_grouped_mode_on_cpu_wastes_no_more_than_the_trainers_group_by_length():
+    """fastlm's length_grouped batches (as the training loop makes them on CPU, collator included) pad no more
+    than the Hugging Face Trainer's ``group_by_length`` (its LengthGroupedSampler, no pad multiple)."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler as TrainerSampler
+
+    from fastlm.engine.batching import make_batching
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.data.token_dataset import TokenSequences
+
+    params = parse_train_params({"batching": {"mode": "length_grouped", "micro_batch_size": 32},
+                                 "runtime": {"device": "cpu"}})
+    ours, theirs = [], []
+    for seed in range(3):
+        lengths = short_review_token_lengths(6000, seed)
+        dataset = TokenSequences(np.ones(int(lengths.sum()), dtype=np.int32), np.concatenate([[0], np.cumsum(lengths)]))
+        sampler, collator = make_batching(params, lengths, pad_id=0, max_length=320, seed=seed)
+        real = computed = 0
+        for batch in sampler:
+            collated = collator(dataset.__getitems__(batch))
+            real, computed = real + int(collated["num_real_tokens"]), computed + int(collated["num_computed_tokens"])
+        ours.append(1 - real / computed)
+        order = list(TrainerSampler(32, lengths=lengths.tolist(), generator=torch.Generator().manual_seed(seed)))
+        theirs.append(padding_waste(lengths, [order[i : i + 32] for i in range(0, len(order), 32)], multiple=1))
+    print(f"padding waste: fastlm length_grouped {np.mean(ours):.2%}, Trainer group_by_length {np.mean(theirs):.2%}")
+    assert np.mean(ours) <= np.mean(theirs)

@@ -27,20 +27,20 @@ from fastlm.engine.data import (
     Seq2SeqCollator,
     seq2seq_lengths,
 )
-from fastlm.engine.data.packing import TokenBudget
+from fastlm.engine.data.packing import TokenBudget, choose_row_length
+from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.runtime import usable_cpu_count
+from fastlm.engine.runtime import resolve_device, usable_cpu_count
 from fastlm.engine.seq2seq_hooks import enable_packed_seq2seq, packing_unavailable
 from fastlm.errors import ConfigError
 
-__all__ = ["MicroBatches", "RandomBatches", "loader_settings", "make_batching", "micro_batches", "seq2seq_batching"]
-
-LENGTH_GROUPED_MEGA_BATCH = 50  # samples sorted by length within mega-batches of 50 micro-batches
+__all__ = ["MicroBatches", "RandomBatches", "loader_settings", "make_batching", "micro_batches", "packed_budget",
+           "seq2seq_batching"]
 
 
 def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, seed: int, prompt_lengths=None,
                   decoder_start_id: int | None = None, seq2seq_packing: bool = False):
-    """The batch sampler and collator of the configured mode (packed rows are ``max_length`` long).
+    """The batch sampler and collator of the configured mode (packed: ``packed_budget``).
 
     Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
     batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family and
@@ -49,6 +49,7 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     training loop says so once, in its log and summary).
     """
     batching = params.batching
+    pad_multiple = batching.pad_multiple(resolve_device(params.runtime.device).type)
     seq2seq = decoder_start_id is not None
     mode = batching.mode
     if seq2seq:
@@ -56,22 +57,36 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
         if mode == "packed" and not seq2seq_packing:
             mode = "length_grouped"
     if mode == "packed":
-        budget = TokenBudget(row_length=max_length, rows_per_batch=batching.micro_batch_size)
+        budget = packed_budget(batching, lengths, max_length)
         # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
         collator = (PackedSeq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, budget=budget,
-                                          pad_to_multiple_of=batching.pad_to_multiple_of) if seq2seq else
-                    PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=batching.pad_to_multiple_of,
+                                          pad_to_multiple_of=pad_multiple) if seq2seq else
+                    PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=pad_multiple,
                                    attention_mask_format="none"))
         return PackedBatchSampler(lengths, budget, seed=seed), collator
     if mode == "dynamic":
         sampler = RandomBatches(lengths, batching.micro_batch_size, seed=seed)
     else:
-        sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCH,
+        sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES,
                                        seed=seed)
     collator = (Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id,
-                                pad_to_multiple_of=batching.pad_to_multiple_of) if seq2seq else
-                DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=batching.pad_to_multiple_of))
+                                pad_to_multiple_of=pad_multiple) if seq2seq else
+                DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=pad_multiple))
     return sampler, collator
+
+
+def packed_budget(batching, lengths, max_length: int) -> TokenBudget:
+    """Rows of ``batching.row_length`` tokens (``auto``: chosen from ``lengths``) holding together the
+    micro-batch's ``micro_batch_size * max_length`` tokens."""
+    row_length = batching.row_length
+    if row_length == "auto":
+        row_length = choose_row_length(lengths, max_length)
+    longest = int(lengths.max()) if len(lengths) else 0
+    if longest > row_length:
+        raise ConfigError(f"train.batching.row_length is {row_length} tokens but the data has a sample of {longest}.",
+                          fix=f"set train.batching.row_length to auto or to at least {longest}.")
+    return TokenBudget(row_length=row_length,
+                       rows_per_batch=max(1, batching.micro_batch_size * max_length // row_length))
 
 
 def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) -> dict:

@@ -62,8 +62,28 @@ class BatchingParams(Params):
     mode: Literal["packed", "length_grouped", "dynamic"] = "packed"
     micro_batch_size: int = Field(32, ge=1, description="samples per micro-batch; packed: rows of max_length")
     gradient_accumulation_steps: int = Field(1, ge=1)
-    pad_to_multiple_of: int = Field(8, ge=1)
+    row_length: int | Literal["auto"] = Field(
+        "auto", description="packed: tokens per row; the micro-batch keeps micro_batch_size * max_length tokens "
+        "(more, shorter rows). auto: the shortest multiple of 64 that holds the longest sample and packs as "
+        "tightly as rows of max_length (packing.choose_row_length)")
+    pad_to_multiple_of: int | Literal["auto"] = Field(
+        "auto", description="round padded lengths up to a multiple of this; auto: 8 on CUDA (tensor-core "
+        "alignment), 1 on CPU (rounding ~10-token samples up to 8 pads a quarter of the tokens for nothing)")
     oom_backoff: bool = Field(False, description="on CUDA out of memory: halve micro-batch, double accumulation")
+
+
+    @field_validator("pad_to_multiple_of", "row_length")
+    @classmethod
+    def _positive_or_auto(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:
+            raise ValueError("must be 'auto' or an integer >= 1")
+        return value
+
+    def pad_multiple(self, device_type: str) -> int:
+        """``pad_to_multiple_of`` for a run on ``device_type`` ("cuda", "cpu", ...), ``auto`` resolved."""
+        if self.pad_to_multiple_of == "auto":
+            return 8 if device_type == "cuda" else 1
+        return int(self.pad_to_multiple_of)
 
 
 class OptimizerParams(Params):

@@ -1,0 +1,130 @@
+"""Interleaved A/B timings of the issue-16 speed levers on the 5.2 M shape (one process, alternating).
+
+Each lever is timed as whole training steps (forward, backward, AdamW step) on the engine's own packed
+batches of the realistic short-text profile, A and B alternated ``--rounds`` times, ``--steps`` steps each
+time, and the medians of the per-step times compared. Measuring A and B in the same process, interleaved,
+keeps a shared machine's load from favouring one side; the absolute figures still move with the load.
+
+    python benchmarks/issue16_ab.py --workdir WORK --lever loss        # full log-softmax vs chunked CE
+    python benchmarks/issue16_ab.py --workdir WORK --lever loss --row-length 320  # the same on 32 x 320 rows
+    python benchmarks/issue16_ab.py --workdir WORK --lever row_length  # rows of 320 vs 128 vs 64 tokens
+
+Every variant keeps the micro-batch's token budget (``--rows`` x ``--max-length`` tokens).
+
+``WORK`` is a folder prepared by ``train_speed.prepare`` (``tokens.npz`` and ``tokenizer/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fastlm.engine import loss as loss_module
+from fastlm.engine.attention import to_device
+from fastlm.engine.batching import make_batching
+from fastlm.engine.config import ModelParams, parse_train_params
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.model import build_model
+
+SHAPE = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4}
+
+
+def full_log_softmax_loss_sum(logits, labels, ignore_index=loss_module.IGNORE_INDEX, **_):
+    """The loss before issue 16: one full fp32 log-softmax over [tokens x vocab] and its gradient."""
+    targets = loss_module.shift_labels(labels, ignore_index)
+    loss_sum = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=ignore_index, reduction="sum")
+    return loss_sum, (targets != ignore_index).sum()
+
+
+def batches_for(dataset, params, pad_id: int, max_length: int, count: int, **batching) -> list[dict]:
+    params = parse_train_params({**params, "batching": {**params["batching"], **batching}})
+    sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length, seed=0)
+    chosen = sampler.epoch_batches()[:count]
+    return [to_device(collator(dataset.__getitems__(batch.tolist())), torch.device("cpu"), "sdpa")
+            for batch in chosen]
+
+
+def timed_steps(model, optimizer, batches, steps: int) -> tuple[float, int]:
+    """Seconds per step (median over ``steps``) and real tokens per step (mean)."""
+    times, real = [], 0
+    for index in range(steps):
+        batch = batches[index % len(batches)]
+        start = time.perf_counter()
+        loss_module.accumulate_gradients(model, [batch])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+        real += int(batch["num_real_tokens"])
+    return statistics.median(times), real // steps
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--lever", choices=("loss", "row_length"), required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=320)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--row-length", default="auto", help="packed row length of the loss lever (auto or N)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    work = Path(args.workdir)
+    tokenizer = AutoTokenizer.from_pretrained(str(work / "tokenizer"))
+    with np.load(work / "tokens.npz") as data:
+        dataset = TokenSequences(data["values"], data["offsets"])
+    torch.manual_seed(0)
+    model = build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
+                        attn_implementation="sdpa").train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    params = {"model": {"attn_implementation": "sdpa", **SHAPE},
+              "batching": {"mode": "packed", "micro_batch_size": args.rows}}
+    pad_id = int(tokenizer.pad_token_id)
+    new_loss = loss_module.causal_lm_loss_sum
+    if args.lever == "loss":
+        row_length = args.row_length if args.row_length == "auto" else int(args.row_length)
+        batches = batches_for(dataset, params, pad_id, args.max_length, args.steps, row_length=row_length)
+        variants = {"full_log_softmax": (full_log_softmax_loss_sum, batches),
+                    "chunked": (new_loss, batches)}
+    else:
+        variants = {}
+        budget = args.rows * args.max_length
+        for length in (args.max_length, 128, 64):
+            rows = budget // length
+            variants[f"rows {rows} x {length}"] = (new_loss, batches_for(
+                dataset, params, pad_id, args.max_length, args.steps, row_length=length))
+    results: dict[str, list[float]] = {name: [] for name in variants}
+    real_tokens: dict[str, int] = {}
+    for function, batches in variants.values():  # warm-up, untimed
+        loss_module.causal_lm_loss_sum = function
+        timed_steps(model, optimizer, batches, 2)
+    for _ in range(args.rounds):
+        for name, (function, batches) in variants.items():
+            loss_module.causal_lm_loss_sum = function
+            seconds, real_tokens[name] = timed_steps(model, optimizer, batches, args.steps)
+            results[name].append(seconds)
+    loss_module.causal_lm_loss_sum = new_loss
+    first = next(iter(results))
+    base = real_tokens[first] / statistics.median(results[first])
+    print(f"lever {args.lever}: {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads "
+          "(medians; measured under load)")
+    for name, times in results.items():
+        rate = real_tokens[name] / statistics.median(times)
+        print(f"  {name:<20} step {statistics.median(times):.3f} s  real tok/s {rate:,.0f}  "
+              f"x{rate / base:.2f} vs {first}   (steps: {', '.join(f'{t:.3f}' for t in times)})")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
