@@ -30,7 +30,7 @@ class SweepResultsDataset(AbstractDataset):
         plot = Path(self._plot)
         table = pd.read_csv(self._comparison)
         if "stopped" in table:  # an empty cell: the run was not stopped (not a missing value)
-            table["stopped"] = table["stopped"].fillna("")
+            table["stopped"] = table["stopped"].astype(object).where(table["stopped"].notna(), "")
         return {"name": name, "verdict": verdict, "table": table,
                 "plot": plot.read_bytes() if plot.is_file() else None, "source": str(self._comparison)}
 
