@@ -134,3 +134,28 @@ def save_finished(folder: Path, summary: dict, history, eval_history) -> None:
     temporary = folder / "summary.json.tmp"
     temporary.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     os.replace(temporary, folder / "summary.json")
+
+
+class SweepRuns:
+    """Where sweeps keep their finished runs (catalog entry ``sweep_runs``: ``<root>/<sweep>/<run>/`` with the
+    summary, history and evaluation history), so a rerun keeps what finished with the same identity."""
+
+    def __init__(self, root) -> None:
+        self.root = Path(root)
+
+    def folder(self, sweep: str, run: str) -> Path:
+        return self.root / sweep / run
+
+    def finished(self, sweep: str, run: str, identity: dict[str, Any]) -> dict | None:
+        """``finished_summary`` of that run: its summary when it finished with exactly ``identity``."""
+        return finished_summary(self.folder(sweep, run), identity)
+
+    def keep(self, sweep: str, run: str, summary: dict, history, eval_history) -> None:
+        save_finished(self.folder(sweep, run), summary, history, eval_history)
+
+    def histories(self, sweep: str, run: str):
+        """The kept run's training and evaluation histories (DataFrames)."""
+        import pandas as pd
+
+        folder = self.folder(sweep, run)
+        return pd.read_csv(folder / "history.csv"), pd.read_csv(folder / "eval_history.csv")

@@ -6,6 +6,7 @@ kedro-mlflow opened for the current ``kedro run``, or any active run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -161,6 +162,32 @@ class RunTracker:
         """The run's runtime settings as parameters and its real tokens/s (the run comparison's speed)."""
         self.metrics.log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
         self.metrics.log_run_metrics({"real_tokens_per_s": summary["real_tokens_per_s"]})
+
+    def log_run_metrics(self, metrics: dict) -> None:
+        """Metrics of the active run (a sweep's child run while one is open) without a step."""
+        self.metrics.log_run_metrics(metrics)
+
+    @contextlib.contextmanager
+    def child_run(self, name: str, params: dict):
+        """An MLflow run nested under the active run (a sweep's run), with ``params``; ended FAILED when the
+        body raises. Without an active run (tracking off or failed) nothing is opened and the body still runs."""
+        import mlflow
+
+        try:
+            run = mlflow.start_run(run_name=name, nested=True) if mlflow.active_run() is not None else None
+            if run is not None:
+                mlflow.log_params({key: param_text(value) for key, value in params.items()})
+        except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
+            log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
+            run = None
+        try:
+            yield
+        except BaseException:
+            if run is not None:
+                mlflow.end_run("FAILED")
+            raise
+        if run is not None:
+            mlflow.end_run()
 
     def log_test_metrics(self, metrics: dict, training_run_id: str | None) -> dict:
         """``test_<name>`` on this run and on the training run (``fastlm.reporting.comparison``)."""

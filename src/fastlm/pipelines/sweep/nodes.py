@@ -3,10 +3,8 @@ run of this pipeline's run) on the same tokenized data; finished runs are kept, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-from pathlib import Path
 
 import datasets
 import pandas as pd
@@ -20,43 +18,41 @@ from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import parse_report_params
 from fastlm.reporting.sweep_view import comparison_table, loss_plot, sweep_document, verdict
-from fastlm.sweeps import finished_summary, load_sweep, run_train_params, save_finished
-from fastlm.tracking import MlflowMetrics
+from fastlm.sweeps import SweepRuns, load_sweep, run_train_params
+from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
-STATE = Path("data/08_reporting/sweeps")
 
 
 def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, splits: pd.DataFrame, train_params: dict,
-              split_params: dict, report_params: dict, sweep: str):
-    """Train every run of the sweep file ``sweep`` that has not finished yet; the comparison table, the loss
-    plot and the verdict of all of them."""
+              split_params: dict, report_params: dict, sweep: str, runs: SweepRuns, tracker: RunTracker):
+    """Train every run of the sweep file ``sweep`` that has not finished yet (``runs`` keeps the finished ones;
+    each run is a child run of ``tracker``'s); the comparison table, the loss plot and the verdict of all."""
     spec = load_sweep(sweep)
     plan, names = spec.plan(), spec.run_names()
     for overrides in plan:  # every run's parameters checked before the first one
         parse_train_params(run_train_params(train_params, spec, overrides))
     summaries, histories, evaluations = {}, {}, {}
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
-        folder = STATE / spec.name / name
         params = run_train_params(train_params, spec, overrides)
         identity = {"train": params, "data": fingerprint.get("fingerprint"), "overrides": overrides}
-        done = finished_summary(folder, identity)
+        done = runs.finished(spec.name, name, identity)
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
-            with _child_run(name, overrides):
+            with tracker.child_run(name, overrides):
                 trained, history, evaluation, summary = train_model(tokenized, fingerprint, tokenizer, params,
-                                                                    split_params, run_name=name)
-                summary.update(_test_metrics(trained["model"], tokenizer, tokenized, params, split_params,
-                                             report_params))
-                summary.update(reference_scores(trained["model"], tokenizer, splits, params, split_params,
-                                                report_params))
+                                                                    split_params, run_name=name, tracker=tracker)
+                scores = {**_test_metrics(trained["model"], tokenizer, tokenized, params, split_params, report_params),
+                          **reference_scores(trained["model"], tokenizer, splits, params, split_params, report_params)}
+                if scores:
+                    tracker.log_run_metrics(scores)
+                summary.update(scores)
             done = {**summary, "sweep_identity": json.loads(json.dumps(identity, default=str))}
-            save_finished(folder, done, history, evaluation)
+            runs.keep(spec.name, name, done, history, evaluation)
         else:
             log.info("Sweep %s: run %d of %d, %s, finished before: kept", spec.name, index, len(plan), name)
         summaries[name] = done
-        histories[name] = pd.read_csv(folder / "history.csv")
-        evaluations[name] = pd.read_csv(folder / "eval_history.csv")
+        histories[name], evaluations[name] = runs.histories(spec.name, name)
     table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
     text = verdict(table, spec.metric, histories, evaluations)
     log.info("Sweep %s: %s", spec.name, text)
@@ -64,7 +60,7 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, spl
 
 
 def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict) -> dict:
-    """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``; logged to its run)."""
+    """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``)."""
     if model is None or len(tokenized["test"]) == 0:
         return {}
     params, report = parse_train_params(train_params), parse_report_params(report_params)
@@ -74,44 +70,15 @@ def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params:
                       params=params, runtime=runtime, max_length=parse_split_params(split_params).max_length,
                       attn=model.config._attn_implementation or "sdpa", max_batches=report.eval_max_batches,
                       top_k=report.top_k, worst=1, pairs=1)
-    metrics = {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
-    MlflowMetrics().log_run_metrics(metrics)
-    return metrics
+    return {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
 
 
 def reference_scores(model, tokenizer, splits: pd.DataFrame, train_params: dict, split_params: dict,
                      report_params: dict) -> dict:
     """ROUGE-1/2/L F1 (``test_rouge*``) of a run's generations against the test split's references, as the
-    report scores them (prompt/response data under ``report.references``; nothing otherwise); logged to its run."""
+    report scores them (prompt/response data under ``report.references``; nothing otherwise)."""
     if model is None:
         return {}
     _, metrics = generate_on_references({"model": model, "tokenizer": tokenizer}, splits, train_params,
                                         split_params, report_params)
-    scores = {f"test_{key}": metrics[key] for key in ("rouge1", "rouge2", "rougeL") if key in metrics}
-    if scores:
-        MlflowMetrics().log_run_metrics(scores)
-    return scores
-
-
-@contextlib.contextmanager
-def _child_run(name: str, overrides: dict):
-    """An MLflow run nested under the active (sweep) run, with the swept parameters; nothing without tracking."""
-    import mlflow
-
-    from fastlm.tracking import param_text
-
-    try:
-        run = mlflow.start_run(run_name=name, nested=True) if mlflow.active_run() is not None else None
-        if run is not None:
-            mlflow.log_params({key: param_text(value) for key, value in overrides.items()})
-    except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
-        log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
-        run = None
-    try:
-        yield
-    except BaseException:
-        if run is not None:
-            mlflow.end_run("FAILED")
-        raise
-    if run is not None:
-        mlflow.end_run()
+    return {f"test_{key}": metrics[key] for key in ("rouge1", "rouge2", "rougeL") if key in metrics}
