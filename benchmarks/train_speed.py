@@ -266,13 +266,13 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
     args = ctx.args
     warmup, steps = args.warmup, args.steps
     log_every = fastlm_log_every(warmup, steps)
-    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=args.threads, seed=0))
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision=args.precision, num_threads=args.threads, seed=0))
     model, init_digest, n_params, n_trainable = ctx.build_model(lora)
     train_set = TokenSequences(ctx.values, ctx.offsets)
     params = parse_train_params({
         "model": ctx.model_params(lora),
         "batching": {"mode": mode, "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
-        "runtime": {"device": "cpu", "precision": "fp32", "num_threads": args.threads},
+        "runtime": {"device": "cpu", "precision": args.precision, "num_threads": args.threads},
         "max_steps": warmup + steps,
         "seed": 0,
         "log_every": log_every,
@@ -481,7 +481,7 @@ def run_trainer(ctx: Context, name: str) -> dict:
     common = dict(
         output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, max_steps=warmup + steps,
         report_to=[], save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
-        dataloader_num_workers=0, seed=0,
+        dataloader_num_workers=0, seed=0, bf16=args.precision == "bf16",
     )
     if name == "trl_packing":
         from trl import SFTConfig, SFTTrainer
@@ -551,7 +551,8 @@ def child_main(args: argparse.Namespace) -> None:
 def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) -> dict:
     return run_contender(Path(__file__), name, workdir, index, repo=REPO, extra_args=[
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
-        "--max-length", str(args.max_length), "--threads", str(args.threads), "--model", args.model])
+        "--max-length", str(args.max_length), "--threads", str(args.threads), "--model", args.model,
+        "--precision", args.precision])
 
 
 def machine(threads: int) -> dict:
@@ -763,6 +764,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--repeats", type=int, default=1, help="run the contender list this many times, interleaved")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="every contender: fastlm runtime.precision, the Trainers' bf16=True (bf16 autocast)")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the prepared data here (default: a temp dir)")
     parser.add_argument("--run", choices=CONTENDERS, help=argparse.SUPPRESS)
