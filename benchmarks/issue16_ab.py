@@ -11,7 +11,8 @@ keeps a shared machine's load from favouring one side; the absolute figures stil
 
 Every variant keeps the micro-batch's token budget (``--rows`` x ``--max-length`` tokens).
 
-``WORK`` is a folder prepared by ``train_speed.prepare`` (``tokens.npz`` and ``tokenizer/``).
+``WORK`` holds ``tokens.npz`` and ``tokenizer/`` from ``train_speed.prepare`` (20,000 realistic texts, the
+5.2 M shape's tokenizer); a folder without them is prepared first.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
     work = Path(args.workdir)
+    if not (work / "tokens.npz").is_file():
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from train_speed import prepare
+
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"preparing {work} (train_speed.prepare: 20,000 realistic texts, 5.2 M tokenizer) ...", flush=True)
+        prepare(work, 20000, 320, "realistic", "5m")
     tokenizer = AutoTokenizer.from_pretrained(str(work / "tokenizer"))
     with np.load(work / "tokens.npz") as data:
         dataset = TokenSequences(data["values"], data["offsets"])

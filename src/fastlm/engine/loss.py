@@ -115,8 +115,10 @@ def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignor
         target = targets[start : start + step]
         if buffer is None or buffer.size(0) != chunk.size(0):
             buffer = torch.empty(chunk.shape, dtype=torch.float32, device=logits.device)
-        log_probs = torch.log_softmax(chunk.float(), dim=-1, out=buffer) if chunk.dtype == torch.float32 else \
-            buffer.copy_(torch.log_softmax(chunk, dim=-1, dtype=torch.float32))
+        if chunk.dtype == torch.float32:
+            log_probs = torch.log_softmax(chunk, dim=-1, out=buffer)
+        else:  # bf16/fp16 logits: the log-probabilities in fp32
+            log_probs = buffer.copy_(torch.log_softmax(chunk, dim=-1, dtype=torch.float32))
         valid = target != ignore_index
         index = torch.where(valid, target, 0).unsqueeze(1)
         picked = log_probs.gather(1, index).squeeze(1)
