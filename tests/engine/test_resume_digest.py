@@ -55,6 +55,8 @@ def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog)
     ({"batching": {"mode": "dynamic"}}, "batching.mode"),
     ({"seed": 7}, "seed"),
     ({"batching": {"gradient_accumulation_steps": 2}}, "micro_batches_per_step"),
+    ({"batching": {"row_length": 64}}, "batching.row_length"),  # other packed rows: other batches at a position
+    ({"batching": {"pad_to_multiple_of": 8}}, "batching.pad_to_multiple_of"),
 ])
 def test_auto_starts_fresh_when_the_batching_changed_and_says_why_and_where(tmp_path, caplog, change, field):
     _train(toy_params(tmp_path, **BASE))

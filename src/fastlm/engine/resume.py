@@ -70,6 +70,8 @@ def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, 
         "data": data,
         "batching.mode": params.batching.mode,
         "batching.micro_batch_size": params.batching.micro_batch_size,
+        "batching.row_length": params.batching.row_length,  # packed rows: which samples a batch position holds
+        "batching.pad_to_multiple_of": params.batching.pad_to_multiple_of,
         "max_length": max_length,
         "seed": params.seed,
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
