@@ -315,9 +315,11 @@ def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_p
 @pytest.mark.parametrize("attn", ["torch_varlen", "flash_attention_2"])
 def test_half_precision_kernels_are_refused_in_fp32_on_cuda_with_a_clear_message(attn):
     from fastlm.engine.attention import choose_attention
+    from fastlm.errors import ConfigError
 
-    with pytest.raises(ValueError, match=f"{attn} runs in bf16 or fp16 only.*runtime.precision"):
+    with pytest.raises(ConfigError, match=f"{attn} runs in bf16 or fp16 only.*runtime.precision") as refused:
         choose_attention(attn, torch.device("cuda"), "fp32")
+    assert "\n" not in str(refused.value)
     assert choose_attention(attn, torch.device("cuda"), "bf16") == attn
 
 

@@ -52,6 +52,7 @@ from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
 from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
 from fastlm.engine.loss import MODEL_INPUT_KEYS, MODEL_INPUTS
 from fastlm.engine.seq2seq_hooks import CROSS_ATTENTION_MASK, DECODER_POSITIONS, ENCODER_POSITIONS
+from fastlm.errors import ConfigError
 
 try:  # PyTorch's native varlen attention (CUDA flash kernels); absent from older torch
     from torch.nn.attention.varlen import varlen_attn
@@ -279,8 +280,8 @@ def choose_attention(requested: str, device: torch.device, precision: str | None
     if requested != "auto":
         if (device.type == "cuda" and precision == "fp32"
                 and PACKED_INPUTS.get(requested) == VARLEN):
-            raise ValueError(f"train.model.attn_implementation: {requested} runs in bf16 or fp16 only; set "
-                             "train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32)")
+            raise ConfigError(f"train.model.attn_implementation: {requested} runs in bf16 or fp16 only.",
+                              fix="set train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32).")
         return requested
     half = precision in (None, "bf16", "fp16")
     if device.type == "cuda" and half:
