@@ -33,6 +33,7 @@ sensitive to other processes, though not immune to them).
     python benchmarks/seq2seq_speed.py --repeat 3            # three rotated rounds, medians
     python benchmarks/seq2seq_speed.py --steps 3 --warmup 1 --rows 300   # smoke run
     python benchmarks/seq2seq_speed.py --interleaved 10      # fastlm packed vs length_grouped steps alternated
+    python benchmarks/seq2seq_speed.py --precision bf16 --compile on   # bf16 autocast / torch.compile, every contender
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
+COMPILE_FLAGS = {"auto": "auto", "on": True, "off": False}
 
 
 def load_samples(rows: int, max_length: int, workdir: Path):
@@ -102,7 +104,9 @@ def run_fastlm(tokenizer, samples, folder: Path, args, mode: str = "length_group
         "batching": {"mode": mode, "micro_batch_size": args.packed_rows if mode == "packed" else args.batch_size},
         "max_steps": args.warmup + args.steps, "log_every": args.warmup, "eval_every": None, "save_every": None,
         "quiet": True, "checkpoint_dir": str(folder.parent / f"checkpoints-{mode}{tag}"), "resume": "never",
-        "runtime": {"device": "cpu", "num_threads": args.threads}, "profile": {"enabled": False}})
+        "runtime": {"device": "cpu", "num_threads": args.threads, "precision": args.precision,
+                    "compile": COMPILE_FLAGS[args.compile]},
+        "profile": {"enabled": False}})
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
     model = build_model(params.model, tokenizer, max_length=args.max_length, attn_implementation="sdpa")
     cpu: dict[int, float] = {}  # process CPU seconds at the end of each logged step
@@ -218,7 +222,8 @@ def run_trainer(tokenizer, samples, folder: Path, args, tag: str = "") -> dict:
         args=Seq2SeqTrainingArguments(output_dir=str(folder.parent / f"trainer{tag}"), per_device_train_batch_size=
                                       args.batch_size, max_steps=args.warmup + args.steps, report_to=[],
                                       save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
-                                      dataloader_num_workers=0, seed=0))
+                                      dataloader_num_workers=0, seed=0, bf16=args.precision == "bf16",
+                                      torch_compile=args.compile == "on"))
     output = trainer.train()
     last = args.warmup + args.steps
     seconds = marks[last] - marks[args.warmup]
@@ -242,6 +247,11 @@ def main() -> None:
                         help="rounds; each runs the three contenders, in an order rotated round by round")
     parser.add_argument("--interleaved", type=int, default=0,
                         help="only compare fastlm packed and length_grouped, N steps each alternated in one process")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="every contender: fastlm train.runtime.precision, the Trainer's bf16=True (bf16 autocast)")
+    parser.add_argument("--compile", choices=tuple(COMPILE_FLAGS), default="auto",
+                        help="torch.compile: auto = each contender's default (fastlm train.runtime.compile auto, the "
+                             "Trainer off); on = fastlm compile=true and the Trainer's torch_compile=True; off = neither")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

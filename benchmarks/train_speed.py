@@ -23,6 +23,7 @@ mode wastes no more than the Trainer's group_by_length) are printed as PASS/FAIL
     python benchmarks/train_speed.py --profile reviews                # the older long-tail profile
     python benchmarks/train_speed.py --repeats 3 --json out.json      # fastlm, trainer, ..., three times
     python benchmarks/train_speed.py --rows 2000 --steps 3 --warmup 1  # smoke run
+    python benchmarks/train_speed.py --model 5m --precision bf16 --compile on   # bf16 autocast / torch.compile, all
 
 Preparation (once, not timed): ``realistic_texts(rows, seed=0)`` (or ``make_texts(rows, seed=0,
 profile="reviews")``) -> byte-level BPE
@@ -240,6 +241,9 @@ class Context:
         return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters()), trainable
 
 
+COMPILE_FLAGS = {"auto": "auto", "on": True, "off": False}
+
+
 def rates(real: float, computed: float, window: float, steps: int) -> dict:
     """The throughput figures every contender reports for its timed window."""
     return {"real_tokens": real, "computed_tokens": computed, "real_tokens_per_s": real / window,
@@ -266,13 +270,15 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
     args = ctx.args
     warmup, steps = args.warmup, args.steps
     log_every = fastlm_log_every(warmup, steps)
-    runtime = setup_runtime(RuntimeConfig(device="cpu", precision=args.precision, num_threads=args.threads, seed=0))
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision=args.precision, num_threads=args.threads, seed=0,
+                                          compile=COMPILE_FLAGS[args.compile]))
     model, init_digest, n_params, n_trainable = ctx.build_model(lora)
     train_set = TokenSequences(ctx.values, ctx.offsets)
     params = parse_train_params({
         "model": ctx.model_params(lora),
         "batching": {"mode": mode, "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
-        "runtime": {"device": "cpu", "precision": args.precision, "num_threads": args.threads},
+        "runtime": {"device": "cpu", "precision": args.precision, "num_threads": args.threads,
+                    "compile": COMPILE_FLAGS[args.compile]},
         "max_steps": warmup + steps,
         "seed": 0,
         "log_every": log_every,
@@ -481,7 +487,7 @@ def run_trainer(ctx: Context, name: str) -> dict:
     common = dict(
         output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, max_steps=warmup + steps,
         report_to=[], save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
-        dataloader_num_workers=0, seed=0, bf16=args.precision == "bf16",
+        dataloader_num_workers=0, seed=0, bf16=args.precision == "bf16", torch_compile=args.compile == "on",
     )
     if name == "trl_packing":
         from trl import SFTConfig, SFTTrainer
@@ -552,7 +558,7 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) ->
     return run_contender(Path(__file__), name, workdir, index, repo=REPO, extra_args=[
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
         "--max-length", str(args.max_length), "--threads", str(args.threads), "--model", args.model,
-        "--precision", args.precision])
+        "--precision", args.precision, "--compile", args.compile])
 
 
 def machine(threads: int) -> dict:
@@ -766,6 +772,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                         help="every contender: fastlm runtime.precision, the Trainers' bf16=True (bf16 autocast)")
+    parser.add_argument("--compile", choices=tuple(COMPILE_FLAGS), default="auto",
+                        help="torch.compile: auto = each contender's default (fastlm runtime.compile auto, the Trainers "
+                             "off); on = fastlm compile=true and the Trainers' torch_compile=True; off = neither")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the prepared data here (default: a temp dir)")
     parser.add_argument("--run", choices=CONTENDERS, help=argparse.SUPPRESS)
