@@ -1,0 +1,99 @@
+"""Loss curves in fp32 and in bf16 autocast on CPU, same weights, same batches, same optimizer (issue 16).
+
+Evidence for choosing bf16 on CPUs that do bf16 natively (``torch.cpu._is_avx512_bf16_supported()`` or AMX):
+speed may only be bought without changing what is learnt. The 5.2 M shape (``issue16_ab.SHAPE``) is built
+once with ``torch.manual_seed(0)``; a copy trains ``--steps`` AdamW steps in fp32 and another the same steps
+under ``torch.autocast("cpu", torch.bfloat16)``, both on the engine's own packed batches of the realistic
+short-review profile (``train_speed.prepare``; one epoch is about 19 batches, repeated for more steps) and
+the engine's loss (``loss.accumulate_gradients``: summed
+per-token cross-entropy over the step's target tokens, computed in fp32). Printed: the loss per target token
+every ``--every`` steps for both, the mean and largest absolute difference, the batch-to-batch noise of the
+fp32 curve (standard deviation of consecutive-step differences over the second half), and seconds per step.
+Nothing is asserted.
+
+    python benchmarks/precision_parity.py --workdir /tmp/ab16 --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from issue16_ab import SHAPE, batches_for  # noqa: E402
+
+from fastlm.engine.config import ModelParams  # noqa: E402
+from fastlm.engine.data.token_dataset import TokenSequences  # noqa: E402
+from fastlm.engine.loss import accumulate_gradients  # noqa: E402
+from fastlm.engine.model import build_model  # noqa: E402
+
+
+def curve(model, batches, autocast, lr: float) -> tuple[list[float], float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, start = [], time.perf_counter()
+    for batch in batches:
+        loss_sum, targets = accumulate_gradients(model, [batch], autocast=autocast)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss_sum) / targets)
+    return losses, (time.perf_counter() - start) / len(batches)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True, help="train_speed.prepare output (prepared when missing)")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=32, help="micro-batch token budget = rows x --max-length")
+    parser.add_argument("--max-length", type=int, default=320)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    work = Path(args.workdir)
+    if not (work / "tokens.npz").is_file():
+        from train_speed import prepare
+
+        work.mkdir(parents=True, exist_ok=True)
+        prepare(work, 20000, args.max_length, "realistic", "5m")
+    tokenizer = AutoTokenizer.from_pretrained(str(work / "tokenizer"))
+    with np.load(work / "tokens.npz") as data:
+        dataset = TokenSequences(data["values"], data["offsets"])
+    params = {"model": {"attn_implementation": "sdpa", **SHAPE},
+              "batching": {"mode": "packed", "micro_batch_size": args.rows}}
+    batches = batches_for(dataset, params, int(tokenizer.pad_token_id), args.max_length, args.steps)
+    epoch = len(batches)  # one epoch of packed batches (about 19 for 20,000 texts): later steps run it again
+    batches = [batches[step % epoch] for step in range(args.steps)]
+    torch.manual_seed(0)
+    base = build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
+                       attn_implementation="sdpa").train()
+    fp32, fp32_s = curve(copy.deepcopy(base), batches, contextlib.nullcontext, args.lr)
+    bf16, bf16_s = curve(copy.deepcopy(base), batches,
+                         lambda: torch.autocast("cpu", dtype=torch.bfloat16), args.lr)
+    print(f"{args.steps} steps, {len(batches[0]['input_ids'])} rows x {batches[0]['input_ids'].shape[1]} tokens, "
+          f"AdamW lr {args.lr}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("step   fp32 loss   bf16 loss   difference")
+    for step in range(args.every - 1, args.steps, args.every):
+        print(f"{step + 1:4d}   {fp32[step]:9.4f}   {bf16[step]:9.4f}   {bf16[step] - fp32[step]:+.4f}")
+    differences = [abs(b - f) for f, b in zip(fp32, bf16, strict=True)]
+    half = fp32[args.steps // 2:]
+    noise = statistics.stdev(b - a for a, b in zip(half, half[1:], strict=False)) if len(half) > 2 else float("nan")
+    print(f"mean |bf16 - fp32| {statistics.fmean(differences):.4f}, largest {max(differences):.4f}; "
+          f"fp32 batch-to-batch noise (stdev of consecutive differences, second half) {noise:.4f}")
+    print(f"seconds per step: fp32 {fp32_s:.3f}, bf16 {bf16_s:.3f} ({fp32_s / bf16_s:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
