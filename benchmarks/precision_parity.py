@@ -9,9 +9,11 @@ the engine's loss (``loss.accumulate_gradients``: summed
 per-token cross-entropy over the step's target tokens, computed in fp32). Printed: the loss per target token
 every ``--every`` steps for both, the mean and largest absolute difference, the batch-to-batch noise of the
 fp32 curve (standard deviation of consecutive-step differences over the second half), and seconds per step.
-Nothing is asserted.
+With ``--seed-control`` a third curve, fp32 from ``torch.manual_seed(1)`` weights on the same batches, gives the
+seed-to-seed gap of two honest fp32 runs: the noise floor the bf16 gap is read against. Nothing is asserted.
 
     python benchmarks/precision_parity.py --workdir /tmp/ab16 --steps 60
+    python benchmarks/precision_parity.py --workdir /tmp/ab16 --steps 60 --seed-control
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-length", type=int, default=320)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed-control", action="store_true", help="also fp32 from other initial weights (seed 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
@@ -92,6 +95,17 @@ def main(argv=None) -> None:
     noise = statistics.stdev(b - a for a, b in zip(half, half[1:], strict=False)) if len(half) > 2 else float("nan")
     print(f"mean |bf16 - fp32| {statistics.fmean(differences):.4f}, largest {max(differences):.4f}; "
           f"fp32 batch-to-batch noise (stdev of consecutive differences, second half) {noise:.4f}")
+    if args.seed_control:
+        torch.manual_seed(1)
+        other = build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
+                            attn_implementation="sdpa").train()
+        control, _ = curve(other, batches, contextlib.nullcontext, args.lr)
+        gaps = [abs(c - f) for f, c in zip(fp32, control, strict=True)]
+        print("seed control (fp32, seed 1 weights): " + ", ".join(
+            f"step {step + 1} {control[step]:.4f}" for step in range(args.every - 1, args.steps, args.every)))
+        print(f"mean |fp32 seed 1 - fp32 seed 0| {statistics.fmean(gaps):.4f}, largest {max(gaps):.4f} "
+              f"(second half: mean {statistics.fmean(gaps[args.steps // 2:]):.4f}); bf16 second half: mean "
+              f"{statistics.fmean(differences[args.steps // 2:]):.4f}")
     print(f"seconds per step: fp32 {fp32_s:.3f}, bf16 {bf16_s:.3f} ({fp32_s / bf16_s:.2f}x)")
 
 
