@@ -53,6 +53,23 @@ def batches_for(dataset, params, pad_id: int, max_length: int, count: int, **bat
             for batch in chosen]
 
 
+def load_prepared(work: Path, max_length: int = 320):
+    """The tokenizer and token sequences in ``work`` (``train_speed.prepare``: 20,000 realistic texts, the 5.2 M
+    shape's tokenizer), prepared there first when missing."""
+    from transformers import AutoTokenizer
+
+    if not (work / "tokens.npz").is_file():
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from train_speed import prepare
+
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"preparing {work} (train_speed.prepare: 20,000 realistic texts, 5.2 M tokenizer) ...", flush=True)
+        prepare(work, 20000, max_length, "realistic", "5m")
+    tokenizer = AutoTokenizer.from_pretrained(str(work / "tokenizer"))
+    with np.load(work / "tokens.npz") as data:
+        return tokenizer, TokenSequences(data["values"], data["offsets"])
+
+
 def timed_steps(model, optimizer, batches, steps: int) -> tuple[float, int]:
     """Seconds per step (median over ``steps``) and real tokens per step (mean)."""
     times, real = [], 0
@@ -79,19 +96,7 @@ def main(argv=None) -> None:
     parser.add_argument("--row-length", default="auto", help="packed row length of the loss lever (auto or N)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
-
-    work = Path(args.workdir)
-    if not (work / "tokens.npz").is_file():
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from train_speed import prepare
-
-        work.mkdir(parents=True, exist_ok=True)
-        print(f"preparing {work} (train_speed.prepare: 20,000 realistic texts, 5.2 M tokenizer) ...", flush=True)
-        prepare(work, 20000, 320, "realistic", "5m")
-    tokenizer = AutoTokenizer.from_pretrained(str(work / "tokenizer"))
-    with np.load(work / "tokens.npz") as data:
-        dataset = TokenSequences(data["values"], data["offsets"])
+    tokenizer, dataset = load_prepared(Path(args.workdir))
     torch.manual_seed(0)
     model = build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
                         attn_implementation="sdpa").train()

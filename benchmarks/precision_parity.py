@@ -26,15 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from issue16_ab import SHAPE, batches_for  # noqa: E402
+from issue16_ab import SHAPE, batches_for, load_prepared  # noqa: E402
 
 from fastlm.engine.config import ModelParams  # noqa: E402
-from fastlm.engine.data.token_dataset import TokenSequences  # noqa: E402
 from fastlm.engine.loss import accumulate_gradients  # noqa: E402
 from fastlm.engine.model import build_model  # noqa: E402
 
@@ -63,17 +61,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed-control", action="store_true", help="also fp32 from other initial weights (seed 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
-
-    work = Path(args.workdir)
-    if not (work / "tokens.npz").is_file():
-        from train_speed import prepare
-
-        work.mkdir(parents=True, exist_ok=True)
-        prepare(work, 20000, args.max_length, "realistic", "5m")
-    tokenizer = AutoTokenizer.from_pretrained(str(work / "tokenizer"))
-    with np.load(work / "tokens.npz") as data:
-        dataset = TokenSequences(data["values"], data["offsets"])
+    tokenizer, dataset = load_prepared(Path(args.workdir), args.max_length)
     params = {"model": {"attn_implementation": "sdpa", **SHAPE},
               "batching": {"mode": "packed", "micro_batch_size": args.rows}}
     batches = batches_for(dataset, params, int(tokenizer.pad_token_id), args.max_length, args.steps)
