@@ -2,7 +2,7 @@
 
 Evidence for choosing bf16 on CPUs that do bf16 natively (``torch.cpu._is_avx512_bf16_supported()`` or AMX):
 speed may only be bought without changing what is learnt. The 5.2 M shape (``issue16_ab.SHAPE``) is built
-once with ``torch.manual_seed(0)``; a copy trains ``--steps`` AdamW steps in fp32 and another the same steps
+from ``torch.manual_seed(0)`` twice (identical weights); one trains ``--steps`` AdamW steps in fp32 and another the same steps
 under ``torch.autocast("cpu", torch.bfloat16)``, both on the engine's own packed batches of the realistic
 short-review profile (``train_speed.prepare``; one epoch is about 19 batches, repeated for more steps) and
 the engine's loss (``loss.accumulate_gradients``: summed
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import statistics
 import sys
 import time
@@ -67,11 +66,14 @@ def main(argv=None) -> None:
     batches = batches_for(dataset, params, int(tokenizer.pad_token_id), args.max_length, args.steps)
     epoch = len(batches)  # one epoch of packed batches (about 19 for 20,000 texts): later steps run it again
     batches = [batches[step % epoch] for step in range(args.steps)]
-    torch.manual_seed(0)
-    base = build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
-                       attn_implementation="sdpa").train()
-    fp32, fp32_s = curve(copy.deepcopy(base), batches, contextlib.nullcontext, args.lr)
-    bf16, bf16_s = curve(copy.deepcopy(base), batches,
+
+    def initial_model(seed: int):
+        torch.manual_seed(seed)
+        return build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
+                           attn_implementation="sdpa").train()
+
+    fp32, fp32_s = curve(initial_model(0), batches, contextlib.nullcontext, args.lr)
+    bf16, bf16_s = curve(initial_model(0), batches,
                          lambda: torch.autocast("cpu", dtype=torch.bfloat16), args.lr)
     print(f"{args.steps} steps, {len(batches[0]['input_ids'])} rows x {batches[0]['input_ids'].shape[1]} tokens, "
           f"AdamW lr {args.lr}, {torch.get_num_threads()} threads, torch {torch.__version__}")
@@ -84,10 +86,7 @@ def main(argv=None) -> None:
     print(f"mean |bf16 - fp32| {statistics.fmean(differences):.4f}, largest {max(differences):.4f}; "
           f"fp32 batch-to-batch noise (stdev of consecutive differences, second half) {noise:.4f}")
     if args.seed_control:
-        torch.manual_seed(1)
-        other = build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
-                            attn_implementation="sdpa").train()
-        control, _ = curve(other, batches, contextlib.nullcontext, args.lr)
+        control, _ = curve(initial_model(1), batches, contextlib.nullcontext, args.lr)
         gaps = [abs(c - f) for f, c in zip(fp32, control, strict=True)]
         print("seed control (fp32, seed 1 weights): " + ", ".join(
             f"step {step + 1} {control[step]:.4f}" for step in range(args.every - 1, args.steps, args.every)))

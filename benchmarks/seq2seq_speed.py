@@ -46,12 +46,13 @@ from pathlib import Path
 from statistics import median
 from time import perf_counter, process_time
 
+from speed_flags import COMPILE_FLAGS, add_speed_flags  # sibling module: the script runs from benchmarks/
+
 for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
     os.environ.setdefault(_name, "1")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPILE_FLAGS = {"auto": "auto", "on": True, "off": False}
 
 
 def load_samples(rows: int, max_length: int, workdir: Path):
@@ -247,11 +248,7 @@ def main() -> None:
                         help="rounds; each runs the three contenders, in an order rotated round by round")
     parser.add_argument("--interleaved", type=int, default=0,
                         help="only compare fastlm packed and length_grouped, N steps each alternated in one process")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                        help="every contender: fastlm train.runtime.precision, the Trainer's bf16=True (bf16 autocast)")
-    parser.add_argument("--compile", choices=tuple(COMPILE_FLAGS), default="auto",
-                        help="torch.compile: auto = each contender's default (fastlm train.runtime.compile auto, the "
-                             "Trainer off); on = fastlm compile=true and the Trainer's torch_compile=True; off = neither")
+    add_speed_flags(parser, "the Trainer's")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

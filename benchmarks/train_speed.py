@@ -110,6 +110,7 @@ from pathlib import Path
 
 from contender_process import OFFLINE_ENV, run_contender
 from length_profile import realistic_texts, text_statistics
+from speed_flags import COMPILE_FLAGS, add_speed_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
 
@@ -240,8 +241,6 @@ class Context:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters()), trainable
 
-
-COMPILE_FLAGS = {"auto": "auto", "on": True, "off": False}
 
 
 def rates(real: float, computed: float, window: float, steps: int) -> dict:
@@ -770,11 +769,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--repeats", type=int, default=1, help="run the contender list this many times, interleaved")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                        help="every contender: fastlm runtime.precision, the Trainers' bf16=True (bf16 autocast)")
-    parser.add_argument("--compile", choices=tuple(COMPILE_FLAGS), default="auto",
-                        help="torch.compile: auto = each contender's default (fastlm runtime.compile auto, the Trainers "
-                             "off); on = fastlm compile=true and the Trainers' torch_compile=True; off = neither")
+    add_speed_flags(parser, "the Trainers'")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the prepared data here (default: a temp dir)")
     parser.add_argument("--run", choices=CONTENDERS, help=argparse.SUPPRESS)
