@@ -46,7 +46,8 @@ from pathlib import Path
 from statistics import median
 from time import perf_counter, process_time
 
-from speed_flags import COMPILE_FLAGS, add_speed_flags  # sibling module: the script runs from benchmarks/
+# speed_flags: a sibling module (the script runs from benchmarks/)
+from speed_flags import COMPILE_FLAGS, add_speed_flags, peer_bf16
 
 for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
     os.environ.setdefault(_name, "1")
@@ -223,7 +224,7 @@ def run_trainer(tokenizer, samples, folder: Path, args, tag: str = "") -> dict:
         args=Seq2SeqTrainingArguments(output_dir=str(folder.parent / f"trainer{tag}"), per_device_train_batch_size=
                                       args.batch_size, max_steps=args.warmup + args.steps, report_to=[],
                                       save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
-                                      dataloader_num_workers=0, seed=0, bf16=args.precision == "bf16",
+                                      dataloader_num_workers=0, seed=0, bf16=peer_bf16(args),
                                       torch_compile=args.compile == "on"))
     output = trainer.train()
     last = args.warmup + args.steps

@@ -110,7 +110,7 @@ from pathlib import Path
 
 from contender_process import OFFLINE_ENV, run_contender
 from length_profile import realistic_texts, text_statistics
-from speed_flags import COMPILE_FLAGS, add_speed_flags
+from speed_flags import COMPILE_FLAGS, add_speed_flags, peer_bf16, speed_flag_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
 
@@ -343,6 +343,8 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
         "check_real_tokens_per_s_wall": check_real / wall if wall else None,
         "steps_per_epoch": len(sampler.epoch_batches()),
         "final_loss": history[-1]["loss"],
+        "precision": result.runtime.precision,
+        "precision_choice": result.runtime.precision_choice,
         "peak_memory_mb": result.summary.get("peak_memory_mb"),
     }
     if mode == "packed" and not lora:
@@ -486,7 +488,7 @@ def run_trainer(ctx: Context, name: str) -> dict:
     common = dict(
         output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, max_steps=warmup + steps,
         report_to=[], save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
-        dataloader_num_workers=0, seed=0, bf16=args.precision == "bf16", torch_compile=args.compile == "on",
+        dataloader_num_workers=0, seed=0, bf16=peer_bf16(args), torch_compile=args.compile == "on",
     )
     if name == "trl_packing":
         from trl import SFTConfig, SFTTrainer
@@ -520,6 +522,7 @@ def run_trainer(ctx: Context, name: str) -> dict:
         **rates(real, computed, window, steps),
         "data_wait_share": 1 - timer.inside / window,
         "optim": str(getattr(training_args.optim, "value", training_args.optim)),
+        "bf16": bool(training_args.bf16),
         "sampling": str(getattr(training_args, "train_sampling_strategy", "random")),
         "final_loss": trainer.state.log_history[-1].get("train_loss") if trainer.state.log_history else None,
     }
@@ -557,7 +560,7 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) ->
     return run_contender(Path(__file__), name, workdir, index, repo=REPO, extra_args=[
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
         "--max-length", str(args.max_length), "--threads", str(args.threads), "--model", args.model,
-        "--precision", args.precision, "--compile", args.compile])
+        *speed_flag_args(args)])
 
 
 def machine(threads: int) -> dict:
@@ -691,9 +694,10 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
                          f"wall {_fmt(run['wall_s'], '.3f')} s vs metric windows {run['window_s']:.3f} s, "
                          f"tokens re-counted: real {run['check_real_tokens']:,} vs {run['real_tokens']:,.0f}, "
                          f"computed {run['check_computed_tokens']:,} vs {run['computed_tokens']:,.0f}; "
-                         f"{run['steps_per_epoch']} steps/epoch")
+                         f"{run['steps_per_epoch']} steps/epoch; precision {run.get('precision')} "
+                         f"({run.get('precision_choice')})")
             else:
-                extra = (f", batches in window {run['batches_in_window']}, optim {run['optim']}, "
+                extra = (f", bf16 {run.get('bf16')}, batches in window {run['batches_in_window']}, optim {run['optim']}, "
                          f"sampling {run['sampling']}")
             print(f"  {name} #{number}: init {run['init']}, threads {run['threads']}, "
                   f"other load {run['other_load_cores']:.2f} cores, process {run['process_wall_s']:.1f} s{extra}")

@@ -104,3 +104,34 @@ def test_the_measured_step_is_the_training_step(tmp_path, monkeypatch):
     measure(2)
     assert [(clip, advanced) for clip, advanced, _ in seen] == [(0.5, 1)] * 3
     assert seen[0][2] < seen[1][2]  # warm-up: the rate grows step by step
+
+
+def test_every_batching_mode_gets_its_ladder_and_the_fastest_mode_wins(tmp_path):
+    """``tune.modes``: each mode is measured over the sizes on the real step; the choice is across modes."""
+    params = toy_params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed", "length_grouped"], params=params,
+                              runtime=runtime, pad_id=EOS, max_length=64, attn="sdpa", warmup=1, timed=2,
+                              sizes=tune.ladder(1, 2), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9)
+    assert [ladder.mode for ladder in ladders] == ["packed", "length_grouped"]
+    assert all([t.micro_batch_size for t in ladder.trials] == [1, 2] for ladder in ladders)
+    best = tune.best_mode(ladders)
+    fastest = max((t.real_tokens_per_s, ladder.mode) for ladder in ladders for t in ladder.trials)
+    assert (best.chosen.real_tokens_per_s, best.mode) == fastest
+    text = tune.explain_modes(ladders, best, accumulation=1, target=None, headroom=0.1, memory_limit_mb=None)
+    assert f"fastest: batching {best.mode}, micro-batch {best.chosen.micro_batch_size}" in text.lower()
+    assert "packed:" in text and "length_grouped:" in text
+
+
+def test_a_mode_the_model_cannot_train_in_is_skipped_with_the_reason(tmp_path):
+    params = toy_params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+
+    def never(size):
+        raise AssertionError("measured a mode that was refused")
+
+    ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed"], params=params, runtime=runtime,
+                              pad_id=EOS, max_length=64, attn="sdpa", warmup=1, timed=2, sizes=[1],
+                              memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9,
+                              unavailable=lambda mode: "no packing here", measurer=never)
+    assert ladders[0].trials == [] and ladders[0].skipped == "no packing here" and tune.best_mode(ladders) is None

@@ -16,14 +16,18 @@ def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_projec
     run_pipeline(kedro_project, "split", params)
     run_pipeline(kedro_project, "tune", params)
     trials = pd.read_csv(kedro_project / "data/08_reporting/tune_trials.csv")
-    assert list(trials["micro_batch_size"]) == [1, 2, 4] and (trials["real_tokens_per_s"] > 0).all()
+    assert list(trials["mode"]) == ["packed"] * 3 + ["length_grouped"] * 3  # conf/base: tune.modes
+    assert list(trials["micro_batch_size"]) == [1, 2, 4] * 2 and (trials["real_tokens_per_s"] > 0).all()
     assert (kedro_project / "data/08_reporting/plots/tune.png").stat().st_size > 5_000
     tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
-    chosen = tuned["train"]["batching"]["micro_batch_size"]
+    chosen, mode = tuned["train"]["batching"]["micro_batch_size"], tuned["train"]["batching"]["mode"]
     assert chosen in (1, 2, 4) and tuned["train"]["batching"]["gradient_accumulation_steps"] == 8 // chosen
+    fastest = trials.loc[trials["real_tokens_per_s"].idxmax()]
+    assert (mode, chosen) == (fastest["mode"], fastest["micro_batch_size"])
 
     from kedro.framework.session import KedroSession
 
     with KedroSession.create(project_path=kedro_project) as session:
         train = session.load_context().params["train"]
     assert train["batching"]["micro_batch_size"] == chosen and train["optimizer"]["lr"] == 0.002
+    assert train["batching"]["mode"] == mode

@@ -343,3 +343,20 @@ def test_tune_figure_draws_the_measured_trials_marks_the_cliff_and_the_choice():
     assert (list(chosen.get_xdata()), list(chosen.get_ydata())) == ([2], [180.0])
     assert [text.get_text() for text in speed.texts] == ["out of memory"]
     assert tune_figure(trials.iloc[:0], None).axes  # no trial at all: an empty figure, no error
+
+
+def test_tune_figure_draws_one_line_per_batching_mode_and_stars_the_chosen_mode():
+    trials = pd.DataFrame([
+        {"mode": "packed", "micro_batch_size": 1, "status": "ok", "real_tokens_per_s": 100.0, "peak_memory_mb": 10.0},
+        {"mode": "packed", "micro_batch_size": 2, "status": "ok", "real_tokens_per_s": 300.0, "peak_memory_mb": 20.0},
+        {"mode": "length_grouped", "micro_batch_size": 1, "status": "ok", "real_tokens_per_s": 90.0,
+         "peak_memory_mb": 8.0},
+        {"mode": "length_grouped", "micro_batch_size": 2, "status": "ok", "real_tokens_per_s": 150.0,
+         "peak_memory_mb": 12.0},
+    ])
+    speed, memory = tune_figure(trials, 2, chosen_mode="packed").axes
+    lines = speed.get_lines()
+    assert [list(line.get_ydata()) for line in lines[:2]] == [[100.0, 300.0], [90.0, 150.0]]
+    assert [line.get_label() for line in lines[:2]] == ["real tokens/s (packed)", "real tokens/s (length_grouped)"]
+    assert list(lines[-1].get_ydata()) == [300.0] and lines[-1].get_label() == "chosen"
+    assert len(memory.get_lines()) == 2

@@ -148,6 +148,7 @@ class MicroBatches:
         self.dataset, self.sampler, self.collator, self.loader_kwargs = dataset, sampler, collator, loader_kwargs
         self.epoch, self.batch = epoch, batch
         self._iterator: Iterator | None = None
+        self._peeked: tuple[list[dict], float] | None = None
 
     @property
     def position(self) -> dict:
@@ -174,8 +175,19 @@ class MicroBatches:
         self.batch += 1
         return batch
 
+    def peek_step(self, accumulation: int, device: torch.device, attn: str) -> list[dict]:
+        """The micro-batches the next ``next_step`` returns (fetched now, handed out then)."""
+        if self._peeked is None:
+            self._peeked = self.next_step(accumulation, device, attn)
+        return self._peeked[0]
+
     def next_step(self, accumulation: int, device: torch.device, attn: str) -> tuple[list[dict], float]:
         """One optimizer step's micro-batches on ``device`` and the seconds spent waiting for the DataLoader."""
+        if self._peeked is not None:
+            step, self._peeked = self._peeked, None
+            if len(step[0]) != accumulation:
+                raise ValueError(f"peeked {len(step[0])} micro-batches, asked for {accumulation}")
+            return step
         waited = perf_counter()
         with torch.profiler.record_function("fastlm.data"):
             fetched = [next(self) for _ in range(accumulation)]

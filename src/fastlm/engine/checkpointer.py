@@ -53,6 +53,7 @@ class TrainState:
     first_step: int = 0  # this process's first step
     last_good: Path | None = None  # this run's newest checkpoint (saved, or resumed from)
     backoffs: list[dict] = field(default_factory=list)  # this process's out-of-memory back-offs (step, new sizes)
+    runtime_choice: dict = field(default_factory=dict)  # runtime_probe's measured settings (a resume keeps them)
 
 
 class Checkpointer:
@@ -89,7 +90,7 @@ class Checkpointer:
                            batch_in_epoch=resume_position(saved, self.comm.world_size, folder),
                            history=saved["history"], eval_history=saved["eval_history"],
                            batching=saved.get("batching") or {}, resumed_from=folder, first_step=saved["step"],
-                           last_good=folder)
+                           last_good=folder, runtime_choice=saved.get("runtime_choice") or {})
         log.info("Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)", folder, state.step,
                  self.total_steps, state.epoch, state.batch_in_epoch)
         if state.step >= self.total_steps:
@@ -118,7 +119,8 @@ class Checkpointer:
                                            "eval_history": state.eval_history, "tokens_seen": state.tokens_seen,
                                            "world_size": self.comm.world_size, "sharded": self.sharded,
                                            "trainable_only": self.trainable_only, "total_steps": self.total_steps,
-                                           "digest": self.digest, "batching": state.batching, **position})
+                                           "digest": self.digest, "batching": state.batching, "runtime_choice": state.runtime_choice,
+                                           **position})
         state.last_good = saved
         return saved
 

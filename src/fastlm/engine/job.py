@@ -99,5 +99,5 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
                "distributed_strategy": params.distributed.strategy if world > 1 else "none",
                "dataloader_workers": loader_settings(params, runtime.device)["num_workers"],
                "train_samples": len(train_set), "train_tokens": train_set.num_tokens,
-               "device_memory_mb": device_memory_mb(runtime.device), "runtime": runtime.describe()}
+               "device_memory_mb": device_memory_mb(runtime.device), "runtime": (result.runtime or runtime).describe()}
     return JobResult(result.model, result.history, result.eval_history, summary)

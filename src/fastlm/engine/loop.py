@@ -39,6 +39,7 @@ from fastlm.engine.profiling import step_profiler
 from fastlm.engine.progress import Progress
 from fastlm.engine.records import Callback, Recorder, run_summary
 from fastlm.engine.runtime import Runtime
+from fastlm.engine.runtime_probe import probe_runtime
 from fastlm.engine.seq2seq_hooks import packing_unavailable
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
 from fastlm.engine.step import make_optimization, train_step
@@ -57,6 +58,7 @@ class TrainResult:
     eval_history: list[dict]
     summary: dict = field(default_factory=dict)
     step_times: list[float] = field(default_factory=list)  # host wall time of each step this process ran
+    runtime: Runtime | None = None  # what the steps ran with (``runtime_probe`` settles CPU choices)
 
 
 def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, params: TrainParams, runtime: Runtime,
@@ -88,6 +90,11 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         params = resumed_batching(params, state.batching, state.resumed_from)
         state.batching = batching_record(params, configured)
         stream = micro_batches(train_set, params, epoch=state.epoch, batch=state.batch_in_epoch, **stream_args)
+        accumulation = params.batching.gradient_accumulation_steps
+        first = stream.peek_step(accumulation, device, attn)[0] if state.step < total_steps else None
+        runtime, probed = probe_runtime(runtime, params.runtime.precision, raw_model, first, world_size=world,
+                                        resumed=state.runtime_choice)
+        state.runtime_choice = probed.record()
         metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=max_length)
         recorder = _recorder(state, metrics, raw_model, params, runtime, callbacks, comm, total_steps=total_steps)
         profiler = step_profiler(params.profile, device, enabled=comm.is_main)
@@ -144,7 +151,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                               params=params, world_size=world)
         summary.update(compiled=runtime.compile, attention=attn, profile=profiler.summary, planned_steps=total_steps,
                        stopped_by=STOPPED_BY if out_of_time else None)
-        return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times)
+        return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times, runtime)
 
 
 def _batching_for(model, train_set: TokenSequences, params: TrainParams, attn: str) -> tuple[TrainParams, dict]:

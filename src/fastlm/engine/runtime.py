@@ -14,8 +14,9 @@ Precision, resolved from ``RuntimeConfig.precision``:
 ============  ==========================================  ====================  ===========
 requested     CUDA                                        CPU                   grad scaler
 ============  ==========================================  ====================  ===========
-``auto``      bf16 if the GPU does bf16 natively, else    fp32                  fp16 only
-              fp16
+``auto``      bf16 if the GPU does bf16 natively, else    fp32 here; then the   fp16 only
+              fp16                                        loop measures bf16
+                                                          (``runtime_probe``)
 ``bf16``      bf16 (error if the GPU lacks native bf16)   bf16 autocast         no
 ``fp16``      fp16                                        error (needs CUDA)    yes
 ``fp32``      fp32 (TF32 matmuls if ``tf32``)             fp32                  no
@@ -97,6 +98,7 @@ class Runtime:
     tokenizers_parallelism: str
     torch_version: str
     cuda_version: str | None
+    precision_choice: str | None = None  # why this precision (``runtime_probe`` measures ``auto`` on CPU)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

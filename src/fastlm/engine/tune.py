@@ -97,6 +97,67 @@ def choose(trials: Sequence[Trial]) -> Trial | None:
     return max((t for t in trials if t.status == OK), key=lambda t: t.real_tokens_per_s, default=None)
 
 
+@dataclass(frozen=True)
+class ModeLadder:
+    """One batching mode's trials (``tune.modes``), its own best size, or why it was not measured."""
+
+    mode: str
+    trials: list[Trial]
+    chosen: Trial | None
+    skipped: str | None = None
+
+
+def tune_modes(model, dataset, modes: Sequence[str], *, params, runtime, pad_id: int, max_length: int, attn: str,
+               warmup: int, timed: int, sizes: Sequence[int], memory_limit_mb: float | None, headroom: float,
+               cliff_tolerance: float, unavailable: Callable[[str], str | None] | None = None,
+               measurer: Callable[[int], Measurement] | None = None) -> list[ModeLadder]:
+    """The size ladder (``run_ladder``) of each batching mode in ``modes`` on the real training step.
+
+    ``unavailable(mode)``: why the model cannot train in that mode (default: packed rows of an encoder-decoder
+    family or attention path that cannot keep samples apart); such a mode is skipped with its reason.
+    ``measurer``: one measure function for every mode (tests); default ``real_step_measurer`` per mode.
+    """
+    unavailable = unavailable or _unavailable_modes(model, dataset, attn)
+    ladders = []
+    for mode in modes:
+        reason = unavailable(mode)
+        if reason is not None:
+            ladders.append(ModeLadder(mode, [], None, skipped=reason))
+            continue
+        mode_params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": mode})})
+        measure = measurer or real_step_measurer(model, dataset, params=mode_params, runtime=runtime, pad_id=pad_id,
+                                                 max_length=max_length, attn=attn, warmup=warmup, timed=timed)
+        trials = run_ladder(measure, sizes, memory_limit_mb=memory_limit_mb, headroom=headroom,
+                            cliff_tolerance=cliff_tolerance)
+        ladders.append(ModeLadder(mode, trials, choose(trials)))
+    return ladders
+
+
+def best_mode(ladders: Sequence[ModeLadder]) -> ModeLadder | None:
+    """The mode whose chosen size has the most real tokens/s (None: no size of any mode fit)."""
+    return max((ladder for ladder in ladders if ladder.chosen is not None),
+               key=lambda ladder: ladder.chosen.real_tokens_per_s, default=None)
+
+
+def explain_modes(ladders: Sequence[ModeLadder], best: ModeLadder | None, **explain_kwargs) -> str:
+    """``explain`` for each mode, then the choice across modes."""
+    parts = [f"{ladder.mode}: not measured ({ladder.skipped})." if ladder.skipped else
+             f"{ladder.mode}: " + explain(ladder.trials, ladder.chosen, **explain_kwargs) for ladder in ladders]
+    if best is not None and len(ladders) > 1:
+        parts.append(f"Fastest: batching {best.mode}, micro-batch {best.chosen.micro_batch_size} "
+                     f"({best.chosen.real_tokens_per_s:,.0f} real tokens/s).")
+    return " ".join(parts)
+
+
+def _unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]:
+    from fastlm.engine.batching import seq2seq_batching
+    from fastlm.engine.seq2seq_hooks import packing_unavailable
+
+    sides = seq2seq_batching(model, dataset, attn)
+    cannot_pack = sides and not sides["seq2seq_packing"]
+    return lambda mode: packing_unavailable(model, attn) if mode == "packed" and cannot_pack else None
+
+
 def accumulation_for(target_effective_batch: int | None, micro_batch_size: int, world_size: int = 1,
                      current: int = 1) -> int:
     """Accumulation steps so that micro x accumulation x world size reaches the target (at least 1)."""
@@ -196,6 +257,7 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
     step (the accumulation multiplies the time per step, not the memory)."""
     from fastlm.engine.attention import to_device
     from fastlm.engine.batching import make_batching, seq2seq_batching
+    from fastlm.engine.runtime_probe import probe_runtime
     from fastlm.engine.step import make_optimization, train_step
 
     model.to(runtime.device)
@@ -212,11 +274,14 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
         batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
         if len(batches) < warmup + timed:
             raise ValueError(f"micro-batch {size} leaves fewer than {warmup + timed} batches in the data")
-        opt = make_optimization(model, trial_params, runtime, total_steps=warmup + timed)
+        # precision auto on CPU: what the run would measure at this size (runtime_probe, on the first batch)
+        first = to_device(collator(dataset.__getitems__(batches[0])), runtime.device, attn)
+        trial_runtime, _ = probe_runtime(runtime, params.runtime.precision, model, first)
+        opt = make_optimization(model, trial_params, trial_runtime, total_steps=warmup + timed)
 
         def step(index: int) -> int:
             batch = collator(dataset.__getitems__(batches[index]))
-            train_step(compiled, [to_device(batch, runtime.device, attn)], opt, runtime=runtime)
+            train_step(compiled, [to_device(batch, runtime.device, attn)], opt, runtime=trial_runtime)
             return int(batch["num_real_tokens"])
 
         try:

@@ -97,33 +97,40 @@ def memory_figure(history: pd.DataFrame | None) -> Figure:
     return fig
 
 
-def tune_figure(trials: pd.DataFrame, chosen: int | None, *, ok: str = "ok") -> Figure:
-    """The tune pipeline's trials table (one row per micro-batch size: ``micro_batch_size``, ``status``,
-    ``real_tokens_per_s``, ``peak_memory_mb``): real tokens/s and peak memory against micro-batch size, each
-    trial whose status is not ``ok`` (the cliff, out of memory) marked by a dashed line, ``chosen`` by a star."""
+def tune_figure(trials: pd.DataFrame, chosen: int | None, *, ok: str = "ok", chosen_mode: str | None = None) -> Figure:
+    """The tune pipeline's trials table (one row per trial: ``micro_batch_size``, ``status``,
+    ``real_tokens_per_s``, ``peak_memory_mb``, and ``mode`` when several batching modes were measured): real
+    tokens/s (solid) and peak memory (dotted) against micro-batch size, one colour per mode, each trial whose
+    status is not ``ok`` (the cliff, out of memory) marked by a dashed line, ``chosen`` (of ``chosen_mode``) by a
+    star."""
     figure = Figure(figsize=FIGSIZE, dpi=DPI)
     speed = figure.add_subplot()
+    memory = speed.twinx()
+    trials = trials if "mode" in trials.columns else trials.assign(mode=chosen_mode or "")
     measured = trials[trials["real_tokens_per_s"].notna()] if len(trials) else trials
-    sizes = measured["micro_batch_size"].tolist() if len(measured) else []
-    speed.plot(sizes, measured["real_tokens_per_s"].tolist() if sizes else [], marker="o", color="tab:blue",
-               label="real tokens/s")
+    colours = ("tab:blue", "tab:orange", "tab:purple")
+    for index, (mode, rows) in enumerate(measured.groupby("mode", sort=False) if len(measured) else ()):
+        label = f" ({mode})" if mode else ""
+        speed.plot(rows["micro_batch_size"].tolist(), rows["real_tokens_per_s"].tolist(), marker="o",
+                   color=colours[index % len(colours)], label=f"real tokens/s{label}")
+        memory.plot(rows["micro_batch_size"].tolist(), rows["peak_memory_mb"].tolist(), marker="s", linestyle=":",
+                    color=colours[index % len(colours)], label=f"peak memory{label}")
     speed.set_xscale("log", base=2)
     speed.set_xlabel("micro-batch size")
-    speed.set_ylabel("real tokens/s", color="tab:blue")
-    memory = speed.twinx()
-    memory.plot(sizes, measured["peak_memory_mb"].tolist() if sizes else [], marker="s", color="tab:red",
-                label="peak memory")
-    memory.set_ylabel("peak memory (MB)", color="tab:red")
+    speed.set_ylabel("real tokens/s (solid)")
+    memory.set_ylabel("peak memory, MB (dotted)")
     for row in trials.itertuples() if len(trials) else ():
         if row.status != ok:
             speed.axvline(row.micro_batch_size, color="black", linestyle="--", linewidth=1)
-            speed.annotate(row.status, (row.micro_batch_size, speed.get_ylim()[1]), fontsize=8, ha="right",
-                           va="top", rotation=90)
+            speed.annotate(f"{row.mode} {row.status}".strip(), (row.micro_batch_size, speed.get_ylim()[1]),
+                           fontsize=8, ha="right", va="top", rotation=90)
     if chosen is not None:
-        best = measured.loc[measured["micro_batch_size"] == chosen, "real_tokens_per_s"]
-        speed.plot([chosen], best.tolist()[:1], marker="*", markersize=14, color="tab:green", linestyle="none",
-                   label="chosen")
-    speed.legend(loc="lower right", fontsize=8)
+        rows = measured[(measured["micro_batch_size"] == chosen)
+                        & ((measured["mode"] == chosen_mode) if chosen_mode else True)]
+        speed.plot([chosen], rows["real_tokens_per_s"].tolist()[:1], marker="*", markersize=14, color="tab:green",
+                   linestyle="none", label="chosen")
+    if speed.get_lines():
+        speed.legend(loc="lower right", fontsize=8)
     speed.set_title("Throughput and memory against micro-batch size")
     figure.tight_layout()
     return figure

@@ -33,36 +33,40 @@ def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokeniz
     tuned_file = (paths or {}).get("tuned_parameters", "tuned_parameters")
     attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
     model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)
-    measure = tune.real_step_measurer(model, TokenSequences.from_arrow(tokenized["train"]), params=params,
-                                      runtime=runtime, pad_id=pad_id_of(tokenizer), max_length=max_length,
-                                      attn=attn, warmup=settings.warmup_steps, timed=settings.timed_steps)
     limit = device_memory_mb(runtime.device)
-    trials = tune.run_ladder(measure, tune.ladder(settings.min_micro_batch_size, settings.max_micro_batch_size),
-                             memory_limit_mb=limit, headroom=settings.memory_headroom,
-                             cliff_tolerance=settings.cliff_tolerance)
-    chosen = tune.choose(trials)
+    modes = settings.modes or [params.batching.mode]
+    ladders = tune.tune_modes(model, TokenSequences.from_arrow(tokenized["train"]), modes, params=params,
+                              runtime=runtime, pad_id=pad_id_of(tokenizer), max_length=max_length, attn=attn,
+                              warmup=settings.warmup_steps, timed=settings.timed_steps,
+                              sizes=tune.ladder(settings.min_micro_batch_size, settings.max_micro_batch_size),
+                              memory_limit_mb=limit, headroom=settings.memory_headroom,
+                              cliff_tolerance=settings.cliff_tolerance)
+    best = tune.best_mode(ladders)
+    chosen = best.chosen if best else None
     accumulation = tune.accumulation_for(settings.target_effective_batch,
                                          chosen.micro_batch_size if chosen else 1,
                                          current=params.batching.gradient_accumulation_steps)
-    explanation = tune.explain(trials, chosen, accumulation=accumulation, target=settings.target_effective_batch,
-                               headroom=settings.memory_headroom, memory_limit_mb=limit)
+    explanation = tune.explain_modes(ladders, best, accumulation=accumulation, target=settings.target_effective_batch,
+                                     headroom=settings.memory_headroom, memory_limit_mb=limit)
     log.info("Tune: %s", explanation)
-    table = pd.DataFrame([trial.as_row() for trial in trials])
+    table = pd.DataFrame([{"mode": ladder.mode, **trial.as_row()} for ladder in ladders for trial in ladder.trials])
     tracker = tracker if tracker is not None else RunTracker()
-    for trial in trials:
-        tracker.record("tune", {"step": trial.micro_batch_size, "real_tokens_per_s": trial.real_tokens_per_s,
-                         "peak_memory_mb": trial.peak_memory_mb})
-    choice = {"micro_batch_size": chosen.micro_batch_size if chosen else None, "trials": len(trials),
-              "gradient_accumulation_steps": accumulation, "device": str(runtime.device),
+    for ladder in ladders:
+        for trial in ladder.trials:
+            tracker.record(f"tune_{ladder.mode}", {"step": trial.micro_batch_size,
+                                                   "real_tokens_per_s": trial.real_tokens_per_s,
+                                                   "peak_memory_mb": trial.peak_memory_mb})
+    choice = {"mode": best.mode if best else None, "micro_batch_size": chosen.micro_batch_size if chosen else None,
+              "trials": len(table), "gradient_accumulation_steps": accumulation, "device": str(runtime.device),
               "memory_limit_mb": limit, "explanation": explanation}
     tracker.log_params({f"tune.chosen.{k}": v for k, v in choice.items() if k != "explanation"})
     if chosen is None:
         raise ConfigError(f"no micro-batch size from {settings.min_micro_batch_size} fit: {explanation}",
                           fix="free device memory, turn on train.model.gradient_checkpointing, or use a smaller "
                               f"model; {tuned_file} was left as it was.")
-    tuned = {"train": {"batching": {"micro_batch_size": chosen.micro_batch_size,
+    tuned = {"train": {"batching": {"mode": best.mode, "micro_batch_size": chosen.micro_batch_size,
                                     "gradient_accumulation_steps": accumulation}}}
-    log.info("Writing %s: train.batching.micro_batch_size=%d, gradient_accumulation_steps=%d (the train "
-             "pipeline picks them up; delete the file to go back to conf/base)", tuned_file,
+    log.info("Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d (the train "
+             "pipeline picks them up; delete the file to go back to conf/base)", tuned_file, best.mode,
              chosen.micro_batch_size, accumulation)
-    return table, choice, tune_figure(table, chosen.micro_batch_size, ok=tune.OK), tuned
+    return table, choice, tune_figure(table, chosen.micro_batch_size, ok=tune.OK, chosen_mode=best.mode), tuned
