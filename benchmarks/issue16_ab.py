@@ -8,6 +8,12 @@ keeps a shared machine's load from favouring one side; the absolute figures stil
     python benchmarks/issue16_ab.py --workdir WORK --lever loss        # full log-softmax vs chunked CE
     python benchmarks/issue16_ab.py --workdir WORK --lever loss --row-length 320  # the same on 32 x 320 rows
     python benchmarks/issue16_ab.py --workdir WORK --lever row_length  # rows of 320 vs 128 vs 64 tokens
+    python benchmarks/issue16_ab.py --workdir WORK --lever attention --precision bf16  # dense mask vs sdpa_varlen
+    python benchmarks/issue16_ab.py --workdir WORK --lever logits --precision bf16     # every logit vs targets only
+    python benchmarks/issue16_ab.py --workdir WORK --lever logits --prompt-share 0.6   # the same, as SFT data
+
+``--prompt-share F`` makes the first ``F`` of every text's tokens its prompt (no loss on them), as prompt/response
+data has: the texts stay the same, only which tokens are targets changes.
 
 Every variant keeps the micro-batch's token budget (``--rows`` x ``--max-length`` tokens).
 
@@ -18,6 +24,8 @@ Every variant keeps the micro-batch's token budget (``--rows`` x ``--max-length`
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import statistics
 import sys
 import time
@@ -37,19 +45,18 @@ from fastlm.engine.model import build_model
 SHAPE = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4}
 
 
-def full_log_softmax_loss_sum(logits, labels, ignore_index=loss_module.IGNORE_INDEX, **_):
-    """The loss before issue 16: one full fp32 log-softmax over [tokens x vocab] and its gradient."""
-    targets = loss_module.shift_labels(labels, ignore_index)
-    loss_sum = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
-                               ignore_index=ignore_index, reduction="sum")
-    return loss_sum, (targets != ignore_index).sum()
+def full_log_softmax_loss_sum(logits, targets, ignore_index=loss_module.IGNORE_INDEX, **_):
+    """The loss before issue 16 (``loss.cross_entropy_sum``'s signature): one full fp32 log-softmax over
+    [tokens x vocab] and its gradient."""
+    return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
 
 
-def batches_for(dataset, params, pad_id: int, max_length: int, count: int, **batching) -> list[dict]:
+def batches_for(dataset, params, pad_id: int, max_length: int, count: int, attn: str = "sdpa",
+                **batching) -> list[dict]:
     params = parse_train_params({**params, "batching": {**params["batching"], **batching}})
     sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length, seed=0)
     chosen = sampler.epoch_batches()[:count]
-    return [to_device(collator(dataset.__getitems__(batch.tolist())), torch.device("cpu"), "sdpa")
+    return [to_device(collator(dataset.__getitems__(batch.tolist())), torch.device("cpu"), attn)
             for batch in chosen]
 
 
@@ -70,13 +77,13 @@ def load_prepared(work: Path, max_length: int = 320):
         return tokenizer, TokenSequences(data["values"], data["offsets"])
 
 
-def timed_steps(model, optimizer, batches, steps: int) -> tuple[float, int]:
+def timed_steps(model, optimizer, batches, steps: int, autocast=contextlib.nullcontext) -> tuple[float, int]:
     """Seconds per step (median over ``steps``) and real tokens per step (mean)."""
     times, real = [], 0
     for index in range(steps):
         batch = batches[index % len(batches)]
         start = time.perf_counter()
-        loss_module.accumulate_gradients(model, [batch])
+        loss_module.accumulate_gradients(model, [batch], autocast=autocast)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
@@ -87,7 +94,13 @@ def timed_steps(model, optimizer, batches, steps: int) -> tuple[float, int]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--lever", choices=("loss", "row_length"), required=True)
+    parser.add_argument("--lever", choices=("loss", "row_length", "attention", "logits"), required=True)
+    parser.add_argument("--prompt-share", type=float, default=0.0,
+                        help="this share of each text's tokens is its prompt (no loss), as in prompt/response data")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: autocast on CPU around forward and loss, as runtime.precision bf16")
+    parser.add_argument("--model", choices=("5m", "tiny"), default="5m", help="5m: the issue's shape; tiny: the "
+                        "project default (hidden 128, 2 layers)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rows", type=int, default=32)
@@ -97,19 +110,31 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tokenizer, dataset = load_prepared(Path(args.workdir))
+    if args.prompt_share:
+        prompts = np.minimum((dataset.lengths * args.prompt_share).astype(np.int64), dataset.lengths - 1)
+        dataset = TokenSequences(dataset.values, dataset.offsets, np.maximum(prompts, 0))
     torch.manual_seed(0)
-    model = build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
+    shape = SHAPE if args.model == "5m" else {}
+    model = build_model(ModelParams(attn_implementation="sdpa", **shape), tokenizer, max_length=args.max_length,
                         attn_implementation="sdpa").train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    params = {"model": {"attn_implementation": "sdpa", **SHAPE},
+    params = {"model": {"attn_implementation": "sdpa", **shape},
               "batching": {"mode": "packed", "micro_batch_size": args.rows}}
     pad_id = int(tokenizer.pad_token_id)
-    new_loss = loss_module.causal_lm_loss_sum
+    new_loss = loss_module.cross_entropy_sum
     if args.lever == "loss":
         row_length = args.row_length if args.row_length == "auto" else int(args.row_length)
         batches = batches_for(dataset, params, pad_id, args.max_length, args.steps, row_length=row_length)
         variants = {"full_log_softmax": (full_log_softmax_loss_sum, batches),
                     "chunked": (new_loss, batches)}
+    elif args.lever == "logits":  # the same packed rows; the LM head on every position vs on targets only
+        batches = batches_for(dataset, params, pad_id, args.max_length, args.steps)
+        every = [{key: value for key, value in batch.items() if key != loss_module.TARGET_POSITIONS}
+                 for batch in batches]
+        variants = {"every logit": (new_loss, every), "target logits only": (new_loss, batches)}
+    elif args.lever == "attention":  # the same packed rows; the dense bool mask vs per-sample buckets
+        variants = {attn: (new_loss, batches_for(dataset, params, pad_id, args.max_length, args.steps, attn=attn))
+                    for attn in ("sdpa", "sdpa_varlen")}
     else:
         variants = {}
         budget = args.rows * args.max_length
@@ -117,21 +142,28 @@ def main(argv=None) -> None:
             rows = budget // length
             variants[f"rows {rows} x {length}"] = (new_loss, batches_for(
                 dataset, params, pad_id, args.max_length, args.steps, row_length=length))
+    autocast = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if args.precision == "bf16"
+                else contextlib.nullcontext)
+
+    def use(name: str, function) -> None:
+        loss_module.cross_entropy_sum = function
+        model.config._attn_implementation = name if args.lever == "attention" else "sdpa"
+
     results: dict[str, list[float]] = {name: [] for name in variants}
     real_tokens: dict[str, int] = {}
-    for function, batches in variants.values():  # warm-up, untimed
-        loss_module.causal_lm_loss_sum = function
-        timed_steps(model, optimizer, batches, 2)
+    for name, (function, batches) in variants.items():  # warm-up, untimed
+        use(name, function)
+        timed_steps(model, optimizer, batches, 2, autocast)
     for _ in range(args.rounds):
         for name, (function, batches) in variants.items():
-            loss_module.causal_lm_loss_sum = function
-            seconds, real_tokens[name] = timed_steps(model, optimizer, batches, args.steps)
+            use(name, function)
+            seconds, real_tokens[name] = timed_steps(model, optimizer, batches, args.steps, autocast)
             results[name].append(seconds)
-    loss_module.causal_lm_loss_sum = new_loss
+    loss_module.cross_entropy_sum = new_loss
     first = next(iter(results))
     base = real_tokens[first] / statistics.median(results[first])
-    print(f"lever {args.lever}: {args.rounds} rounds x {args.steps} steps, {torch.get_num_threads()} threads "
-          "(medians; measured under load)")
+    print(f"lever {args.lever}: model {args.model}, {args.precision}, {args.rounds} rounds x {args.steps} steps, "
+          f"{torch.get_num_threads()} threads (medians)")
     for name, times in results.items():
         rate = real_tokens[name] / statistics.median(times)
         print(f"  {name:<20} step {statistics.median(times):.3f} s  real tok/s {rate:,.0f}  "

@@ -91,7 +91,14 @@ class Recorder:
         ids, positions = kwargs["input_ids"], kwargs["position_ids"].expand_as(kwargs["input_ids"])
         self.shapes.append(tuple(ids.shape))
         # a copy: the training loss writes its gradient over the logits (loss.accumulate_gradients)
-        logits = output.logits.detach().clone().reshape(*ids.shape, -1)
+        logits = output.logits.detach().clone()
+        keep = kwargs.get("logits_to_keep")
+        if isinstance(keep, torch.Tensor):  # training: logits only where a label is predicted; NaN elsewhere
+            full = torch.full((ids.numel(), logits.shape[-1]), math.nan)
+            full[keep.reshape(-1).nonzero().flatten() if keep.dtype == torch.bool else keep.reshape(-1)] = \
+                logits.reshape(-1, logits.shape[-1])
+            logits = full
+        logits = logits.reshape(*ids.shape, -1)
         for row in range(ids.shape[0]):
             starts = (positions[row] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
             for begin, end in zip(starts[:-1], starts[1:], strict=True):
@@ -102,7 +109,10 @@ def _check_samples(recorder: Recorder, reference_logits: dict, expected: int) ->
     matched = [key for key in recorder.seen if key in reference_logits]
     assert len(matched) == expected, "the packed batches did not hold the samples"
     for key in matched:
-        torch.testing.assert_close(recorder.seen[key], reference_logits[key], rtol=1e-4, atol=1e-4,
+        got = recorder.seen[key]
+        computed = ~got.isnan().any(dim=-1)  # a training step computes no logit for a sample's last token
+        assert int(computed.sum()) in (len(key), len(key) - 1) and bool(computed[:-1].all())
+        torch.testing.assert_close(got[computed], reference_logits[key][computed], rtol=1e-4, atol=1e-4,
                                    msg=lambda m, key=key: f"sample of {len(key)} tokens sees its neighbours: {m}")
 
 
@@ -167,7 +177,7 @@ def flex_reference(monkeypatch):
 
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-PATHS = ["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "torch_varlen"]
+PATHS = ["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "torch_varlen", "sdpa_varlen"]
 
 
 @pytest.fixture
@@ -212,7 +222,7 @@ def test_packed_evaluation_equals_each_sample_alone(path_kernels, reference, tmp
     result = evaluate(model, _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn=attn)
     _check_samples(recorder, reference_logits, len(SAMPLES))
     assert max(shape[0] for shape in recorder.shapes) > 1 or attn in ("flash_attention_2", "flash_attention_3",
-                                                                       "torch_varlen"), "one row per batch"
+                                                                       "torch_varlen", "sdpa_varlen"), "one row per batch"
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert math.isclose(result.metrics["loss"], expected, rel_tol=1e-5)
     assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
@@ -233,7 +243,7 @@ def test_packed_training_step_sees_each_sample_alone(path_kernels, reference, tm
     assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
 
 
-@pytest.mark.parametrize("path_kernels", ["flash_attention_2", "torch_varlen"], indirect=True)
+@pytest.mark.parametrize("path_kernels", ["flash_attention_2", "torch_varlen", "sdpa_varlen"], indirect=True)
 def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, reference, tmp_path):
     """Dynamic padding (one sample per row): the varlen view gets each row's sample and padding tail apart."""
     attn, kernels_fed = path_kernels
@@ -330,12 +340,44 @@ def test_generation_on_a_torch_varlen_model_uses_sdpa_and_puts_it_back():
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
     prompts = [SAMPLES[0][:4].tolist(), SAMPLES[3][:7].tolist()]
     outputs = {}
-    for attn in ("sdpa", "torch_varlen"):
+    for attn in ("sdpa", "torch_varlen", "sdpa_varlen"):
         model = _model(attn)
         outputs[attn] = generate_continuations(model, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime,
                                                max_new_tokens=4).continuations
         assert model.config._attn_implementation == attn
-    assert outputs["torch_varlen"] == outputs["sdpa"]
+    assert outputs["torch_varlen"] == outputs["sdpa"] == outputs["sdpa_varlen"]
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_sdpa_varlen_equals_causal_attention_per_segment_with_its_gradients(kv_heads):
+    """The CPU varlen kernel (length buckets, one causal SDPA call each): outputs and q/k/v gradients equal those
+    of each segment's own causal attention, for segments of every length up to and past a bucket boundary."""
+    from fastlm.engine.attention import sdpa_varlen_attention
+
+    torch.manual_seed(0)
+    lengths = [1, 7, 8, 9, 16, 17, 3, 40, 2, 33]
+    bounds = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    tokens, heads, dim, scale = int(bounds[-1]), 4, 8, 0.3
+    query = torch.randn(1, heads, tokens, dim, requires_grad=True)
+    key, value = (torch.randn(1, kv_heads, tokens, dim, requires_grad=True) for _ in range(2))
+    out, _ = sdpa_varlen_attention(None, query, key, value, None, scaling=scale, cu_seq_lens_q=bounds,
+                                   cu_seq_lens_k=bounds, max_length_q=max(lengths), max_length_k=max(lengths))
+    assert out.shape == (1, tokens, heads, dim)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (query, key, value))
+    groups = heads // kv_heads
+    q, k, v = (x.detach().clone().requires_grad_() for x in (query, key, value))
+    parts = []
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):  # written out: no SDPA in the reference
+        keys, values = (x[0, :, a:b].repeat_interleave(groups, dim=0) for x in (k, v))
+        scores = q[0, :, a:b] @ keys.transpose(1, 2) * scale
+        scores = scores.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1), -math.inf)
+        parts.append((scores.softmax(-1) @ values).transpose(0, 1))
+    expected = torch.cat(parts).unsqueeze(0)
+    assert torch.allclose(out, expected, atol=1e-5)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert torch.allclose(got, want, atol=1e-5)
 
 
 def test_auto_prefers_varlen_then_flex_then_dense_and_logs_why(monkeypatch, caplog):

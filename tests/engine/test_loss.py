@@ -222,3 +222,42 @@ def test_training_loss_makes_no_tokens_by_vocab_buffer_besides_the_logits(monkey
 
     produced_numel = logits.numel()
     assert full_size_allocations(step, produced_numel) == 2  # the logits themselves and the leaf's .grad
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "sdpa_varlen"])
+def test_training_computes_logits_only_where_a_label_is_predicted(attn):
+    """A prompt token, a sample's last token and padding predict no label: the LM head must not compute their
+    logits ([tokens x vocab] work for nothing: most of an SFT batch). Same loss and gradients as with every
+    logit computed, on a packed batch (several rows; one flattened row on the varlen path)."""
+    from fastlm.engine.attention import to_device
+    from fastlm.engine.data import PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+    from fastlm.engine.loss import TARGET_POSITIONS
+
+    generator = torch.Generator().manual_seed(3)
+    layout = [(12, 8), (7, 0), (15, 11), (5, 2), (9, 6), (3, 0)]  # (length, prompt length)
+    features = [{"input_ids": torch.randint(3, VOCAB, (n,), generator=generator).tolist(), "prompt_length": p}
+                for n, p in layout]
+    collator = PackedCollator(pad_id=0, budget=TokenBudget(row_length=20, rows_per_batch=4), pad_to_multiple_of=8,
+                              attention_mask_format="none")
+    batch = to_device(collator(features), torch.device("cpu"), attn)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.config._attn_implementation = attn
+    head_rows = []
+    model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].numel() // 64))
+
+    kept_sum, kept_targets = accumulate_gradients(model, [batch])
+    kept = gradients(model)
+    model.zero_grad(set_to_none=True)
+    every = {key: value for key, value in batch.items() if key != TARGET_POSITIONS}
+    full_sum, full_targets = accumulate_gradients(model, [every])
+    full = gradients(model)
+
+    assert kept_targets == full_targets == sum(n - max(p, 1) for n, p in layout)
+    assert head_rows == [kept_targets, batch["input_ids"].numel()], "the LM head ran on positions without a target"
+    assert kept_targets < 0.6 * batch["input_ids"].numel()
+    torch.testing.assert_close(kept_sum, full_sum, rtol=1e-6, atol=1e-6)
+    assert relative_difference(kept, full) < 1e-5

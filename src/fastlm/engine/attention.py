@@ -11,6 +11,13 @@ implementation          packed inputs   what the model gets
 ``flash_attention_3``                   ``max_length_q/k`` (transformers' FlashAttentionKwargs -> the kernel's
 ``flash_attention_4``                   ``cu_seqlens`` / ``max_seqlen``): only same-document blocks are computed
 ``torch_varlen``        varlen          the same, to ``torch.nn.attention.varlen.varlen_attn`` (registered here)
+``sdpa_varlen``         varlen          the same, to ``sdpa_varlen_attention`` (registered here; any device,
+                                        any dtype): segments gathered into buckets of equal padded length, one
+                                        causal SDPA call per bucket, no mask: only each sample's own keys.
+                                        Not chosen by ``auto``: on CPU short rows (80 x 128, ~19-token samples)
+                                        whole steps measured 1.00x (fp32) and 0.86x (bf16) of ``sdpa``: the CPU
+                                        flash kernel costs per call and block, not per score, and the gathers'
+                                        backward scatters (``benchmarks/issue16_ab.py --lever attention``)
 ``flex_attention``      block_mask      a document-causal ``BlockMask`` built once per batch on the device;
                                         fully masked blocks are skipped
 ``sdpa``                bool            the dense ``[rows, 1, T, T]`` bool block-causal mask (exact, but every
@@ -50,7 +57,7 @@ import torch
 
 from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
 from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
-from fastlm.engine.loss import MODEL_INPUT_KEYS, MODEL_INPUTS
+from fastlm.engine.loss import MODEL_INPUT_KEYS, MODEL_INPUTS, TARGET_POSITIONS, positions_to_keep
 from fastlm.engine.seq2seq_hooks import CROSS_ATTENTION_MASK, DECODER_POSITIONS, ENCODER_POSITIONS
 from fastlm.errors import ConfigError
 
@@ -62,6 +69,11 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 log = logging.getLogger(__name__)
 
 TORCH_VARLEN = "torch_varlen"
+SDPA_VARLEN = "sdpa_varlen"
+HALF_PRECISION_ONLY = ("flash_attention_2", "flash_attention_3", "flash_attention_4", TORCH_VARLEN)
+VARLEN_ONLY = (TORCH_VARLEN, SDPA_VARLEN)  # registered here; they take packed varlen inputs only (no generation)
+# sdpa_varlen: segment lengths are rounded up to a multiple of this; each multiple is one causal SDPA call.
+VARLEN_BUCKET = 8
 VARLEN, BLOCK_MASK, DENSE_BOOL, DENSE_ADDITIVE = "varlen", "block_mask", "bool", "additive"
 # How each implementation receives a packed batch (see the module docstring).
 PACKED_INPUTS = {
@@ -69,6 +81,7 @@ PACKED_INPUTS = {
     "flash_attention_3": VARLEN,
     "flash_attention_4": VARLEN,
     TORCH_VARLEN: VARLEN,
+    SDPA_VARLEN: VARLEN,
     "flex_attention": BLOCK_MASK,
     "sdpa": DENSE_BOOL,
     "eager": DENSE_ADDITIVE,
@@ -88,7 +101,8 @@ def packed_inputs(attn: str) -> str:
 
 def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     """The batch with its tensors on ``device`` and ``batch[MODEL_INPUTS]``: the model's keyword arguments for
-    ``attn`` (counts, ``cu_seq_lens`` and ``max_seqlen`` stay on the host: reading them costs no sync)."""
+    ``attn`` (counts, ``cu_seq_lens`` and ``max_seqlen`` stay on the host: reading them costs no sync), and for a
+    causal batch ``batch[TARGET_POSITIONS]`` where some positions predict no label (``loss.positions_to_keep``)."""
     kind = packed_inputs(attn)
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
     out = {**batch, **moved}
@@ -99,6 +113,10 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     if "decoder_input_ids" in batch:  # encoder-decoder (collators.Seq2SeqCollator): padded sides, their masks
         out[MODEL_INPUTS] = {key: out[key] for key in SEQ2SEQ_INPUTS}
         return out
+    if "labels" in batch:  # a training step computes logits only where a label is predicted (loss.training_logits)
+        keep = positions_to_keep(batch["labels"], device, flattened=kind == VARLEN)
+        if keep is not None:
+            out[TARGET_POSITIONS] = keep
     if kind == VARLEN:
         cu_seq_lens, max_seqlen = varlen_boundaries(batch)
         rows, length = out["input_ids"].shape
@@ -200,6 +218,63 @@ def torch_varlen_attention(module, query, key, value, attention_mask, dropout: f
     return out.view(batch, length, heads, dim), None
 
 
+def segment_buckets(cu_seq_lens: torch.Tensor, bucket: int = VARLEN_BUCKET):
+    """The gather plan of ``sdpa_varlen_attention`` for segment boundaries ``cu_seq_lens`` (read on the host).
+
+    Segments are grouped by their length rounded up to a multiple of ``bucket``. Per group: ``index``
+    ``[segments, P]``, the flat token positions of each segment followed by its last token repeated as padding,
+    and ``valid`` ``[segments, P]``, which of them are the segment's own. ``inverse`` puts the groups' valid
+    outputs, concatenated in group order, back into token order.
+    """
+    bounds = cu_seq_lens.detach().to("cpu", torch.int64).numpy()
+    starts, lengths = bounds[:-1], np.diff(bounds)
+    starts, lengths = starts[lengths > 0], lengths[lengths > 0]
+    padded = -(-lengths // bucket) * bucket
+    groups, order = [], []
+    for width in np.unique(padded).tolist():
+        chosen = padded == width
+        offsets = np.arange(width)
+        valid = offsets[None, :] < lengths[chosen, None]
+        index = starts[chosen, None] + np.minimum(offsets[None, :], lengths[chosen, None] - 1)
+        order.append(index[valid])
+        groups.append((torch.from_numpy(index), torch.from_numpy(valid)))
+    inverse = np.empty(int(bounds[-1] - bounds[0]), dtype=np.int64)
+    inverse[np.concatenate(order) - bounds[0]] = np.arange(inverse.size)
+    return groups, torch.from_numpy(inverse)
+
+
+def sdpa_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+    """transformers attention function: causal attention within each ``cu_seq_lens`` segment, on any device.
+
+    The packed rows come flattened (``[1, H, tokens, D]``, as for the varlen kernels). Segments are gathered into
+    groups of equal padded length (``segment_buckets``) and each group is one causal ``scaled_dot_product_attention``
+    call without a mask, so SDPA's fast causal kernel runs and only a segment's own keys are computed: the dense
+    block-diagonal mask costs ``rows x T^2`` score pairs, this about ``sum(length^2)``. Padding follows each
+    segment's real tokens, so causality keeps it out of every real query; padded outputs are dropped.
+    Returns ``[1, tokens, H, D]`` like the other attention functions.
+    """
+    if cu_seq_lens_q is None:
+        raise ValueError("sdpa_varlen attention needs cu_seq_lens_q (fastlm's to_device gives it); use sdpa for "
+                         "generation")
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(cu_seq_lens_k,
+                                                                                             cu_seq_lens_q):
+        raise ValueError("sdpa_varlen attention is self-attention: cu_seq_lens_k must equal cu_seq_lens_q")
+    groups, inverse = segment_buckets(cu_seq_lens_q)
+    device = query.device
+    q, k, v = query[0], key[0], value[0]  # [H, tokens, D]
+    gqa = k.shape[0] != q.shape[0]
+    outputs = []
+    for index, valid in groups:
+        index, valid = index.to(device, non_blocking=True), valid.to(device, non_blocking=True)
+        qb, kb, vb = (x[:, index].transpose(0, 1) for x in (q, k, v))  # [segments, H, P, D]
+        out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, is_causal=True,
+                                                               scale=scaling, enable_gqa=gqa)
+        outputs.append(out.transpose(1, 2)[valid])  # [real tokens of the group, H, D]
+    out = torch.cat(outputs)[inverse.to(device, non_blocking=True)]
+    return out.unsqueeze(0), None
+
+
 _VARLEN_PARAMETERS: dict = {}
 
 
@@ -245,10 +320,12 @@ def call_varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale:
 
 
 def register_attention_functions() -> None:
-    """Add ``torch_varlen`` to transformers' attention registry (no mask function: it needs none)."""
+    """Add ``torch_varlen`` and ``sdpa_varlen`` to transformers' attention registry (no mask function: they need
+    none)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(TORCH_VARLEN, torch_varlen_attention)
+    AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention)
 
 
 register_attention_functions()
@@ -259,7 +336,7 @@ def generation_attention(model):
     """Generation (KV cache, left padding) on a model whose path only takes packed varlen inputs: SDPA meanwhile."""
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if current != TORCH_VARLEN:
+    if current not in VARLEN_ONLY:
         yield
         return
     config._attn_implementation = "sdpa"
@@ -278,8 +355,7 @@ def torch_varlen_available(device: torch.device) -> bool:
 def choose_attention(requested: str, device: torch.device, precision: str | None = None) -> str:
     """``auto``: the fastest path that keeps packed samples apart here (see the module docstring); logged."""
     if requested != "auto":
-        if (device.type == "cuda" and precision == "fp32"
-                and PACKED_INPUTS.get(requested) == VARLEN):
+        if device.type == "cuda" and precision == "fp32" and requested in HALF_PRECISION_ONLY:
             raise ConfigError(f"train.model.attn_implementation: {requested} runs in bf16 or fp16 only.",
                               fix="set train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32).")
         return requested

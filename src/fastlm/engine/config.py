@@ -40,7 +40,7 @@ class ModelParams(Params):
     resize_embeddings: bool = Field(False, description="grow the embedding to the tokenizer's size (logged) "
                                     "when the model's own tokenizer is larger than it")
     attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
-                                 "torch_varlen"] = "auto"
+                                 "torch_varlen", "sdpa_varlen"] = "auto"
     gradient_checkpointing: bool = False
     # From-scratch Llama-architecture config (ignored with name_or_path).
     hidden_size: int = Field(128, ge=8)
@@ -137,7 +137,8 @@ class RuntimeParams(Params):
 
     tf32: bool = True
     cudnn_benchmark: bool = True
-    compile: bool | Literal["auto"] = Field("auto", description="torch.compile; auto: on CUDA, off on CPU")
+    compile: bool | Literal["auto"] = Field("auto", description="torch.compile; auto: on CUDA, on CPU where "
+                                         "measured faster in a run long enough to repay it")
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
 

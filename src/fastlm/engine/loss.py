@@ -24,7 +24,10 @@ of each row is never a target, and labels equal to ``IGNORE_INDEX`` (prompt, pad
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -33,6 +36,8 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 MODEL_INPUTS = "model_inputs"  # a batch from attention.to_device: the model's keyword arguments for its path
+# A batch from attention.to_device: the positions whose logits a training step needs (``logits_to_keep``).
+TARGET_POSITIONS = "target_positions"
 
 
 def model_inputs(batch: Mapping) -> dict:
@@ -46,6 +51,80 @@ def forward_logits(model: torch.nn.Module, batch: Mapping) -> torch.Tensor:
     """The model's logits for ``batch``, shaped like its labels (varlen paths run rows flattened to one)."""
     logits = model(**model_inputs(batch)).logits
     return logits.view(*batch["labels"].shape, logits.shape[-1])
+
+
+def positions_to_keep(labels: torch.Tensor, device: torch.device, *, flattened: bool,
+                      ignore_index: int = IGNORE_INDEX) -> torch.Tensor | None:
+    """The positions that predict a target, from the collator's host-side ``labels``, as transformers'
+    ``logits_to_keep`` takes them, so that a training step computes no logit for a prompt token, a sample's last
+    token or padding (on SFT data most of the ``[tokens x vocab]`` LM-head work).
+
+    ``flattened`` (varlen paths: the rows go to the model as one ``[1, rows*T]`` row): ``[1, K]`` positions in that
+    row, made on the host (no device sync anywhere). Otherwise, on a CPU device: the ``[rows, T]`` bool mask. None
+    (every logit computed) on an accelerator with several rows (selecting by a mask there would sync the host), when
+    every position has a target or none has, or when this transformers cannot slice by positions.
+    """
+    if labels.device.type != "cpu" or not (flattened or device.type == "cpu") or not slicing_by_mask_supported():
+        return None
+    keep = shift_labels(labels, ignore_index) != ignore_index
+    kept = int(keep.sum())
+    if kept in (0, keep.numel()):
+        return None
+    if not flattened:
+        return keep
+    return keep.reshape(-1).nonzero().reshape(1, -1).to(device, non_blocking=True)
+
+
+@functools.cache
+def slicing_by_mask_supported() -> bool:
+    """This transformers' ``slice_logits_to_keep`` takes a 2D bool mask (recent 5.x; older ones read it as
+    positions)."""
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:
+        return False
+    try:
+        sliced = slice_logits_to_keep(torch.zeros(1, 3, 1), torch.tensor([[True, False, True]]))
+    except (TypeError, IndexError, RuntimeError):
+        return False
+    return tuple(sliced.shape) == (2, 1)
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the transformers model under ``model``'s wrappers (DDP, compile, PEFT) slices its hidden states
+    with ``logits_to_keep`` positions (``slice_logits_to_keep``; a few older model files slice differently)."""
+    from fastlm.engine.seq2seq_hooks import unwrapped
+
+    return _class_takes_logits_to_keep(type(unwrapped(model)))
+
+
+@functools.cache
+def _class_takes_logits_to_keep(cls: type) -> bool:
+    for klass in cls.__mro__:  # the class that defines forward (FSDP2 subclasses the model's class)
+        if "forward" in vars(klass):
+            module = sys.modules.get(klass.__module__)
+            parameters = inspect.signature(klass.forward).parameters
+            return "logits_to_keep" in parameters and hasattr(module, "slice_logits_to_keep")
+    return False
+
+
+def training_logits(model: torch.nn.Module, batch: Mapping,
+                    ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, vocab]`` logits and the ``[N]`` targets they predict: only the positions with a target where the
+    batch says which (``TARGET_POSITIONS``) and the model can slice them, else every position (ignored ones
+    carry ``ignore_index``)."""
+    targets = shift_labels(batch["labels"], ignore_index)
+    keep = batch.get(TARGET_POSITIONS)
+    if keep is None or not takes_logits_to_keep(model):
+        logits = forward_logits(model, batch)
+        return logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    logits = model(**model_inputs(batch), logits_to_keep=keep).logits
+    logits = logits.reshape(-1, logits.size(-1))
+    kept = targets[keep] if keep.dtype == torch.bool else targets.reshape(-1)[keep.reshape(-1)]
+    if logits.size(0) != kept.size(0):
+        raise RuntimeError(f"{type(model).__name__} returned {logits.size(0)} logits for {kept.size(0)} kept "
+                           "positions: it does not slice logits_to_keep as transformers' slice_logits_to_keep does")
+    return logits, kept
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -85,15 +164,20 @@ def causal_lm_loss_sum(
     On CUDA ``F.cross_entropy`` stays: one fused kernel there, and the chunk loop measured 5.8x slower.
     """
     targets = shift_labels(labels, ignore_index)
-    flat_logits = logits.reshape(-1, logits.size(-1))
-    flat_targets = targets.reshape(-1)
-    if logits.device.type != "cpu":  # one fused kernel; chunks only add launches (measured 5.8x slower, H200)
-        loss_sum = F.cross_entropy(flat_logits.float(), flat_targets, ignore_index=ignore_index, reduction="sum")
-    elif torch.is_grad_enabled() and logits.requires_grad:
-        loss_sum = ChunkedCrossEntropySum.apply(flat_logits, flat_targets, ignore_index, reuse_logits)
-    else:
-        loss_sum = chunked_cross_entropy_sum(flat_logits, flat_targets, ignore_index)
+    loss_sum = cross_entropy_sum(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index,
+                                 reuse_logits=reuse_logits)
     return loss_sum, (targets != ignore_index).sum()
+
+
+def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX, *,
+                      reuse_logits: bool = False) -> torch.Tensor:
+    """Summed fp32 cross-entropy of ``[N, vocab]`` logits against their ``[N]`` targets (already shifted), the
+    core of ``causal_lm_loss_sum`` (see there: chunked on CPU, fused ``F.cross_entropy`` elsewhere)."""
+    if logits.device.type != "cpu":  # one fused kernel; chunks only add launches (measured 5.8x slower, H200)
+        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return ChunkedCrossEntropySum.apply(logits, targets, ignore_index, reuse_logits)
+    return chunked_cross_entropy_sum(logits, targets, ignore_index)
 
 
 def _chunk_rows(vocab: int) -> int:
@@ -198,8 +282,8 @@ def accumulate_gradients(
         sync = gradient_sync(index == last_index) if gradient_sync is not None else contextlib.nullcontext()
         with sync:
             with torch.profiler.record_function("fastlm.forward"), autocast():
-                logits = forward_logits(model, batch)
-                loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"], reuse_logits=True)
+                logits, targets = training_logits(model, batch)
+                loss_sum = cross_entropy_sum(logits, targets, reuse_logits=True)
             loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
             with torch.profiler.record_function("fastlm.backward"):
                 (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
