@@ -45,7 +45,8 @@ def test_auto_on_a_cpu_with_native_bf16_takes_bf16_only_when_it_measures_faster(
     calls = []
     seconds = {"fp32": fp32_s, "bf16": bf16_s}
     runtime, result = probe_runtime(cpu(), "auto", toy_model(), BATCH, measure=timer(seconds, calls))
-    assert runtime.precision == result.precision == expected and result.record() == {"precision": expected}
+    assert runtime.precision == result.precision == expected
+    assert result.record() == {"precision": expected, "compile": False}
     assert calls == ["fp32", "bf16", "fp32", "bf16", "fp32", "bf16"]  # a warm-up each, then alternated rounds
     assert "measured" in runtime.precision_choice and f"{fp32_s / bf16_s:.2f}x" in runtime.precision_choice
     assert runtime.describe()["precision_choice"] == runtime.precision_choice  # an MLflow parameter
@@ -121,3 +122,108 @@ def test_a_resumed_run_keeps_the_settings_its_checkpoint_trained_with(tmp_path, 
     resumed = run_toy(toy_params(tmp_path, max_steps=4, resume="auto", **steps))
     assert resumed.history[-1]["step"] == 4 and resumed.runtime.precision == "bf16"
     assert "resumed checkpoint" in resumed.runtime.precision_choice
+
+
+# --- runtime.compile: auto on CPU ---------------------------------------------------------------------------
+
+class Compiled(torch.nn.Module):
+    """What a fake compiler returns: the model itself behind a wrapper (``_orig_mod``, as torch.compile's)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self._orig_mod = model
+
+    def forward(self, *args, **kwargs):
+        return self._orig_mod(*args, **kwargs)
+
+
+def compile_timer(eager_s: float, compiled_s: float, calls: list, *, real: bool = False):
+    """A ``measure`` reporting ``compiled_s`` for a compiled model and ``eager_s`` otherwise (fp32 runtime)."""
+    forward_backward = probe.forward_backward_seconds
+
+    def measure(model, batch, runtime):
+        if real:
+            forward_backward(model, batch, runtime)
+        compiled = isinstance(model, Compiled)
+        calls.append("compiled" if compiled else "eager")
+        return compiled_s if compiled else eager_s
+
+    return measure
+
+
+LONG_RUN = int(2 * probe.COMPILE_MIN_RUN_SECONDS)  # micro-batches left, at 1 s each: long enough to repay compiling
+
+
+@pytest.mark.parametrize(("eager_s", "compiled_s", "expected"), [
+    (1.0, 0.5, True),  # 2x: compiled
+    (1.0, 1.0 / probe.COMPILE_MIN_SPEEDUP, True),  # exactly the margin
+    (1.0, 0.95, False),  # within noise: eager stays
+    (1.0, 1.3, False),  # slower
+])
+def test_auto_compile_on_cpu_keeps_the_compiled_model_only_where_it_measures_faster(eager_s, compiled_s, expected):
+    calls, compiled_models = [], []
+
+    def compiler(model):
+        compiled_models.append(Compiled(model))
+        return compiled_models[-1]
+
+    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH, compile_request="auto",
+                                    micro_batches_left=LONG_RUN, compiler=compiler,
+                                    measure=compile_timer(eager_s, compiled_s, calls))
+    assert runtime.compile is expected and result.record()["compile"] is expected
+    assert (result.compiled is compiled_models[0]) if expected else result.compiled is None
+    assert calls[:3] == ["eager", "compiled", "compiled"]  # eager timed, then compiled: compile + warm-up
+    assert calls[3:] == ["eager", "compiled"] * probe.ROUNDS  # then alternated rounds
+    assert "measured" in runtime.compile_choice and f"{eager_s / compiled_s:.2f}x" in runtime.compile_choice
+    assert runtime.describe()["compile_choice"] == runtime.compile_choice  # an MLflow parameter
+
+
+def test_auto_compile_on_cpu_skips_a_run_too_short_to_repay_compiling():
+    calls = []
+
+    def compiler(model):
+        raise AssertionError("compiled for a run too short to repay it")
+
+    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH, compile_request="auto",
+                                    micro_batches_left=10, compiler=compiler, measure=compile_timer(1.0, 0.1, calls))
+    assert runtime.compile is False and result.compiled is None and calls == ["eager"]
+    assert "would not repay" in runtime.compile_choice
+
+
+@pytest.mark.parametrize(("request_", "kwargs", "expected", "reason"), [
+    (True, {}, True, "set in train.runtime.compile"),
+    (False, {}, False, "set in train.runtime.compile"),
+    ("auto", {"world_size": 2}, False, "several CPU processes"),
+    ("auto", {"resumed": {"precision": "fp32", "compile": True}}, True, "resumed checkpoint"),
+    ("auto", {"resumed": {"precision": "fp32", "compile": False}}, False, "resumed checkpoint"),
+])
+def test_compile_is_not_measured_where_the_choice_is_already_made(request_, kwargs, expected, reason):
+    def never(*args):
+        raise AssertionError("measured although the choice was already made")
+
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1, compile=request_))
+    runtime, result = probe_runtime(runtime, "fp32", toy_model(), BATCH, compile_request=request_,
+                                    micro_batches_left=LONG_RUN, compiler=never, measure=never, **kwargs)
+    assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
+
+
+def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(tmp_path, monkeypatch):
+    """The loop trains with the very module the probe compiled (its compile time is not spent twice), and the
+    run equals an eager one (the fake compiler only wraps the model)."""
+    compiled_models = []
+
+    def compiler(model):
+        compiled_models.append(Compiled(model))
+        return compiled_models[-1]
+
+    seen = []
+    monkeypatch.setattr(probe, "forward_backward_seconds", compile_timer(100.0, 50.0, [], real=True))
+    monkeypatch.setattr(probe, "compile_module", compiler)
+    monkeypatch.setattr(Compiled, "forward", lambda self, *a, **k: seen.append(1) or self._orig_mod(*a, **k))
+    steps = {"max_steps": 6, "log_every": 1, "eval_every": None}
+    auto = run_toy(toy_params(tmp_path / "auto", runtime={"precision": "fp32", "compile": "auto"}, **steps))
+    eager = run_toy(toy_params(tmp_path / "eager", runtime={"precision": "fp32", "compile": False}, **steps))
+    assert auto.runtime.compile is True and "measured" in auto.runtime.compile_choice
+    assert len(compiled_models) == 1 and len(seen) >= 6 + 2 + probe.ROUNDS  # probe passes + every training step
+    assert [r["loss"] for r in auto.history] == [r["loss"] for r in eager.history]
+    assert eager.runtime.compile_choice == "set in train.runtime.compile"

@@ -76,8 +76,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
         device, world, configured, started = runtime.device, comm.world_size, params, perf_counter()
         raw_model = model.to(device)
-        model = runtime.compile_model(wrap_model(raw_model, comm, device=device, **_wrapping(params)))
-        sync = gradient_sync(getattr(model, "_orig_mod", model))
+        wrapped = wrap_model(raw_model, comm, device=device, **_wrapping(params))
         stream_args = {"pad_id": pad_id, "max_length": max_length, "sides": sides, "rank": comm.rank,
                        "world_size": world, "loader_kwargs": loader_settings(params, device)}
         batches_per_epoch = micro_batches(train_set, params, **stream_args).batches_per_epoch()
@@ -93,8 +92,13 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         accumulation = params.batching.gradient_accumulation_steps
         first = stream.peek_step(accumulation, device, attn)[0] if state.step < total_steps else None
         runtime, probed = probe_runtime(runtime, params.runtime.precision, raw_model, first, world_size=world,
-                                        resumed=state.runtime_choice)
+                                        resumed=state.runtime_choice, compile_request=params.runtime.compile,
+                                        micro_batches_left=(total_steps - state.step) * accumulation)
         state.runtime_choice = probed.record()
+        # The probe's compiled model is trained with (compiled from raw_model: one process, nothing wrapped).
+        model = (probed.compiled if probed.compiled is not None and wrapped is raw_model
+                 else runtime.compile_model(wrapped))
+        sync = gradient_sync(getattr(model, "_orig_mod", model))
         metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=max_length)
         recorder = _recorder(state, metrics, raw_model, params, runtime, callbacks, comm, total_steps=total_steps)
         profiler = step_profiler(params.profile, device, enabled=comm.is_main)

@@ -99,6 +99,7 @@ class Runtime:
     torch_version: str
     cuda_version: str | None
     precision_choice: str | None = None  # why this precision (``runtime_probe`` measures ``auto`` on CPU)
+    compile_choice: str | None = None  # why compiled or not (``runtime_probe`` measures ``auto`` on CPU)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -171,8 +172,9 @@ def gpu_has_native_bf16() -> bool:
 
 
 def resolve_compile(requested: bool | str, device: torch.device) -> bool:
-    """``auto``: torch.compile on CUDA (fused kernels, fewer launches: the measured GPU default); off on CPU,
-    where compiling the tiny default model costs tens of seconds per shape for no measured gain."""
+    """``auto``: torch.compile on CUDA (fused kernels, fewer launches: the measured GPU default); on CPU off
+    until the training loop measures it (``runtime_probe``: compiled where the run is long enough to repay the
+    compile time and its first micro-batch runs measurably faster compiled)."""
     return device.type == "cuda" if requested == "auto" else bool(requested)
 
 

@@ -14,6 +14,15 @@ fp32 untried (too small to pay, too short to time). A resumed run keeps what its
 several processes keep fp32 (every rank must compute alike; set bf16 to choose it for all). The choice and the
 timings go into ``Runtime.precision_choice`` (an MLflow parameter) and the log.
 
+``runtime.compile: auto`` on a CPU is settled the same way, after the precision: compiling costs tens of seconds
+per batch shape on CPU (about 25 s for the 5.2 M-parameter benchmark model on 2 cores), so it is tried only when
+the run's remaining micro-batches take at least ``COMPILE_MIN_RUN_SECONDS`` eager (by the first micro-batch's
+measured time). Then the first micro-batch runs compiled (the compile, then a warm-up) and ``ROUNDS`` alternated
+eager / compiled timed passes follow; the compiled model is kept, and trained with (its compile is not paid
+twice), when its best time is at least ``COMPILE_MIN_SPEEDUP`` times faster. Measured: 1.19x (tiny demo model)
+and 1.21-1.27x (5.2 M) real tokens per second on packed bf16 steps (docs/benchmarks.md). A resumed run keeps
+its checkpoint's choice; runs of several processes stay eager unless compile is set.
+
 Measured and left out: pinning SDPA's math kernel on CPU. Its attention alone beats the default flash kernel on
 short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 1.01x on the 5.2 M shape and lost
 (0.80x) on the demo model.
@@ -21,9 +30,10 @@ short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 
 import torch
@@ -36,9 +46,11 @@ log = logging.getLogger(__name__)
 MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this much (a margin above run-to-run noise) to be chosen
 MIN_STEP_SECONDS = 0.2  # micro-batches faster than this keep their settings untried
 ROUNDS = 2  # timed passes per candidate after its warm-up; the best counts
+COMPILE_MIN_RUN_SECONDS = 300.0  # compile auto on CPU: only for runs at least this long eager (compiling takes ~25 s)
+COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
 
-__all__ = ["MIN_SPEEDUP", "MIN_STEP_SECONDS", "ProbeResult", "cpu_has_native_bf16",
-           "forward_backward_seconds", "probe_runtime"]
+__all__ = ["COMPILE_MIN_RUN_SECONDS", "COMPILE_MIN_SPEEDUP", "MIN_SPEEDUP", "MIN_STEP_SECONDS", "ProbeResult",
+           "compile_module", "cpu_has_native_bf16", "forward_backward_seconds", "probe_runtime"]
 
 Measure = Callable[[torch.nn.Module, Mapping, Runtime], float]
 
@@ -48,10 +60,17 @@ class ProbeResult:
     precision: str  # "bf16" | "fp16" | "fp32"
     reason: str  # one line, for the log and the run's parameters
     seconds: dict[str, float]  # best forward+backward time of the first micro-batch per measured precision
+    compile: bool = False
+    compile_reason: str = ""
+    compiled: torch.nn.Module | None = field(default=None, compare=False)  # the model compiled and measured
 
     def record(self) -> dict:
         """What a checkpoint keeps, for a resumed run to train the same way."""
-        return {"precision": self.precision}
+        return {"precision": self.precision, "compile": self.compile}
+
+
+def compile_module(model: torch.nn.Module) -> torch.nn.Module:
+    return torch.compile(model)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -70,19 +89,72 @@ def forward_backward_seconds(model: torch.nn.Module, batch: Mapping, runtime: Ru
 
 
 def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Module, batch: Mapping | None, *,
-                  world_size: int = 1, resumed: dict | None = None,
-                  measure: Measure | None = None) -> tuple[Runtime, ProbeResult]:
+                  world_size: int = 1, resumed: dict | None = None, measure: Measure | None = None,
+                  compile_request: bool | str | None = None, micro_batches_left: int = 0,
+                  compiler: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+                  ) -> tuple[Runtime, ProbeResult]:
     """The runtime to train with, and why (see the module docstring).
 
     ``batch``: the run's first micro-batch, already on the device (None: nothing left to train). ``resumed``: what
     the resumed checkpoint recorded (``ProbeResult.record``), if anything. ``measure``: the timer (default
-    ``forward_backward_seconds``).
+    ``forward_backward_seconds``). ``compile_request``: ``train.runtime.compile`` (None: the runtime's compile
+    setting is left as it is); ``micro_batches_left``: what the run still trains, for the compile decision;
+    ``compiler``: ``torch.compile`` by default (``compile_module``). A compiled model that was kept comes back
+    as ``ProbeResult.compiled`` (compiled from ``model``): train with it.
     """
+    measure = measure or forward_backward_seconds
     result = _probe(runtime, requested_precision, model, batch, world_size=world_size, resumed=resumed,
-                    measure=measure or forward_backward_seconds)
+                    measure=measure)
     if result.seconds or result.precision != runtime.precision:
         log.info("runtime.precision %s -> %s: %s", requested_precision, result.precision, result.reason)
-    return replace(runtime, precision=result.precision, precision_choice=result.reason), result
+    runtime = replace(runtime, precision=result.precision, precision_choice=result.reason)
+    if compile_request is None:
+        return runtime, replace(result, compile=runtime.compile)
+    compiled, reason, module = _compile_choice(runtime, compile_request, model, batch, world_size=world_size,
+                                               resumed=resumed, measured=result.seconds, measure=measure,
+                                               micro_batches_left=micro_batches_left,
+                                               compiler=compiler or compile_module)
+    if compile_request == "auto":
+        log.info("runtime.compile auto -> %s: %s", "on" if compiled else "off", reason)
+    return (replace(runtime, compile=compiled, compile_choice=reason),
+            replace(result, compile=compiled, compile_reason=reason, compiled=module))
+
+
+def _compile_choice(runtime: Runtime, requested: bool | str, model, batch, *, world_size: int,
+                    resumed: dict | None, measured: dict, measure: Measure, micro_batches_left: int,
+                    compiler) -> tuple[bool, str, torch.nn.Module | None]:
+    if requested != "auto":
+        return bool(requested), "set in train.runtime.compile", None
+    if runtime.device.type != "cpu":
+        return runtime.compile, "auto on CUDA: compiled (fused kernels, fewer launches)", None
+    if resumed and isinstance(resumed.get("compile"), bool):
+        return resumed["compile"], "auto: kept from the resumed checkpoint, which trained so", None
+    if world_size > 1:
+        return False, "auto in a run of several CPU processes stays eager (set true to compile on every rank)", None
+    if batch is None:
+        return False, "auto: nothing left to train, nothing measured", None
+    with _no_trace(model):
+        eager = measured.get(runtime.precision) or measure(model, batch, runtime)
+        left = eager * micro_batches_left
+        if left < COMPILE_MIN_RUN_SECONDS:
+            return False, (f"auto: about {left:.0f} s of training left ({eager:.3f} s per micro-batch eager); "
+                           f"compiling (tens of seconds per batch shape on CPU) would not repay under "
+                           f"{COMPILE_MIN_RUN_SECONDS:.0f} s"), None
+        compiled = compiler(model)
+        start = perf_counter()
+        measure(compiled, batch, runtime)  # compiles
+        compile_seconds = perf_counter() - start
+        measure(compiled, batch, runtime)  # warm-up
+        times = {"eager": [], "compiled": []}
+        for _ in range(ROUNDS):
+            times["eager"].append(measure(model, batch, runtime))
+            times["compiled"].append(measure(compiled, batch, runtime))
+    best = {name: min(values) for name, values in times.items()}
+    speedup = best["eager"] / best["compiled"]
+    reason = (f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
+              f"{best['compiled']:.3f} s ({speedup:.2f}x; compiled needs {COMPILE_MIN_SPEEDUP}x; compiling took "
+              f"{compile_seconds:.0f} s)")
+    return (True, reason, compiled) if speedup >= COMPILE_MIN_SPEEDUP else (False, reason, None)
 
 
 def _probe(runtime: Runtime, requested: str, model, batch, *, world_size: int, resumed: dict | None,
@@ -99,11 +171,18 @@ def _probe(runtime: Runtime, requested: str, model, batch, *, world_size: int, r
         return ProbeResult("fp32", "auto: this CPU has no native bf16 (AVX512-BF16 or AMX)", {})
     if batch is None:
         return ProbeResult("fp32", "auto: nothing left to train, nothing measured", {})
-    rng = torch.random.get_rng_state()  # dropout draws: the training run must not see the measurement
+    with _no_trace(model):
+        return _measure(runtime, model, batch, measure)
+
+
+@contextlib.contextmanager
+def _no_trace(model: torch.nn.Module):
+    """Measured passes leave no trace: the random stream (dropout draws) and the gradients as they were."""
+    rng = torch.random.get_rng_state()
     was_training = model.training
     model.train()
     try:
-        return _measure(runtime, model, batch, measure)
+        yield
     finally:
         torch.random.set_rng_state(rng)
         model.zero_grad(set_to_none=True)
