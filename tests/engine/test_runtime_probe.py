@@ -227,3 +227,37 @@ def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(t
     assert len(compiled_models) == 1 and len(seen) >= 6 + 2 + probe.ROUNDS  # probe passes + every training step
     assert [r["loss"] for r in auto.history] == [r["loss"] for r in eager.history]
     assert eager.runtime.compile_choice == "set in train.runtime.compile"
+
+
+def test_a_compiled_cpu_run_left_on_auto_attention_trains_on_the_additive_mask_path(tmp_path, monkeypatch):
+    """Compiled on CPU, ``auto`` attention trains on the eager (additive-mask) path, measured so by the probe:
+    every compiled call, the probe's included, runs on that path with an additive mask (a bool one would leak),
+    and the model is back on SDPA when training ends."""
+    from tests.support.toy_training import EOS, toy_model, toy_sequences
+
+    from fastlm.engine.loop import train
+
+    calls = []
+
+    def recording_forward(self, *args, **kwargs):
+        calls.append((self._orig_mod.config._attn_implementation, kwargs["attention_mask"].dtype))
+        return self._orig_mod(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "forward_backward_seconds", compile_timer(100.0, 50.0, [], real=True))
+    monkeypatch.setattr(probe, "compile_module", Compiled)
+    monkeypatch.setattr(Compiled, "forward", recording_forward)
+    params = toy_params(tmp_path, runtime={"precision": "fp32", "compile": "auto"}, max_steps=4, eval_every=None)
+    model = toy_model()
+    result = train(model, toy_sequences(300, 1), None, params=params,
+                   runtime=setup_runtime(params.runtime, seed=params.seed), pad_id=EOS, max_length=64, attn="sdpa")
+    assert result.runtime.compile is True and result.summary["attention"] == "eager"
+    assert len(calls) == 2 + probe.ROUNDS + 4  # the probe's compiled passes, then every training step
+    assert all(path == "eager" and dtype.is_floating_point for path, dtype in calls)
+    assert model.config._attn_implementation == "sdpa"
+
+    explicit = toy_params(tmp_path / "explicit", runtime={"precision": "fp32", "compile": False}, max_steps=4,
+                          eval_every=None)
+    explicit = explicit.model_copy(update={"model": explicit.model.model_copy(update={"attn_implementation": "eager"})})
+    eager = train(toy_model(), toy_sequences(300, 1), None, params=explicit,
+                  runtime=setup_runtime(explicit.runtime, seed=explicit.seed), pad_id=EOS, max_length=64, attn="eager")
+    assert [r["loss"] for r in result.history] == pytest.approx([r["loss"] for r in eager.history], rel=1e-5)

@@ -334,16 +334,31 @@ register_attention_functions()
 @contextlib.contextmanager
 def generation_attention(model):
     """Generation (KV cache, left padding) on a model whose path only takes packed varlen inputs: SDPA meanwhile."""
-    config = getattr(model, "config", None)
-    current = getattr(config, "_attn_implementation", None)
-    if current not in VARLEN_ONLY:
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    with attention_path(model, "sdpa") if current in VARLEN_ONLY else contextlib.nullcontext():
         yield
-        return
-    config._attn_implementation = "sdpa"
+
+
+@contextlib.contextmanager
+def attention_path(model, attn: str):
+    """``model`` (its transformers config) on the attention implementation ``attn`` meanwhile."""
+    config = model.config
+    current = config._attn_implementation
+    config._attn_implementation = attn
     try:
         yield
     finally:
         config._attn_implementation = current
+
+
+def attention_when_compiled(attn: str, requested: str, device: torch.device) -> str:
+    """The attention path a ``torch.compile``d model trains with: on CPU, ``auto``'s ``sdpa`` becomes ``eager``
+    (the same block-causal mask, additive: inductor fuses its masking and softmax with the products, where SDPA's
+    CPU flash kernel stays one opaque call; 1.11x whole-step on the 5.2 M benchmark shape, bf16, packed 80 x 128:
+    ``benchmarks/issue16_ab.py --lever attention --compile``). Any other choice stays as it is."""
+    if requested == "auto" and device.type == "cpu" and attn == "sdpa":
+        return "eager"
+    return attn
 
 
 def torch_varlen_available(device: torch.device) -> bool:

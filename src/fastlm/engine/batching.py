@@ -181,6 +181,13 @@ class MicroBatches:
             self._peeked = self.next_step(accumulation, device, attn)
         return self._peeked[0]
 
+    def switch_attention(self, device: torch.device, attn: str) -> None:
+        """Rebuild the peeked micro-batches' model inputs for another attention path (each path needs its own:
+        a bool mask on the eager path would leak)."""
+        if self._peeked is not None:
+            step, wait = self._peeked
+            self._peeked = ([to_device(batch, device, attn) for batch in step], wait)
+
     def next_step(self, accumulation: int, device: torch.device, attn: str) -> tuple[list[dict], float]:
         """One optimizer step's micro-batches on ``device`` and the seconds spent waiting for the DataLoader."""
         if self._peeked is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,7 +23,7 @@ from time import perf_counter
 
 import torch
 
-from fastlm.engine.attention import packed_inputs
+from fastlm.engine.attention import attention_path, attention_when_compiled, packed_inputs, to_device
 from fastlm.engine.backoff import batching_record, halve_micro_batch, resumed_batching
 from fastlm.engine.batching import loader_settings, micro_batches, seq2seq_batching
 from fastlm.engine.budget import STOPPED_BY, TimeBudget
@@ -73,7 +73,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     comm = comm or SingleProcess()
     packed_inputs(attn)  # an unknown attention implementation fails here, before any data is read
     params, sides = _batching_for(model, train_set, params, attn)
-    with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext():
+    with checkpoint_lock(Path(params.checkpoint_dir)) if comm.is_main else nullcontext(), ExitStack() as cleanup:
         device, world, configured, started = runtime.device, comm.world_size, params, perf_counter()
         raw_model = model.to(device)
         wrapped = wrap_model(raw_model, comm, device=device, **_wrapping(params))
@@ -91,10 +91,21 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         stream = micro_batches(train_set, params, epoch=state.epoch, batch=state.batch_in_epoch, **stream_args)
         accumulation = params.batching.gradient_accumulation_steps
         first = stream.peek_step(accumulation, device, attn)[0] if state.step < total_steps else None
+        # A compiled model may train on another attention path (attention_when_compiled); the probe measures that.
+        compiled_attn = attention_when_compiled(attn, params.model.attn_implementation, device) if world == 1 else attn
         runtime, probed = probe_runtime(runtime, params.runtime.precision, raw_model, first, world_size=world,
                                         resumed=state.runtime_choice, compile_request=params.runtime.compile,
-                                        micro_batches_left=(total_steps - state.step) * accumulation)
+                                        micro_batches_left=(total_steps - state.step) * accumulation,
+                                        compiled_batch=(to_device(first, device, compiled_attn)
+                                                        if first is not None and compiled_attn != attn else None),
+                                        compiled_context=partial(attention_path, raw_model, compiled_attn))
         state.runtime_choice = probed.record()
+        if runtime.compile and compiled_attn != attn:
+            log.info("attention %s -> %s: compiled on %s, the additive-mask path fuses (attention_when_compiled)",
+                     attn, compiled_attn, device.type)
+            cleanup.enter_context(attention_path(raw_model, compiled_attn))  # put back when training ends
+            attn = compiled_attn
+            stream.switch_attention(device, attn)
         # The probe's compiled model is trained with (compiled from raw_model: one process, nothing wrapped).
         model = (probed.compiled if probed.compiled is not None and wrapped is raw_model
                  else runtime.compile_model(wrapped))

@@ -92,6 +92,8 @@ def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Mo
                   world_size: int = 1, resumed: dict | None = None, measure: Measure | None = None,
                   compile_request: bool | str | None = None, micro_batches_left: int = 0,
                   compiler: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+                  compiled_batch: Mapping | None = None,
+                  compiled_context: Callable[[], contextlib.AbstractContextManager] | None = None,
                   ) -> tuple[Runtime, ProbeResult]:
     """The runtime to train with, and why (see the module docstring).
 
@@ -100,7 +102,9 @@ def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Mo
     ``forward_backward_seconds``). ``compile_request``: ``train.runtime.compile`` (None: the runtime's compile
     setting is left as it is); ``micro_batches_left``: what the run still trains, for the compile decision;
     ``compiler``: ``torch.compile`` by default (``compile_module``). A compiled model that was kept comes back
-    as ``ProbeResult.compiled`` (compiled from ``model``): train with it.
+    as ``ProbeResult.compiled`` (compiled from ``model``): train with it. ``compiled_batch`` / ``compiled_context``:
+    the compiled candidate's own inputs and the context its passes run in (another attention path:
+    ``attention.attention_when_compiled``), so the candidate measured is the one trained with.
     """
     measure = measure or forward_backward_seconds
     result = _probe(runtime, requested_precision, model, batch, world_size=world_size, resumed=resumed,
@@ -113,7 +117,9 @@ def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Mo
     compiled, reason, module = _compile_choice(runtime, compile_request, model, batch, world_size=world_size,
                                                resumed=resumed, measured=result.seconds, measure=measure,
                                                micro_batches_left=micro_batches_left,
-                                               compiler=compiler or compile_module)
+                                               compiler=compiler or compile_module,
+                                               compiled_batch=batch if compiled_batch is None else compiled_batch,
+                                               compiled_context=compiled_context or contextlib.nullcontext)
     if compile_request == "auto":
         log.info("runtime.compile auto -> %s: %s", "on" if compiled else "off", reason)
     return (replace(runtime, compile=compiled, compile_choice=reason),
@@ -122,7 +128,7 @@ def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Mo
 
 def _compile_choice(runtime: Runtime, requested: bool | str, model, batch, *, world_size: int,
                     resumed: dict | None, measured: dict, measure: Measure, micro_batches_left: int,
-                    compiler) -> tuple[bool, str, torch.nn.Module | None]:
+                    compiler, compiled_batch: Mapping, compiled_context) -> tuple[bool, str, torch.nn.Module | None]:
     if requested != "auto":
         return bool(requested), "set in train.runtime.compile", None
     if runtime.device.type != "cpu":
@@ -141,15 +147,16 @@ def _compile_choice(runtime: Runtime, requested: bool | str, model, batch, *, wo
                            f"compiling (tens of seconds per batch shape on CPU) would not repay under "
                            f"{COMPILE_MIN_RUN_SECONDS:.0f} s"), None
         compiled = compiler(model)
+
+        def compiled_pass() -> float:
+            with compiled_context():
+                return measure(compiled, compiled_batch, runtime)
+
         start = perf_counter()
-        measure(compiled, batch, runtime)  # compiles
+        compiled_pass()  # compiles
         compile_seconds = perf_counter() - start
-        measure(compiled, batch, runtime)  # warm-up
-        times = {"eager": [], "compiled": []}
-        for _ in range(ROUNDS):
-            times["eager"].append(measure(model, batch, runtime))
-            times["compiled"].append(measure(compiled, batch, runtime))
-    best = {name: min(values) for name, values in times.items()}
+        compiled_pass()  # warm-up
+        best = _alternated_best({"eager": lambda: measure(model, batch, runtime), "compiled": compiled_pass})
     speedup = best["eager"] / best["compiled"]
     reason = (f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
               f"{best['compiled']:.3f} s ({speedup:.2f}x; compiled needs {COMPILE_MIN_SPEEDUP}x; compiling took "
@@ -196,12 +203,18 @@ def _measure(runtime: Runtime, model, batch, measure: Measure) -> ProbeResult:
         return ProbeResult("fp32", f"auto: the first micro-batch takes {first:.3f} s in fp32 (under "
                                    f"{MIN_STEP_SECONDS} s: too small for bf16 to pay)", {"fp32": first})
     measure(model, batch, bf16)  # warm-up
-    times = {"fp32": [], "bf16": []}
-    for _ in range(ROUNDS):
-        times["fp32"].append(measure(model, batch, fp32))
-        times["bf16"].append(measure(model, batch, bf16))
-    seconds = {name: min(values) for name, values in times.items()}
+    seconds = _alternated_best({"fp32": lambda: measure(model, batch, fp32),
+                                "bf16": lambda: measure(model, batch, bf16)})
     speedup = seconds["fp32"] / seconds["bf16"]
     chosen = "bf16" if speedup >= MIN_SPEEDUP else "fp32"
     return ProbeResult(chosen, f"auto, measured on the first micro-batch: fp32 {seconds['fp32']:.3f} s, bf16 "
                                f"{seconds['bf16']:.3f} s ({speedup:.2f}x; bf16 needs {MIN_SPEEDUP}x)", seconds)
+
+
+def _alternated_best(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:
+    """The best time of each candidate over ``ROUNDS`` rounds, the candidates alternated within each round."""
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(ROUNDS):
+        for name, timed in candidates.items():
+            times[name].append(timed())
+    return {name: min(values) for name, values in times.items()}
