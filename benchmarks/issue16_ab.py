@@ -11,6 +11,11 @@ keeps a shared machine's load from favouring one side; the absolute figures stil
     python benchmarks/issue16_ab.py --workdir WORK --lever attention --precision bf16  # dense mask vs sdpa_varlen
     python benchmarks/issue16_ab.py --workdir WORK --lever logits --precision bf16     # every logit vs targets only
     python benchmarks/issue16_ab.py --workdir WORK --lever logits --prompt-share 0.6   # the same, as SFT data
+    python benchmarks/issue16_ab.py --workdir WORK --lever attention --precision bf16 --compile  # each compiled
+
+``--compile``: every variant trains its own ``torch.compile``d copy of the same initial model (compiled during the
+warm-up, which is not timed). The attention lever compares ``sdpa`` (the bool block-causal mask), ``eager`` (the
+same mask, additive) and ``sdpa_varlen``.
 
 ``--prompt-share F`` makes the first ``F`` of every text's tokens its prompt (no loss on them), as prompt/response
 data has: the texts stay the same, only which tokens are targets changes.
@@ -77,6 +82,23 @@ def load_prepared(work: Path, max_length: int = 320):
         return tokenizer, TokenSequences(data["values"], data["offsets"])
 
 
+def initial_model(tokenizer, seed: int, max_length: int = 320):
+    """The 5.2 M shape in training mode, from ``torch.manual_seed(seed)`` (the same weights for the same seed)."""
+    torch.manual_seed(seed)
+    return build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=max_length,
+                       attn_implementation="sdpa").train()
+
+
+def add_curve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options the loss-curve scripts share (precision_parity, loss_parity)."""
+    parser.add_argument("--workdir", required=True, help="train_speed.prepare output (prepared when missing)")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--max-length", type=int, default=320)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--threads", type=int, default=2)
+
+
 def timed_steps(model, optimizer, batches, steps: int, autocast=contextlib.nullcontext) -> tuple[float, int]:
     """Seconds per step (median over ``steps``) and real tokens per step (mean)."""
     times, real = [], 0
@@ -101,6 +123,7 @@ def main(argv=None) -> None:
                         help="bf16: autocast on CPU around forward and loss, as runtime.precision bf16")
     parser.add_argument("--model", choices=("5m", "tiny"), default="5m", help="5m: the issue's shape; tiny: the "
                         "project default (hidden 128, 2 layers)")
+    parser.add_argument("--compile", action="store_true", help="each variant on its own compiled model copy")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rows", type=int, default=32)
@@ -132,9 +155,9 @@ def main(argv=None) -> None:
         every = [{key: value for key, value in batch.items() if key != loss_module.TARGET_POSITIONS}
                  for batch in batches]
         variants = {"every logit": (new_loss, every), "target logits only": (new_loss, batches)}
-    elif args.lever == "attention":  # the same packed rows; the dense bool mask vs per-sample buckets
+    elif args.lever == "attention":  # the same packed rows; the dense bool / additive mask vs per-sample buckets
         variants = {attn: (new_loss, batches_for(dataset, params, pad_id, args.max_length, args.steps, attn=attn))
-                    for attn in ("sdpa", "sdpa_varlen")}
+                    for attn in ("sdpa", "eager", "sdpa_varlen")}
     else:
         variants = {}
         budget = args.rows * args.max_length
@@ -145,24 +168,32 @@ def main(argv=None) -> None:
     autocast = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext)
 
-    def use(name: str, function) -> None:
+    compiled = {}  # --compile: name -> (compiled copy, its optimizer); the copies start from the same weights
+    for name in variants if args.compile else ():
+        torch.manual_seed(0)
+        copy = build_model(ModelParams(attn_implementation="sdpa", **shape), tokenizer, max_length=args.max_length,
+                           attn_implementation="sdpa").train()
+        copy.config._attn_implementation = name if args.lever == "attention" else "sdpa"
+        compiled[name] = (torch.compile(copy), torch.optim.AdamW(copy.parameters(), lr=1e-4))
+
+    def use(name: str, function):
         loss_module.cross_entropy_sum = function
         model.config._attn_implementation = name if args.lever == "attention" else "sdpa"
+        return compiled.get(name, (model, optimizer))
 
     results: dict[str, list[float]] = {name: [] for name in variants}
     real_tokens: dict[str, int] = {}
-    for name, (function, batches) in variants.items():  # warm-up, untimed
-        use(name, function)
-        timed_steps(model, optimizer, batches, 2, autocast)
+    for name, (function, batches) in variants.items():  # warm-up (and compile), untimed
+        timed_steps(*use(name, function), batches, 2, autocast)
     for _ in range(args.rounds):
         for name, (function, batches) in variants.items():
-            use(name, function)
-            seconds, real_tokens[name] = timed_steps(model, optimizer, batches, args.steps, autocast)
+            seconds, real_tokens[name] = timed_steps(*use(name, function), batches, args.steps, autocast)
             results[name].append(seconds)
     loss_module.cross_entropy_sum = new_loss
     first = next(iter(results))
     base = real_tokens[first] / statistics.median(results[first])
-    print(f"lever {args.lever}: model {args.model}, {args.precision}, {args.rounds} rounds x {args.steps} steps, "
+    print(f"lever {args.lever}: model {args.model}, {args.precision}{', compiled' if args.compile else ''}, "
+          f"{args.rounds} rounds x {args.steps} steps, "
           f"{torch.get_num_threads()} threads (medians)")
     for name, times in results.items():
         rate = real_tokens[name] / statistics.median(times)

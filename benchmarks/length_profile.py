@@ -69,7 +69,7 @@ def review_lexicon() -> tuple[tuple[str, ...], np.ndarray]:
     sizes = rng.choice(counts, size=LEXICON_WORDS, p=shares)
     picks = rng.choice(len(syllables), size=int(sizes.sum()), p=_zipf(len(syllables), SYLLABLE_ZIPF)).tolist()
     ends = np.cumsum(sizes).tolist()
-    words = tuple("".join(syllables[j] for j in picks[end - size:end]) for size, end in zip(sizes.tolist(), ends))
+    words = tuple("".join(syllables[j] for j in picks[end - size:end]) for size, end in zip(sizes.tolist(), ends, strict=True))
     return words, _zipf(LEXICON_WORDS, WORD_ZIPF)
 
 

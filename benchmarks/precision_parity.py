@@ -29,11 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from issue16_ab import SHAPE, batches_for, load_prepared  # noqa: E402
+from issue16_ab import SHAPE, add_curve_arguments, batches_for, initial_model, load_prepared  # noqa: E402
 
-from fastlm.engine.config import ModelParams  # noqa: E402
 from fastlm.engine.loss import accumulate_gradients  # noqa: E402
-from fastlm.engine.model import build_model  # noqa: E402
 
 
 def curve(model, batches, autocast, lr: float) -> tuple[list[float], float]:
@@ -50,13 +48,8 @@ def curve(model, batches, autocast, lr: float) -> tuple[list[float], float]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", required=True, help="train_speed.prepare output (prepared when missing)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--every", type=int, default=5)
+    add_curve_arguments(parser)
     parser.add_argument("--rows", type=int, default=32, help="micro-batch token budget = rows x --max-length")
-    parser.add_argument("--max-length", type=int, default=320)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed-control", action="store_true", help="also fp32 from other initial weights (seed 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -67,13 +60,11 @@ def main(argv=None) -> None:
     epoch = len(batches)  # one epoch of packed batches (about 19 for 20,000 texts): later steps run it again
     batches = [batches[step % epoch] for step in range(args.steps)]
 
-    def initial_model(seed: int):
-        torch.manual_seed(seed)
-        return build_model(ModelParams(attn_implementation="sdpa", **SHAPE), tokenizer, max_length=args.max_length,
-                           attn_implementation="sdpa").train()
+    def initial(seed: int):
+        return initial_model(tokenizer, seed, args.max_length)
 
-    fp32, fp32_s = curve(initial_model(0), batches, contextlib.nullcontext, args.lr)
-    bf16, bf16_s = curve(initial_model(0), batches,
+    fp32, fp32_s = curve(initial(0), batches, contextlib.nullcontext, args.lr)
+    bf16, bf16_s = curve(initial(0), batches,
                          lambda: torch.autocast("cpu", dtype=torch.bfloat16), args.lr)
     print(f"{args.steps} steps, {len(batches[0]['input_ids'])} rows x {batches[0]['input_ids'].shape[1]} tokens, "
           f"AdamW lr {args.lr}, {torch.get_num_threads()} threads, torch {torch.__version__}")
@@ -86,7 +77,7 @@ def main(argv=None) -> None:
     print(f"mean |bf16 - fp32| {statistics.fmean(differences):.4f}, largest {max(differences):.4f}; "
           f"fp32 batch-to-batch noise (stdev of consecutive differences, second half) {noise:.4f}")
     if args.seed_control:
-        control, _ = curve(initial_model(1), batches, contextlib.nullcontext, args.lr)
+        control, _ = curve(initial(1), batches, contextlib.nullcontext, args.lr)
         gaps = [abs(c - f) for f, c in zip(fp32, control, strict=True)]
         print("seed control (fp32, seed 1 weights): " + ", ".join(
             f"step {step + 1} {control[step]:.4f}" for step in range(args.every - 1, args.steps, args.every)))

@@ -48,10 +48,13 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
 
 * ``fastlm``: the engine's own loop (``fastlm.engine.loop.train``), batching ``packed``: micro-batches of
   ``batch_size * max_length`` tokens in rows of ``train.batching.row_length`` (auto: chosen from the data;
-  64 on the realistic profile, i.e. 160 rows of 64). Figures come from the engine's ``StepMetrics`` records: the
-  loop flushes on step 1, every ``log_every`` steps and on the last step, so ``log_every`` is chosen such
-  that step ``warmup`` ends a window (``warmup`` itself, or ``steps`` when warmup is 1); the windows after
-  it cover exactly the timed steps and are added up. Cross-checks: the wall clock between the flush
+  128 on the realistic profile, i.e. 80 rows of 128). The run it plans is a user's: one epoch of
+  ``--planned-texts`` (300,000, the issue's corpus) texts of these statistics, so that its run-length choices
+  (``runtime.compile: auto`` compiles on CPU only for a run long enough to repay it, where it measures faster)
+  are those of a real run; the child ends the run once step ``warmup + steps`` is recorded. Figures come from
+  the engine's ``StepMetrics`` records: the loop flushes on step 1 and every ``log_every`` steps, so
+  ``log_every`` is chosen such that steps ``warmup`` and ``warmup + steps`` end windows; the windows after
+  ``warmup`` cover exactly the timed steps and are added up. Cross-checks: the wall clock between the flush
   callbacks of steps ``warmup`` and ``warmup + steps`` (``wall`` below), and real/computed tokens counted
   again, after the run, from the engine's own sampler and collator for the same steps.
 * ``fastlm_lora``: the same packed engine fine-tuning with LoRA (``train.model.lora``: r 16, alpha 32,
@@ -119,8 +122,15 @@ from pathlib import Path
 
 from contender_process import OFFLINE_ENV, run_contender
 from length_profile import realistic_texts, text_statistics
-from speed_flags import (COMPILE_FLAGS, add_speed_flags, contender_type, peer_bf16, speed_flag_args, split_setup,
-                         with_setup)
+from speed_flags import (
+    COMPILE_FLAGS,
+    add_speed_flags,
+    contender_type,
+    peer_bf16,
+    speed_flag_args,
+    split_setup,
+    with_setup,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
 
@@ -261,8 +271,9 @@ def rates(real: float, computed: float, window: float, steps: int) -> dict:
 
 
 def fastlm_log_every(warmup: int, steps: int) -> int:
-    """A ``log_every`` for which step ``warmup`` ends a flush window (the loop also flushes on step 1 and last)."""
-    return warmup if warmup >= 2 else steps
+    """A ``log_every`` for which steps ``warmup`` and ``warmup + steps`` end flush windows (the loop also flushes on
+    step 1; the planned run goes on past the window, so its last step is no window end)."""
+    return math.gcd(warmup, steps) if warmup >= 2 else warmup + steps
 
 
 def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
@@ -270,11 +281,13 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
 
     import torch
 
+    from fastlm.engine import loop as loop_module
     from fastlm.engine.batching import make_batching
     from fastlm.engine.config import parse_train_params
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.loop import train
     from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+    from fastlm.engine.runtime_probe import probe_runtime
 
     args = ctx.args
     warmup, steps = args.warmup, args.steps
@@ -303,9 +316,33 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
         if kind == "train":
             flushed_at[record["step"]] = perf_counter()
 
-    result = train(model, train_set, None, params=params, runtime=runtime, pad_id=ctx.pad_id,
-                   max_length=args.max_length, attn="sdpa", callbacks=[on_record])
-    history = result.history
+    # The run fastlm plans is a real one: one epoch of --planned-texts texts of these statistics (its run-length
+    # decisions, runtime.compile auto on CPU, see the same run a user's would); the child ends it after the timed
+    # window, once step warmup + steps is recorded.
+    planned = planned_steps(params, train_set, ctx.pad_id, args)
+    params = params.model_copy(update={"max_steps": max(planned, warmup + steps)})
+    history: list[dict] = []
+    chosen: dict = {}
+
+    def on_window(kind: str, record: dict) -> None:
+        on_record(kind, record)
+        if kind == "train":
+            history.append(record)
+            if record["step"] >= warmup + steps:
+                raise WindowDone
+
+    def probe_and_keep(*probe_args, **probe_kwargs):
+        runtime_chosen, probed = probe_runtime(*probe_args, **probe_kwargs)
+        chosen["runtime"] = runtime_chosen
+        return runtime_chosen, probed
+
+    loop_module.probe_runtime = probe_and_keep  # only to report what the run chose (precision, compile)
+    try:
+        train(model, train_set, None, params=params, runtime=runtime, pad_id=ctx.pad_id,
+              max_length=args.max_length, attn="sdpa", callbacks=[on_window])
+    except WindowDone:
+        pass
+    chosen_runtime = chosen["runtime"]
     if warmup and warmup not in flushed_at:
         raise RuntimeError(f"no flush at step {warmup}: flushed at {sorted(flushed_at)}")
     end = warmup + steps
@@ -353,13 +390,27 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
         "check_real_tokens_per_s_wall": check_real / wall if wall else None,
         "steps_per_epoch": len(sampler.epoch_batches()),
         "final_loss": history[-1]["loss"],
-        "precision": result.runtime.precision,
-        "precision_choice": result.runtime.precision_choice,
-        "peak_memory_mb": result.summary.get("peak_memory_mb"),
+        "planned_steps": params.max_steps,
+        "precision": chosen_runtime.precision,
+        "precision_choice": chosen_runtime.precision_choice,
+        "compiled": chosen_runtime.compile,
+        "compile_choice": chosen_runtime.compile_choice,
     }
     if mode == "packed" and not lora:
         out["overhead"] = bookkeeping_overhead(ctx, step_time=out["step_time_s"])
     return out
+
+
+class WindowDone(Exception):
+    """Raised by the fastlm contender's callback once its timed window is recorded: the planned run ends there."""
+
+
+def planned_steps(params, train_set, pad_id: int, args: argparse.Namespace) -> int:
+    """Optimizer steps of one epoch of ``args.planned_texts`` texts with the statistics of ``train_set``."""
+    from fastlm.engine.batching import make_batching
+
+    sampler, _ = make_batching(params, train_set.lengths, pad_id=pad_id, max_length=args.max_length, seed=0)
+    return math.ceil(len(sampler.epoch_batches()) * args.planned_texts / len(train_set))
 
 
 def bookkeeping_overhead(ctx: Context, *, step_time: float) -> dict:
@@ -572,7 +623,7 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) ->
     return run_contender(Path(__file__), name, workdir, index, repo=REPO, extra_args=[
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
         "--max-length", str(args.max_length), "--threads", str(args.threads), "--model", args.model,
-        *speed_flag_args(with_setup(args, name))])
+        "--planned-texts", str(args.planned_texts), *speed_flag_args(with_setup(args, name))])
 
 
 def machine(threads: int) -> dict:
@@ -718,8 +769,9 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
                          f"wall {_fmt(run['wall_s'], '.3f')} s vs metric windows {run['window_s']:.3f} s, "
                          f"tokens re-counted: real {run['check_real_tokens']:,} vs {run['real_tokens']:,.0f}, "
                          f"computed {run['check_computed_tokens']:,} vs {run['computed_tokens']:,.0f}; "
-                         f"{run['steps_per_epoch']} steps/epoch; precision {run.get('precision')} "
-                         f"({run.get('precision_choice')})")
+                         f"{run['steps_per_epoch']} steps/epoch; planned {run.get('planned_steps')} steps; "
+                         f"precision {run.get('precision')} ({run.get('precision_choice')}); compiled "
+                         f"{run.get('compiled')} ({run.get('compile_choice')})")
             else:
                 extra = (f", bf16 {run.get('bf16')}, batches in window {run['batches_in_window']}, optim {run['optim']}, "
                          f"sampling {run['sampling']}")
@@ -798,6 +850,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         metavar="NAME[@SETUP]",
                         help=f"from {', '.join(CONTENDERS)}; NAME@SETUP runs it in another set-up (e.g. "
                              "trainer_group_by_length@bf16, trainer@compile, fastlm@fp32): see speed_flags.py")
+    parser.add_argument("--planned-texts", type=int, default=300_000,
+                        help="fastlm contenders plan one epoch of this many texts (the issue's corpus: 300,000), as a "
+                             "user's run would, and stop after the timed window; run-length choices (runtime.compile "
+                             "auto on CPU) see that run (default 300000)")
     parser.add_argument("--repeats", type=int, default=1, help="run the contender list this many times, interleaved")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     add_speed_flags(parser, "the Trainers'")

@@ -108,7 +108,7 @@ def test_cpu_smoke_run_with_the_5m_shape(tmp_path):
                                                                      os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(
         [sys.executable, str(BENCHMARKS / "train_speed.py"), "--rows", "300", "--steps", "1", "--warmup", "1",
-         "--model", "5m", "--contenders", "fastlm_length_grouped", "trainer_group_by_length@bf16",
+         "--model", "5m", "--planned-texts", "300", "--contenders", "fastlm_length_grouped", "trainer_group_by_length@bf16",
          "--json", str(tmp_path / "out.json")],
         env=env, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
