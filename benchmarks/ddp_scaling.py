@@ -59,7 +59,7 @@ def params(workdir: Path, *, steps: int, accum: int, nproc: int, threads: int):
     return parse_train_params({
         "max_steps": steps, "log_every": 5, "eval_every": None, "save_every": None, "quiet": True, "resume": "never",
         "checkpoint_dir": str(workdir / f"checkpoints-{nproc}"), "optimizer": {"warmup_steps": 5},
-        "runtime": {"num_threads": threads},
+        "runtime": {"num_threads": threads, "precision": "fp32"},  # both alike (auto measures bf16 in one process only)
         "model": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4},
         "batching": {"mode": "packed", "micro_batch_size": 8, "gradient_accumulation_steps": accum},
         "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2}})

@@ -297,7 +297,9 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
     model, init_digest, n_params, n_trainable = ctx.build_model(lora)
     train_set = TokenSequences(ctx.values, ctx.offsets)
     params = parse_train_params({
-        "model": ctx.model_params(lora),
+        # attention at fastlm's default (auto: sdpa on CPU, the additive-mask path when compiled); the model
+        # itself is built alike for every contender (Context.build_model)
+        "model": {**ctx.model_params(lora), "attn_implementation": "auto"},
         "batching": {"mode": mode, "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
         "runtime": {"device": "cpu", "precision": args.precision, "num_threads": args.threads,
                     "compile": COMPILE_FLAGS[args.compile]},
@@ -337,6 +339,14 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
         return runtime_chosen, probed
 
     loop_module.probe_runtime = probe_and_keep  # only to report what the run chose (precision, compile)
+    result_attention = []
+    original_switch = loop_module.attention_when_compiled
+
+    def attention_kept(attn, requested, device):
+        result_attention.append(original_switch(attn, requested, device))
+        return result_attention[-1]
+
+    loop_module.attention_when_compiled = attention_kept
     try:
         train(model, train_set, None, params=params, runtime=runtime, pad_id=ctx.pad_id,
               max_length=args.max_length, attn="sdpa", callbacks=[on_window])
@@ -394,6 +404,7 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
         "precision": chosen_runtime.precision,
         "precision_choice": chosen_runtime.precision_choice,
         "compiled": chosen_runtime.compile,
+        "attention": result_attention[0] if result_attention else None,
         "compile_choice": chosen_runtime.compile_choice,
     }
     if mode == "packed" and not lora:
@@ -771,7 +782,8 @@ def report(info: dict, prep: dict, results: dict[str, list[dict]], table: dict) 
                          f"computed {run['check_computed_tokens']:,} vs {run['computed_tokens']:,.0f}; "
                          f"{run['steps_per_epoch']} steps/epoch; planned {run.get('planned_steps')} steps; "
                          f"precision {run.get('precision')} ({run.get('precision_choice')}); compiled "
-                         f"{run.get('compiled')} ({run.get('compile_choice')})")
+                         f"{run.get('compiled')} ({run.get('compile_choice')}); attention if compiled "
+                         f"{run.get('attention')}")
             else:
                 extra = (f", bf16 {run.get('bf16')}, batches in window {run['batches_in_window']}, optim {run['optim']}, "
                          f"sampling {run['sampling']}")

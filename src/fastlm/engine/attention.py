@@ -38,7 +38,8 @@ flattened view with explicit boundaries (``cu_seq_lens`` from the collator, host
 
 ``auto`` (:func:`choose_attention`), logged: on CUDA, flash-attention varlen when a kernel package is
 installed (FA3 on Hopper, else FA2), then PyTorch's native varlen attention, then ``flex_attention``, then
-SDPA with the dense mask; the varlen kernels need bf16/fp16. On CPU: ``sdpa``, by measurement
+SDPA with the dense mask; the varlen kernels need bf16/fp16. On CPU: ``sdpa`` (a model the training loop compiles
+then trains on ``eager``: ``attention_when_compiled``), by measurement
 (``python benchmarks/attention_cpu.py``, docs/benchmarks.md): flex_attention has no CPU backward in torch
 2.13 (it cannot train), and on the default shape (32 rows x 320) its compiled CPU forward saves at best
 ~0.16 s of ~0.9 s per batch against >= 4.5 s of compile, and lost (1.7x slower) in a loaded run.
