@@ -355,7 +355,7 @@ def attention_path(model, attn: str):
 def attention_when_compiled(attn: str, requested: str, device: torch.device) -> str:
     """The attention path a ``torch.compile``d model trains with: on CPU, ``auto``'s ``sdpa`` becomes ``eager``
     (the same block-causal mask, additive: inductor fuses its masking and softmax with the products, where SDPA's
-    CPU flash kernel stays one opaque call; 1.11x whole-step on the 5.2 M benchmark shape, bf16, packed 80 x 128:
+    CPU flash kernel stays one opaque call; 1.16x whole-step on the 5.2 M benchmark shape, bf16, packed 80 x 128:
     ``benchmarks/issue16_ab.py --lever attention --compile``). Any other choice stays as it is."""
     if requested == "auto" and device.type == "cpu" and attn == "sdpa":
         return "eager"
