@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from fastlm.engine.seq2seq_hooks import unwrapped
+
 IGNORE_INDEX = -100
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 MODEL_INPUTS = "model_inputs"  # a batch from attention.to_device: the model's keyword arguments for its path
@@ -93,8 +95,6 @@ def slicing_by_mask_supported() -> bool:
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the transformers model under ``model``'s wrappers (DDP, compile, PEFT) slices its hidden states
     with ``logits_to_keep`` positions (``slice_logits_to_keep``; a few older model files slice differently)."""
-    from fastlm.engine.seq2seq_hooks import unwrapped
-
     return _class_takes_logits_to_keep(type(unwrapped(model)))
 
 
