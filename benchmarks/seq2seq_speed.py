@@ -8,15 +8,22 @@ contenders. Model: a BART built from a config (d_model 128, 2 + 2 layers, 4 head
 len(tokenizer)) after ``torch.manual_seed(0)``, saved with ``save_pretrained`` to a temporary folder; both
 contenders load it from there (identical initial weights), SDPA attention, fp32, ``torch.set_num_threads``.
 
+The demo dialogues' lengths follow SAMSum's utterance counts (a quarter each in 3-6, 7-12, 13-18 and 19-30
+utterances; ``scripts/demo_data/dialogues.py``): prompts of 40-340 tokens (median ~130), summaries 13-89.
+
 * ``fastlm_packed``: ``fastlm.engine.loop.train`` with ``build_model`` on the folder, batching ``packed``
-  (``PackedSeq2SeqCollator``: ``--packed-rows`` rows of ``--max-length`` tokens, several samples per encoder and
-  decoder row, block-diagonal / causal / same-sample cross-attention masks, BART positions restarted per sample).
+  (``PackedSeq2SeqCollator``: a token budget of ``--packed-rows`` x ``--max-length`` per step, by default the
+  mean real tokens of ``--batch-size`` samples, so every contender trains on about as many tokens per step;
+  several samples per encoder and decoder row, block-diagonal / causal / same-sample cross-attention masks, BART
+  positions restarted per sample).
 * ``fastlm``: the same with batching ``length_grouped`` (``Seq2SeqCollator``: encoder and decoder each padded to
   their own batch maximum, rounded up to 8).
 * ``trainer``: ``transformers.Seq2SeqTrainer`` in its usual set-up: ``DataCollatorForSeq2Seq(tokenizer,
   model)`` (dynamic padding, labels padded with -100, decoder inputs by the model's own shift),
   ``Seq2SeqTrainingArguments(per_device_train_batch_size=batch, max_steps=warmup + steps, report_to=[],
   save_strategy="no", use_cpu=True, dataloader_num_workers=0, seed=0)``, everything else default.
+* ``trainer_group_by_length``: the same with ``train_sampling_strategy="group_by_length"`` (transformers 5's
+  length grouping: megabatches sorted by encoder length), the Trainer's best set-up for this data.
 
 Real tokens: prompt + response + EOS tokens of the samples a step trains on (padding and the decoder start
 token left out) — for fastlm its records' ``real_tokens_per_s`` minus ``samples_per_s`` (its decoder row holds
@@ -30,7 +37,7 @@ both by wall time and per CPU second of this process (``time.process_time`` over
 sensitive to other processes, though not immune to them).
 
     python benchmarks/seq2seq_speed.py                       # 3 warm-up + 20 timed steps each, batch 32
-    python benchmarks/seq2seq_speed.py --repeat 3            # three rotated rounds, medians
+    python benchmarks/seq2seq_speed.py --repeat 4            # four rotated rounds, medians
     python benchmarks/seq2seq_speed.py --steps 3 --warmup 1 --rows 300   # smoke run
     python benchmarks/seq2seq_speed.py --interleaved 10      # fastlm packed vs length_grouped steps alternated
     python benchmarks/seq2seq_speed.py --precision bf16 --compile on   # bf16 autocast / torch.compile, every contender
@@ -54,6 +61,7 @@ for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
+CONTENDERS = ("fastlm_packed", "fastlm", "trainer", "trainer_group_by_length")
 
 
 def load_samples(rows: int, max_length: int, workdir: Path):
@@ -186,7 +194,7 @@ def interleaved(tokenizer, samples, folder: Path, args) -> dict:
                    "real_tokens_per_step": real / args.interleaved} for mode, (wall, cpu, real) in totals.items()}
 
 
-def run_trainer(tokenizer, samples, folder: Path, args, tag: str = "") -> dict:
+def run_trainer(tokenizer, samples, folder: Path, args, tag: str = "", group_by_length: bool = False) -> dict:
     import datasets
     import torch
     from transformers import (
@@ -225,7 +233,8 @@ def run_trainer(tokenizer, samples, folder: Path, args, tag: str = "") -> dict:
                                       args.batch_size, max_steps=args.warmup + args.steps, report_to=[],
                                       save_strategy="no", logging_steps=10**9, disable_tqdm=True, use_cpu=True,
                                       dataloader_num_workers=0, seed=0, bf16=peer_bf16(args),
-                                      torch_compile=args.compile == "on"))
+                                      torch_compile=args.compile == "on",
+                                      train_sampling_strategy="group_by_length" if group_by_length else "random"))
     output = trainer.train()
     last = args.warmup + args.steps
     seconds = marks[last] - marks[args.warmup]
@@ -239,14 +248,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--packed-rows", type=int, default=6,
-                        help="rows of --max-length tokens per packed batch (6 x 320: about the real tokens of 32 samples)")
+    parser.add_argument("--packed-rows", type=int, default=None,
+                        help="packed token budget per step, in rows of --max-length tokens (default: the mean real "
+                             "tokens of --batch-size samples, rounded up)")
     parser.add_argument("--max-length", type=int, default=320)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1,
                         help="rounds; each runs the three contenders, in an order rotated round by round")
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--interleaved", type=int, default=0,
                         help="only compare fastlm packed and length_grouped, N steps each alternated in one process")
     add_speed_flags(parser, "the Trainer's")
@@ -256,6 +267,11 @@ def main() -> None:
         workdir = Path(tmp)
         tokenizer, samples = load_samples(args.rows, args.max_length, workdir)
         save_model(tokenizer, workdir / "model")
+        mean_tokens = sum(len(prompt) + len(response) + 1 for prompt, response in samples) / len(samples)
+        if args.packed_rows is None:  # the packed token budget: the real tokens of --batch-size samples
+            args.packed_rows = -(-round(args.batch_size * mean_tokens) // args.max_length)
+        print(f"{len(samples)} samples, {mean_tokens:.1f} tokens each on average (prompt + decoder start + response "
+              f"+ EOS); packed budget {args.packed_rows} x {args.max_length} tokens per step", flush=True)
         if args.interleaved:
             figures = interleaved(tokenizer, samples, workdir / "model", args)
             for mode, row in figures.items():
@@ -268,25 +284,28 @@ def main() -> None:
         folder = workdir / "model"
         contenders = {"fastlm_packed": lambda tag: run_fastlm(tokenizer, samples, folder, args, "packed", tag),
                       "fastlm": lambda tag: run_fastlm(tokenizer, samples, folder, args, "length_grouped", tag),
-                      "trainer": lambda tag: run_trainer(tokenizer, samples, folder, args, tag)}
-        names = list(contenders)
+                      "trainer": lambda tag: run_trainer(tokenizer, samples, folder, args, tag),
+                      "trainer_group_by_length": lambda tag: run_trainer(tokenizer, samples, folder, args, tag,
+                                                                         group_by_length=True)}
+        names = [name for name in CONTENDERS if name in args.contenders]
         rounds: list[dict] = []
         for index in range(args.repeat):
-            order = names[index % 3:] + names[: index % 3]
+            order = names[index % len(names):] + names[: index % len(names)]
             rounds.append({name: contenders[name](f"-{index}") for name in order})
             print(f"round {index + 1} ({' -> '.join(order)}): " + "   ".join(
                 f"{name} {rounds[-1][name]['real_tokens_per_s']:.0f}" for name in names) + " real tokens/s", flush=True)
     results = {name: {key: median(r[name][key] for r in rounds) for key in rounds[0][name]} for name in names}
-    ratios = {name: {unit: median(r[name][unit] / r["trainer"][unit] for r in rounds)
-                     for unit in ("real_tokens_per_s", "real_tokens_per_cpu_s")} for name in names[:2]}
+    ratios = {f"{name} / {peer}": {unit: median(r[name][unit] / r[peer][unit] for r in rounds)
+                                   for unit in ("real_tokens_per_s", "real_tokens_per_cpu_s")}
+              for name in names if name.startswith("fastlm") for peer in names if peer.startswith("trainer")}
     print(f"medians over {args.repeat} round(s):")
     for name, figures in results.items():
-        print(f"{name:13s} real tokens/s {figures['real_tokens_per_s']:10.1f}   "
+        print(f"{name:23s} real tokens/s {figures['real_tokens_per_s']:10.1f}   "
               + "   ".join(f"{key} {value:.4g}" for key, value in figures.items() if key != "real_tokens_per_s"))
-    for name, ratio in ratios.items():
+    for pair, ratio in ratios.items():
         wall, cpu = ratio["real_tokens_per_s"], ratio["real_tokens_per_cpu_s"]
-        print(f"ratio {name} / Seq2SeqTrainer: {wall:.2f}x wall ({'PASS' if wall >= 2 else 'FAIL'} against the 2x "
-              f"target), {cpu:.2f}x per CPU second (median of the rounds' ratios)")
+        target = f" ({'PASS' if wall >= 2 else 'FAIL'} against the 2x target)" if pair.endswith("/ trainer") else ""
+        print(f"ratio {pair}: {wall:.2f}x wall{target}, {cpu:.2f}x per CPU second (median of the rounds' ratios)")
     if args.json:
         args.json.write_text(json.dumps({"medians": results, "ratios": ratios, "rounds": rounds,
                                          "args": {k: str(v) for k, v in vars(args).items()}}, indent=2))

@@ -2,7 +2,13 @@
 
 ``make_dialogues(n, seed=...)`` fills hand-written scenarios (a delayed order, a meeting to schedule, a
 refund, a restaurant booking, weekend plans) with slot values; each summary is written from the same slots, so
-it is learnable from the dialogue. About 40% of rows are Korean. As in ``synthetic``, all randomness is integer
+it is learnable from the dialogue. About 40% of rows are Korean.
+
+Lengths follow a real dialogue-summarization corpus: SAMSum's 16,369 messenger dialogues are spread uniformly
+over 3-6, 7-12, 13-18 and 19-30 utterances (its dataset card), so each dialogue draws one of those bins, then a
+count inside it (``UTTERANCE_BINS``). Beyond its scenario's lines a dialogue gets chat around it: small-talk
+exchanges (nothing to summarize) and side topics (a moved meeting, a file to send, a lift...), each of which
+adds a clause to the summary, so longer dialogues have longer summaries, as in SAMSum. As in ``synthetic``, all randomness is integer
 draws from ``numpy.random.default_rng`` (same output on every machine, independent of ``PYTHONHASHSEED``).
 
 ``write_demo_dialogues(path)`` writes ``{"dialogue": ..., "summary": ...}`` JSONL with a few dirty rows at
@@ -18,7 +24,9 @@ import numpy as np
 
 from demo_data.texts import SLOT, attach_particle
 
-__all__ = ["make_dialogues", "write_demo_dialogues"]
+__all__ = ["UTTERANCE_BINS", "make_dialogues", "write_demo_dialogues"]
+
+UTTERANCE_BINS = ((3, 6), (7, 12), (13, 18), (19, 30))  # SAMSum: a quarter of the dialogues in each
 
 # fmt: off
 _SLOTS = {
@@ -114,11 +122,58 @@ _SCENARIOS = {
          "{a:과} {b:은} {day}에 {activity} 했고 {time}에 {venue}에서 만난다."),
     ),
 }
+
+# Chat around the scenario. Small talk: (line, line) pairs that change nothing in the summary; the opener starts
+# with speaker a (whose name every summary holds). Side topics: (line, line, summary clause).
+_OPENER = {"en": ("{a}: Hey {b}, how's your week going?", "{b}: Busy, but good. You?"),
+           "ko": ("{a}: {b} 씨, 이번 주 어떻게 지내요?", "{b}: 바쁘지만 괜찮아요. 그쪽은요?")}
+_SMALL_TALK = {
+    "en": (("{a}: Sorry, I was in a meeting all morning.", "{b}: No worries."),
+           ("{b}: Is it still raining over there?", "{a}: Yes, all day. So annoying."),
+           ("{a}: haha true", "{b}: :D"),
+           ("{b}: Wait, one sec.", "{b}: OK, I'm back."),
+           ("{a}: Did you sleep well? You looked tired yesterday.", "{b}: Much better today, thanks :)"),
+           ("{a}: Btw, happy birthday to your sister!", "{b}: Thanks, I'll tell her!"),
+           ("{b}: How was the trip last weekend?", "{a}: Great, but way too short.")),
+    "ko": (("{a}: 미안해요, 오전 내내 회의였어요.", "{b}: 괜찮아요."),
+           ("{b}: 거기 아직 비 와요?", "{a}: 네, 하루 종일 와요. 너무 귀찮아요."),
+           ("{a}: ㅋㅋ 맞아요", "{b}: ㅎㅎ"),
+           ("{b}: 잠깐만요.", "{b}: 네, 왔어요."),
+           ("{a}: 어제 피곤해 보이던데 잘 잤어요?", "{b}: 오늘은 훨씬 나아요, 고마워요."),
+           ("{a}: 참, 동생 생일 축하한다고 전해 주세요!", "{b}: 고마워요, 전할게요!"),
+           ("{b}: 지난 주말 여행은 어땠어요?", "{a}: 좋았는데 너무 짧았어요.")),
+}
+_SIDE_TOPICS = {
+    "en": (("{a}: By the way, the {project2} meeting moved to {day3}.", "{b}: Thanks for the heads-up, I'll be there.",
+            "The {project2} meeting moved to {day3}."),
+           ("{b}: Could you send me the {thing2} later?", "{a}: Sure, I'll send it tonight.",
+            "{a} will send {b} the {thing2} tonight."),
+           ("{a}: I'm thinking of buying a new {product2}. Any advice?", "{b}: Let's go and look at some on {day3}.",
+            "{a} wants a new {product2}; {a} and {b} will look at some on {day3}."),
+           ("{b}: Do you still need a ride to {venue2}?", "{a}: No, {c} is taking me, thanks.",
+            "{c} is taking {a} to {venue2}."),
+           ("{a}: Also, {c} says hi.", "{b}: Say hi back from me!", "{c} says hi to {b}."),
+           ("{b}: Did you finish the {thing2}?", "{a}: Almost, I need one more day.",
+            "{a} needs one more day for the {thing2}.")),
+    "ko": (("{a}: 참, {project2} 회의가 {day3:으로} 바뀌었어요.", "{b}: 알려 줘서 고마워요, 참석할게요.",
+            "{project2} 회의가 {day3:으로} 바뀌었다."),
+           ("{b}: 이따 {thing2:을} 보내 줄 수 있어요?", "{a}: 네, 오늘 밤에 보낼게요.",
+            "{a:이} 오늘 밤 {b}에게 {thing2:을} 보낸다."),
+           ("{a}: 요즘 {product2:을} 새로 사려고 하는데 추천해 줄래요?", "{b}: {day3}에 같이 보러 가요.",
+            "{a:과} {b:은} {day3}에 {product2:을} 보러 가기로 했다."),
+           ("{b}: 아직 {venue2}까지 태워다 줄 사람 필요해요?", "{a}: 아니요, {c:이} 데려다주기로 했어요, 고마워요.",
+            "{c:이} {a:을} {venue2}까지 데려다준다."),
+           ("{a}: 참, {c:이} 안부 전해 달래요.", "{b}: 저도 안부 전해 주세요!", "{c:이} {b}에게 안부를 전했다."),
+           ("{b}: {thing2} 다 끝냈어요?", "{a}: 거의요, 하루만 더 필요해요.",
+            "{a:은} {thing2:을} 끝내려면 하루가 더 필요하다.")),
+}
+_CLOSING = {"en": ("{a}: Talk later!", "{b}: Bye!"), "ko": ("{a}: 이따 얘기해요!", "{b}: 네, 들어가세요!")}
 # fmt: on
 
 
 def make_dialogues(n: int, *, seed: int = 0) -> list[dict[str, str]]:
-    """``n`` rows of ``{"dialogue", "summary"}``, about 40% Korean; the same ``(n, seed)`` gives the same rows."""
+    """``n`` rows of ``{"dialogue", "summary"}``, about 40% Korean, utterance counts in SAMSum's bins
+    (``UTTERANCE_BINS``); the same ``(n, seed)`` gives the same rows."""
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(n):
@@ -130,10 +185,40 @@ def make_dialogues(n: int, *, seed: int = 0) -> list[dict[str, str]]:
         first = int(rng.integers(0, len(names)))
         values["a"] = names[first]
         values["b"] = names[(first + 1 + int(rng.integers(0, len(names) - 1))) % len(names)]
+        values["c"] = next(str(name) for name in np.roll(names, -int(rng.integers(0, len(names))))
+                           if name not in (values["a"], values["b"]))
         values["day2"] = slots["day"][(slots["day"].index(values["day"]) + 2 + int(rng.integers(0, 3))) % 7]
         values["order"] = f"{'A' if lang == 'en' else 'K'}{int(rng.integers(100000, 1000000))}"
-        rows.append({"dialogue": "\n".join(_fill(line, values) for line in lines), "summary": _fill(summary, values)})
+        for key in ("project", "thing", "product", "venue", "day"):  # the side topics' own values
+            values[f"{key}3" if key == "day" else f"{key}2"] = slots[key][int(rng.integers(0, len(slots[key])))]
+        low, high = UTTERANCE_BINS[int(rng.integers(0, len(UTTERANCE_BINS)))]
+        dialogue, clauses = _around(lang, list(lines), int(rng.integers(low, high + 1)) - len(lines), rng)
+        rows.append({"dialogue": "\n".join(_fill(line, values) for line in dialogue),
+                     "summary": " ".join(_fill(part, values) for part in (summary, *clauses))})
     return rows
+
+
+def _around(lang: str, core: list[str], extra: int, rng) -> tuple[list[str], list[str]]:
+    """``core`` with ``extra`` more lines of chat (an opener, side topics, small talk, a closing line) and the
+    summary clauses of the side topics; side topics (a third of the pairs) never repeat, small talk cycles
+    through its exchanges in a drawn order."""
+    before, after, clauses = [], [], []
+    sides = [int(i) for i in rng.permutation(len(_SIDE_TOPICS[lang]))]
+    talk = [int(i) for i in rng.permutation(len(_SMALL_TALK[lang]))]
+    pairs, single = divmod(max(0, extra), 2)
+    for index in range(pairs):
+        if index == 0 and rng.integers(0, 2):
+            before.extend(_OPENER[lang])
+        elif sides and rng.integers(0, 3) == 0:
+            *lines, clause = _SIDE_TOPICS[lang][sides.pop()]
+            after.extend(lines)
+            clauses.append(clause)
+        else:
+            after.extend(_SMALL_TALK[lang][talk[0]])
+            talk = talk[1:] + talk[:1]
+    if single:
+        after.append(_CLOSING[lang][int(rng.integers(0, 2))])
+    return before + core + after, clauses
 
 
 def _fill(template: str, values: dict[str, str]) -> str:

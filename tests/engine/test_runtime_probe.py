@@ -233,9 +233,8 @@ def test_a_compiled_cpu_run_left_on_auto_attention_trains_on_the_additive_mask_p
     """Compiled on CPU, ``auto`` attention trains on the eager (additive-mask) path, measured so by the probe:
     every compiled call, the probe's included, runs on that path with an additive mask (a bool one would leak),
     and the model is back on SDPA when training ends."""
-    from tests.support.toy_training import EOS, toy_model, toy_sequences
-
     from fastlm.engine.loop import train
+    from tests.support.toy_training import EOS, toy_model, toy_sequences
 
     calls = []
 

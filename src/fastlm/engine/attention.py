@@ -108,6 +108,10 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
     out = {**batch, **moved}
     packed = "sequence_ids" in batch
+    if "decoder_input_ids" in batch:  # encoder-decoder: the head on flat target positions (seq2seq_hooks)
+        keep = positions_to_keep(batch["labels"], device, flattened=True) if "labels" in batch else None
+        if keep is not None:
+            out[TARGET_POSITIONS] = keep
     if "decoder_segment_ids" in batch:  # packed encoder-decoder rows (data.seq2seq_packing)
         out[MODEL_INPUTS] = packed_seq2seq_inputs(batch, out, device, kind)
         return out

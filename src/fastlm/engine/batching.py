@@ -31,7 +31,7 @@ from fastlm.engine.data.packing import TokenBudget, choose_row_length
 from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.runtime import resolve_device, usable_cpu_count
-from fastlm.engine.seq2seq_hooks import enable_packed_seq2seq, packing_unavailable
+from fastlm.engine.seq2seq_hooks import enable_packed_seq2seq, enable_target_head, packing_unavailable
 from fastlm.errors import ConfigError
 
 __all__ = ["MicroBatches", "RandomBatches", "loader_settings", "make_batching", "micro_batches", "packed_budget",
@@ -112,6 +112,7 @@ def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) ->
         raise ConfigError(f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
                           fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
                           "T5: the pad id).")
+    enable_target_head(model)  # a training step runs the LM head on target positions only
     packing = attn is not None and packing_unavailable(model, attn) is None
     if packing:
         enable_packed_seq2seq(model)

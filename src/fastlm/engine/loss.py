@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from fastlm.engine.seq2seq_hooks import unwrapped
+from fastlm.engine.seq2seq_hooks import HEAD_POSITIONS, takes_head_positions, unwrapped
 
 IGNORE_INDEX = -100
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -111,14 +111,18 @@ def _class_takes_logits_to_keep(cls: type) -> bool:
 def training_logits(model: torch.nn.Module, batch: Mapping,
                     ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, vocab]`` logits and the ``[N]`` targets they predict: only the positions with a target where the
-    batch says which (``TARGET_POSITIONS``) and the model can slice them, else every position (ignored ones
-    carry ``ignore_index``)."""
+    batch says which (``TARGET_POSITIONS``) and the model can slice them (``logits_to_keep``; an encoder-decoder
+    model through its head hook, ``seq2seq_hooks.enable_target_head``), else every position (ignored ones carry
+    ``ignore_index``)."""
     targets = shift_labels(batch["labels"], ignore_index)
     keep = batch.get(TARGET_POSITIONS)
-    if keep is None or not takes_logits_to_keep(model):
+    if keep is not None and takes_logits_to_keep(model):
+        logits = model(**model_inputs(batch), logits_to_keep=keep).logits
+    elif keep is not None and keep.dtype != torch.bool and takes_head_positions(model):
+        logits = model(**model_inputs(batch), **{HEAD_POSITIONS: keep}).logits
+    else:
         logits = forward_logits(model, batch)
         return logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
-    logits = model(**model_inputs(batch), logits_to_keep=keep).logits
     logits = logits.reshape(-1, logits.size(-1))
     kept = targets[keep] if keep.dtype == torch.bool else targets.reshape(-1)[keep.reshape(-1)]
     if logits.size(0) != kept.size(0):

@@ -14,6 +14,12 @@ A packed seq2seq batch (``data.seq2seq_packing``) needs three things from the mo
 3. T5 / mT5 need no positions: their relative position bias depends on ``key - query`` only, which is the same
    inside a packed sample as alone, and the masks remove every cross-sample pair.
 
+Any encoder-decoder model also gets a head hook (``enable_target_head``, packed or not): these families take no
+``logits_to_keep``, so a training step passes the flat positions that predict a target (``HEAD_POSITIONS``,
+from the host-side labels: no device sync) and a forward pre-hook on the output embedding (the LM head module;
+T5 scales its input before it, BART adds ``final_logits_bias`` after it, both unchanged) keeps only those decoder
+states: the head and the loss run on ``[1, K]`` positions instead of every padded decoder position.
+
 The extra inputs travel as keyword arguments of the model call (``PACKED_KEYS``, set by
 ``attention.to_device``); a forward pre-hook on the model that is called pops them (the model never sees them)
 and a forward hook (``always_call``) forgets them after the call. That model is the one a step calls under
@@ -30,12 +36,15 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["CROSS_ATTENTION_MASK", "DECODER_POSITIONS", "DENSE_MASK_ATTENTION", "ENCODER_POSITIONS",
-           "PACKABLE_FAMILIES", "PACKED_KEYS", "enable_packed_seq2seq", "packing_unavailable", "unwrapped"]
+           "HEAD_POSITIONS", "PACKABLE_FAMILIES", "PACKED_KEYS", "enable_packed_seq2seq", "enable_target_head",
+           "packing_unavailable", "takes_head_positions", "unwrapped"]
 
 ENCODER_POSITIONS = "packed_encoder_position_ids"
 DECODER_POSITIONS = "packed_decoder_position_ids"
 CROSS_ATTENTION_MASK = "packed_cross_attention_mask"
 PACKED_KEYS = (ENCODER_POSITIONS, DECODER_POSITIONS, CROSS_ATTENTION_MASK)
+HEAD_POSITIONS = "fastlm_head_positions"  # [1, K] flat decoder positions that predict a target
+INPUT_KEYS = (*PACKED_KEYS, HEAD_POSITIONS)
 PACKABLE_FAMILIES = {
     "bart": "learned absolute positions, restarted per sample by a hook",
     "mbart": "learned absolute positions, restarted per sample by a hook",
@@ -44,6 +53,7 @@ PACKABLE_FAMILIES = {
 }
 DENSE_MASK_ATTENTION = ("sdpa", "eager")  # the 4D masks are dense: bool (SDPA) or additive (eager)
 STATE_ATTRIBUTE = "fastlm_packed_seq2seq_state"
+HEAD_FLAG = "fastlm_target_head"
 
 
 def entry_module(model) -> torch.nn.Module:
@@ -74,30 +84,53 @@ def packing_unavailable(model, attn: str) -> str | None:
 
 
 def enable_packed_seq2seq(model) -> None:
-    """Install the hooks of the module docstring on ``model`` (idempotent; inactive without ``PACKED_KEYS``)."""
-    model = entry_module(model)
-    base = unwrapped(model)
-    state = getattr(base, STATE_ATTRIBUTE, None)
-    if state is None:
-        state = {}
+    """Install the packing hooks of the module docstring on ``model`` (idempotent; inactive without
+    ``PACKED_KEYS``)."""
+    base, state = _shared_state(model)
+    if not state.get("packing_hooks"):
         encoder, decoder = base.get_encoder(), base.get_decoder()
         for stack, key in ((encoder, ENCODER_POSITIONS), (decoder, DECODER_POSITIONS)):
             table = getattr(stack, "embed_positions", None)
             if table is not None:
                 table.register_forward_hook(_positions_hook(state, key))
         decoder.register_forward_pre_hook(_cross_attention_hook(state), with_kwargs=True)
+        state["packing_hooks"] = True
+
+
+def enable_target_head(model) -> None:
+    """Install the head hook of the module docstring on ``model`` (idempotent; inactive without
+    ``HEAD_POSITIONS``): ``takes_head_positions`` is then true."""
+    base, state = _shared_state(model)
+    if not vars(base).get(HEAD_FLAG):
+        base.get_output_embeddings().register_forward_pre_hook(_head_hook(state))
+        setattr(base, HEAD_FLAG, True)
+
+
+def takes_head_positions(model) -> bool:
+    """Whether the encoder-decoder model under ``model``'s wrappers keeps its LM head to ``HEAD_POSITIONS``."""
+    return bool(vars(unwrapped(model)).get(HEAD_FLAG))
+
+
+def _shared_state(model) -> tuple[torch.nn.Module, dict]:
+    """The transformers model and the state its hooks share; the entry module's hooks that fill it, once."""
+    entry = entry_module(model)
+    base = unwrapped(model)
+    state = getattr(base, STATE_ATTRIBUTE, None)
+    if state is None:
+        state = {}
         setattr(base, STATE_ATTRIBUTE, state)
-    if not vars(model).get("fastlm_packed_seq2seq_entry"):  # its own flag (PEFT forwards unknown attributes)
-        model.register_forward_pre_hook(_take_inputs(state), with_kwargs=True)
-        model.register_forward_hook(_forget_inputs(state), always_call=True)
-        model.fastlm_packed_seq2seq_entry = True
+    if not vars(entry).get("fastlm_packed_seq2seq_entry"):  # its own flag (PEFT forwards unknown attributes)
+        entry.register_forward_pre_hook(_take_inputs(state), with_kwargs=True)
+        entry.register_forward_hook(_forget_inputs(state), always_call=True)
+        entry.fastlm_packed_seq2seq_entry = True
+    return base, state
 
 
 def _take_inputs(state: dict):
     def hook(module, args, kwargs):
-        if not any(key in kwargs for key in PACKED_KEYS):
+        if not any(key in kwargs for key in INPUT_KEYS):
             return None
-        state.update({key: kwargs.pop(key, None) for key in PACKED_KEYS}, owner=id(module))
+        state.update({key: kwargs.pop(key, None) for key in INPUT_KEYS}, owner=id(module))
         return args, kwargs
 
     return hook
@@ -106,7 +139,8 @@ def _take_inputs(state: dict):
 def _forget_inputs(state: dict):
     def hook(module, args, output):
         if state.get("owner") == id(module):
-            state.clear()
+            for key in (*INPUT_KEYS, "owner"):
+                state.pop(key, None)
 
     return hook
 
@@ -130,5 +164,17 @@ def _cross_attention_hook(state: dict):
         if mask is None:
             return None
         return args, {**kwargs, "encoder_attention_mask": mask}
+
+    return hook
+
+
+def _head_hook(state: dict):
+    def hook(module, args):
+        positions = state.get(HEAD_POSITIONS)
+        if positions is None:
+            return None
+        hidden = args[0]
+        kept = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions.reshape(-1))
+        return (kept.unsqueeze(0), *args[1:])
 
     return hook
