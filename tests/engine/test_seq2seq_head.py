@@ -15,7 +15,7 @@ from fastlm.engine.attention import to_device
 from fastlm.engine.data import Seq2SeqCollator
 from fastlm.engine.loss import causal_lm_loss_sum, forward_logits, training_logits
 from fastlm.engine.seq2seq_hooks import enable_packed_seq2seq, enable_target_head
-from tests.engine.test_seq2seq_packing import PAD, packed_batch, samples, tiny_seq2seq
+from tests.support.tiny_seq2seq import PAD, packed_batch, samples, tiny_seq2seq
 
 
 def head_rows(model) -> list[int]:

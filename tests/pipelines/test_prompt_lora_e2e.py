@@ -53,10 +53,13 @@ def test_dialogue_summary_lora_run_saves_an_adapter_that_loads_and_merges(dialog
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(project / "base", local_files_only=True)
-    first = tokenized["train"][0]
-    row = splits[splits["split"] == "train"].iloc[0]
+    train_rows = splits[splits["split"] == "train"].reset_index(drop=True)
+    index = next(i for i, row in train_rows.iterrows()  # a dialogue short enough not to be truncated
+                 if len(prompt_token_ids(tokenizer, row["prompt"]))
+                 + len(tokenizer(row["response"], add_special_tokens=False)["input_ids"]) + 1 <= 256)
+    first, row = tokenized["train"][index], train_rows.iloc[index]
     prompt_ids = prompt_token_ids(tokenizer, row["prompt"])
-    assert first["input_ids"][: first["prompt_length"]] == prompt_ids  # short enough: not truncated
+    assert first["input_ids"][: first["prompt_length"]] == prompt_ids
     assert truncate_prompt_ids(prompt_ids, 10, tokenizer.bos_token_id) == [prompt_ids[0], *prompt_ids[-9:]]
     assert first["input_ids"][first["prompt_length"] : -1] == tokenizer(row["response"], add_special_tokens=False)["input_ids"]
     assert first["input_ids"][-1] == tokenizer.eos_token_id and first["input_ids"][0] == tokenizer.bos_token_id
