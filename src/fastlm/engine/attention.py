@@ -112,11 +112,9 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
         keep = positions_to_keep(batch["labels"], device, flattened=True) if "labels" in batch else None
         if keep is not None:
             out[TARGET_POSITIONS] = keep
-    if "decoder_segment_ids" in batch:  # packed encoder-decoder rows (data.seq2seq_packing)
-        out[MODEL_INPUTS] = packed_seq2seq_inputs(batch, out, device, kind)
-        return out
-    if "decoder_input_ids" in batch:  # encoder-decoder (collators.Seq2SeqCollator): padded sides, their masks
-        out[MODEL_INPUTS] = {key: out[key] for key in SEQ2SEQ_INPUTS}
+        # packed rows (data.seq2seq_packing): the dense masks; padded sides (collators.Seq2SeqCollator): their masks
+        out[MODEL_INPUTS] = (packed_seq2seq_inputs(batch, out, device, kind) if "decoder_segment_ids" in batch
+                             else {key: out[key] for key in SEQ2SEQ_INPUTS})
         return out
     if "labels" in batch:  # a training step computes logits only where a label is predicted (loss.training_logits)
         keep = positions_to_keep(batch["labels"], device, flattened=kind == VARLEN)
