@@ -24,6 +24,7 @@ from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.evaluation import evaluate
 from fastlm.engine.loop import train
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from tests.support.tolerances import BF16_MODEL_LOSS_REL, OTHER_FP32_KERNEL, OTHER_FP32_MODEL
 
 VOCAB, PAD, EOS = 96, 0, 2
 ROW = 24
@@ -105,6 +106,11 @@ class Recorder:
                 self.seen[tuple(ids[row, begin:end].tolist())] = logits[row, begin:end]
 
 
+# The mean evaluation loss through another kernel or layout: logit differences of ~1e-6 shift each token's
+# log-softmax by as much and average out over the tokens; a leak between packed samples moves it far more.
+MEAN_LOSS_RTOL = OTHER_FP32_KERNEL["rtol"]
+
+
 def _check_samples(recorder: Recorder, reference_logits: dict, expected: int) -> None:
     matched = [key for key in recorder.seen if key in reference_logits]
     assert len(matched) == expected, "the packed batches did not hold the samples"
@@ -112,7 +118,8 @@ def _check_samples(recorder: Recorder, reference_logits: dict, expected: int) ->
         got = recorder.seen[key]
         computed = ~got.isnan().any(dim=-1)  # a training step computes no logit for a sample's last token
         assert int(computed.sum()) in (len(key), len(key) - 1) and bool(computed[:-1].all())
-        torch.testing.assert_close(got[computed], reference_logits[key][computed], rtol=1e-4, atol=1e-4,
+        # a whole tiny model through another attention kernel and layout (per-op differences over the layers)
+        torch.testing.assert_close(got[computed], reference_logits[key][computed], **OTHER_FP32_MODEL,
                                    msg=lambda m, key=key: f"sample of {len(key)} tokens sees its neighbours: {m}")
 
 
@@ -176,7 +183,8 @@ def flex_reference(monkeypatch):
     return calls
 
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+pytestmark = [pytest.mark.kernels,  # compares two computations: run under other CPU kernel sets too
+              pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")]
 PATHS = ["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "torch_varlen", "sdpa_varlen"]
 
 
@@ -224,7 +232,7 @@ def test_packed_evaluation_equals_each_sample_alone(path_kernels, reference, tmp
     assert max(shape[0] for shape in recorder.shapes) > 1 or attn in ("flash_attention_2", "flash_attention_3",
                                                                        "torch_varlen", "sdpa_varlen"), "one row per batch"
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
-    assert math.isclose(result.metrics["loss"], expected, rel_tol=1e-5)
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL)
     assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
 
 
@@ -253,7 +261,7 @@ def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, re
     result = evaluate(_model(attn), _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW,
                       attn=attn)
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
-    assert math.isclose(result.metrics["loss"], expected, rel_tol=1e-5) and kernels_fed()
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL) and kernels_fed()
 
 
 @pytest.mark.parametrize("signature", ["torch_2_9", "torch_2_11"])
@@ -291,7 +299,7 @@ def test_torch_varlen_adapts_to_older_torch_signatures(signature, reference, tmp
                       attn="torch_varlen")
     _check_samples(recorder, reference_logits, len(SAMPLES))
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
-    assert calls and math.isclose(result.metrics["loss"], expected, rel_tol=1e-5)
+    assert calls and math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL)
 
 
 def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_path, monkeypatch):
@@ -319,7 +327,7 @@ def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_p
                       max_length=ROW, attn="torch_varlen")
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert dtypes and set(dtypes) == {torch.bfloat16}
-    assert math.isclose(result.metrics["loss"], expected, rel_tol=2e-2)
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=BF16_MODEL_LOSS_REL)
 
 
 @pytest.mark.parametrize("attn", ["torch_varlen", "flash_attention_2"])
@@ -374,10 +382,10 @@ def test_sdpa_varlen_equals_causal_attention_per_segment_with_its_gradients(kv_h
         scores = scores.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1), -math.inf)
         parts.append((scores.softmax(-1) @ values).transpose(0, 1))
     expected = torch.cat(parts).unsqueeze(0)
-    assert torch.allclose(out, expected, atol=1e-5)
+    torch.testing.assert_close(out, expected, **OTHER_FP32_KERNEL)  # one attention op, another kernel
     expected_grads = torch.autograd.grad((expected * weights).sum(), (q, k, v))
     for got, want in zip(grads, expected_grads, strict=True):
-        assert torch.allclose(got, want, atol=1e-5)
+        torch.testing.assert_close(got, want, **OTHER_FP32_KERNEL)  # its backward: one op deeper
 
 
 def test_auto_prefers_varlen_then_flex_then_dense_and_logs_why(monkeypatch, caplog):

@@ -16,6 +16,9 @@ from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.evaluation import evaluate
 from fastlm.engine.generation import generate_samples
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_MODEL, reordered_sum_rtol
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
 MAX_LENGTH = 64
 WORDS = ("the cat dog bird sat ran on a mat log tree red blue small big quickly and then it saw"
@@ -62,9 +65,15 @@ def _params(mode: str):
                                "runtime": {"device": "cpu"}})
 
 
+# evaluate() computes the logits in packed or padded batches, another kernel layout than one sample alone, so
+# they differ by up to OTHER_FP32_MODEL's atol: a top-1/top-5 decision closer than that may go either way.
+TIE = OTHER_FP32_MODEL["atol"]
+
+
 def _brute_force(model, data: TokenSequences):
     """Each sample alone, unpadded: per-sample mean loss, correct / top-5 counts and wrong pairs."""
     losses, correct, top5, pairs, targets, misses = {}, 0, 0, Counter(), 0, {}
+    top1_margins, undecided = [], {}  # near-ties: where evaluate()'s batched logits may decide otherwise
     model.eval()
     with torch.no_grad():
         for index in range(len(data)):
@@ -77,12 +86,18 @@ def _brute_force(model, data: TokenSequences):
             predicted = logits.argmax(-1)
             correct += int((predicted == target).sum())
             in_top5 = (logits.topk(5, dim=-1).indices == target[:, None]).any(-1)
+            top6 = logits.topk(6, dim=-1).values
+            top1_margins.append((top6[:, 0] - top6[:, 1]).min().item())
+            rank = (logits > logits.gather(-1, target[:, None])).sum(-1)  # the target's rank, from 0
+            near_tie = (top6[:, 4] - top6[:, 5] < TIE) & ((rank == 4) | (rank == 5))  # 5th or 6th: undecided
+            undecided[index] = int(near_tie.sum())
             top5 += int(in_top5.sum())
             misses[index] = 1 - in_top5.float().mean().item()
             targets += target.numel()
             pairs.update((t, p) for t, p in zip(target.tolist(), predicted.tolist(), strict=True) if t != p)
     model.train()
-    return losses, correct, top5, pairs, targets, misses
+    assert min(top1_margins) > TIE, "a top-1 near-tie in the fixture: the exact argmax counts need none"
+    return losses, correct, top5, pairs, targets, misses, undecided
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +116,17 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
                          max_length=MAX_LENGTH, attn="sdpa")
     assert reference.wrong_pairs is None and reference.worst_samples is None and "accuracy" not in reference.metrics
     metrics, reference = report.metrics, reference.metrics
-    assert abs(metrics["loss"] - reference["loss"]) < 1e-6
-    assert abs(metrics["perplexity"] - reference["perplexity"]) < 1e-6 * reference["perplexity"]
+    # the same batches, the loss summed by the analysis path or the plain one: a reordered sum over the tokens
+    assert math.isclose(metrics["loss"], reference["loss"], rel_tol=reordered_sum_rtol(reference["target_tokens"]))
+    assert math.isclose(metrics["perplexity"], reference["perplexity"],  # exp: the loss's error, relative
+                        rel_tol=2 * reordered_sum_rtol(reference["target_tokens"]))
     assert metrics["target_tokens"] == reference["target_tokens"]
     assert model.training  # the mode is restored
 
-    losses, correct, top5, pairs, targets, misses = brute
+    losses, correct, top5, pairs, targets, misses, undecided = brute
     assert metrics["target_tokens"] == targets and metrics["samples"] == len(data)
-    assert round(metrics["accuracy"] * targets) == correct and round(metrics["top5_accuracy"] * targets) == top5
+    assert round(metrics["accuracy"] * targets) == correct  # no top-1 near-tie (checked in the fixture)
+    assert abs(round(metrics["top5_accuracy"] * targets) - top5) <= sum(undecided.values())
     assert 0 < correct < top5 < targets
     assert metrics["seconds"] > 0 and metrics["real_tokens_per_s"] > 0
 
@@ -116,10 +134,12 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     expected = sorted(losses.items(), key=lambda item: -item[1])[:7]
     worst = report.worst_samples
     assert list(worst.columns[:4]) == ["sample", "loss", "length", "text"] and len(worst) == 7
-    np.testing.assert_allclose(worst["loss"].to_numpy(), [loss for _, loss in expected], atol=1e-5)
+    # a sample's mean loss in a packed/padded batch vs alone: another kernel layout, per sample (no averaging)
+    np.testing.assert_allclose(worst["loss"].to_numpy(), [loss for _, loss in expected], **OTHER_FP32_KERNEL)
     for row in worst.itertuples():
-        assert abs(losses[row.sample] - row.loss) < 1e-5
-        assert abs(misses[row.sample] - row.anomaly_score) < 1e-6  # share of targets outside the top 5
+        assert math.isclose(losses[row.sample], row.loss, rel_tol=OTHER_FP32_KERNEL["rtol"])
+        slack = undecided[row.sample] / (row.length - 1)  # share of targets outside the top 5, near-ties aside
+        assert abs(misses[row.sample] - row.anomaly_score) < slack + 1e-6
         assert row.length == len(data[row.sample])
         assert row.text == tokenizer.decode(data[row.sample].tolist())
 

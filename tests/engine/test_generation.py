@@ -7,6 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fastlm.engine.generation import decoding_kwargs, generate_continuations
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
 VOCAB, PAD, EOS, BOS = 64, 0, 2, 1
 
 

@@ -17,6 +17,8 @@ import pytest
 
 from tests.support.toy_training import run_toy, toy_params
 
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
 GOLDEN = Path(__file__).resolve().parent / "golden" / "tiny_loss_curve.json"
 STEPS = 16
 # fp32 on one CPU thread repeats bit for bit on one machine; the tolerance leaves room for another CPU's kernels.

@@ -19,6 +19,8 @@ from tests.support.toy_training import (
     toy_sequences,
 )
 
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
 
 @pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
 def test_loss_falls_and_metrics_are_logged(tmp_path, mode):

@@ -6,7 +6,10 @@ import torch
 import fastlm.engine.runtime_probe as probe
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.engine.runtime_probe import MIN_SPEEDUP, MIN_STEP_SECONDS, probe_runtime
+from tests.support.tolerances import TRAINED_FP32_LOSS_REL
 from tests.support.toy_training import run_toy, toy_model, toy_params
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
 BATCH = {"input_ids": torch.ones(2, 8, dtype=torch.long), "labels": torch.ones(2, 8, dtype=torch.long)}
 
@@ -209,7 +212,8 @@ def test_compile_is_not_measured_where_the_choice_is_already_made(request_, kwar
 
 def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(tmp_path, monkeypatch):
     """The loop trains with the very module the probe compiled (its compile time is not spent twice), and the
-    run equals an eager one (the fake compiler only wraps the model)."""
+    run trains as an eager one (the fake compiler only wraps the model; compiled on CPU, ``auto`` attention
+    trains on the additive-mask path, the eager run on SDPA: two kernels, so a tolerance)."""
     compiled_models = []
 
     def compiler(model):
@@ -225,7 +229,9 @@ def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(t
     eager = run_toy(toy_params(tmp_path / "eager", runtime={"precision": "fp32", "compile": False}, **steps))
     assert auto.runtime.compile is True and "measured" in auto.runtime.compile_choice
     assert len(compiled_models) == 1 and len(seen) >= 6 + 2 + probe.ROUNDS  # probe passes + every training step
-    assert [r["loss"] for r in auto.history] == [r["loss"] for r in eager.history]
+    assert auto.summary["attention"] == "eager" and eager.summary["attention"] == "sdpa"
+    assert [r["loss"] for r in auto.history] == pytest.approx([r["loss"] for r in eager.history],
+                                                              rel=TRAINED_FP32_LOSS_REL)
     assert eager.runtime.compile_choice == "set in train.runtime.compile"
 
 
@@ -259,4 +265,7 @@ def test_a_compiled_cpu_run_left_on_auto_attention_trains_on_the_additive_mask_p
     explicit = explicit.model_copy(update={"model": explicit.model.model_copy(update={"attn_implementation": "eager"})})
     eager = train(toy_model(), toy_sequences(300, 1), None, params=explicit,
                   runtime=setup_runtime(explicit.runtime, seed=explicit.seed), pad_id=EOS, max_length=64, attn="eager")
-    assert [r["loss"] for r in result.history] == pytest.approx([r["loss"] for r in eager.history], rel=1e-5)
+    # the same kernel reached by two set-ups (the probe's peeked batches rebuilt for it), not one computation
+    # run twice: step 1 matches bit for bit, later steps differ by ~1e-8, so a tolerance
+    assert [r["loss"] for r in result.history] == pytest.approx([r["loss"] for r in eager.history],
+                                                                rel=TRAINED_FP32_LOSS_REL)

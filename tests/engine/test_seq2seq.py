@@ -21,6 +21,9 @@ from fastlm.engine.loop import train
 from fastlm.engine.model import build_model
 from fastlm.engine.runtime import RuntimeConfig, setup_runtime
 from fastlm.errors import ConfigError
+from tests.support.tolerances import MERGED_ADAPTER_ATOL
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
 VOCAB, PAD, EOS = 64, 1, 2
 
@@ -93,7 +96,7 @@ def test_seq2seq_folder_trains_and_reloads_with_its_encoder_trained(tmp_path, ki
     changed = [name for name, value in before.items() if not torch.equal(trained[name], value)]
     assert len(changed) > len(before) // 2, "the encoder was not trained"
     for name in changed:
-        torch.testing.assert_close(trained[name], dict(result.model.named_parameters())[name])
+        assert torch.equal(trained[name], dict(result.model.named_parameters())[name]), name  # saved, loaded: lossless
 
 
 def test_collator_pads_encoder_and_decoder_to_their_own_maxima():
@@ -186,7 +189,8 @@ def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")}
     result.model.eval()
     with torch.no_grad():
-        torch.testing.assert_close(merged(**inputs).logits, result.model(**inputs).logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(merged(**inputs).logits, result.model(**inputs).logits, rtol=0,
+                                   atol=MERGED_ADAPTER_ATOL)
 
 
 def test_tune_measures_the_seq2seq_training_step(tmp_path):
