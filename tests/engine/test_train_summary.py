@@ -55,3 +55,27 @@ def test_a_resume_reads_the_checkpoint_once(tmp_path, monkeypatch):
     result = run_toy(toy_params(tmp_path, max_steps=6, save_every=None, eval_every=None, resume="auto"))
     assert result.summary["resumed_from_step"] == 4
     assert sorted(reads) == sorted([MARKER, STATE_FILE])
+
+
+@pytest.mark.parametrize(("mode", "rows"), [("packed", 4), ("dynamic", 4)])
+def test_the_log_and_summary_say_what_an_optimizer_step_holds(tmp_path, caplog, mode, rows):
+    """A packed row holds several samples: "effective batch 8" alone would hide ~8x as many texts per step. The
+    log and the summary name the rows, and the mean samples and real tokens a step holds over an epoch."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="fastlm")
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": rows, "gradient_accumulation_steps": 2},
+                        max_steps=2, eval_every=None)
+    result = run_toy(params)
+    data, summary = toy_sequences(300, 1), result.summary
+    steps_per_epoch = round(summary["steps"] / summary["epochs"])
+    assert summary["rows_per_step"] == summary["effective_batch"] == rows * 2
+    assert summary["samples_per_step"] == pytest.approx(len(data) / steps_per_epoch, abs=0.05)  # 1 decimal
+    assert summary["tokens_per_step"] == pytest.approx(int(data.lengths.sum()) / steps_per_epoch, abs=0.05)
+    if mode == "packed":  # rows of 64 tokens hold ~5 toy samples each
+        assert summary["samples_per_step"] > 2 * summary["rows_per_step"]
+    else:
+        assert summary["samples_per_step"] == pytest.approx(summary["rows_per_step"], rel=0.05)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Training "))
+    assert f"{rows * 2} rows" in line and f"~{summary['samples_per_step']:,.0f} samples" in line
+    assert f"~{summary['tokens_per_step']:,.0f} real tokens" in line

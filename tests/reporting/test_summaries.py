@@ -22,6 +22,8 @@ def test_training_summary_is_one_row_with_the_summary_figures():
     assert row["run_id"] == "abc"
     assert (row["steps"], row["epochs"], row["effective_batch"], row["tokens_seen"]) == (50, 0.5, 32, 99999)
     assert (row["batching"], row["parameters"], row["device"]) == ("packed", 123456, "cpu")
+    # a packed step of 32 rows holds ~505 samples: the table says both
+    assert (row["rows_per_step"], row["samples_per_step"], row["tokens_per_step"]) == (32, 505.3, 9710.0)
     assert row["final_val_perplexity"] == pytest.approx(24.5)
 
 

@@ -22,7 +22,8 @@ def make_history(n: int, **columns) -> pd.DataFrame:
 
 SUMMARY = {
     "steps": 50, "epochs": 0.5, "wall_time_s": 12.5, "final_train_loss": 3.0, "final_val_loss": 3.2,
-    "final_val_perplexity": 24.5, "effective_batch": 32, "batching": "packed", "parameters": 123456,
+    "final_val_perplexity": 24.5, "effective_batch": 32, "rows_per_step": 32, "samples_per_step": 505.3,
+    "tokens_per_step": 9710.0, "batching": "packed", "parameters": 123456,
     "tokens_seen": 99999, "runtime": {"device": "cpu", "num_threads": 4},
 }
 

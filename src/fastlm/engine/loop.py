@@ -37,7 +37,7 @@ from fastlm.engine.loss import total_target_tokens
 from fastlm.engine.metrics import StepMetrics, device_peak_flops, flops_per_token
 from fastlm.engine.profiling import step_profiler
 from fastlm.engine.progress import Progress
-from fastlm.engine.records import Callback, Recorder, run_summary
+from fastlm.engine.records import Callback, Recorder, run_summary, step_contents
 from fastlm.engine.runtime import Runtime
 from fastlm.engine.runtime_probe import probe_runtime
 from fastlm.engine.seq2seq_hooks import packing_unavailable
@@ -116,7 +116,9 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         fsdp = params.distributed.strategy == "fsdp"  # FSDP's forward is collective; DDP's is not needed to evaluate
         validate = partial(_validate, model if fsdp else raw_model, eval_set, params=params, runtime=runtime,
                            pad_id=pad_id, max_length=max_length, attn=attn, comm=comm, even_shards=fsdp)
-        _log_start(params, total_steps, steps_per_epoch, world)
+        holds = step_contents(train_set.lengths, steps_per_epoch=steps_per_epoch, rows_per_step=(
+            params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * world))
+        _log_start(params, total_steps, steps_per_epoch, world, holds)
         budget, out_of_time = TimeBudget(params.max_minutes), False  # train.max_minutes: a stop at a step boundary
         metrics.start()
         with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
@@ -165,7 +167,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                               wall=perf_counter() - started, n_params=sum(p.numel() for p in raw_model.parameters()),
                               params=params, world_size=world)
         summary.update(compiled=runtime.compile, attention=attn, profile=profiler.summary, planned_steps=total_steps,
-                       stopped_by=STOPPED_BY if out_of_time else None)
+                       stopped_by=STOPPED_BY if out_of_time else None, **holds)
         return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times, runtime)
 
 
@@ -230,11 +232,13 @@ def _recorder(state: TrainState, metrics: StepMetrics, raw_model, params: TrainP
                                 "from_scratch": getattr(raw_model.config, "_name_or_path", "") == ""})
 
 
-def _log_start(params: TrainParams, total_steps: int, steps_per_epoch: int, world: int) -> None:
+def _log_start(params: TrainParams, total_steps: int, steps_per_epoch: int, world: int, holds: dict) -> None:
     batching = params.batching
-    log.info("Training %d steps (%d per epoch); effective batch = %d micro-batch x %d accumulation x %d process%s; "
-             "batching %s", total_steps, steps_per_epoch, batching.micro_batch_size,
-             batching.gradient_accumulation_steps, world, "es" if world > 1 else "", batching.mode)
+    log.info("Training %d steps (%d per epoch); each optimizer step holds %d rows (%d micro-batch x %d accumulation"
+             " x %d process%s), ~%s samples and ~%s real tokens on average; batching %s", total_steps,
+             steps_per_epoch, holds["rows_per_step"], batching.micro_batch_size, batching.gradient_accumulation_steps,
+             world, "es" if world > 1 else "", f"{holds['samples_per_step']:,.0f}", f"{holds['tokens_per_step']:,.0f}",
+             batching.mode)
 
 
 def _backed_off(error: BaseException, stream, params: TrainParams, state: TrainState, device: torch.device,

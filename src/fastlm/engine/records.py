@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from fastlm.engine.checkpointer import TrainState
 from fastlm.engine.config import TrainParams
 from fastlm.engine.health import GradNormWatch, check_finite, check_first_loss
@@ -80,6 +82,13 @@ class Recorder:
     def _emit(self, kind: str, record: dict) -> None:
         for callback in self.callbacks:
             callback(kind, record)
+
+
+def step_contents(lengths: np.ndarray, *, rows_per_step: int, steps_per_epoch: int) -> dict:
+    """What one optimizer step holds, on average over an epoch: its rows (micro-batch x accumulation x
+    processes), samples and real tokens. A packed row holds several samples: the rows alone understate it."""
+    return {"rows_per_step": rows_per_step, "samples_per_step": round(len(lengths) / steps_per_epoch, 1),
+            "tokens_per_step": round(float(np.sum(lengths)) / steps_per_epoch, 1)}
 
 
 def run_summary(state: TrainState, metrics: StepMetrics, *, total_steps: int, steps_per_epoch: int, wall: float,

@@ -255,5 +255,11 @@ def setup_runtime(config: RuntimeConfig | RuntimeParams, *, seed: int | None = N
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,
     )
-    log.info("runtime: %s", ", ".join(f"{key}={value}" for key, value in runtime.describe().items()))
+    described = runtime.describe()
+    if device.type == "cpu":  # runtime_probe settles these on the first micro-batch: not stated as settled here
+        if config.precision == "auto":
+            described["precision"] = f"{precision} (auto: measured on the first micro-batch)"
+        if config.compile == "auto":
+            described["compile"] = f"{runtime.compile} (auto: measured on the first micro-batch)"
+    log.info("runtime: %s", ", ".join(f"{key}={value}" for key, value in described.items()))
     return runtime

@@ -86,7 +86,9 @@ def training_summary(summary: dict, history: pd.DataFrame, eval_history: pd.Data
     """One row: what was trained, for how long, and how it ended.
 
     Columns: run_id, steps, epochs, wall_time_s, final_train_loss, final_val_loss, final_val_perplexity,
-    effective_batch, tokens_seen, batching, parameters, device. Losses fall back to the last history rows;
+    effective_batch (rows per optimizer step), rows_per_step, samples_per_step and tokens_per_step (the mean
+    samples and real tokens a step holds: several samples per packed row), tokens_seen, batching, parameters,
+    device. Losses fall back to the last history rows;
     the perplexity to ``exp(final_val_loss)`` when it was not recorded.
     """
     summary = summary or {}
@@ -104,6 +106,9 @@ def training_summary(summary: dict, history: pd.DataFrame, eval_history: pd.Data
         "final_val_loss": final_val_loss,
         "final_val_perplexity": final_val_perplexity,
         "effective_batch": summary.get("effective_batch"),
+        "rows_per_step": summary.get("rows_per_step", summary.get("effective_batch")),
+        "samples_per_step": summary.get("samples_per_step"),  # a packed row holds several samples
+        "tokens_per_step": summary.get("tokens_per_step"),
         "tokens_seen": summary.get("tokens_seen"),
         "batching": summary.get("batching"),
         "parameters": summary.get("parameters"),
