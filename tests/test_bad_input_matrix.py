@@ -562,6 +562,42 @@ def test_a_cut_off_output_is_named_with_the_pipeline_to_rerun(project, path, pip
                    f"kedro run --pipeline={producer}")
 
 
+def _arrow_buffer_span(arrow: Path, column: str, buffer: int) -> tuple[int, int]:
+    """Where one buffer of ``column`` (1: a list's offsets, 3: its values) lies in the Arrow IPC file."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(arrow)) as source:
+        base = source.read_buffer(8).address  # a zero-length read has no address
+        source.seek(0)
+        batch = next(iter(pa.ipc.open_stream(source)))
+        found = batch.column(column).buffers()[buffer]
+        return found.address - base, found.size
+
+
+@pytest.mark.parametrize("buffer", [1, 3], ids=["offsets", "token_ids"])
+def test_garbage_inside_an_arrow_body_is_named_with_the_pipeline_to_rerun(project, buffer):
+    """Bytes overwritten inside the file (its size unchanged: no cut): offsets pointing anywhere failed with an
+    IndexError deep in a collator; token ids of -1 trained without a word."""
+    arrow = project / "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow"
+    start, size = _arrow_buffer_span(arrow, "input_ids", buffer)
+    body = bytearray(arrow.read_bytes())
+    body[start + size // 4: start + size // 2] = b"\xff" * (size // 2 - size // 4)
+    arrow.write_bytes(bytes(body))
+    _fails_cleanly(project, "train", {}, InputDataError,
+                   "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow is cut off or corrupt",
+                   "kedro run --pipeline=split")
+
+
+@pytest.mark.timeout(60)
+def test_a_named_pipe_in_place_of_a_saved_arrow_file_is_refused_without_hanging(project):
+    arrow = project / "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow"
+    arrow.unlink()
+    os.mkfifo(arrow)
+    _fails_cleanly(project, "train", {}, InputDataError,
+                   "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow is not a regular file",
+                   "kedro run --pipeline=split")
+
+
 def test_disk_full_while_split_saves(project, monkeypatch):
     import datasets
 
@@ -634,6 +670,26 @@ def test_a_corrupt_tracking_database_does_not_stop_training(project, monkeypatch
     run_pipeline(project, "train", {"train": {"resume": "never"}})
     summary = json.loads((project / "data/08_reporting/train_summary.json").read_text())
     assert summary["steps"] == TRAIN["max_steps"]
+
+
+def test_a_tracking_database_missing_a_table_warns_once_without_tracebacks(project, mlflow_uri, monkeypatch,
+                                                                           capfd, caplog):
+    """A database whose metrics table was dropped: training completes (as with a corrupt file), and the store's
+    failure is one warning, not a traceback per failed call."""
+    import sqlite3
+
+    database = project / "dropped.db"
+    shutil.copyfile(mlflow_uri.removeprefix("sqlite:///"), database)
+    with sqlite3.connect(database) as connection:
+        connection.execute("DROP TABLE metrics")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
+    run_pipeline(project, "train", {"train": {"resume": "never"}})
+    summary = json.loads((project / "data/08_reporting/train_summary.json").read_text())
+    assert summary["steps"] == TRAIN["max_steps"]
+    printed = capfd.readouterr()
+    shown = printed.out + printed.err + caplog.text
+    assert "Traceback" not in shown, shown[-3000:]
+    assert shown.count("without tracking") == 1, shown[-3000:]  # the one warning
 
 
 def test_cli_secrets_are_masked_in_tracebacks(monkeypatch):

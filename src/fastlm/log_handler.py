@@ -10,6 +10,9 @@ PLAIN_FORMAT = "[%(asctime)s] %(levelname)-7s %(message)s"
 NOISE = {
     "kedro_mlflow.framework.hooks.mlflow_hook": ("Registering new custom resolver",),
     "kedro.validation.parameter_validator": ("No typed parameter requirements found",),
+    # MLflow's SQL store logs each failed statement with its traceback, then raises to the caller: fastlm's
+    # tracking (SafeMlflow, the guarded MLflow hook) catches that and warns once; the traceback repeats it.
+    "mlflow.store.db.utils": ("SQLAlchemy database error",),
 }
 
 

@@ -3,8 +3,9 @@
 A file cut off by a full disk, a killed copy or a bad sync otherwise fails deep inside a loader (a JSON
 decoder, Arrow's IPC reader, safetensors) with a traceback that does not name the file. Checked here, per
 file of the output: ``*.json`` parses, every ``*.arrow`` (Arrow IPC stream, as ``datasets`` writes it) reads to
-its end through a memory map (record-batch headers only, no copy), every ``*.safetensors`` header parses and
-its tensors end where the file does. Other files are left to their loaders.
+its end through a memory map and validates (offsets within bounds: one sequential read, no copy), every ``*.safetensors`` header parses and
+its tensors end where the file does; a named pipe, socket or device in place of a file is refused (a loader
+would block on it). Other files are left to their loaders.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from fastlm.errors import InputDataError
 def find_damaged(path: str | Path) -> tuple[Path, str] | None:
     """The first damaged file under ``path`` and what its reader said, or None when every file reads whole."""
     path = Path(path)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    files = sorted(p for p in path.rglob("*") if not p.is_dir()) if path.is_dir() else [path] if path.exists() else []
     for file in files:
+        if not file.is_file():  # a named pipe, socket or device: a loader opening it would block or fail
+            return file, "not a regular file"
         check = _CHECKS.get(file.suffix)
         if check is None:
             continue
@@ -35,8 +38,8 @@ def find_damaged(path: str | Path) -> tuple[Path, str] | None:
 
 def damaged_input_error(file: Path, detail: str, *, producer: str) -> InputDataError:
     """One line naming the damaged ``file`` and the pipeline that writes it again."""
-    return InputDataError(f"{shown_path(file)} is cut off or corrupt ({detail}).",
-                          fix=f"run `kedro run --pipeline={producer}` to write it again.")
+    what = "is not a regular file" if detail == "not a regular file" else f"is cut off or corrupt ({detail})"
+    return InputDataError(f"{shown_path(file)} {what}.", fix=f"run `kedro run --pipeline={producer}` to write it again.")
 
 
 def _json(file: Path) -> None:
@@ -49,8 +52,21 @@ def _arrow(file: Path) -> None:
 
     with pa.memory_map(str(file)) as source:
         reader = pa.ipc.open_stream(source)
-        for _ in reader:
-            pass
+        for batch in reader:  # offsets within bounds, lengths consistent: garbage in the body fails here
+            batch.validate(full=True)
+            _no_negative_ids(batch)
+
+
+def _no_negative_ids(batch) -> None:
+    """Token id columns (lists of integers) hold no negative id: garbage bytes read as ids would train."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        if pa.types.is_list(column.type) and pa.types.is_integer(column.type.value_type) and len(column.values):
+            lowest = pc.min(column.values).as_py()
+            if lowest is not None and lowest < 0:
+                raise ValueError(f"token id {lowest} in column {name}")
 
 
 def _safetensors(file: Path) -> None:
