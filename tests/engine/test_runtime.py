@@ -237,15 +237,17 @@ def test_the_validated_train_runtime_parameters_are_applied_as_they_are():
     ("auto", False, ["precision=fp32 (auto:"]),
     ("fp32", "auto", ["compile=False (auto:"]),
     ("fp32", False, []),
+    ("auto", "auto", None),  # not a training run: nothing measures them later, the values are the settled ones
 ])
 def test_the_runtime_line_says_which_cpu_choices_the_first_micro_batch_still_settles(caplog, precision, compile_,
                                                                                       provisional):
     """On CPU, ``auto`` precision and compile are measured on the first micro-batch (runtime_probe): the
     runtime line must not state fp32 / no compile as settled when a later line may pick bf16 / compile."""
     with caplog.at_level(logging.INFO, logger=runtime_module.__name__):
-        setup_runtime(RuntimeConfig(device="cpu", precision=precision, compile=compile_, num_threads=1))
+        setup_runtime(RuntimeConfig(device="cpu", precision=precision, compile=compile_, num_threads=1),
+                      measured_later=provisional is not None)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("runtime: "))
-    for part in provisional:
+    for part in provisional or []:
         assert part in line and "first micro-batch" in line
     if not provisional:
         assert "(auto:" not in line and "precision=fp32," in line

@@ -67,7 +67,7 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
         if runtime_config["num_threads"] is None:  # the ranks on one machine share its cores
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             runtime_config["num_threads"] = max(1, usable_cpu_count() // min(local_world, usable_cpu_count()))
-    runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed))
+    runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed), measured_later=True)
     comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
     try:
         attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)

@@ -190,9 +190,12 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     return "bf16" if requested == "bf16" else "fp32"
 
 
-def setup_runtime(config: RuntimeConfig | RuntimeParams, *, seed: int | None = None) -> Runtime:
+def setup_runtime(config: RuntimeConfig | RuntimeParams, *, seed: int | None = None,
+                  measured_later: bool = False) -> Runtime:
     """Apply the whole runtime configuration to this process (call it once, before building the model).
 
+    ``measured_later``: the caller trains, and ``runtime_probe`` settles CPU ``auto`` precision and compile on
+    the first micro-batch; the runtime line says so instead of stating the provisional values as settled.
     ``config`` is already validated (``RuntimeParams`` by the parameter hook, ``RuntimeConfig`` on creation): it
     is read as it is. ``seed`` (``train.seed``) overrides ``config.seed``; ``RuntimeParams`` has none (default 0).
     """
@@ -256,7 +259,7 @@ def setup_runtime(config: RuntimeConfig | RuntimeParams, *, seed: int | None = N
         cuda_version=torch.version.cuda,
     )
     described = runtime.describe()
-    if device.type == "cpu":  # runtime_probe settles these on the first micro-batch: not stated as settled here
+    if measured_later and device.type == "cpu":  # the training loop's runtime_probe settles these: not stated here
         if config.precision == "auto":
             described["precision"] = f"{precision} (auto: measured on the first micro-batch)"
         if config.compile == "auto":
