@@ -598,6 +598,34 @@ def test_a_named_pipe_in_place_of_a_saved_arrow_file_is_refused_without_hanging(
                    "kedro run --pipeline=split")
 
 
+@pytest.mark.parametrize("stopped_in", ["split_corpus", "build_tokenizer", "tokenize_corpus", "report_split"])
+def test_a_split_stopped_part_way_leaves_outputs_no_pipeline_uses(project, monkeypatch, stopped_in):
+    """A re-split with another hash_salt stopped inside a node (as by kill -9 or a full disk): new splits or a
+    new tokenizer beside the old tokenized data. The report used them (its ROUGE prompts were training rows);
+    now every pipeline reading split outputs refuses until a split finishes."""
+    from fastlm.pipelines.split import nodes
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt  # what the process sees of a kill is nothing at all: nothing may rely on cleanup
+
+    report = {"report": {"prompts": ["배송"], "max_new_tokens": 2, "eval_max_batches": 1,
+                         "decoding": [{"name": "greedy"}], "references": {"enabled": False}}}
+    before = _snapshot(project)
+    monkeypatch.setattr(nodes, stopped_in, stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(project, "split", {"split": {**SPLIT, "hash_salt": "another salt"}})
+    monkeypatch.undo()
+    monkeypatch.chdir(project)
+    if _snapshot(project) == before:  # stopped before its first save: the old, whole split is still in use
+        assert stopped_in == "split_corpus"
+        run_pipeline(project, "report", report)
+        return
+    for pipeline in ("report", "train"):
+        _fails_cleanly(project, pipeline, {}, InputDataError, "did not finish", "kedro run --pipeline=split")
+    run_pipeline(project, "split")  # a split that finishes makes its outputs usable again
+    run_pipeline(project, "report", report)
+
+
 def test_disk_full_while_split_saves(project, monkeypatch):
     import datasets
 
@@ -607,7 +635,19 @@ def test_disk_full_while_split_saves(project, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(datasets.DatasetDict, "save_to_disk", disk_full)
-    _fails_cleanly(project, "split", {}, StorageError, "data/05_model_input/tokenized_corpus", "the disk is full")
+    before = _snapshot(project)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, "split", {})
+    message = str(find_user_error(raised.value))
+    assert isinstance(find_user_error(raised.value), StorageError) and "\n" not in message, message
+    assert "data/05_model_input/tokenized_corpus" in message and "the disk is full" in message
+    # The tokenized data stays whole (written aside, never half); the splits and tokenizer before it were saved
+    # again, so the split is unfinished: its marker is gone and the pipelines reading it refuse (next test).
+    after = _snapshot(project)
+    assert {k: v for k, v in before.items() if not k.endswith("split_complete.json")} == after
+    monkeypatch.undo()
+    monkeypatch.chdir(project)
+    _fails_cleanly(project, "train", {}, InputDataError, "did not finish", "kedro run --pipeline=split")
 
 
 def test_mistyped_env(project):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 import logging
 import os
 import pkgutil
@@ -98,6 +99,63 @@ class MissingInputsHook:
                 f"{dataset}{f' ({path})' if path else ''} does not exist yet.",
                 fix=f"run `kedro run --pipeline={producer}` first.",
             )
+
+
+SPLIT_COMPLETE = "split_complete.json"  # beside tokenized_corpus_fingerprint: the last split finished
+
+
+class SplitCompleteHook:
+    """The split pipeline's outputs are used together or not at all.
+
+    Its nodes write ``corpus_splits``, the tokenizer and the tokenized data one after the other, so a split
+    stopped part way (kill -9, a full disk, Ctrl-C) leaves new files beside older ones, which each look whole.
+    Just before the first split output is saved, the ``split_complete.json`` marker is removed (a node that
+    refuses its input before returning leaves everything as it was); it is written again
+    once every split node has run and every split output is saved. A pipeline reading split outputs it does not produce itself is refused in
+    one line while the marker is missing. Nothing relies on code running at the interruption.
+    """
+
+    def __init__(self) -> None:
+        self._marker: Path | None = None
+        self._group: set[str] = set()
+        self._split_nodes: set[str] = set()
+        self._done: set[str] = set()
+        self._saved: set[str] = set()
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        fingerprint = _local_path(catalog, "tokenized_corpus_fingerprint")
+        self._marker = fingerprint.parent / SPLIT_COMPLETE if fingerprint is not None else None
+        if self._marker is None:
+            return
+        split = importlib.import_module("fastlm.pipelines.split").create_pipeline()
+        self._group = {name for name in split.all_outputs() if _local_path(catalog, name) is not None}
+        self._split_nodes, self._done, self._saved = {node.name for node in split.nodes}, set(), set()
+        read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
+        if read and not self._marker.exists():
+            shown = ", ".join(str(_local_path(catalog, name)) for name in read)
+            raise InputDataError(f"{shown} come from a split that did not finish (or from an older fastlm): "
+                                 f"{self._marker} is missing, so newer and older split outputs may be mixed.",
+                                 fix="run `kedro run --pipeline=split` to write them all again.")
+
+    @hook_impl
+    def before_dataset_saved(self, dataset_name: str) -> None:  # not before a node: one that refuses keeps it
+        if self._marker is not None and dataset_name in self._group:
+            self._marker.unlink(missing_ok=True)
+
+    @hook_impl
+    def after_node_run(self, node) -> None:
+        self._done.add(node.name)
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str) -> None:  # a node's outputs are saved after its hook
+        if self._marker is None or dataset_name not in self._group:
+            return
+        self._saved.add(dataset_name)
+        if self._done >= self._split_nodes and self._saved >= self._group:
+            partial = self._marker.with_name(f".{self._marker.name}.tmp")
+            partial.write_text(json.dumps({"outputs": sorted(self._saved)}) + "\n", encoding="utf-8")
+            os.replace(partial, self._marker)
 
 
 RUN_NAME = "params:run_name"

@@ -15,6 +15,7 @@ from fastlm.hooks import (
     RunNameHook,
     RunOutputsHook,
     RunTrackerHook,
+    SplitCompleteHook,
     TunedParametersHook,
     UnknownRuntimeParamsHook,
 )
@@ -31,7 +32,8 @@ DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
 # and output folders are checked; then MLflow opens the run under that name (a run refused before any node runs
 # leaves no MLflow run behind). At the end, artefacts are logged before MLflow closes the run.
 HOOKS = (RunOutputsHook(), RedactingMlflowHook(), MlflowArtifactsHook(), TunedParametersHook(),
-         OutputFoldersWritableHook(), MissingInputsHook(), ParametersValidHook(), UnknownRuntimeParamsHook(),
+         OutputFoldersWritableHook(), SplitCompleteHook(), MissingInputsHook(), ParametersValidHook(),
+         UnknownRuntimeParamsHook(),
          DatasetPathsHook(), RunTrackerHook(), RunNameHook())
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
     HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), DatasetPathsHook(), RunTrackerHook(),
