@@ -209,9 +209,12 @@ def test_only_duplicates_keep_one(project):
         ({"batching": {"mode": "padded"}}, "train.batching.mode = 'padded'"),
         ({"optimizer": {"lr": 0.0}}, "train.optimizer.lr = 0.0"),
         ({"optimizer": {"lr": -0.001}}, "train.optimizer.lr = -0.001"),
+        ({"loss": {"label_smoothing": 1.0}}, "train.loss.label_smoothing = 1.0"),
+        ({"loss": {"label_smoothing": -0.1}}, "train.loss.label_smoothing = -0.1"),
     ],
     ids=["micro_batch_0", "micro_batch_neg", "accumulation_0", "accumulation_neg", "max_steps_0",
-         "max_steps_neg", "max_minutes_0", "batching_mode", "lr_0", "lr_neg"],
+         "max_steps_neg", "max_minutes_0", "batching_mode", "lr_0", "lr_neg", "label_smoothing_1",
+         "label_smoothing_neg"],
 )
 def test_bad_train_parameter(project, train, expected):
     _fails_cleanly(project, "train", {"train": train}, ConfigError, expected, "--params")

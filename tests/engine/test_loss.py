@@ -271,3 +271,43 @@ def test_training_computes_logits_only_where_a_label_is_predicted(attn):
     # the LM head on K kept rows vs every row: another matmul shape (blocking), then a reordered loss sum
     torch.testing.assert_close(kept_sum, full_sum, rtol=reordered_sum_rtol(kept_targets), atol=1e-6)
     assert relative_difference(kept, full) < OTHER_FP32_KERNEL["rtol"]
+
+
+@pytest.mark.parametrize("smoothing", [0.1, 0.3])
+@pytest.mark.parametrize("chunk_elements", [1, 37 * 4 + 5, 2**21])
+def test_label_smoothing_gives_torch_cross_entropys_loss_and_gradient(monkeypatch, smoothing, chunk_elements):
+    """The chunked loss with ``label_smoothing`` against ``F.cross_entropy(..., label_smoothing=)`` (summed over
+    the targets; ignored rows contribute nothing, their gradient is zero)."""
+    monkeypatch.setattr(loss_module, "CE_CHUNK_ELEMENTS", chunk_elements)
+    logits, labels = random_logits_and_labels()
+    flat, targets = logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1)
+    reference_input = flat.clone().requires_grad_()
+    expected = torch.nn.functional.cross_entropy(reference_input, targets, ignore_index=IGNORE_INDEX,
+                                                 reduction="sum", label_smoothing=smoothing)
+    (expected / 7).backward()
+    leaf = flat.clone().requires_grad_()
+    got = loss_module.cross_entropy_sum(leaf * 1.0, targets, label_smoothing=smoothing)
+    (got / 7).backward()
+    n_targets = int((targets != IGNORE_INDEX).sum())
+    # the same terms as torch's, reordered sums: (targets x vocab) * eps for the loss, a few eps per gradient entry
+    torch.testing.assert_close(got, expected, rtol=reordered_sum_rtol(n_targets * logits.size(-1)), atol=0)
+    torch.testing.assert_close(leaf.grad, reference_input.grad, rtol=8 * EPS_FP32, atol=1e-7)
+    assert leaf.grad[targets == IGNORE_INDEX].abs().sum() == 0
+
+
+def test_a_training_step_with_label_smoothing_optimises_the_smoothed_loss(tiny_llama, micro_batches):
+    """accumulate_gradients(label_smoothing=): the gradients of the smoothed token-mean loss of the whole step."""
+    model = tiny_llama
+    batch = concatenate(micro_batches)
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1),
+                                                 ignore_index=IGNORE_INDEX, label_smoothing=0.1)
+    expected.backward()
+    reference = gradients(model)
+    model.zero_grad(set_to_none=True)
+    loss_sum, targets = accumulate_gradients(model, micro_batches, label_smoothing=0.1)
+    smoothed = gradients(model)
+    model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(loss_sum / targets, expected.detach(), rtol=reordered_sum_rtol(targets * VOCAB), atol=0)
+    assert relative_difference(smoothed, reference) < reordered_sum_rtol(targets)  # micro-batches: reordered sums

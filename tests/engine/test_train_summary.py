@@ -79,3 +79,25 @@ def test_the_log_and_summary_say_what_an_optimizer_step_holds(tmp_path, caplog, 
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Training "))
     assert f"{rows * 2} rows" in line and f"~{summary['samples_per_step']:,.0f} samples" in line
     assert f"~{summary['tokens_per_step']:,.0f} real tokens" in line
+
+
+def test_label_smoothing_trains_the_smoothed_loss_and_validates_on_the_plain_one(tmp_path, monkeypatch):
+    """train.loss.label_smoothing reaches every training step (the smoothed loss itself: test_loss.py); the
+    validation stays plain cross-entropy (comparable across runs); the summary names the train loss's smoothing."""
+    import fastlm.engine.step as step_module
+    from fastlm.engine.evaluation import evaluate
+
+    real, seen = step_module.accumulate_gradients, []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("label_smoothing"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "accumulate_gradients", recording)
+    steps = {"max_steps": 3, "log_every": 1, "eval_every": 3}
+    smoothed = run_toy(toy_params(tmp_path / "smoothed", loss={"label_smoothing": 0.3}, **steps))
+    assert seen == [0.3] * 3 and smoothed.summary["label_smoothing"] == 0.3
+    params = toy_params(tmp_path / "again", **steps)
+    again = evaluate(smoothed.model, toy_sequences(40, 2), params=params, runtime=smoothed.runtime, pad_id=EOS,
+                     max_length=64, attn="sdpa").metrics["loss"]
+    assert smoothed.eval_history[-1]["val_loss"] == pytest.approx(again, rel=1e-6)  # the same plain evaluation

@@ -41,7 +41,7 @@ def toy_params(tmp_path, **overrides):
            "checkpoint_dir": str(tmp_path / "checkpoints"), "resume": "never",
            "runtime": {"device": "cpu", "num_threads": 1}, "profile": {"enabled": False}}
     for key, value in overrides.items():
-        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return parse_train_params(raw)
 
 

@@ -98,6 +98,12 @@ class OptimizerParams(Params):
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
 
 
+class LossParams(Params):
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="share of each target's probability spread over "
+                                   "the vocabulary (F.cross_entropy's label_smoothing); training only: validation "
+                                   "and test losses stay the plain cross-entropy")
+
+
 class DataLoaderParams(Params):
     num_workers: int | Literal["auto"] = "auto"
     pin_memory: bool | Literal["auto"] = "auto"
@@ -164,6 +170,7 @@ class TrainParams(Params):
     model: ModelParams = ModelParams()
     batching: BatchingParams = BatchingParams()
     optimizer: OptimizerParams = OptimizerParams()
+    loss: LossParams = LossParams()
     dataloader: DataLoaderParams = DataLoaderParams()
     runtime: RuntimeParams = RuntimeParams()
     epochs: float = Field(1.0, gt=0)

@@ -167,7 +167,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                               wall=perf_counter() - started, n_params=sum(p.numel() for p in raw_model.parameters()),
                               params=params, world_size=world)
         summary.update(compiled=runtime.compile, attention=attn, profile=profiler.summary, planned_steps=total_steps,
-                       stopped_by=STOPPED_BY if out_of_time else None, **holds)
+                       stopped_by=STOPPED_BY if out_of_time else None, **holds,
+                       label_smoothing=params.loss.label_smoothing)  # the train loss's; validation is plain
         return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times, runtime)
 
 

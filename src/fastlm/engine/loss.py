@@ -174,14 +174,18 @@ def causal_lm_loss_sum(
 
 
 def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX, *,
-                      reuse_logits: bool = False) -> torch.Tensor:
+                      reuse_logits: bool = False, label_smoothing: float = 0.0) -> torch.Tensor:
     """Summed fp32 cross-entropy of ``[N, vocab]`` logits against their ``[N]`` targets (already shifted), the
-    core of ``causal_lm_loss_sum`` (see there: chunked on CPU, fused ``F.cross_entropy`` elsewhere)."""
+    core of ``causal_lm_loss_sum`` (see there: chunked on CPU, fused ``F.cross_entropy`` elsewhere).
+
+    ``label_smoothing`` (``train.loss.label_smoothing``): ``F.cross_entropy``'s definition, each target's
+    distribution ``(1 - s) * one_hot + s / vocab``; training only (evaluation reports the plain loss)."""
     if logits.device.type != "cpu":  # one fused kernel; chunks only add launches (measured 5.8x slower, H200)
-        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
+        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum",
+                               label_smoothing=label_smoothing)
     if torch.is_grad_enabled() and logits.requires_grad:
-        return ChunkedCrossEntropySum.apply(logits, targets, ignore_index, reuse_logits)
-    return chunked_cross_entropy_sum(logits, targets, ignore_index)
+        return ChunkedCrossEntropySum.apply(logits, targets, ignore_index, reuse_logits, label_smoothing)
+    return chunked_cross_entropy_sum(logits, targets, ignore_index, label_smoothing=label_smoothing)
 
 
 def _chunk_rows(vocab: int) -> int:
@@ -189,12 +193,16 @@ def _chunk_rows(vocab: int) -> int:
 
 
 def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
-                              grad_out: torch.Tensor | None = None) -> torch.Tensor:
+                              grad_out: torch.Tensor | None = None, label_smoothing: float = 0.0) -> torch.Tensor:
     """Summed fp32 cross-entropy of ``logits`` (tokens, vocab) against ``targets`` (tokens,), chunk by chunk.
 
     ``grad_out`` (same shape as ``logits``, may be ``logits`` itself): receives d(loss_sum)/d(logits), i.e.
-    ``softmax - one_hot`` on target rows and 0 on ignored rows, in its own dtype.
+    ``softmax - one_hot`` on target rows and 0 on ignored rows, in its own dtype. With ``label_smoothing`` s
+    the target distribution is ``(1 - s) * one_hot + s / vocab``: the loss adds ``s`` times the mean negative
+    log-probability over the vocabulary to ``1 - s`` times the target's, and the gradient subtracts that
+    distribution from the softmax.
     """
+    smooth, vocab = float(label_smoothing), logits.size(-1)
     total = torch.zeros((), dtype=torch.float32, device=logits.device)
     step = _chunk_rows(logits.size(-1))
     buffer = None  # one chunk of fp32 log-probabilities, reused: it stays in cache
@@ -210,12 +218,16 @@ def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignor
         valid = target != ignore_index
         index = torch.where(valid, target, 0).unsqueeze(1)
         picked = log_probs.gather(1, index).squeeze(1)
+        if smooth:
+            picked = (1 - smooth) * picked + (smooth / vocab) * log_probs.sum(-1)
         total -= torch.where(valid, picked, 0.0).sum()
         if grad_out is not None:
             part = grad_out[start : start + step]
             log_probs.masked_fill_(~valid.unsqueeze(1), -math.inf)  # no target: zero gradient (in cache, no sync)
             torch.exp(log_probs, out=part)  # softmax (the chunk of logits may be overwritten now)
-            part.scatter_add_(1, index, -valid.to(part.dtype).unsqueeze(1))  # minus one-hot on targets
+            if smooth:  # minus the uniform share on every entry of the rows with a target
+                part.sub_(valid.to(part.dtype).unsqueeze(1) * (smooth / vocab))
+            part.scatter_add_(1, index, -(1 - smooth) * valid.to(part.dtype).unsqueeze(1))  # minus the one-hot
     return total
 
 
@@ -227,10 +239,11 @@ class ChunkedCrossEntropySum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, targets, ignore_index, reuse_logits):
+    def forward(ctx, logits, targets, ignore_index, reuse_logits, label_smoothing=0.0):
         grad = logits if reuse_logits and logits.is_contiguous() else torch.empty_like(logits)
         with torch.no_grad():
-            loss_sum = chunked_cross_entropy_sum(logits, targets, ignore_index, grad_out=grad)
+            loss_sum = chunked_cross_entropy_sum(logits, targets, ignore_index, grad_out=grad,
+                                                 label_smoothing=label_smoothing)
         ctx.save_for_backward(grad)
         ctx.used = False
         return loss_sum
@@ -241,7 +254,7 @@ class ChunkedCrossEntropySum(torch.autograd.Function):
             raise RuntimeError("ChunkedCrossEntropySum supports one backward pass (no retain_graph reuse)")
         ctx.used = True
         (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_loss.to(grad.dtype)), None, None, None
+        return grad.mul_(grad_loss.to(grad.dtype)), None, None, None, None
 
 
 def total_target_tokens(micro_batches: Iterable[Mapping]) -> int:
@@ -268,6 +281,7 @@ def accumulate_gradients(
     total_targets: int | None = None,
     world_size: int = 1,
     gradient_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
+    label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, int]:
     """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
 
@@ -278,6 +292,7 @@ def accumulate_gradients(
     Data parallel: ``total_targets`` is the step's target count summed over ALL ranks, ``world_size`` undoes
     DDP's gradient averaging, and ``gradient_sync(last)`` is entered around each micro-batch so that
     gradients are reduced across ranks only on the last one (see ``distributed.gradient_sync``).
+    ``label_smoothing``: the smoothed loss is what is optimised and returned (see ``cross_entropy_sum``).
     """
     total = total_target_tokens(micro_batches) if total_targets is None else int(total_targets)
     step_loss_sum = None
@@ -287,7 +302,7 @@ def accumulate_gradients(
         with sync:
             with torch.profiler.record_function("fastlm.forward"), autocast():
                 logits, targets = training_logits(model, batch)
-                loss_sum = cross_entropy_sum(logits, targets, reuse_logits=True)
+                loss_sum = cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
             loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
             with torch.profiler.record_function("fastlm.backward"):
                 (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()

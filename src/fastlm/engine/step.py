@@ -33,6 +33,7 @@ class Optimization:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     clip: float  # math.inf: no clipping (the norm is still computed, for the metrics)
+    label_smoothing: float = 0.0  # train.loss.label_smoothing: the loss the step optimises
 
 
 @dataclass
@@ -51,7 +52,8 @@ def make_optimization(model: torch.nn.Module, params: TrainParams, runtime: Runt
     schedule = LRSchedule(settings.lr, total_steps, min(settings.warmup_steps, total_steps), settings.decay,
                           settings.min_lr_ratio)
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
-    return Optimization(model, optimizer, make_lr_scheduler(optimizer, schedule), runtime.make_grad_scaler(), clip)
+    return Optimization(model, optimizer, make_lr_scheduler(optimizer, schedule), runtime.make_grad_scaler(), clip,
+                        label_smoothing=params.loss.label_smoothing)
 
 
 def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Optimization, *, runtime: Runtime,
@@ -67,7 +69,8 @@ def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Op
         loss_sum, n_targets = accumulate_gradients(model, micro_batches, autocast=runtime.autocast_context,
                                                    grad_scaler=scaler if scaler.is_enabled() else None,
                                                    total_targets=total_targets, world_size=world_size,
-                                                   gradient_sync=gradient_sync)
+                                                   gradient_sync=gradient_sync,
+                                                   label_smoothing=opt.label_smoothing)
     except torch.OutOfMemoryError:
         opt.optimizer.zero_grad(set_to_none=True)
         raise

@@ -59,6 +59,10 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
     else:
         lines.append(f"Model: {summary.get('base_model') or 'tiny Llama from config'}"
                      f"{f' ({counts})' if counts else ''}; every parameter trained.")
+    if summary.get("label_smoothing"):
+        lines.append(f"Loss: the train loss is label-smoothed ({summary['label_smoothing']:g}, "
+                     "train.loss.label_smoothing); validation and test losses and perplexities are the plain "
+                     "cross-entropy.")
     splits = (split_report or {}).get("splits") or {}
     if splits:
         rows = ", ".join(f"{name} {int(info.get('rows', 0)):,}" for name, info in splits.items())
