@@ -14,6 +14,7 @@ from fastlm.engine.loss import (
     count_target_tokens,
     total_target_tokens,
 )
+from tests.support.allocations import full_size_allocations
 from tests.support.tolerances import BF16_VS_FP32, EPS_FP32, OTHER_FP32_KERNEL, reordered_sum_rtol
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
@@ -194,27 +195,6 @@ def test_bf16_logits_get_a_bf16_gradient_close_to_the_fp32_one():
     loss_sum.backward()
     assert half.grad.dtype == torch.bfloat16
     torch.testing.assert_close(half.grad.float(), reference.grad, **BF16_VS_FP32)  # one bf16 rounding
-
-
-def full_size_allocations(function, numel: int) -> int:
-    """How many ops run by ``function()`` return a NEW tensor of at least ``numel`` elements."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        found = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                      if isinstance(t, torch.Tensor)}
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.numel() >= numel and t.untyped_storage().data_ptr() not in inputs:
-                    Count.found += 1
-            return out
-
-    with Count():
-        function()
-    return Count.found
 
 
 def test_training_loss_makes_no_tokens_by_vocab_buffer_besides_the_logits(monkeypatch):

@@ -102,6 +102,9 @@ class LossParams(Params):
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="share of each target's probability spread over "
                                    "the vocabulary (F.cross_entropy's label_smoothing); training only: validation "
                                    "and test losses stay the plain cross-entropy")
+    fused_linear: bool | Literal["auto"] = Field(
+        "auto", description="the LM head's matmul and the loss fused chunk by chunk (engine/linear_loss.py): no "
+        "[tokens x vocab] logits; auto: for vocabularies of 65,536 and more")
 
 
 class DataLoaderParams(Params):

@@ -119,6 +119,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         holds = step_contents(train_set.lengths, steps_per_epoch=steps_per_epoch, rows_per_step=(
             params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * world))
         _log_start(params, total_steps, steps_per_epoch, world, holds)
+        log.info("loss: %s", opt.fused_choice)
         budget, out_of_time = TimeBudget(params.max_minutes), False  # train.max_minutes: a stop at a step boundary
         metrics.start()
         with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
@@ -168,7 +169,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                               params=params, world_size=world)
         summary.update(compiled=runtime.compile, attention=attn, profile=profiler.summary, planned_steps=total_steps,
                        stopped_by=STOPPED_BY if out_of_time else None, **holds,
-                       label_smoothing=params.loss.label_smoothing)  # the train loss's; validation is plain
+                       label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
+                       fused_linear=opt.fused_head is not None, fused_linear_choice=opt.fused_choice)
         return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times, runtime)
 
 

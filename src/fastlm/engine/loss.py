@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from fastlm.engine.linear_loss import head_returns_hidden, linear_cross_entropy_sum
 from fastlm.engine.seq2seq_hooks import HEAD_POSITIONS, takes_head_positions, unwrapped
 
 IGNORE_INDEX = -100
@@ -282,6 +283,7 @@ def accumulate_gradients(
     world_size: int = 1,
     gradient_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
     label_smoothing: float = 0.0,
+    fused_head: torch.nn.Linear | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
 
@@ -293,6 +295,8 @@ def accumulate_gradients(
     DDP's gradient averaging, and ``gradient_sync(last)`` is entered around each micro-batch so that
     gradients are reduced across ranks only on the last one (see ``distributed.gradient_sync``).
     ``label_smoothing``: the smoothed loss is what is optimised and returned (see ``cross_entropy_sum``).
+    ``fused_head`` (``linear_loss.fused_head_choice``): that head's matmul and the loss run fused, chunk by
+    chunk of tokens (``linear_loss``): no ``[tokens x vocab]`` logits.
     """
     total = total_target_tokens(micro_batches) if total_targets is None else int(total_targets)
     step_loss_sum = None
@@ -301,8 +305,7 @@ def accumulate_gradients(
         sync = gradient_sync(index == last_index) if gradient_sync is not None else contextlib.nullcontext()
         with sync:
             with torch.profiler.record_function("fastlm.forward"), autocast():
-                logits, targets = training_logits(model, batch)
-                loss_sum = cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
+                loss_sum = _micro_batch_loss_sum(model, batch, label_smoothing, fused_head)
             loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
             with torch.profiler.record_function("fastlm.backward"):
                 (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
@@ -311,3 +314,14 @@ def accumulate_gradients(
     if step_loss_sum is None:
         raise ValueError("accumulate_gradients needs at least one micro-batch")
     return step_loss_sum, total
+
+
+def _micro_batch_loss_sum(model, batch: Mapping, label_smoothing: float,
+                          fused_head: torch.nn.Linear | None) -> torch.Tensor:
+    if fused_head is None:
+        logits, targets = training_logits(model, batch)
+        return cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
+    with head_returns_hidden(fused_head):
+        hidden, targets = training_logits(model, batch)
+    return linear_cross_entropy_sum(hidden, fused_head.weight, targets, fused_head.bias,
+                                    label_smoothing=label_smoothing)

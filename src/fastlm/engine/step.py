@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from fastlm.engine.config import TrainParams
+from fastlm.engine.linear_loss import fused_head_choice
 from fastlm.engine.loss import accumulate_gradients
 from fastlm.engine.optim import make_adamw
 from fastlm.engine.runtime import Runtime
@@ -34,6 +35,8 @@ class Optimization:
     scaler: torch.amp.GradScaler
     clip: float  # math.inf: no clipping (the norm is still computed, for the metrics)
     label_smoothing: float = 0.0  # train.loss.label_smoothing: the loss the step optimises
+    fused_head: torch.nn.Linear | None = None  # train.loss.fused_linear: this head's matmul fused into the loss
+    fused_choice: str = ""  # why (or why not), for the log and the summary
 
 
 @dataclass
@@ -52,8 +55,9 @@ def make_optimization(model: torch.nn.Module, params: TrainParams, runtime: Runt
     schedule = LRSchedule(settings.lr, total_steps, min(settings.warmup_steps, total_steps), settings.decay,
                           settings.min_lr_ratio)
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
+    head, why = fused_head_choice(model, params.loss.fused_linear, strategy=params.distributed.strategy)
     return Optimization(model, optimizer, make_lr_scheduler(optimizer, schedule), runtime.make_grad_scaler(), clip,
-                        label_smoothing=params.loss.label_smoothing)
+                        label_smoothing=params.loss.label_smoothing, fused_head=head, fused_choice=why)
 
 
 def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Optimization, *, runtime: Runtime,
@@ -70,7 +74,7 @@ def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Op
                                                    grad_scaler=scaler if scaler.is_enabled() else None,
                                                    total_targets=total_targets, world_size=world_size,
                                                    gradient_sync=gradient_sync,
-                                                   label_smoothing=opt.label_smoothing)
+                                                   label_smoothing=opt.label_smoothing, fused_head=opt.fused_head)
     except torch.OutOfMemoryError:
         opt.optimizer.zero_grad(set_to_none=True)
         raise
