@@ -5,6 +5,7 @@ import torch
 
 from fastlm.engine.linear_loss import linear_cross_entropy_sum, reference_linear_cross_entropy_sum
 from tests.support.allocations import full_size_allocations
+from tests.support.tiny_models import llama_config
 from tests.support.tolerances import (
     BF16_VS_FP32,
     OTHER_FP32_KERNEL,
@@ -120,21 +121,10 @@ def packed_batch(vocab: int, attn: str = "sdpa"):
 
 
 def tiny_llama(vocab: int = VOCAB, **config):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=vocab,
-            max_position_embeddings=128,
-            **config,
-        )
-    )
+    model = LlamaForCausalLM(llama_config(vocab=vocab, hidden=32, positions=128, **config))
     model.config._attn_implementation = "sdpa"
     return model
 

@@ -94,8 +94,10 @@ def save_checkpoint(
     keep_last: int | None = 2,
     model_state: dict | None = None,
     optimizer_state: dict | None = None,
+    also_keep: Path | None = None,
 ) -> Path:
-    """Write ``root/checkpoint-<step:08d>/`` atomically, then keep only the ``keep_last`` newest ones.
+    """Write ``root/checkpoint-<step:08d>/`` atomically, then keep only the ``keep_last`` newest ones (and
+    ``also_keep``: early stopping's best checkpoint).
 
     An existing folder for the same step is replaced (the old one is moved aside first, then deleted).
     ``keep_last=None`` keeps every checkpoint. Returns the checkpoint folder.
@@ -149,7 +151,7 @@ def save_checkpoint(
             _raise_storage_error(error, final)
         raise
     _remove_temporaries(root)
-    _prune(root, keep_last, keep=final)
+    _prune(root, keep_last, keep={final, also_keep})
     log.info(
         "saved checkpoint %s (%.1f MB in %.2f s)",
         final,
@@ -194,12 +196,12 @@ def _move_into_place(tmp: Path, final: Path) -> None:
         _remove_path(old)
 
 
-def _prune(root: Path, keep_last: int | None, *, keep: Path) -> None:
+def _prune(root: Path, keep_last: int | None, *, keep: set[Path | None]) -> None:
     if keep_last is None:
         return
     complete = _complete_checkpoints(root)  # (step, path), oldest first
     for _, path in complete[:-keep_last]:
-        if path == keep:
+        if path in keep:
             continue
         trash = root / f"{TMP_PREFIX}delete-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
         try:  # rename first: a crash during the delete must not leave a half-deleted checkpoint-* folder

@@ -54,6 +54,7 @@ class TrainState:
     last_good: Path | None = None  # this run's newest checkpoint (saved, or resumed from)
     backoffs: list[dict] = field(default_factory=list)  # this process's out-of-memory back-offs (step, new sizes)
     runtime_choice: dict = field(default_factory=dict)  # runtime_probe's measured settings (a resume keeps them)
+    early_stopping: dict = field(default_factory=dict)  # early_stop.EarlyStopping.record() (a resume keeps it)
 
 
 class Checkpointer:
@@ -62,6 +63,7 @@ class Checkpointer:
     def __init__(self, params: TrainParams, *, model: torch.nn.Module, opt: Optimization, comm: Collectives,
                  train_set: TokenSequences, max_length: int, total_steps: int, device: torch.device) -> None:
         self.params, self.model, self.opt, self.comm = params, model, opt, comm
+        self.protected: Path | None = None  # early stopping's best checkpoint: kept past keep_last
         self.root, self.total_steps, self.device = Path(params.checkpoint_dir), total_steps, device
         self.sharded = is_sharded(model)  # FSDP2: checkpoints hold the gathered, whole state dicts
         # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only.
@@ -90,7 +92,10 @@ class Checkpointer:
                            batch_in_epoch=resume_position(saved, self.comm.world_size, folder),
                            history=saved["history"], eval_history=saved["eval_history"],
                            batching=saved.get("batching") or {}, resumed_from=folder, first_step=saved["step"],
-                           last_good=folder, runtime_choice=saved.get("runtime_choice") or {})
+                           last_good=folder, runtime_choice=saved.get("runtime_choice") or {},
+                           early_stopping=saved.get("early_stopping") or {})
+        best_step = state.early_stopping.get("best_step")
+        self.protected = checkpoint_dir(self.root, best_step) if best_step is not None else None
         log.info("Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)", folder, state.step,
                  self.total_steps, state.epoch, state.batch_in_epoch)
         if state.step >= self.total_steps:
@@ -120,7 +125,8 @@ class Checkpointer:
                                            "world_size": self.comm.world_size, "sharded": self.sharded,
                                            "trainable_only": self.trainable_only, "total_steps": self.total_steps,
                                            "digest": self.digest, "batching": state.batching, "runtime_choice": state.runtime_choice,
-                                           **position})
+                                           "early_stopping": state.early_stopping, **position},
+                                    also_keep=self.protected)
         state.last_good = saved
         return saved
 
@@ -132,6 +138,13 @@ class Checkpointer:
         if before_save is not None:
             before_save()
         return self.save(state, position)
+
+    def load_weights(self, folder: Path) -> None:
+        """The model's weights from checkpoint ``folder`` (early stopping's best step), nothing else."""
+        if self.trainable_only:
+            self._load_trainable(folder)
+        else:
+            load_checkpoint(folder, model=self.model, map_location=self.device, restore_rng=False)
 
     def _load_trainable(self, folder: Path) -> None:
         """A trainable-only (LoRA) checkpoint: its tensors must be exactly the model's trainable parameters."""

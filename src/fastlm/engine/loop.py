@@ -27,11 +27,12 @@ from fastlm.engine.attention import attention_path, attention_when_compiled, pac
 from fastlm.engine.backoff import batching_record, halve_micro_batch, resumed_batching
 from fastlm.engine.batching import loader_settings, micro_batches, seq2seq_batching
 from fastlm.engine.budget import STOPPED_BY, TimeBudget
-from fastlm.engine.checkpoint import checkpoint_lock
+from fastlm.engine.checkpoint import checkpoint_dir, checkpoint_lock
 from fastlm.engine.checkpointer import Checkpointer, TrainState
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed import Collectives, SingleProcess, gradient_sync, wrap_model
+from fastlm.engine.early_stop import EarlyStopping
 from fastlm.engine.evaluation import evaluate
 from fastlm.engine.loss import total_target_tokens
 from fastlm.engine.metrics import StepMetrics, device_peak_flops, flops_per_token
@@ -43,6 +44,7 @@ from fastlm.engine.runtime_probe import probe_runtime
 from fastlm.engine.seq2seq_hooks import packing_unavailable
 from fastlm.engine.signals import GracefulStop, TrainingInterrupted
 from fastlm.engine.step import make_optimization, train_step
+from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
         _log_start(params, total_steps, steps_per_epoch, world, holds)
         log.info("loss: %s", opt.fused_choice)
         budget, out_of_time = TimeBudget(params.max_minutes), False  # train.max_minutes: a stop at a step boundary
+        early, ended_early = _early_stopping(params, state), False  # train.early_stopping (engine/early_stop.py)
         metrics.start()
         with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/signals.py)
             while state.step < total_steps:
@@ -145,12 +148,16 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 out_of_time = state.step < total_steps and time_votes > 0
                 if out_of_time:  # the stop step is logged, evaluated and saved like a last step
                     recorder.flush(stream.progress(batches_per_epoch))
+                best_now = False
                 if eval_set is not None and (_due(state.step, params.eval_every, total_steps) or out_of_time):
                     recorder.evaluation(validate())
+                    if early is not None:
+                        best_now, ended_early = _watch(early, state, checkpointer, total_steps)
                 # Read the flag once (a signal may land between the checks); ranks act on the step's common vote.
                 stopping = stop.requested if world == 1 else stop_votes > 0
                 position = stream.progress(batches_per_epoch)
-                saved = checkpointer.maybe_save(state, stream.position, force=stopping or out_of_time,
+                saved = checkpointer.maybe_save(state, stream.position,
+                                                force=stopping or out_of_time or best_now or ended_early,
                                                 before_save=partial(recorder.flush, position))
                 if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
                     recorder.progress.close()
@@ -161,14 +168,21 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                     log.info("train.max_minutes (%g) spent at step %d of %d: stopped, checkpoint %s saved "
                              "(train.resume: auto continues it)", params.max_minutes, state.step, total_steps, saved)
                     break
+                if ended_early:
+                    log.info("early stopping at step %d of %d: no validation-loss improvement in %d evaluations; "
+                             "the best was step %d (%.4f)", state.step, total_steps, early.patience,
+                             early.best_step, early.best)
+                    break
         recorder.progress.close()
         profiler.close(state.step)
-        summary = run_summary(state, metrics, total_steps=state.step if out_of_time else total_steps,
+        early_summary = _restore_best(early, state, checkpointer)
+        summary = run_summary(state, metrics, total_steps=state.step if out_of_time or ended_early else total_steps,
                               steps_per_epoch=steps_per_epoch,
                               wall=perf_counter() - started, n_params=sum(p.numel() for p in raw_model.parameters()),
                               params=params, world_size=world)
         summary.update(compiled=runtime.compile, attention=attn, profile=profiler.summary, planned_steps=total_steps,
-                       stopped_by=STOPPED_BY if out_of_time else None, **holds,
+                       stopped_by=STOPPED_BY if out_of_time else "early stopping" if ended_early else None, **holds,
+                       early_stopping=early_summary,
                        label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
                        fused_linear=opt.fused_head is not None, fused_linear_choice=opt.fused_choice)
         return TrainResult(raw_model, state.history, state.eval_history, summary, metrics.step_times, runtime)
@@ -194,6 +208,41 @@ def _step_metrics(raw_model, device: torch.device, comm: Collectives, *, total_s
                        flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size,
                                                        max_length),
                        reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None)
+
+
+def _early_stopping(params: TrainParams, state: TrainState) -> EarlyStopping | None:
+    settings = params.early_stopping
+    if settings.patience is None:
+        return None
+    if params.distributed.strategy == "fsdp":
+        raise ConfigError("train.early_stopping is not available with distributed.strategy fsdp yet.",
+                          fix="use distributed.strategy ddp, or set train.early_stopping.patience: null.")
+    return EarlyStopping.from_record(state.early_stopping, patience=settings.patience, min_delta=settings.min_delta)
+
+
+def _watch(early: EarlyStopping, state: TrainState, checkpointer: Checkpointer,
+           total_steps: int) -> tuple[bool, bool]:
+    """After an evaluation: (a new best: save this step and keep it, patience ran out before the last step)."""
+    best_now = early.update(state.step, state.eval_history[-1]["val_loss"])
+    state.early_stopping = early.record()
+    if best_now:
+        checkpointer.protected = checkpoint_dir(checkpointer.root, state.step)
+    return best_now, early.should_stop and state.step < total_steps
+
+
+def _restore_best(early: EarlyStopping | None, state: TrainState, checkpointer: Checkpointer) -> dict | None:
+    """The best step's weights back in the model (the one the run returns and writes), and what to say of it."""
+    if early is None:
+        return None
+    model_step = state.step
+    if early.best_step is not None and early.best_step != state.step and checkpointer.protected is not None:
+        checkpointer.load_weights(checkpointer.protected)
+        model_step = early.best_step
+        log.info("early stopping: the model is step %d's (validation loss %.4f), from %s", model_step, early.best,
+                 checkpointer.protected)
+    return {"best_step": early.best_step, "best_val_loss": early.best, "model_from_step": model_step,
+            "best_checkpoint": str(checkpointer.protected) if checkpointer.protected else None,
+            "patience": early.patience, "min_delta": early.min_delta}
 
 
 def _due(step: int, every: int | None, total_steps: int) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from fastlm.reporting import plots
@@ -59,6 +61,13 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
     else:
         lines.append(f"Model: {summary.get('base_model') or 'tiny Llama from config'}"
                      f"{f' ({counts})' if counts else ''}; every parameter trained.")
+    early = summary.get("early_stopping") or {}
+    if early.get("best_step") is not None:
+        stopped = "stopped early" if summary.get("stopped_by") == "early stopping" else "ran to its last step"
+        lines.append(f"Early stopping (patience {early.get('patience')}): the run {stopped} at step "
+                     f"{summary.get('steps', '?')}; the model written is step {early.get('model_from_step')}'s, "
+                     f"the best validation loss ({early.get('best_val_loss', math.nan):.4f}; checkpoint "
+                     f"{early.get('best_checkpoint')}).")
     if summary.get("label_smoothing"):
         lines.append(f"Loss: the train loss is label-smoothed ({summary['label_smoothing']:g}, "
                      "train.loss.label_smoothing); validation and test losses and perplexities are the plain "
