@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -211,10 +210,11 @@ def test_only_duplicates_keep_one(project):
         ({"optimizer": {"lr": -0.001}}, "train.optimizer.lr = -0.001"),
         ({"loss": {"label_smoothing": 1.0}}, "train.loss.label_smoothing = 1.0"),
         ({"loss": {"label_smoothing": -0.1}}, "train.loss.label_smoothing = -0.1"),
+        ({"early_stopping": {"patience": 2}, "eval_every": None}, "needs train.eval_every"),
     ],
     ids=["micro_batch_0", "micro_batch_neg", "accumulation_0", "accumulation_neg", "max_steps_0",
          "max_steps_neg", "max_minutes_0", "batching_mode", "lr_0", "lr_neg", "label_smoothing_1",
-         "label_smoothing_neg"],
+         "label_smoothing_neg", "early_stopping_without_evaluations"],
 )
 def test_bad_train_parameter(project, train, expected):
     _fails_cleanly(project, "train", {"train": train}, ConfigError, expected, "--params")
@@ -343,11 +343,15 @@ def test_unwritable_split_output_folder(project, monkeypatch):
     _fails_cleanly(project, "split", {}, StorageError, "tokenized_corpus", "data/05_model_input is not writable")
 
 
-def test_misspelled_top_level_params_key_warns(project, caplog):
-    with caplog.at_level(logging.WARNING, logger="fastlm.hooks"):
-        run_pipeline(project, "split", {"trian": {"max_steps": 3}})
-    warnings = [r.getMessage() for r in caplog.records if "unknown parameter trian" in r.getMessage()]
-    assert len(warnings) == 1 and "(did you mean train?)" in warnings[0] and "Fix:" in warnings[0]
+@pytest.mark.parametrize(("params", "expected"), [
+    ({"raw_pth": "data/01_raw/mine.jsonl"}, "unknown parameter raw_pth (did you mean raw_path?)"),
+    ({"trian": {"max_steps": 3}}, "unknown parameter trian.max_steps (did you mean train.max_steps?)"),
+], ids=["raw_pth", "trian"])
+def test_misspelled_top_level_params_key_is_refused(project, sample_texts, params, expected):
+    """Refused before any node runs, as a misspelled key inside a group is: a warning let the split re-split
+    the demo corpus over the outputs while the user's own file was ignored."""
+    write_jsonl(project / "data/01_raw/mine.jsonl", sample_texts[:50])
+    _fails_cleanly(project, "split", params, ConfigError, expected, "--params")
 
 
 # --------------------------------------------------------- train: pretrained folders (issues 21 and 15)
@@ -565,6 +569,15 @@ def test_a_cut_off_output_is_named_with_the_pipeline_to_rerun(project, path, pip
                    f"kedro run --pipeline={producer}")
 
 
+@pytest.mark.parametrize(("content", "what"), [("{}", "an empty object"), ("null", "null")],
+                         ids=["empty_object", "null"])
+def test_a_train_summary_that_is_no_training_summary_is_refused_before_the_report(project, content, what):
+    path = "data/08_reporting/train_summary.json"
+    (project / path).write_text(content, encoding="utf-8")
+    _fails_cleanly(project, "report", {}, InputDataError, f"{path} holds {what}",
+                   "kedro run --pipeline=train")
+
+
 def _arrow_buffer_span(arrow: Path, column: str, buffer: int) -> tuple[int, int]:
     """Where one buffer of ``column`` (1: a list's offsets, 3: its values) lies in the Arrow IPC file."""
     import pyarrow as pa
@@ -677,6 +690,46 @@ def test_yaml_syntax_error_names_file_and_line(project):
     message = str(config_file_error(raised.value))
     assert "\n" not in message and "Fix:" in message
     assert "conf/local/parameters_typo.yml line 4" in message and "invalid YAML" in message
+    assert _snapshot(project) == before
+
+
+def test_kedro_env_variable_naming_no_folder(project, monkeypatch):
+    """``KEDRO_ENV=doesnotexist kedro run``: Kedro reads the variable itself, so the project CLI checks it as
+    it checks ``--env`` (it was a MissingConfigException traceback, exit 1)."""
+    monkeypatch.setenv("KEDRO_ENV", "doesnotexist")
+    last = _one_line_exit_2(project, "--pipeline=split")
+    assert "KEDRO_ENV=doesnotexist" in last and "conf/doesnotexist" in last and "local, quick" in last, last
+
+
+def test_missing_configuration_is_one_line(project):
+    """Kedro's own MissingConfigException (here an environment reached past the CLI's check), as the project
+    CLI turns it into one line."""
+    from fastlm.cli import config_file_error
+
+    before = _snapshot(project)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, "split", env="doesnotexist")
+    message = str(config_file_error(raised.value))
+    assert "\n" not in message and "Fix:" in message, message
+    assert "conf/doesnotexist" in message and "local, quick" in message, message
+    assert _snapshot(project) == before
+
+
+def test_the_same_key_in_two_files_of_one_environment_is_one_line(project):
+    """Two files of conf/local setting one key: Kedro's ``ValueError: Duplicate keys`` as one line naming both
+    files and the key."""
+    from fastlm.cli import config_file_error
+
+    (project / "conf/local/parameters_mine.yml").write_text("report:\n  max_new_tokens: 8\n")
+    (project / "conf/local/parameters_yours.yml").write_text("report:\n  max_new_tokens: 16\n")
+    before = _snapshot(project)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, "split")
+    message = str(config_file_error(raised.value))
+    assert "\n" not in message and "Fix:" in message, message
+    assert "conf/local/parameters_mine.yml" in message, message
+    assert "conf/local/parameters_yours.yml" in message, message
+    assert "report.max_new_tokens" in message, message
     assert _snapshot(project) == before
 
 

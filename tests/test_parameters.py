@@ -1,6 +1,7 @@
 """The parameter-group registry (fastlm.parameters): each conf/base parameters file parses to its schema's
 defaults, every group a node reads is registered, and the hook validates through the registry."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,106 @@ def test_every_params_input_of_a_node_is_registered_or_a_plain_value():
 def test_a_bad_value_is_one_config_error_naming_its_file():
     with pytest.raises(ConfigError, match="parameters_tune.yml"):
         parse_group("tune", {"min_micro_batch_size": 0})
+
+
+def test_top_level_parameters_the_project_or_the_user_defines_are_known(tmp_path):
+    """What --params may name at the top: the groups, run_name, raw_path (read by the catalog), and any key a
+    parameters file of any environment defines (any Kedro parameters file name or folder, .yml, .yaml, .json)
+    or a conf file reads through ${runtime_params:...}."""
+    from fastlm.parameters import known_top_level_params
+    from tests.support.project import copy_project
+
+    conf = copy_project(tmp_path / "project") / "conf"
+    (conf / "local/parameters_mine.yml").write_text("my_threshold: 0.5\n")
+    (conf / "base/parameters").mkdir()
+    (conf / "base/parameters/extra.yaml").write_text("extra_group: {a: 1}\n")
+    (conf / "quick/nested").mkdir()
+    (conf / "quick/nested/parameters_more.json").write_text('{"from_json": 1}')
+    (conf / "local/catalog_mine.yml").write_text("mine:\n  type: json.JSONDataset\n"
+                                                 "  filepath: ${runtime_params:my_path, data/x.json}\n")
+    known = known_top_level_params(conf)
+    assert {"split", "train", "report", "tune", "sweep", "run_name", "raw_path"} <= known
+    assert {"my_threshold", "extra_group", "from_json", "my_path"} <= known
+    assert "max_steps" not in known and "a" not in known  # nested keys are not top-level ones
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({"raw_pth": "data/01_raw/x.jsonl"}, "unknown parameter raw_pth (did you mean raw_path?)"),
+    ({"trian": {"max_steps": 3}}, "unknown parameter trian.max_steps (did you mean train.max_steps?)"),
+    ({"zzz": 1}, "unknown parameter zzz in --params"),
+], ids=["raw_pth", "trian", "no_suggestion"])
+def test_an_unknown_top_level_parameter_is_one_config_error(given, expected):
+    from fastlm.parameters import check_top_level_params
+
+    known = {"split", "train", "report", "tune", "sweep", "run_name", "raw_path"}
+    with pytest.raises(ConfigError, match=re.escape(expected)) as raised:
+        check_top_level_params({"split": {"max_length": 48}, **given}, known)
+    message = str(raised.value)
+    assert "\n" not in message and "Fix:" in message and "parameters" in message, message
+    assert not [value for value in given.values() if isinstance(value, str) and value in message]  # no values
+    check_top_level_params({"split": {}, "run_name": "a", "raw_path": "x"}, known)  # known keys pass
+
+
+def test_lora_target_modules_as_a_string_names_the_parameter_and_asks_for_a_list():
+    from fastlm.engine.config import parse_train_params
+
+    with pytest.raises(ConfigError) as raised:
+        parse_train_params({"model": {"lora": {"enabled": True, "target_modules": "q_proj"}}})
+    message = str(raised.value)
+    assert message.startswith("parameter train.model.lora.target_modules = 'q_proj' is invalid:"), message
+    assert "a list such as [q_proj]" in message and "'auto' or 'all-linear'" in message, message
+    assert "list[str]" not in message and "literal[" not in message and "\n" not in message, message
+    assert "--params 'train.model.lora.target_modules=[q_proj]'" in message, message
+
+
+def _union_schema():
+    from typing import Annotated, Literal
+
+    from pydantic import AfterValidator
+
+    from fastlm.config import Params
+
+    def at_least_one(value):
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value
+
+    class Inner(Params):
+        size: int = 1
+
+    class Outer(Params):
+        count: int | Literal["auto"] = "auto"
+        checked: Annotated[int, AfterValidator(at_least_one)] | Literal["auto"] = "auto"
+        items: list[int | Literal["auto"]] = []
+        named: dict[str, int | Literal["auto"]] = {}
+        inner: Inner | Literal["off"] = "off"
+        number: int | float | None = None
+
+    return Outer
+
+
+@pytest.mark.parametrize(("raw", "key", "expected"), [
+    ({"count": "x"}, "parameter grp.count = 'x' is invalid", "Input should be a valid integer or 'auto'"),
+    ({"checked": 0}, "parameter grp.checked = 0 is invalid", "must be at least 1 (or 'auto')"),
+    ({"items": [1, "x"]}, "parameter grp.items.1 = 'x' is invalid",
+     "Input should be a valid integer or 'auto'"),
+    ({"named": {"k": "x"}}, "parameter grp.named.k = 'x' is invalid",
+     "Input should be a valid integer or 'auto'"),
+    ({"inner": {"sise": 2}}, "unknown parameter grp.inner.sise (did you mean grp.inner.size?)", ""),
+    ({"inner": {"size": "x"}}, "parameter grp.inner.size = 'x' is invalid",
+     "Input should be a valid integer"),
+    ({"number": "x"}, "parameter grp.number = 'x' is invalid", "a valid integer or a valid number"),
+], ids=["int_or_literal", "function_after", "list_item", "dict_value", "model_branch_unknown_key",
+        "model_branch_value", "int_or_float"])
+def test_union_branch_names_never_reach_a_parameter_path(raw, key, expected):
+    """pydantic puts the name of each union branch it tried into the error location (``list[str]``, ``int``,
+    ``function-after[...]``, a model's class name): the message names the parameter, and says what each branch
+    accepts."""
+    from fastlm.config import parse_params
+
+    with pytest.raises(ConfigError) as raised:
+        parse_params(_union_schema(), raw, prefix="grp", source="conf/base/parameters_grp.yml")
+    message = str(raised.value)
+    assert message.startswith(key) and expected in message, message
+    named = message.split(" = ")[0].split(" (")[0]
+    assert not any(tag in named for tag in ("[", "int", "float", "literal", "function", "Inner")), message

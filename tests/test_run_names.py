@@ -20,6 +20,34 @@ def test_unsafe_names_are_one_line(bad):
     assert "run_name" in str(raised.value) and "\n" not in str(raised.value) and "Fix:" in str(raised.value)
 
 
+@pytest.mark.parametrize(("bad", "why"), [
+    (123, "123 is a number (int), not text"),
+    (1.5, "1.5 is a number (float), not text"),
+    (True, "True is a boolean, not text"),
+    ("", "it is empty"),
+    ("a b", "it contains ' ' (a space)"),
+    ("a/b", "it contains '/'"),
+    (".hidden", "it starts with '.'"),
+    ("-x", "it starts with '-'"),
+    ("x" * 101, "it is 101 characters long"),
+    ("run.", "it ends with '.'"),
+    ("a..b", "it contains '..'"),
+    ("con", "con is a device name on Windows"),
+    ("NUL.txt", "NUL.txt is a device name on Windows"),
+], ids=["int", "float", "bool", "empty", "space", "slash", "dot_first", "dash_first", "too_long", "dot_last",
+        "two_dots", "con", "nul_txt"])
+def test_a_refused_run_name_says_why_and_what_is_accepted(bad, why):
+    """The message names the rule the value broke, and the rules that hold (a number was refused with a
+    message saying digits are allowed)."""
+    with pytest.raises(ConfigError) as raised:
+        validate_run_name(bad)
+    message = str(raised.value)
+    assert why in message and "\n" not in message and "Fix:" in message, message
+    assert "1 to 100 letters, digits, '.', '_', '+' or '-'" in message, message
+    if not isinstance(bad, str):  # how to pass it as text
+        assert "--params 'run_name=\"" in message and "run-" in message, message
+
+
 def test_safe_names_pass_and_the_default_is_pipeline_and_time():
     assert validate_run_name("lora-r16_v2.1") == "lora-r16_v2.1"
     assert default_run_name(["train"], NOW) == "train-20261123-041428"

@@ -54,6 +54,49 @@ def test_ordinary_text_is_left_alone(text):
     assert redact_text(text) == text
 
 
+URL_SECRETS = {  # a path-like value with credentials -> what must never be shown
+    "https://alice:s3cretpw@example.com/x.jsonl": ("alice", "s3cretpw"),
+    "s3://KEYID:SECRET@bucket/x.jsonl": ("KEYID", "SECRET"),
+    "s3://AKIAABCDEFGHIJKLMNOP:wJalrXUtnFEMIK7MDENG@bucket/x.jsonl": ("AKIAABCDEFGHIJKLMNOP",
+                                                                      "wJalrXUtnFEMIK7MDENG"),
+    "https://alice@example.com/x.jsonl": ("alice",),
+    "ssh://bob:p@ss@host/x": ("bob", "p@ss"),  # an unencoded '@' in the password: masked up to the host
+}
+
+
+FORMS = ("as given", "posix path", "windows path", "fsspec path", "in a message")
+
+
+# (a user name alone, once fsspec dropped its scheme, reads as an e-mail address: not a secret's shape)
+@pytest.mark.parametrize(("url", "form"), [(url, form) for url in sorted(URL_SECRETS) for form in FORMS
+                                           if form != "fsspec path" or len(URL_SECRETS[url]) > 1])
+def test_credentials_in_path_like_values_are_masked_before_and_after_normalisation(url, form):
+    """A path class turns ``//`` into ``/`` (``https:/alice:pw@host``): the credentials are masked in both."""
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    from kedro.io.core import get_protocol_and_path
+
+    value = {"as given": url, "posix path": str(PurePosixPath(url)),
+             "windows path": str(PureWindowsPath(url)),
+             "fsspec path": get_protocol_and_path(url)[1],  # the scheme dropped (s3: the credentials too)
+             "in a message": f"raw data file {PurePosixPath(url)} does not exist. Fix: point raw_path at it.",
+             }[form]
+    masked = redact_text(value)
+    assert not [secret for secret in URL_SECRETS[url] if secret in masked], masked
+    host = url.rsplit("@", 1)[1].split("/")[0]
+    assert f"{MASK}@{host}" in masked or "@" not in value, masked
+
+
+def test_datasets_describe_a_location_with_its_credentials_masked_as_given():
+    from fastlm.datasets import AtomicArrowDataset, TextCorpusDataset
+
+    url = "https://alice:s3cretpw@example.com/x.jsonl"
+    for dataset in (TextCorpusDataset(url), AtomicArrowDataset(path=url)):
+        shown = f"{dataset._describe()} {dataset!r}"
+        assert "s3cretpw" not in shown and "alice" not in shown, shown
+        assert f"https://{MASK}:{MASK}@example.com/x.jsonl" in str(dataset._describe()), shown
+
+
 def test_nested_parameters_are_masked_by_key_and_by_shape():
     params = {"hf_token": "plain-looking", "split": {"hash_salt": "", "tokenizer": {"vocab_size": 400}},
               "train": {"model": {"name_or_path": URI}, "keep_last": 2}, "creds": {"password": None},
@@ -179,6 +222,31 @@ def test_telemetry_and_downloads_are_off_by_default(monkeypatch):
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("url", ["https://alice:s3cretpw@example.com/x.jsonl",
+                                 "s3://KEYID:SECRET@bucket/x.jsonl"])
+def test_a_url_as_raw_path_is_one_line_without_its_credentials(kedro_project, url, caplog, capfd):
+    """``--params raw_path=<url with credentials>``: the exception text itself (not only what the CLI prints)
+    and every log line hold neither the user nor the password; the scheme and host stay readable."""
+    from fastlm.errors import InputDataError, find_user_error
+    from tests.support.project import run_pipeline
+
+    before = sorted(path for path in (kedro_project / "data").rglob("*") if path.is_file())
+    with caplog.at_level(logging.DEBUG), pytest.raises(Exception) as raised:
+        run_pipeline(kedro_project, "split", {"raw_path": url})
+    error = find_user_error(raised.value)
+    assert isinstance(error, InputDataError), repr(raised.value)
+    message = str(error)
+    assert "\n" not in message and "raw_path" in message and "Fix:" in message, message
+    assert f"{url.split(':')[0]}://{MASK}:{MASK}@{url.rsplit('@')[1]}" in message, message
+    printed = capfd.readouterr()
+    shown = "\n".join([message, str(raised.value), caplog.text, printed.out, printed.err])
+    assert not [secret for secret in URL_SECRETS[url] if secret in shown]
+    assert sorted(path for path in (kedro_project / "data").rglob("*") if path.is_file()) == before
+
+
+
+
+@pytest.mark.e2e
 def test_secrets_in_params_reach_no_log_mlflow_or_output(tmp_path, sample_texts):
     """`kedro run` (split -> train -> report) with a fake token and a URI with a password in --params."""
     project = copy_project(tmp_path / "project")
@@ -187,7 +255,8 @@ def test_secrets_in_params_reach_no_log_mlflow_or_output(tmp_path, sample_texts)
              "train": {"max_steps": 2, "log_every": 1, "eval_every": 2, "save_every": 2, "quiet": True,
                        "batching": {"micro_batch_size": 8},
                        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}}}
-    (project / "conf/local/parameters_small.yml").write_text(yaml.safe_dump(small))
+    # hf_token: a top-level parameter of the user's own (an unknown one would be refused)
+    (project / "conf/local/parameters_small.yml").write_text(yaml.safe_dump({**small, "hf_token": None}))
     params = f"hf_token={HF_TOKEN},split.hash_salt={SALT_TOKEN},train.profile.trace_dir={URI}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "COLUMNS": "200"}
     done = subprocess.run([sys.executable, "-m", "kedro", "run", "--params", params], cwd=project, env=env,
@@ -208,4 +277,3 @@ def test_secrets_in_params_reach_no_log_mlflow_or_output(tmp_path, sample_texts)
     assert params_logged["train.profile.trace_dir"] == "https://***:***@example.com/traces"
     assert params_logged["train.max_steps"] == "2"  # ordinary parameters unchanged
     assert tags and all(json.loads(tag)["hf_token"] == "***" for tag in tags)  # tags hold values: JSON
-    assert "unknown parameter hf_token in --params" in done.stdout + done.stderr

@@ -41,6 +41,51 @@ def test_bad_sweep_files_are_one_line(tmp_path, spec, expected):
         load_sweep(str(tmp_path / "missing.yml"))
 
 
+@pytest.mark.parametrize(("plan", "expected"), [
+    ({"grid": {"train.seed": [0, 1], "train.optimizer.lr": []}}, "grid key train.optimizer.lr has no values"),
+    ({"grid": {}}, "grid has no keys"),
+    ({"runs": []}, "runs lists no runs"),
+], ids=["empty_grid_list", "empty_grid", "empty_runs"])
+def test_a_sweep_that_would_make_no_runs_is_refused_naming_the_file_and_key(tmp_path, plan, expected):
+    path = _file(tmp_path, {"name": "s", **plan})
+    with pytest.raises(ConfigError, match=expected) as raised:
+        load_sweep(path)
+    assert path in str(raised.value) and "\n" not in str(raised.value) and "Fix:" in str(raised.value)
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ({"name": "s", "grid": {"train.optimizer.lrr": [0.1]}},
+     "unknown parameter train.optimizer.lrr (did you mean train.optimizer.lr?)"),
+    ({"name": "s", "runs": [{"train.seed": 1}, {"train.optimizer.lr": -1}]},
+     "parameter train.optimizer.lr = -1"),
+    ({"name": "s", "max_steps": 0, "grid": {"train.seed": [1]}}, "parameter max_steps = 0"),
+    ({"name": "s", "max_step": 3, "grid": {"train.seed": [1]}},
+     "unknown parameter max_step (did you mean max_steps?)"),
+], ids=["unknown_train_key", "bad_train_value", "bad_budget", "unknown_sweep_key"])
+def test_a_bad_key_or_value_of_a_sweep_file_names_the_sweep_file(tmp_path, spec, expected):
+    """What the sweep node checks before its first run: a problem the sweep file brings names that file (the
+    message named conf/base/parameters_train.yml and --params, where it cannot be fixed)."""
+    from fastlm.sweeps import load_sweep_runs
+
+    path = _file(tmp_path, spec)
+    with pytest.raises(ConfigError) as raised:
+        load_sweep_runs(path, {"optimizer": {"lr": 0.002}})
+    message = str(raised.value)
+    assert expected in message and f"sweep file {path}" in message and "Fix:" in message, message
+    assert "parameters_train.yml" not in message and "--params" not in message, message
+    assert "\n" not in message, message
+
+
+def test_a_bad_base_train_parameter_still_names_the_parameters_file(tmp_path):
+    from fastlm.sweeps import load_sweep_runs
+
+    path = _file(tmp_path, {"name": "s", "grid": {"train.seed": [1]}})
+    with pytest.raises(ConfigError, match="conf/base/parameters_train.yml") as raised:
+        load_sweep_runs(path, {"optimizer": {"lrr": 0.002}})
+    assert "unknown parameter train.optimizer.lrr" in str(raised.value) and path not in str(raised.value)
+    assert load_sweep_runs(path, {}).plan() == [{"train.seed": 1}]
+
+
 def test_overrides_and_finished_runs(tmp_path):
     base = {"optimizer": {"lr": 0.002, "beta1": 0.9}, "max_steps": 500}
     params = apply_overrides(base, {"train.optimizer.lr": 0.01, "train.batching.micro_batch_size": 4}, 7)

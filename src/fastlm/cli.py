@@ -10,12 +10,14 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import logging
+import os
 import pkgutil
 import re
 import sys
 from pathlib import Path
 
 import click
+from kedro.config import MissingConfigException
 from kedro.framework.cli.project import run as kedro_run
 
 import fastlm.pipelines
@@ -34,7 +36,7 @@ def _run(**kwargs):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
     try:
-        check_env(kwargs.get("env"), kwargs.get("conf_source"))
+        check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
         return kedro_run.callback(**kwargs)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
         user_error = (find_user_error(exc) or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
@@ -47,27 +49,48 @@ def _run(**kwargs):
         sys.exit(user_error.exit_code)
 
 
-def check_env(env: str | None, conf_source: str | None) -> None:
-    """``--env NAME`` must name a folder of conf/ (a typo otherwise runs with an empty environment and fails
-    later, e.g. as an MLflow file-store traceback)."""
+def check_env(env: str | None, conf_source: str | None, *, variable: bool = False) -> None:
+    """``--env NAME`` (or, with ``variable``, the ``KEDRO_ENV`` variable Kedro reads when ``--env`` is not
+    given) must name a folder of conf/ (a typo otherwise runs with an empty environment and fails later, e.g.
+    as an MLflow file-store traceback, or as Kedro's MissingConfigException traceback)."""
+    if variable:
+        env = os.environ.get("KEDRO_ENV") or None
     conf = Path(conf_source) if conf_source else Path.cwd() / "conf"
     if not env or not conf.is_dir() or (conf / env).is_dir():
         return
+    raise _no_env_folder(env, conf, f"KEDRO_ENV={env}" if variable else f"--env {env}")
+
+
+def _no_env_folder(env: str, conf: Path, given: str) -> ConfigError:
     known = sorted(path.name for path in conf.iterdir() if path.is_dir() and path.name != "base")
     close = difflib.get_close_matches(env, known, n=1)
-    raise ConfigError(
-        f"--env {env}: there is no conf/{env} folder{f' (did you mean {close[0]}?)' if close else ''}.",
-        fix=f"use one of: {', '.join(known) or '(none)'}, or create conf/{env}.",
-    )
+    names, folder = ", ".join(known) or "(none)", shown_path(conf / env)
+    variable = given.startswith("KEDRO_ENV")
+    use = f"set KEDRO_ENV to one of: {names}, or unset it" if variable else f"use one of: {names}"
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(f"{given}: there is no {folder} folder{hint}.", fix=f"{use}, or create {folder}.")
 
 
 def config_file_error(exc: Exception) -> FastlmError | None:
-    """A YAML syntax error in a conf/ file (Kedro's ParserError, caused by PyYAML's), as one line with the file
-    and line."""
+    """Kedro's errors about the conf/ files, as one line: a YAML syntax error (Kedro's ParserError, caused by
+    PyYAML's) with the file and line; a configuration folder that does not exist (MissingConfigException); one
+    key set by two files of one environment (``ValueError: Duplicate keys found in A and B: key``)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if isinstance(current, MissingConfigException):
+            return _missing_config_error(current)
+        duplicates = _DUPLICATES.findall(str(current)) if isinstance(current, ValueError) else []
+        if duplicates:
+            first, second, keys = duplicates[0]
+            more = f" ({len(duplicates) - 1} more pair(s) of files repeat keys)" if duplicates[1:] else ""
+            return ConfigError(
+                f"{shown_path(second)} and {shown_path(first)} both set {keys}{more}: the files of one conf "
+                "environment must not repeat a key (only another environment, e.g. conf/local over "
+                "conf/base, may override it).",
+                fix=f"keep {keys} in one of the two files and remove it from the other.",
+            )
         mark = getattr(current, "problem_mark", None)
         if mark is not None and type(current).__module__.startswith("yaml"):
             named = _YAML_FILE.search(str(exc))
@@ -82,6 +105,27 @@ def config_file_error(exc: Exception) -> FastlmError | None:
 
 
 _YAML_FILE = re.compile(r"Invalid YAML or JSON file (.+?), unable to read")
+_DUPLICATES = re.compile(r"Duplicate keys found in (.+?) and (.+?): (.+)")
+_MISSING_FOLDER = re.compile(r"not a valid directory: (.+)$")
+
+
+def _missing_config_error(error: Exception) -> ConfigError:
+    """Kedro's MissingConfigException: the environment folder named, with the folders there are."""
+    message = " ".join(str(error).split())
+    folder = _MISSING_FOLDER.search(message)
+    if folder is not None and Path(folder.group(1)).parent.is_dir():
+        path = Path(folder.group(1))
+        variable = os.environ.get("KEDRO_ENV") == path.name
+        return _no_env_folder(path.name, path.parent, f"KEDRO_ENV={path.name}" if variable else
+                              f"environment {path.name}")
+    return ConfigError(f"Kedro found no configuration: {_shown_conf(message)}.",
+                       fix="check --env, KEDRO_ENV and --conf-source, and that conf/base holds the project's "
+                       "files.")
+
+
+def _shown_conf(text: str) -> str:
+    """``text`` with the absolute paths under the working directory shown relative to it."""
+    return text.replace(f"{Path.cwd().as_posix()}/", "")
 
 
 def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError | None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import json
 import logging
 import os
 import pkgutil
-import re
 import shutil
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.storage import check_writable
 from fastlm.errors import InputDataError
-from fastlm.parameters import GROUPS
+from fastlm.parameters import GROUPS, check_top_level_params, known_top_level_params
 from fastlm.redaction import redact
 from fastlm.tracking import (
     MlflowMetrics,
@@ -73,7 +71,9 @@ class MissingInputsHook:
     """Before a run starts, refuse inputs that another pipeline produces but that do not exist yet.
 
     One line names the dataset, its path and the pipeline to run first; nothing has run, nothing is written.
-    An input that exists is checked to be whole (``fastlm.datasets.integrity``): a cut-off file is one line too.
+    An input that exists is checked to be whole (``fastlm.datasets.integrity``): a cut-off file is one line
+    too; so is one that is whole but not what it should be, for a dataset with a ``check_saved`` method (e.g.
+    ``TrainSummaryDataset``: a ``train_summary.json`` of ``{}``).
     Raw inputs (produced by no pipeline) are left to their datasets, which explain themselves.
     """
 
@@ -88,6 +88,9 @@ class MissingInputsHook:
             exists = catalog.exists(dataset)
             damaged = find_damaged(str(path)) if exists and path is not None else None
             if exists and damaged is None:
+                check_saved = getattr(catalog[dataset], "check_saved", None)  # whole, but what it should be?
+                if check_saved is not None:
+                    check_saved()
                 continue
             producers = all_pipelines() if producers is None else producers
             producer = next((name for name, p in producers.items() if dataset in p.all_outputs()), None)
@@ -352,51 +355,51 @@ def _local_path(catalog, name: str) -> Path | None:
 
 
 class UnknownRuntimeParamsHook:
-    """Warn about a top-level ``--params`` key that no parameters file and no catalog entry has
-    (``trian.max_steps=5``).
+    """Refuse a top-level ``--params`` key that no parameters file defines and no conf file reads
+    (``raw_pth=...``, ``trian.max_steps=5``): one ConfigError line with a suggestion, before any node runs.
 
-    Keys inside a parameter group (``train.max_stesp``) are refused by the group's validation with a
-    suggestion; a misspelled group name would otherwise be dropped without a word.
+    Keys inside a parameter group (``train.max_stesp``) are refused by the group's validation the same way; a
+    misspelled top-level key would otherwise be dropped and the run go on with the defaults (the demo corpus
+    re-split over the outputs). What is known: :func:`fastlm.parameters.known_top_level_params` of the run's
+    conf folder (``--conf-source`` included; a packed conf archive is not read, so nothing is refused there).
     """
+
+    def __init__(self) -> None:
+        self._conf: Path | None = None
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        source = getattr(getattr(context, "config_loader", None), "conf_source", None)
+        self._conf = Path(str(source)) if source else None
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         given = run_params.get("runtime_params") or {}
-        if not given:
-            return
-        known = known_top_level_params(Path(run_params.get("project_path") or "."))
-        for key in sorted(set(given) - known):
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            log.warning("unknown parameter %s in --params%s: no node or catalog entry reads it, so it has no effect. "
-                        "Fix: %s.", key, f" (did you mean {close[0]}?)" if close else "",
-                        f"use {close[0]}" if close else f"remove it; known top-level parameters: {', '.join(sorted(known))}")
-
-
-def known_top_level_params(project_path: Path) -> set[str]:
-    """The top-level keys of every ``conf/*/parameters*.yml`` file, plus every ``${runtime_params:X}`` name in
-    the catalog files (read as text: no pipeline module is imported for this)."""
-    import yaml
-
-    names: set[str] = set()
-    for parameters_file in (project_path / "conf").glob("*/parameters*.yml"):
-        loaded = yaml.safe_load(parameters_file.read_text(encoding="utf-8"))
-        names.update(loaded if isinstance(loaded, dict) else {})
-    for catalog_file in (project_path / "conf").glob("*/catalog*.yml"):
-        names.update(re.findall(r"\$\{runtime_params:\s*([\w-]+)", catalog_file.read_text(encoding="utf-8")))
-    return names
+        conf = self._conf or Path(run_params.get("project_path") or ".") / "conf"
+        if given and conf.is_dir():
+            check_top_level_params(given, known_top_level_params(conf))
 
 
 class ParametersValidHook:
     """Before a run starts, validate every parameter group its nodes read (``fastlm.parameters.GROUPS``): a bad
     value is one line, before any node has written anything (a node that validates on entry may run after
-    others saved their outputs)."""
+    others saved their outputs). Across groups: a pipeline generating from ``report.prompts`` (it writes
+    ``sample_generations``) on pre-tokenized data needs them to be ids of its vocabulary
+    (``reporting.params.check_id_prompts``)."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        parsed = {}
         for dataset in sorted(pipeline.inputs()):
             group = dataset.removeprefix("params:")
             if dataset.startswith("params:") and group in GROUPS:
-                GROUPS[group].parse(catalog.load(dataset))
+                parsed[group] = GROUPS[group].parse(catalog.load(dataset))
+        report, split = parsed.get("report"), parsed.get("split")
+        generates = "sample_generations" in pipeline.all_outputs()
+        if generates and report is not None and split is not None and split.pretokenized:
+            from fastlm.reporting.params import check_id_prompts
+
+            check_id_prompts(report.prompts, split.vocab_size)
 
 
 DATASET_PATHS = "dataset_paths"

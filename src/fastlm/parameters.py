@@ -7,9 +7,15 @@ Kedro-free. The schema modules are imported only for the groups asked for (the t
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from fastlm.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -47,3 +53,71 @@ GROUPS: dict[str, ParameterGroup] = {group.name: group for group in (
 def parse_group(name: str, raw: Any) -> Any:
     """``raw`` (the ``params:<name>`` value) validated by the group's schema."""
     return GROUPS[name].parse(raw)
+
+
+# Top-level parameters nodes read without a group schema (resolved and checked by fastlm.hooks.RunNameHook).
+PLAIN = ("run_name",)
+_CONF_SUFFIXES = {".yml", ".yaml", ".json"}
+_RUNTIME_PARAM = re.compile(r"\$\{runtime_params:\s*([^,}.\s]+)")
+
+
+def known_top_level_params(conf_root: Path) -> set[str]:
+    """Every top-level key ``--params`` may set: the groups and :data:`PLAIN`, the top-level keys of every
+    parameters file of every environment under ``conf_root`` (the files Kedro reads as parameters:
+    ``parameters*``, ``parameters*/**``, ``**/parameters*``), and every ``${runtime_params:NAME}`` a conf file
+    reads (``raw_path`` in catalog.yml). Read as YAML: no pipeline module is imported for this."""
+    import yaml
+
+    names = {*GROUPS, *PLAIN}
+    for env in (path for path in sorted(Path(conf_root).iterdir()) if path.is_dir()):
+        for file in sorted(env.rglob("*")):
+            if not file.is_file() or file.suffix not in _CONF_SUFFIXES:
+                continue
+            try:
+                text = file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            names.update(_RUNTIME_PARAM.findall(text))
+            if any(part.startswith("parameters") for part in file.relative_to(env).parts):
+                try:
+                    loaded = yaml.safe_load(text)
+                except yaml.YAMLError:
+                    continue  # Kedro reports the file itself
+                if isinstance(loaded, dict):
+                    names.update(str(key) for key in loaded)
+    return names
+
+
+def check_top_level_params(given: Mapping[str, Any], known: set[str]) -> None:
+    """One ConfigError line for the first top-level key of ``given`` (``--params``) outside ``known``.
+
+    Such a key reaches no node and no catalog entry: a misspelled one (``raw_pth``, ``trian.max_steps``) would
+    otherwise leave the run on its defaults, e.g. re-splitting the demo corpus instead of the user's file.
+    """
+    values = {str(key): value for key, value in given.items()}
+    unknown = sorted(key for key in values if key not in known)
+    if not unknown:
+        return
+    key = unknown[0]
+    leaf = _only_leaf(values[key])
+    shown = ".".join((key, *leaf))
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    suggestion = ".".join((close[0], *leaf)) if close else None
+    more = f" (and {len(unknown) - 1} more: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+    hint = f" (did you mean {suggestion}?)" if suggestion else ""
+    use = f"use {suggestion}" if suggestion else f"use one of {', '.join(sorted(known))}"
+    raise ConfigError(
+        f"unknown parameter {shown}{hint} in --params{more}: no parameters file under conf/ defines {key} "
+        "and no catalog entry reads it, so it would be ignored.",
+        fix=f"{use}, or define {key} in a conf/<env>/parameters*.yml file if a node or catalog entry of your "
+        "own reads it.",
+    )
+
+
+def _only_leaf(value: Any) -> tuple[str, ...]:
+    """The key path of ``value``'s one leaf (``{max_steps: 3}`` -> ``(max_steps,)``), else ()."""
+    path: list[str] = []
+    while isinstance(value, Mapping) and len(value) == 1:
+        name, value = next(iter(value.items()))
+        path.append(str(name))
+    return tuple(path) if not isinstance(value, Mapping) else ()

@@ -6,8 +6,12 @@ Two rules, applied together:
   ``credentials``, ``auth`` ...) is replaced by ``***`` whatever it holds. Words are matched whole, so
   ``max_tokens``, ``tokenizer``, ``pad_token`` or ``train_tokens`` stay visible.
 - **By shape**: anywhere in any text, Hugging Face / GitHub / OpenAI-style tokens, AWS access key ids,
-  ``Bearer`` tokens, ``secret=...`` pairs and the credentials of ``scheme://user:password@host`` URIs are
-  masked; the scheme, host and path stay readable (``https://***:***@host/path``).
+  ``Bearer`` tokens, ``secret=...`` pairs and the credentials of ``scheme://user:password@host`` and
+  ``scheme://user@host`` URIs are masked; the scheme, host and path stay readable
+  (``https://***:***@host/path``). So are the forms a path class makes of a URI (``PurePosixPath`` turns
+  ``//`` into ``/``: ``https:/user:pw@host``; a Windows path, a backslash; fsspec drops the scheme:
+  ``user:pw@host/path``). Code that normalises a path-like value for a message masks it first
+  (:func:`shown_location`); the shapes above are the net for what it missed.
 
 Kedro-free and dependency-free: the log filter is installed at start-up (``fastlm.settings``), the MLflow hook
 and the train summary call :func:`redact` on what they write.
@@ -27,7 +31,12 @@ _SECRET_WORDS = {"token", "password", "passwd", "pwd", "secret", "apikey", "cred
 _SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("client", "secret")}
 _NOT_SECRET_BEFORE_TOKEN = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "max", "num", "added"}
 
-_URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/\s:@'\"]+)(?::[^/\s@'\"]*)?@")
+# scheme, then '//' (or '/' or '\' once a path class normalised it), then everything up to the LAST '@' before
+# the host: a password may hold an unencoded '@' (as urllib reads it), none of which may show.
+_URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*:(?://?|\\{1,2}))"
+                              r"(?P<credentials>[^/\\\s'\"]+)@")
+# user:password@host with no scheme left (fsspec strips it: ``https://u:p@host/x`` -> ``u:p@host/x``)
+_BARE_CREDENTIALS = re.compile(r"(?<![\w.+%~*-])[\w.+%~-]+:[^\s/\\@'\"]+@(?=[A-Za-z0-9\[])")
 _VALUE_PATTERNS = (
     re.compile(r"\bhf_[A-Za-z0-9]{16,}\b"),  # Hugging Face
     re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"),  # GitHub
@@ -58,6 +67,7 @@ def redact_text(text: str) -> str:
     if not text:
         return text
     text = _URI_CREDENTIALS.sub(_mask_uri, text)
+    text = _BARE_CREDENTIALS.sub(f"{MASK}:{MASK}@", text)
     for pattern in _VALUE_PATTERNS:
         text = pattern.sub(MASK, text)
     text = _BEARER.sub(lambda match: f"{match.group(1)}{match.group(2)}{MASK}", text)
@@ -81,8 +91,14 @@ def redact(value: Any, key: Any = None) -> Any:
 
 
 def _mask_uri(match: re.Match) -> str:
-    has_password = ":" in match.group(0)[len(match.group("scheme")):]
+    has_password = ":" in match.group("credentials")
     return f"{match.group('scheme')}{MASK}{':' + MASK if has_password else ''}@"
+
+
+def shown_location(value: Any) -> str:
+    """``value`` (a path, a URI) as it may be printed: its credentials masked as given, before any path class
+    or fsspec normalises it (``https://u:p@host`` -> ``https:/u:p@host`` or ``u:p@host``)."""
+    return redact_text(str(value))
 
 
 def _mask_pair(match: re.Match) -> str:

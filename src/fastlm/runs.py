@@ -21,21 +21,67 @@ from fastlm.engine.checkpoint import unfinished_runs
 from fastlm.errors import ConfigError
 
 MAX_LENGTH = 100
-_SAFE = re.compile(r"^[^\W_][\w.+-]*$")  # letters (any script), digits, then also . _ + -
+ACCEPTED = (f"1 to {MAX_LENGTH} letters, digits, '.', '_', '+' or '-' (letters of any script), starting "
+            "with a letter or digit, not ending with '.', without '..' and not a Windows device name (con, "
+            "prn, aux, nul, com0-9, lpt0-9)")
+_FIRST = re.compile(r"[^\W_]")  # a letter (any script) or a digit
+_CHARACTER = re.compile(r"[\w.+-]")
 _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 
 
 def validate_run_name(name) -> str:
-    """``name`` when it is a safe folder name on every OS Kedro runs on, else one ConfigError line."""
-    text = name if isinstance(name, str) else repr(name)
-    if (not isinstance(name, str) or not _SAFE.match(name) or len(name) > MAX_LENGTH or name.endswith(".")
-            or ".." in name or name.split(".")[0].lower() in _RESERVED):
-        raise ConfigError(
-            f"run_name {text[:MAX_LENGTH + 10]!r} is not a safe folder name (it names the checkpoint, model and "
-            "report folders of the run).",
-            fix=f"use up to {MAX_LENGTH} letters, digits, '.', '_', '+' or '-', starting with a letter or digit, "
-            "e.g. --params run_name=lora-r16.")
-    return name
+    """``name`` when it is a safe folder name on every OS Kedro runs on, else one ConfigError line that says
+    which rule it broke and what is accepted."""
+    why = _refusal(name)
+    if why is None:
+        return name
+    if isinstance(name, str):
+        fix = f"rename it, e.g. --params run_name={_safe_version(name) or 'lora-r16'}."
+    else:  # --params (and YAML) read 123 as a number, true as a boolean
+        text = str(name).lower() if isinstance(name, bool) else str(name)
+        fix = (f"give a name with a letter, e.g. --params run_name=run-{text}, or quote it so that it stays "
+               f"text: --params 'run_name=\"{text}\"' (run_name: \"{text}\" in a parameters file).")
+    shown = repr(name[:MAX_LENGTH + 10]) if isinstance(name, str) else str(name)[:MAX_LENGTH + 10]
+    raise ConfigError(f"run_name {shown} is not a safe folder name: {why}. A run name names the checkpoint, "
+                      f"model and report folders of the run: {ACCEPTED}.", fix=fix)
+
+
+def _refusal(name) -> str | None:
+    """Why ``name`` is not a safe run name (the first rule it breaks), or None."""
+    if isinstance(name, bool):
+        return f"{name} is a boolean, not text (--params and YAML read true or false as one)"
+    if isinstance(name, int | float):
+        return (f"{name!r} is a number ({type(name).__name__}), not text (--params and YAML read 123, 1.5 or "
+                "1e3 as one)")
+    if not isinstance(name, str):
+        return f"it is a {type(name).__name__}, not text"
+    if not name:
+        return "it is empty"
+    if len(name) > MAX_LENGTH:
+        return f"it is {len(name)} characters long"
+    if not _FIRST.match(name[0]):
+        return f"it starts with {_character(name[0])}"
+    bad = next((character for character in name if not _CHARACTER.fullmatch(character)), None)
+    if bad is not None:
+        return f"it contains {_character(bad)}"
+    if ".." in name:
+        return "it contains '..'"
+    if name.endswith("."):
+        return "it ends with '.'"
+    if name.split(".")[0].lower() in _RESERVED:
+        return f"{name} is a device name on Windows"
+    return None
+
+
+def _character(character: str) -> str:
+    return "' ' (a space)" if character == " " else repr(character)
+
+
+def _safe_version(name: str) -> str | None:
+    """``name`` with what is refused replaced or dropped, when that leaves a safe name."""
+    safe = re.sub(r"\.{2,}", ".", re.sub(r"[^\w.+-]+", "-", name))
+    safe = re.sub(r"^[\W_]+", "", safe)[:MAX_LENGTH].rstrip(".")
+    return safe if safe and _refusal(safe) is None else None
 
 
 def default_run_name(pipeline_names: Sequence[str] | None, now: dt.datetime | None = None,

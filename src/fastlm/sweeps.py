@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from fastlm.config import Params, parse_params
-from fastlm.engine.config import TrainParams
+from fastlm.engine.config import TrainParams, parse_train_params
 from fastlm.errors import ConfigError
 from fastlm.runs import validate_run_name
 
@@ -42,6 +42,14 @@ class SweepSpec(Params):
     metric: str = "final_val_loss"
     grid: dict[str, list[Any]] | None = None
     runs: list[dict[str, Any]] | None = None
+
+    @field_validator("grid", "runs")
+    @classmethod
+    def _makes_runs(cls, plan, info: ValidationInfo):
+        problem = empty_plan(info.field_name, plan)
+        if problem is not None:
+            raise ValueError(f"{problem[0]} ({problem[1]})")
+        return plan
 
     @model_validator(mode="after")
     def _one_plan(self) -> SweepSpec:
@@ -67,6 +75,22 @@ class SweepSpec(Params):
         return [f"{self.name}-{index:02d}" for index in range(1, len(self.plan()) + 1)]
 
 
+def empty_plan(key: str, plan) -> tuple[str, str] | None:
+    """(what is wrong, what to do) when the ``grid`` or ``runs`` of a sweep would make no run (the product
+    of a grid with no keys or a key without values is empty; so is an empty list of runs), else None."""
+    if key == "runs" and isinstance(plan, list) and not plan:
+        return "runs lists no runs", "give at least one setting such as {train.optimizer.lr: 0.001}"
+    if key != "grid" or not isinstance(plan, dict):
+        return None
+    if not plan:
+        return "the grid has no keys, so it makes no runs", "name at least one train.* key with its values"
+    empty = [name for name, values in plan.items() if isinstance(values, list) and not values]
+    if empty:
+        return (f"grid key {empty[0]} has no values, so the grid makes no runs",
+                f"give {empty[0]} at least one value, or remove the key")
+    return None
+
+
 def load_sweep(path) -> SweepSpec:
     """The sweep file at ``path`` (the ``sweep`` parameter), validated, or one ConfigError line."""
     if not isinstance(path, str | os.PathLike) or not Path(path).is_file():
@@ -77,7 +101,25 @@ def load_sweep(path) -> SweepSpec:
     except yaml.YAMLError as exc:
         raise ConfigError(f"sweep file {path} is not valid YAML ({str(exc).splitlines()[0]}).",
                           fix="correct the file.") from exc
-    return parse_params(SweepSpec, raw, prefix=PARAM, source=str(path))
+    for key in ("grid", "runs"):  # named here with the file: the model's own check cannot name it
+        problem = empty_plan(key, raw.get(key)) if isinstance(raw, dict) else None
+        if problem is not None:
+            raise ConfigError(f"sweep file {path}: {problem[0]}.", fix=f"in {path}, {problem[1]}.")
+    return parse_params(SweepSpec, raw, prefix="", source=f"sweep file {path}", file_only=True)
+
+
+def load_sweep_runs(path, train_params: dict) -> SweepSpec:
+    """:func:`load_sweep`, with the train parameters of every run checked before the first one runs.
+
+    A problem of ``train_params`` alone names conf/base/parameters_train.yml (or --params); one that a run's
+    settings or the sweep's budgets bring names the sweep file, where it is fixed.
+    """
+    spec = load_sweep(path)
+    parse_train_params(train_params)
+    for overrides in spec.plan():
+        parse_params(TrainParams, run_train_params(train_params, spec, overrides), prefix="train",
+                     source=f"sweep file {path}", file_only=True)
+    return spec
 
 
 def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: int | None) -> dict:

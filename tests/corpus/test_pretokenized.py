@@ -15,15 +15,16 @@ from fastlm.errors import ConfigError, InputDataError, StaleDataError
 PARAM = "split.ids_column ('ids')"
 
 
-def _texts(rows, vocab_size=10):
-    return id_texts(pd.Series(rows, dtype=object), vocab_size=vocab_size, source="raw.jsonl", param=PARAM)
+def _texts(rows, vocab_size=10, eos_id=None):
+    return id_texts(pd.Series(rows, dtype=object), vocab_size=vocab_size, source="raw.jsonl", param=PARAM,
+                    eos_id=vocab_size - 1 if eos_id is None else eos_id)
 
 
 def test_id_lists_become_space_joined_keys_and_back():
-    rows = [[3, 1, 4], np.array([0, 9]), [2.0, 5.0]]  # arrays (pyarrow) and whole floats (a double column)
+    rows = [[3, 1, 4], np.array([0, 8]), [2.0, 5.0]]  # arrays (pyarrow) and whole floats (a double column)
     texts = _texts(rows)
-    assert texts == ["3 1 4", "0 9", "2 5"]
-    assert parse_id_texts(texts) == [[3, 1, 4], [0, 9], [2, 5]]
+    assert texts == ["3 1 4", "0 8", "2 5"]
+    assert parse_id_texts(texts) == [[3, 1, 4], [0, 8], [2, 5]]
 
 
 @pytest.mark.parametrize(("row", "expected"), [
@@ -41,6 +42,18 @@ def test_a_bad_row_is_named(row, expected):
         _texts([[1, 2], row, [3]])
     message = str(raised.value)
     assert message.startswith("raw.jsonl " + expected), message
+    assert "\n" not in message and "Fix:" in message
+
+
+@pytest.mark.parametrize(("row", "eos_id"), [([4, 9, 5], None), ([4, 5, 9], None), ([0, 4], 0)])
+def test_a_row_holding_the_eos_id_is_refused(row, eos_id):
+    """EOS is what split appends to end a sample: inside the data it would end samples early (and a trailing
+    one would make ``4 5 9`` and ``4 5`` two rows of one sample)."""
+    eos = 9 if eos_id is None else eos_id
+    with pytest.raises(InputDataError) as raised:
+        _texts([[1, 2], row, [3]], eos_id=eos_id)
+    message = str(raised.value)
+    assert message.startswith(f"raw.jsonl row 2: id {eos} in {PARAM} is split.eos_id"), message
     assert "\n" not in message and "Fix:" in message
 
 
@@ -106,8 +119,20 @@ def test_parquet_list_column_and_jsonl_with_a_string_id(tmp_path):
 
     path = tmp_path / "keys.parquet"
     pq.write_table(pa.table({"ids": pa.array([[1, 2], [3], [4, 5, 6]], type=pa.list_(pa.int32()))}), path)
-    assert id_texts(read_text_table(path)["ids"], vocab_size=7, source="k", param=PARAM) == ["1 2", "3", "4 5 6"]
+    ids = read_text_table(path)["ids"]
+    assert id_texts(ids, vocab_size=8, source="k", param=PARAM, eos_id=7) == ["1 2", "3", "4 5 6"]
     path = tmp_path / "keys.jsonl"
     path.write_text('{"ids": [1, 2]}\n{"ids": [3, "x"]}\n', encoding="utf-8")
     with pytest.raises(InputDataError, match=r"^k row 2: split.ids_column \('ids'\) holds 'x'"):
-        id_texts(read_text_table(path)["ids"], vocab_size=7, source="k", param=PARAM)
+        id_texts(read_text_table(path)["ids"], vocab_size=8, source="k", param=PARAM, eos_id=7)
+
+
+def test_split_refuses_its_configured_eos_id_in_the_data():
+    from fastlm.pipelines.split import nodes
+
+    raw = pd.DataFrame({"ids": [[1, 2], [3, 0, 4]]})
+    raw.attrs["source_path"] = "keys.jsonl"
+    params = {"pretokenized": True, "vocab_size": 10, "eos_id": 0}
+    with pytest.raises(InputDataError, match=r"^keys.jsonl row 2: id 0 in .* is split.eos_id"):
+        nodes.clean_corpus(raw, params)
+    assert len(nodes.clean_corpus(raw, {**params, "eos_id": 9})[0]) == 2

@@ -70,3 +70,109 @@ def test_bad_files_give_one_line_naming_the_file_and_fix(tmp_path, name, content
 def test_plain_folder_is_refused(tmp_path):
     with pytest.raises(InputDataError, match="not a datasets.save_to_disk folder"):
         read_text_table(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["twice.csv", "twice.tsv", "twice.csv.gz"])
+def test_a_column_name_given_twice_in_a_header_is_refused(tmp_path, name):
+    sep = "\t" if ".tsv" in name else ","
+    content = f"id{sep}text{sep}text\n1{sep}first{sep}second\n".encode()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(content) if name.endswith(".gz") else content)
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert f"{path} has the column 'text' twice (columns 2 and 3)" in message and "Fix:" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("text", [
+    '{"text": "a"}\n{"text": "b", "id": 2, "text": "c"}\n',
+    '{"text": "a"}\n{"text": "b"}\n{"text": 5, "text": "c"}\n',  # mixed types too
+    '{"m": [{"content": "a"}]}\n{"m": [{"content": "b", "content": "c"}]}\n',
+])
+def test_a_json_key_given_twice_in_a_line_is_refused(tmp_path, text):
+    path = tmp_path / "twice.jsonl"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    line = text.count("\n")
+    assert f"{path} line {line} has the key " in message and "twice" in message and "Fix:" in message
+    assert "\n" not in message
+
+
+def test_a_parquet_column_given_twice_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "twice.parquet"
+    pq.write_table(pa.table([pa.array(["a"]), pa.array(["b"])], names=["text", "text"]), path)
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    assert f"{path} has the column 'text' twice (columns 1 and 2)" in str(error.value)
+
+
+def test_a_json_array_with_a_key_given_twice_is_refused(tmp_path):
+    path = tmp_path / "twice.json"
+    path.write_text('[{"text": "a"},\n {"text": "b", "text": "c"}]\n', encoding="utf-8")
+    with pytest.raises(InputDataError, match=r"twice.json line 2 has the key 'text' twice"):
+        read_text_table(path)
+
+
+KOREAN = ["안녕하세요 세계", "한국어 문장입니다", "똠방각하 쌰 햏"]  # the last: CP949-only (not EUC-KR) syllables
+
+
+def _korean_jsonl(rows) -> bytes:
+    return "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows).encode("cp949")
+
+
+@pytest.mark.parametrize("name", ["korean.jsonl.gz", "korean.csv.gz"])
+def test_compressed_korean_cp949_is_read_like_an_uncompressed_file(tmp_path, name):
+    path = tmp_path / name
+    csv = ("text\n" + "\n".join(KOREAN) + "\n").encode("cp949")
+    data = _korean_jsonl(KOREAN) if ".jsonl" in name else csv
+    path.write_bytes(gzip.compress(data))
+    assert list(read_text_table(path)["text"]) == KOREAN
+
+
+def test_mostly_ascii_korean_cp949_is_not_taken_for_a_western_encoding(tmp_path):
+    rows = [f"An English line, number {i}, with a few more words in it." for i in range(300)]
+    rows[150] = "Hello 안녕 world"
+    path = tmp_path / "mostly_ascii.jsonl"
+    path.write_bytes(_korean_jsonl(rows))
+    assert list(read_text_table(path)["text"]) == rows
+
+
+@pytest.mark.parametrize("odd", ["Ça a été très bien, ÀÉÈ Ànfang",
+                                 "don\u2019t stop, it\u2019s fine"])  # valid CP949 bytes, but not Korean
+def test_a_western_file_stays_western(tmp_path, odd):
+    rows = [f"An English line, number {i}, with a few more words in it." for i in range(300)]
+    rows[150] = odd
+    path = tmp_path / "mostly_ascii.csv"
+    path.write_bytes(("text\n" + "\n".join(rows) + "\n").encode("cp1252"))
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert "not valid UTF-8" in message and "CP949" not in message and "EUC-KR" not in message
+
+
+def test_a_compressed_file_in_another_encoding_names_a_command_for_the_compressed_file(tmp_path):
+    path = tmp_path / "latin.jsonl.gz"
+    rows = [f"Première ligne numéro {i}, très française, à côté de l'été." for i in range(200)]
+    path.write_bytes(gzip.compress("".join(json.dumps({"text": r}, ensure_ascii=False) + "\n"
+                                           for r in rows).encode("cp1252")))
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert message.startswith(f"{path} is not valid UTF-8") and "\n" not in message
+    assert f"gzip -dc {path} | iconv -f " in message and " -t UTF-8 > converted.jsonl" in message
+
+
+def test_compressed_json_is_read_and_checked_decompressed(tmp_path):
+    array = tmp_path / "rows.json.gz"
+    array.write_bytes(gzip.compress(json.dumps([{"text": "a"}, {"text": "b"}]).encode()))
+    assert list(read_text_table(array)["text"]) == ["a", "b"]  # not one row holding the array
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(gzip.compress(b'{"text": "a"}\n{"text": "b"\n'))
+    with pytest.raises(InputDataError, match=r"broken.jsonl.gz line 2 is not valid JSON \(Expecting"):
+        read_text_table(broken)

@@ -1,11 +1,12 @@
 import json
 import logging
 
+import pandas as pd
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from fastlm.corpus.tokenizer_source import load_tokenizer
+from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
 from fastlm.errors import ConfigError
 
 
@@ -38,3 +39,34 @@ def test_a_folder_that_is_not_a_tokenizer_is_refused(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "NoSuchTokenizer"}))
     with pytest.raises(ConfigError, match="could not be loaded as a tokenizer"):
         load_tokenizer(str(tmp_path))
+
+
+def _learned(tokenizer, piece: str) -> bool:
+    return any(piece in token for token in tokenizer.get_vocab())
+
+
+def test_bpe_training_reads_only_what_max_length_can_use(sample_texts):
+    """A 50 MB one-line text must not cost gigabytes: BPE training sees each text cut as tokenization cuts
+    it (max_length * MAX_CHARS_PER_TOKEN characters), so a word only past that cut is never learned."""
+    from fastlm.corpus.tokenization import MAX_CHARS_PER_TOKEN
+
+    long_text = "a" * (8 * MAX_CHARS_PER_TOKEN) + " zqxj" * 2000  # "zqxj" only past the cut at max_length 8
+    texts = sample_texts[:200] + [long_text]
+    assert not _learned(train_bpe_tokenizer(texts, vocab_size=400, min_frequency=2, model_max_length=8), "zq")
+    assert _learned(train_bpe_tokenizer(texts, vocab_size=400, min_frequency=2, model_max_length=64), "zq")
+
+
+def test_split_trains_the_bpe_on_texts_cut_like_tokenization(sample_texts, monkeypatch):
+    """Prompts keep their end (tokenization cuts them from the left), responses and texts their start."""
+    from fastlm.corpus.tokenization import MAX_CHARS_PER_TOKEN
+    from fastlm.pipelines.split import nodes
+
+    fed = []
+    monkeypatch.setattr(nodes, "train_bpe_tokenizer", lambda texts, **kwargs: fed.append(list(texts)) or [])
+    limit = 8 * MAX_CHARS_PER_TOKEN
+    long_text = "<" + "x" * 3 * limit + ">"
+    frame = pd.DataFrame({"prompt": [long_text, "p"], "response": [long_text, "r"], "split": ["train"] * 2})
+    nodes.build_tokenizer(frame, {"max_length": 8})
+    assert fed[0] == [long_text[-limit:], "p", long_text[:limit], "r"]
+    nodes.build_tokenizer(frame.rename(columns={"prompt": "text"}), {"max_length": 8})
+    assert fed[1] == [long_text[:limit], "p"]

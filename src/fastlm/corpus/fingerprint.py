@@ -19,11 +19,17 @@ REFRESH = "run `kedro run --pipeline=split` to re-tokenize (it overwrites the st
 
 
 def tokenizer_digest(tokenizer) -> str:
-    """SHA-256 of what decides the ids: the full tokenizer definition and its special tokens."""
+    """SHA-256 of what decides the ids: the full tokenizer definition and its special tokens.
+
+    The backend's own padding and truncation are left out (as if off): fastlm never applies them, and a call
+    through transformers switches them off in place, which must not change the digest.
+    """
     digest = hashlib.sha256()
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        digest.update(json.dumps(json.loads(backend.to_str()), sort_keys=True).encode("utf-8"))
+        spec = json.loads(backend.to_str())
+        spec.update({key: None for key in ("padding", "truncation") if key in spec})
+        digest.update(json.dumps(spec, sort_keys=True).encode("utf-8"))
     else:  # slow tokenizer: hash its saved vocabulary files
         with tempfile.TemporaryDirectory() as folder:
             tokenizer.save_pretrained(folder)

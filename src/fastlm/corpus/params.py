@@ -86,6 +86,12 @@ class SplitParams(Params):
             raise ValueError(f"prompt_column and response_column go together; set {missing} too (or neither)")
         if self.prompt_column is not None and self.messages_column is not None:
             raise ValueError("give either prompt_column/response_column or messages_column, not both")
+        if self.prompt_column is not None and self.prompt_column == self.response_column:
+            # ConfigError (not ValueError): the line names both parameters, not the whole split group.
+            raise ConfigError(f"split.prompt_column and split.response_column are both "
+                              f"{self.prompt_column!r}: the model would learn to repeat the prompt.",
+                              fix="set split.response_column to the column that holds the responses "
+                              "(--params split.response_column=<name>).")
         if self.prompt_template.count("{prompt}") != 1:
             raise ValueError("prompt_template must contain {prompt} exactly once")
         if self.pretokenized:

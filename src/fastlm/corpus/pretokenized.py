@@ -1,6 +1,7 @@
 """Pre-tokenized data: a column of integer id lists (e.g. log keys from a log parser), no text at all.
 
-Each row is checked (a non-empty list of whole numbers in ``0 .. vocab_size - 1``) and written as its ids
+Each row is checked (a non-empty list of whole numbers in ``0 .. vocab_size - 1``, never the EOS id that
+split appends to end every sample) and written as its ids
 joined by spaces: that string is the row's stable split key (the hash of the id sequence), its dedup key and
 what the reports show. :func:`id_tokenizer` is the fixed one-token-per-id vocabulary ("0" .. "N-1") saved as
 the ``tokenizer`` catalog entry, so train and report use pad/EOS ids and ``len(tokenizer)`` unchanged.
@@ -16,12 +17,23 @@ import pandas as pd
 from fastlm.errors import InputDataError
 
 
-def id_texts(column: pd.Series, *, vocab_size: int, source: str, param: str) -> list[str]:
+def id_texts(column: pd.Series, *, vocab_size: int, eos_id: int, source: str, param: str) -> list[str]:
     """The id lists of ``column`` as space-joined strings, or InputDataError naming the first bad row (1-based,
-    the line of a JSON Lines file) and ``param``."""
+    the line of a JSON Lines file) and ``param``.
+
+    ``eos_id`` (split.eos_id) is refused anywhere in a row: inside it would end a sample early, at its end it
+    would make ``4 5 9`` and ``4 5`` two rows (split keys, dedup) of one and the same sample.
+    """
     texts = []
     for number, row in enumerate(column.tolist(), start=1):
         ids = _row_ids(row, number, source=source, param=param)
+        if (ids == eos_id).any():
+            raise InputDataError(
+                f"{source} row {number}: id {eos_id} in {param} is split.eos_id, which split appends to end "
+                "every sample; the data must not hold it.",
+                fix=f"drop id {eos_id} from the data, or set split.eos_id to an id the data never uses "
+                "(default vocab_size - 1: --params split.vocab_size=<largest id + 2>).",
+            )
         bad = (ids < 0) | (ids >= vocab_size)
         if bad.any():
             value = int(ids[bad][0])

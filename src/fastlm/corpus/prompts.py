@@ -62,6 +62,7 @@ __all__ = [
 ]
 
 RESPONSE_ROLE = "assistant"
+UNPADDED = {"padding": False, "truncation": False}  # never a tokenizer's own padding or truncation
 KEY_SEPARATOR = "\x00"
 
 
@@ -143,14 +144,14 @@ def leading_bos(tokenizer) -> int | None:
     bos = tokenizer.bos_token_id
     if bos is None:
         return None
-    with_special = tokenizer("x", add_special_tokens=True)["input_ids"]
-    without = tokenizer("x", add_special_tokens=False)["input_ids"]
+    with_special = tokenizer("x", add_special_tokens=True, **UNPADDED)["input_ids"]
+    without = tokenizer("x", add_special_tokens=False, **UNPADDED)["input_ids"]
     return int(bos) if with_special[:1] == [bos] and without[:1] != [bos] else None
 
 
 def prompt_token_ids(tokenizer, prompt: str) -> list[int]:
     """The ids a prompt string is trained with (see the module docstring), before any truncation."""
-    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    ids = list(tokenizer(prompt, add_special_tokens=False, **UNPADDED)["input_ids"])
     bos = leading_bos(tokenizer)
     return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
 

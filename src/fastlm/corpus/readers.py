@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import contextlib
+import gzip
 import io
 import json
 import logging
+import lzma
+import re
+import zipfile
+import zlib
 from pathlib import Path
 
 import pandas as pd
@@ -53,8 +59,10 @@ def detect_format(path: Path) -> str:
 def read_text_table(path: str | Path) -> pd.DataFrame:
     """Load the table at ``path`` with its own column types (nothing renamed, nothing dropped).
 
-    Text files (CSV, TSV, JSONL) are read as UTF-8; a file that is not UTF-8 but detected as Korean
-    CP949/EUC-KR is decoded as CP949 (a superset of EUC-KR); any other encoding is named in the error.
+    Text files (CSV, TSV, JSONL), compressed or not, are read as UTF-8; a file that is not UTF-8 but detected
+    as Korean CP949/EUC-KR is decoded as CP949 (a superset of EUC-KR); any other encoding is named in the
+    error.
+    A column name given twice (a CSV/TSV header, a Parquet schema, a key in one JSON object) is refused.
     """
     path = Path(path)
     if not path.exists():
@@ -68,7 +76,7 @@ def read_text_table(path: str | Path) -> pd.DataFrame:
     if path.is_file() and path.stat().st_size == 0:
         raise InputDataError(f"raw data file {path} is empty (0 bytes).", fix=f"fill it or {FIX}.")
     try:
-        source = _text_source(path) if kind in TEXT_FORMATS and not _is_compressed(path) else path
+        source = _text_source(path) if kind in TEXT_FORMATS else path
         table = _READERS[kind](source, path)
         table.attrs["source_path"] = str(path)
         return table
@@ -89,24 +97,58 @@ KOREAN_ENCODINGS = {"cp949", "euc_kr", "johab", "iso2022_kr"}
 ICONV_NAMES = {"latin_1": "ISO-8859-1", "utf_16": "UTF-16", "utf_16_le": "UTF-16LE", "utf_16_be": "UTF-16BE",
                "utf_32": "UTF-32", "euc_kr": "EUC-KR", "cp949": "CP949"}
 CHUNK = 16 * 2**20
+# Writes the decompressed bytes of a file to stdout (the start of a pipe into iconv).
+DECOMPRESS_COMMANDS = {".gz": "gzip -dc", ".bz2": "bzip2 -dc", ".xz": "xz -dc", ".zst": "zstd -dc",
+                       ".zip": "unzip -p"}
+# What a file that is not compressed as its name says raises on reading: the format reader then names it.
+DECOMPRESS_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, zipfile.BadZipFile)
 
 
 def _is_compressed(path: Path) -> bool:
     return bool(path.suffixes) and path.suffixes[-1].lower() in COMPRESSIONS
 
 
+def _open_path(path: Path):
+    """``path`` opened for reading its bytes, decompressed by its suffix (as pandas does); None where that
+    cannot be done here (zstandard missing, a zip of several files): the format reader then says why."""
+    suffix = path.suffixes[-1].lower() if _is_compressed(path) else ""
+    if suffix == ".gz":
+        return gzip.open(path, "rb")
+    if suffix == ".bz2":
+        return bz2.open(path, "rb")
+    if suffix == ".xz":
+        return lzma.open(path, "rb")
+    if suffix == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            return None
+        return zstandard.open(path, "rb")
+    if suffix == ".zip":
+        with zipfile.ZipFile(path) as archive:  # the member keeps the file open after the archive is closed
+            members = [info for info in archive.infolist() if not info.is_dir()]
+            return archive.open(members[0]) if len(members) == 1 else None
+    return path.open("rb")
+
+
 def _text_source(path: Path) -> Path | io.BytesIO:
-    """``path`` itself when it is UTF-8 (checked in chunks, memory bounded); a UTF-8 copy in memory when it
-    is Korean CP949/EUC-KR; otherwise an error naming the detected encoding."""
+    """``path`` itself when its (decompressed) text is UTF-8 (checked in chunks, memory bounded); a UTF-8
+    copy in memory when it is Korean CP949/EUC-KR; otherwise an error naming the detected encoding."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            try:
-                decoder.decode(chunk)
-            except UnicodeDecodeError as exc:
-                return _legacy_text(path, offset + exc.start, exc.reason)
-            offset += len(chunk)
+    try:
+        handle = _open_path(path)
+        if handle is None:
+            return path
+        with handle:
+            while chunk := handle.read(CHUNK):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    return _legacy_text(path, offset + exc.start, exc.reason)
+                offset += len(chunk)
+    except DECOMPRESS_ERRORS:
+        return path
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:
@@ -117,18 +159,41 @@ def _text_source(path: Path) -> Path | io.BytesIO:
 def _legacy_text(path: Path, position: int, reason: str) -> io.BytesIO:
     from charset_normalizer import from_bytes
 
-    data = path.read_bytes()
-    start = max(0, position - 2**20)
-    encoding = _likely_encoding(from_bytes(data[start:position + 2**20]))
-    if encoding in KOREAN_ENCODINGS:
-        try:
-            text = data.decode("cp949")
-        except UnicodeDecodeError:
-            pass
-        else:
-            log.warning("%s is not UTF-8; read it as Korean CP949/EUC-KR (detected %s).", path, encoding)
-            return io.BytesIO(text.encode("utf-8"))
+    with _open_path(path) as handle:
+        data = handle.read()
+    korean = _korean_text(data)
+    encoding = "cp949" if korean is not None else None
+    if korean is None:
+        start = max(0, position - 2**20)
+        encoding = _likely_encoding(from_bytes(data[start:position + 2**20]))
+        if encoding in KOREAN_ENCODINGS:
+            with contextlib.suppress(UnicodeDecodeError):
+                korean = data.decode("cp949")
+    if korean is not None:
+        log.warning("%s is not UTF-8; read it as Korean CP949/EUC-KR (detected %s).", path, encoding)
+        return io.BytesIO(korean.encode("utf-8"))
     raise _not_utf8(path, position, reason, encoding)
+
+
+# The 2,350 Hangul syllables of KS X 1001 (EUC-KR): nearly every syllable of real Korean text. The other
+# syllables CP949 can write take an ASCII letter as second byte, which is what Western text gives it too
+# (cp1252 "don\x92t" is valid CP949): such syllables are no sign of Korean.
+KS_HANGUL = frozenset(bytes([lead, trail]).decode("euc_kr")
+                      for lead in range(0xB0, 0xC9) for trail in range(0xA1, 0xFF))
+ASCII_RUNS = re.compile(r"[\x00-\x7f]+")
+KOREAN_SAMPLE = 2**20  # non-ASCII characters looked at
+
+
+def _korean_text(data: bytes) -> str | None:
+    """``data`` decoded as CP949 when all of it decodes and most of its non-ASCII characters are KS X 1001
+    Hangul syllables, else None: this finds a mostly-ASCII Korean file, which detectors take for cp1252."""
+    try:
+        text = data.decode("cp949")
+    except UnicodeDecodeError:
+        return None
+    sample = ASCII_RUNS.sub("", text[: 64 * KOREAN_SAMPLE])[:KOREAN_SAMPLE]
+    hangul = sum(char in KS_HANGUL for char in sample)
+    return text if sample and hangul >= len(sample) / 2 else None
 
 
 # Among equally good guesses, the Western European encodings win, in this order: a French Latin-1 text scores
@@ -148,20 +213,65 @@ def _likely_encoding(matches) -> str | None:
 
 
 def _not_utf8(path: Path, position: int, reason: str, encoding: str | None) -> InputDataError:
-    if encoding is None:
-        return InputDataError(f"{path} is not valid UTF-8 (byte {position}: {reason}).",
-                              fix=f"re-save the file as UTF-8 (iconv -f <its encoding> -t UTF-8 {path}).")
-    name = ICONV_NAMES.get(encoding, encoding.upper().replace("_", "-"))
+    compressed = _is_compressed(path)
+    where = f"byte {position}{' after decompression' if compressed else ''}: {reason}"
+    name = "<its encoding>" if encoding is None else ICONV_NAMES.get(encoding,
+                                                                     encoding.upper().replace("_", "-"))
+    suffix = path.suffixes[-2] if compressed and len(path.suffixes) > 1 else path.suffix
+    if compressed:
+        command = f"{DECOMPRESS_COMMANDS[path.suffixes[-1].lower()]} {path} | iconv -f {name} -t UTF-8"
+    else:
+        command = f"iconv -f {name} -t UTF-8 {path}"
     return InputDataError(
-        f"{path} is not valid UTF-8 (byte {position}: {reason}); it looks like {name}.",
-        fix=f"re-save it as UTF-8: iconv -f {name} -t UTF-8 {path} > converted{path.suffix}, then point raw_path "
-        "at the converted file.",
+        f"{path} is not valid UTF-8 ({where}){'' if encoding is None else f'; it looks like {name}'}.",
+        fix=f"re-save it as UTF-8: {command} > converted{suffix}, then point raw_path at the converted file.",
     )
 
 
+def _refuse_repeated(names, path: Path) -> None:
+    """InputDataError naming the first column name given twice: the readers would keep one of the two."""
+    seen: dict[str, int] = {}
+    for number, name in enumerate(names, start=1):
+        if name == "":  # unnamed columns (pandas: "Unnamed: N") cannot be chosen, so none is read by mistake
+            continue
+        if name in seen:
+            raise InputDataError(
+                f"{path} has the column {name!r} twice (columns {seen[name]} and {number}); only one of them "
+                "would be read.",
+                fix="rename or drop one of the two columns.",
+            )
+        seen[name] = number
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_object(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object hook refusing a key given twice (json keeps the last value, pyarrow refuses the line)."""
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return row
+
+
+def _repeated_key(path: Path, line: int, key: str) -> InputDataError:
+    return InputDataError(f"{path} line {line} has the key {key!r} twice in one object; only one value would "
+                          "be read.", fix="drop or rename one of the two keys on that line.")
+
+
 def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
+    # pandas renames a repeated header name ("text", "text.1"): read the header row as it is written first.
+    header = pd.read_csv(source, sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False)
+    _refuse_repeated(header.iloc[0].tolist() if len(header) else [], path)
     # Only truly empty cells are missing: a text that reads "NA" or "null" stays a text.
-    return pd.read_csv(source, sep=sep, keep_default_na=False, na_values=[""], low_memory=False)
+    return pd.read_csv(_rewound(source), sep=sep, keep_default_na=False, na_values=[""], low_memory=False)
 
 
 def _read_jsonl(source, path: Path) -> pd.DataFrame:
@@ -172,8 +282,11 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
         import pyarrow.json as pajson
 
         return pajson.read_json(_rewound(source)).to_pandas()
-    except Exception:  # noqa: BLE001 - mixed types in a column or a bad line: Python's json says which
+    except Exception:  # noqa: BLE001 - mixed types, a bad line or a repeated key: Python's json says which
         pass
+    repeated = _first_repeated_key(source)
+    if repeated is not None:
+        raise _repeated_key(path, *repeated)
     try:
         return pd.read_json(_rewound(source), lines=True, dtype=False)
     except ValueError as exc:
@@ -187,10 +300,12 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
 def _read_json_array(source, path: Path) -> pd.DataFrame:
     try:
         with _open(source) as handle:
-            rows = json.load(handle)
+            rows = json.load(handle, object_pairs_hook=_unique_object)
     except json.JSONDecodeError as exc:
         raise InputDataError(f"{path} line {exc.lineno} is not valid JSON ({exc.msg}).",
                              fix="fix the JSON array, or give one JSON object per line (.jsonl).") from exc
+    except _RepeatedKey as exc:
+        raise _repeated_key(path, _array_row_line(source), exc.key) from None
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         raise InputDataError(f"{path} holds a JSON array, but not only of objects.",
                              fix='give an array of objects such as [{"text": "..."}, ...].')
@@ -204,6 +319,37 @@ def _first_byte(source) -> bytes:
             if stripped:
                 return stripped[:1]
     return b""
+
+
+def _first_repeated_key(source) -> tuple[int, str] | None:
+    """(line, key) of the first JSON Lines object holding a key twice; lines that are not JSON are skipped."""
+    with _open(source) as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                json.loads(line, object_pairs_hook=_unique_object)
+            except _RepeatedKey as exc:
+                return number, exc.key
+            except ValueError:
+                continue
+    return None
+
+
+JSON_SEPARATORS = re.compile(r"[\s,]*")
+
+
+def _array_row_line(source) -> int:
+    """The line where the first element of a JSON array holding a key twice starts (1 if none is found)."""
+    with _open(source) as handle:
+        text = handle.read().decode("utf-8-sig")
+    decoder = json.JSONDecoder(object_pairs_hook=_unique_object)
+    position = JSON_SEPARATORS.match(text, text.index("[") + 1).end()
+    while position < len(text) and text[position] != "]":
+        try:
+            _, position = decoder.raw_decode(text, position)
+        except _RepeatedKey:
+            return text.count("\n", 0, position) + 1
+        position = JSON_SEPARATORS.match(text, position).end()
+    return 1
 
 
 def _first_bad_json_line(source) -> tuple[int | None, str]:
@@ -224,13 +370,20 @@ def _open(source):
     if isinstance(source, io.BytesIO):
         source.seek(0)
         return contextlib.nullcontext(source)
-    return Path(source).open("rb")
+    return _open_path(Path(source)) or Path(source).open("rb")
 
 
 def _rewound(source):
     if isinstance(source, io.BytesIO):
         source.seek(0)
     return source
+
+
+def _read_parquet(source, path: Path) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    _refuse_repeated(pq.read_schema(source).names, path)
+    return pd.read_parquet(source)
 
 
 def _read_arrow_dir(source, path: Path) -> pd.DataFrame:
@@ -246,6 +399,6 @@ _READERS = {
     "csv": _read_csv,
     "tsv": lambda source, path: _read_csv(source, path, sep="\t"),
     "jsonl": _read_jsonl,
-    "parquet": lambda source, path: pd.read_parquet(source),
+    "parquet": _read_parquet,
     "arrow_dir": _read_arrow_dir,
 }

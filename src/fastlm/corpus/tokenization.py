@@ -1,7 +1,9 @@
 """Tokenize texts fast: batched Rust tokenizer calls, a fork pool on large inputs, numpy post-processing.
 
 Nothing is padded: each sample is its ids (special tokens as the tokenizer adds them), truncated so
-that, with one EOS appended, it has at most ``max_length`` tokens.
+that, with one EOS appended, it has at most ``max_length`` tokens. A tokenizer's own padding and truncation
+(a tokenizer.json may pad every text to a fixed length and cut it at 128 tokens) are never applied: the
+backend is always run with both off, whatever the tokenizer folder says.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ def _encode_all(texts, tokenizer, *, eos: int, max_length: int | None, add_speci
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a slow (Python) tokenizer: batched calls in this process
         return [
-            _finish(_ids_to_arrays(tokenizer(list(chunk), add_special_tokens=add_special_tokens)["input_ids"]),
-                    eos, max_length)
+            _finish(_ids_to_arrays(tokenizer(list(chunk), add_special_tokens=add_special_tokens,
+                                             padding=False, truncation=False)["input_ids"]), eos, max_length)
             for chunk in chunks
         ]
     if procs > 1 and len(chunks) > 1:
@@ -141,6 +143,8 @@ def _init_worker(backend_json: str) -> None:
     from tokenizers import Tokenizer
 
     _worker_backend = Tokenizer.from_str(backend_json)
+    _worker_backend.no_padding()  # the tokenizer.json's own settings: fastlm pads nothing and cuts itself
+    _worker_backend.no_truncation()
 
 
 def _encode_chunk(chunk: Sequence[str], eos: int, max_length: int | None, add_special_tokens: bool = True):

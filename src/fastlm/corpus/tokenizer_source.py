@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from fastlm.corpus.tokenization import cut_long_texts
 from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,9 @@ FIX_SOURCE = f"set {PARAM} to 'train', to a local tokenizer directory, or to a h
 def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency: int, model_max_length: int):
     """A byte-level BPE (GPT-2 style, no unknown tokens) trained on ``texts``; EOS doubles as pad.
 
-    The pad id never reaches the loss: labels come from sample boundaries, so EOS is still learned.
+    The pad id never reaches the loss: labels come from sample boundaries, so EOS is still learned. Each text
+    is cut to what ``model_max_length`` tokens can use, as tokenization cuts it (``cut_long_texts``): one
+    50 MB line costs memory for its first characters, not gigabytes of BPE word counts.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -34,6 +37,7 @@ def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    texts, _ = cut_long_texts(texts, model_max_length)
     backend.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -71,7 +75,9 @@ def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_co
 
 
 def prepare_for_training(tokenizer, source: str = "tokenizer"):
-    """Right padding, and EOS as pad when the tokenizer has no pad token (one warning)."""
+    """Right padding, and EOS as pad when the tokenizer has no pad token (one warning); the backend's own
+    padding and truncation (set in a tokenizer.json, e.g. fixed 128 in BERT-family folders) turned off, so
+    neither reaches the data nor the tokenizer split saves: fastlm pads nothing, cuts at split.max_length."""
     if tokenizer.eos_token_id is None:
         raise ConfigError(
             f"{PARAM} = {source!r} has no EOS token, which fastlm appends to every sample.",
@@ -81,4 +87,8 @@ def prepare_for_training(tokenizer, source: str = "tokenizer"):
         log.warning("Tokenizer %s has no pad token: using EOS (%r) as pad; EOS stays in the loss.", source, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_padding()
+        backend.no_truncation()
     return tokenizer

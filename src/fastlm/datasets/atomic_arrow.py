@@ -15,6 +15,7 @@ from typing import Any
 from kedro.io.core import AbstractDataset, DatasetError, get_filepath_str, get_protocol_and_path
 
 from fastlm.datasets.atomic_folder import write_folder_atomically
+from fastlm.redaction import shown_location
 
 
 class AtomicArrowDataset(AbstractDataset):
@@ -25,6 +26,7 @@ class AtomicArrowDataset(AbstractDataset):
                  fs_args: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> None:
         import fsspec
 
+        self._shown = shown_location(path)  # credentials masked as given: fsspec drops the scheme, not them
         protocol, resolved = get_protocol_and_path(str(path))
         options = {**deepcopy(credentials or {}), **deepcopy(fs_args or {})}
         self._protocol = protocol
@@ -59,4 +61,4 @@ class AtomicArrowDataset(AbstractDataset):
                                              or self._fs.exists(f"{location}/dataset_info.json"))
 
     def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._filepath), "protocol": self._protocol}
+        return {"path": self._shown, "protocol": self._protocol}

@@ -17,7 +17,9 @@ class PretrainedModelDataset(AbstractDataset):
     ``pipeline("text-generation")``. A LoRA model (peft) is saved as its adapter (``adapter_config.json``,
     ``adapter_model.safetensors``) plus the tokenizer; loading it reads the base model from the folder the
     adapter config names and returns the adapter merged into it, a plain transformers model
-    (``python -m fastlm merge-adapter`` writes that model as a full folder).
+    (``python -m fastlm merge-adapter`` writes that model as a full folder). The adapter folder also holds
+    ``base_digest.json`` (``fastlm.engine.lora.BASE_DIGEST``): a base folder whose weights changed since is
+    refused where the adapter is loaded.
     """
 
     def __init__(self, filepath: str, load_args: dict[str, Any] | None = None, metadata: dict | None = None):
@@ -48,6 +50,10 @@ class PretrainedModelDataset(AbstractDataset):
         def write(folder: Path) -> None:
             data["model"].save_pretrained(str(folder), safe_serialization=True)
             data["tokenizer"].save_pretrained(str(folder))
+            if hasattr(data["model"], "peft_config"):  # a LoRA adapter: which base weights it was trained on
+                from fastlm.engine.lora import write_base_digest
+
+                write_base_digest(data["model"], folder)
 
         write_folder_atomically(self._filepath, write)
 

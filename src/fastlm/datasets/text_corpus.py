@@ -2,31 +2,47 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.corpus.readers import read_text_table
+from fastlm.corpus.readers import FIX, read_text_table
+from fastlm.errors import InputDataError
+from fastlm.redaction import shown_location
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
 class TextCorpusDataset(AbstractDataset):
-    """The user's raw corpus. Never written by a pipeline."""
+    """The user's raw corpus, a local file or folder. Never written by a pipeline.
+
+    ``filepath`` is shown with its credentials masked as given, before ``PurePosixPath`` turns a URL's ``//``
+    into ``/``; a URL (``https://``, ``s3://``) is refused in one line before anything is read.
+    """
 
     raw_input = True  # its reader explains a bad file itself (hooks.MissingInputsHook leaves it alone)
 
     def __init__(self, filepath: str, metadata: dict | None = None):
+        self._shown = shown_location(filepath)
+        self._is_url = bool(_URL.match(str(filepath)))
         self._filepath = PurePosixPath(filepath)
         self.metadata = metadata
 
     def load(self):
+        if self._is_url:
+            raise InputDataError(
+                f"raw data {self._shown} is a URL; fastlm reads the raw data from a local file or folder.",
+                fix=f"download it first (credentials stay out of parameters and logs), then {FIX}.",
+            )
         return read_text_table(self._filepath)
 
     def save(self, data) -> None:
-        raise DatasetError(f"{self._filepath} is raw input: fastlm never writes it.")
+        raise DatasetError(f"{self._shown} is raw input: fastlm never writes it.")
 
     def _exists(self) -> bool:
-        return Path(self._filepath).exists()
+        return not self._is_url and Path(self._filepath).exists()
 
     def _describe(self) -> dict[str, Any]:
-        return {"filepath": str(self._filepath)}
+        return {"filepath": self._shown}

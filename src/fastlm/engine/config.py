@@ -107,6 +107,13 @@ class LossParams(Params):
         "[tokens x vocab] logits; auto: for vocabularies of 65,536 and more")
 
 
+class EarlyStoppingParams(Params):
+    patience: int | None = Field(None, ge=1, description="evaluations in a row without a validation-loss "
+                                 "improvement before the run stops; null: off")
+    min_delta: float = Field(0.0, ge=0, description="what counts as an improvement of the validation loss")
+    metric: Literal["val_loss"] = "val_loss"
+
+
 class DataLoaderParams(Params):
     num_workers: int | Literal["auto"] = "auto"
     pin_memory: bool | Literal["auto"] = "auto"
@@ -184,6 +191,7 @@ class TrainParams(Params):
     log_every: int = Field(10, ge=1)
     eval_every: int | None = Field(100, ge=1)
     eval_max_batches: int | None = Field(None, ge=1)
+    early_stopping: EarlyStoppingParams = EarlyStoppingParams()
     save_every: int | None = Field(200, ge=1)
     keep_last: int = Field(2, ge=1)
     resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder (engine/resume.py)")
@@ -192,6 +200,14 @@ class TrainParams(Params):
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
     distributed: DistributedParams = DistributedParams()
+
+    @field_validator("early_stopping")
+    @classmethod
+    def _early_stopping_needs_evaluations(cls, value: EarlyStoppingParams, info: ValidationInfo):
+        if value.patience is not None and info.data.get("eval_every") is None:
+            raise ValueError("train.early_stopping needs train.eval_every (evaluations every N steps) to watch "
+                             "the validation loss")
+        return value
 
 
 def parse_train_params(raw) -> TrainParams:

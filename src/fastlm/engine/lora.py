@@ -17,13 +17,19 @@ QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 com
 package and is refused with one line without them.
 
 Saving: ``PeftModel.save_pretrained`` writes ``adapter_config.json`` + ``adapter_model.safetensors``; the
-config names the base folder (an absolute path, so the adapter loads from anywhere). ``merge_adapter``
-folds the adapters into the base weights and returns a plain transformers model (``save_pretrained`` it for a
-full model folder: ``python -m fastlm merge-adapter``).
+config names the base folder (an absolute path, so the adapter loads from anywhere), and ``base_digest.json``
+(``BASE_DIGEST``, taken when the model is built) records the base weights it trains on: loading or merging
+the adapter onto a base folder whose weights changed since is refused in one line (``check_base``; an
+adapter saved without one loads with one warning). A LoRA checkpoint holds only the adapters, so the resume
+digest records the base weights too (``resume.run_digest``). ``merge_adapter`` folds the adapters into the
+base weights and returns a plain transformers model (``save_pretrained`` it for a full model folder:
+``python -m fastlm merge-adapter``).
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import importlib.util
 import json
 import logging
@@ -99,6 +105,74 @@ def target_modules(model, requested) -> list[str] | str:
     return DEFAULT_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
 
 
+def _matches_target(name: str, module_name: str) -> bool:
+    """peft's rule for a listed target: the module is called ``name`` or its name ends in ``.<name>``."""
+    return module_name == name or module_name.endswith(f".{name}")
+
+
+def _matches_saved(name: str, module_name: str) -> bool:
+    """peft's rule for ``modules_to_save``: the module's name ends in ``name``."""
+    return module_name.endswith(name)
+
+
+def check_named_modules(model, lora: LoraParams) -> None:
+    """Every module a LoRA setting names exists in ``model`` (matched as peft matches it), else one line with
+    the missing names and names the model has. peft adapts the names it finds and drops the others silently.
+
+    ``target_modules: auto`` is not checked name by name: it lists an architecture family's names, some of
+    which a given member lacks (T5's ``wi`` or ``wi_0``/``wi_1``); peft refuses it when none is found.
+    """
+    named = [name for name, _ in model.named_modules() if name]
+    requested = [("target_modules", lora.target_modules, _matches_target, _adaptable_names(model))]
+    if lora.modules_to_save:
+        requested.append(("modules_to_save", lora.modules_to_save, _matches_saved, _weighted_names(model)))
+    for param, names, matches, candidates in requested:
+        if not isinstance(names, list):  # auto / all-linear
+            continue
+        missing = [name for name in names if not any(matches(name, module) for module in named)]
+        if missing:
+            close = [found for name in missing for found in difflib.get_close_matches(name, candidates, n=2)]
+            shown = list(dict.fromkeys(close + candidates))
+            listed = ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
+            raise ConfigError(
+                f"{PARAM}.{param} names {', '.join(missing)}, which no module of the model "
+                f"({type(model).__name__}) is called or ends with: peft would leave "
+                f"{'it' if len(missing) == 1 else 'them'} out.",
+                fix=f"name modules the model has (e.g. {listed}) in {PARAM}.{param}"
+                + (", or set it to auto." if param == "target_modules" else ", or remove the missing names."),
+            )
+
+
+def _adaptable_names(model) -> list[str]:
+    """The last name component of the layers LoRA can adapt (a weight matrix: Linear, Conv1D, Embedding)."""
+    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                              if name and getattr(getattr(module, "weight", None), "ndim", 0) >= 2))
+
+
+def _weighted_names(model) -> list[str]:
+    """The last name component of every module with weights of its own (what ``modules_to_save`` names), the
+    embedding and output head first (what it usually names)."""
+    from fastlm.engine import pretrained
+
+    return list(dict.fromkeys([*sorted(pretrained.embedding_module_names(model)), *(
+        name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+        if name and any(True for _ in module.parameters(recurse=False)))]))
+
+
+def adapted_modules(peft_model) -> list[str]:
+    """The names of the modules that carry a LoRA adapter (peft's tuner layers), in model order."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [name for name, module in peft_model.get_base_model().named_modules()
+            if isinstance(module, BaseTunerLayer)]
+
+
+def _described(names: list[str]) -> str:
+    """``q_proj, v_proj (4 modules)``: the distinct last name components and how many modules."""
+    short = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names))
+    return f"{', '.join(short)} ({len(names)} module{'' if len(names) == 1 else 's'})"
+
+
 def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: bool):
     """Wrap ``model`` in a peft LoRA model: base frozen, adapters trainable (fp32)."""
     from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
@@ -110,6 +184,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: bool):
         )
     if gradient_checkpointing:
         model.enable_input_require_grads()
+    check_named_modules(model, lora)
     targets = target_modules(model, lora.target_modules)
     task = TaskType.SEQ_2_SEQ_LM if getattr(model.config, "is_encoder_decoder", False) else TaskType.CAUSAL_LM
     config = LoraConfig(task_type=task, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -121,9 +196,10 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: bool):
         raise ConfigError(f"{PARAM}.target_modules = {lora.target_modules!r} does not fit the model: {first}",
                           fix=f"set {PARAM}.target_modules to auto or to Linear module names of the model.") from error
     counts = parameter_counts(peft_model)
-    log.info("LoRA r=%d alpha=%g on %s: %s trainable of %s parameters (%.3f%%)", lora.r, lora.alpha, targets,
-             f"{counts['trainable_parameters']:,}", f"{counts['total_parameters']:,}",
-             100 * counts["trainable_share"])
+    saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
+    log.info("LoRA r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)", lora.r, lora.alpha,
+             _described(adapted_modules(peft_model)), saved, f"{counts['trainable_parameters']:,}",
+             f"{counts['total_parameters']:,}", 100 * counts["trainable_share"])
     return peft_model
 
 
@@ -136,6 +212,135 @@ def parameter_counts(model) -> dict:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"trainable_parameters": int(trainable), "total_parameters": int(total),
             "trainable_share": round(trainable / total, 6) if total else 0.0}
+
+
+def base_weights_digest(folder: str | Path) -> dict[str, str]:
+    """``{tensor name: digest}`` of the weights of a model folder (``{file name: digest}`` for a
+    ``pytorch_model*.bin``, which has no tensor index to read).
+
+    A tensor's digest (SHA-256, 16 hex digits) covers its dtype, shape and bytes: whole up to 64 KiB (norms,
+    biases, small layers), else 4 blocks of 4 KiB spread from its first byte to its last. A ``.bin`` file's
+    covers its size and 256 such blocks. A multi-GB base costs a few MB of reads (7B: ~300 tensors, ~5 MB,
+    milliseconds from a warm cache); a retrained, fine-tuned or other model changes every sampled block, and
+    a change confined to the unsampled middle of a large tensor alone would go unseen. Neither paths, shard
+    layout nor file metadata count: the same weights moved, re-sharded or re-saved match.
+    """
+    from fastlm.engine import pretrained
+
+    digests: dict[str, str] = {}
+    for pattern in pretrained.WEIGHT_PATTERNS:
+        for path in sorted(Path(folder).glob(pattern)):
+            if not path.is_file() or path.name.endswith(".index.json"):
+                continue
+            with path.open("rb") as handle:
+                tensors = _safetensors_index(handle) if path.suffix == ".safetensors" else None
+                if tensors is None:  # a .bin file, or a header that does not parse: the file as a whole
+                    size = path.stat().st_size
+                    digests[path.name] = _sampled_digest(handle, f"{size}", 0, size, _FILE_BLOCKS)
+                    continue
+                for name, (dtype, shape, start, end) in tensors.items():
+                    digests[name] = _sampled_digest(handle, f"{dtype}{shape}", start, end, _TENSOR_BLOCKS)
+    return dict(sorted(digests.items()))
+
+
+_WHOLE = 64 * 1024  # bytes: read whole up to this size
+_BLOCK = 4096
+_TENSOR_BLOCKS, _FILE_BLOCKS = 4, 256
+
+
+def _safetensors_index(handle) -> dict[str, tuple[str, list, int, int]] | None:
+    """``{tensor: (dtype, shape, first byte, end byte)}`` from a safetensors header; None when it does not
+    parse (loading the file then names the damage)."""
+    head = handle.read(8)
+    if len(head) < 8:
+        return None
+    length = int.from_bytes(head, "little")
+    try:
+        header = json.loads(handle.read(length))
+        begin = 8 + length
+        return {name: (entry["dtype"], list(entry["shape"]), begin + int(entry["data_offsets"][0]),
+                       begin + int(entry["data_offsets"][1]))
+                for name, entry in header.items() if name != "__metadata__"}
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, MemoryError, OverflowError):
+        return None
+
+
+def _sampled_digest(handle, described: str, start: int, end: int, blocks: int) -> str:
+    """SHA-256 (16 hex digits) of ``described`` and the bytes ``start:end`` of ``handle``: whole up to
+    ``_WHOLE`` bytes, else ``blocks`` blocks of ``_BLOCK`` bytes spread from the first byte to the last."""
+    digest = hashlib.sha256(f"{described}|{end - start}|".encode())
+    if end - start <= _WHOLE:
+        reads = [(start, max(end - start, 0))]
+    else:
+        step = (end - start - _BLOCK) / (blocks - 1)
+        reads = [(start + round(index * step), _BLOCK) for index in range(blocks)]
+    for offset, length in reads:
+        handle.seek(offset)
+        digest.update(handle.read(length))
+    return digest.hexdigest()[:16]
+
+
+BASE_DIGEST = "base_digest.json"  # beside adapter_config.json: the base weights the adapter was trained on
+_BASE_RECORD = "_fastlm_base_weights"  # the record, kept on the LoRA model from build to save
+_warned_unchecked: set[str] = set()
+
+
+def remember_base(peft_model, base: str | Path) -> None:
+    """Digest the base folder the adapters are trained on (at build time: what the training reads)."""
+    record = {"base_model": str(base), "weights": base_weights_digest(base),
+              "method": "per tensor: sha256 of dtype, shape and its bytes, whole up to 64 KiB, else 4 spread "
+                        "4 KiB blocks (fastlm.engine.lora.base_weights_digest)"}
+    object.__setattr__(peft_model, _BASE_RECORD, record)
+
+
+def write_base_digest(peft_model, folder: str | Path) -> None:
+    """Write ``BASE_DIGEST`` into a saved adapter folder: the record taken at build time, else (a model built
+    elsewhere) the base folder's digest now. A base that is no local folder (a hub id) gets none."""
+    record = peft_model.__dict__.get(_BASE_RECORD)
+    if record is None:
+        config = peft_model.peft_config[getattr(peft_model, "active_adapter", "default")]
+        base = getattr(config, "base_model_name_or_path", None)
+        if not base or not Path(base).is_dir():
+            return
+        remember_base(peft_model, base)
+        record = peft_model.__dict__[_BASE_RECORD]
+    (Path(folder) / BASE_DIGEST).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def check_base(folder: str | Path, base: str | Path) -> None:
+    """Refuse, in one line, a base folder whose weights are not the ones the adapter of ``folder`` was trained
+    on; an adapter saved without ``BASE_DIGEST`` (an earlier fastlm) loads with one warning."""
+    path = Path(folder) / BASE_DIGEST
+    if not path.is_file():
+        if str(Path(folder).resolve()) not in _warned_unchecked:
+            _warned_unchecked.add(str(Path(folder).resolve()))
+            log.warning("The LoRA adapter in %s has no %s (saved by an earlier fastlm): it is merged onto %s "
+                        "without checking that those are the base weights it was trained on.", folder,
+                        BASE_DIGEST, base)
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["weights"]
+        if not isinstance(saved, dict):
+            raise TypeError("weights is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path} is unreadable ({error}): the base weights of the LoRA adapter in {folder} "
+                          "cannot be checked.",
+                          fix="restore the adapter folder from a backup, or train the adapter again.",
+                          ) from error
+    now = base_weights_digest(base)
+    changed = sorted(name for name in saved.keys() | now.keys() if saved.get(name) != now.get(name))
+    if changed:
+        how = {name: "appeared" if name not in saved else "is gone" if name not in now else "changed"
+               for name in changed}
+        what = ", ".join(f"{name} {how[name]}" for name in changed[:3]) + (", ..." * (len(changed) > 3))
+        raise ConfigError(
+            f"the base model folder {base} of the LoRA adapter in {folder} no longer holds the weights the "
+            f"adapter was trained on ({len(changed)} of {len(saved)} weights differ from {BASE_DIGEST}: "
+            f"{what}): merged, it would be a model that was never trained.",
+            fix=f"put the original base model back in {base} (or pass its folder: python -m fastlm "
+            "merge-adapter --base <dir>), or train the adapter again on this base "
+            "(kedro run --pipeline=train).",
+        )
 
 
 def is_adapter_folder(folder: str | Path) -> bool:
@@ -161,6 +366,7 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
             f"the base model folder {base} of the LoRA adapter in {folder} does not exist.",
             fix="put the base model back there, or pass its new folder (python -m fastlm merge-adapter --base <dir>).",
         )
+    check_base(folder, base)
     args = {"local_files_only": True, "dtype": torch.float32, **load_args}
     checkpoint = pretrained.inspect_checkpoint(
         base, str(Path(base).resolve()), label=f"the base model {base} of the LoRA adapter in {folder}",

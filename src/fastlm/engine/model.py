@@ -35,6 +35,7 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
 
     if params.lora.enabled:  # before any weights load: a LoRA set-up this machine cannot run is one line
         lora.check_supported(params)
+    base = None  # the pretrained folder (or hub id) the weights come from
     if params.name_or_path is None:
         config = LlamaConfig(
             vocab_size=len(tokenizer),
@@ -53,7 +54,8 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
         model = LlamaForCausalLM(config)
     else:
         load = lora.load_kwargs(params.lora) if params.lora.enabled else {"dtype": torch.float32}
-        checkpoint = pretrained.inspect_checkpoint(params.name_or_path, _local_or_hub(params),
+        base = _local_or_hub(params)
+        checkpoint = pretrained.inspect_checkpoint(params.name_or_path, base,
                                                    trust_remote_code=params.trust_remote_code)
         model = pretrained.load_pretrained(checkpoint, allow_new_weights=params.allow_new_weights,
                                            trust_remote_code=params.trust_remote_code,
@@ -68,6 +70,8 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
         enable_checkpointing(model)
     if params.lora.enabled:
         model = lora.apply_lora(model, params.lora, gradient_checkpointing=params.gradient_checkpointing)
+        if base is not None and Path(base).is_dir():  # saved with the adapter, checked where it is merged
+            lora.remember_base(model, base)
     counts = lora.parameter_counts(model)
     log.info("Model %s: %s parameters (%s trainable), attention %s", params.name_or_path or "llama (from config)",
              f"{counts['total_parameters']:,}", f"{counts['trainable_parameters']:,}", attn_implementation)

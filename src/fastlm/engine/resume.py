@@ -4,7 +4,8 @@ A checkpoint's saved data position and weights only mean something for the same 
 digest (:func:`run_digest`) records, as readable fields:
 
 - ``model.source`` (``name_or_path``, resolved when it is a local folder) and ``model.shape`` (a hash of every
-  parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings);
+  parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings),
+  ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths);
 - ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
   ``seed``: the data order and the meaning of the saved micro-batch position;
@@ -67,6 +68,7 @@ def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, 
         "model.source": source or "from scratch",
         "model.shape": hashlib.sha256(json.dumps(sorted(shapes)).encode()).hexdigest()[:16],
         "model.lora": lora.model_dump(mode="json", exclude={"base_dtype"}) if lora.enabled else None,
+        "model.base_weights": _base_weights(source) if lora.enabled else None,
         "data": data,
         "batching.mode": params.batching.mode,
         "batching.micro_batch_size": params.batching.micro_batch_size,
@@ -77,6 +79,15 @@ def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, 
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
         "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp
     }
+
+
+def _base_weights(source: str | None) -> str | None:
+    """LoRA: a hash of the frozen base weights (``lora.base_weights_digest``), which no checkpoint holds."""
+    if source is None or not Path(source).is_dir():
+        return None
+    from fastlm.engine.lora import base_weights_digest
+
+    return hashlib.sha256(json.dumps(base_weights_digest(source), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def digest_differences(saved: dict | None, current: dict) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from fastlm.config import Params, parse_params
+from fastlm.errors import ConfigError
 from fastlm.reporting.rouge import TOKENIZERS
 
 SOURCE = "conf/base/parameters_report.yml"
@@ -63,6 +64,21 @@ class ReportParams(Params):
     ]
     compare_runs: int = Field(20, ge=1, description="latest MLflow training runs in the comparison table")
     references: ReferenceParams = ReferenceParams()
+
+
+def check_id_prompts(prompts: list[str], vocab_size: int) -> None:
+    """Pre-tokenized data: each of ``report.prompts`` is ids ``0 .. vocab_size - 1`` written as the data
+    writes them (decimal, no leading zeros), separated by spaces; its tokenizer reads other words as EOS."""
+    known = range(vocab_size)
+    for index, prompt in enumerate(prompts):
+        for word in prompt.split():
+            if not (word.isascii() and word.isdigit() and str(int(word)) == word and int(word) in known):
+                raise ConfigError(
+                    f"report.prompts[{index}] = {prompt!r}: {word!r} is not an id of the pre-tokenized data "
+                    f"(0 .. {vocab_size - 1}), and its tokenizer would read it as EOS.",
+                    fix=f"write each prompt as ids 0 .. {vocab_size - 1} separated by spaces (e.g. \"9 10\"; "
+                    f"\"\" starts from EOS) in {SOURCE} or --params 'report.prompts=[\"9 10\"]'.",
+                )
 
 
 def parse_report_params(raw) -> ReportParams:

@@ -14,8 +14,30 @@ import numpy as np
 import pandas as pd
 
 from fastlm.engine.rates import timed_rate
+from fastlm.errors import InputDataError
 
-__all__ = ["after_warmup", "efficiency_summary", "numeric", "throughput", "training_summary"]
+__all__ = ["after_warmup", "check_train_summary", "efficiency_summary", "numeric", "throughput",
+           "training_summary"]
+
+
+def check_train_summary(summary: Any, shown: str) -> dict:
+    """``summary`` when it is a training run's summary (a JSON object with its step count ``steps``, which
+    every fastlm version wrote), else one InputDataError line naming ``shown`` (the file)."""
+    steps = summary.get("steps") if isinstance(summary, dict) else None
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+        return summary
+    if summary is None:
+        what = "null"
+    elif not isinstance(summary, dict):
+        what = {bool: "a boolean", str: "a string", list: "a list"}.get(type(summary), "a number")
+    elif not summary:
+        what = "an empty object"
+    elif "steps" not in summary:
+        what = f"an object without a step count (steps; it has {', '.join(map(str, list(summary)[:4]))})"
+    else:
+        what = f"steps = {steps!r}, not a step count"
+    raise InputDataError(f"{shown} holds {what}, not the summary of a training run.",
+                         fix="rerun `kedro run --pipeline=train` to write it again.")
 
 
 def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
 from fastlm.reporting import comparison, plots
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
+from fastlm.reporting.params import check_id_prompts
 from fastlm.reporting.references import (
     PREDICTION_COLUMNS,
     has_references,
@@ -23,7 +24,7 @@ from fastlm.reporting.references import (
     score_test_generations,
 )
 from fastlm.reporting.report_document import build_document
-from fastlm.reporting.summaries import efficiency_summary, training_summary
+from fastlm.reporting.summaries import check_train_summary, efficiency_summary, training_summary
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ def summarize_training(summary: dict, history: pd.DataFrame, eval_history: pd.Da
     if history is None or history.empty or "step" not in history:
         raise InputDataError(f"{_path(paths, 'train_history')} has no training steps.",
                              fix="run `kedro run --pipeline=train` first.")
+    summary = check_train_summary(summary, _path(paths, "train_summary"))
     run_id = summary.get("mlflow_run_id")
     findings = diagnose(summary, history)
     for finding in findings:
@@ -56,6 +58,8 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
     report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]
     start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths)
+    if start.split.pretokenized:  # its tokenizer reads an unknown word as EOS: refused before the slow part
+        check_id_prompts(report.prompts, start.split.vocab_size)
     if len(tokenized["test"]) == 0:
         raise InputDataError("the test split is empty.", fix="raise split.ratios.test and rerun the split pipeline.")
     params, runtime, max_length = start.train, start.runtime, start.split.max_length

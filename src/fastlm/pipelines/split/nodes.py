@@ -16,7 +16,7 @@ from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
 from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import build_report, length_summary
-from fastlm.corpus.tokenization import encode_id_lists, tokenize_texts
+from fastlm.corpus.tokenization import cut_long_texts, encode_id_lists, tokenize_texts
 from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
 from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
@@ -61,8 +61,10 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
 
 def _clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame, dict]:
     """Pre-tokenized rows: every id list checked (one bad row refuses the file), exact duplicates dropped."""
-    texts = pd.Series(id_texts(raw[config.ids_column], vocab_size=config.vocab_size, source=source,
-                               param=f"split.ids_column ({config.ids_column!r})"), name="text", dtype=object)
+    eos, _ = config.special_ids
+    ids = id_texts(raw[config.ids_column], vocab_size=config.vocab_size, eos_id=eos, source=source,
+                   param=f"split.ids_column ({config.ids_column!r})")
+    texts = pd.Series(ids, name="text", dtype=object)
     kept = texts.drop_duplicates().to_frame()
     drops = {"duplicate": int(len(texts) - len(kept))}
     log.info("Checked %d pre-tokenized rows of %s (vocab_size %d): kept %d, dropped %s", len(raw), source,
@@ -123,7 +125,12 @@ def build_tokenizer(splits: pd.DataFrame, params: dict):
     if config.source != TRAIN_TOKENIZER:
         return load_tokenizer(config.source, allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
     train_rows = splits.loc[splits["split"] == "train"].head(config.training_samples)
-    train = train_rows["text"].tolist() if "text" in splits else train_rows["prompt"].tolist() + train_rows["response"].tolist()
+    # Each text cut as tokenize_corpus cuts it (prompts keep their end): a huge text costs no more memory.
+    if "text" in splits:
+        train = list(cut_long_texts(train_rows["text"].tolist(), split.max_length)[0])
+    else:
+        train = [*cut_long_texts(train_rows["prompt"].tolist(), split.max_length, keep="tail")[0],
+                 *cut_long_texts(train_rows["response"].tolist(), split.max_length)[0]]
     tokenizer = train_bpe_tokenizer(
         train, vocab_size=config.vocab_size, min_frequency=config.min_frequency,
         model_max_length=split.max_length,

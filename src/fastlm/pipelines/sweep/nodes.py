@@ -18,7 +18,7 @@ from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import parse_report_params
 from fastlm.reporting.sweep_view import comparison_table, loss_plot, sweep_document, verdict
-from fastlm.sweeps import SweepRuns, load_sweep, run_train_params
+from fastlm.sweeps import SweepRuns, load_sweep_runs, run_train_params
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,8 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, spl
               split_params: dict, report_params: dict, sweep: str, runs: SweepRuns, tracker: RunTracker):
     """Train every run of the sweep file ``sweep`` that has not finished yet (``runs`` keeps the finished ones;
     each run is a child run of ``tracker``'s); the comparison table, the loss plot and the verdict of all."""
-    spec = load_sweep(sweep)
+    spec = load_sweep_runs(sweep, train_params)  # every run's parameters checked before the first one
     plan, names = spec.plan(), spec.run_names()
-    for overrides in plan:  # every run's parameters checked before the first one
-        parse_train_params(run_train_params(train_params, spec, overrides))
     summaries, histories, evaluations = {}, {}, {}
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         params = run_train_params(train_params, spec, overrides)

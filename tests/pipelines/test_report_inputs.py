@@ -1,0 +1,90 @@
+"""What the report reads besides the model: the sample prompts of pre-tokenized data and the training summary,
+refused in one line when they cannot mean what they say (in-process: the node or dataset doing the work)."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
+from fastlm.corpus.pretokenized import id_tokenizer
+from fastlm.errors import ConfigError, InputDataError, find_user_error
+from fastlm.parameters import parse_group
+from fastlm.pipelines.report.nodes import evaluate_model, summarize_training
+from fastlm.reporting.params import check_id_prompts
+
+VOCAB = 64
+SPLIT = {"pretokenized": True, "vocab_size": VOCAB, "max_length": 32}
+TRAIN = {"runtime": {"device": "cpu", "precision": "fp32"}}
+
+
+@pytest.mark.parametrize(("prompt", "word"), [
+    ("9 999", "'999'"), ("9 64", "'64'"), ("-1", "'-1'"), ("9 007", "'007'"), ("The battery", "'The'"),
+], ids=["far_above", "vocab_size", "negative", "leading_zeros", "text"])
+def test_pretokenized_report_prompts_with_unknown_ids_are_refused_before_evaluating(prompt, word):
+    split = parse_group("split", SPLIT)
+    tokenizer = id_tokenizer(VOCAB, eos_id=VOCAB - 1, pad_id=VOCAB - 1, model_max_length=32)
+    assert tokenizer(prompt)["input_ids"][-1] == VOCAB - 1  # what it would silently be: EOS
+    fingerprint = make_fingerprint(tokenizer, 32, data_format=data_format_params(split, tokenizer),
+                                   selection=selection_params(split))
+    with pytest.raises(ConfigError) as raised:  # before the model or the test split is touched
+        evaluate_model({"model": None, "tokenizer": tokenizer}, None, fingerprint, TRAIN, SPLIT,
+                       {"prompts": ["", "3 4", prompt]})
+    message = str(raised.value)
+    assert f"report.prompts[2] = {prompt!r}" in message and word in message and f"0 .. {VOCAB - 1}" in message
+    assert "\n" not in message and "Fix:" in message
+
+
+def test_pretokenized_report_prompts_of_known_ids_pass():
+    check_id_prompts(["", "0", "9 10", f"  {VOCAB - 1}\t3 "], VOCAB)
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    ("{}", "an empty object"), ("null", "null"), ("[]", "a list"),
+    ('{"run_name": "x"}', "without a step count"),
+], ids=["empty_object", "null", "list", "no_steps"])
+def test_a_train_summary_that_is_no_training_summary_is_refused(tmp_path, content, what):
+    from fastlm.datasets import TrainSummaryDataset
+
+    path = tmp_path / "train_summary.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(Exception) as raised:  # the catalog wraps a dataset's error in its own
+        TrainSummaryDataset(filepath=str(path)).load()
+    error = find_user_error(raised.value)
+    assert isinstance(error, InputDataError), repr(raised.value)
+    message = str(error)
+    assert str(path) in message and what in message and "kedro run --pipeline=train" in message, message
+    assert "\n" not in message
+    history = pd.DataFrame({"step": [1], "loss": [2.0]})
+    with pytest.raises(InputDataError, match="kedro run --pipeline=train"):
+        summarize_training(json.loads(content), history, pd.DataFrame(), {"train_summary": str(path)})
+
+
+def test_a_training_summary_loads(tmp_path):
+    from fastlm.datasets import TrainSummaryDataset
+
+    dataset = TrainSummaryDataset(filepath=str(tmp_path / "train_summary.json"))
+    dataset.save({"run_name": "r", "steps": 3})
+    assert dataset.load() == {"run_name": "r", "steps": 3}
+
+
+def test_the_report_refuses_unknown_prompt_ids_before_any_node_runs(tmp_path):
+    from kedro.io import DataCatalog, MemoryDataset
+
+    from fastlm.hooks import ParametersValidHook
+    from fastlm.pipelines import report, sweep
+
+    sweep_file = tmp_path / "sweep.yml"
+    sweep_file.write_text("name: s\ngrid: {train.seed: [0]}\n", encoding="utf-8")
+    params = {"split": SPLIT, "train": TRAIN, "report": {"prompts": ["9 10", "9 999"]},
+              "sweep": str(sweep_file)}
+
+    def check(pipeline, **changed):
+        values = {**params, **changed}
+        catalog = DataCatalog({f"params:{name}": MemoryDataset(value) for name, value in values.items()})
+        ParametersValidHook().before_pipeline_run({}, pipeline, catalog)
+
+    with pytest.raises(ConfigError, match=r"report.prompts\[1\] = '9 999': '999' is not an id"):
+        check(report.create_pipeline())
+    check(report.create_pipeline(), split={"max_length": 32})  # text data: any prompt
+    check(sweep.create_pipeline())  # generates nothing from report.prompts
