@@ -61,7 +61,7 @@ def test_accumulation_keeps_the_effective_batch_and_the_explanation_has_the_figu
     speeds = {1: 100, 2: 190, 4: 350, 8: 400, 16: 170, 32: 1}
     trials = tune.run_ladder(fake(speeds, MEMORY), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
     text = tune.explain(trials, tune.choose(trials), accumulation=4, target=32, headroom=0.1, memory_limit_mb=None)
-    assert "micro-batch 8 (400 real tokens/s" in text and "the cliff" in text and "effective batch is 32" in text
+    assert "micro-batch 8 (400 real tokens/s" in text and "the cliff" in text and "holds 32 rows" in text
 
 
 def test_real_short_run_on_cpu(tmp_path):
@@ -135,3 +135,23 @@ def test_a_mode_the_model_cannot_train_in_is_skipped_with_the_reason(tmp_path):
                               memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9,
                               unavailable=lambda mode: "no packing here", measurer=never)
     assert ladders[0].trials == [] and ladders[0].skipped == "no packing here" and tune.best_mode(ladders) is None
+
+
+def test_a_packed_trial_counts_the_samples_its_rows_hold(tmp_path):
+    """Packed rows of 64 tokens hold several toy samples: the trial says how many per micro-batch."""
+    params = toy_params(tmp_path)  # packed
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
+                                      max_length=64, attn="sdpa", warmup=1, timed=1)
+    trials = tune.run_ladder(measure, [2], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
+    assert trials[0].samples_per_micro_batch > 2 * 2  # 2 rows, several samples each
+
+
+def test_the_target_effective_batch_counts_samples_not_packed_rows():
+    """tune.target_effective_batch is samples per optimizer step: a micro-batch of 4 packed rows holding ~60
+    samples reaches 256 samples in 5 accumulation steps, not 64; the explanation says rows and samples."""
+    assert tune.accumulation_for(256, 4, samples_per_micro_batch=60.0) == 5
+    assert tune.accumulation_for(256, 4) == 64  # one sample per row (dynamic, length_grouped)
+    trials = [tune.Trial(4, tune.OK, 1000.0, 0.1, 10.0, samples_per_micro_batch=60.0)]
+    text = tune.explain(trials, trials[0], accumulation=5, target=256, headroom=0.1, memory_limit_mb=None)
+    assert "20 rows" in text and "~300 samples" in text and "target 256 samples" in text

@@ -12,6 +12,7 @@ the process goes on), past the memory headroom, or at the cliff (throughput fall
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -34,6 +35,7 @@ class Trial:
     peak_reserved_mb: float | None = None
     alloc_retries: int | None = None
     error: str | None = None
+    samples_per_micro_batch: float | None = None  # packed rows hold several samples each
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -46,6 +48,7 @@ class Measurement:
     peak_memory_mb: float
     alloc_retries: int | None = None
     peak_reserved_mb: float | None = None
+    samples_per_micro_batch: float | None = None
 
 
 def ladder(smallest: int, largest: int) -> list[int]:
@@ -86,7 +89,8 @@ def run_ladder(measure: Callable[[int], Measurement], sizes: Sequence[int], *, m
                 or (result.alloc_retries and result.real_tokens_per_s <= best.real_tokens_per_s)):
             status = CLIFF  # slower while using more memory, or the CUDA allocator had to retry for no gain
         trials.append(Trial(size, status, result.real_tokens_per_s, result.step_time_s, result.peak_memory_mb,
-                            result.peak_reserved_mb, result.alloc_retries))
+                            result.peak_reserved_mb, result.alloc_retries,
+                            samples_per_micro_batch=result.samples_per_micro_batch))
         if status != OK:
             break
     return trials
@@ -159,11 +163,14 @@ def _unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]
 
 
 def accumulation_for(target_effective_batch: int | None, micro_batch_size: int, world_size: int = 1,
-                     current: int = 1) -> int:
-    """Accumulation steps so that micro x accumulation x world size reaches the target (at least 1)."""
+                     current: int = 1, *, samples_per_micro_batch: float | None = None) -> int:
+    """Accumulation steps so that the samples of micro-batches x accumulation x world size reach the target
+    (samples per optimizer step; at least 1). A packed micro-batch holds ``samples_per_micro_batch`` samples
+    (measured), not ``micro_batch_size``: its rows hold several each."""
     if target_effective_batch is None:
         return current
-    return max(1, math.ceil(target_effective_batch / (micro_batch_size * world_size)))
+    per_micro_batch = samples_per_micro_batch or micro_batch_size
+    return max(1, math.ceil(target_effective_batch / (per_micro_batch * world_size)))
 
 
 def explain(trials: Sequence[Trial], chosen: Trial | None, *, accumulation: int, target: int | None,
@@ -175,13 +182,14 @@ def explain(trials: Sequence[Trial], chosen: Trial | None, *, accumulation: int,
     ended = _why_stopped(stop, headroom, memory_limit_mb) if stop is not None else ""
     if chosen is None:
         return f"No micro-batch size finished within the limits ({measured or 'nothing measured'}); {ended}."
-    effective = chosen.micro_batch_size * accumulation * world_size
+    rows = chosen.micro_batch_size * accumulation * world_size
+    samples = (chosen.samples_per_micro_batch or chosen.micro_batch_size) * accumulation * world_size
     return (f"Measured real tokens/s and peak memory per micro-batch size ({measured})"
             + (f"; the ladder stopped because {ended}" if ended else "; the ladder reached its largest size")
             + f". Fastest within {1 - headroom:.0%} of the device memory: micro-batch {chosen.micro_batch_size} "
             f"({chosen.real_tokens_per_s:,.0f} real tokens/s, {chosen.peak_memory_mb:,.0f} MB). With "
-            f"{accumulation} accumulation step(s) x {world_size} process(es) the effective batch is {effective}"
-            + (f" (target {target})." if target else "."))
+            f"{accumulation} accumulation step(s) x {world_size} process(es) an optimizer step holds {rows} rows "
+            f"(~{samples:,.0f} samples)" + (f" (target {target} samples)." if target else "."))
 
 
 def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) -> str:
@@ -285,7 +293,9 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
             return int(batch["num_real_tokens"])
 
         try:
-            return measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
+            measured = measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
+            samples = sum(len(indices) for indices in batches) / len(batches)
+            return dataclasses.replace(measured, samples_per_micro_batch=samples)
         finally:  # the optimizer state goes with this call's frame
             opt.optimizer.zero_grad(set_to_none=True)
             release_memory()

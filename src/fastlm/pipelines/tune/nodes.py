@@ -45,7 +45,8 @@ def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokeniz
     chosen = best.chosen if best else None
     accumulation = tune.accumulation_for(settings.target_effective_batch,
                                          chosen.micro_batch_size if chosen else 1,
-                                         current=params.batching.gradient_accumulation_steps)
+                                         current=params.batching.gradient_accumulation_steps,
+                                         samples_per_micro_batch=chosen.samples_per_micro_batch if chosen else None)
     explanation = tune.explain_modes(ladders, best, accumulation=accumulation, target=settings.target_effective_batch,
                                      headroom=settings.memory_headroom, memory_limit_mb=limit)
     log.info("Tune: %s", explanation)
