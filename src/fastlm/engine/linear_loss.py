@@ -83,9 +83,13 @@ class _LinearCrossEntropySum(torch.autograd.Function):
     def _forward(ctx, hidden, weight, bias, targets, ignore_index, label_smoothing, chunk):
         needs = ctx.needs_input_grad
         vocab = weight.size(0)
-        w32 = weight.float()
+        # The matmuls run in the weight's dtype (a bf16 head: bf16 inputs, fp32 accumulation, as the plain head
+        # under autocast), never on an fp32 copy of a [vocab x d] weight made per micro-batch; the softmax, the
+        # loss and the gradient accumulators are fp32.
+        compute = weight.dtype
+        bias32 = bias.float() if bias is not None else None
         grad_hidden = torch.zeros_like(hidden, dtype=torch.float32) if needs[0] else None
-        grad_weight = torch.zeros_like(w32) if needs[1] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs[1] else None
         grad_bias = (
             torch.zeros(vocab, dtype=torch.float32, device=weight.device)
             if bias is not None and needs[2]
@@ -94,11 +98,11 @@ class _LinearCrossEntropySum(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         with torch.no_grad():
             for start in range(0, hidden.size(0), chunk):
-                h = hidden[start : start + chunk].float()
+                h = hidden[start : start + chunk].to(compute)
                 target = targets[start : start + chunk]
-                logits = h @ w32.T  # [c, vocab] fp32: the only vocabulary-wide buffer
-                if bias is not None:
-                    logits += bias.float()
+                logits = (h @ weight.T).float()  # [c, vocab] fp32: the only vocabulary-wide buffer
+                if bias32 is not None:
+                    logits += bias32
                 valid = target != ignore_index
                 index = torch.where(valid, target, 0).unsqueeze(1)
                 log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no second buffer
@@ -115,9 +119,9 @@ class _LinearCrossEntropySum(torch.autograd.Function):
                 grad.scatter_add_(1, index, -(1 - label_smoothing) * weights)
                 grad.mul_(weights)  # rows without a target: no gradient
                 if grad_hidden is not None:
-                    grad_hidden[start : start + chunk] = grad @ w32
+                    grad_hidden[start : start + chunk] = grad.to(compute) @ weight
                 if grad_weight is not None:
-                    grad_weight.addmm_(grad.T, h)
+                    grad_weight.addmm_(grad.T, h.float())
                 if grad_bias is not None:
                     grad_bias += grad.sum(0)
         ctx.save_for_backward(
