@@ -1,6 +1,6 @@
 """Benchmark: document-masked attention paths on CPU, on the project's default data and shape.
 
-The measurement behind ``attn_implementation: auto`` on CPU (engine/attention.py). Default: the split
+The measurement behind ``attn_implementation: auto`` on CPU (engine/model/attention.py). Default: the split
 pipeline's tokenized corpus (``kedro run --pipeline=split`` first: the demo corpus, ``split.max_length`` 320),
 the default tiny Llama (``ModelParams()``), packed batches of ``micro_batch_size`` 32 rows of 320 tokens, fp32.
 For each path, the engine's own input builder (``attention.to_device``: dense bool mask for ``sdpa``, a
@@ -32,13 +32,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from fastlm.engine.attention import to_device  # noqa: E402
 from fastlm.engine.batching import make_batching  # noqa: E402
 from fastlm.engine.config import ModelParams, parse_train_params  # noqa: E402
 from fastlm.engine.data import pad_id_of  # noqa: E402
 from fastlm.engine.data.token_dataset import TokenSequences  # noqa: E402
-from fastlm.engine.loss import causal_lm_loss_sum, forward_logits  # noqa: E402
-from fastlm.engine.model import build_model  # noqa: E402
+from fastlm.engine.model.attention import to_device  # noqa: E402
+from fastlm.engine.model.build import build_model  # noqa: E402
+from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits  # noqa: E402
 
 
 def _data(folder: Path):

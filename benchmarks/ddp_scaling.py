@@ -37,10 +37,10 @@ from demo_data.texts import make_texts  # noqa: E402
 
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
 from fastlm.engine.config import parse_train_params  # noqa: E402
-from fastlm.engine.job import TrainJob, run_job  # noqa: E402
-from fastlm.engine.launcher import launch_workers  # noqa: E402
-from fastlm.engine.model import build_model  # noqa: E402
-from fastlm.engine.runtime import usable_cpu_count  # noqa: E402
+from fastlm.engine.launch.job import TrainJob, run_job  # noqa: E402
+from fastlm.engine.launch.workers import launch_workers  # noqa: E402
+from fastlm.engine.model.build import build_model  # noqa: E402
+from fastlm.engine.runtime.environment import usable_cpu_count  # noqa: E402
 
 MAX_LENGTH = 256
 

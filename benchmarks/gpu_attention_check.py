@@ -31,10 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from fastlm.engine.attention import PACKED_INPUTS, VARLEN, to_device, torch_varlen_available  # noqa: E402
 from fastlm.engine.data.collators import PackedCollator  # noqa: E402
 from fastlm.engine.data.packing import TokenBudget  # noqa: E402
-from fastlm.engine.loss import MODEL_INPUTS, causal_lm_loss_sum, forward_logits  # noqa: E402
+from fastlm.engine.data.schema import MODEL_INPUTS  # noqa: E402
+from fastlm.engine.model.attention import PACKED_INPUTS, VARLEN, to_device, torch_varlen_available  # noqa: E402
+from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits  # noqa: E402
 
 VOCAB, PAD, EOS = 512, 0, 2
 TOL = {"fp32": 1e-4, "bf16": 2e-2}

@@ -13,7 +13,7 @@ and is stopped when it runs past it ("did not finish in N s").
     python benchmarks/gpu_speed.py --device cpu --model tiny --steps 2 --warmup 1 --seq-len 256 --compile off \
         --budget-s 900                                        # CPU smoke run
 
-Models (random init, ``torch.manual_seed(0)``, built with ``fastlm.engine.model.build_model``):
+Models (random init, ``torch.manual_seed(0)``, built with ``fastlm.engine.model.build.build_model``):
 ``tiny`` = ``ModelParams()`` (hidden 128, 2 layers, 4 heads, intermediate 344, vocab = len(tokenizer));
 ``0.5b`` = Llama, hidden 1536, 24 layers, 16 heads, intermediate 4096, vocab 32000, tied embeddings
 (about 0.73 B parameters; the embedding rows past the tokenizer's 8000 tokens are simply never used).
@@ -24,10 +24,10 @@ chosen for about seq_len / 4 tokens per document (a long tail, truncated at seq_
 tokenizer (vocab 8000) and token ids as in ``train_speed.prepare`` (``tokenize_texts``, EOS appended).
 
 Contenders, each in a fresh process (``--run NAME``), same data, same initial weights, same attention
-implementation (``--attn auto``: ``engine.attention.choose_attention``, logged: flash-attention varlen
+implementation (``--attn auto``: ``engine.model.attention.choose_attention``, logged: flash-attention varlen
 when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CUDA; SDPA on CPU):
 
-* ``fastlm_compile`` / ``fastlm_eager``: ``fastlm.engine.loop.train``, batching ``packed`` (``--batch-size``
+* ``fastlm_compile`` / ``fastlm_eager``: ``fastlm.engine.train.loop.train``, batching ``packed`` (``--batch-size``
   rows of ``--seq-len`` tokens), ``runtime.precision`` = ``--precision``, ``runtime.compile`` on / off.
 * ``trainer_usual``: ``Trainer`` with ``DataCollatorForLanguageModeling(mlm=False)`` (dynamic padding),
   ``per_device_train_batch_size = --batch-size`` samples, default arguments + ``bf16``.
@@ -175,8 +175,8 @@ class GpuContext(Context):
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
 
-        from fastlm.engine.attention import choose_attention
-        from fastlm.engine.runtime import resolve_device
+        from fastlm.engine.model.attention import choose_attention
+        from fastlm.engine.runtime.environment import resolve_device
 
         super().__init__(args)
         self.device = resolve_device(args.device)
@@ -187,7 +187,7 @@ class GpuContext(Context):
     def build_model(self, attn: str | None = None):
         import torch
 
-        from fastlm.engine.model import build_model
+        from fastlm.engine.model.build import build_model
 
         attn = attn or self.attn
         torch.manual_seed(MODEL_SEED)
@@ -202,7 +202,7 @@ class GpuContext(Context):
 
     def mfu(self, model, real_tokens_per_s: float) -> dict:
         """Both MFU figures (module docstring): attention over seq_len, and over each document's length."""
-        from fastlm.engine.metrics import attended_length, device_peak_flops, flops_per_token
+        from fastlm.engine.observe.metrics import attended_length, device_peak_flops, flops_per_token
 
         config = model.config
         n_params = sum(p.numel() for p in model.parameters())
@@ -221,7 +221,7 @@ class GpuContext(Context):
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def peak_memory_mb(self) -> float:
-        from fastlm.engine.metrics import peak_memory_mb
+        from fastlm.engine.observe.metrics import peak_memory_mb
 
         return peak_memory_mb(self.device)
 
@@ -271,8 +271,8 @@ def run_fastlm(ctx: GpuContext, compile_: bool) -> dict:
     import torch
 
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.loop import train
-    from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.loop import train
 
     args = ctx.args
     warmup, steps = args.warmup, args.steps
@@ -340,7 +340,7 @@ def attention_paths(device) -> list[str]:
 
     import torch
 
-    from fastlm.engine.attention import torch_varlen_available
+    from fastlm.engine.model.attention import torch_varlen_available
 
     paths = ["sdpa", "eager"]
     if device.type == "cuda":
@@ -360,10 +360,10 @@ def packed_vs_unpacked(ctx: GpuContext, model, runtime) -> dict:
     alone (no padding), same weights, through the engine's own input builder, on every attention path."""
     import torch
 
-    from fastlm.engine.attention import to_device
     from fastlm.engine.data.collators import PackedCollator
     from fastlm.engine.data.packing import TokenBudget
-    from fastlm.engine.loss import causal_lm_loss_sum, forward_logits
+    from fastlm.engine.model.attention import to_device
+    from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 
     seq_len = ctx.args.seq_len
     rows: list[list] = [[]]
@@ -530,8 +530,8 @@ def run_profile(ctx: GpuContext) -> dict:
     from collections import defaultdict
 
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.loop import train
-    from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.loop import train
 
     args = ctx.args
     compile_ = args.compile != "off"
@@ -609,7 +609,7 @@ class Budget:
 def gpu_info() -> dict:
     import torch
 
-    from fastlm.engine.metrics import device_peak_flops
+    from fastlm.engine.observe.metrics import device_peak_flops
 
     if not torch.cuda.is_available():
         return {"cuda": False}
@@ -728,7 +728,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from fastlm.engine.attention import IMPLEMENTATIONS  # after train_speed set the offline environment
+    from fastlm.engine.model.attention import IMPLEMENTATIONS  # after train_speed set the offline environment
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -772,7 +772,7 @@ def main(argv=None) -> None:
         return
     import torch
 
-    from fastlm.engine.runtime import usable_cpu_count
+    from fastlm.engine.runtime.environment import usable_cpu_count
 
     if args.threads is None:
         args.threads = usable_cpu_count()

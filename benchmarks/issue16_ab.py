@@ -40,12 +40,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fastlm.engine import loss as loss_module
-from fastlm.engine.attention import to_device
 from fastlm.engine.batching import make_batching
 from fastlm.engine.config import ModelParams, parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.model import build_model
+from fastlm.engine.model import loss as loss_module
+from fastlm.engine.model.attention import to_device
+from fastlm.engine.model.build import build_model
 
 SHAPE = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4}
 

@@ -8,7 +8,7 @@ then runs forward + backward once; the figure is the peak RSS above that baselin
 the head + loss add, with its gradients:
 
 * ``plain``: ``F.linear`` then ``F.cross_entropy`` on fp32 logits (what a model's head + loss does),
-* ``fused``: ``engine.linear_loss.linear_cross_entropy_sum`` (no ``[tokens x vocab]`` buffer).
+* ``fused``: ``engine.model.linear_loss.linear_cross_entropy_sum`` (no ``[tokens x vocab]`` buffer).
 
 Both must give the same loss (printed with its relative difference). Target: fused peak <= plain / 4.
 
@@ -36,7 +36,7 @@ def measure(path: str, tokens: int, vocab: int, hidden: int, threads: int) -> di
     """Run in this process: allocate the inputs, then one forward + backward of ``path``."""
     import torch
 
-    from fastlm.engine.linear_loss import linear_cross_entropy_sum, reference_linear_cross_entropy_sum
+    from fastlm.engine.model.linear_loss import linear_cross_entropy_sum, reference_linear_cross_entropy_sum
 
     torch.set_num_threads(threads)
     generator = torch.Generator().manual_seed(0)

@@ -46,12 +46,12 @@ os.environ.update({**OFFLINE_ENV, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOK
 import torch  # noqa: E402
 from issue16_ab import SHAPE, add_curve_arguments, initial_model, load_prepared  # noqa: E402
 
-from fastlm.engine.attention import to_device  # noqa: E402
 from fastlm.engine.config import parse_train_params  # noqa: E402
 from fastlm.engine.data import PackedCollator  # noqa: E402
 from fastlm.engine.data.packing import TokenBudget, choose_row_length  # noqa: E402
-from fastlm.engine.runtime import RuntimeConfig, setup_runtime  # noqa: E402
-from fastlm.engine.step import make_optimization, train_step  # noqa: E402
+from fastlm.engine.model.attention import to_device  # noqa: E402
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime  # noqa: E402
+from fastlm.engine.train.step import make_optimization, train_step  # noqa: E402
 
 FP32_EXACT = 1e-3  # fp32 on the same batches: the same objective differs only by the order of float sums
 BETAS, EPS, CLIP = (0.9, 0.999), 1e-8, 1.0

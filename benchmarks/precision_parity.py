@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from issue16_ab import SHAPE, add_curve_arguments, batches_for, initial_model, load_prepared  # noqa: E402
 
-from fastlm.engine.loss import accumulate_gradients  # noqa: E402
+from fastlm.engine.model.loss import accumulate_gradients  # noqa: E402
 
 
 def curve(model, batches, autocast, lr: float) -> tuple[list[float], float]:

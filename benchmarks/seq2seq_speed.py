@@ -11,7 +11,7 @@ contenders load it from there (identical initial weights), SDPA attention, fp32,
 The demo dialogues' lengths follow SAMSum's utterance counts (a quarter each in 3-6, 7-12, 13-18 and 19-30
 utterances; ``scripts/demo_data/dialogues.py``): prompts of 40-340 tokens (median ~130), summaries 13-89.
 
-* ``fastlm_packed``: ``fastlm.engine.loop.train`` with ``build_model`` on the folder, batching ``packed``
+* ``fastlm_packed``: ``fastlm.engine.train.loop.train`` with ``build_model`` on the folder, batching ``packed``
   (``PackedSeq2SeqCollator``: a token budget of ``--packed-rows`` x ``--max-length`` per step, by default the
   mean real tokens of ``--batch-size`` samples, so every contender trains on about as many tokens per step;
   several samples per encoder and decoder row, block-diagonal / causal / same-sample cross-attention masks, BART
@@ -100,10 +100,10 @@ def run_fastlm(tokenizer, samples, folder: Path, args, mode: str = "length_group
     from fastlm.engine.config import parse_train_params
     from fastlm.engine.data.collators import pad_id_of
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.loop import train
-    from fastlm.engine.model import build_model
-    from fastlm.engine.rates import timed_rate
-    from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+    from fastlm.engine.model.build import build_model
+    from fastlm.engine.observe.rates import timed_rate
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.loop import train
 
     rows = [prompt + response for prompt, response in samples]
     lengths = np.array([len(r) for r in rows])
@@ -153,13 +153,13 @@ def interleaved(tokenizer, samples, folder: Path, args) -> dict:
     import torch
     from torch.utils.data import DataLoader
 
-    from fastlm.engine.attention import to_device
     from fastlm.engine.batching import make_batching, seq2seq_batching
     from fastlm.engine.config import parse_train_params
     from fastlm.engine.data.collators import pad_id_of
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.loss import causal_lm_loss_sum, forward_logits
-    from fastlm.engine.model import build_model
+    from fastlm.engine.model.attention import to_device
+    from fastlm.engine.model.build import build_model
+    from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 
     torch.set_num_threads(args.threads)
     rows = [prompt + response for prompt, response in samples]

@@ -46,7 +46,7 @@ len(tokenizer)) with ``build_model`` after ``torch.manual_seed(0)``, so they sta
 (the table's ``init`` column is a digest of the initial weights), SDPA attention, the precision above, and the same
 ``torch.set_num_threads``. Each runs ``warmup`` untimed optimizer steps, then ``steps`` timed ones.
 
-* ``fastlm``: the engine's own loop (``fastlm.engine.loop.train``), batching ``packed``: micro-batches of
+* ``fastlm``: the engine's own loop (``fastlm.engine.train.loop.train``), batching ``packed``: micro-batches of
   ``batch_size * max_length`` tokens in rows of ``train.batching.row_length`` (auto: chosen from the data;
   128 on the realistic profile, i.e. 80 rows of 128). The run it plans is a user's: one epoch of
   ``--planned-texts`` (300,000, the issue's corpus) texts of these statistics, so that its run-length choices
@@ -208,7 +208,7 @@ def save_base_model(workdir: Path, tokenizer, max_length: int, model_name: str) 
     import torch
 
     from fastlm.engine.config import ModelParams
-    from fastlm.engine.model import build_model
+    from fastlm.engine.model.build import build_model
 
     torch.manual_seed(MODEL_SEED)
     model = build_model(ModelParams(attn_implementation="sdpa", **MODELS[model_name]), tokenizer,
@@ -247,7 +247,7 @@ class Context:
         import torch
 
         from fastlm.engine.config import ModelParams
-        from fastlm.engine.model import build_model
+        from fastlm.engine.model.build import build_model
 
         torch.manual_seed(MODEL_SEED)
         model = build_model(ModelParams(**self.model_params(lora)), self.tokenizer,
@@ -281,13 +281,13 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
 
     import torch
 
-    from fastlm.engine import loop as loop_module
     from fastlm.engine.batching import make_batching
     from fastlm.engine.config import parse_train_params
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.loop import train
-    from fastlm.engine.runtime import RuntimeConfig, setup_runtime
-    from fastlm.engine.runtime_probe import probe_runtime
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.runtime.probe import probe_runtime
+    from fastlm.engine.train import loop as loop_module
+    from fastlm.engine.train.loop import train
 
     args = ctx.args
     warmup, steps = args.warmup, args.steps
@@ -431,9 +431,9 @@ def bookkeeping_overhead(ctx: Context, *, step_time: float) -> dict:
     import torch
     from tqdm.auto import tqdm
 
-    from fastlm.engine.health import GradNormWatch, check_finite
-    from fastlm.engine.metrics import StepMetrics
-    from fastlm.engine.progress import Progress
+    from fastlm.engine.observe.health import GradNormWatch, check_finite
+    from fastlm.engine.observe.metrics import StepMetrics
+    from fastlm.engine.observe.progress import Progress
 
     n = OVERHEAD_STEPS
     metrics = StepMetrics("cpu", total_steps=n, flops_per_token=10_000_000)
@@ -638,7 +638,7 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int) ->
 
 
 def machine(threads: int) -> dict:
-    from fastlm.engine.runtime import usable_cpu_count
+    from fastlm.engine.runtime.environment import usable_cpu_count
 
     model = "unknown"
     try:
@@ -885,7 +885,7 @@ def main(argv=None) -> None:
         child_main(args)
         return
     if args.threads is None:
-        from fastlm.engine.runtime import usable_cpu_count
+        from fastlm.engine.runtime.environment import usable_cpu_count
 
         args.threads = usable_cpu_count()
     info = machine(args.threads)

@@ -24,8 +24,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from fastlm.engine.checkpoint import CheckpointError
-from fastlm.engine.storage import StorageError
+from fastlm.engine.checkpoint.files import CheckpointError
+from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
 from tests.support.project import copy_project, run_pipeline, write_jsonl
 

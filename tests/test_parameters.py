@@ -103,7 +103,7 @@ def _union_schema():
 
     from pydantic import AfterValidator
 
-    from fastlm.config import Params
+    from fastlm.validation import Params
 
     def at_least_one(value):
         if value < 1:
@@ -141,7 +141,7 @@ def test_union_branch_names_never_reach_a_parameter_path(raw, key, expected):
     """pydantic puts the name of each union branch it tried into the error location (``list[str]``, ``int``,
     ``function-after[...]``, a model's class name): the message names the parameter, and says what each branch
     accepts."""
-    from fastlm.config import parse_params
+    from fastlm.validation import parse_params
 
     with pytest.raises(ConfigError) as raised:
         parse_params(_union_schema(), raw, prefix="grp", source="conf/base/parameters_grp.yml")

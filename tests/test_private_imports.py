@@ -36,6 +36,6 @@ def test_no_module_imports_another_modules_private_names():
 
 def test_the_check_sees_both_forms(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from fastlm.engine.loop import _hidden, public\nimport fastlm.engine.step as step\n"
+    module.write_text("from fastlm.engine.train.loop import _hidden, public\nimport fastlm.engine.train.step as step\n"
                       "step._inner(1)\nfrom __future__ import annotations\n", encoding="utf-8")
-    assert private_uses(module) == ["fastlm.engine.loop._hidden", "fastlm.engine.step._inner"]
+    assert private_uses(module) == ["fastlm.engine.train.loop._hidden", "fastlm.engine.train.step._inner"]

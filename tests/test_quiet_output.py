@@ -37,7 +37,7 @@ def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed(tmp_path, samp
     assert done.returncode == 0, done.stdout + done.stderr
     # start-up cost the project causes: a split imports no other pipeline (training engine, tune, report),
     # nor transformers' pipelines (kedro-datasets' huggingface package), nor plotting or ROUGE
-    unneeded = {"fastlm.engine.loop", "fastlm.engine.tune", "fastlm.pipelines.train.nodes", "rouge_score",
+    unneeded = {"fastlm.engine.train.loop", "fastlm.engine.train.tune", "fastlm.pipelines.train.nodes", "rouge_score",
                 "fastlm.pipelines.report.nodes", "transformers.pipelines", "matplotlib.pyplot"}
     assert unneeded & imported(done.stderr) == set()
     output = done.stdout + "\n".join(line for line in done.stderr.splitlines() if not line.startswith("import time:"))
@@ -56,7 +56,7 @@ def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed(tmp_path, samp
 
 
 def test_every_log_step_leaves_one_summary_line_and_the_bar_shows_one_eta(monkeypatch, caplog):
-    from fastlm.engine.progress import Progress
+    from fastlm.engine.observe.progress import Progress
 
     terminal = io.StringIO()
     terminal.isatty = lambda: True
@@ -69,7 +69,7 @@ def test_every_log_step_leaves_one_summary_line_and_the_bar_shows_one_eta(monkey
             progress.advance()
         progress.show({"step": step, "loss": 2.5, "real_tokens_per_s": 1000.0, "eta_s": 12.0, "lr": 1e-3,
                        "grad_norm": 0.5, "data_wait_share": 0.01, "padding_efficiency": 0.99})
-    lines = [record.getMessage() for record in caplog.records if record.name == "fastlm.engine.progress"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "fastlm.engine.observe.progress"]
     assert [line.split(":")[0] for line in lines] == ["step 5", "step 10"] and all("loss 2.5" in x for x in lines)
     progress.bar.refresh()
     shown = str(progress.bar)

@@ -5,7 +5,7 @@ import datetime as dt
 
 import pytest
 
-from fastlm.engine.checkpoint import save_checkpoint
+from fastlm.engine.checkpoint.files import save_checkpoint
 from fastlm.errors import ConfigError
 from fastlm.runs import default_run_name, resolve_run_name, validate_run_name
 from tests.support.tiny_models import checkpoint_llama, optimizer_and_scheduler

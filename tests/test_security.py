@@ -195,7 +195,7 @@ def test_trust_remote_code_is_never_hard_coded_on():
 
 
 def test_defaults_keep_remote_code_off_and_weights_in_safetensors():
-    from fastlm.corpus.params import parse_split_params
+    from fastlm.corpus.config import parse_split_params
     from fastlm.datasets.pretrained_model import PretrainedModelDataset
     from fastlm.datasets.pretrained_tokenizer import PretrainedTokenizerDataset
     from fastlm.engine.config import parse_train_params

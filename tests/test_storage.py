@@ -13,9 +13,10 @@ import pytest
 import safetensors
 import torch
 
-from fastlm.engine import checkpoint, storage
-from fastlm.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from fastlm.engine.storage import (
+from fastlm.engine.checkpoint import files as checkpoint
+from fastlm.engine.checkpoint import storage
+from fastlm.engine.checkpoint.files import latest_checkpoint, load_checkpoint, save_checkpoint
+from fastlm.engine.checkpoint.storage import (
     StorageError,
     check_free_space,
     check_training_storage,

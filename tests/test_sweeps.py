@@ -133,7 +133,7 @@ def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_pa
     takes as "the newest interrupted run"; a sweep's children live under their own sweep's folder."""
     import datetime as dt
 
-    from fastlm.engine.checkpoint import save_checkpoint
+    from fastlm.engine.checkpoint.files import save_checkpoint
     from fastlm.runs import resolve_run_name
     from fastlm.sweeps import run_train_params
     from tests.support.tiny_models import checkpoint_llama, optimizer_and_scheduler

@@ -63,7 +63,7 @@ def _write_merged(adapter: Path, out: Path, base: str | None) -> None:
     from transformers import AutoTokenizer
 
     from fastlm.datasets.atomic_folder import write_folder_atomically
-    from fastlm.engine.lora import merge_adapter
+    from fastlm.engine.model.lora import merge_adapter
 
     model = merge_adapter(adapter, base=base)
     tokenizer = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)

@@ -14,7 +14,7 @@ from kedro.framework.hooks import hook_impl
 from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
-from fastlm.engine.storage import check_writable
+from fastlm.engine.checkpoint.storage import check_writable
 from fastlm.errors import InputDataError
 from fastlm.parameters import GROUPS, check_top_level_params, known_top_level_params
 from fastlm.redaction import redact

@@ -42,7 +42,7 @@ class ParameterGroup:
 
 
 GROUPS: dict[str, ParameterGroup] = {group.name: group for group in (
-    ParameterGroup("split", "fastlm.corpus.params", "parse_split_params", "SplitParams"),
+    ParameterGroup("split", "fastlm.corpus.config", "parse_split_params", "SplitParams"),
     ParameterGroup("train", "fastlm.engine.config", "parse_train_params", "TrainParams"),
     ParameterGroup("report", "fastlm.reporting.params", "parse_report_params", "ReportParams"),
     ParameterGroup("tune", "fastlm.pipelines.tune.params", "parse_tune_params", "TuneParams"),

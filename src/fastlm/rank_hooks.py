@@ -14,7 +14,7 @@ import logging
 from kedro.framework.hooks import hook_impl
 from kedro.io import MemoryDataset
 
-from fastlm.engine.ranks import rank_from_env
+from fastlm.engine.distributed.ranks import rank_from_env
 
 log = logging.getLogger(__name__)
 

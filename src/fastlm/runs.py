@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastlm.engine.checkpoint import unfinished_runs
+from fastlm.engine.checkpoint.files import unfinished_runs
 from fastlm.errors import ConfigError
 
 MAX_LENGTH = 100

@@ -25,10 +25,10 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from fastlm.config import Params, parse_params
 from fastlm.engine.config import TrainParams, parse_train_params
 from fastlm.errors import ConfigError
 from fastlm.runs import validate_run_name
+from fastlm.validation import Params, parse_params
 
 PARAM = "sweep"
 METRICS = ("final_val_loss", "final_train_loss", "test_loss", "test_accuracy", "test_top5_accuracy", "test_rouge1",
@@ -146,7 +146,7 @@ def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, A
     """The train parameters of one run of the sweep: ``overrides`` and the sweep's budgets applied, and the
     checkpoints under ``<train.checkpoint_dir>/sweeps/<sweep name>/``. That folder holds no checkpoint itself, so
     ``train.resume: auto`` of a plain train run never takes a sweep run as "the newest interrupted run"
-    (:func:`fastlm.engine.checkpoint.unfinished_runs` looks one level down), and a sweep resumes only its own runs."""
+    (:func:`fastlm.engine.checkpoint.files.unfinished_runs` looks one level down), and a sweep resumes only its own runs."""
     params = apply_overrides(train_params, overrides, spec.max_steps)
     if spec.max_minutes is not None:
         params["max_minutes"] = spec.max_minutes

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+import time
 from dataclasses import dataclass
 from numbers import Number
 from pathlib import Path
@@ -189,17 +190,51 @@ class RunTracker:
         if run is not None:
             mlflow.end_run()
 
-    def log_test_metrics(self, metrics: dict, training_run_id: str | None) -> dict:
-        """``test_<name>`` on this run and on the training run (``fastlm.reporting.comparison``)."""
-        from fastlm.reporting.comparison import log_test_metrics
-
-        return log_test_metrics(metrics, training_run_id=training_run_id)
+    def log_test_metrics(self, values: dict, training_run_id: str | None) -> dict:
+        """``values`` (``test_<name>``) on this run and on the training run, where the run comparison finds
+        them."""
+        return log_test_metrics(values, training_run_id=training_run_id)
 
     def training_runs(self):
         """The experiment's runs, for the run comparison (an empty frame, with a warning, if MLflow fails)."""
-        from fastlm.reporting.comparison import search_training_runs
-
         return search_training_runs()
+
+
+def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
+    """``values`` on the active run and on the training run (the one the comparison lists; it may be the active
+    run). A failing store warns once. Returns them."""
+    if not values:
+        return values
+    tracking = SafeMlflow()
+    tracking.call("test metric logging", lambda mlflow: mlflow.log_metrics(values))
+    if training_run_id and training_run_id != active_run_id():
+        def log_on_training_run(mlflow):
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            batch = [Metric(key, value, now, 0) for key, value in values.items()]
+            mlflow.MlflowClient().log_batch(training_run_id, metrics=batch)
+
+        tracking.call("test metric logging on the training run", log_on_training_run)
+    return values
+
+
+def search_training_runs(experiment: str | None = None):
+    """The runs of the active (or named) experiment as a DataFrame; an empty frame, with one warning, if MLflow
+    fails."""
+    import pandas as pd
+
+    try:
+        import mlflow
+
+        if experiment is None:
+            active = mlflow.active_run()
+            ids = [active.info.experiment_id] if active is not None else None
+            return mlflow.search_runs(experiment_ids=ids, max_results=500) if ids else pd.DataFrame()
+        return mlflow.search_runs(experiment_names=[experiment], max_results=500)
+    except Exception as exc:  # noqa: BLE001 - a report without the comparison beats no report
+        log.warning("Run comparison skipped: MLflow search failed (%s: %s)", type(exc).__name__, exc)
+        return pd.DataFrame()
 
 
 OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")

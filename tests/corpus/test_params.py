@@ -1,6 +1,6 @@
 import pytest
 
-from fastlm.corpus.params import parse_split_params
+from fastlm.corpus.config import parse_split_params
 from fastlm.errors import ConfigError
 
 

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from demo_data.logkeys import NORMAL_KEYS, VOCAB_SIZE, logkey_sessions
 
+from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.fingerprint import check_fresh, data_format_params, make_fingerprint
-from fastlm.corpus.params import parse_split_params
 from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.tokenization import encode_id_lists
 from fastlm.errors import ConfigError, InputDataError, StaleDataError

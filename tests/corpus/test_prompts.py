@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from fastlm.corpus.cleaning import clean_pairs
-from fastlm.corpus.params import parse_split_params
+from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.prompts import (
     clean_messages,
     prompt_frame,

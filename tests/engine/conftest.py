@@ -8,7 +8,7 @@ def memory_for_rows(monkeypatch):
     """Make any micro-batch with more than ``limit`` rows fail like a CUDA out-of-memory error."""
     import torch
 
-    import fastlm.engine.step as step_module
+    import fastlm.engine.train.step as step_module
 
     real = step_module.accumulate_gradients
     seen: list[int] = []

@@ -50,7 +50,7 @@ def test_bart_trains_on_dialogues_and_is_scored_with_rouge_beside_decoder_runs(k
     history = pd.read_csv(kedro_project / "data/07_model_output/train_history.csv")
     assert history["loss"].iloc[-1] < history["loss"].iloc[0] - 1.0
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
-    assert summary["batching"] == "packed"  # the default: BART packs exactly on sdpa (tests/engine/test_seq2seq_packing.py)
+    assert summary["batching"] == "packed"  # the default: BART packs exactly on sdpa (tests/engine/data/test_seq2seq_packing.py)
     out = kedro_project / "data/08_reporting"
     metrics = json.loads((out / "test_metrics.json").read_text())
     assert metrics["loss"] > 0 and metrics["perplexity"] > 1

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from fastlm.engine.rates import timed_rate
+from fastlm.engine.observe.rates import timed_rate
 from fastlm.reporting.comparison import compare_runs
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
 from fastlm.reporting.report_document import readable_token

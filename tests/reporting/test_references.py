@@ -6,8 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.corpus.prompts import prompt_token_ids
-from fastlm.engine.generation import generate_continuations
-from fastlm.engine.runtime import RuntimeConfig, setup_runtime
+from fastlm.engine.evaluate.generation import generate_continuations
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.reporting.comparison import compare_runs
 from fastlm.reporting.references import (
     PREDICTION_COLUMNS,

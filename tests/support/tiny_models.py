@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fastlm.engine.optim import make_adamw
-from fastlm.engine.schedule import LRSchedule, make_lr_scheduler
+from fastlm.engine.train.optim import make_adamw
+from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
 
 PACKING_VOCAB, PACKING_EOS = 300, 2
 CHECKPOINT_VOCAB = 100

@@ -9,8 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.loop import train
-from fastlm.engine.runtime import setup_runtime
+from fastlm.engine.runtime.environment import setup_runtime
+from fastlm.engine.train.loop import train
 
 VOCAB, EOS = 64, 1
 

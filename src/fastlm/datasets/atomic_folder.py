@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from fastlm.engine.storage import StorageError, os_error_in, storage_error
+from fastlm.engine.checkpoint.storage import StorageError, os_error_in, storage_error
 
 
 def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -> None:

@@ -18,7 +18,7 @@ class PretrainedModelDataset(AbstractDataset):
     ``adapter_model.safetensors``) plus the tokenizer; loading it reads the base model from the folder the
     adapter config names and returns the adapter merged into it, a plain transformers model
     (``python -m fastlm merge-adapter`` writes that model as a full folder). The adapter folder also holds
-    ``base_digest.json`` (``fastlm.engine.lora.BASE_DIGEST``): a base folder whose weights changed since is
+    ``base_digest.json`` (``fastlm.engine.model.lora.BASE_DIGEST``): a base folder whose weights changed since is
     refused where the adapter is loaded.
     """
 
@@ -34,11 +34,11 @@ class PretrainedModelDataset(AbstractDataset):
             raise DatasetError(f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first.")
         folder = str(self._filepath)
         if _is_adapter_folder(folder):
-            from fastlm.engine.lora import load_adapter_model
+            from fastlm.engine.model.lora import load_adapter_model
 
             model = load_adapter_model(folder, **self._load_args)
         else:  # as what its config says it is, whole, or one line (never re-shaped into another class)
-            from fastlm.engine import pretrained
+            from fastlm.engine.model import pretrained
 
             checkpoint = pretrained.inspect_checkpoint(
                 folder, str(Path(folder).resolve()), label=f"the trained model {folder}",
@@ -51,7 +51,7 @@ class PretrainedModelDataset(AbstractDataset):
             data["model"].save_pretrained(str(folder), safe_serialization=True)
             data["tokenizer"].save_pretrained(str(folder))
             if hasattr(data["model"], "peft_config"):  # a LoRA adapter: which base weights it was trained on
-                from fastlm.engine.lora import write_base_digest
+                from fastlm.engine.model.lora import write_base_digest
 
                 write_base_digest(data["model"], folder)
 
@@ -65,5 +65,5 @@ class PretrainedModelDataset(AbstractDataset):
 
 
 def _is_adapter_folder(folder) -> bool:
-    """A peft LoRA adapter folder (``fastlm.engine.lora.ADAPTER_CONFIG``), checked without importing torch."""
+    """A peft LoRA adapter folder (``fastlm.engine.model.lora.ADAPTER_CONFIG``), checked without importing torch."""
     return (Path(folder) / "adapter_config.json").is_file()

@@ -16,7 +16,6 @@ from time import perf_counter
 import torch
 from torch.utils.data import DataLoader
 
-from fastlm.engine.attention import to_device
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data import (
     DynamicPaddingCollator,
@@ -30,8 +29,9 @@ from fastlm.engine.data import (
 from fastlm.engine.data.packing import TokenBudget, choose_row_length
 from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.runtime import resolve_device, usable_cpu_count
-from fastlm.engine.seq2seq_hooks import enable_packed_seq2seq, enable_target_head, packing_unavailable
+from fastlm.engine.model.attention import to_device
+from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, enable_target_head, packing_unavailable
+from fastlm.engine.runtime.environment import resolve_device, usable_cpu_count
 from fastlm.errors import ConfigError
 
 __all__ = ["MicroBatches", "RandomBatches", "loader_settings", "make_batching", "micro_batches", "packed_budget",

@@ -7,20 +7,20 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from fastlm.config import Params, parse_params
+from fastlm.validation import Params, parse_params
 
 SOURCE = "conf/base/parameters_train.yml"
 
 
 class LoraParams(Params):
-    """LoRA adapters through peft (``fastlm.engine.lora``): only the adapters train, the base stays frozen."""
+    """LoRA adapters through peft (``fastlm.engine.model.lora``): only the adapters train, the base stays frozen."""
 
     enabled: bool = False
     r: int = Field(16, ge=1)
     alpha: float = Field(32, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)
     target_modules: list[str] | Literal["auto", "all-linear"] = Field(
-        "auto", description="auto: per-architecture defaults (fastlm.engine.lora.DEFAULT_TARGETS)"
+        "auto", description="auto: per-architecture defaults (fastlm.engine.model.lora.DEFAULT_TARGETS)"
     )
     bias: Literal["none", "all", "lora_only"] = "none"
     modules_to_save: list[str] | None = None
@@ -103,7 +103,7 @@ class LossParams(Params):
                                    "the vocabulary (F.cross_entropy's label_smoothing); training only: validation "
                                    "and test losses stay the plain cross-entropy")
     fused_linear: bool | Literal["auto"] = Field(
-        "auto", description="the LM head's matmul and the loss fused chunk by chunk (engine/linear_loss.py): no "
+        "auto", description="the LM head's matmul and the loss fused chunk by chunk (engine/model/linear_loss.py): no "
         "[tokens x vocab] logits; auto: for vocabularies of 65,536 and more")
 
 
@@ -186,7 +186,7 @@ class TrainParams(Params):
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
     max_minutes: float | None = Field(None, gt=0, description="time budget of the training loop: it stops at "
-                                      "the first step boundary after it, with a checkpoint (engine/budget.py)")
+                                      "the first step boundary after it, with a checkpoint (engine/train/time_limit.py)")
     seed: int = 0
     log_every: int = Field(10, ge=1)
     eval_every: int | None = Field(100, ge=1)
@@ -194,7 +194,7 @@ class TrainParams(Params):
     early_stopping: EarlyStoppingParams = EarlyStoppingParams()
     save_every: int | None = Field(200, ge=1)
     keep_last: int = Field(2, ge=1)
-    resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder (engine/resume.py)")
+    resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder (engine/checkpoint/resume.py)")
     checkpoint_dir: str = Field("data/06_models/checkpoints",
                                 description="the engine writes here; the train node appends /<run_name>")
     quiet: bool = False

@@ -11,9 +11,9 @@ from fastlm.corpus.fingerprint import check_fresh
 from fastlm.parameters import parse_group
 
 if TYPE_CHECKING:
-    from fastlm.corpus.params import SplitParams
+    from fastlm.corpus.config import SplitParams
     from fastlm.engine.config import TrainParams
-    from fastlm.engine.runtime import Runtime
+    from fastlm.engine.runtime.environment import Runtime
 
 TOKENIZED = "tokenized_corpus"  # the catalog entry whose freshness is checked (named in the error by its path)
 
@@ -35,7 +35,9 @@ def start_node(train_params: Any, split_params: Any, *, fingerprint: dict | None
         check_fresh(fingerprint, tokenizer, split, where=(paths or {}).get(TOKENIZED, TOKENIZED))
     applied = None
     if runtime:
-        from fastlm.engine.runtime import setup_runtime  # imports torch: only for nodes that compute
+        from fastlm.engine.runtime.environment import (
+            setup_runtime,  # imports torch: only for nodes that compute
+        )
 
         applied = setup_runtime(train.runtime, seed=train.seed)
     return NodeStart(train, split, applied)

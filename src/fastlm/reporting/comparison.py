@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from numbers import Number
 
 import pandas as pd
 
-from fastlm.tracking import SafeMlflow, active_run_id
-
 log = logging.getLogger(__name__)
-# The run's throughput over its timed steps (fastlm.engine.rates.timed_rate), logged once by the train node;
+# The run's throughput over its timed steps (fastlm.engine.observe.rates.timed_rate), logged once by the train node;
 # runs from before it have only the per-window metric, whose last value stands in.
 SPEED = "metrics.real_tokens_per_s"
 WINDOW_SPEED = "metrics.train/real_tokens_per_s"
@@ -79,40 +76,10 @@ def param_value(text):
     return text
 
 
-def log_test_metrics(metrics: dict, training_run_id: str | None) -> dict:
-    """``test_<name>`` for the finite TEST_METRICS in ``metrics``, on the active run and on the training run
-    (the one the comparison lists; it may be the active run). A failing store warns once. Returns them."""
-    values = {f"test_{name}": float(metrics[name]) for name in TEST_METRICS
-              if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])}
-    if not values:
-        return values
-    tracking = SafeMlflow()
-    tracking.call("test metric logging", lambda mlflow: mlflow.log_metrics(values))
-    if training_run_id and training_run_id != active_run_id():
-        def log_on_training_run(mlflow):
-            from mlflow.entities import Metric
-
-            now = int(time.time() * 1000)
-            batch = [Metric(key, value, now, 0) for key, value in values.items()]
-            mlflow.MlflowClient().log_batch(training_run_id, metrics=batch)
-
-        tracking.call("test metric logging on the training run", log_on_training_run)
-    return values
-
-
-def search_training_runs(experiment: str | None = None) -> pd.DataFrame:
-    """The runs of the active (or named) experiment; an empty frame, with one warning, if MLflow fails."""
-    try:
-        import mlflow
-
-        if experiment is None:
-            active = mlflow.active_run()
-            ids = [active.info.experiment_id] if active is not None else None
-            return mlflow.search_runs(experiment_ids=ids, max_results=500) if ids else pd.DataFrame()
-        return mlflow.search_runs(experiment_names=[experiment], max_results=500)
-    except Exception as exc:  # noqa: BLE001 - a report without the comparison beats no report
-        log.warning("Run comparison skipped: MLflow search failed (%s: %s)", type(exc).__name__, exc)
-        return pd.DataFrame()
+def test_metric_values(metrics: dict) -> dict:
+    """``test_<name>`` for the finite TEST_METRICS in ``metrics``: what the run comparison reads back."""
+    return {f"test_{name}": float(metrics[name]) for name in TEST_METRICS
+            if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])}
 
 
 def _wall_time_s(runs: pd.DataFrame) -> pd.Series | None:

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from fastlm.config import Params, parse_params
 from fastlm.errors import ConfigError
 from fastlm.reporting.rouge import TOKENIZERS
+from fastlm.validation import Params, parse_params
 
 SOURCE = "conf/base/parameters_report.yml"
 
@@ -46,7 +46,7 @@ class ReferenceParams(Params):
     rouge_tokenizer: Literal[TOKENIZERS] = "auto"  # type: ignore[valid-type]
 
     def decoding(self) -> dict:
-        """The decoding settings (``fastlm.engine.generation.decoding_kwargs`` arguments)."""
+        """The decoding settings (``fastlm.engine.evaluate.generation.decoding_kwargs`` arguments)."""
         return self.model_dump(include={"num_beams", "do_sample", "temperature", "top_p", "top_k",
                                         "repetition_penalty", "no_repeat_ngram_size", "length_penalty"})
 

@@ -20,8 +20,8 @@ import pandas as pd
 from fastlm.corpus.prompts import leading_bos, prompt_token_ids, truncate_prompt_ids
 from fastlm.corpus.splitting import cap_rows, text_keys
 from fastlm.engine.data.collators import pad_id_of
-from fastlm.engine.generation import decoding_kwargs, generate_continuations
-from fastlm.engine.runtime import Runtime
+from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations
+from fastlm.engine.runtime.environment import Runtime
 from fastlm.reporting.rouge import rouge_scores, score_columns
 
 __all__ = ["PREDICTION_COLUMNS", "describe_decoding", "has_references", "score_test_generations", "reference_pairs"]
@@ -66,7 +66,7 @@ def score_test_generations(model, tokenizer, pairs: pd.DataFrame, *, settings: d
                            runtime: Runtime) -> tuple[pd.DataFrame, dict]:
     """Per-sample predictions and scores (``PREDICTION_COLUMNS``) and the aggregate metrics.
 
-    ``settings``: decoding settings (:func:`fastlm.engine.generation.decoding_kwargs` arguments). The
+    ``settings``: decoding settings (:func:`fastlm.engine.evaluate.generation.decoding_kwargs` arguments). The
     aggregate has ``rouge1``/``rouge2``/``rougeL`` (mean F1), their ``_precision``/``_recall``, and
     ``rouge_samples``, ``rouge_tokenizer``, ``rouge_decoding``, ``generation_seconds``,
     ``generated_tokens_per_s``.

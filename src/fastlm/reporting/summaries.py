@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fastlm.engine.rates import timed_rate
+from fastlm.engine.observe.rates import timed_rate
 from fastlm.errors import InputDataError
 
 __all__ = ["after_warmup", "check_train_summary", "efficiency_summary", "numeric", "throughput",
@@ -48,7 +48,7 @@ def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def throughput(history: pd.DataFrame | None, column: str = "real_tokens_per_s") -> float:
-    """:func:`fastlm.engine.rates.timed_rate` of a history frame (NaN when not measured): the one figure."""
+    """:func:`fastlm.engine.observe.rates.timed_rate` of a history frame (NaN when not measured): the one figure."""
     if history is None or history.empty or column not in history or "step_time_s" not in history:
         return math.nan
     frame = history[["step", "step_time_s", column]].apply(pd.to_numeric, errors="coerce").astype("float64")

@@ -1,7 +1,7 @@
 """Labels for causal-LM training, taken from sample boundaries, never from the pad id.
 
 Hugging Face causal-LM models shift the labels inside their loss: position ``t`` predicts ``labels[t + 1]``
-(``fastlm.engine.loss.shift_labels`` does the same). So the labels are a copy of ``input_ids``, and
+(``fastlm.engine.data.schema.shift_labels`` does the same). So the labels are a copy of ``input_ids``, and
 ``IGNORE_INDEX`` (-100) marks only the labels no position may be trained to predict:
 
 * padding positions, known from the lengths / the attention mask of the batch. Testing
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlm.engine.loss import IGNORE_INDEX, count_target_tokens
+from fastlm.engine.data.schema import IGNORE_INDEX, count_target_tokens
 
 __all__ = [
     "IGNORE_INDEX",

@@ -32,7 +32,7 @@ Keeping samples apart (``packed_layout``, ``block_causal_mask``)
   sample exactly as if it were alone.
 * ``attention_mask``: a 4D boolean block-diagonal causal mask ``[rows, 1, T, T]``, True = attend: token ``q``
   attends to ``k <= q`` of the same sample only. Transformers returns a 4D mask to the attention as given,
-  so SDPA computes exact per-sample logits (checked in tests/engine/test_collators.py). Restarting
+  so SDPA computes exact per-sample logits (checked in tests/engine/data/test_collators.py). Restarting
   ``position_ids`` alone are NOT enough with transformers 5.x on SDPA/eager: packing is inferred from them
   only when no attention mask and no cache are given (a model's default ``use_cache=True`` creates a cache
   even in training), and any 2D mask turns that off; attention then leaks across samples.

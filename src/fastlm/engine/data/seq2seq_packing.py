@@ -20,7 +20,7 @@ compute exactly what each sample computes alone:
   whole encoder row: never an empty mask row, so no NaN; its outputs carry no label).
 
 The masks are ``[rows, 1, q, k]`` bool, True = attend (SDPA; eager needs ``packing.to_additive_mask``). Which
-model families can take them, and how positions restart inside the model: ``engine.seq2seq_hooks``.
+model families can take them, and how positions restart inside the model: ``engine.model.encoder_decoder``.
 Labels follow ``Seq2SeqCollator``: the decoder row with -100 on each sample's start token and on padding
 (position t predicts ``labels[t + 1]``; a sample's EOS input predicts the next sample's -100).
 """

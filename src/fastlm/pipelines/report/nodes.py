@@ -9,8 +9,8 @@ import datasets
 import pandas as pd
 
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluation import evaluate
-from fastlm.engine.generation import generate_samples
+from fastlm.engine.evaluate.evaluation import evaluate
+from fastlm.engine.evaluate.generation import generate_samples
 from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
@@ -120,7 +120,8 @@ def collect_test_metrics(evaluation: dict, references: dict, summary: dict,
     """Loss, perplexity and accuracy beside ROUGE (when scored), handed to ``tracker`` (``run_tracker``), which
     logs them as ``test_<name>`` on this run and on the training run, where the run comparison finds them."""
     metrics = {**evaluation, **references}
-    (tracker if tracker is not None else RunTracker()).log_test_metrics(metrics, summary.get("mlflow_run_id"))
+    (tracker if tracker is not None else RunTracker()).log_test_metrics(comparison.test_metric_values(metrics),
+                                                                    summary.get("mlflow_run_id"))
     return metrics
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.cleaning import clean_texts
+from fastlm.corpus.config import TRAIN_TOKENIZER
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
-from fastlm.corpus.params import TRAIN_TOKENIZER
 from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
 from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys

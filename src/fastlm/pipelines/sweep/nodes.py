@@ -9,11 +9,11 @@ import logging
 import datasets
 import pandas as pd
 
-from fastlm.corpus.params import parse_split_params
+from fastlm.corpus.config import parse_split_params
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluation import evaluate
-from fastlm.engine.runtime import setup_runtime
+from fastlm.engine.evaluate.evaluation import evaluate
+from fastlm.engine.runtime.environment import setup_runtime
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import parse_report_params

@@ -10,11 +10,11 @@ import datasets
 import pandas as pd
 import torch
 
-from fastlm.engine.distributed import launch_mode, rank_from_env
-from fastlm.engine.job import TrainJob, run_job
-from fastlm.engine.launcher import launch_workers
-from fastlm.engine.lora import parameter_counts
-from fastlm.engine.model import build_model, choose_attention
+from fastlm.engine.distributed.parallel import launch_mode, rank_from_env
+from fastlm.engine.launch.job import TrainJob, run_job
+from fastlm.engine.launch.workers import launch_workers
+from fastlm.engine.model.build import build_model, choose_attention
+from fastlm.engine.model.lora import parameter_counts
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.runs import default_run_name, validate_run_name

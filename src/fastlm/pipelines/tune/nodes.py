@@ -7,11 +7,11 @@ import logging
 import datasets
 import pandas as pd
 
-from fastlm.engine import tune
 from fastlm.engine.data import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.metrics import device_memory_mb
-from fastlm.engine.model import build_model, choose_attention
+from fastlm.engine.model.build import build_model, choose_attention
+from fastlm.engine.observe.metrics import device_memory_mb
+from fastlm.engine.train import tune
 from fastlm.errors import ConfigError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from fastlm.config import Params, parse_params
+from fastlm.validation import Params, parse_params
 
 SOURCE = "conf/base/parameters_tune.yml"
 

@@ -1,0 +1,140 @@
+"""Parameters of the split pipeline (``params:split`` in conf/base/parameters_split.yml)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from fastlm.errors import ConfigError
+from fastlm.validation import Params, parse_params
+
+SOURCE = "conf/base/parameters_split.yml"
+TRAIN_TOKENIZER = "train"
+# Tokens per sample that any model fastlm trains can take: a saved model is also held to its own
+# max_position_embeddings (checked when train loads it); a from-scratch model gets max(max_length, 512) positions.
+MAX_LENGTH_LIMIT = 32_768
+
+
+class SplitRatios(Params):
+    train: float = Field(0.9, gt=0, le=1)
+    validation: float = Field(0.05, ge=0, le=1)
+    test: float = Field(0.05, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _sum_to_one(self) -> SplitRatios:
+        total = self.train + self.validation + self.test
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(
+                f"train + validation + test = {total:g}, they must sum to 1 "
+                f"(got {self.train:g} + {self.validation:g} + {self.test:g})"
+            )
+        return self
+
+
+class TokenizerParams(Params):
+    source: str = Field(
+        TRAIN_TOKENIZER,
+        min_length=1,
+        description="'train' (byte-level BPE on the train split), a local directory, or a hub id",
+    )
+    vocab_size: int = Field(8000, ge=300, le=1_000_000)
+    min_frequency: int = Field(2, ge=1)
+    training_samples: int | None = Field(
+        200_000, ge=1, description="train the BPE on at most this many train texts (hash-selected)"
+    )
+    allow_download: bool = False
+    trust_remote_code: bool = False
+
+
+DEFAULT_PROMPT_TEMPLATE = "{prompt}\n\n### Response:\n"
+
+
+class SplitParams(Params):
+    """``text_column`` for plain text; ``prompt_column`` + ``response_column``, or ``messages_column``, for
+    prompt/response data (completion-only loss; see ``fastlm.corpus.prompts``)."""
+
+    text_column: str = Field("text", min_length=1)
+    prompt_column: str | None = Field(None, min_length=1, description="with response_column: prompt/response data")
+    response_column: str | None = Field(None, min_length=1)
+    messages_column: str | None = Field(
+        None, min_length=1, description="chat-style lists of {role, content}; the last (assistant) one is the response"
+    )
+    prompt_template: str = Field(
+        DEFAULT_PROMPT_TEMPLATE, description="wraps the prompt text ({prompt}) when no chat template is used"
+    )
+    chat_template: bool = Field(True, description="render messages with the tokenizer's chat template when it has one")
+    ratios: SplitRatios = SplitRatios()
+    max_samples: int | None = Field(None, ge=1)
+    hash_salt: str = Field("", max_length=64, description="changing it re-draws every split")
+    max_length: int = Field(320, ge=2, le=MAX_LENGTH_LIMIT, description="tokens per sample, EOS included")
+    tokenizer: TokenizerParams = TokenizerParams()
+    batch_size: int = Field(20_000, ge=1, description="texts per tokenizer call")
+    num_proc: int | Literal["auto"] = "auto"
+    # Pre-tokenized data (integer id lists, e.g. log keys): no tokenizer is trained or loaded.
+    pretokenized: bool = Field(False, description="ids_column holds lists of integer ids, not texts")
+    ids_column: str = Field("ids", min_length=1, description="the column of id lists (pretokenized only)")
+    vocab_size: int | None = Field(None, ge=2, le=10_000_000, description="ids are 0 .. vocab_size - 1")
+    eos_id: int | None = Field(None, ge=0, description="appended to every sample; default vocab_size - 1")
+    pad_id: int | None = Field(None, ge=0, description="padding id; default eos_id")
+
+    @model_validator(mode="after")
+    def _one_data_format(self) -> SplitParams:
+        if (self.prompt_column is None) != (self.response_column is None):
+            missing = "response_column" if self.response_column is None else "prompt_column"
+            raise ValueError(f"prompt_column and response_column go together; set {missing} too (or neither)")
+        if self.prompt_column is not None and self.messages_column is not None:
+            raise ValueError("give either prompt_column/response_column or messages_column, not both")
+        if self.prompt_column is not None and self.prompt_column == self.response_column:
+            # ConfigError (not ValueError): the line names both parameters, not the whole split group.
+            raise ConfigError(f"split.prompt_column and split.response_column are both "
+                              f"{self.prompt_column!r}: the model would learn to repeat the prompt.",
+                              fix="set split.response_column to the column that holds the responses "
+                              "(--params split.response_column=<name>).")
+        if self.prompt_template.count("{prompt}") != 1:
+            raise ValueError("prompt_template must contain {prompt} exactly once")
+        if self.pretokenized:
+            self._check_pretokenized()
+        return self
+
+    def _check_pretokenized(self) -> None:
+        # ConfigError (not ValueError): pydantic lets it through, so the line names the one parameter at fault.
+        if self.vocab_size is None:
+            raise ConfigError("split.pretokenized is true but split.vocab_size is not set (ids must run from 0 "
+                              "to vocab_size - 1).", fix=f"set split.vocab_size in {SOURCE} or pass "
+                              "--params split.vocab_size=<largest id + 2> (the last id is EOS by default).")
+        if self.prompt_column is not None or self.messages_column is not None:
+            raise ConfigError("split.pretokenized data is one id list per row, not prompt/response data.",
+                              fix="unset split.prompt_column, split.response_column and split.messages_column.")
+        for name in ("eos_id", "pad_id"):
+            value = getattr(self, name)
+            if value is not None and value >= self.vocab_size:
+                raise ConfigError(f"split.{name} = {value} is not below split.vocab_size ({self.vocab_size}).",
+                                  fix=f"set split.{name} < {self.vocab_size} or raise split.vocab_size.")
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        """(eos, pad) of pre-tokenized data: ``eos_id`` (default ``vocab_size - 1``), ``pad_id`` (default EOS)."""
+        eos = self.vocab_size - 1 if self.eos_id is None else self.eos_id
+        return eos, eos if self.pad_id is None else self.pad_id
+
+    @property
+    def data_format(self) -> str:
+        """``text``, ``prompt_response`` (two columns), ``messages`` (a chat list per row) or ``pretokenized``."""
+        if self.pretokenized:
+            return "pretokenized"
+        if self.messages_column is not None:
+            return "messages"
+        return "text" if self.prompt_column is None else "prompt_response"
+
+    @field_validator("num_proc")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be 'auto' or a whole number >= 1")
+        return value
+
+
+def parse_split_params(raw) -> SplitParams:
+    return parse_params(SplitParams, raw, prefix="split", source=SOURCE)

@@ -1,0 +1,159 @@
+"""Which checkpoint a run may continue: a digest of what makes a checkpoint resumable, and the choice.
+
+A checkpoint's saved data position and weights only mean something for the same model, data and batching. The
+digest (:func:`run_digest`) records, as readable fields:
+
+- ``model.source`` (``name_or_path``, resolved when it is a local folder) and ``model.shape`` (a hash of every
+  parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings),
+  ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
+- ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths);
+- ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
+  ``seed``: the data order and the meaning of the saved micro-batch position;
+- ``micro_batches_per_step`` (gradient accumulation x processes) and ``distributed.strategy`` (``fsdp``:
+  FSDP2's parameter-keyed optimizer state, else ``ddp``, one process included): the world layout. The number of processes alone may change (resume across world sizes with the same effective batch).
+
+:func:`plan_resume` applies ``train.resume``: ``auto`` continues the newest checkpoint in the run's folder when its
+digest matches and its step is within this run's total; otherwise it starts fresh, moves the folder's old
+checkpoints into ``superseded-<time>/`` (never deleted, never pruned together with the new ones) and logs ONE
+line saying which fields differ and where the old checkpoints are. An explicit folder that does not match is
+refused in one line. ``never`` starts fresh the same way.
+
+Learning-rate schedule when the total changes: the schedule is rebuilt for the NEW total and the saved scheduler
+position (the step) is restored, so warm-up and decay follow the new length from the resumed step on (the rate
+at the resumed step jumps to where the longer schedule is at that step); the Hugging Face Trainer does the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastlm.engine.checkpoint.files import (
+    CheckpointError,
+    complete_checkpoints,
+    move_aside,
+    read_header,
+    resolve_resume,
+)
+from fastlm.engine.config import TrainParams
+
+log = logging.getLogger(__name__)
+
+
+def data_digest(values, offsets, prompt_lengths=None) -> str:
+    """A hash of a tokenized split's content (token ids, sample boundaries, prompt lengths)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for array in (values, offsets, prompt_lengths):
+        if array is not None:
+            digest.update(memoryview(array).cast("B"))
+        digest.update(b"|")
+    return digest.hexdigest()
+
+
+def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, data: str, world_size: int,
+               sharded: bool) -> dict[str, Any]:
+    """The fields a checkpoint must share with this run to be resumed (see the module docstring)."""
+    shapes = [[name, list(param.shape)] for name, param in model.named_parameters()]
+    source = params.model.name_or_path
+    if source is not None and Path(source).expanduser().is_dir():
+        source = str(Path(source).expanduser().resolve())
+    lora = params.model.lora
+    return {
+        "model.source": source or "from scratch",
+        "model.shape": hashlib.sha256(json.dumps(sorted(shapes)).encode()).hexdigest()[:16],
+        "model.lora": lora.model_dump(mode="json", exclude={"base_dtype"}) if lora.enabled else None,
+        "model.base_weights": _base_weights(source) if lora.enabled else None,
+        "data": data,
+        "batching.mode": params.batching.mode,
+        "batching.micro_batch_size": params.batching.micro_batch_size,
+        "batching.row_length": params.batching.row_length,  # packed rows: which samples a batch position holds
+        "batching.pad_to_multiple_of": params.batching.pad_to_multiple_of,
+        "max_length": max_length,
+        "seed": params.seed,
+        "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
+        "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp
+    }
+
+
+def _base_weights(source: str | None) -> str | None:
+    """LoRA: a hash of the frozen base weights (``lora.base_weights_digest``), which no checkpoint holds."""
+    if source is None or not Path(source).is_dir():
+        return None
+    from fastlm.engine.model.lora import base_weights_digest
+
+    return hashlib.sha256(json.dumps(base_weights_digest(source), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def digest_differences(saved: dict | None, current: dict) -> list[str]:
+    """``field saved -> now`` for each field that differs (long values shortened); everything when none saved."""
+    if not isinstance(saved, dict):
+        return ["settings (not recorded: written by an earlier fastlm)"]
+    return [f"{key} {_short(saved.get(key))} -> {_short(value)}" for key, value in current.items()
+            if saved.get(key) != value]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
+    return text if len(text) <= 24 else text[:12] + "…"
+
+
+@dataclass
+class ResumePlan:
+    checkpoint: Path | None  # None: start fresh
+    header: dict | None = None  # checkpoint.read_header's result: read once, handed to load_checkpoint
+
+    @property
+    def state(self) -> dict | None:
+        """The checkpoint's saved state (step, position, digest)."""
+        return self.header["trainer_state"]["state"] if self.header is not None else None
+
+
+def plan_resume(root: Path, resume: str, digest: dict, *, total_steps: int, world_size: int,
+                move_old: bool = True) -> ResumePlan:
+    """The checkpoint this run continues, or a fresh start (old checkpoints moved aside when ``move_old``,
+    i.e. on the one writing process). Raises :class:`CheckpointError` for an explicit folder that cannot be used.
+    """
+    root = Path(root)
+    if resume not in ("auto", "never"):
+        folder = resolve_resume(root, resume)
+        header = read_header(folder)
+        problems = _problems(header["trainer_state"]["state"], digest, total_steps, world_size)
+        if problems:
+            raise CheckpointError(
+                f"train.resume: checkpoint {folder} does not belong to this run: {'; '.join(problems)}.",
+                fix="resume with the settings it was written with, or set train.resume: auto (continues a matching "
+                "checkpoint, else starts fresh) or never.")
+        return ResumePlan(folder, header)
+    newest = complete_checkpoints(root)[-1:] if resume == "auto" else []  # a folder holds one run: its newest
+    why = None
+    if newest:
+        header = read_header(newest[0])
+        problems = _problems(header["trainer_state"]["state"], digest, total_steps, world_size)
+        if not problems:
+            return ResumePlan(newest[0], header)
+        why = f"{newest[0].name} does not match this run ({'; '.join(problems)})"
+    aside = move_aside(root) if move_old else None
+    if why is not None:
+        log.warning("train.resume auto: not resuming from %s: %s; starting fresh%s.", root, why,
+                    f", the old checkpoints are kept in {aside}" if aside else "")
+    elif aside is not None:
+        log.info("train.resume %s: starting fresh; the checkpoints already in %s were moved to %s", resume, root,
+                 aside)
+    return ResumePlan(None)
+
+
+def _problems(state: dict, digest: dict, total_steps: int, world_size: int) -> list[str]:
+    problems = digest_differences(state.get("digest"), digest)
+    step = int(state.get("step", 0))
+    if step > total_steps:
+        problems.append(f"it is at step {step}, past the {total_steps} steps this run asks for")
+    batch = int(state.get("batch_in_epoch", 0))
+    if batch % world_size:
+        problems.append(f"its data position (global micro-batch {batch}) cannot be split over {world_size} processes")
+    return problems

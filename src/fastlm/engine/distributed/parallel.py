@@ -1,0 +1,217 @@
+"""Data-parallel training on PyTorch's own engine: process groups, DDP / FSDP2 wrapping, the few collectives.
+
+Never ``nn.DataParallel`` (one process, one Python thread driving every GPU, the replicas re-broadcast every
+step, GPU 0 holding the outputs): every rank here is its own process with its own copy of the loop.
+
+What the loop needs from the other ranks is behind :class:`Collectives` (one process: :class:`SingleProcess`,
+whose calls cost nothing, so the one-process path is unchanged):
+
+``sum_host(values)``   one small all-reduce of host numbers per optimizer step: the step's target tokens (the
+                       loss divisor must be the GLOBAL count, see ``loss``), real/computed tokens and samples for
+                       the metrics, and the stop flag (SIGTERM on any rank stops every rank at the same step).
+                       It runs on a gloo group over host memory, so it never waits for a GPU.
+``sum_device_(t)``     an in-place all-reduce of a device tensor: the loss sum at a logging step, evaluation sums.
+
+Gradient reduction is DDP's (bucketed all-reduce overlapped with the backward) or FSDP2's (reduce-scatter),
+skipped on all but the last micro-batch of an accumulation (:func:`gradient_sync`). DDP averages gradients
+over ranks, so the loss is scaled by the world size to keep "sum of per-token losses / global target tokens".
+
+How a run becomes distributed (:func:`launch_mode`): ``torchrun`` (or any elastic agent) sets ``RANK`` /
+``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` before the process starts; otherwise the train node may spawn
+``train.distributed.nproc_per_node`` workers itself (``engine/launch/workers.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from fastlm.engine.distributed.ranks import RankInfo, rank_from_env
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Collectives", "ProcessGroup", "RankInfo", "SingleProcess", "connect", "full_state_dicts", "gradient_sync",
+           "is_sharded", "launch_mode", "load_full_state_dicts", "rank_device", "rank_from_env", "resolve_backend",
+           "wrap_model"]
+
+
+def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
+    """``"torchrun"`` (started under an elastic agent), ``"spawn"`` (we launch workers) or ``"single"``."""
+    info = rank_from_env(environ)
+    if info is not None and info.world_size > 1:
+        if nproc_per_node > 1:
+            log.info("Started under torchrun with %d processes: train.distributed.nproc_per_node=%d is not used "
+                     "(torchrun's --nproc-per-node decides).", info.world_size, nproc_per_node)
+        return "torchrun"
+    return "spawn" if nproc_per_node > 1 else "single"
+
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def rank_device(requested: str, info: RankInfo) -> str:
+    """One GPU per local rank: ``auto``/``cuda`` become ``cuda:<local_rank>`` where CUDA is present."""
+    if requested in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{info.local_rank % max(torch.cuda.device_count(), 1)}"
+    return requested
+
+
+class Collectives:
+    """What the training loop asks of the other ranks (see the module docstring)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def sum_host(self, values: Sequence[float]) -> list[float]:
+        return list(values)
+
+    def sum_device_(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def barrier(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class SingleProcess(Collectives):
+    """One process: every collective is the identity."""
+
+
+class ProcessGroup(Collectives):
+    """A torch.distributed process group (NCCL or gloo) plus a gloo group for host-side sums."""
+
+    def __init__(self, info: RankInfo, backend: str, device: torch.device, timeout_s: float) -> None:
+        self.rank, self.world_size, self.device = info.rank, info.world_size, device
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
+            kwargs = {"device_id": device} if device.type == "cuda" else {}
+            dist.init_process_group(backend, rank=info.rank, world_size=info.world_size, timeout=timeout, **kwargs)
+        self.backend = dist.get_backend()
+        self._host_group = dist.new_group(backend="gloo", timeout=timeout) if self.backend != "gloo" else None
+        log.info("Process group: rank %d of %d, backend %s, device %s", self.rank, self.world_size, self.backend,
+                 device)
+
+    def sum_host(self, values: Sequence[float]) -> list[float]:
+        buffer = torch.tensor(list(values), dtype=torch.float64)
+        dist.all_reduce(buffer, group=self._host_group)
+        return buffer.tolist()  # a CPU tensor: no device sync
+
+    def sum_device_(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor)
+        return tensor
+
+    def barrier(self) -> None:
+        dist.barrier(group=self._host_group)
+
+    def close(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def connect(info: RankInfo | None, backend: str, device: torch.device, timeout_s: float = 600.0) -> Collectives:
+    """The collectives of this process: a process group when ``info`` says there are several ranks."""
+    if info is None or info.world_size == 1:
+        return SingleProcess()
+    return ProcessGroup(info, resolve_backend(backend, device), device, timeout_s)
+
+
+def wrap_model(model: torch.nn.Module, comm: Collectives, *, strategy: str, device: torch.device,
+               find_unused_parameters: bool = False, bucket_cap_mb: int = 25) -> torch.nn.Module:
+    """DDP (replicated weights, all-reduced gradients) or FSDP2 (sharded weights, gradients and optimizer state).
+
+    One process: the model itself. FSDP2 shards every decoder layer, then the root (embeddings, head): each
+    rank then holds 1/world of the parameters and of the AdamW state, and the optimizer must be built on the
+    wrapped model (its parameters become DTensors).
+    """
+    if comm.world_size == 1:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in _decoder_layers(model):
+            fully_shard(layer)
+        return fully_shard(model)
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters,
+                                   bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks (HF decoder models keep them in a ModuleList named ``layers``/``h``)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
+            return list(module)
+    return []
+
+
+def gradient_sync(model: torch.nn.Module) -> Callable[[bool], contextlib.AbstractContextManager]:
+    """``sync(last)``: the context for one micro-batch's forward+backward; reduces gradients only when ``last``.
+
+    DDP: ``no_sync()`` on the non-final micro-batches (gradients accumulate locally, one all-reduce per step).
+    FSDP2: ``set_requires_gradient_sync(last)``. One process: nothing.
+    """
+    if hasattr(model, "no_sync"):
+        return lambda last: contextlib.nullcontext() if last else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        def fsdp_sync(last: bool) -> contextlib.AbstractContextManager:
+            model.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+        return fsdp_sync
+    return lambda last: contextlib.nullcontext()
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """True for an FSDP2 (fully_shard) model: its parameters are DTensors."""
+    return any(hasattr(param, "full_tensor") for param in model.parameters())
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict | None]:
+    """Whole (unsharded) model and optimizer state dicts on the CPU of rank 0; every rank must call it.
+
+    The checkpoint files are the same as a one-process run's, so any world size or strategy can resume them.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None:
+        return get_model_state_dict(model, options=options), None
+    return get_state_dict(model, optimizer, options=options)
+
+
+def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
+                          optimizer_state: dict) -> None:
+    """Load a checkpoint's whole model/optimizer state dicts into a sharded model (every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    model_keys = set(get_plain_keys(model))
+    for name in model_keys - model_state.keys():  # a tied head saved once (save_model de-duplicates)
+        model_state[name] = model_state[_tied_source(model, name)]
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def get_plain_keys(model: torch.nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters(remove_duplicate=False)]
+
+
+def _tied_source(model: torch.nn.Module, name: str) -> str:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    target = params[name]
+    return next(other for other, param in params.items() if param is target and other != name)

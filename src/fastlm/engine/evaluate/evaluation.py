@@ -1,0 +1,302 @@
+"""THE evaluation of a causal LM (or an encoder-decoder model) on a tokenized split: training's validation, the
+report's test metrics and error analysis, the benchmarks' checks all call :func:`evaluate`.
+
+``evaluate`` batches the split exactly like training (``batching.make_batching``: packed by default, the
+inputs of the model's attention path from ``attention.to_device``), in a fixed order (seed 0), under
+``torch.no_grad()`` and the runtime's autocast. Everything is accumulated on the device and read back once at the end:
+
+* always: loss (mean over target tokens, the ``loss.causal_lm_loss_sum`` definition: position t predicts label
+  t+1, -100 ignored), perplexity, target tokens, samples, wall seconds and real tokens / s; summed over the
+  ranks of a data-parallel run;
+* with ``analysis=True``: next-token accuracy (argmax == target), top-k accuracy (target among the k largest
+  logits), and
+* the most frequent wrong predictions, as (target, predicted) token pairs: each wrong position adds one to
+  the bin ``target * vocab + predicted`` of a dense count table (a sync-free ``index_add_`` bincount) while
+  that table is small, else the pair ids are kept on the device and merged with ``torch.unique``;
+* the samples of highest mean token loss: per-token losses are summed per sample with ``index_add_`` over
+  segment ids (``sequence_ids`` of packed rows, where padding tails are segments without targets; the row
+  of padded batches), the batch's ``worst`` are kept with ``torch.topk`` and merged into a running top list.
+
+A sample of a single token has no target, hence no mean loss: it never appears among the worst samples.
+The i-th segment having targets is the i-th sample of the batch with at least 2 tokens (collators keep the
+sampler's order), so sample indices are resolved on the host at the end, with no per-sample loop.
+
+Sample generations (the report's decoding settings) are ``generation.generate_samples``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from fastlm.engine.batching import make_batching, seq2seq_batching
+from fastlm.engine.config import TrainParams
+from fastlm.engine.data.collators import pad_id_of
+from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.distributed.parallel import Collectives, SingleProcess
+from fastlm.engine.model.attention import to_device
+from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
+from fastlm.engine.runtime.environment import Runtime
+
+__all__ = ["DENSE_PAIR_TABLE_MAX", "EvaluationReport", "evaluate"]
+
+# Largest vocab**2 counted in a dense table (int64: 256 MiB). The hard limit would be 2**31 (int32 bin ids),
+# but a 32k vocabulary would then need an 8 GiB table; larger vocabularies use the torch.unique path.
+DENSE_PAIR_TABLE_MAX = 2**25
+_COMPACT_EVERY = 2**24  # pending pair ids (unique path) merged once they exceed this many elements
+WRONG_PAIR_COLUMNS = ["target_id", "predicted_id", "target", "predicted", "target_text", "predicted_text",
+                      "count", "share_of_errors"]
+WORST_COLUMNS = ["sample", "loss", "length", "text", "anomaly_score"]
+
+
+@dataclass
+class EvaluationReport:
+    """``metrics``: loss, perplexity, target_tokens, samples, seconds, real_tokens_per_s (and accuracy,
+    top5_accuracy with the analysis). With the analysis only (None otherwise): ``wrong_pairs``: the most
+    frequent (target, predicted) mistakes (``target`` / ``predicted`` are the tokens, ``*_text`` their decoded text, ``*_id`` their ids). ``worst_samples``: the
+    samples of highest mean token loss, worst first (``sample`` is the index in the split; ``anomaly_score`` the
+    fraction of its target positions whose target is not among the model's top k: on log-key data, the share
+    of next keys the model did not expect)."""
+
+    metrics: dict
+    wrong_pairs: pd.DataFrame | None
+    worst_samples: pd.DataFrame | None
+
+
+class _PairCounter:
+    """Counts (target, predicted) pairs on the device; a dense table for small vocabularies."""
+
+    def __init__(self, vocab: int, device: torch.device):
+        self.vocab, self.device = vocab, device
+        self.dense = vocab * vocab <= min(DENSE_PAIR_TABLE_MAX, 2**31)
+        self.table = torch.zeros(vocab * vocab + 1, dtype=torch.int64, device=device) if self.dense else None
+        self.ids = torch.empty(0, dtype=torch.int64, device=device)  # unique path: merged ids and counts
+        self.counts = torch.empty(0, dtype=torch.int64, device=device)
+        self.pending: list[torch.Tensor] = []
+        self.pending_size = 0
+
+    def add(self, targets: torch.Tensor, predicted: torch.Tensor, wrong: torch.Tensor) -> None:
+        pair = targets.clamp(min=0) * self.vocab + predicted
+        if self.dense:  # the last bin collects the positions that are not mistakes
+            pair = torch.where(wrong, pair, self.vocab * self.vocab).reshape(-1)
+            self.table.index_add_(0, pair, torch.ones_like(pair))
+            return
+        self.pending.append(torch.where(wrong, pair, -1).reshape(-1))
+        self.pending_size += self.pending[-1].numel()
+        if self.pending_size > _COMPACT_EVERY:
+            self._compact()
+
+    def _compact(self) -> None:
+        if not self.pending:
+            return
+        ids = torch.cat([self.ids, *self.pending])
+        weights = torch.cat([self.counts, *(torch.ones_like(p) for p in self.pending)])
+        self.ids, inverse = torch.unique(ids, return_inverse=True)
+        self.counts = torch.zeros_like(self.ids).index_add_(0, inverse, weights)
+        self.pending, self.pending_size = [], 0
+
+    def top(self, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The k most frequent pair ids, their counts (zeros possible: drop them) and the total mistakes."""
+        if self.dense:
+            counts = self.table[:-1]
+            top = torch.topk(counts, min(k, counts.numel()))
+            return top.indices, top.values, counts.sum()
+        self._compact()
+        counts = torch.where(self.ids >= 0, self.counts, 0)
+        top = torch.topk(counts, min(k, counts.numel()))
+        return self.ids[top.indices], top.values, counts.sum()
+
+
+def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Runtime, max_length: int, attn: str,
+             pad_id: int | None = None, tokenizer=None, analysis: bool = False, max_batches: int | None = None,
+             comm: Collectives | None = None, even_shards: bool = False, top_k: int = 5, worst: int = 10,
+             pairs: int = 20) -> EvaluationReport:
+    """Loss of ``model`` on ``dataset`` and, when ``analysis``, the error analysis (see the module docstring).
+
+    ``metrics`` always hold loss, perplexity, target_tokens, samples, seconds and real_tokens_per_s; with
+    ``analysis`` (needs ``tokenizer``, one process) also accuracy and top5_accuracy, and the report's
+    ``wrong_pairs`` and ``worst_samples`` are filled (None otherwise). ``pad_id``: the tokenizer's by default.
+    Data parallel (``comm``, loss only): each rank evaluates its shard of the batches (``max_batches`` is split
+    between ranks) and the sums are added across ranks once, at the end; ``even_shards`` for FSDP, whose
+    forward is collective.
+    """
+    comm = comm or SingleProcess()
+    if pad_id is None and tokenizer is None:
+        raise ValueError("evaluate needs the pad id or the tokenizer")
+    if analysis and (tokenizer is None or comm.world_size > 1):
+        raise ValueError("the error analysis needs the tokenizer and runs in one process")
+    device = runtime.device
+    sides = seq2seq_batching(model, dataset)  # encoder-decoder: each side padded to its own maximum, unpacked
+    sampler, collator = make_batching(params, dataset.lengths, max_length=max_length, seed=0, **sides,
+                                      pad_id=pad_id if pad_id is not None else pad_id_of(tokenizer))
+    sampler.shard(comm.rank, comm.world_size, even=even_shards)
+    if max_batches is not None:
+        max_batches = math.ceil(max_batches / comm.world_size)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
+    errors = _ErrorAnalysis(dataset, device, top_k=top_k, worst=worst,
+                            packed=params.batching.mode == "packed" and not sides) if analysis else None
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    n_targets = torch.zeros((), dtype=torch.int64, device=device)
+    real_tokens = samples = 0
+    was_training = model.training
+    model.eval()
+    start = perf_counter()
+    try:
+        with torch.no_grad():
+            # The sampler yields the same batches again (an epoch's order is cached): zip gives each batch's indices.
+            for index, (indices, host) in enumerate(zip(sampler, loader, strict=True)):
+                if max_batches is not None and index >= max_batches:
+                    break
+                batch = to_device(host, device, attn)
+                with runtime.autocast_context():
+                    logits = forward_logits(model, batch)
+                if errors is None:
+                    batch_sum, batch_targets = causal_lm_loss_sum(logits, batch["labels"])
+                else:
+                    batch_sum, batch_targets = errors.add(logits, batch["labels"], host, indices)
+                loss_sum += batch_sum
+                n_targets += batch_targets
+                real_tokens += int(host["num_real_tokens"])
+                samples += int(host["num_samples"])
+        if comm.world_size > 1:
+            sums = comm.sum_device_(torch.stack([loss_sum, n_targets.to(torch.float64)]))
+            loss_sum, n_targets = sums[0], sums[1].round().to(torch.int64)
+        total_loss, targets_count = torch.stack([loss_sum, n_targets.double()]).tolist()  # the one read-back
+        found = errors.read_back(pairs) if errors is not None else None
+    finally:
+        model.train(was_training)
+    seconds = perf_counter() - start
+    targets_count = int(targets_count)
+    loss = total_loss / targets_count if targets_count else math.nan
+    metrics = {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)) if targets_count else math.nan,
+        "target_tokens": targets_count,
+        "samples": samples,
+        "seconds": seconds,
+        "real_tokens_per_s": real_tokens / seconds if seconds > 0 else math.nan,
+    }
+    if found is None:
+        return EvaluationReport(metrics=metrics, wrong_pairs=None, worst_samples=None)
+    correct, in_top = found["correct"], found["in_top"]
+    metrics["accuracy"] = correct / targets_count if targets_count else math.nan
+    metrics["top5_accuracy"] = in_top / targets_count if targets_count else math.nan
+    return EvaluationReport(metrics=metrics, wrong_pairs=_wrong_pairs_frame(tokenizer, found),
+                            worst_samples=_worst_frame(tokenizer, dataset, found))
+
+
+class _ErrorAnalysis:
+    """Accuracy, top-k accuracy, wrong pairs and worst samples, accumulated on the device batch by batch."""
+
+    def __init__(self, dataset: TokenSequences, device: torch.device, *, top_k: int, worst: int, packed: bool):
+        self.dataset, self.device, self.top_k, self.worst, self.packed = dataset, device, top_k, worst, packed
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        self.n_correct, self.n_topk = zero.clone(), zero.clone()
+        self.worst_loss = torch.empty(0, dtype=torch.float32, device=device)
+        self.worst_key = torch.empty(0, dtype=torch.int64, device=device)
+        self.worst_score = torch.empty(0, dtype=torch.float32, device=device)
+        self.counter: _PairCounter | None = None
+        self.scored: list[np.ndarray] = []  # per batch, in order: indices of its samples with a target (>= 2 tokens)
+        self.n_scored = 0
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor, host: dict, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch; returns its loss sum and target count (per-token losses: the same definition)."""
+        device, worst = self.device, self.worst
+        targets = shift_labels(labels)
+        valid = targets != IGNORE_INDEX
+        vocab = logits.size(-1)
+        token_loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1),
+                                     ignore_index=IGNORE_INDEX, reduction="none").view_as(targets)
+        predicted = logits.argmax(dim=-1)
+        self.n_correct += ((predicted == targets) & valid).sum()
+        top = logits.topk(min(self.top_k, vocab), dim=-1).indices
+        in_top = (top == targets.unsqueeze(-1)).any(dim=-1) & valid
+        self.n_topk += in_top.sum()
+        if self.counter is None:
+            self.counter = _PairCounter(vocab, device)
+        self.counter.add(targets, predicted, valid & (predicted != targets))
+
+        # Per-sample losses: segment ids are host tensors (no sync to size them).
+        if self.packed:
+            segment_ids = host["sequence_ids"].to(device=device, dtype=torch.int64, non_blocking=True)
+            n_segments = int(host["sequence_ids"][-1, -1]) + 1  # row-major increasing ids
+        else:
+            rows, length = targets.shape
+            segment_ids = torch.arange(rows, device=device).unsqueeze(1).expand(rows, length)
+            n_segments = rows
+        segment_ids = segment_ids.reshape(-1)
+        seg_loss = torch.zeros(n_segments, dtype=torch.float32, device=device)
+        seg_loss.index_add_(0, segment_ids, token_loss.reshape(-1))
+        seg_count = torch.zeros(n_segments, dtype=torch.int64, device=device)
+        seg_count.index_add_(0, segment_ids, valid.reshape(-1).to(torch.int64))
+        seg_miss = torch.zeros(n_segments, dtype=torch.float32, device=device)
+        seg_miss.index_add_(0, segment_ids, (valid & ~in_top).reshape(-1).to(torch.float32))
+        has_target = seg_count > 0
+        mean = torch.where(has_target, seg_loss / seg_count.clamp(min=1), -math.inf)
+        rank = torch.cumsum(has_target, 0) - 1 + self.n_scored  # global rank among scored samples
+        best = torch.topk(mean, min(worst, n_segments))
+        self.worst_loss = torch.cat([self.worst_loss, best.values])
+        self.worst_key = torch.cat([self.worst_key, rank[best.indices]])
+        self.worst_score = torch.cat([self.worst_score,
+                                      seg_miss[best.indices] / seg_count[best.indices].clamp(min=1)])
+        if self.worst_loss.numel() > worst:
+            keep = torch.topk(self.worst_loss, worst).indices
+            self.worst_loss, self.worst_key, self.worst_score = (self.worst_loss[keep], self.worst_key[keep],
+                                                                 self.worst_score[keep])
+
+        indices = np.asarray(indices, dtype=np.int64)
+        indices = indices[self.dataset.lengths[indices] >= 2]
+        self.scored.append(indices)
+        self.n_scored += indices.size
+        return token_loss.sum(dtype=torch.float64), valid.sum()
+
+    def read_back(self, pairs: int) -> dict:
+        """Everything on the host (after the evaluation's loop)."""
+        correct, in_top = torch.stack([self.n_correct, self.n_topk]).tolist()
+        if self.counter is not None:
+            pair_ids, pair_counts, errors = (t.tolist() for t in self.counter.top(pairs))
+        else:
+            pair_ids, pair_counts, errors = [], [], 0
+        order = torch.argsort(self.worst_loss, descending=True, stable=True)
+        return {"correct": correct, "in_top": in_top, "pair_ids": pair_ids, "pair_counts": pair_counts,
+                "errors": errors, "vocab": self.counter.vocab if self.counter is not None else 1,
+                "worst_values": self.worst_loss[order].tolist(), "worst_keys": self.worst_key[order].tolist(),
+                "worst_scores": self.worst_score[order].tolist(),
+                "scored": np.concatenate(self.scored) if self.scored else np.empty(0, dtype=np.int64)}
+
+
+def _wrong_pairs_frame(tokenizer, found: dict) -> pd.DataFrame:
+    vocab, errors = found["vocab"], found["errors"]
+    wrong = [(pair // vocab, pair % vocab, count)
+             for pair, count in zip(found["pair_ids"], found["pair_counts"], strict=True) if count > 0]
+    return pd.DataFrame(
+        [{"target_id": t, "predicted_id": p, "target": _token(tokenizer, t), "predicted": _token(tokenizer, p),
+          "target_text": tokenizer.decode([t]), "predicted_text": tokenizer.decode([p]), "count": count,
+          "share_of_errors": count / errors} for t, p, count in wrong],
+        columns=WRONG_PAIR_COLUMNS,
+    )
+
+
+def _worst_frame(tokenizer, dataset: TokenSequences, found: dict) -> pd.DataFrame:
+    rows = []
+    for value, key, score in zip(found["worst_values"], found["worst_keys"], found["worst_scores"], strict=True):
+        if not math.isfinite(value):
+            continue  # fewer scored samples than ``worst``
+        sample = int(found["scored"][key])
+        ids = dataset[sample]
+        rows.append({"sample": sample, "loss": value, "length": int(ids.size),
+                     "text": tokenizer.decode(ids.tolist()), "anomaly_score": score})
+    return pd.DataFrame(rows, columns=WORST_COLUMNS)
+
+
+def _token(tokenizer, token_id: int) -> str:
+    token = tokenizer.convert_ids_to_tokens(int(token_id))
+    return token if token is not None else f"<{token_id}>"

@@ -1,0 +1,186 @@
+"""Batched generation for many prompts given as token ids: what scoring a model against references needs.
+
+``generate_continuations`` returns, for each prompt, the ids the model generated after it (stopped at the
+first EOS, which is not included), in the prompts' order. What makes it fast and still exact:
+
+* prompts are sorted by length (longest first, stable) and cut into batches of ``batch_size``, so a batch
+  pads to similar lengths; the results are put back in the original order;
+* LEFT padding with an attention mask: every prompt ends at the last column, so the first generated token
+  of every row is at the same position and the KV cache grows in step (the model derives position ids
+  from the mask, so a padded prompt generates what it generates alone);
+* the KV cache is on for generation (training switches ``config.use_cache`` off; it is switched on here and
+  restored), the model is in eval mode under ``torch.inference_mode`` and the runtime's autocast, and gets
+  its training mode back;
+* sampling is seeded once (``seed``) in a forked RNG state: the same prompts, order and settings give the
+  same texts, and the caller's random state is untouched.
+
+``generate_samples`` is the same path for text: a few prompts under several decoding settings (greedy, seeded
+sampling), returned as a DataFrame of decoded continuations (the report's sample generations).
+
+Only ``model.generate`` is used, so a plain Hugging Face model and a peft adapter model both work.
+
+Encoder-decoder models (``config.is_encoder_decoder``: BART, T5) decode with their own ``generate`` too: the
+prompts are the ENCODER inputs, right-padded with their mask (learned absolute positions, as in BART, count
+from the first column, so right padding is what training saw); their output is the decoder row, whose first
+token is the decoder start, so the continuation is everything after it. ``continuation_start`` says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from time import perf_counter
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fastlm.engine.data.collators import pad_id_of
+from fastlm.engine.model.attention import generation_attention
+from fastlm.engine.runtime.environment import Runtime
+
+__all__ = ["Generations", "continuation_start", "decoding_kwargs", "generate_continuations", "generate_samples",
+           "is_encoder_decoder"]
+
+
+@dataclass
+class Generations:
+    """``continuations``: the generated ids of each prompt (EOS excluded), in prompt order; ``seconds`` of
+    wall time and ``new_tokens`` generated (EOS and padding after it not counted)."""
+
+    continuations: list[list[int]]
+    seconds: float
+    new_tokens: int
+
+
+def decoding_kwargs(*, num_beams: int = 1, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+                    top_k: int | None = None, repetition_penalty: float = 1.0,
+                    no_repeat_ngram_size: int = 0, length_penalty: float = 1.0) -> dict:
+    """``model.generate`` options for these settings, leaving out the ones that would do nothing.
+
+    Temperature, top-p and top-k only matter when sampling (passing them to greedy decoding makes
+    transformers warn); a repetition penalty of 1 and a no-repeat size of 0 are off; a length penalty only
+    matters to beam search (the encoder-decoder summarisers' usual set-up).
+    """
+    kwargs: dict = {"num_beams": num_beams, "do_sample": do_sample}
+    if do_sample:
+        kwargs.update(temperature=temperature, top_p=top_p)
+        if top_k is not None:
+            kwargs["top_k"] = top_k
+    if repetition_penalty != 1.0:
+        kwargs["repetition_penalty"] = repetition_penalty
+    if no_repeat_ngram_size > 0:
+        kwargs["no_repeat_ngram_size"] = no_repeat_ngram_size
+    if num_beams > 1 and length_penalty != 1.0:
+        kwargs["length_penalty"] = length_penalty
+    return kwargs
+
+
+def is_encoder_decoder(model) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def continuation_start(model, input_ids: torch.Tensor) -> int:
+    """Where the new tokens begin in ``model.generate``'s output: after the prompt (decoder-only) or after
+    the decoder start token (encoder-decoder, whose output holds no prompt)."""
+    return 1 if is_encoder_decoder(model) else input_ids.shape[1]
+
+
+def _padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device, *, left: bool = True):
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        if ids:
+            columns = slice(width - len(ids), width) if left else slice(0, len(ids))
+            input_ids[row, columns] = torch.as_tensor(list(ids), dtype=torch.long)
+            attention_mask[row, columns] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def _until_eos(ids: list[int], eos_ids: set[int]) -> list[int]:
+    for position, token in enumerate(ids):
+        if token in eos_ids:
+            return ids[:position]
+    return ids
+
+
+def _model_config(model):
+    config = getattr(model, "config", None)
+    return config if config is not None and hasattr(config, "use_cache") else None
+
+
+def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id: int | Sequence[int],
+                           runtime: Runtime, batch_size: int = 16, max_new_tokens: int = 64, seed: int = 0,
+                           start_id: int | None = None, **generate_kwargs) -> Generations:
+    """The token ids generated after each prompt (EOS excluded), in the order of ``prompts``.
+
+    ``generate_kwargs`` are ``model.generate`` decoding options (see :func:`decoding_kwargs`). An empty
+    prompt starts from ``start_id`` (BOS, say); without one it is an error.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    eos_ids = {int(eos_id)} if isinstance(eos_id, int) else {int(i) for i in eos_id}
+    prompts = [list(ids) if len(ids) else ([start_id] if start_id is not None else []) for ids in prompts]
+    if any(not ids for ids in prompts):
+        raise ValueError("an empty prompt needs a start_id (the tokenizer's BOS or EOS id)")
+    order = np.argsort(-np.array([len(ids) for ids in prompts], dtype=np.int64), kind="stable")
+    results: list[list[int] | None] = [None] * len(prompts)
+    device = runtime.device
+    config = _model_config(model)
+    was_training, cache_setting = model.training, (config.use_cache if config is not None else None)
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    new_tokens, start = 0, perf_counter()
+    model.eval()
+    if config is not None:
+        config.use_cache = True
+    try:
+        with torch.random.fork_rng(devices=devices), torch.inference_mode(), generation_attention(model):
+            torch.manual_seed(seed)
+            for begin in range(0, len(order), batch_size):
+                chunk = order[begin:begin + batch_size]
+                input_ids, attention_mask = _padded([prompts[i] for i in chunk], pad_id, device,
+                                                    left=not is_encoder_decoder(model))
+                with runtime.autocast_context():
+                    output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                            max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                            eos_token_id=sorted(eos_ids), use_cache=True, **generate_kwargs)
+                new = output[:, continuation_start(model, input_ids):].tolist()
+                for index, ids in zip(chunk, new, strict=True):
+                    results[int(index)] = _until_eos(ids, eos_ids)
+                    new_tokens += len(results[int(index)])
+    finally:
+        if config is not None:
+            config.use_cache = cache_setting
+        model.train(was_training)
+    return Generations(continuations=results, seconds=perf_counter() - start, new_tokens=new_tokens)
+
+
+def generate_samples(model, tokenizer, prompts: Sequence[str], *, settings: Sequence[dict],
+                     max_new_tokens: int = 40, runtime: Runtime, batch_size: int = 32) -> pd.DataFrame:
+    """Continuations of ``prompts`` under each decoding setting: rows prompt, setting, settings, output.
+
+    A setting is ``model.generate`` keyword arguments plus ``name`` and an optional ``seed`` (default 0: see
+    ``generate_continuations``, which decodes each setting). An empty prompt starts from BOS, or EOS when the
+    tokenizer has no BOS. ``output`` is the continuation only, decoded with special tokens skipped.
+    """
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    encoded = [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts]
+    rows = []
+    for setting in settings:
+        kwargs = {key: value for key, value in setting.items() if key not in ("name", "seed")}
+        generated = generate_continuations(model, encoded, pad_id=pad_id_of(tokenizer), eos_id=tokenizer.eos_token_id,
+                                           runtime=runtime, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                           seed=int(setting.get("seed", 0)), start_id=start_id, **kwargs)
+        name, described = setting.get("name", _describe(setting) or "default"), _describe(setting)
+        rows += [{"prompt": prompt, "setting": name, "settings": described,
+                  "output": tokenizer.decode(ids, skip_special_tokens=True)}
+                 for prompt, ids in zip(prompts, generated.continuations, strict=True)]
+    return pd.DataFrame(rows, columns=["prompt", "setting", "settings", "output"])
+
+
+def _describe(setting: dict) -> str:
+    """``{"name": "sampled", "do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 0}`` ->
+    ``"temperature=0.8, top_p=0.95"``."""
+    return ", ".join(f"{key}={value}" for key, value in setting.items() if key not in ("name", "do_sample", "seed"))

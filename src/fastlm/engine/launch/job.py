@@ -1,0 +1,103 @@
+"""One training run, the same code in every process: a plain run, a torchrun rank, or a launched worker.
+
+``run_job(job)`` sets up the runtime on this rank's device, joins the process group when there are several
+ranks, builds the model, checks the output storage (rank 0), trains, and returns :class:`JobResult` on rank 0
+(``None`` elsewhere). Only rank 0 calls the loop callbacks (live MLflow metrics).
+
+Kedro-free: the train node builds the :class:`TrainJob` from catalog inputs and parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastlm.engine.batching import loader_settings
+from fastlm.engine.checkpoint.storage import check_training_storage
+from fastlm.engine.config import TrainParams
+from fastlm.engine.data import pad_id_of
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.distributed.parallel import RankInfo, connect, full_state_dicts, is_sharded, rank_device
+from fastlm.engine.model.build import build_model, choose_attention
+from fastlm.engine.observe.metrics import device_memory_mb
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime, usable_cpu_count
+from fastlm.engine.train.loop import train
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainJob:
+    """Everything a rank needs; picklable (a memory-mapped ``datasets`` split pickles as its file paths)."""
+
+    params: TrainParams
+    max_length: int
+    train_split: object  # datasets.Dataset (or anything TokenSequences.from_arrow reads)
+    eval_split: object | None
+    tokenizer: object
+    model_dir: str  # where the final model is saved (checked for room before training)
+    extra_summary: dict = field(default_factory=dict)
+
+
+def expected_log_records(params: TrainParams) -> int | None:
+    """Metric records a run's history will hold (train and evaluation), when ``max_steps`` fixes the length."""
+    steps = params.max_steps
+    if steps is None:
+        return None
+    return steps // params.log_every + 2 + (steps // params.eval_every + 1 if params.eval_every else 0)
+
+
+@dataclass
+class JobResult:
+    model: object
+    history: list[dict]
+    eval_history: list[dict]
+    summary: dict
+
+
+def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> JobResult | None:
+    """Train on this rank; ``rank`` None = one process. Returns the result on rank 0, None on the others."""
+    params = job.params
+    world = rank.world_size if rank is not None else 1
+    runtime_config = params.runtime.model_dump()
+    if rank is not None and world > 1:
+        runtime_config["device"] = rank_device(runtime_config["device"], rank)
+        if runtime_config["num_threads"] is None:  # the ranks on one machine share its cores
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            runtime_config["num_threads"] = max(1, usable_cpu_count() // min(local_world, usable_cpu_count()))
+    runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed), measured_later=True)
+    comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
+    try:
+        attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
+        model = build_model(params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn)
+        if comm.is_main:
+            check_training_storage(model, checkpoint_dir=Path(params.checkpoint_dir), model_dir=Path(job.model_dir),
+                                   keep_last=params.keep_last, saves_checkpoints=params.save_every is not None,
+                                   tokenizer=job.tokenizer, log_records=expected_log_records(params))
+        train_set = TokenSequences.from_arrow(job.train_split)
+        eval_set = TokenSequences.from_arrow(job.eval_split) if job.eval_split is not None else None
+        result = train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id_of(job.tokenizer),
+                       max_length=job.max_length, attn=attn, callbacks=callbacks if comm.is_main else (), comm=comm)
+        if is_sharded(result.model):  # FSDP2: gather the whole weights into a plain model on rank 0
+            whole, _ = full_state_dicts(result.model, None)
+            if comm.is_main:
+                result.model = build_model(params.model, job.tokenizer, max_length=job.max_length,
+                                           attn_implementation=attn)
+                result.model.load_state_dict(whole)
+    finally:
+        comm.close()
+    if not comm.is_main:
+        return None
+    summary = {**result.summary, "attention": attn, **job.extra_summary,
+               "micro_batch_size": params.batching.micro_batch_size,
+               "gradient_accumulation_steps": params.batching.gradient_accumulation_steps,
+               **({key: result.summary["oom_backoffs"][-1][key]  # what the run ended with after an OOM back-off
+                   for key in ("micro_batch_size", "gradient_accumulation_steps")}
+                  if result.summary.get("oom_backoffs") else {}),
+               "distributed_strategy": params.distributed.strategy if world > 1 else "none",
+               "dataloader_workers": loader_settings(params, runtime.device)["num_workers"],
+               "train_samples": len(train_set), "train_tokens": train_set.num_tokens,
+               "device_memory_mb": device_memory_mb(runtime.device), "runtime": (result.runtime or runtime).describe()}
+    return JobResult(result.model, result.history, result.eval_history, summary)

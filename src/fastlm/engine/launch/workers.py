@@ -1,0 +1,166 @@
+"""Launch N training workers on this machine with PyTorch's elastic launcher (what torchrun runs).
+
+``launch_workers(job, nproc)`` starts ``nproc`` fresh processes (``spawn``: no CUDA or thread state copied from
+the parent) through ``torch.distributed.launcher.api.elastic_launch`` with a c10d rendezvous on a free local
+port, runs :func:`fastlm.engine.launch.job.run_job` in each, and returns rank 0's result. The parent only waits.
+
+Failure handling is the elastic agent's: when any worker exits with an error or is killed, the agent stops
+the others (SIGTERM, then SIGKILL after ``SHUTDOWN_TIMEOUT_S``) and raises ``ChildFailedError`` naming the
+first failure; it is turned into one :class:`WorkerFailedError` line carrying that rank's own message (a
+user error raised in a worker keeps its text and exit status). No worker is restarted (``max_restarts=0``):
+a training run resumes from its checkpoint instead.
+
+The trained weights travel back through one safetensors file written by rank 0 next to the model folder,
+not through a pipe; the parent builds the model once more and loads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import safetensors.torch
+
+from fastlm.engine.distributed.parallel import rank_from_env
+from fastlm.engine.launch.job import JobResult, TrainJob, run_job
+from fastlm.engine.train.signals import TrainingInterrupted
+from fastlm.errors import FastlmError
+
+log = logging.getLogger(__name__)
+SHUTDOWN_TIMEOUT_S = 10
+_ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+_EXIT_CODES = {"TrainingInterrupted": TrainingInterrupted.exit_code}
+
+
+class WorkerFailedError(FastlmError):
+    """A training worker failed or was killed; the launcher stopped the others."""
+
+    exit_code = 1
+
+
+def launch_workers(job: TrainJob, nproc: int, *, build_model: Callable[[], object],
+                   callback_factory: Callable[[], Callable] | None = None, monitor_interval_s: float = 0.5) -> JobResult:
+    """Run ``job`` in ``nproc`` worker processes; return rank 0's result with the trained model.
+
+    ``build_model()`` makes the (untrained) model in this process, to load rank 0's weights into;
+    ``callback_factory`` (picklable) makes rank 0's loop callback inside the worker (e.g. MLflow metrics).
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    staging = Path(job.model_dir).parent
+    staging.mkdir(parents=True, exist_ok=True)
+    weights = staging / f".launch-{os.getpid()}-{secrets.token_hex(4)}.safetensors"
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="c10d",
+                          rdzv_endpoint="127.0.0.1:0", run_id=f"fastlm-{secrets.token_hex(6)}", max_restarts=0,
+                          monitor_interval=monitor_interval_s, start_method="spawn",
+                          shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    log.info("Launching %d training workers (elastic launcher, spawn, c10d rendezvous on 127.0.0.1)", nproc)
+    try:
+        with _quiet_elastic_logs(), _own_signal_handlers():
+            results = elastic_launch(config, _worker)(job, str(weights), callback_factory)
+        result: JobResult = results[0]
+        model = build_model()
+        safetensors.torch.load_model(model, str(weights))
+        result.model = model
+        return result
+    except ChildFailedError as error:
+        raise _worker_error(error, nproc) from None
+    except SignalException as error:
+        raise WorkerFailedError(f"training stopped by {error.sigval.name}: the {nproc} workers were stopped.",
+                                fix="run the same command again; train.resume: auto continues from the last "
+                                "checkpoint.") from None
+    finally:
+        weights.unlink(missing_ok=True)
+
+
+def _worker(job: TrainJob, weights: str, callback_factory) -> JobResult | None:
+    """A worker's entry point (runs in the spawned process)."""
+    rank = rank_from_env()
+    _configure_worker_logging(rank.rank)
+    callbacks = (callback_factory(),) if callback_factory is not None and rank.is_main else ()
+    result = run_job(job, rank, callbacks=callbacks)
+    if result is None:
+        return None
+    safetensors.torch.save_model(result.model, weights)
+    result.model = None
+    return result
+
+
+def _configure_worker_logging(rank: int) -> None:
+    """Rank 0 logs like the parent (INFO); the other ranks only warnings and errors, each line tagged."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    for name in ("httpx", "urllib3", "datasets", "transformers"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def _quiet_elastic_logs():
+    """The agent logs every failure with a stack of its own internals; we report the root cause in one line."""
+    loggers = [logging.getLogger(name) for name in _ELASTIC_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _own_signal_handlers():
+    """The agent installs SIGTERM/SIGINT/... handlers that raise its SignalException; put ours back afterwards."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
+            if hasattr(signal, name):
+                saved[getattr(signal, name)] = signal.getsignal(getattr(signal, name))
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def _worker_error(error, nproc: int) -> FastlmError:
+    """The first failure of a ChildFailedError as one line (the worker's own message when it raised)."""
+    rank, failure = error.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    message = " ".join(str(message or f"exit code {failure.exitcode}").split())
+    kind, _, text = message.partition(": ")
+    if failure.exitcode < 0 or kind.startswith("Signal"):
+        return WorkerFailedError(
+            f"training worker rank {rank} of {nproc} was killed ({message}); the other workers were stopped.",
+            fix="look for the cause (e.g. the out-of-memory killer in `dmesg`), then run the same command again: "
+            "train.resume: auto continues from the last checkpoint.")
+    user_error = re.fullmatch(r"\w*(Error|Interrupted)", kind) and kind in _user_error_names()
+    failed = WorkerFailedError(f"training worker rank {rank} of {nproc} failed: {text if user_error else message}")
+    if user_error:
+        failed.exit_code = _EXIT_CODES.get(kind, FastlmError.exit_code)
+    return failed
+
+
+def _user_error_names() -> set[str]:
+    """Names of every FastlmError subclass (a worker's user error is reported as such)."""
+    names, todo = set(), [FastlmError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names

@@ -1,0 +1,409 @@
+"""LoRA adapters through peft: which modules get adapters, frozen base weights, QLoRA, saving and merging.
+
+``train.model.lora`` (``LoraParams``) turns it on for a pretrained ``train.model.name_or_path``. The base
+model is frozen (bf16 on GPUs that have it: half the memory of fp32, and LoRA needs no fp32 master copy of
+frozen weights); the adapters are fp32 (peft's ``autocast_adapter_dtype``) and are all the optimizer sees
+(``optim`` skips frozen parameters). The packed path is unchanged: adapters wrap Linear layers, attention and
+its block-diagonal mask are the base model's.
+
+Gradient checkpointing with frozen embeddings: the embedding output does not require grad, so a *reentrant*
+checkpoint would see no input needing a gradient and drop the adapters' gradients. fastlm checkpoints
+non-reentrantly (``use_reentrant=False``), which does not need it, and also calls
+``enable_input_require_grads`` so that any reentrant path (e.g. ``prepare_model_for_kbit_training`` on
+older peft) still works.
+
+QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 compute
+(``BitsAndBytesConfig``), then ``prepare_model_for_kbit_training``; it needs CUDA and the bitsandbytes
+package and is refused with one line without them.
+
+Saving: ``PeftModel.save_pretrained`` writes ``adapter_config.json`` + ``adapter_model.safetensors``; the
+config names the base folder (an absolute path, so the adapter loads from anywhere), and ``base_digest.json``
+(``BASE_DIGEST``, taken when the model is built) records the base weights it trains on: loading or merging
+the adapter onto a base folder whose weights changed since is refused in one line (``check_base``; an
+adapter saved without one loads with one warning). A LoRA checkpoint holds only the adapters, so the resume
+digest records the base weights too (``resume.run_digest``). ``merge_adapter`` folds the adapters into the
+base weights and returns a plain transformers model (``save_pretrained`` it for a full model folder:
+``python -m fastlm merge-adapter``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+import json
+import logging
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+from fastlm.engine.config import LoraParams, ModelParams
+from fastlm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PARAM = "train.model.lora"
+ADAPTER_CONFIG = "adapter_config.json"
+_ATTENTION_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DEFAULT_TARGETS: dict[str, list[str]] = {
+    **{name: _ATTENTION_MLP for name in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
+                                         "gemma3_text", "phi3", "olmo2", "exaone", "solar")},
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+    # encoder-decoder families: self- and cross-attention and the feed-forward, in encoder and decoder alike
+    **{name: ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"] for name in ("bart", "mbart")},
+    **{name: ["q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo"] for name in ("t5", "mt5", "umt5")},
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def check_supported(params: ModelParams) -> None:
+    """Refuse, with one line, LoRA without a pretrained base and 4-bit weights without CUDA/bitsandbytes."""
+    if params.name_or_path is None:
+        raise ConfigError(
+            f"{PARAM}.enabled is true but train.model.name_or_path is null: LoRA adapts a pretrained model.",
+            fix="set train.model.name_or_path to a local save_pretrained folder, or set train.model.lora.enabled: false.",
+        )
+    if params.lora.load_in_4bit:
+        missing = [what for what, ok in (("a CUDA GPU", torch.cuda.is_available()),
+                                         ("the bitsandbytes package", importlib.util.find_spec("bitsandbytes")
+                                          is not None)) if not ok]
+        if missing:
+            raise ConfigError(
+                f"{PARAM}.load_in_4bit is true but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                "missing (4-bit QLoRA weights run on CUDA through bitsandbytes).",
+                fix=f"set {PARAM}.load_in_4bit: false (LoRA on bf16/fp32 weights), or run on a GPU machine with "
+                "`pip install bitsandbytes`.",
+            )
+
+
+def base_dtype(lora: LoraParams) -> torch.dtype:
+    """The frozen base weights' dtype: ``auto`` = bf16 on a GPU that has it, else fp32."""
+    if lora.base_dtype != "auto":
+        return DTYPES[lora.base_dtype]
+    return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+
+
+def load_kwargs(lora: LoraParams) -> dict:
+    """Extra ``from_pretrained`` arguments for the base model (dtype; 4-bit quantization for QLoRA)."""
+    if not lora.load_in_4bit:
+        return {"dtype": base_dtype(lora)}
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=torch.bfloat16)
+    return {"dtype": torch.bfloat16, "quantization_config": quantization,
+            "device_map": {"": torch.cuda.current_device()}}
+
+
+def target_modules(model, requested) -> list[str] | str:
+    """``auto``: the architecture's attention and MLP projections (``DEFAULT_TARGETS``), else every Linear
+    layer except the output head (peft's ``all-linear``)."""
+    if requested != "auto":
+        return requested
+    return DEFAULT_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
+
+
+def _matches_target(name: str, module_name: str) -> bool:
+    """peft's rule for a listed target: the module is called ``name`` or its name ends in ``.<name>``."""
+    return module_name == name or module_name.endswith(f".{name}")
+
+
+def _matches_saved(name: str, module_name: str) -> bool:
+    """peft's rule for ``modules_to_save``: the module's name ends in ``name``."""
+    return module_name.endswith(name)
+
+
+def check_named_modules(model, lora: LoraParams) -> None:
+    """Every module a LoRA setting names exists in ``model`` (matched as peft matches it), else one line with
+    the missing names and names the model has. peft adapts the names it finds and drops the others silently.
+
+    ``target_modules: auto`` is not checked name by name: it lists an architecture family's names, some of
+    which a given member lacks (T5's ``wi`` or ``wi_0``/``wi_1``); peft refuses it when none is found.
+    """
+    named = [name for name, _ in model.named_modules() if name]
+    requested = [("target_modules", lora.target_modules, _matches_target, _adaptable_names(model))]
+    if lora.modules_to_save:
+        requested.append(("modules_to_save", lora.modules_to_save, _matches_saved, _weighted_names(model)))
+    for param, names, matches, candidates in requested:
+        if not isinstance(names, list):  # auto / all-linear
+            continue
+        missing = [name for name in names if not any(matches(name, module) for module in named)]
+        if missing:
+            close = [found for name in missing for found in difflib.get_close_matches(name, candidates, n=2)]
+            shown = list(dict.fromkeys(close + candidates))
+            listed = ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
+            raise ConfigError(
+                f"{PARAM}.{param} names {', '.join(missing)}, which no module of the model "
+                f"({type(model).__name__}) is called or ends with: peft would leave "
+                f"{'it' if len(missing) == 1 else 'them'} out.",
+                fix=f"name modules the model has (e.g. {listed}) in {PARAM}.{param}"
+                + (", or set it to auto." if param == "target_modules" else ", or remove the missing names."),
+            )
+
+
+def _adaptable_names(model) -> list[str]:
+    """The last name component of the layers LoRA can adapt (a weight matrix: Linear, Conv1D, Embedding)."""
+    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                              if name and getattr(getattr(module, "weight", None), "ndim", 0) >= 2))
+
+
+def _weighted_names(model) -> list[str]:
+    """The last name component of every module with weights of its own (what ``modules_to_save`` names), the
+    embedding and output head first (what it usually names)."""
+    from fastlm.engine.model import pretrained
+
+    return list(dict.fromkeys([*sorted(pretrained.embedding_module_names(model)), *(
+        name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+        if name and any(True for _ in module.parameters(recurse=False)))]))
+
+
+def adapted_modules(peft_model) -> list[str]:
+    """The names of the modules that carry a LoRA adapter (peft's tuner layers), in model order."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [name for name, module in peft_model.get_base_model().named_modules()
+            if isinstance(module, BaseTunerLayer)]
+
+
+def _described(names: list[str]) -> str:
+    """``q_proj, v_proj (4 modules)``: the distinct last name components and how many modules."""
+    short = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names))
+    return f"{', '.join(short)} ({len(names)} module{'' if len(names) == 1 else 's'})"
+
+
+def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: bool):
+    """Wrap ``model`` in a peft LoRA model: base frozen, adapters trainable (fp32)."""
+    from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
+
+    if lora.load_in_4bit:
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    if gradient_checkpointing:
+        model.enable_input_require_grads()
+    check_named_modules(model, lora)
+    targets = target_modules(model, lora.target_modules)
+    task = TaskType.SEQ_2_SEQ_LM if getattr(model.config, "is_encoder_decoder", False) else TaskType.CAUSAL_LM
+    config = LoraConfig(task_type=task, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=targets, bias=lora.bias, modules_to_save=lora.modules_to_save)
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as error:  # e.g. target modules not found in the model
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(f"{PARAM}.target_modules = {lora.target_modules!r} does not fit the model: {first}",
+                          fix=f"set {PARAM}.target_modules to auto or to Linear module names of the model.") from error
+    counts = parameter_counts(peft_model)
+    saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
+    log.info("LoRA r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)", lora.r, lora.alpha,
+             _described(adapted_modules(peft_model)), saved, f"{counts['trainable_parameters']:,}",
+             f"{counts['total_parameters']:,}", 100 * counts["trainable_share"])
+    return peft_model
+
+
+def parameter_counts(model) -> dict:
+    """Trainable and total parameters (each shared tensor once; 4-bit packed weights counted unpacked)."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+    else:
+        total = sum(p.numel() for p in model.parameters())
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"trainable_parameters": int(trainable), "total_parameters": int(total),
+            "trainable_share": round(trainable / total, 6) if total else 0.0}
+
+
+def base_weights_digest(folder: str | Path) -> dict[str, str]:
+    """``{tensor name: digest}`` of the weights of a model folder (``{file name: digest}`` for a
+    ``pytorch_model*.bin``, which has no tensor index to read).
+
+    A tensor's digest (SHA-256, 16 hex digits) covers its dtype, shape and bytes: whole up to 64 KiB (norms,
+    biases, small layers), else 4 blocks of 4 KiB spread from its first byte to its last. A ``.bin`` file's
+    covers its size and 256 such blocks. A multi-GB base costs a few MB of reads (7B: ~300 tensors, ~5 MB,
+    milliseconds from a warm cache); a retrained, fine-tuned or other model changes every sampled block, and
+    a change confined to the unsampled middle of a large tensor alone would go unseen. Neither paths, shard
+    layout nor file metadata count: the same weights moved, re-sharded or re-saved match.
+    """
+    from fastlm.engine.model import pretrained
+
+    digests: dict[str, str] = {}
+    for pattern in pretrained.WEIGHT_PATTERNS:
+        for path in sorted(Path(folder).glob(pattern)):
+            if not path.is_file() or path.name.endswith(".index.json"):
+                continue
+            with path.open("rb") as handle:
+                tensors = _safetensors_index(handle) if path.suffix == ".safetensors" else None
+                if tensors is None:  # a .bin file, or a header that does not parse: the file as a whole
+                    size = path.stat().st_size
+                    digests[path.name] = _sampled_digest(handle, f"{size}", 0, size, _FILE_BLOCKS)
+                    continue
+                for name, (dtype, shape, start, end) in tensors.items():
+                    digests[name] = _sampled_digest(handle, f"{dtype}{shape}", start, end, _TENSOR_BLOCKS)
+    return dict(sorted(digests.items()))
+
+
+_WHOLE = 64 * 1024  # bytes: read whole up to this size
+_BLOCK = 4096
+_TENSOR_BLOCKS, _FILE_BLOCKS = 4, 256
+
+
+def _safetensors_index(handle) -> dict[str, tuple[str, list, int, int]] | None:
+    """``{tensor: (dtype, shape, first byte, end byte)}`` from a safetensors header; None when it does not
+    parse (loading the file then names the damage)."""
+    head = handle.read(8)
+    if len(head) < 8:
+        return None
+    length = int.from_bytes(head, "little")
+    try:
+        header = json.loads(handle.read(length))
+        begin = 8 + length
+        return {name: (entry["dtype"], list(entry["shape"]), begin + int(entry["data_offsets"][0]),
+                       begin + int(entry["data_offsets"][1]))
+                for name, entry in header.items() if name != "__metadata__"}
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, MemoryError, OverflowError):
+        return None
+
+
+def _sampled_digest(handle, described: str, start: int, end: int, blocks: int) -> str:
+    """SHA-256 (16 hex digits) of ``described`` and the bytes ``start:end`` of ``handle``: whole up to
+    ``_WHOLE`` bytes, else ``blocks`` blocks of ``_BLOCK`` bytes spread from the first byte to the last."""
+    digest = hashlib.sha256(f"{described}|{end - start}|".encode())
+    if end - start <= _WHOLE:
+        reads = [(start, max(end - start, 0))]
+    else:
+        step = (end - start - _BLOCK) / (blocks - 1)
+        reads = [(start + round(index * step), _BLOCK) for index in range(blocks)]
+    for offset, length in reads:
+        handle.seek(offset)
+        digest.update(handle.read(length))
+    return digest.hexdigest()[:16]
+
+
+BASE_DIGEST = "base_digest.json"  # beside adapter_config.json: the base weights the adapter was trained on
+_BASE_RECORD = "_fastlm_base_weights"  # the record, kept on the LoRA model from build to save
+_warned_unchecked: set[str] = set()
+
+
+def remember_base(peft_model, base: str | Path) -> None:
+    """Digest the base folder the adapters are trained on (at build time: what the training reads)."""
+    record = {"base_model": str(base), "weights": base_weights_digest(base),
+              "method": "per tensor: sha256 of dtype, shape and its bytes, whole up to 64 KiB, else 4 spread "
+                        "4 KiB blocks (fastlm.engine.model.lora.base_weights_digest)"}
+    object.__setattr__(peft_model, _BASE_RECORD, record)
+
+
+def write_base_digest(peft_model, folder: str | Path) -> None:
+    """Write ``BASE_DIGEST`` into a saved adapter folder: the record taken at build time, else (a model built
+    elsewhere) the base folder's digest now. A base that is no local folder (a hub id) gets none."""
+    record = peft_model.__dict__.get(_BASE_RECORD)
+    if record is None:
+        config = peft_model.peft_config[getattr(peft_model, "active_adapter", "default")]
+        base = getattr(config, "base_model_name_or_path", None)
+        if not base or not Path(base).is_dir():
+            return
+        remember_base(peft_model, base)
+        record = peft_model.__dict__[_BASE_RECORD]
+    (Path(folder) / BASE_DIGEST).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def check_base(folder: str | Path, base: str | Path) -> None:
+    """Refuse, in one line, a base folder whose weights are not the ones the adapter of ``folder`` was trained
+    on; an adapter saved without ``BASE_DIGEST`` (an earlier fastlm) loads with one warning."""
+    path = Path(folder) / BASE_DIGEST
+    if not path.is_file():
+        if str(Path(folder).resolve()) not in _warned_unchecked:
+            _warned_unchecked.add(str(Path(folder).resolve()))
+            log.warning("The LoRA adapter in %s has no %s (saved by an earlier fastlm): it is merged onto %s "
+                        "without checking that those are the base weights it was trained on.", folder,
+                        BASE_DIGEST, base)
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["weights"]
+        if not isinstance(saved, dict):
+            raise TypeError("weights is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path} is unreadable ({error}): the base weights of the LoRA adapter in {folder} "
+                          "cannot be checked.",
+                          fix="restore the adapter folder from a backup, or train the adapter again.",
+                          ) from error
+    now = base_weights_digest(base)
+    changed = sorted(name for name in saved.keys() | now.keys() if saved.get(name) != now.get(name))
+    if changed:
+        how = {name: "appeared" if name not in saved else "is gone" if name not in now else "changed"
+               for name in changed}
+        what = ", ".join(f"{name} {how[name]}" for name in changed[:3]) + (", ..." * (len(changed) > 3))
+        raise ConfigError(
+            f"the base model folder {base} of the LoRA adapter in {folder} no longer holds the weights the "
+            f"adapter was trained on ({len(changed)} of {len(saved)} weights differ from {BASE_DIGEST}: "
+            f"{what}): merged, it would be a model that was never trained.",
+            fix=f"put the original base model back in {base} (or pass its folder: python -m fastlm "
+            "merge-adapter --base <dir>), or train the adapter again on this base "
+            "(kedro run --pipeline=train).",
+        )
+
+
+def is_adapter_folder(folder: str | Path) -> bool:
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(folder: str | Path) -> str:
+    """The base model folder an adapter was trained on (``base_model_name_or_path`` of its config)."""
+    return json.loads((Path(folder) / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
+
+
+def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bool = True, **load_args):
+    """The base model (``base`` or the adapter config's) with the adapter of ``folder``, in fp32, offline.
+
+    ``merge=True`` folds the adapters into the weights and returns a plain transformers model (what
+    generation and evaluation want: no adapter overhead); else the peft model.
+    """
+    from fastlm.engine.model import pretrained
+
+    base = base or adapter_base(folder)
+    if not Path(base).is_dir():
+        raise ConfigError(
+            f"the base model folder {base} of the LoRA adapter in {folder} does not exist.",
+            fix="put the base model back there, or pass its new folder (python -m fastlm merge-adapter --base <dir>).",
+        )
+    check_base(folder, base)
+    args = {"local_files_only": True, "dtype": torch.float32, **load_args}
+    checkpoint = pretrained.inspect_checkpoint(
+        base, str(Path(base).resolve()), label=f"the base model {base} of the LoRA adapter in {folder}",
+        trust_remote_code=args.get("trust_remote_code", False), local_files_only=True)
+    base_model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **args)
+    size = len(pretrained.folder_vocabulary(folder) or ())
+    if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
+        log.info("Growing the embedding of %s to the %d tokens of the adapter's tokenizer", base, size)
+        base_model.resize_token_embeddings(size)
+    model = _load_adapter_whole(base_model, folder)
+    return model.merge_and_unload() if merge else model
+
+
+def _load_adapter_whole(base_model, folder: str | Path):
+    """``PeftModel.from_pretrained``, refusing a cut-off adapter file or adapter weights missing from it (peft
+    only warns and leaves those adapters at their initial values)."""
+    from peft import PeftModel
+
+    from fastlm.engine.model import pretrained
+
+    fix = "train the adapter again (its folder is incomplete), or restore the folder from a backup."
+    pretrained.check_safetensors(folder, str(folder), fix=fix)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(base_model, str(folder))
+    for warning in caught:
+        text = str(warning.message)
+        if "missing adapter keys" in text:
+            keys = re.findall(r"'([^']+)'", text)
+            raise ConfigError(f"the LoRA adapter in {folder} does not load whole: {len(keys)} adapter weights are "
+                              f"missing from it ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}).", fix=fix)
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return model
+
+
+def merge_adapter(folder: str | Path, *, base: str | None = None):
+    """A full model: the adapter of ``folder`` merged into its base (then ``save_pretrained`` it)."""
+    model = load_adapter_model(folder, base=base, merge=True)
+    model.config.use_cache = True  # a model for inference again
+    return model

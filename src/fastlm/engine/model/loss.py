@@ -1,0 +1,308 @@
+"""Causal language-model loss, normalised over all the target tokens of one optimizer step.
+
+With gradient accumulation, one optimizer step sees k micro-batches. Taking the mean loss of each
+micro-batch and averaging the k means weights every micro-batch equally, so a token in a micro-batch with
+few targets counts more than a token in one with many: the gradient is not the gradient of the big batch
+(the gradient-accumulation bug found in Hugging Face trainers in 2024). The fix is to sum the per-token
+losses of each micro-batch and divide by the number of target tokens of the WHOLE step:
+
+    total = total_target_tokens(micro_batches)          # known on the host from the collator, no sync
+    for batch in micro_batches:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
+        (loss_sum / total).backward()                   # the grads add up to the big-batch gradient
+
+``accumulate_gradients`` is that loop, with autocast and an optional fp16 GradScaler. Under data
+parallelism, ``total`` must also be summed over ranks and the result multiplied by the world size (DDP
+averages gradients over ranks): ``accumulate_gradients(..., total_targets=global, world_size=W)``.
+
+A target token is a label that some position predicts: position t predicts label t+1, so the first label
+of each row is never a target, and labels equal to ``IGNORE_INDEX`` (prompt, padding) are skipped.
+``count_target_tokens`` is the one definition; a collator's ``num_target_tokens`` must agree with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from fastlm.engine.data.schema import (
+    IGNORE_INDEX,
+    TARGET_POSITIONS,
+    count_target_tokens,
+    model_inputs,
+    shift_labels,
+)
+from fastlm.engine.model.encoder_decoder import HEAD_POSITIONS, takes_head_positions, unwrapped
+from fastlm.engine.model.linear_loss import head_returns_hidden, linear_cross_entropy_sum
+
+
+def forward_logits(model: torch.nn.Module, batch: Mapping) -> torch.Tensor:
+    """The model's logits for ``batch``, shaped like its labels (varlen paths run rows flattened to one)."""
+    logits = model(**model_inputs(batch)).logits
+    return logits.view(*batch["labels"].shape, logits.shape[-1])
+
+
+def positions_to_keep(labels: torch.Tensor, device: torch.device, *, flattened: bool,
+                      ignore_index: int = IGNORE_INDEX) -> torch.Tensor | None:
+    """The positions that predict a target, from the collator's host-side ``labels``, as transformers'
+    ``logits_to_keep`` takes them, so that a training step computes no logit for a prompt token, a sample's last
+    token or padding (on SFT data most of the ``[tokens x vocab]`` LM-head work).
+
+    ``flattened`` (varlen paths: the rows go to the model as one ``[1, rows*T]`` row): ``[1, K]`` positions in that
+    row, made on the host (no device sync anywhere). Otherwise, on a CPU device: the ``[rows, T]`` bool mask. None
+    (every logit computed) on an accelerator with several rows (selecting by a mask there would sync the host), when
+    every position has a target or none has, or when this transformers cannot slice by positions.
+    """
+    if labels.device.type != "cpu" or not (flattened or device.type == "cpu") or not slicing_by_mask_supported():
+        return None
+    keep = shift_labels(labels, ignore_index) != ignore_index
+    kept = int(keep.sum())
+    if kept in (0, keep.numel()):
+        return None
+    if not flattened:
+        return keep
+    return keep.reshape(-1).nonzero().reshape(1, -1).to(device, non_blocking=True)
+
+
+@functools.cache
+def slicing_by_mask_supported() -> bool:
+    """This transformers' ``slice_logits_to_keep`` takes a 2D bool mask (recent 5.x; older ones read it as
+    positions)."""
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:
+        return False
+    try:
+        sliced = slice_logits_to_keep(torch.zeros(1, 3, 1), torch.tensor([[True, False, True]]))
+    except (TypeError, IndexError, RuntimeError):
+        return False
+    return tuple(sliced.shape) == (2, 1)
+
+
+def takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the transformers model under ``model``'s wrappers (DDP, compile, PEFT) slices its hidden states
+    with ``logits_to_keep`` positions (``slice_logits_to_keep``; a few older model files slice differently)."""
+    return _class_takes_logits_to_keep(type(unwrapped(model)))
+
+
+@functools.cache
+def _class_takes_logits_to_keep(cls: type) -> bool:
+    for klass in cls.__mro__:  # the class that defines forward (FSDP2 subclasses the model's class)
+        if "forward" in vars(klass):
+            module = sys.modules.get(klass.__module__)
+            parameters = inspect.signature(klass.forward).parameters
+            return "logits_to_keep" in parameters and hasattr(module, "slice_logits_to_keep")
+    return False
+
+
+def training_logits(model: torch.nn.Module, batch: Mapping,
+                    ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, vocab]`` logits and the ``[N]`` targets they predict: only the positions with a target where the
+    batch says which (``TARGET_POSITIONS``) and the model can slice them (``logits_to_keep``; an encoder-decoder
+    model through its head hook, ``seq2seq_hooks.enable_target_head``), else every position (ignored ones carry
+    ``ignore_index``)."""
+    targets = shift_labels(batch["labels"], ignore_index)
+    keep = batch.get(TARGET_POSITIONS)
+    if keep is not None and takes_logits_to_keep(model):
+        logits = model(**model_inputs(batch), logits_to_keep=keep).logits
+    elif keep is not None and keep.dtype != torch.bool and takes_head_positions(model):
+        logits = model(**model_inputs(batch), **{HEAD_POSITIONS: keep}).logits
+    else:
+        logits = forward_logits(model, batch)
+        return logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    logits = logits.reshape(-1, logits.size(-1))
+    kept = targets[keep] if keep.dtype == torch.bool else targets.reshape(-1)[keep.reshape(-1)]
+    if logits.size(0) != kept.size(0):
+        raise RuntimeError(f"{type(model).__name__} returned {logits.size(0)} logits for {kept.size(0)} kept "
+                           "positions: it does not slice logits_to_keep as transformers' slice_logits_to_keep does")
+    return logits, kept
+
+
+# Logit elements (tokens x vocab) per cross-entropy chunk: 2**21 fp32 values = 8 MiB, small enough to stay in
+# the CPU's caches between the passes over one chunk; a GPU does not mind the loop (a handful of chunks).
+CE_CHUNK_ELEMENTS = 2**21
+
+
+def causal_lm_loss_sum(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, *, reuse_logits: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy (computed in fp32) and the number of target tokens it sums over.
+
+    ``logits``: (batch, seq, vocab), any float dtype; ``labels``: (batch, seq) with ``ignore_index`` where
+    no loss is wanted. ``loss_sum / n_targets`` is the usual mean loss (what a Hugging Face model returns
+    as ``outputs.loss`` when given ``labels``).
+
+    On CPU it is computed chunk by chunk of tokens (``ChunkedCrossEntropySum``): no full-size fp32 copy,
+    log-softmax, zero-filled gradient or log-softmax gradient of the ``[tokens x vocab]`` logits is made; the
+    gradient ``softmax - one_hot`` is written once, during the forward, while each chunk is in cache (the loss
+    with its backward took 0.68x the time of ``F.cross_entropy`` on 10,240 x 7,680 logits, 2 quiet cores). With
+    ``reuse_logits=True`` it is written over ``logits`` themselves (no second ``[tokens x vocab]`` buffer):
+    only for a caller that never reads the logits again (``accumulate_gradients``); a model whose last op
+    saved its output for its own backward then fails loudly (autograd's in-place check), never silently.
+    On CUDA ``F.cross_entropy`` stays: one fused kernel there, and the chunk loop measured 5.8x slower.
+    """
+    targets = shift_labels(labels, ignore_index)
+    loss_sum = cross_entropy_sum(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index,
+                                 reuse_logits=reuse_logits)
+    return loss_sum, (targets != ignore_index).sum()
+
+
+def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX, *,
+                      reuse_logits: bool = False, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed fp32 cross-entropy of ``[N, vocab]`` logits against their ``[N]`` targets (already shifted), the
+    core of ``causal_lm_loss_sum`` (see there: chunked on CPU, fused ``F.cross_entropy`` elsewhere).
+
+    ``label_smoothing`` (``train.loss.label_smoothing``): ``F.cross_entropy``'s definition, each target's
+    distribution ``(1 - s) * one_hot + s / vocab``; training only (evaluation reports the plain loss)."""
+    if logits.device.type != "cpu":  # one fused kernel; chunks only add launches (measured 5.8x slower, H200)
+        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum",
+                               label_smoothing=label_smoothing)
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return ChunkedCrossEntropySum.apply(logits, targets, ignore_index, reuse_logits, label_smoothing)
+    return chunked_cross_entropy_sum(logits, targets, ignore_index, label_smoothing=label_smoothing)
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(1, CE_CHUNK_ELEMENTS // max(vocab, 1))
+
+
+def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
+                              grad_out: torch.Tensor | None = None, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed fp32 cross-entropy of ``logits`` (tokens, vocab) against ``targets`` (tokens,), chunk by chunk.
+
+    ``grad_out`` (same shape as ``logits``, may be ``logits`` itself): receives d(loss_sum)/d(logits), i.e.
+    ``softmax - one_hot`` on target rows and 0 on ignored rows, in its own dtype. With ``label_smoothing`` s
+    the target distribution is ``(1 - s) * one_hot + s / vocab``: the loss adds ``s`` times the mean negative
+    log-probability over the vocabulary to ``1 - s`` times the target's, and the gradient subtracts that
+    distribution from the softmax.
+    """
+    smooth, vocab = float(label_smoothing), logits.size(-1)
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    step = _chunk_rows(logits.size(-1))
+    buffer = None  # one chunk of fp32 log-probabilities, reused: it stays in cache
+    for start in range(0, logits.size(0), step):
+        chunk = logits[start : start + step]
+        target = targets[start : start + step]
+        if buffer is None or buffer.size(0) != chunk.size(0):
+            buffer = torch.empty(chunk.shape, dtype=torch.float32, device=logits.device)
+        if chunk.dtype == torch.float32:
+            log_probs = torch.log_softmax(chunk, dim=-1, out=buffer)
+        else:  # bf16/fp16 logits: the log-probabilities in fp32
+            log_probs = buffer.copy_(torch.log_softmax(chunk, dim=-1, dtype=torch.float32))
+        valid = target != ignore_index
+        index = torch.where(valid, target, 0).unsqueeze(1)
+        picked = log_probs.gather(1, index).squeeze(1)
+        if smooth:
+            picked = (1 - smooth) * picked + (smooth / vocab) * log_probs.sum(-1)
+        total -= torch.where(valid, picked, 0.0).sum()
+        if grad_out is not None:
+            part = grad_out[start : start + step]
+            log_probs.masked_fill_(~valid.unsqueeze(1), -math.inf)  # no target: zero gradient (in cache, no sync)
+            torch.exp(log_probs, out=part)  # softmax (the chunk of logits may be overwritten now)
+            if smooth:  # minus the uniform share on every entry of the rows with a target
+                part.sub_(valid.to(part.dtype).unsqueeze(1) * (smooth / vocab))
+            part.scatter_add_(1, index, -(1 - smooth) * valid.to(part.dtype).unsqueeze(1))  # minus the one-hot
+    return total
+
+
+class ChunkedCrossEntropySum(torch.autograd.Function):
+    """``chunked_cross_entropy_sum`` with its gradient, computed in the forward pass (one read of the logits).
+
+    The backward only scales the stored gradient by the incoming scalar gradient. ``reuse_logits``: the
+    gradient overwrites the logits' memory (the caller must not read the logits afterwards).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index, reuse_logits, label_smoothing=0.0):
+        grad = logits if reuse_logits and logits.is_contiguous() else torch.empty_like(logits)
+        with torch.no_grad():
+            loss_sum = chunked_cross_entropy_sum(logits, targets, ignore_index, grad_out=grad,
+                                                 label_smoothing=label_smoothing)
+        ctx.save_for_backward(grad)
+        ctx.used = False
+        return loss_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.used:  # the stored gradient was scaled in place by the first backward
+            raise RuntimeError("ChunkedCrossEntropySum supports one backward pass (no retain_graph reuse)")
+        ctx.used = True
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_loss.to(grad.dtype)), None, None, None, None
+
+
+def total_target_tokens(micro_batches: Iterable[Mapping]) -> int:
+    """Target tokens of all the micro-batches of one optimizer step.
+
+    Uses each batch's ``num_target_tokens`` (counted by the collator on the host, before the transfer, so
+    reading it costs no device sync); counts from the labels when a batch does not carry it.
+    """
+    total = 0
+    for batch in micro_batches:
+        count = batch.get("num_target_tokens")
+        if count is None:
+            count = count_target_tokens(batch["labels"])
+        total += int(count)
+    return total
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Mapping[str, torch.Tensor]],
+    *,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    grad_scaler: torch.amp.GradScaler | None = None,
+    total_targets: int | None = None,
+    world_size: int = 1,
+    gradient_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
+    label_smoothing: float = 0.0,
+    fused_head: torch.nn.Linear | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
+
+    The gradients left in ``model`` equal those of one batch holding every sample. Returns the step's
+    summed loss (detached, still on the device: no sync) and its number of target tokens, for metrics.
+    The caller unscales/clips, steps the optimizer and zeroes the gradients.
+
+    Data parallel: ``total_targets`` is the step's target count summed over ALL ranks, ``world_size`` undoes
+    DDP's gradient averaging, and ``gradient_sync(last)`` is entered around each micro-batch so that
+    gradients are reduced across ranks only on the last one (see ``distributed.gradient_sync``).
+    ``label_smoothing``: the smoothed loss is what is optimised and returned (see ``cross_entropy_sum``).
+    ``fused_head`` (``linear_loss.fused_head_choice``): that head's matmul and the loss run fused, chunk by
+    chunk of tokens (``linear_loss``): no ``[tokens x vocab]`` logits.
+    """
+    total = total_target_tokens(micro_batches) if total_targets is None else int(total_targets)
+    step_loss_sum = None
+    last_index = len(micro_batches) - 1
+    for index, batch in enumerate(micro_batches):
+        sync = gradient_sync(index == last_index) if gradient_sync is not None else contextlib.nullcontext()
+        with sync:
+            with torch.profiler.record_function("fastlm.forward"), autocast():
+                loss_sum = _micro_batch_loss_sum(model, batch, label_smoothing, fused_head)
+            loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
+            with torch.profiler.record_function("fastlm.backward"):
+                (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
+        loss_sum = loss_sum.detach()
+        step_loss_sum = loss_sum if step_loss_sum is None else step_loss_sum + loss_sum
+    if step_loss_sum is None:
+        raise ValueError("accumulate_gradients needs at least one micro-batch")
+    return step_loss_sum, total
+
+
+def _micro_batch_loss_sum(model, batch: Mapping, label_smoothing: float,
+                          fused_head: torch.nn.Linear | None) -> torch.Tensor:
+    if fused_head is None:
+        logits, targets = training_logits(model, batch)
+        return cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
+    with head_returns_hidden(fused_head):
+        hidden, targets = training_logits(model, batch)
+    return linear_cross_entropy_sum(hidden, fused_head.weight, targets, fused_head.bias,
+                                    label_smoothing=label_smoothing)

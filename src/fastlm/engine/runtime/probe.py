@@ -1,0 +1,220 @@
+"""``runtime.precision: auto`` on a CPU: bf16 autocast only where the run's first micro-batch measures it faster.
+
+On CUDA ``runtime.resolve_precision`` settles ``auto`` at once (bf16 on GPUs with native bf16, fp16 otherwise).
+On a CPU bf16 autocast pays only with native bf16 instructions (AVX512-BF16 or AMX) *and* products large enough
+for its kernels: 1.45x on the demo run's model, 1.7x on the 5.2 M-parameter causal benchmark, no gain (slower once
+compiled) on a d_model-128 BART (docs/benchmarks.md). That is a property of the model, the batch and the CPU
+together, so it is measured, not guessed: before the first step, the first micro-batch goes forward and backward
+on the plain (uncompiled, unwrapped) model in fp32 and in bf16, one warm-up each, then ``ROUNDS`` alternated
+timed passes; bf16 is kept when its best time is at least ``MIN_SPEEDUP`` times faster than fp32's.
+
+The measurement leaves no trace: gradients are dropped and the random-number state is restored, so the run equals
+one with the chosen precision written in the parameters. A micro-batch under ``MIN_STEP_SECONDS`` in fp32 keeps
+fp32 untried (too small to pay, too short to time). A resumed run keeps what its checkpoint recorded; runs of
+several processes keep fp32 (every rank must compute alike; set bf16 to choose it for all). The choice and the
+timings go into ``Runtime.precision_choice`` (an MLflow parameter) and the log.
+
+``runtime.compile: auto`` on a CPU is settled the same way, after the precision: compiling costs tens of seconds
+per batch shape on CPU (about 25 s for the 5.2 M-parameter benchmark model on 2 cores), so it is tried only when
+the run's remaining micro-batches take at least ``COMPILE_MIN_RUN_SECONDS`` eager (by the first micro-batch's
+measured time). Then the first micro-batch runs compiled (the compile, then a warm-up) and ``ROUNDS`` alternated
+eager / compiled timed passes follow; the compiled model is kept, and trained with (its compile is not paid
+twice), when its best time is at least ``COMPILE_MIN_SPEEDUP`` times faster. Measured: 1.19x (tiny demo model)
+and 1.21-1.27x (5.2 M) real tokens per second on packed bf16 steps (docs/benchmarks.md). A resumed run keeps
+its checkpoint's choice; runs of several processes stay eager unless compile is set.
+
+Measured and left out: pinning SDPA's math kernel on CPU. Its attention alone beats the default flash kernel on
+short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 1.01x on the 5.2 M shape and lost
+(0.80x) on the demo model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from time import perf_counter
+
+import torch
+
+from fastlm.engine.model.loss import accumulate_gradients
+from fastlm.engine.runtime.environment import Runtime
+
+log = logging.getLogger(__name__)
+
+MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this much (a margin above run-to-run noise) to be chosen
+MIN_STEP_SECONDS = 0.2  # micro-batches faster than this keep their settings untried
+ROUNDS = 2  # timed passes per candidate after its warm-up; the best counts
+COMPILE_MIN_RUN_SECONDS = 300.0  # compile auto on CPU: only for runs at least this long eager (compiling takes ~25 s)
+COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
+
+__all__ = ["COMPILE_MIN_RUN_SECONDS", "COMPILE_MIN_SPEEDUP", "MIN_SPEEDUP", "MIN_STEP_SECONDS", "ProbeResult",
+           "compile_module", "cpu_has_native_bf16", "forward_backward_seconds", "probe_runtime"]
+
+Measure = Callable[[torch.nn.Module, Mapping, Runtime], float]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    precision: str  # "bf16" | "fp16" | "fp32"
+    reason: str  # one line, for the log and the run's parameters
+    seconds: dict[str, float]  # best forward+backward time of the first micro-batch per measured precision
+    compile: bool = False
+    compile_reason: str = ""
+    compiled: torch.nn.Module | None = field(default=None, compare=False)  # the model compiled and measured
+
+    def record(self) -> dict:
+        """What a checkpoint keeps, for a resumed run to train the same way."""
+        return {"precision": self.precision, "compile": self.compile}
+
+
+def compile_module(model: torch.nn.Module) -> torch.nn.Module:
+    return torch.compile(model)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX tiles); emulated bf16 is slower than fp32."""
+    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(bool(check()) for check in checks if check is not None)
+
+
+def forward_backward_seconds(model: torch.nn.Module, batch: Mapping, runtime: Runtime) -> float:
+    """Wall seconds of one forward and backward of ``batch`` with ``runtime``'s settings (gradients dropped)."""
+    start = perf_counter()
+    accumulate_gradients(model, [batch], autocast=runtime.autocast_context)
+    seconds = perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Module, batch: Mapping | None, *,
+                  world_size: int = 1, resumed: dict | None = None, measure: Measure | None = None,
+                  compile_request: bool | str | None = None, micro_batches_left: int = 0,
+                  compiler: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+                  compiled_batch: Mapping | None = None,
+                  compiled_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+                  ) -> tuple[Runtime, ProbeResult]:
+    """The runtime to train with, and why (see the module docstring).
+
+    ``batch``: the run's first micro-batch, already on the device (None: nothing left to train). ``resumed``: what
+    the resumed checkpoint recorded (``ProbeResult.record``), if anything. ``measure``: the timer (default
+    ``forward_backward_seconds``). ``compile_request``: ``train.runtime.compile`` (None: the runtime's compile
+    setting is left as it is); ``micro_batches_left``: what the run still trains, for the compile decision;
+    ``compiler``: ``torch.compile`` by default (``compile_module``). A compiled model that was kept comes back
+    as ``ProbeResult.compiled`` (compiled from ``model``): train with it. ``compiled_batch`` / ``compiled_context``:
+    the compiled candidate's own inputs and the context its passes run in (another attention path:
+    ``attention.attention_when_compiled``), so the candidate measured is the one trained with.
+    """
+    measure = measure or forward_backward_seconds
+    result = _probe(runtime, requested_precision, model, batch, world_size=world_size, resumed=resumed,
+                    measure=measure)
+    if result.seconds or result.precision != runtime.precision:
+        log.info("runtime.precision %s -> %s: %s", requested_precision, result.precision, result.reason)
+    runtime = replace(runtime, precision=result.precision, precision_choice=result.reason)
+    if compile_request is None:
+        return runtime, replace(result, compile=runtime.compile)
+    compiled, reason, module = _compile_choice(runtime, compile_request, model, batch, world_size=world_size,
+                                               resumed=resumed, measured=result.seconds, measure=measure,
+                                               micro_batches_left=micro_batches_left,
+                                               compiler=compiler or compile_module,
+                                               compiled_batch=batch if compiled_batch is None else compiled_batch,
+                                               compiled_context=compiled_context or contextlib.nullcontext)
+    if compile_request == "auto":
+        log.info("runtime.compile auto -> %s: %s", "on" if compiled else "off", reason)
+    return (replace(runtime, compile=compiled, compile_choice=reason),
+            replace(result, compile=compiled, compile_reason=reason, compiled=module))
+
+
+def _compile_choice(runtime: Runtime, requested: bool | str, model, batch, *, world_size: int,
+                    resumed: dict | None, measured: dict, measure: Measure, micro_batches_left: int,
+                    compiler, compiled_batch: Mapping, compiled_context) -> tuple[bool, str, torch.nn.Module | None]:
+    if requested != "auto":
+        return bool(requested), "set in train.runtime.compile", None
+    if runtime.device.type != "cpu":
+        return runtime.compile, "auto on CUDA: compiled (fused kernels, fewer launches)", None
+    if resumed and isinstance(resumed.get("compile"), bool):
+        return resumed["compile"], "auto: kept from the resumed checkpoint, which trained so", None
+    if world_size > 1:
+        return False, "auto in a run of several CPU processes stays eager (set true to compile on every rank)", None
+    if batch is None:
+        return False, "auto: nothing left to train, nothing measured", None
+    with _no_trace(model):
+        eager = measured.get(runtime.precision) or measure(model, batch, runtime)
+        left = eager * micro_batches_left
+        if left < COMPILE_MIN_RUN_SECONDS:
+            return False, (f"auto: about {left:.0f} s of training left ({eager:.3f} s per micro-batch eager); "
+                           f"compiling (tens of seconds per batch shape on CPU) would not repay under "
+                           f"{COMPILE_MIN_RUN_SECONDS:.0f} s"), None
+        compiled = compiler(model)
+
+        def compiled_pass() -> float:
+            with compiled_context():
+                return measure(compiled, compiled_batch, runtime)
+
+        start = perf_counter()
+        compiled_pass()  # compiles
+        compile_seconds = perf_counter() - start
+        compiled_pass()  # warm-up
+        best = _alternated_best({"eager": lambda: measure(model, batch, runtime), "compiled": compiled_pass})
+    speedup = best["eager"] / best["compiled"]
+    reason = (f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
+              f"{best['compiled']:.3f} s ({speedup:.2f}x; compiled needs {COMPILE_MIN_SPEEDUP}x; compiling took "
+              f"{compile_seconds:.0f} s)")
+    return (True, reason, compiled) if speedup >= COMPILE_MIN_SPEEDUP else (False, reason, None)
+
+
+def _probe(runtime: Runtime, requested: str, model, batch, *, world_size: int, resumed: dict | None,
+           measure: Measure) -> ProbeResult:
+    if requested != "auto":
+        return ProbeResult(runtime.precision, "set in train.runtime.precision", {})
+    if runtime.device.type != "cpu":
+        return ProbeResult(runtime.precision, "auto on CUDA: bf16 where the GPU has it natively, else fp16", {})
+    if resumed and resumed.get("precision") in ("bf16", "fp32"):
+        return ProbeResult(resumed["precision"], "auto: kept from the resumed checkpoint, which trained in it", {})
+    if world_size > 1:
+        return ProbeResult("fp32", "auto in a run of several CPU processes keeps fp32 (set bf16 to use it)", {})
+    if not cpu_has_native_bf16():
+        return ProbeResult("fp32", "auto: this CPU has no native bf16 (AVX512-BF16 or AMX)", {})
+    if batch is None:
+        return ProbeResult("fp32", "auto: nothing left to train, nothing measured", {})
+    with _no_trace(model):
+        return _measure(runtime, model, batch, measure)
+
+
+@contextlib.contextmanager
+def _no_trace(model: torch.nn.Module):
+    """Measured passes leave no trace: the random stream (dropout draws) and the gradients as they were."""
+    rng = torch.random.get_rng_state()
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(rng)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+
+
+def _measure(runtime: Runtime, model, batch, measure: Measure) -> ProbeResult:
+    fp32, bf16 = replace(runtime, precision="fp32"), replace(runtime, precision="bf16")
+    first = measure(model, batch, fp32)  # also fp32's warm-up (one-off allocations)
+    if first < MIN_STEP_SECONDS:
+        return ProbeResult("fp32", f"auto: the first micro-batch takes {first:.3f} s in fp32 (under "
+                                   f"{MIN_STEP_SECONDS} s: too small for bf16 to pay)", {"fp32": first})
+    measure(model, batch, bf16)  # warm-up
+    seconds = _alternated_best({"fp32": lambda: measure(model, batch, fp32),
+                                "bf16": lambda: measure(model, batch, bf16)})
+    speedup = seconds["fp32"] / seconds["bf16"]
+    chosen = "bf16" if speedup >= MIN_SPEEDUP else "fp32"
+    return ProbeResult(chosen, f"auto, measured on the first micro-batch: fp32 {seconds['fp32']:.3f} s, bf16 "
+                               f"{seconds['bf16']:.3f} s ({speedup:.2f}x; bf16 needs {MIN_SPEEDUP}x)", seconds)
+
+
+def _alternated_best(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:
+    """The best time of each candidate over ``ROUNDS`` rounds, the candidates alternated within each round."""
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(ROUNDS):
+        for name, timed in candidates.items():
+            times[name].append(timed())
+    return {name: min(values) for name, values in times.items()}

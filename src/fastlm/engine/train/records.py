@@ -1,0 +1,122 @@
+"""What a training run records: per-step metrics on the device, a history row at each logging step (checked,
+shown on the progress bar and sent to every callback), evaluation rows, and the run's summary.
+
+Every history row, the one written before a checkpoint included, goes through :meth:`Recorder.flush`, so
+the callbacks (live MLflow metrics) see exactly the rows of the history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fastlm.engine.config import TrainParams
+from fastlm.engine.observe.health import GradNormWatch, check_finite, check_first_loss
+from fastlm.engine.observe.metrics import StepMetrics
+from fastlm.engine.observe.progress import Progress
+from fastlm.engine.observe.rates import timed_rate
+from fastlm.engine.train.state import TrainState
+from fastlm.engine.train.step import StepResult
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[str, dict], None]  # ("train" | "eval", record)
+
+__all__ = ["Callback", "Recorder", "run_summary"]
+
+
+class Recorder:
+    """Metrics, progress, health checks and callbacks of one run; rows go into ``state``'s histories.
+
+    ``first_loss``: ``check_first_loss``'s keywords (vocabulary size, from scratch) for the run's first row;
+    ``main``: this is rank 0 (the others keep the same rows, quietly).
+    """
+
+    def __init__(self, state: TrainState, metrics: StepMetrics, progress: Progress, callbacks: Sequence[Callback], *,
+                 log_every: int, total_steps: int, compiled: bool, first_loss: dict, main: bool = True) -> None:
+        self.state, self.metrics, self.progress, self.callbacks = state, metrics, progress, tuple(callbacks)
+        self.log_every, self.total_steps, self.compiled, self.first_loss = log_every, total_steps, compiled, first_loss
+        self.grad_norms = GradNormWatch.from_history(state.history)
+        self.main = main  # rank 0 logs the evaluations
+
+    def step(self, result: StepResult, *, real_tokens: int, computed_tokens: int, samples: int,
+             position: dict) -> None:
+        """Add one optimizer step (no host read-back); a history row on logging steps."""
+        self.metrics.update(loss_sum=result.loss_sum, target_tokens=result.target_tokens, grad_norm=result.grad_norm,
+                            real_tokens=real_tokens, computed_tokens=computed_tokens, samples=samples, lr=result.lr)
+        self.progress.advance()
+        step = self.state.step
+        if (step == 1 and not self.state.history) or step % self.log_every == 0 or step == self.total_steps:
+            self.flush(position)
+
+    def flush(self, position: dict) -> dict | None:
+        """The pending steps' row: read back, checked, kept, shown and sent; None when no step is pending."""
+        if not self.metrics.pending_steps:
+            return None
+        state = self.state
+        record = {**self.metrics.flush(state.step), **position}
+        check_finite(record, state.step, state.last_good)
+        if not state.history:
+            log.info("First step: %.2f s%s; the throughput figures leave it out", record["step_time_s"],
+                     " (torch.compile included)" if self.compiled else "")
+            check_first_loss(record["loss"], **self.first_loss)
+        self.grad_norms.check(record)
+        state.history.append(record)
+        self.progress.show(record)
+        self._emit("train", record)
+        return record
+
+    def evaluation(self, metrics: dict) -> dict:
+        """An evaluation row (``evaluation.evaluate``'s metrics) for the current step, logged when not quiet."""
+        record = {"step": self.state.step, "val_loss": metrics["loss"], "val_perplexity": metrics["perplexity"],
+                  "val_target_tokens": metrics["target_tokens"]}
+        self.state.eval_history.append(record)
+        if self.main:
+            log.info("step %d: validation loss %.4f, perplexity %.2f", record["step"], record["val_loss"],
+                     record["val_perplexity"])
+        self._emit("eval", record)
+        return record
+
+    def _emit(self, kind: str, record: dict) -> None:
+        for callback in self.callbacks:
+            callback(kind, record)
+
+
+def step_contents(lengths: np.ndarray, *, rows_per_step: int, steps_per_epoch: int) -> dict:
+    """What one optimizer step holds, on average over an epoch: its rows (micro-batch x accumulation x
+    processes), samples and real tokens. A packed row holds several samples: the rows alone understate it."""
+    return {"rows_per_step": rows_per_step, "samples_per_step": round(len(lengths) / steps_per_epoch, 1),
+            "tokens_per_step": round(float(np.sum(lengths)) / steps_per_epoch, 1)}
+
+
+def run_summary(state: TrainState, metrics: StepMetrics, *, total_steps: int, steps_per_epoch: int, wall: float,
+                n_params: int, params: TrainParams, world_size: int) -> dict:
+    """The run's summary: final losses, throughput over the timed windows (``rates.timed_rate``, the figure
+    every report table shows) and the per-step figures of ``StepMetrics.step_figures`` (this process's steps)."""
+    history, eval_history = state.history, state.eval_history
+    last = history[-1] if history else {}
+    final_eval = eval_history[-1] if eval_history else {}
+    return {
+        "steps": total_steps,
+        "epochs": round(total_steps / steps_per_epoch, 4),
+        "wall_time_s": round(wall, 3),
+        "final_train_loss": last.get("loss"),
+        "final_val_loss": final_eval.get("val_loss"),
+        "final_val_perplexity": final_eval.get("val_perplexity"),
+        "effective_batch": params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * world_size,
+        "batching": params.batching.mode,
+        "parameters": n_params,
+        "real_tokens_per_s": timed_rate(history),
+        **metrics.step_figures(),
+        "peak_memory_mb": max((r["peak_memory_mb"] for r in history), default=None),
+        "tokens_seen": state.tokens_seen,
+        "flops_per_token": metrics.flops_per_token,
+        "first_step_s": metrics.step_times[0] if metrics.step_times else None,  # compile included
+        "steps_trained": state.step - state.first_step,
+        "resumed_from": str(state.resumed_from) if state.resumed_from else None,
+        "resumed_from_step": state.first_step if state.resumed_from else None,
+        "world_size": world_size,
+        "oom_backoffs": state.backoffs,
+    }

@@ -1,0 +1,74 @@
+"""Graceful stop on SIGTERM / Ctrl-C: finish the optimizer step, save a checkpoint, exit with one line.
+
+:class:`GracefulStop` is installed by :func:`fastlm.engine.train.loop.train` around the hot loop. Its handler only
+records the signal (no work inside a signal handler); the loop reads :attr:`GracefulStop.requested` after each
+optimizer step, saves a checkpoint and raises :class:`TrainingInterrupted`. After the first signal the previous
+handlers are put back, so a second Ctrl-C raises ``KeyboardInterrupt`` at once (a second SIGTERM gets the
+default: the process ends). A checkpoint save cut short that way leaves only a ``.tmp-*`` folder, never a
+checkpoint that resume would pick.
+
+Signal handlers can only be set from the main thread: elsewhere (a Kedro runner thread, a notebook worker) the
+context manager does nothing and the loop never sees a request.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+from fastlm.errors import FastlmError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(FastlmError):
+    """SIGTERM or Ctrl-C stopped training after a checkpoint was saved; the CLI exits with status 130."""
+
+    exit_code = 130
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path, *, resume: str = "auto"):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, Path(checkpoint)
+        how = ("run the same command again (train.resume: auto) to continue" if resume == "auto" else
+               f"run the same command again with train.resume: auto (it is {resume!r} now) to continue")
+        super().__init__(f"training stopped by {signal_name} at step {step}; checkpoint {checkpoint} saved; {how}")
+
+
+class GracefulStop:
+    """Context manager: SIGINT/SIGTERM set :attr:`requested` instead of killing the process (main thread only)."""
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS):
+        self.signals = signals
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal.signal raises ValueError outside the main thread: stay inert
+        for signum in self.signals:
+            previous = signal.getsignal(signum)
+            if previous is signal.SIG_IGN:
+                continue  # e.g. SIGINT in a background job: keep ignoring it
+            try:
+                signal.signal(signum, self._handle)
+            except (ValueError, OSError):  # not the main interpreter, or a signal this platform refuses
+                continue
+            self._previous[signum] = previous
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._restore()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self._restore()  # the next Ctrl-C / SIGTERM gets the previous (normally the default) behaviour
+
+    def _restore(self) -> None:
+        while self._previous:
+            signum, previous = self._previous.popitem()
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)

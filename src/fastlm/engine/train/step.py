@@ -1,0 +1,90 @@
+"""One optimizer step, the same for training (``loop.train``) and for the throughput autotune (``tune``).
+
+``make_optimization`` builds what a step updates (AdamW, the learning-rate schedule, the fp16 grad scaler,
+the clipping threshold); ``train_step`` runs one step: the micro-batches' token-normalised forward/backward
+(``loss.accumulate_gradients``), unscale, clip, optimizer and scheduler step, zeroed gradients. Nothing is
+read back on the host: the loss sum and the gradient norm stay on the device for ``metrics.StepMetrics``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+
+from fastlm.engine.config import TrainParams
+from fastlm.engine.model.linear_loss import fused_head_choice
+from fastlm.engine.model.loss import accumulate_gradients
+from fastlm.engine.runtime.environment import Runtime
+from fastlm.engine.train.optim import make_adamw
+from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
+
+__all__ = ["Optimization", "StepResult", "make_optimization", "train_step"]
+
+
+@dataclass
+class Optimization:
+    """What an optimizer step updates: ``model`` is the unwrapped model whose gradients are clipped."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    clip: float  # math.inf: no clipping (the norm is still computed, for the metrics)
+    label_smoothing: float = 0.0  # train.loss.label_smoothing: the loss the step optimises
+    fused_head: torch.nn.Linear | None = None  # train.loss.fused_linear: this head's matmul fused into the loss
+    fused_choice: str = ""  # why (or why not), for the log and the summary
+
+
+@dataclass
+class StepResult:
+    loss_sum: torch.Tensor  # summed loss over the step's target tokens, on the device
+    target_tokens: int
+    grad_norm: torch.Tensor  # before clipping, on the device (a DTensor under FSDP2)
+    lr: float  # the rate this update used
+
+
+def make_optimization(model: torch.nn.Module, params: TrainParams, runtime: Runtime, total_steps: int) -> Optimization:
+    """AdamW with the configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold."""
+    settings = params.optimizer
+    optimizer = make_adamw(model, lr=settings.lr, weight_decay=settings.weight_decay,
+                           betas=(settings.beta1, settings.beta2), eps=settings.eps)
+    schedule = LRSchedule(settings.lr, total_steps, min(settings.warmup_steps, total_steps), settings.decay,
+                          settings.min_lr_ratio)
+    clip = settings.grad_clip if settings.grad_clip is not None else math.inf
+    head, why = fused_head_choice(model, params.loss.fused_linear, strategy=params.distributed.strategy)
+    return Optimization(model, optimizer, make_lr_scheduler(optimizer, schedule), runtime.make_grad_scaler(), clip,
+                        label_smoothing=params.loss.label_smoothing, fused_head=head, fused_choice=why)
+
+
+def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Optimization, *, runtime: Runtime,
+               total_targets: int | None = None, world_size: int = 1,
+               gradient_sync: Callable[[bool], AbstractContextManager] | None = None) -> StepResult:
+    """One optimizer step over ``micro_batches`` (already on the device) with the wrapped/compiled ``model``.
+
+    Out of memory during the forward/backward: the gradients are dropped and the error re-raised (the step's
+    update never happened, so the caller may redo it smaller).
+    """
+    scaler = opt.scaler
+    try:
+        loss_sum, n_targets = accumulate_gradients(model, micro_batches, autocast=runtime.autocast_context,
+                                                   grad_scaler=scaler if scaler.is_enabled() else None,
+                                                   total_targets=total_targets, world_size=world_size,
+                                                   gradient_sync=gradient_sync,
+                                                   label_smoothing=opt.label_smoothing, fused_head=opt.fused_head)
+    except torch.OutOfMemoryError:
+        opt.optimizer.zero_grad(set_to_none=True)
+        raise
+    with torch.profiler.record_function("fastlm.optimizer"):
+        if scaler.is_enabled():
+            scaler.unscale_(opt.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(opt.model.parameters(), opt.clip)
+        lr = opt.scheduler.get_last_lr()[0]  # the rate this update uses (host float, no sync)
+        scaler.step(opt.optimizer)
+        scaler.update()
+        opt.scheduler.step()
+        opt.optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss_sum, n_targets, grad_norm, lr)

@@ -1,0 +1,303 @@
+"""Throughput autotune: measure the real training step for a ladder of micro-batch sizes, find the memory
+cliff, pick the fastest size under a memory headroom, and the accumulation that keeps an effective batch.
+
+Doubling the micro-batch can make a big model slower per token (memory near the device limit: allocator
+retries, or a silent spill to host memory) while it makes a small model faster. Nobody should guess: each
+trial runs warm-up steps (not timed) then timed steps of ``step.train_step``, the training loop's own step
+(forward/backward under the runtime's precision, gradient clipping, AdamW, the learning-rate scheduler, the
+model compiled when training compiles it) on the user's real model, data and checkpointing settings, and
+records real tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up:
+the process goes on), past the memory headroom, or at the cliff (throughput falls while memory rises).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from time import perf_counter
+
+import torch
+
+OK, OOM, CLIFF, OVER = "ok", "out of memory", "cliff", "over headroom"
+
+
+@dataclass(frozen=True)
+class Trial:
+    micro_batch_size: int
+    status: str
+    real_tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    peak_memory_mb: float | None = None
+    peak_reserved_mb: float | None = None
+    alloc_retries: int | None = None
+    error: str | None = None
+    samples_per_micro_batch: float | None = None  # packed rows hold several samples each
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    real_tokens_per_s: float
+    step_time_s: float
+    peak_memory_mb: float
+    alloc_retries: int | None = None
+    peak_reserved_mb: float | None = None
+    samples_per_micro_batch: float | None = None
+
+
+def ladder(smallest: int, largest: int) -> list[int]:
+    """Powers of two from ``smallest`` up to ``largest`` (both included)."""
+    sizes, size = [], max(1, smallest)
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, largest]
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(error).lower()
+
+
+def run_ladder(measure: Callable[[int], Measurement], sizes: Sequence[int], *, memory_limit_mb: float | None,
+               headroom: float, cliff_tolerance: float) -> list[Trial]:
+    """Measure each size in order until out-of-memory, the headroom, or the cliff; every trial is kept."""
+    trials: list[Trial] = []
+    budget = memory_limit_mb * (1 - headroom) if memory_limit_mb else None
+    for size in sizes:
+        try:
+            result = measure(size)
+            release_memory()  # the trial's optimizer state and activations, before the next size
+        except Exception as error:  # noqa: BLE001 - only out-of-memory is expected; anything else re-raised
+            if not is_out_of_memory(error):
+                raise
+            release_memory()
+            trials.append(Trial(size, OOM, error=str(error).splitlines()[0][:200]))
+            break
+        best = max((t for t in trials if t.status == OK), key=lambda t: t.real_tokens_per_s, default=None)
+        status = OK
+        if budget is not None and result.peak_memory_mb > budget:
+            status = OVER
+        elif best is not None and (
+                (result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
+                 and result.peak_memory_mb > trials[-1].peak_memory_mb)
+                or (result.alloc_retries and result.real_tokens_per_s <= best.real_tokens_per_s)):
+            status = CLIFF  # slower while using more memory, or the CUDA allocator had to retry for no gain
+        trials.append(Trial(size, status, result.real_tokens_per_s, result.step_time_s, result.peak_memory_mb,
+                            result.peak_reserved_mb, result.alloc_retries,
+                            samples_per_micro_batch=result.samples_per_micro_batch))
+        if status != OK:
+            break
+    return trials
+
+
+def choose(trials: Sequence[Trial]) -> Trial | None:
+    """The fastest trial that finished within the headroom and before the cliff."""
+    return max((t for t in trials if t.status == OK), key=lambda t: t.real_tokens_per_s, default=None)
+
+
+@dataclass(frozen=True)
+class ModeLadder:
+    """One batching mode's trials (``tune.modes``), its own best size, or why it was not measured."""
+
+    mode: str
+    trials: list[Trial]
+    chosen: Trial | None
+    skipped: str | None = None
+
+
+def tune_modes(model, dataset, modes: Sequence[str], *, params, runtime, pad_id: int, max_length: int, attn: str,
+               warmup: int, timed: int, sizes: Sequence[int], memory_limit_mb: float | None, headroom: float,
+               cliff_tolerance: float, unavailable: Callable[[str], str | None] | None = None,
+               measurer: Callable[[int], Measurement] | None = None) -> list[ModeLadder]:
+    """The size ladder (``run_ladder``) of each batching mode in ``modes`` on the real training step.
+
+    ``unavailable(mode)``: why the model cannot train in that mode (default: packed rows of an encoder-decoder
+    family or attention path that cannot keep samples apart); such a mode is skipped with its reason.
+    ``measurer``: one measure function for every mode (tests); default ``real_step_measurer`` per mode.
+    """
+    unavailable = unavailable or _unavailable_modes(model, dataset, attn)
+    ladders = []
+    for mode in modes:
+        reason = unavailable(mode)
+        if reason is not None:
+            ladders.append(ModeLadder(mode, [], None, skipped=reason))
+            continue
+        mode_params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": mode})})
+        measure = measurer or real_step_measurer(model, dataset, params=mode_params, runtime=runtime, pad_id=pad_id,
+                                                 max_length=max_length, attn=attn, warmup=warmup, timed=timed)
+        trials = run_ladder(measure, sizes, memory_limit_mb=memory_limit_mb, headroom=headroom,
+                            cliff_tolerance=cliff_tolerance)
+        ladders.append(ModeLadder(mode, trials, choose(trials)))
+    return ladders
+
+
+def best_mode(ladders: Sequence[ModeLadder]) -> ModeLadder | None:
+    """The mode whose chosen size has the most real tokens/s (None: no size of any mode fit)."""
+    return max((ladder for ladder in ladders if ladder.chosen is not None),
+               key=lambda ladder: ladder.chosen.real_tokens_per_s, default=None)
+
+
+def explain_modes(ladders: Sequence[ModeLadder], best: ModeLadder | None, **explain_kwargs) -> str:
+    """``explain`` for each mode, then the choice across modes."""
+    parts = [f"{ladder.mode}: not measured ({ladder.skipped})." if ladder.skipped else
+             f"{ladder.mode}: " + explain(ladder.trials, ladder.chosen, **explain_kwargs) for ladder in ladders]
+    if best is not None and len(ladders) > 1:
+        parts.append(f"Fastest: batching {best.mode}, micro-batch {best.chosen.micro_batch_size} "
+                     f"({best.chosen.real_tokens_per_s:,.0f} real tokens/s).")
+    return " ".join(parts)
+
+
+def _unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]:
+    from fastlm.engine.batching import seq2seq_batching
+    from fastlm.engine.model.encoder_decoder import packing_unavailable
+
+    sides = seq2seq_batching(model, dataset, attn)
+    cannot_pack = sides and not sides["seq2seq_packing"]
+    return lambda mode: packing_unavailable(model, attn) if mode == "packed" and cannot_pack else None
+
+
+def accumulation_for(target_effective_batch: int | None, micro_batch_size: int, world_size: int = 1,
+                     current: int = 1, *, samples_per_micro_batch: float | None = None) -> int:
+    """Accumulation steps so that the samples of micro-batches x accumulation x world size reach the target
+    (samples per optimizer step; at least 1). A packed micro-batch holds ``samples_per_micro_batch`` samples
+    (measured), not ``micro_batch_size``: its rows hold several each."""
+    if target_effective_batch is None:
+        return current
+    per_micro_batch = samples_per_micro_batch or micro_batch_size
+    return max(1, math.ceil(target_effective_batch / (per_micro_batch * world_size)))
+
+
+def explain(trials: Sequence[Trial], chosen: Trial | None, *, accumulation: int, target: int | None,
+            headroom: float, memory_limit_mb: float | None, world_size: int = 1) -> str:
+    """One paragraph, with the figures, saying what was measured and why this size."""
+    measured = ", ".join(f"{t.micro_batch_size}: {t.real_tokens_per_s:,.0f} tok/s at {t.peak_memory_mb:,.0f} MB"
+                         for t in trials if t.real_tokens_per_s is not None)
+    stop = trials[-1] if trials else None
+    ended = _why_stopped(stop, headroom, memory_limit_mb) if stop is not None else ""
+    if chosen is None:
+        return f"No micro-batch size finished within the limits ({measured or 'nothing measured'}); {ended}."
+    rows = chosen.micro_batch_size * accumulation * world_size
+    samples = (chosen.samples_per_micro_batch or chosen.micro_batch_size) * accumulation * world_size
+    return (f"Measured real tokens/s and peak memory per micro-batch size ({measured})"
+            + (f"; the ladder stopped because {ended}" if ended else "; the ladder reached its largest size")
+            + f". Fastest within {1 - headroom:.0%} of the device memory: micro-batch {chosen.micro_batch_size} "
+            f"({chosen.real_tokens_per_s:,.0f} real tokens/s, {chosen.peak_memory_mb:,.0f} MB). With "
+            f"{accumulation} accumulation step(s) x {world_size} process(es) an optimizer step holds {rows} rows "
+            f"(~{samples:,.0f} samples)" + (f" (target {target} samples)." if target else "."))
+
+
+def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) -> str:
+    if stop.status == OOM:
+        return f"micro-batch {stop.micro_batch_size} ran out of memory"
+    if stop.status == CLIFF:
+        return (f"micro-batch {stop.micro_batch_size} was slower ({stop.real_tokens_per_s:,.0f} tok/s) while using "
+                "more memory: the cliff")
+    if stop.status == OVER:
+        return (f"micro-batch {stop.micro_batch_size} needed {stop.peak_memory_mb:,.0f} MB, over the "
+                f"{1 - headroom:.0%} of {memory_limit_mb or 0:,.0f} MB allowed")
+    return ""
+
+
+def release_memory() -> None:
+    """Free what a failed trial left behind (between trials only: never in the training loop)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def current_rss_mb() -> float:
+    """Resident memory of this process now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def measure_training_step(step: Callable[[int], int], *, device: torch.device, warmup: int, timed: int) -> Measurement:
+    """Time ``timed`` calls of ``step(i) -> real tokens`` after ``warmup`` untimed ones; peak memory of all.
+
+    CUDA: ``max_memory_allocated`` and ``max_memory_reserved`` (reset first) and the allocator's
+    ``num_alloc_retries`` during the trial (retries with no speed gain mark the cliff);
+    CPU: the largest process RSS seen after each step.
+    """
+    on_cuda = device.type == "cuda"
+    if on_cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        retries_before = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+    peak_rss = current_rss_mb()
+    tokens = 0
+    start = 0.0
+    for index in range(warmup + timed):
+        if index == warmup:
+            if on_cuda:
+                torch.cuda.synchronize(device)
+            start = perf_counter()
+        real = step(index)
+        if index >= warmup:
+            tokens += real
+        if not on_cuda:
+            peak_rss = max(peak_rss, current_rss_mb())
+    if on_cuda:
+        torch.cuda.synchronize(device)
+    elapsed = max(perf_counter() - start, 1e-9)
+    reserved = None
+    if on_cuda:
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        reserved = torch.cuda.max_memory_reserved(device) / 2**20
+        retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries_before
+    else:
+        peak, retries = peak_rss, None
+    return Measurement(tokens / elapsed, elapsed / timed, peak, retries, reserved)
+
+
+def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str,
+                       warmup: int, timed: int) -> Callable[[int], Measurement]:
+    """``measure(micro_batch_size)``: the training step itself (``step.train_step``: the same batching, precision,
+    torch.compile, AdamW, gradient clipping and learning-rate schedule as ``loop.train``), one micro-batch per
+    step (the accumulation multiplies the time per step, not the memory)."""
+    from fastlm.engine.batching import make_batching, seq2seq_batching
+    from fastlm.engine.model.attention import to_device
+    from fastlm.engine.runtime.probe import probe_runtime
+    from fastlm.engine.train.step import make_optimization, train_step
+
+    model.to(runtime.device)
+    model.train()
+    compiled = runtime.compile_model(model)
+    sides = seq2seq_batching(model, dataset, attn)  # an encoder-decoder model measures its own (seq2seq) batches
+
+    def measure(size: int) -> Measurement:
+        batching = params.batching.model_copy(update={"micro_batch_size": size})
+        trial_params = params.model_copy(update={"batching": batching})
+        sampler, collator = make_batching(trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length,
+                                          seed=params.seed, **sides)
+        sampler.set_epoch(0)
+        batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
+        if len(batches) < warmup + timed:
+            raise ValueError(f"micro-batch {size} leaves fewer than {warmup + timed} batches in the data")
+        # precision auto on CPU: what the run would measure at this size (runtime_probe, on the first batch)
+        first = to_device(collator(dataset.__getitems__(batches[0])), runtime.device, attn)
+        trial_runtime, _ = probe_runtime(runtime, params.runtime.precision, model, first)
+        opt = make_optimization(model, trial_params, trial_runtime, total_steps=warmup + timed)
+
+        def step(index: int) -> int:
+            batch = collator(dataset.__getitems__(batches[index]))
+            train_step(compiled, [to_device(batch, runtime.device, attn)], opt, runtime=trial_runtime)
+            return int(batch["num_real_tokens"])
+
+        try:
+            measured = measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
+            samples = sum(len(indices) for indices in batches) / len(batches)
+            return dataclasses.replace(measured, samples_per_micro_batch=samples)
+        finally:  # the optimizer state goes with this call's frame
+            opt.optimizer.zero_grad(set_to_none=True)
+            release_memory()
+
+    return measure

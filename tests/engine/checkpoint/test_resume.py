@@ -1,0 +1,161 @@
+"""Resume only what belongs to this run: a checkpoint records what makes it resumable (model, LoRA, data,
+batching, seed, layout); `auto` continues only a matching one, otherwise starts fresh and says why in one line;
+an explicit folder that does not match is refused; more steps continue to the new total; one writer per folder."""
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.engine.checkpoint.files import CheckpointError, checkpoint_lock, latest_checkpoint
+from fastlm.engine.observe.health import NonFiniteLossError
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.loop import train
+from tests.support.toy_training import EOS, VOCAB, poisoned_model, toy_model, toy_params, toy_sequences
+
+BASE = {"max_steps": 4, "save_every": 2, "log_every": 1, "eval_every": None}
+
+
+def _train(params, *, model=None, data_seed=1, max_length=64, callbacks=()):
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    return train(model if model is not None else toy_model(), toy_sequences(300, data_seed), None, params=params,
+                 runtime=runtime, pad_id=EOS, max_length=max_length, attn="sdpa", callbacks=callbacks)
+
+
+def _fresh_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "starting fresh" in r.getMessage()]
+
+
+def test_auto_continues_a_matching_checkpoint_to_a_larger_total_and_reports_this_process(tmp_path):
+    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 3}))
+    more = _train(toy_params(tmp_path, **{**BASE, "max_steps": 10, "save_every": 3}, resume="auto"))
+    assert [r["step"] for r in more.history] == list(range(1, 11))
+    summary = more.summary
+    assert summary["steps"] == 10 and summary["steps_trained"] == 4 and summary["resumed_from_step"] == 6
+    assert summary["resumed_from"].endswith("checkpoint-00000006")
+    assert 0 < summary["wall_time_s"]
+
+
+def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog):
+    _train(toy_params(tmp_path, **BASE))
+    caplog.set_level(logging.INFO, logger="fastlm")
+    again = _train(toy_params(tmp_path, **BASE, resume="auto"))
+    assert again.summary["steps_trained"] == 0 and again.summary["steps"] == 4
+    assert any("nothing to train" in r.getMessage() and "train.max_steps" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"batching": {"micro_batch_size": 2}}, "batching.micro_batch_size"),
+    ({"batching": {"mode": "dynamic"}}, "batching.mode"),
+    ({"seed": 7}, "seed"),
+    ({"batching": {"gradient_accumulation_steps": 2}}, "micro_batches_per_step"),
+    ({"batching": {"row_length": 64}}, "batching.row_length"),  # other packed rows: other batches at a position
+    ({"batching": {"pad_to_multiple_of": 8}}, "batching.pad_to_multiple_of"),
+])
+def test_auto_starts_fresh_when_the_batching_changed_and_says_why_and_where(tmp_path, caplog, change, field):
+    _train(toy_params(tmp_path, **BASE))
+    root = tmp_path / "checkpoints"
+    caplog.set_level(logging.INFO, logger="fastlm")
+    again = _train(toy_params(tmp_path, **BASE, **change, resume="auto"))
+    assert again.summary["steps_trained"] == 4 and [r["step"] for r in again.history] == [1, 2, 3, 4]
+    (line,) = _fresh_lines(caplog)
+    assert field in line and "checkpoint-00000004" in line and "\n" not in line
+    kept = [p for p in root.rglob("checkpoint-00000004") if p.parent != root]  # the old ones, moved aside
+    assert len(kept) == 1 and str(kept[0].parent) in line
+    assert latest_checkpoint(root).name == "checkpoint-00000004" and latest_checkpoint(kept[0].parent)
+
+
+def test_auto_starts_fresh_on_other_data_max_length_or_model_shape(tmp_path, caplog):
+    _train(toy_params(tmp_path, **BASE))
+    caplog.set_level(logging.INFO, logger="fastlm")
+    _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5)
+    _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48)
+    torch.manual_seed(0)
+    wider = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, max_position_embeddings=64, eos_token_id=EOS,
+                                         pad_token_id=EOS, attn_implementation="sdpa", use_cache=False))
+    _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48, model=wider)
+    lines = _fresh_lines(caplog)
+    assert len(lines) == 3
+    assert "data" in lines[0] and "max_length" in lines[1] and "model.shape" in lines[2]
+
+
+def test_a_checkpoint_past_the_asked_steps_is_not_resumed(tmp_path, caplog):
+    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6}))
+    caplog.set_level(logging.INFO, logger="fastlm")
+    fewer = _train(toy_params(tmp_path, **BASE, resume="auto"))
+    assert fewer.summary["steps_trained"] == 4
+    (line,) = _fresh_lines(caplog)
+    assert "step 6" in line and "4" in line
+
+
+def test_an_explicit_folder_that_does_not_match_is_refused_in_one_line(tmp_path):
+    _train(toy_params(tmp_path, **BASE))
+    folder = tmp_path / "checkpoints" / "checkpoint-00000004"
+    with pytest.raises(CheckpointError) as raised:
+        _train(toy_params(tmp_path / "other", **{**BASE, "max_steps": 8}, seed=3, resume=str(folder)))
+    message = str(raised.value)
+    assert "\n" not in message and "seed" in message and str(folder) in message and "train.resume" in message
+    assert not (tmp_path / "other" / "checkpoints").exists()  # nothing written
+
+
+def test_nan_stop_names_this_runs_checkpoint_not_an_earlier_runs(tmp_path):
+    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 6}, seed=5))  # an earlier run, step 6
+    model, poison = poisoned_model(3)
+    with pytest.raises(NonFiniteLossError) as error:
+        _train(toy_params(tmp_path, **{**BASE, "max_steps": 8}), model=model, callbacks=[poison])
+    message = str(error.value)
+    assert "checkpoint-00000002" in message and "checkpoint-00000006" not in message
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_stale_lock_is_taken_over(tmp_path):
+    root = tmp_path / "checkpoints"
+    with checkpoint_lock(root):
+        with pytest.raises(CheckpointError) as raised:
+            _train(toy_params(tmp_path, **BASE, resume="auto"))
+    message = str(raised.value)
+    assert f"PID {os.getpid()}" in message and "\n" not in message and str(root) in message
+    assert not latest_checkpoint(root)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ".lock").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
+    done = _train(toy_params(tmp_path, **BASE, resume="auto"))
+    assert done.summary["steps_trained"] == 4 and not (root / ".lock").exists()
+
+
+def test_the_digest_is_in_the_checkpoint(tmp_path):
+    _train(toy_params(tmp_path, **BASE))
+    state = json.loads((tmp_path / "checkpoints" / "checkpoint-00000004" / "trainer_state.json").read_text())
+    digest = state["state"]["digest"]
+    for key in ("model.source", "model.shape", "model.lora", "data", "batching.mode", "batching.micro_batch_size",
+                "max_length", "seed", "micro_batches_per_step", "distributed.strategy"):
+        assert key in digest, key
+    assert math.isfinite(state["state"]["total_steps"])
+
+
+def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_saved_with(
+        tmp_path, memory_for_rows):  # noqa: F811 - the fixture imported above
+    seen = memory_for_rows(2)
+    settings = {**BASE, "max_steps": 6, "batching": {"micro_batch_size": 8, "oom_backoff": True},
+                "runtime": {"deterministic": True}}
+    straight = _train(toy_params(tmp_path / "a", **settings))
+    assert straight.summary["oom_backoffs"]  # backed off to 2 rows at step 1
+
+    def interrupt(kind, record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _train(toy_params(tmp_path / "b", **settings), callbacks=[interrupt])
+    seen.clear()
+    resumed = _train(toy_params(tmp_path / "b", **settings, resume="auto"))
+    assert resumed.summary["resumed_from_step"] == 2 and resumed.summary["oom_backoffs"] == []
+    assert max(seen) <= 2  # no second out-of-memory attempt with the configured 8 rows
+    assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]

@@ -1,0 +1,234 @@
+"""evaluate (loss only and with the analysis) against brute-force per-sample runs; generate_samples' padding/seeds."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.evaluate import evaluation
+from fastlm.engine.evaluate.evaluation import evaluate
+from fastlm.engine.evaluate.generation import generate_samples
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_MODEL, reordered_sum_rtol
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
+MAX_LENGTH = 64
+WORDS = ("the cat dog bird sat ran on a mat log tree red blue small big quickly and then it saw"
+         " one two three fish swam in sea").split()
+
+
+def _texts(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 12)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    tokenizer = train_bpe_tokenizer(_texts(200, 0), vocab_size=300, min_frequency=1, model_max_length=MAX_LENGTH)
+    rows = [tokenizer(text)["input_ids"] + [tokenizer.eos_token_id] for text in _texts(120, 1)]
+    rows += [[tokenizer.eos_token_id]]  # a one-token sample: no target, never among the worst
+    lengths = np.array([len(row) for row in rows])
+    data = TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=MAX_LENGTH, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa", use_cache=False)
+    model = LlamaForCausalLM(config)
+    _fit(model, rows)  # a little training: non-trivial accuracy and mistakes
+    return model.train(), tokenizer, data, runtime
+
+
+def _fit(model, rows, steps: int = 12):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    for step in range(steps):
+        batch = [torch.tensor(r) for r in rows[(step * 16) % 96 : (step * 16) % 96 + 16]]
+        ids = torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=0)
+        mask = (torch.arange(ids.shape[1])[None] < torch.tensor([len(b) for b in batch])[:, None]).long()
+        labels = ids.masked_fill(mask == 0, -100)
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _params(mode: str):
+    rows_or_samples = 4 if mode == "packed" else 16  # packed: rows of MAX_LENGTH tokens
+    return parse_train_params({"batching": {"mode": mode, "micro_batch_size": rows_or_samples},
+                               "runtime": {"device": "cpu"}})
+
+
+# evaluate() computes the logits in packed or padded batches, another kernel layout than one sample alone, so
+# they differ by up to OTHER_FP32_MODEL's atol: a top-1/top-5 decision closer than that may go either way.
+TIE = OTHER_FP32_MODEL["atol"]
+
+
+def _brute_force(model, data: TokenSequences):
+    """Each sample alone, unpadded: per-sample mean loss, correct / top-5 counts and wrong pairs."""
+    losses, correct, top5, pairs, targets, misses = {}, 0, 0, Counter(), 0, {}
+    top1_margins, undecided = [], {}  # near-ties: where evaluate()'s batched logits may decide otherwise
+    model.eval()
+    with torch.no_grad():
+        for index in range(len(data)):
+            ids = torch.as_tensor(data[index], dtype=torch.int64)
+            if ids.numel() < 2:
+                continue
+            logits = model(input_ids=ids[None]).logits[0, :-1].float()
+            target = ids[1:]
+            losses[index] = F.cross_entropy(logits, target).item()
+            predicted = logits.argmax(-1)
+            correct += int((predicted == target).sum())
+            in_top5 = (logits.topk(5, dim=-1).indices == target[:, None]).any(-1)
+            top6 = logits.topk(6, dim=-1).values
+            top1_margins.append((top6[:, 0] - top6[:, 1]).min().item())
+            rank = (logits > logits.gather(-1, target[:, None])).sum(-1)  # the target's rank, from 0
+            near_tie = (top6[:, 4] - top6[:, 5] < TIE) & ((rank == 4) | (rank == 5))  # 5th or 6th: undecided
+            undecided[index] = int(near_tie.sum())
+            top5 += int(in_top5.sum())
+            misses[index] = 1 - in_top5.float().mean().item()
+            targets += target.numel()
+            pairs.update((t, p) for t, p in zip(target.tolist(), predicted.tolist(), strict=True) if t != p)
+    model.train()
+    assert min(top1_margins) > TIE, "a top-1 near-tie in the fixture: the exact argmax counts need none"
+    return losses, correct, top5, pairs, targets, misses, undecided
+
+
+@pytest.fixture(scope="module")
+def brute(setup):
+    model, _, data, _ = setup
+    return _brute_force(model, data)
+
+
+@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
+    model, tokenizer, data, runtime = setup
+    params = _params(mode)
+    report = evaluate(model, data, params=params, runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
+                      tokenizer=tokenizer, analysis=True, worst=7, pairs=15)
+    reference = evaluate(model, data, params=params, runtime=runtime, pad_id=tokenizer.pad_token_id,
+                         max_length=MAX_LENGTH, attn="sdpa")
+    assert reference.wrong_pairs is None and reference.worst_samples is None and "accuracy" not in reference.metrics
+    metrics, reference = report.metrics, reference.metrics
+    # the same batches, the loss summed by the analysis path or the plain one: a reordered sum over the tokens
+    assert math.isclose(metrics["loss"], reference["loss"], rel_tol=reordered_sum_rtol(reference["target_tokens"]))
+    assert math.isclose(metrics["perplexity"], reference["perplexity"],  # exp: the loss's error, relative
+                        rel_tol=2 * reordered_sum_rtol(reference["target_tokens"]))
+    assert metrics["target_tokens"] == reference["target_tokens"]
+    assert model.training  # the mode is restored
+
+    losses, correct, top5, pairs, targets, misses, undecided = brute
+    assert metrics["target_tokens"] == targets and metrics["samples"] == len(data)
+    assert round(metrics["accuracy"] * targets) == correct  # no top-1 near-tie (checked in the fixture)
+    assert abs(round(metrics["top5_accuracy"] * targets) - top5) <= sum(undecided.values())
+    assert 0 < correct < top5 < targets
+    assert metrics["seconds"] > 0 and metrics["real_tokens_per_s"] > 0
+
+    # Worst samples: the brute-force top losses, in the same order.
+    expected = sorted(losses.items(), key=lambda item: -item[1])[:7]
+    worst = report.worst_samples
+    assert list(worst.columns[:4]) == ["sample", "loss", "length", "text"] and len(worst) == 7
+    # a sample's mean loss in a packed/padded batch vs alone: another kernel layout, per sample (no averaging)
+    np.testing.assert_allclose(worst["loss"].to_numpy(), [loss for _, loss in expected], **OTHER_FP32_KERNEL)
+    for row in worst.itertuples():
+        assert math.isclose(losses[row.sample], row.loss, rel_tol=OTHER_FP32_KERNEL["rtol"])
+        slack = undecided[row.sample] / (row.length - 1)  # share of targets outside the top 5, near-ties aside
+        assert abs(misses[row.sample] - row.anomaly_score) < slack + 1e-6
+        assert row.length == len(data[row.sample])
+        assert row.text == tokenizer.decode(data[row.sample].tolist())
+
+    # Wrong pairs: the brute-force Counter's most common pairs and counts.
+    frame = report.wrong_pairs
+    assert len(frame) == 15
+    got = {(t, p): c for t, p, c in zip(frame["target_id"], frame["predicted_id"], frame["count"], strict=True)}
+    assert all(pairs[key] == count for key, count in got.items())
+    assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(15)]
+    assert frame["count"].is_monotonic_decreasing
+    np.testing.assert_allclose(frame["share_of_errors"], frame["count"] / sum(pairs.values()))
+    first = frame.iloc[0]
+    assert first["target"] == tokenizer.convert_ids_to_tokens(int(first["target_id"]))
+    assert first["predicted_text"] == tokenizer.decode([int(first["predicted_id"])])
+
+
+def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkeypatch):
+    model, tokenizer, data, runtime = setup
+    monkeypatch.setattr(evaluation, "DENSE_PAIR_TABLE_MAX", 10)  # force the torch.unique path
+    monkeypatch.setattr(evaluation, "_COMPACT_EVERY", 100)  # and several merges
+    report = evaluate(model, data, tokenizer=tokenizer, analysis=True, params=_params("packed"), runtime=runtime,
+                      max_length=MAX_LENGTH, attn="sdpa", pairs=10)
+    pairs = brute[3]
+    got = dict(zip(zip(report.wrong_pairs["target_id"], report.wrong_pairs["predicted_id"], strict=True),
+                   report.wrong_pairs["count"], strict=True))
+    assert all(pairs[key] == count for key, count in got.items())
+    assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(10)]
+
+    partial = evaluate(model, data, tokenizer=tokenizer, analysis=True, params=_params("dynamic"), runtime=runtime,
+                       max_length=MAX_LENGTH, attn="sdpa", max_batches=2, worst=100)
+    assert partial.metrics["samples"] == 32 and len(partial.worst_samples) <= 32
+    assert math.isfinite(partial.metrics["loss"])
+
+
+GREEDY = {"name": "greedy", "do_sample": False, "min_new_tokens": 8}  # no immediate EOS
+SAMPLED = {"name": "sampled", "do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 0}
+
+
+def test_generation_left_pads_restores_state_and_is_reproducible(setup):
+    model, tokenizer, _, runtime = setup
+    prompts = ["", "the cat", "a big red dog ran on the mat and then"]
+    kwargs = {"max_new_tokens": 8, "runtime": runtime}
+    frame = generate_samples(model, tokenizer, prompts, settings=[GREEDY, SAMPLED], **kwargs)
+    assert tokenizer.padding_side == "right" and model.training and not model.config.use_cache
+    assert list(frame.columns) == ["prompt", "setting", "settings", "output"] and len(frame) == 6
+    assert frame["setting"].tolist() == ["greedy"] * 3 + ["sampled"] * 3
+    assert frame["settings"].tolist()[3] == "temperature=0.8, top_p=0.95"
+    again = generate_samples(model, tokenizer, prompts, settings=[GREEDY, SAMPLED], **kwargs)
+    assert again["output"].tolist() == frame["output"].tolist()  # greedy deterministic, sampling seeded
+    alone = [generate_samples(model, tokenizer, [p], settings=[GREEDY], **kwargs)["output"][0] for p in prompts]
+    assert frame["output"].tolist()[:3] == alone  # left padding: batching changes nothing
+    assert any(text for text in alone)
+    reseeded = generate_samples(model, tokenizer, prompts, settings=[{**SAMPLED, "seed": 1}], **kwargs)
+    assert reseeded["output"].tolist() != frame["output"].tolist()[3:]
+
+
+def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
+    """Issue 18: after a short training on log-key sessions, the sessions with planted anomalies have the
+    highest anomaly scores (share of next keys outside the top 5) among held-out sessions."""
+    from demo_data.logkeys import VOCAB_SIZE, logkey_sessions
+
+    from fastlm.corpus.pretokenized import id_tokenizer
+    from fastlm.corpus.tokenization import encode_id_lists
+
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    sessions = logkey_sessions(400, seed=3, anomaly_rate=0.05)
+    eos = VOCAB_SIZE - 1
+    tokenizer = id_tokenizer(VOCAB_SIZE, eos_id=eos, pad_id=eos, model_max_length=MAX_LENGTH)
+    rows = [session["ids"] + [eos] for session in sessions]
+    train, held_out = rows[:300], sessions[300:]
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, max_position_embeddings=MAX_LENGTH, eos_token_id=eos,
+                         pad_token_id=eos, attn_implementation="sdpa", use_cache=False)
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in range(25):
+        batch = [torch.tensor(row) for row in train[(step * 16) % 288 : (step * 16) % 288 + 16]]
+        ids = torch.nn.utils.rnn.pad_sequence(batch, batch_first=True, padding_value=eos)
+        mask = (torch.arange(ids.shape[1])[None] < torch.tensor([len(b) for b in batch])[:, None]).long()
+        model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    tokens = encode_id_lists([session["ids"] for session in held_out], eos=eos, max_length=MAX_LENGTH)
+    report = evaluate(model, TokenSequences(tokens.values, tokens.offsets), tokenizer=tokenizer, analysis=True,
+                      params=_params("dynamic"), runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
+                      worst=len(held_out))
+    ranked = report.worst_samples.sort_values("anomaly_score", ascending=False, kind="stable")
+    planted = {index for index, session in enumerate(held_out) if session["anomaly"]}
+    assert len(planted) >= 3 and len(ranked) == len(held_out)
+    assert set(ranked["sample"].head(len(planted))) == planted
+    assert ranked["anomaly_score"].iloc[len(planted) - 1] > ranked["anomaly_score"].iloc[len(planted)]

@@ -1,0 +1,120 @@
+"""generate_continuations: batched left-padded generation equals one prompt at a time; order, EOS, cache, modes."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
+VOCAB, PAD, EOS, BOS = 64, 0, 2, 1
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    return setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=128, pad_token_id=PAD, eos_token_id=EOS,
+                         bos_token_id=BOS, attn_implementation="sdpa", use_cache=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # larger logits than at initialisation: greedy choices are far from ties
+        model.lm_head.weight.mul_(20)
+    return model.train()
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 14, (n,), generator=generator).tolist()
+    return [torch.randint(3, VOCAB, (length,), generator=generator).tolist() for length in lengths]
+
+
+def _generate(model, prompts, runtime, **kwargs):
+    return generate_continuations(model, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime, **kwargs)
+
+
+def test_batched_left_padded_greedy_equals_one_prompt_at_a_time(model, runtime):
+    prompts = _prompts(11)
+    assert len({len(p) for p in prompts}) > 3  # real padding inside batches
+    batched = _generate(model, prompts, runtime, batch_size=4, max_new_tokens=12)
+    alone = [_generate(model, [prompt], runtime, batch_size=1, max_new_tokens=12).continuations[0]
+             for prompt in prompts]
+    assert batched.continuations == alone
+    assert batched.new_tokens == sum(len(ids) for ids in alone) > 0 and batched.seconds > 0
+
+
+def test_continuations_come_back_in_prompt_order_whatever_the_batching(model, runtime):
+    prompts = _prompts(9, seed=1)
+    reference = _generate(model, prompts, runtime, batch_size=9, max_new_tokens=6).continuations
+    for batch_size in (1, 2, 5):
+        assert _generate(model, prompts, runtime, batch_size=batch_size, max_new_tokens=6).continuations == reference
+    reversed_out = _generate(model, prompts[::-1], runtime, batch_size=3, max_new_tokens=6).continuations
+    assert reversed_out == reference[::-1]
+
+
+def test_generation_stops_at_eos_and_excludes_it(model, runtime):
+    prompts = _prompts(6, seed=2)
+    free = _generate(model, prompts, runtime, batch_size=3, max_new_tokens=8).continuations
+    # Make the token the model picks first for the first prompt the EOS: that prompt then yields nothing.
+    first = free[0][0]
+    stopped = generate_continuations(model, prompts, pad_id=PAD, eos_id=[EOS, first], runtime=runtime,
+                                     batch_size=3, max_new_tokens=8).continuations
+    assert stopped[0] == []
+    for ids, full in zip(stopped, free, strict=True):
+        assert first not in ids and EOS not in ids
+        assert ids == full[:len(ids)]  # identical up to the stop
+        assert len(ids) <= 8
+
+
+def test_cache_is_on_for_generation_and_modes_are_restored(model, runtime):
+    fed = []  # tokens fed to the model at each step: the whole prompt, then one token each (the KV cache)
+    hook = model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        _generate(model, [[5, 6, 7], [8, 9]], runtime, max_new_tokens=4)
+    finally:
+        hook.remove()
+    assert fed == [3, 1, 1, 1]
+    assert model.training and model.config.use_cache is False
+
+
+def test_sampling_is_seeded_and_leaves_the_global_rng_alone(model, runtime):
+    prompts = _prompts(5, seed=3)
+    options = decoding_kwargs(do_sample=True, temperature=1.5, top_p=0.9)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    one = _generate(model, prompts, runtime, max_new_tokens=6, seed=7, **options).continuations
+    after = torch.rand(1)
+    two = _generate(model, prompts, runtime, max_new_tokens=6, seed=7, **options).continuations
+    other = _generate(model, prompts, runtime, max_new_tokens=6, seed=8, **options).continuations
+    assert one == two and one != other and torch.equal(before, after)
+
+
+def test_beam_search_and_repetition_controls_run_batched(model, runtime):
+    prompts = _prompts(4, seed=4)
+    options = decoding_kwargs(num_beams=3, repetition_penalty=1.3, no_repeat_ngram_size=2)
+    out = _generate(model, prompts, runtime, batch_size=2, max_new_tokens=10, **options).continuations
+    for ids in out:
+        bigrams = list(zip(ids, ids[1:], strict=False))
+        assert len(bigrams) == len(set(bigrams))  # no bigram repeated inside a continuation
+
+
+def test_decoding_kwargs_leave_out_what_does_nothing():
+    assert decoding_kwargs() == {"num_beams": 1, "do_sample": False}
+    assert decoding_kwargs(temperature=0.5, top_p=0.8) == {"num_beams": 1, "do_sample": False}
+    assert decoding_kwargs(do_sample=True, temperature=0.5, top_p=0.8, no_repeat_ngram_size=3) == {
+        "num_beams": 1, "do_sample": True, "temperature": 0.5, "top_p": 0.8, "no_repeat_ngram_size": 3}
+
+
+def test_empty_prompt_starts_from_the_start_id(model, runtime):
+    out = _generate(model, [[], [BOS]], runtime, max_new_tokens=5, start_id=BOS).continuations
+    assert out[0] == out[1]
+    with pytest.raises(ValueError, match="start_id"):
+        _generate(model, [[]], runtime)

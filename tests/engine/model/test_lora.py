@@ -1,0 +1,286 @@
+"""LoRA on a local tiny Llama checkpoint (saved with save_pretrained, no hub): adapters only train, the
+completion-only packed path is kept, checkpoints resume, the adapter saves and merges to the same logits."""
+
+import io
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from demo_data.texts import make_texts
+
+from fastlm.corpus.prompts import tokenize_pairs
+from fastlm.engine.checkpoint.files import latest_checkpoint
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.model import lora
+from fastlm.engine.model.build import build_model
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.loop import train
+from fastlm.engine.train.optim import make_adamw
+from fastlm.errors import ConfigError, find_user_error
+from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
+from tests.support.tolerances import MERGED_ADAPTER_ATOL
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
+MAX_LENGTH = 48
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return make_texts(240, seed=5, profile="demo")
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory, texts):
+    return save_tiny_llama(tmp_path_factory.mktemp("base"), llama_style_tokenizer(texts))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(base_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def pairs(texts, tokenizer) -> TokenSequences:
+    prompts = [f"{a}\n\nSummary:" for a in texts[:120]]
+    tokens = tokenize_pairs(prompts, texts[120:240], tokenizer, max_length=MAX_LENGTH)
+    return TokenSequences(tokens.values, tokens.offsets, tokens.prompt_lengths)
+
+
+def model_params(base_dir, **lora_overrides):
+    return {"name_or_path": str(base_dir), "lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0,
+                                                    **lora_overrides}}
+
+
+def train_params(tmp_path, base_dir, **overrides):
+    raw = {"model": model_params(base_dir), "batching": {"mode": "packed", "micro_batch_size": 4},
+           "optimizer": {"lr": 2e-2, "warmup_steps": 1}, "max_steps": 8, "log_every": 2, "eval_every": None,
+           "save_every": 4, "checkpoint_dir": str(tmp_path / "ckpt"), "quiet": True,
+           "runtime": {"device": "cpu", "precision": "fp32"}, **overrides}
+    return parse_train_params(raw)
+
+
+def test_auto_targets_are_the_projections_and_only_adapters_train(base_dir, tokenizer):
+    params = parse_train_params({"model": model_params(base_dir)}).model
+    model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    adapted = {name.split(".")[-4] for name in trainable}  # ...q_proj.lora_A.default.weight
+    assert adapted == set(lora.DEFAULT_TARGETS["llama"])
+    counts = lora.parameter_counts(model)
+    assert counts["trainable_parameters"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert 0 < counts["trainable_share"] < 0.5 and counts["total_parameters"] > counts["trainable_parameters"]
+    optimizer = make_adamw(model, lr=1e-3)
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == {id(p) for p in model.parameters() if p.requires_grad}
+    assert lora.target_modules(type("M", (), {"config": type("C", (), {"model_type": "bert"})})(), "auto") == "all-linear"
+
+
+def test_lora_is_refused_without_a_pretrained_base_and_4bit_without_cuda(base_dir, tokenizer):
+    scratch = parse_train_params({"model": {"lora": {"enabled": True}}}).model
+    with pytest.raises(ConfigError, match="train.model.name_or_path is null"):
+        build_model(scratch, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    if not torch.cuda.is_available():
+        quantized = parse_train_params({"model": model_params(base_dir, load_in_4bit=True)}).model
+        with pytest.raises(ConfigError, match="train.model.lora.load_in_4bit is true but a CUDA GPU") as error:
+            build_model(quantized, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+        assert "\n" not in str(error.value)
+    wrong = parse_train_params({"model": model_params(base_dir, target_modules=["no_such_layer"])}).model
+    with pytest.raises(ConfigError, match="target_modules"):
+        build_model(wrong, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+
+
+def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merges(tmp_path, base_dir, tokenizer,
+                                                                                  pairs):
+    params = train_params(tmp_path, base_dir, model={**model_params(base_dir), "gradient_checkpointing": True})
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
+    model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    frozen_before = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
+    result = train(model, pairs, pairs, params=params, runtime=runtime, pad_id=tokenizer.eos_token_id,
+                   max_length=MAX_LENGTH, attn="sdpa")
+    losses = [record["loss"] for record in result.history]
+    assert result.summary["batching"] == "packed" and losses[-1] < losses[0]
+    assert all(torch.equal(p, frozen_before[name]) for name, p in result.model.named_parameters()
+               if not p.requires_grad)
+    assert latest_checkpoint(tmp_path / "ckpt").name.endswith("8")
+    import safetensors.torch
+
+    saved = safetensors.torch.load_file(str(latest_checkpoint(tmp_path / "ckpt") / "model.safetensors"))
+    trainable = {name for name, p in result.model.named_parameters() if p.requires_grad}
+    assert set(saved) == trainable and all("lora_" in name for name in saved)  # no copy of the frozen base
+
+    # Resume: a fresh run with max_steps 8 continues from the step-8 checkpoint and changes nothing.
+    again = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    resumed = train(again, pairs, None, params=params, runtime=runtime, pad_id=tokenizer.eos_token_id,
+                    max_length=MAX_LENGTH, attn="sdpa")
+    for (name, p), (_, q) in zip(result.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+    # Save as the catalog does (adapter + tokenizer), merge, and compare logits with the adapter model.
+    out = tmp_path / "adapter"
+    result.model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(base_dir.resolve()) and not (out / "config.json").exists()
+    merged = lora.merge_adapter(out)
+    merged.save_pretrained(tmp_path / "merged")
+    from transformers import AutoModelForCausalLM
+
+    full = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", local_files_only=True).eval()
+    result.model.eval()
+    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+    with torch.no_grad():
+        expected = result.model(input_ids=ids).logits
+        torch.testing.assert_close(full(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True).eval()
+        assert not torch.allclose(base(input_ids=ids).logits, expected, atol=MERGED_ADAPTER_ATOL)  # it did something
+
+
+@pytest.mark.parametrize(("overrides", "param", "missing", "candidate"), [
+    ({"target_modules": ["q_proj", "nonexistent_proj"]}, "target_modules", "nonexistent_proj", "q_proj"),
+    ({"modules_to_save": ["nonexist"]}, "modules_to_save", "nonexist", "lm_head"),
+    ({"target_modules": ["q_proj"], "modules_to_save": ["lm_head", "embed"]}, "modules_to_save", "embed",
+     "embed_tokens"),
+], ids=["target_modules", "modules_to_save", "modules_to_save_one_of_two"])
+def test_every_named_lora_module_must_exist_in_the_model(base_dir, tokenizer, overrides, param, missing,
+                                                         candidate):
+    params = parse_train_params({"model": model_params(base_dir, **overrides)}).model
+    with pytest.raises(ConfigError) as error:
+        build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    message = str(error.value)
+    assert f"train.model.lora.{param}" in message and missing in message and candidate in message, message
+    assert "\n" not in message and "Fix:" in message
+
+
+def test_lora_names_match_as_peft_matches_them_and_the_log_lists_the_adapted_modules(base_dir, tokenizer,
+                                                                                    caplog):
+    """A name matches a module called that or ending in ``.<name>``; the log names what was adapted."""
+    lora_params = {"target_modules": ["self_attn.q_proj", "v_proj"], "modules_to_save": ["lm_head"]}
+    params = parse_train_params({"model": model_params(base_dir, **lora_params)}).model
+    with caplog.at_level(logging.INFO, logger="fastlm.engine.model.lora"):
+        model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    adapted = {name.split(".")[-4] for name, p in model.named_parameters() if "lora_" in name}
+    assert adapted == {"q_proj", "v_proj"}
+    line = next(message for message in caplog.messages if message.startswith("LoRA "))
+    assert "adapting q_proj, v_proj (4 modules); fully training lm_head" in line, line
+
+
+def _adapter(tmp_path, base_dir, tokenizer):
+    """A LoRA model on a copy of the base, saved as the catalog saves it: (base folder, adapter folder)."""
+    from fastlm.datasets import PretrainedModelDataset
+
+    base = tmp_path / "base"
+    shutil.copytree(base_dir, base)
+    params = parse_train_params({"model": model_params(base)}).model
+    model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    with torch.no_grad():  # an adapter that changes the model (peft starts lora_B at zero)
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.fill_(0.01)
+    PretrainedModelDataset(str(tmp_path / "adapter")).save({"model": model, "tokenizer": tokenizer})
+    return base, tmp_path / "adapter"
+
+
+def test_an_adapter_refuses_a_base_replaced_by_another_model_of_the_same_shape(tmp_path, base_dir, tokenizer,
+                                                                               capsys):
+    from fastlm.__main__ import merge_adapter_command
+    from fastlm.datasets import PretrainedModelDataset
+
+    base, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    PretrainedModelDataset(str(adapter)).load()  # the base it was trained on: loads
+    from transformers import AutoModelForCausalLM
+
+    moved = tmp_path / "moved"  # the same weights elsewhere, re-saved in shards: the same digest
+    whole = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
+    whole.save_pretrained(moved, max_shard_size="40KB")
+    tokenizer.save_pretrained(moved)
+    assert len(list(moved.glob("*.safetensors"))) > 1
+    lora.merge_adapter(adapter, base=str(moved))
+
+    save_tiny_llama(base, tokenizer, seed=1)  # another model of the same shape in the base folder
+    for load in (lambda: PretrainedModelDataset(str(adapter)).load(), lambda: lora.merge_adapter(adapter)):
+        with pytest.raises(Exception) as error:  # the catalog wraps a dataset's error in its own
+            load()
+        assert isinstance(find_user_error(error.value), ConfigError), repr(error.value)
+        message = str(find_user_error(error.value))
+        assert f"the base model folder {base} of the LoRA adapter in {adapter}" in message, message
+        assert "weights differ from base_digest.json" in message and "\n" not in message and "Fix:" in message
+    out = tmp_path / "merged"
+    assert merge_adapter_command(["--adapter", str(adapter), "--out", str(out)]) == 2
+    error_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(error_lines) == 1 and "no longer holds the weights" in error_lines[0] and not out.exists()
+
+
+def test_a_change_to_one_small_tensor_of_the_base_is_refused(tmp_path, base_dir, tokenizer):
+    import safetensors.torch
+
+    base, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    weights = safetensors.torch.load_file(str(base / "model.safetensors"))
+    weights["model.norm.weight"][3] += 1.0  # 32 of the model's 40k weights
+    safetensors.torch.save_file(weights, str(base / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"\(1 of \d+ weights differ .*: model.norm.weight changed\)"):
+        lora.merge_adapter(adapter)
+
+
+def test_the_base_digest_samples_large_tensors_and_reads_little(tmp_path, monkeypatch):
+    """Tensors above the whole-tensor limit are read at a few spread blocks: a multi-GB base costs MBs."""
+    import safetensors.torch
+
+    weights = {"big": torch.arange(1 << 20, dtype=torch.float32), "small": torch.ones(8)}
+    safetensors.torch.save_file(weights, str(tmp_path / "model.safetensors"))
+    first = lora.base_weights_digest(tmp_path)
+    read = []
+    real_open = Path.open
+
+    class Counted(io.BufferedReader):
+        def read(self, *size):
+            read.append(len(data := super().read(*size)))
+            return data
+
+    monkeypatch.setattr(Path, "open", lambda self, *_, **__: Counted(real_open(self, "rb", buffering=0)))
+    assert lora.base_weights_digest(tmp_path) == first
+    assert 0 < sum(read) < 64 * 1024  # of a 4 MiB file
+    monkeypatch.undo()
+    weights["big"][0] = -1.0  # inside the first sampled block
+    safetensors.torch.save_file(weights, str(tmp_path / "model.safetensors"))
+    assert lora.base_weights_digest(tmp_path) != first
+
+
+def test_an_adapter_saved_without_a_base_digest_loads_with_one_warning(tmp_path, base_dir, tokenizer, caplog):
+    from fastlm.datasets import PretrainedModelDataset
+
+    _, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    (adapter / lora.BASE_DIGEST).unlink()  # as an earlier fastlm saved it
+    with caplog.at_level(logging.WARNING):
+        PretrainedModelDataset(str(adapter)).load()
+        lora.merge_adapter(adapter)
+    warned = [record for record in caplog.records if lora.BASE_DIGEST in record.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0].getMessage(), caplog.messages
+
+
+def test_a_lora_checkpoint_is_not_resumed_on_a_changed_base(tmp_path, base_dir, tokenizer, pairs, caplog):
+    """A LoRA checkpoint holds the adapters alone: on other base weights of the same shape it starts fresh."""
+    base = tmp_path / "base"
+    shutil.copytree(base_dir, base)
+    params = train_params(tmp_path, base, model=model_params(base), max_steps=4, save_every=2, resume="auto")
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
+
+    def run():
+        model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+        return train(model, pairs, None, params=params, runtime=runtime, pad_id=tokenizer.eos_token_id,
+                     max_length=MAX_LENGTH, attn="sdpa")
+
+    run()
+    save_tiny_llama(base, tokenizer, seed=1)
+    caplog.set_level(logging.INFO, logger="fastlm")
+    again = run()
+    assert again.summary["steps_trained"] == 4
+    (line,) = [message for message in caplog.messages if "starting fresh" in message]
+    assert "model.base_weights" in line, line

@@ -1,0 +1,193 @@
+"""Faults during training: SIGTERM / Ctrl-C stop after a saved step; SIGKILL at a step or in the middle of a
+checkpoint write loses at most the steps since the last complete checkpoint; every resume is bitwise exact."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastlm.engine.checkpoint.files import MARKER, latest_checkpoint, load_checkpoint
+from fastlm.engine.train.signals import GracefulStop, TrainingInterrupted
+from tests.support.toy_training import run_toy, toy_model, toy_params
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+MODES = ["packed", "length_grouped", "dynamic"]
+STEPS = 8
+# Deterministic, a record every step (so the final loss covers the same one-step window in every run), no eval.
+DETERMINISTIC = {"runtime": {"deterministic": True}, "log_every": 1, "eval_every": None, "max_steps": STEPS}
+_straight_runs: dict[str, tuple[float, list[torch.Tensor]]] = {}
+
+
+def _settings(mode: str, **overrides) -> dict:
+    return {**DETERMINISTIC, "batching": {"mode": mode}, **overrides}
+
+
+def _straight(tmp_path_factory, mode: str) -> tuple[float, list[torch.Tensor]]:
+    """The final loss and weights of an uninterrupted run (one per mode for the whole module)."""
+    if mode not in _straight_runs:
+        result = run_toy(toy_params(tmp_path_factory.mktemp(f"straight-{mode}"), **_settings(mode)))
+        _straight_runs[mode] = (result.history[-1]["loss"],
+                                [p.detach().clone() for p in result.model.parameters()])
+    return _straight_runs[mode]
+
+
+def _assert_resumes_exactly(tmp_path, tmp_path_factory, mode: str, **overrides):
+    resumed = run_toy(toy_params(tmp_path, **_settings(mode, resume="auto", **overrides)))
+    assert resumed.history[-1]["step"] == STEPS
+    loss, weights = _straight(tmp_path_factory, mode)
+    assert resumed.history[-1]["loss"] == loss  # bitwise: deterministic mode
+    for expected, actual in zip(weights, resumed.model.parameters(), strict=True):
+        assert torch.equal(expected, actual)
+    return resumed
+
+
+# ----------------------------------------------------------------------------------------- SIGTERM / Ctrl-C
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_saves_the_step_and_resumes_exactly(tmp_path, tmp_path_factory, mode):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+    def terminate(kind, record):
+        if record["step"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    params = toy_params(tmp_path, **_settings(mode, save_every=None, resume="auto"))
+    with pytest.raises(TrainingInterrupted) as error:
+        run_toy(params, callbacks=[terminate])
+    checkpoint = tmp_path / "checkpoints" / "checkpoint-00000003"
+    assert str(error.value) == (f"training stopped by SIGTERM at step 3; checkpoint {checkpoint} saved; "
+                                "run the same command again (train.resume: auto) to continue")
+    assert error.value.exit_code == 130 and error.value.step == 3
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # handlers restored
+    assert latest_checkpoint(tmp_path / "checkpoints") == checkpoint and (checkpoint / MARKER).is_file()
+    state = load_checkpoint(checkpoint, model=toy_model(), restore_rng=False)
+    assert state["step"] == 3 and [r["step"] for r in state["history"]] == [1, 2, 3]
+    resumed = _assert_resumes_exactly(tmp_path, tmp_path_factory, mode, save_every=None)
+    assert [r["step"] for r in resumed.history] == list(range(1, STEPS + 1))
+
+
+def test_ctrl_c_mid_step_finishes_the_step_flushes_and_names_the_fix(tmp_path, monkeypatch):
+    """SIGINT in the middle of step 6 (before its forward pass), which is neither a logging nor a saving
+    step: the step still completes, its pending metrics are flushed and checked, a checkpoint is written
+    anyway, and a run with resume: never is told to switch to auto."""
+    import fastlm.engine.train.step as step_module
+
+    calls = {"n": 0}
+    real = step_module.accumulate_gradients
+
+    def accumulate(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
+    params = toy_params(tmp_path, **_settings("packed", log_every=4, save_every=None, resume="never"))
+    with pytest.raises(TrainingInterrupted) as error:
+        run_toy(params)
+    checkpoint = tmp_path / "checkpoints" / "checkpoint-00000006"
+    message = str(error.value)
+    assert message.startswith(f"training stopped by SIGINT at step 6; checkpoint {checkpoint} saved;")
+    assert "with train.resume: auto (it is 'never' now)" in message
+    assert latest_checkpoint(tmp_path / "checkpoints") == checkpoint == error.value.checkpoint
+    history = load_checkpoint(checkpoint, model=toy_model(), restore_rng=False)["history"]
+    assert [r["step"] for r in history] == [1, 4, 6] and calls["n"] == 6
+
+
+def test_graceful_stop_flag_second_ctrl_c_and_restore():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with GracefulStop() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.signal_name == "SIGINT"  # the handler only set the flag
+        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C: default behaviour again, at once
+            os.kill(os.getpid(), signal.SIGINT)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_graceful_stop_is_inert_outside_the_main_thread():
+    before = signal.getsignal(signal.SIGTERM)
+    seen = {}
+
+    def body():
+        with GracefulStop() as stop:
+            seen["handler"] = signal.getsignal(signal.SIGTERM)
+            seen["requested"] = stop.requested
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == {"handler": before, "requested": False}
+
+
+# ----------------------------------------------------------------------------------------- SIGKILL
+
+DRIVER = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from tests.support.toy_training import toy_params, run_toy
+
+settings = {settings!r}
+kill_at_step = {kill_at_step!r}
+
+if {kill_in_save!r}:  # SIGKILL inside torch.save of the checkpoint for step kill_in_save: a torn write
+    import fastlm.engine.checkpoint.files as checkpoint
+    real_save = checkpoint.torch.save
+
+    def torn_save(obj, handle, *args, **kwargs):
+        if "checkpoint-%08d-" % {kill_in_save!r} in str(getattr(handle, "name", handle)):
+            handle.write(b"half a file")
+            handle.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_save(obj, handle, *args, **kwargs)
+
+    checkpoint.torch.save = torn_save
+
+
+def kill(kind, record):
+    if record["step"] == kill_at_step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+run_toy(toy_params(Path({tmp!r}), **settings), callbacks=[kill])
+print("finished without being killed")
+"""
+
+
+def _run_killed(tmp_path: Path, settings: dict, *, kill_at_step=None, kill_in_save=None) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(DRIVER).format(repo=str(REPO_ROOT), settings=settings, tmp=str(tmp_path),
+                                                     kill_at_step=kill_at_step, kill_in_save=kill_in_save))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sigkill_at_a_step_resumes_from_the_last_checkpoint(tmp_path, tmp_path_factory, mode):
+    settings = _settings(mode, save_every=2, resume="auto")
+    _run_killed(tmp_path, settings, kill_at_step=5)
+    root = tmp_path / "checkpoints"
+    assert latest_checkpoint(root).name == "checkpoint-00000004"
+    assert not list(root.glob("checkpoint-00000005*"))
+    _assert_resumes_exactly(tmp_path, tmp_path_factory, mode, save_every=2)
+
+
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, tmp_path_factory):
+    settings = _settings("packed", save_every=2, resume="auto")
+    _run_killed(tmp_path, settings, kill_in_save=4)
+    root = tmp_path / "checkpoints"
+    assert latest_checkpoint(root).name == "checkpoint-00000002"  # the torn step-4 copy is never picked
+    assert not (root / "checkpoint-00000004").exists()
+    leftovers = list(root.glob(".tmp-checkpoint-00000004-*"))
+    assert len(leftovers) == 1 and not (leftovers[0] / MARKER).exists()
+    _assert_resumes_exactly(tmp_path, tmp_path_factory, "packed", save_every=2)
+    assert not list(root.glob(".tmp-*"))  # the next save cleared the leftover
+    assert latest_checkpoint(root).name == f"checkpoint-{STEPS:08d}"

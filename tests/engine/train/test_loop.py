@@ -1,0 +1,123 @@
+"""The training loop on a tiny Llama: loss falls in every batching mode, exact resume, NaN stops cleanly."""
+
+import math
+
+import pytest
+import torch
+
+from fastlm.engine.checkpoint.files import latest_checkpoint, load_checkpoint
+from fastlm.engine.observe.health import NonFiniteLossError
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.loop import train
+from tests.support.toy_training import (
+    EOS,
+    VOCAB,
+    poisoned_model,
+    run_toy,
+    toy_model,
+    toy_params,
+    toy_sequences,
+)
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
+
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
+def test_loss_falls_and_metrics_are_logged(tmp_path, mode):
+    seen = []
+    result = run_toy(toy_params(tmp_path, batching={"mode": mode}), callbacks=[lambda kind, record: seen.append(kind)])
+    losses = [record["loss"] for record in result.history]
+    assert losses[-1] < losses[0] - 0.3
+    assert abs(losses[0] - math.log(VOCAB)) < 1.0  # a fresh model starts near ln(vocab)
+    last = result.history[-1]
+    for key in ("lr", "grad_norm", "real_tokens_per_s", "samples_per_s", "step_time_s", "data_wait_share",
+                "padding_efficiency", "peak_memory_mb", "eta_s"):
+        assert last[key] is not None, key
+    if mode == "packed":
+        assert last["padding_efficiency"] > 0.9
+    assert seen.count("eval") == 2 and result.eval_history[-1]["val_loss"] < result.eval_history[0]["val_loss"] + 1
+    assert result.summary["steps"] == 30 and result.summary["tokens_seen"] > 0
+
+
+def test_interrupted_run_resumes_to_the_same_loss(tmp_path):
+    deterministic = {"runtime": {"deterministic": True}, "log_every": 1, "save_every": 4, "eval_every": None,
+                     "max_steps": 12}
+    straight = run_toy(toy_params(tmp_path / "a", **deterministic))
+
+    def interrupt(kind, record):
+        if record["step"] == 6:
+            raise KeyboardInterrupt
+
+    interrupted = toy_params(tmp_path / "b", **deterministic)
+    with pytest.raises(KeyboardInterrupt):
+        run_toy(interrupted, callbacks=[interrupt])
+    assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "checkpoint-00000004"
+    resumed = run_toy(toy_params(tmp_path / "b", **deterministic, resume="auto"))
+    assert [r["step"] for r in resumed.history][-1] == 12
+    assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]  # bitwise: deterministic mode
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
+    params = toy_params(tmp_path, log_every=1, save_every=2, eval_every=None)
+    model, poison = poisoned_model(3)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    with pytest.raises(NonFiniteLossError) as error:
+        train(model, toy_sequences(300, 1), None, params=params, runtime=runtime, pad_id=EOS, max_length=64,
+              attn="sdpa", callbacks=[poison])
+    message = str(error.value)
+    assert "by step 4" in message and "checkpoint-00000002" in message and "lower train.optimizer.lr" in message
+    last = latest_checkpoint(tmp_path / "checkpoints")
+    assert last.name == "checkpoint-00000002"
+    state = load_checkpoint(last, model=toy_model(), restore_rng=False)
+    assert state["step"] == 2 and all(math.isfinite(r["loss"]) for r in state["history"])
+
+
+def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
+    from fastlm.engine.data import PackedCollator, TokenBudget
+    from fastlm.engine.model.attention import to_device
+
+    data = toy_sequences(50, 3)
+    samples = data.__getitems__(range(8))
+    budget = TokenBudget(row_length=64, rows_per_batch=4)
+    reference = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="bool")(samples)
+    shipped = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="none")(samples)
+    assert "attention_mask" not in shipped
+    cpu = torch.device("cpu")
+    assert torch.equal(to_device(shipped, cpu, "sdpa")["model_inputs"]["attention_mask"], reference["attention_mask"])
+    additive = to_device(shipped, cpu, "eager")["model_inputs"]["attention_mask"]
+    assert torch.equal(additive == 0, reference["attention_mask"])
+    varlen = to_device(shipped, cpu, "flash_attention_2")["model_inputs"]
+    assert "attention_mask" not in varlen and varlen["input_ids"].shape == (1, shipped["input_ids"].numel())
+    assert torch.equal(varlen["cu_seq_lens_q"], shipped["cu_seq_lens"])
+
+
+def test_profiling_records_the_requested_window(tmp_path):
+    trace_dir = tmp_path / "profile"
+    params = toy_params(tmp_path, max_steps=6, eval_every=None,
+                     profile={"enabled": True, "start_step": 3, "steps": 2, "trace_dir": str(trace_dir)})
+    profile = run_toy(params).summary["profile"]
+    assert profile["recorded"] and profile["steps"] == "3-4"
+    assert (trace_dir / "steps_3-4.pt.trace.json").stat().st_size > 1000
+    shares = profile["phase_share"]
+    assert set(shares) == {"data", "forward", "backward", "optimizer"}
+    assert shares["forward"] > 0 and shares["backward"] > 0 and 0.5 < sum(shares.values()) <= 1.05
+    assert profile["top_operators"][0]["self_cpu_ms"] >= profile["top_operators"][-1]["self_cpu_ms"] > 0
+
+
+def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path, monkeypatch):
+    import fastlm.engine.train.step as step_module
+
+    used, make_adamw = [], step_module.make_adamw
+
+    def recording_adamw(*args, **kwargs):
+        optimizer = make_adamw(*args, **kwargs)
+        optimizer.register_step_pre_hook(lambda opt, a, k: used.append(opt.param_groups[0]["lr"]))
+        return optimizer
+
+    monkeypatch.setattr(step_module, "make_adamw", recording_adamw)
+    params = toy_params(tmp_path, max_steps=4, log_every=1, eval_every=None, optimizer={"warmup_steps": 3})
+    result = run_toy(params)
+    assert len(used) == 4 and used[0] < used[1] < used[2]  # warmup: the rate grows step by step
+    assert [record["lr"] for record in result.history] == pytest.approx(used)

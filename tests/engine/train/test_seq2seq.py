@@ -1,0 +1,233 @@
+"""Issue 19: encoder-decoder (BART, T5) folders train through the engine on prompt/response samples.
+
+The prompt feeds the encoder, the response + EOS is the decoder target; tiny models are built from configs
+and saved with ``save_pretrained`` into temporary folders (no hub).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastlm.engine.batching import make_batching, seq2seq_batching
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.data import PackedSeq2SeqCollator, Seq2SeqCollator
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.model.build import build_model
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.loop import train
+from fastlm.errors import ConfigError
+from tests.support.tolerances import MERGED_ADAPTER_ATOL
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
+VOCAB, PAD, EOS = 64, 1, 2
+
+
+def _tiny(kind: str, init_std: float = 0.02):
+    from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    if kind == "bart":
+        return BartForConditionalGeneration(BartConfig(
+            vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+            pad_token_id=PAD, eos_token_id=EOS, bos_token_id=0, decoder_start_token_id=EOS, dropout=0.0,
+            init_std=init_std))
+    return T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                               num_heads=2, pad_token_id=PAD, eos_token_id=EOS,
+                                               decoder_start_token_id=PAD, dropout_rate=0.0))
+
+
+def copy_samples(n: int, seed: int) -> TokenSequences:
+    """prompt = a few tokens, response = the same tokens reversed, then EOS (a task only the encoder can solve)."""
+    rng = np.random.default_rng(seed)
+    rows, prompts = [], []
+    for _ in range(n):
+        prompt = rng.integers(3, 12, size=int(rng.integers(3, 10))).tolist()
+        rows.append(prompt + prompt[::-1] + [EOS])
+        prompts.append(len(prompt))
+    lengths = np.array([len(r) for r in rows])
+    return TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]), np.array(prompts))
+
+
+def _params(tmp_path, folder, **batching):
+    return parse_train_params({
+        "model": {"name_or_path": str(folder)},
+        "batching": {"mode": "length_grouped", "micro_batch_size": 8, **batching},
+        "optimizer": {"lr": 1e-2, "warmup_steps": 2}, "max_steps": 40, "log_every": 5, "eval_every": 40,
+        "save_every": None, "quiet": True, "checkpoint_dir": str(tmp_path / "checkpoints"), "resume": "never",
+        "runtime": {"device": "cpu", "num_threads": 1}, "profile": {"enabled": False}})
+
+
+class _Tokenizer:  # what build_model needs of a tokenizer: its size (the folder has no tokenizer of its own)
+    def __len__(self):
+        return VOCAB
+
+
+@pytest.mark.parametrize(("kind", "mode"), [("bart", "packed"), ("t5", "packed"), ("bart", "length_grouped")])
+def test_seq2seq_folder_trains_and_reloads_with_its_encoder_trained(tmp_path, kind, mode):
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
+
+    folder = tmp_path / kind
+    _tiny(kind).save_pretrained(folder)
+    params = _params(tmp_path, folder, mode=mode)
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    assert model.config.is_encoder_decoder
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if "encoder." in name}
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    result = train(model, copy_samples(200, 1), copy_samples(24, 2), params=params, runtime=runtime, pad_id=PAD,
+                   max_length=64, attn="sdpa")
+    losses = [record["loss"] for record in result.history]
+    assert losses[-1] < losses[0] - 0.5
+    assert result.eval_history and np.isfinite(result.eval_history[-1]["val_loss"])
+    assert result.summary["batching"] == mode  # BART and T5 pack on sdpa (issue 19: packed == alone tests)
+    assert result.summary["padding_efficiency"] > (0.8 if mode == "packed" else 0.5)
+
+    saved = tmp_path / "trained"
+    result.model.save_pretrained(saved)
+    reloaded = PretrainedModelDataset(str(saved)).load()["model"]
+    assert type(reloaded) is type(model)
+    trained = dict(reloaded.named_parameters())
+    changed = [name for name, value in before.items() if not torch.equal(trained[name], value)]
+    assert len(changed) > len(before) // 2, "the encoder was not trained"
+    for name in changed:
+        assert torch.equal(trained[name], dict(result.model.named_parameters())[name]), name  # saved, loaded: lossless
+
+
+def test_collator_pads_encoder_and_decoder_to_their_own_maxima():
+    samples = copy_samples(4, 3)
+    batch = Seq2SeqCollator(pad_id=PAD, decoder_start_id=EOS, pad_to_multiple_of=None)(samples.__getitems__(range(4)))
+    prompts = samples.prompt_lengths
+    responses = samples.lengths - prompts
+    assert batch["input_ids"].shape == (4, prompts.max())
+    assert batch["decoder_input_ids"].shape == (4, responses.max() + 1)
+    assert batch["attention_mask"].sum(1).tolist() == prompts.tolist()
+    assert (batch["decoder_input_ids"][:, 0] == EOS).all()
+    first = samples[0]
+    p = int(prompts[0])
+    # labels follow the causal convention (position t predicts labels[t + 1]): the response and its EOS
+    assert batch["labels"][0, 1 : responses[0] + 1].tolist() == first[p:].tolist()
+    assert int(batch["num_target_tokens"]) == int(responses.sum())
+    assert int(batch["num_real_tokens"]) == int(samples.lengths.sum() + 4)
+
+
+def test_seq2seq_needs_prompt_response_data(tmp_path):
+    plain = TokenSequences(np.arange(3, 13), np.array([0, 5, 10]))
+    with pytest.raises(ConfigError, match="prompt/response"):
+        seq2seq_batching(_tiny("bart"), plain)
+
+
+def test_packed_seq2seq_batches_pack_where_the_family_and_attention_keep_samples_apart():
+    samples = copy_samples(20, 0)
+    params = _params(Path("unused"), "unused", mode="packed")
+    for attn, expected in (("sdpa", PackedSeq2SeqCollator), ("eager", PackedSeq2SeqCollator),
+                           ("flash_attention_2", Seq2SeqCollator)):
+        sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=0,
+                                          **seq2seq_batching(_tiny("bart"), samples, attn))
+        assert isinstance(collator, expected), attn
+        sampler.set_epoch(0, start_batch=0)
+        assert sorted(i for batch in sampler for i in batch) == list(range(20))
+    _, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=0,
+                                **seq2seq_batching(_tiny("bart"), samples))  # no attention path: the report's
+    assert isinstance(collator, Seq2SeqCollator)  # per-sample evaluation keeps padded rows
+
+
+def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog):
+    from transformers import PegasusConfig, PegasusForConditionalGeneration
+
+    folder = tmp_path / "pegasus"  # sinusoidal absolute positions: no packing hook checked for this family
+    torch.manual_seed(0)
+    PegasusForConditionalGeneration(PegasusConfig(
+        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, dropout=0.0)).save_pretrained(folder)
+    params = _params(tmp_path, folder, mode="packed")
+    samples = copy_samples(20, 0)
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    params = params.model_copy(update={"max_steps": 2, "eval_every": 2})
+    with caplog.at_level("WARNING"):
+        result = train(model, samples, copy_samples(8, 1), params=params, runtime=runtime, pad_id=PAD,
+                       max_length=64, attn="sdpa")
+    warnings = [r.getMessage() for r in caplog.records if "packed is not available" in r.getMessage()]
+    assert len(warnings) == 1 and "the pegasus family is not checked" in warnings[0]
+    assert result.summary["batching"] == "length_grouped"
+
+
+@pytest.mark.parametrize(("kind", "targets"), [("bart", {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"}),
+                                               ("t5", {"q", "k", "v", "o", "wi", "wo"})])
+def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp_path, kind, targets):
+    from fastlm.engine.model.lora import load_adapter_model
+
+    folder = tmp_path / kind
+    # frozen embeddings (LoRA) of BART's usual init (std 0.02) in 16 dimensions barely move the tied logits
+    _tiny(kind, init_std=0.5).save_pretrained(folder)
+    params = _params(tmp_path, folder, mode="packed")  # packed through the PEFT wrapper
+    params = params.model_copy(update={"max_steps": 30, "optimizer": params.optimizer.model_copy(update={"lr": 2e-2}),
+                                       "model": params.model.model_copy(update={
+        "lora": params.model.lora.model_copy(update={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0})})})
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if "lora_A" in name}
+    assert adapted == targets
+    assert any("encoder" in name and "lora_A" in name for name, _ in model.named_parameters())
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    result = train(model, copy_samples(200, 1), None, params=params, runtime=runtime, pad_id=PAD, max_length=64,
+                   attn="sdpa")
+    losses = [record["loss"] for record in result.history]
+    assert losses[-1] < losses[0] - 0.3 and result.summary["batching"] == "packed"
+    result.model.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_2_SEQ_LM" and targets <= set(config["target_modules"])
+    merged = load_adapter_model(tmp_path / "adapter")
+    assert type(merged).__name__ == type(_tiny(kind)).__name__
+    batch = Seq2SeqCollator(pad_id=PAD, decoder_start_id=EOS)(copy_samples(4, 5).__getitems__(range(4)))
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")}
+    result.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**inputs).logits, result.model(**inputs).logits, rtol=0,
+                                   atol=MERGED_ADAPTER_ATOL)
+
+
+def test_tune_measures_the_seq2seq_training_step(tmp_path):
+    from fastlm.engine.train import tune
+
+    params = _params(tmp_path, tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(_tiny("t5"), copy_samples(60, 1), params=params, runtime=runtime, pad_id=PAD,
+                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    trial = measure(4)
+    assert trial.real_tokens_per_s > 0 and trial.step_time_s > 0
+
+
+def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
+    folder = tmp_path / "t5"
+    _tiny("t5").save_pretrained(folder)
+    runtime_params = {"device": "cpu", "num_threads": 1, "deterministic": True}
+
+    def run(root, callbacks=(), **overrides):
+        params = _params(root, folder, mode="packed").model_copy(update={"max_steps": 8, "save_every": 4, "eval_every": None,
+                                                          "log_every": 1, **overrides})
+        params = params.model_copy(update={"runtime": params.runtime.model_copy(update=runtime_params)})
+        runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+        model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+        return train(model, copy_samples(120, 1), None, params=params, runtime=runtime, pad_id=PAD, max_length=64,
+                     attn="sdpa", callbacks=callbacks)
+
+    def interrupt(kind, record):
+        if record["step"] == 6:
+            raise KeyboardInterrupt
+
+    straight = run(tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", callbacks=[interrupt])
+    resumed = run(tmp_path / "b", resume="auto")
+    assert resumed.summary["resumed_from_step"] == 4 and resumed.summary["steps_trained"] == 4
+    assert resumed.summary["batching"] == "packed"
+    assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -1,0 +1,103 @@
+"""The run summary's figures come from per-step values, and every history row reaches the callbacks."""
+
+import numpy as np
+import pytest
+
+from fastlm.engine.batching import make_batching
+from tests.support.toy_training import EOS, run_toy, toy_params, toy_sequences
+
+
+def test_every_history_row_reaches_the_callbacks(tmp_path):
+    # save_every 3 with log_every 4: the window pending at step 3 is flushed before the checkpoint is written.
+    seen = []
+    params = toy_params(tmp_path, max_steps=6, log_every=4, save_every=3, eval_every=None)
+    result = run_toy(params, callbacks=[lambda kind, record: seen.append(record) if kind == "train" else None])
+    assert [record["step"] for record in result.history] == [1, 3, 4, 6]
+    assert seen == result.history
+
+
+def test_summary_figures_are_over_steps_not_window_means(tmp_path):
+    params = toy_params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4}, max_steps=7, log_every=3,
+                     eval_every=None)
+    result = run_toy(params)
+    assert [record["step"] for record in result.history] == [1, 3, 6, 7]  # windows of 1, 2, 3 and 1 steps
+    # The same batches the run drew: steps 2..7 (step 1 is warm-up and left out).
+    sampler, collator = make_batching(params, toy_sequences(300, 1).lengths, pad_id=EOS, max_length=64, seed=params.seed)
+    sampler.set_epoch(0)
+    data = toy_sequences(300, 1)
+    batches = [collator(data.__getitems__(list(indices))) for _, indices in zip(range(7), sampler, strict=False)]
+    real = sum(int(batch["num_real_tokens"]) for batch in batches[1:])
+    computed = sum(int(batch["num_computed_tokens"]) for batch in batches[1:])
+    summary = result.summary
+    assert summary["padding_efficiency"] == pytest.approx(real / computed)
+    step_times = result.step_times[1:]
+    assert len(step_times) == 6
+    assert summary["step_time_p99_s"] == pytest.approx(float(np.percentile(step_times, 99)))
+    assert summary["step_time_p50_s"] == pytest.approx(float(np.percentile(step_times, 50)))
+    assert summary["step_time_max_s"] == pytest.approx(max(step_times))
+    assert 0 <= summary["data_wait_share"] < 1
+
+
+def test_a_resume_reads_the_checkpoint_once(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from fastlm.engine.checkpoint.files import MARKER, STATE_FILE
+
+    run_toy(toy_params(tmp_path, max_steps=4, save_every=2, eval_every=None))
+    reads, read_text = [], Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.name in (STATE_FILE, MARKER):
+            reads.append(self.name)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    result = run_toy(toy_params(tmp_path, max_steps=6, save_every=None, eval_every=None, resume="auto"))
+    assert result.summary["resumed_from_step"] == 4
+    assert sorted(reads) == sorted([MARKER, STATE_FILE])
+
+
+@pytest.mark.parametrize(("mode", "rows"), [("packed", 4), ("dynamic", 4)])
+def test_the_log_and_summary_say_what_an_optimizer_step_holds(tmp_path, caplog, mode, rows):
+    """A packed row holds several samples: "effective batch 8" alone would hide ~8x as many texts per step. The
+    log and the summary name the rows, and the mean samples and real tokens a step holds over an epoch."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="fastlm")
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": rows, "gradient_accumulation_steps": 2},
+                        max_steps=2, eval_every=None)
+    result = run_toy(params)
+    data, summary = toy_sequences(300, 1), result.summary
+    steps_per_epoch = round(summary["steps"] / summary["epochs"])
+    assert summary["rows_per_step"] == summary["effective_batch"] == rows * 2
+    assert summary["samples_per_step"] == pytest.approx(len(data) / steps_per_epoch, abs=0.05)  # 1 decimal
+    assert summary["tokens_per_step"] == pytest.approx(int(data.lengths.sum()) / steps_per_epoch, abs=0.05)
+    if mode == "packed":  # rows of 64 tokens hold ~5 toy samples each
+        assert summary["samples_per_step"] > 2 * summary["rows_per_step"]
+    else:
+        assert summary["samples_per_step"] == pytest.approx(summary["rows_per_step"], rel=0.05)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("Training "))
+    assert f"{rows * 2} rows" in line and f"~{summary['samples_per_step']:,.0f} samples" in line
+    assert f"~{summary['tokens_per_step']:,.0f} real tokens" in line
+
+
+def test_label_smoothing_trains_the_smoothed_loss_and_validates_on_the_plain_one(tmp_path, monkeypatch):
+    """train.loss.label_smoothing reaches every training step (the smoothed loss itself: test_loss.py); the
+    validation stays plain cross-entropy (comparable across runs); the summary names the train loss's smoothing."""
+    import fastlm.engine.train.step as step_module
+    from fastlm.engine.evaluate.evaluation import evaluate
+
+    real, seen = step_module.accumulate_gradients, []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("label_smoothing"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "accumulate_gradients", recording)
+    steps = {"max_steps": 3, "log_every": 1, "eval_every": 3}
+    smoothed = run_toy(toy_params(tmp_path / "smoothed", loss={"label_smoothing": 0.3}, **steps))
+    assert seen == [0.3] * 3 and smoothed.summary["label_smoothing"] == 0.3
+    params = toy_params(tmp_path / "again", **steps)
+    again = evaluate(smoothed.model, toy_sequences(40, 2), params=params, runtime=smoothed.runtime, pad_id=EOS,
+                     max_length=64, attn="sdpa").metrics["loss"]
+    assert smoothed.eval_history[-1]["val_loss"] == pytest.approx(again, rel=1e-6)  # the same plain evaluation

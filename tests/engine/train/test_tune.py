@@ -1,0 +1,157 @@
+"""Autotune ladder: cliff, out-of-memory, headroom, accumulation; and a real short run on CPU."""
+
+import pytest
+import torch
+
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train import tune
+from tests.support.toy_training import EOS, toy_model, toy_params, toy_sequences
+
+
+def fake(speeds: dict[int, float], memory: dict[int, float], oom_at: int | None = None, calls=None):
+    def measure(size: int) -> tune.Measurement:
+        if calls is not None:
+            calls.append(size)
+        if oom_at is not None and size >= oom_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return tune.Measurement(speeds[size], 1.0 / speeds[size], memory[size])
+    return measure
+
+
+SIZES = [1, 2, 4, 8, 16, 32]
+MEMORY = {1: 10, 2: 20, 4: 40, 8: 70, 16: 95, 32: 100}
+
+
+def test_cliff_stops_the_ladder_and_the_fastest_before_it_is_chosen():
+    speeds = {1: 100, 2: 190, 4: 350, 8: 400, 16: 170, 32: 999}  # 16: near the memory limit, 2.4x slower
+    calls = []
+    trials = tune.run_ladder(fake(speeds, MEMORY, calls=calls), SIZES, memory_limit_mb=None, headroom=0.1,
+                             cliff_tolerance=0.05)
+    assert [t.status for t in trials] == ["ok", "ok", "ok", "ok", "cliff"] and calls == [1, 2, 4, 8, 16]
+    assert tune.choose(trials).micro_batch_size == 8
+
+
+def test_out_of_memory_is_caught_recorded_and_the_process_goes_on():
+    speeds = {size: 100.0 * size for size in SIZES}
+    trials = tune.run_ladder(fake(speeds, MEMORY, oom_at=16), SIZES, memory_limit_mb=None, headroom=0.1,
+                             cliff_tolerance=0.05)
+    assert trials[-1].status == tune.OOM and "out of memory" in trials[-1].error
+    assert tune.choose(trials).micro_batch_size == 8
+
+
+def test_headroom_is_respected():
+    speeds = {size: 100.0 * size for size in SIZES}  # always faster: only memory stops it
+    trials = tune.run_ladder(fake(speeds, MEMORY), SIZES, memory_limit_mb=100, headroom=0.2, cliff_tolerance=0.05)
+    assert [t.status for t in trials][-1] == tune.OVER and trials[-1].micro_batch_size == 16  # 95 > 80
+    assert tune.choose(trials).micro_batch_size == 8
+
+
+def test_other_errors_are_not_swallowed():
+    def broken(size):
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        tune.run_ladder(broken, [1], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+
+
+def test_accumulation_keeps_the_effective_batch_and_the_explanation_has_the_figures():
+    assert tune.accumulation_for(256, 24) == 11 and tune.accumulation_for(64, 16, world_size=2) == 2
+    assert tune.accumulation_for(None, 16, current=3) == 3
+    assert tune.ladder(1, 48) == [1, 2, 4, 8, 16, 32, 48]
+    speeds = {1: 100, 2: 190, 4: 350, 8: 400, 16: 170, 32: 1}
+    trials = tune.run_ladder(fake(speeds, MEMORY), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+    text = tune.explain(trials, tune.choose(trials), accumulation=4, target=32, headroom=0.1, memory_limit_mb=None)
+    assert "micro-batch 8 (400 real tokens/s" in text and "the cliff" in text and "holds 32 rows" in text
+
+
+def test_real_short_run_on_cpu(tmp_path):
+    params = toy_params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
+                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    trials = tune.run_ladder(measure, tune.ladder(1, 4), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
+    assert [t.micro_batch_size for t in trials] == [1, 2, 4]
+    assert all(t.real_tokens_per_s > 0 and t.peak_memory_mb > 0 and t.step_time_s > 0 for t in trials)
+
+
+def test_allocator_retries_without_a_speed_gain_mark_the_cliff():
+    def measure(size):
+        retries = 3 if size == 8 else 0
+        return tune.Measurement(100.0 * min(size, 4), 0.1, MEMORY[size], alloc_retries=retries,
+                                peak_reserved_mb=MEMORY[size] * 1.2)
+    trials = tune.run_ladder(measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+    assert [t.status for t in trials] == ["ok", "ok", "ok", "cliff"] and trials[-1].alloc_retries == 3
+    assert trials[0].peak_reserved_mb == pytest.approx(12.0) and tune.choose(trials).micro_batch_size == 4
+
+
+def test_the_measured_step_is_the_training_step(tmp_path, monkeypatch):
+    """tune times ``step.train_step`` with the run's clipping and learning-rate schedule, as training does."""
+    from fastlm.engine.train import step as step_module
+
+    seen, real = [], step_module.train_step
+
+    def spying(model, micro, opt, **kwargs):
+        before = opt.scheduler.last_epoch
+        result = real(model, micro, opt, **kwargs)
+        seen.append((opt.clip, opt.scheduler.last_epoch - before, result.lr))
+        return result
+
+    monkeypatch.setattr(step_module, "train_step", spying)
+    params = toy_params(tmp_path, optimizer={"grad_clip": 0.5, "warmup_steps": 2})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
+                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    measure(2)
+    assert [(clip, advanced) for clip, advanced, _ in seen] == [(0.5, 1)] * 3
+    assert seen[0][2] < seen[1][2]  # warm-up: the rate grows step by step
+
+
+def test_every_batching_mode_gets_its_ladder_and_the_fastest_mode_wins(tmp_path):
+    """``tune.modes``: each mode is measured over the sizes on the real step; the choice is across modes."""
+    params = toy_params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed", "length_grouped"], params=params,
+                              runtime=runtime, pad_id=EOS, max_length=64, attn="sdpa", warmup=1, timed=2,
+                              sizes=tune.ladder(1, 2), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9)
+    assert [ladder.mode for ladder in ladders] == ["packed", "length_grouped"]
+    assert all([t.micro_batch_size for t in ladder.trials] == [1, 2] for ladder in ladders)
+    best = tune.best_mode(ladders)
+    fastest = max((t.real_tokens_per_s, ladder.mode) for ladder in ladders for t in ladder.trials)
+    assert (best.chosen.real_tokens_per_s, best.mode) == fastest
+    text = tune.explain_modes(ladders, best, accumulation=1, target=None, headroom=0.1, memory_limit_mb=None)
+    assert f"fastest: batching {best.mode}, micro-batch {best.chosen.micro_batch_size}" in text.lower()
+    assert "packed:" in text and "length_grouped:" in text
+
+
+def test_a_mode_the_model_cannot_train_in_is_skipped_with_the_reason(tmp_path):
+    params = toy_params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+
+    def never(size):
+        raise AssertionError("measured a mode that was refused")
+
+    ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed"], params=params, runtime=runtime,
+                              pad_id=EOS, max_length=64, attn="sdpa", warmup=1, timed=2, sizes=[1],
+                              memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9,
+                              unavailable=lambda mode: "no packing here", measurer=never)
+    assert ladders[0].trials == [] and ladders[0].skipped == "no packing here" and tune.best_mode(ladders) is None
+
+
+def test_a_packed_trial_counts_the_samples_its_rows_hold(tmp_path):
+    """Packed rows of 64 tokens hold several toy samples: the trial says how many per micro-batch."""
+    params = toy_params(tmp_path)  # packed
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
+                                      max_length=64, attn="sdpa", warmup=1, timed=1)
+    trials = tune.run_ladder(measure, [2], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
+    assert trials[0].samples_per_micro_batch > 2 * 2  # 2 rows, several samples each
+
+
+def test_the_target_effective_batch_counts_samples_not_packed_rows():
+    """tune.target_effective_batch is samples per optimizer step: a micro-batch of 4 packed rows holding ~60
+    samples reaches 256 samples in 5 accumulation steps, not 64; the explanation says rows and samples."""
+    assert tune.accumulation_for(256, 4, samples_per_micro_batch=60.0) == 5
+    assert tune.accumulation_for(256, 4) == 64  # one sample per row (dynamic, length_grouped)
+    trials = [tune.Trial(4, tune.OK, 1000.0, 0.1, 10.0, samples_per_micro_batch=60.0)]
+    text = tune.explain(trials, trials[0], accumulation=5, target=256, headroom=0.1, memory_limit_mb=None)
+    assert "20 rows" in text and "~300 samples" in text and "target 256 samples" in text
