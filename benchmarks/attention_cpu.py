@@ -1,10 +1,10 @@
 """Benchmark: document-masked attention paths on CPU, on the project's default data and shape.
 
-The measurement behind ``attn_implementation: auto`` on CPU (engine/model/attention.py). Default: the split
+The measurement behind ``attn_implementation: auto`` on CPU (engine/model/attention/). Default: the split
 pipeline's tokenized corpus (``kedro run --pipeline=split`` first: the demo corpus, ``split.max_length`` 320),
-the default tiny Llama (``ModelParams()``), packed batches of ``micro_batch_size`` 32 rows of 320 tokens, fp32.
-For each path, the engine's own input builder (``attention.to_device``: dense bool mask for ``sdpa``, a
-document-causal ``BlockMask`` for ``flex_attention``) and model call (``loss.forward_logits``):
+the default tiny Llama (``ModelParams()``), packed batches of ``micro_batch_size`` 32 rows of 320 tokens,
+fp32. For each path, the engine's own input builder (``attention.inputs.to_device``: dense bool mask for
+``sdpa``, a document-causal ``BlockMask`` for ``flex_attention``) and model call (``loss.forward_logits``):
 
 * forward (no_grad, what evaluation runs): median seconds per batch, mask building included, after
   ``--warmup`` batches (flex_attention's first call compiles its kernel: that time is reported separately),
@@ -36,7 +36,7 @@ from fastlm.engine.batching import make_batching  # noqa: E402
 from fastlm.engine.config import ModelParams, parse_train_params  # noqa: E402
 from fastlm.engine.data import pad_id_of  # noqa: E402
 from fastlm.engine.data.token_dataset import TokenSequences  # noqa: E402
-from fastlm.engine.model.attention import to_device  # noqa: E402
+from fastlm.engine.model.attention.inputs import to_device  # noqa: E402
 from fastlm.engine.model.build import build_model  # noqa: E402
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits  # noqa: E402
 
@@ -55,12 +55,14 @@ class Path_:
 
     def __init__(self, attn: str, dataset, tokenizer, *, rows: int, max_length: int, count: int) -> None:
         params = parse_train_params({"batching": {"mode": "packed", "micro_batch_size": rows}})
-        sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id_of(tokenizer),
-                                          max_length=max_length, seed=0)
+        sampler, collator = make_batching(
+            params, dataset.lengths, pad_id=pad_id_of(tokenizer), max_length=max_length, seed=0
+        )
         sampler.set_epoch(0)
         self.attn, self.rows, self.max_length = attn, rows, max_length
-        self.batches = [collator(dataset.__getitems__(indices))
-                        for _, indices in zip(range(count), sampler, strict=False)]
+        self.batches = [
+            collator(dataset.__getitems__(indices)) for _, indices in zip(range(count), sampler, strict=False)
+        ]
         torch.manual_seed(0)
         self.model = build_model(ModelParams(), tokenizer, max_length=max_length, attn_implementation=attn)
         self.cpu = torch.device("cpu")
@@ -89,9 +91,13 @@ def measure(paths: list[Path_], warmup: int, train: bool = True) -> list[dict]:
     that a change of load on a shared machine hits them alike."""
     records = []
     for path in paths:
-        record = {"attn": path.attn, "rows": path.rows, "row_length": path.max_length,
-                  "real_tokens_per_batch": statistics.fmean(int(b["num_real_tokens"]) for b in path.batches),
-                  "forward_first_s": round(_timed(path.forward, path.batches[0]), 3)}
+        record = {
+            "attn": path.attn,
+            "rows": path.rows,
+            "row_length": path.max_length,
+            "real_tokens_per_batch": statistics.fmean(int(b["num_real_tokens"]) for b in path.batches),
+            "forward_first_s": round(_timed(path.forward, path.batches[0]), 3),
+        }
         for batch in path.batches[1:warmup]:
             path.forward(batch)
         if not train:
@@ -131,18 +137,30 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     dataset, tokenizer = _data(args.project)
-    paths = [Path_(attn, dataset, tokenizer, rows=args.rows, max_length=args.max_length,
-                   count=args.warmup + args.batches) for attn in args.paths]
+    paths = [
+        Path_(
+            attn,
+            dataset,
+            tokenizer,
+            rows=args.rows,
+            max_length=args.max_length,
+            count=args.warmup + args.batches,
+        )
+        for attn in args.paths
+    ]
     results = measure(paths, args.warmup, train=not args.forward_only)
     for result in results:
         print(json.dumps(result), flush=True)
     by = {r["attn"]: r for r in results}
     if {"sdpa", "flex_attention"} <= by.keys():
         ratio = by["flex_attention"]["forward_s"] / by["sdpa"]["forward_s"]
-        print(f"forward, {args.rows} rows x {args.max_length}: flex_attention {by['flex_attention']['forward_s']} s "
-              f"vs sdpa dense mask {by['sdpa']['forward_s']} s per batch (flex/sdpa = {ratio:.2f}); "
-              f"flex first call (compile) {by['flex_attention']['forward_first_s']} s; "
-              f"training: flex {by['flex_attention']['train_step_s']}, sdpa {by['sdpa']['train_step_s']} s")
+        print(
+            f"forward, {args.rows} rows x {args.max_length}: flex_attention "
+            f"{by['flex_attention']['forward_s']} s "
+            f"vs sdpa dense mask {by['sdpa']['forward_s']} s per batch (flex/sdpa = {ratio:.2f}); "
+            f"flex first call (compile) {by['flex_attention']['forward_first_s']} s; "
+            f"training: flex {by['flex_attention']['train_step_s']}, sdpa {by['sdpa']['train_step_s']} s"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

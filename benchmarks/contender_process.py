@@ -1,4 +1,5 @@
-"""Run one benchmark contender in a fresh Python process and collect its JSON result (shared by the scripts)."""
+"""Run one benchmark contender in a fresh Python process and collect its JSON result (shared by the
+scripts)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,19 @@ OFFLINE_ENV = {
 }
 
 
-def run_contender(script: Path, name: str, workdir: Path, index: int, extra_args: list[str], *, repo: Path,
-                  extra_env: dict[str, str] | None = None, timeout_s: float | None = None) -> dict:
-    """``python <script> --run <name> --workdir ... --result ... <extra_args>``; its result plus wall and load.
+def run_contender(
+    script: Path,
+    name: str,
+    workdir: Path,
+    index: int,
+    extra_args: list[str],
+    *,
+    repo: Path,
+    extra_env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+) -> dict:
+    """``python <script> --run <name> --workdir ... --result ... <extra_args>``; its result plus wall and
+    load.
 
     ``process_wall_s`` is the child's wall time from start to exit; ``other_load_cores`` how many cores other
     processes kept busy meanwhile. A failed child gives ``{"contender", "error", "output_tail"}``; one still
@@ -33,20 +44,48 @@ def run_contender(script: Path, name: str, workdir: Path, index: int, extra_args
     "timed_out": True}``.
     """
     result_path = workdir / f"result_{index}_{name}.json"
-    command = [sys.executable, str(Path(script).resolve()), "--run", name, "--workdir", str(workdir),
-               "--result", str(result_path), *extra_args]
-    env = {**os.environ, "HF_HOME": str(workdir / "hf_home"), "HF_DATASETS_CACHE": str(workdir / "hf_cache"),
-           **(extra_env or {})}
+    command = [
+        sys.executable,
+        str(Path(script).resolve()),
+        "--run",
+        name,
+        "--workdir",
+        str(workdir),
+        "--result",
+        str(result_path),
+        *extra_args,
+    ]
+    env = {
+        **os.environ,
+        "HF_HOME": str(workdir / "hf_home"),
+        "HF_DATASETS_CACHE": str(workdir / "hf_cache"),
+        **(extra_env or {}),
+    }
     cpu_before, busy_before = children_cpu_s(), busy_cpu_s()
     start = time.perf_counter()
     try:
-        process = subprocess.run(command, env=env, cwd=str(repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, timeout=timeout_s)
+        process = subprocess.run(
+            command,
+            env=env,
+            cwd=str(repo),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired as expired:
-        tail = "\n".join((expired.stdout or "").strip().splitlines()[-10:]) if isinstance(expired.stdout, str) else ""
+        tail = (
+            "\n".join((expired.stdout or "").strip().splitlines()[-10:])
+            if isinstance(expired.stdout, str)
+            else ""
+        )
         print(f"  {name}: did not finish in {timeout_s:.0f} s (stopped)", flush=True)
-        return {"contender": name, "error": f"did not finish in {timeout_s:.0f} s", "timed_out": True,
-                "output_tail": tail}
+        return {
+            "contender": name,
+            "error": f"did not finish in {timeout_s:.0f} s",
+            "timed_out": True,
+            "output_tail": tail,
+        }
     wall = time.perf_counter() - start
     own, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
     if process.returncode != 0 or not result_path.exists():

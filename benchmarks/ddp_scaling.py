@@ -5,8 +5,8 @@
 Same model, data and effective batch for every contender, each in the same run:
 
 * ``1 process``: all the cores in one process, accumulation = world x a;
-* ``N processes``: ``train.distributed.nproc_per_node = N`` (the launcher the train node uses), cores / N threads
-  each, accumulation a, DDP with ``no_sync`` on the non-final micro-batches.
+* ``N processes``: ``train.distributed.nproc_per_node = N`` (the launcher the train node uses), cores / N
+  threads each, accumulation a, DDP with ``no_sync`` on the non-final micro-batches.
 
 Printed: real tokens/s of the timed steps (the first log window, holding warm-up, is excluded), the ratio of
 N processes to 1 process, the launch overhead (start to first step), and whether the loss trajectories agree.
@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
+# demo_data: the demo-data generators
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from demo_data.texts import make_texts  # noqa: E402
 
@@ -56,13 +57,28 @@ def prepare(rows: int):
 
 
 def params(workdir: Path, *, steps: int, accum: int, nproc: int, threads: int):
-    return parse_train_params({
-        "max_steps": steps, "log_every": 5, "eval_every": None, "save_every": None, "quiet": True, "resume": "never",
-        "checkpoint_dir": str(workdir / f"checkpoints-{nproc}"), "optimizer": {"warmup_steps": 5},
-        "runtime": {"num_threads": threads, "precision": "fp32"},  # both alike (auto measures bf16 in one process only)
-        "model": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4},
-        "batching": {"mode": "packed", "micro_batch_size": 8, "gradient_accumulation_steps": accum},
-        "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2}})
+    return parse_train_params(
+        {
+            "max_steps": steps,
+            "log_every": 5,
+            "eval_every": None,
+            "save_every": None,
+            "quiet": True,
+            "resume": "never",
+            "checkpoint_dir": str(workdir / f"checkpoints-{nproc}"),
+            "optimizer": {"warmup_steps": 5},
+            # both alike (auto measures bf16 in one process only)
+            "runtime": {"num_threads": threads, "precision": "fp32"},
+            "model": {
+                "hidden_size": 256,
+                "intermediate_size": 688,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+            },
+            "batching": {"mode": "packed", "micro_batch_size": 8, "gradient_accumulation_steps": accum},
+            "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2},
+        }
+    )
 
 
 def timed(result) -> float:
@@ -72,20 +88,28 @@ def timed(result) -> float:
 
 def paper(world: int, bandwidth_gb_s: float, mfu: float, peak_tflops: float) -> None:
     """Gradient all-reduce bytes per GPU per step (ring) vs compute time, for two model sizes."""
-    print(f"\nOn paper: {world} GPUs, ring all-reduce of bf16 gradients at {bandwidth_gb_s:.0f} GB/s bus bandwidth, "
-          f"compute at {mfu:.0%} MFU of {peak_tflops:.0f} TFLOP/s")
-    print("| model | parameters | tokens / GPU / step | bytes sent / GPU / step | all-reduce time | compute time "
-          "| communication / compute |")
+    print(
+        f"\nOn paper: {world} GPUs, ring all-reduce of bf16 gradients at {bandwidth_gb_s:.0f} GB/s bus "
+        f"bandwidth, compute at {mfu:.0%} MFU of {peak_tflops:.0f} TFLOP/s"
+    )
+    print(
+        "| model | parameters | tokens / GPU / step | bytes sent / GPU / step | all-reduce time | compute "
+        "time | communication / compute |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, n_params, tokens in (("0.73 B (gpu_speed.py)", 0.73e9, 16 * 2048), ("7 B", 7.0e9, 8 * 4096)):
         grad_bytes = 2 * n_params  # bf16 gradients
         sent = 2 * (world - 1) / world * grad_bytes
         comm_s = sent / (bandwidth_gb_s * 1e9)
         compute_s = 6 * n_params * tokens / (mfu * peak_tflops * 1e12)
-        print(f"| {name} | {n_params / 1e9:.2f} B | {tokens:,} | {sent / 1e9:.2f} GB | {comm_s * 1e3:.1f} ms | "
-              f"{compute_s * 1e3:.0f} ms | {comm_s / compute_s:.1%} |")
-    print("DDP overlaps the bucketed all-reduce with the backward pass, so while communication / compute stays well "
-          "under 1 the expected speed-up is close to the number of GPUs.")
+        print(
+            f"| {name} | {n_params / 1e9:.2f} B | {tokens:,} | {sent / 1e9:.2f} GB | {comm_s * 1e3:.1f} ms | "
+            f"{compute_s * 1e3:.0f} ms | {comm_s / compute_s:.1%} |"
+        )
+    print(
+        "DDP overlaps the bucketed all-reduce with the backward pass, so while communication / compute stays "
+        "well under 1 the expected speed-up is close to the number of GPUs."
+    )
 
 
 def main(argv=None) -> None:
@@ -95,7 +119,9 @@ def main(argv=None) -> None:
     parser.add_argument("--accum", type=int, default=1, help="accumulation per process in the N-process run")
     parser.add_argument("--rows", type=int, default=6000)
     parser.add_argument("--paper", action="store_true")
-    parser.add_argument("--bandwidth", type=float, default=150.0, help="GB/s bus bandwidth per GPU (all-reduce)")
+    parser.add_argument(
+        "--bandwidth", type=float, default=150.0, help="GB/s bus bandwidth per GPU (all-reduce)"
+    )
     parser.add_argument("--mfu", type=float, default=0.4)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     args = parser.parse_args(argv)
@@ -108,13 +134,19 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         one = run_job(TrainJob(one_params, MAX_LENGTH, data, None, tokenizer, str(workdir / "model")))
         one_wall = time.perf_counter() - start
-        many_params = params(workdir, steps=args.steps, accum=args.accum, nproc=args.world,
-                             threads=max(1, cores // args.world))
-        build = functools.partial(build_model, many_params.model, tokenizer, max_length=MAX_LENGTH,
-                                  attn_implementation="sdpa")
+        many_params = params(
+            workdir, steps=args.steps, accum=args.accum, nproc=args.world, threads=max(1, cores // args.world)
+        )
+        build = functools.partial(
+            build_model, many_params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa"
+        )
         start = time.perf_counter()
-        many = launch_workers(TrainJob(many_params, MAX_LENGTH, data, None, tokenizer, str(workdir / "model")),
-                              args.world, build_model=build, monitor_interval_s=0.2)
+        many = launch_workers(
+            TrainJob(many_params, MAX_LENGTH, data, None, tokenizer, str(workdir / "model")),
+            args.world,
+            build_model=build,
+            monitor_interval_s=0.2,
+        )
         many_wall = time.perf_counter() - start
     losses_one = [r["loss"] for r in one.history]
     losses_many = [r["loss"] for r in many.history]
@@ -123,12 +155,19 @@ def main(argv=None) -> None:
     print(f"effective batch {one.summary['effective_batch']} packed rows, {args.steps} steps")
     print("| contender | real tokens/s (timed steps) | wall incl. start-up | start-up |")
     print("| --- | --- | --- | --- |")
-    print(f"| 1 process, {cores} threads, accumulation {args.accum * args.world} | {one_tps:,.0f} | {one_wall:.1f} s "
-          f"| {one_wall - one.summary['wall_time_s']:.1f} s |")
-    print(f"| {args.world} processes (DDP, gloo), {max(1, cores // args.world)} threads each, accumulation "
-          f"{args.accum} | {many_tps:,.0f} | {many_wall:.1f} s | {many_wall - many.summary['wall_time_s']:.1f} s |")
-    print(f"ratio {args.world} processes / 1 process: {many_tps / one_tps:.2f}x; largest relative loss difference "
-          f"{agree:.1e}")
+    print(
+        f"| 1 process, {cores} threads, accumulation {args.accum * args.world} | {one_tps:,.0f} | "
+        f"{one_wall:.1f} s | {one_wall - one.summary['wall_time_s']:.1f} s |"
+    )
+    print(
+        f"| {args.world} processes (DDP, gloo), {max(1, cores // args.world)} threads each, accumulation "
+        f"{args.accum} | {many_tps:,.0f} | {many_wall:.1f} s | "
+        f"{many_wall - many.summary['wall_time_s']:.1f} s |"
+    )
+    print(
+        f"ratio {args.world} processes / 1 process: {many_tps / one_tps:.2f}x; largest relative loss "
+        f"difference {agree:.1e}"
+    )
     if args.paper:
         paper(4, args.bandwidth, args.mfu, args.peak_tflops)
 

@@ -1,18 +1,19 @@
-"""Packed attention on the REAL kernels of this machine (issue 13): every sample of a packed micro-batch must get
-the logits and gradients it gets alone, on every attention path fastlm can run here. Not a timing script.
+"""Packed attention on the REAL kernels of this machine (issue 13): every sample of a packed micro-batch must
+get the logits and gradients it gets alone, on every attention path fastlm can run here. Not a timing script.
 
 For each path (CUDA: sdpa, eager, flex_attention, torch_varlen, flash_attention_2/3 when installed; CPU: sdpa,
 eager), a small Llama (hidden 256, 4 layers, 8 heads, 2 KV heads: GQA) gets one packed micro-batch of several
-rows with several samples each, built by the engine's own ``PackedCollator`` and ``attention.to_device``, and:
+rows with several samples each, built by the engine's own ``PackedCollator`` and ``inputs.to_device``, and:
 
 * forward: ``|| packed logits - alone logits || / || alone logits ||`` over all samples' real positions, where
   "alone" is each sample run by itself (batch of one, no mask, no padding, SDPA);
-* backward: the same relative error on the gradient of the summed loss, over all parameters (the packed batch's
-  summed loss is the sum of the samples' own summed losses, so the gradients must agree).
+* backward: the same relative error on the gradient of the summed loss, over all parameters (the packed
+  batch's summed loss is the sum of the samples' own summed losses, so the gradients must agree).
 
 Precisions: fp32 (TF32 off: exact arithmetic, tolerance 1e-4) and bf16 autocast (tolerance 2e-2), fresh random
-weights and tokens per run. A negative control shows the check can see a leak: the same packed batch through SDPA
-with plain causal attention over each row (no document mask) must FAIL. Prints a table and PASS/FAIL per path.
+weights and tokens per run. A negative control shows the check can see a leak: the same packed batch through
+SDPA with plain causal attention over each row (no document mask) must FAIL. Prints a table and PASS/FAIL per
+path.
 
     python benchmarks/gpu_attention_check.py                # CUDA when present, else CPU
     python benchmarks/gpu_attention_check.py --json out.json
@@ -34,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from fastlm.engine.data.collators import PackedCollator  # noqa: E402
 from fastlm.engine.data.packing import TokenBudget  # noqa: E402
 from fastlm.engine.data.schema import MODEL_INPUTS  # noqa: E402
-from fastlm.engine.model.attention import PACKED_INPUTS, VARLEN, to_device, torch_varlen_available  # noqa: E402
+from fastlm.engine.model.attention.choice import torch_varlen_available  # noqa: E402
+from fastlm.engine.model.attention.inputs import PACKED_INPUTS, VARLEN, to_device  # noqa: E402
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits  # noqa: E402
 
 VOCAB, PAD, EOS = 512, 0, 2
@@ -58,9 +60,18 @@ def paths(device: torch.device) -> list[str]:
 def make_model(device: torch.device, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
-                         pad_token_id=PAD, eos_token_id=EOS, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(device)
     model.config.use_cache = False
@@ -90,14 +101,18 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_path(model, attn: str, host_batch: dict, device: torch.device, precision: str, leak: bool = False):
-    """Logits per real position (in sample order) and the gradient of the summed loss, for the packed batch."""
+    """Logits per real position (in sample order) and the gradient of the summed loss, for the packed
+    batch."""
     model.zero_grad(set_to_none=True)
     model.config._attn_implementation = attn
     batch = to_device(host_batch, device, attn)
     if leak:  # plain causal attention over each row (an all-ones 2D mask: transformers then infers no packing
         # from the restarting position ids): samples see their neighbours, positions unchanged
-        batch[MODEL_INPUTS] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
-                               "attention_mask": torch.ones_like(batch["input_ids"])}
+        batch[MODEL_INPUTS] = {
+            "input_ids": batch["input_ids"],
+            "position_ids": batch["position_ids"],
+            "attention_mask": torch.ones_like(batch["input_ids"]),
+        }
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
         logits = forward_logits(model, batch)
         loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
@@ -123,8 +138,11 @@ def alone(model, samples, device, precision):
 def check(device: torch.device, precision: str, seed: int, rows: int, row_length: int) -> dict:
     model = make_model(device, seed)
     samples = make_samples(seed, rows, row_length)
-    collator = PackedCollator(pad_id=PAD, budget=TokenBudget(row_length=row_length, rows_per_batch=2 * rows),
-                              attention_mask_format="none")
+    collator = PackedCollator(
+        pad_id=PAD,
+        budget=TokenBudget(row_length=row_length, rows_per_batch=2 * rows),
+        attention_mask_format="none",
+    )
     host = collator([{"input_ids": ids} for ids in samples])
     ref_logits, ref_grads = alone(model, samples, device, precision)
     ids = host["input_ids"]
@@ -133,11 +151,20 @@ def check(device: torch.device, precision: str, seed: int, rows: int, row_length
     if not torch.equal(ids[real], torch.as_tensor(np.concatenate(samples))):
         raise AssertionError("the collator did not keep the samples in order")
     rows_used = int(ids.shape[0])
-    result = {"samples": len(samples), "rows": rows_used, "row_length": row_length,
-              "tokens": int(real.sum()), "paths": {}}
+    result = {
+        "samples": len(samples),
+        "rows": rows_used,
+        "row_length": row_length,
+        "tokens": int(real.sum()),
+        "paths": {},
+    }
     for attn in [*paths(device), LEAK]:
         leak = attn == LEAK
-        if precision == "fp32" and device.type == "cuda" and PACKED_INPUTS[attn if not leak else "sdpa"] == VARLEN:
+        if (
+            precision == "fp32"
+            and device.type == "cuda"
+            and PACKED_INPUTS[attn if not leak else "sdpa"] == VARLEN
+        ):
             result["paths"][attn] = {"skipped": "bf16/fp16 only (flash kernel)", "ok": True}
             continue
         try:
@@ -165,8 +192,10 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = False
     import transformers
 
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device "
-          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, device "
+        f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}"
+    )
     results, failed = [], 0
     print(f"{'precision':9} {'seed':>4} {'path':38} {'logits rel':>11} {'grad rel':>11}  verdict")
     for precision in ("fp32", "bf16"):
@@ -184,10 +213,15 @@ def main(argv=None) -> int:
                 elif "error" in entry:
                     print(f"{precision:9} {seed:>4} {attn:38} {entry['error']}  FAIL")
                 else:
-                    print(f"{precision:9} {seed:>4} {attn:38} {entry['logits_rel']:11.2e} {entry['grad_rel']:11.2e}"
-                          f"  {verdict}")
-    print(f"tolerances: {TOL}; {results[0]['samples']} samples in {results[0]['rows']} rows of "
-          f"{args.row_length} tokens; {'ALL PASS' if not failed else f'{failed} FAIL'}")
+                    print(
+                        f"{precision:9} {seed:>4} {attn:38} {entry['logits_rel']:11.2e} "
+                        f"{entry['grad_rel']:11.2e}"
+                        f"  {verdict}"
+                    )
+    print(
+        f"tolerances: {TOL}; {results[0]['samples']} samples in {results[0]['rows']} rows of "
+        f"{args.row_length} tokens; {'ALL PASS' if not failed else f'{failed} FAIL'}"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 1 if failed else 0

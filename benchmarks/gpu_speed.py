@@ -24,7 +24,7 @@ chosen for about seq_len / 4 tokens per document (a long tail, truncated at seq_
 tokenizer (vocab 8000) and token ids as in ``train_speed.prepare`` (``tokenize_texts``, EOS appended).
 
 Contenders, each in a fresh process (``--run NAME``), same data, same initial weights, same attention
-implementation (``--attn auto``: ``engine.model.attention.choose_attention``, logged: flash-attention varlen
+implementation (``--attn auto``: ``attention.choice.choose_attention``, logged: flash-attention varlen
 when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CUDA; SDPA on CPU):
 
 * ``fastlm_compile`` / ``fastlm_eager``: ``fastlm.engine.train.loop.train``, batching ``packed`` (``--batch-size``
@@ -39,7 +39,27 @@ when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CU
   accumulation making up the rest. torch_compile gets a time cap (its share of ``--budget-s``); when it
   does not finish, the run is reported as "did not finish in N s" and repeated without torch_compile.
 
-The Trainer needs ``accelerate``: without it both Trainer contenders are skipped with a printed reason.
+Adapter contenders (``--adapters``, or named in ``--contenders``; the issue's LoRA/QLoRA items). The model
+above is saved once with ``save_pretrained`` in the workdir (``base/``) and each contender loads it back as
+a user's local checkpoint; LoRA r 16, alpha 32, no dropout, on the attention and MLP projections; the same
+tokens per optimizer step everywhere (``batch_size * seq_len``; the Trainer's samples of the mean length
+made up with gradient accumulation):
+
+* ``fastlm_lora`` / ``fastlm_qlora``: the engine with ``train.model.lora`` (frozen bf16 base / 4-bit NF4
+  base with bf16 compute), packed rows, ``train.model.gradient_checkpointing`` = ``--checkpointing``,
+  ``train.optimizer.name`` = ``--optim``, the fused linear loss on ``auto``, compiled unless ``--compile off``.
+* ``trainer_lora_usual`` / ``trainer_qlora_usual``: ``Trainer`` + peft as their docs show it: base loaded
+  with ``from_pretrained`` (bf16 / ``BitsAndBytesConfig`` NF4 + ``prepare_model_for_kbit_training`` with
+  its default checkpointing), ``get_peft_model``, dynamic padding, default optimizer.
+* ``trainer_lora_best`` / ``trainer_qlora_best``: the ``trainer_best`` data set-up (padding-free or length
+  grouping, tf32, torch_compile) plus ``--checkpointing`` (off: none) and ``--optim`` (``adamw_torch_fused``,
+  ``adamw_bnb_8bit``, ``paged_adamw_8bit``).
+
+QLoRA needs CUDA and bitsandbytes: without them the two QLoRA-related pairs are skipped with the reason. The
+MFU of an adapter run counts 6N FLOPs per token like a full fine-tune, an upper bound of its work (frozen
+weights need no weight gradients: about 4N), so compare adapter runs by real tokens/s.
+
+The Trainer needs ``accelerate``: without it the Trainer contenders are skipped with a printed reason.
 Figures: real (non-padding) tokens/s over the timed steps (after ``--warmup`` steps); MFU, two labelled
 figures: ``mfu`` = (6N + 12·L·H·seq_len) FLOPs per real token (``flops_per_token``, the usual figure) ×
 real tokens/s ÷ ``device_peak_flops`` (dense bf16), and ``mfu_docs`` = the same with the attention term over
@@ -81,7 +101,14 @@ MODELS = {
 }
 MODEL_VOCAB = {"tiny": None, "0.5b": 32000}  # None: len(tokenizer)
 DEFAULT_BATCH = {"tiny": 16, "0.5b": 8}
-CONTENDERS = ("fastlm_compile", "fastlm_eager", "trainer_usual", "trainer_best")
+FULL_CONTENDERS = ("fastlm_compile", "fastlm_eager", "trainer_usual", "trainer_best")
+ADAPTER_CONTENDERS = ("fastlm_lora", "fastlm_qlora", "trainer_lora_usual", "trainer_lora_best",
+                      "trainer_qlora_usual", "trainer_qlora_best")
+CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS
+LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
+ADAPTER_PAIRS = [(f"fastlm_{a}", f"trainer_{a}_{kind}") for a in ("lora", "qlora") for kind in ("best", "usual")]
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TRAINER_OPTIM = {"adamw": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit", "paged_adamw_8bit": "paged_adamw_8bit"}
 MODEL_SEED = 0
 LOSS_CHECK_ROWS = 4
 LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relative
@@ -175,7 +202,7 @@ class GpuContext(Context):
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
 
-        from fastlm.engine.model.attention import choose_attention
+        from fastlm.engine.model.attention.choice import choose_attention
         from fastlm.engine.runtime.environment import resolve_device
 
         super().__init__(args)
@@ -199,6 +226,32 @@ class GpuContext(Context):
             digest.update(name.encode())
             digest.update(parameter.detach().reshape(-1)[:4096].float().numpy().tobytes())
         return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters())
+
+    def base_folder(self) -> Path:
+        """The contenders' common initial model saved as a local pretrained folder (once, by the first adapter
+        contender; contenders run one after another)."""
+        folder = Path(self.args.workdir) / "base"
+        if not (folder / "config.json").is_file():
+            model, _, _ = self.build_model()
+            model.save_pretrained(str(folder))
+            self.tokenizer.save_pretrained(str(folder))
+        return folder
+
+    def adapter_model_params(self, quantized: bool) -> dict:
+        """``train.model`` of the adapter contenders (module docstring)."""
+        lora = {**LORA, "enabled": True, "load_in_4bit": quantized, "target_modules": LORA_TARGETS,
+                "base_dtype": "bf16" if self.args.precision == "bf16" and self.on_cuda else "auto"}
+        return {"name_or_path": str(self.base_folder()), "attn_implementation": self.attn, "lora": lora,
+                "gradient_checkpointing": self.args.checkpointing}
+
+    def build_adapter_model(self, quantized: bool):
+        """fastlm's LoRA / QLoRA model on the saved base, a digest of its base weights (None when 4-bit)."""
+        from fastlm.engine.config import parse_train_params
+        from fastlm.engine.model.build import build_model
+
+        params = parse_train_params({"model": self.adapter_model_params(quantized)}).model
+        model = build_model(params, self.tokenizer, max_length=self.args.seq_len, attn_implementation=self.attn)
+        return model, None if quantized else base_digest(model), sum(p.numel() for p in model.parameters())
 
     def mfu(self, model, real_tokens_per_s: float) -> dict:
         """Both MFU figures (module docstring): attention over seq_len, and over each document's length."""
@@ -226,12 +279,28 @@ class GpuContext(Context):
         return peak_memory_mb(self.device)
 
 
-def fastlm_params(ctx: GpuContext, *, compile_: bool, max_steps: int, log_every: int, name: str, profile=None):
+def base_digest(model) -> str:
+    """A digest of a model's base weights, adapter weights left out and peft's names mapped back: the same
+    for the full model and a LoRA model on it (a sample of each tensor: cheap at 0.7 B)."""
+    digest = hashlib.sha256()
+    base = {name.removeprefix("base_model.model.").replace(".base_layer", ""): parameter
+            for name, parameter in model.state_dict().items() if "lora_" not in name}
+    for name, parameter in sorted(base.items()):
+        digest.update(name.encode())
+        digest.update(parameter.detach().reshape(-1)[:4096].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def fastlm_params(ctx: GpuContext, *, compile_: bool, max_steps: int, log_every: int, name: str, profile=None,
+                  adapter: str | None = None):
     from fastlm.engine.config import parse_train_params
 
     args = ctx.args
+    model = {"attn_implementation": ctx.attn}
+    if adapter:
+        model = ctx.adapter_model_params(adapter == "qlora")
     raw = {
-        "model": {"attn_implementation": ctx.attn},
+        "model": model,
         "batching": {"mode": "packed", "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
         "runtime": {"device": str(ctx.device), "precision": args.precision, "compile": compile_,
                     "num_threads": args.threads},
@@ -240,6 +309,8 @@ def fastlm_params(ctx: GpuContext, *, compile_: bool, max_steps: int, log_every:
     }
     if profile:
         raw["profile"] = profile
+    if adapter:
+        raw["optimizer"] = {"name": args.optim}
     return parse_train_params(raw)
 
 
@@ -265,7 +336,7 @@ class SyncCounter:
                 self.examples.append(f"{str(message)[:80]} at {where}")
 
 
-def run_fastlm(ctx: GpuContext, compile_: bool) -> dict:
+def run_fastlm(ctx: GpuContext, compile_: bool, adapter: str | None = None) -> dict:
     from time import perf_counter
 
     import torch
@@ -277,13 +348,16 @@ def run_fastlm(ctx: GpuContext, compile_: bool) -> dict:
     args = ctx.args
     warmup, steps = args.warmup, args.steps
     log_every = warmup if warmup >= 2 else steps
-    name = "fastlm_compile" if compile_ else "fastlm_eager"
+    name = f"fastlm_{adapter}" if adapter else "fastlm_compile" if compile_ else "fastlm_eager"
     end = warmup + steps
     runtime = setup_runtime(RuntimeConfig(device=str(ctx.device), precision=args.precision, compile=compile_,
                                           num_threads=args.threads, seed=0))
-    model, init_digest, n_params = ctx.build_model()
+    if adapter:
+        model, init_digest, n_params = ctx.build_adapter_model(adapter == "qlora")
+    else:
+        model, init_digest, n_params = ctx.build_model()
     train_set = TokenSequences(ctx.values, ctx.offsets)
-    params = fastlm_params(ctx, compile_=compile_, max_steps=end, log_every=log_every, name=name)
+    params = fastlm_params(ctx, compile_=compile_, max_steps=end, log_every=log_every, name=name, adapter=adapter)
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
 
@@ -319,6 +393,7 @@ def run_fastlm(ctx: GpuContext, compile_: bool) -> dict:
     trained = result.model
     out = {
         "contender": name, "init": init_digest, "parameters": n_params, "attn": trained.config._attn_implementation,
+        "trainable_parameters": sum(p.numel() for p in trained.parameters() if p.requires_grad),
         "steps_timed": steps, "warmup": warmup, "window_s": window,
         "wall_s": flushed_at[end] - flushed_at[warmup] if warmup in flushed_at else None,
         "real_tokens_per_s": real / window, "computed_tokens_per_s": computed / window,
@@ -340,7 +415,7 @@ def attention_paths(device) -> list[str]:
 
     import torch
 
-    from fastlm.engine.model.attention import torch_varlen_available
+    from fastlm.engine.model.attention.choice import torch_varlen_available
 
     paths = ["sdpa", "eager"]
     if device.type == "cuda":
@@ -362,7 +437,7 @@ def packed_vs_unpacked(ctx: GpuContext, model, runtime) -> dict:
 
     from fastlm.engine.data.collators import PackedCollator
     from fastlm.engine.data.packing import TokenBudget
-    from fastlm.engine.model.attention import to_device
+    from fastlm.engine.model.attention.inputs import to_device
     from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 
     seq_len = ctx.args.seq_len
@@ -423,7 +498,37 @@ class RealTokenCounter(CountingCollator):
         return batch
 
 
-def run_trainer(ctx: GpuContext, best: bool) -> dict:
+def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
+    """The Trainer's LoRA / QLoRA model, built as the peft and transformers docs show it, on the saved base."""
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    bf16 = ctx.args.precision == "bf16" and ctx.on_cuda
+    load = {"dtype": torch.bfloat16 if bf16 else torch.float32, "attn_implementation": attn}
+    if adapter == "qlora":
+        load["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                         bnb_4bit_use_double_quant=True,
+                                                         bnb_4bit_compute_dtype=torch.bfloat16)
+        load["device_map"] = {"": torch.cuda.current_device()}
+    model = AutoModelForCausalLM.from_pretrained(str(ctx.base_folder()), **load)
+    model.config.use_cache = False
+    digest = None if adapter == "qlora" else base_digest(model)
+    if adapter == "qlora":  # usual: peft's default (checkpointing on); best: --checkpointing
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=not best or ctx.args.checkpointing != "off",
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=LORA["r"], lora_alpha=LORA["alpha"],
+                        lora_dropout=LORA["dropout"], target_modules=LORA_TARGETS)
+    model = get_peft_model(model, config)
+    if best and ctx.args.checkpointing != "off":  # transformers' own per-layer switch (selective: every other)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                              every_n_layers=2 if ctx.args.checkpointing == "selective" else 1)
+        model.enable_input_require_grads()
+    return model, digest, sum(p.numel() for p in model.parameters())
+
+
+def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict:
     import dataclasses
     from time import perf_counter
 
@@ -442,7 +547,11 @@ def run_trainer(ctx: GpuContext, best: bool) -> dict:
     # The usual set-up pads (SDPA for it on a varlen machine: varlen kernels need the flattened view); the best
     # one gets the padding-free DataCollatorWithFlattening with cu_seq_lens and the same varlen kernel as fastlm.
     varlen = ctx.attn.startswith("flash_attention") or ctx.attn == "torch_varlen"
-    model, init_digest, n_params = ctx.build_model(attn="sdpa" if varlen and not best else None)
+    if adapter:
+        model, init_digest, n_params = trainer_adapter_model(ctx, adapter, best,
+                                                             "sdpa" if varlen and not best else ctx.attn)
+    else:
+        model, init_digest, n_params = ctx.build_model(attn="sdpa" if varlen and not best else None)
     ids = pa.ListArray.from_arrays(pa.array(ctx.offsets.astype(np.int32)), pa.array(ctx.values, type=pa.int32()))
     train_dataset = datasets.Dataset(InMemoryTable(pa.table({"input_ids": ids,
                                                              "length": pa.array(ctx.lengths.astype(np.int64))})))
@@ -461,6 +570,11 @@ def run_trainer(ctx: GpuContext, best: bool) -> dict:
         setup = "DataCollatorWithFlattening (padding-free)"
     else:
         collator = RealTokenCounter(DataCollatorForLanguageModeling(ctx.tokenizer, mlm=False))
+        if adapter and not best:  # the adapter comparison is at equal tokens per optimizer step, usual too
+            accumulation = max(1, math.ceil(same_tokens / args.batch_size))
+            batch_size = math.ceil(same_tokens / accumulation)
+            extra["gradient_accumulation_steps"] = accumulation
+            setup = f"dynamic padding, gradient_accumulation_steps={accumulation}"
         if best:
             if "group_by_length" in fields:
                 extra["group_by_length"] = True
@@ -477,6 +591,9 @@ def run_trainer(ctx: GpuContext, best: bool) -> dict:
         if ctx.on_cuda:
             extra["tf32"] = True
         setup += f", torch_compile={extra['torch_compile']}, tf32={extra.get('tf32', False)}"
+        if adapter:
+            extra["optim"] = TRAINER_OPTIM[args.optim] if ctx.on_cuda or args.optim != "adamw" else "adamw_torch"
+            setup += f", optim {extra['optim']}, gradient checkpointing {args.checkpointing}"
     if not (best and not padding_free):  # the "length" column only serves length grouping
         train_dataset = train_dataset.remove_columns(["length"])
 
@@ -502,8 +619,10 @@ def run_trainer(ctx: GpuContext, best: bool) -> dict:
                 self.marks[step] = (now, len(collator.real))
 
     timer = StepTimer()
+    name = f"trainer_{adapter}_" if adapter else "trainer_"
+    name += "best" if best else "usual"
     training_args = TrainingArguments(
-        output_dir=str(Path(args.workdir) / ("trainer_best_out" if best else "trainer_usual_out")),
+        output_dir=str(Path(args.workdir) / f"{name}_out"),
         per_device_train_batch_size=batch_size, max_steps=warmup + steps, report_to=[], save_strategy="no",
         logging_steps=10**9, disable_tqdm=True, use_cpu=not ctx.on_cuda, seed=0,
         bf16=args.precision == "bf16", **extra)
@@ -515,7 +634,7 @@ def run_trainer(ctx: GpuContext, best: bool) -> dict:
     window = t1 - t0
     real, computed = sum(collator.real[n0:n1]), sum(collator.computed[n0:n1])
     return {
-        "contender": "trainer_best" if best else "trainer_usual", "init": init_digest, "parameters": n_params,
+        "contender": name, "init": init_digest, "parameters": n_params,
         "attn": model.config._attn_implementation, "setup": setup, "batch_samples": batch_size,
         "steps_timed": steps, "warmup": warmup, "window_s": window, "real_tokens_per_s": real / window,
         "computed_tokens_per_s": computed / window, "padding_waste": 1 - real / computed,
@@ -567,9 +686,13 @@ def child_main(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING)
     ctx = GpuContext(args)
     started = time.perf_counter()
+    compiled = args.compile != "off"
     runners = {"fastlm_compile": lambda: run_fastlm(ctx, True), "fastlm_eager": lambda: run_fastlm(ctx, False),
                "trainer_usual": lambda: run_trainer(ctx, False), "trainer_best": lambda: run_trainer(ctx, True),
-               "fastlm_profile": lambda: run_profile(ctx)}
+               "fastlm_profile": lambda: run_profile(ctx),
+               **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
+               **{f"trainer_{a}_{kind}": (lambda a=a, kind=kind: run_trainer(ctx, kind == "best", adapter=a))
+                  for a in ("lora", "qlora") for kind in ("usual", "best")}}
     info = runners[args.run]()
     info["device"] = str(ctx.device)
     info["child_run_s"] = time.perf_counter() - started
@@ -589,7 +712,7 @@ def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int, *,
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
         "--seq-len", str(args.seq_len), "--threads", str(args.threads), "--device", args.device,
         "--model", args.model, "--precision", args.precision, "--compile", args.compile, "--attn", args.attn,
-        "--trainer-compile", trainer_compile],
+        "--trainer-compile", trainer_compile, "--checkpointing", args.checkpointing, "--optim", args.optim],
         extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))})
 
 
@@ -621,30 +744,38 @@ def gpu_info() -> dict:
 
 
 def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[str, bool | None]]:
-    fastlm = [r for name, r in results.items() if name.startswith("fastlm") and "error" not in r]
-    best_fast = max(fastlm, key=lambda r: r["real_tokens_per_s"], default=None)
+    fastlm = [r for name, r in results.items() if name.startswith("fastlm") and "error" not in r
+              and "skipped" not in r]
+    full = [r for r in fastlm if r["contender"] in FULL_CONTENDERS]
+    best_fast = max(full, key=lambda r: r["real_tokens_per_s"], default=None)
     best_trainer = results.get("trainer_best", {})
     lines: list[tuple[str, bool | None]] = []
 
     def check(text: str, value, ok) -> None:
         lines.append((f"{text}: {value}", ok))
 
-    if best_fast is None:
-        return [("fastlm: no successful run", False)]
-    label = best_fast["contender"]
-    mfu = best_fast.get("mfu")
-    text = f"{label} MFU >= {TARGET_MFU:.0%} (target set for 0.5b)"
-    if mfu is None:
-        check(text, "n/a (" + ("GPU missing from PEAK_BF16_DENSE_FLOPS" if on_cuda else "skipped: no CUDA") + ")",
-              None)
-    else:
-        check(text, f"{mfu:.1%}", mfu >= TARGET_MFU if model == "0.5b" else None)
-    if best_trainer.get("real_tokens_per_s"):
-        ratio = best_fast["real_tokens_per_s"] / best_trainer["real_tokens_per_s"]
-        check(f"{label} / trainer_best real tokens/s >= {TARGET_VS_BEST:g}x", f"{ratio:.2f}x", ratio >= TARGET_VS_BEST)
-    else:
-        check(f"{label} / trainer_best real tokens/s >= {TARGET_VS_BEST:g}x",
-              "n/a (" + best_trainer.get("skipped", best_trainer.get("error", "not run")) + ")", None)
+    for a, b in ADAPTER_PAIRS[::2]:  # adapters: fastlm against the Trainer's best set-up, reported (no target)
+        ra, rb = results.get(a, {}), results.get(b, {})
+        if ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
+            ratio = ra["real_tokens_per_s"] / rb["real_tokens_per_s"]
+            check(f"{a} / {b} real tokens/s (reported, no target)", f"{ratio:.2f}x", None)
+    if not fastlm:
+        return [*lines, ("fastlm: no successful run", False)]
+    if best_fast is not None:
+        label = best_fast["contender"]
+        mfu = best_fast.get("mfu")
+        text = f"{label} MFU >= {TARGET_MFU:.0%} (target set for 0.5b)"
+        if mfu is None:
+            check(text, "n/a (" + ("GPU missing from PEAK_BF16_DENSE_FLOPS" if on_cuda else "skipped: no CUDA")
+                  + ")", None)
+        else:
+            check(text, f"{mfu:.1%}", mfu >= TARGET_MFU if model == "0.5b" else None)
+        target = f"{label} / trainer_best real tokens/s >= {TARGET_VS_BEST:g}x"
+        if best_trainer.get("real_tokens_per_s"):
+            ratio = best_fast["real_tokens_per_s"] / best_trainer["real_tokens_per_s"]
+            check(target, f"{ratio:.2f}x", ratio >= TARGET_VS_BEST)
+        else:
+            check(target, "n/a (" + best_trainer.get("skipped", best_trainer.get("error", "not run")) + ")", None)
     for run in fastlm:
         name = run["contender"]
         wait = run["data_wait_share"]
@@ -700,7 +831,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         if run.get("setup"):
             print(f"  {name}: {run['setup']}; {run['batch_samples']} samples per micro-batch x "
                   f"{run.get('accumulation', 1)}; optim {run['optim']}")
-    inits = {run["init"] for run in results.values() if "init" in run}
+    inits = {run["init"] for run in results.values() if run.get("init")}  # 4-bit bases have none
     print(f"initial weights: {'identical' if len(inits) <= 1 else 'DIFFERENT'} across contenders "
           f"({', '.join(sorted(inits))})")
     print("MFU: (6N + 12*layers*hidden*seq_len) FLOPs per real token x real tokens/s / dense bf16 peak; "
@@ -718,6 +849,10 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
             ra, rb = results.get(a, {}), results.get(b, {})
             if a != b and ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
                 print(f"  {a} / {b}: {ra['real_tokens_per_s'] / rb['real_tokens_per_s']:.2f}x")
+    for a, b in ADAPTER_PAIRS:
+        ra, rb = results.get(a, {}), results.get(b, {})
+        if ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
+            print(f"  {a} / {b}: {ra['real_tokens_per_s'] / rb['real_tokens_per_s']:.2f}x")
     tb, tu = results.get("trainer_best", {}), results.get("trainer_usual", {})
     if tb.get("real_tokens_per_s") and tu.get("real_tokens_per_s"):
         print(f"  trainer_best / trainer_usual: {tb['real_tokens_per_s'] / tu['real_tokens_per_s']:.2f}x")
@@ -728,7 +863,8 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from fastlm.engine.model.attention import IMPLEMENTATIONS  # after train_speed set the offline environment
+    # after train_speed set the offline environment
+    from fastlm.engine.model.attention.inputs import IMPLEMENTATIONS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -749,7 +885,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="fastlm packed rows per step, Trainer samples per step (default 8 for 0.5b, 16 tiny)")
     parser.add_argument("--docs", type=int, default=None, help="documents to generate (default: enough for the run)")
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None)
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
+                        help=f"default: {' '.join(FULL_CONTENDERS)} (full fine-tuning)")
+    parser.add_argument("--adapters", action="store_true",
+                        help=f"run the LoRA/QLoRA contenders instead: {' '.join(ADAPTER_CONTENDERS)}")
+    parser.add_argument("--checkpointing", choices=("off", "selective", "full"), default="off",
+                        help="adapter contenders: train.model.gradient_checkpointing of fastlm and of the Trainer's "
+                             "best set-up (default off)")
+    parser.add_argument("--optim", choices=tuple(TRAINER_OPTIM), default="adamw",
+                        help="adapter contenders: train.optimizer.name of fastlm, its Trainer peer in the best "
+                             "set-up (default adamw)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument("--no-profile", action="store_true", help="no profiler window when a target is missed")
     parser.add_argument("--force", action="store_true", help="train 0.5b even on CPU")
@@ -784,7 +929,7 @@ def main(argv=None) -> None:
     if args.model == "0.5b" and not on_cuda and not args.force:
         print("0.5b on CPU: parameter count only (pass --force to train it anyway)")
         return
-    contenders = list(args.contenders or CONTENDERS)
+    contenders = list(args.contenders or (ADAPTER_CONTENDERS if args.adapters else FULL_CONTENDERS))
     if args.compile == "on":
         contenders = [c for c in contenders if c != "fastlm_eager"]
     elif args.compile == "off":
@@ -801,8 +946,15 @@ def main(argv=None) -> None:
         results: dict[str, dict] = {}
         accelerate = importlib.util.find_spec("accelerate") is not None
         for index, name in enumerate(contenders):
+            reason = None
             if name.startswith("trainer") and not accelerate:
                 reason = "accelerate is not installed (transformers.Trainer needs it)"
+            elif "qlora" in name and not (on_cuda and importlib.util.find_spec("bitsandbytes")):
+                reason = "QLoRA needs CUDA and bitsandbytes (4-bit NF4 weights)"
+            elif args.optim != "adamw" and name in ADAPTER_CONTENDERS and not (
+                    on_cuda and importlib.util.find_spec("bitsandbytes")):
+                reason = f"--optim {args.optim} needs CUDA and bitsandbytes"
+            if reason:
                 print(f"[{index + 1}/{len(contenders)}] {name}: skipped: {reason}", flush=True)
                 results[name] = {"contender": name, "skipped": reason}
                 continue

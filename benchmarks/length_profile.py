@@ -12,8 +12,8 @@ Token lengths match too, not only characters. The issue measured the real review
 its tokens, i.e. a text is 0.06 x 320 = ~19 tokens (EOS included) for 35.6 characters on average: about 0.51
 tokens per character. (The issue's prose guess of ~35-token grouped batches contradicts its own measured 94 %;
 the measurement is what this profile follows.) Texts cut from the demo generator's word lists gave 0.27 tokens
-per character (BPE learns their few hundred words whole: 9.8 tokens per text). The content here is words of 1-4
-Hangul syllables from a lexicon of ``LEXICON_WORDS`` words (Zipf exponent ``WORD_ZIPF`` over the words,
+per character (BPE learns their few hundred words whole: 9.8 tokens per text). The content here is words of
+1-4 Hangul syllables from a lexicon of ``LEXICON_WORDS`` words (Zipf exponent ``WORD_ZIPF`` over the words,
 ``SYLLABLE_ZIPF`` over ``len(SYLLABLES)`` syllables), a particle or ending after about half the words, the way
 real reviews are spelt; the constants were set so that the 20,000-text benchmark set tokenizes at ~0.51 tokens
 per character, ~19 tokens per text. ``tests/test_train_speed_benchmark.py`` holds both the character and the
@@ -34,10 +34,44 @@ EMPTY_ROWS = 3  # the real data has 0.003 % empty rows; a few, so the empty-row 
 
 # The review-like content (see the module docstring for how these were set).
 _CODAS = (0, 4, 8, 16, 21, 1, 17, 20, 19)  # none, ㄴ ㄹ ㅁ ㅇ ㄱ ㅂ ㅆ ㅅ: the common final consonants
-SYLLABLES = tuple(chr(0xAC00 + (onset * 21 + vowel) * 28 + coda)
-                  for onset in range(19) for vowel in range(21) for coda in _CODAS)
-ENDINGS = ("요", "다", "네요", "어요", "아요", "고", "는", "은", "이", "가", "을", "를", "에", "도", "서", "게",
-           "지", "니다", "습니다", "해요", "했어요", "좋아요", "ㅋㅋ", "ㅎㅎ", "!", "~", "..", "^^", "!!", "?")
+SYLLABLES = tuple(
+    chr(0xAC00 + (onset * 21 + vowel) * 28 + coda)
+    for onset in range(19)
+    for vowel in range(21)
+    for coda in _CODAS
+)
+ENDINGS = (
+    "요",
+    "다",
+    "네요",
+    "어요",
+    "아요",
+    "고",
+    "는",
+    "은",
+    "이",
+    "가",
+    "을",
+    "를",
+    "에",
+    "도",
+    "서",
+    "게",
+    "지",
+    "니다",
+    "습니다",
+    "해요",
+    "했어요",
+    "좋아요",
+    "ㅋㅋ",
+    "ㅎㅎ",
+    "!",
+    "~",
+    "..",
+    "^^",
+    "!!",
+    "?",
+)
 LEXICON_WORDS = 100_000
 WORD_ZIPF = 0.9
 SYLLABLE_ZIPF = 1.0
@@ -64,12 +98,16 @@ def _zipf(size: int, exponent: float) -> np.ndarray:
 def review_lexicon() -> tuple[tuple[str, ...], np.ndarray]:
     """(words, their probabilities): ``LEXICON_WORDS`` Hangul words, fixed by ``LEXICON_SEED``."""
     rng = np.random.default_rng(LEXICON_SEED)
-    syllables = [SYLLABLES[i] for i in rng.permutation(len(SYLLABLES))]  # which syllables are common: by chance
+    # which syllables are common: by chance
+    syllables = [SYLLABLES[i] for i in rng.permutation(len(SYLLABLES))]
     counts, shares = SYLLABLES_PER_WORD
     sizes = rng.choice(counts, size=LEXICON_WORDS, p=shares)
     picks = rng.choice(len(syllables), size=int(sizes.sum()), p=_zipf(len(syllables), SYLLABLE_ZIPF)).tolist()
     ends = np.cumsum(sizes).tolist()
-    words = tuple("".join(syllables[j] for j in picks[end - size:end]) for size, end in zip(sizes.tolist(), ends, strict=True))
+    words = tuple(
+        "".join(syllables[j] for j in picks[end - size : end])
+        for size, end in zip(sizes.tolist(), ends, strict=True)
+    )
     return words, _zipf(LEXICON_WORDS, WORD_ZIPF)
 
 
@@ -89,17 +127,21 @@ def review_content(goals: np.ndarray, rng: np.random.Generator) -> list[str]:
             parts.append(word)
             length += len(word) + 1
         text = " ".join(parts)[:goal]
-        texts.append(text.rstrip() + "." * (len(text) - len(text.rstrip())))  # a cut before a space: a full stop
+        # a cut before a space: a full stop
+        texts.append(text.rstrip() + "." * (len(text) - len(text.rstrip())))
     return texts
 
 
 def realistic_texts(n: int, *, seed: int = 0) -> list[str]:
-    """``n`` texts whose character and token lengths follow the real short-review data (same seed, same list)."""
+    """``n`` texts whose character and token lengths follow the real short-review data (same seed, same
+    list)."""
     rng = np.random.default_rng(seed)
     chars, share = load_length_distribution()
     goals = rng.choice(chars, size=n, p=share)
     texts = review_content(goals, rng)
-    emptied = rng.choice(n, size=min(EMPTY_ROWS, n), replace=False) if n >= 100 else np.array([], dtype=np.int64)
+    emptied = (
+        rng.choice(n, size=min(EMPTY_ROWS, n), replace=False) if n >= 100 else np.array([], dtype=np.int64)
+    )
     for row in emptied.tolist():
         texts[row] = ""
     n_dup = int(round(n * DUPLICATE_SHARE)) - (n - len(set(texts)))  # natural repeats of short texts count

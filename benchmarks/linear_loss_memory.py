@@ -96,7 +96,8 @@ def main(argv=None) -> int:
     import torch
 
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__},"
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__},"
         f" python {platform.python_version()}; {args.threads} threads"
     )
     print(
@@ -106,7 +107,8 @@ def main(argv=None) -> int:
     results = {path: run_child(path, args) for path in ("plain", "fused")}
     for path, result in results.items():
         print(
-            f"{path:>6}: peak above inputs {result['peak_above_inputs_mb']:9,.0f} MB, {result['seconds']:7.2f} s, "
+            f"{path:>6}: peak above inputs {result['peak_above_inputs_mb']:9,.0f} MB, "
+            f"{result['seconds']:7.2f} s, "
             f"loss {result['loss']:.6f}"
         )
     plain, fused = results["plain"], results["fused"]
@@ -115,7 +117,8 @@ def main(argv=None) -> int:
     verdict = "PASS" if ratio >= TARGET_RATIO else "FAIL"
     print(
         f"memory: plain / fused = {ratio:.1f}x (target >= {TARGET_RATIO:g}x): {verdict}; "
-        f"time: fused / plain = {fused['seconds'] / plain['seconds']:.2f}x; loss relative difference {gap:.1e}"
+        f"time: fused / plain = {fused['seconds'] / plain['seconds']:.2f}x; loss relative difference "
+        f"{gap:.1e}"
     )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

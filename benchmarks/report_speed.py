@@ -28,8 +28,13 @@ def main() -> None:
     env = {**os.environ, "DO_NOT_TRACK": "true", "HF_HUB_OFFLINE": "1"}
     busy, own = busy_cpu_s(), children_cpu_s()
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipeline=report"], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "kedro", "run", "--pipeline=report"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         sys.exit(f"kedro run --pipeline=report failed:\n{done.stderr[-3000:]}")
@@ -39,12 +44,18 @@ def main() -> None:
     efficiency = pd.read_csv(out / "efficiency_summary.csv").iloc[0]
     train_speed, eval_speed = float(efficiency["real_tokens_per_s"]), float(test["real_tokens_per_s"])
     print(f"machine: {os.cpu_count()} cores; other processes kept {foreign:.2f} cores busy meanwhile")
-    print(f"report pipeline wall (process start to exit): {wall:.1f} s   target <= {TARGET_S:.0f} s: "
-          f"{'PASS' if wall <= TARGET_S else 'FAIL'}")
-    print(f"test evaluation: {test['target_tokens']:,} target tokens, {test['samples']:,} samples in "
-          f"{test['seconds']:.2f} s = {eval_speed:,.0f} real tokens/s")
-    print(f"training (same run): {train_speed:,.0f} real tokens/s;  evaluation / training = "
-          f"{eval_speed / train_speed:.2f}x")
+    print(
+        f"report pipeline wall (process start to exit): {wall:.1f} s   target <= {TARGET_S:.0f} s: "
+        f"{'PASS' if wall <= TARGET_S else 'FAIL'}"
+    )
+    print(
+        f"test evaluation: {test['target_tokens']:,} target tokens, {test['samples']:,} samples in "
+        f"{test['seconds']:.2f} s = {eval_speed:,.0f} real tokens/s"
+    )
+    print(
+        f"training (same run): {train_speed:,.0f} real tokens/s;  evaluation / training = "
+        f"{eval_speed / train_speed:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ from pathlib import Path
 from contender_process import OFFLINE_ENV  # sibling modules: scripts run from benchmarks/
 from cpu_usage import busy_cpu_s, children_cpu_s
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
+# demo_data: the demo-data generators
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 os.environ.update(OFFLINE_ENV)
 
@@ -232,8 +233,12 @@ def run_fastlm(workdir: Path, stages: Stages) -> dict:
     stages.mark("write_arrow")
     ParquetDataset(filepath=str(out / "corpus_splits.parquet")).save(splits)
     stages.mark("write_splits_parquet")
-    JSONDataset(filepath=str(out / "tokenized_corpus_fingerprint.json"), save_args={"indent": 2}).save(fingerprint)
-    JSONDataset(filepath=str(out / "split_report.json"), save_args={"indent": 2, "ensure_ascii": False}).save(report)
+    JSONDataset(filepath=str(out / "tokenized_corpus_fingerprint.json"), save_args={"indent": 2}).save(
+        fingerprint
+    )
+    JSONDataset(filepath=str(out / "split_report.json"), save_args={"indent": 2, "ensure_ascii": False}).save(
+        report
+    )
     CSVDataset(filepath=str(out / "split_summary.csv"), save_args={"index": False}).save(summary)
     stages.mark("write_reports")
 
@@ -262,14 +267,18 @@ def run_peer(workdir: Path, stages: Stages) -> dict:
     stages.mark("load")
     data = data.filter(
         lambda batch: [bool(text and text.strip()) for text in batch["text"]],
-        batched=True, load_from_cache_file=False,
+        batched=True,
+        load_from_cache_file=False,
     )
     stages.mark("filter")
     tok = AutoTokenizer.from_pretrained(str(workdir / "tokenizer"))
     stages.mark("load_tokenizer")
     data = data.map(
         lambda batch: tok(batch["text"], truncation=True, max_length=MAX_LENGTH),
-        batched=True, num_proc=PEER_NUM_PROC, remove_columns=["text"], load_from_cache_file=False,
+        batched=True,
+        num_proc=PEER_NUM_PROC,
+        remove_columns=["text"],
+        load_from_cache_file=False,
     )
     stages.mark("tokenize")
     data.save_to_disk(str(workdir / "peer_out"))
@@ -288,7 +297,12 @@ def child_main(kind: str, workdir: Path, result_path: Path) -> None:
     stages = Stages()
     started = time.perf_counter()
     info = (run_fastlm if kind == "fastlm" else run_peer)(workdir, stages)
-    info.update(stages=stages.seconds, stages_cpu=stages.cpu, stages_total_s=time.perf_counter() - started, **_rusage())
+    info.update(
+        stages=stages.seconds,
+        stages_cpu=stages.cpu,
+        stages_total_s=time.perf_counter() - started,
+        **_rusage(),
+    )
     result_path.write_text(json.dumps(info))
 
 
@@ -331,8 +345,16 @@ def run_child(kind: str, workdir: Path) -> dict:
     result_path = workdir / f"result_{kind}.json"
     result_path.unlink(missing_ok=True)
     env = {**os.environ, "HF_DATASETS_CACHE": str(workdir / "hf_cache"), "HF_HOME": str(workdir / "hf_home")}
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--workdir", str(workdir),
-               "--result", str(result_path)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        kind,
+        "--workdir",
+        str(workdir),
+        "--result",
+        str(result_path),
+    ]
     peak = {"pss": 0, "rss": 0}
     cpu_before, busy_before, own_before = children_cpu_s(), busy_cpu_s(), time.process_time()
     start = time.perf_counter()
@@ -356,8 +378,14 @@ def run_child(kind: str, workdir: Path) -> dict:
     if process.returncode != 0 or not result_path.exists():
         sys.exit(f"{kind} child failed (exit {process.returncode}):\n{output}")
     result = json.loads(result_path.read_text())
-    result.update(wall_s=wall, peak_tree_pss=peak["pss"], peak_tree_rss_sum=peak["rss"], output=output.strip(),
-                  cpu_s=own_cpu, foreign_cores=max(busy - own_cpu, 0.0) / wall)
+    result.update(
+        wall_s=wall,
+        peak_tree_pss=peak["pss"],
+        peak_tree_rss_sum=peak["rss"],
+        output=output.strip(),
+        cpu_s=own_cpu,
+        foreign_cores=max(busy - own_cpu, 0.0) / wall,
+    )
     return result
 
 
@@ -376,7 +404,9 @@ def machine() -> dict:
     except OSError:
         pass
     try:
-        memory = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+        memory = next(
+            line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+        )
         memory_gb = int(memory.split()[1]) * 1024 / 1000**3
     except (OSError, StopIteration):
         memory_gb = float("nan")
@@ -410,11 +440,15 @@ def print_run(title: str, result: dict, rows: int) -> None:
     print(f"  {'stages total':<24} {result['stages_total_s']:8.2f} s")
     print(f"  {'interpreter start+exit':<24} {result['wall_s'] - result['stages_total_s']:8.2f} s")
     print(f"  {'process wall':<24} {result['wall_s']:8.2f} s   ({rows / result['wall_s']:,.0f} rows/s)")
-    print(f"  CPU {result['cpu_s']:.1f} s ({result['cpu_s'] / result['wall_s']:.2f} cores busy on average); "
-          f"other processes used {result['foreign_cores']:.2f} cores meanwhile")
+    print(
+        f"  CPU {result['cpu_s']:.1f} s ({result['cpu_s'] / result['wall_s']:.2f} cores busy on average); "
+        f"other processes used {result['foreign_cores']:.2f} cores meanwhile"
+    )
     print(f"  rows out {result['rows_out']}, tokens {result['tokens']:,}, num_proc {result['num_proc']}")
-    print(f"  ru_maxrss self {_gb(result['maxrss_self'])}, largest worker {_gb(result['maxrss_children'])}; "
-          f"sampled tree peak PSS {_gb(result['peak_tree_pss'])} (RSS sum {_gb(result['peak_tree_rss_sum'])})")
+    print(
+        f"  ru_maxrss self {_gb(result['maxrss_self'])}, largest worker {_gb(result['maxrss_children'])}; "
+        f"sampled tree peak PSS {_gb(result['peak_tree_pss'])} (RSS sum {_gb(result['peak_tree_rss_sum'])})"
+    )
     if result["output"]:
         lines = result["output"].splitlines()
         print("  child output:" + "".join(f"\n    {line}" for line in lines[-10:]))
@@ -423,7 +457,9 @@ def print_run(title: str, result: dict, rows: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="texts to generate (default 1,000,000)")
-    parser.add_argument("--workdir", type=Path, default=None, help="working folder (default: a new temporary one)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="working folder (default: a new temporary one)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the workdir and what was written there")
     parser.add_argument("--child", choices=("fastlm", "peer"), help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -444,37 +480,74 @@ def main() -> None:
             if created:
                 shutil.rmtree(workdir, ignore_errors=True)
             else:
-                for name in ("input.parquet", "tokenizer", "fastlm_out", "peer_out", "hf_cache", "hf_home",
-                             "result_fastlm.json", "result_peer.json"):
+                for name in (
+                    "input.parquet",
+                    "tokenizer",
+                    "fastlm_out",
+                    "peer_out",
+                    "hf_cache",
+                    "hf_home",
+                    "result_fastlm.json",
+                    "result_peer.json",
+                ):
                     target = workdir / name
-                    shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+                    shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(
+                        missing_ok=True
+                    )
 
 
 def report(workdir: Path, rows: int) -> None:
     host = machine()
     print("split benchmark: fastlm split pipeline vs datasets.map(num_proc=2)")
     print(f"machine: {host['nproc']} cores ({host['cpu']}), {host['memory_gb']:.1f} GB RAM, {host['os']}")
-    print("versions: " + ", ".join(f"{name} {host[name]}" for name in
-                                   ("python", "torch", "tokenizers", "transformers", "datasets", "pandas",
-                                    "pyarrow", "numpy", "kedro")))
+    print(
+        "versions: "
+        + ", ".join(
+            f"{name} {host[name]}"
+            for name in (
+                "python",
+                "torch",
+                "tokenizers",
+                "transformers",
+                "datasets",
+                "pandas",
+                "pyarrow",
+                "numpy",
+                "kedro",
+            )
+        )
+    )
     print(f"workdir: {workdir}")
 
     info = prepare(workdir, rows)
-    print(f"\ninput (not timed): {info['rows']:,} texts; unique {info['unique']:.2%} "
-          f"(make_texts alone {info['unique_before']:.2%}; {info['replaced']:,} repeats spliced); "
-          f"mean {info['mean_chars']:.1f} chars (make_texts alone {info['mean_chars_before']:.1f}), "
-          f"median {info['median_chars']:.0f}, max {info['max_chars']}; parquet {info['parquet_bytes'] / 1e6:.1f} MB")
-    print(f"  generate {info['generate_s']:.1f} s, write {info['write_s']:.1f} s, "
-          f"train+save tokenizer (vocab {info['vocab']}, {TOKENIZER_TRAIN_ROWS:,} texts) {info['tokenizer_s']:.1f} s")
+    print(
+        f"\ninput (not timed): {info['rows']:,} texts; unique {info['unique']:.2%} "
+        f"(make_texts alone {info['unique_before']:.2%}; {info['replaced']:,} repeats spliced); "
+        f"mean {info['mean_chars']:.1f} chars (make_texts alone {info['mean_chars_before']:.1f}), "
+        f"median {info['median_chars']:.0f}, max {info['max_chars']}; parquet "
+        f"{info['parquet_bytes'] / 1e6:.1f} MB"
+    )
+    print(
+        f"  generate {info['generate_s']:.1f} s, write {info['write_s']:.1f} s, "
+        f"train+save tokenizer (vocab {info['vocab']}, {TOKENIZER_TRAIN_ROWS:,} texts) "
+        f"{info['tokenizer_s']:.1f} s"
+    )
 
     for name in ("fastlm_out", "peer_out", "hf_cache", "hf_home"):
         shutil.rmtree(workdir / name, ignore_errors=True)
     fastlm = run_child("fastlm", workdir)
-    print_run("fastlm (fresh process): read_text_table, clean_corpus, split_corpus, tokenize_corpus, "
-              "report_split, catalog writes", fastlm, info["rows"])
+    print_run(
+        "fastlm (fresh process): read_text_table, clean_corpus, split_corpus, tokenize_corpus, "
+        "report_split, catalog writes",
+        fastlm,
+        info["rows"],
+    )
     peer = run_child("peer", workdir)
-    print_run("peer (fresh process): Dataset.from_parquet, .filter, .map(tok, batched, num_proc=2), "
-              "save_to_disk", peer, info["rows"])
+    print_run(
+        "peer (fresh process): Dataset.from_parquet, .filter, .map(tok, batched, num_proc=2), save_to_disk",
+        peer,
+        info["rows"],
+    )
 
     ratio = peer["wall_s"] / fastlm["wall_s"]
     tok_ratio = peer["stages"]["tokenize"] / fastlm["stages"]["tokenize"]
@@ -482,19 +555,33 @@ def report(workdir: Path, rows: int) -> None:
     rss_ok = max(fastlm["maxrss_self"], fastlm["peak_tree_pss"]) <= TARGET_RSS_BYTES
     print("\nsummary")
     print(f"  rows in                 {info['rows']:,}")
-    print(f"  fastlm wall             {fastlm['wall_s']:.2f} s  ({info['rows'] / fastlm['wall_s']:,.0f} rows/s)")
+    print(
+        f"  fastlm wall             {fastlm['wall_s']:.2f} s  ({info['rows'] / fastlm['wall_s']:,.0f} rows/s)"
+    )
     print(f"  peer wall               {peer['wall_s']:.2f} s  ({info['rows'] / peer['wall_s']:,.0f} rows/s)")
-    print(f"  ratio peer/fastlm       {ratio:.2f}x end to end; {tok_ratio:.2f}x tokenization only "
-          f"(peer .map {peer['stages']['tokenize']:.2f} s / fastlm tokenize_corpus {fastlm['stages']['tokenize']:.2f} s)")
-    print(f"  fastlm peak memory      ru_maxrss {_gb(fastlm['maxrss_self'])} (largest worker "
-          f"{_gb(fastlm['maxrss_children'])}), tree PSS {_gb(fastlm['peak_tree_pss'])}")
+    print(
+        f"  ratio peer/fastlm       {ratio:.2f}x end to end; {tok_ratio:.2f}x tokenization only "
+        f"(peer .map {peer['stages']['tokenize']:.2f} s / fastlm tokenize_corpus "
+        f"{fastlm['stages']['tokenize']:.2f} s)"
+    )
+    print(
+        f"  fastlm peak memory      ru_maxrss {_gb(fastlm['maxrss_self'])} (largest worker "
+        f"{_gb(fastlm['maxrss_children'])}), tree PSS {_gb(fastlm['peak_tree_pss'])}"
+    )
     foreign = max(fastlm["foreign_cores"], peer["foreign_cores"])
     if foreign > 0.1:
-        print(f"  WARNING                 other processes kept {foreign:.2f} cores busy during a timed run: "
-              "the figures are too slow; rerun on a quiet machine")
-    print(f"  target wall <= {TARGET_WALL_S:.0f} s       {'PASS' if wall_ok else 'FAIL'} ({fastlm['wall_s']:.2f} s)")
-    print(f"  target peak <= 3 GB      {'PASS' if rss_ok else 'FAIL'} "
-          f"({_gb(max(fastlm['maxrss_self'], fastlm['peak_tree_pss']))})")
+        print(
+            f"  WARNING                 other processes kept {foreign:.2f} cores busy during a timed run: "
+            "the figures are too slow; rerun on a quiet machine"
+        )
+    print(
+        f"  target wall <= {TARGET_WALL_S:.0f} s       {'PASS' if wall_ok else 'FAIL'} "
+        f"({fastlm['wall_s']:.2f} s)"
+    )
+    print(
+        f"  target peak <= 3 GB      {'PASS' if rss_ok else 'FAIL'} "
+        f"({_gb(max(fastlm['maxrss_self'], fastlm['peak_tree_pss']))})"
+    )
 
 
 if __name__ == "__main__":

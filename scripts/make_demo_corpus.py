@@ -23,13 +23,22 @@ RAW = ROOT / "data" / "01_raw"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dialogues", action="store_true", help="dialogue -> summary pairs instead of texts")
-    parser.add_argument("--out", default=None, help="output JSONL path (default: data/01_raw/demo_corpus.jsonl, "
-                        "or demo_dialogues.jsonl with --dialogues)")
-    parser.add_argument("--n", type=int, default=None, help="rows, dirty rows included (default 24,000 / 3,000)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output JSONL path (default: data/01_raw/demo_corpus.jsonl, "
+        "or demo_dialogues.jsonl with --dialogues)",
+    )
+    parser.add_argument(
+        "--n", type=int, default=None, help="rows, dirty rows included (default 24,000 / 3,000)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     args = parser.parse_args(argv)
-    write, name, rows = ((write_demo_dialogues, "demo_dialogues.jsonl", 3_000) if args.dialogues
-                         else (write_demo_corpus, "demo_corpus.jsonl", 24_000))
+    write, name, rows = (
+        (write_demo_dialogues, "demo_dialogues.jsonl", 3_000)
+        if args.dialogues
+        else (write_demo_corpus, "demo_corpus.jsonl", 24_000)
+    )
     counts = write(args.out or str(RAW / name), n=args.n or rows, seed=args.seed)
     print(json.dumps(counts, indent=2, ensure_ascii=False))
     return 0

@@ -1,8 +1,8 @@
 """The counts of docs/reliability.md, computed from the tests rather than written by hand.
 
-    python scripts/reliability_counts.py            # collect the tests, print the counts block
-    python scripts/reliability_counts.py --run      # also run them: a failing test is not counted as survived
-    python scripts/reliability_counts.py --write    # put the (collected) counts block into docs/reliability.md
+    python scripts/reliability_counts.py          # collect the tests, print the counts block
+    python scripts/reliability_counts.py --run    # also run them: a failing test is not counted as survived
+    python scripts/reliability_counts.py --write  # put the (collected) counts block into docs/reliability.md
 
 What is counted:
 
@@ -51,8 +51,12 @@ def collect(files: list[str]) -> set[str]:
 def _collect(present: tuple[str, ...]) -> frozenset[str]:
     if not present:
         return frozenset()
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *present],
-                          cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *present],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     return frozenset(line.strip() for line in done.stdout.splitlines() if "::" in line)
 
 
@@ -60,8 +64,12 @@ def run(node_ids: set[str]) -> set[str]:
     """The node ids among ``node_ids`` that fail (or error) when run."""
     if not node_ids:
         return set()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *sorted(node_ids)],
-                          cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *sorted(node_ids)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     return {match.group(1) for match in re.finditer(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.MULTILINE)}
 
 
@@ -81,19 +89,27 @@ def matrix_kinds() -> dict[str, bool]:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
             called = {getattr(call.func, "id", None) for call in ast.walk(node) if isinstance(call, ast.Call)}
-            raises = any(isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "raises"
-                         for call in ast.walk(node))
+            raises = any(
+                isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "raises"
+                for call in ast.walk(node)
+            )
             kinds[node.name] = bool(called & SNAPSHOT_CHECKS) or (raises and "_snapshot" in called)
     return kinds
 
 
 def compute(text: str, *, execute: bool = False) -> dict:
     fault_refs = [TEST_REF.findall(row) for row in section_rows(text, "Faults")]
-    files = [file for file, _ in TEST_REF.findall(text)] + [MATRIX]  # every file the document names: one collection
+    # every file the document names: one collection
+    files = [file for file, _ in TEST_REF.findall(text)] + [MATRIX]
     collected = collect(files)
-    fault_nodes = [set().union(*(expand(ref, collected) for ref in refs)) if refs else set() for refs in fault_refs]
-    complete = [nodes for refs, nodes in zip(fault_refs, fault_nodes, strict=True)
-                if refs and all(expand(ref, collected) for ref in refs)]
+    fault_nodes = [
+        set().union(*(expand(ref, collected) for ref in refs)) if refs else set() for refs in fault_refs
+    ]
+    complete = [
+        nodes
+        for refs, nodes in zip(fault_refs, fault_nodes, strict=True)
+        if refs and all(expand(ref, collected) for ref in refs)
+    ]
     matrix = sorted(node for node in collected if node.startswith(f"{MATRIX}::"))
     kinds = matrix_kinds()
     bad = [node for node in matrix if kinds.get(node.split("::")[1].split("[")[0], False)]
@@ -117,28 +133,34 @@ def compute(text: str, *, execute: bool = False) -> dict:
 
 def counts_block(counts: dict) -> str:
     how = "collected and run tests" if counts["ran"] else "collected tests (`--run` also runs them)"
-    return "\n".join([
-        BEGIN,
-        f"Computed by `python scripts/reliability_counts.py` from the {how}:",
-        "",
-        "| Count | Value |",
-        "| --- | --- |",
-        f"| Faults survived (rows of the Faults table whose tests exist{', and pass' if counts['ran'] else ''}) | {counts['faults_survived']} of "
-        f"{counts['fault_rows']} ({counts['faults_pending']} pending) |",
-        f"| Fault test cases | {counts['fault_tests']} |",
-        f"| Inputs tried (bad-input matrix cases) | {counts['inputs_tried']} ({counts['bad_inputs']} bad, "
-        f"{counts['good_inputs']} that must work) |",
-        f"| Bad inputs refused with one line, non-zero exit, outputs compared | "
-        f"{counts['bad_inputs_failing_cleanly']} of {counts['bad_inputs']} |",
-        f"| Data lost (bad-input cases whose outputs changed or were not compared) | {counts['data_lost']} |",
-        END,
-    ])
+    return "\n".join(
+        [
+            BEGIN,
+            f"Computed by `python scripts/reliability_counts.py` from the {how}:",
+            "",
+            "| Count | Value |",
+            "| --- | --- |",
+            "| Faults survived (rows of the Faults table whose tests "
+            f"exist{', and pass' if counts['ran'] else ''}) | {counts['faults_survived']} of "
+            f"{counts['fault_rows']} ({counts['faults_pending']} pending) |",
+            f"| Fault test cases | {counts['fault_tests']} |",
+            f"| Inputs tried (bad-input matrix cases) | {counts['inputs_tried']} ({counts['bad_inputs']} "
+            f"bad, {counts['good_inputs']} that must work) |",
+            f"| Bad inputs refused with one line, non-zero exit, outputs compared | "
+            f"{counts['bad_inputs_failing_cleanly']} of {counts['bad_inputs']} |",
+            "| Data lost (bad-input cases whose outputs changed or were not compared) | "
+            f"{counts['data_lost']} |",
+            END,
+        ]
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="store_true", help="run the tests too (about 2 minutes on 2 cores)")
-    parser.add_argument("--write", action="store_true", help="write the counts block into docs/reliability.md")
+    parser.add_argument(
+        "--write", action="store_true", help="write the counts block into docs/reliability.md"
+    )
     args = parser.parse_args()
     text = DOC.read_text(encoding="utf-8")
     block = counts_block(compute(text, execute=args.run))

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from fastlm.engine.checkpoint.files import CheckpointError
+from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
 from tests.support.project import copy_project, run_pipeline, write_jsonl
@@ -32,11 +32,25 @@ from tests.support.project import copy_project, run_pipeline, write_jsonl
 pytestmark = pytest.mark.e2e
 
 SPLIT = {"tokenizer": {"vocab_size": 400}, "max_length": 48}
-TRAIN = {"max_steps": 2, "log_every": 1, "eval_every": None, "save_every": 2, "quiet": True,
-         "batching": {"micro_batch_size": 8},
-         "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}}
-LAYERS = ("01_raw", "02_intermediate", "03_primary", "04_feature", "05_model_input", "06_models",
-          "07_model_output", "08_reporting")
+TRAIN = {
+    "max_steps": 2,
+    "log_every": 1,
+    "eval_every": None,
+    "save_every": 2,
+    "quiet": True,
+    "batching": {"micro_batch_size": 8},
+    "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1},
+}
+LAYERS = (
+    "01_raw",
+    "02_intermediate",
+    "03_primary",
+    "04_feature",
+    "05_model_input",
+    "06_models",
+    "07_model_output",
+    "08_reporting",
+)
 CHECKPOINT = "data/06_models/checkpoints/matrix/checkpoint-00000002"  # run_name: matrix (conf/local)
 Usage = namedtuple("Usage", "total used free")
 
@@ -50,8 +64,12 @@ def base_project(tmp_path_factory, sample_texts, mlflow_uri) -> Path:
     project = copy_project(tmp_path_factory.mktemp("matrix") / "project")
     for layer in LAYERS:
         (project / "data" / layer).mkdir(parents=True)
-    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]])
-    (project / "conf/local/parameters_matrix.yml").write_text(yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"}))
+    write_jsonl(
+        project / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]]
+    )
+    (project / "conf/local/parameters_matrix.yml").write_text(
+        yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"})
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
         patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
@@ -81,7 +99,8 @@ def _snapshot(project: Path) -> dict[str, str]:
 
 
 def _fails_cleanly(project: Path, pipeline: str, params: dict, error: type[FastlmError], *expected: str):
-    """Run ``pipeline``: it must raise ``error`` (one line, naming ``expected``, with a fix) and write nothing."""
+    """Run ``pipeline``: it must raise ``error`` (one line, naming ``expected``, with a fix) and write
+    nothing."""
     before = _snapshot(project)
     assert before, "the module project should have outputs to protect"
     with pytest.raises(Exception) as raised:
@@ -100,36 +119,68 @@ def _report(project: Path) -> dict:
     return json.loads((project / "data/08_reporting/split_report.json").read_text(encoding="utf-8"))
 
 
-# ------------------------------------------------------------------------------------------------ split: files
+# ----------------------------------------------------------------------------------------------- split: files
 
 
 def test_missing_raw_file(project):
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/missing.jsonl"}, InputDataError,
-                   "data/01_raw/missing.jsonl does not exist", "raw_path")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/missing.jsonl"},
+        InputDataError,
+        "data/01_raw/missing.jsonl does not exist",
+        "raw_path",
+    )
 
 
 def test_empty_raw_file(project):
     (project / "data/01_raw/empty.jsonl").write_bytes(b"")
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/empty.jsonl"}, InputDataError,
-                   "data/01_raw/empty.jsonl is empty", "raw_path")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/empty.jsonl"},
+        InputDataError,
+        "data/01_raw/empty.jsonl is empty",
+        "raw_path",
+    )
 
 
 def test_unknown_extension(project):
     (project / "data/01_raw/corpus.txt").write_text("text\nhello\n", encoding="utf-8")
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/corpus.txt"}, InputDataError,
-                   "data/01_raw/corpus.txt: unknown extension '.txt'", ".jsonl")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/corpus.txt"},
+        InputDataError,
+        "data/01_raw/corpus.txt: unknown extension '.txt'",
+        ".jsonl",
+    )
 
 
 def test_missing_text_column(project):
-    _fails_cleanly(project, "split", {"split": {"text_column": "body"}}, InputDataError,
-                   "has no column 'body'", "split.text_column")
+    _fails_cleanly(
+        project,
+        "split",
+        {"split": {"text_column": "body"}},
+        InputDataError,
+        "has no column 'body'",
+        "split.text_column",
+    )
 
 
 def test_invalid_utf8_bytes_in_csv(project):
     # Korean CP949 is now read (see round two); bytes of another legacy encoding are still refused
-    (project / "data/01_raw/legacy.csv").write_bytes(b"text\nhello\n" + "Très bien café crème\n".encode("latin-1"))
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/legacy.csv"}, InputDataError,
-                   "data/01_raw/legacy.csv is not valid UTF-8", "iconv")
+    (project / "data/01_raw/legacy.csv").write_bytes(
+        b"text\nhello\n" + "Très bien café crème\n".encode("latin-1")
+    )
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/legacy.csv"},
+        InputDataError,
+        "data/01_raw/legacy.csv is not valid UTF-8",
+        "iconv",
+    )
 
 
 # ------------------------------------------------------------------------------------------- split: contents
@@ -142,26 +193,55 @@ def test_a_column_of_numbers(project, extension):
         write_jsonl(path, list(range(40)))
     else:
         pd.DataFrame({"text": np.arange(40, dtype=np.int64)}).to_parquet(path)
-    _fails_cleanly(project, "split", {"raw_path": str(path.relative_to(project))}, InputDataError,
-                   f"data/01_raw/numbers.{extension} after cleaning 40 rows", "'non_string': 40",
-                   "split.text_column")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": str(path.relative_to(project))},
+        InputDataError,
+        f"data/01_raw/numbers.{extension} after cleaning 40 rows",
+        "'non_string': 40",
+        "split.text_column",
+    )
 
 
 def test_all_nan_and_none_texts(project):
-    pd.DataFrame({"text": [None, float("nan")] * 20}, dtype=object).to_parquet(project / "data/01_raw/nan.parquet")
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/nan.parquet"}, InputDataError,
-                   "data/01_raw/nan.parquet after cleaning 40 rows", "'missing': 40", "split.text_column")
+    pd.DataFrame({"text": [None, float("nan")] * 20}, dtype=object).to_parquet(
+        project / "data/01_raw/nan.parquet"
+    )
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/nan.parquet"},
+        InputDataError,
+        "data/01_raw/nan.parquet after cleaning 40 rows",
+        "'missing': 40",
+        "split.text_column",
+    )
 
 
 def test_all_rows_empty_after_cleaning(project):
     write_jsonl(project / "data/01_raw/blank.jsonl", ["", "   ", "\t\n", "\u3000"])
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/blank.jsonl"}, InputDataError,
-                   "data/01_raw/blank.jsonl after cleaning 4 rows", "'whitespace_only': 3", "split.text_column")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/blank.jsonl"},
+        InputDataError,
+        "data/01_raw/blank.jsonl after cleaning 4 rows",
+        "'whitespace_only': 3",
+        "split.text_column",
+    )
 
 
 def test_ratios_not_summing_to_one(project):
-    _fails_cleanly(project, "split", {"split": {"ratios": {"train": 0.5, "validation": 0.1, "test": 0.1}}},
-                   ConfigError, "parameter split.ratios", "must sum to 1", "--params split.ratios.<key>")
+    _fails_cleanly(
+        project,
+        "split",
+        {"split": {"ratios": {"train": 0.5, "validation": 0.1, "test": 0.1}}},
+        ConfigError,
+        "parameter split.ratios",
+        "must sum to 1",
+        "--params split.ratios.<key>",
+    )
 
 
 def test_nan_and_none_texts_are_dropped_and_counted(project, sample_texts):
@@ -185,11 +265,18 @@ def test_one_megabyte_texts_are_truncated_not_refused(project, sample_texts):
 
 
 def test_only_duplicates_keep_one(project):
-    # one text is kept; since round two (issue 15) a corpus that leaves a split empty is refused before writing
+    # one text is kept; since round two (issue 15) a corpus that leaves a split empty is refused before
+    # writing
     text = "배송이 빠르고 포장도 꼼꼼해요. The battery lasts all day."
     write_jsonl(project / "data/01_raw/dupes.jsonl", [text] * 30)
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/dupes.jsonl"}, InputDataError,
-                   "split would be empty: 1 text with", "give more texts")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/dupes.jsonl"},
+        InputDataError,
+        "split would be empty: 1 text with",
+        "give more texts",
+    )
 
 
 # ----------------------------------------------------------------------------------------- train: parameters
@@ -201,7 +288,10 @@ def test_only_duplicates_keep_one(project):
         ({"batching": {"micro_batch_size": 0}}, "train.batching.micro_batch_size = 0"),
         ({"batching": {"micro_batch_size": -4}}, "train.batching.micro_batch_size = -4"),
         ({"batching": {"gradient_accumulation_steps": 0}}, "train.batching.gradient_accumulation_steps = 0"),
-        ({"batching": {"gradient_accumulation_steps": -1}}, "train.batching.gradient_accumulation_steps = -1"),
+        (
+            {"batching": {"gradient_accumulation_steps": -1}},
+            "train.batching.gradient_accumulation_steps = -1",
+        ),
         ({"max_steps": 0}, "train.max_steps = 0"),
         ({"max_steps": -5}, "train.max_steps = -5"),
         ({"max_minutes": 0}, "train.max_minutes = 0"),
@@ -212,25 +302,48 @@ def test_only_duplicates_keep_one(project):
         ({"loss": {"label_smoothing": -0.1}}, "train.loss.label_smoothing = -0.1"),
         ({"early_stopping": {"patience": 2}, "eval_every": None}, "needs train.eval_every"),
     ],
-    ids=["micro_batch_0", "micro_batch_neg", "accumulation_0", "accumulation_neg", "max_steps_0",
-         "max_steps_neg", "max_minutes_0", "batching_mode", "lr_0", "lr_neg", "label_smoothing_1",
-         "label_smoothing_neg", "early_stopping_without_evaluations"],
+    ids=[
+        "micro_batch_0",
+        "micro_batch_neg",
+        "accumulation_0",
+        "accumulation_neg",
+        "max_steps_0",
+        "max_steps_neg",
+        "max_minutes_0",
+        "batching_mode",
+        "lr_0",
+        "lr_neg",
+        "label_smoothing_1",
+        "label_smoothing_neg",
+        "early_stopping_without_evaluations",
+    ],
 )
 def test_bad_train_parameter(project, train, expected):
     _fails_cleanly(project, "train", {"train": train}, ConfigError, expected, "--params")
 
 
 def test_model_path_that_does_not_exist(project):
-    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": "./no/such/model"}}}, ConfigError,
-                   "train.model.name_or_path = './no/such/model' is not a model directory")
+    _fails_cleanly(
+        project,
+        "train",
+        {"train": {"model": {"name_or_path": "./no/such/model"}}},
+        ConfigError,
+        "train.model.name_or_path = './no/such/model' is not a model directory",
+    )
 
 
 def _save_tiny_llama(project: Path, *, vocab_size: int | None = None, max_positions: int = 64) -> str:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
-    config = LlamaConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=max_positions)
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=max_positions,
+    )
     folder = project / "models" / f"tiny-{config.vocab_size}-{max_positions}"
     LlamaForCausalLM(config).save_pretrained(folder)
     return f"./{folder.relative_to(project)}"
@@ -238,32 +351,56 @@ def _save_tiny_llama(project: Path, *, vocab_size: int | None = None, max_positi
 
 def test_max_length_above_the_models_positions(project):
     path = _save_tiny_llama(project, max_positions=32)
-    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError,
-                   "split.max_length = 48 exceeds the model's max_position_embeddings (32)",
-                   "split.max_length <= 32")
+    _fails_cleanly(
+        project,
+        "train",
+        {"train": {"model": {"name_or_path": path}}},
+        ConfigError,
+        "split.max_length = 48 exceeds the model's max_position_embeddings (32)",
+        "split.max_length <= 32",
+    )
 
 
 def test_tokenizer_and_model_vocabularies_disagree(project):
     path = _save_tiny_llama(project, vocab_size=50)
-    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError,
-                   "the model's embedding has 50", "split.tokenizer.source")
+    _fails_cleanly(
+        project,
+        "train",
+        {"train": {"model": {"name_or_path": path}}},
+        ConfigError,
+        "the model's embedding has 50",
+        "split.tokenizer.source",
+    )
 
 
 # ------------------------------------------------------------------------------------ train: stale or broken
 
 
 def test_stale_tokenized_data_after_a_max_length_change(project):
-    _fails_cleanly(project, "train", {"split": {"max_length": 64}}, StaleDataError,
-                   "data/05_model_input/tokenized_corpus is stale", "max_length 48 -> 64",
-                   "kedro run --pipeline=split")
+    _fails_cleanly(
+        project,
+        "train",
+        {"split": {"max_length": 64}},
+        StaleDataError,
+        "data/05_model_input/tokenized_corpus is stale",
+        "max_length 48 -> 64",
+        "kedro run --pipeline=split",
+    )
 
 
 def test_stale_tokenized_data_after_a_tokenizer_change(project, bpe_tokenizer):
     folder = project / "data/06_models/tokenizer"
     shutil.rmtree(folder)
     bpe_tokenizer.save_pretrained(folder)
-    _fails_cleanly(project, "train", {}, StaleDataError, "is stale", "the tokenizer changed",
-                   "kedro run --pipeline=split")
+    _fails_cleanly(
+        project,
+        "train",
+        {},
+        StaleDataError,
+        "is stale",
+        "the tokenizer changed",
+        "kedro run --pipeline=split",
+    )
 
 
 def _corrupt_checkpoint(project: Path) -> Path:
@@ -274,9 +411,14 @@ def _corrupt_checkpoint(project: Path) -> Path:
 
 def test_corrupted_checkpoint_names_the_file(project):
     model_file = _corrupt_checkpoint(project)
-    _fails_cleanly(project, "train", {"train": {"resume": "auto"}}, CheckpointError,
-                   f"checkpoint file {model_file.relative_to(project)} is unreadable",
-                   "train.resume: never")
+    _fails_cleanly(
+        project,
+        "train",
+        {"train": {"resume": "auto"}},
+        CheckpointError,
+        f"checkpoint file {model_file.relative_to(project)} is unreadable",
+        "train.resume: never",
+    )
 
 
 # ------------------------------------------------------------------------------------------- the real CLI
@@ -284,8 +426,14 @@ def test_corrupted_checkpoint_names_the_file(project):
 
 def _kedro(project: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "kedro", "run", *args], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kedro", "run", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _one_line_exit_2(project: Path, *args: str) -> str:
@@ -310,7 +458,6 @@ def test_cli_corrupted_checkpoint(project):
     assert f"checkpoint file {model_file.relative_to(project)} is unreadable" in last
 
 
-
 # ------------------------------------------------------------------------------- storage and --params keys
 
 
@@ -328,25 +475,40 @@ def _deny_writes_under(monkeypatch, folder: Path) -> None:
 
 def test_disk_full_before_training(project, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 4096, 4096))
-    _fails_cleanly(project, "train", {}, StorageError, "not enough free disk space", "train.checkpoint_dir",
-                   "4.1 KB is free", "lower train.keep_last")
+    _fails_cleanly(
+        project,
+        "train",
+        {},
+        StorageError,
+        "not enough free disk space",
+        "train.checkpoint_dir",
+        "4.1 KB is free",
+        "lower train.keep_last",
+    )
 
 
 def test_unwritable_checkpoint_folder(project, monkeypatch):
     _deny_writes_under(monkeypatch, project / "data/06_models/checkpoints")
-    _fails_cleanly(project, "train", {}, StorageError, "train.checkpoint_dir", "is not writable",
-                   "Permission denied")
+    _fails_cleanly(
+        project, "train", {}, StorageError, "train.checkpoint_dir", "is not writable", "Permission denied"
+    )
 
 
 def test_unwritable_split_output_folder(project, monkeypatch):
     _deny_writes_under(monkeypatch, project / "data/05_model_input")
-    _fails_cleanly(project, "split", {}, StorageError, "tokenized_corpus", "data/05_model_input is not writable")
+    _fails_cleanly(
+        project, "split", {}, StorageError, "tokenized_corpus", "data/05_model_input is not writable"
+    )
 
 
-@pytest.mark.parametrize(("params", "expected"), [
-    ({"raw_pth": "data/01_raw/mine.jsonl"}, "unknown parameter raw_pth (did you mean raw_path?)"),
-    ({"trian": {"max_steps": 3}}, "unknown parameter trian.max_steps (did you mean train.max_steps?)"),
-], ids=["raw_pth", "trian"])
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"raw_pth": "data/01_raw/mine.jsonl"}, "unknown parameter raw_pth (did you mean raw_path?)"),
+        ({"trian": {"max_steps": 3}}, "unknown parameter trian.max_steps (did you mean train.max_steps?)"),
+    ],
+    ids=["raw_pth", "trian"],
+)
 def test_misspelled_top_level_params_key_is_refused(project, sample_texts, params, expected):
     """Refused before any node runs, as a misspelled key inside a group is: a warning let the split re-split
     the demo corpus over the outputs while the user's own file was ignored."""
@@ -371,14 +533,32 @@ def _save_tiny_pretrained(project: Path, kind: str) -> str:
 
     vocab = len(AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True))
     model = {
-        "bart": lambda: BartForConditionalGeneration(BartConfig(
-            vocab_size=vocab, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64)),
-        "t5": lambda: T5ForConditionalGeneration(T5Config(vocab_size=vocab, d_model=16, d_kv=8, d_ff=32,
-                                                          num_layers=1, num_heads=2)),
-        "bert": lambda: BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=16, num_hidden_layers=1,
-                                                   num_attention_heads=2, intermediate_size=32,
-                                                   max_position_embeddings=64)),
+        "bart": lambda: BartForConditionalGeneration(
+            BartConfig(
+                vocab_size=vocab,
+                d_model=16,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                decoder_ffn_dim=32,
+                max_position_embeddings=64,
+            )
+        ),
+        "t5": lambda: T5ForConditionalGeneration(
+            T5Config(vocab_size=vocab, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+        ),
+        "bert": lambda: BertForMaskedLM(
+            BertConfig(
+                vocab_size=vocab,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                max_position_embeddings=64,
+            )
+        ),
     }[kind]()
     folder = project / "models" / kind
     model.save_pretrained(folder)
@@ -387,17 +567,29 @@ def _save_tiny_pretrained(project: Path, kind: str) -> str:
 
 @pytest.mark.parametrize(
     ("kind", "expected"),
-    [("bart", "encoder-decoder model: it trains on prompt/response data"),
-     ("t5", "encoder-decoder model: it trains on prompt/response data"),
-     ("bert", "fastlm trains causal and seq2seq LMs")],
+    [
+        ("bart", "encoder-decoder model: it trains on prompt/response data"),
+        ("t5", "encoder-decoder model: it trains on prompt/response data"),
+        ("bert", "fastlm trains causal and seq2seq LMs"),
+    ],
     ids=["bart_on_plain_text", "t5_on_plain_text", "bert_masked_lm"],
 )
 def test_pretrained_folder_that_is_not_a_causal_lm(project, kind, expected):
-    """BART and T5 train as seq2seq, but only on prompt/response data: the matrix project's corpus is plain text."""
+    """BART and T5 train as seq2seq, but only on prompt/response data: the matrix project's corpus is plain
+    text."""
     path = _save_tiny_pretrained(project, kind)
-    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError, expected,
-                   *([f"model type {kind}", path] if kind == "bert" else ["ForConditionalGeneration",
-                                                                          "split.prompt_column"]))
+    _fails_cleanly(
+        project,
+        "train",
+        {"train": {"model": {"name_or_path": path}}},
+        ConfigError,
+        expected,
+        *(
+            [f"model type {kind}", path]
+            if kind == "bert"
+            else ["ForConditionalGeneration", "split.prompt_column"]
+        ),
+    )
 
 
 def _break_model_folder(folder: Path, how: str) -> str:
@@ -415,8 +607,9 @@ def _break_model_folder(folder: Path, how: str) -> str:
 def test_broken_pretrained_folder_names_the_file(project, how):
     path = _save_tiny_llama(project)
     name = _break_model_folder(project / path, how)
-    _fails_cleanly(project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError,
-                   f"{path}/{name}")
+    _fails_cleanly(
+        project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError, f"{path}/{name}"
+    )
 
 
 def test_cli_pretrained_folder_with_a_removed_tensor(project, mlflow_uri):
@@ -434,51 +627,99 @@ def test_cli_pretrained_folder_with_a_removed_tensor(project, mlflow_uri):
     client = mlflow.MlflowClient(mlflow_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, filter_string=f"attributes.start_time >= {started_ms}")
-    assert all(run.info.status != "FINISHED" for run in runs), [(run.info.run_name, run.info.status) for run in runs]
+    assert all(run.info.status != "FINISHED" for run in runs), [
+        (run.info.run_name, run.info.status) for run in runs
+    ]
 
 
 # ------------------------------------------------------------------------------------- round two (issue 15)
 
 
-@pytest.mark.parametrize(("split", "expected"), [
-    ({"ratios": {"train": 0.8, "validation": 0.1, "test": 0.1}}, "split.ratios"),
-    ({"hash_salt": "again"}, "split.hash_salt"),
-    ({"max_samples": 100}, "split.max_samples"),
-], ids=["ratios", "hash_salt", "max_samples"])
+@pytest.mark.parametrize(
+    ("split", "expected"),
+    [
+        ({"ratios": {"train": 0.8, "validation": 0.1, "test": 0.1}}, "split.ratios"),
+        ({"hash_salt": "again"}, "split.hash_salt"),
+        ({"max_samples": 100}, "split.max_samples"),
+    ],
+    ids=["ratios", "hash_salt", "max_samples"],
+)
 def test_stale_tokenized_data_after_a_split_parameter_change(project, split, expected):
-    _fails_cleanly(project, "train", {"split": split}, StaleDataError, "data/05_model_input/tokenized_corpus is stale",
-                   expected, "kedro run --pipeline=split")
+    _fails_cleanly(
+        project,
+        "train",
+        {"split": split},
+        StaleDataError,
+        "data/05_model_input/tokenized_corpus is stale",
+        expected,
+        "kedro run --pipeline=split",
+    )
 
 
 def test_an_empty_test_split_is_refused_before_writing(project):
     ratios = {"train": 0.95, "validation": 0.05, "test": 0.0}
-    _fails_cleanly(project, "split", {"split": {"ratios": ratios}}, InputDataError, "the test split would be empty",
-                   "split.ratios.test")
+    _fails_cleanly(
+        project,
+        "split",
+        {"split": {"ratios": ratios}},
+        InputDataError,
+        "the test split would be empty",
+        "split.ratios.test",
+    )
 
 
 def test_a_two_row_corpus_is_refused_before_writing(project, sample_texts):
     write_jsonl(project / "data/01_raw/two.jsonl", sample_texts[:2])
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/two.jsonl"}, InputDataError, "split would be empty",
-                   "2 texts")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/two.jsonl"},
+        InputDataError,
+        "split would be empty",
+        "2 texts",
+    )
 
 
 @pytest.mark.timeout(120)
 def test_a_named_pipe_as_the_raw_file_is_refused(project):
     os.mkfifo(project / "data/01_raw/pipe.jsonl")
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/pipe.jsonl"}, InputDataError,
-                   "data/01_raw/pipe.jsonl is not a regular file", "raw_path")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/pipe.jsonl"},
+        InputDataError,
+        "data/01_raw/pipe.jsonl is not a regular file",
+        "raw_path",
+    )
 
 
 def _korean_rows(sample_texts) -> list[str]:
     """Korean review-like texts that EUC-KR can encode (the sample texts hold emoji, which it cannot)."""
-    words = ["배송이", "빠르고", "포장도", "꼼꼼해요", "가격", "대비", "만족합니다", "재구매", "의사", "있어요"]
-    return [" ".join(words[(index + shift) % len(words)] for shift in range(1 + index % 7)) + f" {index}번째 후기"
-            for index in range(120)]
+    words = [
+        "배송이",
+        "빠르고",
+        "포장도",
+        "꼼꼼해요",
+        "가격",
+        "대비",
+        "만족합니다",
+        "재구매",
+        "의사",
+        "있어요",
+    ]
+    return [
+        " ".join(words[(index + shift) % len(words)] for shift in range(1 + index % 7)) + f" {index}번째 후기"
+        for index in range(120)
+    ]
 
 
-@pytest.mark.parametrize(("encoding", "extension"), [("euc-kr", "jsonl"), ("cp949", "jsonl"), ("cp949", "csv")])
+@pytest.mark.parametrize(
+    ("encoding", "extension"), [("euc-kr", "jsonl"), ("cp949", "jsonl"), ("cp949", "csv")]
+)
 def test_korean_legacy_encodings_are_read(project, sample_texts, encoding, extension):
-    rows = _korean_rows(sample_texts) + ["똠방각하 뷁 햏"] if encoding == "cp949" else _korean_rows(sample_texts)
+    rows = (
+        _korean_rows(sample_texts) + ["똠방각하 뷁 햏"] if encoding == "cp949" else _korean_rows(sample_texts)
+    )
     if extension == "jsonl":
         lines = "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows)
     else:
@@ -497,8 +738,14 @@ def test_other_encodings_are_named_in_the_hint(project, encoding):
     rows = ["Le café est très bon, merci beaucoup à vous. Ça va très bien, à bientôt !"] * 3
     text = "text\n" + "\n".join(rows) + "\n"
     (project / "data/01_raw/other.csv").write_bytes(text.encode(encoding))
-    message = _fails_cleanly(project, "split", {"raw_path": "data/01_raw/other.csv"}, InputDataError,
-                             "data/01_raw/other.csv is not valid UTF-8", "iconv -f ")
+    message = _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/other.csv"},
+        InputDataError,
+        "data/01_raw/other.csv is not valid UTF-8",
+        "iconv -f ",
+    )
     named = message.split("iconv -f ", 1)[1].split()[0]
     assert "cp949" not in message.lower()
     assert (project / "data/01_raw/other.csv").read_bytes().decode(named) == text, named
@@ -506,7 +753,9 @@ def test_other_encodings_are_named_in_the_hint(project, encoding):
 
 def test_a_json_array_file_is_read(project, sample_texts):
     rows = sample_texts[:150]
-    (project / "data/01_raw/array.json").write_text(json.dumps([{"text": row} for row in rows]), encoding="utf-8")
+    (project / "data/01_raw/array.json").write_text(
+        json.dumps([{"text": row} for row in rows]), encoding="utf-8"
+    )
     run_pipeline(project, "split", {"raw_path": "data/01_raw/array.json"})
     assert _report(project)["kept_rows"] == len(set(rows))
 
@@ -514,13 +763,25 @@ def test_a_json_array_file_is_read(project, sample_texts):
 def test_a_malformed_jsonl_line_is_named_by_number(project):
     lines = ['{"text": "one"}', '{"text": "two"}', '{"text": "three"', '{"text": "four"}']
     (project / "data/01_raw/broken.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    _fails_cleanly(project, "split", {"raw_path": "data/01_raw/broken.jsonl"}, InputDataError,
-                   "data/01_raw/broken.jsonl line 3", "not valid JSON")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/broken.jsonl"},
+        InputDataError,
+        "data/01_raw/broken.jsonl line 3",
+        "not valid JSON",
+    )
 
 
 def test_a_huge_max_length_is_refused_at_validation(project):
-    _fails_cleanly(project, "split", {"split": {"max_length": 1_000_000_000}}, ConfigError,
-                   "split.max_length = 1000000000", "--params split.max_length")
+    _fails_cleanly(
+        project,
+        "split",
+        {"split": {"max_length": 1_000_000_000}},
+        ConfigError,
+        "split.max_length = 1000000000",
+        "--params split.max_length",
+    )
 
 
 def test_a_long_line_is_cut_by_characters_before_tokenizing(bpe_tokenizer, monkeypatch):
@@ -536,16 +797,22 @@ def test_a_long_line_is_cut_by_characters_before_tokenizing(bpe_tokenizer, monke
 
     monkeypatch.setattr(tokenization, "cut_long_texts", spy)
     long_text = "배송 빠름 fast delivery " * 100_000  # 2 MB of text on one line
-    tokens = tokenization.tokenize_texts([long_text, "short"], bpe_tokenizer, max_length=48, batch_size=10, num_proc=1)
+    tokens = tokenization.tokenize_texts(
+        [long_text, "short"], bpe_tokenizer, max_length=48, batch_size=10, num_proc=1
+    )
     assert max(seen) <= 48 * tokenization.MAX_CHARS_PER_TOKEN < len(long_text) // 100
     assert tokens.lengths.tolist()[0] == 48 and bool(tokens.truncated[0]) and not bool(tokens.truncated[1])
 
 
-@pytest.mark.parametrize(("runtime", "expected"), [
-    ({"device": "cuda"}, "train.runtime.device = 'cuda'"),
-    ({"device": "gpu"}, "train.runtime.device = 'gpu'"),
-    ({"device": "cpu", "precision": "fp16"}, "train.runtime.precision = 'fp16'"),
-], ids=["cuda", "gpu", "fp16"])
+@pytest.mark.parametrize(
+    ("runtime", "expected"),
+    [
+        ({"device": "cuda"}, "train.runtime.device = 'cuda'"),
+        ({"device": "gpu"}, "train.runtime.device = 'gpu'"),
+        ({"device": "cpu", "precision": "fp16"}, "train.runtime.precision = 'fp16'"),
+    ],
+    ids=["cuda", "gpu", "fp16"],
+)
 def test_a_device_or_precision_this_machine_lacks(project, runtime, expected):
     import torch
 
@@ -554,28 +821,40 @@ def test_a_device_or_precision_this_machine_lacks(project, runtime, expected):
     _fails_cleanly(project, "train", {"train": {"runtime": runtime}}, ConfigError, expected)
 
 
-@pytest.mark.parametrize(("path", "pipeline"), [
-    ("data/05_model_input/tokenized_corpus_fingerprint.json", "train"),
-    ("data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow", "train"),
-    ("data/08_reporting/train_summary.json", "report"),
-    ("data/06_models/model/model.safetensors", "report"),
-    ("data/06_models/model/config.json", "report"),
-], ids=["fingerprint", "arrow", "train_summary", "model_weights", "model_config"])
+@pytest.mark.parametrize(
+    ("path", "pipeline"),
+    [
+        ("data/05_model_input/tokenized_corpus_fingerprint.json", "train"),
+        ("data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow", "train"),
+        ("data/08_reporting/train_summary.json", "report"),
+        ("data/06_models/model/model.safetensors", "report"),
+        ("data/06_models/model/config.json", "report"),
+    ],
+    ids=["fingerprint", "arrow", "train_summary", "model_weights", "model_config"],
+)
 def test_a_cut_off_output_is_named_with_the_pipeline_to_rerun(project, path, pipeline):
     cut = project / path
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
     producer = "split" if "05_model_input" in path else "train"
-    _fails_cleanly(project, pipeline, {}, InputDataError, f"{path} is cut off or corrupt",
-                   f"kedro run --pipeline={producer}")
+    _fails_cleanly(
+        project,
+        pipeline,
+        {},
+        InputDataError,
+        f"{path} is cut off or corrupt",
+        f"kedro run --pipeline={producer}",
+    )
 
 
-@pytest.mark.parametrize(("content", "what"), [("{}", "an empty object"), ("null", "null")],
-                         ids=["empty_object", "null"])
+@pytest.mark.parametrize(
+    ("content", "what"), [("{}", "an empty object"), ("null", "null")], ids=["empty_object", "null"]
+)
 def test_a_train_summary_that_is_no_training_summary_is_refused_before_the_report(project, content, what):
     path = "data/08_reporting/train_summary.json"
     (project / path).write_text(content, encoding="utf-8")
-    _fails_cleanly(project, "report", {}, InputDataError, f"{path} holds {what}",
-                   "kedro run --pipeline=train")
+    _fails_cleanly(
+        project, "report", {}, InputDataError, f"{path} holds {what}", "kedro run --pipeline=train"
+    )
 
 
 def _arrow_buffer_span(arrow: Path, column: str, buffer: int) -> tuple[int, int]:
@@ -592,16 +871,21 @@ def _arrow_buffer_span(arrow: Path, column: str, buffer: int) -> tuple[int, int]
 
 @pytest.mark.parametrize("buffer", [1, 3], ids=["offsets", "token_ids"])
 def test_garbage_inside_an_arrow_body_is_named_with_the_pipeline_to_rerun(project, buffer):
-    """Bytes overwritten inside the file (its size unchanged: no cut): offsets pointing anywhere failed with an
-    IndexError deep in a collator; token ids of -1 trained without a word."""
+    """Bytes overwritten inside the file (its size unchanged: no cut): offsets pointing anywhere failed with
+    an IndexError deep in a collator; token ids of -1 trained without a word."""
     arrow = project / "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow"
     start, size = _arrow_buffer_span(arrow, "input_ids", buffer)
     body = bytearray(arrow.read_bytes())
-    body[start + size // 4: start + size // 2] = b"\xff" * (size // 2 - size // 4)
+    body[start + size // 4 : start + size // 2] = b"\xff" * (size // 2 - size // 4)
     arrow.write_bytes(bytes(body))
-    _fails_cleanly(project, "train", {}, InputDataError,
-                   "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow is cut off or corrupt",
-                   "kedro run --pipeline=split")
+    _fails_cleanly(
+        project,
+        "train",
+        {},
+        InputDataError,
+        "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow is cut off or corrupt",
+        "kedro run --pipeline=split",
+    )
 
 
 @pytest.mark.timeout(60)
@@ -609,9 +893,14 @@ def test_a_named_pipe_in_place_of_a_saved_arrow_file_is_refused_without_hanging(
     arrow = project / "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow"
     arrow.unlink()
     os.mkfifo(arrow)
-    _fails_cleanly(project, "train", {}, InputDataError,
-                   "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow is not a regular file",
-                   "kedro run --pipeline=split")
+    _fails_cleanly(
+        project,
+        "train",
+        {},
+        InputDataError,
+        "data/05_model_input/tokenized_corpus/train/data-00000-of-00001.arrow is not a regular file",
+        "kedro run --pipeline=split",
+    )
 
 
 @pytest.mark.parametrize("stopped_in", ["split_corpus", "build_tokenizer", "tokenize_corpus", "report_split"])
@@ -622,10 +911,18 @@ def test_a_split_stopped_part_way_leaves_outputs_no_pipeline_uses(project, monke
     from fastlm.pipelines.split import nodes
 
     def stopped(*args, **kwargs):
-        raise KeyboardInterrupt  # what the process sees of a kill is nothing at all: nothing may rely on cleanup
+        # what the process sees of a kill is nothing at all: nothing may rely on cleanup
+        raise KeyboardInterrupt
 
-    report = {"report": {"prompts": ["배송"], "max_new_tokens": 2, "eval_max_batches": 1,
-                         "decoding": [{"name": "greedy"}], "references": {"enabled": False}}}
+    report = {
+        "report": {
+            "prompts": ["배송"],
+            "max_new_tokens": 2,
+            "eval_max_batches": 1,
+            "decoding": [{"name": "greedy"}],
+            "references": {"enabled": False},
+        }
+    }
     before = _snapshot(project)
     monkeypatch.setattr(nodes, stopped_in, stopped)
     with pytest.raises(KeyboardInterrupt):
@@ -657,8 +954,9 @@ def test_disk_full_while_split_saves(project, monkeypatch):
     message = str(find_user_error(raised.value))
     assert isinstance(find_user_error(raised.value), StorageError) and "\n" not in message, message
     assert "data/05_model_input/tokenized_corpus" in message and "the disk is full" in message
-    # The tokenized data stays whole (written aside, never half); the splits and tokenizer before it were saved
-    # again, so the split is unfinished: its marker is gone and the pipelines reading it refuse (next test).
+    # The tokenized data stays whole (written aside, never half); the splits and tokenizer before it were
+    # saved again, so the split is unfinished: its marker is gone and the pipelines reading it refuse (next
+    # test).
     after = _snapshot(project)
     assert {k: v for k, v in before.items() if not k.endswith("split_complete.json")} == after
     monkeypatch.undo()
@@ -683,7 +981,9 @@ def test_yaml_syntax_error_names_file_and_line(project):
     """Kedro's own error for a broken conf file, as the project CLI turns it into one line."""
     from fastlm.cli import config_file_error
 
-    (project / "conf/local/parameters_typo.yml").write_text("split:\n  max_length: 48\n  ratios: {train: 0.9\n")
+    (project / "conf/local/parameters_typo.yml").write_text(
+        "split:\n  max_length: 48\n  ratios: {train: 0.9\n"
+    )
     before = _snapshot(project)
     with pytest.raises(Exception) as raised:
         run_pipeline(project, "split")
@@ -747,15 +1047,21 @@ def test_cli_tracking_server_down_training_finishes_fast(project):
     assert tracked.returncode == 0, tracked.stderr[-3000:]
     (project / "data/06_models/model/model.safetensors").unlink()
     start = time.monotonic()
-    down = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipeline=train", *params], cwd=project,
-                          env={**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200",
-                               "MLFLOW_TRACKING_URI": SECRET_URI}, capture_output=True, text=True, timeout=300)
+    down = subprocess.run(
+        [sys.executable, "-m", "kedro", "run", "--pipeline=train", *params],
+        cwd=project,
+        env={**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200", "MLFLOW_TRACKING_URI": SECRET_URI},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     without_store = time.monotonic() - start
     output = down.stdout + down.stderr
     assert down.returncode == 0, output[-3000:]
     assert (project / "data/06_models/model/model.safetensors").is_file()
     assert without_store <= with_store + 30, (with_store, without_store)
-    assert "S3cretPassw0rdXYZ" not in "".join(output.split()) and "Traceback" not in output  # Rich wraps lines
+    # Rich wraps lines
+    assert "S3cretPassw0rdXYZ" not in "".join(output.split()) and "Traceback" not in output
     words = " ".join(output.split())
     assert words.count("training and local outputs continue without tracking") == 1, output[-3000:]
 
@@ -768,10 +1074,11 @@ def test_a_corrupt_tracking_database_does_not_stop_training(project, monkeypatch
     assert summary["steps"] == TRAIN["max_steps"]
 
 
-def test_a_tracking_database_missing_a_table_warns_once_without_tracebacks(project, mlflow_uri, monkeypatch,
-                                                                           capfd, caplog):
-    """A database whose metrics table was dropped: training completes (as with a corrupt file), and the store's
-    failure is one warning, not a traceback per failed call."""
+def test_a_tracking_database_missing_a_table_warns_once_without_tracebacks(
+    project, mlflow_uri, monkeypatch, capfd, caplog
+):
+    """A database whose metrics table was dropped: training completes (as with a corrupt file), and the
+    store's failure is one warning, not a traceback per failed call."""
     import sqlite3
 
     database = project / "dropped.db"
@@ -804,8 +1111,13 @@ def test_cli_secrets_are_masked_in_tracebacks(monkeypatch):
 
 def test_report_after_training_without_evaluation(project):
     """eval_every: null (the module's training) leaves an evaluation table without rows; report works."""
-    small = {"eval_max_batches": 1, "prompts": ["배송"], "max_new_tokens": 4, "decoding": [{"name": "greedy"}],
-             "references": {"enabled": False}}
+    small = {
+        "eval_max_batches": 1,
+        "prompts": ["배송"],
+        "max_new_tokens": 4,
+        "decoding": [{"name": "greedy"}],
+        "references": {"enabled": False},
+    }
     run_pipeline(project, "report", {"report": small})
     training = pd.read_csv(project / "data/08_reporting/training_summary.csv")
     assert training["final_val_loss"].isna().all()
@@ -825,18 +1137,34 @@ def _logkeys(project: Path, bad_row) -> dict:
     return {"raw_path": "data/01_raw/logkeys.jsonl", "split": LOGKEYS}
 
 
-@pytest.mark.parametrize(("bad_row", "expected"), [
-    ([1, 10], "id 10 in split.ids_column ('ids') is not below split.vocab_size (10)"),
-    ([1, -1], "id -1 in split.ids_column ('ids') is negative"),
-    ([1, 2.5], "split.ids_column ('ids') holds 2.5, not an integer id"),
-    ([], "split.ids_column ('ids') is an empty list"),
-], ids=["id_at_vocab_size", "negative_id", "non_integer_id", "empty_list"])
+@pytest.mark.parametrize(
+    ("bad_row", "expected"),
+    [
+        ([1, 10], "id 10 in split.ids_column ('ids') is not below split.vocab_size (10)"),
+        ([1, -1], "id -1 in split.ids_column ('ids') is negative"),
+        ([1, 2.5], "split.ids_column ('ids') holds 2.5, not an integer id"),
+        ([], "split.ids_column ('ids') is an empty list"),
+    ],
+    ids=["id_at_vocab_size", "negative_id", "non_integer_id", "empty_list"],
+)
 def test_pretokenized_bad_id_row(project, bad_row, expected):
-    _fails_cleanly(project, "split", _logkeys(project, bad_row), InputDataError,
-                   "data/01_raw/logkeys.jsonl row 3:", expected)
+    _fails_cleanly(
+        project,
+        "split",
+        _logkeys(project, bad_row),
+        InputDataError,
+        "data/01_raw/logkeys.jsonl row 3:",
+        expected,
+    )
 
 
 def test_pretokenized_without_vocab_size(project):
     params = _logkeys(project, [1, 2])
-    _fails_cleanly(project, "split", {**params, "split": {"pretokenized": True}}, ConfigError,
-                   "split.pretokenized is true but split.vocab_size is not set", "--params split.vocab_size=")
+    _fails_cleanly(
+        project,
+        "split",
+        {**params, "split": {"pretokenized": True}},
+        ConfigError,
+        "split.pretokenized is true but split.vocab_size is not set",
+        "--params split.vocab_size=",
+    )

@@ -1,5 +1,5 @@
-"""scripts/check_cpu_kernels.sh: tests run under other CPU kernel sets really get other kernels, and a test that
-passes on this CPU's kernels but not on another set fails the check."""
+"""scripts/check_cpu_kernels.sh: tests run under other CPU kernel sets really get other kernels, and a test
+that passes on this CPU's kernels but not on another set fails the check."""
 
 import subprocess
 import sys
@@ -11,8 +11,13 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_cpu_kernels.sh
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
-                          env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable},
+    )
 
 
 def test_each_kernel_set_makes_pytorch_dispatch_its_own_kernels():
@@ -21,14 +26,18 @@ def test_each_kernel_set_makes_pytorch_dispatch_its_own_kernels():
     picked = dict(line.split(": ", 1) for line in listed.stdout.splitlines())
     assert set(picked) == {"native", "avx2", "default"}
     assert picked["native"].endswith(f"ATen {torch.backends.cpu.get_cpu_capability()}")
-    assert picked["default"].endswith("ATen DEFAULT") and "MKL_ENABLE_INSTRUCTIONS=SSE4_2" in picked["default"]
+    assert (
+        picked["default"].endswith("ATen DEFAULT") and "MKL_ENABLE_INSTRUCTIONS=SSE4_2" in picked["default"]
+    )
     assert picked["avx2"].endswith("ATen AVX2") or torch.backends.cpu.get_cpu_capability() == "DEFAULT"
 
 
 def test_a_test_that_passes_only_on_some_kernels_fails_the_check(tmp_path):
     test = tmp_path / "test_depends_on_the_cpu.py"
-    test.write_text("import torch\n\n\ndef test_vector_kernels():\n"
-                    "    assert torch.backends.cpu.get_cpu_capability() != 'DEFAULT'\n")
+    test.write_text(
+        "import torch\n\n\ndef test_vector_kernels():\n"
+        "    assert torch.backends.cpu.get_cpu_capability() != 'DEFAULT'\n"
+    )
     checked = run("--sets", "avx2,default", str(test))
     assert checked.returncode == 1, checked.stdout[-2000:]
     assert "== check_cpu_kernels: avx2: exit 0" in checked.stdout

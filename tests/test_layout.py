@@ -19,21 +19,29 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_test_files_import_shared_helpers_only_from_tests_support():
-    wrong = {f"{path.relative_to(TESTS)}: {module}" for path in TESTS.rglob("*.py")
-             for module in _imported_modules(path)
-             if module.startswith("tests.") and not module.startswith("tests.support")}
+    wrong = {
+        f"{path.relative_to(TESTS)}: {module}"
+        for path in TESTS.rglob("*.py")
+        for module in _imported_modules(path)
+        if module.startswith("tests.") and not module.startswith("tests.support")
+    }
     assert not wrong, sorted(wrong)
 
 
 def test_tests_support_defines_no_fixture():
-    shared = [path for path in (TESTS / "support").rglob("*.py") if "pytest.fixture" in path.read_text("utf-8")]
+    shared = [
+        path for path in (TESTS / "support").rglob("*.py") if "pytest.fixture" in path.read_text("utf-8")
+    ]
     assert not shared, shared
 
 
 def test_a_file_comparing_two_computations_runs_under_other_cpu_kernel_sets_too():
-    """Tolerances for two different computations come from tests/support/tolerances; a file using them is marked
-    ``kernels``, which scripts/check_cpu_kernels.sh (and CI) run under other CPU kernel sets."""
-    unmarked = [str(path.relative_to(TESTS)) for path in TESTS.rglob("test_*.py")
-                if "tests.support.tolerances" in _imported_modules(path)
-                and "pytest.mark.kernels" not in path.read_text(encoding="utf-8")]
+    """Tolerances for two different computations come from tests/support/tolerances; a file using them is
+    marked ``kernels``, which scripts/check_cpu_kernels.sh (and CI) run under other CPU kernel sets."""
+    unmarked = [
+        str(path.relative_to(TESTS))
+        for path in TESTS.rglob("test_*.py")
+        if "tests.support.tolerances" in _imported_modules(path)
+        and "pytest.mark.kernels" not in path.read_text(encoding="utf-8")
+    ]
     assert not unmarked, unmarked

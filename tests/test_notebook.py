@@ -1,4 +1,5 @@
-"""notebooks/explore_splits.ipynb runs top to bottom, without Jupyter, on a small split run in a throw-away project."""
+"""notebooks/explore_splits.ipynb runs top to bottom, without Jupyter, on a small split run in a throw-away
+project."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = PROJECT_ROOT / "notebooks" / "explore_splits.ipynb"
 SPLITS = ["train", "validation", "test"]
 WORDS = (
-    "the a small large red blue quick slow model data token split train test river mountain city night morning "
-    "reads writes counts sees finds builds runs walks over under near into from with about after before"
+    "the a small large red blue quick slow model data token split train test river mountain city night "
+    "morning reads writes counts sees finds builds runs walks over under near into from with "
+    "about after before"
 ).split()
 
 
@@ -60,7 +62,8 @@ def _execute(cells: list[str]) -> dict:
 
 @pytest.fixture
 def small_project(tmp_path, monkeypatch) -> Path:
-    """conf/ and pyproject.toml copied to tmp_path (the cwd), an empty src/ (the code is the installed fastlm)."""
+    """conf/ and pyproject.toml copied to tmp_path (the cwd), an empty src/ (the code is the installed
+    fastlm)."""
     project = copy_project(tmp_path / "project")
     monkeypatch.chdir(project)
     monkeypatch.setenv("DO_NOT_TRACK", "true")
@@ -105,9 +108,8 @@ def test_notebook_runs_on_a_small_split(small_project, monkeypatch):
     assert report["source"] == str(raw)
 
     monkeypatch.setenv("FASTLM_PROJECT_ROOT", str(small_project))
-    monkeypatch.chdir(
-        small_project / "src"
-    )  # the notebook must not depend on the cwd when the variable is set
+    # the notebook must not depend on the cwd when the variable is set
+    monkeypatch.chdir(small_project / "src")
     ns = _execute(_code_cells())
     ns["session"].close()
 

@@ -15,11 +15,20 @@ def private_uses(path: Path) -> list[str]:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fastlm"):
             found += [f"{node.module}.{alias.name}" for alias in node.names if _private(alias.name)]
         elif isinstance(node, ast.Import):
-            modules.update({alias.asname or alias.name.split(".")[0]: alias.name for alias in node.names
-                            if alias.name.startswith("fastlm")})
+            modules.update(
+                {
+                    alias.asname or alias.name.split(".")[0]: alias.name
+                    for alias in node.names
+                    if alias.name.startswith("fastlm")
+                }
+            )
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
-                and node.value.id in modules):
+        if (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+        ):
             found.append(f"{modules[node.value.id]}.{node.attr}")
     return found
 
@@ -36,6 +45,9 @@ def test_no_module_imports_another_modules_private_names():
 
 def test_the_check_sees_both_forms(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from fastlm.engine.train.loop import _hidden, public\nimport fastlm.engine.train.step as step\n"
-                      "step._inner(1)\nfrom __future__ import annotations\n", encoding="utf-8")
+    module.write_text(
+        "from fastlm.engine.train.loop import _hidden, public\nimport fastlm.engine.train.step as step\n"
+        "step._inner(1)\nfrom __future__ import annotations\n",
+        encoding="utf-8",
+    )
     assert private_uses(module) == ["fastlm.engine.train.loop._hidden", "fastlm.engine.train.step._inner"]

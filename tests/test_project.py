@@ -6,12 +6,17 @@ import sys
 
 import pytest
 
-CLEAN_ENV = {k: v for k, v in os.environ.items()
-             if k not in {"DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE"}}
+CLEAN_ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in {"DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE"}
+}
 
 
 def _python(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=CLEAN_ENV, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=CLEAN_ENV, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 
@@ -41,8 +46,13 @@ def test_kedro_startup_turns_telemetry_off_before_mlflow_is_imported():
 
 def test_user_choices_win_over_the_defaults():
     env = {**CLEAN_ENV, "HF_HUB_OFFLINE": "0"}
-    done = subprocess.run([sys.executable, "-c", "import fastlm, os; print(os.environ['HF_HUB_OFFLINE'])"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", "import fastlm, os; print(os.environ['HF_HUB_OFFLINE'])"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.stdout.strip() == "0"
 
 
@@ -68,4 +78,7 @@ def test_main_job_is_split_train_report_and_tune_only_on_request():
     pipelines = register_pipelines()
     default = {node.name for node in pipelines["__default__"].nodes}
     assert {"tokenize_corpus", "train_model", "write_report"} <= default
-    assert "tune_micro_batch" not in default and "tune_micro_batch" in {n.name for n in pipelines["tune"].nodes}
+    assert "tune_micro_batch" not in default and "tune_micro_batch" in {
+        n.name for n in pipelines["tune"].nodes
+    }
+    assert "predict_file" not in default and {n.name for n in pipelines["predict"].nodes} == {"predict_file"}

@@ -14,44 +14,80 @@ import pytest
 
 from tests.support.project import copy_project, write_jsonl
 
-NOISE = ("[33m", "Registering new custom resolver", "gradient_checkpointing_enable is deprecated",
-         "No typed parameter requirements", "UserWarning", "it/s]")  # it/s]: a tqdm bar redrawn into a log
+NOISE = (
+    "[33m",
+    "Registering new custom resolver",
+    "gradient_checkpointing_enable is deprecated",
+    "No typed parameter requirements",
+    "UserWarning",
+    # it/s]: a tqdm bar redrawn into a log
+    "it/s]",
+)
 
 
 def kedro(project, *args, python=()) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "80"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([sys.executable, *python, "-m", "kedro", "run", *args], cwd=project, env=env, text=True,
-                          capture_output=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *python, "-m", "kedro", "run", *args],
+        cwd=project,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def imported(importtime_log: str) -> set[str]:
-    return {line.rsplit("|", 1)[1].strip() for line in importtime_log.splitlines() if line.startswith("import time:")}
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in importtime_log.splitlines()
+        if line.startswith("import time:")
+    }
 
 
 @pytest.mark.e2e
 def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed(tmp_path, sample_texts):
     project = copy_project(tmp_path / "project")
     write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts[:200])
-    done = kedro(project, "--pipeline=split", "--params", "split.tokenizer.vocab_size=300", python=("-X", "importtime"))
+    done = kedro(
+        project, "--pipeline=split", "--params", "split.tokenizer.vocab_size=300", python=("-X", "importtime")
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     # start-up cost the project causes: a split imports no other pipeline (training engine, tune, report),
     # nor transformers' pipelines (kedro-datasets' huggingface package), nor plotting or ROUGE
-    unneeded = {"fastlm.engine.train.loop", "fastlm.engine.train.tune", "fastlm.pipelines.train.nodes", "rouge_score",
-                "fastlm.pipelines.report.nodes", "transformers.pipelines", "matplotlib.pyplot"}
+    unneeded = {
+        "fastlm.engine.train.loop",
+        "fastlm.engine.train.tune",
+        "fastlm.pipelines.train.nodes",
+        "rouge_score",
+        "fastlm.pipelines.report.nodes",
+        "transformers.pipelines",
+        "matplotlib.pyplot",
+    }
     assert unneeded & imported(done.stderr) == set()
-    output = done.stdout + "\n".join(line for line in done.stderr.splitlines() if not line.startswith("import time:"))
+    output = done.stdout + "\n".join(
+        line for line in done.stderr.splitlines() if not line.startswith("import time:")
+    )
     assert [noise for noise in NOISE if noise in output] == []
     cleaned = [line for line in output.splitlines() if "Cleaned 200 raw rows" in line]
-    assert len(cleaned) == 1 and "kept" in cleaned[0] and "dropped" in cleaned[0]  # one line, not wrapped at 80
+    # one line, not wrapped at 80
+    assert len(cleaned) == 1 and "kept" in cleaned[0] and "dropped" in cleaned[0]
 
     failed = kedro(project, "--pipeline=split", "--params", "split.text_column=body")
     output = failed.stdout + failed.stderr
     assert failed.returncode == 2 and output.count("was closed because of an error") <= 1, output
-    statuses = sqlite3.connect(project / "mlflow.db").execute(
-        "select status from runs order by start_time").fetchall()
+    statuses = (
+        sqlite3.connect(project / "mlflow.db")
+        .execute("select status from runs order by start_time")
+        .fetchall()
+    )
     assert [status for (status,) in statuses] == ["FINISHED", "FAILED"]
-    runners = sqlite3.connect(project / "mlflow.db").execute("select value from tags where key = 'runner'").fetchall()
+    runners = (
+        sqlite3.connect(project / "mlflow.db")
+        .execute("select value from tags where key = 'runner'")
+        .fetchall()
+    )
     assert runners and {value for (value,) in runners} == {"SequentialRunner"}  # a value, not an object repr
 
 
@@ -67,10 +103,24 @@ def test_every_log_step_leaves_one_summary_line_and_the_bar_shows_one_eta(monkey
     for step in (5, 10):
         for _ in range(5):
             progress.advance()
-        progress.show({"step": step, "loss": 2.5, "real_tokens_per_s": 1000.0, "eta_s": 12.0, "lr": 1e-3,
-                       "grad_norm": 0.5, "data_wait_share": 0.01, "padding_efficiency": 0.99})
-    lines = [record.getMessage() for record in caplog.records if record.name == "fastlm.engine.observe.progress"]
-    assert [line.split(":")[0] for line in lines] == ["step 5", "step 10"] and all("loss 2.5" in x for x in lines)
+        progress.show(
+            {
+                "step": step,
+                "loss": 2.5,
+                "real_tokens_per_s": 1000.0,
+                "eta_s": 12.0,
+                "lr": 1e-3,
+                "grad_norm": 0.5,
+                "data_wait_share": 0.01,
+                "padding_efficiency": 0.99,
+            }
+        )
+    lines = [
+        record.getMessage() for record in caplog.records if record.name == "fastlm.engine.observe.progress"
+    ]
+    assert [line.split(":")[0] for line in lines] == ["step 5", "step 10"] and all(
+        "loss 2.5" in x for x in lines
+    )
     progress.bar.refresh()
     shown = str(progress.bar)
     progress.close()

@@ -1,4 +1,5 @@
-"""docs/reliability.md: its counts are what scripts/reliability_counts.py computes, and it lists every case."""
+"""docs/reliability.md: its counts are what scripts/reliability_counts.py computes, and it lists every
+case."""
 
 from __future__ import annotations
 
@@ -21,12 +22,16 @@ def _counts_module():
 @pytest.fixture(scope="module")
 def computed():
     counts = _counts_module()
-    return counts, counts.DOC.read_text(encoding="utf-8"), counts.compute(counts.DOC.read_text(encoding="utf-8"))
+    return (
+        counts,
+        counts.DOC.read_text(encoding="utf-8"),
+        counts.compute(counts.DOC.read_text(encoding="utf-8")),
+    )
 
 
 def test_counts_in_the_document_are_the_computed_ones(computed):
     counts, text, computed = computed
-    block = text[text.index(counts.BEGIN): text.index(counts.END) + len(counts.END)]
+    block = text[text.index(counts.BEGIN) : text.index(counts.END) + len(counts.END)]
     assert block == counts.counts_block(computed), "run: python scripts/reliability_counts.py --write"
     assert computed["inputs_tried"] >= 20 and computed["bad_inputs"] >= 20
     assert computed["data_lost"] == 0
@@ -36,12 +41,16 @@ def test_counts_in_the_document_are_the_computed_ones(computed):
 def test_every_matrix_case_and_every_referenced_test_is_real(computed):
     counts, text, computed = computed
     listed = {f"{file}::{name}" for file, name in counts.TEST_REF.findall(text)}
-    missing = [node for node in computed["matrix_nodes"]
-               if node not in listed and node.split("[")[0] not in listed]
+    missing = [
+        node for node in computed["matrix_nodes"] if node not in listed and node.split("[")[0] not in listed
+    ]
     assert missing == [], "matrix cases missing from docs/reliability.md"
     referenced = {file for file, _ in counts.TEST_REF.findall(text)}
     collected = counts.collect(sorted(referenced))
     pending = "tests/engine/train/test_backoff.py"  # the one row allowed to wait for its test
-    unknown = [ref for ref in listed if not ref.startswith(pending)
-               and not counts.expand(tuple(ref.split("::")), collected)]
+    unknown = [
+        ref
+        for ref in listed
+        if not ref.startswith(pending) and not counts.expand(tuple(ref.split("::")), collected)
+    ]
     assert unknown == [], "docs/reliability.md names tests that do not exist"

@@ -20,22 +20,39 @@ def test_unsafe_names_are_one_line(bad):
     assert "run_name" in str(raised.value) and "\n" not in str(raised.value) and "Fix:" in str(raised.value)
 
 
-@pytest.mark.parametrize(("bad", "why"), [
-    (123, "123 is a number (int), not text"),
-    (1.5, "1.5 is a number (float), not text"),
-    (True, "True is a boolean, not text"),
-    ("", "it is empty"),
-    ("a b", "it contains ' ' (a space)"),
-    ("a/b", "it contains '/'"),
-    (".hidden", "it starts with '.'"),
-    ("-x", "it starts with '-'"),
-    ("x" * 101, "it is 101 characters long"),
-    ("run.", "it ends with '.'"),
-    ("a..b", "it contains '..'"),
-    ("con", "con is a device name on Windows"),
-    ("NUL.txt", "NUL.txt is a device name on Windows"),
-], ids=["int", "float", "bool", "empty", "space", "slash", "dot_first", "dash_first", "too_long", "dot_last",
-        "two_dots", "con", "nul_txt"])
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (123, "123 is a number (int), not text"),
+        (1.5, "1.5 is a number (float), not text"),
+        (True, "True is a boolean, not text"),
+        ("", "it is empty"),
+        ("a b", "it contains ' ' (a space)"),
+        ("a/b", "it contains '/'"),
+        (".hidden", "it starts with '.'"),
+        ("-x", "it starts with '-'"),
+        ("x" * 101, "it is 101 characters long"),
+        ("run.", "it ends with '.'"),
+        ("a..b", "it contains '..'"),
+        ("con", "con is a device name on Windows"),
+        ("NUL.txt", "NUL.txt is a device name on Windows"),
+    ],
+    ids=[
+        "int",
+        "float",
+        "bool",
+        "empty",
+        "space",
+        "slash",
+        "dot_first",
+        "dash_first",
+        "too_long",
+        "dot_last",
+        "two_dots",
+        "con",
+        "nul_txt",
+    ],
+)
 def test_a_refused_run_name_says_why_and_what_is_accepted(bad, why):
     """The message names the rule the value broke, and the rules that hold (a number was refused with a
     message saying digits are allowed)."""
@@ -58,18 +75,36 @@ def test_safe_names_pass_and_the_default_is_pipeline_and_time():
 def _checkpoint(root, step, total):
     model = checkpoint_llama(seed=0)
     optimizer, scheduler = optimizer_and_scheduler(model)
-    save_checkpoint(root, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                    state={"step": step, "total_steps": total})
+    save_checkpoint(
+        root,
+        step,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state={"step": step, "total_steps": total},
+    )
 
 
 def test_auto_reuses_the_newest_interrupted_run_only(tmp_path):
     base = tmp_path / "checkpoints"
-    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "train-20261123-041428"
+    assert (
+        resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW)
+        == "train-20261123-041428"
+    )
     _checkpoint(base / "train-old", 2, 4)  # interrupted
     _checkpoint(base / "done", 4, 4)  # finished
     assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "train-old"
-    assert resolve_run_name(None, ["train"], base, resume="never", trains=True, now=NOW) == "train-20261123-041428"
-    assert resolve_run_name(None, ["report"], base, resume="auto", trains=False, now=NOW) == "report-20261123-041428"
+    assert (
+        resolve_run_name(None, ["train"], base, resume="never", trains=True, now=NOW)
+        == "train-20261123-041428"
+    )
+    assert (
+        resolve_run_name(None, ["report"], base, resume="auto", trains=False, now=NOW)
+        == "report-20261123-041428"
+    )
     assert resolve_run_name("mine", ["train"], base, resume="auto", trains=True, now=NOW) == "mine"
     _checkpoint(base / "train-old", 4, 4)  # now finished: a new name
-    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "train-20261123-041428"
+    assert (
+        resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW)
+        == "train-20261123-041428"
+    )

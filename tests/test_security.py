@@ -1,4 +1,5 @@
-"""Security defaults: secrets masked in logs, MLflow and outputs; safe weight loading; no remote code; telemetry off."""
+"""Security defaults: secrets masked in logs, MLflow and outputs; safe weight loading; no remote code;
+telemetry off."""
 
 from __future__ import annotations
 
@@ -44,12 +45,15 @@ def test_secret_shaped_text_is_masked(text, expected):
     assert redact_text(text) == expected
 
 
-@pytest.mark.parametrize("text", [
-    "the tokenizer has 400 tokens; one EOS token appended to every sample",
-    "max_tokens=5, train/tokens_per_s: 1200.5, pad_token=<pad>",
-    "MLflow tracking URI sqlite:///mlflow.db, http://127.0.0.1:5000",
-    "saved checkpoint data/06_models/checkpoints/checkpoint-00000004 (1.2 MB in 0.10 s)",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the tokenizer has 400 tokens; one EOS token appended to every sample",
+        "max_tokens=5, train/tokens_per_s: 1200.5, pad_token=<pad>",
+        "MLflow tracking URI sqlite:///mlflow.db, http://127.0.0.1:5000",
+        "saved checkpoint data/06_models/checkpoints/checkpoint-00000004 (1.2 MB in 0.10 s)",
+    ],
+)
 def test_ordinary_text_is_left_alone(text):
     assert redact_text(text) == text
 
@@ -57,8 +61,10 @@ def test_ordinary_text_is_left_alone(text):
 URL_SECRETS = {  # a path-like value with credentials -> what must never be shown
     "https://alice:s3cretpw@example.com/x.jsonl": ("alice", "s3cretpw"),
     "s3://KEYID:SECRET@bucket/x.jsonl": ("KEYID", "SECRET"),
-    "s3://AKIAABCDEFGHIJKLMNOP:wJalrXUtnFEMIK7MDENG@bucket/x.jsonl": ("AKIAABCDEFGHIJKLMNOP",
-                                                                      "wJalrXUtnFEMIK7MDENG"),
+    "s3://AKIAABCDEFGHIJKLMNOP:wJalrXUtnFEMIK7MDENG@bucket/x.jsonl": (
+        "AKIAABCDEFGHIJKLMNOP",
+        "wJalrXUtnFEMIK7MDENG",
+    ),
     "https://alice@example.com/x.jsonl": ("alice",),
     "ssh://bob:p@ss@host/x": ("bob", "p@ss"),  # an unencoded '@' in the password: masked up to the host
 }
@@ -68,19 +74,28 @@ FORMS = ("as given", "posix path", "windows path", "fsspec path", "in a message"
 
 
 # (a user name alone, once fsspec dropped its scheme, reads as an e-mail address: not a secret's shape)
-@pytest.mark.parametrize(("url", "form"), [(url, form) for url in sorted(URL_SECRETS) for form in FORMS
-                                           if form != "fsspec path" or len(URL_SECRETS[url]) > 1])
+@pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        (url, form)
+        for url in sorted(URL_SECRETS)
+        for form in FORMS
+        if form != "fsspec path" or len(URL_SECRETS[url]) > 1
+    ],
+)
 def test_credentials_in_path_like_values_are_masked_before_and_after_normalisation(url, form):
     """A path class turns ``//`` into ``/`` (``https:/alice:pw@host``): the credentials are masked in both."""
     from pathlib import PurePosixPath, PureWindowsPath
 
     from kedro.io.core import get_protocol_and_path
 
-    value = {"as given": url, "posix path": str(PurePosixPath(url)),
-             "windows path": str(PureWindowsPath(url)),
-             "fsspec path": get_protocol_and_path(url)[1],  # the scheme dropped (s3: the credentials too)
-             "in a message": f"raw data file {PurePosixPath(url)} does not exist. Fix: point raw_path at it.",
-             }[form]
+    value = {
+        "as given": url,
+        "posix path": str(PurePosixPath(url)),
+        "windows path": str(PureWindowsPath(url)),
+        "fsspec path": get_protocol_and_path(url)[1],  # the scheme dropped (s3: the credentials too)
+        "in a message": f"raw data file {PurePosixPath(url)} does not exist. Fix: point raw_path at it.",
+    }[form]
     masked = redact_text(value)
     assert not [secret for secret in URL_SECRETS[url] if secret in masked], masked
     host = url.rsplit("@", 1)[1].split("/")[0]
@@ -98,13 +113,20 @@ def test_datasets_describe_a_location_with_its_credentials_masked_as_given():
 
 
 def test_nested_parameters_are_masked_by_key_and_by_shape():
-    params = {"hf_token": "plain-looking", "split": {"hash_salt": "", "tokenizer": {"vocab_size": 400}},
-              "train": {"model": {"name_or_path": URI}, "keep_last": 2}, "creds": {"password": None},
-              "headers": [f"Bearer {HF_TOKEN}"]}
-    assert redact(params) == {"hf_token": MASK, "split": {"hash_salt": "", "tokenizer": {"vocab_size": 400}},
-                              "train": {"model": {"name_or_path": "https://***:***@example.com/traces"},
-                                        "keep_last": 2},
-                              "creds": {"password": None}, "headers": ["Bearer ***"]}
+    params = {
+        "hf_token": "plain-looking",
+        "split": {"hash_salt": "", "tokenizer": {"vocab_size": 400}},
+        "train": {"model": {"name_or_path": URI}, "keep_last": 2},
+        "creds": {"password": None},
+        "headers": [f"Bearer {HF_TOKEN}"],
+    }
+    assert redact(params) == {
+        "hf_token": MASK,
+        "split": {"hash_salt": "", "tokenizer": {"vocab_size": 400}},
+        "train": {"model": {"name_or_path": "https://***:***@example.com/traces"}, "keep_last": 2},
+        "creds": {"password": None},
+        "headers": ["Bearer ***"],
+    }
     assert params["hf_token"] == "plain-looking"  # a copy: the caller's values are untouched
 
 
@@ -122,8 +144,19 @@ def test_no_project_parameter_name_looks_secret():
         walk("", yaml.safe_load(file.read_text(encoding="utf-8")) or {})
     assert len(keys) > 40
     assert [key for key in keys if is_secret_key(key)] == []
-    assert all(is_secret_key(key) for key in ("hf_token", "HF_TOKEN", "db.password", "apiKey", "client_secret",
-                                              "aws_secret_access_key", "credentials", "key"))
+    assert all(
+        is_secret_key(key)
+        for key in (
+            "hf_token",
+            "HF_TOKEN",
+            "db.password",
+            "apiKey",
+            "client_secret",
+            "aws_secret_access_key",
+            "credentials",
+            "key",
+        )
+    )
 
 
 def test_every_log_record_is_masked_whatever_the_handler(caplog):
@@ -165,8 +198,11 @@ def _keyword(call: ast.Call, name: str):
 
 
 def test_every_torch_load_passes_weights_only_true():
-    calls = [(file, call) for file, call in _calls("load")
-             if isinstance(call.func, ast.Attribute) and getattr(call.func.value, "id", None) == "torch"]
+    calls = [
+        (file, call)
+        for file, call in _calls("load")
+        if isinstance(call.func, ast.Attribute) and getattr(call.func.value, "id", None) == "torch"
+    ]
     assert calls, "expected the checkpoint loader's torch.load"
     for file, call in calls:
         value = _keyword(call, "weights_only")
@@ -184,8 +220,14 @@ def test_trust_remote_code_is_never_hard_coded_on():
             if isinstance(node, ast.keyword) and node.arg == "trust_remote_code":
                 value = node.value
             elif isinstance(node, ast.Dict):
-                value = next((v for k, v in zip(node.keys, node.values, strict=True)
-                              if isinstance(k, ast.Constant) and k.value == "trust_remote_code"), None)
+                value = next(
+                    (
+                        v
+                        for k, v in zip(node.keys, node.values, strict=True)
+                        if isinstance(k, ast.Constant) and k.value == "trust_remote_code"
+                    ),
+                    None,
+                )
             else:
                 continue
             if value is not None:
@@ -203,7 +245,10 @@ def test_defaults_keep_remote_code_off_and_weights_in_safetensors():
     assert parse_train_params({}).model.trust_remote_code is False
     assert parse_split_params({}).tokenizer.trust_remote_code is False
     for dataset in (PretrainedModelDataset("x"), PretrainedTokenizerDataset("x")):
-        assert dataset._load_args["trust_remote_code"] is False and dataset._load_args["local_files_only"] is True
+        assert (
+            dataset._load_args["trust_remote_code"] is False
+            and dataset._load_args["local_files_only"] is True
+        )
     source = (SRC / "datasets/pretrained_model.py").read_text(encoding="utf-8")
     assert "safe_serialization=True" in source
 
@@ -222,8 +267,9 @@ def test_telemetry_and_downloads_are_off_by_default(monkeypatch):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("url", ["https://alice:s3cretpw@example.com/x.jsonl",
-                                 "s3://KEYID:SECRET@bucket/x.jsonl"])
+@pytest.mark.parametrize(
+    "url", ["https://alice:s3cretpw@example.com/x.jsonl", "s3://KEYID:SECRET@bucket/x.jsonl"]
+)
 def test_a_url_as_raw_path_is_one_line_without_its_credentials(kedro_project, url, caplog, capfd):
     """``--params raw_path=<url with credentials>``: the exception text itself (not only what the CLI prints)
     and every log line hold neither the user nor the password; the scheme and host stay readable."""
@@ -244,31 +290,48 @@ def test_a_url_as_raw_path_is_one_line_without_its_credentials(kedro_project, ur
     assert sorted(path for path in (kedro_project / "data").rglob("*") if path.is_file()) == before
 
 
-
-
 @pytest.mark.e2e
 def test_secrets_in_params_reach_no_log_mlflow_or_output(tmp_path, sample_texts):
     """`kedro run` (split -> train -> report) with a fake token and a URI with a password in --params."""
     project = copy_project(tmp_path / "project")
     write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts)
-    small = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48},
-             "train": {"max_steps": 2, "log_every": 1, "eval_every": 2, "save_every": 2, "quiet": True,
-                       "batching": {"micro_batch_size": 8},
-                       "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}}}
+    small = {
+        "split": {"tokenizer": {"vocab_size": 400}, "max_length": 48},
+        "train": {
+            "max_steps": 2,
+            "log_every": 1,
+            "eval_every": 2,
+            "save_every": 2,
+            "quiet": True,
+            "batching": {"micro_batch_size": 8},
+            "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
+        },
+    }
     # hf_token: a top-level parameter of the user's own (an unknown one would be refused)
     (project / "conf/local/parameters_small.yml").write_text(yaml.safe_dump({**small, "hf_token": None}))
     params = f"hf_token={HF_TOKEN},split.hash_salt={SALT_TOKEN},train.profile.trace_dir={URI}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "COLUMNS": "200"}
-    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--params", params], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "kedro", "run", "--params", params],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     secrets = (HF_TOKEN, SALT_TOKEN, PASSWORD)
     for secret in secrets:
         assert secret not in done.stdout + done.stderr
-    leaked = [str(path.relative_to(project)) for path in project.rglob("*")
-              if path.is_file() and any(s.encode() in path.read_bytes() for s in secrets)]
+    leaked = [
+        str(path.relative_to(project))
+        for path in project.rglob("*")
+        if path.is_file() and any(s.encode() in path.read_bytes() for s in secrets)
+    ]
     assert leaked == []  # outputs, checkpoints, the MLflow database and artefacts
-    assert (project / "data/08_reporting/report.html").is_file() and (project / "data/08_reporting/train_summary.json").is_file()
+    assert (project / "data/08_reporting/report.html").is_file() and (
+        project / "data/08_reporting/train_summary.json"
+    ).is_file()
 
     with sqlite3.connect(project / "mlflow.db") as db:  # the parameters were logged, masked
         params_logged = dict(db.execute("select key, value from params"))

@@ -15,7 +15,9 @@ import torch
 
 from fastlm.engine.checkpoint import files as checkpoint
 from fastlm.engine.checkpoint import storage
-from fastlm.engine.checkpoint.files import latest_checkpoint, load_checkpoint, save_checkpoint
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
+from fastlm.engine.checkpoint.files import SaveOptions, save_checkpoint
+from fastlm.engine.checkpoint.loading import load_checkpoint
 from fastlm.engine.checkpoint.storage import (
     StorageError,
     check_free_space,
@@ -59,8 +61,15 @@ def _tiny_training(tmp_path: Path):
 
 
 def _save(root: Path, step: int, model, optimizer, scheduler) -> Path:
-    return save_checkpoint(root, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                           state={"step": step}, keep_last=2)
+    return save_checkpoint(
+        root,
+        step,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state={"step": step},
+        options=SaveOptions(keep_last=2),
+    )
 
 
 # ------------------------------------------------------------------------------------------- before training
@@ -81,13 +90,20 @@ def test_unwritable_folder_by_chmod_is_one_line(tmp_path):
         try:  # root (and some CI sandboxes) write through chmod: nothing to show there
             (folder / "probe").write_bytes(b"x")
             (folder / "probe").unlink()
-            pytest.skip("this user can write into a folder chmod'ed 0o500 (root); covered by the monkeypatched test")
+            pytest.skip(
+                "this user can write into a folder chmod'ed 0o500 (root); covered by the monkeypatched test"
+            )
         except PermissionError:
             pass
         with pytest.raises(StorageError) as raised:
             check_writable(folder / "checkpoints", parameter="train.checkpoint_dir")
-        _one_line(raised.value, "train.checkpoint_dir", str(folder / "checkpoints"), "not writable",
-                  "Permission denied")
+        _one_line(
+            raised.value,
+            "train.checkpoint_dir",
+            str(folder / "checkpoints"),
+            "not writable",
+            "Permission denied",
+        )
     finally:
         folder.chmod(0o700)
 
@@ -97,8 +113,12 @@ def test_unwritable_folder_is_one_line(tmp_path, monkeypatch, code):
     _deny_writes_under(monkeypatch, tmp_path, code)
     with pytest.raises(StorageError) as raised:
         check_writable(tmp_path / "checkpoints", parameter="train.checkpoint_dir")
-    _one_line(raised.value, f"train.checkpoint_dir: {tmp_path / 'checkpoints'} is not writable",
-              os.strerror(code), "point train.checkpoint_dir at a writable folder")
+    _one_line(
+        raised.value,
+        f"train.checkpoint_dir: {tmp_path / 'checkpoints'} is not writable",
+        os.strerror(code),
+        "point train.checkpoint_dir at a writable folder",
+    )
     assert not (tmp_path / "checkpoints").exists()
 
 
@@ -117,7 +137,8 @@ def test_estimate_covers_a_real_checkpoint(tmp_path):
     n_params = sum(p.numel() for p in model.parameters())
     assert estimate.checkpoint >= actual
     history = storage.RECORD_BYTES * storage.UNKNOWN_RECORDS  # steps not known: a cautious metric history
-    assert estimate.checkpoint - storage.STATE_SLACK_BYTES - history == 3 * 4 * n_params  # weights + AdamW moments
+    # weights + AdamW moments
+    assert estimate.checkpoint - storage.STATE_SLACK_BYTES - history == 3 * 4 * n_params
     assert estimate.checkpoints_at_peak == 3 and estimate.checkpoints_total == 3 * estimate.checkpoint
     assert estimate_run_bytes(model, keep_last=2, saves_checkpoints=False).checkpoints_at_peak == 1
 
@@ -127,20 +148,35 @@ def test_tied_weights_count_once():
     head = torch.nn.Linear(16, 100, bias=False)
     head.weight = embedding.weight
     model = torch.nn.ModuleDict({"embedding": embedding, "head": head})
-    assert (estimate_run_bytes(model, keep_last=1).final_model
-            == 100 * 16 * 4 + storage.STATE_SLACK_BYTES + storage.UNKNOWN_TOKENIZER_BYTES)  # no tokenizer given
+    # no tokenizer given
+    assert (
+        estimate_run_bytes(model, keep_last=1).final_model
+        == 100 * 16 * 4 + storage.STATE_SLACK_BYTES + storage.UNKNOWN_TOKENIZER_BYTES
+    )
 
 
 def test_disk_full_before_training_names_bytes_needed_and_free(tmp_path, monkeypatch):
     model, _, _ = _tiny_training(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 5000, 5000))
     with pytest.raises(StorageError) as raised:
-        check_training_storage(model, checkpoint_dir=tmp_path / "checkpoints", model_dir=tmp_path / "model",
-                               keep_last=2, saves_checkpoints=True)
+        check_training_storage(
+            model,
+            checkpoint_dir=tmp_path / "checkpoints",
+            model_dir=tmp_path / "model",
+            keep_last=2,
+            saves_checkpoints=True,
+        )
     estimate = estimate_run_bytes(model, keep_last=2)
     needed = 3 * estimate.checkpoint + estimate.final_model
-    _one_line(raised.value, "not enough free disk space", "train.checkpoint_dir", "trained_model",
-              f"{needed / 1e6:.1f} MB in all", "5.0 KB is free", "lower train.keep_last")
+    _one_line(
+        raised.value,
+        "not enough free disk space",
+        "train.checkpoint_dir",
+        "trained_model",
+        f"{needed / 1e6:.1f} MB in all",
+        "5.0 KB is free",
+        "lower train.keep_last",
+    )
 
 
 def test_room_enough_passes_and_existing_checkpoints_count(tmp_path, monkeypatch):
@@ -152,12 +188,14 @@ def test_room_enough_passes_and_existing_checkpoints_count(tmp_path, monkeypatch
     # two complete checkpoints already on disk: the peak adds one more, plus the final model
     just_enough = estimate.checkpoint + estimate.final_model
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 0, just_enough))
-    check_training_storage(model, checkpoint_dir=root, model_dir=tmp_path / "model", keep_last=2,
-                           saves_checkpoints=True)
+    check_training_storage(
+        model, checkpoint_dir=root, model_dir=tmp_path / "model", keep_last=2, saves_checkpoints=True
+    )
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 0, just_enough - 1))
     with pytest.raises(StorageError):
-        check_training_storage(model, checkpoint_dir=root, model_dir=tmp_path / "model", keep_last=2,
-                               saves_checkpoints=True)
+        check_training_storage(
+            model, checkpoint_dir=root, model_dir=tmp_path / "model", keep_last=2, saves_checkpoints=True
+        )
 
 
 def test_folders_on_different_disks_are_checked_separately(tmp_path, monkeypatch):
@@ -170,12 +208,19 @@ def test_folders_on_different_disks_are_checked_separately(tmp_path, monkeypatch
         def __init__(self, device):
             self.st_dev = device
 
-    monkeypatch.setattr(Path, "stat", lambda self, **kw: FakeStat(devices[str(self)]) if str(self) in devices
-                        else real_stat(self, **kw))
+    monkeypatch.setattr(
+        Path,
+        "stat",
+        lambda self, **kw: FakeStat(devices[str(self)]) if str(self) in devices else real_stat(self, **kw),
+    )
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**6, 0, 600))
     check_free_space({"x": (tmp_path / "a", 500), "y": (tmp_path / "b", 500)}, fix="free space.")
-    monkeypatch.setattr(Path, "stat", lambda self, **kw: FakeStat(1) if str(self) in devices else real_stat(self, **kw))
-    with pytest.raises(StorageError, match=r"x \(.*\) and y \(.*\) need about 1.0 KB in all, 600 bytes is free"):
+    monkeypatch.setattr(
+        Path, "stat", lambda self, **kw: FakeStat(1) if str(self) in devices else real_stat(self, **kw)
+    )
+    with pytest.raises(
+        StorageError, match=r"x \(.*\) and y \(.*\) need about 1.0 KB in all, 600 bytes is free"
+    ):
         check_free_space({"x": (tmp_path / "a", 500), "y": (tmp_path / "b", 500)}, fix="free space.")
 
 
@@ -189,7 +234,7 @@ def test_os_error_is_found_in_chains_and_library_messages():
     assert os_error_in(ValueError("shape mismatch")) is None
 
 
-# ------------------------------------------------------------------------------------ during a checkpoint write
+# ---------------------------------------------------------------------------------- during a checkpoint write
 
 
 def _fill_disk_after(monkeypatch, limit: int, only: str) -> None:
@@ -223,12 +268,16 @@ def _fill_disk_after(monkeypatch, limit: int, only: str) -> None:
 
 
 def _assert_previous_kept(root: Path, model, optimizer, scheduler, message: str) -> None:
-    assert "checkpoint-00000004" in message and f"the previous checkpoint {root / 'checkpoint-00000002'} is kept" in message
+    assert (
+        "checkpoint-00000004" in message
+        and f"the previous checkpoint {root / 'checkpoint-00000002'} is kept" in message
+    )
     assert not list(root.glob(".tmp-*")), "the partial copy must be removed"
     assert latest_checkpoint(root) == root / "checkpoint-00000002"
     assert not (root / "checkpoint-00000004").exists()
-    assert load_checkpoint(root / "checkpoint-00000002", model=model, optimizer=optimizer, scheduler=scheduler,
-                           restore_rng=False) == {"step": 2}
+    assert load_checkpoint(
+        root / "checkpoint-00000002", model=model, optimizer=optimizer, scheduler=scheduler, restore_rng=False
+    ) == {"step": 2}
 
 
 @pytest.mark.parametrize("file", ["optimizer.pt", "rng.pt", "trainer_state.json", "COMPLETE"])
@@ -237,8 +286,16 @@ def test_disk_full_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, mo
     root = tmp_path / "checkpoints"
     _save(root, 2, model, optimizer, scheduler)
     _fill_disk_after(monkeypatch, 64, only=file)
-    _save_fails_disk_full(root, model, optimizer, scheduler, monkeypatch,
-                          "could not write checkpoint", "No space left on device", "train.checkpoint_dir")
+    _save_fails_disk_full(
+        root,
+        model,
+        optimizer,
+        scheduler,
+        monkeypatch,
+        "could not write checkpoint",
+        "No space left on device",
+        "train.checkpoint_dir",
+    )
 
 
 def test_disk_full_in_the_safetensors_writer(tmp_path, monkeypatch):
@@ -247,14 +304,17 @@ def test_disk_full_in_the_safetensors_writer(tmp_path, monkeypatch):
     _save(root, 2, model, optimizer, scheduler)
 
     def full(*args, **kwargs):
-        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        raise safetensors.SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
 
     monkeypatch.setattr(checkpoint.safetensors.torch, "save_model", full)
     _save_fails_disk_full(root, model, optimizer, scheduler, monkeypatch)
 
 
 def _save_fails_disk_full(root, model, optimizer, scheduler, monkeypatch, *expected: str) -> None:
-    """Saving step 4 fails with one disk-full line; with the fault removed, step 2 is still the one resumed."""
+    """Saving step 4 fails with one disk-full line; with the fault removed, step 2 is still the one
+    resumed."""
     with pytest.raises(StorageError) as raised:
         _save(root, 4, model, optimizer, scheduler)
     message = _one_line(raised.value, "the disk is full", *expected)

@@ -68,9 +68,15 @@ def test_store_failing_mid_run_leaves_training_and_outputs_intact(kedro_project,
         return real_log_metrics(*args, **kwargs)
 
     monkeypatch.setattr(mlflow, "log_metrics", failing_after_the_first)
-    train = {"max_steps": 4, "log_every": 1, "eval_every": None, "save_every": 2, "quiet": True,
-             "batching": {"micro_batch_size": 8},
-             "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}}
+    train = {
+        "max_steps": 4,
+        "log_every": 1,
+        "eval_every": None,
+        "save_every": 2,
+        "quiet": True,
+        "batching": {"micro_batch_size": 8},
+        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
+    }
     records = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # on the logger itself: Kedro reconfigures the root handlers per session
@@ -85,4 +91,6 @@ def test_store_failing_mid_run_leaves_training_and_outputs_intact(kedro_project,
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
     assert summary["steps"] == 4
     assert (kedro_project / "data/06_models/model/model.safetensors").is_file()
-    assert (kedro_project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000004/COMPLETE").is_file()
+    assert (
+        kedro_project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000004/COMPLETE"
+    ).is_file()

@@ -16,4 +16,7 @@ def test_values_are_text_lists_are_json_and_unset_is_not_logged():
 
 def test_objects_and_their_reprs_become_class_names():
     assert param_text(Runner()) == "Runner"
-    assert param_text("<kedro.runner.sequential_runner.SequentialRunner object at 0x7fe42fe77410>") == "SequentialRunner"
+    assert (
+        param_text("<kedro.runner.sequential_runner.SequentialRunner object at 0x7fe42fe77410>")
+        == "SequentialRunner"
+    )

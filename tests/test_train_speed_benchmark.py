@@ -25,7 +25,8 @@ def test_realistic_texts_match_the_real_review_statistics(bench):
     length_profile, _ = bench
     texts = length_profile.realistic_texts(20_000, seed=0)
     stats = length_profile.text_statistics(texts)
-    # The real corpus: median 27, p90 75, p99 139, max 147 characters, 2.5 % exact duplicates, a few empty rows.
+    # The real corpus: median 27, p90 75, p99 139, max 147 characters, 2.5 % exact duplicates, a few empty
+    # rows.
     assert stats["chars_median"] == 27
     assert 73 <= stats["chars_p90"] <= 77
     assert 137 <= stats["chars_p99"] <= 141
@@ -37,16 +38,21 @@ def test_realistic_texts_match_the_real_review_statistics(bench):
 
 
 def test_realistic_texts_tokenize_like_real_reviews(bench):
-    # Real short Korean reviews under the benchmark's 8k byte-level BPE: the issue measured padding="max_length"
-    # (320) wasting 94 %, i.e. ~19 tokens per text of 35.6 characters on average (~0.51 tokens per character).
-    # Texts from a small word list tokenize to ~0.27 (whole words merge): every sample was half as long in
-    # tokens as real ones, so attention, padding and the loss looked cheaper than they are.
+    # Real short Korean reviews under the benchmark's 8k byte-level BPE: the issue measured
+    # padding="max_length" (320) wasting 94 %, i.e. ~19 tokens per text of 35.6 characters on average (~0.51
+    # tokens per character). Texts from a small word list tokenize to ~0.27 (whole words merge): every sample
+    # was half as long in tokens as real ones, so attention, padding and the loss looked cheaper than they
+    # are.
     from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 
     length_profile, train_speed = bench
     texts = length_profile.realistic_texts(20_000, seed=0)
-    tokenizer = train_bpe_tokenizer(texts, vocab_size=train_speed.VOCAB_SIZE, min_frequency=train_speed.MIN_FREQUENCY,
-                                    model_max_length=320)
+    tokenizer = train_bpe_tokenizer(
+        texts,
+        vocab_size=train_speed.VOCAB_SIZE,
+        min_frequency=train_speed.MIN_FREQUENCY,
+        model_max_length=320,
+    )
     tokens = sum(map(len, tokenizer(texts)["input_ids"]))
     characters = sum(map(len, texts))
     assert 0.47 <= tokens / characters <= 0.55
@@ -55,10 +61,12 @@ def test_realistic_texts_tokenize_like_real_reviews(bench):
 
 def test_issue16_verdicts_compare_fastlm_with_each_peer(bench):
     _, train_speed = bench
-    table = {"fastlm": {"real_tokens_per_s": 2600.0, "padding_waste": 0.002},
-             "fastlm_length_grouped": {"real_tokens_per_s": 2300.0, "padding_waste": 0.22},
-             "trainer_group_by_length": {"real_tokens_per_s": 2700.0, "padding_waste": 0.03},
-             "trainer": {"real_tokens_per_s": 600.0, "padding_waste": 0.7}}
+    table = {
+        "fastlm": {"real_tokens_per_s": 2600.0, "padding_waste": 0.002},
+        "fastlm_length_grouped": {"real_tokens_per_s": 2300.0, "padding_waste": 0.22},
+        "trainer_group_by_length": {"real_tokens_per_s": 2700.0, "padding_waste": 0.03},
+        "trainer": {"real_tokens_per_s": 600.0, "padding_waste": 0.7},
+    }
     lines = dict(train_speed.verdicts_issue16(table))
     outcome = {text.split(":")[0]: ok for text, ok in lines.items()}
     assert outcome["fastlm / trainer_group_by_length >= 1.3x"] is False
@@ -71,17 +79,20 @@ def test_issue16_verdicts_compare_fastlm_with_each_peer(bench):
 def test_issue16_verdicts_judge_fastlm_against_each_peers_fastest_setup(bench):
     # Each peer in its best honest set-up: a faster bf16 row of the Trainer is the one fastlm must beat.
     _, train_speed = bench
-    table = {"fastlm": {"real_tokens_per_s": 3000.0, "padding_waste": 0.002},
-             "trainer_group_by_length": {"real_tokens_per_s": 2000.0, "padding_waste": 0.03},
-             "trainer_group_by_length@bf16": {"real_tokens_per_s": 2700.0, "padding_waste": 0.02},
-             "trainer_group_by_length@compile": {"real_tokens_per_s": None, "padding_waste": None},  # failed
-             "fastlm_length_grouped": {"real_tokens_per_s": 2500.0, "padding_waste": 0.025}}
+    table = {
+        "fastlm": {"real_tokens_per_s": 3000.0, "padding_waste": 0.002},
+        "trainer_group_by_length": {"real_tokens_per_s": 2000.0, "padding_waste": 0.03},
+        "trainer_group_by_length@bf16": {"real_tokens_per_s": 2700.0, "padding_waste": 0.02},
+        "trainer_group_by_length@compile": {"real_tokens_per_s": None, "padding_waste": None},  # failed
+        "fastlm_length_grouped": {"real_tokens_per_s": 2500.0, "padding_waste": 0.025},
+    }
     assert train_speed.best_setup(table, "trainer_group_by_length") == "trainer_group_by_length@bf16"
     assert train_speed.best_setup(table, "trainer") == "trainer"  # not measured: its plain name, n/a below
     outcome = {text.split(":")[0]: ok for text, ok in train_speed.verdicts_issue16(table)}
     assert outcome["fastlm / trainer_group_by_length@bf16 (its fastest set-up) >= 1.3x"] is False
     assert outcome["fastlm / trainer >= 4x"] is None
-    # fastlm's grouped waste is compared with the waste of the Trainer's fastest grouped row (2 %), not the 3 %
+    # fastlm's grouped waste is compared with the waste of the Trainer's fastest grouped row
+    # (2 %), not the 3 %
     assert outcome["fastlm_length_grouped padding waste <= trainer_group_by_length's"] is False
 
 
@@ -104,13 +115,38 @@ def test_contender_setups_parse_and_override_only_their_own_flags(bench):
 
 
 def test_cpu_smoke_run_with_the_5m_shape(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS.parent / "src"),
-                                                                     os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(BENCHMARKS.parent / "src"), os.environ.get("PYTHONPATH")])
+        ),
+    }
     out = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "train_speed.py"), "--rows", "300", "--steps", "1", "--warmup", "1",
-         "--model", "5m", "--planned-texts", "300", "--contenders", "fastlm_length_grouped", "trainer_group_by_length@bf16",
-         "--json", str(tmp_path / "out.json")],
-        env=env, capture_output=True, text=True, timeout=300, check=False)
+        [
+            sys.executable,
+            str(BENCHMARKS / "train_speed.py"),
+            "--rows",
+            "300",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--model",
+            "5m",
+            "--planned-texts",
+            "300",
+            "--contenders",
+            "fastlm_length_grouped",
+            "trainer_group_by_length@bf16",
+            "--json",
+            str(tmp_path / "out.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "profile realistic" in out.stdout and "model 5m (" in out.stdout
     assert "initial weights: identical" in out.stdout

@@ -1,7 +1,8 @@
-"""Kedro-Viz sees the split pipeline: `kedro viz build` writes it into the static site, `kedro viz run` serves it.
+"""Kedro-Viz sees the split pipeline: `kedro viz build` writes it into the static site, `kedro viz run` serves
+it.
 
-Both commands run in a throw-away copy of the project (conf/, pyproject.toml; the code is the installed fastlm):
-`kedro viz build` has no output option and always writes ./build, and `kedro viz run` writes ./.viz.
+Both commands run in a throw-away copy of the project (conf/, pyproject.toml; the code is the installed
+fastlm): `kedro viz build` has no output option and always writes ./build, and `kedro viz run` writes ./.viz.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def viz_project(tmp_path) -> Path:
 
 def _viz_env(project: Path) -> dict[str, str]:
     env = {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"}
-    # `kedro viz run` asks PyPI for a newer kedro-viz (30 s timeout): make that fail at once, keep localhost direct.
+    # `kedro viz run` asks PyPI for a newer kedro-viz (30 s timeout): make that fail at once, keep localhost
+    # direct.
     for name in ("HTTPS_PROXY", "https_proxy"):
         env[name] = "http://127.0.0.1:9"
     for name in ("NO_PROXY", "no_proxy"):
@@ -45,7 +47,8 @@ def _viz_env(project: Path) -> dict[str, str]:
 
 
 def _assert_split_graph(graph: dict, where: str) -> None:
-    """The split pipeline's nodes and datasets are in a /api/main-style graph, wired raw_corpus -> clean_corpus."""
+    """The split pipeline's nodes and datasets are in a /api/main-style graph, wired raw_corpus ->
+    clean_corpus."""
     tasks = {node["name"]: node for node in graph["nodes"] if node["type"] == "task"}
     data = {node["name"]: node for node in graph["nodes"] if node["type"] == "data"}
     assert SPLIT_NODES <= tasks.keys(), f"{where}: split nodes missing, tasks are {sorted(tasks)}"
@@ -83,6 +86,10 @@ def test_viz_build_lists_the_split_pipeline(viz_project):
     _assert_split_graph(split, "build/api/pipelines/split")
     assert split["selected_pipeline"] == "split"
     assert {node["name"] for node in split["nodes"] if node["type"] == "task"} == SPLIT_NODES
+
+    # run on its own, listed too
+    predict = json.loads((api / "pipelines" / "predict").read_text(encoding="utf-8"))
+    assert {node["name"] for node in predict["nodes"] if node["type"] == "task"} == {"predict_file"}
 
 
 def _free_port() -> int:

@@ -5,11 +5,12 @@ refund, a restaurant booking, weekend plans) with slot values; each summary is w
 it is learnable from the dialogue. About 40% of rows are Korean.
 
 Lengths follow a real dialogue-summarization corpus: SAMSum's 16,369 messenger dialogues are spread uniformly
-over 3-6, 7-12, 13-18 and 19-30 utterances (its dataset card), so each dialogue draws one of those bins, then a
-count inside it (``UTTERANCE_BINS``). Beyond its scenario's lines a dialogue gets chat around it: small-talk
+over 3-6, 7-12, 13-18 and 19-30 utterances (its dataset card), so each dialogue draws one of those bins, then
+a count inside it (``UTTERANCE_BINS``). Beyond its scenario's lines a dialogue gets chat around it: small-talk
 exchanges (nothing to summarize) and side topics (a moved meeting, a file to send, a lift...), each of which
-adds a clause to the summary, so longer dialogues have longer summaries, as in SAMSum. As in ``synthetic``, all randomness is integer
-draws from ``numpy.random.default_rng`` (same output on every machine, independent of ``PYTHONHASHSEED``).
+adds a clause to the summary, so longer dialogues have longer summaries, as in SAMSum. As in ``synthetic``,
+all randomness is integer draws from ``numpy.random.default_rng`` (same output on every machine, independent
+of ``PYTHONHASHSEED``).
 
 ``write_demo_dialogues(path)`` writes ``{"dialogue": ..., "summary": ...}`` JSONL with a few dirty rows at
 fixed positions (an empty summary, a missing dialogue, an exact duplicate) and returns what it wrote.
@@ -31,14 +32,15 @@ UTTERANCE_BINS = ((3, 6), (7, 12), (13, 18), (19, 30))  # SAMSum: a quarter of t
 # fmt: off
 _SLOTS = {
     "en": {
-        "name": ("Alex", "Sam", "Jordan", "Taylor", "Chris", "Morgan", "Jamie", "Riley", "Casey", "Drew", "Mina",
-                 "Daniel", "Grace", "Kevin", "Sophie", "Noah"),
+        "name": ("Alex", "Sam", "Jordan", "Taylor", "Chris", "Morgan", "Jamie", "Riley", "Casey", "Drew",
+                 "Mina", "Daniel", "Grace", "Kevin", "Sophie", "Noah"),
         "product": ("laptop", "phone case", "coffee maker", "desk lamp", "pair of running shoes", "backpack",
                     "air fryer", "monitor", "keyboard", "winter jacket", "blender", "yoga mat"),
         "day": ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"),
         "time": ("9 am", "10 am", "11:30 am", "1 pm", "2 pm", "3:30 pm", "5 pm", "6:30 pm", "7 pm"),
         "place": ("the regional hub", "customs", "the local depot", "the sorting center"),
-        "venue": ("the cafe downstairs", "meeting room B", "the library", "the office lobby", "the park entrance"),
+        "venue": ("the cafe downstairs", "meeting room B", "the library", "the office lobby",
+                  "the park entrance"),
         "project": ("budget", "marketing", "website", "hiring", "product launch", "training"),
         "thing": ("slides", "report", "contract draft", "sales figures", "timeline"),
         "reason": ("it arrived damaged", "it is the wrong size", "it stopped working after two days",
@@ -48,18 +50,22 @@ _SLOTS = {
         "count": ("two", "three", "four", "five", "six"),
     },
     "ko": {
-        "name": ("민수", "지은", "서연", "도윤", "하준", "유진", "현우", "수빈", "지호", "예린", "태민", "소희"),
-        "product": ("노트북", "휴대폰 케이스", "커피 머신", "스탠드 조명", "운동화", "백팩", "에어프라이어", "모니터",
-                    "키보드", "겨울 패딩", "믹서기", "요가 매트"),
+        "name": ("민수", "지은", "서연", "도윤", "하준", "유진", "현우", "수빈", "지호", "예린", "태민",
+                 "소희"),
+        "product": ("노트북", "휴대폰 케이스", "커피 머신", "스탠드 조명", "운동화", "백팩", "에어프라이어",
+                    "모니터", "키보드", "겨울 패딩", "믹서기", "요가 매트"),
         "day": ("월요일", "화요일", "수요일", "목요일", "금요일", "토요일", "일요일"),
-        "time": ("오전 9시", "오전 10시", "오전 11시 반", "오후 1시", "오후 2시", "오후 3시 반", "오후 5시", "저녁 7시"),
+        "time": ("오전 9시", "오전 10시", "오전 11시 반", "오후 1시", "오후 2시", "오후 3시 반", "오후 5시",
+                 "저녁 7시"),
         "place": ("지역 물류센터", "세관", "동네 배송 거점", "분류 센터"),
         "venue": ("1층 카페", "B 회의실", "도서관", "회사 로비", "공원 입구"),
         "project": ("예산", "마케팅", "홈페이지", "채용", "신제품 출시", "교육"),
         "thing": ("발표 자료", "보고서", "계약서 초안", "매출 자료", "일정표"),
-        "reason": ("배송 중에 파손되었다", "사이즈가 맞지 않는다", "이틀 만에 고장이 났다", "사진과 색상이 다르다"),
+        "reason": ("배송 중에 파손되었다", "사이즈가 맞지 않는다", "이틀 만에 고장이 났다",
+                   "사진과 색상이 다르다"),
         "food": ("이탈리아 음식", "고기집", "초밥", "태국 음식", "멕시코 음식", "채식 메뉴"),
-        "activity": ("등산을 가기로", "영화를 보기로", "박물관에 가기로", "새로 생긴 빵집에 가기로", "자전거를 타기로"),
+        "activity": ("등산을 가기로", "영화를 보기로", "박물관에 가기로", "새로 생긴 빵집에 가기로",
+                     "자전거를 타기로"),
         "count": ("두", "세", "네", "다섯", "여섯"),
     },
 }
@@ -76,12 +82,14 @@ _SCENARIOS = {
           "{b}: I'm busy in the morning, but {time} works for me.",
           "{a}: Great, let's meet at {venue} at {time}.",
           "{b}: Sounds good. I'll bring the {thing}."],
-         "{a} and {b} will meet on {day} at {time} at {venue} to discuss the {project} plan; {b} will bring the {thing}."),
+         "{a} and {b} will meet on {day} at {time} at {venue} to discuss the {project} plan; {b} will bring "
+         "the {thing}."),
         (["{a}: I'd like to return the {product} I bought because {reason}.",
           "{b}: I'm sorry to hear that. Do you want a refund or an exchange?",
           "{a}: A refund, please.",
           "{b}: Done. The refund will reach your card within {count} business days."],
-         "{a} returns the {product} because {reason}; {b} issues a refund that arrives within {count} business days."),
+         "{a} returns the {product} because {reason}; {b} issues a refund that arrives within {count} "
+         "business days."),
         (["{a}: Can I book a table for {count} on {day} evening?",
           "{b}: We have {time} or a bit later. Any preference for the menu?",
           "{a}: {time} is perfect, and we'd love the {food} set.",
@@ -99,12 +107,14 @@ _SCENARIOS = {
           "{a}: 네, {order}입니다.",
           "{b}: 확인해 보니 {place}에서 지연되고 있어요. {day2}까지는 도착할 예정입니다.",
           "{a}: 알겠습니다, 감사합니다."],
-         "{a}의 {product} 주문({order})이 {place}에서 지연되어 {day2}까지 도착할 예정이라고 {b:이} 안내했다."),
+         "{a}의 {product} 주문({order})이 {place}에서 지연되어 {day2}까지 도착할 예정이라고 {b:이} "
+         "안내했다."),
         (["{a}: {day}에 {project} 계획 같이 검토할 수 있어요?",
           "{b}: 오전에는 바쁘고 {time:은} 괜찮아요.",
           "{a}: 좋아요, {time}에 {venue}에서 봬요.",
           "{b}: 네, {thing:은} 제가 챙겨 갈게요."],
-         "{a:과} {b:은} {day} {time}에 {venue}에서 {project} 계획을 검토하기로 했고 {b:이} {thing:을} 가져온다."),
+         "{a:과} {b:은} {day} {time}에 {venue}에서 {project} 계획을 검토하기로 했고 {b:이} {thing:을} "
+         "가져온다."),
         (["{a}: 구매한 {product:을} 반품하고 싶어요. {reason}고요.",
           "{b}: 죄송합니다. 환불과 교환 중 어떤 걸 원하세요?",
           "{a}: 환불해 주세요.",
@@ -123,8 +133,8 @@ _SCENARIOS = {
     ),
 }
 
-# Chat around the scenario. Small talk: (line, line) pairs that change nothing in the summary; the opener starts
-# with speaker a (whose name every summary holds). Side topics: (line, line, summary clause).
+# Chat around the scenario. Small talk: (line, line) pairs that change nothing in the summary; the opener
+# starts with speaker a (whose name every summary holds). Side topics: (line, line, summary clause).
 _OPENER = {"en": ("{a}: Hey {b}, how's your week going?", "{b}: Busy, but good. You?"),
            "ko": ("{a}: {b} 씨, 이번 주 어떻게 지내요?", "{b}: 바쁘지만 괜찮아요. 그쪽은요?")}
 _SMALL_TALK = {
@@ -144,11 +154,13 @@ _SMALL_TALK = {
            ("{b}: 지난 주말 여행은 어땠어요?", "{a}: 좋았는데 너무 짧았어요.")),
 }
 _SIDE_TOPICS = {
-    "en": (("{a}: By the way, the {project2} meeting moved to {day3}.", "{b}: Thanks for the heads-up, I'll be there.",
+    "en": (("{a}: By the way, the {project2} meeting moved to {day3}.",
+            "{b}: Thanks for the heads-up, I'll be there.",
             "The {project2} meeting moved to {day3}."),
            ("{b}: Could you send me the {thing2} later?", "{a}: Sure, I'll send it tonight.",
             "{a} will send {b} the {thing2} tonight."),
-           ("{a}: I'm thinking of buying a new {product2}. Any advice?", "{b}: Let's go and look at some on {day3}.",
+           ("{a}: I'm thinking of buying a new {product2}. Any advice?",
+            "{b}: Let's go and look at some on {day3}.",
             "{a} wants a new {product2}; {a} and {b} will look at some on {day3}."),
            ("{b}: Do you still need a ride to {venue2}?", "{a}: No, {c} is taking me, thanks.",
             "{c} is taking {a} to {venue2}."),
@@ -161,9 +173,11 @@ _SIDE_TOPICS = {
             "{a:이} 오늘 밤 {b}에게 {thing2:을} 보낸다."),
            ("{a}: 요즘 {product2:을} 새로 사려고 하는데 추천해 줄래요?", "{b}: {day3}에 같이 보러 가요.",
             "{a:과} {b:은} {day3}에 {product2:을} 보러 가기로 했다."),
-           ("{b}: 아직 {venue2}까지 태워다 줄 사람 필요해요?", "{a}: 아니요, {c:이} 데려다주기로 했어요, 고마워요.",
+           ("{b}: 아직 {venue2}까지 태워다 줄 사람 필요해요?",
+            "{a}: 아니요, {c:이} 데려다주기로 했어요, 고마워요.",
             "{c:이} {a:을} {venue2}까지 데려다준다."),
-           ("{a}: 참, {c:이} 안부 전해 달래요.", "{b}: 저도 안부 전해 주세요!", "{c:이} {b}에게 안부를 전했다."),
+           ("{a}: 참, {c:이} 안부 전해 달래요.", "{b}: 저도 안부 전해 주세요!",
+            "{c:이} {b}에게 안부를 전했다."),
            ("{b}: {thing2} 다 끝냈어요?", "{a}: 거의요, 하루만 더 필요해요.",
             "{a:은} {thing2:을} 끝내려면 하루가 더 필요하다.")),
 }
@@ -185,16 +199,25 @@ def make_dialogues(n: int, *, seed: int = 0) -> list[dict[str, str]]:
         first = int(rng.integers(0, len(names)))
         values["a"] = names[first]
         values["b"] = names[(first + 1 + int(rng.integers(0, len(names) - 1))) % len(names)]
-        values["c"] = next(str(name) for name in np.roll(names, -int(rng.integers(0, len(names))))
-                           if name not in (values["a"], values["b"]))
+        values["c"] = next(
+            str(name)
+            for name in np.roll(names, -int(rng.integers(0, len(names))))
+            if name not in (values["a"], values["b"])
+        )
         values["day2"] = slots["day"][(slots["day"].index(values["day"]) + 2 + int(rng.integers(0, 3))) % 7]
         values["order"] = f"{'A' if lang == 'en' else 'K'}{int(rng.integers(100000, 1000000))}"
         for key in ("project", "thing", "product", "venue", "day"):  # the side topics' own values
-            values[f"{key}3" if key == "day" else f"{key}2"] = slots[key][int(rng.integers(0, len(slots[key])))]
+            values[f"{key}3" if key == "day" else f"{key}2"] = slots[key][
+                int(rng.integers(0, len(slots[key])))
+            ]
         low, high = UTTERANCE_BINS[int(rng.integers(0, len(UTTERANCE_BINS)))]
         dialogue, clauses = _around(lang, list(lines), int(rng.integers(low, high + 1)) - len(lines), rng)
-        rows.append({"dialogue": "\n".join(_fill(line, values) for line in dialogue),
-                     "summary": " ".join(_fill(part, values) for part in (summary, *clauses))})
+        rows.append(
+            {
+                "dialogue": "\n".join(_fill(line, values) for line in dialogue),
+                "summary": " ".join(_fill(part, values) for part in (summary, *clauses)),
+            }
+        )
     return rows
 
 
@@ -229,9 +252,11 @@ def _fill(template: str, values: dict[str, str]) -> str:
 def write_demo_dialogues(path: str | Path, *, n: int = 3_000, seed: int = 0) -> dict:
     """Write ``n`` rows (3 of them dirty on purpose) as JSONL; return the counts written."""
     rows: list[dict] = make_dialogues(n - 3, seed=seed)
-    dirty = [({"dialogue": rows[0]["dialogue"], "summary": ""}, "empty_summary"),
-             ({"dialogue": None, "summary": rows[1]["summary"]}, "missing_dialogue"),
-             (dict(rows[2]), "duplicate")]
+    dirty = [
+        ({"dialogue": rows[0]["dialogue"], "summary": ""}, "empty_summary"),
+        ({"dialogue": None, "summary": rows[1]["summary"]}, "missing_dialogue"),
+        (dict(rows[2]), "duplicate"),
+    ]
     for offset, (row, _) in enumerate(dirty):
         rows.insert((offset + 1) * (len(rows) // 4), row)
     path = Path(path)

@@ -1,9 +1,10 @@
 """Deterministic log-key sequences (integer ids, as a log parser gives them) with planted anomalies.
 
 Normal sessions follow a few fixed workflows (open -> a loop of work keys -> close), with the loop count and
-the form of each pass (plain, with a branch, or cut short) drawn per session; only keys ``0 .. NORMAL_KEYS - 1`` occur in them. An anomaly is a
-normal session with a few keys it never contains (``NORMAL_KEYS .. vocab_size - 2``) inserted at random
-places. ``vocab_size - 1`` is left free for EOS (split.eos_id's default).
+the form of each pass (plain, with a branch, or cut short) drawn per session; only keys
+``0 .. NORMAL_KEYS - 1`` occur in them. An anomaly is a normal session with a few keys it never contains
+(``NORMAL_KEYS .. vocab_size - 2``) inserted at random places. ``vocab_size - 1`` is left free for EOS
+(split.eos_id's default).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def write_demo_logkeys(path: str | Path, *, n: int = 2000, seed: int = 0) -> Pat
     raw_path=data/01_raw/demo_logkeys.jsonl,split.pretokenized=true,split.vocab_size=64``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in logkey_sessions(n, seed=seed)),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in logkey_sessions(n, seed=seed)),
+        encoding="utf-8",
+    )
     return path

@@ -27,16 +27,20 @@ _OFFLINE_DEFAULTS = {
 
 # Warnings third-party code raises whatever the user does (kedro-mlflow importing MLflow's pyfunc, OmegaConf's
 # resolver API, peft reading a property transformers 5 deprecated): filtered before any plugin is imported.
-_THIRD_PARTY_NOISE = ((r".*Add type hints to the `predict` method", UserWarning),
-                      (r"register_new_resolver\(\) is deprecated", UserWarning),
-                      (r"`is_gradient_checkpointing` is deprecated", FutureWarning))
+_THIRD_PARTY_NOISE = (
+    (r".*Add type hints to the `predict` method", UserWarning),
+    (r"register_new_resolver\(\) is deprecated", UserWarning),
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
 
 
 def apply_process_defaults() -> None:
     """Set the defaults above where the user has not set the variable (also a ``kedro.init`` hook)."""
     for key, value in _OFFLINE_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    if not sys.stderr.isatty():  # redirected output: no tqdm redraws ("Loading weights", "Writing model shards")
+    if (
+        not sys.stderr.isatty()
+    ):  # redirected output: no tqdm redraws ("Loading weights", "Writing model shards")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for message, category in _THIRD_PARTY_NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)

@@ -34,10 +34,16 @@ def merge_adapter_command(argv: list[str]) -> int:
     ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any full model. An existing ``--out`` is never replaced
     unless ``--overwrite`` is given; the folder is written atomically.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m fastlm {MERGE}", description=merge_adapter_command.__doc__)
-    parser.add_argument("--adapter", default="data/06_models/model", help="LoRA adapter folder (adapter_config.json)")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m fastlm {MERGE}", description=merge_adapter_command.__doc__
+    )
+    parser.add_argument(
+        "--adapter", default="data/06_models/model", help="LoRA adapter folder (adapter_config.json)"
+    )
     parser.add_argument("--out", required=True, help="folder for the merged full model")
-    parser.add_argument("--base", default=None, help="base model folder (default: the one the adapter config names)")
+    parser.add_argument(
+        "--base", default=None, help="base model folder (default: the one the adapter config names)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     args = parser.parse_args(argv)
     from fastlm.errors import FastlmError, InputDataError
@@ -50,7 +56,9 @@ def merge_adapter_command(argv: list[str]) -> int:
                 fix="point --adapter at the model folder of a run with train.model.lora.enabled: true.",
             )
         if out.exists() and any(out.iterdir()) and not args.overwrite:
-            raise InputDataError(f"{out} already exists and is not empty.", fix="choose another --out or add --overwrite.")
+            raise InputDataError(
+                f"{out} already exists and is not empty.", fix="choose another --out or add --overwrite."
+            )
         _write_merged(adapter, out, args.base)
     except FastlmError as error:
         print(f"fastlm: error: {error}", file=sys.stderr)

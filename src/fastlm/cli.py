@@ -39,8 +39,11 @@ def _run(**kwargs):
         check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
         return kedro_run.callback(**kwargs)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
-        user_error = (find_user_error(exc) or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
-                      or config_file_error(exc))
+        user_error = (
+            find_user_error(exc)
+            or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
+            or config_file_error(exc)
+        )
         if user_error is None:
             redact_exception(exc)  # the traceback printed from it shows no credential
             raise
@@ -116,11 +119,13 @@ def _missing_config_error(error: Exception) -> ConfigError:
     if folder is not None and Path(folder.group(1)).parent.is_dir():
         path = Path(folder.group(1))
         variable = os.environ.get("KEDRO_ENV") == path.name
-        return _no_env_folder(path.name, path.parent, f"KEDRO_ENV={path.name}" if variable else
-                              f"environment {path.name}")
-    return ConfigError(f"Kedro found no configuration: {_shown_conf(message)}.",
-                       fix="check --env, KEDRO_ENV and --conf-source, and that conf/base holds the project's "
-                       "files.")
+        return _no_env_folder(
+            path.name, path.parent, f"KEDRO_ENV={path.name}" if variable else f"environment {path.name}"
+        )
+    return ConfigError(
+        f"Kedro found no configuration: {_shown_conf(message)}.",
+        fix="check --env, KEDRO_ENV and --conf-source, and that conf/base holds the project's files.",
+    )
 
 
 def _shown_conf(text: str) -> str:
@@ -134,13 +139,15 @@ def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError |
     unknown = [name for name in names if importlib.util.find_spec(f"fastlm.pipelines.{name}") is None]
     if unknown and isinstance(exc, ImportError | ValueError):
         known = sorted(info.name for info in pkgutil.iter_modules(fastlm.pipelines.__path__) if info.ispkg)
-        return ConfigError(f"unknown pipeline {', '.join(unknown)!r}.", fix=f"use one of: {', '.join(known)}.")
+        return ConfigError(
+            f"unknown pipeline {', '.join(unknown)!r}.", fix=f"use one of: {', '.join(known)}."
+        )
     if not isinstance(exc, ValueError):
         return None
     if "Pipeline contains no nodes" in message:
         return ConfigError(
-            f"pipeline {', '.join(names) or '__default__'!r} has no nodes in this version of fastlm (or none left "
-            "after your --tags/--nodes filters).",
+            f"pipeline {', '.join(names) or '__default__'!r} has no nodes in this version of fastlm (or none "
+            "left after your --tags/--nodes filters).",
             fix="run `kedro run --pipeline=split`, or check the filters.",
         )
     return None

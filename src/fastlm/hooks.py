@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class MlflowArtifactsHook:
-    """Logs a saved dataset as an MLflow artifact when its catalog entry has ``metadata: {mlflow_artifact: <dir>}``.
+    """Logs a saved dataset as an MLflow artifact when its catalog entry has
+    ``metadata: {mlflow_artifact: <dir>}``.
 
     Unlike a dataset wrapper, a failing tracking store only warns (once) and the local output stays written.
     """
@@ -79,10 +80,15 @@ class MissingInputsHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        producers = None  # every pipeline, imported only when an input is missing or damaged (torch etc. cost seconds)
+        # every pipeline, imported only when an input is missing or damaged (torch etc. cost seconds)
+        producers = None
         for dataset in sorted(pipeline.inputs()):
-            if (dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog
-                    or getattr(catalog[dataset], "raw_input", False)):
+            if (
+                dataset.startswith("params:")
+                or dataset == "parameters"
+                or dataset not in catalog
+                or getattr(catalog[dataset], "raw_input", False)
+            ):
                 continue
             path = getattr(catalog[dataset], "_filepath", None) or getattr(catalog[dataset], "_path", None)
             exists = catalog.exists(dataset)
@@ -114,8 +120,9 @@ class SplitCompleteHook:
     stopped part way (kill -9, a full disk, Ctrl-C) leaves new files beside older ones, which each look whole.
     Just before the first split output is saved, the ``split_complete.json`` marker is removed (a node that
     refuses its input before returning leaves everything as it was); it is written again
-    once every split node has run and every split output is saved. A pipeline reading split outputs it does not produce itself is refused in
-    one line while the marker is missing. Nothing relies on code running at the interruption.
+    once every split node has run and every split output is saved. A pipeline reading split outputs it does
+    not produce itself is refused in one line while the marker is missing. Nothing relies on code running at
+    the interruption.
     """
 
     def __init__(self) -> None:
@@ -137,9 +144,11 @@ class SplitCompleteHook:
         read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
         if read and not self._marker.exists():
             shown = ", ".join(str(_local_path(catalog, name)) for name in read)
-            raise InputDataError(f"{shown} come from a split that did not finish (or from an older fastlm): "
-                                 f"{self._marker} is missing, so newer and older split outputs may be mixed.",
-                                 fix="run `kedro run --pipeline=split` to write them all again.")
+            raise InputDataError(
+                f"{shown} come from a split that did not finish (or from an older fastlm): "
+                f"{self._marker} is missing, so newer and older split outputs may be mixed.",
+                fix="run `kedro run --pipeline=split` to write them all again.",
+            )
 
     @hook_impl
     def before_dataset_saved(self, dataset_name: str) -> None:  # not before a node: one that refuses keeps it
@@ -167,9 +176,9 @@ RUN_NAME = "params:run_name"
 class RunNameHook:
     """Resolve the run's name once, before any node runs, and put it in the catalog as ``params:run_name``.
 
-    Every node and hook then reads the same name (``fastlm.runs``: ``--params run_name=...``, else the pipeline
-    and a timestamp, else, for a training run with ``train.resume: auto``, the newest interrupted run). An
-    unsafe name is one ConfigError line before anything is written.
+    Every node and hook then reads the same name (``fastlm.runs``: ``--params run_name=...``, else the
+    pipeline and a timestamp, else, for a training run with ``train.resume: auto``, the newest interrupted
+    run). An unsafe name is one ConfigError line before anything is written.
     """
 
     @hook_impl
@@ -178,15 +187,22 @@ class RunNameHook:
         from fastlm.runs import resolve_run_name
 
         given = catalog.load(RUN_NAME) if RUN_NAME in catalog else None
-        trains = "params:train" in pipeline.inputs() and any("params:train" in node.inputs and
-                                                            "trained_model" in node.outputs for node in pipeline.nodes)
+        trains = "params:train" in pipeline.inputs() and any(
+            "params:train" in node.inputs and "trained_model" in node.outputs for node in pipeline.nodes
+        )
         train = catalog.load("params:train") if trains and "params:train" in catalog else {}
         train = train if isinstance(train, dict) else {}
-        launch = os.environ.get("TORCHELASTIC_RUN_ID") if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 else None
-        name = resolve_run_name(given, run_params.get("pipeline_names"),
-                                Path(str(train.get("checkpoint_dir", TrainParams().checkpoint_dir))),
-                                resume=str(train.get("resume", "auto")), trains=trains,
-                                launch_id=launch if launch not in (None, "", "none") else None)
+        launch = (
+            os.environ.get("TORCHELASTIC_RUN_ID") if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 else None
+        )
+        name = resolve_run_name(
+            given,
+            run_params.get("pipeline_names"),
+            Path(str(train.get("checkpoint_dir", TrainParams().checkpoint_dir))),
+            resume=str(train.get("resume", "auto")),
+            trains=trains,
+            launch_id=launch if launch not in (None, "", "none") else None,
+        )
         _put(catalog, RUN_NAME, name)
         log.info("Run name: %s", name)
 
@@ -223,13 +239,17 @@ class RunOutputsHook:
         target = Path(folder) / self._owner() / path.name
         try:
             if path.is_dir():
-                write_folder_atomically(target, lambda tmp: shutil.copytree(path, tmp, dirs_exist_ok=True,
-                                                                            copy_function=_link_or_copy))
+                write_folder_atomically(
+                    target,
+                    lambda tmp: shutil.copytree(path, tmp, dirs_exist_ok=True, copy_function=_link_or_copy),
+                )
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
         except OSError as error:
-            log.warning("could not keep a copy of %s in %s (%s); the output itself is written", path, target, error)
+            log.warning(
+                "could not keep a copy of %s in %s (%s); the output itself is written", path, target, error
+            )
 
     def _owner(self) -> str:
         if self._trained is None:
@@ -254,9 +274,9 @@ class RedactingMlflowHook(MlflowHook):
     """kedro-mlflow's hook, fed copies of the parameters and run parameters with every secret masked.
 
     kedro-mlflow logs each node's ``params:*`` inputs verbatim as MLflow parameters and the run parameters
-    (``--params`` included) as tags. This subclass replaces the plugin's own hook (``settings.py`` disables the
-    plugin's registration), so what reaches MLflow is :func:`fastlm.redaction.redact`'s copy; the nodes still
-    receive the real values.
+    (``--params`` included) as tags. This subclass replaces the plugin's own hook (``settings.py`` disables
+    the plugin's registration), so what reaches MLflow is :func:`fastlm.redaction.redact`'s copy; the nodes
+    still receive the real values.
 
     It also fails open: MLflow's requests get bounded retries and timeout, and the first failing tracking call
     (server down, a corrupt ``mlflow.db``) warns once and turns tracking off for the run; training and every
@@ -273,8 +293,11 @@ class RedactingMlflowHook(MlflowHook):
         bound_tracking_requests()
         register_project_artifacts()  # the experiment's artefacts live next to the project's store
         self._tracking = SafeMlflow()  # one per run: this hook object outlives a session in-process
-        self._tracking.call("tracking setup", lambda _: super(RedactingMlflowHook, self).after_context_created(context),
-                            needs_active_run=False)
+        self._tracking.call(
+            "tracking setup",
+            lambda _: super(RedactingMlflowHook, self).after_context_created(context),
+            needs_active_run=False,
+        )
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -290,12 +313,16 @@ class RedactingMlflowHook(MlflowHook):
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
-        logged = {name: redact(value, name.removeprefix("params:")) if name.startswith("params:") or
-                  name == "parameters" else value for name, value in inputs.items()}
+        logged = {
+            name: redact(value, name.removeprefix("params:"))
+            if name.startswith("params:") or name == "parameters"
+            else value
+            for name, value in inputs.items()
+        }
         run_id = self.run_id
         if run_id is not None and active_run_id() == run_id:
-            # kedro-mlflow re-opens its run at every node (for threaded runners); MLflow 3 then stacks the same
-            # run once per node, and closing it takes as many end_run calls: the last one, at exit, set
+            # kedro-mlflow re-opens its run at every node (for threaded runners); MLflow 3 then stacks the
+            # same run once per node, and closing it takes as many end_run calls: the last one, at exit, set
             # FINISHED on failed runs. Only a thread without the run re-opens it.
             self.run_id = None
         try:
@@ -381,8 +408,8 @@ class UnknownRuntimeParamsHook:
 
 
 class ParametersValidHook:
-    """Before a run starts, validate every parameter group its nodes read (``fastlm.parameters.GROUPS``): a bad
-    value is one line, before any node has written anything (a node that validates on entry may run after
+    """Before a run starts, validate every parameter group its nodes read (``fastlm.parameters.GROUPS``): a
+    bad value is one line, before any node has written anything (a node that validates on entry may run after
     others saved their outputs). Across groups: a pipeline generating from ``report.prompts`` (it writes
     ``sample_generations``) on pre-tokenized data needs them to be ids of its vocabulary
     (``reporting.params.check_id_prompts``)."""
@@ -406,17 +433,20 @@ DATASET_PATHS = "dataset_paths"
 
 
 class DatasetPathsHook:
-    """Put the local path of each file dataset the run reads or writes into the catalog entry ``dataset_paths``
-    (``{name: path}``), for the nodes that name a file in a message or hand a folder to the engine: nodes hold
-    no path of their own, so a catalog change cannot leave one behind."""
+    """Put the local path of each file dataset the run reads or writes into the catalog entry
+    ``dataset_paths`` (``{name: path}``), for the nodes that name a file in a message or hand a folder to the
+    engine: nodes hold no path of their own, so a catalog change cannot leave one behind."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         if DATASET_PATHS not in pipeline.inputs():
             return
         names = sorted(pipeline.all_inputs() | pipeline.all_outputs())
-        paths = {name: str(path) for name in names if name != DATASET_PATHS
-                 and (path := _local_path(catalog, name)) is not None}
+        paths = {
+            name: str(path)
+            for name in names
+            if name != DATASET_PATHS and (path := _local_path(catalog, name)) is not None
+        }
         _put(catalog, DATASET_PATHS, paths)
 
 
@@ -432,9 +462,9 @@ RUN_TRACKER = "run_tracker"
 
 
 class RunTrackerHook:
-    """Hand the nodes that track (train, tune, report) one ``fastlm.tracking.RunTracker`` per run as the catalog
-    entry ``run_tracker``: they pass its callbacks to the engine and report their results to it, and the
-    tracker logs to the MLflow run the MLflow hook opened. Nodes make no MLflow call themselves."""
+    """Hand the nodes that track (train, tune, report) one ``fastlm.tracking.RunTracker`` per run as the
+    catalog entry ``run_tracker``: they pass its callbacks to the engine and report their results to it, and
+    the tracker logs to the MLflow run the MLflow hook opened. Nodes make no MLflow call themselves."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -454,6 +484,10 @@ class TunedParametersHook:
         if path is None or not catalog.exists("tuned_parameters"):
             return
         batching = GROUPS["train"].parse(catalog.load("params:train")).batching
-        log.info("%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
-                 "gradient_accumulation_steps=%d; delete it to go back to conf/base", path,
-                 batching.micro_batch_size, batching.gradient_accumulation_steps)
+        log.info(
+            "%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
+            "gradient_accumulation_steps=%d; delete it to go back to conf/base",
+            path,
+            batching.micro_batch_size,
+            batching.gradient_accumulation_steps,
+        )

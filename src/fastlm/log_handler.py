@@ -17,9 +17,10 @@ NOISE = {
 
 
 def plain_logs_when_redirected() -> None:
-    """Output not a terminal (CI, nohup, a pipe): the root logger's Rich handlers (conf/logging.yml) become one
-    plain line per record, so that a redirected log is not wrapped at Rich's default 80 columns. On a terminal
-    nothing changes. (Kedro accepts only its own and the logging module's handler classes in logging.yml.)"""
+    """Output not a terminal (CI, nohup, a pipe): the root logger's Rich handlers (conf/logging.yml) become
+    one plain line per record, so that a redirected log is not wrapped at Rich's default 80 columns. On a
+    terminal nothing changes. (Kedro accepts only its own and the logging module's handler classes in
+    logging.yml.)"""
     if sys.stdout.isatty():
         return
     root = logging.getLogger()

@@ -46,6 +46,7 @@ GROUPS: dict[str, ParameterGroup] = {group.name: group for group in (
     ParameterGroup("train", "fastlm.engine.config", "parse_train_params", "TrainParams"),
     ParameterGroup("report", "fastlm.reporting.params", "parse_report_params", "ReportParams"),
     ParameterGroup("tune", "fastlm.pipelines.tune.params", "parse_tune_params", "TuneParams"),
+    ParameterGroup("predict", "fastlm.pipelines.predict.params", "parse_predict_params", "PredictParams"),
     ParameterGroup("sweep", "fastlm.sweeps", "load_sweep", None),  # a path to a sweep file
 )}
 

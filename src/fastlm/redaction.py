@@ -2,9 +2,9 @@
 
 Two rules, applied together:
 
-- **By name**: a value whose key looks secret (``hf_token``, ``password``, ``api_key``, ``aws_secret_access_key``,
-  ``credentials``, ``auth`` ...) is replaced by ``***`` whatever it holds. Words are matched whole, so
-  ``max_tokens``, ``tokenizer``, ``pad_token`` or ``train_tokens`` stay visible.
+- **By name**: a value whose key looks secret (``hf_token``, ``password``, ``api_key``,
+  ``aws_secret_access_key``, ``credentials``, ``auth`` ...) is replaced by ``***`` whatever it holds. Words
+  are matched whole, so ``max_tokens``, ``tokenizer``, ``pad_token`` or ``train_tokens`` stay visible.
 - **By shape**: anywhere in any text, Hugging Face / GitHub / OpenAI-style tokens, AWS access key ids,
   ``Bearer`` tokens, ``secret=...`` pairs and the credentials of ``scheme://user:password@host`` and
   ``scheme://user@host`` URIs are masked; the scheme, host and path stay readable
@@ -26,15 +26,48 @@ from typing import Any
 
 MASK = "***"
 
-_SECRET_WORDS = {"token", "password", "passwd", "pwd", "secret", "apikey", "credential", "credentials", "auth",
-                 "authorization", "passphrase", "cookie", "privatekey"}
-_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("client", "secret")}
-_NOT_SECRET_BEFORE_TOKEN = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "max", "num", "added"}
+_SECRET_WORDS = {
+    "token",
+    "password",
+    "passwd",
+    "pwd",
+    "secret",
+    "apikey",
+    "credential",
+    "credentials",
+    "auth",
+    "authorization",
+    "passphrase",
+    "cookie",
+    "privatekey",
+}
+_SECRET_PAIRS = {
+    ("api", "key"),
+    ("access", "key"),
+    ("private", "key"),
+    ("secret", "key"),
+    ("client", "secret"),
+}
+_NOT_SECRET_BEFORE_TOKEN = {
+    "pad",
+    "eos",
+    "bos",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "special",
+    "max",
+    "num",
+    "added",
+}
 
 # scheme, then '//' (or '/' or '\' once a path class normalised it), then everything up to the LAST '@' before
 # the host: a password may hold an unencoded '@' (as urllib reads it), none of which may show.
-_URI_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*:(?://?|\\{1,2}))"
-                              r"(?P<credentials>[^/\\\s'\"]+)@")
+_URI_CREDENTIALS = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*:(?://?|\\{1,2}))"
+    r"(?P<credentials>[^/\\\s'\"]+)@"
+)
 # user:password@host with no scheme left (fsspec strips it: ``https://u:p@host/x`` -> ``u:p@host/x``)
 _BARE_CREDENTIALS = re.compile(r"(?<![\w.+%~*-])[\w.+%~-]+:[^\s/\\@'\"]+@(?=[A-Za-z0-9\[])")
 _VALUE_PATTERNS = (
@@ -45,13 +78,17 @@ _VALUE_PATTERNS = (
     re.compile(r"\beyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]+"),  # JWT
 )
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=\-]{8,}")
-_KEY_VALUE = re.compile(r"(?P<key>[A-Za-z_][\w.\-]*)(?P<kq>['\"]?)(?P<sep>\s*[=:]\s*)(?P<quote>['\"]?)(?P<value>[^\s,;&'\"}]+)")
+_KEY_VALUE = re.compile(
+    r"(?P<key>[A-Za-z_][\w.\-]*)(?P<kq>['\"]?)(?P<sep>\s*[=:]\s*)(?P<quote>['\"]?)(?P<value>[^\s,;&'\"}]+)"
+)
 
 
 def is_secret_key(key: Any) -> bool:
     """True when the last component of ``key`` (``a.b.hf_token`` -> ``hf_token``) names a secret."""
     name = str(key).rsplit(".", 1)[-1]
-    words = [word for word in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()) if word]
+    words = [
+        word for word in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()) if word
+    ]
     for index, word in enumerate(words):
         if word == "token" and (index == 0 or words[index - 1] not in _NOT_SECRET_BEFORE_TOKEN):
             return True
@@ -75,7 +112,8 @@ def redact_text(text: str) -> str:
 
 
 def redact(value: Any, key: Any = None) -> Any:
-    """A copy of ``value`` (mappings and sequences followed) with secret keys and secret-shaped strings masked.
+    """A copy of ``value`` (mappings and sequences followed) with secret keys and secret-shaped strings
+    masked.
 
     Non-string leaves under harmless keys are returned as they are, so numbers stay numbers.
     """

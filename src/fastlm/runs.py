@@ -17,13 +17,15 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastlm.engine.checkpoint.files import unfinished_runs
+from fastlm.engine.checkpoint.discovery import unfinished_runs
 from fastlm.errors import ConfigError
 
 MAX_LENGTH = 100
-ACCEPTED = (f"1 to {MAX_LENGTH} letters, digits, '.', '_', '+' or '-' (letters of any script), starting "
-            "with a letter or digit, not ending with '.', without '..' and not a Windows device name (con, "
-            "prn, aux, nul, com0-9, lpt0-9)")
+ACCEPTED = (
+    f"1 to {MAX_LENGTH} letters, digits, '.', '_', '+' or '-' (letters of any script), starting "
+    "with a letter or digit, not ending with '.', without '..' and not a Windows device name (con, "
+    "prn, aux, nul, com0-9, lpt0-9)"
+)
 _FIRST = re.compile(r"[^\W_]")  # a letter (any script) or a digit
 _CHARACTER = re.compile(r"[\w.+-]")
 _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
@@ -39,11 +41,16 @@ def validate_run_name(name) -> str:
         fix = f"rename it, e.g. --params run_name={_safe_version(name) or 'lora-r16'}."
     else:  # --params (and YAML) read 123 as a number, true as a boolean
         text = str(name).lower() if isinstance(name, bool) else str(name)
-        fix = (f"give a name with a letter, e.g. --params run_name=run-{text}, or quote it so that it stays "
-               f"text: --params 'run_name=\"{text}\"' (run_name: \"{text}\" in a parameters file).")
-    shown = repr(name[:MAX_LENGTH + 10]) if isinstance(name, str) else str(name)[:MAX_LENGTH + 10]
-    raise ConfigError(f"run_name {shown} is not a safe folder name: {why}. A run name names the checkpoint, "
-                      f"model and report folders of the run: {ACCEPTED}.", fix=fix)
+        fix = (
+            f"give a name with a letter, e.g. --params run_name=run-{text}, or quote it so that it stays "
+            f'text: --params \'run_name="{text}"\' (run_name: "{text}" in a parameters file).'
+        )
+    shown = repr(name[: MAX_LENGTH + 10]) if isinstance(name, str) else str(name)[: MAX_LENGTH + 10]
+    raise ConfigError(
+        f"run_name {shown} is not a safe folder name: {why}. A run name names the checkpoint, "
+        f"model and report folders of the run: {ACCEPTED}.",
+        fix=fix,
+    )
 
 
 def _refusal(name) -> str | None:
@@ -51,8 +58,10 @@ def _refusal(name) -> str | None:
     if isinstance(name, bool):
         return f"{name} is a boolean, not text (--params and YAML read true or false as one)"
     if isinstance(name, int | float):
-        return (f"{name!r} is a number ({type(name).__name__}), not text (--params and YAML read 123, 1.5 or "
-                "1e3 as one)")
+        return (
+            f"{name!r} is a number ({type(name).__name__}), not text (--params and YAML read 123, 1.5 or "
+            "1e3 as one)"
+        )
     if not isinstance(name, str):
         return f"it is a {type(name).__name__}, not text"
     if not name:
@@ -84,20 +93,31 @@ def _safe_version(name: str) -> str | None:
     return safe if safe and _refusal(safe) is None else None
 
 
-def default_run_name(pipeline_names: Sequence[str] | None, now: dt.datetime | None = None,
-                     launch_id: str | None = None) -> str:
+def default_run_name(
+    pipeline_names: Sequence[str] | None, now: dt.datetime | None = None, launch_id: str | None = None
+) -> str:
     """The pipeline names and the local time, e.g. ``train-20261123-041428`` (``main`` for the default).
 
-    ``launch_id``: an id every process of one launch shares (torchrun's rendezvous id), used instead of the time
-    so that all ranks agree on the name.
+    ``launch_id``: an id every process of one launch shares (torchrun's rendezvous id), used instead of the
+    time so that all ranks agree on the name.
     """
     names = [("main" if name == "__default__" else name) for name in (pipeline_names or ["__default__"])]
-    suffix = f"torchrun-{launch_id[:8]}" if launch_id else (now or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    suffix = (
+        f"torchrun-{launch_id[:8]}" if launch_id else (now or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    )
     return f"{'+'.join(names)}-{suffix}"
 
 
-def resolve_run_name(given, pipeline_names: Sequence[str] | None, checkpoint_base: Path, *, resume: str,
-                     trains: bool, now: dt.datetime | None = None, launch_id: str | None = None) -> str:
+def resolve_run_name(
+    given,
+    pipeline_names: Sequence[str] | None,
+    checkpoint_base: Path,
+    *,
+    resume: str,
+    trains: bool,
+    now: dt.datetime | None = None,
+    launch_id: str | None = None,
+) -> str:
     """The run's name: ``given`` (validated); else, for a training run with ``resume: auto``, the newest
     interrupted run under ``checkpoint_base``; else :func:`default_run_name`."""
     if given is not None:

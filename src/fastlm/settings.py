@@ -29,15 +29,31 @@ install_log_redaction()  # every log record of the process, whatever handler sho
 # kedro-mlflow's own hook logs parameters verbatim; RedactingMlflowHook is that hook with secrets masked.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
 # pluggy calls the last registered first: the run name is resolved (and checked); --params, parameters, inputs
-# and output folders are checked; then MLflow opens the run under that name (a run refused before any node runs
-# leaves no MLflow run behind). At the end, artefacts are logged before MLflow closes the run.
-HOOKS = (RunOutputsHook(), RedactingMlflowHook(), MlflowArtifactsHook(), TunedParametersHook(),
-         OutputFoldersWritableHook(), SplitCompleteHook(), MissingInputsHook(), ParametersValidHook(),
-         UnknownRuntimeParamsHook(),
-         DatasetPathsHook(), RunTrackerHook(), RunNameHook())
+# and output folders are checked; then MLflow opens the run under that name (a run refused before any node
+# runs leaves no MLflow run behind). At the end, artefacts are logged before MLflow closes the run.
+HOOKS = (
+    RunOutputsHook(),
+    RedactingMlflowHook(),
+    MlflowArtifactsHook(),
+    TunedParametersHook(),
+    OutputFoldersWritableHook(),
+    SplitCompleteHook(),
+    MissingInputsHook(),
+    ParametersValidHook(),
+    UnknownRuntimeParamsHook(),
+    DatasetPathsHook(),
+    RunTrackerHook(),
+    RunNameHook(),
+)
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
-    HOOKS = (OtherRankOutputsHook(), MissingInputsHook(), ParametersValidHook(), DatasetPathsHook(), RunTrackerHook(),
-             RunNameHook())
+    HOOKS = (
+        OtherRankOutputsHook(),
+        MissingInputsHook(),
+        ParametersValidHook(),
+        DatasetPathsHook(),
+        RunTrackerHook(),
+        RunNameHook(),
+    )
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

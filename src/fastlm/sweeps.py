@@ -9,6 +9,10 @@
       train.optimizer.lr: [0.001, 0.003]
       train.batching.micro_batch_size: [8, 16]
 
+``folds: auto`` (data split with ``split.folds: k``) runs every parameter set once per fold (``train.fold``
+0 .. k-1, varying fastest; the grid or runs may then be left out: one run per fold) and the sweep's report
+adds the mean and spread of each metric over the folds (``fastlm.reporting.sweep_view.fold_spread``).
+
 Kedro-free: the sweep pipeline reads the file, runs the plan and keeps each finished run's summary in
 ``<state folder>/<run name>/`` so that an interrupted sweep continues with its first unfinished run.
 """
@@ -20,7 +24,7 @@ import itertools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -31,6 +35,7 @@ from fastlm.runs import validate_run_name
 from fastlm.validation import Params, parse_params
 
 PARAM = "sweep"
+FOLD_KEY = "train.fold"  # set per run by folds: auto
 METRICS = ("final_val_loss", "final_train_loss", "test_loss", "test_accuracy", "test_top5_accuracy", "test_rouge1",
            "test_rouge2", "test_rougeL", "wall_time_s", "real_tokens_per_s")
 
@@ -42,6 +47,8 @@ class SweepSpec(Params):
     metric: str = "final_val_loss"
     grid: dict[str, list[Any]] | None = None
     runs: list[dict[str, Any]] | None = None
+    folds: Literal["auto"] | None = Field(None, description="auto: every parameter set once per fold "
+                                          "of split.folds")
 
     @field_validator("grid", "runs")
     @classmethod
@@ -53,26 +60,46 @@ class SweepSpec(Params):
 
     @model_validator(mode="after")
     def _one_plan(self) -> SweepSpec:
-        if (self.grid is None) == (self.runs is None):
-            raise ValueError("give either grid (every combination) or runs (a list of settings), not both")
+        if self.grid is not None and self.runs is not None or (self.grid is None and self.runs is None
+                                                                  and self.folds is None):
+            raise ValueError("give either grid (every combination) or runs (a list of settings), not both "
+                             "(or neither, with folds: auto: one run per fold)")
         if self.metric not in METRICS:
             raise ValueError(f"metric must be one of {', '.join(METRICS)}")
         validate_run_name(self.name)
-        for key in {key for overrides in self.plan() for key in overrides}:
+        for key in {key for overrides in self._settings() for key in overrides}:
+            if key == FOLD_KEY and self.folds is not None:
+                raise ValueError(f"{FOLD_KEY} is set by folds: auto (one run per fold); remove it from the "
+                                 "grid or runs, or remove folds: auto")
             if not key.startswith("train."):
                 raise ValueError(f"{key}: only train.* parameters can be swept (the tokenized data is reused; "
                                  "run a split per setting for split.* parameters)")
         return self
 
-    def plan(self) -> list[dict[str, Any]]:
-        """The parameter sets in run order (a grid: the last key varies fastest)."""
+    def _settings(self) -> list[dict[str, Any]]:
+        """The parameter sets of the grid or runs (one empty set when neither is given)."""
         if self.runs is not None:
             return [dict(run) for run in self.runs]
+        if self.grid is None:
+            return [{}]
         keys = list(self.grid)
         return [dict(zip(keys, values, strict=True)) for values in itertools.product(*self.grid.values())]
 
-    def run_names(self) -> list[str]:
-        return [f"{self.name}-{index:02d}" for index in range(1, len(self.plan()) + 1)]
+    def plan(self, folds: int | None = None) -> list[dict[str, Any]]:
+        """The parameter sets in run order (a grid: the last key varies fastest; with ``folds: auto`` each
+        set once per fold, the fold fastest). ``folds`` is the data's ``split.folds``; refused in one line
+        when the sweep runs over folds and the data has none."""
+        if self.folds is None:
+            return self._settings()
+        if folds is None:
+            raise ConfigError(f"sweep {self.name} runs over folds (folds: auto) but the data was "
+                              "split without folds (split.folds is not set).",
+                              fix="run `kedro run --pipeline=split --params split.folds=<k>` first, or "
+                              "remove folds: auto.")
+        return [{**settings, FOLD_KEY: fold} for settings in self._settings() for fold in range(folds)]
+
+    def run_names(self, folds: int | None = None) -> list[str]:
+        return [f"{self.name}-{index:02d}" for index in range(1, len(self.plan(folds)) + 1)]
 
 
 def empty_plan(key: str, plan) -> tuple[str, str] | None:
@@ -108,15 +135,16 @@ def load_sweep(path) -> SweepSpec:
     return parse_params(SweepSpec, raw, prefix="", source=f"sweep file {path}", file_only=True)
 
 
-def load_sweep_runs(path, train_params: dict) -> SweepSpec:
-    """:func:`load_sweep`, with the train parameters of every run checked before the first one runs.
+def load_sweep_runs(path, train_params: dict, folds: int | None = None) -> SweepSpec:
+    """:func:`load_sweep`, with the train parameters of every run checked before the first one runs
+    (``folds``: ``split.folds``, the runs of ``folds: auto``).
 
     A problem of ``train_params`` alone names conf/base/parameters_train.yml (or --params); one that a run's
     settings or the sweep's budgets bring names the sweep file, where it is fixed.
     """
     spec = load_sweep(path)
     parse_train_params(train_params)
-    for overrides in spec.plan():
+    for overrides in spec.plan(folds):
         parse_params(TrainParams, run_train_params(train_params, spec, overrides), prefix="train",
                      source=f"sweep file {path}", file_only=True)
     return spec
@@ -146,7 +174,7 @@ def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, A
     """The train parameters of one run of the sweep: ``overrides`` and the sweep's budgets applied, and the
     checkpoints under ``<train.checkpoint_dir>/sweeps/<sweep name>/``. That folder holds no checkpoint itself, so
     ``train.resume: auto`` of a plain train run never takes a sweep run as "the newest interrupted run"
-    (:func:`fastlm.engine.checkpoint.files.unfinished_runs` looks one level down), and a sweep resumes only its own runs."""
+    (:func:`fastlm.engine.checkpoint.discovery.unfinished_runs` looks one level down), and a sweep resumes only its own runs."""
     params = apply_overrides(train_params, overrides, spec.max_steps)
     if spec.max_minutes is not None:
         params["max_minutes"] = spec.max_minutes

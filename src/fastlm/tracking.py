@@ -23,8 +23,11 @@ log = logging.getLogger(__name__)
 
 # An unreachable tracking server must cost seconds, not MLflow's default 7 retries with exponential back-off
 # and a 120 s timeout per request (over four minutes before the first failure). A value the user set wins.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
 
 
 def bound_tracking_requests() -> None:
@@ -61,13 +64,18 @@ class SafeMlflow:
             function(mlflow, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any store failure: warn once, keep training
             self.failed = True
-            log.warning("MLflow %s failed (%s: %s); training and local outputs continue without tracking.",
-                        what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            log.warning(
+                "MLflow %s failed (%s: %s); training and local outputs continue without tracking.",
+                what,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
 
 
 @dataclass(frozen=True)
 class TrackingTarget:
-    """The active run, for a launched training worker to log into (the worker has no active run of its own)."""
+    """The active run, for a launched training worker to log into (the worker has no active run of its
+    own)."""
 
     tracking_uri: str
     run_id: str
@@ -97,23 +105,36 @@ class MlflowMetrics(SafeMlflow):
             mlflow.set_tracking_uri(tracking_uri)
 
     def __call__(self, kind: str, record: dict) -> None:
-        values = {f"{kind}/{key}": float(value) for key, value in record.items()
-                  if key != "step" and isinstance(value, Number) and math.isfinite(value)}
+        values = {
+            f"{kind}/{key}": float(value)
+            for key, value in record.items()
+            if key != "step" and isinstance(value, Number) and math.isfinite(value)
+        }
         if self.run_id is not None:
-            self.call("metric logging", lambda mlflow: mlflow.log_metrics(values, step=int(record["step"]),
-                                                                        run_id=self.run_id), needs_active_run=False)
+            self.call(
+                "metric logging",
+                lambda mlflow: mlflow.log_metrics(values, step=int(record["step"]), run_id=self.run_id),
+                needs_active_run=False,
+            )
             return
         self.call("metric logging", lambda mlflow: mlflow.log_metrics(values, step=int(record["step"])))
 
     def log_run_metrics(self, values: dict) -> None:
-        """Whole-run figures (no step), e.g. ``real_tokens_per_s`` over the timed steps; missing ones skipped."""
-        clean = {key: float(value) for key, value in values.items()
-                 if isinstance(value, Number) and math.isfinite(value)}
+        """Whole-run figures (no step), e.g. ``real_tokens_per_s`` over the timed steps; missing ones
+        skipped."""
+        clean = {
+            key: float(value)
+            for key, value in values.items()
+            if isinstance(value, Number) and math.isfinite(value)
+        }
         self.call("metric logging", lambda mlflow: mlflow.log_metrics(clean))
 
     def log_params(self, params: dict) -> None:
-        clean = {key: text[:500] for key, value in params.items()
-                 if (text := param_text(redact(value, key))) is not None}
+        clean = {
+            key: text[:500]
+            for key, value in params.items()
+            if (text := param_text(redact(value, key))) is not None
+        }
         self.call("parameter logging", lambda mlflow: mlflow.log_params(clean))
 
     def log_artifacts(self, path: str, artifact_path: str | None) -> None:
@@ -124,7 +145,6 @@ class MlflowMetrics(SafeMlflow):
                 mlflow.log_artifact(path, artifact_path)
 
         self.call(f"artifact logging of {path}", log)
-
 
 
 class RunTracker:
@@ -150,7 +170,11 @@ class RunTracker:
         import functools
 
         target = tracking_target()
-        return functools.partial(MlflowMetrics, run_id=target.run_id, tracking_uri=target.tracking_uri) if target else None
+        return (
+            functools.partial(MlflowMetrics, run_id=target.run_id, tracking_uri=target.tracking_uri)
+            if target
+            else None
+        )
 
     def record(self, kind: str, record: dict) -> None:
         """One record with a ``step`` (e.g. a tune trial, ``step`` = its micro-batch size) as metrics."""
@@ -171,7 +195,8 @@ class RunTracker:
     @contextlib.contextmanager
     def child_run(self, name: str, params: dict):
         """An MLflow run nested under the active run (a sweep's run), with ``params``; ended FAILED when the
-        body raises. Without an active run (tracking off or failed) nothing is opened and the body still runs."""
+        body raises. Without an active run (tracking off or failed) nothing is opened and the body still
+        runs."""
         import mlflow
 
         try:
@@ -201,13 +226,14 @@ class RunTracker:
 
 
 def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
-    """``values`` on the active run and on the training run (the one the comparison lists; it may be the active
-    run). A failing store warns once. Returns them."""
+    """``values`` on the active run and on the training run (the one the comparison lists; it may be the
+    active run). A failing store warns once. Returns them."""
     if not values:
         return values
     tracking = SafeMlflow()
     tracking.call("test metric logging", lambda mlflow: mlflow.log_metrics(values))
     if training_run_id and training_run_id != active_run_id():
+
         def log_on_training_run(mlflow):
             from mlflow.entities import Metric
 
@@ -220,8 +246,8 @@ def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
 
 
 def search_training_runs(experiment: str | None = None):
-    """The runs of the active (or named) experiment as a DataFrame; an empty frame, with one warning, if MLflow
-    fails."""
+    """The runs of the active (or named) experiment as a DataFrame; an empty frame, with one warning, if
+    MLflow fails."""
     import pandas as pd
 
     try:
@@ -273,8 +299,9 @@ def project_folder(tracking_uri: str | None) -> Path:
 
 
 def register_project_artifacts() -> None:
-    """Let MLflow read and write ``fastlm-project:`` artefact locations (also an ``mlflow.artifact_repository``
-    entry point, for ``mlflow ui``). Imports MLflow: call it where MLflow is used."""
+    """Let MLflow read and write ``fastlm-project:`` artefact locations (also an
+    ``mlflow.artifact_repository`` entry point, for ``mlflow ui``). Imports MLflow: call it where MLflow is
+    used."""
     from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry
 
     _artifact_repository_registry.register(PROJECT_SCHEME, ProjectArtifactRepository)

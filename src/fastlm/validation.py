@@ -26,8 +26,10 @@ from fastlm.errors import ConfigError
 Model = TypeVar("Model", bound="Params")
 
 # pydantic-core's names of schemas, used as union branch tags where the branch could not be followed
-_TAG = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\[.*\]|any|none|bool|int|float|decimal|str|bytes|date|"
-                  r"datetime|time|timedelta|uuid|url|[a-z]+(?:-[a-z]+)+")
+_TAG = re.compile(
+    r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\[.*\]|any|none|bool|int|float|decimal|str|bytes|date|"
+    r"datetime|time|timedelta|uuid|url|[a-z]+(?:-[a-z]+)+"
+)
 _SHOULD = "Input should be "
 _DETAIL = re.compile(r", (?:unable to|got) .*$")
 
@@ -51,7 +53,8 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
     where = f"{source}: " if file_only else ""
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{where}{f'parameter {prefix}' if prefix else 'it'} must be a mapping, got {type(raw).__name__}.",
+            f"{where}{f'parameter {prefix}' if prefix else 'it'} must be a mapping, got "
+            f"{type(raw).__name__}.",
             fix=f"check {source}.",
         )
     try:
@@ -97,8 +100,11 @@ def _branch_messages(errors: list[dict], value: Any) -> tuple[str, str | None]:
         if error["type"] == "list_type" and example:
             message = f"{_SHOULD}a list such as {example}"
         if message.startswith(_SHOULD):  # "a valid integer, unable to parse string as an integer": its start
-            wants.append(_DETAIL.sub("", message.removeprefix(_SHOULD)) if len(errors) > 1 else
-                         message.removeprefix(_SHOULD))
+            wants.append(
+                _DETAIL.sub("", message.removeprefix(_SHOULD))
+                if len(errors) > 1
+                else message.removeprefix(_SHOULD)
+            )
         else:
             others.append(message)
     wants, others = list(dict.fromkeys(wants)), list(dict.fromkeys(others))

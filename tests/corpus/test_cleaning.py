@@ -9,8 +9,22 @@ from fastlm.corpus.cleaning import DROP_REASONS, clean_texts
 def test_counts_each_reason_and_keeps_first_occurrence_in_order():
     korean = "배송 빨라요"
     values = pd.Series(
-        ["  hello ", None, np.nan, 42, 3.5, ["x"], True, "", "   ", "\t\n\u3000", "hello",
-         unicodedata.normalize("NFD", korean), korean, "world"],
+        [
+            "  hello ",
+            None,
+            np.nan,
+            42,
+            3.5,
+            ["x"],
+            True,
+            "",
+            "   ",
+            "\t\n\u3000",
+            "hello",
+            unicodedata.normalize("NFD", korean),
+            korean,
+            "world",
+        ],
         dtype=object,
     )
     kept, drops = clean_texts(values)

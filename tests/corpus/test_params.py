@@ -19,8 +19,10 @@ def test_defaults_match_the_documented_ones():
         ({"max_samples": 0}, "split.max_samples = 0 is invalid"),
         ({"num_proc": 0}, "split.num_proc = 0 is invalid"),
         ({"ratios": {"train": -0.1, "validation": 0.6, "test": 0.5}}, "split.ratios.train = -0.1 is invalid"),
-        ({"prompt_column": "text", "response_column": "text"},
-         "split.prompt_column and split.response_column are both 'text'"),
+        (
+            {"prompt_column": "text", "response_column": "text"},
+            "split.prompt_column and split.response_column are both 'text'",
+        ),
     ],
 )
 def test_bad_parameters_give_one_line_with_the_fix(raw, expected):

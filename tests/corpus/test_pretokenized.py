@@ -16,8 +16,13 @@ PARAM = "split.ids_column ('ids')"
 
 
 def _texts(rows, vocab_size=10, eos_id=None):
-    return id_texts(pd.Series(rows, dtype=object), vocab_size=vocab_size, source="raw.jsonl", param=PARAM,
-                    eos_id=vocab_size - 1 if eos_id is None else eos_id)
+    return id_texts(
+        pd.Series(rows, dtype=object),
+        vocab_size=vocab_size,
+        source="raw.jsonl",
+        param=PARAM,
+        eos_id=vocab_size - 1 if eos_id is None else eos_id,
+    )
 
 
 def test_id_lists_become_space_joined_keys_and_back():
@@ -27,16 +32,19 @@ def test_id_lists_become_space_joined_keys_and_back():
     assert parse_id_texts(texts) == [[3, 1, 4], [0, 8], [2, 5]]
 
 
-@pytest.mark.parametrize(("row", "expected"), [
-    ([1, 10], "row 2: id 10 in split.ids_column ('ids') is not below split.vocab_size (10)"),
-    ([1, -3], "row 2: id -3 in split.ids_column ('ids') is negative"),
-    ([1, 2.5], "row 2: split.ids_column ('ids') holds 2.5, not an integer id"),
-    ([1, "7"], "row 2: split.ids_column ('ids') holds '7', not an integer id"),
-    ([True], "row 2: split.ids_column ('ids') holds True, not an integer id"),
-    ([], "row 2: split.ids_column ('ids') is an empty list"),
-    ("1 2 3", "row 2: split.ids_column ('ids') is '1 2 3', not a list of integer ids"),
-    (None, "row 2: split.ids_column ('ids') is None, not a list"),
-])
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ([1, 10], "row 2: id 10 in split.ids_column ('ids') is not below split.vocab_size (10)"),
+        ([1, -3], "row 2: id -3 in split.ids_column ('ids') is negative"),
+        ([1, 2.5], "row 2: split.ids_column ('ids') holds 2.5, not an integer id"),
+        ([1, "7"], "row 2: split.ids_column ('ids') holds '7', not an integer id"),
+        ([True], "row 2: split.ids_column ('ids') holds True, not an integer id"),
+        ([], "row 2: split.ids_column ('ids') is an empty list"),
+        ("1 2 3", "row 2: split.ids_column ('ids') is '1 2 3', not a list of integer ids"),
+        (None, "row 2: split.ids_column ('ids') is None, not a list"),
+    ],
+)
 def test_a_bad_row_is_named(row, expected):
     with pytest.raises(InputDataError) as raised:
         _texts([[1, 2], row, [3]])
@@ -80,7 +88,9 @@ def test_id_tokenizer_maps_each_id_to_itself(tmp_path):
 def test_parameters():
     config = parse_split_params({"pretokenized": True, "vocab_size": 64})
     assert config.data_format == "pretokenized" and config.special_ids == (63, 63)
-    assert parse_split_params({"pretokenized": True, "vocab_size": 64, "eos_id": 0, "pad_id": 1}).special_ids == (0, 1)
+    assert parse_split_params(
+        {"pretokenized": True, "vocab_size": 64, "eos_id": 0, "pad_id": 1}
+    ).special_ids == (0, 1)
     with pytest.raises(ConfigError, match=r"split.pretokenized is true but split.vocab_size is not set"):
         parse_split_params({"pretokenized": True})
     with pytest.raises(ConfigError, match=r"split.eos_id = 64 is not below split.vocab_size \(64\)"):
@@ -91,12 +101,17 @@ def test_parameters():
 def test_every_pretokenized_parameter_is_in_the_fingerprint(change):
     base = {"pretokenized": True, "vocab_size": 64, "max_length": 32}
     old = parse_split_params(base)
-    stored = make_fingerprint(id_tokenizer(64, eos_id=63, pad_id=63, model_max_length=32), 32,
-                              data_format=data_format_params(old, None))
+    stored = make_fingerprint(
+        id_tokenizer(64, eos_id=63, pad_id=63, model_max_length=32),
+        32,
+        data_format=data_format_params(old, None),
+    )
     new = parse_split_params({**base, **change})
     eos, pad = new.special_ids
     with pytest.raises(StaleDataError):
-        check_fresh(stored, id_tokenizer(new.vocab_size, eos_id=eos, pad_id=pad, model_max_length=32), new, where="x")
+        check_fresh(
+            stored, id_tokenizer(new.vocab_size, eos_id=eos, pad_id=pad, model_max_length=32), new, where="x"
+        )
 
 
 def test_logkey_demo_is_deterministic_with_planted_anomalies():

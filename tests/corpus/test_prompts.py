@@ -25,32 +25,52 @@ def llama_tokenizer(sample_texts):
 
 
 def test_pairs_are_cleaned_and_deduplicated_as_pairs():
-    kept, drops = clean_pairs(pd.Series(["q1 ", "q1", "q1", None, "q3", "  "]),
-                              pd.Series(["a1", "a1", "a2", "a", "", "a"]))
+    kept, drops = clean_pairs(
+        pd.Series(["q1 ", "q1", "q1", None, "q3", "  "]), pd.Series(["a1", "a1", "a2", "a", "", "a"])
+    )
     assert kept.to_dict("records") == [{"prompt": "q1", "response": "a1"}, {"prompt": "q1", "response": "a2"}]
     assert drops == {"missing": 1, "non_string": 0, "empty": 1, "whitespace_only": 1, "duplicate": 1}
 
 
 def test_messages_are_checked_cleaned_and_keyed_on_their_content():
-    chats = pd.Series([
-        [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "hello"}],
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],  # duplicate after strip
-        [{"role": "user", "content": "hi"}],  # no response
-        [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}],  # last is not the assistant
-        None, "not a list",
-        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": " "}],
-    ])
+    chats = pd.Series(
+        [
+            [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "hello"}],
+            # duplicate after strip
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+            [{"role": "user", "content": "hi"}],  # no response
+            # last is not the assistant
+            [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}],
+            None,
+            "not a list",
+            [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": " "},
+            ],
+        ]
+    )
     kept, drops = clean_messages(chats)
     assert len(kept) == 1 and kept.loc[0, "history"] == [{"role": "user", "content": "hi"}]
-    assert drops == {"missing": 1, "non_string": 0, "empty": 0, "whitespace_only": 1, "malformed_messages": 3,
-                     "duplicate": 1}
+    assert drops == {
+        "missing": 1,
+        "non_string": 0,
+        "empty": 0,
+        "whitespace_only": 1,
+        "malformed_messages": 3,
+        "duplicate": 1,
+    }
 
 
 def test_split_keys_ignore_the_template_and_chat_rendering_uses_the_tokenizer(llama_tokenizer):
     raw = pd.DataFrame({"d": ["a dialogue", "another"], "s": ["sum", "mary"]})
     first, _ = prompt_frame(raw, parse_split_params({"prompt_column": "d", "response_column": "s"}))
-    second, _ = prompt_frame(raw, parse_split_params({"prompt_column": "d", "response_column": "s",
-                                                      "prompt_template": "Q: {prompt} A:"}))
+    second, _ = prompt_frame(
+        raw,
+        parse_split_params(
+            {"prompt_column": "d", "response_column": "s", "prompt_template": "Q: {prompt} A:"}
+        ),
+    )
     assert first["prompt"][0] == "a dialogue\n\n### Response:\n" and second["prompt"][0] == "Q: a dialogue A:"
     assert list(first["split_key"]) == list(second["split_key"])
     chat = pd.DataFrame({"m": [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]})
@@ -59,12 +79,15 @@ def test_split_keys_ignore_the_template_and_chat_rendering_uses_the_tokenizer(ll
     assert rendered.loc[0, "prompt"] == "<s><|user|>hi\n<|assistant|>" and rendered.loc[0, "response"] == "yo"
     plain, _ = prompt_frame(chat, config, None)
     assert plain.loc[0, "prompt"] == "user: hi\n\n### Response:\n"
-    assert prompt_token_ids(llama_tokenizer, rendered.loc[0, "prompt"]).count(llama_tokenizer.bos_token_id) == 1
+    assert (
+        prompt_token_ids(llama_tokenizer, rendered.loc[0, "prompt"]).count(llama_tokenizer.bos_token_id) == 1
+    )
 
 
 @pytest.mark.parametrize("max_length", [2, 5, 12, 40, 400])
-def test_tokenized_pairs_keep_eos_part_of_the_response_and_an_exact_prompt_length(llama_tokenizer, sample_texts,
-                                                                                 max_length):
+def test_tokenized_pairs_keep_eos_part_of_the_response_and_an_exact_prompt_length(
+    llama_tokenizer, sample_texts, max_length
+):
     prompts, responses = sample_texts[:40], sample_texts[40:80]
     tokens = tokenize_pairs(prompts, responses, llama_tokenizer, max_length=max_length)
     bos, eos = llama_tokenizer.bos_token_id, llama_tokenizer.eos_token_id
@@ -87,8 +110,10 @@ def test_tokenized_pairs_keep_eos_part_of_the_response_and_an_exact_prompt_lengt
 
 def test_messages_flow_through_the_split_nodes(tmp_path, llama_tokenizer):
     llama_tokenizer.save_pretrained(tmp_path / "tok")
-    chats = [[{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
-             for i in range(40)]
+    chats = [
+        [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+        for i in range(40)
+    ]
     raw = pd.DataFrame({"chat": chats})
     params = {"messages_column": "chat", "max_length": 96, "tokenizer": {"source": str(tmp_path / "tok")}}
     clean, counts = nodes.clean_corpus(raw, params)
@@ -100,7 +125,9 @@ def test_messages_flow_through_the_split_nodes(tmp_path, llama_tokenizer):
     row = tokenized["train"][0]
     prompt = splits[splits["split"] == "train"].iloc[0]["prompt"]
     assert row["input_ids"][: row["prompt_length"]] == prompt_token_ids(tokenizer, prompt)
-    assert stats["train"]["target_tokens"] == sum(len(r["input_ids"]) - r["prompt_length"] for r in tokenized["train"])
+    assert stats["train"]["target_tokens"] == sum(
+        len(r["input_ids"]) - r["prompt_length"] for r in tokenized["train"]
+    )
 
 
 def test_bad_prompt_parameters_and_columns_are_one_line():

@@ -32,8 +32,12 @@ def test_reads_each_format_by_extension(tmp_path, suffix):
 def test_reads_save_to_disk_folder_including_dataset_dict(tmp_path):
     datasets.Dataset.from_dict({"text": ROWS}).save_to_disk(tmp_path / "single")
     assert list(read_text_table(tmp_path / "single")["text"]) == ROWS
-    parts = datasets.DatasetDict({"a": datasets.Dataset.from_dict({"text": ROWS[:2]}),
-                                  "b": datasets.Dataset.from_dict({"text": ROWS[2:]})})
+    parts = datasets.DatasetDict(
+        {
+            "a": datasets.Dataset.from_dict({"text": ROWS[:2]}),
+            "b": datasets.Dataset.from_dict({"text": ROWS[2:]}),
+        }
+    )
     parts.save_to_disk(tmp_path / "dict")
     assert sorted(read_text_table(tmp_path / "dict")["text"]) == sorted(ROWS)
 
@@ -85,11 +89,14 @@ def test_a_column_name_given_twice_in_a_header_is_refused(tmp_path, name):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("text", [
-    '{"text": "a"}\n{"text": "b", "id": 2, "text": "c"}\n',
-    '{"text": "a"}\n{"text": "b"}\n{"text": 5, "text": "c"}\n',  # mixed types too
-    '{"m": [{"content": "a"}]}\n{"m": [{"content": "b", "content": "c"}]}\n',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"text": "a"}\n{"text": "b", "id": 2, "text": "c"}\n',
+        '{"text": "a"}\n{"text": "b"}\n{"text": 5, "text": "c"}\n',  # mixed types too
+        '{"m": [{"content": "a"}]}\n{"m": [{"content": "b", "content": "c"}]}\n',
+    ],
+)
 def test_a_json_key_given_twice_in_a_line_is_refused(tmp_path, text):
     path = tmp_path / "twice.jsonl"
     path.write_text(text, encoding="utf-8")
@@ -119,7 +126,8 @@ def test_a_json_array_with_a_key_given_twice_is_refused(tmp_path):
         read_text_table(path)
 
 
-KOREAN = ["안녕하세요 세계", "한국어 문장입니다", "똠방각하 쌰 햏"]  # the last: CP949-only (not EUC-KR) syllables
+# the last: CP949-only (not EUC-KR) syllables
+KOREAN = ["안녕하세요 세계", "한국어 문장입니다", "똠방각하 쌰 햏"]
 
 
 def _korean_jsonl(rows) -> bytes:
@@ -143,8 +151,8 @@ def test_mostly_ascii_korean_cp949_is_not_taken_for_a_western_encoding(tmp_path)
     assert list(read_text_table(path)["text"]) == rows
 
 
-@pytest.mark.parametrize("odd", ["Ça a été très bien, ÀÉÈ Ànfang",
-                                 "don\u2019t stop, it\u2019s fine"])  # valid CP949 bytes, but not Korean
+# valid CP949 bytes, but not Korean
+@pytest.mark.parametrize("odd", ["Ça a été très bien, ÀÉÈ Ànfang", "don\u2019t stop, it\u2019s fine"])
 def test_a_western_file_stays_western(tmp_path, odd):
     rows = [f"An English line, number {i}, with a few more words in it." for i in range(300)]
     rows[150] = odd
@@ -159,8 +167,11 @@ def test_a_western_file_stays_western(tmp_path, odd):
 def test_a_compressed_file_in_another_encoding_names_a_command_for_the_compressed_file(tmp_path):
     path = tmp_path / "latin.jsonl.gz"
     rows = [f"Première ligne numéro {i}, très française, à côté de l'été." for i in range(200)]
-    path.write_bytes(gzip.compress("".join(json.dumps({"text": r}, ensure_ascii=False) + "\n"
-                                           for r in rows).encode("cp1252")))
+    path.write_bytes(
+        gzip.compress(
+            "".join(json.dumps({"text": r}, ensure_ascii=False) + "\n" for r in rows).encode("cp1252")
+        )
+    )
     with pytest.raises(InputDataError) as error:
         read_text_table(path)
     message = str(error.value)

@@ -22,10 +22,20 @@ def _padded_folder(tokenizer, folder):
     """``tokenizer`` saved to ``folder``, its tokenizer.json padding to a fixed 128 and truncating at 128."""
     tokenizer.save_pretrained(folder)
     spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    spec["padding"] = {"strategy": {"Fixed": FOLDER_LENGTH}, "direction": "Right", "pad_to_multiple_of": None,
-                       "pad_id": tokenizer.eos_token_id, "pad_type_id": 0, "pad_token": tokenizer.eos_token}
-    spec["truncation"] = {"direction": "Right", "max_length": FOLDER_LENGTH, "strategy": "LongestFirst",
-                          "stride": 0}
+    spec["padding"] = {
+        "strategy": {"Fixed": FOLDER_LENGTH},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": tokenizer.eos_token_id,
+        "pad_type_id": 0,
+        "pad_token": tokenizer.eos_token,
+    }
+    spec["truncation"] = {
+        "direction": "Right",
+        "max_length": FOLDER_LENGTH,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
     (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
     return folder
 
@@ -42,8 +52,9 @@ def _rows(tokens):
 
 @pytest.mark.parametrize("num_proc", [1, 2])
 @pytest.mark.parametrize("load", ["fastlm", "transformers"])
-def test_folder_padding_and_truncation_never_reach_the_samples(bpe_tokenizer, long_texts, tmp_path, num_proc,
-                                                               load):
+def test_folder_padding_and_truncation_never_reach_the_samples(
+    bpe_tokenizer, long_texts, tmp_path, num_proc, load
+):
     folder = _padded_folder(bpe_tokenizer, tmp_path)
     # load_tokenizer (split), or a plain AutoTokenizer (one an older split saved, loaded by the catalog)
     tokenizer = load_tokenizer(str(folder)) if load == "fastlm" else AutoTokenizer.from_pretrained(folder)
@@ -80,8 +91,11 @@ def test_the_tokenizer_split_saves_has_no_padding_or_truncation(bpe_tokenizer, t
 
 def test_split_report_counts_what_split_max_length_cut(bpe_tokenizer, long_texts, tmp_path):
     folder = _padded_folder(bpe_tokenizer, tmp_path)
-    params = {"max_length": MAX_LENGTH, "tokenizer": {"source": str(folder)},
-              "ratios": {"train": 0.5, "validation": 0.25, "test": 0.25}}
+    params = {
+        "max_length": MAX_LENGTH,
+        "tokenizer": {"source": str(folder)},
+        "ratios": {"train": 0.5, "validation": 0.25, "test": 0.25},
+    }
     clean, counts = nodes.clean_corpus(pd.DataFrame({"text": long_texts}), params)
     splits, split_counts = nodes.split_corpus(clean, counts, params)
     tokenizer = nodes.build_tokenizer(splits, params)
@@ -89,7 +103,8 @@ def test_split_report_counts_what_split_max_length_cut(bpe_tokenizer, long_texts
     report, _ = nodes.report_split(split_counts, stats, fingerprint)
     full = {text: len(bpe_tokenizer(text)["input_ids"]) for text in splits["text"]}
     assert sum(part["truncated_rows"] for part in report["splits"].values()) == sum(
-        n + 1 > MAX_LENGTH for n in full.values())
+        n + 1 > MAX_LENGTH for n in full.values()
+    )
     lengths = np.concatenate([np.array(part["length"]) for part in tokenized.values()])
     assert lengths.max() == MAX_LENGTH
     assert sorted(lengths) == sorted(min(n + 1, MAX_LENGTH) for n in full.values())

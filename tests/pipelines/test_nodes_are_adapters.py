@@ -15,7 +15,7 @@ from fastlm.hooks import DatasetPathsHook, RunTrackerHook, TunedParametersHook
 from fastlm.tracking import RunTracker
 
 PIPELINES = Path(__file__).resolve().parents[2] / "src" / "fastlm" / "pipelines"
-ADAPTERS = ["train", "report", "tune", "split", "sweep"]
+ADAPTERS = ["train", "report", "tune", "split", "sweep", "predict"]
 
 
 def _problems(source: str) -> list[str]:

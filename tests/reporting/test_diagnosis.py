@@ -27,23 +27,46 @@ def make_history(n: int, **columns) -> pd.DataFrame:
     """``n`` healthy logging rows (step 1 alone first); ``columns`` override a value or give a list."""
     steps = [1, *range(10, 10 * n, 10)][:n]
     base = {
-        "step": steps, "loss": 3.0, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1100.0,
-        "real_tokens_per_s": 1000.0, "samples_per_s": 8.0, "step_time_s": 0.1, "step_time_max_s": 0.12,
-        "data_wait_share": 0.01, "padding_efficiency": 0.95, "peak_memory_mb": 500.0, "mfu": None,
-        "eta_s": 10.0, "elapsed_s": np.arange(1, n + 1, dtype=float), "epoch": 0, "batch_in_epoch": steps,
+        "step": steps,
+        "loss": 3.0,
+        "grad_norm": 1.0,
+        "lr": 1e-3,
+        "tokens_per_s": 1100.0,
+        "real_tokens_per_s": 1000.0,
+        "samples_per_s": 8.0,
+        "step_time_s": 0.1,
+        "step_time_max_s": 0.12,
+        "data_wait_share": 0.01,
+        "padding_efficiency": 0.95,
+        "peak_memory_mb": 500.0,
+        "mfu": None,
+        "eta_s": 10.0,
+        "elapsed_s": np.arange(1, n + 1, dtype=float),
+        "epoch": 0,
+        "batch_in_epoch": steps,
     }
     base.update(columns)
     return pd.DataFrame({key: (value if np.ndim(value) else [value] * n) for key, value in base.items()})
 
 
 def cpu(**extra) -> dict:
-    return {"batching": "dynamic", "dataloader_workers": 2, "device_memory_mb": 16000.0,
-            "runtime": {"device": "cpu", "num_threads": 8}, **extra}
+    return {
+        "batching": "dynamic",
+        "dataloader_workers": 2,
+        "device_memory_mb": 16000.0,
+        "runtime": {"device": "cpu", "num_threads": 8},
+        **extra,
+    }
 
 
 def cuda(**extra) -> dict:
-    return {"batching": "packed", "dataloader_workers": 2, "device_memory_mb": 80000.0,
-            "runtime": {"device": "cuda:0", "device_name": "H100", "precision": "bf16"}, **extra}
+    return {
+        "batching": "packed",
+        "dataloader_workers": 2,
+        "device_memory_mb": 80000.0,
+        "runtime": {"device": "cuda:0", "device_name": "H100", "precision": "bf16"},
+        **extra,
+    }
 
 
 def by_kind(findings: list[Finding]) -> dict[str, Finding]:
@@ -73,11 +96,18 @@ def test_input_bound_quiet_on_low_data_wait():
     assert not finding.triggered and finding.figure == "1 %"
 
 
-@pytest.mark.parametrize(("workers", "expected"), [
-    (0, "from 0 (loading in the training process) to 2"), (1, "from 1 to 2"), (4, "from 4 to 8"),
-])
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        (0, "from 0 (loading in the training process) to 2"),
+        (1, "from 1 to 2"),
+        (4, "from 4 to 8"),
+    ],
+)
 def test_input_bound_worker_advice(workers, expected):
-    finding = by_kind(diagnose(cpu(dataloader_workers=workers), make_history(4, data_wait_share=0.5)))[INPUT_BOUND]
+    finding = by_kind(diagnose(cpu(dataloader_workers=workers), make_history(4, data_wait_share=0.5)))[
+        INPUT_BOUND
+    ]
     assert expected in finding.advice
 
 
@@ -127,7 +157,9 @@ def test_host_sync_triggers_on_cuda_step_time_spikes():
 def test_host_sync_triggers_on_low_mfu_with_low_wait_and_padding():
     assert HOST_SYNC_BOUND in triggered(diagnose(cuda(), make_history(6, mfu=0.05)))
     # padding or input would explain the low MFU instead
-    assert HOST_SYNC_BOUND not in triggered(diagnose(cuda(), make_history(6, mfu=0.05, padding_efficiency=0.7)))
+    assert HOST_SYNC_BOUND not in triggered(
+        diagnose(cuda(), make_history(6, mfu=0.05, padding_efficiency=0.7))
+    )
     assert HOST_SYNC_BOUND not in triggered(diagnose(cuda(), make_history(6, mfu=0.05, data_wait_share=0.3)))
 
 
@@ -146,7 +178,9 @@ RISING = [1.0, 0.10, 0.10, 0.11, 0.12, 0.13, 0.14]  # warm-up, then 0.10 -> 0.13
 
 def test_memory_saturated_needs_full_memory_and_rising_step_time():
     summary = cpu(device_memory_mb=1000.0)
-    both = by_kind(diagnose(summary, make_history(7, peak_memory_mb=950.0, step_time_s=RISING)))[MEMORY_SATURATED]
+    both = by_kind(diagnose(summary, make_history(7, peak_memory_mb=950.0, step_time_s=RISING)))[
+        MEMORY_SATURATED
+    ]
     assert both.triggered and both.figure.startswith("95 %")
     assert "kedro run --pipeline=tune" in both.advice and "gradient_checkpointing" in both.advice
     memory_only = diagnose(summary, make_history(7, peak_memory_mb=950.0))
@@ -174,15 +208,27 @@ def test_epoch_eta_is_train_tokens_over_real_tokens_per_s():
 
 
 def test_epoch_eta_unknown_fields_are_none():
-    assert epoch_eta({}, make_history(3)) == {"seconds": None, "human": None, "train_tokens": None,
-                                              "real_tokens_per_s": pytest.approx(1000.0)}
+    assert epoch_eta({}, make_history(3)) == {
+        "seconds": None,
+        "human": None,
+        "train_tokens": None,
+        "real_tokens_per_s": pytest.approx(1000.0),
+    }
     assert epoch_eta({"train_tokens": 10}, pd.DataFrame())["seconds"] is None
     assert epoch_eta({"train_tokens": 5000, "real_tokens_per_s": 100.0}, pd.DataFrame())["human"] == "50 s"
 
 
-@pytest.mark.parametrize(("seconds", "text"), [
-    (0.2, "< 1 s"), (45, "45 s"), (200, "3 min 20 s"), (4320, "1 h 12 min"), (1800, "30 min"), (183600, "2 d 3 h"),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.2, "< 1 s"),
+        (45, "45 s"),
+        (200, "3 min 20 s"),
+        (4320, "1 h 12 min"),
+        (1800, "30 min"),
+        (183600, "2 d 3 h"),
+        (None, None),
+    ],
+)
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text

@@ -28,40 +28,42 @@ WINDOW = (1200, 2000)
 C0, C1 = (31, 119, 180), (255, 127, 14)
 
 
-
-
 @pytest.fixture(scope="module")
 def chromium() -> str:
     path = find_chromium()
     if path is None:
-        pytest.skip("headless Chromium not found (no `chromium` on PATH nor /usr/bin/chromium); "
-                    "install it with `apt-get install -y chromium` to run this browser test")
+        pytest.skip(
+            "headless Chromium not found (no `chromium` on PATH nor /usr/bin/chromium); "
+            "install it with `apt-get install -y chromium` to run this browser test"
+        )
     return path
-
-
-
-
 
 
 @pytest.fixture(scope="module")
 def report_file(tmp_path_factory) -> Path:
     steps = np.arange(1, 201, 10)
-    history = pd.DataFrame({
-        "step": steps,
-        "loss": 5.0 - 2.0 * np.log1p(steps) / np.log1p(steps[-1]),
-        "tokens_per_s": np.r_[150.0, np.full(len(steps) - 1, 1300.0)],
-        "real_tokens_per_s": np.r_[120.0, np.full(len(steps) - 1, 1100.0)],
-    })
+    history = pd.DataFrame(
+        {
+            "step": steps,
+            "loss": 5.0 - 2.0 * np.log1p(steps) / np.log1p(steps[-1]),
+            "tokens_per_s": np.r_[150.0, np.full(len(steps) - 1, 1300.0)],
+            "real_tokens_per_s": np.r_[120.0, np.full(len(steps) - 1, 1100.0)],
+        }
+    )
     eval_history = pd.DataFrame({"step": [100, 191], "val_loss": [3.9, 3.4]})
     table = pd.DataFrame({"metric": ["tokens/s", "<b>not bold</b>"], "value": [1100.5, 0.25]})
     sections = [
         Section("Summary", text="A short run.", table=table, items=["one finding"]),
-        Section("Curves", figures={"loss": loss_figure(history, eval_history),
-                                   "throughput": throughput_figure(history)}),
+        Section(
+            "Curves",
+            figures={"loss": loss_figure(history, eval_history), "throughput": throughput_figure(history)},
+        ),
     ]
     path = tmp_path_factory.mktemp("report") / "report.html"
-    path.write_text(render_html(title="Browser check", subtitle="two figures and a table", sections=sections),
-                    encoding="utf-8")
+    path.write_text(
+        render_html(title="Browser check", subtitle="two figures and a table", sections=sections),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -95,8 +97,14 @@ def painted_images(chromium, report_file, tmp_path_factory) -> dict[str, dict]:
     document = report_file.read_text(encoding="utf-8")
     document = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", document)  # let the probe run
     probe.write_text(document.replace("</body>", script + "</body>"), encoding="utf-8")
-    result = run_chromium(chromium, folder / "profile", "--virtual-time-budget=5000",
-                          f"--window-size={WINDOW[0]},{WINDOW[1]}", "--dump-dom", probe.as_uri())
+    result = run_chromium(
+        chromium,
+        folder / "profile",
+        "--virtual-time-budget=5000",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        "--dump-dom",
+        probe.as_uri(),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     match = re.search(r'data-images="([^"]*)"', result.stdout)
     assert match, "the probe script did not run"
@@ -104,8 +112,11 @@ def painted_images(chromium, report_file, tmp_path_factory) -> dict[str, dict]:
     for entry in match.group(1).split():
         name, complete, *numbers = entry.split(":")
         width, height, left, top, box_width, box_height = map(int, numbers)
-        images[name] = {"complete": complete == "true", "natural": (width, height),
-                        "box": (left, top, box_width, box_height)}
+        images[name] = {
+            "complete": complete == "true",
+            "natural": (width, height),
+            "box": (left, top, box_width, box_height),
+        }
     return images
 
 
@@ -119,8 +130,13 @@ def test_images_decode_in_the_browser(painted_images):
 
 def test_screenshot_shows_the_rendered_figures(chromium, report_file, painted_images, tmp_path):
     shot = tmp_path / "shot.png"
-    result = run_chromium(chromium, tmp_path / "profile", f"--screenshot={shot}",
-                          f"--window-size={WINDOW[0]},{WINDOW[1]}", report_file.as_uri())
+    result = run_chromium(
+        chromium,
+        tmp_path / "profile",
+        f"--screenshot={shot}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        report_file.as_uri(),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 20_000, "screenshot missing or trivially small"
 
@@ -133,7 +149,7 @@ def test_screenshot_shows_the_rendered_figures(chromium, report_file, painted_im
     # Inside each image's box: a real plot (not blank, not a broken-image icon) with both line colours.
     for name, image in painted_images.items():
         left, top, width, height = image["box"]
-        region = np.rint(pixels[top:top + height, left:left + width] * 255).astype(int)
+        region = np.rint(pixels[top : top + height, left : left + width] * 255).astype(int)
         assert region.std() > 20, f"{name}: the image region is blank"
         for colour in (C0, C1):
             near = (np.abs(region - np.array(colour)).max(axis=-1) <= 40).sum()

@@ -1,6 +1,6 @@
-"""The report tells one story: one throughput figure everywhere, a run comparison of values that really differ,
-readable cells (wrapped, real line breaks, decoded tokens), diagnosis lines naming what they measure, and a
-summary that says what was trained on what data."""
+"""The report tells one story: one throughput figure everywhere, a run comparison of values that really
+differ, readable cells (wrapped, real line breaks, decoded tokens), diagnosis lines naming what they measure,
+and a summary that says what was trained on what data."""
 
 from __future__ import annotations
 
@@ -15,23 +15,31 @@ from fastlm.reporting.report_document import readable_token
 from fastlm.reporting.summaries import efficiency_summary
 from tests.support.reporting import SUMMARY, make_history, report_document
 
-HISTORY = make_history(3, step=[1, 10, 11], real_tokens_per_s=[100.0, 1000.0, 4000.0], step_time_s=[2.0, 0.5, 0.5])
+HISTORY = make_history(
+    3, step=[1, 10, 11], real_tokens_per_s=[100.0, 1000.0, 4000.0], step_time_s=[2.0, 0.5, 0.5]
+)
 SPEED = (1000.0 * 9 * 0.5 + 4000.0 * 1 * 0.5) / (9 * 0.5 + 1 * 0.5)  # total real tokens over total time
 
 
 def runs_frame(current_speed: float) -> pd.DataFrame:
     start = pd.to_datetime(["2026-01-02 10:00", "2026-01-01 10:00", "2025-12-31 10:00"], utc=True)
-    return pd.DataFrame({
-        "run_id": ["a" * 32, "b" * 32, "c" * 32], "tags.mlflow.runName": ["new", "old", "older"],
-        "start_time": start, "end_time": start + pd.Timedelta(seconds=60), "status": "FINISHED",
-        "metrics.train/real_tokens_per_s": [123.0, 456.0, 789.0],  # the last, partial window: not the speed
-        "metrics.real_tokens_per_s": [current_speed, 900.0, 800.0],
-        "params.train.seed": ["0", "0", "0"],
-        "params.train.batching.mode": ["packed", "dynamic", "packed"],
-        "params.report.prompts": ['["a", "b"]', None, None],  # a report-only key, from one run
-        "params.train.model.lora.target_modules": ['["q_proj", "v_proj"]', '["q_proj"]', '["q_proj"]'],
-        "params.train.model.name_or_path": [None, None, None],
-    })
+    return pd.DataFrame(
+        {
+            "run_id": ["a" * 32, "b" * 32, "c" * 32],
+            "tags.mlflow.runName": ["new", "old", "older"],
+            "start_time": start,
+            "end_time": start + pd.Timedelta(seconds=60),
+            "status": "FINISHED",
+            # the last, partial window: not the speed
+            "metrics.train/real_tokens_per_s": [123.0, 456.0, 789.0],
+            "metrics.real_tokens_per_s": [current_speed, 900.0, 800.0],
+            "params.train.seed": ["0", "0", "0"],
+            "params.train.batching.mode": ["packed", "dynamic", "packed"],
+            "params.report.prompts": ['["a", "b"]', None, None],  # a report-only key, from one run
+            "params.train.model.lora.target_modules": ['["q_proj", "v_proj"]', '["q_proj"]', '["q_proj"]'],
+            "params.train.model.name_or_path": [None, None, None],
+        }
+    )
 
 
 def test_one_throughput_figure_over_the_timed_steps_everywhere():
@@ -47,7 +55,11 @@ def test_one_throughput_figure_over_the_timed_steps_everywhere():
 
 def test_run_comparison_shows_values_that_differ_and_marks_this_run():
     table = compare_runs(runs_frame(SPEED), current_run_id="a" * 32)
-    assert "train.seed" not in table and "report.prompts" not in table and "train.model.name_or_path" not in table
+    assert (
+        "train.seed" not in table
+        and "report.prompts" not in table
+        and "train.model.name_or_path" not in table
+    )
     assert list(table["train.batching.mode"]) == ["packed", "dynamic", "packed"]
     assert list(table["train.model.lora.target_modules"]) == ["q_proj, v_proj", "q_proj", "q_proj"]
     assert list(table["this run"]) == ["◀", "", ""]
@@ -55,11 +67,26 @@ def test_run_comparison_shows_values_that_differ_and_marks_this_run():
 
 def test_report_cells_wrap_show_line_breaks_and_decoded_tokens():
     long_prediction = "가" * 400
-    generations = pd.DataFrame({"prompt": ["대화:\n안녕\n\n### Response:\n"], "setting": ["greedy"],
-                                "settings": [""], "output": [long_prediction]})
-    pairs = pd.DataFrame({"target_id": [5], "predicted_id": [6], "target": ["ĠìĥĢëĬĶëį°"], "predicted": ["Ġthe"],
-                          "target_text": [" 새는데"], "predicted_text": [" the"], "count": [3],
-                          "share_of_errors": [0.5]})
+    generations = pd.DataFrame(
+        {
+            "prompt": ["대화:\n안녕\n\n### Response:\n"],
+            "setting": ["greedy"],
+            "settings": [""],
+            "output": [long_prediction],
+        }
+    )
+    pairs = pd.DataFrame(
+        {
+            "target_id": [5],
+            "predicted_id": [6],
+            "target": ["ĠìĥĢëĬĶëį°"],
+            "predicted": ["Ġthe"],
+            "target_text": [" 새는데"],
+            "predicted_text": [" the"],
+            "count": [3],
+            "share_of_errors": [0.5],
+        }
+    )
     html, markdown = document(generations=generations, error_pairs=pairs)
     assert "ĠìĥĢëĬĶëį°" not in html and "␣새는데" in html
     assert "overflow-wrap: anywhere" in html and "white-space: pre-wrap" in html
@@ -68,10 +95,19 @@ def test_report_cells_wrap_show_line_breaks_and_decoded_tokens():
 
 
 def test_diagnosis_lines_name_what_they_measure_and_the_summary_says_what_was_trained():
-    summary = {**SUMMARY, "lora": True, "base_model": "models/qwen3-4b", "trainable_parameters": 1_000,
-               "total_parameters": 100_000}
-    split_report = {"raw_rows": 120, "kept_rows": 100, "dropped": {"duplicate": 15, "empty": 5, "total": 20},
-                    "splits": {"train": {"rows": 90}, "validation": {"rows": 5}, "test": {"rows": 5}}}
+    summary = {
+        **SUMMARY,
+        "lora": True,
+        "base_model": "models/qwen3-4b",
+        "trainable_parameters": 1_000,
+        "total_parameters": 100_000,
+    }
+    split_report = {
+        "raw_rows": 120,
+        "kept_rows": 100,
+        "dropped": {"duplicate": 15, "empty": 5, "total": 20},
+        "splits": {"train": {"rows": 90}, "validation": {"rows": 5}, "test": {"rows": 5}},
+    }
     html, markdown = document(summary=summary, split_report=split_report)
     assert "padding efficiency 95 %" in markdown and "padding-bound: 95" not in markdown
     assert "LoRA on models/qwen3-4b" in markdown and "1,000 trainable of 100,000 parameters" in markdown

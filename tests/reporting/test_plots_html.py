@@ -37,20 +37,36 @@ STEPS = [1, 10, 20, 30, 40]
 def make_history(**columns) -> pd.DataFrame:
     n = len(STEPS)
     base = {
-        "step": STEPS, "loss": [5.0, 4.5, 4.0, 3.6, 3.3], "grad_norm": 1.0,
+        "step": STEPS,
+        "loss": [5.0, 4.5, 4.0, 3.6, 3.3],
+        "grad_norm": 1.0,
         "lr": [1e-4, 3e-4, 3e-4, 2e-4, 1e-4],
         "tokens_per_s": [100.0, 1200.0, 1250.0, 1260.0, 1255.0],
-        "real_tokens_per_s": [90.0, 1000.0, 1050.0, 1060.0, 1040.0], "samples_per_s": 8.0,
-        "step_time_s": 0.1, "step_time_max_s": 0.12, "data_wait_share": 0.01, "padding_efficiency": 0.85,
-        "peak_memory_mb": [510.0, 620.0, 620.0, 621.0, 621.0], "mfu": np.nan, "eta_s": 10.0,
-        "elapsed_s": np.arange(1, n + 1, dtype=float), "epoch": 0, "batch_in_epoch": STEPS,
+        "real_tokens_per_s": [90.0, 1000.0, 1050.0, 1060.0, 1040.0],
+        "samples_per_s": 8.0,
+        "step_time_s": 0.1,
+        "step_time_max_s": 0.12,
+        "data_wait_share": 0.01,
+        "padding_efficiency": 0.85,
+        "peak_memory_mb": [510.0, 620.0, 620.0, 621.0, 621.0],
+        "mfu": np.nan,
+        "eta_s": 10.0,
+        "elapsed_s": np.arange(1, n + 1, dtype=float),
+        "epoch": 0,
+        "batch_in_epoch": STEPS,
     }
     base.update(columns)
     return pd.DataFrame({key: (value if np.ndim(value) else [value] * n) for key, value in base.items()})
 
 
-EVAL = pd.DataFrame({"step": [20, 40], "val_loss": [4.2, 3.5], "val_perplexity": [66.7, 33.1],
-                     "val_target_tokens": [1000, 1000]})
+EVAL = pd.DataFrame(
+    {
+        "step": [20, 40],
+        "val_loss": [4.2, 3.5],
+        "val_perplexity": [66.7, 33.1],
+        "val_target_tokens": [1000, 1000],
+    }
+)
 EMPTY_EVAL = pd.DataFrame(columns=["step", "val_loss", "val_perplexity", "val_target_tokens"])
 
 
@@ -125,8 +141,9 @@ def test_learning_rate_and_memory_figures():
 @pytest.mark.parametrize(
     "history",
     [
-        make_history(loss=np.nan, lr=np.nan, tokens_per_s=np.nan, real_tokens_per_s=np.nan,
-                     peak_memory_mb=np.nan),
+        make_history(
+            loss=np.nan, lr=np.nan, tokens_per_s=np.nan, real_tokens_per_s=np.nan, peak_memory_mb=np.nan
+        ),
         make_history().iloc[0:0],
         pd.DataFrame(),
         make_history(peak_memory_mb=None, lr="n/a"),  # object columns: coerced, nothing drawn
@@ -190,22 +207,31 @@ def parse(document: str) -> _Collector:
     return collector
 
 
-TABLE = pd.DataFrame({
-    "metric": ["<b>bold</b>", "pipe | here", "ratio"],
-    "value": [1234567.891, 0.0001234, np.nan],
-    "count": [3, 40000, 7],
-})
+TABLE = pd.DataFrame(
+    {
+        "metric": ["<b>bold</b>", "pipe | here", "ratio"],
+        "value": [1234567.891, 0.0001234, np.nan],
+        "count": [3, 40000, 7],
+    }
+)
 
 
 @pytest.fixture(scope="module")
 def sections() -> list[Section]:
     history = make_history()
     return [
-        Section("Summary", text="A run of <5> steps & more.\n\nSecond paragraph.", table=TABLE,
-                items=["first <item>", "second"]),
+        Section(
+            "Summary",
+            text="A run of <5> steps & more.\n\nSecond paragraph.",
+            table=TABLE,
+            items=["first <item>", "second"],
+        ),
         Section("Loss", figures={"loss": loss_figure(history, EVAL)}),
-        Section("Speed & memory", text="Throughput and memory.",
-                figures={"throughput": throughput_figure(history), "peak memory": memory_figure(history)}),
+        Section(
+            "Speed & memory",
+            text="Throughput and memory.",
+            figures={"throughput": throughput_figure(history), "peak memory": memory_figure(history)},
+        ),
         Section("Loss", text="A second section with the same heading gets its own id."),
     ]
 
@@ -235,7 +261,10 @@ def test_html_has_every_section_and_figure(report):
     assert [a["href"] for a in doc.all("a")] == [f"#{sid}" for sid in section_ids]
     images = doc.all("img")
     assert [(a["id"], a["alt"]) for a in images] == [
-        ("fig-loss", "loss"), ("fig-throughput", "throughput"), ("fig-peak-memory", "peak memory")]
+        ("fig-loss", "loss"),
+        ("fig-throughput", "throughput"),
+        ("fig-peak-memory", "peak memory"),
+    ]
     for attrs in images:
         payload = attrs["src"].removeprefix("data:image/png;base64,")
         assert base64.b64decode(payload, validate=True).startswith(PNG_SIGNATURE)
@@ -264,8 +293,19 @@ def test_html_renders_an_empty_report():
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(3, "3"), (40000, "40,000"), (2.0, "2"), (0.12345, "0.1235"), (12345.67, "12,345.7"),
-     (0.0001234, "1.234e-04"), (np.nan, "—"), (None, "—"), (np.int64(5), "5"), ("x", "x"), (True, "True")],
+    [
+        (3, "3"),
+        (40000, "40,000"),
+        (2.0, "2"),
+        (0.12345, "0.1235"),
+        (12345.67, "12,345.7"),
+        (0.0001234, "1.234e-04"),
+        (np.nan, "—"),
+        (None, "—"),
+        (np.int64(5), "5"),
+        ("x", "x"),
+        (True, "True"),
+    ],
 )
 def test_format_number(value, text):
     assert format_number(value) == text
@@ -300,7 +340,11 @@ def test_markdown_summary(sections):
     markdown = render_markdown(title="Run abc", subtitle="tiny model", sections=sections)
     assert markdown.startswith("# Run abc\n\n_tiny model_\n")
     assert [line for line in markdown.splitlines() if line.startswith("## ")] == [
-        "## Summary", "## Loss", "## Speed & memory", "## Loss"]
+        "## Summary",
+        "## Loss",
+        "## Speed & memory",
+        "## Loss",
+    ]
     for name in ["loss", "throughput"]:
         assert f"![{name}]({name}.png)" in markdown
     assert "![peak memory](peak-memory.png)" in markdown
@@ -330,11 +374,18 @@ def test_markdown_table_keeps_a_meaningful_index_and_handles_edge_cases():
 
 
 def test_tune_figure_draws_the_measured_trials_marks_the_cliff_and_the_choice():
-    trials = pd.DataFrame([
-        {"micro_batch_size": 1, "status": "ok", "real_tokens_per_s": 100.0, "peak_memory_mb": 10.0},
-        {"micro_batch_size": 2, "status": "ok", "real_tokens_per_s": 180.0, "peak_memory_mb": 20.0},
-        {"micro_batch_size": 4, "status": "out of memory", "real_tokens_per_s": None, "peak_memory_mb": None},
-    ])
+    trials = pd.DataFrame(
+        [
+            {"micro_batch_size": 1, "status": "ok", "real_tokens_per_s": 100.0, "peak_memory_mb": 10.0},
+            {"micro_batch_size": 2, "status": "ok", "real_tokens_per_s": 180.0, "peak_memory_mb": 20.0},
+            {
+                "micro_batch_size": 4,
+                "status": "out of memory",
+                "real_tokens_per_s": None,
+                "peak_memory_mb": None,
+            },
+        ]
+    )
     figure = tune_figure(trials, 2)
     speed, memory = figure.axes
     line, chosen = speed.get_lines()[0], speed.get_lines()[-1]
@@ -346,17 +397,44 @@ def test_tune_figure_draws_the_measured_trials_marks_the_cliff_and_the_choice():
 
 
 def test_tune_figure_draws_one_line_per_batching_mode_and_stars_the_chosen_mode():
-    trials = pd.DataFrame([
-        {"mode": "packed", "micro_batch_size": 1, "status": "ok", "real_tokens_per_s": 100.0, "peak_memory_mb": 10.0},
-        {"mode": "packed", "micro_batch_size": 2, "status": "ok", "real_tokens_per_s": 300.0, "peak_memory_mb": 20.0},
-        {"mode": "length_grouped", "micro_batch_size": 1, "status": "ok", "real_tokens_per_s": 90.0,
-         "peak_memory_mb": 8.0},
-        {"mode": "length_grouped", "micro_batch_size": 2, "status": "ok", "real_tokens_per_s": 150.0,
-         "peak_memory_mb": 12.0},
-    ])
+    trials = pd.DataFrame(
+        [
+            {
+                "mode": "packed",
+                "micro_batch_size": 1,
+                "status": "ok",
+                "real_tokens_per_s": 100.0,
+                "peak_memory_mb": 10.0,
+            },
+            {
+                "mode": "packed",
+                "micro_batch_size": 2,
+                "status": "ok",
+                "real_tokens_per_s": 300.0,
+                "peak_memory_mb": 20.0,
+            },
+            {
+                "mode": "length_grouped",
+                "micro_batch_size": 1,
+                "status": "ok",
+                "real_tokens_per_s": 90.0,
+                "peak_memory_mb": 8.0,
+            },
+            {
+                "mode": "length_grouped",
+                "micro_batch_size": 2,
+                "status": "ok",
+                "real_tokens_per_s": 150.0,
+                "peak_memory_mb": 12.0,
+            },
+        ]
+    )
     speed, memory = tune_figure(trials, 2, chosen_mode="packed").axes
     lines = speed.get_lines()
     assert [list(line.get_ydata()) for line in lines[:2]] == [[100.0, 300.0], [90.0, 150.0]]
-    assert [line.get_label() for line in lines[:2]] == ["real tokens/s (packed)", "real tokens/s (length_grouped)"]
+    assert [line.get_label() for line in lines[:2]] == [
+        "real tokens/s (packed)",
+        "real tokens/s (length_grouped)",
+    ]
     assert list(lines[-1].get_ydata()) == [300.0] and lines[-1].get_label() == "chosen"
     assert len(memory.get_lines()) == 2

@@ -1,4 +1,5 @@
-"""Test-split generation against references: sample choice, prompt cut, scores, comparison and report sections."""
+"""Test-split generation against references: sample choice, prompt cut, scores, comparison and report
+sections."""
 
 import pandas as pd
 import pytest
@@ -9,6 +10,7 @@ from fastlm.corpus.prompts import prompt_token_ids
 from fastlm.engine.evaluate.generation import generate_continuations
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.reporting.comparison import compare_runs
+from fastlm.reporting.params import ReferenceParams
 from fastlm.reporting.references import (
     PREDICTION_COLUMNS,
     describe_decoding,
@@ -16,22 +18,36 @@ from fastlm.reporting.references import (
     reference_pairs,
     score_test_generations,
 )
-from fastlm.reporting.report_document import build_sections
+from fastlm.reporting.report_document import ReportInputs, build_sections
 from fastlm.reporting.rouge import rouge_scores
 from tests.support.reporting import pair_frame
 
-GREEDY = {"num_beams": 1, "do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": None,
-          "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
-
-
+GREEDY = {
+    "num_beams": 1,
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": None,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+}
 
 
 @pytest.fixture(scope="module")
 def model(bpe_tokenizer):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=128, pad_token_id=bpe_tokenizer.pad_token_id,
-                         eos_token_id=bpe_tokenizer.eos_token_id, attn_implementation="sdpa", use_cache=False)
+    config = LlamaConfig(
+        vocab_size=len(bpe_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=bpe_tokenizer.pad_token_id,
+        eos_token_id=bpe_tokenizer.eos_token_id,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -62,14 +78,25 @@ def test_describe_decoding_names_the_mode_and_what_is_on():
 
 def test_scores_are_rouge_of_what_the_model_generates(model, bpe_tokenizer, runtime):
     pairs = reference_pairs(pair_frame(), 6)
-    table, metrics = score_test_generations(model, bpe_tokenizer, pairs, settings=GREEDY, max_new_tokens=6,
-                                            batch_size=4, seed=0, rouge_tokenizer="auto", max_length=320,
-                                            runtime=runtime)
+    table, metrics = score_test_generations(
+        model,
+        bpe_tokenizer,
+        pairs,
+        references=ReferenceParams(**GREEDY, max_new_tokens=6, batch_size=4, seed=0, rouge_tokenizer="auto"),
+        max_length=320,
+        runtime=runtime,
+    )
     assert list(table.columns) == PREDICTION_COLUMNS and len(table) == 6
     expected = []
     for prompt in pairs["prompt"]:
-        ids = generate_continuations(model, [prompt_token_ids(bpe_tokenizer, prompt)], pad_id=0, eos_id=0,
-                                     runtime=runtime, max_new_tokens=6).continuations[0]
+        ids = generate_continuations(
+            model,
+            [prompt_token_ids(bpe_tokenizer, prompt)],
+            pad_id=0,
+            eos_id=0,
+            runtime=runtime,
+            max_new_tokens=6,
+        ).continuations[0]
         expected.append(bpe_tokenizer.decode(ids, skip_special_tokens=True).strip())
     assert table["prediction"].tolist() == expected
     assert table["reference"].tolist() == pairs["response"].tolist()
@@ -82,20 +109,31 @@ def test_scores_are_rouge_of_what_the_model_generates(model, bpe_tokenizer, runt
 
 
 def test_long_prompts_are_cut_like_training_cuts_them(model, bpe_tokenizer, runtime):
-    pairs = pd.DataFrame({"sample": [0, 1], "prompt": ["가격 대비 " * 40 + "배송", "짧은 질문"],
-                          "response": ["좋아요", "네"]})
+    pairs = pd.DataFrame(
+        {"sample": [0, 1], "prompt": ["가격 대비 " * 40 + "배송", "짧은 질문"], "response": ["좋아요", "네"]}
+    )
     full = [len(prompt_token_ids(bpe_tokenizer, p)) for p in pairs["prompt"]]
-    table, _ = score_test_generations(model, bpe_tokenizer, pairs, settings=GREEDY, max_new_tokens=10,
-                                      batch_size=2, seed=0, rouge_tokenizer="auto", max_length=48, runtime=runtime)
+    table, _ = score_test_generations(
+        model,
+        bpe_tokenizer,
+        pairs,
+        references=ReferenceParams(**GREEDY, max_new_tokens=10, batch_size=2, seed=0, rouge_tokenizer="auto"),
+        max_length=48,
+        runtime=runtime,
+    )
     assert full[0] > 47 and table["prompt_tokens"].tolist() == [47 - 10, full[1]]
 
 
 def test_comparison_shows_test_loss_and_rouge_only_when_logged():
-    runs = pd.DataFrame({
-        "run_id": ["a" * 32, "b" * 32], "start_time": pd.to_datetime(["2025-01-02", "2025-01-01"]),
-        "end_time": pd.to_datetime(["2025-01-02 00:01", "2025-01-01 00:02"]),
-        "metrics.train/real_tokens_per_s": [100.0, 90.0], "params.train.lr": ["1e-3", "1e-3"],
-    })
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a" * 32, "b" * 32],
+            "start_time": pd.to_datetime(["2025-01-02", "2025-01-01"]),
+            "end_time": pd.to_datetime(["2025-01-02 00:01", "2025-01-01 00:02"]),
+            "metrics.train/real_tokens_per_s": [100.0, 90.0],
+            "params.train.lr": ["1e-3", "1e-3"],
+        }
+    )
     assert not any(column.startswith("test_") for column in compare_runs(runs).columns)
     runs["metrics.test_rouge1"] = [0.4, None]
     runs["metrics.test_loss"] = [2.0, 2.5]
@@ -105,27 +143,66 @@ def test_comparison_shows_test_loss_and_rouge_only_when_logged():
 
 
 def _sections(test_metrics, predictions):
-    history = pd.DataFrame({"step": [1, 2], "loss": [3.0, 2.0], "real_tokens_per_s": [10.0, 11.0], "lr": 1e-3,
-                            "tokens_per_s": 12.0, "peak_memory_mb": 100.0})
+    history = pd.DataFrame(
+        {
+            "step": [1, 2],
+            "loss": [3.0, 2.0],
+            "real_tokens_per_s": [10.0, 11.0],
+            "lr": 1e-3,
+            "tokens_per_s": 12.0,
+            "peak_memory_mb": 100.0,
+        }
+    )
     efficiency = pd.DataFrame({"real_tokens_per_s": [10.5]})
-    return build_sections(summary={}, history=history, eval_history=pd.DataFrame(), training=pd.DataFrame(),
-                          efficiency=efficiency, diagnosis={}, test_metrics=test_metrics,
-                          error_pairs=pd.DataFrame(), worst=pd.DataFrame(), generations=pd.DataFrame(),
-                          runs=pd.DataFrame(), predictions=predictions)
+    return build_sections(
+        ReportInputs(
+            summary={},
+            history=history,
+            eval_history=pd.DataFrame(),
+            training=pd.DataFrame(),
+            efficiency=efficiency,
+            diagnosis={},
+            test_metrics=test_metrics,
+            error_pairs=pd.DataFrame(),
+            worst=pd.DataFrame(),
+            generations=pd.DataFrame(),
+            runs=pd.DataFrame(),
+            predictions=predictions,
+        )
+    )
 
 
 def test_report_has_rouge_sections_only_with_predictions():
     plain = [s.heading for s in _sections({"loss": 2.0}, pd.DataFrame(columns=PREDICTION_COLUMNS))]
     assert not any("ROUGE" in heading or "references" in heading for heading in plain)
-    predictions = pd.DataFrame({"sample": [0], "prompt": ["x" * 300], "reference": ["배송 빨라요"],
-                                "prediction": ["배송 느려요"], "prompt_tokens": [5], "new_tokens": [3],
-                                "rouge1_f1": [0.5], "rougeL_f1": [0.5]})
-    metrics = {"loss": 2.0, "rouge1": 0.5, "rouge2": 0.0, "rougeL": 0.5, "rouge_samples": 1,
-               "rouge_decoding": "greedy, max_new_tokens=8", "rouge_tokenizer": "unicode",
-               "generated_tokens_per_s": 50.0}
+    predictions = pd.DataFrame(
+        {
+            "sample": [0],
+            "prompt": ["x" * 300],
+            "reference": ["배송 빨라요"],
+            "prediction": ["배송 느려요"],
+            "prompt_tokens": [5],
+            "new_tokens": [3],
+            "rouge1_f1": [0.5],
+            "rougeL_f1": [0.5],
+        }
+    )
+    metrics = {
+        "loss": 2.0,
+        "rouge1": 0.5,
+        "rouge2": 0.0,
+        "rougeL": 0.5,
+        "rouge_samples": 1,
+        "rouge_decoding": "greedy, max_new_tokens=8",
+        "rouge_tokenizer": "unicode",
+        "generated_tokens_per_s": 50.0,
+    }
     metrics.update({f"{r}_{m}": 0.5 for r in ("rouge1", "rouge2", "rougeL") for m in ("precision", "recall")})
     sections = {s.heading: s for s in _sections(metrics, predictions)}
     scores = sections["ROUGE on the test split"]
     assert scores.table["F1"].tolist() == [0.5, 0.0, 0.5] and "'unicode'" in scores.text
     samples = sections["Generations against references"].table
-    assert samples["prediction"].tolist() == ["배송 느려요"] and samples["prompt (end)"].iloc[0] == "…" + "x" * 160
+    assert (
+        samples["prediction"].tolist() == ["배송 느려요"]
+        and samples["prompt (end)"].iloc[0] == "…" + "x" * 160
+    )

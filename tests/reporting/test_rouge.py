@@ -1,13 +1,21 @@
-"""ROUGE: rouge-score's numbers on English, Hangul kept by the Unicode tokenizers, dropped by the default one."""
+"""ROUGE: rouge-score's numbers on English, Hangul kept by the Unicode tokenizers, dropped by the default
+one."""
 
 import pytest
 from rouge_score import rouge_scorer
 
 from fastlm.reporting.rouge import ROUGE_TYPES, resolve_tokenizer, rouge_scores, score_columns, tokenize
 
-ENGLISH_REFERENCES = ["The cat sat on the mat.", "A quick brown fox jumps over the lazy dog",
-                      "Battery life is great, shipping was fast!"]
-ENGLISH_PREDICTIONS = ["the cat was on a mat", "the lazy dog jumps over a quick fox", "Fast shipping; battery OK."]
+ENGLISH_REFERENCES = [
+    "The cat sat on the mat.",
+    "A quick brown fox jumps over the lazy dog",
+    "Battery life is great, shipping was fast!",
+]
+ENGLISH_PREDICTIONS = [
+    "the cat was on a mat",
+    "the lazy dog jumps over a quick fox",
+    "Fast shipping; battery OK.",
+]
 KOREAN_REFERENCES = ["배송이 빠르고 포장이 꼼꼼해요", "가격 대비 품질이 좋습니다"]
 KOREAN_PREDICTIONS = ["배송이 빠르고 좋아요", "품질이 좋습니다"]
 
@@ -16,7 +24,9 @@ def test_english_scores_equal_rouge_scores_own(tmp_path):
     per_sample, aggregate, kind = rouge_scores(ENGLISH_PREDICTIONS, ENGLISH_REFERENCES, "auto")
     assert kind == "default"
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES))
-    expected = [scorer.score(ref, pred) for ref, pred in zip(ENGLISH_REFERENCES, ENGLISH_PREDICTIONS, strict=True)]
+    expected = [
+        scorer.score(ref, pred) for ref, pred in zip(ENGLISH_REFERENCES, ENGLISH_PREDICTIONS, strict=True)
+    ]
     for row, scores in zip(per_sample.to_dict("records"), expected, strict=True):
         for rouge in ROUGE_TYPES:
             assert row[f"{rouge}_f1"] == pytest.approx(scores[rouge].fmeasure)
@@ -48,7 +58,17 @@ def test_korean_aware_tokenizers_score_identical_texts_one_and_overlaps_above_ze
 
 def test_unicode_tokenizer_keeps_words_and_splits_unspaced_scripts():
     assert tokenize("배송이 빨라요! 東京に行く Café, 3x_y", "unicode") == [
-        "배송이", "빨라요", "東", "京", "に", "行", "く", "café", "3x", "y"]
+        "배송이",
+        "빨라요",
+        "東",
+        "京",
+        "に",
+        "行",
+        "く",
+        "café",
+        "3x",
+        "y",
+    ]
     assert tokenize("배송이 빨라요", "syllable") == ["배", "송", "이", "빨", "라", "요"]
     assert tokenize("ＡＢＣ Ｄ", "unicode") == ["abc", "d"]  # NFKC folds full-width letters
 

@@ -11,8 +11,14 @@ import pytest
 from fastlm.reporting.summaries import after_warmup, efficiency_summary, training_summary
 from tests.support.reporting import SUMMARY, make_history
 
-EVAL = pd.DataFrame({"step": [25, 50], "val_loss": [3.5, 3.2], "val_perplexity": [33.1, 24.5],
-                     "val_target_tokens": [1000, 1000]})
+EVAL = pd.DataFrame(
+    {
+        "step": [25, 50],
+        "val_loss": [3.5, 3.2],
+        "val_perplexity": [33.1, 24.5],
+        "val_target_tokens": [1000, 1000],
+    }
+)
 
 
 def test_training_summary_is_one_row_with_the_summary_figures():
@@ -44,9 +50,14 @@ def test_training_summary_tolerates_an_empty_summary():
 
 
 def test_efficiency_summary_excludes_the_warm_up_row():
-    history = make_history(5, real_tokens_per_s=[10.0, 1000, 1000, 1000, 1000],
-                           step_time_s=[5.0, 0.1, 0.1, 0.1, 0.1], step_time_max_s=[5.0, 0.2, 0.3, 0.2, 0.2],
-                           data_wait_share=[0.9, 0.02, 0.02, 0.02, 0.02], peak_memory_mb=[900.0, 500, 500, 500, 500])
+    history = make_history(
+        5,
+        real_tokens_per_s=[10.0, 1000, 1000, 1000, 1000],
+        step_time_s=[5.0, 0.1, 0.1, 0.1, 0.1],
+        step_time_max_s=[5.0, 0.2, 0.3, 0.2, 0.2],
+        data_wait_share=[0.9, 0.02, 0.02, 0.02, 0.02],
+        peak_memory_mb=[900.0, 500, 500, 500, 500],
+    )
     frame = efficiency_summary(SUMMARY, history, run_id="r1")
     assert len(frame) == 1
     row = frame.iloc[0]
@@ -87,8 +98,15 @@ def test_efficiency_summary_takes_the_runs_per_step_figures():
     """A run's summary holds percentiles of its single steps' times (engine: StepMetrics.step_figures); the
     window means of the history are only the fallback for runs that do not have them."""
     times = [9.0, *np.arange(1, 101) / 100]
-    per_step = {"step_time_p50_s": 0.2, "step_time_p90_s": 0.7, "step_time_p99_s": 1.5, "step_time_max_s": 2.0,
-                "data_wait_share": 0.05, "padding_efficiency": 0.8}
-    row = efficiency_summary(per_step, make_history(101, step_time_s=times, data_wait_share=0.5,
-                                                    padding_efficiency=0.3)).iloc[0]
+    per_step = {
+        "step_time_p50_s": 0.2,
+        "step_time_p90_s": 0.7,
+        "step_time_p99_s": 1.5,
+        "step_time_max_s": 2.0,
+        "data_wait_share": 0.05,
+        "padding_efficiency": 0.8,
+    }
+    row = efficiency_summary(
+        per_step, make_history(101, step_time_s=times, data_wait_share=0.5, padding_efficiency=0.3)
+    ).iloc[0]
     assert {key: row[key] for key in per_step} == pytest.approx(per_step)

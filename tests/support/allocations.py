@@ -14,10 +14,17 @@ def full_size_allocations(function, numel: int) -> int:
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
-                      if isinstance(t, torch.Tensor)}
+            inputs = {
+                t.untyped_storage().data_ptr()
+                for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)
+            }
             for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.numel() >= numel and t.untyped_storage().data_ptr() not in inputs:
+                if (
+                    isinstance(t, torch.Tensor)
+                    and t.numel() >= numel
+                    and t.untyped_storage().data_ptr() not in inputs
+                ):
                     Count.found += 1
             return out
 

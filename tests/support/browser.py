@@ -25,12 +25,23 @@ def find_chromium() -> str | None:
 def run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
     """One headless Chromium call; its whole process group is killed afterwards, also on timeout."""
     command = [
-        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        "--hide-scrollbars", "--force-device-scale-factor=1", f"--user-data-dir={profile}", *args,
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--user-data-dir={profile}",
+        *args,
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:

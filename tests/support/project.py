@@ -1,4 +1,5 @@
-"""Throw-away copies of the Kedro project and running a pipeline in them in-process (fixtures: tests/conftest.py)."""
+"""Throw-away copies of the Kedro project and running a pipeline in them in-process (fixtures:
+tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 def write_jsonl(path: Path, rows: list) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"
+    )
     return path
 
 
@@ -45,5 +48,6 @@ def run_pipeline(project: Path, pipeline: str, params: dict | None = None, *, en
 
 
 def run_quick(project: Path, pipeline: str, params: dict | None = None):
-    """Run ``pipeline`` in the ``quick`` environment (conf/quick over conf/base), as `kedro run --env quick`."""
+    """Run ``pipeline`` in the ``quick`` environment (conf/quick over conf/base), as
+    `kedro run --env quick`."""
     return run_pipeline(project, pipeline, params, env="quick")

@@ -15,13 +15,23 @@ CHECKPOINT_VOCAB = 100
 
 def llama_config(*, vocab: int, hidden: int, positions: int, **extra) -> LlamaConfig:
     """Two layers, four heads (no grouped-query attention), an MLP twice as wide as ``hidden``."""
-    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=positions, **extra)
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=positions,
+        **extra,
+    )
 
 
 def packing_llama(attn_implementation: str = "sdpa") -> LlamaForCausalLM:
     """In eval mode (no dropout), seeded: packed and one-at-a-time logits can be compared exactly."""
-    config = llama_config(vocab=PACKING_VOCAB, hidden=64, positions=128, attn_implementation=attn_implementation)
+    config = llama_config(
+        vocab=PACKING_VOCAB, hidden=64, positions=128, attn_implementation=attn_implementation
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
 

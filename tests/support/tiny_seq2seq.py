@@ -15,19 +15,44 @@ def tiny_seq2seq(kind: str, attn: str = "sdpa"):
     import transformers as tf
 
     torch.manual_seed(0)
-    bart_like = dict(vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-                     pad_token_id=PAD, eos_token_id=EOS, bos_token_id=0, decoder_start_token_id=EOS, dropout=0.0,
-                     init_std=0.2)
+    bart_like = dict(
+        vocab_size=VOCAB,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=0,
+        decoder_start_token_id=EOS,
+        dropout=0.0,
+        init_std=0.2,
+    )
     if kind == "bart":
         model = tf.BartForConditionalGeneration(tf.BartConfig(**bart_like))
     elif kind == "mbart":
         model = tf.MBartForConditionalGeneration(tf.MBartConfig(**bart_like))
     else:
-        model = tf.T5ForConditionalGeneration(tf.T5Config(
-            vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2, pad_token_id=PAD,
-            eos_token_id=EOS, decoder_start_token_id=PAD, dropout_rate=0.0, relative_attention_num_buckets=8,
-            relative_attention_max_distance=16))
+        model = tf.T5ForConditionalGeneration(
+            tf.T5Config(
+                vocab_size=VOCAB,
+                d_model=16,
+                d_kv=8,
+                d_ff=32,
+                num_layers=2,
+                num_heads=2,
+                pad_token_id=PAD,
+                eos_token_id=EOS,
+                decoder_start_token_id=PAD,
+                dropout_rate=0.0,
+                relative_attention_num_buckets=8,
+                relative_attention_max_distance=16,
+            )
+        )
     model.config._attn_implementation = attn
     return model
 

@@ -29,17 +29,35 @@ def toy_sequences(n: int, seed: int) -> TokenSequences:
 
 def toy_model(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=64, eos_token_id=EOS, pad_token_id=EOS,
-                         attn_implementation="sdpa", use_cache=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        eos_token_id=EOS,
+        pad_token_id=EOS,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
     return LlamaForCausalLM(config)
 
 
 def toy_params(tmp_path, **overrides):
-    raw = {"batching": {"mode": "packed", "micro_batch_size": 4}, "optimizer": {"lr": 1e-2, "warmup_steps": 2},
-           "max_steps": 30, "log_every": 5, "eval_every": 15, "save_every": None, "quiet": True,
-           "checkpoint_dir": str(tmp_path / "checkpoints"), "resume": "never",
-           "runtime": {"device": "cpu", "num_threads": 1}, "profile": {"enabled": False}}
+    raw = {
+        "batching": {"mode": "packed", "micro_batch_size": 4},
+        "optimizer": {"lr": 1e-2, "warmup_steps": 2},
+        "max_steps": 30,
+        "log_every": 5,
+        "eval_every": 15,
+        "save_every": None,
+        "quiet": True,
+        "checkpoint_dir": str(tmp_path / "checkpoints"),
+        "resume": "never",
+        "runtime": {"device": "cpu", "num_threads": 1},
+        "profile": {"enabled": False},
+    }
     for key, value in overrides.items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return parse_train_params(raw)
@@ -47,12 +65,22 @@ def toy_params(tmp_path, **overrides):
 
 def run_toy(params, callbacks=(), seed=0):
     runtime = setup_runtime(params.runtime, seed=params.seed)
-    return train(toy_model(seed), toy_sequences(300, 1), toy_sequences(40, 2), params=params, runtime=runtime,
-                 pad_id=EOS, max_length=64, attn="sdpa", callbacks=callbacks)
+    return train(
+        toy_model(seed),
+        toy_sequences(300, 1),
+        toy_sequences(40, 2),
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        callbacks=callbacks,
+    )
 
 
 def poisoned_model(after_step: int):
-    """A model whose embeddings turn NaN once a callback saw ``after_step``; returns (model, that callback)."""
+    """A model whose embeddings turn NaN once a callback saw ``after_step``; returns (model, that
+    callback)."""
     poisoned = {"on": False}
 
     def poison(kind, record):
@@ -60,5 +88,7 @@ def poisoned_model(after_step: int):
             poisoned["on"] = True
 
     model = toy_model()
-    model.model.embed_tokens.register_forward_hook(lambda m, i, out: out * float("nan") if poisoned["on"] else out)
+    model.model.embed_tokens.register_forward_hook(
+        lambda m, i, out: out * float("nan") if poisoned["on"] else out
+    )
     return model, poison

@@ -27,7 +27,8 @@ def clean_texts(values: pd.Series) -> tuple[pd.Series, dict[str, int]]:
 
 
 def clean_pairs(prompts: pd.Series, responses: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Kept ``prompt``/``response`` pairs (each value NFC + stripped; first occurrence of each pair) and drops.
+    """Kept ``prompt``/``response`` pairs (each value NFC + stripped; first occurrence of each pair) and
+    drops.
 
     A row is dropped for the first reason found in its prompt, else in its response; ``duplicate`` means the
     same (prompt, response) pair as an earlier row (the same prompt with another response is kept).

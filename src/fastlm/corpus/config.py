@@ -68,6 +68,8 @@ class SplitParams(Params):
     ratios: SplitRatios = SplitRatios()
     max_samples: int | None = Field(None, ge=1)
     hash_salt: str = Field("", max_length=64, description="changing it re-draws every split")
+    folds: int | None = Field(None, ge=2, le=100, description="k-fold runs: k fold buckets of train + "
+                              "validation (train.fold picks one)")
     max_length: int = Field(320, ge=2, le=MAX_LENGTH_LIMIT, description="tokens per sample, EOS included")
     tokenizer: TokenizerParams = TokenizerParams()
     batch_size: int = Field(20_000, ge=1, description="texts per tokenizer call")

@@ -41,10 +41,15 @@ def tokenizer_digest(tokenizer) -> str:
     return digest.hexdigest()
 
 
-def tokenization_params(max_length: int, data_format: dict[str, Any] | None = None,
-                        selection: dict[str, Any] | None = None) -> dict[str, Any]:
+def tokenization_params(
+    max_length: int,
+    data_format: dict[str, Any] | None = None,
+    selection: dict[str, Any] | None = None,
+    folds: int | None = None,
+) -> dict[str, Any]:
     """What decides the ids besides the tokenizer; ``data_format`` only for prompt/response data;
-    ``selection``: the split parameters that decide which rows land in which split (:func:`selection_params`)."""
+    ``selection``: the split parameters that decide which rows land in which split
+    (:func:`selection_params`); ``folds``: the fold buckets the data records (``split.folds``, when set)."""
     params = {
         "format_version": FORMAT_VERSION,
         "max_length": int(max_length),
@@ -57,17 +62,23 @@ def tokenization_params(max_length: int, data_format: dict[str, Any] | None = No
         params["data_format"] = data_format
     if selection is not None:
         params["selection"] = selection
+    if folds is not None:
+        params["folds"] = int(folds)
     return params
 
 
 def selection_params(split) -> dict[str, Any]:
     """The split parameters (``SplitParams``) that decide which texts are kept and where they go: changing
     any of them without re-running split leaves train on the old rows. (The tokenizer settings are covered
-    by the tokenizer digest, the prompt/response settings by :func:`data_format_params`, and ``batch_size``
-    / ``num_proc`` do not change the data.)"""
+    by the tokenizer digest, the prompt/response settings by :func:`data_format_params`, ``batch_size`` /
+    ``num_proc`` do not change the data, and ``folds`` is recorded with the data: see :func:`data_folds`.)"""
     salt = hashlib.sha256(split.hash_salt.encode()).hexdigest()  # a digest: the salt may be a secret
-    return {"text_column": split.text_column, "ratios": split.ratios.model_dump(), "hash_salt": salt,
-            "max_samples": split.max_samples}
+    return {
+        "text_column": split.text_column,
+        "ratios": split.ratios.model_dump(),
+        "hash_salt": salt,
+        "max_samples": split.max_samples,
+    }
 
 
 def data_format_params(split, tokenizer) -> dict[str, Any] | None:
@@ -81,61 +92,117 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
         return None
     if kind == "pretokenized":  # the vocabulary and special ids are in the tokenizer digest too
         eos, pad = split.special_ids
-        return {"kind": kind, "ids_column": split.ids_column, "vocab_size": split.vocab_size, "eos_id": eos,
-                "pad_id": pad}
+        return {
+            "kind": kind,
+            "ids_column": split.ids_column,
+            "vocab_size": split.vocab_size,
+            "eos_id": eos,
+            "pad_id": pad,
+        }
     if kind == "prompt_response":
         columns = {"prompt_column": split.prompt_column, "response_column": split.response_column}
     else:
         template = getattr(tokenizer, "chat_template", None) if split.chat_template else None
         template_sha = hashlib.sha256(str(template).encode()).hexdigest() if template else None
         columns = {"messages_column": split.messages_column, "chat_template_sha256": template_sha}
-    return {"kind": kind, **columns, "prompt_template": split.prompt_template,
-            "prompt_special_tokens": "leading_bos", "truncation": "prompt_left_first", "completion_only": True}
+    return {
+        "kind": kind,
+        **columns,
+        "prompt_template": split.prompt_template,
+        "prompt_special_tokens": "leading_bos",
+        "truncation": "prompt_left_first",
+        "completion_only": True,
+    }
 
 
-def make_fingerprint(tokenizer, max_length: int, *, data_digest: str | None = None,
-                     data_format: dict[str, Any] | None = None, selection: dict[str, Any] | None = None
-                     ) -> dict[str, Any]:
-    params = tokenization_params(max_length, data_format, selection)
+def make_fingerprint(
+    tokenizer,
+    max_length: int,
+    *,
+    data_digest: str | None = None,
+    data_format: dict[str, Any] | None = None,
+    selection: dict[str, Any] | None = None,
+    folds: int | None = None,
+) -> dict[str, Any]:
+    params = tokenization_params(max_length, data_format, selection, folds)
     token_digest = tokenizer_digest(tokenizer)
     combined = hashlib.sha256(json.dumps([token_digest, params], sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": combined, "tokenizer_sha256": token_digest, "params": params, "data_sha256": data_digest}
+    return {
+        "fingerprint": combined,
+        "tokenizer_sha256": token_digest,
+        "params": params,
+        "data_sha256": data_digest,
+    }
 
 
 def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) -> None:
     """Raise StaleDataError unless ``stored`` matches ``tokenizer`` and ``split``.
 
     ``split`` is the split parameters (``SplitParams``: max_length, the prompt/response format and the row
-    selection are checked) or just ``max_length`` (an int: the data format and selection are then not compared).
+    selection are checked) or just ``max_length`` (an int: the data format and selection are then not
+    compared).
     """
     if not isinstance(stored, dict) or "fingerprint" not in stored:
-        raise StaleDataError(f"{where} has no tokenization fingerprint, so it cannot be trusted.", fix=REFRESH + ".")
+        raise StaleDataError(
+            f"{where} has no tokenization fingerprint, so it cannot be trusted.", fix=REFRESH + "."
+        )
     if isinstance(split, int):
         kept = stored.get("params", {})
-        current = make_fingerprint(tokenizer, split, data_format=kept.get("data_format"), selection=kept.get("selection"))
+        current = make_fingerprint(
+            tokenizer,
+            split,
+            data_format=kept.get("data_format"),
+            selection=kept.get("selection"),
+            folds=data_folds(stored),
+        )
     else:
-        current = make_fingerprint(tokenizer, split.max_length, data_format=data_format_params(split, tokenizer),
-                                   selection=selection_params(split))
+        current = make_fingerprint(
+            tokenizer,
+            split.max_length,
+            data_format=data_format_params(split, tokenizer),
+            selection=selection_params(split),
+            folds=data_folds(stored),  # recorded with the data, not a setting a consumer must repeat
+        )
     if stored["fingerprint"] == current["fingerprint"]:
         return
     old, new = stored.get("params", {}), current["params"]
-    changed = [_change(key, old.get(key), new.get(key)) for key in {**new, **old} if old.get(key) != new.get(key)]
+    changed = [
+        _change(key, old.get(key), new.get(key)) for key in {**new, **old} if old.get(key) != new.get(key)
+    ]
     if stored.get("tokenizer_sha256") != current["tokenizer_sha256"]:
         changed.append("the tokenizer changed")
-    raise StaleDataError(f"{where} is stale: {', '.join(changed) or 'its fingerprint differs'}.", fix=REFRESH + ".")
+    raise StaleDataError(
+        f"{where} is stale: {', '.join(changed) or 'its fingerprint differs'}.", fix=REFRESH + "."
+    )
+
+
+def data_folds(stored: dict[str, Any] | None) -> int | None:
+    """The number of folds (``split.folds``) the tokenized data was split into, from its fingerprint; None
+    without folds. Train and sweep read it from the data, not from ``params:split``, so their commands need no
+    ``split.folds`` and always use the fold buckets that were written. It is part of the fingerprint: a
+    re-split into another number of folds changes it, so a sweep trains its runs again."""
+    folds = (stored or {}).get("params", {}).get("folds")
+    return int(folds) if folds is not None else None
 
 
 def _change(key: str, old: Any, new: Any) -> str:
     if key == "selection":
         if old is None:
             return "it records no split parameters (written by an older fastlm)"
-        return ", ".join(f"split.{name} changed" if name == "hash_salt" else
-                         f"split.{name} {old.get(name)!r} -> {new.get(name)!r}" for name in {**new, **old}
-                         if old.get(name) != new.get(name))
+        return ", ".join(
+            f"split.{name} changed"
+            if name == "hash_salt"
+            else f"split.{name} {old.get(name)!r} -> {new.get(name)!r}"
+            for name in {**new, **old}
+            if old.get(name) != new.get(name)
+        )
     if key != "data_format":
         return f"{key} {old!r} -> {new!r}"
     if old is None or new is None:
-        return f"the data format changed ({(old or {}).get('kind', 'text')} -> {(new or {}).get('kind', 'text')})"
+        return (
+            f"the data format changed ({(old or {}).get('kind', 'text')} -> "
+            f"{(new or {}).get('kind', 'text')})"
+        )
     return ", ".join(f"{name} changed" for name in {**new, **old} if old.get(name) != new.get(name))
 
 

@@ -18,8 +18,8 @@ from fastlm.errors import InputDataError
 
 
 def id_texts(column: pd.Series, *, vocab_size: int, eos_id: int, source: str, param: str) -> list[str]:
-    """The id lists of ``column`` as space-joined strings, or InputDataError naming the first bad row (1-based,
-    the line of a JSON Lines file) and ``param``.
+    """The id lists of ``column`` as space-joined strings, or InputDataError naming the first bad row
+    (1-based, the line of a JSON Lines file) and ``param``.
 
     ``eos_id`` (split.eos_id) is refused anywhere in a row: inside it would end a sample early, at its end it
     would make ``4 5 9`` and ``4 5`` two rows (split keys, dedup) of one and the same sample.
@@ -39,10 +39,15 @@ def id_texts(column: pd.Series, *, vocab_size: int, eos_id: int, source: str, pa
             value = int(ids[bad][0])
             raise InputDataError(
                 f"{source} row {number}: id {value} in {param} is "
-                + ("negative" if value < 0 else f"not below split.vocab_size ({vocab_size})") + ".",
-                fix="ids must be 0 .. split.vocab_size - 1: " + (
-                    "fix or drop that row." if value < 0 else "fix that row or raise split.vocab_size "
-                    "(--params split.vocab_size=<largest id + 2>)."),
+                + ("negative" if value < 0 else f"not below split.vocab_size ({vocab_size})")
+                + ".",
+                fix="ids must be 0 .. split.vocab_size - 1: "
+                + (
+                    "fix or drop that row."
+                    if value < 0
+                    else "fix that row or raise split.vocab_size "
+                    "(--params split.vocab_size=<largest id + 2>)."
+                ),
             )
         texts.append(" ".join(map(str, ids.tolist())))
     return texts
@@ -56,8 +61,11 @@ def _row_ids(row, number: int, *, source: str, param: str) -> np.ndarray:
     if len(row) == 0:
         raise InputDataError(f"{where} is an empty list.", fix=fix + " Drop empty rows.")
     for value in row:
-        if isinstance(value, bool) or not isinstance(value, int | np.integer | float | np.floating) or (
-                isinstance(value, float | np.floating) and not float(value).is_integer()):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | np.integer | float | np.floating)
+            or (isinstance(value, float | np.floating) and not float(value).is_integer())
+        ):
             raise InputDataError(f"{where} holds {_shown(value)}, not an integer id.", fix=fix)
     return np.asarray(row, dtype=np.float64).astype(np.int64)
 
@@ -81,6 +89,12 @@ def id_tokenizer(vocab_size: int, *, eos_id: int, pad_id: int, model_max_length:
     backend = Tokenizer(models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token=str(eos_id)))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with single spaces
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=str(eos_id), pad_token=str(pad_id),
-                                   unk_token=str(eos_id), padding_side="right", model_max_length=model_max_length,
-                                   clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=str(eos_id),
+        pad_token=str(pad_id),
+        unk_token=str(eos_id),
+        padding_side="right",
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )

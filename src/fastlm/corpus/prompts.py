@@ -73,13 +73,17 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         chats, drops = clean_messages(raw[config.messages_column])
         renderer = tokenizer if config.chat_template else None
         prompts = [render_messages(history, config.prompt_template, renderer) for history in chats["history"]]
-        return pd.DataFrame({"prompt": prompts, "response": chats["response"], "split_key": chats["split_key"]}), drops
+        return pd.DataFrame(
+            {"prompt": prompts, "response": chats["response"], "split_key": chats["split_key"]}
+        ), drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
-    frame = pd.DataFrame({
-        "prompt": [render_prompt(text, config.prompt_template) for text in pairs["prompt"]],
-        "response": pairs["response"],
-        "split_key": pairs["prompt"] + KEY_SEPARATOR + pairs["response"],
-    })
+    frame = pd.DataFrame(
+        {
+            "prompt": [render_prompt(text, config.prompt_template) for text in pairs["prompt"]],
+            "response": pairs["response"],
+            "split_key": pairs["prompt"] + KEY_SEPARATOR + pairs["response"],
+        }
+    )
     return frame, drops
 
 
@@ -103,8 +107,8 @@ def render_messages(history: Sequence[Mapping], template: str, tokenizer=None) -
 def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
     """Rows of ``history`` (cleaned messages before the response), ``response`` and ``split_key``, and drops.
 
-    Every content is NFC-normalized and stripped; a missing value is ``missing``, anything but a non-empty list
-    of role/content mappings ending with an ``assistant`` message after at least one other message is
+    Every content is NFC-normalized and stripped; a missing value is ``missing``, anything but a non-empty
+    list of role/content mappings ending with an ``assistant`` message after at least one other message is
     ``malformed_messages``, an empty or blank content is ``empty`` / ``whitespace_only``.
     """
     rows, reasons = [], []
@@ -167,10 +171,16 @@ def truncate_prompt_ids(ids: Sequence[int], keep: int, bos: int | None = None) -
 
 
 def tokenize_pairs(
-    prompts: Sequence[str], responses: Sequence[str], tokenizer, *, max_length: int, batch_size: int = 20_000,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    tokenizer,
+    *,
+    max_length: int,
+    batch_size: int = 20_000,
     num_proc: int | str = "auto",
 ) -> TokenizedTexts:
-    """Prompt ids + response ids + EOS per row, truncated as the module docstring says, with prompt lengths."""
+    """Prompt ids + response ids + EOS per row, truncated as the module docstring says, with prompt
+    lengths."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     eos = int(tokenizer.eos_token_id)

@@ -31,7 +31,10 @@ FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-FIX = "point raw_path at it (kedro run --pipeline=split --params raw_path=<file>) or edit raw_corpus in conf/base/catalog.yml"
+FIX = (
+    "point raw_path at it (kedro run --pipeline=split --params raw_path=<file>) or edit raw_corpus in "
+    "conf/base/catalog.yml"
+)
 
 
 def detect_format(path: Path) -> str:
@@ -40,7 +43,8 @@ def detect_format(path: Path) -> str:
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return "arrow_dir"
         raise InputDataError(
-            f"{path} is a folder but not a datasets.save_to_disk folder (no dataset_info.json or dataset_dict.json).",
+            f"{path} is a folder but not a datasets.save_to_disk folder (no dataset_info.json or "
+            "dataset_dict.json).",
             fix=f"give a .csv, .tsv, .jsonl or .parquet file, or a save_to_disk folder; {FIX}.",
         )
     suffixes = [s.lower() for s in path.suffixes]
@@ -94,12 +98,24 @@ def read_text_table(path: str | Path) -> pd.DataFrame:
 
 TEXT_FORMATS = {"csv", "tsv", "jsonl"}
 KOREAN_ENCODINGS = {"cp949", "euc_kr", "johab", "iso2022_kr"}
-ICONV_NAMES = {"latin_1": "ISO-8859-1", "utf_16": "UTF-16", "utf_16_le": "UTF-16LE", "utf_16_be": "UTF-16BE",
-               "utf_32": "UTF-32", "euc_kr": "EUC-KR", "cp949": "CP949"}
+ICONV_NAMES = {
+    "latin_1": "ISO-8859-1",
+    "utf_16": "UTF-16",
+    "utf_16_le": "UTF-16LE",
+    "utf_16_be": "UTF-16BE",
+    "utf_32": "UTF-32",
+    "euc_kr": "EUC-KR",
+    "cp949": "CP949",
+}
 CHUNK = 16 * 2**20
 # Writes the decompressed bytes of a file to stdout (the start of a pipe into iconv).
-DECOMPRESS_COMMANDS = {".gz": "gzip -dc", ".bz2": "bzip2 -dc", ".xz": "xz -dc", ".zst": "zstd -dc",
-                       ".zip": "unzip -p"}
+DECOMPRESS_COMMANDS = {
+    ".gz": "gzip -dc",
+    ".bz2": "bzip2 -dc",
+    ".xz": "xz -dc",
+    ".zst": "zstd -dc",
+    ".zip": "unzip -p",
+}
 # What a file that is not compressed as its name says raises on reading: the format reader then names it.
 DECOMPRESS_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, zipfile.BadZipFile)
 
@@ -165,7 +181,7 @@ def _legacy_text(path: Path, position: int, reason: str) -> io.BytesIO:
     encoding = "cp949" if korean is not None else None
     if korean is None:
         start = max(0, position - 2**20)
-        encoding = _likely_encoding(from_bytes(data[start:position + 2**20]))
+        encoding = _likely_encoding(from_bytes(data[start : position + 2**20]))
         if encoding in KOREAN_ENCODINGS:
             with contextlib.suppress(UnicodeDecodeError):
                 korean = data.decode("cp949")
@@ -178,8 +194,9 @@ def _legacy_text(path: Path, position: int, reason: str) -> io.BytesIO:
 # The 2,350 Hangul syllables of KS X 1001 (EUC-KR): nearly every syllable of real Korean text. The other
 # syllables CP949 can write take an ASCII letter as second byte, which is what Western text gives it too
 # (cp1252 "don\x92t" is valid CP949): such syllables are no sign of Korean.
-KS_HANGUL = frozenset(bytes([lead, trail]).decode("euc_kr")
-                      for lead in range(0xB0, 0xC9) for trail in range(0xA1, 0xFF))
+KS_HANGUL = frozenset(
+    bytes([lead, trail]).decode("euc_kr") for lead in range(0xB0, 0xC9) for trail in range(0xA1, 0xFF)
+)
 ASCII_RUNS = re.compile(r"[\x00-\x7f]+")
 KOREAN_SAMPLE = 2**20  # non-ASCII characters looked at
 
@@ -215,8 +232,11 @@ def _likely_encoding(matches) -> str | None:
 def _not_utf8(path: Path, position: int, reason: str, encoding: str | None) -> InputDataError:
     compressed = _is_compressed(path)
     where = f"byte {position}{' after decompression' if compressed else ''}: {reason}"
-    name = "<its encoding>" if encoding is None else ICONV_NAMES.get(encoding,
-                                                                     encoding.upper().replace("_", "-"))
+    name = (
+        "<its encoding>"
+        if encoding is None
+        else ICONV_NAMES.get(encoding, encoding.upper().replace("_", "-"))
+    )
     suffix = path.suffixes[-2] if compressed and len(path.suffixes) > 1 else path.suffix
     if compressed:
         command = f"{DECOMPRESS_COMMANDS[path.suffixes[-1].lower()]} {path} | iconv -f {name} -t UTF-8"
@@ -262,8 +282,10 @@ def _unique_object(pairs: list[tuple[str, object]]) -> dict:
 
 
 def _repeated_key(path: Path, line: int, key: str) -> InputDataError:
-    return InputDataError(f"{path} line {line} has the key {key!r} twice in one object; only one value would "
-                          "be read.", fix="drop or rename one of the two keys on that line.")
+    return InputDataError(
+        f"{path} line {line} has the key {key!r} twice in one object; only one value would be read.",
+        fix="drop or rename one of the two keys on that line.",
+    )
 
 
 def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
@@ -293,8 +315,10 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
         line, error = _first_bad_json_line(source)
         if line is None:
             raise
-        raise InputDataError(f"{path} line {line} is not valid JSON ({error}).",
-                             fix="fix or remove that line (JSON Lines: one JSON object per line).") from exc
+        raise InputDataError(
+            f"{path} line {line} is not valid JSON ({error}).",
+            fix="fix or remove that line (JSON Lines: one JSON object per line).",
+        ) from exc
 
 
 def _read_json_array(source, path: Path) -> pd.DataFrame:
@@ -302,13 +326,17 @@ def _read_json_array(source, path: Path) -> pd.DataFrame:
         with _open(source) as handle:
             rows = json.load(handle, object_pairs_hook=_unique_object)
     except json.JSONDecodeError as exc:
-        raise InputDataError(f"{path} line {exc.lineno} is not valid JSON ({exc.msg}).",
-                             fix="fix the JSON array, or give one JSON object per line (.jsonl).") from exc
+        raise InputDataError(
+            f"{path} line {exc.lineno} is not valid JSON ({exc.msg}).",
+            fix="fix the JSON array, or give one JSON object per line (.jsonl).",
+        ) from exc
     except _RepeatedKey as exc:
         raise _repeated_key(path, _array_row_line(source), exc.key) from None
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        raise InputDataError(f"{path} holds a JSON array, but not only of objects.",
-                             fix='give an array of objects such as [{"text": "..."}, ...].')
+        raise InputDataError(
+            f"{path} holds a JSON array, but not only of objects.",
+            fix='give an array of objects such as [{"text": "..."}, ...].',
+        )
     return pd.DataFrame.from_records(rows)
 
 

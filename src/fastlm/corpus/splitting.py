@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import numpy as np
 
 SPLITS = ("train", "validation", "test")
+FOLD_COLUMN = "fold"  # split.folds: each train/validation row's fold bucket (0 .. k-1); test rows -1
 _SCALE = 2.0**-53
 
 
@@ -34,6 +35,20 @@ def assign_splits(split_keys: np.ndarray, train: float, validation: float, test:
         if validation == 0:
             bounds[0] = np.inf
     return np.searchsorted(bounds, split_keys, side="right").astype(np.int8)
+
+
+def assign_folds(split_keys: np.ndarray, codes: np.ndarray, folds: int, train: float, validation: float,
+                 test: float) -> np.ndarray:
+    """Fold bucket (0 .. ``folds`` - 1) of each train/validation row, -1 for a test row.
+
+    The bucket is the row's split key rescaled over the train + validation range: the same keyed hash as
+    the split (stable, independent of row order; the salt re-draws both), while the test rows, whose keys
+    lie above that range, keep their split and belong to no fold. Each fold holds about 1/``folds`` of
+    train + validation.
+    """
+    span = 1.0 if test == 0 else train + validation
+    buckets = np.minimum(np.floor(split_keys / span * folds), folds - 1).astype(np.int8)
+    return np.where(codes == SPLITS.index("test"), np.int8(-1), buckets)
 
 
 def cap_rows(sample_keys: np.ndarray, max_samples: int | None) -> np.ndarray:

@@ -25,7 +25,9 @@ def length_summary(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, Any]
     }
 
 
-def build_report(raw_rows: int, drops: dict[str, int], capped: int, splits: dict[str, dict], extra: dict) -> dict:
+def build_report(
+    raw_rows: int, drops: dict[str, int], capped: int, splits: dict[str, dict], extra: dict
+) -> dict:
     kept = sum(split["rows"] for split in splits.values())
     return {
         "raw_rows": int(raw_rows),

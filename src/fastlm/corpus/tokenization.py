@@ -31,21 +31,27 @@ class TokenizedTexts:
     values: np.ndarray  # int32
     offsets: np.ndarray  # int64, len(rows) + 1
     truncated: np.ndarray  # bool, one per row
-    prompt_lengths: np.ndarray | None = None  # int32 leading prompt tokens per row (prompt/response data only)
+    prompt_lengths: np.ndarray | None = (
+        None  # int32 leading prompt tokens per row (prompt/response data only)
+    )
 
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
-    def to_arrow(self, rows: np.ndarray | None = None) -> pa.Table:
+    def to_arrow(
+        self, rows: np.ndarray | None = None, extra: dict[str, np.ndarray] | None = None
+    ) -> pa.Table:
         """An Arrow table with ``input_ids`` (list<int32>), ``length`` (int32) and, for prompt/response data,
-        ``prompt_length`` (int32), optionally of ``rows``."""
+        ``prompt_length`` (int32), plus the ``extra`` per-row columns (e.g. the fold bucket), optionally of
+        ``rows``."""
         offsets = self.offsets.astype(np.int32) if self.offsets[-1] < 2**31 else self.offsets
         list_type = pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray
         ids = list_type.from_arrays(pa.array(offsets), pa.array(self.values, type=pa.int32()))
         columns = {"input_ids": ids, "length": pa.array(self.lengths.astype(np.int32))}
         if self.prompt_lengths is not None:
             columns["prompt_length"] = pa.array(self.prompt_lengths.astype(np.int32))
+        columns.update({name: pa.array(values) for name, values in (extra or {}).items()})
         table = pa.table(columns)
         return table if rows is None else table.take(pa.array(rows))
 
@@ -55,27 +61,47 @@ def resolve_num_proc(num_proc: int | str, rows: int) -> int:
         return int(num_proc)
     if rows < POOL_MIN_ROWS or "fork" not in multiprocessing.get_all_start_methods():
         return 1
-    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+    return max(
+        1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
+    )
 
 
 def tokenize_texts(
-    texts: Sequence[str], tokenizer, *, max_length: int, batch_size: int = 20_000, num_proc: int | str = "auto"
+    texts: Sequence[str],
+    tokenizer,
+    *,
+    max_length: int,
+    batch_size: int = 20_000,
+    num_proc: int | str = "auto",
 ) -> TokenizedTexts:
     """Token ids of ``texts`` with EOS appended and truncation at ``max_length`` (EOS included)."""
     eos = int(tokenizer.eos_token_id)
     texts, cut = cut_long_texts(texts, max_length)
-    tokens = _concat(_encode_all(texts, tokenizer, eos=eos, max_length=max_length, add_special_tokens=True,
-                                 batch_size=batch_size, num_proc=num_proc))
+    tokens = _concat(
+        _encode_all(
+            texts,
+            tokenizer,
+            eos=eos,
+            max_length=max_length,
+            add_special_tokens=True,
+            batch_size=batch_size,
+            num_proc=num_proc,
+        )
+    )
     return dataclasses.replace(tokens, truncated=tokens.truncated | cut) if cut.any() else tokens
 
 
 def encode_id_lists(rows: Sequence[Sequence[int]], *, eos: int, max_length: int) -> TokenizedTexts:
     """Pre-tokenized rows as samples: the same EOS and truncation rules as :func:`tokenize_texts` (a trailing
     EOS already there is not doubled; the body is cut at ``max_length - 1`` ids, then EOS)."""
-    return _concat([_finish(_ids_to_arrays([list(row) for row in rows]), eos, max_length)] if len(rows) else [])
+    return _concat(
+        [_finish(_ids_to_arrays([list(row) for row in rows]), eos, max_length)] if len(rows) else []
+    )
 
 
-def cut_long_texts(texts: Sequence[str], max_length: int, *, keep: str = "head") -> tuple[Sequence[str], np.ndarray]:
+def cut_long_texts(
+    texts: Sequence[str], max_length: int, *, keep: str = "head"
+) -> tuple[Sequence[str], np.ndarray]:
     """``texts`` with every text longer than ``max_length * MAX_CHARS_PER_TOKEN`` characters cut to that many
     (its first characters, or its last with ``keep="tail"``), and which ones were cut."""
     limit = max_length * MAX_CHARS_PER_TOKEN
@@ -88,26 +114,52 @@ def cut_long_texts(texts: Sequence[str], max_length: int, *, keep: str = "head")
 
 
 def encode_ragged(
-    texts: Sequence[str], tokenizer, *, add_special_tokens: bool, batch_size: int = 20_000,
+    texts: Sequence[str],
+    tokenizer,
+    *,
+    add_special_tokens: bool,
+    batch_size: int = 20_000,
     num_proc: int | str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Raw token ids of ``texts`` as flat int32 ``values`` and int64 ``lengths``: no EOS, no truncation."""
-    parts = _encode_all(texts, tokenizer, eos=-1, max_length=None, add_special_tokens=add_special_tokens,
-                        batch_size=batch_size, num_proc=num_proc)
+    parts = _encode_all(
+        texts,
+        tokenizer,
+        eos=-1,
+        max_length=None,
+        add_special_tokens=add_special_tokens,
+        batch_size=batch_size,
+        num_proc=num_proc,
+    )
     if not parts:
         return np.zeros(0, np.int32), np.zeros(0, np.int64)
     return np.concatenate([part[0] for part in parts]), np.concatenate([part[1] for part in parts])
 
 
-def _encode_all(texts, tokenizer, *, eos: int, max_length: int | None, add_special_tokens: bool, batch_size: int,
-                num_proc: int | str) -> list:
+def _encode_all(
+    texts,
+    tokenizer,
+    *,
+    eos: int,
+    max_length: int | None,
+    add_special_tokens: bool,
+    batch_size: int,
+    num_proc: int | str,
+) -> list:
     chunks = [texts[start : start + batch_size] for start in range(0, len(texts), batch_size)]
     procs = resolve_num_proc(num_proc, len(texts))
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a slow (Python) tokenizer: batched calls in this process
         return [
-            _finish(_ids_to_arrays(tokenizer(list(chunk), add_special_tokens=add_special_tokens,
-                                             padding=False, truncation=False)["input_ids"]), eos, max_length)
+            _finish(
+                _ids_to_arrays(
+                    tokenizer(
+                        list(chunk), add_special_tokens=add_special_tokens, padding=False, truncation=False
+                    )["input_ids"]
+                ),
+                eos,
+                max_length,
+            )
             for chunk in chunks
         ]
     if procs > 1 and len(chunks) > 1:
@@ -116,8 +168,9 @@ def _encode_all(texts, tokenizer, *, eos: int, max_length: int | None, add_speci
     return [_encode_chunk(chunk, eos, max_length, add_special_tokens) for chunk in chunks]
 
 
-def _in_pool(chunks, backend_json: str, eos: int, max_length: int | None, procs: int,
-             add_special_tokens: bool = True) -> list:
+def _in_pool(
+    chunks, backend_json: str, eos: int, max_length: int | None, procs: int, add_special_tokens: bool = True
+) -> list:
     # Workers tokenize single-threaded: the pool is the parallelism. Setting the variable before the
     # fork also keeps the tokenizers library from warning about a fork after its thread pool started.
     previous = os.environ.get("TOKENIZERS_PARALLELISM")

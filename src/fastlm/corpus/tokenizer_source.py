@@ -14,7 +14,10 @@ log = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
 PARAM = "split.tokenizer.source"
-FIX_SOURCE = f"set {PARAM} to 'train', to a local tokenizer directory, or to a hub id with split.tokenizer.allow_download: true"
+FIX_SOURCE = (
+    f"set {PARAM} to 'train', to a local tokenizer directory, or to a hub id with "
+    "split.tokenizer.allow_download: true"
+)
 
 
 def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency: int, model_max_length: int):
@@ -60,7 +63,8 @@ def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_co
     if not local.is_dir() and not allow_download:
         raise ConfigError(
             f"{PARAM} = {source!r} is not a local directory and downloads are off.",
-            fix=f"download it once and point {PARAM} at the folder, or set split.tokenizer.allow_download: true.",
+            fix=f"download it once and point {PARAM} at the folder, or set "
+            "split.tokenizer.allow_download: true.",
         )
     if not local.is_dir():
         os.environ["HF_HUB_OFFLINE"] = "0"  # explicit opt-in for this process
@@ -70,7 +74,9 @@ def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_co
         )
     except Exception as exc:  # noqa: BLE001 - transformers raises many types here
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"{PARAM} = {source!r} could not be loaded as a tokenizer: {first_line}", fix=FIX_SOURCE + ".") from exc
+        raise ConfigError(
+            f"{PARAM} = {source!r} could not be loaded as a tokenizer: {first_line}", fix=FIX_SOURCE + "."
+        ) from exc
     return prepare_for_training(tokenizer, source)
 
 
@@ -84,7 +90,11 @@ def prepare_for_training(tokenizer, source: str = "tokenizer"):
             fix="use a tokenizer that defines eos_token (or add one to its special_tokens_map.json).",
         )
     if tokenizer.pad_token_id is None:
-        log.warning("Tokenizer %s has no pad token: using EOS (%r) as pad; EOS stays in the loss.", source, tokenizer.eos_token)
+        log.warning(
+            "Tokenizer %s has no pad token: using EOS (%r) as pad; EOS stays in the loss.",
+            source,
+            tokenizer.eos_token,
+        )
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -6,5 +6,10 @@ from fastlm.datasets.pretrained_tokenizer import PretrainedTokenizerDataset
 from fastlm.datasets.text_corpus import TextCorpusDataset
 from fastlm.datasets.train_summary import TrainSummaryDataset
 
-__all__ = ["AtomicArrowDataset", "PretrainedModelDataset", "PretrainedTokenizerDataset", "TextCorpusDataset",
-           "TrainSummaryDataset"]
+__all__ = [
+    "AtomicArrowDataset",
+    "PretrainedModelDataset",
+    "PretrainedTokenizerDataset",
+    "TextCorpusDataset",
+    "TrainSummaryDataset",
+]

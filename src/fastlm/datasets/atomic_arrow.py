@@ -1,6 +1,6 @@
 """Hugging Face ``Dataset``/``DatasetDict`` saved with ``save_to_disk`` (the YAML of kedro-datasets'
-``huggingface.ArrowDataset``: ``path``, ``load_args``, ``save_args``, ``credentials``, ``fs_args``), local saves
-atomic (a killed run never leaves a torn folder).
+``huggingface.ArrowDataset``: ``path``, ``load_args``, ``save_args``, ``credentials``, ``fs_args``), local
+saves atomic (a killed run never leaves a torn folder).
 
 Its own small class, not a subclass: importing ``kedro_datasets.huggingface`` imports its transformers
 pipeline dataset too (``transformers.pipeline`` and torch: seconds at every `kedro run` start-up).
@@ -19,11 +19,19 @@ from fastlm.redaction import shown_location
 
 
 class AtomicArrowDataset(AbstractDataset):
-    """``datasets.load_from_disk`` / ``save_to_disk`` of a folder; local saves go through a temporary sibling."""
+    """``datasets.load_from_disk`` / ``save_to_disk`` of a folder; local saves go through a temporary
+    sibling."""
 
-    def __init__(self, *, path: str, load_args: dict[str, Any] | None = None,
-                 save_args: dict[str, Any] | None = None, credentials: dict[str, Any] | None = None,
-                 fs_args: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        path: str,
+        load_args: dict[str, Any] | None = None,
+        save_args: dict[str, Any] | None = None,
+        credentials: dict[str, Any] | None = None,
+        fs_args: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         import fsspec
 
         self._shown = shown_location(path)  # credentials masked as given: fsspec drops the scheme, not them
@@ -49,7 +57,9 @@ class AtomicArrowDataset(AbstractDataset):
         from datasets import Dataset, DatasetDict
 
         if not isinstance(data, Dataset | DatasetDict):
-            raise DatasetError(f"{type(self).__name__} saves a datasets.Dataset or DatasetDict, got {type(data)}")
+            raise DatasetError(
+                f"{type(self).__name__} saves a datasets.Dataset or DatasetDict, got {type(data)}"
+            )
         if self._protocol != "file":
             data.save_to_disk(self._location, storage_options=self._storage_options, **self._save_args)
             return
@@ -57,8 +67,10 @@ class AtomicArrowDataset(AbstractDataset):
 
     def _exists(self) -> bool:
         location = self._location
-        return self._fs.isdir(location) and (self._fs.exists(f"{location}/dataset_dict.json")
-                                             or self._fs.exists(f"{location}/dataset_info.json"))
+        return self._fs.isdir(location) and (
+            self._fs.exists(f"{location}/dataset_dict.json")
+            or self._fs.exists(f"{location}/dataset_info.json")
+        )
 
     def _describe(self) -> dict[str, Any]:
         return {"path": self._shown, "protocol": self._protocol}

@@ -15,7 +15,8 @@ def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -
     """Call ``write(tmp)`` on a fresh sibling folder; replace ``target`` only if it succeeds.
 
     A crash or an exception before the swap leaves the old ``target`` untouched; the swap itself is
-    two renames on one filesystem. A full disk or a denied write is one ``StorageError`` line naming ``target``.
+    two renames on one filesystem. A full disk or a denied write is one ``StorageError`` line naming
+    ``target``.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -30,9 +31,16 @@ def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -
         os.replace(tmp, target)
     except Exception as exc:
         os_error = os_error_in(exc)
-        error = None if os_error is None else storage_error(
-            os_error, f"could not write {shown_path(target)}", parameter="its path in conf/base/catalog.yml",
-            detail="; the partial copy was removed and the previous one is kept")
+        error = (
+            None
+            if os_error is None
+            else storage_error(
+                os_error,
+                f"could not write {shown_path(target)}",
+                parameter="its path in conf/base/catalog.yml",
+                detail="; the partial copy was removed and the previous one is kept",
+            )
+        )
         if isinstance(error, StorageError):
             raise error from exc
         raise

@@ -2,10 +2,10 @@
 
 A file cut off by a full disk, a killed copy or a bad sync otherwise fails deep inside a loader (a JSON
 decoder, Arrow's IPC reader, safetensors) with a traceback that does not name the file. Checked here, per
-file of the output: ``*.json`` parses, every ``*.arrow`` (Arrow IPC stream, as ``datasets`` writes it) reads to
-its end through a memory map and validates (offsets within bounds: one sequential read, no copy), every ``*.safetensors`` header parses and
-its tensors end where the file does; a named pipe, socket or device in place of a file is refused (a loader
-would block on it). Other files are left to their loaders.
+file of the output: ``*.json`` parses, every ``*.arrow`` (Arrow IPC stream, as ``datasets`` writes it) reads
+to its end through a memory map and validates (offsets within bounds: one sequential read, no copy), every
+``*.safetensors`` header parses and its tensors end where the file does; a named pipe, socket or device in
+place of a file is refused (a loader would block on it). Other files are left to their loaders.
 """
 
 from __future__ import annotations
@@ -21,7 +21,13 @@ from fastlm.errors import InputDataError
 def find_damaged(path: str | Path) -> tuple[Path, str] | None:
     """The first damaged file under ``path`` and what its reader said, or None when every file reads whole."""
     path = Path(path)
-    files = sorted(p for p in path.rglob("*") if not p.is_dir()) if path.is_dir() else [path] if path.exists() else []
+    files = (
+        sorted(p for p in path.rglob("*") if not p.is_dir())
+        if path.is_dir()
+        else [path]
+        if path.exists()
+        else []
+    )
     for file in files:
         if not file.is_file():  # a named pipe, socket or device: a loader opening it would block or fail
             return file, "not a regular file"
@@ -39,7 +45,9 @@ def find_damaged(path: str | Path) -> tuple[Path, str] | None:
 def damaged_input_error(file: Path, detail: str, *, producer: str) -> InputDataError:
     """One line naming the damaged ``file`` and the pipeline that writes it again."""
     what = "is not a regular file" if detail == "not a regular file" else f"is cut off or corrupt ({detail})"
-    return InputDataError(f"{shown_path(file)} {what}.", fix=f"run `kedro run --pipeline={producer}` to write it again.")
+    return InputDataError(
+        f"{shown_path(file)} {what}.", fix=f"run `kedro run --pipeline={producer}` to write it again."
+    )
 
 
 def _json(file: Path) -> None:
@@ -63,7 +71,11 @@ def _no_negative_ids(batch) -> None:
     import pyarrow.compute as pc
 
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
-        if pa.types.is_list(column.type) and pa.types.is_integer(column.type.value_type) and len(column.values):
+        if (
+            pa.types.is_list(column.type)
+            and pa.types.is_integer(column.type.value_type)
+            and len(column.values)
+        ):
             lowest = pc.min(column.values).as_py()
             if lowest is not None and lowest < 0:
                 raise ValueError(f"token id {lowest} in column {name}")
@@ -79,7 +91,9 @@ def _safetensors(file: Path) -> None:
         if 8 + header_length > size:
             raise ValueError(f"the header needs {8 + header_length} bytes, the file has {size}")
         header = json.loads(handle.read(header_length))
-    end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
+    end = max(
+        (entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0
+    )
     if 8 + header_length + end != size:
         raise ValueError(f"the tensors need {8 + header_length + end} bytes, the file has {size}")
 

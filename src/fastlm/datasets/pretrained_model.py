@@ -18,8 +18,8 @@ class PretrainedModelDataset(AbstractDataset):
     ``adapter_model.safetensors``) plus the tokenizer; loading it reads the base model from the folder the
     adapter config names and returns the adapter merged into it, a plain transformers model
     (``python -m fastlm merge-adapter`` writes that model as a full folder). The adapter folder also holds
-    ``base_digest.json`` (``fastlm.engine.model.lora.BASE_DIGEST``): a base folder whose weights changed since is
-    refused where the adapter is loaded.
+    ``base_digest.json`` (``fastlm.engine.model.lora.BASE_DIGEST``): a base folder whose weights changed since
+    is refused where the adapter is loaded.
     """
 
     def __init__(self, filepath: str, load_args: dict[str, Any] | None = None, metadata: dict | None = None):
@@ -31,7 +31,9 @@ class PretrainedModelDataset(AbstractDataset):
         from transformers import AutoTokenizer
 
         if not self._exists():
-            raise DatasetError(f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first.")
+            raise DatasetError(
+                f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first."
+            )
         folder = str(self._filepath)
         if _is_adapter_folder(folder):
             from fastlm.engine.model.lora import load_adapter_model
@@ -41,8 +43,12 @@ class PretrainedModelDataset(AbstractDataset):
             from fastlm.engine.model import pretrained
 
             checkpoint = pretrained.inspect_checkpoint(
-                folder, str(Path(folder).resolve()), label=f"the trained model {folder}",
-                trust_remote_code=self._load_args["trust_remote_code"], local_files_only=True)
+                folder,
+                str(Path(folder).resolve()),
+                label=f"the trained model {folder}",
+                trust_remote_code=self._load_args["trust_remote_code"],
+                local_files_only=True,
+            )
             model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **self._load_args)
         return {"model": model, "tokenizer": AutoTokenizer.from_pretrained(folder, **self._load_args)}
 
@@ -65,5 +71,6 @@ class PretrainedModelDataset(AbstractDataset):
 
 
 def _is_adapter_folder(folder) -> bool:
-    """A peft LoRA adapter folder (``fastlm.engine.model.lora.ADAPTER_CONFIG``), checked without importing torch."""
+    """A peft LoRA adapter folder (``fastlm.engine.model.lora.ADAPTER_CONFIG``), checked without importing
+    torch."""
     return (Path(folder) / "adapter_config.json").is_file()

@@ -18,24 +18,36 @@ class SweepResultsDataset(AbstractDataset):
     Read-only: the sweep pipeline writes those files through their own catalog entries."""
 
     def __init__(self, comparison: str, document: str, plot: str, metadata: dict | None = None):
-        self._comparison, self._document, self._plot = (PurePosixPath(comparison), PurePosixPath(document),
-                                                         PurePosixPath(plot))
+        self._comparison, self._document, self._plot = (
+            PurePosixPath(comparison),
+            PurePosixPath(document),
+            PurePosixPath(plot),
+        )
         self.metadata = metadata
 
     def load(self) -> dict | None:
         if not Path(self._comparison).is_file():
             return None
         document = Path(self._document)
-        name, verdict = read_sweep_document(document.read_text(encoding="utf-8")) if document.is_file() else ("", "")
+        name, verdict = (
+            read_sweep_document(document.read_text(encoding="utf-8")) if document.is_file() else ("", "")
+        )
         plot = Path(self._plot)
         table = pd.read_csv(self._comparison)
         if "stopped" in table:  # an empty cell: the run was not stopped (not a missing value)
             table["stopped"] = table["stopped"].astype(object).where(table["stopped"].notna(), "")
-        return {"name": name, "verdict": verdict, "table": table,
-                "plot": plot.read_bytes() if plot.is_file() else None, "source": str(self._comparison)}
+        return {
+            "name": name,
+            "verdict": verdict,
+            "table": table,
+            "plot": plot.read_bytes() if plot.is_file() else None,
+            "source": str(self._comparison),
+        }
 
     def save(self, data) -> None:
-        raise DatasetError("sweep_results is read-only: `kedro run --pipeline=sweep` writes the sweep's files.")
+        raise DatasetError(
+            "sweep_results is read-only: `kedro run --pipeline=sweep` writes the sweep's files."
+        )
 
     def _exists(self) -> bool:
         return Path(self._comparison).is_file()

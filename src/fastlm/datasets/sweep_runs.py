@@ -1,5 +1,5 @@
-"""The sweeps' store of finished runs as a catalog entry (``sweep_runs``): the node gets a ``fastlm.sweeps.SweepRuns``
-for the configured folder and holds no path of its own."""
+"""The sweeps' store of finished runs as a catalog entry (``sweep_runs``): the node gets a
+``fastlm.sweeps.SweepRuns`` for the configured folder and holds no path of its own."""
 
 from __future__ import annotations
 

@@ -5,12 +5,13 @@ DataLoader settings, the endless micro-batch stream of a run, and one optimizer 
 batch sampler and a collator; ``seq2seq_batching`` gives its extra arguments for an encoder-decoder model.
 ``MicroBatches`` yields micro-batches across epochs and knows its position (for exact resume);
 ``MicroBatches.next_step`` fetches one optimizer step's micro-batches and moves them to the device with the
-inputs of the model's attention path (``attention.to_device``).
+inputs of the model's attention path (``attention.inputs.to_device``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from time import perf_counter
 
 import torch
@@ -29,13 +30,13 @@ from fastlm.engine.data import (
 from fastlm.engine.data.packing import TokenBudget, choose_row_length
 from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.model.attention import to_device
+from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, enable_target_head, packing_unavailable
 from fastlm.engine.runtime.environment import resolve_device, usable_cpu_count
 from fastlm.errors import ConfigError
 
-__all__ = ["MicroBatches", "RandomBatches", "loader_settings", "make_batching", "micro_batches", "packed_budget",
-           "seq2seq_batching"]
+__all__ = ["MicroBatches", "RandomBatches", "StreamLayout", "loader_settings", "make_batching", "micro_batches",
+           "packed_budget", "seq2seq_batching"]
 
 
 def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, seed: int, prompt_lengths=None,
@@ -58,7 +59,7 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
             mode = "length_grouped"
     if mode == "packed":
         budget = packed_budget(batching, lengths, max_length)
-        # Masks / varlen boundaries are made per attention path by attention.to_device, on the device.
+        # Masks / varlen boundaries are made per attention path by attention.inputs.to_device, on the device.
         collator = (PackedSeq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, budget=budget,
                                           pad_to_multiple_of=pad_multiple) if seq2seq else
                     PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=pad_multiple,
@@ -203,14 +204,24 @@ class MicroBatches:
         return [to_device(batch, device, attn) for batch in fetched], wait
 
 
-def micro_batches(dataset: TokenSequences, params: TrainParams, *, pad_id: int, max_length: int, sides: dict,
-                  loader_kwargs: dict, rank: int = 0, world_size: int = 1, epoch: int = 0,
-                  batch: int = 0) -> MicroBatches:
-    """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on.
+@dataclass(frozen=True)
+class StreamLayout:
+    """What a run's micro-batch stream is cut with, the same for every stream the run builds (the start, the
+    resume, an out-of-memory back-off): pad id, row length, ``sides`` (``seq2seq_batching``'s arguments, {} for
+    a causal LM), ``loader_kwargs`` (``loader_settings``) and this rank's shard."""
 
-    ``sides``: ``seq2seq_batching``'s arguments ({} for a causal LM); ``loader_kwargs``: ``loader_settings``.
-    """
-    sampler, collator = make_batching(params, dataset.lengths, pad_id=pad_id, max_length=max_length,
-                                      seed=params.seed, **sides)
-    sampler.shard(rank, world_size)
-    return MicroBatches(dataset, sampler, collator, loader_kwargs, epoch=epoch, batch=batch)
+    pad_id: int
+    max_length: int
+    sides: dict
+    loader_kwargs: dict
+    rank: int = 0
+    world_size: int = 1
+
+
+def micro_batches(dataset: TokenSequences, params: TrainParams, layout: StreamLayout, *, epoch: int = 0,
+                  batch: int = 0) -> MicroBatches:
+    """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on."""
+    sampler, collator = make_batching(params, dataset.lengths, pad_id=layout.pad_id, max_length=layout.max_length,
+                                      seed=params.seed, **layout.sides)
+    sampler.shard(layout.rank, layout.world_size)
+    return MicroBatches(dataset, sampler, collator, layout.loader_kwargs, epoch=epoch, batch=batch)

@@ -41,7 +41,10 @@ class ModelParams(Params):
                                     "when the model's own tokenizer is larger than it")
     attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
                                  "torch_varlen", "sdpa_varlen"] = "auto"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: Literal["off", "selective", "full", "auto"] = Field(
+        "off", description="activation recompute (engine/model/recompute.py): off, selective (every "
+        "other decoder layer), full (every layer), auto (off unless the tune pipeline chose one); "
+        "true/false = full/off")
     # From-scratch Llama-architecture config (ignored with name_or_path).
     hidden_size: int = Field(128, ge=8)
     intermediate_size: int = Field(344, ge=8)
@@ -49,6 +52,12 @@ class ModelParams(Params):
     num_attention_heads: int = Field(4, ge=1)
     num_key_value_heads: int | None = Field(None, ge=1)
     tie_word_embeddings: bool = True
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _boolean_is_full_or_off(cls, value):
+        """Configs written before the policies said true/false."""
+        return {True: "full", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelParams:
@@ -86,7 +95,24 @@ class BatchingParams(Params):
         return int(self.pad_to_multiple_of)
 
 
+def cuda_and_bitsandbytes_missing() -> list[str]:
+    """What a bitsandbytes feature (8-bit optimizers, 4-bit QLoRA weights) lacks on this machine: a CUDA
+    GPU, the package."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    has_package = "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is not None
+    return [what for what, ok in (("a CUDA GPU", torch.cuda.is_available()),
+                                  ("the bitsandbytes package", has_package)) if not ok]
+
+
 class OptimizerParams(Params):
+    name: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
+        "adamw", description="adamw: torch (fused on CUDA); adamw_8bit / paged_adamw_8bit: bitsandbytes' "
+        "8-bit states (2 bytes per trainable parameter instead of 8; paged: spilled to host memory under "
+        "pressure)")
     lr: float = Field(2e-3, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -96,6 +122,16 @@ class OptimizerParams(Params):
     warmup_steps: int = Field(20, ge=0)
     decay: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+    @field_validator("name")
+    @classmethod
+    def _bitsandbytes_this_machine_has(cls, value: str) -> str:
+        missing = cuda_and_bitsandbytes_missing() if value != "adamw" else []
+        if missing:
+            raise ValueError(f"{value!r} keeps 8-bit optimizer states on a CUDA GPU through bitsandbytes "
+                             f"and this machine lacks {' and '.join(missing)}; use 'adamw', or `pip install "
+                             "bitsandbytes` on a GPU machine")
+        return value
 
 
 class LossParams(Params):
@@ -157,6 +193,35 @@ class RuntimeParams(Params):
                                          "measured faster in a run long enough to repay it")
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
+    float8: Literal["off", "on", "auto"] = Field(
+        "auto", description="float8 matmuls through torchao (engine/runtime/float8.py); auto: on CUDA "
+        "compute capability >= 8.9 with torchao and a hidden size >= 2048, else off (the reason is logged)")
+
+    @field_validator("float8", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value):
+        """YAML 1.1 reads an unquoted on/off as true/false."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("float8")
+    @classmethod
+    def _float8_this_machine_has(cls, value: str, info: ValidationInfo) -> str:
+        import importlib.util
+
+        import torch
+
+        if value != "on":
+            return value
+        if info.data.get("device") == "cpu" or not torch.cuda.is_available():
+            problem = "this run is not on a CUDA device"
+        elif tuple(torch.cuda.get_device_capability()) < (8, 9):
+            problem = "this GPU's compute capability is below 8.9 (no float8 tensor cores)"
+        elif importlib.util.find_spec("torchao") is None:
+            problem = "torchao is not installed (`pip install torchao`)"
+        else:
+            return value
+        raise ValueError(f"float8 training needs a CUDA GPU of compute capability >= 8.9 and torchao, "
+                         f"and {problem}; use 'auto' or 'off'")
 
 
 class ProfileParams(Params):
@@ -188,6 +253,9 @@ class TrainParams(Params):
     max_minutes: float | None = Field(None, gt=0, description="time budget of the training loop: it stops at "
                                       "the first step boundary after it, with a checkpoint (engine/train/time_limit.py)")
     seed: int = 0
+    fold: int | None = Field(None, ge=0, description="k-fold runs on data split with split.folds: "
+                             "validate on fold i of train + validation, train on the rest "
+                             "(engine/data/folds.py)")
     log_every: int = Field(10, ge=1)
     eval_every: int | None = Field(100, ge=1)
     eval_max_batches: int | None = Field(None, ge=1)
@@ -200,6 +268,15 @@ class TrainParams(Params):
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
     distributed: DistributedParams = DistributedParams()
+
+    @field_validator("distributed")
+    @classmethod
+    def _float8_before_sharding(cls, value: DistributedParams, info: ValidationInfo):
+        runtime = info.data.get("runtime")
+        if value.strategy == "fsdp" and runtime is not None and runtime.float8 == "on":
+            raise ValueError("train.runtime.float8: on is not wired for strategy fsdp (float8 layers must be "
+                             "converted before FSDP2 shards them); use strategy ddp or float8 off")
+        return value
 
     @field_validator("early_stopping")
     @classmethod

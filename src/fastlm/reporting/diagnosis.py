@@ -113,8 +113,13 @@ def _input_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         return Finding(INPUT_BOUND, False, _NA, "the data wait was not measured", "")
     figure = _percent(share)
     if share < INPUT_BOUND_SHARE:
-        return Finding(INPUT_BOUND, False, figure,
-                       f"data wait is {figure} of step time (below {_percent(INPUT_BOUND_SHARE)})", "")
+        return Finding(
+            INPUT_BOUND,
+            False,
+            figure,
+            f"data wait is {figure} of step time (below {_percent(INPUT_BOUND_SHARE)})",
+            "",
+        )
     workers = summary.get("dataloader_workers")
     if not _known(workers):
         advice = "raise train.dataloader.num_workers (e.g. to 4)"
@@ -123,8 +128,10 @@ def _input_bound(summary: dict, timed: pd.DataFrame) -> Finding:
     else:
         advice = f"raise train.dataloader.num_workers from {int(workers)} to {max(2, 2 * int(workers))}"
     if _is_cuda(summary):
-        advice += ("; keep train.dataloader.pin_memory on and raise train.dataloader.prefetch_factor "
-                   "so batches are ready and copied asynchronously")
+        advice += (
+            "; keep train.dataloader.pin_memory on and raise train.dataloader.prefetch_factor "
+            "so batches are ready and copied asynchronously"
+        )
     return Finding(INPUT_BOUND, True, figure, f"data wait is {figure} of step time", advice)
 
 
@@ -134,21 +141,32 @@ def _padding_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         return Finding(PADDING_BOUND, False, _NA, "the padding efficiency was not measured", "")
     figure = _percent(efficiency)
     if efficiency >= PADDING_BOUND_EFFICIENCY:
-        return Finding(PADDING_BOUND, False, figure,
-                       f"{figure} of the computed tokens are real (at least {_percent(PADDING_BOUND_EFFICIENCY)})",
-                       "")
+        return Finding(
+            PADDING_BOUND,
+            False,
+            figure,
+            f"{figure} of the computed tokens are real (at least {_percent(PADDING_BOUND_EFFICIENCY)})",
+            "",
+        )
     mode = summary.get("batching")
     if mode == "packed":
-        advice = ("packed batching should barely pad: lower train.batching.pad_to_multiple_of and check "
-                  "split.max_length against the document lengths")
+        advice = (
+            "packed batching should barely pad: lower train.batching.pad_to_multiple_of and check "
+            "split.max_length against the document lengths"
+        )
     elif mode == "length_grouped":
         advice = "switch train.batching.mode from length_grouped to packed"
     elif mode:
         advice = f"switch train.batching.mode from {mode} to packed (or length_grouped)"
     else:
         advice = "switch train.batching.mode to packed (or length_grouped)"
-    return Finding(PADDING_BOUND, True, figure,
-                   f"only {figure} of the computed tokens are real: the rest is padding", advice)
+    return Finding(
+        PADDING_BOUND,
+        True,
+        figure,
+        f"only {figure} of the computed tokens are real: the rest is padding",
+        advice,
+    )
 
 
 def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
@@ -172,13 +190,21 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
     wait = _measured(summary, timed, "data_wait_share")
     efficiency = _measured(summary, timed, "padding_efficiency")
     mfu = _mean(numeric(timed, "mfu"))
-    ratios = (numeric(timed, "step_time_max_s") / numeric(timed, "step_time_s")).replace(
-        [math.inf, -math.inf], math.nan).dropna()
+    ratios = (
+        (numeric(timed, "step_time_max_s") / numeric(timed, "step_time_s"))
+        .replace([math.inf, -math.inf], math.nan)
+        .dropna()
+    )
     spike = float(ratios.median()) if len(ratios) else math.nan
     low_wait = not math.isnan(wait) and wait < HOST_SYNC_LOW_DATA_WAIT_SHARE
     stalls = low_wait and not math.isnan(spike) and spike >= HOST_SYNC_SPIKE_RATIO
-    starved = (low_wait and not math.isnan(mfu) and mfu < HOST_SYNC_MAX_MFU
-               and not math.isnan(efficiency) and efficiency >= HOST_SYNC_MIN_PADDING_EFFICIENCY)
+    starved = (
+        low_wait
+        and not math.isnan(mfu)
+        and mfu < HOST_SYNC_MAX_MFU
+        and not math.isnan(efficiency)
+        and efficiency >= HOST_SYNC_MIN_PADDING_EFFICIENCY
+    )
     parts = []
     if not math.isnan(spike):
         parts.append(f"slowest/mean step {spike:.1f}x")
@@ -192,11 +218,14 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         reasons.append(f"in a typical window the slowest step takes {spike:.1f}x the mean step time")
     if starved:
         reasons.append(f"MFU is only {_percent(mfu)} although data wait and padding are low")
-    advice = ("remove host-device syncs from the step: .item()/.cpu()/print of tensors, torch.cuda.synchronize, "
-              "CPU-side work between steps; raise train.log_every so metrics are read back less often; "
-              "try train.runtime.compile: true (torch.compile) or CUDA graphs to cut launch overhead")
-    return Finding(HOST_SYNC_BOUND, True, figure,
-                   "the host seems to stall the GPU: " + "; ".join(reasons), advice)
+    advice = (
+        "remove host-device syncs from the step: .item()/.cpu()/print of tensors, torch.cuda.synchronize, "
+        "CPU-side work between steps; raise train.log_every so metrics are read back less often; "
+        "try train.runtime.compile: true (torch.compile) or CUDA graphs to cut launch overhead"
+    )
+    return Finding(
+        HOST_SYNC_BOUND, True, figure, "the host seems to stall the GPU: " + "; ".join(reasons), advice
+    )
 
 
 def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame) -> Finding:
@@ -218,12 +247,16 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame)
     full = share >= MEMORY_SATURATED_SHARE
     rising = not math.isnan(rise) and rise >= STEP_TIME_RISE_RATIO
     if full and rising:
-        return Finding(MEMORY_SATURATED, True, figure,
-                       f"peak memory is {figure} and step time rose {rise:.2f}x from the first to the last "
-                       "third of the run",
-                       "run `kedro run --pipeline=tune`, lower micro_batch_size and raise "
-                       "gradient_accumulation_steps to keep the effective batch, or turn on "
-                       "gradient_checkpointing")
+        return Finding(
+            MEMORY_SATURATED,
+            True,
+            figure,
+            f"peak memory is {figure} and step time rose {rise:.2f}x from the first to the last "
+            "third of the run",
+            "run `kedro run --pipeline=tune`, lower micro_batch_size and raise "
+            "gradient_accumulation_steps to keep the effective batch, or turn on "
+            "gradient_checkpointing",
+        )
     if full:
         message = f"peak memory is {figure}, but step time does not rise"
     else:
@@ -239,15 +272,21 @@ def _speed(summary: dict, history: pd.DataFrame) -> float:
     return value
 
 
-def _compute_bound(summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding]) -> Finding:
+def _compute_bound(
+    summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding]
+) -> Finding:
     tokens = _speed(summary, history)
     rate = f"{tokens:,.0f} real tokens/s" if not math.isnan(tokens) else "unknown real tokens/s"
     runtime = summary.get("runtime") or {}
     if _is_cuda(summary):
         mfu = _mean(numeric(timed, "mfu"))
-        where = f"at MFU {_percent(mfu)}" if not math.isnan(mfu) else f"on {runtime.get('device')} (MFU unknown)"
-        advice = ("train.runtime.precision: bf16 (where the GPU has it), train.runtime.compile: true, and a "
-                  "bigger train.batching.micro_batch_size if memory allows")
+        where = (
+            f"at MFU {_percent(mfu)}" if not math.isnan(mfu) else f"on {runtime.get('device')} (MFU unknown)"
+        )
+        advice = (
+            "train.runtime.precision: bf16 (where the GPU has it), train.runtime.compile: true, and a "
+            "bigger train.batching.micro_batch_size if memory allows"
+        )
     else:
         threads = runtime.get("num_threads")
         where = f"on {threads} CPU threads" if _known(threads) else "on the CPU"
@@ -255,7 +294,9 @@ def _compute_bound(summary: dict, history: pd.DataFrame, timed: pd.DataFrame, ot
     figure = f"{rate} {where}"
     blocking = [finding.kind for finding in others if finding.triggered]
     if blocking:
-        return Finding(COMPUTE_BOUND, False, figure, f"not compute-bound yet: {', '.join(blocking)} first", "")
+        return Finding(
+            COMPUTE_BOUND, False, figure, f"not compute-bound yet: {', '.join(blocking)} first", ""
+        )
     return Finding(COMPUTE_BOUND, True, figure, f"the run is compute-bound: {figure}", advice)
 
 
@@ -304,5 +345,9 @@ def epoch_eta(summary: dict, history: pd.DataFrame) -> dict:
     rate = None if math.isnan(rate) or rate <= 0 else rate
     tokens = int(tokens) if _known(tokens) else None
     seconds = tokens / rate if tokens is not None and rate is not None else None
-    return {"seconds": seconds, "human": format_duration(seconds), "train_tokens": tokens,
-            "real_tokens_per_s": rate}
+    return {
+        "seconds": seconds,
+        "human": format_duration(seconds),
+        "train_tokens": tokens,
+        "real_tokens_per_s": rate,
+    }

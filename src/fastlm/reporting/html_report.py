@@ -48,7 +48,8 @@ table.report-table th, table.report-table td { border: 1px solid #d0d7de; paddin
 table.report-table thead th { background: #f3f5f7; text-align: right; }
 table.report-table td { text-align: right; font-variant-numeric: tabular-nums; }
 table.report-table td, table.report-table th { vertical-align: top; white-space: nowrap; }
-table.report-table td.text { text-align: left; overflow-wrap: anywhere; white-space: pre-wrap; min-width: 10ch;
+table.report-table td.text { text-align: left; overflow-wrap: anywhere; white-space: pre-wrap; \
+min-width: 10ch;
   max-width: 36em; }
 table.report-table th.text { text-align: left; }
 table.report-table tbody th { font-weight: 600; }
@@ -74,7 +75,8 @@ class Section:
 
 
 def figure_to_base64_png(fig: Figure | bytes) -> str:
-    """The figure (or PNG bytes) as a PNG, base64-encoded (ASCII, no newlines): ``data:image/png;base64,`` + this."""
+    """The figure (or PNG bytes) as a PNG, base64-encoded (ASCII, no newlines): ``data:image/png;base64,`` +
+    this."""
     if isinstance(fig, bytes):
         return base64.b64encode(fig).decode("ascii")
     buffer = io.BytesIO()
@@ -160,18 +162,29 @@ def _table_html(table: pd.DataFrame) -> str:
     writes them as a literal backslash-n), shown by the ``pre-wrap`` style."""
     cells = _formatted(table)
     show_index = _show_index(table)
-    head = ([html.escape(str(table.index.name or ""))] if show_index else []) + [html.escape(c) for c in cells.columns]
-    kinds = ["" if pd.api.types.is_numeric_dtype(table.iloc[:, pos]) else ' class="text"'
-             for pos in range(table.shape[1])]  # text reads from the left, numbers line up on the right
+    head = ([html.escape(str(table.index.name or ""))] if show_index else []) + [
+        html.escape(c) for c in cells.columns
+    ]
+    # text reads from the left, numbers line up on the right
+    kinds = [
+        "" if pd.api.types.is_numeric_dtype(table.iloc[:, pos]) else ' class="text"'
+        for pos in range(table.shape[1])
+    ]
     rows = []
     for label, values in zip(table.index.tolist(), cells.itertuples(index=False, name=None), strict=True):
         index = f"<th>{html.escape(format_number(label))}</th>" if show_index else ""
-        rows.append("<tr>" + index + "".join(f"<td{kind}>{html.escape(v)}</td>" for kind, v in zip(kinds, values,
-                                                                                                   strict=True))
-                    + "</tr>\n")
+        rows.append(
+            "<tr>"
+            + index
+            + "".join(f"<td{kind}>{html.escape(v)}</td>" for kind, v in zip(kinds, values, strict=True))
+            + "</tr>\n"
+        )
     header = "".join(f"<th{kind}>{h}</th>" for kind, h in zip([""] * show_index + kinds, head, strict=True))
-    return (f'<div class="table-wrap">\n<table class="dataframe report-table">\n<thead>\n<tr>{header}</tr>\n</thead>\n'
-            f"<tbody>\n{''.join(rows)}</tbody>\n</table>\n</div>\n")
+    return (
+        '<div class="table-wrap">\n<table class="dataframe report-table">\n'
+        f"<thead>\n<tr>{header}</tr>\n</thead>\n"
+        f"<tbody>\n{''.join(rows)}</tbody>\n</table>\n</div>\n"
+    )
 
 
 def render_html(*, title: str, subtitle: str, sections: Iterable[Section]) -> str:
@@ -238,9 +251,13 @@ def markdown_table(table: pd.DataFrame) -> str:
     widths = [max([3, len(h)] + [len(r[k]) for r in rows]) for k, h in enumerate(header)]
 
     def line(values: list[str]) -> str:
-        return "| " + " | ".join(
-            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)
-        ) + " |"
+        return (
+            "| "
+            + " | ".join(
+                v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)
+            )
+            + " |"
+        )
 
     rules = [("-" * (w - 1) + ":") if num else "-" * w for w, num in zip(widths, numeric, strict=True)]
     align = "| " + " | ".join(rules) + " |"

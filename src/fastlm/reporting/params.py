@@ -30,7 +30,9 @@ class DecodingSetting(Params):
 class ReferenceParams(Params):
     """Generation on the test split and ROUGE against the references (prompt/response data only)."""
 
-    enabled: Literal["auto", True, False] = Field("auto", description="auto: when the data has prompt/response")
+    enabled: Literal["auto", True, False] = Field(
+        "auto", description="auto: when the data has prompt/response"
+    )
     max_samples: int | None = Field(200, ge=1, description="hash-selected test samples; null: all")
     batch_size: int = Field(16, ge=1)
     max_new_tokens: int = Field(64, ge=1)
@@ -47,8 +49,18 @@ class ReferenceParams(Params):
 
     def decoding(self) -> dict:
         """The decoding settings (``fastlm.engine.evaluate.generation.decoding_kwargs`` arguments)."""
-        return self.model_dump(include={"num_beams", "do_sample", "temperature", "top_p", "top_k",
-                                        "repetition_penalty", "no_repeat_ngram_size", "length_penalty"})
+        return self.model_dump(
+            include={
+                "num_beams",
+                "do_sample",
+                "temperature",
+                "top_p",
+                "top_k",
+                "repetition_penalty",
+                "no_repeat_ngram_size",
+                "length_penalty",
+            }
+        )
 
 
 class ReportParams(Params):
@@ -76,8 +88,8 @@ def check_id_prompts(prompts: list[str], vocab_size: int) -> None:
                 raise ConfigError(
                     f"report.prompts[{index}] = {prompt!r}: {word!r} is not an id of the pre-tokenized data "
                     f"(0 .. {vocab_size - 1}), and its tokenizer would read it as EOS.",
-                    fix=f"write each prompt as ids 0 .. {vocab_size - 1} separated by spaces (e.g. \"9 10\"; "
-                    f"\"\" starts from EOS) in {SOURCE} or --params 'report.prompts=[\"9 10\"]'.",
+                    fix=f'write each prompt as ids 0 .. {vocab_size - 1} separated by spaces (e.g. "9 10"; '
+                    f'"" starts from EOS) in {SOURCE} or --params \'report.prompts=["9 10"]\'.',
                 )
 
 

@@ -73,8 +73,9 @@ def throughput_figure(history: pd.DataFrame | None) -> Figure:
     """Real (non-padding) tokens/s and computed tokens/s (padding included) against step."""
     fig, ax = _new_figure("Throughput", "tokens/s")
     drawn = _plot(ax, history, "real_tokens_per_s", "real tokens/s", color="C0", linewidth=1.5)
-    drawn += _plot(ax, history, "tokens_per_s", "computed tokens/s", color="C1", linewidth=1.5,
-                   linestyle="--")
+    drawn += _plot(
+        ax, history, "tokens_per_s", "computed tokens/s", color="C1", linewidth=1.5, linestyle="--"
+    )
     ax.yaxis.set_major_formatter(EngFormatter(sep=""))
     _finish(ax, drawn, legend=True, from_zero=True)
     return fig
@@ -97,12 +98,14 @@ def memory_figure(history: pd.DataFrame | None) -> Figure:
     return fig
 
 
-def tune_figure(trials: pd.DataFrame, chosen: int | None, *, ok: str = "ok", chosen_mode: str | None = None) -> Figure:
+def tune_figure(
+    trials: pd.DataFrame, chosen: int | None, *, ok: str = "ok", chosen_mode: str | None = None
+) -> Figure:
     """The tune pipeline's trials table (one row per trial: ``micro_batch_size``, ``status``,
     ``real_tokens_per_s``, ``peak_memory_mb``, and ``mode`` when several batching modes were measured): real
     tokens/s (solid) and peak memory (dotted) against micro-batch size, one colour per mode, each trial whose
-    status is not ``ok`` (the cliff, out of memory) marked by a dashed line, ``chosen`` (of ``chosen_mode``) by a
-    star."""
+    status is not ``ok`` (the cliff, out of memory) marked by a dashed line, ``chosen`` (of ``chosen_mode``)
+    by a star."""
     figure = Figure(figsize=FIGSIZE, dpi=DPI)
     speed = figure.add_subplot()
     memory = speed.twinx()
@@ -111,10 +114,21 @@ def tune_figure(trials: pd.DataFrame, chosen: int | None, *, ok: str = "ok", cho
     colours = ("tab:blue", "tab:orange", "tab:purple")
     for index, (mode, rows) in enumerate(measured.groupby("mode", sort=False) if len(measured) else ()):
         label = f" ({mode})" if mode else ""
-        speed.plot(rows["micro_batch_size"].tolist(), rows["real_tokens_per_s"].tolist(), marker="o",
-                   color=colours[index % len(colours)], label=f"real tokens/s{label}")
-        memory.plot(rows["micro_batch_size"].tolist(), rows["peak_memory_mb"].tolist(), marker="s", linestyle=":",
-                    color=colours[index % len(colours)], label=f"peak memory{label}")
+        speed.plot(
+            rows["micro_batch_size"].tolist(),
+            rows["real_tokens_per_s"].tolist(),
+            marker="o",
+            color=colours[index % len(colours)],
+            label=f"real tokens/s{label}",
+        )
+        memory.plot(
+            rows["micro_batch_size"].tolist(),
+            rows["peak_memory_mb"].tolist(),
+            marker="s",
+            linestyle=":",
+            color=colours[index % len(colours)],
+            label=f"peak memory{label}",
+        )
     speed.set_xscale("log", base=2)
     speed.set_xlabel("micro-batch size")
     speed.set_ylabel("real tokens/s (solid)")
@@ -122,13 +136,28 @@ def tune_figure(trials: pd.DataFrame, chosen: int | None, *, ok: str = "ok", cho
     for row in trials.itertuples() if len(trials) else ():
         if row.status != ok:
             speed.axvline(row.micro_batch_size, color="black", linestyle="--", linewidth=1)
-            speed.annotate(f"{row.mode} {row.status}".strip(), (row.micro_batch_size, speed.get_ylim()[1]),
-                           fontsize=8, ha="right", va="top", rotation=90)
+            speed.annotate(
+                f"{row.mode} {row.status}".strip(),
+                (row.micro_batch_size, speed.get_ylim()[1]),
+                fontsize=8,
+                ha="right",
+                va="top",
+                rotation=90,
+            )
     if chosen is not None:
-        rows = measured[(measured["micro_batch_size"] == chosen)
-                        & ((measured["mode"] == chosen_mode) if chosen_mode else True)]
-        speed.plot([chosen], rows["real_tokens_per_s"].tolist()[:1], marker="*", markersize=14, color="tab:green",
-                   linestyle="none", label="chosen")
+        rows = measured[
+            (measured["micro_batch_size"] == chosen)
+            & ((measured["mode"] == chosen_mode) if chosen_mode else True)
+        ]
+        speed.plot(
+            [chosen],
+            rows["real_tokens_per_s"].tolist()[:1],
+            marker="*",
+            markersize=14,
+            color="tab:green",
+            linestyle="none",
+            label="chosen",
+        )
     if speed.get_lines():
         speed.legend(loc="lower right", fontsize=8)
     speed.set_title("Throughput and memory against micro-batch size")

@@ -22,13 +22,28 @@ from fastlm.corpus.splitting import cap_rows, text_keys
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.reporting.params import ReferenceParams
 from fastlm.reporting.rouge import rouge_scores, score_columns
 
-__all__ = ["PREDICTION_COLUMNS", "describe_decoding", "has_references", "score_test_generations", "reference_pairs"]
+__all__ = [
+    "PREDICTION_COLUMNS",
+    "describe_decoding",
+    "has_references",
+    "score_test_generations",
+    "reference_pairs",
+]
 
 log = logging.getLogger(__name__)
 PAIR_COLUMNS = ("prompt", "response")
-PREDICTION_COLUMNS = ["sample", "prompt", "reference", "prediction", "prompt_tokens", "new_tokens", *score_columns()]
+PREDICTION_COLUMNS = [
+    "sample",
+    "prompt",
+    "reference",
+    "prediction",
+    "prompt_tokens",
+    "new_tokens",
+    *score_columns(),
+]
 _PAIR_SEPARATOR = "\x00"
 
 
@@ -48,10 +63,14 @@ def reference_pairs(splits: pd.DataFrame, max_samples: int | None) -> pd.DataFra
 def describe_decoding(settings: dict, max_new_tokens: int) -> str:
     """``{"num_beams": 1, "do_sample": False, ...}`` -> ``"greedy, max_new_tokens=64"`` (only what is on)."""
     kwargs = decoding_kwargs(**settings)
-    mode = "sampling" if kwargs.pop("do_sample") else ("greedy" if kwargs["num_beams"] == 1 else "beam search")
+    mode = (
+        "sampling" if kwargs.pop("do_sample") else ("greedy" if kwargs["num_beams"] == 1 else "beam search")
+    )
     if kwargs["num_beams"] == 1:
         kwargs.pop("num_beams")
-    return ", ".join([mode, *(f"{key}={value}" for key, value in kwargs.items()), f"max_new_tokens={max_new_tokens}"])
+    return ", ".join(
+        [mode, *(f"{key}={value}" for key, value in kwargs.items()), f"max_new_tokens={max_new_tokens}"]
+    )
 
 
 def _generation_prompts(tokenizer, prompts, *, max_length: int, max_new_tokens: int) -> list[list[int]]:
@@ -61,33 +80,68 @@ def _generation_prompts(tokenizer, prompts, *, max_length: int, max_new_tokens: 
     return [truncate_prompt_ids(prompt_token_ids(tokenizer, prompt), keep, bos) for prompt in prompts]
 
 
-def score_test_generations(model, tokenizer, pairs: pd.DataFrame, *, settings: dict, max_new_tokens: int,
-                           batch_size: int, seed: int, rouge_tokenizer: str, max_length: int,
-                           runtime: Runtime) -> tuple[pd.DataFrame, dict]:
+def score_test_generations(
+    model,
+    tokenizer,
+    pairs: pd.DataFrame,
+    *,
+    references: ReferenceParams,
+    max_length: int,
+    runtime: Runtime,
+) -> tuple[pd.DataFrame, dict]:
     """Per-sample predictions and scores (``PREDICTION_COLUMNS``) and the aggregate metrics.
 
-    ``settings``: decoding settings (:func:`fastlm.engine.evaluate.generation.decoding_kwargs` arguments). The
+    ``references``: the validated ``report.references`` group (decoding settings, ``max_new_tokens``,
+    ``batch_size``, ``seed``, ``rouge_tokenizer``), passed whole because its settings travel together. The
     aggregate has ``rouge1``/``rouge2``/``rougeL`` (mean F1), their ``_precision``/``_recall``, and
     ``rouge_samples``, ``rouge_tokenizer``, ``rouge_decoding``, ``generation_seconds``,
     ``generated_tokens_per_s``.
     """
-    prompt_ids = _generation_prompts(tokenizer, pairs["prompt"], max_length=max_length,
-                                     max_new_tokens=max_new_tokens)
+    settings, max_new_tokens = references.decoding(), references.max_new_tokens
+    prompt_ids = _generation_prompts(
+        tokenizer, pairs["prompt"], max_length=max_length, max_new_tokens=max_new_tokens
+    )
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     generations = generate_continuations(
-        model, prompt_ids, pad_id=pad_id_of(tokenizer), eos_id=tokenizer.eos_token_id, runtime=runtime,
-        batch_size=batch_size, max_new_tokens=max_new_tokens, seed=seed, start_id=start_id,
-        **decoding_kwargs(**settings))
-    predictions = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in generations.continuations]
-    per_sample, aggregate, kind = rouge_scores(predictions, pairs["response"].tolist(), rouge_tokenizer)
-    table = pd.concat([
-        pd.DataFrame({"sample": pairs["sample"].to_numpy(), "prompt": pairs["prompt"].to_numpy(),
-                      "reference": pairs["response"].to_numpy(), "prediction": predictions,
-                      "prompt_tokens": [len(ids) for ids in prompt_ids],
-                      "new_tokens": [len(ids) for ids in generations.continuations]}),
-        per_sample], axis=1)
+        model,
+        prompt_ids,
+        pad_id=pad_id_of(tokenizer),
+        eos_id=tokenizer.eos_token_id,
+        runtime=runtime,
+        batch_size=references.batch_size,
+        max_new_tokens=max_new_tokens,
+        seed=references.seed,
+        start_id=start_id,
+        **decoding_kwargs(**settings),
+    )
+    predictions = [
+        tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in generations.continuations
+    ]
+    per_sample, aggregate, kind = rouge_scores(
+        predictions, pairs["response"].tolist(), references.rouge_tokenizer
+    )
+    table = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "sample": pairs["sample"].to_numpy(),
+                    "prompt": pairs["prompt"].to_numpy(),
+                    "reference": pairs["response"].to_numpy(),
+                    "prediction": predictions,
+                    "prompt_tokens": [len(ids) for ids in prompt_ids],
+                    "new_tokens": [len(ids) for ids in generations.continuations],
+                }
+            ),
+            per_sample,
+        ],
+        axis=1,
+    )
     seconds = generations.seconds
-    aggregate.update(rouge_samples=len(table), rouge_tokenizer=kind,
-                     rouge_decoding=describe_decoding(settings, max_new_tokens), generation_seconds=seconds,
-                     generated_tokens_per_s=generations.new_tokens / seconds if seconds > 0 else float("nan"))
+    aggregate.update(
+        rouge_samples=len(table),
+        rouge_tokenizer=kind,
+        rouge_decoding=describe_decoding(settings, max_new_tokens),
+        generation_seconds=seconds,
+        generated_tokens_per_s=generations.new_tokens / seconds if seconds > 0 else float("nan"),
+    )
     return table[PREDICTION_COLUMNS], aggregate

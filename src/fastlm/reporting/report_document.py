@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -83,8 +84,30 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
     return lines
 
 
-def build_sections(*, summary, history, eval_history, training, efficiency, diagnosis, test_metrics, error_pairs,
-                   worst, generations, runs, predictions=None, split_report=None, sweep=None) -> list[Section]:
+@dataclass(frozen=True, eq=False)  # frames do not compare as one truth value
+class ReportInputs:
+    """Everything the report is written from, one object: the report node's catalog inputs (a Kedro node takes
+    one argument per input, so the node keeps them apart and groups them here)."""
+
+    summary: dict
+    history: pd.DataFrame
+    eval_history: pd.DataFrame
+    training: pd.DataFrame
+    efficiency: pd.DataFrame
+    diagnosis: dict
+    test_metrics: dict
+    error_pairs: pd.DataFrame
+    worst: pd.DataFrame
+    generations: pd.DataFrame
+    runs: pd.DataFrame
+    predictions: pd.DataFrame | None = None
+    split_report: dict | None = None
+    sweep: dict | None = None
+
+
+def build_sections(inputs: ReportInputs) -> list[Section]:
+    summary, history, eval_history, diagnosis = inputs.summary, inputs.history, inputs.eval_history, inputs.diagnosis
+    test_metrics, efficiency, worst, runs = inputs.test_metrics, inputs.efficiency, inputs.worst, inputs.runs
     findings = diagnosis.get("findings", [])
     triggered = [f for f in findings if f["triggered"]]
     eta = diagnosis.get("epoch_eta") or {}
@@ -98,7 +121,7 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
     evaluation = pd.DataFrame({"metric": list(test_metrics), "value": list(test_metrics.values())})
     return [
         Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
-        Section("Training summary", items=run_lines(summary, split_report), table=_one_row(training)),
+        Section("Training summary", items=run_lines(summary, inputs.split_report), table=_one_row(inputs.training)),
         Section("Efficiency", table=_one_row(efficiency)),
         Section("Curves", figures={"loss": plots.loss_figure(history, eval_history),
                                    "throughput": plots.throughput_figure(history),
@@ -107,16 +130,16 @@ def build_sections(*, summary, history, eval_history, training, efficiency, diag
         Section("Test split evaluation", table=evaluation),
         Section("Throughput: training and evaluation", table=speeds),
         Section("Most frequent wrong predictions", text="Decoded tokens; ␣ is a space.",
-                table=error_pairs_table(error_pairs)),
+                table=error_pairs_table(inputs.error_pairs)),
         Section("Worst samples by loss", table=worst,
                 text="anomaly_score: the share of a sample's next tokens outside the model's top k (on log-key "
                      "data, the next-key anomaly check)." if worst is not None and "anomaly_score" in worst else ""),
-        Section("Sample generations", table=generations),
-        *_rouge_sections(test_metrics, predictions),
+        Section("Sample generations", table=inputs.generations),
+        *_rouge_sections(test_metrics, inputs.predictions),
         Section("Run comparison", text="Training runs of this MLflow experiment (◀: the run of this report); only "
                                         "parameters whose values differ among the runs that have them.",
                 table=runs.fillna({"this run": ""}) if "this run" in runs else runs),
-        *_sweep_sections(sweep),
+        *_sweep_sections(inputs.sweep),
         *_profile_sections(summary.get("profile") or {}),
     ]
 
@@ -177,12 +200,12 @@ def _profile_sections(profile: dict) -> list[Section]:
             Section("Profile: top operators by self time", table=pd.DataFrame(profile["top_operators"]))]
 
 
-def build_document(**parts) -> tuple[str, str]:
-    summary = parts["summary"]
+def build_document(inputs: ReportInputs) -> tuple[str, str]:
+    summary = inputs.summary
     title = f"fastlm training report: {summary['run_name']}" if summary.get("run_name") else "fastlm training report"
     subtitle = (f"{summary.get('steps', '?')} steps, {summary.get('batching', '?')} batching, "
                 f"{summary.get('parameters', 0):,} parameters{' (LoRA)' if summary.get('lora') else ''}, "
                 f"on {summary.get('runtime', {}).get('device_name', '?')}")
-    sections = build_sections(**parts)
+    sections = build_sections(inputs)
     return render_html(title=title, subtitle=subtitle, sections=sections), render_markdown(
         title=title, subtitle=subtitle, sections=sections)

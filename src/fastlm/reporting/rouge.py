@@ -84,8 +84,9 @@ def score_columns() -> list[str]:
     return [f"{rouge}_{measure}" for rouge in ROUGE_TYPES for measure in MEASURES]
 
 
-def rouge_scores(predictions: Sequence[str], references: Sequence[str], tokenizer: str = "auto"
-                 ) -> tuple[pd.DataFrame, dict, str]:
+def rouge_scores(
+    predictions: Sequence[str], references: Sequence[str], tokenizer: str = "auto"
+) -> tuple[pd.DataFrame, dict, str]:
     """Per-sample scores (``score_columns()``), their means, and the tokenizer used.
 
     The means are ``rouge1`` / ``rouge2`` / ``rougeL`` (F1) and ``<type>_precision`` / ``<type>_recall``,
@@ -99,8 +100,13 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str], tokenize
     rows = []
     for prediction, reference in zip(predictions, references, strict=True):
         scores = scorer.score(reference or "", prediction or "")  # (target, prediction)
-        rows.append({f"{rouge}_{measure}": float(getattr(scores[rouge], field))
-                     for rouge in ROUGE_TYPES for measure, field in MEASURES.items()})
+        rows.append(
+            {
+                f"{rouge}_{measure}": float(getattr(scores[rouge], field))
+                for rouge in ROUGE_TYPES
+                for measure, field in MEASURES.items()
+            }
+        )
     per_sample = pd.DataFrame(rows, columns=score_columns())
     means = per_sample.mean() if len(per_sample) else pd.Series(float("nan"), index=per_sample.columns)
     aggregate = {}

@@ -16,8 +16,14 @@ import pandas as pd
 from fastlm.engine.observe.rates import timed_rate
 from fastlm.errors import InputDataError
 
-__all__ = ["after_warmup", "check_train_summary", "efficiency_summary", "numeric", "throughput",
-           "training_summary"]
+__all__ = [
+    "after_warmup",
+    "check_train_summary",
+    "efficiency_summary",
+    "numeric",
+    "throughput",
+    "training_summary",
+]
 
 
 def check_train_summary(summary: Any, shown: str) -> dict:
@@ -36,8 +42,10 @@ def check_train_summary(summary: Any, shown: str) -> dict:
         what = f"an object without a step count (steps; it has {', '.join(map(str, list(summary)[:4]))})"
     else:
         what = f"steps = {steps!r}, not a step count"
-    raise InputDataError(f"{shown} holds {what}, not the summary of a training run.",
-                         fix="rerun `kedro run --pipeline=train` to write it again.")
+    raise InputDataError(
+        f"{shown} holds {what}, not the summary of a training run.",
+        fix="rerun `kedro run --pipeline=train` to write it again.",
+    )
 
 
 def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
@@ -48,7 +56,8 @@ def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def throughput(history: pd.DataFrame | None, column: str = "real_tokens_per_s") -> float:
-    """:func:`fastlm.engine.observe.rates.timed_rate` of a history frame (NaN when not measured): the one figure."""
+    """:func:`fastlm.engine.observe.rates.timed_rate` of a history frame (NaN when not measured): the one
+    figure."""
     if history is None or history.empty or column not in history or "step_time_s" not in history:
         return math.nan
     frame = history[["step", "step_time_s", column]].apply(pd.to_numeric, errors="coerce").astype("float64")
@@ -103,8 +112,9 @@ def _exp(loss: Any) -> float | None:
         return math.inf
 
 
-def training_summary(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame,
-                     run_id: str | None = None) -> pd.DataFrame:
+def training_summary(
+    summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, run_id: str | None = None
+) -> pd.DataFrame:
     """One row: what was trained, for how long, and how it ended.
 
     Columns: run_id, steps, epochs, wall_time_s, final_train_loss, final_val_loss, final_val_perplexity,
@@ -117,8 +127,9 @@ def training_summary(summary: dict, history: pd.DataFrame, eval_history: pd.Data
     runtime = summary.get("runtime") or {}
     last_step = _max(numeric(history, "step"))
     final_val_loss = _first_known(summary.get("final_val_loss"), _last(eval_history, "val_loss"))
-    final_val_perplexity = _first_known(summary.get("final_val_perplexity"), _last(eval_history, "val_perplexity"),
-                                        _exp(final_val_loss))
+    final_val_perplexity = _first_known(
+        summary.get("final_val_perplexity"), _last(eval_history, "val_perplexity"), _exp(final_val_loss)
+    )
     row = {
         "run_id": run_id,
         "steps": _first_known(summary.get("steps"), None if math.isnan(last_step) else int(last_step)),
@@ -146,9 +157,9 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
     (``step_time_p50/p90/p99_s`` percentiles and ``step_time_max_s``), data wait (total wait / total time) and
     padding (real / computed tokens) are the run's figures over its single steps, from ``summary`` (the engine
     computes them, first step left out); a run without them falls back to the logging windows after the
-    warm-up row (percentiles of the window mean step times, means of the window shares). ``peak_memory_mb`` is the maximum over all rows (the
-    warm-up row included: memory peaks count wherever they happen). Figures the history lacks come from
-    ``summary`` when it has them. ``mfu`` is NaN when never measured (CPU runs).
+    warm-up row (percentiles of the window mean step times, means of the window shares). ``peak_memory_mb`` is
+    the maximum over all rows (the warm-up row included: memory peaks count wherever they happen). Figures the
+    history lacks come from ``summary`` when it has them. ``mfu`` is NaN when never measured (CPU runs).
     """
     summary = summary or {}
     timed = after_warmup(history)
@@ -162,13 +173,18 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
         "step_time_p50_s": _first_known(summary.get("step_time_p50_s"), _quantile(step_times, 0.50)),
         "step_time_p90_s": _first_known(summary.get("step_time_p90_s"), _quantile(step_times, 0.90)),
         "step_time_p99_s": _first_known(summary.get("step_time_p99_s"), _quantile(step_times, 0.99)),
-        "step_time_max_s": _first_known(summary.get("step_time_max_s"), _max(numeric(timed, "step_time_max_s"))),
-        "data_wait_share": _first_known(summary.get("data_wait_share"), _mean(numeric(timed, "data_wait_share")),
-                                        math.nan),
-        "padding_efficiency": _first_known(summary.get("padding_efficiency"),
-                                           _mean(numeric(timed, "padding_efficiency")), math.nan),
-        "peak_memory_mb": _first_known(_max(numeric(history, "peak_memory_mb")),
-                                       summary.get("peak_memory_mb"), math.nan),
+        "step_time_max_s": _first_known(
+            summary.get("step_time_max_s"), _max(numeric(timed, "step_time_max_s"))
+        ),
+        "data_wait_share": _first_known(
+            summary.get("data_wait_share"), _mean(numeric(timed, "data_wait_share")), math.nan
+        ),
+        "padding_efficiency": _first_known(
+            summary.get("padding_efficiency"), _mean(numeric(timed, "padding_efficiency")), math.nan
+        ),
+        "peak_memory_mb": _first_known(
+            _max(numeric(history, "peak_memory_mb")), summary.get("peak_memory_mb"), math.nan
+        ),
         "mfu": _mean(numeric(timed, "mfu")),
     }
     frame = pd.DataFrame([row])

@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from fastlm.engine.checkpoint import files as ckpt
-from fastlm.engine.checkpoint.files import (
-    CheckpointError,
-    latest_checkpoint,
-    load_checkpoint,
-    resolve_resume,
-    save_checkpoint,
-)
+from fastlm.engine.checkpoint.discovery import latest_checkpoint, resolve_resume
+from fastlm.engine.checkpoint.files import SaveOptions, save_checkpoint
+from fastlm.engine.checkpoint.layout import MARKER, CheckpointError
+from fastlm.engine.checkpoint.loading import load_checkpoint
 from tests.support.tiny_models import CHECKPOINT_VOCAB as VOCAB
 from tests.support.tiny_models import checkpoint_llama, optimizer_and_scheduler
 
@@ -169,11 +165,11 @@ def test_keep_last_prunes_oldest_and_stale_temporaries(tmp_path, trained):
     stale.mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"half")
     for step in range(1, 6):
-        save(tmp_path, step, *trained, keep_last=2)
+        save(tmp_path, step, *trained, options=SaveOptions(keep_last=2))
     assert steps_on_disk(tmp_path) == ["checkpoint-00000004", "checkpoint-00000005"]
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-00000005"
 
-    save(tmp_path, 6, *trained, keep_last=None)  # keeps everything
+    save(tmp_path, 6, *trained, options=SaveOptions(keep_last=None))  # keeps everything
     assert len(steps_on_disk(tmp_path)) == 3
 
 
@@ -338,7 +334,7 @@ def test_resolve_resume(tmp_path, trained, monkeypatch):
         resolve_resume(tmp_path, str(tmp_path / "checkpoint-00000042"))
     with pytest.raises(CheckpointError, match="'auto', 'never'"):
         resolve_resume(tmp_path, "")
-    (second / ckpt.MARKER).unlink()
+    (second / MARKER).unlink()
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         resolve_resume(tmp_path, str(second))
     assert resolve_resume(tmp_path, "auto") == first

@@ -13,7 +13,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fastlm.engine.checkpoint.files import CheckpointError, checkpoint_lock, latest_checkpoint
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
+from fastlm.engine.checkpoint.layout import CheckpointError
+from fastlm.engine.checkpoint.lock import checkpoint_lock
 from fastlm.engine.observe.health import NonFiniteLossError
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.loop import train

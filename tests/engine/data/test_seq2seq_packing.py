@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastlm.engine.data import Seq2SeqCollator
-from fastlm.engine.model.attention import to_device
+from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, packing_unavailable
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 from tests.support.tiny_seq2seq import BUDGET, EOS, PAD, VOCAB, packed_batch, samples, tiny_seq2seq

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastlm.engine.batching import RandomBatches
-from fastlm.engine.checkpoint.files import CheckpointError
+from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBudget
 from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env

@@ -13,7 +13,7 @@ from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.evaluate import evaluation
-from fastlm.engine.evaluate.evaluation import evaluate
+from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.evaluate.generation import generate_samples
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_MODEL, reordered_sum_rtol
@@ -111,7 +111,7 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     model, tokenizer, data, runtime = setup
     params = _params(mode)
     report = evaluate(model, data, params=params, runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
-                      tokenizer=tokenizer, analysis=True, worst=7, pairs=15)
+                      tokenizer=tokenizer, options=EvalOptions(analysis=True, worst=7, pairs=15))
     reference = evaluate(model, data, params=params, runtime=runtime, pad_id=tokenizer.pad_token_id,
                          max_length=MAX_LENGTH, attn="sdpa")
     assert reference.wrong_pairs is None and reference.worst_samples is None and "accuracy" not in reference.metrics
@@ -128,7 +128,8 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     assert round(metrics["accuracy"] * targets) == correct  # no top-1 near-tie (checked in the fixture)
     assert abs(round(metrics["top5_accuracy"] * targets) - top5) <= sum(undecided.values())
     assert 0 < correct < top5 < targets
-    assert metrics["seconds"] > 0 and metrics["real_tokens_per_s"] > 0
+    # the rate is every real token of the data over the measured time (each token counted once)
+    assert metrics["seconds"] > 0 and round(metrics["real_tokens_per_s"] * metrics["seconds"]) == data.lengths.sum()
 
     # Worst samples: the brute-force top losses, in the same order.
     expected = sorted(losses.items(), key=lambda item: -item[1])[:7]
@@ -160,16 +161,16 @@ def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkey
     model, tokenizer, data, runtime = setup
     monkeypatch.setattr(evaluation, "DENSE_PAIR_TABLE_MAX", 10)  # force the torch.unique path
     monkeypatch.setattr(evaluation, "_COMPACT_EVERY", 100)  # and several merges
-    report = evaluate(model, data, tokenizer=tokenizer, analysis=True, params=_params("packed"), runtime=runtime,
-                      max_length=MAX_LENGTH, attn="sdpa", pairs=10)
+    report = evaluate(model, data, tokenizer=tokenizer, params=_params("packed"), runtime=runtime,
+                      max_length=MAX_LENGTH, attn="sdpa", options=EvalOptions(analysis=True, pairs=10))
     pairs = brute[3]
     got = dict(zip(zip(report.wrong_pairs["target_id"], report.wrong_pairs["predicted_id"], strict=True),
                    report.wrong_pairs["count"], strict=True))
     assert all(pairs[key] == count for key, count in got.items())
     assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(10)]
 
-    partial = evaluate(model, data, tokenizer=tokenizer, analysis=True, params=_params("dynamic"), runtime=runtime,
-                       max_length=MAX_LENGTH, attn="sdpa", max_batches=2, worst=100)
+    partial = evaluate(model, data, tokenizer=tokenizer, params=_params("dynamic"), runtime=runtime,
+                       max_length=MAX_LENGTH, attn="sdpa", options=EvalOptions(analysis=True, max_batches=2, worst=100))
     assert partial.metrics["samples"] == 32 and len(partial.worst_samples) <= 32
     assert math.isfinite(partial.metrics["loss"])
 
@@ -224,9 +225,9 @@ def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
         optimizer.step()
         optimizer.zero_grad()
     tokens = encode_id_lists([session["ids"] for session in held_out], eos=eos, max_length=MAX_LENGTH)
-    report = evaluate(model, TokenSequences(tokens.values, tokens.offsets), tokenizer=tokenizer, analysis=True,
+    report = evaluate(model, TokenSequences(tokens.values, tokens.offsets), tokenizer=tokenizer,
                       params=_params("dynamic"), runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
-                      worst=len(held_out))
+                      options=EvalOptions(analysis=True, worst=len(held_out)))
     ranked = report.worst_samples.sort_values("anomaly_score", ascending=False, kind="stable")
     planted = {index for index, session in enumerate(held_out) if session["anomaly"]}
     assert len(planted) >= 3 and len(ranked) == len(held_out)

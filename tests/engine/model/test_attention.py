@@ -201,7 +201,7 @@ def path_kernels(request, monkeypatch):
 
         return attn, lambda: calls and all(isinstance(mask, BlockMask) for mask in calls)
     if attn == "torch_varlen":
-        from fastlm.engine.model import attention
+        from fastlm.engine.model.attention import kernels as attention_kernels
 
         calls = []
 
@@ -214,7 +214,7 @@ def path_kernels(request, monkeypatch):
             return torch.cat([_causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
                               for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
 
-        monkeypatch.setattr(attention, "varlen_attn", reference_varlen_attn)
+        monkeypatch.setattr(attention_kernels, "varlen_attn", reference_varlen_attn)
         return attn, lambda: bool(calls)
     return attn, lambda: True
 
@@ -269,7 +269,7 @@ def test_torch_varlen_adapts_to_older_torch_signatures(signature, reference, tmp
     """torch 2.9-2.10 ``varlen_attn(..., is_causal=False, return_aux=None)`` (no scale, no GQA) and torch 2.11
     (``scale``, ``window_size`` but no ``enable_gqa``: seen on an H200 with torch 2.11): the GQA model (2 KV
     heads for 4 query heads) must still give each sample its own logits."""
-    from fastlm.engine.model import attention
+    from fastlm.engine.model.attention import kernels
 
     calls = []
 
@@ -289,7 +289,7 @@ def test_torch_varlen_adapts_to_older_torch_signatures(signature, reference, tmp
                             window_size=(-1, -1)):
             return split(query, key, value, cu_seq_q, scale, window_size == (-1, 0))
 
-    monkeypatch.setattr(attention, "varlen_attn", old_varlen_attn)
+    monkeypatch.setattr(kernels, "varlen_attn", old_varlen_attn)
     reference_logits, reference_losses = reference
     params = _params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
@@ -306,7 +306,7 @@ def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_p
     """Under bf16 autocast Llama's rotary embedding gives fp32 queries and keys (fp32 weights); the flash kernel
     behind varlen_attn takes only fp16/bf16 ("FlashAttention only support fp16 and bf16 data type", seen on an
     H200): fastlm casts them to the autocast dtype, as transformers' flash-attention paths do."""
-    from fastlm.engine.model import attention
+    from fastlm.engine.model.attention import kernels
 
     dtypes = []
 
@@ -319,7 +319,7 @@ def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_p
         return torch.cat([_causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
                           for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
 
-    monkeypatch.setattr(attention, "varlen_attn", half_only_varlen_attn)
+    monkeypatch.setattr(kernels, "varlen_attn", half_only_varlen_attn)
     _, reference_losses = reference
     params = _params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", num_threads=1))
@@ -332,7 +332,7 @@ def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_p
 
 @pytest.mark.parametrize("attn", ["torch_varlen", "flash_attention_2"])
 def test_half_precision_kernels_are_refused_in_fp32_on_cuda_with_a_clear_message(attn):
-    from fastlm.engine.model.attention import choose_attention
+    from fastlm.engine.model.attention.choice import choose_attention
     from fastlm.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"{attn} runs in bf16 or fp16 only.*runtime.precision") as refused:
@@ -360,7 +360,7 @@ def test_generation_on_a_torch_varlen_model_uses_sdpa_and_puts_it_back():
 def test_sdpa_varlen_equals_causal_attention_per_segment_with_its_gradients(kv_heads):
     """The CPU varlen kernel (length buckets, one causal SDPA call each): outputs and q/k/v gradients equal those
     of each segment's own causal attention, for segments of every length up to and past a bucket boundary."""
-    from fastlm.engine.model.attention import sdpa_varlen_attention
+    from fastlm.engine.model.attention.kernels import sdpa_varlen_attention
 
     torch.manual_seed(0)
     lengths = [1, 7, 8, 9, 16, 17, 3, 40, 2, 33]
@@ -392,21 +392,21 @@ def test_auto_prefers_varlen_then_flex_then_dense_and_logs_why(monkeypatch, capl
     import importlib.util
     import logging
 
-    from fastlm.engine.model import attention
+    from fastlm.engine.model.attention import choice
 
     installed: set[str] = set()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
-    monkeypatch.setattr(attention, "torch_varlen_available", lambda device: "torch" in installed)
+    monkeypatch.setattr(choice, "torch_varlen_available", lambda device: "torch" in installed)
     cuda = torch.device("cuda")
-    with caplog.at_level(logging.INFO, logger="fastlm.engine.model.attention"):
+    with caplog.at_level(logging.INFO, logger="fastlm.engine.model.attention.choice"):
         installed.update({"flash_attn", "torch"})
-        assert attention.choose_attention("auto", cuda, "bf16") == "flash_attention_2"
+        assert choice.choose_attention("auto", cuda, "bf16") == "flash_attention_2"
         installed.discard("flash_attn")
-        assert attention.choose_attention("auto", cuda, "bf16") == "torch_varlen"
+        assert choice.choose_attention("auto", cuda, "bf16") == "torch_varlen"
         installed.clear()
-        assert attention.choose_attention("auto", cuda, "bf16") == "flex_attention"
+        assert choice.choose_attention("auto", cuda, "bf16") == "flex_attention"
         installed.update({"flash_attn", "torch"})
-        assert attention.choose_attention("auto", cuda, "fp32") == "flex_attention"  # varlen kernels: half only
-        assert attention.choose_attention("auto", torch.device("cpu")) == "sdpa"
-        assert attention.choose_attention("eager", cuda) == "eager"
+        assert choice.choose_attention("auto", cuda, "fp32") == "flex_attention"  # varlen kernels: half only
+        assert choice.choose_attention("auto", torch.device("cpu")) == "sdpa"
+        assert choice.choose_attention("eager", cuda) == "eager"
     assert sum("attention auto ->" in message for message in caplog.messages) == 5

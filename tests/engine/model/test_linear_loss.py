@@ -103,7 +103,7 @@ def packed_batch(vocab: int, attn: str = "sdpa"):
     """Packed rows with prompts (completion-only labels) and the target positions the collator marks."""
     from fastlm.engine.data import PackedCollator
     from fastlm.engine.data.packing import TokenBudget
-    from fastlm.engine.model.attention import to_device
+    from fastlm.engine.model.attention.inputs import to_device
 
     generator = torch.Generator().manual_seed(3)
     layout = [(12, 8), (7, 0), (15, 11), (5, 2), (9, 6), (3, 0)]  # (length, prompt length)
@@ -130,7 +130,7 @@ def tiny_llama(vocab: int = VOCAB, **config):
 
 
 def step_loss_and_grads(model, batches, **kwargs):
-    from fastlm.engine.model.loss import accumulate_gradients
+    from fastlm.engine.model.accumulation import accumulate_gradients
 
     model.zero_grad(set_to_none=True)
     loss_sum, targets = accumulate_gradients(model, batches, **kwargs)
@@ -166,7 +166,8 @@ def test_a_training_step_with_the_fused_head_equals_the_plain_one(variant, smoot
 def test_auto_fuses_large_vocabularies_and_says_why_not_elsewhere(caplog):
     from fastlm.engine.model.linear_loss import FUSED_MIN_VOCAB, fused_head_choice
 
-    assert fused_head_choice(tiny_llama(FUSED_MIN_VOCAB), "auto")[0] is not None
+    large = tiny_llama(FUSED_MIN_VOCAB)
+    assert fused_head_choice(large, "auto")[0] is large.lm_head
     head, why = fused_head_choice(tiny_llama(), "auto")
     assert head is None and f"vocabulary of {VOCAB}" in why
     assert fused_head_choice(tiny_llama(FUSED_MIN_VOCAB), False)[0] is None

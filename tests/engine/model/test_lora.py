@@ -13,7 +13,7 @@ import torch
 from demo_data.texts import make_texts
 
 from fastlm.corpus.prompts import tokenize_pairs
-from fastlm.engine.checkpoint.files import latest_checkpoint
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.model import lora

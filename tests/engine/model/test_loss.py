@@ -7,13 +7,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastlm.engine.model.loss as loss_module
-from fastlm.engine.model.loss import (
-    IGNORE_INDEX,
-    accumulate_gradients,
-    causal_lm_loss_sum,
-    count_target_tokens,
-    total_target_tokens,
-)
+from fastlm.engine.data.schema import IGNORE_INDEX, count_target_tokens
+from fastlm.engine.model.accumulation import accumulate_gradients, total_target_tokens
+from fastlm.engine.model.loss import causal_lm_loss_sum
 from tests.support.allocations import full_size_allocations
 from tests.support.tolerances import BF16_VS_FP32, EPS_FP32, OTHER_FP32_KERNEL, reordered_sum_rtol
 
@@ -221,7 +217,7 @@ def test_training_computes_logits_only_where_a_label_is_predicted(attn):
     from fastlm.engine.data import PackedCollator
     from fastlm.engine.data.packing import TokenBudget
     from fastlm.engine.data.schema import TARGET_POSITIONS
-    from fastlm.engine.model.attention import to_device
+    from fastlm.engine.model.attention.inputs import to_device
 
     generator = torch.Generator().manual_seed(3)
     layout = [(12, 8), (7, 0), (15, 11), (5, 2), (9, 6), (3, 0)]  # (length, prompt length)

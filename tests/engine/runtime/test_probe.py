@@ -5,7 +5,7 @@ import torch
 
 import fastlm.engine.runtime.probe as probe
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
-from fastlm.engine.runtime.probe import MIN_SPEEDUP, MIN_STEP_SECONDS, probe_runtime
+from fastlm.engine.runtime.probe import MIN_SPEEDUP, MIN_STEP_SECONDS, CompileProbe, probe_runtime
 from tests.support.tolerances import TRAINED_FP32_LOSS_REL
 from tests.support.toy_training import run_toy, toy_model, toy_params
 
@@ -170,8 +170,8 @@ def test_auto_compile_on_cpu_keeps_the_compiled_model_only_where_it_measures_fas
         compiled_models.append(Compiled(model))
         return compiled_models[-1]
 
-    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH, compile_request="auto",
-                                    micro_batches_left=LONG_RUN, compiler=compiler,
+    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH,
+                                    compile_probe=CompileProbe("auto", LONG_RUN, compiler=compiler),
                                     measure=compile_timer(eager_s, compiled_s, calls))
     assert runtime.compile is expected and result.record()["compile"] is expected
     assert (result.compiled is compiled_models[0]) if expected else result.compiled is None
@@ -187,8 +187,9 @@ def test_auto_compile_on_cpu_skips_a_run_too_short_to_repay_compiling():
     def compiler(model):
         raise AssertionError("compiled for a run too short to repay it")
 
-    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH, compile_request="auto",
-                                    micro_batches_left=10, compiler=compiler, measure=compile_timer(1.0, 0.1, calls))
+    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH,
+                                    compile_probe=CompileProbe("auto", 10, compiler=compiler),
+                                    measure=compile_timer(1.0, 0.1, calls))
     assert runtime.compile is False and result.compiled is None and calls == ["eager"]
     assert "would not repay" in runtime.compile_choice
 
@@ -205,8 +206,9 @@ def test_compile_is_not_measured_where_the_choice_is_already_made(request_, kwar
         raise AssertionError("measured although the choice was already made")
 
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1, compile=request_))
-    runtime, result = probe_runtime(runtime, "fp32", toy_model(), BATCH, compile_request=request_,
-                                    micro_batches_left=LONG_RUN, compiler=never, measure=never, **kwargs)
+    runtime, result = probe_runtime(runtime, "fp32", toy_model(), BATCH,
+                                    compile_probe=CompileProbe(request_, LONG_RUN, compiler=never), measure=never,
+                                    **kwargs)
     assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
 
 

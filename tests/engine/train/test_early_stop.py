@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from fastlm.engine.checkpoint.files import latest_checkpoint
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.train.early_stop import EarlyStopping
 from fastlm.errors import ConfigError

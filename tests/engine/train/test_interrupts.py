@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastlm.engine.checkpoint.files import MARKER, latest_checkpoint, load_checkpoint
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
+from fastlm.engine.checkpoint.layout import MARKER
+from fastlm.engine.checkpoint.loading import load_checkpoint
 from fastlm.engine.train.signals import GracefulStop, TrainingInterrupted
 from tests.support.toy_training import run_toy, toy_model, toy_params
 

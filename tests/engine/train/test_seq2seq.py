@@ -16,12 +16,18 @@ import torch
 from fastlm.engine.batching import make_batching, seq2seq_batching
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data import PackedSeq2SeqCollator, Seq2SeqCollator
+from fastlm.engine.data.schema import IGNORE_INDEX
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.model.build import build_model
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.loop import train
 from fastlm.errors import ConfigError
-from tests.support.tolerances import MERGED_ADAPTER_ATOL
+from tests.support.tolerances import (
+    MERGED_ADAPTER_ATOL,
+    OTHER_FP32_KERNEL_GRAD,
+    OTHER_FP32_MODEL,
+    TRAINED_FP32_LOSS_REL,
+)
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
@@ -137,6 +143,59 @@ def test_packed_seq2seq_batches_pack_where_the_family_and_attention_keep_samples
     assert isinstance(collator, Seq2SeqCollator)  # per-sample evaluation keeps padded rows
 
 
+def test_packed_decoder_labels_never_reach_across_samples():
+    """Through the engine's own packed batching: every target is predicted from a position of its own sample
+    (position t predicts labels[t + 1]), and each sample's labels are its response and EOS, nothing more."""
+    samples = copy_samples(40, 4)
+    params = _params(Path("unused"), "unused", mode="packed")
+    sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=0,
+                                      **seq2seq_batching(_tiny("bart"), samples, "sdpa"))
+    assert isinstance(collator, PackedSeq2SeqCollator)
+    sampler.set_epoch(0, start_batch=0)
+    shared_rows = 0
+    for indices in sampler:
+        batch = collator(samples.__getitems__(indices))
+        labels, segments = batch["labels"], batch["decoder_segment_ids"]
+        targets = labels != IGNORE_INDEX
+        assert not targets[:, 0].any()
+        predicted_by = segments[:, :-1][targets[:, 1:]]  # the segment of the position before each target
+        assert torch.equal(predicted_by, segments[:, 1:][targets[:, 1:]])
+        for k, index in enumerate(indices):
+            response = samples[index][int(samples.prompt_lengths[index]):].tolist()
+            assert labels[segments == k].tolist() == [IGNORE_INDEX, *response]
+        shared_rows += sum(len(set(row.tolist()) - {-1}) > 1 for row in segments)
+        assert int(batch["num_target_tokens"]) == int(targets.sum())
+    assert shared_rows > 0  # rows hold several samples: the check had boundaries to cross
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_a_packed_and_a_padded_run_take_the_same_steps(tmp_path, kind):
+    """One micro-batch holds all the samples in both modes, so both runs take the same two steps: the same loss
+    and gradient norm up to the kernels' rounding (packed rows vs one padded row each), and the loss falls."""
+    folder = tmp_path / kind
+    _tiny(kind, init_std=0.5).save_pretrained(folder)  # not near-uniform attention: a leak would show
+    samples = copy_samples(8, 3)
+    histories = {}
+    for mode in ("packed", "length_grouped"):
+        params = _params(tmp_path / mode, folder, mode=mode).model_copy(
+            update={"max_steps": 2, "log_every": 1, "eval_every": None})
+        model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+        sampler, _ = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=params.seed,
+                                   **seq2seq_batching(model, samples, "sdpa"))
+        sampler.set_epoch(0, start_batch=0)
+        assert [sorted(indices) for indices in sampler] == [list(range(8))]
+        runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+        result = train(model, samples, None, params=params, runtime=runtime, pad_id=PAD, max_length=64, attn="sdpa")
+        assert result.summary["batching"] == mode
+        histories[mode] = result.history
+    packed, padded = histories["packed"], histories["length_grouped"]
+    assert [row["step"] for row in packed] == [row["step"] for row in padded] == [1, 2]
+    assert packed[0]["loss"] == pytest.approx(padded[0]["loss"], rel=OTHER_FP32_MODEL["rtol"])
+    assert packed[0]["grad_norm"] == pytest.approx(padded[0]["grad_norm"], rel=OTHER_FP32_KERNEL_GRAD["rtol"])
+    assert packed[1]["loss"] == pytest.approx(padded[1]["loss"], rel=TRAINED_FP32_LOSS_REL)
+    assert packed[1]["loss"] < packed[0]["loss"]
+
+
 def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog):
     from transformers import PegasusConfig, PegasusForConditionalGeneration
 
@@ -198,10 +257,23 @@ def test_tune_measures_the_seq2seq_training_step(tmp_path):
 
     params = _params(tmp_path, tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(_tiny("t5"), copy_samples(60, 1), params=params, runtime=runtime, pad_id=PAD,
+    model = _tiny("t5")
+    dataset = copy_samples(60, 1)
+    before = [p.detach().clone() for p in model.parameters()]
+    measure = tune.real_step_measurer(model, dataset, params=params, runtime=runtime, pad_id=PAD,
                                       max_length=64, attn="sdpa", warmup=1, timed=2)
     trial = measure(4)
-    assert trial.real_tokens_per_s > 0 and trial.step_time_s > 0
+    # the timed steps are the run's own (length-grouped seq2seq batches of 4): their real tokens over their time
+    trial_params = params.model_copy(update={"batching": params.batching.model_copy(update={"micro_batch_size": 4})})
+    sampler, collator = make_batching(trial_params, dataset.lengths, pad_id=PAD, max_length=64, seed=params.seed,
+                                      **seq2seq_batching(model, dataset, "sdpa"))
+    sampler.set_epoch(0)
+    timed = [indices for _, indices in zip(range(3), iter(sampler), strict=False)][1:]  # after 1 warm-up step
+    real = sum(int(collator(dataset.__getitems__(indices))["num_real_tokens"]) for indices in timed)
+    assert real == sum(int(dataset.lengths[i]) + 1 for indices in timed for i in indices)  # + decoder start
+    assert round(trial.real_tokens_per_s * trial.step_time_s * 2) == real  # the 2 timed steps' real tokens
+    assert trial.samples_per_micro_batch == 4.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), "no step was taken"
 
 
 def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):

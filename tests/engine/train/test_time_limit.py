@@ -6,7 +6,9 @@ import itertools
 import pytest
 
 import fastlm.engine.train.time_limit as budget
-from fastlm.engine.checkpoint.files import MARKER, latest_checkpoint, read_checkpoint_state
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
+from fastlm.engine.checkpoint.layout import MARKER
+from fastlm.engine.checkpoint.loading import read_checkpoint_state
 from fastlm.errors import ConfigError
 from tests.support.toy_training import run_toy, toy_params
 

@@ -41,7 +41,7 @@ def test_summary_figures_are_over_steps_not_window_means(tmp_path):
 def test_a_resume_reads_the_checkpoint_once(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from fastlm.engine.checkpoint.files import MARKER, STATE_FILE
+    from fastlm.engine.checkpoint.layout import MARKER, STATE_FILE
 
     run_toy(toy_params(tmp_path, max_steps=4, save_every=2, eval_every=None))
     reads, read_text = [], Path.read_text

@@ -111,8 +111,9 @@ def test_every_batching_mode_gets_its_ladder_and_the_fastest_mode_wins(tmp_path)
     params = toy_params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
     ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed", "length_grouped"], params=params,
-                              runtime=runtime, pad_id=EOS, max_length=64, attn="sdpa", warmup=1, timed=2,
-                              sizes=tune.ladder(1, 2), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9)
+                              runtime=runtime, pad_id=EOS, max_length=64, attn="sdpa",
+                              settings=tune.LadderSettings(warmup=1, timed=2, sizes=tune.ladder(1, 2),
+                                                           memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9))
     assert [ladder.mode for ladder in ladders] == ["packed", "length_grouped"]
     assert all([t.micro_batch_size for t in ladder.trials] == [1, 2] for ladder in ladders)
     best = tune.best_mode(ladders)
@@ -123,17 +124,19 @@ def test_every_batching_mode_gets_its_ladder_and_the_fastest_mode_wins(tmp_path)
     assert "packed:" in text and "length_grouped:" in text
 
 
-def test_a_mode_the_model_cannot_train_in_is_skipped_with_the_reason(tmp_path):
+def test_a_mode_the_model_cannot_train_in_is_skipped_with_the_reason(tmp_path, monkeypatch):
     params = toy_params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
 
-    def never(size):
+    def never(*args, **kwargs):
         raise AssertionError("measured a mode that was refused")
 
+    monkeypatch.setattr(tune, "unavailable_modes", lambda model, dataset, attn: lambda mode: "no packing here")
+    monkeypatch.setattr(tune, "real_step_measurer", never)
     ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed"], params=params, runtime=runtime,
-                              pad_id=EOS, max_length=64, attn="sdpa", warmup=1, timed=2, sizes=[1],
-                              memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9,
-                              unavailable=lambda mode: "no packing here", measurer=never)
+                              pad_id=EOS, max_length=64, attn="sdpa",
+                              settings=tune.LadderSettings(warmup=1, timed=2, sizes=[1], memory_limit_mb=None,
+                                                           headroom=0.1, cliff_tolerance=0.9))
     assert ladders[0].trials == [] and ladders[0].skipped == "no packing here" and tune.best_mode(ladders) is None
 
 

@@ -6,7 +6,8 @@ digest (:func:`run_digest`) records, as readable fields:
 - ``model.source`` (``name_or_path``, resolved when it is a local folder) and ``model.shape`` (a hash of every
   parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings),
   ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
-- ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths);
+- ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
+  ``data.fold`` (``train.fold`` of k-fold runs);
 - ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
   ``seed``: the data order and the meaning of the saved micro-batch position;
 - ``micro_batches_per_step`` (gradient accumulation x processes) and ``distributed.strategy`` (``fsdp``:
@@ -34,13 +35,10 @@ from typing import Any
 
 import torch
 
-from fastlm.engine.checkpoint.files import (
-    CheckpointError,
-    complete_checkpoints,
-    move_aside,
-    read_header,
-    resolve_resume,
-)
+from fastlm.engine.checkpoint.discovery import complete_checkpoints, resolve_resume
+from fastlm.engine.checkpoint.files import move_aside
+from fastlm.engine.checkpoint.layout import CheckpointError
+from fastlm.engine.checkpoint.loading import read_header
 from fastlm.engine.config import TrainParams
 
 log = logging.getLogger(__name__)
@@ -70,6 +68,7 @@ def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, 
         "model.lora": lora.model_dump(mode="json", exclude={"base_dtype"}) if lora.enabled else None,
         "model.base_weights": _base_weights(source) if lora.enabled else None,
         "data": data,
+        "data.fold": params.fold,  # k-fold runs: never continue another fold's checkpoint
         "batching.mode": params.batching.mode,
         "batching.micro_batch_size": params.batching.micro_batch_size,
         "batching.row_length": params.batching.row_length,  # packed rows: which samples a batch position holds

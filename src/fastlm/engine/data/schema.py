@@ -1,6 +1,6 @@
 """The batch schema every layer shares: the label convention (``IGNORE_INDEX`` marks a position with no
 target; a causal model's position ``t`` predicts ``labels[t + 1]``) and the keys of a batch on its way to the
-model (``attention.to_device`` puts the model's keyword arguments under ``MODEL_INPUTS`` and the positions
+model (``inputs.to_device`` puts the model's keyword arguments under ``MODEL_INPUTS`` and the positions
 whose logits a step needs under ``TARGET_POSITIONS``)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
-MODEL_INPUTS = "model_inputs"  # a batch from attention.to_device: the model's keyword arguments for its path
-# A batch from attention.to_device: the positions whose logits a training step needs (``logits_to_keep``).
+MODEL_INPUTS = "model_inputs"  # a batch from inputs.to_device: the model's keyword arguments for its path
+# A batch from inputs.to_device: the positions whose logits a training step needs (``logits_to_keep``).
 TARGET_POSITIONS = "target_positions"
 
 
 def model_inputs(batch: Mapping) -> dict:
-    """The model's keyword arguments: ``batch["model_inputs"]`` (``attention.to_device``), else its plain keys."""
+    """The model's keyword arguments: ``batch["model_inputs"]`` (``inputs.to_device``), else its plain keys."""
     if MODEL_INPUTS in batch:
         return batch[MODEL_INPUTS]
     return {key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}

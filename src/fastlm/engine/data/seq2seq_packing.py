@@ -49,7 +49,7 @@ class PackedSeq2SeqCollator:
     Returns ``input_ids`` / ``encoder_position_ids`` / ``encoder_segment_ids`` (encoder),
     ``decoder_input_ids`` / ``decoder_position_ids`` / ``decoder_segment_ids``, ``labels`` and the counts of
     ``collators`` (real and computed tokens cover both sides). The masks are made on the device from the
-    segment ids (``attention.to_device``), as for packed causal batches.
+    segment ids (``attention.inputs.to_device``), as for packed causal batches.
     """
 
     pad_id: int

@@ -2,7 +2,7 @@
 report's test metrics and error analysis, the benchmarks' checks all call :func:`evaluate`.
 
 ``evaluate`` batches the split exactly like training (``batching.make_batching``: packed by default, the
-inputs of the model's attention path from ``attention.to_device``), in a fixed order (seed 0), under
+inputs of the model's attention path from ``attention.inputs.to_device``), in a fixed order (seed 0), under
 ``torch.no_grad()`` and the runtime's autocast. Everything is accumulated on the device and read back once at the end:
 
 * always: loss (mean over target tokens, the ``loss.causal_lm_loss_sum`` definition: position t predicts label
@@ -42,11 +42,11 @@ from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
-from fastlm.engine.model.attention import to_device
+from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 from fastlm.engine.runtime.environment import Runtime
 
-__all__ = ["DENSE_PAIR_TABLE_MAX", "EvaluationReport", "evaluate"]
+__all__ = ["DENSE_PAIR_TABLE_MAX", "EvalOptions", "EvaluationReport", "evaluate"]
 
 # Largest vocab**2 counted in a dense table (int64: 256 MiB). The hard limit would be 2**31 (int32 bin ids),
 # but a 32k vocabulary would then need an 8 GiB table; larger vocabularies use the torch.unique path.
@@ -115,20 +115,38 @@ class _PairCounter:
         return self.ids[top.indices], top.values, counts.sum()
 
 
-def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Runtime, max_length: int, attn: str,
-             pad_id: int | None = None, tokenizer=None, analysis: bool = False, max_batches: int | None = None,
-             comm: Collectives | None = None, even_shards: bool = False, top_k: int = 5, worst: int = 10,
-             pairs: int = 20) -> EvaluationReport:
-    """Loss of ``model`` on ``dataset`` and, when ``analysis``, the error analysis (see the module docstring).
+@dataclass(frozen=True)
+class EvalOptions:
+    """How much of the split to evaluate, on which ranks, and what to compute beyond the loss: the settings that
+    travel together from training's validation, the report and the benchmarks to :func:`evaluate`.
 
-    ``metrics`` always hold loss, perplexity, target_tokens, samples, seconds and real_tokens_per_s; with
-    ``analysis`` (needs ``tokenizer``, one process) also accuracy and top5_accuracy, and the report's
-    ``wrong_pairs`` and ``worst_samples`` are filled (None otherwise). ``pad_id``: the tokenizer's by default.
-    Data parallel (``comm``, loss only): each rank evaluates its shard of the batches (``max_batches`` is split
-    between ranks) and the sums are added across ranks once, at the end; ``even_shards`` for FSDP, whose
-    forward is collective.
+    ``max_batches``: at most this many batches (split between ranks; None: all). ``comm`` / ``even_shards``: a
+    data-parallel run's view (``engine.distributed.parallel``); each rank evaluates its shard and the sums are
+    added once, at the end; ``even_shards`` for FSDP, whose forward is collective. ``analysis``: the error
+    analysis (one process, needs the tokenizer): accuracy, ``top_k`` accuracy, the ``pairs`` most frequent
+    wrong predictions and the ``worst`` samples.
     """
-    comm = comm or SingleProcess()
+
+    analysis: bool = False
+    max_batches: int | None = None
+    comm: Collectives | None = None
+    even_shards: bool = False
+    top_k: int = 5
+    worst: int = 10
+    pairs: int = 20
+
+
+def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Runtime, max_length: int, attn: str,
+             pad_id: int | None = None, tokenizer=None, options: EvalOptions | None = None) -> EvaluationReport:
+    """Loss of ``model`` on ``dataset`` and, with ``options.analysis``, the error analysis (module docstring).
+
+    ``metrics`` always hold loss, perplexity, target_tokens, samples, seconds and real_tokens_per_s; with the
+    analysis (needs ``tokenizer``, one process) also accuracy and top5_accuracy, and the report's
+    ``wrong_pairs`` and ``worst_samples`` are filled (None otherwise). ``pad_id``: the tokenizer's by default.
+    """
+    options = options or EvalOptions()
+    analysis, max_batches, even_shards = options.analysis, options.max_batches, options.even_shards
+    comm = options.comm or SingleProcess()
     if pad_id is None and tokenizer is None:
         raise ValueError("evaluate needs the pad id or the tokenizer")
     if analysis and (tokenizer is None or comm.world_size > 1):
@@ -141,7 +159,7 @@ def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Ru
     if max_batches is not None:
         max_batches = math.ceil(max_batches / comm.world_size)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
-    errors = _ErrorAnalysis(dataset, device, top_k=top_k, worst=worst,
+    errors = _ErrorAnalysis(dataset, device, top_k=options.top_k, worst=options.worst,
                             packed=params.batching.mode == "packed" and not sides) if analysis else None
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets = torch.zeros((), dtype=torch.int64, device=device)
@@ -170,7 +188,7 @@ def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Ru
             sums = comm.sum_device_(torch.stack([loss_sum, n_targets.to(torch.float64)]))
             loss_sum, n_targets = sums[0], sums[1].round().to(torch.int64)
         total_loss, targets_count = torch.stack([loss_sum, n_targets.double()]).tolist()  # the one read-back
-        found = errors.read_back(pairs) if errors is not None else None
+        found = errors.read_back(options.pairs) if errors is not None else None
     finally:
         model.train(was_training)
     seconds = perf_counter() - start

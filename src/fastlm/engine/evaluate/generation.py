@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from fastlm.engine.data.collators import pad_id_of
-from fastlm.engine.model.attention import generation_attention
+from fastlm.engine.model.attention.choice import generation_attention
 from fastlm.engine.runtime.environment import Runtime
 
 __all__ = ["Generations", "continuation_start", "decoding_kwargs", "generate_continuations", "generate_samples",

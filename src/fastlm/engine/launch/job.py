@@ -20,7 +20,8 @@ from fastlm.engine.config import TrainParams
 from fastlm.engine.data import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import RankInfo, connect, full_state_dicts, is_sharded, rank_device
-from fastlm.engine.model.build import build_model, choose_attention
+from fastlm.engine.model.attention.choice import choose_attention
+from fastlm.engine.model.build import build_model
 from fastlm.engine.observe.metrics import device_memory_mb
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime, usable_cpu_count
 from fastlm.engine.train.loop import train

@@ -13,19 +13,12 @@ import torch
 
 from fastlm.engine.config import ModelParams
 from fastlm.engine.model import lora, pretrained
-from fastlm.engine.model.attention import choose_attention  # noqa: F401  (registers torch_varlen; re-exported)
+from fastlm.engine.model.attention import kernels  # noqa: F401  (registers torch_varlen and sdpa_varlen)
+from fastlm.engine.model.recompute import enable_checkpointing, resolve_policy
 from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 PARAM = "train.model.name_or_path"
-
-
-def enable_checkpointing(model) -> None:
-    """Activation (gradient) checkpointing, non-reentrant, through the API of the installed transformers."""
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x: the other name is deprecated
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_implementation: str):
@@ -66,15 +59,16 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
                                   frozen_embeddings=frozen)
     _check_fits(model, max_length)
     model.config.use_cache = False  # a cache is useless in training and turns off packed-sample detection
-    if params.gradient_checkpointing:
-        enable_checkpointing(model)
+    policy = resolve_policy(params.gradient_checkpointing)
+    enable_checkpointing(model, policy)
     if params.lora.enabled:
-        model = lora.apply_lora(model, params.lora, gradient_checkpointing=params.gradient_checkpointing)
+        model = lora.apply_lora(model, params.lora, gradient_checkpointing=policy)
         if base is not None and Path(base).is_dir():  # saved with the adapter, checked where it is merged
             lora.remember_base(model, base)
     counts = lora.parameter_counts(model)
-    log.info("Model %s: %s parameters (%s trainable), attention %s", params.name_or_path or "llama (from config)",
-             f"{counts['total_parameters']:,}", f"{counts['trainable_parameters']:,}", attn_implementation)
+    log.info("Model %s: %s parameters (%s trainable), attention %s, gradient checkpointing %s",
+             params.name_or_path or "llama (from config)", f"{counts['total_parameters']:,}",
+             f"{counts['trainable_parameters']:,}", attn_implementation, policy)
     return model.train()
 
 

@@ -21,7 +21,7 @@ T5 scales its input before it, BART adds ``final_logits_bias`` after it, both un
 states: the head and the loss run on ``[1, K]`` positions instead of every padded decoder position.
 
 The extra inputs travel as keyword arguments of the model call (``PACKED_KEYS``, set by
-``attention.to_device``); a forward pre-hook on the model that is called pops them (the model never sees them)
+``inputs.to_device``); a forward pre-hook on the model that is called pops them (the model never sees them)
 and a forward hook (``always_call``) forgets them after the call. That model is the one a step calls under
 DDP / ``torch.compile``, a PEFT wrapper included: the extra keywords never reach a wrapper's own ``forward``. Without them the hooks do nothing
 (generation, unpacked batches). Families outside ``PACKABLE_FAMILIES`` (sinusoidal positions: Marian, Pegasus;

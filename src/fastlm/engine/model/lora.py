@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib.util
 import json
 import logging
 import re
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from fastlm.engine import config as engine_config
 from fastlm.engine.config import LoraParams, ModelParams
 from fastlm.errors import ConfigError
 
@@ -66,9 +66,7 @@ def check_supported(params: ModelParams) -> None:
             fix="set train.model.name_or_path to a local save_pretrained folder, or set train.model.lora.enabled: false.",
         )
     if params.lora.load_in_4bit:
-        missing = [what for what, ok in (("a CUDA GPU", torch.cuda.is_available()),
-                                         ("the bitsandbytes package", importlib.util.find_spec("bitsandbytes")
-                                          is not None)) if not ok]
+        missing = engine_config.cuda_and_bitsandbytes_missing()
         if missing:
             raise ConfigError(
                 f"{PARAM}.load_in_4bit is true but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
@@ -173,16 +171,25 @@ def _described(names: list[str]) -> str:
     return f"{', '.join(short)} ({len(names)} module{'' if len(names) == 1 else 's'})"
 
 
-def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: bool):
-    """Wrap ``model`` in a peft LoRA model: base frozen, adapters trainable (fp32)."""
+def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
+    """Wrap ``model`` in a peft LoRA model: base frozen, adapters trainable (fp32).
+
+    ``gradient_checkpointing``: the policy (``engine.model.recompute``; a boolean is full/off). QLoRA's
+    ``prepare_model_for_kbit_training`` turns checkpointing on in every layer when asked for any; the policy
+    is applied again after it so that ``selective`` stays every other layer.
+    """
     from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
 
+    from fastlm.engine.model.recompute import enable_checkpointing, resolve_policy
+
+    policy = resolve_policy({True: "full", False: "off"}.get(gradient_checkpointing, gradient_checkpointing))
     if lora.load_in_4bit:
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=gradient_checkpointing,
+            model, use_gradient_checkpointing=policy != "off",
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
-    if gradient_checkpointing:
+        enable_checkpointing(model, policy)
+    if policy != "off":
         model.enable_input_require_grads()
     check_named_modules(model, lora)
     targets = target_modules(model, lora.target_modules)

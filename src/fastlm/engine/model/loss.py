@@ -1,47 +1,26 @@
-"""Causal language-model loss, normalised over all the target tokens of one optimizer step.
-
-With gradient accumulation, one optimizer step sees k micro-batches. Taking the mean loss of each
-micro-batch and averaging the k means weights every micro-batch equally, so a token in a micro-batch with
-few targets counts more than a token in one with many: the gradient is not the gradient of the big batch
-(the gradient-accumulation bug found in Hugging Face trainers in 2024). The fix is to sum the per-token
-losses of each micro-batch and divide by the number of target tokens of the WHOLE step:
-
-    total = total_target_tokens(micro_batches)          # known on the host from the collator, no sync
-    for batch in micro_batches:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss_sum, _ = causal_lm_loss_sum(logits, batch["labels"])
-        (loss_sum / total).backward()                   # the grads add up to the big-batch gradient
-
-``accumulate_gradients`` is that loop, with autocast and an optional fp16 GradScaler. Under data
-parallelism, ``total`` must also be summed over ranks and the result multiplied by the world size (DDP
-averages gradients over ranks): ``accumulate_gradients(..., total_targets=global, world_size=W)``.
+"""Causal language-model loss: the logits a training step computes (only where a label is predicted:
+``positions_to_keep``, ``training_logits``) and their summed cross-entropy (``causal_lm_loss_sum``,
+chunked on CPU). Summed, not averaged: ``accumulation`` divides by the target tokens of the whole
+optimizer step.
 
 A target token is a label that some position predicts: position t predicts label t+1, so the first label
 of each row is never a target, and labels equal to ``IGNORE_INDEX`` (prompt, padding) are skipped.
-``count_target_tokens`` is the one definition; a collator's ``num_target_tokens`` must agree with it.
+``schema.count_target_tokens`` is the one definition; a collator's ``num_target_tokens`` must agree with it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import math
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
-from fastlm.engine.data.schema import (
-    IGNORE_INDEX,
-    TARGET_POSITIONS,
-    count_target_tokens,
-    model_inputs,
-    shift_labels,
-)
+from fastlm.engine.data.schema import IGNORE_INDEX, TARGET_POSITIONS, model_inputs, shift_labels
 from fastlm.engine.model.encoder_decoder import HEAD_POSITIONS, takes_head_positions, unwrapped
-from fastlm.engine.model.linear_loss import head_returns_hidden, linear_cross_entropy_sum
 
 
 def forward_logits(model: torch.nn.Module, batch: Mapping) -> torch.Tensor:
@@ -237,72 +216,3 @@ class ChunkedCrossEntropySum(torch.autograd.Function):
         ctx.used = True
         (grad,) = ctx.saved_tensors
         return grad.mul_(grad_loss.to(grad.dtype)), None, None, None, None
-
-
-def total_target_tokens(micro_batches: Iterable[Mapping]) -> int:
-    """Target tokens of all the micro-batches of one optimizer step.
-
-    Uses each batch's ``num_target_tokens`` (counted by the collator on the host, before the transfer, so
-    reading it costs no device sync); counts from the labels when a batch does not carry it.
-    """
-    total = 0
-    for batch in micro_batches:
-        count = batch.get("num_target_tokens")
-        if count is None:
-            count = count_target_tokens(batch["labels"])
-        total += int(count)
-    return total
-
-
-def accumulate_gradients(
-    model: torch.nn.Module,
-    micro_batches: Sequence[Mapping[str, torch.Tensor]],
-    *,
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    grad_scaler: torch.amp.GradScaler | None = None,
-    total_targets: int | None = None,
-    world_size: int = 1,
-    gradient_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
-    label_smoothing: float = 0.0,
-    fused_head: torch.nn.Linear | None = None,
-) -> tuple[torch.Tensor, int]:
-    """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
-
-    The gradients left in ``model`` equal those of one batch holding every sample. Returns the step's
-    summed loss (detached, still on the device: no sync) and its number of target tokens, for metrics.
-    The caller unscales/clips, steps the optimizer and zeroes the gradients.
-
-    Data parallel: ``total_targets`` is the step's target count summed over ALL ranks, ``world_size`` undoes
-    DDP's gradient averaging, and ``gradient_sync(last)`` is entered around each micro-batch so that
-    gradients are reduced across ranks only on the last one (see ``distributed.gradient_sync``).
-    ``label_smoothing``: the smoothed loss is what is optimised and returned (see ``cross_entropy_sum``).
-    ``fused_head`` (``linear_loss.fused_head_choice``): that head's matmul and the loss run fused, chunk by
-    chunk of tokens (``linear_loss``): no ``[tokens x vocab]`` logits.
-    """
-    total = total_target_tokens(micro_batches) if total_targets is None else int(total_targets)
-    step_loss_sum = None
-    last_index = len(micro_batches) - 1
-    for index, batch in enumerate(micro_batches):
-        sync = gradient_sync(index == last_index) if gradient_sync is not None else contextlib.nullcontext()
-        with sync:
-            with torch.profiler.record_function("fastlm.forward"), autocast():
-                loss_sum = _micro_batch_loss_sum(model, batch, label_smoothing, fused_head)
-            loss = (loss_sum * world_size if world_size != 1 else loss_sum) / max(total, 1)
-            with torch.profiler.record_function("fastlm.backward"):
-                (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
-        loss_sum = loss_sum.detach()
-        step_loss_sum = loss_sum if step_loss_sum is None else step_loss_sum + loss_sum
-    if step_loss_sum is None:
-        raise ValueError("accumulate_gradients needs at least one micro-batch")
-    return step_loss_sum, total
-
-
-def _micro_batch_loss_sum(model, batch: Mapping, label_smoothing: float,
-                          fused_head: torch.nn.Linear | None) -> torch.Tensor:
-    if fused_head is None:
-        logits, targets = training_logits(model, batch)
-        return cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
-    with head_returns_hidden(fused_head):
-        hidden, targets = training_logits(model, batch)
-    return linear_cross_entropy_sum(hidden, fused_head.weight, targets, fused_head.bias,
-                                    label_smoothing=label_smoothing)

@@ -66,6 +66,7 @@ class RuntimeConfig:
     # torch.compile the model (applied by the loop through Runtime.compile_model); auto: on CUDA, off on CPU
     compile: bool | str = "auto"
     num_threads: int | None = None  # CPU intra-op threads; None = usable cores
+    float8: str = "auto"  # float8 matmuls (engine/runtime/float8.py), applied when the optimizer is made
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -38,7 +38,7 @@ from time import perf_counter
 
 import torch
 
-from fastlm.engine.model.loss import accumulate_gradients
+from fastlm.engine.model.accumulation import accumulate_gradients
 from fastlm.engine.runtime.environment import Runtime
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ ROUNDS = 2  # timed passes per candidate after its warm-up; the best counts
 COMPILE_MIN_RUN_SECONDS = 300.0  # compile auto on CPU: only for runs at least this long eager (compiling takes ~25 s)
 COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
 
-__all__ = ["COMPILE_MIN_RUN_SECONDS", "COMPILE_MIN_SPEEDUP", "MIN_SPEEDUP", "MIN_STEP_SECONDS", "ProbeResult",
-           "compile_module", "cpu_has_native_bf16", "forward_backward_seconds", "probe_runtime"]
+__all__ = ["COMPILE_MIN_RUN_SECONDS", "COMPILE_MIN_SPEEDUP", "MIN_SPEEDUP", "MIN_STEP_SECONDS", "CompileProbe",
+           "ProbeResult", "compile_module", "cpu_has_native_bf16", "forward_backward_seconds", "probe_runtime"]
 
 Measure = Callable[[torch.nn.Module, Mapping, Runtime], float]
 
@@ -88,23 +88,34 @@ def forward_backward_seconds(model: torch.nn.Module, batch: Mapping, runtime: Ru
     return seconds
 
 
+@dataclass(frozen=True)
+class CompileProbe:
+    """``train.runtime.compile`` and what settling ``auto`` needs, one object because they travel together.
+
+    ``request``: the setting (True, False or "auto"); ``micro_batches_left``: what the run still trains (the
+    compile decision weighs the compile time against it); ``compiler``: ``torch.compile`` by default
+    (``compile_module``); ``batch`` / ``context``: the compiled candidate's own inputs (None: the probe's batch)
+    and the context its passes run in (another attention path: ``attention.attention_when_compiled``), so the
+    candidate measured is the one trained with.
+    """
+
+    request: bool | str
+    micro_batches_left: int = 0
+    compiler: Callable[[torch.nn.Module], torch.nn.Module] | None = None
+    batch: Mapping | None = None
+    context: Callable[[], contextlib.AbstractContextManager] | None = None
+
+
 def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Module, batch: Mapping | None, *,
                   world_size: int = 1, resumed: dict | None = None, measure: Measure | None = None,
-                  compile_request: bool | str | None = None, micro_batches_left: int = 0,
-                  compiler: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
-                  compiled_batch: Mapping | None = None,
-                  compiled_context: Callable[[], contextlib.AbstractContextManager] | None = None,
-                  ) -> tuple[Runtime, ProbeResult]:
+                  compile_probe: CompileProbe | None = None) -> tuple[Runtime, ProbeResult]:
     """The runtime to train with, and why (see the module docstring).
 
     ``batch``: the run's first micro-batch, already on the device (None: nothing left to train). ``resumed``: what
     the resumed checkpoint recorded (``ProbeResult.record``), if anything. ``measure``: the timer (default
-    ``forward_backward_seconds``). ``compile_request``: ``train.runtime.compile`` (None: the runtime's compile
-    setting is left as it is); ``micro_batches_left``: what the run still trains, for the compile decision;
-    ``compiler``: ``torch.compile`` by default (``compile_module``). A compiled model that was kept comes back
-    as ``ProbeResult.compiled`` (compiled from ``model``): train with it. ``compiled_batch`` / ``compiled_context``:
-    the compiled candidate's own inputs and the context its passes run in (another attention path:
-    ``attention.attention_when_compiled``), so the candidate measured is the one trained with.
+    ``forward_backward_seconds``). ``compile_probe``: ``train.runtime.compile`` and its inputs (None: the
+    runtime's compile setting is left as it is). A compiled model that was kept comes back as
+    ``ProbeResult.compiled`` (compiled from ``model``): train with it.
     """
     measure = measure or forward_backward_seconds
     result = _probe(runtime, requested_precision, model, batch, world_size=world_size, resumed=resumed,
@@ -112,23 +123,19 @@ def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Mo
     if result.seconds or result.precision != runtime.precision:
         log.info("runtime.precision %s -> %s: %s", requested_precision, result.precision, result.reason)
     runtime = replace(runtime, precision=result.precision, precision_choice=result.reason)
-    if compile_request is None:
+    if compile_probe is None:
         return runtime, replace(result, compile=runtime.compile)
-    compiled, reason, module = _compile_choice(runtime, compile_request, model, batch, world_size=world_size,
-                                               resumed=resumed, measured=result.seconds, measure=measure,
-                                               micro_batches_left=micro_batches_left,
-                                               compiler=compiler or compile_module,
-                                               compiled_batch=batch if compiled_batch is None else compiled_batch,
-                                               compiled_context=compiled_context or contextlib.nullcontext)
-    if compile_request == "auto":
+    compiled, reason, module = _compile_choice(runtime, model, batch, compile_probe, world_size=world_size,
+                                               resumed=resumed, measured=result.seconds, measure=measure)
+    if compile_probe.request == "auto":
         log.info("runtime.compile auto -> %s: %s", "on" if compiled else "off", reason)
     return (replace(runtime, compile=compiled, compile_choice=reason),
             replace(result, compile=compiled, compile_reason=reason, compiled=module))
 
 
-def _compile_choice(runtime: Runtime, requested: bool | str, model, batch, *, world_size: int,
-                    resumed: dict | None, measured: dict, measure: Measure, micro_batches_left: int,
-                    compiler, compiled_batch: Mapping, compiled_context) -> tuple[bool, str, torch.nn.Module | None]:
+def _compile_choice(runtime: Runtime, model, batch, probe: CompileProbe, *, world_size: int, resumed: dict | None,
+                    measured: dict, measure: Measure) -> tuple[bool, str, torch.nn.Module | None]:
+    requested = probe.request
     if requested != "auto":
         return bool(requested), "set in train.runtime.compile", None
     if runtime.device.type != "cpu":
@@ -139,14 +146,16 @@ def _compile_choice(runtime: Runtime, requested: bool | str, model, batch, *, wo
         return False, "auto in a run of several CPU processes stays eager (set true to compile on every rank)", None
     if batch is None:
         return False, "auto: nothing left to train, nothing measured", None
+    compiled_batch = batch if probe.batch is None else probe.batch
+    compiled_context = probe.context or contextlib.nullcontext
     with _no_trace(model):
         eager = measured.get(runtime.precision) or measure(model, batch, runtime)
-        left = eager * micro_batches_left
+        left = eager * probe.micro_batches_left
         if left < COMPILE_MIN_RUN_SECONDS:
             return False, (f"auto: about {left:.0f} s of training left ({eager:.3f} s per micro-batch eager); "
                            f"compiling (tens of seconds per batch shape on CPU) would not repay under "
                            f"{COMPILE_MIN_RUN_SECONDS:.0f} s"), None
-        compiled = compiler(model)
+        compiled = (probe.compiler or compile_module)(model)
 
         def compiled_pass() -> float:
             with compiled_context():

@@ -18,14 +18,9 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from fastlm.engine.checkpoint.files import (
-    MODEL_FILE,
-    OPTIMIZER_FILE,
-    CheckpointError,
-    checkpoint_dir,
-    load_checkpoint,
-    save_checkpoint,
-)
+from fastlm.engine.checkpoint.files import SaveOptions, save_checkpoint
+from fastlm.engine.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE, CheckpointError, checkpoint_dir
+from fastlm.engine.checkpoint.loading import load_checkpoint
 from fastlm.engine.checkpoint.resume import data_digest, plan_resume, run_digest
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
@@ -102,17 +97,17 @@ class Checkpointer:
         model_state, optimizer_state = full_state_dicts(model, opt.optimizer) if self.sharded else (None, None)
         if self.trainable_only:
             model_state = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
-        if self.comm.is_main:  # one writer (checkpoint.py removes other writers' temporaries)
+        if self.comm.is_main:  # one writer (checkpoint.files removes other writers' temporaries)
             saved = save_checkpoint(self.root, state.step, model=model, optimizer=opt.optimizer,
-                                    scheduler=opt.scheduler, grad_scaler=opt.scaler, keep_last=self.params.keep_last,
-                                    model_state=model_state, optimizer_state=optimizer_state,
+                                    scheduler=opt.scheduler, grad_scaler=opt.scaler,
+                                    options=SaveOptions(self.params.keep_last, also_keep=self.protected,
+                                                        model_state=model_state, optimizer_state=optimizer_state),
                                     state={"step": state.step, "history": state.history,
                                            "eval_history": state.eval_history, "tokens_seen": state.tokens_seen,
                                            "world_size": self.comm.world_size, "sharded": self.sharded,
                                            "trainable_only": self.trainable_only, "total_steps": self.total_steps,
                                            "digest": self.digest, "batching": state.batching, "runtime_choice": state.runtime_choice,
-                                           "early_stopping": state.early_stopping, **position},
-                                    also_keep=self.protected)
+                                           "early_stopping": state.early_stopping, **position})
         state.last_good = saved
         return saved
 

@@ -1,9 +1,11 @@
 """One optimizer step, the same for training (``loop.train``) and for the throughput autotune (``tune``).
 
-``make_optimization`` builds what a step updates (AdamW, the learning-rate schedule, the fp16 grad scaler,
-the clipping threshold); ``train_step`` runs one step: the micro-batches' token-normalised forward/backward
-(``loss.accumulate_gradients``), unscale, clip, optimizer and scheduler step, zeroed gradients. Nothing is
-read back on the host: the loss sum and the gradient norm stay on the device for ``metrics.StepMetrics``.
+``make_optimization`` builds what a step updates (AdamW or an 8-bit AdamW, the learning-rate schedule, the
+fp16 grad scaler, the clipping threshold; float8 Linear layers where ``train.runtime.float8`` turns them on);
+``train_step`` runs one step: the micro-batches' token-normalised forward/backward
+(``accumulation.accumulate_gradients``), unscale, clip, optimizer and scheduler step, zeroed gradients.
+Nothing is read back on the host: the loss sum and the gradient norm stay on the device for
+``metrics.StepMetrics``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from fastlm.engine.config import TrainParams
+from fastlm.engine.model.accumulation import accumulate_gradients
 from fastlm.engine.model.linear_loss import fused_head_choice
-from fastlm.engine.model.loss import accumulate_gradients
 from fastlm.engine.runtime.environment import Runtime
-from fastlm.engine.train.optim import make_adamw
+from fastlm.engine.runtime.float8 import apply_float8
+from fastlm.engine.train.optim import make_optimizer
 from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
 
 __all__ = ["Optimization", "StepResult", "make_optimization", "train_step"]
@@ -37,6 +40,7 @@ class Optimization:
     label_smoothing: float = 0.0  # train.loss.label_smoothing: the loss the step optimises
     fused_head: torch.nn.Linear | None = None  # train.loss.fused_linear: this head's matmul fused into the loss
     fused_choice: str = ""  # why (or why not), for the log and the summary
+    float8_choice: str = ""  # train.runtime.float8: whether the Linear layers run float8 matmuls, and why
 
 
 @dataclass
@@ -48,16 +52,21 @@ class StepResult:
 
 
 def make_optimization(model: torch.nn.Module, params: TrainParams, runtime: Runtime, total_steps: int) -> Optimization:
-    """AdamW with the configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold."""
+    """The optimizer ``train.optimizer.name`` names (AdamW; 8-bit: ``optim.make_optimizer``) with the
+    configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold."""
     settings = params.optimizer
-    optimizer = make_adamw(model, lr=settings.lr, weight_decay=settings.weight_decay,
-                           betas=(settings.beta1, settings.beta2), eps=settings.eps)
+    # Before compile (the probe compiles later) and before the optimizer: the converted layers keep their
+    # Parameters, so the optimizer and DDP's buckets are unchanged. Idempotent: converted layers are skipped.
+    float8_choice = apply_float8(model, params.runtime.float8, runtime.device,
+                                 strategy=params.distributed.strategy)
+    optimizer = make_optimizer(model, settings)
     schedule = LRSchedule(settings.lr, total_steps, min(settings.warmup_steps, total_steps), settings.decay,
                           settings.min_lr_ratio)
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
     head, why = fused_head_choice(model, params.loss.fused_linear, strategy=params.distributed.strategy)
     return Optimization(model, optimizer, make_lr_scheduler(optimizer, schedule), runtime.make_grad_scaler(), clip,
-                        label_smoothing=params.loss.label_smoothing, fused_head=head, fused_choice=why)
+                        label_smoothing=params.loss.label_smoothing, fused_head=head, fused_choice=why,
+                        float8_choice=float8_choice)
 
 
 def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Optimization, *, runtime: Runtime,

@@ -111,17 +111,26 @@ class ModeLadder:
     skipped: str | None = None
 
 
-def tune_modes(model, dataset, modes: Sequence[str], *, params, runtime, pad_id: int, max_length: int, attn: str,
-               warmup: int, timed: int, sizes: Sequence[int], memory_limit_mb: float | None, headroom: float,
-               cliff_tolerance: float, unavailable: Callable[[str], str | None] | None = None,
-               measurer: Callable[[int], Measurement] | None = None) -> list[ModeLadder]:
-    """The size ladder (``run_ladder``) of each batching mode in ``modes`` on the real training step.
+@dataclass(frozen=True)
+class LadderSettings:
+    """One ladder's settings (the ``tune`` parameters), the same for every batching mode measured: ``warmup``
+    untimed and ``timed`` steps per trial, the micro-batch ``sizes`` tried in order, and where the ladder stops
+    (``memory_limit_mb`` less its ``headroom`` share; a throughput drop beyond ``cliff_tolerance``)."""
 
-    ``unavailable(mode)``: why the model cannot train in that mode (default: packed rows of an encoder-decoder
-    family or attention path that cannot keep samples apart); such a mode is skipped with its reason.
-    ``measurer``: one measure function for every mode (tests); default ``real_step_measurer`` per mode.
-    """
-    unavailable = unavailable or _unavailable_modes(model, dataset, attn)
+    warmup: int
+    timed: int
+    sizes: Sequence[int]
+    memory_limit_mb: float | None
+    headroom: float
+    cliff_tolerance: float
+
+
+def tune_modes(model, dataset, modes: Sequence[str], *, params, runtime, pad_id: int, max_length: int, attn: str,
+               settings: LadderSettings) -> list[ModeLadder]:
+    """The size ladder (``run_ladder``) of each batching mode in ``modes`` on the real training step
+    (``real_step_measurer``); a mode the model cannot train in (``unavailable_modes``) is skipped with its
+    reason."""
+    unavailable = unavailable_modes(model, dataset, attn)
     ladders = []
     for mode in modes:
         reason = unavailable(mode)
@@ -129,10 +138,10 @@ def tune_modes(model, dataset, modes: Sequence[str], *, params, runtime, pad_id:
             ladders.append(ModeLadder(mode, [], None, skipped=reason))
             continue
         mode_params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": mode})})
-        measure = measurer or real_step_measurer(model, dataset, params=mode_params, runtime=runtime, pad_id=pad_id,
-                                                 max_length=max_length, attn=attn, warmup=warmup, timed=timed)
-        trials = run_ladder(measure, sizes, memory_limit_mb=memory_limit_mb, headroom=headroom,
-                            cliff_tolerance=cliff_tolerance)
+        measure = real_step_measurer(model, dataset, params=mode_params, runtime=runtime, pad_id=pad_id,
+                                     max_length=max_length, attn=attn, warmup=settings.warmup, timed=settings.timed)
+        trials = run_ladder(measure, settings.sizes, memory_limit_mb=settings.memory_limit_mb,
+                            headroom=settings.headroom, cliff_tolerance=settings.cliff_tolerance)
         ladders.append(ModeLadder(mode, trials, choose(trials)))
     return ladders
 
@@ -153,7 +162,9 @@ def explain_modes(ladders: Sequence[ModeLadder], best: ModeLadder | None, **expl
     return " ".join(parts)
 
 
-def _unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]:
+def unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]:
+    """``unavailable(mode)``: why the model cannot train in that mode (None: it can): packed rows of an
+    encoder-decoder family or attention path that cannot keep samples apart."""
     from fastlm.engine.batching import seq2seq_batching
     from fastlm.engine.model.encoder_decoder import packing_unavailable
 
@@ -264,7 +275,7 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
     torch.compile, AdamW, gradient clipping and learning-rate schedule as ``loop.train``), one micro-batch per
     step (the accumulation multiplies the time per step, not the memory)."""
     from fastlm.engine.batching import make_batching, seq2seq_batching
-    from fastlm.engine.model.attention import to_device
+    from fastlm.engine.model.attention.inputs import to_device
     from fastlm.engine.runtime.probe import probe_runtime
     from fastlm.engine.train.step import make_optimization, train_step
 
@@ -301,3 +312,56 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
             release_memory()
 
     return measure
+
+
+CHECKPOINTING_ORDER = ("off", "selective", "full")  # ever more recompute for ever less activation memory
+
+
+@dataclass(frozen=True)
+class PolicyLadders:
+    """The batching-mode ladders measured under one gradient checkpointing policy, and their best."""
+
+    policy: str
+    ladders: list[ModeLadder]
+    best: ModeLadder | None
+
+
+def memory_bound(ladders: Sequence[ModeLadder]) -> bool:
+    """True when memory (out of memory, or over the headroom) stopped some mode's ladder."""
+    return any(ladder.trials and ladder.trials[-1].status in (OOM, OVER) for ladder in ladders)
+
+
+def tune_checkpointing(run_modes: Callable[[], list[ModeLadder]], set_policy: Callable[[str], None],
+                       requested: str) -> list[PolicyLadders]:
+    """The ladders (``run_modes()``, e.g. ``tune_modes``) under each checkpointing policy worth measuring.
+
+    A set policy (``off``, ``selective``, ``full``) is measured alone. ``auto``: ``off`` first, then the next
+    policy of ``CHECKPOINTING_ORDER`` only while memory stopped the previous one's ladder: recompute makes
+    every step slower, so it can only win by letting a larger micro-batch fit. ``set_policy`` applies one.
+    """
+    policies = CHECKPOINTING_ORDER if requested == "auto" else (requested,)
+    results: list[PolicyLadders] = []
+    for policy in policies:
+        set_policy(policy)
+        ladders = run_modes()
+        results.append(PolicyLadders(policy, ladders, best_mode(ladders)))
+        if not memory_bound(ladders):
+            break
+    return results
+
+
+def best_policy(results: Sequence[PolicyLadders]) -> PolicyLadders | None:
+    """The policy whose best (mode, size) has the most real tokens/s (None: nothing fit under any)."""
+    return max((result for result in results if result.best is not None),
+               key=lambda result: result.best.chosen.real_tokens_per_s, default=None)
+
+
+def explain_checkpointing(results: Sequence[PolicyLadders], best: PolicyLadders | None) -> str:
+    """One sentence comparing the policies measured (empty when only one was)."""
+    if len(results) < 2:
+        return ""
+    parts = [f"{r.policy}: micro-batch {r.best.chosen.micro_batch_size} "
+             f"({r.best.chosen.real_tokens_per_s:,.0f} real tokens/s)" if r.best
+             else f"{r.policy}: nothing fit" for r in results]
+    chosen = f" Gradient checkpointing {best.policy} is the fastest." if best else ""
+    return f"Memory stopped the ladder, so checkpointing policies were measured ({'; '.join(parts)}).{chosen}"

@@ -9,7 +9,7 @@ import datasets
 import pandas as pd
 
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluate.evaluation import evaluate
+from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.evaluate.generation import generate_samples
 from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
@@ -23,7 +23,7 @@ from fastlm.reporting.references import (
     reference_pairs,
     score_test_generations,
 )
-from fastlm.reporting.report_document import build_document
+from fastlm.reporting.report_document import ReportInputs, build_document
 from fastlm.reporting.summaries import check_train_summary, efficiency_summary, training_summary
 from fastlm.tracking import RunTracker
 
@@ -65,10 +65,10 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     model.to(runtime.device)
     attn = model.config._attn_implementation or "sdpa"
-    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, analysis=True,
-                      params=params, runtime=runtime, max_length=max_length, attn=attn,
-                      max_batches=report.eval_max_batches, top_k=report.top_k, worst=report.worst_samples,
-                      pairs=report.error_pairs)
+    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, params=params,
+                      runtime=runtime, max_length=max_length, attn=attn,
+                      options=EvalOptions(analysis=True, max_batches=report.eval_max_batches, top_k=report.top_k,
+                                          worst=report.worst_samples, pairs=report.error_pairs))
     settings = [setting.model_dump(exclude_none=True) for setting in report.decoding]
     generations = generate_samples(model, tokenizer, report.prompts, settings=settings,
                                    max_new_tokens=report.max_new_tokens, runtime=runtime)
@@ -104,10 +104,8 @@ def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: di
     start = start_node(train_params, split_params)
     runtime = start.runtime
     model = trained["model"].to(runtime.device)
-    table, metrics = score_test_generations(
-        model, trained["tokenizer"], pairs, settings=references.decoding(), runtime=runtime,
-        max_new_tokens=references.max_new_tokens, batch_size=references.batch_size, seed=references.seed,
-        rouge_tokenizer=references.rouge_tokenizer, max_length=start.split.max_length)
+    table, metrics = score_test_generations(model, trained["tokenizer"], pairs, references=references, runtime=runtime,
+                                            max_length=start.split.max_length)
     log.info("ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
              "(%.1f s, %.0f generated tokens/s)", metrics["rouge_samples"], metrics["rouge_decoding"],
              metrics["rouge_tokenizer"], metrics["rouge1"], metrics["rouge2"], metrics["rougeL"],
@@ -148,8 +146,10 @@ def write_report(summary: dict, history: pd.DataFrame, eval_history: pd.DataFram
                  worst: pd.DataFrame, generations: pd.DataFrame, predictions: pd.DataFrame,
                  runs: pd.DataFrame, split_report: dict | None = None, sweep: dict | None = None) -> tuple[str, str]:
     """One self-contained HTML report (plots embedded) and a Markdown summary; with a sweep section when
-    ``sweep_results`` holds a sweep's results."""
-    return build_document(summary=summary, history=history, eval_history=eval_history, training=training,
-                          efficiency=efficiency, diagnosis=diagnosis, test_metrics=test_metrics,
-                          error_pairs=error_pairs, worst=worst, generations=generations,
-                          predictions=predictions, runs=runs, split_report=split_report, sweep=sweep)
+    ``sweep_results`` holds a sweep's results. Kedro passes each catalog input as its own argument; they travel
+    on together as one ``ReportInputs``."""
+    return build_document(ReportInputs(summary=summary, history=history, eval_history=eval_history,
+                                       training=training, efficiency=efficiency, diagnosis=diagnosis,
+                                       test_metrics=test_metrics, error_pairs=error_pairs, worst=worst,
+                                       generations=generations, predictions=predictions, runs=runs,
+                                       split_report=split_report, sweep=sweep))

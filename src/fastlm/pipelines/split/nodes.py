@@ -14,7 +14,7 @@ from fastlm.corpus.config import TRAIN_TOKENIZER
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
 from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
-from fastlm.corpus.splitting import SPLITS, assign_splits, cap_rows, text_keys
+from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import build_report, length_summary
 from fastlm.corpus.tokenization import cut_long_texts, encode_id_lists, tokenize_texts
 from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
@@ -100,6 +100,9 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     codes = assign_splits(keys[keep, 0], ratios.train, ratios.validation, ratios.test)
     columns = {name: clean[name].to_numpy()[keep] for name in clean.columns if name != "split_key"}
     splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
+    if config.folds is not None:
+        splits[FOLD_COLUMN] = assign_folds(keys[keep, 0], codes, config.folds, ratios.train,
+                                           ratios.validation, ratios.test)
     counts = splits["split"].value_counts().reindex(SPLITS).to_dict()
     empty = [name for name in SPLITS if counts[name] == 0]
     if empty:  # train needs every split (validation for evaluation, test for the report): refuse before writing
@@ -110,8 +113,23 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
             fix=f"give more texts (split.max_samples: {config.max_samples}) or raise split.ratios.{name} "
             "(every split needs at least one text).",
         )
+    if config.folds is not None:
+        _check_folds(splits[FOLD_COLUMN].to_numpy(), config)
     log.info("Split %d texts: %s", len(splits), counts)
     return splits, {**cleaning, "capped_by_max_samples": int(len(clean) - len(keep))}
+
+
+def _check_folds(folds: np.ndarray, config) -> None:
+    """Every fold needs a validation row and leaves train a row: refuse before anything is written."""
+    sizes = np.bincount(folds[folds >= 0], minlength=config.folds)
+    if sizes.min() == 0 or sizes.sum() - sizes.max() == 0:
+        empty = int(np.argmin(sizes)) if sizes.min() == 0 else int(np.argmax(sizes))
+        what = "has no row" if sizes.min() == 0 else "holds every row, leaving train none"
+        raise InputDataError(
+            f"split.folds = {config.folds}: fold {empty} {what} of the {int(sizes.sum())} train + validation "
+            "rows; nothing was written.", fix="lower split.folds or give more texts "
+            f"(split.max_samples: {config.max_samples}).")
+    log.info("Folds of train + validation (split.folds = %d): %s rows", config.folds, sizes.tolist())
 
 
 def build_tokenizer(splits: pd.DataFrame, params: dict):
@@ -155,11 +173,14 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
         tokens = tokenize_pairs(splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, **encode)
     codes = splits["split"].cat.codes.to_numpy()
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}
-    tokenized = datasets.DatasetDict({name: datasets.Dataset(tokens.to_arrow(rows[name])) for name in SPLITS})
+    # split.folds: each sample keeps its fold bucket, so train.fold picks a fold without re-tokenizing.
+    extra = {FOLD_COLUMN: splits[FOLD_COLUMN].to_numpy()} if FOLD_COLUMN in splits else None
+    tokenized = datasets.DatasetDict({name: datasets.Dataset(tokens.to_arrow(rows[name], extra))
+                                      for name in SPLITS})
     row_hashes = pd.util.hash_pandas_object(splits, index=False).to_numpy()
     fingerprint = make_fingerprint(tokenizer, config.max_length, data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
                                    data_format=data_format_params(config, tokenizer),
-                                   selection=selection_params(config))
+                                   selection=selection_params(config), folds=config.folds)
     stats = {name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS}
     if tokens.prompt_lengths is not None:
         for name in SPLITS:

@@ -10,14 +10,15 @@ import datasets
 import pandas as pd
 
 from fastlm.corpus.config import parse_split_params
+from fastlm.corpus.fingerprint import data_folds
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluate.evaluation import evaluate
+from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.runtime.environment import setup_runtime
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import parse_report_params
-from fastlm.reporting.sweep_view import comparison_table, loss_plot, sweep_document, verdict
+from fastlm.reporting.sweep_view import comparison_table, fold_spread, loss_plot, sweep_document, verdict
 from fastlm.sweeps import SweepRuns, load_sweep_runs, run_train_params
 from fastlm.tracking import RunTracker
 
@@ -28,8 +29,9 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, spl
               split_params: dict, report_params: dict, sweep: str, runs: SweepRuns, tracker: RunTracker):
     """Train every run of the sweep file ``sweep`` that has not finished yet (``runs`` keeps the finished ones;
     each run is a child run of ``tracker``'s); the comparison table, the loss plot and the verdict of all."""
-    spec = load_sweep_runs(sweep, train_params)  # every run's parameters checked before the first one
-    plan, names = spec.plan(), spec.run_names()
+    folds = data_folds(fingerprint)  # folds: auto runs one model per fold of the data (split.folds)
+    spec = load_sweep_runs(sweep, train_params, folds)  # every run's parameters checked before the first one
+    plan, names = spec.plan(folds), spec.run_names(folds)
     summaries, histories, evaluations = {}, {}, {}
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         params = run_train_params(train_params, spec, overrides)
@@ -52,9 +54,10 @@ def run_sweep(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, spl
         summaries[name] = done
         histories[name], evaluations[name] = runs.histories(spec.name, name)
     table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
-    text = verdict(table, spec.metric, histories, evaluations)
+    spread = fold_spread(table, spec.metric)  # None unless the runs differ by train.fold
+    text = verdict(table, spec.metric, histories, evaluations, spread=spread)
     log.info("Sweep %s: %s", spec.name, text)
-    return table, loss_plot(histories, evaluations), sweep_document(spec.name, text, table)
+    return table, loss_plot(histories, evaluations), sweep_document(spec.name, text, table, spread)
 
 
 def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict) -> dict:
@@ -64,10 +67,11 @@ def _test_metrics(model, tokenizer, tokenized, train_params: dict, split_params:
     params, report = parse_train_params(train_params), parse_report_params(report_params)
     runtime = setup_runtime(params.runtime, seed=params.seed)
     model.to(runtime.device)
-    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, analysis=True,
-                      params=params, runtime=runtime, max_length=parse_split_params(split_params).max_length,
-                      attn=model.config._attn_implementation or "sdpa", max_batches=report.eval_max_batches,
-                      top_k=report.top_k, worst=1, pairs=1)
+    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, params=params,
+                      runtime=runtime, max_length=parse_split_params(split_params).max_length,
+                      attn=model.config._attn_implementation or "sdpa",
+                      options=EvalOptions(analysis=True, max_batches=report.eval_max_batches, top_k=report.top_k,
+                                          worst=1, pairs=1))
     return {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
 
 

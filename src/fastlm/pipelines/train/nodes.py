@@ -10,10 +10,13 @@ import datasets
 import pandas as pd
 import torch
 
+from fastlm.corpus.fingerprint import data_folds
+from fastlm.engine.data.folds import fold_splits
 from fastlm.engine.distributed.parallel import launch_mode, rank_from_env
 from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.launch.workers import launch_workers
-from fastlm.engine.model.build import build_model, choose_attention
+from fastlm.engine.model.attention.choice import choose_attention
+from fastlm.engine.model.build import build_model
 from fastlm.engine.model.lora import parameter_counts
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
@@ -41,10 +44,12 @@ def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, t
     run_name = validate_run_name(run_name) if run_name is not None else default_run_name(["train"])
     params = start.train.model_copy(update={"checkpoint_dir": str(Path(start.train.checkpoint_dir) / run_name)})
     max_length = start.split.max_length
-    job = TrainJob(params=params, max_length=max_length, train_split=tokenized["train"],
-                   eval_split=tokenized["validation"] if len(tokenized["validation"]) else None,
+    train_split, eval_split = fold_splits(tokenized, params.fold, data_folds(fingerprint))  # train.fold
+    job = TrainJob(params=params, max_length=max_length, train_split=train_split,
+                   eval_split=eval_split if len(eval_split) else None,
                    tokenizer=tokenizer, model_dir=(paths or {}).get("trained_model", params.checkpoint_dir),
-                   extra_summary={"fingerprint": fingerprint["fingerprint"]})
+                   extra_summary={"fingerprint": fingerprint["fingerprint"],
+                                  **({"fold": params.fold} if params.fold is not None else {})})
     mode = launch_mode(params.distributed.nproc_per_node)
     tracker = tracker if tracker is not None else RunTracker()
     if mode == "spawn":

@@ -1,0 +1,49 @@
+"""CSV and JSON files written atomically: to a sibling temporary file, fsynced, then renamed over the target.
+
+A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+from kedro_datasets.json import JSONDataset
+from kedro_datasets.pandas import CSVDataset
+
+
+def write_file_atomically(target: str | Path, write) -> None:
+    """``write(handle)`` into a sibling temporary file (text, UTF-8), fsynced, then renamed to ``target``."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(temporary, "w", encoding="utf-8", newline="") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+class AtomicCSVDataset(CSVDataset):
+    """``pandas.CSVDataset`` (local file, ``save_args`` as for ``DataFrame.to_csv``) saved atomically."""
+
+    def __init__(self, filepath: str, **kwargs) -> None:
+        super().__init__(filepath=filepath, **kwargs)
+
+    def save(self, data) -> None:
+        write_file_atomically(str(self._filepath), lambda handle: data.to_csv(handle, **self._save_args))
+
+
+class AtomicJSONDataset(JSONDataset):
+    """``json.JSONDataset`` (local file, ``save_args`` as for ``json.dump``) saved atomically."""
+
+    def __init__(self, filepath: str, **kwargs) -> None:
+        super().__init__(filepath=filepath, **kwargs)
+
+    def save(self, data) -> None:
+        write_file_atomically(str(self._filepath), lambda handle: json.dump(data, handle, **self._save_args))

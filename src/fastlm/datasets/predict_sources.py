@@ -1,0 +1,109 @@
+"""What the predict pipeline reads, as one catalog entry (``predict_sources``): the node gets a
+``PredictSources`` and asks it for ``predict.input`` and ``predict.model``, so the parameters stay the one
+place that names them (a catalog path read from ``--params`` would miss a value set in a parameters file)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pandas as pd
+from kedro.io import AbstractDataset, DatasetError
+
+from fastlm.corpus.readers import read_text_table
+from fastlm.datasets.pretrained_model import PretrainedModelDataset
+from fastlm.errors import InputDataError
+from fastlm.reporting.predictions import PredictionParts
+
+FORMATS = ".jsonl, .csv, .tsv, .parquet (as the split reads them) or .txt (one input a line), optionally .gz"
+
+
+class PredictSources:
+    """The input table, the model (the trained one, a folder, or a finished run's) and the resumable parts."""
+
+    def __init__(self, trained_model: str, runs: str, parts: str):
+        self.trained_model, self.runs, self.parts = Path(trained_model), Path(runs), PredictionParts(parts)
+
+    def read_input(self, path: str) -> pd.DataFrame:
+        """The table at ``path``; a .txt file (or .txt.gz) is one input per line, in a ``text`` column."""
+        file = Path(path)
+        if not file.exists():
+            raise InputDataError(
+                f"predict.input {path} does not exist.",
+                fix=f"--params predict.input=<an existing file: {FORMATS}>.",
+            )
+        suffixes = [s.lower() for s in file.suffixes]
+        if suffixes[-2:] == [".txt", ".gz"] or suffixes[-1:] == [".txt"]:
+            opener = gzip.open if suffixes[-1] == ".gz" else open
+            try:
+                with opener(file, "rt", encoding="utf-8") as handle:
+                    lines = handle.read().splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InputDataError(
+                    f"predict.input {path} could not be read as UTF-8 text: {exc}.",
+                    fix="save it as UTF-8 (gzip-compressed when it ends in .gz).",
+                ) from exc
+            table = pd.DataFrame({"text": pd.Series(lines, dtype=object)})
+            table.attrs["source_path"] = str(file)
+            return table
+        return read_text_table(file)
+
+    def load_model(self, name: str | None) -> dict:
+        """``{"model", "tokenizer", "source", "identity"}``: ``name`` None is the trained model; else a model
+        folder, else the run name of a finished training run (``<runs>/<name>/model``). ``identity`` (file
+        names, sizes, modification times) keys the resumable parts: new weights never reuse old
+        predictions."""
+        folder = self.trained_model if name is None else Path(name)
+        if name is not None and not folder.is_dir() and (self.runs / name / "model").is_dir():
+            folder = self.runs / name / "model"
+        dataset = PretrainedModelDataset(str(folder))
+        if not dataset.exists():
+            if name is None:
+                raise InputDataError(
+                    f"there is no trained model at {folder}.",
+                    fix="run `kedro run --pipeline=train` first, or set predict.model.",
+                )
+            runs = sorted(p.parent.name for p in self.runs.glob("*/model")) if self.runs.is_dir() else []
+            raise InputDataError(
+                f"predict.model {name!r} is neither a model folder (config.json or adapter_config.json) nor "
+                f"a finished training run ({self.runs}/<name>/model).",
+                fix=f"give a model folder or one of the runs: {', '.join(runs[-10:]) or '(none yet)'}.",
+            )
+        loaded = dataset.load()
+        return {**loaded, "source": str(folder), "identity": _folder_identity(folder)}
+
+
+def _folder_identity(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = file.stat()
+        digest.update(f"{file.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+class PredictSourcesDataset(AbstractDataset):
+    """Loads a ``PredictSources`` over the configured folders; never saved."""
+
+    raw_input = True  # the input and model named by the parameters are explained by PredictSources itself
+
+    def __init__(self, trained_model: str, runs: str, parts: str, metadata: dict | None = None):
+        self._paths = {
+            "trained_model": str(PurePosixPath(trained_model)),
+            "runs": str(PurePosixPath(runs)),
+            "parts": str(PurePosixPath(parts)),
+        }
+        self.metadata = metadata
+
+    def load(self) -> PredictSources:
+        return PredictSources(**self._paths)
+
+    def save(self, data) -> None:
+        raise DatasetError("predict_sources is read-only: the predictions are written by their own entries.")
+
+    def _exists(self) -> bool:
+        return True
+
+    def _describe(self) -> dict[str, Any]:
+        return dict(self._paths)

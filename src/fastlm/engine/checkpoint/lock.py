@@ -1,0 +1,94 @@
+"""One training run per checkpoint folder: :func:`checkpoint_lock` holds ``root/.lock`` (naming its PID and
+host) while the run writes there.
+
+Why: a save removes every ``.tmp-*`` folder it finds in its folder (``files.save_checkpoint``), which would
+break a second writer. A second run is refused in one line; a lock left by a process that no longer runs is
+taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fastlm.engine.checkpoint.layout import LOCK_FILE, CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def checkpoint_lock(root: Path) -> Iterator[Path]:
+    """Hold ``root/.lock`` while one training run writes checkpoints into ``root``.
+
+    A lock held by a running process (this machine) or written on another machine is refused with one
+    :class:`CheckpointError` line naming the holder's PID; a lock whose process no longer runs is taken over.
+    """
+    root = Path(root)
+    created = not root.exists()  # removed again when the run leaves it empty (e.g. refused before any step)
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / LOCK_FILE
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    for _ in range(3):
+        try:
+            handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(lock)
+            if holder is not None and _holder_runs(holder):
+                raise CheckpointError(
+                    f"checkpoint folder {root} is in use by another training run (PID {holder['pid']} on "
+                    f"{holder.get('host', '?')}, lock file {lock}).",
+                    fix="wait for that run to finish or stop it, or give this run its own --params run_name=...; "
+                    f"delete {lock} only if that process is gone.") from None
+            log.warning("taking over %s: the training run that held it (PID %s) no longer runs", lock,
+                        holder.get("pid") if holder else "unknown")
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(mine)
+        break
+    else:
+        raise CheckpointError(f"could not take the lock {lock} of checkpoint folder {root}.",
+                              fix="make sure no other training run writes there, delete the file and rerun.")
+    try:
+        yield lock
+    finally:
+        try:
+            if lock.read_text(encoding="utf-8") == mine:
+                lock.unlink()
+            if created and not any(root.iterdir()):
+                root.rmdir()
+        except OSError:
+            pass
+
+
+def _lock_holder(lock: Path) -> dict | None:
+    try:
+        holder = json.loads(lock.read_text(encoding="utf-8"))
+        return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
+    except (OSError, ValueError):
+        return None  # cut off while being written: its writer died
+
+
+def _holder_runs(holder: dict) -> bool:
+    """Whether the lock's process still runs; a lock from another machine (a shared disk) counts as held."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    pid = holder["pid"]
+    if os.name == "nt":  # os.kill would terminate the process on Windows
+        try:
+            import psutil
+        except ImportError:
+            return True  # cannot tell: the message names the file to delete
+        return psutil.pid_exists(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

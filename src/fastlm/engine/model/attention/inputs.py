@@ -1,0 +1,170 @@
+"""Attention inputs: which inputs each attention implementation needs to keep packed samples apart, and the one
+input builder every model call uses (training, evaluation, tune).
+
+A packed micro-batch is ``[rows, T]`` with several samples per row (``data.packing``). Each implementation
+keeps them apart its own way, and gets exactly what it needs from :func:`to_device`:
+
+=====================  ==============  ====================================================================
+implementation          packed inputs   what the model gets
+=====================  ==============  ====================================================================
+``flash_attention_2``   varlen          rows flattened to ``[1, rows*T]`` and ``cu_seq_lens_q/k`` +
+``flash_attention_3``                   ``max_length_q/k`` (transformers' FlashAttentionKwargs -> the kernel's
+``flash_attention_4``                   ``cu_seqlens`` / ``max_seqlen``): only same-document blocks are computed
+``torch_varlen``        varlen          the same, to ``torch.nn.attention.varlen.varlen_attn`` (``kernels``)
+``sdpa_varlen``         varlen          the same, to ``sdpa_varlen_attention`` (``kernels``; any device,
+                                        any dtype): segments gathered into buckets of equal padded length, one
+                                        causal SDPA call per bucket, no mask: only each sample's own keys.
+                                        Not chosen by ``auto``: on CPU short rows (80 x 128, ~19-token samples)
+                                        whole steps measured 1.00x (fp32) and 0.86x (bf16) of ``sdpa``: the CPU
+                                        flash kernel costs per call and block, not per score, and the gathers'
+                                        backward scatters (``benchmarks/issue16_ab.py --lever attention``)
+``flex_attention``      block_mask      a document-causal ``BlockMask`` built once per batch on the device;
+                                        fully masked blocks are skipped
+``sdpa``                bool            the dense ``[rows, 1, T, T]`` bool block-causal mask (exact, but every
+                                        block is computed and SDPA cannot use its flash kernel with a mask)
+``eager``               additive        the same mask as 0 / dtype-min (eager ADDS the mask: a bool leaks)
+=====================  ==============  ====================================================================
+
+Encoder-decoder batches (``decoder_input_ids``): padded ones (``data.Seq2SeqCollator``) give every path the
+encoder and decoder inputs with their 2D masks, and transformers builds the masks it needs. Packed ones
+(``data.PackedSeq2SeqCollator``, families and paths in ``seq2seq_hooks``: sdpa / eager) get the three dense
+per-sample masks (encoder, causal decoder, cross-attention) built here from the segment ids, plus the packed
+positions the model's hooks take (``seq2seq_hooks.PACKED_KEYS``).
+
+Why: transformers 5 infers packed samples from restarting position ids only for a ONE-row batch
+(``modeling_flash_attention_utils._is_packed_sequence``); with several rows and no mask, flash attention is
+plain causal attention over each row and samples see their neighbours. Varlen kernels therefore get the
+flattened view with explicit boundaries (``cu_seq_lens`` from the collator, host-side: no sync).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
+from fastlm.engine.data.schema import MODEL_INPUT_KEYS, MODEL_INPUTS, TARGET_POSITIONS
+from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
+from fastlm.engine.model.attention.kernels import SDPA_VARLEN, TORCH_VARLEN
+from fastlm.engine.model.encoder_decoder import CROSS_ATTENTION_MASK, DECODER_POSITIONS, ENCODER_POSITIONS
+from fastlm.engine.model.loss import positions_to_keep
+
+VARLEN, BLOCK_MASK, DENSE_BOOL, DENSE_ADDITIVE = "varlen", "block_mask", "bool", "additive"
+# How each implementation receives a packed batch (see the module docstring).
+PACKED_INPUTS = {
+    "flash_attention_2": VARLEN,
+    "flash_attention_3": VARLEN,
+    "flash_attention_4": VARLEN,
+    TORCH_VARLEN: VARLEN,
+    SDPA_VARLEN: VARLEN,
+    "flex_attention": BLOCK_MASK,
+    "sdpa": DENSE_BOOL,
+    "eager": DENSE_ADDITIVE,
+}
+IMPLEMENTATIONS = tuple(PACKED_INPUTS)
+# The model-input keys are schema.MODEL_INPUT_KEYS (a causal LM's); an encoder-decoder model adds the decoder's.
+DECODER_INPUT_KEYS = ("decoder_input_ids", "decoder_attention_mask")
+SEQ2SEQ_INPUTS = (*(key for key in MODEL_INPUT_KEYS if key != "position_ids"), *DECODER_INPUT_KEYS)
+DEVICE_KEYS = (*MODEL_INPUT_KEYS, "labels", *DECODER_INPUT_KEYS)
+
+
+
+
+def packed_inputs(attn: str) -> str:
+    if attn not in PACKED_INPUTS:
+        raise ValueError(f"attention implementation {attn!r} is not one of {IMPLEMENTATIONS}")
+    return PACKED_INPUTS[attn]
+
+
+def to_device(batch: dict, device: torch.device, attn: str) -> dict:
+    """The batch with its tensors on ``device`` and ``batch[MODEL_INPUTS]``: the model's keyword arguments for
+    ``attn`` (counts, ``cu_seq_lens`` and ``max_seqlen`` stay on the host: reading them costs no sync), and for a
+    causal batch ``batch[TARGET_POSITIONS]`` where some positions predict no label (``loss.positions_to_keep``)."""
+    kind = packed_inputs(attn)
+    moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
+    out = {**batch, **moved}
+    packed = "sequence_ids" in batch
+    if "decoder_input_ids" in batch:  # encoder-decoder: the head on flat target positions (seq2seq_hooks)
+        keep = positions_to_keep(batch["labels"], device, flattened=True) if "labels" in batch else None
+        if keep is not None:
+            out[TARGET_POSITIONS] = keep
+        # packed rows (data.seq2seq_packing): the dense masks; padded sides (collators.Seq2SeqCollator): their masks
+        out[MODEL_INPUTS] = (packed_seq2seq_inputs(batch, out, device, kind) if "decoder_segment_ids" in batch
+                             else {key: out[key] for key in SEQ2SEQ_INPUTS})
+        return out
+    if "labels" in batch:  # a training step computes logits only where a label is predicted (loss.training_logits)
+        keep = positions_to_keep(batch["labels"], device, flattened=kind == VARLEN)
+        if keep is not None:
+            out[TARGET_POSITIONS] = keep
+    if kind == VARLEN:
+        cu_seq_lens, max_seqlen = varlen_boundaries(batch)
+        rows, length = out["input_ids"].shape
+        positions = out["position_ids"] if packed else torch.arange(length, device=device).expand(rows, -1)
+        cu = cu_seq_lens.to(device, non_blocking=True)
+        out[MODEL_INPUTS] = {"input_ids": out["input_ids"].reshape(1, -1), "position_ids": positions.reshape(1, -1),
+                             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_seqlen,
+                             "max_length_k": max_seqlen}
+        return out
+    inputs = {"input_ids": out["input_ids"]}
+    if packed:  # the mask this path needs, from the segment ids (whatever mask format the collator made)
+        inputs["position_ids"] = out["position_ids"]
+        sequence_ids = batch["sequence_ids"].to(device, non_blocking=True)
+        inputs["attention_mask"] = (document_block_mask(sequence_ids) if kind == BLOCK_MASK
+                                    else dense_mask(sequence_ids, kind))
+    elif "attention_mask" in out:  # padded rows, one sample each: transformers builds the mask it needs
+        inputs["attention_mask"] = out["attention_mask"]
+    out[MODEL_INPUTS] = inputs
+    return out
+
+
+def packed_seq2seq_inputs(batch: dict, out: dict, device: torch.device, kind: str) -> dict:
+    """A packed encoder-decoder batch's model inputs: the three dense masks made on the device from the segment
+    ids, and the packed positions / cross-attention mask that ``seq2seq_hooks`` feed to the model."""
+    if kind not in (DENSE_BOOL, DENSE_ADDITIVE):
+        raise ValueError(f"packed encoder-decoder batches need dense masks (sdpa or eager), not {kind} inputs")
+    segments = [batch[key].to(device, non_blocking=True) for key in ("encoder_segment_ids", "decoder_segment_ids")]
+    masks = [mask if kind == DENSE_BOOL else to_additive_mask(mask) for mask in seq2seq_packed_masks(*segments)]
+    positions = [batch[key].to(device, non_blocking=True) for key in ("encoder_position_ids", "decoder_position_ids")]
+    return {"input_ids": out["input_ids"], "attention_mask": masks[0], "decoder_input_ids": out["decoder_input_ids"],
+            "decoder_attention_mask": masks[1], ENCODER_POSITIONS: positions[0], DECODER_POSITIONS: positions[1],
+            CROSS_ATTENTION_MASK: masks[2]}
+
+
+def varlen_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
+    """``cu_seq_lens`` (int32) and the longest segment of the row-major flattening of the batch, on the host.
+
+    Packed batches carry them (``PackedCollator``); right-padded ones (one sample + a padding tail per row) get
+    them from the host-side 2D ``attention_mask``.
+    """
+    if "cu_seq_lens" in batch:
+        return batch["cu_seq_lens"], int(batch["max_seqlen"])
+    mask = batch["attention_mask"]
+    if mask.device.type != "cpu" or mask.dim() != 2:
+        raise ValueError("varlen attention needs the collator's host-side 2D attention_mask or cu_seq_lens")
+    length = mask.shape[1]
+    real = mask.sum(dim=1).numpy()
+    segments = np.stack([real, length - real], axis=1).reshape(-1)
+    segments = segments[segments > 0]
+    bounds = np.concatenate([[0], np.cumsum(segments)]).astype(np.int32)
+    return torch.from_numpy(bounds), int(segments.max())
+
+
+def dense_mask(sequence_ids: torch.Tensor, kind: str) -> torch.Tensor:
+    """The ``[rows, 1, T, T]`` block-causal mask, bool (SDPA) or additive (eager), built on the ids' device."""
+    mask = block_causal_mask(sequence_ids)
+    return mask if kind == DENSE_BOOL else to_additive_mask(mask)
+
+
+def document_block_mask(sequence_ids: torch.Tensor):
+    """flex_attention's document-causal ``BlockMask`` for ``[rows, T]`` segment ids, built on their device by
+    vectorised mask evaluation (no Python loop per token); blocks no query of a document needs are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = sequence_ids.to(torch.int32)
+    rows, length = documents.shape
+
+    def document_causal(batch, head, query, key):
+        return (documents[batch, query] == documents[batch, key]) & (key <= query)
+
+    return create_block_mask(document_causal, B=rows, H=None, Q_LEN=length, KV_LEN=length,
+                             device=sequence_ids.device)

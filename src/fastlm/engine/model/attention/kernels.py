@@ -1,0 +1,167 @@
+"""The attention functions fastlm adds to transformers' registry: ``torch_varlen`` (PyTorch's native
+``torch.nn.attention.varlen.varlen_attn``, CUDA flash kernels) and ``sdpa_varlen`` (causal SDPA per bucket of
+equal padded segment length, any device, any dtype). Both take the flattened ``[1, rows*T]`` packed rows with
+``cu_seq_lens_q/k`` and ``max_length_q/k`` (``inputs.to_device``) and keep each sample to its own keys.
+
+Importing this module registers them (:func:`register_attention_functions`), so a model built with either name
+finds it; the registry, the installed ``varlen_attn`` and the cache of its signature live here only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import torch
+
+try:  # PyTorch's native varlen attention (CUDA flash kernels); absent from older torch
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - depends on the installed torch
+    varlen_attn = None
+
+TORCH_VARLEN = "torch_varlen"
+SDPA_VARLEN = "sdpa_varlen"
+VARLEN_ONLY = (TORCH_VARLEN, SDPA_VARLEN)  # registered here; they take packed varlen inputs only (no generation)
+# sdpa_varlen: segment lengths are rounded up to a multiple of this; each multiple is one causal SDPA call.
+VARLEN_BUCKET = 8
+
+
+def torch_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                           cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+    """transformers attention function for ``torch.nn.attention.varlen.varlen_attn`` (causal, per segment).
+
+    ``query`` ``[B, H, S, D]`` (key/value may have fewer heads: GQA); returns ``[B, S, H, D]`` like the others.
+    """
+    if cu_seq_lens_q is None or max_length_q is None:
+        raise ValueError("torch_varlen attention needs cu_seq_lens_q/k and max_length_q/k (fastlm's to_device "
+                         "gives them); use sdpa for generation")
+    if dropout:
+        raise ValueError("torch_varlen attention has no dropout; set the model's attention_dropout to 0")
+    if varlen_attn is None:
+        raise RuntimeError("torch.nn.attention.varlen is missing from this torch; choose another attention")
+    batch, heads, length, dim = query.shape
+    q, k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], dim) for x in (query, key, value))
+    device_type = query.device.type
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(device_type):
+        # Under autocast the rotary embedding hands fp32 queries/keys (fp32 weights); the flash kernel takes
+        # fp16/bf16 only: cast to the autocast dtype, as transformers' flash-attention paths do.
+        target = torch.get_autocast_dtype(device_type)
+        q, k, v = q.to(target), k.to(target), v.to(target)
+    out = call_varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
+                           int(max_length_q), int(max_length_k if max_length_k is not None else max_length_q),
+                           scaling)
+    return out.view(batch, length, heads, dim), None
+
+
+def segment_buckets(cu_seq_lens: torch.Tensor, bucket: int = VARLEN_BUCKET):
+    """The gather plan of ``sdpa_varlen_attention`` for segment boundaries ``cu_seq_lens`` (read on the host).
+
+    Segments are grouped by their length rounded up to a multiple of ``bucket``. Per group: ``index``
+    ``[segments, P]``, the flat token positions of each segment followed by its last token repeated as padding,
+    and ``valid`` ``[segments, P]``, which of them are the segment's own. ``inverse`` puts the groups' valid
+    outputs, concatenated in group order, back into token order.
+    """
+    bounds = cu_seq_lens.detach().to("cpu", torch.int64).numpy()
+    starts, lengths = bounds[:-1], np.diff(bounds)
+    starts, lengths = starts[lengths > 0], lengths[lengths > 0]
+    padded = -(-lengths // bucket) * bucket
+    groups, order = [], []
+    for width in np.unique(padded).tolist():
+        chosen = padded == width
+        offsets = np.arange(width)
+        valid = offsets[None, :] < lengths[chosen, None]
+        index = starts[chosen, None] + np.minimum(offsets[None, :], lengths[chosen, None] - 1)
+        order.append(index[valid])
+        groups.append((torch.from_numpy(index), torch.from_numpy(valid)))
+    inverse = np.empty(int(bounds[-1] - bounds[0]), dtype=np.int64)
+    inverse[np.concatenate(order) - bounds[0]] = np.arange(inverse.size)
+    return groups, torch.from_numpy(inverse)
+
+
+def sdpa_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+    """transformers attention function: causal attention within each ``cu_seq_lens`` segment, on any device.
+
+    The packed rows come flattened (``[1, H, tokens, D]``, as for the varlen kernels). Segments are gathered into
+    groups of equal padded length (``segment_buckets``) and each group is one causal ``scaled_dot_product_attention``
+    call without a mask, so SDPA's fast causal kernel runs and only a segment's own keys are computed: the dense
+    block-diagonal mask costs ``rows x T^2`` score pairs, this about ``sum(length^2)``. Padding follows each
+    segment's real tokens, so causality keeps it out of every real query; padded outputs are dropped.
+    Returns ``[1, tokens, H, D]`` like the other attention functions.
+    """
+    if cu_seq_lens_q is None:
+        raise ValueError("sdpa_varlen attention needs cu_seq_lens_q (fastlm's to_device gives it); use sdpa for "
+                         "generation")
+    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(cu_seq_lens_k,
+                                                                                             cu_seq_lens_q):
+        raise ValueError("sdpa_varlen attention is self-attention: cu_seq_lens_k must equal cu_seq_lens_q")
+    groups, inverse = segment_buckets(cu_seq_lens_q)
+    device = query.device
+    q, k, v = query[0], key[0], value[0]  # [H, tokens, D]
+    gqa = k.shape[0] != q.shape[0]
+    outputs = []
+    for index, valid in groups:
+        index, valid = index.to(device, non_blocking=True), valid.to(device, non_blocking=True)
+        qb, kb, vb = (x[:, index].transpose(0, 1) for x in (q, k, v))  # [segments, H, P, D]
+        out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, is_causal=True,
+                                                               scale=scaling, enable_gqa=gqa)
+        outputs.append(out.transpose(1, 2)[valid])  # [real tokens of the group, H, D]
+    out = torch.cat(outputs)[inverse.to(device, non_blocking=True)]
+    return out.unsqueeze(0), None
+
+
+_VARLEN_PARAMETERS: dict = {}
+
+
+def varlen_parameters(function) -> frozenset:
+    """The keyword names ``function`` accepts, read once (kept out of torch.compile's traced code)."""
+    names = _VARLEN_PARAMETERS.get(function)
+    if names is None:
+        names = _VARLEN_PARAMETERS[function] = frozenset(inspect.signature(function).parameters)
+    return names
+
+
+if varlen_attn is not None:
+    varlen_parameters(varlen_attn)
+
+
+def call_varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale: float | None) -> torch.Tensor:
+    """Causal ``varlen_attn`` over ``[tokens, heads, dim]`` inputs, whatever the installed torch's signature.
+
+    torch 2.13: ``window_size=(-1, 0)``, ``scale``, ``enable_gqa``. torch 2.11 (seen on an H200): ``scale`` and
+    ``window_size`` but no ``enable_gqa``. torch 2.9-2.10: ``is_causal`` only. Without GQA support the KV heads
+    are repeated; without ``scale`` a non-default scale is folded into the queries.
+    """
+    accepted = varlen_parameters(varlen_attn)
+    kwargs = {}
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in accepted:
+            kwargs["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if "window_size" in accepted:
+        kwargs["window_size"] = (-1, 0)
+    elif "is_causal" in accepted:
+        kwargs["is_causal"] = True
+    else:
+        raise RuntimeError("this torch's varlen_attn has neither window_size nor is_causal; choose another attention")
+    if scale is not None:
+        if "scale" in accepted:
+            kwargs["scale"] = scale
+        elif not math.isclose(scale, q.shape[-1] ** -0.5):
+            q = q * (scale * q.shape[-1] ** 0.5)
+    return varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs)
+
+
+def register_attention_functions() -> None:
+    """Add ``torch_varlen`` and ``sdpa_varlen`` to transformers' attention registry (no mask function: they need
+    none)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(TORCH_VARLEN, torch_varlen_attention)
+    AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention)
+
+
+register_attention_functions()

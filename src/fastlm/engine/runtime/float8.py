@@ -1,0 +1,107 @@
+"""FP8 matmuls for training through torchao (``train.runtime.float8``: off | on | auto).
+
+``torchao.float8.convert_to_float8_training`` swaps chosen ``nn.Linear`` layers for ``Float8Linear``: the
+weights stay as they are (fp32 or bf16 masters, same ``Parameter`` objects, so the optimizer and DDP see no
+change) and each matmul casts its inputs to float8 with dynamic per-tensor scales, forward and backward.
+
+``auto`` turns it on only where it pays:
+
+* a CUDA device of compute capability 8.9 or more (Ada, Hopper, Blackwell): float8 tensor cores;
+* torchao installed (it is not a dependency of the project);
+* a model hidden size of 2048 or more. Each float8 matmul first reads its inputs to find their largest
+  value and writes a float8 copy (memory-bound work proportional to M*K), while the matmul's saving is
+  proportional to M*K*N: in torchao's measurements the casts eat the gain below dims of a couple of
+  thousand, and small models train slower in float8 than in bf16.
+
+Anything else is off, with the reason logged. ``on`` is refused in one line where the machine cannot do it
+(``engine.config.RuntimeParams``). Which layers: ``module_filter``. Measuring ``auto`` on the first steps (as
+``runtime.probe`` does for precision and compile) is left for a GPU run: the rule above is what decides now.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+MIN_CAPABILITY = (8, 9)
+MIN_HIDDEN_SIZE = 2048
+ALIGNMENT = 16  # float8 GEMMs (cuBLASLt / torch._scaled_mm) need both matrix dims divisible by 16
+
+
+def torchao_installed() -> bool:
+    return importlib.util.find_spec("torchao") is not None
+
+
+def load_converter() -> Callable:
+    from torchao.float8 import convert_to_float8_training
+
+    return convert_to_float8_training
+
+
+def _hidden_size(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    for name in ("hidden_size", "d_model", "n_embd"):
+        if isinstance(getattr(config, name, None), int):
+            return getattr(config, name)
+    return None
+
+
+def float8_decision(requested: str, model: nn.Module, device: torch.device, *,
+                    strategy: str = "ddp") -> tuple[bool, str]:
+    """Whether to train ``model`` with float8 matmuls on ``device``, and why (see the module docstring).
+    Under FSDP2 it stays off: the model is sharded before the optimizer is made, too late to convert."""
+    if requested == "off":
+        return False, "float8 off (train.runtime.float8: off)"
+    if strategy == "fsdp":
+        return False, "float8 off: not wired for FSDP2 (layers must be converted before sharding)"
+    if requested == "on":
+        return True, "float8 on (train.runtime.float8: on)"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, f"float8 off (auto): {device.type} is not a CUDA device"
+    capability = torch.cuda.get_device_capability(device)
+    if tuple(capability) < MIN_CAPABILITY:
+        return False, (f"float8 off (auto): compute capability {capability[0]}.{capability[1]} < "
+                       f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} (no float8 tensor cores)")
+    if not torchao_installed():
+        return False, "float8 off (auto): torchao is not installed (`pip install torchao`)"
+    hidden = _hidden_size(model)
+    if hidden is None or hidden < MIN_HIDDEN_SIZE:
+        return False, (f"float8 off (auto): hidden size {hidden} < {MIN_HIDDEN_SIZE} (the float8 casts "
+                       "cost more than the faster matmuls save)")
+    return True, (f"float8 on (auto): compute capability {capability[0]}.{capability[1]}, torchao, "
+                  f"hidden size {hidden} >= {MIN_HIDDEN_SIZE}")
+
+
+def module_filter(model: nn.Module) -> Callable[[nn.Module, str], bool]:
+    """``module_filter_fn(module, fqn)`` for torchao: plain ``nn.Linear`` layers whose in and out features are
+    multiples of 16, except the output head. The head is left in bf16: its logits feed a softmax over the
+    whole vocabulary, where float8's 3-bit mantissa shows in the loss, and the fused linear loss multiplies
+    its weight itself. Subclasses (bitsandbytes' 4-bit layers, peft's LoRA wrappers, an already
+    converted Float8Linear) are left out: their forward is not a plain matmul of the weight."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        return (type(module) is nn.Linear and module is not head
+                and module.in_features % ALIGNMENT == 0 and module.out_features % ALIGNMENT == 0)
+
+    return keep
+
+
+def apply_float8(model: nn.Module, requested: str, device: torch.device, *, strategy: str = "ddp") -> str:
+    """Convert ``model``'s eligible Linear layers in place where ``float8_decision`` says so; why, logged."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    on, why = float8_decision(requested, base, device, strategy=strategy)
+    if on:
+        keep = module_filter(model)
+        chosen = sum(1 for name, module in model.named_modules() if name and keep(module, name))
+        load_converter()(model, module_filter_fn=keep)
+        why = f"{why}: {chosen} Linear layers in float8"
+    log.log(logging.INFO if device.type == "cuda" else logging.DEBUG, "%s", why)  # CPU: nothing to say
+    return why

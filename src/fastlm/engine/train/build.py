@@ -1,0 +1,270 @@
+"""The training run's set-up, kept apart from the loop that uses it so that ``loop.train`` reads top to bottom
+like torchtitan's ``Trainer.train``: build the parts, run the steps, finish.
+
+``settle_request`` checks what can be checked before anything is read or written (the attention path, the
+batching an encoder-decoder model can use); ``build_training`` then makes, in this order: the model on the device
+and wrapped for DDP / FSDP2, the step plan, the optimizer, the checkpointer and the restore of a resumed run, the
+micro-batch stream from the resumed position, the runtime probe (precision and compile ``auto`` on CPU) and the
+attention switch of a compiled model, the metrics, recorder, profiler and validation, then the early stopping and
+the time budget. What the loop uses comes back as one ``TrainingParts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from functools import partial
+from time import perf_counter
+
+import torch
+
+from fastlm.engine.batching import (
+    MicroBatches,
+    StreamLayout,
+    loader_settings,
+    micro_batches,
+    seq2seq_batching,
+)
+from fastlm.engine.config import TrainParams
+from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.distributed.parallel import Collectives, SingleProcess, gradient_sync, wrap_model
+from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
+from fastlm.engine.model.attention.choice import attention_path, attention_when_compiled
+from fastlm.engine.model.attention.inputs import packed_inputs, to_device
+from fastlm.engine.model.encoder_decoder import packing_unavailable
+from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_per_token
+from fastlm.engine.observe.profiling import step_profiler
+from fastlm.engine.observe.progress import Progress
+from fastlm.engine.runtime.environment import Runtime
+from fastlm.engine.runtime.probe import CompileProbe, probe_runtime
+from fastlm.engine.train.backoff import batching_record, resumed_batching
+from fastlm.engine.train.early_stop import EarlyStopping
+from fastlm.engine.train.persistence import Checkpointer
+from fastlm.engine.train.records import Callback, Recorder, step_contents
+from fastlm.engine.train.state import TrainState
+from fastlm.engine.train.step import Optimization, make_optimization
+from fastlm.engine.train.time_limit import TimeLimit
+from fastlm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TrainRequest", "TrainingParts", "build_training", "settle_request"]
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """``loop.train``'s arguments as one object (``train`` keeps its public signature); ``sides``:
+    ``seq2seq_batching``'s arguments, set by ``settle_request``."""
+
+    model: torch.nn.Module
+    train_set: TokenSequences
+    eval_set: TokenSequences | None
+    params: TrainParams
+    runtime: Runtime
+    pad_id: int
+    max_length: int
+    attn: str
+    callbacks: Sequence[Callback] = ()
+    comm: Collectives = field(default_factory=SingleProcess)
+    sides: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainingParts:
+    """What the loop uses. ``params`` is the batching in force (an out-of-memory back-off halves it and swaps
+    ``stream``); ``configured`` the parameters as given; ``runtime`` and ``attn`` as the probe settled them;
+    ``model`` is what steps (wrapped, maybe compiled), ``raw_model`` what is saved and returned; ``validate``
+    is None without a validation split."""
+
+    params: TrainParams
+    configured: TrainParams
+    runtime: Runtime
+    attn: str
+    raw_model: torch.nn.Module
+    model: torch.nn.Module
+    opt: Optimization
+    sync: Callable
+    comm: Collectives
+    state: TrainState
+    checkpointer: Checkpointer
+    layout: StreamLayout
+    stream: MicroBatches
+    batches_per_epoch: int
+    steps_per_epoch: int
+    total_steps: int
+    metrics: StepMetrics
+    recorder: Recorder
+    profiler: object
+    validate: Callable[[], dict] | None
+    holds: dict
+    budget: TimeLimit
+    early: EarlyStopping | None
+    started: float
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    @property
+    def world(self) -> int:
+        return self.comm.world_size
+
+    @property
+    def accumulation(self) -> int:
+        return self.params.batching.gradient_accumulation_steps
+
+    def position(self) -> dict:
+        """Where the stream is, for a metric record (``MicroBatches.progress``)."""
+        return self.stream.progress(self.batches_per_epoch)
+
+
+def settle_request(request: TrainRequest) -> TrainRequest:
+    """``request`` checked before any data is read or anything written: an unknown attention implementation
+    fails here, an encoder-decoder model on plain text is refused, and one whose family or attention path cannot
+    keep packed samples apart batches ``length_grouped`` instead of ``packed``, said once."""
+    packed_inputs(request.attn)
+    params, model = request.params, request.model
+    sides = seq2seq_batching(model, request.train_set, request.attn)  # {} for a causal LM
+    if sides and params.batching.mode == "packed" and not sides["seq2seq_packing"]:
+        log.warning("train.batching.mode packed is not available here: %s; batching length_grouped instead "
+                    "(each side padded to its own batch maximum)", packing_unavailable(model, request.attn))
+        params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})})
+    return replace(request, params=params, sides=sides)
+
+
+def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
+    """The run's parts, a resumed run's state restored (see the module docstring for the order). ``cleanup``
+    takes what must be put back when training ends (the attention path of a compiled model)."""
+    started, comm, configured, device = perf_counter(), request.comm, request.params, request.runtime.device
+    request = replace(request, model=request.model.to(device))  # the raw model: saved, returned
+    raw_model = request.model
+    wrapped = wrap_model(raw_model, comm, device=device, **_wrapping(configured))
+    layout = StreamLayout(request.pad_id, request.max_length, request.sides, loader_settings(configured, device),
+                          rank=comm.rank, world_size=comm.world_size)
+    batches_per_epoch, steps_per_epoch, total_steps = _step_plan(request.train_set, configured, layout)
+    opt = make_optimization(raw_model, configured, request.runtime, total_steps)
+    checkpointer = Checkpointer(configured, model=raw_model, opt=opt, comm=comm, train_set=request.train_set,
+                                max_length=request.max_length, total_steps=total_steps, device=device)
+    state = checkpointer.restore()
+    params = resumed_batching(configured, state.batching, state.resumed_from)
+    state.batching = batching_record(params, configured)
+    stream = micro_batches(request.train_set, params, layout, epoch=state.epoch, batch=state.batch_in_epoch)
+    runtime, attn, model = _probed_runtime(request, params, state, stream, wrapped, total_steps, cleanup)
+    metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=request.max_length)
+    recorder = _recorder(state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps)
+    profiler = step_profiler(params.profile, device, enabled=comm.is_main)
+    validate = _validation(request, model, params=params, runtime=runtime, attn=attn)
+    holds = step_contents(request.train_set.lengths, steps_per_epoch=steps_per_epoch, rows_per_step=(
+        params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * comm.world_size))
+    _log_start(params, total_steps, steps_per_epoch, comm.world_size, holds)
+    log.info("loss: %s", opt.fused_choice)
+    budget = TimeLimit(params.max_minutes)  # train.max_minutes: a stop at a step boundary
+    early = _early_stopping(params, state)  # train.early_stopping (engine/train/early_stop.py)
+    metrics.start()
+    return TrainingParts(params, configured, runtime, attn, raw_model, model, opt,
+                         gradient_sync(getattr(model, "_orig_mod", model)), comm, state, checkpointer, layout, stream,
+                         batches_per_epoch, steps_per_epoch, total_steps, metrics, recorder, profiler, validate, holds,
+                         budget, early, started)
+
+
+def _step_plan(train_set: TokenSequences, params: TrainParams, layout: StreamLayout) -> tuple[int, int, int]:
+    """Batches per epoch (this rank's), optimizer steps per epoch and the run's total steps."""
+    batches_per_epoch = micro_batches(train_set, params, layout).batches_per_epoch()
+    steps_per_epoch = max(1, math.ceil(batches_per_epoch / params.batching.gradient_accumulation_steps))
+    total_steps = params.max_steps or max(1, math.ceil(params.epochs * steps_per_epoch))
+    return batches_per_epoch, steps_per_epoch, total_steps
+
+
+def _probed_runtime(request: TrainRequest, params: TrainParams, state: TrainState, stream: MicroBatches,
+                    wrapped: torch.nn.Module, total_steps: int,
+                    cleanup: ExitStack) -> tuple[Runtime, str, torch.nn.Module]:
+    """The runtime the steps run with (``probe.probe_runtime`` on the first micro-batch, its choice kept in
+    ``state``), the attention path they run on and the model that steps: the probe's compiled model where it kept
+    one (compiled from the raw model: one process, nothing wrapped), else ``runtime.compile_model(wrapped)``."""
+    raw_model, attn, device, world = request.model, request.attn, request.runtime.device, request.comm.world_size
+    accumulation = params.batching.gradient_accumulation_steps
+    first = stream.peek_step(accumulation, device, attn)[0] if state.step < total_steps else None
+    # A compiled model may train on another attention path (attention_when_compiled); the probe measures that.
+    compiled_attn = attention_when_compiled(attn, params.model.attn_implementation, device) if world == 1 else attn
+    compile_probe = CompileProbe(params.runtime.compile, micro_batches_left=(total_steps - state.step) * accumulation,
+                                 batch=(to_device(first, device, compiled_attn)
+                                        if first is not None and compiled_attn != attn else None),
+                                 context=partial(attention_path, raw_model, compiled_attn))
+    runtime, probed = probe_runtime(request.runtime, params.runtime.precision, raw_model, first, world_size=world,
+                                    resumed=state.runtime_choice, compile_probe=compile_probe)
+    state.runtime_choice = probed.record()
+    if runtime.compile and compiled_attn != attn:
+        log.info("attention %s -> %s: compiled on %s, the additive-mask path fuses (attention_when_compiled)",
+                 attn, compiled_attn, device.type)
+        cleanup.enter_context(attention_path(raw_model, compiled_attn))  # put back when training ends
+        attn = compiled_attn
+        stream.switch_attention(device, attn)
+    model = (probed.compiled if probed.compiled is not None and wrapped is raw_model
+             else runtime.compile_model(wrapped))
+    return runtime, attn, model
+
+
+def _validation(request: TrainRequest, model: torch.nn.Module, *, params: TrainParams, runtime: Runtime,
+                attn: str) -> Callable[[], dict] | None:
+    """The validation metrics' function (``evaluation.evaluate``, loss only, ``train.eval_max_batches`` batches);
+    None without a validation split. FSDP's forward is collective: every rank evaluates the wrapped model on even
+    shards; DDP's is not needed to evaluate (the raw model)."""
+    if request.eval_set is None:
+        return None
+    fsdp = params.distributed.strategy == "fsdp"
+    options = EvalOptions(max_batches=params.eval_max_batches, comm=request.comm, even_shards=fsdp)
+    return partial(_validate, model if fsdp else request.model, request.eval_set, params=params, runtime=runtime,
+                   pad_id=request.pad_id, max_length=request.max_length, attn=attn, options=options)
+
+
+def _validate(model, eval_set: TokenSequences, **kwargs) -> dict:
+    return evaluate(model, eval_set, **kwargs).metrics
+
+
+def _wrapping(params: TrainParams) -> dict:
+    """``distributed.wrap_model``'s settings from ``train.distributed``."""
+    settings = params.distributed
+    return {"strategy": settings.strategy, "find_unused_parameters": settings.find_unused_parameters,
+            "bucket_cap_mb": settings.bucket_cap_mb}
+
+
+def _step_metrics(raw_model, device: torch.device, comm: Collectives, *, total_steps: int,
+                  max_length: int) -> StepMetrics:
+    # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
+    n_params, config, peak = sum(p.numel() for p in raw_model.parameters()), raw_model.config, device_peak_flops(device)
+    return StepMetrics(device, total_steps=total_steps, peak_flops=peak * comm.world_size if peak else None,
+                       flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size,
+                                                       max_length),
+                       reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None)
+
+
+def _recorder(state: TrainState, metrics: StepMetrics, raw_model, params: TrainParams, runtime: Runtime,
+              callbacks: Sequence[Callback], comm: Collectives, *, total_steps: int) -> Recorder:
+    """Rows, progress bar and callbacks on rank 0; the other ranks keep the same rows quietly."""
+    progress = Progress(total_steps, initial=state.step, quiet=params.quiet or not comm.is_main)
+    return Recorder(state, metrics, progress, callbacks if comm.is_main else (), log_every=params.log_every,
+                    total_steps=total_steps, compiled=runtime.compile, main=comm.is_main,
+                    first_loss={"len_vocab": raw_model.get_input_embeddings().num_embeddings,
+                                "from_scratch": getattr(raw_model.config, "_name_or_path", "") == ""})
+
+
+def _early_stopping(params: TrainParams, state: TrainState) -> EarlyStopping | None:
+    settings = params.early_stopping
+    if settings.patience is None:
+        return None
+    if params.distributed.strategy == "fsdp":
+        raise ConfigError("train.early_stopping is not available with distributed.strategy fsdp yet.",
+                          fix="use distributed.strategy ddp, or set train.early_stopping.patience: null.")
+    return EarlyStopping.from_record(state.early_stopping, patience=settings.patience, min_delta=settings.min_delta)
+
+
+def _log_start(params: TrainParams, total_steps: int, steps_per_epoch: int, world: int, holds: dict) -> None:
+    batching = params.batching
+    log.info("Training %d steps (%d per epoch); each optimizer step holds %d rows (%d micro-batch x %d accumulation"
+             " x %d process%s), ~%s samples and ~%s real tokens on average; batching %s", total_steps,
+             steps_per_epoch, holds["rows_per_step"], batching.micro_batch_size, batching.gradient_accumulation_steps,
+             world, "es" if world > 1 else "", f"{holds['samples_per_step']:,.0f}", f"{holds['tokens_per_step']:,.0f}",
+             batching.mode)

@@ -1,0 +1,66 @@
+"""Parameters of the predict pipeline (``params:predict`` in conf/base/parameters_predict.yml)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from fastlm.errors import ConfigError
+from fastlm.validation import Params, parse_params
+
+SOURCE = "conf/base/parameters_predict.yml"
+
+
+class PredictParams(Params):
+    """What to read, which model, how to decode. The decoding keys are those of ``report.references``, so a
+    setting tuned against ROUGE there is copied here as it is."""
+
+    input: str | None = Field(None, description="the file to predict on (required): --params predict.input=FILE")
+    model: str | None = Field(None, description="null: the trained model; or a model folder; or a run name")
+    text_column: str = Field("text", min_length=1, description="plain text: the text is continued")
+    prompt_column: str | None = Field(None, min_length=1, description="prompt data: wrapped by prompt_template")
+    prompt_template: str = "{prompt}\n\n### Response:\n"
+    id_column: str | None = Field(None, min_length=1, description="null: the row number (0-based)")
+    batch_size: int = Field(16, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    max_input_tokens: int | None = Field(None, ge=1, description="null: what the model's positions leave")
+    too_long: Literal["truncate", "refuse"] = "truncate"
+    num_beams: int = Field(1, ge=1)
+    do_sample: bool = False
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    no_repeat_ngram_size: int = Field(0, ge=0)
+    length_penalty: float = 1.0
+    seed: int = 0
+    resume: bool = Field(True, description="reuse the finished batches of an interrupted run of the same job")
+
+    @property
+    def column(self) -> tuple[str, str]:
+        """(parameter, column) of the inputs: the prompt column when given, else the text column."""
+        if self.prompt_column is not None:
+            return "predict.prompt_column", self.prompt_column
+        return "predict.text_column", self.text_column
+
+    @property
+    def template(self) -> str | None:
+        return self.prompt_template if self.prompt_column is not None else None
+
+    def decoding(self) -> dict:
+        """The decoding settings (``fastlm.engine.evaluate.generation.decoding_kwargs`` arguments)."""
+        return self.model_dump(include={"num_beams", "do_sample", "temperature", "top_p", "top_k",
+                                        "repetition_penalty", "no_repeat_ngram_size", "length_penalty"})
+
+    def require_input(self) -> str:
+        """``input`` has no default (there is no file to guess): its absence is one line, before any work."""
+        if self.input is None or not self.input.strip():
+            raise ConfigError("parameter predict.input is not set: there is no file to predict on.",
+                              fix="kedro run --pipeline=predict --params predict.input=<file> (.jsonl, .csv, "
+                                  ".tsv, .parquet or .txt, optionally .gz).")
+        return self.input
+
+
+def parse_predict_params(raw) -> PredictParams:
+    return parse_params(PredictParams, raw, prefix="predict", source=SOURCE)

@@ -1,0 +1,104 @@
+"""k-fold assignment (``split.folds``): the fold bucket of a train/validation row comes from the same keyed
+hash as its split, so it is stable and independent of row order, the folds partition train and validation,
+and the test rows never move."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fastlm.corpus.config import parse_split_params
+from fastlm.corpus.fingerprint import check_fresh, data_folds, make_fingerprint, selection_params
+from fastlm.corpus.splitting import FOLD_COLUMN, assign_folds, assign_splits, text_keys
+from fastlm.errors import ConfigError
+from fastlm.pipelines.split.nodes import split_corpus
+
+RATIOS = (0.8, 0.1, 0.1)
+
+
+def _folds(texts, k, salt=""):
+    keys = text_keys(texts, salt)[:, 0]
+    codes = assign_splits(keys, *RATIOS)
+    folds = assign_folds(keys, codes, k, *RATIOS)
+    return dict(zip(texts, folds, strict=True)), dict(zip(texts, codes, strict=True))
+
+
+def test_fold_of_a_text_is_stable_and_independent_of_row_order(sample_texts):
+    before, _ = _folds(sample_texts, 3)
+    after, _ = _folds(sample_texts[::-1] + ["an appended text", "another one"], 3)
+    assert all(after[text] == fold for text, fold in before.items())
+    assert _folds(sample_texts, 3)[0] == before  # the same computation twice
+    assert _folds(sample_texts, 3, salt="other")[0] != before  # the salt re-draws folds as it re-draws splits
+
+
+def test_folds_partition_train_and_validation_and_leave_test_alone():
+    texts = [f"text number {i}" for i in range(6000)]
+    folds, codes = _folds(texts, 4)
+    fold = np.array([folds[text] for text in texts])
+    code = np.array([codes[text] for text in texts])
+    assert (fold[code == 2] == -1).all()  # test rows: in no fold
+    assert set(fold[code != 2]) == {0, 1, 2, 3}  # every train/validation row in exactly one fold of 0..k-1
+    shares = np.bincount(fold[code != 2], minlength=4) / (code != 2).sum()
+    assert np.allclose(shares, 0.25, atol=0.03)  # uniform: the split key rescaled over train + validation
+
+
+def test_without_a_test_split_every_row_gets_a_fold():
+    keys = np.array([0.0, 0.3, 0.6, 0.9, 0.9999999999])
+    codes = assign_splits(keys, 0.9, 0.1, 0.0)
+    assert list(assign_folds(keys, codes, 2, 0.9, 0.1, 0.0)) == [0, 0, 1, 1, 1]
+
+
+def _clean(n=400):
+    return pd.DataFrame({"text": [f"row {i} of the corpus" for i in range(n)]})
+
+
+def test_split_node_adds_a_fold_column_and_the_test_rows_are_identical(sample_texts):
+    counts = {"raw_rows": 400, "dropped": {}, "source": "x", "data_format": "text"}
+    plain, _ = split_corpus(_clean(), counts, {})
+    folded, _ = split_corpus(_clean(), counts, {"folds": 3})
+    assert FOLD_COLUMN not in plain and list(folded["split"]) == list(plain["split"])
+    test = plain["split"] == "test"
+    pd.testing.assert_frame_equal(folded.loc[test, ["text", "split"]], plain.loc[test, ["text", "split"]])
+    assert (folded.loc[test, FOLD_COLUMN] == -1).all() and set(folded.loc[~test, FOLD_COLUMN]) == {0, 1, 2}
+
+
+def test_a_fold_without_rows_is_refused_before_anything_is_written():
+    counts = {"raw_rows": 3, "dropped": {}, "source": "x", "data_format": "text"}
+    with pytest.raises(Exception, match="split.folds") as error:
+        split_corpus(
+            _clean(8), counts, {"folds": 20, "ratios": {"train": 0.5, "validation": 0.25, "test": 0.25}}
+        )
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1, "split.folds = 1 is invalid"),
+        (0, "split.folds = 0 is invalid"),
+        (2.5, "split.folds = 2.5 is invalid"),
+        ("three", "split.folds = 'three' is invalid"),
+        (-2, "split.folds = -2 is invalid"),
+    ],
+)
+def test_bad_folds_are_one_line(value, expected):
+    with pytest.raises(ConfigError) as error:
+        parse_split_params({"folds": value})
+    message = str(error.value)
+    assert expected in message and "Fix:" in message and "\n" not in message
+
+
+def test_the_data_records_its_folds_in_its_fingerprint(bpe_tokenizer):
+    """The fold count is read from the data (train and sweep need no split.folds), yet re-splitting into
+    another number of folds changes the fingerprint (a sweep trains its runs again)."""
+    params = parse_split_params({})
+    prints = {
+        folds: make_fingerprint(bpe_tokenizer, 64, selection=selection_params(params), folds=folds)
+        for folds in (None, 2, 3)
+    }
+    assert [data_folds(prints[folds]) for folds in (None, 2, 3)] == [None, 2, 3]
+    assert len({fingerprint["fingerprint"] for fingerprint in prints.values()}) == 3
+    for fingerprint in prints.values():  # fresh for split parameters with or without split.folds
+        check_fresh(fingerprint, bpe_tokenizer, params.model_copy(update={"max_length": 64}), where="data")
+        other = parse_split_params({"folds": 5, "max_length": 64})
+        check_fresh(fingerprint, bpe_tokenizer, other, where="data")
+    assert parse_split_params({"folds": 2}).folds == 2 and params.folds is None

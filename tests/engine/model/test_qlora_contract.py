@@ -1,0 +1,109 @@
+"""QLoRA's calling contract, on CPU: the base loads with an NF4 ``BitsAndBytesConfig`` (double quantization,
+bf16 compute), ``prepare_model_for_kbit_training`` gets the checkpointing policy (and ``selective``
+survives it), the runtime trains in bf16 without a GradScaler, and the fused linear loss stays on for a 128k
+vocabulary.
+
+bitsandbytes needs CUDA: a fake module and a patched ``torch.cuda`` stand in, the weights are not quantized
+(``from_pretrained`` runs without the quantization arguments it was handed). The quantized run itself is
+``benchmarks/gpu_speed.py --contenders fastlm_qlora`` on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.engine import config as engine_config
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.model import lora, pretrained
+from fastlm.engine.model.build import build_model
+from fastlm.engine.model.linear_loss import fused_head_choice
+from fastlm.engine.model.recompute import checkpointed_layers, enable_checkpointing
+from fastlm.engine.runtime import environment
+from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
+
+TEXTS = [f"sample {index} of the qlora contract, word {index * 7 % 13}" for index in range(60)]
+
+
+@pytest.fixture
+def fake_cuda_with_bitsandbytes(monkeypatch):
+    """A machine that has CUDA and bitsandbytes, as far as fastlm's checks go. No ``bitsandbytes`` module is
+    put in ``sys.modules``: peft and transformers would then take it for the real one (and cache that)."""
+    monkeypatch.setattr(engine_config, "cuda_and_bitsandbytes_missing", lambda: [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+@pytest.fixture
+def prepared(monkeypatch):
+    """peft's ``prepare_model_for_kbit_training`` replaced by one that records its arguments and, like peft,
+    turns checkpointing on in every layer when asked for any."""
+    import peft
+
+    calls: list[dict] = []
+
+    def prepare(model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs=None):
+        calls.append({"use_gradient_checkpointing": use_gradient_checkpointing,
+                      "gradient_checkpointing_kwargs": gradient_checkpointing_kwargs})
+        if use_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+        return model
+
+    monkeypatch.setattr(peft, "prepare_model_for_kbit_training", prepare)
+    return calls
+
+
+@pytest.mark.parametrize(("policy", "checkpointed"),
+                         [("selective", [0, 2]), ("full", [0, 1, 2, 3]), ("off", [])])
+def test_qlora_loads_nf4_with_bf16_compute_and_prepares_with_the_policy(
+        tmp_path, monkeypatch, fake_cuda_with_bitsandbytes, prepared, policy, checkpointed):
+    tokenizer = llama_style_tokenizer(TEXTS, vocab_size=300)
+    base = save_tiny_llama(tmp_path / "base", tokenizer, layers=4)
+    loads: list[dict] = []
+    real_load = pretrained.load_pretrained
+
+    def load(checkpoint, **kwargs):
+        loads.append(kwargs)
+        kwargs = {key: value for key, value in kwargs.items()
+                  if key not in ("quantization_config", "device_map")}
+        return real_load(checkpoint, **{**kwargs, "dtype": torch.float32})  # not quantized on CPU
+
+    monkeypatch.setattr(pretrained, "load_pretrained", load)
+    params = parse_train_params({"model": {"name_or_path": str(base), "gradient_checkpointing": policy,
+                                           "lora": {"enabled": True, "load_in_4bit": True, "r": 4}}}).model
+    model = build_model(params, tokenizer, max_length=64, attn_implementation="sdpa")
+
+    quantization = loads[0]["quantization_config"]
+    assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
+    assert quantization.bnb_4bit_use_double_quant and quantization.bnb_4bit_compute_dtype == torch.bfloat16
+    assert loads[0]["dtype"] == torch.bfloat16 and loads[0]["device_map"] == {"": 0}
+    assert prepared == [{"use_gradient_checkpointing": policy != "off",
+                         "gradient_checkpointing_kwargs": {"use_reentrant": False}}]
+    assert checkpointed_layers(model) == checkpointed  # selective is not widened to full by the preparation
+    assert any("lora_A" in name for name, p in model.named_parameters() if p.requires_grad)
+
+
+def test_qlora_runtime_is_bf16_without_a_grad_scaler(monkeypatch, fake_cuda_with_bitsandbytes):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake H100")
+    before = torch.get_float32_matmul_precision()
+    try:
+        runtime = environment.setup_runtime(environment.RuntimeConfig(device="cuda", precision="auto"))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert runtime.precision == "bf16" and runtime.autocast_dtype == torch.bfloat16
+    assert runtime.grad_scaler is False and not runtime.make_grad_scaler().is_enabled()
+
+
+def test_the_fused_linear_loss_stays_on_for_a_128k_vocabulary_under_qlora(fake_cuda_with_bitsandbytes,
+                                                                          prepared):
+    config = LlamaConfig(vocab_size=128_256, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        model = LlamaForCausalLM(config)
+    enable_checkpointing(model, "full")
+    raw = {"model": {"lora": {"enabled": True, "load_in_4bit": True, "r": 4}}}
+    settings = parse_train_params(raw).model.lora
+    adapted = lora.apply_lora(model, settings, gradient_checkpointing="full")
+    head, why = fused_head_choice(adapted, "auto")
+    assert head is adapted.get_base_model().lm_head and "128,256" in why  # LoRA adapts projections only

@@ -1,0 +1,106 @@
+"""train.runtime.float8: the auto decision (CUDA capability >= 8.9, torchao, hidden size >= 2048), the module
+filter (no output head, dims divisible by 16, plain Linear only) and the conversion call, on a module tree.
+
+torchao is not needed: its ``convert_to_float8_training`` is replaced by one that applies the filter the way
+torchao does (every module, with its fully qualified name) and records what it would convert."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.runtime import float8
+from fastlm.errors import ConfigError
+
+
+def llama(hidden: int) -> LlamaForCausalLM:
+    config = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
+                         num_attention_heads=4, max_position_embeddings=32, tie_word_embeddings=False)
+    with torch.device("meta"):  # shapes only: a 2048-wide model without its memory
+        return LlamaForCausalLM(config)
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(float8, "torchao_installed", lambda: True)
+
+
+CUDA = torch.device("cuda")
+
+
+def test_auto_is_on_for_a_wide_model_on_a_hopper_gpu_with_torchao(hopper):
+    on, why = float8.float8_decision("auto", llama(2048), CUDA)
+    assert on and "9.0" in why and "2048" in why
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ("cpu", "not a CUDA device"), ("ampere", "compute capability 8.0 < 8.9"), ("no_torchao", "torchao"),
+    ("narrow", "hidden size 1024 < 2048")])
+def test_auto_is_off_with_the_reason(hopper, monkeypatch, change, reason):
+    device, model = CUDA, llama(2048)
+    if change == "cpu":
+        device = torch.device("cpu")
+    elif change == "ampere":
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    elif change == "no_torchao":
+        monkeypatch.setattr(float8, "torchao_installed", lambda: False)
+    else:
+        model = llama(1024)
+    on, why = float8.float8_decision("auto", model, device)
+    assert not on and reason in why
+
+
+def test_off_and_on_are_what_they_say(hopper):
+    assert float8.float8_decision("off", llama(2048), CUDA)[0] is False
+    assert float8.float8_decision("on", llama(512), CUDA)[0] is True  # the config checked the machine
+
+
+class Tree(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.up = nn.Linear(32, 64)
+        self.odd = nn.Linear(32, 40)  # 40 is not a multiple of 16: float8 matmuls need both dims aligned
+        self.block = nn.Sequential(nn.Linear(64, 32), nn.LayerNorm(32))
+        self.quantized = type("Linear4bit", (nn.Linear,), {})(32, 32)  # a subclass: bitsandbytes, peft
+        self.lm_head = nn.Linear(32, 64, bias=False)
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+
+def test_the_filter_keeps_aligned_plain_linears_and_skips_the_head():
+    model = Tree()
+    keep = float8.module_filter(model)
+    chosen = [name for name, module in model.named_modules() if name and keep(module, name)]
+    assert chosen == ["up", "block.0"]
+
+
+def test_apply_converts_through_torchao_with_the_filter(hopper, monkeypatch):
+    converted: list[str] = []
+
+    def convert(model, *, module_filter_fn):
+        converted.extend(name for name, module in model.named_modules()
+                         if name and module_filter_fn(module, name))
+        return model
+
+    monkeypatch.setattr(float8, "load_converter", lambda: convert)
+    model = Tree()
+    why = float8.apply_float8(model, "on", CUDA)
+    assert converted == ["up", "block.0"] and "2 Linear layers" in why
+    converted.clear()
+    assert "off" in float8.apply_float8(model, "auto", torch.device("cpu")) and converted == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_on_is_refused_in_one_line_without_a_float8_gpu():
+    assert parse_train_params({}).runtime.float8 == "auto"
+    assert parse_train_params({"runtime": {"float8": False}}).runtime.float8 == "off"  # YAML's unquoted off
+    with pytest.raises(ConfigError, match="train.runtime.float8.*8.9") as error:
+        parse_train_params({"runtime": {"float8": "on"}})
+    assert "\n" not in str(error.value)

@@ -1,0 +1,98 @@
+"""The Checkpointer, driven directly (no training loop): which steps end with a checkpoint, pruning to
+``keep_last`` with early stopping's best checkpoint protected, and a restore that continues the newest complete
+checkpoint with its weights, optimizer state and position."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fastlm.engine.checkpoint.discovery import complete_checkpoints
+from fastlm.engine.checkpoint.layout import checkpoint_dir
+from fastlm.engine.distributed.parallel import SingleProcess
+from fastlm.engine.train.persistence import Checkpointer
+from fastlm.engine.train.state import TrainState
+from fastlm.engine.train.step import Optimization
+from tests.support.tiny_models import optimizer_and_scheduler
+from tests.support.toy_training import toy_model, toy_params, toy_sequences
+
+TOTAL = 7
+
+
+def checkpointer(tmp_path, *, seed: int = 0, **overrides) -> Checkpointer:
+    """A single-process Checkpointer over the toy model and data (``overrides``: train.* settings)."""
+    params = toy_params(tmp_path, **{"save_every": 2, "keep_last": 2, "resume": "auto", **overrides})
+    model = toy_model(seed)
+    optimizer, scheduler = optimizer_and_scheduler(model)
+    opt = Optimization(model=model, optimizer=optimizer, scheduler=scheduler, scaler=None, clip=math.inf)
+    return Checkpointer(params, model=model, opt=opt, comm=SingleProcess(), train_set=toy_sequences(20, 1),
+                        max_length=64, total_steps=TOTAL, device=torch.device("cpu"))
+
+
+def saved_at(saver: Checkpointer, state: TrainState, step: int):
+    state.step = step
+    return saver.save(state, {"epoch": 0, "batch_in_epoch": 4 * step})
+
+
+def steps_on_disk(saver: Checkpointer) -> list[int]:
+    return [int(path.name.rpartition("-")[2]) for path in complete_checkpoints(saver.root)]
+
+
+@pytest.mark.parametrize("save_every, due", [(3, [3, 6, 7]), (2, [2, 4, 6, 7]), (None, [])])
+def test_due_every_save_every_steps_and_at_the_last_step_forced_always(tmp_path, save_every, due):
+    saver = checkpointer(tmp_path, save_every=save_every)
+    assert [step for step in range(1, TOTAL + 1) if saver.due(step)] == due
+    assert all(saver.due(step, force=True) for step in range(1, TOTAL + 1))  # a stop signal saves any step
+
+
+def test_maybe_save_flushes_first_and_writes_only_when_due(tmp_path):
+    saver = checkpointer(tmp_path, save_every=3)
+    calls: list[int] = []
+    state = TrainState()
+    for step in range(1, 5):
+        state.step = step
+        saved = saver.maybe_save(state, {"epoch": 0, "batch_in_epoch": step}, before_save=lambda: calls.append(1))
+        assert (saved is not None) == (step == 3)
+    assert len(calls) == 1  # before_save (the pending metrics row) runs only before a write
+    assert state.last_good == checkpoint_dir(saver.root, 3) and steps_on_disk(saver) == [3]
+
+
+def test_keep_last_prunes_the_oldest_but_the_protected_best_checkpoint_survives(tmp_path):
+    saver = checkpointer(tmp_path, keep_last=2)
+    state = TrainState()
+    for step in (1, 2, 3):
+        saved_at(saver, state, step)
+    assert steps_on_disk(saver) == [2, 3]
+    saver.protected = checkpoint_dir(saver.root, 2)  # early stopping's best step
+    for step in (4, 5, 6):
+        saved_at(saver, state, step)
+    assert steps_on_disk(saver) == [2, 5, 6]
+
+
+def test_restore_continues_the_newest_complete_checkpoint_with_its_weights_and_position(tmp_path):
+    saver = checkpointer(tmp_path, keep_last=3)
+    state = TrainState(history=[{"step": 2, "loss": 3.0}], early_stopping={"best_step": 2}, tokens_seen=640)
+    saved_at(saver, state, 2)
+    with torch.no_grad():  # the weights at step 4 differ from those at step 2
+        for param in saver.model.parameters():
+            param.add_(0.5)
+    saved_at(saver, state, 4)
+    weights = {name: tensor.clone() for name, tensor in saver.model.state_dict().items()}
+    torn = checkpoint_dir(saver.root, 6)  # an interrupted save: no COMPLETE marker
+    torn.mkdir()
+    (torn / "model.safetensors").write_bytes(b"half a file")
+
+    resumed = checkpointer(tmp_path, keep_last=3, seed=1)  # other initial weights
+    restored = resumed.restore()
+    assert restored.step == restored.first_step == 4 and restored.resumed_from == checkpoint_dir(resumed.root, 4)
+    assert restored.batch_in_epoch == 16 and restored.tokens_seen == 640 and restored.last_good == restored.resumed_from
+    assert restored.history == [{"step": 2, "loss": 3.0}]
+    assert resumed.protected == checkpoint_dir(resumed.root, 2)  # the best step stays protected after a resume
+    for name, tensor in resumed.model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name  # the saved tensors, read back
+
+
+def test_restore_with_nothing_saved_starts_fresh(tmp_path):
+    assert checkpointer(tmp_path).restore() == TrainState()

@@ -1,0 +1,60 @@
+"""k-fold runs end to end: a train run asking for a fold of data split without folds is refused in one line;
+`split.folds=2` keeps the test rows where they were; a sweep with ``folds: auto`` trains one model per fold
+(MLflow child runs) and its report gives the mean and spread of each metric over the folds."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+from demo_data.logkeys import VOCAB_SIZE, write_demo_logkeys
+
+from tests.support.e2e import TRAIN as BASE_TRAIN
+from tests.support.e2e import own_experiment
+from tests.support.project import run_pipeline
+
+pytestmark = pytest.mark.e2e
+TRAIN = {**BASE_TRAIN, "eval_every": 1, "save_every": None}
+SWEEP = {"name": "cv", "max_steps": 2, "metric": "final_val_loss", "folds": "auto"}
+
+
+def test_two_fold_sweep_reports_mean_and_spread(kedro_project):
+    own_experiment(kedro_project, "kfold-e2e")
+    raw = write_demo_logkeys(kedro_project / "data/01_raw/logkeys.jsonl", n=200, seed=0)
+    (kedro_project / "folds.yml").write_text(yaml.safe_dump(SWEEP, sort_keys=False))
+    split = {"pretokenized": True, "vocab_size": VOCAB_SIZE, "max_length": 48}
+    params = {"raw_path": str(raw.relative_to(kedro_project)), "sweep": "folds.yml", "train": TRAIN,
+              "split": split}
+    splits_path = kedro_project / "data/03_primary/corpus_splits.parquet"
+
+    run_pipeline(kedro_project, "split", params)
+    plain = pd.read_parquet(splits_path)
+    with pytest.raises(Exception, match=r"train.fold = 0 .*split.folds") as raised:
+        run_pipeline(kedro_project, "train", {**params, "train": {**TRAIN, "fold": 0}})
+    assert "\n" not in str(raised.value)
+
+    folded_params = {**params, "split": {**split, "folds": 2}}
+    run_pipeline(kedro_project, "split", folded_params)
+    folded = pd.read_parquet(splits_path)
+    test = plain["split"] == "test"
+    pd.testing.assert_frame_equal(folded.loc[test, ["text", "split"]], plain.loc[test, ["text", "split"]])
+    assert list(folded["split"]) == list(plain["split"]) and set(folded.loc[~test, "fold"]) == {0, 1}
+
+    run_pipeline(kedro_project, "sweep", params)  # the folds come from the data: no split.folds needed
+    table = pd.read_csv(kedro_project / "data/08_reporting/sweep_comparison.csv")
+    assert sorted(table["run"]) == ["cv-01", "cv-02"] and sorted(table["train.fold"]) == [0, 1]
+    state = kedro_project / "data/08_reporting/sweeps/cv"
+    summaries = [json.loads((state / name / "summary.json").read_text()) for name in ("cv-01", "cv-02")]
+    assert [summary["fold"] for summary in summaries] == [0, 1]
+    in_folds = (~test).sum()  # each fold trains on the train/validation rows outside it
+    fold_sizes = folded.loc[~test, "fold"].value_counts()
+    trained = [summary["train_samples"] for summary in summaries]
+    assert trained == [in_folds - fold_sizes[fold] for fold in (0, 1)]
+    document = (kedro_project / "data/08_reporting/sweep.md").read_text()
+    assert "Over 2 folds: final_val_loss mean" in document and "## Mean and spread over folds" in document
+    spread = [line for line in document.splitlines() if line.startswith("| final_val_loss ")]
+    assert len(spread) == 1
+    mean, std, low, high = (float(cell) for cell in spread[0].strip(" |").split("|")[2:6])
+    losses = table["final_val_loss"]  # the document shows 4 significant digits
+    assert (low, high) == pytest.approx((losses.min(), losses.max()), rel=1e-3)
+    assert mean == pytest.approx(losses.mean(), rel=1e-3) and std == pytest.approx(losses.std(), rel=1e-3)
