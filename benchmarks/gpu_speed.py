@@ -10,8 +10,8 @@ and is stopped when it runs past it ("did not finish in N s").
 
     python benchmarks/gpu_speed.py --model 0.5b               # H100/H200: the issue's measurement
     python benchmarks/gpu_speed.py --model tiny               # the project's default tiny Llama
-    python benchmarks/gpu_speed.py --device cpu --model tiny --steps 2 --warmup 1 --seq-len 256 --compile off \
-        --budget-s 900                                        # CPU smoke run
+    python benchmarks/gpu_speed.py --device cpu --model tiny --steps 2 --warmup 1 --seq-len 256 \
+        --compile off --budget-s 900                          # CPU smoke run
 
 Models (random init, ``torch.manual_seed(0)``, built with ``fastlm.engine.model.build.build_model``):
 ``tiny`` = ``ModelParams()`` (hidden 128, 2 layers, 4 heads, intermediate 344, vocab = len(tokenizer));
@@ -27,8 +27,9 @@ Contenders, each in a fresh process (``--run NAME``), same data, same initial we
 implementation (``--attn auto``: ``attention.choice.choose_attention``, logged: flash-attention varlen
 when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CUDA; SDPA on CPU):
 
-* ``fastlm_compile`` / ``fastlm_eager``: ``fastlm.engine.train.loop.train``, batching ``packed`` (``--batch-size``
-  rows of ``--seq-len`` tokens), ``runtime.precision`` = ``--precision``, ``runtime.compile`` on / off.
+* ``fastlm_compile`` / ``fastlm_eager``: ``fastlm.engine.train.loop.train``, batching ``packed``
+  (``--batch-size`` rows of ``--seq-len`` tokens), ``runtime.precision`` = ``--precision``,
+  ``runtime.compile`` on / off.
 * ``trainer_usual``: ``Trainer`` with ``DataCollatorForLanguageModeling(mlm=False)`` (dynamic padding),
   ``per_device_train_batch_size = --batch-size`` samples, default arguments + ``bf16``.
 * ``trainer_best``: ``bf16=True``, ``tf32=True`` (CUDA only), ``torch_compile=True``, and the same tokens per
@@ -47,7 +48,8 @@ made up with gradient accumulation):
 
 * ``fastlm_lora`` / ``fastlm_qlora``: the engine with ``train.model.lora`` (frozen bf16 base / 4-bit NF4
   base with bf16 compute), packed rows, ``train.model.gradient_checkpointing`` = ``--checkpointing``,
-  ``train.optimizer.name`` = ``--optim``, the fused linear loss on ``auto``, compiled unless ``--compile off``.
+  ``train.optimizer.name`` = ``--optim``, the fused linear loss on ``auto``, compiled unless
+  ``--compile off``.
 * ``trainer_lora_usual`` / ``trainer_qlora_usual``: ``Trainer`` + peft as their docs show it: base loaded
   with ``from_pretrained`` (bf16 / ``BitsAndBytesConfig`` NF4 + ``prepare_model_for_kbit_training`` with
   its default checkpointing), ``get_peft_model``, dynamic padding, default optimizer.
@@ -93,26 +95,45 @@ from pathlib import Path
 from contender_process import run_contender
 from train_speed import REPO, TEXT_SEED, VOCAB_SIZE, Context, CountingCollator, _fmt, machine
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # demo_data: the demo-data generators
+# demo_data: the demo-data generators
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 MODELS = {
     "tiny": {},  # ModelParams() defaults: hidden 128, 2 layers, 4 heads, intermediate 344
-    "0.5b": {"hidden_size": 1536, "intermediate_size": 4096, "num_hidden_layers": 24, "num_attention_heads": 16},
+    "0.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+    },
 }
 MODEL_VOCAB = {"tiny": None, "0.5b": 32000}  # None: len(tokenizer)
 DEFAULT_BATCH = {"tiny": 16, "0.5b": 8}
 FULL_CONTENDERS = ("fastlm_compile", "fastlm_eager", "trainer_usual", "trainer_best")
-ADAPTER_CONTENDERS = ("fastlm_lora", "fastlm_qlora", "trainer_lora_usual", "trainer_lora_best",
-                      "trainer_qlora_usual", "trainer_qlora_best")
+ADAPTER_CONTENDERS = (
+    "fastlm_lora",
+    "fastlm_qlora",
+    "trainer_lora_usual",
+    "trainer_lora_best",
+    "trainer_qlora_usual",
+    "trainer_qlora_best",
+)
 CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
-ADAPTER_PAIRS = [(f"fastlm_{a}", f"trainer_{a}_{kind}") for a in ("lora", "qlora") for kind in ("best", "usual")]
+ADAPTER_PAIRS = [
+    (f"fastlm_{a}", f"trainer_{a}_{kind}") for a in ("lora", "qlora") for kind in ("best", "usual")
+]
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-TRAINER_OPTIM = {"adamw": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit", "paged_adamw_8bit": "paged_adamw_8bit"}
+TRAINER_OPTIM = {
+    "adamw": "adamw_torch_fused",
+    "adamw_8bit": "adamw_bnb_8bit",
+    "paged_adamw_8bit": "paged_adamw_8bit",
+}
 MODEL_SEED = 0
 LOSS_CHECK_ROWS = 4
 LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relative
-SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show", "on_record"}  # records.Recorder.flush
+# records.Recorder.flush
+SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show", "on_record"}
 
 TARGET_MFU = 0.45
 TARGET_VS_BEST = 1.3
@@ -136,7 +157,7 @@ def make_documents(n_docs: int, seq_len: int, seed: int = TEXT_SEED) -> list[str
     counts = rng.geometric(1.0 / mean_texts, size=n_docs)
     texts = make_texts(int(counts.sum()), seed=seed, profile="demo")
     ends = np.cumsum(counts)
-    return ["\n".join(texts[end - count:end]) for count, end in zip(counts, ends, strict=True)]
+    return ["\n".join(texts[end - count : end]) for count, end in zip(counts, ends, strict=True)]
 
 
 def prepare(workdir: Path, n_docs: int, seq_len: int) -> dict:
@@ -152,10 +173,17 @@ def prepare(workdir: Path, n_docs: int, seq_len: int) -> dict:
     tokens = tokenize_texts(docs, tokenizer, max_length=seq_len, num_proc=1)
     np.savez(workdir / "tokens.npz", values=tokens.values, offsets=tokens.offsets)
     lengths = tokens.lengths
-    return {"docs": len(docs), "tokens_total": int(lengths.sum()), "tokens_median": float(np.median(lengths)),
-            "tokens_mean": float(lengths.mean()), "tokens_p90": float(np.percentile(lengths, 90)),
-            "tokens_max": int(lengths.max()), "truncated": int(tokens.truncated.sum()), "vocab": len(tokenizer),
-            "prepare_s": time.perf_counter() - start}
+    return {
+        "docs": len(docs),
+        "tokens_total": int(lengths.sum()),
+        "tokens_median": float(np.median(lengths)),
+        "tokens_mean": float(lengths.mean()),
+        "tokens_p90": float(np.percentile(lengths, 90)),
+        "tokens_max": int(lengths.max()),
+        "truncated": int(tokens.truncated.sum()),
+        "vocab": len(tokenizer),
+        "prepare_s": time.perf_counter() - start,
+    }
 
 
 def model_params(name: str):
@@ -182,10 +210,15 @@ def count_parameters(name: str, seq_len: int, vocab: int = 8000) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     p = model_params(name)
-    config = LlamaConfig(vocab_size=MODEL_VOCAB[name] or vocab, hidden_size=p.hidden_size,
-                         intermediate_size=p.intermediate_size, num_hidden_layers=p.num_hidden_layers,
-                         num_attention_heads=p.num_attention_heads, tie_word_embeddings=p.tie_word_embeddings,
-                         max_position_embeddings=max(seq_len, 512))
+    config = LlamaConfig(
+        vocab_size=MODEL_VOCAB[name] or vocab,
+        hidden_size=p.hidden_size,
+        intermediate_size=p.intermediate_size,
+        num_hidden_layers=p.num_hidden_layers,
+        num_attention_heads=p.num_attention_heads,
+        tie_word_embeddings=p.tie_word_embeddings,
+        max_position_embeddings=max(seq_len, 512),
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     return sum(t.numel() for t in model.parameters())
@@ -219,8 +252,12 @@ class GpuContext(Context):
         attn = attn or self.attn
         torch.manual_seed(MODEL_SEED)
         params = model_params(self.args.model).model_copy(update={"attn_implementation": attn})
-        model = build_model(params, VocabOf(self.tokenizer, MODEL_VOCAB[self.args.model]),
-                            max_length=self.args.seq_len, attn_implementation=attn)
+        model = build_model(
+            params,
+            VocabOf(self.tokenizer, MODEL_VOCAB[self.args.model]),
+            max_length=self.args.seq_len,
+            attn_implementation=attn,
+        )
         digest = hashlib.sha256()
         for name, parameter in sorted(model.state_dict().items()):  # a sample of each tensor: cheap at 0.7 B
             digest.update(name.encode())
@@ -239,10 +276,19 @@ class GpuContext(Context):
 
     def adapter_model_params(self, quantized: bool) -> dict:
         """``train.model`` of the adapter contenders (module docstring)."""
-        lora = {**LORA, "enabled": True, "load_in_4bit": quantized, "target_modules": LORA_TARGETS,
-                "base_dtype": "bf16" if self.args.precision == "bf16" and self.on_cuda else "auto"}
-        return {"name_or_path": str(self.base_folder()), "attn_implementation": self.attn, "lora": lora,
-                "gradient_checkpointing": self.args.checkpointing}
+        lora = {
+            **LORA,
+            "enabled": True,
+            "load_in_4bit": quantized,
+            "target_modules": LORA_TARGETS,
+            "base_dtype": "bf16" if self.args.precision == "bf16" and self.on_cuda else "auto",
+        }
+        return {
+            "name_or_path": str(self.base_folder()),
+            "attn_implementation": self.attn,
+            "lora": lora,
+            "gradient_checkpointing": self.args.checkpointing,
+        }
 
     def build_adapter_model(self, quantized: bool):
         """fastlm's LoRA / QLoRA model on the saved base, a digest of its base weights (None when 4-bit)."""
@@ -250,7 +296,9 @@ class GpuContext(Context):
         from fastlm.engine.model.build import build_model
 
         params = parse_train_params({"model": self.adapter_model_params(quantized)}).model
-        model = build_model(params, self.tokenizer, max_length=self.args.seq_len, attn_implementation=self.attn)
+        model = build_model(
+            params, self.tokenizer, max_length=self.args.seq_len, attn_implementation=self.attn
+        )
         return model, None if quantized else base_digest(model), sum(p.numel() for p in model.parameters())
 
     def mfu(self, model, real_tokens_per_s: float) -> dict:
@@ -263,9 +311,12 @@ class GpuContext(Context):
         fpt = flops_per_token(*shape, self.args.seq_len)
         fpt_docs = flops_per_token(*shape, attended_length(self.lengths))
         peak = device_peak_flops(self.device)
-        return {"flops_per_token": fpt, "flops_per_token_docs": fpt_docs,
-                "mfu": fpt * real_tokens_per_s / peak if peak else None,
-                "mfu_docs": fpt_docs * real_tokens_per_s / peak if peak else None}
+        return {
+            "flops_per_token": fpt,
+            "flops_per_token_docs": fpt_docs,
+            "mfu": fpt * real_tokens_per_s / peak if peak else None,
+            "mfu_docs": fpt_docs * real_tokens_per_s / peak if peak else None,
+        }
 
     def reset_peak(self) -> None:
         import torch
@@ -283,16 +334,27 @@ def base_digest(model) -> str:
     """A digest of a model's base weights, adapter weights left out and peft's names mapped back: the same
     for the full model and a LoRA model on it (a sample of each tensor: cheap at 0.7 B)."""
     digest = hashlib.sha256()
-    base = {name.removeprefix("base_model.model.").replace(".base_layer", ""): parameter
-            for name, parameter in model.state_dict().items() if "lora_" not in name}
+    base = {
+        name.removeprefix("base_model.model.").replace(".base_layer", ""): parameter
+        for name, parameter in model.state_dict().items()
+        if "lora_" not in name
+    }
     for name, parameter in sorted(base.items()):
         digest.update(name.encode())
         digest.update(parameter.detach().reshape(-1)[:4096].float().cpu().numpy().tobytes())
     return digest.hexdigest()[:12]
 
 
-def fastlm_params(ctx: GpuContext, *, compile_: bool, max_steps: int, log_every: int, name: str, profile=None,
-                  adapter: str | None = None):
+def fastlm_params(
+    ctx: GpuContext,
+    *,
+    compile_: bool,
+    max_steps: int,
+    log_every: int,
+    name: str,
+    profile=None,
+    adapter: str | None = None,
+):
     from fastlm.engine.config import parse_train_params
 
     args = ctx.args
@@ -302,10 +364,20 @@ def fastlm_params(ctx: GpuContext, *, compile_: bool, max_steps: int, log_every:
     raw = {
         "model": model,
         "batching": {"mode": "packed", "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
-        "runtime": {"device": str(ctx.device), "precision": args.precision, "compile": compile_,
-                    "num_threads": args.threads},
-        "max_steps": max_steps, "seed": 0, "log_every": log_every, "eval_every": None, "save_every": None,
-        "resume": "never", "checkpoint_dir": str(Path(args.workdir) / f"checkpoints_{name}"), "quiet": True,
+        "runtime": {
+            "device": str(ctx.device),
+            "precision": args.precision,
+            "compile": compile_,
+            "num_threads": args.threads,
+        },
+        "max_steps": max_steps,
+        "seed": 0,
+        "log_every": log_every,
+        "eval_every": None,
+        "save_every": None,
+        "resume": "never",
+        "checkpoint_dir": str(Path(args.workdir) / f"checkpoints_{name}"),
+        "quiet": True,
     }
     if profile:
         raw["profile"] = profile
@@ -331,8 +403,14 @@ class SyncCounter:
         else:
             self.between += 1
             if len(self.examples) < 3:
-                where = next((f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
-                              for f in reversed(frames) if "warnings" not in f.filename), "?")
+                where = next(
+                    (
+                        f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}"
+                        for f in reversed(frames)
+                        if "warnings" not in f.filename
+                    ),
+                    "?",
+                )
                 self.examples.append(f"{str(message)[:80]} at {where}")
 
 
@@ -350,14 +428,23 @@ def run_fastlm(ctx: GpuContext, compile_: bool, adapter: str | None = None) -> d
     log_every = warmup if warmup >= 2 else steps
     name = f"fastlm_{adapter}" if adapter else "fastlm_compile" if compile_ else "fastlm_eager"
     end = warmup + steps
-    runtime = setup_runtime(RuntimeConfig(device=str(ctx.device), precision=args.precision, compile=compile_,
-                                          num_threads=args.threads, seed=0))
+    runtime = setup_runtime(
+        RuntimeConfig(
+            device=str(ctx.device),
+            precision=args.precision,
+            compile=compile_,
+            num_threads=args.threads,
+            seed=0,
+        )
+    )
     if adapter:
         model, init_digest, n_params = ctx.build_adapter_model(adapter == "qlora")
     else:
         model, init_digest, n_params = ctx.build_model()
     train_set = TokenSequences(ctx.values, ctx.offsets)
-    params = fastlm_params(ctx, compile_=compile_, max_steps=end, log_every=log_every, name=name, adapter=adapter)
+    params = fastlm_params(
+        ctx, compile_=compile_, max_steps=end, log_every=log_every, name=name, adapter=adapter
+    )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
 
@@ -375,8 +462,17 @@ def run_fastlm(ctx: GpuContext, compile_: bool, adapter: str | None = None) -> d
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = sync.hook
-        result = train(model, train_set, None, params=params, runtime=runtime, pad_id=ctx.pad_id,
-                       max_length=args.seq_len, attn=ctx.attn, callbacks=[on_record])
+        result = train(
+            model,
+            train_set,
+            None,
+            params=params,
+            runtime=runtime,
+            pad_id=ctx.pad_id,
+            max_length=args.seq_len,
+            attn=ctx.attn,
+            callbacks=[on_record],
+        )
     if ctx.on_cuda:
         torch.cuda.set_sync_debug_mode(0)
     peak = ctx.peak_memory_mb()
@@ -392,17 +488,28 @@ def run_fastlm(ctx: GpuContext, compile_: bool, adapter: str | None = None) -> d
             previous = record["step"]
     trained = result.model
     out = {
-        "contender": name, "init": init_digest, "parameters": n_params, "attn": trained.config._attn_implementation,
+        "contender": name,
+        "init": init_digest,
+        "parameters": n_params,
+        "attn": trained.config._attn_implementation,
         "trainable_parameters": sum(p.numel() for p in trained.parameters() if p.requires_grad),
-        "steps_timed": steps, "warmup": warmup, "window_s": window,
+        "steps_timed": steps,
+        "warmup": warmup,
+        "window_s": window,
         "wall_s": flushed_at[end] - flushed_at[warmup] if warmup in flushed_at else None,
-        "real_tokens_per_s": real / window, "computed_tokens_per_s": computed / window,
-        "padding_waste": 1 - real / computed, "step_time_s": window / steps, "data_wait_share": waited / window,
-        **ctx.mfu(trained, real / window), "first_step_s": result.summary.get("first_step_s"),
+        "real_tokens_per_s": real / window,
+        "computed_tokens_per_s": computed / window,
+        "padding_waste": 1 - real / computed,
+        "step_time_s": window / steps,
+        "data_wait_share": waited / window,
+        **ctx.mfu(trained, real / window),
+        "first_step_s": result.summary.get("first_step_s"),
         "compiled": result.summary.get("compiled"),
-        "peak_memory_mb": peak, "final_loss": result.history[-1]["loss"],
+        "peak_memory_mb": peak,
+        "final_loss": result.history[-1]["loss"],
         "sync_between_log_steps": sync.between if ctx.on_cuda else None,
-        "sync_at_log_steps": sync.at_log_step if ctx.on_cuda else None, "sync_examples": sync.examples,
+        "sync_at_log_steps": sync.at_log_step if ctx.on_cuda else None,
+        "sync_examples": sync.examples,
     }
     out["loss_check"] = packed_vs_unpacked(ctx, trained, runtime)
     return out
@@ -422,8 +529,10 @@ def attention_paths(device) -> list[str]:
         paths.append("flex_attention")
         if importlib.util.find_spec("flash_attn") is not None:
             paths.append("flash_attention_2")
-        if (importlib.util.find_spec("flash_attn_interface") is not None
-                and torch.cuda.get_device_capability(device)[0] == 9):
+        if (
+            importlib.util.find_spec("flash_attn_interface") is not None
+            and torch.cuda.get_device_capability(device)[0] == 9
+        ):
             paths.append("flash_attention_3")
         if torch_varlen_available(device):
             paths.append("torch_varlen")
@@ -452,11 +561,14 @@ def packed_vs_unpacked(ctx: GpuContext, model, runtime) -> dict:
                 break
             rows.append([])
             used = 0
-        rows[-1].append(ctx.values[ctx.offsets[index]:ctx.offsets[index + 1]])
+        rows[-1].append(ctx.values[ctx.offsets[index] : ctx.offsets[index + 1]])
         used += length
     picked = [ids for row in rows for ids in row]
-    collator = PackedCollator(pad_id=ctx.pad_id, budget=TokenBudget(row_length=seq_len, rows_per_batch=len(rows)),
-                              attention_mask_format="none")
+    collator = PackedCollator(
+        pad_id=ctx.pad_id,
+        budget=TokenBudget(row_length=seq_len, rows_per_batch=len(rows)),
+        attention_mask_format="none",
+    )
     host_batch = collator([{"input_ids": ids} for ids in picked])
     config = model.config
     trained_with = config._attn_implementation
@@ -483,8 +595,15 @@ def packed_vs_unpacked(ctx: GpuContext, model, runtime) -> dict:
                 checks[attn] = {"error": f"{type(error).__name__}: {str(error)[:120]}", "ok": False}
     config._attn_implementation = trained_with
     model.train()
-    return {"samples": len(picked), "rows": len(rows), "tokens": int(host_batch["num_real_tokens"]),
-            "unpacked": alone, "tolerance": tol, "paths": checks, "ok": all(c["ok"] for c in checks.values())}
+    return {
+        "samples": len(picked),
+        "rows": len(rows),
+        "tokens": int(host_batch["num_real_tokens"]),
+        "unpacked": alone,
+        "tolerance": tol,
+        "paths": checks,
+        "ok": all(c["ok"] for c in checks.values()),
+    }
 
 
 class RealTokenCounter(CountingCollator):
@@ -499,7 +618,8 @@ class RealTokenCounter(CountingCollator):
 
 
 def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
-    """The Trainer's LoRA / QLoRA model, built as the peft and transformers docs show it, on the saved base."""
+    """The Trainer's LoRA / QLoRA model, built as the peft and transformers docs show it, on the saved
+    base."""
     import torch
     from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -507,23 +627,36 @@ def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
     bf16 = ctx.args.precision == "bf16" and ctx.on_cuda
     load = {"dtype": torch.bfloat16 if bf16 else torch.float32, "attn_implementation": attn}
     if adapter == "qlora":
-        load["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                         bnb_4bit_use_double_quant=True,
-                                                         bnb_4bit_compute_dtype=torch.bfloat16)
+        load["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
         load["device_map"] = {"": torch.cuda.current_device()}
     model = AutoModelForCausalLM.from_pretrained(str(ctx.base_folder()), **load)
     model.config.use_cache = False
     digest = None if adapter == "qlora" else base_digest(model)
     if adapter == "qlora":  # usual: peft's default (checkpointing on); best: --checkpointing
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=not best or ctx.args.checkpointing != "off",
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-    config = LoraConfig(task_type=TaskType.CAUSAL_LM, r=LORA["r"], lora_alpha=LORA["alpha"],
-                        lora_dropout=LORA["dropout"], target_modules=LORA_TARGETS)
+            model,
+            use_gradient_checkpointing=not best or ctx.args.checkpointing != "off",
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+    config = LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=LORA["r"],
+        lora_alpha=LORA["alpha"],
+        lora_dropout=LORA["dropout"],
+        target_modules=LORA_TARGETS,
+    )
     model = get_peft_model(model, config)
-    if best and ctx.args.checkpointing != "off":  # transformers' own per-layer switch (selective: every other)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
-                                              every_n_layers=2 if ctx.args.checkpointing == "selective" else 1)
+    # transformers' own per-layer switch (selective: every other)
+    if best and ctx.args.checkpointing != "off":
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False},
+            every_n_layers=2 if ctx.args.checkpointing == "selective" else 1,
+        )
         model.enable_input_require_grads()
     return model, digest, sum(p.numel() for p in model.parameters())
 
@@ -543,18 +676,24 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
     warmup, steps = args.warmup, args.steps
     datasets.disable_progress_bars()
     if ctx.on_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = False  # the usual set-up: torch defaults; best sets tf32 below
-    # The usual set-up pads (SDPA for it on a varlen machine: varlen kernels need the flattened view); the best
-    # one gets the padding-free DataCollatorWithFlattening with cu_seq_lens and the same varlen kernel as fastlm.
+        # the usual set-up: torch defaults; best sets tf32 below
+        torch.backends.cuda.matmul.allow_tf32 = False
+    # The usual set-up pads (SDPA for it on a varlen machine: varlen kernels need the flattened view); the
+    # best one gets the padding-free DataCollatorWithFlattening with cu_seq_lens and the same varlen kernel as
+    # fastlm.
     varlen = ctx.attn.startswith("flash_attention") or ctx.attn == "torch_varlen"
     if adapter:
-        model, init_digest, n_params = trainer_adapter_model(ctx, adapter, best,
-                                                             "sdpa" if varlen and not best else ctx.attn)
+        model, init_digest, n_params = trainer_adapter_model(
+            ctx, adapter, best, "sdpa" if varlen and not best else ctx.attn
+        )
     else:
         model, init_digest, n_params = ctx.build_model(attn="sdpa" if varlen and not best else None)
-    ids = pa.ListArray.from_arrays(pa.array(ctx.offsets.astype(np.int32)), pa.array(ctx.values, type=pa.int32()))
-    train_dataset = datasets.Dataset(InMemoryTable(pa.table({"input_ids": ids,
-                                                             "length": pa.array(ctx.lengths.astype(np.int64))})))
+    ids = pa.ListArray.from_arrays(
+        pa.array(ctx.offsets.astype(np.int32)), pa.array(ctx.values, type=pa.int32())
+    )
+    train_dataset = datasets.Dataset(
+        InMemoryTable(pa.table({"input_ids": ids, "length": pa.array(ctx.lengths.astype(np.int64))}))
+    )
     fields = {field.name for field in dataclasses.fields(TrainingArguments)}
     batch_size, setup, accumulation = args.batch_size, "dynamic padding, default arguments", 1
     extra: dict = {}
@@ -564,8 +703,9 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
     if padding_free:
         from transformers import DataCollatorWithFlattening
 
-        collator = RealTokenCounter(DataCollatorWithFlattening(return_position_ids=True,
-                                                               return_flash_attn_kwargs=True))
+        collator = RealTokenCounter(
+            DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True)
+        )
         batch_size = same_tokens
         setup = "DataCollatorWithFlattening (padding-free)"
     else:
@@ -592,7 +732,9 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
             extra["tf32"] = True
         setup += f", torch_compile={extra['torch_compile']}, tf32={extra.get('tf32', False)}"
         if adapter:
-            extra["optim"] = TRAINER_OPTIM[args.optim] if ctx.on_cuda or args.optim != "adamw" else "adamw_torch"
+            extra["optim"] = (
+                TRAINER_OPTIM[args.optim] if ctx.on_cuda or args.optim != "adamw" else "adamw_torch"
+            )
             setup += f", optim {extra['optim']}, gradient checkpointing {args.checkpointing}"
     if not (best and not padding_free):  # the "length" column only serves length grouping
         train_dataset = train_dataset.remove_columns(["length"])
@@ -623,23 +765,48 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
     name += "best" if best else "usual"
     training_args = TrainingArguments(
         output_dir=str(Path(args.workdir) / f"{name}_out"),
-        per_device_train_batch_size=batch_size, max_steps=warmup + steps, report_to=[], save_strategy="no",
-        logging_steps=10**9, disable_tqdm=True, use_cpu=not ctx.on_cuda, seed=0,
-        bf16=args.precision == "bf16", **extra)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, data_collator=collator,
-                      processing_class=ctx.tokenizer, callbacks=[timer])
+        per_device_train_batch_size=batch_size,
+        max_steps=warmup + steps,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**9,
+        disable_tqdm=True,
+        use_cpu=not ctx.on_cuda,
+        seed=0,
+        bf16=args.precision == "bf16",
+        **extra,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        data_collator=collator,
+        processing_class=ctx.tokenizer,
+        callbacks=[timer],
+    )
     trainer.train()
     peak = ctx.peak_memory_mb()
     (t0, n0), (t1, n1) = timer.marks[warmup], timer.marks[warmup + steps]
     window = t1 - t0
     real, computed = sum(collator.real[n0:n1]), sum(collator.computed[n0:n1])
     return {
-        "contender": name, "init": init_digest, "parameters": n_params,
-        "attn": model.config._attn_implementation, "setup": setup, "batch_samples": batch_size,
-        "steps_timed": steps, "warmup": warmup, "window_s": window, "real_tokens_per_s": real / window,
-        "computed_tokens_per_s": computed / window, "padding_waste": 1 - real / computed,
-        "step_time_s": window / steps, "data_wait_share": 1 - timer.inside / window,
-        **ctx.mfu(model, real / window), "peak_memory_mb": peak, "accumulation": accumulation,
+        "contender": name,
+        "init": init_digest,
+        "parameters": n_params,
+        "attn": model.config._attn_implementation,
+        "setup": setup,
+        "batch_samples": batch_size,
+        "steps_timed": steps,
+        "warmup": warmup,
+        "window_s": window,
+        "real_tokens_per_s": real / window,
+        "computed_tokens_per_s": computed / window,
+        "padding_waste": 1 - real / computed,
+        "step_time_s": window / steps,
+        "data_wait_share": 1 - timer.inside / window,
+        **ctx.mfu(model, real / window),
+        "peak_memory_mb": peak,
+        "accumulation": accumulation,
         "optim": str(getattr(training_args.optim, "value", training_args.optim)),
     }
 
@@ -654,15 +821,35 @@ def run_profile(ctx: GpuContext) -> dict:
 
     args = ctx.args
     compile_ = args.compile != "off"
-    runtime = setup_runtime(RuntimeConfig(device=str(ctx.device), precision=args.precision, compile=compile_,
-                                          num_threads=args.threads, seed=0))
+    runtime = setup_runtime(
+        RuntimeConfig(
+            device=str(ctx.device),
+            precision=args.precision,
+            compile=compile_,
+            num_threads=args.threads,
+            seed=0,
+        )
+    )
     model, _, _ = ctx.build_model()
     trace_dir = Path(args.workdir) / "profile"
-    params = fastlm_params(ctx, compile_=compile_, max_steps=args.warmup + 3, log_every=args.warmup + 3,
-                           name="profile", profile={"enabled": True, "start_step": args.warmup + 1, "steps": 3,
-                                                    "trace_dir": str(trace_dir)})
-    result = train(model, TokenSequences(ctx.values, ctx.offsets), None, params=params, runtime=runtime,
-                   pad_id=ctx.pad_id, max_length=args.seq_len, attn=ctx.attn)
+    params = fastlm_params(
+        ctx,
+        compile_=compile_,
+        max_steps=args.warmup + 3,
+        log_every=args.warmup + 3,
+        name="profile",
+        profile={"enabled": True, "start_step": args.warmup + 1, "steps": 3, "trace_dir": str(trace_dir)},
+    )
+    result = train(
+        model,
+        TokenSequences(ctx.values, ctx.offsets),
+        None,
+        params=params,
+        runtime=runtime,
+        pad_id=ctx.pad_id,
+        max_length=args.seq_len,
+        attn=ctx.attn,
+    )
     summary = result.summary["profile"]
     kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     total = 0.0
@@ -674,10 +861,16 @@ def run_profile(ctx: GpuContext) -> dict:
                 kernels[event["name"]][1] += event["dur"]
                 total += event["dur"]
     top = sorted(kernels.items(), key=lambda item: item[1][1], reverse=True)[:10]
-    return {"contender": "fastlm_profile", "window_ms": summary.get("window_ms"),
-            "phase_share": summary.get("phase_share"), "kernel_total_ms": total / 1e3,
-            "top_kernels": [{"kernel": k, "calls": c, "ms": d / 1e3, "share": d / total if total else None}
-                            for k, (c, d) in top]}
+    return {
+        "contender": "fastlm_profile",
+        "window_ms": summary.get("window_ms"),
+        "phase_share": summary.get("phase_share"),
+        "kernel_total_ms": total / 1e3,
+        "top_kernels": [
+            {"kernel": k, "calls": c, "ms": d / 1e3, "share": d / total if total else None}
+            for k, (c, d) in top
+        ],
+    }
 
 
 def child_main(args: argparse.Namespace) -> None:
@@ -687,12 +880,19 @@ def child_main(args: argparse.Namespace) -> None:
     ctx = GpuContext(args)
     started = time.perf_counter()
     compiled = args.compile != "off"
-    runners = {"fastlm_compile": lambda: run_fastlm(ctx, True), "fastlm_eager": lambda: run_fastlm(ctx, False),
-               "trainer_usual": lambda: run_trainer(ctx, False), "trainer_best": lambda: run_trainer(ctx, True),
-               "fastlm_profile": lambda: run_profile(ctx),
-               **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
-               **{f"trainer_{a}_{kind}": (lambda a=a, kind=kind: run_trainer(ctx, kind == "best", adapter=a))
-                  for a in ("lora", "qlora") for kind in ("usual", "best")}}
+    runners = {
+        "fastlm_compile": lambda: run_fastlm(ctx, True),
+        "fastlm_eager": lambda: run_fastlm(ctx, False),
+        "trainer_usual": lambda: run_trainer(ctx, False),
+        "trainer_best": lambda: run_trainer(ctx, True),
+        "fastlm_profile": lambda: run_profile(ctx),
+        **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
+        **{
+            f"trainer_{a}_{kind}": (lambda a=a, kind=kind: run_trainer(ctx, kind == "best", adapter=a))
+            for a in ("lora", "qlora")
+            for kind in ("usual", "best")
+        },
+    }
     info = runners[args.run]()
     info["device"] = str(ctx.device)
     info["child_run_s"] = time.perf_counter() - started
@@ -705,15 +905,53 @@ def child_main(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def run_child(name: str, args: argparse.Namespace, workdir: Path, index: int, *, timeout_s: float | None = None,
-              trainer_compile: str = "on") -> dict:
+def run_child(
+    name: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    index: int,
+    *,
+    timeout_s: float | None = None,
+    trainer_compile: str = "on",
+) -> dict:
     here = str(Path(__file__).resolve().parent)
-    return run_contender(Path(__file__), name, workdir, index, repo=REPO, timeout_s=timeout_s, extra_args=[
-        "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
-        "--seq-len", str(args.seq_len), "--threads", str(args.threads), "--device", args.device,
-        "--model", args.model, "--precision", args.precision, "--compile", args.compile, "--attn", args.attn,
-        "--trainer-compile", trainer_compile, "--checkpointing", args.checkpointing, "--optim", args.optim],
-        extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))})
+    return run_contender(
+        Path(__file__),
+        name,
+        workdir,
+        index,
+        repo=REPO,
+        timeout_s=timeout_s,
+        extra_args=[
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--batch-size",
+            str(args.batch_size),
+            "--seq-len",
+            str(args.seq_len),
+            "--threads",
+            str(args.threads),
+            "--device",
+            args.device,
+            "--model",
+            args.model,
+            "--precision",
+            args.precision,
+            "--compile",
+            args.compile,
+            "--attn",
+            args.attn,
+            "--trainer-compile",
+            trainer_compile,
+            "--checkpointing",
+            args.checkpointing,
+            "--optim",
+            args.optim,
+        ],
+        extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))},
+    )
 
 
 class Budget:
@@ -737,15 +975,23 @@ def gpu_info() -> dict:
     if not torch.cuda.is_available():
         return {"cuda": False}
     props = torch.cuda.get_device_properties(0)
-    return {"cuda": True, "name": props.name, "memory_gb": props.total_memory / 2**30,
-            "capability": f"{props.major}.{props.minor}", "cuda_version": torch.version.cuda,
-            "peak_bf16_tflops": (device_peak_flops("cuda") or 0) / 1e12 or None,
-            "flash_attn": importlib.util.find_spec("flash_attn") is not None}
+    return {
+        "cuda": True,
+        "name": props.name,
+        "memory_gb": props.total_memory / 2**30,
+        "capability": f"{props.major}.{props.minor}",
+        "cuda_version": torch.version.cuda,
+        "peak_bf16_tflops": (device_peak_flops("cuda") or 0) / 1e12 or None,
+        "flash_attn": importlib.util.find_spec("flash_attn") is not None,
+    }
 
 
 def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[str, bool | None]]:
-    fastlm = [r for name, r in results.items() if name.startswith("fastlm") and "error" not in r
-              and "skipped" not in r]
+    fastlm = [
+        r
+        for name, r in results.items()
+        if name.startswith("fastlm") and "error" not in r and "skipped" not in r
+    ]
     full = [r for r in fastlm if r["contender"] in FULL_CONTENDERS]
     best_fast = max(full, key=lambda r: r["real_tokens_per_s"], default=None)
     best_trainer = results.get("trainer_best", {})
@@ -754,7 +1000,8 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
     def check(text: str, value, ok) -> None:
         lines.append((f"{text}: {value}", ok))
 
-    for a, b in ADAPTER_PAIRS[::2]:  # adapters: fastlm against the Trainer's best set-up, reported (no target)
+    # adapters: fastlm against the Trainer's best set-up, reported (no target)
+    for a, b in ADAPTER_PAIRS[::2]:
         ra, rb = results.get(a, {}), results.get(b, {})
         if ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
             ratio = ra["real_tokens_per_s"] / rb["real_tokens_per_s"]
@@ -766,8 +1013,11 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
         mfu = best_fast.get("mfu")
         text = f"{label} MFU >= {TARGET_MFU:.0%} (target set for 0.5b)"
         if mfu is None:
-            check(text, "n/a (" + ("GPU missing from PEAK_BF16_DENSE_FLOPS" if on_cuda else "skipped: no CUDA")
-                  + ")", None)
+            check(
+                text,
+                "n/a (" + ("GPU missing from PEAK_BF16_DENSE_FLOPS" if on_cuda else "skipped: no CUDA") + ")",
+                None,
+            )
         else:
             check(text, f"{mfu:.1%}", mfu >= TARGET_MFU if model == "0.5b" else None)
         target = f"{label} / trainer_best real tokens/s >= {TARGET_VS_BEST:g}x"
@@ -775,7 +1025,11 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
             ratio = best_fast["real_tokens_per_s"] / best_trainer["real_tokens_per_s"]
             check(target, f"{ratio:.2f}x", ratio >= TARGET_VS_BEST)
         else:
-            check(target, "n/a (" + best_trainer.get("skipped", best_trainer.get("error", "not run")) + ")", None)
+            check(
+                target,
+                "n/a (" + best_trainer.get("skipped", best_trainer.get("error", "not run")) + ")",
+                None,
+            )
     for run in fastlm:
         name = run["contender"]
         wait = run["data_wait_share"]
@@ -783,37 +1037,57 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
         if run.get("sync_between_log_steps") is None:
             check(f"{name} host syncs between log steps == 0", "skipped: no CUDA", None)
         else:
-            check(f"{name} host syncs between log steps == 0",
-                  f"{run['sync_between_log_steps']} (and {run['sync_at_log_steps']} in the log-step flushes)",
-                  run["sync_between_log_steps"] == 0)
+            check(
+                f"{name} host syncs between log steps == 0",
+                f"{run['sync_between_log_steps']} (and {run['sync_at_log_steps']} in the log-step flushes)",
+                run["sync_between_log_steps"] == 0,
+            )
         loss = run["loss_check"]
         for attn, path in loss["paths"].items():
-            check(f"{name} packed vs unpacked loss on {attn} ({loss['samples']} samples in {loss['rows']} rows, "
-                  f"{loss['tokens']} tokens)",
-                  path.get("error") or f"{path['packed']:.5f} vs {loss['unpacked']:.5f}, rel diff "
-                  f"{path['rel_diff']:.2e} (tol {loss['tolerance']:g})", path["ok"])
+            check(
+                f"{name} packed vs unpacked loss on {attn} ({loss['samples']} samples in {loss['rows']} "
+                f"rows, {loss['tokens']} tokens)",
+                path.get("error")
+                or f"{path['packed']:.5f} vs {loss['unpacked']:.5f}, rel diff "
+                f"{path['rel_diff']:.2e} (tol {loss['tolerance']:g})",
+                path["ok"],
+            )
     return lines
 
 
 def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict[str, dict]) -> None:
     print()
-    print(f"machine: {info['cpu']}; nproc {info['nproc']}, usable cores {info['usable_cores']}, "
-          f"torch threads {info['threads']}; load average at start {info['load_average']}")
-    print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()) + f", python {info['python']}")
+    print(
+        f"machine: {info['cpu']}; nproc {info['nproc']}, usable cores {info['usable_cores']}, "
+        f"torch threads {info['threads']}; load average at start {info['load_average']}"
+    )
+    print(
+        "versions: "
+        + ", ".join(f"{k} {v}" for k, v in info["versions"].items())
+        + f", python {info['python']}"
+    )
     if gpu.get("cuda"):
-        print(f"GPU: {gpu['name']}, {gpu['memory_gb']:.0f} GiB, sm {gpu['capability']}, CUDA {gpu['cuda_version']}, "
-              f"dense bf16 peak {_fmt(gpu['peak_bf16_tflops'], '.0f')} TFLOP/s, flash_attn installed: "
-              f"{gpu['flash_attn']}")
+        print(
+            f"GPU: {gpu['name']}, {gpu['memory_gb']:.0f} GiB, sm {gpu['capability']}, "
+            f"CUDA {gpu['cuda_version']}, dense bf16 peak {_fmt(gpu['peak_bf16_tflops'], '.0f')} TFLOP/s, "
+            f"flash_attn installed: {gpu['flash_attn']}"
+        )
     else:
         print("GPU: none (CUDA not available)")
-    print(f"model {args.model}: {n_params:,} parameters; seq_len {args.seq_len}; precision {args.precision}; "
-          f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps")
-    print(f"data: {prep['docs']:,} documents of demo texts, {prep['tokens_total']:,} tokens (median "
-          f"{prep['tokens_median']:.0f}, mean {prep['tokens_mean']:.0f}, p90 {prep['tokens_p90']:.0f}, max "
-          f"{prep['tokens_max']}, {prep['truncated']} truncated at {args.seq_len}); vocab {prep['vocab']}")
+    print(
+        f"model {args.model}: {n_params:,} parameters; seq_len {args.seq_len}; precision {args.precision}; "
+        f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps"
+    )
+    print(
+        f"data: {prep['docs']:,} documents of demo texts, {prep['tokens_total']:,} tokens (median "
+        f"{prep['tokens_median']:.0f}, mean {prep['tokens_mean']:.0f}, p90 {prep['tokens_p90']:.0f}, max "
+        f"{prep['tokens_max']}, {prep['truncated']} truncated at {args.seq_len}); vocab {prep['vocab']}"
+    )
     print()
-    header = (f"{'contender':<16}{'attn':>19}{'real tok/s':>13}{'pad waste':>10}{'step s':>9}{'MFU':>8}"
-              f"{'MFU docs':>9}{'peak MiB':>10}{'data wait':>10}{'other load':>11}")
+    header = (
+        f"{'contender':<16}{'attn':>19}{'real tok/s':>13}{'pad waste':>10}{'step s':>9}{'MFU':>8}"
+        f"{'MFU docs':>9}{'peak MiB':>10}{'data wait':>10}{'other load':>11}"
+    )
     print(header)
     print("-" * len(header))
     for name, run in results.items():
@@ -823,25 +1097,36 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         if "error" in run:
             print(f"{name:<16}  FAILED ({run['error']})")
             continue
-        print(f"{name:<16}{run['attn']:>19}{run['real_tokens_per_s']:>13,.0f}{run['padding_waste']:>10.1%}"
-              f"{run['step_time_s']:>9.3f}{_fmt(run['mfu'], '.1%'):>8}{_fmt(run['mfu_docs'], '.1%'):>9}"
-              f"{_fmt(run['peak_memory_mb'], ',.0f'):>10}"
-              f"{run['data_wait_share']:>10.2%}{run['other_load_cores']:>11.2f}")
+        print(
+            f"{name:<16}{run['attn']:>19}{run['real_tokens_per_s']:>13,.0f}{run['padding_waste']:>10.1%}"
+            f"{run['step_time_s']:>9.3f}{_fmt(run['mfu'], '.1%'):>8}{_fmt(run['mfu_docs'], '.1%'):>9}"
+            f"{_fmt(run['peak_memory_mb'], ',.0f'):>10}"
+            f"{run['data_wait_share']:>10.2%}{run['other_load_cores']:>11.2f}"
+        )
     for name, run in results.items():
         if run.get("setup"):
-            print(f"  {name}: {run['setup']}; {run['batch_samples']} samples per micro-batch x "
-                  f"{run.get('accumulation', 1)}; optim {run['optim']}")
+            print(
+                f"  {name}: {run['setup']}; {run['batch_samples']} samples per micro-batch x "
+                f"{run.get('accumulation', 1)}; optim {run['optim']}"
+            )
     inits = {run["init"] for run in results.values() if run.get("init")}  # 4-bit bases have none
-    print(f"initial weights: {'identical' if len(inits) <= 1 else 'DIFFERENT'} across contenders "
-          f"({', '.join(sorted(inits))})")
-    print("MFU: (6N + 12*layers*hidden*seq_len) FLOPs per real token x real tokens/s / dense bf16 peak; "
-          "MFU docs: the attention term over each document's own length (sum len^2 / sum len), the work a "
-          "document-masked path needs; peak MiB: torch.cuda.max_memory_allocated over the timed steps (peak RSS "
-          "on CPU)")
+    print(
+        f"initial weights: {'identical' if len(inits) <= 1 else 'DIFFERENT'} across contenders "
+        f"({', '.join(sorted(inits))})"
+    )
+    print(
+        "MFU: (6N + 12*layers*hidden*seq_len) FLOPs per real token x real tokens/s / dense bf16 peak; "
+        "MFU docs: the attention term over each document's own length (sum len^2 / sum len), the work a "
+        "document-masked path needs; peak MiB: torch.cuda.max_memory_allocated over the timed steps "
+        "(peak RSS on CPU)"
+    )
     for name, run in results.items():
         if run.get("first_step_s") is not None:
-            print(f"  {name}: first step {run['first_step_s']:.1f} s ("
-                  + ("torch.compile included; " if run.get("compiled") else "") + "not timed)")
+            print(
+                f"  {name}: first step {run['first_step_s']:.1f} s ("
+                + ("torch.compile included; " if run.get("compiled") else "")
+                + "not timed)"
+            )
     print()
     print("ratios (real tokens/s):")
     for a in ("fastlm_compile", "fastlm_eager"):
@@ -866,40 +1151,81 @@ def parse_args(argv=None) -> argparse.Namespace:
     # after train_speed set the offline environment
     from fastlm.engine.model.attention.inputs import IMPLEMENTATIONS
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", choices=tuple(MODELS), default="0.5b", help="model config (default 0.5b)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--seq-len", type=int, default=2048, help="packed row length / truncation (default 2048)")
+    parser.add_argument(
+        "--seq-len", type=int, default=2048, help="packed row length / truncation (default 2048)"
+    )
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
-    parser.add_argument("--compile", choices=("both", "on", "off"), default="both",
-                        help="fastlm variants: compiled and eager (both), one of them; 'off' also turns "
-                             "torch_compile off in trainer_best")
+    parser.add_argument(
+        "--compile",
+        choices=("both", "on", "off"),
+        default="both",
+        help="fastlm variants: compiled and eager (both), one of them; 'off' also turns "
+        "torch_compile off in trainer_best",
+    )
     parser.add_argument("--attn", choices=("auto", *IMPLEMENTATIONS), default="auto")
-    parser.add_argument("--budget-s", type=float, default=480.0,
-                        help="wall-clock budget of the whole script (default 480 s: 8 minutes); each contender "
-                             "process is stopped past its share")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="wall-clock budget of the whole script (default 480 s: 8 minutes); each contender "
+        "process is stopped past its share",
+    )
     parser.add_argument("--trainer-compile", choices=("on", "off"), default="on", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per contender (default 30)")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first, compile included (default 10)")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="fastlm packed rows per step, Trainer samples per step (default 8 for 0.5b, 16 tiny)")
-    parser.add_argument("--docs", type=int, default=None, help="documents to generate (default: enough for the run)")
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=None,
-                        help=f"default: {' '.join(FULL_CONTENDERS)} (full fine-tuning)")
-    parser.add_argument("--adapters", action="store_true",
-                        help=f"run the LoRA/QLoRA contenders instead: {' '.join(ADAPTER_CONTENDERS)}")
-    parser.add_argument("--checkpointing", choices=("off", "selective", "full"), default="off",
-                        help="adapter contenders: train.model.gradient_checkpointing of fastlm and of the Trainer's "
-                             "best set-up (default off)")
-    parser.add_argument("--optim", choices=tuple(TRAINER_OPTIM), default="adamw",
-                        help="adapter contenders: train.optimizer.name of fastlm, its Trainer peer in the best "
-                             "set-up (default adamw)")
+    parser.add_argument(
+        "--steps", type=int, default=30, help="timed optimizer steps per contender (default 30)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=10, help="untimed steps first, compile included (default 10)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="fastlm packed rows per step, Trainer samples per step (default 8 for 0.5b, 16 tiny)",
+    )
+    parser.add_argument(
+        "--docs", type=int, default=None, help="documents to generate (default: enough for the run)"
+    )
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=CONTENDERS,
+        default=None,
+        help=f"default: {' '.join(FULL_CONTENDERS)} (full fine-tuning)",
+    )
+    parser.add_argument(
+        "--adapters",
+        action="store_true",
+        help=f"run the LoRA/QLoRA contenders instead: {' '.join(ADAPTER_CONTENDERS)}",
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=("off", "selective", "full"),
+        default="off",
+        help="adapter contenders: train.model.gradient_checkpointing of fastlm and of the Trainer's "
+        "best set-up (default off)",
+    )
+    parser.add_argument(
+        "--optim",
+        choices=tuple(TRAINER_OPTIM),
+        default="adamw",
+        help="adapter contenders: train.optimizer.name of fastlm, its Trainer peer in the best "
+        "set-up (default adamw)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
-    parser.add_argument("--no-profile", action="store_true", help="no profiler window when a target is missed")
+    parser.add_argument(
+        "--no-profile", action="store_true", help="no profiler window when a target is missed"
+    )
     parser.add_argument("--force", action="store_true", help="train 0.5b even on CPU")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep the prepared data here (default: temp dir)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="keep the prepared data here (default: temp dir)"
+    )
     parser.add_argument("--run", choices=(*CONTENDERS, "fastlm_profile"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -951,15 +1277,19 @@ def main(argv=None) -> None:
                 reason = "accelerate is not installed (transformers.Trainer needs it)"
             elif "qlora" in name and not (on_cuda and importlib.util.find_spec("bitsandbytes")):
                 reason = "QLoRA needs CUDA and bitsandbytes (4-bit NF4 weights)"
-            elif args.optim != "adamw" and name in ADAPTER_CONTENDERS and not (
-                    on_cuda and importlib.util.find_spec("bitsandbytes")):
+            elif (
+                args.optim != "adamw"
+                and name in ADAPTER_CONTENDERS
+                and not (on_cuda and importlib.util.find_spec("bitsandbytes"))
+            ):
                 reason = f"--optim {args.optim} needs CUDA and bitsandbytes"
             if reason:
                 print(f"[{index + 1}/{len(contenders)}] {name}: skipped: {reason}", flush=True)
                 results[name] = {"contender": name, "skipped": reason}
                 continue
             cap = budget.share(len(contenders) - index)
-            if name == "trainer_best" and args.compile != "off":  # keep time for the run without torch_compile
+            # keep time for the run without torch_compile
+            if name == "trainer_best" and args.compile != "off":
                 reserve = 1.5 * results.get("trainer_usual", {}).get("process_wall_s", 90.0)
                 cap = max(min(cap, budget.left() - reserve), 1.0)
             print(f"[{index + 1}/{len(contenders)}] {name} (at most {cap:.0f} s) ...", flush=True)
@@ -967,16 +1297,22 @@ def main(argv=None) -> None:
             if name == "trainer_best" and run.get("timed_out") and args.compile != "off":
                 note = f"torch_compile {run['error']}"
                 cap = budget.share(len(contenders) - index)
-                print(f"  trainer_best: {note}; again without torch_compile (at most {cap:.0f} s) ...", flush=True)
+                print(
+                    f"  trainer_best: {note}; again without torch_compile (at most {cap:.0f} s) ...",
+                    flush=True,
+                )
                 run = run_child(name, args, workdir, index, timeout_s=cap, trainer_compile="off")
                 run["compile_note"] = note
                 if "setup" in run:
                     run["setup"] += f" ({note})"
             results[name] = run
             if "error" not in run:
-                print(f"  {run['real_tokens_per_s']:,.0f} real tok/s, MFU {_fmt(run['mfu'], '.1%')} "
-                      f"(docs {_fmt(run['mfu_docs'], '.1%')}), step {run['step_time_s']:.3f} s, "
-                      f"{run['process_wall_s']:.1f} s in all", flush=True)
+                print(
+                    f"  {run['real_tokens_per_s']:,.0f} real tok/s, MFU {_fmt(run['mfu'], '.1%')} "
+                    f"(docs {_fmt(run['mfu_docs'], '.1%')}), step {run['step_time_s']:.3f} s, "
+                    f"{run['process_wall_s']:.1f} s in all",
+                    flush=True,
+                )
         report(args, info, gpu, prep, n_params, results)
         lines = verdicts(results, on_cuda, args.model)
         for text, ok in lines:
@@ -992,19 +1328,37 @@ def main(argv=None) -> None:
                 print("\na target was missed: profiling a few fastlm steps ...", flush=True)
                 profile = run_child("fastlm_profile", args, workdir, len(contenders), timeout_s=budget.left())
                 if "error" not in profile:
-                    print(f"top 10 CUDA kernels of fastlm (steps {args.warmup + 1}-{args.warmup + 3}, "
-                          f"{profile['kernel_total_ms']:.1f} ms of kernels in a {_fmt(profile['window_ms'], '.1f')}"
-                          f" ms window; phase shares {profile['phase_share']}):")
+                    print(
+                        f"top 10 CUDA kernels of fastlm (steps {args.warmup + 1}-{args.warmup + 3}, "
+                        f"{profile['kernel_total_ms']:.1f} ms of kernels in a "
+                        f"{_fmt(profile['window_ms'], '.1f')} ms window; "
+                        f"phase shares {profile['phase_share']}):"
+                    )
                     for row in profile["top_kernels"]:
-                        print(f"  {row['ms']:>9.2f} ms {_fmt(row['share'], '>6.1%')} {row['calls']:>6}x  "
-                              f"{row['kernel'][:110]}")
+                        print(
+                            f"  {row['ms']:>9.2f} ms {_fmt(row['share'], '>6.1%')} {row['calls']:>6}x  "
+                            f"{row['kernel'][:110]}"
+                        )
         if args.json:
-            payload = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                                    if k not in ("run", "result")},
-                       "targets": {"mfu": TARGET_MFU, "vs_trainer_best": TARGET_VS_BEST,
-                                   "data_wait": TARGET_DATA_WAIT},
-                       "machine": info, "gpu": gpu, "data": prep, "parameters": n_params, "runs": results,
-                       "verdicts": [{"check": t, "pass": ok} for t, ok in lines], "profile": profile}
+            payload = {
+                "settings": {
+                    k: (str(v) if isinstance(v, Path) else v)
+                    for k, v in vars(args).items()
+                    if k not in ("run", "result")
+                },
+                "targets": {
+                    "mfu": TARGET_MFU,
+                    "vs_trainer_best": TARGET_VS_BEST,
+                    "data_wait": TARGET_DATA_WAIT,
+                },
+                "machine": info,
+                "gpu": gpu,
+                "data": prep,
+                "parameters": n_params,
+                "runs": results,
+                "verdicts": [{"check": t, "pass": ok} for t, ok in lines],
+                "profile": profile,
+            }
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(payload, indent=2, default=str))
             print(f"\nwrote {args.json}")

@@ -1,7 +1,7 @@
 """Benchmark: the predict pipeline's generation path against the usual way, same model, same inputs.
 
-Data: the first ``--rows`` demo dialogues (``data/01_raw/demo_dialogues.jsonl``) in file order, each wrapped by
-the default prompt template. A byte-level BPE (``train_bpe_tokenizer``, vocab 2000) is trained on them; the
+Data: the first ``--rows`` demo dialogues (``data/01_raw/demo_dialogues.jsonl``) in file order, each wrapped
+by the default prompt template. A byte-level BPE (``train_bpe_tokenizer``, vocab 2000) is trained on them; the
 model is a Llama built from a config (hidden 128, 2 layers, 4 heads, vocab = len(tokenizer)) after
 ``torch.manual_seed(0)``, fp32, SDPA, ``torch.set_num_threads(--threads)``. Both contenders get the same
 prompt ids (``prompt_token_ids``) and decode greedily ``--max-new-tokens`` tokens (stopping at EOS).
@@ -47,9 +47,16 @@ TARGET = 3.0
 def build(dialogues: list[str], folder: Path):
     tokenizer = train_bpe_tokenizer(dialogues, vocab_size=2000, min_frequency=2, model_max_length=1024)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=344,
-                                      num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=1024,
-                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=1024,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return transformers.AutoModelForCausalLM.from_pretrained(folder).eval(), tokenizer
@@ -57,10 +64,21 @@ def build(dialogues: list[str], folder: Path):
 
 def run_fastlm(model, tokenizer, dialogues, args, runtime) -> tuple[list[str], float]:
     start = time.perf_counter()
-    rows = input_rows(pd.DataFrame({"dialogue": dialogues}), tokenizer, column=("predict.prompt_column", "dialogue"),
-                      template=TEMPLATE, id_column=None, limit=None, too_long="truncate", source="demo")
-    job = PredictionJob(decoding={"num_beams": 1, "do_sample": False}, max_new_tokens=args.max_new_tokens,
-                        batch_size=args.batch_size)
+    rows = input_rows(
+        pd.DataFrame({"dialogue": dialogues}),
+        tokenizer,
+        column=("predict.prompt_column", "dialogue"),
+        template=TEMPLATE,
+        id_column=None,
+        limit=None,
+        too_long="truncate",
+        source="demo",
+    )
+    job = PredictionJob(
+        decoding={"num_beams": 1, "do_sample": False},
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
     table, _ = predict_rows(model, tokenizer, rows, job, runtime=runtime)
     return table["prediction"].tolist(), time.perf_counter() - start
 
@@ -70,9 +88,15 @@ def run_usual(model, tokenizer, dialogues, args) -> tuple[list[str], float]:
     with torch.inference_mode():
         for dialogue in dialogues:
             ids = torch.tensor([prompt_token_ids(tokenizer, render_prompt(dialogue, TEMPLATE))])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                                 do_sample=False, pad_token_id=tokenizer.pad_token_id, use_cache=True)
-            texts.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                use_cache=True,
+            )
+            texts.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip())
     return texts, time.perf_counter() - start
 
 
@@ -96,19 +120,43 @@ def main() -> None:
     foreign = max(busy_cpu_s() - busy - (time.process_time() - own), 0.0) / (time.perf_counter() - wall_start)
     ratio = usual_s / fastlm_s
     same = sum(a == b for a, b in zip(fastlm, usual, strict=True))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
-          f"{torch.get_num_threads()}; other processes kept {foreign:.2f} cores busy meanwhile")
-    print(f"versions: python {sys.version.split()[0]}, torch {torch.__version__}, transformers "
-          f"{transformers.__version__}")
-    print(f"{len(dialogues)} dialogues, greedy, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}")
-    print(f"usual (model.generate per row, file order): {usual_s:.2f} s = {len(dialogues) / usual_s:.2f} samples/s")
-    print(f"fastlm predict (sorted batches, left padding): {fastlm_s:.2f} s = {len(dialogues) / fastlm_s:.2f} "
-          f"samples/s")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
+        f"{torch.get_num_threads()}; other processes kept {foreign:.2f} cores busy meanwhile"
+    )
+    print(
+        f"versions: python {sys.version.split()[0]}, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}"
+    )
+    print(
+        f"{len(dialogues)} dialogues, greedy, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}"
+    )
+    print(
+        f"usual (model.generate per row, file order): {usual_s:.2f} s = "
+        f"{len(dialogues) / usual_s:.2f} samples/s"
+    )
+    print(
+        f"fastlm predict (sorted batches, left padding): {fastlm_s:.2f} s = {len(dialogues) / fastlm_s:.2f} "
+        "samples/s"
+    )
     print(f"identical greedy outputs: {same}/{len(dialogues)} {'PASS' if same == len(dialogues) else 'FAIL'}")
-    print(f"fastlm / usual = {ratio:.2f}x   target >= {TARGET:.0f}x on CPU: {'PASS' if ratio >= TARGET else 'FAIL'}")
+    print(
+        f"fastlm / usual = {ratio:.2f}x   target >= {TARGET:.0f}x on CPU: "
+        f"{'PASS' if ratio >= TARGET else 'FAIL'}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"rows": len(dialogues), "usual_s": usual_s, "fastlm_s": fastlm_s,
-                                         "ratio": ratio, "identical": same}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": len(dialogues),
+                    "usual_s": usual_s,
+                    "fastlm_s": fastlm_s,
+                    "ratio": ratio,
+                    "identical": same,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

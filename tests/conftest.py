@@ -46,26 +46,31 @@ def bpe_tokenizer_dir(bpe_tokenizer, tmp_path_factory) -> Path:
     return folder
 
 
-
-
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory) -> str:
     """One tracking database for the whole session: creating MLflow's schema costs seconds each time."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
-
-
 @pytest.fixture
 def kedro_project(tmp_path, monkeypatch, sample_texts, mlflow_uri) -> Path:
-    """A copy of the project's configuration in tmp_path (cwd), with a small raw corpus; code is the installed package."""
+    """A copy of the project's configuration in tmp_path (cwd), with a small raw corpus; code is the installed
+    package."""
     copy_project(tmp_path)
-    for layer in ("01_raw", "02_intermediate", "03_primary", "04_feature", "05_model_input", "06_models",
-                  "07_model_output", "08_reporting"):
+    for layer in (
+        "01_raw",
+        "02_intermediate",
+        "03_primary",
+        "04_feature",
+        "05_model_input",
+        "06_models",
+        "07_model_output",
+        "08_reporting",
+    ):
         (tmp_path / "data" / layer).mkdir(parents=True)
-    write_jsonl(tmp_path / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]])
+    write_jsonl(
+        tmp_path / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]]
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     return tmp_path
-
-

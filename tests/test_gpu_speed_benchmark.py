@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-ADAPTERS = ["fastlm_lora", "fastlm_qlora", "trainer_lora_usual", "trainer_lora_best", "trainer_qlora_usual",
-            "trainer_qlora_best"]
+ADAPTERS = [
+    "fastlm_lora",
+    "fastlm_qlora",
+    "trainer_lora_usual",
+    "trainer_lora_best",
+    "trainer_qlora_usual",
+    "trainer_qlora_best",
+]
 
 
 @pytest.fixture()
@@ -23,8 +29,13 @@ def gpu_speed(monkeypatch):
 
 
 def test_help_runs_on_cpu_and_lists_the_adapter_contenders():
-    shown = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_speed.py"), "--help"], capture_output=True,
-                           text=True, timeout=120, check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_speed.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert all(name in shown for name in ADAPTERS) and "--adapters" in shown and "--checkpointing" in shown
 
 

@@ -38,8 +38,12 @@ def test_every_parameters_file_is_a_registered_group_and_every_group_has_its_fil
 def test_every_params_input_of_a_node_is_registered_or_a_plain_value():
     from fastlm.hooks import all_pipelines
 
-    read = {name.removeprefix("params:") for pipeline in all_pipelines().values() for name in pipeline.inputs()
-            if name.startswith("params:")}
+    read = {
+        name.removeprefix("params:")
+        for pipeline in all_pipelines().values()
+        for name in pipeline.inputs()
+        if name.startswith("params:")
+    }
     assert read - set(GROUPS) == {"run_name"}  # resolved by RunNameHook, not a group
 
 
@@ -61,19 +65,24 @@ def test_top_level_parameters_the_project_or_the_user_defines_are_known(tmp_path
     (conf / "base/parameters/extra.yaml").write_text("extra_group: {a: 1}\n")
     (conf / "quick/nested").mkdir()
     (conf / "quick/nested/parameters_more.json").write_text('{"from_json": 1}')
-    (conf / "local/catalog_mine.yml").write_text("mine:\n  type: json.JSONDataset\n"
-                                                 "  filepath: ${runtime_params:my_path, data/x.json}\n")
+    (conf / "local/catalog_mine.yml").write_text(
+        "mine:\n  type: json.JSONDataset\n  filepath: ${runtime_params:my_path, data/x.json}\n"
+    )
     known = known_top_level_params(conf)
     assert {"split", "train", "report", "tune", "sweep", "run_name", "raw_path"} <= known
     assert {"my_threshold", "extra_group", "from_json", "my_path"} <= known
     assert "max_steps" not in known and "a" not in known  # nested keys are not top-level ones
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ({"raw_pth": "data/01_raw/x.jsonl"}, "unknown parameter raw_pth (did you mean raw_path?)"),
-    ({"trian": {"max_steps": 3}}, "unknown parameter trian.max_steps (did you mean train.max_steps?)"),
-    ({"zzz": 1}, "unknown parameter zzz in --params"),
-], ids=["raw_pth", "trian", "no_suggestion"])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"raw_pth": "data/01_raw/x.jsonl"}, "unknown parameter raw_pth (did you mean raw_path?)"),
+        ({"trian": {"max_steps": 3}}, "unknown parameter trian.max_steps (did you mean train.max_steps?)"),
+        ({"zzz": 1}, "unknown parameter zzz in --params"),
+    ],
+    ids=["raw_pth", "trian", "no_suggestion"],
+)
 def test_an_unknown_top_level_parameter_is_one_config_error(given, expected):
     from fastlm.parameters import check_top_level_params
 
@@ -124,19 +133,39 @@ def _union_schema():
     return Outer
 
 
-@pytest.mark.parametrize(("raw", "key", "expected"), [
-    ({"count": "x"}, "parameter grp.count = 'x' is invalid", "Input should be a valid integer or 'auto'"),
-    ({"checked": 0}, "parameter grp.checked = 0 is invalid", "must be at least 1 (or 'auto')"),
-    ({"items": [1, "x"]}, "parameter grp.items.1 = 'x' is invalid",
-     "Input should be a valid integer or 'auto'"),
-    ({"named": {"k": "x"}}, "parameter grp.named.k = 'x' is invalid",
-     "Input should be a valid integer or 'auto'"),
-    ({"inner": {"sise": 2}}, "unknown parameter grp.inner.sise (did you mean grp.inner.size?)", ""),
-    ({"inner": {"size": "x"}}, "parameter grp.inner.size = 'x' is invalid",
-     "Input should be a valid integer"),
-    ({"number": "x"}, "parameter grp.number = 'x' is invalid", "a valid integer or a valid number"),
-], ids=["int_or_literal", "function_after", "list_item", "dict_value", "model_branch_unknown_key",
-        "model_branch_value", "int_or_float"])
+@pytest.mark.parametrize(
+    ("raw", "key", "expected"),
+    [
+        ({"count": "x"}, "parameter grp.count = 'x' is invalid", "Input should be a valid integer or 'auto'"),
+        ({"checked": 0}, "parameter grp.checked = 0 is invalid", "must be at least 1 (or 'auto')"),
+        (
+            {"items": [1, "x"]},
+            "parameter grp.items.1 = 'x' is invalid",
+            "Input should be a valid integer or 'auto'",
+        ),
+        (
+            {"named": {"k": "x"}},
+            "parameter grp.named.k = 'x' is invalid",
+            "Input should be a valid integer or 'auto'",
+        ),
+        ({"inner": {"sise": 2}}, "unknown parameter grp.inner.sise (did you mean grp.inner.size?)", ""),
+        (
+            {"inner": {"size": "x"}},
+            "parameter grp.inner.size = 'x' is invalid",
+            "Input should be a valid integer",
+        ),
+        ({"number": "x"}, "parameter grp.number = 'x' is invalid", "a valid integer or a valid number"),
+    ],
+    ids=[
+        "int_or_literal",
+        "function_after",
+        "list_item",
+        "dict_value",
+        "model_branch_unknown_key",
+        "model_branch_value",
+        "int_or_float",
+    ],
+)
 def test_union_branch_names_never_reach_a_parameter_path(raw, key, expected):
     """pydantic puts the name of each union branch it tried into the error location (``list[str]``, ``int``,
     ``function-after[...]``, a model's class name): the message names the parameter, and says what each branch

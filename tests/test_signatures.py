@@ -1,5 +1,5 @@
-"""No function in src/ takes 10 or more named parameters: arguments that travel together become one small typed
-object (``EvalOptions``, ``LadderSettings``, ``CompileProbe``, ``StreamLayout``, ``SaveOptions``,
+"""No function in src/ takes 10 or more named parameters: arguments that travel together become one small
+typed object (``EvalOptions``, ``LadderSettings``, ``CompileProbe``, ``StreamLayout``, ``SaveOptions``,
 ``ReportInputs``, ``TrainRequest``, a validated parameter group).
 
 Counted: the named parameters (positional and keyword-only, ``self``/``cls`` left out); ``*args`` /
@@ -22,8 +22,8 @@ ALLOWED = {
     # Signatures set outside the project.
     "torch_varlen_attention": "a transformers attention function: transformers calls it with these keywords",
     "sdpa_varlen_attention": "a transformers attention function: transformers calls it with these keywords",
-    # The engine's public entry point, kept as it is for its callers (launch, benchmarks, tests); it groups its
-    # arguments into build.TrainRequest on its first line.
+    # The engine's public entry point, kept as it is for its callers (launch, benchmarks, tests); it groups
+    # its arguments into build.TrainRequest on its first line.
     "train": "engine.train.loop.train's public signature",
 }
 
@@ -45,8 +45,10 @@ def _long_signatures() -> dict[str, list[str]]:
 
 def test_no_function_in_src_takes_ten_or_more_parameters():
     offenders = {name: where for name, where in _long_signatures().items() if name not in ALLOWED}
-    assert not offenders, (f"functions with >= {LIMIT} named parameters (group the ones that travel together "
-                           f"into a frozen dataclass, or list the function in ALLOWED with the reason): {offenders}")
+    assert not offenders, (
+        f"functions with >= {LIMIT} named parameters (group the ones that travel together "
+        f"into a frozen dataclass, or list the function in ALLOWED with the reason): {offenders}"
+    )
 
 
 def test_every_allowed_long_signature_still_exists():

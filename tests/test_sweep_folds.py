@@ -22,11 +22,15 @@ def test_folds_auto_makes_one_run_per_fold_and_per_grid_setting(tmp_path):
     alone = load_sweep(_file(tmp_path, {"name": "cv", "folds": "auto"}))
     assert alone.plan(folds=3) == [{"train.fold": 0}, {"train.fold": 1}, {"train.fold": 2}]
     assert alone.run_names(folds=3) == ["cv-01", "cv-02", "cv-03"]
-    grid = load_sweep(_file(tmp_path, {"name": "cv", "folds": "auto",
-                                       "grid": {"train.optimizer.lr": [1, 2]}}))
+    grid = load_sweep(
+        _file(tmp_path, {"name": "cv", "folds": "auto", "grid": {"train.optimizer.lr": [1, 2]}})
+    )
     assert grid.plan(folds=2) == [
-        {"train.optimizer.lr": 1, "train.fold": 0}, {"train.optimizer.lr": 1, "train.fold": 1},
-        {"train.optimizer.lr": 2, "train.fold": 0}, {"train.optimizer.lr": 2, "train.fold": 1}]
+        {"train.optimizer.lr": 1, "train.fold": 0},
+        {"train.optimizer.lr": 1, "train.fold": 1},
+        {"train.optimizer.lr": 2, "train.fold": 0},
+        {"train.optimizer.lr": 2, "train.fold": 1},
+    ]
 
 
 def test_folds_auto_on_data_split_without_folds_is_one_line(tmp_path):
@@ -36,19 +40,24 @@ def test_folds_auto_on_data_split_without_folds_is_one_line(tmp_path):
     assert "\n" not in str(error.value) and "Fix:" in str(error.value)
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    ({"name": "cv", "folds": 3}, "folds"),
-    ({"name": "cv", "folds": "auto", "grid": {"train.fold": [0, 1]}}, "train.fold"),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"name": "cv", "folds": 3}, "folds"),
+        ({"name": "cv", "folds": "auto", "grid": {"train.fold": [0, 1]}}, "train.fold"),
+    ],
+)
 def test_bad_fold_sweeps_are_one_line(tmp_path, spec, expected):
     with pytest.raises(ConfigError, match=expected) as error:
         load_sweep(_file(tmp_path, spec))
     assert "\n" not in str(error.value)
 
 
-SUMMARIES = {"cv-01": {"final_val_loss": 2.0, "test_loss": 3.0, "final_train_loss": 1.0, "wall_time_s": 1.0},
-             "cv-02": {"final_val_loss": 4.0, "test_loss": 3.5, "final_train_loss": 1.5, "wall_time_s": 1.0},
-             "cv-03": {"final_val_loss": 3.0, "test_loss": 2.5, "final_train_loss": 1.2, "wall_time_s": 1.0}}
+SUMMARIES = {
+    "cv-01": {"final_val_loss": 2.0, "test_loss": 3.0, "final_train_loss": 1.0, "wall_time_s": 1.0},
+    "cv-02": {"final_val_loss": 4.0, "test_loss": 3.5, "final_train_loss": 1.5, "wall_time_s": 1.0},
+    "cv-03": {"final_val_loss": 3.0, "test_loss": 2.5, "final_train_loss": 1.2, "wall_time_s": 1.0},
+}
 OVERRIDES = {"cv-01": {"train.fold": 0}, "cv-02": {"train.fold": 1}, "cv-03": {"train.fold": 2}}
 
 
@@ -76,10 +85,17 @@ def test_spread_is_per_setting_of_a_cross_validated_grid():
 
 
 def test_the_fold_is_part_of_the_run_digest(tmp_path):
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16,
-                                         num_hidden_layers=1, num_attention_heads=2))
-    digests = [run_digest(model, parse_train_params({"fold": fold}), max_length=8, data="d", world_size=1,
-                          sharded=False) for fold in (0, 1)]
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
+        )
+    )
+    digests = [
+        run_digest(
+            model, parse_train_params({"fold": fold}), max_length=8, data="d", world_size=1, sharded=False
+        )
+        for fold in (0, 1)
+    ]
     assert digest_differences(digests[0], digests[1]) == ["data.fold 0 -> 1"]
     plain = run_digest(model, parse_train_params({}), max_length=8, data="d", world_size=1, sharded=False)
     assert digest_differences({key: value for key, value in plain.items() if key != "data.fold"}, plain) == []

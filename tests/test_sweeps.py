@@ -1,4 +1,5 @@
-"""Issue 18: the sweep file (grid or list, train.* only, one line on bad input), overrides, and the verdict."""
+"""Issue 18: the sweep file (grid or list, train.* only, one line on bad input), overrides, and the
+verdict."""
 
 from pathlib import Path
 
@@ -18,21 +19,32 @@ def _file(tmp_path, spec) -> str:
 
 
 def test_grid_and_list_plans(tmp_path):
-    grid = load_sweep(_file(tmp_path, {"name": "g", "grid": {"train.optimizer.lr": [1, 2], "train.seed": [0, 1]}}))
-    assert grid.plan() == [{"train.optimizer.lr": 1, "train.seed": 0}, {"train.optimizer.lr": 1, "train.seed": 1},
-                           {"train.optimizer.lr": 2, "train.seed": 0}, {"train.optimizer.lr": 2, "train.seed": 1}]
+    grid = load_sweep(
+        _file(tmp_path, {"name": "g", "grid": {"train.optimizer.lr": [1, 2], "train.seed": [0, 1]}})
+    )
+    assert grid.plan() == [
+        {"train.optimizer.lr": 1, "train.seed": 0},
+        {"train.optimizer.lr": 1, "train.seed": 1},
+        {"train.optimizer.lr": 2, "train.seed": 0},
+        {"train.optimizer.lr": 2, "train.seed": 1},
+    ]
     assert grid.run_names() == ["g-01", "g-02", "g-03", "g-04"]
-    listed = load_sweep(_file(tmp_path, {"name": "l", "runs": [{"train.seed": 3}, {"train.optimizer.lr": 0.1}]}))
+    listed = load_sweep(
+        _file(tmp_path, {"name": "l", "runs": [{"train.seed": 3}, {"train.optimizer.lr": 0.1}]})
+    )
     assert listed.plan() == [{"train.seed": 3}, {"train.optimizer.lr": 0.1}]
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    ({"name": "s", "grid": {"split.max_length": [32, 64]}}, "only train.* parameters can be swept"),
-    ({"name": "s"}, "give either grid"),
-    ({"name": "s", "grid": {"train.seed": [1]}, "runs": [{"train.seed": 1}]}, "give either grid"),
-    ({"name": "s", "grid": {"train.seed": [1]}, "metric": "accuracy"}, "metric must be one of"),
-    ({"name": "a b", "grid": {"train.seed": [1]}}, "not a safe folder name"),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"name": "s", "grid": {"split.max_length": [32, 64]}}, "only train.* parameters can be swept"),
+        ({"name": "s"}, "give either grid"),
+        ({"name": "s", "grid": {"train.seed": [1]}, "runs": [{"train.seed": 1}]}, "give either grid"),
+        ({"name": "s", "grid": {"train.seed": [1]}, "metric": "accuracy"}, "metric must be one of"),
+        ({"name": "a b", "grid": {"train.seed": [1]}}, "not a safe folder name"),
+    ],
+)
 def test_bad_sweep_files_are_one_line(tmp_path, spec, expected):
     with pytest.raises(ConfigError, match=expected) as raised:
         load_sweep(_file(tmp_path, spec))
@@ -41,11 +53,18 @@ def test_bad_sweep_files_are_one_line(tmp_path, spec, expected):
         load_sweep(str(tmp_path / "missing.yml"))
 
 
-@pytest.mark.parametrize(("plan", "expected"), [
-    ({"grid": {"train.seed": [0, 1], "train.optimizer.lr": []}}, "grid key train.optimizer.lr has no values"),
-    ({"grid": {}}, "grid has no keys"),
-    ({"runs": []}, "runs lists no runs"),
-], ids=["empty_grid_list", "empty_grid", "empty_runs"])
+@pytest.mark.parametrize(
+    ("plan", "expected"),
+    [
+        (
+            {"grid": {"train.seed": [0, 1], "train.optimizer.lr": []}},
+            "grid key train.optimizer.lr has no values",
+        ),
+        ({"grid": {}}, "grid has no keys"),
+        ({"runs": []}, "runs lists no runs"),
+    ],
+    ids=["empty_grid_list", "empty_grid", "empty_runs"],
+)
 def test_a_sweep_that_would_make_no_runs_is_refused_naming_the_file_and_key(tmp_path, plan, expected):
     path = _file(tmp_path, {"name": "s", **plan})
     with pytest.raises(ConfigError, match=expected) as raised:
@@ -53,15 +72,25 @@ def test_a_sweep_that_would_make_no_runs_is_refused_naming_the_file_and_key(tmp_
     assert path in str(raised.value) and "\n" not in str(raised.value) and "Fix:" in str(raised.value)
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    ({"name": "s", "grid": {"train.optimizer.lrr": [0.1]}},
-     "unknown parameter train.optimizer.lrr (did you mean train.optimizer.lr?)"),
-    ({"name": "s", "runs": [{"train.seed": 1}, {"train.optimizer.lr": -1}]},
-     "parameter train.optimizer.lr = -1"),
-    ({"name": "s", "max_steps": 0, "grid": {"train.seed": [1]}}, "parameter max_steps = 0"),
-    ({"name": "s", "max_step": 3, "grid": {"train.seed": [1]}},
-     "unknown parameter max_step (did you mean max_steps?)"),
-], ids=["unknown_train_key", "bad_train_value", "bad_budget", "unknown_sweep_key"])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"name": "s", "grid": {"train.optimizer.lrr": [0.1]}},
+            "unknown parameter train.optimizer.lrr (did you mean train.optimizer.lr?)",
+        ),
+        (
+            {"name": "s", "runs": [{"train.seed": 1}, {"train.optimizer.lr": -1}]},
+            "parameter train.optimizer.lr = -1",
+        ),
+        ({"name": "s", "max_steps": 0, "grid": {"train.seed": [1]}}, "parameter max_steps = 0"),
+        (
+            {"name": "s", "max_step": 3, "grid": {"train.seed": [1]}},
+            "unknown parameter max_step (did you mean max_steps?)",
+        ),
+    ],
+    ids=["unknown_train_key", "bad_train_value", "bad_budget", "unknown_sweep_key"],
+)
 def test_a_bad_key_or_value_of_a_sweep_file_names_the_sweep_file(tmp_path, spec, expected):
     """What the sweep node checks before its first run: a problem the sweep file brings names that file (the
     message named conf/base/parameters_train.yml and --params, where it cannot be fixed)."""
@@ -89,26 +118,42 @@ def test_a_bad_base_train_parameter_still_names_the_parameters_file(tmp_path):
 def test_overrides_and_finished_runs(tmp_path):
     base = {"optimizer": {"lr": 0.002, "beta1": 0.9}, "max_steps": 500}
     params = apply_overrides(base, {"train.optimizer.lr": 0.01, "train.batching.micro_batch_size": 4}, 7)
-    assert params == {"optimizer": {"lr": 0.01, "beta1": 0.9}, "batching": {"micro_batch_size": 4}, "max_steps": 7}
+    assert params == {
+        "optimizer": {"lr": 0.01, "beta1": 0.9},
+        "batching": {"micro_batch_size": 4},
+        "max_steps": 7,
+    }
     assert base["optimizer"]["lr"] == 0.002  # a copy
     identity = {"train": params, "data": "abc"}
-    save_finished(tmp_path / "r", {"run_name": "r", "sweep_identity": identity}, pd.DataFrame({"step": [1]}),
-                  pd.DataFrame({"step": [1]}))
+    save_finished(
+        tmp_path / "r",
+        {"run_name": "r", "sweep_identity": identity},
+        pd.DataFrame({"step": [1]}),
+        pd.DataFrame({"step": [1]}),
+    )
     assert finished_summary(tmp_path / "r", identity)["run_name"] == "r"
     assert finished_summary(tmp_path / "r", {**identity, "data": "other"}) is None  # re-split: run again
     assert finished_summary(tmp_path / "missing", identity) is None
 
 
 def test_table_sorted_by_metric_and_verdict_names_best_and_diverged():
-    overrides = {"a": {"train.optimizer.lr": 0.001}, "b": {"train.optimizer.lr": 0.1}, "c": {"train.optimizer.lr": 0.01}}
-    summaries = {"a": {"final_val_loss": 2.0, "wall_time_s": 10.0, "steps": 4},
-                 "b": {"final_val_loss": float("nan"), "wall_time_s": 5.0, "steps": 4},
-                 "c": {"final_val_loss": 1.5, "wall_time_s": 20.0, "steps": 4}}
+    overrides = {
+        "a": {"train.optimizer.lr": 0.001},
+        "b": {"train.optimizer.lr": 0.1},
+        "c": {"train.optimizer.lr": 0.01},
+    }
+    summaries = {
+        "a": {"final_val_loss": 2.0, "wall_time_s": 10.0, "steps": 4},
+        "b": {"final_val_loss": float("nan"), "wall_time_s": 5.0, "steps": 4},
+        "c": {"final_val_loss": 1.5, "wall_time_s": 20.0, "steps": 4},
+    }
     table = comparison_table(summaries, overrides, "final_val_loss")
     assert list(table["run"]) == ["c", "a", "b"]
-    histories = {"a": pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0]}),
-                 "b": pd.DataFrame({"step": [1, 2, 3], "loss": [4.0, 9.0, float("nan")]}),
-                 "c": pd.DataFrame({"step": [1, 2], "loss": [4.0, 2.0]})}
+    histories = {
+        "a": pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0]}),
+        "b": pd.DataFrame({"step": [1, 2, 3], "loss": [4.0, 9.0, float("nan")]}),
+        "c": pd.DataFrame({"step": [1, 2], "loss": [4.0, 2.0]}),
+    }
     text = verdict(table, "final_val_loss", histories)
     assert text.startswith("c (optimizer.lr 0.01) is best by final_val_loss = 1.5")
     assert "the worst, a (optimizer.lr 0.001), has 2" in text and "diverged: b at step 2" in text
@@ -117,20 +162,29 @@ def test_table_sorted_by_metric_and_verdict_names_best_and_diverged():
 
 def test_verdict_says_which_run_reached_a_common_validation_loss_sooner():
     overrides = {"a": {"train.batching.micro_batch_size": 8}, "b": {"train.batching.micro_batch_size": 16}}
-    summaries = {"a": {"final_val_loss": 2.0, "wall_time_s": 10.0}, "b": {"final_val_loss": 1.9, "wall_time_s": 12.0}}
+    summaries = {
+        "a": {"final_val_loss": 2.0, "wall_time_s": 10.0},
+        "b": {"final_val_loss": 1.9, "wall_time_s": 12.0},
+    }
     table = comparison_table(summaries, overrides, "final_val_loss")
-    histories = {"a": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.5, 2.2], "elapsed_s": [2.0, 4, 6, 8]}),
-                 "b": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.4, 2.1], "elapsed_s": [2.0, 4, 6, 8]})}
-    evaluations = {"a": pd.DataFrame({"step": [2, 4], "val_loss": [3.0, 2.0]}),
-                   "b": pd.DataFrame({"step": [2, 4], "val_loss": [1.95, 1.9]})}
+    histories = {
+        "a": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.5, 2.2], "elapsed_s": [2.0, 4, 6, 8]}),
+        "b": pd.DataFrame({"step": [1, 2, 3, 4], "loss": [4, 3, 2.4, 2.1], "elapsed_s": [2.0, 4, 6, 8]}),
+    }
+    evaluations = {
+        "a": pd.DataFrame({"step": [2, 4], "val_loss": [3.0, 2.0]}),
+        "b": pd.DataFrame({"step": [2, 4], "val_loss": [1.95, 1.9]}),
+    }
     text = verdict(table, "final_val_loss", histories, evaluations)
-    assert ("b (batching.micro_batch_size 16) reached validation loss 2 2.0x sooner in wall time than "
-            "a (batching.micro_batch_size 8)") in text
+    assert (
+        "b (batching.micro_batch_size 16) reached validation loss 2 2.0x sooner in wall time than "
+        "a (batching.micro_batch_size 8)"
+    ) in text
 
 
 def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_path):
-    """An interrupted sweep child's checkpoint folder is not one that ``train.resume: auto`` of a plain train run
-    takes as "the newest interrupted run"; a sweep's children live under their own sweep's folder."""
+    """An interrupted sweep child's checkpoint folder is not one that ``train.resume: auto`` of a plain train
+    run takes as "the newest interrupted run"; a sweep's children live under their own sweep's folder."""
     import datetime as dt
 
     from fastlm.engine.checkpoint.files import save_checkpoint
@@ -141,31 +195,72 @@ def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_pa
     base = tmp_path / "checkpoints"
     spec = load_sweep(_file(tmp_path, {"name": "s", "max_steps": 4, "grid": {"train.seed": [0, 1]}}))
     child = run_train_params({"checkpoint_dir": str(base)}, spec, spec.plan()[0])
-    other = run_train_params({"checkpoint_dir": str(base)},
-                             load_sweep(_file(tmp_path, {"name": "t", "grid": {"train.seed": [0]}})), {})
+    other = run_train_params(
+        {"checkpoint_dir": str(base)},
+        load_sweep(_file(tmp_path, {"name": "t", "grid": {"train.seed": [0]}})),
+        {},
+    )
     assert child["max_steps"] == 4 and child["seed"] == 0
     assert child["checkpoint_dir"] != other["checkpoint_dir"]  # each sweep resumes only its own children
     model = checkpoint_llama(seed=0)
     optimizer, scheduler = optimizer_and_scheduler(model)
-    save_checkpoint(Path(child["checkpoint_dir"]) / "s-01", 2, model=model, optimizer=optimizer,
-                    scheduler=scheduler, state={"step": 2, "total_steps": 4})  # a sweep child cut off at step 2
+    save_checkpoint(
+        Path(child["checkpoint_dir"]) / "s-01",
+        2,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state={"step": 2, "total_steps": 4},
+    )  # a sweep child cut off at step 2
     now = dt.datetime(2026, 11, 23, 4, 14, 28)
-    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=now) == "train-20261123-041428"
+    assert (
+        resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=now)
+        == "train-20261123-041428"
+    )
 
 
 def test_table_has_rouge_when_present_and_says_which_runs_the_time_budget_stopped():
     overrides = {"a": {"train.optimizer.lr": 0.001}, "b": {"train.optimizer.lr": 0.01}}
-    figures = {"final_train_loss": 2.0, "final_val_loss": 2.1, "test_loss": 2.2, "test_accuracy": 0.3,
-               "test_top5_accuracy": 0.6, "real_tokens_per_s": 900.0, "peak_memory_mb": 12.0, "wall_time_s": 3.0,
-               "steps": 4}
-    summaries = {"a": {**figures, "test_rouge1": 0.2, "test_rouge2": 0.05, "test_rougeL": 0.18},
-                 "b": {**figures, "test_rouge1": 0.4, "test_rouge2": 0.1, "test_rougeL": 0.35,
-                       "stopped_by": "time budget", "steps": 2}}
+    figures = {
+        "final_train_loss": 2.0,
+        "final_val_loss": 2.1,
+        "test_loss": 2.2,
+        "test_accuracy": 0.3,
+        "test_top5_accuracy": 0.6,
+        "real_tokens_per_s": 900.0,
+        "peak_memory_mb": 12.0,
+        "wall_time_s": 3.0,
+        "steps": 4,
+    }
+    summaries = {
+        "a": {**figures, "test_rouge1": 0.2, "test_rouge2": 0.05, "test_rougeL": 0.18},
+        "b": {
+            **figures,
+            "test_rouge1": 0.4,
+            "test_rouge2": 0.1,
+            "test_rougeL": 0.35,
+            "stopped_by": "time budget",
+            "steps": 2,
+        },
+    }
     table = comparison_table(summaries, overrides, "test_rougeL")
-    assert list(table.columns) == ["run", "train.optimizer.lr", "final_train_loss", "final_val_loss", "test_loss",
-                                   "test_accuracy", "test_top5_accuracy", "test_rouge1", "test_rouge2",
-                                   "test_rougeL", "real_tokens_per_s", "peak_memory_mb", "wall_time_s", "steps",
-                                   "stopped"]
+    assert list(table.columns) == [
+        "run",
+        "train.optimizer.lr",
+        "final_train_loss",
+        "final_val_loss",
+        "test_loss",
+        "test_accuracy",
+        "test_top5_accuracy",
+        "test_rouge1",
+        "test_rouge2",
+        "test_rougeL",
+        "real_tokens_per_s",
+        "peak_memory_mb",
+        "wall_time_s",
+        "steps",
+        "stopped",
+    ]
     assert list(table["run"]) == ["b", "a"]  # ROUGE: higher is better
     assert list(table["stopped"]) == ["stopped by time budget", ""]
     assert "the time budget (max_minutes) stopped b at step 2" in verdict(table, "test_rougeL", {})
@@ -174,8 +269,11 @@ def test_table_has_rouge_when_present_and_says_which_runs_the_time_budget_stoppe
 
 
 def test_sweep_budget_and_rouge_metric_are_validated(tmp_path):
-    spec = load_sweep(_file(tmp_path, {"name": "s", "max_minutes": 0.5, "metric": "test_rougeL",
-                                       "grid": {"train.seed": [0]}}))
+    spec = load_sweep(
+        _file(
+            tmp_path, {"name": "s", "max_minutes": 0.5, "metric": "test_rougeL", "grid": {"train.seed": [0]}}
+        )
+    )
     from fastlm.sweeps import run_train_params
 
     assert run_train_params({}, spec, {})["max_minutes"] == 0.5
@@ -192,8 +290,16 @@ def test_reference_scores_of_a_run_on_prompt_response_data(bpe_tokenizer):
     from tests.support.reporting import pair_frame
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, pad_token_id=0, eos_token_id=0, use_cache=False)
+    config = LlamaConfig(
+        vocab_size=len(bpe_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        pad_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     model = LlamaForCausalLM(config)
     train = {"runtime": {"device": "cpu", "precision": "fp32"}}
     report = {"references": {"max_samples": 3, "max_new_tokens": 3, "batch_size": 3}}
@@ -218,8 +324,11 @@ def test_sweep_results_load_as_one_view_or_none_before_any_sweep(tmp_path):
     from fastlm.datasets.sweep_results import SweepResultsDataset
     from fastlm.reporting.sweep_view import sweep_document
 
-    paths = {"comparison": tmp_path / "sweep_comparison.csv", "document": tmp_path / "sweep.md",
-             "plot": tmp_path / "plots/sweep_loss.png"}
+    paths = {
+        "comparison": tmp_path / "sweep_comparison.csv",
+        "document": tmp_path / "sweep.md",
+        "plot": tmp_path / "plots/sweep_loss.png",
+    }
     dataset = SweepResultsDataset(**{key: str(path) for key, path in paths.items()})
     assert dataset.load() is None and not dataset.exists()
     table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
@@ -237,8 +346,13 @@ def test_report_shows_the_sweep_table_plot_and_verdict_only_after_a_sweep():
     from tests.support.reporting import make_history, report_document
 
     table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
-    view = {"name": "s", "verdict": "s-02 (seed 1) is best by final_val_loss = 1.5.", "table": table,
-            "plot": _png(), "source": "data/08_reporting/sweep_comparison.csv"}
+    view = {
+        "name": "s",
+        "verdict": "s-02 (seed 1) is best by final_val_loss = 1.5.",
+        "table": table,
+        "plot": _png(),
+        "source": "data/08_reporting/sweep_comparison.csv",
+    }
     html, markdown = report_document(make_history(3), sweep=view)
     assert '<section id="sweep-s">' in html and "s-02 (seed 1) is best by final_val_loss = 1.5." in html
     assert '<img id="fig-sweep-loss" alt="sweep loss" src="data:image/png;base64,' in html
@@ -249,12 +363,22 @@ def test_report_shows_the_sweep_table_plot_and_verdict_only_after_a_sweep():
 
 def test_verdict_claims_no_speed_up_where_the_times_are_about_equal():
     overrides = {"a": {"train.seed": 0}, "b": {"train.seed": 1}}
-    table = comparison_table({"a": {"final_val_loss": 2.0, "wall_time_s": 10.0},
-                              "b": {"final_val_loss": 1.9, "wall_time_s": 10.2}}, overrides, "final_val_loss")
-    histories = {name: pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0], "elapsed_s": [5.0, 10.0]})
-                 for name in overrides}
-    evaluations = {"a": pd.DataFrame({"step": [2], "val_loss": [2.0]}),
-                   "b": pd.DataFrame({"step": [2], "val_loss": [1.9]})}
+    table = comparison_table(
+        {
+            "a": {"final_val_loss": 2.0, "wall_time_s": 10.0},
+            "b": {"final_val_loss": 1.9, "wall_time_s": 10.2},
+        },
+        overrides,
+        "final_val_loss",
+    )
+    histories = {
+        name: pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0], "elapsed_s": [5.0, 10.0]})
+        for name in overrides
+    }
+    evaluations = {
+        "a": pd.DataFrame({"step": [2], "val_loss": [2.0]}),
+        "b": pd.DataFrame({"step": [2], "val_loss": [1.9]}),
+    }
     text = verdict(table, "final_val_loss", histories, evaluations)
     assert "sooner" not in text and "fastest" not in text and "1.0x" not in text
     assert text.startswith("b (seed 1) is best by final_val_loss = 1.9")

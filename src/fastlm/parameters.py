@@ -25,7 +25,8 @@ class ParameterGroup:
     name: str
     module: str
     parser: str  # module-level function: raw value -> validated object (one ConfigError line on bad input)
-    schema: str | None  # the pydantic class whose defaults the conf/base file spells out (None: not a mapping)
+    # the pydantic class whose defaults the conf/base file spells out (None: not a mapping)
+    schema: str | None
 
     @property
     def source(self) -> str:
@@ -41,14 +42,17 @@ class ParameterGroup:
         return getattr(importlib.import_module(self.module), self.schema)()
 
 
-GROUPS: dict[str, ParameterGroup] = {group.name: group for group in (
-    ParameterGroup("split", "fastlm.corpus.config", "parse_split_params", "SplitParams"),
-    ParameterGroup("train", "fastlm.engine.config", "parse_train_params", "TrainParams"),
-    ParameterGroup("report", "fastlm.reporting.params", "parse_report_params", "ReportParams"),
-    ParameterGroup("tune", "fastlm.pipelines.tune.params", "parse_tune_params", "TuneParams"),
-    ParameterGroup("predict", "fastlm.pipelines.predict.params", "parse_predict_params", "PredictParams"),
-    ParameterGroup("sweep", "fastlm.sweeps", "load_sweep", None),  # a path to a sweep file
-)}
+GROUPS: dict[str, ParameterGroup] = {
+    group.name: group
+    for group in (
+        ParameterGroup("split", "fastlm.corpus.config", "parse_split_params", "SplitParams"),
+        ParameterGroup("train", "fastlm.engine.config", "parse_train_params", "TrainParams"),
+        ParameterGroup("report", "fastlm.reporting.params", "parse_report_params", "ReportParams"),
+        ParameterGroup("tune", "fastlm.pipelines.tune.params", "parse_tune_params", "TuneParams"),
+        ParameterGroup("predict", "fastlm.pipelines.predict.params", "parse_predict_params", "PredictParams"),
+        ParameterGroup("sweep", "fastlm.sweeps", "load_sweep", None),  # a path to a sweep file
+    )
+}
 
 
 def parse_group(name: str, raw: Any) -> Any:

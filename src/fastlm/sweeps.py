@@ -1,11 +1,11 @@
 """Parameter sweeps: a YAML file naming a grid (every combination) or a list of ``train.*`` settings.
 
     # conf/base/sweeps/lr_batch.yml
-    name: lr_batch                 # the runs are lr_batch-01, lr_batch-02, ...
-    max_steps: 30                  # per-run budget (train.max_steps of every run)
-    max_minutes: 5                 # optional time budget per run (train.max_minutes: stops at a step boundary)
-    metric: final_val_loss         # the comparison table is sorted by it (lower is better)
-    grid:                          # or  runs: [{train.optimizer.lr: 0.001}, ...]
+    name: lr_batch                # the runs are lr_batch-01, lr_batch-02, ...
+    max_steps: 30                 # per-run budget (train.max_steps of every run)
+    max_minutes: 5                # optional time budget per run (train.max_minutes: stops at a step boundary)
+    metric: final_val_loss        # the comparison table is sorted by it (lower is better)
+    grid:                         # or  runs: [{train.optimizer.lr: 0.001}, ...]
       train.optimizer.lr: [0.001, 0.003]
       train.batching.micro_batch_size: [8, 16]
 
@@ -36,19 +36,32 @@ from fastlm.validation import Params, parse_params
 
 PARAM = "sweep"
 FOLD_KEY = "train.fold"  # set per run by folds: auto
-METRICS = ("final_val_loss", "final_train_loss", "test_loss", "test_accuracy", "test_top5_accuracy", "test_rouge1",
-           "test_rouge2", "test_rougeL", "wall_time_s", "real_tokens_per_s")
+METRICS = (
+    "final_val_loss",
+    "final_train_loss",
+    "test_loss",
+    "test_accuracy",
+    "test_top5_accuracy",
+    "test_rouge1",
+    "test_rouge2",
+    "test_rougeL",
+    "wall_time_s",
+    "real_tokens_per_s",
+)
 
 
 class SweepSpec(Params):
     name: str = Field(min_length=1, max_length=60)
     max_steps: int | None = Field(None, ge=1, description="train.max_steps of every run")
-    max_minutes: float | None = Field(None, gt=0, description="train.max_minutes of every run (a time budget)")
+    max_minutes: float | None = Field(
+        None, gt=0, description="train.max_minutes of every run (a time budget)"
+    )
     metric: str = "final_val_loss"
     grid: dict[str, list[Any]] | None = None
     runs: list[dict[str, Any]] | None = None
-    folds: Literal["auto"] | None = Field(None, description="auto: every parameter set once per fold "
-                                          "of split.folds")
+    folds: Literal["auto"] | None = Field(
+        None, description="auto: every parameter set once per fold of split.folds"
+    )
 
     @field_validator("grid", "runs")
     @classmethod
@@ -60,20 +73,29 @@ class SweepSpec(Params):
 
     @model_validator(mode="after")
     def _one_plan(self) -> SweepSpec:
-        if self.grid is not None and self.runs is not None or (self.grid is None and self.runs is None
-                                                                  and self.folds is None):
-            raise ValueError("give either grid (every combination) or runs (a list of settings), not both "
-                             "(or neither, with folds: auto: one run per fold)")
+        if (
+            self.grid is not None
+            and self.runs is not None
+            or (self.grid is None and self.runs is None and self.folds is None)
+        ):
+            raise ValueError(
+                "give either grid (every combination) or runs (a list of settings), not both "
+                "(or neither, with folds: auto: one run per fold)"
+            )
         if self.metric not in METRICS:
             raise ValueError(f"metric must be one of {', '.join(METRICS)}")
         validate_run_name(self.name)
         for key in {key for overrides in self._settings() for key in overrides}:
             if key == FOLD_KEY and self.folds is not None:
-                raise ValueError(f"{FOLD_KEY} is set by folds: auto (one run per fold); remove it from the "
-                                 "grid or runs, or remove folds: auto")
+                raise ValueError(
+                    f"{FOLD_KEY} is set by folds: auto (one run per fold); remove it from the "
+                    "grid or runs, or remove folds: auto"
+                )
             if not key.startswith("train."):
-                raise ValueError(f"{key}: only train.* parameters can be swept (the tokenized data is reused; "
-                                 "run a split per setting for split.* parameters)")
+                raise ValueError(
+                    f"{key}: only train.* parameters can be swept (the tokenized data is reused; "
+                    "run a split per setting for split.* parameters)"
+                )
         return self
 
     def _settings(self) -> list[dict[str, Any]]:
@@ -92,10 +114,11 @@ class SweepSpec(Params):
         if self.folds is None:
             return self._settings()
         if folds is None:
-            raise ConfigError(f"sweep {self.name} runs over folds (folds: auto) but the data was "
-                              "split without folds (split.folds is not set).",
-                              fix="run `kedro run --pipeline=split --params split.folds=<k>` first, or "
-                              "remove folds: auto.")
+            raise ConfigError(
+                f"sweep {self.name} runs over folds (folds: auto) but the data was "
+                "split without folds (split.folds is not set).",
+                fix="run `kedro run --pipeline=split --params split.folds=<k>` first, or remove folds: auto.",
+            )
         return [{**settings, FOLD_KEY: fold} for settings in self._settings() for fold in range(folds)]
 
     def run_names(self, folds: int | None = None) -> list[str]:
@@ -113,21 +136,26 @@ def empty_plan(key: str, plan) -> tuple[str, str] | None:
         return "the grid has no keys, so it makes no runs", "name at least one train.* key with its values"
     empty = [name for name, values in plan.items() if isinstance(values, list) and not values]
     if empty:
-        return (f"grid key {empty[0]} has no values, so the grid makes no runs",
-                f"give {empty[0]} at least one value, or remove the key")
+        return (
+            f"grid key {empty[0]} has no values, so the grid makes no runs",
+            f"give {empty[0]} at least one value, or remove the key",
+        )
     return None
 
 
 def load_sweep(path) -> SweepSpec:
     """The sweep file at ``path`` (the ``sweep`` parameter), validated, or one ConfigError line."""
     if not isinstance(path, str | os.PathLike) or not Path(path).is_file():
-        raise ConfigError(f"parameter {PARAM} = {path!r} is not a sweep file.",
-                          fix="pass --params sweep=conf/base/sweeps/lr_batch.yml (a YAML file with name and grid or runs).")
+        raise ConfigError(
+            f"parameter {PARAM} = {path!r} is not a sweep file.",
+            fix="pass --params sweep=conf/base/sweeps/lr_batch.yml (a YAML file with name and grid or runs).",
+        )
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"sweep file {path} is not valid YAML ({str(exc).splitlines()[0]}).",
-                          fix="correct the file.") from exc
+        raise ConfigError(
+            f"sweep file {path} is not valid YAML ({str(exc).splitlines()[0]}).", fix="correct the file."
+        ) from exc
     for key in ("grid", "runs"):  # named here with the file: the model's own check cannot name it
         problem = empty_plan(key, raw.get(key)) if isinstance(raw, dict) else None
         if problem is not None:
@@ -145,8 +173,13 @@ def load_sweep_runs(path, train_params: dict, folds: int | None = None) -> Sweep
     spec = load_sweep(path)
     parse_train_params(train_params)
     for overrides in spec.plan(folds):
-        parse_params(TrainParams, run_train_params(train_params, spec, overrides), prefix="train",
-                     source=f"sweep file {path}", file_only=True)
+        parse_params(
+            TrainParams,
+            run_train_params(train_params, spec, overrides),
+            prefix="train",
+            source=f"sweep file {path}",
+            file_only=True,
+        )
     return spec
 
 
@@ -159,8 +192,10 @@ def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: in
         for part in path:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"sweep key {key}: train.{part} is not a group of parameters.",
-                                  fix="name a parameter such as train.optimizer.lr.")
+                raise ConfigError(
+                    f"sweep key {key}: train.{part} is not a group of parameters.",
+                    fix="name a parameter such as train.optimizer.lr.",
+                )
         node[last] = value
     if max_steps is not None:
         params["max_steps"] = max_steps
@@ -172,9 +207,10 @@ CHECKPOINTS = "sweeps"  # <train.checkpoint_dir>/sweeps/<sweep name>/<run name>/
 
 def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, Any]) -> dict:
     """The train parameters of one run of the sweep: ``overrides`` and the sweep's budgets applied, and the
-    checkpoints under ``<train.checkpoint_dir>/sweeps/<sweep name>/``. That folder holds no checkpoint itself, so
-    ``train.resume: auto`` of a plain train run never takes a sweep run as "the newest interrupted run"
-    (:func:`fastlm.engine.checkpoint.discovery.unfinished_runs` looks one level down), and a sweep resumes only its own runs."""
+    checkpoints under ``<train.checkpoint_dir>/sweeps/<sweep name>/``. That folder holds no checkpoint itself,
+    so ``train.resume: auto`` of a plain train run never takes a sweep run as "the newest interrupted run"
+    (:func:`fastlm.engine.checkpoint.discovery.unfinished_runs` looks one level down), and a sweep resumes
+    only its own runs."""
     params = apply_overrides(train_params, overrides, spec.max_steps)
     if spec.max_minutes is not None:
         params["max_minutes"] = spec.max_minutes

@@ -23,8 +23,12 @@ def test_two_fold_sweep_reports_mean_and_spread(kedro_project):
     raw = write_demo_logkeys(kedro_project / "data/01_raw/logkeys.jsonl", n=200, seed=0)
     (kedro_project / "folds.yml").write_text(yaml.safe_dump(SWEEP, sort_keys=False))
     split = {"pretokenized": True, "vocab_size": VOCAB_SIZE, "max_length": 48}
-    params = {"raw_path": str(raw.relative_to(kedro_project)), "sweep": "folds.yml", "train": TRAIN,
-              "split": split}
+    params = {
+        "raw_path": str(raw.relative_to(kedro_project)),
+        "sweep": "folds.yml",
+        "train": TRAIN,
+        "split": split,
+    }
     splits_path = kedro_project / "data/03_primary/corpus_splits.parquet"
 
     run_pipeline(kedro_project, "split", params)

@@ -15,8 +15,16 @@ from tests.support.project import run_pipeline, run_quick, write_jsonl
 
 pytestmark = pytest.mark.e2e
 SPLIT = {"max_samples": 300, "max_length": 48, "tokenizer": {"vocab_size": 400}}
-TRAIN = {"max_steps": 4, "log_every": 2, "eval_every": 2, "save_every": 2, "quiet": True, "resume": "auto",
-         "batching": {"micro_batch_size": 8}, "model": {"hidden_size": 32, "intermediate_size": 64}}
+TRAIN = {
+    "max_steps": 4,
+    "log_every": 2,
+    "eval_every": 2,
+    "save_every": 2,
+    "quiet": True,
+    "resume": "auto",
+    "batching": {"micro_batch_size": 8},
+    "model": {"hidden_size": 32, "intermediate_size": 64},
+}
 
 
 def _digest(folder: Path) -> str:
@@ -30,16 +38,28 @@ def _tree(folder: Path) -> dict:
 def test_named_runs_keep_their_outputs_and_the_model_folder_holds_the_latest(kedro_project):
     run_quick(kedro_project, "split", {"split": SPLIT})
     run_quick(kedro_project, "train", {"split": SPLIT, "train": TRAIN, "run_name": "exp-a"})
-    run_quick(kedro_project, "train", {"split": SPLIT, "train": {**TRAIN, "optimizer": {"lr": 0.01}},
-                                       "run_name": "exp-b"})
+    run_quick(
+        kedro_project,
+        "train",
+        {"split": SPLIT, "train": {**TRAIN, "optimizer": {"lr": 0.01}}, "run_name": "exp-b"},
+    )
     models = kedro_project / "data/06_models"
     for name in ("exp-a", "exp-b"):
         assert (models / "checkpoints_quick" / name / "checkpoint-00000004" / "COMPLETE").is_file()
         assert (models / "runs" / name / "model" / "model.safetensors").is_file()
-        summary = json.loads((kedro_project / "data/08_reporting/runs" / name / "train_summary.json").read_text())
+        summary = json.loads(
+            (kedro_project / "data/08_reporting/runs" / name / "train_summary.json").read_text()
+        )
         assert summary["run_name"] == name and summary["steps_trained"] == 4
-    assert _digest(models / "model") == _digest(models / "runs/exp-b/model") != _digest(models / "runs/exp-a/model")
-    assert json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())["run_name"] == "exp-b"
+    assert (
+        _digest(models / "model")
+        == _digest(models / "runs/exp-b/model")
+        != _digest(models / "runs/exp-a/model")
+    )
+    assert (
+        json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())["run_name"]
+        == "exp-b"
+    )
 
     client = mlflow.MlflowClient()
     experiment = client.get_experiment_by_name("fastlm").experiment_id
@@ -75,7 +95,9 @@ def test_resplit_on_other_data_then_train_trains_a_model_for_the_new_tokenizer(k
     assert summary["steps_trained"] == 4 and summary["resumed_from"] is None
     second = load_file(folder / "model.safetensors")
     assert any(not (first[name] == second[name]).all() for name in first)
-    tokenizer = AutoTokenizer.from_pretrained(kedro_project / "data/06_models/tokenizer", local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        kedro_project / "data/06_models/tokenizer", local_files_only=True
+    )
     saved = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert saved.get_vocab() == tokenizer.get_vocab()
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)

@@ -22,7 +22,9 @@ def _problems(source: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom | ast.Import):
-            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            modules = (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            )
             names = [alias.name for alias in node.names] if isinstance(node, ast.ImportFrom) else []
             found += [f"imports {m}" for m in modules if m.split(".")[0] in ("mlflow", "matplotlib", "os")]
             module = getattr(node, "module", None)
@@ -31,9 +33,19 @@ def _problems(source: str) -> list[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value.startswith(("data/", "conf/", "./data", "./conf")):
                 found.append(f"path constant {node.value!r}")
-        elif isinstance(node, ast.Attribute) and node.attr in ("is_file", "is_dir", "exists", "cwd", "getcwd"):
+        elif isinstance(node, ast.Attribute) and node.attr in (
+            "is_file",
+            "is_dir",
+            "exists",
+            "cwd",
+            "getcwd",
+        ):
             found.append(f"file-system check .{node.attr}")
-        elif isinstance(node, ast.Attribute) and node.attr in ("search_training_runs", "log_metrics", "start_run"):
+        elif isinstance(node, ast.Attribute) and node.attr in (
+            "search_training_runs",
+            "log_metrics",
+            "start_run",
+        ):
             found.append(f"MLflow call .{node.attr}")
         elif isinstance(node, ast.Name) and node.id in ("Figure", "plt"):
             found.append(f"draws with {node.id}")
@@ -46,23 +58,35 @@ def test_nodes_hold_no_path_no_tracking_call_and_no_plotting(pipeline):
 
 
 def test_the_check_itself_finds_each_kind_of_problem():
-    source = ('import mlflow\nfrom matplotlib.figure import Figure\nfrom fastlm.tracking import MlflowMetrics\n'
-              'X = "data/05_model_input/x"\nPath(X).is_file()\ncomparison.search_training_runs()\n')
+    source = (
+        "import mlflow\nfrom matplotlib.figure import Figure\nfrom fastlm.tracking import MlflowMetrics\n"
+        'X = "data/05_model_input/x"\nPath(X).is_file()\ncomparison.search_training_runs()\n'
+    )
     assert len(_problems(source)) == 6
 
 
 def _catalog(tmp_path) -> DataCatalog:
-    return DataCatalog({"raw": JSONDataset(filepath=str(tmp_path / "raw.json")),
-                        "out": JSONDataset(filepath=str(tmp_path / "out" / "out.json")),
-                        "dataset_paths": MemoryDataset(), "run_tracker": MemoryDataset(copy_mode="assign")})
+    return DataCatalog(
+        {
+            "raw": JSONDataset(filepath=str(tmp_path / "raw.json")),
+            "out": JSONDataset(filepath=str(tmp_path / "out" / "out.json")),
+            "dataset_paths": MemoryDataset(),
+            "run_tracker": MemoryDataset(copy_mode="assign"),
+        }
+    )
 
 
 def test_hooks_hand_the_nodes_the_catalogs_paths_and_one_tracker(tmp_path):
     catalog = _catalog(tmp_path)
-    pipeline = Pipeline([Node(lambda raw, paths, tracker: raw, ["raw", "dataset_paths", "run_tracker"], "out")])
+    pipeline = Pipeline(
+        [Node(lambda raw, paths, tracker: raw, ["raw", "dataset_paths", "run_tracker"], "out")]
+    )
     DatasetPathsHook().before_pipeline_run({}, pipeline, catalog)
     RunTrackerHook().before_pipeline_run({}, pipeline, catalog)
-    assert catalog.load("dataset_paths") == {"raw": str(tmp_path / "raw.json"), "out": str(tmp_path / "out/out.json")}
+    assert catalog.load("dataset_paths") == {
+        "raw": str(tmp_path / "raw.json"),
+        "out": str(tmp_path / "out/out.json"),
+    }
     tracker = catalog.load("run_tracker")
     assert isinstance(tracker, RunTracker) and catalog.load("run_tracker") is tracker  # one object per run
 
@@ -77,14 +101,21 @@ def test_a_pipeline_that_does_not_ask_gets_neither(tmp_path):
 
 def test_a_training_run_says_that_the_tuned_parameters_file_is_in_effect(tmp_path, caplog):
     tuned = tmp_path / "parameters_tuned.yml"
-    catalog = DataCatalog({"tuned_parameters": YAMLDataset(filepath=str(tuned)),
-                           "params:train": MemoryDataset({"batching": {"micro_batch_size": 6}})})
+    catalog = DataCatalog(
+        {
+            "tuned_parameters": YAMLDataset(filepath=str(tuned)),
+            "params:train": MemoryDataset({"batching": {"micro_batch_size": 6}}),
+        }
+    )
     training = Pipeline([Node(lambda train: train, "params:train", "trained_model")])
     with caplog.at_level("INFO", logger="fastlm.hooks"):
         TunedParametersHook().before_pipeline_run({}, training, catalog)  # no file yet: nothing to say
         tuned.write_text("train: {batching: {micro_batch_size: 6}}\n")
-        TunedParametersHook().before_pipeline_run({}, Pipeline([Node(lambda t: t, "params:train", "x")]), catalog)
+        TunedParametersHook().before_pipeline_run(
+            {}, Pipeline([Node(lambda t: t, "params:train", "x")]), catalog
+        )
         TunedParametersHook().before_pipeline_run({}, training, catalog)
     assert [record.getMessage() for record in caplog.records] == [
         f"{tuned} is in effect (from `kedro run --pipeline=tune`): micro_batch_size=6, "
-        "gradient_accumulation_steps=1; delete it to go back to conf/base"]
+        "gradient_accumulation_steps=1; delete it to go back to conf/base"
+    ]

@@ -1,6 +1,7 @@
-"""`kedro run --pipeline=predict` on a tiny Llama-style model in a throw-away project: one prediction per input
-row in input order, refused rows kept and reported, greedy predictions equal to a per-row ``model.generate``,
-bad parameters refused in one line with nothing written, atomic outputs, an interrupted run continued."""
+"""`kedro run --pipeline=predict` on a tiny Llama-style model in a throw-away project: one prediction per
+input row in input order, refused rows kept and reported, greedy predictions equal to a per-row
+``model.generate``, bad parameters refused in one line with nothing written, atomic outputs, an interrupted
+run continued."""
 
 import gzip
 import json
@@ -20,13 +21,20 @@ from fastlm.reporting.predictions import PredictionJob, PredictionParts, input_r
 from tests.support.project import run_pipeline
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
 
-# kernels: batched left-padded generation against one row at a time (as tests/engine/evaluate/test_generation.py)
+# kernels: batched left-padded generation against one row at a time (as
+# tests/engine/evaluate/test_generation.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.kernels]
 CPU = {"runtime": {"device": "cpu", "precision": "fp32"}}
 TEMPLATE = "{prompt}\n\n### Response:\n"
-DIALOGUES = ["Mina: Can I book a table?\nNoah: Sure, for how many?", "Noah: hi", "Mina: The battery died again.",
-             "Noah: Could you send me the report later?\nMina: Sure, I'll send it tonight.\nNoah: Thanks!",
-             "Mina: ok", "Noah: 배송 문의 드립니다", "Mina: Any preference for the menu?\nNoah: vegetarian set"]
+DIALOGUES = [
+    "Mina: Can I book a table?\nNoah: Sure, for how many?",
+    "Noah: hi",
+    "Mina: The battery died again.",
+    "Noah: Could you send me the report later?\nMina: Sure, I'll send it tonight.\nNoah: Thanks!",
+    "Mina: ok",
+    "Noah: 배송 문의 드립니다",
+    "Mina: Any preference for the menu?\nNoah: vegetarian set",
+]
 BAD = ["", "   ", None]
 
 
@@ -40,8 +48,9 @@ def model_folder(tmp_path_factory, sample_texts):
 def project(kedro_project, model_folder):
     shutil.copytree(model_folder, kedro_project / "data/06_models/model")
     rows = [{"dialogue": text, "key": f"k{i}"} for i, text in enumerate(DIALOGUES[:3] + BAD + DIALOGUES[3:])]
-    (kedro_project / "data/01_raw/inputs.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                                                    for r in rows), encoding="utf-8")
+    (kedro_project / "data/01_raw/inputs.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
+    )
     return kedro_project
 
 
@@ -55,22 +64,37 @@ def _alone(folder, prompts, max_new_tokens, model=None):
     tokenizer, texts = AutoTokenizer.from_pretrained(folder), []
     for prompt in prompts:
         ids = torch.tensor([prompt_token_ids(tokenizer, prompt)])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=tokenizer.eos_token_id)
-        texts.append(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip())
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+        texts.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip())
     return texts
 
 
-def test_predictions_in_input_order_refused_rows_reported_greedy_equal_per_row_generate(project, model_folder):
-    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", id_column="key", max_new_tokens=8,
-         batch_size=2)
+def test_predictions_in_input_order_refused_rows_reported_greedy_equal_per_row_generate(
+    project, model_folder
+):
+    _run(
+        project,
+        input="data/01_raw/inputs.jsonl",
+        prompt_column="dialogue",
+        id_column="key",
+        max_new_tokens=8,
+        batch_size=2,
+    )
     table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
     summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
     order = DIALOGUES[:3] + ["", "   ", ""] + DIALOGUES[3:]
     assert table["id"].tolist() == [f"k{i}" for i in range(len(order))] and table["input"].tolist() == order
     assert table["refused"].tolist() == [""] * 3 + ["empty", "whitespace_only", "missing"] + [""] * 4
     good = table[table["refused"] == ""]
-    assert good["prediction"].tolist() == _alone(model_folder, [render_prompt(t, TEMPLATE) for t in good["input"]], 8)
+    assert good["prediction"].tolist() == _alone(
+        model_folder, [render_prompt(t, TEMPLATE) for t in good["input"]], 8
+    )
     assert (good["new_tokens"] > 0).all() and (table.loc[table["refused"] != "", "prediction"] == "").all()
     assert set(table["decoding"]) == {"greedy, max_new_tokens=8"}
     assert summary["rows"] == 10 and summary["predicted"] == 7 and summary["refused"] == 3
@@ -85,8 +109,14 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
     shutil.copytree(model_folder, project / "data/06_models/runs/first/model")
     with gzip.open(project / "data/01_raw/lines.txt.gz", "wt", encoding="utf-8") as handle:
         handle.write("The battery\n\nshort\n" + "word " * 40 + "\n")
-    _run(project, input="data/01_raw/lines.txt.gz", model="first", max_new_tokens=4, max_input_tokens=12,
-         too_long="refuse")
+    _run(
+        project,
+        input="data/01_raw/lines.txt.gz",
+        model="first",
+        max_new_tokens=4,
+        max_input_tokens=12,
+        too_long="refuse",
+    )
     summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
     table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
     assert table["id"].tolist() == [0, 1, 2, 3] and table["refused"].iloc[1] == "empty"
@@ -98,23 +128,51 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
     assert json.loads((project / "data/08_reporting/predict_summary.json").read_text())["truncated"] == 1
 
 
-@pytest.mark.parametrize(("predict", "error", "message"), [
-    ({}, ConfigError, "parameter predict.input is not set"),
-    ({"input": "data/01_raw/nope.jsonl"}, InputDataError, "predict.input data/01_raw/nope.jsonl does not exist"),
-    ({"input": "data/01_raw/inputs.jsonl", "prompt_column": "dialog"}, InputDataError,
-     "has no column 'dialog' (predict.prompt_column)"),
-    ({"input": "data/01_raw/inputs.jsonl", "top_p": 1.5}, ConfigError, "predict.top_p"),
-    ({"input": "data/01_raw/inputs.jsonl", "num_beams": 0}, ConfigError, "predict.num_beams"),
-    ({"input": "data/01_raw/inputs.jsonl", "temperatur": 0.5}, ConfigError, "did you mean predict.temperature"),
-    ({"input": "data/01_raw/inputs.jsonl", "model": "no-such-run"}, InputDataError,
-     "predict.model 'no-such-run' is neither a model folder"),
-], ids=["missing_input", "unknown_file", "unknown_column", "top_p", "num_beams", "misspelled", "unknown_model"])
+@pytest.mark.parametrize(
+    ("predict", "error", "message"),
+    [
+        ({}, ConfigError, "parameter predict.input is not set"),
+        (
+            {"input": "data/01_raw/nope.jsonl"},
+            InputDataError,
+            "predict.input data/01_raw/nope.jsonl does not exist",
+        ),
+        (
+            {"input": "data/01_raw/inputs.jsonl", "prompt_column": "dialog"},
+            InputDataError,
+            "has no column 'dialog' (predict.prompt_column)",
+        ),
+        ({"input": "data/01_raw/inputs.jsonl", "top_p": 1.5}, ConfigError, "predict.top_p"),
+        ({"input": "data/01_raw/inputs.jsonl", "num_beams": 0}, ConfigError, "predict.num_beams"),
+        (
+            {"input": "data/01_raw/inputs.jsonl", "temperatur": 0.5},
+            ConfigError,
+            "did you mean predict.temperature",
+        ),
+        (
+            {"input": "data/01_raw/inputs.jsonl", "model": "no-such-run"},
+            InputDataError,
+            "predict.model 'no-such-run' is neither a model folder",
+        ),
+    ],
+    ids=[
+        "missing_input",
+        "unknown_file",
+        "unknown_column",
+        "top_p",
+        "num_beams",
+        "misspelled",
+        "unknown_model",
+    ],
+)
 def test_bad_parameters_are_refused_in_one_line_and_nothing_is_written(project, predict, error, message):
     before = sorted(p for p in (project / "data").rglob("*") if p.is_file())
     with pytest.raises(Exception) as caught:
         _run(project, **predict)
     found = find_user_error(caught.value)
-    assert isinstance(found, error) and message in str(found) and "\n" not in str(found) and "Fix:" in str(found)
+    assert (
+        isinstance(found, error) and message in str(found) and "\n" not in str(found) and "Fix:" in str(found)
+    )
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
 
 
@@ -129,16 +187,30 @@ def test_a_failed_save_leaves_the_previous_file_whole_and_no_partial_file(tmp_pa
     with pytest.raises(DatasetError, match="killed while writing"):
         dataset.save(pd.DataFrame({"id": range(1000), "prediction": ["new"] * 1000}))
     assert dataset.load()["prediction"].tolist() == ["old"] and [p.name for p in tmp_path.iterdir()] == [
-        "predictions.csv"]
+        "predictions.csv"
+    ]
 
 
 def test_an_interrupted_run_continues_where_it_stopped_with_the_same_predictions(model_folder, tmp_path):
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_folder), AutoTokenizer.from_pretrained(model_folder)
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(model_folder),
+        AutoTokenizer.from_pretrained(model_folder),
+    )
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32"))
     texts = pd.DataFrame({"text": [f"{t} {i}" for i in range(6) for t in DIALOGUES[:3]]})
-    rows = input_rows(texts, tokenizer, column=("predict.text_column", "text"), template=None, id_column=None,
-                      limit=None, too_long="truncate", source="inputs")
-    job = PredictionJob(decoding={"do_sample": True, "temperature": 0.9}, max_new_tokens=5, batch_size=2, seed=3)
+    rows = input_rows(
+        texts,
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=None,
+        too_long="truncate",
+        source="inputs",
+    )
+    job = PredictionJob(
+        decoding={"do_sample": True, "temperature": 0.9}, max_new_tokens=5, batch_size=2, seed=3
+    )
     whole, _ = predict_rows(model, tokenizer, rows, job, runtime=runtime)
     parts, generate, calls = PredictionParts(tmp_path / "parts"), model.generate, []
 
@@ -154,10 +226,14 @@ def test_an_interrupted_run_continues_where_it_stopped_with_the_same_predictions
     model.generate = generate
     (part,) = (tmp_path / "parts").iterdir()
     part.write_text(part.read_text() + '{"chunk": 1, "contin')  # a line cut off by the kill
-    resumed, summary = predict_rows(model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="m")
+    resumed, summary = predict_rows(
+        model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="m"
+    )
     assert summary["resumed_rows"] == 8 and summary["generated_rows"] == 10
     pd.testing.assert_frame_equal(resumed, whole)
-    other, summary = predict_rows(model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="new")
+    other, summary = predict_rows(
+        model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="new"
+    )
     assert summary["resumed_rows"] == 0  # other weights: nothing reused
 
 
@@ -166,22 +242,47 @@ def test_an_encoder_decoder_model_predicts_each_row_as_it_does_alone(bpe_tokeniz
 
     torch.manual_seed(0)
     eos = bpe_tokenizer.eos_token_id
-    model = BartForConditionalGeneration(BartConfig(
-        vocab_size=len(bpe_tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        pad_token_id=bpe_tokenizer.pad_token_id, eos_token_id=eos, bos_token_id=eos, decoder_start_token_id=eos,
-        init_std=0.2)).eval()
-    texts = pd.DataFrame({"text": ["The battery", "배송 문의 드립니다 빨리 보내 주세요", "ok", "가격 대비 좋아요"] * 2})
-    rows = input_rows(texts, bpe_tokenizer, column=("predict.text_column", "text"), template=None, id_column=None,
-                      limit=64, too_long="truncate", source="inputs")
+    model = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=len(bpe_tokenizer),
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=64,
+            pad_token_id=bpe_tokenizer.pad_token_id,
+            eos_token_id=eos,
+            bos_token_id=eos,
+            decoder_start_token_id=eos,
+            init_std=0.2,
+        )
+    ).eval()
+    texts = pd.DataFrame(
+        {"text": ["The battery", "배송 문의 드립니다 빨리 보내 주세요", "ok", "가격 대비 좋아요"] * 2}
+    )
+    rows = input_rows(
+        texts,
+        bpe_tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=64,
+        too_long="truncate",
+        source="inputs",
+    )
     job = PredictionJob(decoding={"num_beams": 1, "do_sample": False}, max_new_tokens=6, batch_size=3)
-    table, _ = predict_rows(model, bpe_tokenizer, rows, job,
-                            runtime=setup_runtime(RuntimeConfig(device="cpu", precision="fp32")))
+    table, _ = predict_rows(
+        model, bpe_tokenizer, rows, job, runtime=setup_runtime(RuntimeConfig(device="cpu", precision="fp32"))
+    )
     alone = []
     for ids in rows["ids"]:
         ids = torch.tensor([ids])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                             num_beams=1)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, num_beams=1
+        )
         alone.append(bpe_tokenizer.decode(out[0, 1:], skip_special_tokens=True).strip())
     assert table["prediction"].tolist() == alone and (table["new_tokens"] > 0).any()
 
@@ -192,14 +293,18 @@ def test_a_lora_adapter_folder_predicts_as_its_merged_model(project, model_folde
     from fastlm.engine.model.lora import apply_lora
 
     torch.manual_seed(1)
-    adapted = apply_lora(AutoModelForCausalLM.from_pretrained(model_folder), LoraParams(enabled=True, r=4),
-                         gradient_checkpointing=False)
+    adapted = apply_lora(
+        AutoModelForCausalLM.from_pretrained(model_folder),
+        LoraParams(enabled=True, r=4),
+        gradient_checkpointing=False,
+    )
     with torch.no_grad():
         for name, weight in adapted.named_parameters():
             if "lora_B" in name:
                 weight.normal_(0, 0.5)  # B starts at zero: make the adapter change the outputs
     PretrainedModelDataset(filepath=str(project / "data/06_models/runs/lora/model")).save(
-        {"model": adapted, "tokenizer": AutoTokenizer.from_pretrained(model_folder)})
+        {"model": adapted, "tokenizer": AutoTokenizer.from_pretrained(model_folder)}
+    )
     _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", model="lora", max_new_tokens=6)
     table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
     good = table[table["refused"] == ""]

@@ -31,15 +31,31 @@ def dialogue_project(kedro_project):
 
 
 def split_params(project, **overrides):
-    return {"prompt_column": "dialogue", "response_column": "summary", "prompt_template": TEMPLATE,
-            "max_length": 256, "tokenizer": {"source": str(project / "base")}, **overrides}
+    return {
+        "prompt_column": "dialogue",
+        "response_column": "summary",
+        "prompt_template": TEMPLATE,
+        "max_length": 256,
+        "tokenizer": {"source": str(project / "base")},
+        **overrides,
+    }
 
 
 def train_params(project):
-    return {"max_steps": 4, "log_every": 1, "eval_every": 2, "save_every": 2, "quiet": True,
-            "batching": {"micro_batch_size": 4}, "optimizer": {"lr": 1e-2, "warmup_steps": 1},
-            "model": {"name_or_path": str(project / "base"), "gradient_checkpointing": True,
-                      "lora": {"enabled": True, "r": 4, "alpha": 8}}}
+    return {
+        "max_steps": 4,
+        "log_every": 1,
+        "eval_every": 2,
+        "save_every": 2,
+        "quiet": True,
+        "batching": {"micro_batch_size": 4},
+        "optimizer": {"lr": 1e-2, "warmup_steps": 1},
+        "model": {
+            "name_or_path": str(project / "base"),
+            "gradient_checkpointing": True,
+            "lora": {"enabled": True, "r": 4, "alpha": 8},
+        },
+    }
 
 
 def test_dialogue_summary_lora_run_saves_an_adapter_that_loads_and_merges(dialogue_project):
@@ -49,21 +65,34 @@ def test_dialogue_summary_lora_run_saves_an_adapter_that_loads_and_merges(dialog
 
     splits = pd.read_parquet(project / "data/03_primary/corpus_splits.parquet")
     assert list(splits.columns) == ["prompt", "response", "split"]
-    assert splits["prompt"].str.endswith("\n\nSummary:\n").all() and not splits["response"].str.endswith("</s>").any()
+    assert (
+        splits["prompt"].str.endswith("\n\nSummary:\n").all()
+        and not splits["response"].str.endswith("</s>").any()
+    )
     tokenized = datasets.load_from_disk(str(project / "data/05_model_input/tokenized_corpus"))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(project / "base", local_files_only=True)
     train_rows = splits[splits["split"] == "train"].reset_index(drop=True)
-    index = next(i for i, row in train_rows.iterrows()  # a dialogue short enough not to be truncated
-                 if len(prompt_token_ids(tokenizer, row["prompt"]))
-                 + len(tokenizer(row["response"], add_special_tokens=False)["input_ids"]) + 1 <= 256)
+    index = next(
+        i
+        for i, row in train_rows.iterrows()  # a dialogue short enough not to be truncated
+        if len(prompt_token_ids(tokenizer, row["prompt"]))
+        + len(tokenizer(row["response"], add_special_tokens=False)["input_ids"])
+        + 1
+        <= 256
+    )
     first, row = tokenized["train"][index], train_rows.iloc[index]
     prompt_ids = prompt_token_ids(tokenizer, row["prompt"])
     assert first["input_ids"][: first["prompt_length"]] == prompt_ids
     assert truncate_prompt_ids(prompt_ids, 10, tokenizer.bos_token_id) == [prompt_ids[0], *prompt_ids[-9:]]
-    assert first["input_ids"][first["prompt_length"] : -1] == tokenizer(row["response"], add_special_tokens=False)["input_ids"]
-    assert first["input_ids"][-1] == tokenizer.eos_token_id and first["input_ids"][0] == tokenizer.bos_token_id
+    assert (
+        first["input_ids"][first["prompt_length"] : -1]
+        == tokenizer(row["response"], add_special_tokens=False)["input_ids"]
+    )
+    assert (
+        first["input_ids"][-1] == tokenizer.eos_token_id and first["input_ids"][0] == tokenizer.bos_token_id
+    )
 
     run_pipeline(project, "train", {**raw, "split": split_params(project), "train": train_params(project)})
     folder = project / "data/06_models/model"
@@ -72,7 +101,9 @@ def test_dialogue_summary_lora_run_saves_an_adapter_that_loads_and_merges(dialog
     summary = json.loads((project / "data/08_reporting/train_summary.json").read_text())
     assert summary["lora"] is True and summary["batching"] == "packed"
     assert 0 < summary["trainable_parameters"] < summary["total_parameters"]
-    assert (project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000004/COMPLETE").is_file()
+    assert (
+        project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000004/COMPLETE"
+    ).is_file()
 
     from fastlm.__main__ import merge_adapter_command
     from fastlm.datasets import PretrainedModelDataset
@@ -91,7 +122,14 @@ def test_dialogue_summary_lora_run_saves_an_adapter_that_loads_and_merges(dialog
     assert generated.shape[1] > ids.shape[1]
 
     with pytest.raises(Exception) as raised:  # another template: the tokenized data no longer fits
-        run_pipeline(project, "train", {**raw, "split": split_params(project, prompt_template="Q: {prompt}\nA:"),
-                                        "train": train_params(project)})
+        run_pipeline(
+            project,
+            "train",
+            {
+                **raw,
+                "split": split_params(project, prompt_template="Q: {prompt}\nA:"),
+                "train": train_params(project),
+            },
+        )
     error = find_user_error(raised.value)
     assert isinstance(error, StaleDataError) and "prompt_template changed" in str(error)

@@ -15,14 +15,15 @@ REPORT = {"max_new_tokens": 5, "prompts": ["", "배송"], "worst_samples": 3, "e
 PARAMS = {"split": SPLIT, "train": TRAIN, "report": REPORT}
 
 
-
-
 def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_project, tmp_path):
     own_experiment(kedro_project, "report-e2e")  # the session's MLflow store holds other tests' training runs
     run_pipeline(kedro_project, "split", PARAMS)
     run_pipeline(kedro_project, "train", PARAMS)
-    run_pipeline(kedro_project, "train", {**PARAMS, "train": {**TRAIN, "batching": {"mode": "dynamic"},
-                                                              "resume": "never"}})
+    run_pipeline(
+        kedro_project,
+        "train",
+        {**PARAMS, "train": {**TRAIN, "batching": {"mode": "dynamic"}, "resume": "never"}},
+    )
     run_pipeline(kedro_project, "report", PARAMS)
     out = kedro_project / "data/08_reporting"
 
@@ -37,7 +38,9 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
 
     metrics = json.loads((out / "test_metrics.json").read_text())
     assert 0 <= metrics["accuracy"] <= metrics["top5_accuracy"] <= 1 and metrics["perplexity"] > 1
-    assert "rouge1" not in metrics and pd.read_csv(out / "reference_predictions.csv").empty  # plain text: no ROUGE
+    assert (
+        "rouge1" not in metrics and pd.read_csv(out / "reference_predictions.csv").empty
+    )  # plain text: no ROUGE
     assert len(pd.read_csv(out / "worst_samples.csv")) == 3
     generations = pd.read_csv(out / "sample_generations.csv", keep_default_na=False)
     assert set(generations["setting"]) == {"greedy", "sampled"} and len(generations) == 4
@@ -51,8 +54,11 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
     import mlflow
 
     client = mlflow.MlflowClient()
-    report_run = client.search_runs(client.get_experiment_by_name("report-e2e").experiment_id,
-                                    filter_string="tags.`mlflow.runName` LIKE 'report-%'", max_results=1)[0]
+    report_run = client.search_runs(
+        client.get_experiment_by_name("report-e2e").experiment_id,
+        filter_string="tags.`mlflow.runName` LIKE 'report-%'",
+        max_results=1,
+    )[0]
     logged = {item.path for item in client.list_artifacts(report_run.info.run_id, "report")}
     assert {"report/report.html", "report/report.md"} <= logged
 
@@ -68,7 +74,9 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
 
     chromium = find_chromium()
     if chromium is not None:  # CI installs it; the DOM as the browser built it
-        dom = run_chromium(chromium, tmp_path / "profile", "--dump-dom", (out / "report.html").as_uri()).stdout
+        dom = run_chromium(
+            chromium, tmp_path / "profile", "--dump-dom", (out / "report.html").as_uri()
+        ).stdout
         assert dom.count("<img") == 4 and dom.count("<table") >= 8 and "Run comparison" in dom
 
 

@@ -18,18 +18,33 @@ SPLIT = {"pretokenized": True, "vocab_size": VOCAB, "max_length": 32}
 TRAIN = {"runtime": {"device": "cpu", "precision": "fp32"}}
 
 
-@pytest.mark.parametrize(("prompt", "word"), [
-    ("9 999", "'999'"), ("9 64", "'64'"), ("-1", "'-1'"), ("9 007", "'007'"), ("The battery", "'The'"),
-], ids=["far_above", "vocab_size", "negative", "leading_zeros", "text"])
+@pytest.mark.parametrize(
+    ("prompt", "word"),
+    [
+        ("9 999", "'999'"),
+        ("9 64", "'64'"),
+        ("-1", "'-1'"),
+        ("9 007", "'007'"),
+        ("The battery", "'The'"),
+    ],
+    ids=["far_above", "vocab_size", "negative", "leading_zeros", "text"],
+)
 def test_pretokenized_report_prompts_with_unknown_ids_are_refused_before_evaluating(prompt, word):
     split = parse_group("split", SPLIT)
     tokenizer = id_tokenizer(VOCAB, eos_id=VOCAB - 1, pad_id=VOCAB - 1, model_max_length=32)
     assert tokenizer(prompt)["input_ids"][-1] == VOCAB - 1  # what it would silently be: EOS
-    fingerprint = make_fingerprint(tokenizer, 32, data_format=data_format_params(split, tokenizer),
-                                   selection=selection_params(split))
+    fingerprint = make_fingerprint(
+        tokenizer, 32, data_format=data_format_params(split, tokenizer), selection=selection_params(split)
+    )
     with pytest.raises(ConfigError) as raised:  # before the model or the test split is touched
-        evaluate_model({"model": None, "tokenizer": tokenizer}, None, fingerprint, TRAIN, SPLIT,
-                       {"prompts": ["", "3 4", prompt]})
+        evaluate_model(
+            {"model": None, "tokenizer": tokenizer},
+            None,
+            fingerprint,
+            TRAIN,
+            SPLIT,
+            {"prompts": ["", "3 4", prompt]},
+        )
     message = str(raised.value)
     assert f"report.prompts[2] = {prompt!r}" in message and word in message and f"0 .. {VOCAB - 1}" in message
     assert "\n" not in message and "Fix:" in message
@@ -39,10 +54,16 @@ def test_pretokenized_report_prompts_of_known_ids_pass():
     check_id_prompts(["", "0", "9 10", f"  {VOCAB - 1}\t3 "], VOCAB)
 
 
-@pytest.mark.parametrize(("content", "what"), [
-    ("{}", "an empty object"), ("null", "null"), ("[]", "a list"),
-    ('{"run_name": "x"}', "without a step count"),
-], ids=["empty_object", "null", "list", "no_steps"])
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        ("{}", "an empty object"),
+        ("null", "null"),
+        ("[]", "a list"),
+        ('{"run_name": "x"}', "without a step count"),
+    ],
+    ids=["empty_object", "null", "list", "no_steps"],
+)
 def test_a_train_summary_that_is_no_training_summary_is_refused(tmp_path, content, what):
     from fastlm.datasets import TrainSummaryDataset
 
@@ -76,8 +97,12 @@ def test_the_report_refuses_unknown_prompt_ids_before_any_node_runs(tmp_path):
 
     sweep_file = tmp_path / "sweep.yml"
     sweep_file.write_text("name: s\ngrid: {train.seed: [0]}\n", encoding="utf-8")
-    params = {"split": SPLIT, "train": TRAIN, "report": {"prompts": ["9 10", "9 999"]},
-              "sweep": str(sweep_file)}
+    params = {
+        "split": SPLIT,
+        "train": TRAIN,
+        "report": {"prompts": ["9 10", "9 999"]},
+        "sweep": str(sweep_file),
+    }
 
     def check(pipeline, **changed):
         values = {**params, **changed}

@@ -19,8 +19,16 @@ REPORT = {"references": {"max_samples": 5, "max_new_tokens": 4, "batch_size": 2}
 @pytest.fixture(scope="module")
 def trained(bpe_tokenizer):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, pad_token_id=0, eos_token_id=0, use_cache=False)
+    config = LlamaConfig(
+        vocab_size=len(bpe_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        pad_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     return {"model": LlamaForCausalLM(config), "tokenizer": bpe_tokenizer}
 
 
@@ -32,7 +40,9 @@ def test_plain_text_data_gives_no_predictions_and_no_metrics(trained):
 
 def test_prompt_response_data_gives_predictions_and_rouge(trained):
     table, metrics = generate_on_references(trained, pair_frame(), TRAIN, {}, REPORT)
-    assert len(table) == 5 == metrics["rouge_samples"] and table["reference"].str.startswith("배송 문의").all()
+    assert (
+        len(table) == 5 == metrics["rouge_samples"] and table["reference"].str.startswith("배송 문의").all()
+    )
     assert 0 <= metrics["rougeL"] <= 1 and metrics["rouge_tokenizer"] == "unicode"
     assert metrics["rouge1"] == pytest.approx(table["rouge1_f1"].mean())
 
@@ -63,15 +73,21 @@ def test_test_metrics_reach_this_run_and_the_training_run_and_the_comparison(exp
     with mlflow.start_run(run_name="train") as train_run:
         mlflow.log_metrics({"train/real_tokens_per_s": 100.0, "train/loss": 2.0})
     with mlflow.start_run(run_name="report") as report_run:
-        merged = collect_test_metrics({"loss": 2.5, "perplexity": 12.2}, {"rouge1": 0.4, "rouge2": 0.1,
-                                      "rougeL": 0.3, "rouge_tokenizer": "unicode"},
-                                      {"mlflow_run_id": train_run.info.run_id})
+        merged = collect_test_metrics(
+            {"loss": 2.5, "perplexity": 12.2},
+            {"rouge1": 0.4, "rouge2": 0.1, "rougeL": 0.3, "rouge_tokenizer": "unicode"},
+            {"mlflow_run_id": train_run.info.run_id},
+        )
         runs = compare_training_runs({}, merged)
     assert merged["rouge1"] == 0.4 and merged["loss"] == 2.5 and merged["rouge_tokenizer"] == "unicode"
     client = mlflow.MlflowClient()
     for run in (train_run, report_run):
         logged = client.get_run(run.info.run_id).data.metrics
-        assert logged["test_rouge1"] == 0.4 and logged["test_loss"] == 2.5 and "test_rouge_tokenizer" not in logged
+        assert (
+            logged["test_rouge1"] == 0.4
+            and logged["test_loss"] == 2.5
+            and "test_rouge_tokenizer" not in logged
+        )
     assert len(runs) == 1 and runs["test_rougeL"].tolist() == [0.3] and runs["test_loss"].tolist() == [2.5]
 
 

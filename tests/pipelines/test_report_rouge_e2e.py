@@ -12,11 +12,12 @@ from tests.support.e2e import TRAIN
 from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
-PARAMS = {"raw_path": RAW, "split": SPLIT, "train": {**TRAIN, "max_steps": 30, "eval_every": 15, "save_every": 30,
-                                                      "optimizer": {"lr": 1e-2}},
-          "report": REPORT}
-
-
+PARAMS = {
+    "raw_path": RAW,
+    "split": SPLIT,
+    "train": {**TRAIN, "max_steps": 30, "eval_every": 15, "save_every": 30, "optimizer": {"lr": 1e-2}},
+    "report": REPORT,
+}
 
 
 def test_report_scores_test_generations_with_rouge_everywhere(kedro_project):
@@ -39,12 +40,15 @@ def test_report_scores_test_generations_with_rouge_everywhere(kedro_project):
 
     client = mlflow.MlflowClient()
     experiment = client.get_experiment_by_name("fastlm").experiment_id
-    train_run = client.search_runs(experiment, filter_string="tags.`mlflow.runName` LIKE 'train-%'", max_results=1)[0]
-    assert client.get_run(train_run.info.run_id).data.metrics["test_rouge1"] == pytest.approx(metrics["rouge1"])
+    train_run = client.search_runs(
+        experiment, filter_string="tags.`mlflow.runName` LIKE 'train-%'", max_results=1
+    )[0]
+    assert client.get_run(train_run.info.run_id).data.metrics["test_rouge1"] == pytest.approx(
+        metrics["rouge1"]
+    )
     runs = pd.read_csv(out / "run_comparison.csv")
     assert runs["test_rouge1"].iloc[0] == pytest.approx(metrics["rouge1"]) and "test_rougeL" in runs
 
     html, markdown = (out / "report.html").read_text(), (out / "report.md").read_text()
     assert "ROUGE on the test split" in html and "Generations against references" in html
     assert "## ROUGE on the test split" in markdown and predictions["reference"].iloc[0] in markdown
-

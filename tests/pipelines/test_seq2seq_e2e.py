@@ -1,6 +1,6 @@
-"""split -> train -> report with a tiny BART folder (issue 19): the dialogue feeds the encoder, the summary is the
-decoder target; the report's evaluation loss and ROUGE come from the model's own decoding, and the run sits in
-the same comparison table as decoder-only runs."""
+"""split -> train -> report with a tiny BART folder (issue 19): the dialogue feeds the encoder, the summary is
+the decoder target; the report's evaluation loss and ROUGE come from the model's own decoding, and the run
+sits in the same comparison table as decoder-only runs."""
 
 import json
 
@@ -12,16 +12,35 @@ from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 MODEL = "models/bart"
-TRAIN = {"max_steps": 25, "log_every": 5, "eval_every": 25, "save_every": 25, "quiet": True,
-         "batching": {"micro_batch_size": 8}, "optimizer": {"lr": 1e-2, "warmup_steps": 2},
-         "model": {"name_or_path": f"./{MODEL}"}}
-PARAMS = {"raw_path": RAW, "split": SPLIT, "train": TRAIN,
-          "report": {**REPORT, "references": {**REPORT["references"], "num_beams": 2, "no_repeat_ngram_size": 3,
-                                              "length_penalty": 1.2}}}
+TRAIN = {
+    "max_steps": 25,
+    "log_every": 5,
+    "eval_every": 25,
+    "save_every": 25,
+    "quiet": True,
+    "batching": {"micro_batch_size": 8},
+    "optimizer": {"lr": 1e-2, "warmup_steps": 2},
+    "model": {"name_or_path": f"./{MODEL}"},
+}
+PARAMS = {
+    "raw_path": RAW,
+    "split": SPLIT,
+    "train": TRAIN,
+    "report": {
+        **REPORT,
+        "references": {
+            **REPORT["references"],
+            "num_beams": 2,
+            "no_repeat_ngram_size": 3,
+            "length_penalty": 1.2,
+        },
+    },
+}
 
 
 def save_tiny_bart(project, vocab_from: str = "data/06_models/tokenizer"):
-    """A tiny BART over the split's tokenizer, saved with that tokenizer (its own), as save_pretrained writes."""
+    """A tiny BART over the split's tokenizer, saved with that tokenizer (its own), as save_pretrained
+    writes."""
     import torch
     from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
 
@@ -29,11 +48,25 @@ def save_tiny_bart(project, vocab_from: str = "data/06_models/tokenizer"):
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     torch.manual_seed(0)
-    model = BartForConditionalGeneration(BartConfig(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=pad, eos_token_id=eos, bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=eos,
-        forced_eos_token_id=None, dropout=0.0))
+    model = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=len(tokenizer),
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            bos_token_id=tokenizer.bos_token_id,
+            decoder_start_token_id=eos,
+            forced_eos_token_id=None,
+            dropout=0.0,
+        )
+    )
     model.save_pretrained(project / MODEL)
     tokenizer.save_pretrained(project / MODEL)
 
@@ -50,7 +83,9 @@ def test_bart_trains_on_dialogues_and_is_scored_with_rouge_beside_decoder_runs(k
     history = pd.read_csv(kedro_project / "data/07_model_output/train_history.csv")
     assert history["loss"].iloc[-1] < history["loss"].iloc[0] - 1.0
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
-    assert summary["batching"] == "packed"  # the default: BART packs exactly on sdpa (tests/engine/data/test_seq2seq_packing.py)
+    assert (
+        summary["batching"] == "packed"
+    )  # the default: BART packs exactly on sdpa (tests/engine/data/test_seq2seq_packing.py)
     out = kedro_project / "data/08_reporting"
     metrics = json.loads((out / "test_metrics.json").read_text())
     assert metrics["loss"] > 0 and metrics["perplexity"] > 1

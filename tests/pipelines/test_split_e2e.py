@@ -51,9 +51,13 @@ def test_session_run_writes_every_output(kedro_project):
 def test_appending_rows_keeps_every_existing_row_in_its_split(kedro_project, sample_texts):
     run_pipeline(kedro_project, "split", SMALL)
     before = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet")
-    write_jsonl(kedro_project / "data/01_raw/demo_corpus.jsonl", sample_texts + [f"new row {i}" for i in range(200)])
+    write_jsonl(
+        kedro_project / "data/01_raw/demo_corpus.jsonl", sample_texts + [f"new row {i}" for i in range(200)]
+    )
     run_pipeline(kedro_project, "split", SMALL)
-    after = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet").set_index("text")["split"]
+    after = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet").set_index("text")[
+        "split"
+    ]
     assert len(after) == len(before) + 200
     assert (after.loc[before["text"]].to_numpy() == before["split"].to_numpy()).all()
 
@@ -90,8 +94,14 @@ def test_zero_rows_after_cleaning_is_refused(kedro_project):
 
 def _kedro(project, *args):
     env = {**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "kedro", *args], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kedro", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_cli_singular_pipeline_flag_runs_and_bad_input_is_one_line(kedro_project):

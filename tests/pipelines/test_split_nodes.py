@@ -6,13 +6,18 @@ from fastlm.corpus.fingerprint import check_fresh
 from fastlm.errors import InputDataError
 from fastlm.pipelines.split import nodes
 
-PARAMS = {"ratios": {"train": 0.8, "validation": 0.1, "test": 0.1}, "max_length": 24,
-          "tokenizer": {"vocab_size": 400}}
+PARAMS = {
+    "ratios": {"train": 0.8, "validation": 0.1, "test": 0.1},
+    "max_length": 24,
+    "tokenizer": {"vocab_size": 400},
+}
 
 
 @pytest.fixture
 def raw(sample_texts):
-    frame = pd.DataFrame({"body": sample_texts + ["", None, sample_texts[0]], "id": range(len(sample_texts) + 3)})
+    frame = pd.DataFrame(
+        {"body": sample_texts + ["", None, sample_texts[0]], "id": range(len(sample_texts) + 3)}
+    )
     frame.attrs["source_path"] = "data/01_raw/reviews.csv"
     return frame
 
@@ -52,6 +57,8 @@ def test_max_samples_caps_deterministically(raw):
     params = {**PARAMS, "text_column": "body", "max_samples": 50}
     clean, counts = nodes.clean_corpus(raw, params)
     first, first_counts = nodes.split_corpus(clean, counts, params)
-    second, _ = nodes.split_corpus(clean.sample(frac=1, random_state=1).reset_index(drop=True), counts, params)
+    second, _ = nodes.split_corpus(
+        clean.sample(frac=1, random_state=1).reset_index(drop=True), counts, params
+    )
     assert len(first) == 50 and set(first["text"]) == set(second["text"])
     assert first_counts["capped_by_max_samples"] == len(clean) - 50

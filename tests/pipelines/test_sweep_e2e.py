@@ -1,6 +1,6 @@
-"""Issue 18: a 2x2 sweep of tiny runs through a KedroSession (MLflow child runs, comparison, plot, verdict, all
-logged to the parent run), the report's sweep section, then the same sweep after an interruption continues with
-its first unfinished run."""
+"""Issue 18: a 2x2 sweep of tiny runs through a KedroSession (MLflow child runs, comparison, plot, verdict,
+all logged to the parent run), the report's sweep section, then the same sweep after an interruption continues
+with its first unfinished run."""
 
 import json
 import shutil
@@ -17,18 +17,32 @@ from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 TRAIN = {**BASE_TRAIN, "eval_every": 1, "save_every": None}
-REPORT = {"eval_max_batches": 1, "prompts": ["9 10"], "max_new_tokens": 2, "worst_samples": 2, "error_pairs": 2,
-          "decoding": [{"name": "greedy", "do_sample": False}]}
-SWEEP = {"name": "tiny", "max_steps": 2, "metric": "final_val_loss",
-         "grid": {"train.optimizer.lr": [0.001, 0.01], "train.batching.micro_batch_size": [4, 8]}}
+REPORT = {
+    "eval_max_batches": 1,
+    "prompts": ["9 10"],
+    "max_new_tokens": 2,
+    "worst_samples": 2,
+    "error_pairs": 2,
+    "decoding": [{"name": "greedy", "do_sample": False}],
+}
+SWEEP = {
+    "name": "tiny",
+    "max_steps": 2,
+    "metric": "final_val_loss",
+    "grid": {"train.optimizer.lr": [0.001, 0.01], "train.batching.micro_batch_size": [4, 8]},
+}
 
 
 def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
     own_experiment(kedro_project, "sweep-e2e")
     raw = write_demo_logkeys(kedro_project / "data/01_raw/logkeys.jsonl", n=200, seed=0)
     (kedro_project / "sweep.yml").write_text(yaml.safe_dump(SWEEP, sort_keys=False))
-    params = {"raw_path": str(raw.relative_to(kedro_project)), "sweep": "sweep.yml", "train": TRAIN,
-              "split": {"pretokenized": True, "vocab_size": VOCAB_SIZE, "max_length": 48}}
+    params = {
+        "raw_path": str(raw.relative_to(kedro_project)),
+        "sweep": "sweep.yml",
+        "train": TRAIN,
+        "split": {"pretokenized": True, "vocab_size": VOCAB_SIZE, "max_length": 48},
+    }
     run_pipeline(kedro_project, "split", params)
     run_pipeline(kedro_project, "sweep", params)
 
@@ -36,11 +50,17 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
     table = pd.read_csv(kedro_project / "data/08_reporting/sweep_comparison.csv")
     assert sorted(table["run"]) == names and table["final_val_loss"].is_monotonic_increasing
     assert set(zip(table["train.optimizer.lr"], table["train.batching.micro_batch_size"], strict=True)) == {
-        (0.001, 4), (0.001, 8), (0.01, 4), (0.01, 8)}
+        (0.001, 4),
+        (0.001, 8),
+        (0.01, 4),
+        (0.01, 8),
+    }
     assert (table["steps"] == 2).all() and (table["wall_time_s"] > 0).all()
     assert table["test_loss"].gt(0).all() and table["test_top5_accuracy"].between(0, 1).all()
     assert table["peak_memory_mb"].notna().all() and table["real_tokens_per_s"].gt(0).all()
-    assert "test_rouge1" not in table and table["stopped"].isna().all()  # log keys: no references; no budget hit
+    assert (
+        "test_rouge1" not in table and table["stopped"].isna().all()
+    )  # log keys: no references; no budget hit
     verdict = (kedro_project / "data/08_reporting/sweep.md").read_text()
     assert f"{table['run'][0]} (optimizer.lr" in verdict and "is best by final_val_loss" in verdict
     assert (kedro_project / "data/08_reporting/plots/sweep_loss.png").stat().st_size > 0
@@ -55,15 +75,20 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
     assert set(children["params.train.optimizer.lr"]) == {"0.001", "0.01"}
     assert children["metrics.test_loss"].gt(0).all()
     logged = {item.path for item in mlflow.MlflowClient().list_artifacts(parent["run_id"].iloc[0], "sweep")}
-    assert logged == {"sweep/sweep_comparison.csv", "sweep/sweep.md", "sweep/sweep_loss.png"}  # the parent run
+    assert logged == {
+        "sweep/sweep_comparison.csv",
+        "sweep/sweep.md",
+        "sweep/sweep_loss.png",
+    }  # the parent run
 
     # A report after the sweep has the sweep's section: its verdict, table and the all-runs loss plot.
     run_pipeline(kedro_project, "train", {**params, "train": {**TRAIN, "max_steps": 2}})
     run_pipeline(kedro_project, "report", {**params, "report": REPORT})
     report = (kedro_project / "data/08_reporting/report.html").read_text()
     assert '<section id="sweep-tiny">' in report and verdict.split("\n\n")[1] in report
-    assert '<img id="fig-sweep-loss"' in report and all(f"<td class=\"text\">{name}</td>" in report
-                                                         for name in names)
+    assert '<img id="fig-sweep-loss"' in report and all(
+        f'<td class="text">{name}</td>' in report for name in names
+    )
 
     # Interrupted after two runs: the rerun keeps runs 1-2 untouched and trains 3-4 again.
     state = kedro_project / "data/08_reporting/sweeps/tiny"
@@ -76,5 +101,9 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
         assert json.loads((state / name / "summary.json").read_text())["run_name"] == name
     assert len(pd.read_csv(kedro_project / "data/08_reporting/sweep_comparison.csv")) == 4
     runs = mlflow.search_runs([experiment.experiment_id])
-    second = runs[runs["tags.mlflow.runName"].str.startswith("sweep-")].sort_values("start_time")["run_id"].iloc[-1]
+    second = (
+        runs[runs["tags.mlflow.runName"].str.startswith("sweep-")]
+        .sort_values("start_time")["run_id"]
+        .iloc[-1]
+    )
     assert sorted(runs[runs["tags.mlflow.parentRunId"] == second]["tags.mlflow.runName"]) == names[2:]

@@ -16,7 +16,13 @@ from tests.support.project import PROJECT_ROOT, run_pipeline
 
 pytestmark = pytest.mark.e2e
 TINY_TRAIN = {**TRAIN, "max_steps": 4, "eval_every": 4, "save_every": 4, "resume": "never"}
-REPORT = {"max_new_tokens": 3, "prompts": ["배송"], "worst_samples": 2, "error_pairs": 3, "eval_max_batches": 2}
+REPORT = {
+    "max_new_tokens": 3,
+    "prompts": ["배송"],
+    "worst_samples": 2,
+    "error_pairs": 3,
+    "eval_max_batches": 2,
+}
 PARAMS = {"split": SPLIT, "train": TINY_TRAIN, "report": REPORT}
 
 
@@ -66,14 +72,19 @@ def test_tracking_is_relative_typed_complete_and_honest(own_store, tmp_path, mon
     train = runs["train"]
     assert train.info.status == "FINISHED"
     assert "None" not in train.data.params.values()  # unset values are not logged as the string 'None'
-    assert json.loads(train.data.params["report.prompts"] if "report.prompts" in train.data.params
-                      else runs["report"].data.params["report.prompts"]) == ["배송"]
+    assert json.loads(
+        train.data.params["report.prompts"]
+        if "report.prompts" in train.data.params
+        else runs["report"].data.params["report.prompts"]
+    ) == ["배송"]
     assert not [value for value in train.data.tags.values() if " object at 0x" in value]
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     epochs = [metric.value for metric in client.get_metric_history(train.info.run_id, "train/epoch")]
-    assert epochs == sorted(epochs) and 0 < epochs[-1] and epochs[0] < epochs[-1]  # progress, not 0 every step
+    assert (
+        epochs == sorted(epochs) and 0 < epochs[-1] and epochs[0] < epochs[-1]
+    )  # progress, not 0 every step
     assert {"train_summary.json"} <= artifact_files(train, project)
     assert (project / "mlruns").is_dir()
 

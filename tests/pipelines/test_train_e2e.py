@@ -22,7 +22,9 @@ def test_train_writes_a_loadable_model_histories_summary_and_live_mlflow_metrics
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert (folder / "model.safetensors").is_file() and model.config.vocab_size == len(tokenizer)
-    generated = pipeline("text-generation", model=model, tokenizer=tokenizer)("배송", max_new_tokens=5, do_sample=False)
+    generated = pipeline("text-generation", model=model, tokenizer=tokenizer)(
+        "배송", max_new_tokens=5, do_sample=False
+    )
     assert generated[0]["generated_text"].startswith("배송")
 
     history = pd.read_csv(kedro_project / "data/07_model_output/train_history.csv")
@@ -31,13 +33,18 @@ def test_train_writes_a_loadable_model_histories_summary_and_live_mlflow_metrics
     assert list(evals["step"]) == [3, 6] and (evals["val_perplexity"] > 1).all()
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
     assert summary["steps"] == 6 and summary["batching"] == "packed" and summary["tokens_seen"] > 0
-    assert (kedro_project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000006/COMPLETE").is_file()
+    assert (
+        kedro_project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000006/COMPLETE"
+    ).is_file()
 
     import mlflow
 
     client = mlflow.MlflowClient()
-    runs = client.search_runs(client.get_experiment_by_name("fastlm").experiment_id,
-                              filter_string="tags.`mlflow.runName` LIKE 'train-%'", max_results=1)
+    runs = client.search_runs(
+        client.get_experiment_by_name("fastlm").experiment_id,
+        filter_string="tags.`mlflow.runName` LIKE 'train-%'",
+        max_results=1,
+    )
     run = runs[0]
     # every history row reaches MLflow, the one flushed before the step-3 checkpoint included
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(history["step"])
@@ -58,7 +65,9 @@ def test_train_writes_a_loadable_model_histories_summary_and_live_mlflow_metrics
 def test_bad_train_input_is_one_clear_error(kedro_project, train, split_override, error, expected):
     run_pipeline(kedro_project, "split", {"split": SPLIT})
     with pytest.raises(Exception) as raised:
-        run_pipeline(kedro_project, "train", {"split": {**SPLIT, **split_override}, "train": {**TRAIN, **train}})
+        run_pipeline(
+            kedro_project, "train", {"split": {**SPLIT, **split_override}, "train": {**TRAIN, **train}}
+        )
     user_error = find_user_error(raised.value)
     assert isinstance(user_error, error) and expected in str(user_error)
     assert not (kedro_project / "data/06_models/model").exists()

@@ -13,7 +13,8 @@ from fastlm.validation import Params, parse_params
 SOURCE = "conf/base/parameters_split.yml"
 TRAIN_TOKENIZER = "train"
 # Tokens per sample that any model fastlm trains can take: a saved model is also held to its own
-# max_position_embeddings (checked when train loads it); a from-scratch model gets max(max_length, 512) positions.
+# max_position_embeddings (checked when train loads it); a from-scratch model gets max(max_length, 512)
+# positions.
 MAX_LENGTH_LIMIT = 32_768
 
 
@@ -56,20 +57,30 @@ class SplitParams(Params):
     prompt/response data (completion-only loss; see ``fastlm.corpus.prompts``)."""
 
     text_column: str = Field("text", min_length=1)
-    prompt_column: str | None = Field(None, min_length=1, description="with response_column: prompt/response data")
+    prompt_column: str | None = Field(
+        None, min_length=1, description="with response_column: prompt/response data"
+    )
     response_column: str | None = Field(None, min_length=1)
     messages_column: str | None = Field(
-        None, min_length=1, description="chat-style lists of {role, content}; the last (assistant) one is the response"
+        None,
+        min_length=1,
+        description="chat-style lists of {role, content}; the last (assistant) one is the response",
     )
     prompt_template: str = Field(
         DEFAULT_PROMPT_TEMPLATE, description="wraps the prompt text ({prompt}) when no chat template is used"
     )
-    chat_template: bool = Field(True, description="render messages with the tokenizer's chat template when it has one")
+    chat_template: bool = Field(
+        True, description="render messages with the tokenizer's chat template when it has one"
+    )
     ratios: SplitRatios = SplitRatios()
     max_samples: int | None = Field(None, ge=1)
     hash_salt: str = Field("", max_length=64, description="changing it re-draws every split")
-    folds: int | None = Field(None, ge=2, le=100, description="k-fold runs: k fold buckets of train + "
-                              "validation (train.fold picks one)")
+    folds: int | None = Field(
+        None,
+        ge=2,
+        le=100,
+        description="k-fold runs: k fold buckets of train + validation (train.fold picks one)",
+    )
     max_length: int = Field(320, ge=2, le=MAX_LENGTH_LIMIT, description="tokens per sample, EOS included")
     tokenizer: TokenizerParams = TokenizerParams()
     batch_size: int = Field(20_000, ge=1, description="texts per tokenizer call")
@@ -90,10 +101,12 @@ class SplitParams(Params):
             raise ValueError("give either prompt_column/response_column or messages_column, not both")
         if self.prompt_column is not None and self.prompt_column == self.response_column:
             # ConfigError (not ValueError): the line names both parameters, not the whole split group.
-            raise ConfigError(f"split.prompt_column and split.response_column are both "
-                              f"{self.prompt_column!r}: the model would learn to repeat the prompt.",
-                              fix="set split.response_column to the column that holds the responses "
-                              "(--params split.response_column=<name>).")
+            raise ConfigError(
+                f"split.prompt_column and split.response_column are both "
+                f"{self.prompt_column!r}: the model would learn to repeat the prompt.",
+                fix="set split.response_column to the column that holds the responses "
+                "(--params split.response_column=<name>).",
+            )
         if self.prompt_template.count("{prompt}") != 1:
             raise ValueError("prompt_template must contain {prompt} exactly once")
         if self.pretokenized:
@@ -101,29 +114,39 @@ class SplitParams(Params):
         return self
 
     def _check_pretokenized(self) -> None:
-        # ConfigError (not ValueError): pydantic lets it through, so the line names the one parameter at fault.
+        # ConfigError (not ValueError): pydantic lets it through, so the line names the one parameter at
+        # fault.
         if self.vocab_size is None:
-            raise ConfigError("split.pretokenized is true but split.vocab_size is not set (ids must run from 0 "
-                              "to vocab_size - 1).", fix=f"set split.vocab_size in {SOURCE} or pass "
-                              "--params split.vocab_size=<largest id + 2> (the last id is EOS by default).")
+            raise ConfigError(
+                "split.pretokenized is true but split.vocab_size is not set (ids must run from 0 "
+                "to vocab_size - 1).",
+                fix=f"set split.vocab_size in {SOURCE} or pass "
+                "--params split.vocab_size=<largest id + 2> (the last id is EOS by default).",
+            )
         if self.prompt_column is not None or self.messages_column is not None:
-            raise ConfigError("split.pretokenized data is one id list per row, not prompt/response data.",
-                              fix="unset split.prompt_column, split.response_column and split.messages_column.")
+            raise ConfigError(
+                "split.pretokenized data is one id list per row, not prompt/response data.",
+                fix="unset split.prompt_column, split.response_column and split.messages_column.",
+            )
         for name in ("eos_id", "pad_id"):
             value = getattr(self, name)
             if value is not None and value >= self.vocab_size:
-                raise ConfigError(f"split.{name} = {value} is not below split.vocab_size ({self.vocab_size}).",
-                                  fix=f"set split.{name} < {self.vocab_size} or raise split.vocab_size.")
+                raise ConfigError(
+                    f"split.{name} = {value} is not below split.vocab_size ({self.vocab_size}).",
+                    fix=f"set split.{name} < {self.vocab_size} or raise split.vocab_size.",
+                )
 
     @property
     def special_ids(self) -> tuple[int, int]:
-        """(eos, pad) of pre-tokenized data: ``eos_id`` (default ``vocab_size - 1``), ``pad_id`` (default EOS)."""
+        """(eos, pad) of pre-tokenized data: ``eos_id`` (default ``vocab_size - 1``), ``pad_id`` (default
+        EOS)."""
         eos = self.vocab_size - 1 if self.eos_id is None else self.eos_id
         return eos, eos if self.pad_id is None else self.pad_id
 
     @property
     def data_format(self) -> str:
-        """``text``, ``prompt_response`` (two columns), ``messages`` (a chat list per row) or ``pretokenized``."""
+        """``text``, ``prompt_response`` (two columns), ``messages`` (a chat list per row) or
+        ``pretokenized``."""
         if self.pretokenized:
             return "pretokenized"
         if self.messages_column is not None:

@@ -19,7 +19,9 @@ _SCALE = 2.0**-53
 def text_keys(texts: Iterable[str], salt: str = "") -> np.ndarray:
     """Two independent uniform keys in [0, 1) per text: column 0 for the split, column 1 for capping."""
     key = salt.encode("utf-8")
-    digests = b"".join(hashlib.blake2b(text.encode("utf-8"), digest_size=16, key=key).digest() for text in texts)
+    digests = b"".join(
+        hashlib.blake2b(text.encode("utf-8"), digest_size=16, key=key).digest() for text in texts
+    )
     words = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
     return (words >> np.uint64(11)).astype(np.float64) * _SCALE
 
@@ -37,8 +39,9 @@ def assign_splits(split_keys: np.ndarray, train: float, validation: float, test:
     return np.searchsorted(bounds, split_keys, side="right").astype(np.int8)
 
 
-def assign_folds(split_keys: np.ndarray, codes: np.ndarray, folds: int, train: float, validation: float,
-                 test: float) -> np.ndarray:
+def assign_folds(
+    split_keys: np.ndarray, codes: np.ndarray, folds: int, train: float, validation: float, test: float
+) -> np.ndarray:
     """Fold bucket (0 .. ``folds`` - 1) of each train/validation row, -1 for a test row.
 
     The bucket is the row's split key rescaled over the train + validation range: the same keyed hash as

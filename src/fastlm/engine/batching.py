@@ -35,19 +35,36 @@ from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, enable_ta
 from fastlm.engine.runtime.environment import resolve_device, usable_cpu_count
 from fastlm.errors import ConfigError
 
-__all__ = ["MicroBatches", "RandomBatches", "StreamLayout", "loader_settings", "make_batching", "micro_batches",
-           "packed_budget", "seq2seq_batching"]
+__all__ = [
+    "MicroBatches",
+    "RandomBatches",
+    "StreamLayout",
+    "loader_settings",
+    "make_batching",
+    "micro_batches",
+    "packed_budget",
+    "seq2seq_batching",
+]
 
 
-def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int, seed: int, prompt_lengths=None,
-                  decoder_start_id: int | None = None, seq2seq_packing: bool = False):
+def make_batching(
+    params: TrainParams,
+    lengths,
+    *,
+    pad_id: int,
+    max_length: int,
+    seed: int,
+    prompt_lengths=None,
+    decoder_start_id: int | None = None,
+    seq2seq_packing: bool = False,
+):
     """The batch sampler and collator of the configured mode (packed: ``packed_budget``).
 
     Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
-    batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family and
-    attention path keep packed samples apart, ``seq2seq_hooks``) gives a ``PackedSeq2SeqCollator``; otherwise a
-    ``Seq2SeqCollator`` pads each side to its own batch maximum and ``packed`` runs ``length_grouped`` (the
-    training loop says so once, in its log and summary).
+    batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family
+    and attention path keep packed samples apart, ``seq2seq_hooks``) gives a ``PackedSeq2SeqCollator``;
+    otherwise a ``Seq2SeqCollator`` pads each side to its own batch maximum and ``packed`` runs
+    ``length_grouped`` (the training loop says so once, in its log and summary).
     """
     batching = params.batching
     pad_multiple = batching.pad_multiple(resolve_device(params.runtime.device).type)
@@ -60,19 +77,30 @@ def make_batching(params: TrainParams, lengths, *, pad_id: int, max_length: int,
     if mode == "packed":
         budget = packed_budget(batching, lengths, max_length)
         # Masks / varlen boundaries are made per attention path by attention.inputs.to_device, on the device.
-        collator = (PackedSeq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, budget=budget,
-                                          pad_to_multiple_of=pad_multiple) if seq2seq else
-                    PackedCollator(pad_id=pad_id, budget=budget, pad_to_multiple_of=pad_multiple,
-                                   attention_mask_format="none"))
+        collator = (
+            PackedSeq2SeqCollator(
+                pad_id=pad_id,
+                decoder_start_id=decoder_start_id,
+                budget=budget,
+                pad_to_multiple_of=pad_multiple,
+            )
+            if seq2seq
+            else PackedCollator(
+                pad_id=pad_id, budget=budget, pad_to_multiple_of=pad_multiple, attention_mask_format="none"
+            )
+        )
         return PackedBatchSampler(lengths, budget, seed=seed), collator
     if mode == "dynamic":
         sampler = RandomBatches(lengths, batching.micro_batch_size, seed=seed)
     else:
-        sampler = LengthGroupedSampler(lengths, batching.micro_batch_size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES,
-                                       seed=seed)
-    collator = (Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id,
-                                pad_to_multiple_of=pad_multiple) if seq2seq else
-                DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=pad_multiple))
+        sampler = LengthGroupedSampler(
+            lengths, batching.micro_batch_size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES, seed=seed
+        )
+    collator = (
+        Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, pad_to_multiple_of=pad_multiple)
+        if seq2seq
+        else DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=pad_multiple)
+    )
     return sampler, collator
 
 
@@ -84,40 +112,52 @@ def packed_budget(batching, lengths, max_length: int) -> TokenBudget:
         row_length = choose_row_length(lengths, max_length)
     longest = int(lengths.max()) if len(lengths) else 0
     if longest > row_length:
-        raise ConfigError(f"train.batching.row_length is {row_length} tokens but the data has a sample of {longest}.",
-                          fix=f"set train.batching.row_length to auto or to at least {longest}.")
-    return TokenBudget(row_length=row_length,
-                       rows_per_batch=max(1, batching.micro_batch_size * max_length // row_length))
+        raise ConfigError(
+            f"train.batching.row_length is {row_length} tokens but the data has a sample of {longest}.",
+            fix=f"set train.batching.row_length to auto or to at least {longest}.",
+        )
+    return TokenBudget(
+        row_length=row_length, rows_per_batch=max(1, batching.micro_batch_size * max_length // row_length)
+    )
 
 
 def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) -> dict:
     """``make_batching``'s encoder-decoder arguments for ``model`` on ``dataset`` (none for a causal LM).
 
     The prompt feeds the encoder and the response is the decoder target, so the data must be prompt/response.
-    ``attn`` given and the family able to keep packed samples apart with it (``seq2seq_hooks``): the model gets
-    its packing hooks and ``packed`` batches pack (``seq2seq_packing``); without ``attn`` batches stay padded.
+    ``attn`` given and the family able to keep packed samples apart with it (``seq2seq_hooks``): the model
+    gets its packing hooks and ``packed`` batches pack (``seq2seq_packing``); without ``attn`` batches stay
+    padded.
     """
     config = getattr(model, "config", None)
     if not getattr(config, "is_encoder_decoder", False):
         return {}
     if dataset.prompt_lengths is None:
         raise ConfigError(
-            f"{type(model).__name__} is an encoder-decoder model: it trains on prompt/response data (the prompt "
-            "feeds the encoder, the response is the decoder target), but the tokenized split has no prompts.",
-            fix="set split.prompt_column and split.response_column (or split.messages_column) and rerun `kedro "
-            "run --pipeline=split`, or train a decoder-only model on plain text.")
+            f"{type(model).__name__} is an encoder-decoder model: it trains on prompt/response data "
+            "(the prompt feeds the encoder, the response is the decoder target), but the tokenized split "
+            "has no prompts.",
+            fix="set split.prompt_column and split.response_column (or split.messages_column) and rerun "
+            "`kedro run --pipeline=split`, or train a decoder-only model on plain text.",
+        )
     start = getattr(config, "decoder_start_token_id", None)
     if start is None:
         start = getattr(config, "pad_token_id", None)
     if start is None:
-        raise ConfigError(f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
-                          fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
-                          "T5: the pad id).")
+        raise ConfigError(
+            f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
+            fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
+            "T5: the pad id).",
+        )
     enable_target_head(model)  # a training step runs the LM head on target positions only
     packing = attn is not None and packing_unavailable(model, attn) is None
     if packing:
         enable_packed_seq2seq(model)
-    return {"prompt_lengths": dataset.prompt_lengths, "decoder_start_id": int(start), "seq2seq_packing": packing}
+    return {
+        "prompt_lengths": dataset.prompt_lengths,
+        "decoder_start_id": int(start),
+        "seq2seq_packing": packing,
+    }
 
 
 class RandomBatches(LengthGroupedSampler):
@@ -146,8 +186,15 @@ class MicroBatches:
     has consumed as many), so a checkpoint can be resumed by another number of ranks (``resume_position``).
     """
 
-    def __init__(self, dataset: TokenSequences, sampler, collator, loader_kwargs: dict, *, epoch: int, batch: int):
-        self.dataset, self.sampler, self.collator, self.loader_kwargs = dataset, sampler, collator, loader_kwargs
+    def __init__(
+        self, dataset: TokenSequences, sampler, collator, loader_kwargs: dict, *, epoch: int, batch: int
+    ):
+        self.dataset, self.sampler, self.collator, self.loader_kwargs = (
+            dataset,
+            sampler,
+            collator,
+            loader_kwargs,
+        )
         self.epoch, self.batch = epoch, batch
         self._iterator: Iterator | None = None
         self._peeked: tuple[list[dict], float] | None = None
@@ -167,7 +214,9 @@ class MicroBatches:
     def __next__(self) -> dict:
         if self._iterator is None:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
-            loader = DataLoader(self.dataset, batch_sampler=self.sampler, collate_fn=self.collator, **self.loader_kwargs)
+            loader = DataLoader(
+                self.dataset, batch_sampler=self.sampler, collate_fn=self.collator, **self.loader_kwargs
+            )
             self._iterator = iter(loader)
         try:
             batch = next(self._iterator)
@@ -191,7 +240,8 @@ class MicroBatches:
             self._peeked = ([to_device(batch, device, attn) for batch in step], wait)
 
     def next_step(self, accumulation: int, device: torch.device, attn: str) -> tuple[list[dict], float]:
-        """One optimizer step's micro-batches on ``device`` and the seconds spent waiting for the DataLoader."""
+        """One optimizer step's micro-batches on ``device`` and the seconds spent waiting for the
+        DataLoader."""
         if self._peeked is not None:
             step, self._peeked = self._peeked, None
             if len(step[0]) != accumulation:
@@ -207,8 +257,8 @@ class MicroBatches:
 @dataclass(frozen=True)
 class StreamLayout:
     """What a run's micro-batch stream is cut with, the same for every stream the run builds (the start, the
-    resume, an out-of-memory back-off): pad id, row length, ``sides`` (``seq2seq_batching``'s arguments, {} for
-    a causal LM), ``loader_kwargs`` (``loader_settings``) and this rank's shard."""
+    resume, an out-of-memory back-off): pad id, row length, ``sides`` (``seq2seq_batching``'s arguments, {}
+    for a causal LM), ``loader_kwargs`` (``loader_settings``) and this rank's shard."""
 
     pad_id: int
     max_length: int
@@ -218,10 +268,17 @@ class StreamLayout:
     world_size: int = 1
 
 
-def micro_batches(dataset: TokenSequences, params: TrainParams, layout: StreamLayout, *, epoch: int = 0,
-                  batch: int = 0) -> MicroBatches:
+def micro_batches(
+    dataset: TokenSequences, params: TrainParams, layout: StreamLayout, *, epoch: int = 0, batch: int = 0
+) -> MicroBatches:
     """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on."""
-    sampler, collator = make_batching(params, dataset.lengths, pad_id=layout.pad_id, max_length=layout.max_length,
-                                      seed=params.seed, **layout.sides)
+    sampler, collator = make_batching(
+        params,
+        dataset.lengths,
+        pad_id=layout.pad_id,
+        max_length=layout.max_length,
+        seed=params.seed,
+        **layout.sides,
+    )
     sampler.shard(layout.rank, layout.world_size)
     return MicroBatches(dataset, sampler, collator, layout.loader_kwargs, epoch=epoch, batch=batch)

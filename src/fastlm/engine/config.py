@@ -13,7 +13,8 @@ SOURCE = "conf/base/parameters_train.yml"
 
 
 class LoraParams(Params):
-    """LoRA adapters through peft (``fastlm.engine.model.lora``): only the adapters train, the base stays frozen."""
+    """LoRA adapters through peft (``fastlm.engine.model.lora``): only the adapters train, the base stays
+    frozen."""
 
     enabled: bool = False
     r: int = Field(16, ge=1)
@@ -35,16 +36,32 @@ class ModelParams(Params):
     lora: LoraParams = LoraParams()
     trust_remote_code: bool = False
     allow_download: bool = False
-    allow_new_weights: bool = Field(False, description="load weights the checkpoint lacks as new (e.g. a new "
-                                    "head), logged; false: any missing or unused weight is an error")
-    resize_embeddings: bool = Field(False, description="grow the embedding to the tokenizer's size (logged) "
-                                    "when the model's own tokenizer is larger than it")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
-                                 "torch_varlen", "sdpa_varlen"] = "auto"
+    allow_new_weights: bool = Field(
+        False,
+        description="load weights the checkpoint lacks as new (e.g. a new "
+        "head), logged; false: any missing or unused weight is an error",
+    )
+    resize_embeddings: bool = Field(
+        False,
+        description="grow the embedding to the tokenizer's size (logged) "
+        "when the model's own tokenizer is larger than it",
+    )
+    attn_implementation: Literal[
+        "auto",
+        "sdpa",
+        "eager",
+        "flex_attention",
+        "flash_attention_2",
+        "flash_attention_3",
+        "torch_varlen",
+        "sdpa_varlen",
+    ] = "auto"
     gradient_checkpointing: Literal["off", "selective", "full", "auto"] = Field(
-        "off", description="activation recompute (engine/model/recompute.py): off, selective (every "
+        "off",
+        description="activation recompute (engine/model/recompute.py): off, selective (every "
         "other decoder layer), full (every layer), auto (off unless the tune pipeline chose one); "
-        "true/false = full/off")
+        "true/false = full/off",
+    )
     # From-scratch Llama-architecture config (ignored with name_or_path).
     hidden_size: int = Field(128, ge=8)
     intermediate_size: int = Field(344, ge=8)
@@ -62,8 +79,10 @@ class ModelParams(Params):
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelParams:
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
-                             f"{self.num_attention_heads}")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
         return self
 
 
@@ -72,14 +91,19 @@ class BatchingParams(Params):
     micro_batch_size: int = Field(32, ge=1, description="samples per micro-batch; packed: rows of max_length")
     gradient_accumulation_steps: int = Field(1, ge=1)
     row_length: int | Literal["auto"] = Field(
-        "auto", description="packed: tokens per row; the micro-batch keeps micro_batch_size * max_length tokens "
+        "auto",
+        description="packed: tokens per row; the micro-batch keeps micro_batch_size * max_length tokens "
         "(more, shorter rows). auto: the shortest multiple of 64 that holds the longest sample and packs as "
-        "tightly as rows of max_length (packing.choose_row_length)")
+        "tightly as rows of max_length (packing.choose_row_length)",
+    )
     pad_to_multiple_of: int | Literal["auto"] = Field(
-        "auto", description="round padded lengths up to a multiple of this; auto: 8 on CUDA (tensor-core "
-        "alignment), 1 on CPU (rounding ~10-token samples up to 8 pads a quarter of the tokens for nothing)")
-    oom_backoff: bool = Field(False, description="on CUDA out of memory: halve micro-batch, double accumulation")
-
+        "auto",
+        description="round padded lengths up to a multiple of this; auto: 8 on CUDA (tensor-core "
+        "alignment), 1 on CPU (rounding ~10-token samples up to 8 pads a quarter of the tokens for nothing)",
+    )
+    oom_backoff: bool = Field(
+        False, description="on CUDA out of memory: halve micro-batch, double accumulation"
+    )
 
     @field_validator("pad_to_multiple_of", "row_length")
     @classmethod
@@ -104,15 +128,20 @@ def cuda_and_bitsandbytes_missing() -> list[str]:
     import torch
 
     has_package = "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is not None
-    return [what for what, ok in (("a CUDA GPU", torch.cuda.is_available()),
-                                  ("the bitsandbytes package", has_package)) if not ok]
+    return [
+        what
+        for what, ok in (("a CUDA GPU", torch.cuda.is_available()), ("the bitsandbytes package", has_package))
+        if not ok
+    ]
 
 
 class OptimizerParams(Params):
     name: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = Field(
-        "adamw", description="adamw: torch (fused on CUDA); adamw_8bit / paged_adamw_8bit: bitsandbytes' "
+        "adamw",
+        description="adamw: torch (fused on CUDA); adamw_8bit / paged_adamw_8bit: bitsandbytes' "
         "8-bit states (2 bytes per trainable parameter instead of 8; paged: spilled to host memory under "
-        "pressure)")
+        "pressure)",
+    )
     lr: float = Field(2e-3, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -128,24 +157,37 @@ class OptimizerParams(Params):
     def _bitsandbytes_this_machine_has(cls, value: str) -> str:
         missing = cuda_and_bitsandbytes_missing() if value != "adamw" else []
         if missing:
-            raise ValueError(f"{value!r} keeps 8-bit optimizer states on a CUDA GPU through bitsandbytes "
-                             f"and this machine lacks {' and '.join(missing)}; use 'adamw', or `pip install "
-                             "bitsandbytes` on a GPU machine")
+            raise ValueError(
+                f"{value!r} keeps 8-bit optimizer states on a CUDA GPU through bitsandbytes "
+                f"and this machine lacks {' and '.join(missing)}; use 'adamw', or `pip install "
+                "bitsandbytes` on a GPU machine"
+            )
         return value
 
 
 class LossParams(Params):
-    label_smoothing: float = Field(0.0, ge=0, lt=1, description="share of each target's probability spread over "
-                                   "the vocabulary (F.cross_entropy's label_smoothing); training only: validation "
-                                   "and test losses stay the plain cross-entropy")
+    label_smoothing: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of each target's probability spread over "
+        "the vocabulary (F.cross_entropy's label_smoothing); training only: validation "
+        "and test losses stay the plain cross-entropy",
+    )
     fused_linear: bool | Literal["auto"] = Field(
-        "auto", description="the LM head's matmul and the loss fused chunk by chunk (engine/model/linear_loss.py): no "
-        "[tokens x vocab] logits; auto: for vocabularies of 65,536 and more")
+        "auto",
+        description="the LM head's matmul and the loss fused chunk by chunk (engine/model/linear_loss.py): "
+        "no [tokens x vocab] logits; auto: for vocabularies of 65,536 and more",
+    )
 
 
 class EarlyStoppingParams(Params):
-    patience: int | None = Field(None, ge=1, description="evaluations in a row without a validation-loss "
-                                 "improvement before the run stops; null: off")
+    patience: int | None = Field(
+        None,
+        ge=1,
+        description="evaluations in a row without a validation-loss "
+        "improvement before the run stops; null: off",
+    )
     min_delta: float = Field(0.0, ge=0, description="what counts as an improvement of the validation loss")
     metric: Literal["val_loss"] = "val_loss"
 
@@ -189,13 +231,18 @@ class RuntimeParams(Params):
 
     tf32: bool = True
     cudnn_benchmark: bool = True
-    compile: bool | Literal["auto"] = Field("auto", description="torch.compile; auto: on CUDA, on CPU where "
-                                         "measured faster in a run long enough to repay it")
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile; auto: on CUDA, on CPU where "
+        "measured faster in a run long enough to repay it",
+    )
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
     float8: Literal["off", "on", "auto"] = Field(
-        "auto", description="float8 matmuls through torchao (engine/runtime/float8.py); auto: on CUDA "
-        "compute capability >= 8.9 with torchao and a hidden size >= 2048, else off (the reason is logged)")
+        "auto",
+        description="float8 matmuls through torchao (engine/runtime/float8.py); auto: on CUDA "
+        "compute capability >= 8.9 with torchao and a hidden size >= 2048, else off (the reason is logged)",
+    )
 
     @field_validator("float8", mode="before")
     @classmethod
@@ -220,8 +267,10 @@ class RuntimeParams(Params):
             problem = "torchao is not installed (`pip install torchao`)"
         else:
             return value
-        raise ValueError(f"float8 training needs a CUDA GPU of compute capability >= 8.9 and torchao, "
-                         f"and {problem}; use 'auto' or 'off'")
+        raise ValueError(
+            f"float8 training needs a CUDA GPU of compute capability >= 8.9 and torchao, "
+            f"and {problem}; use 'auto' or 'off'"
+        )
 
 
 class ProfileParams(Params):
@@ -232,7 +281,9 @@ class ProfileParams(Params):
 
 
 class DistributedParams(Params):
-    nproc_per_node: int = Field(1, ge=1, description="worker processes the train node launches; 1 = this process")
+    nproc_per_node: int = Field(
+        1, ge=1, description="worker processes the train node launches; 1 = this process"
+    )
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     strategy: Literal["ddp", "fsdp"] = "ddp"
     find_unused_parameters: bool = False
@@ -250,21 +301,32 @@ class TrainParams(Params):
     runtime: RuntimeParams = RuntimeParams()
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs")
-    max_minutes: float | None = Field(None, gt=0, description="time budget of the training loop: it stops at "
-                                      "the first step boundary after it, with a checkpoint (engine/train/time_limit.py)")
+    max_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="time budget of the training loop: it stops at "
+        "the first step boundary after it, with a checkpoint (engine/train/time_limit.py)",
+    )
     seed: int = 0
-    fold: int | None = Field(None, ge=0, description="k-fold runs on data split with split.folds: "
-                             "validate on fold i of train + validation, train on the rest "
-                             "(engine/data/folds.py)")
+    fold: int | None = Field(
+        None,
+        ge=0,
+        description="k-fold runs on data split with split.folds: "
+        "validate on fold i of train + validation, train on the rest "
+        "(engine/data/folds.py)",
+    )
     log_every: int = Field(10, ge=1)
     eval_every: int | None = Field(100, ge=1)
     eval_max_batches: int | None = Field(None, ge=1)
     early_stopping: EarlyStoppingParams = EarlyStoppingParams()
     save_every: int | None = Field(200, ge=1)
     keep_last: int = Field(2, ge=1)
-    resume: str = Field("auto", min_length=1, description="auto | never | a checkpoint folder (engine/checkpoint/resume.py)")
-    checkpoint_dir: str = Field("data/06_models/checkpoints",
-                                description="the engine writes here; the train node appends /<run_name>")
+    resume: str = Field(
+        "auto", min_length=1, description="auto | never | a checkpoint folder (engine/checkpoint/resume.py)"
+    )
+    checkpoint_dir: str = Field(
+        "data/06_models/checkpoints", description="the engine writes here; the train node appends /<run_name>"
+    )
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
     distributed: DistributedParams = DistributedParams()
@@ -274,16 +336,20 @@ class TrainParams(Params):
     def _float8_before_sharding(cls, value: DistributedParams, info: ValidationInfo):
         runtime = info.data.get("runtime")
         if value.strategy == "fsdp" and runtime is not None and runtime.float8 == "on":
-            raise ValueError("train.runtime.float8: on is not wired for strategy fsdp (float8 layers must be "
-                             "converted before FSDP2 shards them); use strategy ddp or float8 off")
+            raise ValueError(
+                "train.runtime.float8: on is not wired for strategy fsdp (float8 layers must be "
+                "converted before FSDP2 shards them); use strategy ddp or float8 off"
+            )
         return value
 
     @field_validator("early_stopping")
     @classmethod
     def _early_stopping_needs_evaluations(cls, value: EarlyStoppingParams, info: ValidationInfo):
         if value.patience is not None and info.data.get("eval_every") is None:
-            raise ValueError("train.early_stopping needs train.eval_every (evaluations every N steps) to watch "
-                             "the validation loss")
+            raise ValueError(
+                "train.early_stopping needs train.eval_every (evaluations every N steps) to watch "
+                "the validation loss"
+            )
         return value
 
 

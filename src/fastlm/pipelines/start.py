@@ -1,6 +1,7 @@
-"""The common start of the nodes that train or evaluate a model: validate ``params:train`` and ``params:split``
-(through the parameter registry), check that the tokenized data still matches the tokenizer and the split
-parameters, and apply the runtime settings. One function, so the four nodes cannot drift apart."""
+"""The common start of the nodes that train or evaluate a model: validate ``params:train`` and
+``params:split`` (through the parameter registry), check that the tokenized data still matches the tokenizer
+and the split parameters, and apply the runtime settings. One function, so the four nodes cannot drift
+apart."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
     from fastlm.engine.config import TrainParams
     from fastlm.engine.runtime.environment import Runtime
 
-TOKENIZED = "tokenized_corpus"  # the catalog entry whose freshness is checked (named in the error by its path)
+# the catalog entry whose freshness is checked (named in the error by its path)
+TOKENIZED = "tokenized_corpus"
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,15 @@ class NodeStart:
     runtime: Runtime | None  # None when the node left the runtime to the engine (training sets it per rank)
 
 
-def start_node(train_params: Any, split_params: Any, *, fingerprint: dict | None = None, tokenizer=None,
-               paths: dict | None = None, runtime: bool = True) -> NodeStart:
+def start_node(
+    train_params: Any,
+    split_params: Any,
+    *,
+    fingerprint: dict | None = None,
+    tokenizer=None,
+    paths: dict | None = None,
+    runtime: bool = True,
+) -> NodeStart:
     """Validated train and split parameters; the freshness check when ``fingerprint`` is given (a stale
     ``tokenized_corpus`` is one StaleDataError line naming its path from ``paths``); the runtime applied
     (``train.runtime`` as validated, ``train.seed``) unless ``runtime`` is false."""

@@ -10,16 +10,28 @@ from numbers import Number
 import pandas as pd
 
 log = logging.getLogger(__name__)
-# The run's throughput over its timed steps (fastlm.engine.observe.rates.timed_rate), logged once by the train node;
-# runs from before it have only the per-window metric, whose last value stands in.
+# The run's throughput over its timed steps (fastlm.engine.observe.rates.timed_rate), logged once by the train
+# node; runs from before it have only the per-window metric, whose last value stands in.
 SPEED = "metrics.real_tokens_per_s"
 WINDOW_SPEED = "metrics.train/real_tokens_per_s"
 VAL_LOSS = "metrics.eval/val_loss"
 TRAIN_LOSS = "metrics.train/loss"
 # Test-split metrics logged by the report (``test_<name>``), shown in the comparison when a run has them.
-TEST_METRICS = ("loss", "perplexity", "accuracy", "top5_accuracy", "rouge1", "rouge2", "rougeL",
-                "rouge1_precision", "rouge1_recall", "rouge2_precision", "rouge2_recall", "rougeL_precision",
-                "rougeL_recall")
+TEST_METRICS = (
+    "loss",
+    "perplexity",
+    "accuracy",
+    "top5_accuracy",
+    "rouge1",
+    "rouge2",
+    "rougeL",
+    "rouge1_precision",
+    "rouge1_recall",
+    "rouge2_precision",
+    "rouge2_recall",
+    "rougeL_precision",
+    "rougeL_recall",
+)
 COMPARED_TEST_METRICS = ("loss", "rouge1", "rouge2", "rougeL")
 
 
@@ -28,30 +40,36 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
 
     Only parameters whose values differ among the runs that have them are shown (a report-only key missing
     from train-only runs is not a difference), as values (lists as ``a, b``), so "batch 8 vs 16" or "packed vs
-    dynamic" is one look. ``real_tokens_per_s`` is the run's throughput over its timed steps, the figure of its
-    own report; losses are the last values logged; wall time is end - start. Test loss and ROUGE-1/2/L (F1)
-    columns appear when at least one run has them (a report logged them). ``this run`` marks
+    dynamic" is one look. ``real_tokens_per_s`` is the run's throughput over its timed steps, the figure of
+    its own report; losses are the last values logged; wall time is end - start. Test loss and ROUGE-1/2/L
+    (F1) columns appear when at least one run has them (a report logged them). ``this run`` marks
     ``current_run_id``.
     """
     if runs.empty or not {SPEED, WINDOW_SPEED} & set(runs.columns):
         return pd.DataFrame(columns=["run_id", "run_name", "start_time"])
     speed = runs.get(SPEED, pd.Series(math.nan, index=runs.index)).fillna(
-        runs.get(WINDOW_SPEED, pd.Series(math.nan, index=runs.index)))
+        runs.get(WINDOW_SPEED, pd.Series(math.nan, index=runs.index))
+    )
     runs = runs.assign(_speed=speed)
     runs = runs[runs["_speed"].notna()].sort_values("start_time", ascending=False).head(limit)
-    params = {column: runs[column].map(param_value) for column in runs.columns
-              if column.startswith("params.") and not column.startswith("params.runtime.torch")}
+    params = {
+        column: runs[column].map(param_value)
+        for column in runs.columns
+        if column.startswith("params.") and not column.startswith("params.runtime.torch")
+    }
     differing = [column for column, values in params.items() if values.dropna().nunique() > 1]
-    table = pd.DataFrame({
-        "this run": ["◀" if run_id == current_run_id else "" for run_id in runs["run_id"]],
-        "run_id": runs["run_id"].str.slice(0, 8),
-        "run_name": runs.get("tags.mlflow.runName"),
-        "start_time": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M") if "start_time" in runs else None,
-        "real_tokens_per_s": runs["_speed"],
-        "final_train_loss": runs.get(TRAIN_LOSS),
-        "final_val_loss": runs.get(VAL_LOSS),
-        "wall_time_s": _wall_time_s(runs),
-    })
+    table = pd.DataFrame(
+        {
+            "this run": ["◀" if run_id == current_run_id else "" for run_id in runs["run_id"]],
+            "run_id": runs["run_id"].str.slice(0, 8),
+            "run_name": runs.get("tags.mlflow.runName"),
+            "start_time": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M") if "start_time" in runs else None,
+            "real_tokens_per_s": runs["_speed"],
+            "final_train_loss": runs.get(TRAIN_LOSS),
+            "final_val_loss": runs.get(VAL_LOSS),
+            "wall_time_s": _wall_time_s(runs),
+        }
+    )
     for name in COMPARED_TEST_METRICS:
         column = f"metrics.test_{name}"
         if column in runs and runs[column].notna().any():
@@ -71,15 +89,19 @@ def param_value(text):
         except ValueError:
             return text
         if isinstance(value, list):
-            return ", ".join(item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
-                             for item in value)
+            return ", ".join(
+                item if isinstance(item, str) else json.dumps(item, ensure_ascii=False) for item in value
+            )
     return text
 
 
 def test_metric_values(metrics: dict) -> dict:
     """``test_<name>`` for the finite TEST_METRICS in ``metrics``: what the run comparison reads back."""
-    return {f"test_{name}": float(metrics[name]) for name in TEST_METRICS
-            if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])}
+    return {
+        f"test_{name}": float(metrics[name])
+        for name in TEST_METRICS
+        if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])
+    }
 
 
 def _wall_time_s(runs: pd.DataFrame) -> pd.Series | None:

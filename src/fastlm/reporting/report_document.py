@@ -19,9 +19,15 @@ def _one_row(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"figure": row.index, "value": row.to_numpy()})
 
 
-# What each diagnosis rule measures, named in its line: "padding efficiency 100 %", not "padding-bound: 100 %".
-MEASURES = {"input-bound": "data wait", "padding-bound": "padding efficiency", "host-sync-bound": "host sync",
-            "memory-saturated": "peak memory", "compute-bound": "throughput"}
+# What each diagnosis rule measures, named in its line: "padding efficiency 100 %", not
+# "padding-bound: 100 %".
+MEASURES = {
+    "input-bound": "data wait",
+    "padding-bound": "padding efficiency",
+    "host-sync-bound": "host sync",
+    "memory-saturated": "peak memory",
+    "compute-bound": "throughput",
+}
 
 
 def check_line(finding: dict) -> str:
@@ -45,42 +51,66 @@ def error_pairs_table(pairs: pd.DataFrame) -> pd.DataFrame:
     """The wrong predictions with decoded tokens (byte-level BPE pieces such as ``Ġthe`` are for machines)."""
     if pairs is None or pairs.empty or "target_text" not in pairs:
         return pairs
-    return pd.DataFrame({"target": pairs["target_text"].map(readable_token),
-                         "predicted": pairs["predicted_text"].map(readable_token),
-                         "count": pairs["count"], "share of errors": pairs.get("share_of_errors")})
+    return pd.DataFrame(
+        {
+            "target": pairs["target_text"].map(readable_token),
+            "predicted": pairs["predicted_text"].map(readable_token),
+            "count": pairs["count"],
+            "share of errors": pairs.get("share_of_errors"),
+        }
+    )
 
 
 def run_lines(summary: dict, split_report: dict | None) -> list[str]:
     """What was trained, how, and on which data: model (LoRA and its base), trainable counts, split counts."""
     lines = []
-    total, trainable = summary.get("total_parameters") or summary.get("parameters"), summary.get("trainable_parameters")
-    counts = (f"{trainable:,} trainable of {total:,} parameters" if trainable is not None and total
-              else f"{total:,} parameters" if total else "")
+    total, trainable = (
+        summary.get("total_parameters") or summary.get("parameters"),
+        summary.get("trainable_parameters"),
+    )
+    counts = (
+        f"{trainable:,} trainable of {total:,} parameters"
+        if trainable is not None and total
+        else f"{total:,} parameters"
+        if total
+        else ""
+    )
     if summary.get("lora"):
-        lines.append(f"Model: LoRA on {summary.get('base_model') or 'a pretrained model'}"
-                     f"{f' ({counts})' if counts else ''}; the adapters alone were trained.")
+        lines.append(
+            f"Model: LoRA on {summary.get('base_model') or 'a pretrained model'}"
+            f"{f' ({counts})' if counts else ''}; the adapters alone were trained."
+        )
     else:
-        lines.append(f"Model: {summary.get('base_model') or 'tiny Llama from config'}"
-                     f"{f' ({counts})' if counts else ''}; every parameter trained.")
+        lines.append(
+            f"Model: {summary.get('base_model') or 'tiny Llama from config'}"
+            f"{f' ({counts})' if counts else ''}; every parameter trained."
+        )
     early = summary.get("early_stopping") or {}
     if early.get("best_step") is not None:
         stopped = "stopped early" if summary.get("stopped_by") == "early stopping" else "ran to its last step"
-        lines.append(f"Early stopping (patience {early.get('patience')}): the run {stopped} at step "
-                     f"{summary.get('steps', '?')}; the model written is step {early.get('model_from_step')}'s, "
-                     f"the best validation loss ({early.get('best_val_loss', math.nan):.4f}; checkpoint "
-                     f"{early.get('best_checkpoint')}).")
+        lines.append(
+            f"Early stopping (patience {early.get('patience')}): the run {stopped} at step "
+            f"{summary.get('steps', '?')}; the model written is step {early.get('model_from_step')}'s, "
+            f"the best validation loss ({early.get('best_val_loss', math.nan):.4f}; checkpoint "
+            f"{early.get('best_checkpoint')})."
+        )
     if summary.get("label_smoothing"):
-        lines.append(f"Loss: the train loss is label-smoothed ({summary['label_smoothing']:g}, "
-                     "train.loss.label_smoothing); validation and test losses and perplexities are the plain "
-                     "cross-entropy.")
+        lines.append(
+            f"Loss: the train loss is label-smoothed ({summary['label_smoothing']:g}, "
+            "train.loss.label_smoothing); validation and test losses and perplexities are the plain "
+            "cross-entropy."
+        )
     splits = (split_report or {}).get("splits") or {}
     if splits:
         rows = ", ".join(f"{name} {int(info.get('rows', 0)):,}" for name, info in splits.items())
         dropped = {k: v for k, v in ((split_report or {}).get("dropped") or {}).items() if k != "total" and v}
         drops = ", ".join(f"{reason} {count:,}" for reason, count in dropped.items()) or "none"
         raw = split_report.get("raw_rows")
-        lines.append(f"Data: {raw:,} raw rows; dropped: {drops}; splits: {rows}." if raw is not None
-                     else f"Data splits: {rows}; dropped: {drops}.")
+        lines.append(
+            f"Data: {raw:,} raw rows; dropped: {drops}; splits: {rows}."
+            if raw is not None
+            else f"Data splits: {rows}; dropped: {drops}."
+        )
     return lines
 
 
@@ -106,39 +136,70 @@ class ReportInputs:
 
 
 def build_sections(inputs: ReportInputs) -> list[Section]:
-    summary, history, eval_history, diagnosis = inputs.summary, inputs.history, inputs.eval_history, inputs.diagnosis
+    summary, history, eval_history, diagnosis = (
+        inputs.summary,
+        inputs.history,
+        inputs.eval_history,
+        inputs.diagnosis,
+    )
     test_metrics, efficiency, worst, runs = inputs.test_metrics, inputs.efficiency, inputs.worst, inputs.runs
     findings = diagnosis.get("findings", [])
     triggered = [f for f in findings if f["triggered"]]
     eta = diagnosis.get("epoch_eta") or {}
     verdict = [f"{f['kind'].upper()}: {f['message'].rstrip('.')}. Advice: {f['advice']}" for f in triggered]
     checks = [check_line(f) for f in findings]
-    eta_line = (f"One full epoch of the {eta.get('train_tokens'):,} training tokens takes about {eta['human']} at the "
-                f"measured {eta.get('real_tokens_per_s'):,.0f} real tokens/s." if eta.get("human") else "")
+    eta_line = (
+        f"One full epoch of the {eta.get('train_tokens'):,} training tokens takes about {eta['human']} "
+        f"at the measured {eta.get('real_tokens_per_s'):,.0f} real tokens/s."
+        if eta.get("human")
+        else ""
+    )
     train_speed = efficiency["real_tokens_per_s"].iloc[0] if not efficiency.empty else float("nan")
-    speeds = pd.DataFrame({"phase": ["training", "test evaluation"],
-                           "real tokens/s": [train_speed, test_metrics.get("real_tokens_per_s")]})
+    speeds = pd.DataFrame(
+        {
+            "phase": ["training", "test evaluation"],
+            "real tokens/s": [train_speed, test_metrics.get("real_tokens_per_s")],
+        }
+    )
     evaluation = pd.DataFrame({"metric": list(test_metrics), "value": list(test_metrics.values())})
     return [
         Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
-        Section("Training summary", items=run_lines(summary, inputs.split_report), table=_one_row(inputs.training)),
+        Section(
+            "Training summary", items=run_lines(summary, inputs.split_report), table=_one_row(inputs.training)
+        ),
         Section("Efficiency", table=_one_row(efficiency)),
-        Section("Curves", figures={"loss": plots.loss_figure(history, eval_history),
-                                   "throughput": plots.throughput_figure(history),
-                                   "learning rate": plots.learning_rate_figure(history),
-                                   "peak memory": plots.memory_figure(history)}),
+        Section(
+            "Curves",
+            figures={
+                "loss": plots.loss_figure(history, eval_history),
+                "throughput": plots.throughput_figure(history),
+                "learning rate": plots.learning_rate_figure(history),
+                "peak memory": plots.memory_figure(history),
+            },
+        ),
         Section("Test split evaluation", table=evaluation),
         Section("Throughput: training and evaluation", table=speeds),
-        Section("Most frequent wrong predictions", text="Decoded tokens; ␣ is a space.",
-                table=error_pairs_table(inputs.error_pairs)),
-        Section("Worst samples by loss", table=worst,
-                text="anomaly_score: the share of a sample's next tokens outside the model's top k (on log-key "
-                     "data, the next-key anomaly check)." if worst is not None and "anomaly_score" in worst else ""),
+        Section(
+            "Most frequent wrong predictions",
+            text="Decoded tokens; ␣ is a space.",
+            table=error_pairs_table(inputs.error_pairs),
+        ),
+        Section(
+            "Worst samples by loss",
+            table=worst,
+            text="anomaly_score: the share of a sample's next tokens outside the model's top k (on log-key "
+            "data, the next-key anomaly check)."
+            if worst is not None and "anomaly_score" in worst
+            else "",
+        ),
         Section("Sample generations", table=inputs.generations),
         *_rouge_sections(test_metrics, inputs.predictions),
-        Section("Run comparison", text="Training runs of this MLflow experiment (◀: the run of this report); only "
-                                        "parameters whose values differ among the runs that have them.",
-                table=runs.fillna({"this run": ""}) if "this run" in runs else runs),
+        Section(
+            "Run comparison",
+            text="Training runs of this MLflow experiment (◀: the run of this report); only "
+            "parameters whose values differ among the runs that have them.",
+            table=runs.fillna({"this run": ""}) if "this run" in runs else runs,
+        ),
         *_sweep_sections(inputs.sweep),
         *_profile_sections(summary.get("profile") or {}),
     ]
@@ -152,35 +213,54 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
     """ROUGE against the references (prompt/response data only): precision/recall/F1 and a few samples."""
     if predictions is None or predictions.empty or "rouge1" not in test_metrics:
         return []
-    scores = pd.DataFrame({
-        "ROUGE": ["ROUGE-1", "ROUGE-2", "ROUGE-L"],
-        "precision": [test_metrics[f"{r}_precision"] for r in ("rouge1", "rouge2", "rougeL")],
-        "recall": [test_metrics[f"{r}_recall"] for r in ("rouge1", "rouge2", "rougeL")],
-        "F1": [test_metrics[r] for r in ("rouge1", "rouge2", "rougeL")],
-    })
-    text = (f"{test_metrics['rouge_samples']:,} test samples generated ({test_metrics['rouge_decoding']}) and "
-            f"scored against their reference responses with rouge-score, tokenizer "
-            f"'{test_metrics['rouge_tokenizer']}'; means over samples. "
-            f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s.")
+    scores = pd.DataFrame(
+        {
+            "ROUGE": ["ROUGE-1", "ROUGE-2", "ROUGE-L"],
+            "precision": [test_metrics[f"{r}_precision"] for r in ("rouge1", "rouge2", "rougeL")],
+            "recall": [test_metrics[f"{r}_recall"] for r in ("rouge1", "rouge2", "rougeL")],
+            "F1": [test_metrics[r] for r in ("rouge1", "rouge2", "rougeL")],
+        }
+    )
+    text = (
+        f"{test_metrics['rouge_samples']:,} test samples generated ({test_metrics['rouge_decoding']}) and "
+        f"scored against their reference responses with rouge-score, tokenizer "
+        f"'{test_metrics['rouge_tokenizer']}'; means over samples. "
+        f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s."
+    )
     shown = predictions.head(ROUGE_SHOWN)
-    samples = pd.DataFrame({
-        "prompt (end)": [_tail(prompt, PROMPT_SHOWN) for prompt in shown["prompt"].astype(str)],
-        "reference": shown["reference"], "prediction": shown["prediction"].fillna(""),
-        "ROUGE-1": shown["rouge1_f1"], "ROUGE-L": shown["rougeL_f1"],
-    })
-    return [Section("ROUGE on the test split", text=text, table=scores),
-            Section("Generations against references",
-                    text=f"The first {len(shown)} of {len(predictions):,} (all in reference_predictions.csv).",
-                    table=samples)]
+    samples = pd.DataFrame(
+        {
+            "prompt (end)": [_tail(prompt, PROMPT_SHOWN) for prompt in shown["prompt"].astype(str)],
+            "reference": shown["reference"],
+            "prediction": shown["prediction"].fillna(""),
+            "ROUGE-1": shown["rouge1_f1"],
+            "ROUGE-L": shown["rougeL_f1"],
+        }
+    )
+    return [
+        Section("ROUGE on the test split", text=text, table=scores),
+        Section(
+            "Generations against references",
+            text=f"The first {len(shown)} of {len(predictions):,} (all in reference_predictions.csv).",
+            table=samples,
+        ),
+    ]
 
 
 def _sweep_sections(sweep: dict | None) -> list[Section]:
-    """The last sweep (``kedro run --pipeline=sweep``): its verdict, comparison table and all-runs loss plot."""
+    """The last sweep (``kedro run --pipeline=sweep``): its verdict, comparison table and all-runs loss
+    plot."""
     if not sweep:
         return []
     text = f"{sweep['verdict']}\n\nOne row per run of the sweep, best first ({sweep['source']})."
-    return [Section(f"Sweep {sweep['name']}".strip(), text=text, table=sweep["table"],
-                    figures={"sweep loss": sweep["plot"]} if sweep.get("plot") else {})]
+    return [
+        Section(
+            f"Sweep {sweep['name']}".strip(),
+            text=text,
+            table=sweep["table"],
+            figures={"sweep loss": sweep["plot"]} if sweep.get("plot") else {},
+        )
+    ]
 
 
 def _tail(text: str, limit: int) -> str:
@@ -190,22 +270,39 @@ def _tail(text: str, limit: int) -> str:
 def _profile_sections(profile: dict) -> list[Section]:
     """Top operators and time per phase of the profiled steps (train.profile.enabled), if any."""
     if not profile.get("recorded"):
-        return [Section("Profile", text="No profile recorded: set train.profile.enabled: true to record a few "
-                                        "steps with torch.profiler.")]
-    shares = pd.DataFrame({"phase": list(profile["phase_share"]),
-                           "share of the window": list(profile["phase_share"].values())})
-    text = (f"Steps {profile['steps']} ({profile['window_ms']:,.0f} ms). Trace: {profile['trace']} "
-            "(open it in Perfetto or TensorBoard's profiler).")
-    return [Section("Profile: time per phase", text=text, table=shares),
-            Section("Profile: top operators by self time", table=pd.DataFrame(profile["top_operators"]))]
+        return [
+            Section(
+                "Profile",
+                text="No profile recorded: set train.profile.enabled: true to record a few "
+                "steps with torch.profiler.",
+            )
+        ]
+    shares = pd.DataFrame(
+        {"phase": list(profile["phase_share"]), "share of the window": list(profile["phase_share"].values())}
+    )
+    text = (
+        f"Steps {profile['steps']} ({profile['window_ms']:,.0f} ms). Trace: {profile['trace']} "
+        "(open it in Perfetto or TensorBoard's profiler)."
+    )
+    return [
+        Section("Profile: time per phase", text=text, table=shares),
+        Section("Profile: top operators by self time", table=pd.DataFrame(profile["top_operators"])),
+    ]
 
 
 def build_document(inputs: ReportInputs) -> tuple[str, str]:
     summary = inputs.summary
-    title = f"fastlm training report: {summary['run_name']}" if summary.get("run_name") else "fastlm training report"
-    subtitle = (f"{summary.get('steps', '?')} steps, {summary.get('batching', '?')} batching, "
-                f"{summary.get('parameters', 0):,} parameters{' (LoRA)' if summary.get('lora') else ''}, "
-                f"on {summary.get('runtime', {}).get('device_name', '?')}")
+    title = (
+        f"fastlm training report: {summary['run_name']}"
+        if summary.get("run_name")
+        else "fastlm training report"
+    )
+    subtitle = (
+        f"{summary.get('steps', '?')} steps, {summary.get('batching', '?')} batching, "
+        f"{summary.get('parameters', 0):,} parameters{' (LoRA)' if summary.get('lora') else ''}, "
+        f"on {summary.get('runtime', {}).get('device_name', '?')}"
+    )
     sections = build_sections(inputs)
     return render_html(title=title, subtitle=subtitle, sections=sections), render_markdown(
-        title=title, subtitle=subtitle, sections=sections)
+        title=title, subtitle=subtitle, sections=sections
+    )

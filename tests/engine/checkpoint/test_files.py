@@ -1,4 +1,5 @@
-"""Atomic checkpoints: exact round trip (weights, AdamW, schedule, RNG), pruning, torn saves, resume choice."""
+"""Atomic checkpoints: exact round trip (weights, AdamW, schedule, RNG), pruning, torn saves, resume
+choice."""
 
 from __future__ import annotations
 

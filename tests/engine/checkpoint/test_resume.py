@@ -1,6 +1,7 @@
 """Resume only what belongs to this run: a checkpoint records what makes it resumable (model, LoRA, data,
-batching, seed, layout); `auto` continues only a matching one, otherwise starts fresh and says why in one line;
-an explicit folder that does not match is refused; more steps continue to the new total; one writer per folder."""
+batching, seed, layout); `auto` continues only a matching one, otherwise starts fresh and says why in one
+line; an explicit folder that does not match is refused; more steps continue to the new total; one writer per
+folder."""
 
 import json
 import logging
@@ -26,8 +27,17 @@ BASE = {"max_steps": 4, "save_every": 2, "log_every": 1, "eval_every": None}
 
 def _train(params, *, model=None, data_seed=1, max_length=64, callbacks=()):
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-    return train(model if model is not None else toy_model(), toy_sequences(300, data_seed), None, params=params,
-                 runtime=runtime, pad_id=EOS, max_length=max_length, attn="sdpa", callbacks=callbacks)
+    return train(
+        model if model is not None else toy_model(),
+        toy_sequences(300, data_seed),
+        None,
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=max_length,
+        attn="sdpa",
+        callbacks=callbacks,
+    )
 
 
 def _fresh_lines(caplog) -> list[str]:
@@ -49,17 +59,23 @@ def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog)
     caplog.set_level(logging.INFO, logger="fastlm")
     again = _train(toy_params(tmp_path, **BASE, resume="auto"))
     assert again.summary["steps_trained"] == 0 and again.summary["steps"] == 4
-    assert any("nothing to train" in r.getMessage() and "train.max_steps" in r.getMessage() for r in caplog.records)
+    assert any(
+        "nothing to train" in r.getMessage() and "train.max_steps" in r.getMessage() for r in caplog.records
+    )
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"batching": {"micro_batch_size": 2}}, "batching.micro_batch_size"),
-    ({"batching": {"mode": "dynamic"}}, "batching.mode"),
-    ({"seed": 7}, "seed"),
-    ({"batching": {"gradient_accumulation_steps": 2}}, "micro_batches_per_step"),
-    ({"batching": {"row_length": 64}}, "batching.row_length"),  # other packed rows: other batches at a position
-    ({"batching": {"pad_to_multiple_of": 8}}, "batching.pad_to_multiple_of"),
-])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"batching": {"micro_batch_size": 2}}, "batching.micro_batch_size"),
+        ({"batching": {"mode": "dynamic"}}, "batching.mode"),
+        ({"seed": 7}, "seed"),
+        ({"batching": {"gradient_accumulation_steps": 2}}, "micro_batches_per_step"),
+        # other packed rows: other batches at a position
+        ({"batching": {"row_length": 64}}, "batching.row_length"),
+        ({"batching": {"pad_to_multiple_of": 8}}, "batching.pad_to_multiple_of"),
+    ],
+)
 def test_auto_starts_fresh_when_the_batching_changed_and_says_why_and_where(tmp_path, caplog, change, field):
     _train(toy_params(tmp_path, **BASE))
     root = tmp_path / "checkpoints"
@@ -79,9 +95,20 @@ def test_auto_starts_fresh_on_other_data_max_length_or_model_shape(tmp_path, cap
     _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5)
     _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48)
     torch.manual_seed(0)
-    wider = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, max_position_embeddings=64, eos_token_id=EOS,
-                                         pad_token_id=EOS, attn_implementation="sdpa", use_cache=False))
+    wider = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+            attn_implementation="sdpa",
+            use_cache=False,
+        )
+    )
     _train(toy_params(tmp_path, **BASE, resume="auto"), data_seed=5, max_length=48, model=wider)
     lines = _fresh_lines(caplog)
     assert len(lines) == 3
@@ -108,7 +135,8 @@ def test_an_explicit_folder_that_does_not_match_is_refused_in_one_line(tmp_path)
 
 
 def test_nan_stop_names_this_runs_checkpoint_not_an_earlier_runs(tmp_path):
-    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 6}, seed=5))  # an earlier run, step 6
+    # an earlier run, step 6
+    _train(toy_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 6}, seed=5))
     model, poison = poisoned_model(3)
     with pytest.raises(NonFiniteLossError) as error:
         _train(toy_params(tmp_path, **{**BASE, "max_steps": 8}), model=model, callbacks=[poison])
@@ -136,17 +164,32 @@ def test_the_digest_is_in_the_checkpoint(tmp_path):
     _train(toy_params(tmp_path, **BASE))
     state = json.loads((tmp_path / "checkpoints" / "checkpoint-00000004" / "trainer_state.json").read_text())
     digest = state["state"]["digest"]
-    for key in ("model.source", "model.shape", "model.lora", "data", "batching.mode", "batching.micro_batch_size",
-                "max_length", "seed", "micro_batches_per_step", "distributed.strategy"):
+    for key in (
+        "model.source",
+        "model.shape",
+        "model.lora",
+        "data",
+        "batching.mode",
+        "batching.micro_batch_size",
+        "max_length",
+        "seed",
+        "micro_batches_per_step",
+        "distributed.strategy",
+    ):
         assert key in digest, key
     assert math.isfinite(state["state"]["total_steps"])
 
 
 def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_saved_with(
-        tmp_path, memory_for_rows):  # noqa: F811 - the fixture imported above
+    tmp_path, memory_for_rows
+):  # noqa: F811 - the fixture imported above
     seen = memory_for_rows(2)
-    settings = {**BASE, "max_steps": 6, "batching": {"micro_batch_size": 8, "oom_backoff": True},
-                "runtime": {"deterministic": True}}
+    settings = {
+        **BASE,
+        "max_steps": 6,
+        "batching": {"micro_batch_size": 8, "oom_backoff": True},
+        "runtime": {"deterministic": True},
+    }
     straight = _train(toy_params(tmp_path / "a", **settings))
     assert straight.summary["oom_backoffs"]  # backed off to 2 rows at step 1
 

@@ -58,7 +58,8 @@ def batches(data: TokenSequences, mode: str, micro_batch_size: int = 4) -> list[
 
 
 def alone_loss(model, ids: np.ndarray, prompt_length: int) -> torch.Tensor:
-    """Summed loss of one sample run alone, scored only on positions after its prompt (an independent check)."""
+    """Summed loss of one sample run alone, scored only on positions after its prompt (an independent
+    check)."""
     input_ids = torch.as_tensor(ids, dtype=torch.int64)[None]
     logits = model(input_ids=input_ids).logits[0, :-1]
     first_target = max(prompt_length, 1)
@@ -73,7 +74,7 @@ def test_prompt_labels_are_ignored_and_response_and_eos_are_targets(data, mode):
         starts = (batch["position_ids"] == 0) if "position_ids" in batch else None
         for row in range(ids.shape[0]):
             # Walk the row's samples: packed rows restart position ids per sample; padded rows hold one.
-            bounds = (torch.nonzero(starts[row]).flatten().tolist() if starts is not None else [0])
+            bounds = torch.nonzero(starts[row]).flatten().tolist() if starts is not None else [0]
             for start in bounds:
                 sample = _identify(data, ids[row, start:])
                 if sample is None:
@@ -112,8 +113,9 @@ def test_batched_loss_equals_the_sum_of_samples_alone_scored_after_the_prompt(mo
     assert float(got) == pytest.approx(float(expected), rel=OTHER_FP32_KERNEL["rtol"])
 
 
-@pytest.mark.parametrize("collator", [DynamicPaddingCollator(pad_id=PAD),
-                                      PackedCollator(pad_id=PAD, budget=TokenBudget(64, 2))])
+@pytest.mark.parametrize(
+    "collator", [DynamicPaddingCollator(pad_id=PAD), PackedCollator(pad_id=PAD, budget=TokenBudget(64, 2))]
+)
 def test_prompt_tokens_get_no_gradient_and_the_eos_does(model, data, collator):
     features = data.__getitems__(range(4))
     batch = collator(features)
@@ -141,9 +143,12 @@ def test_prompt_token_inputs_still_condition_the_response(model, data):
         losses = []
         for feature in (features[0], changed):
             batch = collator([feature])
-            losses.append(causal_lm_loss_sum(model(input_ids=batch["input_ids"],
-                                                   attention_mask=batch["attention_mask"]).logits,
-                                             batch["labels"])[0])
+            losses.append(
+                causal_lm_loss_sum(
+                    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                    batch["labels"],
+                )[0]
+            )
     assert batch["labels"][0, 0] == IGNORE_INDEX
     assert float(losses[0]) != float(losses[1])
 
@@ -151,8 +156,12 @@ def test_prompt_token_inputs_still_condition_the_response(model, data):
 def test_token_sequences_reads_prompt_lengths_from_arrow(data):
     import pyarrow as pa
 
-    table = pa.table({"input_ids": [data[i].tolist() for i in range(len(data))],
-                      "prompt_length": pa.array(data.prompt_lengths, type=pa.int32())})
+    table = pa.table(
+        {
+            "input_ids": [data[i].tolist() for i in range(len(data))],
+            "prompt_length": pa.array(data.prompt_lengths, type=pa.int32()),
+        }
+    )
     loaded = TokenSequences.from_arrow(table)
     assert np.array_equal(loaded.prompt_lengths, data.prompt_lengths)
     assert loaded.__getitems__([1])[0]["prompt_length"] == data.prompt_lengths[1]

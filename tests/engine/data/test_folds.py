@@ -13,8 +13,13 @@ def _tokenized(with_folds=True):
         columns = {"input_ids": [[i, i + 1] for i in ids], "length": [2] * len(ids)}
         return datasets.Dataset.from_dict({**columns, **({"fold": folds} if with_folds else {})})
 
-    return datasets.DatasetDict({"train": part([1, 2, 3, 4, 5], [0, 1, 1, 0, 1]),
-                                 "validation": part([6, 7], [0, 1]), "test": part([8], [-1])})
+    return datasets.DatasetDict(
+        {
+            "train": part([1, 2, 3, 4, 5], [0, 1, 1, 0, 1]),
+            "validation": part([6, 7], [0, 1]),
+            "test": part([8], [-1]),
+        }
+    )
 
 
 def _first_ids(split):

@@ -129,7 +129,9 @@ def test_packed_batches_keep_their_token_budget_with_shorter_auto_rows():
     from fastlm.engine.batching import make_batching
     from fastlm.engine.config import parse_train_params
 
-    lengths = np.clip(np.round(np.random.default_rng(1).lognormal(np.log(8), 0.6, 5000)), 1, 44).astype(np.int64)
+    lengths = np.clip(np.round(np.random.default_rng(1).lognormal(np.log(8), 0.6, 5000)), 1, 44).astype(
+        np.int64
+    )
     auto = parse_train_params({"batching": {"micro_batch_size": 32}, "runtime": {"device": "cpu"}})
     sampler, collator = make_batching(auto, lengths, pad_id=0, max_length=320, seed=0)
     assert (sampler.budget.row_length, sampler.budget.rows_per_batch) == (64, 160)
@@ -145,5 +147,7 @@ def test_a_row_length_shorter_than_a_sample_is_refused_naming_the_parameter():
     from fastlm.errors import ConfigError
 
     params = parse_train_params({"batching": {"row_length": 16}})
-    with pytest.raises(ConfigError, match="train.batching.row_length is 16 tokens but the data has a sample of 44"):
+    with pytest.raises(
+        ConfigError, match="train.batching.row_length is 16 tokens but the data has a sample of 44"
+    ):
         make_batching(params, np.array([5, 44, 9]), pad_id=0, max_length=64, seed=0)

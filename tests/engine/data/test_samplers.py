@@ -7,7 +7,8 @@ from .test_packing import heavy_tailed_lengths
 
 
 def padding_waste(lengths: np.ndarray, batches, multiple: int = 8) -> float:
-    """1 - real / computed tokens when each batch is padded to its longest sample, rounded up to ``multiple``."""
+    """1 - real / computed tokens when each batch is padded to its longest sample, rounded up to
+    ``multiple``."""
     computed = sum(-(-int(lengths[b].max()) // multiple) * multiple * len(b) for b in batches)
     return 1 - lengths.sum() / computed
 
@@ -113,19 +114,32 @@ def test_length_grouped_mode_on_cpu_wastes_no_more_than_the_trainers_group_by_le
     from fastlm.engine.config import parse_train_params
     from fastlm.engine.data.token_dataset import TokenSequences
 
-    params = parse_train_params({"batching": {"mode": "length_grouped", "micro_batch_size": 32},
-                                 "runtime": {"device": "cpu"}})
+    params = parse_train_params(
+        {"batching": {"mode": "length_grouped", "micro_batch_size": 32}, "runtime": {"device": "cpu"}}
+    )
     ours, theirs = [], []
     for seed in range(3):
         lengths = short_review_token_lengths(6000, seed)
-        dataset = TokenSequences(np.ones(int(lengths.sum()), dtype=np.int32), np.concatenate([[0], np.cumsum(lengths)]))
+        dataset = TokenSequences(
+            np.ones(int(lengths.sum()), dtype=np.int32), np.concatenate([[0], np.cumsum(lengths)])
+        )
         sampler, collator = make_batching(params, lengths, pad_id=0, max_length=320, seed=seed)
         real = computed = 0
         for batch in sampler:
             collated = collator(dataset.__getitems__(batch))
-            real, computed = real + int(collated["num_real_tokens"]), computed + int(collated["num_computed_tokens"])
+            real, computed = (
+                real + int(collated["num_real_tokens"]),
+                computed + int(collated["num_computed_tokens"]),
+            )
         ours.append(1 - real / computed)
-        order = list(TrainerSampler(32, lengths=lengths.tolist(), generator=torch.Generator().manual_seed(seed)))
-        theirs.append(padding_waste(lengths, [order[i : i + 32] for i in range(0, len(order), 32)], multiple=1))
-    print(f"padding waste: fastlm length_grouped {np.mean(ours):.2%}, Trainer group_by_length {np.mean(theirs):.2%}")
+        order = list(
+            TrainerSampler(32, lengths=lengths.tolist(), generator=torch.Generator().manual_seed(seed))
+        )
+        theirs.append(
+            padding_waste(lengths, [order[i : i + 32] for i in range(0, len(order), 32)], multiple=1)
+        )
+    print(
+        f"padding waste: fastlm length_grouped {np.mean(ours):.2%}, "
+        f"Trainer group_by_length {np.mean(theirs):.2%}"
+    )
     assert np.mean(ours) <= np.mean(theirs)

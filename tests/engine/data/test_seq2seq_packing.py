@@ -1,10 +1,10 @@
 """Issue 19: packed encoder-decoder rows compute exactly what each sample computes alone.
 
-Several prompt/response samples share each encoder row and decoder row (several rows per batch); every sample's
-decoder logits, its loss and the gradients of a training step must equal those of the sample run alone, for
-BART / mBART (learned absolute positions, restarted by ``seq2seq_hooks``) and T5 (relative position bias), on
-SDPA (bool masks) and eager (additive masks). A naive packing (the same rows, plain padding masks, positions
-running on across samples) must NOT match: the leak control that shows the check can fail.
+Several prompt/response samples share each encoder row and decoder row (several rows per batch); every
+sample's decoder logits, its loss and the gradients of a training step must equal those of the sample run
+alone, for BART / mBART (learned absolute positions, restarted by ``seq2seq_hooks``) and T5 (relative position
+bias), on SDPA (bool masks) and eager (additive masks). A naive packing (the same rows, plain padding masks,
+positions running on across samples) must NOT match: the leak control that shows the check can fail.
 """
 
 from __future__ import annotations
@@ -27,14 +27,19 @@ def per_sample(logits: torch.Tensor, batch: dict, index: int) -> torch.Tensor:
 
 
 def alone(model, feature, start: int, attn: str) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = to_device(Seq2SeqCollator(pad_id=PAD, decoder_start_id=start, pad_to_multiple_of=None)([feature]),
-                      torch.device("cpu"), attn)
+    batch = to_device(
+        Seq2SeqCollator(pad_id=PAD, decoder_start_id=start, pad_to_multiple_of=None)([feature]),
+        torch.device("cpu"),
+        attn,
+    )
     logits = forward_logits(model, batch)
     return logits[0], causal_lm_loss_sum(logits, batch["labels"])[0]
 
 
-@pytest.mark.parametrize(("kind", "attn"), [("bart", "sdpa"), ("bart", "eager"), ("mbart", "sdpa"), ("t5", "sdpa"),
-                                            ("t5", "eager")])
+@pytest.mark.parametrize(
+    ("kind", "attn"),
+    [("bart", "sdpa"), ("bart", "eager"), ("mbart", "sdpa"), ("t5", "sdpa"), ("t5", "eager")],
+)
 def test_packed_rows_give_every_sample_its_own_logits_and_loss(kind, attn):
     model = tiny_seq2seq(kind, attn).eval()
     enable_packed_seq2seq(model)
@@ -48,13 +53,19 @@ def test_packed_rows_give_every_sample_its_own_logits_and_loss(kind, attn):
     for index, (own, _) in enumerate(single):  # a packed row vs the sample alone: another kernel layout
         torch.testing.assert_close(per_sample(logits, batch, index), own, **OTHER_FP32_KERNEL)
     torch.testing.assert_close(packed_sum, sum(loss for _, loss in single), **OTHER_FP32_KERNEL)
-    assert int(packed_targets) == int(batch["num_target_tokens"]) == sum(len(f["input_ids"]) - f["prompt_length"]
-                                                                          for f in features)
+    assert (
+        int(packed_targets)
+        == int(batch["num_target_tokens"])
+        == sum(len(f["input_ids"]) - f["prompt_length"] for f in features)
+    )
 
     # Leak control: the same rows with plain padding masks (positions run on) do not give the samples' logits.
-    naive = {"input_ids": batch["input_ids"], "attention_mask": (batch["encoder_segment_ids"] >= 0).long(),
-             "decoder_input_ids": batch["decoder_input_ids"],
-             "decoder_attention_mask": (batch["decoder_segment_ids"] >= 0).long()}
+    naive = {
+        "input_ids": batch["input_ids"],
+        "attention_mask": (batch["encoder_segment_ids"] >= 0).long(),
+        "decoder_input_ids": batch["decoder_input_ids"],
+        "decoder_attention_mask": (batch["decoder_segment_ids"] >= 0).long(),
+    }
     with torch.no_grad():
         leaked = model(**naive).logits
     worst = max((per_sample(leaked, batch, i) - own).abs().max().item() for i, (own, _) in enumerate(single))
@@ -71,8 +82,9 @@ def test_a_packed_training_step_has_the_gradients_of_the_samples_alone(kind):
         start = model.config.decoder_start_token_id
         if packed:
             batch = packed_batch(features, start)
-            total, targets = causal_lm_loss_sum(forward_logits(model, to_device(batch, torch.device("cpu"), "sdpa")),
-                                                batch["labels"])
+            total, targets = causal_lm_loss_sum(
+                forward_logits(model, to_device(batch, torch.device("cpu"), "sdpa")), batch["labels"]
+            )
         else:
             total = sum(alone(model, feature, start, "sdpa")[1] for feature in features)
             targets = sum(len(f["input_ids"]) - f["prompt_length"] for f in features)
@@ -93,13 +105,23 @@ def test_the_collator_rows_hold_whole_samples_on_both_sides_and_the_counts_add_u
     assert sorted(order) == list(range(12))
     for i, feature in enumerate(features):
         n = feature["prompt_length"]
-        assert batch["input_ids"][batch["encoder_segment_ids"] == i].tolist() == feature["input_ids"][:n].tolist()
+        assert (
+            batch["input_ids"][batch["encoder_segment_ids"] == i].tolist()
+            == feature["input_ids"][:n].tolist()
+        )
         decoder = batch["decoder_input_ids"][batch["decoder_segment_ids"] == i].tolist()
         assert decoder == [EOS, *feature["input_ids"][n:].tolist()]
-        assert batch["decoder_position_ids"][batch["decoder_segment_ids"] == i].tolist() == list(range(len(decoder)))
+        assert batch["decoder_position_ids"][batch["decoder_segment_ids"] == i].tolist() == list(
+            range(len(decoder))
+        )
     assert int(batch["num_real_tokens"]) == sum(len(f["input_ids"]) + 1 for f in features)
-    assert int(batch["num_computed_tokens"]) == batch["input_ids"].numel() + batch["decoder_input_ids"].numel()
-    assert batch["input_ids"].shape[0] <= BUDGET.rows_per_batch and batch["input_ids"].shape[1] <= BUDGET.row_length
+    assert (
+        int(batch["num_computed_tokens"]) == batch["input_ids"].numel() + batch["decoder_input_ids"].numel()
+    )
+    assert (
+        batch["input_ids"].shape[0] <= BUDGET.rows_per_batch
+        and batch["input_ids"].shape[1] <= BUDGET.row_length
+    )
 
 
 def test_only_checked_families_on_dense_mask_paths_pack():
@@ -108,17 +130,29 @@ def test_only_checked_families_on_dense_mask_paths_pack():
     assert "sdpa or eager" in packing_unavailable(tiny_seq2seq("bart"), "flash_attention_2")
     from transformers import PegasusConfig, PegasusForConditionalGeneration
 
-    pegasus = PegasusForConditionalGeneration(PegasusConfig(
-        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64))
+    pegasus = PegasusForConditionalGeneration(
+        PegasusConfig(
+            vocab_size=VOCAB,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=64,
+        )
+    )
     assert "pegasus family is not checked" in packing_unavailable(pegasus, "sdpa")
 
 
 def test_a_lora_wrapped_model_packs_exactly_too():
     from peft import LoraConfig, TaskType, get_peft_model
 
-    model = get_peft_model(tiny_seq2seq("bart"), LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=4, lora_alpha=8,
-                                                            target_modules=["q_proj", "v_proj"])).eval()
+    model = get_peft_model(
+        tiny_seq2seq("bart"),
+        LoraConfig(task_type=TaskType.SEQ_2_SEQ_LM, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    ).eval()
     enable_packed_seq2seq(model)  # the entry hooks sit on the PEFT wrapper, the position hooks on its base
     enable_packed_seq2seq(model)  # idempotent
     features = samples(seed=3)
@@ -126,15 +160,16 @@ def test_a_lora_wrapped_model_packs_exactly_too():
     with torch.no_grad():
         logits = forward_logits(model, to_device(batch, torch.device("cpu"), "sdpa"))
         for index, feature in enumerate(features):
-            torch.testing.assert_close(per_sample(logits, batch, index), alone(model, feature, EOS, "sdpa")[0],
-                                       **OTHER_FP32_KERNEL)
+            torch.testing.assert_close(
+                per_sample(logits, batch, index), alone(model, feature, EOS, "sdpa")[0], **OTHER_FP32_KERNEL
+            )
 
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])
 def test_a_compiled_model_packs_exactly_too(kind):
-    """torch.compile (what ``train.runtime.compile`` applies) traces the packing hooks' positions and masks as inputs:
-    two different packed batches through one compiled model give the eager model's loss and gradients (nothing of
-    the first batch baked into the graph)."""
+    """torch.compile (what ``train.runtime.compile`` applies) traces the packing hooks' positions and masks as
+    inputs: two different packed batches through one compiled model give the eager model's loss and gradients
+    (nothing of the first batch baked into the graph)."""
     torch._dynamo.reset()
     eager = tiny_seq2seq(kind).train()
     compiled_source = tiny_seq2seq(kind).train()
@@ -149,8 +184,12 @@ def test_a_compiled_model_packs_exactly_too(kind):
             source.zero_grad(set_to_none=True)
             total, targets = causal_lm_loss_sum(forward_logits(model, batch), batch["labels"])
             (total / targets).backward()
-            results.append((total.detach(), {n: p.grad.clone() for n, p in source.named_parameters()
-                                             if p.grad is not None}))
+            results.append(
+                (
+                    total.detach(),
+                    {n: p.grad.clone() for n, p in source.named_parameters() if p.grad is not None},
+                )
+            )
         # compiled (aot_eager: the traced graph's ops, decomposed and reordered) vs eager
         torch.testing.assert_close(results[1][0], results[0][0], **OTHER_FP32_KERNEL)
         assert results[0][1].keys() == results[1][1].keys()

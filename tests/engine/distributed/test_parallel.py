@@ -32,7 +32,9 @@ def _samplers():
 
 @pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
 @pytest.mark.parametrize(("world", "accum"), [(2, 1), (2, 3), (4, 2)])
-def test_each_step_of_the_shards_uses_the_batches_of_one_process_with_world_times_accumulation(mode, world, accum):
+def test_each_step_of_the_shards_uses_the_batches_of_one_process_with_world_times_accumulation(
+    mode, world, accum
+):
     single = _samplers()[mode]()
     global_batches = [tuple(batch) for batch in single]
     shards = []
@@ -84,7 +86,9 @@ def test_evaluation_shards_keep_the_remainder():
 def test_resume_position_splits_the_global_batch_or_says_why_not(tmp_path):
     state = {"epoch": 0, "batch_in_epoch": 12, "world_size": 2}
     assert resume_position(state, 4, tmp_path) == 3 and resume_position(state, 1, tmp_path) == 12
-    with pytest.raises(CheckpointError, match=r"global micro-batch 12 .* 5 processes cannot split.*divides 12"):
+    with pytest.raises(
+        CheckpointError, match=r"global micro-batch 12 .* 5 processes cannot split.*divides 12"
+    ):
         resume_position(state, 5, tmp_path)
 
 
@@ -103,39 +107,73 @@ def tokenized(bpe_tokenizer, sample_texts):
     import datasets
 
     eos = bpe_tokenizer.eos_token_id
-    ids = [row[:47] + [eos] for row in bpe_tokenizer(sample_texts[:400], add_special_tokens=False)["input_ids"]]
-    return datasets.Dataset.from_dict({"input_ids": ids[:360]}), datasets.Dataset.from_dict({"input_ids": ids[360:]})
+    ids = [
+        row[:47] + [eos] for row in bpe_tokenizer(sample_texts[:400], add_special_tokens=False)["input_ids"]
+    ]
+    return datasets.Dataset.from_dict({"input_ids": ids[:360]}), datasets.Dataset.from_dict(
+        {"input_ids": ids[360:]}
+    )
 
 
 def _params(tmp_path, *, accum: int, nproc: int, **extra):
-    return parse_train_params({
-        "max_steps": 4, "log_every": 1, "eval_every": 2, "save_every": 2, "quiet": True, "resume": "never",
-        "checkpoint_dir": str(tmp_path / f"checkpoints-{nproc}"), "optimizer": {"warmup_steps": 1},
-        "runtime": {"num_threads": 1},
-        "model": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
-        "batching": {"mode": "packed", "micro_batch_size": 2, "gradient_accumulation_steps": accum},
-        "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2}, **extra})
+    return parse_train_params(
+        {
+            "max_steps": 4,
+            "log_every": 1,
+            "eval_every": 2,
+            "save_every": 2,
+            "quiet": True,
+            "resume": "never",
+            "checkpoint_dir": str(tmp_path / f"checkpoints-{nproc}"),
+            "optimizer": {"warmup_steps": 1},
+            "runtime": {"num_threads": 1},
+            "model": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+            },
+            "batching": {"mode": "packed", "micro_batch_size": 2, "gradient_accumulation_steps": accum},
+            "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2},
+            **extra,
+        }
+    )
 
 
 def _launch(params, tokenizer, tokenized, tmp_path):
     job = TrainJob(params, 48, tokenized[0], tokenized[1], tokenizer, str(tmp_path / "model"))
     build = functools.partial(build_model, params.model, tokenizer, max_length=48, attn_implementation="sdpa")
-    return launch_workers(job, params.distributed.nproc_per_node, build_model=build,
-                          monitor_interval_s=params.distributed.monitor_interval_s)
+    return launch_workers(
+        job,
+        params.distributed.nproc_per_node,
+        build_model=build,
+        monitor_interval_s=params.distributed.monitor_interval_s,
+    )
 
 
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
 def test_two_workers_match_one_process_with_the_same_effective_batch(tmp_path, bpe_tokenizer, tokenized):
-    one = run_job(TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
+    one = run_job(
+        TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
+    )
     two = _launch(_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
 
-    assert two.summary["world_size"] == 2 and two.summary["effective_batch"] == one.summary["effective_batch"] == 4
+    assert (
+        two.summary["world_size"] == 2
+        and two.summary["effective_batch"] == one.summary["effective_batch"] == 4
+    )
     # two processes averaging gradients by all-reduce vs one accumulating them: reordered sums, trained on
-    np.testing.assert_allclose([r["loss"] for r in two.history], [r["loss"] for r in one.history],
-                               rtol=TRAINED_FP32_LOSS_REL)
-    np.testing.assert_allclose([r["val_loss"] for r in two.eval_history], [r["val_loss"] for r in one.eval_history],
-                               rtol=TRAINED_FP32_LOSS_REL)
-    assert [r["real_tokens_per_s"] > 0 for r in two.history] and two.summary["tokens_seen"] == one.summary["tokens_seen"]
+    np.testing.assert_allclose(
+        [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=TRAINED_FP32_LOSS_REL
+    )
+    np.testing.assert_allclose(
+        [r["val_loss"] for r in two.eval_history],
+        [r["val_loss"] for r in one.eval_history],
+        rtol=TRAINED_FP32_LOSS_REL,
+    )
+    assert [r["real_tokens_per_s"] > 0 for r in two.history] and two.summary["tokens_seen"] == one.summary[
+        "tokens_seen"
+    ]
     for (name, mine), theirs in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
         torch.testing.assert_close(theirs, mine.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
     written = sorted(p.name for p in (tmp_path / "checkpoints-2").iterdir())
@@ -154,44 +192,74 @@ def test_a_worker_error_ends_the_run_with_that_error_in_one_line(tmp_path, bpe_t
 
 
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
-def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective_batch(tmp_path, bpe_tokenizer,
-                                                                                        tokenized):
-    one = run_job(TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
+def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective_batch(
+    tmp_path, bpe_tokenizer, tokenized
+):
+    one = run_job(
+        TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
+    )
     _launch(_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
     import shutil
 
     shutil.rmtree(tmp_path / "checkpoints-2" / "checkpoint-00000004")
-    resumed_params = _params(tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2" / "checkpoint-00000002"))
+    resumed_params = _params(
+        tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2" / "checkpoint-00000002")
+    )
     resumed = run_job(TrainJob(resumed_params, 48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
-    np.testing.assert_allclose([r["loss"] for r in resumed.history[-2:]], [r["loss"] for r in one.history[-2:]],
-                               rtol=TRAINED_FP32_LOSS_REL)  # half of it trained by two processes
+    # half of it trained by two processes
+    np.testing.assert_allclose(
+        [r["loss"] for r in resumed.history[-2:]],
+        [r["loss"] for r in one.history[-2:]],
+        rtol=TRAINED_FP32_LOSS_REL,
+    )
 
 
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
 def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(tmp_path, bpe_tokenizer, tokenized):
-    one = run_job(TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
+    one = run_job(
+        TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
+    )
     params = _params(tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"})
     two = _launch(params, bpe_tokenizer, tokenized, tmp_path)
-    np.testing.assert_allclose([r["loss"] for r in two.history], [r["loss"] for r in one.history],
-                               rtol=TRAINED_FP32_LOSS_REL)  # sharded all-gather/reduce-scatter vs one process
+    # sharded all-gather/reduce-scatter vs one process
+    np.testing.assert_allclose(
+        [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=TRAINED_FP32_LOSS_REL
+    )
     # MFU's model FLOPs per token: FSDP2 parameters already count the whole model (DTensor numel is global)
     assert two.summary["flops_per_token"] == one.summary["flops_per_token"] > 0
+    # a plain model came back
     assert two.summary["distributed_strategy"] == "fsdp" and not any(
-        hasattr(p, "full_tensor") for p in two.model.parameters())  # a plain model came back
+        hasattr(p, "full_tensor") for p in two.model.parameters()
+    )
     import safetensors.torch
 
-    saved = safetensors.torch.load_file(str(tmp_path / "checkpoints-2" / "checkpoint-00000004" / "model.safetensors"))
+    saved = safetensors.torch.load_file(
+        str(tmp_path / "checkpoints-2" / "checkpoint-00000004" / "model.safetensors")
+    )
     for name, param in one.model.named_parameters():
         torch.testing.assert_close(saved[name], param.detach().cpu(), **TRAINED_FP32_WEIGHTS)
     with pytest.raises(CheckpointError, match="distributed.strategy fsdp -> ddp"):
-        run_job(TrainJob(_params(tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2/checkpoint-00000004")),
-                         48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
+        run_job(
+            TrainJob(
+                _params(
+                    tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2/checkpoint-00000004")
+                ),
+                48,
+                *tokenized,
+                bpe_tokenizer,
+                str(tmp_path / "m"),
+            )
+        )
 
 
 def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tokenized):
     import signal
 
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    _launch(_params(tmp_path, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None), bpe_tokenizer,
-            tokenized, tmp_path)
+    _launch(
+        _params(tmp_path, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path,
+    )
     assert {signum: signal.getsignal(signum) for signum in before} == before

@@ -19,7 +19,8 @@ def test_outside_an_elastic_agent_there_is_no_rank(environ):
 def test_the_agents_variables_give_the_rank():
     info = rank_from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_PORT": "29500"})
     assert info == RankInfo(rank=3, world_size=4, local_rank=1) and not info.is_main
-    assert rank_from_env({"RANK": "0", "WORLD_SIZE": "2"}) == RankInfo(0, 2, 0)  # one node: LOCAL_RANK optional
+    # one node: LOCAL_RANK optional
+    assert rank_from_env({"RANK": "0", "WORLD_SIZE": "2"}) == RankInfo(0, 2, 0)
     assert rank_from_env({"RANK": "0", "WORLD_SIZE": "2"}).is_main and RankInfo().is_main
 
 
@@ -33,7 +34,11 @@ def test_the_process_environment_is_read_by_default(monkeypatch):
 
 
 def test_reading_the_rank_imports_no_torch():
-    code = ("import sys; from fastlm.engine.distributed.ranks import rank_from_env; rank_from_env({}); "
-            "print('torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    code = (
+        "import sys; from fastlm.engine.distributed.ranks import rank_from_env; rank_from_env({}); "
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert result.stdout.strip() == "False"

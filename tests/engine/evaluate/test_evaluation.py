@@ -1,4 +1,5 @@
-"""evaluate (loss only and with the analysis) against brute-force per-sample runs; generate_samples' padding/seeds."""
+"""evaluate (loss only and with the analysis) against brute-force per-sample runs; generate_samples'
+padding/seeds."""
 
 import math
 from collections import Counter
@@ -21,8 +22,10 @@ from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_MODEL, reorde
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
 MAX_LENGTH = 64
-WORDS = ("the cat dog bird sat ran on a mat log tree red blue small big quickly and then it saw"
-         " one two three fish swam in sea").split()
+WORDS = (
+    "the cat dog bird sat ran on a mat log tree red blue small big quickly and then it saw"
+    " one two three fish swam in sea"
+).split()
 
 
 def _texts(n: int, seed: int) -> list[str]:
@@ -33,15 +36,26 @@ def _texts(n: int, seed: int) -> list[str]:
 @pytest.fixture(scope="module")
 def setup():
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
-    tokenizer = train_bpe_tokenizer(_texts(200, 0), vocab_size=300, min_frequency=1, model_max_length=MAX_LENGTH)
+    tokenizer = train_bpe_tokenizer(
+        _texts(200, 0), vocab_size=300, min_frequency=1, model_max_length=MAX_LENGTH
+    )
     rows = [tokenizer(text)["input_ids"] + [tokenizer.eos_token_id] for text in _texts(120, 1)]
     rows += [[tokenizer.eos_token_id]]  # a one-token sample: no target, never among the worst
     lengths = np.array([len(row) for row in rows])
     data = TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=MAX_LENGTH, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa", use_cache=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=MAX_LENGTH,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
     model = LlamaForCausalLM(config)
     _fit(model, rows)  # a little training: non-trivial accuracy and mistakes
     return model.train(), tokenizer, data, runtime
@@ -61,8 +75,9 @@ def _fit(model, rows, steps: int = 12):
 
 def _params(mode: str):
     rows_or_samples = 4 if mode == "packed" else 16  # packed: rows of MAX_LENGTH tokens
-    return parse_train_params({"batching": {"mode": mode, "micro_batch_size": rows_or_samples},
-                               "runtime": {"device": "cpu"}})
+    return parse_train_params(
+        {"batching": {"mode": mode, "micro_batch_size": rows_or_samples}, "runtime": {"device": "cpu"}}
+    )
 
 
 # evaluate() computes the logits in packed or padded batches, another kernel layout than one sample alone, so
@@ -110,16 +125,40 @@ def brute(setup):
 def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     model, tokenizer, data, runtime = setup
     params = _params(mode)
-    report = evaluate(model, data, params=params, runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
-                      tokenizer=tokenizer, options=EvalOptions(analysis=True, worst=7, pairs=15))
-    reference = evaluate(model, data, params=params, runtime=runtime, pad_id=tokenizer.pad_token_id,
-                         max_length=MAX_LENGTH, attn="sdpa")
-    assert reference.wrong_pairs is None and reference.worst_samples is None and "accuracy" not in reference.metrics
+    report = evaluate(
+        model,
+        data,
+        params=params,
+        runtime=runtime,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        tokenizer=tokenizer,
+        options=EvalOptions(analysis=True, worst=7, pairs=15),
+    )
+    reference = evaluate(
+        model,
+        data,
+        params=params,
+        runtime=runtime,
+        pad_id=tokenizer.pad_token_id,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+    )
+    assert (
+        reference.wrong_pairs is None
+        and reference.worst_samples is None
+        and "accuracy" not in reference.metrics
+    )
     metrics, reference = report.metrics, reference.metrics
     # the same batches, the loss summed by the analysis path or the plain one: a reordered sum over the tokens
-    assert math.isclose(metrics["loss"], reference["loss"], rel_tol=reordered_sum_rtol(reference["target_tokens"]))
-    assert math.isclose(metrics["perplexity"], reference["perplexity"],  # exp: the loss's error, relative
-                        rel_tol=2 * reordered_sum_rtol(reference["target_tokens"]))
+    assert math.isclose(
+        metrics["loss"], reference["loss"], rel_tol=reordered_sum_rtol(reference["target_tokens"])
+    )
+    assert math.isclose(
+        metrics["perplexity"],
+        reference["perplexity"],  # exp: the loss's error, relative
+        rel_tol=2 * reordered_sum_rtol(reference["target_tokens"]),
+    )
     assert metrics["target_tokens"] == reference["target_tokens"]
     assert model.training  # the mode is restored
 
@@ -129,7 +168,10 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     assert abs(round(metrics["top5_accuracy"] * targets) - top5) <= sum(undecided.values())
     assert 0 < correct < top5 < targets
     # the rate is every real token of the data over the measured time (each token counted once)
-    assert metrics["seconds"] > 0 and round(metrics["real_tokens_per_s"] * metrics["seconds"]) == data.lengths.sum()
+    assert (
+        metrics["seconds"] > 0
+        and round(metrics["real_tokens_per_s"] * metrics["seconds"]) == data.lengths.sum()
+    )
 
     # Worst samples: the brute-force top losses, in the same order.
     expected = sorted(losses.items(), key=lambda item: -item[1])[:7]
@@ -139,7 +181,8 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     np.testing.assert_allclose(worst["loss"].to_numpy(), [loss for _, loss in expected], **OTHER_FP32_KERNEL)
     for row in worst.itertuples():
         assert math.isclose(losses[row.sample], row.loss, rel_tol=OTHER_FP32_KERNEL["rtol"])
-        slack = undecided[row.sample] / (row.length - 1)  # share of targets outside the top 5, near-ties aside
+        # share of targets outside the top 5, near-ties aside
+        slack = undecided[row.sample] / (row.length - 1)
         assert abs(misses[row.sample] - row.anomaly_score) < slack + 1e-6
         assert row.length == len(data[row.sample])
         assert row.text == tokenizer.decode(data[row.sample].tolist())
@@ -147,7 +190,9 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
     # Wrong pairs: the brute-force Counter's most common pairs and counts.
     frame = report.wrong_pairs
     assert len(frame) == 15
-    got = {(t, p): c for t, p, c in zip(frame["target_id"], frame["predicted_id"], frame["count"], strict=True)}
+    got = {
+        (t, p): c for t, p, c in zip(frame["target_id"], frame["predicted_id"], frame["count"], strict=True)
+    }
     assert all(pairs[key] == count for key, count in got.items())
     assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(15)]
     assert frame["count"].is_monotonic_decreasing
@@ -161,16 +206,37 @@ def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkey
     model, tokenizer, data, runtime = setup
     monkeypatch.setattr(evaluation, "DENSE_PAIR_TABLE_MAX", 10)  # force the torch.unique path
     monkeypatch.setattr(evaluation, "_COMPACT_EVERY", 100)  # and several merges
-    report = evaluate(model, data, tokenizer=tokenizer, params=_params("packed"), runtime=runtime,
-                      max_length=MAX_LENGTH, attn="sdpa", options=EvalOptions(analysis=True, pairs=10))
+    report = evaluate(
+        model,
+        data,
+        tokenizer=tokenizer,
+        params=_params("packed"),
+        runtime=runtime,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        options=EvalOptions(analysis=True, pairs=10),
+    )
     pairs = brute[3]
-    got = dict(zip(zip(report.wrong_pairs["target_id"], report.wrong_pairs["predicted_id"], strict=True),
-                   report.wrong_pairs["count"], strict=True))
+    got = dict(
+        zip(
+            zip(report.wrong_pairs["target_id"], report.wrong_pairs["predicted_id"], strict=True),
+            report.wrong_pairs["count"],
+            strict=True,
+        )
+    )
     assert all(pairs[key] == count for key, count in got.items())
     assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(10)]
 
-    partial = evaluate(model, data, tokenizer=tokenizer, params=_params("dynamic"), runtime=runtime,
-                       max_length=MAX_LENGTH, attn="sdpa", options=EvalOptions(analysis=True, max_batches=2, worst=100))
+    partial = evaluate(
+        model,
+        data,
+        tokenizer=tokenizer,
+        params=_params("dynamic"),
+        runtime=runtime,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        options=EvalOptions(analysis=True, max_batches=2, worst=100),
+    )
     assert partial.metrics["samples"] == 32 and len(partial.worst_samples) <= 32
     assert math.isfinite(partial.metrics["loss"])
 
@@ -190,7 +256,9 @@ def test_generation_left_pads_restores_state_and_is_reproducible(setup):
     assert frame["settings"].tolist()[3] == "temperature=0.8, top_p=0.95"
     again = generate_samples(model, tokenizer, prompts, settings=[GREEDY, SAMPLED], **kwargs)
     assert again["output"].tolist() == frame["output"].tolist()  # greedy deterministic, sampling seeded
-    alone = [generate_samples(model, tokenizer, [p], settings=[GREEDY], **kwargs)["output"][0] for p in prompts]
+    alone = [
+        generate_samples(model, tokenizer, [p], settings=[GREEDY], **kwargs)["output"][0] for p in prompts
+    ]
     assert frame["output"].tolist()[:3] == alone  # left padding: batching changes nothing
     assert any(text for text in alone)
     reseeded = generate_samples(model, tokenizer, prompts, settings=[{**SAMPLED, "seed": 1}], **kwargs)
@@ -212,9 +280,18 @@ def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
     rows = [session["ids"] + [eos] for session in sessions]
     train, held_out = rows[:300], sessions[300:]
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, max_position_embeddings=MAX_LENGTH, eos_token_id=eos,
-                         pad_token_id=eos, attn_implementation="sdpa", use_cache=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=MAX_LENGTH,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
     model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step in range(25):
@@ -225,9 +302,16 @@ def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
         optimizer.step()
         optimizer.zero_grad()
     tokens = encode_id_lists([session["ids"] for session in held_out], eos=eos, max_length=MAX_LENGTH)
-    report = evaluate(model, TokenSequences(tokens.values, tokens.offsets), tokenizer=tokenizer,
-                      params=_params("dynamic"), runtime=runtime, max_length=MAX_LENGTH, attn="sdpa",
-                      options=EvalOptions(analysis=True, worst=len(held_out)))
+    report = evaluate(
+        model,
+        TokenSequences(tokens.values, tokens.offsets),
+        tokenizer=tokenizer,
+        params=_params("dynamic"),
+        runtime=runtime,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        options=EvalOptions(analysis=True, worst=len(held_out)),
+    )
     ranked = report.worst_samples.sort_values("anomaly_score", ascending=False, kind="stable")
     planted = {index for index, session in enumerate(held_out) if session["anomaly"]}
     assert len(planted) >= 3 and len(ranked) == len(held_out)

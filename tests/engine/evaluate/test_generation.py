@@ -1,4 +1,5 @@
-"""generate_continuations: batched left-padded generation equals one prompt at a time; order, EOS, cache, modes."""
+"""generate_continuations: batched left-padded generation equals one prompt at a time; order, EOS, cache,
+modes."""
 
 import pytest
 import torch
@@ -20,9 +21,19 @@ def runtime():
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=128, pad_token_id=PAD, eos_token_id=EOS,
-                         bos_token_id=BOS, attn_implementation="sdpa", use_cache=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # larger logits than at initialisation: greedy choices are far from ties
         model.lm_head.weight.mul_(20)
@@ -43,8 +54,10 @@ def test_batched_left_padded_greedy_equals_one_prompt_at_a_time(model, runtime):
     prompts = _prompts(11)
     assert len({len(p) for p in prompts}) > 3  # real padding inside batches
     batched = _generate(model, prompts, runtime, batch_size=4, max_new_tokens=12)
-    alone = [_generate(model, [prompt], runtime, batch_size=1, max_new_tokens=12).continuations[0]
-             for prompt in prompts]
+    alone = [
+        _generate(model, [prompt], runtime, batch_size=1, max_new_tokens=12).continuations[0]
+        for prompt in prompts
+    ]
     assert batched.continuations == alone
     assert batched.new_tokens == sum(len(ids) for ids in alone) > 0 and batched.seconds > 0
 
@@ -53,7 +66,10 @@ def test_continuations_come_back_in_prompt_order_whatever_the_batching(model, ru
     prompts = _prompts(9, seed=1)
     reference = _generate(model, prompts, runtime, batch_size=9, max_new_tokens=6).continuations
     for batch_size in (1, 2, 5):
-        assert _generate(model, prompts, runtime, batch_size=batch_size, max_new_tokens=6).continuations == reference
+        assert (
+            _generate(model, prompts, runtime, batch_size=batch_size, max_new_tokens=6).continuations
+            == reference
+        )
     reversed_out = _generate(model, prompts[::-1], runtime, batch_size=3, max_new_tokens=6).continuations
     assert reversed_out == reference[::-1]
 
@@ -63,19 +79,21 @@ def test_generation_stops_at_eos_and_excludes_it(model, runtime):
     free = _generate(model, prompts, runtime, batch_size=3, max_new_tokens=8).continuations
     # Make the token the model picks first for the first prompt the EOS: that prompt then yields nothing.
     first = free[0][0]
-    stopped = generate_continuations(model, prompts, pad_id=PAD, eos_id=[EOS, first], runtime=runtime,
-                                     batch_size=3, max_new_tokens=8).continuations
+    stopped = generate_continuations(
+        model, prompts, pad_id=PAD, eos_id=[EOS, first], runtime=runtime, batch_size=3, max_new_tokens=8
+    ).continuations
     assert stopped[0] == []
     for ids, full in zip(stopped, free, strict=True):
         assert first not in ids and EOS not in ids
-        assert ids == full[:len(ids)]  # identical up to the stop
+        assert ids == full[: len(ids)]  # identical up to the stop
         assert len(ids) <= 8
 
 
 def test_cache_is_on_for_generation_and_modes_are_restored(model, runtime):
     fed = []  # tokens fed to the model at each step: the whole prompt, then one token each (the KV cache)
     hook = model.model.register_forward_pre_hook(
-        lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
         _generate(model, [[5, 6, 7], [8, 9]], runtime, max_new_tokens=4)
     finally:
@@ -110,7 +128,12 @@ def test_decoding_kwargs_leave_out_what_does_nothing():
     assert decoding_kwargs() == {"num_beams": 1, "do_sample": False}
     assert decoding_kwargs(temperature=0.5, top_p=0.8) == {"num_beams": 1, "do_sample": False}
     assert decoding_kwargs(do_sample=True, temperature=0.5, top_p=0.8, no_repeat_ngram_size=3) == {
-        "num_beams": 1, "do_sample": True, "temperature": 0.5, "top_p": 0.8, "no_repeat_ngram_size": 3}
+        "num_beams": 1,
+        "do_sample": True,
+        "temperature": 0.5,
+        "top_p": 0.8,
+        "no_repeat_ngram_size": 3,
+    }
 
 
 def test_empty_prompt_starts_from_the_start_id(model, runtime):

@@ -1,9 +1,9 @@
 """Packed batches keep samples apart on every attention path fastlm can choose.
 
 For each implementation, the REAL engine path runs (``make_batching`` -> collator -> device transfer -> the
-model call of ``evaluation.evaluate`` / ``loop.train``) with several rows per micro-batch, and every sample's logits
-and the loss must equal those of the sample run alone. CUDA-only kernels are replaced, on CPU, by pure-PyTorch
-references with the kernel's own calling convention (flash-attention: ``flash_attn_func`` /
+model call of ``evaluation.evaluate`` / ``loop.train``) with several rows per micro-batch, and every sample's
+logits and the loss must equal those of the sample run alone. CUDA-only kernels are replaced, on CPU, by
+pure-PyTorch references with the kernel's own calling convention (flash-attention: ``flash_attn_func`` /
 ``flash_attn_varlen_func`` behind transformers' real ``_flash_attention_forward`` dispatch; PyTorch varlen:
 ``varlen_attn``), so what is checked is what fastlm feeds the kernel. flex_attention runs its uncompiled
 (reference) kernel: torch.compile of it takes ~30 s on CPU.
@@ -48,9 +48,18 @@ def _dataset() -> TokenSequences:
 
 
 def _model(attn: str) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         pad_token_id=PAD, eos_token_id=EOS, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.config.use_cache = False
@@ -60,10 +69,19 @@ def _model(attn: str) -> LlamaForCausalLM:
 
 
 def _params(tmp_path, rows: int = 4, **overrides):
-    raw = {"batching": {"mode": "packed", "micro_batch_size": rows}, "runtime": {"device": "cpu",
-           "precision": "fp32"}, "max_steps": 1, "eval_every": None, "save_every": None, "log_every": 1,
-           "quiet": True, "dataloader": {"num_workers": 0}, "checkpoint_dir": str(tmp_path / "ckpt"),
-           "optimizer": {"warmup_steps": 0}, **overrides}
+    raw = {
+        "batching": {"mode": "packed", "micro_batch_size": rows},
+        "runtime": {"device": "cpu", "precision": "fp32"},
+        "max_steps": 1,
+        "eval_every": None,
+        "save_every": None,
+        "log_every": 1,
+        "quiet": True,
+        "dataloader": {"num_workers": 0},
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "optimizer": {"warmup_steps": 0},
+        **overrides,
+    }
     return parse_train_params(raw)
 
 
@@ -96,8 +114,9 @@ class Recorder:
         keep = kwargs.get("logits_to_keep")
         if isinstance(keep, torch.Tensor):  # training: logits only where a label is predicted; NaN elsewhere
             full = torch.full((ids.numel(), logits.shape[-1]), math.nan)
-            full[keep.reshape(-1).nonzero().flatten() if keep.dtype == torch.bool else keep.reshape(-1)] = \
+            full[keep.reshape(-1).nonzero().flatten() if keep.dtype == torch.bool else keep.reshape(-1)] = (
                 logits.reshape(-1, logits.shape[-1])
+            )
             logits = full
         logits = logits.reshape(*ids.shape, -1)
         for row in range(ids.shape[0]):
@@ -119,50 +138,84 @@ def _check_samples(recorder: Recorder, reference_logits: dict, expected: int) ->
         computed = ~got.isnan().any(dim=-1)  # a training step computes no logit for a sample's last token
         assert int(computed.sum()) in (len(key), len(key) - 1) and bool(computed[:-1].all())
         # a whole tiny model through another attention kernel and layout (per-op differences over the layers)
-        torch.testing.assert_close(got[computed], reference_logits[key][computed], **OTHER_FP32_MODEL,
-                                   msg=lambda m, key=key: f"sample of {len(key)} tokens sees its neighbours: {m}")
+        torch.testing.assert_close(
+            got[computed],
+            reference_logits[key][computed],
+            **OTHER_FP32_MODEL,
+            msg=lambda m, key=key: f"sample of {len(key)} tokens sees its neighbours: {m}",
+        )
 
 
 # --- reference kernels under the CUDA kernels' calling conventions ------------------------------------------
+
 
 def _causal_attention(q, k, v, scale, causal):
     """q [L, H, D], k/v [L, Hkv, D] -> [L, H, D]."""
     groups = q.shape[1] // k.shape[1]
     k, v = (x.repeat_interleave(groups, dim=1) for x in (k, v))
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         is_causal=causal, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=causal, scale=scale
+    )
     return out.transpose(0, 1)
 
 
 class FlashReference:
-    """flash_attn's ``flash_attn_func`` and ``flash_attn_varlen_func`` in pure PyTorch, recording each call."""
+    """flash_attn's ``flash_attn_func`` and ``flash_attn_varlen_func`` in pure PyTorch, recording each
+    call."""
 
     def __init__(self):
         self.calls: list[str] = []
 
     def dense(self, q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
         self.calls.append("dense")
-        return torch.stack([_causal_attention(q[b], k[b], v[b], softmax_scale, causal) for b in range(q.shape[0])])
+        return torch.stack(
+            [_causal_attention(q[b], k[b], v[b], softmax_scale, causal) for b in range(q.shape[0])]
+        )
 
-    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-               softmax_scale=None, causal=False):
+    def varlen(
+        self,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+    ):
         self.calls.append("varlen")
         assert cu_seqlens_q.dtype == torch.int32 and torch.equal(cu_seqlens_q, cu_seqlens_k)
         bounds = cu_seqlens_q.tolist()
         assert bounds[-1] == q.shape[0]
         assert max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)) == int(max_seqlen_q)
-        return torch.cat([_causal_attention(q[a:b], k[a:b], v[a:b], softmax_scale, causal)
-                          for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        return torch.cat(
+            [
+                _causal_attention(q[a:b], k[a:b], v[a:b], softmax_scale, causal)
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+        )
 
 
 @pytest.fixture
 def flash_reference(monkeypatch):
-    """transformers' real flash-attention dispatch, with the kernels it would import replaced by references."""
+    """transformers' real flash-attention dispatch, with the kernels it would import replaced by
+    references."""
     from transformers import modeling_flash_attention_utils as fa_utils
 
     kernels = FlashReference()
-    monkeypatch.setattr(fa_utils, "_lazy_imports", lambda *args, **kwargs: (
-        kernels.dense, kernels.varlen, None, fa_utils._pad_input, fa_utils._unpad_input))
+    monkeypatch.setattr(
+        fa_utils,
+        "_lazy_imports",
+        lambda *args, **kwargs: (
+            kernels.dense,
+            kernels.varlen,
+            None,
+            fa_utils._pad_input,
+            fa_utils._unpad_input,
+        ),
+    )
     monkeypatch.setattr(fa_utils, "_loaded_implementation", None)
     return kernels
 
@@ -183,9 +236,19 @@ def flex_reference(monkeypatch):
     return calls
 
 
-pytestmark = [pytest.mark.kernels,  # compares two computations: run under other CPU kernel sets too
-              pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")]
-PATHS = ["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "torch_varlen", "sdpa_varlen"]
+pytestmark = [
+    pytest.mark.kernels,  # compares two computations: run under other CPU kernel sets too
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+]
+PATHS = [
+    "sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+    "torch_varlen",
+    "sdpa_varlen",
+]
 
 
 @pytest.fixture
@@ -205,14 +268,30 @@ def path_kernels(request, monkeypatch):
 
         calls = []
 
-        def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
-                                  window_size=(-1, -1), enable_gqa=False, **kwargs):
+        def reference_varlen_attn(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            max_q,
+            max_k,
+            *,
+            scale=None,
+            window_size=(-1, -1),
+            enable_gqa=False,
+            **kwargs,
+        ):
             calls.append(window_size)
             assert enable_gqa or query.shape[1] == key.shape[1]
             bounds = cu_seq_q.tolist()
             assert window_size == (-1, 0) and bounds[-1] == query.shape[0]
-            return torch.cat([_causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
-                              for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+            return torch.cat(
+                [
+                    _causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
+                    for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+                ]
+            )
 
         monkeypatch.setattr(attention_kernels, "varlen_attn", reference_varlen_attn)
         return attn, lambda: bool(calls)
@@ -227,10 +306,16 @@ def test_packed_evaluation_equals_each_sample_alone(path_kernels, reference, tmp
     recorder = Recorder(model)
     params = _params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
-    result = evaluate(model, _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn=attn)
+    result = evaluate(
+        model, _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn=attn
+    )
     _check_samples(recorder, reference_logits, len(SAMPLES))
-    assert max(shape[0] for shape in recorder.shapes) > 1 or attn in ("flash_attention_2", "flash_attention_3",
-                                                                       "torch_varlen", "sdpa_varlen"), "one row per batch"
+    assert max(shape[0] for shape in recorder.shapes) > 1 or attn in (
+        "flash_attention_2",
+        "flash_attention_3",
+        "torch_varlen",
+        "sdpa_varlen",
+    ), "one row per batch"
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL)
     assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
@@ -258,8 +343,9 @@ def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, re
     _, reference_losses = reference
     params = _params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4})
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
-    result = evaluate(_model(attn), _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW,
-                      attn=attn)
+    result = evaluate(
+        _model(attn), _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn=attn
+    )
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL) and kernels_fed()
 
@@ -278,15 +364,34 @@ def test_torch_varlen_adapts_to_older_torch_signatures(signature, reference, tmp
         assert causal, "causal attention was not asked for"
         bounds = cu_seq_q.tolist()
         calls.append(signature)
-        return torch.cat([_causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
-                          for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        return torch.cat(
+            [
+                _causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+        )
 
     if signature == "torch_2_9":
-        def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+
+        def old_varlen_attn(
+            query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None
+        ):
             return split(query, key, value, cu_seq_q, None, is_causal)
     else:
-        def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                            window_size=(-1, -1)):
+
+        def old_varlen_attn(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            max_q,
+            max_k,
+            *,
+            return_aux=None,
+            scale=None,
+            window_size=(-1, -1),
+        ):
             return split(query, key, value, cu_seq_q, scale, window_size == (-1, 0))
 
     monkeypatch.setattr(kernels, "varlen_attn", old_varlen_attn)
@@ -295,36 +400,60 @@ def test_torch_varlen_adapts_to_older_torch_signatures(signature, reference, tmp
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
     model = _model("torch_varlen")
     recorder = Recorder(model)
-    result = evaluate(model, _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW,
-                      attn="torch_varlen")
+    result = evaluate(
+        model, _dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn="torch_varlen"
+    )
     _check_samples(recorder, reference_logits, len(SAMPLES))
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert calls and math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL)
 
 
 def test_torch_varlen_gets_half_precision_inputs_under_autocast(reference, tmp_path, monkeypatch):
-    """Under bf16 autocast Llama's rotary embedding gives fp32 queries and keys (fp32 weights); the flash kernel
-    behind varlen_attn takes only fp16/bf16 ("FlashAttention only support fp16 and bf16 data type", seen on an
-    H200): fastlm casts them to the autocast dtype, as transformers' flash-attention paths do."""
+    """Under bf16 autocast Llama's rotary embedding gives fp32 queries and keys (fp32 weights); the flash
+    kernel behind varlen_attn takes only fp16/bf16 ("FlashAttention only support fp16 and bf16 data type",
+    seen on an H200): fastlm casts them to the autocast dtype, as transformers' flash-attention paths do."""
     from fastlm.engine.model.attention import kernels
 
     dtypes = []
 
-    def half_only_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
-                              window_size=(-1, -1), enable_gqa=False, **kwargs):
+    def half_only_varlen_attn(
+        query,
+        key,
+        value,
+        cu_seq_q,
+        cu_seq_k,
+        max_q,
+        max_k,
+        *,
+        scale=None,
+        window_size=(-1, -1),
+        enable_gqa=False,
+        **kwargs,
+    ):
         if {query.dtype, key.dtype, value.dtype} - {torch.bfloat16, torch.float16}:
             raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
         dtypes.append(query.dtype)
         bounds = cu_seq_q.tolist()
-        return torch.cat([_causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
-                          for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        return torch.cat(
+            [
+                _causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+        )
 
     monkeypatch.setattr(kernels, "varlen_attn", half_only_varlen_attn)
     _, reference_losses = reference
     params = _params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", num_threads=1))
-    result = evaluate(_model("torch_varlen"), _dataset(), params=params, runtime=runtime, pad_id=PAD,
-                      max_length=ROW, attn="torch_varlen")
+    result = evaluate(
+        _model("torch_varlen"),
+        _dataset(),
+        params=params,
+        runtime=runtime,
+        pad_id=PAD,
+        max_length=ROW,
+        attn="torch_varlen",
+    )
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert dtypes and set(dtypes) == {torch.bfloat16}
     assert math.isclose(result.metrics["loss"], expected, rel_tol=BF16_MODEL_LOSS_REL)
@@ -342,7 +471,8 @@ def test_half_precision_kernels_are_refused_in_fp32_on_cuda_with_a_clear_message
 
 
 def test_generation_on_a_torch_varlen_model_uses_sdpa_and_puts_it_back():
-    """Generation (KV cache, left padding) cannot use the packed-only varlen path: it runs on SDPA meanwhile."""
+    """Generation (KV cache, left padding) cannot use the packed-only varlen path: it runs on SDPA
+    meanwhile."""
     from fastlm.engine.evaluate.generation import generate_continuations
 
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
@@ -350,16 +480,18 @@ def test_generation_on_a_torch_varlen_model_uses_sdpa_and_puts_it_back():
     outputs = {}
     for attn in ("sdpa", "torch_varlen", "sdpa_varlen"):
         model = _model(attn)
-        outputs[attn] = generate_continuations(model, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime,
-                                               max_new_tokens=4).continuations
+        outputs[attn] = generate_continuations(
+            model, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime, max_new_tokens=4
+        ).continuations
         assert model.config._attn_implementation == attn
     assert outputs["torch_varlen"] == outputs["sdpa"] == outputs["sdpa_varlen"]
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_sdpa_varlen_equals_causal_attention_per_segment_with_its_gradients(kv_heads):
-    """The CPU varlen kernel (length buckets, one causal SDPA call each): outputs and q/k/v gradients equal those
-    of each segment's own causal attention, for segments of every length up to and past a bucket boundary."""
+    """The CPU varlen kernel (length buckets, one causal SDPA call each): outputs and q/k/v gradients equal
+    those of each segment's own causal attention, for segments of every length up to and past a bucket
+    boundary."""
     from fastlm.engine.model.attention.kernels import sdpa_varlen_attention
 
     torch.manual_seed(0)
@@ -368,15 +500,26 @@ def test_sdpa_varlen_equals_causal_attention_per_segment_with_its_gradients(kv_h
     tokens, heads, dim, scale = int(bounds[-1]), 4, 8, 0.3
     query = torch.randn(1, heads, tokens, dim, requires_grad=True)
     key, value = (torch.randn(1, kv_heads, tokens, dim, requires_grad=True) for _ in range(2))
-    out, _ = sdpa_varlen_attention(None, query, key, value, None, scaling=scale, cu_seq_lens_q=bounds,
-                                   cu_seq_lens_k=bounds, max_length_q=max(lengths), max_length_k=max(lengths))
+    out, _ = sdpa_varlen_attention(
+        None,
+        query,
+        key,
+        value,
+        None,
+        scaling=scale,
+        cu_seq_lens_q=bounds,
+        cu_seq_lens_k=bounds,
+        max_length_q=max(lengths),
+        max_length_k=max(lengths),
+    )
     assert out.shape == (1, tokens, heads, dim)
     weights = torch.randn_like(out)
     grads = torch.autograd.grad((out * weights).sum(), (query, key, value))
     groups = heads // kv_heads
     q, k, v = (x.detach().clone().requires_grad_() for x in (query, key, value))
     parts = []
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):  # written out: no SDPA in the reference
+    # written out: no SDPA in the reference
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         keys, values = (x[0, :, a:b].repeat_interleave(groups, dim=0) for x in (k, v))
         scores = q[0, :, a:b] @ keys.transpose(1, 2) * scale
         scores = scores.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1), -math.inf)

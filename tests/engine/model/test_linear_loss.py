@@ -1,4 +1,5 @@
-"""linear_cross_entropy_sum: the LM head and the loss fused chunk by chunk, against the plain full-logits path."""
+"""linear_cross_entropy_sum: the LM head and the loss fused chunk by chunk, against the plain full-logits
+path."""
 
 import pytest
 import torch
@@ -52,7 +53,8 @@ def test_the_fused_loss_gives_the_plain_paths_loss_and_gradients(smoothing, chun
     got, grads = loss_and_grads(
         linear_cross_entropy_sum, hidden, weight, b, targets, label_smoothing=smoothing, chunk_tokens=chunk
     )
-    # the same terms, summed per chunk: the loss a reordered sum; the weight gradient sums tokens chunk by chunk
+    # the same terms, summed per chunk: the loss a reordered sum;
+    # the weight gradient sums tokens chunk by chunk
     torch.testing.assert_close(got, expected, rtol=reordered_sum_rtol(TOKENS * VOCAB), atol=0)
     torch.testing.assert_close(grads[0], expected_grads[0], **OTHER_FP32_KERNEL)
     torch.testing.assert_close(grads[1], expected_grads[1], **OTHER_FP32_KERNEL_GRAD)

@@ -55,15 +55,26 @@ def pairs(texts, tokenizer) -> TokenSequences:
 
 
 def model_params(base_dir, **lora_overrides):
-    return {"name_or_path": str(base_dir), "lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0,
-                                                    **lora_overrides}}
+    return {
+        "name_or_path": str(base_dir),
+        "lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0, **lora_overrides},
+    }
 
 
 def train_params(tmp_path, base_dir, **overrides):
-    raw = {"model": model_params(base_dir), "batching": {"mode": "packed", "micro_batch_size": 4},
-           "optimizer": {"lr": 2e-2, "warmup_steps": 1}, "max_steps": 8, "log_every": 2, "eval_every": None,
-           "save_every": 4, "checkpoint_dir": str(tmp_path / "ckpt"), "quiet": True,
-           "runtime": {"device": "cpu", "precision": "fp32"}, **overrides}
+    raw = {
+        "model": model_params(base_dir),
+        "batching": {"mode": "packed", "micro_batch_size": 4},
+        "optimizer": {"lr": 2e-2, "warmup_steps": 1},
+        "max_steps": 8,
+        "log_every": 2,
+        "eval_every": None,
+        "save_every": 4,
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "quiet": True,
+        "runtime": {"device": "cpu", "precision": "fp32"},
+        **overrides,
+    }
     return parse_train_params(raw)
 
 
@@ -80,7 +91,10 @@ def test_auto_targets_are_the_projections_and_only_adapters_train(base_dir, toke
     optimizer = make_adamw(model, lr=1e-3)
     in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert in_optimizer == {id(p) for p in model.parameters() if p.requires_grad}
-    assert lora.target_modules(type("M", (), {"config": type("C", (), {"model_type": "bert"})})(), "auto") == "all-linear"
+    assert (
+        lora.target_modules(type("M", (), {"config": type("C", (), {"model_type": "bert"})})(), "auto")
+        == "all-linear"
+    )
 
 
 def test_lora_is_refused_without_a_pretrained_base_and_4bit_without_cuda(base_dir, tokenizer):
@@ -89,7 +103,9 @@ def test_lora_is_refused_without_a_pretrained_base_and_4bit_without_cuda(base_di
         build_model(scratch, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
     if not torch.cuda.is_available():
         quantized = parse_train_params({"model": model_params(base_dir, load_in_4bit=True)}).model
-        with pytest.raises(ConfigError, match="train.model.lora.load_in_4bit is true but a CUDA GPU") as error:
+        with pytest.raises(
+            ConfigError, match="train.model.lora.load_in_4bit is true but a CUDA GPU"
+        ) as error:
             build_model(quantized, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
         assert "\n" not in str(error.value)
     wrong = parse_train_params({"model": model_params(base_dir, target_modules=["no_such_layer"])}).model
@@ -97,18 +113,32 @@ def test_lora_is_refused_without_a_pretrained_base_and_4bit_without_cuda(base_di
         build_model(wrong, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
 
 
-def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merges(tmp_path, base_dir, tokenizer,
-                                                                                  pairs):
-    params = train_params(tmp_path, base_dir, model={**model_params(base_dir), "gradient_checkpointing": True})
+def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merges(
+    tmp_path, base_dir, tokenizer, pairs
+):
+    params = train_params(
+        tmp_path, base_dir, model={**model_params(base_dir), "gradient_checkpointing": True}
+    )
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
     model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
     frozen_before = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
-    result = train(model, pairs, pairs, params=params, runtime=runtime, pad_id=tokenizer.eos_token_id,
-                   max_length=MAX_LENGTH, attn="sdpa")
+    result = train(
+        model,
+        pairs,
+        pairs,
+        params=params,
+        runtime=runtime,
+        pad_id=tokenizer.eos_token_id,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+    )
     losses = [record["loss"] for record in result.history]
     assert result.summary["batching"] == "packed" and losses[-1] < losses[0]
-    assert all(torch.equal(p, frozen_before[name]) for name, p in result.model.named_parameters()
-               if not p.requires_grad)
+    assert all(
+        torch.equal(p, frozen_before[name])
+        for name, p in result.model.named_parameters()
+        if not p.requires_grad
+    )
     assert latest_checkpoint(tmp_path / "ckpt").name.endswith("8")
     import safetensors.torch
 
@@ -118,9 +148,19 @@ def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merge
 
     # Resume: a fresh run with max_steps 8 continues from the step-8 checkpoint and changes nothing.
     again = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
-    resumed = train(again, pairs, None, params=params, runtime=runtime, pad_id=tokenizer.eos_token_id,
-                    max_length=MAX_LENGTH, attn="sdpa")
-    for (name, p), (_, q) in zip(result.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+    resumed = train(
+        again,
+        pairs,
+        None,
+        params=params,
+        runtime=runtime,
+        pad_id=tokenizer.eos_token_id,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+    )
+    for (name, p), (_, q) in zip(
+        result.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), name
 
     # Save as the catalog does (adapter + tokenizer), merge, and compare logits with the adapter model.
@@ -140,17 +180,27 @@ def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merge
         expected = result.model(input_ids=ids).logits
         torch.testing.assert_close(full(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
         base = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True).eval()
-        assert not torch.allclose(base(input_ids=ids).logits, expected, atol=MERGED_ADAPTER_ATOL)  # it did something
+        # it did something
+        assert not torch.allclose(base(input_ids=ids).logits, expected, atol=MERGED_ADAPTER_ATOL)
 
 
-@pytest.mark.parametrize(("overrides", "param", "missing", "candidate"), [
-    ({"target_modules": ["q_proj", "nonexistent_proj"]}, "target_modules", "nonexistent_proj", "q_proj"),
-    ({"modules_to_save": ["nonexist"]}, "modules_to_save", "nonexist", "lm_head"),
-    ({"target_modules": ["q_proj"], "modules_to_save": ["lm_head", "embed"]}, "modules_to_save", "embed",
-     "embed_tokens"),
-], ids=["target_modules", "modules_to_save", "modules_to_save_one_of_two"])
-def test_every_named_lora_module_must_exist_in_the_model(base_dir, tokenizer, overrides, param, missing,
-                                                         candidate):
+@pytest.mark.parametrize(
+    ("overrides", "param", "missing", "candidate"),
+    [
+        ({"target_modules": ["q_proj", "nonexistent_proj"]}, "target_modules", "nonexistent_proj", "q_proj"),
+        ({"modules_to_save": ["nonexist"]}, "modules_to_save", "nonexist", "lm_head"),
+        (
+            {"target_modules": ["q_proj"], "modules_to_save": ["lm_head", "embed"]},
+            "modules_to_save",
+            "embed",
+            "embed_tokens",
+        ),
+    ],
+    ids=["target_modules", "modules_to_save", "modules_to_save_one_of_two"],
+)
+def test_every_named_lora_module_must_exist_in_the_model(
+    base_dir, tokenizer, overrides, param, missing, candidate
+):
     params = parse_train_params({"model": model_params(base_dir, **overrides)}).model
     with pytest.raises(ConfigError) as error:
         build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
@@ -159,8 +209,9 @@ def test_every_named_lora_module_must_exist_in_the_model(base_dir, tokenizer, ov
     assert "\n" not in message and "Fix:" in message
 
 
-def test_lora_names_match_as_peft_matches_them_and_the_log_lists_the_adapted_modules(base_dir, tokenizer,
-                                                                                    caplog):
+def test_lora_names_match_as_peft_matches_them_and_the_log_lists_the_adapted_modules(
+    base_dir, tokenizer, caplog
+):
     """A name matches a module called that or ending in ``.<name>``; the log names what was adapted."""
     lora_params = {"target_modules": ["self_attn.q_proj", "v_proj"], "modules_to_save": ["lm_head"]}
     params = parse_train_params({"model": model_params(base_dir, **lora_params)}).model
@@ -188,8 +239,9 @@ def _adapter(tmp_path, base_dir, tokenizer):
     return base, tmp_path / "adapter"
 
 
-def test_an_adapter_refuses_a_base_replaced_by_another_model_of_the_same_shape(tmp_path, base_dir, tokenizer,
-                                                                               capsys):
+def test_an_adapter_refuses_a_base_replaced_by_another_model_of_the_same_shape(
+    tmp_path, base_dir, tokenizer, capsys
+):
     from fastlm.__main__ import merge_adapter_command
     from fastlm.datasets import PretrainedModelDataset
 
@@ -274,8 +326,16 @@ def test_a_lora_checkpoint_is_not_resumed_on_a_changed_base(tmp_path, base_dir, 
 
     def run():
         model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
-        return train(model, pairs, None, params=params, runtime=runtime, pad_id=tokenizer.eos_token_id,
-                     max_length=MAX_LENGTH, attn="sdpa")
+        return train(
+            model,
+            pairs,
+            None,
+            params=params,
+            runtime=runtime,
+            pad_id=tokenizer.eos_token_id,
+            max_length=MAX_LENGTH,
+            attn="sdpa",
+        )
 
     run()
     save_tiny_llama(base, tokenizer, seed=1)

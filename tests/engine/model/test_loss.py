@@ -147,8 +147,12 @@ def test_accumulated_gradients_equal_the_full_batch_and_naive_averaging_does_not
 
 def reference_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The plain, unchunked definition: full fp32 log-softmax of the shifted logits."""
-    return torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)),
-                                             labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.size(-1)),
+        labels[:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
 
 
 def random_logits_and_labels(rows: int = 3, seq: int = 11, vocab: int = 37):
@@ -161,7 +165,8 @@ def random_logits_and_labels(rows: int = 3, seq: int = 11, vocab: int = 37):
 
 
 @pytest.mark.parametrize("reuse_logits", [False, True])
-@pytest.mark.parametrize("chunk_elements", [1, 37 * 4 + 5, 2**21])  # one token per chunk, a ragged last chunk, one
+# one token per chunk, a ragged last chunk, one
+@pytest.mark.parametrize("chunk_elements", [1, 37 * 4 + 5, 2**21])
 def test_chunked_loss_and_gradient_equal_the_full_log_softmax(monkeypatch, reuse_logits, chunk_elements):
     monkeypatch.setattr(loss_module, "CE_CHUNK_ELEMENTS", chunk_elements)
     logits, labels = random_logits_and_labels()
@@ -221,13 +226,26 @@ def test_training_computes_logits_only_where_a_label_is_predicted(attn):
 
     generator = torch.Generator().manual_seed(3)
     layout = [(12, 8), (7, 0), (15, 11), (5, 2), (9, 6), (3, 0)]  # (length, prompt length)
-    features = [{"input_ids": torch.randint(3, VOCAB, (n,), generator=generator).tolist(), "prompt_length": p}
-                for n, p in layout]
-    collator = PackedCollator(pad_id=0, budget=TokenBudget(row_length=20, rows_per_batch=4), pad_to_multiple_of=8,
-                              attention_mask_format="none")
+    features = [
+        {"input_ids": torch.randint(3, VOCAB, (n,), generator=generator).tolist(), "prompt_length": p}
+        for n, p in layout
+    ]
+    collator = PackedCollator(
+        pad_id=0,
+        budget=TokenBudget(row_length=20, rows_per_batch=4),
+        pad_to_multiple_of=8,
+        attention_mask_format="none",
+    )
     batch = to_device(collator(features), torch.device("cpu"), attn)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.config._attn_implementation = attn
@@ -242,7 +260,9 @@ def test_training_computes_logits_only_where_a_label_is_predicted(attn):
     full = gradients(model)
 
     assert kept_targets == full_targets == sum(n - max(p, 1) for n, p in layout)
-    assert head_rows == [kept_targets, batch["input_ids"].numel()], "the LM head ran on positions without a target"
+    assert head_rows == [kept_targets, batch["input_ids"].numel()], (
+        "the LM head ran on positions without a target"
+    )
     assert kept_targets < 0.6 * batch["input_ids"].numel()
     # the LM head on K kept rows vs every row: another matmul shape (blocking), then a reordered loss sum
     torch.testing.assert_close(kept_sum, full_sum, rtol=reordered_sum_rtol(kept_targets), atol=1e-6)
@@ -252,38 +272,48 @@ def test_training_computes_logits_only_where_a_label_is_predicted(attn):
 @pytest.mark.parametrize("smoothing", [0.1, 0.3])
 @pytest.mark.parametrize("chunk_elements", [1, 37 * 4 + 5, 2**21])
 def test_label_smoothing_gives_torch_cross_entropys_loss_and_gradient(monkeypatch, smoothing, chunk_elements):
-    """The chunked loss with ``label_smoothing`` against ``F.cross_entropy(..., label_smoothing=)`` (summed over
-    the targets; ignored rows contribute nothing, their gradient is zero)."""
+    """The chunked loss with ``label_smoothing`` against ``F.cross_entropy(..., label_smoothing=)`` (summed
+    over the targets; ignored rows contribute nothing, their gradient is zero)."""
     monkeypatch.setattr(loss_module, "CE_CHUNK_ELEMENTS", chunk_elements)
     logits, labels = random_logits_and_labels()
     flat, targets = logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1)
     reference_input = flat.clone().requires_grad_()
-    expected = torch.nn.functional.cross_entropy(reference_input, targets, ignore_index=IGNORE_INDEX,
-                                                 reduction="sum", label_smoothing=smoothing)
+    expected = torch.nn.functional.cross_entropy(
+        reference_input, targets, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=smoothing
+    )
     (expected / 7).backward()
     leaf = flat.clone().requires_grad_()
     got = loss_module.cross_entropy_sum(leaf * 1.0, targets, label_smoothing=smoothing)
     (got / 7).backward()
     n_targets = int((targets != IGNORE_INDEX).sum())
-    # the same terms as torch's, reordered sums: (targets x vocab) * eps for the loss, a few eps per gradient entry
+    # the same terms as torch's, reordered sums: (targets x vocab) * eps for the loss,
+    # a few eps per gradient entry
     torch.testing.assert_close(got, expected, rtol=reordered_sum_rtol(n_targets * logits.size(-1)), atol=0)
     torch.testing.assert_close(leaf.grad, reference_input.grad, rtol=8 * EPS_FP32, atol=1e-7)
     assert leaf.grad[targets == IGNORE_INDEX].abs().sum() == 0
 
 
 def test_a_training_step_with_label_smoothing_optimises_the_smoothed_loss(tiny_llama, micro_batches):
-    """accumulate_gradients(label_smoothing=): the gradients of the smoothed token-mean loss of the whole step."""
+    """accumulate_gradients(label_smoothing=): the gradients of the smoothed token-mean loss of the whole
+    step."""
     model = tiny_llama
     batch = concatenate(micro_batches)
     model.zero_grad(set_to_none=True)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1),
-                                                 ignore_index=IGNORE_INDEX, label_smoothing=0.1)
+    expected = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB),
+        batch["labels"][:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        label_smoothing=0.1,
+    )
     expected.backward()
     reference = gradients(model)
     model.zero_grad(set_to_none=True)
     loss_sum, targets = accumulate_gradients(model, micro_batches, label_smoothing=0.1)
     smoothed = gradients(model)
     model.zero_grad(set_to_none=True)
-    torch.testing.assert_close(loss_sum / targets, expected.detach(), rtol=reordered_sum_rtol(targets * VOCAB), atol=0)
-    assert relative_difference(smoothed, reference) < reordered_sum_rtol(targets)  # micro-batches: reordered sums
+    torch.testing.assert_close(
+        loss_sum / targets, expected.detach(), rtol=reordered_sum_rtol(targets * VOCAB), atol=0
+    )
+    # micro-batches: reordered sums
+    assert relative_difference(smoothed, reference) < reordered_sum_rtol(targets)

@@ -39,24 +39,57 @@ def _tiny(kind: str, vocab: int):
     )
 
     torch.manual_seed(0)
-    llama = {"vocab_size": vocab, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False}
-    bert = {"vocab_size": vocab, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "intermediate_size": 32, "max_position_embeddings": 64}
+    llama = {
+        "vocab_size": vocab,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 64,
+        "tie_word_embeddings": False,
+    }
+    bert = {
+        "vocab_size": vocab,
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 64,
+    }
     if kind == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=16, n_layer=1, n_head=2, n_positions=64,
-                                          bos_token_id=0, eos_token_id=0))
+        return GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=vocab,
+                n_embd=16,
+                n_layer=1,
+                n_head=2,
+                n_positions=64,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        )
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**llama))
     if kind == "llama_without_head":
         return LlamaModel(LlamaConfig(**llama))
     if kind == "bart":
-        return BartForConditionalGeneration(BartConfig(
-            vocab_size=vocab, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64))
+        return BartForConditionalGeneration(
+            BartConfig(
+                vocab_size=vocab,
+                d_model=16,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                decoder_ffn_dim=32,
+                max_position_embeddings=64,
+            )
+        )
     if kind == "t5":
-        return T5ForConditionalGeneration(T5Config(vocab_size=vocab, d_model=16, d_kv=8, d_ff=32, num_layers=1,
-                                                   num_heads=2))
+        return T5ForConditionalGeneration(
+            T5Config(vocab_size=vocab, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+        )
     if kind == "bert":
         return BertForMaskedLM(BertConfig(**bert))
     if kind == "bert_decoder":
@@ -81,7 +114,9 @@ def _params(folder, **model):
 
 
 def _build(folder, tokenizer, **model):
-    return build_model(_params(folder, **model), tokenizer, max_length=MAX_LENGTH, attn_implementation="eager")
+    return build_model(
+        _params(folder, **model), tokenizer, max_length=MAX_LENGTH, attn_implementation="eager"
+    )
 
 
 def _refused(folder, tokenizer, *expected: str, **model) -> str:
@@ -100,11 +135,13 @@ def _copy(folder: Path, tmp_path: Path, name: str = "copy") -> Path:
     return copy
 
 
-# ------------------------------------------------------------------------------- the class follows the checkpoint
+# --------------------------------------------------------------------------- the class follows the checkpoint
 
 
-@pytest.mark.parametrize(("kind", "expected"), [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"),
-                                                ("bert_decoder", "BertLMHeadModel")])
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("bert_decoder", "BertLMHeadModel")],
+)
 def test_a_causal_lm_trains_as_itself_with_its_own_weights(folders, bpe_tokenizer, kind, expected):
     from safetensors.torch import load_file
 
@@ -115,8 +152,9 @@ def test_a_causal_lm_trains_as_itself_with_its_own_weights(folders, bpe_tokenize
     assert saved and all(torch.equal(state[key], value) for key, value in saved.items())
 
 
-@pytest.mark.parametrize(("kind", "expected"), [("bart", "BartForConditionalGeneration"),
-                                                ("t5", "T5ForConditionalGeneration")])
+@pytest.mark.parametrize(
+    ("kind", "expected"), [("bart", "BartForConditionalGeneration"), ("t5", "T5ForConditionalGeneration")]
+)
 def test_an_encoder_decoder_trains_as_seq2seq_with_its_own_weights(folders, bpe_tokenizer, kind, expected):
     from safetensors.torch import load_file
 
@@ -129,15 +167,22 @@ def test_an_encoder_decoder_trains_as_seq2seq_with_its_own_weights(folders, bpe_
 
 
 def test_a_masked_lm_is_refused_in_one_line(folders, bpe_tokenizer):
-    _refused(folders["bert"], bpe_tokenizer, "fastlm trains causal and seq2seq LMs", "BertForMaskedLM",
-             "model type bert", str(folders["bert"]))
+    _refused(
+        folders["bert"],
+        bpe_tokenizer,
+        "fastlm trains causal and seq2seq LMs",
+        "BertForMaskedLM",
+        "model type bert",
+        str(folders["bert"]),
+    )
 
 
 def test_a_model_type_transformers_does_not_know_is_one_line(folders, bpe_tokenizer, tmp_path):
     folder = _copy(folders["llama"], tmp_path)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "frobnicator",
-                                                    "architectures": ["FrobForCausalLM"]}))
+    (folder / "config.json").write_text(
+        json.dumps({**config, "model_type": "frobnicator", "architectures": ["FrobForCausalLM"]})
+    )
     _refused(folder, bpe_tokenizer, str(folder), "model type 'frobnicator'")
 
 
@@ -161,8 +206,15 @@ def test_a_removed_tensor_is_refused(folders, bpe_tokenizer, tmp_path, lora):
     folder = _copy(folders["llama"], tmp_path)
     _remove_tensor(folder, "model.layers.1.mlp.up_proj.weight")
     extra = {"lora": {"enabled": True, "r": 2}} if lora else {}
-    _refused(folder, bpe_tokenizer, "model.layers.1.mlp.up_proj.weight", str(folder), "missing",
-             "train.model.allow_new_weights", **extra)
+    _refused(
+        folder,
+        bpe_tokenizer,
+        "model.layers.1.mlp.up_proj.weight",
+        str(folder),
+        "missing",
+        "train.model.allow_new_weights",
+        **extra,
+    )
 
 
 def test_a_refusal_is_the_only_report_of_the_missing_keys(folders, bpe_tokenizer, tmp_path):
@@ -187,8 +239,10 @@ def test_a_new_head_needs_allow_new_weights_and_is_logged(folders, bpe_tokenizer
     with caplog.at_level(logging.WARNING, logger="fastlm"):
         model = _build(folders["llama_without_head"], bpe_tokenizer, allow_new_weights=True)
     assert type(model).__name__ == "LlamaForCausalLM"
-    assert any("lm_head.weight" in record.getMessage() and "newly initialised" in record.getMessage()
-               for record in caplog.records), caplog.text
+    assert any(
+        "lm_head.weight" in record.getMessage() and "newly initialised" in record.getMessage()
+        for record in caplog.records
+    ), caplog.text
 
 
 # ----------------------------------------------------------------------------- broken folders name the file
@@ -238,7 +292,9 @@ def test_the_models_own_larger_tokenizer_is_told_to_resize(bpe_tokenizer, tmp_pa
     folder = tmp_path / "small-embedding"
     _tiny("gpt2", len(bpe_tokenizer) - 8).save_pretrained(folder)
     bpe_tokenizer.save_pretrained(folder)
-    message = _refused(folder, bpe_tokenizer, f"has {len(bpe_tokenizer) - 8}", "train.model.resize_embeddings: true")
+    message = _refused(
+        folder, bpe_tokenizer, f"has {len(bpe_tokenizer) - 8}", "train.model.resize_embeddings: true"
+    )
     assert "split.tokenizer.source" not in message  # the hint that looped: the user already did that
     with caplog.at_level(logging.INFO, logger="fastlm"):
         model = _build(folder, bpe_tokenizer, resize_embeddings=True)
@@ -255,7 +311,7 @@ def test_new_parameters_default_off_and_are_validated():
         parse_train_params({"model": {"allow_new_weights": "sometimes"}})
 
 
-# ---------------------------------------------------- the trained-model loaders do not re-shape a model either
+# --------------------------------------------------- the trained-model loaders do not re-shape a model either
 
 
 def test_the_report_loader_loads_an_encoder_decoder_folder_as_seq2seq(folders):
@@ -276,9 +332,13 @@ def test_merge_adapter_refuses_a_base_that_is_not_whole(folders, tmp_path, capsy
     get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(adapter)
     cut = _copy(folders["llama"], tmp_path, "cut-base")
     _remove_tensor(cut, "model.layers.1.mlp.up_proj.weight")
-    for bad_base, expected in ((cut, "model.layers.1.mlp.up_proj.weight"), (folders["bart"], "does not load")):
-        code = merge_adapter_command(["--adapter", str(adapter), "--base", str(bad_base),
-                                      "--out", str(tmp_path / "merged")])
+    for bad_base, expected in (
+        (cut, "model.layers.1.mlp.up_proj.weight"),
+        (folders["bart"], "does not load"),
+    ):
+        code = merge_adapter_command(
+            ["--adapter", str(adapter), "--base", str(bad_base), "--out", str(tmp_path / "merged")]
+        )
         err = capsys.readouterr().err
         last = err.strip().splitlines()[-1]
         assert code == 2 and "Traceback" not in err, err
@@ -293,10 +353,20 @@ def test_lora_with_resized_embeddings_trains_the_new_rows_and_loads_back(bpe_tok
     _tiny("llama", len(bpe_tokenizer) - 8).save_pretrained(folder)
     bpe_tokenizer.save_pretrained(folder)
     lora = {"enabled": True, "r": 2}
-    _refused(folder, bpe_tokenizer, "LoRA keeps the embedding frozen", "train.model.lora.modules_to_save",
-             resize_embeddings=True, lora=lora)
-    model = _build(folder, bpe_tokenizer, resize_embeddings=True,
-                   lora={**lora, "modules_to_save": ["embed_tokens", "lm_head"]})
+    _refused(
+        folder,
+        bpe_tokenizer,
+        "LoRA keeps the embedding frozen",
+        "train.model.lora.modules_to_save",
+        resize_embeddings=True,
+        lora=lora,
+    )
+    model = _build(
+        folder,
+        bpe_tokenizer,
+        resize_embeddings=True,
+        lora={**lora, "modules_to_save": ["embed_tokens", "lm_head"]},
+    )
     embedding = model.get_input_embeddings()
     assert embedding.weight.requires_grad and embedding.weight.shape[0] == len(bpe_tokenizer)
     with torch.no_grad():
@@ -320,10 +390,13 @@ def test_merge_adapter_refuses_an_adapter_that_is_not_whole(folders, tmp_path, c
     data = (cut / "adapter_model.safetensors").read_bytes()
     (cut / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
     edited = _copy(adapter, tmp_path, "edited-adapter")
-    _remove_tensor_from(edited / "adapter_model.safetensors",
-                        "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight")
-    for bad, expected in ((cut, f"{cut}/adapter_model.safetensors is unreadable"),
-                          (edited, "layers.1.self_attn.q_proj.lora_B")):
+    _remove_tensor_from(
+        edited / "adapter_model.safetensors", "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"
+    )
+    for bad, expected in (
+        (cut, f"{cut}/adapter_model.safetensors is unreadable"),
+        (edited, "layers.1.self_attn.q_proj.lora_B"),
+    ):
         code = merge_adapter_command(["--adapter", str(bad), "--out", str(tmp_path / "merged")])
         err = capsys.readouterr().err
         last = err.strip().splitlines()[-1]
@@ -332,14 +405,21 @@ def test_merge_adapter_refuses_an_adapter_that_is_not_whole(folders, tmp_path, c
         assert not (tmp_path / "merged").exists()
 
 
-@pytest.mark.parametrize(("model_type", "changes", "kind"), [
-    ("qwen3", {}, "causal LM"), ("mistral", {}, "causal LM"), ("gpt_neox", {}, "causal LM"),
-    ("bert", {"is_decoder": True, "architectures": ["BertLMHeadModel"]}, "causal LM"),
-    ("roberta", {"architectures": ["RobertaForMaskedLM"]}, "encoder-only or masked LM"),
-    ("electra", {}, "encoder-only or masked LM"), ("deberta-v2", {}, "encoder-only or masked LM"),
-    ("mbart", {}, "encoder-decoder (seq2seq) model"), ("mt5", {}, "encoder-decoder (seq2seq) model"),
-    ("vit", {}, "unknown kind of model"),
-])
+@pytest.mark.parametrize(
+    ("model_type", "changes", "kind"),
+    [
+        ("qwen3", {}, "causal LM"),
+        ("mistral", {}, "causal LM"),
+        ("gpt_neox", {}, "causal LM"),
+        ("bert", {"is_decoder": True, "architectures": ["BertLMHeadModel"]}, "causal LM"),
+        ("roberta", {"architectures": ["RobertaForMaskedLM"]}, "encoder-only or masked LM"),
+        ("electra", {}, "encoder-only or masked LM"),
+        ("deberta-v2", {}, "encoder-only or masked LM"),
+        ("mbart", {}, "encoder-decoder (seq2seq) model"),
+        ("mt5", {}, "encoder-decoder (seq2seq) model"),
+        ("vit", {}, "unknown kind of model"),
+    ],
+)
 def test_the_kind_follows_the_config(model_type, changes, kind):
     from transformers import AutoConfig
 
@@ -347,11 +427,13 @@ def test_the_kind_follows_the_config(model_type, changes, kind):
 
     config = AutoConfig.for_model(model_type, **changes)
     assert pretrained.checkpoint_kind(config) == kind
-    checkpoint = pretrained.PretrainedFolder(source="./m", location="./m", label="train.model.name_or_path = './m'",
-                                       config=config, kind=kind)
+    checkpoint = pretrained.PretrainedFolder(
+        source="./m", location="./m", label="train.model.name_or_path = './m'", config=config, kind=kind
+    )
     if kind in pretrained.TRAINABLE:
         assert pretrained.require_trainable(checkpoint) == (
-            "AutoModelForSeq2SeqLM" if kind == pretrained.SEQ2SEQ else "AutoModelForCausalLM")
+            "AutoModelForSeq2SeqLM" if kind == pretrained.SEQ2SEQ else "AutoModelForCausalLM"
+        )
     else:
         with pytest.raises(ConfigError, match=f"model type {model_type}.*fastlm trains"):
             pretrained.require_trainable(checkpoint)

@@ -43,8 +43,12 @@ def prepared(monkeypatch):
     calls: list[dict] = []
 
     def prepare(model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs=None):
-        calls.append({"use_gradient_checkpointing": use_gradient_checkpointing,
-                      "gradient_checkpointing_kwargs": gradient_checkpointing_kwargs})
+        calls.append(
+            {
+                "use_gradient_checkpointing": use_gradient_checkpointing,
+                "gradient_checkpointing_kwargs": gradient_checkpointing_kwargs,
+            }
+        )
         if use_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
         return model
@@ -53,10 +57,12 @@ def prepared(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(("policy", "checkpointed"),
-                         [("selective", [0, 2]), ("full", [0, 1, 2, 3]), ("off", [])])
+@pytest.mark.parametrize(
+    ("policy", "checkpointed"), [("selective", [0, 2]), ("full", [0, 1, 2, 3]), ("off", [])]
+)
 def test_qlora_loads_nf4_with_bf16_compute_and_prepares_with_the_policy(
-        tmp_path, monkeypatch, fake_cuda_with_bitsandbytes, prepared, policy, checkpointed):
+    tmp_path, monkeypatch, fake_cuda_with_bitsandbytes, prepared, policy, checkpointed
+):
     tokenizer = llama_style_tokenizer(TEXTS, vocab_size=300)
     base = save_tiny_llama(tmp_path / "base", tokenizer, layers=4)
     loads: list[dict] = []
@@ -64,21 +70,33 @@ def test_qlora_loads_nf4_with_bf16_compute_and_prepares_with_the_policy(
 
     def load(checkpoint, **kwargs):
         loads.append(kwargs)
-        kwargs = {key: value for key, value in kwargs.items()
-                  if key not in ("quantization_config", "device_map")}
+        kwargs = {
+            key: value for key, value in kwargs.items() if key not in ("quantization_config", "device_map")
+        }
         return real_load(checkpoint, **{**kwargs, "dtype": torch.float32})  # not quantized on CPU
 
     monkeypatch.setattr(pretrained, "load_pretrained", load)
-    params = parse_train_params({"model": {"name_or_path": str(base), "gradient_checkpointing": policy,
-                                           "lora": {"enabled": True, "load_in_4bit": True, "r": 4}}}).model
+    params = parse_train_params(
+        {
+            "model": {
+                "name_or_path": str(base),
+                "gradient_checkpointing": policy,
+                "lora": {"enabled": True, "load_in_4bit": True, "r": 4},
+            }
+        }
+    ).model
     model = build_model(params, tokenizer, max_length=64, attn_implementation="sdpa")
 
     quantization = loads[0]["quantization_config"]
     assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
     assert quantization.bnb_4bit_use_double_quant and quantization.bnb_4bit_compute_dtype == torch.bfloat16
     assert loads[0]["dtype"] == torch.bfloat16 and loads[0]["device_map"] == {"": 0}
-    assert prepared == [{"use_gradient_checkpointing": policy != "off",
-                         "gradient_checkpointing_kwargs": {"use_reentrant": False}}]
+    assert prepared == [
+        {
+            "use_gradient_checkpointing": policy != "off",
+            "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        }
+    ]
     assert checkpointed_layers(model) == checkpointed  # selective is not widened to full by the preparation
     assert any("lora_A" in name for name, p in model.named_parameters() if p.requires_grad)
 
@@ -95,10 +113,18 @@ def test_qlora_runtime_is_bf16_without_a_grad_scaler(monkeypatch, fake_cuda_with
     assert runtime.grad_scaler is False and not runtime.make_grad_scaler().is_enabled()
 
 
-def test_the_fused_linear_loss_stays_on_for_a_128k_vocabulary_under_qlora(fake_cuda_with_bitsandbytes,
-                                                                          prepared):
-    config = LlamaConfig(vocab_size=128_256, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+def test_the_fused_linear_loss_stays_on_for_a_128k_vocabulary_under_qlora(
+    fake_cuda_with_bitsandbytes, prepared
+):
+    config = LlamaConfig(
+        vocab_size=128_256,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     with torch.random.fork_rng(devices=[]):
         model = LlamaForCausalLM(config)
     enable_checkpointing(model, "full")

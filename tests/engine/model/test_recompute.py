@@ -18,9 +18,17 @@ LAYERS = 4
 
 
 def tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         attn_implementation="sdpa", use_cache=False)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return LlamaForCausalLM(config).train()
@@ -70,8 +78,10 @@ def test_a_policy_can_be_switched_on_the_same_model():
     assert checkpointed_layers(model) == []
 
 
-@pytest.mark.parametrize(("raw", "policy"), [(True, "full"), (False, "off"), ("selective", "selective"),
-                                             ("auto", "auto"), ("full", "full")])
+@pytest.mark.parametrize(
+    ("raw", "policy"),
+    [(True, "full"), (False, "off"), ("selective", "selective"), ("auto", "auto"), ("full", "full")],
+)
 def test_the_parameter_reads_booleans_as_full_and_off(raw, policy):
     model = parse_train_params({"model": {"gradient_checkpointing": raw}}).model
     assert model.gradient_checkpointing == policy

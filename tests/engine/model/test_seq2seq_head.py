@@ -1,9 +1,9 @@
 """Encoder-decoder training steps run the LM head only on decoder positions that predict a target.
 
 The decoder rows of a step hold padding (length-grouped batches are padded to the longest response) and each
-sample's EOS input, which predicts nothing; over an 8-32k vocabulary the head is most of the decoder's work. The
-loss and the gradients must be those of the full logits, padded and packed, for BART, mBART and T5 (whose head
-scales its input first: the hook sits on the head module itself), and under a LoRA wrapper.
+sample's EOS input, which predicts nothing; over an 8-32k vocabulary the head is most of the decoder's work.
+The loss and the gradients must be those of the full logits, padded and packed, for BART, mBART and T5 (whose
+head scales its input first: the hook sits on the head module itself), and under a LoRA wrapper.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ def loss_and_grads(model, batch, logits_and_targets):
 
 def full_logits(model, batch):
     logits = forward_logits(model, batch)
-    return logits.reshape(-1, logits.size(-1)), torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1),
-                                                                         value=-100).reshape(-1)
+    return logits.reshape(-1, logits.size(-1)), torch.nn.functional.pad(
+        batch["labels"][:, 1:], (0, 1), value=-100
+    ).reshape(-1)
 
 
 @pytest.mark.parametrize("kind", ["bart", "mbart", "t5"])
@@ -52,7 +53,11 @@ def test_a_training_step_computes_the_head_only_where_a_target_is_predicted(kind
         enable_packed_seq2seq(model)
     start = model.config.decoder_start_token_id
     features = samples(12, seed=3)
-    raw = packed_batch(features, start) if packed else Seq2SeqCollator(pad_id=PAD, decoder_start_id=start)(features)
+    raw = (
+        packed_batch(features, start)
+        if packed
+        else Seq2SeqCollator(pad_id=PAD, decoder_start_id=start)(features)
+    )
     batch = to_device(raw, torch.device("cpu"), "sdpa")
     rows = head_rows(model)
     expected_loss, expected_grads = loss_and_grads(model, batch, full_logits)
@@ -70,7 +75,9 @@ def test_a_lora_wrapped_encoder_decoder_keeps_its_head_to_the_targets_too():
     from peft import LoraConfig, get_peft_model
 
     base = tiny_seq2seq("bart").train()
-    model = get_peft_model(base, LoraConfig(task_type="SEQ_2_SEQ_LM", r=2, target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        base, LoraConfig(task_type="SEQ_2_SEQ_LM", r=2, target_modules=["q_proj", "v_proj"])
+    )
     enable_target_head(model)
     features = samples(8, seed=4)
     raw = Seq2SeqCollator(pad_id=PAD, decoder_start_id=base.config.decoder_start_token_id)(features)
@@ -78,7 +85,8 @@ def test_a_lora_wrapped_encoder_decoder_keeps_its_head_to_the_targets_too():
     rows = head_rows(base)
     logits, targets = training_logits(model, batch)
     assert rows == [int(raw["num_target_tokens"])] == [logits.size(0)] == [int((targets != -100).sum())]
-    loss_sum, _ = causal_lm_loss_sum(forward_logits(model, batch), batch["labels"])  # evaluation: every position
+    # evaluation: every position
+    loss_sum, _ = causal_lm_loss_sum(forward_logits(model, batch), batch["labels"])
     assert rows[-1] == raw["decoder_input_ids"].numel()
     kept_sum = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
     torch.testing.assert_close(kept_sum, loss_sum, rtol=reordered_sum_rtol(rows[0]), atol=0)  # head on K rows

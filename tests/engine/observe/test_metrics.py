@@ -29,12 +29,26 @@ def test_flush_values_on_a_synthetic_sequence(clock):
 
     metrics.record_data_wait(0.1)
     clock.now = 1.0
-    metrics.update(loss_sum=torch.tensor(6.0), target_tokens=3, real_tokens=4, computed_tokens=5, samples=2,
-                   grad_norm=torch.tensor(2.0), lr=1e-3)
+    metrics.update(
+        loss_sum=torch.tensor(6.0),
+        target_tokens=3,
+        real_tokens=4,
+        computed_tokens=5,
+        samples=2,
+        grad_norm=torch.tensor(2.0),
+        lr=1e-3,
+    )
     metrics.record_data_wait(0.3)
     clock.now = 2.0
-    metrics.update(loss_sum=torch.tensor(4.0), target_tokens=torch.tensor(2), real_tokens=torch.tensor(4),
-                   computed_tokens=8, samples=2, grad_norm=torch.tensor(1.5), lr=2e-3)
+    metrics.update(
+        loss_sum=torch.tensor(4.0),
+        target_tokens=torch.tensor(2),
+        real_tokens=torch.tensor(4),
+        computed_tokens=8,
+        samples=2,
+        grad_norm=torch.tensor(1.5),
+        lr=2e-3,
+    )
     clock.now = 2.5
     first = metrics.flush(step=2)
 
@@ -91,11 +105,24 @@ def test_mfu_is_none_on_cpu_without_a_known_peak():
 def test_update_does_no_host_sync_and_flush_reads_back_once(monkeypatch):
     metrics = StepMetrics("cpu", total_steps=100)
     steps = [
-        dict(loss_sum=torch.tensor(2.0, requires_grad=True) * 3, target_tokens=torch.tensor(3),
-             real_tokens=torch.tensor(5), computed_tokens=torch.tensor(8), samples=torch.tensor(2),
-             grad_norm=torch.tensor(0.5), lr=1e-3),
-        dict(loss_sum=torch.tensor(4.0), target_tokens=5, real_tokens=7, computed_tokens=8, samples=2,
-             grad_norm=0.25, lr=1e-3),
+        dict(
+            loss_sum=torch.tensor(2.0, requires_grad=True) * 3,
+            target_tokens=torch.tensor(3),
+            real_tokens=torch.tensor(5),
+            computed_tokens=torch.tensor(8),
+            samples=torch.tensor(2),
+            grad_norm=torch.tensor(0.5),
+            lr=1e-3,
+        ),
+        dict(
+            loss_sum=torch.tensor(4.0),
+            target_tokens=5,
+            real_tokens=7,
+            computed_tokens=8,
+            samples=2,
+            grad_norm=0.25,
+            lr=1e-3,
+        ),
     ]
 
     def no_sync(*args, **kwargs):
@@ -127,8 +154,13 @@ def test_update_does_no_host_sync_and_flush_reads_back_once(monkeypatch):
 def test_flops_per_token_and_the_peak_flops_table(monkeypatch):
     assert flops_per_token(n_params=1000, n_layers=2, hidden_size=64, seq_len=128) == 6000 + 12 * 2 * 64 * 128
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for name, peak in [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
-                       ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("Tesla T4", None)]:
+    for name, peak in [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("Tesla T4", None),
+    ]:
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         assert device_peak_flops("cuda") == peak, name
 
@@ -141,8 +173,15 @@ def test_update_does_not_synchronize_cuda():
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):
-            metrics.update(loss_sum=loss_sum, target_tokens=count, real_tokens=count, computed_tokens=8,
-                           samples=2, grad_norm=loss_sum, lr=1e-3)
+            metrics.update(
+                loss_sum=loss_sum,
+                target_tokens=count,
+                real_tokens=count,
+                computed_tokens=8,
+                samples=2,
+                grad_norm=loss_sum,
+                lr=1e-3,
+            )
     finally:
         torch.cuda.set_sync_debug_mode("default")
     record = metrics.flush(step=3)

@@ -1,5 +1,6 @@
-"""The step profiler, driven directly: it records exactly the asked window of steps once, writes a Chrome trace
-holding the loop's phase ranges, and summarises the phases and the top operators; off, it does nothing."""
+"""The step profiler, driven directly: it records exactly the asked window of steps once, writes a Chrome
+trace holding the loop's phase ranges, and summarises the phases and the top operators; off, it does
+nothing."""
 
 from __future__ import annotations
 

@@ -93,8 +93,16 @@ def test_describe_is_a_flat_dict_of_plain_values():
     assert described["device"] == "cpu"
     assert described["precision"] == "fp32"
     assert described["num_threads"] == 1
-    assert {"tf32", "cudnn_benchmark", "deterministic", "compile", "seed", "torch_version",
-            "float32_matmul_precision", "sdpa_flash"} <= described.keys()
+    assert {
+        "tf32",
+        "cudnn_benchmark",
+        "deterministic",
+        "compile",
+        "seed",
+        "torch_version",
+        "float32_matmul_precision",
+        "sdpa_flash",
+    } <= described.keys()
     with pytest.raises(dataclasses.FrozenInstanceError):
         runtime.precision = "bf16"
 
@@ -154,10 +162,23 @@ def test_precision_resolution_on_cuda_without_a_gpu(monkeypatch):
 
 def test_grad_scaler_is_enabled_only_for_fp16():
     def runtime_with(precision: str) -> Runtime:
-        return Runtime(device=torch.device("cpu"), device_name="cpu", precision=precision,
-                       grad_scaler=precision == "fp16", tf32=False, cudnn_benchmark=False, sdpa_flash=None,
-                       sdpa_mem_efficient=None, deterministic=False, compile=False, num_threads=1, seed=0,
-                       tokenizers_parallelism="false", torch_version=torch.__version__, cuda_version=None)
+        return Runtime(
+            device=torch.device("cpu"),
+            device_name="cpu",
+            precision=precision,
+            grad_scaler=precision == "fp16",
+            tf32=False,
+            cudnn_benchmark=False,
+            sdpa_flash=None,
+            sdpa_mem_efficient=None,
+            deterministic=False,
+            compile=False,
+            num_threads=1,
+            seed=0,
+            tokenizers_parallelism="false",
+            torch_version=torch.__version__,
+            cuda_version=None,
+        )
 
     assert runtime_with("fp16").autocast_dtype == torch.float16
     assert runtime_with("fp16").grad_scaler and not runtime_with("bf16").grad_scaler
@@ -212,19 +233,30 @@ def test_compile_auto_is_on_for_cuda_and_off_on_cpu():
 
     assert resolve_compile("auto", torch.device("cuda")) is True
     assert resolve_compile("auto", torch.device("cpu")) is False
-    assert resolve_compile(True, torch.device("cpu")) is True and resolve_compile(False, torch.device("cuda")) is False
+    assert (
+        resolve_compile(True, torch.device("cpu")) is True
+        and resolve_compile(False, torch.device("cuda")) is False
+    )
     assert setup_runtime(RuntimeConfig(device="cpu")).compile is False  # the default, resolved
     with pytest.raises(ValueError, match="compile"):
         RuntimeConfig(compile="sometimes")
 
 
 def test_the_validated_train_runtime_parameters_are_applied_as_they_are():
-    """The node hands ``train.runtime`` (validated once by the parameter hook) and ``train.seed`` straight in."""
+    """The node hands ``train.runtime`` (validated once by the parameter hook) and ``train.seed`` straight
+    in."""
     from fastlm.engine.config import parse_train_params
 
-    params = parse_train_params({"seed": 7, "runtime": {"device": "cpu", "precision": "bf16", "num_threads": 1}})
+    params = parse_train_params(
+        {"seed": 7, "runtime": {"device": "cpu", "precision": "bf16", "num_threads": 1}}
+    )
     runtime = setup_runtime(params.runtime, seed=params.seed)
-    assert (runtime.device.type, runtime.precision, runtime.num_threads, runtime.seed) == ("cpu", "bf16", 1, 7)
+    assert (runtime.device.type, runtime.precision, runtime.num_threads, runtime.seed) == (
+        "cpu",
+        "bf16",
+        1,
+        7,
+    )
     assert torch.get_num_threads() == 1
     first = torch.rand(3)
     setup_runtime(params.runtime, seed=7)
@@ -232,20 +264,27 @@ def test_the_validated_train_runtime_parameters_are_applied_as_they_are():
     assert setup_runtime(params.runtime).seed == 0  # RuntimeParams has no seed of its own
 
 
-@pytest.mark.parametrize(("precision", "compile_", "provisional"), [
-    ("auto", "auto", ["precision=fp32 (auto:", "compile=False (auto:"]),
-    ("auto", False, ["precision=fp32 (auto:"]),
-    ("fp32", "auto", ["compile=False (auto:"]),
-    ("fp32", False, []),
-    ("auto", "auto", None),  # not a training run: nothing measures them later, the values are the settled ones
-])
-def test_the_runtime_line_says_which_cpu_choices_the_first_micro_batch_still_settles(caplog, precision, compile_,
-                                                                                      provisional):
+@pytest.mark.parametrize(
+    ("precision", "compile_", "provisional"),
+    [
+        ("auto", "auto", ["precision=fp32 (auto:", "compile=False (auto:"]),
+        ("auto", False, ["precision=fp32 (auto:"]),
+        ("fp32", "auto", ["compile=False (auto:"]),
+        ("fp32", False, []),
+        # not a training run: nothing measures them later, the values are the settled ones
+        ("auto", "auto", None),
+    ],
+)
+def test_the_runtime_line_says_which_cpu_choices_the_first_micro_batch_still_settles(
+    caplog, precision, compile_, provisional
+):
     """On CPU, ``auto`` precision and compile are measured on the first micro-batch (runtime_probe): the
     runtime line must not state fp32 / no compile as settled when a later line may pick bf16 / compile."""
     with caplog.at_level(logging.INFO, logger=runtime_module.__name__):
-        setup_runtime(RuntimeConfig(device="cpu", precision=precision, compile=compile_, num_threads=1),
-                      measured_later=provisional is not None)
+        setup_runtime(
+            RuntimeConfig(device="cpu", precision=precision, compile=compile_, num_threads=1),
+            measured_later=provisional is not None,
+        )
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("runtime: "))
     for part in provisional or []:
         assert part in line and "first micro-batch" in line

@@ -17,8 +17,15 @@ from fastlm.errors import ConfigError
 
 
 def llama(hidden: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-                         num_attention_heads=4, max_position_embeddings=32, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):  # shapes only: a 2048-wide model without its memory
         return LlamaForCausalLM(config)
 
@@ -38,9 +45,15 @@ def test_auto_is_on_for_a_wide_model_on_a_hopper_gpu_with_torchao(hopper):
     assert on and "9.0" in why and "2048" in why
 
 
-@pytest.mark.parametrize(("change", "reason"), [
-    ("cpu", "not a CUDA device"), ("ampere", "compute capability 8.0 < 8.9"), ("no_torchao", "torchao"),
-    ("narrow", "hidden size 1024 < 2048")])
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ("cpu", "not a CUDA device"),
+        ("ampere", "compute capability 8.0 < 8.9"),
+        ("no_torchao", "torchao"),
+        ("narrow", "hidden size 1024 < 2048"),
+    ],
+)
 def test_auto_is_off_with_the_reason(hopper, monkeypatch, change, reason):
     device, model = CUDA, llama(2048)
     if change == "cpu":
@@ -85,8 +98,9 @@ def test_apply_converts_through_torchao_with_the_filter(hopper, monkeypatch):
     converted: list[str] = []
 
     def convert(model, *, module_filter_fn):
-        converted.extend(name for name, module in model.named_modules()
-                         if name and module_filter_fn(module, name))
+        converted.extend(
+            name for name, module in model.named_modules() if name and module_filter_fn(module, name)
+        )
         return model
 
     monkeypatch.setattr(float8, "load_converter", lambda: convert)

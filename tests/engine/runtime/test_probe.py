@@ -1,4 +1,5 @@
-"""``runtime.precision: auto`` on CPU: the first micro-batch measures bf16 against fp32, without a trace on the run."""
+"""``runtime.precision: auto`` on CPU: the first micro-batch measures bf16 against fp32, without a trace on
+the run."""
 
 import pytest
 import torch
@@ -37,14 +38,18 @@ def native_bf16(monkeypatch):
     monkeypatch.setattr(probe, "cpu_has_native_bf16", lambda: True)
 
 
-@pytest.mark.parametrize(("fp32_s", "bf16_s", "expected"), [
-    (1.0, 0.5, "bf16"),  # 2x: chosen
-    (1.0, 1.0 / MIN_SPEEDUP, "bf16"),  # exactly the margin
-    (1.0, 0.95, "fp32"),  # within noise: fp32 stays
-    (1.0, 1.4, "fp32"),  # slower (small products)
-])
-def test_auto_on_a_cpu_with_native_bf16_takes_bf16_only_when_it_measures_faster(native_bf16, fp32_s, bf16_s,
-                                                                                 expected):
+@pytest.mark.parametrize(
+    ("fp32_s", "bf16_s", "expected"),
+    [
+        (1.0, 0.5, "bf16"),  # 2x: chosen
+        (1.0, 1.0 / MIN_SPEEDUP, "bf16"),  # exactly the margin
+        (1.0, 0.95, "fp32"),  # within noise: fp32 stays
+        (1.0, 1.4, "fp32"),  # slower (small products)
+    ],
+)
+def test_auto_on_a_cpu_with_native_bf16_takes_bf16_only_when_it_measures_faster(
+    native_bf16, fp32_s, bf16_s, expected
+):
     calls = []
     seconds = {"fp32": fp32_s, "bf16": bf16_s}
     runtime, result = probe_runtime(cpu(), "auto", toy_model(), BATCH, measure=timer(seconds, calls))
@@ -58,22 +63,27 @@ def test_auto_on_a_cpu_with_native_bf16_takes_bf16_only_when_it_measures_faster(
 
 def test_a_micro_batch_too_small_to_pay_keeps_fp32_without_a_bf16_trial(native_bf16):
     calls = []
-    runtime, result = probe_runtime(cpu(), "auto", toy_model(), BATCH,
-                                    measure=timer({"fp32": MIN_STEP_SECONDS / 2}, calls))
+    runtime, result = probe_runtime(
+        cpu(), "auto", toy_model(), BATCH, measure=timer({"fp32": MIN_STEP_SECONDS / 2}, calls)
+    )
     assert runtime.precision == "fp32" and calls == ["fp32"]
     assert "too small" in result.reason
 
 
-@pytest.mark.parametrize(("requested", "kwargs", "native", "expected", "reason"), [
-    ("fp32", {}, True, "fp32", "set in train.runtime.precision"),
-    ("bf16", {}, False, "bf16", "set in train.runtime.precision"),
-    ("auto", {}, False, "fp32", "no native bf16"),
-    ("auto", {"world_size": 2}, True, "fp32", "several CPU processes"),
-    ("auto", {"resumed": {"precision": "bf16"}}, True, "bf16", "resumed checkpoint"),
-    ("auto", {"resumed": {"precision": "fp32"}}, True, "fp32", "resumed checkpoint"),
-])
-def test_nothing_is_measured_where_the_choice_is_already_made(monkeypatch, requested, kwargs, native, expected,
-                                                              reason):
+@pytest.mark.parametrize(
+    ("requested", "kwargs", "native", "expected", "reason"),
+    [
+        ("fp32", {}, True, "fp32", "set in train.runtime.precision"),
+        ("bf16", {}, False, "bf16", "set in train.runtime.precision"),
+        ("auto", {}, False, "fp32", "no native bf16"),
+        ("auto", {"world_size": 2}, True, "fp32", "several CPU processes"),
+        ("auto", {"resumed": {"precision": "bf16"}}, True, "bf16", "resumed checkpoint"),
+        ("auto", {"resumed": {"precision": "fp32"}}, True, "fp32", "resumed checkpoint"),
+    ],
+)
+def test_nothing_is_measured_where_the_choice_is_already_made(
+    monkeypatch, requested, kwargs, native, expected, reason
+):
     monkeypatch.setattr(probe, "cpu_has_native_bf16", lambda: native)
 
     def never(*args):
@@ -100,8 +110,9 @@ def _real_then(seconds: dict):
     return timer(seconds, real=True)
 
 
-def test_a_run_left_on_auto_trains_exactly_as_one_set_to_what_was_measured_faster(tmp_path, monkeypatch,
-                                                                                   native_bf16):
+def test_a_run_left_on_auto_trains_exactly_as_one_set_to_what_was_measured_faster(
+    tmp_path, monkeypatch, native_bf16
+):
     """The measured passes run for real on the run's first micro-batch; the run still equals explicit bf16."""
     monkeypatch.setattr(probe, "forward_backward_seconds", _real_then({"fp32": 1.0, "bf16": 0.5}))
     steps = {"max_steps": 6, "log_every": 1, "eval_every": None}
@@ -129,6 +140,7 @@ def test_a_resumed_run_keeps_the_settings_its_checkpoint_trained_with(tmp_path, 
 
 # --- runtime.compile: auto on CPU ---------------------------------------------------------------------------
 
+
 class Compiled(torch.nn.Module):
     """What a fake compiler returns: the model itself behind a wrapper (``_orig_mod``, as torch.compile's)."""
 
@@ -141,7 +153,8 @@ class Compiled(torch.nn.Module):
 
 
 def compile_timer(eager_s: float, compiled_s: float, calls: list, *, real: bool = False):
-    """A ``measure`` reporting ``compiled_s`` for a compiled model and ``eager_s`` otherwise (fp32 runtime)."""
+    """A ``measure`` reporting ``compiled_s`` for a compiled model and ``eager_s`` otherwise (fp32
+    runtime)."""
     forward_backward = probe.forward_backward_seconds
 
     def measure(model, batch, runtime):
@@ -154,25 +167,36 @@ def compile_timer(eager_s: float, compiled_s: float, calls: list, *, real: bool 
     return measure
 
 
-LONG_RUN = int(2 * probe.COMPILE_MIN_RUN_SECONDS)  # micro-batches left, at 1 s each: long enough to repay compiling
+# micro-batches left, at 1 s each: long enough to repay compiling
+LONG_RUN = int(2 * probe.COMPILE_MIN_RUN_SECONDS)
 
 
-@pytest.mark.parametrize(("eager_s", "compiled_s", "expected"), [
-    (1.0, 0.5, True),  # 2x: compiled
-    (1.0, 1.0 / probe.COMPILE_MIN_SPEEDUP, True),  # exactly the margin
-    (1.0, 0.95, False),  # within noise: eager stays
-    (1.0, 1.3, False),  # slower
-])
-def test_auto_compile_on_cpu_keeps_the_compiled_model_only_where_it_measures_faster(eager_s, compiled_s, expected):
+@pytest.mark.parametrize(
+    ("eager_s", "compiled_s", "expected"),
+    [
+        (1.0, 0.5, True),  # 2x: compiled
+        (1.0, 1.0 / probe.COMPILE_MIN_SPEEDUP, True),  # exactly the margin
+        (1.0, 0.95, False),  # within noise: eager stays
+        (1.0, 1.3, False),  # slower
+    ],
+)
+def test_auto_compile_on_cpu_keeps_the_compiled_model_only_where_it_measures_faster(
+    eager_s, compiled_s, expected
+):
     calls, compiled_models = [], []
 
     def compiler(model):
         compiled_models.append(Compiled(model))
         return compiled_models[-1]
 
-    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH,
-                                    compile_probe=CompileProbe("auto", LONG_RUN, compiler=compiler),
-                                    measure=compile_timer(eager_s, compiled_s, calls))
+    runtime, result = probe_runtime(
+        cpu("fp32"),
+        "fp32",
+        toy_model(),
+        BATCH,
+        compile_probe=CompileProbe("auto", LONG_RUN, compiler=compiler),
+        measure=compile_timer(eager_s, compiled_s, calls),
+    )
     assert runtime.compile is expected and result.record()["compile"] is expected
     assert (result.compiled is compiled_models[0]) if expected else result.compiled is None
     assert calls[:3] == ["eager", "compiled", "compiled"]  # eager timed, then compiled: compile + warm-up
@@ -187,28 +211,42 @@ def test_auto_compile_on_cpu_skips_a_run_too_short_to_repay_compiling():
     def compiler(model):
         raise AssertionError("compiled for a run too short to repay it")
 
-    runtime, result = probe_runtime(cpu("fp32"), "fp32", toy_model(), BATCH,
-                                    compile_probe=CompileProbe("auto", 10, compiler=compiler),
-                                    measure=compile_timer(1.0, 0.1, calls))
+    runtime, result = probe_runtime(
+        cpu("fp32"),
+        "fp32",
+        toy_model(),
+        BATCH,
+        compile_probe=CompileProbe("auto", 10, compiler=compiler),
+        measure=compile_timer(1.0, 0.1, calls),
+    )
     assert runtime.compile is False and result.compiled is None and calls == ["eager"]
     assert "would not repay" in runtime.compile_choice
 
 
-@pytest.mark.parametrize(("request_", "kwargs", "expected", "reason"), [
-    (True, {}, True, "set in train.runtime.compile"),
-    (False, {}, False, "set in train.runtime.compile"),
-    ("auto", {"world_size": 2}, False, "several CPU processes"),
-    ("auto", {"resumed": {"precision": "fp32", "compile": True}}, True, "resumed checkpoint"),
-    ("auto", {"resumed": {"precision": "fp32", "compile": False}}, False, "resumed checkpoint"),
-])
+@pytest.mark.parametrize(
+    ("request_", "kwargs", "expected", "reason"),
+    [
+        (True, {}, True, "set in train.runtime.compile"),
+        (False, {}, False, "set in train.runtime.compile"),
+        ("auto", {"world_size": 2}, False, "several CPU processes"),
+        ("auto", {"resumed": {"precision": "fp32", "compile": True}}, True, "resumed checkpoint"),
+        ("auto", {"resumed": {"precision": "fp32", "compile": False}}, False, "resumed checkpoint"),
+    ],
+)
 def test_compile_is_not_measured_where_the_choice_is_already_made(request_, kwargs, expected, reason):
     def never(*args):
         raise AssertionError("measured although the choice was already made")
 
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1, compile=request_))
-    runtime, result = probe_runtime(runtime, "fp32", toy_model(), BATCH,
-                                    compile_probe=CompileProbe(request_, LONG_RUN, compiler=never), measure=never,
-                                    **kwargs)
+    runtime, result = probe_runtime(
+        runtime,
+        "fp32",
+        toy_model(),
+        BATCH,
+        compile_probe=CompileProbe(request_, LONG_RUN, compiler=never),
+        measure=never,
+        **kwargs,
+    )
     assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
 
 
@@ -230,17 +268,19 @@ def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(t
     auto = run_toy(toy_params(tmp_path / "auto", runtime={"precision": "fp32", "compile": "auto"}, **steps))
     eager = run_toy(toy_params(tmp_path / "eager", runtime={"precision": "fp32", "compile": False}, **steps))
     assert auto.runtime.compile is True and "measured" in auto.runtime.compile_choice
-    assert len(compiled_models) == 1 and len(seen) >= 6 + 2 + probe.ROUNDS  # probe passes + every training step
+    # probe passes + every training step
+    assert len(compiled_models) == 1 and len(seen) >= 6 + 2 + probe.ROUNDS
     assert auto.summary["attention"] == "eager" and eager.summary["attention"] == "sdpa"
-    assert [r["loss"] for r in auto.history] == pytest.approx([r["loss"] for r in eager.history],
-                                                              rel=TRAINED_FP32_LOSS_REL)
+    assert [r["loss"] for r in auto.history] == pytest.approx(
+        [r["loss"] for r in eager.history], rel=TRAINED_FP32_LOSS_REL
+    )
     assert eager.runtime.compile_choice == "set in train.runtime.compile"
 
 
 def test_a_compiled_cpu_run_left_on_auto_attention_trains_on_the_additive_mask_path(tmp_path, monkeypatch):
     """Compiled on CPU, ``auto`` attention trains on the eager (additive-mask) path, measured so by the probe:
-    every compiled call, the probe's included, runs on that path with an additive mask (a bool one would leak),
-    and the model is back on SDPA when training ends."""
+    every compiled call, the probe's included, runs on that path with an additive mask (a bool one would
+    leak), and the model is back on SDPA when training ends."""
     from fastlm.engine.train.loop import train
     from tests.support.toy_training import EOS, toy_model, toy_sequences
 
@@ -253,21 +293,43 @@ def test_a_compiled_cpu_run_left_on_auto_attention_trains_on_the_additive_mask_p
     monkeypatch.setattr(probe, "forward_backward_seconds", compile_timer(100.0, 50.0, [], real=True))
     monkeypatch.setattr(probe, "compile_module", Compiled)
     monkeypatch.setattr(Compiled, "forward", recording_forward)
-    params = toy_params(tmp_path, runtime={"precision": "fp32", "compile": "auto"}, max_steps=4, eval_every=None)
+    params = toy_params(
+        tmp_path, runtime={"precision": "fp32", "compile": "auto"}, max_steps=4, eval_every=None
+    )
     model = toy_model()
-    result = train(model, toy_sequences(300, 1), None, params=params,
-                   runtime=setup_runtime(params.runtime, seed=params.seed), pad_id=EOS, max_length=64, attn="sdpa")
+    result = train(
+        model,
+        toy_sequences(300, 1),
+        None,
+        params=params,
+        runtime=setup_runtime(params.runtime, seed=params.seed),
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+    )
     assert result.runtime.compile is True and result.summary["attention"] == "eager"
     assert len(calls) == 2 + probe.ROUNDS + 4  # the probe's compiled passes, then every training step
     assert all(path == "eager" and dtype.is_floating_point for path, dtype in calls)
     assert model.config._attn_implementation == "sdpa"
 
-    explicit = toy_params(tmp_path / "explicit", runtime={"precision": "fp32", "compile": False}, max_steps=4,
-                          eval_every=None)
-    explicit = explicit.model_copy(update={"model": explicit.model.model_copy(update={"attn_implementation": "eager"})})
-    eager = train(toy_model(), toy_sequences(300, 1), None, params=explicit,
-                  runtime=setup_runtime(explicit.runtime, seed=explicit.seed), pad_id=EOS, max_length=64, attn="eager")
+    explicit = toy_params(
+        tmp_path / "explicit", runtime={"precision": "fp32", "compile": False}, max_steps=4, eval_every=None
+    )
+    explicit = explicit.model_copy(
+        update={"model": explicit.model.model_copy(update={"attn_implementation": "eager"})}
+    )
+    eager = train(
+        toy_model(),
+        toy_sequences(300, 1),
+        None,
+        params=explicit,
+        runtime=setup_runtime(explicit.runtime, seed=explicit.seed),
+        pad_id=EOS,
+        max_length=64,
+        attn="eager",
+    )
     # the same kernel reached by two set-ups (the probe's peeked batches rebuilt for it), not one computation
     # run twice: step 1 matches bit for bit, later steps differ by ~1e-8, so a tolerance
-    assert [r["loss"] for r in result.history] == pytest.approx([r["loss"] for r in eager.history],
-                                                                rel=TRAINED_FP32_LOSS_REL)
+    assert [r["loss"] for r in result.history] == pytest.approx(
+        [r["loss"] for r in eager.history], rel=TRAINED_FP32_LOSS_REL
+    )

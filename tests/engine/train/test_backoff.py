@@ -1,4 +1,5 @@
-"""Out of memory in a training step: opt-in back-off (half micro-batch, double accumulation) or one clear line.
+"""Out of memory in a training step: opt-in back-off (half micro-batch, double accumulation) or one clear
+line.
 
 A real CUDA OOM cannot happen on the CPU machines that run the suite, so the step raises
 ``torch.OutOfMemoryError`` (what PyTorch raises on CUDA) whenever a micro-batch holds more rows than a budget.
@@ -11,9 +12,13 @@ from tests.support.toy_training import run_toy, toy_params
 
 
 @pytest.mark.parametrize("mode", ["packed", "dynamic"])
-def test_backoff_halves_the_micro_batch_keeps_the_effective_batch_and_finishes(tmp_path, memory_for_rows, mode, caplog):
+def test_backoff_halves_the_micro_batch_keeps_the_effective_batch_and_finishes(
+    tmp_path, memory_for_rows, mode, caplog
+):
     seen = memory_for_rows(2)
-    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 8, "oom_backoff": True}, max_steps=12)
+    params = toy_params(
+        tmp_path, batching={"mode": mode, "micro_batch_size": 8, "oom_backoff": True}, max_steps=12
+    )
     with caplog.at_level("WARNING"):
         result = run_toy(params)
     assert result.summary["oom_backoffs"] == [
@@ -28,8 +33,11 @@ def test_backoff_halves_the_micro_batch_keeps_the_effective_batch_and_finishes(t
 
 def test_without_backoff_out_of_memory_is_one_line_pointing_to_tune(tmp_path, memory_for_rows):
     memory_for_rows(2)
-    with pytest.raises(OutOfMemory, match=r"ran out of memory at step 1 with micro_batch_size 4 .*pipeline=tune.*"
-                                          r"oom_backoff: true") as caught:
+    with pytest.raises(
+        OutOfMemory,
+        match=r"ran out of memory at step 1 with micro_batch_size 4 .*pipeline=tune.*"
+        r"oom_backoff: true",
+    ) as caught:
         run_toy(toy_params(tmp_path, batching={"micro_batch_size": 4}))
     assert "\n" not in str(caught.value)
 

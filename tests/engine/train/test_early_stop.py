@@ -19,14 +19,22 @@ def test_patience_counts_evaluations_without_an_improvement_of_min_delta():
     assert not early.update(20, 2.95) and not early.should_stop  # better, but by less than min_delta
     assert early.update(30, 2.5) and early.bad_evals == 0
     assert not early.update(40, 2.6) and not early.update(50, 2.7) and early.should_stop
-    assert EarlyStopping.from_record(early.record(), patience=2, min_delta=0.1) == early  # what a checkpoint keeps
+    # what a checkpoint keeps
+    assert EarlyStopping.from_record(early.record(), patience=2, min_delta=0.1) == early
     assert not early.update(60, math.nan)  # a NaN never counts as best
 
 
 def run(tmp_path, **overrides):
-    settings = {"max_steps": 30, "log_every": 1, "eval_every": 2, "save_every": 10, "keep_last": 1,
-                "optimizer": {"lr": 0.3, "warmup_steps": 0, "decay": "constant"},  # too high: it gets worse
-                "early_stopping": {"patience": 2}, **overrides}
+    settings = {
+        "max_steps": 30,
+        "log_every": 1,
+        "eval_every": 2,
+        "save_every": 10,
+        "keep_last": 1,
+        "optimizer": {"lr": 0.3, "warmup_steps": 0, "decay": "constant"},  # too high: it gets worse
+        "early_stopping": {"patience": 2},
+        **overrides,
+    }
     return run_toy(toy_params(tmp_path, **settings))
 
 
@@ -46,8 +54,15 @@ def test_a_run_stops_once_patience_runs_out_and_writes_the_best_model(tmp_path):
     from fastlm.engine.evaluate.evaluation import evaluate
     from tests.support.toy_training import EOS, toy_sequences
 
-    again = evaluate(result.model, toy_sequences(40, 2), params=toy_params(tmp_path / "x"), runtime=result.runtime,
-                     pad_id=EOS, max_length=64, attn="sdpa").metrics["loss"]
+    again = evaluate(
+        result.model,
+        toy_sequences(40, 2),
+        params=toy_params(tmp_path / "x"),
+        runtime=result.runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+    ).metrics["loss"]
     assert again == pytest.approx(losses[best], rel=1e-6)  # the model returned is the best one, not the last
 
 
@@ -59,21 +74,36 @@ def test_a_resumed_run_keeps_the_best_so_far(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_toy(toy_params(tmp_path / "b", max_steps=30, log_every=1, eval_every=2, save_every=4, keep_last=1,
-                           optimizer={"lr": 0.3, "warmup_steps": 0, "decay": "constant"},
-                           early_stopping={"patience": 2}, runtime={"deterministic": True}), callbacks=[interrupt])
+        run_toy(
+            toy_params(
+                tmp_path / "b",
+                max_steps=30,
+                log_every=1,
+                eval_every=2,
+                save_every=4,
+                keep_last=1,
+                optimizer={"lr": 0.3, "warmup_steps": 0, "decay": "constant"},
+                early_stopping={"patience": 2},
+                runtime={"deterministic": True},
+            ),
+            callbacks=[interrupt],
+        )
     resumed = run(tmp_path / "b", save_every=4, resume="auto", runtime={"deterministic": True})
-    assert resumed.summary["resumed_from_step"] == 2  # step 4 was interrupted before its save: step 2, the best
+    # step 4 was interrupted before its save: step 2, the best
+    assert resumed.summary["resumed_from_step"] == 2
     assert resumed.summary["early_stopping"]["best_step"] == straight.summary["early_stopping"]["best_step"]
     assert resumed.summary["steps"] == straight.summary["steps"]
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # deterministic mode: the same computation
 
 
-@pytest.mark.parametrize(("settings", "expected"), [
-    ({"early_stopping": {"patience": 0}}, "train.early_stopping.patience = 0"),
-    ({"early_stopping": {"patience": 2}, "eval_every": None}, "needs train.eval_every"),
-])
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"early_stopping": {"patience": 0}}, "train.early_stopping.patience = 0"),
+        ({"early_stopping": {"patience": 2}, "eval_every": None}, "needs train.eval_every"),
+    ],
+)
 def test_bad_early_stopping_settings_are_one_line(settings, expected):
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.")) as raised:
         parse_train_params(settings)

@@ -21,16 +21,22 @@ pytestmark = pytest.mark.kernels  # compares two computations: run under other C
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "tiny_loss_curve.json"
 STEPS = 16
-# fp32 on one CPU thread repeats bit for bit on one machine; the tolerance leaves room for another CPU's kernels.
-# One label shifted by a token, one mask changed or one schedule step moved moves a loss by far more.
+# fp32 on one CPU thread repeats bit for bit on one machine; the tolerance leaves room for another CPU's
+# kernels. One label shifted by a token, one mask changed or one schedule step moved moves a loss by far more.
 RTOL, ATOL = 1e-4, 1e-4
 MODES = ("packed", "dynamic")
 
 
 def loss_curve(tmp_path, mode: str) -> dict[str, list[float]]:
-    params = toy_params(tmp_path / mode, batching={"mode": mode}, max_steps=STEPS, log_every=1, eval_every=None,
-                        optimizer={"warmup_steps": 4, "decay": "cosine"},
-                        runtime={"precision": "fp32", "compile": False})
+    params = toy_params(
+        tmp_path / mode,
+        batching={"mode": mode},
+        max_steps=STEPS,
+        log_every=1,
+        eval_every=None,
+        optimizer={"warmup_steps": 4, "decay": "cosine"},
+        runtime={"precision": "fp32", "compile": False},
+    )
     history = run_toy(params).history
     assert [row["step"] for row in history] == list(range(1, STEPS + 1))
     return {"loss": [row["loss"] for row in history], "lr": [row["lr"] for row in history]}
@@ -51,5 +57,7 @@ def test_the_tiny_models_loss_curve_matches_the_golden_file(curves, mode):
     for key in ("lr", "loss"):
         got, want = np.array(curves[mode][key]), np.array(golden[key])
         bad = np.flatnonzero(~np.isclose(got, want, rtol=RTOL, atol=ATOL))
-        assert bad.size == 0, (f"{mode} {key} differs from {GOLDEN.name} from step {bad[0] + 1} on: "
-                               f"{got[bad[:3]].tolist()} != {want[bad[:3]].tolist()} (see this file's docstring)")
+        assert bad.size == 0, (
+            f"{mode} {key} differs from {GOLDEN.name} from step {bad[0] + 1} on: "
+            f"{got[bad[:3]].tolist()} != {want[bad[:3]].tolist()} (see this file's docstring)"
+        )

@@ -21,7 +21,8 @@ from tests.support.toy_training import run_toy, toy_model, toy_params
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MODES = ["packed", "length_grouped", "dynamic"]
 STEPS = 8
-# Deterministic, a record every step (so the final loss covers the same one-step window in every run), no eval.
+# Deterministic, a record every step (so the final loss covers the same one-step window in every run),
+# no eval.
 DETERMINISTIC = {"runtime": {"deterministic": True}, "log_every": 1, "eval_every": None, "max_steps": STEPS}
 _straight_runs: dict[str, tuple[float, list[torch.Tensor]]] = {}
 
@@ -34,8 +35,10 @@ def _straight(tmp_path_factory, mode: str) -> tuple[float, list[torch.Tensor]]:
     """The final loss and weights of an uninterrupted run (one per mode for the whole module)."""
     if mode not in _straight_runs:
         result = run_toy(toy_params(tmp_path_factory.mktemp(f"straight-{mode}"), **_settings(mode)))
-        _straight_runs[mode] = (result.history[-1]["loss"],
-                                [p.detach().clone() for p in result.model.parameters()])
+        _straight_runs[mode] = (
+            result.history[-1]["loss"],
+            [p.detach().clone() for p in result.model.parameters()],
+        )
     return _straight_runs[mode]
 
 
@@ -64,8 +67,10 @@ def test_sigterm_saves_the_step_and_resumes_exactly(tmp_path, tmp_path_factory, 
     with pytest.raises(TrainingInterrupted) as error:
         run_toy(params, callbacks=[terminate])
     checkpoint = tmp_path / "checkpoints" / "checkpoint-00000003"
-    assert str(error.value) == (f"training stopped by SIGTERM at step 3; checkpoint {checkpoint} saved; "
-                                "run the same command again (train.resume: auto) to continue")
+    assert str(error.value) == (
+        f"training stopped by SIGTERM at step 3; checkpoint {checkpoint} saved; "
+        "run the same command again (train.resume: auto) to continue"
+    )
     assert error.value.exit_code == 130 and error.value.step == 3
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # handlers restored
     assert latest_checkpoint(tmp_path / "checkpoints") == checkpoint and (checkpoint / MARKER).is_file()
@@ -166,9 +171,18 @@ print("finished without being killed")
 
 def _run_killed(tmp_path: Path, settings: dict, *, kill_at_step=None, kill_in_save=None) -> None:
     script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(DRIVER).format(repo=str(REPO_ROOT), settings=settings, tmp=str(tmp_path),
-                                                     kill_at_step=kill_at_step, kill_in_save=kill_in_save))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    script.write_text(
+        textwrap.dedent(DRIVER).format(
+            repo=str(REPO_ROOT),
+            settings=settings,
+            tmp=str(tmp_path),
+            kill_at_step=kill_at_step,
+            kill_in_save=kill_in_save,
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
 
 

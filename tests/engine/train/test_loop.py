@@ -33,27 +33,49 @@ pytestmark = pytest.mark.kernels  # compares two computations: run under other C
 @pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
 def test_loss_falls_and_metrics_are_logged(tmp_path, mode):
     seen = []
-    result = run_toy(toy_params(tmp_path, batching={"mode": mode}), callbacks=[lambda kind, record: seen.append(kind)])
+    result = run_toy(
+        toy_params(tmp_path, batching={"mode": mode}), callbacks=[lambda kind, record: seen.append(kind)]
+    )
     losses = [record["loss"] for record in result.history]
     assert losses[-1] < losses[0] - 0.3
     assert abs(losses[0] - math.log(VOCAB)) < 1.0  # a fresh model starts near ln(vocab)
     last = result.history[-1]
-    for key in ("lr", "grad_norm", "real_tokens_per_s", "samples_per_s", "step_time_s", "data_wait_share",
-                "padding_efficiency", "peak_memory_mb", "eta_s"):
+    for key in (
+        "lr",
+        "grad_norm",
+        "real_tokens_per_s",
+        "samples_per_s",
+        "step_time_s",
+        "data_wait_share",
+        "padding_efficiency",
+        "peak_memory_mb",
+        "eta_s",
+    ):
         assert last[key] is not None, key
     if mode == "packed":
         assert last["padding_efficiency"] > 0.9
-    assert seen.count("eval") == 2 and result.eval_history[-1]["val_loss"] < result.eval_history[0]["val_loss"] + 1
+    assert (
+        seen.count("eval") == 2
+        and result.eval_history[-1]["val_loss"] < result.eval_history[0]["val_loss"] + 1
+    )
     assert result.summary["steps"] == 30
     # every step's real tokens are counted once, in the state and in the logged windows (rate x window time)
     windows = zip([0] + [row["step"] for row in result.history[:-1]], result.history, strict=True)
-    logged = sum(round(row["real_tokens_per_s"] * row["step_time_s"] * (row["step"] - before)) for before, row in windows)
+    logged = sum(
+        round(row["real_tokens_per_s"] * row["step_time_s"] * (row["step"] - before))
+        for before, row in windows
+    )
     assert result.summary["tokens_seen"] == logged > 30 * 4
 
 
 def test_interrupted_run_resumes_to_the_same_loss(tmp_path):
-    deterministic = {"runtime": {"deterministic": True}, "log_every": 1, "save_every": 4, "eval_every": None,
-                     "max_steps": 12}
+    deterministic = {
+        "runtime": {"deterministic": True},
+        "log_every": 1,
+        "save_every": 4,
+        "eval_every": None,
+        "max_steps": 12,
+    }
     straight = run_toy(toy_params(tmp_path / "a", **deterministic))
 
     def interrupt(kind, record):
@@ -76,10 +98,21 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
     model, poison = poisoned_model(3)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
     with pytest.raises(NonFiniteLossError) as error:
-        train(model, toy_sequences(300, 1), None, params=params, runtime=runtime, pad_id=EOS, max_length=64,
-              attn="sdpa", callbacks=[poison])
+        train(
+            model,
+            toy_sequences(300, 1),
+            None,
+            params=params,
+            runtime=runtime,
+            pad_id=EOS,
+            max_length=64,
+            attn="sdpa",
+            callbacks=[poison],
+        )
     message = str(error.value)
-    assert "by step 4" in message and "checkpoint-00000002" in message and "lower train.optimizer.lr" in message
+    assert (
+        "by step 4" in message and "checkpoint-00000002" in message and "lower train.optimizer.lr" in message
+    )
     last = latest_checkpoint(tmp_path / "checkpoints")
     assert last.name == "checkpoint-00000002"
     state = load_checkpoint(last, model=toy_model(), restore_rng=False)
@@ -97,7 +130,9 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
     shipped = PackedCollator(pad_id=EOS, budget=budget, attention_mask_format="none")(samples)
     assert "attention_mask" not in shipped
     cpu = torch.device("cpu")
-    assert torch.equal(to_device(shipped, cpu, "sdpa")["model_inputs"]["attention_mask"], reference["attention_mask"])
+    assert torch.equal(
+        to_device(shipped, cpu, "sdpa")["model_inputs"]["attention_mask"], reference["attention_mask"]
+    )
     additive = to_device(shipped, cpu, "eager")["model_inputs"]["attention_mask"]
     assert torch.equal(additive == 0, reference["attention_mask"])
     varlen = to_device(shipped, cpu, "flash_attention_2")["model_inputs"]
@@ -107,8 +142,12 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
 
 def test_profiling_records_the_requested_window(tmp_path):
     trace_dir = tmp_path / "profile"
-    params = toy_params(tmp_path, max_steps=6, eval_every=None,
-                     profile={"enabled": True, "start_step": 3, "steps": 2, "trace_dir": str(trace_dir)})
+    params = toy_params(
+        tmp_path,
+        max_steps=6,
+        eval_every=None,
+        profile={"enabled": True, "start_step": 3, "steps": 2, "trace_dir": str(trace_dir)},
+    )
     profile = run_toy(params).summary["profile"]
     assert profile["recorded"] and profile["steps"] == "3-4"
     assert (trace_dir / "steps_3-4.pt.trace.json").stat().st_size > 1000
@@ -144,8 +183,18 @@ def test_the_build_step_returns_the_parts_and_a_resumed_build_restores_the_step(
     run_toy(toy_params(tmp_path, max_steps=4, save_every=2, eval_every=None))
     params = toy_params(tmp_path, max_steps=6, save_every=2, eval_every=None, resume="auto")
     runtime = setup_runtime(params.runtime, seed=params.seed)
-    request = settle_request(TrainRequest(toy_model(), toy_sequences(300, 1), None, params=params, runtime=runtime,
-                                          pad_id=EOS, max_length=64, attn="sdpa"))
+    request = settle_request(
+        TrainRequest(
+            toy_model(),
+            toy_sequences(300, 1),
+            None,
+            params=params,
+            runtime=runtime,
+            pad_id=EOS,
+            max_length=64,
+            attn="sdpa",
+        )
+    )
     with ExitStack() as cleanup:
         parts = build_training(request, cleanup)
     assert isinstance(parts, TrainingParts) and isinstance(parts.state, TrainState)

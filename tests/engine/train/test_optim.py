@@ -47,8 +47,15 @@ def test_embeddings_decay_on_request():
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_llama_groups_cover_every_trainable_parameter_once(tied):
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         vocab_size=100, max_position_embeddings=64, tie_word_embeddings=tied)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=100,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
         model = LlamaForCausalLM(config)
     groups = by_name(parameter_groups(model, weight_decay=0.1))

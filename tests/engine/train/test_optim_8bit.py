@@ -41,18 +41,21 @@ def fake_bitsandbytes(monkeypatch):
 
     module = types.ModuleType("bitsandbytes")
     module.__spec__ = importlib.machinery.ModuleSpec("bitsandbytes", None)
-    module.optim = types.SimpleNamespace(AdamW8bit=type("AdamW8bit", (Recording,), {}),
-                                         PagedAdamW8bit=type("PagedAdamW8bit", (Recording,), {}))
+    module.optim = types.SimpleNamespace(
+        AdamW8bit=type("AdamW8bit", (Recording,), {}), PagedAdamW8bit=type("PagedAdamW8bit", (Recording,), {})
+    )
     monkeypatch.setitem(sys.modules, "bitsandbytes", module)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     return made
 
 
-@pytest.mark.parametrize(("name", "cls"),
-                         [("adamw_8bit", "AdamW8bit"), ("paged_adamw_8bit", "PagedAdamW8bit")])
+@pytest.mark.parametrize(
+    ("name", "cls"), [("adamw_8bit", "AdamW8bit"), ("paged_adamw_8bit", "PagedAdamW8bit")]
+)
 def test_8bit_optimizers_get_the_decay_groups_and_hyper_parameters(fake_bitsandbytes, name, cls):
-    settings = parse_train_params({"optimizer": {"name": name, "lr": 3e-4, "weight_decay": 0.05,
-                                                 "beta2": 0.99, "eps": 1e-6}}).optimizer
+    settings = parse_train_params(
+        {"optimizer": {"name": name, "lr": 3e-4, "weight_decay": 0.05, "beta2": 0.99, "eps": 1e-6}}
+    ).optimizer
     model = Small()
     optimizer = optim.make_optimizer(model, settings)
     assert type(optimizer).__name__ == cls and fake_bitsandbytes == [optimizer]

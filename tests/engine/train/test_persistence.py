@@ -1,6 +1,6 @@
 """The Checkpointer, driven directly (no training loop): which steps end with a checkpoint, pruning to
-``keep_last`` with early stopping's best checkpoint protected, and a restore that continues the newest complete
-checkpoint with its weights, optimizer state and position."""
+``keep_last`` with early stopping's best checkpoint protected, and a restore that continues the newest
+complete checkpoint with its weights, optimizer state and position."""
 
 from __future__ import annotations
 
@@ -27,8 +27,16 @@ def checkpointer(tmp_path, *, seed: int = 0, **overrides) -> Checkpointer:
     model = toy_model(seed)
     optimizer, scheduler = optimizer_and_scheduler(model)
     opt = Optimization(model=model, optimizer=optimizer, scheduler=scheduler, scaler=None, clip=math.inf)
-    return Checkpointer(params, model=model, opt=opt, comm=SingleProcess(), train_set=toy_sequences(20, 1),
-                        max_length=64, total_steps=TOTAL, device=torch.device("cpu"))
+    return Checkpointer(
+        params,
+        model=model,
+        opt=opt,
+        comm=SingleProcess(),
+        train_set=toy_sequences(20, 1),
+        max_length=64,
+        total_steps=TOTAL,
+        device=torch.device("cpu"),
+    )
 
 
 def saved_at(saver: Checkpointer, state: TrainState, step: int):
@@ -53,7 +61,9 @@ def test_maybe_save_flushes_first_and_writes_only_when_due(tmp_path):
     state = TrainState()
     for step in range(1, 5):
         state.step = step
-        saved = saver.maybe_save(state, {"epoch": 0, "batch_in_epoch": step}, before_save=lambda: calls.append(1))
+        saved = saver.maybe_save(
+            state, {"epoch": 0, "batch_in_epoch": step}, before_save=lambda: calls.append(1)
+        )
         assert (saved is not None) == (step == 3)
     assert len(calls) == 1  # before_save (the pending metrics row) runs only before a write
     assert state.last_good == checkpoint_dir(saver.root, 3) and steps_on_disk(saver) == [3]
@@ -86,10 +96,17 @@ def test_restore_continues_the_newest_complete_checkpoint_with_its_weights_and_p
 
     resumed = checkpointer(tmp_path, keep_last=3, seed=1)  # other initial weights
     restored = resumed.restore()
-    assert restored.step == restored.first_step == 4 and restored.resumed_from == checkpoint_dir(resumed.root, 4)
-    assert restored.batch_in_epoch == 16 and restored.tokens_seen == 640 and restored.last_good == restored.resumed_from
+    assert restored.step == restored.first_step == 4 and restored.resumed_from == checkpoint_dir(
+        resumed.root, 4
+    )
+    assert (
+        restored.batch_in_epoch == 16
+        and restored.tokens_seen == 640
+        and restored.last_good == restored.resumed_from
+    )
     assert restored.history == [{"step": 2, "loss": 3.0}]
-    assert resumed.protected == checkpoint_dir(resumed.root, 2)  # the best step stays protected after a resume
+    # the best step stays protected after a resume
+    assert resumed.protected == checkpoint_dir(resumed.root, 2)
     for name, tensor in resumed.model.state_dict().items():
         assert torch.equal(tensor, weights[name]), name  # the saved tensors, read back
 

@@ -24,18 +24,32 @@ def recorder(state: TrainState, *, log_every: int = 3, total_steps: int = 7):
     """A Recorder on the CPU with a callback that keeps what it receives."""
     received: list[tuple[str, dict]] = []
     metrics = StepMetrics("cpu", total_steps=total_steps)
-    rec = Recorder(state, metrics, Progress(total_steps, quiet=True), [lambda kind, row: received.append((kind, row))],
-                   log_every=log_every, total_steps=total_steps, compiled=False,
-                   first_loss={"len_vocab": VOCAB, "from_scratch": True})
+    rec = Recorder(
+        state,
+        metrics,
+        Progress(total_steps, quiet=True),
+        [lambda kind, row: received.append((kind, row))],
+        log_every=log_every,
+        total_steps=total_steps,
+        compiled=False,
+        first_loss={"len_vocab": VOCAB, "from_scratch": True},
+    )
     return rec, received
 
 
 def run_step(rec: Recorder, *, loss_sum: float, targets: int, position: dict | None = None) -> None:
     """One optimizer step as the loop records it: the state's step advanced, then ``Recorder.step``."""
     rec.state.step += 1
-    result = StepResult(loss_sum=torch.tensor(loss_sum), target_tokens=targets, grad_norm=torch.tensor(1.0), lr=0.1)
-    rec.step(result, real_tokens=targets + 1, computed_tokens=2 * targets, samples=2,
-             position=position or {"epoch": 0, "batch_in_epoch": 2 * rec.state.step})
+    result = StepResult(
+        loss_sum=torch.tensor(loss_sum), target_tokens=targets, grad_norm=torch.tensor(1.0), lr=0.1
+    )
+    rec.step(
+        result,
+        real_tokens=targets + 1,
+        computed_tokens=2 * targets,
+        samples=2,
+        position=position or {"epoch": 0, "batch_in_epoch": 2 * rec.state.step},
+    )
 
 
 def test_flushed_rows_are_the_history_rows_the_callbacks_receive():
@@ -88,42 +102,89 @@ def test_a_non_finite_row_stops_the_run_naming_the_last_good_checkpoint_and_is_n
 
 
 def test_run_summary_figures_on_a_hand_made_state(tmp_path):
-    params = parse_train_params({"batching": {"mode": "packed", "micro_batch_size": 4,
-                                              "gradient_accumulation_steps": 2},
-                                 "checkpoint_dir": str(tmp_path), "runtime": {"device": "cpu"}})
-    history = [{"step": 1, "loss": 4.0, "step_time_s": 2.0, "real_tokens_per_s": 100.0, "peak_memory_mb": 10.0},
-               {"step": 5, "loss": 3.0, "step_time_s": 1.0, "real_tokens_per_s": 200.0, "peak_memory_mb": 30.0},
-               {"step": 10, "loss": 2.5, "step_time_s": 0.5, "real_tokens_per_s": 400.0, "peak_memory_mb": 20.0}]
-    state = TrainState(step=10, tokens_seen=5000, history=history, first_step=2, resumed_from=tmp_path / "c-2",
-                       eval_history=[{"step": 5, "val_loss": 3.2, "val_perplexity": 24.5},
-                                     {"step": 10, "val_loss": 2.7, "val_perplexity": 14.9}],
-                       backoffs=[{"step": 3, "micro_batch_size": 2}])
+    params = parse_train_params(
+        {
+            "batching": {"mode": "packed", "micro_batch_size": 4, "gradient_accumulation_steps": 2},
+            "checkpoint_dir": str(tmp_path),
+            "runtime": {"device": "cpu"},
+        }
+    )
+    history = [
+        {"step": 1, "loss": 4.0, "step_time_s": 2.0, "real_tokens_per_s": 100.0, "peak_memory_mb": 10.0},
+        {"step": 5, "loss": 3.0, "step_time_s": 1.0, "real_tokens_per_s": 200.0, "peak_memory_mb": 30.0},
+        {"step": 10, "loss": 2.5, "step_time_s": 0.5, "real_tokens_per_s": 400.0, "peak_memory_mb": 20.0},
+    ]
+    state = TrainState(
+        step=10,
+        tokens_seen=5000,
+        history=history,
+        first_step=2,
+        resumed_from=tmp_path / "c-2",
+        eval_history=[
+            {"step": 5, "val_loss": 3.2, "val_perplexity": 24.5},
+            {"step": 10, "val_loss": 2.7, "val_perplexity": 14.9},
+        ],
+        backoffs=[{"step": 3, "micro_batch_size": 2}],
+    )
     metrics = StepMetrics("cpu", total_steps=10, flops_per_token=6e3)
     metrics.step_times = [5.0, 1.0, 2.0, 3.0]  # the first (compile) left out of the step figures
     metrics.step_data_waits = [1.0, 0.5, 0.5, 2.0]
     metrics.step_real_tokens = [10.0, 30.0, 30.0, 30.0]
     metrics.step_computed_tokens = [20.0, 40.0, 40.0, 40.0]
-    summary = run_summary(state, metrics, total_steps=10, steps_per_epoch=4, wall=12.34567, n_params=1234,
-                          params=params, world_size=3)
+    summary = run_summary(
+        state,
+        metrics,
+        total_steps=10,
+        steps_per_epoch=4,
+        wall=12.34567,
+        n_params=1234,
+        params=params,
+        world_size=3,
+    )
     # timed rate: step 1's window left out; windows weigh by steps x step time (4 x 1.0 s, 5 x 0.5 s)
     expected_rate = (200.0 * 4 + 400.0 * 2.5) / 6.5
     assert summary["real_tokens_per_s"] == pytest.approx(expected_rate, rel=1e-12)
     assert summary | {"real_tokens_per_s": None} == {
-        "steps": 10, "epochs": 2.5, "wall_time_s": 12.346, "final_train_loss": 2.5, "final_val_loss": 2.7,
-        "final_val_perplexity": 14.9, "effective_batch": 4 * 2 * 3, "batching": "packed", "parameters": 1234,
+        "steps": 10,
+        "epochs": 2.5,
+        "wall_time_s": 12.346,
+        "final_train_loss": 2.5,
+        "final_val_loss": 2.7,
+        "final_val_perplexity": 14.9,
+        "effective_batch": 4 * 2 * 3,
+        "batching": "packed",
+        "parameters": 1234,
         "real_tokens_per_s": None,
-        "step_time_p50_s": 2.0, "step_time_p90_s": pytest.approx(2.8), "step_time_p99_s": pytest.approx(2.98),
-        "step_time_max_s": 3.0, "data_wait_share": 3.0 / 6.0, "padding_efficiency": 90.0 / 120.0,
-        "peak_memory_mb": 30.0, "tokens_seen": 5000, "flops_per_token": 6e3, "first_step_s": 5.0,
-        "steps_trained": 8, "resumed_from": str(tmp_path / "c-2"), "resumed_from_step": 2, "world_size": 3,
+        "step_time_p50_s": 2.0,
+        "step_time_p90_s": pytest.approx(2.8),
+        "step_time_p99_s": pytest.approx(2.98),
+        "step_time_max_s": 3.0,
+        "data_wait_share": 3.0 / 6.0,
+        "padding_efficiency": 90.0 / 120.0,
+        "peak_memory_mb": 30.0,
+        "tokens_seen": 5000,
+        "flops_per_token": 6e3,
+        "first_step_s": 5.0,
+        "steps_trained": 8,
+        "resumed_from": str(tmp_path / "c-2"),
+        "resumed_from_step": 2,
+        "world_size": 3,
         "oom_backoffs": [{"step": 3, "micro_batch_size": 2}],
     }
 
 
 def test_run_summary_of_a_run_without_rows_has_no_figures(tmp_path):
     params = parse_train_params({"checkpoint_dir": str(tmp_path), "runtime": {"device": "cpu"}})
-    summary = run_summary(TrainState(), StepMetrics("cpu"), total_steps=1, steps_per_epoch=1, wall=0.0,
-                          n_params=1, params=params, world_size=1)
+    summary = run_summary(
+        TrainState(),
+        StepMetrics("cpu"),
+        total_steps=1,
+        steps_per_epoch=1,
+        wall=0.0,
+        n_params=1,
+        params=params,
+        world_size=1,
+    )
     assert summary["final_train_loss"] is None and summary["real_tokens_per_s"] is None
     assert summary["peak_memory_mb"] is None and summary["first_step_s"] is None
     assert summary["resumed_from"] is None and summary["resumed_from_step"] is None

@@ -39,18 +39,44 @@ def _tiny(kind: str, init_std: float = 0.02):
 
     torch.manual_seed(0)
     if kind == "bart":
-        return BartForConditionalGeneration(BartConfig(
-            vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-            pad_token_id=PAD, eos_token_id=EOS, bos_token_id=0, decoder_start_token_id=EOS, dropout=0.0,
-            init_std=init_std))
-    return T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1,
-                                               num_heads=2, pad_token_id=PAD, eos_token_id=EOS,
-                                               decoder_start_token_id=PAD, dropout_rate=0.0))
+        return BartForConditionalGeneration(
+            BartConfig(
+                vocab_size=VOCAB,
+                d_model=16,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=2,
+                decoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                decoder_ffn_dim=32,
+                max_position_embeddings=64,
+                pad_token_id=PAD,
+                eos_token_id=EOS,
+                bos_token_id=0,
+                decoder_start_token_id=EOS,
+                dropout=0.0,
+                init_std=init_std,
+            )
+        )
+    return T5ForConditionalGeneration(
+        T5Config(
+            vocab_size=VOCAB,
+            d_model=16,
+            d_kv=8,
+            d_ff=32,
+            num_layers=1,
+            num_heads=2,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            decoder_start_token_id=PAD,
+            dropout_rate=0.0,
+        )
+    )
 
 
 def copy_samples(n: int, seed: int) -> TokenSequences:
-    """prompt = a few tokens, response = the same tokens reversed, then EOS (a task only the encoder can solve)."""
+    """prompt = a few tokens, response = the same tokens reversed, then EOS (a task only the encoder can
+    solve)."""
     rng = np.random.default_rng(seed)
     rows, prompts = [], []
     for _ in range(n):
@@ -62,12 +88,22 @@ def copy_samples(n: int, seed: int) -> TokenSequences:
 
 
 def _params(tmp_path, folder, **batching):
-    return parse_train_params({
-        "model": {"name_or_path": str(folder)},
-        "batching": {"mode": "length_grouped", "micro_batch_size": 8, **batching},
-        "optimizer": {"lr": 1e-2, "warmup_steps": 2}, "max_steps": 40, "log_every": 5, "eval_every": 40,
-        "save_every": None, "quiet": True, "checkpoint_dir": str(tmp_path / "checkpoints"), "resume": "never",
-        "runtime": {"device": "cpu", "num_threads": 1}, "profile": {"enabled": False}})
+    return parse_train_params(
+        {
+            "model": {"name_or_path": str(folder)},
+            "batching": {"mode": "length_grouped", "micro_batch_size": 8, **batching},
+            "optimizer": {"lr": 1e-2, "warmup_steps": 2},
+            "max_steps": 40,
+            "log_every": 5,
+            "eval_every": 40,
+            "save_every": None,
+            "quiet": True,
+            "checkpoint_dir": str(tmp_path / "checkpoints"),
+            "resume": "never",
+            "runtime": {"device": "cpu", "num_threads": 1},
+            "profile": {"enabled": False},
+        }
+    )
 
 
 class _Tokenizer:  # what build_model needs of a tokenizer: its size (the folder has no tokenizer of its own)
@@ -86,8 +122,16 @@ def test_seq2seq_folder_trains_and_reloads_with_its_encoder_trained(tmp_path, ki
     assert model.config.is_encoder_decoder
     before = {name: p.detach().clone() for name, p in model.named_parameters() if "encoder." in name}
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-    result = train(model, copy_samples(200, 1), copy_samples(24, 2), params=params, runtime=runtime, pad_id=PAD,
-                   max_length=64, attn="sdpa")
+    result = train(
+        model,
+        copy_samples(200, 1),
+        copy_samples(24, 2),
+        params=params,
+        runtime=runtime,
+        pad_id=PAD,
+        max_length=64,
+        attn="sdpa",
+    )
     losses = [record["loss"] for record in result.history]
     assert losses[-1] < losses[0] - 0.5
     assert result.eval_history and np.isfinite(result.eval_history[-1]["val_loss"])
@@ -102,12 +146,15 @@ def test_seq2seq_folder_trains_and_reloads_with_its_encoder_trained(tmp_path, ki
     changed = [name for name, value in before.items() if not torch.equal(trained[name], value)]
     assert len(changed) > len(before) // 2, "the encoder was not trained"
     for name in changed:
-        assert torch.equal(trained[name], dict(result.model.named_parameters())[name]), name  # saved, loaded: lossless
+        # saved, loaded: lossless
+        assert torch.equal(trained[name], dict(result.model.named_parameters())[name]), name
 
 
 def test_collator_pads_encoder_and_decoder_to_their_own_maxima():
     samples = copy_samples(4, 3)
-    batch = Seq2SeqCollator(pad_id=PAD, decoder_start_id=EOS, pad_to_multiple_of=None)(samples.__getitems__(range(4)))
+    batch = Seq2SeqCollator(pad_id=PAD, decoder_start_id=EOS, pad_to_multiple_of=None)(
+        samples.__getitems__(range(4))
+    )
     prompts = samples.prompt_lengths
     responses = samples.lengths - prompts
     assert batch["input_ids"].shape == (4, prompts.max())
@@ -131,15 +178,26 @@ def test_seq2seq_needs_prompt_response_data(tmp_path):
 def test_packed_seq2seq_batches_pack_where_the_family_and_attention_keep_samples_apart():
     samples = copy_samples(20, 0)
     params = _params(Path("unused"), "unused", mode="packed")
-    for attn, expected in (("sdpa", PackedSeq2SeqCollator), ("eager", PackedSeq2SeqCollator),
-                           ("flash_attention_2", Seq2SeqCollator)):
-        sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=0,
-                                          **seq2seq_batching(_tiny("bart"), samples, attn))
+    for attn, expected in (
+        ("sdpa", PackedSeq2SeqCollator),
+        ("eager", PackedSeq2SeqCollator),
+        ("flash_attention_2", Seq2SeqCollator),
+    ):
+        sampler, collator = make_batching(
+            params,
+            samples.lengths,
+            pad_id=PAD,
+            max_length=64,
+            seed=0,
+            **seq2seq_batching(_tiny("bart"), samples, attn),
+        )
         assert isinstance(collator, expected), attn
         sampler.set_epoch(0, start_batch=0)
         assert sorted(i for batch in sampler for i in batch) == list(range(20))
-    _, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=0,
-                                **seq2seq_batching(_tiny("bart"), samples))  # no attention path: the report's
+    # no attention path: the report's
+    _, collator = make_batching(
+        params, samples.lengths, pad_id=PAD, max_length=64, seed=0, **seq2seq_batching(_tiny("bart"), samples)
+    )
     assert isinstance(collator, Seq2SeqCollator)  # per-sample evaluation keeps padded rows
 
 
@@ -148,8 +206,14 @@ def test_packed_decoder_labels_never_reach_across_samples():
     (position t predicts labels[t + 1]), and each sample's labels are its response and EOS, nothing more."""
     samples = copy_samples(40, 4)
     params = _params(Path("unused"), "unused", mode="packed")
-    sampler, collator = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=0,
-                                      **seq2seq_batching(_tiny("bart"), samples, "sdpa"))
+    sampler, collator = make_batching(
+        params,
+        samples.lengths,
+        pad_id=PAD,
+        max_length=64,
+        seed=0,
+        **seq2seq_batching(_tiny("bart"), samples, "sdpa"),
+    )
     assert isinstance(collator, PackedSeq2SeqCollator)
     sampler.set_epoch(0, start_batch=0)
     shared_rows = 0
@@ -161,7 +225,7 @@ def test_packed_decoder_labels_never_reach_across_samples():
         predicted_by = segments[:, :-1][targets[:, 1:]]  # the segment of the position before each target
         assert torch.equal(predicted_by, segments[:, 1:][targets[:, 1:]])
         for k, index in enumerate(indices):
-            response = samples[index][int(samples.prompt_lengths[index]):].tolist()
+            response = samples[index][int(samples.prompt_lengths[index]) :].tolist()
             assert labels[segments == k].tolist() == [IGNORE_INDEX, *response]
         shared_rows += sum(len(set(row.tolist()) - {-1}) > 1 for row in segments)
         assert int(batch["num_target_tokens"]) == int(targets.sum())
@@ -170,22 +234,32 @@ def test_packed_decoder_labels_never_reach_across_samples():
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])
 def test_a_packed_and_a_padded_run_take_the_same_steps(tmp_path, kind):
-    """One micro-batch holds all the samples in both modes, so both runs take the same two steps: the same loss
-    and gradient norm up to the kernels' rounding (packed rows vs one padded row each), and the loss falls."""
+    """One micro-batch holds all the samples in both modes, so both runs take the same two steps: the same
+    loss and gradient norm up to the kernels' rounding (packed rows vs one padded row each), and the loss
+    falls."""
     folder = tmp_path / kind
     _tiny(kind, init_std=0.5).save_pretrained(folder)  # not near-uniform attention: a leak would show
     samples = copy_samples(8, 3)
     histories = {}
     for mode in ("packed", "length_grouped"):
         params = _params(tmp_path / mode, folder, mode=mode).model_copy(
-            update={"max_steps": 2, "log_every": 1, "eval_every": None})
+            update={"max_steps": 2, "log_every": 1, "eval_every": None}
+        )
         model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
-        sampler, _ = make_batching(params, samples.lengths, pad_id=PAD, max_length=64, seed=params.seed,
-                                   **seq2seq_batching(model, samples, "sdpa"))
+        sampler, _ = make_batching(
+            params,
+            samples.lengths,
+            pad_id=PAD,
+            max_length=64,
+            seed=params.seed,
+            **seq2seq_batching(model, samples, "sdpa"),
+        )
         sampler.set_epoch(0, start_batch=0)
         assert [sorted(indices) for indices in sampler] == [list(range(8))]
         runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-        result = train(model, samples, None, params=params, runtime=runtime, pad_id=PAD, max_length=64, attn="sdpa")
+        result = train(
+            model, samples, None, params=params, runtime=runtime, pad_id=PAD, max_length=64, attn="sdpa"
+        )
         assert result.summary["batching"] == mode
         histories[mode] = result.history
     packed, padded = histories["packed"], histories["length_grouped"]
@@ -201,25 +275,51 @@ def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog
 
     folder = tmp_path / "pegasus"  # sinusoidal absolute positions: no packing hook checked for this family
     torch.manual_seed(0)
-    PegasusForConditionalGeneration(PegasusConfig(
-        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
-        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, dropout=0.0)).save_pretrained(folder)
+    PegasusForConditionalGeneration(
+        PegasusConfig(
+            vocab_size=VOCAB,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=64,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            decoder_start_token_id=PAD,
+            dropout=0.0,
+        )
+    ).save_pretrained(folder)
     params = _params(tmp_path, folder, mode="packed")
     samples = copy_samples(20, 0)
     model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
     params = params.model_copy(update={"max_steps": 2, "eval_every": 2})
     with caplog.at_level("WARNING"):
-        result = train(model, samples, copy_samples(8, 1), params=params, runtime=runtime, pad_id=PAD,
-                       max_length=64, attn="sdpa")
+        result = train(
+            model,
+            samples,
+            copy_samples(8, 1),
+            params=params,
+            runtime=runtime,
+            pad_id=PAD,
+            max_length=64,
+            attn="sdpa",
+        )
     warnings = [r.getMessage() for r in caplog.records if "packed is not available" in r.getMessage()]
     assert len(warnings) == 1 and "the pegasus family is not checked" in warnings[0]
     assert result.summary["batching"] == "length_grouped"
 
 
-@pytest.mark.parametrize(("kind", "targets"), [("bart", {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"}),
-                                               ("t5", {"q", "k", "v", "o", "wi", "wo"})])
+@pytest.mark.parametrize(
+    ("kind", "targets"),
+    [
+        ("bart", {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"}),
+        ("t5", {"q", "k", "v", "o", "wi", "wo"}),
+    ],
+)
 def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp_path, kind, targets):
     from fastlm.engine.model.lora import load_adapter_model
 
@@ -227,16 +327,38 @@ def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp
     # frozen embeddings (LoRA) of BART's usual init (std 0.02) in 16 dimensions barely move the tied logits
     _tiny(kind, init_std=0.5).save_pretrained(folder)
     params = _params(tmp_path, folder, mode="packed")  # packed through the PEFT wrapper
-    params = params.model_copy(update={"max_steps": 30, "optimizer": params.optimizer.model_copy(update={"lr": 2e-2}),
-                                       "model": params.model.model_copy(update={
-        "lora": params.model.lora.model_copy(update={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0})})})
+    params = params.model_copy(
+        update={
+            "max_steps": 30,
+            "optimizer": params.optimizer.model_copy(update={"lr": 2e-2}),
+            "model": params.model.model_copy(
+                update={
+                    "lora": params.model.lora.model_copy(
+                        update={"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0}
+                    )
+                }
+            ),
+        }
+    )
     model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
-    adapted = {name.split(".lora_A")[0].rsplit(".", 1)[-1] for name, _ in model.named_parameters() if "lora_A" in name}
+    adapted = {
+        name.split(".lora_A")[0].rsplit(".", 1)[-1]
+        for name, _ in model.named_parameters()
+        if "lora_A" in name
+    }
     assert adapted == targets
     assert any("encoder" in name and "lora_A" in name for name, _ in model.named_parameters())
     runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
-    result = train(model, copy_samples(200, 1), None, params=params, runtime=runtime, pad_id=PAD, max_length=64,
-                   attn="sdpa")
+    result = train(
+        model,
+        copy_samples(200, 1),
+        None,
+        params=params,
+        runtime=runtime,
+        pad_id=PAD,
+        max_length=64,
+        attn="sdpa",
+    )
     losses = [record["loss"] for record in result.history]
     assert losses[-1] < losses[0] - 0.3 and result.summary["batching"] == "packed"
     result.model.save_pretrained(tmp_path / "adapter")
@@ -245,11 +367,15 @@ def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp
     merged = load_adapter_model(tmp_path / "adapter")
     assert type(merged).__name__ == type(_tiny(kind)).__name__
     batch = Seq2SeqCollator(pad_id=PAD, decoder_start_id=EOS)(copy_samples(4, 5).__getitems__(range(4)))
-    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")}
+    inputs = {
+        key: batch[key]
+        for key in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
+    }
     result.model.eval()
     with torch.no_grad():
-        torch.testing.assert_close(merged(**inputs).logits, result.model(**inputs).logits, rtol=0,
-                                   atol=MERGED_ADAPTER_ATOL)
+        torch.testing.assert_close(
+            merged(**inputs).logits, result.model(**inputs).logits, rtol=0, atol=MERGED_ADAPTER_ATOL
+        )
 
 
 def test_tune_measures_the_seq2seq_training_step(tmp_path):
@@ -260,20 +386,40 @@ def test_tune_measures_the_seq2seq_training_step(tmp_path):
     model = _tiny("t5")
     dataset = copy_samples(60, 1)
     before = [p.detach().clone() for p in model.parameters()]
-    measure = tune.real_step_measurer(model, dataset, params=params, runtime=runtime, pad_id=PAD,
-                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    measure = tune.real_step_measurer(
+        model,
+        dataset,
+        params=params,
+        runtime=runtime,
+        pad_id=PAD,
+        max_length=64,
+        attn="sdpa",
+        warmup=1,
+        timed=2,
+    )
     trial = measure(4)
-    # the timed steps are the run's own (length-grouped seq2seq batches of 4): their real tokens over their time
-    trial_params = params.model_copy(update={"batching": params.batching.model_copy(update={"micro_batch_size": 4})})
-    sampler, collator = make_batching(trial_params, dataset.lengths, pad_id=PAD, max_length=64, seed=params.seed,
-                                      **seq2seq_batching(model, dataset, "sdpa"))
+    # the timed steps are the run's own (length-grouped seq2seq batches of 4):
+    # their real tokens over their time
+    trial_params = params.model_copy(
+        update={"batching": params.batching.model_copy(update={"micro_batch_size": 4})}
+    )
+    sampler, collator = make_batching(
+        trial_params,
+        dataset.lengths,
+        pad_id=PAD,
+        max_length=64,
+        seed=params.seed,
+        **seq2seq_batching(model, dataset, "sdpa"),
+    )
     sampler.set_epoch(0)
     timed = [indices for _, indices in zip(range(3), iter(sampler), strict=False)][1:]  # after 1 warm-up step
     real = sum(int(collator(dataset.__getitems__(indices))["num_real_tokens"]) for indices in timed)
     assert real == sum(int(dataset.lengths[i]) + 1 for indices in timed for i in indices)  # + decoder start
     assert round(trial.real_tokens_per_s * trial.step_time_s * 2) == real  # the 2 timed steps' real tokens
     assert trial.samples_per_micro_batch == 4.0
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), "no step was taken"
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), (
+        "no step was taken"
+    )
 
 
 def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
@@ -282,13 +428,23 @@ def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
     runtime_params = {"device": "cpu", "num_threads": 1, "deterministic": True}
 
     def run(root, callbacks=(), **overrides):
-        params = _params(root, folder, mode="packed").model_copy(update={"max_steps": 8, "save_every": 4, "eval_every": None,
-                                                          "log_every": 1, **overrides})
+        params = _params(root, folder, mode="packed").model_copy(
+            update={"max_steps": 8, "save_every": 4, "eval_every": None, "log_every": 1, **overrides}
+        )
         params = params.model_copy(update={"runtime": params.runtime.model_copy(update=runtime_params)})
         runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
         model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
-        return train(model, copy_samples(120, 1), None, params=params, runtime=runtime, pad_id=PAD, max_length=64,
-                     attn="sdpa", callbacks=callbacks)
+        return train(
+            model,
+            copy_samples(120, 1),
+            None,
+            params=params,
+            runtime=runtime,
+            pad_id=PAD,
+            max_length=64,
+            attn="sdpa",
+            callbacks=callbacks,
+        )
 
     def interrupt(kind, record):
         if record["step"] == 6:

@@ -1,5 +1,6 @@
 """train.max_minutes: a per-run time budget stops training cleanly at a step boundary, with a checkpoint that
-resume continues, and the summary says so. The clock is faked: every reading is 30 s after the previous one."""
+resume continues, and the summary says so. The clock is faked: every reading is 30 s after the previous
+one."""
 
 import itertools
 
@@ -15,7 +16,8 @@ from tests.support.toy_training import run_toy, toy_params
 
 def test_time_budget_stops_at_a_step_boundary_with_a_checkpoint(tmp_path, monkeypatch):
     ticks = itertools.count(0.0, 30.0)
-    monkeypatch.setattr(budget, "monotonic", lambda: next(ticks))  # start 0 s, after step 1: 30 s, step 2: 60 s
+    # start 0 s, after step 1: 30 s, step 2: 60 s
+    monkeypatch.setattr(budget, "monotonic", lambda: next(ticks))
     result = run_toy(toy_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=15))
     summary = result.summary
     assert summary["stopped_by"] == "time budget" and summary["steps"] == 2 and summary["planned_steps"] == 30
@@ -28,7 +30,9 @@ def test_time_budget_stops_at_a_step_boundary_with_a_checkpoint(tmp_path, monkey
     assert state["step"] == 2 and state["total_steps"] == 30  # unfinished: resume: auto continues it
 
     monkeypatch.setattr(budget, "monotonic", lambda: 0.0)  # a new budget: the resumed run goes to the end
-    resumed = run_toy(toy_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=15, resume="auto"))
+    resumed = run_toy(
+        toy_params(tmp_path, max_steps=30, max_minutes=1.0, log_every=5, eval_every=15, resume="auto")
+    )
     assert resumed.summary["stopped_by"] is None and resumed.summary["steps"] == 30
     assert resumed.summary["resumed_from_step"] == 2
 

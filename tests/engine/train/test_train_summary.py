@@ -11,21 +11,32 @@ def test_every_history_row_reaches_the_callbacks(tmp_path):
     # save_every 3 with log_every 4: the window pending at step 3 is flushed before the checkpoint is written.
     seen = []
     params = toy_params(tmp_path, max_steps=6, log_every=4, save_every=3, eval_every=None)
-    result = run_toy(params, callbacks=[lambda kind, record: seen.append(record) if kind == "train" else None])
+    result = run_toy(
+        params, callbacks=[lambda kind, record: seen.append(record) if kind == "train" else None]
+    )
     assert [record["step"] for record in result.history] == [1, 3, 4, 6]
     assert seen == result.history
 
 
 def test_summary_figures_are_over_steps_not_window_means(tmp_path):
-    params = toy_params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4}, max_steps=7, log_every=3,
-                     eval_every=None)
+    params = toy_params(
+        tmp_path,
+        batching={"mode": "dynamic", "micro_batch_size": 4},
+        max_steps=7,
+        log_every=3,
+        eval_every=None,
+    )
     result = run_toy(params)
     assert [record["step"] for record in result.history] == [1, 3, 6, 7]  # windows of 1, 2, 3 and 1 steps
     # The same batches the run drew: steps 2..7 (step 1 is warm-up and left out).
-    sampler, collator = make_batching(params, toy_sequences(300, 1).lengths, pad_id=EOS, max_length=64, seed=params.seed)
+    sampler, collator = make_batching(
+        params, toy_sequences(300, 1).lengths, pad_id=EOS, max_length=64, seed=params.seed
+    )
     sampler.set_epoch(0)
     data = toy_sequences(300, 1)
-    batches = [collator(data.__getitems__(list(indices))) for _, indices in zip(range(7), sampler, strict=False)]
+    batches = [
+        collator(data.__getitems__(list(indices))) for _, indices in zip(range(7), sampler, strict=False)
+    ]
     real = sum(int(batch["num_real_tokens"]) for batch in batches[1:])
     computed = sum(int(batch["num_computed_tokens"]) for batch in batches[1:])
     summary = result.summary
@@ -59,13 +70,17 @@ def test_a_resume_reads_the_checkpoint_once(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("mode", "rows"), [("packed", 4), ("dynamic", 4)])
 def test_the_log_and_summary_say_what_an_optimizer_step_holds(tmp_path, caplog, mode, rows):
-    """A packed row holds several samples: "effective batch 8" alone would hide ~8x as many texts per step. The
-    log and the summary name the rows, and the mean samples and real tokens a step holds over an epoch."""
+    """A packed row holds several samples: "effective batch 8" alone would hide ~8x as many texts per step.
+    The log and the summary name the rows, and the mean samples and real tokens a step holds over an epoch."""
     import logging
 
     caplog.set_level(logging.INFO, logger="fastlm")
-    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": rows, "gradient_accumulation_steps": 2},
-                        max_steps=2, eval_every=None)
+    params = toy_params(
+        tmp_path,
+        batching={"mode": mode, "micro_batch_size": rows, "gradient_accumulation_steps": 2},
+        max_steps=2,
+        eval_every=None,
+    )
     result = run_toy(params)
     data, summary = toy_sequences(300, 1), result.summary
     steps_per_epoch = round(summary["steps"] / summary["epochs"])
@@ -83,7 +98,8 @@ def test_the_log_and_summary_say_what_an_optimizer_step_holds(tmp_path, caplog, 
 
 def test_label_smoothing_trains_the_smoothed_loss_and_validates_on_the_plain_one(tmp_path, monkeypatch):
     """train.loss.label_smoothing reaches every training step (the smoothed loss itself: test_loss.py); the
-    validation stays plain cross-entropy (comparable across runs); the summary names the train loss's smoothing."""
+    validation stays plain cross-entropy (comparable across runs); the summary names the train loss's
+    smoothing."""
     import fastlm.engine.train.step as step_module
     from fastlm.engine.evaluate.evaluation import evaluate
 
@@ -98,6 +114,14 @@ def test_label_smoothing_trains_the_smoothed_loss_and_validates_on_the_plain_one
     smoothed = run_toy(toy_params(tmp_path / "smoothed", loss={"label_smoothing": 0.3}, **steps))
     assert seen == [0.3] * 3 and smoothed.summary["label_smoothing"] == 0.3
     params = toy_params(tmp_path / "again", **steps)
-    again = evaluate(smoothed.model, toy_sequences(40, 2), params=params, runtime=smoothed.runtime, pad_id=EOS,
-                     max_length=64, attn="sdpa").metrics["loss"]
-    assert smoothed.eval_history[-1]["val_loss"] == pytest.approx(again, rel=1e-6)  # the same plain evaluation
+    again = evaluate(
+        smoothed.model,
+        toy_sequences(40, 2),
+        params=params,
+        runtime=smoothed.runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+    ).metrics["loss"]
+    # the same plain evaluation
+    assert smoothed.eval_history[-1]["val_loss"] == pytest.approx(again, rel=1e-6)

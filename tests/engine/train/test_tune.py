@@ -15,6 +15,7 @@ def fake(speeds: dict[int, float], memory: dict[int, float], oom_at: int | None 
         if oom_at is not None and size >= oom_at:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return tune.Measurement(speeds[size], 1.0 / speeds[size], memory[size])
+
     return measure
 
 
@@ -25,23 +26,27 @@ MEMORY = {1: 10, 2: 20, 4: 40, 8: 70, 16: 95, 32: 100}
 def test_cliff_stops_the_ladder_and_the_fastest_before_it_is_chosen():
     speeds = {1: 100, 2: 190, 4: 350, 8: 400, 16: 170, 32: 999}  # 16: near the memory limit, 2.4x slower
     calls = []
-    trials = tune.run_ladder(fake(speeds, MEMORY, calls=calls), SIZES, memory_limit_mb=None, headroom=0.1,
-                             cliff_tolerance=0.05)
+    trials = tune.run_ladder(
+        fake(speeds, MEMORY, calls=calls), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05
+    )
     assert [t.status for t in trials] == ["ok", "ok", "ok", "ok", "cliff"] and calls == [1, 2, 4, 8, 16]
     assert tune.choose(trials).micro_batch_size == 8
 
 
 def test_out_of_memory_is_caught_recorded_and_the_process_goes_on():
     speeds = {size: 100.0 * size for size in SIZES}
-    trials = tune.run_ladder(fake(speeds, MEMORY, oom_at=16), SIZES, memory_limit_mb=None, headroom=0.1,
-                             cliff_tolerance=0.05)
+    trials = tune.run_ladder(
+        fake(speeds, MEMORY, oom_at=16), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05
+    )
     assert trials[-1].status == tune.OOM and "out of memory" in trials[-1].error
     assert tune.choose(trials).micro_batch_size == 8
 
 
 def test_headroom_is_respected():
     speeds = {size: 100.0 * size for size in SIZES}  # always faster: only memory stops it
-    trials = tune.run_ladder(fake(speeds, MEMORY), SIZES, memory_limit_mb=100, headroom=0.2, cliff_tolerance=0.05)
+    trials = tune.run_ladder(
+        fake(speeds, MEMORY), SIZES, memory_limit_mb=100, headroom=0.2, cliff_tolerance=0.05
+    )
     assert [t.status for t in trials][-1] == tune.OVER and trials[-1].micro_batch_size == 16  # 95 > 80
     assert tune.choose(trials).micro_batch_size == 8
 
@@ -59,17 +64,32 @@ def test_accumulation_keeps_the_effective_batch_and_the_explanation_has_the_figu
     assert tune.accumulation_for(None, 16, current=3) == 3
     assert tune.ladder(1, 48) == [1, 2, 4, 8, 16, 32, 48]
     speeds = {1: 100, 2: 190, 4: 350, 8: 400, 16: 170, 32: 1}
-    trials = tune.run_ladder(fake(speeds, MEMORY), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
-    text = tune.explain(trials, tune.choose(trials), accumulation=4, target=32, headroom=0.1, memory_limit_mb=None)
+    trials = tune.run_ladder(
+        fake(speeds, MEMORY), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05
+    )
+    text = tune.explain(
+        trials, tune.choose(trials), accumulation=4, target=32, headroom=0.1, memory_limit_mb=None
+    )
     assert "micro-batch 8 (400 real tokens/s" in text and "the cliff" in text and "holds 32 rows" in text
 
 
 def test_real_short_run_on_cpu(tmp_path):
     params = toy_params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
-                                      max_length=64, attn="sdpa", warmup=1, timed=2)
-    trials = tune.run_ladder(measure, tune.ladder(1, 4), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
+    measure = tune.real_step_measurer(
+        toy_model(),
+        toy_sequences(300, 1),
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        warmup=1,
+        timed=2,
+    )
+    trials = tune.run_ladder(
+        measure, tune.ladder(1, 4), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5
+    )
     assert [t.micro_batch_size for t in trials] == [1, 2, 4]
     assert all(t.real_tokens_per_s > 0 and t.peak_memory_mb > 0 and t.step_time_s > 0 for t in trials)
 
@@ -77,8 +97,14 @@ def test_real_short_run_on_cpu(tmp_path):
 def test_allocator_retries_without_a_speed_gain_mark_the_cliff():
     def measure(size):
         retries = 3 if size == 8 else 0
-        return tune.Measurement(100.0 * min(size, 4), 0.1, MEMORY[size], alloc_retries=retries,
-                                peak_reserved_mb=MEMORY[size] * 1.2)
+        return tune.Measurement(
+            100.0 * min(size, 4),
+            0.1,
+            MEMORY[size],
+            alloc_retries=retries,
+            peak_reserved_mb=MEMORY[size] * 1.2,
+        )
+
     trials = tune.run_ladder(measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
     assert [t.status for t in trials] == ["ok", "ok", "ok", "cliff"] and trials[-1].alloc_retries == 3
     assert trials[0].peak_reserved_mb == pytest.approx(12.0) and tune.choose(trials).micro_batch_size == 4
@@ -99,8 +125,17 @@ def test_the_measured_step_is_the_training_step(tmp_path, monkeypatch):
     monkeypatch.setattr(step_module, "train_step", spying)
     params = toy_params(tmp_path, optimizer={"grad_clip": 0.5, "warmup_steps": 2})
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
-                                      max_length=64, attn="sdpa", warmup=1, timed=2)
+    measure = tune.real_step_measurer(
+        toy_model(),
+        toy_sequences(300, 1),
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        warmup=1,
+        timed=2,
+    )
     measure(2)
     assert [(clip, advanced) for clip, advanced, _ in seen] == [(0.5, 1)] * 3
     assert seen[0][2] < seen[1][2]  # warm-up: the rate grows step by step
@@ -110,10 +145,24 @@ def test_every_batching_mode_gets_its_ladder_and_the_fastest_mode_wins(tmp_path)
     """``tune.modes``: each mode is measured over the sizes on the real step; the choice is across modes."""
     params = toy_params(tmp_path)
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed", "length_grouped"], params=params,
-                              runtime=runtime, pad_id=EOS, max_length=64, attn="sdpa",
-                              settings=tune.LadderSettings(warmup=1, timed=2, sizes=tune.ladder(1, 2),
-                                                           memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9))
+    ladders = tune.tune_modes(
+        toy_model(),
+        toy_sequences(300, 1),
+        ["packed", "length_grouped"],
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        settings=tune.LadderSettings(
+            warmup=1,
+            timed=2,
+            sizes=tune.ladder(1, 2),
+            memory_limit_mb=None,
+            headroom=0.1,
+            cliff_tolerance=0.9,
+        ),
+    )
     assert [ladder.mode for ladder in ladders] == ["packed", "length_grouped"]
     assert all([t.micro_batch_size for t in ladder.trials] == [1, 2] for ladder in ladders)
     best = tune.best_mode(ladders)
@@ -131,21 +180,45 @@ def test_a_mode_the_model_cannot_train_in_is_skipped_with_the_reason(tmp_path, m
     def never(*args, **kwargs):
         raise AssertionError("measured a mode that was refused")
 
-    monkeypatch.setattr(tune, "unavailable_modes", lambda model, dataset, attn: lambda mode: "no packing here")
+    monkeypatch.setattr(
+        tune, "unavailable_modes", lambda model, dataset, attn: lambda mode: "no packing here"
+    )
     monkeypatch.setattr(tune, "real_step_measurer", never)
-    ladders = tune.tune_modes(toy_model(), toy_sequences(300, 1), ["packed"], params=params, runtime=runtime,
-                              pad_id=EOS, max_length=64, attn="sdpa",
-                              settings=tune.LadderSettings(warmup=1, timed=2, sizes=[1], memory_limit_mb=None,
-                                                           headroom=0.1, cliff_tolerance=0.9))
-    assert ladders[0].trials == [] and ladders[0].skipped == "no packing here" and tune.best_mode(ladders) is None
+    ladders = tune.tune_modes(
+        toy_model(),
+        toy_sequences(300, 1),
+        ["packed"],
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        settings=tune.LadderSettings(
+            warmup=1, timed=2, sizes=[1], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9
+        ),
+    )
+    assert (
+        ladders[0].trials == []
+        and ladders[0].skipped == "no packing here"
+        and tune.best_mode(ladders) is None
+    )
 
 
 def test_a_packed_trial_counts_the_samples_its_rows_hold(tmp_path):
     """Packed rows of 64 tokens hold several toy samples: the trial says how many per micro-batch."""
     params = toy_params(tmp_path)  # packed
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(toy_model(), toy_sequences(300, 1), params=params, runtime=runtime, pad_id=EOS,
-                                      max_length=64, attn="sdpa", warmup=1, timed=1)
+    measure = tune.real_step_measurer(
+        toy_model(),
+        toy_sequences(300, 1),
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        warmup=1,
+        timed=1,
+    )
     trials = tune.run_ladder(measure, [2], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
     assert trials[0].samples_per_micro_batch > 2 * 2  # 2 rows, several samples each
 

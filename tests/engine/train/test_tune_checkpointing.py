@@ -10,15 +10,19 @@ from fastlm.engine.train import tune
 SIZES = [1, 2, 4, 8]
 # Peak memory per micro-batch size under each policy (more recompute, less memory) and tokens/s (recompute
 # costs ~1/3 of a layer's forward+backward).
-MEMORY = {"off": {1: 30, 2: 60, 4: 120, 8: 240}, "selective": {1: 20, 2: 40, 4: 80, 8: 160},
-          "full": {1: 10, 2: 20, 4: 40, 8: 80}}
+MEMORY = {
+    "off": {1: 30, 2: 60, 4: 120, 8: 240},
+    "selective": {1: 20, 2: 40, 4: 80, 8: 160},
+    "full": {1: 10, 2: 20, 4: 40, 8: 80},
+}
 SPEED = {"off": 1.0, "selective": 0.85, "full": 0.75}
 FAST = {1: 100, 2: 190, 4: 350, 8: 600}  # tokens/s per size without recompute: larger is faster
 
 
 @pytest.fixture(autouse=True)
 def no_collection(monkeypatch):
-    """The fake trials allocate nothing: skip the garbage collection between them (seconds in a big process)."""
+    """The fake trials allocate nothing: skip the garbage collection between them (seconds in a big
+    process)."""
     monkeypatch.setattr(tune, "release_memory", lambda: None)
 
 
@@ -47,8 +51,9 @@ def test_auto_measures_more_recompute_while_memory_stops_the_ladder_and_keeps_th
 
 def test_auto_stops_adding_recompute_once_memory_no_longer_limits():
     applied: list[str] = []
-    results = tune.tune_checkpointing(runner(applied, {1: 100, 2: 190, 4: 350, 8: 400}, limit=None),
-                                      applied.append, "auto")
+    results = tune.tune_checkpointing(
+        runner(applied, {1: 100, 2: 190, 4: 350, 8: 400}, limit=None), applied.append, "auto"
+    )
     assert applied == ["off"] and tune.best_policy(results).policy == "off"
 
 

@@ -42,7 +42,8 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def unfinished_runs(base: Path) -> list[Path]:
-    """Run folders under ``base`` whose newest checkpoint stopped before its run's ``total_steps``, newest first.
+    """Run folders under ``base`` whose newest checkpoint stopped before its run's ``total_steps``, newest
+    first.
 
     A run folder is a direct subfolder holding ``checkpoint-*`` folders; its newest checkpoint's ``COMPLETE``
     marker time orders the runs. Unreadable states and checkpoints without ``total_steps`` are skipped.
@@ -85,7 +86,8 @@ def resolve_resume(root: Path, resume: str) -> Path | None:
         )
     if not (path / MARKER).is_file():
         raise CheckpointError(
-            f"train.resume: {path} is not a complete checkpoint (no {MARKER} marker, the save was interrupted); "
+            f"train.resume: {path} is not a complete checkpoint (no {MARKER} marker, the save was "
+            "interrupted); "
             "point train.resume at a complete checkpoint, or set train.resume: auto or never"
         )
     return path

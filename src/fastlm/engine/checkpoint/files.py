@@ -11,7 +11,8 @@ Contents:
 
 - ``model.safetensors``: ``safetensors.torch.save_model`` (one copy of tied tensors, e.g. a tied LM head);
 - ``optimizer.pt``, ``scheduler.pt``, ``grad_scaler.pt`` (when given): ``torch.save`` of the state dicts;
-- ``rng.pt`` (``rng``): the torch CPU RNG state and, when CUDA is available, every CUDA device's RNG state (tensors);
+- ``rng.pt`` (``rng``): the torch CPU RNG state and, when CUDA is available, every CUDA device's RNG state
+  (tensors);
 - ``trainer_state.json``: the caller's ``state`` (JSON: step, epoch, position, metric history, config digest)
   and the Python ``random`` and NumPy global RNG states as plain lists, so nothing needs pickle;
 - ``COMPLETE``: ``{"format": 1, "step": ..., "files": {name: size in bytes}}``.
@@ -61,9 +62,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SaveOptions:
     """What a save keeps and writes beyond the defaults, one object because these travel together from the
-    trainer's ``Checkpointer``: the ``keep_last`` newest checkpoints (None: every one) and ``also_keep`` (early
-    stopping's best); ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded (FSDP2)
-    model (or a LoRA model's trainable tensors), written instead of ``model.state_dict()`` /
+    trainer's ``Checkpointer``: the ``keep_last`` newest checkpoints (None: every one) and ``also_keep``
+    (early stopping's best); ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded
+    (FSDP2) model (or a LoRA model's trainable tensors), written instead of ``model.state_dict()`` /
     ``optimizer.state_dict()`` (same files, so any world size or strategy resumes)."""
 
     keep_last: int | None = 2
@@ -117,11 +118,17 @@ def save_checkpoint(
     tmp.mkdir()
     try:
         if model_state is None:
-            safetensors.torch.save_model(model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
+            safetensors.torch.save_model(
+                model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)}
+            )
         else:
-            safetensors.torch.save_file(model_state, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
+            safetensors.torch.save_file(
+                model_state, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)}
+            )
         _fsync_file(tmp / MODEL_FILE)
-        _torch_save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / OPTIMIZER_FILE)
+        _torch_save(
+            optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / OPTIMIZER_FILE
+        )
         _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         if grad_scaler is not None:
             _torch_save(grad_scaler.state_dict(), tmp / GRAD_SCALER_FILE)
@@ -134,7 +141,8 @@ def save_checkpoint(
         _move_into_place(tmp, final)
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, Exception):  # a full disk or a read-only folder: one line, the previous copy named
+        # a full disk or a read-only folder: one line, the previous copy named
+        if isinstance(error, Exception):
             _raise_storage_error(error, final)
         raise
     _remove_temporaries(root)
@@ -159,8 +167,11 @@ def _raise_storage_error(error: Exception, final: Path) -> None:
         return
     kept = latest_checkpoint(final.parent)
     clear = storage_error(
-        os_error, f"could not write checkpoint {final}", parameter="train.checkpoint_dir",
-        detail=f"; the partial copy was removed, {f'the previous checkpoint {kept} is kept' if kept else 'no earlier checkpoint exists'}",
+        os_error,
+        f"could not write checkpoint {final}",
+        parameter="train.checkpoint_dir",
+        detail="; the partial copy was removed, "
+        f"{f'the previous checkpoint {kept} is kept' if kept else 'no earlier checkpoint exists'}",
     )
     if clear is not os_error:
         raise clear from error
@@ -202,8 +213,9 @@ def _prune(root: Path, keep_last: int | None, *, keep: set[Path | None]) -> None
 
 
 def move_aside(root: Path) -> Path | None:
-    """Move every ``checkpoint-*`` folder of ``root`` into ``root/superseded-<time>/`` (out of the way of a run
-    that starts fresh there, kept for the user); returns that folder, or None when there was nothing to move."""
+    """Move every ``checkpoint-*`` folder of ``root`` into ``root/superseded-<time>/`` (out of the way of a
+    run that starts fresh there, kept for the user); returns that folder, or None when there was nothing to
+    move."""
     root = Path(root)
     old = [path for path in root.glob("checkpoint-*") if path.is_dir()] if root.is_dir() else []
     if not old:
@@ -249,7 +261,8 @@ def _torch_save(obj: Any, path: Path) -> None:
 
 
 class _ErrorKeepingWriter:
-    """A file for ``torch.save`` that keeps the OSError of a failed write (torch's zip writer drops its errno)."""
+    """A file for ``torch.save`` that keeps the OSError of a failed write (torch's zip writer drops its
+    errno)."""
 
     def __init__(self, handle) -> None:
         self.handle = handle

@@ -1,6 +1,7 @@
 """A training checkpoint's folder layout: ``checkpoint-<step:08d>/`` holds these files, and the ``COMPLETE``
-marker written last says the folder is whole (a folder without it is an interrupted save). Also the one error a
-checkpoint that cannot be used raises, shared by every checkpoint module (writing, the lock, finding, loading).
+marker written last says the folder is whole (a folder without it is an interrupted save). Also the one error
+a checkpoint that cannot be used raises, shared by every checkpoint module (writing, the lock, finding,
+loading).
 """
 
 from pathlib import Path

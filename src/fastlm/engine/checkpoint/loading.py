@@ -43,8 +43,8 @@ def read_checkpoint_state(path: Path) -> dict:
 def read_header(path: Path) -> dict:
     """A checkpoint's manifest and trainer state (``{"manifest": ..., "trainer_state": ...}``), no tensors.
 
-    Read once on resume: :func:`load_checkpoint` takes it back (``header=``) instead of reading the files again.
-    A missing or cut-off manifest or state file raises :class:`CheckpointError`.
+    Read once on resume: :func:`load_checkpoint` takes it back (``header=``) instead of reading the files
+    again. A missing or cut-off manifest or state file raises :class:`CheckpointError`.
     """
     folder = Path(path)
     manifest = _read_manifest(folder)
@@ -82,12 +82,17 @@ def load_checkpoint(
         if name not in files:
             raise _broken(folder / name, f"missing (not listed in {MARKER})")
 
-    trainer_state = header["trainer_state"] if header is not None else _read_trainer_state(folder / STATE_FILE)
+    trainer_state = (
+        header["trainer_state"] if header is not None else _read_trainer_state(folder / STATE_FILE)
+    )
 
     model_file = folder / MODEL_FILE
     try:
-        if model is not None:  # None: the caller loads the weights itself (a sharded model, see distributed.py)
-            safetensors.torch.load_model(model, str(model_file), strict=True, device=_safetensors_device(map_location))
+        # None: the caller loads the weights itself (a sharded model, see distributed.py)
+        if model is not None:
+            safetensors.torch.load_model(
+                model, str(model_file), strict=True, device=_safetensors_device(map_location)
+            )
     except Exception as error:
         raise _broken(model_file, f"unreadable or does not match the model ({_one_line(error)})") from error
 
@@ -115,7 +120,8 @@ def _read_manifest(folder: Path) -> dict:
     marker = folder / MARKER
     if not folder.is_dir():
         raise CheckpointError(
-            f"checkpoint folder {folder} does not exist; set train.resume to 'auto', 'never' or an existing checkpoint"
+            f"checkpoint folder {folder} does not exist; set train.resume to 'auto', 'never' or an existing "
+            "checkpoint"
         )
     if not marker.is_file():
         raise _broken(marker, "missing (the save was interrupted)")

@@ -42,18 +42,24 @@ def checkpoint_lock(root: Path) -> Iterator[Path]:
                 raise CheckpointError(
                     f"checkpoint folder {root} is in use by another training run (PID {holder['pid']} on "
                     f"{holder.get('host', '?')}, lock file {lock}).",
-                    fix="wait for that run to finish or stop it, or give this run its own --params run_name=...; "
-                    f"delete {lock} only if that process is gone.") from None
-            log.warning("taking over %s: the training run that held it (PID %s) no longer runs", lock,
-                        holder.get("pid") if holder else "unknown")
+                    fix="wait for that run to finish or stop it, or give this run its own --params "
+                    f"run_name=...; delete {lock} only if that process is gone.",
+                ) from None
+            log.warning(
+                "taking over %s: the training run that held it (PID %s) no longer runs",
+                lock,
+                holder.get("pid") if holder else "unknown",
+            )
             lock.unlink(missing_ok=True)
             continue
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(mine)
         break
     else:
-        raise CheckpointError(f"could not take the lock {lock} of checkpoint folder {root}.",
-                              fix="make sure no other training run writes there, delete the file and rerun.")
+        raise CheckpointError(
+            f"could not take the lock {lock} of checkpoint folder {root}.",
+            fix="make sure no other training run writes there, delete the file and rerun.",
+        )
     try:
         yield lock
     finally:

@@ -11,17 +11,19 @@ digest (:func:`run_digest`) records, as readable fields:
 - ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
   ``seed``: the data order and the meaning of the saved micro-batch position;
 - ``micro_batches_per_step`` (gradient accumulation x processes) and ``distributed.strategy`` (``fsdp``:
-  FSDP2's parameter-keyed optimizer state, else ``ddp``, one process included): the world layout. The number of processes alone may change (resume across world sizes with the same effective batch).
+  FSDP2's parameter-keyed optimizer state, else ``ddp``, one process included): the world layout. The number
+  of processes alone may change (resume across world sizes with the same effective batch).
 
-:func:`plan_resume` applies ``train.resume``: ``auto`` continues the newest checkpoint in the run's folder when its
-digest matches and its step is within this run's total; otherwise it starts fresh, moves the folder's old
-checkpoints into ``superseded-<time>/`` (never deleted, never pruned together with the new ones) and logs ONE
-line saying which fields differ and where the old checkpoints are. An explicit folder that does not match is
-refused in one line. ``never`` starts fresh the same way.
+:func:`plan_resume` applies ``train.resume``: ``auto`` continues the newest checkpoint in the run's folder
+when its digest matches and its step is within this run's total; otherwise it starts fresh, moves the folder's
+old checkpoints into ``superseded-<time>/`` (never deleted, never pruned together with the new ones) and logs
+ONE line saying which fields differ and where the old checkpoints are. An explicit folder that does not match
+is refused in one line. ``never`` starts fresh the same way.
 
-Learning-rate schedule when the total changes: the schedule is rebuilt for the NEW total and the saved scheduler
-position (the step) is restored, so warm-up and decay follow the new length from the resumed step on (the rate
-at the resumed step jumps to where the longer schedule is at that step); the Hugging Face Trainer does the same.
+Learning-rate schedule when the total changes: the schedule is rebuilt for the NEW total and the saved
+scheduler position (the step) is restored, so warm-up and decay follow the new length from the resumed step on
+(the rate at the resumed step jumps to where the longer schedule is at that step); the Hugging Face Trainer
+does the same.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def data_digest(values, offsets, prompt_lengths=None) -> str:
     return digest.hexdigest()
 
 
-def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, data: str, world_size: int,
-               sharded: bool) -> dict[str, Any]:
+def run_digest(
+    model: torch.nn.Module, params: TrainParams, *, max_length: int, data: str, world_size: int, sharded: bool
+) -> dict[str, Any]:
     """The fields a checkpoint must share with this run to be resumed (see the module docstring)."""
     shapes = [[name, list(param.shape)] for name, param in model.named_parameters()]
     source = params.model.name_or_path
@@ -71,7 +74,8 @@ def run_digest(model: torch.nn.Module, params: TrainParams, *, max_length: int, 
         "data.fold": params.fold,  # k-fold runs: never continue another fold's checkpoint
         "batching.mode": params.batching.mode,
         "batching.micro_batch_size": params.batching.micro_batch_size,
-        "batching.row_length": params.batching.row_length,  # packed rows: which samples a batch position holds
+        # packed rows: which samples a batch position holds
+        "batching.row_length": params.batching.row_length,
         "batching.pad_to_multiple_of": params.batching.pad_to_multiple_of,
         "max_length": max_length,
         "seed": params.seed,
@@ -90,11 +94,15 @@ def _base_weights(source: str | None) -> str | None:
 
 
 def digest_differences(saved: dict | None, current: dict) -> list[str]:
-    """``field saved -> now`` for each field that differs (long values shortened); everything when none saved."""
+    """``field saved -> now`` for each field that differs (long values shortened); everything when none
+    saved."""
     if not isinstance(saved, dict):
         return ["settings (not recorded: written by an earlier fastlm)"]
-    return [f"{key} {_short(saved.get(key))} -> {_short(value)}" for key, value in current.items()
-            if saved.get(key) != value]
+    return [
+        f"{key} {_short(saved.get(key))} -> {_short(value)}"
+        for key, value in current.items()
+        if saved.get(key) != value
+    ]
 
 
 def _short(value: Any) -> str:
@@ -113,10 +121,12 @@ class ResumePlan:
         return self.header["trainer_state"]["state"] if self.header is not None else None
 
 
-def plan_resume(root: Path, resume: str, digest: dict, *, total_steps: int, world_size: int,
-                move_old: bool = True) -> ResumePlan:
+def plan_resume(
+    root: Path, resume: str, digest: dict, *, total_steps: int, world_size: int, move_old: bool = True
+) -> ResumePlan:
     """The checkpoint this run continues, or a fresh start (old checkpoints moved aside when ``move_old``,
-    i.e. on the one writing process). Raises :class:`CheckpointError` for an explicit folder that cannot be used.
+    i.e. on the one writing process). Raises :class:`CheckpointError` for an explicit folder that cannot be
+    used.
     """
     root = Path(root)
     if resume not in ("auto", "never"):
@@ -126,8 +136,9 @@ def plan_resume(root: Path, resume: str, digest: dict, *, total_steps: int, worl
         if problems:
             raise CheckpointError(
                 f"train.resume: checkpoint {folder} does not belong to this run: {'; '.join(problems)}.",
-                fix="resume with the settings it was written with, or set train.resume: auto (continues a matching "
-                "checkpoint, else starts fresh) or never.")
+                fix="resume with the settings it was written with, or set train.resume: auto (continues a "
+                "matching checkpoint, else starts fresh) or never.",
+            )
         return ResumePlan(folder, header)
     newest = complete_checkpoints(root)[-1:] if resume == "auto" else []  # a folder holds one run: its newest
     why = None
@@ -139,11 +150,19 @@ def plan_resume(root: Path, resume: str, digest: dict, *, total_steps: int, worl
         why = f"{newest[0].name} does not match this run ({'; '.join(problems)})"
     aside = move_aside(root) if move_old else None
     if why is not None:
-        log.warning("train.resume auto: not resuming from %s: %s; starting fresh%s.", root, why,
-                    f", the old checkpoints are kept in {aside}" if aside else "")
+        log.warning(
+            "train.resume auto: not resuming from %s: %s; starting fresh%s.",
+            root,
+            why,
+            f", the old checkpoints are kept in {aside}" if aside else "",
+        )
     elif aside is not None:
-        log.info("train.resume %s: starting fresh; the checkpoints already in %s were moved to %s", resume, root,
-                 aside)
+        log.info(
+            "train.resume %s: starting fresh; the checkpoints already in %s were moved to %s",
+            resume,
+            root,
+            aside,
+        )
     return ResumePlan(None)
 
 
@@ -154,5 +173,7 @@ def _problems(state: dict, digest: dict, total_steps: int, world_size: int) -> l
         problems.append(f"it is at step {step}, past the {total_steps} steps this run asks for")
     batch = int(state.get("batch_in_epoch", 0))
     if batch % world_size:
-        problems.append(f"its data position (global micro-batch {batch}) cannot be split over {world_size} processes")
+        problems.append(
+            f"its data position (global micro-batch {batch}) cannot be split over {world_size} processes"
+        )
     return problems

@@ -34,7 +34,8 @@ def host_rng_state() -> dict:
 
 def restore_rng_states(torch_states: dict, host_states: dict) -> None:
     """Set the torch, CUDA, Python and NumPy RNGs to the saved states (:func:`torch_rng_state`,
-    :func:`host_rng_state`); a state that does not fit raises whatever the RNG raises, for the caller to name."""
+    :func:`host_rng_state`); a state that does not fit raises whatever the RNG raises, for the caller to
+    name."""
     torch.set_rng_state(torch_states["torch"])
     _set_cuda_rng_states(torch_states.get("cuda"))
     _set_python_rng_state(host_states["python"])
@@ -69,7 +70,8 @@ def _set_numpy_rng_state(saved: dict) -> None:
 
 
 def _to_json(value: Any) -> Any:
-    """NumPy arrays and scalars to plain JSON values (arrays tagged so that :func:`_from_json` restores them)."""
+    """NumPy arrays and scalars to plain JSON values (arrays tagged so that :func:`_from_json` restores
+    them)."""
     if isinstance(value, np.ndarray):
         return {"__ndarray__": value.tolist(), "dtype": value.dtype.str}
     if isinstance(value, np.generic):

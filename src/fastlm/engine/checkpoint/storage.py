@@ -1,4 +1,5 @@
-"""Storage checks before a run writes anything: directories writable, enough free space; disk errors as one line.
+"""Storage checks before a run writes anything: directories writable, enough free space; disk errors as one
+line.
 
 A full disk or a read-only output folder otherwise shows up minutes (or hours) into training as an
 ``OSError`` deep inside ``torch.save``. The checks here run before the first step, where the fix is cheap:
@@ -70,15 +71,18 @@ def existing_ancestor(path: Path) -> Path:
 
 
 def check_writable(directory: Path, *, parameter: str) -> None:
-    """Raise one StorageError line unless a file can be created in ``directory`` (or where it would be created).
+    """Raise one StorageError line unless a file can be created in ``directory`` (or where it would be
+    created).
 
     ``parameter`` names the setting or catalog entry the user changes to point elsewhere.
     """
     directory = Path(directory)
     target = existing_ancestor(directory)
     if not target.is_dir():
-        raise StorageError(f"{parameter}: {directory} cannot be created because {target} is a file, not a folder.",
-                           fix=f"remove or rename {target}, or point {parameter} at another folder.")
+        raise StorageError(
+            f"{parameter}: {directory} cannot be created because {target} is a file, not a folder.",
+            fix=f"remove or rename {target}, or point {parameter} at another folder.",
+        )
     try:
         handle, probe = tempfile.mkstemp(prefix=".fastlm-write-probe-", dir=target)
         try:
@@ -93,10 +97,16 @@ def check_writable(directory: Path, *, parameter: str) -> None:
         raise clear from error
 
 
-def estimate_run_bytes(model: torch.nn.Module, *, keep_last: int, saves_checkpoints: bool = True,
-                       tokenizer=None, log_records: int | None = None) -> RunBytes:
-    """Peak bytes a run of ``model`` writes: checkpoints (weights + AdamW state + history + slack) and the final
-    model (weights + tokenizer files + slack).
+def estimate_run_bytes(
+    model: torch.nn.Module,
+    *,
+    keep_last: int,
+    saves_checkpoints: bool = True,
+    tokenizer=None,
+    log_records: int | None = None,
+) -> RunBytes:
+    """Peak bytes a run of ``model`` writes: checkpoints (weights + AdamW state + history + slack) and the
+    final model (weights + tokenizer files + slack).
 
     Shared (tied) parameters count once, as ``model.parameters()`` yields them once. A model with frozen
     parameters (LoRA) saves its trainable ones only. Without periodic saves a graceful stop (SIGTERM/Ctrl-C)
@@ -109,12 +119,16 @@ def estimate_run_bytes(model: torch.nn.Module, *, keep_last: int, saves_checkpoi
     adam_moments = 2 * 4 * sum(p.numel() for p in trainable)  # exp_avg, exp_avg_sq fp32
     history = RECORD_BYTES * (UNKNOWN_RECORDS if log_records is None else log_records)
     checkpoint = weights + adam_moments + history + STATE_SLACK_BYTES
-    return RunBytes(checkpoint=checkpoint, checkpoints_at_peak=keep_last + 1 if saves_checkpoints else 1,
-                    final_model=weights + tokenizer_bytes(tokenizer) + STATE_SLACK_BYTES)
+    return RunBytes(
+        checkpoint=checkpoint,
+        checkpoints_at_peak=keep_last + 1 if saves_checkpoints else 1,
+        final_model=weights + tokenizer_bytes(tokenizer) + STATE_SLACK_BYTES,
+    )
 
 
 def tokenizer_bytes(tokenizer) -> int:
-    """What ``tokenizer.save_pretrained`` writes, measured in a temporary folder (a cautious guess without one)."""
+    """What ``tokenizer.save_pretrained`` writes, measured in a temporary folder (a cautious guess without
+    one)."""
     if tokenizer is None:
         return UNKNOWN_TOKENIZER_BYTES
     with tempfile.TemporaryDirectory(prefix="fastlm-tokenizer-size-") as folder:
@@ -143,9 +157,17 @@ def check_free_space(needs: Mapping[str, tuple[Path, int]], *, fix: str) -> None
             )
 
 
-def check_training_storage(model: torch.nn.Module, *, checkpoint_dir: Path, model_dir: Path, keep_last: int,
-                           saves_checkpoints: bool, model_entry: str = "trained_model", tokenizer=None,
-                           log_records: int | None = None) -> RunBytes:
+def check_training_storage(
+    model: torch.nn.Module,
+    *,
+    checkpoint_dir: Path,
+    model_dir: Path,
+    keep_last: int,
+    saves_checkpoints: bool,
+    model_entry: str = "trained_model",
+    tokenizer=None,
+    log_records: int | None = None,
+) -> RunBytes:
     """Before the first step: both output folders writable, and room for the checkpoints and the final model.
 
     Complete checkpoints already in ``checkpoint_dir`` are on the disk already: they count towards the
@@ -153,13 +175,20 @@ def check_training_storage(model: torch.nn.Module, *, checkpoint_dir: Path, mode
     """
     check_writable(checkpoint_dir, parameter="train.checkpoint_dir")
     check_writable(Path(model_dir).parent, parameter=f"{model_entry} (the model output folder {model_dir})")
-    estimate = estimate_run_bytes(model, keep_last=keep_last, saves_checkpoints=saves_checkpoints,
-                                  tokenizer=tokenizer, log_records=log_records)
+    estimate = estimate_run_bytes(
+        model,
+        keep_last=keep_last,
+        saves_checkpoints=saves_checkpoints,
+        tokenizer=tokenizer,
+        log_records=log_records,
+    )
     existing = sum(1 for path in Path(checkpoint_dir).glob("checkpoint-*") if (path / MARKER).is_file())
     new_checkpoints = max(estimate.checkpoints_at_peak - min(existing, keep_last), 1)
     check_free_space(
-        {"train.checkpoint_dir": (Path(checkpoint_dir), new_checkpoints * estimate.checkpoint),
-         model_entry: (Path(model_dir), estimate.final_model)},
+        {
+            "train.checkpoint_dir": (Path(checkpoint_dir), new_checkpoints * estimate.checkpoint),
+            model_entry: (Path(model_dir), estimate.final_model),
+        },
         fix="free disk space, lower train.keep_last, or set train.checkpoint_dir to a disk with room.",
     )
     return estimate
@@ -186,15 +215,20 @@ def os_error_in(error: BaseException) -> OSError | None:
 
 
 def storage_error(error: OSError, what: str, *, parameter: str, detail: str = "") -> StorageError | OSError:
-    """``error`` as one StorageError line when it is a full disk or a permission problem, else ``error`` itself."""
+    """``error`` as one StorageError line when it is a full disk or a permission problem, else ``error``
+    itself."""
     reason = os.strerror(error.errno) if error.errno else type(error).__name__
     if error.errno in DISK_FULL:
-        return StorageError(f"{what}: the disk is full ({reason}){detail}.",
-                            fix=f"free disk space, or point {parameter} at a disk with room, then rerun.")
+        return StorageError(
+            f"{what}: the disk is full ({reason}){detail}.",
+            fix=f"free disk space, or point {parameter} at a disk with room, then rerun.",
+        )
     if error.errno in NOT_WRITABLE:
-        return StorageError(f"{what} ({reason}){detail}.",
-                            fix=f"make it writable (permissions, a read-only mount) or point {parameter} at "
-                                "a writable folder, then rerun.")
+        return StorageError(
+            f"{what} ({reason}){detail}.",
+            fix=f"make it writable (permissions, a read-only mount) or point {parameter} at "
+            "a writable folder, then rerun.",
+        )
     return error
 
 

@@ -1,7 +1,8 @@
 """The engine's data layer: labels from sample boundaries, token-budget packing, collators, batch samplers.
 
 ``labels`` (what is a target), ``packing`` (which samples share a row, and the position ids / block mask that
-keep them apart), ``collators`` (samples to tensors; ``seq2seq_packing``: packed encoder-decoder rows), ``samplers`` (epoch order, resumable).
+keep them apart), ``collators`` (samples to tensors; ``seq2seq_packing``: packed encoder-decoder rows),
+``samplers`` (epoch order, resumable).
 """
 
 from fastlm.engine.data.collators import (

@@ -44,8 +44,14 @@ from fastlm.engine.data.packing import (
     to_additive_mask,
 )
 
-__all__ = ["DynamicPaddingCollator", "PackedCollator", "Seq2SeqCollator", "pad_id_of", "seq2seq_lengths",
-           "seq2seq_sides"]
+__all__ = [
+    "DynamicPaddingCollator",
+    "PackedCollator",
+    "Seq2SeqCollator",
+    "pad_id_of",
+    "seq2seq_lengths",
+    "seq2seq_sides",
+]
 
 ATTENTION_MASK_FORMATS = ("bool", "additive", "none")
 
@@ -71,7 +77,9 @@ def _round_up(value: int, multiple: int | None) -> int:
     return value if not multiple else -(-value // multiple) * multiple
 
 
-def _counts(labels: torch.Tensor, num_real: int, num_computed: int, num_samples: int) -> dict[str, torch.Tensor]:
+def _counts(
+    labels: torch.Tensor, num_real: int, num_computed: int, num_samples: int
+) -> dict[str, torch.Tensor]:
     return {
         "num_samples": torch.tensor(num_samples, dtype=torch.int64),
         "num_target_tokens": count_target_tokens(labels).to(torch.int64),
@@ -127,8 +135,8 @@ class PackedCollator:
 
     Returns ``input_ids``, ``labels`` (-100 on padding and on every sample's first token, see ``labels``),
     ``position_ids`` (restarting at 0 per sample), ``attention_mask`` — ``[rows, 1, T, T]`` block-diagonal
-    causal: bool (True = attend) for SDPA with ``attention_mask_format="bool"``, 0 / float32-min for eager with
-    ``"additive"``, left out with ``"none"`` (flash-attention varlen) —, ``cu_seq_lens`` (int32) and
+    causal: bool (True = attend) for SDPA with ``attention_mask_format="bool"``, 0 / float32-min for eager
+    with ``"additive"``, left out with ``"none"`` (flash-attention varlen) —, ``cu_seq_lens`` (int32) and
     ``max_seqlen`` (see ``packing``), and the counts of the module docstring.
     """
 
@@ -178,8 +186,12 @@ class PackedCollator:
             )
             limits = torch.from_numpy(flat_limits.reshape(input_ids.shape))
         labels = packed_causal_lm_labels(input_ids, layout.position_ids, layout.real_mask, limits)
-        batch = {"input_ids": input_ids, "labels": labels, "position_ids": layout.position_ids,
-                 "sequence_ids": layout.sequence_ids.to(torch.int32)}
+        batch = {
+            "input_ids": input_ids,
+            "labels": labels,
+            "position_ids": layout.position_ids,
+            "sequence_ids": layout.sequence_ids.to(torch.int32),
+        }
         if self.attention_mask_format != "none":
             mask = block_causal_mask(layout.sequence_ids)
             batch["attention_mask"] = mask if self.attention_mask_format == "bool" else to_additive_mask(mask)
@@ -216,9 +228,14 @@ class Seq2SeqCollator:
         labels = causal_lm_labels(decoder_input_ids, decoder_attention_mask)
         labels[:, 0] = IGNORE_INDEX
         real = sum(len(ids) for ids in encoder) + sum(len(ids) for ids in decoder)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids,
-                "decoder_attention_mask": decoder_attention_mask, "labels": labels,
-                **_counts(labels, real, input_ids.numel() + decoder_input_ids.numel(), len(features))}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": decoder_attention_mask,
+            "labels": labels,
+            **_counts(labels, real, input_ids.numel() + decoder_input_ids.numel(), len(features)),
+        }
 
     def _pad(self, rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         lengths = np.fromiter((len(ids) for ids in rows), dtype=np.int64, count=len(rows))
@@ -231,7 +248,8 @@ class Seq2SeqCollator:
 
 
 def seq2seq_sides(features: Sequence, decoder_start_id: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each prompt/response sample's encoder ids (the prompt) and decoder row (``[decoder_start_id] + response``)."""
+    """Each prompt/response sample's encoder ids (the prompt) and decoder row
+    (``[decoder_start_id] + response``)."""
     if not features:
         raise ValueError("cannot collate an empty batch")
     if not all(isinstance(feature, Mapping) and "prompt_length" in feature for feature in features):
@@ -244,5 +262,6 @@ def seq2seq_sides(features: Sequence, decoder_start_id: int) -> tuple[list[np.nd
 
 
 def seq2seq_lengths(lengths: np.ndarray, prompt_lengths: np.ndarray) -> np.ndarray:
-    """The longer side of each encoder-decoder sample (prompt, or decoder start + response): what to group by."""
+    """The longer side of each encoder-decoder sample (prompt, or decoder start + response): what to group
+    by."""
     return np.maximum(prompt_lengths, lengths - prompt_lengths + 1)

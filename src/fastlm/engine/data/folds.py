@@ -24,12 +24,16 @@ def fold_splits(tokenized, fold: int | None, folds: int | None):
     if fold is None:
         return tokenized["train"], tokenized["validation"]
     if FOLD_COLUMN not in tokenized["train"].column_names or folds is None:
-        raise ConfigError(f"train.fold = {fold} but the tokenized data was split without folds "
-                          "(split.folds is not set).", fix="run `kedro run --pipeline=split --params "
-                          "split.folds=<k>` first, or unset train.fold (--params train.fold=null).")
+        raise ConfigError(
+            f"train.fold = {fold} but the tokenized data was split without folds (split.folds is not set).",
+            fix="run `kedro run --pipeline=split --params "
+            "split.folds=<k>` first, or unset train.fold (--params train.fold=null).",
+        )
     if fold >= folds:
-        raise ConfigError(f"train.fold = {fold} but the data was split into {folds} folds (split.folds).",
-                          fix=f"pick a fold from 0 to {folds - 1}.")
+        raise ConfigError(
+            f"train.fold = {fold} but the data was split into {folds} folds (split.folds).",
+            fix=f"pick a fold from 0 to {folds - 1}.",
+        )
     pool = datasets.concatenate_datasets([tokenized["train"], tokenized["validation"]])
     buckets = np.asarray(pool.with_format("numpy", columns=[FOLD_COLUMN])[FOLD_COLUMN])
     return pool.select(np.flatnonzero(buckets != fold)), pool.select(np.flatnonzero(buckets == fold))

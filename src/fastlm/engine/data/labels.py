@@ -52,7 +52,8 @@ def causal_lm_labels(
     """Labels of a padded batch: ``input_ids`` with ``IGNORE_INDEX`` exactly where ``attention_mask`` is 0
     and, with ``prompt_lengths`` (one per row), on the first ``prompt_lengths[i]`` tokens of row i.
 
-    ``attention_mask`` (0/1 or bool, same shape) says which positions hold real tokens; the pad id plays no role.
+    ``attention_mask`` (0/1 or bool, same shape) says which positions hold real tokens; the pad id plays no
+    role.
     """
     labels = input_ids.clone()
     labels[~attention_mask.bool()] = IGNORE_INDEX
@@ -62,14 +63,18 @@ def causal_lm_labels(
 
 
 def packed_causal_lm_labels(
-    input_ids: torch.Tensor, position_ids: torch.Tensor, real_mask: torch.Tensor,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    real_mask: torch.Tensor,
     prompt_limits: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Labels of packed rows: padding and every sample's first token (``position_ids == 0``) are ``IGNORE_INDEX``.
+    """Labels of packed rows: padding and every sample's first token (``position_ids == 0``) are
+    ``IGNORE_INDEX``.
 
-    ``position_ids`` restart at 0 at each sample start (as the packed layout builds them); ``real_mask`` is True
-    on sample tokens, False on padding. ``prompt_limits`` (same shape, optional) holds, at each token, the
-    prompt length of its sample: tokens with ``position_ids < prompt_limits`` are prompt tokens, ``IGNORE_INDEX``.
+    ``position_ids`` restart at 0 at each sample start (as the packed layout builds them); ``real_mask`` is
+    True on sample tokens, False on padding. ``prompt_limits`` (same shape, optional) holds, at each token,
+    the prompt length of its sample: tokens with ``position_ids < prompt_limits`` are prompt tokens,
+    ``IGNORE_INDEX``.
     """
     labels = input_ids.clone()
     ignored = ~real_mask.bool() | (position_ids == 0)

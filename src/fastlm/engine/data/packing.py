@@ -21,10 +21,10 @@ batches of ``rows_per_batch`` rows. A batch is the flat list of its sample indic
 Row length from the data (``choose_row_length``)
 ------------------------------------------------
 Attention work per token grows with the row length, so rows only as long as the data needs are cheaper
-(short reviews of ~10 tokens: rows of 64 instead of 320 measured faster on the 5.2 M shape, docs/benchmarks.md).
-``choose_row_length`` takes the shortest multiple of 64 that holds the longest sample and whose rows, packed by
-``pack_rows``, are filled within one point of rows of ``max_length``; the training loop then keeps the token
-budget (more, shorter rows).
+(short reviews of ~10 tokens: rows of 64 instead of 320 measured faster on the 5.2 M shape,
+docs/benchmarks.md). ``choose_row_length`` takes the shortest multiple of 64 that holds the longest sample and
+whose rows, packed by ``pack_rows``, are filled within one point of rows of ``max_length``; the training loop
+then keeps the token budget (more, shorter rows).
 
 Keeping samples apart (``packed_layout``, ``block_causal_mask``)
 ----------------------------------------------------------------
@@ -37,7 +37,8 @@ Keeping samples apart (``packed_layout``, ``block_causal_mask``)
   only when no attention mask and no cache are given (a model's default ``use_cache=True`` creates a cache
   even in training), and any 2D mask turns that off; attention then leaks across samples.
 * eager attention ADDS the mask to the scores, so a bool mask there is silently wrong (True adds 1):
-  give eager ``to_additive_mask(mask)`` (0 / dtype-min), i.e. ``PackedCollator(attention_mask_format="additive")``.
+  give eager ``to_additive_mask(mask)`` (0 / dtype-min), i.e.
+  ``PackedCollator(attention_mask_format="additive")``.
 * padding at the end of a row is its own causal segment (it never sees, and is never seen by, a sample;
   no row of the mask is empty, so no NaN) and its labels are -100.
 
@@ -45,11 +46,11 @@ Flash-attention varlen (CUDA, later)
 ------------------------------------
 The T×T mask is then neither needed nor affordable: use ``attention_mask_format="none"``, view the batch
 row-major as one row ``[1, rows * T]`` (``input_ids``, ``position_ids``, ``labels`` — labels are -100 on every
-sample start, so the view adds no cross-row target) and either pass only ``position_ids`` (transformers derives
-the sequence boundaries from the restarts at 0 when no attention mask is given) or pass
+sample start, so the view adds no cross-row target) and either pass only ``position_ids`` (transformers
+derives the sequence boundaries from the restarts at 0 when no attention mask is given) or pass
 ``cu_seq_lens_q = cu_seq_lens_k = batch["cu_seq_lens"]`` and ``max_length_q = max_length_k =
-int(batch["max_seqlen"])`` (transformers' ``FlashAttentionKwargs``; flash_attn_varlen_func's ``cu_seqlens`` and
-``max_seqlen``). ``cu_seq_lens`` (int32) are the cumulative segment boundaries of that flattened view,
+int(batch["max_seqlen"])`` (transformers' ``FlashAttentionKwargs``; flash_attn_varlen_func's ``cu_seqlens``
+and ``max_seqlen``). ``cu_seq_lens`` (int32) are the cumulative segment boundaries of that flattened view,
 padding tails counted as segments.
 """
 
@@ -78,7 +79,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TokenBudget:
-    """``rows_per_batch`` rows of at most ``row_length`` tokens: a micro-batch of ``tokens_per_batch`` tokens."""
+    """``rows_per_batch`` rows of at most ``row_length`` tokens: a micro-batch of ``tokens_per_batch``
+    tokens."""
 
     row_length: int
     rows_per_batch: int = 1
@@ -126,7 +128,8 @@ def _as_lengths(lengths) -> np.ndarray:
 
 
 def pack_rows(lengths: np.ndarray, indices: np.ndarray, row_length: int) -> list[list[int]]:
-    """Best-fit decreasing of the samples ``indices`` into rows of ``row_length`` tokens (lists of indices)."""
+    """Best-fit decreasing of the samples ``indices`` into rows of ``row_length`` tokens (lists of
+    indices)."""
     order = indices[np.argsort(-lengths[indices], kind="stable")]
     rows: list[list[int]] = []
     free: list[tuple[int, int]] = []  # (free tokens, row number), sorted; full rows leave the list
@@ -177,13 +180,21 @@ ROW_LENGTH_SAMPLE = 20_000  # samples packed to compare the candidates (a fixed 
 
 
 def _row_fill(lengths: np.ndarray, row_length: int, window: int = 4096) -> float:
-    rows = sum(len(pack_rows(lengths, np.arange(start, min(start + window, lengths.size)), row_length))
-               for start in range(0, lengths.size, window))
+    rows = sum(
+        len(pack_rows(lengths, np.arange(start, min(start + window, lengths.size)), row_length))
+        for start in range(0, lengths.size, window)
+    )
     return float(lengths.sum()) / max(rows * row_length, 1)
 
 
-def choose_row_length(lengths, max_length: int, *, step: int = ROW_LENGTH_STEP, slack: float = ROW_FILL_SLACK,
-                      sample: int = ROW_LENGTH_SAMPLE) -> int:
+def choose_row_length(
+    lengths,
+    max_length: int,
+    *,
+    step: int = ROW_LENGTH_STEP,
+    slack: float = ROW_FILL_SLACK,
+    sample: int = ROW_LENGTH_SAMPLE,
+) -> int:
     """The packed row length for ``lengths`` (see the module docstring): ``max_length`` unless a shorter
     multiple of ``step`` holds every sample and fills its rows within ``slack`` of rows of ``max_length``."""
     lengths = _as_lengths(lengths)

@@ -7,10 +7,10 @@ already consumed, so a resumed run continues the data order exactly (``len()`` c
 
 Data parallelism: ``shard(index, count)`` makes the sampler yield only shard ``index`` of ``count``: every
 rank draws the same global batches from the same generator, drops the last ``len % count`` of them (so every
-rank runs the same number of steps) and takes every ``count``-th batch, starting at ``index``. Optimizer step k
-with ``a`` micro-batches per rank then covers global batches ``k*a*count ... (k+1)*a*count - 1``: exactly the
-batches one process with ``a*count`` accumulation steps would use, so the two runs see the same data. Packed
-batches each fill the same token budget, so the shards are balanced by tokens, not by rows.
+rank runs the same number of steps) and takes every ``count``-th batch, starting at ``index``. Optimizer step
+k with ``a`` micro-batches per rank then covers global batches ``k*a*count ... (k+1)*a*count - 1``: exactly
+the batches one process with ``a*count`` accumulation steps would use, so the two runs see the same data.
+Packed batches each fill the same token budget, so the shards are balanced by tokens, not by rows.
 ``start_batch`` and ``len()`` count this shard's batches.
 
 * ``LengthGroupedSampler`` (with ``collators.DynamicPaddingCollator``): shuffle, cut the order into
@@ -62,8 +62,8 @@ class _EpochBatchSampler(Sampler[list[int]]):
     def shard(self, index: int, count: int, *, even: bool = True) -> None:
         """Yield only shard ``index`` of ``count`` (one per data-parallel rank; see the module docstring).
 
-        ``even=False`` keeps the last ``len % count`` batches (some shards get one more): for evaluation, where
-        ranks meet only once, at the end, to sum their results.
+        ``even=False`` keeps the last ``len % count`` batches (some shards get one more): for evaluation,
+        where ranks meet only once, at the end, to sum their results.
         """
         if count < 1 or not 0 <= index < count:
             raise ValueError(f"shard index must be in [0, {count}), got {index}")

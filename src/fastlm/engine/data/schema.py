@@ -18,7 +18,8 @@ TARGET_POSITIONS = "target_positions"
 
 
 def model_inputs(batch: Mapping) -> dict:
-    """The model's keyword arguments: ``batch["model_inputs"]`` (``inputs.to_device``), else its plain keys."""
+    """The model's keyword arguments: ``batch["model_inputs"]`` (``inputs.to_device``), else its plain
+    keys."""
     if MODEL_INPUTS in batch:
         return batch[MODEL_INPUTS]
     return {key: batch[key] for key in MODEL_INPUT_KEYS if key in batch}

@@ -44,7 +44,8 @@ PADDING_SEGMENT = -1
 
 @dataclass(frozen=True)
 class PackedSeq2SeqCollator:
-    """Packs a batch of prompt/response samples into at most ``budget.rows_per_batch`` encoder and decoder rows.
+    """Packs a batch of prompt/response samples into at most ``budget.rows_per_batch`` encoder and decoder
+    rows.
 
     Returns ``input_ids`` / ``encoder_position_ids`` / ``encoder_segment_ids`` (encoder),
     ``decoder_input_ids`` / ``decoder_position_ids`` / ``decoder_segment_ids``, ``labels`` and the counts of
@@ -62,16 +63,22 @@ class PackedSeq2SeqCollator:
         longer = [max(len(e), len(d)) for e, d in zip(encoder, decoder, strict=True)]
         rows = assign_rows(longer, self.budget.row_length)
         if len(rows) > self.budget.rows_per_batch:
-            raise ValueError(f"the batch needs {len(rows)} rows of {self.budget.row_length} tokens, "
-                             f"more than rows_per_batch={self.budget.rows_per_batch}")
+            raise ValueError(
+                f"the batch needs {len(rows)} rows of {self.budget.row_length} tokens, "
+                f"more than rows_per_batch={self.budget.rows_per_batch}"
+            )
         input_ids, encoder_positions, encoder_segments, _ = self._side(encoder, rows)
         decoder_ids, decoder_positions, decoder_segments, decoder_real = self._side(decoder, rows)
         labels = packed_causal_lm_labels(decoder_ids, decoder_positions, decoder_real)
         real = sum(len(ids) for ids in encoder) + sum(len(ids) for ids in decoder)
         return {
-            "input_ids": input_ids, "encoder_position_ids": encoder_positions, "encoder_segment_ids": encoder_segments,
-            "decoder_input_ids": decoder_ids, "decoder_position_ids": decoder_positions,
-            "decoder_segment_ids": decoder_segments, "labels": labels,
+            "input_ids": input_ids,
+            "encoder_position_ids": encoder_positions,
+            "encoder_segment_ids": encoder_segments,
+            "decoder_input_ids": decoder_ids,
+            "decoder_position_ids": decoder_positions,
+            "decoder_segment_ids": decoder_segments,
+            "labels": labels,
             "num_samples": torch.tensor(len(features), dtype=torch.int64),
             "num_target_tokens": count_target_tokens(labels).to(torch.int64),
             "num_real_tokens": torch.tensor(real, dtype=torch.int64),
@@ -81,7 +88,8 @@ class PackedSeq2SeqCollator:
     def _side(self, pieces: list[np.ndarray], rows: list[list[int]]):
         """One side's ``[rows, T]`` ids, positions, segment ids (int32) and real-token mask."""
         row_lengths = [[len(pieces[i]) for i in row] for row in rows]
-        longest = max(max(sum(row) for row in row_lengths), 1)  # <= row_length: rows were assigned by longer side
+        # <= row_length: rows were assigned by longer side
+        longest = max(max(sum(row) for row in row_lengths), 1)
         multiple = self.pad_to_multiple_of
         seq_len = min(-(-longest // multiple) * multiple if multiple else longest, self.budget.row_length)
         layout = packed_layout(row_lengths, seq_len)
@@ -92,8 +100,12 @@ class PackedSeq2SeqCollator:
         segments = np.full(flat.size, PADDING_SEGMENT, dtype=np.int32)
         segments[real] = np.repeat(np.asarray(order, dtype=np.int32), [len(pieces[i]) for i in order])
         shape = (len(rows), seq_len)
-        return (torch.from_numpy(flat.reshape(shape)), layout.position_ids,
-                torch.from_numpy(segments.reshape(shape)), layout.real_mask)
+        return (
+            torch.from_numpy(flat.reshape(shape)),
+            layout.position_ids,
+            torch.from_numpy(segments.reshape(shape)),
+            layout.real_mask,
+        )
 
 
 def seq2seq_packed_masks(encoder_segments: torch.Tensor, decoder_segments: torch.Tensor):

@@ -36,7 +36,11 @@ class TokenSequences:
             table = table.take(dataset._indices.column(0))
         ids = table.column(column).combine_chunks() if table.num_rows else pa.array([], pa.list_(pa.int32()))
         offsets = ids.offsets.to_numpy().astype(np.int64)
-        values = ids.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]] if len(offsets) else ids.values
+        values = (
+            ids.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+            if len(offsets)
+            else ids.values
+        )
         prompts = None
         if "prompt_length" in table.column_names:
             prompts = table.column("prompt_length").to_numpy().astype(np.int64)
@@ -51,7 +55,9 @@ class TokenSequences:
     def __getitems__(self, indices) -> list:
         if self.prompt_lengths is None:
             return [self[int(index)] for index in indices]
-        return [{"input_ids": self[int(i)], "prompt_length": int(self.prompt_lengths[int(i)])} for i in indices]
+        return [
+            {"input_ids": self[int(i)], "prompt_length": int(self.prompt_lengths[int(i)])} for i in indices
+        ]
 
     @property
     def num_tokens(self) -> int:

@@ -7,18 +7,19 @@ What the loop needs from the other ranks is behind :class:`Collectives` (one pro
 whose calls cost nothing, so the one-process path is unchanged):
 
 ``sum_host(values)``   one small all-reduce of host numbers per optimizer step: the step's target tokens (the
-                       loss divisor must be the GLOBAL count, see ``loss``), real/computed tokens and samples for
-                       the metrics, and the stop flag (SIGTERM on any rank stops every rank at the same step).
-                       It runs on a gloo group over host memory, so it never waits for a GPU.
-``sum_device_(t)``     an in-place all-reduce of a device tensor: the loss sum at a logging step, evaluation sums.
+                       loss divisor must be the GLOBAL count, see ``loss``), real/computed tokens and samples
+                       for the metrics, and the stop flag (SIGTERM on any rank stops every rank at the same
+                       step). It runs on a gloo group over host memory, so it never waits for a GPU.
+``sum_device_(t)``     an in-place all-reduce of a device tensor: the loss sum at a logging step, evaluation
+                       sums.
 
 Gradient reduction is DDP's (bucketed all-reduce overlapped with the backward) or FSDP2's (reduce-scatter),
 skipped on all but the last micro-batch of an accumulation (:func:`gradient_sync`). DDP averages gradients
 over ranks, so the loss is scaled by the world size to keep "sum of per-token losses / global target tokens".
 
 How a run becomes distributed (:func:`launch_mode`): ``torchrun`` (or any elastic agent) sets ``RANK`` /
-``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` before the process starts; otherwise the train node may spawn
-``train.distributed.nproc_per_node`` workers itself (``engine/launch/workers.py``).
+``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` before the process starts; otherwise the train node may
+spawn ``train.distributed.nproc_per_node`` workers itself (``engine/launch/workers.py``).
 """
 
 from __future__ import annotations
@@ -35,9 +36,22 @@ from fastlm.engine.distributed.ranks import RankInfo, rank_from_env
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Collectives", "ProcessGroup", "RankInfo", "SingleProcess", "connect", "full_state_dicts", "gradient_sync",
-           "is_sharded", "launch_mode", "load_full_state_dicts", "rank_device", "rank_from_env", "resolve_backend",
-           "wrap_model"]
+__all__ = [
+    "Collectives",
+    "ProcessGroup",
+    "RankInfo",
+    "SingleProcess",
+    "connect",
+    "full_state_dicts",
+    "gradient_sync",
+    "is_sharded",
+    "launch_mode",
+    "load_full_state_dicts",
+    "rank_device",
+    "rank_from_env",
+    "resolve_backend",
+    "wrap_model",
+]
 
 
 def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
@@ -45,8 +59,12 @@ def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
     info = rank_from_env(environ)
     if info is not None and info.world_size > 1:
         if nproc_per_node > 1:
-            log.info("Started under torchrun with %d processes: train.distributed.nproc_per_node=%d is not used "
-                     "(torchrun's --nproc-per-node decides).", info.world_size, nproc_per_node)
+            log.info(
+                "Started under torchrun with %d processes: train.distributed.nproc_per_node=%d is not used "
+                "(torchrun's --nproc-per-node decides).",
+                info.world_size,
+                nproc_per_node,
+            )
         return "torchrun"
     return "spawn" if nproc_per_node > 1 else "single"
 
@@ -100,11 +118,18 @@ class ProcessGroup(Collectives):
         self._owns_group = not dist.is_initialized()
         if self._owns_group:
             kwargs = {"device_id": device} if device.type == "cuda" else {}
-            dist.init_process_group(backend, rank=info.rank, world_size=info.world_size, timeout=timeout, **kwargs)
+            dist.init_process_group(
+                backend, rank=info.rank, world_size=info.world_size, timeout=timeout, **kwargs
+            )
         self.backend = dist.get_backend()
         self._host_group = dist.new_group(backend="gloo", timeout=timeout) if self.backend != "gloo" else None
-        log.info("Process group: rank %d of %d, backend %s, device %s", self.rank, self.world_size, self.backend,
-                 device)
+        log.info(
+            "Process group: rank %d of %d, backend %s, device %s",
+            self.rank,
+            self.world_size,
+            self.backend,
+            device,
+        )
 
     def sum_host(self, values: Sequence[float]) -> list[float]:
         buffer = torch.tensor(list(values), dtype=torch.float64)
@@ -123,16 +148,26 @@ class ProcessGroup(Collectives):
             dist.destroy_process_group()
 
 
-def connect(info: RankInfo | None, backend: str, device: torch.device, timeout_s: float = 600.0) -> Collectives:
+def connect(
+    info: RankInfo | None, backend: str, device: torch.device, timeout_s: float = 600.0
+) -> Collectives:
     """The collectives of this process: a process group when ``info`` says there are several ranks."""
     if info is None or info.world_size == 1:
         return SingleProcess()
     return ProcessGroup(info, resolve_backend(backend, device), device, timeout_s)
 
 
-def wrap_model(model: torch.nn.Module, comm: Collectives, *, strategy: str, device: torch.device,
-               find_unused_parameters: bool = False, bucket_cap_mb: int = 25) -> torch.nn.Module:
-    """DDP (replicated weights, all-reduced gradients) or FSDP2 (sharded weights, gradients and optimizer state).
+def wrap_model(
+    model: torch.nn.Module,
+    comm: Collectives,
+    *,
+    strategy: str,
+    device: torch.device,
+    find_unused_parameters: bool = False,
+    bucket_cap_mb: int = 25,
+) -> torch.nn.Module:
+    """DDP (replicated weights, all-reduced gradients) or FSDP2 (sharded weights, gradients and optimizer
+    state).
 
     One process: the model itself. FSDP2 shards every decoder layer, then the root (embeddings, head): each
     rank then holds 1/world of the parameters and of the AdamW state, and the optimizer must be built on the
@@ -149,12 +184,18 @@ def wrap_model(model: torch.nn.Module, comm: Collectives, *, strategy: str, devi
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
-    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters,
-                                   bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
+    return DistributedDataParallel(
+        model,
+        device_ids=device_ids,
+        find_unused_parameters=find_unused_parameters,
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=True,
+    )
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated transformer blocks (HF decoder models keep them in a ModuleList named ``layers``/``h``)."""
+    """The repeated transformer blocks (HF decoder models keep them in a ModuleList named
+    ``layers``/``h``)."""
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
             return list(module)
@@ -162,7 +203,8 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def gradient_sync(model: torch.nn.Module) -> Callable[[bool], contextlib.AbstractContextManager]:
-    """``sync(last)``: the context for one micro-batch's forward+backward; reduces gradients only when ``last``.
+    """``sync(last)``: the context for one micro-batch's forward+backward; reduces gradients only when
+    ``last``.
 
     DDP: ``no_sync()`` on the non-final micro-batches (gradients accumulate locally, one all-reduce per step).
     FSDP2: ``set_requires_gradient_sync(last)``. One process: nothing.
@@ -170,9 +212,11 @@ def gradient_sync(model: torch.nn.Module) -> Callable[[bool], contextlib.Abstrac
     if hasattr(model, "no_sync"):
         return lambda last: contextlib.nullcontext() if last else model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):
+
         def fsdp_sync(last: bool) -> contextlib.AbstractContextManager:
             model.set_requires_gradient_sync(last)
             return contextlib.nullcontext()
+
         return fsdp_sync
     return lambda last: contextlib.nullcontext()
 
@@ -182,7 +226,9 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(hasattr(param, "full_tensor") for param in model.parameters())
 
 
-def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict | None]:
+def full_state_dicts(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict, dict | None]:
     """Whole (unsharded) model and optimizer state dicts on the CPU of rank 0; every rank must call it.
 
     The checkpoint files are the same as a one-process run's, so any world size or strategy can resume them.
@@ -195,16 +241,22 @@ def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | 
     return get_state_dict(model, optimizer, options=options)
 
 
-def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
-                          optimizer_state: dict) -> None:
+def load_full_state_dicts(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict
+) -> None:
     """Load a checkpoint's whole model/optimizer state dicts into a sharded model (every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     model_keys = set(get_plain_keys(model))
     for name in model_keys - model_state.keys():  # a tied head saved once (save_model de-duplicates)
         model_state[name] = model_state[_tied_source(model, name)]
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
-                   options=StateDictOptions(full_state_dict=True))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=optimizer_state,
+        options=StateDictOptions(full_state_dict=True),
+    )
 
 
 def get_plain_keys(model: torch.nn.Module) -> list[str]:

@@ -1,9 +1,10 @@
-"""THE evaluation of a causal LM (or an encoder-decoder model) on a tokenized split: training's validation, the
-report's test metrics and error analysis, the benchmarks' checks all call :func:`evaluate`.
+"""THE evaluation of a causal LM (or an encoder-decoder model) on a tokenized split: training's validation,
+the report's test metrics and error analysis, the benchmarks' checks all call :func:`evaluate`.
 
 ``evaluate`` batches the split exactly like training (``batching.make_batching``: packed by default, the
 inputs of the model's attention path from ``attention.inputs.to_device``), in a fixed order (seed 0), under
-``torch.no_grad()`` and the runtime's autocast. Everything is accumulated on the device and read back once at the end:
+``torch.no_grad()`` and the runtime's autocast. Everything is accumulated on the device and read back once at
+the end:
 
 * always: loss (mean over target tokens, the ``loss.causal_lm_loss_sum`` definition: position t predicts label
   t+1, -100 ignored), perplexity, target tokens, samples, wall seconds and real tokens / s; summed over the
@@ -52,8 +53,16 @@ __all__ = ["DENSE_PAIR_TABLE_MAX", "EvalOptions", "EvaluationReport", "evaluate"
 # but a 32k vocabulary would then need an 8 GiB table; larger vocabularies use the torch.unique path.
 DENSE_PAIR_TABLE_MAX = 2**25
 _COMPACT_EVERY = 2**24  # pending pair ids (unique path) merged once they exceed this many elements
-WRONG_PAIR_COLUMNS = ["target_id", "predicted_id", "target", "predicted", "target_text", "predicted_text",
-                      "count", "share_of_errors"]
+WRONG_PAIR_COLUMNS = [
+    "target_id",
+    "predicted_id",
+    "target",
+    "predicted",
+    "target_text",
+    "predicted_text",
+    "count",
+    "share_of_errors",
+]
 WORST_COLUMNS = ["sample", "loss", "length", "text", "anomaly_score"]
 
 
@@ -61,10 +70,10 @@ WORST_COLUMNS = ["sample", "loss", "length", "text", "anomaly_score"]
 class EvaluationReport:
     """``metrics``: loss, perplexity, target_tokens, samples, seconds, real_tokens_per_s (and accuracy,
     top5_accuracy with the analysis). With the analysis only (None otherwise): ``wrong_pairs``: the most
-    frequent (target, predicted) mistakes (``target`` / ``predicted`` are the tokens, ``*_text`` their decoded text, ``*_id`` their ids). ``worst_samples``: the
-    samples of highest mean token loss, worst first (``sample`` is the index in the split; ``anomaly_score`` the
-    fraction of its target positions whose target is not among the model's top k: on log-key data, the share
-    of next keys the model did not expect)."""
+    frequent (target, predicted) mistakes (``target`` / ``predicted`` are the tokens, ``*_text`` their decoded
+    text, ``*_id`` their ids). ``worst_samples``: the samples of highest mean token loss, worst first
+    (``sample`` is the index in the split; ``anomaly_score`` the fraction of its target positions whose target
+    is not among the model's top k: on log-key data, the share of next keys the model did not expect)."""
 
     metrics: dict
     wrong_pairs: pd.DataFrame | None
@@ -117,8 +126,8 @@ class _PairCounter:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How much of the split to evaluate, on which ranks, and what to compute beyond the loss: the settings that
-    travel together from training's validation, the report and the benchmarks to :func:`evaluate`.
+    """How much of the split to evaluate, on which ranks, and what to compute beyond the loss: the settings
+    that travel together from training's validation, the report and the benchmarks to :func:`evaluate`.
 
     ``max_batches``: at most this many batches (split between ranks; None: all). ``comm`` / ``even_shards``: a
     data-parallel run's view (``engine.distributed.parallel``); each rank evaluates its shard and the sums are
@@ -136,8 +145,18 @@ class EvalOptions:
     pairs: int = 20
 
 
-def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Runtime, max_length: int, attn: str,
-             pad_id: int | None = None, tokenizer=None, options: EvalOptions | None = None) -> EvaluationReport:
+def evaluate(
+    model,
+    dataset: TokenSequences,
+    *,
+    params: TrainParams,
+    runtime: Runtime,
+    max_length: int,
+    attn: str,
+    pad_id: int | None = None,
+    tokenizer=None,
+    options: EvalOptions | None = None,
+) -> EvaluationReport:
     """Loss of ``model`` on ``dataset`` and, with ``options.analysis``, the error analysis (module docstring).
 
     ``metrics`` always hold loss, perplexity, target_tokens, samples, seconds and real_tokens_per_s; with the
@@ -153,14 +172,29 @@ def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Ru
         raise ValueError("the error analysis needs the tokenizer and runs in one process")
     device = runtime.device
     sides = seq2seq_batching(model, dataset)  # encoder-decoder: each side padded to its own maximum, unpacked
-    sampler, collator = make_batching(params, dataset.lengths, max_length=max_length, seed=0, **sides,
-                                      pad_id=pad_id if pad_id is not None else pad_id_of(tokenizer))
+    sampler, collator = make_batching(
+        params,
+        dataset.lengths,
+        max_length=max_length,
+        seed=0,
+        **sides,
+        pad_id=pad_id if pad_id is not None else pad_id_of(tokenizer),
+    )
     sampler.shard(comm.rank, comm.world_size, even=even_shards)
     if max_batches is not None:
         max_batches = math.ceil(max_batches / comm.world_size)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
-    errors = _ErrorAnalysis(dataset, device, top_k=options.top_k, worst=options.worst,
-                            packed=params.batching.mode == "packed" and not sides) if analysis else None
+    errors = (
+        _ErrorAnalysis(
+            dataset,
+            device,
+            top_k=options.top_k,
+            worst=options.worst,
+            packed=params.batching.mode == "packed" and not sides,
+        )
+        if analysis
+        else None
+    )
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets = torch.zeros((), dtype=torch.int64, device=device)
     real_tokens = samples = 0
@@ -169,7 +203,8 @@ def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Ru
     start = perf_counter()
     try:
         with torch.no_grad():
-            # The sampler yields the same batches again (an epoch's order is cached): zip gives each batch's indices.
+            # The sampler yields the same batches again (an epoch's order is cached): zip gives each batch's
+            # indices.
             for index, (indices, host) in enumerate(zip(sampler, loader, strict=True)):
                 if max_batches is not None and index >= max_batches:
                     break
@@ -207,14 +242,19 @@ def evaluate(model, dataset: TokenSequences, *, params: TrainParams, runtime: Ru
     correct, in_top = found["correct"], found["in_top"]
     metrics["accuracy"] = correct / targets_count if targets_count else math.nan
     metrics["top5_accuracy"] = in_top / targets_count if targets_count else math.nan
-    return EvaluationReport(metrics=metrics, wrong_pairs=_wrong_pairs_frame(tokenizer, found),
-                            worst_samples=_worst_frame(tokenizer, dataset, found))
+    return EvaluationReport(
+        metrics=metrics,
+        wrong_pairs=_wrong_pairs_frame(tokenizer, found),
+        worst_samples=_worst_frame(tokenizer, dataset, found),
+    )
 
 
 class _ErrorAnalysis:
     """Accuracy, top-k accuracy, wrong pairs and worst samples, accumulated on the device batch by batch."""
 
-    def __init__(self, dataset: TokenSequences, device: torch.device, *, top_k: int, worst: int, packed: bool):
+    def __init__(
+        self, dataset: TokenSequences, device: torch.device, *, top_k: int, worst: int, packed: bool
+    ):
         self.dataset, self.device, self.top_k, self.worst, self.packed = dataset, device, top_k, worst, packed
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.n_correct, self.n_topk = zero.clone(), zero.clone()
@@ -222,17 +262,24 @@ class _ErrorAnalysis:
         self.worst_key = torch.empty(0, dtype=torch.int64, device=device)
         self.worst_score = torch.empty(0, dtype=torch.float32, device=device)
         self.counter: _PairCounter | None = None
-        self.scored: list[np.ndarray] = []  # per batch, in order: indices of its samples with a target (>= 2 tokens)
+        # per batch, in order: indices of its samples with a target (>= 2 tokens)
+        self.scored: list[np.ndarray] = []
         self.n_scored = 0
 
-    def add(self, logits: torch.Tensor, labels: torch.Tensor, host: dict, indices) -> tuple[torch.Tensor, torch.Tensor]:
+    def add(
+        self, logits: torch.Tensor, labels: torch.Tensor, host: dict, indices
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch; returns its loss sum and target count (per-token losses: the same definition)."""
         device, worst = self.device, self.worst
         targets = shift_labels(labels)
         valid = targets != IGNORE_INDEX
         vocab = logits.size(-1)
-        token_loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1),
-                                     ignore_index=IGNORE_INDEX, reduction="none").view_as(targets)
+        token_loss = F.cross_entropy(
+            logits.float().reshape(-1, vocab),
+            targets.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
+        ).view_as(targets)
         predicted = logits.argmax(dim=-1)
         self.n_correct += ((predicted == targets) & valid).sum()
         top = logits.topk(min(self.top_k, vocab), dim=-1).indices
@@ -263,12 +310,16 @@ class _ErrorAnalysis:
         best = torch.topk(mean, min(worst, n_segments))
         self.worst_loss = torch.cat([self.worst_loss, best.values])
         self.worst_key = torch.cat([self.worst_key, rank[best.indices]])
-        self.worst_score = torch.cat([self.worst_score,
-                                      seg_miss[best.indices] / seg_count[best.indices].clamp(min=1)])
+        self.worst_score = torch.cat(
+            [self.worst_score, seg_miss[best.indices] / seg_count[best.indices].clamp(min=1)]
+        )
         if self.worst_loss.numel() > worst:
             keep = torch.topk(self.worst_loss, worst).indices
-            self.worst_loss, self.worst_key, self.worst_score = (self.worst_loss[keep], self.worst_key[keep],
-                                                                 self.worst_score[keep])
+            self.worst_loss, self.worst_key, self.worst_score = (
+                self.worst_loss[keep],
+                self.worst_key[keep],
+                self.worst_score[keep],
+            )
 
         indices = np.asarray(indices, dtype=np.int64)
         indices = indices[self.dataset.lengths[indices] >= 2]
@@ -284,34 +335,63 @@ class _ErrorAnalysis:
         else:
             pair_ids, pair_counts, errors = [], [], 0
         order = torch.argsort(self.worst_loss, descending=True, stable=True)
-        return {"correct": correct, "in_top": in_top, "pair_ids": pair_ids, "pair_counts": pair_counts,
-                "errors": errors, "vocab": self.counter.vocab if self.counter is not None else 1,
-                "worst_values": self.worst_loss[order].tolist(), "worst_keys": self.worst_key[order].tolist(),
-                "worst_scores": self.worst_score[order].tolist(),
-                "scored": np.concatenate(self.scored) if self.scored else np.empty(0, dtype=np.int64)}
+        return {
+            "correct": correct,
+            "in_top": in_top,
+            "pair_ids": pair_ids,
+            "pair_counts": pair_counts,
+            "errors": errors,
+            "vocab": self.counter.vocab if self.counter is not None else 1,
+            "worst_values": self.worst_loss[order].tolist(),
+            "worst_keys": self.worst_key[order].tolist(),
+            "worst_scores": self.worst_score[order].tolist(),
+            "scored": np.concatenate(self.scored) if self.scored else np.empty(0, dtype=np.int64),
+        }
 
 
 def _wrong_pairs_frame(tokenizer, found: dict) -> pd.DataFrame:
     vocab, errors = found["vocab"], found["errors"]
-    wrong = [(pair // vocab, pair % vocab, count)
-             for pair, count in zip(found["pair_ids"], found["pair_counts"], strict=True) if count > 0]
+    wrong = [
+        (pair // vocab, pair % vocab, count)
+        for pair, count in zip(found["pair_ids"], found["pair_counts"], strict=True)
+        if count > 0
+    ]
     return pd.DataFrame(
-        [{"target_id": t, "predicted_id": p, "target": _token(tokenizer, t), "predicted": _token(tokenizer, p),
-          "target_text": tokenizer.decode([t]), "predicted_text": tokenizer.decode([p]), "count": count,
-          "share_of_errors": count / errors} for t, p, count in wrong],
+        [
+            {
+                "target_id": t,
+                "predicted_id": p,
+                "target": _token(tokenizer, t),
+                "predicted": _token(tokenizer, p),
+                "target_text": tokenizer.decode([t]),
+                "predicted_text": tokenizer.decode([p]),
+                "count": count,
+                "share_of_errors": count / errors,
+            }
+            for t, p, count in wrong
+        ],
         columns=WRONG_PAIR_COLUMNS,
     )
 
 
 def _worst_frame(tokenizer, dataset: TokenSequences, found: dict) -> pd.DataFrame:
     rows = []
-    for value, key, score in zip(found["worst_values"], found["worst_keys"], found["worst_scores"], strict=True):
+    for value, key, score in zip(
+        found["worst_values"], found["worst_keys"], found["worst_scores"], strict=True
+    ):
         if not math.isfinite(value):
             continue  # fewer scored samples than ``worst``
         sample = int(found["scored"][key])
         ids = dataset[sample]
-        rows.append({"sample": sample, "loss": value, "length": int(ids.size),
-                     "text": tokenizer.decode(ids.tolist()), "anomaly_score": score})
+        rows.append(
+            {
+                "sample": sample,
+                "loss": value,
+                "length": int(ids.size),
+                "text": tokenizer.decode(ids.tolist()),
+                "anomaly_score": score,
+            }
+        )
     return pd.DataFrame(rows, columns=WORST_COLUMNS)
 
 

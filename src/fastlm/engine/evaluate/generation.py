@@ -39,8 +39,14 @@ from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.model.attention.choice import generation_attention
 from fastlm.engine.runtime.environment import Runtime
 
-__all__ = ["Generations", "continuation_start", "decoding_kwargs", "generate_continuations", "generate_samples",
-           "is_encoder_decoder"]
+__all__ = [
+    "Generations",
+    "continuation_start",
+    "decoding_kwargs",
+    "generate_continuations",
+    "generate_samples",
+    "is_encoder_decoder",
+]
 
 
 @dataclass
@@ -53,9 +59,17 @@ class Generations:
     new_tokens: int
 
 
-def decoding_kwargs(*, num_beams: int = 1, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
-                    top_k: int | None = None, repetition_penalty: float = 1.0,
-                    no_repeat_ngram_size: int = 0, length_penalty: float = 1.0) -> dict:
+def decoding_kwargs(
+    *,
+    num_beams: int = 1,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
+    length_penalty: float = 1.0,
+) -> dict:
     """``model.generate`` options for these settings, leaving out the ones that would do nothing.
 
     Temperature, top-p and top-k only matter when sampling (passing them to greedy decoding makes
@@ -110,9 +124,19 @@ def _model_config(model):
     return config if config is not None and hasattr(config, "use_cache") else None
 
 
-def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id: int | Sequence[int],
-                           runtime: Runtime, batch_size: int = 16, max_new_tokens: int = 64, seed: int = 0,
-                           start_id: int | None = None, **generate_kwargs) -> Generations:
+def generate_continuations(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    eos_id: int | Sequence[int],
+    runtime: Runtime,
+    batch_size: int = 16,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    start_id: int | None = None,
+    **generate_kwargs,
+) -> Generations:
     """The token ids generated after each prompt (EOS excluded), in the order of ``prompts``.
 
     ``generate_kwargs`` are ``model.generate`` decoding options (see :func:`decoding_kwargs`). An empty
@@ -129,8 +153,11 @@ def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: i
     device = runtime.device
     config = _model_config(model)
     was_training, cache_setting = model.training, (config.use_cache if config is not None else None)
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else []
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if device.type == "cuda"
+        else []
+    )
     new_tokens, start = 0, perf_counter()
     model.eval()
     if config is not None:
@@ -139,14 +166,21 @@ def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: i
         with torch.random.fork_rng(devices=devices), torch.inference_mode(), generation_attention(model):
             torch.manual_seed(seed)
             for begin in range(0, len(order), batch_size):
-                chunk = order[begin:begin + batch_size]
-                input_ids, attention_mask = _padded([prompts[i] for i in chunk], pad_id, device,
-                                                    left=not is_encoder_decoder(model))
+                chunk = order[begin : begin + batch_size]
+                input_ids, attention_mask = _padded(
+                    [prompts[i] for i in chunk], pad_id, device, left=not is_encoder_decoder(model)
+                )
                 with runtime.autocast_context():
-                    output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                            max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                                            eos_token_id=sorted(eos_ids), use_cache=True, **generate_kwargs)
-                new = output[:, continuation_start(model, input_ids):].tolist()
+                    output = model.generate(
+                        input_ids=input_ids,
+                        attention_mask=attention_mask,
+                        max_new_tokens=max_new_tokens,
+                        pad_token_id=pad_id,
+                        eos_token_id=sorted(eos_ids),
+                        use_cache=True,
+                        **generate_kwargs,
+                    )
+                new = output[:, continuation_start(model, input_ids) :].tolist()
                 for index, ids in zip(chunk, new, strict=True):
                     results[int(index)] = _until_eos(ids, eos_ids)
                     new_tokens += len(results[int(index)])
@@ -157,8 +191,16 @@ def generate_continuations(model, prompts: Sequence[Sequence[int]], *, pad_id: i
     return Generations(continuations=results, seconds=perf_counter() - start, new_tokens=new_tokens)
 
 
-def generate_samples(model, tokenizer, prompts: Sequence[str], *, settings: Sequence[dict],
-                     max_new_tokens: int = 40, runtime: Runtime, batch_size: int = 32) -> pd.DataFrame:
+def generate_samples(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    settings: Sequence[dict],
+    max_new_tokens: int = 40,
+    runtime: Runtime,
+    batch_size: int = 32,
+) -> pd.DataFrame:
     """Continuations of ``prompts`` under each decoding setting: rows prompt, setting, settings, output.
 
     A setting is ``model.generate`` keyword arguments plus ``name`` and an optional ``seed`` (default 0: see
@@ -170,17 +212,34 @@ def generate_samples(model, tokenizer, prompts: Sequence[str], *, settings: Sequ
     rows = []
     for setting in settings:
         kwargs = {key: value for key, value in setting.items() if key not in ("name", "seed")}
-        generated = generate_continuations(model, encoded, pad_id=pad_id_of(tokenizer), eos_id=tokenizer.eos_token_id,
-                                           runtime=runtime, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                           seed=int(setting.get("seed", 0)), start_id=start_id, **kwargs)
+        generated = generate_continuations(
+            model,
+            encoded,
+            pad_id=pad_id_of(tokenizer),
+            eos_id=tokenizer.eos_token_id,
+            runtime=runtime,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            seed=int(setting.get("seed", 0)),
+            start_id=start_id,
+            **kwargs,
+        )
         name, described = setting.get("name", _describe(setting) or "default"), _describe(setting)
-        rows += [{"prompt": prompt, "setting": name, "settings": described,
-                  "output": tokenizer.decode(ids, skip_special_tokens=True)}
-                 for prompt, ids in zip(prompts, generated.continuations, strict=True)]
+        rows += [
+            {
+                "prompt": prompt,
+                "setting": name,
+                "settings": described,
+                "output": tokenizer.decode(ids, skip_special_tokens=True),
+            }
+            for prompt, ids in zip(prompts, generated.continuations, strict=True)
+        ]
     return pd.DataFrame(rows, columns=["prompt", "setting", "settings", "output"])
 
 
 def _describe(setting: dict) -> str:
     """``{"name": "sampled", "do_sample": True, "temperature": 0.8, "top_p": 0.95, "seed": 0}`` ->
     ``"temperature=0.8, top_p=0.95"``."""
-    return ", ".join(f"{key}={value}" for key, value in setting.items() if key not in ("name", "do_sample", "seed"))
+    return ", ".join(
+        f"{key}={value}" for key, value in setting.items() if key not in ("name", "do_sample", "seed")
+    )

@@ -43,7 +43,8 @@ class TrainJob:
 
 
 def expected_log_records(params: TrainParams) -> int | None:
-    """Metric records a run's history will hold (train and evaluation), when ``max_steps`` fixes the length."""
+    """Metric records a run's history will hold (train and evaluation), when ``max_steps`` fixes the
+    length."""
     steps = params.max_steps
     if steps is None:
         return None
@@ -74,31 +75,59 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
         attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
         model = build_model(params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn)
         if comm.is_main:
-            check_training_storage(model, checkpoint_dir=Path(params.checkpoint_dir), model_dir=Path(job.model_dir),
-                                   keep_last=params.keep_last, saves_checkpoints=params.save_every is not None,
-                                   tokenizer=job.tokenizer, log_records=expected_log_records(params))
+            check_training_storage(
+                model,
+                checkpoint_dir=Path(params.checkpoint_dir),
+                model_dir=Path(job.model_dir),
+                keep_last=params.keep_last,
+                saves_checkpoints=params.save_every is not None,
+                tokenizer=job.tokenizer,
+                log_records=expected_log_records(params),
+            )
         train_set = TokenSequences.from_arrow(job.train_split)
         eval_set = TokenSequences.from_arrow(job.eval_split) if job.eval_split is not None else None
-        result = train(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id_of(job.tokenizer),
-                       max_length=job.max_length, attn=attn, callbacks=callbacks if comm.is_main else (), comm=comm)
+        result = train(
+            model,
+            train_set,
+            eval_set,
+            params=params,
+            runtime=runtime,
+            pad_id=pad_id_of(job.tokenizer),
+            max_length=job.max_length,
+            attn=attn,
+            callbacks=callbacks if comm.is_main else (),
+            comm=comm,
+        )
         if is_sharded(result.model):  # FSDP2: gather the whole weights into a plain model on rank 0
             whole, _ = full_state_dicts(result.model, None)
             if comm.is_main:
-                result.model = build_model(params.model, job.tokenizer, max_length=job.max_length,
-                                           attn_implementation=attn)
+                result.model = build_model(
+                    params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn
+                )
                 result.model.load_state_dict(whole)
     finally:
         comm.close()
     if not comm.is_main:
         return None
-    summary = {**result.summary, "attention": attn, **job.extra_summary,
-               "micro_batch_size": params.batching.micro_batch_size,
-               "gradient_accumulation_steps": params.batching.gradient_accumulation_steps,
-               **({key: result.summary["oom_backoffs"][-1][key]  # what the run ended with after an OOM back-off
-                   for key in ("micro_batch_size", "gradient_accumulation_steps")}
-                  if result.summary.get("oom_backoffs") else {}),
-               "distributed_strategy": params.distributed.strategy if world > 1 else "none",
-               "dataloader_workers": loader_settings(params, runtime.device)["num_workers"],
-               "train_samples": len(train_set), "train_tokens": train_set.num_tokens,
-               "device_memory_mb": device_memory_mb(runtime.device), "runtime": (result.runtime or runtime).describe()}
+    summary = {
+        **result.summary,
+        "attention": attn,
+        **job.extra_summary,
+        "micro_batch_size": params.batching.micro_batch_size,
+        "gradient_accumulation_steps": params.batching.gradient_accumulation_steps,
+        **(
+            {
+                key: result.summary["oom_backoffs"][-1][key]  # what the run ended with after an OOM back-off
+                for key in ("micro_batch_size", "gradient_accumulation_steps")
+            }
+            if result.summary.get("oom_backoffs")
+            else {}
+        ),
+        "distributed_strategy": params.distributed.strategy if world > 1 else "none",
+        "dataloader_workers": loader_settings(params, runtime.device)["num_workers"],
+        "train_samples": len(train_set),
+        "train_tokens": train_set.num_tokens,
+        "device_memory_mb": device_memory_mb(runtime.device),
+        "runtime": (result.runtime or runtime).describe(),
+    }
     return JobResult(result.model, result.history, result.eval_history, summary)

@@ -1,8 +1,9 @@
 """Launch N training workers on this machine with PyTorch's elastic launcher (what torchrun runs).
 
-``launch_workers(job, nproc)`` starts ``nproc`` fresh processes (``spawn``: no CUDA or thread state copied from
-the parent) through ``torch.distributed.launcher.api.elastic_launch`` with a c10d rendezvous on a free local
-port, runs :func:`fastlm.engine.launch.job.run_job` in each, and returns rank 0's result. The parent only waits.
+``launch_workers(job, nproc)`` starts ``nproc`` fresh processes (``spawn``: no CUDA or thread state copied
+from the parent) through ``torch.distributed.launcher.api.elastic_launch`` with a c10d rendezvous on a free
+local port, runs :func:`fastlm.engine.launch.job.run_job` in each, and returns rank 0's result. The parent
+only waits.
 
 Failure handling is the elastic agent's: when any worker exits with an error or is killed, the agent stops
 the others (SIGTERM, then SIGKILL after ``SHUTDOWN_TIMEOUT_S``) and raises ``ChildFailedError`` naming the
@@ -46,8 +47,14 @@ class WorkerFailedError(FastlmError):
     exit_code = 1
 
 
-def launch_workers(job: TrainJob, nproc: int, *, build_model: Callable[[], object],
-                   callback_factory: Callable[[], Callable] | None = None, monitor_interval_s: float = 0.5) -> JobResult:
+def launch_workers(
+    job: TrainJob,
+    nproc: int,
+    *,
+    build_model: Callable[[], object],
+    callback_factory: Callable[[], Callable] | None = None,
+    monitor_interval_s: float = 0.5,
+) -> JobResult:
     """Run ``job`` in ``nproc`` worker processes; return rank 0's result with the trained model.
 
     ``build_model()`` makes the (untrained) model in this process, to load rank 0's weights into;
@@ -60,10 +67,18 @@ def launch_workers(job: TrainJob, nproc: int, *, build_model: Callable[[], objec
     staging = Path(job.model_dir).parent
     staging.mkdir(parents=True, exist_ok=True)
     weights = staging / f".launch-{os.getpid()}-{secrets.token_hex(4)}.safetensors"
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", run_id=f"fastlm-{secrets.token_hex(6)}", max_restarts=0,
-                          monitor_interval=monitor_interval_s, start_method="spawn",
-                          shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        run_id=f"fastlm-{secrets.token_hex(6)}",
+        max_restarts=0,
+        monitor_interval=monitor_interval_s,
+        start_method="spawn",
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
     log.info("Launching %d training workers (elastic launcher, spawn, c10d rendezvous on 127.0.0.1)", nproc)
     try:
         with _quiet_elastic_logs(), _own_signal_handlers():
@@ -76,9 +91,10 @@ def launch_workers(job: TrainJob, nproc: int, *, build_model: Callable[[], objec
     except ChildFailedError as error:
         raise _worker_error(error, nproc) from None
     except SignalException as error:
-        raise WorkerFailedError(f"training stopped by {error.sigval.name}: the {nproc} workers were stopped.",
-                                fix="run the same command again; train.resume: auto continues from the last "
-                                "checkpoint.") from None
+        raise WorkerFailedError(
+            f"training stopped by {error.sigval.name}: the {nproc} workers were stopped.",
+            fix="run the same command again; train.resume: auto continues from the last checkpoint.",
+        ) from None
     finally:
         weights.unlink(missing_ok=True)
 
@@ -109,7 +125,8 @@ def _configure_worker_logging(rank: int) -> None:
 
 @contextlib.contextmanager
 def _quiet_elastic_logs():
-    """The agent logs every failure with a stack of its own internals; we report the root cause in one line."""
+    """The agent logs every failure with a stack of its own internals; we report the root cause in one
+    line."""
     loggers = [logging.getLogger(name) for name in _ELASTIC_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -123,7 +140,8 @@ def _quiet_elastic_logs():
 
 @contextlib.contextmanager
 def _own_signal_handlers():
-    """The agent installs SIGTERM/SIGINT/... handlers that raise its SignalException; put ours back afterwards."""
+    """The agent installs SIGTERM/SIGINT/... handlers that raise its SignalException; put ours back
+    afterwards."""
     saved = {}
     if threading.current_thread() is threading.main_thread():
         for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
@@ -147,10 +165,13 @@ def _worker_error(error, nproc: int) -> FastlmError:
     if failure.exitcode < 0 or kind.startswith("Signal"):
         return WorkerFailedError(
             f"training worker rank {rank} of {nproc} was killed ({message}); the other workers were stopped.",
-            fix="look for the cause (e.g. the out-of-memory killer in `dmesg`), then run the same command again: "
-            "train.resume: auto continues from the last checkpoint.")
+            fix="look for the cause (e.g. the out-of-memory killer in `dmesg`), then run the same command "
+            "again: train.resume: auto continues from the last checkpoint.",
+        )
     user_error = re.fullmatch(r"\w*(Error|Interrupted)", kind) and kind in _user_error_names()
-    failed = WorkerFailedError(f"training worker rank {rank} of {nproc} failed: {text if user_error else message}")
+    failed = WorkerFailedError(
+        f"training worker rank {rank} of {nproc} failed: {text if user_error else message}"
+    )
     if user_error:
         failed.exit_code = _EXIT_CODES.get(kind, FastlmError.exit_code)
     return failed

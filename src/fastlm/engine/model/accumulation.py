@@ -89,12 +89,14 @@ def accumulate_gradients(
     return step_loss_sum, total
 
 
-def _micro_batch_loss_sum(model, batch: Mapping, label_smoothing: float,
-                          fused_head: torch.nn.Linear | None) -> torch.Tensor:
+def _micro_batch_loss_sum(
+    model, batch: Mapping, label_smoothing: float, fused_head: torch.nn.Linear | None
+) -> torch.Tensor:
     if fused_head is None:
         logits, targets = training_logits(model, batch)
         return cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
     with head_returns_hidden(fused_head):
         hidden, targets = training_logits(model, batch)
-    return linear_cross_entropy_sum(hidden, fused_head.weight, targets, fused_head.bias,
-                                    label_smoothing=label_smoothing)
+    return linear_cross_entropy_sum(
+        hidden, fused_head.weight, targets, fused_head.bias, label_smoothing=label_smoothing
+    )

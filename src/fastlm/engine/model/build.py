@@ -1,7 +1,8 @@
 """Build the model: a local pretrained directory (offline), a hub id (opt-in), or a tiny Llama config.
 
-A pretrained folder goes through ``fastlm.engine.model.pretrained``: it trains as what its config says it is (a causal
-LM, or an encoder-decoder model such as BART or T5), with every weight it holds, or is refused with one line.
+A pretrained folder goes through ``fastlm.engine.model.pretrained``: it trains as what its config says it is
+(a causal LM, or an encoder-decoder model such as BART or T5), with every weight it holds, or is refused with
+one line.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ PARAM = "train.model.name_or_path"
 
 
 def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_implementation: str):
-    """The model, in fp32 (LoRA: frozen base in ``lora.base_dtype``, adapters fp32), training mode, with the KV
-    cache off; vocabulary and positions checked."""
+    """The model, in fp32 (LoRA: frozen base in ``lora.base_dtype``, adapters fp32), training mode, with the
+    KV cache off; vocabulary and positions checked."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if params.lora.enabled:  # before any weights load: a LoRA set-up this machine cannot run is one line
@@ -48,15 +49,22 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
     else:
         load = lora.load_kwargs(params.lora) if params.lora.enabled else {"dtype": torch.float32}
         base = _local_or_hub(params)
-        checkpoint = pretrained.inspect_checkpoint(params.name_or_path, base,
-                                                   trust_remote_code=params.trust_remote_code)
-        model = pretrained.load_pretrained(checkpoint, allow_new_weights=params.allow_new_weights,
-                                           trust_remote_code=params.trust_remote_code,
-                                           attn_implementation=attn_implementation, **load)
+        checkpoint = pretrained.inspect_checkpoint(
+            params.name_or_path, base, trust_remote_code=params.trust_remote_code
+        )
+        model = pretrained.load_pretrained(
+            checkpoint,
+            allow_new_weights=params.allow_new_weights,
+            trust_remote_code=params.trust_remote_code,
+            attn_implementation=attn_implementation,
+            **load,
+        )
         frozen = params.lora.enabled and not pretrained.embedding_module_names(model) <= set(
-            params.lora.modules_to_save or ())
-        pretrained.fit_vocabulary(checkpoint, model, tokenizer, resize=params.resize_embeddings,
-                                  frozen_embeddings=frozen)
+            params.lora.modules_to_save or ()
+        )
+        pretrained.fit_vocabulary(
+            checkpoint, model, tokenizer, resize=params.resize_embeddings, frozen_embeddings=frozen
+        )
     _check_fits(model, max_length)
     model.config.use_cache = False  # a cache is useless in training and turns off packed-sample detection
     policy = resolve_policy(params.gradient_checkpointing)
@@ -66,9 +74,14 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
         if base is not None and Path(base).is_dir():  # saved with the adapter, checked where it is merged
             lora.remember_base(model, base)
     counts = lora.parameter_counts(model)
-    log.info("Model %s: %s parameters (%s trainable), attention %s, gradient checkpointing %s",
-             params.name_or_path or "llama (from config)", f"{counts['total_parameters']:,}",
-             f"{counts['trainable_parameters']:,}", attn_implementation, policy)
+    log.info(
+        "Model %s: %s parameters (%s trainable), attention %s, gradient checkpointing %s",
+        params.name_or_path or "llama (from config)",
+        f"{counts['total_parameters']:,}",
+        f"{counts['trainable_parameters']:,}",
+        attn_implementation,
+        policy,
+    )
     return model.train()
 
 
@@ -80,8 +93,10 @@ def _local_or_hub(params: ModelParams) -> str:
     if local.is_absolute() or source.startswith((".", "~")) or local.exists() or not params.allow_download:
         raise ConfigError(
             f"{PARAM} = {source!r} is not a model directory"
-            + ("" if local.is_absolute() or source.startswith((".", "~")) else " and downloads are off") + ".",
-            fix=f"point {PARAM} at a save_pretrained folder, or set train.model.allow_download: true for a hub id.",
+            + ("" if local.is_absolute() or source.startswith((".", "~")) else " and downloads are off")
+            + ".",
+            fix=f"point {PARAM} at a save_pretrained folder, or set train.model.allow_download: true "
+            "for a hub id.",
         )
     return source
 

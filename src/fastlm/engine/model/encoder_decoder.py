@@ -5,29 +5,31 @@ A packed seq2seq batch (``data.seq2seq_packing``) needs three things from the mo
 1. per-sample masks for encoder self-attention, decoder self-attention and cross-attention. transformers 5
    returns a 4D ``attention_mask`` / ``decoder_attention_mask`` as given (``masking_utils.
    _preprocess_mask_arguments``), but ``BartModel`` / ``T5ForConditionalGeneration`` hand the ENCODER mask to
-   the decoder's cross-attention too (``encoder_attention_mask=attention_mask``), and a ``[R,1,Te,Te]`` mask is
-   not a ``[R,1,Td,Te]`` one. A forward pre-hook on the decoder stack swaps in the cross-attention mask.
+   the decoder's cross-attention too (``encoder_attention_mask=attention_mask``), and a ``[R,1,Te,Te]`` mask
+   is not a ``[R,1,Td,Te]`` one. A forward pre-hook on the decoder stack swaps in the cross-attention mask.
 2. positions restarting per sample where the family uses absolute learned positions (BART, mBART). Their
-   ``*LearnedPositionalEmbedding`` computes ``arange(T)`` itself; the encoder takes no ``position_ids`` and the
-   decoder builds its own. A forward hook on each ``embed_positions`` module returns the same table looked up
-   at the packed positions (``weight[position + offset]``, gradients flow to the table as usual).
+   ``*LearnedPositionalEmbedding`` computes ``arange(T)`` itself; the encoder takes no ``position_ids`` and
+   the decoder builds its own. A forward hook on each ``embed_positions`` module returns the same table looked
+   up at the packed positions (``weight[position + offset]``, gradients flow to the table as usual).
 3. T5 / mT5 need no positions: their relative position bias depends on ``key - query`` only, which is the same
    inside a packed sample as alone, and the masks remove every cross-sample pair.
 
-Any encoder-decoder model also gets a head hook (``enable_target_head``, packed or not): these families take no
-``logits_to_keep``, so a training step passes the flat positions that predict a target (``HEAD_POSITIONS``,
+Any encoder-decoder model also gets a head hook (``enable_target_head``, packed or not): these families take
+no ``logits_to_keep``, so a training step passes the flat positions that predict a target (``HEAD_POSITIONS``,
 from the host-side labels: no device sync) and a forward pre-hook on the output embedding (the LM head module;
-T5 scales its input before it, BART adds ``final_logits_bias`` after it, both unchanged) keeps only those decoder
-states: the head and the loss run on ``[1, K]`` positions instead of every padded decoder position.
+T5 scales its input before it, BART adds ``final_logits_bias`` after it, both unchanged) keeps only those
+decoder states: the head and the loss run on ``[1, K]`` positions instead of every padded decoder position.
 
 The extra inputs travel as keyword arguments of the model call (``PACKED_KEYS``, set by
 ``inputs.to_device``); a forward pre-hook on the model that is called pops them (the model never sees them)
 and a forward hook (``always_call``) forgets them after the call. That model is the one a step calls under
-DDP / ``torch.compile``, a PEFT wrapper included: the extra keywords never reach a wrapper's own ``forward``. Without them the hooks do nothing
-(generation, unpacked batches). Families outside ``PACKABLE_FAMILIES`` (sinusoidal positions: Marian, Pegasus;
-others not checked) and attention paths without dense masks keep length-grouped dynamic padding.
+DDP / ``torch.compile``, a PEFT wrapper included: the extra keywords never reach a wrapper's own ``forward``.
+Without them the hooks do nothing (generation, unpacked batches). Families outside ``PACKABLE_FAMILIES``
+(sinusoidal positions: Marian, Pegasus; others not checked) and attention paths without dense masks keep
+length-grouped dynamic padding.
 
-Exactness (every sample's logits, loss and gradients packed == alone): tests/engine/data/test_seq2seq_packing.py.
+Exactness (every sample's logits, loss and gradients packed == alone):
+tests/engine/data/test_seq2seq_packing.py.
 """
 
 from __future__ import annotations
@@ -35,9 +37,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CROSS_ATTENTION_MASK", "DECODER_POSITIONS", "DENSE_MASK_ATTENTION", "ENCODER_POSITIONS",
-           "HEAD_POSITIONS", "PACKABLE_FAMILIES", "PACKED_KEYS", "enable_packed_seq2seq", "enable_target_head",
-           "packing_unavailable", "takes_head_positions", "unwrapped"]
+__all__ = [
+    "CROSS_ATTENTION_MASK",
+    "DECODER_POSITIONS",
+    "DENSE_MASK_ATTENTION",
+    "ENCODER_POSITIONS",
+    "HEAD_POSITIONS",
+    "PACKABLE_FAMILIES",
+    "PACKED_KEYS",
+    "enable_packed_seq2seq",
+    "enable_target_head",
+    "packing_unavailable",
+    "takes_head_positions",
+    "unwrapped",
+]
 
 ENCODER_POSITIONS = "packed_encoder_position_ids"
 DECODER_POSITIONS = "packed_decoder_position_ids"
@@ -59,8 +72,9 @@ HEAD_FLAG = "fastlm_target_head"
 def entry_module(model) -> torch.nn.Module:
     """The module a training step calls, under DDP (``.module``) and ``torch.compile`` (``._orig_mod``)."""
     while True:
-        inner = getattr(model, "_orig_mod", None) or (model.module if type(model).__name__ ==
-                                                      "DistributedDataParallel" else None)
+        inner = getattr(model, "_orig_mod", None) or (
+            model.module if type(model).__name__ == "DistributedDataParallel" else None
+        )
         if inner is None:
             return model
         model = inner
@@ -76,10 +90,14 @@ def packing_unavailable(model, attn: str) -> str | None:
     """Why ``model`` cannot train on packed encoder-decoder rows with ``attn`` (None: it can)."""
     family = getattr(getattr(unwrapped(model), "config", None), "model_type", None)
     if family not in PACKABLE_FAMILIES:
-        return (f"the {family} family is not checked for packed encoder-decoder rows (packed: "
-                f"{', '.join(sorted(PACKABLE_FAMILIES))})")
+        return (
+            f"the {family} family is not checked for packed encoder-decoder rows (packed: "
+            f"{', '.join(sorted(PACKABLE_FAMILIES))})"
+        )
     if attn not in DENSE_MASK_ATTENTION:
-        return f"{attn} attention takes no dense per-sample masks (packed encoder-decoder rows: sdpa or eager)"
+        return (
+            f"{attn} attention takes no dense per-sample masks (packed encoder-decoder rows: sdpa or eager)"
+        )
     return None
 
 
@@ -107,7 +125,8 @@ def enable_target_head(model) -> None:
 
 
 def takes_head_positions(model) -> bool:
-    """Whether the encoder-decoder model under ``model``'s wrappers keeps its LM head to ``HEAD_POSITIONS``."""
+    """Whether the encoder-decoder model under ``model``'s wrappers keeps its LM head to
+    ``HEAD_POSITIONS``."""
     return bool(vars(unwrapped(model)).get(HEAD_FLAG))
 
 
@@ -151,8 +170,10 @@ def _positions_hook(state: dict, key: str):
         if positions is None:
             return None
         if positions.shape[-1] != output.shape[-2]:
-            raise ValueError(f"packed position ids of length {positions.shape[-1]} for a sequence of "
-                             f"{output.shape[-2]} tokens")
+            raise ValueError(
+                f"packed position ids of length {positions.shape[-1]} for a sequence of "
+                f"{output.shape[-2]} tokens"
+            )
         return F.embedding(positions + getattr(module, "offset", 0), module.weight).to(output.dtype)
 
     return hook

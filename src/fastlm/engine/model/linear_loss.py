@@ -1,8 +1,8 @@
 """Linear cross-entropy without ``[tokens x vocab]`` logits: the LM head and the loss fused, chunk by chunk.
 
-With a 128k-150k vocabulary (Llama-3, Qwen3) the logits of one 8k-token micro-batch are 8,192 x 128,256 values:
-4.2 GB in fp32, and their gradient as much again, more than the rest of a LoRA step. Here the head's matmul,
-the log-softmax, the loss and the gradients run over chunks of tokens:
+With a 128k-150k vocabulary (Llama-3, Qwen3) the logits of one 8k-token micro-batch are 8,192 x 128,256
+values: 4.2 GB in fp32, and their gradient as much again, more than the rest of a LoRA step. Here the head's
+matmul, the log-softmax, the loss and the gradients run over chunks of tokens:
 
     for each chunk of tokens c:   z = h_c @ W.T (+ b)            [c x vocab], fp32, the only vocab-wide buffer
                                   loss += CE(z, y_c)               (label smoothing as ``F.cross_entropy``)
@@ -10,9 +10,9 @@ the log-softmax, the loss and the gradients run over chunks of tokens:
                                   dh_c = g @ W ;  dW += g.T @ h_c ;  db += g.sum(0)
 
 The gradients are computed in the forward pass (one pass over the weights per chunk, as liger-kernel's
-FusedLinearCrossEntropy does on GPUs) and scaled by the incoming gradient in the backward. Accumulation is fp32
-whatever the inputs' dtype; the returned gradients take the inputs' dtypes. This pure-PyTorch version is the
-CPU path and the reference for GPU kernels (liger-kernel, cut-cross-entropy).
+FusedLinearCrossEntropy does on GPUs) and scaled by the incoming gradient in the backward. Accumulation is
+fp32 whatever the inputs' dtype; the returned gradients take the inputs' dtypes. This pure-PyTorch version is
+the CPU path and the reference for GPU kernels (liger-kernel, cut-cross-entropy).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-# train.loss.fused_linear auto: fused from this vocabulary size up (Llama-3's 128,256, Qwen3's 151,936); below,
-# the logits are small next to the activations and the plain head's matmul (bf16 under autocast) is faster.
+# train.loss.fused_linear auto: fused from this vocabulary size up (Llama-3's 128,256, Qwen3's 151,936);
+# below, the logits are small next to the activations and the plain head's matmul (bf16 under autocast) is
+# faster.
 FUSED_MIN_VOCAB = 65_536
 # Config fields that change the logits after the head: such a model's head cannot be fused as it is.
 _AFTER_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -56,8 +57,8 @@ def linear_cross_entropy_sum(
     label_smoothing: float = 0.0,
     chunk_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Summed fp32 cross-entropy of ``hidden @ weight.T (+ bias)`` against ``targets``, never materialising the
-    ``[tokens x vocab]`` logits. ``hidden``: [tokens, d]; ``weight``: [vocab, d]; ``targets``: [tokens]
+    """Summed fp32 cross-entropy of ``hidden @ weight.T (+ bias)`` against ``targets``, never materialising
+    the ``[tokens x vocab]`` logits. ``hidden``: [tokens, d]; ``weight``: [vocab, d]; ``targets``: [tokens]
     (already shifted; ``ignore_index`` where no loss is wanted). ``chunk_tokens``: tokens per chunk (default:
     ``LINEAR_CE_CHUNK_ELEMENTS // vocab``)."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.size(1) != weight.size(1):
@@ -83,9 +84,9 @@ class _LinearCrossEntropySum(torch.autograd.Function):
     def _forward(ctx, hidden, weight, bias, targets, ignore_index, label_smoothing, chunk):
         needs = ctx.needs_input_grad
         vocab = weight.size(0)
-        # The matmuls run in the weight's dtype (a bf16 head: bf16 inputs, fp32 accumulation, as the plain head
-        # under autocast), never on an fp32 copy of a [vocab x d] weight made per micro-batch; the softmax, the
-        # loss and the gradient accumulators are fp32.
+        # The matmuls run in the weight's dtype (a bf16 head: bf16 inputs, fp32 accumulation, as the plain
+        # head under autocast), never on an fp32 copy of a [vocab x d] weight made per micro-batch; the
+        # softmax, the loss and the gradient accumulators are fp32.
         compute = weight.dtype
         bias32 = bias.float() if bias is not None else None
         grad_hidden = torch.zeros_like(hidden, dtype=torch.float32) if needs[0] else None
@@ -154,8 +155,9 @@ def reference_linear_cross_entropy_sum(
 def fused_head_choice(
     model: torch.nn.Module, request: bool | str, *, strategy: str = "ddp"
 ) -> tuple[torch.nn.Linear | None, str]:
-    """The LM head whose matmul ``linear_cross_entropy_sum`` does in training (``train.loss.fused_linear``), or
-    None, and why, in words for the log. ``auto``: fused for vocabularies of ``FUSED_MIN_VOCAB`` and more."""
+    """The LM head whose matmul ``linear_cross_entropy_sum`` does in training (``train.loss.fused_linear``),
+    or None, and why, in words for the log. ``auto``: fused for vocabularies of ``FUSED_MIN_VOCAB`` and
+    more."""
     if request is False:
         return None, "plain LM head (train.loss.fused_linear: false)"
     base = unwrapped(model)

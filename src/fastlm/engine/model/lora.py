@@ -48,8 +48,23 @@ PARAM = "train.model.lora"
 ADAPTER_CONFIG = "adapter_config.json"
 _ATTENTION_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_TARGETS: dict[str, list[str]] = {
-    **{name: _ATTENTION_MLP for name in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
-                                         "gemma3_text", "phi3", "olmo2", "exaone", "solar")},
+    **{
+        name: _ATTENTION_MLP
+        for name in (
+            "llama",
+            "mistral",
+            "mixtral",
+            "qwen2",
+            "qwen3",
+            "gemma",
+            "gemma2",
+            "gemma3_text",
+            "phi3",
+            "olmo2",
+            "exaone",
+            "solar",
+        )
+    },
     "gpt2": ["c_attn", "c_proj", "c_fc"],
     # encoder-decoder families: self- and cross-attention and the feed-forward, in encoder and decoder alike
     **{name: ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"] for name in ("bart", "mbart")},
@@ -63,16 +78,18 @@ def check_supported(params: ModelParams) -> None:
     if params.name_or_path is None:
         raise ConfigError(
             f"{PARAM}.enabled is true but train.model.name_or_path is null: LoRA adapts a pretrained model.",
-            fix="set train.model.name_or_path to a local save_pretrained folder, or set train.model.lora.enabled: false.",
+            fix="set train.model.name_or_path to a local save_pretrained folder, or set "
+            "train.model.lora.enabled: false.",
         )
     if params.lora.load_in_4bit:
         missing = engine_config.cuda_and_bitsandbytes_missing()
         if missing:
             raise ConfigError(
-                f"{PARAM}.load_in_4bit is true but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                "missing (4-bit QLoRA weights run on CUDA through bitsandbytes).",
-                fix=f"set {PARAM}.load_in_4bit: false (LoRA on bf16/fp32 weights), or run on a GPU machine with "
-                "`pip install bitsandbytes`.",
+                f"{PARAM}.load_in_4bit is true but {' and '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} missing (4-bit QLoRA weights run on CUDA through "
+                "bitsandbytes).",
+                fix=f"set {PARAM}.load_in_4bit: false (LoRA on bf16/fp32 weights), or run on a GPU machine "
+                "with `pip install bitsandbytes`.",
             )
 
 
@@ -89,10 +106,17 @@ def load_kwargs(lora: LoraParams) -> dict:
         return {"dtype": base_dtype(lora)}
     from transformers import BitsAndBytesConfig
 
-    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                      bnb_4bit_compute_dtype=torch.bfloat16)
-    return {"dtype": torch.bfloat16, "quantization_config": quantization,
-            "device_map": {"": torch.cuda.current_device()}}
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    return {
+        "dtype": torch.bfloat16,
+        "quantization_config": quantization,
+        "device_map": {"": torch.cuda.current_device()},
+    }
 
 
 def target_modules(model, requested) -> list[str] | str:
@@ -143,8 +167,13 @@ def check_named_modules(model, lora: LoraParams) -> None:
 
 def _adaptable_names(model) -> list[str]:
     """The last name component of the layers LoRA can adapt (a weight matrix: Linear, Conv1D, Embedding)."""
-    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                              if name and getattr(getattr(module, "weight", None), "ndim", 0) >= 2))
+    return list(
+        dict.fromkeys(
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if name and getattr(getattr(module, "weight", None), "ndim", 0) >= 2
+        )
+    )
 
 
 def _weighted_names(model) -> list[str]:
@@ -152,17 +181,29 @@ def _weighted_names(model) -> list[str]:
     embedding and output head first (what it usually names)."""
     from fastlm.engine.model import pretrained
 
-    return list(dict.fromkeys([*sorted(pretrained.embedding_module_names(model)), *(
-        name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-        if name and any(True for _ in module.parameters(recurse=False)))]))
+    return list(
+        dict.fromkeys(
+            [
+                *sorted(pretrained.embedding_module_names(model)),
+                *(
+                    name.rsplit(".", 1)[-1]
+                    for name, module in model.named_modules()
+                    if name and any(True for _ in module.parameters(recurse=False))
+                ),
+            ]
+        )
+    )
 
 
 def adapted_modules(peft_model) -> list[str]:
     """The names of the modules that carry a LoRA adapter (peft's tuner layers), in model order."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    return [name for name, module in peft_model.get_base_model().named_modules()
-            if isinstance(module, BaseTunerLayer)]
+    return [
+        name
+        for name, module in peft_model.get_base_model().named_modules()
+        if isinstance(module, BaseTunerLayer)
+    ]
 
 
 def _described(names: list[str]) -> str:
@@ -185,7 +226,8 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     policy = resolve_policy({True: "full", False: "off"}.get(gradient_checkpointing, gradient_checkpointing))
     if lora.load_in_4bit:
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=policy != "off",
+            model,
+            use_gradient_checkpointing=policy != "off",
             gradient_checkpointing_kwargs={"use_reentrant": False},
         )
         enable_checkpointing(model, policy)
@@ -194,19 +236,35 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     check_named_modules(model, lora)
     targets = target_modules(model, lora.target_modules)
     task = TaskType.SEQ_2_SEQ_LM if getattr(model.config, "is_encoder_decoder", False) else TaskType.CAUSAL_LM
-    config = LoraConfig(task_type=task, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=targets, bias=lora.bias, modules_to_save=lora.modules_to_save)
+    config = LoraConfig(
+        task_type=task,
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        bias=lora.bias,
+        modules_to_save=lora.modules_to_save,
+    )
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as error:  # e.g. target modules not found in the model
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ConfigError(f"{PARAM}.target_modules = {lora.target_modules!r} does not fit the model: {first}",
-                          fix=f"set {PARAM}.target_modules to auto or to Linear module names of the model.") from error
+        raise ConfigError(
+            f"{PARAM}.target_modules = {lora.target_modules!r} does not fit the model: {first}",
+            fix=f"set {PARAM}.target_modules to auto or to Linear module names of the model.",
+        ) from error
     counts = parameter_counts(peft_model)
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
-    log.info("LoRA r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)", lora.r, lora.alpha,
-             _described(adapted_modules(peft_model)), saved, f"{counts['trainable_parameters']:,}",
-             f"{counts['total_parameters']:,}", 100 * counts["trainable_share"])
+    log.info(
+        "LoRA r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)",
+        lora.r,
+        lora.alpha,
+        _described(adapted_modules(peft_model)),
+        saved,
+        f"{counts['trainable_parameters']:,}",
+        f"{counts['total_parameters']:,}",
+        100 * counts["trainable_share"],
+    )
     return peft_model
 
 
@@ -217,8 +275,11 @@ def parameter_counts(model) -> dict:
     else:
         total = sum(p.numel() for p in model.parameters())
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"trainable_parameters": int(trainable), "total_parameters": int(total),
-            "trainable_share": round(trainable / total, 6) if total else 0.0}
+    return {
+        "trainable_parameters": int(trainable),
+        "total_parameters": int(total),
+        "trainable_share": round(trainable / total, 6) if total else 0.0,
+    }
 
 
 def base_weights_digest(folder: str | Path) -> dict[str, str]:
@@ -265,9 +326,16 @@ def _safetensors_index(handle) -> dict[str, tuple[str, list, int, int]] | None:
     try:
         header = json.loads(handle.read(length))
         begin = 8 + length
-        return {name: (entry["dtype"], list(entry["shape"]), begin + int(entry["data_offsets"][0]),
-                       begin + int(entry["data_offsets"][1]))
-                for name, entry in header.items() if name != "__metadata__"}
+        return {
+            name: (
+                entry["dtype"],
+                list(entry["shape"]),
+                begin + int(entry["data_offsets"][0]),
+                begin + int(entry["data_offsets"][1]),
+            )
+            for name, entry in header.items()
+            if name != "__metadata__"
+        }
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, MemoryError, OverflowError):
         return None
 
@@ -294,9 +362,12 @@ _warned_unchecked: set[str] = set()
 
 def remember_base(peft_model, base: str | Path) -> None:
     """Digest the base folder the adapters are trained on (at build time: what the training reads)."""
-    record = {"base_model": str(base), "weights": base_weights_digest(base),
-              "method": "per tensor: sha256 of dtype, shape and its bytes, whole up to 64 KiB, else 4 spread "
-                        "4 KiB blocks (fastlm.engine.model.lora.base_weights_digest)"}
+    record = {
+        "base_model": str(base),
+        "weights": base_weights_digest(base),
+        "method": "per tensor: sha256 of dtype, shape and its bytes, whole up to 64 KiB, else 4 spread "
+        "4 KiB blocks (fastlm.engine.model.lora.base_weights_digest)",
+    }
     object.__setattr__(peft_model, _BASE_RECORD, record)
 
 
@@ -321,24 +392,31 @@ def check_base(folder: str | Path, base: str | Path) -> None:
     if not path.is_file():
         if str(Path(folder).resolve()) not in _warned_unchecked:
             _warned_unchecked.add(str(Path(folder).resolve()))
-            log.warning("The LoRA adapter in %s has no %s (saved by an earlier fastlm): it is merged onto %s "
-                        "without checking that those are the base weights it was trained on.", folder,
-                        BASE_DIGEST, base)
+            log.warning(
+                "The LoRA adapter in %s has no %s (saved by an earlier fastlm): it is merged onto %s "
+                "without checking that those are the base weights it was trained on.",
+                folder,
+                BASE_DIGEST,
+                base,
+            )
         return
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))["weights"]
         if not isinstance(saved, dict):
             raise TypeError("weights is not a mapping")
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f"{path} is unreadable ({error}): the base weights of the LoRA adapter in {folder} "
-                          "cannot be checked.",
-                          fix="restore the adapter folder from a backup, or train the adapter again.",
-                          ) from error
+        raise ConfigError(
+            f"{path} is unreadable ({error}): the base weights of the LoRA adapter in {folder} "
+            "cannot be checked.",
+            fix="restore the adapter folder from a backup, or train the adapter again.",
+        ) from error
     now = base_weights_digest(base)
     changed = sorted(name for name in saved.keys() | now.keys() if saved.get(name) != now.get(name))
     if changed:
-        how = {name: "appeared" if name not in saved else "is gone" if name not in now else "changed"
-               for name in changed}
+        how = {
+            name: "appeared" if name not in saved else "is gone" if name not in now else "changed"
+            for name in changed
+        }
         what = ", ".join(f"{name} {how[name]}" for name in changed[:3]) + (", ..." * (len(changed) > 3))
         raise ConfigError(
             f"the base model folder {base} of the LoRA adapter in {folder} no longer holds the weights the "
@@ -371,13 +449,18 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     if not Path(base).is_dir():
         raise ConfigError(
             f"the base model folder {base} of the LoRA adapter in {folder} does not exist.",
-            fix="put the base model back there, or pass its new folder (python -m fastlm merge-adapter --base <dir>).",
+            fix="put the base model back there, or pass its new folder "
+            "(python -m fastlm merge-adapter --base <dir>).",
         )
     check_base(folder, base)
     args = {"local_files_only": True, "dtype": torch.float32, **load_args}
     checkpoint = pretrained.inspect_checkpoint(
-        base, str(Path(base).resolve()), label=f"the base model {base} of the LoRA adapter in {folder}",
-        trust_remote_code=args.get("trust_remote_code", False), local_files_only=True)
+        base,
+        str(Path(base).resolve()),
+        label=f"the base model {base} of the LoRA adapter in {folder}",
+        trust_remote_code=args.get("trust_remote_code", False),
+        local_files_only=True,
+    )
     base_model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **args)
     size = len(pretrained.folder_vocabulary(folder) or ())
     if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
@@ -403,8 +486,11 @@ def _load_adapter_whole(base_model, folder: str | Path):
         text = str(warning.message)
         if "missing adapter keys" in text:
             keys = re.findall(r"'([^']+)'", text)
-            raise ConfigError(f"the LoRA adapter in {folder} does not load whole: {len(keys)} adapter weights are "
-                              f"missing from it ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}).", fix=fix)
+            raise ConfigError(
+                f"the LoRA adapter in {folder} does not load whole: {len(keys)} adapter weights are "
+                f"missing from it ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}).",
+                fix=fix,
+            )
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return model
 

@@ -29,18 +29,24 @@ def forward_logits(model: torch.nn.Module, batch: Mapping) -> torch.Tensor:
     return logits.view(*batch["labels"].shape, logits.shape[-1])
 
 
-def positions_to_keep(labels: torch.Tensor, device: torch.device, *, flattened: bool,
-                      ignore_index: int = IGNORE_INDEX) -> torch.Tensor | None:
+def positions_to_keep(
+    labels: torch.Tensor, device: torch.device, *, flattened: bool, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor | None:
     """The positions that predict a target, from the collator's host-side ``labels``, as transformers'
-    ``logits_to_keep`` takes them, so that a training step computes no logit for a prompt token, a sample's last
-    token or padding (on SFT data most of the ``[tokens x vocab]`` LM-head work).
+    ``logits_to_keep`` takes them, so that a training step computes no logit for a prompt token, a sample's
+    last token or padding (on SFT data most of the ``[tokens x vocab]`` LM-head work).
 
-    ``flattened`` (varlen paths: the rows go to the model as one ``[1, rows*T]`` row): ``[1, K]`` positions in that
-    row, made on the host (no device sync anywhere). Otherwise, on a CPU device: the ``[rows, T]`` bool mask. None
-    (every logit computed) on an accelerator with several rows (selecting by a mask there would sync the host), when
-    every position has a target or none has, or when this transformers cannot slice by positions.
+    ``flattened`` (varlen paths: the rows go to the model as one ``[1, rows*T]`` row): ``[1, K]`` positions in
+    that row, made on the host (no device sync anywhere). Otherwise, on a CPU device: the ``[rows, T]`` bool
+    mask. None (every logit computed) on an accelerator with several rows (selecting by a mask there would
+    sync the host), when every position has a target or none has, or when this transformers cannot slice by
+    positions.
     """
-    if labels.device.type != "cpu" or not (flattened or device.type == "cpu") or not slicing_by_mask_supported():
+    if (
+        labels.device.type != "cpu"
+        or not (flattened or device.type == "cpu")
+        or not slicing_by_mask_supported()
+    ):
         return None
     keep = shift_labels(labels, ignore_index) != ignore_index
     kept = int(keep.sum())
@@ -68,7 +74,8 @@ def slicing_by_mask_supported() -> bool:
 
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the transformers model under ``model``'s wrappers (DDP, compile, PEFT) slices its hidden states
-    with ``logits_to_keep`` positions (``slice_logits_to_keep``; a few older model files slice differently)."""
+    with ``logits_to_keep`` positions (``slice_logits_to_keep``; a few older model files slice
+    differently)."""
     return _class_takes_logits_to_keep(type(unwrapped(model)))
 
 
@@ -82,12 +89,13 @@ def _class_takes_logits_to_keep(cls: type) -> bool:
     return False
 
 
-def training_logits(model: torch.nn.Module, batch: Mapping,
-                    ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
+def training_logits(
+    model: torch.nn.Module, batch: Mapping, ignore_index: int = IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, vocab]`` logits and the ``[N]`` targets they predict: only the positions with a target where the
-    batch says which (``TARGET_POSITIONS``) and the model can slice them (``logits_to_keep``; an encoder-decoder
-    model through its head hook, ``seq2seq_hooks.enable_target_head``), else every position (ignored ones carry
-    ``ignore_index``)."""
+    batch says which (``TARGET_POSITIONS``) and the model can slice them (``logits_to_keep``; an
+    encoder-decoder model through its head hook, ``seq2seq_hooks.enable_target_head``), else every position
+    (ignored ones carry ``ignore_index``)."""
     targets = shift_labels(batch["labels"], ignore_index)
     keep = batch.get(TARGET_POSITIONS)
     if keep is not None and takes_logits_to_keep(model):
@@ -100,8 +108,10 @@ def training_logits(model: torch.nn.Module, batch: Mapping,
     logits = logits.reshape(-1, logits.size(-1))
     kept = targets[keep] if keep.dtype == torch.bool else targets.reshape(-1)[keep.reshape(-1)]
     if logits.size(0) != kept.size(0):
-        raise RuntimeError(f"{type(model).__name__} returned {logits.size(0)} logits for {kept.size(0)} kept "
-                           "positions: it does not slice logits_to_keep as transformers' slice_logits_to_keep does")
+        raise RuntimeError(
+            f"{type(model).__name__} returned {logits.size(0)} logits for {kept.size(0)} kept "
+            "positions: it does not slice logits_to_keep as transformers' slice_logits_to_keep does"
+        )
     return logits, kept
 
 
@@ -111,7 +121,11 @@ CE_CHUNK_ELEMENTS = 2**21
 
 
 def causal_lm_loss_sum(
-    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, *, reuse_logits: bool = False
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    *,
+    reuse_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy (computed in fp32) and the number of target tokens it sums over.
 
@@ -122,28 +136,41 @@ def causal_lm_loss_sum(
     On CPU it is computed chunk by chunk of tokens (``ChunkedCrossEntropySum``): no full-size fp32 copy,
     log-softmax, zero-filled gradient or log-softmax gradient of the ``[tokens x vocab]`` logits is made; the
     gradient ``softmax - one_hot`` is written once, during the forward, while each chunk is in cache (the loss
-    with its backward took 0.68x the time of ``F.cross_entropy`` on 10,240 x 7,680 logits, 2 quiet cores). With
-    ``reuse_logits=True`` it is written over ``logits`` themselves (no second ``[tokens x vocab]`` buffer):
-    only for a caller that never reads the logits again (``accumulate_gradients``); a model whose last op
-    saved its output for its own backward then fails loudly (autograd's in-place check), never silently.
-    On CUDA ``F.cross_entropy`` stays: one fused kernel there, and the chunk loop measured 5.8x slower.
+    with its backward took 0.68x the time of ``F.cross_entropy`` on 10,240 x 7,680 logits, 2 quiet cores).
+    With ``reuse_logits=True`` it is written over ``logits`` themselves (no second ``[tokens x vocab]``
+    buffer): only for a caller that never reads the logits again (``accumulate_gradients``); a model whose
+    last op saved its output for its own backward then fails loudly (autograd's in-place check), never
+    silently. On CUDA ``F.cross_entropy`` stays: one fused kernel there, and the chunk loop measured 5.8x
+    slower.
     """
     targets = shift_labels(labels, ignore_index)
-    loss_sum = cross_entropy_sum(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index,
-                                 reuse_logits=reuse_logits)
+    loss_sum = cross_entropy_sum(
+        logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index, reuse_logits=reuse_logits
+    )
     return loss_sum, (targets != ignore_index).sum()
 
 
-def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX, *,
-                      reuse_logits: bool = False, label_smoothing: float = 0.0) -> torch.Tensor:
+def cross_entropy_sum(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    *,
+    reuse_logits: bool = False,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """Summed fp32 cross-entropy of ``[N, vocab]`` logits against their ``[N]`` targets (already shifted), the
     core of ``causal_lm_loss_sum`` (see there: chunked on CPU, fused ``F.cross_entropy`` elsewhere).
 
     ``label_smoothing`` (``train.loss.label_smoothing``): ``F.cross_entropy``'s definition, each target's
     distribution ``(1 - s) * one_hot + s / vocab``; training only (evaluation reports the plain loss)."""
     if logits.device.type != "cpu":  # one fused kernel; chunks only add launches (measured 5.8x slower, H200)
-        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum",
-                               label_smoothing=label_smoothing)
+        return F.cross_entropy(
+            logits.float(),
+            targets,
+            ignore_index=ignore_index,
+            reduction="sum",
+            label_smoothing=label_smoothing,
+        )
     if torch.is_grad_enabled() and logits.requires_grad:
         return ChunkedCrossEntropySum.apply(logits, targets, ignore_index, reuse_logits, label_smoothing)
     return chunked_cross_entropy_sum(logits, targets, ignore_index, label_smoothing=label_smoothing)
@@ -153,8 +180,13 @@ def _chunk_rows(vocab: int) -> int:
     return max(1, CE_CHUNK_ELEMENTS // max(vocab, 1))
 
 
-def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
-                              grad_out: torch.Tensor | None = None, label_smoothing: float = 0.0) -> torch.Tensor:
+def chunked_cross_entropy_sum(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    grad_out: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """Summed fp32 cross-entropy of ``logits`` (tokens, vocab) against ``targets`` (tokens,), chunk by chunk.
 
     ``grad_out`` (same shape as ``logits``, may be ``logits`` itself): receives d(loss_sum)/d(logits), i.e.
@@ -184,11 +216,13 @@ def chunked_cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, ignor
         total -= torch.where(valid, picked, 0.0).sum()
         if grad_out is not None:
             part = grad_out[start : start + step]
-            log_probs.masked_fill_(~valid.unsqueeze(1), -math.inf)  # no target: zero gradient (in cache, no sync)
+            # no target: zero gradient (in cache, no sync)
+            log_probs.masked_fill_(~valid.unsqueeze(1), -math.inf)
             torch.exp(log_probs, out=part)  # softmax (the chunk of logits may be overwritten now)
             if smooth:  # minus the uniform share on every entry of the rows with a target
                 part.sub_(valid.to(part.dtype).unsqueeze(1) * (smooth / vocab))
-            part.scatter_add_(1, index, -(1 - smooth) * valid.to(part.dtype).unsqueeze(1))  # minus the one-hot
+            # minus the one-hot
+            part.scatter_add_(1, index, -(1 - smooth) * valid.to(part.dtype).unsqueeze(1))
     return total
 
 
@@ -203,8 +237,9 @@ class ChunkedCrossEntropySum(torch.autograd.Function):
     def forward(ctx, logits, targets, ignore_index, reuse_logits, label_smoothing=0.0):
         grad = logits if reuse_logits and logits.is_contiguous() else torch.empty_like(logits)
         with torch.no_grad():
-            loss_sum = chunked_cross_entropy_sum(logits, targets, ignore_index, grad_out=grad,
-                                                 label_smoothing=label_smoothing)
+            loss_sum = chunked_cross_entropy_sum(
+                logits, targets, ignore_index, grad_out=grad, label_smoothing=label_smoothing
+            )
         ctx.save_for_backward(grad)
         ctx.used = False
         return loss_sum

@@ -30,12 +30,18 @@ def check_finite(record: dict, step: int, last: Path | None) -> None:
     """
     norm = record.get("grad_norm")
     if not math.isfinite(record["loss"]) or (norm is not None and not math.isfinite(norm)):
-        what = f"loss became {record['loss']}" if not math.isfinite(record["loss"]) else f"gradient norm became {norm}"
+        what = (
+            f"loss became {record['loss']}"
+            if not math.isfinite(record["loss"])
+            else f"gradient norm became {norm}"
+        )
         raise NonFiniteLossError(
             f"the training {what} by step {step}; training stopped"
-            + (f", the last good checkpoint {last} is kept" if last else "") + ".",
-            fix="lower train.optimizer.lr (or raise warmup_steps), keep grad_clip on, or use precision bf16/fp32 "
-            "instead of fp16; then rerun (train.resume: auto continues from the last good checkpoint).",
+            + (f", the last good checkpoint {last} is kept" if last else "")
+            + ".",
+            fix="lower train.optimizer.lr (or raise warmup_steps), keep grad_clip on, or use precision "
+            "bf16/fp32 instead of fp16; then rerun (train.resume: auto continues from the last good "
+            "checkpoint).",
         )
 
 
@@ -43,8 +49,12 @@ def check_first_loss(loss: float, *, len_vocab: int, from_scratch: bool) -> None
     """Warn when the first loss is far from the uniform guess ``ln(vocab)``."""
     uniform = math.log(len_vocab)
     if loss > 1.5 * uniform or (from_scratch and loss < 0.5 * uniform):
-        log.warning("The first loss is %.3f, far from ln(vocab) = %.3f: check the labels, the tokenizer/model "
-                    "pairing and the initialisation.", loss, uniform)
+        log.warning(
+            "The first loss is %.3f, far from ln(vocab) = %.3f: check the labels, the tokenizer/model "
+            "pairing and the initialisation.",
+            loss,
+            uniform,
+        )
 
 
 class GradNormWatch:
@@ -62,7 +72,11 @@ class GradNormWatch:
         if norm is None:
             return
         if len(self.seen) >= 3 and norm > 10 * statistics.median(self.seen):
-            log.warning("Gradient norm %.3g at step %d is over 10x its median so far (%.3g): the run may be "
-                        "diverging; consider a lower learning rate.", norm, record["step"],
-                        statistics.median(self.seen))
+            log.warning(
+                "Gradient norm %.3g at step %d is over 10x its median so far (%.3g): the run may be "
+                "diverging; consider a lower learning rate.",
+                norm,
+                record["step"],
+                statistics.median(self.seen),
+            )
         self.seen.append(norm)

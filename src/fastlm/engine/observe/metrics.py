@@ -62,7 +62,8 @@ def flops_per_token(n_params: int, n_layers: int, hidden_size: int, seq_len: int
 
 def attended_length(lengths) -> float:
     """The mean number of keys a token's attention row spans when each document attends only to itself:
-    ``sum(len**2) / sum(len)`` over the documents (``flops_per_token``'s ``seq_len`` for document-masked work)."""
+    ``sum(len**2) / sum(len)`` over the documents (``flops_per_token``'s ``seq_len`` for document-masked
+    work)."""
     import numpy as np
 
     lengths = np.asarray(lengths, dtype=np.float64)
@@ -133,10 +134,17 @@ class StepMetrics:
         self.peak_flops = peak_flops if peak_flops is not None else device_peak_flops(self.device)
         self._sums = torch.zeros(len(_SLOTS), dtype=torch.float64, device=self.device)
         # Views into _sums, made once: in-place ops on them update the one tensor flush() reads.
-        (self._loss_sum, self._target_tokens, self._real_tokens, self._computed_tokens, self._samples,
-         self._grad_norm) = self._sums.unbind()
+        (
+            self._loss_sum,
+            self._target_tokens,
+            self._real_tokens,
+            self._computed_tokens,
+            self._samples,
+            self._grad_norm,
+        ) = self._sums.unbind()
         self.step_times: list[float] = []  # host wall time of every step, since start()
-        # Per step, host numbers only (None where update() got a device tensor): data wait, real and computed tokens.
+        # Per step, host numbers only (None where update() got a device tensor): data wait, real and computed
+        # tokens.
         self.step_data_waits: list[float] = []
         self.step_real_tokens: list[float | None] = []
         self.step_computed_tokens: list[float | None] = []
@@ -180,7 +188,9 @@ class StepMetrics:
         self.step_times.append(now - self._last_step_end)
         self.step_data_waits.append(self._step_data_wait)
         self.step_real_tokens.append(None if isinstance(real_tokens, torch.Tensor) else float(real_tokens))
-        self.step_computed_tokens.append(None if isinstance(computed_tokens, torch.Tensor) else float(computed_tokens))
+        self.step_computed_tokens.append(
+            None if isinstance(computed_tokens, torch.Tensor) else float(computed_tokens)
+        )
         self._last_step_end = now
         self._step_data_wait = 0.0
         self._window_steps += 1
@@ -209,7 +219,8 @@ class StepMetrics:
             raise ValueError("flush() with no update() since the last flush")
         if self._reduce_loss_sum is not None:
             self._reduce_loss_sum(self._sums[:1])
-        if self._sharded_grad_norm is not None:  # every rank flushes at the same steps: the collective matches
+        # every rank flushes at the same steps: the collective matches
+        if self._sharded_grad_norm is not None:
             self._grad_norm.copy_(self._sharded_grad_norm.full_tensor())
             self._sharded_grad_norm = None
         loss_sum, target_tokens, real_tokens, computed_tokens, samples, grad_norm = self._sums.tolist()

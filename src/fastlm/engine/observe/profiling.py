@@ -21,7 +21,9 @@ PHASES = ("fastlm.data", "fastlm.forward", "fastlm.backward", "fastlm.optimizer"
 class StepProfiler:
     """Profiles optimizer steps ``start_step .. start_step + steps - 1`` (1-based), once."""
 
-    def __init__(self, *, start_step: int, steps: int, trace_dir: str | Path, device: torch.device, top: int = 15):
+    def __init__(
+        self, *, start_step: int, steps: int, trace_dir: str | Path, device: torch.device, top: int = 15
+    ):
         self.start_step, self.steps, self.trace_dir, self.top = start_step, steps, Path(trace_dir), top
         self.activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
@@ -57,22 +59,35 @@ class StepProfiler:
         profiler.export_chrome_trace(str(trace))
         events = profiler.key_averages()
         on_cuda = torch.profiler.ProfilerActivity.CUDA in self.activities
-        ops = sorted((e for e in events if not e.key.startswith("fastlm.") and not e.key.startswith("ProfilerStep")),
-                     key=lambda e: e.self_cpu_time_total + (e.self_device_time_total if on_cuda else 0), reverse=True)
+        ops = sorted(
+            (e for e in events if not e.key.startswith("fastlm.") and not e.key.startswith("ProfilerStep")),
+            key=lambda e: e.self_cpu_time_total + (e.self_device_time_total if on_cuda else 0),
+            reverse=True,
+        )
         phases = {e.key: e.cpu_time_total for e in events if e.key in PHASES}
         self.summary = {
-            "enabled": True, "recorded": True, "steps": f"{self.start_step}-{last_step}", "trace": str(trace),
+            "enabled": True,
+            "recorded": True,
+            "steps": f"{self.start_step}-{last_step}",
+            "trace": str(trace),
             "window_ms": wall_us / 1e3,
             "phase_share": {name.removeprefix("fastlm."): phases.get(name, 0.0) / wall_us for name in PHASES},
             "top_operators": [
-                {"operator": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
-                 "self_cuda_ms": (e.self_device_time_total / 1e3) if on_cuda else None}
+                {
+                    "operator": e.key,
+                    "calls": e.count,
+                    "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                    "self_cuda_ms": (e.self_device_time_total / 1e3) if on_cuda else None,
+                }
                 for e in ops[: self.top]
             ],
         }
-        log.info("Profiled steps %s: trace %s (open it in Perfetto or TensorBoard); phase shares %s",
-                 self.summary["steps"], trace,
-                 ", ".join(f"{k} {v:.0%}" for k, v in self.summary["phase_share"].items()))
+        log.info(
+            "Profiled steps %s: trace %s (open it in Perfetto or TensorBoard); phase shares %s",
+            self.summary["steps"],
+            trace,
+            ", ".join(f"{k} {v:.0%}" for k, v in self.summary["phase_share"].items()),
+        )
 
 
 class NoProfiler:
@@ -91,7 +106,10 @@ class NoProfiler:
 
 
 def step_profiler(profile, device: torch.device, *, enabled: bool = True) -> StepProfiler | NoProfiler:
-    """``train.profile``'s profiler (``StepProfiler``) when it is on and ``enabled``, else a ``NoProfiler``."""
+    """``train.profile``'s profiler (``StepProfiler``) when it is on and ``enabled``, else a
+    ``NoProfiler``."""
     if not (profile.enabled and enabled):
         return NoProfiler()
-    return StepProfiler(start_step=profile.start_step, steps=profile.steps, trace_dir=profile.trace_dir, device=device)
+    return StepProfiler(
+        start_step=profile.start_step, steps=profile.steps, trace_dir=profile.trace_dir, device=device
+    )

@@ -22,8 +22,15 @@ class Progress:
         if not quiet and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=0.5,
-                            bar_format=BAR_FORMAT, file=sys.stderr)
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                unit="step",
+                dynamic_ncols=True,
+                mininterval=0.5,
+                bar_format=BAR_FORMAT,
+                file=sys.stderr,
+            )
 
     def advance(self) -> None:
         if self.bar is not None:
@@ -34,9 +41,16 @@ class Progress:
             return
         eta = f"eta {record['eta_s'] or 0:,.0f}s"
         summary = f"loss {record['loss']:.4f}  {record['real_tokens_per_s']:,.0f} tok/s"
-        line = ("step %d: %s  lr %.2e  grad-norm %.3g  data-wait %.1f%%  padding-eff %.1f%%  %s",
-                record["step"], summary, record["lr"] or 0, record["grad_norm"] or 0,
-                100 * record["data_wait_share"], 100 * (record["padding_efficiency"] or 0), eta)
+        line = (
+            "step %d: %s  lr %.2e  grad-norm %.3g  data-wait %.1f%%  padding-eff %.1f%%  %s",
+            record["step"],
+            summary,
+            record["lr"] or 0,
+            record["grad_norm"] or 0,
+            100 * record["data_wait_share"],
+            100 * (record["padding_efficiency"] or 0),
+            eta,
+        )
         if self.bar is None:
             log.info(*line)
             return

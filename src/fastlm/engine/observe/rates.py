@@ -7,12 +7,13 @@ import math
 
 
 def timed_rate(records, key: str = "real_tokens_per_s") -> float | None:
-    """THE throughput of a run (``key``: real_tokens_per_s, tokens_per_s or samples_per_s) over its timed steps.
+    """THE throughput of a run (``key``: real_tokens_per_s, tokens_per_s or samples_per_s) over its timed
+    steps.
 
     ``records`` are the logging-window records (dicts with ``step``, ``step_time_s`` and ``key``). The first
-    window (step 1 alone: warm-up, compilation) is left out unless it is all there is; each other window counts
-    with its duration (its steps x its mean step time), so the figure is total amount over total time, not a
-    mean of window rates (a last, partial window weighs what it lasted). Every table, the diagnosis, the
+    window (step 1 alone: warm-up, compilation) is left out unless it is all there is; each other window
+    counts with its duration (its steps x its mean step time), so the figure is total amount over total time,
+    not a mean of window rates (a last, partial window weighs what it lasted). Every table, the diagnosis, the
     summary and the run comparison use this one function. ``None`` when nothing was measured.
     """
     records = list(records)

@@ -1,11 +1,12 @@
 """Process-wide runtime settings, applied once at the start of training, in one place.
 
 ``setup_runtime(params.runtime, seed=params.seed)`` (the validated ``train.runtime`` parameters,
-``fastlm.engine.config.RuntimeParams``; or a plain :class:`RuntimeConfig` outside a Kedro run) picks the device, sets the CUDA speed flags (TF32, cuDNN autotuning,
-fused attention kernels), resolves the training precision, sizes the CPU thread pool, prepares the
-environment for DataLoader workers and, on request, trades speed for bitwise reproducibility. It returns
-a frozen :class:`Runtime` that records what was applied (``describe()`` gives flat MLflow parameters) and
-hands out the autocast context and the gradient scaler that match the resolved precision.
+``fastlm.engine.config.RuntimeParams``; or a plain :class:`RuntimeConfig` outside a Kedro run) picks the
+device, sets the CUDA speed flags (TF32, cuDNN autotuning, fused attention kernels), resolves the training
+precision, sizes the CPU thread pool, prepares the environment for DataLoader workers and, on request, trades
+speed for bitwise reproducibility. It returns a frozen :class:`Runtime` that records what was applied
+(``describe()`` gives flat MLflow parameters) and hands out the autocast context and the gradient scaler that
+match the resolved precision.
 
 Everything runs on a CPU-only machine: each CUDA branch is guarded by ``torch.cuda.is_available()``.
 
@@ -191,14 +192,16 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     return "bf16" if requested == "bf16" else "fp32"
 
 
-def setup_runtime(config: RuntimeConfig | RuntimeParams, *, seed: int | None = None,
-                  measured_later: bool = False) -> Runtime:
+def setup_runtime(
+    config: RuntimeConfig | RuntimeParams, *, seed: int | None = None, measured_later: bool = False
+) -> Runtime:
     """Apply the whole runtime configuration to this process (call it once, before building the model).
 
     ``measured_later``: the caller trains, and ``runtime_probe`` settles CPU ``auto`` precision and compile on
     the first micro-batch; the runtime line says so instead of stating the provisional values as settled.
-    ``config`` is already validated (``RuntimeParams`` by the parameter hook, ``RuntimeConfig`` on creation): it
-    is read as it is. ``seed`` (``train.seed``) overrides ``config.seed``; ``RuntimeParams`` has none (default 0).
+    ``config`` is already validated (``RuntimeParams`` by the parameter hook, ``RuntimeConfig`` on creation):
+    it is read as it is. ``seed`` (``train.seed``) overrides ``config.seed``; ``RuntimeParams`` has none
+    (default 0).
     """
     seed = getattr(config, "seed", 0) if seed is None else seed
     device = resolve_device(config.device)
@@ -260,7 +263,8 @@ def setup_runtime(config: RuntimeConfig | RuntimeParams, *, seed: int | None = N
         cuda_version=torch.version.cuda,
     )
     described = runtime.describe()
-    if measured_later and device.type == "cpu":  # the training loop's runtime_probe settles these: not stated here
+    # the training loop's runtime_probe settles these: not stated here
+    if measured_later and device.type == "cpu":
         if config.precision == "auto":
             described["precision"] = f"{precision} (auto: measured on the first micro-batch)"
         if config.compile == "auto":

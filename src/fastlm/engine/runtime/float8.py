@@ -52,8 +52,9 @@ def _hidden_size(model: nn.Module) -> int | None:
     return None
 
 
-def float8_decision(requested: str, model: nn.Module, device: torch.device, *,
-                    strategy: str = "ddp") -> tuple[bool, str]:
+def float8_decision(
+    requested: str, model: nn.Module, device: torch.device, *, strategy: str = "ddp"
+) -> tuple[bool, str]:
     """Whether to train ``model`` with float8 matmuls on ``device``, and why (see the module docstring).
     Under FSDP2 it stays off: the model is sharded before the optimizer is made, too late to convert."""
     if requested == "off":
@@ -66,16 +67,22 @@ def float8_decision(requested: str, model: nn.Module, device: torch.device, *,
         return False, f"float8 off (auto): {device.type} is not a CUDA device"
     capability = torch.cuda.get_device_capability(device)
     if tuple(capability) < MIN_CAPABILITY:
-        return False, (f"float8 off (auto): compute capability {capability[0]}.{capability[1]} < "
-                       f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} (no float8 tensor cores)")
+        return False, (
+            f"float8 off (auto): compute capability {capability[0]}.{capability[1]} < "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} (no float8 tensor cores)"
+        )
     if not torchao_installed():
         return False, "float8 off (auto): torchao is not installed (`pip install torchao`)"
     hidden = _hidden_size(model)
     if hidden is None or hidden < MIN_HIDDEN_SIZE:
-        return False, (f"float8 off (auto): hidden size {hidden} < {MIN_HIDDEN_SIZE} (the float8 casts "
-                       "cost more than the faster matmuls save)")
-    return True, (f"float8 on (auto): compute capability {capability[0]}.{capability[1]}, torchao, "
-                  f"hidden size {hidden} >= {MIN_HIDDEN_SIZE}")
+        return False, (
+            f"float8 off (auto): hidden size {hidden} < {MIN_HIDDEN_SIZE} (the float8 casts "
+            "cost more than the faster matmuls save)"
+        )
+    return True, (
+        f"float8 on (auto): compute capability {capability[0]}.{capability[1]}, torchao, "
+        f"hidden size {hidden} >= {MIN_HIDDEN_SIZE}"
+    )
 
 
 def module_filter(model: nn.Module) -> Callable[[nn.Module, str], bool]:
@@ -88,8 +95,12 @@ def module_filter(model: nn.Module) -> Callable[[nn.Module, str], bool]:
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
 
     def keep(module: nn.Module, fqn: str) -> bool:
-        return (type(module) is nn.Linear and module is not head
-                and module.in_features % ALIGNMENT == 0 and module.out_features % ALIGNMENT == 0)
+        return (
+            type(module) is nn.Linear
+            and module is not head
+            and module.in_features % ALIGNMENT == 0
+            and module.out_features % ALIGNMENT == 0
+        )
 
     return keep
 

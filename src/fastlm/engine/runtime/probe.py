@@ -1,31 +1,34 @@
-"""``runtime.precision: auto`` on a CPU: bf16 autocast only where the run's first micro-batch measures it faster.
+"""``runtime.precision: auto`` on a CPU: bf16 autocast only where the run's first micro-batch measures it
+faster.
 
-On CUDA ``runtime.resolve_precision`` settles ``auto`` at once (bf16 on GPUs with native bf16, fp16 otherwise).
-On a CPU bf16 autocast pays only with native bf16 instructions (AVX512-BF16 or AMX) *and* products large enough
-for its kernels: 1.45x on the demo run's model, 1.7x on the 5.2 M-parameter causal benchmark, no gain (slower once
-compiled) on a d_model-128 BART (docs/benchmarks.md). That is a property of the model, the batch and the CPU
-together, so it is measured, not guessed: before the first step, the first micro-batch goes forward and backward
-on the plain (uncompiled, unwrapped) model in fp32 and in bf16, one warm-up each, then ``ROUNDS`` alternated
-timed passes; bf16 is kept when its best time is at least ``MIN_SPEEDUP`` times faster than fp32's.
+On CUDA ``runtime.resolve_precision`` settles ``auto`` at once (bf16 on GPUs with native bf16, fp16
+otherwise). On a CPU bf16 autocast pays only with native bf16 instructions (AVX512-BF16 or AMX) *and* products
+large enough for its kernels: 1.45x on the demo run's model, 1.7x on the 5.2 M-parameter causal benchmark, no
+gain (slower once compiled) on a d_model-128 BART (docs/benchmarks.md). That is a property of the model, the
+batch and the CPU together, so it is measured, not guessed: before the first step, the first micro-batch goes
+forward and backward on the plain (uncompiled, unwrapped) model in fp32 and in bf16, one warm-up each, then
+``ROUNDS`` alternated timed passes; bf16 is kept when its best time is at least ``MIN_SPEEDUP`` times faster
+than fp32's.
 
-The measurement leaves no trace: gradients are dropped and the random-number state is restored, so the run equals
-one with the chosen precision written in the parameters. A micro-batch under ``MIN_STEP_SECONDS`` in fp32 keeps
-fp32 untried (too small to pay, too short to time). A resumed run keeps what its checkpoint recorded; runs of
-several processes keep fp32 (every rank must compute alike; set bf16 to choose it for all). The choice and the
-timings go into ``Runtime.precision_choice`` (an MLflow parameter) and the log.
+The measurement leaves no trace: gradients are dropped and the random-number state is restored, so the run
+equals one with the chosen precision written in the parameters. A micro-batch under ``MIN_STEP_SECONDS`` in
+fp32 keeps fp32 untried (too small to pay, too short to time). A resumed run keeps what its checkpoint
+recorded; runs of several processes keep fp32 (every rank must compute alike; set bf16 to choose it for all).
+The choice and the timings go into ``Runtime.precision_choice`` (an MLflow parameter) and the log.
 
-``runtime.compile: auto`` on a CPU is settled the same way, after the precision: compiling costs tens of seconds
-per batch shape on CPU (about 25 s for the 5.2 M-parameter benchmark model on 2 cores), so it is tried only when
-the run's remaining micro-batches take at least ``COMPILE_MIN_RUN_SECONDS`` eager (by the first micro-batch's
-measured time). Then the first micro-batch runs compiled (the compile, then a warm-up) and ``ROUNDS`` alternated
-eager / compiled timed passes follow; the compiled model is kept, and trained with (its compile is not paid
-twice), when its best time is at least ``COMPILE_MIN_SPEEDUP`` times faster. Measured: 1.19x (tiny demo model)
-and 1.21-1.27x (5.2 M) real tokens per second on packed bf16 steps (docs/benchmarks.md). A resumed run keeps
-its checkpoint's choice; runs of several processes stay eager unless compile is set.
+``runtime.compile: auto`` on a CPU is settled the same way, after the precision: compiling costs tens of
+seconds per batch shape on CPU (about 25 s for the 5.2 M-parameter benchmark model on 2 cores), so it is tried
+only when the run's remaining micro-batches take at least ``COMPILE_MIN_RUN_SECONDS`` eager (by the first
+micro-batch's measured time). Then the first micro-batch runs compiled (the compile, then a warm-up) and
+``ROUNDS`` alternated eager / compiled timed passes follow; the compiled model is kept, and trained with (its
+compile is not paid twice), when its best time is at least ``COMPILE_MIN_SPEEDUP`` times faster. Measured:
+1.19x (tiny demo model) and 1.21-1.27x (5.2 M) real tokens per second on packed bf16 steps
+(docs/benchmarks.md). A resumed run keeps its checkpoint's choice; runs of several processes stay eager unless
+compile is set.
 
-Measured and left out: pinning SDPA's math kernel on CPU. Its attention alone beats the default flash kernel on
-short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 1.01x on the 5.2 M shape and lost
-(0.80x) on the demo model.
+Measured and left out: pinning SDPA's math kernel on CPU. Its attention alone beats the default flash kernel
+on short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 1.01x on the 5.2 M shape
+and lost (0.80x) on the demo model.
 """
 
 from __future__ import annotations
@@ -46,11 +49,22 @@ log = logging.getLogger(__name__)
 MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this much (a margin above run-to-run noise) to be chosen
 MIN_STEP_SECONDS = 0.2  # micro-batches faster than this keep their settings untried
 ROUNDS = 2  # timed passes per candidate after its warm-up; the best counts
-COMPILE_MIN_RUN_SECONDS = 300.0  # compile auto on CPU: only for runs at least this long eager (compiling takes ~25 s)
+# compile auto on CPU: only for runs at least this long eager (compiling takes ~25 s)
+COMPILE_MIN_RUN_SECONDS = 300.0
 COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
 
-__all__ = ["COMPILE_MIN_RUN_SECONDS", "COMPILE_MIN_SPEEDUP", "MIN_SPEEDUP", "MIN_STEP_SECONDS", "CompileProbe",
-           "ProbeResult", "compile_module", "cpu_has_native_bf16", "forward_backward_seconds", "probe_runtime"]
+__all__ = [
+    "COMPILE_MIN_RUN_SECONDS",
+    "COMPILE_MIN_SPEEDUP",
+    "MIN_SPEEDUP",
+    "MIN_STEP_SECONDS",
+    "CompileProbe",
+    "ProbeResult",
+    "compile_module",
+    "cpu_has_native_bf16",
+    "forward_backward_seconds",
+    "probe_runtime",
+]
 
 Measure = Callable[[torch.nn.Module, Mapping, Runtime], float]
 
@@ -74,13 +88,18 @@ def compile_module(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX tiles); emulated bf16 is slower than fp32."""
-    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX tiles); emulated bf16 is slower than
+    fp32."""
+    checks = (
+        getattr(torch.cpu, "_is_avx512_bf16_supported", None),
+        getattr(torch.cpu, "_is_amx_tile_supported", None),
+    )
     return any(bool(check()) for check in checks if check is not None)
 
 
 def forward_backward_seconds(model: torch.nn.Module, batch: Mapping, runtime: Runtime) -> float:
-    """Wall seconds of one forward and backward of ``batch`` with ``runtime``'s settings (gradients dropped)."""
+    """Wall seconds of one forward and backward of ``batch`` with ``runtime``'s settings (gradients
+    dropped)."""
     start = perf_counter()
     accumulate_gradients(model, [batch], autocast=runtime.autocast_context)
     seconds = perf_counter() - start
@@ -94,9 +113,9 @@ class CompileProbe:
 
     ``request``: the setting (True, False or "auto"); ``micro_batches_left``: what the run still trains (the
     compile decision weighs the compile time against it); ``compiler``: ``torch.compile`` by default
-    (``compile_module``); ``batch`` / ``context``: the compiled candidate's own inputs (None: the probe's batch)
-    and the context its passes run in (another attention path: ``attention.attention_when_compiled``), so the
-    candidate measured is the one trained with.
+    (``compile_module``); ``batch`` / ``context``: the compiled candidate's own inputs (None: the probe's
+    batch) and the context its passes run in (another attention path: ``attention.attention_when_compiled``),
+    so the candidate measured is the one trained with.
     """
 
     request: bool | str
@@ -106,35 +125,63 @@ class CompileProbe:
     context: Callable[[], contextlib.AbstractContextManager] | None = None
 
 
-def probe_runtime(runtime: Runtime, requested_precision: str, model: torch.nn.Module, batch: Mapping | None, *,
-                  world_size: int = 1, resumed: dict | None = None, measure: Measure | None = None,
-                  compile_probe: CompileProbe | None = None) -> tuple[Runtime, ProbeResult]:
+def probe_runtime(
+    runtime: Runtime,
+    requested_precision: str,
+    model: torch.nn.Module,
+    batch: Mapping | None,
+    *,
+    world_size: int = 1,
+    resumed: dict | None = None,
+    measure: Measure | None = None,
+    compile_probe: CompileProbe | None = None,
+) -> tuple[Runtime, ProbeResult]:
     """The runtime to train with, and why (see the module docstring).
 
-    ``batch``: the run's first micro-batch, already on the device (None: nothing left to train). ``resumed``: what
-    the resumed checkpoint recorded (``ProbeResult.record``), if anything. ``measure``: the timer (default
-    ``forward_backward_seconds``). ``compile_probe``: ``train.runtime.compile`` and its inputs (None: the
-    runtime's compile setting is left as it is). A compiled model that was kept comes back as
+    ``batch``: the run's first micro-batch, already on the device (None: nothing left to train). ``resumed``:
+    what the resumed checkpoint recorded (``ProbeResult.record``), if anything. ``measure``: the timer
+    (default ``forward_backward_seconds``). ``compile_probe``: ``train.runtime.compile`` and its inputs (None:
+    the runtime's compile setting is left as it is). A compiled model that was kept comes back as
     ``ProbeResult.compiled`` (compiled from ``model``): train with it.
     """
     measure = measure or forward_backward_seconds
-    result = _probe(runtime, requested_precision, model, batch, world_size=world_size, resumed=resumed,
-                    measure=measure)
+    result = _probe(
+        runtime, requested_precision, model, batch, world_size=world_size, resumed=resumed, measure=measure
+    )
     if result.seconds or result.precision != runtime.precision:
         log.info("runtime.precision %s -> %s: %s", requested_precision, result.precision, result.reason)
     runtime = replace(runtime, precision=result.precision, precision_choice=result.reason)
     if compile_probe is None:
         return runtime, replace(result, compile=runtime.compile)
-    compiled, reason, module = _compile_choice(runtime, model, batch, compile_probe, world_size=world_size,
-                                               resumed=resumed, measured=result.seconds, measure=measure)
+    compiled, reason, module = _compile_choice(
+        runtime,
+        model,
+        batch,
+        compile_probe,
+        world_size=world_size,
+        resumed=resumed,
+        measured=result.seconds,
+        measure=measure,
+    )
     if compile_probe.request == "auto":
         log.info("runtime.compile auto -> %s: %s", "on" if compiled else "off", reason)
-    return (replace(runtime, compile=compiled, compile_choice=reason),
-            replace(result, compile=compiled, compile_reason=reason, compiled=module))
+    return (
+        replace(runtime, compile=compiled, compile_choice=reason),
+        replace(result, compile=compiled, compile_reason=reason, compiled=module),
+    )
 
 
-def _compile_choice(runtime: Runtime, model, batch, probe: CompileProbe, *, world_size: int, resumed: dict | None,
-                    measured: dict, measure: Measure) -> tuple[bool, str, torch.nn.Module | None]:
+def _compile_choice(
+    runtime: Runtime,
+    model,
+    batch,
+    probe: CompileProbe,
+    *,
+    world_size: int,
+    resumed: dict | None,
+    measured: dict,
+    measure: Measure,
+) -> tuple[bool, str, torch.nn.Module | None]:
     requested = probe.request
     if requested != "auto":
         return bool(requested), "set in train.runtime.compile", None
@@ -143,7 +190,11 @@ def _compile_choice(runtime: Runtime, model, batch, probe: CompileProbe, *, worl
     if resumed and isinstance(resumed.get("compile"), bool):
         return resumed["compile"], "auto: kept from the resumed checkpoint, which trained so", None
     if world_size > 1:
-        return False, "auto in a run of several CPU processes stays eager (set true to compile on every rank)", None
+        return (
+            False,
+            "auto in a run of several CPU processes stays eager (set true to compile on every rank)",
+            None,
+        )
     if batch is None:
         return False, "auto: nothing left to train, nothing measured", None
     compiled_batch = batch if probe.batch is None else probe.batch
@@ -152,9 +203,15 @@ def _compile_choice(runtime: Runtime, model, batch, probe: CompileProbe, *, worl
         eager = measured.get(runtime.precision) or measure(model, batch, runtime)
         left = eager * probe.micro_batches_left
         if left < COMPILE_MIN_RUN_SECONDS:
-            return False, (f"auto: about {left:.0f} s of training left ({eager:.3f} s per micro-batch eager); "
-                           f"compiling (tens of seconds per batch shape on CPU) would not repay under "
-                           f"{COMPILE_MIN_RUN_SECONDS:.0f} s"), None
+            return (
+                False,
+                (
+                    f"auto: about {left:.0f} s of training left ({eager:.3f} s per micro-batch eager); "
+                    f"compiling (tens of seconds per batch shape on CPU) would not repay under "
+                    f"{COMPILE_MIN_RUN_SECONDS:.0f} s"
+                ),
+                None,
+            )
         compiled = (probe.compiler or compile_module)(model)
 
         def compiled_pass() -> float:
@@ -167,22 +224,31 @@ def _compile_choice(runtime: Runtime, model, batch, probe: CompileProbe, *, worl
         compiled_pass()  # warm-up
         best = _alternated_best({"eager": lambda: measure(model, batch, runtime), "compiled": compiled_pass})
     speedup = best["eager"] / best["compiled"]
-    reason = (f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
-              f"{best['compiled']:.3f} s ({speedup:.2f}x; compiled needs {COMPILE_MIN_SPEEDUP}x; compiling took "
-              f"{compile_seconds:.0f} s)")
+    reason = (
+        f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
+        f"{best['compiled']:.3f} s ({speedup:.2f}x; compiled needs {COMPILE_MIN_SPEEDUP}x; compiling took "
+        f"{compile_seconds:.0f} s)"
+    )
     return (True, reason, compiled) if speedup >= COMPILE_MIN_SPEEDUP else (False, reason, None)
 
 
-def _probe(runtime: Runtime, requested: str, model, batch, *, world_size: int, resumed: dict | None,
-           measure: Measure) -> ProbeResult:
+def _probe(
+    runtime: Runtime, requested: str, model, batch, *, world_size: int, resumed: dict | None, measure: Measure
+) -> ProbeResult:
     if requested != "auto":
         return ProbeResult(runtime.precision, "set in train.runtime.precision", {})
     if runtime.device.type != "cpu":
-        return ProbeResult(runtime.precision, "auto on CUDA: bf16 where the GPU has it natively, else fp16", {})
+        return ProbeResult(
+            runtime.precision, "auto on CUDA: bf16 where the GPU has it natively, else fp16", {}
+        )
     if resumed and resumed.get("precision") in ("bf16", "fp32"):
-        return ProbeResult(resumed["precision"], "auto: kept from the resumed checkpoint, which trained in it", {})
+        return ProbeResult(
+            resumed["precision"], "auto: kept from the resumed checkpoint, which trained in it", {}
+        )
     if world_size > 1:
-        return ProbeResult("fp32", "auto in a run of several CPU processes keeps fp32 (set bf16 to use it)", {})
+        return ProbeResult(
+            "fp32", "auto in a run of several CPU processes keeps fp32 (set bf16 to use it)", {}
+        )
     if not cpu_has_native_bf16():
         return ProbeResult("fp32", "auto: this CPU has no native bf16 (AVX512-BF16 or AMX)", {})
     if batch is None:
@@ -209,15 +275,24 @@ def _measure(runtime: Runtime, model, batch, measure: Measure) -> ProbeResult:
     fp32, bf16 = replace(runtime, precision="fp32"), replace(runtime, precision="bf16")
     first = measure(model, batch, fp32)  # also fp32's warm-up (one-off allocations)
     if first < MIN_STEP_SECONDS:
-        return ProbeResult("fp32", f"auto: the first micro-batch takes {first:.3f} s in fp32 (under "
-                                   f"{MIN_STEP_SECONDS} s: too small for bf16 to pay)", {"fp32": first})
+        return ProbeResult(
+            "fp32",
+            f"auto: the first micro-batch takes {first:.3f} s in fp32 (under "
+            f"{MIN_STEP_SECONDS} s: too small for bf16 to pay)",
+            {"fp32": first},
+        )
     measure(model, batch, bf16)  # warm-up
-    seconds = _alternated_best({"fp32": lambda: measure(model, batch, fp32),
-                                "bf16": lambda: measure(model, batch, bf16)})
+    seconds = _alternated_best(
+        {"fp32": lambda: measure(model, batch, fp32), "bf16": lambda: measure(model, batch, bf16)}
+    )
     speedup = seconds["fp32"] / seconds["bf16"]
     chosen = "bf16" if speedup >= MIN_SPEEDUP else "fp32"
-    return ProbeResult(chosen, f"auto, measured on the first micro-batch: fp32 {seconds['fp32']:.3f} s, bf16 "
-                               f"{seconds['bf16']:.3f} s ({speedup:.2f}x; bf16 needs {MIN_SPEEDUP}x)", seconds)
+    return ProbeResult(
+        chosen,
+        f"auto, measured on the first micro-batch: fp32 {seconds['fp32']:.3f} s, bf16 "
+        f"{seconds['bf16']:.3f} s ({speedup:.2f}x; bf16 needs {MIN_SPEEDUP}x)",
+        seconds,
+    )
 
 
 def _alternated_best(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:

@@ -24,46 +24,76 @@ class OutOfMemory(FastlmError):
     """The device ran out of memory and the back-off was off or could not shrink the micro-batch further."""
 
 
-def halve_micro_batch(error: BaseException, params: TrainParams, step: int, *, world: int,
-                      device: torch.device) -> TrainParams:
-    """The params of the retry after an out-of-memory ``error`` at ``step``, or one line when none is possible.
+def halve_micro_batch(
+    error: BaseException, params: TrainParams, step: int, *, world: int, device: torch.device
+) -> TrainParams:
+    """The params of the retry after an out-of-memory ``error`` at ``step``, or one line when none is
+    possible.
 
-    Without the opt-in, in a multi-process run (every rank would have to agree), or at micro-batch 1: one line.
+    Without the opt-in, in a multi-process run (every rank would have to agree), or at micro-batch 1: one
+    line.
     """
     batching = params.batching
     where = f"at step {step} with micro_batch_size {batching.micro_batch_size}"
     if not batching.oom_backoff or world > 1 or batching.micro_batch_size == 1:
         raise OutOfMemory(
-            f"the {device.type.upper()} device ran out of memory {where} (x {batching.gradient_accumulation_steps} "
-            f"accumulation, batching {batching.mode}).",
+            f"the {device.type.upper()} device ran out of memory {where} "
+            f"(x {batching.gradient_accumulation_steps} accumulation, batching {batching.mode}).",
             fix="run `kedro run --pipeline=tune` to measure the largest micro-batch that fits"
-            + (", or set train.batching.oom_backoff: true to halve it automatically" if world == 1 and
-               batching.micro_batch_size > 1 else "")
-            + ", or turn on train.model.gradient_checkpointing.") from error
-    smaller = batching.model_copy(update={"micro_batch_size": batching.micro_batch_size // 2,
-                                          "gradient_accumulation_steps": batching.gradient_accumulation_steps * 2})
+            + (
+                ", or set train.batching.oom_backoff: true to halve it automatically"
+                if world == 1 and batching.micro_batch_size > 1
+                else ""
+            )
+            + ", or turn on train.model.gradient_checkpointing.",
+        ) from error
+    smaller = batching.model_copy(
+        update={
+            "micro_batch_size": batching.micro_batch_size // 2,
+            "gradient_accumulation_steps": batching.gradient_accumulation_steps * 2,
+        }
+    )
     if device.type == "cuda":
         torch.cuda.empty_cache()  # once, after a failure: hand the failed step's blocks back to the allocator
-    log.warning("Out of memory %s: continuing with micro_batch_size %d x gradient_accumulation_steps %d (the "
-                "effective batch is unchanged). Put these in conf/local to skip the failed attempt next time, or "
-                "run `kedro run --pipeline=tune`.", where, smaller.micro_batch_size, smaller.gradient_accumulation_steps)
+    log.warning(
+        "Out of memory %s: continuing with micro_batch_size %d x gradient_accumulation_steps %d (the "
+        "effective batch is unchanged). Put these in conf/local to skip the failed attempt next time, or "
+        "run `kedro run --pipeline=tune`.",
+        where,
+        smaller.micro_batch_size,
+        smaller.gradient_accumulation_steps,
+    )
     return params.model_copy(update={"batching": smaller})
 
 
 def batching_record(params: TrainParams, configured: TrainParams) -> dict:
-    """The micro-batch in use and its accumulation over the configured one's (an OOM back-off changes both)."""
-    return {"micro_batch_size": params.batching.micro_batch_size,
-            "accumulation_factor": params.batching.gradient_accumulation_steps
-            // configured.batching.gradient_accumulation_steps}
+    """The micro-batch in use and its accumulation over the configured one's (an OOM back-off changes
+    both)."""
+    return {
+        "micro_batch_size": params.batching.micro_batch_size,
+        "accumulation_factor": params.batching.gradient_accumulation_steps
+        // configured.batching.gradient_accumulation_steps,
+    }
 
 
 def resumed_batching(params: TrainParams, saved: dict, folder: Path | None) -> TrainParams:
-    """``params`` with the smaller micro-batch a checkpoint was saved with after a back-off (else unchanged)."""
+    """``params`` with the smaller micro-batch a checkpoint was saved with after a back-off (else
+    unchanged)."""
     micro = saved.get("micro_batch_size", params.batching.micro_batch_size)
     if micro >= params.batching.micro_batch_size:
         return params
     accum = params.batching.gradient_accumulation_steps * int(saved.get("accumulation_factor", 1))
-    log.info("Continuing with micro_batch_size %d x gradient_accumulation_steps %d, as %s was saved after an "
-             "out-of-memory back-off", micro, accum, folder)
-    return params.model_copy(update={"batching": params.batching.model_copy(
-        update={"micro_batch_size": micro, "gradient_accumulation_steps": accum})})
+    log.info(
+        "Continuing with micro_batch_size %d x gradient_accumulation_steps %d, as %s was saved after an "
+        "out-of-memory back-off",
+        micro,
+        accum,
+        folder,
+    )
+    return params.model_copy(
+        update={
+            "batching": params.batching.model_copy(
+                update={"micro_batch_size": micro, "gradient_accumulation_steps": accum}
+            )
+        }
+    )

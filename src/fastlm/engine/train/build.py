@@ -2,11 +2,11 @@
 like torchtitan's ``Trainer.train``: build the parts, run the steps, finish.
 
 ``settle_request`` checks what can be checked before anything is read or written (the attention path, the
-batching an encoder-decoder model can use); ``build_training`` then makes, in this order: the model on the device
-and wrapped for DDP / FSDP2, the step plan, the optimizer, the checkpointer and the restore of a resumed run, the
-micro-batch stream from the resumed position, the runtime probe (precision and compile ``auto`` on CPU) and the
-attention switch of a compiled model, the metrics, recorder, profiler and validation, then the early stopping and
-the time budget. What the loop uses comes back as one ``TrainingParts``.
+batching an encoder-decoder model can use); ``build_training`` then makes, in this order: the model on the
+device and wrapped for DDP / FSDP2, the step plan, the optimizer, the checkpointer and the restore of a
+resumed run, the micro-batch stream from the resumed position, the runtime probe (precision and compile
+``auto`` on CPU) and the attention switch of a compiled model, the metrics, recorder, profiler and validation,
+then the early stopping and the time budget. What the loop uses comes back as one ``TrainingParts``.
 """
 
 from __future__ import annotations
@@ -123,15 +123,20 @@ class TrainingParts:
 
 def settle_request(request: TrainRequest) -> TrainRequest:
     """``request`` checked before any data is read or anything written: an unknown attention implementation
-    fails here, an encoder-decoder model on plain text is refused, and one whose family or attention path cannot
-    keep packed samples apart batches ``length_grouped`` instead of ``packed``, said once."""
+    fails here, an encoder-decoder model on plain text is refused, and one whose family or attention path
+    cannot keep packed samples apart batches ``length_grouped`` instead of ``packed``, said once."""
     packed_inputs(request.attn)
     params, model = request.params, request.model
     sides = seq2seq_batching(model, request.train_set, request.attn)  # {} for a causal LM
     if sides and params.batching.mode == "packed" and not sides["seq2seq_packing"]:
-        log.warning("train.batching.mode packed is not available here: %s; batching length_grouped instead "
-                    "(each side padded to its own batch maximum)", packing_unavailable(model, request.attn))
-        params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})})
+        log.warning(
+            "train.batching.mode packed is not available here: %s; batching length_grouped instead "
+            "(each side padded to its own batch maximum)",
+            packing_unavailable(model, request.attn),
+        )
+        params = params.model_copy(
+            update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})}
+        )
     return replace(request, params=params, sides=sides)
 
 
@@ -142,32 +147,75 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     request = replace(request, model=request.model.to(device))  # the raw model: saved, returned
     raw_model = request.model
     wrapped = wrap_model(raw_model, comm, device=device, **_wrapping(configured))
-    layout = StreamLayout(request.pad_id, request.max_length, request.sides, loader_settings(configured, device),
-                          rank=comm.rank, world_size=comm.world_size)
+    layout = StreamLayout(
+        request.pad_id,
+        request.max_length,
+        request.sides,
+        loader_settings(configured, device),
+        rank=comm.rank,
+        world_size=comm.world_size,
+    )
     batches_per_epoch, steps_per_epoch, total_steps = _step_plan(request.train_set, configured, layout)
     opt = make_optimization(raw_model, configured, request.runtime, total_steps)
-    checkpointer = Checkpointer(configured, model=raw_model, opt=opt, comm=comm, train_set=request.train_set,
-                                max_length=request.max_length, total_steps=total_steps, device=device)
+    checkpointer = Checkpointer(
+        configured,
+        model=raw_model,
+        opt=opt,
+        comm=comm,
+        train_set=request.train_set,
+        max_length=request.max_length,
+        total_steps=total_steps,
+        device=device,
+    )
     state = checkpointer.restore()
     params = resumed_batching(configured, state.batching, state.resumed_from)
     state.batching = batching_record(params, configured)
     stream = micro_batches(request.train_set, params, layout, epoch=state.epoch, batch=state.batch_in_epoch)
     runtime, attn, model = _probed_runtime(request, params, state, stream, wrapped, total_steps, cleanup)
     metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=request.max_length)
-    recorder = _recorder(state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps)
+    recorder = _recorder(
+        state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps
+    )
     profiler = step_profiler(params.profile, device, enabled=comm.is_main)
     validate = _validation(request, model, params=params, runtime=runtime, attn=attn)
-    holds = step_contents(request.train_set.lengths, steps_per_epoch=steps_per_epoch, rows_per_step=(
-        params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * comm.world_size))
+    holds = step_contents(
+        request.train_set.lengths,
+        steps_per_epoch=steps_per_epoch,
+        rows_per_step=(
+            params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * comm.world_size
+        ),
+    )
     _log_start(params, total_steps, steps_per_epoch, comm.world_size, holds)
     log.info("loss: %s", opt.fused_choice)
     budget = TimeLimit(params.max_minutes)  # train.max_minutes: a stop at a step boundary
     early = _early_stopping(params, state)  # train.early_stopping (engine/train/early_stop.py)
     metrics.start()
-    return TrainingParts(params, configured, runtime, attn, raw_model, model, opt,
-                         gradient_sync(getattr(model, "_orig_mod", model)), comm, state, checkpointer, layout, stream,
-                         batches_per_epoch, steps_per_epoch, total_steps, metrics, recorder, profiler, validate, holds,
-                         budget, early, started)
+    return TrainingParts(
+        params,
+        configured,
+        runtime,
+        attn,
+        raw_model,
+        model,
+        opt,
+        gradient_sync(getattr(model, "_orig_mod", model)),
+        comm,
+        state,
+        checkpointer,
+        layout,
+        stream,
+        batches_per_epoch,
+        steps_per_epoch,
+        total_steps,
+        metrics,
+        recorder,
+        profiler,
+        validate,
+        holds,
+        budget,
+        early,
+        started,
+    )
 
 
 def _step_plan(train_set: TokenSequences, params: TrainParams, layout: StreamLayout) -> tuple[int, int, int]:
@@ -178,46 +226,88 @@ def _step_plan(train_set: TokenSequences, params: TrainParams, layout: StreamLay
     return batches_per_epoch, steps_per_epoch, total_steps
 
 
-def _probed_runtime(request: TrainRequest, params: TrainParams, state: TrainState, stream: MicroBatches,
-                    wrapped: torch.nn.Module, total_steps: int,
-                    cleanup: ExitStack) -> tuple[Runtime, str, torch.nn.Module]:
+def _probed_runtime(
+    request: TrainRequest,
+    params: TrainParams,
+    state: TrainState,
+    stream: MicroBatches,
+    wrapped: torch.nn.Module,
+    total_steps: int,
+    cleanup: ExitStack,
+) -> tuple[Runtime, str, torch.nn.Module]:
     """The runtime the steps run with (``probe.probe_runtime`` on the first micro-batch, its choice kept in
-    ``state``), the attention path they run on and the model that steps: the probe's compiled model where it kept
-    one (compiled from the raw model: one process, nothing wrapped), else ``runtime.compile_model(wrapped)``."""
-    raw_model, attn, device, world = request.model, request.attn, request.runtime.device, request.comm.world_size
+    ``state``), the attention path they run on and the model that steps: the probe's compiled model where it
+    kept one (compiled from the raw model: one process, nothing wrapped), else
+    ``runtime.compile_model(wrapped)``."""
+    raw_model, attn, device, world = (
+        request.model,
+        request.attn,
+        request.runtime.device,
+        request.comm.world_size,
+    )
     accumulation = params.batching.gradient_accumulation_steps
     first = stream.peek_step(accumulation, device, attn)[0] if state.step < total_steps else None
     # A compiled model may train on another attention path (attention_when_compiled); the probe measures that.
-    compiled_attn = attention_when_compiled(attn, params.model.attn_implementation, device) if world == 1 else attn
-    compile_probe = CompileProbe(params.runtime.compile, micro_batches_left=(total_steps - state.step) * accumulation,
-                                 batch=(to_device(first, device, compiled_attn)
-                                        if first is not None and compiled_attn != attn else None),
-                                 context=partial(attention_path, raw_model, compiled_attn))
-    runtime, probed = probe_runtime(request.runtime, params.runtime.precision, raw_model, first, world_size=world,
-                                    resumed=state.runtime_choice, compile_probe=compile_probe)
+    compiled_attn = (
+        attention_when_compiled(attn, params.model.attn_implementation, device) if world == 1 else attn
+    )
+    compile_probe = CompileProbe(
+        params.runtime.compile,
+        micro_batches_left=(total_steps - state.step) * accumulation,
+        batch=(
+            to_device(first, device, compiled_attn) if first is not None and compiled_attn != attn else None
+        ),
+        context=partial(attention_path, raw_model, compiled_attn),
+    )
+    runtime, probed = probe_runtime(
+        request.runtime,
+        params.runtime.precision,
+        raw_model,
+        first,
+        world_size=world,
+        resumed=state.runtime_choice,
+        compile_probe=compile_probe,
+    )
     state.runtime_choice = probed.record()
     if runtime.compile and compiled_attn != attn:
-        log.info("attention %s -> %s: compiled on %s, the additive-mask path fuses (attention_when_compiled)",
-                 attn, compiled_attn, device.type)
+        log.info(
+            "attention %s -> %s: compiled on %s, the additive-mask path fuses (attention_when_compiled)",
+            attn,
+            compiled_attn,
+            device.type,
+        )
         cleanup.enter_context(attention_path(raw_model, compiled_attn))  # put back when training ends
         attn = compiled_attn
         stream.switch_attention(device, attn)
-    model = (probed.compiled if probed.compiled is not None and wrapped is raw_model
-             else runtime.compile_model(wrapped))
+    model = (
+        probed.compiled
+        if probed.compiled is not None and wrapped is raw_model
+        else runtime.compile_model(wrapped)
+    )
     return runtime, attn, model
 
 
-def _validation(request: TrainRequest, model: torch.nn.Module, *, params: TrainParams, runtime: Runtime,
-                attn: str) -> Callable[[], dict] | None:
-    """The validation metrics' function (``evaluation.evaluate``, loss only, ``train.eval_max_batches`` batches);
-    None without a validation split. FSDP's forward is collective: every rank evaluates the wrapped model on even
-    shards; DDP's is not needed to evaluate (the raw model)."""
+def _validation(
+    request: TrainRequest, model: torch.nn.Module, *, params: TrainParams, runtime: Runtime, attn: str
+) -> Callable[[], dict] | None:
+    """The validation metrics' function (``evaluation.evaluate``, loss only, ``train.eval_max_batches``
+    batches); None without a validation split. FSDP's forward is collective: every rank evaluates the wrapped
+    model on even shards; DDP's is not needed to evaluate (the raw model)."""
     if request.eval_set is None:
         return None
     fsdp = params.distributed.strategy == "fsdp"
     options = EvalOptions(max_batches=params.eval_max_batches, comm=request.comm, even_shards=fsdp)
-    return partial(_validate, model if fsdp else request.model, request.eval_set, params=params, runtime=runtime,
-                   pad_id=request.pad_id, max_length=request.max_length, attn=attn, options=options)
+    return partial(
+        _validate,
+        model if fsdp else request.model,
+        request.eval_set,
+        params=params,
+        runtime=runtime,
+        pad_id=request.pad_id,
+        max_length=request.max_length,
+        attn=attn,
+        options=options,
+    )
 
 
 def _validate(model, eval_set: TokenSequences, **kwargs) -> dict:
@@ -227,28 +317,58 @@ def _validate(model, eval_set: TokenSequences, **kwargs) -> dict:
 def _wrapping(params: TrainParams) -> dict:
     """``distributed.wrap_model``'s settings from ``train.distributed``."""
     settings = params.distributed
-    return {"strategy": settings.strategy, "find_unused_parameters": settings.find_unused_parameters,
-            "bucket_cap_mb": settings.bucket_cap_mb}
+    return {
+        "strategy": settings.strategy,
+        "find_unused_parameters": settings.find_unused_parameters,
+        "bucket_cap_mb": settings.bucket_cap_mb,
+    }
 
 
-def _step_metrics(raw_model, device: torch.device, comm: Collectives, *, total_steps: int,
-                  max_length: int) -> StepMetrics:
+def _step_metrics(
+    raw_model, device: torch.device, comm: Collectives, *, total_steps: int, max_length: int
+) -> StepMetrics:
     # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
-    n_params, config, peak = sum(p.numel() for p in raw_model.parameters()), raw_model.config, device_peak_flops(device)
-    return StepMetrics(device, total_steps=total_steps, peak_flops=peak * comm.world_size if peak else None,
-                       flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size,
-                                                       max_length),
-                       reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None)
+    n_params, config, peak = (
+        sum(p.numel() for p in raw_model.parameters()),
+        raw_model.config,
+        device_peak_flops(device),
+    )
+    return StepMetrics(
+        device,
+        total_steps=total_steps,
+        peak_flops=peak * comm.world_size if peak else None,
+        flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, max_length),
+        reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None,
+    )
 
 
-def _recorder(state: TrainState, metrics: StepMetrics, raw_model, params: TrainParams, runtime: Runtime,
-              callbacks: Sequence[Callback], comm: Collectives, *, total_steps: int) -> Recorder:
+def _recorder(
+    state: TrainState,
+    metrics: StepMetrics,
+    raw_model,
+    params: TrainParams,
+    runtime: Runtime,
+    callbacks: Sequence[Callback],
+    comm: Collectives,
+    *,
+    total_steps: int,
+) -> Recorder:
     """Rows, progress bar and callbacks on rank 0; the other ranks keep the same rows quietly."""
     progress = Progress(total_steps, initial=state.step, quiet=params.quiet or not comm.is_main)
-    return Recorder(state, metrics, progress, callbacks if comm.is_main else (), log_every=params.log_every,
-                    total_steps=total_steps, compiled=runtime.compile, main=comm.is_main,
-                    first_loss={"len_vocab": raw_model.get_input_embeddings().num_embeddings,
-                                "from_scratch": getattr(raw_model.config, "_name_or_path", "") == ""})
+    return Recorder(
+        state,
+        metrics,
+        progress,
+        callbacks if comm.is_main else (),
+        log_every=params.log_every,
+        total_steps=total_steps,
+        compiled=runtime.compile,
+        main=comm.is_main,
+        first_loss={
+            "len_vocab": raw_model.get_input_embeddings().num_embeddings,
+            "from_scratch": getattr(raw_model.config, "_name_or_path", "") == "",
+        },
+    )
 
 
 def _early_stopping(params: TrainParams, state: TrainState) -> EarlyStopping | None:
@@ -256,15 +376,28 @@ def _early_stopping(params: TrainParams, state: TrainState) -> EarlyStopping | N
     if settings.patience is None:
         return None
     if params.distributed.strategy == "fsdp":
-        raise ConfigError("train.early_stopping is not available with distributed.strategy fsdp yet.",
-                          fix="use distributed.strategy ddp, or set train.early_stopping.patience: null.")
-    return EarlyStopping.from_record(state.early_stopping, patience=settings.patience, min_delta=settings.min_delta)
+        raise ConfigError(
+            "train.early_stopping is not available with distributed.strategy fsdp yet.",
+            fix="use distributed.strategy ddp, or set train.early_stopping.patience: null.",
+        )
+    return EarlyStopping.from_record(
+        state.early_stopping, patience=settings.patience, min_delta=settings.min_delta
+    )
 
 
 def _log_start(params: TrainParams, total_steps: int, steps_per_epoch: int, world: int, holds: dict) -> None:
     batching = params.batching
-    log.info("Training %d steps (%d per epoch); each optimizer step holds %d rows (%d micro-batch x %d accumulation"
-             " x %d process%s), ~%s samples and ~%s real tokens on average; batching %s", total_steps,
-             steps_per_epoch, holds["rows_per_step"], batching.micro_batch_size, batching.gradient_accumulation_steps,
-             world, "es" if world > 1 else "", f"{holds['samples_per_step']:,.0f}", f"{holds['tokens_per_step']:,.0f}",
-             batching.mode)
+    log.info(
+        "Training %d steps (%d per epoch); each optimizer step holds %d rows (%d micro-batch x %d "
+        "accumulation x %d process%s), ~%s samples and ~%s real tokens on average; batching %s",
+        total_steps,
+        steps_per_epoch,
+        holds["rows_per_step"],
+        batching.micro_batch_size,
+        batching.gradient_accumulation_steps,
+        world,
+        "es" if world > 1 else "",
+        f"{holds['samples_per_step']:,.0f}",
+        f"{holds['tokens_per_step']:,.0f}",
+        batching.mode,
+    )

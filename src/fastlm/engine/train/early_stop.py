@@ -40,5 +40,12 @@ class EarlyStopping:
     @classmethod
     def from_record(cls, record: dict | None, *, patience: int, min_delta: float) -> EarlyStopping:
         """The state a checkpoint saved, under this run's settings (they may differ from the saved run's)."""
-        return cls(patience, min_delta, **{key: value for key, value in (record or {}).items()
-                                            if key in ("best", "best_step", "bad_evals")})
+        return cls(
+            patience,
+            min_delta,
+            **{
+                key: value
+                for key, value in (record or {}).items()
+                if key in ("best", "best_step", "bad_evals")
+            },
+        )

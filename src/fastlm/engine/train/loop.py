@@ -72,31 +72,39 @@ class StepCounts(NamedTuple):
     time_votes: float
 
 
-def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, params: TrainParams, runtime: Runtime,
-          pad_id: int, max_length: int, attn: str, callbacks: Sequence[Callback] = (),
-          comm: Collectives | None = None) -> TrainResult:
+def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, params: TrainParams,
+          runtime: Runtime, pad_id: int, max_length: int, attn: str, callbacks: Sequence[Callback] = (),
+          comm: Collectives | None = None) -> TrainResult:  # fmt: skip
     """Train ``model`` on ``train_set``; see the module docstring for what the hot loop never does.
 
-    ``comm`` (``engine.distributed.parallel``): this rank's view of a data-parallel run. Every rank runs this function
-    on its shard of the batches; only rank 0 writes checkpoints (holding the folder's lock) and calls
+    ``comm`` (``engine.distributed.parallel``): this rank's view of a data-parallel run. Every rank runs this
+    function on its shard of the batches; only rank 0 writes checkpoints (holding the folder's lock) and calls
     ``callbacks``. Which checkpoint is continued: ``engine.checkpoint.resume.plan_resume``.
     """
-    request = settle_request(TrainRequest(model, train_set, eval_set, params=params, runtime=runtime, pad_id=pad_id,
-                                          max_length=max_length, attn=attn, callbacks=callbacks,
-                                          comm=comm or SingleProcess()))
+    request = settle_request(TrainRequest(model, train_set, eval_set, params=params, runtime=runtime,
+                                          pad_id=pad_id, max_length=max_length, attn=attn,
+                                          callbacks=callbacks, comm=comm or SingleProcess()))  # fmt: skip
     lock = checkpoint_lock(Path(request.params.checkpoint_dir)) if request.comm.is_main else nullcontext()
     with lock, ExitStack() as cleanup:
         run = build_training(request, cleanup)
         state, stopped_by = run.state, None
-        with GracefulStop() as stop:  # SIGTERM / Ctrl-C set a flag, read after each step (engine/train/signals.py)
+        # SIGTERM / Ctrl-C set a flag, read after each step (engine/train/signals.py)
+        with GracefulStop() as stop:
             while state.step < run.total_steps:
                 run.profiler.before_step(state.step + 1)
                 micro, waited = run.stream.next_step(run.accumulation, run.device, run.attn)
                 run.metrics.record_data_wait(waited)
                 counts = _step_counts(micro, run.comm, stop, run.budget)
                 try:
-                    result = train_step(run.model, micro, run.opt, runtime=run.runtime, total_targets=counts.targets,
-                                        world_size=run.world, gradient_sync=run.sync)
+                    result = train_step(
+                        run.model,
+                        micro,
+                        run.opt,
+                        runtime=run.runtime,
+                        total_targets=counts.targets,
+                        world_size=run.world,
+                        gradient_sync=run.sync,
+                    )
                 except torch.OutOfMemoryError as error:  # this step's update never happened: redo it smaller
                     micro = None
                     _back_off(run, error)
@@ -106,7 +114,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 if out_of_time:  # the stop step is logged, evaluated and saved like a last step
                     run.recorder.flush(run.position())
                 best_now, ended_early = _evaluate_if_due(run, out_of_time)
-                # Read the flag once (a signal may land between the checks); ranks act on the step's common vote.
+                # Read the flag once (a signal may land between the checks); ranks act on the step's common
+                # vote.
                 stopping = stop.requested if run.world == 1 else counts.stop_votes > 0
                 saved = _save(run, force=stopping or out_of_time or best_now or ended_early)
                 if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
@@ -118,10 +127,15 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
 
 
 def _step_counts(micro: list[dict], comm: Collectives, stop: GracefulStop, budget: TimeLimit) -> StepCounts:
-    """The step's target, real and computed tokens and samples (host counts from the collator, no sync), summed
-    over ranks with the stop and time-budget votes in one small gloo all-reduce; one process: its own counts."""
-    counts = [total_target_tokens(micro), *(sum(int(batch[key]) for batch in micro) for key in COUNT_KEYS),
-              float(stop.requested), float(budget.spent)]
+    """The step's target, real and computed tokens and samples (host counts from the collator, no sync),
+    summed over ranks with the stop and time-budget votes in one small gloo all-reduce; one process: its own
+    counts."""
+    counts = [
+        total_target_tokens(micro),
+        *(sum(int(batch[key]) for batch in micro) for key in COUNT_KEYS),
+        float(stop.requested),
+        float(budget.spent),
+    ]
     if comm.world_size > 1:
         counts = comm.sum_host(counts)
     *numbers, stop_votes, time_votes = counts
@@ -135,23 +149,35 @@ def _back_off(run: TrainingParts, error: BaseException) -> None:
     half-size batches)."""
     state, stream, step = run.state, run.stream, run.state.step + 1
     smaller = halve_micro_batch(error, run.params, step, world=run.layout.world_size, device=run.device)
-    state.backoffs.append({"step": step, "micro_batch_size": smaller.batching.micro_batch_size,
-                           "gradient_accumulation_steps": smaller.batching.gradient_accumulation_steps})
+    state.backoffs.append(
+        {
+            "step": step,
+            "micro_batch_size": smaller.batching.micro_batch_size,
+            "gradient_accumulation_steps": smaller.batching.gradient_accumulation_steps,
+        }
+    )
     restart = max(0, stream.batch - run.params.batching.gradient_accumulation_steps) * 2
-    run.stream = micro_batches(stream.dataset, smaller, replace(run.layout, rank=0, world_size=1),
-                               epoch=stream.epoch, batch=restart)
+    run.stream = micro_batches(
+        stream.dataset, smaller, replace(run.layout, rank=0, world_size=1), epoch=stream.epoch, batch=restart
+    )
     run.params = smaller
     state.batching = batching_record(smaller, run.configured)
 
 
 def _count_step(run: TrainingParts, result: StepResult, counts: StepCounts) -> None:
-    """The step is done: advance the state and record its row (metrics stay on the device until ``log_every``)."""
+    """The step is done: advance the state and record its row (metrics stay on the device until
+    ``log_every``)."""
     state = run.state
     state.step += 1
     state.tokens_seen += counts.real_tokens
     run.profiler.after_step(state.step)
-    run.recorder.step(result, real_tokens=counts.real_tokens, computed_tokens=counts.computed_tokens,
-                      samples=counts.samples, position=run.position())
+    run.recorder.step(
+        result,
+        real_tokens=counts.real_tokens,
+        computed_tokens=counts.computed_tokens,
+        samples=counts.samples,
+        position=run.position(),
+    )
 
 
 def _evaluate_if_due(run: TrainingParts, out_of_time: bool) -> tuple[bool, bool]:
@@ -169,8 +195,9 @@ def _evaluate_if_due(run: TrainingParts, out_of_time: bool) -> tuple[bool, bool]
 def _save(run: TrainingParts, *, force: bool) -> Path | None:
     """A checkpoint when due or forced (the pending metric rows flushed first); its folder, else None."""
     position = run.position()
-    return run.checkpointer.maybe_save(run.state, run.stream.position, force=force,
-                                       before_save=partial(run.recorder.flush, position))
+    return run.checkpointer.maybe_save(
+        run.state, run.stream.position, force=force, before_save=partial(run.recorder.flush, position)
+    )
 
 
 def _interrupt(run: TrainingParts, stop: GracefulStop, saved: Path | None) -> None:
@@ -178,20 +205,36 @@ def _interrupt(run: TrainingParts, stop: GracefulStop, saved: Path | None) -> No
     disk."""
     run.recorder.progress.close()
     run.comm.barrier()
-    raise TrainingInterrupted(stop.signal_name or "a signal to another rank", run.state.step, saved,
-                              resume=run.params.resume)
+    raise TrainingInterrupted(
+        stop.signal_name or "a signal to another rank", run.state.step, saved, resume=run.params.resume
+    )
 
 
-def _stop_reason(run: TrainingParts, saved: Path | None, *, out_of_time: bool, ended_early: bool) -> str | None:
+def _stop_reason(
+    run: TrainingParts, saved: Path | None, *, out_of_time: bool, ended_early: bool
+) -> str | None:
     """Why the run stops after this step (the summary's ``stopped_by``), said once; None: it goes on."""
     state, total_steps, early = run.state, run.total_steps, run.early
     if out_of_time:
-        log.info("train.max_minutes (%g) spent at step %d of %d: stopped, checkpoint %s saved "
-                 "(train.resume: auto continues it)", run.params.max_minutes, state.step, total_steps, saved)
+        log.info(
+            "train.max_minutes (%g) spent at step %d of %d: stopped, checkpoint %s saved "
+            "(train.resume: auto continues it)",
+            run.params.max_minutes,
+            state.step,
+            total_steps,
+            saved,
+        )
         return STOPPED_BY
     if ended_early:
-        log.info("early stopping at step %d of %d: no validation-loss improvement in %d evaluations; "
-                 "the best was step %d (%.4f)", state.step, total_steps, early.patience, early.best_step, early.best)
+        log.info(
+            "early stopping at step %d of %d: no validation-loss improvement in %d evaluations; "
+            "the best was step %d (%.4f)",
+            state.step,
+            total_steps,
+            early.patience,
+            early.best_step,
+            early.best,
+        )
         return "early stopping"
     return None
 
@@ -202,20 +245,38 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
     run.recorder.progress.close()
     run.profiler.close(state.step)
     early_summary = _restore_best(run.early, state, run.checkpointer)
-    summary = run_summary(state, run.metrics, total_steps=state.step if stopped_by else run.total_steps,
-                          steps_per_epoch=run.steps_per_epoch, wall=perf_counter() - run.started,
-                          n_params=sum(p.numel() for p in run.raw_model.parameters()), params=params,
-                          world_size=run.world)
-    summary.update(compiled=run.runtime.compile, attention=run.attn, profile=run.profiler.summary,
-                   planned_steps=run.total_steps, stopped_by=stopped_by, **run.holds, early_stopping=early_summary,
-                   label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
-                   fused_linear=opt.fused_head is not None, fused_linear_choice=opt.fused_choice)
-    return TrainResult(run.raw_model, state.history, state.eval_history, summary, run.metrics.step_times, run.runtime)
+    summary = run_summary(
+        state,
+        run.metrics,
+        total_steps=state.step if stopped_by else run.total_steps,
+        steps_per_epoch=run.steps_per_epoch,
+        wall=perf_counter() - run.started,
+        n_params=sum(p.numel() for p in run.raw_model.parameters()),
+        params=params,
+        world_size=run.world,
+    )
+    summary.update(
+        compiled=run.runtime.compile,
+        attention=run.attn,
+        profile=run.profiler.summary,
+        planned_steps=run.total_steps,
+        stopped_by=stopped_by,
+        **run.holds,
+        early_stopping=early_summary,
+        label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
+        fused_linear=opt.fused_head is not None,
+        fused_linear_choice=opt.fused_choice,
+    )
+    return TrainResult(
+        run.raw_model, state.history, state.eval_history, summary, run.metrics.step_times, run.runtime
+    )
 
 
-def _watch(early: EarlyStopping, state: TrainState, checkpointer: Checkpointer,
-           total_steps: int) -> tuple[bool, bool]:
-    """After an evaluation: (a new best: save this step and keep it, patience ran out before the last step)."""
+def _watch(
+    early: EarlyStopping, state: TrainState, checkpointer: Checkpointer, total_steps: int
+) -> tuple[bool, bool]:
+    """After an evaluation: (a new best: save this step and keep it, patience ran out before the last
+    step)."""
     best_now = early.update(state.step, state.eval_history[-1]["val_loss"])
     state.early_stopping = early.record()
     if best_now:
@@ -224,18 +285,28 @@ def _watch(early: EarlyStopping, state: TrainState, checkpointer: Checkpointer,
 
 
 def _restore_best(early: EarlyStopping | None, state: TrainState, checkpointer: Checkpointer) -> dict | None:
-    """The best step's weights back in the model (the one the run returns and writes), and what to say of it."""
+    """The best step's weights back in the model (the one the run returns and writes), and what to say of
+    it."""
     if early is None:
         return None
     model_step = state.step
     if early.best_step is not None and early.best_step != state.step and checkpointer.protected is not None:
         checkpointer.load_weights(checkpointer.protected)
         model_step = early.best_step
-        log.info("early stopping: the model is step %d's (validation loss %.4f), from %s", model_step, early.best,
-                 checkpointer.protected)
-    return {"best_step": early.best_step, "best_val_loss": early.best, "model_from_step": model_step,
-            "best_checkpoint": str(checkpointer.protected) if checkpointer.protected else None,
-            "patience": early.patience, "min_delta": early.min_delta}
+        log.info(
+            "early stopping: the model is step %d's (validation loss %.4f), from %s",
+            model_step,
+            early.best,
+            checkpointer.protected,
+        )
+    return {
+        "best_step": early.best_step,
+        "best_val_loss": early.best,
+        "model_from_step": model_step,
+        "best_checkpoint": str(checkpointer.protected) if checkpointer.protected else None,
+        "patience": early.patience,
+        "min_delta": early.min_delta,
+    }
 
 
 def _due(step: int, every: int | None, total_steps: int) -> bool:

@@ -79,17 +79,29 @@ def make_adamw(
 BITSANDBYTES_CLASSES = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit"}
 
 
-def make_optimizer(model: torch.nn.Module, settings, *,
-                   decay_embeddings: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: torch.nn.Module, settings, *, decay_embeddings: bool = False
+) -> torch.optim.Optimizer:
     """The optimizer ``settings`` (``OptimizerParams``) names, over ``parameter_groups`` of ``model``."""
     betas = (settings.beta1, settings.beta2)
     if settings.name == "adamw":
-        return make_adamw(model, lr=settings.lr, weight_decay=settings.weight_decay, betas=betas,
-                          eps=settings.eps, decay_embeddings=decay_embeddings)
+        return make_adamw(
+            model,
+            lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            betas=betas,
+            eps=settings.eps,
+            decay_embeddings=decay_embeddings,
+        )
     cls = getattr(importlib.import_module("bitsandbytes").optim, BITSANDBYTES_CLASSES[settings.name])
     groups = parameter_groups(model, settings.weight_decay, decay_embeddings=decay_embeddings)
     groups = [group for group in groups if group["params"]]
     optimizer = cls(groups, lr=settings.lr, betas=betas, eps=settings.eps)
-    log.info("%s (bitsandbytes, 8-bit states): %s", cls.__name__, ", ".join(
-        f"{g['name']} {len(g['params'])} tensors (weight_decay={g['weight_decay']})" for g in groups))
+    log.info(
+        "%s (bitsandbytes, 8-bit states): %s",
+        cls.__name__,
+        ", ".join(
+            f"{g['name']} {len(g['params'])} tensors (weight_decay={g['weight_decay']})" for g in groups
+        ),
+    )
     return optimizer

@@ -5,8 +5,8 @@ the chosen checkpoint once (weights, optimizer, scheduler, grad scaler, RNG stat
 a trainable-only LoRA checkpoint through their own loaders) and returns the :class:`TrainState` to continue
 from (a fresh one when starting over). ``maybe_save(state, position, force=...)`` writes a checkpoint when
 the step is ``due`` (every ``save_every`` steps, the last step, or forced by a stop signal) through ``save``
-(``checkpoint.save_checkpoint``: atomic, pruned to ``keep_last``); every rank calls it (FSDP2 gathers the whole
-state dicts collectively), only rank 0 writes.
+(``checkpoint.save_checkpoint``: atomic, pruned to ``keep_last``); every rank calls it (FSDP2 gathers the
+whole state dicts collectively), only rank 0 writes.
 """
 
 from __future__ import annotations
@@ -41,52 +41,104 @@ __all__ = ["Checkpointer", "resume_position"]
 class Checkpointer:
     """Resume and save for one run (see the module docstring); ``opt``: what the steps update."""
 
-    def __init__(self, params: TrainParams, *, model: torch.nn.Module, opt: Optimization, comm: Collectives,
-                 train_set: TokenSequences, max_length: int, total_steps: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        params: TrainParams,
+        *,
+        model: torch.nn.Module,
+        opt: Optimization,
+        comm: Collectives,
+        train_set: TokenSequences,
+        max_length: int,
+        total_steps: int,
+        device: torch.device,
+    ) -> None:
         self.params, self.model, self.opt, self.comm = params, model, opt, comm
         self.protected: Path | None = None  # early stopping's best checkpoint: kept past keep_last
         self.root, self.total_steps, self.device = Path(params.checkpoint_dir), total_steps, device
         self.sharded = is_sharded(model)  # FSDP2: checkpoints hold the gathered, whole state dicts
         # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only.
-        self.trainable_only = not self.sharded and any(not param.requires_grad for param in model.parameters())
-        self.digest = run_digest(model, params, max_length=max_length, world_size=comm.world_size,
-                                 sharded=self.sharded,
-                                 data=data_digest(train_set.values, train_set.offsets, train_set.prompt_lengths))
+        self.trainable_only = not self.sharded and any(
+            not param.requires_grad for param in model.parameters()
+        )
+        self.digest = run_digest(
+            model,
+            params,
+            max_length=max_length,
+            world_size=comm.world_size,
+            sharded=self.sharded,
+            data=data_digest(train_set.values, train_set.offsets, train_set.prompt_lengths),
+        )
 
     def restore(self) -> TrainState:
         """The state to continue from: the planned checkpoint loaded (read once), or a fresh start."""
-        plan = plan_resume(self.root, self.params.resume, self.digest, total_steps=self.total_steps,
-                           world_size=self.comm.world_size, move_old=self.comm.is_main)
+        plan = plan_resume(
+            self.root,
+            self.params.resume,
+            self.digest,
+            total_steps=self.total_steps,
+            world_size=self.comm.world_size,
+            move_old=self.comm.is_main,
+        )
         folder = plan.checkpoint
         if folder is None:
             return TrainState()
         own_loader = self.sharded or plan.state.get("trainable_only", False)
-        saved = load_checkpoint(folder, model=None if own_loader else self.model,
-                                optimizer=None if self.sharded else self.opt.optimizer, scheduler=self.opt.scheduler,
-                                grad_scaler=self.opt.scaler, map_location=self.device, header=plan.header)
+        saved = load_checkpoint(
+            folder,
+            model=None if own_loader else self.model,
+            optimizer=None if self.sharded else self.opt.optimizer,
+            scheduler=self.opt.scheduler,
+            grad_scaler=self.opt.scaler,
+            map_location=self.device,
+            header=plan.header,
+        )
         if self.sharded:
-            load_full_state_dicts(self.model, self.opt.optimizer, safetensors.torch.load_file(str(folder / MODEL_FILE)),
-                                  torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
+            load_full_state_dicts(
+                self.model,
+                self.opt.optimizer,
+                safetensors.torch.load_file(str(folder / MODEL_FILE)),
+                torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True),
+            )
         elif own_loader:
             self._load_trainable(folder)
-        state = TrainState(step=saved["step"], tokens_seen=saved["tokens_seen"], epoch=saved["epoch"],
-                           batch_in_epoch=resume_position(saved, self.comm.world_size, folder),
-                           history=saved["history"], eval_history=saved["eval_history"],
-                           batching=saved.get("batching") or {}, resumed_from=folder, first_step=saved["step"],
-                           last_good=folder, runtime_choice=saved.get("runtime_choice") or {},
-                           early_stopping=saved.get("early_stopping") or {})
+        state = TrainState(
+            step=saved["step"],
+            tokens_seen=saved["tokens_seen"],
+            epoch=saved["epoch"],
+            batch_in_epoch=resume_position(saved, self.comm.world_size, folder),
+            history=saved["history"],
+            eval_history=saved["eval_history"],
+            batching=saved.get("batching") or {},
+            resumed_from=folder,
+            first_step=saved["step"],
+            last_good=folder,
+            runtime_choice=saved.get("runtime_choice") or {},
+            early_stopping=saved.get("early_stopping") or {},
+        )
         best_step = state.early_stopping.get("best_step")
         self.protected = checkpoint_dir(self.root, best_step) if best_step is not None else None
-        log.info("Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)", folder, state.step,
-                 self.total_steps, state.epoch, state.batch_in_epoch)
+        log.info(
+            "Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)",
+            folder,
+            state.step,
+            self.total_steps,
+            state.epoch,
+            state.batch_in_epoch,
+        )
         if state.step >= self.total_steps:
-            log.warning("%s already reached step %d of this run's %d: nothing to train. Raise train.max_steps (or "
-                        "train.epochs) to continue it, or set train.resume: never to train again from scratch.",
-                        folder, state.step, self.total_steps)
+            log.warning(
+                "%s already reached step %d of this run's %d: nothing to train. Raise train.max_steps (or "
+                "train.epochs) to continue it, or set train.resume: never to train again from scratch.",
+                folder,
+                state.step,
+                self.total_steps,
+            )
         return state
 
     def due(self, step: int, *, force: bool = False) -> bool:
-        """Whether ``step`` ends with a checkpoint: every ``save_every`` steps, the last step, or ``force``."""
+        """Whether ``step`` ends with a checkpoint: every ``save_every`` steps, the last step, or
+        ``force``."""
         every = self.params.save_every
         return force or bool(every and (step % every == 0 or step == self.total_steps))
 
@@ -94,26 +146,56 @@ class Checkpointer:
         """Write ``state`` at the data ``position`` (``MicroBatches.position``); every rank calls it."""
         model, opt = self.model, self.opt
         saved = checkpoint_dir(self.root, state.step)
-        model_state, optimizer_state = full_state_dicts(model, opt.optimizer) if self.sharded else (None, None)
+        model_state, optimizer_state = (
+            full_state_dicts(model, opt.optimizer) if self.sharded else (None, None)
+        )
         if self.trainable_only:
-            model_state = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
+            model_state = {
+                name: param.detach() for name, param in model.named_parameters() if param.requires_grad
+            }
         if self.comm.is_main:  # one writer (checkpoint.files removes other writers' temporaries)
-            saved = save_checkpoint(self.root, state.step, model=model, optimizer=opt.optimizer,
-                                    scheduler=opt.scheduler, grad_scaler=opt.scaler,
-                                    options=SaveOptions(self.params.keep_last, also_keep=self.protected,
-                                                        model_state=model_state, optimizer_state=optimizer_state),
-                                    state={"step": state.step, "history": state.history,
-                                           "eval_history": state.eval_history, "tokens_seen": state.tokens_seen,
-                                           "world_size": self.comm.world_size, "sharded": self.sharded,
-                                           "trainable_only": self.trainable_only, "total_steps": self.total_steps,
-                                           "digest": self.digest, "batching": state.batching, "runtime_choice": state.runtime_choice,
-                                           "early_stopping": state.early_stopping, **position})
+            saved = save_checkpoint(
+                self.root,
+                state.step,
+                model=model,
+                optimizer=opt.optimizer,
+                scheduler=opt.scheduler,
+                grad_scaler=opt.scaler,
+                options=SaveOptions(
+                    self.params.keep_last,
+                    also_keep=self.protected,
+                    model_state=model_state,
+                    optimizer_state=optimizer_state,
+                ),
+                state={
+                    "step": state.step,
+                    "history": state.history,
+                    "eval_history": state.eval_history,
+                    "tokens_seen": state.tokens_seen,
+                    "world_size": self.comm.world_size,
+                    "sharded": self.sharded,
+                    "trainable_only": self.trainable_only,
+                    "total_steps": self.total_steps,
+                    "digest": self.digest,
+                    "batching": state.batching,
+                    "runtime_choice": state.runtime_choice,
+                    "early_stopping": state.early_stopping,
+                    **position,
+                },
+            )
         state.last_good = saved
         return saved
 
-    def maybe_save(self, state: TrainState, position: dict, *, force: bool = False,
-                   before_save: Callable[[], object] | None = None) -> Path | None:
-        """``save`` when ``due`` (``before_save`` first: the loop flushes its pending metrics); None otherwise."""
+    def maybe_save(
+        self,
+        state: TrainState,
+        position: dict,
+        *,
+        force: bool = False,
+        before_save: Callable[[], object] | None = None,
+    ) -> Path | None:
+        """``save`` when ``due`` (``before_save`` first: the loop flushes its pending metrics); None
+        otherwise."""
         if not self.due(state.step, force=force):
             return None
         if before_save is not None:
@@ -128,7 +210,8 @@ class Checkpointer:
             load_checkpoint(folder, model=self.model, map_location=self.device, restore_rng=False)
 
     def _load_trainable(self, folder: Path) -> None:
-        """A trainable-only (LoRA) checkpoint: its tensors must be exactly the model's trainable parameters."""
+        """A trainable-only (LoRA) checkpoint: its tensors must be exactly the model's trainable
+        parameters."""
         file = folder / MODEL_FILE
         saved = safetensors.torch.load_file(str(file))
         trainable = {name for name, param in self.model.named_parameters() if param.requires_grad}
@@ -137,7 +220,8 @@ class Checkpointer:
                 f"checkpoint file {file} holds {len(saved)} tensors, but this model trains {len(trainable)} "
                 "(a different LoRA set-up).",
                 fix="resume with the train.model.lora settings the checkpoint was written with, or set "
-                "train.resume: never.")
+                "train.resume: never.",
+            )
         self.model.load_state_dict(saved, strict=False)
 
 
@@ -150,9 +234,10 @@ def resume_position(state: dict, world_size: int, folder: Path) -> int:
     global_batch = int(state["batch_in_epoch"])
     if global_batch % world_size:
         raise CheckpointError(
-            f"checkpoint {folder} was saved after global micro-batch {global_batch} of epoch {state['epoch']} "
-            f"by {state.get('world_size', 1)} process(es); {world_size} processes cannot split that position evenly.",
-            fix=f"resume with a number of processes that divides {global_batch} (it was {state.get('world_size', 1)}), "
-            "or set train.resume: never to start over.",
+            f"checkpoint {folder} was saved after global micro-batch {global_batch} of epoch "
+            f"{state['epoch']} by {state.get('world_size', 1)} process(es); {world_size} processes cannot "
+            "split that position evenly.",
+            fix=f"resume with a number of processes that divides {global_batch} "
+            f"(it was {state.get('world_size', 1)}), or set train.resume: never to start over.",
         )
     return global_batch // world_size

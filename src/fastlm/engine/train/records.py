@@ -34,18 +34,42 @@ class Recorder:
     ``main``: this is rank 0 (the others keep the same rows, quietly).
     """
 
-    def __init__(self, state: TrainState, metrics: StepMetrics, progress: Progress, callbacks: Sequence[Callback], *,
-                 log_every: int, total_steps: int, compiled: bool, first_loss: dict, main: bool = True) -> None:
+    def __init__(
+        self,
+        state: TrainState,
+        metrics: StepMetrics,
+        progress: Progress,
+        callbacks: Sequence[Callback],
+        *,
+        log_every: int,
+        total_steps: int,
+        compiled: bool,
+        first_loss: dict,
+        main: bool = True,
+    ) -> None:
         self.state, self.metrics, self.progress, self.callbacks = state, metrics, progress, tuple(callbacks)
-        self.log_every, self.total_steps, self.compiled, self.first_loss = log_every, total_steps, compiled, first_loss
+        self.log_every, self.total_steps, self.compiled, self.first_loss = (
+            log_every,
+            total_steps,
+            compiled,
+            first_loss,
+        )
         self.grad_norms = GradNormWatch.from_history(state.history)
         self.main = main  # rank 0 logs the evaluations
 
-    def step(self, result: StepResult, *, real_tokens: int, computed_tokens: int, samples: int,
-             position: dict) -> None:
+    def step(
+        self, result: StepResult, *, real_tokens: int, computed_tokens: int, samples: int, position: dict
+    ) -> None:
         """Add one optimizer step (no host read-back); a history row on logging steps."""
-        self.metrics.update(loss_sum=result.loss_sum, target_tokens=result.target_tokens, grad_norm=result.grad_norm,
-                            real_tokens=real_tokens, computed_tokens=computed_tokens, samples=samples, lr=result.lr)
+        self.metrics.update(
+            loss_sum=result.loss_sum,
+            target_tokens=result.target_tokens,
+            grad_norm=result.grad_norm,
+            real_tokens=real_tokens,
+            computed_tokens=computed_tokens,
+            samples=samples,
+            lr=result.lr,
+        )
         self.progress.advance()
         step = self.state.step
         if (step == 1 and not self.state.history) or step % self.log_every == 0 or step == self.total_steps:
@@ -59,8 +83,11 @@ class Recorder:
         record = {**self.metrics.flush(state.step), **position}
         check_finite(record, state.step, state.last_good)
         if not state.history:
-            log.info("First step: %.2f s%s; the throughput figures leave it out", record["step_time_s"],
-                     " (torch.compile included)" if self.compiled else "")
+            log.info(
+                "First step: %.2f s%s; the throughput figures leave it out",
+                record["step_time_s"],
+                " (torch.compile included)" if self.compiled else "",
+            )
             check_first_loss(record["loss"], **self.first_loss)
         self.grad_norms.check(record)
         state.history.append(record)
@@ -69,13 +96,22 @@ class Recorder:
         return record
 
     def evaluation(self, metrics: dict) -> dict:
-        """An evaluation row (``evaluation.evaluate``'s metrics) for the current step, logged when not quiet."""
-        record = {"step": self.state.step, "val_loss": metrics["loss"], "val_perplexity": metrics["perplexity"],
-                  "val_target_tokens": metrics["target_tokens"]}
+        """An evaluation row (``evaluation.evaluate``'s metrics) for the current step, logged when not
+        quiet."""
+        record = {
+            "step": self.state.step,
+            "val_loss": metrics["loss"],
+            "val_perplexity": metrics["perplexity"],
+            "val_target_tokens": metrics["target_tokens"],
+        }
         self.state.eval_history.append(record)
         if self.main:
-            log.info("step %d: validation loss %.4f, perplexity %.2f", record["step"], record["val_loss"],
-                     record["val_perplexity"])
+            log.info(
+                "step %d: validation loss %.4f, perplexity %.2f",
+                record["step"],
+                record["val_loss"],
+                record["val_perplexity"],
+            )
         self._emit("eval", record)
         return record
 
@@ -87,14 +123,27 @@ class Recorder:
 def step_contents(lengths: np.ndarray, *, rows_per_step: int, steps_per_epoch: int) -> dict:
     """What one optimizer step holds, on average over an epoch: its rows (micro-batch x accumulation x
     processes), samples and real tokens. A packed row holds several samples: the rows alone understate it."""
-    return {"rows_per_step": rows_per_step, "samples_per_step": round(len(lengths) / steps_per_epoch, 1),
-            "tokens_per_step": round(float(np.sum(lengths)) / steps_per_epoch, 1)}
+    return {
+        "rows_per_step": rows_per_step,
+        "samples_per_step": round(len(lengths) / steps_per_epoch, 1),
+        "tokens_per_step": round(float(np.sum(lengths)) / steps_per_epoch, 1),
+    }
 
 
-def run_summary(state: TrainState, metrics: StepMetrics, *, total_steps: int, steps_per_epoch: int, wall: float,
-                n_params: int, params: TrainParams, world_size: int) -> dict:
+def run_summary(
+    state: TrainState,
+    metrics: StepMetrics,
+    *,
+    total_steps: int,
+    steps_per_epoch: int,
+    wall: float,
+    n_params: int,
+    params: TrainParams,
+    world_size: int,
+) -> dict:
     """The run's summary: final losses, throughput over the timed windows (``rates.timed_rate``, the figure
-    every report table shows) and the per-step figures of ``StepMetrics.step_figures`` (this process's steps)."""
+    every report table shows) and the per-step figures of ``StepMetrics.step_figures`` (this process's
+    steps)."""
     history, eval_history = state.history, state.eval_history
     last = history[-1] if history else {}
     final_eval = eval_history[-1] if eval_history else {}
@@ -105,7 +154,9 @@ def run_summary(state: TrainState, metrics: StepMetrics, *, total_steps: int, st
         "final_train_loss": last.get("loss"),
         "final_val_loss": final_eval.get("val_loss"),
         "final_val_perplexity": final_eval.get("val_perplexity"),
-        "effective_batch": params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * world_size,
+        "effective_batch": params.batching.micro_batch_size
+        * params.batching.gradient_accumulation_steps
+        * world_size,
         "batching": params.batching.mode,
         "parameters": n_params,
         "real_tokens_per_s": timed_rate(history),

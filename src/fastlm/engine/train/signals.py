@@ -1,10 +1,10 @@
 """Graceful stop on SIGTERM / Ctrl-C: finish the optimizer step, save a checkpoint, exit with one line.
 
-:class:`GracefulStop` is installed by :func:`fastlm.engine.train.loop.train` around the hot loop. Its handler only
-records the signal (no work inside a signal handler); the loop reads :attr:`GracefulStop.requested` after each
-optimizer step, saves a checkpoint and raises :class:`TrainingInterrupted`. After the first signal the previous
-handlers are put back, so a second Ctrl-C raises ``KeyboardInterrupt`` at once (a second SIGTERM gets the
-default: the process ends). A checkpoint save cut short that way leaves only a ``.tmp-*`` folder, never a
+:class:`GracefulStop` is installed by :func:`fastlm.engine.train.loop.train` around the hot loop. Its handler
+only records the signal (no work inside a signal handler); the loop reads :attr:`GracefulStop.requested` after
+each optimizer step, saves a checkpoint and raises :class:`TrainingInterrupted`. After the first signal the
+previous handlers are put back, so a second Ctrl-C raises ``KeyboardInterrupt`` at once (a second SIGTERM gets
+the default: the process ends). A checkpoint save cut short that way leaves only a ``.tmp-*`` folder, never a
 checkpoint that resume would pick.
 
 Signal handlers can only be set from the main thread: elsewhere (a Kedro runner thread, a notebook worker) the
@@ -30,13 +30,19 @@ class TrainingInterrupted(FastlmError):
 
     def __init__(self, signal_name: str, step: int, checkpoint: Path, *, resume: str = "auto"):
         self.signal_name, self.step, self.checkpoint = signal_name, step, Path(checkpoint)
-        how = ("run the same command again (train.resume: auto) to continue" if resume == "auto" else
-               f"run the same command again with train.resume: auto (it is {resume!r} now) to continue")
-        super().__init__(f"training stopped by {signal_name} at step {step}; checkpoint {checkpoint} saved; {how}")
+        how = (
+            "run the same command again (train.resume: auto) to continue"
+            if resume == "auto"
+            else f"run the same command again with train.resume: auto (it is {resume!r} now) to continue"
+        )
+        super().__init__(
+            f"training stopped by {signal_name} at step {step}; checkpoint {checkpoint} saved; {how}"
+        )
 
 
 class GracefulStop:
-    """Context manager: SIGINT/SIGTERM set :attr:`requested` instead of killing the process (main thread only)."""
+    """Context manager: SIGINT/SIGTERM set :attr:`requested` instead of killing the process (main thread
+    only)."""
 
     def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS):
         self.signals = signals

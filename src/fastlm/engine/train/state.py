@@ -16,10 +16,14 @@ class TrainState:
     batch_in_epoch: int = 0  # this rank's micro-batches of the epoch consumed (resume_position of the global)
     history: list[dict] = field(default_factory=list)  # one metric record per logging step
     eval_history: list[dict] = field(default_factory=list)
-    batching: dict = field(default_factory=dict)  # micro_batch_size / accumulation_factor after an OOM back-off
+    # micro_batch_size / accumulation_factor after an OOM back-off
+    batching: dict = field(default_factory=dict)
     resumed_from: Path | None = None
     first_step: int = 0  # this process's first step
     last_good: Path | None = None  # this run's newest checkpoint (saved, or resumed from)
-    backoffs: list[dict] = field(default_factory=list)  # this process's out-of-memory back-offs (step, new sizes)
-    runtime_choice: dict = field(default_factory=dict)  # runtime_probe's measured settings (a resume keeps them)
-    early_stopping: dict = field(default_factory=dict)  # early_stop.EarlyStopping.record() (a resume keeps it)
+    # this process's out-of-memory back-offs (step, new sizes)
+    backoffs: list[dict] = field(default_factory=list)
+    # runtime_probe's measured settings (a resume keeps them)
+    runtime_choice: dict = field(default_factory=dict)
+    # early_stop.EarlyStopping.record() (a resume keeps it)
+    early_stopping: dict = field(default_factory=dict)

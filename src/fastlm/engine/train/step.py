@@ -38,7 +38,8 @@ class Optimization:
     scaler: torch.amp.GradScaler
     clip: float  # math.inf: no clipping (the norm is still computed, for the metrics)
     label_smoothing: float = 0.0  # train.loss.label_smoothing: the loss the step optimises
-    fused_head: torch.nn.Linear | None = None  # train.loss.fused_linear: this head's matmul fused into the loss
+    # train.loss.fused_linear: this head's matmul fused into the loss
+    fused_head: torch.nn.Linear | None = None
     fused_choice: str = ""  # why (or why not), for the log and the summary
     float8_choice: str = ""  # train.runtime.float8: whether the Linear layers run float8 matmuls, and why
 
@@ -51,27 +52,50 @@ class StepResult:
     lr: float  # the rate this update used
 
 
-def make_optimization(model: torch.nn.Module, params: TrainParams, runtime: Runtime, total_steps: int) -> Optimization:
+def make_optimization(
+    model: torch.nn.Module, params: TrainParams, runtime: Runtime, total_steps: int
+) -> Optimization:
     """The optimizer ``train.optimizer.name`` names (AdamW; 8-bit: ``optim.make_optimizer``) with the
     configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold."""
     settings = params.optimizer
     # Before compile (the probe compiles later) and before the optimizer: the converted layers keep their
     # Parameters, so the optimizer and DDP's buckets are unchanged. Idempotent: converted layers are skipped.
-    float8_choice = apply_float8(model, params.runtime.float8, runtime.device,
-                                 strategy=params.distributed.strategy)
+    float8_choice = apply_float8(
+        model, params.runtime.float8, runtime.device, strategy=params.distributed.strategy
+    )
     optimizer = make_optimizer(model, settings)
-    schedule = LRSchedule(settings.lr, total_steps, min(settings.warmup_steps, total_steps), settings.decay,
-                          settings.min_lr_ratio)
+    schedule = LRSchedule(
+        settings.lr,
+        total_steps,
+        min(settings.warmup_steps, total_steps),
+        settings.decay,
+        settings.min_lr_ratio,
+    )
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
     head, why = fused_head_choice(model, params.loss.fused_linear, strategy=params.distributed.strategy)
-    return Optimization(model, optimizer, make_lr_scheduler(optimizer, schedule), runtime.make_grad_scaler(), clip,
-                        label_smoothing=params.loss.label_smoothing, fused_head=head, fused_choice=why,
-                        float8_choice=float8_choice)
+    return Optimization(
+        model,
+        optimizer,
+        make_lr_scheduler(optimizer, schedule),
+        runtime.make_grad_scaler(),
+        clip,
+        label_smoothing=params.loss.label_smoothing,
+        fused_head=head,
+        fused_choice=why,
+        float8_choice=float8_choice,
+    )
 
 
-def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Optimization, *, runtime: Runtime,
-               total_targets: int | None = None, world_size: int = 1,
-               gradient_sync: Callable[[bool], AbstractContextManager] | None = None) -> StepResult:
+def train_step(
+    model: torch.nn.Module,
+    micro_batches: Sequence[Mapping],
+    opt: Optimization,
+    *,
+    runtime: Runtime,
+    total_targets: int | None = None,
+    world_size: int = 1,
+    gradient_sync: Callable[[bool], AbstractContextManager] | None = None,
+) -> StepResult:
     """One optimizer step over ``micro_batches`` (already on the device) with the wrapped/compiled ``model``.
 
     Out of memory during the forward/backward: the gradients are dropped and the error re-raised (the step's
@@ -79,11 +103,17 @@ def train_step(model: torch.nn.Module, micro_batches: Sequence[Mapping], opt: Op
     """
     scaler = opt.scaler
     try:
-        loss_sum, n_targets = accumulate_gradients(model, micro_batches, autocast=runtime.autocast_context,
-                                                   grad_scaler=scaler if scaler.is_enabled() else None,
-                                                   total_targets=total_targets, world_size=world_size,
-                                                   gradient_sync=gradient_sync,
-                                                   label_smoothing=opt.label_smoothing, fused_head=opt.fused_head)
+        loss_sum, n_targets = accumulate_gradients(
+            model,
+            micro_batches,
+            autocast=runtime.autocast_context,
+            grad_scaler=scaler if scaler.is_enabled() else None,
+            total_targets=total_targets,
+            world_size=world_size,
+            gradient_sync=gradient_sync,
+            label_smoothing=opt.label_smoothing,
+            fused_head=opt.fused_head,
+        )
     except torch.OutOfMemoryError:
         opt.optimizer.zero_grad(set_to_none=True)
         raise

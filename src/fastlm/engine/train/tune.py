@@ -64,8 +64,14 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(error).lower()
 
 
-def run_ladder(measure: Callable[[int], Measurement], sizes: Sequence[int], *, memory_limit_mb: float | None,
-               headroom: float, cliff_tolerance: float) -> list[Trial]:
+def run_ladder(
+    measure: Callable[[int], Measurement],
+    sizes: Sequence[int],
+    *,
+    memory_limit_mb: float | None,
+    headroom: float,
+    cliff_tolerance: float,
+) -> list[Trial]:
     """Measure each size in order until out-of-memory, the headroom, or the cliff; every trial is kept."""
     trials: list[Trial] = []
     budget = memory_limit_mb * (1 - headroom) if memory_limit_mb else None
@@ -84,13 +90,25 @@ def run_ladder(measure: Callable[[int], Measurement], sizes: Sequence[int], *, m
         if budget is not None and result.peak_memory_mb > budget:
             status = OVER
         elif best is not None and (
-                (result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
-                 and result.peak_memory_mb > trials[-1].peak_memory_mb)
-                or (result.alloc_retries and result.real_tokens_per_s <= best.real_tokens_per_s)):
+            (
+                result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
+                and result.peak_memory_mb > trials[-1].peak_memory_mb
+            )
+            or (result.alloc_retries and result.real_tokens_per_s <= best.real_tokens_per_s)
+        ):
             status = CLIFF  # slower while using more memory, or the CUDA allocator had to retry for no gain
-        trials.append(Trial(size, status, result.real_tokens_per_s, result.step_time_s, result.peak_memory_mb,
-                            result.peak_reserved_mb, result.alloc_retries,
-                            samples_per_micro_batch=result.samples_per_micro_batch))
+        trials.append(
+            Trial(
+                size,
+                status,
+                result.real_tokens_per_s,
+                result.step_time_s,
+                result.peak_memory_mb,
+                result.peak_reserved_mb,
+                result.alloc_retries,
+                samples_per_micro_batch=result.samples_per_micro_batch,
+            )
+        )
         if status != OK:
             break
     return trials
@@ -114,8 +132,8 @@ class ModeLadder:
 @dataclass(frozen=True)
 class LadderSettings:
     """One ladder's settings (the ``tune`` parameters), the same for every batching mode measured: ``warmup``
-    untimed and ``timed`` steps per trial, the micro-batch ``sizes`` tried in order, and where the ladder stops
-    (``memory_limit_mb`` less its ``headroom`` share; a throughput drop beyond ``cliff_tolerance``)."""
+    untimed and ``timed`` steps per trial, the micro-batch ``sizes`` tried in order, and where the ladder
+    stops (``memory_limit_mb`` less its ``headroom`` share; a throughput drop beyond ``cliff_tolerance``)."""
 
     warmup: int
     timed: int
@@ -125,8 +143,18 @@ class LadderSettings:
     cliff_tolerance: float
 
 
-def tune_modes(model, dataset, modes: Sequence[str], *, params, runtime, pad_id: int, max_length: int, attn: str,
-               settings: LadderSettings) -> list[ModeLadder]:
+def tune_modes(
+    model,
+    dataset,
+    modes: Sequence[str],
+    *,
+    params,
+    runtime,
+    pad_id: int,
+    max_length: int,
+    attn: str,
+    settings: LadderSettings,
+) -> list[ModeLadder]:
     """The size ladder (``run_ladder``) of each batching mode in ``modes`` on the real training step
     (``real_step_measurer``); a mode the model cannot train in (``unavailable_modes``) is skipped with its
     reason."""
@@ -137,28 +165,53 @@ def tune_modes(model, dataset, modes: Sequence[str], *, params, runtime, pad_id:
         if reason is not None:
             ladders.append(ModeLadder(mode, [], None, skipped=reason))
             continue
-        mode_params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": mode})})
-        measure = real_step_measurer(model, dataset, params=mode_params, runtime=runtime, pad_id=pad_id,
-                                     max_length=max_length, attn=attn, warmup=settings.warmup, timed=settings.timed)
-        trials = run_ladder(measure, settings.sizes, memory_limit_mb=settings.memory_limit_mb,
-                            headroom=settings.headroom, cliff_tolerance=settings.cliff_tolerance)
+        mode_params = params.model_copy(
+            update={"batching": params.batching.model_copy(update={"mode": mode})}
+        )
+        measure = real_step_measurer(
+            model,
+            dataset,
+            params=mode_params,
+            runtime=runtime,
+            pad_id=pad_id,
+            max_length=max_length,
+            attn=attn,
+            warmup=settings.warmup,
+            timed=settings.timed,
+        )
+        trials = run_ladder(
+            measure,
+            settings.sizes,
+            memory_limit_mb=settings.memory_limit_mb,
+            headroom=settings.headroom,
+            cliff_tolerance=settings.cliff_tolerance,
+        )
         ladders.append(ModeLadder(mode, trials, choose(trials)))
     return ladders
 
 
 def best_mode(ladders: Sequence[ModeLadder]) -> ModeLadder | None:
     """The mode whose chosen size has the most real tokens/s (None: no size of any mode fit)."""
-    return max((ladder for ladder in ladders if ladder.chosen is not None),
-               key=lambda ladder: ladder.chosen.real_tokens_per_s, default=None)
+    return max(
+        (ladder for ladder in ladders if ladder.chosen is not None),
+        key=lambda ladder: ladder.chosen.real_tokens_per_s,
+        default=None,
+    )
 
 
 def explain_modes(ladders: Sequence[ModeLadder], best: ModeLadder | None, **explain_kwargs) -> str:
     """``explain`` for each mode, then the choice across modes."""
-    parts = [f"{ladder.mode}: not measured ({ladder.skipped})." if ladder.skipped else
-             f"{ladder.mode}: " + explain(ladder.trials, ladder.chosen, **explain_kwargs) for ladder in ladders]
+    parts = [
+        f"{ladder.mode}: not measured ({ladder.skipped})."
+        if ladder.skipped
+        else f"{ladder.mode}: " + explain(ladder.trials, ladder.chosen, **explain_kwargs)
+        for ladder in ladders
+    ]
     if best is not None and len(ladders) > 1:
-        parts.append(f"Fastest: batching {best.mode}, micro-batch {best.chosen.micro_batch_size} "
-                     f"({best.chosen.real_tokens_per_s:,.0f} real tokens/s).")
+        parts.append(
+            f"Fastest: batching {best.mode}, micro-batch {best.chosen.micro_batch_size} "
+            f"({best.chosen.real_tokens_per_s:,.0f} real tokens/s)."
+        )
     return " ".join(parts)
 
 
@@ -173,8 +226,14 @@ def unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]:
     return lambda mode: packing_unavailable(model, attn) if mode == "packed" and cannot_pack else None
 
 
-def accumulation_for(target_effective_batch: int | None, micro_batch_size: int, world_size: int = 1,
-                     current: int = 1, *, samples_per_micro_batch: float | None = None) -> int:
+def accumulation_for(
+    target_effective_batch: int | None,
+    micro_batch_size: int,
+    world_size: int = 1,
+    current: int = 1,
+    *,
+    samples_per_micro_batch: float | None = None,
+) -> int:
     """Accumulation steps so that the samples of micro-batches x accumulation x world size reach the target
     (samples per optimizer step; at least 1). A packed micro-batch holds ``samples_per_micro_batch`` samples
     (measured), not ``micro_batch_size``: its rows hold several each."""
@@ -184,34 +243,51 @@ def accumulation_for(target_effective_batch: int | None, micro_batch_size: int, 
     return max(1, math.ceil(target_effective_batch / (per_micro_batch * world_size)))
 
 
-def explain(trials: Sequence[Trial], chosen: Trial | None, *, accumulation: int, target: int | None,
-            headroom: float, memory_limit_mb: float | None, world_size: int = 1) -> str:
+def explain(
+    trials: Sequence[Trial],
+    chosen: Trial | None,
+    *,
+    accumulation: int,
+    target: int | None,
+    headroom: float,
+    memory_limit_mb: float | None,
+    world_size: int = 1,
+) -> str:
     """One paragraph, with the figures, saying what was measured and why this size."""
-    measured = ", ".join(f"{t.micro_batch_size}: {t.real_tokens_per_s:,.0f} tok/s at {t.peak_memory_mb:,.0f} MB"
-                         for t in trials if t.real_tokens_per_s is not None)
+    measured = ", ".join(
+        f"{t.micro_batch_size}: {t.real_tokens_per_s:,.0f} tok/s at {t.peak_memory_mb:,.0f} MB"
+        for t in trials
+        if t.real_tokens_per_s is not None
+    )
     stop = trials[-1] if trials else None
     ended = _why_stopped(stop, headroom, memory_limit_mb) if stop is not None else ""
     if chosen is None:
         return f"No micro-batch size finished within the limits ({measured or 'nothing measured'}); {ended}."
     rows = chosen.micro_batch_size * accumulation * world_size
     samples = (chosen.samples_per_micro_batch or chosen.micro_batch_size) * accumulation * world_size
-    return (f"Measured real tokens/s and peak memory per micro-batch size ({measured})"
-            + (f"; the ladder stopped because {ended}" if ended else "; the ladder reached its largest size")
-            + f". Fastest within {1 - headroom:.0%} of the device memory: micro-batch {chosen.micro_batch_size} "
-            f"({chosen.real_tokens_per_s:,.0f} real tokens/s, {chosen.peak_memory_mb:,.0f} MB). With "
-            f"{accumulation} accumulation step(s) x {world_size} process(es) an optimizer step holds {rows} rows "
-            f"(~{samples:,.0f} samples)" + (f" (target {target} samples)." if target else "."))
+    return (
+        f"Measured real tokens/s and peak memory per micro-batch size ({measured})"
+        + (f"; the ladder stopped because {ended}" if ended else "; the ladder reached its largest size")
+        + f". Fastest within {1 - headroom:.0%} of the device memory: micro-batch {chosen.micro_batch_size} "
+        f"({chosen.real_tokens_per_s:,.0f} real tokens/s, {chosen.peak_memory_mb:,.0f} MB). With "
+        f"{accumulation} accumulation step(s) x {world_size} process(es) an optimizer step holds {rows} rows "
+        f"(~{samples:,.0f} samples)" + (f" (target {target} samples)." if target else ".")
+    )
 
 
 def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) -> str:
     if stop.status == OOM:
         return f"micro-batch {stop.micro_batch_size} ran out of memory"
     if stop.status == CLIFF:
-        return (f"micro-batch {stop.micro_batch_size} was slower ({stop.real_tokens_per_s:,.0f} tok/s) while using "
-                "more memory: the cliff")
+        return (
+            f"micro-batch {stop.micro_batch_size} was slower ({stop.real_tokens_per_s:,.0f} tok/s) while "
+            "using more memory: the cliff"
+        )
     if stop.status == OVER:
-        return (f"micro-batch {stop.micro_batch_size} needed {stop.peak_memory_mb:,.0f} MB, over the "
-                f"{1 - headroom:.0%} of {memory_limit_mb or 0:,.0f} MB allowed")
+        return (
+            f"micro-batch {stop.micro_batch_size} needed {stop.peak_memory_mb:,.0f} MB, over the "
+            f"{1 - headroom:.0%} of {memory_limit_mb or 0:,.0f} MB allowed"
+        )
     return ""
 
 
@@ -231,7 +307,9 @@ def current_rss_mb() -> float:
         return 0.0
 
 
-def measure_training_step(step: Callable[[int], int], *, device: torch.device, warmup: int, timed: int) -> Measurement:
+def measure_training_step(
+    step: Callable[[int], int], *, device: torch.device, warmup: int, timed: int
+) -> Measurement:
     """Time ``timed`` calls of ``step(i) -> real tokens`` after ``warmup`` untimed ones; peak memory of all.
 
     CUDA: ``max_memory_allocated`` and ``max_memory_reserved`` (reset first) and the allocator's
@@ -269,11 +347,12 @@ def measure_training_step(step: Callable[[int], int], *, device: torch.device, w
     return Measurement(tokens / elapsed, elapsed / timed, peak, retries, reserved)
 
 
-def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str,
-                       warmup: int, timed: int) -> Callable[[int], Measurement]:
-    """``measure(micro_batch_size)``: the training step itself (``step.train_step``: the same batching, precision,
-    torch.compile, AdamW, gradient clipping and learning-rate schedule as ``loop.train``), one micro-batch per
-    step (the accumulation multiplies the time per step, not the memory)."""
+def real_step_measurer(
+    model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str, warmup: int, timed: int
+) -> Callable[[int], Measurement]:
+    """``measure(micro_batch_size)``: the training step itself (``step.train_step``: the same batching,
+    precision, torch.compile, AdamW, gradient clipping and learning-rate schedule as ``loop.train``), one
+    micro-batch per step (the accumulation multiplies the time per step, not the memory)."""
     from fastlm.engine.batching import make_batching, seq2seq_batching
     from fastlm.engine.model.attention.inputs import to_device
     from fastlm.engine.runtime.probe import probe_runtime
@@ -282,13 +361,15 @@ def real_step_measurer(model, dataset, *, params, runtime, pad_id: int, max_leng
     model.to(runtime.device)
     model.train()
     compiled = runtime.compile_model(model)
-    sides = seq2seq_batching(model, dataset, attn)  # an encoder-decoder model measures its own (seq2seq) batches
+    # an encoder-decoder model measures its own (seq2seq) batches
+    sides = seq2seq_batching(model, dataset, attn)
 
     def measure(size: int) -> Measurement:
         batching = params.batching.model_copy(update={"micro_batch_size": size})
         trial_params = params.model_copy(update={"batching": batching})
-        sampler, collator = make_batching(trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length,
-                                          seed=params.seed, **sides)
+        sampler, collator = make_batching(
+            trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length, seed=params.seed, **sides
+        )
         sampler.set_epoch(0)
         batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
         if len(batches) < warmup + timed:
@@ -331,8 +412,9 @@ def memory_bound(ladders: Sequence[ModeLadder]) -> bool:
     return any(ladder.trials and ladder.trials[-1].status in (OOM, OVER) for ladder in ladders)
 
 
-def tune_checkpointing(run_modes: Callable[[], list[ModeLadder]], set_policy: Callable[[str], None],
-                       requested: str) -> list[PolicyLadders]:
+def tune_checkpointing(
+    run_modes: Callable[[], list[ModeLadder]], set_policy: Callable[[str], None], requested: str
+) -> list[PolicyLadders]:
     """The ladders (``run_modes()``, e.g. ``tune_modes``) under each checkpointing policy worth measuring.
 
     A set policy (``off``, ``selective``, ``full``) is measured alone. ``auto``: ``off`` first, then the next
@@ -352,16 +434,23 @@ def tune_checkpointing(run_modes: Callable[[], list[ModeLadder]], set_policy: Ca
 
 def best_policy(results: Sequence[PolicyLadders]) -> PolicyLadders | None:
     """The policy whose best (mode, size) has the most real tokens/s (None: nothing fit under any)."""
-    return max((result for result in results if result.best is not None),
-               key=lambda result: result.best.chosen.real_tokens_per_s, default=None)
+    return max(
+        (result for result in results if result.best is not None),
+        key=lambda result: result.best.chosen.real_tokens_per_s,
+        default=None,
+    )
 
 
 def explain_checkpointing(results: Sequence[PolicyLadders], best: PolicyLadders | None) -> str:
     """One sentence comparing the policies measured (empty when only one was)."""
     if len(results) < 2:
         return ""
-    parts = [f"{r.policy}: micro-batch {r.best.chosen.micro_batch_size} "
-             f"({r.best.chosen.real_tokens_per_s:,.0f} real tokens/s)" if r.best
-             else f"{r.policy}: nothing fit" for r in results]
+    parts = [
+        f"{r.policy}: micro-batch {r.best.chosen.micro_batch_size} "
+        f"({r.best.chosen.real_tokens_per_s:,.0f} real tokens/s)"
+        if r.best
+        else f"{r.policy}: nothing fit"
+        for r in results
+    ]
     chosen = f" Gradient checkpointing {best.policy} is the fastest." if best else ""
     return f"Memory stopped the ladder, so checkpointing policies were measured ({'; '.join(parts)}).{chosen}"

@@ -16,10 +16,14 @@ class PredictParams(Params):
     """What to read, which model, how to decode. The decoding keys are those of ``report.references``, so a
     setting tuned against ROUGE there is copied here as it is."""
 
-    input: str | None = Field(None, description="the file to predict on (required): --params predict.input=FILE")
+    input: str | None = Field(
+        None, description="the file to predict on (required): --params predict.input=FILE"
+    )
     model: str | None = Field(None, description="null: the trained model; or a model folder; or a run name")
     text_column: str = Field("text", min_length=1, description="plain text: the text is continued")
-    prompt_column: str | None = Field(None, min_length=1, description="prompt data: wrapped by prompt_template")
+    prompt_column: str | None = Field(
+        None, min_length=1, description="prompt data: wrapped by prompt_template"
+    )
     prompt_template: str = "{prompt}\n\n### Response:\n"
     id_column: str | None = Field(None, min_length=1, description="null: the row number (0-based)")
     batch_size: int = Field(16, ge=1)
@@ -50,15 +54,27 @@ class PredictParams(Params):
 
     def decoding(self) -> dict:
         """The decoding settings (``fastlm.engine.evaluate.generation.decoding_kwargs`` arguments)."""
-        return self.model_dump(include={"num_beams", "do_sample", "temperature", "top_p", "top_k",
-                                        "repetition_penalty", "no_repeat_ngram_size", "length_penalty"})
+        return self.model_dump(
+            include={
+                "num_beams",
+                "do_sample",
+                "temperature",
+                "top_p",
+                "top_k",
+                "repetition_penalty",
+                "no_repeat_ngram_size",
+                "length_penalty",
+            }
+        )
 
     def require_input(self) -> str:
         """``input`` has no default (there is no file to guess): its absence is one line, before any work."""
         if self.input is None or not self.input.strip():
-            raise ConfigError("parameter predict.input is not set: there is no file to predict on.",
-                              fix="kedro run --pipeline=predict --params predict.input=<file> (.jsonl, .csv, "
-                                  ".tsv, .parquet or .txt, optionally .gz).")
+            raise ConfigError(
+                "parameter predict.input is not set: there is no file to predict on.",
+                fix="kedro run --pipeline=predict --params predict.input=<file> (.jsonl, .csv, "
+                ".tsv, .parquet or .txt, optionally .gz).",
+            )
         return self.input
 
 

@@ -8,8 +8,12 @@ from fastlm.pipelines.predict import nodes
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline(
         [
-            Node(nodes.predict_file, ["predict_sources", "params:predict", "params:train"],
-                 ["predictions", "predict_summary"], name="predict_file"),
+            Node(
+                nodes.predict_file,
+                ["predict_sources", "params:predict", "params:train"],
+                ["predictions", "predict_summary"],
+                name="predict_file",
+            ),
         ],
         tags={"predict"},
     )

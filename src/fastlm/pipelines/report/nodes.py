@@ -1,4 +1,5 @@
-"""Nodes of the report pipeline: summaries, test-split evaluation, ROUGE, plots, run comparison, the report."""
+"""Nodes of the report pipeline: summaries, test-split evaluation, ROUGE, plots, run comparison, the
+report."""
 
 from __future__ import annotations
 
@@ -31,29 +32,51 @@ log = logging.getLogger(__name__)
 
 
 def _path(paths: dict | None, name: str) -> str:
-    """The file of catalog entry ``name`` (from ``dataset_paths``), for messages; the entry's name without one."""
+    """The file of catalog entry ``name`` (from ``dataset_paths``), for messages; the entry's name without
+    one."""
     return (paths or {}).get(name, name)
 
 
-def summarize_training(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, paths: dict | None = None):
+def summarize_training(
+    summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, paths: dict | None = None
+):
     """training_summary and efficiency_summary rows, and the bottleneck diagnosis with an epoch ETA."""
     if history is None or history.empty or "step" not in history:
-        raise InputDataError(f"{_path(paths, 'train_history')} has no training steps.",
-                             fix="run `kedro run --pipeline=train` first.")
+        raise InputDataError(
+            f"{_path(paths, 'train_history')} has no training steps.",
+            fix="run `kedro run --pipeline=train` first.",
+        )
     summary = check_train_summary(summary, _path(paths, "train_summary"))
     run_id = summary.get("mlflow_run_id")
     findings = diagnose(summary, history)
     for finding in findings:
         if finding.triggered:
-            log.info("Diagnosis: %s — %s%s", finding.kind, finding.message,
-                     f". What to do: {finding.advice}" if finding.advice else "")
-    diagnosis = {"findings": [dataclasses.asdict(f) for f in findings], "epoch_eta": epoch_eta(summary, history)}
-    return (training_summary(summary, history, eval_history, run_id), efficiency_summary(summary, history, run_id),
-            diagnosis)
+            log.info(
+                "Diagnosis: %s — %s%s",
+                finding.kind,
+                finding.message,
+                f". What to do: {finding.advice}" if finding.advice else "",
+            )
+    diagnosis = {
+        "findings": [dataclasses.asdict(f) for f in findings],
+        "epoch_eta": epoch_eta(summary, history),
+    }
+    return (
+        training_summary(summary, history, eval_history, run_id),
+        efficiency_summary(summary, history, run_id),
+        diagnosis,
+    )
 
 
-def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: dict, train_params: dict,
-                   split_params: dict, report_params: dict, paths: dict | None = None):
+def evaluate_model(
+    trained: dict,
+    tokenized: datasets.DatasetDict,
+    fingerprint: dict,
+    train_params: dict,
+    split_params: dict,
+    report_params: dict,
+    paths: dict | None = None,
+):
     """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations."""
     report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]
@@ -61,25 +84,57 @@ def evaluate_model(trained: dict, tokenized: datasets.DatasetDict, fingerprint: 
     if start.split.pretokenized:  # its tokenizer reads an unknown word as EOS: refused before the slow part
         check_id_prompts(report.prompts, start.split.vocab_size)
     if len(tokenized["test"]) == 0:
-        raise InputDataError("the test split is empty.", fix="raise split.ratios.test and rerun the split pipeline.")
+        raise InputDataError(
+            "the test split is empty.", fix="raise split.ratios.test and rerun the split pipeline."
+        )
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     model.to(runtime.device)
     attn = model.config._attn_implementation or "sdpa"
-    result = evaluate(model, TokenSequences.from_arrow(tokenized["test"]), tokenizer=tokenizer, params=params,
-                      runtime=runtime, max_length=max_length, attn=attn,
-                      options=EvalOptions(analysis=True, max_batches=report.eval_max_batches, top_k=report.top_k,
-                                          worst=report.worst_samples, pairs=report.error_pairs))
+    result = evaluate(
+        model,
+        TokenSequences.from_arrow(tokenized["test"]),
+        tokenizer=tokenizer,
+        params=params,
+        runtime=runtime,
+        max_length=max_length,
+        attn=attn,
+        options=EvalOptions(
+            analysis=True,
+            max_batches=report.eval_max_batches,
+            top_k=report.top_k,
+            worst=report.worst_samples,
+            pairs=report.error_pairs,
+        ),
+    )
     settings = [setting.model_dump(exclude_none=True) for setting in report.decoding]
-    generations = generate_samples(model, tokenizer, report.prompts, settings=settings,
-                                   max_new_tokens=report.max_new_tokens, runtime=runtime)
-    log.info("Test split: loss %.4f, perplexity %.2f, accuracy %.3f, top-%d %.3f (%.0f real tokens/s)",
-             result.metrics["loss"], result.metrics["perplexity"], result.metrics["accuracy"], report.top_k,
-             result.metrics["top5_accuracy"], result.metrics["real_tokens_per_s"])
+    generations = generate_samples(
+        model,
+        tokenizer,
+        report.prompts,
+        settings=settings,
+        max_new_tokens=report.max_new_tokens,
+        runtime=runtime,
+    )
+    log.info(
+        "Test split: loss %.4f, perplexity %.2f, accuracy %.3f, top-%d %.3f (%.0f real tokens/s)",
+        result.metrics["loss"],
+        result.metrics["perplexity"],
+        result.metrics["accuracy"],
+        report.top_k,
+        result.metrics["top5_accuracy"],
+        result.metrics["real_tokens_per_s"],
+    )
     return result.metrics, result.wrong_pairs, result.worst_samples, generations
 
 
-def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: dict, split_params: dict,
-                           report_params: dict, paths: dict | None = None) -> tuple[pd.DataFrame, dict]:
+def generate_on_references(
+    trained: dict,
+    splits: pd.DataFrame,
+    train_params: dict,
+    split_params: dict,
+    report_params: dict,
+    paths: dict | None = None,
+) -> tuple[pd.DataFrame, dict]:
     """Prompt/response data: generations on the test split and their ROUGE against the responses.
 
     Plain-text data (``report.references.enabled: auto``) or ``enabled: false``: an empty table and no
@@ -89,67 +144,122 @@ def generate_on_references(trained: dict, splits: pd.DataFrame, train_params: di
     found = has_references(splits)
     if references.enabled is True and not found:
         raise InputDataError(
-            f"report.references.enabled is true but {_path(paths, 'corpus_splits')} has no prompt/response columns "
-            f"(it has {list(map(str, splits.columns))}).",
+            f"report.references.enabled is true but {_path(paths, 'corpus_splits')} has no prompt/response "
+            f"columns (it has {list(map(str, splits.columns))}).",
             fix="split prompt/response data (split.prompt_column and split.response_column) or set "
-                "report.references.enabled: auto.")
+            "report.references.enabled: auto.",
+        )
     if references.enabled is False or not found:
-        log.info("No generation against references: %s", "report.references.enabled is false" if found
-                 else "the data has no prompt/response columns")
+        log.info(
+            "No generation against references: %s",
+            "report.references.enabled is false" if found else "the data has no prompt/response columns",
+        )
         return pd.DataFrame(columns=PREDICTION_COLUMNS), {}
     pairs = reference_pairs(splits, references.max_samples)
     if pairs.empty:
-        raise InputDataError(f"the test split of {_path(paths, 'corpus_splits')} is empty.",
-                             fix="raise split.ratios.test and rerun the split pipeline.")
+        raise InputDataError(
+            f"the test split of {_path(paths, 'corpus_splits')} is empty.",
+            fix="raise split.ratios.test and rerun the split pipeline.",
+        )
     start = start_node(train_params, split_params)
     runtime = start.runtime
     model = trained["model"].to(runtime.device)
-    table, metrics = score_test_generations(model, trained["tokenizer"], pairs, references=references, runtime=runtime,
-                                            max_length=start.split.max_length)
-    log.info("ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
-             "(%.1f s, %.0f generated tokens/s)", metrics["rouge_samples"], metrics["rouge_decoding"],
-             metrics["rouge_tokenizer"], metrics["rouge1"], metrics["rouge2"], metrics["rougeL"],
-             metrics["generation_seconds"], metrics["generated_tokens_per_s"])
+    table, metrics = score_test_generations(
+        model,
+        trained["tokenizer"],
+        pairs,
+        references=references,
+        runtime=runtime,
+        max_length=start.split.max_length,
+    )
+    log.info(
+        "ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
+        "(%.1f s, %.0f generated tokens/s)",
+        metrics["rouge_samples"],
+        metrics["rouge_decoding"],
+        metrics["rouge_tokenizer"],
+        metrics["rouge1"],
+        metrics["rouge2"],
+        metrics["rougeL"],
+        metrics["generation_seconds"],
+        metrics["generated_tokens_per_s"],
+    )
     return table, metrics
 
 
-def collect_test_metrics(evaluation: dict, references: dict, summary: dict,
-                         tracker: RunTracker | None = None) -> dict:
-    """Loss, perplexity and accuracy beside ROUGE (when scored), handed to ``tracker`` (``run_tracker``), which
-    logs them as ``test_<name>`` on this run and on the training run, where the run comparison finds them."""
+def collect_test_metrics(
+    evaluation: dict, references: dict, summary: dict, tracker: RunTracker | None = None
+) -> dict:
+    """Loss, perplexity and accuracy beside ROUGE (when scored), handed to ``tracker`` (``run_tracker``),
+    which logs them as ``test_<name>`` on this run and on the training run, where the run comparison finds
+    them."""
     metrics = {**evaluation, **references}
-    (tracker if tracker is not None else RunTracker()).log_test_metrics(comparison.test_metric_values(metrics),
-                                                                    summary.get("mlflow_run_id"))
+    (tracker if tracker is not None else RunTracker()).log_test_metrics(
+        comparison.test_metric_values(metrics), summary.get("mlflow_run_id")
+    )
     return metrics
 
 
 def plot_training(history: pd.DataFrame, eval_history: pd.DataFrame):
     """Loss, throughput, learning rate and peak memory against step, as PNGs through the catalog."""
-    return (plots.loss_figure(history, eval_history), plots.throughput_figure(history),
-            plots.learning_rate_figure(history), plots.memory_figure(history))
+    return (
+        plots.loss_figure(history, eval_history),
+        plots.throughput_figure(history),
+        plots.learning_rate_figure(history),
+        plots.memory_figure(history),
+    )
 
 
-def compare_training_runs(report_params: dict, test_metrics: dict, summary: dict | None = None,
-                          tracker: RunTracker | None = None) -> pd.DataFrame:
-    """The experiment's training runs (from ``tracker``, ``run_tracker``) side by side (parameters that differ,
-    tokens/s, loss, test loss and ROUGE, wall time), the reported training run marked. ``test_metrics`` is an
-    input so that this run's are logged before the search."""
+def compare_training_runs(
+    report_params: dict, test_metrics: dict, summary: dict | None = None, tracker: RunTracker | None = None
+) -> pd.DataFrame:
+    """The experiment's training runs (from ``tracker``, ``run_tracker``) side by side (parameters that
+    differ, tokens/s, loss, test loss and ROUGE, wall time), the reported training run marked.
+    ``test_metrics`` is an input so that this run's are logged before the search."""
     runs = (tracker if tracker is not None else RunTracker()).training_runs()
-    table = comparison.compare_runs(runs, parse_group("report", report_params).compare_runs,
-                                    current_run_id=(summary or {}).get("mlflow_run_id"))
+    table = comparison.compare_runs(
+        runs,
+        parse_group("report", report_params).compare_runs,
+        current_run_id=(summary or {}).get("mlflow_run_id"),
+    )
     log.info("Run comparison: %d training runs", len(table))
     return table
 
 
-def write_report(summary: dict, history: pd.DataFrame, eval_history: pd.DataFrame, training: pd.DataFrame,
-                 efficiency: pd.DataFrame, diagnosis: dict, test_metrics: dict, error_pairs: pd.DataFrame,
-                 worst: pd.DataFrame, generations: pd.DataFrame, predictions: pd.DataFrame,
-                 runs: pd.DataFrame, split_report: dict | None = None, sweep: dict | None = None) -> tuple[str, str]:
+def write_report(
+    summary: dict,
+    history: pd.DataFrame,
+    eval_history: pd.DataFrame,
+    training: pd.DataFrame,
+    efficiency: pd.DataFrame,
+    diagnosis: dict,
+    test_metrics: dict,
+    error_pairs: pd.DataFrame,
+    worst: pd.DataFrame,
+    generations: pd.DataFrame,
+    predictions: pd.DataFrame,
+    runs: pd.DataFrame,
+    split_report: dict | None = None,
+    sweep: dict | None = None,
+) -> tuple[str, str]:
     """One self-contained HTML report (plots embedded) and a Markdown summary; with a sweep section when
-    ``sweep_results`` holds a sweep's results. Kedro passes each catalog input as its own argument; they travel
-    on together as one ``ReportInputs``."""
-    return build_document(ReportInputs(summary=summary, history=history, eval_history=eval_history,
-                                       training=training, efficiency=efficiency, diagnosis=diagnosis,
-                                       test_metrics=test_metrics, error_pairs=error_pairs, worst=worst,
-                                       generations=generations, predictions=predictions, runs=runs,
-                                       split_report=split_report, sweep=sweep))
+    ``sweep_results`` holds a sweep's results. Kedro passes each catalog input as its own argument; they
+    travel on together as one ``ReportInputs``."""
+    return build_document(
+        ReportInputs(
+            summary=summary,
+            history=history,
+            eval_history=eval_history,
+            training=training,
+            efficiency=efficiency,
+            diagnosis=diagnosis,
+            test_metrics=test_metrics,
+            error_pairs=error_pairs,
+            worst=worst,
+            generations=generations,
+            predictions=predictions,
+            runs=runs,
+            split_report=split_report,
+            sweep=sweep,
+        )
+    )

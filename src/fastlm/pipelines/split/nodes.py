@@ -38,7 +38,8 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     tokenizer = None
     if config.tokenizer.source != TRAIN_TOKENIZER:  # fail now, before any output is written
         tokenizer = load_tokenizer(
-            config.tokenizer.source, **config.tokenizer.model_dump(include={"allow_download", "trust_remote_code"})
+            config.tokenizer.source,
+            **config.tokenizer.model_dump(include={"allow_download", "trust_remote_code"}),
         )
     if config.data_format == "text":
         kept, drops = clean_texts(raw[config.text_column])
@@ -46,8 +47,12 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     else:
         kept, drops = prompt_frame(raw, config, tokenizer)
         if config.data_format == "messages":
-            log.info("Messages rendered with %s", "the tokenizer's chat template" if config.chat_template
-                     and has_chat_template(tokenizer) else "split.prompt_template")
+            log.info(
+                "Messages rendered with %s",
+                "the tokenizer's chat template"
+                if config.chat_template and has_chat_template(tokenizer)
+                else "split.prompt_template",
+            )
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
         raise InputDataError(
@@ -62,13 +67,24 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
 def _clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame, dict]:
     """Pre-tokenized rows: every id list checked (one bad row refuses the file), exact duplicates dropped."""
     eos, _ = config.special_ids
-    ids = id_texts(raw[config.ids_column], vocab_size=config.vocab_size, eos_id=eos, source=source,
-                   param=f"split.ids_column ({config.ids_column!r})")
+    ids = id_texts(
+        raw[config.ids_column],
+        vocab_size=config.vocab_size,
+        eos_id=eos,
+        source=source,
+        param=f"split.ids_column ({config.ids_column!r})",
+    )
     texts = pd.Series(ids, name="text", dtype=object)
     kept = texts.drop_duplicates().to_frame()
     drops = {"duplicate": int(len(texts) - len(kept))}
-    log.info("Checked %d pre-tokenized rows of %s (vocab_size %d): kept %d, dropped %s", len(raw), source,
-             config.vocab_size, len(kept), drops)
+    log.info(
+        "Checked %d pre-tokenized rows of %s (vocab_size %d): kept %d, dropped %s",
+        len(raw),
+        source,
+        config.vocab_size,
+        len(kept),
+        drops,
+    )
     if kept.empty:
         raise InputDataError(f"{source} has no rows.", fix=f"fill split.ids_column ({config.ids_column!r}).")
     return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
@@ -76,8 +92,12 @@ def _clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFram
 
 def _columns(config) -> list[tuple[str, str]]:
     """(parameter, column) pairs the configured data format reads."""
-    names = {"text": ["text_column"], "prompt_response": ["prompt_column", "response_column"],
-             "messages": ["messages_column"], "pretokenized": ["ids_column"]}[config.data_format]
+    names = {
+        "text": ["text_column"],
+        "prompt_response": ["prompt_column", "response_column"],
+        "messages": ["messages_column"],
+        "pretokenized": ["ids_column"],
+    }[config.data_format]
     return [(name, getattr(config, name)) for name in names]
 
 
@@ -101,15 +121,18 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     columns = {name: clean[name].to_numpy()[keep] for name in clean.columns if name != "split_key"}
     splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
     if config.folds is not None:
-        splits[FOLD_COLUMN] = assign_folds(keys[keep, 0], codes, config.folds, ratios.train,
-                                           ratios.validation, ratios.test)
+        splits[FOLD_COLUMN] = assign_folds(
+            keys[keep, 0], codes, config.folds, ratios.train, ratios.validation, ratios.test
+        )
     counts = splits["split"].value_counts().reindex(SPLITS).to_dict()
     empty = [name for name in SPLITS if counts[name] == 0]
-    if empty:  # train needs every split (validation for evaluation, test for the report): refuse before writing
+    # train needs every split (validation for evaluation, test for the report): refuse before writing
+    if empty:
         name = empty[0]
         raise InputDataError(
-            f"the {name} split would be empty: {len(splits)} text{'' if len(splits) == 1 else 's'} with split.ratios.{name} = "
-            f"{getattr(ratios, name):g} give it no text (counts {counts}); nothing was written.",
+            f"the {name} split would be empty: {len(splits)} text{'' if len(splits) == 1 else 's'} "
+            f"with split.ratios.{name} = {getattr(ratios, name):g} give it no text (counts {counts}); "
+            "nothing was written.",
             fix=f"give more texts (split.max_samples: {config.max_samples}) or raise split.ratios.{name} "
             "(every split needs at least one text).",
         )
@@ -127,8 +150,9 @@ def _check_folds(folds: np.ndarray, config) -> None:
         what = "has no row" if sizes.min() == 0 else "holds every row, leaving train none"
         raise InputDataError(
             f"split.folds = {config.folds}: fold {empty} {what} of the {int(sizes.sum())} train + validation "
-            "rows; nothing was written.", fix="lower split.folds or give more texts "
-            f"(split.max_samples: {config.max_samples}).")
+            "rows; nothing was written.",
+            fix=f"lower split.folds or give more texts (split.max_samples: {config.max_samples}).",
+        )
     log.info("Folds of train + validation (split.folds = %d): %s rows", config.folds, sizes.tolist())
 
 
@@ -137,20 +161,31 @@ def build_tokenizer(splits: pd.DataFrame, params: dict):
     split = parse_group("split", params)
     if split.pretokenized:
         eos, pad = split.special_ids
-        log.info("Pre-tokenized data: ids 0..%d, EOS %d, pad %d (no tokenizer trained)", split.vocab_size - 1, eos, pad)
+        log.info(
+            "Pre-tokenized data: ids 0..%d, EOS %d, pad %d (no tokenizer trained)",
+            split.vocab_size - 1,
+            eos,
+            pad,
+        )
         return id_tokenizer(split.vocab_size, eos_id=eos, pad_id=pad, model_max_length=split.max_length)
     config = split.tokenizer
     if config.source != TRAIN_TOKENIZER:
-        return load_tokenizer(config.source, allow_download=config.allow_download, trust_remote_code=config.trust_remote_code)
+        return load_tokenizer(
+            config.source, allow_download=config.allow_download, trust_remote_code=config.trust_remote_code
+        )
     train_rows = splits.loc[splits["split"] == "train"].head(config.training_samples)
     # Each text cut as tokenize_corpus cuts it (prompts keep their end): a huge text costs no more memory.
     if "text" in splits:
         train = list(cut_long_texts(train_rows["text"].tolist(), split.max_length)[0])
     else:
-        train = [*cut_long_texts(train_rows["prompt"].tolist(), split.max_length, keep="tail")[0],
-                 *cut_long_texts(train_rows["response"].tolist(), split.max_length)[0]]
+        train = [
+            *cut_long_texts(train_rows["prompt"].tolist(), split.max_length, keep="tail")[0],
+            *cut_long_texts(train_rows["response"].tolist(), split.max_length)[0],
+        ]
     tokenizer = train_bpe_tokenizer(
-        train, vocab_size=config.vocab_size, min_frequency=config.min_frequency,
+        train,
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
         model_max_length=split.max_length,
     )
     log.info("Trained a byte-level BPE on %d train texts: %d tokens", len(train), len(tokenizer))
@@ -165,8 +200,11 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
     config = parse_group("split", params)
     encode = {"max_length": config.max_length, "batch_size": config.batch_size, "num_proc": config.num_proc}
     if config.pretokenized:
-        tokens = encode_id_lists(parse_id_texts(splits["text"].tolist()), eos=int(tokenizer.eos_token_id),
-                                 max_length=config.max_length)
+        tokens = encode_id_lists(
+            parse_id_texts(splits["text"].tolist()),
+            eos=int(tokenizer.eos_token_id),
+            max_length=config.max_length,
+        )
     elif config.data_format == "text":
         tokens = tokenize_texts(splits["text"].tolist(), tokenizer, **encode)
     else:
@@ -175,25 +213,47 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}
     # split.folds: each sample keeps its fold bucket, so train.fold picks a fold without re-tokenizing.
     extra = {FOLD_COLUMN: splits[FOLD_COLUMN].to_numpy()} if FOLD_COLUMN in splits else None
-    tokenized = datasets.DatasetDict({name: datasets.Dataset(tokens.to_arrow(rows[name], extra))
-                                      for name in SPLITS})
+    tokenized = datasets.DatasetDict(
+        {name: datasets.Dataset(tokens.to_arrow(rows[name], extra)) for name in SPLITS}
+    )
     row_hashes = pd.util.hash_pandas_object(splits, index=False).to_numpy()
-    fingerprint = make_fingerprint(tokenizer, config.max_length, data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
-                                   data_format=data_format_params(config, tokenizer),
-                                   selection=selection_params(config), folds=config.folds)
-    stats = {name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS}
+    fingerprint = make_fingerprint(
+        tokenizer,
+        config.max_length,
+        data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
+        data_format=data_format_params(config, tokenizer),
+        selection=selection_params(config),
+        folds=config.folds,
+    )
+    stats = {
+        name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS
+    }
     if tokens.prompt_lengths is not None:
         for name in SPLITS:
-            stats[name]["target_tokens"] = int((tokens.lengths[rows[name]] - tokens.prompt_lengths[rows[name]]).sum())
-    log.info("Tokenized %d texts into %d tokens (max_length %d)", len(splits), len(tokens.values), config.max_length)
+            stats[name]["target_tokens"] = int(
+                (tokens.lengths[rows[name]] - tokens.prompt_lengths[rows[name]]).sum()
+            )
+    log.info(
+        "Tokenized %d texts into %d tokens (max_length %d)",
+        len(splits),
+        len(tokens.values),
+        config.max_length,
+    )
     return tokenized, fingerprint, stats
 
 
 def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[dict, pd.DataFrame]:
     """The split report as JSON (everything) and CSV (one row per split)."""
     report = build_report(
-        counts["raw_rows"], counts["dropped"], counts["capped_by_max_samples"], length_stats,
-        {"source": counts["source"], "fingerprint": fingerprint["fingerprint"], "max_length": fingerprint["params"]["max_length"]},
+        counts["raw_rows"],
+        counts["dropped"],
+        counts["capped_by_max_samples"],
+        length_stats,
+        {
+            "source": counts["source"],
+            "fingerprint": fingerprint["fingerprint"],
+            "max_length": fingerprint["params"]["max_length"],
+        },
     )
     table = pd.DataFrame([{"split": name, **stats} for name, stats in length_stats.items()])
     return report, table

@@ -1,4 +1,5 @@
-"""sweep file -> one named training run per parameter set (MLflow child runs) -> comparison, loss plot, verdict."""
+"""sweep file -> one named training run per parameter set (MLflow child runs) -> comparison, loss plot,
+verdict."""
 
 from fastlm.pipelines.sweep.pipeline import create_pipeline
 

@@ -10,8 +10,18 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             Node(
                 nodes.run_sweep,
-                ["tokenized_corpus", "tokenized_corpus_fingerprint", "tokenizer", "corpus_splits", "params:train", "params:split",
-                 "params:report", "params:sweep", "sweep_runs", "run_tracker"],
+                [
+                    "tokenized_corpus",
+                    "tokenized_corpus_fingerprint",
+                    "tokenizer",
+                    "corpus_splits",
+                    "params:train",
+                    "params:split",
+                    "params:report",
+                    "params:sweep",
+                    "sweep_runs",
+                    "run_tracker",
+                ],
                 ["sweep_comparison", "sweep_loss_plot", "sweep_verdict"],
                 name="run_sweep",
             ),

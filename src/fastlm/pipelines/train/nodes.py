@@ -26,53 +26,92 @@ from fastlm.tracking import RunTracker
 log = logging.getLogger(__name__)
 
 
-def train_model(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict,
-                split_params: dict, run_name: str | None = None,
-                paths: dict | None = None,
-                tracker: RunTracker | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
+def train_model(
+    tokenized: datasets.DatasetDict,
+    fingerprint: dict,
+    tokenizer,
+    train_params: dict,
+    split_params: dict,
+    run_name: str | None = None,
+    paths: dict | None = None,
+    tracker: RunTracker | None = None,
+) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
     """Train on the tokenized splits (in this process, as a torchrun rank, or in launched workers); return the
     model+tokenizer, metric histories and the run summary.
 
     Checkpoints go to ``<train.checkpoint_dir>/<run_name>/`` (the name the hooks resolved for this run).
     ``paths`` (``dataset_paths``) names the tokenized data in a freshness error and gives the folder the model
-    is saved to (``trained_model``), whose disk space the engine checks before training; a caller that saves no
-    model through the catalog (the sweep) has room for it counted on the checkpoint disk. ``tracker``
+    is saved to (``trained_model``), whose disk space the engine checks before training; a caller that saves
+    no model through the catalog (the sweep) has room for it counted on the checkpoint disk. ``tracker``
     (``run_tracker``) gets the live metrics and the finished run; without one, a tracker of its own.
     """
-    start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths,
-                       runtime=False)  # the engine applies the runtime per rank
+    # the engine applies the runtime per rank
+    start = start_node(
+        train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths, runtime=False
+    )
     run_name = validate_run_name(run_name) if run_name is not None else default_run_name(["train"])
-    params = start.train.model_copy(update={"checkpoint_dir": str(Path(start.train.checkpoint_dir) / run_name)})
+    params = start.train.model_copy(
+        update={"checkpoint_dir": str(Path(start.train.checkpoint_dir) / run_name)}
+    )
     max_length = start.split.max_length
     train_split, eval_split = fold_splits(tokenized, params.fold, data_folds(fingerprint))  # train.fold
-    job = TrainJob(params=params, max_length=max_length, train_split=train_split,
-                   eval_split=eval_split if len(eval_split) else None,
-                   tokenizer=tokenizer, model_dir=(paths or {}).get("trained_model", params.checkpoint_dir),
-                   extra_summary={"fingerprint": fingerprint["fingerprint"],
-                                  **({"fold": params.fold} if params.fold is not None else {})})
+    job = TrainJob(
+        params=params,
+        max_length=max_length,
+        train_split=train_split,
+        eval_split=eval_split if len(eval_split) else None,
+        tokenizer=tokenizer,
+        model_dir=(paths or {}).get("trained_model", params.checkpoint_dir),
+        extra_summary={
+            "fingerprint": fingerprint["fingerprint"],
+            **({"fold": params.fold} if params.fold is not None else {}),
+        },
+    )
     mode = launch_mode(params.distributed.nproc_per_node)
     tracker = tracker if tracker is not None else RunTracker()
     if mode == "spawn":
         result = launch_workers(
-            job, params.distributed.nproc_per_node, monitor_interval_s=params.distributed.monitor_interval_s,
+            job,
+            params.distributed.nproc_per_node,
+            monitor_interval_s=params.distributed.monitor_interval_s,
             build_model=functools.partial(_untrained_model, params, tokenizer, max_length),
-            callback_factory=tracker.worker_callback_factory())
+            callback_factory=tracker.worker_callback_factory(),
+        )
     else:
         result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=tracker.callbacks())
     if result is None:  # a torchrun rank other than 0: rank 0 writes every output (see fastlm.rank_hooks)
         return {"model": None, "tokenizer": tokenizer}, pd.DataFrame(), pd.DataFrame(), {}
-    summary = {"run_name": run_name, **result.summary, **parameter_counts(result.model),
-               "lora": params.model.lora.enabled, "base_model": params.model.name_or_path,
-               "checkpoint_dir": params.checkpoint_dir, "mlflow_run_id": tracker.run_id,
-               "runtime": redact(result.summary["runtime"])}
+    summary = {
+        "run_name": run_name,
+        **result.summary,
+        **parameter_counts(result.model),
+        "lora": params.model.lora.enabled,
+        "base_model": params.model.name_or_path,
+        "checkpoint_dir": params.checkpoint_dir,
+        "mlflow_run_id": tracker.run_id,
+        "runtime": redact(result.summary["runtime"]),
+    }
     tracker.training_finished(summary)
-    resumed = (f" (resumed at step {summary['resumed_from_step']}, run at step {summary['steps']})"
-               if summary.get("resumed_from") else "")
-    log.info("Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s", run_name,
-             summary["steps_trained"], resumed, summary["wall_time_s"], summary["world_size"],
-             _loss(summary["final_train_loss"]), _loss(summary["final_val_loss"]))
-    # Without evaluations (eval_every: null) the table keeps its header: an empty CSV file cannot be read back.
-    evaluations = pd.DataFrame(result.eval_history, columns=None if result.eval_history else ["step", "val_loss"])
+    resumed = (
+        f" (resumed at step {summary['resumed_from_step']}, run at step {summary['steps']})"
+        if summary.get("resumed_from")
+        else ""
+    )
+    log.info(
+        "Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s",
+        run_name,
+        summary["steps_trained"],
+        resumed,
+        summary["wall_time_s"],
+        summary["world_size"],
+        _loss(summary["final_train_loss"]),
+        _loss(summary["final_val_loss"]),
+    )
+    # Without evaluations (eval_every: null) the table keeps its header: an empty CSV file cannot be read
+    # back.
+    evaluations = pd.DataFrame(
+        result.eval_history, columns=None if result.eval_history else ["step", "val_loss"]
+    )
     return {"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history), evaluations, summary
 
 

@@ -24,9 +24,16 @@ from fastlm.tracking import RunTracker
 log = logging.getLogger(__name__)
 
 
-def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokenizer, train_params: dict,
-                     split_params: dict, tune_params: dict, paths: dict | None = None,
-                     tracker: RunTracker | None = None):
+def tune_micro_batch(
+    tokenized: datasets.DatasetDict,
+    fingerprint: dict,
+    tokenizer,
+    train_params: dict,
+    split_params: dict,
+    tune_params: dict,
+    paths: dict | None = None,
+    tracker: RunTracker | None = None,
+):
     """Trials table, chosen settings (with the explanation), a plot, and the parameters for train
     (``tuned_parameters``, named in messages by its path from ``paths``). Each trial and the choice go to
     ``tracker`` (``run_tracker``), also when no size fits."""
@@ -39,51 +46,104 @@ def tune_micro_batch(tokenized: datasets.DatasetDict, fingerprint: dict, tokeniz
     limit = device_memory_mb(runtime.device)
     modes = settings.modes or [params.batching.mode]
     ladder_settings = tune.LadderSettings(
-        warmup=settings.warmup_steps, timed=settings.timed_steps,
+        warmup=settings.warmup_steps,
+        timed=settings.timed_steps,
         sizes=tune.ladder(settings.min_micro_batch_size, settings.max_micro_batch_size),
-        memory_limit_mb=limit, headroom=settings.memory_headroom, cliff_tolerance=settings.cliff_tolerance)
+        memory_limit_mb=limit,
+        headroom=settings.memory_headroom,
+        cliff_tolerance=settings.cliff_tolerance,
+    )
     train_set = TokenSequences.from_arrow(tokenized["train"])
-    run_modes = functools.partial(tune.tune_modes, model, train_set, modes, params=params, runtime=runtime,
-                                  pad_id=pad_id_of(tokenizer), max_length=max_length, attn=attn,
-                                  settings=ladder_settings)
+    run_modes = functools.partial(
+        tune.tune_modes,
+        model,
+        train_set,
+        modes,
+        params=params,
+        runtime=runtime,
+        pad_id=pad_id_of(tokenizer),
+        max_length=max_length,
+        attn=attn,
+        settings=ladder_settings,
+    )
     requested = params.model.gradient_checkpointing  # auto: more recompute is measured where memory stops it
     policies = tune.tune_checkpointing(run_modes, functools.partial(enable_checkpointing, model), requested)
     picked = tune.best_policy(policies) or policies[0]
     ladders = picked.ladders
     best = tune.best_mode(ladders)
     chosen = best.chosen if best else None
-    accumulation = tune.accumulation_for(settings.target_effective_batch,
-                                         chosen.micro_batch_size if chosen else 1,
-                                         current=params.batching.gradient_accumulation_steps,
-                                         samples_per_micro_batch=chosen.samples_per_micro_batch if chosen else None)
-    explanation = tune.explain_modes(ladders, best, accumulation=accumulation, target=settings.target_effective_batch,
-                                     headroom=settings.memory_headroom, memory_limit_mb=limit)
+    accumulation = tune.accumulation_for(
+        settings.target_effective_batch,
+        chosen.micro_batch_size if chosen else 1,
+        current=params.batching.gradient_accumulation_steps,
+        samples_per_micro_batch=chosen.samples_per_micro_batch if chosen else None,
+    )
+    explanation = tune.explain_modes(
+        ladders,
+        best,
+        accumulation=accumulation,
+        target=settings.target_effective_batch,
+        headroom=settings.memory_headroom,
+        memory_limit_mb=limit,
+    )
     explanation = " ".join(filter(None, [explanation, tune.explain_checkpointing(policies, picked)]))
     log.info("Tune: %s", explanation)
-    table = pd.DataFrame([{"mode": ladder.mode, "gradient_checkpointing": result.policy, **trial.as_row()}
-                          for result in policies for ladder in result.ladders for trial in ladder.trials])
+    table = pd.DataFrame(
+        [
+            {"mode": ladder.mode, "gradient_checkpointing": result.policy, **trial.as_row()}
+            for result in policies
+            for ladder in result.ladders
+            for trial in ladder.trials
+        ]
+    )
     tracker = tracker if tracker is not None else RunTracker()
     for result in policies:
         for ladder in result.ladders:
             for trial in ladder.trials:
-                tracker.record(f"tune_{ladder.mode}" + (f"_{result.policy}" if len(policies) > 1 else ""), {
-                    "step": trial.micro_batch_size,
-                    "real_tokens_per_s": trial.real_tokens_per_s, "peak_memory_mb": trial.peak_memory_mb})
-    choice = {"mode": best.mode if best else None, "micro_batch_size": chosen.micro_batch_size if chosen else None,
-              "trials": len(table), "gradient_accumulation_steps": accumulation, "device": str(runtime.device),
-              "memory_limit_mb": limit, "gradient_checkpointing": picked.policy, "explanation": explanation}
+                tracker.record(
+                    f"tune_{ladder.mode}" + (f"_{result.policy}" if len(policies) > 1 else ""),
+                    {
+                        "step": trial.micro_batch_size,
+                        "real_tokens_per_s": trial.real_tokens_per_s,
+                        "peak_memory_mb": trial.peak_memory_mb,
+                    },
+                )
+    choice = {
+        "mode": best.mode if best else None,
+        "micro_batch_size": chosen.micro_batch_size if chosen else None,
+        "trials": len(table),
+        "gradient_accumulation_steps": accumulation,
+        "device": str(runtime.device),
+        "memory_limit_mb": limit,
+        "gradient_checkpointing": picked.policy,
+        "explanation": explanation,
+    }
     tracker.log_params({f"tune.chosen.{k}": v for k, v in choice.items() if k != "explanation"})
     if chosen is None:
-        raise ConfigError(f"no micro-batch size from {settings.min_micro_batch_size} fit: {explanation}",
-                          fix="free device memory, turn on train.model.gradient_checkpointing, or use a smaller "
-                              f"model; {tuned_file} was left as it was.")
-    tuned = {"train": {"batching": {"mode": best.mode, "micro_batch_size": chosen.micro_batch_size,
-                                    "gradient_accumulation_steps": accumulation}}}
+        raise ConfigError(
+            f"no micro-batch size from {settings.min_micro_batch_size} fit: {explanation}",
+            fix="free device memory, turn on train.model.gradient_checkpointing, or use a smaller "
+            f"model; {tuned_file} was left as it was.",
+        )
+    tuned = {
+        "train": {
+            "batching": {
+                "mode": best.mode,
+                "micro_batch_size": chosen.micro_batch_size,
+                "gradient_accumulation_steps": accumulation,
+            }
+        }
+    }
     if requested == "auto":  # the policy measured fastest replaces auto in train
         tuned["train"]["model"] = {"gradient_checkpointing": picked.policy}
-    log.info("Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d (the train "
-             "pipeline picks them up; delete the file to go back to conf/base)", tuned_file, best.mode,
-             chosen.micro_batch_size, accumulation)
+    log.info(
+        "Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d (the train "
+        "pipeline picks them up; delete the file to go back to conf/base)",
+        tuned_file,
+        best.mode,
+        chosen.micro_batch_size,
+        accumulation,
+    )
     shown = table[table["gradient_checkpointing"] == picked.policy]  # the chosen policy's ladders
     figure = tune_figure(shown, chosen.micro_batch_size, ok=tune.OK, chosen_mode=best.mode)
     return table, choice, figure, tuned

@@ -19,10 +19,11 @@ class TuneParams(Params):
     timed_steps: int = Field(2, ge=1)
     memory_headroom: float = Field(0.10, ge=0, lt=1)
     cliff_tolerance: float = Field(0.05, ge=0, lt=1)
-    # batching modes to measure, each over the size ladder; the fastest (mode, size) is written. Empty or null:
-    # train.batching.mode only.
+    # batching modes to measure, each over the size ladder; the fastest (mode, size) is written. Empty or
+    # null: train.batching.mode only.
     modes: list[Literal["packed", "length_grouped", "dynamic"]] | None = Field(
-        default_factory=lambda: ["packed", "length_grouped"])
+        default_factory=lambda: ["packed", "length_grouped"]
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> TuneParams:

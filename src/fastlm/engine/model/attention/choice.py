@@ -2,8 +2,8 @@
 
 ``auto`` (:func:`choose_attention`), logged: on CUDA, flash-attention varlen when a kernel package is
 installed (FA3 on Hopper, else FA2), then PyTorch's native varlen attention, then ``flex_attention``, then
-SDPA with the dense mask; the varlen kernels need bf16/fp16. On CPU: ``sdpa`` (a model the training loop compiles
-then trains on ``eager``: ``attention_when_compiled``), by measurement
+SDPA with the dense mask; the varlen kernels need bf16/fp16. On CPU: ``sdpa`` (a model the training loop
+compiles then trains on ``eager``: ``attention_when_compiled``), by measurement
 (``python benchmarks/attention_cpu.py``, docs/benchmarks.md): flex_attention has no CPU backward in torch
 2.13 (it cannot train), and on the default shape (32 rows x 320) its compiled CPU forward saves at best
 ~0.16 s of ~0.9 s per batch against >= 4.5 s of compile, and lost (1.7x slower) in a loaded run.
@@ -32,7 +32,8 @@ HALF_PRECISION_ONLY = ("flash_attention_2", "flash_attention_3", "flash_attentio
 
 @contextlib.contextmanager
 def generation_attention(model):
-    """Generation (KV cache, left padding) on a model whose path only takes packed varlen inputs: SDPA meanwhile."""
+    """Generation (KV cache, left padding) on a model whose path only takes packed varlen inputs: SDPA
+    meanwhile."""
     current = getattr(getattr(model, "config", None), "_attn_implementation", None)
     with attention_path(model, "sdpa") if current in VARLEN_ONLY else contextlib.nullcontext():
         yield
@@ -51,10 +52,11 @@ def attention_path(model, attn: str):
 
 
 def attention_when_compiled(attn: str, requested: str, device: torch.device) -> str:
-    """The attention path a ``torch.compile``d model trains with: on CPU, ``auto``'s ``sdpa`` becomes ``eager``
-    (the same block-causal mask, additive: inductor fuses its masking and softmax with the products, where SDPA's
-    CPU flash kernel stays one opaque call; 1.16x whole-step on the 5.2 M benchmark shape, bf16, packed 80 x 128:
-    ``benchmarks/issue16_ab.py --lever attention --compile``). Any other choice stays as it is."""
+    """The attention path a ``torch.compile``d model trains with: on CPU, ``auto``'s ``sdpa`` becomes
+    ``eager`` (the same block-causal mask, additive: inductor fuses its masking and softmax with the products,
+    where SDPA's CPU flash kernel stays one opaque call; 1.16x whole-step on the 5.2 M benchmark shape, bf16,
+    packed 80 x 128: ``benchmarks/issue16_ab.py --lever attention --compile``). Any other choice stays as it
+    is."""
     if requested == "auto" and device.type == "cpu" and attn == "sdpa":
         return "eager"
     return attn
@@ -62,16 +64,22 @@ def attention_when_compiled(attn: str, requested: str, device: torch.device) -> 
 
 def torch_varlen_available(device: torch.device) -> bool:
     """The native varlen kernel exists in this torch and the GPU runs its flash kernel (sm80+)."""
-    return (kernels.varlen_attn is not None and device.type == "cuda" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device)[0] >= 8)
+    return (
+        kernels.varlen_attn is not None
+        and device.type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability(device)[0] >= 8
+    )
 
 
 def choose_attention(requested: str, device: torch.device, precision: str | None = None) -> str:
     """``auto``: the fastest path that keeps packed samples apart here (see the module docstring); logged."""
     if requested != "auto":
         if device.type == "cuda" and precision == "fp32" and requested in HALF_PRECISION_ONLY:
-            raise ConfigError(f"train.model.attn_implementation: {requested} runs in bf16 or fp16 only.",
-                              fix="set train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32).")
+            raise ConfigError(
+                f"train.model.attn_implementation: {requested} runs in bf16 or fp16 only.",
+                fix="set train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32).",
+            )
         return requested
     half = precision in (None, "bf16", "fp16")
     if device.type == "cuda" and half:
@@ -84,8 +92,11 @@ def choose_attention(requested: str, device: torch.device, precision: str | None
             return _chosen(TORCH_VARLEN, "no flash-attention package; PyTorch's native varlen attention")
     if device.type == "cuda":
         return _chosen("flex_attention", "document-causal BlockMask")
-    return _chosen("sdpa", "CPU: flex_attention has no CPU backward and loses to the dense mask here "
-                           "(benchmarks/attention_cpu.py)")
+    return _chosen(
+        "sdpa",
+        "CPU: flex_attention has no CPU backward and loses to the dense mask here "
+        "(benchmarks/attention_cpu.py)",
+    )
 
 
 def _chosen(attn: str, why: str) -> str:

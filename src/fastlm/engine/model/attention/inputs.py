@@ -1,5 +1,5 @@
-"""Attention inputs: which inputs each attention implementation needs to keep packed samples apart, and the one
-input builder every model call uses (training, evaluation, tune).
+"""Attention inputs: which inputs each attention implementation needs to keep packed samples apart, and the
+one input builder every model call uses (training, evaluation, tune).
 
 A packed micro-batch is ``[rows, T]`` with several samples per row (``data.packing``). Each implementation
 keeps them apart its own way, and gets exactly what it needs from :func:`to_device`:
@@ -9,15 +9,17 @@ implementation          packed inputs   what the model gets
 =====================  ==============  ====================================================================
 ``flash_attention_2``   varlen          rows flattened to ``[1, rows*T]`` and ``cu_seq_lens_q/k`` +
 ``flash_attention_3``                   ``max_length_q/k`` (transformers' FlashAttentionKwargs -> the kernel's
-``flash_attention_4``                   ``cu_seqlens`` / ``max_seqlen``): only same-document blocks are computed
+``flash_attention_4``                   ``cu_seqlens`` / ``max_seqlen``): only same-document blocks are
+                                        computed
 ``torch_varlen``        varlen          the same, to ``torch.nn.attention.varlen.varlen_attn`` (``kernels``)
 ``sdpa_varlen``         varlen          the same, to ``sdpa_varlen_attention`` (``kernels``; any device,
                                         any dtype): segments gathered into buckets of equal padded length, one
                                         causal SDPA call per bucket, no mask: only each sample's own keys.
-                                        Not chosen by ``auto``: on CPU short rows (80 x 128, ~19-token samples)
-                                        whole steps measured 1.00x (fp32) and 0.86x (bf16) of ``sdpa``: the CPU
-                                        flash kernel costs per call and block, not per score, and the gathers'
-                                        backward scatters (``benchmarks/issue16_ab.py --lever attention``)
+                                        Not chosen by ``auto``: on CPU short rows (80 x 128, ~19-token
+                                        samples) whole steps measured 1.00x (fp32) and 0.86x (bf16) of
+                                        ``sdpa``: the CPU flash kernel costs per call and block, not per
+                                        score, and the gathers' backward scatters
+                                        (``benchmarks/issue16_ab.py --lever attention``)
 ``flex_attention``      block_mask      a document-causal ``BlockMask`` built once per batch on the device;
                                         fully masked blocks are skipped
 ``sdpa``                bool            the dense ``[rows, 1, T, T]`` bool block-causal mask (exact, but every
@@ -62,12 +64,11 @@ PACKED_INPUTS = {
     "eager": DENSE_ADDITIVE,
 }
 IMPLEMENTATIONS = tuple(PACKED_INPUTS)
-# The model-input keys are schema.MODEL_INPUT_KEYS (a causal LM's); an encoder-decoder model adds the decoder's.
+# The model-input keys are schema.MODEL_INPUT_KEYS (a causal LM's); an encoder-decoder model adds the
+# decoder's.
 DECODER_INPUT_KEYS = ("decoder_input_ids", "decoder_attention_mask")
 SEQ2SEQ_INPUTS = (*(key for key in MODEL_INPUT_KEYS if key != "position_ids"), *DECODER_INPUT_KEYS)
 DEVICE_KEYS = (*MODEL_INPUT_KEYS, "labels", *DECODER_INPUT_KEYS)
-
-
 
 
 def packed_inputs(attn: str) -> str:
@@ -78,8 +79,9 @@ def packed_inputs(attn: str) -> str:
 
 def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     """The batch with its tensors on ``device`` and ``batch[MODEL_INPUTS]``: the model's keyword arguments for
-    ``attn`` (counts, ``cu_seq_lens`` and ``max_seqlen`` stay on the host: reading them costs no sync), and for a
-    causal batch ``batch[TARGET_POSITIONS]`` where some positions predict no label (``loss.positions_to_keep``)."""
+    ``attn`` (counts, ``cu_seq_lens`` and ``max_seqlen`` stay on the host: reading them costs no sync), and
+    for a causal batch ``batch[TARGET_POSITIONS]`` where some positions predict no label
+    (``loss.positions_to_keep``)."""
     kind = packed_inputs(attn)
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
     out = {**batch, **moved}
@@ -88,11 +90,16 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
         keep = positions_to_keep(batch["labels"], device, flattened=True) if "labels" in batch else None
         if keep is not None:
             out[TARGET_POSITIONS] = keep
-        # packed rows (data.seq2seq_packing): the dense masks; padded sides (collators.Seq2SeqCollator): their masks
-        out[MODEL_INPUTS] = (packed_seq2seq_inputs(batch, out, device, kind) if "decoder_segment_ids" in batch
-                             else {key: out[key] for key in SEQ2SEQ_INPUTS})
+        # packed rows (data.seq2seq_packing): the dense masks; padded sides (collators.Seq2SeqCollator): their
+        # masks
+        out[MODEL_INPUTS] = (
+            packed_seq2seq_inputs(batch, out, device, kind)
+            if "decoder_segment_ids" in batch
+            else {key: out[key] for key in SEQ2SEQ_INPUTS}
+        )
         return out
-    if "labels" in batch:  # a training step computes logits only where a label is predicted (loss.training_logits)
+    # a training step computes logits only where a label is predicted (loss.training_logits)
+    if "labels" in batch:
         keep = positions_to_keep(batch["labels"], device, flattened=kind == VARLEN)
         if keep is not None:
             out[TARGET_POSITIONS] = keep
@@ -101,16 +108,22 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
         rows, length = out["input_ids"].shape
         positions = out["position_ids"] if packed else torch.arange(length, device=device).expand(rows, -1)
         cu = cu_seq_lens.to(device, non_blocking=True)
-        out[MODEL_INPUTS] = {"input_ids": out["input_ids"].reshape(1, -1), "position_ids": positions.reshape(1, -1),
-                             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_seqlen,
-                             "max_length_k": max_seqlen}
+        out[MODEL_INPUTS] = {
+            "input_ids": out["input_ids"].reshape(1, -1),
+            "position_ids": positions.reshape(1, -1),
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": max_seqlen,
+            "max_length_k": max_seqlen,
+        }
         return out
     inputs = {"input_ids": out["input_ids"]}
     if packed:  # the mask this path needs, from the segment ids (whatever mask format the collator made)
         inputs["position_ids"] = out["position_ids"]
         sequence_ids = batch["sequence_ids"].to(device, non_blocking=True)
-        inputs["attention_mask"] = (document_block_mask(sequence_ids) if kind == BLOCK_MASK
-                                    else dense_mask(sequence_ids, kind))
+        inputs["attention_mask"] = (
+            document_block_mask(sequence_ids) if kind == BLOCK_MASK else dense_mask(sequence_ids, kind)
+        )
     elif "attention_mask" in out:  # padded rows, one sample each: transformers builds the mask it needs
         inputs["attention_mask"] = out["attention_mask"]
     out[MODEL_INPUTS] = inputs
@@ -118,23 +131,37 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
 
 
 def packed_seq2seq_inputs(batch: dict, out: dict, device: torch.device, kind: str) -> dict:
-    """A packed encoder-decoder batch's model inputs: the three dense masks made on the device from the segment
-    ids, and the packed positions / cross-attention mask that ``seq2seq_hooks`` feed to the model."""
+    """A packed encoder-decoder batch's model inputs: the three dense masks made on the device from the
+    segment ids, and the packed positions / cross-attention mask that ``seq2seq_hooks`` feed to the model."""
     if kind not in (DENSE_BOOL, DENSE_ADDITIVE):
-        raise ValueError(f"packed encoder-decoder batches need dense masks (sdpa or eager), not {kind} inputs")
-    segments = [batch[key].to(device, non_blocking=True) for key in ("encoder_segment_ids", "decoder_segment_ids")]
-    masks = [mask if kind == DENSE_BOOL else to_additive_mask(mask) for mask in seq2seq_packed_masks(*segments)]
-    positions = [batch[key].to(device, non_blocking=True) for key in ("encoder_position_ids", "decoder_position_ids")]
-    return {"input_ids": out["input_ids"], "attention_mask": masks[0], "decoder_input_ids": out["decoder_input_ids"],
-            "decoder_attention_mask": masks[1], ENCODER_POSITIONS: positions[0], DECODER_POSITIONS: positions[1],
-            CROSS_ATTENTION_MASK: masks[2]}
+        raise ValueError(
+            f"packed encoder-decoder batches need dense masks (sdpa or eager), not {kind} inputs"
+        )
+    segments = [
+        batch[key].to(device, non_blocking=True) for key in ("encoder_segment_ids", "decoder_segment_ids")
+    ]
+    masks = [
+        mask if kind == DENSE_BOOL else to_additive_mask(mask) for mask in seq2seq_packed_masks(*segments)
+    ]
+    positions = [
+        batch[key].to(device, non_blocking=True) for key in ("encoder_position_ids", "decoder_position_ids")
+    ]
+    return {
+        "input_ids": out["input_ids"],
+        "attention_mask": masks[0],
+        "decoder_input_ids": out["decoder_input_ids"],
+        "decoder_attention_mask": masks[1],
+        ENCODER_POSITIONS: positions[0],
+        DECODER_POSITIONS: positions[1],
+        CROSS_ATTENTION_MASK: masks[2],
+    }
 
 
 def varlen_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
     """``cu_seq_lens`` (int32) and the longest segment of the row-major flattening of the batch, on the host.
 
-    Packed batches carry them (``PackedCollator``); right-padded ones (one sample + a padding tail per row) get
-    them from the host-side 2D ``attention_mask``.
+    Packed batches carry them (``PackedCollator``); right-padded ones (one sample + a padding tail per row)
+    get them from the host-side 2D ``attention_mask``.
     """
     if "cu_seq_lens" in batch:
         return batch["cu_seq_lens"], int(batch["max_seqlen"])
@@ -150,7 +177,8 @@ def varlen_boundaries(batch: dict) -> tuple[torch.Tensor, int]:
 
 
 def dense_mask(sequence_ids: torch.Tensor, kind: str) -> torch.Tensor:
-    """The ``[rows, 1, T, T]`` block-causal mask, bool (SDPA) or additive (eager), built on the ids' device."""
+    """The ``[rows, 1, T, T]`` block-causal mask, bool (SDPA) or additive (eager), built on the ids'
+    device."""
     mask = block_causal_mask(sequence_ids)
     return mask if kind == DENSE_BOOL else to_additive_mask(mask)
 
@@ -166,5 +194,6 @@ def document_block_mask(sequence_ids: torch.Tensor):
     def document_causal(batch, head, query, key):
         return (documents[batch, query] == documents[batch, key]) & (key <= query)
 
-    return create_block_mask(document_causal, B=rows, H=None, Q_LEN=length, KV_LEN=length,
-                             device=sequence_ids.device)
+    return create_block_mask(
+        document_causal, B=rows, H=None, Q_LEN=length, KV_LEN=length, device=sequence_ids.device
+    )

@@ -22,20 +22,36 @@ except ImportError:  # pragma: no cover - depends on the installed torch
 
 TORCH_VARLEN = "torch_varlen"
 SDPA_VARLEN = "sdpa_varlen"
-VARLEN_ONLY = (TORCH_VARLEN, SDPA_VARLEN)  # registered here; they take packed varlen inputs only (no generation)
+# registered here; they take packed varlen inputs only (no generation)
+VARLEN_ONLY = (TORCH_VARLEN, SDPA_VARLEN)
 # sdpa_varlen: segment lengths are rounded up to a multiple of this; each multiple is one causal SDPA call.
 VARLEN_BUCKET = 8
 
 
-def torch_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                           cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+def torch_varlen_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    cu_seq_lens_q=None,
+    cu_seq_lens_k=None,
+    max_length_q=None,
+    max_length_k=None,
+    **kwargs,
+):
     """transformers attention function for ``torch.nn.attention.varlen.varlen_attn`` (causal, per segment).
 
-    ``query`` ``[B, H, S, D]`` (key/value may have fewer heads: GQA); returns ``[B, S, H, D]`` like the others.
+    ``query`` ``[B, H, S, D]`` (key/value may have fewer heads: GQA); returns ``[B, S, H, D]`` like the
+    others.
     """
     if cu_seq_lens_q is None or max_length_q is None:
-        raise ValueError("torch_varlen attention needs cu_seq_lens_q/k and max_length_q/k (fastlm's to_device "
-                         "gives them); use sdpa for generation")
+        raise ValueError(
+            "torch_varlen attention needs cu_seq_lens_q/k and max_length_q/k (fastlm's to_device "
+            "gives them); use sdpa for generation"
+        )
     if dropout:
         raise ValueError("torch_varlen attention has no dropout; set the model's attention_dropout to 0")
     if varlen_attn is None:
@@ -48,9 +64,16 @@ def torch_varlen_attention(module, query, key, value, attention_mask, dropout: f
         # fp16/bf16 only: cast to the autocast dtype, as transformers' flash-attention paths do.
         target = torch.get_autocast_dtype(device_type)
         q, k, v = q.to(target), k.to(target), v.to(target)
-    out = call_varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
-                           int(max_length_q), int(max_length_k if max_length_k is not None else max_length_q),
-                           scaling)
+    out = call_varlen_attn(
+        q,
+        k,
+        v,
+        cu_seq_lens_q,
+        cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
+        int(max_length_q),
+        int(max_length_k if max_length_k is not None else max_length_q),
+        scaling,
+    )
     return out.view(batch, length, heads, dim), None
 
 
@@ -58,9 +81,9 @@ def segment_buckets(cu_seq_lens: torch.Tensor, bucket: int = VARLEN_BUCKET):
     """The gather plan of ``sdpa_varlen_attention`` for segment boundaries ``cu_seq_lens`` (read on the host).
 
     Segments are grouped by their length rounded up to a multiple of ``bucket``. Per group: ``index``
-    ``[segments, P]``, the flat token positions of each segment followed by its last token repeated as padding,
-    and ``valid`` ``[segments, P]``, which of them are the segment's own. ``inverse`` puts the groups' valid
-    outputs, concatenated in group order, back into token order.
+    ``[segments, P]``, the flat token positions of each segment followed by its last token repeated as
+    padding, and ``valid`` ``[segments, P]``, which of them are the segment's own. ``inverse`` puts the
+    groups' valid outputs, concatenated in group order, back into token order.
     """
     bounds = cu_seq_lens.detach().to("cpu", torch.int64).numpy()
     starts, lengths = bounds[:-1], np.diff(bounds)
@@ -79,22 +102,38 @@ def segment_buckets(cu_seq_lens: torch.Tensor, bucket: int = VARLEN_BUCKET):
     return groups, torch.from_numpy(inverse)
 
 
-def sdpa_varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                          cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None, **kwargs):
+def sdpa_varlen_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    cu_seq_lens_q=None,
+    cu_seq_lens_k=None,
+    max_length_q=None,
+    max_length_k=None,
+    **kwargs,
+):
     """transformers attention function: causal attention within each ``cu_seq_lens`` segment, on any device.
 
-    The packed rows come flattened (``[1, H, tokens, D]``, as for the varlen kernels). Segments are gathered into
-    groups of equal padded length (``segment_buckets``) and each group is one causal ``scaled_dot_product_attention``
-    call without a mask, so SDPA's fast causal kernel runs and only a segment's own keys are computed: the dense
-    block-diagonal mask costs ``rows x T^2`` score pairs, this about ``sum(length^2)``. Padding follows each
-    segment's real tokens, so causality keeps it out of every real query; padded outputs are dropped.
-    Returns ``[1, tokens, H, D]`` like the other attention functions.
+    The packed rows come flattened (``[1, H, tokens, D]``, as for the varlen kernels). Segments are gathered
+    into groups of equal padded length (``segment_buckets``) and each group is one causal
+    ``scaled_dot_product_attention`` call without a mask, so SDPA's fast causal kernel runs and only a
+    segment's own keys are computed: the dense block-diagonal mask costs ``rows x T^2`` score pairs, this
+    about ``sum(length^2)``. Padding follows each segment's real tokens, so causality keeps it out of every
+    real query; padded outputs are dropped. Returns ``[1, tokens, H, D]`` like the other attention functions.
     """
     if cu_seq_lens_q is None:
-        raise ValueError("sdpa_varlen attention needs cu_seq_lens_q (fastlm's to_device gives it); use sdpa for "
-                         "generation")
-    if cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(cu_seq_lens_k,
-                                                                                             cu_seq_lens_q):
+        raise ValueError(
+            "sdpa_varlen attention needs cu_seq_lens_q (fastlm's to_device gives it); use sdpa for generation"
+        )
+    if (
+        cu_seq_lens_k is not None
+        and cu_seq_lens_k is not cu_seq_lens_q
+        and not torch.equal(cu_seq_lens_k, cu_seq_lens_q)
+    ):
         raise ValueError("sdpa_varlen attention is self-attention: cu_seq_lens_k must equal cu_seq_lens_q")
     groups, inverse = segment_buckets(cu_seq_lens_q)
     device = query.device
@@ -104,8 +143,9 @@ def sdpa_varlen_attention(module, query, key, value, attention_mask, dropout: fl
     for index, valid in groups:
         index, valid = index.to(device, non_blocking=True), valid.to(device, non_blocking=True)
         qb, kb, vb = (x[:, index].transpose(0, 1) for x in (q, k, v))  # [segments, H, P, D]
-        out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, dropout_p=dropout, is_causal=True,
-                                                               scale=scaling, enable_gqa=gqa)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qb, kb, vb, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+        )
         outputs.append(out.transpose(1, 2)[valid])  # [real tokens of the group, H, D]
     out = torch.cat(outputs)[inverse.to(device, non_blocking=True)]
     return out.unsqueeze(0), None
@@ -126,12 +166,14 @@ if varlen_attn is not None:
     varlen_parameters(varlen_attn)
 
 
-def call_varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale: float | None) -> torch.Tensor:
+def call_varlen_attn(
+    q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale: float | None
+) -> torch.Tensor:
     """Causal ``varlen_attn`` over ``[tokens, heads, dim]`` inputs, whatever the installed torch's signature.
 
-    torch 2.13: ``window_size=(-1, 0)``, ``scale``, ``enable_gqa``. torch 2.11 (seen on an H200): ``scale`` and
-    ``window_size`` but no ``enable_gqa``. torch 2.9-2.10: ``is_causal`` only. Without GQA support the KV heads
-    are repeated; without ``scale`` a non-default scale is folded into the queries.
+    torch 2.13: ``window_size=(-1, 0)``, ``scale``, ``enable_gqa``. torch 2.11 (seen on an H200): ``scale``
+    and ``window_size`` but no ``enable_gqa``. torch 2.9-2.10: ``is_causal`` only. Without GQA support the KV
+    heads are repeated; without ``scale`` a non-default scale is folded into the queries.
     """
     accepted = varlen_parameters(varlen_attn)
     kwargs = {}
@@ -146,7 +188,9 @@ def call_varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale:
     elif "is_causal" in accepted:
         kwargs["is_causal"] = True
     else:
-        raise RuntimeError("this torch's varlen_attn has neither window_size nor is_causal; choose another attention")
+        raise RuntimeError(
+            "this torch's varlen_attn has neither window_size nor is_causal; choose another attention"
+        )
     if scale is not None:
         if "scale" in accepted:
             kwargs["scale"] = scale
@@ -156,8 +200,8 @@ def call_varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale:
 
 
 def register_attention_functions() -> None:
-    """Add ``torch_varlen`` and ``sdpa_varlen`` to transformers' attention registry (no mask function: they need
-    none)."""
+    """Add ``torch_varlen`` and ``sdpa_varlen`` to transformers' attention registry (no mask function: they
+    need none)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(TORCH_VARLEN, torch_varlen_attention)
