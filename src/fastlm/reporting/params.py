@@ -27,15 +27,10 @@ class DecodingSetting(Params):
     seed: int = 0
 
 
-class ReferenceParams(Params):
-    """Generation on the test split and ROUGE against the references (prompt/response data only)."""
+class DecodingParams(Params):
+    """One decoding set-up for ``generate`` (greedy, sampling, beam search with penalties), shared by
+    ``report.references`` and ``predict``: a setting tuned against ROUGE in the report is copied as it is."""
 
-    enabled: Literal["auto", True, False] = Field(
-        "auto", description="auto: when the data has prompt/response"
-    )
-    max_samples: int | None = Field(200, ge=1, description="hash-selected test samples; null: all")
-    batch_size: int = Field(16, ge=1)
-    max_new_tokens: int = Field(64, ge=1)
     num_beams: int = Field(1, ge=1)
     do_sample: bool = False
     temperature: float = Field(1.0, gt=0)
@@ -44,8 +39,6 @@ class ReferenceParams(Params):
     repetition_penalty: float = Field(1.0, gt=0)
     no_repeat_ngram_size: int = Field(0, ge=0)
     length_penalty: float = Field(1.0, description="beam search only: > 1 favours longer outputs")
-    seed: int = 0
-    rouge_tokenizer: Literal[TOKENIZERS] = "auto"  # type: ignore[valid-type]
 
     def decoding(self) -> dict:
         """The decoding settings (``fastlm.engine.evaluate.generation.decoding_kwargs`` arguments)."""
@@ -61,6 +54,19 @@ class ReferenceParams(Params):
                 "length_penalty",
             }
         )
+
+
+class ReferenceParams(DecodingParams):
+    """Generation on the test split and ROUGE against the references (prompt/response data only)."""
+
+    enabled: Literal["auto", True, False] = Field(
+        "auto", description="auto: when the data has prompt/response"
+    )
+    max_samples: int | None = Field(200, ge=1, description="hash-selected test samples; null: all")
+    batch_size: int = Field(16, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    seed: int = 0
+    rouge_tokenizer: Literal[TOKENIZERS] = "auto"  # type: ignore[valid-type]
 
 
 class ReportParams(Params):

@@ -7,12 +7,13 @@ from typing import Literal
 from pydantic import Field
 
 from fastlm.errors import ConfigError
-from fastlm.validation import Params, parse_params
+from fastlm.reporting.params import DecodingParams
+from fastlm.validation import parse_params
 
 SOURCE = "conf/base/parameters_predict.yml"
 
 
-class PredictParams(Params):
+class PredictParams(DecodingParams):
     """What to read, which model, how to decode. The decoding keys are those of ``report.references``, so a
     setting tuned against ROUGE there is copied here as it is."""
 
@@ -30,14 +31,6 @@ class PredictParams(Params):
     max_new_tokens: int = Field(64, ge=1)
     max_input_tokens: int | None = Field(None, ge=1, description="null: what the model's positions leave")
     too_long: Literal["truncate", "refuse"] = "truncate"
-    num_beams: int = Field(1, ge=1)
-    do_sample: bool = False
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int | None = Field(None, ge=1)
-    repetition_penalty: float = Field(1.0, gt=0)
-    no_repeat_ngram_size: int = Field(0, ge=0)
-    length_penalty: float = 1.0
     seed: int = 0
     resume: bool = Field(True, description="reuse the finished batches of an interrupted run of the same job")
 
@@ -51,21 +44,6 @@ class PredictParams(Params):
     @property
     def template(self) -> str | None:
         return self.prompt_template if self.prompt_column is not None else None
-
-    def decoding(self) -> dict:
-        """The decoding settings (``fastlm.engine.evaluate.generation.decoding_kwargs`` arguments)."""
-        return self.model_dump(
-            include={
-                "num_beams",
-                "do_sample",
-                "temperature",
-                "top_p",
-                "top_k",
-                "repetition_penalty",
-                "no_repeat_ngram_size",
-                "length_penalty",
-            }
-        )
 
     def require_input(self) -> str:
         """``input`` has no default (there is no file to guess): its absence is one line, before any work."""
