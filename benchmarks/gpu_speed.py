@@ -12,6 +12,9 @@ and is stopped when it runs past it ("did not finish in N s").
     python benchmarks/gpu_speed.py --model tiny               # the project's default tiny Llama
     python benchmarks/gpu_speed.py --device cpu --model tiny --steps 2 --warmup 1 --seq-len 256 \
         --compile off --budget-s 900                          # CPU smoke run
+    python benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on
+    python benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off
+                                                              # liger-kernel against fastlm's own kernels
 
 Models (random init, ``torch.manual_seed(0)``, built with ``fastlm.engine.model.build.build_model``):
 ``tiny`` = ``ModelParams()`` (hidden 128, 2 layers, 4 heads, intermediate 344, vocab = len(tokenizer));
@@ -109,6 +112,8 @@ MODELS = {
 }
 MODEL_VOCAB = {"tiny": None, "0.5b": 32000}  # None: len(tokenizer)
 DEFAULT_BATCH = {"tiny": 16, "0.5b": 8}
+# --liger: train.model.liger as given, and the fused head's kernel it implies (train.loss.fused_linear_kernel)
+LIGER_KERNEL = {"auto": "auto", "on": "liger", "off": "fastlm"}
 FULL_CONTENDERS = ("fastlm_compile", "fastlm_eager", "trainer_usual", "trainer_best")
 ADAPTER_CONTENDERS = (
     "fastlm_lora",
@@ -361,8 +366,13 @@ def fastlm_params(
     model = {"attn_implementation": ctx.attn}
     if adapter:
         model = ctx.adapter_model_params(adapter == "qlora")
+    model = {**model, "liger": args.liger}  # --liger: the norm/rotary/MLP patch and the fused head's kernel
     raw = {
         "model": model,
+        "loss": {
+            "fused_linear": {"auto": "auto", "on": True, "off": False}[args.fused_linear],
+            "fused_linear_kernel": LIGER_KERNEL[args.liger],
+        },
         "batching": {"mode": "packed", "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
         "runtime": {
             "device": str(ctx.device),
@@ -949,6 +959,10 @@ def run_child(
             args.checkpointing,
             "--optim",
             args.optim,
+            "--liger",
+            args.liger,
+            "--fused-linear",
+            args.fused_linear,
         ],
         extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))},
     )
@@ -1076,7 +1090,8 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         print("GPU: none (CUDA not available)")
     print(
         f"model {args.model}: {n_params:,} parameters; seq_len {args.seq_len}; precision {args.precision}; "
-        f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps"
+        f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps; "
+        f"liger {args.liger}, fused linear {args.fused_linear}"
     )
     print(
         f"data: {prep['docs']:,} documents of demo texts, {prep['tokens_total']:,} tokens (median "
@@ -1216,6 +1231,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="adamw",
         help="adapter contenders: train.optimizer.name of fastlm, its Trainer peer in the best "
         "set-up (default adamw)",
+    )
+    parser.add_argument(
+        "--liger",
+        choices=tuple(LIGER_KERNEL),
+        default="auto",
+        help="fastlm contenders: liger-kernel's kernels (train.model.liger, and "
+        "train.loss.fused_linear_kernel auto/liger/fastlm for auto/on/off; default auto: where "
+        "CUDA and liger-kernel are there). A/B: run once with --liger on, once with --liger off",
+    )
+    parser.add_argument(
+        "--fused-linear",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="fastlm contenders: train.loss.fused_linear (auto: vocabularies >= 65,536; the 0.5b model's "
+        "32,000 needs on to run the fused head at all)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument(

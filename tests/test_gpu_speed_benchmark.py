@@ -49,3 +49,21 @@ def test_adapters_select_the_adapter_contenders_and_their_settings_reach_the_chi
     passed = seen["args"]
     assert passed[passed.index("--checkpointing") + 1] == "selective"
     assert passed[passed.index("--optim") + 1] == "paged_adamw_8bit"
+
+
+def test_the_liger_and_fused_linear_flags_reach_the_children_and_the_parameters(gpu_speed, monkeypatch):
+    from types import SimpleNamespace
+
+    args = gpu_speed.parse_args(
+        ["--model", "tiny", "--liger", "off", "--fused-linear", "on", "--threads", "1"]
+    )
+    seen = {}
+    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
+    gpu_speed.run_child("fastlm_eager", args, Path("."), 0)
+    passed = seen["args"]
+    assert passed[passed.index("--liger") + 1] == "off" and passed[passed.index("--fused-linear") + 1] == "on"
+    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device="cpu")
+    params = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
+    assert params.model.liger == "off" and params.loss.fused_linear_kernel == "fastlm"
+    assert params.loss.fused_linear is True
+    assert gpu_speed.parse_args([]).liger == "auto"  # default: liger where CUDA and liger-kernel are

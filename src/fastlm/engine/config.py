@@ -62,6 +62,12 @@ class ModelParams(Params):
         "other decoder layer), full (every layer), auto (off unless the tune pipeline chose one); "
         "true/false = full/off",
     )
+    liger: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="liger-kernel's fused RMSNorm, rotary and SwiGLU/GeGLU patched onto the model "
+        "(engine/model/liger.py); auto: on a CUDA run with liger-kernel installed and a family it patches, "
+        "else off (the reason is logged)",
+    )
     # From-scratch Llama-architecture config (ignored with name_or_path).
     hidden_size: int = Field(128, ge=8)
     intermediate_size: int = Field(344, ge=8)
@@ -75,6 +81,20 @@ class ModelParams(Params):
     def _boolean_is_full_or_off(cls, value):
         """Configs written before the policies said true/false."""
         return {True: "full", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("liger", mode="before")
+    @classmethod
+    def _liger_yaml_on_off(cls, value):
+        """YAML 1.1 reads an unquoted on/off as true/false."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("liger")
+    @classmethod
+    def _liger_this_machine_has(cls, value: str) -> str:
+        problem = liger_missing() if value == "on" else None
+        if problem:
+            raise ValueError(f"on patches liger-kernel's GPU kernels and {problem}; use 'auto' or 'off'")
+        return value
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelParams:
@@ -117,6 +137,25 @@ class BatchingParams(Params):
         if self.pad_to_multiple_of == "auto":
             return 8 if device_type == "cuda" else 1
         return int(self.pad_to_multiple_of)
+
+
+def liger_missing() -> str | None:
+    """What liger-kernel (Triton kernels, ``engine/model/liger.py``) lacks on this machine: a CUDA GPU, the
+    package (None: neither)."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "this machine has no CUDA GPU"
+    if "liger_kernel" in sys.modules:  # a stand-in, or None: an import that is known to fail
+        installed = sys.modules["liger_kernel"] is not None
+    else:
+        installed = importlib.util.find_spec("liger_kernel") is not None
+    if not installed:
+        return "liger-kernel is not installed (`pip install liger-kernel`)"
+    return None
 
 
 def cuda_and_bitsandbytes_missing() -> list[str]:
@@ -179,6 +218,20 @@ class LossParams(Params):
         description="the LM head's matmul and the loss fused chunk by chunk (engine/model/linear_loss.py): "
         "no [tokens x vocab] logits; auto: for vocabularies of 65,536 and more",
     )
+    fused_linear_kernel: Literal["auto", "fastlm", "liger"] = Field(
+        "auto",
+        description="whose kernel runs the fused head + loss (engine/model/liger.py): fastlm (chunked "
+        "PyTorch, any device) or liger (liger-kernel's Triton kernel, CUDA); auto: liger on a CUDA run "
+        "with liger-kernel installed, else fastlm",
+    )
+
+    @field_validator("fused_linear_kernel")
+    @classmethod
+    def _liger_kernel_this_machine_has(cls, value: str) -> str:
+        problem = liger_missing() if value == "liger" else None
+        if problem:
+            raise ValueError(f"liger runs liger-kernel's GPU kernel and {problem}; use 'auto' or 'fastlm'")
+        return value
 
 
 class EarlyStoppingParams(Params):
@@ -241,7 +294,8 @@ class RuntimeParams(Params):
     float8: Literal["off", "on", "auto"] = Field(
         "auto",
         description="float8 matmuls through torchao (engine/runtime/float8.py); auto: on CUDA "
-        "compute capability >= 8.9 with torchao and a hidden size >= 2048, else off (the reason is logged)",
+        "compute capability >= 8.9 with torchao and a hidden size >= 2048 (then measured on the first "
+        "micro-batch, kept when 1.1x faster), else off (the reason is logged)",
     )
 
     @field_validator("float8", mode="before")
@@ -330,6 +384,23 @@ class TrainParams(Params):
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
     distributed: DistributedParams = DistributedParams()
+
+    @field_validator("runtime")
+    @classmethod
+    def _liger_needs_a_cuda_run(cls, value: RuntimeParams, info: ValidationInfo):
+        model, loss = info.data.get("model"), info.data.get("loss")
+        if value.device != "cpu":
+            return value
+        if model is not None and model.liger == "on":
+            raise ValueError(
+                "train.model.liger: on patches GPU kernels and this run is on CPU; use auto or off"
+            )
+        if loss is not None and loss.fused_linear_kernel == "liger":
+            raise ValueError(
+                "train.loss.fused_linear_kernel: liger runs a GPU kernel and this run is on CPU; use auto or "
+                "fastlm"
+            )
+        return value
 
     @field_validator("distributed")
     @classmethod

@@ -1,6 +1,7 @@
 """QLoRA's calling contract, on CPU: the base loads with an NF4 ``BitsAndBytesConfig`` (double quantization,
 bf16 compute), ``prepare_model_for_kbit_training`` gets the checkpointing policy (and ``selective``
-survives it), the runtime trains in bf16 without a GradScaler, and the fused linear loss stays on for a 128k
+survives it), the runtime trains in bf16 without a GradScaler (on a GPU without native bf16: fp16 4-bit
+compute and a GradScaler that unscales fp32 adapters only), and the fused linear loss stays on for a 128k
 vocabulary.
 
 bitsandbytes needs CUDA: a fake module and a patched ``torch.cuda`` stand in, the weights are not quantized
@@ -63,6 +64,7 @@ def prepared(monkeypatch):
 def test_qlora_loads_nf4_with_bf16_compute_and_prepares_with_the_policy(
     tmp_path, monkeypatch, fake_cuda_with_bitsandbytes, prepared, policy, checkpointed
 ):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100
     tokenizer = llama_style_tokenizer(TEXTS, vocab_size=300)
     base = save_tiny_llama(tmp_path / "base", tokenizer, layers=4)
     loads: list[dict] = []
@@ -133,3 +135,69 @@ def test_the_fused_linear_loss_stays_on_for_a_128k_vocabulary_under_qlora(
     adapted = lora.apply_lora(model, settings, gradient_checkpointing="full")
     head, why = fused_head_choice(adapted, "auto")
     assert head is adapted.get_base_model().lm_head and "128,256" in why  # LoRA adapts projections only
+
+
+@pytest.fixture
+def gpu_without_native_bf16(monkeypatch, fake_cuda_with_bitsandbytes):
+    """A T4 / V100 as torch's capability queries describe it: bf16 only emulated, no bf16 tensor cores."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake T4")
+
+
+def test_qlora_on_a_gpu_without_native_bf16_computes_in_fp16_under_a_grad_scaler(gpu_without_native_bf16):
+    """Not refused: the 4-bit matmuls compute in fp16 (emulated bf16 would be slow and would disagree with
+    the fp16 autocast the runtime picks), the runtime trains in fp16 with a GradScaler."""
+    settings = parse_train_params({"model": {"lora": {"enabled": True, "load_in_4bit": True}}}).model.lora
+    kwargs = lora.load_kwargs(settings)
+    assert kwargs["quantization_config"].bnb_4bit_compute_dtype == torch.float16
+    assert kwargs["dtype"] == torch.float16
+    plain = parse_train_params({"model": {"lora": {"enabled": True}}}).model.lora
+    assert lora.base_dtype(plain) == torch.float32  # emulated bf16 does not count for the frozen base either
+    before = torch.get_float32_matmul_precision()
+    try:
+        runtime = environment.setup_runtime(environment.RuntimeConfig(device="cuda", precision="auto"))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert runtime.precision == "fp16" and runtime.grad_scaler is True
+
+
+def test_the_grad_scaler_unscales_only_the_fp32_adapters_over_a_half_precision_base():
+    """The fp16 step's contract: peft keeps the adapters fp32 over an fp16 frozen base and the optimizer holds
+    only the trainable parameters, so ``GradScaler.unscale_`` (which refuses fp16 gradients) sees fp32 ones,
+    finite, and divides exactly those by the scale."""
+    from fastlm.engine.model.accumulation import accumulate_gradients
+    from fastlm.engine.train.optim import make_optimizer
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(torch.float16)
+    settings = parse_train_params({"model": {"lora": {"enabled": True, "r": 4, "dropout": 0}}}).model.lora
+    adapted = lora.apply_lora(model, settings, gradient_checkpointing="off")
+    optimizer = make_optimizer(adapted, parse_train_params({}).optimizer)
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    assert held and all(p.requires_grad and p.dtype == torch.float32 for p in held)
+    frozen = [p for p in adapted.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.float16 for p in frozen)
+    ids = torch.arange(3, 19).reshape(2, 8)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    scale = 2.0**8
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    accumulate_gradients(
+        adapted, [batch], autocast=lambda: torch.autocast("cpu", dtype=torch.float16), grad_scaler=scaler
+    )
+    scaled = [p.grad.clone() for p in held]
+    assert all(p.grad is None for p in frozen)
+    scaler.unscale_(optimizer)  # raises on an fp16 gradient
+    assert all(torch.isfinite(param.grad).all() for param in held)  # no skipped step
+    for before, param in zip(scaled, held, strict=True):
+        assert torch.equal(param.grad, before * (1 / scale))  # a power of two: the division is exact
+    assert any(before.abs().sum() > 0 for before in scaled)

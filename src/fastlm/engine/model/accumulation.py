@@ -23,12 +23,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from fastlm.engine.data.schema import count_target_tokens
-from fastlm.engine.model.linear_loss import head_returns_hidden, linear_cross_entropy_sum
+from fastlm.engine.model.liger import fused_linear_cross_entropy_sum
+from fastlm.engine.model.linear_loss import head_returns_hidden
 from fastlm.engine.model.loss import cross_entropy_sum, training_logits
+
+
+@dataclass(frozen=True)
+class FusedHead:
+    """The LM head whose matmul runs fused into the loss (``linear_loss.fused_head_choice``) and whose kernel
+    runs it (``liger.linear_ce_kernel_choice``: ``fastlm`` or ``liger``): chosen together, used together."""
+
+    head: torch.nn.Linear
+    kernel: str = "fastlm"
 
 
 def total_target_tokens(micro_batches: Iterable[Mapping]) -> int:
@@ -56,7 +67,7 @@ def accumulate_gradients(
     world_size: int = 1,
     gradient_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
     label_smoothing: float = 0.0,
-    fused_head: torch.nn.Linear | None = None,
+    fused_head: torch.nn.Linear | FusedHead | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Backpropagate the micro-batches of one optimizer step, each weighted by its share of the targets.
 
@@ -69,9 +80,13 @@ def accumulate_gradients(
     gradients are reduced across ranks only on the last one (see ``distributed.gradient_sync``).
     ``label_smoothing``: the smoothed loss is what is optimised and returned (see ``cross_entropy_sum``).
     ``fused_head`` (``linear_loss.fused_head_choice``): that head's matmul and the loss run fused, chunk by
-    chunk of tokens (``linear_loss``): no ``[tokens x vocab]`` logits.
+    chunk of tokens (``linear_loss``): no ``[tokens x vocab]`` logits; a ``FusedHead`` also names the kernel,
+    ``liger`` (liger-kernel's, on CUDA; it reads the micro-batch's target count back to the host once) or
+    ``fastlm`` (ours, what a bare Linear gets).
     """
     total = total_target_tokens(micro_batches) if total_targets is None else int(total_targets)
+    if isinstance(fused_head, torch.nn.Linear):
+        fused_head = FusedHead(fused_head)
     step_loss_sum = None
     last_index = len(micro_batches) - 1
     for index, batch in enumerate(micro_batches):
@@ -90,13 +105,14 @@ def accumulate_gradients(
 
 
 def _micro_batch_loss_sum(
-    model, batch: Mapping, label_smoothing: float, fused_head: torch.nn.Linear | None
+    model, batch: Mapping, label_smoothing: float, fused: FusedHead | None
 ) -> torch.Tensor:
-    if fused_head is None:
+    if fused is None:
         logits, targets = training_logits(model, batch)
         return cross_entropy_sum(logits, targets, reuse_logits=True, label_smoothing=label_smoothing)
-    with head_returns_hidden(fused_head):
+    head = fused.head
+    with head_returns_hidden(head):
         hidden, targets = training_logits(model, batch)
-    return linear_cross_entropy_sum(
-        hidden, fused_head.weight, targets, fused_head.bias, label_smoothing=label_smoothing
+    return fused_linear_cross_entropy_sum(
+        fused.kernel, hidden, head.weight, targets, head.bias, label_smoothing=label_smoothing
     )

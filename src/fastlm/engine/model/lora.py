@@ -14,7 +14,11 @@ older peft) still works.
 
 QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 compute
 (``BitsAndBytesConfig``), then ``prepare_model_for_kbit_training``; it needs CUDA and the bitsandbytes
-package and is refused with one line without them.
+package and is refused with one line without them. On a GPU without native bf16 (T4, V100) it trains rather
+than being refused: the 4-bit matmuls compute in fp16, as the runtime's autocast does there (emulated bf16
+would be slow and would disagree with it), and the fp16 GradScaler is safe because everything it unscales is
+fp32: the adapters (peft's ``autocast_adapter_dtype``), the modules ``prepare_model_for_kbit_training`` casts
+to fp32, and nothing frozen (the optimizer holds the trainable parameters only).
 
 Saving: ``PeftModel.save_pretrained`` writes ``adapter_config.json`` + ``adapter_model.safetensors``; the
 config names the base folder (an absolute path, so the adapter loads from anywhere), and ``base_digest.json``
@@ -93,11 +97,23 @@ def check_supported(params: ModelParams) -> None:
             )
 
 
+def _native_bf16() -> bool:
+    """bf16 tensor cores (Ampere and newer), as ``runtime.environment.gpu_has_native_bf16`` decides the
+    training precision: torch's plain ``is_bf16_supported()`` also says yes for emulated bf16 (T4, V100)."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def base_dtype(lora: LoraParams) -> torch.dtype:
-    """The frozen base weights' dtype: ``auto`` = bf16 on a GPU that has it, else fp32."""
+    """The frozen base weights' dtype: ``auto`` = bf16 on a GPU that has it natively, else fp32."""
     if lora.base_dtype != "auto":
         return DTYPES[lora.base_dtype]
-    return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if _native_bf16() else torch.float32
+
+
+def qlora_compute_dtype() -> torch.dtype:
+    """The 4-bit matmuls' dtype: bf16 where the GPU has it natively, else fp16 (the runtime then trains in
+    fp16 with a GradScaler; see the module docstring)."""
+    return torch.bfloat16 if _native_bf16() else torch.float16
 
 
 def load_kwargs(lora: LoraParams) -> dict:
@@ -106,14 +122,15 @@ def load_kwargs(lora: LoraParams) -> dict:
         return {"dtype": base_dtype(lora)}
     from transformers import BitsAndBytesConfig
 
+    compute = qlora_compute_dtype()
     quantization = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_compute_dtype=compute,
     )
     return {
-        "dtype": torch.bfloat16,
+        "dtype": compute,
         "quantization_config": quantization,
         "device_map": {"": torch.cuda.current_device()},
     }

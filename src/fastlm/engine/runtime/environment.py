@@ -102,6 +102,10 @@ class Runtime:
     cuda_version: str | None
     precision_choice: str | None = None  # why this precision (``runtime_probe`` measures ``auto`` on CPU)
     compile_choice: str | None = None  # why compiled or not (``runtime_probe`` measures ``auto`` on CPU)
+    float8: bool = False  # float8 matmuls in the Linear layers (``train.runtime.float8``)
+    float8_choice: str | None = (
+        None  # why (``probe.probe_float8`` measures ``auto`` where the rule allows it)
+    )
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

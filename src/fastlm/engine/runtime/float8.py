@@ -14,8 +14,15 @@ change) and each matmul casts its inputs to float8 with dynamic per-tensor scale
   thousand, and small models train slower in float8 than in bf16.
 
 Anything else is off, with the reason logged. ``on`` is refused in one line where the machine cannot do it
-(``engine.config.RuntimeParams``). Which layers: ``module_filter``. Measuring ``auto`` on the first steps (as
-``runtime.probe`` does for precision and compile) is left for a GPU run: the rule above is what decides now.
+(``engine.config.RuntimeParams``). Which layers: ``module_filter``.
+
+Where the rule passes, ``auto`` makes float8 a candidate, not a choice: the gain depends on the shapes, the
+batch and the GPU together (the casts are memory-bound, the matmuls compute-bound), so the training run
+measures it on its first micro-batch (``runtime.probe.probe_float8``) and keeps float8 only where it is
+faster by a margin. ``Float8Swap`` lets it measure both without converting twice or copying the model: it
+converts once and then swaps the plain and the float8 layers in and out of the model (both hold the same
+weight ``Parameter`` objects), so a reverted model holds exactly its original modules again. The throughput
+autotune (``tune``) keeps the rule: its trials are too short to measure another set-up inside each.
 """
 
 from __future__ import annotations
@@ -105,10 +112,23 @@ def module_filter(model: nn.Module) -> Callable[[nn.Module, str], bool]:
     return keep
 
 
-def apply_float8(model: nn.Module, requested: str, device: torch.device, *, strategy: str = "ddp") -> str:
-    """Convert ``model``'s eligible Linear layers in place where ``float8_decision`` says so; why, logged."""
+def apply_float8(
+    model: nn.Module,
+    requested: str,
+    device: torch.device,
+    *,
+    strategy: str = "ddp",
+    measured_later: bool = False,
+) -> str:
+    """Convert ``model``'s eligible Linear layers in place where ``float8_decision`` says so; why, logged.
+    ``measured_later``: an ``auto`` the rule allows is left unconverted, for the run's first micro-batch to
+    measure (``runtime.probe.probe_float8``)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     on, why = float8_decision(requested, base, device, strategy=strategy)
+    if on and measured_later and requested == "auto":
+        why = f"{why}: a candidate, measured on the first micro-batch"
+        log.debug("%s", why)
+        return why
     if on:
         keep = module_filter(model)
         chosen = sum(1 for name, module in model.named_modules() if name and keep(module, name))
@@ -116,3 +136,29 @@ def apply_float8(model: nn.Module, requested: str, device: torch.device, *, stra
         why = f"{why}: {chosen} Linear layers in float8"
     log.log(logging.INFO if device.type == "cuda" else logging.DEBUG, "%s", why)  # CPU: nothing to say
     return why
+
+
+class Float8Swap:
+    """``model``'s eligible Linear layers converted once (torchao, or ``converter``), then swapped in and out.
+
+    The converted layers keep the originals' weight ``Parameter`` objects (torchao's ``Float8Linear`` does),
+    so the optimizer built before, DDP's buckets and the gradients are the same either way; swapping is a
+    ``setattr`` per layer, so the probe can alternate its timed passes between the two. Created converted.
+    """
+
+    def __init__(self, model: nn.Module, converter: Callable | None = None) -> None:
+        keep = module_filter(model)
+        self.model = model
+        self.plain = {name: module for name, module in model.named_modules() if name and keep(module, name)}
+        (converter or load_converter())(model, module_filter_fn=keep)
+        self.float8 = {name: model.get_submodule(name) for name in self.plain}
+        self.converted = True
+
+    def use(self, float8: bool) -> None:
+        """The float8 layers in the model (True) or the original plain ones (False)."""
+        for name, module in (self.float8 if float8 else self.plain).items():
+            self.model.set_submodule(name, module)
+        self.converted = float8
+
+    def __len__(self) -> int:
+        return len(self.plain)

@@ -26,6 +26,14 @@ compile is not paid twice), when its best time is at least ``COMPILE_MIN_SPEEDUP
 (docs/benchmarks.md). A resumed run keeps its checkpoint's choice; runs of several processes stay eager unless
 compile is set.
 
+``train.runtime.float8: auto`` (CUDA) is measured the same way where ``float8.float8_decision``'s rule allows
+it (compute capability 8.9+, torchao, hidden size 2048+): the first micro-batch runs, through the model that
+will step (compiled when the run compiles: each variant is compiled once, in its warm-up), with the plain
+Linear layers and then with float8 ones (``float8.Float8Swap``: converted once, then swapped, alternated over
+``ROUNDS`` timed passes); float8 is kept when its best time is at least ``FLOAT8_MIN_SPEEDUP`` times faster,
+else the original layers go back in. A resumed run keeps its checkpoint's choice; a run of several processes
+follows the rule (each rank would measure its own). Not yet measured on a GPU (docs/benchmarks.md).
+
 Measured and left out: pinning SDPA's math kernel on CPU. Its attention alone beats the default flash kernel
 on short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 1.01x on the 5.2 M shape
 and lost (0.80x) on the demo model.
@@ -42,6 +50,7 @@ from time import perf_counter
 import torch
 
 from fastlm.engine.model.accumulation import accumulate_gradients
+from fastlm.engine.runtime import float8
 from fastlm.engine.runtime.environment import Runtime
 
 log = logging.getLogger(__name__)
@@ -52,17 +61,21 @@ ROUNDS = 2  # timed passes per candidate after its warm-up; the best counts
 # compile auto on CPU: only for runs at least this long eager (compiling takes ~25 s)
 COMPILE_MIN_RUN_SECONDS = 300.0
 COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
+FLOAT8_MIN_SPEEDUP = 1.1  # float8 matmuls must beat the plain layers by this much to be kept
 
 __all__ = [
     "COMPILE_MIN_RUN_SECONDS",
     "COMPILE_MIN_SPEEDUP",
+    "FLOAT8_MIN_SPEEDUP",
     "MIN_SPEEDUP",
     "MIN_STEP_SECONDS",
     "CompileProbe",
+    "Float8Probe",
     "ProbeResult",
     "compile_module",
     "cpu_has_native_bf16",
     "forward_backward_seconds",
+    "probe_float8",
     "probe_runtime",
 ]
 
@@ -99,9 +112,11 @@ def cpu_has_native_bf16() -> bool:
 
 def forward_backward_seconds(model: torch.nn.Module, batch: Mapping, runtime: Runtime) -> float:
     """Wall seconds of one forward and backward of ``batch`` with ``runtime``'s settings (gradients
-    dropped)."""
+    dropped). On CUDA the queued kernels are waited for at both ends: the launch alone times nothing."""
+    _synchronize(runtime.device)
     start = perf_counter()
     accumulate_gradients(model, [batch], autocast=runtime.autocast_context)
+    _synchronize(runtime.device)
     seconds = perf_counter() - start
     model.zero_grad(set_to_none=True)
     return seconds
@@ -293,6 +308,99 @@ def _measure(runtime: Runtime, model, batch, measure: Measure) -> ProbeResult:
         f"{seconds['bf16']:.3f} s ({speedup:.2f}x; bf16 needs {MIN_SPEEDUP}x)",
         seconds,
     )
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class Float8Probe:
+    """``train.runtime.float8`` and what settling ``auto`` needs.
+
+    ``request``: the setting (off | on | auto); ``strategy``: ``train.distributed.strategy`` (FSDP2 keeps it
+    off); ``applied``: what ``float8.apply_float8`` said when the optimizer was made (the reason kept where
+    nothing is measured); ``stepping``: the model the timed passes run through (the compiled one; None: the
+    raw model); ``converter``: torchao's ``convert_to_float8_training`` by default.
+    """
+
+    request: str
+    strategy: str = "ddp"
+    applied: str = ""
+    stepping: torch.nn.Module | None = field(default=None, compare=False)
+    converter: Callable | None = None
+
+
+def probe_float8(
+    runtime: Runtime,
+    model: torch.nn.Module,
+    batch: Mapping | None,
+    probe: Float8Probe,
+    *,
+    world_size: int = 1,
+    resumed: dict | None = None,
+    measure: Measure | None = None,
+) -> Runtime:
+    """``runtime`` with ``float8`` and ``float8_choice`` settled (see the module docstring); ``model`` (the
+    raw model, made with ``apply_float8(measured_later=True)``) converted in place where float8 is kept.
+    ``resumed``: the checkpoint's record (``"float8"``), if any."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    on, rule = float8.float8_decision(probe.request, base, runtime.device, strategy=probe.strategy)
+    if probe.request != "auto" or not on:
+        return replace(runtime, float8=on, float8_choice=probe.applied or rule)
+    if resumed and isinstance(resumed.get("float8"), bool):
+        keep, reason = resumed["float8"], "float8 auto: kept from the resumed checkpoint, which trained so"
+        swap = float8.Float8Swap(model, probe.converter) if keep else None
+    elif world_size > 1:
+        keep, reason = True, f"{rule}; a run of several processes follows the rule (each rank would measure)"
+        swap = float8.Float8Swap(model, probe.converter)
+    elif batch is None:
+        keep, reason, swap = False, "float8 auto: nothing left to train, nothing measured", None
+    else:
+        keep, reason, swap = _measure_float8(
+            runtime, model, batch, probe, measure or forward_backward_seconds
+        )
+    if keep:
+        reason = f"{reason}: on, {len(swap)} Linear layers in float8"
+    log.info("train.runtime.float8 auto -> %s: %s", "on" if keep else "off", reason)
+    return replace(runtime, float8=keep, float8_choice=reason)
+
+
+def _measure_float8(
+    runtime: Runtime, model: torch.nn.Module, batch: Mapping, probe: Float8Probe, measure: Measure
+) -> tuple[bool, str, float8.Float8Swap]:
+    """The plain layers' warm-up, one conversion and the float8 warm-up, then alternated timed rounds; the
+    plain layers put back unless float8 is faster by ``FLOAT8_MIN_SPEEDUP`` (or when a pass fails)."""
+    stepping = probe.stepping if probe.stepping is not None else model
+    plain = runtime.precision
+    swap = None
+    with _no_trace(model):
+        try:
+            measure(stepping, batch, runtime)  # the plain layers' warm-up (and compile)
+            swap = float8.Float8Swap(model, probe.converter)
+            measure(stepping, batch, runtime)  # float8's warm-up (and compile)
+
+            def timed(on: bool) -> Callable[[], float]:
+                def run() -> float:
+                    swap.use(on)
+                    return measure(stepping, batch, runtime)
+
+                return run
+
+            best = _alternated_best({plain: timed(False), "fp8": timed(True)})
+        except BaseException:
+            if swap is not None:
+                swap.use(False)
+            raise
+    speedup = best[plain] / best["fp8"]
+    keep = speedup >= FLOAT8_MIN_SPEEDUP
+    swap.use(keep)
+    reason = (
+        f"float8 auto, measured on the first micro-batch: fp8 {best['fp8']:.3f} s vs {plain} "
+        f"{best[plain]:.3f} s ({speedup:.2f}x; float8 needs {FLOAT8_MIN_SPEEDUP}x)"
+    )
+    return keep, reason if keep else f"{reason}: off, the original layers put back", swap
 
 
 def _alternated_best(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:

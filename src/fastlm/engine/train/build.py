@@ -5,8 +5,9 @@ like torchtitan's ``Trainer.train``: build the parts, run the steps, finish.
 batching an encoder-decoder model can use); ``build_training`` then makes, in this order: the model on the
 device and wrapped for DDP / FSDP2, the step plan, the optimizer, the checkpointer and the restore of a
 resumed run, the micro-batch stream from the resumed position, the runtime probe (precision and compile
-``auto`` on CPU) and the attention switch of a compiled model, the metrics, recorder, profiler and validation,
-then the early stopping and the time budget. What the loop uses comes back as one ``TrainingParts``.
+``auto`` on CPU, float8 ``auto`` where its rule allows it) and the attention switch of a compiled model, the
+metrics, recorder, profiler and validation, then the early stopping and the time budget. What the loop uses
+comes back as one ``TrainingParts``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_
 from fastlm.engine.observe.profiling import step_profiler
 from fastlm.engine.observe.progress import Progress
 from fastlm.engine.runtime.environment import Runtime
-from fastlm.engine.runtime.probe import CompileProbe, probe_runtime
+from fastlm.engine.runtime.probe import CompileProbe, Float8Probe, probe_float8, probe_runtime
 from fastlm.engine.train.backoff import batching_record, resumed_batching
 from fastlm.engine.train.early_stop import EarlyStopping
 from fastlm.engine.train.persistence import Checkpointer
@@ -156,7 +157,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         world_size=comm.world_size,
     )
     batches_per_epoch, steps_per_epoch, total_steps = _step_plan(request.train_set, configured, layout)
-    opt = make_optimization(raw_model, configured, request.runtime, total_steps)
+    opt = make_optimization(raw_model, configured, request.runtime, total_steps, float8_measured_later=True)
     checkpointer = Checkpointer(
         configured,
         model=raw_model,
@@ -168,10 +169,28 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         device=device,
     )
     state = checkpointer.restore()
+    resumed_choice = dict(state.runtime_choice)  # the probes overwrite it with this run's choice
     params = resumed_batching(configured, state.batching, state.resumed_from)
     state.batching = batching_record(params, configured)
     stream = micro_batches(request.train_set, params, layout, epoch=state.epoch, batch=state.batch_in_epoch)
     runtime, attn, model = _probed_runtime(request, params, state, stream, wrapped, total_steps, cleanup)
+    runtime = probe_float8(  # float8 auto: measured on the same first micro-batch, through the stepping model
+        runtime,
+        raw_model,
+        stream.peek_step(params.batching.gradient_accumulation_steps, device, attn)[0]
+        if state.step < total_steps
+        else None,
+        Float8Probe(
+            params.runtime.float8,
+            params.distributed.strategy,
+            applied=opt.float8_choice,
+            stepping=model if comm.world_size == 1 else None,
+        ),
+        world_size=comm.world_size,
+        resumed=resumed_choice,
+    )
+    state.runtime_choice = {**state.runtime_choice, "float8": runtime.float8}  # a resumed run keeps it
+    opt.float8_choice = runtime.float8_choice
     metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=request.max_length)
     recorder = _recorder(
         state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps

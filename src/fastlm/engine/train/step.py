@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from fastlm.engine.config import TrainParams
-from fastlm.engine.model.accumulation import accumulate_gradients
+from fastlm.engine.model.accumulation import FusedHead, accumulate_gradients
+from fastlm.engine.model.liger import apply_liger, linear_ce_kernel_choice
 from fastlm.engine.model.linear_loss import fused_head_choice
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8
@@ -41,6 +42,8 @@ class Optimization:
     # train.loss.fused_linear: this head's matmul fused into the loss
     fused_head: torch.nn.Linear | None = None
     fused_choice: str = ""  # why (or why not), for the log and the summary
+    fused_kernel: str = "fastlm"  # train.loss.fused_linear_kernel: whose kernel runs the fused head
+    liger_choice: str = ""  # train.model.liger: whether liger's norm/rotary/MLP kernels are patched in, why
     float8_choice: str = ""  # train.runtime.float8: whether the Linear layers run float8 matmuls, and why
 
 
@@ -53,15 +56,30 @@ class StepResult:
 
 
 def make_optimization(
-    model: torch.nn.Module, params: TrainParams, runtime: Runtime, total_steps: int
+    model: torch.nn.Module,
+    params: TrainParams,
+    runtime: Runtime,
+    total_steps: int,
+    *,
+    float8_measured_later: bool = False,
 ) -> Optimization:
     """The optimizer ``train.optimizer.name`` names (AdamW; 8-bit: ``optim.make_optimizer``) with the
-    configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold."""
+    configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold.
+    ``float8_measured_later``: float8 ``auto`` is left to the training run's probe
+    (``probe.probe_float8``)."""
     settings = params.optimizer
+    # liger's kernels patched onto the instance before float8 swaps its Linear layers and before compile
+    liger_choice = apply_liger(
+        model, params.model.liger, runtime.device, strategy=params.distributed.strategy
+    )
     # Before compile (the probe compiles later) and before the optimizer: the converted layers keep their
     # Parameters, so the optimizer and DDP's buckets are unchanged. Idempotent: converted layers are skipped.
     float8_choice = apply_float8(
-        model, params.runtime.float8, runtime.device, strategy=params.distributed.strategy
+        model,
+        params.runtime.float8,
+        runtime.device,
+        strategy=params.distributed.strategy,
+        measured_later=float8_measured_later,
     )
     optimizer = make_optimizer(model, settings)
     schedule = LRSchedule(
@@ -73,6 +91,10 @@ def make_optimization(
     )
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
     head, why = fused_head_choice(model, params.loss.fused_linear, strategy=params.distributed.strategy)
+    kernel = "fastlm"
+    if head is not None:
+        kernel, kernel_why = linear_ce_kernel_choice(params.loss.fused_linear_kernel, runtime.device)
+        why = f"{why}, {kernel_why}"
     return Optimization(
         model,
         optimizer,
@@ -82,6 +104,8 @@ def make_optimization(
         label_smoothing=params.loss.label_smoothing,
         fused_head=head,
         fused_choice=why,
+        fused_kernel=kernel,
+        liger_choice=liger_choice,
         float8_choice=float8_choice,
     )
 
@@ -112,7 +136,7 @@ def train_step(
             world_size=world_size,
             gradient_sync=gradient_sync,
             label_smoothing=opt.label_smoothing,
-            fused_head=opt.fused_head,
+            fused_head=FusedHead(opt.fused_head, opt.fused_kernel) if opt.fused_head is not None else None,
         )
     except torch.OutOfMemoryError:
         opt.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,303 @@
+"""liger-kernel's calling contract, on CPU: the fused linear cross-entropy through liger gives our loss and
+gradients (the sum over the targets, label smoothing, ignore_index, the bias, fp32 accumulation asked for),
+``auto`` picks it on CUDA with liger and keeps ours elsewhere, and the model patch calls the family's
+``apply_liger_kernel_to_<family>`` on the instance with liger's cross-entropy options off.
+
+liger needs CUDA and Triton: a stand-in ``liger_kernel`` package (plain ``F.cross_entropy`` on
+``hidden @ W.T``, the patch functions recording their calls, with liger 0.8's signatures) and a patched
+``torch.cuda.is_available`` stand in. The kernels themselves run in ``benchmarks/gpu_speed.py`` on a GPU."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.model import liger
+from fastlm.engine.model.accumulation import FusedHead
+from fastlm.engine.model.linear_loss import fused_head_choice, linear_cross_entropy_sum
+from fastlm.errors import ConfigError
+from tests.support.linear_loss import (
+    inputs,
+    loss_and_grads,
+    packed_batch,
+    step_loss_and_grads,
+    tiny_llama,
+)
+from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_KERNEL_GRAD, reordered_sum_rtol
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
+VOCAB = 301
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def fake_liger(monkeypatch):
+    """``liger_kernel`` with ``transformers.functional.liger_fused_linear_cross_entropy`` in plain torch and
+    ``transformers.apply_liger_kernel_to_{llama,gemma}`` recording their calls; CUDA "available"."""
+    calls: list[tuple[str, dict]] = []
+
+    def liger_fused_linear_cross_entropy(
+        input,
+        weight,
+        target,
+        bias=None,
+        ce_weight=None,
+        ignore_index=-100,
+        lse_square_scale=0.0,
+        label_smoothing=0.0,
+        reduction="mean",
+        softcap=None,
+        return_z_loss=False,
+        accum_dtype=None,
+        use_token_scaling=False,
+        return_token_accuracy=False,
+        return_predicted_tokens=False,
+    ):
+        calls.append(
+            (
+                "flce",
+                {
+                    "bias": bias is not None,
+                    "ignore_index": ignore_index,
+                    "label_smoothing": label_smoothing,
+                    "reduction": reduction,
+                    "accum_dtype": accum_dtype,
+                    "dtypes": (input.dtype, weight.dtype),
+                },
+            )
+        )
+        logits = input @ weight.T + (bias if bias is not None else 0)
+        return F.cross_entropy(
+            logits, target, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        )
+
+    def apply_liger_kernel_to_llama(
+        rope=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=True,
+        rms_norm=True,
+        swiglu=True,
+        model=None,
+    ):
+        calls.append(("llama", dict(locals())))
+
+    def apply_liger_kernel_to_gemma(
+        rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, geglu=True, model=None
+    ):
+        calls.append(("gemma", dict(locals())))
+
+    root = types.ModuleType("liger_kernel")
+    package = types.ModuleType("liger_kernel.transformers")
+    functional = types.ModuleType("liger_kernel.transformers.functional")
+    functional.liger_fused_linear_cross_entropy = liger_fused_linear_cross_entropy
+    package.apply_liger_kernel_to_llama = apply_liger_kernel_to_llama
+    package.apply_liger_kernel_to_gemma = apply_liger_kernel_to_gemma
+    package.functional, root.transformers = functional, package
+    for name, module in (
+        ("liger_kernel", root),
+        ("liger_kernel.transformers", package),
+        ("liger_kernel.transformers.functional", functional),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return calls
+
+
+@pytest.fixture
+def no_liger(monkeypatch):
+    """A CUDA machine without liger-kernel (``None`` in ``sys.modules``: the import fails)."""
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+# --- the fused linear cross-entropy ------------------------------------------------------------------------
+
+
+def test_auto_takes_liger_on_cuda_with_liger_and_ours_everywhere_else(fake_liger):
+    assert liger.linear_ce_kernel_choice("auto", CUDA)[0] == "liger"
+    assert liger.linear_ce_kernel_choice("liger", CUDA)[0] == "liger"
+    assert liger.linear_ce_kernel_choice("fastlm", CUDA)[0] == "fastlm"
+    kernel, why = liger.linear_ce_kernel_choice("auto", torch.device("cpu"))
+    assert kernel == "fastlm" and "not on a CUDA device" in why
+    with pytest.raises(ConfigError) as refused:
+        liger.linear_ce_kernel_choice("liger", torch.device("cpu"))
+    assert "train.loss.fused_linear_kernel" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_without_liger_auto_keeps_ours_and_liger_is_refused_in_one_line(no_liger):
+    kernel, why = liger.linear_ce_kernel_choice("auto", CUDA)
+    assert kernel == "fastlm" and "pip install liger-kernel" in why
+    with pytest.raises(ConfigError, match="liger-kernel is not installed"):
+        liger.linear_ce_kernel_choice("liger", CUDA)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_liger_call_gives_our_loss_and_gradients_with_bias_and_ignored_rows(fake_liger, smoothing):
+    hidden, weight, bias, targets = inputs()
+    ours, our_grads = loss_and_grads(
+        linear_cross_entropy_sum, hidden, weight, bias, targets, label_smoothing=smoothing
+    )
+    got, grads = loss_and_grads(
+        liger.liger_linear_cross_entropy_sum, hidden, weight, bias, targets, label_smoothing=smoothing
+    )
+    (name, call), *_ = fake_liger
+    assert name == "flce" and call["reduction"] == "sum" and call["accum_dtype"] == torch.float32
+    assert call["label_smoothing"] == smoothing and call["ignore_index"] == -100 and call["bias"]
+    assert got.dtype == torch.float32
+    # whole logits vs chunked: the same terms summed in another order
+    torch.testing.assert_close(got, ours, rtol=reordered_sum_rtol(targets.numel() * weight.size(0)), atol=0)
+    for grad, want in zip(grads, our_grads, strict=True):
+        torch.testing.assert_close(grad, want, **OTHER_FP32_KERNEL_GRAD)
+    assert grads[0][targets == -100].abs().sum() == 0
+
+
+def test_the_hidden_states_reach_liger_in_the_weights_dtype(fake_liger):
+    hidden, weight, _, targets = inputs()
+    liger.liger_linear_cross_entropy_sum(hidden, weight.to(torch.bfloat16), targets)
+    assert fake_liger[0][1]["dtypes"] == (torch.bfloat16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_a_training_step_through_liger_equals_ours(fake_liger, smoothing):
+    """Two micro-batches of different target counts: liger's sums over the step's global target count give
+    our step's loss and every gradient (a mean per micro-batch would not)."""
+    model = tiny_llama()
+    head, _ = fused_head_choice(model, True)
+    batches = [packed_batch(VOCAB), packed_batch(VOCAB)]
+    batches[1]["labels"][:, :12] = -100
+    batches[1].pop("num_target_tokens", None)
+    ours_loss, ours = step_loss_and_grads(model, batches, label_smoothing=smoothing, fused_head=head)
+    assert not fake_liger
+    got_loss, got = step_loss_and_grads(
+        model, batches, label_smoothing=smoothing, fused_head=FusedHead(head, "liger")
+    )
+    assert [name for name, _ in fake_liger] == ["flce", "flce"]
+    assert all(c["reduction"] == "sum" and c["label_smoothing"] == smoothing for _, c in fake_liger)
+    assert got.keys() == ours.keys() and "lm_head.weight" in got
+    torch.testing.assert_close(got_loss, ours_loss, **OTHER_FP32_KERNEL)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, ours[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
+
+
+def test_the_optimizer_step_on_cuda_with_liger_runs_liger_and_matches_ours(fake_liger):
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.step import make_optimization, train_step
+
+    params = parse_train_params(
+        {
+            "loss": {"fused_linear": True},
+            "model": {"liger": "off"},
+            "runtime": {"float8": "off", "compile": False, "precision": "fp32"},
+        }
+    )
+    cpu = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False))
+    model = tiny_llama()
+    twin = copy.deepcopy(model)
+    opt = make_optimization(model, params, dataclasses.replace(cpu, device=CUDA), total_steps=2)
+    reference = make_optimization(twin, params, cpu, total_steps=2)
+    assert opt.fused_kernel == "liger" and "liger-kernel" in opt.fused_choice
+    assert reference.fused_kernel == "fastlm"
+    batches = [packed_batch(VOCAB)]
+    got = train_step(model, batches, opt, runtime=cpu)
+    want = train_step(twin, batches, reference, runtime=cpu)
+    assert [name for name, _ in fake_liger] == ["flce"]
+    torch.testing.assert_close(got.loss_sum, want.loss_sum, **OTHER_FP32_KERNEL)
+    torch.testing.assert_close(got.grad_norm, want.grad_norm, **OTHER_FP32_KERNEL_GRAD)
+
+
+# --- the model patch ---------------------------------------------------------------------------------------
+
+
+def tiny_gemma():
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
+    return GemmaForCausalLM(config)
+
+
+def test_auto_patches_the_family_on_the_instance_with_liger_cross_entropy_off(fake_liger):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    why = liger.apply_liger(model, "auto", CUDA)
+    ((name, call),) = fake_liger
+    assert name == "llama" and call["model"] is model.get_base_model()  # the transformers model under peft
+    assert call["rope"] and call["rms_norm"] and call["swiglu"]
+    assert not call["cross_entropy"] and not call["fused_linear_cross_entropy"]  # our loss owns the head
+    assert "rope, rms_norm, swiglu" in why
+    gemma = tiny_gemma()
+    liger.apply_liger(gemma, "on", CUDA)
+    name, call = fake_liger[-1]
+    assert (
+        name == "gemma"
+        and call["model"] is gemma
+        and call["geglu"]
+        and not call["fused_linear_cross_entropy"]
+    )
+
+
+def test_liger_is_off_where_it_cannot_run_and_on_is_refused_in_one_line(fake_liger, caplog):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with caplog.at_level("DEBUG", logger="fastlm.engine.model.liger"):
+        assert "not on a CUDA device" in liger.apply_liger(tiny_llama(), "auto", torch.device("cpu"))
+    assert "not on a CUDA device" in caplog.text  # the reason, logged
+    assert "off (train.model.liger: off)" in liger.apply_liger(tiny_llama(), "off", CUDA)
+    assert "FSDP2" in liger.apply_liger(tiny_llama(), "auto", CUDA, strategy="fsdp")
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32))
+    assert "gpt2 family" in liger.apply_liger(gpt2, "auto", CUDA)
+    with pytest.raises(ConfigError) as refused:
+        liger.apply_liger(gpt2, "on", CUDA)
+    assert "train.model.liger" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match="not on a CUDA device"):
+        liger.apply_liger(tiny_llama(), "on", torch.device("cpu"))
+    assert not fake_liger  # nothing patched
+
+
+# --- the parameters ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ({"loss": {"fused_linear_kernel": "liger"}}, "train.loss.fused_linear_kernel"),
+        ({"model": {"liger": "on"}}, "train.model.liger"),
+        ({"model": {"liger": True}}, "train.model.liger"),  # YAML's unquoted on
+    ],
+)
+def test_liger_asked_for_on_a_machine_without_cuda_or_liger_is_one_line(raw, says):
+    with pytest.raises(ConfigError) as refused:
+        parse_train_params(raw)
+    message = str(refused.value)
+    assert says in message and "\n" not in message and "auto" in message
+
+
+def test_liger_asked_for_with_cuda_and_liger_passes_but_not_for_a_cpu_run(fake_liger):
+    params = parse_train_params({"loss": {"fused_linear_kernel": "liger"}, "model": {"liger": True}})
+    assert params.loss.fused_linear_kernel == "liger" and params.model.liger == "on"
+    assert parse_train_params({"model": {"liger": False}}).model.liger == "off"
+    for raw, says in (
+        ({"loss": {"fused_linear_kernel": "liger"}}, "train.loss.fused_linear_kernel"),
+        ({"model": {"liger": "on"}}, "train.model.liger"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            parse_train_params({**raw, "runtime": {"device": "cpu"}})
+        assert says in str(refused.value) and "\n" not in str(refused.value)

@@ -1,0 +1,72 @@
+"""Inputs shared by the tests of the fused linear cross-entropy (ours and the liger contract): a head's
+hidden states, weight, bias and targets (a prompt and padding ignored), a packed completion-only batch, a tiny
+Llama, and one training step's loss and gradients."""
+
+import torch
+
+from tests.support.tiny_models import llama_config
+
+TOKENS, HIDDEN, VOCAB = 37, 16, 301
+IGNORE = -100
+
+
+def inputs(dtype=torch.float32, bias=True):
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(TOKENS, HIDDEN, generator=generator).to(dtype)
+    weight = (torch.randn(VOCAB, HIDDEN, generator=generator) / HIDDEN**0.5).to(dtype)
+    targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+    targets[3:9] = IGNORE  # a prompt
+    targets[-4:] = IGNORE  # padding
+    return (
+        hidden,
+        weight,
+        (torch.randn(VOCAB, generator=generator) * 0.1).to(dtype) if bias else None,
+        targets,
+    )
+
+
+def loss_and_grads(function, hidden, weight, bias, targets, **kwargs):
+    leaves = [x.clone().requires_grad_() if x is not None else None for x in (hidden, weight, bias)]
+    loss = function(leaves[0], leaves[1], targets, leaves[2], **kwargs)
+    (loss / 5).backward()
+    return loss.detach(), [leaf.grad if leaf is not None else None for leaf in leaves]
+
+
+def packed_batch(vocab: int, attn: str = "sdpa"):
+    """Packed rows with prompts (completion-only labels) and the target positions the collator marks."""
+    from fastlm.engine.data import PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+    from fastlm.engine.model.attention.inputs import to_device
+
+    generator = torch.Generator().manual_seed(3)
+    layout = [(12, 8), (7, 0), (15, 11), (5, 2), (9, 6), (3, 0)]  # (length, prompt length)
+    features = [
+        {"input_ids": torch.randint(3, vocab, (n,), generator=generator).tolist(), "prompt_length": p}
+        for n, p in layout
+    ]
+    collator = PackedCollator(
+        pad_id=0,
+        budget=TokenBudget(row_length=20, rows_per_batch=4),
+        pad_to_multiple_of=8,
+        attention_mask_format="none",
+    )
+    return to_device(collator(features), torch.device("cpu"), attn)
+
+
+def tiny_llama(vocab: int = VOCAB, **config):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(llama_config(vocab=vocab, hidden=32, positions=128, **config))
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+def step_loss_and_grads(model, batches, **kwargs):
+    from fastlm.engine.model.accumulation import accumulate_gradients
+
+    model.zero_grad(set_to_none=True)
+    loss_sum, targets = accumulate_gradients(model, batches, **kwargs)
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss_sum / targets, grads
