@@ -22,6 +22,8 @@ from time import perf_counter
 
 import torch
 
+from fastlm.errors import ConfigError
+
 OK, OOM, CLIFF, OVER = "ok", "out of memory", "cliff", "over headroom"
 
 
@@ -49,6 +51,24 @@ class Measurement:
     alloc_retries: int | None = None
     peak_reserved_mb: float | None = None
     samples_per_micro_batch: float | None = None
+
+
+def memory_budget_mb(device: torch.device, limit_gb: float | None, *, total_mb: float | None) -> float | None:
+    """The memory the trials may use: the device's (``total_mb``), or ``tune.memory_limit_gb`` to tune for a
+    smaller card than this one. On CUDA the process is then capped to it
+    (``set_per_process_memory_fraction``), so the trials run out of memory, and retry the allocator, where
+    that card would."""
+    if limit_gb is None:
+        return total_mb
+    limit_mb = limit_gb * 1024
+    if total_mb is not None and limit_mb > total_mb:
+        raise ConfigError(
+            f"tune.memory_limit_gb = {limit_gb:g} is more than this device has ({total_mb / 1024:.1f} GB).",
+            fix="set tune.memory_limit_gb to at most the device's memory, or null to use all of it.",
+        )
+    if device.type == "cuda" and total_mb:
+        torch.cuda.set_per_process_memory_fraction(limit_mb / total_mb, device)
+    return limit_mb
 
 
 def ladder(smallest: int, largest: int) -> list[int]:

@@ -43,7 +43,9 @@ def tune_micro_batch(
     tuned_file = (paths or {}).get("tuned_parameters", "tuned_parameters")
     attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
     model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)
-    limit = device_memory_mb(runtime.device)
+    limit = tune.memory_budget_mb(
+        runtime.device, settings.memory_limit_gb, total_mb=device_memory_mb(runtime.device)
+    )
     modes = settings.modes or [params.batching.mode]
     ladder_settings = tune.LadderSettings(
         warmup=settings.warmup_steps,

@@ -18,6 +18,9 @@ class TuneParams(Params):
     warmup_steps: int = Field(1, ge=0)
     timed_steps: int = Field(2, ge=1)
     memory_headroom: float = Field(0.10, ge=0, lt=1)
+    memory_limit_gb: float | None = Field(
+        None, gt=0, description="tune for a card of this size; null: this one"
+    )
     cliff_tolerance: float = Field(0.05, ge=0, lt=1)
     # batching modes to measure, each over the size ladder; the fastest (mode, size) is written. Empty or
     # null: train.batching.mode only.
