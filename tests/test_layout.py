@@ -45,3 +45,17 @@ def test_a_file_comparing_two_computations_runs_under_other_cpu_kernel_sets_too(
         and "pytest.mark.kernels" not in path.read_text(encoding="utf-8")
     ]
     assert not unmarked, unmarked
+
+
+def test_every_engine_module_has_its_own_test_file():
+    """Tests follow the engine's layout: ``src/fastlm/engine/<package>/<module>.py`` is tested in
+    ``tests/engine/<package>/test_<module>.py``, so a module's tests are found (and a module without any is
+    seen) by its path alone; tests of the loop as a whole may stay elsewhere besides."""
+    engine = TESTS.parent / "src" / "fastlm" / "engine"
+    missing = [
+        str(Path("tests", "engine", module.parent.relative_to(engine), f"test_{module.name}"))
+        for module in sorted(engine.rglob("*.py"))
+        if module.name != "__init__.py"
+        and not (TESTS / "engine" / module.parent.relative_to(engine) / f"test_{module.name}").is_file()
+    ]
+    assert not missing, missing

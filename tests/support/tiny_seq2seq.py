@@ -72,3 +72,11 @@ def packed_batch(features, start: int) -> dict:
     per_row = [len(set(row.tolist()) - {-1}) for row in batch["decoder_segment_ids"]]
     assert len(per_row) > 1 and max(per_row) > 2  # several rows, several samples per row
     return batch
+
+
+def head_rows(model) -> list[int]:
+    """The number of positions the LM head computes, per call."""
+    rows: list[int] = []
+    head = model.get_output_embeddings()
+    head.register_forward_hook(lambda module, args, output: rows.append(output.shape[:-1].numel()))
+    return rows

@@ -14,9 +14,9 @@ import torch
 
 from fastlm.engine.data import Seq2SeqCollator
 from fastlm.engine.model.attention.inputs import to_device
-from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, packing_unavailable
+from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
-from tests.support.tiny_seq2seq import BUDGET, EOS, PAD, VOCAB, packed_batch, samples, tiny_seq2seq
+from tests.support.tiny_seq2seq import BUDGET, EOS, PAD, packed_batch, samples, tiny_seq2seq
 from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_KERNEL_GRAD
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
@@ -122,28 +122,6 @@ def test_the_collator_rows_hold_whole_samples_on_both_sides_and_the_counts_add_u
         batch["input_ids"].shape[0] <= BUDGET.rows_per_batch
         and batch["input_ids"].shape[1] <= BUDGET.row_length
     )
-
-
-def test_only_checked_families_on_dense_mask_paths_pack():
-    assert packing_unavailable(tiny_seq2seq("bart"), "sdpa") is None
-    assert packing_unavailable(tiny_seq2seq("t5"), "eager") is None
-    assert "sdpa or eager" in packing_unavailable(tiny_seq2seq("bart"), "flash_attention_2")
-    from transformers import PegasusConfig, PegasusForConditionalGeneration
-
-    pegasus = PegasusForConditionalGeneration(
-        PegasusConfig(
-            vocab_size=VOCAB,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=64,
-        )
-    )
-    assert "pegasus family is not checked" in packing_unavailable(pegasus, "sdpa")
 
 
 def test_a_lora_wrapped_model_packs_exactly_too():

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
 
 from fastlm.engine.batching import RandomBatches
 from fastlm.engine.checkpoint.layout import CheckpointError
-from fastlm.engine.config import parse_train_params
 from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBudget
 from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env
 from fastlm.engine.launch.job import TrainJob, run_job
-from fastlm.engine.launch.workers import WorkerFailedError, launch_workers
-from fastlm.engine.model.build import build_model
 from fastlm.engine.train.persistence import resume_position
+from tests.support.parallel_jobs import job_params, launch, tokenized_splits
 from tests.support.tolerances import TRAINED_FP32_LOSS_REL, TRAINED_FP32_WEIGHTS
 
 LENGTHS = np.random.default_rng(0).integers(3, 40, size=500)
@@ -104,59 +100,15 @@ def test_launch_mode_detects_torchrun_spawn_and_single():
 
 @pytest.fixture(scope="module")
 def tokenized(bpe_tokenizer, sample_texts):
-    import datasets
-
-    eos = bpe_tokenizer.eos_token_id
-    ids = [
-        row[:47] + [eos] for row in bpe_tokenizer(sample_texts[:400], add_special_tokens=False)["input_ids"]
-    ]
-    return datasets.Dataset.from_dict({"input_ids": ids[:360]}), datasets.Dataset.from_dict(
-        {"input_ids": ids[360:]}
-    )
-
-
-def _params(tmp_path, *, accum: int, nproc: int, **extra):
-    return parse_train_params(
-        {
-            "max_steps": 4,
-            "log_every": 1,
-            "eval_every": 2,
-            "save_every": 2,
-            "quiet": True,
-            "resume": "never",
-            "checkpoint_dir": str(tmp_path / f"checkpoints-{nproc}"),
-            "optimizer": {"warmup_steps": 1},
-            "runtime": {"num_threads": 1},
-            "model": {
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-            },
-            "batching": {"mode": "packed", "micro_batch_size": 2, "gradient_accumulation_steps": accum},
-            "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2},
-            **extra,
-        }
-    )
-
-
-def _launch(params, tokenizer, tokenized, tmp_path):
-    job = TrainJob(params, 48, tokenized[0], tokenized[1], tokenizer, str(tmp_path / "model"))
-    build = functools.partial(build_model, params.model, tokenizer, max_length=48, attn_implementation="sdpa")
-    return launch_workers(
-        job,
-        params.distributed.nproc_per_node,
-        build_model=build,
-        monitor_interval_s=params.distributed.monitor_interval_s,
-    )
+    return tokenized_splits(bpe_tokenizer, sample_texts)
 
 
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
 def test_two_workers_match_one_process_with_the_same_effective_batch(tmp_path, bpe_tokenizer, tokenized):
     one = run_job(
-        TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
+        TrainJob(job_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
     )
-    two = _launch(_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
+    two = launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
 
     assert (
         two.summary["world_size"] == 2
@@ -181,28 +133,18 @@ def test_two_workers_match_one_process_with_the_same_effective_batch(tmp_path, b
     assert not list(tmp_path.glob(".launch-*"))  # the weights hand-over file is gone
 
 
-def test_a_worker_error_ends_the_run_with_that_error_in_one_line(tmp_path, bpe_tokenizer, tokenized):
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "COMPLETE").write_text("{not json")
-    params = _params(tmp_path, accum=1, nproc=2, resume=str(broken))
-    with pytest.raises(WorkerFailedError, match=r"training worker rank \d of 2 failed: .*broken") as caught:
-        _launch(params, bpe_tokenizer, tokenized, tmp_path)
-    assert "\n" not in str(caught.value) and caught.value.exit_code == 2  # a user error keeps its status
-
-
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
 def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective_batch(
     tmp_path, bpe_tokenizer, tokenized
 ):
     one = run_job(
-        TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
+        TrainJob(job_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
     )
-    _launch(_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
+    launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
     import shutil
 
     shutil.rmtree(tmp_path / "checkpoints-2" / "checkpoint-00000004")
-    resumed_params = _params(
+    resumed_params = job_params(
         tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2" / "checkpoint-00000002")
     )
     resumed = run_job(TrainJob(resumed_params, 48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
@@ -217,10 +159,10 @@ def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
 def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(tmp_path, bpe_tokenizer, tokenized):
     one = run_job(
-        TrainJob(_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
+        TrainJob(job_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
     )
-    params = _params(tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"})
-    two = _launch(params, bpe_tokenizer, tokenized, tmp_path)
+    params = job_params(tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"})
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
     # sharded all-gather/reduce-scatter vs one process
     np.testing.assert_allclose(
         [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=TRAINED_FP32_LOSS_REL
@@ -241,7 +183,7 @@ def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(tmp_path, bp
     with pytest.raises(CheckpointError, match="distributed.strategy fsdp -> ddp"):
         run_job(
             TrainJob(
-                _params(
+                job_params(
                     tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2/checkpoint-00000004")
                 ),
                 48,
@@ -250,16 +192,3 @@ def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(tmp_path, bp
                 str(tmp_path / "m"),
             )
         )
-
-
-def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tokenized):
-    import signal
-
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    _launch(
-        _params(tmp_path, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None),
-        bpe_tokenizer,
-        tokenized,
-        tmp_path,
-    )
-    assert {signum: signal.getsignal(signum) for signum in before} == before

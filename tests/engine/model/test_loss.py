@@ -1,4 +1,5 @@
-"""Causal LM loss: shift semantics, equality with Hugging Face's loss, unbiased gradient accumulation."""
+"""Causal LM loss: shift semantics, equality with Hugging Face's loss, chunked and label-smoothed
+cross-entropy, the LM head kept to the predicted positions (accumulation: test_accumulation.py)."""
 
 from __future__ import annotations
 
@@ -7,72 +8,25 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastlm.engine.model.loss as loss_module
+import tests.support.micro_batches as micro_batches_support
 from fastlm.engine.data.schema import IGNORE_INDEX, count_target_tokens
-from fastlm.engine.model.accumulation import accumulate_gradients, total_target_tokens
+from fastlm.engine.model.accumulation import accumulate_gradients
 from fastlm.engine.model.loss import causal_lm_loss_sum
 from tests.support.allocations import full_size_allocations
+from tests.support.micro_batches import VOCAB, concatenate, gradients, relative_difference
 from tests.support.tolerances import BF16_VS_FP32, EPS_FP32, OTHER_FP32_KERNEL, reordered_sum_rtol
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
-VOCAB = 300
-SEQ_LEN = 16
-
 
 @pytest.fixture(scope="module")
 def tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    return model.eval()  # no dropout; gradients still flow
-
-
-def make_batch(rows: list[tuple[int, int]], generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Right-padded rows; a (length, prompt) row has its ``prompt`` first labels masked, as in SFT."""
-    input_ids = torch.zeros(len(rows), SEQ_LEN, dtype=torch.long)
-    attention_mask = torch.zeros(len(rows), SEQ_LEN, dtype=torch.long)
-    labels = torch.full((len(rows), SEQ_LEN), IGNORE_INDEX)
-    for i, (length, prompt) in enumerate(rows):
-        tokens = torch.randint(1, VOCAB, (length,), generator=generator)
-        input_ids[i, :length] = tokens
-        attention_mask[i, :length] = 1
-        labels[i, prompt:length] = tokens[prompt:]
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "labels": labels,
-        "num_target_tokens": int(count_target_tokens(labels)),  # what the collator provides
-    }
+    return micro_batches_support.tiny_llama()
 
 
 @pytest.fixture(scope="module")
 def micro_batches() -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(1)
-    layouts = [[(16, 0), (15, 2)], [(5, 0), (4, 3)], [(12, 6), (9, 0)]]  # very unequal target counts
-    return [make_batch(rows, generator) for rows in layouts]
-
-
-def concatenate(batches: list[dict]) -> dict:
-    full = {key: torch.cat([b[key] for b in batches]) for key in ("input_ids", "attention_mask", "labels")}
-    full["num_target_tokens"] = sum(b["num_target_tokens"] for b in batches)
-    return full
-
-
-def gradients(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-
-
-def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
+    return micro_batches_support.unequal_micro_batches()
 
 
 def test_shift_position_t_predicts_label_t_plus_1_and_ignores_masked_labels():
@@ -105,44 +59,6 @@ def test_mean_loss_equals_the_hugging_face_model_loss(tiny_llama, micro_batches)
     # our fp32 sum divided once vs the model's own mean over the same tokens: a reordered sum
     tolerance = reordered_sum_rtol(int(n_targets))
     torch.testing.assert_close(loss_sum / n_targets, outputs.loss, rtol=tolerance, atol=0)
-
-
-def test_total_target_tokens_uses_the_collator_count_or_counts_labels(micro_batches):
-    counts = [b["num_target_tokens"] for b in micro_batches]
-    assert len(set(counts)) == 3, "the micro-batches must have unequal target counts"
-    without_counts = [{"labels": b["labels"]} for b in micro_batches]
-    assert total_target_tokens(micro_batches) == total_target_tokens(without_counts) == sum(counts)
-
-
-def test_accumulated_gradients_equal_the_full_batch_and_naive_averaging_does_not(tiny_llama, micro_batches):
-    model = tiny_llama
-
-    model.zero_grad(set_to_none=True)
-    full_loss_sum, full_targets = accumulate_gradients(model, [concatenate(micro_batches)])
-    full = gradients(model)
-
-    model.zero_grad(set_to_none=True)
-    step_loss_sum, step_targets = accumulate_gradients(model, micro_batches)
-    accumulated = gradients(model)
-
-    model.zero_grad(set_to_none=True)
-    for batch in micro_batches:  # the bug: mean per micro-batch, then the mean of the k means
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss_sum, n_targets = causal_lm_loss_sum(logits, batch["labels"])
-        (loss_sum / n_targets / len(micro_batches)).backward()
-    naive = gradients(model)
-    model.zero_grad(set_to_none=True)
-
-    assert step_targets == full_targets
-    # the per-token losses of three micro-batches summed vs one batch (other shapes, other matmul blocking)
-    torch.testing.assert_close(step_loss_sum, full_loss_sum, rtol=reordered_sum_rtol(full_targets), atol=0)
-    # the same per-token gradients summed in another order: tokens * eps; naive averaging is off by ~0.8
-    tolerance = reordered_sum_rtol(full_targets)
-    accumulated_error = relative_difference(accumulated, full)
-    naive_error = relative_difference(naive, full)
-    print(f"relative L2 gradient error: accumulated {accumulated_error:.2e}, naive {naive_error:.2e}")
-    assert accumulated_error < tolerance
-    assert naive_error > 100 * tolerance
 
 
 def reference_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -291,29 +207,3 @@ def test_label_smoothing_gives_torch_cross_entropys_loss_and_gradient(monkeypatc
     torch.testing.assert_close(got, expected, rtol=reordered_sum_rtol(n_targets * logits.size(-1)), atol=0)
     torch.testing.assert_close(leaf.grad, reference_input.grad, rtol=8 * EPS_FP32, atol=1e-7)
     assert leaf.grad[targets == IGNORE_INDEX].abs().sum() == 0
-
-
-def test_a_training_step_with_label_smoothing_optimises_the_smoothed_loss(tiny_llama, micro_batches):
-    """accumulate_gradients(label_smoothing=): the gradients of the smoothed token-mean loss of the whole
-    step."""
-    model = tiny_llama
-    batch = concatenate(micro_batches)
-    model.zero_grad(set_to_none=True)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    expected = torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, VOCAB),
-        batch["labels"][:, 1:].reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        label_smoothing=0.1,
-    )
-    expected.backward()
-    reference = gradients(model)
-    model.zero_grad(set_to_none=True)
-    loss_sum, targets = accumulate_gradients(model, micro_batches, label_smoothing=0.1)
-    smoothed = gradients(model)
-    model.zero_grad(set_to_none=True)
-    torch.testing.assert_close(
-        loss_sum / targets, expected.detach(), rtol=reordered_sum_rtol(targets * VOCAB), atol=0
-    )
-    # micro-batches: reordered sums
-    assert relative_difference(smoothed, reference) < reordered_sum_rtol(targets)

@@ -3,7 +3,8 @@
 The decoder rows of a step hold padding (length-grouped batches are padded to the longest response) and each
 sample's EOS input, which predicts nothing; over an 8-32k vocabulary the head is most of the decoder's work.
 The loss and the gradients must be those of the full logits, padded and packed, for BART, mBART and T5 (whose
-head scales its input first: the hook sits on the head module itself), and under a LoRA wrapper.
+head scales its input first: the hook sits on the head module itself); under a LoRA wrapper:
+test_encoder_decoder.py.
 """
 
 from __future__ import annotations
@@ -14,19 +15,11 @@ import torch
 from fastlm.engine.data import Seq2SeqCollator
 from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, enable_target_head
-from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits, training_logits
-from tests.support.tiny_seq2seq import PAD, packed_batch, samples, tiny_seq2seq
+from fastlm.engine.model.loss import forward_logits, training_logits
+from tests.support.tiny_seq2seq import PAD, head_rows, packed_batch, samples, tiny_seq2seq
 from tests.support.tolerances import OTHER_FP32_KERNEL_GRAD, reordered_sum_rtol
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
-
-
-def head_rows(model) -> list[int]:
-    """The number of positions the LM head computes, per call."""
-    rows: list[int] = []
-    head = model.get_output_embeddings()
-    head.register_forward_hook(lambda module, args, output: rows.append(output.shape[:-1].numel()))
-    return rows
 
 
 def loss_and_grads(model, batch, logits_and_targets):
@@ -69,24 +62,3 @@ def test_a_training_step_computes_the_head_only_where_a_target_is_predicted(kind
     assert grads.keys() == expected_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
-
-
-def test_a_lora_wrapped_encoder_decoder_keeps_its_head_to_the_targets_too():
-    from peft import LoraConfig, get_peft_model
-
-    base = tiny_seq2seq("bart").train()
-    model = get_peft_model(
-        base, LoraConfig(task_type="SEQ_2_SEQ_LM", r=2, target_modules=["q_proj", "v_proj"])
-    )
-    enable_target_head(model)
-    features = samples(8, seed=4)
-    raw = Seq2SeqCollator(pad_id=PAD, decoder_start_id=base.config.decoder_start_token_id)(features)
-    batch = to_device(raw, torch.device("cpu"), "sdpa")
-    rows = head_rows(base)
-    logits, targets = training_logits(model, batch)
-    assert rows == [int(raw["num_target_tokens"])] == [logits.size(0)] == [int((targets != -100).sum())]
-    # evaluation: every position
-    loss_sum, _ = causal_lm_loss_sum(forward_logits(model, batch), batch["labels"])
-    assert rows[-1] == raw["decoder_input_ids"].numel()
-    kept_sum = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
-    torch.testing.assert_close(kept_sum, loss_sum, rtol=reordered_sum_rtol(rows[0]), atol=0)  # head on K rows

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.checkpoint.layout import MARKER
 from fastlm.engine.checkpoint.loading import load_checkpoint
-from fastlm.engine.train.signals import GracefulStop, TrainingInterrupted
+from fastlm.engine.train.signals import TrainingInterrupted
 from tests.support.toy_training import run_toy, toy_model, toy_params
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -106,32 +105,6 @@ def test_ctrl_c_mid_step_finishes_the_step_flushes_and_names_the_fix(tmp_path, m
     assert latest_checkpoint(tmp_path / "checkpoints") == checkpoint == error.value.checkpoint
     history = load_checkpoint(checkpoint, model=toy_model(), restore_rng=False)["history"]
     assert [r["step"] for r in history] == [1, 4, 6] and calls["n"] == 6
-
-
-def test_graceful_stop_flag_second_ctrl_c_and_restore():
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with GracefulStop() as stop:
-        assert not stop.requested
-        os.kill(os.getpid(), signal.SIGINT)
-        assert stop.requested and stop.signal_name == "SIGINT"  # the handler only set the flag
-        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C: default behaviour again, at once
-            os.kill(os.getpid(), signal.SIGINT)
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-
-
-def test_graceful_stop_is_inert_outside_the_main_thread():
-    before = signal.getsignal(signal.SIGTERM)
-    seen = {}
-
-    def body():
-        with GracefulStop() as stop:
-            seen["handler"] = signal.getsignal(signal.SIGTERM)
-            seen["requested"] = stop.requested
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join()
-    assert seen == {"handler": before, "requested": False}
 
 
 # ----------------------------------------------------------------------------------------- SIGKILL

@@ -9,7 +9,7 @@ Two levers, each off by a parameter, each falling back to our pure-PyTorch code 
   ``accumulation``), ``ignore_index`` rows scoring nothing, ``F.cross_entropy``'s label smoothing, the bias,
   fp32 accumulation of the weight and bias gradients (``accum_dtype``). Our ``linear_cross_entropy_sum``
   stays the CPU path and the reference the liger path is tested against (``tests/engine/model/
-  test_liger_contract.py``, with a stand-in liger module).
+  test_liger.py``, with a stand-in liger module).
 * ``train.model.liger`` (``apply_liger``): liger's fused RMSNorm, rotary embedding and SwiGLU (GeGLU for
   Gemma) patched onto the model instance through its family's ``apply_liger_kernel_to_<family>(model=...)``,
   with liger's own cross-entropy options off: our loss path owns the head.

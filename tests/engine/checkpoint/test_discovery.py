@@ -1,0 +1,95 @@
+"""Which checkpoint is picked: only complete ``checkpoint-*`` folders, the newest for ``auto``, what
+``train.resume`` names, and the runs of a base folder that stopped before their total."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from fastlm.engine.checkpoint.discovery import (
+    complete_checkpoints,
+    latest_checkpoint,
+    resolve_resume,
+    unfinished_runs,
+)
+from fastlm.engine.checkpoint.layout import FORMAT_VERSION, MARKER, CheckpointError
+from fastlm.engine.checkpoint.loading import load_checkpoint
+from tests.support.checkpoints import save
+from tests.support.tiny_models import checkpoint_llama
+
+
+def test_torn_or_foreign_folders_are_never_picked(tmp_path, trained):
+    save(tmp_path, 1, *trained)
+    torn = save(tmp_path, 2, *trained)
+    (torn / "COMPLETE").unlink()  # as if the save had stopped before the marker
+    (tmp_path / "checkpoint-00000009").mkdir()  # no marker
+    tmp = tmp_path / ".tmp-checkpoint-00000010-1-abcd"
+    tmp.mkdir()
+    (tmp / "COMPLETE").write_text("{}")
+    odd = tmp_path / "checkpoint-latest"
+    odd.mkdir()
+    (odd / "COMPLETE").write_text("{}")
+    (tmp_path / "checkpoint-00000011").write_text("a file, not a folder")
+
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-00000001"
+    assert resolve_resume(tmp_path, "auto") == tmp_path / "checkpoint-00000001"
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        resolve_resume(tmp_path, str(torn))
+    with pytest.raises(CheckpointError, match="COMPLETE"):
+        load_checkpoint(torn, model=checkpoint_llama())
+
+
+def test_resolve_resume(tmp_path, trained, monkeypatch):
+    assert resolve_resume(tmp_path / "nothing-yet", "auto") is None
+    assert resolve_resume(tmp_path, "auto") is None
+    first = save(tmp_path, 1, *trained)
+    second = save(tmp_path, 2, *trained)
+    assert resolve_resume(tmp_path, "auto") == second
+    assert resolve_resume(tmp_path, "never") is None
+    assert resolve_resume(tmp_path, str(first)) == first
+    assert resolve_resume(tmp_path, "checkpoint-00000001") == first  # a name under root
+    monkeypatch.chdir(tmp_path.parent)
+    assert resolve_resume(tmp_path, f"{tmp_path.name}/checkpoint-00000001").resolve() == first
+
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_resume(tmp_path, str(tmp_path / "checkpoint-00000042"))
+    with pytest.raises(CheckpointError, match="'auto', 'never'"):
+        resolve_resume(tmp_path, "")
+    (second / MARKER).unlink()
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        resolve_resume(tmp_path, str(second))
+    assert resolve_resume(tmp_path, "auto") == first
+
+
+def _fake_checkpoint(root, step: int, state: dict | None = None, mtime: float = 0.0):
+    """A folder that discovery reads as complete: the marker and a trainer state, no tensors."""
+    folder = root / f"checkpoint-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"state": state or {"step": step}, "rng": {}}))
+    (folder / MARKER).write_text(json.dumps({"format": FORMAT_VERSION, "files": {}}))
+    os.utime(folder / MARKER, (mtime, mtime))
+    return folder
+
+
+def test_complete_checkpoints_are_listed_by_step_not_by_name_order(tmp_path):
+    late, early = _fake_checkpoint(tmp_path, 120), _fake_checkpoint(tmp_path, 9)
+    (tmp_path / "checkpoint-00000200").mkdir()  # no marker
+    assert complete_checkpoints(tmp_path) == [early, late]
+    assert (
+        complete_checkpoints(tmp_path / "missing") == [] and latest_checkpoint(tmp_path / "missing") is None
+    )
+
+
+def test_unfinished_runs_are_the_runs_stopped_before_their_total_newest_first(tmp_path):
+    _fake_checkpoint(tmp_path / "older", 4, {"step": 4, "total_steps": 10}, mtime=1_000)
+    _fake_checkpoint(tmp_path / "newer", 2, {"step": 2, "total_steps": 10}, mtime=2_000)
+    _fake_checkpoint(tmp_path / "finished", 10, {"step": 10, "total_steps": 10}, mtime=3_000)
+    _fake_checkpoint(tmp_path / "no-total", 3, mtime=4_000)
+    torn = _fake_checkpoint(tmp_path / "torn-state", 3, mtime=5_000)
+    (torn / "trainer_state.json").write_text("{cut")
+    _fake_checkpoint(tmp_path / ".hidden", 1, {"step": 1, "total_steps": 10}, mtime=6_000)
+    (tmp_path / "empty").mkdir()
+    assert unfinished_runs(tmp_path) == [tmp_path / "newer", tmp_path / "older"]
+    assert unfinished_runs(tmp_path / "nothing-here") == []

@@ -1,0 +1,41 @@
+"""TokenSequences: sample i is a zero-copy view of one flat array, built from Arrow without Python loops,
+with prompt lengths handed to collators and counted out of the targets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from fastlm.engine.data.token_dataset import TokenSequences
+
+
+def test_samples_are_views_of_the_flat_array_with_their_counts():
+    data = TokenSequences(np.arange(10, 19), np.array([0, 4, 5, 9]))
+    assert len(data) == 3 and data.lengths.tolist() == [4, 1, 4]
+    assert data[0].tolist() == [10, 11, 12, 13] and data[2].tolist() == [15, 16, 17, 18]
+    assert data[0].dtype == np.int32 and np.shares_memory(data[0], data.values)
+    assert data.num_tokens == 9 and data.num_target_tokens == 3 + 0 + 3
+    assert [row.tolist() for row in data.__getitems__([2, 1])] == [[15, 16, 17, 18], [14]]
+
+
+def test_prompt_lengths_go_to_collators_and_out_of_the_targets():
+    data = TokenSequences(np.arange(8), np.array([0, 5, 8]), np.array([2, 0]))
+    fetched = data.__getitems__([0, 1])
+    assert fetched[0]["input_ids"].tolist() == [0, 1, 2, 3, 4] and fetched[0]["prompt_length"] == 2
+    assert data[1].tolist() == [5, 6, 7]  # plain indexing is always the ids
+    assert data.num_target_tokens == (5 - 2) + (3 - 1)  # a prompt of 0 still leaves the first token out
+    with pytest.raises(ValueError, match="shorter than its sample"):
+        TokenSequences(np.arange(8), np.array([0, 5, 8]), np.array([5, 0]))
+
+
+def test_from_arrow_matches_the_rows_and_follows_a_sliced_table():
+    rows = [[1, 2, 3], [4], [5, 6]]
+    table = pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "prompt_length": [1, 0, 1]})
+    data = TokenSequences.from_arrow(table)
+    assert [data[i].tolist() for i in range(len(data))] == rows
+    assert data.prompt_lengths.tolist() == [1, 0, 1]
+    tail = TokenSequences.from_arrow(table.slice(1))
+    assert [tail[i].tolist() for i in range(len(tail))] == rows[1:]
+    empty = TokenSequences.from_arrow(table.slice(0, 0).select(["input_ids"]))
+    assert len(empty) == 0 and empty.num_tokens == 0

@@ -1,0 +1,38 @@
+"""Launching the worker processes of a data-parallel run (``launch.workers``): a user error in a worker ends
+the run in one line with that error's exit status, and the launcher leaves the caller's signal handlers as it
+found them. Two real worker processes each: the tiny job of tests/support/parallel_jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastlm.engine.launch.workers import WorkerFailedError
+from tests.support.parallel_jobs import job_params, launch, tokenized_splits
+
+
+@pytest.fixture(scope="module")
+def tokenized(bpe_tokenizer, sample_texts):
+    return tokenized_splits(bpe_tokenizer, sample_texts)
+
+
+def test_a_worker_error_ends_the_run_with_that_error_in_one_line(tmp_path, bpe_tokenizer, tokenized):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "COMPLETE").write_text("{not json")
+    params = job_params(tmp_path, accum=1, nproc=2, resume=str(broken))
+    with pytest.raises(WorkerFailedError, match=r"training worker rank \d of 2 failed: .*broken") as caught:
+        launch(params, bpe_tokenizer, tokenized, tmp_path)
+    assert "\n" not in str(caught.value) and caught.value.exit_code == 2  # a user error keeps its status
+
+
+def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tokenized):
+    import signal
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    launch(
+        job_params(tmp_path, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path,
+    )
+    assert {signum: signal.getsignal(signum) for signum in before} == before

@@ -1,0 +1,236 @@
+"""Packed batches keep samples apart on every attention path fastlm can choose.
+
+For each implementation, the REAL engine path runs (``make_batching`` -> collator -> device transfer -> the
+model call of ``evaluation.evaluate`` / ``loop.train``) with several rows per micro-batch, and every sample's
+logits and the loss must equal those of the sample run alone. CUDA-only kernels are replaced, on CPU, by
+pure-PyTorch references with the kernel's own calling convention (flash-attention: ``flash_attn_func`` /
+``flash_attn_varlen_func`` behind transformers' real ``_flash_attention_forward`` dispatch; PyTorch varlen:
+``varlen_attn``), so what is checked is what fastlm feeds the kernel. flex_attention runs its uncompiled
+(reference) kernel: torch.compile of it takes ~30 s on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fastlm.engine.evaluate.evaluation import evaluate
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.loop import train
+from tests.support.packed_attention import (
+    LENGTHS,
+    MEAN_LOSS_RTOL,
+    PAD,
+    ROW,
+    SAMPLES,
+    Recorder,
+    causal_attention,
+    check_samples,
+    packed_dataset,
+    packed_model,
+    packed_params,
+)
+
+pytestmark = [
+    pytest.mark.kernels,  # compares two computations: run under other CPU kernel sets too
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+]
+
+# --- reference kernels under the CUDA kernels' calling conventions ------------------------------------------
+
+
+class FlashReference:
+    """flash_attn's ``flash_attn_func`` and ``flash_attn_varlen_func`` in pure PyTorch, recording each
+    call."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def dense(self, q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+        self.calls.append("dense")
+        return torch.stack(
+            [causal_attention(q[b], k[b], v[b], softmax_scale, causal) for b in range(q.shape[0])]
+        )
+
+    def varlen(
+        self,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+    ):
+        self.calls.append("varlen")
+        assert cu_seqlens_q.dtype == torch.int32 and torch.equal(cu_seqlens_q, cu_seqlens_k)
+        bounds = cu_seqlens_q.tolist()
+        assert bounds[-1] == q.shape[0]
+        assert max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)) == int(max_seqlen_q)
+        return torch.cat(
+            [
+                causal_attention(q[a:b], k[a:b], v[a:b], softmax_scale, causal)
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+        )
+
+
+@pytest.fixture
+def flash_reference(monkeypatch):
+    """transformers' real flash-attention dispatch, with the kernels it would import replaced by
+    references."""
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    kernels = FlashReference()
+    monkeypatch.setattr(
+        fa_utils,
+        "_lazy_imports",
+        lambda *args, **kwargs: (
+            kernels.dense,
+            kernels.varlen,
+            None,
+            fa_utils._pad_input,
+            fa_utils._unpad_input,
+        ),
+    )
+    monkeypatch.setattr(fa_utils, "_loaded_implementation", None)
+    return kernels
+
+
+@pytest.fixture
+def flex_reference(monkeypatch):
+    """flex_attention's uncompiled kernel (same calling contract as the compiled one transformers wraps)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from transformers.integrations import flex_attention as hf_flex
+
+    calls = []
+
+    def uncompiled(query, key, value, training=False, **kwargs):
+        calls.append(kwargs.get("block_mask"))
+        return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(hf_flex, "compile_friendly_flex_attention", uncompiled)
+    return calls
+
+
+PATHS = [
+    "sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+    "torch_varlen",
+    "sdpa_varlen",
+]
+
+
+@pytest.fixture
+def path_kernels(request, monkeypatch):
+    """Reference kernels for the path under test; returns a check of what the kernels were fed."""
+    attn = request.param
+    if attn.startswith("flash_attention"):
+        kernels = request.getfixturevalue("flash_reference")
+        return attn, lambda: kernels.calls and set(kernels.calls) == {"varlen"}
+    if attn == "flex_attention":
+        calls = request.getfixturevalue("flex_reference")
+        from torch.nn.attention.flex_attention import BlockMask
+
+        return attn, lambda: calls and all(isinstance(mask, BlockMask) for mask in calls)
+    if attn == "torch_varlen":
+        from fastlm.engine.model.attention import kernels as attention_kernels
+
+        calls = []
+
+        def reference_varlen_attn(
+            query,
+            key,
+            value,
+            cu_seq_q,
+            cu_seq_k,
+            max_q,
+            max_k,
+            *,
+            scale=None,
+            window_size=(-1, -1),
+            enable_gqa=False,
+            **kwargs,
+        ):
+            calls.append(window_size)
+            assert enable_gqa or query.shape[1] == key.shape[1]
+            bounds = cu_seq_q.tolist()
+            assert window_size == (-1, 0) and bounds[-1] == query.shape[0]
+            return torch.cat(
+                [
+                    causal_attention(query[a:b], key[a:b], value[a:b], scale, True)
+                    for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+                ]
+            )
+
+        monkeypatch.setattr(attention_kernels, "varlen_attn", reference_varlen_attn)
+        return attn, lambda: bool(calls)
+    return attn, lambda: True
+
+
+@pytest.mark.parametrize("path_kernels", PATHS, indirect=True)
+def test_packed_evaluation_equals_each_sample_alone(path_kernels, reference, tmp_path):
+    attn, kernels_fed = path_kernels
+    reference_logits, reference_losses = reference
+    model = packed_model(attn)
+    recorder = Recorder(model)
+    params = packed_params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    result = evaluate(
+        model, packed_dataset(), params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn=attn
+    )
+    check_samples(recorder, reference_logits, len(SAMPLES))
+    assert max(shape[0] for shape in recorder.shapes) > 1 or attn in (
+        "flash_attention_2",
+        "flash_attention_3",
+        "torch_varlen",
+        "sdpa_varlen",
+    ), "one row per batch"
+    expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL)
+    assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
+
+
+@pytest.mark.parametrize("path_kernels", [p for p in PATHS if p != "flex_attention"], indirect=True)
+def test_packed_training_step_sees_each_sample_alone(path_kernels, reference, tmp_path):
+    """The training loop's own model call (flex_attention has no CPU backward: it cannot train here)."""
+    attn, kernels_fed = path_kernels
+    reference_logits, _ = reference
+    model = packed_model(attn)
+    recorder = Recorder(model)
+    params = packed_params(tmp_path, rows=3)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    train(
+        model, packed_dataset(), None, params=params, runtime=runtime, pad_id=PAD, max_length=ROW, attn=attn
+    )
+    assert len(recorder.seen) >= 3
+    check_samples(recorder, reference_logits, len([key for key in recorder.seen if key in reference_logits]))
+    assert kernels_fed(), f"{attn}: the kernel did not get the packed-sample inputs it needs"
+
+
+@pytest.mark.parametrize("path_kernels", ["flash_attention_2", "torch_varlen", "sdpa_varlen"], indirect=True)
+def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, reference, tmp_path):
+    """Dynamic padding (one sample per row): the varlen view gets each row's sample and padding tail apart."""
+    attn, kernels_fed = path_kernels
+    _, reference_losses = reference
+    params = packed_params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    result = evaluate(
+        packed_model(attn),
+        packed_dataset(),
+        params=params,
+        runtime=runtime,
+        pad_id=PAD,
+        max_length=ROW,
+        attn=attn,
+    )
+    expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL) and kernels_fed()

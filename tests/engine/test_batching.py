@@ -1,0 +1,108 @@
+"""engine/batching.py: a batching mode's sampler and collator, the packed row budget, the DataLoader
+settings and the endless micro-batch stream whose position a checkpoint saves (a stream rebuilt at that
+position continues with exactly the batches the first one would have given)."""
+
+import pytest
+import torch
+
+from fastlm.engine.batching import (
+    MicroBatches,
+    RandomBatches,
+    StreamLayout,
+    loader_settings,
+    make_batching,
+    micro_batches,
+    packed_budget,
+)
+from fastlm.engine.data import DynamicPaddingCollator, PackedCollator, Seq2SeqCollator
+from fastlm.engine.data.samplers import LengthGroupedSampler, PackedBatchSampler
+from fastlm.errors import ConfigError
+from tests.support.toy_training import EOS, toy_params, toy_sequences
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("mode", "sampler", "collator"),
+    [
+        ("packed", PackedBatchSampler, PackedCollator),
+        ("length_grouped", LengthGroupedSampler, DynamicPaddingCollator),
+        ("dynamic", RandomBatches, DynamicPaddingCollator),
+    ],
+)
+def test_each_mode_gets_its_sampler_and_collator(tmp_path, mode, sampler, collator):
+    params = toy_params(tmp_path, batching={"mode": mode})
+    got_sampler, got_collator = make_batching(
+        params, toy_sequences(50, 0).lengths, pad_id=EOS, max_length=64, seed=0
+    )
+    assert type(got_sampler) is sampler and type(got_collator) is collator
+
+
+def test_encoder_decoder_rows_are_length_grouped_where_packing_cannot_keep_samples_apart(tmp_path):
+    params = toy_params(tmp_path, batching={"mode": "packed"})
+    data = toy_sequences(50, 0)
+    sampler, collator = make_batching(
+        params,
+        data.lengths,
+        pad_id=EOS,
+        max_length=64,
+        seed=0,
+        prompt_lengths=data.lengths // 2,
+        decoder_start_id=EOS,
+        seq2seq_packing=False,
+    )
+    assert type(sampler) is LengthGroupedSampler and type(collator) is Seq2SeqCollator
+
+
+def test_the_packed_budget_holds_the_micro_batch_tokens_and_refuses_a_row_too_short(tmp_path):
+    params = toy_params(tmp_path, batching={"mode": "packed", "micro_batch_size": 4, "row_length": 32})
+    lengths = toy_sequences(50, 0).lengths
+    longest = int(lengths.max())
+    assert longest <= 48
+    budget = packed_budget(params.batching, lengths[lengths <= 32], max_length=64)
+    assert (budget.row_length, budget.rows_per_batch) == (32, 4 * 64 // 32)
+    with pytest.raises(
+        ConfigError, match=r"train\.batching\.row_length is 32 tokens .* sample of \d+"
+    ) as error:
+        packed_budget(params.batching, lengths.clip(min=33), max_length=64)
+    assert "\n" not in str(error.value)
+
+
+def test_loader_settings_use_no_workers_on_cpu_and_pin_memory_on_cuda(tmp_path, monkeypatch):
+    params = toy_params(tmp_path)
+    assert loader_settings(params, CPU) == {"num_workers": 0, "pin_memory": False}
+    monkeypatch.setattr("fastlm.engine.batching.usable_cpu_count", lambda: 16)
+    cuda = loader_settings(params, torch.device("cuda", 0))
+    assert cuda["num_workers"] == 8 and cuda["pin_memory"] is True
+    assert cuda["persistent_workers"] == params.dataloader.persistent_workers
+
+
+def _ids(stream: MicroBatches, count: int) -> list[list[int]]:
+    return [next(stream)["input_ids"].flatten().tolist() for _ in range(count)]
+
+
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
+def test_a_stream_rebuilt_at_a_saved_position_continues_with_the_same_batches(tmp_path, mode):
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 4})
+    data = toy_sequences(200, 0)
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    stream = micro_batches(data, params, layout)
+    per_epoch = stream.batches_per_epoch()
+    assert per_epoch > 5
+    first = _ids(stream, per_epoch + 3)  # past the end of the first epoch
+    assert stream.position == {"epoch": 1, "batch_in_epoch": 3}
+    saved = micro_batches(data, params, layout)
+    _ids(saved, 5)
+    resumed = micro_batches(data, params, layout, epoch=saved.epoch, batch=saved.batch)
+    assert _ids(resumed, per_epoch - 2) == first[5:]  # same computation run twice: exact
+    assert first[per_epoch : per_epoch + 3] != first[:3]  # each epoch is shuffled anew
+
+
+def test_one_steps_micro_batches_reach_the_device_with_the_wait_measured(tmp_path):
+    params = toy_params(tmp_path, batching={"mode": "packed", "micro_batch_size": 4})
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    stream = micro_batches(toy_sequences(60, 0), params, layout)
+    peeked = stream.peek_step(2, CPU, "sdpa")
+    step, waited = stream.next_step(2, CPU, "sdpa")
+    assert step is peeked and len(step) == 2 and waited >= 0
+    assert stream.batch == 2

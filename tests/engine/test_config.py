@@ -1,0 +1,40 @@
+"""The training parameters' schema: an empty config parses to the documented defaults, and each bad value,
+unknown key or contradiction is one ConfigError line naming the parameter and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastlm.engine.config import TrainParams, parse_train_params
+from fastlm.errors import ConfigError
+
+
+def test_empty_parameters_are_the_defaults():
+    params = parse_train_params({})
+    assert params == TrainParams()
+    assert (params.max_steps, params.log_every, params.save_every, params.keep_last) == (None, 10, 200, 2)
+    assert params.resume == "auto" and params.batching.mode == "packed"
+
+
+def test_nested_values_are_parsed_and_typed():
+    params = parse_train_params(
+        {"optimizer": {"lr": "3e-4"}, "max_steps": 5, "early_stopping": {"patience": 2}}
+    )
+    assert params.optimizer.lr == 3e-4 and params.max_steps == 5 and params.early_stopping.patience == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "named", "fix"),
+    [
+        ({"max_steps": 0}, "train.max_steps = 0", "--params train.max_steps=<value>"),
+        ({"optimizer": {"lr": "fast"}}, "train.optimizer.lr = 'fast'", "set train.optimizer.lr"),
+        ({"bogus": 1}, "unknown parameter train.bogus", "remove or correct it"),
+        ({"eval_every": None, "early_stopping": {"patience": 2}}, "train.early_stopping", "train.eval_every"),
+    ],
+    ids=["out-of-range", "not-a-number", "unknown-key", "early-stop-without-evaluations"],
+)
+def test_a_bad_parameter_is_one_line_naming_it_and_the_fix(raw, named, fix):
+    with pytest.raises(ConfigError) as raised:
+        parse_train_params(raw)
+    message = str(raised.value)
+    assert named in message and fix in message and "\n" not in message

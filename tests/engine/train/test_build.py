@@ -1,0 +1,46 @@
+"""build_training's parts for a fresh toy run: the step plan from max_steps, the optimizer over the raw model,
+a fresh state, no validation without a validation split; settle_request refuses an unknown attention before
+anything is read."""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+
+import pytest
+
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.build import TrainRequest, build_training, settle_request
+from tests.support.toy_training import EOS, toy_model, toy_params, toy_sequences
+
+
+def _request(tmp_path, attn: str = "sdpa", **overrides) -> TrainRequest:
+    params = toy_params(tmp_path, **overrides)
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    return TrainRequest(toy_model(), toy_sequences(60, 0), None, params, runtime, EOS, 64, attn)
+
+
+def test_a_fresh_run_gets_its_step_plan_optimizer_and_state(tmp_path):
+    request = settle_request(_request(tmp_path, max_steps=7, optimizer={"grad_clip": 1.0}))
+    with ExitStack() as cleanup:
+        parts = build_training(request, cleanup)
+        assert parts.total_steps == 7 and parts.steps_per_epoch >= 1 and parts.batches_per_epoch >= 1
+        assert parts.raw_model is request.model and parts.world == 1
+        assert parts.opt.clip == 1.0 and parts.opt.model is parts.raw_model
+        optimized = {id(p) for group in parts.opt.optimizer.param_groups for p in group["params"]}
+        assert optimized == {id(p) for p in parts.raw_model.parameters()}
+        assert parts.state.step == 0 and parts.state.resumed_from is None
+        assert parts.validate is None and parts.early is None  # no validation split, no early stopping
+        assert parts.params.batching.micro_batch_size == 4 == parts.configured.batching.micro_batch_size
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_no_grad_clip_means_an_infinite_threshold(tmp_path):
+    with ExitStack() as cleanup:
+        parts = build_training(settle_request(_request(tmp_path, optimizer={"grad_clip": None})), cleanup)
+        assert parts.opt.clip == math.inf
+
+
+def test_settle_request_refuses_an_unknown_attention_before_reading_data(tmp_path):
+    with pytest.raises(ValueError, match="warp_attention. is not one of"):
+        settle_request(_request(tmp_path, attn="warp_attention"))

@@ -1,0 +1,54 @@
+"""One optimizer step: ``train_step``'s update equals AdamW's first step written out by hand on the
+token-mean loss's gradients, and it reports the loss sum, the target count and the rate it used."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.step import Optimization, train_step
+from tests.support.tolerances import OTHER_FP32_MODEL, TRAINED_FP32_WEIGHTS
+from tests.support.toy_training import VOCAB, toy_model
+
+pytestmark = pytest.mark.kernels
+
+LR, BETAS, EPS, DECAY = 1e-3, (0.9, 0.95), 1e-8, 0.1
+
+
+def _batch() -> dict:
+    input_ids = torch.randint(2, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
+    labels = input_ids.clone()
+    labels[0, :4] = -100  # a prompt left out of the loss
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def _optimization(model) -> Optimization:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=DECAY)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return Optimization(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False), math.inf)
+
+
+def test_one_step_is_adamw_first_step_on_the_token_mean_gradient():
+    model, batch = toy_model(), _batch()
+    by_hand = copy.deepcopy(model)
+    logits = by_hand(input_ids=batch["input_ids"]).logits
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), batch["labels"][:, 1:].reshape(-1))
+    loss.backward()
+    targets = int((batch["labels"][:, 1:] != -100).sum())
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False, num_threads=1))
+
+    result = train_step(model, [batch], _optimization(model), runtime=runtime)
+
+    assert result.target_tokens == targets and result.lr == LR
+    torch.testing.assert_close(result.loss_sum / targets, loss.detach(), **OTHER_FP32_MODEL)
+    for (name, after), before in zip(model.named_parameters(), by_hand.parameters(), strict=True):
+        grad = before.grad
+        # AdamW's first step: bias-corrected m / sqrt(v) is g / |g|, decoupled weight decay first
+        expected = before.detach() * (1 - LR * DECAY) - LR * grad / (grad.abs() + EPS)
+        torch.testing.assert_close(after.detach(), expected, **TRAINED_FP32_WEIGHTS, msg=name)
+        assert after.grad is None  # gradients are zeroed (set to None) after the step

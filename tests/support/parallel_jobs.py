@@ -1,0 +1,61 @@
+"""A tiny training job for the tests that launch real worker processes (``launch.workers``) or compare them
+with one process (``distributed.parallel``): tokenized splits, the parameters of a short packed run, and the
+launch of its workers."""
+
+from __future__ import annotations
+
+import functools
+
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.launch.job import TrainJob
+from fastlm.engine.launch.workers import launch_workers
+from fastlm.engine.model.build import build_model
+
+
+def tokenized_splits(bpe_tokenizer, sample_texts):
+    """Train and evaluation splits of samples of at most 48 tokens."""
+    import datasets
+
+    eos = bpe_tokenizer.eos_token_id
+    ids = [
+        row[:47] + [eos] for row in bpe_tokenizer(sample_texts[:400], add_special_tokens=False)["input_ids"]
+    ]
+    return datasets.Dataset.from_dict({"input_ids": ids[:360]}), datasets.Dataset.from_dict(
+        {"input_ids": ids[360:]}
+    )
+
+
+def job_params(tmp_path, *, accum: int, nproc: int, **extra):
+    return parse_train_params(
+        {
+            "max_steps": 4,
+            "log_every": 1,
+            "eval_every": 2,
+            "save_every": 2,
+            "quiet": True,
+            "resume": "never",
+            "checkpoint_dir": str(tmp_path / f"checkpoints-{nproc}"),
+            "optimizer": {"warmup_steps": 1},
+            "runtime": {"num_threads": 1},
+            "model": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+            },
+            "batching": {"mode": "packed", "micro_batch_size": 2, "gradient_accumulation_steps": accum},
+            "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2},
+            **extra,
+        }
+    )
+
+
+def launch(params, tokenizer, tokenized, tmp_path):
+    job = TrainJob(params, 48, tokenized[0], tokenized[1], tokenizer, str(tmp_path / "model"))
+    build = functools.partial(build_model, params.model, tokenizer, max_length=48, attn_implementation="sdpa")
+    return launch_workers(
+        job,
+        params.distributed.nproc_per_node,
+        build_model=build,
+        monitor_interval_s=params.distributed.monitor_interval_s,
+    )
