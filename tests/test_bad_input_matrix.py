@@ -28,6 +28,7 @@ from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
 from tests.support.project import copy_project, run_pipeline, write_jsonl
+from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 pytestmark = pytest.mark.e2e
 
@@ -536,14 +537,7 @@ def _save_tiny_pretrained(project: Path, kind: str) -> str:
         "bart": lambda: BartForConditionalGeneration(
             BartConfig(
                 vocab_size=vocab,
-                d_model=16,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=2,
-                decoder_attention_heads=2,
-                encoder_ffn_dim=32,
-                decoder_ffn_dim=32,
-                max_position_embeddings=64,
+                **SMALL_BART_LAYERS,
             )
         ),
         "t5": lambda: T5ForConditionalGeneration(

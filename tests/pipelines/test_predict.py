@@ -20,6 +20,7 @@ from fastlm.errors import ConfigError, InputDataError, find_user_error
 from fastlm.reporting.predictions import PredictionJob, PredictionParts, input_rows, predict_rows
 from tests.support.project import run_pipeline
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
+from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 # kernels: batched left-padded generation against one row at a time (as
 # tests/engine/evaluate/test_generation.py)
@@ -245,14 +246,7 @@ def test_an_encoder_decoder_model_predicts_each_row_as_it_does_alone(bpe_tokeniz
     model = BartForConditionalGeneration(
         BartConfig(
             vocab_size=len(bpe_tokenizer),
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=64,
+            **SMALL_BART_LAYERS,
             pad_token_id=bpe_tokenizer.pad_token_id,
             eos_token_id=eos,
             bos_token_id=eos,

@@ -9,6 +9,17 @@ from fastlm.engine.data import PackedSeq2SeqCollator, TokenBudget
 
 VOCAB, PAD, EOS = 64, 1, 2
 BUDGET = TokenBudget(row_length=24, rows_per_batch=4)
+# The smallest BART-family shape the tests build (BART, Pegasus): one layer each side, width 16.
+SMALL_BART_LAYERS = dict(
+    d_model=16,
+    encoder_layers=1,
+    decoder_layers=1,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=64,
+)
 
 
 def tiny_seq2seq(kind: str, attn: str = "sdpa"):

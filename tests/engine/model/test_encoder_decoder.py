@@ -18,7 +18,7 @@ from fastlm.engine.model.encoder_decoder import (
     unwrapped,
 )
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits, training_logits
-from tests.support.tiny_seq2seq import PAD, VOCAB, head_rows, samples, tiny_seq2seq
+from tests.support.tiny_seq2seq import PAD, SMALL_BART_LAYERS, VOCAB, head_rows, samples, tiny_seq2seq
 from tests.support.tolerances import reordered_sum_rtol
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
@@ -33,14 +33,7 @@ def test_only_checked_families_on_dense_mask_paths_pack():
     pegasus = PegasusForConditionalGeneration(
         PegasusConfig(
             vocab_size=VOCAB,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=64,
+            **SMALL_BART_LAYERS,
         )
     )
     assert "pegasus family is not checked" in packing_unavailable(pegasus, "sdpa")

@@ -18,6 +18,7 @@ import torch
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.model.build import build_model
 from fastlm.errors import ConfigError
+from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 MAX_LENGTH = 32
 
@@ -76,14 +77,7 @@ def _tiny(kind: str, vocab: int):
         return BartForConditionalGeneration(
             BartConfig(
                 vocab_size=vocab,
-                d_model=16,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=2,
-                decoder_attention_heads=2,
-                encoder_ffn_dim=32,
-                decoder_ffn_dim=32,
-                max_position_embeddings=64,
+                **SMALL_BART_LAYERS,
             )
         )
     if kind == "t5":

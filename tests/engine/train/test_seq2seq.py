@@ -22,6 +22,7 @@ from fastlm.engine.model.build import build_model
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.loop import train
 from fastlm.errors import ConfigError
+from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 from tests.support.tolerances import (
     MERGED_ADAPTER_ATOL,
     OTHER_FP32_KERNEL_GRAD,
@@ -42,14 +43,7 @@ def _tiny(kind: str, init_std: float = 0.02):
         return BartForConditionalGeneration(
             BartConfig(
                 vocab_size=VOCAB,
-                d_model=16,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=2,
-                decoder_attention_heads=2,
-                encoder_ffn_dim=32,
-                decoder_ffn_dim=32,
-                max_position_embeddings=64,
+                **SMALL_BART_LAYERS,
                 pad_token_id=PAD,
                 eos_token_id=EOS,
                 bos_token_id=0,
@@ -278,14 +272,7 @@ def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog
     PegasusForConditionalGeneration(
         PegasusConfig(
             vocab_size=VOCAB,
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_ffn_dim=32,
-            max_position_embeddings=64,
+            **SMALL_BART_LAYERS,
             pad_token_id=PAD,
             eos_token_id=EOS,
             decoder_start_token_id=PAD,
