@@ -9,11 +9,52 @@ import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
-from demo_data.texts import make_texts  # noqa: E402
-
 import fastlm  # noqa: E402,F401  (sets offline/telemetry defaults before any HF import)
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
-from tests.support.project import copy_project, write_jsonl  # noqa: E402
+from tests.support import background  # noqa: E402
+from tests.support.project import demo_texts, make_kedro_project  # noqa: E402
+
+COLLECTED_NODE_IDS = pytest.StashKey[dict]()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "background(job): the test asserts on this job of subprocesses, started in a background thread once "
+        "the tests are collected (tests/support/background.py)",
+    )
+
+
+def pytest_collection_finish(session):
+    """Start the background jobs of the tests about to run, in their order."""
+    if session.config.option.collectonly:
+        return
+    background.start(
+        [mark.kwargs["job"] for item in session.items for mark in item.iter_markers("background")]
+    )
+
+
+def pytest_sessionfinish(session):
+    background.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Note the node ids this session collected, per test file, before -k, -m or --deselect leave any out
+    (tests/test_reliability_doc.py reads them instead of collecting the files again in a subprocess). Nothing
+    is noted where the command line names single tests: a file's collection may then be partial."""
+    if any("::" in arg for arg in config.args):
+        return
+    by_file: dict[str, set[str]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], set()).add(item.nodeid)
+    config.stash[COLLECTED_NODE_IDS] = {file: frozenset(ids) for file, ids in by_file.items()}
+
+
+@pytest.fixture(scope="session")
+def collected_node_ids(request) -> dict[str, frozenset[str]]:
+    """Test file -> the node ids this session collected from it (every one), for the files it collected."""
+    return request.config.stash.get(COLLECTED_NODE_IDS, {})
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +72,7 @@ def _no_dangling_mlflow_run():
 
 @pytest.fixture(scope="session")
 def sample_texts() -> list[str]:
-    return make_texts(600, seed=3, profile="demo")
+    return list(demo_texts())
 
 
 @pytest.fixture(scope="session")
@@ -52,25 +93,24 @@ def mlflow_uri(tmp_path_factory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with its schema and no run, made once: a test that wants a store of its own
+    copies it (``shutil.copyfile``) instead of creating the schema again, which costs seconds each time."""
+    import mlflow
+
+    folder = tmp_path_factory.mktemp("empty_mlflow")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # the Default experiment's artifact location: inside this folder, not the cwd's
+        mlflow.MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+    return folder / "mlflow.db"
+
+
 @pytest.fixture
 def kedro_project(tmp_path, monkeypatch, sample_texts, mlflow_uri) -> Path:
     """A copy of the project's configuration in tmp_path (cwd), with a small raw corpus; code is the installed
     package."""
-    copy_project(tmp_path)
-    for layer in (
-        "01_raw",
-        "02_intermediate",
-        "03_primary",
-        "04_feature",
-        "05_model_input",
-        "06_models",
-        "07_model_output",
-        "08_reporting",
-    ):
-        (tmp_path / "data" / layer).mkdir(parents=True)
-    write_jsonl(
-        tmp_path / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]]
-    )
+    make_kedro_project(tmp_path, sample_texts)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     return tmp_path

@@ -27,7 +27,8 @@ import yaml
 from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
-from tests.support.project import copy_project, run_pipeline, write_jsonl
+from tests.support import background
+from tests.support.project import copy_project, demo_texts, make_kedro_project, run_pipeline, write_jsonl
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 pytestmark = pytest.mark.e2e
@@ -1030,30 +1031,42 @@ def test_the_same_key_in_two_files_of_one_environment_is_one_line(project):
 SECRET_URI = "http://alice:S3cretPassw0rdXYZ@127.0.0.1:9"
 
 
-def test_cli_tracking_server_down_training_finishes_fast(project):
-    """A closed local port as the tracking server: one warning, the run completes, no secret printed."""
-    import time
-
+def train_with_the_store_then_with_the_server_down(folder: Path) -> dict:
+    """A project like the module's (its conf/local parameters, an MLflow store of its own), split by the CLI;
+    then `kedro run --pipeline=train` tracked, and again (its model removed) with a closed local port as the
+    tracking server, each timed (a job of tests/support/background.py)."""
+    project = make_kedro_project(folder / "project", list(demo_texts()))
+    with open(project / "conf/local/parameters_matrix.yml", "w") as file:
+        file.write(yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"}))
+    env = background.environ(
+        DO_NOT_TRACK="true", COLUMNS="200", MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}"
+    )
+    kedro_run = [sys.executable, "-m", "kedro", "run"]
+    runs = {"split": background.run([*kedro_run, "--pipeline=split"], cwd=project, env=env)}
     params = ("--params", "train.resume=never,train.save_every=null")
     start = time.monotonic()
-    tracked = _kedro(project, "--pipeline=train", *params)
-    with_store = time.monotonic() - start
-    assert tracked.returncode == 0, tracked.stderr[-3000:]
-    (project / "data/06_models/model/model.safetensors").unlink()
+    runs["tracked"] = background.run([*kedro_run, "--pipeline=train", *params], cwd=project, env=env)
+    runs["with_store"] = time.monotonic() - start
+    if runs["tracked"].returncode == 0:
+        os.remove(project / "data/06_models/model/model.safetensors")
     start = time.monotonic()
-    down = subprocess.run(
-        [sys.executable, "-m", "kedro", "run", "--pipeline=train", *params],
-        cwd=project,
-        env={**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200", "MLFLOW_TRACKING_URI": SECRET_URI},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    without_store = time.monotonic() - start
+    down = background.environ(DO_NOT_TRACK="true", COLUMNS="200", MLFLOW_TRACKING_URI=SECRET_URI)
+    runs["down"] = background.run([*kedro_run, "--pipeline=train", *params], cwd=project, env=down)
+    runs["without_store"] = time.monotonic() - start
+    return {"project": project, **runs}
+
+
+@pytest.mark.background(job=train_with_the_store_then_with_the_server_down)
+def test_cli_tracking_server_down_training_finishes_fast():
+    """A closed local port as the tracking server: one warning, the run completes, no secret printed."""
+    runs = background.result(train_with_the_store_then_with_the_server_down)
+    project, tracked, down = runs["project"], runs["tracked"], runs["down"]
+    assert runs["split"].returncode == 0, runs["split"].stderr[-3000:]
+    assert tracked.returncode == 0, tracked.stderr[-3000:]
     output = down.stdout + down.stderr
     assert down.returncode == 0, output[-3000:]
     assert (project / "data/06_models/model/model.safetensors").is_file()
-    assert without_store <= with_store + 30, (with_store, without_store)
+    assert runs["without_store"] <= runs["with_store"] + 30, (runs["with_store"], runs["without_store"])
     # Rich wraps lines
     assert "S3cretPassw0rdXYZ" not in "".join(output.split()) and "Traceback" not in output
     words = " ".join(output.split())

@@ -5,23 +5,48 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+from tests.support import background
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_cpu_kernels.sh"
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return background.run(
         ["bash", str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
+        cwd=cwd,
         timeout=120,
         env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHON": sys.executable},
     )
 
 
+def listed_sets(folder: Path) -> subprocess.CompletedProcess:
+    """``--list`` (a job of tests/support/background.py)."""
+    return run("--list", cwd=folder)
+
+
+def check_of_a_kernel_dependent_test(folder: Path) -> subprocess.CompletedProcess:
+    """The check, under avx2 and default, of a test that passes only where ATen has vector kernels (a job of
+    tests/support/background.py)."""
+    test = folder / "test_depends_on_the_cpu.py"
+    with open(test, "w") as file:
+        file.write(
+            "import torch\n\n\ndef test_vector_kernels():\n"
+            "    assert torch.backends.cpu.get_cpu_capability() != 'DEFAULT'\n"
+        )
+    return run("--sets", "avx2,default", str(test), cwd=folder)
+
+
+def unknown_set(folder: Path) -> subprocess.CompletedProcess:
+    """``--sets avx9`` (a job of tests/support/background.py)."""
+    return run("--sets", "avx9", cwd=folder)
+
+
+@pytest.mark.background(job=listed_sets)
 def test_each_kernel_set_makes_pytorch_dispatch_its_own_kernels():
-    listed = run("--list")
+    listed = background.result(listed_sets)
     assert listed.returncode == 0, listed.stderr
     picked = dict(line.split(": ", 1) for line in listed.stdout.splitlines())
     assert set(picked) == {"native", "avx2", "default"}
@@ -32,18 +57,15 @@ def test_each_kernel_set_makes_pytorch_dispatch_its_own_kernels():
     assert picked["avx2"].endswith("ATen AVX2") or torch.backends.cpu.get_cpu_capability() == "DEFAULT"
 
 
-def test_a_test_that_passes_only_on_some_kernels_fails_the_check(tmp_path):
-    test = tmp_path / "test_depends_on_the_cpu.py"
-    test.write_text(
-        "import torch\n\n\ndef test_vector_kernels():\n"
-        "    assert torch.backends.cpu.get_cpu_capability() != 'DEFAULT'\n"
-    )
-    checked = run("--sets", "avx2,default", str(test))
+@pytest.mark.background(job=check_of_a_kernel_dependent_test)
+def test_a_test_that_passes_only_on_some_kernels_fails_the_check():
+    checked = background.result(check_of_a_kernel_dependent_test)
     assert checked.returncode == 1, checked.stdout[-2000:]
     assert "== check_cpu_kernels: avx2: exit 0" in checked.stdout
     assert "== check_cpu_kernels: default: exit 1" in checked.stdout
 
 
+@pytest.mark.background(job=unknown_set)
 def test_an_unknown_set_is_refused_in_one_line():
-    refused = run("--sets", "avx9")
+    refused = background.result(unknown_set)
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0 and "avx9" in refused.stderr

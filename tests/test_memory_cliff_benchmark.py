@@ -9,28 +9,42 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.support import background
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def run(*args: str, cwd: Path | None = None) -> str:
-    return subprocess.run(
-        [sys.executable, str(BENCHMARKS / "memory_cliff.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-        cwd=cwd,
-    ).stdout
+def run(*args: str, cwd: Path) -> str:
+    done = background.run([sys.executable, str(BENCHMARKS / "memory_cliff.py"), *args], cwd=cwd, timeout=300)
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+    return done.stdout
 
 
+def help_text(folder: Path) -> str:
+    """``--help`` (a job of tests/support/background.py)."""
+    return run("--help", cwd=folder)
+
+
+def dry_run(folder: Path) -> tuple[str, Path]:
+    """``--dry-run`` (a job of tests/support/background.py): what it printed, and its folder."""
+    return run(
+        "--dry-run", "--json", str(folder / "figures.json"), "--workdir", str(folder / "work"), cwd=folder
+    ), folder
+
+
+@pytest.mark.background(job=help_text)
 def test_help_runs_on_cpu():
-    shown = run("--help")
+    shown = background.result(help_text)
     assert "--budget-gib" in shown and "--dry-run" in shown and "--lengths" in shown
 
 
-def test_dry_run_measures_both_sides_and_prints_the_verdicts(tmp_path):
-    shown = run("--dry-run", "--json", str(tmp_path / "figures.json"), "--workdir", str(tmp_path / "work"))
-    figures = json.loads((tmp_path / "figures.json").read_text())
+@pytest.mark.background(job=dry_run)
+def test_dry_run_measures_both_sides_and_prints_the_verdicts():
+    shown, folder = background.result(dry_run)
+    figures = json.loads((folder / "figures.json").read_text())
     trainer = figures["trainer"]
     assert [t["micro_batch_size"] for t in trainer] == [2, 4]
     assert all(t["status"] == "ok" and t["real_tokens_per_s"] > 0 for t in trainer)
@@ -44,4 +58,4 @@ def test_dry_run_measures_both_sides_and_prints_the_verdicts(tmp_path):
     assert "torch" in figures["versions"] and "bitsandbytes" in figures["versions"]
     verdicts = [line for line in shown.splitlines() if line.startswith(("PASS: ", "FAIL: "))]
     assert len(verdicts) == 2 and "What a step holds differs" in shown
-    assert (tmp_path / "work" / "base" / "config.json").exists()  # built from a config, saved, loaded back
+    assert (folder / "work" / "base" / "config.json").exists()  # built from a config, saved, loaded back

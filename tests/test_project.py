@@ -3,8 +3,11 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from tests.support import background
 
 CLEAN_ENV = {
     k: v
@@ -13,15 +16,15 @@ CLEAN_ENV = {
 }
 
 
-def _python(code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=CLEAN_ENV, timeout=300
-    )
+def _python(code: str, folder: Path) -> str:
+    done = background.run([sys.executable, "-c", code], cwd=folder, env=CLEAN_ENV, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_engine_and_corpus_never_import_kedro():
+def kedro_modules_of_engine_and_corpus(folder: Path) -> str:
+    """The kedro modules a process has imported after every module of fastlm.engine and fastlm.corpus (a job
+    of tests/support/background.py)."""
     code = (
         "import sys, pkgutil, importlib, fastlm.engine, fastlm.corpus\n"
         "for package in (fastlm.engine, fastlm.corpus):\n"
@@ -29,10 +32,12 @@ def test_engine_and_corpus_never_import_kedro():
         "        importlib.import_module(info.name)\n"
         "print(sorted(m for m in sys.modules if m == 'kedro' or m.startswith('kedro.')))"
     )
-    assert _python(code) == "[]"
+    return _python(code, folder)
 
 
-def test_kedro_startup_turns_telemetry_off_before_mlflow_is_imported():
+def telemetry_after_kedro_startup(folder: Path) -> str:
+    """MLflow's telemetry client, DO_NOT_TRACK and HF_HUB_OFFLINE once Kedro's CLI plugins are loaded (a job
+    of tests/support/background.py)."""
     code = (
         "from kedro.framework.cli.cli import _init_plugins\n"
         "_init_plugins()\n"
@@ -41,18 +46,30 @@ def test_kedro_startup_turns_telemetry_off_before_mlflow_is_imported():
         "import os\n"
         "print(get_telemetry_client() is None, os.environ['DO_NOT_TRACK'], os.environ['HF_HUB_OFFLINE'])"
     )
-    assert _python(code) == "True true 1"
+    return _python(code, folder)
 
 
-def test_user_choices_win_over_the_defaults():
+def offline_choice_of_a_user(folder: Path) -> subprocess.CompletedProcess:
+    """HF_HUB_OFFLINE after ``import fastlm`` where the user set it to 0 (a job of
+    tests/support/background.py)."""
     env = {**CLEAN_ENV, "HF_HUB_OFFLINE": "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", "import fastlm, os; print(os.environ['HF_HUB_OFFLINE'])"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    code = "import fastlm, os; print(os.environ['HF_HUB_OFFLINE'])"
+    return background.run([sys.executable, "-c", code], cwd=folder, env=env, timeout=120)
+
+
+@pytest.mark.background(job=kedro_modules_of_engine_and_corpus)
+def test_engine_and_corpus_never_import_kedro():
+    assert background.result(kedro_modules_of_engine_and_corpus) == "[]"
+
+
+@pytest.mark.background(job=telemetry_after_kedro_startup)
+def test_kedro_startup_turns_telemetry_off_before_mlflow_is_imported():
+    assert background.result(telemetry_after_kedro_startup) == "True true 1"
+
+
+@pytest.mark.background(job=offline_choice_of_a_user)
+def test_user_choices_win_over_the_defaults():
+    done = background.result(offline_choice_of_a_user)
     assert done.stdout.strip() == "0"
 
 

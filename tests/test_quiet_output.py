@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support.project import copy_project, write_jsonl
+from tests.support import background
+from tests.support.project import copy_project, demo_texts, write_jsonl
 
 NOISE = (
     "[33m",
@@ -26,16 +27,22 @@ NOISE = (
 
 
 def kedro(project, *args, python=()) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "80"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run(
-        [sys.executable, *python, "-m", "kedro", "run", *args],
-        cwd=project,
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=300,
+    env = background.environ(COLUMNS="80", MLFLOW_TRACKING_URI=None)
+    return background.run([sys.executable, *python, "-m", "kedro", "run", *args], cwd=project, env=env)
+
+
+def split_then_failed_split(
+    folder: Path,
+) -> tuple[Path, subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """In a new project (its own MLflow store): a split under ``-X importtime``, then a split that fails (a
+    job of tests/support/background.py)."""
+    project = copy_project(folder / "project")
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", list(demo_texts()[:200]))
+    done = kedro(
+        project, "--pipeline=split", "--params", "split.tokenizer.vocab_size=300", python=("-X", "importtime")
     )
+    failed = kedro(project, "--pipeline=split", "--params", "split.text_column=body")
+    return project, done, failed
 
 
 def imported(importtime_log: str) -> set[str]:
@@ -47,12 +54,9 @@ def imported(importtime_log: str) -> set[str]:
 
 
 @pytest.mark.e2e
-def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed(tmp_path, sample_texts):
-    project = copy_project(tmp_path / "project")
-    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts[:200])
-    done = kedro(
-        project, "--pipeline=split", "--params", "split.tokenizer.vocab_size=300", python=("-X", "importtime")
-    )
+@pytest.mark.background(job=split_then_failed_split)
+def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed():
+    project, done, failed = background.result(split_then_failed_split)
     assert done.returncode == 0, done.stdout + done.stderr
     # start-up cost the project causes: a split imports no other pipeline (training engine, tune, report),
     # nor transformers' pipelines (kedro-datasets' huggingface package), nor plotting or ROUGE
@@ -74,7 +78,6 @@ def test_cli_output_is_quiet_unwrapped_and_a_failed_run_is_failed(tmp_path, samp
     # one line, not wrapped at 80
     assert len(cleaned) == 1 and "kept" in cleaned[0] and "dropped" in cleaned[0]
 
-    failed = kedro(project, "--pipeline=split", "--params", "split.text_column=body")
     output = failed.stdout + failed.stderr
     assert failed.returncode == 2 and output.count("was closed because of an error") <= 1, output
     statuses = (

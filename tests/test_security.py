@@ -10,13 +10,15 @@ import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 import fastlm
 from fastlm.redaction import MASK, install_log_redaction, is_secret_key, redact, redact_text
-from tests.support.project import PROJECT_ROOT, copy_project, write_jsonl
+from tests.support import background
+from tests.support.project import PROJECT_ROOT, copy_project, demo_texts, write_jsonl
 
 SRC = PROJECT_ROOT / "src" / "fastlm"
 HF_TOKEN = "hf_FAKEabcdefghijklmnopqrstuvwxyz0123"
@@ -290,11 +292,11 @@ def test_a_url_as_raw_path_is_one_line_without_its_credentials(kedro_project, ur
     assert sorted(path for path in (kedro_project / "data").rglob("*") if path.is_file()) == before
 
 
-@pytest.mark.e2e
-def test_secrets_in_params_reach_no_log_mlflow_or_output(tmp_path, sample_texts):
-    """`kedro run` (split -> train -> report) with a fake token and a URI with a password in --params."""
-    project = copy_project(tmp_path / "project")
-    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", sample_texts)
+def run_with_secrets_in_params(folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """`kedro run` (split -> train -> report) in a new project with a fake token and a URI with a password in
+    --params (a job of tests/support/background.py)."""
+    project = copy_project(folder / "project")
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", list(demo_texts()))
     small = {
         "split": {"tokenizer": {"vocab_size": 400}, "max_length": 48},
         "train": {
@@ -308,17 +310,19 @@ def test_secrets_in_params_reach_no_log_mlflow_or_output(tmp_path, sample_texts)
         },
     }
     # hf_token: a top-level parameter of the user's own (an unknown one would be refused)
-    (project / "conf/local/parameters_small.yml").write_text(yaml.safe_dump({**small, "hf_token": None}))
+    with open(project / "conf/local/parameters_small.yml", "w") as file:
+        file.write(yaml.safe_dump({**small, "hf_token": None}))
     params = f"hf_token={HF_TOKEN},split.hash_salt={SALT_TOKEN},train.profile.trace_dir={URI}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}", "COLUMNS": "200"}
-    done = subprocess.run(
-        [sys.executable, "-m", "kedro", "run", "--params", params],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = background.environ(MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}", COLUMNS="200")
+    done = background.run([sys.executable, "-m", "kedro", "run", "--params", params], cwd=project, env=env)
+    return project, done
+
+
+@pytest.mark.e2e
+@pytest.mark.background(job=run_with_secrets_in_params)
+def test_secrets_in_params_reach_no_log_mlflow_or_output():
+    """`kedro run` (split -> train -> report) with a fake token and a URI with a password in --params."""
+    project, done = background.result(run_with_secrets_in_params)
     assert done.returncode == 0, done.stderr[-3000:]
     secrets = (HF_TOKEN, SALT_TOKEN, PASSWORD)
     for secret in secrets:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import background
 from tests.support.project import copy_project
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -29,14 +30,8 @@ SPLIT_DATASETS = {"raw_corpus", "tokenized_corpus"}
 KEDRO = [sys.executable, "-m", "kedro"]
 
 
-@pytest.fixture
-def viz_project(tmp_path) -> Path:
-    project = copy_project(tmp_path / "project")
-    return project
-
-
 def _viz_env(project: Path) -> dict[str, str]:
-    env = {**os.environ, "DO_NOT_TRACK": "true", "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}"}
+    env = background.environ(DO_NOT_TRACK="true", MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}")
     # `kedro viz run` asks PyPI for a newer kedro-viz (30 s timeout): make that fail at once, keep localhost
     # direct.
     for name in ("HTTPS_PROXY", "https_proxy"):
@@ -61,17 +56,17 @@ def _assert_split_graph(graph: dict, where: str) -> None:
     assert (tasks["tokenize_corpus"]["id"], data["tokenized_corpus"]["id"]) in edges
 
 
+def viz_build(folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """`kedro viz build` in a throw-away project (a job of tests/support/background.py)."""
+    project = copy_project(folder / "project")
+    return project, background.run([*KEDRO, "viz", "build"], cwd=project, env=_viz_env(project), timeout=220)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
-def test_viz_build_lists_the_split_pipeline(viz_project):
-    result = subprocess.run(
-        [*KEDRO, "viz", "build"],
-        cwd=viz_project,
-        env=_viz_env(viz_project),
-        capture_output=True,
-        text=True,
-        timeout=220,
-    )
+@pytest.mark.background(job=viz_build)
+def test_viz_build_lists_the_split_pipeline():
+    viz_project, result = background.result(viz_build)
     log = f"rc={result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     # `kedro viz build` reports its own failures as a message and still exits 0: check the files it wrote.
     api = viz_project / "build" / "api"
@@ -126,15 +121,17 @@ def _stop_process_group(process: subprocess.Popen) -> None:
     process.wait(timeout=10)
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(240)
-def test_viz_run_serves_the_split_pipeline(viz_project):
+def viz_run(folder: Path) -> dict:
+    """`kedro viz run` in a throw-away project, polled for its /api/main, then stopped (a job of
+    tests/support/background.py): the graph (or None, the last error and the log's tail), the exit code while
+    it was polled, and whether it stopped."""
+    viz_project = copy_project(folder / "project")
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api/main"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
     log_path = viz_project / "viz_run.log"
     with open(log_path, "wb") as log:
-        server = subprocess.Popen(
+        server = background.popen(
             [*KEDRO, "viz", "run", "--no-browser", "--host", "127.0.0.1", "--port", str(port)],
             cwd=viz_project,
             env=_viz_env(viz_project),
@@ -154,11 +151,23 @@ def test_viz_run_serves_the_split_pipeline(viz_project):
             except OSError as exc:  # not listening yet (URLError, ConnectionError, timeouts)
                 error = exc
                 time.sleep(0.25)
-        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-        assert graph is not None, (
-            f"no graph at {url} (exit code {server.poll()}, last error {error!r}):\n{tail}"
-        )
-        _assert_split_graph(graph, url)
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            tail = log.read()[-3000:]
+        served = {"url": url, "graph": graph, "error": error, "exit": server.poll(), "tail": tail}
     finally:
         _stop_process_group(server)
-    assert server.poll() is not None
+        background.forget(server)
+    return {**served, "stopped": server.poll() is not None}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+@pytest.mark.background(job=viz_run)
+def test_viz_run_serves_the_split_pipeline():
+    served = background.result(viz_run)
+    assert served["graph"] is not None, (
+        f"no graph at {served['url']} (exit code {served['exit']}, last error {served['error']!r}):\n"
+        f"{served['tail']}"
+    )
+    _assert_split_graph(served["graph"], served["url"])
+    assert served["stopped"]

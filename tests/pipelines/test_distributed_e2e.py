@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.support.project import run_pipeline
+from tests.support import background
+from tests.support.project import demo_texts, make_kedro_project, run_pipeline
 
 pytestmark = pytest.mark.e2e
 SPLIT = {"tokenizer": {"vocab_size": 400}, "max_length": 48}
@@ -31,10 +32,10 @@ TRAIN = {
 }
 
 
-def _train_runs(experiment: str = "fastlm") -> list:
+def _train_runs(experiment: str = "fastlm", uri: str | None = None) -> list:
     import mlflow
 
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(uri)
     return client.search_runs(
         client.get_experiment_by_name(experiment).experiment_id,
         filter_string="tags.`mlflow.runName` LIKE 'train-%'",
@@ -91,11 +92,8 @@ def test_nproc_per_node_launches_workers_and_only_rank_0_writes(kedro_project):
     assert model.config.vocab_size > 0
 
 
-def _cli_env(project: Path) -> dict:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    return env
+def _store(project: Path) -> str:
+    return f"sqlite:///{project / 'mlflow.db'}"
 
 
 def _params_arg(params: dict) -> str:
@@ -112,30 +110,47 @@ def _params_arg(params: dict) -> str:
     return ",".join(f"{key}={value}" for key, value in flat.items())
 
 
-def test_kedro_run_under_torchrun_writes_once(kedro_project):
-    run_pipeline(kedro_project, "split", {"split": SPLIT})
-    before = len(_train_runs())
+def split_then_train_under_torchrun(folder: Path):
+    """In a new project (the kedro_project fixture's, with an MLflow store of its own): `kedro run
+    --pipeline=split`, then `kedro run --pipeline=train` under torchrun with 2 processes (a job of
+    tests/support/background.py)."""
+    project = make_kedro_project(folder / "project", list(demo_texts()))
+    env = background.environ(
+        PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
+    )
+    kedro_run = ["-m", "kedro", "run"]
+    split = _params_arg({"split": SPLIT})
+    split_done = background.run(
+        [sys.executable, *kedro_run, "--pipeline=split", "--params", split], cwd=project, env=env
+    )
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "kedro",
-        "run",
+        *torchrun,
+        *kedro_run,
         "--pipeline=train",
         "--params",
         _params_arg({"split": SPLIT, "train": TRAIN}),
     ]
-    done = subprocess.run(
-        command, cwd=kedro_project, env=_cli_env(kedro_project), capture_output=True, text=True, timeout=300
-    )
+    done = background.run(command, cwd=project, env=env) if split_done.returncode == 0 else None
+    return project, split_done, done
+
+
+@pytest.mark.background(job=split_then_train_under_torchrun)
+def test_kedro_run_under_torchrun_writes_once():
+    project, split, done = background.result(split_then_train_under_torchrun)
+    assert split.returncode == 0, split.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(_train_runs()) == before + 1  # rank 1 opened no MLflow run
-    assert _written_outputs(kedro_project)["checkpoints"] == ["checkpoint-00000002", "checkpoint-00000004"]
-    summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
+    assert len(_train_runs(uri=_store(project))) == 1  # rank 1 opened no MLflow run
+    assert _written_outputs(project)["checkpoints"] == ["checkpoint-00000002", "checkpoint-00000004"]
+    summary = json.loads((project / "data/08_reporting/train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 4
+
+
+def _read(path: str, mode: str = "r"):
+    """With the built-in open, not Path.read_text: a background job reads, and tests patch Path.open."""
+    with open(path, mode) as file:
+        return file.read()
 
 
 def _spawned_workers(parent: int) -> list[int]:
@@ -144,8 +159,8 @@ def _spawned_workers(parent: int) -> list[int]:
     workers = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
+            ppid = int(_read(str(stat)).rsplit(")", 1)[1].split()[1])
+            cmdline = _read(str(stat.parent / "cmdline"), "rb")
         except (OSError, ValueError, IndexError):
             continue
         if ppid == parent and b"spawn_main" in cmdline:
@@ -153,11 +168,31 @@ def _spawned_workers(parent: int) -> list[int]:
     return sorted(workers)
 
 
-@pytest.mark.skipif(
-    not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the worker processes"
-)
-def test_a_killed_worker_ends_the_run_with_a_clear_error_and_no_process_left(kedro_project):
-    run_pipeline(kedro_project, "split", {"split": SPLIT})
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that is not a zombie."""
+    try:
+        return "zombie" not in _read(f"/proc/{pid}/status").lower()
+    except OSError:
+        return False
+
+
+def split_then_kill_a_worker(folder: Path) -> dict:
+    """In a new project (the kedro_project fixture's, with an MLflow store of its own): `kedro run
+    --pipeline=split`, then a long 2-process `kedro run --pipeline=train` whose second worker is killed once a
+    checkpoint is written (a job of tests/support/background.py): what was seen."""
+    project = make_kedro_project(folder / "project", list(demo_texts()))
+    env = background.environ(
+        PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
+    )
+    kedro_run = [sys.executable, "-m", "kedro", "run"]
+    seen = {
+        "project": project,
+        "split": background.run(
+            [*kedro_run, "--pipeline=split", "--params", _params_arg({"split": SPLIT})], cwd=project, env=env
+        ),
+    }
+    if seen["split"].returncode != 0:
+        return seen
     long_run = {
         **TRAIN,
         "max_steps": 100000,
@@ -165,44 +200,46 @@ def test_a_killed_worker_ends_the_run_with_a_clear_error_and_no_process_left(ked
         "keep_last": 1,
         "distributed": {"nproc_per_node": 2, "monitor_interval_s": 0.2},
     }
-    command = [
-        sys.executable,
-        "-m",
-        "kedro",
-        "run",
-        "--pipeline=train",
-        "--params",
-        _params_arg({"split": SPLIT, "train": long_run}),
-    ]
-    process = subprocess.Popen(
-        command,
-        cwd=kedro_project,
-        env=_cli_env(kedro_project),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    command = [*kedro_run, "--pipeline=train", "--params", _params_arg({"split": SPLIT, "train": long_run})]
+    process = background.popen(
+        command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         deadline = time.monotonic() + 180
-        while not list((kedro_project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
-            assert process.poll() is None and time.monotonic() < deadline, "training did not start"
+        while not list((project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
+            if process.poll() is not None or time.monotonic() >= deadline:
+                seen["started"] = False
+                return seen
             time.sleep(0.2)
-        workers = _spawned_workers(process.pid)
-        assert len(workers) == 2, workers
-        os.kill(workers[-1], signal.SIGKILL)
-        killed = time.monotonic()
-        output, _ = process.communicate(timeout=90)
-        ended_in = time.monotonic() - killed
+        seen["started"], seen["workers"] = True, _spawned_workers(process.pid)
+        if len(seen["workers"]) == 2:
+            os.kill(seen["workers"][-1], signal.SIGKILL)
+            killed = time.monotonic()
+            seen["output"], _ = process.communicate(timeout=90)
+            seen["ended_in"] = time.monotonic() - killed
+            seen["left"] = [pid for pid in seen["workers"] if _alive(pid)]
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode not in (0, None)
+        background.forget(process)
+    seen["returncode"] = process.returncode
+    return seen
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the worker processes"
+)
+@pytest.mark.background(job=split_then_kill_a_worker)
+def test_a_killed_worker_ends_the_run_with_a_clear_error_and_no_process_left():
+    seen = background.result(split_then_kill_a_worker)
+    assert seen["split"].returncode == 0, seen["split"].stderr[-3000:]
+    assert seen["started"], "training did not start"
+    assert len(seen["workers"]) == 2, seen["workers"]
+    output = seen["output"]
+    assert seen["returncode"] not in (0, None)
     assert re.search(r"training worker rank \d of 2 was killed \(Signal 9 \(SIGKILL\)", output), output[
         -3000:
     ]
-    assert ended_in < 60
-    assert all(
-        not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
-        for pid in workers
-    )
-    assert not (kedro_project / "data/06_models/model").exists()  # nothing half-written
+    assert seen["ended_in"] < 60
+    assert seen["left"] == []  # every worker gone (or a zombie)
+    assert not (seen["project"] / "data/06_models/model").exists()  # nothing half-written

@@ -2,16 +2,17 @@
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import datasets
 import pandas as pd
 import pytest
 
 from fastlm.errors import ConfigError, InputDataError
-from tests.support.project import run_pipeline, write_jsonl
+from tests.support import background
+from tests.support.project import demo_texts, make_kedro_project, run_pipeline, write_jsonl
 
 pytestmark = pytest.mark.e2e
 OUTPUTS = [
@@ -30,8 +31,15 @@ def _snapshot(project):
     for output in OUTPUTS:
         path = project / output
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        digest[output] = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+        digest[output] = hashlib.sha256(b"".join(_read(p) for p in files)).hexdigest()
     return digest
+
+
+def _read(path) -> bytes:
+    with open(
+        path, "rb"
+    ) as file:  # the built-in open: a background job reads with it (tests patch Path.open)
+        return file.read()
 
 
 def test_session_run_writes_every_output(kedro_project):
@@ -93,25 +101,30 @@ def test_zero_rows_after_cleaning_is_refused(kedro_project):
 
 
 def _kedro(project, *args):
-    env = {**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "kedro", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = background.environ(DO_NOT_TRACK="true", COLUMNS="200", MLFLOW_TRACKING_URI=None)
+    return background.run([sys.executable, "-m", "kedro", *args], cwd=project, env=env, timeout=300)
 
 
-def test_cli_singular_pipeline_flag_runs_and_bad_input_is_one_line(kedro_project):
-    done = _kedro(kedro_project, "run", "--pipeline=split", "--params", "split.tokenizer.vocab_size=400")
+def split_then_bad_split(
+    folder: Path,
+) -> tuple[Path, subprocess.CompletedProcess, dict, subprocess.CompletedProcess]:
+    """In a new project (the kedro_project fixture's, with an MLflow store of its own): `kedro run
+    --pipeline=split`, the digests of its outputs, then `kedro run --pipelines=split` on a raw file that does
+    not exist (a job of tests/support/background.py)."""
+    project = make_kedro_project(folder / "project", list(demo_texts()))
+    done = _kedro(project, "run", "--pipeline=split", "--params", "split.tokenizer.vocab_size=400")
+    before = _snapshot(project) if done.returncode == 0 else {}
+    failed = _kedro(project, "run", "--pipelines=split", "--params", "raw_path=data/01_raw/nope.tsv")
+    return project, done, before, failed
+
+
+@pytest.mark.background(job=split_then_bad_split)
+def test_cli_singular_pipeline_flag_runs_and_bad_input_is_one_line():
+    project, done, before, failed = background.result(split_then_bad_split)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "deprecated" not in done.stderr.lower()
-    before = _snapshot(kedro_project)
-    failed = _kedro(kedro_project, "run", "--pipelines=split", "--params", "raw_path=data/01_raw/nope.tsv")
     assert failed.returncode == 2
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("fastlm: error:") and "nope.tsv does not exist" in last and "Fix:" in last
     assert "Traceback" not in failed.stderr
-    assert _snapshot(kedro_project) == before
+    assert _snapshot(project) == before

@@ -3,18 +3,37 @@ tests/conftest.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LAYERS = (
+    "01_raw",
+    "02_intermediate",
+    "03_primary",
+    "04_feature",
+    "05_model_input",
+    "06_models",
+    "07_model_output",
+    "08_reporting",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def demo_texts() -> tuple[str, ...]:
+    """The session's sample texts (the ``sample_texts`` fixture): 600 demo texts, seed 3."""
+    from demo_data.texts import make_texts
+
+    return tuple(make_texts(600, seed=3, profile="demo"))
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"
-    )
+    # the built-in open, not Path.write_text: background jobs write with it while a test patches Path.open
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("".join(json.dumps({"text": row}, ensure_ascii=False) + "\n" for row in rows))
     return path
 
 
@@ -29,6 +48,16 @@ def copy_project(project: Path) -> Path:
     shutil.copytree(PROJECT_ROOT / "conf", project / "conf", ignore=shutil.ignore_patterns("local"))
     (project / "conf" / "local").mkdir()
     (project / "src").mkdir()
+    return project
+
+
+def make_kedro_project(project: Path, texts: list[str]) -> Path:
+    """copy_project, every data layer folder, and a raw corpus of ``texts`` with a few rows cleaning drops
+    (empty, whitespace only, missing, not a string, a duplicate): the ``kedro_project`` fixture's project."""
+    copy_project(project)
+    for layer in LAYERS:
+        (project / "data" / layer).mkdir(parents=True)
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", [*texts, "", "   ", None, 7, texts[0]])
     return project
 
 

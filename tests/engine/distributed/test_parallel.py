@@ -103,12 +103,27 @@ def tokenized(bpe_tokenizer, sample_texts):
     return tokenized_splits(bpe_tokenizer, sample_texts)
 
 
-@pytest.mark.kernels  # two processes vs one: compared with a tolerance
-def test_two_workers_match_one_process_with_the_same_effective_batch(tmp_path, bpe_tokenizer, tokenized):
-    one = run_job(
-        TrainJob(job_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, bpe_tokenizer, tokenized):
+    """The one-process run (2 micro-batches accumulated) the two-process runs are compared with: run once for
+    the module, its result only read."""
+    folder = tmp_path_factory.mktemp("one_process")
+    return run_job(
+        TrainJob(job_params(folder, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(folder / "m"))
     )
-    two = launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory, bpe_tokenizer, tokenized):
+    """The two-process DDP run with the same effective batch, launched once for the module: its result and
+    its folder (checkpoints-2/), which the tests only read."""
+    folder = tmp_path_factory.mktemp("two_processes")
+    return launch(job_params(folder, accum=1, nproc=2), bpe_tokenizer, tokenized, folder), folder
+
+
+@pytest.mark.kernels  # two processes vs one: compared with a tolerance
+def test_two_workers_match_one_process_with_the_same_effective_batch(one_process, two_processes):
+    one, (two, folder) = one_process, two_processes
 
     assert (
         two.summary["world_size"] == 2
@@ -128,25 +143,22 @@ def test_two_workers_match_one_process_with_the_same_effective_batch(tmp_path, b
     ]
     for (name, mine), theirs in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
         torch.testing.assert_close(theirs, mine.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
-    written = sorted(p.name for p in (tmp_path / "checkpoints-2").iterdir())
+    written = sorted(p.name for p in (folder / "checkpoints-2").iterdir())
     assert written == ["checkpoint-00000002", "checkpoint-00000004"]  # one writer, no stray temporaries
-    assert not list(tmp_path.glob(".launch-*"))  # the weights hand-over file is gone
+    assert not list(folder.glob(".launch-*"))  # the weights hand-over file is gone
 
 
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
 def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective_batch(
-    tmp_path, bpe_tokenizer, tokenized
+    tmp_path, bpe_tokenizer, tokenized, one_process, two_processes
 ):
-    one = run_job(
-        TrainJob(job_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
-    )
-    launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, tokenized, tmp_path)
     import shutil
 
-    shutil.rmtree(tmp_path / "checkpoints-2" / "checkpoint-00000004")
-    resumed_params = job_params(
-        tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2" / "checkpoint-00000002")
-    )
+    one, (_, folder) = one_process, two_processes
+    # the two-process run's step-2 checkpoint alone, in a folder of this test's
+    checkpoint = tmp_path / "checkpoints-2" / "checkpoint-00000002"
+    shutil.copytree(folder / "checkpoints-2" / "checkpoint-00000002", checkpoint)
+    resumed_params = job_params(tmp_path, accum=2, nproc=1, resume=str(checkpoint))
     resumed = run_job(TrainJob(resumed_params, 48, *tokenized, bpe_tokenizer, str(tmp_path / "m")))
     # half of it trained by two processes
     np.testing.assert_allclose(
@@ -157,10 +169,10 @@ def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective
 
 
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance
-def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(tmp_path, bpe_tokenizer, tokenized):
-    one = run_job(
-        TrainJob(job_params(tmp_path, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(tmp_path / "m"))
-    )
+def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(
+    tmp_path, bpe_tokenizer, tokenized, one_process
+):
+    one = one_process
     params = job_params(tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"})
     two = launch(params, bpe_tokenizer, tokenized, tmp_path)
     # sharded all-gather/reduce-scatter vs one process
