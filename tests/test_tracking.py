@@ -2,6 +2,7 @@
 
 import json
 import logging
+import shutil
 
 import mlflow
 import pytest
@@ -10,8 +11,9 @@ from fastlm.tracking import MlflowMetrics
 
 
 @pytest.fixture
-def active_run(tmp_path):
+def active_run(tmp_path, empty_mlflow_db):
     """A run of its own experiment in its own store (earlier tests may have set a global experiment id)."""
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow.set_experiment("tracking-test")
     with mlflow.start_run() as run:
@@ -49,6 +51,26 @@ def test_no_active_run_is_a_no_op(tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert mlflow.active_run() is None
     MlflowMetrics()("train", {"step": 1, "loss": 1.0})  # nothing to log to, nothing raised
+
+
+def test_the_levers_a_run_used_become_parameters_of_its_run(active_run, tmp_path):
+    """What train_summary.json says of the levers (fused head and kernel, liger, gradient checkpointing,
+    optimizer) reaches the MLflow run that ``RunTracker.training_finished`` logs into, as the train node
+    calls it; unset values (no fused kernel on a plain head) are left out."""
+    from fastlm.tracking import RunTracker
+    from tests.support.toy_training import run_toy, toy_params
+
+    result = run_toy(toy_params(tmp_path, max_steps=2, log_every=1, eval_every=None))
+    summary = {**result.summary, "runtime": result.runtime.describe()}
+    RunTracker().training_finished(summary)
+    logged = mlflow.MlflowClient().get_run(active_run.info.run_id).data.params
+    assert logged["optimizer"] == "adamw" and logged["gradient_checkpointing"] == "off"
+    assert logged["liger"] == summary["liger"] and logged["liger"].startswith("liger kernels off")
+    assert (
+        logged["fused_linear"] == "False" and logged["fused_linear_choice"] == summary["fused_linear_choice"]
+    )
+    assert "fused_linear_kernel" not in logged and summary["fused_linear_kernel"] is None
+    assert logged["runtime.float8_choice"] == summary["runtime"]["float8_choice"]  # the runtime's, once
 
 
 @pytest.mark.e2e

@@ -29,6 +29,18 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
 }
 
+# train_summary.json's lever decisions (engine/train/loop.py), logged as parameters under the same names: what
+# ran, next to what was asked (train.optimizer.name, train.model.gradient_checkpointing, train.model.liger,
+# train.loss.fused_linear[_kernel]); float8's decision is the runtime's (runtime.float8_choice).
+SUMMARY_PARAMS = (
+    "optimizer",
+    "gradient_checkpointing",
+    "liger",
+    "fused_linear",
+    "fused_linear_kernel",
+    "fused_linear_choice",
+)
+
 
 def bound_tracking_requests() -> None:
     """Bounded retries and timeout for MLflow's REST calls (read by MLflow at each request), unless set."""
@@ -184,8 +196,14 @@ class RunTracker:
         self.metrics.log_params(params)
 
     def training_finished(self, summary: dict) -> None:
-        """The run's runtime settings as parameters and its real tokens/s (the run comparison's speed)."""
-        self.metrics.log_params({f"runtime.{key}": value for key, value in summary["runtime"].items()})
+        """The run's runtime settings and what its levers did (``SUMMARY_PARAMS``) as parameters, and its real
+        tokens/s (the run comparison's speed)."""
+        self.metrics.log_params(
+            {
+                **{f"runtime.{key}": value for key, value in summary["runtime"].items()},
+                **{key: summary.get(key) for key in SUMMARY_PARAMS},
+            }
+        )
         self.metrics.log_run_metrics({"real_tokens_per_s": summary["real_tokens_per_s"]})
 
     def log_run_metrics(self, metrics: dict) -> None:
@@ -195,8 +213,8 @@ class RunTracker:
     @contextlib.contextmanager
     def child_run(self, name: str, params: dict):
         """An MLflow run nested under the active run (a sweep's run), with ``params``; ended FAILED when the
-        body raises. Without an active run (tracking off or failed) nothing is opened and the body still
-        runs."""
+        body raises. Yields its run id. Without an active run (tracking off or failed) nothing is opened, the
+        body still runs and gets None."""
         import mlflow
 
         try:
@@ -207,7 +225,7 @@ class RunTracker:
             log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
             run = None
         try:
-            yield
+            yield run.info.run_id if run is not None else None
         except BaseException:
             if run is not None:
                 mlflow.end_run("FAILED")

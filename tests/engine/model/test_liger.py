@@ -205,8 +205,8 @@ def test_the_optimizer_step_on_cuda_with_liger_runs_liger_and_matches_ours(fake_
     twin = copy.deepcopy(model)
     opt = make_optimization(model, params, dataclasses.replace(cpu, device=CUDA), total_steps=2)
     reference = make_optimization(twin, params, cpu, total_steps=2)
-    assert opt.fused_kernel == "liger" and "liger-kernel" in opt.fused_choice
-    assert reference.fused_kernel == "fastlm"
+    assert opt.fused_head.kernel == "liger" and "liger-kernel" in opt.fused_choice
+    assert reference.fused_head.kernel == "fastlm"
     batches = [packed_batch(VOCAB)]
     got = train_step(model, batches, opt, runtime=cpu)
     want = train_step(twin, batches, reference, runtime=cpu)

@@ -202,3 +202,20 @@ def test_the_build_step_returns_the_parts_and_a_resumed_build_restores_the_step(
     assert isinstance(parts.recorder, Recorder) and parts.validate is None and parts.early is None
     assert parts.state.step == 4 and parts.state.resumed_from is not None and parts.total_steps == 6
     assert parts.raw_model is request.model and parts.runtime.precision in ("fp32", "bf16")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fused", "kernel"),
+    [
+        ({}, False, None),  # the toy vocabulary is below fused_linear auto's threshold: the plain head
+        ({"loss": {"fused_linear": True}, "model": {"gradient_checkpointing": "auto"}}, True, "fastlm"),
+    ],
+)
+def test_the_summary_says_which_levers_a_cpu_run_used(tmp_path, overrides, fused, kernel):
+    params = toy_params(tmp_path, max_steps=2, log_every=1, eval_every=None, **overrides)
+    summary = run_toy(params).summary
+    assert summary["fused_linear"] is fused and summary["fused_linear_kernel"] == kernel
+    assert summary["fused_linear_choice"].startswith("fused LM head" if fused else "plain LM head")
+    assert summary["liger"].startswith("liger kernels off (auto: this run is not on a CUDA device")
+    assert summary["gradient_checkpointing"] == "off"  # auto is off until the tune pipeline chooses one
+    assert summary["optimizer"] == "adamw"

@@ -64,3 +64,26 @@ def test_one_step_is_adamw_first_step_on_the_token_mean_gradient():
         expected = before.detach() * (1 - LR * DECAY) - LR * grad / (grad.abs() + EPS)
         torch.testing.assert_close(after.detach(), expected, **TRAINED_FP32_WEIGHTS, msg=name)
         assert after.grad is None  # gradients are zeroed (set to None) after the step
+
+
+def test_the_fused_head_is_chosen_once_and_every_step_runs_that_one(monkeypatch):
+    import fastlm.engine.train.step as step_module
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.model.accumulation import FusedHead
+
+    params = parse_train_params({"loss": {"fused_linear": True}, "runtime": {"float8": "off"}})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False, num_threads=1))
+    model = toy_model()
+    opt = step_module.make_optimization(model, params, runtime, total_steps=3)
+    assert isinstance(opt.fused_head, FusedHead)
+    assert opt.fused_head.head is model.get_output_embeddings() and opt.fused_head.kernel == "fastlm"
+    seen, accumulate = [], step_module.accumulate_gradients
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["fused_head"])
+        return accumulate(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "accumulate_gradients", recording)
+    for _ in range(2):
+        train_step(model, [_batch()], opt, runtime=runtime)
+    assert len(seen) == 2 and all(head is opt.fused_head for head in seen)

@@ -36,7 +36,8 @@ from fastlm.engine.model.loss import cross_entropy_sum, training_logits
 @dataclass(frozen=True)
 class FusedHead:
     """The LM head whose matmul runs fused into the loss (``linear_loss.fused_head_choice``) and whose kernel
-    runs it (``liger.linear_ce_kernel_choice``: ``fastlm`` or ``liger``): chosen together, used together."""
+    runs it (``liger.linear_ce_kernel_choice``: ``fastlm`` or ``liger``): chosen together, once per run
+    (``train.step.make_optimization``), used together by every step."""
 
     head: torch.nn.Linear
     kernel: str = "fastlm"

@@ -33,6 +33,7 @@ from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.accumulation import total_target_tokens
+from fastlm.engine.model.recompute import resolve_policy
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.train.backoff import batching_record, halve_micro_batch
 from fastlm.engine.train.build import TrainingParts, TrainRequest, build_training, settle_request
@@ -41,7 +42,7 @@ from fastlm.engine.train.persistence import Checkpointer
 from fastlm.engine.train.records import Callback, run_summary
 from fastlm.engine.train.signals import GracefulStop, TrainingInterrupted
 from fastlm.engine.train.state import TrainState
-from fastlm.engine.train.step import StepResult, train_step
+from fastlm.engine.train.step import Optimization, StepResult, train_step
 from fastlm.engine.train.time_limit import STOPPED_BY, TimeLimit
 
 log = logging.getLogger(__name__)
@@ -264,12 +265,27 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         **run.holds,
         early_stopping=early_summary,
         label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
-        fused_linear=opt.fused_head is not None,
-        fused_linear_choice=opt.fused_choice,
+        **_lever_summary(params, opt),
     )
     return TrainResult(
         run.raw_model, state.history, state.eval_history, summary, run.metrics.step_times, run.runtime
     )
+
+
+def _lever_summary(params: TrainParams, opt: Optimization) -> dict:
+    """What the run's levers did, for the summary and its MLflow parameters (``tracking.SUMMARY_PARAMS``):
+    the optimizer, the gradient-checkpointing policy the model was built with (``auto`` is ``off`` until the
+    tune pipeline writes one), liger's patch and the fused LM head with its kernel (None: a plain head), each
+    decision with its reason where one was made. float8's is the runtime's (``runtime.float8_choice``)."""
+    fused = opt.fused_head
+    return {
+        "optimizer": params.optimizer.name,
+        "gradient_checkpointing": resolve_policy(params.model.gradient_checkpointing),
+        "liger": opt.liger_choice,
+        "fused_linear": fused is not None,
+        "fused_linear_kernel": fused.kernel if fused is not None else None,
+        "fused_linear_choice": opt.fused_choice,
+    }
 
 
 def _watch(

@@ -1,7 +1,8 @@
 """One optimizer step, the same for training (``loop.train``) and for the throughput autotune (``tune``).
 
 ``make_optimization`` builds what a step updates (AdamW or an 8-bit AdamW, the learning-rate schedule, the
-fp16 grad scaler, the clipping threshold; float8 Linear layers where ``train.runtime.float8`` turns them on);
+fp16 grad scaler, the clipping threshold; float8 Linear layers where ``train.runtime.float8`` turns them on;
+liger's kernels where ``train.model.liger`` patches them in; the fused LM head and its kernel, chosen once);
 ``train_step`` runs one step: the micro-batches' token-normalised forward/backward
 (``accumulation.accumulate_gradients``), unscale, clip, optimizer and scheduler step, zeroed gradients.
 Nothing is read back on the host: the loss sum and the gradient norm stay on the device for
@@ -39,10 +40,10 @@ class Optimization:
     scaler: torch.amp.GradScaler
     clip: float  # math.inf: no clipping (the norm is still computed, for the metrics)
     label_smoothing: float = 0.0  # train.loss.label_smoothing: the loss the step optimises
-    # train.loss.fused_linear: this head's matmul fused into the loss
-    fused_head: torch.nn.Linear | None = None
+    # train.loss.fused_linear: this head's matmul fused into the loss, run by the kernel that
+    # train.loss.fused_linear_kernel chose (fastlm | liger); chosen once, used by every step
+    fused_head: FusedHead | None = None
     fused_choice: str = ""  # why (or why not), for the log and the summary
-    fused_kernel: str = "fastlm"  # train.loss.fused_linear_kernel: whose kernel runs the fused head
     liger_choice: str = ""  # train.model.liger: whether liger's norm/rotary/MLP kernels are patched in, why
     float8_choice: str = ""  # train.runtime.float8: whether the Linear layers run float8 matmuls, and why
 
@@ -91,10 +92,10 @@ def make_optimization(
     )
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
     head, why = fused_head_choice(model, params.loss.fused_linear, strategy=params.distributed.strategy)
-    kernel = "fastlm"
+    fused = None
     if head is not None:
         kernel, kernel_why = linear_ce_kernel_choice(params.loss.fused_linear_kernel, runtime.device)
-        why = f"{why}, {kernel_why}"
+        fused, why = FusedHead(head, kernel), f"{why}, {kernel_why}"
     return Optimization(
         model,
         optimizer,
@@ -102,9 +103,8 @@ def make_optimization(
         runtime.make_grad_scaler(),
         clip,
         label_smoothing=params.loss.label_smoothing,
-        fused_head=head,
+        fused_head=fused,
         fused_choice=why,
-        fused_kernel=kernel,
         liger_choice=liger_choice,
         float8_choice=float8_choice,
     )
@@ -136,7 +136,7 @@ def train_step(
             world_size=world_size,
             gradient_sync=gradient_sync,
             label_smoothing=opt.label_smoothing,
-            fused_head=FusedHead(opt.fused_head, opt.fused_kernel) if opt.fused_head is not None else None,
+            fused_head=opt.fused_head,
         )
     except torch.OutOfMemoryError:
         opt.optimizer.zero_grad(set_to_none=True)
