@@ -1,15 +1,30 @@
 """A sweep over folds (``folds: auto``): one run per fold of the split (per parameter set of a grid), and the
 mean and spread of each metric over the folds in the sweep's report."""
 
+import contextlib
+
+import pandas as pd
 import pytest
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.checkpoint.resume import digest_differences, run_digest
 from fastlm.engine.config import parse_train_params
+from fastlm.engine.observe.health import NonFiniteLossError
+from fastlm.engine.train.signals import TrainingInterrupted
 from fastlm.errors import ConfigError
-from fastlm.reporting.sweep_view import comparison_table, fold_spread, sweep_document, verdict
-from fastlm.sweeps import load_sweep, load_sweep_runs
+from fastlm.pipelines.sweep import nodes
+from fastlm.reporting.sweep_view import (
+    FOLD_METRICS,
+    comparison_table,
+    cv_metrics,
+    cv_setting,
+    fold_spread,
+    fold_table,
+    sweep_document,
+    verdict,
+)
+from fastlm.sweeps import SweepRuns, load_sweep, load_sweep_runs
 
 
 def _file(tmp_path, spec) -> str:
@@ -99,3 +114,175 @@ def test_the_fold_is_part_of_the_run_digest(tmp_path):
     assert digest_differences(digests[0], digests[1]) == ["data.fold 0 -> 1"]
     plain = run_digest(model, parse_train_params({}), max_length=8, data="d", world_size=1, sharded=False)
     assert digest_differences({key: value for key, value in plain.items() if key != "data.fold"}, plain) == []
+
+
+FAILED_FOLD = {**SUMMARIES, "cv-02": {"failed": "NonFiniteLossError: the training loss became nan by step 2"}}
+RUN_IDS = {"cv-01": "a1", "cv-02": "a2", "cv-03": "a3"}
+
+
+def test_the_mean_and_spread_over_folds_as_mlflow_metrics_of_the_sweep_run():
+    table = comparison_table(SUMMARIES, OVERRIDES, "final_val_loss")
+    metrics = cv_metrics(table, "final_val_loss")
+    assert metrics["cv/folds"] == 3 and metrics["cv/folds_completed"] == 3
+    assert metrics["cv/final_val_loss_mean"] == pytest.approx(3.0)
+    assert metrics["cv/final_val_loss_std"] == pytest.approx(1.0)  # sample std (n - 1), as in sweep.md
+    assert (metrics["cv/final_val_loss_min"], metrics["cv/final_val_loss_max"]) == (2.0, 4.0)
+    spread = fold_spread(table, "final_val_loss").set_index("metric")
+    for metric in spread.index:  # the same figures as sweep.md's, for the same metrics
+        for statistic in ("mean", "std", "min", "max"):
+            assert metrics[f"cv/{metric}_{statistic}"] == spread.loc[metric, statistic]
+    aggregated = {key.removeprefix("cv/").rsplit("_", 1)[0] for key in metrics if key.endswith("_mean")}
+    assert aggregated == {"final_val_loss", "test_loss", "final_train_loss"} <= set(FOLD_METRICS)
+    assert cv_setting(table, "final_val_loss") == {}  # folds alone: no other setting
+    no_folds = comparison_table(SUMMARIES, {name: {} for name in SUMMARIES}, "final_val_loss")
+    assert cv_metrics(no_folds, "final_val_loss") == {}
+
+
+def test_the_report_says_which_standard_deviation_it_gives():
+    table = comparison_table(SUMMARIES, OVERRIDES, "final_val_loss")
+    document = sweep_document("cv", "text", table, fold_spread(table))
+    assert "## Mean and spread over folds (std: sample, n - 1)\n" in document
+
+
+def test_fold_table_has_one_row_per_fold_then_count_mean_std_min_max(tmp_path):
+    table = comparison_table(SUMMARIES, OVERRIDES, "final_val_loss")
+    path = tmp_path / "sweep_folds.csv"
+    fold_table(table, RUN_IDS, "final_val_loss").to_csv(path, index=False)
+    folds = pd.read_csv(path)
+    assert list(folds["row"]) == ["fold"] * 3 + ["count", "mean", "std", "min", "max"]
+    runs = folds[folds["row"] == "fold"]
+    assert list(runs["run"]) == ["cv-01", "cv-02", "cv-03"] and list(runs["run_id"]) == ["a1", "a2", "a3"]
+    assert list(runs["fold"]) == [0, 1, 2] and set(runs["status"]) == {"completed"}
+    assert list(runs["final_val_loss"]) == [2.0, 4.0, 3.0]
+    statistics = folds.set_index("row")
+    spread = fold_spread(table, "final_val_loss").set_index("metric")
+    for statistic in ("mean", "std", "min", "max"):  # what sweep.md shows, to the last digit a CSV keeps
+        assert statistics.loc[statistic, "test_loss"] == pytest.approx(spread.loc["test_loss", statistic])
+    assert statistics.loc["count", "final_val_loss"] == 3 and statistics.loc["std", "final_val_loss"] == 1.0
+    assert "wall_time_s" not in folds  # model quality only, as in sweep.md
+
+
+def test_a_cross_validated_grid_aggregates_per_setting_and_logs_the_best_setting():
+    losses = [3.0, 4.0, 1.0, 2.0]
+    summaries = {f"r{i}": {"final_val_loss": losses[i]} for i in range(4)}
+    overrides = {f"r{i}": {"train.optimizer.lr": [1, 1, 2, 2][i], "train.fold": i % 2} for i in range(4)}
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    folds = fold_table(table, {}, "final_val_loss")
+    means = folds[folds["row"] == "mean"]
+    assert list(means["train.optimizer.lr"]) == [1, 2] and list(means["final_val_loss"]) == [3.5, 1.5]
+    assert cv_setting(table, "final_val_loss") == {"train.optimizer.lr": 2}
+    assert cv_metrics(table, "final_val_loss")["cv/final_val_loss_mean"] == 1.5
+    # lr 2 loses a fold: its mean over the one left is not ranked above a setting with every fold
+    summaries["r3"] = {"failed": "OutOfMemory: the CPU device ran out of memory"}
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    assert cv_setting(table, "final_val_loss") == {"train.optimizer.lr": 1}
+    assert cv_metrics(table, "final_val_loss")["cv/folds_completed"] == 2
+
+
+def test_a_failed_fold_is_named_and_the_aggregate_says_over_how_many_folds():
+    table = comparison_table(FAILED_FOLD, OVERRIDES, "final_val_loss")
+    metrics = cv_metrics(table, "final_val_loss")
+    assert metrics["cv/folds"] == 3 and metrics["cv/folds_completed"] == 2
+    assert metrics["cv/final_val_loss_mean"] == pytest.approx(2.5)  # over folds 0 and 2
+    spread = fold_spread(table, "final_val_loss")
+    assert spread.set_index("metric").loc["final_val_loss", "folds"] == 2
+    text = verdict(table, "final_val_loss", {}, spread=spread)
+    assert text.startswith("Over 2 of 3 folds (fold 1 failed): final_val_loss mean 2.5 (std")
+    document = sweep_document("cv", text, table, spread)
+    assert "Fold 1 (cv-02) failed: NonFiniteLossError: the training loss became nan by step 2" in document
+    assert "Over 3 folds" not in document and "over 2 of 3 folds" in document
+    folds = fold_table(table, RUN_IDS, "final_val_loss")
+    failed = folds[folds["run"] == "cv-02"].iloc[0]
+    assert (failed["status"], failed["run_id"], failed["fold"]) == ("failed", "a2", 1)
+    assert failed["error"].startswith("NonFiniteLossError") and pd.isna(failed["final_val_loss"])
+    assert folds.set_index("row").loc["count", "final_val_loss"] == 2
+
+
+class _Tracker:
+    """The RunTracker calls the sweep node makes, recorded."""
+
+    def __init__(self):
+        self.children, self.metrics, self.params = [], [], {}
+
+    @contextlib.contextmanager
+    def child_run(self, name, params):
+        self.children.append(name)
+        yield f"id-{name}"
+
+    def log_run_metrics(self, metrics):
+        self.metrics.append(dict(metrics))
+
+    def log_params(self, params):
+        self.params.update(params)
+
+
+def _fake_training(failing: set[int], error=None):
+    def train_model(tokenized, fingerprint, tokenizer, params, split_params, run_name, tracker):
+        if params["fold"] in failing:
+            raise error or NonFiniteLossError(
+                "the training loss became nan by step 2; training stopped.", fix="lower train.optimizer.lr."
+            )
+        history = pd.DataFrame({"step": [1, 2], "loss": [3.0, 2.0], "elapsed_s": [0.1, 0.2]})
+        evaluation = pd.DataFrame({"step": [2], "val_loss": [2.0 + params["fold"]]})
+        summary = {"final_val_loss": 2.0 + params["fold"], "wall_time_s": 1.0, "steps": 2}
+        return {"model": None}, history, evaluation, summary
+
+    return train_model
+
+
+def _sweep(tmp_path, runs, tracker):
+    sweep = tmp_path / "folds.yml"
+    sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
+    fingerprint = {"fingerprint": "f", "params": {"folds": 3}}
+    return nodes.run_sweep(None, fingerprint, None, None, {}, {}, {}, str(sweep), runs, tracker)
+
+
+def test_a_fold_that_fails_is_left_out_named_and_retried_by_the_next_sweep(tmp_path, monkeypatch):
+    runs = SweepRuns(tmp_path / "sweeps")
+    monkeypatch.setattr(nodes, "train_model", _fake_training({1}))
+    tracker = _Tracker()
+    table, _, document, folds = _sweep(tmp_path, runs, tracker)
+    assert tracker.children == ["cv-01", "cv-02", "cv-03"]  # the sweep went on after fold 1
+    assert "failed: NonFiniteLossError" in table.set_index("run").loc["cv-02", "stopped"]
+    assert "Over 2 of 3 folds (fold 1 failed)" in document and "Fold 1 (cv-02) failed" in document
+    assert list(folds.loc[folds["row"] == "fold", "run_id"]) == ["id-cv-01", "id-cv-02", "id-cv-03"]
+    assert list(folds.loc[folds["row"] == "fold", "status"]) == ["completed", "failed", "completed"]
+    cv = tracker.metrics[-1]  # on the sweep's run, after its child runs
+    assert (cv["cv/folds"], cv["cv/folds_completed"]) == (3, 2) and cv["cv/final_val_loss_mean"] == 3.0
+    assert not (runs.folder("cv", "cv-02") / "summary.json").exists()  # not kept: the next sweep retries it
+
+    monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
+    tracker = _Tracker()
+    _, _, document, folds = _sweep(tmp_path, runs, tracker)
+    assert tracker.children == ["cv-02"] and "Over 3 folds: final_val_loss mean 3 " in document
+    assert list(folds.loc[folds["row"] == "fold", "run_id"]) == ["id-cv-01", "id-cv-02", "id-cv-03"]
+    assert tracker.metrics[-1]["cv/folds_completed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("failing", "error"),
+    [
+        ({0, 1, 2}, None),  # every fold failed: nothing to aggregate, the first error
+        ({0}, TrainingInterrupted("SIGTERM", 1, "checkpoint-00000001")),  # a stop signal stops the sweep
+    ],
+)
+def test_a_sweep_stops_on_a_signal_or_when_every_run_failed(tmp_path, monkeypatch, failing, error):
+    monkeypatch.setattr(nodes, "train_model", _fake_training(failing, error))
+    tracker = _Tracker()
+    with pytest.raises(type(error) if error else NonFiniteLossError):
+        _sweep(tmp_path, SweepRuns(tmp_path / "sweeps"), tracker)
+    assert tracker.children == (["cv-01"] if error else ["cv-01", "cv-02", "cv-03"])
+
+
+def test_a_cross_validated_grid_names_the_setting_of_its_cv_metrics(tmp_path, monkeypatch):
+    monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
+    sweep = tmp_path / "grid.yml"
+    sweep.write_text(yaml.safe_dump({"name": "g", "folds": "auto", "grid": {"train.seed": [1, 2]}}))
+    tracker = _Tracker()
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
+    *_, folds = nodes.run_sweep(
+        None, fingerprint, None, None, {}, {}, {}, str(sweep), SweepRuns(tmp_path / "s"), tracker
+    )
+    assert tracker.params == {"cv/train.seed": 1}  # equal means: the first setting
+    assert list(folds.loc[folds["row"] == "mean", "train.seed"]) == [1, 2]
+    assert (tracker.metrics[-1]["cv/folds"], tracker.metrics[-1]["cv/final_val_loss_mean"]) == (2, 2.5)

@@ -266,6 +266,10 @@ def test_table_has_rouge_when_present_and_says_which_runs_the_time_budget_stoppe
     assert "the time budget (max_minutes) stopped b at step 2" in verdict(table, "test_rougeL", {})
     plain = comparison_table({name: {**figures} for name in overrides}, overrides, "final_val_loss")
     assert "test_rouge1" not in plain and "stopped" in plain  # no ROUGE column on data without references
+    early = {**summaries, "a": {**summaries["a"], "stopped_by": "early stopping", "steps": 3}}
+    said = verdict(comparison_table(early, overrides, "test_rougeL"), "test_rougeL", {})
+    assert "early stopping ended a at step 3" in said  # not blamed on the time budget
+    assert "the time budget (max_minutes) stopped b at step 2" in said and "stopped a" not in said
 
 
 def test_sweep_budget_and_rouge_metric_are_validated(tmp_path):

@@ -4,6 +4,7 @@
 
 import json
 
+import mlflow
 import pandas as pd
 import pytest
 import yaml
@@ -18,7 +19,7 @@ TRAIN = {**BASE_TRAIN, "eval_every": 1, "save_every": None}
 SWEEP = {"name": "cv", "max_steps": 2, "metric": "final_val_loss", "folds": "auto"}
 
 
-def test_two_fold_sweep_reports_mean_and_spread(kedro_project):
+def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri):
     own_experiment(kedro_project, "kfold-e2e")
     raw = write_demo_logkeys(kedro_project / "data/01_raw/logkeys.jsonl", n=200, seed=0)
     (kedro_project / "folds.yml").write_text(yaml.safe_dump(SWEEP, sort_keys=False))
@@ -62,3 +63,25 @@ def test_two_fold_sweep_reports_mean_and_spread(kedro_project):
     losses = table["final_val_loss"]  # the document shows 4 significant digits
     assert (low, high) == pytest.approx((losses.min(), losses.max()), rel=1e-3)
     assert mean == pytest.approx(losses.mean(), rel=1e-3) and std == pytest.approx(losses.std(), rel=1e-3)
+
+    # The same figures for code: sweep_folds.csv (one row per fold, then count/mean/std/min/max) and the
+    # sweep's MLflow run (cv/ metrics, the CSV as an artifact); each fold row names its child run.
+    folds = pd.read_csv(kedro_project / "data/08_reporting/sweep_folds.csv")
+    assert list(folds["row"]) == ["fold", "fold", "count", "mean", "std", "min", "max"]
+    assert list(folds["fold"][:2]) == [0, 1] and set(folds["status"][:2]) == {"completed"}
+    statistics = folds.set_index("row")["final_val_loss"]  # from the summaries, as the table's column
+    assert statistics["mean"] == pytest.approx(losses.mean(), rel=1e-12) and statistics["count"] == 2
+    mlflow.set_tracking_uri(mlflow_uri)
+    runs = mlflow.search_runs([mlflow.get_experiment_by_name("kfold-e2e").experiment_id])
+    sweep_run = runs[runs["tags.mlflow.runName"].str.startswith("sweep-")]
+    assert len(sweep_run) == 1
+    metrics = sweep_run.iloc[0]
+    assert (metrics["metrics.cv/folds"], metrics["metrics.cv/folds_completed"]) == (2, 2)
+    assert metrics["metrics.cv/final_val_loss_mean"] == pytest.approx(statistics["mean"], rel=1e-12)
+    assert metrics["metrics.cv/final_val_loss_std"] == pytest.approx(statistics["std"], rel=1e-12)
+    children = runs[runs["tags.mlflow.parentRunId"] == metrics["run_id"]]
+    assert dict(zip(children["tags.mlflow.runName"], children["run_id"], strict=True)) == dict(
+        zip(folds["run"][:2], folds["run_id"][:2], strict=True)
+    )
+    logged = mlflow.MlflowClient().list_artifacts(metrics["run_id"], "sweep")
+    assert "sweep/sweep_folds.csv" in {item.path for item in logged}

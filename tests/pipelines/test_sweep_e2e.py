@@ -74,11 +74,18 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
     assert sorted(children["tags.mlflow.runName"]) == names
     assert set(children["params.train.optimizer.lr"]) == {"0.001", "0.01"}
     assert children["metrics.test_loss"].gt(0).all()
+    per_run = pd.read_csv(kedro_project / "data/08_reporting/sweep_folds.csv")  # no folds: no aggregate
+    assert set(per_run["row"]) == {"run"} and "fold" not in per_run
+    assert dict(zip(per_run["run"], per_run["run_id"], strict=True)) == dict(
+        zip(children["tags.mlflow.runName"], children["run_id"], strict=True)
+    )
+    assert not [column for column in runs if column.startswith("metrics.cv/")]
     logged = {item.path for item in mlflow.MlflowClient().list_artifacts(parent["run_id"].iloc[0], "sweep")}
     assert logged == {
         "sweep/sweep_comparison.csv",
         "sweep/sweep.md",
         "sweep/sweep_loss.png",
+        "sweep/sweep_folds.csv",  # no folds: one row per run, with its MLflow run id
     }  # the parent run
 
     # A report after the sweep has the sweep's section: its verdict, table and the all-runs loss plot.

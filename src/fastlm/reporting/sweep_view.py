@@ -26,6 +26,11 @@ SUMMARY_COLUMNS = [
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
 NOTABLE_RATIO = 1.05  # a wall-time ratio below this is noise: the verdict claims no speed-up
 FOLD = "train.fold"  # the swept key of k-fold runs (a sweep with folds: auto)
+# The ``stopped`` cell of a run that failed (it diverged or ran out of memory): the sweep went on without it,
+# its figures are left out of the means, and the next sweep with the same file trains it again.
+FAILED = "failed: "
+STATISTICS = ("mean", "std", "min", "max")
+STD = "sample, n - 1"  # the standard deviation over folds (pandas' default, ddof=1), everywhere it is given
 # What the mean and spread over folds are given for: the model's quality, not its speed.
 FOLD_METRICS = [
     "final_val_loss",
@@ -39,8 +44,8 @@ FOLD_METRICS = [
 
 def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], metric: str) -> pd.DataFrame:
     """One row per run: its name, the swept parameters, the summary figures (ROUGE when a run has it), and
-    ``stopped`` ("stopped by time budget" for a run that ``max_minutes`` ended before its steps); best
-    first."""
+    ``stopped`` ("stopped by time budget" for a run that ``max_minutes`` ended before its steps, "failed:
+    <error>" for a run that failed: a summary ``{"failed": "<error>"}``, no figures); best first."""
     columns = [
         column
         for column in SUMMARY_COLUMNS
@@ -51,9 +56,7 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
             "run": name,
             **{key: overrides[name].get(key) for key in _swept(overrides)},
             **{column: summaries[name].get(column) for column in columns},
-            "stopped": f"stopped by {summaries[name]['stopped_by']}"
-            if summaries[name].get("stopped_by")
-            else "",
+            "stopped": _stopped(summaries[name]),
         }
         for name in summaries
     ]
@@ -63,66 +66,243 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
     )
 
 
+# How the verdict says which runs ended before their planned steps, by the summary's ``stopped_by``.
+STOP_CAUSES = {
+    "time budget": "the time budget (max_minutes) stopped ",
+    "early stopping": "early stopping ended ",
+}
+
+
+def _stopped(summary: dict) -> str:
+    if summary.get("failed"):
+        return f"{FAILED}{summary['failed']}"
+    return f"stopped by {summary['stopped_by']}" if summary.get("stopped_by") else ""
+
+
 def sweep_document(
     name: str, verdict_text: str, table: pd.DataFrame, spread: pd.DataFrame | None = None
 ) -> str:
     """``sweep.md``: a title naming the sweep, the verdict paragraph, the comparison table (see
-    :func:`read_sweep_document`) and, for k-fold runs, the mean and spread over folds
-    (:func:`fold_spread`)."""
+    :func:`read_sweep_document`) and, for k-fold runs, the mean and spread over folds (:func:`fold_spread`),
+    headed by the standard deviation it gives and each failed fold with its error."""
     document = f"# Sweep {name}\n\n{verdict_text}\n\n{markdown_table(table)}"
     if spread is not None:
-        document += f"\n\n## Mean and spread over folds\n\n{markdown_table(spread)}"
+        failures = _failure_lines(table)
+        document += f"\n\n## Mean and spread over folds (std: {STD})\n\n"
+        document += f"{failures}\n\n" if failures else ""
+        document += markdown_table(spread)
     return document
 
 
 def fold_spread(table: pd.DataFrame, metric: str | None = None) -> pd.DataFrame | None:
     """Per setting of the other swept parameters, per metric (validation, train and test loss, test accuracy,
     ROUGE when present, and ``metric``): the number of folds, mean, standard deviation (n - 1), min and max
-    over the folds; None unless the runs differ by ``train.fold``. The folds' models are not averaged or
-    voted: each fold's figures are its own model's, the spread says how much they depend on the held-out
-    rows."""
+    over the folds; None unless the runs differ by ``train.fold``. Where a fold failed or has no value, also
+    the folds ``planned`` and which are ``left out`` (the figures are over the others). The folds' models are
+    not averaged or voted: each fold's figures are its own model's, the spread says how much they depend on
+    the held-out rows."""
     if FOLD not in table.columns:
         return None
-    settings = [column for column in table.columns if column.startswith("train.") and column != FOLD]
-    metrics = [
-        column
-        for column in dict.fromkeys([*FOLD_METRICS, *([metric] if metric else [])])
-        if column in table.columns and table[column].notna().any()
-    ]
-    ordered = table.sort_values("run", kind="stable")  # the plan's order
+    settings = _settings(table)
     rows = []
-    for key, group in ordered.groupby(settings, sort=False, dropna=False) if settings else [((), ordered)]:
-        values = dict(zip(settings, key if isinstance(key, tuple) else (key,), strict=True))
-        for column in metrics:
-            scores = pd.to_numeric(group[column], errors="coerce").dropna()
+    for values, group in _setting_groups(table):
+        failed = _failed(group)
+        for column in _quality_metrics(table, metric):
+            scores = pd.to_numeric(group[column], errors="coerce")
+            left_out = [
+                f"fold {_fold_number(fold)} {'failed' if is_failed else 'has no value'}"
+                for fold, score, is_failed in zip(group[FOLD], scores, failed, strict=True)
+                if pd.isna(score)
+            ]
+            aggregate = _aggregate(scores)
             rows.append(
                 {
                     **values,
                     "metric": column,
-                    "folds": len(scores),
-                    "mean": scores.mean(),
-                    "std": scores.std(),
-                    "min": scores.min(),
-                    "max": scores.max(),
+                    "folds": aggregate.pop("count"),
+                    **aggregate,
+                    "planned": len(group),
+                    "left out": ", ".join(left_out),
                 }
             )
-    return pd.DataFrame(rows, columns=[*settings, "metric", "folds", "mean", "std", "min", "max"])
+    spread = pd.DataFrame(rows, columns=[*settings, "metric", "folds", *STATISTICS, "planned", "left out"])
+    return spread if spread["left out"].astype(bool).any() else spread.drop(columns=["planned", "left out"])
 
 
-def _fold_sentence(spread: pd.DataFrame, metric: str) -> str | None:
-    """ "Over k folds: <metric> mean m (std s, min a, max b)", for the best setting by mean when several."""
+def cv_metrics(table: pd.DataFrame, metric: str) -> dict[str, float]:
+    """The mean and spread over folds as MLflow metrics of the sweep's run: ``cv/<metric>_{mean,std,min,max}``
+    for each metric of :func:`fold_spread` (the same figures as ``sweep.md``; std with n - 1), ``cv/folds``
+    (the folds planned) and ``cv/folds_completed`` (those whose run did not fail: the figures are over them).
+    With a grid, the figures of :func:`cv_setting`'s setting. Empty unless the runs differ by ``train.fold``.
+    """
+    spread = fold_spread(table, metric)
+    if spread is None or spread.empty:
+        return {}
+    setting = cv_setting(table, metric)
+    rows = spread[_matches(spread, setting)]
+    runs = table[_matches(table, setting)]
+    figures = {
+        f"cv/{row['metric']}_{statistic}": float(row[statistic])
+        for _, row in rows.iterrows()
+        for statistic in STATISTICS
+    }
+    return {**figures, "cv/folds": len(runs), "cv/folds_completed": int((~_failed(runs)).sum())}
+
+
+def cv_setting(table: pd.DataFrame, metric: str) -> dict:
+    """The setting of the other swept parameters whose mean over folds :func:`cv_metrics` gives: the best by
+    ``metric``'s mean among the settings with every fold (then the others), else the first; ``{}`` for a
+    sweep over folds alone."""
+    spread = fold_spread(table, metric)
+    if spread is None or spread.empty:
+        return {}
+    best = _best_setting(spread, metric)
+    row = best if best is not None else spread.iloc[0]
+    return {key: row[key].item() if hasattr(row[key], "item") else row[key] for key in _settings(table)}
+
+
+def fold_table(table: pd.DataFrame, run_ids: dict[str, str | None], metric: str) -> pd.DataFrame:
+    """``sweep_folds.csv``: one row per fold (``row`` "fold": run name, MLflow ``run_id``, the other swept
+    parameters, ``fold``, ``status`` completed or failed, the ``error`` of a failed run, and the metrics of
+    :func:`fold_spread`), then per setting the rows ``count``, ``mean``, ``std`` (n - 1), ``min`` and ``max``
+    over its folds (the figures of ``sweep.md``). A sweep without folds: one row per run (``row`` "run"), no
+    aggregate."""
+    metrics = _quality_metrics(table, metric)
+    folds = FOLD in table.columns
+    swept = _settings(table) if folds else [column for column in table.columns if column.startswith("train.")]
+    rows = []
+    for values, group in _setting_groups(table) if folds else [({}, table.sort_values("run", kind="stable"))]:
+        for (_, run), failed in zip(group.iterrows(), _failed(group), strict=True):
+            rows.append(
+                {
+                    "row": "fold" if folds else "run",
+                    "run": run["run"],
+                    "run_id": run_ids.get(run["run"]),
+                    **{key: run[key] for key in swept},
+                    **({"fold": _fold_number(run[FOLD])} if folds else {}),
+                    "status": "failed" if failed else "completed",
+                    "error": str(run["stopped"]).removeprefix(FAILED) if failed else "",
+                    **{column: run[column] for column in metrics},
+                }
+            )
+        if folds:
+            figures = {
+                column: _aggregate(pd.to_numeric(group[column], errors="coerce")) for column in metrics
+            }
+            for statistic in ("count", *STATISTICS):
+                rows.append({"row": statistic, **values, **{key: figures[key][statistic] for key in metrics}})
+    columns = ["row", "run", "run_id", *swept, *(["fold"] if folds else []), "status", "error", *metrics]
+    frame = pd.DataFrame(rows, columns=columns)
+    if folds:
+        frame["fold"] = frame["fold"].astype("Int64")
+    frame[metrics] = frame[metrics].apply(pd.to_numeric, errors="coerce")
+    return frame
+
+
+def _aggregate(scores: pd.Series) -> dict:
+    """count, mean, std (n - 1), min and max of the values that are there: the one computation of the
+    figures over folds (sweep.md, sweep_folds.csv, the cv/ metrics)."""
+    kept = pd.to_numeric(scores, errors="coerce").dropna()
+    return {"count": len(kept), "mean": kept.mean(), "std": kept.std(), "min": kept.min(), "max": kept.max()}
+
+
+def _settings(table: pd.DataFrame) -> list[str]:
+    """The swept parameters other than the fold."""
+    return [column for column in table.columns if column.startswith("train.") and column != FOLD]
+
+
+def _setting_groups(table: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
+    """(the setting of the other swept parameters, its runs in the plan's order) per setting."""
+    settings = _settings(table)
+    ordered = table.sort_values("run", kind="stable")  # the plan's order
+    if not settings:
+        return [({}, ordered)]
+    return [
+        (dict(zip(settings, key if isinstance(key, tuple) else (key,), strict=True)), group)
+        for key, group in ordered.groupby(settings, sort=False, dropna=False)
+    ]
+
+
+def _matches(frame: pd.DataFrame, setting: dict) -> pd.Series:
+    """Rows of ``frame`` with ``setting`` (a missing value matches a missing value)."""
+    mask = pd.Series(True, index=frame.index)
+    for key, value in setting.items():
+        mask &= (frame[key] == value) | (frame[key].isna() & pd.isna(value))
+    return mask
+
+
+def _quality_metrics(table: pd.DataFrame, metric: str | None) -> list[str]:
+    """The metrics given over folds: model quality (``FOLD_METRICS``) and the sweep's ``metric``, where a run
+    has them."""
+    return [
+        column
+        for column in dict.fromkeys([*FOLD_METRICS, *([metric] if metric else [])])
+        if column in table.columns and table[column].notna().any()
+    ]
+
+
+def _failed(table: pd.DataFrame) -> pd.Series:
+    """Which runs of ``table`` failed (a ``stopped`` cell "failed: ...")."""
+    if "stopped" not in table.columns:
+        return pd.Series(False, index=table.index)
+    return table["stopped"].fillna("").astype(str).str.startswith(FAILED)
+
+
+def _fold_number(value) -> int | None:
+    return int(value) if value is not None and not pd.isna(value) else None
+
+
+def _failure_lines(table: pd.DataFrame) -> str:
+    """One line per failed fold: its run, setting and error, and over how many folds its setting's figures
+    are."""
+    lines = []
+    for values, group in _setting_groups(table):
+        failed = _failed(group)
+        named = ", ".join(f"{key.removeprefix('train.')} {value}" for key, value in values.items())
+        for _, run in group[failed].iterrows():
+            error = str(run["stopped"]).removeprefix(FAILED).rstrip(". ")
+            where = f"{run['run']}, {named}" if named else run["run"]
+            lines.append(
+                f"Fold {_fold_number(run[FOLD])} ({where}) failed: {error}; "
+                f"the mean and spread of its setting are over {int((~failed).sum())} of {len(group)} folds."
+            )
+    if lines:
+        lines.append("The same sweep command again trains the failed runs (the finished ones are kept).")
+    return "\n".join(lines)
+
+
+def _best_setting(spread: pd.DataFrame, metric: str) -> pd.Series | None:
+    """The spread row of ``metric`` with the best mean, a setting with every fold before one with folds left
+    out; None when no setting has a mean of ``metric``."""
     rows = spread[(spread["metric"] == metric) & spread["mean"].notna()]
     if rows.empty:
         return None
-    best = rows.sort_values("mean", ascending=metric in LOWER_IS_BETTER, kind="stable").iloc[0]
-    settings = [column for column in spread.columns if column.startswith("train.")]
-    named = ", ".join(f"{key.removeprefix('train.')} {best[key]}" for key in settings)
+    partial = rows["left out"].astype(bool) if "left out" in rows else pd.Series(False, index=rows.index)
+    ranked = rows.assign(_partial=partial).sort_values(
+        ["_partial", "mean"], ascending=[True, metric in LOWER_IS_BETTER], kind="stable"
+    )
+    return rows.loc[ranked.index[0]]
+
+
+def _fold_sentence(spread: pd.DataFrame, metric: str) -> str | None:
+    """ "Over k folds: <metric> mean m (std s, min a, max b)", for the best setting by mean when several
+    ("Over k of n folds (fold i failed): ..." when folds are left out)."""
+    best = _best_setting(spread, metric)
+    if best is None:
+        return None
+    several = ((spread["metric"] == metric) & spread["mean"].notna()).sum() > 1
+    named = ", ".join(f"{key.removeprefix('train.')} {best[key]}" for key in _settings(spread))
     figures = (
         f"{metric} mean {best['mean']:.4g} (std {best['std']:.4g}, min {best['min']:.4g}, "
         f"max {best['max']:.4g})"
     )
-    lead = f"Over {int(best['folds'])} folds: "
-    return lead + (f"{named} is best by {figures}" if len(rows) > 1 else figures)
+    left_out = best.get("left out") or ""
+    lead = (
+        f"Over {int(best['folds'])} of {int(best['planned'])} folds ({left_out}): "
+        if left_out
+        else f"Over {int(best['folds'])} folds: "
+    )
+    return lead + (f"{named} is best by {figures}" if several else figures)
 
 
 def read_sweep_document(text: str) -> tuple[str, str]:
@@ -166,8 +346,8 @@ def verdict(
 ) -> str:
     """One paragraph: for k-fold runs (``spread``, :func:`fold_spread`) first the mean and spread of
     ``metric`` over the folds; the best run and its settings, the worst, which run reached a common
-    validation loss soonest in wall time (or was fastest), which runs the time budget stopped, which runs
-    diverged."""
+    validation loss soonest in wall time (or was fastest), which runs failed (left out), which runs the
+    time budget stopped, which runs diverged."""
     folds = _fold_sentence(spread, metric) if spread is not None else None
     text = _runs_verdict(table, metric, histories, evaluations)
     return f"{folds}. {text}" if folds else text
@@ -199,12 +379,22 @@ def _runs_verdict(
                 f"{fastest['run']} was the fastest ({times.max() / times.min():.1f}x less wall time "
                 "than the slowest)"
             )
-    stopped = table[table["stopped"].fillna("").astype(bool)] if "stopped" in table else table.iloc[:0]
-    if len(stopped):
+    failed = _failed(table)
+    stopped = (
+        table[table["stopped"].fillna("").astype(bool) & ~failed] if "stopped" in table else table.iloc[:0]
+    )
+    if failed.any():
         parts.append(
-            "the time budget (max_minutes) stopped "
-            + ", ".join(f"{row['run']} at step {row['steps']}" for _, row in stopped.iterrows())
+            "failed (left out): "
+            + ", ".join(
+                f"{row['run']} ({str(row['stopped']).removeprefix(FAILED).split(':')[0]})"
+                for _, row in table[failed].iterrows()
+            )
         )
+    for cause, said in STOP_CAUSES.items():  # the summary's stopped_by, in the verdict's words
+        by = stopped[stopped["stopped"] == f"stopped by {cause}"]
+        if len(by):
+            parts.append(said + ", ".join(f"{row['run']} at step {row['steps']}" for _, row in by.iterrows()))
     diverged = [name for name, history in histories.items() if _diverged(history)]
     if diverged:
         parts.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 
 import datasets
 import pandas as pd
@@ -14,15 +15,28 @@ from fastlm.corpus.fingerprint import data_folds
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
+from fastlm.engine.observe.health import NonFiniteLossError
 from fastlm.engine.runtime.environment import setup_runtime
+from fastlm.engine.train.backoff import OutOfMemory
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import parse_report_params
-from fastlm.reporting.sweep_view import comparison_table, fold_spread, loss_plot, sweep_document, verdict
+from fastlm.reporting.sweep_view import (
+    comparison_table,
+    cv_metrics,
+    cv_setting,
+    fold_spread,
+    fold_table,
+    loss_plot,
+    sweep_document,
+    verdict,
+)
 from fastlm.sweeps import SweepRuns, load_sweep_runs, run_train_params
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
+# A run's own failure (its setting or fold diverged or did not fit in memory): left out, the sweep goes on.
+RUN_FAILURES = (NonFiniteLossError, OutOfMemory)
 
 
 def run_sweep(
@@ -38,44 +52,104 @@ def run_sweep(
     tracker: RunTracker,
 ):
     """Train every run of the sweep file ``sweep`` that has not finished yet (``runs`` keeps the finished
-    ones; each run is a child run of ``tracker``'s); the comparison table, the loss plot and the verdict of
-    all."""
+    ones; each run is a child run of ``tracker``'s); the comparison table, the loss plot, the verdict and the
+    per-fold table (``sweep_folds.csv``) of all, and for k-fold runs the mean and spread over folds as ``cv/``
+    metrics of the sweep's run.
+
+    A run that diverges or runs out of memory (``RUN_FAILURES``) is left out and named, and the sweep goes
+    on; the next sweep trains it again. A stop signal or any other error stops the sweep, as does every run
+    failing."""
     folds = data_folds(fingerprint)  # folds: auto runs one model per fold of the data (split.folds)
     spec = load_sweep_runs(sweep, train_params, folds)  # every run's parameters checked before the first one
     plan, names = spec.plan(folds), spec.run_names(folds)
-    summaries, histories, evaluations = {}, {}, {}
+    trainer = _Trainer(tokenized, fingerprint, tokenizer, splits, split_params, report_params, tracker)
+    summaries, histories, evaluations, errors = {}, {}, {}, []
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         params = run_train_params(train_params, spec, overrides)
         identity = {"train": params, "data": fingerprint.get("fingerprint"), "overrides": overrides}
         done = runs.finished(spec.name, name, identity)
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
-            with tracker.child_run(name, overrides):
-                trained, history, evaluation, summary = train_model(
-                    tokenized, fingerprint, tokenizer, params, split_params, run_name=name, tracker=tracker
+            try:
+                done, history, evaluation = trainer.train(name, params, overrides)
+            except RUN_FAILURES as error:
+                log.warning(
+                    "Sweep %s: run %s failed, left out (the next sweep retries it): %s",
+                    spec.name,
+                    name,
+                    error,
                 )
-                scores = {
-                    **_test_metrics(
-                        trained["model"], tokenizer, tokenized, params, split_params, report_params
-                    ),
-                    **reference_scores(
-                        trained["model"], tokenizer, splits, params, split_params, report_params
-                    ),
-                }
-                if scores:
-                    tracker.log_run_metrics(scores)
-                summary.update(scores)
-            done = {**summary, "sweep_identity": json.loads(json.dumps(identity, default=str))}
+                errors.append(error)
+                summaries[name] = {"failed": f"{type(error).__name__}: {str(error).split(' Fix: ')[0]}"}
+                histories[name], evaluations[name] = pd.DataFrame(), pd.DataFrame()
+                continue
+            done = {**done, "sweep_identity": json.loads(json.dumps(identity, default=str))}
             runs.keep(spec.name, name, done, history, evaluation)
         else:
             log.info("Sweep %s: run %d of %d, %s, finished before: kept", spec.name, index, len(plan), name)
+            trainer.run_ids[name] = done.get("mlflow_run_id")
         summaries[name] = done
         histories[name], evaluations[name] = runs.histories(spec.name, name)
+    if len(errors) == len(plan):
+        raise errors[0]  # nothing to compare
     table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
     spread = fold_spread(table, spec.metric)  # None unless the runs differ by train.fold
+    _log_cv_metrics(table, spec.metric, tracker)
     text = verdict(table, spec.metric, histories, evaluations, spread=spread)
     log.info("Sweep %s: %s", spec.name, text)
-    return table, loss_plot(histories, evaluations), sweep_document(spec.name, text, table, spread)
+    return (
+        table,
+        loss_plot(histories, evaluations),
+        sweep_document(spec.name, text, table, spread),
+        fold_table(table, trainer.run_ids, spec.metric),
+    )
+
+
+@dataclass
+class _Trainer:
+    """What every run of a sweep trains on and reports to; ``run_ids``: each run's MLflow child run."""
+
+    tokenized: datasets.DatasetDict
+    fingerprint: dict
+    tokenizer: object
+    splits: pd.DataFrame
+    split_params: dict
+    report_params: dict
+    tracker: RunTracker
+    run_ids: dict = field(default_factory=dict)
+
+    def train(self, name: str, params: dict, overrides: dict) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+        """One run as a child run (ended FAILED when it raises), its model scored on the test split: its
+        summary (with its ``mlflow_run_id``), training and evaluation histories."""
+        with self.tracker.child_run(name, overrides) as run_id:
+            self.run_ids[name] = run_id
+            trained, history, evaluation, summary = train_model(
+                self.tokenized,
+                self.fingerprint,
+                self.tokenizer,
+                params,
+                self.split_params,
+                run_name=name,
+                tracker=self.tracker,
+            )
+            model, scored = trained["model"], (params, self.split_params, self.report_params)
+            scores = {
+                **_test_metrics(model, self.tokenizer, self.tokenized, *scored),
+                **reference_scores(model, self.tokenizer, self.splits, *scored),
+            }
+            if scores:
+                self.tracker.log_run_metrics(scores)
+        return {**summary, **scores, "mlflow_run_id": run_id}, history, evaluation
+
+
+def _log_cv_metrics(table: pd.DataFrame, metric: str, tracker: RunTracker) -> None:
+    """k-fold runs: the mean and spread over folds as ``cv/`` metrics of the sweep's run, and with a grid the
+    setting they are of as ``cv/<parameter>`` parameters."""
+    figures, setting = cv_metrics(table, metric), cv_setting(table, metric)
+    if figures:
+        tracker.log_run_metrics(figures)
+    if setting:
+        tracker.log_params({f"cv/{key}": value for key, value in setting.items()})
 
 
 def _test_metrics(

@@ -22,7 +22,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                     "sweep_runs",
                     "run_tracker",
                 ],
-                ["sweep_comparison", "sweep_loss_plot", "sweep_verdict"],
+                ["sweep_comparison", "sweep_loss_plot", "sweep_verdict", "sweep_folds"],
                 name="run_sweep",
             ),
         ],
