@@ -13,13 +13,21 @@ import torch
 from kedro.io import DatasetError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from fastlm.corpus.config import parse_split_params
+from fastlm.corpus.fingerprint import data_format_params, make_fingerprint
 from fastlm.corpus.prompts import prompt_token_ids, render_prompt
-from fastlm.datasets.atomic_file import AtomicCSVDataset
+from fastlm.datasets.atomic_file import AtomicCSVDataset, AtomicJSONDataset
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
-from fastlm.errors import ConfigError, InputDataError, find_user_error
-from fastlm.reporting.predictions import PredictionJob, PredictionParts, input_rows, predict_rows
+from fastlm.errors import ConfigError, InputDataError, StaleDataError, find_user_error
+from fastlm.reporting.predictions import (
+    PredictionJob,
+    PredictionParts,
+    check_prediction_pair,
+    input_rows,
+    predict_rows,
+)
 from tests.support.project import run_pipeline
-from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
+from tests.support.tiny_llama import CHAT_TEMPLATE, llama_style_tokenizer, save_tiny_llama
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 # kernels: batched left-padded generation against one row at a time (as
@@ -37,6 +45,24 @@ DIALOGUES = [
     "Mina: Any preference for the menu?\nNoah: vegetarian set",
 ]
 BAD = ["", "   ", None]
+SYSTEM, USER = {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Can I book a table?"}
+MULTI_TURN = [USER, {"role": "assistant", "content": "How many?"}, {"role": "user", "content": "Two"}]
+CHATS = [  # rows of a messages column, and the turns the model is given for the usable ones
+    ([USER], [USER]),
+    (  # the last assistant turn is the reference answer: not given
+        [
+            SYSTEM,
+            {"role": "user", "content": " The battery died again. "},
+            {"role": "assistant", "content": "Sorry"},
+        ],
+        [SYSTEM, {"role": "user", "content": "The battery died again."}],
+    ),
+    (MULTI_TURN, MULTI_TURN),  # ends with a user turn: all of it
+    ("Noah: hi", "malformed_messages (not a list of {role, content} turns)"),
+    ([{"role": "assistant", "content": "ok"}], "malformed_messages (no user turn)"),
+    ([{"role": "user", "content": "   "}], "whitespace_only"),
+    (None, "missing"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +132,46 @@ def test_predictions_in_input_order_refused_rows_reported_greedy_equal_per_row_g
     assert summary["decoding_settings"]["num_beams"] == 1 and summary["truncated"] == 0
 
 
+def test_chat_messages_are_rendered_with_the_training_chat_template_up_to_the_last_user_turn(project):
+    folder = project / "data/06_models/model"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    split = parse_split_params({"messages_column": "messages"})
+    fingerprint = make_fingerprint(tokenizer, 64, data_format=data_format_params(split, tokenizer))
+    (project / "data/05_model_input/tokenized_corpus_fingerprint.json").write_text(json.dumps(fingerprint))
+    (project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps({"messages": chat}) + "\n" for chat, _ in CHATS), encoding="utf-8"
+    )
+    _run(project, input="data/01_raw/chats.jsonl", max_new_tokens=6)  # no column named: the training's
+    csv, summary_file = (
+        project / "data/07_model_output/predictions.csv",
+        project / "data/08_reporting/predict_summary.json",
+    )
+    table, summary = pd.read_csv(csv, keep_default_na=False), check_prediction_pair(csv, summary_file)
+    given = [turns for _, turns in CHATS if isinstance(turns, list)]
+    assert table["refused"].tolist() == [""] * len(given) + [r for _, r in CHATS if isinstance(r, str)]
+    prompts = [tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in given]
+    assert all(p.endswith("<|assistant|>") for p in prompts) and "Sorry" not in prompts[1]
+    assert table["prediction"].tolist()[: len(given)] == _alone(folder, prompts, 6)
+    assert table["input_tokens"].tolist()[: len(given)] == [
+        len(prompt_token_ids(tokenizer, p)) for p in prompts
+    ]
+    assert json.loads(table["input"].iloc[1]) == CHATS[1][0]  # the row as given, reference included
+    assert summary["input_column"] == "messages" and summary["input_format"] == "messages"
+    assert summary["chat_template_sha256"] == fingerprint["params"]["data_format"]["chat_template_sha256"]
+    assert summary["refused_by_reason"] == {"malformed_messages": 2, "whitespace_only": 1, "missing": 1}
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("<|assistant|>", "<|bot|>")  # edited since training
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(Exception) as caught:
+        _run(project, input="data/01_raw/chats.jsonl", max_new_tokens=6)
+    found = find_user_error(caught.value)
+    assert isinstance(found, StaleDataError) and "is not the one its training data was rendered with" in str(
+        found
+    )
+    assert "\n" not in str(found) and check_prediction_pair(csv, summary_file) == summary  # nothing rewritten
+
+
 def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(project, model_folder):
     shutil.copytree(model_folder, project / "data/06_models/runs/first/model")
     with gzip.open(project / "data/01_raw/lines.txt.gz", "wt", encoding="utf-8") as handle:
@@ -155,6 +221,16 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
             InputDataError,
             "predict.model 'no-such-run' is neither a model folder",
         ),
+        (
+            {"input": "data/01_raw/inputs.jsonl", "messages_column": "dialogue", "prompt_column": "dialogue"},
+            ConfigError,
+            "predict.messages_column and predict.prompt_column are both set",
+        ),
+        (
+            {"input": "data/01_raw/inputs.jsonl", "messages_column": "dialogue"},
+            InputDataError,
+            "has no chat template to render the messages with",
+        ),
     ],
     ids=[
         "missing_input",
@@ -164,6 +240,8 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
         "num_beams",
         "misspelled",
         "unknown_model",
+        "two_input_columns",
+        "no_chat_template",
     ],
 )
 def test_bad_parameters_are_refused_in_one_line_and_nothing_is_written(project, predict, error, message):
@@ -190,6 +268,31 @@ def test_a_failed_save_leaves_the_previous_file_whole_and_no_partial_file(tmp_pa
     assert dataset.load()["prediction"].tolist() == ["old"] and [p.name for p in tmp_path.iterdir()] == [
         "predictions.csv"
     ]
+
+
+def test_a_kill_between_the_csv_and_the_summary_leaves_a_pair_that_does_not_check(project, monkeypatch):
+    (project / "data/01_raw/lines.txt").write_text("The battery\nshort\n", encoding="utf-8")
+    csv, summary = (
+        project / "data/07_model_output/predictions.csv",
+        project / "data/08_reporting/predict_summary.json",
+    )
+    _run(project, input="data/01_raw/lines.txt", max_new_tokens=2)
+    assert check_prediction_pair(csv, summary)["predictions_rows"] == 2  # a finished run's pair checks
+    save = AtomicJSONDataset.save
+
+    def killed_before_the_summary(self, data):
+        if str(self._filepath).endswith("predict_summary.json"):
+            raise OSError("killed between the two writes")
+        save(self, data)
+
+    monkeypatch.setattr(AtomicJSONDataset, "save", killed_before_the_summary)
+    (project / "data/01_raw/lines.txt").write_text("The battery\nshort\nok\n", encoding="utf-8")
+    with pytest.raises(Exception, match="killed between the two writes"):
+        _run(project, input="data/01_raw/lines.txt", max_new_tokens=2)
+    assert len(pd.read_csv(csv)) == 3 and json.loads(summary.read_text())["rows"] == 2  # new CSV, old summary
+    with pytest.raises(StaleDataError) as caught:
+        check_prediction_pair(csv, summary)
+    assert "predict_summary.json" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_an_interrupted_run_continues_where_it_stopped_with_the_same_predictions(model_folder, tmp_path):

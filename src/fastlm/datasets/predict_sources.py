@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -21,10 +22,13 @@ FORMATS = ".jsonl, .csv, .tsv, .parquet (as the split reads them) or .txt (one i
 
 
 class PredictSources:
-    """The input table, the model (the trained one, a folder, or a finished run's) and the resumable parts."""
+    """The input table, the model (the trained one, a folder, or a finished run's), the resumable parts, and
+    how the project's models were trained (``fingerprint``: the tokenized data's fingerprint, whose
+    ``params.data_format`` says how chat messages were rendered)."""
 
-    def __init__(self, trained_model: str, runs: str, parts: str):
+    def __init__(self, trained_model: str, runs: str, parts: str, fingerprint: str | None = None):
         self.trained_model, self.runs, self.parts = Path(trained_model), Path(runs), PredictionParts(parts)
+        self.fingerprint = Path(fingerprint) if fingerprint is not None else None
 
     def read_input(self, path: str) -> pd.DataFrame:
         """The table at ``path``; a .txt file (or .txt.gz) is one input per line, in a ``text`` column."""
@@ -50,11 +54,29 @@ class PredictSources:
             return table
         return read_text_table(file)
 
+    def training_chat(self) -> dict | None:
+        """The fingerprint's ``data_format`` (with ``source``, its path) when the project's models were
+        trained on chat messages (``split.messages_column``), else None (other data, or no split yet)."""
+        if self.fingerprint is None or not self.fingerprint.is_file():
+            return None
+        try:
+            stored = json.loads(self.fingerprint.read_text(encoding="utf-8"))
+            data_format = stored["params"].get("data_format") or {}
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputDataError(
+                f"{self.fingerprint} could not be read ({exc}): it says how the model was trained.",
+                fix="re-run `kedro run --pipeline=split` (it rewrites the fingerprint).",
+            ) from exc
+        if data_format.get("kind") != "messages":
+            return None
+        return {**data_format, "source": str(self.fingerprint)}
+
     def load_model(self, name: str | None) -> dict:
-        """``{"model", "tokenizer", "source", "identity"}``: ``name`` None is the trained model; else a model
-        folder, else the run name of a finished training run (``<runs>/<name>/model``). ``identity`` (file
-        names, sizes, modification times) keys the resumable parts: new weights never reuse old
-        predictions."""
+        """``{"model", "tokenizer", "source", "identity", "trained_here"}``: ``name`` None is the trained
+        model; else a model folder, else the run name of a finished training run (``<runs>/<name>/model``).
+        ``identity`` (file names, sizes, modification times) keys the resumable parts: new weights never
+        reuse old predictions. ``trained_here``: the trained model or a run's, i.e. trained on this
+        project's data (``training_chat`` speaks for it)."""
         folder = self.trained_model if name is None else Path(name)
         if name is not None and not folder.is_dir() and (self.runs / name / "model").is_dir():
             folder = self.runs / name / "model"
@@ -72,7 +94,14 @@ class PredictSources:
                 fix=f"give a model folder or one of the runs: {', '.join(runs[-10:]) or '(none yet)'}.",
             )
         loaded = dataset.load()
-        return {**loaded, "source": str(folder), "identity": _folder_identity(folder)}
+        where = folder.resolve()
+        trained_here = where == self.trained_model.resolve() or self.runs.resolve() in where.parents
+        return {
+            **loaded,
+            "source": str(folder),
+            "identity": _folder_identity(folder),
+            "trained_here": trained_here,
+        }
 
 
 def _folder_identity(folder: Path) -> str:
@@ -88,11 +117,19 @@ class PredictSourcesDataset(AbstractDataset):
 
     raw_input = True  # the input and model named by the parameters are explained by PredictSources itself
 
-    def __init__(self, trained_model: str, runs: str, parts: str, metadata: dict | None = None):
+    def __init__(
+        self,
+        trained_model: str,
+        runs: str,
+        parts: str,
+        fingerprint: str | None = None,
+        metadata: dict | None = None,
+    ):
         self._paths = {
             "trained_model": str(PurePosixPath(trained_model)),
             "runs": str(PurePosixPath(runs)),
             "parts": str(PurePosixPath(parts)),
+            "fingerprint": str(PurePosixPath(fingerprint)) if fingerprint is not None else None,
         }
         self.metadata = metadata
 

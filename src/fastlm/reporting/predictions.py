@@ -1,8 +1,11 @@
 """Predictions for a file of inputs (the predict pipeline): one generation per row, in the file's order.
 
-* Inputs: the text column (continued as it is) or the prompt column (wrapped by the prompt template, as in
-  training), cleaned as the split cleans (NFC, stripped). A row that is missing, not a string or empty is
-  REFUSED: kept in the table with its reason and an empty prediction, counted in the summary, logged.
+* Inputs: the text column (continued as it is), the prompt column (wrapped by the prompt template, as in
+  training) or the messages column (chat-style ``[{role, content}, ...]``: the turns up to the last ``user``
+  turn, rendered as training rendered them, ``ChatFormat``; ``assistant`` turns after it are the reference
+  answer and are not given to the model), cleaned as the split cleans (NFC, stripped). A row that is
+  missing, not a string (not a list of role/content turns with a user turn) or empty is REFUSED: kept in the
+  table with its reason and an empty prediction, counted in the summary, logged.
 * Tokens: ``prompt_token_ids`` (the ids training used, BOS included). An input longer than the model leaves
   room for (``limit``) is truncated as training truncates prompts (its last tokens, a leading BOS kept) and
   counted, or refused with ``too_long``.
@@ -11,6 +14,9 @@
   input order. Chunks are what an interrupted run keeps (``PredictionParts``): a rerun of the same job (input
   ids, model, settings) generates only the chunks it lacks. Sampling is seeded per chunk (``seed + chunk``),
   so a resumed run gives the texts an uninterrupted one gives.
+* Outputs: predictions.csv, then predict_summary.json with the CSV's sha256 and row count
+  (``prediction_digest``), each written atomically; ``check_prediction_pair`` tells a pair that belongs
+  together from a new CSV beside the summary of an earlier run (a run killed between the two writes).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
@@ -28,19 +35,32 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.cleaning import classify_values
-from fastlm.corpus.prompts import UNPADDED, leading_bos, render_prompt, truncate_prompt_ids
+from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE, SplitParams
+from fastlm.corpus.fingerprint import data_format_params
+from fastlm.corpus.prompts import (
+    UNPADDED,
+    leading_bos,
+    render_messages,
+    render_prompt,
+    truncate_prompt_ids,
+)
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, is_encoder_decoder
-from fastlm.errors import ConfigError, InputDataError
+from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.reporting.references import describe_decoding
 
 __all__ = [
     "PREDICTION_COLUMNS",
+    "ChatFormat",
     "PredictionJob",
     "PredictionParts",
+    "chat_format",
+    "chat_template_sha256",
+    "check_prediction_pair",
     "input_limit",
     "input_rows",
     "predict_rows",
+    "prediction_digest",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,6 +98,55 @@ def input_limit(model, *, max_new_tokens: int, max_input_tokens: int | None) -> 
     return limit
 
 
+@dataclass(frozen=True)
+class ChatFormat:
+    """How a row's messages become its prompt, as training rendered them (``render_messages``): with the
+    tokenizer's chat template and the generation prompt, or, when the training data was rendered without one,
+    as ``role: content`` lines wrapped by ``prompt_template``."""
+
+    chat_template: bool = True
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+
+    def render(self, history: list[dict], tokenizer) -> str:
+        return render_messages(history, self.prompt_template, tokenizer if self.chat_template else None)
+
+
+def chat_template_sha256(tokenizer) -> str | None:
+    """The digest of the tokenizer's chat template as the split's fingerprint records it
+    (``chat_template_sha256``), None when it has none."""
+    return data_format_params(SplitParams(messages_column="messages"), tokenizer)["chat_template_sha256"]
+
+
+def chat_format(tokenizer, trained: dict | None, *, model: str) -> ChatFormat:
+    """The rendering of chat inputs for ``model``: as its training data was rendered when ``trained`` (the
+    ``data_format`` of that data's fingerprint, with ``source``, the fingerprint's path) says so, else with
+    the model's own chat template. Refused in one line when the tokenizer's template is not the one the data
+    was rendered with, or when there is none to render with."""
+    current = chat_template_sha256(tokenizer)
+    if trained is not None:
+        expected = trained.get("chat_template_sha256")
+        if expected is None:  # trained on "role: content" lines (no template, or split.chat_template false)
+            return ChatFormat(chat_template=False, prompt_template=trained["prompt_template"])
+        if current != expected:
+            now = f"sha256 {current[:12]}" if current else "none"
+            raise StaleDataError(
+                f"predict.messages_column: the chat template of {model} ({now}) is not the one its training "
+                f"data was rendered with (sha256 {expected[:12]} in {trained['source']}).",
+                fix="put the training's chat_template back into the model folder's tokenizer files, or "
+                "re-run split and train with the new one.",
+            )
+        return ChatFormat()
+    if current is None:
+        raise InputDataError(
+            f"predict.messages_column: the tokenizer of {model} has no chat template to render the messages "
+            "with.",
+            fix="use a model whose tokenizer has a chat_template (or one trained here on "
+            "split.messages_column), or give the inputs as text (predict.text_column or "
+            "predict.prompt_column).",
+        )
+    return ChatFormat()
+
+
 def input_rows(
     table: pd.DataFrame,
     tokenizer,
@@ -88,9 +157,10 @@ def input_rows(
     limit: int | None,
     too_long: str,
     source: str,
+    chat: ChatFormat | None = None,
 ) -> pd.DataFrame:
-    """id, input (as given), ids (prompt token ids, None when refused), refused (reason or None),
-    truncated."""
+    """id, input (as given; messages as JSON), ids (prompt token ids, None when refused), refused (reason or
+    None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused)."""
     for parameter, name in (column, ("predict.id_column", id_column)):
         if name is not None and name not in table.columns:
             raise InputDataError(
@@ -99,9 +169,14 @@ def input_rows(
                 fix=f"--params {parameter}=<one of them>.",
             )
     values = table[column[1]].reset_index(drop=True)
-    texts, reasons = classify_values(values)
-    ok = reasons.isna().to_numpy()
-    prompts = [render_prompt(text, template) if template else text for text in texts[ok]]
+    if chat is not None:
+        histories, reasons = _chat_histories(values)
+        ok = reasons.isna().to_numpy()
+        prompts = [chat.render(histories[row], tokenizer) for row in np.flatnonzero(ok)]
+    else:
+        texts, reasons = classify_values(values)
+        ok = reasons.isna().to_numpy()
+        prompts = [render_prompt(text, template) if template else text for text in texts[ok]]
     encoded = tokenizer(prompts, add_special_tokens=False, **UNPADDED)["input_ids"] if prompts else []
     bos = leading_bos(tokenizer)
     ids: list = [None] * len(values)
@@ -118,12 +193,82 @@ def input_rows(
     return pd.DataFrame(
         {
             "id": row_ids,
-            "input": values.map(_shown, na_action=None),
+            "input": values.map(_shown_messages if chat is not None else _shown, na_action=None),
             "ids": ids,
             "refused": reasons,
             "truncated": truncated,
         }
     )
+
+
+def _chat_histories(values: pd.Series) -> tuple[list, pd.Series]:
+    """Each row's turns up to its last ``user`` turn (contents NFC + stripped, as training cleans them) and
+    its refusal reason (None when usable)."""
+    histories, reasons = [], []
+    for value in values:
+        reason, history = _chat_history(value)
+        histories.append(history)
+        reasons.append(reason)
+    return histories, pd.Series(reasons, dtype=object)
+
+
+def _chat_history(value) -> tuple[str | None, list | None]:
+    if value is None or (isinstance(value, float) and value != value):
+        return "missing", None
+    if not isinstance(value, list | tuple | np.ndarray) or not all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value
+    ):
+        return "malformed_messages (not a list of {role, content} turns)", None
+    roles = [m["role"] for m in value]
+    if "user" not in roles:
+        return "malformed_messages (no user turn)", None
+    last_user = len(roles) - 1 - roles[::-1].index("user")
+    if any(role != "assistant" for role in roles[last_user + 1 :]):  # only the reference answer may follow
+        return "malformed_messages (a turn other than assistant after the last user turn)", None
+    turns = list(value[: last_user + 1])
+    contents, reasons = classify_values(pd.Series([m.get("content") for m in turns], dtype=object))
+    if reasons.notna().any():
+        return str(reasons[reasons.notna()].iloc[0]), None
+    return None, [{"role": m["role"], "content": text} for m, text in zip(turns, contents, strict=True)]
+
+
+def prediction_digest(predictions: pd.DataFrame) -> dict:
+    """``predictions_sha256`` and ``predictions_rows`` of the CSV file the ``predictions`` catalog entry
+    writes for this table (``AtomicCSVDataset``, ``save_args: {index: false}``: ``to_csv`` in UTF-8), for
+    the summary written after it."""
+    text = predictions.to_csv(index=False)
+    return {
+        "predictions_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "predictions_rows": len(predictions),
+    }
+
+
+def check_prediction_pair(predictions_csv: str | Path, summary_json: str | Path) -> dict:
+    """The summary, when ``summary_json`` was written for the very ``predictions_csv`` beside it (its sha256
+    and row count); else a one-line error: a run killed between the two writes leaves its new CSV beside the
+    summary of an earlier run."""
+    csv, summary_path = Path(predictions_csv), Path(summary_json)
+    for path in (csv, summary_path):
+        if not path.is_file():
+            raise InputDataError(
+                f"{path} does not exist.", fix="run `kedro run --pipeline=predict` to write the pair."
+            )
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    expected = summary.get("predictions_sha256") if isinstance(summary, dict) else None
+    actual = hashlib.sha256(csv.read_bytes()).hexdigest()
+    if expected != actual:
+        rows = len(pd.read_csv(csv, keep_default_na=False))
+        described = (
+            f"{summary.get('predictions_rows')} rows, sha256 {expected[:12]}"
+            if expected
+            else "no predictions_sha256"
+        )
+        raise StaleDataError(
+            f"{summary_path} ({described}) does not describe {csv} ({rows} rows, sha256 {actual[:12]}): the "
+            "predict run that wrote the CSV did not finish its summary.",
+            fix="rerun the same `kedro run --pipeline=predict` command (finished chunks are reused).",
+        )
+    return summary
 
 
 class PredictionParts:
@@ -262,9 +407,9 @@ def predict_rows(
     finally:
         if bar is not None:
             bar.close()
-    return _table(rows, continuations, tokenizer, job), _summary(
-        rows, job, seconds, new_tokens, generated, resumed, perf_counter() - begun
-    )
+    table = _table(rows, continuations, tokenizer, job)
+    summary = _summary(rows, job, seconds, new_tokens, generated, resumed, perf_counter() - begun)
+    return table, {**summary, **prediction_digest(table)}
 
 
 def _table(rows: pd.DataFrame, continuations: list, tokenizer, job: PredictionJob) -> pd.DataFrame:
@@ -342,6 +487,15 @@ def _summary(
 def _shown(value) -> str:
     """The input as the table shows it: missing as empty, anything else as its text."""
     return "" if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
+def _shown_messages(value) -> str:
+    """A messages value as the table shows it: a list as JSON, anything else as ``_shown``."""
+    if isinstance(value, list | tuple | np.ndarray):
+        return json.dumps(
+            [dict(m) if isinstance(m, Mapping) else m for m in value], ensure_ascii=False, default=str
+        )
+    return _shown(value)
 
 
 def _plain(value):

@@ -8,18 +8,38 @@ import logging
 import pandas as pd
 
 from fastlm.parameters import parse_group
-from fastlm.reporting.predictions import PredictionJob, input_limit, input_rows, predict_rows
+from fastlm.pipelines.predict.params import MESSAGES
+from fastlm.reporting.predictions import (
+    PredictionJob,
+    chat_format,
+    chat_template_sha256,
+    input_limit,
+    input_rows,
+    predict_rows,
+)
 
 log = logging.getLogger(__name__)
 
 
 def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.DataFrame, dict]:
     """One prediction per input row, in input order (refused rows kept with their reason), and the summary.
-    The device and precision are ``train.runtime``'s (auto: bf16 on GPUs that have it, fp32 on CPU)."""
+    The device and precision are ``train.runtime``'s (auto: bf16 on GPUs that have it, fp32 on CPU). Chat
+    messages are rendered as the model's training data was (its fingerprint), for a model trained here."""
     params = parse_group("predict", predict_params)
     path = params.require_input()
     table = sources.read_input(path)
     trained = sources.load_model(params.model)
+    chat_training = sources.training_chat() if trained["trained_here"] else None
+    parameter, column = params.input_column(chat_training["messages_column"] if chat_training else None)
+    chat = None
+    if parameter == MESSAGES:
+        chat = chat_format(trained["tokenizer"], chat_training, model=trained["source"])
+        if params.messages_column is None:
+            log.info(
+                "predict.messages_column: %r, the column the model was trained on (split.messages_column); "
+                "predict.text_column or predict.prompt_column reads another",
+                column,
+            )
     from fastlm.engine.runtime.environment import setup_runtime  # imports torch: after the checks above
 
     runtime = setup_runtime(parse_group("train", train_params).runtime, seed=params.seed)
@@ -28,12 +48,13 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     rows = input_rows(
         table,
         tokenizer,
-        column=params.column,
+        column=(parameter, column),
         template=params.template,
         id_column=params.id_column,
         limit=limit,
         too_long=params.too_long,
         source=path,
+        chat=chat,
     )
     job = PredictionJob(
         decoding=params.decoding(),
@@ -42,6 +63,9 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         seed=params.seed,
         extra={
             "input": path,
+            "input_column": column,
+            "input_format": parameter.removeprefix("predict.").removesuffix("_column"),
+            **(_chat_record(chat, trained["tokenizer"]) if chat is not None else {}),
             "model": trained["source"],
             "device": str(runtime.device),
             "precision": runtime.precision,
@@ -69,3 +93,10 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         summary["refused"],
     )
     return predictions, summary
+
+
+def _chat_record(chat, tokenizer) -> dict:
+    """How the messages were rendered, for the summary."""
+    if chat.chat_template:
+        return {"chat_template_sha256": chat_template_sha256(tokenizer)}
+    return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fastlm.errors import ConfigError
 from fastlm.reporting.params import DecodingParams
 from fastlm.validation import parse_params
 
 SOURCE = "conf/base/parameters_predict.yml"
+MESSAGES = "predict.messages_column"
 
 
 class PredictParams(DecodingParams):
@@ -21,9 +22,17 @@ class PredictParams(DecodingParams):
         None, description="the file to predict on (required): --params predict.input=FILE"
     )
     model: str | None = Field(None, description="null: the trained model; or a model folder; or a run name")
-    text_column: str = Field("text", min_length=1, description="plain text: the text is continued")
+    text_column: str | None = Field(
+        None, min_length=1, description="plain text, continued as it is; null: text (see messages_column)"
+    )
     prompt_column: str | None = Field(
         None, min_length=1, description="prompt data: wrapped by prompt_template"
+    )
+    messages_column: str | None = Field(
+        None,
+        min_length=1,
+        description="chat data: [{role, content}, ...] rendered as in training (the chat template); null: "
+        "the trained model's split.messages_column when no other column is named",
     )
     prompt_template: str = "{prompt}\n\n### Response:\n"
     id_column: str | None = Field(None, min_length=1, description="null: the row number (0-based)")
@@ -34,12 +43,27 @@ class PredictParams(DecodingParams):
     seed: int = 0
     resume: bool = Field(True, description="reuse the finished batches of an interrupted run of the same job")
 
-    @property
-    def column(self) -> tuple[str, str]:
-        """(parameter, column) of the inputs: the prompt column when given, else the text column."""
-        if self.prompt_column is not None:
-            return "predict.prompt_column", self.prompt_column
-        return "predict.text_column", self.text_column
+    @model_validator(mode="after")
+    def _one_input_column(self) -> PredictParams:
+        others = [name for name in ("text_column", "prompt_column") if getattr(self, name) is not None]
+        if self.messages_column is not None and others:
+            # ConfigError (not ValueError): the line names both parameters, not the whole predict group.
+            raise ConfigError(
+                f"predict.messages_column and predict.{others[0]} are both set: the inputs are read from one "
+                "column.",
+                fix=f"name one of them and leave the other unset (null, its default in {SOURCE}).",
+            )
+        return self
+
+    def input_column(self, trained_messages_column: str | None = None) -> tuple[str, str]:
+        """(parameter, column) of the inputs: the column named (prompt, messages, text); with none named,
+        the model's training messages column when it was trained on chat messages, else ``text``."""
+        for name in ("prompt_column", "messages_column", "text_column"):
+            if getattr(self, name) is not None:
+                return f"predict.{name}", getattr(self, name)
+        if trained_messages_column is not None:
+            return MESSAGES, trained_messages_column
+        return "predict.text_column", "text"
 
     @property
     def template(self) -> str | None:

@@ -1,0 +1,137 @@
+"""Inputs and outputs of ``fastlm.reporting.predictions`` without a model: chat messages become the very
+prompt training built from them (chat template or ``role: content`` lines), the template is checked against
+the fingerprint, and a predictions CSV is told from one its summary was not written for."""
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from fastlm.corpus.config import parse_split_params
+from fastlm.corpus.fingerprint import data_format_params
+from fastlm.corpus.prompts import prompt_frame, prompt_token_ids
+from fastlm.datasets.atomic_file import AtomicCSVDataset
+from fastlm.datasets.predict_sources import PredictSources
+from fastlm.errors import InputDataError, StaleDataError
+from fastlm.reporting.predictions import (
+    ChatFormat,
+    chat_format,
+    check_prediction_pair,
+    input_rows,
+    prediction_digest,
+)
+from tests.support.project import PROJECT_ROOT
+from tests.support.tiny_llama import CHAT_TEMPLATE, llama_style_tokenizer
+
+CHATS = [
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Can I book a table?"},
+        {"role": "assistant", "content": "For how many?"},
+        {"role": "user", "content": "배송 문의 드립니다"},
+        {"role": "assistant", "content": "Two"},
+    ],
+    [{"role": "user", "content": " The battery died again. "}, {"role": "assistant", "content": "Sorry."}],
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [m["content"] for chat in CHATS for m in chat] * 20
+    return llama_style_tokenizer(texts, vocab_size=300, chat_template=True)
+
+
+def _rows(table, tokenizer, chat):
+    return input_rows(
+        table,
+        tokenizer,
+        column=("predict.messages_column", "messages"),
+        template=None,
+        id_column=None,
+        limit=None,
+        too_long="truncate",
+        source="chats.parquet",
+        chat=chat,
+    )
+
+
+@pytest.mark.parametrize("with_template", [True, False], ids=["chat_template", "role_content_lines"])
+def test_chat_inputs_get_the_prompt_ids_training_gave_the_same_chats(tokenizer, tmp_path, with_template):
+    split = parse_split_params({"messages_column": "messages", "chat_template": with_template})
+    trained = {**data_format_params(split, tokenizer), "source": "fingerprint.json"}
+    training, _ = prompt_frame(pd.DataFrame({"messages": CHATS}), split, tokenizer)
+    pd.DataFrame({"messages": CHATS}).to_parquet(tmp_path / "chats.parquet")  # lists come back as arrays
+    table = PredictSources("model", "runs", tmp_path / "parts").read_input(str(tmp_path / "chats.parquet"))
+    rows = _rows(table, tokenizer, chat_format(tokenizer, trained, model="model"))
+    assert rows["ids"].tolist() == [prompt_token_ids(tokenizer, prompt) for prompt in training["prompt"]]
+    assert rows["refused"].isna().all() and json.loads(rows["input"].iloc[1]) == CHATS[1]
+    assert ("<|assistant|>" in training["prompt"][0]) == with_template and "Two" not in training["prompt"][0]
+
+
+def test_a_template_unlike_the_trained_one_or_none_at_all_is_refused_in_one_line(tokenizer):
+    split = parse_split_params({"messages_column": "messages"})
+    trained = {**data_format_params(split, tokenizer), "source": "fingerprint.json"}
+    edited = llama_style_tokenizer(["a b c"], vocab_size=300)
+    edited.chat_template = CHAT_TEMPLATE.replace("<|assistant|>", "<|bot|>")
+    with pytest.raises(StaleDataError, match="is not the one its training data was rendered with") as caught:
+        chat_format(edited, trained, model="model")
+    none = llama_style_tokenizer(["a b c"], vocab_size=300)
+    with pytest.raises(StaleDataError, match=r"\(none\)"):
+        chat_format(none, trained, model="model")
+    with pytest.raises(InputDataError, match="has no chat template") as no_record:
+        chat_format(none, None, model="model")  # a model from elsewhere: its own template, and it has none
+    assert "\n" not in str(caught.value) + str(no_record.value)
+    assert chat_format(tokenizer, None, model="model") == ChatFormat()
+
+
+def test_rows_that_are_not_chats_are_kept_with_their_reason(tokenizer):
+    values = [
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": ""},
+        ],  # the reference may be empty
+        "user: hi",
+        [{"role": "user", "content": "hi"}, "hi"],
+        [{"role": "system", "content": "Be brief."}],
+        [{"role": "user", "content": "hi"}, {"role": "system", "content": "later"}],
+        [{"role": "user", "content": 7}],
+        [{"role": "user"}],
+        None,
+    ]
+    rows = _rows(pd.DataFrame({"messages": values}), tokenizer, ChatFormat())
+    assert rows["refused"].fillna("").tolist() == [
+        "",
+        "malformed_messages (not a list of {role, content} turns)",
+        "malformed_messages (not a list of {role, content} turns)",
+        "malformed_messages (no user turn)",
+        "malformed_messages (a turn other than assistant after the last user turn)",
+        "non_string",
+        "missing",
+        "missing",
+    ]
+    assert rows["ids"].notna().tolist() == [True] + [False] * 7 and rows["input"].iloc[1] == "user: hi"
+
+
+def test_a_pair_checks_only_when_the_summary_was_written_for_that_csv(tmp_path):
+    catalog = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text(encoding="utf-8"))
+    table = pd.DataFrame(
+        {
+            "id": [0, 1],
+            "input": ['a "quoted", line\nand more', "배송"],
+            "prediction": ["x", ""],
+            "refused": "",
+        }
+    )
+    csv, summary = tmp_path / "predictions.csv", tmp_path / "predict_summary.json"
+    AtomicCSVDataset(str(csv), save_args=catalog["predictions"]["save_args"]).save(table)  # as the catalog
+    summary.write_text(json.dumps({"rows": 2, **prediction_digest(table)}), encoding="utf-8")
+    assert check_prediction_pair(csv, summary)["predictions_rows"] == 2
+    csv.write_text(csv.read_text(encoding="utf-8").replace("배송", "배달"), encoding="utf-8")
+    with pytest.raises(StaleDataError, match="does not describe"):
+        check_prediction_pair(csv, summary)
+    summary.write_text(json.dumps({"rows": 2}), encoding="utf-8")  # a summary with no digest
+    with pytest.raises(StaleDataError, match="no predictions_sha256"):
+        check_prediction_pair(csv, summary)
+    with pytest.raises(InputDataError, match="does not exist"):
+        check_prediction_pair(tmp_path / "missing.csv", summary)
