@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The command a GPU session runs first (the device tool runs one command of at most 2,000 characters for at
+# most 10 minutes, copying the repository and the paths named in `carry`; what is under $OUT comes back, at
+# most 8 files). Here, beforehand: `bash scripts/gpu_wheels.sh`; there, with carry [".whl"]:
+#
+#   bash benchmarks/gpu_session.sh                       the plan below, time permitting (540 s in all)
+#   bash benchmarks/gpu_session.sh --only gpu_speed_adapters          one step (or several, comma-separated)
+#   bash benchmarks/gpu_session.sh --budget-s 300 --dry-run           print the plan, run nothing
+#
+# 1. the wheels in .whl/ (if any) installed into /tmp/site; PYTHONPATH = src (fastlm is not installed there)
+#    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need
+# 2. the plan, in order, each step under `timeout` (its own cap, never past what is left of --budget-s) and
+#    started only when at least its minimum is left; its log tee'd into $OUT:
+#      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP)
+#      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff and fastlm's tune ladder
+#      gpu_speed_adapters  benchmarks/gpu_speed.py --model 0.5b --adapters: LoRA/QLoRA vs Trainer + peft
+#      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
+#                          --liger on / off: liger-kernel against fastlm's own kernels
+#    The steps of the whole plan take longer than one call: later calls run the rest with --only.
+# Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-/tmp/gpu_session_out}
+budget_s=540
+only=""
+dry_run=0
+# name | minimum seconds to start it | its own cap | command (CAP: the seconds it is given)
+PLAN=(
+    "levers|60|200|benchmarks/gpu_levers.py --json $OUT/levers.json --budget-s \$((CAP - 20))"
+    "memory_cliff|120|300|benchmarks/memory_cliff.py"
+    "gpu_speed_adapters|150|480|benchmarks/gpu_speed.py --model 0.5b --adapters --budget-s \$((CAP - 30))"
+    "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on --budget-s \$((CAP - 20))"
+    "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off --budget-s \$((CAP - 20))"
+)
+names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --budget-s) budget_s="$2"; shift 2 ;;
+        --only) only="$2"; shift 2 ;;
+        --dry-run) dry_run=1; shift ;;
+        -h|--help) sed -n '2,/^set /p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu_session.sh: unknown argument '$1'; see --help (--budget-s N, --only STEP[,STEP], --dry-run)" >&2
+           exit 2 ;;
+    esac
+done
+case "$budget_s" in
+    ''|*[!0-9]*) echo "gpu_session.sh: --budget-s '$budget_s' is not a whole number of seconds; e.g. 540" >&2
+                 exit 2 ;;
+esac
+for name in ${only//,/ }; do
+    case " $(names) " in
+        *" $name "*) ;;
+        *) echo "gpu_session.sh: --only '$name' is not a step; the steps: $(names)" >&2; exit 2 ;;
+    esac
+done
+
+start=$SECONDS  # the budget counts the install and the checks too
+mkdir -p "$OUT"
+log() { echo "$*" | tee -a "$OUT/session.log"; }
+: > "$OUT/session.log"
+log "gpu_session: budget ${budget_s} s, steps: ${only:-$(names)}$([ "$dry_run" = 1 ] && echo ' (dry run)')"
+
+if [ "$dry_run" = 0 ]; then
+    export PYTHONUNBUFFERED=1 DO_NOT_TRACK=true
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl 2>&1 | tail -n 5 | tee -a "$OUT/session.log"; then
+            log "gpu_session: installing .whl/*.whl failed (above); going on with the machine's own packages"
+        fi
+        export PYTHONPATH="$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        log "gpu_session: no .whl/ (run scripts/gpu_wheels.sh here and name .whl in carry); machine's packages"
+        export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    { nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv 2>&1 || true; } \
+        | tee -a "$OUT/session.log"
+    "$PYTHON" - <<'EOF' 2>&1 | tee -a "$OUT/session.log"
+import importlib, platform
+print("python", platform.python_version())
+for name in ("torch", "transformers", "accelerate", "peft", "datasets", "pydantic", "bitsandbytes",
+             "liger_kernel", "torchao", "triton", "fastlm.engine.train.loop"):
+    try:
+        module = importlib.import_module(name)
+        print(f"  {name} {getattr(module, '__version__', 'ok')}")
+    except Exception as error:  # shown, not fatal: the steps say what it costs them
+        print(f"  {name} MISSING: {type(error).__name__}: {str(error).splitlines()[0][:150] if str(error) else ''}")
+EOF
+fi
+
+for step in "${PLAN[@]}"; do
+    IFS='|' read -r name minimum cap command <<<"$step"
+    if [ -n "$only" ] && [[ ",$only," != *",$name,"* ]]; then
+        continue
+    fi
+    left=$((budget_s - (SECONDS - start)))
+    if [ "$left" -lt "$minimum" ]; then
+        log "[$name] skipped: ${left} s left of ${budget_s}, it needs ${minimum}; later: bash benchmarks/gpu_session.sh --only $name"
+        continue
+    fi
+    CAP=$(( cap < left ? cap : left ))
+    line="timeout -k 10 $CAP $PYTHON $(CAP=$CAP; eval echo "$command")"
+    if [ "$dry_run" = 1 ]; then
+        log "[$name] at most ${CAP} s: $line > \$OUT/$name.log"
+        start=$((start - CAP))  # the plan as if each step took its whole cap
+        continue
+    fi
+    log "[$name] at most ${CAP} s: $line"
+    began=$SECONDS
+    $line 2>&1 | tee "$OUT/$name.log"
+    rc=${PIPESTATUS[0]}
+    log "[$name] exit ${rc}$([ "$rc" = 124 ] && echo ' (stopped at its cap)') after $((SECONDS - began)) s"
+done
+log "gpu_session: $((SECONDS - start)) s of ${budget_s} used"

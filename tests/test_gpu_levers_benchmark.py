@@ -1,0 +1,140 @@
+"""benchmarks/gpu_levers.py and benchmarks/gpu_session.sh stay runnable without a GPU: the lever matrix runs
+the levers a CPU has on a tiny shape (each in its own process) and SKIPs the others with the reason; its
+verdicts catch a lever off the baseline, one that did not train or did not take effect, and an exception; the
+session script's plan prints without running anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TINY = ["--hidden", "32", "--layers", "2", "--heads", "4", "--intermediate", "64", "--vocab", "512"]
+TINY += ["--rows", "2", "--seq-len", "64"]
+
+
+@pytest.fixture()
+def levers(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu_levers
+
+    return gpu_levers
+
+
+def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason(tmp_path):
+    out = tmp_path / "levers.json"
+    chosen = ["fused_linear", "checkpointing_full", "liger", "fused_linear_liger", "qlora", "float8"]
+    shown = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_levers.py"), "--device", "cpu", *TINY, "--levers", *chosen]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    ).stdout
+    rows = {row["lever"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["baseline", *chosen]  # the baseline first, always
+    baseline = rows["baseline"]
+    assert baseline["status"] == "PASS" and baseline["last_loss"] < baseline["first_loss"]
+    assert baseline["epochs"] == 3.0  # one micro-batch per epoch: every step sees the same data
+    fused = rows["fused_linear"]
+    assert fused["status"] == "PASS", fused["reasons"]
+    assert fused["tolerance"] == 1e-4 and fused["rel_diff_first"] <= fused["tolerance"]
+    assert "fused LM head" in fused["choice"]  # the engine's own words: the lever was in effect
+    checkpointing = rows["checkpointing_full"]
+    assert checkpointing["status"] == "PASS" and checkpointing["rel_diff_first"] <= checkpointing["tolerance"]
+    for name in ("liger", "fused_linear_liger", "qlora", "float8"):
+        assert rows[name]["status"] == "SKIP" and "needs CUDA" in rows[name]["reason"]
+    assert "liger-kernel not installed" in rows["liger"]["reason"] or "liger_kernel" in sys.modules
+    assert shown.strip().splitlines()[-1] == "levers: 3 pass, 0 fail, 4 skip"
+
+
+def _run(losses, applied=True, choice="in effect"):
+    return {
+        "losses": losses,
+        "applied": applied,
+        "choice": choice,
+        "step_time_s": 0.1,
+        "peak_memory_mb": 100.0,
+        "attention": "sdpa",
+        "epochs": 3.0,
+    }
+
+
+def test_judge_fails_a_lever_off_the_baseline_one_that_did_not_train_or_take_effect(levers):
+    good = levers.judge("compile", _run([10.0, 9.0, 8.0]), 10.0, "bf16")
+    assert good["status"] == "PASS" and good["rel_diff_first"] == 0.0 and good["tolerance"] == 2e-2
+    off = levers.judge("compile", _run([10.5, 9.0, 8.0]), 10.0, "bf16")  # 5e-2 from the baseline's
+    assert off["status"] == "FAIL" and "from the baseline's" in off["reasons"][0]
+    assert levers.judge("qlora", _run([10.3, 9.0, 8.0]), 10.0, "bf16")["status"] == "PASS"  # 4-bit: 5e-2
+    flat = levers.judge("lora", _run([10.0, 10.0, 10.0]), 10.0, "fp32")
+    assert flat["status"] == "FAIL" and "did not fall" in flat["reasons"][0]
+    nan = levers.judge("lora", _run([10.0, float("nan"), 9.0]), 10.0, "fp32")
+    assert nan["status"] == "FAIL" and "non-finite" in nan["reasons"][0]
+    unapplied = levers.judge(
+        "liger", _run([10.0, 9.0, 8.0], applied=False, choice="liger kernels off"), 10.0, "bf16"
+    )
+    assert unapplied["status"] == "FAIL" and unapplied["reasons"] == ["not in effect: liger kernels off"]
+
+
+def test_an_exception_in_a_lever_is_its_fail_with_the_traceback(levers, monkeypatch, tmp_path, capsys):
+    def broken(args):
+        raise RuntimeError("float8 matmul needs dimensions divisible by 16\nsecond line")
+
+    monkeypatch.setattr(levers, "train_lever", broken)
+    result = tmp_path / "result.json"
+    levers.child_main(Namespace(run="float8", result=str(result)))
+    run = json.loads(result.read_text())
+    assert run["error"] == "RuntimeError: float8 matmul needs dimensions divisible by 16"
+    assert "Traceback" in run["traceback"] and "broken" in run["traceback"]
+    row = levers.judge("float8", run, 10.0, "bf16")
+    assert row["status"] == "FAIL"
+    levers.show(row)
+    shown = capsys.readouterr().out
+    assert shown.startswith("FAIL  float8") and "| RuntimeError: float8 matmul" in shown
+
+
+def session(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_session.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OUT": str(tmp_path)},
+    )
+
+
+def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
+    assert subprocess.run(["bash", "-n", str(BENCHMARKS / "gpu_session.sh")]).returncode == 0
+    done = session(tmp_path, "--dry-run", "--budget-s", "10000")
+    assert done.returncode == 0, done.stderr
+    plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    names = [line[1 : line.index("]")] for line in plan]
+    assert names == ["levers", "memory_cliff", "gpu_speed_adapters", "liger_on", "liger_off"]
+    assert f"gpu_levers.py --json {tmp_path}/levers.json" in plan[0] and "timeout" in plan[0]
+    assert "--adapters" in plan[2] and "--liger on" in plan[3] and "--liger off" in plan[4]
+    assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
+    assert (tmp_path / "session.log").read_text() == done.stdout
+
+
+def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
+    done = session(tmp_path, "--dry-run", "--budget-s", "300")
+    assert "[levers] at most 200 s" in done.stdout
+    assert "[memory_cliff] skipped: 100 s left of 300" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only memory_cliff" in done.stdout
+    only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
+    assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
+        "liger_on",
+        "liger_of",
+    ]
+
+
+def test_gpu_session_refuses_an_unknown_step_in_one_line(tmp_path):
+    done = session(tmp_path, "--only", "memory")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not a step" in done.stderr
