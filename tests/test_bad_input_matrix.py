@@ -28,7 +28,7 @@ from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
 from tests.support import background
-from tests.support.project import copy_project, demo_texts, make_kedro_project, run_pipeline, write_jsonl
+from tests.support.project import demo_texts, make_kedro_project, run_pipeline, write_jsonl
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 pytestmark = pytest.mark.e2e
@@ -43,16 +43,6 @@ TRAIN = {
     "batching": {"micro_batch_size": 8},
     "model": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1},
 }
-LAYERS = (
-    "01_raw",
-    "02_intermediate",
-    "03_primary",
-    "04_feature",
-    "05_model_input",
-    "06_models",
-    "07_model_output",
-    "08_reporting",
-)
 CHECKPOINT = "data/06_models/checkpoints/matrix/checkpoint-00000002"  # run_name: matrix (conf/local)
 Usage = namedtuple("Usage", "total used free")
 
@@ -63,12 +53,7 @@ def base_project(tmp_path_factory, sample_texts, mlflow_uri) -> Path:
 
     The small split/train settings live in conf/local (soft-merged over conf/base), so CLI runs use them too.
     """
-    project = copy_project(tmp_path_factory.mktemp("matrix") / "project")
-    for layer in LAYERS:
-        (project / "data" / layer).mkdir(parents=True)
-    write_jsonl(
-        project / "data/01_raw/demo_corpus.jsonl", sample_texts + ["", "   ", None, 7, sample_texts[0]]
-    )
+    project = make_kedro_project(tmp_path_factory.mktemp("matrix") / "project", sample_texts)
     (project / "conf/local/parameters_matrix.yml").write_text(
         yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"})
     )

@@ -116,9 +116,18 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert done.returncode == 0, done.stderr
     plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
     names = [line[1 : line.index("]")] for line in plan]
-    assert names == ["levers", "memory_cliff", "gpu_speed_adapters", "liger_on", "liger_off"]
+    assert names == [
+        "levers",
+        "memory_cliff",
+        "gpu_speed_full",
+        "gpu_speed_adapters",
+        "liger_on",
+        "liger_off",
+    ]
     assert f"gpu_levers.py --json {tmp_path}/levers.json" in plan[0] and "timeout" in plan[0]
-    assert "--adapters" in plan[2] and "--liger on" in plan[3] and "--liger off" in plan[4]
+    assert "--model 0.5b" in plan[2] and "--adapters" not in plan[2]  # the full fine-tune against the Trainer
+    assert "--model 3b --adapters" in plan[3]  # the LoRA/QLoRA targets are on the 3B shape
+    assert "--liger on" in plan[4] and "--liger off" in plan[5]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 

@@ -3,6 +3,7 @@ the LoRA/QLoRA pairs (fastlm and Trainer + peft, usual and best), and the adapte
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,161 @@ def test_the_liger_and_fused_linear_flags_reach_the_children_and_the_parameters(
     assert params.model.liger == "off" and params.loss.fused_linear_kernel == "fastlm"
     assert params.loss.fused_linear is True
     assert gpu_speed.parse_args([]).liger == "auto"  # default: liger where CUDA and liger-kernel are
+
+
+def meta_llama_parameters(layers: int) -> int:
+    """Llama-3.2-3B's published config (hidden 3072, 24 heads, 8 KV heads, intermediate 8192, vocab 128256,
+    tied embeddings), ``layers`` decoder layers, counted on the meta device."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=layers,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_the_3b_shape_is_llama_3_2_3b_and_layers_keeps_the_first_n(gpu_speed):
+    assert gpu_speed.count_parameters("3b", 2048, layers=2) == meta_llama_parameters(2)
+    full = gpu_speed.count_parameters("3b", 2048)
+    assert full == meta_llama_parameters(28) and 3.20e9 < full < 3.22e9  # Llama-3.2-3B: 3.21 B
+    config = gpu_speed.llama_config("3b", layers=2, seq_len=2048)
+    assert (config.num_key_value_heads, config.rope_parameters["rope_theta"]) == (8, 500000.0)
+    args = gpu_speed.parse_args(["--model", "3b", "--layers", "2"])
+    assert gpu_speed.model_label(args) == "3b shape, 2 of 28 layers"
+    assert gpu_speed.model_label(gpu_speed.parse_args(["--model", "tiny"])) == "tiny shape, 2 of 2 layers"
+
+
+def test_layers_past_the_models_depth_is_one_line_naming_the_flag():
+    shown = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_speed.py"), "--model", "3b", "--layers", "29"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode != 0 and "--layers" in shown.stderr.splitlines()[-1]
+    assert "28" in shown.stderr.splitlines()[-1]
+
+
+def test_a_child_process_measures_its_own_peak_not_the_parents_high_water_mark():
+    # Linux hands a child the parent's high-water mark in ru_maxrss (exec keeps it); the contenders'
+    # peak must be their own (VmHWM of /proc/self/status).
+    held = bytearray(768 * 2**20)
+    held[::4096] = b"\x01" * len(held[::4096])  # touch every page: resident
+    probe = (
+        "import json, resource, gpu_speed; "
+        "print(json.dumps({**gpu_speed.process_memory(), "
+        "'ru_maxrss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=str(BENCHMARKS),
+    )
+    del held
+    child = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert child["ru_maxrss_mb"] >= 768  # the inherited figure this benchmark must not report
+    assert 0 < child["rss_mb"] <= child["peak_mb"] < 512
+
+
+def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(tmp_path):
+    out = tmp_path / "out.json"
+    contenders = ["fastlm_lora", "fastlm_lora_unfused", "trainer_lora_best", "trainer_qlora_best"]
+    shown = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "gpu_speed.py"),
+            *("--device", "cpu", "--model", "tiny", "--layers", "1", "--seq-len", "64", "--batch-size", "2"),
+            *("--steps", "1", "--warmup", "1", "--compile", "off", "--fused-linear", "on", "--threads", "1"),
+            *("--padding-free", "on", "--checkpointing", "full", "--budget-s", "600", "--no-profile"),
+            *("--json", str(out), "--contenders", *contenders),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    for name in contenders[:3]:
+        memory = runs[name]["cpu_memory"]
+        assert memory["rss_loaded_mb"] > 0 and memory["peak_rss_mb"] >= memory["rss_loaded_mb"]
+        assert memory["peak_above_loaded_mb"] > 0
+    assert (
+        runs["fastlm_lora"]["fused_linear"] is True and runs["fastlm_lora_unfused"]["fused_linear"] is False
+    )
+    assert "padding-free" in runs["trainer_lora_best"]["setup"]
+    assert "CUDA and bitsandbytes" in runs["trainer_qlora_best"]["skipped"]
+    text = shown.stdout
+    assert "CPU resident memory" in text and "tiny shape, 1 of 2 layers" in text
+    for other in ("fastlm_lora_unfused", "trainer_lora_best"):
+        assert f"fastlm_lora / {other} peak RSS above the loaded model" in text
+
+
+def test_the_loaded_memory_counts_weights_a_checkpoint_maps_from_its_file(gpu_speed, tmp_path):
+    # a safetensors checkpoint loaded in its own dtype is memory-mapped: its pages become resident only as
+    # they are read, so unread weights would be counted in the training's peak, not in "loaded"
+    import torch
+
+    path = tmp_path / "weights.bin"
+    size = 128 * 2**20
+    path.write_bytes(b"\x00" * size)
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(
+        torch.from_file(str(path), shared=True, size=size // 2, dtype=torch.bfloat16)
+    )
+    before = gpu_speed.process_memory()["rss_mb"]
+    gpu_speed.make_resident(model)
+    assert gpu_speed.process_memory()["rss_mb"] - before > 100  # MiB: the 128 MiB now resident
+
+
+def test_the_trainers_best_set_ups_run_liger_on_cuda_where_it_is_installed(gpu_speed):
+    fields = {"use_liger_kernel", "torch_compile"}
+    extra, note = gpu_speed.trainer_liger(on_cuda=True, installed=True, fields=fields)
+    assert extra == {"use_liger_kernel": True} and "use_liger_kernel=True" in note
+    extra, note = gpu_speed.trainer_liger(on_cuda=True, installed=False, fields=fields)
+    assert extra == {} and "liger-kernel is not installed" in note
+    extra, note = gpu_speed.trainer_liger(on_cuda=False, installed=True, fields=fields)
+    assert extra == {} and "CUDA only" in note
+    extra, note = gpu_speed.trainer_liger(on_cuda=True, installed=True, fields={"torch_compile"})
+    assert extra == {} and "use_liger_kernel" in note  # a transformers without the switch: said, not hidden
+
+
+def adapter_results(fastlm: tuple[float, float], best: tuple[float, float], usual: tuple[float, float]):
+    """Results of the three LoRA contenders: (real tokens/s, peak memory MiB) each."""
+    names = ("fastlm_lora", "trainer_lora_best", "trainer_lora_usual")
+    return {
+        name: {"contender": name, "real_tokens_per_s": speed, "peak_memory_mb": peak}
+        for name, (speed, peak) in zip(names, (fastlm, best, usual), strict=True)
+    }
+
+
+def test_adapter_targets_are_judged_on_cuda_and_only_reported_on_cpu(gpu_speed):
+    # fastlm 2.0x the best set-up (target 1.5x: pass) with less memory, 1.5x the usual one (target 2x: fail)
+    # with more memory than it (fail)
+    results = adapter_results(fastlm=(300.0, 10_000.0), best=(150.0, 12_000.0), usual=(200.0, 9_000.0))
+    judged = dict(gpu_speed.adapter_verdicts(results, on_cuda=True))
+    speed_best = next(ok for text, ok in judged.items() if "trainer_lora_best real tokens/s >= 1.5x" in text)
+    speed_usual = next(ok for text, ok in judged.items() if "trainer_lora_usual real tokens/s >= 2x" in text)
+    memory_best = next(ok for text, ok in judged.items() if "trainer_lora_best peak memory" in text)
+    memory_usual = next(ok for text, ok in judged.items() if "trainer_lora_usual peak memory" in text)
+    assert (speed_best, speed_usual, memory_best, memory_usual) == (True, False, True, False)
+    assert any("2.00x" in text for text in judged) and any("1.50x" in text for text in judged)
+    on_cpu = gpu_speed.adapter_verdicts(results, on_cuda=False)
+    assert len(on_cpu) == 2 and all(ok is None and "CPU figures" in text for text, ok in on_cpu)
+    assert gpu_speed.adapter_verdicts({"fastlm_lora": results["fastlm_lora"]}, on_cuda=True) == []
+
+
+def test_the_full_fine_tune_mfu_target_is_the_issues_55_percent(gpu_speed):
+    assert gpu_speed.TARGET_MFU == 0.55 and gpu_speed.TARGET_VS_BEST == 1.3
