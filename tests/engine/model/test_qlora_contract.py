@@ -1,8 +1,8 @@
 """QLoRA's calling contract, on CPU: the base loads with an NF4 ``BitsAndBytesConfig`` (double quantization,
-bf16 compute), ``prepare_model_for_kbit_training`` gets the checkpointing policy (and ``selective``
-survives it), the runtime trains in bf16 without a GradScaler (on a GPU without native bf16: fp16 4-bit
-compute and a GradScaler that unscales fp32 adapters only), and the fused linear loss stays on for a 128k
-vocabulary.
+bf16 compute), the 4-bit base is prepared with the checkpointing policy (``selective`` survives it) and
+keeps its frozen matrices in the compute dtype, the runtime trains in bf16 without a GradScaler (on a GPU
+without native bf16: fp16 4-bit compute and a GradScaler that unscales fp32 adapters only), and the fused
+linear loss stays on for a 128k vocabulary.
 
 bitsandbytes needs CUDA: a fake module and a patched ``torch.cuda`` stand in, the weights are not quantized
 (``from_pretrained`` runs without the quantization arguments it was handed). The quantized run itself is
@@ -35,34 +35,11 @@ def fake_cuda_with_bitsandbytes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
-@pytest.fixture
-def prepared(monkeypatch):
-    """peft's ``prepare_model_for_kbit_training`` replaced by one that records its arguments and, like peft,
-    turns checkpointing on in every layer when asked for any."""
-    import peft
-
-    calls: list[dict] = []
-
-    def prepare(model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs=None):
-        calls.append(
-            {
-                "use_gradient_checkpointing": use_gradient_checkpointing,
-                "gradient_checkpointing_kwargs": gradient_checkpointing_kwargs,
-            }
-        )
-        if use_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
-        return model
-
-    monkeypatch.setattr(peft, "prepare_model_for_kbit_training", prepare)
-    return calls
-
-
 @pytest.mark.parametrize(
     ("policy", "checkpointed"), [("selective", [0, 2]), ("full", [0, 1, 2, 3]), ("off", [])]
 )
 def test_qlora_loads_nf4_with_bf16_compute_and_prepares_with_the_policy(
-    tmp_path, monkeypatch, fake_cuda_with_bitsandbytes, prepared, policy, checkpointed
+    tmp_path, monkeypatch, fake_cuda_with_bitsandbytes, policy, checkpointed
 ):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100
     tokenizer = llama_style_tokenizer(TEXTS, vocab_size=300)
@@ -93,12 +70,6 @@ def test_qlora_loads_nf4_with_bf16_compute_and_prepares_with_the_policy(
     assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
     assert quantization.bnb_4bit_use_double_quant and quantization.bnb_4bit_compute_dtype == torch.bfloat16
     assert loads[0]["dtype"] == torch.bfloat16 and loads[0]["device_map"] == {"": 0}
-    assert prepared == [
-        {
-            "use_gradient_checkpointing": policy != "off",
-            "gradient_checkpointing_kwargs": {"use_reentrant": False},
-        }
-    ]
     assert checkpointed_layers(model) == checkpointed  # selective is not widened to full by the preparation
     assert any("lora_A" in name for name, p in model.named_parameters() if p.requires_grad)
 
@@ -115,9 +86,7 @@ def test_qlora_runtime_is_bf16_without_a_grad_scaler(monkeypatch, fake_cuda_with
     assert runtime.grad_scaler is False and not runtime.make_grad_scaler().is_enabled()
 
 
-def test_the_fused_linear_loss_stays_on_for_a_128k_vocabulary_under_qlora(
-    fake_cuda_with_bitsandbytes, prepared
-):
+def test_the_fused_linear_loss_stays_on_for_a_128k_vocabulary_under_qlora(fake_cuda_with_bitsandbytes):
     config = LlamaConfig(
         vocab_size=128_256,
         hidden_size=16,
@@ -201,3 +170,52 @@ def test_the_grad_scaler_unscales_only_the_fp32_adapters_over_a_half_precision_b
     for before, param in zip(scaled, held, strict=True):
         assert torch.equal(param.grad, before * (1 / scale))  # a power of two: the division is exact
     assert any(before.abs().sum() > 0 for before in scaled)
+
+
+def test_qlora_keeps_frozen_matrices_in_the_compute_dtype_and_trains_in_fp32(fake_cuda_with_bitsandbytes):
+    """peft's ``prepare_model_for_kbit_training`` casts every 16-bit parameter that is not 4-bit to fp32: a
+    Llama-3.2-3B's 128,256 x 3,072 embedding (tied head) grows from 0.79 to 1.58 GB, and the fused head then
+    multiplies in fp32. fastlm keeps frozen matrices (embedding, head) in the compute dtype, casts the 1-D
+    ones (norms) to fp32 as peft does, and trains every trainable parameter (adapters, ``modules_to_save``)
+    in fp32; a bf16-autocast step over it gives finite fp32 gradients to those only."""
+    from fastlm.engine.model.accumulation import accumulate_gradients
+
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(
+            torch.bfloat16
+        )  # as the 4-bit load leaves what it does not quantize
+    raw = {"model": {"lora": {"enabled": True, "load_in_4bit": True, "r": 4, "modules_to_save": ["lm_head"]}}}
+    adapted = lora.apply_lora(model, parse_train_params(raw).model.lora, gradient_checkpointing="full")
+    base = adapted.get_base_model()
+    assert (
+        base.model.embed_tokens.weight.dtype == torch.bfloat16
+        and not base.model.embed_tokens.weight.requires_grad
+    )
+    frozen = {name: p for name, p in adapted.named_parameters() if not p.requires_grad}
+    assert all(p.dtype == torch.float32 for p in frozen.values() if p.ndim == 1)  # norms, as peft casts them
+    assert all(p.dtype == torch.bfloat16 for p in frozen.values() if p.ndim == 2)
+    trainable = {name: p for name, p in adapted.named_parameters() if p.requires_grad}
+    assert any("lm_head" in name for name in trainable) and any("lora_A" in name for name in trainable)
+    assert all(p.dtype == torch.float32 for p in trainable.values()), {
+        name: p.dtype for name, p in trainable.items()
+    }
+    assert checkpointed_layers(base) == [0, 1]
+    ids = torch.arange(3, 19).reshape(2, 8)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    loss, _ = accumulate_gradients(
+        adapted, [batch], autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    )
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trainable.values())
+    assert all(torch.isfinite(p.grad).all() for p in trainable.values())
+    assert all(p.grad is None for p in frozen.values())

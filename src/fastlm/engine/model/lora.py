@@ -9,16 +9,16 @@ its block-diagonal mask are the base model's.
 Gradient checkpointing with frozen embeddings: the embedding output does not require grad, so a *reentrant*
 checkpoint would see no input needing a gradient and drop the adapters' gradients. fastlm checkpoints
 non-reentrantly (``use_reentrant=False``), which does not need it, and also calls
-``enable_input_require_grads`` so that any reentrant path (e.g. ``prepare_model_for_kbit_training`` on
-older peft) still works.
+``enable_input_require_grads`` so that any reentrant path still works.
 
 QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 compute
-(``BitsAndBytesConfig``), then ``prepare_model_for_kbit_training``; it needs CUDA and the bitsandbytes
+(``BitsAndBytesConfig``), then ``prepare_quantized`` (frozen, norms in fp32, the embedding and head left in
+the compute dtype, unlike peft's ``prepare_model_for_kbit_training``); it needs CUDA and the bitsandbytes
 package and is refused with one line without them. On a GPU without native bf16 (T4, V100) it trains rather
 than being refused: the 4-bit matmuls compute in fp16, as the runtime's autocast does there (emulated bf16
 would be slow and would disagree with it), and the fp16 GradScaler is safe because everything it unscales is
-fp32: the adapters (peft's ``autocast_adapter_dtype``), the modules ``prepare_model_for_kbit_training`` casts
-to fp32, and nothing frozen (the optimizer holds the trainable parameters only).
+fp32: the adapters (peft's ``autocast_adapter_dtype``), ``modules_to_save`` (cast to fp32 after
+``get_peft_model``), and nothing frozen (the optimizer holds the trainable parameters only).
 
 Saving: ``PeftModel.save_pretrained`` writes ``adapter_config.json`` + ``adapter_model.safetensors``; the
 config names the base folder (an absolute path, so the adapter loads from anywhere), and ``base_digest.json``
@@ -230,23 +230,19 @@ def _described(names: list[str]) -> str:
 
 
 def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
-    """Wrap ``model`` in a peft LoRA model: base frozen, adapters trainable (fp32).
+    """Wrap ``model`` in a peft LoRA model: base frozen, everything trainable (adapters, ``modules_to_save``)
+    in fp32.
 
-    ``gradient_checkpointing``: the policy (``engine.model.recompute``; a boolean is full/off). QLoRA's
-    ``prepare_model_for_kbit_training`` turns checkpointing on in every layer when asked for any; the policy
-    is applied again after it so that ``selective`` stays every other layer.
+    ``gradient_checkpointing``: the policy (``engine.model.recompute``; a boolean is full/off), applied to a
+    4-bit base after ``prepare_quantized``, so that ``selective`` stays every other layer.
     """
-    from peft import LoraConfig, TaskType, get_peft_model, prepare_model_for_kbit_training
+    from peft import LoraConfig, TaskType, get_peft_model
 
     from fastlm.engine.model.recompute import enable_checkpointing, resolve_policy
 
     policy = resolve_policy({True: "full", False: "off"}.get(gradient_checkpointing, gradient_checkpointing))
     if lora.load_in_4bit:
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=policy != "off",
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+        prepare_quantized(model)
         enable_checkpointing(model, policy)
     if policy != "off":
         model.enable_input_require_grads()
@@ -270,6 +266,9 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
             f"{PARAM}.target_modules = {lora.target_modules!r} does not fit the model: {first}",
             fix=f"set {PARAM}.target_modules to auto or to Linear module names of the model.",
         ) from error
+    for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
     counts = parameter_counts(peft_model)
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
     log.info(
@@ -283,6 +282,19 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         100 * counts["trainable_share"],
     )
     return peft_model
+
+
+def prepare_quantized(model) -> None:
+    """A 4-bit base made ready for adapters: every parameter frozen, the 1-D 16-bit ones (norms, biases) cast
+    to fp32 for stable statistics. peft's ``prepare_model_for_kbit_training`` casts *every* 16-bit parameter
+    that is not 4-bit to fp32, the embedding and the LM head included: for a 128k-vocabulary 3B model that is
+    0.8 GB more per copy (1.6 GB for the tied one) and an LM head multiplying in fp32. Those frozen matrices
+    stay in the compute dtype here, as the frozen base of a plain LoRA run does; gradient checkpointing is
+    the caller's (``recompute.enable_checkpointing``, non-reentrant)."""
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+        if parameter.ndim <= 1 and parameter.dtype in (torch.float16, torch.bfloat16):
+            parameter.data = parameter.data.float()
 
 
 def parameter_counts(model) -> dict:
