@@ -204,3 +204,41 @@ def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(
                 str(tmp_path / "m"),
             )
         )
+
+
+@pytest.mark.kernels  # two sharded processes with the fused head vs one with the plain head: a tolerance
+def test_fsdp2_runs_the_fused_head_and_trains_like_one_process_with_the_plain_head(
+    tmp_path, bpe_tokenizer, tokenized, one_process
+):
+    """The fused LM head + loss reads the head's weight after the model's forward. FSDP2 leaves the root
+    group's parameters (embedding, final norm, head) unsharded from the root's forward to its post-backward,
+    where the head's gradient is reduce-scattered with the rest: the fused loss runs sharded too."""
+    one = one_process  # plain head (a vocabulary far below auto's threshold)
+    params = job_params(
+        tmp_path,
+        accum=1,
+        nproc=2,
+        distributed={"nproc_per_node": 2, "strategy": "fsdp"},
+        loss={"fused_linear": True},
+    )
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
+    assert two.summary["fused_linear"] is True, two.summary["fused_linear_choice"]
+    assert one.summary["fused_linear"] is False
+    np.testing.assert_allclose(
+        [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=TRAINED_FP32_LOSS_REL
+    )
+    # Two loss kernels give gradients equal to their last bits, but AdamW's lr * m / (sqrt(v) + eps) turns a
+    # gradient within a few eps of zero into a step of up to lr on one side and not the other: every weight
+    # within lr per step of the other run's, and at most 0.1 % of them outside the fp32 tolerance (a head
+    # gradient left unreduced across the ranks would move most of the head's weights apart).
+    trained = dict(two.model.named_parameters())
+    lr, steps = params.optimizer.lr, len(two.history)
+    apart = total = 0
+    for name, param in one.model.named_parameters():
+        want = param.detach().cpu()
+        torch.testing.assert_close(
+            trained[name], want, rtol=0, atol=lr * steps, msg=lambda m, n=name: f"{n}: {m}"
+        )
+        apart += int((~torch.isclose(trained[name], want, **TRAINED_FP32_WEIGHTS)).sum())
+        total += want.numel()
+    assert apart <= total // 1000, f"{apart} of {total} weights outside {TRAINED_FP32_WEIGHTS}"

@@ -117,7 +117,7 @@ def test_auto_fuses_large_vocabularies_and_says_why_not_elsewhere(caplog):
     head, why = fused_head_choice(tiny_llama(), "auto")
     assert head is None and f"vocabulary of {VOCAB}" in why
     assert fused_head_choice(tiny_llama(FUSED_MIN_VOCAB), False)[0] is None
-    assert "FSDP2" in fused_head_choice(tiny_llama(), True, strategy="fsdp")[1]
+    assert fused_head_choice(tiny_llama(), True)[0] is not None  # FSDP2 too: tests/engine/distributed
     capped = tiny_llama()
     capped.config.final_logit_softcapping = 30.0
     with caplog.at_level("WARNING"):

@@ -171,7 +171,9 @@ def wrap_model(
 
     One process: the model itself. FSDP2 shards every decoder layer, then the root (embeddings, head): each
     rank then holds 1/world of the parameters and of the AdamW state, and the optimizer must be built on the
-    wrapped model (its parameters become DTensors).
+    wrapped model (its parameters become DTensors). The root keeps its parameters whole from its forward to
+    its post-backward (``reshard_after_forward=False``, what torch does for a root by default, said
+    explicitly): the fused LM head + loss (``linear_loss``) reads the head's weight after the forward.
     """
     if comm.world_size == 1:
         return model
@@ -180,7 +182,7 @@ def wrap_model(
 
         for layer in _decoder_layers(model):
             fully_shard(layer)
-        return fully_shard(model)
+        return fully_shard(model, reshard_after_forward=False)
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None

@@ -152,12 +152,12 @@ def reference_linear_cross_entropy_sum(
     )
 
 
-def fused_head_choice(
-    model: torch.nn.Module, request: bool | str, *, strategy: str = "ddp"
-) -> tuple[torch.nn.Linear | None, str]:
+def fused_head_choice(model: torch.nn.Module, request: bool | str) -> tuple[torch.nn.Linear | None, str]:
     """The LM head whose matmul ``linear_cross_entropy_sum`` does in training (``train.loss.fused_linear``),
     or None, and why, in words for the log. ``auto``: fused for vocabularies of ``FUSED_MIN_VOCAB`` and
-    more."""
+    more. Under FSDP2 too: the head belongs to the root group, whose parameters stay unsharded from the
+    model's forward to the root's post-backward (``fully_shard``'s root does not reshard after forward), so
+    the loss reads the whole weight after the forward and its gradient is reduce-scattered with the rest."""
     if request is False:
         return None, "plain LM head (train.loss.fused_linear: false)"
     base = unwrapped(model)
@@ -169,8 +169,6 @@ def fused_head_choice(
         problem = f"its output head is a {type(head).__name__}, not a plain Linear (e.g. adapted by LoRA)"
     elif any(getattr(config, name, None) not in (None, 1, 1.0) for name in _AFTER_HEAD):
         problem = "its config changes the logits after the head (soft-capping or scaling)"
-    elif strategy == "fsdp":
-        problem = "FSDP2 shards the head's weight (the fused loss needs it whole)"
     else:
         problem = None
     if problem is not None:

@@ -91,7 +91,7 @@ def make_optimization(
         settings.min_lr_ratio,
     )
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
-    head, why = fused_head_choice(model, params.loss.fused_linear, strategy=params.distributed.strategy)
+    head, why = fused_head_choice(model, params.loss.fused_linear)
     fused = None
     if head is not None:
         kernel, kernel_why = linear_ce_kernel_choice(params.loss.fused_linear_kernel, runtime.device)
