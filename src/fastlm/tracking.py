@@ -35,6 +35,7 @@ HTTP_DEFAULTS = {
 SUMMARY_PARAMS = (
     "optimizer",
     "gradient_checkpointing",
+    "checkpointed_layers",
     "liger",
     "fused_linear",
     "fused_linear_kernel",

@@ -8,7 +8,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fastlm.engine.config import parse_train_params
-from fastlm.engine.model.recompute import checkpointed_layers, enable_checkpointing, resolve_policy
+from fastlm.engine.model.recompute import (
+    checkpointed_layers,
+    checkpointing_in_use,
+    enable_checkpointing,
+    resolve_policy,
+)
 from fastlm.errors import ConfigError
 from tests.support.tolerances import OTHER_FP32_KERNEL_GRAD, OTHER_FP32_MODEL
 
@@ -92,3 +97,14 @@ def test_auto_is_off_until_tune_writes_a_policy_and_unknown_values_are_one_line(
     with pytest.raises(ConfigError, match="train.model.gradient_checkpointing") as error:
         parse_train_params({"model": {"gradient_checkpointing": "some"}})
     assert "\n" not in str(error.value)
+
+
+def test_the_policy_in_use_is_read_from_the_layers():
+    model = tiny_llama()
+    assert checkpointing_in_use(model) == ("off", f"0 of {LAYERS}")
+    enable_checkpointing(model, "selective")
+    assert checkpointing_in_use(model) == ("selective", f"{LAYERS // 2} of {LAYERS}")
+    enable_checkpointing(model, "full")
+    assert checkpointing_in_use(model) == ("full", f"{LAYERS} of {LAYERS}")
+    model.model.layers[1].gradient_checkpointing = False  # layers 0, 2, 3: no policy of ours
+    assert checkpointing_in_use(model) == ("partial", f"{LAYERS - 1} of {LAYERS}")

@@ -218,4 +218,28 @@ def test_the_summary_says_which_levers_a_cpu_run_used(tmp_path, overrides, fused
     assert summary["fused_linear_choice"].startswith("fused LM head" if fused else "plain LM head")
     assert summary["liger"].startswith("liger kernels off (auto: this run is not on a CUDA device")
     assert summary["gradient_checkpointing"] == "off"  # auto is off until the tune pipeline chooses one
+    assert summary["checkpointed_layers"] == "0 of 2"
     assert summary["optimizer"] == "adamw"
+
+
+def test_the_summary_reports_the_checkpointing_the_model_ran_with(tmp_path):
+    """A model handed to ``train`` already built (the train node builds it from ``train.model``; a caller
+    may bring its own): the summary says what its layers did, not what the parameter asked for."""
+    from fastlm.engine.model.recompute import enable_checkpointing
+
+    params = toy_params(tmp_path, max_steps=1, log_every=1, eval_every=None)
+    assert params.model.gradient_checkpointing == "off"
+    model = toy_model()
+    enable_checkpointing(model, "selective")
+    runtime = setup_runtime(params.runtime, seed=params.seed)
+    summary = train(
+        model,
+        toy_sequences(60, 1),
+        None,
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+    ).summary
+    assert summary["gradient_checkpointing"] == "selective" and summary["checkpointed_layers"] == "1 of 2"

@@ -57,6 +57,21 @@ def checkpointed_layers(model) -> list[int]:
     return [index for index, layer in enumerate(_layers(model)) if layer.gradient_checkpointing]
 
 
+def checkpointing_in_use(model) -> tuple[str, str]:
+    """The policy ``model``'s decoder layers run with, read from the layers (``off``, ``selective``,
+    ``full``, or ``partial`` for another pattern), and how many checkpoint: ``("selective", "14 of 28")``."""
+    layers, on = _layers(model), checkpointed_layers(model)
+    if not on:
+        policy = "off"
+    elif on == list(range(len(layers))):
+        policy = "full"
+    elif on == list(range(0, len(layers), EVERY_N_LAYERS["selective"])):
+        policy = "selective"
+    else:
+        policy = "partial"
+    return policy, f"{len(on)} of {len(layers)}"
+
+
 def _layers(model) -> list:
     from transformers.modeling_layers import GradientCheckpointingLayer
 

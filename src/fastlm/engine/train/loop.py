@@ -33,7 +33,7 @@ from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.accumulation import total_target_tokens
-from fastlm.engine.model.recompute import resolve_policy
+from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.train.backoff import batching_record, halve_micro_batch
 from fastlm.engine.train.build import TrainingParts, TrainRequest, build_training, settle_request
@@ -274,13 +274,16 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
 
 def _lever_summary(params: TrainParams, opt: Optimization) -> dict:
     """What the run's levers did, for the summary and its MLflow parameters (``tracking.SUMMARY_PARAMS``):
-    the optimizer, the gradient-checkpointing policy the model was built with (``auto`` is ``off`` until the
-    tune pipeline writes one), liger's patch and the fused LM head with its kernel (None: a plain head), each
-    decision with its reason where one was made. float8's is the runtime's (``runtime.float8_choice``)."""
+    the optimizer, the gradient-checkpointing policy read from the model's layers and how many of them
+    checkpoint (``auto`` builds ``off`` until the tune pipeline writes a policy), liger's patch and the fused
+    LM head with its kernel (None: a plain head), each decision with its reason where one was made. float8's
+    is the runtime's (``runtime.float8_choice``)."""
     fused = opt.fused_head
+    checkpointing, checkpointed = checkpointing_in_use(opt.model)
     return {
         "optimizer": params.optimizer.name,
-        "gradient_checkpointing": resolve_policy(params.model.gradient_checkpointing),
+        "gradient_checkpointing": checkpointing,
+        "checkpointed_layers": checkpointed,
         "liger": opt.liger_choice,
         "fused_linear": fused is not None,
         "fused_linear_kernel": fused.kernel if fused is not None else None,
