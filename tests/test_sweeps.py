@@ -386,3 +386,17 @@ def test_verdict_claims_no_speed_up_where_the_times_are_about_equal():
     text = verdict(table, "final_val_loss", histories, evaluations)
     assert "sooner" not in text and "fastest" not in text and "1.0x" not in text
     assert text.startswith("b (seed 1) is best by final_val_loss = 1.9")
+
+
+def test_verdict_without_wall_times_names_best_and_worst_and_claims_no_speed():
+    # summaries written without a wall time (an older run, a failed read): no "fastest" claim, no crash
+    overrides = {"a": {"train.seed": 0}, "b": {"train.seed": 1}}
+    table = comparison_table(
+        {"a": {"final_val_loss": 2.0}, "b": {"final_val_loss": 1.9, "wall_time_s": float("nan")}},
+        overrides,
+        "final_val_loss",
+    )
+    histories = {name: pd.DataFrame({"step": [1, 2], "loss": [4.0, 3.0]}) for name in overrides}
+    text = verdict(table, "final_val_loss", histories)
+    assert text.startswith("b (seed 1) is best by final_val_loss = 1.9") and "the worst, a (seed 0)" in text
+    assert "fastest" not in text

@@ -370,11 +370,13 @@ def _runs_verdict(
         last = finite.iloc[-1]
         parts.append(f"the worst, {last['run']} ({describe(last)}), has {float(last[metric]):.4g}")
         sooner = _sooner(finite, evaluations or {}, histories, describe)
-        times = finite["wall_time_s"].astype(float)
-        fastest = finite.loc[times.idxmin()]
+        times = (
+            finite["wall_time_s"].astype(float) if "wall_time_s" in finite else pd.Series(dtype=float)
+        ).dropna()
         if sooner:
             parts.append(sooner)
-        elif times.min() > 0 and times.max() / times.min() >= NOTABLE_RATIO:
+        elif len(times) > 1 and times.min() > 0 and times.max() / times.min() >= NOTABLE_RATIO:
+            fastest = finite.loc[times.idxmin()]
             parts.append(
                 f"{fastest['run']} was the fastest ({times.max() / times.min():.1f}x less wall time "
                 "than the slowest)"
