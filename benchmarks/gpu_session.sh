@@ -9,16 +9,17 @@
 #
 # 1. the wheels in .whl/ (if any) installed into /tmp/site; PYTHONPATH = src (fastlm is not installed there)
 #    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need
-# 2. the plan, in order, each step under `timeout` (its own cap, never past what is left of --budget-s) and
-#    started only when at least its minimum is left; its log tee'd into $OUT:
+# 2. the plan, most wanted first (a session lent a GPU has about 15 minutes of it, starts included), each
+#    step under `timeout` (its own cap, never past what is left of --budget-s) and started only when at least
+#    its minimum is left; its log tee'd into $OUT:
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP)
-#      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff and fastlm's tune ladder
-#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: full fine-tune vs the Trainer (best: Liger on)
 #      gpu_speed_adapters  benchmarks/gpu_speed.py --model 3b --adapters: LoRA/QLoRA vs Trainer + peft on the
 #                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4)
+#      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff and fastlm's tune ladder
+#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: full fine-tune vs the Trainer (best: Liger on)
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
 #                          --liger on / off: liger-kernel against fastlm's own kernels
-#    The steps of the whole plan take longer than one call: later calls run the rest with --only.
+#    The first call (540 s) reaches the levers and the adapters; later calls run the rest with --only.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,10 +30,10 @@ only=""
 dry_run=0
 # name | minimum seconds to start it | its own cap | command (CAP: the seconds it is given)
 PLAN=(
-    "levers|60|200|benchmarks/gpu_levers.py --json $OUT/levers.json --budget-s \$((CAP - 20))"
+    "levers|60|180|benchmarks/gpu_levers.py --json $OUT/levers.json --budget-s \$((CAP - 20))"
+    "gpu_speed_adapters|200|360|benchmarks/gpu_speed.py --model 3b --adapters --budget-s \$((CAP - 30))"
     "memory_cliff|120|300|benchmarks/memory_cliff.py"
     "gpu_speed_full|150|480|benchmarks/gpu_speed.py --model 0.5b --budget-s \$((CAP - 30))"
-    "gpu_speed_adapters|200|540|benchmarks/gpu_speed.py --model 3b --adapters --budget-s \$((CAP - 30))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off --budget-s \$((CAP - 20))"
 )

@@ -118,15 +118,15 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
         "levers",
+        "gpu_speed_adapters",
         "memory_cliff",
         "gpu_speed_full",
-        "gpu_speed_adapters",
         "liger_on",
         "liger_off",
     ]
     assert f"gpu_levers.py --json {tmp_path}/levers.json" in plan[0] and "timeout" in plan[0]
-    assert "--model 0.5b" in plan[2] and "--adapters" not in plan[2]  # the full fine-tune against the Trainer
-    assert "--model 3b --adapters" in plan[3]  # the LoRA/QLoRA targets are on the 3B shape
+    assert "--model 3b --adapters" in plan[1]  # the LoRA/QLoRA targets are on the 3B shape
+    assert "--model 0.5b" in plan[3] and "--adapters" not in plan[3]  # the full fine-tune against the Trainer
     assert "--liger on" in plan[4] and "--liger off" in plan[5]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
@@ -134,9 +134,9 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "300")
-    assert "[levers] at most 200 s" in done.stdout
-    assert "[memory_cliff] skipped: 100 s left of 300" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only memory_cliff" in done.stdout
+    assert "[levers] at most 180 s" in done.stdout
+    assert "[gpu_speed_adapters] skipped: 120 s left of 300" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only gpu_speed_adapters" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",
