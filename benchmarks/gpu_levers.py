@@ -85,6 +85,11 @@ LEVERS = {
         {"loss": {"fused_linear": True, "fused_linear_kernel": "liger"}},
         needs=("cuda", "liger_kernel"),
     ),
+    "fused_linear_cce": Lever(
+        "train.loss.fused_linear: true, fused_linear_kernel: cce",
+        {"loss": {"fused_linear": True, "fused_linear_kernel": "cce"}},
+        needs=("cuda", "cut_cross_entropy"),
+    ),
     "liger": Lever("train.model.liger: on", {"model": {"liger": "on"}}, needs=("cuda", "liger_kernel")),
     "lora": Lever("train.model.lora: r 16, alpha 32", {"model": {"lora": LORA_MODEL}}),
     "qlora": Lever(
@@ -135,6 +140,7 @@ def missing(on_cuda: bool) -> dict[str, str | None]:
     return {
         "cuda": None if on_cuda else "needs CUDA (this run is on cpu)",
         "liger_kernel": package("liger_kernel", "liger-kernel"),
+        "cut_cross_entropy": package("cut_cross_entropy", "cut-cross-entropy"),
         "bitsandbytes": package("bitsandbytes", "bitsandbytes"),
         "torchao": package("torchao", "torchao"),
         "float8_gpu": (
@@ -334,8 +340,14 @@ def in_effect(name: str, result, model) -> tuple[bool, str]:
     from fastlm.engine.model.recompute import checkpointed_layers
 
     summary = result.summary
-    if name in ("baseline", "fused_linear", "fused_linear_liger"):
-        kernel = {"baseline": None, "fused_linear": "fastlm", "fused_linear_liger": "liger"}[name]
+    kernels = {
+        "baseline": None,
+        "fused_linear": "fastlm",
+        "fused_linear_liger": "liger",
+        "fused_linear_cce": "cce",
+    }
+    if name in kernels:
+        kernel = kernels[name]
         return summary["fused_linear_kernel"] == kernel, summary["fused_linear_choice"]
     if name == "liger":
         return summary["liger"].startswith("liger kernels on"), summary["liger"]

@@ -84,7 +84,7 @@ if [ "$dry_run" = 0 ]; then
 import importlib, platform
 print("python", platform.python_version())
 for name in ("torch", "transformers", "accelerate", "peft", "datasets", "pydantic", "bitsandbytes",
-             "liger_kernel", "torchao", "triton", "fastlm.engine.train.loop"):
+             "liger_kernel", "cut_cross_entropy", "torchao", "triton", "fastlm.engine.train.loop"):
     try:
         module = importlib.import_module(name)
         print(f"  {name} {getattr(module, '__version__', 'ok')}")

@@ -17,6 +17,8 @@ and is stopped when it runs past it ("did not finish in N s").
     python benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on
     python benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off
                                                               # liger-kernel against fastlm's own kernels
+    python benchmarks/gpu_speed.py --model 3b --adapters --contenders fastlm_lora --fused-kernel cce
+                                                              # cut-cross-entropy's fused head + loss
     python benchmarks/gpu_speed.py --device cpu --model 3b --layers 2 --batch-size 1 --warmup 1 --steps 2 \
         --compile off --checkpointing full --padding-free on --docs 200 --budget-s 3000 --contenders \
         fastlm_lora fastlm_lora_unfused trainer_lora_usual trainer_lora_best fastlm_qlora
@@ -549,7 +551,7 @@ def fastlm_params(
         "model": model,
         "loss": {
             "fused_linear": {"auto": "auto", "on": True, "off": False}[fused_linear],
-            "fused_linear_kernel": LIGER_KERNEL[args.liger],
+            "fused_linear_kernel": args.fused_kernel or LIGER_KERNEL[args.liger],
         },
         "batching": {"mode": "packed", "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
         "runtime": {
@@ -1191,6 +1193,7 @@ def run_child(
             args.liger,
             "--fused-linear",
             args.fused_linear,
+            *(("--fused-kernel", args.fused_kernel) if args.fused_kernel else ()),
             "--padding-free",
             args.padding_free,
             *(("--layers", str(args.layers)) if args.layers else ()),
@@ -1362,6 +1365,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         f"precision {args.precision}; "
         f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps; "
         f"liger {args.liger}, fused linear {args.fused_linear}"
+        + (f", fused kernel {args.fused_kernel}" if args.fused_kernel else "")
     )
     print(
         f"data: {prep['docs']:,} documents of demo texts, {prep['tokens_total']:,} tokens (median "
@@ -1590,6 +1594,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="auto",
         help="fastlm contenders: train.loss.fused_linear (auto: vocabularies >= 65,536; the 0.5b model's "
         "32,000 needs on to run the fused head at all)",
+    )
+    parser.add_argument(
+        "--fused-kernel",
+        choices=("auto", "fastlm", "liger", "cce"),
+        default=None,
+        help="fastlm contenders: train.loss.fused_linear_kernel, in place of the one --liger implies (cce: "
+        "cut-cross-entropy's kernel)",
     )
     parser.add_argument(
         "--padding-free",

@@ -68,6 +68,13 @@ def test_the_liger_and_fused_linear_flags_reach_the_children_and_the_parameters(
     assert params.model.liger == "off" and params.loss.fused_linear_kernel == "fastlm"
     assert params.loss.fused_linear is True
     assert gpu_speed.parse_args([]).liger == "auto"  # default: liger where CUDA and liger-kernel are
+    assert "--fused-kernel" not in passed  # not given: the kernel --liger implies
+    args = gpu_speed.parse_args(["--model", "tiny", "--fused-kernel", "fastlm", "--liger", "auto"])
+    gpu_speed.run_child("fastlm_eager", args, Path("."), 0)
+    assert seen["args"][seen["args"].index("--fused-kernel") + 1] == "fastlm"
+    ctx.args = SimpleNamespace(**{**vars(args), "workdir": "."})
+    params = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
+    assert params.loss.fused_linear_kernel == "fastlm"  # in place of the auto kernel --liger auto implies
 
 
 def meta_llama_parameters(layers: int) -> int:

@@ -142,6 +142,12 @@ class BatchingParams(Params):
 def liger_missing() -> str | None:
     """What liger-kernel (Triton kernels, ``engine/model/liger.py``) lacks on this machine: a CUDA GPU, the
     package (None: neither)."""
+    return package_missing("liger_kernel", "liger-kernel")
+
+
+def package_missing(module: str, package: str) -> str | None:
+    """What a GPU kernel package (Triton kernels) lacks on this machine: a CUDA GPU, the package (None:
+    neither)."""
     import importlib.util
     import sys
 
@@ -149,12 +155,12 @@ def liger_missing() -> str | None:
 
     if not torch.cuda.is_available():
         return "this machine has no CUDA GPU"
-    if "liger_kernel" in sys.modules:  # a stand-in, or None: an import that is known to fail
-        installed = sys.modules["liger_kernel"] is not None
+    if module in sys.modules:  # a stand-in, or None: an import that is known to fail
+        installed = sys.modules[module] is not None
     else:
-        installed = importlib.util.find_spec("liger_kernel") is not None
+        installed = importlib.util.find_spec(module) is not None
     if not installed:
-        return "liger-kernel is not installed (`pip install liger-kernel`)"
+        return f"{package} is not installed (`pip install {package}`)"
     return None
 
 
@@ -218,20 +224,31 @@ class LossParams(Params):
         description="the LM head's matmul and the loss fused chunk by chunk (engine/model/linear_loss.py): "
         "no [tokens x vocab] logits; auto: for vocabularies of 65,536 and more",
     )
-    fused_linear_kernel: Literal["auto", "fastlm", "liger"] = Field(
+    fused_linear_kernel: Literal["auto", "fastlm", "liger", "cce"] = Field(
         "auto",
-        description="whose kernel runs the fused head + loss (engine/model/liger.py): fastlm (chunked "
-        "PyTorch, any device) or liger (liger-kernel's Triton kernel, CUDA); auto: liger on a CUDA run "
-        "with liger-kernel installed, else fastlm",
+        description="whose kernel runs the fused head + loss (engine/model/liger.py, cce.py): fastlm "
+        "(chunked PyTorch, any device), liger (liger-kernel's Triton kernel, CUDA) or cce "
+        "(cut-cross-entropy's, CUDA: no logits in memory at all; no label smoothing); auto: liger on a "
+        "CUDA run with liger-kernel installed, else fastlm",
     )
 
     @field_validator("fused_linear_kernel")
     @classmethod
-    def _liger_kernel_this_machine_has(cls, value: str) -> str:
-        problem = liger_missing() if value == "liger" else None
-        if problem:
+    def _kernel_this_machine_has(cls, value: str) -> str:
+        if value == "liger" and (problem := liger_missing()):
             raise ValueError(f"liger runs liger-kernel's GPU kernel and {problem}; use 'auto' or 'fastlm'")
+        if value == "cce" and (problem := package_missing("cut_cross_entropy", "cut-cross-entropy")):
+            raise ValueError(f"cce runs cut-cross-entropy's GPU kernel and {problem}; use 'auto' or 'fastlm'")
         return value
+
+    @model_validator(mode="after")
+    def _cce_computes_no_label_smoothing(self):
+        if self.fused_linear_kernel == "cce" and self.label_smoothing:
+            raise ValueError(
+                "fused_linear_kernel: cce has no label smoothing (cut-cross-entropy); use 'auto', 'fastlm' "
+                "or 'liger' with label_smoothing, or label_smoothing: 0"
+            )
+        return self
 
 
 class EarlyStoppingParams(Params):
@@ -395,10 +412,10 @@ class TrainParams(Params):
             raise ValueError(
                 "train.model.liger: on patches GPU kernels and this run is on CPU; use auto or off"
             )
-        if loss is not None and loss.fused_linear_kernel == "liger":
+        if loss is not None and loss.fused_linear_kernel in ("liger", "cce"):
             raise ValueError(
-                "train.loss.fused_linear_kernel: liger runs a GPU kernel and this run is on CPU; use auto or "
-                "fastlm"
+                f"train.loss.fused_linear_kernel: {loss.fused_linear_kernel} runs a GPU kernel and this run "
+                "is on CPU; use auto or fastlm"
             )
         return value
 

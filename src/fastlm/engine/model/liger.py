@@ -28,6 +28,7 @@ import logging
 
 import torch
 
+from fastlm.engine.model.cce import cce_linear_cross_entropy_sum, cce_unavailable
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.linear_loss import IGNORE_INDEX, linear_cross_entropy_sum
 from fastlm.errors import ConfigError
@@ -85,10 +86,19 @@ def liger_unavailable(device: torch.device) -> str | None:
 
 
 def linear_ce_kernel_choice(request: str, device: torch.device) -> tuple[str, str]:
-    """The fused linear cross-entropy kernel (``fastlm`` or ``liger``) for ``train.loss.fused_linear_kernel``
-    = ``request`` on ``device``, and why, in words for the log. ``auto``: liger where it can run."""
+    """The fused linear cross-entropy kernel (``fastlm``, ``liger`` or ``cce``) for
+    ``train.loss.fused_linear_kernel`` = ``request`` on ``device``, and why, in words for the log. ``auto``:
+    liger where it can run; ``cce`` (cut-cross-entropy, ``engine.model.cce``) only when asked for."""
     if request == "fastlm":
         return "fastlm", f"fastlm's chunked PyTorch kernel ({KERNEL_PARAM}: fastlm)"
+    if request == "cce":
+        problem = cce_unavailable(device)
+        if problem is not None:
+            raise ConfigError(
+                f"{KERNEL_PARAM} is cce, but {problem}.",
+                fix=f"set {KERNEL_PARAM}: auto (liger where it can run, else fastlm's) or fastlm.",
+            )
+        return "cce", f"cut-cross-entropy's linear cross-entropy ({KERNEL_PARAM}: cce)"
     problem = liger_unavailable(device)
     if problem is None:
         return "liger", f"liger-kernel's fused linear cross-entropy ({KERNEL_PARAM}: {request})"
@@ -139,9 +149,12 @@ def fused_linear_cross_entropy_sum(
 ) -> torch.Tensor:
     """The summed loss of the fused head through ``kernel`` (``linear_ce_kernel_choice``). liger computes
     the weight's gradient only when the hidden states need one too: a trainable head on a frozen body (no
-    such run in fastlm so far) keeps ours."""
+    such run in fastlm so far) keeps ours. cut-cross-entropy has no bias and no label smoothing: a head with
+    a bias keeps ours (smoothing with cce is refused with the parameters)."""
     if kernel == "liger" and (hidden.requires_grad or not weight.requires_grad):
         return liger_linear_cross_entropy_sum(hidden, weight, targets, bias, label_smoothing=label_smoothing)
+    if kernel == "cce" and bias is None and not label_smoothing:
+        return cce_linear_cross_entropy_sum(hidden, weight, targets)
     return linear_cross_entropy_sum(hidden, weight, targets, bias, label_smoothing=label_smoothing)
 
 
