@@ -337,6 +337,8 @@ def lever_params(args: argparse.Namespace, name: str, base: Path):
 
 def in_effect(name: str, result, model) -> tuple[bool, str]:
     """Whether the engine ran the lever, and its own words for what it did."""
+    import torch
+
     from fastlm.engine.model.recompute import checkpointed_layers
 
     summary = result.summary
@@ -357,8 +359,11 @@ def in_effect(name: str, result, model) -> tuple[bool, str]:
         total = sum(p.numel() for p in model.parameters())
         four_bit = "Linear4bit" in layers  # bitsandbytes' 4-bit layer, and peft's LoRA wrapper of it
         adapted = any("lora_A" in n for n, _ in model.named_modules()) and trainable < total
-        return adapted and four_bit == (name == "qlora"), (
-            f"{trainable:,} of {total:,} parameters trainable; 4-bit layers: {'yes' if four_bit else 'no'}"
+        embedding = model.get_input_embeddings().weight.dtype  # QLoRA: left in bf16 (lora.prepare_quantized)
+        fp32_trainable = all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+        return adapted and four_bit == (name == "qlora") and fp32_trainable, (
+            f"{trainable:,} of {total:,} parameters trainable (fp32: {'yes' if fp32_trainable else 'no'}); "
+            f"4-bit layers: {'yes' if four_bit else 'no'}; embedding {str(embedding).removeprefix('torch.')}"
         )
     if name in ("adamw_8bit", "paged_adamw_8bit"):
         return summary["optimizer"] == name, f"optimizer {summary['optimizer']}"
