@@ -24,7 +24,10 @@ step. Each other lever changes one parameter of the baseline (see ``LEVERS``).
 A lever PASSes when it ran, the engine reports it in effect (its own choice line: the fused head and its
 kernel, liger's patch, the LoRA/4-bit layers, the optimizer, the checkpointed layers, float8, compile), every
 loss is finite, the loss fell from the first step to the last, and its first-step loss (computed before any
-update, so the same quantity for every lever) is within the lever's tolerance of the baseline's, relative:
+update, so the same quantity for every lever) is within the lever's tolerance of the baseline's, and, for a
+lever that computes the same training another way (kernels, recompute, compile, float8; not LoRA, QLoRA or
+the 8-bit optimizers, which train other parameters or update them otherwise), so is every later step's
+loss (``Lever.same_training``: the loss curves compared), relative:
 fp32 1e-4 (the same math in another kernel order: a few fp32 roundings, 1e-7 each, far below it); bf16 2e-2
 (bf16 keeps 8 significant bits, 2^-9 = 2e-3 per rounding: ten roundings of slack for a mean over the step's
 tokens); 4-bit NF4 weights (QLoRA) and float8 matmuls (e4m3, 3 mantissa bits, 2^-4 = 6 % per rounding) 5e-2.
@@ -71,6 +74,7 @@ class Lever:
     overrides: dict = field(default_factory=dict)
     needs: tuple[str, ...] = ()  # keys of ``missing``
     quantized: bool = False  # the looser bf16 tolerance
+    same_training: bool = True  # computes the baseline's training another way: its whole loss curve is kept
 
 
 LORA_MODEL = {"enabled": True, **LORA, "target_modules": LORA_TARGETS}
@@ -91,22 +95,25 @@ LEVERS = {
         needs=("cuda", "cut_cross_entropy"),
     ),
     "liger": Lever("train.model.liger: on", {"model": {"liger": "on"}}, needs=("cuda", "liger_kernel")),
-    "lora": Lever("train.model.lora: r 16, alpha 32", {"model": {"lora": LORA_MODEL}}),
+    "lora": Lever("train.model.lora: r 16, alpha 32", {"model": {"lora": LORA_MODEL}}, same_training=False),
     "qlora": Lever(
         "train.model.lora: r 16, alpha 32, load_in_4bit (NF4)",
         {"model": {"lora": {**LORA_MODEL, "load_in_4bit": True}}},
         needs=("cuda", "bitsandbytes"),
         quantized=True,
+        same_training=False,
     ),
     "adamw_8bit": Lever(
         "train.optimizer.name: adamw_8bit",
         {"optimizer": {"name": "adamw_8bit"}},
         needs=("cuda", "bitsandbytes"),
+        same_training=False,
     ),
     "paged_adamw_8bit": Lever(
         "train.optimizer.name: paged_adamw_8bit",
         {"optimizer": {"name": "paged_adamw_8bit"}},
         needs=("cuda", "bitsandbytes"),
+        same_training=False,
     ),
     "checkpointing_selective": Lever(
         "train.model.gradient_checkpointing: selective", {"model": {"gradient_checkpointing": "selective"}}
@@ -170,8 +177,17 @@ def shape_args(args: argparse.Namespace) -> list[str]:
     return out + ["--device", args.device, "--precision", args.precision]
 
 
-def judge(name: str, run: dict, baseline_first: float | None, precision: str) -> dict:
-    """The lever's row: PASS / FAIL with the figures and the reasons (module docstring)."""
+def judge(
+    name: str,
+    run: dict,
+    baseline_first: float | None,
+    precision: str,
+    *,
+    baseline_curve: list[float] | None = None,
+) -> dict:
+    """The lever's row: PASS / FAIL with the figures and the reasons (module docstring). ``baseline_curve``:
+    the baseline's losses, step by step, which a lever computing the same training (``Lever.same_training``)
+    keeps within its tolerance at every step."""
     tol = tolerance(LEVERS[name], precision)
     row = {"lever": name, "setting": LEVERS[name].setting, "tolerance": tol}
     if "error" in run:
@@ -193,12 +209,23 @@ def judge(name: str, run: dict, baseline_first: float | None, precision: str) ->
         reasons.append(f"loss did not fall ({first:.4f} -> {last:.4f})")
     if rel is not None and not rel <= tol:
         reasons.append(f"first-step loss {rel:.1e} from the baseline's (tolerance {tol:.0e})")
+    curve = None
+    if LEVERS[name].same_training and baseline_curve and len(baseline_curve) == len(losses):
+        apart = [abs(a - b) / abs(b) if b else math.inf for a, b in zip(losses, baseline_curve, strict=True)]
+        curve = max(apart)
+        worst = apart.index(curve)
+        if not curve <= tol:
+            reasons.append(
+                f"loss curve {curve:.1e} from the baseline's at step {worst + 1} "
+                f"({losses[worst]:.4f} vs {baseline_curve[worst]:.4f}; tolerance {tol:.0e})"
+            )
     return {
         **row,
         **{k: run[k] for k in ("losses", "step_time_s", "peak_memory_mb", "choice", "attention", "epochs")},
         "first_loss": first,
         "last_loss": last,
         "rel_diff_first": rel,
+        "rel_diff_curve": curve,
         "process_wall_s": run.get("process_wall_s"),
         "status": "FAIL" if reasons else "PASS",
         "reasons": reasons,
@@ -215,8 +242,10 @@ def show(row: dict) -> None:
         for line in row["traceback"].strip().splitlines()[-TRACEBACK_LINES:]:
             print(f"        | {line}", flush=True)
         return
-    rel = row["rel_diff_first"]
+    rel, curve = row["rel_diff_first"], row.get("rel_diff_curve")
     versus = f"{rel:.1e} (tol {row['tolerance']:.0e})" if rel is not None else "n/a"
+    if curve is not None:
+        versus += f", curve {curve:.1e}"
     peak = f"{row['peak_memory_mb']:,.0f} MiB" if row["peak_memory_mb"] is not None else "n/a"
     step = f"{row['step_time_s']:.3f} s" if row["step_time_s"] is not None else "n/a"
     print(
@@ -234,7 +263,7 @@ def run_matrix(args: argparse.Namespace, on_cuda: bool, workdir: Path) -> list[d
     levers = ["baseline", *[name for name in args.levers if name != "baseline"]]
     budget = Budget(args.budget_s)
     rows: list[dict] = []
-    baseline_first = None
+    baseline_first, baseline_curve = None, None
     for index, name in enumerate(levers):
         reason = skip_reason(LEVERS[name], unmet)
         if reason is None and budget.left() < 5:
@@ -251,9 +280,9 @@ def run_matrix(args: argparse.Namespace, on_cuda: bool, workdir: Path) -> list[d
                 repo=REPO,
                 timeout_s=min(args.lever_timeout_s, budget.left()),
             )
-            row = judge(name, run, baseline_first, args.precision)
+            row = judge(name, run, baseline_first, args.precision, baseline_curve=baseline_curve)
             if name == "baseline" and "first_loss" in row:
-                baseline_first = row["first_loss"]
+                baseline_first, baseline_curve = row["first_loss"], row["losses"]
         rows.append(row)
         show(row)
     return rows
