@@ -190,6 +190,45 @@ def test_memory_saturated_needs_full_memory_and_rising_step_time():
     assert MEMORY_SATURATED not in triggered(rising_only)
 
 
+def test_memory_saturated_names_the_memory_levers_this_run_left_unused():
+    """The run's own lever decisions (train_summary.json): only the levers it did not use are advised, the
+    next checkpointing policy after the one it ran, an 8-bit optimizer only on CUDA."""
+    history = make_history(7, peak_memory_mb=76000.0, step_time_s=RISING)
+    plain = cuda(
+        fused_linear=False,
+        fused_linear_choice="plain LM head (train.loss.fused_linear: false)",
+        gradient_checkpointing="off",
+        optimizer="adamw",
+    )
+    advice = by_kind(diagnose(plain, history))[MEMORY_SATURATED].advice
+    assert "train.loss.fused_linear: true" in advice
+    assert "gradient_checkpointing: selective" in advice and "adamw_8bit" in advice
+    used = cuda(
+        fused_linear=True,
+        fused_linear_choice="fused LM head + loss: no [tokens x 128,256] logits",
+        gradient_checkpointing="selective",
+        optimizer="paged_adamw_8bit",
+    )
+    advice = by_kind(diagnose(used, history))[MEMORY_SATURATED].advice
+    assert "fused_linear" not in advice and "adamw_8bit" not in advice
+    assert "gradient_checkpointing: full" in advice and "gradient_checkpointing: selective" not in advice
+    structural = cuda(
+        fused_linear=False,
+        fused_linear_choice="plain LM head: an encoder-decoder model (its head adds a bias or a scale)",
+        gradient_checkpointing="full",
+        optimizer="adamw",
+    )
+    advice = by_kind(diagnose(structural, history))[MEMORY_SATURATED].advice
+    assert "fused_linear" not in advice and "gradient_checkpointing" not in advice  # nothing more to turn on
+    on_cpu = by_kind(
+        diagnose(
+            cpu(device_memory_mb=1000.0, optimizer="adamw"),
+            make_history(7, peak_memory_mb=950.0, step_time_s=RISING),
+        )
+    )[MEMORY_SATURATED].advice
+    assert "adamw_8bit" not in on_cpu  # bitsandbytes' optimizers: CUDA only
+
+
 def test_missing_keys_and_columns_are_tolerated():
     findings = diagnose({}, make_history(4)[["step", "loss"]])
     assert [finding.kind for finding in findings] == KINDS

@@ -9,7 +9,8 @@ passed. The rules, in order (thresholds are the module constants below):
   ``PADDING_BOUND_EFFICIENCY``.
 * ``host-sync-bound`` -- CUDA only; see :func:`_host_sync_bound` for the heuristic.
 * ``memory-saturated`` -- peak memory is at least ``MEMORY_SATURATED_SHARE`` of the device memory *and*
-  step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed.
+  step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed. The advice
+  names the memory levers the run's own decisions show it left unused (``_unused_memory_levers``).
 * ``compute-bound`` -- none of the above: the run spends its time in the math, as it should.
 
 Everything is measured after the warm-up row (step 1 alone), except the memory peak. Missing keys or
@@ -254,14 +255,35 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame)
             f"peak memory is {figure} and step time rose {rise:.2f}x from the first to the last "
             "third of the run",
             "run `kedro run --pipeline=tune`, lower micro_batch_size and raise "
-            "gradient_accumulation_steps to keep the effective batch, or turn on "
-            "gradient_checkpointing",
+            "gradient_accumulation_steps to keep the effective batch"
+            + "".join(f", or {lever}" for lever in _unused_memory_levers(summary)),
         )
     if full:
         message = f"peak memory is {figure}, but step time does not rise"
     else:
         message = f"peak memory is {figure} (below {_percent(MEMORY_SATURATED_SHARE)})"
     return Finding(MEMORY_SATURATED, False, figure, message, "")
+
+
+def _unused_memory_levers(summary: dict) -> list[str]:
+    """The memory levers this run did not use, from its own decisions (``train_summary.json``): the fused LM
+    head where only a setting kept it off, the next checkpointing policy after the one it ran, an 8-bit AdamW
+    on CUDA. A summary without those keys (an older run) gets the checkpointing switch in general."""
+    levers = []
+    choice = str(summary.get("fused_linear_choice") or "")
+    if summary.get("fused_linear") is False and (
+        "fused_linear: false" in choice or "auto: a vocab" in choice
+    ):
+        levers.append("set train.loss.fused_linear: true (no [tokens x vocab] logits)")
+    policy = summary.get("gradient_checkpointing")
+    if policy is None:
+        levers.append("turn on gradient_checkpointing")
+    elif policy in ("off", "selective"):
+        following = {"off": "selective", "selective": "full"}[policy]
+        levers.append(f"set train.model.gradient_checkpointing: {following} (this run: {policy})")
+    if _is_cuda(summary) and summary.get("optimizer") == "adamw":
+        levers.append("set train.optimizer.name: adamw_8bit or paged_adamw_8bit (bitsandbytes)")
+    return levers
 
 
 def _speed(summary: dict, history: pd.DataFrame) -> float:
