@@ -70,3 +70,35 @@ def step_loss_and_grads(model, batches, **kwargs):
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return loss_sum / targets, grads
+
+
+def cuda_step_against_ours(kernel: str, vocab: int = VOCAB):
+    """One optimizer step of a tiny Llama whose fused head runs ``kernel`` (``train.loss.
+    fused_linear_kernel``) on a "CUDA" run (its stand-in module in place), against the same step with ours on
+    CPU: (the step's fused-head choice, its result, ours)."""
+    import copy
+    import dataclasses
+
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.step import make_optimization, train_step
+
+    raw = {
+        "loss": {"fused_linear": True, "fused_linear_kernel": kernel},
+        "model": {"liger": "off"},
+        "runtime": {"float8": "off", "compile": False, "precision": "fp32"},
+    }
+    ours_raw = {**raw, "loss": {"fused_linear": True, "fused_linear_kernel": "fastlm"}}
+    cpu = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False))
+    model = tiny_llama(vocab)
+    twin = copy.deepcopy(model)
+    cuda = dataclasses.replace(cpu, device=torch.device("cuda"))
+    opt = make_optimization(model, parse_train_params(raw), cuda, total_steps=2)
+    reference = make_optimization(twin, parse_train_params(ours_raw), cpu, total_steps=2)
+    assert reference.fused_head.kernel == "fastlm"
+    batches = [packed_batch(vocab)]
+    return (
+        opt,
+        train_step(model, batches, opt, runtime=cpu),
+        train_step(twin, batches, reference, runtime=cpu),
+    )

@@ -63,10 +63,11 @@ def toy_params(tmp_path, **overrides):
     return parse_train_params(raw)
 
 
-def run_toy(params, callbacks=(), seed=0):
+def run_toy(params, callbacks=(), seed=0, model=None):
+    """``train`` on the toy data with ``model`` (default: ``toy_model(seed)``)."""
     runtime = setup_runtime(params.runtime, seed=params.seed)
     return train(
-        toy_model(seed),
+        model if model is not None else toy_model(seed),
         toy_sequences(300, 1),
         toy_sequences(40, 2),
         params=params,

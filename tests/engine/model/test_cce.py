@@ -9,8 +9,6 @@ cut-cross-entropy needs CUDA and Triton: a stand-in ``cut_cross_entropy`` module
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import sys
 import types
 
@@ -23,7 +21,14 @@ from fastlm.engine.model import cce, liger
 from fastlm.engine.model.accumulation import FusedHead
 from fastlm.engine.model.linear_loss import fused_head_choice, linear_cross_entropy_sum
 from fastlm.errors import ConfigError
-from tests.support.linear_loss import inputs, loss_and_grads, packed_batch, step_loss_and_grads, tiny_llama
+from tests.support.linear_loss import (
+    cuda_step_against_ours,
+    inputs,
+    loss_and_grads,
+    packed_batch,
+    step_loss_and_grads,
+    tiny_llama,
+)
 from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_KERNEL_GRAD, reordered_sum_rtol
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
@@ -149,31 +154,8 @@ def test_a_training_step_through_cce_equals_ours(fake_cce):
 
 
 def test_the_optimizer_step_on_cuda_with_cce_runs_cce_and_matches_ours(fake_cce):
-    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
-    from fastlm.engine.train.step import make_optimization, train_step
-
-    params = parse_train_params(
-        {
-            "loss": {"fused_linear": True, "fused_linear_kernel": "cce"},
-            "model": {"liger": "off"},
-            "runtime": {"float8": "off", "compile": False, "precision": "fp32"},
-        }
-    )
-    cpu = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False))
-    model = tiny_llama()
-    twin = copy.deepcopy(model)
-    opt = make_optimization(model, params, dataclasses.replace(cpu, device=CUDA), total_steps=2)
-    reference = make_optimization(
-        twin,
-        params.model_copy(update={"loss": params.loss.model_copy(update={"fused_linear_kernel": "fastlm"})}),
-        cpu,
-        total_steps=2,
-    )
+    opt, got, want = cuda_step_against_ours("cce")
     assert opt.fused_head.kernel == "cce" and "cut-cross-entropy" in opt.fused_choice
-    assert reference.fused_head.kernel == "fastlm"
-    batches = [packed_batch(VOCAB)]
-    got = train_step(model, batches, opt, runtime=cpu)
-    want = train_step(twin, batches, reference, runtime=cpu)
     assert len(fake_cce) == 1
     torch.testing.assert_close(got.loss_sum, want.loss_sum, **OTHER_FP32_KERNEL)
     torch.testing.assert_close(got.grad_norm, want.grad_norm, **OTHER_FP32_KERNEL_GRAD)

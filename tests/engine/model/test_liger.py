@@ -9,8 +9,6 @@ liger needs CUDA and Triton: a stand-in ``liger_kernel`` package (plain ``F.cros
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import sys
 import types
 
@@ -24,6 +22,7 @@ from fastlm.engine.model.accumulation import FusedHead
 from fastlm.engine.model.linear_loss import fused_head_choice, linear_cross_entropy_sum
 from fastlm.errors import ConfigError
 from tests.support.linear_loss import (
+    cuda_step_against_ours,
     inputs,
     loss_and_grads,
     packed_batch,
@@ -190,26 +189,8 @@ def test_a_training_step_through_liger_equals_ours(fake_liger, smoothing):
 
 
 def test_the_optimizer_step_on_cuda_with_liger_runs_liger_and_matches_ours(fake_liger):
-    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
-    from fastlm.engine.train.step import make_optimization, train_step
-
-    params = parse_train_params(
-        {
-            "loss": {"fused_linear": True},
-            "model": {"liger": "off"},
-            "runtime": {"float8": "off", "compile": False, "precision": "fp32"},
-        }
-    )
-    cpu = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False))
-    model = tiny_llama()
-    twin = copy.deepcopy(model)
-    opt = make_optimization(model, params, dataclasses.replace(cpu, device=CUDA), total_steps=2)
-    reference = make_optimization(twin, params, cpu, total_steps=2)
+    opt, got, want = cuda_step_against_ours("auto")  # auto: liger on CUDA with liger-kernel
     assert opt.fused_head.kernel == "liger" and "liger-kernel" in opt.fused_choice
-    assert reference.fused_head.kernel == "fastlm"
-    batches = [packed_batch(VOCAB)]
-    got = train_step(model, batches, opt, runtime=cpu)
-    want = train_step(twin, batches, reference, runtime=cpu)
     assert [name for name, _ in fake_liger] == ["flce"]
     torch.testing.assert_close(got.loss_sum, want.loss_sum, **OTHER_FP32_KERNEL)
     torch.testing.assert_close(got.grad_norm, want.grad_norm, **OTHER_FP32_KERNEL_GRAD)

@@ -231,15 +231,5 @@ def test_the_summary_reports_the_checkpointing_the_model_ran_with(tmp_path):
     assert params.model.gradient_checkpointing == "off"
     model = toy_model()
     enable_checkpointing(model, "selective")
-    runtime = setup_runtime(params.runtime, seed=params.seed)
-    summary = train(
-        model,
-        toy_sequences(60, 1),
-        None,
-        params=params,
-        runtime=runtime,
-        pad_id=EOS,
-        max_length=64,
-        attn="sdpa",
-    ).summary
+    summary = run_toy(params, model=model).summary
     assert summary["gradient_checkpointing"] == "selective" and summary["checkpointed_layers"] == "1 of 2"
