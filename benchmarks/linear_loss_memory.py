@@ -14,6 +14,7 @@ Both must give the same loss (printed with its relative difference). Target: fus
 
     python benchmarks/linear_loss_memory.py                       # 8,192 x 128,256, hidden 512
     python benchmarks/linear_loss_memory.py --tokens 1024 --vocab 32000 --hidden 64   # smoke run
+    python benchmarks/linear_loss_memory.py --chunk-tokens 130 523   # the fused path at other chunk sizes too
 
 Nothing is asserted; the figures are printed and, with ``--json``, written.
 """
@@ -32,8 +33,9 @@ from time import perf_counter
 TARGET_RATIO = 4.0
 
 
-def measure(path: str, tokens: int, vocab: int, hidden: int, threads: int) -> dict:
-    """Run in this process: allocate the inputs, then one forward + backward of ``path``."""
+def measure(path: str, tokens: int, vocab: int, hidden: int, threads: int, chunk: int | None = None) -> dict:
+    """Run in this process: allocate the inputs, then one forward + backward of ``path`` (``chunk``: the fused
+    path's tokens per chunk; None: the engine's default)."""
     import torch
 
     from fastlm.engine.model.linear_loss import linear_cross_entropy_sum, reference_linear_cross_entropy_sum
@@ -44,10 +46,12 @@ def measure(path: str, tokens: int, vocab: int, hidden: int, threads: int) -> di
     weight = (torch.randn(vocab, hidden, generator=generator) / hidden**0.5).requires_grad_()
     targets = torch.randint(0, vocab, (tokens,), generator=generator)
     targets[: tokens // 10] = -100  # a prompt share, as in SFT data
-    function = linear_cross_entropy_sum if path == "fused" else reference_linear_cross_entropy_sum
     baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = perf_counter()
-    loss = function(states, weight, targets)
+    if path == "fused":
+        loss = linear_cross_entropy_sum(states, weight, targets, chunk_tokens=chunk)
+    else:
+        loss = reference_linear_cross_entropy_sum(states, weight, targets)
     (loss / tokens).backward()
     seconds = perf_counter() - started
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -61,7 +65,7 @@ def measure(path: str, tokens: int, vocab: int, hidden: int, threads: int) -> di
     }
 
 
-def run_child(path: str, args) -> dict:
+def run_child(path: str, args, chunk: int | None = None) -> dict:
     command = [
         sys.executable,
         __file__,
@@ -75,6 +79,7 @@ def run_child(path: str, args) -> dict:
         str(args.hidden),
         "--threads",
         str(args.threads),
+        *(("--chunk", str(chunk)) if chunk else ()),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -87,13 +92,22 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also run the fused path with these tokens per chunk (the A/B of its chunk size)",
+    )
     parser.add_argument("--child", choices=["plain", "fused"], help=argparse.SUPPRESS)
+    parser.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args.tokens, args.vocab, args.hidden, args.threads)))
+        print(json.dumps(measure(args.child, args.tokens, args.vocab, args.hidden, args.threads, args.chunk)))
         return 0
-
     import torch
+
+    from fastlm.engine.model.linear_loss import LINEAR_CE_CHUNK_ELEMENTS
 
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
@@ -102,12 +116,14 @@ def main(argv=None) -> int:
     )
     print(
         f"shape: {args.tokens:,} tokens x vocabulary {args.vocab:,}, hidden {args.hidden}: fp32 logits "
-        f"{args.tokens * args.vocab * 4 / 2**20:,.0f} MB"
+        f"{args.tokens * args.vocab * 4 / 2**20:,.0f} MB; fused: the engine's "
+        f"{max(1, LINEAR_CE_CHUNK_ELEMENTS // args.vocab):,} tokens per chunk"
     )
     results = {path: run_child(path, args) for path in ("plain", "fused")}
+    results.update({f"fused@{chunk}": run_child("fused", args, chunk) for chunk in args.chunk_tokens})
     for path, result in results.items():
         print(
-            f"{path:>6}: peak above inputs {result['peak_above_inputs_mb']:9,.0f} MB, "
+            f"{path:>11}: peak above inputs {result['peak_above_inputs_mb']:9,.0f} MB, "
             f"{result['seconds']:7.2f} s, "
             f"loss {result['loss']:.6f}"
         )
