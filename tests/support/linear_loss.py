@@ -72,10 +72,10 @@ def step_loss_and_grads(model, batches, **kwargs):
     return loss_sum / targets, grads
 
 
-def cuda_step_against_ours(kernel: str, vocab: int = VOCAB):
+def cuda_step_against_ours(kernel: str, vocab: int = VOCAB, precision: str = "fp32"):
     """One optimizer step of a tiny Llama whose fused head runs ``kernel`` (``train.loss.
     fused_linear_kernel``) on a "CUDA" run (its stand-in module in place), against the same step with ours on
-    CPU: (the step's fused-head choice, its result, ours)."""
+    CPU, both at ``precision``: (the step's fused-head choice, its result, ours)."""
     import copy
     import dataclasses
 
@@ -86,10 +86,10 @@ def cuda_step_against_ours(kernel: str, vocab: int = VOCAB):
     raw = {
         "loss": {"fused_linear": True, "fused_linear_kernel": kernel},
         "model": {"liger": "off"},
-        "runtime": {"float8": "off", "compile": False, "precision": "fp32"},
+        "runtime": {"float8": "off", "compile": False, "precision": precision},
     }
     ours_raw = {**raw, "loss": {"fused_linear": True, "fused_linear_kernel": "fastlm"}}
-    cpu = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False))
+    cpu = setup_runtime(RuntimeConfig(device="cpu", precision=precision, compile=False))
     model = tiny_llama(vocab)
     twin = copy.deepcopy(model)
     cuda = dataclasses.replace(cpu, device=torch.device("cuda"))

@@ -21,8 +21,11 @@ import importlib
 import torch
 
 from fastlm.engine.model.linear_loss import IGNORE_INDEX
+from fastlm.errors import ConfigError
 
-__all__ = ["cce_linear_cross_entropy_sum", "cce_unavailable"]
+__all__ = ["CCE_DTYPES", "cce_linear_cross_entropy_sum", "cce_unavailable"]
+
+CCE_DTYPES = (torch.bfloat16, torch.float16)  # its backward kernel takes these alone (25.1 asserts it)
 
 
 def cce_unavailable(device: torch.device) -> str | None:
@@ -36,17 +39,34 @@ def cce_unavailable(device: torch.device) -> str | None:
     return None
 
 
+def cce_operand_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype both operands reach cut-cross-entropy in: autocast's where the caller runs under it (fp32
+    master weights in a bf16/fp16 run, what the plain head's matmul gets too), else the weight's. Its
+    backward has no fp32 kernel: an fp32 run is refused (the parameters refuse the pair first)."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    if dtype not in CCE_DTYPES:
+        raise ConfigError(
+            f"train.loss.fused_linear_kernel is cce, whose backward computes in bf16 or fp16 only, and this "
+            f"step runs in {str(dtype).removeprefix('torch.')}.",
+            fix="set train.runtime.precision: bf16 (or auto), or train.loss.fused_linear_kernel: auto.",
+        )
+    return dtype
+
+
 def cce_linear_cross_entropy_sum(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
     """``linear_loss.linear_cross_entropy_sum``'s contract (no bias, no label smoothing) through
-    cut-cross-entropy: the fp32 summed loss, the hidden states in the weight's dtype (its kernels multiply
-    two operands of one dtype)."""
+    cut-cross-entropy: the fp32 summed loss. Both operands in ``cce_operand_dtype`` (its kernels multiply two
+    operands of one dtype, bf16/fp16 in its backward); an fp32 weight's gradient comes back through the cast
+    in fp32."""
     from cut_cross_entropy import linear_cross_entropy
 
+    dtype = cce_operand_dtype(hidden, weight)
     loss = linear_cross_entropy(
-        hidden.to(weight.dtype).contiguous(),
-        weight,
+        hidden.to(dtype).contiguous(),
+        weight.to(dtype),
         targets.contiguous(),
         ignore_index=ignore_index,
         reduction="sum",
