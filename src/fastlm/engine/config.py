@@ -408,8 +408,9 @@ class TrainParams(Params):
         model, loss = info.data.get("model"), info.data.get("loss")
         if loss is not None and loss.fused_linear_kernel == "cce" and value.precision == "fp32":
             raise ValueError(
-                "train.loss.fused_linear_kernel: cce computes in bf16 or fp16 only (cut-cross-entropy has no fp32 "
-                "backward) and train.runtime.precision is fp32; use precision bf16 or auto, or the kernel auto"
+                "train.loss.fused_linear_kernel: cce computes in bf16 or fp16 only (cut-cross-entropy has "
+                "no fp32 backward) and train.runtime.precision is fp32; use precision bf16 or auto, or the "
+                "kernel auto"
             )
         if value.device != "cpu":
             return value
