@@ -14,16 +14,16 @@ CHECKPOINT_VOCAB = 100
 
 
 def llama_config(*, vocab: int, hidden: int, positions: int, **extra) -> LlamaConfig:
-    """Two layers, four heads (no grouped-query attention), an MLP twice as wide as ``hidden``."""
+    """Two layers (``num_hidden_layers`` in ``extra``: another depth), four heads (no grouped-query
+    attention), an MLP twice as wide as ``hidden``."""
     return LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
-        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=positions,
-        **extra,
+        **{"num_hidden_layers": 2, **extra},
     )
 
 

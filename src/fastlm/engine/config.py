@@ -306,6 +306,12 @@ class RuntimeParams(Params):
         description="torch.compile; auto: on CUDA, on CPU where "
         "measured faster in a run long enough to repay it",
     )
+    compile_scope: Literal["model", "layers"] = Field(
+        "model",
+        description="what torch.compile compiles (engine/runtime/regions.py): model (one graph, cross-layer "
+        "fusion) or layers (each transformer layer in place, one layer's compile time at any depth; "
+        "embedding, head and loss stay eager)",
+    )
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
     float8: Literal["off", "on", "auto"] = Field(

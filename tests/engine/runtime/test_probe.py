@@ -144,9 +144,10 @@ def test_a_resumed_run_keeps_the_settings_its_checkpoint_trained_with(tmp_path, 
 class Compiled(torch.nn.Module):
     """What a fake compiler returns: the model itself behind a wrapper (``_orig_mod``, as torch.compile's)."""
 
-    def __init__(self, model):
+    def __init__(self, model, scope="model"):
         super().__init__()
         self._orig_mod = model
+        self.scope = scope
 
     def forward(self, *args, **kwargs):
         return self._orig_mod(*args, **kwargs)
@@ -256,8 +257,8 @@ def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(t
     trains on the additive-mask path, the eager run on SDPA: two kernels, so a tolerance)."""
     compiled_models = []
 
-    def compiler(model):
-        compiled_models.append(Compiled(model))
+    def compiler(model, scope="model"):
+        compiled_models.append(Compiled(model, scope))
         return compiled_models[-1]
 
     seen = []

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fastlm.engine.runtime.regions import COMPILE_SCOPES, compile_in_scope
+
 if TYPE_CHECKING:
     from fastlm.engine.config import RuntimeParams
 
@@ -66,6 +68,7 @@ class RuntimeConfig:
     deterministic: bool = False  # bitwise reproducible runs, slower
     # torch.compile the model (applied by the loop through Runtime.compile_model); auto: on CUDA, off on CPU
     compile: bool | str = "auto"
+    compile_scope: str = "model"  # "model" | "layers" (engine/runtime/regions.py)
     num_threads: int | None = None  # CPU intra-op threads; None = usable cores
     float8: str = "auto"  # float8 matmuls (engine/runtime/float8.py), applied when the optimizer is made
     seed: int = 0
@@ -77,6 +80,8 @@ class RuntimeConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.compile not in (True, False, "auto"):
             raise ValueError(f"compile must be true, false or 'auto', got {self.compile!r}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {self.compile_scope!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
 
@@ -106,6 +111,7 @@ class Runtime:
     float8_choice: str | None = (
         None  # why (``probe.probe_float8`` measures ``auto`` where the rule allows it)
     )
+    compile_scope: str = "model"  # what compile_model compiles: the model or each layer (regions.py)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -122,8 +128,9 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, enabled=self.grad_scaler)
 
     def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``torch.compile(model)`` when ``compile`` was asked for, the model itself otherwise."""
-        return torch.compile(model) if self.compile else model
+        """``model`` compiled in ``compile_scope`` (``regions.compile_in_scope``: ``torch.compile(model)``, or
+        each layer in place) when ``compile`` was asked for, the model itself otherwise."""
+        return compile_in_scope(model, self.compile_scope) if self.compile else model
 
     def describe(self) -> dict[str, str | int | float | bool | None]:
         """Everything applied, as a flat dict of plain values (MLflow parameters, a log line)."""
@@ -260,6 +267,7 @@ def setup_runtime(
         sdpa_mem_efficient=sdpa_mem_efficient,
         deterministic=config.deterministic,
         compile=resolve_compile(config.compile, device),
+        compile_scope=config.compile_scope,
         num_threads=num_threads,
         seed=seed,
         tokenizers_parallelism=os.environ["TOKENIZERS_PARALLELISM"],

@@ -52,6 +52,7 @@ import torch
 from fastlm.engine.model.accumulation import accumulate_gradients
 from fastlm.engine.runtime import float8
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.engine.runtime.regions import compile_in_scope, eager_stance, uncompile_layers
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,9 @@ class ProbeResult:
         return {"precision": self.precision, "compile": self.compile}
 
 
-def compile_module(model: torch.nn.Module) -> torch.nn.Module:
-    return torch.compile(model)
+def compile_module(model: torch.nn.Module, scope: str = "model") -> torch.nn.Module:
+    """The probe's compiled candidate (``regions.compile_in_scope``; with ``layers``, ``model`` itself)."""
+    return compile_in_scope(model, scope)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -128,9 +130,9 @@ class CompileProbe:
 
     ``request``: the setting (True, False or "auto"); ``micro_batches_left``: what the run still trains (the
     compile decision weighs the compile time against it); ``compiler``: ``torch.compile`` by default
-    (``compile_module``); ``batch`` / ``context``: the compiled candidate's own inputs (None: the probe's
-    batch) and the context its passes run in (another attention path: ``attention.attention_when_compiled``),
-    so the candidate measured is the one trained with.
+    (``compile_module``, in ``scope``); ``batch`` / ``context``: the compiled candidate's own inputs (None:
+    the probe's batch) and the context its passes run in (another attention path:
+    ``attention.attention_when_compiled``), so the candidate measured is the one trained with.
     """
 
     request: bool | str
@@ -138,6 +140,7 @@ class CompileProbe:
     compiler: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     batch: Mapping | None = None
     context: Callable[[], contextlib.AbstractContextManager] | None = None
+    scope: str = "model"  # train.runtime.compile_scope: what the default compiler compiles
 
 
 def probe_runtime(
@@ -227,7 +230,11 @@ def _compile_choice(
                 ),
                 None,
             )
-        compiled = (probe.compiler or compile_module)(model)
+        compiled = probe.compiler(model) if probe.compiler else compile_module(model, probe.scope)
+
+        def eager_pass() -> float:
+            with eager_stance():  # layers compiled in place run eagerly here
+                return measure(model, batch, runtime)
 
         def compiled_pass() -> float:
             with compiled_context():
@@ -237,14 +244,17 @@ def _compile_choice(
         compiled_pass()  # compiles
         compile_seconds = perf_counter() - start
         compiled_pass()  # warm-up
-        best = _alternated_best({"eager": lambda: measure(model, batch, runtime), "compiled": compiled_pass})
+        best = _alternated_best({"eager": eager_pass, "compiled": compiled_pass})
     speedup = best["eager"] / best["compiled"]
     reason = (
         f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
         f"{best['compiled']:.3f} s ({speedup:.2f}x; compiled needs {COMPILE_MIN_SPEEDUP}x; compiling took "
         f"{compile_seconds:.0f} s)"
     )
-    return (True, reason, compiled) if speedup >= COMPILE_MIN_SPEEDUP else (False, reason, None)
+    if speedup >= COMPILE_MIN_SPEEDUP:
+        return True, reason, compiled
+    uncompile_layers(model)  # scope layers compiled them in place: eager again
+    return False, reason, None
 
 
 def _probe(

@@ -277,6 +277,7 @@ def _probed_runtime(
             to_device(first, device, compiled_attn) if first is not None and compiled_attn != attn else None
         ),
         context=partial(attention_path, raw_model, compiled_attn),
+        scope=params.runtime.compile_scope,
     )
     runtime, probed = probe_runtime(
         request.runtime,

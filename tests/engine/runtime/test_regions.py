@@ -1,0 +1,132 @@
+"""``train.runtime.compile_scope: layers``: each transformer layer compiled in place, one graph traced for all
+of them, the same training as eager within the compiled-vs-eager tolerance, the state dict's names kept, and a
+model without such layers refused in one line; the CPU probe measures and undoes it like the whole model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.runtime import regions
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.errors import ConfigError
+from tests.support import linear_loss
+from tests.support.linear_loss import packed_batch, step_loss_and_grads
+from tests.support.tolerances import OTHER_FP32_MODEL
+
+pytestmark = pytest.mark.kernels  # compiled against eager: run under other CPU kernel sets too
+
+VOCAB = 301
+
+
+def tiny_llama(vocab: int, **config):
+    """The tests' tiny Llama as the engine builds a model to train: no KV cache (``build.py``; a cache makes
+    each layer's guards differ, one graph per layer)."""
+    model = linear_loss.tiny_llama(vocab, **config)
+    model.config.use_cache = False
+    return model
+
+
+def count_graphs(monkeypatch) -> list:
+    """Every graph dynamo hands to a backend from here on (the backend runs it eagerly: no inductor time)."""
+    graphs = []
+    real_compile = torch.compile
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    def counting_compile(model=None, **kwargs):
+        return real_compile(model, backend=backend)
+
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    return graphs
+
+
+def test_layers_compile_in_place_with_one_graph_for_all_of_them(monkeypatch):
+    graphs = count_graphs(monkeypatch)
+    torch._dynamo.reset()
+    model = tiny_llama(VOCAB, num_hidden_layers=4)
+    names = list(model.state_dict())
+    assert regions.compile_in_scope(model, "layers") is model
+    assert list(model.state_dict()) == names  # nothing wrapped: checkpoints keep their names
+    layers = regions.repeated_layers(model)
+    assert len(layers) == 4
+    step_loss_and_grads(model, [packed_batch(VOCAB)])
+    assert len(graphs) == 1  # traced once, reused by the other three layers
+
+
+def test_layers_compiled_train_as_eager_within_the_compiled_tolerance():
+    """Inductor's fused kernels against eager: another computation, so the tolerance of a whole model run
+    through another kernel (loss) and of its gradients."""
+    torch._dynamo.reset()
+    batches = [packed_batch(VOCAB), packed_batch(VOCAB)]
+    eager = tiny_llama(VOCAB, num_hidden_layers=2)
+    compiled = tiny_llama(VOCAB, num_hidden_layers=2)
+    compiled.load_state_dict(eager.state_dict())
+    regions.compile_in_scope(compiled, "layers")
+    want_loss, want = step_loss_and_grads(eager, batches)
+    got_loss, got = step_loss_and_grads(compiled, batches)
+    torch.testing.assert_close(got_loss, want_loss, **OTHER_FP32_MODEL)
+    assert got.keys() == want.keys()
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
+
+
+def test_uncompile_and_the_eager_stance_run_the_layers_eagerly(monkeypatch):
+    graphs = count_graphs(monkeypatch)
+    torch._dynamo.reset()
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    regions.compile_in_scope(model, "layers")
+    with regions.eager_stance():
+        step_loss_and_grads(model, [packed_batch(VOCAB)])
+    assert graphs == []
+    regions.uncompile_layers(model)
+    step_loss_and_grads(model, [packed_batch(VOCAB)])
+    assert graphs == []
+
+
+def test_a_model_without_transformer_layers_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as refused:
+        regions.compile_in_scope(torch.nn.Sequential(torch.nn.Linear(4, 4)), "layers")
+    assert "train.runtime.compile_scope" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_scope_is_a_parameter_and_reaches_the_runtime():
+    params = parse_train_params({"runtime": {"compile_scope": "layers"}})
+    assert params.runtime.compile_scope == "layers"
+    config = RuntimeConfig(device="cpu", precision="fp32", compile=True, compile_scope="layers")
+    runtime = setup_runtime(config)
+    assert runtime.compile_scope == "layers" and runtime.describe()["compile_scope"] == "layers"
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    assert runtime.compile_model(model) is model
+    with pytest.raises(ConfigError, match="compile_scope"):
+        parse_train_params({"runtime": {"compile_scope": "blocks"}})
+
+
+def test_the_cpu_probe_measures_layers_and_undoes_them_when_eager_is_kept(monkeypatch):
+    """``compile: auto`` on CPU with ``layers``: the probe's candidate is the model itself with its layers
+    compiled; its eager passes run in the eager stance; kept eager, the layers are eager again."""
+    from fastlm.engine.runtime import probe
+
+    stances = []
+
+    def measure(model, batch, runtime):
+        compiled = regions.repeated_layers(model)[0]._compiled_call_impl is not None
+        stances.append(compiled and not torch.compiler.is_compiling())
+        return 1.0  # no gain: eager is kept
+
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1, compile="auto"))
+    runtime, result = probe.probe_runtime(
+        runtime,
+        "fp32",
+        model,
+        packed_batch(VOCAB),
+        compile_probe=probe.CompileProbe("auto", 10**6, scope="layers"),
+        measure=measure,
+    )
+    assert runtime.compile is False and result.compiled is None
+    assert any(stances)  # the layers were compiled while measured
+    assert all(layer._compiled_call_impl is None for layer in regions.repeated_layers(model))
