@@ -24,6 +24,15 @@ OFFLINE_ENV = {
 }
 
 
+def timeout_output(expired: subprocess.TimeoutExpired) -> str:
+    """What a stopped child had printed: ``TimeoutExpired.output`` is bytes even under ``text=True``
+    (Python's documented behaviour), None when nothing was read."""
+    output = expired.output
+    if isinstance(output, bytes):
+        return output.decode("utf-8", errors="replace")
+    return output or ""
+
+
 def run_contender(
     script: Path,
     name: str,
@@ -74,12 +83,10 @@ def run_contender(
             timeout=timeout_s,
         )
     except subprocess.TimeoutExpired as expired:
-        tail = (
-            "\n".join((expired.stdout or "").strip().splitlines()[-10:])
-            if isinstance(expired.stdout, str)
-            else ""
-        )
+        tail = "\n".join(timeout_output(expired).strip().splitlines()[-10:])
         print(f"  {name}: did not finish in {timeout_s:.0f} s (stopped)", flush=True)
+        if tail:  # where the time went: the child's last progress lines
+            print("\n".join(f"    | {line}" for line in tail.splitlines()), flush=True)
         return {
             "contender": name,
             "error": f"did not finish in {timeout_s:.0f} s",

@@ -4,22 +4,27 @@
 # most 8 files). Here, beforehand: `bash scripts/gpu_wheels.sh`; there, with carry [".whl"]:
 #
 #   bash benchmarks/gpu_session.sh                       the plan below, time permitting (540 s in all)
-#   bash benchmarks/gpu_session.sh --only gpu_speed_adapters          one step (or several, comma-separated)
+#   bash benchmarks/gpu_session.sh --only gpu_speed_lora              one step (or several, comma-separated)
 #   bash benchmarks/gpu_session.sh --budget-s 300 --dry-run           print the plan, run nothing
 #
 # 1. the wheels in .whl/ (if any) installed into /tmp/site; PYTHONPATH = src (fastlm is not installed there)
 #    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need
 # 2. the plan, most wanted first (a session lent a GPU has about 15 minutes of it, starts included), each
 #    step under `timeout` (its own cap, never past what is left of --budget-s) and started only when at least
-#    its minimum is left; its log tee'd into $OUT:
-#      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP)
-#      gpu_speed_adapters  benchmarks/gpu_speed.py --model 3b --adapters: LoRA/QLoRA vs Trainer + peft on the
-#                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4)
+#    its minimum is left; its log tee'd into $OUT. Sized on the H100 session of 2026-11-26 (docs/gpu-runs):
+#    a lever's process takes 15-17 s (imports, CUDA start), a whole-model compile of the 0.73 B Llama more
+#    than 137 s, the 3B base model's preparation about 50 s:
+#      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP), 4 at once
+#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
+#                          Trainer's best set-up (Liger, padding-free, torch_compile: about 150 s left to it)
+#      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft best / usual on
+#                          the Llama-3.2-3B shape (2048-token packed rows, micro-batch 4)
+#      gpu_speed_qlora     the same for QLoRA (4-bit NF4 base)
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff and fastlm's tune ladder
-#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: full fine-tune vs the Trainer (best: Liger on)
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
 #                          --liger on / off: liger-kernel against fastlm's own kernels
-#    The first call (540 s) reaches the levers and the adapters; later calls run the rest with --only.
+#    The first call (540 s) reaches the levers and the full fine-tune; the next call (what is left of the
+#    15 minutes, about 240 s) runs --only gpu_speed_lora; later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,13 +34,15 @@ budget_s=540
 only=""
 dry_run=0
 # name | minimum seconds to start it | its own cap | command (CAP: the seconds it is given)
+SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "levers|60|180|benchmarks/gpu_levers.py --json $OUT/levers.json --budget-s \$((CAP - 20))"
-    "gpu_speed_adapters|200|360|benchmarks/gpu_speed.py --model 3b --adapters --budget-s \$((CAP - 30))"
+    "levers|60|150|benchmarks/gpu_levers.py --parallel 4 --json $OUT/levers.json --budget-s \$((CAP - 10))"
+    "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
+    "gpu_speed_lora|180|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
+    "gpu_speed_qlora|180|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best $SIZED --budget-s \$((CAP - 15))"
     "memory_cliff|120|300|benchmarks/memory_cliff.py"
-    "gpu_speed_full|150|480|benchmarks/gpu_speed.py --model 0.5b --budget-s \$((CAP - 30))"
-    "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on --budget-s \$((CAP - 20))"
-    "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off --budget-s \$((CAP - 20))"
+    "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
+    "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

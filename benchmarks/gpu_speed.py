@@ -198,6 +198,7 @@ LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relati
 SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show", "on_record"}
 
 TARGET_MFU = 0.55  # issue 31 (0.5b, bf16)
+MIN_COMPILE_TRY_S = 60.0  # a Trainer best set-up's torch_compile try gets at least this, or is not tried
 TARGET_VS_BEST = 1.3
 TARGET_DATA_WAIT = 0.01
 # issue 31, LoRA/QLoRA on the 3B shape: real tokens/s against Trainer + peft's best and usual set-ups, and a
@@ -558,6 +559,7 @@ def fastlm_params(
             "device": str(ctx.device),
             "precision": args.precision,
             "compile": compile_,
+            "compile_scope": args.compile_scope,
             "num_threads": args.threads,
         },
         "max_steps": max_steps,
@@ -638,6 +640,7 @@ def run_fastlm(
     else:
         model, init_digest, n_params = ctx.build_model()
     ctx.mark_loaded(model)
+    progress(f"model ready on {ctx.device} ({n_params:,} parameters); training {warmup} + {steps} steps")
     train_set = TokenSequences(ctx.values, ctx.offsets)
     params = fastlm_params(
         ctx,
@@ -655,6 +658,7 @@ def run_fastlm(
         if kind != "train":
             return
         flushed_at[record["step"]] = perf_counter()
+        progress(f"step {record['step']} of {end} logged (loss {record['loss']:.4f})")
         if ctx.on_cuda and record["step"] == warmup:
             ctx.reset_peak()  # steady-state peak (the compile warm-up is excluded)
             torch.cuda.set_sync_debug_mode("warn")
@@ -708,6 +712,7 @@ def run_fastlm(
         **ctx.mfu(trained, real / window),
         "first_step_s": result.summary.get("first_step_s"),
         "compiled": result.summary.get("compiled"),
+        "compile_scope": args.compile_scope if compile_ else None,
         "peak_memory_mb": peak,
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
@@ -985,6 +990,8 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
 
         def on_step_end(self, args_, state, control, **kwargs):
             step = state.global_step
+            if step in (1, warmup, warmup + steps):
+                progress(f"step {step} of {warmup + steps} done")
             if step in (warmup, warmup + steps) and ctx.on_cuda:
                 torch.cuda.synchronize()  # close the window on finished GPU work
             now = perf_counter()
@@ -1019,6 +1026,7 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         processing_class=ctx.tokenizer,
         callbacks=[timer],
     )
+    progress(f"{name}: model ready, Trainer built; training {warmup} + {steps} steps ({setup})")
     trainer.train()
     peak, host_memory = ctx.peak_memory_mb(), ctx.cpu_memory()
     (t0, n0), (t1, n1) = timer.marks[warmup], timer.marks[warmup + steps]
@@ -1111,11 +1119,22 @@ def run_profile(ctx: GpuContext) -> dict:
     }
 
 
+_CHILD_START = time.perf_counter()
+
+
+def progress(text: str) -> None:
+    """One line of a contender's progress, seconds since its process started: what the parent shows when it
+    stops the contender at its cap (model load, compile, steps), not printed otherwise."""
+    print(f"+{time.perf_counter() - _CHILD_START:.1f} s: {text}", flush=True)
+
+
 def child_main(args: argparse.Namespace) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    progress(f"{args.run}: imports done")
     ctx = GpuContext(args)
+    progress(f"data ready ({len(ctx.lengths):,} documents)")
     started = time.perf_counter()
     compiled = args.compile != "off"
     runners = {
@@ -1185,6 +1204,8 @@ def run_child(
             args.attn,
             "--trainer-compile",
             trainer_compile,
+            "--compile-scope",
+            args.compile_scope,
             "--checkpointing",
             args.checkpointing,
             "--optim",
@@ -1364,7 +1385,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         f"model {model_label(args)}: {n_params:,} parameters; seq_len {args.seq_len}; "
         f"precision {args.precision}; "
         f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps; "
-        f"liger {args.liger}, fused linear {args.fused_linear}"
+        f"liger {args.liger}, fused linear {args.fused_linear}, compile scope {args.compile_scope}"
         + (f", fused kernel {args.fused_kernel}" if args.fused_kernel else "")
     )
     print(
@@ -1530,6 +1551,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="fastlm variants: compiled and eager (both), one of them; 'off' also turns "
         "torch_compile off in trainer_best",
     )
+    parser.add_argument(
+        "--compile-scope",
+        choices=("model", "layers"),
+        default="model",
+        help="compiled fastlm contenders: train.runtime.compile_scope (model: one graph; layers: each "
+        "transformer layer, about one layer's compile time)",
+    )
     parser.add_argument("--attn", choices=("auto", *IMPLEMENTATIONS), default="auto")
     parser.add_argument(
         "--budget-s",
@@ -1686,19 +1714,24 @@ def main(argv=None) -> None:
                 results[name] = {"contender": name, "skipped": reason}
                 continue
             cap = budget.share(len(contenders) - index)
-            # keep time for the run without torch_compile
-            if name == "trainer_best" and args.compile != "off":
-                reserve = 1.5 * results.get("trainer_usual", {}).get("process_wall_s", 90.0)
-                cap = max(min(cap, budget.left() - reserve), 1.0)
-            print(f"[{index + 1}/{len(contenders)}] {name}, {label} (at most {cap:.0f} s) ...", flush=True)
-            run = run_child(name, args, workdir, index, timeout_s=cap)
-            if name == "trainer_best" and run.get("timed_out") and args.compile != "off":
-                note = f"torch_compile {run['error']}"
+            best = name.startswith("trainer") and name.endswith("_best") and args.compile != "off"
+            note = None
+            if best:  # keep time for the run without torch_compile, measured on the usual set-up if it ran
+                usual = results.get(name.replace("_best", "_usual"), {})
+                reserve = 1.5 * usual.get("process_wall_s", 90.0)
+                cap = min(cap, budget.left() - reserve)
+                if cap < MIN_COMPILE_TRY_S:
+                    left = budget.left()
+                    note = f"torch_compile not tried: {left:.0f} s left, {reserve:.0f} s kept for eager"
+            if note is None:
+                counter = f"[{index + 1}/{len(contenders)}]"
+                print(f"{counter} {name}, {label} (at most {cap:.0f} s) ...", flush=True)
+                run = run_child(name, args, workdir, index, timeout_s=cap)
+                if best and run.get("timed_out"):
+                    note = f"torch_compile {run['error']}"
+            if note is not None:
                 cap = budget.share(len(contenders) - index)
-                print(
-                    f"  trainer_best: {note}; again without torch_compile (at most {cap:.0f} s) ...",
-                    flush=True,
-                )
+                print(f"  {name}: {note}; without torch_compile (at most {cap:.0f} s) ...", flush=True)
                 run = run_child(name, args, workdir, index, timeout_s=cap, trainer_compile="off")
                 run["compile_note"] = note
                 if "setup" in run:

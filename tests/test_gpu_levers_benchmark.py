@@ -29,10 +29,11 @@ def levers(monkeypatch):
 
 def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason(tmp_path):
     out = tmp_path / "levers.json"
-    chosen = ["fused_linear", "checkpointing_full", "liger", "fused_linear_liger", "qlora", "float8"]
+    chosen = ["fused_linear", "checkpointing_full", "compile_layers", "liger", "fused_linear_liger", "qlora"]
+    chosen += ["float8"]
     shown = subprocess.run(
         [sys.executable, str(BENCHMARKS / "gpu_levers.py"), "--device", "cpu", *TINY, "--levers", *chosen]
-        + ["--json", str(out)],
+        + ["--json", str(out), "--parallel", "2"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -49,10 +50,14 @@ def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason
     assert "fused LM head" in fused["choice"]  # the engine's own words: the lever was in effect
     checkpointing = rows["checkpointing_full"]
     assert checkpointing["status"] == "PASS" and checkpointing["rel_diff_first"] <= checkpointing["tolerance"]
+    layers = rows["compile_layers"]  # inductor against eager: within the fp32 lever tolerance, curve too
+    assert layers["status"] == "PASS", layers["reasons"]
+    assert "2 of 2 layers compiled in place" in layers["choice"] and layers["rel_diff_curve"] <= 1e-4
     for name in ("liger", "fused_linear_liger", "qlora", "float8"):
         assert rows[name]["status"] == "SKIP" and "needs CUDA" in rows[name]["reason"]
     assert "liger-kernel not installed" in rows["liger"]["reason"] or "liger_kernel" in sys.modules
-    assert shown.strip().splitlines()[-1] == "levers: 3 pass, 0 fail, 4 skip"
+    assert "2 levers at once" in shown.splitlines()[0]
+    assert shown.strip().splitlines()[-1] == "levers: 4 pass, 0 fail, 4 skip"
 
 
 def _run(losses, applied=True, choice="in effect"):
@@ -118,25 +123,31 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
         "levers",
-        "gpu_speed_adapters",
-        "memory_cliff",
         "gpu_speed_full",
+        "gpu_speed_lora",
+        "gpu_speed_qlora",
+        "memory_cliff",
         "liger_on",
         "liger_off",
     ]
-    assert f"gpu_levers.py --json {tmp_path}/levers.json" in plan[0] and "timeout" in plan[0]
-    assert "--model 3b --adapters" in plan[1]  # the LoRA/QLoRA targets are on the 3B shape
-    assert "--model 0.5b" in plan[3] and "--adapters" not in plan[3]  # the full fine-tune against the Trainer
-    assert "--liger on" in plan[4] and "--liger off" in plan[5]
+    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[0] and "timeout" in plan[0]
+    # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
+    # 0.73 B model did not finish in 137 s on an H100)
+    assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[1]
+    assert "--compile-scope layers" in plan[1]
+    # the LoRA/QLoRA targets are on the 3B shape; the usual set-up first (the best one's reserve)
+    assert "--model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best" in plan[2]
+    assert "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best" in plan[3]
+    assert "--liger on" in plan[5] and "--liger off" in plan[6]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
-    done = session(tmp_path, "--dry-run", "--budget-s", "300")
-    assert "[levers] at most 180 s" in done.stdout
-    assert "[gpu_speed_adapters] skipped: 120 s left of 300" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only gpu_speed_adapters" in done.stdout
+    done = session(tmp_path, "--dry-run", "--budget-s", "540")
+    assert "[levers] at most 150 s" in done.stdout and "[gpu_speed_full] at most 330 s" in done.stdout
+    assert "[gpu_speed_lora] skipped: 60 s left of 540" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only gpu_speed_lora" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

@@ -233,3 +233,19 @@ def test_adapter_targets_are_judged_on_cuda_and_only_reported_on_cpu(gpu_speed):
 
 def test_the_full_fine_tune_mfu_target_is_the_issues_55_percent(gpu_speed):
     assert gpu_speed.TARGET_MFU == 0.55 and gpu_speed.TARGET_VS_BEST == 1.3
+
+
+def test_a_stopped_child_reports_its_last_progress_lines(monkeypatch, tmp_path, capsys):
+    """A contender stopped at its cap says where its time went (the H100 run of 2026-11-26 printed nothing:
+    ``TimeoutExpired.output`` is bytes even under ``text=True``)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from contender_process import run_contender
+
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import time\nprint('model built', flush=True)\nprint('compiling', flush=True)\ntime.sleep(60)\n"
+    )
+    result = run_contender(script, "slow", tmp_path, 1, [], repo=tmp_path, timeout_s=3)
+    assert result["timed_out"] and result["error"] == "did not finish in 3 s"
+    assert result["output_tail"].splitlines() == ["model built", "compiling"]
+    assert "| compiling" in capsys.readouterr().out
