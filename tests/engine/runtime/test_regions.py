@@ -130,3 +130,27 @@ def test_the_cpu_probe_measures_layers_and_undoes_them_when_eager_is_kept(monkey
     assert runtime.compile is False and result.compiled is None
     assert any(stances)  # the layers were compiled while measured
     assert all(layer._compiled_call_impl is None for layer in regions.repeated_layers(model))
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_layers_compiled_under_gradient_checkpointing_give_the_eager_gradients(policy, monkeypatch):
+    """Checkpointing recomputes each compiled layer in the backward: the gradients of eager without it, within
+    the compiled tolerance, and at most one graph per checkpointing setting (selective: two)."""
+    from fastlm.engine.model.recompute import checkpointed_layers, enable_checkpointing
+
+    graphs = count_graphs(monkeypatch)
+    torch._dynamo.reset()
+    batches = [packed_batch(VOCAB)]
+    eager = tiny_llama(VOCAB, num_hidden_layers=4)
+    compiled = tiny_llama(VOCAB, num_hidden_layers=4)
+    compiled.load_state_dict(eager.state_dict())
+    enable_checkpointing(compiled, policy)
+    assert len(checkpointed_layers(compiled)) == (4 if policy == "full" else 2)
+    regions.compile_in_scope(compiled, "layers")
+    compiled.train()
+    want_loss, want = step_loss_and_grads(eager, batches)
+    got_loss, got = step_loss_and_grads(compiled, batches)
+    torch.testing.assert_close(got_loss, want_loss, **OTHER_FP32_MODEL)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
+    assert 1 <= len(graphs) <= (1 if policy == "full" else 2)
