@@ -199,6 +199,9 @@ SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show",
 
 TARGET_MFU = 0.55  # issue 31 (0.5b, bf16)
 MIN_COMPILE_TRY_S = 60.0  # a Trainer best set-up's torch_compile try gets at least this, or is not tried
+# a best set-up's run without torch_compile when its usual one has not run: 0.73 B on an H100, 8 + 20 steps,
+# took 32 s in all (docs/gpu-runs/2026-11-26-h100-gpu-speed-0.5b-fastlm-compile-trainer-best.log)
+EAGER_TRAINER_S = 40.0
 TARGET_VS_BEST = 1.3
 TARGET_DATA_WAIT = 0.01
 # issue 31, LoRA/QLoRA on the 3B shape: real tokens/s against Trainer + peft's best and usual set-ups, and a
@@ -1248,6 +1251,44 @@ class Budget:
         return max(self.left() / max(remaining_runs, 1), 1.0)
 
 
+def run_contender_in_budget(
+    name: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    position: tuple[int, int],
+    budget: Budget,
+    results: dict,
+) -> dict:
+    """One contender's run with its share of ``budget`` (``position``: its index and the contenders' count).
+    A Trainer best set-up keeps time for a run without torch_compile (1.5x its usual set-up's wall time when
+    that ran, else ``EAGER_TRAINER_S``): its compile try gets what is left of its share, or is not tried under
+    ``MIN_COMPILE_TRY_S``; a try that does not finish is run again without torch_compile, and says so."""
+    index, count = position
+    cap = budget.share(count - index)
+    best = name.startswith("trainer") and name.endswith("_best") and args.compile != "off"
+    note = None
+    if best:
+        usual = results.get(name.replace("_best", "_usual"), {})
+        reserve = 1.5 * usual.get("process_wall_s", EAGER_TRAINER_S)
+        cap = min(cap, budget.left() - reserve)
+        if cap < MIN_COMPILE_TRY_S:
+            note = f"torch_compile not tried: {budget.left():.0f} s left, {reserve:.0f} s kept for eager"
+    if note is None:
+        label = model_label(args)
+        print(f"[{index + 1}/{count}] {name}, {label} (at most {cap:.0f} s) ...", flush=True)
+        run = run_child(name, args, workdir, index, timeout_s=cap)
+        if not (best and run.get("timed_out")):
+            return run
+        note = f"torch_compile {run['error']}"
+    cap = budget.share(count - index)
+    print(f"  {name}: {note}; without torch_compile (at most {cap:.0f} s) ...", flush=True)
+    run = run_child(name, args, workdir, index, timeout_s=cap, trainer_compile="off")
+    run["compile_note"] = note
+    if "setup" in run:
+        run["setup"] += f" ({note})"
+    return run
+
+
 def gpu_info() -> dict:
     import torch
 
@@ -1713,29 +1754,7 @@ def main(argv=None) -> None:
                 print(f"[{index + 1}/{len(contenders)}] {name}: skipped: {reason}", flush=True)
                 results[name] = {"contender": name, "skipped": reason}
                 continue
-            cap = budget.share(len(contenders) - index)
-            best = name.startswith("trainer") and name.endswith("_best") and args.compile != "off"
-            note = None
-            if best:  # keep time for the run without torch_compile, measured on the usual set-up if it ran
-                usual = results.get(name.replace("_best", "_usual"), {})
-                reserve = 1.5 * usual.get("process_wall_s", 90.0)
-                cap = min(cap, budget.left() - reserve)
-                if cap < MIN_COMPILE_TRY_S:
-                    left = budget.left()
-                    note = f"torch_compile not tried: {left:.0f} s left, {reserve:.0f} s kept for eager"
-            if note is None:
-                counter = f"[{index + 1}/{len(contenders)}]"
-                print(f"{counter} {name}, {label} (at most {cap:.0f} s) ...", flush=True)
-                run = run_child(name, args, workdir, index, timeout_s=cap)
-                if best and run.get("timed_out"):
-                    note = f"torch_compile {run['error']}"
-            if note is not None:
-                cap = budget.share(len(contenders) - index)
-                print(f"  {name}: {note}; without torch_compile (at most {cap:.0f} s) ...", flush=True)
-                run = run_child(name, args, workdir, index, timeout_s=cap, trainer_compile="off")
-                run["compile_note"] = note
-                if "setup" in run:
-                    run["setup"] += f" ({note})"
+            run = run_contender_in_budget(name, args, workdir, (index, len(contenders)), budget, results)
             results[name] = run
             if "error" not in run:
                 print(

@@ -154,3 +154,23 @@ def test_layers_compiled_under_gradient_checkpointing_give_the_eager_gradients(p
     for name, grad in got.items():
         torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
     assert 1 <= len(graphs) <= (1 if policy == "full" else 2)
+
+
+def test_an_encoder_decoder_compiles_its_encoder_and_decoder_layers():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(
+        vocab_size=64,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+    )
+    model = BartForConditionalGeneration(config)
+    layers = regions.repeated_layers(model)
+    assert [type(layer).__name__ for layer in layers] == ["BartEncoderLayer"] * 2 + ["BartDecoderLayer"] * 3
+    assert regions.compile_in_scope(model, "layers") is model

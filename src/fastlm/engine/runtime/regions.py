@@ -3,12 +3,13 @@ or ``layers`` (regional compilation: each transformer layer compiled in place).
 
 Whole-model compilation traces and optimises every layer as one graph, so its cold start grows with the
 depth: a 0.73 B Llama (24 layers) did not finish compiling its first steps within 137 s on an H100
-(docs/gpu-runs/2026-11-26-*), and a 24-layer toy Llama takes about ten times longer to its first step than
-with ``layers`` on a CPU (docs/benchmarks.md, "Compile scope"). The layers of a transformer run one code: each
-compiled in place (``nn.Module.compile``), dynamo traces the first and reuses its graph for the others (their
-parameters are graph inputs, not constants), so the cold start is about one layer's at any depth. What stays
-eager with ``layers``: the embedding, the final norm, the LM head and the loss (the fused head has its own
-kernels), and no fusion crosses a layer boundary.
+(docs/gpu-runs/2026-11-26-*), and a 24-layer toy Llama takes 3.7x longer to its first step than with
+``layers`` on a CPU, which runs 0.83x as fast once compiled (``benchmarks/compile_scope.py``;
+docs/benchmarks.md, "Compile scope"). The layers of a transformer run one code: each compiled in place
+(``nn.Module.compile``), dynamo traces the first and reuses its graph for the others (their parameters are
+graph inputs, not constants), so the cold start is about one layer's at any depth. What stays eager with
+``layers``: the embedding, the final norm, the LM head and the loss (the fused head has its own kernels), and
+no fusion crosses a layer boundary.
 
 The layers are transformers' own (``GradientCheckpointingLayer``: every decoder and encoder layer of the
 families fastlm trains); checkpointing, LoRA, liger's patches and DDP/FSDP2 wrap around them unchanged, and
