@@ -4,6 +4,8 @@ inductor's caches off, so that neither reuses the other's compiled code.
 
     python benchmarks/compile_scope.py                         # 24 layers of hidden 256, 8 rows of 256 tokens
     python benchmarks/compile_scope.py --layers 2 --hidden 64 --seq-len 64 --steps 2   # a smoke run
+    python benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 \
+        --seq-len 2048 --steps 10                      # GPU: the 0.73 B Llama of gpu_speed.py --model 0.5b
 
 Model: ``LlamaForCausalLM`` from its config (nothing downloaded), ``torch.manual_seed(0)``, ``use_cache``
 off as the engine trains (``engine/model/build.py``), the attention a compiled run takes (``eager``'s additive
@@ -37,10 +39,10 @@ def child(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     config = LlamaConfig(
         hidden_size=args.hidden,
-        intermediate_size=int(args.hidden * 2.6875),
+        intermediate_size=args.intermediate or int(args.hidden * 2.6875),
         num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
         vocab_size=args.vocab,
         max_position_embeddings=max(args.seq_len, 128),
         use_cache=False,
@@ -95,6 +97,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--intermediate", type=int, default=None, help="default: 2.6875 x hidden")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
@@ -102,8 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run", choices=("model", "layers"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None, help="write both results to this JSON file")
     args = parser.parse_args(argv)
-    if args.hidden % 4 or args.layers < 1 or args.steps < 1:
-        parser.error("--hidden must be a multiple of 4 (4 heads), --layers and --steps at least 1")
+    if args.hidden % args.heads or args.layers < 1 or args.steps < 1:
+        parser.error("--hidden must be a multiple of --heads, --layers and --steps at least 1")
     return args
 
 
@@ -114,7 +118,8 @@ def main(argv=None) -> int:
         return 0
     env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
-    shape = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("layers", "hidden", "vocab", "rows")]
+    names = ("layers", "hidden", "heads", "vocab", "rows") + (("intermediate",) if args.intermediate else ())
+    shape = [f"--{k}={getattr(args, k)}" for k in names]
     shape += [f"--seq-len={args.seq_len}", f"--steps={args.steps}"]
     results = {}
     for scope in ("model", "layers"):
@@ -128,9 +133,9 @@ def main(argv=None) -> int:
         results[scope] = json.loads(done.stdout.strip().splitlines()[-1])
     model, layers = results["model"], results["layers"]
     print(
-        f"Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; {args.rows} rows of "
-        f"{args.seq_len} tokens; {model['precision']} on {model['device']}, torch {model['torch']}; "
-        "inductor caches off"
+        f"Llama {args.layers} layers, hidden {args.hidden}, {args.heads} heads, vocab {args.vocab}; "
+        f"{args.rows} rows of {args.seq_len} tokens; {model['precision']} on {model['device']}, "
+        f"torch {model['torch']}; inductor caches off"
     )
     print(f"{'compile_scope':<14}{'first step s':>14}{'step ms':>10}{'tokens/s':>11}{'last loss':>11}")
     for row in (model, layers):

@@ -23,6 +23,8 @@
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff and fastlm's tune ladder
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
 #                          --liger on / off: liger-kernel against fastlm's own kernels
+#      compile_scope       benchmarks/compile_scope.py on the 0.73 B shape: torch.compile of the whole model
+#                          against each layer (cold start and steady speed), the choice of the default
 #    The first call (540 s) reaches the levers and the full fine-tune; the next call (what is left of the
 #    15 minutes, about 240 s) runs --only gpu_speed_lora; later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
@@ -43,6 +45,7 @@ PLAN=(
     "memory_cliff|120|300|benchmarks/memory_cliff.py"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"
+    "compile_scope|150|300|benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 --seq-len 2048 --steps 10"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

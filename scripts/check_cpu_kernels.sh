@@ -13,6 +13,9 @@
 #   avx2     ATEN_CPU_CAPABILITY=avx2, MKL and oneDNN capped at AVX2 (e.g. an AMD EPYC of Zen 2/3)
 #   default  ATEN_CPU_CAPABILITY=default (no vector extension), MKL capped at SSE4.2, oneDNN at SSE4.1
 # Sets above the CPU's own are capped by PyTorch at what the CPU has. Extra arguments go to pytest.
+# Each set compiles with inductor into a cache of its own (TORCHINDUCTOR_CACHE_DIR, removed at the end):
+# inductor's on-disk cache is not keyed on ATEN_CPU_CAPABILITY, and a kernel built under avx2 then fails to
+# build under default ("'at::vec' has not been declared", torch 2.13).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -39,6 +42,8 @@ kernel_env() {  # the environment of one set, as NAME=VALUE words
 }
 
 status=0
+caches=$(mktemp -d)
+trap 'rm -rf "$caches"' EXIT
 IFS=',' read -r -a names <<< "$sets"
 for name in "${names[@]}"; do
     words=$(kernel_env "$name") || exit 2
@@ -49,7 +54,7 @@ for name in "${names[@]}"; do
     fi
     echo "== check_cpu_kernels: $name (${words:-nothing set}; ATen picks $capability): pytest ${args[*]}"
     start=$SECONDS
-    env $words "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
+    env $words TORCHINDUCTOR_CACHE_DIR="$caches/$name" "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
     code=$?
     echo "== check_cpu_kernels: $name: exit $code in $((SECONDS - start)) s"
     [ "$code" -ne 0 ] && status=1

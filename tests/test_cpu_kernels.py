@@ -33,7 +33,9 @@ def check_of_a_kernel_dependent_test(folder: Path) -> subprocess.CompletedProces
     test = folder / "test_depends_on_the_cpu.py"
     with open(test, "w") as file:
         file.write(
-            "import torch\n\n\ndef test_vector_kernels():\n"
+            "import os\n\nimport torch\n\n\ndef test_vector_kernels():\n"
+            f"    with open({str(folder / 'caches.txt')!r}, 'a') as seen:\n"
+            "        seen.write(os.environ['TORCHINDUCTOR_CACHE_DIR'] + '\\n')\n"
             "    assert torch.backends.cpu.get_cpu_capability() != 'DEFAULT'\n"
         )
     return run("--sets", "avx2,default", str(test), cwd=folder)
@@ -63,6 +65,10 @@ def test_a_test_that_passes_only_on_some_kernels_fails_the_check():
     assert checked.returncode == 1, checked.stdout[-2000:]
     assert "== check_cpu_kernels: avx2: exit 0" in checked.stdout
     assert "== check_cpu_kernels: default: exit 1" in checked.stdout
+    # each set compiles into an inductor cache of its own (its cache is not keyed on the kernel set), removed
+    caches = (Path(checked.args[-1]).parent / "caches.txt").read_text().split()
+    assert [Path(cache).name for cache in caches] == ["avx2", "default"] and caches[0] != caches[1]
+    assert not any(Path(cache).parent.exists() for cache in caches)
 
 
 @pytest.mark.background(job=unknown_set)

@@ -129,6 +129,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "memory_cliff",
         "liger_on",
         "liger_off",
+        "compile_scope",
     ]
     assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[0] and "timeout" in plan[0]
     # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
@@ -139,6 +140,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert "--model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best" in plan[2]
     assert "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best" in plan[3]
     assert "--liger on" in plan[5] and "--liger off" in plan[6]
+    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[7]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 
