@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from fastlm.reporting.diagnosis import (
+    COMPILE_BOUND,
     COMPUTE_BOUND,
     HOST_SYNC_BOUND,
     INPUT_BOUND,
@@ -20,7 +21,7 @@ from fastlm.reporting.diagnosis import (
     format_duration,
 )
 
-KINDS = [INPUT_BOUND, PADDING_BOUND, HOST_SYNC_BOUND, MEMORY_SATURATED, COMPUTE_BOUND]
+KINDS = [INPUT_BOUND, PADDING_BOUND, HOST_SYNC_BOUND, MEMORY_SATURATED, COMPILE_BOUND, COMPUTE_BOUND]
 
 
 def make_history(n: int, **columns) -> pd.DataFrame:
@@ -271,3 +272,51 @@ def test_epoch_eta_unknown_fields_are_none():
 )
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
+
+
+def compiled(scope: str | None, first_step_s: float, wall_time_s: float) -> dict:
+    runtime = {"device": "cuda:0", "device_name": "H100", "precision": "bf16", "compile": True}
+    if scope is not None:  # runs before compile_scope existed have none: the whole model was compiled
+        runtime["compile_scope"] = scope
+    return cuda(runtime=runtime, first_step_s=first_step_s, wall_time_s=wall_time_s)
+
+
+def test_compile_bound_names_compile_scope_layers_when_the_compile_takes_much_of_the_run():
+    findings = diagnose(compiled("model", 120.0, 300.0), make_history(6, mfu=0.45))
+    finding = by_kind(findings)[COMPILE_BOUND]
+    assert finding.triggered and finding.figure == "40 %"
+    assert finding.message == (
+        "compiling took 120 s, 40 % of the run's 300 s (the first step, compile included)"
+    )
+    assert "train.runtime.compile_scope: layers" in finding.advice
+    # a steady state in the math is still compute-bound: the compile is a start-up cost, not the step's
+    assert triggered(findings) == {COMPILE_BOUND, COMPUTE_BOUND}
+    old_run = by_kind(diagnose(compiled(None, 120.0, 300.0), make_history(6, mfu=0.45)))[COMPILE_BOUND]
+    assert old_run.triggered and "compile_scope: layers" in old_run.advice
+
+
+def test_compile_bound_by_layers_already_says_the_run_is_too_short_to_repay_it():
+    finding = by_kind(diagnose(compiled("layers", 40.0, 60.0), make_history(6)))[COMPILE_BOUND]
+    assert finding.triggered and "train.runtime.compile: false" in finding.advice
+    assert "compile_scope" not in finding.advice
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        compiled("model", 20.0, 300.0),  # under the share
+        cuda(runtime={"device": "cuda:0", "compile": False}, first_step_s=120.0, wall_time_s=300.0),
+        cuda(runtime={"device": "cuda:0", "compile": True}),  # no figures: an older summary
+    ],
+)
+def test_compile_bound_quiet_when_the_compile_is_small_absent_or_unknown(summary):
+    finding = by_kind(diagnose(summary, make_history(6, mfu=0.45)))[COMPILE_BOUND]
+    assert not finding.triggered
+
+
+def test_the_report_line_of_compile_bound_names_its_measure():
+    from fastlm.reporting.report_document import check_line
+
+    finding = by_kind(diagnose(compiled("model", 120.0, 300.0), make_history(6, mfu=0.45)))[COMPILE_BOUND]
+    line = check_line(dataclasses.asdict(finding))
+    assert line == "⚠ compile share of the wall time 40 %: compile-bound"

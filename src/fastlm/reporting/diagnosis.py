@@ -11,7 +11,12 @@ passed. The rules, in order (thresholds are the module constants below):
 * ``memory-saturated`` -- peak memory is at least ``MEMORY_SATURATED_SHARE`` of the device memory *and*
   step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed. The advice
   names the memory levers the run's own decisions show it left unused (``_unused_memory_levers``).
-* ``compute-bound`` -- none of the above: the run spends its time in the math, as it should.
+* ``compile-bound`` -- a compiled run spent at least ``COMPILE_BOUND_SHARE`` of its wall time in its first
+  step (the compile): a start-up cost, so it does not keep the steady state from being compute-bound. The
+  advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short
+  does not repay compiling.
+* ``compute-bound`` -- none of the steady-state rules above: the run spends its time in the math, as it
+  should.
 
 Everything is measured after the warm-up row (step 1 alone), except the memory peak. Missing keys or
 columns (older runs) make a rule not trigger, with "n/a" as its figure.
@@ -27,6 +32,8 @@ import pandas as pd
 from fastlm.reporting.summaries import after_warmup, numeric, throughput
 
 __all__ = [
+    "COMPILE_BOUND",
+    "COMPILE_BOUND_SHARE",
     "COMPUTE_BOUND",
     "HOST_SYNC_BOUND",
     "HOST_SYNC_LOW_DATA_WAIT_SHARE",
@@ -50,6 +57,7 @@ INPUT_BOUND = "input-bound"
 PADDING_BOUND = "padding-bound"
 HOST_SYNC_BOUND = "host-sync-bound"
 MEMORY_SATURATED = "memory-saturated"
+COMPILE_BOUND = "compile-bound"
 COMPUTE_BOUND = "compute-bound"
 
 #: input-bound when the mean share of each window spent blocked on the DataLoader reaches this.
@@ -68,6 +76,8 @@ HOST_SYNC_MIN_PADDING_EFFICIENCY = 0.90
 MEMORY_SATURATED_SHARE = 0.90
 #: memory-saturated: mean step time of the last third of windows at least this times the first third's.
 STEP_TIME_RISE_RATIO = 1.15
+#: compile-bound: the first step (compile included) took at least this share of the run's wall time.
+COMPILE_BOUND_SHARE = 0.25
 
 _NA = "n/a"
 
@@ -286,6 +296,31 @@ def _unused_memory_levers(summary: dict) -> list[str]:
     return levers
 
 
+def _compile_bound(summary: dict) -> Finding:
+    runtime = summary.get("runtime") or {}
+    first, wall = summary.get("first_step_s"), summary.get("wall_time_s")
+    if runtime.get("compile") is not True or not (_known(first) and _known(wall)) or wall <= 0:
+        return Finding(COMPILE_BOUND, False, _NA, "not compiled, or no first-step time recorded", "")
+    share = float(first) / float(wall)
+    message = (
+        f"compiling took {first:.0f} s, {_percent(share)} of the run's {wall:.0f} s (the first step, compile "
+        "included)"
+    )
+    if share < COMPILE_BOUND_SHARE:
+        return Finding(COMPILE_BOUND, False, _percent(share), message, "")
+    if runtime.get("compile_scope", "model") == "model":
+        advice = (
+            "train.runtime.compile_scope: layers (each transformer layer compiled once and reused: about one "
+            "layer's compile time at any depth; benchmarks/compile_scope.py measures both)"
+        )
+    else:
+        advice = (
+            "a run this short does not repay compiling: train.runtime.compile: false (auto measures it on a "
+            "CPU), or train longer"
+        )
+    return Finding(COMPILE_BOUND, True, _percent(share), message, advice)
+
+
 def _speed(summary: dict, history: pd.DataFrame) -> float:
     """The run's real tokens/s (:func:`throughput`), else the summary's figure, else NaN."""
     value = throughput(history)
@@ -333,7 +368,8 @@ def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
         _host_sync_bound(summary, timed),
         _memory_saturated(summary, history, timed),
     ]
-    return [*findings, _compute_bound(summary, history, timed, findings)]
+    # the compile is a start-up cost: it does not keep the steady state from being compute-bound
+    return [*findings, _compile_bound(summary), _compute_bound(summary, history, timed, findings)]
 
 
 def format_duration(seconds: float | None) -> str | None:

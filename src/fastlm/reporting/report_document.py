@@ -26,6 +26,7 @@ MEASURES = {
     "padding-bound": "padding efficiency",
     "host-sync-bound": "host sync",
     "memory-saturated": "peak memory",
+    "compile-bound": "compile share of the wall time",
     "compute-bound": "throughput",
 }
 
