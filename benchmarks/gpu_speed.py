@@ -92,7 +92,8 @@ Figures: real (non-padding) tokens/s over the timed steps (after ``--warmup`` st
 figures: ``mfu`` = (6N + 12·L·H·seq_len) FLOPs per real token (``flops_per_token``, the usual figure) ×
 real tokens/s ÷ ``device_peak_flops`` (dense bf16), and ``mfu_docs`` = the same with the attention term over
 each document's own length (``metrics.attended_length``: sum(len²)/sum(len)), the attention work a
-document-masked path actually needs; fastlm's first step (compile included) is shown and not timed;
+document-masked path actually needs; each contender's first step (its compile included: the cold start a
+user waits through) is shown and not timed;
 peak memory = ``torch.cuda.max_memory_allocated``. On CPU, the CPU resident memory of each contender's
 process (``process_memory``: ``VmRSS`` / ``VmHWM`` of ``/proc/self/status``; not ``ru_maxrss``, which a child
 inherits from the process that started it): with the model (and adapters) loaded and its weights read once
@@ -986,6 +987,7 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         def __init__(self) -> None:
             self.begin = 0.0
             self.inside = 0.0
+            self.first: float | None = None  # the first step, torch_compile included (not timed)
             self.marks: dict[int, tuple[float, int]] = {}
 
         def on_step_begin(self, args_, state, control, **kwargs):
@@ -995,9 +997,11 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
             step = state.global_step
             if step in (1, warmup, warmup + steps):
                 progress(f"step {step} of {warmup + steps} done")
-            if step in (warmup, warmup + steps) and ctx.on_cuda:
-                torch.cuda.synchronize()  # close the window on finished GPU work
+            if step in (1, warmup, warmup + steps) and ctx.on_cuda:
+                torch.cuda.synchronize()  # close the window (or the first step) on finished GPU work
             now = perf_counter()
+            if step == 1:
+                self.first = now - self.begin
             if warmup < step <= warmup + steps:
                 self.inside += now - self.begin
             if step == warmup:
@@ -1055,6 +1059,8 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": max(collator.computed, default=0),  # padded slots of the largest
         "checkpointed_layers": checkpointed_layers(model),
+        "first_step_s": timer.first,
+        "compiled": bool(extra.get("torch_compile")),
         "accumulation": accumulation,
         "optim": str(getattr(training_args.optim, "value", training_args.optim)),
     }

@@ -171,6 +171,10 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     )
     assert "padding-free" in runs["trainer_lora_best"]["setup"]
     assert "CUDA and bitsandbytes" in runs["trainer_qlora_best"]["skipped"]
+    # the cold start of each side (compile included where it compiles), not timed
+    for name in contenders[:3]:
+        first = runs[name]["first_step_s"]
+        assert first > 0 and f"  {name}: first step {first:.1f} s (not timed)" in shown.stdout
     text = shown.stdout
     assert "CPU resident memory" in text and "tiny shape, 1 of 2 layers" in text
     for other in ("fastlm_lora_unfused", "trainer_lora_best"):
