@@ -424,10 +424,9 @@ def in_effect(name: str, result, model) -> tuple[bool, str]:
     if name == "compile":
         return bool(summary["compiled"]), f"compiled: {summary['compiled']}, attention {summary['attention']}"
     if name == "compile_layers":
-        from fastlm.engine.runtime.regions import repeated_layers
+        from fastlm.engine.runtime.regions import compiled_layers, repeated_layers
 
-        layers = repeated_layers(model)
-        compiled = sum(layer._compiled_call_impl is not None for layer in layers)  # nn.Module.compile's
+        layers, compiled = repeated_layers(model), compiled_layers(model)
         return bool(summary["compiled"]) and compiled == len(layers) > 0, (
             f"compiled: {summary['compiled']}, {compiled} of {len(layers)} layers compiled in place, "
             f"attention {summary['attention']}"

@@ -28,6 +28,17 @@ def tiny_llama(vocab: int, **config):
     return model
 
 
+def assert_trains_as_eager(compiled, eager, batches) -> None:
+    """One step's loss and every gradient of ``compiled`` against ``eager`` (same weights): another
+    computation, so the tolerance of a whole model run through another kernel (loss) and of its gradients."""
+    want_loss, want = step_loss_and_grads(eager, batches)
+    got_loss, got = step_loss_and_grads(compiled, batches)
+    torch.testing.assert_close(got_loss, want_loss, **OTHER_FP32_MODEL)
+    assert got.keys() == want.keys()
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
+
+
 def count_graphs(monkeypatch) -> list:
     """Every graph dynamo hands to a backend from here on (the backend runs it eagerly: no inductor time)."""
     graphs = []
@@ -52,26 +63,20 @@ def test_layers_compile_in_place_with_one_graph_for_all_of_them(monkeypatch):
     assert regions.compile_in_scope(model, "layers") is model
     assert list(model.state_dict()) == names  # nothing wrapped: checkpoints keep their names
     layers = regions.repeated_layers(model)
-    assert len(layers) == 4
+    assert len(layers) == 4 and regions.compiled_layers(model) == 4
     step_loss_and_grads(model, [packed_batch(VOCAB)])
     assert len(graphs) == 1  # traced once, reused by the other three layers
 
 
 def test_layers_compiled_train_as_eager_within_the_compiled_tolerance():
-    """Inductor's fused kernels against eager: another computation, so the tolerance of a whole model run
-    through another kernel (loss) and of its gradients."""
+    """Inductor's fused kernels against eager."""
     torch._dynamo.reset()
     batches = [packed_batch(VOCAB), packed_batch(VOCAB)]
     eager = tiny_llama(VOCAB, num_hidden_layers=2)
     compiled = tiny_llama(VOCAB, num_hidden_layers=2)
     compiled.load_state_dict(eager.state_dict())
     regions.compile_in_scope(compiled, "layers")
-    want_loss, want = step_loss_and_grads(eager, batches)
-    got_loss, got = step_loss_and_grads(compiled, batches)
-    torch.testing.assert_close(got_loss, want_loss, **OTHER_FP32_MODEL)
-    assert got.keys() == want.keys()
-    for name, grad in got.items():
-        torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
+    assert_trains_as_eager(compiled, eager, batches)
 
 
 def test_uncompile_and_the_eager_stance_run_the_layers_eagerly(monkeypatch):
@@ -113,7 +118,7 @@ def test_the_cpu_probe_measures_layers_and_undoes_them_when_eager_is_kept(monkey
     stances = []
 
     def measure(model, batch, runtime):
-        compiled = regions.repeated_layers(model)[0]._compiled_call_impl is not None
+        compiled = regions.compiled_layers(model) == 2
         stances.append(compiled and not torch.compiler.is_compiling())
         return 1.0  # no gain: eager is kept
 
@@ -129,7 +134,7 @@ def test_the_cpu_probe_measures_layers_and_undoes_them_when_eager_is_kept(monkey
     )
     assert runtime.compile is False and result.compiled is None
     assert any(stances)  # the layers were compiled while measured
-    assert all(layer._compiled_call_impl is None for layer in regions.repeated_layers(model))
+    assert regions.compiled_layers(model) == 0
 
 
 @pytest.mark.parametrize("policy", ["full", "selective"])
@@ -148,11 +153,7 @@ def test_layers_compiled_under_gradient_checkpointing_give_the_eager_gradients(p
     assert len(checkpointed_layers(compiled)) == (4 if policy == "full" else 2)
     regions.compile_in_scope(compiled, "layers")
     compiled.train()
-    want_loss, want = step_loss_and_grads(eager, batches)
-    got_loss, got = step_loss_and_grads(compiled, batches)
-    torch.testing.assert_close(got_loss, want_loss, **OTHER_FP32_MODEL)
-    for name, grad in got.items():
-        torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
+    assert_trains_as_eager(compiled, eager, batches)
     assert 1 <= len(graphs) <= (1 if policy == "full" else 2)
 
 

@@ -23,20 +23,26 @@ import torch
 from fastlm.engine.model.linear_loss import IGNORE_INDEX
 from fastlm.errors import ConfigError
 
-__all__ = ["CCE_DTYPES", "cce_linear_cross_entropy_sum", "cce_unavailable"]
+__all__ = ["CCE_DTYPES", "cce_linear_cross_entropy_sum", "cce_unavailable", "triton_kernel_unavailable"]
 
 CCE_DTYPES = (torch.bfloat16, torch.float16)  # its backward kernel takes these alone (25.1 asserts it)
 
 
+def triton_kernel_unavailable(device: torch.device, module: str, package: str, library: str) -> str | None:
+    """Why ``library``'s Triton kernels (importable as ``module``, installed as ``package``) cannot run for a
+    run on ``device`` (None: they can); liger-kernel's and cut-cross-entropy's alike."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"this run is not on a CUDA device ({library}'s kernels are Triton, GPU only)"
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return f"{library} is not installed (`pip install {package}`)"
+    return None
+
+
 def cce_unavailable(device: torch.device) -> str | None:
     """Why cut-cross-entropy cannot run for a run on ``device`` (None: it can)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return "this run is not on a CUDA device (cut-cross-entropy's kernels are Triton, GPU only)"
-    try:
-        importlib.import_module("cut_cross_entropy")
-    except ImportError:
-        return "cut-cross-entropy is not installed (`pip install cut-cross-entropy`)"
-    return None
+    return triton_kernel_unavailable(device, "cut_cross_entropy", "cut-cross-entropy", "cut-cross-entropy")
 
 
 def cce_operand_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:

@@ -28,7 +28,7 @@ import logging
 
 import torch
 
-from fastlm.engine.model.cce import cce_linear_cross_entropy_sum, cce_unavailable
+from fastlm.engine.model.cce import cce_linear_cross_entropy_sum, cce_unavailable, triton_kernel_unavailable
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.linear_loss import IGNORE_INDEX, linear_cross_entropy_sum
 from fastlm.errors import ConfigError
@@ -76,13 +76,9 @@ _PATCH_FLAGS = {
 
 def liger_unavailable(device: torch.device) -> str | None:
     """Why liger-kernel cannot run for a run on ``device`` (None: it can)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return "this run is not on a CUDA device (liger-kernel's kernels are Triton, GPU only)"
-    try:
-        importlib.import_module("liger_kernel.transformers.functional")
-    except ImportError:
-        return "liger-kernel is not installed (`pip install liger-kernel`)"
-    return None
+    return triton_kernel_unavailable(
+        device, "liger_kernel.transformers.functional", "liger-kernel", "liger-kernel"
+    )
 
 
 def linear_ce_kernel_choice(request: str, device: torch.device) -> tuple[str, str]:

@@ -25,7 +25,14 @@ import torch
 
 from fastlm.errors import ConfigError
 
-__all__ = ["COMPILE_SCOPES", "compile_in_scope", "eager_stance", "repeated_layers", "uncompile_layers"]
+__all__ = [
+    "COMPILE_SCOPES",
+    "compile_in_scope",
+    "compiled_layers",
+    "eager_stance",
+    "repeated_layers",
+    "uncompile_layers",
+]
 
 COMPILE_SCOPES = ("model", "layers")
 PARAM = "train.runtime.compile_scope"
@@ -58,11 +65,16 @@ def compile_in_scope(model: torch.nn.Module, scope: str) -> torch.nn.Module:
     return model
 
 
+def compiled_layers(model: torch.nn.Module) -> int:
+    """How many of the model's transformer layers are compiled in place (``compile_in_scope``, layers)."""
+    # nn.Module.compile keeps the compiled call here; None is the module's own eager state
+    return sum(layer._compiled_call_impl is not None for layer in repeated_layers(model))
+
+
 def uncompile_layers(model: torch.nn.Module) -> None:
     """Undo ``compile_in_scope(model, "layers")``: every layer runs eagerly again (the probe's choice)."""
     for layer in repeated_layers(model):
-        # nn.Module.compile keeps the compiled call here; None is the module's own eager state
-        layer._compiled_call_impl = None
+        layer._compiled_call_impl = None  # the module's own eager state (compiled_layers)
 
 
 @contextlib.contextmanager
