@@ -11,22 +11,25 @@
 #    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need
 # 2. the plan, most wanted first (a session lent a GPU has about 15 minutes of it, starts included), each
 #    step under `timeout` (its own cap, never past what is left of --budget-s) and started only when at least
-#    its minimum is left; its log tee'd into $OUT. Sized on the H100 session of 2026-11-26 (docs/gpu-runs):
-#    a lever's process takes 15-17 s (imports, CUDA start), a whole-model compile of the 0.73 B Llama more
-#    than 137 s, the 3B base model's preparation about 50 s:
-#      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP), 4 at once
-#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
-#                          Trainer's best set-up (Liger, padding-free, torch_compile: about 150 s left to it)
+#    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 (docs/gpu-runs):
+#    the 3B base model's preparation about 30 s, a 3B model's load 16 s, one compile of a layer's graph
+#    about 55 s, the Trainer + peft's usual set-up 73 s and its best (eager) 32 s on the 3B shape:
 #      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft best / usual on
-#                          the Llama-3.2-3B shape (2048-token packed rows, micro-batch 4)
+#                          the Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), both sides eager
 #      gpu_speed_qlora     the same for QLoRA (4-bit NF4 base)
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff and fastlm's tune ladder
+#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
+#                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
 #                          --liger on / off: liger-kernel against fastlm's own kernels
+#      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
+#                          with its torch_compile
 #      compile_scope       benchmarks/compile_scope.py on the 0.73 B shape: torch.compile of the whole model
 #                          against each layer (cold start and steady speed), the choice of the default
-#    The first call (540 s) reaches the levers and the full fine-tune; the next call (what is left of the
-#    15 minutes, about 240 s) runs --only gpu_speed_lora; later sessions the rest.
+#      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
+#                          the baseline), 4 at once; all 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
+#    The first call (540 s) reaches LoRA and QLoRA; the next call (what is left of the 15 minutes, about 240 s)
+#    runs --only memory_cliff; later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,16 +39,20 @@ budget_s=540
 only=""
 dry_run=0
 # name | minimum seconds to start it | its own cap | command (CAP: the seconds it is given)
+# the adapter runs on the 3B shape, both sides eager (--compile off turns the Trainer's torch_compile off too):
+# a compile of a 3B layer's graph takes about 55 s there, twice at least (static, then dynamic shapes)
+EAGER="--compile off --warmup 5 --steps 15"
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "levers|60|150|benchmarks/gpu_levers.py --parallel 4 --json $OUT/levers.json --budget-s \$((CAP - 10))"
-    "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
-    "gpu_speed_lora|180|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
-    "gpu_speed_qlora|180|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best $SIZED --budget-s \$((CAP - 15))"
+    "gpu_speed_lora|180|280|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|300|benchmarks/memory_cliff.py"
+    "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"
+    "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "compile_scope|150|300|benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 --seq-len 2048 --steps 10"
+    "levers|60|150|benchmarks/gpu_levers.py --parallel 4 --json $OUT/levers.json --budget-s \$((CAP - 10))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

@@ -381,7 +381,9 @@ class GpuContext(Context):
         self.attn = choose_attention(args.attn, self.device, args.precision)
         torch.set_num_threads(args.threads)
 
-    def build_model(self, attn: str | None = None):
+    def build_model(self, attn: str | None = None, on_device: bool = False):
+        """The contenders' initial model, its weights' digest and its size; ``on_device`` (the 3b base only):
+        initialised on the run's device (a 3B model's fp32 init on the H100 machine's CPU: most of 50 s)."""
         import torch
 
         from fastlm.engine.model.build import build_model
@@ -402,7 +404,8 @@ class GpuContext(Context):
                 attn_implementation=attn,
                 use_cache=False,
             )
-            model = LlamaForCausalLM(config).train()
+            with torch.device(self.device if on_device else "cpu"):
+                model = LlamaForCausalLM(config).train()
         else:
             params = model_params(name, layers).model_copy(update={"attn_implementation": attn})
             model = build_model(
@@ -414,7 +417,7 @@ class GpuContext(Context):
         digest = hashlib.sha256()
         for name, parameter in sorted(model.state_dict().items()):  # a sample of each tensor: cheap at 0.7 B
             digest.update(name.encode())
-            digest.update(parameter.detach().reshape(-1)[:4096].float().numpy().tobytes())
+            digest.update(parameter.detach().reshape(-1)[:4096].float().cpu().numpy().tobytes())
         return model, digest.hexdigest()[:12], sum(p.numel() for p in model.parameters())
 
     def base_folder(self) -> Path:
@@ -424,7 +427,7 @@ class GpuContext(Context):
 
         folder = Path(self.args.workdir) / "base"
         if not (folder / "config.json").is_file():
-            model, _, _ = self.build_model()
+            model, _, _ = self.build_model(on_device=True)
             if self.args.precision == "bf16":  # saved as both sides load it: no conversion in their load
                 model = model.to(torch.bfloat16)
             model.save_pretrained(str(folder))

@@ -32,14 +32,17 @@ def loss_and_grads(function, hidden, weight, bias, targets, **kwargs):
     return loss.detach(), [leaf.grad if leaf is not None else None for leaf in leaves]
 
 
-def packed_batch(vocab: int, attn: str = "sdpa"):
-    """Packed rows with prompts (completion-only labels) and the target positions the collator marks."""
+PACKED_LAYOUT = ((12, 8), (7, 0), (15, 11), (5, 2), (9, 6), (3, 0))  # (length, prompt length) per sample
+
+
+def packed_batch(vocab: int, attn: str = "sdpa", layout=PACKED_LAYOUT):
+    """Packed rows with prompts (completion-only labels) and the target positions the collator marks;
+    ``layout``: each sample's (length, prompt length), another layout another batch shape."""
     from fastlm.engine.data import PackedCollator
     from fastlm.engine.data.packing import TokenBudget
     from fastlm.engine.model.attention.inputs import to_device
 
     generator = torch.Generator().manual_seed(3)
-    layout = [(12, 8), (7, 0), (15, 11), (5, 2), (9, 6), (3, 0)]  # (length, prompt length)
     features = [
         {"input_ids": torch.randint(3, vocab, (n,), generator=generator).tolist(), "prompt_length": p}
         for n, p in layout

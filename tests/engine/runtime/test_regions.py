@@ -49,7 +49,7 @@ def count_graphs(monkeypatch) -> list:
         return graph.forward
 
     def counting_compile(model=None, **kwargs):
-        return real_compile(model, backend=backend)
+        return real_compile(model, backend=backend, dynamic=kwargs.get("dynamic"))
 
     monkeypatch.setattr(torch, "compile", counting_compile)
     return graphs
@@ -77,6 +77,61 @@ def test_layers_compiled_train_as_eager_within_the_compiled_tolerance():
     compiled.load_state_dict(eager.state_dict())
     regions.compile_in_scope(compiled, "layers")
     assert_trains_as_eager(compiled, eager, batches)
+
+
+# other rows, then other row lengths, then both: each micro-batch another shape (first: 3 rows of 20)
+OTHER_LAYOUTS = (
+    ((9, 4), (8, 0), (6, 3), (11, 2)),  # 2 rows of 20
+    ((5, 1), (7, 2), (4, 0), (6, 1)),  # 2 rows of 16
+    ((16, 0), (15, 1), (14, 2)),  # 3 rows of 16
+)
+
+
+@pytest.mark.parametrize("scope", regions.COMPILE_SCOPES)
+def test_micro_batches_of_other_shapes_compile_once_per_varying_size_then_reuse(scope, monkeypatch):
+    """Packed micro-batches change shape every step: dynamo compiles the first static and once more for each
+    size seen to vary (automatic dynamic shapes: the rows, then the row length), then every shape reuses that
+    graph. No graph per shape; ``dynamic=True`` was measured and not taken (regions' docstring)."""
+    graphs = count_graphs(monkeypatch)
+    torch._dynamo.reset()
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    compiled = regions.compile_in_scope(model, scope)
+    batches = [packed_batch(VOCAB), *(packed_batch(VOCAB, layout=layout) for layout in OTHER_LAYOUTS)]
+    shapes = [tuple(batch["input_ids"].shape) for batch in batches]
+    assert shapes == [(3, 20), (2, 20), (2, 16), (3, 16)]
+    traced = []
+    for batch in batches:
+        step_loss_and_grads(compiled, [batch])
+        traced.append(len(graphs))
+    assert traced[3] == traced[2] > traced[1] > traced[0]  # the fourth shape: nothing traced again
+    if scope == "layers":  # the whole model: more graphs, one on each side of the CPU head's graph break
+        assert traced == [1, 2, 3, 3]
+
+
+def test_an_adapter_model_keeps_its_first_layer_eager_and_one_graph_for_the_others(monkeypatch):
+    """LoRA freezes the embedding: the first layer's hidden states need no gradient, every later layer's do,
+    and dynamo guards on that (one more graph, one more compile). That layer runs eagerly; the others share
+    one graph and train as eager within the compiled tolerance."""
+    from fastlm.engine.config import LoraParams
+    from fastlm.engine.model.lora import apply_lora
+
+    LORA = LoraParams(enabled=True, r=4, dropout=0.0)  # no dropout: the same computation on both sides
+    graphs = count_graphs(monkeypatch)
+    torch._dynamo.reset()
+    eager = apply_lora(tiny_llama(VOCAB, num_hidden_layers=4), LORA, gradient_checkpointing=False)
+    compiled = apply_lora(tiny_llama(VOCAB, num_hidden_layers=4), LORA, gradient_checkpointing=False)
+    compiled.load_state_dict(eager.state_dict())
+    for module in (eager, compiled):  # non-zero adapters: their gradients reach the earlier layers
+        for name, weight in module.named_parameters():
+            if "lora_B" in name:
+                torch.manual_seed(len(name))
+                weight.data.normal_(0, 0.02)
+    compiled.load_state_dict(eager.state_dict())
+    assert regions.compile_in_scope(compiled, "layers") is compiled
+    assert_trains_as_eager(compiled, eager, [packed_batch(VOCAB)])
+    assert len(graphs) == 1
+    layers = regions.repeated_layers(compiled)
+    assert regions.compiled_layers(compiled) == 3 and layers[0]._compiled_call_impl is None
 
 
 def test_uncompile_and_the_eager_stance_run_the_layers_eagerly(monkeypatch):

@@ -11,6 +11,17 @@ graph inputs, not constants), so the cold start is about one layer's at any dept
 ``layers``: the embedding, the final norm, the LM head and the loss (the fused head has its own kernels), and
 no fusion crosses a layer boundary.
 
+Shapes: packed micro-batches change shape at every step (rows, row length, segment boundaries, target
+positions). Dynamo compiles the first static, and at the second step once more with those sizes symbolic
+(automatic dynamic shapes), a graph every later step reuses. ``torch.compile(dynamic=True)`` would skip
+the static compile, but measured on this CPU it doubled the whole model's compile (160.6 s against 78.1 s)
+and cost the layers 16 % of their steady speed on fixed shapes (``benchmarks/compile_scope.py``;
+docs/benchmarks.md), so the default stays.
+
+A layer whose hidden states need no gradient while the later layers' do (the first layer of an adapter
+model: LoRA freezes the embedding) would be traced twice (dynamo guards on ``requires_grad``): it runs
+eagerly, decided at its first call (``_FirstCall``), and the others share one graph.
+
 The layers are transformers' own (``GradientCheckpointingLayer``: every decoder and encoder layer of the
 families fastlm trains); checkpointing, LoRA, liger's patches and DDP/FSDP2 wrap around them unchanged, and
 the state dict keeps its names (nothing is wrapped).
@@ -61,8 +72,27 @@ def compile_in_scope(model: torch.nn.Module, scope: str) -> torch.nn.Module:
             fix=f"set {PARAM}: model.",
         )
     for layer in layers:
-        layer.compile()
+        layer._compiled_call_impl = _FirstCall(layer)  # where nn.Module.compile keeps the compiled call
     return model
+
+
+class _FirstCall:
+    """A layer's call until its first one decides: compiled (``torch.compile`` of its call, as
+    ``nn.Module.compile`` does), or eager when gradients are on and its hidden states need none (module
+    docstring)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self.layer = layer
+
+    def __call__(self, *args, **kwargs):
+        layer = self.layer
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        frozen_input = isinstance(hidden, torch.Tensor) and not hidden.requires_grad
+        if torch.is_grad_enabled() and frozen_input:
+            layer._compiled_call_impl = None
+            return layer._call_impl(*args, **kwargs)
+        layer._compiled_call_impl = torch.compile(layer._call_impl)
+        return layer._compiled_call_impl(*args, **kwargs)
 
 
 def compiled_layers(model: torch.nn.Module) -> int:
