@@ -1298,6 +1298,19 @@ def run_contender_in_budget(
     return run
 
 
+def profile_skip_reason(results: dict[str, dict], left_s: float) -> str | None:
+    """Why the profile of a missed target is not run (None: run it). It runs a fastlm contender again, its
+    compile too: only where that contender finished and its own time fits in what is left (a profile started
+    with 71 s left behind a compiled 3B run that had not finished did not finish either)."""
+    fastlm = {name: run for name, run in results.items() if name.startswith("fastlm")}
+    if not fastlm or any("error" in run for run in fastlm.values()):
+        return "no fastlm contender finished, a profile of it would not either"
+    needs = max(30.0, *(run.get("process_wall_s", 0.0) for run in fastlm.values()))
+    if left_s < needs:
+        return f"{left_s:.0f} s left, a fastlm run took {needs:.0f} s (again with a larger --budget-s)"
+    return None
+
+
 def gpu_info() -> dict:
     import torch
 
@@ -1780,7 +1793,11 @@ def main(argv=None) -> None:
             print(f"      (the MFU target is set for --model 0.5b, not judged on {model_label(args)})")
         profile = None
         print(f"budget: {budget.seconds - budget.left():.0f} s of {budget.seconds:.0f} s used")
-        if any(ok is False for _, ok in lines) and not args.no_profile and budget.left() > 30:
+        missed = any(ok is False for _, ok in lines) and not args.no_profile
+        skip = profile_skip_reason(results, budget.left()) if missed else None
+        if skip:
+            print(f"\na target was missed; profile skipped: {skip}")
+        elif missed:
             if not on_cuda:
                 print("\ntop CUDA kernels: skipped: no CUDA")
             else:

@@ -317,3 +317,20 @@ def test_the_compile_scope_reaches_the_children_and_the_parameters(gpu_speed, mo
     params = gpu_speed.fastlm_params(ctx, compile_=True, max_steps=1, log_every=1, name="x")
     assert params.runtime.compile is True and params.runtime.compile_scope == "layers"
     assert gpu_speed.parse_args([]).compile_scope == "model"
+
+
+def test_a_missed_target_is_profiled_only_where_a_fastlm_run_finished_and_fits_in_what_is_left(gpu_speed):
+    """The profile runs a fastlm contender again: after one that did not finish it would not either (it took
+    71 s of the H100's LoRA step, docs/gpu-runs/2026-11-26-h100-b-gpu_speed_lora.log), and it needs that
+    contender's own time."""
+    stopped = {
+        "fastlm_lora": {"error": "did not finish in 88 s"},
+        "trainer_lora_best": {"process_wall_s": 31.6},
+    }
+    assert "no fastlm contender finished" in gpu_speed.profile_skip_reason(stopped, 71.0)
+    finished = {"fastlm_compile": {"process_wall_s": 147.3}, "trainer_best": {"process_wall_s": 34.2}}
+    assert "26 s left, a fastlm run took 147 s" in gpu_speed.profile_skip_reason(finished, 26.0)
+    assert gpu_speed.profile_skip_reason(finished, 200.0) is None
+    quick = {"fastlm_lora": {"process_wall_s": 12.0}}
+    assert gpu_speed.profile_skip_reason(quick, 20.0) is not None  # at least 30 s, whatever the run took
+    assert gpu_speed.profile_skip_reason(quick, 31.0) is None
