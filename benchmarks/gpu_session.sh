@@ -40,7 +40,7 @@ only=""
 dry_run=0
 # name | minimum seconds to start it | its own cap | command (CAP: the seconds it is given)
 # the adapter runs on the 3B shape, both sides eager (--compile off turns the Trainer's torch_compile off too):
-# a compile of a 3B layer's graph takes about 55 s there, twice at least (static, then dynamic shapes)
+# a compile of a layer's graph took about 55 s there, more than a contender's share of the step
 EAGER="--compile off --warmup 5 --steps 15"
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(

@@ -11,8 +11,8 @@ from fastlm.engine.config import parse_train_params
 from fastlm.engine.runtime import regions
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.errors import ConfigError
-from tests.support import linear_loss
-from tests.support.linear_loss import packed_batch, step_loss_and_grads
+from tests.support import linear_loss, varlen_op
+from tests.support.linear_loss import PACKED_LAYOUT, packed_batch, step_loss_and_grads
 from tests.support.tolerances import OTHER_FP32_MODEL
 
 pytestmark = pytest.mark.kernels  # compiled against eager: run under other CPU kernel sets too
@@ -33,6 +33,7 @@ def assert_trains_as_eager(compiled, eager, batches) -> None:
     computation, so the tolerance of a whole model run through another kernel (loss) and of its gradients."""
     want_loss, want = step_loss_and_grads(eager, batches)
     got_loss, got = step_loss_and_grads(compiled, batches)
+    got = {name.removeprefix("_orig_mod."): grad for name, grad in got.items()}  # the whole model's wrapper
     torch.testing.assert_close(got_loss, want_loss, **OTHER_FP32_MODEL)
     assert got.keys() == want.keys()
     for name, grad in got.items():
@@ -106,6 +107,38 @@ def test_micro_batches_of_other_shapes_compile_once_per_varying_size_then_reuse(
     assert traced[3] == traced[2] > traced[1] > traced[0]  # the fourth shape: nothing traced again
     if scope == "layers":  # the whole model: more graphs, one on each side of the CPU head's graph break
         assert traced == [1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("scope", regions.COMPILE_SCOPES)
+def test_packed_varlen_micro_batches_of_every_shape_share_the_first_compile(scope, monkeypatch):
+    """The GPU path (``torch_varlen``, PyTorch's varlen kernel as an opaque op, here its CPU stand-in): rows,
+    row lengths, segment counts and longest segments change every step, and the first compile serves them
+    all: the token count, the segment boundaries and the target positions are dynamic from the first trace,
+    and the kernel gets the run's row length as its longest segment (flash-attention's contract: any bound
+    at least the longest, same output). Eager calls keep the exact longest segment."""
+    seen = varlen_op.install(monkeypatch)
+    graphs = count_graphs(monkeypatch)
+    torch._dynamo.reset()
+    eager = tiny_llama(VOCAB, num_hidden_layers=2)
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    model.load_state_dict(eager.state_dict())
+    for each in (eager, model):
+        each.config._attn_implementation = "torch_varlen"
+    compiled = regions.compile_in_scope(model, scope)
+    layouts = (PACKED_LAYOUT, *OTHER_LAYOUTS)
+    batches = [packed_batch(VOCAB, attn="torch_varlen", layout=layout) for layout in layouts]
+    assert len({int(batch["max_seqlen"]) for batch in batches}) > 1
+    assert len({tuple(batch["cu_seq_lens"].shape) for batch in batches}) > 1
+    traced = []
+    for batch in batches:
+        step_loss_and_grads(compiled, [batch])
+        traced.append(len(graphs))
+    assert traced == [traced[0]] * len(batches)
+    assert traced[0] == 1 or scope == "model"
+    assert set(seen) == {20}  # the run's row length (rows of 20 and 16 tokens), in every compiled call
+    seen.clear()
+    assert_trains_as_eager(compiled, eager, batches[:1])
+    assert set(seen) == {int(batches[0]["max_seqlen"]), 20}  # eager: the exact longest segment
 
 
 def test_an_adapter_model_keeps_its_first_layer_eager_and_one_graph_for_the_others(monkeypatch):

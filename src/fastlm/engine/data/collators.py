@@ -137,7 +137,8 @@ class PackedCollator:
     ``position_ids`` (restarting at 0 per sample), ``attention_mask`` — ``[rows, 1, T, T]`` block-diagonal
     causal: bool (True = attend) for SDPA with ``attention_mask_format="bool"``, 0 / float32-min for eager
     with ``"additive"``, left out with ``"none"`` (flash-attention varlen) —, ``cu_seq_lens`` (int32) and
-    ``max_seqlen`` (see ``packing``), and the counts of the module docstring.
+    ``max_seqlen`` (see ``packing``), ``row_length`` (``budget.row_length``: the bound of every batch's
+    segments), and the counts of the module docstring.
     """
 
     pad_id: int
@@ -197,6 +198,8 @@ class PackedCollator:
             batch["attention_mask"] = mask if self.attention_mask_format == "bool" else to_additive_mask(mask)
         batch["cu_seq_lens"] = layout.cu_seq_lens
         batch["max_seqlen"] = torch.tensor(layout.max_seqlen, dtype=torch.int64)
+        # the longest a segment can be in any batch of the run: a bound the same for every micro-batch
+        batch["row_length"] = torch.tensor(self.budget.row_length, dtype=torch.int64)
         batch.update(_counts(labels, sum(lengths), input_ids.numel(), len(samples)))
         return batch
 

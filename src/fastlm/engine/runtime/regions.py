@@ -12,11 +12,14 @@ graph inputs, not constants), so the cold start is about one layer's at any dept
 no fusion crosses a layer boundary.
 
 Shapes: packed micro-batches change shape at every step (rows, row length, segment boundaries, target
-positions). Dynamo compiles the first static, and at the second step once more with those sizes symbolic
-(automatic dynamic shapes), a graph every later step reuses. ``torch.compile(dynamic=True)`` would skip
-the static compile, but measured on this CPU it doubled the whole model's compile (160.6 s against 78.1 s)
-and cost the layers 16 % of their steady speed on fixed shapes (``benchmarks/compile_scope.py``;
-docs/benchmarks.md), so the default stays.
+positions). On the varlen paths (the GPU's) those sizes are marked dynamic before the first compile
+(``attention.inputs.mark_varying_sizes`` for the model's inputs, ``mark_token_dim`` for a layer's) and the
+kernel gets a fixed bound of the longest segment (``kernels.MAX_LENGTH_BOUND``), so the first compile serves
+every micro-batch (tested: 4 shapes, 1 graph, either scope). Elsewhere dynamo compiles the first static and
+once more for each size it first sees vary (automatic dynamic shapes). ``torch.compile(dynamic=True)`` would
+skip those, but measured on this CPU it doubled the whole model's compile (160.6 s against 78.1 s) and cost
+the layers 16 % of their steady speed on fixed shapes (``benchmarks/compile_scope.py``;
+docs/benchmarks.md), so it is not used.
 
 A layer whose hidden states need no gradient while the later layers' do (the first layer of an adapter
 model: LoRA freezes the embedding) would be traced twice (dynamo guards on ``requires_grad``): it runs
@@ -91,8 +94,22 @@ class _FirstCall:
         if torch.is_grad_enabled() and frozen_input:
             layer._compiled_call_impl = None
             return layer._call_impl(*args, **kwargs)
+        if "cu_seq_lens_q" in kwargs:  # a varlen call: the token count varies (attention.inputs)
+            mark_token_dim(hidden, kwargs.get("position_embeddings"))
         layer._compiled_call_impl = torch.compile(layer._call_impl)
         return layer._compiled_call_impl(*args, **kwargs)
+
+
+def mark_token_dim(hidden, position_embeddings) -> None:
+    """A varlen layer call's token count (``[1, tokens, ...]`` hidden states and rotary cos/sin) marked
+    dynamic for its first compile; ``attention.inputs.mark_varying_sizes`` marks the model's inputs the
+    same way (a layer's inputs are made inside the model, so they carry no mark of their own)."""
+    from torch._dynamo import maybe_mark_dynamic
+
+    tensors = [hidden, *(position_embeddings if isinstance(position_embeddings, tuple) else ())]
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and tensor.shape[0] == 1:
+            maybe_mark_dynamic(tensor, 1)
 
 
 def compiled_layers(model: torch.nn.Module) -> int:

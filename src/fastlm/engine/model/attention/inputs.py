@@ -47,7 +47,7 @@ import torch
 from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
 from fastlm.engine.data.schema import MODEL_INPUT_KEYS, MODEL_INPUTS, TARGET_POSITIONS
 from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
-from fastlm.engine.model.attention.kernels import SDPA_VARLEN, TORCH_VARLEN
+from fastlm.engine.model.attention.kernels import MAX_LENGTH_BOUND, SDPA_VARLEN, TORCH_VARLEN
 from fastlm.engine.model.encoder_decoder import CROSS_ATTENTION_MASK, DECODER_POSITIONS, ENCODER_POSITIONS
 from fastlm.engine.model.loss import positions_to_keep
 
@@ -102,7 +102,10 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     if "labels" in batch:
         keep = positions_to_keep(batch["labels"], device, flattened=kind == VARLEN)
         if keep is not None:
-            out[TARGET_POSITIONS] = keep
+            # varlen: 1-D positions, which transformers' slice_logits_to_keep indexes (hidden[:, keep]); its
+            # [1, K] branch (take_along_dim) ties the kept count to the token count under torch.compile,
+            # which then compiles again for every micro-batch's token count
+            out[TARGET_POSITIONS] = keep.reshape(-1) if kind == VARLEN else keep
     if kind == VARLEN:
         cu_seq_lens, max_seqlen = varlen_boundaries(batch)
         rows, length = out["input_ids"].shape
@@ -115,7 +118,9 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
             "cu_seq_lens_k": cu,
             "max_length_q": max_seqlen,
             "max_length_k": max_seqlen,
+            MAX_LENGTH_BOUND: max_length_bound(batch, length),
         }
+        mark_varying_sizes(out)
         return out
     inputs = {"input_ids": out["input_ids"]}
     if packed:  # the mask this path needs, from the segment ids (whatever mask format the collator made)
@@ -128,6 +133,30 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
         inputs["attention_mask"] = out["attention_mask"]
     out[MODEL_INPUTS] = inputs
     return out
+
+
+def max_length_bound(batch: dict, length: int) -> int:
+    """A bound of the longest segment that stays the same from one micro-batch to the next
+    (``kernels.MAX_LENGTH_BOUND``): a packed run's row length (``PackedCollator``), else this batch's row
+    length rounded up to a power of two (few values in a run)."""
+    if "row_length" in batch:
+        return int(batch["row_length"])
+    return 1 << max(length - 1, 1).bit_length()
+
+
+def mark_varying_sizes(out: dict) -> None:
+    """A varlen batch's sizes that change from one packed micro-batch to the next (the token count, the
+    segment boundaries, the target positions) marked dynamic for ``torch.compile``: its first trace serves
+    every later micro-batch, where dynamo would otherwise compile again at each size it first sees vary (each
+    compile of a 0.73 B Llama's layer took about 55 s on an H100). A mark is read at a compile only; eager
+    runs ignore it."""
+    from torch._dynamo import maybe_mark_dynamic
+
+    inputs = out[MODEL_INPUTS]
+    for key, dim in (("input_ids", 1), ("position_ids", 1), ("cu_seq_lens_q", 0)):
+        maybe_mark_dynamic(inputs[key], dim)
+    if TARGET_POSITIONS in out:
+        maybe_mark_dynamic(out[TARGET_POSITIONS], 0)
 
 
 def packed_seq2seq_inputs(batch: dict, out: dict, device: torch.device, kind: str) -> dict:

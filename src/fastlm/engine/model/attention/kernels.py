@@ -24,6 +24,11 @@ TORCH_VARLEN = "torch_varlen"
 SDPA_VARLEN = "sdpa_varlen"
 # registered here; they take packed varlen inputs only (no generation)
 VARLEN_ONLY = (TORCH_VARLEN, SDPA_VARLEN)
+# A varlen batch's row length rounded up to a power of two (``inputs.to_device``): the longest segment that
+# ``torch_varlen`` hands the kernel under torch.compile, where the exact one, an int that changes every
+# micro-batch, would make dynamo compile again. Flash-attention's kernels take any bound at least the longest
+# segment with the same output (it sizes their grid; blocks past a segment's end return at once).
+MAX_LENGTH_BOUND = "fastlm_max_length_bound"
 # sdpa_varlen: segment lengths are rounded up to a multiple of this; each multiple is one causal SDPA call.
 VARLEN_BUCKET = 8
 
@@ -40,14 +45,18 @@ def torch_varlen_attention(
     cu_seq_lens_k=None,
     max_length_q=None,
     max_length_k=None,
+    fastlm_max_length_bound=None,
     **kwargs,
 ):
     """transformers attention function for ``torch.nn.attention.varlen.varlen_attn`` (causal, per segment).
 
     ``query`` ``[B, H, S, D]`` (key/value may have fewer heads: GQA); returns ``[B, S, H, D]`` like the
-    others.
+    others. Compiled, the longest segment handed to the kernel is ``MAX_LENGTH_BOUND`` where given.
     """
-    if cu_seq_lens_q is None or max_length_q is None:
+    # compiled with a bound: max_length_q, an int that changes every micro-batch, is not read (dynamo would
+    # guard on its value and compile again)
+    bound = fastlm_max_length_bound if torch.compiler.is_compiling() else None
+    if cu_seq_lens_q is None or (bound is None and max_length_q is None):
         raise ValueError(
             "torch_varlen attention needs cu_seq_lens_q/k and max_length_q/k (fastlm's to_device "
             "gives them); use sdpa for generation"
@@ -64,14 +73,19 @@ def torch_varlen_attention(
         # fp16/bf16 only: cast to the autocast dtype, as transformers' flash-attention paths do.
         target = torch.get_autocast_dtype(device_type)
         q, k, v = q.to(target), k.to(target), v.to(target)
+    if bound is not None:
+        max_q = max_k = bound
+    else:
+        max_q = int(max_length_q)
+        max_k = int(max_length_k if max_length_k is not None else max_length_q)
     out = call_varlen_attn(
         q,
         k,
         v,
         cu_seq_lens_q,
         cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q,
-        int(max_length_q),
-        int(max_length_k if max_length_k is not None else max_length_q),
+        max_q,
+        max_k,
         scaling,
     )
     return out.view(batch, length, heads, dim), None
