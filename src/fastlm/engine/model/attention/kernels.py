@@ -24,10 +24,11 @@ TORCH_VARLEN = "torch_varlen"
 SDPA_VARLEN = "sdpa_varlen"
 # registered here; they take packed varlen inputs only (no generation)
 VARLEN_ONLY = (TORCH_VARLEN, SDPA_VARLEN)
-# A varlen batch's row length rounded up to a power of two (``inputs.to_device``): the longest segment that
-# ``torch_varlen`` hands the kernel under torch.compile, where the exact one, an int that changes every
-# micro-batch, would make dynamo compile again. Flash-attention's kernels take any bound at least the longest
-# segment with the same output (it sizes their grid; blocks past a segment's end return at once).
+# A bound of every segment, the same from one micro-batch to the next (``inputs.max_length_bound``: a packed
+# run's row length): the longest segment that ``torch_varlen`` hands the kernel under torch.compile, where
+# the exact one, an int that changes every micro-batch, would make dynamo compile again. Flash-attention's
+# kernels take any bound at least the longest segment with the same output (it sizes their grid; blocks past
+# a segment's end return at once).
 MAX_LENGTH_BOUND = "fastlm_max_length_bound"
 # sdpa_varlen: segment lengths are rounded up to a multiple of this; each multiple is one causal SDPA call.
 VARLEN_BUCKET = 8
