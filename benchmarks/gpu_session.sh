@@ -20,6 +20,8 @@
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff and fastlm's tune ladder
 #      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
 #                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
+#      fused_head_ab       the LoRA run's fused LM head: liger's kernel (auto on CUDA; two read-backs per
+#                          micro-batch) against fastlm's own, one run
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
 #                          --liger on / off: liger-kernel against fastlm's own kernels
 #      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
@@ -48,6 +50,7 @@ PLAN=(
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|300|benchmarks/memory_cliff.py"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
+    "fused_head_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"

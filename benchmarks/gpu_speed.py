@@ -78,6 +78,9 @@ made up with gradient accumulation):
   the position ids), so that a micro-batch holds fastlm's tokens with no padding. No Liger kernels on CPU.
 * ``fastlm_lora_unfused`` (named in ``--contenders``): ``fastlm_lora`` with ``train.loss.fused_linear: off``,
   the A/B of the fused LM head + loss (``[tokens x vocab]`` logits materialised).
+* ``fastlm_lora_own_head`` (named in ``--contenders``): ``fastlm_lora`` with
+  ``train.loss.fused_linear_kernel: fastlm``, the A/B of the fused head's kernels (``auto`` picks liger's on
+  CUDA, which reads back twice per micro-batch; fastlm's chunked PyTorch one reads back nothing).
 
 The frozen LoRA base is bf16 on both sides with ``--precision bf16`` (CPU included: bf16 autocast there
 too), fp32 with ``--precision fp32``. The base is built and saved, in that dtype, by a process of its own
@@ -173,8 +176,12 @@ ADAPTER_CONTENDERS = (
     "trainer_qlora_usual",
     "trainer_qlora_best",
 )
-# fastlm_lora with train.loss.fused_linear: off, the A/B of the fused LM head + loss (named in --contenders)
-AB_CONTENDERS = ("fastlm_lora_unfused",)
+# fastlm_lora with train.loss.fused_linear: off, the A/B of the fused LM head + loss, and with fastlm's own
+# fused-head kernel (train.loss.fused_linear_kernel: fastlm; auto picks liger's on CUDA, which reads back
+# twice per micro-batch), the A/B of the two kernels (named in --contenders)
+AB_CONTENDERS = ("fastlm_lora_unfused", "fastlm_lora_own_head")
+# fastlm_lora against its own variants: real tokens/s and peak memory, one run
+AB_PAIRS = [("fastlm_lora", name) for name in AB_CONTENDERS]
 CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + AB_CONTENDERS
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 ADAPTER_PAIRS = [
@@ -183,7 +190,7 @@ ADAPTER_PAIRS = [
 # peak memory, fastlm first (lower is better)
 MEMORY_PAIRS = [
     *ADAPTER_PAIRS,
-    ("fastlm_lora", "fastlm_lora_unfused"),
+    *AB_PAIRS,
     *((a, b) for a in ("fastlm_compile", "fastlm_eager") for b in ("trainer_best", "trainer_usual")),
 ]
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -544,9 +551,11 @@ def fastlm_params(
     profile=None,
     adapter: str | None = None,
     fused_linear: str | None = None,
+    fused_kernel: str | None = None,
 ):
     """``params:train`` of a fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` (None:
-    ``--fused-linear``)."""
+    ``--fused-linear``); ``fused_kernel``: ``train.loss.fused_linear_kernel`` (None: ``--fused-kernel``, else
+    the one ``--liger`` implies)."""
     from fastlm.engine.config import parse_train_params
 
     args = ctx.args
@@ -559,7 +568,7 @@ def fastlm_params(
         "model": model,
         "loss": {
             "fused_linear": {"auto": "auto", "on": True, "off": False}[fused_linear],
-            "fused_linear_kernel": args.fused_kernel or LIGER_KERNEL[args.liger],
+            "fused_linear_kernel": fused_kernel or args.fused_kernel or LIGER_KERNEL[args.liger],
         },
         "batching": {"mode": "packed", "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
         "runtime": {
@@ -614,10 +623,15 @@ class SyncCounter:
 
 
 def run_fastlm(
-    ctx: GpuContext, compile_: bool, adapter: str | None = None, fused_linear: str | None = None
+    ctx: GpuContext,
+    compile_: bool,
+    adapter: str | None = None,
+    fused_linear: str | None = None,
+    fused_kernel: str | None = None,
 ) -> dict:
     """One fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` in place of ``--fused-linear``
-    (``fastlm_lora_unfused``: off)."""
+    (``fastlm_lora_unfused``: off); ``fused_kernel``: ``train.loss.fused_linear_kernel`` in place of
+    ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm)."""
     from time import perf_counter
 
     import torch
@@ -632,6 +646,8 @@ def run_fastlm(
     name = f"fastlm_{adapter}" if adapter else "fastlm_compile" if compile_ else "fastlm_eager"
     if fused_linear == "off" and adapter:
         name += "_unfused"
+    if fused_kernel == "fastlm" and adapter:
+        name += "_own_head"
     end = warmup + steps
     runtime = setup_runtime(
         RuntimeConfig(
@@ -657,6 +673,7 @@ def run_fastlm(
         name=name,
         adapter=adapter,
         fused_linear=fused_linear,
+        fused_kernel=fused_kernel,
     )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
@@ -724,6 +741,7 @@ def run_fastlm(
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
         "fused_linear": result.summary.get("fused_linear"),
+        "fused_linear_choice": result.summary.get("fused_linear_choice"),
         "gradient_checkpointing": result.summary.get("gradient_checkpointing"),
         "final_loss": result.history[-1]["loss"],
         "sync_between_log_steps": sync.between if ctx.on_cuda else None,
@@ -1157,6 +1175,7 @@ def child_main(args: argparse.Namespace) -> None:
         "fastlm_profile": lambda: run_profile(ctx),
         **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
         "fastlm_lora_unfused": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_linear="off"),
+        "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),
         "base": lambda: {"contender": "base", "folder": str(ctx.base_folder())},
         **{
             f"trainer_{a}_{kind}": (lambda a=a, kind=kind: run_trainer(ctx, kind == "best", adapter=a))
@@ -1511,7 +1530,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
             ra, rb = results.get(a, {}), results.get(b, {})
             if a != b and ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
                 print(f"  {a} / {b}: {ra['real_tokens_per_s'] / rb['real_tokens_per_s']:.2f}x")
-    for a, b in ADAPTER_PAIRS:
+    for a, b in ADAPTER_PAIRS + AB_PAIRS:
         ra, rb = results.get(a, {}), results.get(b, {})
         if ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
             print(f"  {a} / {b}: {ra['real_tokens_per_s'] / rb['real_tokens_per_s']:.2f}x")

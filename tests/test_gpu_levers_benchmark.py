@@ -126,6 +126,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "gpu_speed_qlora",
         "memory_cliff",
         "gpu_speed_full",
+        "fused_head_ab",
         "liger_on",
         "liger_off",
         "gpu_speed_lora_compiled",
@@ -139,15 +140,17 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
     # 0.73 B model did not finish in 137 s on an H100)
     assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[3]
-    # the adapter runs eager on both sides (a 3B layer's compile took about 55 s, at least twice), then
+    # the adapter runs eager on both sides (a layer's compile took about 55 s on the H100), then
     # compiled by layers against the Trainer + peft's best set-up with its torch_compile
     assert all("--compile off" in plan[i] for i in (0, 1))
-    assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in (3, 4, 5, 6))
-    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[6]
-    assert "--liger on" in plan[4] and "--liger off" in plan[5]
-    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[7]
+    assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in (3, 5, 6, 7))
+    # liger's fused-head kernel against fastlm's own, one eager LoRA run
+    assert "--model 3b --contenders fastlm_lora fastlm_lora_own_head --compile off" in plan[4]
+    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[7]
+    assert "--liger on" in plan[5] and "--liger off" in plan[6]
+    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[8]
     # every lever again, last: each one passed on the H100 of 2026-11-26
-    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[8]
+    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[9]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 

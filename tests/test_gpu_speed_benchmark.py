@@ -146,7 +146,13 @@ def test_a_child_process_measures_its_own_peak_not_the_parents_high_water_mark()
 
 def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(tmp_path):
     out = tmp_path / "out.json"
-    contenders = ["fastlm_lora", "fastlm_lora_unfused", "trainer_lora_best", "trainer_qlora_best"]
+    contenders = [
+        "fastlm_lora",
+        "fastlm_lora_unfused",
+        "trainer_lora_best",
+        "fastlm_lora_own_head",
+        "trainer_qlora_best",
+    ]
     shown = subprocess.run(
         [
             sys.executable,
@@ -169,15 +175,19 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     assert (
         runs["fastlm_lora"]["fused_linear"] is True and runs["fastlm_lora_unfused"]["fused_linear"] is False
     )
+    # the fused head's kernel A/B: fastlm's own chunked kernel, named in the run's own choice
+    assert runs["fastlm_lora_own_head"]["fused_linear"] is True
+    assert "fastlm's chunked PyTorch kernel" in runs["fastlm_lora_own_head"]["fused_linear_choice"]
+    assert "fastlm_lora / fastlm_lora_own_head: " in shown.stdout
     assert "padding-free" in runs["trainer_lora_best"]["setup"]
     assert "CUDA and bitsandbytes" in runs["trainer_qlora_best"]["skipped"]
     # the cold start of each side (compile included where it compiles), not timed
-    for name in contenders[:3]:
+    for name in contenders[:4]:
         first = runs[name]["first_step_s"]
         assert first > 0 and f"  {name}: first step {first:.1f} s (not timed)" in shown.stdout
     text = shown.stdout
     assert "CPU resident memory" in text and "tiny shape, 1 of 2 layers" in text
-    for other in ("fastlm_lora_unfused", "trainer_lora_best"):
+    for other in ("fastlm_lora_unfused", "trainer_lora_best", "fastlm_lora_own_head"):
         assert f"fastlm_lora / {other} peak RSS above the loaded model" in text
 
 
