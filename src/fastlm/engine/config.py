@@ -29,6 +29,11 @@ class LoraParams(Params):
         "auto", description="frozen base weights; auto: bf16 on GPUs that have it, else fp32"
     )
     load_in_4bit: bool = Field(False, description="QLoRA: 4-bit NF4 base weights (CUDA + bitsandbytes)")
+    fused_forward: bool = Field(
+        True,
+        description="the adapter's product added inside the base output's matmul in the compute dtype, no "
+        "activation-sized dtype copies (engine/model/lora_forward.py); false: peft's own forward",
+    )
 
 
 class ModelParams(Params):

@@ -269,6 +269,10 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
+    if lora.fused_forward:
+        from fastlm.engine.model.lora_forward import fuse_lora_forward
+
+        fuse_lora_forward(peft_model)
     counts = parameter_counts(peft_model)
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
     log.info(

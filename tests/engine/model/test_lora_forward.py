@@ -1,0 +1,177 @@
+"""The LoRA layers' own forward (engine/model/lora_forward.py) against peft's: no activation-sized dtype copy
+or scaling pass under autocast, the same loss and gradients within each precision's tolerance, and peft's
+forward kept wherever the fused one does not apply (merged, disabled, another adapter kind)."""
+
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fastlm.engine.config import LoraParams
+from fastlm.engine.model.lora import apply_lora
+from fastlm.engine.model.lora_forward import FusedLoraLinear, use_peft_forward
+from tests.support.tolerances import (
+    BF16_MODEL_LOSS_REL,
+    EPS_BF16,
+    OTHER_FP32_KERNEL_GRAD,
+    OTHER_FP32_MODEL,
+)
+
+pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
+
+VOCAB, HIDDEN, INTERMEDIATE, TOKENS = 112, 64, 160, 48  # 2 x TOKENS rows: no weight's
+
+
+def tiny_llama(dtype=torch.float32, layers=2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config).to(dtype)
+
+
+def adapted(dtype=torch.float32, *, fused=True, dropout=0.0, **lora):
+    """A tiny Llama with LoRA adapters whose B is not zero (peft starts B at zero: the adapters would then
+    add nothing and A would get no gradient, hiding any difference)."""
+    params = LoraParams(enabled=True, r=4, alpha=8, dropout=dropout, **lora)
+    model = apply_lora(tiny_llama(dtype), params, gradient_checkpointing=False)
+    if not fused:
+        use_peft_forward(model)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return model
+
+
+def batch():
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, VOCAB, (2, TOKENS), generator=generator)
+    return {"input_ids": ids, "labels": ids}
+
+
+def loss_and_grads(model, autocast: bool, seed=3):
+    torch.manual_seed(seed)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(**batch()).loss
+    loss.backward()
+    grads = {name: p.grad.float().clone() for name, p in model.named_parameters() if p.requires_grad}
+    return loss.detach().float(), grads
+
+
+class ActivationOps(TorchDispatchMode):
+    """Counts dtype copies and elementwise multiplications whose output is activation-sized (one row per
+    token of the batch), the traffic that peft's input cast and scaling pass add to every adapted layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket).removeprefix("aten.")
+        rows = out.numel() // out.shape[-1] if isinstance(out, torch.Tensor) and out.dim() >= 2 else 0
+        if name in ("_to_copy", "mul") and rows == 2 * TOKENS:
+            self.counts[name] += 1
+        return out
+
+
+def activation_ops(model) -> collections.Counter:
+    with ActivationOps() as ops:
+        loss_and_grads(model, autocast=True)
+    return ops.counts
+
+
+def test_under_bf16_autocast_adapters_add_no_activation_sized_copy_or_scaling_pass():
+    """bf16 base, fp32 adapters, bf16 autocast (a GPU LoRA run): the adapted model's forward and backward do
+    exactly the activation-sized dtype copies and multiplications of the base model without adapters whose
+    projections train (the same activation gradients flow)."""
+    base = tiny_llama(torch.bfloat16)  # the same gradients flow: frozen but for the adapted projections
+    for name, parameter in base.named_parameters():
+        parameter.requires_grad_(name.endswith("proj.weight"))
+    base = activation_ops(base)
+    fused = activation_ops(adapted(torch.bfloat16))
+    peft = activation_ops(adapted(torch.bfloat16, fused=False))
+    assert fused == base, (fused, base)
+    # peft's forward per adapted layer: x cast to the adapters' fp32 and back, and again in backward where x
+    # needs a gradient (not for the first layer's q, k, v: its input comes from the frozen embedding); the
+    # scaling pass, forward and backward
+    adapted_layers = 2 * 7
+    assert peft["_to_copy"] == base["_to_copy"] + 4 * adapted_layers - 2 * 3, (peft, base)
+    assert peft["mul"] == base["mul"] + 2 * adapted_layers, (peft, base)
+
+
+def relative_norm_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
+
+
+def test_fp32_the_fused_forward_gives_peft_loss_and_gradients():
+    """fp32, no autocast (a CPU run): the adapter's product is added inside the base output's matmul rather
+    than after it, a reordered sum: other-fp32-kernel tolerances."""
+    fused_loss, fused_grads = loss_and_grads(adapted(), autocast=False)
+    peft_loss, peft_grads = loss_and_grads(adapted(fused=False), autocast=False)
+    torch.testing.assert_close(fused_loss, peft_loss, **OTHER_FP32_MODEL)
+    assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 2 * 2 * 7
+    for name in peft_grads:
+        assert peft_grads[name].abs().max() > 0, (
+            name
+        )  # every adapter gets a gradient: the check means something
+        torch.testing.assert_close(fused_grads[name], peft_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
+
+
+def test_bf16_autocast_the_fused_forward_gives_peft_loss_and_gradients():
+    """bf16 autocast on a bf16 base: peft rounds the adapter's output, its scaled copy and the sum to bf16
+    (three roundings), the fused matmul once; a few bf16 roundings per layer, so the loss within
+    BF16_MODEL_LOSS_REL and each adapter's gradient within a few eps_bf16 in norm."""
+    fused_loss, fused_grads = loss_and_grads(adapted(torch.bfloat16), autocast=True)
+    peft_loss, peft_grads = loss_and_grads(adapted(torch.bfloat16, fused=False), autocast=True)
+    torch.testing.assert_close(fused_loss, peft_loss, rtol=BF16_MODEL_LOSS_REL, atol=0)
+    for name in peft_grads:
+        assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 4 * EPS_BF16, name
+
+
+def test_dropout_draws_the_same_mask_as_peft():
+    """LoRA dropout on the adapter's input, drawn once per layer in the same order: the same masks."""
+    fused_loss, fused_grads = loss_and_grads(adapted(dropout=0.3).train(), autocast=False)
+    peft_loss, peft_grads = loss_and_grads(adapted(dropout=0.3, fused=False).train(), autocast=False)
+    torch.testing.assert_close(fused_loss, peft_loss, **OTHER_FP32_MODEL)
+    for name in peft_grads:
+        torch.testing.assert_close(fused_grads[name], peft_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
+
+
+def logits(model, autocast=False):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        return model(input_ids=batch()["input_ids"]).logits.float()
+
+
+def test_merged_and_disabled_adapters_take_peft_forward():
+    fused, peft = adapted().eval(), adapted(fused=False).eval()
+    torch.testing.assert_close(logits(fused), logits(peft), **OTHER_FP32_MODEL)
+    with fused.disable_adapter(), peft.disable_adapter():
+        torch.testing.assert_close(logits(fused), logits(tiny_llama().eval()), rtol=0, atol=0)
+        torch.testing.assert_close(logits(peft), logits(tiny_llama().eval()), rtol=0, atol=0)
+    before = logits(fused)
+    fused.merge_adapter()
+    torch.testing.assert_close(logits(fused), before, rtol=0, atol=1e-4)  # MERGED_ADAPTER_ATOL's reason
+    fused.unmerge_adapter()
+    torch.testing.assert_close(logits(fused), before, rtol=0, atol=1e-4)
+
+
+def test_the_fused_forward_is_on_by_default_and_off_by_its_parameter():
+    layers = [m for m in adapted().modules() if isinstance(m, FusedLoraLinear)]
+    assert len(layers) == 2 * 7
+    model = apply_lora(
+        tiny_llama(), LoraParams(enabled=True, r=4, fused_forward=False), gradient_checkpointing=False
+    )
+    assert not any(isinstance(m, FusedLoraLinear) for m in model.modules())
