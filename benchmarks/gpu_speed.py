@@ -81,6 +81,9 @@ made up with gradient accumulation):
 * ``fastlm_lora_own_head`` (named in ``--contenders``): ``fastlm_lora`` with
   ``train.loss.fused_linear_kernel: fastlm``, the A/B of the fused head's kernels (``auto`` picks liger's on
   CUDA, which reads back twice per micro-batch; fastlm's chunked PyTorch one reads back nothing).
+* ``fastlm_lora_peft_forward`` (named in ``--contenders``): ``fastlm_lora`` with
+  ``train.model.lora.fused_forward: false``, peft's own LoRA forward (its input cast to the fp32 adapters and
+  back, a scaling pass, an add), the A/B of fastlm's (engine/model/lora_forward.py).
 
 The frozen LoRA base is bf16 on both sides with ``--precision bf16`` (CPU included: bf16 autocast there
 too), fp32 with ``--precision fp32``. The base is built and saved, in that dtype, by a process of its own
@@ -178,8 +181,9 @@ ADAPTER_CONTENDERS = (
 )
 # fastlm_lora with train.loss.fused_linear: off, the A/B of the fused LM head + loss, and with fastlm's own
 # fused-head kernel (train.loss.fused_linear_kernel: fastlm; auto picks liger's on CUDA, which reads back
-# twice per micro-batch), the A/B of the two kernels (named in --contenders)
-AB_CONTENDERS = ("fastlm_lora_unfused", "fastlm_lora_own_head")
+# twice per micro-batch), the A/B of the two kernels, and with peft's own LoRA forward
+# (train.model.lora.fused_forward: false), the A/B of fastlm's (named in --contenders)
+AB_CONTENDERS = ("fastlm_lora_unfused", "fastlm_lora_own_head", "fastlm_lora_peft_forward")
 # fastlm_lora against its own variants: real tokens/s and peak memory, one run
 AB_PAIRS = [("fastlm_lora", name) for name in AB_CONTENDERS]
 CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + AB_CONTENDERS
@@ -441,12 +445,14 @@ class GpuContext(Context):
             self.tokenizer.save_pretrained(str(folder))
         return folder
 
-    def adapter_model_params(self, quantized: bool) -> dict:
-        """``train.model`` of the adapter contenders (module docstring)."""
+    def adapter_model_params(self, quantized: bool, fused_forward: bool = True) -> dict:
+        """``train.model`` of the adapter contenders (module docstring); ``fused_forward``:
+        ``train.model.lora.fused_forward`` (``fastlm_lora_peft_forward``: false)."""
         lora = {
             **LORA,
             "enabled": True,
             "load_in_4bit": quantized,
+            "fused_forward": fused_forward,
             "target_modules": LORA_TARGETS,
             "base_dtype": "bf16" if self.args.precision == "bf16" else "fp32",  # as the Trainer loads it
         }
@@ -457,12 +463,12 @@ class GpuContext(Context):
             "gradient_checkpointing": self.args.checkpointing,
         }
 
-    def build_adapter_model(self, quantized: bool):
+    def build_adapter_model(self, quantized: bool, fused_forward: bool = True):
         """fastlm's LoRA / QLoRA model on the saved base, a digest of its base weights (None when 4-bit)."""
         from fastlm.engine.config import parse_train_params
         from fastlm.engine.model.build import build_model
 
-        params = parse_train_params({"model": self.adapter_model_params(quantized)}).model
+        params = parse_train_params({"model": self.adapter_model_params(quantized, fused_forward)}).model
         model = build_model(
             params, self.tokenizer, max_length=self.args.seq_len, attn_implementation=self.attn
         )
@@ -552,6 +558,7 @@ def fastlm_params(
     adapter: str | None = None,
     fused_linear: str | None = None,
     fused_kernel: str | None = None,
+    fused_forward: bool = True,
 ):
     """``params:train`` of a fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` (None:
     ``--fused-linear``); ``fused_kernel``: ``train.loss.fused_linear_kernel`` (None: ``--fused-kernel``, else
@@ -562,7 +569,7 @@ def fastlm_params(
     fused_linear = fused_linear or args.fused_linear
     model = {"attn_implementation": ctx.attn}
     if adapter:
-        model = ctx.adapter_model_params(adapter == "qlora")
+        model = ctx.adapter_model_params(adapter == "qlora", fused_forward)
     model = {**model, "liger": args.liger}  # --liger: the norm/rotary/MLP patch and the fused head's kernel
     raw = {
         "model": model,
@@ -628,10 +635,12 @@ def run_fastlm(
     adapter: str | None = None,
     fused_linear: str | None = None,
     fused_kernel: str | None = None,
+    peft_forward: bool = False,
 ) -> dict:
     """One fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` in place of ``--fused-linear``
     (``fastlm_lora_unfused``: off); ``fused_kernel``: ``train.loss.fused_linear_kernel`` in place of
-    ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm)."""
+    ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm); ``peft_forward``: peft's own LoRA forward
+    (``fastlm_lora_peft_forward``)."""
     from time import perf_counter
 
     import torch
@@ -648,6 +657,8 @@ def run_fastlm(
         name += "_unfused"
     if fused_kernel == "fastlm" and adapter:
         name += "_own_head"
+    if peft_forward and adapter:
+        name += "_peft_forward"
     end = warmup + steps
     runtime = setup_runtime(
         RuntimeConfig(
@@ -659,7 +670,7 @@ def run_fastlm(
         )
     )
     if adapter:
-        model, init_digest, n_params = ctx.build_adapter_model(adapter == "qlora")
+        model, init_digest, n_params = ctx.build_adapter_model(adapter == "qlora", not peft_forward)
     else:
         model, init_digest, n_params = ctx.build_model()
     ctx.mark_loaded(model)
@@ -674,6 +685,7 @@ def run_fastlm(
         adapter=adapter,
         fused_linear=fused_linear,
         fused_kernel=fused_kernel,
+        fused_forward=not peft_forward,
     )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
@@ -742,6 +754,7 @@ def run_fastlm(
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
         "fused_linear": result.summary.get("fused_linear"),
         "fused_linear_choice": result.summary.get("fused_linear_choice"),
+        "lora_fused_layers": lora_fused_layers(trained) if adapter else None,
         "gradient_checkpointing": result.summary.get("gradient_checkpointing"),
         "final_loss": result.history[-1]["loss"],
         "sync_between_log_steps": sync.between if ctx.on_cuda else None,
@@ -750,6 +763,13 @@ def run_fastlm(
     }
     out["loss_check"] = packed_vs_unpacked(ctx, trained, runtime)
     return out
+
+
+def lora_fused_layers(model) -> int:
+    """How many of the model's LoRA layers run fastlm's forward (engine/model/lora_forward.py)."""
+    from fastlm.engine.model.lora_forward import FusedLoraLinear
+
+    return sum(isinstance(module, FusedLoraLinear) for module in model.modules())
 
 
 def attention_paths(device) -> list[str]:
@@ -1087,8 +1107,19 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
     }
 
 
+def profiled_adapter(results: dict[str, dict]) -> str:
+    """The set-up the profile of a missed target runs: that of the run's first fastlm contender (``lora``,
+    ``qlora``, or ``none``: a full fine-tune). The adapter run of 2026-11-26 (docs/gpu-runs, h100-c)
+    profiled a full fine-tune of its 3B base instead, the profile's only set-up then."""
+    first = next((name for name in results if name.startswith("fastlm")), "")
+    return (
+        "qlora" if first.startswith("fastlm_qlora") else "lora" if first.startswith("fastlm_lora") else "none"
+    )
+
+
 def run_profile(ctx: GpuContext) -> dict:
-    """A few fastlm steps under the engine's StepProfiler; the top CUDA kernels from its Chrome trace."""
+    """A few fastlm steps under the engine's StepProfiler (the set-up of ``--profile-adapter``); the top CUDA
+    kernels from its Chrome trace."""
     from collections import defaultdict
 
     from fastlm.engine.data.token_dataset import TokenSequences
@@ -1106,7 +1137,11 @@ def run_profile(ctx: GpuContext) -> dict:
             seed=0,
         )
     )
-    model, _, _ = ctx.build_model()
+    adapter = None if args.profile_adapter == "none" else args.profile_adapter
+    if adapter:
+        model, _, _ = ctx.build_adapter_model(adapter == "qlora")
+    else:
+        model, _, _ = ctx.build_model()
     trace_dir = Path(args.workdir) / "profile"
     params = fastlm_params(
         ctx,
@@ -1115,6 +1150,7 @@ def run_profile(ctx: GpuContext) -> dict:
         log_every=args.warmup + 3,
         name="profile",
         profile={"enabled": True, "start_step": args.warmup + 1, "steps": 3, "trace_dir": str(trace_dir)},
+        adapter=adapter,
     )
     result = train(
         model,
@@ -1139,6 +1175,7 @@ def run_profile(ctx: GpuContext) -> dict:
     top = sorted(kernels.items(), key=lambda item: item[1][1], reverse=True)[:10]
     return {
         "contender": "fastlm_profile",
+        "adapter": args.profile_adapter,
         "window_ms": summary.get("window_ms"),
         "phase_share": summary.get("phase_share"),
         "kernel_total_ms": total / 1e3,
@@ -1176,6 +1213,7 @@ def child_main(args: argparse.Namespace) -> None:
         **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
         "fastlm_lora_unfused": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_linear="off"),
         "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),
+        "fastlm_lora_peft_forward": lambda: run_fastlm(ctx, compiled, adapter="lora", peft_forward=True),
         "base": lambda: {"contender": "base", "folder": str(ctx.base_folder())},
         **{
             f"trainer_{a}_{kind}": (lambda a=a, kind=kind: run_trainer(ctx, kind == "best", adapter=a))
@@ -1248,6 +1286,8 @@ def run_child(
             *(("--fused-kernel", args.fused_kernel) if args.fused_kernel else ()),
             "--padding-free",
             args.padding_free,
+            "--profile-adapter",
+            args.profile_adapter,
             *(("--layers", str(args.layers)) if args.layers else ()),
         ],
         extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))},
@@ -1731,6 +1771,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--run", choices=(*CONTENDERS, "fastlm_profile", "base"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument(  # the profile's set-up: the run's first fastlm contender's (profiled_adapter)
+        "--profile-adapter", choices=("none", "lora", "qlora"), default="none", help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps < 1 or args.seq_len < 8:
         parser.error("--warmup and --steps must be >= 1, --seq-len >= 8")
@@ -1820,11 +1863,13 @@ def main(argv=None) -> None:
             if not on_cuda:
                 print("\ntop CUDA kernels: skipped: no CUDA")
             else:
-                print("\na target was missed: profiling a few fastlm steps ...", flush=True)
+                args.profile_adapter = profiled_adapter(results)
+                shown = {"none": "full fine-tune"}.get(args.profile_adapter, args.profile_adapter)
+                print(f"\na target was missed: profiling a few fastlm steps ({shown}) ...", flush=True)
                 profile = run_child("fastlm_profile", args, workdir, len(contenders), timeout_s=budget.left())
                 if "error" not in profile:
                     print(
-                        f"top 10 CUDA kernels of fastlm (steps {args.warmup + 1}-{args.warmup + 3}, "
+                        f"top 10 CUDA kernels of fastlm, {shown} (steps {args.warmup + 1}-{args.warmup + 3}, "
                         f"{profile['kernel_total_ms']:.1f} ms of kernels in a "
                         f"{_fmt(profile['window_ms'], '.1f')} ms window; "
                         f"phase shares {profile['phase_share']}):"

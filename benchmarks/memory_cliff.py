@@ -38,10 +38,12 @@ out-of-memory side). Not timed.
    both after ``torch.cuda.synchronize``; real (non-padding) tokens/s over the timed steps; peak allocated and
    reserved memory; the allocator's ``num_alloc_retries`` during the trial.
 2. fastlm's choice: ``fastlm.engine.train.tune`` as ``kedro run --pipeline=tune`` runs it (``tune_modes`` over
-   ``packed`` and ``length_grouped``, ``tune_checkpointing`` with ``--checkpointing``, ``best_policy``,
-   ``explain_modes``) on the same base folder (``train.model.lora``, 4-bit where the Trainer was), same data
-   and the same budget as ``memory_limit_mb`` less the 10 % headroom, micro-batch sizes 1 .. ``--max-size``,
-   fastlm's own runtime defaults (``--fastlm-precision`` auto: bf16 on a GPU that has it; compile auto).
+   ``--modes``, default ``packed`` and ``length_grouped``; ``tune_checkpointing`` with ``--checkpointing``,
+   ``best_policy``, ``explain_modes``) on the same base folder (``train.model.lora``, 4-bit where the Trainer
+   was), same data and the same budget as ``memory_limit_mb`` less the 10 % headroom, micro-batch sizes
+   1 .. ``--max-size``, fastlm's own runtime defaults (``--fastlm-precision`` auto: bf16 on a GPU that has it;
+   ``--fastlm-compile`` auto). The H100 run of 2026-11-26 (docs/gpu-runs, h100-c) spent more than 150 s in
+   the ladder at these defaults without finishing; each phase's line now starts with the seconds elapsed.
 
 What a step holds differs: the Trainer's micro-batch is N short texts padded to the longest (about N x
 median real tokens), fastlm's packed micro-batch N rows of ``--max-len`` token slots (several texts each).
@@ -119,6 +121,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-size", type=int, default=64, help="fastlm tune: largest micro-batch tried")
     parser.add_argument("--checkpointing", default="auto", choices=["off", "selective", "full", "auto"])
     parser.add_argument("--fastlm-precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    parser.add_argument(
+        "--fastlm-compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="fastlm's train.runtime.compile in the tune ladder (off: eager, as the Trainer side runs)",
+    )
+    parser.add_argument(
+        "--modes",
+        default="packed,length_grouped",
+        help="fastlm's batching modes the tune ladder measures, comma-separated",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary folder, removed")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -357,7 +370,11 @@ def fastlm_tune(args, base: Path, rows, device, quantized: bool, limit_mb: float
                 "lora": {"enabled": True, **LORA, "target_modules": LORA_TARGETS, "load_in_4bit": quantized},
                 "gradient_checkpointing": args.checkpointing,
             },
-            "runtime": {"device": device.type, "precision": args.fastlm_precision},
+            "runtime": {
+                "device": device.type,
+                "precision": args.fastlm_precision,
+                "compile": {"auto": "auto", "on": True, "off": False}[args.fastlm_compile],
+            },
             "quiet": True,
         }
     )
@@ -378,7 +395,7 @@ def fastlm_tune(args, base: Path, rows, device, quantized: bool, limit_mb: float
         tune.tune_modes,
         model,
         train_set,
-        ["packed", "length_grouped"],
+        args.modes.split(","),
         params=params,
         runtime=runtime,
         pad_id=PAD,
@@ -455,6 +472,11 @@ def main(argv=None) -> int:
     if len(batches) < 2:
         print("--batches needs two sizes or more (e.g. 8,16)", file=sys.stderr)
         return 2
+    started = time.perf_counter()
+
+    def stamp() -> str:  # seconds since the start: where a stopped run spent its time
+        return f"[+{time.perf_counter() - started:.0f} s]"
+
     info = versions_and_device(args, device)
     print(json.dumps(info, indent=1), flush=True)
     if args.dry_run or device.type == "cpu":
@@ -466,7 +488,9 @@ def main(argv=None) -> int:
         base = workdir / "base"
         built = save_base(args, base, device)
         shape = built["shape"]
-        print(f"model: Llama {shape}, {built['parameters']:,} parameters, saved to {base}", flush=True)
+        print(
+            f"{stamp()} model: Llama {shape}, {built['parameters']:,} parameters, saved to {base}", flush=True
+        )
         limit_mb = cap_memory(args, device)
         if limit_mb is not None:
             print(f"memory cap: {limit_mb / 1024:.1f} GiB (set_per_process_memory_fraction)", flush=True)
@@ -480,17 +504,21 @@ def main(argv=None) -> int:
         adapter = (
             "QLoRA (NF4 4-bit base, fp32 compute)" if quantized else "LoRA on an fp32 base (no 4-bit here)"
         )
-        print(f"Trainer + peft, {adapter}, checkpointing off, mixed precision off:", flush=True)
+        print(f"{stamp()} Trainer + peft, {adapter}, checkpointing off, mixed precision off:", flush=True)
         trainer = []
         for batch in batches:
             result = trainer_trial(args, base, rows, batch, device, quantized, workdir)
             trainer.append(result)
-            print(f"  {json.dumps(result)}", flush=True)
-        print("fastlm tune ladder on the same budget:", flush=True)
+            print(f"  {stamp()} {json.dumps(result)}", flush=True)
+        print(
+            f"{stamp()} fastlm tune ladder on the same budget (modes {args.modes}, micro-batch 1 .. "
+            f"{args.max_size}, compile {args.fastlm_compile}, checkpointing {args.checkpointing}):",
+            flush=True,
+        )
         tuned = fastlm_tune(args, base, rows, device, quantized, limit_mb, shape["vocab_size"])
         for trial in tuned["trials"]:
             print(f"  {json.dumps(trial)}", flush=True)
-        print(f"tune: {tuned['explanation']}", flush=True)
+        print(f"{stamp()} tune: {tuned['explanation']}", flush=True)
         print(
             "What a step holds differs: the Trainer's micro-batch is N padded short texts, fastlm's packed "
             f"one N rows of {args.max_len} token slots; compare real tokens/s, not step times.",

@@ -152,6 +152,7 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
         "trainer_lora_best",
         "fastlm_lora_own_head",
         "trainer_qlora_best",
+        "fastlm_lora_peft_forward",
     ]
     shown = subprocess.run(
         [
@@ -179,6 +180,10 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     assert runs["fastlm_lora_own_head"]["fused_linear"] is True
     assert "fastlm's chunked PyTorch kernel" in runs["fastlm_lora_own_head"]["fused_linear_choice"]
     assert "fastlm_lora / fastlm_lora_own_head: " in shown.stdout
+    # the LoRA forward's A/B: fastlm's on every adapted layer (1 layer x 7 projections) against peft's
+    assert runs["fastlm_lora"]["lora_fused_layers"] == 7
+    assert runs["fastlm_lora_peft_forward"]["lora_fused_layers"] == 0
+    assert "fastlm_lora / fastlm_lora_peft_forward: " in shown.stdout
     assert "padding-free" in runs["trainer_lora_best"]["setup"]
     assert "CUDA and bitsandbytes" in runs["trainer_qlora_best"]["skipped"]
     # the cold start of each side (compile included where it compiles), not timed
@@ -344,3 +349,48 @@ def test_a_missed_target_is_profiled_only_where_a_fastlm_run_finished_and_fits_i
     quick = {"fastlm_lora": {"process_wall_s": 12.0}}
     assert gpu_speed.profile_skip_reason(quick, 20.0) is not None  # at least 30 s, whatever the run took
     assert gpu_speed.profile_skip_reason(quick, 31.0) is None
+
+
+def test_the_profile_of_a_missed_adapter_target_profiles_the_adapter_set_up(gpu_speed, monkeypatch):
+    """The LoRA run of 2026-11-26 (docs/gpu-runs, h100-c) printed the kernels of a full fine-tune of its 3B
+    base as the profile of its missed LoRA target: it now runs the first fastlm contender's set-up."""
+    from types import SimpleNamespace
+
+    import fastlm.engine.train.loop as loop
+
+    assert gpu_speed.profiled_adapter({"fastlm_lora": {}, "trainer_lora_best": {}}) == "lora"
+    assert gpu_speed.profiled_adapter({"trainer_qlora_best": {}, "fastlm_qlora": {}}) == "qlora"
+    assert gpu_speed.profiled_adapter({"fastlm_compile": {}, "trainer_best": {}}) == "none"
+    args = gpu_speed.parse_args(["--model", "tiny", "--adapters", "--threads", "1"])
+    args.profile_adapter = "lora"
+    seen = {}
+    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
+    gpu_speed.run_child("fastlm_profile", args, Path("."), 0)
+    assert seen["args"][seen["args"].index("--profile-adapter") + 1] == "lora"
+
+    built = []
+    ctx = SimpleNamespace(
+        args=SimpleNamespace(**{**vars(args), "workdir": ".", "device": "cpu"}),
+        attn="sdpa",
+        device="cpu",
+        values=[],
+        offsets=[0],
+        pad_id=0,
+        build_model=lambda: built.append("full") or (None, None, 0),
+        build_adapter_model=lambda quantized: (
+            built.append("qlora" if quantized else "lora") or (None, None, 0)
+        ),
+        adapter_model_params=lambda quantized, fused_forward=True: {
+            "name_or_path": ".",
+            "lora": {"enabled": True},
+        },
+    )
+    trained = []
+    profile = {"trace": None, "window_ms": 1.0, "phase_share": {}}
+    monkeypatch.setattr(
+        loop,
+        "train",
+        lambda *a, params, **k: trained.append(params) or SimpleNamespace(summary={"profile": profile}),
+    )
+    assert gpu_speed.run_profile(ctx)["adapter"] == "lora"
+    assert built == ["lora"] and trained[0].model.lora.enabled and trained[0].profile.enabled
