@@ -75,19 +75,18 @@ def _forward(layer, x: torch.Tensor, name: str) -> torch.Tensor:
 def fuse_lora_forward(model) -> int:
     """Each plain LoRA Linear of ``model`` (exactly peft's ``lora.Linear``) becomes a ``FusedLoraLinear`` in
     place; returns how many."""
-    count = 0
-    for module in model.modules():
-        if type(module) is PeftLoraLinear:
-            module.__class__ = FusedLoraLinear
-            count += 1
-    return count
+    return _swap_class(model, PeftLoraLinear, FusedLoraLinear)
 
 
 def use_peft_forward(model) -> int:
     """The reverse of ``fuse_lora_forward``: peft's own forward on every layer (the A/B's other side)."""
+    return _swap_class(model, FusedLoraLinear, PeftLoraLinear)
+
+
+def _swap_class(model, before: type, after: type) -> int:
     count = 0
     for module in model.modules():
-        if type(module) is FusedLoraLinear:
-            module.__class__ = PeftLoraLinear
+        if type(module) is before:
+            module.__class__ = after
             count += 1
     return count
