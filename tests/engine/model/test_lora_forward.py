@@ -23,7 +23,7 @@ pytestmark = pytest.mark.kernels  # compares two computations: run under other C
 VOCAB, HIDDEN, INTERMEDIATE, TOKENS = 112, 64, 160, 48  # 2 x TOKENS rows: no weight's
 
 
-def tiny_llama(dtype=torch.float32, layers=2):
+def tiny_llama(dtype=torch.float32, layers=2, **config):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -36,15 +36,16 @@ def tiny_llama(dtype=torch.float32, layers=2):
         num_key_value_heads=2,
         max_position_embeddings=128,
         tie_word_embeddings=True,
+        **config,
     )
     return LlamaForCausalLM(config).to(dtype)
 
 
-def adapted(dtype=torch.float32, *, fused=True, dropout=0.0, **lora):
+def adapted(dtype=torch.float32, *, fused=True, dropout=0.0, config=None, **lora):
     """A tiny Llama with LoRA adapters whose B is not zero (peft starts B at zero: the adapters would then
     add nothing and A would get no gradient, hiding any difference)."""
     params = LoraParams(enabled=True, r=4, alpha=8, dropout=dropout, **lora)
-    model = apply_lora(tiny_llama(dtype), params, gradient_checkpointing=False)
+    model = apply_lora(tiny_llama(dtype, **(config or {})), params, gradient_checkpointing=False)
     if not fused:
         use_peft_forward(model)
     generator = torch.Generator().manual_seed(1)
@@ -71,8 +72,9 @@ def loss_and_grads(model, autocast: bool, seed=3):
 
 
 class ActivationOps(TorchDispatchMode):
-    """Counts dtype copies and elementwise multiplications whose output is activation-sized (one row per
-    token of the batch), the traffic that peft's input cast and scaling pass add to every adapted layer."""
+    """Counts dtype copies, elementwise multiplications and additions whose output is activation-sized (one
+    row per token of the batch): the traffic that peft's input cast, scaling pass and separate sum add to
+    every adapted layer, forward and backward."""
 
     def __init__(self):
         super().__init__()
@@ -82,7 +84,7 @@ class ActivationOps(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket).removeprefix("aten.")
         rows = out.numel() // out.shape[-1] if isinstance(out, torch.Tensor) and out.dim() >= 2 else 0
-        if name in ("_to_copy", "mul") and rows == 2 * TOKENS:
+        if name in ("_to_copy", "mul", "add") and rows == 2 * TOKENS:
             self.counts[name] += 1
         return out
 
@@ -93,10 +95,11 @@ def activation_ops(model) -> collections.Counter:
     return ops.counts
 
 
-def test_under_bf16_autocast_adapters_add_no_activation_sized_copy_or_scaling_pass():
+def test_under_bf16_autocast_adapters_add_no_activation_sized_copy_scaling_pass_or_sum():
     """bf16 base, fp32 adapters, bf16 autocast (a GPU LoRA run): the adapted model's forward and backward do
-    exactly the activation-sized dtype copies and multiplications of the base model without adapters whose
-    projections train (the same activation gradients flow)."""
+    exactly the activation-sized dtype copies, multiplications and additions of the base model without
+    adapters whose projections train (the same activation gradients flow): the adapter's share of the input
+    gradient is summed inside the base's input-gradient matmul, as its output is inside the forward's."""
     base = tiny_llama(torch.bfloat16)  # the same gradients flow: frozen but for the adapted projections
     for name, parameter in base.named_parameters():
         parameter.requires_grad_(name.endswith("proj.weight"))
@@ -110,17 +113,22 @@ def test_under_bf16_autocast_adapters_add_no_activation_sized_copy_or_scaling_pa
     adapted_layers = 2 * 7
     assert peft["_to_copy"] == base["_to_copy"] + 4 * adapted_layers - 2 * 3, (peft, base)
     assert peft["mul"] == base["mul"] + 2 * adapted_layers, (peft, base)
+    # and a sum of the adapter's output with the base's, forward, and of the two input gradients, backward
+    # (where the input needs one)
+    assert peft["add"] == base["add"] + 2 * adapted_layers - 3, (peft, base)
 
 
 def relative_norm_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
-def test_fp32_the_fused_forward_gives_peft_loss_and_gradients():
+@pytest.mark.parametrize("config", [{}, {"attention_bias": True}], ids=["no-bias", "biased-attention"])
+def test_fp32_the_fused_forward_gives_peft_loss_and_gradients(config):
     """fp32, no autocast (a CPU run): the adapter's product is added inside the base output's matmul rather
-    than after it, a reordered sum: other-fp32-kernel tolerances."""
-    fused_loss, fused_grads = loss_and_grads(adapted(), autocast=False)
-    peft_loss, peft_grads = loss_and_grads(adapted(fused=False), autocast=False)
+    than after it, a reordered sum: other-fp32-kernel tolerances; also where the base Linear has a bias (q, k,
+    v and o of a Qwen2-style attention)."""
+    fused_loss, fused_grads = loss_and_grads(adapted(config=config), autocast=False)
+    peft_loss, peft_grads = loss_and_grads(adapted(fused=False, config=config), autocast=False)
     torch.testing.assert_close(fused_loss, peft_loss, **OTHER_FP32_MODEL)
     assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 2 * 2 * 7
     for name in peft_grads:
@@ -130,12 +138,14 @@ def test_fp32_the_fused_forward_gives_peft_loss_and_gradients():
         torch.testing.assert_close(fused_grads[name], peft_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
 
 
-def test_bf16_autocast_the_fused_forward_gives_peft_loss_and_gradients():
-    """bf16 autocast on a bf16 base: peft rounds the adapter's output, its scaled copy and the sum to bf16
-    (three roundings), the fused matmul once; a few bf16 roundings per layer, so the loss within
+@pytest.mark.parametrize("base_dtype", [torch.bfloat16, torch.float32], ids=["bf16-base", "fp32-base"])
+def test_bf16_autocast_the_fused_forward_gives_peft_loss_and_gradients(base_dtype):
+    """bf16 autocast on a bf16 base (a GPU run) or an fp32 one (a CPU run whose probe chose bf16): peft rounds
+    the adapter's output, its scaled copy and the sum to bf16 (three roundings), the fused matmul once, and
+    likewise the input gradient's two parts; a few bf16 roundings per layer, so the loss within
     BF16_MODEL_LOSS_REL and each adapter's gradient within a few eps_bf16 in norm."""
-    fused_loss, fused_grads = loss_and_grads(adapted(torch.bfloat16), autocast=True)
-    peft_loss, peft_grads = loss_and_grads(adapted(torch.bfloat16, fused=False), autocast=True)
+    fused_loss, fused_grads = loss_and_grads(adapted(base_dtype), autocast=True)
+    peft_loss, peft_grads = loss_and_grads(adapted(base_dtype, fused=False), autocast=True)
     torch.testing.assert_close(fused_loss, peft_loss, rtol=BF16_MODEL_LOSS_REL, atol=0)
     for name in peft_grads:
         assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 4 * EPS_BF16, name
@@ -175,3 +185,18 @@ def test_the_fused_forward_is_on_by_default_and_off_by_its_parameter():
         tiny_llama(), LoraParams(enabled=True, r=4, fused_forward=False), gradient_checkpointing=False
     )
     assert not any(isinstance(m, FusedLoraLinear) for m in model.modules())
+
+
+def test_the_fused_forward_compiles_to_the_eager_loss_and_gradients():
+    """The whole adapted model through torch.compile (AOTAutograd traces the fused layers' forward and
+    backward; the eager backend keeps it quick): other-fp32-kernel tolerances against eager."""
+    eager_loss, eager_grads = loss_and_grads(adapted(), autocast=False)
+    model = adapted()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=False)
+    torch.manual_seed(3)
+    loss = compiled(**batch()).loss
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), eager_loss, **OTHER_FP32_MODEL)
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            torch.testing.assert_close(parameter.grad, eager_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)

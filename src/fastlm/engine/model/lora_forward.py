@@ -4,27 +4,31 @@ peft's ``lora.Linear.forward`` casts its input to the adapters' dtype before the
 adapters are fp32), autocast casts it straight back to bf16 for the matmul, the adapter's output is scaled in
 a pass of its own and added to the base output in another, and backward retraces each step. Per adapted
 layer and micro-batch that is four activation-sized dtype copies (two where the input needs no gradient),
-two scaling passes and an add, all memory-bound (tests/engine/model/test_lora_forward.py counts them), and
-each adapted layer keeps its own bf16 re-cast copy of its input for backward where one shared input would
-do (q, k and v read the same one). On the Llama-3.2-3B shape (7 adapted projections per layer, 8,192 tokens
-per micro-batch) that is, estimated from the sizes, about 220 GB of memory traffic per step and about 5 GB
-of activations; not yet measured on a GPU (``benchmarks/gpu_speed.py --contenders fastlm_lora
-fastlm_lora_peft_forward``).
+two scaling passes and two adds (the outputs forward, the input gradients backward), all memory-bound
+(tests/engine/model/test_lora_forward.py counts them), and each adapted layer keeps its own bf16 re-cast
+copy of its input for backward where one shared input would do (q, k and v read the same one). On the
+Llama-3.2-3B shape (7 adapted projections per layer, 8,192 tokens per micro-batch) that is, estimated from
+the sizes, about 250 GB of memory traffic per step and about 5 GB of activations; not yet measured on a GPU
+(``benchmarks/gpu_speed.py --contenders fastlm_lora fastlm_lora_peft_forward``).
 
 ``FusedLoraLinear`` (peft's ``lora.Linear`` with this forward; ``fuse_lora_forward`` swaps the class of each
-plain LoRA Linear in place) computes, in the base output's dtype (autocast's: bf16 on a GPU run)::
+plain LoRA Linear in place) computes, in the compute dtype (autocast's: bf16 on a GPU run)::
 
-    out = base(x)                           # the frozen base layer, unchanged
-    xa = dropout(x) @ A.T                   # [tokens x r], x not cast
+    out = x @ W.T (+ bias)                  # the frozen base Linear's product
+    xa = x @ A.T                            # [tokens x r], x not cast
     out += xa @ (scaling * B).T             # one matmul accumulating into out (addmm_, beta = 1)
 
-with the fp32 adapters cast to the compute dtype as autocast would (tiny: r rows), so the optimizer still
-updates fp32 weights. Without autocast it is the same computation as peft's in the same dtype (fp32 on a
-CPU run), the sum reordered. Where it does not apply it calls peft's forward: merged or disabled adapters,
-several active adapters, a variant (DoRA and the like), a bias on B, extra arguments, or an input in another
-dtype than the adapters outside autocast. ``train.model.lora.fused_forward: false`` keeps peft's forward
-everywhere; a 4-bit base (QLoRA, peft's ``bnb.Linear4bit``) keeps peft's forward, which skips the casts
-under autocast already.
+and backward (``_LinearWithAdapter``) likewise sums the adapter's share of the input gradient inside the
+base's input-gradient matmul (``g @ W``, then ``addmm_(g @ (scaling * B), A)``), where autograd would add
+two activation-sized gradients in a pass of its own. The fp32 adapters are cast to the compute dtype as
+autocast would (tiny: r rows) and their gradients flow back to fp32, so the optimizer still updates fp32
+weights. Without autocast it is peft's computation in the same dtype (fp32 on a CPU run), the sums
+reordered. With LoRA dropout active, or a base that is not a plain ``nn.Linear`` (float8's ``Float8Linear``,
+GPT-2's ``Conv1D``), the base layer runs its own forward and only the forward sum is fused. Where it does not
+apply at all it calls peft's forward: merged or disabled adapters, several active adapters, a variant (DoRA
+and the like), a bias on B, extra arguments, or an input in another dtype than the adapters outside
+autocast. ``train.model.lora.fused_forward: false`` keeps peft's forward everywhere; a 4-bit base (QLoRA,
+peft's ``bnb.Linear4bit``) keeps peft's forward, which skips the casts under autocast already.
 """
 
 from __future__ import annotations
@@ -59,6 +63,12 @@ def _single_plain_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
 
 
 def _forward(layer, x: torch.Tensor, name: str) -> torch.Tensor:
+    dropout = layer.lora_dropout[name]
+    no_dropout = isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0
+    if type(layer.base_layer) is torch.nn.Linear and no_dropout:
+        return _linear_with_adapter(
+            layer.base_layer, x, layer.lora_A[name], layer.lora_B[name], layer.scaling[name]
+        )
     result = layer.base_layer(x)
     dtype = result.dtype
     a = layer.lora_A[name].weight.to(dtype)
@@ -70,6 +80,55 @@ def _forward(layer, x: torch.Tensor, name: str) -> torch.Tensor:
         result.view(-1, result.shape[-1]).addmm_(rows, b.t())
         return result
     return torch.addmm(result.reshape(-1, result.shape[-1]), rows, b.t()).view(result.shape)
+
+
+def _linear_with_adapter(base, x: torch.Tensor, lora_a, lora_b, scaling: float) -> torch.Tensor:
+    """``base(x) + scaling * lora_b(lora_a(x))`` for a plain ``nn.Linear`` base, in the compute dtype (the
+    autocast dtype under autocast, else x's), through ``_LinearWithAdapter``: each operand cast once, as
+    autocast would cast it (a no-op for a bf16 base under bf16 autocast; the fp32 adapters' casts are r rows
+    and carry their gradients back to fp32)."""
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    bias = None if base.bias is None else base.bias.to(dtype)
+    with torch.autocast(device, enabled=False):
+        return _LinearWithAdapter.apply(
+            x.to(dtype),
+            base.weight.to(dtype),
+            bias,
+            lora_a.weight.to(dtype),
+            lora_b.weight.to(dtype) * scaling,
+        )
+
+
+class _LinearWithAdapter(torch.autograd.Function):
+    """``x @ W.T (+ bias) + (x @ A.T) @ B.T`` with each sum inside a matmul: forward, the adapter's product
+    accumulates into the base output (``addmm_``); backward, the adapter's share of the input gradient
+    accumulates into the base's (``g @ W`` then ``addmm_(g @ B, A)``), where autograd would sum two
+    activation-sized gradients in a pass of its own. Saved for backward: x (the one tensor both products
+    read), x @ A.T (r columns) and the weights."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, a, b):
+        rows = x.reshape(-1, x.shape[-1])
+        out = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+        xa = rows @ a.t()
+        out.addmm_(xa, b.t())
+        ctx.save_for_backward(rows, weight, a, b, xa)
+        ctx.x_shape = x.shape
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, weight, a, b, xa = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        needs = ctx.needs_input_grad
+        grad_xa = g @ b if needs[0] or needs[3] else None
+        grad_x = (g @ weight).addmm_(grad_xa, a).view(ctx.x_shape) if needs[0] else None
+        grad_weight = g.t() @ rows if needs[1] else None
+        grad_bias = g.sum(0) if needs[2] else None
+        grad_a = grad_xa.t() @ rows if needs[3] else None
+        grad_b = g.t() @ xa if needs[4] else None
+        return grad_x, grad_weight, grad_bias, grad_a, grad_b
 
 
 def fuse_lora_forward(model) -> int:
