@@ -184,6 +184,12 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     assert runs["fastlm_lora"]["lora_fused_layers"] == 7
     assert runs["fastlm_lora_peft_forward"]["lora_fused_layers"] == 0
     assert "fastlm_lora / fastlm_lora_peft_forward: " in shown.stdout
+    # the packed-vs-unpacked loss check runs once per set-up, not again for each A/B variant (about 20 s of a
+    # 55 s contender on the H100: four attention paths, flex_attention's compile among them)
+    assert runs["fastlm_lora"]["loss_check"]["paths"]
+    for variant in ("fastlm_lora_unfused", "fastlm_lora_own_head", "fastlm_lora_peft_forward"):
+        assert runs[variant]["loss_check"] is None
+        assert f"N/A   {variant} packed vs unpacked loss: not run, an A/B variant" in shown.stdout
     assert "padding-free" in runs["trainer_lora_best"]["setup"]
     assert "CUDA and bitsandbytes" in runs["trainer_qlora_best"]["skipped"]
     # the cold start of each side (compile included where it compiles), not timed
