@@ -1473,7 +1473,8 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
             )
         loss = run["loss_check"]
         if loss is None:
-            check(f"{name} packed vs unpacked loss", "not run, an A/B variant (fastlm_lora's check covers its packing)", None)
+            covered = "not run, an A/B variant (fastlm_lora's check covers its packing)"
+            check(f"{name} packed vs unpacked loss", covered, None)
             continue
         for attn, path in loss["paths"].items():
             check(
