@@ -200,3 +200,28 @@ def test_the_fused_forward_compiles_to_the_eager_loss_and_gradients():
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             torch.testing.assert_close(parameter.grad, eager_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
+
+
+def test_a_lora_checkpoint_resumes_across_the_forward_switch(tmp_path):
+    """fused_forward changes no weight, data order or loss beyond rounding (as compile): a checkpoint written
+    with either forward, or before the switch existed, resumes with the other."""
+    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+    from fastlm.engine.config import parse_train_params
+
+    model = tiny_llama()
+    digests = [
+        run_digest(
+            model,
+            parse_train_params(
+                {"model": {"name_or_path": str(tmp_path), "lora": {"enabled": True, "fused_forward": fused}}}
+            ),
+            max_length=8,
+            data="d",
+            world_size=1,
+            sharded=False,
+        )
+        for fused in (True, False)
+    ]
+    assert digests[0]["model.lora"]["r"] == 16  # the adapter's settings are in the digest
+    assert digest_differences(digests[0], digests[1]) == []
+    assert "fused_forward" not in digests[0]["model.lora"]  # so a digest saved before the switch matches
