@@ -19,8 +19,8 @@
 #                          the Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), both sides eager,
 #                          and fastlm with peft's own LoRA forward (the A/B of engine/model/lora_forward.py)
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100:
-#                          micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes 1..32
-#                          (at its defaults the ladder had not finished in 150 s)
+#                          micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes 1..32,
+#                          tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
 #      fused_head_ab       the LoRA run's fused LM head: liger's kernel (auto on CUDA; two read-backs per
 #                          micro-batch) against fastlm's own, one run
 #      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), 3 + 8 steps (the usual set-up's 5 + 15 did not
@@ -53,7 +53,7 @@ SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s 
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
     "gpu_speed_lora|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_peft_forward trainer_lora_usual trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
-    "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32"
+    "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
     "fused_head_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"

@@ -42,8 +42,9 @@ out-of-memory side). Not timed.
    ``best_policy``, ``explain_modes``) on the same base folder (``train.model.lora``, 4-bit where the Trainer
    was), same data and the same budget as ``memory_limit_mb`` less the 10 % headroom, micro-batch sizes
    1 .. ``--max-size``, fastlm's own runtime defaults (``--fastlm-precision`` auto: bf16 on a GPU that has it;
-   ``--fastlm-compile`` auto). The H100 run of 2026-11-26 (docs/gpu-runs, h100-c) spent more than 150 s in
-   the ladder at these defaults without finishing; each phase's line now starts with the seconds elapsed.
+   ``--fastlm-compile`` auto), ``--tune-max-minutes`` as ``tune.max_minutes`` (none by default). The H100 run
+   of 2026-11-26 (docs/gpu-runs, h100-c) spent more than 150 s in the ladder at these defaults without
+   finishing; each phase's line now starts with the seconds elapsed.
 
 What a step holds differs: the Trainer's micro-batch is N short texts padded to the longest (about N x
 median real tokens), fastlm's packed micro-batch N rows of ``--max-len`` token slots (several texts each).
@@ -126,6 +127,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="auto",
         choices=["auto", "on", "off"],
         help="fastlm's train.runtime.compile in the tune ladder (off: eager, as the Trainer side runs)",
+    )
+    parser.add_argument(
+        "--tune-max-minutes",
+        type=float,
+        default=None,
+        help="fastlm's tune.max_minutes: no new trial, mode or checkpointing policy after this long",
     )
     parser.add_argument(
         "--modes",
@@ -390,6 +397,7 @@ def fastlm_tune(args, base: Path, rows, device, quantized: bool, limit_mb: float
         memory_limit_mb=limit_mb,
         headroom=HEADROOM,
         cliff_tolerance=CLIFF_TOLERANCE,
+        deadline=time.perf_counter() + 60 * args.tune_max_minutes if args.tune_max_minutes else None,
     )
     run_modes = functools.partial(
         tune.tune_modes,
@@ -404,7 +412,10 @@ def fastlm_tune(args, base: Path, rows, device, quantized: bool, limit_mb: float
         settings=settings,
     )
     policies = tune.tune_checkpointing(
-        run_modes, functools.partial(enable_checkpointing, model), args.checkpointing
+        run_modes,
+        functools.partial(enable_checkpointing, model),
+        args.checkpointing,
+        deadline=settings.deadline,
     )
     picked = tune.best_policy(policies) or policies[0]
     best = tune.best_mode(picked.ladders)
@@ -512,7 +523,8 @@ def main(argv=None) -> int:
             print(f"  {stamp()} {json.dumps(result)}", flush=True)
         print(
             f"{stamp()} fastlm tune ladder on the same budget (modes {args.modes}, micro-batch 1 .. "
-            f"{args.max_size}, compile {args.fastlm_compile}, checkpointing {args.checkpointing}):",
+            f"{args.max_size}, compile {args.fastlm_compile}, checkpointing {args.checkpointing}, "
+            f"at most {args.tune_max_minutes or 'unlimited'} minutes):",
             flush=True,
         )
         tuned = fastlm_tune(args, base, rows, device, quantized, limit_mb, shape["vocab_size"])

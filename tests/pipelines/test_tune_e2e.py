@@ -1,5 +1,6 @@
 """The tune pipeline through a KedroSession: trials, plot, and a parameters file the train pipeline uses."""
 
+import json
 import math
 
 import pandas as pd
@@ -40,3 +41,23 @@ def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_projec
         train = session.load_context().params["train"]
     assert train["batching"]["micro_batch_size"] == chosen and train["optimizer"]["lr"] == 0.002
     assert train["batching"]["mode"] == mode
+
+
+def test_max_minutes_stops_the_measurement_and_the_choice_comes_from_what_was_measured(kedro_project):
+    """A limit already past when the measurement starts: the first mode's first size only (each ladder's
+    first size always runs), the next size and the second mode left out and said so, that size chosen."""
+    params = {"split": SPLIT, "train": TRAIN, "tune": {"max_micro_batch_size": 4, "max_minutes": 1e-6}}
+    run_pipeline(kedro_project, "split", params)
+    run_pipeline(kedro_project, "tune", params)
+    trials = pd.read_csv(kedro_project / "data/08_reporting/tune_trials.csv")
+    assert list(zip(trials["mode"], trials["micro_batch_size"], trials["status"], strict=True)) == [
+        ("packed", 1, "ok"),
+        ("packed", 2, "time limit"),
+    ]
+    tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
+    assert tuned["train"]["batching"]["micro_batch_size"] == 1
+    explanation = json.loads((kedro_project / "data/08_reporting/tune_choice.json").read_text())[
+        "explanation"
+    ]
+    assert "tune.max_minutes was reached before micro-batch 2" in explanation
+    assert "length_grouped: not measured (tune.max_minutes was reached first)" in explanation

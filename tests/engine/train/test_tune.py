@@ -231,3 +231,48 @@ def test_the_target_effective_batch_counts_samples_not_packed_rows():
     trials = [tune.Trial(4, tune.OK, 1000.0, 0.1, 10.0, samples_per_micro_batch=60.0)]
     text = tune.explain(trials, trials[0], accumulation=5, target=256, headroom=0.1, memory_limit_mb=None)
     assert "20 rows" in text and "~300 samples" in text and "target 256 samples" in text
+
+
+def test_the_time_limit_stops_the_ladder_before_the_next_size_and_says_so(monkeypatch):
+    """``tune.max_minutes``: no trial starts past the deadline (a 3B model's trial can take a minute); the
+    sizes measured keep their choice, and the explanation names the limit and the size not measured."""
+    clock = [0.0]
+    monkeypatch.setattr(tune, "perf_counter", lambda: clock[0])
+    speeds = {size: 100.0 * size for size in SIZES}
+
+    def measure(size: int) -> tune.Measurement:
+        clock[0] += 40.0  # each trial takes 40 s
+        return tune.Measurement(speeds[size], 1.0 / speeds[size], MEMORY[size])
+
+    trials = tune.run_ladder(
+        measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05, deadline=100.0
+    )
+    assert [(t.micro_batch_size, t.status) for t in trials] == [
+        (1, "ok"),
+        (2, "ok"),
+        (4, "ok"),
+        (8, tune.TIME),
+    ]
+    assert tune.choose(trials).micro_batch_size == 4
+    text = tune.explain(
+        trials, tune.choose(trials), accumulation=1, target=None, headroom=0.1, memory_limit_mb=None
+    )
+    assert "tune.max_minutes" in text and "micro-batch 8" in text
+    # the first size of a ladder always runs, also past the deadline: a mode measured has a choice
+    clock[0] = 500.0
+    first = tune.run_ladder(
+        measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05, deadline=100.0
+    )
+    assert [t.status for t in first] == ["ok", tune.TIME]
+
+
+def test_max_minutes_is_validated_in_one_line():
+    from fastlm.errors import ConfigError
+    from fastlm.pipelines.tune.params import parse_tune_params
+
+    assert (
+        parse_tune_params({}).max_minutes is None
+        and parse_tune_params({"max_minutes": 2.5}).max_minutes == 2.5
+    )
+    with pytest.raises(ConfigError, match="tune.max_minutes"):
+        parse_tune_params({"max_minutes": 0})

@@ -67,3 +67,14 @@ def test_a_set_policy_is_measured_alone():
     results = tune.tune_checkpointing(runner(applied, FAST), applied.append, "auto")
     text = tune.explain_checkpointing(results, tune.best_policy(results))
     assert "off: micro-batch 2" in text and "Gradient checkpointing full" in text
+
+
+def test_auto_adds_no_recompute_policy_past_the_time_limit(monkeypatch):
+    """Memory stopped the ladder without recompute, but the time limit has passed: no further policy is
+    measured, and what was measured is chosen from."""
+    monkeypatch.setattr(tune, "perf_counter", lambda: 1000.0)
+    applied: list[str] = []
+    results = tune.tune_checkpointing(runner(applied, FAST), applied.append, "auto", deadline=100.0)
+    assert applied == ["off"] and tune.best_policy(results).policy == "off"
+    text = tune.explain_checkpointing(results, tune.best_policy(results))
+    assert "tune.max_minutes" in text and "selective" in text

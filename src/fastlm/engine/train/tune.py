@@ -8,6 +8,11 @@ trial runs warm-up steps (not timed) then timed steps of ``step.train_step``, th
 model compiled when training compiles it) on the user's real model, data and checkpointing settings, and
 records real tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up:
 the process goes on), past the memory headroom, or at the cliff (throughput falls while memory rises).
+
+``tune.max_minutes`` bounds the whole measurement (a trial of a 3B model can take a minute, a compiled one
+more): past its deadline no new trial starts (each ladder's first size excepted, so a mode measured has a
+choice), no further batching mode or checkpointing policy is measured, and the explanation names what the
+limit left out.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import torch
 
 from fastlm.errors import ConfigError
 
-OK, OOM, CLIFF, OVER = "ok", "out of memory", "cliff", "over headroom"
+OK, OOM, CLIFF, OVER, TIME = "ok", "out of memory", "cliff", "over headroom", "time limit"
+TIME_PARAM = "tune.max_minutes"
 
 
 @dataclass(frozen=True)
@@ -91,11 +97,16 @@ def run_ladder(
     memory_limit_mb: float | None,
     headroom: float,
     cliff_tolerance: float,
+    deadline: float | None = None,
 ) -> list[Trial]:
-    """Measure each size in order until out-of-memory, the headroom, or the cliff; every trial is kept."""
+    """Measure each size in order until out-of-memory, the headroom, the cliff, or (after the first size)
+    ``deadline`` (a ``perf_counter`` time: ``tune.max_minutes``); every trial is kept."""
     trials: list[Trial] = []
     budget = memory_limit_mb * (1 - headroom) if memory_limit_mb else None
     for size in sizes:
+        if trials and past(deadline):
+            trials.append(Trial(size, TIME))
+            break
         try:
             result = measure(size)
             release_memory()  # the trial's optimizer state and activations, before the next size
@@ -134,6 +145,11 @@ def run_ladder(
     return trials
 
 
+def past(deadline: float | None) -> bool:
+    """Whether ``deadline`` (a ``perf_counter`` time, or None: no limit) has passed."""
+    return deadline is not None and perf_counter() >= deadline
+
+
 def choose(trials: Sequence[Trial]) -> Trial | None:
     """The fastest trial that finished within the headroom and before the cliff."""
     return max((t for t in trials if t.status == OK), key=lambda t: t.real_tokens_per_s, default=None)
@@ -161,6 +177,7 @@ class LadderSettings:
     memory_limit_mb: float | None
     headroom: float
     cliff_tolerance: float
+    deadline: float | None = None  # perf_counter time (tune.max_minutes); None: no limit
 
 
 def tune_modes(
@@ -176,12 +193,14 @@ def tune_modes(
     settings: LadderSettings,
 ) -> list[ModeLadder]:
     """The size ladder (``run_ladder``) of each batching mode in ``modes`` on the real training step
-    (``real_step_measurer``); a mode the model cannot train in (``unavailable_modes``) is skipped with its
-    reason."""
+    (``real_step_measurer``); a mode the model cannot train in (``unavailable_modes``), or one left when the
+    time limit has passed after a mode with a choice, is skipped with its reason."""
     unavailable = unavailable_modes(model, dataset, attn)
     ladders = []
     for mode in modes:
         reason = unavailable(mode)
+        if reason is None and past(settings.deadline) and any(ladder.chosen for ladder in ladders):
+            reason = f"{TIME_PARAM} was reached first"
         if reason is not None:
             ladders.append(ModeLadder(mode, [], None, skipped=reason))
             continue
@@ -205,6 +224,7 @@ def tune_modes(
             memory_limit_mb=settings.memory_limit_mb,
             headroom=settings.headroom,
             cliff_tolerance=settings.cliff_tolerance,
+            deadline=settings.deadline,
         )
         ladders.append(ModeLadder(mode, trials, choose(trials)))
     return ladders
@@ -303,6 +323,8 @@ def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) ->
             f"micro-batch {stop.micro_batch_size} was slower ({stop.real_tokens_per_s:,.0f} tok/s) while "
             "using more memory: the cliff"
         )
+    if stop.status == TIME:
+        return f"{TIME_PARAM} was reached before micro-batch {stop.micro_batch_size}"
     if stop.status == OVER:
         return (
             f"micro-batch {stop.micro_batch_size} needed {stop.peak_memory_mb:,.0f} MB, over the "
@@ -425,6 +447,7 @@ class PolicyLadders:
     policy: str
     ladders: list[ModeLadder]
     best: ModeLadder | None
+    next_not_measured: str | None = None  # the policy memory called for that the time limit left out
 
 
 def memory_bound(ladders: Sequence[ModeLadder]) -> bool:
@@ -433,21 +456,29 @@ def memory_bound(ladders: Sequence[ModeLadder]) -> bool:
 
 
 def tune_checkpointing(
-    run_modes: Callable[[], list[ModeLadder]], set_policy: Callable[[str], None], requested: str
+    run_modes: Callable[[], list[ModeLadder]],
+    set_policy: Callable[[str], None],
+    requested: str,
+    deadline: float | None = None,
 ) -> list[PolicyLadders]:
     """The ladders (``run_modes()``, e.g. ``tune_modes``) under each checkpointing policy worth measuring.
 
     A set policy (``off``, ``selective``, ``full``) is measured alone. ``auto``: ``off`` first, then the next
     policy of ``CHECKPOINTING_ORDER`` only while memory stopped the previous one's ladder: recompute makes
     every step slower, so it can only win by letting a larger micro-batch fit. ``set_policy`` applies one.
+    Past ``deadline`` (``tune.max_minutes``) no further policy is measured; the last result names the one
+    memory called for (``next_not_measured``).
     """
     policies = CHECKPOINTING_ORDER if requested == "auto" else (requested,)
     results: list[PolicyLadders] = []
-    for policy in policies:
+    for index, policy in enumerate(policies):
         set_policy(policy)
         ladders = run_modes()
         results.append(PolicyLadders(policy, ladders, best_mode(ladders)))
         if not memory_bound(ladders):
+            break
+        if index + 1 < len(policies) and past(deadline):
+            results[-1] = dataclasses.replace(results[-1], next_not_measured=policies[index + 1])
             break
     return results
 
@@ -462,9 +493,16 @@ def best_policy(results: Sequence[PolicyLadders]) -> PolicyLadders | None:
 
 
 def explain_checkpointing(results: Sequence[PolicyLadders], best: PolicyLadders | None) -> str:
-    """One sentence comparing the policies measured (empty when only one was)."""
+    """One sentence comparing the policies measured (empty when only one was and nothing was left out)."""
+    left_out = results[-1].next_not_measured if results else None
+    cut = (
+        f" Memory stopped the ladder under checkpointing {results[-1].policy}, but {TIME_PARAM} was reached "
+        f"before {left_out} recompute could be measured."
+        if left_out
+        else ""
+    )
     if len(results) < 2:
-        return ""
+        return cut.strip()
     parts = [
         f"{r.policy}: micro-batch {r.best.chosen.micro_batch_size} "
         f"({r.best.chosen.real_tokens_per_s:,.0f} real tokens/s)"
@@ -473,4 +511,5 @@ def explain_checkpointing(results: Sequence[PolicyLadders], best: PolicyLadders 
         for r in results
     ]
     chosen = f" Gradient checkpointing {best.policy} is the fastest." if best else ""
-    return f"Memory stopped the ladder, so checkpointing policies were measured ({'; '.join(parts)}).{chosen}"
+    measured = "; ".join(parts)
+    return f"Memory stopped the ladder, so checkpointing policies were measured ({measured}).{chosen}{cut}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from time import perf_counter
 
 import datasets
 import pandas as pd
@@ -54,6 +55,7 @@ def tune_micro_batch(
         memory_limit_mb=limit,
         headroom=settings.memory_headroom,
         cliff_tolerance=settings.cliff_tolerance,
+        deadline=perf_counter() + 60 * settings.max_minutes if settings.max_minutes else None,
     )
     train_set = TokenSequences.from_arrow(tokenized["train"])
     run_modes = functools.partial(
@@ -69,7 +71,12 @@ def tune_micro_batch(
         settings=ladder_settings,
     )
     requested = params.model.gradient_checkpointing  # auto: more recompute is measured where memory stops it
-    policies = tune.tune_checkpointing(run_modes, functools.partial(enable_checkpointing, model), requested)
+    policies = tune.tune_checkpointing(
+        run_modes,
+        functools.partial(enable_checkpointing, model),
+        requested,
+        deadline=ladder_settings.deadline,
+    )
     picked = tune.best_policy(policies) or policies[0]
     ladders = picked.ladders
     best = tune.best_mode(ladders)

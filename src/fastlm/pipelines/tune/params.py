@@ -22,6 +22,12 @@ class TuneParams(Params):
         None, gt=0, description="tune for a card of this size; null: this one"
     )
     cliff_tolerance: float = Field(0.05, ge=0, lt=1)
+    max_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="no new trial, mode or checkpointing policy after this long (each ladder's first size "
+        "excepted); the explanation names what it left out; null: no limit",
+    )
     # batching modes to measure, each over the size ladder; the fastest (mode, size) is written. Empty or
     # null: train.batching.mode only.
     modes: list[Literal["packed", "length_grouped", "dynamic"]] | None = Field(
