@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fastlm.engine.config import LoraParams
 from fastlm.engine.model.lora import apply_lora
 from fastlm.engine.model.lora_forward import FusedLoraLinear, use_peft_forward
+from tests.support.tiny_models import llama_config
 from tests.support.tolerances import (
     BF16_MODEL_LOSS_REL,
     EPS_BF16,
@@ -20,25 +21,22 @@ from tests.support.tolerances import (
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
-VOCAB, HIDDEN, INTERMEDIATE, TOKENS = 112, 64, 160, 48  # 2 x TOKENS rows: no weight's
+VOCAB, HIDDEN, TOKENS = 112, 64, 48  # 2 x TOKENS rows: no weight's (hidden 64, MLP 128, vocab 112)
 
 
 def tiny_llama(dtype=torch.float32, layers=2, **config):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
+    shape = llama_config(
+        vocab=VOCAB,
+        hidden=HIDDEN,
+        positions=128,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
         tie_word_embeddings=True,
         **config,
     )
-    return LlamaForCausalLM(config).to(dtype)
+    return LlamaForCausalLM(shape).to(dtype)
 
 
 def adapted(dtype=torch.float32, *, fused=True, dropout=0.0, config=None, **lora):
