@@ -73,10 +73,11 @@ def _forward(layer, x: torch.Tensor, name: str) -> torch.Tensor:
     dtype = result.dtype
     a = layer.lora_A[name].weight.to(dtype)
     b = layer.lora_B[name].weight.to(dtype) * layer.scaling[name]  # [out x r]: the scaling on r columns
-    xa = functional.linear(layer.lora_dropout[name](x), a)  # autocast's dtype under it, else x's (= dtype)
+    xa = functional.linear(dropout(x), a)  # autocast's dtype under it, else x's (= dtype)
     rows = xa.reshape(-1, xa.shape[-1])
-    if isinstance(layer.base_layer, torch.nn.Linear) and result.is_contiguous():
-        # in place: a Linear keeps its input and weight for backward, not its output
+    if type(layer.base_layer) is torch.nn.Linear and result.is_contiguous():
+        # in place: a plain Linear keeps its input and weight for backward, not its output (a subclass, such
+        # as float8's, may keep more)
         result.view(-1, result.shape[-1]).addmm_(rows, b.t())
         return result
     return torch.addmm(result.reshape(-1, result.shape[-1]), rows, b.t()).view(result.shape)
