@@ -397,7 +397,7 @@ def fastlm_tune(args, base: Path, rows, device, quantized: bool, limit_mb: float
         memory_limit_mb=limit_mb,
         headroom=HEADROOM,
         cliff_tolerance=CLIFF_TOLERANCE,
-        deadline=time.perf_counter() + 60 * args.tune_max_minutes if args.tune_max_minutes else None,
+        deadline=tune.deadline_after(args.tune_max_minutes),
     )
     run_modes = functools.partial(
         tune.tune_modes,

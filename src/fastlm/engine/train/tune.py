@@ -145,6 +145,11 @@ def run_ladder(
     return trials
 
 
+def deadline_after(minutes: float | None) -> float | None:
+    """The ``perf_counter`` time ``minutes`` from now (``tune.max_minutes``; None: no limit)."""
+    return perf_counter() + 60 * minutes if minutes else None
+
+
 def past(deadline: float | None) -> bool:
     """Whether ``deadline`` (a ``perf_counter`` time, or None: no limit) has passed."""
     return deadline is not None and perf_counter() >= deadline

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from time import perf_counter
 
 import datasets
 import pandas as pd
@@ -55,7 +54,7 @@ def tune_micro_batch(
         memory_limit_mb=limit,
         headroom=settings.memory_headroom,
         cliff_tolerance=settings.cliff_tolerance,
-        deadline=perf_counter() + 60 * settings.max_minutes if settings.max_minutes else None,
+        deadline=tune.deadline_after(settings.max_minutes),
     )
     train_set = TokenSequences.from_arrow(tokenized["train"])
     run_modes = functools.partial(
