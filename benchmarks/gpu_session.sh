@@ -56,6 +56,7 @@ PLAN=(
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
     "fused_head_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best $SHORT --budget-s \$((CAP - 15))"
+    "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"

@@ -81,9 +81,10 @@ made up with gradient accumulation):
 * ``fastlm_lora_own_head`` (named in ``--contenders``): ``fastlm_lora`` with
   ``train.loss.fused_linear_kernel: fastlm``, the A/B of the fused head's kernels (``auto`` picks liger's on
   CUDA, which reads back twice per micro-batch; fastlm's chunked PyTorch one reads back nothing).
-* ``fastlm_lora_peft_forward`` (named in ``--contenders``): ``fastlm_lora`` with
-  ``train.model.lora.fused_forward: false``, peft's own LoRA forward (its input cast to the fp32 adapters and
-  back, a scaling pass, an add), the A/B of fastlm's (engine/model/lora_forward.py).
+* ``fastlm_lora_peft_forward`` / ``fastlm_qlora_peft_forward`` (named in ``--contenders``): ``fastlm_lora``
+  / ``fastlm_qlora`` with ``train.model.lora.fused_forward: false``, peft's own LoRA forward (its input cast
+  to the fp32 adapters and back, or over a 4-bit base a clone of the base output; a scaling pass, an add),
+  the A/B of fastlm's (engine/model/lora_forward.py).
 
 The frozen LoRA base is bf16 on both sides with ``--precision bf16`` (CPU included: bf16 autocast there
 too), fp32 with ``--precision fp32``. The base is built and saved, in that dtype, by a process of its own
@@ -181,11 +182,16 @@ ADAPTER_CONTENDERS = (
 )
 # fastlm_lora with train.loss.fused_linear: off, the A/B of the fused LM head + loss, and with fastlm's own
 # fused-head kernel (train.loss.fused_linear_kernel: fastlm; auto picks liger's on CUDA, which reads back
-# twice per micro-batch), the A/B of the two kernels, and with peft's own LoRA forward
-# (train.model.lora.fused_forward: false), the A/B of fastlm's (named in --contenders)
-AB_CONTENDERS = ("fastlm_lora_unfused", "fastlm_lora_own_head", "fastlm_lora_peft_forward")
-# fastlm_lora against its own variants: real tokens/s and peak memory, one run
-AB_PAIRS = [("fastlm_lora", name) for name in AB_CONTENDERS]
+# twice per micro-batch), the A/B of the two kernels, and fastlm_lora / fastlm_qlora with peft's own LoRA
+# forward (train.model.lora.fused_forward: false), the A/B of fastlm's (named in --contenders)
+AB_CONTENDERS = (
+    "fastlm_lora_unfused",
+    "fastlm_lora_own_head",
+    "fastlm_lora_peft_forward",
+    "fastlm_qlora_peft_forward",
+)
+# fastlm_lora / fastlm_qlora against its own variants: real tokens/s and peak memory, one run
+AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
 CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + AB_CONTENDERS
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 ADAPTER_PAIRS = [
@@ -769,9 +775,9 @@ def run_fastlm(
 
 def lora_fused_layers(model) -> int:
     """How many of the model's LoRA layers run fastlm's forward (engine/model/lora_forward.py)."""
-    from fastlm.engine.model.lora_forward import FusedLoraLinear
+    from fastlm.engine.model.lora_forward import is_fused
 
-    return sum(isinstance(module, FusedLoraLinear) for module in model.modules())
+    return sum(is_fused(module) for module in model.modules())
 
 
 def attention_paths(device) -> list[str]:
@@ -1215,7 +1221,10 @@ def child_main(args: argparse.Namespace) -> None:
         **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
         "fastlm_lora_unfused": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_linear="off"),
         "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),
-        "fastlm_lora_peft_forward": lambda: run_fastlm(ctx, compiled, adapter="lora", peft_forward=True),
+        **{
+            f"fastlm_{a}_peft_forward": (lambda a=a: run_fastlm(ctx, compiled, adapter=a, peft_forward=True))
+            for a in ("lora", "qlora")
+        },
         "base": lambda: {"contender": "base", "folder": str(ctx.base_folder())},
         **{
             f"trainer_{a}_{kind}": (lambda a=a, kind=kind: run_trainer(ctx, kind == "best", adapter=a))

@@ -126,6 +126,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "memory_cliff",
         "fused_head_ab",
         "gpu_speed_qlora",
+        "qlora_forward_ab",
         "gpu_speed_full",
         "liger_on",
         "liger_off",
@@ -149,18 +150,20 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best --compile off --warmup 3"
     )
     assert qlora in plan[3]
+    # fastlm's forward over a 4-bit base against peft's, one eager QLoRA run
+    assert "--model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in plan[4]
     # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
     # 0.73 B model did not finish in 137 s on an H100)
-    assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[4]
+    assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[5]
     # the adapter runs eager on both sides (a layer's compile took about 55 s on the H100), then
     # compiled by layers against the Trainer + peft's best set-up with its torch_compile
-    assert all("--compile off" in plan[i] for i in (0, 2, 3))
-    assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in (4, 5, 6, 7))
-    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[7]
-    assert "--liger on" in plan[5] and "--liger off" in plan[6]
-    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[8]
+    assert all("--compile off" in plan[i] for i in (0, 2, 3, 4))
+    assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in (5, 6, 7, 8))
+    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[8]
+    assert "--liger on" in plan[6] and "--liger off" in plan[7]
+    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[9]
     # every lever again, last: each one passed on the H100 of 2026-11-26
-    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[9]
+    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[10]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 

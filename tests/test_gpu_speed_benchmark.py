@@ -153,6 +153,7 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
         "fastlm_lora_own_head",
         "trainer_qlora_best",
         "fastlm_lora_peft_forward",
+        "fastlm_qlora_peft_forward",
     ]
     shown = subprocess.run(
         [
@@ -192,6 +193,7 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
         assert f"N/A   {variant} packed vs unpacked loss: not run, an A/B variant" in shown.stdout
     assert "padding-free" in runs["trainer_lora_best"]["setup"]
     assert "CUDA and bitsandbytes" in runs["trainer_qlora_best"]["skipped"]
+    assert "CUDA and bitsandbytes" in runs["fastlm_qlora_peft_forward"]["skipped"]
     # the cold start of each side (compile included where it compiles), not timed
     for name in contenders[:4]:
         first = runs[name]["first_step_s"]

@@ -6,11 +6,11 @@ import collections
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastlm.engine.config import LoraParams
 from fastlm.engine.model.lora import apply_lora
 from fastlm.engine.model.lora_forward import FusedLoraLinear, use_peft_forward
+from tests.support.activation_ops import ActivationOps, relative_norm_difference
 from tests.support.tiny_models import llama_config
 from tests.support.tolerances import (
     BF16_MODEL_LOSS_REL,
@@ -69,26 +69,8 @@ def loss_and_grads(model, autocast: bool, seed=3):
     return loss.detach().float(), grads
 
 
-class ActivationOps(TorchDispatchMode):
-    """Counts dtype copies, elementwise multiplications and additions whose output is activation-sized (one
-    row per token of the batch): the traffic that peft's input cast, scaling pass and separate sum add to
-    every adapted layer, forward and backward."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = str(func.overloadpacket).removeprefix("aten.")
-        rows = out.numel() // out.shape[-1] if isinstance(out, torch.Tensor) and out.dim() >= 2 else 0
-        if name in ("_to_copy", "mul", "add") and rows == 2 * TOKENS:
-            self.counts[name] += 1
-        return out
-
-
 def activation_ops(model) -> collections.Counter:
-    with ActivationOps() as ops:
+    with ActivationOps(rows=2 * TOKENS) as ops:
         loss_and_grads(model, autocast=True)
     return ops.counts
 
@@ -114,10 +96,6 @@ def test_under_bf16_autocast_adapters_add_no_activation_sized_copy_scaling_pass_
     # and a sum of the adapter's output with the base's, forward, and of the two input gradients, backward
     # (where the input needs one)
     assert peft["add"] == base["add"] + 2 * adapted_layers - 3, (peft, base)
-
-
-def relative_norm_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("config", [{}, {"attention_bias": True}], ids=["no-bias", "biased-attention"])

@@ -11,14 +11,14 @@ checkpoint would see no input needing a gradient and drop the adapters' gradient
 non-reentrantly (``use_reentrant=False``), which does not need it, and also calls
 ``enable_input_require_grads`` so that any reentrant path still works.
 
-QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 compute
-(``BitsAndBytesConfig``), then ``prepare_quantized`` (frozen, norms in fp32, the embedding and head left in
-the compute dtype, unlike peft's ``prepare_model_for_kbit_training``); it needs CUDA and the bitsandbytes
-package and is refused with one line without them. On a GPU without native bf16 (T4, V100) it trains rather
-than being refused: the 4-bit matmuls compute in fp16, as the runtime's autocast does there (emulated bf16
-would be slow and would disagree with it), and the fp16 GradScaler is safe because everything it unscales is
-fp32: the adapters (peft's ``autocast_adapter_dtype``), ``modules_to_save`` (cast to fp32 after
-``get_peft_model``), and nothing frozen (the optimizer holds the trainable parameters only).
+QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 compute (``BitsAndBytesConfig``),
+then ``prepare_quantized`` (frozen, everything that is not 4-bit left in the compute dtype, norms and head
+included, unlike peft's ``prepare_model_for_kbit_training``); it needs CUDA and the bitsandbytes package and
+is refused with one line without them. On a GPU without native bf16 (T4, V100) it trains rather than being
+refused: the 4-bit matmuls compute in fp16, as the runtime's autocast does there (emulated bf16 would be slow
+and would disagree with it), and the fp16 GradScaler is safe because everything it unscales is fp32: the
+adapters (peft's ``autocast_adapter_dtype``), ``modules_to_save`` (cast to fp32 after ``get_peft_model``), and
+nothing frozen (the optimizer holds the trainable parameters only).
 
 Saving: ``PeftModel.save_pretrained`` writes ``adapter_config.json`` + ``adapter_model.safetensors``; the
 config names the base folder (an absolute path, so the adapter loads from anywhere), and ``base_digest.json``
@@ -289,16 +289,19 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
 
 
 def prepare_quantized(model) -> None:
-    """A 4-bit base made ready for adapters: every parameter frozen, the 1-D 16-bit ones (norms, biases) cast
-    to fp32 for stable statistics. peft's ``prepare_model_for_kbit_training`` casts *every* 16-bit parameter
-    that is not 4-bit to fp32, the embedding and the LM head included: for a 128k-vocabulary 3B model that is
-    0.8 GB more per copy (1.6 GB for the tied one) and an LM head multiplying in fp32. Those frozen matrices
-    stay in the compute dtype here, as the frozen base of a plain LoRA run does; gradient checkpointing is
+    """A 4-bit base made ready for adapters: every parameter frozen, and every one that is not 4-bit left
+    in the compute dtype, as the frozen base of a plain LoRA run is.
+
+    peft's ``prepare_model_for_kbit_training`` casts every 16-bit parameter that is not 4-bit to fp32: for a
+    128k-vocabulary 3B model the embedding and LM head grow by 0.8 GB per copy (1.6 GB for the tied one) and
+    the head multiplies in fp32. Even fp32 *norms* alone cost more than they give: an fp32 weight times a
+    bf16 input makes each norm's output fp32, bitsandbytes' layers return their input's dtype, so the
+    residual stream, the MLP and every projection's output turn fp32 from the first layer on (twice the
+    activation memory and traffic, and a cast before each 4-bit matmul), while a frozen norm's statistics
+    are computed in fp32 either way (tests/engine/model/test_qlora_forward.py). Gradient checkpointing is
     the caller's (``recompute.enable_checkpointing``, non-reentrant)."""
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-        if parameter.ndim <= 1 and parameter.dtype in (torch.float16, torch.bfloat16):
-            parameter.data = parameter.data.float()
 
 
 def parameter_counts(model) -> dict:

@@ -27,8 +27,18 @@ reordered. With LoRA dropout active, or a base that is not a plain ``nn.Linear``
 GPT-2's ``Conv1D``), the base layer runs its own forward and only the forward sum is fused. Where it does not
 apply at all it calls peft's forward: merged or disabled adapters, several active adapters, a variant (DoRA
 and the like), a bias on B, extra arguments, or an input in another dtype than the adapters outside
-autocast. ``train.model.lora.fused_forward: false`` keeps peft's forward everywhere; a 4-bit base (QLoRA,
-peft's ``bnb.Linear4bit``) keeps peft's forward, which skips the casts under autocast already.
+autocast. ``train.model.lora.fused_forward: false`` keeps peft's forward everywhere.
+
+A 4-bit base (QLoRA: peft's ``bnb.Linear4bit`` over bitsandbytes' ``Linear4bit``, NF4 weights) gets the
+same forward as ``FusedLoraLinear4bit``: peft's 4-bit layer skips the input casts under autocast, but
+clones the base output ("defensively"), scales the adapter's output in a pass of its own and adds the two,
+and autograd adds the two input gradients in backward (about 90 GB of memory traffic per step on the 3B
+shape, estimated). ``_LinearWithAdapter`` takes the packed weight and its quantization state: forward, the
+base's product is bitsandbytes' ``matmul_4bit`` (its own kernel choice: a fused dequantizing kernel for a
+few rows, dequantize + matmul for a training batch) with the adapter accumulated into it; backward,
+the weight is dequantized again (as bitsandbytes' backward does: only the 4-bit weight is kept) and the
+adapter's share of the input gradient accumulated into ``g @ W``. It applies under autocast in the base's
+compute dtype; elsewhere (no autocast, another dtype, a CPU-inference packed weight) peft's forward runs.
 """
 
 from __future__ import annotations
@@ -36,6 +46,11 @@ from __future__ import annotations
 import torch
 from peft.tuners.lora.layer import Linear as PeftLoraLinear
 from torch.nn import functional
+
+try:  # peft defines its 4-bit LoRA layer only where bitsandbytes imports
+    from peft.tuners.lora.bnb import Linear4bit as PeftLoraLinear4bit
+except ImportError:
+    PeftLoraLinear4bit = None
 
 
 class FusedLoraLinear(PeftLoraLinear):
@@ -62,14 +77,44 @@ def _single_plain_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
     return name
 
 
-def _forward(layer, x: torch.Tensor, name: str) -> torch.Tensor:
+if PeftLoraLinear4bit is not None:
+
+    class FusedLoraLinear4bit(PeftLoraLinear4bit):
+        """peft's 4-bit ``lora.Linear4bit`` with the fused forward (module docstring)."""
+
+        def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            adapter = _single_plain_adapter(self, x, args, kwargs)
+            state = None if adapter is None else _quant_state(self.base_layer, x)
+            if state is None:
+                return super().forward(x, *args, **kwargs)
+            return _forward(self, x, adapter, quant_state=state)
+
+else:
+    FusedLoraLinear4bit = None
+
+
+def _quant_state(base, x: torch.Tensor):
+    """The 4-bit weight's quantization state where the fused forward can multiply it: under autocast in
+    the base's compute dtype, with the weight in bitsandbytes' standard layout; else None."""
+    from bitsandbytes.nn import modules as bnb_modules
+
+    device = x.device.type
+    if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) != base.compute_dtype:
+        return None
+    bnb_modules.fix_4bit_weight_quant_state_from_module(base)  # a state lost to FSDP's flattening
+    state = base.weight.quant_state
+    return None if getattr(state, "packing_format_for_cpu", False) else state
+
+
+def _forward(layer, x: torch.Tensor, name: str, *, quant_state=None) -> torch.Tensor:
+    """The fused forward of ``layer``'s adapter ``name`` (``quant_state``: a 4-bit base's)."""
     dropout = layer.lora_dropout[name]
     no_dropout = isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0
-    if type(layer.base_layer) is torch.nn.Linear and no_dropout:
-        return _linear_with_adapter(
-            layer.base_layer, x, layer.lora_A[name], layer.lora_B[name], layer.scaling[name]
-        )
-    result = layer.base_layer(x)
+    base = layer.base_layer
+    if no_dropout and (quant_state is not None or type(base) is torch.nn.Linear):
+        a, b, scaling = layer.lora_A[name], layer.lora_B[name], layer.scaling[name]
+        return _linear_with_adapter(base, x, a, b, scaling, quant_state=quant_state)
+    result = base(x)
     dtype = result.dtype
     a = layer.lora_A[name].weight.to(dtype)
     b = layer.lora_B[name].weight.to(dtype) * layer.scaling[name]  # [out x r]: the scaling on r columns
@@ -83,21 +128,26 @@ def _forward(layer, x: torch.Tensor, name: str) -> torch.Tensor:
     return torch.addmm(result.reshape(-1, result.shape[-1]), rows, b.t()).view(result.shape)
 
 
-def _linear_with_adapter(base, x: torch.Tensor, lora_a, lora_b, scaling: float) -> torch.Tensor:
-    """``base(x) + scaling * lora_b(lora_a(x))`` for a plain ``nn.Linear`` base, in the compute dtype (the
-    autocast dtype under autocast, else x's), through ``_LinearWithAdapter``: each operand cast once, as
-    autocast would cast it (a no-op for a bf16 base under bf16 autocast; the fp32 adapters' casts are r rows
-    and carry their gradients back to fp32)."""
+def _linear_with_adapter(
+    base, x: torch.Tensor, lora_a, lora_b, scaling: float, *, quant_state=None
+) -> torch.Tensor:
+    """``base(x) + scaling * lora_b(lora_a(x))`` for a plain ``nn.Linear`` base, or a 4-bit one given its
+    ``quant_state``, in the compute dtype (the autocast dtype under autocast, else x's), through
+    ``_LinearWithAdapter``: each operand cast once, as autocast would cast it (a no-op for a bf16 base under
+    bf16 autocast; the fp32 adapters' casts are r rows and carry their gradients back to fp32; the packed
+    4-bit weight is dequantized inside)."""
     device = x.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
     bias = None if base.bias is None else base.bias.to(dtype)
+    weight = base.weight if quant_state is not None else base.weight.to(dtype)
     with torch.autocast(device, enabled=False):
         return _LinearWithAdapter.apply(
             x.to(dtype),
-            base.weight.to(dtype),
+            weight,
             bias,
             lora_a.weight.to(dtype),
             lora_b.weight.to(dtype) * scaling,
+            quant_state,
         )
 
 
@@ -106,15 +156,22 @@ class _LinearWithAdapter(torch.autograd.Function):
     accumulates into the base output (``addmm_``); backward, the adapter's share of the input gradient
     accumulates into the base's (``g @ W`` then ``addmm_(g @ B, A)``), where autograd would sum two
     activation-sized gradients in a pass of its own. Saved for backward: x (the one tensor both products
-    read), x @ A.T (r columns) and the weights."""
+    read), x @ A.T (r columns) and the weights. With ``quant_state``, ``weight`` is a packed 4-bit weight
+    (frozen): its product is bitsandbytes' ``matmul_4bit``, and backward dequantizes it again."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, a, b):
+    def forward(ctx, x, weight, bias, a, b, quant_state):
         rows = x.reshape(-1, x.shape[-1])
-        out = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+        if quant_state is not None:
+            import bitsandbytes
+
+            out = bitsandbytes.matmul_4bit(rows, weight.t(), quant_state=quant_state, bias=bias)
+        else:
+            out = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
         xa = rows @ a.t()
         out.addmm_(xa, b.t())
         ctx.save_for_backward(rows, weight, a, b, xa)
+        ctx.quant_state = quant_state
         ctx.x_shape = x.shape
         return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -124,29 +181,54 @@ class _LinearWithAdapter(torch.autograd.Function):
         g = grad.reshape(-1, grad.shape[-1])
         needs = ctx.needs_input_grad
         grad_xa = g @ b if needs[0] or needs[3] else None
-        grad_x = (g @ weight).addmm_(grad_xa, a).view(ctx.x_shape) if needs[0] else None
+        grad_x = None
+        if needs[0]:
+            dense = weight if ctx.quant_state is None else _dequantized(weight, ctx.quant_state, g.dtype)
+            grad_x = (g @ dense).addmm_(grad_xa, a).view(ctx.x_shape)
         grad_weight = g.t() @ rows if needs[1] else None
         grad_bias = g.sum(0) if needs[2] else None
         grad_a = grad_xa.t() @ rows if needs[3] else None
         grad_b = g.t() @ xa if needs[4] else None
-        return grad_x, grad_weight, grad_bias, grad_a, grad_b
+        return grad_x, grad_weight, grad_bias, grad_a, grad_b, None
+
+
+def _dequantized(weight: torch.Tensor, quant_state, dtype: torch.dtype) -> torch.Tensor:
+    """A packed 4-bit weight as a dense ``[out x in]`` matrix in ``dtype``."""
+    from bitsandbytes import functional as bnb_functional
+
+    return bnb_functional.dequantize_4bit(weight, quant_state).to(dtype)
+
+
+def _pairs() -> dict[type, type]:
+    """peft's LoRA layer classes and their fused versions."""
+    pairs = {PeftLoraLinear: FusedLoraLinear}
+    if PeftLoraLinear4bit is not None:
+        pairs[PeftLoraLinear4bit] = FusedLoraLinear4bit
+    return pairs
 
 
 def fuse_lora_forward(model) -> int:
-    """Each plain LoRA Linear of ``model`` (exactly peft's ``lora.Linear``) becomes a ``FusedLoraLinear`` in
-    place; returns how many."""
-    return _swap_class(model, PeftLoraLinear, FusedLoraLinear)
+    """Each plain or 4-bit LoRA Linear of ``model`` (exactly peft's ``lora.Linear`` or
+    ``lora.Linear4bit``) becomes a ``FusedLoraLinear`` or ``FusedLoraLinear4bit`` in place; returns how
+    many."""
+    return _swap_classes(model, _pairs())
 
 
 def use_peft_forward(model) -> int:
     """The reverse of ``fuse_lora_forward``: peft's own forward on every layer (the A/B's other side)."""
-    return _swap_class(model, FusedLoraLinear, PeftLoraLinear)
+    return _swap_classes(model, {fused: peft for peft, fused in _pairs().items()})
 
 
-def _swap_class(model, before: type, after: type) -> int:
+def is_fused(module) -> bool:
+    """Whether ``module`` is a LoRA layer with the fused forward."""
+    return type(module) in _pairs().values()
+
+
+def _swap_classes(model, swaps: dict[type, type]) -> int:
     count = 0
     for module in model.modules():
-        if type(module) is before:
+        after = swaps.get(type(module))
+        if after is not None:
             module.__class__ = after
             count += 1
     return count
