@@ -25,6 +25,7 @@
 #                          micro-batch) against fastlm's own, one run
 #      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), 3 + 8 steps (the usual set-up's 5 + 15 did not
 #                          fit in its share)
+#      qlora_forward_ab    fastlm's QLoRA with its own forward over the 4-bit layers against peft's, one run
 #      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
 #                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
