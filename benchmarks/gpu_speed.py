@@ -90,7 +90,7 @@ The frozen LoRA base is bf16 on both sides with ``--precision bf16`` (CPU includ
 too), fp32 with ``--precision fp32``. The base is built and saved, in that dtype, by a process of its own
 before the adapter contenders, so that no contender's memory holds its construction or a dtype conversion.
 
-QLoRA needs CUDA and bitsandbytes: without them the two QLoRA-related pairs are skipped with the reason. The
+The QLoRA contenders need CUDA and bitsandbytes: without them the QLoRA pairs are skipped with the reason. The
 MFU of an adapter run counts 6N FLOPs per token like a full fine-tune, an upper bound of its work (frozen
 weights need no weight gradients: about 4N), so compare adapter runs by real tokens/s.
 
@@ -1311,7 +1311,7 @@ def skip_reason(name: str, args: argparse.Namespace, on_cuda: bool) -> str | Non
     if name.startswith("trainer") and importlib.util.find_spec("accelerate") is None:
         return "accelerate is not installed (transformers.Trainer needs it)"
     if "qlora" in name and not bitsandbytes:
-        return "QLoRA needs CUDA and bitsandbytes (4-bit NF4 weights)"
+        return "QLoRA contenders need CUDA and bitsandbytes here (on CPU: benchmarks/adapter_activations.py)"
     if args.optim != "adamw" and name in ADAPTER_CONTENDERS + AB_CONTENDERS and not bitsandbytes:
         return f"--optim {args.optim} needs CUDA and bitsandbytes"
     return None

@@ -28,7 +28,9 @@ class LoraParams(Params):
     base_dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="frozen base weights; auto: bf16 on GPUs that have it, else fp32"
     )
-    load_in_4bit: bool = Field(False, description="QLoRA: 4-bit NF4 base weights (CUDA + bitsandbytes)")
+    load_in_4bit: bool = Field(
+        False, description="QLoRA: 4-bit NF4 base weights (bitsandbytes; CUDA, or CPU from bitsandbytes 0.50)"
+    )
     fused_forward: bool = Field(
         True,
         description="the adapter's product added inside the base output's matmul in the compute dtype, no "
@@ -169,8 +171,28 @@ def package_missing(module: str, package: str) -> str | None:
     return None
 
 
+def qlora_missing() -> str | None:
+    """What 4-bit QLoRA weights lack on this machine, or None: bitsandbytes, on CUDA any version, on CPU
+    0.50 or later (its CPU backend; the version tested)."""
+    import importlib.metadata
+    import importlib.util
+    import sys
+
+    import torch
+
+    if "bitsandbytes" not in sys.modules and importlib.util.find_spec("bitsandbytes") is None:
+        return "the bitsandbytes package is missing"
+    if torch.cuda.is_available():
+        return None
+    version = importlib.metadata.version("bitsandbytes")
+    major, minor = (int(part) for part in version.split(".")[:2])
+    if (major, minor) < (0, 50):
+        return f"bitsandbytes {version} has no CPU backend for it and there is no CUDA GPU"
+    return None
+
+
 def cuda_and_bitsandbytes_missing() -> list[str]:
-    """What a bitsandbytes feature (8-bit optimizers, 4-bit QLoRA weights) lacks on this machine: a CUDA
+    """What a bitsandbytes feature on CUDA (its 8-bit optimizers) lacks on this machine: a CUDA
     GPU, the package."""
     import importlib.util
     import sys

@@ -1,10 +1,12 @@
 """LoRA on a local tiny Llama checkpoint (saved with save_pretrained, no hub): adapters only train, the
 completion-only packed path is kept, checkpoints resume, the adapter saves and merges to the same logits."""
 
+import importlib.util
 import io
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -97,17 +99,26 @@ def test_auto_targets_are_the_projections_and_only_adapters_train(base_dir, toke
     )
 
 
-def test_lora_is_refused_without_a_pretrained_base_and_4bit_without_cuda(base_dir, tokenizer):
+def test_lora_is_refused_without_a_pretrained_base_and_4bit_without_bitsandbytes(
+    base_dir, tokenizer, monkeypatch
+):
     scratch = parse_train_params({"model": {"lora": {"enabled": True}}}).model
     with pytest.raises(ConfigError, match="train.model.name_or_path is null"):
         build_model(scratch, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
-    if not torch.cuda.is_available():
-        quantized = parse_train_params({"model": model_params(base_dir, load_in_4bit=True)}).model
+    quantized = parse_train_params({"model": model_params(base_dir, load_in_4bit=True)}).model
+    with monkeypatch.context() as patch:  # a machine without bitsandbytes
+        patch.delitem(sys.modules, "bitsandbytes", raising=False)
+        real_find_spec = importlib.util.find_spec
+        patch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a),
+        )
         with pytest.raises(
-            ConfigError, match="train.model.lora.load_in_4bit is true but a CUDA GPU"
+            ConfigError, match="train.model.lora.load_in_4bit is true but the bitsandbytes package"
         ) as error:
             build_model(quantized, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
-        assert "\n" not in str(error.value)
+    assert "\n" not in str(error.value) and "pip install 'bitsandbytes>=0.50'" in str(error.value)
     wrong = parse_train_params({"model": model_params(base_dir, target_modules=["no_such_layer"])}).model
     with pytest.raises(ConfigError, match="target_modules"):
         build_model(wrong, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
@@ -182,6 +193,94 @@ def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merge
         base = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True).eval()
         # it did something
         assert not torch.allclose(base(input_ids=ids).logits, expected, atol=MERGED_ADAPTER_ATOL)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, pairs, precision):
+    """QLoRA on CPU (bitsandbytes' CPU backend): the base loads in NF4, only the adapters train (the 4-bit
+    weights unchanged), the run resumes to the same adapters, and the saved adapter merges into the base
+    folder's weights with the unmerged logits (the adapter trained over NF4 weights, as on a GPU)."""
+    pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    import bitsandbytes
+
+    params = train_params(
+        tmp_path,
+        base_dir,
+        model=model_params(base_dir, load_in_4bit=True),
+        runtime={"device": "cpu", "precision": precision},
+    )
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
+    model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    four_bit = [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]
+    assert len(four_bit) == 2 * 7
+    packed_before = [m.weight.detach().clone() for m in four_bit]
+    result = train(
+        model,
+        pairs,
+        pairs,
+        params=params,
+        runtime=runtime,
+        pad_id=tokenizer.eos_token_id,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+    )
+    losses = [record["loss"] for record in result.history]
+    assert losses[-1] < losses[0], losses
+    assert all(torch.equal(m.weight, before) for m, before in zip(four_bit, packed_before, strict=True))
+    trainable = {name: p.detach().clone() for name, p in result.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+
+    again = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    resumed = train(
+        again,
+        pairs,
+        None,
+        params=params,
+        runtime=runtime,
+        pad_id=tokenizer.eos_token_id,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+    )
+    for name, p in resumed.model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p, trainable[name]), name
+
+    out = tmp_path / "adapter"
+    result.model.save_pretrained(out)
+    merged = lora.merge_adapter(out).eval()
+    unmerged = lora.load_adapter_model(out, merge=False).eval()
+    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+    with torch.no_grad():
+        expected = unmerged(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+
+
+def test_after_an_evaluation_pass_qlora_still_trains_its_lower_layers_on_cpu(base_dir, tokenizer):
+    """bitsandbytes repacks a 4-bit weight for its CPU inference kernel the first time the layer runs in
+    eval mode without gradients on a CPU with AVX-512 bf16 (in place, for good), and that kernel has no
+    backward: every later training step would back-propagate nothing through the base layers. fastlm's QLoRA
+    layers keep the training layout: the gradients after an evaluation pass equal those before it."""
+    pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    params = parse_train_params({"model": model_params(base_dir, load_in_4bit=True)}).model
+    model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+    ids = torch.arange(3, 3 + 2 * 24).reshape(2, 24) % len(tokenizer)
+
+    def gradients():
+        model.train().zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+
+    before = gradients()
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)
+    after = gradients()
+    for name, grad in before.items():  # the same computation twice
+        assert torch.equal(after[name], grad), name
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,10 @@ keeps its frozen matrices in the compute dtype, the runtime trains in bf16 witho
 without native bf16: fp16 4-bit compute and a GradScaler that unscales fp32 adapters only), and the fused
 linear loss stays on for a 128k vocabulary.
 
-bitsandbytes needs CUDA: a fake module and a patched ``torch.cuda`` stand in, the weights are not quantized
-(``from_pretrained`` runs without the quantization arguments it was handed). The quantized run itself is
-``benchmarks/gpu_speed.py --contenders fastlm_qlora`` on a GPU."""
+A patched ``torch.cuda`` stands in for the GPU, and the weights are not quantized (``from_pretrained`` runs
+without the quantization arguments it was handed): what is checked is what fastlm asks of a GPU.
+test_qlora_forward.py and test_lora.py run real NF4 weights through bitsandbytes' CPU backend; the quantized
+GPU run is ``benchmarks/gpu_speed.py --contenders fastlm_qlora``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def fake_cuda_with_bitsandbytes(monkeypatch):
     """A machine that has CUDA and bitsandbytes, as far as fastlm's checks go. No ``bitsandbytes`` module is
     put in ``sys.modules``: peft and transformers would then take it for the real one (and cache that)."""
     monkeypatch.setattr(engine_config, "cuda_and_bitsandbytes_missing", lambda: [])
+    monkeypatch.setattr(engine_config, "qlora_missing", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 

@@ -13,12 +13,13 @@ non-reentrantly (``use_reentrant=False``), which does not need it, and also call
 
 QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 compute (``BitsAndBytesConfig``),
 then ``prepare_quantized`` (frozen, everything that is not 4-bit left in the compute dtype, norms and head
-included, unlike peft's ``prepare_model_for_kbit_training``); it needs CUDA and the bitsandbytes package and
-is refused with one line without them. On a GPU without native bf16 (T4, V100) it trains rather than being
-refused: the 4-bit matmuls compute in fp16, as the runtime's autocast does there (emulated bf16 would be slow
-and would disagree with it), and the fp16 GradScaler is safe because everything it unscales is fp32: the
-adapters (peft's ``autocast_adapter_dtype``), ``modules_to_save`` (cast to fp32 after ``get_peft_model``), and
-nothing frozen (the optimizer holds the trainable parameters only).
+included, unlike peft's ``prepare_model_for_kbit_training``); it needs the bitsandbytes package (on CUDA, or
+on CPU from its version 0.50, computing in bf16 there: ``qlora_compute_dtype``) and is refused with one line
+without it. On a GPU without native bf16 (T4, V100) it trains rather than being refused: the 4-bit matmuls
+compute in fp16, as the runtime's autocast does there (emulated bf16 would be slow and would disagree with
+it), and the fp16 GradScaler is safe because everything it unscales is fp32: the adapters (peft's
+``autocast_adapter_dtype``), ``modules_to_save`` (cast to fp32 after ``get_peft_model``), and nothing frozen
+(the optimizer holds the trainable parameters only).
 
 Saving: ``PeftModel.save_pretrained`` writes ``adapter_config.json`` + ``adapter_model.safetensors``; the
 config names the base folder (an absolute path, so the adapter loads from anywhere), and ``base_digest.json``
@@ -78,7 +79,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def check_supported(params: ModelParams) -> None:
-    """Refuse, with one line, LoRA without a pretrained base and 4-bit weights without CUDA/bitsandbytes."""
+    """Refuse, with one line, LoRA without a pretrained base and 4-bit weights without bitsandbytes (or with
+    one too old for CPU on a machine without CUDA: ``config.qlora_missing``)."""
     if params.name_or_path is None:
         raise ConfigError(
             f"{PARAM}.enabled is true but train.model.name_or_path is null: LoRA adapts a pretrained model.",
@@ -86,14 +88,13 @@ def check_supported(params: ModelParams) -> None:
             "train.model.lora.enabled: false.",
         )
     if params.lora.load_in_4bit:
-        missing = engine_config.cuda_and_bitsandbytes_missing()
+        missing = engine_config.qlora_missing()
         if missing:
             raise ConfigError(
-                f"{PARAM}.load_in_4bit is true but {' and '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} missing (4-bit QLoRA weights run on CUDA through "
-                "bitsandbytes).",
-                fix=f"set {PARAM}.load_in_4bit: false (LoRA on bf16/fp32 weights), or run on a GPU machine "
-                "with `pip install bitsandbytes`.",
+                f"{PARAM}.load_in_4bit is true but {missing} (4-bit QLoRA weights run through bitsandbytes, "
+                "on CUDA or, from its version 0.50, on CPU).",
+                fix=f"set {PARAM}.load_in_4bit: false (LoRA on bf16/fp32 weights), or "
+                "`pip install 'bitsandbytes>=0.50'`.",
             )
 
 
@@ -111,9 +112,9 @@ def base_dtype(lora: LoraParams) -> torch.dtype:
 
 
 def qlora_compute_dtype() -> torch.dtype:
-    """The 4-bit matmuls' dtype: bf16 where the GPU has it natively, else fp16 (the runtime then trains in
-    fp16 with a GradScaler; see the module docstring)."""
-    return torch.bfloat16 if _native_bf16() else torch.float16
+    """The 4-bit matmuls' dtype: bf16 where the GPU has it natively or on CPU, else fp16 (the runtime then
+    trains in fp16 with a GradScaler; see the module docstring)."""
+    return torch.bfloat16 if _native_bf16() or not torch.cuda.is_available() else torch.float16
 
 
 def load_kwargs(lora: LoraParams) -> dict:
@@ -129,11 +130,8 @@ def load_kwargs(lora: LoraParams) -> dict:
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute,
     )
-    return {
-        "dtype": compute,
-        "quantization_config": quantization,
-        "device_map": {"": torch.cuda.current_device()},
-    }
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    return {"dtype": compute, "quantization_config": quantization, "device_map": {"": device}}
 
 
 def target_modules(model, requested) -> list[str] | str:
@@ -302,6 +300,12 @@ def prepare_quantized(model) -> None:
     the caller's (``recompute.enable_checkpointing``, non-reentrant)."""
     for parameter in model.parameters():
         parameter.requires_grad_(False)
+    for module in model.modules():
+        # bitsandbytes repacks a 4-bit weight, in place and for good, for its CPU inference kernel (which
+        # has no backward) the first time the layer runs in eval mode without gradients on a CPU with
+        # AVX-512 bf16: training after an evaluation pass would back-propagate nothing through the base
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
 
 
 def parameter_counts(model) -> dict:
