@@ -171,9 +171,9 @@ def package_missing(module: str, package: str) -> str | None:
     return None
 
 
-def qlora_missing() -> str | None:
-    """What 4-bit QLoRA weights lack on this machine, or None: bitsandbytes, on CUDA any version, on CPU
-    0.50 or later (its CPU backend; the version tested)."""
+def bitsandbytes_missing() -> str | None:
+    """What a bitsandbytes feature (QLoRA's 4-bit weights, 8-bit AdamW) lacks on this machine, or None: the
+    package, on CUDA any version, on CPU 0.50 or later (its CPU backend; the version tested)."""
     import importlib.metadata
     import importlib.util
     import sys
@@ -189,22 +189,6 @@ def qlora_missing() -> str | None:
     if (major, minor) < (0, 50):
         return f"bitsandbytes {version} has no CPU backend for it and there is no CUDA GPU"
     return None
-
-
-def cuda_and_bitsandbytes_missing() -> list[str]:
-    """What a bitsandbytes feature on CUDA (its 8-bit optimizers) lacks on this machine: a CUDA
-    GPU, the package."""
-    import importlib.util
-    import sys
-
-    import torch
-
-    has_package = "bitsandbytes" in sys.modules or importlib.util.find_spec("bitsandbytes") is not None
-    return [
-        what
-        for what, ok in (("a CUDA GPU", torch.cuda.is_available()), ("the bitsandbytes package", has_package))
-        if not ok
-    ]
 
 
 class OptimizerParams(Params):
@@ -227,12 +211,20 @@ class OptimizerParams(Params):
     @field_validator("name")
     @classmethod
     def _bitsandbytes_this_machine_has(cls, value: str) -> str:
-        missing = cuda_and_bitsandbytes_missing() if value != "adamw" else []
+        import torch
+
+        if value == "adamw":
+            return value
+        missing = bitsandbytes_missing()
         if missing:
             raise ValueError(
-                f"{value!r} keeps 8-bit optimizer states on a CUDA GPU through bitsandbytes "
-                f"and this machine lacks {' and '.join(missing)}; use 'adamw', or `pip install "
-                "bitsandbytes` on a GPU machine"
+                f"{value!r} keeps 8-bit optimizer states through bitsandbytes and {missing}; use 'adamw', "
+                "or `pip install 'bitsandbytes>=0.50'`"
+            )
+        if value.startswith("paged_") and not torch.cuda.is_available():
+            raise ValueError(
+                f"{value!r} pages its states between a CUDA GPU's memory and the host's and this machine has "
+                "no CUDA GPU; use 'adamw_8bit' (8-bit states on CPU too) or 'adamw'"
             )
         return value
 

@@ -31,8 +31,7 @@ TEXTS = [f"sample {index} of the qlora contract, word {index * 7 % 13}" for inde
 def fake_cuda_with_bitsandbytes(monkeypatch):
     """A machine that has CUDA and bitsandbytes, as far as fastlm's checks go. No ``bitsandbytes`` module is
     put in ``sys.modules``: peft and transformers would then take it for the real one (and cache that)."""
-    monkeypatch.setattr(engine_config, "cuda_and_bitsandbytes_missing", lambda: [])
-    monkeypatch.setattr(engine_config, "qlora_missing", lambda: None)
+    monkeypatch.setattr(engine_config, "bitsandbytes_missing", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 

@@ -1,12 +1,13 @@
 """train.optimizer.name: bitsandbytes' 8-bit and paged 8-bit AdamW get optim.py's parameter groups and
-hyper-parameters; without CUDA and bitsandbytes the name is refused in one line before anything runs.
-
-bitsandbytes needs CUDA, so its optimizers are a fake module here: what is checked is the calling contract
-(the class each name picks and the arguments it gets), not the 8-bit update (benchmarks/gpu_speed.py)."""
+hyper-parameters (a fake module records them); without bitsandbytes the name is refused in one line before
+anything runs, and paged states without CUDA; on CPU bitsandbytes' own 8-bit AdamW trains, checkpoints its
+uint8 states and resumes (its CPU backend)."""
 
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
+import shutil
 import sys
 import types
 
@@ -76,8 +77,72 @@ def test_adamw_is_the_default_and_stays_torch():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_paged_states_are_refused_in_one_line_without_cuda():
+    """Paging moves the states between GPU and host memory: there is nothing to page on a CPU."""
+    with pytest.raises(ConfigError, match="train.optimizer.name.*paged_adamw_8bit.*CUDA") as error:
+        parse_train_params({"optimizer": {"name": "paged_adamw_8bit"}})
+    assert "\n" not in str(error.value) and "adamw_8bit" in str(error.value)
+
+
 @pytest.mark.parametrize("name", ["adamw_8bit", "paged_adamw_8bit"])
-def test_8bit_optimizers_are_refused_in_one_line_without_cuda_and_bitsandbytes(name):
-    with pytest.raises(ConfigError, match=f"train.optimizer.name.*{name}.*CUDA") as error:
+def test_8bit_optimizers_are_refused_in_one_line_without_bitsandbytes(monkeypatch, name):
+    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda module, *a: None if module == "bitsandbytes" else real_find_spec(module, *a),
+    )
+    with pytest.raises(ConfigError, match=f"train.optimizer.name.*{name}.*bitsandbytes") as error:
         parse_train_params({"optimizer": {"name": name}})
-    assert "\n" not in str(error.value) and "adamw" in str(error.value)
+    assert "\n" not in str(error.value) and "pip install" in str(error.value)
+
+
+@pytest.mark.kernels  # compares two computations (8-bit and fp32 states): other CPU kernel sets too
+def test_adamw_8bit_trains_resumes_and_follows_adamw_on_cpu(tmp_path):
+    """bitsandbytes' 8-bit AdamW on CPU (its CPU backend, 0.50 on): the matrices' moments are uint8 in the
+    checkpoint (tensors under 4,096 elements keep 32-bit moments, bitsandbytes' ``min_8bit_size``), the toy
+    run learns as AdamW does (block-wise 8-bit moments round each update by about 1/127 of its block's
+    largest moment: the final loss within 5 % of AdamW's), and a run resumed from its step-6 checkpoint ends
+    with the weights of the run it continues (the same computation)."""
+    pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.support.toy_training import EOS, VOCAB, run_toy, toy_params
+
+    def model():  # 64 x 128 MLP matrices: 8-bit moments
+        torch.manual_seed(0)
+        shape = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+            use_cache=False,
+        )
+        return LlamaForCausalLM(shape)
+
+    steps = {"max_steps": 12, "eval_every": None, "log_every": 4, "save_every": 6}
+    eight = toy_params(tmp_path / "8bit", optimizer={"name": "adamw_8bit"}, **steps)
+    result = run_toy(eight, model=model())
+    saved = torch.load(
+        tmp_path / "8bit" / "checkpoints" / "checkpoint-00000012" / "optimizer.pt", weights_only=False
+    )
+    tensors = [v for state in saved["state"].values() for v in state.values()]
+    tensors += [v for t in tensors if isinstance(t, dict) for v in t.values()]  # bitsandbytes nests them
+    dtypes = {str(t.dtype) for t in tensors if torch.is_tensor(t)}
+    assert "torch.uint8" in dtypes, dtypes
+    reference = run_toy(toy_params(tmp_path / "fp32", **steps), model=model())
+    losses, reference_losses = [r["loss"] for r in result.history], [r["loss"] for r in reference.history]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert abs(losses[-1] - reference_losses[-1]) < 0.05 * reference_losses[-1], (losses, reference_losses)
+    shutil.rmtree(tmp_path / "8bit" / "checkpoints" / "checkpoint-00000012")
+    resumed = run_toy(
+        toy_params(tmp_path / "8bit", optimizer={"name": "adamw_8bit"}, resume="auto", **steps), model=model()
+    )
+    assert resumed.summary["resumed_from_step"] == 6, resumed.summary.get("resumed_from")
+    for (name, p), q in zip(result.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q), name

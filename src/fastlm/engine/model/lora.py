@@ -80,7 +80,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def check_supported(params: ModelParams) -> None:
     """Refuse, with one line, LoRA without a pretrained base and 4-bit weights without bitsandbytes (or with
-    one too old for CPU on a machine without CUDA: ``config.qlora_missing``)."""
+    one too old for CPU on a machine without CUDA: ``config.bitsandbytes_missing``)."""
     if params.name_or_path is None:
         raise ConfigError(
             f"{PARAM}.enabled is true but train.model.name_or_path is null: LoRA adapts a pretrained model.",
@@ -88,7 +88,7 @@ def check_supported(params: ModelParams) -> None:
             "train.model.lora.enabled: false.",
         )
     if params.lora.load_in_4bit:
-        missing = engine_config.qlora_missing()
+        missing = engine_config.bitsandbytes_missing()
         if missing:
             raise ConfigError(
                 f"{PARAM}.load_in_4bit is true but {missing} (4-bit QLoRA weights run through bitsandbytes, "

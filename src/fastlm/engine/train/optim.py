@@ -14,7 +14,8 @@ for a full fine-tune (a 7B model's AdamW states are 56 GB in fp32, 14 GB in 8 bi
 (the adapters are a fraction of a percent of the weights). ``paged_`` keeps the states in CUDA unified
 memory, which the driver pages out to host memory when a long batch spikes the activations instead of
 running out of memory. Both get the same parameter groups and decay rule as torch's AdamW; the parameter
-is refused in one line where CUDA or bitsandbytes is missing (``engine.config.OptimizerParams``).
+is refused in one line where bitsandbytes is missing, for ``paged_`` without CUDA, and for ``adamw_8bit`` on
+a CPU-only machine with bitsandbytes before 0.50 (its CPU backend; ``engine.config.OptimizerParams``).
 """
 
 from __future__ import annotations
