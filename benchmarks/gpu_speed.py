@@ -90,9 +90,9 @@ The frozen LoRA base is bf16 on both sides with ``--precision bf16`` (CPU includ
 too), fp32 with ``--precision fp32``. The base is built and saved, in that dtype, by a process of its own
 before the adapter contenders, so that no contender's memory holds its construction or a dtype conversion.
 
-The QLoRA contenders need CUDA and bitsandbytes: without them the QLoRA pairs are skipped with the reason. The
-MFU of an adapter run counts 6N FLOPs per token like a full fine-tune, an upper bound of its work (frozen
-weights need no weight gradients: about 4N), so compare adapter runs by real tokens/s.
+The QLoRA contenders need bitsandbytes (on CPU 0.50 or later): without it the QLoRA pairs are skipped with
+the reason. The MFU of an adapter run counts 6N FLOPs per token like a full fine-tune, an upper bound of its
+work (frozen weights need no weight gradients: about 4N), so compare adapter runs by real tokens/s.
 
 The Trainer needs ``accelerate``: without it the Trainer contenders are skipped with a printed reason.
 Figures: real (non-padding) tokens/s over the timed steps (after ``--warmup`` steps); MFU, two labelled
@@ -898,7 +898,7 @@ def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
-        load["device_map"] = {"": torch.cuda.current_device()}
+        load["device_map"] = {"": torch.cuda.current_device() if ctx.on_cuda else "cpu"}
     model = AutoModelForCausalLM.from_pretrained(str(ctx.base_folder()), **load)
     model.config.use_cache = False
     digest = None if adapter == "qlora" else base_digest(model)
@@ -1307,13 +1307,17 @@ def run_child(
 
 def skip_reason(name: str, args: argparse.Namespace, on_cuda: bool) -> str | None:
     """Why this machine cannot run a contender (printed), or None."""
-    bitsandbytes = on_cuda and importlib.util.find_spec("bitsandbytes") is not None
+    from fastlm.engine.config import bitsandbytes_missing
+
     if name.startswith("trainer") and importlib.util.find_spec("accelerate") is None:
         return "accelerate is not installed (transformers.Trainer needs it)"
-    if "qlora" in name and not bitsandbytes:
-        return "QLoRA contenders need CUDA and bitsandbytes here (on CPU: benchmarks/adapter_activations.py)"
-    if args.optim != "adamw" and name in ADAPTER_CONTENDERS + AB_CONTENDERS and not bitsandbytes:
-        return f"--optim {args.optim} needs CUDA and bitsandbytes"
+    adapter = name in ADAPTER_CONTENDERS + AB_CONTENDERS
+    needs_bitsandbytes = "qlora" in name or (adapter and args.optim != "adamw")
+    missing = bitsandbytes_missing() if needs_bitsandbytes else None
+    if missing:
+        return f"{'QLoRA' if 'qlora' in name else f'--optim {args.optim}'} needs bitsandbytes: {missing}"
+    if adapter and args.optim.startswith("paged_") and not on_cuda:
+        return f"--optim {args.optim} needs CUDA (paged states)"
     return None
 
 

@@ -192,8 +192,9 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
         assert runs[variant]["loss_check"] is None
         assert f"N/A   {variant} packed vs unpacked loss: not run, an A/B variant" in shown.stdout
     assert "padding-free" in runs["trainer_lora_best"]["setup"]
-    assert "CUDA and bitsandbytes" in runs["trainer_qlora_best"]["skipped"]
-    assert "CUDA and bitsandbytes" in runs["fastlm_qlora_peft_forward"]["skipped"]
+    # QLoRA through bitsandbytes' CPU backend: fastlm's forward over the 4-bit layers, or peft's
+    assert runs["fastlm_qlora_peft_forward"]["lora_fused_layers"] == 0
+    assert runs["trainer_qlora_best"]["real_tokens_per_s"] > 0
     # the cold start of each side (compile included where it compiles), not timed
     for name in contenders[:4]:
         first = runs[name]["first_step_s"]
