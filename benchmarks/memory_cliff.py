@@ -28,7 +28,8 @@ micro-batch of 8 such rows needs far more than 24 GB of activations on this shap
 out-of-memory side). Not timed.
 
 1. The cliff (Trainer + peft, the usual QLoRA set-up): ``BitsAndBytesConfig`` NF4 4-bit base with fp32
-   compute (mixed precision off) where CUDA and bitsandbytes are there, else LoRA on an fp32 base (labelled);
+   compute (mixed precision off) where bitsandbytes is there (CUDA, or CPU from its version 0.50), else LoRA
+   on an fp32 base (labelled);
    ``prepare_model_for_kbit_training(use_gradient_checkpointing=False)``, ``get_peft_model`` LoRA r 16,
    alpha 32, no dropout on the attention and MLP projections; ``TrainingArguments`` defaults (no gradient
    checkpointing, AdamW) with ``bf16=False``, ``fp16=False``, dynamic padding (each batch padded to its
@@ -60,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import math
 import shutil
@@ -170,7 +170,11 @@ def _version(name: str) -> str:
 
 
 def quantized_available(device) -> bool:
-    return device.type == "cuda" and importlib.util.find_spec("bitsandbytes") is not None
+    """bitsandbytes' 4-bit weights on this device: CUDA, or CPU from bitsandbytes 0.50 (its CPU backend: the
+    dry run then takes the GPU run's QLoRA path)."""
+    from fastlm.engine.config import bitsandbytes_missing
+
+    return device.type in ("cuda", "cpu") and bitsandbytes_missing() is None
 
 
 def make_rows(args, vocab: int) -> list[list[int]]:
@@ -276,7 +280,7 @@ def trainer_trial(args, base: Path, rows, batch: int, device, quantized: bool, w
         load["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
         )
-        load["device_map"] = {"": device.index or 0}
+        load["device_map"] = {"": device.index or 0} if on_cuda else {"": "cpu"}
     collator = PaddingCollator()
     model = trainer = None
     if on_cuda:

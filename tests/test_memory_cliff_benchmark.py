@@ -56,6 +56,8 @@ def test_dry_run_measures_both_sides_and_prints_the_verdicts():
         "tune chose a set-up on the fast side of it",
     }
     assert "torch" in figures["versions"] and "bitsandbytes" in figures["versions"]
+    if figures["versions"]["bitsandbytes"]:  # the dev install: the GPU run's 4-bit path, on CPU
+        assert "QLoRA (NF4 4-bit base" in shown, shown[:2000]
     verdicts = [line for line in shown.splitlines() if line.startswith(("PASS: ", "FAIL: "))]
     assert len(verdicts) == 2 and "What a step holds differs" in shown
     assert (folder / "work" / "base" / "config.json").exists()  # built from a config, saved, loaded back
