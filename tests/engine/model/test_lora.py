@@ -1,12 +1,10 @@
 """LoRA on a local tiny Llama checkpoint (saved with save_pretrained, no hub): adapters only train, the
 completion-only packed path is kept, checkpoints resume, the adapter saves and merges to the same logits."""
 
-import importlib.util
 import io
 import json
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.loop import train
 from fastlm.engine.train.optim import make_adamw
 from fastlm.errors import ConfigError, find_user_error
+from tests.support.packages import hide_package
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
 from tests.support.tolerances import MERGED_ADAPTER_ATOL
 
@@ -80,6 +79,23 @@ def train_params(tmp_path, base_dir, **overrides):
     return parse_train_params(raw)
 
 
+def run_train(params, tokenizer, pairs, eval_pairs=None, model=None):
+    """``train`` with ``params`` on ``pairs``: ``model``, else a fresh one built from ``params.model``."""
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
+    if model is None:
+        model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    return train(
+        model,
+        pairs,
+        eval_pairs,
+        params=params,
+        runtime=runtime,
+        pad_id=tokenizer.eos_token_id,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+    )
+
+
 def test_auto_targets_are_the_projections_and_only_adapters_train(base_dir, tokenizer):
     params = parse_train_params({"model": model_params(base_dir)}).model
     model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
@@ -107,13 +123,7 @@ def test_lora_is_refused_without_a_pretrained_base_and_4bit_without_bitsandbytes
         build_model(scratch, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
     quantized = parse_train_params({"model": model_params(base_dir, load_in_4bit=True)}).model
     with monkeypatch.context() as patch:  # a machine without bitsandbytes
-        patch.delitem(sys.modules, "bitsandbytes", raising=False)
-        real_find_spec = importlib.util.find_spec
-        patch.setattr(
-            importlib.util,
-            "find_spec",
-            lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a),
-        )
+        hide_package(patch, "bitsandbytes")
         with pytest.raises(
             ConfigError, match="train.model.lora.load_in_4bit is true but the bitsandbytes package"
         ) as error:
@@ -130,19 +140,9 @@ def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merge
     params = train_params(
         tmp_path, base_dir, model={**model_params(base_dir), "gradient_checkpointing": True}
     )
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
     model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
     frozen_before = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
-    result = train(
-        model,
-        pairs,
-        pairs,
-        params=params,
-        runtime=runtime,
-        pad_id=tokenizer.eos_token_id,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-    )
+    result = run_train(params, tokenizer, pairs, pairs, model=model)
     losses = [record["loss"] for record in result.history]
     assert result.summary["batching"] == "packed" and losses[-1] < losses[0]
     assert all(
@@ -158,17 +158,7 @@ def test_lora_training_with_completion_only_packed_data_learns_resumes_and_merge
     assert set(saved) == trainable and all("lora_" in name for name in saved)  # no copy of the frozen base
 
     # Resume: a fresh run with max_steps 8 continues from the step-8 checkpoint and changes nothing.
-    again = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
-    resumed = train(
-        again,
-        pairs,
-        None,
-        params=params,
-        runtime=runtime,
-        pad_id=tokenizer.eos_token_id,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-    )
+    resumed = run_train(params, tokenizer, pairs)
     for (name, p), (_, q) in zip(
         result.model.named_parameters(), resumed.model.named_parameters(), strict=True
     ):
@@ -209,38 +199,18 @@ def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, p
         model=model_params(base_dir, load_in_4bit=True),
         runtime={"device": "cpu", "precision": precision},
     )
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
     model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
     four_bit = [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]
     assert len(four_bit) == 2 * 7
     packed_before = [m.weight.detach().clone() for m in four_bit]
-    result = train(
-        model,
-        pairs,
-        pairs,
-        params=params,
-        runtime=runtime,
-        pad_id=tokenizer.eos_token_id,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-    )
+    result = run_train(params, tokenizer, pairs, pairs, model=model)
     losses = [record["loss"] for record in result.history]
     assert losses[-1] < losses[0], losses
     assert all(torch.equal(m.weight, before) for m, before in zip(four_bit, packed_before, strict=True))
     trainable = {name: p.detach().clone() for name, p in result.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable)
 
-    again = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
-    resumed = train(
-        again,
-        pairs,
-        None,
-        params=params,
-        runtime=runtime,
-        pad_id=tokenizer.eos_token_id,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-    )
+    resumed = run_train(params, tokenizer, pairs)
     for name, p in resumed.model.named_parameters():
         if p.requires_grad:
             assert torch.equal(p, trainable[name]), name
@@ -421,20 +391,9 @@ def test_a_lora_checkpoint_is_not_resumed_on_a_changed_base(tmp_path, base_dir, 
     base = tmp_path / "base"
     shutil.copytree(base_dir, base)
     params = train_params(tmp_path, base, model=model_params(base), max_steps=4, save_every=2, resume="auto")
-    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=0))
 
     def run():
-        model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
-        return train(
-            model,
-            pairs,
-            None,
-            params=params,
-            runtime=runtime,
-            pad_id=tokenizer.eos_token_id,
-            max_length=MAX_LENGTH,
-            attn="sdpa",
-        )
+        return run_train(params, tokenizer, pairs)
 
     run()
     save_tiny_llama(base, tokenizer, seed=1)

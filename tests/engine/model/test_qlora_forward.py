@@ -16,7 +16,8 @@ import torch
 from fastlm.engine.config import LoraParams
 from fastlm.engine.model.lora import apply_lora, prepare_quantized
 from fastlm.engine.model.lora_forward import fuse_lora_forward, use_peft_forward
-from tests.support.activation_ops import ActivationOps, relative_norm_difference
+from tests.support import lora_checks
+from tests.support.lora_checks import ActivationOps, nonzero_lora_b, relative_norm_difference
 from tests.support.tiny_models import llama_config
 from tests.support.tolerances import BF16_MODEL_LOSS_REL, EPS_BF16
 
@@ -60,11 +61,7 @@ def adapted(folder, *, fused=True, checkpointing="off", dropout=0.0):
     params = LoraParams(enabled=True, load_in_4bit=True, r=4, alpha=8, dropout=dropout, fused_forward=fused)
     torch.manual_seed(0)  # peft draws A's initial values
     model = apply_lora(quantized(folder), params, gradient_checkpointing=checkpointing)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    nonzero_lora_b(model)
     return model
 
 
@@ -75,12 +72,7 @@ def batch():
 
 
 def loss_and_grads(model, autocast=True, seed=3):
-    torch.manual_seed(seed)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = model(**batch()).loss
-    loss.backward()
-    grads = {name: p.grad.float().clone() for name, p in model.named_parameters() if p.requires_grad}
-    return loss.detach().float(), grads
+    return lora_checks.loss_and_grads(model, batch(), autocast, seed)
 
 
 def activation_ops(model) -> collections.Counter:

@@ -18,6 +18,7 @@ from torch import nn
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.train import optim
 from fastlm.errors import ConfigError
+from tests.support.packages import hide_package
 
 
 class Small(nn.Module):
@@ -86,13 +87,7 @@ def test_paged_states_are_refused_in_one_line_without_cuda():
 
 @pytest.mark.parametrize("name", ["adamw_8bit", "paged_adamw_8bit"])
 def test_8bit_optimizers_are_refused_in_one_line_without_bitsandbytes(monkeypatch, name):
-    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda module, *a: None if module == "bitsandbytes" else real_find_spec(module, *a),
-    )
+    hide_package(monkeypatch, "bitsandbytes")
     with pytest.raises(ConfigError, match=f"train.optimizer.name.*{name}.*bitsandbytes") as error:
         parse_train_params({"optimizer": {"name": name}})
     assert "\n" not in str(error.value) and "pip install" in str(error.value)
@@ -106,23 +101,14 @@ def test_adamw_8bit_trains_resumes_and_follows_adamw_on_cpu(tmp_path):
     largest moment: the final loss within 5 % of AdamW's), and a run resumed from its step-6 checkpoint ends
     with the weights of the run it continues (the same computation)."""
     pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
+    from tests.support.tiny_models import llama_config
     from tests.support.toy_training import EOS, VOCAB, run_toy, toy_params
 
     def model():  # 64 x 128 MLP matrices: 8-bit moments
         torch.manual_seed(0)
-        shape = LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-            eos_token_id=EOS,
-            pad_token_id=EOS,
-            use_cache=False,
-        )
+        shape = llama_config(vocab=VOCAB, hidden=64, positions=64, eos_token_id=EOS, pad_token_id=EOS)
         return LlamaForCausalLM(shape)
 
     steps = {"max_steps": 12, "eval_every": None, "log_every": 4, "save_every": 6}
