@@ -184,9 +184,10 @@ def bitsandbytes_missing() -> str | None:
         return "the bitsandbytes package is missing"
     if torch.cuda.is_available():
         return None
+    from packaging.version import Version
+
     version = importlib.metadata.version("bitsandbytes")
-    major, minor = (int(part) for part in version.split(".")[:2])
-    if (major, minor) < (0, 50):
+    if Version(version).release[:2] < (0, 50):
         return f"bitsandbytes {version} has no CPU backend for it and there is no CUDA GPU"
     return None
 

@@ -6,6 +6,7 @@ uint8 states and resumes (its CPU backend)."""
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import shutil
 import sys
@@ -91,6 +92,18 @@ def test_8bit_optimizers_are_refused_in_one_line_without_bitsandbytes(monkeypatc
     with pytest.raises(ConfigError, match=f"train.optimizer.name.*{name}.*bitsandbytes") as error:
         parse_train_params({"optimizer": {"name": name}})
     assert "\n" not in str(error.value) and "pip install" in str(error.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the version rule is for machines without CUDA")
+def test_bitsandbytes_before_its_cpu_backend_is_refused_in_one_line(monkeypatch):
+    pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "0.45.5" if name == "bitsandbytes" else real_version(name)
+    )
+    with pytest.raises(ConfigError, match="bitsandbytes 0.45.5 has no CPU backend") as error:
+        parse_train_params({"optimizer": {"name": "adamw_8bit"}})
+    assert "\n" not in str(error.value) and "bitsandbytes>=0.50" in str(error.value)
 
 
 @pytest.mark.kernels  # compares two computations (8-bit and fp32 states): other CPU kernel sets too
