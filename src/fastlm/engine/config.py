@@ -26,7 +26,9 @@ class LoraParams(Params):
     bias: Literal["none", "all", "lora_only"] = "none"
     modules_to_save: list[str] | None = None
     base_dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="frozen base weights; auto: bf16 on GPUs that have it, else fp32"
+        "auto",
+        description="frozen base weights (QLoRA: what the 4-bit weights are multiplied in); auto: bf16 on "
+        "GPUs that have it, else fp32 (QLoRA: bf16, or fp16 on a GPU without native bf16)",
     )
     load_in_4bit: bool = Field(
         False, description="QLoRA: 4-bit NF4 base weights (bitsandbytes; CUDA, or CPU from bitsandbytes 0.50)"

@@ -196,7 +196,7 @@ def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, p
     params = train_params(
         tmp_path,
         base_dir,
-        model=model_params(base_dir, load_in_4bit=True),
+        model=model_params(base_dir, load_in_4bit=True, base_dtype=precision),  # fp32: mixed precision off
         runtime={"device": "cpu", "precision": precision},
     )
     model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
@@ -223,6 +223,24 @@ def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, p
     with torch.no_grad():
         expected = unmerged(input_ids=ids).logits
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+
+
+@pytest.mark.parametrize(("base_dtype", "compute"), [("auto", torch.bfloat16), ("fp32", torch.float32)])
+def test_qlora_computes_its_4bit_matmuls_in_an_explicit_base_dtype(base_dir, tokenizer, base_dtype, compute):
+    """``lora.base_dtype`` names the frozen base's dtype for LoRA; for QLoRA it names what the 4-bit weights
+    are dequantized to and multiplied in (auto: bf16, or fp16 on a GPU without native bf16), so that an fp32
+    run (the issue's user: mixed precision off) computes in fp32 rather than in bf16 unasked."""
+    bitsandbytes = pytest.importorskip(
+        "bitsandbytes", reason="the dev install brings it: pip install -e .[dev]"
+    )
+    params = parse_train_params(
+        {"model": model_params(base_dir, load_in_4bit=True, base_dtype=base_dtype)}
+    ).model
+    model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    four_bit = [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]
+    assert four_bit and {m.compute_dtype for m in four_bit} == {compute}
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad and p.dtype.is_floating_point}
+    assert frozen == {compute}  # the embedding, head and norms too
 
 
 def test_after_an_evaluation_pass_qlora_still_trains_its_lower_layers_on_cpu(base_dir, tokenizer):

@@ -11,15 +11,15 @@ checkpoint would see no input needing a gradient and drop the adapters' gradient
 non-reentrantly (``use_reentrant=False``), which does not need it, and also calls
 ``enable_input_require_grads`` so that any reentrant path still works.
 
-QLoRA (``load_in_4bit``): NF4 base weights with double quantization and bf16 compute (``BitsAndBytesConfig``),
-then ``prepare_quantized`` (frozen, everything that is not 4-bit left in the compute dtype, norms and head
-included, unlike peft's ``prepare_model_for_kbit_training``); it needs the bitsandbytes package (on CUDA, or
-on CPU from its version 0.50, computing in bf16 there: ``qlora_compute_dtype``) and is refused with one line
-without it. On a GPU without native bf16 (T4, V100) it trains rather than being refused: the 4-bit matmuls
-compute in fp16, as the runtime's autocast does there (emulated bf16 would be slow and would disagree with
-it), and the fp16 GradScaler is safe because everything it unscales is fp32: the adapters (peft's
-``autocast_adapter_dtype``), ``modules_to_save`` (cast to fp32 after ``get_peft_model``), and nothing frozen
-(the optimizer holds the trainable parameters only).
+QLoRA (``load_in_4bit``): NF4 base weights with double quantization (``BitsAndBytesConfig``), dequantized to
+and multiplied in ``base_dtype`` (auto: bf16; ``qlora_compute_dtype``), then ``prepare_quantized`` (frozen,
+everything that is not 4-bit left in the compute dtype, norms and head included, unlike peft's
+``prepare_model_for_kbit_training``); it needs the bitsandbytes package (on CUDA, or on CPU from its version
+0.50) and is refused with one line without it. On a GPU without native bf16 (T4, V100) it trains rather than
+being refused: the 4-bit matmuls compute in fp16, as the runtime's autocast does there (emulated bf16 would be
+slow and would disagree with it), and the fp16 GradScaler is safe because everything it unscales is fp32: the
+adapters (peft's ``autocast_adapter_dtype``), ``modules_to_save`` (cast to fp32 after ``get_peft_model``), and
+nothing frozen (the optimizer holds the trainable parameters only).
 
 Saving: ``PeftModel.save_pretrained`` writes ``adapter_config.json`` + ``adapter_model.safetensors``; the
 config names the base folder (an absolute path, so the adapter loads from anywhere), and ``base_digest.json``
@@ -111,9 +111,13 @@ def base_dtype(lora: LoraParams) -> torch.dtype:
     return torch.bfloat16 if _native_bf16() else torch.float32
 
 
-def qlora_compute_dtype() -> torch.dtype:
-    """The 4-bit matmuls' dtype: bf16 where the GPU has it natively or on CPU, else fp16 (the runtime then
-    trains in fp16 with a GradScaler; see the module docstring)."""
+def qlora_compute_dtype(lora: LoraParams) -> torch.dtype:
+    """The 4-bit matmuls' dtype (what the weights are dequantized to and multiplied in; also the frozen
+    embedding, head and norms): ``lora.base_dtype`` where given (fp32: a run with mixed precision off), else
+    bf16 where the GPU has it natively or on CPU, else fp16 (the runtime then trains in fp16 with a
+    GradScaler; see the module docstring)."""
+    if lora.base_dtype != "auto":
+        return DTYPES[lora.base_dtype]
     return torch.bfloat16 if _native_bf16() or not torch.cuda.is_available() else torch.float16
 
 
@@ -123,7 +127,7 @@ def load_kwargs(lora: LoraParams) -> dict:
         return {"dtype": base_dtype(lora)}
     from transformers import BitsAndBytesConfig
 
-    compute = qlora_compute_dtype()
+    compute = qlora_compute_dtype(lora)
     quantization = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
