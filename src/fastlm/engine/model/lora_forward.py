@@ -47,7 +47,10 @@ import torch
 from peft.tuners.lora.layer import Linear as PeftLoraLinear
 from torch.nn import functional
 
-try:  # peft defines its 4-bit LoRA layer only where bitsandbytes imports
+try:  # peft defines its 4-bit LoRA layer only where bitsandbytes imports (imported once, not per call)
+    import bitsandbytes
+    from bitsandbytes import functional as bnb_functional
+    from bitsandbytes.nn import modules as bnb_modules
     from peft.tuners.lora.bnb import Linear4bit as PeftLoraLinear4bit
 except ImportError:
     PeftLoraLinear4bit = None
@@ -96,8 +99,6 @@ else:
 def _quant_state(base, x: torch.Tensor):
     """The 4-bit weight's quantization state where the fused forward can multiply it: under autocast in
     the base's compute dtype, with the weight in bitsandbytes' standard layout; else None."""
-    from bitsandbytes.nn import modules as bnb_modules
-
     device = x.device.type
     if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) != base.compute_dtype:
         return None
@@ -163,8 +164,6 @@ class _LinearWithAdapter(torch.autograd.Function):
     def forward(ctx, x, weight, bias, a, b, quant_state):
         rows = x.reshape(-1, x.shape[-1])
         if quant_state is not None:
-            import bitsandbytes
-
             out = bitsandbytes.matmul_4bit(rows, weight.t(), quant_state=quant_state, bias=bias)
         else:
             out = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
@@ -194,8 +193,6 @@ class _LinearWithAdapter(torch.autograd.Function):
 
 def _dequantized(weight: torch.Tensor, quant_state, dtype: torch.dtype) -> torch.Tensor:
     """A packed 4-bit weight as a dense ``[out x in]`` matrix in ``dtype``."""
-    from bitsandbytes import functional as bnb_functional
-
     return bnb_functional.dequantize_4bit(weight, quant_state).to(dtype)
 
 
