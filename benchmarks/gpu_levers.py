@@ -30,9 +30,11 @@ the 8-bit optimizers, which train other parameters or update them otherwise), so
 loss (``Lever.same_training``: the loss curves compared), relative:
 fp32 1e-4 (the same math in another kernel order: a few fp32 roundings, 1e-7 each, far below it); bf16 2e-2
 (bf16 keeps 8 significant bits, 2^-9 = 2e-3 per rounding: ten roundings of slack for a mean over the step's
-tokens); 4-bit NF4 weights (QLoRA) and float8 matmuls (e4m3, 3 mantissa bits, 2^-4 = 6 % per rounding) 5e-2.
-A lever this machine cannot run SKIPs with the reason (no CUDA, a package not installed, compute capability
-below 8.9 for float8); any exception is a FAIL with its traceback's tail, and the matrix goes on. Step time is
+tokens); 4-bit NF4 weights (QLoRA) and float8 matmuls (e4m3, 3 mantissa bits, 2^-4 = 6 % per rounding)
+5e-2, in any precision (the quantization's own error). A lever this machine cannot run SKIPs with the
+reason (no CUDA, a package not installed or, for QLoRA and 8-bit AdamW on CPU, a bitsandbytes older than
+0.50, compute capability below 8.9 for float8); any exception is a FAIL with its traceback's tail, and the
+matrix goes on. Step time is
 the median over the steps after the first (which holds compile and warm-up); peak memory is
 ``torch.cuda.max_memory_allocated`` on a GPU, peak RSS on CPU. The script always exits 0 (it is a report) and
 ends with ``levers: N pass, M fail, K skip``.
@@ -100,14 +102,14 @@ LEVERS = {
     "qlora": Lever(
         "train.model.lora: r 16, alpha 32, load_in_4bit (NF4)",
         {"model": {"lora": {**LORA_MODEL, "load_in_4bit": True}}},
-        needs=("cuda", "bitsandbytes"),
+        needs=("bitsandbytes",),
         quantized=True,
         same_training=False,
     ),
     "adamw_8bit": Lever(
         "train.optimizer.name: adamw_8bit",
         {"optimizer": {"name": "adamw_8bit"}},
-        needs=("cuda", "bitsandbytes"),
+        needs=("bitsandbytes",),
         same_training=False,
     ),
     "paged_adamw_8bit": Lever(
@@ -145,6 +147,8 @@ def missing(on_cuda: bool) -> dict[str, str | None]:
     """Why each requirement of ``Lever.needs`` is not met here (None: met)."""
     import torch
 
+    from fastlm.engine.config import bitsandbytes_missing
+
     def package(module: str, name: str) -> str | None:
         return None if importlib.util.find_spec(module) is not None else f"{name} not installed"
 
@@ -153,7 +157,7 @@ def missing(on_cuda: bool) -> dict[str, str | None]:
         "cuda": None if on_cuda else "needs CUDA (this run is on cpu)",
         "liger_kernel": package("liger_kernel", "liger-kernel"),
         "cut_cross_entropy": package("cut_cross_entropy", "cut-cross-entropy"),
-        "bitsandbytes": package("bitsandbytes", "bitsandbytes"),
+        "bitsandbytes": bitsandbytes_missing(),  # on CPU: its CPU backend, 0.50 or later
         "torchao": package("torchao", "torchao"),
         "float8_gpu": (
             None
@@ -169,7 +173,7 @@ def skip_reason(lever: Lever, unmet: dict[str, str | None]) -> str | None:
 
 
 def tolerance(lever: Lever, precision: str) -> float:
-    if precision == "bf16" and lever.quantized:
+    if lever.quantized:  # the quantization's own error, in whatever precision the rest computes
         return QUANTIZED_TOLERANCE
     return TOLERANCE[precision]
 
