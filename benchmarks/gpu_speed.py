@@ -36,8 +36,11 @@ print their parameter count unless ``--layers`` or ``--force`` is given.
 
 Data (prepared once, not timed): the seq-len 2048 rows need long samples, so the documents are runs of
 consecutive ``make_texts(profile="demo")`` texts joined by newlines, the run lengths geometric with a mean
-chosen for about seq_len / 4 tokens per document (a long tail, truncated at seq_len). Byte-level BPE
-tokenizer (vocab 8000) and token ids as in ``train_speed.prepare`` (``tokenize_texts``, EOS appended).
+chosen for about seq_len / 4 tokens per document (a long tail, truncated at seq_len). ``--texts reviews``:
+one short text per document instead, with the length profile of 300,000 real reviews
+(``length_profile.realistic_texts``: median 27 characters, about 19 tokens), the users' corpora of millions
+of short texts; fastlm packs about 100 of them per 2048-token row. Byte-level BPE tokenizer (vocab 8000)
+and token ids as in ``train_speed.prepare`` (``tokenize_texts``, EOS appended).
 
 Contenders, each in a fresh process (``--run NAME``), same data, same initial weights, same attention
 implementation (``--attn auto``: ``attention.choice.choose_attention``, logged: flash-attention varlen
@@ -54,15 +57,19 @@ when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CU
   optimizer step as fastlm: ``batch_size * seq_len / mean sample length`` samples. Padding-free
   ``DataCollatorWithFlattening`` (all of them in one flattened row) when the attention is flash-attention,
   else dynamic padding with length grouping (``group_by_length=True`` / ``train_sampling_strategy=
-  "group_by_length"``) in micro-batches of at most ``batch_size`` samples (memory) with gradient
-  accumulation making up the rest. torch_compile gets a time cap (its share of ``--budget-s``); when it
-  does not finish, the run is reported as "did not finish in N s" and repeated without torch_compile.
+  "group_by_length"``) in micro-batches whose padded tokens at the longest sample stay within fastlm's
+  micro-batch (``batch_size`` samples where documents reach ``seq_len``; more of the short reviews:
+  ``padded_micro_batches``) with gradient accumulation making up the rest. ``--checkpointing`` and
+  ``--optim`` set it and fastlm's full fine-tune alike (the 3B shape's full fine-tune needs checkpointing on
+  an 80 GB GPU: about 51 GB of fp32 weights, gradients and AdamW states before any activation).
+  torch_compile gets a time cap (its share of ``--budget-s``); when it does not finish, the run is reported
+  as "did not finish in N s" and repeated without torch_compile.
 
 Adapter contenders (``--adapters``, or named in ``--contenders``; the issue's LoRA/QLoRA items). The model
 above is saved once with ``save_pretrained`` in the workdir (``base/``) and each contender loads it back as
 a user's local checkpoint; LoRA r 16, alpha 32, no dropout, on the attention and MLP projections; the same
 tokens per optimizer step everywhere (``batch_size * seq_len``; the Trainer's samples of the mean length
-made up with gradient accumulation):
+made up with gradient accumulation in micro-batches as ``trainer_best``'s padded one):
 
 * ``fastlm_lora`` / ``fastlm_qlora``: the engine with ``train.model.lora`` (frozen bf16 base / 4-bit NF4
   base with bf16 compute), packed rows, ``train.model.gradient_checkpointing`` = ``--checkpointing``,
@@ -73,9 +80,10 @@ made up with gradient accumulation):
   its default checkpointing), ``get_peft_model``, dynamic padding, default optimizer.
 * ``trainer_lora_best`` / ``trainer_qlora_best``: the ``trainer_best`` data set-up (padding-free or length
   grouping, tf32, torch_compile) plus ``--checkpointing`` (off: none) and ``--optim`` (``adamw_torch_fused``,
-  ``adamw_bnb_8bit``, ``paged_adamw_8bit``). ``--padding-free on`` gives both best set-ups the padding-free
-  collator with a dense-mask attention too (SDPA on CPU: transformers builds the block-diagonal mask from
-  the position ids), so that a micro-batch holds fastlm's tokens with no padding. No Liger kernels on CPU.
+  ``adamw_bnb_8bit``, ``paged_adamw_8bit``). On CPU they take the padding-free collator with SDPA's dense
+  mask (transformers builds the block-diagonal mask from the position ids), measured faster there than
+  length grouping (``trainer_padding_free``); ``--padding-free on`` gives it to the full fine-tune's best
+  set-up too. No Liger kernels on CPU.
 * ``fastlm_lora_unfused`` (named in ``--contenders``): ``fastlm_lora`` with ``train.loss.fused_linear: off``,
   the A/B of the fused LM head + loss (``[tokens x vocab]`` logits materialised).
 * ``fastlm_lora_own_head`` (named in ``--contenders``): ``fastlm_lora`` with
@@ -222,6 +230,8 @@ MIN_COMPILE_TRY_S = 60.0  # a Trainer best set-up's torch_compile try gets at le
 EAGER_TRAINER_S = 40.0
 TARGET_VS_BEST = 1.3
 TARGET_DATA_WAIT = 0.01
+TEXTS_LABEL = {"demo": "demo texts", "reviews": "short texts with real reviews' lengths"}
+
 # issue 31, LoRA/QLoRA on the 3B shape: real tokens/s against Trainer + peft's best and usual set-ups, and a
 # lower peak memory than both
 TARGET_ADAPTER_VS = {"best": 1.5, "usual": 2.0}
@@ -232,9 +242,40 @@ TARGET_ADAPTER_VS = {"best": 1.5, "usual": 2.0}
 # --------------------------------------------------------------------------------------------------
 
 
-def make_documents(n_docs: int, seq_len: int, seed: int = TEXT_SEED) -> list[str]:
-    """Runs of consecutive demo texts joined by newlines; geometric run lengths, about seq_len / 4 tokens."""
+# ``--texts reviews``: one real-length short review per document (``length_profile.realistic_texts``, about
+# 19 tokens each under this tokenizer set-up); the default document count assumes it
+REVIEW_TOKENS_PER_TEXT = 19
+
+
+def default_documents(texts: str, warmup: int, steps: int, batch_size: int, seq_len: int) -> int:
+    """Enough documents for every step of a run: about 1.3x the packed tokens it trains on (demo documents:
+    about seq_len / 4 tokens each, so 6 per packed row as before; reviews: about 19 tokens each)."""
+    if texts == "reviews":
+        return math.ceil(1.3 * (warmup + steps) * batch_size * seq_len / REVIEW_TOKENS_PER_TEXT)
+    return math.ceil(6 * (warmup + steps) * batch_size)
+
+
+def padded_micro_batches(same_tokens: int, batch_size: int, seq_len: int, longest: int) -> tuple[int, int]:
+    """(samples per micro-batch, accumulation steps) of a padded Trainer set-up at ``same_tokens`` samples
+    per optimizer step: a padded micro-batch costs up to its longest sample per row, so it holds as many
+    samples as fit in fastlm's micro-batch tokens (``batch_size`` rows of ``seq_len``) at the data's longest
+    sample: ``batch_size`` samples where documents reach ``seq_len``, more where all are short (reviews), as
+    a user with short texts sets ``per_device_train_batch_size``; accumulation makes up the rest."""
+    per_micro_batch = max(1, batch_size * seq_len // max(1, longest))
+    accumulation = max(1, math.ceil(same_tokens / per_micro_batch))
+    return math.ceil(same_tokens / accumulation), accumulation
+
+
+def make_documents(n_docs: int, seq_len: int, seed: int = TEXT_SEED, texts: str = "demo") -> list[str]:
+    """``demo``: runs of consecutive demo texts joined by newlines, geometric run lengths, about seq_len / 4
+    tokens. ``reviews``: one text per document with the length profile of real short reviews (median 27
+    characters, about 19 tokens), the users' corpora; its few empty rows left out (the split drops them)."""
     import numpy as np
+
+    if texts == "reviews":
+        from length_profile import realistic_texts
+
+        return [text for text in realistic_texts(n_docs, seed=seed) if text]
     from demo_data.texts import make_texts
 
     probe = make_texts(2000, seed=seed, profile="demo")
@@ -247,20 +288,21 @@ def make_documents(n_docs: int, seq_len: int, seed: int = TEXT_SEED) -> list[str
     return ["\n".join(texts[end - count : end]) for count, end in zip(counts, ends, strict=True)]
 
 
-def prepare(workdir: Path, n_docs: int, seq_len: int) -> dict:
+def prepare(workdir: Path, n_docs: int, seq_len: int, texts: str = "demo") -> dict:
     import numpy as np
 
     from fastlm.corpus.tokenization import tokenize_texts
     from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 
     start = time.perf_counter()
-    docs = make_documents(n_docs, seq_len)
+    docs = make_documents(n_docs, seq_len, texts=texts)
     tokenizer = train_bpe_tokenizer(docs, vocab_size=VOCAB_SIZE, min_frequency=2, model_max_length=seq_len)
     tokenizer.save_pretrained(str(workdir / "tokenizer"))
     tokens = tokenize_texts(docs, tokenizer, max_length=seq_len, num_proc=1)
     np.savez(workdir / "tokens.npz", values=tokens.values, offsets=tokens.offsets)
     lengths = tokens.lengths
     return {
+        "texts": texts,
         "docs": len(docs),
         "tokens_total": int(lengths.sum()),
         "tokens_median": float(np.median(lengths)),
@@ -398,9 +440,9 @@ class GpuContext(Context):
         self.attn = choose_attention(args.attn, self.device, args.precision)
         torch.set_num_threads(args.threads)
 
-    def build_model(self, attn: str | None = None, on_device: bool = False):
-        """The contenders' initial model, its weights' digest and its size; ``on_device`` (the 3b base only):
-        initialised on the run's device (a 3B model's fp32 init on the H100 machine's CPU: most of 50 s)."""
+    def build_model(self, attn: str | None = None):
+        """The contenders' initial model, its weights' digest and its size (the 3b shape initialised on the
+        run's device)."""
         import torch
 
         from fastlm.engine.model.build import build_model
@@ -421,7 +463,9 @@ class GpuContext(Context):
                 attn_implementation=attn,
                 use_cache=False,
             )
-            with torch.device(self.device if on_device else "cpu"):
+            # initialised on the run's device by every side alike (the same weights): a 3B model's fp32 init
+            # on the H100 machine's CPU took most of 50 s, a contender's share of a session step
+            with torch.device(self.device):
                 model = LlamaForCausalLM(config).train()
         else:
             params = model_params(name, layers).model_copy(update={"attn_implementation": attn})
@@ -444,7 +488,7 @@ class GpuContext(Context):
 
         folder = Path(self.args.workdir) / "base"
         if not (folder / "config.json").is_file():
-            model, _, _ = self.build_model(on_device=True)
+            model, _, _ = self.build_model()
             if self.args.precision == "bf16":  # saved as both sides load it: no conversion in their load
                 model = model.to(torch.bfloat16)
             model.save_pretrained(str(folder))
@@ -573,7 +617,7 @@ def fastlm_params(
 
     args = ctx.args
     fused_linear = fused_linear or args.fused_linear
-    model = {"attn_implementation": ctx.attn}
+    model = {"attn_implementation": ctx.attn, "gradient_checkpointing": args.checkpointing}
     if adapter:
         model = ctx.adapter_model_params(adapter == "qlora", fused_forward)
     model = {**model, "liger": args.liger}  # --liger: the norm/rotary/MLP patch and the fused head's kernel
@@ -602,8 +646,7 @@ def fastlm_params(
     }
     if profile:
         raw["profile"] = profile
-    if adapter:
-        raw["optimizer"] = {"name": args.optim}
+    raw["optimizer"] = {"name": args.optim}
     return parse_train_params(raw)
 
 
@@ -677,8 +720,11 @@ def run_fastlm(
     )
     if adapter:
         model, init_digest, n_params = ctx.build_adapter_model(adapter == "qlora", not peft_forward)
-    else:
+    else:  # the full fine-tune: --checkpointing through the engine's own policies (as build_model does)
+        from fastlm.engine.model.recompute import enable_checkpointing
+
         model, init_digest, n_params = ctx.build_model()
+        enable_checkpointing(model, args.checkpointing)
     ctx.mark_loaded(model)
     progress(f"model ready on {ctx.device} ({n_params:,} parameters); training {warmup} + {steps} steps")
     train_set = TokenSequences(ctx.values, ctx.offsets)
@@ -916,14 +962,34 @@ def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
         target_modules=LORA_TARGETS,
     )
     model = get_peft_model(model, config)
-    # transformers' own per-layer switch (selective: every other)
     if best and ctx.args.checkpointing != "off":
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False},
-            every_n_layers=2 if ctx.args.checkpointing == "selective" else 1,
-        )
+        trainer_checkpointing(model, ctx.args.checkpointing)
         model.enable_input_require_grads()
     return model, digest, sum(p.numel() for p in model.parameters())
+
+
+def trainer_checkpointing(model, policy: str) -> str:
+    """``--checkpointing`` in a Trainer's best set-up, through transformers' own per-layer switch (selective:
+    every other layer; full: each; off: none), as fastlm's ``train.model.gradient_checkpointing``; the set-up
+    text saying so."""
+    if policy != "off":
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False},
+            every_n_layers=2 if policy == "selective" else 1,
+        )
+    return f"gradient checkpointing {policy}"
+
+
+def trainer_padding_free(choice: str, varlen: bool, adapter: str | None, on_cuda: bool) -> bool:
+    """Whether a Trainer's best set-up takes the padding-free ``DataCollatorWithFlattening``. ``on``: also
+    with a dense-mask attention (transformers builds the block-diagonal mask from the position ids);
+    ``auto``: with a varlen kernel, and for the adapters on CPU, where SDPA's block-diagonal mask was
+    measured faster than length grouping (Trainer + peft QLoRA, 3B shape, 2 layers: 198 against 117 real
+    tok/s); the full fine-tune on CPU keeps length grouping (issue 16: the fastest simple set-up at small
+    batches there)."""
+    if choice == "off":
+        return False
+    return choice == "on" or varlen or (adapter is not None and not on_cuda)
 
 
 def trainer_liger(on_cuda: bool, installed: bool, fields: set[str]) -> tuple[dict, str]:
@@ -985,9 +1051,7 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
     fields = {field.name for field in dataclasses.fields(TrainingArguments)}
     batch_size, setup, accumulation = args.batch_size, "dynamic padding, default arguments", 1
     extra: dict = {}
-    # --padding-free on: also with a dense-mask attention (transformers builds the block-diagonal mask from
-    # the position ids); auto: with a varlen kernel only
-    padding_free = best and args.padding_free != "off" and (varlen or args.padding_free == "on")
+    padding_free = best and trainer_padding_free(args.padding_free, varlen, adapter, ctx.on_cuda)
     # fastlm's packed tokens per optimizer step, in samples of the mean length
     same_tokens = max(1, round(args.batch_size * args.seq_len / float(ctx.lengths.mean())))
     if padding_free:
@@ -1000,9 +1064,11 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         setup = "DataCollatorWithFlattening (padding-free)"
     else:
         collator = RealTokenCounter(DataCollatorForLanguageModeling(ctx.tokenizer, mlm=False))
+        longest = int(ctx.lengths.max())
         if adapter and not best:  # the adapter comparison is at equal tokens per optimizer step, usual too
-            accumulation = max(1, math.ceil(same_tokens / args.batch_size))
-            batch_size = math.ceil(same_tokens / accumulation)
+            batch_size, accumulation = padded_micro_batches(
+                same_tokens, args.batch_size, args.seq_len, longest
+            )
             extra["gradient_accumulation_steps"] = accumulation
             setup = f"dynamic padding, gradient_accumulation_steps={accumulation}"
         if best:
@@ -1010,10 +1076,11 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
                 extra["group_by_length"] = True
             elif "train_sampling_strategy" in fields:
                 extra["train_sampling_strategy"] = "group_by_length"
-            # padded rows cost up to seq_len each: micro-batches of at most batch_size samples (fastlm's
-            # memory), accumulated to the same tokens per optimizer step
-            accumulation = max(1, math.ceil(same_tokens / args.batch_size))
-            batch_size = math.ceil(same_tokens / accumulation)
+            # padded rows cost up to the longest sample each: micro-batches within fastlm's micro-batch
+            # tokens, accumulated to the same tokens per optimizer step
+            batch_size, accumulation = padded_micro_batches(
+                same_tokens, args.batch_size, args.seq_len, longest
+            )
             extra["gradient_accumulation_steps"] = accumulation
             setup = f"dynamic padding + length grouping ({', '.join(f'{k}={v}' for k, v in extra.items())})"
     if best:
@@ -1024,11 +1091,14 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         liger, note = trainer_liger(ctx.on_cuda, importlib.util.find_spec("liger_kernel") is not None, fields)
         extra.update(liger)
         setup += f", {note}"
-        if adapter:
+        if adapter:  # its builder turned checkpointing on, under peft's wrapper
             extra["optim"] = (
                 TRAINER_OPTIM[args.optim] if ctx.on_cuda or args.optim != "adamw" else "adamw_torch"
             )
             setup += f", optim {extra['optim']}, gradient checkpointing {args.checkpointing}"
+        else:  # adamw: adamw_torch_fused, the Trainer's default
+            extra["optim"] = TRAINER_OPTIM[args.optim]
+            setup += f", optim {extra['optim']}, {trainer_checkpointing(model, args.checkpointing)}"
     if not (best and not padding_free):  # the "length" column only serves length grouping
         train_dataset = train_dataset.remove_columns(["length"])
 
@@ -1530,26 +1600,28 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         + (f", fused kernel {args.fused_kernel}" if args.fused_kernel else "")
     )
     print(
-        f"data: {prep['docs']:,} documents of demo texts, {prep['tokens_total']:,} tokens (median "
+        f"data: {prep['docs']:,} documents of {TEXTS_LABEL[prep.get('texts', 'demo')]}, "
+        f"{prep['tokens_total']:,} tokens (median "
         f"{prep['tokens_median']:.0f}, mean {prep['tokens_mean']:.0f}, p90 {prep['tokens_p90']:.0f}, max "
         f"{prep['tokens_max']}, {prep['truncated']} truncated at {args.seq_len}); vocab {prep['vocab']}"
     )
     print()
+    width = name_width(results)
     header = (
-        f"{'contender':<20}{'attn':>15}{'real tok/s':>13}{'pad waste':>10}{'step s':>9}{'MFU':>8}"
+        f"{'contender':<{width}}{'attn':>15}{'real tok/s':>13}{'pad waste':>10}{'step s':>9}{'MFU':>8}"
         f"{'MFU docs':>9}{'peak MiB':>10}{'data wait':>10}{'other load':>11}"
     )
     print(header)
     print("-" * len(header))
     for name, run in results.items():
         if "skipped" in run:
-            print(f"{name:<20}  skipped: {run['skipped']}")
+            print(f"{name:<{width}}  skipped: {run['skipped']}")
             continue
         if "error" in run:
-            print(f"{name:<20}  FAILED ({run['error']})")
+            print(f"{name:<{width}}  FAILED ({run['error']})")
             continue
         print(
-            f"{name:<20}{run['attn']:>15}{run['real_tokens_per_s']:>13,.0f}{run['padding_waste']:>10.1%}"
+            f"{name:<{width}}{run['attn']:>15}{run['real_tokens_per_s']:>13,.0f}{run['padding_waste']:>10.1%}"
             f"{run['step_time_s']:>9.3f}{_fmt(run['mfu'], '.1%'):>8}{_fmt(run['mfu_docs'], '.1%'):>9}"
             f"{_fmt(run['peak_memory_mb'], ',.0f'):>10}"
             f"{run['data_wait_share']:>10.2%}{run['other_load_cores']:>11.2f}"
@@ -1564,6 +1636,8 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
     print(
         f"initial weights: {'identical' if len(inits) <= 1 else 'DIFFERENT'} across contenders "
         f"({', '.join(sorted(inits))})"
+        if inits
+        else "initial weights: 4-bit bases, not digested (each quantizes the same saved base folder)"
     )
     print(
         "MFU: (6N + 12*layers*hidden*seq_len) FLOPs per real token x real tokens/s / dense bf16 peak; "
@@ -1602,6 +1676,11 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
     print()
 
 
+def name_width(results: dict[str, dict]) -> int:
+    """The tables' first column: the longest contender name and a space, at least 20 characters."""
+    return max([20, *(len(name) + 1 for name in results)])
+
+
 def cpu_memory_report(label: str, results: dict[str, dict]) -> None:
     """The CPU memory table: each contender process's resident memory with the model loaded, its peak, and
     the training's peak above the loaded model; the largest micro-batch; real tokens/s (CPU)."""
@@ -1610,8 +1689,9 @@ def cpu_memory_report(label: str, results: dict[str, dict]) -> None:
         f"CPU resident memory of each contender's process, MiB ({label}; VmRSS / VmHWM of /proc/self/status; "
         "not GPU memory):"
     )
+    width = name_width(results)
     header = (
-        f"{'contender':<20}{'loaded':>10}{'peak':>10}{'peak above loaded':>19}{'micro-batch tokens':>20}"
+        f"{'contender':<{width}}{'loaded':>10}{'peak':>10}{'peak above loaded':>19}{'micro-batch tokens':>20}"
         f"{'real tok/s (CPU)':>18}  model"
     )
     print(header)
@@ -1621,7 +1701,7 @@ def cpu_memory_report(label: str, results: dict[str, dict]) -> None:
         if not memory:
             continue
         print(
-            f"{name:<20}{memory['rss_loaded_mb']:>10,.0f}{memory['peak_rss_mb']:>10,.0f}"
+            f"{name:<{width}}{memory['rss_loaded_mb']:>10,.0f}{memory['peak_rss_mb']:>10,.0f}"
             f"{memory['peak_above_loaded_mb']:>19,.0f}{run['max_micro_batch_tokens']:>20,}"
             f"{run['real_tokens_per_s']:>18,.0f}  {label}"
         )
@@ -1724,6 +1804,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--docs", type=int, default=None, help="documents to generate (default: enough for the run)"
     )
     parser.add_argument(
+        "--texts",
+        choices=tuple(TEXTS_LABEL),
+        default="demo",
+        help="documents: demo (runs of demo texts, about seq-len / 4 tokens each) or reviews (one short text "
+        "each with the length profile of real reviews, about 19 tokens: the users' corpora)",
+    )
+    parser.add_argument(
         "--contenders",
         nargs="+",
         choices=CONTENDERS,
@@ -1739,15 +1826,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--checkpointing",
         choices=("off", "selective", "full"),
         default="off",
-        help="adapter contenders: train.model.gradient_checkpointing of fastlm and of the Trainer's "
-        "best set-up (default off)",
+        help="train.model.gradient_checkpointing of fastlm and of the Trainer's best set-ups, full fine-tune "
+        "(the 3B shape needs it on an 80 GB GPU) and adapters (default off)",
     )
     parser.add_argument(
         "--optim",
         choices=tuple(TRAINER_OPTIM),
         default="adamw",
-        help="adapter contenders: train.optimizer.name of fastlm, its Trainer peer in the best "
-        "set-up (default adamw)",
+        help="train.optimizer.name of fastlm, its Trainer peer in the best set-ups (default adamw: the "
+        "Trainer's adamw_torch_fused)",
     )
     parser.add_argument(
         "--liger",
@@ -1776,8 +1863,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=("auto", "on", "off"),
         default="auto",
         help="the Trainer's best set-ups: DataCollatorWithFlattening (one flattened row per micro-batch); "
-        "auto: with a varlen attention kernel only; on: also with a dense-mask attention such as SDPA on "
-        "CPU (transformers builds the block-diagonal mask from the position ids)",
+        "auto: with a varlen attention kernel, and for the adapters on CPU (measured faster there than "
+        "length grouping); on: also with a dense-mask attention such as SDPA on CPU (transformers builds the "
+        "block-diagonal mask from the position ids)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument(
@@ -1840,9 +1928,11 @@ def main(argv=None) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget_s)
     try:
-        n_docs = args.docs or math.ceil(6 * (args.warmup + args.steps) * args.batch_size)
+        n_docs = args.docs or default_documents(
+            args.texts, args.warmup, args.steps, args.batch_size, args.seq_len
+        )
         print(f"preparing {n_docs:,} documents (tokenizer, token ids) in {workdir} ...", flush=True)
-        prep = prepare(workdir, n_docs, args.seq_len)
+        prep = prepare(workdir, n_docs, args.seq_len, args.texts)
         results: dict[str, dict] = {}
         reasons = {name: skip_reason(name, args, on_cuda) for name in contenders}
         if any(reasons[name] is None for name in contenders if name in ADAPTER_CONTENDERS + AB_CONTENDERS):

@@ -77,6 +77,47 @@ def test_the_liger_and_fused_linear_flags_reach_the_children_and_the_parameters(
     assert params.loss.fused_linear_kernel == "fastlm"  # in place of the auto kernel --liger auto implies
 
 
+def test_checkpointing_and_the_optimizer_reach_the_full_fine_tune_on_both_sides(gpu_speed):
+    """The 3B full fine-tune needs checkpointing to fit an 80 GB GPU: --checkpointing and --optim set fastlm's
+    full fine-tune and the Trainer's best set-up alike (its usual one keeps its defaults)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    args = gpu_speed.parse_args(["--model", "tiny", "--checkpointing", "selective", "--optim", "adamw_8bit"])
+    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device="cpu")
+    params = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
+    assert params.model.gradient_checkpointing == "selective" and params.optimizer.name == "adamw_8bit"
+    default = gpu_speed.parse_args(["--model", "tiny"])
+    ctx.args = SimpleNamespace(**{**vars(default), "workdir": "."})
+    params = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
+    assert params.model.gradient_checkpointing == "off" and params.optimizer.name == "adamw"
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4
+    )
+    for policy, layers in (("off", 0), ("selective", 2), ("full", 4)):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        setup = gpu_speed.trainer_checkpointing(model, policy)
+        assert gpu_speed.checkpointed_layers(model) == layers
+        assert setup == f"gradient checkpointing {policy}"
+
+
+def test_the_adapters_best_trainer_set_up_on_cpu_is_padding_free_its_faster_one(gpu_speed):
+    """On this CPU Trainer + peft's QLoRA ran 198 real tok/s padding-free (SDPA's block-diagonal mask) against
+    117 with length grouping (3B shape, 2 layers): ``auto`` gives the adapters' best set-up the faster one."""
+    choose = gpu_speed.trainer_padding_free
+    assert choose("auto", varlen=False, adapter="qlora", on_cuda=False)
+    assert choose("auto", varlen=False, adapter="lora", on_cuda=False)
+    assert not choose("auto", varlen=False, adapter=None, on_cuda=False)  # full fine-tune: length grouping
+    assert choose("auto", varlen=True, adapter=None, on_cuda=True)  # a varlen kernel: padding-free
+    assert not choose("auto", varlen=False, adapter="lora", on_cuda=True)  # a GPU without one: as before
+    assert choose("on", varlen=False, adapter=None, on_cuda=False)
+    assert not choose("off", varlen=True, adapter="lora", on_cuda=True)
+
+
 def meta_llama_parameters(layers: int) -> int:
     """Llama-3.2-3B's published config (hidden 3072, 24 heads, 8 KV heads, intermediate 8192, vocab 128256,
     tied embeddings), ``layers`` decoder layers, counted on the meta device."""
@@ -144,32 +185,39 @@ def test_a_child_process_measures_its_own_peak_not_the_parents_high_water_mark()
     assert 0 < child["rss_mb"] <= child["peak_mb"] < 512
 
 
-def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(tmp_path):
-    out = tmp_path / "out.json"
-    contenders = [
-        "fastlm_lora",
-        "fastlm_lora_unfused",
-        "trainer_lora_best",
-        "fastlm_lora_own_head",
-        "trainer_qlora_best",
-        "fastlm_lora_peft_forward",
-        "fastlm_qlora_peft_forward",
-    ]
-    shown = subprocess.run(
+def _cpu_run(out: Path, contenders: list[str], *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
         [
             sys.executable,
             str(BENCHMARKS / "gpu_speed.py"),
             *("--device", "cpu", "--model", "tiny", "--layers", "1", "--seq-len", "64", "--batch-size", "2"),
             *("--steps", "1", "--warmup", "1", "--compile", "off", "--fused-linear", "on", "--threads", "1"),
             *("--padding-free", "on", "--checkpointing", "full", "--budget-s", "600", "--no-profile"),
-            *("--json", str(out), "--contenders", *contenders),
+            *("--json", str(out), *extra, "--contenders", *contenders),
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
-    runs = json.loads(out.read_text())["runs"]
+
+
+def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(tmp_path):
+    # two runs at once (one torch thread each): the demo documents, and one short review per document
+    contenders = ["fastlm_lora", "fastlm_lora_unfused", "trainer_lora_best", "fastlm_lora_own_head"]
+    on_reviews = [
+        "fastlm_lora",
+        "fastlm_lora_peft_forward",
+        "trainer_qlora_usual",
+        "fastlm_qlora_peft_forward",
+    ]
+    demo = _cpu_run(tmp_path / "demo.json", [*contenders, "fastlm_eager"])
+    reviews = _cpu_run(
+        tmp_path / "reviews.json", on_reviews, "--texts", "reviews", "--docs", "300", "--seq-len", "256"
+    )
+    shown, shown_reviews = (run.communicate(timeout=600) for run in (demo, reviews))
+    assert demo.returncode == 0, shown[0][-3000:] + shown[1][-3000:]
+    assert reviews.returncode == 0, shown_reviews[0][-3000:] + shown_reviews[1][-3000:]
+    runs = json.loads((tmp_path / "demo.json").read_text())["runs"]
     for name in contenders[:3]:
         memory = runs[name]["cpu_memory"]
         assert memory["rss_loaded_mb"] > 0 and memory["peak_rss_mb"] >= memory["rss_loaded_mb"]
@@ -180,29 +228,57 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     # the fused head's kernel A/B: fastlm's own chunked kernel, named in the run's own choice
     assert runs["fastlm_lora_own_head"]["fused_linear"] is True
     assert "fastlm's chunked PyTorch kernel" in runs["fastlm_lora_own_head"]["fused_linear_choice"]
-    assert "fastlm_lora / fastlm_lora_own_head: " in shown.stdout
-    # the LoRA forward's A/B: fastlm's on every adapted layer (1 layer x 7 projections) against peft's
-    assert runs["fastlm_lora"]["lora_fused_layers"] == 7
-    assert runs["fastlm_lora_peft_forward"]["lora_fused_layers"] == 0
-    assert "fastlm_lora / fastlm_lora_peft_forward: " in shown.stdout
+    text = shown[0]
+    assert "fastlm_lora / fastlm_lora_own_head: " in text
+    assert "padding-free" in runs["trainer_lora_best"]["setup"]
     # the packed-vs-unpacked loss check runs once per set-up, not again for each A/B variant (about 20 s of a
     # 55 s contender on the H100: four attention paths, flex_attention's compile among them)
     assert runs["fastlm_lora"]["loss_check"]["paths"]
-    for variant in ("fastlm_lora_unfused", "fastlm_lora_own_head", "fastlm_lora_peft_forward"):
+    for variant in ("fastlm_lora_unfused", "fastlm_lora_own_head"):
         assert runs[variant]["loss_check"] is None
-        assert f"N/A   {variant} packed vs unpacked loss: not run, an A/B variant" in shown.stdout
-    assert "padding-free" in runs["trainer_lora_best"]["setup"]
-    # QLoRA through bitsandbytes' CPU backend: fastlm's forward over the 4-bit layers, or peft's
-    assert runs["fastlm_qlora_peft_forward"]["lora_fused_layers"] == 0
-    assert runs["trainer_qlora_best"]["real_tokens_per_s"] > 0
+        assert f"N/A   {variant} packed vs unpacked loss: not run, an A/B variant" in text
     # the cold start of each side (compile included where it compiles), not timed
-    for name in contenders[:4]:
+    for name in contenders:
         first = runs[name]["first_step_s"]
-        assert first > 0 and f"  {name}: first step {first:.1f} s (not timed)" in shown.stdout
-    text = shown.stdout
+        assert first > 0 and f"  {name}: first step {first:.1f} s (not timed)" in text
     assert "CPU resident memory" in text and "tiny shape, 1 of 2 layers" in text
-    for other in ("fastlm_lora_unfused", "trainer_lora_best", "fastlm_lora_own_head"):
+    for other in contenders[1:]:
         assert f"fastlm_lora / {other} peak RSS above the loaded model" in text
+    assert "documents of demo texts" in text
+    # --checkpointing reaches fastlm's full fine-tune too (the 3B full fine-tune needs it on an 80 GB GPU)
+    assert runs["fastlm_eager"]["gradient_checkpointing"] == "full"
+
+    # the reviews: one short text per document, the real reviews' length profile (about 19 tokens)
+    result = json.loads((tmp_path / "reviews.json").read_text())
+    runs, text = result["runs"], shown_reviews[0]
+    assert result["data"]["texts"] == "reviews" and 10 <= result["data"]["tokens_median"] <= 30
+    assert "documents of short texts with real reviews' lengths" in text
+    # the LoRA forward's A/B: fastlm's on every adapted layer (1 layer x 7 projections) against peft's
+    assert runs["fastlm_lora"]["lora_fused_layers"] == 7
+    assert runs["fastlm_lora_peft_forward"]["lora_fused_layers"] == 0
+    assert "fastlm_lora / fastlm_lora_peft_forward: " in text
+    # QLoRA through bitsandbytes' CPU backend: peft's forward over the 4-bit layers
+    assert runs["fastlm_qlora_peft_forward"]["lora_fused_layers"] == 0
+    # the usual set-up pads each micro-batch to its longest short text: more samples per micro-batch than
+    # fastlm's rows, within fastlm's micro-batch tokens at the longest
+    usual = runs["trainer_qlora_usual"]
+    assert usual["real_tokens_per_s"] > 0 and usual["batch_samples"] > 2
+    assert usual["batch_samples"] * result["data"]["tokens_max"] <= 2 * 256
+    # names longer than the table's 20 characters keep its columns in line
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("contender") and " attn" in line)
+    rows = lines[header + 2 : header + 2 + len(on_reviews)]
+    assert len({row.index("sdpa") for row in rows}) == 1, "\n".join(lines[header : header + 6])
+
+
+def test_a_padded_set_up_fills_fastlms_micro_batch_tokens_at_the_longest_sample(gpu_speed):
+    # documents reaching the row length: as many samples per micro-batch as fastlm has rows
+    assert gpu_speed.padded_micro_batches(same_tokens=16, batch_size=4, seq_len=2048, longest=2048) == (4, 4)
+    # short texts (longest 80 tokens): 102 samples fit in 4 x 2048 tokens; 431 samples in 5 micro-batches
+    samples, accumulation = gpu_speed.padded_micro_batches(431, 4, 2048, 80)
+    assert (samples, accumulation) == (87, 5) and samples * 80 <= 4 * 2048 and samples * accumulation >= 431
+    # one optimizer step's samples fit in one micro-batch: no accumulation
+    assert gpu_speed.padded_micro_batches(40, 4, 2048, 80) == (40, 1)
 
 
 def test_the_loaded_memory_counts_weights_a_checkpoint_maps_from_its_file(gpu_speed, tmp_path):
