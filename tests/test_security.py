@@ -265,6 +265,24 @@ def test_telemetry_and_downloads_are_off_by_default(monkeypatch):
     assert yaml.safe_load((PROJECT_ROOT / ".telemetry").read_text()) == {"consent": False}
 
 
+def test_bitsandbytes_advice_to_fetch_a_kernel_from_the_hub_is_not_shown(caplog):
+    """bitsandbytes (0.50, on CPUs with AVX-512 bf16) logs at import that it failed to load a CPU inference
+    kernel from the hub and advises ``pip install kernels``, which would download it: fastlm runs offline and
+    turns that kernel off (``lora.prepare_quantized``), so the advice is noise. Its other warnings show."""
+    fastlm.apply_process_defaults()
+    fastlm.apply_process_defaults()  # twice (the kedro hook calls it again): one filter
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")  # the logger of bitsandbytes' CPU backend
+    assert len(logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="bitsandbytes"):
+        logger.warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you already "
+            "`pip install kernels` and the kernels >= 0.11.1",
+            ModuleNotFoundError("No module named 'kernels'"),
+        )
+        logger.warning("another bitsandbytes warning")
+    assert [record.getMessage() for record in caplog.records] == ["another bitsandbytes warning"]
+
+
 # --------------------------------------------------------------------------------------------- end to end
 
 

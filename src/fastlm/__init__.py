@@ -7,6 +7,7 @@ variables themselves. Nothing here imports Kedro, so the engine stays usable on 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -34,6 +35,23 @@ _THIRD_PARTY_NOISE = (
 )
 
 
+# Log lines third-party code writes at import: bitsandbytes' CPU backend (on CPUs with AVX-512 bf16) says it
+# could not load an inference kernel from the hub and advises installing ``kernels``, which would download it;
+# fastlm runs offline and turns that kernel off (engine/model/lora.py, prepare_quantized).
+_THIRD_PARTY_LOG_NOISE = (("bitsandbytes.backends.cpu.ops", "from kernels-community"),)
+
+
+class _DropMessage(logging.Filter):
+    """Drops a logger's records whose message holds ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in str(record.msg)
+
+
 def apply_process_defaults() -> None:
     """Set the defaults above where the user has not set the variable (also a ``kedro.init`` hook)."""
     for key, value in _OFFLINE_DEFAULTS.items():
@@ -44,6 +62,10 @@ def apply_process_defaults() -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for message, category in _THIRD_PARTY_NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)
+    for name, text in _THIRD_PARTY_LOG_NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) and f.text == text for f in logger.filters):
+            logger.addFilter(_DropMessage(text))
 
 
 apply_process_defaults()
