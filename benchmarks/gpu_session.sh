@@ -15,19 +15,20 @@
 #    the 3B base model's preparation about 30 s, a 3B model's load 16 s, one compile of a layer's graph
 #    about 55 s, the Trainer + peft's usual set-up 71 s and its best (eager) 32 s on the 3B shape, fastlm's
 #    LoRA 55 s, the QLoRA usual set-up about 5 s a step:
-#      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft best / usual on
-#                          the Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), both sides eager,
-#                          and fastlm with peft's own LoRA forward (the A/B of engine/model/lora_forward.py)
+#      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft best / usual and
+#                          TRL's SFTTrainer + peft best (packing, padding-free, its chunked head) on the
+#                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100:
 #                          micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes 1..32,
 #                          tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
-#      fused_head_ab       the LoRA run's fused LM head: liger's kernel (auto on CUDA; two read-backs per
-#                          micro-batch) against fastlm's own, one run
-#      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), 3 + 8 steps (the usual set-up's 5 + 15 did not
-#                          fit in its share)
+#      lora_ab             fastlm's LoRA against its variants, one run: peft's own LoRA forward (the A/B of
+#                          engine/model/lora_forward.py) and fastlm's own fused-head kernel (auto picks
+#                          liger's on CUDA: two read-backs per micro-batch)
+#      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
+#                          did not fit in its share)
 #      qlora_forward_ab    fastlm's QLoRA with its own forward over the 4-bit layers against peft's, one run
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
-#                          19 tokens each, 100 per packed row), the users' corpora
+#                          19 tokens each, 100 per packed row), the users' corpora, the same peers
 #      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
 #                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
 #      gpu_speed_full_3b   the full fine-tune on the Llama-3.2-3B shape, fastlm against the Trainer's best
@@ -42,7 +43,7 @@
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
 #                          the baseline), 4 at once; all 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
 #    The first call (560 s) reaches LoRA and the memory cliff; the next call (what is left of the 15
-#    minutes, about 240 s) runs --only fused_head_ab (or gpu_speed_qlora); later sessions the rest.
+#    minutes, about 240 s) runs --only lora_ab (or gpu_speed_qlora); later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,12 +59,12 @@ EAGER="--compile off --warmup 5 --steps 15"
 SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s a step
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "gpu_speed_lora|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_peft_forward trainer_lora_usual trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_lora|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
-    "fused_head_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
-    "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best $SHORT --budget-s \$((CAP - 15))"
+    "lora_ab|150|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_peft_forward fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
-    "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"

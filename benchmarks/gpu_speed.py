@@ -84,6 +84,13 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   mask (transformers builds the block-diagonal mask from the position ids), measured faster there than
   length grouping (``trainer_padding_free``); ``--padding-free on`` gives it to the full fine-tune's best
   set-up too. No Liger kernels on CPU.
+* ``trl_lora_best`` / ``trl_qlora_best`` (named in ``--contenders``; trl from the ``bench`` or ``dev`` extra):
+  TRL's ``SFTTrainer`` on the model ``trainer_*_best`` prepares (Trainer + peft, ``--checkpointing`` applied
+  to it; TRL's own default would checkpoint every layer), TRL's best data path: ``packing=True`` (best-fit
+  decreasing into rows of ``seq_len``, ``--batch-size`` rows per micro-batch: fastlm's tokens per step) with
+  its padding-free batches (one flattened row, ``cu_seq_lens`` for the varlen kernel), its chunked LM head
+  (Triton on CUDA), Liger's layer kernels, tf32 and torch_compile as ``trainer_best``. Held to the same
+  targets as Trainer + peft's best set-up.
 * ``fastlm_lora_unfused`` (named in ``--contenders``): ``fastlm_lora`` with ``train.loss.fused_linear: off``,
   the A/B of the fused LM head + loss (``[tokens x vocab]`` logits materialised).
 * ``fastlm_lora_own_head`` (named in ``--contenders``): ``fastlm_lora`` with
@@ -192,6 +199,9 @@ ADAPTER_CONTENDERS = (
 # fused-head kernel (train.loss.fused_linear_kernel: fastlm; auto picks liger's on CUDA, which reads back
 # twice per micro-batch), the A/B of the two kernels, and fastlm_lora / fastlm_qlora with peft's own LoRA
 # forward (train.model.lora.fused_forward: false), the A/B of fastlm's (named in --contenders)
+# TRL's SFTTrainer + peft in its best set-up (packing, padding-free, its chunked LM head): the peer LoRA users
+# pick instead of the Trainer (named in --contenders; needs trl: pip install -e '.[bench]')
+TRL_CONTENDERS = ("trl_lora_best", "trl_qlora_best")
 AB_CONTENDERS = (
     "fastlm_lora_unfused",
     "fastlm_lora_own_head",
@@ -200,10 +210,12 @@ AB_CONTENDERS = (
 )
 # fastlm_lora / fastlm_qlora against its own variants: real tokens/s and peak memory, one run
 AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
-CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + AB_CONTENDERS
+CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + TRL_CONTENDERS + AB_CONTENDERS
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 ADAPTER_PAIRS = [
-    (f"fastlm_{a}", f"trainer_{a}_{kind}") for a in ("lora", "qlora") for kind in ("best", "usual")
+    (f"fastlm_{a}", f"{peer}_{a}_{kind}")
+    for a in ("lora", "qlora")
+    for peer, kind in (("trainer", "best"), ("trainer", "usual"), ("trl", "best"))
 ]
 # peak memory, fastlm first (lower is better)
 MEMORY_PAIRS = [
@@ -1014,7 +1026,9 @@ def checkpointed_layers(model) -> int:
     )
 
 
-def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict:
+def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bool = False) -> dict:
+    """A Trainer contender (usual or best set-up, full fine-tune or Trainer + peft); ``trl``: TRL's
+    ``SFTTrainer`` in its best set-up instead (``trl_lora_best`` / ``trl_qlora_best``)."""
     import dataclasses
     from time import perf_counter
 
@@ -1054,7 +1068,9 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
     padding_free = best and trainer_padding_free(args.padding_free, varlen, adapter, ctx.on_cuda)
     # fastlm's packed tokens per optimizer step, in samples of the mean length
     same_tokens = max(1, round(args.batch_size * args.seq_len / float(ctx.lengths.mean())))
-    if padding_free:
+    if trl:  # TRL packs itself (best-fit decreasing into rows of seq_len): fastlm's rows per micro-batch
+        collator, setup = None, "SFTTrainer packing (best-fit decreasing, padding-free)"
+    elif padding_free:
         from transformers import DataCollatorWithFlattening
 
         collator = RealTokenCounter(
@@ -1099,7 +1115,7 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         else:  # adamw: adamw_torch_fused, the Trainer's default
             extra["optim"] = TRAINER_OPTIM[args.optim]
             setup += f", optim {extra['optim']}, {trainer_checkpointing(model, args.checkpointing)}"
-    if not (best and not padding_free):  # the "length" column only serves length grouping
+    if trl or not (best and not padding_free):  # the "length" column only serves length grouping
         train_dataset = train_dataset.remove_columns(["length"])
 
     class StepTimer(TrainerCallback):
@@ -1129,9 +1145,9 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
                 self.marks[step] = (now, len(collator.real))
 
     timer = StepTimer()
-    name = f"trainer_{adapter}_" if adapter else "trainer_"
+    name = f"trl_{adapter}_" if trl else f"trainer_{adapter}_" if adapter else "trainer_"
     name += "best" if best else "usual"
-    training_args = TrainingArguments(
+    common = dict(
         output_dir=str(Path(args.workdir) / f"{name}_out"),
         per_device_train_batch_size=batch_size,
         max_steps=warmup + steps,
@@ -1144,14 +1160,35 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         bf16=args.precision == "bf16",
         **extra,
     )
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        data_collator=collator,
-        processing_class=ctx.tokenizer,
-        callbacks=[timer],
-    )
+    if trl:
+        from trl import SFTConfig, SFTTrainer
+
+        # TRL's own best data path: packing (best-fit decreasing into rows of seq_len, its default strategy)
+        # with padding-free batches (one flattened row, position_ids and cu_seq_lens for the varlen kernel),
+        # its chunked LM head (no [tokens x vocab] logits); the model prepared as Trainer + peft's best
+        # gradient_checkpointing False: TRL's default (True) would recompute every layer; --checkpointing is
+        # applied to the model as in Trainer + peft's best (trainer_adapter_model)
+        training_args = SFTConfig(
+            **common, packing=True, max_length=args.seq_len, dataset_num_proc=1, gradient_checkpointing=False
+        )
+        trainer = SFTTrainer(
+            model=model,
+            args=training_args,
+            train_dataset=train_dataset,
+            processing_class=ctx.tokenizer,
+            callbacks=[timer],
+        )
+        collator = trainer.data_collator = RealTokenCounter(trainer.data_collator)  # the timer's counter
+    else:
+        training_args = TrainingArguments(**common)
+        trainer = Trainer(
+            model=model,
+            args=training_args,
+            train_dataset=train_dataset,
+            data_collator=collator,
+            processing_class=ctx.tokenizer,
+            callbacks=[timer],
+        )
     progress(f"{name}: model ready, Trainer built; training {warmup} + {steps} steps ({setup})")
     trainer.train()
     peak, host_memory = ctx.peak_memory_mb(), ctx.cpu_memory()
@@ -1178,6 +1215,7 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None) -> dict
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": max(collator.computed, default=0),  # padded slots of the largest
         "checkpointed_layers": checkpointed_layers(model),
+        "args_gradient_checkpointing": bool(training_args.gradient_checkpointing),  # the Trainer's own switch
         "first_step_s": timer.first,
         "compiled": bool(extra.get("torch_compile")),
         "accumulation": accumulation,
@@ -1301,6 +1339,10 @@ def child_main(args: argparse.Namespace) -> None:
             for a in ("lora", "qlora")
             for kind in ("usual", "best")
         },
+        **{
+            f"trl_{a}_best": (lambda a=a: run_trainer(ctx, True, adapter=a, trl=True))
+            for a in ("lora", "qlora")
+        },
     }
     info = runners[args.run]()
     info["device"] = str(ctx.device)
@@ -1379,9 +1421,11 @@ def skip_reason(name: str, args: argparse.Namespace, on_cuda: bool) -> str | Non
     """Why this machine cannot run a contender (printed), or None."""
     from fastlm.engine.config import bitsandbytes_missing
 
-    if name.startswith("trainer") and importlib.util.find_spec("accelerate") is None:
+    if name.startswith(("trainer", "trl")) and importlib.util.find_spec("accelerate") is None:
         return "accelerate is not installed (transformers.Trainer needs it)"
-    adapter = name in ADAPTER_CONTENDERS + AB_CONTENDERS
+    if name.startswith("trl") and importlib.util.find_spec("trl") is None:
+        return "trl is not installed (pip install -e '.[bench]')"
+    adapter = name in ADAPTER_CONTENDERS + TRL_CONTENDERS + AB_CONTENDERS
     needs_bitsandbytes = "qlora" in name or (adapter and args.optim != "adamw")
     missing = bitsandbytes_missing() if needs_bitsandbytes else None
     if missing:
@@ -1418,7 +1462,7 @@ def run_contender_in_budget(
     ``MIN_COMPILE_TRY_S``; a try that does not finish is run again without torch_compile, and says so."""
     index, count = position
     cap = budget.share(count - index)
-    best = name.startswith("trainer") and name.endswith("_best") and args.compile != "off"
+    best = name.startswith(("trainer", "trl")) and name.endswith("_best") and args.compile != "off"
     note = None
     if best:
         usual = results.get(name.replace("_best", "_usual"), {})
@@ -1629,7 +1673,8 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
     for name, run in results.items():
         if run.get("setup"):
             print(
-                f"  {name}: {run['setup']}; {run['batch_samples']} samples per micro-batch x "
+                f"  {name}: {run['setup']}; {run['batch_samples']} "
+                f"{'packed rows' if name.startswith('trl') else 'samples'} per micro-batch x "
                 f"{run.get('accumulation', 1)}; optim {run['optim']}"
             )
     inits = {run["init"] for run in results.values() if run.get("init")}  # 4-bit bases have none
@@ -1935,7 +1980,11 @@ def main(argv=None) -> None:
         prep = prepare(workdir, n_docs, args.seq_len, args.texts)
         results: dict[str, dict] = {}
         reasons = {name: skip_reason(name, args, on_cuda) for name in contenders}
-        if any(reasons[name] is None for name in contenders if name in ADAPTER_CONTENDERS + AB_CONTENDERS):
+        if any(
+            reasons[name] is None
+            for name in contenders
+            if name in ADAPTER_CONTENDERS + TRL_CONTENDERS + AB_CONTENDERS
+        ):
             # the adapter contenders' common base, saved by a process of its own: in no contender's memory
             print("saving the adapter contenders' base model ...", flush=True)
             base = run_child("base", args, workdir, len(contenders) + 1, timeout_s=budget.left())

@@ -22,7 +22,7 @@ cd "$ROOT"
 PYTHON=${PYTHON:-python3}
 # the GPU levers and benchmarks (the image has transformers 5.17, no bitsandbytes, liger-kernel or torchao)
 DEFAULT_PINS=(bitsandbytes==0.50.0 liger-kernel==0.8.0 cut-cross-entropy==25.1.1 torchao==0.18.0 peft==0.21.0
-              transformers==5.24.0)
+              transformers==5.24.0 trl==1.16.0)
 # what the engine (pydantic parameters) and the Trainer contenders (datasets) import and the image's package
 # list lacks; pydantic-core is pinned by pydantic, multiprocess is built per Python (py312)
 DEFAULT_PINS+=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5

@@ -129,7 +129,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert names == [
         "gpu_speed_lora",
         "memory_cliff",
-        "fused_head_ab",
+        "lora_ab",
         "gpu_speed_qlora",
         "qlora_forward_ab",
         "lora_reviews",
@@ -141,26 +141,27 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "compile_scope",
         "levers",
     ]
-    # the issue's LoRA/QLoRA targets are on the 3B shape, with the A/B of fastlm's LoRA forward against
-    # peft's in the same run; the usual set-up before the best one (the best one's reserve)
-    lora = "fastlm_lora fastlm_lora_peft_forward trainer_lora_usual trainer_lora_best"
+    # the issue's LoRA/QLoRA targets are on the 3B shape, against Trainer + peft and TRL; the usual set-up
+    # before the best one (the best one's reserve)
+    lora = "fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best"
     assert f"--model 3b --contenders {lora}" in plan[0]
     # the cliff's tune ladder eager and packed (at its defaults it had not finished in 150 s on the H100)
     assert (
         "memory_cliff.py --fastlm-compile off --modes packed --max-size 32" in plan[1]
         and "timeout" in plan[1]
     )
-    # liger's fused-head kernel against fastlm's own, one eager LoRA run
-    assert "--model 3b --contenders fastlm_lora fastlm_lora_own_head --compile off" in plan[2]
+    # fastlm's LoRA forward against peft's, and liger's fused-head kernel against fastlm's own, one eager run
+    variants = "fastlm_lora fastlm_lora_peft_forward fastlm_lora_own_head"
+    assert f"--model 3b --contenders {variants} --compile off" in plan[2]
     # QLoRA in fewer steps (the usual set-up's 20 did not fit in its share on the H100)
-    qlora = (
-        "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best --compile off --warmup 3"
-    )
+    qlora = "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best"
+    qlora += " --compile off --warmup 3"
     assert qlora in plan[3]
     # fastlm's forward over a 4-bit base against peft's, one eager QLoRA run
     assert "--model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in plan[4]
     # the LoRA run on one short text per document, the real reviews' lengths
     reviews = "--model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best"
+    reviews += " trl_lora_best"
     assert f"{reviews} --compile off" in plan[5]
     # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
     # 0.73 B model did not finish in 137 s on an H100)
@@ -184,8 +185,8 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
     assert "[gpu_speed_lora] at most 330 s" in done.stdout and "[memory_cliff] at most 230 s" in done.stdout
-    assert "[fused_head_ab] skipped: 0 s left of 560" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only fused_head_ab" in done.stdout
+    assert "[lora_ab] skipped: 0 s left of 560" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only lora_ab" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

@@ -209,8 +209,9 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
         "fastlm_lora_peft_forward",
         "trainer_qlora_usual",
         "fastlm_qlora_peft_forward",
+        "trl_qlora_best",
     ]
-    demo = _cpu_run(tmp_path / "demo.json", [*contenders, "fastlm_eager"])
+    demo = _cpu_run(tmp_path / "demo.json", [*contenders, "fastlm_eager", "trl_lora_best"])
     reviews = _cpu_run(
         tmp_path / "reviews.json", on_reviews, "--texts", "reviews", "--docs", "300", "--seq-len", "256"
     )
@@ -247,6 +248,17 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     assert "documents of demo texts" in text
     # --checkpointing reaches fastlm's full fine-tune too (the 3B full fine-tune needs it on an 80 GB GPU)
     assert runs["fastlm_eager"]["gradient_checkpointing"] == "full"
+    # TRL's SFTTrainer + peft, its best data path: its own packing, one flattened row without padding, the
+    # same initial weights, checkpointing as asked (our switch: TRL's default would checkpoint every layer)
+    trl = runs["trl_lora_best"]
+    assert (
+        trl["real_tokens_per_s"] > 0
+        and trl["padding_waste"] == 0.0
+        and trl["init"] == runs["fastlm_lora"]["init"]
+    )
+    assert "SFTTrainer packing" in trl["setup"] and trl["checkpointed_layers"] == 1
+    assert trl["args_gradient_checkpointing"] is False
+    assert "fastlm_lora / trl_lora_best: " in text
 
     # the reviews: one short text per document, the real reviews' length profile (about 19 tokens)
     result = json.loads((tmp_path / "reviews.json").read_text())
@@ -259,6 +271,7 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     assert "fastlm_lora / fastlm_lora_peft_forward: " in text
     # QLoRA through bitsandbytes' CPU backend: peft's forward over the 4-bit layers
     assert runs["fastlm_qlora_peft_forward"]["lora_fused_layers"] == 0
+    assert runs["trl_qlora_best"]["real_tokens_per_s"] > 0 and runs["trl_qlora_best"]["padding_waste"] == 0.0
     # the usual set-up pads each micro-batch to its longest short text: more samples per micro-batch than
     # fastlm's rows, within fastlm's micro-batch tokens at the longest
     usual = runs["trainer_qlora_usual"]
@@ -268,7 +281,7 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("contender") and " attn" in line)
     rows = lines[header + 2 : header + 2 + len(on_reviews)]
-    assert len({row.index("sdpa") for row in rows}) == 1, "\n".join(lines[header : header + 6])
+    assert len({row.index("sdpa") for row in rows}) == 1, "\n".join(lines[header : header + 7])
 
 
 def test_a_padded_set_up_fills_fastlms_micro_batch_tokens_at_the_longest_sample(gpu_speed):
