@@ -119,7 +119,7 @@ if [ "$dry_run" = 0 ]; then
     "$PYTHON" - <<'EOF' 2>&1 | tee -a "$OUT/session.log"
 import importlib, platform
 print("python", platform.python_version())
-for name in ("torch", "transformers", "accelerate", "peft", "datasets", "pydantic", "bitsandbytes",
+for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "pydantic", "bitsandbytes",
              "liger_kernel", "cut_cross_entropy", "torchao", "triton", "fastlm.engine.train.loop"):
     try:
         module = importlib.import_module(name)

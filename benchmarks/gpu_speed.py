@@ -1165,9 +1165,9 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
 
         # TRL's own best data path: packing (best-fit decreasing into rows of seq_len, its default strategy)
         # with padding-free batches (one flattened row, position_ids and cu_seq_lens for the varlen kernel),
-        # its chunked LM head (no [tokens x vocab] logits); the model prepared as Trainer + peft's best
-        # gradient_checkpointing False: TRL's default (True) would recompute every layer; --checkpointing is
-        # applied to the model as in Trainer + peft's best (trainer_adapter_model)
+        # its chunked LM head (no [tokens x vocab] logits); the model prepared as Trainer + peft's best.
+        # gradient_checkpointing False: TRL's default (True) would recompute every layer; --checkpointing
+        # was applied to the model as in Trainer + peft's best (trainer_adapter_model).
         training_args = SFTConfig(
             **common, packing=True, max_length=args.seq_len, dataset_num_proc=1, gradient_checkpointing=False
         )
