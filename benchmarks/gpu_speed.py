@@ -154,7 +154,7 @@ from pathlib import Path
 # Sibling modules (scripts run from benchmarks/); importing train_speed also sets the offline environment.
 from contender_process import run_contender
 from memory_cliff import LLAMA_3B
-from train_speed import REPO, TEXT_SEED, VOCAB_SIZE, Context, CountingCollator, _fmt, machine
+from train_speed import REPO, TEXT_SEED, VOCAB_SIZE, Context, CountingCollator, _fmt, machine, peer_trainer
 
 # demo_data: the demo-data generators
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -1037,7 +1037,7 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
     import pyarrow as pa
     import torch
     from datasets.table import InMemoryTable
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+    from transformers import DataCollatorForLanguageModeling, TrainerCallback, TrainingArguments
 
     args = ctx.args
     warmup, steps = args.warmup, args.steps
@@ -1160,35 +1160,28 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
         bf16=args.precision == "bf16",
         **extra,
     )
-    if trl:
-        from trl import SFTConfig, SFTTrainer
-
-        # TRL's own best data path: packing (best-fit decreasing into rows of seq_len, its default strategy)
-        # with padding-free batches (one flattened row, position_ids and cu_seq_lens for the varlen kernel),
-        # its chunked LM head (no [tokens x vocab] logits); the model prepared as Trainer + peft's best.
-        # gradient_checkpointing False: TRL's default (True) would recompute every layer; --checkpointing
-        # was applied to the model as in Trainer + peft's best (trainer_adapter_model).
-        training_args = SFTConfig(
-            **common, packing=True, max_length=args.seq_len, dataset_num_proc=1, gradient_checkpointing=False
-        )
-        trainer = SFTTrainer(
-            model=model,
-            args=training_args,
-            train_dataset=train_dataset,
-            processing_class=ctx.tokenizer,
-            callbacks=[timer],
-        )
-        collator = trainer.data_collator = RealTokenCounter(trainer.data_collator)  # the timer's counter
-    else:
-        training_args = TrainingArguments(**common)
-        trainer = Trainer(
-            model=model,
-            args=training_args,
-            train_dataset=train_dataset,
-            data_collator=collator,
-            processing_class=ctx.tokenizer,
-            callbacks=[timer],
-        )
+    # TRL's own best data path: packing (best-fit decreasing into rows of seq_len, its default strategy) with
+    # padding-free batches (one flattened row, position_ids and cu_seq_lens for the varlen kernel), its
+    # chunked LM head (no [tokens x vocab] logits); the model prepared as Trainer + peft's best.
+    # gradient_checkpointing False: TRL's default (True) would recompute every layer; --checkpointing was
+    # applied to the model as in Trainer + peft's best (trainer_adapter_model).
+    sft = {
+        "packing": True,
+        "max_length": args.seq_len,
+        "dataset_num_proc": 1,
+        "gradient_checkpointing": False,
+    }
+    trainer, collator = peer_trainer(  # collator: the timer's counter
+        model,
+        common,
+        train_dataset,
+        collator,
+        ctx.tokenizer,
+        timer,
+        trl=sft if trl else None,
+        counter=RealTokenCounter,
+    )
+    training_args = trainer.args
     progress(f"{name}: model ready, Trainer built; training {warmup} + {steps} steps ({setup})")
     trainer.train()
     peak, host_memory = ctx.peak_memory_mb(), ctx.cpu_memory()

@@ -576,6 +576,36 @@ class CountingCollator:
         return batch
 
 
+def peer_trainer(model, common: dict, train_dataset, collator, tokenizer, timer, *, trl=None, counter=None):
+    """A peer contender's ``Trainer`` (``TrainingArguments(**common)``, ``collator``), or with ``trl`` (its
+    ``SFTConfig`` fields beside ``common``) TRL's ``SFTTrainer`` with its own collator, wrapped in ``counter``
+    (default ``CountingCollator``) so that the timer counts its tokens. Returns the trainer and the counting
+    collator."""
+    from transformers import Trainer, TrainingArguments
+
+    if trl is None:
+        trainer = Trainer(
+            model=model,
+            args=TrainingArguments(**common),
+            train_dataset=train_dataset,
+            data_collator=collator,
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
+        return trainer, collator
+    from trl import SFTConfig, SFTTrainer
+
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(**common, **trl),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    trainer.data_collator = (counter or CountingCollator)(trainer.data_collator)
+    return trainer, trainer.data_collator
+
+
 def run_trainer(ctx: Context, name: str) -> dict:
     """``name``: trainer, trainer_lora, trainer_max_length, trainer_group_by_length or trl_packing."""
     from time import perf_counter
@@ -587,9 +617,7 @@ def run_trainer(ctx: Context, name: str) -> dict:
     from datasets.table import InMemoryTable
     from transformers import (
         DataCollatorForLanguageModeling,
-        Trainer,
         TrainerCallback,
-        TrainingArguments,
         default_data_collator,
     )
 
@@ -659,31 +687,12 @@ def run_trainer(ctx: Context, name: str) -> dict:
         bf16=peer_bf16(args),
         torch_compile=args.compile == "on",
     )
-    if name == "trl_packing":
-        from trl import SFTConfig, SFTTrainer
-
-        # TRL's own defaults for packing: best-fit decreasing into rows of max_length, padding-free batches.
-        training_args = SFTConfig(**common, packing=True, max_length=args.max_length)
-        trainer = SFTTrainer(
-            model=model,
-            args=training_args,
-            train_dataset=train_dataset,
-            processing_class=ctx.tokenizer,
-            callbacks=[timer],
-        )
-        collator = trainer.data_collator = CountingCollator(trainer.data_collator)
-    else:
-        if name == "trainer_group_by_length":
-            common["train_sampling_strategy"] = "group_by_length"
-        training_args = TrainingArguments(**common)
-        trainer = Trainer(
-            model=model,
-            args=training_args,
-            train_dataset=train_dataset,
-            data_collator=collator,
-            processing_class=ctx.tokenizer,
-            callbacks=[timer],
-        )
+    if name == "trainer_group_by_length":
+        common["train_sampling_strategy"] = "group_by_length"
+    # TRL's own defaults for packing: best-fit decreasing into rows of max_length, padding-free batches.
+    trl = {"packing": True, "max_length": args.max_length} if name == "trl_packing" else None
+    trainer, collator = peer_trainer(model, common, train_dataset, collator, ctx.tokenizer, timer, trl=trl)
+    training_args = trainer.args
     trainer.train()
     (t0, n0), (t1, n1) = timer.marks[warmup], timer.marks[warmup + steps]
     window = t1 - t0
