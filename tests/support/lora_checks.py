@@ -31,6 +31,13 @@ class ActivationOps(TorchDispatchMode):
         return out
 
 
+def token_batch(vocab: int, tokens: int, rows: int = 2, seed: int = 2) -> dict:
+    """``rows`` rows of ``tokens`` random token ids (the same on each call), as their own labels."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, tokens), generator=generator)
+    return {"input_ids": ids, "labels": ids}
+
+
 def relative_norm_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 

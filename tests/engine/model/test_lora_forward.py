@@ -52,9 +52,7 @@ def adapted(dtype=torch.float32, *, fused=True, dropout=0.0, config=None, **lora
 
 
 def batch():
-    generator = torch.Generator().manual_seed(2)
-    ids = torch.randint(0, VOCAB, (2, TOKENS), generator=generator)
-    return {"input_ids": ids, "labels": ids}
+    return lora_checks.token_batch(VOCAB, TOKENS)
 
 
 def loss_and_grads(model, autocast: bool, seed=3):
