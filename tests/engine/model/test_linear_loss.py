@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from fastlm.engine.model.linear_loss import linear_cross_entropy_sum, reference_linear_cross_entropy_sum
-from tests.support.allocations import full_size_allocations
+from tests.support.allocations import full_size_allocations, matrix_products
 from tests.support.linear_loss import (
+    HIDDEN,
     IGNORE,
     TOKENS,
     VOCAB,
@@ -27,15 +28,23 @@ pytestmark = pytest.mark.kernels  # compares two computations: run under other C
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("chunk", [1, 7, TOKENS])  # one token per chunk, a ragged last chunk, one chunk
+# tokens per chunk, vocabulary rows per weight-gradient block: one each; ragged last ones; one of each
+@pytest.mark.parametrize(("chunk", "block"), [(1, 1), (7, 13), (TOKENS, None)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_fused_loss_gives_the_plain_paths_loss_and_gradients(smoothing, chunk, bias):
+def test_the_fused_loss_gives_the_plain_paths_loss_and_gradients(smoothing, chunk, block, bias):
     hidden, weight, b, targets = inputs(bias=bias)
     expected, expected_grads = loss_and_grads(
         reference_linear_cross_entropy_sum, hidden, weight, b, targets, label_smoothing=smoothing
     )
     got, grads = loss_and_grads(
-        linear_cross_entropy_sum, hidden, weight, b, targets, label_smoothing=smoothing, chunk_tokens=chunk
+        linear_cross_entropy_sum,
+        hidden,
+        weight,
+        b,
+        targets,
+        label_smoothing=smoothing,
+        chunk_tokens=chunk,
+        vocab_block=block,
     )
     # the same terms, summed per chunk: the loss a reordered sum;
     # the weight gradient sums tokens chunk by chunk
@@ -58,12 +67,95 @@ def test_bf16_inputs_accumulate_in_fp32_and_get_bf16_gradients():
         torch.testing.assert_close(grad.float(), want, rtol=0.05, atol=0.05 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_under_bf16_autocast_the_heads_products_run_in_bf16(smoothing):
+    """A full fine-tune under bf16 autocast keeps fp32 weights, and the plain head's matmul runs in bf16 there
+    (autocast): so do the fused head's, at the matrix units' bf16 speed (fp32 products ran 3.4x slower than
+    the plain head on a 128k vocabulary on CPU). The loss, softmax and gradient sums stay fp32: the loss and
+    gradients are the fp32 path's within bf16's rounding of the products' inputs, in the leaves' dtype."""
+    hidden, weight, b, targets = inputs()
+    expected, expected_grads = loss_and_grads(
+        reference_linear_cross_entropy_sum, hidden, weight, b, targets, label_smoothing=smoothing
+    )
+    result = []
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            result.append(
+                loss_and_grads(
+                    linear_cross_entropy_sum,
+                    hidden,
+                    weight,
+                    b,
+                    targets,
+                    label_smoothing=smoothing,
+                    chunk_tokens=5,
+                    vocab_block=64,
+                )
+            )
+
+    products = matrix_products(step)
+    assert len(products) >= 3 and {dtypes for _, _, dtypes in products} == {(torch.bfloat16,) * 2}, products
+    got, grads = result[0]
+    assert got.dtype == torch.float32 and [g.dtype for g in grads] == [torch.float32] * 3
+    torch.testing.assert_close(got, expected, rtol=2 * BF16_VS_FP32["rtol"], atol=0)  # inputs rounded to bf16
+    for grad, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, want, rtol=0.05, atol=0.05 * want.abs().max().item())
+
+
+def _weight_gradient_sums(**kwargs) -> list[int]:
+    """How many terms each product that yields the hidden size's columns sums (the hidden states' gradient:
+    the vocabulary; the weight's: tokens)."""
+    hidden, weight, b, targets = inputs()
+    products = matrix_products(
+        lambda: loss_and_grads(linear_cross_entropy_sum, hidden, weight, b, targets, **kwargs)
+    )
+    return [a[1] for _, (a, out_columns), _ in products if out_columns[-1] == HIDDEN]
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_with_16_bit_products_the_heads_weight_gradient_is_one_product_over_all_the_tokens_per_block(chunk):
+    """Summing dW += g_c.T @ h_c chunk by chunk reads and writes the whole fp32 [vocab x d] gradient once per
+    chunk of tokens: 130 tokens for a 128k vocabulary, some 50x the chunk's logits in memory traffic, in fp32
+    products too thin (130 terms per sum) for the matrix units. Under bf16 autocast each block of vocabulary
+    rows of the weight's gradient is one product over all the tokens instead, written once."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sums = _weight_gradient_sums(chunk_tokens=chunk)
+    assert TOKENS in sums and set(sums) <= {TOKENS, VOCAB}, sums
+
+
+def test_fp32_products_on_a_cpu_sum_the_weight_gradient_chunk_by_chunk():
+    """fp32 products on a CPU are bound by their arithmetic, which the blocks' recomputed logits add to: the
+    chunk sums measured 1.2-1.3x faster there (docs/benchmarks.md). A ``vocab_block`` given: blocks."""
+    from fastlm.engine.model.linear_loss import weight_gradient_by_block
+
+    assert 7 in _weight_gradient_sums(chunk_tokens=7)
+    assert set(_weight_gradient_sums(chunk_tokens=7, vocab_block=50)) == {TOKENS, VOCAB}
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert not weight_gradient_by_block(torch.float32, cpu)
+    assert all(weight_gradient_by_block(dtype, cpu) for dtype in (torch.bfloat16, torch.float16))
+    assert weight_gradient_by_block(torch.float32, gpu)  # the [vocab x d] traffic, at GPU speeds
+
+
+def test_a_second_backward_through_the_same_graph_raises_rather_than_scaling_twice():
+    """The saved gradients are scaled in place in the backward (no second [vocab x d] buffer): a second
+    backward (retain_graph) must not scale them again silently."""
+    hidden, weight, b, targets = inputs()
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight, b)]
+    loss = linear_cross_entropy_sum(leaves[0], leaves[1], targets, leaves[2])
+    (loss / 5).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_no_tokens_by_vocab_buffer_is_made():
     hidden, weight, b, targets = inputs()
     leaves = [x.clone().requires_grad_() for x in (hidden, weight, b)]
 
     def step():
-        linear_cross_entropy_sum(leaves[0], leaves[1], targets, leaves[2], chunk_tokens=4).backward()
+        linear_cross_entropy_sum(
+            leaves[0], leaves[1], targets, leaves[2], chunk_tokens=4, vocab_block=50
+        ).backward()
 
     assert full_size_allocations(step, TOKENS * VOCAB) == 0
     plain = [x.clone().requires_grad_() for x in (hidden, weight, b)]
