@@ -24,6 +24,10 @@
 #      lora_ab             fastlm's LoRA against its variants, one run: peft's own LoRA forward (the A/B of
 #                          engine/model/lora_forward.py) and fastlm's own fused-head kernel (auto picks
 #                          liger's on CUDA: two read-backs per micro-batch)
+#      head_kernels        benchmarks/linear_loss_memory.py --device cuda: the LM head + loss of a 3B model
+#                          (8,192 tokens x 128,256, bf16 autocast, a trained head) through fastlm's kernel,
+#                          liger's and cut-cross-entropy's against the plain head: time and peak memory (the
+#                          A/B of train.loss.fused_linear_kernel; fastlm's is the FSDP2 path)
 #      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
 #                          did not fit in its share)
 #      qlora_forward_ab    fastlm's QLoRA with its own forward over the 4-bit layers against peft's, one run
@@ -43,7 +47,7 @@
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
 #                          the baseline), 4 at once; all 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
 #    The first call (560 s) reaches LoRA and the memory cliff; the next call (what is left of the 15
-#    minutes, about 240 s) runs --only lora_ab (or gpu_speed_qlora); later sessions the rest.
+#    minutes, about 240 s) runs --only lora_ab,head_kernels (or gpu_speed_qlora); later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +66,7 @@ PLAN=(
     "gpu_speed_lora|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
     "lora_ab|150|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_peft_forward fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
+    "head_kernels|60|120|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce --repeats 5"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"

@@ -80,10 +80,10 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   its default checkpointing), ``get_peft_model``, dynamic padding, default optimizer.
 * ``trainer_lora_best`` / ``trainer_qlora_best``: the ``trainer_best`` data set-up (padding-free or length
   grouping, tf32, torch_compile) plus ``--checkpointing`` (off: none) and ``--optim`` (``adamw_torch_fused``,
-  ``adamw_bnb_8bit``, ``paged_adamw_8bit``). On CPU they take the padding-free collator with SDPA's dense
-  mask (transformers builds the block-diagonal mask from the position ids), measured faster there than
-  length grouping (``trainer_padding_free``); ``--padding-free on`` gives it to the full fine-tune's best
-  set-up too. No Liger kernels on CPU.
+  ``adamw_bnb_8bit``, ``paged_adamw_8bit``). On CPU they, and the full fine-tune's ``trainer_best``, take
+  the padding-free collator with SDPA's dense mask (transformers builds the block-diagonal mask from the
+  position ids), measured faster there than length grouping (``trainer_padding_free``). No Liger kernels on
+  CPU.
 * ``trl_lora_best`` / ``trl_qlora_best`` (named in ``--contenders``; trl from the ``bench`` or ``dev`` extra):
   TRL's ``SFTTrainer`` on the model ``trainer_*_best`` prepares (Trainer + peft, ``--checkpointing`` applied
   to it; TRL's own default would checkpoint every layer), TRL's best data path: ``packing=True`` (best-fit
@@ -992,16 +992,15 @@ def trainer_checkpointing(model, policy: str) -> str:
     return f"gradient checkpointing {policy}"
 
 
-def trainer_padding_free(choice: str, varlen: bool, adapter: str | None, on_cuda: bool) -> bool:
+def trainer_padding_free(choice: str, varlen: bool, on_cuda: bool) -> bool:
     """Whether a Trainer's best set-up takes the padding-free ``DataCollatorWithFlattening``. ``on``: also
     with a dense-mask attention (transformers builds the block-diagonal mask from the position ids);
-    ``auto``: with a varlen kernel, and for the adapters on CPU, where SDPA's block-diagonal mask was
-    measured faster than length grouping (Trainer + peft QLoRA, 3B shape, 2 layers: 198 against 117 real
-    tok/s); the full fine-tune on CPU keeps length grouping (issue 16: the fastest simple set-up at small
-    batches there)."""
+    ``auto``: with a varlen kernel, and on CPU, where SDPA's block-diagonal mask was measured faster than
+    length grouping (3B shape: Trainer + peft QLoRA, 2 layers, 198 against 117 real tok/s; the full
+    fine-tune, 1 layer, 100 against 32)."""
     if choice == "off":
         return False
-    return choice == "on" or varlen or (adapter is not None and not on_cuda)
+    return choice == "on" or varlen or not on_cuda
 
 
 def trainer_liger(on_cuda: bool, installed: bool, fields: set[str]) -> tuple[dict, str]:
@@ -1065,7 +1064,7 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
     fields = {field.name for field in dataclasses.fields(TrainingArguments)}
     batch_size, setup, accumulation = args.batch_size, "dynamic padding, default arguments", 1
     extra: dict = {}
-    padding_free = best and trainer_padding_free(args.padding_free, varlen, adapter, ctx.on_cuda)
+    padding_free = best and trainer_padding_free(args.padding_free, varlen, ctx.on_cuda)
     # fastlm's packed tokens per optimizer step, in samples of the mean length
     same_tokens = max(1, round(args.batch_size * args.seq_len / float(ctx.lengths.mean())))
     if trl:  # TRL packs itself (best-fit decreasing into rows of seq_len): fastlm's rows per micro-batch
@@ -1908,9 +1907,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=("auto", "on", "off"),
         default="auto",
         help="the Trainer's best set-ups: DataCollatorWithFlattening (one flattened row per micro-batch); "
-        "auto: with a varlen attention kernel, and for the adapters on CPU (measured faster there than "
-        "length grouping); on: also with a dense-mask attention such as SDPA on CPU (transformers builds the "
-        "block-diagonal mask from the position ids)",
+        "auto: with a varlen attention kernel, and on CPU (measured faster there than length grouping); "
+        "on: also with a dense-mask attention on a GPU (transformers builds the block-diagonal mask from the "
+        "position ids)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument(

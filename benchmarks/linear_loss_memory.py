@@ -11,10 +11,20 @@ the head + loss add, with its gradients:
 * ``fused``: ``engine.model.linear_loss.linear_cross_entropy_sum`` (no ``[tokens x vocab]`` buffer).
 
 Both must give the same loss (printed with its relative difference). Target: fused peak <= plain / 4.
+``--precision bf16``: the forward under bf16 autocast, the weight and hidden states fp32 (a mixed-precision
+full fine-tune's head: the plain head's matmul runs in bf16 there, and so do the fused head's products).
+
+``--device cuda``: on a GPU, the peak is ``torch.cuda.max_memory_allocated`` above the inputs, the time the
+median of ``--repeats`` forward + backward passes after one warm-up (Triton's compiles), and ``--kernels liger
+cce`` adds the GPU libraries' fused kernels (``engine.model.liger`` / ``engine.model.cce``, as training calls
+them) beside ours: the A/B of ``train.loss.fused_linear_kernel``. A kernel that cannot run here is reported
+as skipped, with the reason.
 
     python benchmarks/linear_loss_memory.py                       # 8,192 x 128,256, hidden 512
     python benchmarks/linear_loss_memory.py --tokens 1024 --vocab 32000 --hidden 64   # smoke run
     python benchmarks/linear_loss_memory.py --chunk-tokens 130 523   # the fused path at other chunk sizes too
+    python benchmarks/linear_loss_memory.py --precision bf16 --hidden 3072 --tokens 1024   # a 3B head, bf16
+    python benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce
 
 Nothing is asserted; the figures are printed and, with ``--json``, written.
 """
@@ -33,36 +43,82 @@ from time import perf_counter
 TARGET_RATIO = 4.0
 
 
-def measure(path: str, tokens: int, vocab: int, hidden: int, threads: int, chunk: int | None = None) -> dict:
-    """Run in this process: allocate the inputs, then one forward + backward of ``path`` (``chunk``: the fused
-    path's tokens per chunk; None: the engine's default)."""
+def measure(path: str, args, chunk: int | None = None) -> dict:
+    """Run in this process: allocate the inputs, then forward + backward of ``path`` (``chunk``: the fused
+    path's tokens per chunk; None: the engine's default) at ``args``' shape, device, threads and precision:
+    once on CPU (the peak resident set is a high-water mark), after a warm-up and ``args.repeats`` times on
+    CUDA."""
+    import statistics
+
     import torch
 
+    from fastlm.engine.model.cce import cce_linear_cross_entropy_sum
+    from fastlm.engine.model.liger import liger_linear_cross_entropy_sum
     from fastlm.engine.model.linear_loss import linear_cross_entropy_sum, reference_linear_cross_entropy_sum
 
-    torch.set_num_threads(threads)
+    function = {
+        "plain": reference_linear_cross_entropy_sum,
+        "fused": lambda *a: linear_cross_entropy_sum(*a, chunk_tokens=chunk),
+        "liger": liger_linear_cross_entropy_sum,
+        "cce": cce_linear_cross_entropy_sum,
+    }[path]
+    tokens, vocab, hidden = args.tokens, args.vocab, args.hidden
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
     generator = torch.Generator().manual_seed(0)
-    states = torch.randn(tokens, hidden, generator=generator).requires_grad_()
-    weight = (torch.randn(vocab, hidden, generator=generator) / hidden**0.5).requires_grad_()
+    states = torch.randn(tokens, hidden, generator=generator).to(device).requires_grad_()
+    # scaled in place: a temporary as large as the weight would raise the baseline high-water mark
+    weight = torch.randn(vocab, hidden, generator=generator).div_(hidden**0.5).to(device).requires_grad_()
     targets = torch.randint(0, vocab, (tokens,), generator=generator)
     targets[: tokens // 10] = -100  # a prompt share, as in SFT data
-    baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = perf_counter()
-    if path == "fused":
-        loss = linear_cross_entropy_sum(states, weight, targets, chunk_tokens=chunk)
+    targets = targets.to(device)
+
+    def step():
+        states.grad = weight.grad = None
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = function(states, weight, targets)
+        (loss / tokens).backward()
+        return loss
+
+    if cuda:
+        step()  # Triton's compiles, cuBLAS' workspaces
+        states.grad = weight.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
     else:
-        loss = reference_linear_cross_entropy_sum(states, weight, targets)
-    (loss / tokens).backward()
-    seconds = perf_counter() - started
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    times = []
+    for _ in range(args.repeats if cuda else 1):
+        started = perf_counter()
+        loss = step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(perf_counter() - started)
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     return {
         "path": path,
         "loss": float(loss),
-        "seconds": seconds,
-        "peak_above_inputs_mb": (peak_kb - baseline_kb) / 1024,
+        "seconds": statistics.median(times),
+        "peak_above_inputs_mb": (peak - baseline) / 2**20,
         "logits_fp32_mb": tokens * vocab * 4 / 2**20,
         "grad_norm": float(weight.grad.norm()),
     }
+
+
+def kernel_unavailable(kernel: str, device, precision: str) -> str | None:
+    """Why ``kernel`` (liger, cce) cannot run at this device and precision (None: it can)."""
+    from fastlm.engine.model.cce import cce_unavailable
+    from fastlm.engine.model.liger import liger_unavailable
+
+    if kernel == "cce" and precision != "bf16":
+        return "cut-cross-entropy's backward computes in bf16 or fp16 only (--precision bf16)"
+    return (liger_unavailable if kernel == "liger" else cce_unavailable)(device)
 
 
 def run_child(path: str, args, chunk: int | None = None) -> dict:
@@ -79,6 +135,12 @@ def run_child(path: str, args, chunk: int | None = None) -> dict:
         str(args.hidden),
         "--threads",
         str(args.threads),
+        "--precision",
+        args.precision,
+        "--device",
+        args.device,
+        "--repeats",
+        str(args.repeats),
         *(("--chunk", str(chunk)) if chunk else ()),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -91,6 +153,21 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=128_256)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: the forward under bf16 autocast, fp32 weight and hidden states (default fp32)",
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--kernels",
+        nargs="*",
+        choices=["liger", "cce"],
+        default=[],
+        help="also run these fused kernels (CUDA; liger-kernel's, cut-cross-entropy's) beside ours",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes on CUDA, after a warm-up")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument(
         "--chunk-tokens",
@@ -99,15 +176,15 @@ def main(argv=None) -> int:
         default=[],
         help="also run the fused path with these tokens per chunk (the A/B of its chunk size)",
     )
-    parser.add_argument("--child", choices=["plain", "fused"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["plain", "fused", "liger", "cce"], help=argparse.SUPPRESS)
     parser.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args.tokens, args.vocab, args.hidden, args.threads, args.chunk)))
+        print(json.dumps(measure(args.child, args, args.chunk)))
         return 0
     import torch
 
-    from fastlm.engine.model.linear_loss import LINEAR_CE_CHUNK_ELEMENTS
+    from fastlm.engine.model.linear_loss import LINEAR_CE_CHUNK_ELEMENTS, weight_gradient_by_block
 
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
@@ -119,8 +196,24 @@ def main(argv=None) -> int:
         f"{args.tokens * args.vocab * 4 / 2**20:,.0f} MB; fused: the engine's "
         f"{max(1, LINEAR_CE_CHUNK_ELEMENTS // args.vocab):,} tokens per chunk"
     )
+    compute = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    device = torch.device(args.device)
+    by_block = weight_gradient_by_block(compute, device)
+    blocks = f"by blocks of {max(1, LINEAR_CE_CHUNK_ELEMENTS // args.tokens):,} vocabulary rows"
+    print(
+        f"precision: {'bf16 autocast, fp32 weights' if args.precision == 'bf16' else 'fp32'}; the fused "
+        f"path's weight gradient {blocks if by_block else 'summed chunk by chunk'}"
+    )
     results = {path: run_child(path, args) for path in ("plain", "fused")}
     results.update({f"fused@{chunk}": run_child("fused", args, chunk) for chunk in args.chunk_tokens})
+    skipped = {}
+    for kernel in args.kernels:
+        problem = kernel_unavailable(kernel, device, args.precision)
+        if problem is None:
+            results[kernel] = run_child(kernel, args)
+        else:
+            skipped[kernel] = problem
+            print(f"{kernel:>11}: skipped: {problem}")
     for path, result in results.items():
         print(
             f"{path:>11}: peak above inputs {result['peak_above_inputs_mb']:9,.0f} MB, "
@@ -136,11 +229,25 @@ def main(argv=None) -> int:
         f"time: fused / plain = {fused['seconds'] / plain['seconds']:.2f}x; loss relative difference "
         f"{gap:.1e}"
     )
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(
-                {"args": vars(args), "results": results, "ratio": ratio, "verdict": verdict}, handle, indent=1
+    for kernel in args.kernels:
+        if kernel in results:
+            other = results[kernel]
+            memory = other["peak_above_inputs_mb"] / max(fused["peak_above_inputs_mb"], 1e-9)
+            gap = abs(other["loss"] - plain["loss"]) / abs(plain["loss"])
+            print(
+                f"{kernel}: time / fastlm's = {other['seconds'] / fused['seconds']:.2f}x, "
+                f"memory / fastlm's = {memory:.2f}x; loss relative difference {gap:.1e}"
             )
+    if args.json:
+        figures = {
+            "args": vars(args),
+            "results": results,
+            "skipped": skipped,
+            "ratio": ratio,
+            "verdict": verdict,
+        }
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(figures, handle, indent=1)
     return 0
 
 

@@ -34,3 +34,44 @@ def test_the_benchmark_measures_each_path_and_chunk_size_with_the_same_loss(tmp_
         assert results[name]["loss"] == pytest.approx(plain, rel=reordered_sum_rtol(TOKENS * VOCAB))
         assert results[name]["peak_above_inputs_mb"] >= 0
     assert "fused@64" in shown.stdout and "memory: plain / fused" in shown.stdout
+
+
+@pytest.mark.kernels  # bf16 products on both sides, compared with bf16's tolerance
+def test_under_bf16_the_benchmark_runs_both_heads_under_autocast(tmp_path):
+    """``--precision bf16``: a mixed-precision full fine-tune's head (fp32 weights, bf16 autocast), the fused
+    path's weight gradient by vocabulary blocks; both losses within bf16's rounding of the products."""
+    from tests.support.tolerances import BF16_VS_FP32
+
+    out = tmp_path / "figures.json"
+    shown = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tokens", str(TOKENS), "--vocab", str(VOCAB), "--hidden", "32"]
+        + ["--threads", "1", "--precision", "bf16", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["args"]["precision"] == "bf16" and set(figures["results"]) == {"plain", "fused"}
+    results = figures["results"]
+    assert results["fused"]["loss"] == pytest.approx(results["plain"]["loss"], rel=2 * BF16_VS_FP32["rtol"])
+    assert "bf16 autocast, fp32 weights" in shown.stdout and "by blocks of" in shown.stdout
+
+
+def test_the_gpu_kernels_are_skipped_with_their_reason_where_they_cannot_run(tmp_path):
+    """``--kernels liger cce`` (the GPU session's head_kernels step) on a CPU: each kernel reported as
+    skipped with why, ours and the plain head measured, exit 0; an fp32 run says why cce cannot run."""
+    out = tmp_path / "figures.json"
+    shown = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tokens", "64", "--vocab", "512", "--hidden", "16", "--threads", "1"]
+        + ["--kernels", "liger", "cce", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert set(figures["results"]) == {"plain", "fused"}
+    assert "not on a CUDA device" in figures["skipped"]["liger"]
+    assert "bf16 or fp16 only" in figures["skipped"]["cce"]
+    assert "liger: skipped: this run is not on a CUDA device" in shown.stdout

@@ -20,7 +20,7 @@ import importlib
 
 import torch
 
-from fastlm.engine.model.linear_loss import IGNORE_INDEX
+from fastlm.engine.model.linear_loss import IGNORE_INDEX, product_dtype
 from fastlm.errors import ConfigError
 
 __all__ = ["CCE_DTYPES", "cce_linear_cross_entropy_sum", "cce_unavailable", "triton_kernel_unavailable"]
@@ -46,11 +46,10 @@ def cce_unavailable(device: torch.device) -> str | None:
 
 
 def cce_operand_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
-    """The dtype both operands reach cut-cross-entropy in: autocast's where the caller runs under it (fp32
-    master weights in a bf16/fp16 run, what the plain head's matmul gets too), else the weight's. Its
-    backward has no fp32 kernel: an fp32 run is refused (the parameters refuse the pair first)."""
-    device = hidden.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    """The dtype both operands reach cut-cross-entropy in (``linear_loss.product_dtype``: autocast's where the
+    caller runs under it, else the weight's). Its backward has no fp32 kernel: an fp32 run is refused (the
+    parameters refuse the pair first)."""
+    dtype = product_dtype(hidden, weight)
     if dtype not in CCE_DTYPES:
         raise ConfigError(
             f"train.loss.fused_linear_kernel is cce, whose backward computes in bf16 or fp16 only, and this "

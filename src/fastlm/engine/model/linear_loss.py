@@ -43,6 +43,7 @@ __all__ = [
     "fused_head_choice",
     "head_returns_hidden",
     "linear_cross_entropy_sum",
+    "product_dtype",
     "reference_linear_cross_entropy_sum",
     "weight_gradient_by_block",
 ]
@@ -84,8 +85,7 @@ def linear_cross_entropy_sum(
             f"{tuple(weight.shape)}"
         )
     sizes = (chunk_tokens or max(1, LINEAR_CE_CHUNK_ELEMENTS // weight.size(0)), vocab_block)
-    device = hidden.device.type
-    compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    compute = product_dtype(hidden, weight)
     return _LinearCrossEntropySum.apply(
         hidden, weight, bias, targets, ignore_index, float(label_smoothing), sizes, compute
     )
@@ -129,6 +129,13 @@ def _scaled(grad: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
     if grad.dtype == dtype:
         return grad.mul_(scale)
     return grad.to(dtype).mul_(scale)
+
+
+def product_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the head's products run in: autocast's where the caller runs under it (fp32 master weights
+    in a bf16/fp16 run, what the plain head's matmul gets too), else the weight's."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
 
 
 def weight_gradient_by_block(compute: torch.dtype, device: torch.device) -> bool:
