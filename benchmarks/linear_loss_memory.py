@@ -23,6 +23,7 @@ as skipped, with the reason.
     python benchmarks/linear_loss_memory.py                       # 8,192 x 128,256, hidden 512
     python benchmarks/linear_loss_memory.py --tokens 1024 --vocab 32000 --hidden 64   # smoke run
     python benchmarks/linear_loss_memory.py --chunk-tokens 130 523   # the fused path at other chunk sizes too
+    python benchmarks/linear_loss_memory.py --vocab-blocks 2048   # its weight gradient by vocabulary blocks
     python benchmarks/linear_loss_memory.py --precision bf16 --hidden 3072 --tokens 1024   # a 3B head, bf16
     python benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce
 
@@ -58,7 +59,7 @@ def measure(path: str, args, chunk: int | None = None) -> dict:
 
     function = {
         "plain": reference_linear_cross_entropy_sum,
-        "fused": lambda *a: linear_cross_entropy_sum(*a, chunk_tokens=chunk),
+        "fused": lambda *a: linear_cross_entropy_sum(*a, chunk_tokens=chunk, vocab_block=args.block),
         "liger": liger_linear_cross_entropy_sum,
         "cce": cce_linear_cross_entropy_sum,
     }[path]
@@ -121,7 +122,7 @@ def kernel_unavailable(kernel: str, device, precision: str) -> str | None:
     return (liger_unavailable if kernel == "liger" else cce_unavailable)(device)
 
 
-def run_child(path: str, args, chunk: int | None = None) -> dict:
+def run_child(path: str, args, chunk: int | None = None, block: int | None = None) -> dict:
     command = [
         sys.executable,
         __file__,
@@ -142,6 +143,7 @@ def run_child(path: str, args, chunk: int | None = None) -> dict:
         "--repeats",
         str(args.repeats),
         *(("--chunk", str(chunk)) if chunk else ()),
+        *(("--block", str(block)) if block else ()),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -177,7 +179,16 @@ def main(argv=None) -> int:
         help="also run the fused path with these tokens per chunk (the A/B of its chunk size)",
     )
     parser.add_argument("--child", choices=["plain", "fused", "liger", "cce"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--vocab-blocks",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also run the fused path with its weight gradient by blocks of these many vocabulary rows (the "
+        "A/B of weight_gradient_by_block where the engine sums chunk by chunk)",
+    )
     parser.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--block", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure(args.child, args, args.chunk)))
@@ -206,6 +217,7 @@ def main(argv=None) -> int:
     )
     results = {path: run_child(path, args) for path in ("plain", "fused")}
     results.update({f"fused@{chunk}": run_child("fused", args, chunk) for chunk in args.chunk_tokens})
+    results.update({f"blocks@{n}": run_child("fused", args, block=n) for n in args.vocab_blocks})
     skipped = {}
     for kernel in args.kernels:
         problem = kernel_unavailable(kernel, device, args.precision)

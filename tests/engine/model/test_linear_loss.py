@@ -126,7 +126,7 @@ def test_with_16_bit_products_the_heads_weight_gradient_is_one_product_over_all_
 
 def test_fp32_products_on_a_cpu_sum_the_weight_gradient_chunk_by_chunk():
     """fp32 products on a CPU are bound by their arithmetic, which the blocks' recomputed logits add to: the
-    chunk sums measured 1.2-1.3x faster there (docs/benchmarks.md). A ``vocab_block`` given: blocks."""
+    chunk sums measured 1.15-1.2x faster there (docs/benchmarks.md). A ``vocab_block`` given: blocks."""
     from fastlm.engine.model.linear_loss import weight_gradient_by_block
 
     assert 7 in _weight_gradient_sums(chunk_tokens=7)
