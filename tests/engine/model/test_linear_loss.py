@@ -137,6 +137,22 @@ def test_fp32_products_on_a_cpu_sum_the_weight_gradient_chunk_by_chunk():
     assert weight_gradient_by_block(torch.float32, gpu)  # the [vocab x d] traffic, at GPU speeds
 
 
+@pytest.mark.parametrize("block", [None, 50])  # the chunk sums (fp32 on CPU), the vocabulary blocks
+def test_a_banned_token_with_a_minus_infinite_bias_leaves_loss_and_gradients_finite(block):
+    """A bias of -inf bans a token (column 0 here, the column ignored rows point at): the loss and every
+    gradient stay the plain path's, no NaN from an ignored row's -inf times 0."""
+    hidden, weight, b, targets = inputs()
+    b[0] = float("-inf")
+    expected, expected_grads = loss_and_grads(reference_linear_cross_entropy_sum, hidden, weight, b, targets)
+    got, grads = loss_and_grads(
+        linear_cross_entropy_sum, hidden, weight, b, targets, chunk_tokens=7, vocab_block=block
+    )
+    torch.testing.assert_close(got, expected, rtol=reordered_sum_rtol(TOKENS * VOCAB), atol=0)
+    for grad, want in zip(grads, expected_grads, strict=True):
+        assert torch.isfinite(grad).all()
+        torch.testing.assert_close(grad, want, **OTHER_FP32_KERNEL_GRAD)
+
+
 def test_a_second_backward_through_the_same_graph_raises_rather_than_scaling_twice():
     """The saved gradients are scaled in place in the backward (no second [vocab x d] buffer): a second
     backward (retain_graph) must not scale them again silently."""

@@ -158,8 +158,9 @@ class _Head:
         self.hidden, self.weight = hidden, weight
         self.bias = bias.float() if bias is not None else None
         self.smoothing = label_smoothing
-        self.valid = (targets != ignore_index).to(torch.float32)
-        self.index = torch.where(targets != ignore_index, targets, 0)
+        self.has_target = targets != ignore_index
+        self.valid = self.has_target.to(torch.float32)
+        self.index = torch.where(self.has_target, targets, 0)
 
     def over_token_chunks(
         self, chunk: int, want_hidden: bool, want_weight: bool, want_bias: bool, want_lse: bool
@@ -181,14 +182,14 @@ class _Head:
             if self.bias is not None:
                 logits += self.bias
             valid, index = self.valid[rows].unsqueeze(1), self.index[rows].unsqueeze(1)
-            target_logit = logits.gather(1, index) if lse is not None else None
+            top, top_index = logits.max(dim=-1, keepdim=True) if lse is not None else (None, None)
             log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no second buffer
             picked = log_probs.gather(1, index)
-            if lse is not None:  # log-sum-exp = logit - log-probability, at the target's column
-                lse[rows] = (target_logit - picked).squeeze(1)
+            if lse is not None:  # log-sum-exp = the largest logit - its log-probability: both finite
+                lse[rows] = (top - log_probs.gather(1, top_index)).squeeze(1)
             if smoothing:
                 picked = (1 - smoothing) * picked + (smoothing / vocab) * log_probs.sum(-1, keepdim=True)
-            total -= (picked * valid).sum()
+            total -= torch.where(self.has_target[rows].unsqueeze(1), picked, 0.0).sum()  # no -inf * 0
             if grad_hidden is None and grad_weight is None and grad_bias is None:
                 continue
             grad = self._target_gradient(log_probs.exp_(), 1, valid, index, valid)  # softmax, in place
