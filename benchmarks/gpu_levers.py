@@ -130,6 +130,12 @@ LEVERS = {
         needs=("cuda", "float8_gpu", "torchao"),
         quantized=True,
     ),
+    # the baseline on a GPU runs bf16 weights with fp32 masters (param_dtype auto): this is the other way
+    "param_dtype_fp32": Lever(
+        "train.runtime.param_dtype: fp32 (bf16 autocast over fp32 weights)",
+        {"runtime": {"param_dtype": "fp32"}},
+        needs=("cuda",),
+    ),
     "compile": Lever("train.runtime.compile: true", {"runtime": {"compile": True}}),
     "compile_layers": Lever(
         "train.runtime.compile: true, compile_scope: layers",
@@ -424,6 +430,11 @@ def in_effect(name: str, result, model) -> tuple[bool, str]:
         converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
         return bool(result.runtime.float8) and converted > 0, (
             f"{result.runtime.float8_choice}; {converted} Float8Linear layers"
+        )
+    if name == "param_dtype_fp32":
+        dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()}
+        return summary["param_dtype"].startswith("fp32 weights") and dtypes == {"float32"}, (
+            f"{summary['param_dtype']}; weights {', '.join(sorted(dtypes))}"
         )
     if name == "compile":
         return bool(summary["compiled"]), f"compiled: {summary['compiled']}, attention {summary['attention']}"

@@ -18,6 +18,10 @@
 #      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft best / usual and
 #                          TRL's SFTTrainer + peft best (packing, padding-free, its chunked head) on the
 #                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager
+#      weights_ab          the full fine-tune of the 0.73 B model, eager: fastlm's bf16 weights with fp32 masters
+#                          (train.runtime.param_dtype auto) against autocast over fp32 weights (fp32), one
+#                          run (a 3B full fine-tune's profile spent 33 % of its kernel time in the casts and
+#                          fp32 adds that the bf16 weights remove; 1.19x on CPU)
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100:
 #                          micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes 1..32,
 #                          tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
@@ -45,8 +49,8 @@
 #      compile_scope       benchmarks/compile_scope.py on the 0.73 B shape: torch.compile of the whole model
 #                          against each layer (cold start and steady speed), the choice of the default
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
-#                          the baseline), 4 at once; all 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
-#    The first call (560 s) reaches LoRA and the memory cliff; the next call (what is left of the 15
+#                          the baseline), 4 at once; 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
+#    The first call (560 s) reaches LoRA and the bf16 weights' A/B; the next call (what is left of the 15
 #    minutes, about 240 s) runs --only lora_ab,head_kernels (or gpu_speed_qlora); later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
@@ -64,6 +68,7 @@ SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s 
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
     "gpu_speed_lora|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "weights_ab|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
     "lora_ab|150|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_peft_forward fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
     "head_kernels|60|120|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce --repeats 5"

@@ -100,6 +100,11 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   / ``fastlm_qlora`` with ``train.model.lora.fused_forward: false``, peft's own LoRA forward (its input cast
   to the fp32 adapters and back, or over a 4-bit base a clone of the base output; a scaling pass, an add),
   the A/B of fastlm's (engine/model/lora_forward.py).
+* ``fastlm_eager_fp32_weights`` / ``fastlm_compile_fp32_weights`` (named in ``--contenders``): the full
+  fine-tune with ``train.runtime.param_dtype: fp32``, bf16 autocast over fp32 weights as the Trainer runs
+  (an fp32 residual stream, each projection's input cast to bf16, each input gradient cast back and summed in
+  fp32), the A/B of fastlm's bf16 weights with fp32 masters (``--param-dtype``, auto: on a GPU in bf16;
+  engine/train/master_weights.py).
 
 The frozen LoRA base is bf16 on both sides with ``--precision bf16`` (CPU included: bf16 autocast there
 too), fp32 with ``--precision fp32``. The base is built and saved, in that dtype, by a process of its own
@@ -210,7 +215,11 @@ AB_CONTENDERS = (
 )
 # fastlm_lora / fastlm_qlora against its own variants: real tokens/s and peak memory, one run
 AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
-CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + TRL_CONTENDERS + AB_CONTENDERS
+# the full fine-tune with train.runtime.param_dtype: fp32 (bf16 autocast over fp32 weights, the Trainer's
+# way), the A/B of fastlm's bf16 weights with fp32 masters (param_dtype auto on a GPU; named in --contenders)
+FULL_AB_CONTENDERS = ("fastlm_eager_fp32_weights", "fastlm_compile_fp32_weights")
+FULL_AB_PAIRS = [(name.removesuffix("_fp32_weights"), name) for name in FULL_AB_CONTENDERS]
+CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + TRL_CONTENDERS + AB_CONTENDERS + FULL_AB_CONTENDERS
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 ADAPTER_PAIRS = [
     (f"fastlm_{a}", f"{peer}_{a}_{kind}")
@@ -221,6 +230,7 @@ ADAPTER_PAIRS = [
 MEMORY_PAIRS = [
     *ADAPTER_PAIRS,
     *AB_PAIRS,
+    *FULL_AB_PAIRS,
     *((a, b) for a in ("fastlm_compile", "fastlm_eager") for b in ("trainer_best", "trainer_usual")),
 ]
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -621,6 +631,7 @@ def fastlm_params(
     fused_linear: str | None = None,
     fused_kernel: str | None = None,
     fused_forward: bool = True,
+    param_dtype: str | None = None,
 ):
     """``params:train`` of a fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` (None:
     ``--fused-linear``); ``fused_kernel``: ``train.loss.fused_linear_kernel`` (None: ``--fused-kernel``, else
@@ -643,6 +654,7 @@ def fastlm_params(
         "runtime": {
             "device": str(ctx.device),
             "precision": args.precision,
+            "param_dtype": param_dtype or args.param_dtype,
             "compile": compile_,
             "compile_scope": args.compile_scope,
             "num_threads": args.threads,
@@ -697,11 +709,13 @@ def run_fastlm(
     fused_linear: str | None = None,
     fused_kernel: str | None = None,
     peft_forward: bool = False,
+    param_dtype: str | None = None,
 ) -> dict:
     """One fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` in place of ``--fused-linear``
     (``fastlm_lora_unfused``: off); ``fused_kernel``: ``train.loss.fused_linear_kernel`` in place of
     ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm); ``peft_forward``: peft's own LoRA forward
-    (``fastlm_lora_peft_forward``)."""
+    (``fastlm_lora_peft_forward``); ``param_dtype``: ``train.runtime.param_dtype`` in place of
+    ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32)."""
     from time import perf_counter
 
     import torch
@@ -720,6 +734,8 @@ def run_fastlm(
         name += "_own_head"
     if peft_forward and adapter:
         name += "_peft_forward"
+    if param_dtype == "fp32" and not adapter:
+        name += "_fp32_weights"
     end = warmup + steps
     runtime = setup_runtime(
         RuntimeConfig(
@@ -750,6 +766,7 @@ def run_fastlm(
         fused_linear=fused_linear,
         fused_kernel=fused_kernel,
         fused_forward=not peft_forward,
+        param_dtype=param_dtype,
     )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
@@ -818,6 +835,7 @@ def run_fastlm(
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
         "fused_linear": result.summary.get("fused_linear"),
         "fused_linear_choice": result.summary.get("fused_linear_choice"),
+        "param_dtype": result.summary.get("param_dtype"),
         "lora_fused_layers": lora_fused_layers(trained) if adapter else None,
         "gradient_checkpointing": result.summary.get("gradient_checkpointing"),
         "final_loss": result.history[-1]["loss"],
@@ -827,7 +845,8 @@ def run_fastlm(
     }
     # once per set-up: an A/B variant differs from fastlm_lora in one kernel, not in packing (about 20 s of a
     # 55 s contender on the H100: four attention paths, flex_attention's compile among them)
-    out["loss_check"] = None if name in AB_CONTENDERS else packed_vs_unpacked(ctx, trained, runtime)
+    ab = name in AB_CONTENDERS + FULL_AB_CONTENDERS
+    out["loss_check"] = None if ab else packed_vs_unpacked(ctx, trained, runtime)
     return out
 
 
@@ -1319,6 +1338,8 @@ def child_main(args: argparse.Namespace) -> None:
         "trainer_best": lambda: run_trainer(ctx, True),
         "fastlm_profile": lambda: run_profile(ctx),
         **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
+        "fastlm_eager_fp32_weights": lambda: run_fastlm(ctx, False, param_dtype="fp32"),
+        "fastlm_compile_fp32_weights": lambda: run_fastlm(ctx, True, param_dtype="fp32"),
         "fastlm_lora_unfused": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_linear="off"),
         "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),
         **{
@@ -1399,6 +1420,8 @@ def run_child(
             "--fused-linear",
             args.fused_linear,
             *(("--fused-kernel", args.fused_kernel) if args.fused_kernel else ()),
+            "--param-dtype",
+            args.param_dtype,
             "--padding-free",
             args.padding_free,
             "--profile-adapter",
@@ -1599,7 +1622,8 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
             )
         loss = run["loss_check"]
         if loss is None:
-            covered = "not run, an A/B variant (fastlm_lora's check covers its packing)"
+            base = next((a for a, b in AB_PAIRS + FULL_AB_PAIRS if b == name), "fastlm_lora")
+            covered = f"not run, an A/B variant ({base}'s check covers its packing)"
             check(f"{name} packed vs unpacked loss", covered, None)
             continue
         for attn, path in loss["paths"].items():
@@ -1707,7 +1731,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
             ra, rb = results.get(a, {}), results.get(b, {})
             if a != b and ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
                 print(f"  {a} / {b}: {ra['real_tokens_per_s'] / rb['real_tokens_per_s']:.2f}x")
-    for a, b in ADAPTER_PAIRS + AB_PAIRS:
+    for a, b in ADAPTER_PAIRS + AB_PAIRS + FULL_AB_PAIRS:
         ra, rb = results.get(a, {}), results.get(b, {})
         if ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s"):
             print(f"  {a} / {b}: {ra['real_tokens_per_s'] / rb['real_tokens_per_s']:.2f}x")
@@ -1901,6 +1925,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="fastlm contenders: train.loss.fused_linear_kernel, in place of the one --liger implies (cce: "
         "cut-cross-entropy's kernel)",
+    )
+    parser.add_argument(
+        "--param-dtype",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="fastlm's full fine-tunes: train.runtime.param_dtype (auto: bf16 weights with fp32 masters on a "
+        "GPU in bf16, fp32 weights under autocast on a CPU; *_fp32_weights contenders: fp32)",
     )
     parser.add_argument(
         "--padding-free",

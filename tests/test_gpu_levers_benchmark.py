@@ -128,6 +128,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
         "gpu_speed_lora",
+        "weights_ab",
         "memory_cliff",
         "lora_ab",
         "head_kernels",
@@ -146,50 +147,53 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # before the best one (the best one's reserve)
     lora = "fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best"
     assert f"--model 3b --contenders {lora}" in plan[0]
+    # the full fine-tune's bf16 weights with fp32 masters against autocast over fp32 weights, one eager run
+    assert "--model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights --compile off" in plan[1]
     # the cliff's tune ladder eager and packed (at its defaults it had not finished in 150 s on the H100)
     assert (
-        "memory_cliff.py --fastlm-compile off --modes packed --max-size 32" in plan[1]
-        and "timeout" in plan[1]
+        "memory_cliff.py --fastlm-compile off --modes packed --max-size 32" in plan[2]
+        and "timeout" in plan[2]
     )
     # fastlm's LoRA forward against peft's, and liger's fused-head kernel against fastlm's own, one eager run
     variants = "fastlm_lora fastlm_lora_peft_forward fastlm_lora_own_head"
-    assert f"--model 3b --contenders {variants} --compile off" in plan[2]
+    assert f"--model 3b --contenders {variants} --compile off" in plan[3]
     # a 3B model's LM head + loss on the GPU: fastlm's kernel, liger's, cut-cross-entropy's, the plain head
     head = "linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce"
-    assert head in plan[3]
+    assert head in plan[4]
     # QLoRA in fewer steps (the usual set-up's 20 did not fit in its share on the H100)
     qlora = "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best"
     qlora += " --compile off --warmup 3"
-    assert qlora in plan[4]
+    assert qlora in plan[5]
     # fastlm's forward over a 4-bit base against peft's, one eager QLoRA run
-    assert "--model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in plan[5]
+    assert "--model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in plan[6]
     # the LoRA run on one short text per document, the real reviews' lengths
     reviews = "--model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best"
     reviews += " trl_lora_best"
-    assert f"{reviews} --compile off" in plan[6]
+    assert f"{reviews} --compile off" in plan[7]
     # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
     # 0.73 B model did not finish in 137 s on an H100)
-    assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[7]
+    assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[8]
     # the full fine-tune of the 3B shape, both eager, checkpointing on both sides to fit 80 GB
     full_3b = "--model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective"
-    assert f"{full_3b} --compile off" in plan[8]
+    assert f"{full_3b} --compile off" in plan[9]
     # the adapter runs eager on both sides (a layer's compile took about 55 s on the H100), then
     # compiled by layers against the Trainer + peft's best set-up with its torch_compile
-    assert all("--compile off" in plan[i] for i in (0, 2, 4, 5, 6))
-    assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in (7, 9, 10, 11))
-    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[11]
-    assert "--liger on" in plan[9] and "--liger off" in plan[10]
-    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[12]
+    assert all("--compile off" in plan[i] for i in (0, 1, 3, 5, 6, 7))
+    compiled = (8, 10, 11, 12)
+    assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in compiled)
+    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[12]
+    assert "--liger on" in plan[10] and "--liger off" in plan[11]
+    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[13]
     # every lever again, last: each one passed on the H100 of 2026-11-26
-    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[13]
+    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[14]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
-    assert "[gpu_speed_lora] at most 330 s" in done.stdout and "[memory_cliff] at most 230 s" in done.stdout
-    assert "[lora_ab] skipped: 0 s left of 560" in done.stdout
+    assert "[gpu_speed_lora] at most 330 s" in done.stdout and "[weights_ab] at most 220 s" in done.stdout
+    assert "[lora_ab] skipped: 10 s left of 560" in done.stdout
     assert "bash benchmarks/gpu_session.sh --only lora_ab" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [

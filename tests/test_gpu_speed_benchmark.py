@@ -507,3 +507,31 @@ def test_the_profile_of_a_missed_adapter_target_profiles_the_adapter_set_up(gpu_
     )
     assert gpu_speed.run_profile(ctx)["adapter"] == "lora"
     assert built == ["lora"] and trained[0].model.lora.enabled and trained[0].profile.enabled
+
+
+def test_the_weights_dtype_reaches_the_children_and_its_ab_contender_runs_fp32_weights(
+    gpu_speed, monkeypatch
+):
+    """``--param-dtype`` reaches fastlm's children and parameters; ``fastlm_eager_fp32_weights`` is
+    ``fastlm_eager`` with ``train.runtime.param_dtype: fp32`` (autocast over fp32 weights), reported beside
+    it."""
+    from types import SimpleNamespace
+
+    args = gpu_speed.parse_args(["--model", "tiny", "--param-dtype", "bf16", "--threads", "1"])
+    seen = {}
+    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
+    gpu_speed.run_child("fastlm_eager", args, Path("."), 0)
+    assert seen["args"][seen["args"].index("--param-dtype") + 1] == "bf16"
+    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device="cpu")
+    assert (
+        gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x").runtime.param_dtype
+        == "bf16"
+    )
+    params = gpu_speed.fastlm_params(
+        ctx, compile_=False, max_steps=1, log_every=1, name="x", param_dtype="fp32"
+    )
+    assert params.runtime.param_dtype == "fp32"
+    assert gpu_speed.parse_args([]).param_dtype == "auto"
+    assert ("fastlm_eager", "fastlm_eager_fp32_weights") in gpu_speed.FULL_AB_PAIRS
+    assert ("fastlm_eager", "fastlm_eager_fp32_weights") in gpu_speed.MEMORY_PAIRS
+    assert "fastlm_eager_fp32_weights" in gpu_speed.CONTENDERS

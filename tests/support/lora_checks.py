@@ -15,12 +15,14 @@ COUNTED = ("_to_copy", "clone", "mul", "add")
 
 
 class ActivationOps(TorchDispatchMode):
-    """Counts the ``COUNTED`` aten ops whose output has ``rows`` rows (all dimensions but the last)."""
+    """Counts the ``COUNTED`` aten ops whose output has ``rows`` rows (all dimensions but the last), and the
+    bytes they write (``written``, by op and output dtype)."""
 
     def __init__(self, rows: int):
         super().__init__()
         self.rows = rows
         self.counts = collections.Counter()
+        self.written = collections.Counter()  # bytes of the counted outputs, by op and dtype
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -28,6 +30,7 @@ class ActivationOps(TorchDispatchMode):
         rows = out.numel() // out.shape[-1] if isinstance(out, torch.Tensor) and out.dim() >= 2 else 0
         if name in COUNTED and rows == self.rows:
             self.counts[name] += 1
+            self.written[name, str(out.dtype).removeprefix("torch.")] += out.numel() * out.element_size()
         return out
 
 

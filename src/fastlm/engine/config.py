@@ -343,6 +343,25 @@ class RuntimeParams(Params):
         "micro-batch, kept when 1.1x faster), else off (the reason is logged)",
     )
 
+    param_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="the weights forward and backward read (engine/train/master_weights.py): bf16 "
+        "(fp32 master weights in the optimizer; every activation bf16, no per-micro-batch weight or "
+        "activation casts) or fp32 (bf16 autocast over fp32 weights); auto: bf16 for a single-process "
+        "full fine-tune whose precision is bf16 from its start, else fp32",
+    )
+
+    @field_validator("param_dtype")
+    @classmethod
+    def _bf16_weights_need_bf16(cls, value: str, info: ValidationInfo) -> str:
+        precision = info.data.get("precision")
+        if value == "bf16" and precision in ("fp32", "fp16"):
+            raise ValueError(
+                f"bf16 weights compute in bf16 and train.runtime.precision is {precision}; use precision "
+                "bf16 (or auto on a GPU with bf16), or param_dtype auto or fp32"
+            )
+        return value
+
     @field_validator("float8", mode="before")
     @classmethod
     def _yaml_on_off(cls, value):
@@ -461,6 +480,25 @@ class TrainParams(Params):
             raise ValueError(
                 "train.runtime.float8: on is not wired for strategy fsdp (float8 layers must be "
                 "converted before FSDP2 shards them); use strategy ddp or float8 off"
+            )
+        return value
+
+    @field_validator("distributed")
+    @classmethod
+    def _bf16_weights_for_one_process_full_fine_tunes(cls, value: DistributedParams, info: ValidationInfo):
+        runtime, model = info.data.get("runtime"), info.data.get("model")
+        if runtime is None or runtime.param_dtype != "bf16":
+            return value
+        if model is not None and model.lora.enabled:
+            raise ValueError(
+                "train.runtime.param_dtype: bf16 applies to full fine-tunes and LoRA keeps its frozen base "
+                "in bf16 already (train.model.lora.base_dtype); use param_dtype auto or fp32"
+            )
+        if value.nproc_per_node > 1:
+            raise ValueError(
+                "train.runtime.param_dtype: bf16 is for one process and train.distributed.nproc_per_node is "
+                f"{value.nproc_per_node} (data parallelism reduces gradients in the weights' dtype); use "
+                "param_dtype auto or fp32"
             )
         return value
 

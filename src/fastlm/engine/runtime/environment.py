@@ -71,6 +71,8 @@ class RuntimeConfig:
     compile_scope: str = "model"  # "model" | "layers" (engine/runtime/regions.py)
     num_threads: int | None = None  # CPU intra-op threads; None = usable cores
     float8: str = "auto"  # float8 matmuls (engine/runtime/float8.py), applied when the optimizer is made
+    # bf16 weights with fp32 masters (engine/train/master_weights.py), applied when the optimizer is made
+    param_dtype: str = "auto"
     seed: int = 0
 
     def __post_init__(self) -> None:

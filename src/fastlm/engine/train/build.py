@@ -158,6 +158,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     )
     batches_per_epoch, steps_per_epoch, total_steps = _step_plan(request.train_set, configured, layout)
     opt = make_optimization(raw_model, configured, request.runtime, total_steps, float8_measured_later=True)
+    cleanup.callback(opt.release)  # bf16 weights: the run returns (or leaves, on an error) fp32 masters
     checkpointer = Checkpointer(
         configured,
         model=raw_model,

@@ -288,6 +288,7 @@ def _lever_summary(params: TrainParams, opt: Optimization) -> dict:
         "fused_linear": fused is not None,
         "fused_linear_kernel": fused.kernel if fused is not None else None,
         "fused_linear_choice": opt.fused_choice,
+        "param_dtype": opt.param_dtype_choice,
     }
 
 

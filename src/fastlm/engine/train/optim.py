@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 
 
 def parameter_groups(
-    model: torch.nn.Module, weight_decay: float, *, decay_embeddings: bool = False
+    model: torch.nn.Module, weight_decay: float, *, decay_embeddings: bool = False, substitute=None
 ) -> list[dict]:
-    """Two AdamW param groups, ``decay`` (≥2-D weights) and ``no_decay`` (the rest), named for logging."""
+    """Two AdamW param groups, ``decay`` (≥2-D weights) and ``no_decay`` (the rest), named for logging.
+    ``substitute(param)``: what the optimizer updates in its place (``MasterWeights.master_of``)."""
     embedding_weights = {
         id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)
     }
@@ -46,6 +47,8 @@ def parameter_groups(
             decay.append(param)
         else:
             no_decay.append(param)
+    if substitute is not None:
+        decay, no_decay = [substitute(p) for p in decay], [substitute(p) for p in no_decay]
     return [
         {"name": "decay", "params": decay, "weight_decay": weight_decay},
         {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
@@ -60,8 +63,9 @@ def make_adamw(
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
     decay_embeddings: bool = False,
+    substitute=None,
 ) -> torch.optim.AdamW:
-    groups = parameter_groups(model, weight_decay, decay_embeddings=decay_embeddings)
+    groups = parameter_groups(model, weight_decay, decay_embeddings=decay_embeddings, substitute=substitute)
     groups = [group for group in groups if group["params"]]
     params = [p for group in groups for p in group["params"]]
     devices = {p.device.type for p in params}
@@ -84,9 +88,10 @@ BITSANDBYTES_CLASSES = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAda
 
 
 def make_optimizer(
-    model: torch.nn.Module, settings, *, decay_embeddings: bool = False
+    model: torch.nn.Module, settings, *, decay_embeddings: bool = False, substitute=None
 ) -> torch.optim.Optimizer:
-    """The optimizer ``settings`` (``OptimizerParams``) names, over ``parameter_groups`` of ``model``."""
+    """The optimizer ``settings`` (``OptimizerParams``) names, over ``parameter_groups`` of ``model``
+    (``substitute``: see ``parameter_groups``)."""
     betas = (settings.beta1, settings.beta2)
     if settings.name == "adamw":
         return make_adamw(
@@ -96,9 +101,12 @@ def make_optimizer(
             betas=betas,
             eps=settings.eps,
             decay_embeddings=decay_embeddings,
+            substitute=substitute,
         )
     cls = getattr(importlib.import_module("bitsandbytes").optim, BITSANDBYTES_CLASSES[settings.name])
-    groups = parameter_groups(model, settings.weight_decay, decay_embeddings=decay_embeddings)
+    groups = parameter_groups(
+        model, settings.weight_decay, decay_embeddings=decay_embeddings, substitute=substitute
+    )
     groups = [group for group in groups if group["params"]]
     optimizer = cls(groups, lr=settings.lr, betas=betas, eps=settings.eps)
     log.info(

@@ -84,24 +84,8 @@ class Checkpointer:
         if folder is None:
             return TrainState()
         own_loader = self.sharded or plan.state.get("trainable_only", False)
-        saved = load_checkpoint(
-            folder,
-            model=None if own_loader else self.model,
-            optimizer=None if self.sharded else self.opt.optimizer,
-            scheduler=self.opt.scheduler,
-            grad_scaler=self.opt.scaler,
-            map_location=self.device,
-            header=plan.header,
-        )
-        if self.sharded:
-            load_full_state_dicts(
-                self.model,
-                self.opt.optimizer,
-                safetensors.torch.load_file(str(folder / MODEL_FILE)),
-                torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True),
-            )
-        elif own_loader:
-            self._load_trainable(folder)
+        with self.opt.full_precision():  # bf16 weights: the checkpoint's fp32 weights load into the masters
+            saved = self._load(folder, plan, own_loader)
         state = TrainState(
             step=saved["step"],
             tokens_seen=saved["tokens_seen"],
@@ -136,6 +120,28 @@ class Checkpointer:
             )
         return state
 
+    def _load(self, folder: Path, plan, own_loader: bool) -> dict:
+        """The checkpoint's model, optimizer, scheduler and scaler states into this run's; its state."""
+        saved = load_checkpoint(
+            folder,
+            model=None if own_loader else self.model,
+            optimizer=None if self.sharded else self.opt.optimizer,
+            scheduler=self.opt.scheduler,
+            grad_scaler=self.opt.scaler,
+            map_location=self.device,
+            header=plan.header,
+        )
+        if self.sharded:
+            load_full_state_dicts(
+                self.model,
+                self.opt.optimizer,
+                safetensors.torch.load_file(str(folder / MODEL_FILE)),
+                torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True),
+            )
+        elif own_loader:
+            self._load_trainable(folder)
+        return saved
+
     def due(self, step: int, *, force: bool = False) -> bool:
         """Whether ``step`` ends with a checkpoint: every ``save_every`` steps, the last step, or
         ``force``."""
@@ -143,7 +149,12 @@ class Checkpointer:
         return force or bool(every and (step % every == 0 or step == self.total_steps))
 
     def save(self, state: TrainState, position: dict) -> Path:
-        """Write ``state`` at the data ``position`` (``MicroBatches.position``); every rank calls it."""
+        """Write ``state`` at the data ``position`` (``MicroBatches.position``); every rank calls it. With
+        bf16 weights, their fp32 masters are what is written."""
+        with self.opt.full_precision():
+            return self._save(state, position)
+
+    def _save(self, state: TrainState, position: dict) -> Path:
         model, opt = self.model, self.opt
         saved = checkpoint_dir(self.root, state.step)
         model_state, optimizer_state = (
@@ -204,10 +215,11 @@ class Checkpointer:
 
     def load_weights(self, folder: Path) -> None:
         """The model's weights from checkpoint ``folder`` (early stopping's best step), nothing else."""
-        if self.trainable_only:
-            self._load_trainable(folder)
-        else:
-            load_checkpoint(folder, model=self.model, map_location=self.device, restore_rng=False)
+        with self.opt.full_precision():
+            if self.trainable_only:
+                self._load_trainable(folder)
+            else:
+                load_checkpoint(folder, model=self.model, map_location=self.device, restore_rng=False)
 
     def _load_trainable(self, folder: Path) -> None:
         """A trainable-only (LoRA) checkpoint: its tensors must be exactly the model's trainable

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from fastlm.engine.config import TrainParams
+from fastlm.engine.distributed.parallel import is_sharded
 from fastlm.engine.model.accumulation import FusedHead, accumulate_gradients
 from fastlm.engine.model.liger import apply_liger, linear_ce_kernel_choice
 from fastlm.engine.model.linear_loss import fused_head_choice
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8
+from fastlm.engine.train.master_weights import MasterWeights, choose_param_dtype
 from fastlm.engine.train.optim import make_optimizer
 from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
 
@@ -46,6 +48,20 @@ class Optimization:
     fused_choice: str = ""  # why (or why not), for the log and the summary
     liger_choice: str = ""  # train.model.liger: whether liger's norm/rotary/MLP kernels are patched in, why
     float8_choice: str = ""  # train.runtime.float8: whether the Linear layers run float8 matmuls, and why
+    # train.runtime.param_dtype: bf16 weights whose fp32 masters the optimizer updates (None: the weights
+    # themselves, fp32 under autocast or as built)
+    masters: MasterWeights | None = None
+    param_dtype_choice: str = ""
+
+    def full_precision(self) -> AbstractContextManager:
+        """Inside, the model's parameters are the fp32 masters (checkpoints save and load them); a no-op
+        without masters."""
+        return self.masters.full_precision() if self.masters is not None else nullcontext()
+
+    def release(self) -> None:
+        """The model's weights become the fp32 masters for good (the end of a run); a no-op without."""
+        if self.masters is not None:
+            self.masters.release()
 
 
 @dataclass
@@ -82,7 +98,17 @@ def make_optimization(
         strategy=params.distributed.strategy,
         measured_later=float8_measured_later,
     )
-    optimizer = make_optimizer(model, settings)
+    # After liger and float8 (their layers keep the same Parameters), before the optimizer and compile
+    dtype, param_dtype_choice = choose_param_dtype(
+        params.runtime.param_dtype,
+        model,
+        autocast_dtype=runtime.autocast_dtype,
+        world_size=params.distributed.nproc_per_node,
+        device=runtime.device,
+        sharded=is_sharded(model),
+    )
+    masters = MasterWeights(model, dtype) if dtype is not None else None
+    optimizer = make_optimizer(model, settings, substitute=masters.master_of if masters else None)
     schedule = LRSchedule(
         settings.lr,
         total_steps,
@@ -107,6 +133,8 @@ def make_optimization(
         fused_choice=why,
         liger_choice=liger_choice,
         float8_choice=float8_choice,
+        masters=masters,
+        param_dtype_choice=param_dtype_choice,
     )
 
 
@@ -126,6 +154,8 @@ def train_step(
     update never happened, so the caller may redo it smaller).
     """
     scaler = opt.scaler
+    if opt.masters is not None:  # gradients a probe's backward left (model.zero_grad does not reach masters)
+        opt.optimizer.zero_grad(set_to_none=True)
     try:
         loss_sum, n_targets = accumulate_gradients(
             model,
@@ -140,14 +170,24 @@ def train_step(
         )
     except torch.OutOfMemoryError:
         opt.optimizer.zero_grad(set_to_none=True)
+        if opt.masters is not None:  # the bf16 gradients a cut-short backward left
+            opt.model.zero_grad(set_to_none=True)
         raise
     with torch.profiler.record_function("fastlm.optimizer"):
         if scaler.is_enabled():
             scaler.unscale_(opt.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(opt.model.parameters(), opt.clip)
+        # with masters, their fp32 gradients (the bf16 weights' were moved there during backward)
+        trained = (
+            [p for group in opt.optimizer.param_groups for p in group["params"]]
+            if opt.masters is not None
+            else opt.model.parameters()
+        )
+        grad_norm = torch.nn.utils.clip_grad_norm_(trained, opt.clip)
         lr = opt.scheduler.get_last_lr()[0]  # the rate this update uses (host float, no sync)
         scaler.step(opt.optimizer)
         scaler.update()
+        if opt.masters is not None:
+            opt.masters.publish()
         opt.scheduler.step()
         opt.optimizer.zero_grad(set_to_none=True)
     return StepResult(loss_sum, n_targets, grad_norm, lr)

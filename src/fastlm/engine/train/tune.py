@@ -435,8 +435,9 @@ def real_step_measurer(
             measured = measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
             samples = sum(len(indices) for indices in batches) / len(batches)
             return dataclasses.replace(measured, samples_per_micro_batch=samples)
-        finally:  # the optimizer state goes with this call's frame
+        finally:  # the optimizer state goes with this call's frame; bf16 weights back to their fp32 masters
             opt.optimizer.zero_grad(set_to_none=True)
+            opt.release()
             release_memory()
 
     return measure

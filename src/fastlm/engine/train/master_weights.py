@@ -1,0 +1,155 @@
+"""bf16 weights for forward and backward, fp32 masters in the optimizer (``train.runtime.param_dtype``).
+
+A mixed-precision full fine-tune under bf16 autocast over fp32 weights (what the Trainer's ``bf16=True`` does
+with a model loaded in fp32) runs its matmuls in bf16 but keeps everything autocast does not touch in fp32:
+the embedding's output, so the whole residual stream, the norms' outputs and every add. Each projection then
+casts its fp32 input to bf16 (q, k and v each cast the same input; gate and up too), and backward casts each
+bf16 input gradient back to fp32 and sums them in fp32: per Llama layer and micro-batch 7 activation-sized
+fp32 -> bf16 copies, 5 bf16 -> fp32 copies and 5 fp32 adds, all memory-bound
+(tests/engine/train/test_master_weights.py counts them). On an H100, a 3B full fine-tune's profile
+(docs/gpu-runs/2026-11-26-h100-c-gpu_speed_lora.log, eager) spent 33 % of its kernel time in those three
+kernels.
+
+``MasterWeights`` keeps the model itself in bf16 (every activation bf16, as in a bf16 model: the norms still
+compute in fp32 inside) and an fp32 copy of each trainable weight, which is what the optimizer updates:
+
+- backward: each weight's bf16 gradient is added into its master's fp32 gradient as soon as autograd has it
+  (``register_post_accumulate_grad_hook``) and dropped, so micro-batches accumulate in fp32 and no bf16
+  gradient outlives its layer's backward;
+- the step: clipping and AdamW on the masters (fp32 moments, fp32 updates: an update below bf16's resolution
+  still accumulates), then ``publish`` copies the masters into the bf16 weights (one cast per weight and
+  step, where autocast cast each weight in every micro-batch's forward);
+- ``full_precision()``: the model's parameters point at the masters for as long as it lasts, so a checkpoint
+  saves fp32 weights and a checkpoint loads into the masters (resume, early stopping's best step); on exit
+  the bf16 weights are refreshed from them. ``release()`` does it for good: the model the run returns is
+  fp32, its trained weights the masters.
+
+The weights of ``model._keep_in_fp32_modules`` (transformers' list, e.g. T5's ``wo``) stay fp32 and train as
+they are. The choice (``choose_param_dtype``): ``auto`` takes bf16 weights for a single-process full
+fine-tune whose precision is bf16 from the start (a GPU with bf16, or ``precision: bf16``), else fp32 weights
+under autocast; LoRA keeps its frozen base in bf16 already and its adapters are a fraction of a percent of
+the weights, data-parallel runs reduce their gradients in the parameters' dtype, and a CPU run at precision
+``auto`` only learns its precision from its first micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from fastlm.errors import ConfigError
+
+__all__ = ["MasterWeights", "choose_param_dtype"]
+
+
+class MasterWeights:
+    """fp32 masters of ``model``'s trainable fp32 weights, the model cast to ``dtype`` (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.dtype = dtype
+        kept = _kept_in_fp32(model)
+        self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
+        self._master: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
+        self._hooks = []
+        for name, param in model.named_parameters():  # each shared (tied) tensor once
+            if param.dtype != torch.float32 or not param.requires_grad or _kept(name, kept):
+                continue
+            master = torch.nn.Parameter(param.detach().clone())
+            self.pairs.append((param, master))
+            self._master[param] = master
+            self._hooks.append(param.register_post_accumulate_grad_hook(self._move_gradient))
+            param.data = param.data.to(dtype)
+
+    def master_of(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
+        """What the optimizer updates in place of ``param``: its master, or ``param`` itself (kept fp32)."""
+        return self._master.get(param, param)
+
+    def _move_gradient(self, param: torch.nn.Parameter) -> None:
+        grad, param.grad = param.grad, None
+        master = self._master[param]
+        if master.grad is None:
+            master.grad = grad.to(torch.float32)
+        else:
+            master.grad.add_(grad)
+
+    @torch.no_grad()
+    def publish(self) -> None:
+        """The masters into the bf16 weights (after each optimizer step)."""
+        if self.pairs:
+            torch._foreach_copy_([param for param, _ in self.pairs], [master for _, master in self.pairs])
+
+    @contextlib.contextmanager
+    def full_precision(self) -> Iterator[None]:
+        """The model's parameters are the fp32 masters inside (saves and loads see fp32 weights); the bf16
+        weights are refreshed from the masters on exit."""
+        held = [param.data for param, _ in self.pairs]
+        for param, master in self.pairs:
+            param.data = master.data
+        try:
+            yield
+        finally:
+            for (param, _), data in zip(self.pairs, held, strict=True):
+                param.data = data
+            self.publish()
+
+    def release(self) -> None:
+        """For good: the model's parameters become the fp32 masters, the gradient hooks go. Idempotent."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        for param, master in self.pairs:
+            param.data = master.data
+        self.pairs, self._master = [], {}
+
+
+def choose_param_dtype(
+    request: str,
+    model: torch.nn.Module,
+    *,
+    autocast_dtype: torch.dtype | None,
+    world_size: int,
+    device: torch.device | str,
+    sharded: bool = False,
+) -> tuple[torch.dtype | None, str]:
+    """(bf16 or None for fp32 weights, why) for ``train.runtime.param_dtype`` ``request``. An explicit
+    ``bf16`` that cannot apply raises ``ConfigError`` with the fix (``engine.config`` refuses what it can
+    see earlier: a precision other than bf16, LoRA, several processes)."""
+    if request == "fp32":
+        return None, "fp32 weights under autocast (train.runtime.param_dtype: fp32)"
+    frozen = any(param.is_floating_point() and not param.requires_grad for param in model.parameters())
+    problem = None
+    if autocast_dtype != torch.bfloat16:
+        problem = "the run's precision is not bf16 from its start (a CPU at precision auto measures it later)"
+    elif world_size > 1 or sharded:
+        problem = "a data-parallel run reduces gradients in the parameters' dtype"
+    elif frozen:
+        problem = "some weights are frozen (LoRA keeps its base in bf16 already)"
+    elif not any(param.dtype == torch.float32 for param in model.parameters()):
+        problem = "the model has no fp32 weights"
+    if problem is None and request == "auto" and torch.device(device).type != "cuda":
+        problem = (
+            "on a CPU the default stays autocast over fp32 weights; param_dtype: bf16 asks for bf16 ones"
+        )
+    if problem is None:
+        return torch.bfloat16, f"bf16 weights, fp32 masters in the optimizer (param_dtype {request})"
+    if request == "bf16":
+        raise ConfigError(
+            f"train.runtime.param_dtype: bf16 cannot apply to this run: {problem}.",
+            fix="set train.runtime.param_dtype to auto or fp32 (or precision to bf16 where it is not).",
+        )
+    return None, f"fp32 weights under autocast (param_dtype auto: {problem})"
+
+
+def _kept_in_fp32(model: torch.nn.Module) -> tuple[str, ...]:
+    names: set[str] = set()
+    for module in model.modules():
+        for attribute in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"):
+            names.update(getattr(module, attribute, None) or ())
+    return tuple(names)
+
+
+def _kept(name: str, kept: tuple[str, ...]) -> bool:
+    parts = name.split(".")
+    return any(module in parts for module in kept)

@@ -1,0 +1,294 @@
+"""bf16 weights with fp32 masters (``train.runtime.param_dtype: bf16``, engine/train/master_weights.py).
+
+The step makes the activation passes of a bf16 model (not those of autocast over fp32 weights), its optimizer
+updates fp32 masters that the bf16 weights follow, micro-batches accumulate in fp32, checkpoints hold the
+masters and a resumed run continues exactly, the run returns fp32 weights, and a request that cannot apply
+is refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.model.accumulation import accumulate_gradients
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.master_weights import MasterWeights, choose_param_dtype
+from fastlm.engine.train.step import Optimization, make_optimization, train_step
+from fastlm.errors import ConfigError
+from tests.support.checkpoints import steps_on_disk
+from tests.support.lora_checks import ActivationOps, token_batch
+from tests.support.tolerances import BF16_MODEL_LOSS_REL
+from tests.support.toy_training import VOCAB, run_toy, toy_model, toy_params
+
+pytestmark = pytest.mark.kernels
+
+ROWS, TOKENS = 2, 37  # 74 activation rows: no weight of the toy model has 74 rows
+
+
+def _runtime(precision: str = "bf16"):
+    return setup_runtime(RuntimeConfig(device="cpu", precision=precision, compile=False, num_threads=1))
+
+
+def _params(param_dtype: str, **optimizer):
+    return parse_train_params(
+        {
+            "runtime": {"device": "cpu", "precision": "bf16", "param_dtype": param_dtype, "float8": "off"},
+            "loss": {"fused_linear": False},
+            "optimizer": {"lr": 1e-2, "warmup_steps": 0, **optimizer},
+        }
+    )
+
+
+def _bf16_weights(model):
+    """A copy of ``model`` with its weights cast to bf16 (its buffers, such as the rotary frequencies, kept as
+    they are, as ``MasterWeights`` keeps them)."""
+    model = copy.deepcopy(model)
+    for param in model.parameters():
+        param.data = param.data.to(torch.bfloat16)
+    return model
+
+
+def _plain(model) -> Optimization:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return Optimization(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False), math.inf)
+
+
+def _activation_ops(model, opt, runtime) -> tuple[ActivationOps, int]:
+    """The step's activation passes, and the bytes of the tensors its forward keeps for backward that are
+    not the model's weights (activations, and autocast's bf16 copies of fp32 weights)."""
+    batch = token_batch(VOCAB, TOKENS, rows=ROWS)
+    weights = {param.untyped_storage().data_ptr() for param in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with ActivationOps(ROWS * TOKENS) as ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        train_step(model, [batch], opt, runtime=runtime)
+    return ops, sum(kept.values())
+
+
+def test_the_step_makes_the_activation_passes_of_a_bf16_model_not_those_of_autocast_over_fp32():
+    """The residual stream, the norms' outputs and every add are bf16: no projection casts its input and no
+    input gradient is cast back and summed in fp32. Counted against the same step of the model cast to bf16
+    (the computation bf16 weights must make) and of autocast over fp32 weights (what it replaces). Without
+    liger's norm kernel (this CPU) a bf16 model's norms cast to fp32 and back inside, so the counts of
+    passes are close; the bytes they write and keep for backward are not."""
+    runtime = _runtime()
+    model = toy_model()
+    bf16_model = _bf16_weights(model)
+    autocast_model = copy.deepcopy(model)
+    opt = make_optimization(model, _params("bf16"), runtime, total_steps=2)
+
+    ours, ours_kept = _activation_ops(model, opt, runtime)
+    bf16, bf16_kept = _activation_ops(bf16_model, _plain(bf16_model), runtime)
+    autocast, autocast_kept = _activation_ops(autocast_model, _plain(autocast_model), runtime)
+
+    assert ours.counts == bf16.counts and ours.written == bf16.written and ours_kept == bf16_kept
+    assert {param.dtype for param in model.parameters()} == {torch.bfloat16}
+    # autocast over fp32 weights: fp32 residual stream and sums, each projection's input cast (measured:
+    # 1.26x the bytes written, 3.7x those of fp32 adds, 1.44x the bytes kept for backward)
+    assert sum(autocast.written.values()) > 1.2 * sum(ours.written.values())
+    assert autocast.written["add", "float32"] > 3 * ours.written["add", "float32"]
+    assert autocast_kept > 1.3 * ours_kept
+
+
+def test_the_optimizer_updates_fp32_masters_and_the_model_holds_their_bf16_copy():
+    runtime = _runtime()
+    model = toy_model()
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    opt = make_optimization(model, _params("bf16"), runtime, total_steps=3)
+    masters = opt.masters
+    assert isinstance(masters, MasterWeights) and "bf16 weights" in opt.param_dtype_choice
+    stepped = [p for group in opt.optimizer.param_groups for p in group["params"]]
+    assert {p.dtype for p in stepped} == {torch.float32}
+    assert {id(p) for p in stepped} == {id(masters.master_of(p)) for p in model.parameters()}
+
+    for seed in range(2):
+        train_step(model, [token_batch(VOCAB, TOKENS, rows=ROWS, seed=seed)], opt, runtime=runtime)
+
+    for name, param in model.named_parameters():
+        master = masters.master_of(param)
+        assert torch.equal(param.detach(), master.detach().to(torch.bfloat16)), name  # the same cast
+        assert param.grad is None and master.grad is None, name
+        assert not torch.equal(master.detach(), before[name]), name
+
+
+def test_an_update_below_bf16_resolution_accumulates_in_the_masters():
+    """AdamW's first steps move each weight by about lr; at lr 1e-4 a weight at 1 moves by less than half a
+    bf16 step (2^-9) in four steps, so a bf16 weight updated in place would stay at 1: the masters keep the
+    updates, the bf16 copies round them away until they add up to a bf16 step."""
+    runtime = _runtime()
+    model = toy_model()
+    with torch.no_grad():
+        model.model.norm.weight.fill_(1.0)
+    opt = make_optimization(model, _params("bf16", lr=1e-4, weight_decay=0.0), runtime, total_steps=4)
+    norm = model.model.norm.weight
+    for seed in range(4):
+        train_step(model, [token_batch(VOCAB, TOKENS, rows=ROWS, seed=seed)], opt, runtime=runtime)
+
+    moved = (opt.masters.master_of(norm).detach() - 1.0).abs()
+    assert 2e-4 < moved.max() < 2**-9  # several steps of about lr each, all below half a bf16 step
+    assert torch.equal(norm.detach(), torch.ones_like(norm))
+
+
+def test_micro_batches_accumulate_in_fp32():
+    """Two micro-batches: each master's gradient is the fp32 sum of the two bf16 gradients the bf16 model
+    gives each micro-batch (the same computations, so equal), not their bf16 sum."""
+    runtime = _runtime()
+    model = toy_model()
+    reference = _bf16_weights(model)
+    masters = MasterWeights(model)
+    batches = [token_batch(VOCAB, TOKENS, rows=ROWS, seed=seed) for seed in (5, 6)]
+    total = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+
+    accumulate_gradients(model, batches, autocast=runtime.autocast_context, total_targets=total)
+
+    sums = {}
+    for batch in batches:
+        reference.zero_grad(set_to_none=True)
+        accumulate_gradients(reference, [batch], autocast=runtime.autocast_context, total_targets=total)
+        for name, param in reference.named_parameters():
+            sums[name] = param.grad.float() + sums.get(name, 0)
+    for name, param in model.named_parameters():
+        assert param.grad is None, name  # moved into the master as soon as autograd had it
+        assert torch.equal(masters.master_of(param).grad, sums[name]), name
+
+
+def test_a_probe_backward_before_the_first_step_leaves_no_gradient_in_the_masters():
+    """The runtime's probes run a forward and backward on the stepping model and drop the gradients with
+    ``model.zero_grad``, which does not reach the masters: the first step must still see its own gradients
+    only."""
+    runtime = _runtime()
+    batch = token_batch(VOCAB, TOKENS, rows=ROWS, seed=1)
+    seen = []
+    for probed in (False, True):
+        model = toy_model()
+        opt = make_optimization(model, _params("bf16"), runtime, total_steps=1)
+        if probed:
+            accumulate_gradients(
+                model, [token_batch(VOCAB, TOKENS, rows=ROWS, seed=9)], autocast=runtime.autocast_context
+            )
+            model.zero_grad(set_to_none=True)
+        grads = {}
+        opt.optimizer.register_step_pre_hook(
+            lambda optimizer, args, kwargs, grads=grads: grads.update(
+                {
+                    i: p.grad.clone()
+                    for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])
+                }
+            )
+        )
+        train_step(model, [batch], opt, runtime=runtime)
+        seen.append(grads)
+    assert seen[0].keys() == seen[1].keys()
+    for index in seen[0]:
+        assert torch.equal(seen[0][index], seen[1][index]), index  # the same computation
+
+
+def test_losses_follow_autocast_over_fp32_weights():
+    """Five steps of bf16 weights with fp32 masters against bf16 autocast over fp32 weights: two bf16
+    computations of the same updates, their losses within the bf16 loss tolerance."""
+    runtime = _runtime()
+    losses = {}
+    for param_dtype in ("bf16", "fp32"):
+        model = toy_model()
+        opt = make_optimization(model, _params(param_dtype), runtime, total_steps=5)
+        assert (opt.masters is not None) == (param_dtype == "bf16")
+        losses[param_dtype] = []
+        for seed in range(5):
+            batch = token_batch(VOCAB, TOKENS, rows=ROWS, seed=seed)
+            result = train_step(model, [batch], opt, runtime=runtime)
+            losses[param_dtype].append(float(result.loss_sum) / result.target_tokens)
+    assert losses["bf16"][-1] < losses["bf16"][0]
+    for ours, theirs in zip(losses["bf16"], losses["fp32"], strict=True):
+        assert abs(ours - theirs) <= BF16_MODEL_LOSS_REL * abs(theirs)
+
+
+def _bf16_run(tmp_path, **overrides):
+    return toy_params(
+        tmp_path,
+        runtime={"precision": "bf16", "param_dtype": "bf16", "deterministic": True},
+        log_every=1,
+        save_every=2,
+        eval_every=None,
+        max_steps=6,
+        **overrides,
+    )
+
+
+def test_checkpoints_hold_the_masters_a_resumed_run_continues_exactly_and_the_run_returns_fp32(tmp_path):
+    import safetensors.torch
+
+    straight = run_toy(_bf16_run(tmp_path / "a"))
+    assert "bf16 weights" in straight.summary["param_dtype"]
+    assert {p.dtype for p in straight.model.parameters()} == {torch.float32}
+
+    def interrupt(kind, record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_toy(_bf16_run(tmp_path / "b"), callbacks=[interrupt])
+    assert steps_on_disk(tmp_path / "b" / "checkpoints")[-1] == "checkpoint-00000002"
+    saved = safetensors.torch.load_file(
+        str(tmp_path / "b" / "checkpoints" / "checkpoint-00000002" / "model.safetensors")
+    )
+    assert {t.dtype for t in saved.values()} == {torch.float32}
+    assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in saved.values())  # not bf16 values
+
+    resumed = run_toy(_bf16_run(tmp_path / "b", resume="auto"))
+    assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]  # bitwise: deterministic mode
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_weights_kept_in_fp32_by_the_model_train_as_they_are():
+    model = toy_model()
+    model._keep_in_fp32_modules = ["down_proj"]
+    masters = MasterWeights(model)
+    for name, param in model.named_parameters():
+        kept = "down_proj" in name
+        assert param.dtype == (torch.float32 if kept else torch.bfloat16), name
+        assert (masters.master_of(param) is param) == kept, name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"runtime": {"precision": "fp32", "param_dtype": "bf16"}}, "train.runtime.param_dtype"),
+        ({"runtime": {"param_dtype": "bf16"}, "model": {"lora": {"enabled": True}}}, "LoRA"),
+        ({"runtime": {"param_dtype": "bf16"}, "distributed": {"nproc_per_node": 2}}, "nproc_per_node"),
+    ],
+)
+def test_a_request_that_cannot_apply_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        parse_train_params(overrides)
+    text = str(error.value)
+    assert "param_dtype" in text and message in text and "\n" not in text.strip()
+
+
+def test_auto_takes_bf16_weights_only_for_a_single_process_bf16_full_fine_tune_on_a_gpu():
+    model = toy_model()
+    bf16, gpu = torch.bfloat16, {"device": "cuda"}
+    assert choose_param_dtype("auto", model, autocast_dtype=bf16, world_size=1, **gpu)[0] is bf16
+    for kwargs in (
+        {"autocast_dtype": None, "world_size": 1, **gpu},
+        {"autocast_dtype": bf16, "world_size": 2, **gpu},
+        {"autocast_dtype": bf16, "world_size": 1, "device": "cpu"},  # asked for with bf16, not by default
+    ):
+        dtype, why = choose_param_dtype("auto", model, **kwargs)
+        assert dtype is None and "param_dtype auto" in why
+    assert choose_param_dtype("bf16", model, autocast_dtype=bf16, world_size=1, device="cpu")[0] is bf16
+    model.model.embed_tokens.weight.requires_grad_(False)
+    assert choose_param_dtype("auto", model, autocast_dtype=bf16, world_size=1, **gpu)[0] is None
+    with pytest.raises(ConfigError, match="frozen"):
+        choose_param_dtype("bf16", model, autocast_dtype=bf16, world_size=1, **gpu)
