@@ -347,8 +347,9 @@ class RuntimeParams(Params):
         "auto",
         description="the weights forward and backward read (engine/train/master_weights.py): bf16 "
         "(fp32 master weights in the optimizer; every activation bf16, no per-micro-batch weight or "
-        "activation casts) or fp32 (bf16 autocast over fp32 weights); auto: bf16 for a single-process "
-        "full fine-tune whose precision is bf16 from its start, else fp32",
+        "activation casts; under FSDP2 its MixedPrecisionPolicy) or fp32 (bf16 autocast over fp32 "
+        "weights); auto: bf16 for a full fine-tune on a GPU in bf16 from its start, one process or FSDP2, "
+        "else fp32",
     )
 
     @field_validator("param_dtype")
@@ -494,11 +495,11 @@ class TrainParams(Params):
                 "train.runtime.param_dtype: bf16 applies to full fine-tunes and LoRA keeps its frozen base "
                 "in bf16 already (train.model.lora.base_dtype); use param_dtype auto or fp32"
             )
-        if value.nproc_per_node > 1:
+        if value.nproc_per_node > 1 and value.strategy == "ddp":
             raise ValueError(
-                "train.runtime.param_dtype: bf16 is for one process and train.distributed.nproc_per_node is "
-                f"{value.nproc_per_node} (data parallelism reduces gradients in the weights' dtype); use "
-                "param_dtype auto or fp32"
+                "train.runtime.param_dtype: bf16 with train.distributed.nproc_per_node "
+                f"{value.nproc_per_node} needs strategy fsdp (DDP reduces gradients in the weights' dtype, "
+                "FSDP2 in fp32); use strategy fsdp, or param_dtype auto or fp32"
             )
         return value
 

@@ -13,7 +13,7 @@ from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_
 from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.train.persistence import resume_position
 from tests.support.parallel_jobs import job_params, launch, tokenized_splits
-from tests.support.tolerances import TRAINED_FP32_LOSS_REL, TRAINED_FP32_WEIGHTS
+from tests.support.tolerances import BF16_MODEL_LOSS_REL, TRAINED_FP32_LOSS_REL, TRAINED_FP32_WEIGHTS
 
 LENGTHS = np.random.default_rng(0).integers(3, 40, size=500)
 
@@ -242,3 +242,40 @@ def test_fsdp2_runs_the_fused_head_and_trains_like_one_process_with_the_plain_he
         apart += int((~torch.isclose(trained[name], want, **TRAINED_FP32_WEIGHTS)).sum())
         total += want.numel()
     assert apart <= total // 1000, f"{apart} of {total} weights outside {TRAINED_FP32_WEIGHTS}"
+
+
+@pytest.mark.kernels  # two sharded bf16 processes vs one with bf16 weights and fp32 masters: a bf16 tolerance
+def test_fsdp2_bf16_weights_gather_bf16_reduce_fp32_and_train_like_one_process_with_masters(
+    tmp_path, bpe_tokenizer, tokenized
+):
+    """``train.runtime.param_dtype: bf16`` under FSDP2 is its ``MixedPrecisionPolicy``: the layers compute on
+    bf16 weights gathered from fp32 shards (the optimizer's masters), gradients reduced in fp32. The same
+    training as one process with bf16 weights and fp32 masters (the same effective batch), within the bf16
+    tolerance; checkpoints and the returned model hold fp32 weights."""
+    bf16 = {"precision": "bf16", "param_dtype": "bf16", "num_threads": 1}
+    one = run_job(
+        TrainJob(
+            job_params(tmp_path / "one", accum=2, nproc=1, runtime=bf16),
+            48,
+            *tokenized,
+            bpe_tokenizer,
+            str(tmp_path / "one" / "m"),
+        )
+    )
+    params = job_params(
+        tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"}, runtime=bf16
+    )
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
+    assert "fp32 masters" in one.summary["param_dtype"]
+    assert "FSDP2 gathers the weights in bfloat16" in two.summary["param_dtype"], two.summary["param_dtype"]
+    np.testing.assert_allclose(
+        [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=BF16_MODEL_LOSS_REL
+    )
+    assert {p.dtype for p in two.model.parameters()} == {torch.float32}
+    import safetensors.torch
+
+    saved = safetensors.torch.load_file(
+        str(tmp_path / "checkpoints-2" / "checkpoint-00000004" / "model.safetensors")
+    )
+    assert {t.dtype for t in saved.values()} == {torch.float32}
+    assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in saved.values())  # not bf16 values

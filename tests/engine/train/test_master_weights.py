@@ -288,6 +288,12 @@ def test_auto_takes_bf16_weights_only_for_a_single_process_bf16_full_fine_tune_o
         dtype, why = choose_param_dtype("auto", model, **kwargs)
         assert dtype is None and "param_dtype auto" in why
     assert choose_param_dtype("bf16", model, autocast_dtype=bf16, world_size=1, device="cpu")[0] is bf16
+    dtype, why = choose_param_dtype("auto", model, autocast_dtype=bf16, world_size=2, strategy="fsdp", **gpu)
+    assert (
+        dtype is bf16 and "FSDP2" in why
+    )  # its MixedPrecisionPolicy: fp32 shards, gradients reduced in fp32
+    fsdp = {"runtime": {"param_dtype": "bf16"}, "distributed": {"nproc_per_node": 2, "strategy": "fsdp"}}
+    assert parse_train_params(fsdp).runtime.param_dtype == "bf16"
     model.model.embed_tokens.weight.requires_grad_(False)
     assert choose_param_dtype("auto", model, autocast_dtype=bf16, world_size=1, **gpu)[0] is None
     with pytest.raises(ConfigError, match="frozen"):

@@ -165,6 +165,7 @@ def wrap_model(
     device: torch.device,
     find_unused_parameters: bool = False,
     bucket_cap_mb: int = 25,
+    param_dtype: torch.dtype | None = None,
 ) -> torch.nn.Module:
     """DDP (replicated weights, all-reduced gradients) or FSDP2 (sharded weights, gradients and optimizer
     state).
@@ -174,15 +175,21 @@ def wrap_model(
     wrapped model (its parameters become DTensors). The root keeps its parameters whole from its forward to
     its post-backward (``reshard_after_forward=False``, what torch does for a root by default, said
     explicitly): the fused LM head + loss (``linear_loss``) reads the head's weight after the forward.
+    ``param_dtype`` (bf16; ``train.runtime.param_dtype``, engine/train/master_weights.py): FSDP2's
+    ``MixedPrecisionPolicy``, the weights gathered in bf16 for forward and backward, the fp32 shards the
+    optimizer's masters, the gradients reduce-scattered in fp32.
     """
     if comm.world_size == 1:
         return model
     if strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        policy = {}
+        if param_dtype is not None:
+            policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
         for layer in _decoder_layers(model):
-            fully_shard(layer)
-        return fully_shard(model, reshard_after_forward=False)
+            fully_shard(layer, **policy)
+        return fully_shard(model, reshard_after_forward=False, **policy)
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" and device.index is not None else None
@@ -193,6 +200,15 @@ def wrap_model(
         bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=True,
     )
+
+
+def gathered_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype an FSDP2 model gathers its weights in for forward and backward (its
+    ``MixedPrecisionPolicy``'s ``param_dtype``; read from FSDP2's state, for the record), None where it keeps
+    theirs or is not FSDP2."""
+    state = getattr(model, "_get_fsdp_state", None)
+    policy = getattr(state(), "_mp_policy", None) if state is not None else None
+    return getattr(policy, "param_dtype", None)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -43,6 +43,7 @@ from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.probe import CompileProbe, Float8Probe, probe_float8, probe_runtime
 from fastlm.engine.train.backoff import batching_record, resumed_batching
 from fastlm.engine.train.early_stop import EarlyStopping
+from fastlm.engine.train.master_weights import choose_param_dtype
 from fastlm.engine.train.persistence import Checkpointer
 from fastlm.engine.train.records import Callback, Recorder, step_contents
 from fastlm.engine.train.state import TrainState
@@ -147,7 +148,15 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     started, comm, configured, device = perf_counter(), request.comm, request.params, request.runtime.device
     request = replace(request, model=request.model.to(device))  # the raw model: saved, returned
     raw_model = request.model
-    wrapped = wrap_model(raw_model, comm, device=device, **_wrapping(configured))
+    weights = choose_param_dtype(  # bf16 weights: FSDP2 casts its gathered weights, one process has masters
+        configured.runtime.param_dtype,
+        raw_model,
+        autocast_dtype=request.runtime.autocast_dtype,
+        world_size=comm.world_size,
+        device=device,
+        strategy=configured.distributed.strategy,
+    )[0]
+    wrapped = wrap_model(raw_model, comm, device=device, param_dtype=weights, **_wrapping(configured))
     layout = StreamLayout(
         request.pad_id,
         request.max_length,

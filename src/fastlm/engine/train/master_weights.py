@@ -25,11 +25,13 @@ compute in fp32 inside) and an fp32 copy of each trainable weight, which is what
   fp32, its trained weights the masters.
 
 The weights of ``model._keep_in_fp32_modules`` (transformers' list, e.g. T5's ``wo``) stay fp32 and train as
-they are. The choice (``choose_param_dtype``): ``auto`` takes bf16 weights for a single-process full
-fine-tune whose precision is bf16 from the start (a GPU with bf16, or ``precision: bf16``), else fp32 weights
-under autocast; LoRA keeps its frozen base in bf16 already and its adapters are a fraction of a percent of
-the weights, data-parallel runs reduce their gradients in the parameters' dtype, and a CPU run at precision
-``auto`` only learns its precision from its first micro-batch.
+they are. Under FSDP2 (several processes, ``strategy: fsdp``) the same is FSDP2's ``MixedPrecisionPolicy``
+(``distributed.wrap_model``): its fp32 shards are the masters, gathered in bf16, gradients reduce-scattered
+in fp32. The choice (``choose_param_dtype``): ``auto`` takes bf16 weights for a full fine-tune on a GPU whose
+precision is bf16 from the start, in one process or under FSDP2, else fp32 weights under autocast (on a CPU
+``param_dtype: bf16`` asks for them); LoRA keeps its frozen base in bf16 already and its adapters are a
+fraction of a percent of the weights, DDP reduces gradients in the weights' dtype, and a CPU run at
+precision ``auto`` only learns its precision from its first micro-batch.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def choose_param_dtype(
     autocast_dtype: torch.dtype | None,
     world_size: int,
     device: torch.device | str,
-    sharded: bool = False,
+    strategy: str = "ddp",
 ) -> tuple[torch.dtype | None, str]:
     """(bf16 or None for fp32 weights, why) for ``train.runtime.param_dtype`` ``request``. An explicit
     ``bf16`` that cannot apply raises ``ConfigError`` with the fix (``engine.config`` refuses what it can
@@ -122,8 +124,8 @@ def choose_param_dtype(
     problem = None
     if autocast_dtype != torch.bfloat16:
         problem = "the run's precision is not bf16 from its start (a CPU at precision auto measures it later)"
-    elif world_size > 1 or sharded:
-        problem = "a data-parallel run reduces gradients in the parameters' dtype"
+    elif world_size > 1 and strategy != "fsdp":
+        problem = "DDP reduces gradients in the weights' dtype (strategy fsdp reduces them in fp32)"
     elif frozen:
         problem = "some weights are frozen (LoRA keeps its base in bf16 already)"
     elif not any(param.dtype == torch.float32 for param in model.parameters()):
@@ -132,6 +134,9 @@ def choose_param_dtype(
         problem = (
             "on a CPU the default stays autocast over fp32 weights; param_dtype: bf16 asks for bf16 ones"
         )
+    if problem is None and world_size > 1:
+        why = "bf16 weights under FSDP2: its fp32 shards are the masters, gradients reduced in fp32"
+        return torch.bfloat16, f"{why} (param_dtype {request})"
     if problem is None:
         return torch.bfloat16, f"bf16 weights, fp32 masters in the optimizer (param_dtype {request})"
     if request == "bf16":

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from fastlm.engine.config import TrainParams
-from fastlm.engine.distributed.parallel import is_sharded
+from fastlm.engine.distributed.parallel import gathered_dtype, is_sharded
 from fastlm.engine.model.accumulation import FusedHead, accumulate_gradients
 from fastlm.engine.model.liger import apply_liger, linear_ce_kernel_choice
 from fastlm.engine.model.linear_loss import fused_head_choice
@@ -105,9 +105,13 @@ def make_optimization(
         autocast_dtype=runtime.autocast_dtype,
         world_size=params.distributed.nproc_per_node,
         device=runtime.device,
-        sharded=is_sharded(model),
+        strategy=params.distributed.strategy,
     )
-    masters = MasterWeights(model, dtype) if dtype is not None else None
+    # FSDP2 (wrap_model) gathers its fp32 shards in bf16 itself: they are the masters
+    masters = MasterWeights(model, dtype) if dtype is not None and not is_sharded(model) else None
+    if is_sharded(model):
+        gathered = str(gathered_dtype(model) or "its shards' dtype").removeprefix("torch.")
+        param_dtype_choice = f"{param_dtype_choice}; FSDP2 gathers the weights in {gathered}"
     optimizer = make_optimizer(model, settings, substitute=masters.master_of if masters else None)
     schedule = LRSchedule(
         settings.lr,
