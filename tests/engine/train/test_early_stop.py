@@ -10,7 +10,10 @@ from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.train.early_stop import EarlyStopping
 from fastlm.errors import ConfigError
+from tests.support.tolerances import BF16_MODEL_LOSS_REL
 from tests.support.toy_training import run_toy, toy_params
+
+pytestmark = pytest.mark.kernels  # bf16 weights' run evaluated again under autocast over its fp32 masters
 
 
 def test_patience_counts_evaluations_without_an_improvement_of_min_delta():
@@ -38,8 +41,13 @@ def run(tmp_path, **overrides):
     return run_toy(toy_params(tmp_path, **settings))
 
 
-def test_a_run_stops_once_patience_runs_out_and_writes_the_best_model(tmp_path):
-    result = run(tmp_path)
+@pytest.mark.parametrize(
+    "runtime",
+    [{}, {"precision": "bf16", "param_dtype": "bf16"}],
+    ids=["fp32", "bf16-weights"],  # bf16 weights: the best step's fp32 masters come back
+)
+def test_a_run_stops_once_patience_runs_out_and_writes_the_best_model(tmp_path, runtime):
+    result = run(tmp_path, runtime=runtime)
     summary, evals = result.summary, result.eval_history
     losses = [record["val_loss"] for record in evals]
     best = min(range(len(losses)), key=losses.__getitem__)
@@ -63,7 +71,14 @@ def test_a_run_stops_once_patience_runs_out_and_writes_the_best_model(tmp_path):
         max_length=64,
         attn="sdpa",
     ).metrics["loss"]
-    assert again == pytest.approx(losses[best], rel=1e-6)  # the model returned is the best one, not the last
+    # the model returned is the best one, not the last (bf16 weights: evaluated on them in the run, on the
+    # fp32 masters under autocast here)
+    assert again == pytest.approx(losses[best], rel=BF16_MODEL_LOSS_REL if runtime else 1e-6)
+    import safetensors.torch
+
+    saved = safetensors.torch.load_file(str(best_folder / "model.safetensors"))
+    for name, param in result.model.named_parameters():
+        assert param.dtype == torch.float32 and torch.equal(param.detach(), saved[name]), name
 
 
 def test_a_resumed_run_keeps_the_best_so_far(tmp_path):
