@@ -147,6 +147,23 @@ def test_compute_bound_on_cuda_reports_mfu():
     assert "at MFU 45 %" in finding.message and "bf16" in finding.advice
 
 
+def test_compute_bound_on_cuda_names_bf16_weights_where_the_run_kept_fp32_ones():
+    """A GPU full fine-tune that ran autocast over fp32 weights (param_dtype fp32, or auto under DDP) is told
+    of bf16 weights with fp32 masters; a run that had them, or LoRA (its base is bf16 already), is not."""
+    fp32 = "fp32 weights under autocast (train.runtime.param_dtype: fp32)"
+    ddp = "fp32 weights under autocast (param_dtype auto: DDP reduces gradients in the weights' dtype ...)"
+    bf16 = "bf16 weights, fp32 masters in the optimizer (param_dtype auto)"
+    lora = "fp32 weights under autocast (param_dtype auto: some weights are frozen (LoRA ...))"
+    history = make_history(6, mfu=0.45)
+
+    def advice(choice: str) -> str:
+        return by_kind(diagnose({**cuda(), "param_dtype": choice}, history))[COMPUTE_BOUND].advice
+
+    assert "train.runtime.param_dtype: auto" in advice(fp32) and "fp32 residual stream" in advice(fp32)
+    assert "train.distributed.strategy: fsdp" in advice(ddp)
+    assert "param_dtype" not in advice(bf16) and "param_dtype" not in advice(lora)
+
+
 def test_host_sync_triggers_on_cuda_step_time_spikes():
     history = make_history(6, step_time_s=0.1, step_time_max_s=0.5, mfu=0.4)
     finding = by_kind(diagnose(cuda(), history))[HOST_SYNC_BOUND]

@@ -16,7 +16,8 @@ passed. The rules, in order (thresholds are the module constants below):
   advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short
   does not repay compiling.
 * ``compute-bound`` -- none of the steady-state rules above: the run spends its time in the math, as it
-  should.
+  should. On a GPU its advice names bf16 weights with fp32 masters where a full fine-tune kept fp32 weights
+  under autocast (the summary's ``param_dtype``).
 
 Everything is measured after the warm-up row (step 1 alone), except the memory peak. Missing keys or
 columns (older runs) make a rule not trigger, with "n/a" as its figure.
@@ -351,7 +352,7 @@ def _compute_bound(
         advice = (
             "train.runtime.precision: bf16 (where the GPU has it), train.runtime.compile: true, and a "
             "bigger train.batching.micro_batch_size if memory allows"
-        )
+        ) + _weights_advice(str(summary.get("param_dtype") or ""))
     else:
         threads = runtime.get("num_threads")
         where = f"on {threads} CPU threads" if _known(threads) else "on the CPU"
@@ -363,6 +364,22 @@ def _compute_bound(
             COMPUTE_BOUND, False, figure, f"not compute-bound yet: {', '.join(blocking)} first", ""
         )
     return Finding(COMPUTE_BOUND, True, figure, f"the run is compute-bound: {figure}", advice)
+
+
+def _weights_advice(choice: str) -> str:
+    """A GPU full fine-tune that kept fp32 weights under autocast (the summary's ``param_dtype``,
+    engine/train/master_weights.py): what bf16 weights with fp32 masters would remove; nothing for a run that
+    had them or for LoRA (its base is bf16 already)."""
+    if not choice.startswith("fp32 weights") or "frozen" in choice:
+        return ""
+    why = (
+        "autocast over fp32 weights keeps an fp32 residual stream and casts each projection's input and "
+        "gradient"
+    )
+    if "DDP" in choice:
+        fix = "train.distributed.strategy: fsdp takes bf16 weights from fp32 shards (param_dtype auto)"
+        return f"; {why}: {fix}"
+    return f"; {why}: train.runtime.param_dtype: auto (bf16 weights with fp32 masters)"
 
 
 def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
