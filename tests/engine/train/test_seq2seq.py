@@ -409,10 +409,15 @@ def test_tune_measures_the_seq2seq_training_step(tmp_path):
     )
 
 
-def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
+@pytest.mark.parametrize(
+    "weights",
+    [{}, {"precision": "bf16", "param_dtype": "bf16"}],
+    ids=["fp32", "bf16-weights"],  # T5 keeps its wo layers fp32 (transformers' _keep_in_fp32_modules)
+)
+def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path, weights):
     folder = tmp_path / "t5"
     _tiny("t5").save_pretrained(folder)
-    runtime_params = {"device": "cpu", "num_threads": 1, "deterministic": True}
+    runtime_params = {"device": "cpu", "num_threads": 1, "deterministic": True, **weights}
 
     def run(root, callbacks=(), **overrides):
         params = _params(root, folder, mode="packed").model_copy(
@@ -444,5 +449,6 @@ def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
     assert resumed.summary["resumed_from_step"] == 4 and resumed.summary["steps_trained"] == 4
     assert resumed.summary["batching"] == "packed"
     assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]
+    assert ("bf16 weights" in resumed.summary["param_dtype"]) == bool(weights)
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
-        assert torch.equal(a, b)
+        assert a.dtype == torch.float32 and torch.equal(a, b)
