@@ -27,7 +27,7 @@ def toy_sequences(n: int, seed: int) -> TokenSequences:
     return TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))
 
 
-def toy_model(seed: int = 0) -> LlamaForCausalLM:
+def toy_model(seed: int = 0, attn: str = "sdpa") -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -38,7 +38,7 @@ def toy_model(seed: int = 0) -> LlamaForCausalLM:
         max_position_embeddings=64,
         eos_token_id=EOS,
         pad_token_id=EOS,
-        attn_implementation="sdpa",
+        attn_implementation=attn,
         use_cache=False,
     )
     return LlamaForCausalLM(config)
@@ -63,18 +63,21 @@ def toy_params(tmp_path, **overrides):
     return parse_train_params(raw)
 
 
-def run_toy(params, callbacks=(), seed=0, model=None):
-    """``train`` on the toy data with ``model`` (default: ``toy_model(seed)``)."""
+def run_toy(params, callbacks=(), seed=0, model=None, attn: str = "sdpa"):
+    """``train`` on the toy data with ``model`` (default: ``toy_model(seed, attn)``) on the attention path
+    ``attn``. bf16 runs take ``eager``: on a machine with AMX, torch's CPU flash attention packs bf16 operands
+    for AMX and refuses to where ``ATEN_CPU_CAPABILITY`` forces a kernel set below AVX-512 (the CI's check of
+    other CPUs); a CPU without AMX never packs."""
     runtime = setup_runtime(params.runtime, seed=params.seed)
     return train(
-        model if model is not None else toy_model(seed),
+        model if model is not None else toy_model(seed, attn),
         toy_sequences(300, 1),
         toy_sequences(40, 2),
         params=params,
         runtime=runtime,
         pad_id=EOS,
         max_length=64,
-        attn="sdpa",
+        attn=attn,
         callbacks=callbacks,
     )
 

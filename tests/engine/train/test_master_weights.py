@@ -228,7 +228,7 @@ def _bf16_run(tmp_path, **overrides):
 def test_checkpoints_hold_the_masters_a_resumed_run_continues_exactly_and_the_run_returns_fp32(tmp_path):
     import safetensors.torch
 
-    straight = run_toy(_bf16_run(tmp_path / "a"))
+    straight = run_toy(_bf16_run(tmp_path / "a"), attn="eager")  # bf16: run_toy's docstring
     assert "bf16 weights" in straight.summary["param_dtype"]
     assert {p.dtype for p in straight.model.parameters()} == {torch.float32}
 
@@ -237,7 +237,7 @@ def test_checkpoints_hold_the_masters_a_resumed_run_continues_exactly_and_the_ru
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_toy(_bf16_run(tmp_path / "b"), callbacks=[interrupt])
+        run_toy(_bf16_run(tmp_path / "b"), callbacks=[interrupt], attn="eager")
     assert steps_on_disk(tmp_path / "b" / "checkpoints")[-1] == "checkpoint-00000002"
     saved = safetensors.torch.load_file(
         str(tmp_path / "b" / "checkpoints" / "checkpoint-00000002" / "model.safetensors")
@@ -245,7 +245,7 @@ def test_checkpoints_hold_the_masters_a_resumed_run_continues_exactly_and_the_ru
     assert {t.dtype for t in saved.values()} == {torch.float32}
     assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in saved.values())  # not bf16 values
 
-    resumed = run_toy(_bf16_run(tmp_path / "b", resume="auto"))
+    resumed = run_toy(_bf16_run(tmp_path / "b", resume="auto"), attn="eager")
     assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]  # bitwise: deterministic mode
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert a.dtype == torch.float32 and torch.equal(a, b)
