@@ -67,7 +67,7 @@ def run_toy(params, callbacks=(), seed=0, model=None, attn: str = "sdpa"):
     """``train`` on the toy data with ``model`` (default: ``toy_model(seed, attn)``) on the attention path
     ``attn``. bf16 runs take ``eager``: on a machine with AMX, torch's CPU flash attention packs bf16 operands
     for AMX and refuses to where ``ATEN_CPU_CAPABILITY`` forces a kernel set below AVX-512 (the CI's check of
-    other CPUs); a CPU without AMX never packs."""
+    other CPUs)."""
     runtime = setup_runtime(params.runtime, seed=params.seed)
     return train(
         model if model is not None else toy_model(seed, attn),
