@@ -39,6 +39,8 @@
 #                          19 tokens each, 100 per packed row), the users' corpora, the same peers
 #      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
 #                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
+#      weights_ab_compiled the same A/B compiled by layers (the full fine-tune's target set-up): on this CPU
+#                          compiled, bf16 weights ran 0.87-0.93x fp32 ones; the GPU decides auto's default
 #      gpu_speed_full_3b   the full fine-tune on the Llama-3.2-3B shape, fastlm against the Trainer's best
 #                          set-up, both eager, 2 rows of 2048 per step, every other layer checkpointed on
 #                          both sides (51 GB of fp32 weights, gradients and AdamW states before activations)
@@ -51,7 +53,8 @@
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
 #                          the baseline), 4 at once; 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
 #    The first call (560 s) reaches LoRA and the bf16 weights' A/B; the next call (what is left of the 15
-#    minutes, about 240 s) runs --only lora_ab,head_kernels (or gpu_speed_qlora); later sessions the rest.
+#    minutes, about 240 s) runs --only weights_ab_compiled (it decides param_dtype auto for compiled GPU
+#    runs); later sessions --only lora_ab,head_kernels (or gpu_speed_qlora), then the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +79,7 @@ PLAN=(
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
+    "weights_ab_compiled|200|300|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile fastlm_compile_fp32_weights $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"

@@ -136,6 +136,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "qlora_forward_ab",
         "lora_reviews",
         "gpu_speed_full",
+        "weights_ab_compiled",
         "gpu_speed_full_3b",
         "liger_on",
         "liger_off",
@@ -173,19 +174,21 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
     # 0.73 B model did not finish in 137 s on an H100)
     assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[8]
+    # the bf16 weights' A/B compiled by layers, as the full fine-tune's target runs
+    assert "--model 0.5b --contenders fastlm_compile fastlm_compile_fp32_weights" in plan[9]
     # the full fine-tune of the 3B shape, both eager, checkpointing on both sides to fit 80 GB
     full_3b = "--model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective"
-    assert f"{full_3b} --compile off" in plan[9]
+    assert f"{full_3b} --compile off" in plan[10]
     # the adapter runs eager on both sides (a layer's compile took about 55 s on the H100), then
     # compiled by layers against the Trainer + peft's best set-up with its torch_compile
     assert all("--compile off" in plan[i] for i in (0, 1, 3, 5, 6, 7))
-    compiled = (8, 10, 11, 12)
+    compiled = (8, 9, 11, 12, 13)
     assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in compiled)
-    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[12]
-    assert "--liger on" in plan[10] and "--liger off" in plan[11]
-    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[13]
+    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[13]
+    assert "--liger on" in plan[11] and "--liger off" in plan[12]
+    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[14]
     # every lever again, last: each one passed on the H100 of 2026-11-26
-    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[14]
+    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[15]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 
