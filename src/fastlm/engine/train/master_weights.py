@@ -6,9 +6,9 @@ the embedding's output, so the whole residual stream, the norms' outputs and eve
 casts its fp32 input to bf16 (q, k and v each cast the same input; gate and up too), and backward casts each
 bf16 input gradient back to fp32 and sums them in fp32: per Llama layer and micro-batch 7 activation-sized
 fp32 -> bf16 copies, 5 bf16 -> fp32 copies and 5 fp32 adds, all memory-bound
-(tests/engine/train/test_master_weights.py counts them). On an H100, a 3B full fine-tune's profile
-(docs/gpu-runs/2026-11-26-h100-c-gpu_speed_lora.log, eager) spent 33 % of its kernel time in those three
-kernels.
+(tests/engine/train/test_master_weights.py measures the bytes such passes write and keep). On an H100, a 3B
+full fine-tune's profile (docs/gpu-runs/2026-11-26-h100-c-gpu_speed_lora.log, eager) spent 33 % of its
+kernel time in those three kernels.
 
 ``MasterWeights`` keeps the model itself in bf16 (every activation bf16, as in a bf16 model: the norms still
 compute in fp32 inside) and an fp32 copy of each trainable weight, which is what the optimizer updates:
@@ -117,7 +117,7 @@ def choose_param_dtype(
 ) -> tuple[torch.dtype | None, str]:
     """(bf16 or None for fp32 weights, why) for ``train.runtime.param_dtype`` ``request``. An explicit
     ``bf16`` that cannot apply raises ``ConfigError`` with the fix (``engine.config`` refuses what it can
-    see earlier: a precision other than bf16, LoRA, several processes)."""
+    see earlier: a precision other than bf16, LoRA, DDP over several processes)."""
     if request == "fp32":
         return None, "fp32 weights under autocast (train.runtime.param_dtype: fp32)"
     frozen = any(param.is_floating_point() and not param.requires_grad for param in model.parameters())
