@@ -148,8 +148,9 @@ def test_compute_bound_on_cuda_reports_mfu():
 
 
 def test_compute_bound_on_cuda_names_bf16_weights_where_the_run_kept_fp32_ones():
-    """A GPU full fine-tune that ran autocast over fp32 weights (param_dtype fp32, or auto under DDP) is told
-    of bf16 weights with fp32 masters; a run that had them, or LoRA (its base is bf16 already), is not."""
+    """A GPU full fine-tune that ran autocast over fp32 weights (param_dtype fp32, or auto under DDP before
+    DDP had bf16 weights) is told of bf16 weights with fp32 masters; a run that had them, or LoRA (its base is
+    bf16 already), is not."""
     fp32 = "fp32 weights under autocast (train.runtime.param_dtype: fp32)"
     ddp = "fp32 weights under autocast (param_dtype auto: DDP reduces gradients in the weights' dtype ...)"
     bf16 = "bf16 weights, fp32 masters in the optimizer (param_dtype auto)"
@@ -160,7 +161,7 @@ def test_compute_bound_on_cuda_names_bf16_weights_where_the_run_kept_fp32_ones()
         return by_kind(diagnose({**cuda(), "param_dtype": choice}, history))[COMPUTE_BOUND].advice
 
     assert "train.runtime.param_dtype: auto" in advice(fp32) and "fp32 residual stream" in advice(fp32)
-    assert "train.distributed.strategy: fsdp" in advice(ddp)
+    assert "train.runtime.param_dtype: auto" in advice(ddp)  # auto takes them under DDP now
     assert "param_dtype" not in advice(bf16) and "param_dtype" not in advice(lora)
 
 

@@ -348,8 +348,8 @@ class RuntimeParams(Params):
         description="the weights forward and backward read (engine/train/master_weights.py): bf16 "
         "(fp32 master weights in the optimizer; every activation bf16, no per-micro-batch weight or "
         "activation casts; under FSDP2 its MixedPrecisionPolicy) or fp32 (bf16 autocast over fp32 "
-        "weights); auto: bf16 for a full fine-tune on a GPU in bf16 from its start, one process or FSDP2, "
-        "else fp32",
+        "weights); auto: bf16 for a full fine-tune on a GPU in bf16 from its start (one process, DDP or "
+        "FSDP2), else fp32",
     )
 
     @field_validator("param_dtype")
@@ -486,7 +486,7 @@ class TrainParams(Params):
 
     @field_validator("distributed")
     @classmethod
-    def _bf16_weights_for_one_process_full_fine_tunes(cls, value: DistributedParams, info: ValidationInfo):
+    def _bf16_weights_for_full_fine_tunes(cls, value: DistributedParams, info: ValidationInfo):
         runtime, model = info.data.get("runtime"), info.data.get("model")
         if runtime is None or runtime.param_dtype != "bf16":
             return value
@@ -494,12 +494,6 @@ class TrainParams(Params):
             raise ValueError(
                 "train.runtime.param_dtype: bf16 applies to full fine-tunes and LoRA keeps its frozen base "
                 "in bf16 already (train.model.lora.base_dtype); use param_dtype auto or fp32"
-            )
-        if value.nproc_per_node > 1 and value.strategy == "ddp":
-            raise ValueError(
-                "train.runtime.param_dtype: bf16 with train.distributed.nproc_per_node "
-                f"{value.nproc_per_node} needs strategy fsdp (DDP reduces gradients in the weights' dtype, "
-                "FSDP2 in fp32); use strategy fsdp, or param_dtype auto or fp32"
             )
         return value
 

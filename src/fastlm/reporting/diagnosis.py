@@ -376,9 +376,6 @@ def _weights_advice(choice: str) -> str:
         "autocast over fp32 weights keeps an fp32 residual stream and casts each projection's input and "
         "gradient"
     )
-    if "DDP" in choice:
-        fix = "train.distributed.strategy: fsdp takes bf16 weights from fp32 shards (param_dtype auto)"
-        return f"; {why}: {fix}"
     return f"; {why}: train.runtime.param_dtype: auto (bf16 weights with fp32 masters)"
 
 

@@ -244,38 +244,79 @@ def test_fsdp2_runs_the_fused_head_and_trains_like_one_process_with_the_plain_he
     assert apart <= total // 1000, f"{apart} of {total} weights outside {TRAINED_FP32_WEIGHTS}"
 
 
-@pytest.mark.kernels  # two sharded bf16 processes vs one with bf16 weights and fp32 masters: a bf16 tolerance
-def test_fsdp2_bf16_weights_gather_bf16_reduce_fp32_and_train_like_one_process_with_masters(
-    tmp_path, bpe_tokenizer, tokenized
-):
-    """``train.runtime.param_dtype: bf16`` under FSDP2 is its ``MixedPrecisionPolicy``: the layers compute on
-    bf16 weights gathered from fp32 shards (the optimizer's masters), gradients reduced in fp32. The same
-    training as one process with bf16 weights and fp32 masters (the same effective batch), within the bf16
-    tolerance; checkpoints and the returned model hold fp32 weights."""
-    bf16 = {"precision": "bf16", "param_dtype": "bf16", "num_threads": 1}
-    one = run_job(
-        TrainJob(
-            job_params(tmp_path / "one", accum=2, nproc=1, runtime=bf16),
-            48,
-            *tokenized,
-            bpe_tokenizer,
-            str(tmp_path / "one" / "m"),
-        )
-    )
-    params = job_params(
-        tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"}, runtime=bf16
-    )
-    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
+BF16_WEIGHTS = {"precision": "bf16", "param_dtype": "bf16", "num_threads": 1}
+
+
+@pytest.fixture(scope="module")
+def one_process_bf16_weights(tmp_path_factory, bpe_tokenizer, tokenized):
+    """One process with bf16 weights and fp32 masters, 2 micro-batches accumulated: the run the two-process
+    bf16-weight runs are compared with (read only)."""
+    folder = tmp_path_factory.mktemp("one_bf16")
+    params = job_params(folder, accum=2, nproc=1, runtime=BF16_WEIGHTS)
+    one = run_job(TrainJob(params, 48, *tokenized, bpe_tokenizer, str(folder / "m")))
     assert "fp32 masters" in one.summary["param_dtype"]
-    assert "FSDP2 gathers the weights in bfloat16" in two.summary["param_dtype"], two.summary["param_dtype"]
+    return one
+
+
+def _trains_like_one_process_with_masters_and_saves_fp32(one, two, folder, lr: float) -> None:
+    """Two bf16-weight processes against one with fp32 masters (the same effective batch): losses within the
+    bf16 tolerance; the weights as in ``test_fsdp2_runs_the_fused_head...`` (each micro-batch is the same
+    bf16 computation on both sides, the sums are fp32 in another order: every weight within lr per step of
+    the other run's, at most 0.1 % outside the fp32 tolerance; a step whose gradients were not reduced would
+    move most weights apart, here after the first checkpoint); checkpoints and the returned model hold fp32
+    weights, not bf16 values."""
     np.testing.assert_allclose(
         [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=BF16_MODEL_LOSS_REL
     )
+    trained, steps = dict(two.model.named_parameters()), len(two.history)
+    apart = total = 0
+    for name, param in one.model.named_parameters():
+        want = param.detach().cpu()
+        torch.testing.assert_close(trained[name], want, rtol=0, atol=lr * steps, msg=name)
+        apart += int((~torch.isclose(trained[name], want, **TRAINED_FP32_WEIGHTS)).sum())
+        total += want.numel()
+    assert apart <= total // 1000, f"{apart} of {total} weights outside {TRAINED_FP32_WEIGHTS}"
     assert {p.dtype for p in two.model.parameters()} == {torch.float32}
     import safetensors.torch
 
     saved = safetensors.torch.load_file(
-        str(tmp_path / "checkpoints-2" / "checkpoint-00000004" / "model.safetensors")
+        str(folder / "checkpoints-2" / "checkpoint-00000004" / "model.safetensors")
     )
     assert {t.dtype for t in saved.values()} == {torch.float32}
     assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in saved.values())  # not bf16 values
+
+
+@pytest.mark.kernels  # two sharded bf16 processes vs one with bf16 weights and fp32 masters: a bf16 tolerance
+def test_fsdp2_bf16_weights_gather_bf16_reduce_fp32_and_train_like_one_process_with_masters(
+    tmp_path, bpe_tokenizer, tokenized, one_process_bf16_weights
+):
+    """``train.runtime.param_dtype: bf16`` under FSDP2 is its ``MixedPrecisionPolicy``: the layers compute on
+    bf16 weights gathered from fp32 shards (the optimizer's masters), gradients reduced in fp32."""
+    params = job_params(
+        tmp_path,
+        accum=1,
+        nproc=2,
+        distributed={"nproc_per_node": 2, "strategy": "fsdp"},
+        runtime=BF16_WEIGHTS,
+    )
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
+    assert "FSDP2 gathers the weights in bfloat16" in two.summary["param_dtype"], two.summary["param_dtype"]
+    _trains_like_one_process_with_masters_and_saves_fp32(
+        one_process_bf16_weights, two, tmp_path, params.optimizer.lr
+    )
+
+
+@pytest.mark.kernels  # two DDP bf16 processes vs one with bf16 weights and fp32 masters: a bf16 tolerance
+def test_ddp_bf16_weights_reduce_in_fp32_into_masters_and_train_like_one_process(
+    tmp_path, bpe_tokenizer, tokenized, one_process_bf16_weights
+):
+    """``train.runtime.param_dtype: bf16`` under DDP (the default strategy): each process runs bf16 weights,
+    DDP's buckets hold bf16 gradients, and its reduction adds them into fp32 masters, all-reduced in fp32
+    (``MasterWeights.reduce_under``; tests/engine/train/test_master_weights.py checks the figures)."""
+    params = job_params(tmp_path, accum=1, nproc=2, runtime=BF16_WEIGHTS)
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
+    assert two.summary["distributed_strategy"] == "ddp"
+    assert "under DDP" in two.summary["param_dtype"] and "fp32" in two.summary["param_dtype"]
+    _trains_like_one_process_with_masters_and_saves_fp32(
+        one_process_bf16_weights, two, tmp_path, params.optimizer.lr
+    )

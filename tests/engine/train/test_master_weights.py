@@ -19,6 +19,7 @@ from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.master_weights import MasterWeights, choose_param_dtype
 from fastlm.engine.train.step import Optimization, make_optimization, train_step
 from fastlm.errors import ConfigError
+from tests.support import ddp_ranks
 from tests.support.checkpoints import steps_on_disk
 from tests.support.lora_checks import ActivationOps, token_batch
 from tests.support.tolerances import BF16_MODEL_LOSS_REL
@@ -163,6 +164,47 @@ def test_micro_batches_accumulate_in_fp32():
         assert torch.equal(masters.master_of(param).grad, sums[name]), name
 
 
+def test_ddp_adds_every_rank_and_micro_batch_into_the_masters_in_fp32(tmp_path):
+    """Two DDP ranks with bf16 weights, two micro-batches each (the first under ``no_sync``): each rank's
+    master gradient is the fp32 average over the ranks of each rank's fp32 sum of its micro-batches'
+    gradients. Rank 0's 1 + 2**-10 is below bf16's resolution at 1 (2**-7), so a sum in bf16 anywhere (the
+    micro-batches', or DDP's all-reduce in the weights' dtype) would give another figure. A second step starts
+    from nothing left over; rank 1's own initial weight gives way to rank 0's in its master too, as DDP
+    makes every replica equal."""
+    small = 2.0**-10
+    ranks = ddp_ranks.run(tmp_path, inputs=[[1.0, small], [small, small]], initial=[1.0, 3.0])
+    want = torch.tensor([[((1.0 + small) + (small + small)) / 2]])  # fp32 sums of powers of two
+    assert want.item() != torch.tensor(1.0 + small, dtype=torch.bfloat16).item() / 2  # what bf16 would give
+    for rank, seen in enumerate(ranks):
+        assert torch.equal(seen["initial"], torch.ones(1, 1)), rank  # rank 0's weight, in fp32
+        for grad in seen["grads"]:
+            assert grad.dtype == torch.float32
+            torch.testing.assert_close(grad, want, rtol=1e-6, atol=0, msg=f"rank {rank}")
+        for grad in seen["model_grads"]:  # the bf16 weight keeps no gradient a next step would add to
+            assert grad is None or not grad.any(), rank
+
+
+def _accumulators(model) -> list:
+    """Each weight's gradient accumulator: the autograd node DDP hooks its reduction onto."""
+    return [param.view_as(param).grad_fn.next_functions[0][0] for param in model.parameters()]
+
+
+def test_saving_and_loading_through_the_masters_keep_each_weight_s_gradient_accumulator():
+    """Checkpoints read and write the masters (``full_precision``). A weight whose tensor changed dtype on
+    the way would get a new gradient accumulator, and DDP, which hooked its reduction onto the old one, would
+    stop reducing it after the first checkpoint (its trained weights went apart from one process's)."""
+    model = toy_model()
+    masters = MasterWeights(model)
+    before = _accumulators(model)
+    with masters.full_precision():
+        state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        assert all(t.dtype == torch.float32 for t in state.values())
+        model.load_state_dict(state)
+    after = _accumulators(model)
+    assert all(a is b for a, b in zip(after, before, strict=True))
+    assert {param.dtype for param in model.parameters()} == {torch.bfloat16}
+
+
 def test_a_probe_backward_before_the_first_step_leaves_no_gradient_in_the_masters():
     """The runtime's probes run a forward and backward on the stepping model and drop the gradients with
     ``model.zero_grad``, which does not reach the masters: the first step must still see its own gradients
@@ -266,7 +308,6 @@ def test_weights_kept_in_fp32_by_the_model_train_as_they_are():
     [
         ({"runtime": {"precision": "fp32", "param_dtype": "bf16"}}, "train.runtime.param_dtype"),
         ({"runtime": {"param_dtype": "bf16"}, "model": {"lora": {"enabled": True}}}, "LoRA"),
-        ({"runtime": {"param_dtype": "bf16"}, "distributed": {"nproc_per_node": 2}}, "nproc_per_node"),
     ],
 )
 def test_a_request_that_cannot_apply_is_refused_in_one_line(overrides, message):
@@ -276,13 +317,16 @@ def test_a_request_that_cannot_apply_is_refused_in_one_line(overrides, message):
     assert "param_dtype" in text and message in text and "\n" not in text.strip()
 
 
-def test_auto_takes_bf16_weights_only_for_a_single_process_bf16_full_fine_tune_on_a_gpu():
+def test_auto_takes_bf16_weights_only_for_a_bf16_full_fine_tune_on_a_gpu():
     model = toy_model()
     bf16, gpu = torch.bfloat16, {"device": "cuda"}
     assert choose_param_dtype("auto", model, autocast_dtype=bf16, world_size=1, **gpu)[0] is bf16
+    dtype, why = choose_param_dtype("auto", model, autocast_dtype=bf16, world_size=2, **gpu)
+    assert dtype is bf16 and "under DDP" in why  # reduced in fp32 into the masters
+    ddp = {"runtime": {"param_dtype": "bf16"}, "distributed": {"nproc_per_node": 2}}
+    assert parse_train_params(ddp).runtime.param_dtype == "bf16"
     for kwargs in (
         {"autocast_dtype": None, "world_size": 1, **gpu},
-        {"autocast_dtype": bf16, "world_size": 2, **gpu},
         {"autocast_dtype": bf16, "world_size": 1, "device": "cpu"},  # asked for with bf16, not by default
     ):
         dtype, why = choose_param_dtype("auto", model, **kwargs)

@@ -3,10 +3,12 @@ like torchtitan's ``Trainer.train``: build the parts, run the steps, finish.
 
 ``settle_request`` checks what can be checked before anything is read or written (the attention path, the
 batching an encoder-decoder model can use); ``build_training`` then makes, in this order: the model on the
-device and wrapped for DDP / FSDP2, the step plan, the optimizer, the checkpointer and the restore of a
-resumed run, the micro-batch stream from the resumed position, the runtime probe (precision and compile
-``auto`` on CPU, float8 ``auto`` where its rule allows it) and the attention switch of a compiled model, the
-metrics, recorder, profiler and validation, then the early stopping and the time budget. What the loop uses
+device (sharded for FSDP2), the step plan, the optimizer (which casts bf16 weights, ``param_dtype``), the
+model wrapped for DDP (its buckets in the dtype of the weights it reduces), the checkpointer and the
+restore of a resumed run, the micro-batch stream from the resumed position, the runtime probe (precision
+and compile ``auto`` on CPU, float8 ``auto`` where its rule allows it) and the attention switch of a
+compiled model, the metrics, recorder, profiler and validation, then the early stopping and the time
+budget. What the loop uses
 comes back as one ``TrainingParts``.
 """
 
@@ -148,15 +150,18 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     started, comm, configured, device = perf_counter(), request.comm, request.params, request.runtime.device
     request = replace(request, model=request.model.to(device))  # the raw model: saved, returned
     raw_model = request.model
-    weights = choose_param_dtype(  # bf16 weights: FSDP2 casts its gathered weights, one process has masters
-        configured.runtime.param_dtype,
-        raw_model,
-        autocast_dtype=request.runtime.autocast_dtype,
-        world_size=comm.world_size,
-        device=device,
-        strategy=configured.distributed.strategy,
-    )[0]
-    wrapped = wrap_model(raw_model, comm, device=device, param_dtype=weights, **_wrapping(configured))
+    sharded = comm.world_size > 1 and configured.distributed.strategy == "fsdp"
+    wrapped = raw_model
+    if sharded:  # FSDP2 before the optimizer, which is built on its DTensors; it casts its gathered weights
+        weights = choose_param_dtype(
+            configured.runtime.param_dtype,
+            raw_model,
+            autocast_dtype=request.runtime.autocast_dtype,
+            world_size=comm.world_size,
+            device=device,
+            strategy=configured.distributed.strategy,
+        )[0]
+        wrapped = wrap_model(raw_model, comm, device=device, param_dtype=weights, **_wrapping(configured))
     layout = StreamLayout(
         request.pad_id,
         request.max_length,
@@ -168,6 +173,10 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     batches_per_epoch, steps_per_epoch, total_steps = _step_plan(request.train_set, configured, layout)
     opt = make_optimization(raw_model, configured, request.runtime, total_steps, float8_measured_later=True)
     cleanup.callback(opt.release)  # bf16 weights: the run returns (or leaves, on an error) fp32 masters
+    if not sharded:  # DDP over the weights the step trains: bf16 ones (cast above) reduce into their masters
+        wrapped = wrap_model(raw_model, comm, device=device, **_wrapping(configured))
+        if opt.masters is not None and wrapped is not raw_model:
+            opt.masters.reduce_under(wrapped)
     checkpointer = Checkpointer(
         configured,
         model=raw_model,

@@ -25,13 +25,15 @@ compute in fp32 inside) and an fp32 copy of each trainable weight, which is what
   fp32, its trained weights the masters.
 
 The weights of ``model._keep_in_fp32_modules`` (transformers' list, e.g. T5's ``wo``) stay fp32 and train as
-they are. Under FSDP2 (several processes, ``strategy: fsdp``) the same is FSDP2's ``MixedPrecisionPolicy``
-(``distributed.wrap_model``): its fp32 shards are the masters, gathered in bf16, gradients reduce-scattered
-in fp32. The choice (``choose_param_dtype``): ``auto`` takes bf16 weights for a full fine-tune on a GPU whose
-precision is bf16 from the start, in one process or under FSDP2, else fp32 weights under autocast (on a CPU
-``param_dtype: bf16`` asks for them); LoRA keeps its frozen base in bf16 already and its adapters are a
-fraction of a percent of the weights, DDP reduces gradients in the weights' dtype, and a CPU run at
-precision ``auto`` only learns its precision from its first micro-batch.
+they are. Under DDP (``reduce_under``) the bf16 gradients of the last micro-batch stay in DDP's buckets and
+its reduction (a comm hook) adds them to the masters' local fp32 sums and all-reduces those in fp32: DDP's
+own reduction would add the ranks' gradients in the weights' dtype. Under FSDP2 (``strategy: fsdp``) the
+same is FSDP2's ``MixedPrecisionPolicy`` (``distributed.wrap_model``): its fp32 shards are the masters,
+gathered in bf16, gradients reduce-scattered in fp32. The choice (``choose_param_dtype``): ``auto`` takes
+bf16 weights for a full fine-tune on a GPU whose precision is bf16 from the start, else fp32 weights under
+autocast (on a CPU ``param_dtype: bf16`` asks for them); LoRA keeps its frozen base in bf16 already and its
+adapters are a fraction of a percent of the weights, and a CPU run at precision ``auto`` only learns its
+precision from its first micro-batch.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class MasterWeights:
         self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
         self._master: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
         self._hooks = []
+        self._ddp = None  # the DDP wrapper whose reduction adds into the masters (``reduce_under``)
+        self._model = model
         for name, param in model.named_parameters():  # each shared (tied) tensor once
             if param.dtype != torch.float32 or not param.requires_grad or _kept(name, kept):
                 continue
@@ -69,12 +73,64 @@ class MasterWeights:
         return self._master.get(param, param)
 
     def _move_gradient(self, param: torch.nn.Parameter) -> None:
+        if self._ddp is not None and self._ddp.require_backward_grad_sync:
+            return  # DDP's reduction (outside ``no_sync``) moves it: ``_reduce_bucket``
         grad, param.grad = param.grad, None
         master = self._master[param]
         if master.grad is None:
             master.grad = grad.to(torch.float32)
         else:
             master.grad.add_(grad)
+
+    def reduce_under(self, ddp: torch.nn.Module) -> None:
+        """DDP over the bf16 model: gradients reduced in fp32, straight into the masters.
+
+        On the micro-batches under ``no_sync`` each gradient moves into its master as in one process. On the
+        last one the bf16 gradients stay in DDP's buckets, and DDP's reduction of each bucket (a comm hook,
+        ``_reduce_bucket``) adds each to its master's local fp32 sum, all-reduces those fp32 sums and
+        averages them as DDP does, and leaves the bucket zeroed (the bf16 weights keep no gradient). The
+        masters are broadcast from rank 0 first, as DDP broadcast the weights."""
+        group = ddp.process_group
+        with torch.no_grad():
+            for _, master in self.pairs:
+                torch.distributed.broadcast(master.data, src=0, group=group)
+        self.publish()
+        self._ddp = ddp
+        ddp.register_comm_hook(group, self._reduce_bucket)
+
+    def _reduce_bucket(self, group, bucket):  # no annotations: DDP compares them with its own types
+        """DDP's comm hook (``reduce_under``): the fp32 average over the ranks of master sum + bucket
+        gradient, into the masters' gradients (a weight kept in fp32 has no master: its reduced gradient goes
+        back to the bucket, as DDP's own hook would do)."""
+        params, grads = bucket.parameters(), bucket.gradients()
+        flat = torch.empty(sum(g.numel() for g in grads), dtype=torch.float32, device=bucket.buffer().device)
+        pieces = [
+            piece.view_as(g) for piece, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)
+        ]
+        for param, grad, piece in zip(params, grads, pieces, strict=True):
+            master = self._master.get(param)
+            if master is not None and master.grad is not None:  # the micro-batches under no_sync
+                torch.add(master.grad, grad, out=piece)
+            else:
+                piece.copy_(grad)
+        flat.div_(torch.distributed.get_world_size(group))  # DDP averages over the ranks
+        reduced = torch.distributed.all_reduce(flat, group=group, async_op=True).get_future()
+
+        def into_masters(done):
+            for param, grad, piece in zip(params, grads, pieces, strict=True):
+                master = self._master.get(param)
+                if master is None:
+                    grad.copy_(piece)
+                elif master.grad is None:
+                    master.grad = piece  # a view of the reduced bucket: no copy
+                else:
+                    master.grad.copy_(piece)
+            buffer = bucket.buffer()
+            if all(param in self._master for param in params):
+                buffer.zero_()  # the bf16 weights keep no gradient for the next step to add to
+            return buffer
+
+        return reduced.then(into_masters)
 
     @torch.no_grad()
     def publish(self) -> None:
@@ -85,15 +141,24 @@ class MasterWeights:
     @contextlib.contextmanager
     def full_precision(self) -> Iterator[None]:
         """The model's parameters are the fp32 masters inside (saves and loads see fp32 weights); the bf16
-        weights are refreshed from the masters on exit."""
-        held = [param.data for param, _ in self.pairs]
-        for param, master in self.pairs:
-            param.data = master.data
+        weights are refreshed from the masters on exit.
+
+        The masters take the bf16 weights' places in their modules for as long as it lasts: the bf16
+        weights themselves are not touched. A tensor whose dtype changed (``param.data = ...``) would get a
+        new gradient accumulator, and DDP's reduction, hooked onto the old one, would stop."""
+        slots = [
+            (module, name, param)
+            for module in self._model.modules()
+            for name, param in module._parameters.items()
+            if param is not None and param in self._master
+        ]
+        for module, name, param in slots:
+            module._parameters[name] = self._master[param]
         try:
             yield
         finally:
-            for (param, _), data in zip(self.pairs, held, strict=True):
-                param.data = data
+            for module, name, param in slots:
+                module._parameters[name] = param
             self.publish()
 
     def release(self) -> None:
@@ -103,7 +168,7 @@ class MasterWeights:
         self._hooks = []
         for param, master in self.pairs:
             param.data = master.data
-        self.pairs, self._master = [], {}
+        self.pairs, self._master, self._ddp = [], {}, None
 
 
 def choose_param_dtype(
@@ -117,15 +182,13 @@ def choose_param_dtype(
 ) -> tuple[torch.dtype | None, str]:
     """(bf16 or None for fp32 weights, why) for ``train.runtime.param_dtype`` ``request``. An explicit
     ``bf16`` that cannot apply raises ``ConfigError`` with the fix (``engine.config`` refuses what it can
-    see earlier: a precision other than bf16, LoRA, DDP over several processes)."""
+    see earlier: a precision other than bf16, LoRA)."""
     if request == "fp32":
         return None, "fp32 weights under autocast (train.runtime.param_dtype: fp32)"
     frozen = any(param.is_floating_point() and not param.requires_grad for param in model.parameters())
     problem = None
     if autocast_dtype != torch.bfloat16:
         problem = "the run's precision is not bf16 from its start (a CPU at precision auto measures it later)"
-    elif world_size > 1 and strategy != "fsdp":
-        problem = "DDP reduces gradients in the weights' dtype (strategy fsdp reduces them in fp32)"
     elif frozen:
         problem = "some weights are frozen (LoRA keeps its base in bf16 already)"
     elif not any(param.dtype == torch.float32 for param in model.parameters()):
@@ -134,8 +197,11 @@ def choose_param_dtype(
         problem = (
             "on a CPU the default stays autocast over fp32 weights; param_dtype: bf16 asks for bf16 ones"
         )
-    if problem is None and world_size > 1:
+    if problem is None and world_size > 1 and strategy == "fsdp":
         why = "bf16 weights under FSDP2: its fp32 shards are the masters, gradients reduced in fp32"
+        return torch.bfloat16, f"{why} (param_dtype {request})"
+    if problem is None and world_size > 1:
+        why = "bf16 weights under DDP: fp32 masters, gradients all-reduced in fp32 into them"
         return torch.bfloat16, f"{why} (param_dtype {request})"
     if problem is None:
         return torch.bfloat16, f"bf16 weights, fp32 masters in the optimizer (param_dtype {request})"
