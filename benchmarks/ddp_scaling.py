@@ -1,6 +1,7 @@
 """Data-parallel scaling, measured with CPU processes (gloo), and the multi-GPU communication volume on paper.
 
     python benchmarks/ddp_scaling.py [--steps 30] [--world 2] [--rows 6000]
+    python benchmarks/ddp_scaling.py --weights-ab [--steps 30]     bf16 weights against fp32 ones under DDP
 
 Same model, data and effective batch for every contender, each in the same run:
 
@@ -12,6 +13,10 @@ Printed: real tokens/s of the timed steps (the first log window, holding warm-up
 N processes to 1 process, the launch overhead (start to first step), and whether the loss trajectories agree.
 On a CPU the cores are shared, so N processes cannot be faster than one process using every core: the figure
 shows what data parallelism costs (gloo all-reduce, per-step host sums), not a speed-up. GPUs add devices.
+
+``--weights-ab``: instead, two N-process runs at ``precision: bf16`` in the same run, one with bf16 weights
+and fp32 masters (``param_dtype: bf16``; DDP's reduction adds the bf16 gradients into the masters in fp32)
+and one with autocast over fp32 weights (``param_dtype: fp32``): their real tokens/s, ratio and loss curves.
 
 ``--paper`` also prints, for the 0.73 B GPU benchmark config (benchmarks/gpu_speed.py) and a 7 B model, the
 gradient bytes each GPU sends per optimizer step with a ring all-reduce (2 (N-1)/N x gradient bytes) and the
@@ -56,7 +61,9 @@ def prepare(rows: int):
     return tokenizer, datasets.Dataset.from_dict({"input_ids": ids})
 
 
-def params(workdir: Path, *, steps: int, accum: int, nproc: int, threads: int):
+def params(
+    workdir: Path, *, steps: int, accum: int, nproc: int, threads: int, precision="fp32", param_dtype="auto"
+):
     return parse_train_params(
         {
             "max_steps": steps,
@@ -68,7 +75,7 @@ def params(workdir: Path, *, steps: int, accum: int, nproc: int, threads: int):
             "checkpoint_dir": str(workdir / f"checkpoints-{nproc}"),
             "optimizer": {"warmup_steps": 5},
             # both alike (auto measures bf16 in one process only)
-            "runtime": {"num_threads": threads, "precision": "fp32"},
+            "runtime": {"num_threads": threads, "precision": precision, "param_dtype": param_dtype},
             "model": {
                 "hidden_size": 256,
                 "intermediate_size": 688,
@@ -89,7 +96,7 @@ def timed(result) -> float:
 def paper(world: int, bandwidth_gb_s: float, mfu: float, peak_tflops: float) -> None:
     """Gradient all-reduce bytes per GPU per step (ring) vs compute time, for two model sizes."""
     print(
-        f"\nOn paper: {world} GPUs, ring all-reduce of bf16 gradients at {bandwidth_gb_s:.0f} GB/s bus "
+        f"\nOn paper: {world} GPUs, ring all-reduce of fp32 gradients at {bandwidth_gb_s:.0f} GB/s bus "
         f"bandwidth, compute at {mfu:.0%} MFU of {peak_tflops:.0f} TFLOP/s"
     )
     print(
@@ -98,7 +105,7 @@ def paper(world: int, bandwidth_gb_s: float, mfu: float, peak_tflops: float) -> 
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, n_params, tokens in (("0.73 B (gpu_speed.py)", 0.73e9, 16 * 2048), ("7 B", 7.0e9, 8 * 4096)):
-        grad_bytes = 2 * n_params  # bf16 gradients
+        grad_bytes = 4 * n_params  # fp32: fp32 weights' gradients, or bf16 ones reduced in fp32 into masters
         sent = 2 * (world - 1) / world * grad_bytes
         comm_s = sent / (bandwidth_gb_s * 1e9)
         compute_s = 6 * n_params * tokens / (mfu * peak_tflops * 1e12)
@@ -112,6 +119,44 @@ def paper(world: int, bandwidth_gb_s: float, mfu: float, peak_tflops: float) -> 
     )
 
 
+def launch(job_params, tokenizer, data, workdir: Path, world: int):
+    build = functools.partial(
+        build_model, job_params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa"
+    )
+    job = TrainJob(job_params, MAX_LENGTH, data, None, tokenizer, str(workdir / "model"))
+    return launch_workers(job, world, build_model=build, monitor_interval_s=0.2)
+
+
+def weights_ab(args, tokenizer, data, cores: int) -> None:
+    """N processes at bf16 precision, bf16 weights with fp32 masters against fp32 weights under autocast."""
+    threads = max(1, cores // args.world)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for param_dtype in ("bf16", "fp32"):
+            workdir = Path(tmp) / param_dtype
+            job_params = params(
+                workdir,
+                steps=args.steps,
+                accum=args.accum,
+                nproc=args.world,
+                threads=threads,
+                precision="bf16",
+                param_dtype=param_dtype,
+            )
+            runs[param_dtype] = launch(job_params, tokenizer, data, workdir, args.world)
+    print(f"{args.world} processes (DDP, gloo), {threads} threads each, accumulation {args.accum}, bf16")
+    print("| weights | real tokens/s (timed steps) | param_dtype (summary) |")
+    print("| --- | ---: | --- |")
+    for name, run in runs.items():
+        print(f"| {name} | {timed(run):,.0f} | {run.summary['param_dtype']} |")
+    curves = [np.array([r["loss"] for r in run.history]) for run in runs.values()]
+    apart = float(np.max(np.abs(curves[0] - curves[1]) / curves[1]))
+    print(
+        f"ratio bf16 / fp32 weights: {timed(runs['bf16']) / timed(runs['fp32']):.2f}x; largest relative "
+        f"loss difference {apart:.1e} (two bf16 computations)"
+    )
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -119,6 +164,7 @@ def main(argv=None) -> None:
     parser.add_argument("--accum", type=int, default=1, help="accumulation per process in the N-process run")
     parser.add_argument("--rows", type=int, default=6000)
     parser.add_argument("--paper", action="store_true")
+    parser.add_argument("--weights-ab", action="store_true", help="bf16 against fp32 weights, N processes")
     parser.add_argument(
         "--bandwidth", type=float, default=150.0, help="GB/s bus bandwidth per GPU (all-reduce)"
     )
@@ -128,6 +174,9 @@ def main(argv=None) -> None:
     cores = usable_cpu_count()
     tokenizer, data = prepare(args.rows)
     print(f"machine: {cores} usable cores; {len(data):,} samples, packed rows of {MAX_LENGTH}")
+    if args.weights_ab:
+        weights_ab(args, tokenizer, data, cores)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         one_params = params(workdir, steps=args.steps, accum=args.accum * args.world, nproc=1, threads=cores)

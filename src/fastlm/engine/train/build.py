@@ -171,7 +171,14 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         world_size=comm.world_size,
     )
     batches_per_epoch, steps_per_epoch, total_steps = _step_plan(request.train_set, configured, layout)
-    opt = make_optimization(raw_model, configured, request.runtime, total_steps, float8_measured_later=True)
+    opt = make_optimization(
+        raw_model,
+        configured,
+        request.runtime,
+        total_steps,
+        float8_measured_later=True,
+        world_size=comm.world_size,
+    )
     cleanup.callback(opt.release)  # bf16 weights: the run returns (or leaves, on an error) fp32 masters
     if not sharded:  # DDP over the weights the step trains: bf16 ones (cast above) reduce into their masters
         wrapped = wrap_model(raw_model, comm, device=device, **_wrapping(configured))

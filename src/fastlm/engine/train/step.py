@@ -79,11 +79,13 @@ def make_optimization(
     total_steps: int,
     *,
     float8_measured_later: bool = False,
+    world_size: int | None = None,
 ) -> Optimization:
     """The optimizer ``train.optimizer.name`` names (AdamW; 8-bit: ``optim.make_optimizer``) with the
     configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold.
     ``float8_measured_later``: float8 ``auto`` is left to the training run's probe
-    (``probe.probe_float8``)."""
+    (``probe.probe_float8``). ``world_size``: the run's processes (default ``nproc_per_node``; under
+    torchrun the process group's)."""
     settings = params.optimizer
     # liger's kernels patched onto the instance before float8 swaps its Linear layers and before compile
     liger_choice = apply_liger(
@@ -103,7 +105,7 @@ def make_optimization(
         params.runtime.param_dtype,
         model,
         autocast_dtype=runtime.autocast_dtype,
-        world_size=params.distributed.nproc_per_node,
+        world_size=world_size or params.distributed.nproc_per_node,
         device=runtime.device,
         strategy=params.distributed.strategy,
     )
