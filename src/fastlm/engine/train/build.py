@@ -8,8 +8,7 @@ model wrapped for DDP (its buckets in the dtype of the weights it reduces), the 
 restore of a resumed run, the micro-batch stream from the resumed position, the runtime probe (precision
 and compile ``auto`` on CPU, float8 ``auto`` where its rule allows it) and the attention switch of a
 compiled model, the metrics, recorder, profiler and validation, then the early stopping and the time
-budget. What the loop uses
-comes back as one ``TrainingParts``.
+budget. What the loop uses comes back as one ``TrainingParts``.
 """
 
 from __future__ import annotations
