@@ -280,6 +280,21 @@ def test_memory_saturated_names_the_memory_levers_this_run_left_unused():
     assert "adamw_8bit" not in on_cpu  # bitsandbytes' optimizers: CUDA only
 
 
+def test_memory_saturated_names_fsdp_for_a_multi_process_ddp_run():
+    """Several DDP processes each hold the whole model, its gradients and AdamW states (and, with bf16
+    weights, DDP's bf16 buckets beside the fp32 masters' gradients): FSDP2 shards them. Not advised to one
+    process, nor to a run already sharded."""
+    history = make_history(7, peak_memory_mb=76000.0, step_time_s=RISING)
+    ddp = cuda(world_size=4, distributed_strategy="ddp")
+    advice = by_kind(diagnose(ddp, history))[MEMORY_SATURATED].advice
+    assert "train.distributed.strategy: fsdp" in advice and "4 processes" in advice
+    for summary in (
+        cuda(world_size=1, distributed_strategy="ddp"),
+        cuda(world_size=4, distributed_strategy="fsdp"),
+    ):
+        assert "strategy: fsdp" not in by_kind(diagnose(summary, history))[MEMORY_SATURATED].advice
+
+
 def test_missing_keys_and_columns_are_tolerated():
     findings = diagnose({}, make_history(4)[["step", "loss"]])
     assert [finding.kind for finding in findings] == KINDS

@@ -287,7 +287,8 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame)
 def _unused_memory_levers(summary: dict) -> list[str]:
     """The memory levers this run did not use, from its own decisions (``train_summary.json``): the fused LM
     head where only a setting kept it off, the next checkpointing policy after the one it ran, an 8-bit AdamW
-    on CUDA. A summary without those keys (an older run) gets the checkpointing switch in general."""
+    on CUDA, FSDP2 for several DDP processes. A summary without those keys (an older run) gets the
+    checkpointing switch in general."""
     levers = []
     choice = str(summary.get("fused_linear_choice") or "")
     if summary.get("fused_linear") is False and (
@@ -302,6 +303,15 @@ def _unused_memory_levers(summary: dict) -> list[str]:
         levers.append(f"set train.model.gradient_checkpointing: {following} (this run: {policy})")
     if _is_cuda(summary) and summary.get("optimizer") == "adamw":
         levers.append("set train.optimizer.name: adamw_8bit or paged_adamw_8bit (bitsandbytes)")
+    try:
+        world = int(summary.get("world_size") or 1)
+    except (TypeError, ValueError):
+        world = 1
+    if summary.get("distributed_strategy") == "ddp" and world > 1:
+        levers.append(
+            f"set train.distributed.strategy: fsdp (each of the {world} processes holds 1/{world} of the "
+            "weights, gradients and AdamW states instead of all of them)"
+        )
     return levers
 
 
