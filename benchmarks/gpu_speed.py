@@ -105,6 +105,10 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   (an fp32 residual stream, each projection's input cast to bf16, each input gradient cast back and summed in
   fp32), the A/B of fastlm's bf16 weights with fp32 masters (``--param-dtype``, auto: on a GPU in bf16;
   engine/train/master_weights.py).
+* ``fastlm_eager_in_backward`` (named in ``--contenders``): ``fastlm_eager`` with
+  ``train.optimizer.in_backward`` (each fp32 master updated as soon as its gradient is complete, the
+  gradient freed: no step holds every master gradient) and, as it needs, ``grad_clip: null`` (fastlm_eager
+  clips at 1.0); needs bf16 weights (``--param-dtype bf16`` on a CPU). The A/B of its peak memory.
 
 The frozen LoRA base is bf16 on both sides with ``--precision bf16`` (CPU included: bf16 autocast there
 too), fp32 with ``--precision fp32``. The base is built and saved, in that dtype, by a process of its own
@@ -217,8 +221,11 @@ AB_CONTENDERS = (
 AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
 # the full fine-tune with train.runtime.param_dtype: fp32 (bf16 autocast over fp32 weights, the Trainer's
 # way), the A/B of fastlm's bf16 weights with fp32 masters (param_dtype auto on a GPU; named in --contenders)
-FULL_AB_CONTENDERS = ("fastlm_eager_fp32_weights", "fastlm_compile_fp32_weights")
-FULL_AB_PAIRS = [(name.removesuffix("_fp32_weights"), name) for name in FULL_AB_CONTENDERS]
+# and fastlm_eager with train.optimizer.in_backward (each master updated in the backward, grad_clip null)
+FULL_AB_CONTENDERS = ("fastlm_eager_fp32_weights", "fastlm_compile_fp32_weights", "fastlm_eager_in_backward")
+FULL_AB_PAIRS = [
+    (name.removesuffix("_fp32_weights").removesuffix("_in_backward"), name) for name in FULL_AB_CONTENDERS
+]
 CONTENDERS = FULL_CONTENDERS + ADAPTER_CONTENDERS + TRL_CONTENDERS + AB_CONTENDERS + FULL_AB_CONTENDERS
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 ADAPTER_PAIRS = [
@@ -632,6 +639,7 @@ def fastlm_params(
     fused_kernel: str | None = None,
     fused_forward: bool = True,
     param_dtype: str | None = None,
+    in_backward: bool = False,
 ):
     """``params:train`` of a fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` (None:
     ``--fused-linear``); ``fused_kernel``: ``train.loss.fused_linear_kernel`` (None: ``--fused-kernel``, else
@@ -671,6 +679,8 @@ def fastlm_params(
     if profile:
         raw["profile"] = profile
     raw["optimizer"] = {"name": args.optim}
+    if in_backward:
+        raw["optimizer"].update(in_backward=True, grad_clip=None)
     return parse_train_params(raw)
 
 
@@ -710,6 +720,7 @@ def run_fastlm(
     fused_kernel: str | None = None,
     peft_forward: bool = False,
     param_dtype: str | None = None,
+    in_backward: bool = False,
 ) -> dict:
     """One fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` in place of ``--fused-linear``
     (``fastlm_lora_unfused``: off); ``fused_kernel``: ``train.loss.fused_linear_kernel`` in place of
@@ -736,6 +747,8 @@ def run_fastlm(
         name += "_peft_forward"
     if param_dtype == "fp32" and not adapter:
         name += "_fp32_weights"
+    if in_backward and not adapter:
+        name += "_in_backward"
     end = warmup + steps
     runtime = setup_runtime(
         RuntimeConfig(
@@ -767,6 +780,7 @@ def run_fastlm(
         fused_kernel=fused_kernel,
         fused_forward=not peft_forward,
         param_dtype=param_dtype,
+        in_backward=in_backward,
     )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
@@ -1339,6 +1353,7 @@ def child_main(args: argparse.Namespace) -> None:
         "fastlm_profile": lambda: run_profile(ctx),
         **{f"fastlm_{a}": (lambda a=a: run_fastlm(ctx, compiled, adapter=a)) for a in ("lora", "qlora")},
         "fastlm_eager_fp32_weights": lambda: run_fastlm(ctx, False, param_dtype="fp32"),
+        "fastlm_eager_in_backward": lambda: run_fastlm(ctx, False, in_backward=True),
         "fastlm_compile_fp32_weights": lambda: run_fastlm(ctx, True, param_dtype="fp32"),
         "fastlm_lora_unfused": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_linear="off"),
         "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),

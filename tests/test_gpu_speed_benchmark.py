@@ -535,3 +535,20 @@ def test_the_weights_dtype_reaches_the_children_and_its_ab_contender_runs_fp32_w
     assert ("fastlm_eager", "fastlm_eager_fp32_weights") in gpu_speed.FULL_AB_PAIRS
     assert ("fastlm_eager", "fastlm_eager_fp32_weights") in gpu_speed.MEMORY_PAIRS
     assert "fastlm_eager_fp32_weights" in gpu_speed.CONTENDERS
+
+
+def test_the_in_backward_contender_updates_in_backward_without_clipping_beside_fastlm_eager(gpu_speed):
+    """``fastlm_eager_in_backward``: ``fastlm_eager`` with ``train.optimizer.in_backward`` and the
+    ``grad_clip: null`` it needs, its peak memory reported against ``fastlm_eager``'s."""
+    from types import SimpleNamespace
+
+    args = gpu_speed.parse_args(["--model", "tiny", "--param-dtype", "bf16", "--threads", "1"])
+    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device="cpu")
+    params = gpu_speed.fastlm_params(
+        ctx, compile_=False, max_steps=1, log_every=1, name="x", in_backward=True
+    )
+    assert params.optimizer.in_backward is True and params.optimizer.grad_clip is None
+    plain = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
+    assert plain.optimizer.in_backward is False and plain.optimizer.grad_clip == 1.0
+    assert ("fastlm_eager", "fastlm_eager_in_backward") in gpu_speed.MEMORY_PAIRS
+    assert "fastlm_eager_in_backward" in gpu_speed.CONTENDERS

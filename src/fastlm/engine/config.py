@@ -210,6 +210,30 @@ class OptimizerParams(Params):
     warmup_steps: int = Field(20, ge=0)
     decay: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    in_backward: bool = Field(
+        False,
+        description="each weight's update as soon as its gradient is complete, in the last micro-batch's "
+        "backward, the gradient then freed (engine/train/master_weights.py): 4 bytes per trainable weight "
+        "less at the peak of a step of one micro-batch (with accumulation the sums so far are held until "
+        "each update); needs bf16 weights (train.runtime.param_dtype), adamw, grad_clip null, one process",
+    )
+
+    @field_validator("in_backward")
+    @classmethod
+    def _in_backward_needs_every_update_alone(cls, value: bool, info: ValidationInfo) -> bool:
+        if not value:
+            return value
+        if info.data.get("name", "adamw") != "adamw":
+            raise ValueError(
+                f"in_backward updates each weight with torch's AdamW and name is {info.data.get('name')!r}; "
+                "use name adamw, or in_backward false"
+            )
+        if info.data.get("grad_clip") is not None:
+            raise ValueError(
+                "in_backward updates each weight before the next gradient exists and grad_clip scales every "
+                "gradient by their global norm first; set grad_clip: null, or in_backward false"
+            )
+        return value
 
     @field_validator("name")
     @classmethod
@@ -494,6 +518,25 @@ class TrainParams(Params):
             raise ValueError(
                 "train.runtime.param_dtype: bf16 applies to full fine-tunes and LoRA keeps its frozen base "
                 "in bf16 already (train.model.lora.base_dtype); use param_dtype auto or fp32"
+            )
+        return value
+
+    @field_validator("distributed")
+    @classmethod
+    def _in_backward_in_one_process_with_bf16_weights(cls, value: DistributedParams, info: ValidationInfo):
+        runtime, optimizer = info.data.get("runtime"), info.data.get("optimizer")
+        if optimizer is None or not optimizer.in_backward:
+            return value
+        if value.nproc_per_node > 1:
+            raise ValueError(
+                "train.optimizer.in_backward is not wired for several processes (each update needs the "
+                "reduced gradient); use train.distributed.nproc_per_node 1, or in_backward false"
+            )
+        if runtime is not None and runtime.param_dtype == "fp32":
+            raise ValueError(
+                "train.optimizer.in_backward updates the fp32 masters of bf16 weights and "
+                "train.runtime.param_dtype is fp32; use param_dtype auto (a GPU) or bf16, or in_backward "
+                "false"
             )
         return value
 

@@ -342,3 +342,117 @@ def test_auto_takes_bf16_weights_only_for_a_bf16_full_fine_tune_on_a_gpu():
     assert choose_param_dtype("auto", model, autocast_dtype=bf16, world_size=1, **gpu)[0] is None
     with pytest.raises(ConfigError, match="frozen"):
         choose_param_dtype("bf16", model, autocast_dtype=bf16, world_size=1, **gpu)
+
+
+def _in_backward_run(in_backward: bool, steps: int = 3, micro_batches: int = 2):
+    """``steps`` steps of ``micro_batches`` each on the toy model with bf16 weights, grad_clip null; what
+    each step's last backward held: the most master gradients alive at once (counted after each weight's
+    gradient moved), and the step results."""
+    runtime = _runtime()
+    model = toy_model()
+    optimizer = {"grad_clip": None, "in_backward": in_backward}
+    opt = make_optimization(model, _params("bf16", **optimizer), runtime, total_steps=steps)
+    masters = [master for _, master in opt.masters.pairs]
+    alive = []
+    for param in model.parameters():  # after MasterWeights' own hook on each weight
+        param.register_post_accumulate_grad_hook(
+            lambda _: alive.append(sum(master.grad is not None for master in masters))
+        )
+    results, peaks = [], []
+    for step in range(steps):
+        batches = [token_batch(VOCAB, TOKENS, rows=ROWS, seed=10 * step + i) for i in range(micro_batches)]
+        alive.clear()
+        results.append(train_step(model, batches, opt, runtime=runtime))
+        peaks.append(max(alive[-len(masters) :]))  # the last micro-batch's backward
+    return model, opt, results, peaks
+
+
+def test_updates_in_backward_equal_the_step_after_it_and_free_each_gradient_at_once():
+    """``train.optimizer.in_backward``: each master is updated as soon as its gradient is complete in the
+    last micro-batch's backward, by an optimizer of its own sharing the run's optimizer's state. The same
+    updates as AdamW's step after the backward (the same fused kernel, one tensor at a time), the same
+    gradient norms, the same optimizer state (checkpoints), and no master gradient outliving its own
+    update in that backward where a step has one micro-batch (with more, the gradients accumulated so far
+    are held until each update), where the step after the backward holds them all."""
+    peaks = _in_backward_run(True, micro_batches=1)[3]
+    twin_peaks = _in_backward_run(False, micro_batches=1)[3]
+    model, opt, results, _ = _in_backward_run(True)  # two micro-batches
+    twin, twin_opt, twin_results, _ = _in_backward_run(False)
+    assert "in the backward" in opt.param_dtype_choice
+    assert max(peaks) == 0 and min(twin_peaks) == len(opt.masters.pairs) > 1
+    for (name, param), other in zip(model.named_parameters(), twin.parameters(), strict=True):
+        mine, theirs = opt.masters.master_of(param), twin_opt.masters.master_of(other)
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7, msg=name)  # fp32 rounding at most
+        assert mine.grad is None and param.grad is None, name
+    for got, want in zip(results, twin_results, strict=True):
+        torch.testing.assert_close(got.grad_norm, want.grad_norm, rtol=1e-5, atol=0)  # summed in other orders
+        assert got.lr == want.lr
+    state, twin_state = opt.optimizer.state_dict(), twin_opt.optimizer.state_dict()
+    assert state["param_groups"] == twin_state["param_groups"]
+    assert state["state"].keys() == twin_state["state"].keys()
+    for index, saved in state["state"].items():
+        for key, value in saved.items():
+            torch.testing.assert_close(value, twin_state["state"][index][key], rtol=1e-6, atol=1e-7)
+
+
+def test_a_backward_outside_a_step_updates_nothing_in_backward():
+    """A probe's forward and backward (before the first step) must not move any weight."""
+    runtime = _runtime()
+    model = toy_model()
+    opt = make_optimization(model, _params("bf16", grad_clip=None, in_backward=True), runtime, total_steps=1)
+    before = [master.detach().clone() for _, master in opt.masters.pairs]
+    accumulate_gradients(
+        model, [token_batch(VOCAB, TOKENS, rows=ROWS, seed=3)], autocast=runtime.autocast_context
+    )
+    for (_, master), kept in zip(opt.masters.pairs, before, strict=True):
+        assert torch.equal(master.detach(), kept) and master.grad is not None  # accumulated, not applied
+
+
+def test_out_of_memory_after_the_first_updates_in_backward_is_not_a_step_to_redo():
+    """The loop redoes a step that ran out of memory with a smaller micro-batch; once the backward updated
+    some weights, redoing it would update them twice: a plain error naming the remedy instead."""
+    runtime = _runtime()
+    model = toy_model()
+    opt = make_optimization(model, _params("bf16", grad_clip=None, in_backward=True), runtime, total_steps=1)
+
+    def out_of_memory(_):
+        raise torch.OutOfMemoryError("simulated")
+
+    model.model.embed_tokens.weight.register_post_accumulate_grad_hook(out_of_memory)  # the last weight
+    with pytest.raises(RuntimeError, match="in_backward") as error:
+        train_step(model, [token_batch(VOCAB, TOKENS, rows=ROWS, seed=1)], opt, runtime=runtime)
+    assert not isinstance(error.value, torch.OutOfMemoryError)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"optimizer": {"in_backward": True}}, "grad_clip"),
+        ({"optimizer": {"in_backward": True, "grad_clip": None, "name": "adamw_8bit"}}, "adamw"),
+        (
+            {"optimizer": {"in_backward": True, "grad_clip": None}, "distributed": {"nproc_per_node": 2}},
+            "nproc_per_node",
+        ),
+        (
+            {"optimizer": {"in_backward": True, "grad_clip": None}, "runtime": {"param_dtype": "fp32"}},
+            "param_dtype",
+        ),
+    ],
+)
+def test_updates_in_backward_that_cannot_apply_are_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        parse_train_params(overrides)
+    text = str(error.value)
+    assert "in_backward" in text and message in text and "\n" not in text.strip()
+
+
+def test_updates_in_backward_without_masters_are_refused_naming_param_dtype():
+    """param_dtype auto on a CPU keeps fp32 weights: nothing to update in the backward."""
+    params = parse_train_params(
+        {
+            "runtime": {"device": "cpu", "precision": "bf16", "float8": "off"},
+            "optimizer": {"in_backward": True, "grad_clip": None},
+        }
+    )
+    with pytest.raises(ConfigError, match="param_dtype"):
+        make_optimization(toy_model(), params, _runtime(), total_steps=1)

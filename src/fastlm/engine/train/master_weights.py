@@ -59,6 +59,11 @@ class MasterWeights:
         self._hooks = []
         self._ddp = None  # the DDP wrapper whose reduction adds into the masters (``reduce_under``)
         self._model = model
+        # train.optimizer.in_backward (``update_in_backward``): each master's own optimizer, sharing the
+        # run's optimizer state; armed for the last micro-batch of a step only
+        self._updaters: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, dict]] = {}
+        self._armed = False
+        self._norms: list[torch.Tensor] = []
         for name, param in model.named_parameters():  # each shared (tied) tensor once
             if param.dtype != torch.float32 or not param.requires_grad or _kept(name, kept):
                 continue
@@ -81,6 +86,56 @@ class MasterWeights:
             master.grad = grad.to(torch.float32)
         else:
             master.grad.add_(grad)
+        if self._armed and master in self._updaters:
+            self._update(master)
+
+    @property
+    def in_backward(self) -> bool:
+        """Whether the masters are updated in the backward (``update_in_backward``)."""
+        return bool(self._updaters)
+
+    def update_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
+        """``train.optimizer.in_backward``: in the last micro-batch of a step (``updating``), each master is
+        updated as soon as its gradient is complete and the gradient is freed, so no step holds every
+        gradient at once (4 bytes per weight less at the peak). Each master gets an optimizer of its own
+        with its group's settings and the run's optimizer's state: the same update, the same checkpoints.
+        The learning rate is read from the run's optimizer at each update (its scheduler sets it)."""
+        masters = {id(master) for _, master in self.pairs}  # not weights kept in fp32: the step updates those
+        for group in optimizer.param_groups:
+            settings = {key: value for key, value in group.items() if key != "params"}
+            for target in group["params"]:
+                if id(target) in masters:
+                    own = type(optimizer)([target], lr=group["lr"])
+                    own.param_groups[0].update(settings)
+                    own.state = optimizer.state
+                    self._updaters[target] = (own, group)
+
+    def _update(self, master: torch.nn.Parameter) -> None:
+        own, group = self._updaters[master]
+        self._norms.append(torch.linalg.vector_norm(master.grad))  # for the step's gradient norm
+        own.param_groups[0]["lr"] = group["lr"]
+        own.step()
+        master.grad = None
+
+    def updating(self, gradient_sync=None):
+        """``sync(last)`` for ``accumulate_gradients``: ``gradient_sync``'s context (if any), and on the last
+        micro-batch the masters' updates in its backward."""
+
+        @contextlib.contextmanager
+        def sync(last: bool) -> Iterator[None]:
+            with gradient_sync(last) if gradient_sync is not None else contextlib.nullcontext():
+                self._armed = last
+                try:
+                    yield
+                finally:
+                    self._armed = False
+
+        return sync
+
+    def take_norms(self) -> list[torch.Tensor]:
+        """The norms of the gradients updated in the backward since the last call (device scalars)."""
+        norms, self._norms = self._norms, []
+        return norms
 
     def reduce_under(self, ddp: torch.nn.Module) -> None:
         """DDP over the bf16 model: gradients reduced in fp32, straight into the masters.

@@ -28,6 +28,7 @@ from fastlm.engine.runtime.float8 import apply_float8
 from fastlm.engine.train.master_weights import MasterWeights, choose_param_dtype
 from fastlm.engine.train.optim import make_optimizer
 from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
+from fastlm.errors import ConfigError
 
 __all__ = ["Optimization", "StepResult", "make_optimization", "train_step"]
 
@@ -115,6 +116,15 @@ def make_optimization(
         gathered = str(gathered_dtype(model) or "its shards' dtype").removeprefix("torch.")
         param_dtype_choice = f"{param_dtype_choice}; FSDP2 gathers the weights in {gathered}"
     optimizer = make_optimizer(model, settings, substitute=masters.master_of if masters else None)
+    if settings.in_backward:
+        if masters is None:
+            raise ConfigError(
+                "train.optimizer.in_backward updates the fp32 masters of bf16 weights in the backward and "
+                f"this run keeps {param_dtype_choice}.",
+                fix="set train.runtime.param_dtype: bf16 (with precision bf16), or in_backward: false.",
+            )
+        masters.update_in_backward(optimizer)
+        param_dtype_choice += "; each master updated in the backward (train.optimizer.in_backward)"
     schedule = LRSchedule(
         settings.lr,
         total_steps,
@@ -160,8 +170,12 @@ def train_step(
     update never happened, so the caller may redo it smaller).
     """
     scaler = opt.scaler
+    in_backward = opt.masters is not None and opt.masters.in_backward
     if opt.masters is not None:  # gradients a probe's backward left (model.zero_grad does not reach masters)
         opt.optimizer.zero_grad(set_to_none=True)
+        opt.masters.take_norms()
+    if in_backward:  # train.optimizer.in_backward: the masters updated in the last micro-batch's backward
+        gradient_sync = opt.masters.updating(gradient_sync)
     try:
         loss_sum, n_targets = accumulate_gradients(
             model,
@@ -174,10 +188,16 @@ def train_step(
             label_smoothing=opt.label_smoothing,
             fused_head=opt.fused_head,
         )
-    except torch.OutOfMemoryError:
+    except torch.OutOfMemoryError as error:
         opt.optimizer.zero_grad(set_to_none=True)
         if opt.masters is not None:  # the bf16 gradients a cut-short backward left
             opt.model.zero_grad(set_to_none=True)
+        if in_backward and opt.masters.take_norms():  # some weights updated already: not a step to redo
+            raise RuntimeError(
+                "out of memory in the backward of a step whose first weights were already updated "
+                "(train.optimizer.in_backward): resume from the last checkpoint with a smaller "
+                "train.batching.micro_batch_size, or in_backward false"
+            ) from error
         raise
     with torch.profiler.record_function("fastlm.optimizer"):
         if scaler.is_enabled():
@@ -189,6 +209,9 @@ def train_step(
             else opt.model.parameters()
         )
         grad_norm = torch.nn.utils.clip_grad_norm_(trained, opt.clip)
+        norms = opt.masters.take_norms() if in_backward else []
+        if norms:  # with the norms of the gradients the backward updated and freed (clip is inf there)
+            grad_norm = torch.linalg.vector_norm(torch.stack([*norms, grad_norm.to(norms[0].device)]))
         lr = opt.scheduler.get_last_lr()[0]  # the rate this update uses (host float, no sync)
         scaler.step(opt.optimizer)
         scaler.update()
