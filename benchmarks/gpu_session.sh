@@ -52,6 +52,9 @@
 #                          against each layer (cold start and steady speed), the choice of the default
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
 #                          the baseline), 4 at once; 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
+#      in_backward_3b      the 3B full fine-tune's peak memory with train.optimizer.in_backward (each fp32
+#                          master updated in the backward, its gradient freed: 12.8 GB by count) against
+#                          fastlm_eager, one eager run
 #    The first call (560 s) reaches LoRA and the bf16 weights' A/B; the next call (what is left of the 15
 #    minutes, about 240 s) runs --only weights_ab_compiled (it decides param_dtype auto for compiled GPU
 #    runs); later sessions --only lora_ab,head_kernels (or gpu_speed_qlora), then the rest.
@@ -86,6 +89,7 @@ PLAN=(
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "compile_scope|150|300|benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 --seq-len 2048 --steps 10"
     "levers|60|150|benchmarks/gpu_levers.py --parallel 4 --json $OUT/levers.json --budget-s \$((CAP - 10))"
+    "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

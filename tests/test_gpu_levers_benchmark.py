@@ -143,6 +143,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "gpu_speed_lora_compiled",
         "compile_scope",
         "levers",
+        "in_backward_3b",
     ]
     # the LoRA/QLoRA targets are on the 3B shape, against Trainer + peft and TRL; the usual set-up
     # before the best one (the best one's reserve)
@@ -189,6 +190,9 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[14]
     # every lever again, last: each one passed on the H100 of 2026-11-26
     assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[15]
+    # the 3B full fine-tune's peak memory with the masters updated in the backward, one eager run
+    in_backward = "--model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2"
+    assert f"{in_backward} --checkpointing selective --compile off" in plan[16]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 
