@@ -395,6 +395,26 @@ def test_updates_in_backward_equal_the_step_after_it_and_free_each_gradient_at_o
             torch.testing.assert_close(value, twin_state["state"][index][key], rtol=1e-6, atol=1e-7)
 
 
+def test_a_run_updating_in_backward_resumes_exactly(tmp_path):
+    """A resume loads the optimizer's state dict, which replaces its state and its parameter groups: the
+    masters' own optimizers must read the loaded ones (the AdamW moments and the scheduled rate), or a
+    resumed run would start its moments over."""
+    in_backward = {"optimizer": {"in_backward": True, "grad_clip": None}}
+
+    def interrupt(kind, record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    straight = run_toy(_bf16_run(tmp_path / "a", **in_backward), attn="eager")
+    assert "in the backward" in straight.summary["param_dtype"]
+    with pytest.raises(KeyboardInterrupt):
+        run_toy(_bf16_run(tmp_path / "b", **in_backward), callbacks=[interrupt], attn="eager")
+    resumed = run_toy(_bf16_run(tmp_path / "b", resume="auto", **in_backward), attn="eager")
+    assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]  # bitwise: deterministic mode
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_a_backward_outside_a_step_updates_nothing_in_backward():
     """A probe's forward and backward (before the first step) must not move any weight."""
     runtime = _runtime()

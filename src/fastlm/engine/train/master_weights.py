@@ -61,7 +61,8 @@ class MasterWeights:
         self._model = model
         # train.optimizer.in_backward (``update_in_backward``): each master's own optimizer, sharing the
         # run's optimizer state; armed for the last micro-batch of a step only
-        self._updaters: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, dict]] = {}
+        self._updaters: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, int]] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
         self._armed = False
         self._norms: list[torch.Tensor] = []
         for name, param in model.named_parameters():  # each shared (tied) tensor once
@@ -99,21 +100,21 @@ class MasterWeights:
         updated as soon as its gradient is complete and the gradient is freed, so no step holds every
         gradient at once (4 bytes per weight less at the peak). Each master gets an optimizer of its own
         with its group's settings and the run's optimizer's state: the same update, the same checkpoints.
-        The learning rate is read from the run's optimizer at each update (its scheduler sets it)."""
+        Both are read from the run's optimizer at each update: its scheduler sets the rate, and loading a
+        checkpoint replaces its state and groups."""
+        self._optimizer = optimizer
         masters = {id(master) for _, master in self.pairs}  # not weights kept in fp32: the step updates those
-        for group in optimizer.param_groups:
-            settings = {key: value for key, value in group.items() if key != "params"}
+        for index, group in enumerate(optimizer.param_groups):
             for target in group["params"]:
                 if id(target) in masters:
-                    own = type(optimizer)([target], lr=group["lr"])
-                    own.param_groups[0].update(settings)
-                    own.state = optimizer.state
-                    self._updaters[target] = (own, group)
+                    self._updaters[target] = (type(optimizer)([target], lr=group["lr"]), index)
 
     def _update(self, master: torch.nn.Parameter) -> None:
-        own, group = self._updaters[master]
+        own, index = self._updaters[master]
+        group = self._optimizer.param_groups[index]
+        own.param_groups[0].update({key: value for key, value in group.items() if key != "params"})
+        own.state = self._optimizer.state
         self._norms.append(torch.linalg.vector_norm(master.grad))  # for the step's gradient norm
-        own.param_groups[0]["lr"] = group["lr"]
         own.step()
         master.grad = None
 
@@ -224,6 +225,7 @@ class MasterWeights:
         for param, master in self.pairs:
             param.data = master.data
         self.pairs, self._master, self._ddp = [], {}, None
+        self._updaters, self._optimizer = {}, None
 
 
 def choose_param_dtype(
