@@ -215,7 +215,7 @@ class OptimizerParams(Params):
         description="each weight's update as soon as its gradient is complete, in the last micro-batch's "
         "backward, the gradient then freed (engine/train/master_weights.py): 4 bytes per trainable weight "
         "less at the peak of a step of one micro-batch (with accumulation the sums so far are held until "
-        "each update); needs bf16 weights (train.runtime.param_dtype), adamw, grad_clip null, one process",
+        "each update); needs bf16 weights (train.runtime.param_dtype), adamw, grad_clip null, not FSDP2",
     )
 
     @field_validator("in_backward")
@@ -523,14 +523,14 @@ class TrainParams(Params):
 
     @field_validator("distributed")
     @classmethod
-    def _in_backward_in_one_process_with_bf16_weights(cls, value: DistributedParams, info: ValidationInfo):
+    def _in_backward_with_bf16_weights_and_no_shards(cls, value: DistributedParams, info: ValidationInfo):
         runtime, optimizer = info.data.get("runtime"), info.data.get("optimizer")
         if optimizer is None or not optimizer.in_backward:
             return value
-        if value.nproc_per_node > 1:
+        if value.nproc_per_node > 1 and value.strategy == "fsdp":
             raise ValueError(
-                "train.optimizer.in_backward is not wired for several processes (each update needs the "
-                "reduced gradient); use train.distributed.nproc_per_node 1, or in_backward false"
+                "train.optimizer.in_backward is not wired for strategy fsdp (FSDP2 reduce-scatters into "
+                "its own shards); use strategy ddp, or in_backward false"
             )
         if runtime is not None and runtime.param_dtype == "fp32":
             raise ValueError(

@@ -164,23 +164,49 @@ def test_micro_batches_accumulate_in_fp32():
         assert torch.equal(masters.master_of(param).grad, sums[name]), name
 
 
-def test_ddp_adds_every_rank_and_micro_batch_into_the_masters_in_fp32(tmp_path):
-    """Two DDP ranks with bf16 weights, two micro-batches each (the first under ``no_sync``): each rank's
-    master gradient is the fp32 average over the ranks of each rank's fp32 sum of its micro-batches'
-    gradients. Rank 0's 1 + 2**-10 is below bf16's resolution at 1 (2**-7), so a sum in bf16 anywhere (the
-    micro-batches', or DDP's all-reduce in the weights' dtype) would give another figure. A second step starts
-    from nothing left over; rank 1's own initial weight gives way to rank 0's in its master too, as DDP
-    makes every replica equal."""
-    small = 2.0**-10
-    ranks = ddp_ranks.run(tmp_path, inputs=[[1.0, small], [small, small]], initial=[1.0, 3.0])
-    want = torch.tensor([[((1.0 + small) + (small + small)) / 2]])  # fp32 sums of powers of two
-    assert want.item() != torch.tensor(1.0 + small, dtype=torch.bfloat16).item() / 2  # what bf16 would give
-    for rank, seen in enumerate(ranks):
+SMALL = 2.0**-10  # below bf16's resolution at 1 (2**-7): 1 + SMALL is 1 in bf16
+DDP_GRAD = torch.tensor([[((1.0 + SMALL) + (SMALL + SMALL)) / 2]])  # fp32 sums of powers of two
+
+
+@pytest.fixture(scope="module")
+def ddp_ranks_run(tmp_path_factory):
+    """Two DDP ranks, two micro-batches each (the first under ``no_sync``), rank 0 summing 1 + 2**-10, rank
+    1 starting from another weight; a plain run and one updating in the backward (tests/support/ddp_ranks)."""
+    folder = tmp_path_factory.mktemp("ddp_ranks")
+    return ddp_ranks.run(folder, inputs=[[1.0, SMALL], [SMALL, SMALL]], initial=[1.0, 3.0], lr=0.1)
+
+
+def test_ddp_adds_every_rank_and_micro_batch_into_the_masters_in_fp32(ddp_ranks_run):
+    """Each rank's master gradient is the fp32 average over the ranks of each rank's fp32 sum of its
+    micro-batches' gradients: a sum in bf16 anywhere (the micro-batches', or DDP's all-reduce in the weights'
+    dtype) would give another figure. A second step starts from nothing left over; rank 1's own initial
+    weight gives way to rank 0's in its master too, as DDP makes every replica equal."""
+    assert DDP_GRAD.item() != torch.tensor(1.0 + SMALL, dtype=torch.bfloat16).item() / 2  # what bf16 gives
+    for rank, seen in enumerate(run["plain"] for run in ddp_ranks_run):
         assert torch.equal(seen["initial"], torch.ones(1, 1)), rank  # rank 0's weight, in fp32
         for grad in seen["grads"]:
             assert grad.dtype == torch.float32
-            torch.testing.assert_close(grad, want, rtol=1e-6, atol=0, msg=f"rank {rank}")
+            torch.testing.assert_close(grad, DDP_GRAD, rtol=1e-6, atol=0, msg=f"rank {rank}")
         for grad in seen["model_grads"]:  # the bf16 weight keeps no gradient a next step would add to
+            assert grad is None or not grad.any(), rank
+
+
+def test_under_ddp_the_masters_are_updated_in_backward_from_their_reduced_gradients(ddp_ranks_run):
+    """``train.optimizer.in_backward`` under DDP: DDP's reduction (the comm hook) updates each master of a
+    bucket from its fp32-reduced gradient in the last micro-batch's backward and frees the gradient (the
+    ranks assert it): the updates of an AdamW given that gradient after the backward, on every rank."""
+    reference = torch.nn.Parameter(torch.ones(1, 1))
+    adamw = torch.optim.AdamW([reference], lr=0.1, weight_decay=0.0)
+    want = []
+    for _ in range(2):
+        reference.grad = DDP_GRAD.clone()
+        adamw.step()
+        want.append(reference.detach().clone())
+    for rank, seen in enumerate(run["in_backward"] for run in ddp_ranks_run):
+        for got, expected, norm in zip(seen["masters"], want, seen["grads"], strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=0, msg=f"rank {rank}")
+            torch.testing.assert_close(norm, DDP_GRAD, rtol=1e-6, atol=0, msg=f"rank {rank}")
+        for grad in seen["model_grads"]:
             assert grad is None or not grad.any(), rank
 
 
@@ -450,8 +476,11 @@ def test_out_of_memory_after_the_first_updates_in_backward_is_not_a_step_to_redo
         ({"optimizer": {"in_backward": True}}, "grad_clip"),
         ({"optimizer": {"in_backward": True, "grad_clip": None, "name": "adamw_8bit"}}, "adamw"),
         (
-            {"optimizer": {"in_backward": True, "grad_clip": None}, "distributed": {"nproc_per_node": 2}},
-            "nproc_per_node",
+            {
+                "optimizer": {"in_backward": True, "grad_clip": None},
+                "distributed": {"nproc_per_node": 2, "strategy": "fsdp"},
+            },
+            "fsdp",
         ),
         (
             {"optimizer": {"in_backward": True, "grad_clip": None}, "runtime": {"param_dtype": "fp32"}},

@@ -144,7 +144,8 @@ class MasterWeights:
         On the micro-batches under ``no_sync`` each gradient moves into its master as in one process. On the
         last one the bf16 gradients stay in DDP's buckets, and DDP's reduction of each bucket (a comm hook,
         ``_reduce_bucket``) adds each to its master's local fp32 sum, all-reduces those fp32 sums and
-        averages them as DDP does, and leaves the bucket zeroed (the bf16 weights keep no gradient). The
+        averages them as DDP does, and leaves the bucket zeroed (the bf16 weights keep no gradient). With
+        ``update_in_backward`` each master of the bucket is updated there, from its reduced gradient. The
         masters are broadcast from rank 0 first, as DDP broadcast the weights."""
         group = ddp.process_group
         with torch.no_grad():
@@ -177,10 +178,13 @@ class MasterWeights:
                 master = self._master.get(param)
                 if master is None:
                     grad.copy_(piece)
-                elif master.grad is None:
+                    continue
+                if master.grad is None:
                     master.grad = piece  # a view of the reduced bucket: no copy
                 else:
                     master.grad.copy_(piece)
+                if self._armed and master in self._updaters:  # train.optimizer.in_backward
+                    self._update(master)
             buffer = bucket.buffer()
             if all(param in self._master for param in params):
                 buffer.zero_()  # the bf16 weights keep no gradient for the next step to add to
