@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
+
+# A kernel set forced with ATEN_CPU_CAPABILITY alone (avx2 or default, the quick check of whether a test
+# depends on the machine) is completed as scripts/check_cpu_kernels.sh completes it, before torch loads:
+# MKL and oneDNN capped alike (left alone, torch's CPU flash attention packs bf16 operands for an AMX
+# machine's oneDNN through kernels the forced set leaves out, "pack_vnni2 is only supported when avx512 is
+# supported"), and an inductor cache of the set's own (the on-disk cache is not keyed on the kernel set:
+# kernels built under another set gave a compiled layer NaN).
+_KERNEL_SETS = {"avx2": ("AVX2", "AVX2"), "default": ("SSE4_2", "SSE41")}
+_forced = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+if _forced in _KERNEL_SETS:
+    os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", _KERNEL_SETS[_forced][0])
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", _KERNEL_SETS[_forced][1])
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR",
+        str(Path(tempfile.gettempdir()) / f"fastlm-inductor-{_forced}-{getpass.getuser()}"),
+    )
 
 import fastlm  # noqa: E402,F401  (sets offline/telemetry defaults before any HF import)
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
