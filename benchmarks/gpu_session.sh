@@ -11,36 +11,43 @@
 #    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need
 # 2. the plan, most wanted first (a session lent a GPU has about 15 minutes of it, starts included), each
 #    step under `timeout` (its own cap, never past what is left of --budget-s) and started only when at least
-#    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 (docs/gpu-runs):
-#    the 3B base model's preparation about 30 s, a 3B model's load 16 s, one compile of a layer's graph
-#    about 55 s, the Trainer + peft's usual set-up 71 s and its best (eager) 32 s on the 3B shape, fastlm's
-#    LoRA 55 s, the QLoRA usual set-up about 5 s a step:
-#      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft best / usual and
+#    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 and 2026-11-27
+#    (docs/gpu-runs): the 3B base model's preparation about 30 s, a 3B model's load 16 s, fastlm's LoRA
+#    55 s, the Trainer + peft's best (eager) 33 s and its usual set-up more than 79 s on the 3B shape, the
+#    0.73 B full fine-tune eager 36-58 s a contender, compiled by layers 147 s (more than 119 s on a fresh
+#    machine: its inductor cache is empty), the QLoRA usual set-up about 5 s a step:
+#      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
+#                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
+#                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
+#                          1.3x target. Eager, fastlm ran 91,247 tok/s on 2026-11-27; the Trainer's best
+#                          66,939 on 2026-11-26 (another run: no ratio)
+#      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft's best set-up and
 #                          TRL's SFTTrainer + peft best (packing, padding-free, its chunked head) on the
-#                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager
-#      weights_ab          the full fine-tune of the 0.73 B model, eager: fastlm's bf16 weights with fp32 masters
-#                          (train.runtime.param_dtype auto) against autocast over fp32 weights (fp32), one
-#                          run (a 3B full fine-tune's profile spent 33 % of its kernel time in the casts and
-#                          fp32 adds that the bf16 weights remove; 1.19x on CPU)
+#                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager: the
+#                          1.5x target (1.46x and 1.42x on 2026-11-27, with liger's own function for the head)
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100:
 #                          micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes 1..32,
 #                          tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
-#      lora_ab             fastlm's LoRA against its variants, one run: peft's own LoRA forward (the A/B of
-#                          engine/model/lora_forward.py) and fastlm's own fused-head kernel (auto picks
-#                          liger's on CUDA: two read-backs per micro-batch)
+#      lora_ab             fastlm's LoRA against its variants, one run: liger's own autograd function for the
+#                          fused head (3 host syncs per micro-batch) instead of fastlm's loop over its kernel,
+#                          and peft's own LoRA forward (the A/B of engine/model/lora_forward.py)
 #      head_kernels        benchmarks/linear_loss_memory.py --device cuda: the LM head + loss of a 3B model
 #                          (8,192 tokens x 128,256, bf16 autocast, a trained head) through fastlm's kernel,
 #                          liger's and cut-cross-entropy's against the plain head: time and peak memory (the
-#                          A/B of train.loss.fused_linear_kernel; fastlm's is the FSDP2 path)
+#                          A/B of train.loss.fused_linear_kernel); more than 77 s on 2026-11-27
 #      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
 #                          did not fit in its share)
 #      qlora_forward_ab    fastlm's QLoRA with its own forward over the 4-bit layers against peft's, one run
+#      lora_usual          fastlm's LoRA against Trainer + peft's usual set-up (dynamic padding, the same
+#                          tokens per optimizer step): the 2x target (5.23x on 2026-11-26)
+#      lora_own_head       fastlm's LoRA with fastlm's own chunked PyTorch head kernel instead of liger's
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
 #                          19 tokens each, 100 per packed row), the users' corpora, the same peers
+#      weights_ab_compiled the bf16 weights' A/B compiled by layers (the full fine-tune's compiled set-up): on
+#                          this CPU compiled, bf16 weights ran 0.87-0.95x fp32 ones; the GPU decides auto's
+#                          default for compiled runs (eager: 1.15x, 0.86x the memory, 2026-11-27)
 #      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
 #                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
-#      weights_ab_compiled the same A/B compiled by layers (the full fine-tune's target set-up): on this CPU
-#                          compiled, bf16 weights ran 0.87-0.93x fp32 ones; the GPU decides auto's default
 #      gpu_speed_full_3b   the full fine-tune on the Llama-3.2-3B shape, fastlm against the Trainer's best
 #                          set-up, both eager, 2 rows of 2048 per step, every other layer checkpointed on
 #                          both sides (51 GB of fp32 weights, gradients and AdamW states before activations)
@@ -55,9 +62,10 @@
 #      in_backward_3b      the 3B full fine-tune's peak memory with train.optimizer.in_backward (each fp32
 #                          master updated in the backward, its gradient freed: 12.8 GB by count) against
 #                          fastlm_eager, one eager run
-#    The first call (560 s) reaches LoRA and the bf16 weights' A/B; the next call (what is left of the 15
-#    minutes, about 240 s) runs --only weights_ab_compiled (it decides param_dtype auto for compiled GPU
-#    runs); later sessions --only lora_ab,head_kernels (or gpu_speed_qlora), then the rest.
+#      weights_ab          the 0.73 B full fine-tune, eager: bf16 weights with fp32 masters against autocast
+#                          over fp32 weights (1.15x on 2026-11-27), again
+#    The first call (560 s) reaches the full fine-tune's and LoRA's targets; the next call (what is left of
+#    the 15 minutes, about 240-300 s) runs --only memory_cliff or --only lora_ab; later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,16 +81,18 @@ EAGER="--compile off --warmup 5 --steps 15"
 SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s a step
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "gpu_speed_lora|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
-    "weights_ab|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
-    "lora_ab|150|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_peft_forward fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
-    "head_kernels|60|120|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce --repeats 5"
+    "lora_ab|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
+    "head_kernels|120|150|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce --repeats 5"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
+    "lora_usual|160|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual $EAGER --budget-s \$((CAP - 15))"
+    "lora_own_head|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "weights_ab_compiled|300|360|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile fastlm_compile_fp32_weights $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
-    "weights_ab_compiled|200|300|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile fastlm_compile_fp32_weights $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"
@@ -90,6 +100,7 @@ PLAN=(
     "compile_scope|150|300|benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 --seq-len 2048 --steps 10"
     "levers|60|150|benchmarks/gpu_levers.py --parallel 4 --json $OUT/levers.json --budget-s \$((CAP - 10))"
     "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
+    "weights_ab|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights $EAGER --budget-s \$((CAP - 15))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

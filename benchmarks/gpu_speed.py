@@ -94,8 +94,12 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
 * ``fastlm_lora_unfused`` (named in ``--contenders``): ``fastlm_lora`` with ``train.loss.fused_linear: off``,
   the A/B of the fused LM head + loss (``[tokens x vocab]`` logits materialised).
 * ``fastlm_lora_own_head`` (named in ``--contenders``): ``fastlm_lora`` with
-  ``train.loss.fused_linear_kernel: fastlm``, the A/B of the fused head's kernels (``auto`` picks liger's on
-  CUDA, which reads back twice per micro-batch; fastlm's chunked PyTorch one reads back nothing).
+  ``train.loss.fused_linear_kernel: fastlm``, the A/B of the fused head's kernels (``auto`` picks liger's
+  Triton kernel on CUDA, in a loop of fastlm's; fastlm's chunked PyTorch one).
+* ``fastlm_lora_liger_function`` (named in ``--contenders``): ``fastlm_lora`` with liger's own
+  ``liger_fused_linear_cross_entropy`` for the fused head, as fastlm called it until 2026-11-27 (three host
+  syncs per micro-batch: the target count's ``.item()``, ``torch.equal`` of the incoming gradient with 1),
+  the A/B of fastlm's sync-free loop over the same Triton kernel (engine/model/liger.py).
 * ``fastlm_lora_peft_forward`` / ``fastlm_qlora_peft_forward`` (named in ``--contenders``): ``fastlm_lora``
   / ``fastlm_qlora`` with ``train.model.lora.fused_forward: false``, peft's own LoRA forward (its input cast
   to the fp32 adapters and back, or over a 4-bit base a clone of the base output; a scaling pass, an add),
@@ -205,15 +209,17 @@ ADAPTER_CONTENDERS = (
     "trainer_qlora_best",
 )
 # fastlm_lora with train.loss.fused_linear: off, the A/B of the fused LM head + loss, and with fastlm's own
-# fused-head kernel (train.loss.fused_linear_kernel: fastlm; auto picks liger's on CUDA, which reads back
-# twice per micro-batch), the A/B of the two kernels, and fastlm_lora / fastlm_qlora with peft's own LoRA
-# forward (train.model.lora.fused_forward: false), the A/B of fastlm's (named in --contenders)
+# fused-head kernel (train.loss.fused_linear_kernel: fastlm; auto picks liger's Triton kernel on CUDA), the
+# A/B of the two kernels, with liger's own autograd function for the head (its host syncs), and fastlm_lora /
+# fastlm_qlora with peft's own LoRA forward (train.model.lora.fused_forward: false), the A/B of fastlm's
+# (named in --contenders)
 # TRL's SFTTrainer + peft in its best set-up (packing, padding-free, its chunked LM head): the peer LoRA users
 # pick instead of the Trainer (named in --contenders; needs trl: pip install -e '.[bench]')
 TRL_CONTENDERS = ("trl_lora_best", "trl_qlora_best")
 AB_CONTENDERS = (
     "fastlm_lora_unfused",
     "fastlm_lora_own_head",
+    "fastlm_lora_liger_function",
     "fastlm_lora_peft_forward",
     "fastlm_qlora_peft_forward",
 )
@@ -712,6 +718,35 @@ class SyncCounter:
                 self.examples.append(f"{str(message)[:80]} at {where}")
 
 
+def liger_function_cross_entropy_sum(
+    hidden, weight, targets, bias=None, *, ignore_index: int = -100, label_smoothing: float = 0.0
+):
+    """The fused head through liger's own ``liger_fused_linear_cross_entropy``, as fastlm called it until
+    2026-11-27: the sum reduction, fp32 gradient sums, the hidden states in the weight's dtype."""
+    import torch
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    loss = liger_fused_linear_cross_entropy(
+        hidden.to(weight.dtype).contiguous(),
+        weight,
+        targets.contiguous(),
+        bias=bias,
+        ignore_index=ignore_index,
+        label_smoothing=float(label_smoothing),
+        reduction="sum",
+        accum_dtype=torch.float32,
+    )
+    return loss.float()
+
+
+def use_liger_function() -> None:
+    """This process's fused head (``train.loss.fused_linear_kernel`` liger) through liger's own function
+    instead of fastlm's loop over its kernel: the A/B of that loop's host syncs."""
+    from fastlm.engine.model import liger
+
+    liger.liger_linear_cross_entropy_sum = liger_function_cross_entropy_sum
+
+
 def run_fastlm(
     ctx: GpuContext,
     compile_: bool,
@@ -721,12 +756,14 @@ def run_fastlm(
     peft_forward: bool = False,
     param_dtype: str | None = None,
     in_backward: bool = False,
+    liger_function: bool = False,
 ) -> dict:
-    """One fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` in place of ``--fused-linear``
-    (``fastlm_lora_unfused``: off); ``fused_kernel``: ``train.loss.fused_linear_kernel`` in place of
-    ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm); ``peft_forward``: peft's own LoRA forward
-    (``fastlm_lora_peft_forward``); ``param_dtype``: ``train.runtime.param_dtype`` in place of
-    ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32)."""
+    """One fastlm contender; ``liger_function``: liger's own autograd function for the fused head
+    (``fastlm_lora_liger_function``, ``use_liger_function``); ``fused_linear``: ``train.loss.fused_linear``
+    in place of ``--fused-linear`` (``fastlm_lora_unfused``: off); ``fused_kernel``:
+    ``train.loss.fused_linear_kernel`` in place of ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm);
+    ``peft_forward``: peft's own LoRA forward (``fastlm_lora_peft_forward``); ``param_dtype``:
+    ``train.runtime.param_dtype`` in place of ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32)."""
     from time import perf_counter
 
     import torch
@@ -749,6 +786,9 @@ def run_fastlm(
         name += "_fp32_weights"
     if in_backward and not adapter:
         name += "_in_backward"
+    if liger_function and adapter:
+        name += "_liger_function"
+        use_liger_function()
     end = warmup + steps
     runtime = setup_runtime(
         RuntimeConfig(
@@ -1357,6 +1397,7 @@ def child_main(args: argparse.Namespace) -> None:
         "fastlm_compile_fp32_weights": lambda: run_fastlm(ctx, True, param_dtype="fp32"),
         "fastlm_lora_unfused": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_linear="off"),
         "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),
+        "fastlm_lora_liger_function": lambda: run_fastlm(ctx, compiled, adapter="lora", liger_function=True),
         **{
             f"fastlm_{a}_peft_forward": (lambda a=a: run_fastlm(ctx, compiled, adapter=a, peft_forward=True))
             for a in ("lora", "qlora")
@@ -1653,6 +1694,18 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
     return lines
 
 
+def initial_weights_line(results: dict[str, dict]) -> str:
+    """Whether the contenders that finished started from the same weights (each child digests its model's
+    weights before training; a 4-bit base is not digested: each quantizes the same saved base folder)."""
+    inits = {run["init"] for run in results.values() if run.get("init")}
+    if inits:
+        same = "identical" if len(inits) == 1 else "DIFFERENT"
+        return f"initial weights: {same} across contenders ({', '.join(sorted(inits))})"
+    if all("error" in run for run in results.values()):
+        return "initial weights: not digested (no contender finished)"
+    return "initial weights: 4-bit bases, not digested (each quantizes the same saved base folder)"
+
+
 def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict[str, dict]) -> None:
     print()
     print(
@@ -1715,13 +1768,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
                 f"{'packed rows' if name.startswith('trl') else 'samples'} per micro-batch x "
                 f"{run.get('accumulation', 1)}; optim {run['optim']}"
             )
-    inits = {run["init"] for run in results.values() if run.get("init")}  # 4-bit bases have none
-    print(
-        f"initial weights: {'identical' if len(inits) <= 1 else 'DIFFERENT'} across contenders "
-        f"({', '.join(sorted(inits))})"
-        if inits
-        else "initial weights: 4-bit bases, not digested (each quantizes the same saved base folder)"
-    )
+    print(initial_weights_line(results))
     print(
         "MFU: (6N + 12*layers*hidden*seq_len) FLOPs per real token x real tokens/s / dense bf16 peak; "
         "MFU docs: the attention term over each document's own length (sum len^2 / sum len), the work a "

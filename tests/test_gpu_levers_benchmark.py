@@ -127,16 +127,18 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
+        "gpu_speed_full_eager",
         "gpu_speed_lora",
-        "weights_ab",
         "memory_cliff",
         "lora_ab",
         "head_kernels",
         "gpu_speed_qlora",
         "qlora_forward_ab",
+        "lora_usual",
+        "lora_own_head",
         "lora_reviews",
-        "gpu_speed_full",
         "weights_ab_compiled",
+        "gpu_speed_full",
         "gpu_speed_full_3b",
         "liger_on",
         "liger_off",
@@ -144,63 +146,75 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "compile_scope",
         "levers",
         "in_backward_3b",
+        "weights_ab",
     ]
-    # the issue's LoRA/QLoRA targets are on the 3B shape, against Trainer + peft and TRL; the usual set-up
-    # before the best one (the best one's reserve)
-    lora = "fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best"
-    assert f"--model 3b --contenders {lora}" in plan[0]
-    # the full fine-tune's bf16 weights with fp32 masters against autocast over fp32 weights, one eager run
-    assert "--model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights --compile off" in plan[1]
+    step = dict(zip(names, plan, strict=True))
+    # the full fine-tune's 1.3x target against the Trainer's best set-up, both eager (its torch_compile had
+    # not finished in 107 s on the H100)
+    assert "--model 0.5b --contenders fastlm_eager trainer_best --compile off" in step["gpu_speed_full_eager"]
+    # the issue's LoRA target is on the 3B shape, against Trainer + peft's best and TRL's (the usual set-up,
+    # more than 79 s, in a step of its own)
+    lora = "fastlm_lora trainer_lora_best trl_lora_best"
+    assert f"--model 3b --contenders {lora} --compile off" in step["gpu_speed_lora"]
+    assert "--contenders fastlm_lora trainer_lora_usual --compile off" in step["lora_usual"]
     # the cliff's tune ladder eager and packed (at its defaults it had not finished in 150 s on the H100)
-    assert (
-        "memory_cliff.py --fastlm-compile off --modes packed --max-size 32" in plan[2]
-        and "timeout" in plan[2]
-    )
-    # fastlm's LoRA forward against peft's, and liger's fused-head kernel against fastlm's own, one eager run
-    variants = "fastlm_lora fastlm_lora_peft_forward fastlm_lora_own_head"
-    assert f"--model 3b --contenders {variants} --compile off" in plan[3]
+    cliff = step["memory_cliff"]
+    assert "memory_cliff.py --fastlm-compile off --modes packed --max-size 32" in cliff and "timeout" in cliff
+    # fastlm's loop over liger's kernel against liger's own function, fastlm's LoRA forward against peft's
+    variants = "fastlm_lora fastlm_lora_liger_function fastlm_lora_peft_forward"
+    assert f"--model 3b --contenders {variants} --compile off" in step["lora_ab"]
+    assert "--contenders fastlm_lora fastlm_lora_own_head --compile off" in step["lora_own_head"]
     # a 3B model's LM head + loss on the GPU: fastlm's kernel, liger's, cut-cross-entropy's, the plain head
     head = "linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger cce"
-    assert head in plan[4]
+    assert head in step["head_kernels"] and "at most 150 s" in step["head_kernels"]
     # QLoRA in fewer steps (the usual set-up's 20 did not fit in its share on the H100)
     qlora = "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best"
-    qlora += " --compile off --warmup 3"
-    assert qlora in plan[5]
-    # fastlm's forward over a 4-bit base against peft's, one eager QLoRA run
-    assert "--model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in plan[6]
+    assert f"{qlora} --compile off --warmup 3" in step["gpu_speed_qlora"]
+    assert "--contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in step["qlora_forward_ab"]
     # the LoRA run on one short text per document, the real reviews' lengths
     reviews = "--model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best"
-    reviews += " trl_lora_best"
-    assert f"{reviews} --compile off" in plan[7]
-    # the full fine-tune against the Trainer's best set-up, compiled by layers (a whole-model compile of the
-    # 0.73 B model did not finish in 137 s on an H100)
-    assert "--model 0.5b --contenders fastlm_compile trainer_best" in plan[8]
-    # the bf16 weights' A/B compiled by layers, as the full fine-tune's target runs
-    assert "--model 0.5b --contenders fastlm_compile fastlm_compile_fp32_weights" in plan[9]
+    assert f"{reviews} trl_lora_best --compile off" in step["lora_reviews"]
+    # the bf16 weights' A/B compiled by layers: each contender took more than 119 s on a fresh H100
+    compiled_ab = step["weights_ab_compiled"]
+    assert "--contenders fastlm_compile fastlm_compile_fp32_weights" in compiled_ab
+    assert "at most 360 s" in compiled_ab
+    # the full fine-tune against the Trainer's best set-up, compiled by layers
+    assert "--model 0.5b --contenders fastlm_compile trainer_best" in step["gpu_speed_full"]
     # the full fine-tune of the 3B shape, both eager, checkpointing on both sides to fit 80 GB
     full_3b = "--model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective"
-    assert f"{full_3b} --compile off" in plan[10]
-    # the adapter runs eager on both sides (a layer's compile took about 55 s on the H100), then
-    # compiled by layers against the Trainer + peft's best set-up with its torch_compile
-    assert all("--compile off" in plan[i] for i in (0, 1, 3, 5, 6, 7))
-    compiled = (8, 9, 11, 12, 13)
-    assert all("--compile-scope layers" in plan[i] and "--compile off" not in plan[i] for i in compiled)
-    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in plan[13]
-    assert "--liger on" in plan[11] and "--liger off" in plan[12]
-    assert "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in plan[14]
-    # every lever again, last: each one passed on the H100 of 2026-11-26
-    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in plan[15]
+    assert f"{full_3b} --compile off" in step["gpu_speed_full_3b"]
+    eager = (
+        "gpu_speed_full_eager",
+        "gpu_speed_lora",
+        "lora_ab",
+        "gpu_speed_qlora",
+        "lora_usual",
+        "weights_ab",
+    )
+    assert all("--compile off" in step[name] for name in eager)
+    compiled = ("weights_ab_compiled", "gpu_speed_full", "liger_on", "liger_off", "gpu_speed_lora_compiled")
+    assert all("--compile-scope layers" in step[n] and "--compile off" not in step[n] for n in compiled)
+    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in step["gpu_speed_lora_compiled"]
+    assert "--liger on" in step["liger_on"] and "--liger off" in step["liger_off"]
+    assert (
+        "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in step["compile_scope"]
+    )
+    # every lever again: each one passed on the H100 of 2026-11-26
+    assert f"gpu_levers.py --parallel 4 --json {tmp_path}/levers.json" in step["levers"]
     # the 3B full fine-tune's peak memory with the masters updated in the backward, one eager run
     in_backward = "--model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2"
-    assert f"{in_backward} --checkpointing selective --compile off" in plan[16]
+    assert f"{in_backward} --checkpointing selective --compile off" in step["in_backward_3b"]
+    # the bf16 weights' eager A/B again, last (1.15x on the H100 of 2026-11-27)
+    assert "--model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights" in step["weights_ab"]
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
-    assert "[gpu_speed_lora] at most 330 s" in done.stdout and "[weights_ab] at most 220 s" in done.stdout
-    assert "[lora_ab] skipped: 10 s left of 560" in done.stdout
+    assert "[gpu_speed_full_eager] at most 220 s" in done.stdout
+    assert "[gpu_speed_lora] at most 260 s" in done.stdout
+    assert "[memory_cliff] skipped: 80 s left of 560" in done.stdout
     assert "bash benchmarks/gpu_session.sh --only lora_ab" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [

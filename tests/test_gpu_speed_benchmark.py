@@ -552,3 +552,27 @@ def test_the_in_backward_contender_updates_in_backward_without_clipping_beside_f
     assert plain.optimizer.in_backward is False and plain.optimizer.grad_clip == 1.0
     assert ("fastlm_eager", "fastlm_eager_in_backward") in gpu_speed.MEMORY_PAIRS
     assert "fastlm_eager_in_backward" in gpu_speed.CONTENDERS
+
+
+def test_the_initial_weights_line_says_so_when_no_contender_finished(gpu_speed):
+    """The H100 run of 2026-11-27 (docs/gpu-runs/2026-11-27-h100-weights_ab_compiled.log) stopped both
+    full fine-tune contenders at their caps and said their "4-bit bases" were not digested."""
+    stopped = {"fastlm_compile": {"error": "did not finish in 119 s"}, "x": {"error": "did not finish"}}
+    assert gpu_speed.initial_weights_line(stopped) == "initial weights: not digested (no contender finished)"
+    same = {"fastlm_eager": {"init": "fd3a"}, "fastlm_eager_fp32_weights": {"init": "fd3a"}}
+    assert gpu_speed.initial_weights_line(same) == "initial weights: identical across contenders (fd3a)"
+    apart = {**same, "trainer_best": {"init": "0b1c"}, "stopped": {"error": "did not finish"}}
+    assert "DIFFERENT across contenders (0b1c, fd3a)" in gpu_speed.initial_weights_line(apart)
+    assert "4-bit bases" in gpu_speed.initial_weights_line({"fastlm_qlora": {"setup": "nf4"}})
+
+
+def test_the_liger_function_variant_puts_liger_s_own_function_under_the_fused_head(gpu_speed, monkeypatch):
+    """``fastlm_lora_liger_function``: the A/B of fastlm's sync-free loop over liger's kernel against liger's
+    own autograd function (three host syncs per micro-batch on the H100 of 2026-11-27)."""
+    from fastlm.engine.model import liger
+
+    assert ("fastlm_lora", "fastlm_lora_liger_function") in gpu_speed.AB_PAIRS
+    assert "fastlm_lora_liger_function" in gpu_speed.CONTENDERS
+    monkeypatch.setattr(liger, "liger_linear_cross_entropy_sum", liger.liger_linear_cross_entropy_sum)
+    gpu_speed.use_liger_function()
+    assert liger.liger_linear_cross_entropy_sum is gpu_speed.liger_function_cross_entropy_sum

@@ -57,8 +57,6 @@ __all__ = [
 INPUT_BOUND = "input-bound"
 PADDING_BOUND = "padding-bound"
 HOST_SYNC_BOUND = "host-sync-bound"
-#: how the summary's ``fused_linear_choice`` names liger-kernel's fused head (``engine.model.liger``)
-LIGER_FUSED_HEAD = "liger-kernel's fused linear cross-entropy"
 MEMORY_SATURATED = "memory-saturated"
 COMPILE_BOUND = "compile-bound"
 COMPUTE_BOUND = "compute-bound"
@@ -237,12 +235,6 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         "CPU-side work between steps; raise train.log_every so metrics are read back less often; "
         "try train.runtime.compile: true (torch.compile) or CUDA graphs to cut launch overhead"
     )
-    if LIGER_FUSED_HEAD in str(summary.get("fused_linear_choice") or ""):
-        advice += (
-            "; this run's fused LM head is liger-kernel's, which reads back twice per micro-batch (.item() "
-            "in its forward, torch.equal in its backward): train.loss.fused_linear_kernel: fastlm reads back "
-            "nothing"
-        )
     return Finding(
         HOST_SYNC_BOUND, True, figure, "the host seems to stall the GPU: " + "; ".join(reasons), advice
     )

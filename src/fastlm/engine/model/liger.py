@@ -3,21 +3,20 @@
 Two levers, each off by a parameter, each falling back to our pure-PyTorch code elsewhere:
 
 * ``train.loss.fused_linear_kernel`` (``linear_ce_kernel_choice``): the fused LM head + loss of
-  ``linear_loss`` runs liger's ``liger_fused_linear_cross_entropy`` (one Triton kernel per chunk for the
-  softmax, the loss and its gradient, in place in the logits chunk) instead of our chunked PyTorch loop.
-  Same contract: the fp32 *sum* over the target tokens (divided later by the step's global target count,
+  ``linear_loss`` runs liger's Triton cross-entropy kernel (one launch per chunk of tokens for the softmax,
+  the loss and its gradient, in place in the logits chunk) in a loop of ours shaped as liger's
+  ``LigerFusedLinearCrossEntropyFunction``, without its host syncs. Same contract as our chunked PyTorch
+  loop: the fp32 *sum* over the target tokens (divided later by the step's global target count,
   ``accumulation``), ``ignore_index`` rows scoring nothing, ``F.cross_entropy``'s label smoothing, the bias,
-  fp32 accumulation of the weight and bias gradients (``accum_dtype``). Our ``linear_cross_entropy_sum``
-  stays the CPU path and the reference the liger path is tested against (``tests/engine/model/
-  test_liger.py``, with a stand-in liger module).
+  the weight and bias gradients summed in fp32. Our ``linear_cross_entropy_sum`` stays the CPU path and the
+  reference the liger path is tested against (``tests/engine/model/test_liger.py``, with a stand-in liger
+  module whose kernel does the Triton kernel's arithmetic in torch).
 * ``train.model.liger`` (``apply_liger``): liger's fused RMSNorm, rotary embedding and SwiGLU (GeGLU for
   Gemma) patched onto the model instance through its family's ``apply_liger_kernel_to_<family>(model=...)``,
   with liger's own cross-entropy options off: our loss path owns the head.
 
-Costs liger brings: its fused linear cross-entropy reads the number of target tokens back to the host
-(``.item()``) once per micro-batch, a sync our path avoids; its rotary patch replaces the family's
-module-level ``apply_rotary_pos_emb``, so it holds for every model of that family in the process (one device
-per run).
+Costs liger brings: its rotary patch replaces the family's module-level ``apply_rotary_pos_emb``, so it holds
+for every model of that family in the process (one device per run).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import torch
 
 from fastlm.engine.model.cce import cce_linear_cross_entropy_sum, cce_unavailable, triton_kernel_unavailable
 from fastlm.engine.model.encoder_decoder import unwrapped
-from fastlm.engine.model.linear_loss import IGNORE_INDEX, linear_cross_entropy_sum
+from fastlm.engine.model.linear_loss import IGNORE_INDEX, linear_cross_entropy_sum, product_dtype
 from fastlm.errors import ConfigError
 
 __all__ = [
@@ -97,7 +96,10 @@ def linear_ce_kernel_choice(request: str, device: torch.device) -> tuple[str, st
         return "cce", f"cut-cross-entropy's linear cross-entropy ({KERNEL_PARAM}: cce)"
     problem = liger_unavailable(device)
     if problem is None:
-        return "liger", f"liger-kernel's fused linear cross-entropy ({KERNEL_PARAM}: {request})"
+        return (
+            "liger",
+            f"liger-kernel's cross-entropy kernel in fastlm's chunk loop ({KERNEL_PARAM}: {request})",
+        )
     if request == "liger":
         raise ConfigError(
             f"{KERNEL_PARAM} is liger, but {problem}.",
@@ -115,23 +117,111 @@ def liger_linear_cross_entropy_sum(
     ignore_index: int = IGNORE_INDEX,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """``linear_loss.linear_cross_entropy_sum``'s contract through liger's kernel: the fp32 summed loss
-    (``reduction="sum"``: the caller divides by the step's target count), the weight and bias gradients
-    accumulated in fp32 (``accum_dtype``), the hidden states in the weight's dtype (liger multiplies them as
-    given; ours casts them the same way)."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    """``linear_loss.linear_cross_entropy_sum``'s contract through liger's Triton cross-entropy kernel: the
+    fp32 summed loss (the caller divides by the step's target count), the gradients computed in the forward as
+    liger's ``LigerFusedLinearCrossEntropyFunction`` does (chunks of its size, the kernel writing each
+    logit's gradient in place over the chunk's logits), the weight and bias gradients summed in fp32.
 
-    loss = liger_fused_linear_cross_entropy(
-        hidden.to(weight.dtype).contiguous(),
-        weight,
-        targets.contiguous(),
-        bias=bias,
-        ignore_index=ignore_index,
-        label_smoothing=float(label_smoothing),
-        reduction="sum",
-        accum_dtype=torch.float32,
+    Our loop instead of liger's function: that one reads the number of target tokens back to the host
+    (``.item()``) and compares the incoming gradient with 1 on the host (``torch.equal``), three host syncs
+    per micro-batch (45 in the H100's 15 LoRA steps, docs/gpu-runs/2026-11-27-h100-gpu_speed_lora.log).
+    With the sum reduction the kernel needs no target count, and the backward scales the saved gradients by
+    the incoming one on the device. The products run in autocast's dtype where the caller runs under it,
+    else the weight's, as ours and the plain head's (liger's function multiplied in the weight's dtype)."""
+    compute = product_dtype(hidden, weight)
+    return _LigerLinearCrossEntropySum.apply(
+        hidden, weight, bias, targets, ignore_index, float(label_smoothing), compute
     )
-    return loss.float()
+
+
+class _LigerLinearCrossEntropySum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, ignore_index, label_smoothing, compute):
+        from liger_kernel.ops import cross_entropy
+
+        with torch.autocast(hidden.device.type, enabled=False), torch.no_grad():
+            needs = ctx.needs_input_grad
+            gradients = any(needs[:3])
+            h, w = hidden.to(compute).contiguous(), weight.to(compute)
+            b = bias.to(compute) if bias is not None else None
+            tokens, vocab = h.shape[0], w.shape[0]
+            # liger's chunk: about as many logits as hidden-state elements, a power of two of tokens
+            chunk = _next_power_of_2(-(-tokens // -(-vocab // max(h.shape[1], 1))))
+            block = min(getattr(cross_entropy, "MAX_FUSED_SIZE", 32768), _next_power_of_2(vocab))
+            kernel = cross_entropy.liger_cross_entropy_kernel
+            grad_hidden = torch.empty_like(h) if needs[0] else None
+            grad_weight = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if needs[1] else None
+            grad_bias = torch.zeros(vocab, dtype=torch.float32, device=w.device) if needs[2] else None
+            losses = torch.zeros(tokens, dtype=torch.float32, device=h.device)
+            targets = targets.contiguous()
+            for start in range(0, tokens, chunk):
+                rows = slice(start, start + chunk)
+                logits = torch.addmm(b, h[rows], w.T) if b is not None else h[rows] @ w.T
+                args = _kernel_args(logits, targets[rows], losses[rows], ignore_index, label_smoothing, block)
+                args["HAS_GRADIENTS"] = gradients
+                names = getattr(kernel, "arg_names", None)  # a later liger's kernel: the names it takes
+                args = {k: v for k, v in args.items() if names is None or k in names}
+                kernel[(logits.shape[0],)](**args, num_warps=32)
+                if grad_hidden is not None:  # ``logits`` now holds d(loss)/d(logits)
+                    torch.mm(logits, w, out=grad_hidden[rows])
+                if grad_weight is not None:
+                    grad_weight += torch.mm(logits.T, h[rows]).float()
+                if grad_bias is not None:
+                    grad_bias += logits.float().sum(0)
+        ctx.save_for_backward(
+            *(g if g is not None else torch.empty(0) for g in (grad_hidden, grad_weight, grad_bias))
+        )
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.present = (grad_hidden is not None, grad_weight is not None, grad_bias is not None)
+        return losses.sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        # scaled on the device, in place where the saved gradient has the input's dtype
+        grads = [
+            (g if g.dtype == dtype else g.to(dtype)).mul_(grad_loss) if present else None
+            for g, dtype, present in zip(ctx.saved_tensors, ctx.dtypes, ctx.present, strict=True)
+        ]
+        return grads[0], grads[1], grads[2], None, None, None, None
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _kernel_args(logits, targets, losses, ignore_index, label_smoothing, block) -> dict:
+    """liger 0.8's ``liger_cross_entropy_kernel`` arguments for one chunk: plain cross-entropy (no class
+    weights, z-loss, soft-capping, accuracy or predicted tokens), the sum reduction (the target count, used
+    by the mean only, is passed as 1: nothing read back to the host)."""
+    return {
+        "X_ptr": logits,
+        "X_stride": logits.stride(-2),
+        "Y_ptr": targets,
+        "Y_stride": targets.stride(-1),
+        "weight_ptr": None,
+        "loss_ptr": losses,
+        "z_loss_ptr": None,
+        "loss_stride": losses.stride(-1),
+        "token_accuracy_ptr": None,
+        "token_accuracy_stride": 0,
+        "predicted_tokens_ptr": None,
+        "predicted_tokens_stride": 0,
+        "n_cols": logits.shape[1],
+        "n_non_ignore": 1,
+        "sum_non_ignore_weight": 1,
+        "weight_sum": 0.0,
+        "ignore_index": ignore_index,
+        "lse_square_scale": 0.0,
+        "label_smoothing": label_smoothing,
+        "reduction": "sum",
+        "softcap": None,
+        "RETURN_Z_LOSS": False,
+        "RETURN_TOKEN_ACCURACY": False,
+        "RETURN_PREDICTED_TOKENS": False,
+        "BLOCK_SIZE": block,
+        "HAS_WEIGHT": False,
+        "HAS_SOFTCAPPING": False,
+    }
 
 
 def fused_linear_cross_entropy_sum(
@@ -143,11 +233,10 @@ def fused_linear_cross_entropy_sum(
     *,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """The summed loss of the fused head through ``kernel`` (``linear_ce_kernel_choice``). liger computes
-    the weight's gradient only when the hidden states need one too: a trainable head on a frozen body (no
-    such run in fastlm so far) keeps ours. cut-cross-entropy has no bias and no label smoothing: a head with
-    a bias keeps ours (smoothing with cce is refused with the parameters)."""
-    if kernel == "liger" and (hidden.requires_grad or not weight.requires_grad):
+    """The summed loss of the fused head through ``kernel`` (``linear_ce_kernel_choice``). cut-cross-entropy
+    has no bias and no label smoothing: a head with a bias keeps ours (smoothing with cce is refused with the
+    parameters)."""
+    if kernel == "liger":
         return liger_linear_cross_entropy_sum(hidden, weight, targets, bias, label_smoothing=label_smoothing)
     if kernel == "cce" and bias is None and not label_smoothing:
         return cce_linear_cross_entropy_sum(hidden, weight, targets)
