@@ -61,6 +61,7 @@ def measure(path: str, args, chunk: int | None = None) -> dict:
         "plain": reference_linear_cross_entropy_sum,
         "fused": lambda *a: linear_cross_entropy_sum(*a, chunk_tokens=chunk, vocab_block=args.block),
         "liger": liger_linear_cross_entropy_sum,
+        "liger_function": lambda *a: _liger_function()(*a),
         "cce": cce_linear_cross_entropy_sum,
     }[path]
     tokens, vocab, hidden = args.tokens, args.vocab, args.hidden
@@ -112,14 +113,23 @@ def measure(path: str, args, chunk: int | None = None) -> dict:
     }
 
 
+def _liger_function():
+    """liger's own autograd function for the head, as the engine called it until 2026-11-27 (its host syncs,
+    the weight's gradient summed chunk by chunk): ``gpu_speed.liger_function_cross_entropy_sum``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_speed import liger_function_cross_entropy_sum
+
+    return liger_function_cross_entropy_sum
+
+
 def kernel_unavailable(kernel: str, device, precision: str) -> str | None:
-    """Why ``kernel`` (liger, cce) cannot run at this device and precision (None: it can)."""
+    """Why ``kernel`` (liger, liger_function, cce) cannot run at this device and precision (None: it can)."""
     from fastlm.engine.model.cce import cce_unavailable
     from fastlm.engine.model.liger import liger_unavailable
 
     if kernel == "cce" and precision != "bf16":
         return "cut-cross-entropy's backward computes in bf16 or fp16 only (--precision bf16)"
-    return (liger_unavailable if kernel == "liger" else cce_unavailable)(device)
+    return (liger_unavailable if kernel.startswith("liger") else cce_unavailable)(device)
 
 
 def run_child(path: str, args, chunk: int | None = None, block: int | None = None) -> dict:
@@ -165,9 +175,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--kernels",
         nargs="*",
-        choices=["liger", "cce"],
+        choices=["liger", "liger_function", "cce"],
         default=[],
-        help="also run these fused kernels (CUDA; liger-kernel's, cut-cross-entropy's) beside ours",
+        help="also run these fused kernels (CUDA; liger-kernel's in fastlm's loop, liger's own function, "
+        "cut-cross-entropy's) beside ours",
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed passes on CUDA, after a warm-up")
     parser.add_argument("--json", help="write the figures here")
@@ -178,7 +189,9 @@ def main(argv=None) -> int:
         default=[],
         help="also run the fused path with these tokens per chunk (the A/B of its chunk size)",
     )
-    parser.add_argument("--child", choices=["plain", "fused", "liger", "cce"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", choices=["plain", "fused", "liger", "liger_function", "cce"], help=argparse.SUPPRESS
+    )
     parser.add_argument(
         "--vocab-blocks",
         type=int,

@@ -42,6 +42,7 @@ __all__ = [
     "LINEAR_CE_CHUNK_ELEMENTS",
     "fused_head_choice",
     "head_returns_hidden",
+    "head_weight_gradient",
     "linear_cross_entropy_sum",
     "product_dtype",
     "reference_linear_cross_entropy_sum",
@@ -230,6 +231,27 @@ class _Head:
             probs.sub_(valid * (self.smoothing / self.weight.size(0)))
         probs.scatter_add_(dim, index, -(1 - self.smoothing) * hit)
         return probs.mul_(valid)
+
+
+def head_weight_gradient(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+    label_smoothing: float = 0.0,
+    vocab_block: int | None = None,
+) -> torch.Tensor:
+    """d(summed loss)/d(weight) of the head, block by block of vocabulary rows (one product over all the
+    tokens per block, its logits recomputed from each token's log-sum-exp ``lse``, fp32), in the dtype of
+    ``hidden`` and ``weight`` (the products'); no gradient from a token whose target is ``ignore_index``. For
+    a kernel that gives the loss and the hidden states' gradient chunk by chunk of tokens but would sum the
+    weight's as a ``[vocab x d]`` product per chunk (``engine.model.liger``)."""
+    head = _Head(hidden, weight, bias, targets, ignore_index, label_smoothing)
+    block = vocab_block or max(1, LINEAR_CE_CHUNK_ELEMENTS // max(hidden.size(0), 1))
+    return head.weight_gradient(lse, block)
 
 
 def reference_linear_cross_entropy_sum(
