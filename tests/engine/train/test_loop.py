@@ -136,8 +136,14 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
     additive = to_device(shipped, cpu, "eager")["model_inputs"]["attention_mask"]
     assert torch.equal(additive == 0, reference["attention_mask"])
     varlen = to_device(shipped, cpu, "flash_attention_2")["model_inputs"]
-    assert "attention_mask" not in varlen and varlen["input_ids"].shape == (1, shipped["input_ids"].numel())
-    assert torch.equal(varlen["cu_seq_lens_q"], shipped["cu_seq_lens"])
+    # the varlen view: the real tokens in one row, the rows' padding tails left out (inputs.without_padding)
+    real = int(shipped["num_real_tokens"])
+    width = -(-real // 8) * 8
+    assert "attention_mask" not in varlen and varlen["input_ids"].shape == (1, width) and width < 4 * 64
+    bounds, flat_real = shipped["cu_seq_lens"].tolist(), shipped["real_mask"].reshape(-1)
+    lengths = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True) if flat_real[a]])
+    assert varlen["cu_seq_lens_q"].tolist()[: len(lengths) + 1] == [0, *lengths.cumsum(0).tolist()]
+    assert int(lengths.sum()) == real and len(lengths) == 8
 
 
 def test_profiling_records_the_requested_window(tmp_path):

@@ -192,6 +192,7 @@ class PackedCollator:
             "labels": labels,
             "position_ids": layout.position_ids,
             "sequence_ids": layout.sequence_ids.to(torch.int32),
+            "real_mask": layout.real_mask,  # host-side: the varlen view leaves the rest out (inputs)
         }
         if self.attention_mask_format != "none":
             mask = block_causal_mask(layout.sequence_ids)

@@ -234,3 +234,58 @@ def test_padded_batches_on_varlen_paths_equal_each_sample_alone(path_kernels, re
     )
     expected = sum(float(loss) for loss in reference_losses.values()) / sum(n - 1 for n in LENGTHS)
     assert math.isclose(result.metrics["loss"], expected, rel_tol=MEAN_LOSS_RTOL) and kernels_fed()
+
+
+# --- the varlen view without the rows' padding ------------------------------------------------------------
+
+
+def _varlen_batches():
+    """A packed batch whose rows end in padding, and a right-padded one (one sample per row), as the engine's
+    collators make them."""
+    from fastlm.engine.data import DynamicPaddingCollator, PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+
+    features = [{"input_ids": ids.tolist()} for ids in SAMPLES[:6]]  # 7, 13, 3, 20, 9, 2 tokens
+    packed = PackedCollator(
+        pad_id=PAD, budget=TokenBudget(row_length=ROW, rows_per_batch=4), attention_mask_format="none"
+    )(features)
+    padded = DynamicPaddingCollator(pad_id=PAD)(features)
+    return {"packed": packed, "padded": padded}
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+@pytest.mark.parametrize("attn", ["torch_varlen", "flash_attention_2", "sdpa_varlen"])
+def test_varlen_paths_get_the_real_tokens_in_one_row_without_the_rows_padding(layout, attn):
+    """The varlen kernels need no rectangle: the rows' padding tails (1.6 % of the H100's LoRA micro-batches,
+    docs/gpu-runs/2026-11-27-h100-gpu_speed_lora.log; the Trainer's flattening computes none) are left out of
+    the model's row, which keeps each sample's tokens, labels and positions in order, padded at its end to a
+    multiple of 8 only."""
+    from fastlm.engine.data.schema import MODEL_INPUTS
+    from fastlm.engine.model.attention.inputs import to_device
+
+    batch = _varlen_batches()[layout]
+    real = int(batch["num_real_tokens"])
+    assert batch["input_ids"].numel() - real >= 8  # the rows' padding: more than the round-up
+    out = to_device(batch, torch.device("cpu"), attn)
+    inputs = out[MODEL_INPUTS]
+    width = -(-real // 8) * 8
+    assert inputs["input_ids"].shape == (1, width) and out["labels"].shape == (1, width)
+    flat_ids = torch.cat([torch.as_tensor(ids) for ids in SAMPLES[:6]])
+    assert torch.equal(inputs["input_ids"][0, :real], flat_ids)  # the samples, in the collator's order
+    assert bool((inputs["input_ids"][0, real:] == PAD).all()) and bool(
+        (out["labels"][0, real:] == -100).all()
+    )
+    starts = [0, *torch.cumsum(torch.tensor(LENGTHS[:6]), 0).tolist()]
+    assert inputs["cu_seq_lens_q"].tolist() == starts + ([width] if width > real else [])
+    assert inputs["max_length_q"] == max(max(LENGTHS[:6]), width - real)
+    positions = torch.cat([torch.arange(n) for n in LENGTHS[:6]] + [torch.arange(width - real)])
+    assert torch.equal(inputs["position_ids"][0], positions)
+    # the labels: each sample's own but its first token (no position of it predicts that one: its row's start
+    # in a right-padded batch, the packed collator's -100)
+    assert torch.equal(
+        out["labels"][out["labels"] != -100], torch.cat([torch.as_tensor(i[1:]) for i in SAMPLES[:6]])
+    )
+    assert int(out["num_target_tokens"]) == sum(n - 1 for n in LENGTHS[:6])
+    assert int(out["num_computed_tokens"]) == width and int(out["num_real_tokens"]) == real
+    dense = to_device(_varlen_batches()[layout], torch.device("cpu"), "sdpa")  # a dense mask keeps the rows
+    assert dense[MODEL_INPUTS]["input_ids"].shape == batch["input_ids"].shape

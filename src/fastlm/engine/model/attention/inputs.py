@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
-from fastlm.engine.data.schema import MODEL_INPUT_KEYS, MODEL_INPUTS, TARGET_POSITIONS
+from fastlm.engine.data.schema import IGNORE_INDEX, MODEL_INPUT_KEYS, MODEL_INPUTS, TARGET_POSITIONS
 from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
 from fastlm.engine.model.attention.kernels import MAX_LENGTH_BOUND, SDPA_VARLEN, TORCH_VARLEN
 from fastlm.engine.model.encoder_decoder import CROSS_ATTENTION_MASK, DECODER_POSITIONS, ENCODER_POSITIONS
@@ -83,6 +83,8 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     for a causal batch ``batch[TARGET_POSITIONS]`` where some positions predict no label
     (``loss.positions_to_keep``)."""
     kind = packed_inputs(attn)
+    if kind == VARLEN and "decoder_input_ids" not in batch:
+        batch = without_padding(batch)
     moved = {key: batch[key].to(device, non_blocking=True) for key in DEVICE_KEYS if key in batch}
     out = {**batch, **moved}
     packed = "sequence_ids" in batch
@@ -132,6 +134,54 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
     elif "attention_mask" in out:  # padded rows, one sample each: transformers builds the mask it needs
         inputs["attention_mask"] = out["attention_mask"]
     out[MODEL_INPUTS] = inputs
+    return out
+
+
+# The varlen row's length is rounded up to a multiple of this (its padding tail one segment more): the token
+# count is every projection's M dimension.
+VARLEN_ROW_MULTIPLE = 8
+
+
+def without_padding(batch: dict) -> dict:
+    """A causal batch for the varlen kernels as one row of its real tokens, on the host: the samples in the
+    collator's order with their labels and restarting positions, padded at the end to a multiple of
+    ``VARLEN_ROW_MULTIPLE`` only, instead of the rows' padding tails (which the kernels would compute as
+    segments of their own). ``cu_seq_lens``, ``max_seqlen``, ``sequence_ids`` and ``num_computed_tokens``
+    follow; each sample's first label is ``ignore_index`` (its row's start predicted nothing). Packed
+    batches carry their real tokens' mask (``real_mask``), right-padded ones their 2D ``attention_mask``;
+    a batch without padding beyond the round-up is returned as it is."""
+    real = batch.get("real_mask")
+    if real is None and "attention_mask" in batch and batch["attention_mask"].dim() == 2:
+        real = batch["attention_mask"].bool()
+    if real is None or real.device.type != "cpu" or batch["input_ids"].device.type != "cpu":
+        return batch
+    count = int(real.sum())
+    width = -(-count // VARLEN_ROW_MULTIPLE) * VARLEN_ROW_MULTIPLE
+    if width >= real.numel() or count == 0:
+        return batch
+    flat, tail = real.reshape(-1), width - count
+    ids = batch["input_ids"].reshape(-1)
+    if "position_ids" in batch:
+        positions = batch["position_ids"].reshape(-1)[flat]
+    else:
+        positions = (real.cumsum(1) - 1).reshape(-1)[flat]
+    starts = (positions == 0).nonzero().reshape(-1)
+    bounds = torch.cat([starts, torch.tensor([count] + ([width] if tail else []))])
+    lengths = bounds.diff()
+    labels = batch["labels"].reshape(-1)[flat].clone()
+    labels[starts] = IGNORE_INDEX
+    out = {key: value for key, value in batch.items() if key not in ("attention_mask", "real_mask")}
+    out["input_ids"] = torch.cat([ids[flat], ids[~flat][:1].expand(tail)]).unsqueeze(0)
+    out["labels"] = torch.cat([labels, torch.full((tail,), IGNORE_INDEX)]).unsqueeze(0)
+    out["position_ids"] = torch.cat([positions, torch.arange(tail)]).unsqueeze(0)
+    out["sequence_ids"] = torch.repeat_interleave(torch.arange(lengths.numel()), lengths).to(torch.int32)[
+        None
+    ]
+    out["cu_seq_lens"] = bounds.to(torch.int32)
+    out["max_seqlen"] = torch.tensor(int(lengths.max()), dtype=torch.int64)
+    out["num_computed_tokens"] = torch.tensor(width, dtype=torch.int64)
+    if "row_length" not in batch:  # the bound a right-padded batch's rows gave (few values in a run)
+        out["row_length"] = torch.tensor(max_length_bound(batch, real.shape[1]), dtype=torch.int64)
     return out
 
 
