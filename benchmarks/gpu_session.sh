@@ -85,7 +85,7 @@ PLAN=(
     "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
     "lora_ab|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
-    "head_kernels|120|150|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger liger_function cce --repeats 5"
+    "head_kernels|150|200|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger liger_function cce --repeats 5"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "lora_usual|160|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual $EAGER --budget-s \$((CAP - 15))"

@@ -167,7 +167,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # a 3B model's LM head + loss on the GPU: fastlm's kernel, liger's, cut-cross-entropy's, the plain head
     head = "linear_loss_memory.py --device cuda --precision bf16 --hidden 3072"
     head += " --kernels liger liger_function cce"
-    assert head in step["head_kernels"] and "at most 150 s" in step["head_kernels"]
+    assert head in step["head_kernels"] and "at most 200 s" in step["head_kernels"]
     # QLoRA in fewer steps (the usual set-up's 20 did not fit in its share on the H100)
     qlora = "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best"
     assert f"{qlora} --compile off --warmup 3" in step["gpu_speed_qlora"]
