@@ -121,8 +121,13 @@ def brute(setup):
     return _brute_force(model, data)
 
 
-@pytest.mark.parametrize("mode", ["packed", "dynamic"])
-def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
+@pytest.mark.parametrize(
+    ("mode", "attn"),
+    [("packed", "sdpa"), ("dynamic", "sdpa"), ("packed", "sdpa_varlen"), ("dynamic", "sdpa_varlen")],
+)
+def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode, attn):
+    """A varlen path gets one row of the batch's real tokens (``attention.inputs.without_padding``): the
+    per-sample analysis reads that row's segments, not the collator's rows."""
     model, tokenizer, data, runtime = setup
     params = _params(mode)
     report = evaluate(
@@ -131,7 +136,7 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
         params=params,
         runtime=runtime,
         max_length=MAX_LENGTH,
-        attn="sdpa",
+        attn=attn,
         tokenizer=tokenizer,
         options=EvalOptions(analysis=True, worst=7, pairs=15),
     )
@@ -142,7 +147,7 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode):
         runtime=runtime,
         pad_id=tokenizer.pad_token_id,
         max_length=MAX_LENGTH,
-        attn="sdpa",
+        attn=attn,
     )
     assert (
         reference.wrong_pairs is None

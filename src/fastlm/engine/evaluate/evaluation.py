@@ -184,17 +184,7 @@ def evaluate(
     if max_batches is not None:
         max_batches = math.ceil(max_batches / comm.world_size)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
-    errors = (
-        _ErrorAnalysis(
-            dataset,
-            device,
-            top_k=options.top_k,
-            worst=options.worst,
-            packed=params.batching.mode == "packed" and not sides,
-        )
-        if analysis
-        else None
-    )
+    errors = _ErrorAnalysis(dataset, device, top_k=options.top_k, worst=options.worst) if analysis else None
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets = torch.zeros((), dtype=torch.int64, device=device)
     real_tokens = samples = 0
@@ -214,7 +204,8 @@ def evaluate(
                 if errors is None:
                     batch_sum, batch_targets = causal_lm_loss_sum(logits, batch["labels"])
                 else:
-                    batch_sum, batch_targets = errors.add(logits, batch["labels"], host, indices)
+                    # the batch as the model saw it (a varlen path: one row of real tokens, its own segments)
+                    batch_sum, batch_targets = errors.add(logits, batch["labels"], batch, indices)
                 loss_sum += batch_sum
                 n_targets += batch_targets
                 real_tokens += int(host["num_real_tokens"])
@@ -252,10 +243,8 @@ def evaluate(
 class _ErrorAnalysis:
     """Accuracy, top-k accuracy, wrong pairs and worst samples, accumulated on the device batch by batch."""
 
-    def __init__(
-        self, dataset: TokenSequences, device: torch.device, *, top_k: int, worst: int, packed: bool
-    ):
-        self.dataset, self.device, self.top_k, self.worst, self.packed = dataset, device, top_k, worst, packed
+    def __init__(self, dataset: TokenSequences, device: torch.device, *, top_k: int, worst: int):
+        self.dataset, self.device, self.top_k, self.worst = dataset, device, top_k, worst
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.n_correct, self.n_topk = zero.clone(), zero.clone()
         self.worst_loss = torch.empty(0, dtype=torch.float32, device=device)
@@ -267,7 +256,7 @@ class _ErrorAnalysis:
         self.n_scored = 0
 
     def add(
-        self, logits: torch.Tensor, labels: torch.Tensor, host: dict, indices
+        self, logits: torch.Tensor, labels: torch.Tensor, batch: dict, indices
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch; returns its loss sum and target count (per-token losses: the same definition)."""
         device, worst = self.device, self.worst
@@ -290,9 +279,11 @@ class _ErrorAnalysis:
         self.counter.add(targets, predicted, valid & (predicted != targets))
 
         # Per-sample losses: segment ids are host tensors (no sync to size them).
-        if self.packed:
-            segment_ids = host["sequence_ids"].to(device=device, dtype=torch.int64, non_blocking=True)
-            n_segments = int(host["sequence_ids"][-1, -1]) + 1  # row-major increasing ids
+        if (
+            "sequence_ids" in batch
+        ):  # packed rows, or a varlen path's one row (attention.inputs.without_padding)
+            segment_ids = batch["sequence_ids"].to(device=device, dtype=torch.int64, non_blocking=True)
+            n_segments = int(batch["sequence_ids"][-1, -1]) + 1  # row-major increasing ids
         else:
             rows, length = targets.shape
             segment_ids = torch.arange(rows, device=device).unsqueeze(1).expand(rows, length)
