@@ -289,3 +289,17 @@ def test_varlen_paths_get_the_real_tokens_in_one_row_without_the_rows_padding(la
     assert int(out["num_computed_tokens"]) == width and int(out["num_real_tokens"]) == real
     dense = to_device(_varlen_batches()[layout], torch.device("cpu"), "sdpa")  # a dense mask keeps the rows
     assert dense[MODEL_INPUTS]["input_ids"].shape == batch["input_ids"].shape
+
+
+def test_the_varlen_row_is_pinned_where_the_loader_pinned_the_rows(monkeypatch):
+    """On CUDA the loader pins each batch (``pin_memory`` auto) so its transfers are asynchronous; the row
+    built on the host is pinned too (a pageable source may make the copy wait). Pinning needs CUDA: stood in
+    for by patched ``is_pinned`` / ``pin_memory``."""
+    from fastlm.engine.model.attention.inputs import without_padding
+
+    batch = _varlen_batches()["packed"]
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self.shape) or self.clone())
+    out = without_padding(batch)
+    assert pinned == [out[key].shape for key in ("input_ids", "labels", "position_ids", "cu_seq_lens")]

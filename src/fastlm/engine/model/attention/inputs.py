@@ -182,6 +182,9 @@ def without_padding(batch: dict) -> dict:
     out["num_computed_tokens"] = torch.tensor(width, dtype=torch.int64)
     if "row_length" not in batch:  # the bound a right-padded batch's rows gave (few values in a run)
         out["row_length"] = torch.tensor(max_length_bound(batch, real.shape[1]), dtype=torch.int64)
+    if batch["input_ids"].is_pinned():  # the loader pinned the rows (CUDA): the copies made here too, so
+        for key in ("input_ids", "labels", "position_ids", "cu_seq_lens"):  # their transfers stay async
+            out[key] = out[key].pin_memory()
     return out
 
 
