@@ -54,7 +54,10 @@ def positions_to_keep(
         return None
     if not flattened:
         return keep
-    return keep.reshape(-1).nonzero().reshape(1, -1).to(device, non_blocking=True)
+    positions = keep.reshape(-1).nonzero().reshape(1, -1)
+    if labels.is_pinned():  # pinned as the loader's batch (CUDA): the transfer stays asynchronous
+        positions = positions.pin_memory()
+    return positions.to(device, non_blocking=True)
 
 
 @functools.cache

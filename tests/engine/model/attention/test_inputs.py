@@ -303,3 +303,8 @@ def test_the_varlen_row_is_pinned_where_the_loader_pinned_the_rows(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self.shape) or self.clone())
     out = without_padding(batch)
     assert pinned == [out[key].shape for key in ("input_ids", "labels", "position_ids", "cu_seq_lens")]
+    from fastlm.engine.model.loss import positions_to_keep
+
+    pinned.clear()
+    keep = positions_to_keep(out["labels"], torch.device("cpu"), flattened=True)  # the kept positions too
+    assert pinned == [keep.shape]
