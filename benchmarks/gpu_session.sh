@@ -8,7 +8,9 @@
 #   bash benchmarks/gpu_session.sh --budget-s 300 --dry-run           print the plan, run nothing
 #
 # 1. the wheels in .whl/ (if any) installed into /tmp/site; PYTHONPATH = src (fastlm is not installed there)
-#    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need
+#    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need; then
+#    benchmarks/liger_head_check.py (a few seconds: the fused head through liger's kernel in fastlm's loop
+#    against fastlm's own kernel, PASS/FAIL, before any figure that depends on it)
 # 2. the plan, most wanted first (a session lent a GPU has about 15 minutes of it, starts included), each
 #    step under `timeout` (its own cap, never past what is left of --budget-s) and started only when at least
 #    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 and 2026-11-27
@@ -156,6 +158,8 @@ for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "
     except Exception as error:  # shown, not fatal: the steps say what it costs them
         print(f"  {name} MISSING: {type(error).__name__}: {str(error).splitlines()[0][:150] if str(error) else ''}")
 EOF
+    # the fused head at auto runs liger's kernel in fastlm's loop on CUDA: checked against fastlm's kernel first
+    timeout -k 5 90 "$PYTHON" benchmarks/liger_head_check.py 2>&1 | tee -a "$OUT/session.log"
 fi
 
 for step in "${PLAN[@]}"; do
