@@ -163,8 +163,10 @@ class _LigerLinearCrossEntropySum(torch.autograd.Function):
             # a trained head: each token's log-sum-exp for its weight's gradient by vocabulary blocks
             lse = torch.empty(tokens, dtype=torch.float32, device=h.device) if needs[1] else None
             targets = targets.contiguous()
-            has_target = targets != ignore_index
-            index = torch.where(has_target, targets, 0).unsqueeze(1)
+            if lse is not None:  # only a trained head needs each token's target position
+                has_target = targets != ignore_index
+                index = torch.where(has_target, targets, 0).unsqueeze(1)
+            names = getattr(kernel, "arg_names", None)  # a later liger's kernel: the names it takes
             for start in range(0, tokens, chunk):
                 rows = slice(start, start + chunk)
                 logits = torch.addmm(b, h[rows], w.T) if b is not None else h[rows] @ w.T
@@ -172,8 +174,8 @@ class _LigerLinearCrossEntropySum(torch.autograd.Function):
                     unscored = _unscored(logits, index[rows], label_smoothing)
                 args = _kernel_args(logits, targets[rows], losses[rows], ignore_index, label_smoothing, block)
                 args["HAS_GRADIENTS"] = gradients
-                names = getattr(kernel, "arg_names", None)  # a later liger's kernel: the names it takes
-                args = {k: v for k, v in args.items() if names is None or k in names}
+                if names is not None:
+                    args = {k: v for k, v in args.items() if k in names}
                 kernel[(logits.shape[0],)](**args, num_warps=32)
                 if lse is not None:  # the row's loss + what it took off the log-sum-exp; none: no gradient
                     lse[rows] = torch.where(has_target[rows], losses[rows] + unscored, torch.inf)
