@@ -1359,6 +1359,7 @@ def run_profile(ctx: GpuContext) -> dict:
         "adapter": args.profile_adapter,
         "window_ms": summary.get("window_ms"),
         "phase_share": summary.get("phase_share"),
+        "gpu_idle": summary.get("gpu_idle"),
         "kernel_total_ms": total / 1e3,
         "top_kernels": [
             {"kernel": k, "calls": c, "ms": d / 1e3, "share": d / total if total else None}
@@ -2129,6 +2130,11 @@ def main(argv=None) -> None:
                             f"  {row['ms']:>9.2f} ms {_fmt(row['share'], '>6.1%')} {row['calls']:>6}x  "
                             f"{row['kernel'][:110]}"
                         )
+                    from fastlm.engine.observe.gpu_idle import idle_lines
+
+                    print("where the GPU waited (engine/observe/gpu_idle.py):")
+                    for line in idle_lines(profile.get("gpu_idle")):
+                        print(f"  {line}")
         if args.json:
             payload = {
                 "settings": {

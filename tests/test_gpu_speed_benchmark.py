@@ -499,13 +499,14 @@ def test_the_profile_of_a_missed_adapter_target_profiles_the_adapter_set_up(gpu_
         },
     )
     trained = []
-    profile = {"trace": None, "window_ms": 1.0, "phase_share": {}}
+    profile = {"trace": None, "window_ms": 1.0, "phase_share": {}, "gpu_idle": {"idle_share": 0.25}}
     monkeypatch.setattr(
         loop,
         "train",
         lambda *a, params, **k: trained.append(params) or SimpleNamespace(summary={"profile": profile}),
     )
-    assert gpu_speed.run_profile(ctx)["adapter"] == "lora"
+    result = gpu_speed.run_profile(ctx)
+    assert result["adapter"] == "lora" and result["gpu_idle"] == {"idle_share": 0.25}  # printed by main
     assert built == ["lora"] and trained[0].model.lora.enabled and trained[0].profile.enabled
 
 

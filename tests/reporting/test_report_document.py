@@ -23,3 +23,26 @@ def test_an_early_stopped_run_names_the_step_its_model_is_from():
     said = next(line for line in lines if line.startswith("Early stopping"))
     assert "stopped early at step 70" in said and "step 40's" in said and "2.5000" in said
     assert "checkpoint-00000040" in said
+
+
+def test_a_gpu_profile_says_where_the_gpu_waited():
+    from fastlm.engine.observe.gpu_idle import idle_breakdown
+    from fastlm.engine.observe.profiling import PHASES
+    from tests.engine.observe.test_gpu_idle import hand_built_trace
+    from tests.support.reporting import make_history, report_document
+
+    profile = {
+        "recorded": True,
+        "steps": "6-7",
+        "trace": "steps_6-7.pt.trace.json",
+        "window_ms": 0.23,
+        "phase_share": {"data": 0.0, "forward": 0.4, "backward": 0.4, "optimizer": 0.1},
+        "gpu_idle": idle_breakdown(hand_built_trace(), steps=2, phases=PHASES),
+        "top_operators": [{"operator": "aten::mm", "calls": 2, "self_cpu_ms": 0.01, "self_cuda_ms": 0.1}],
+    }
+    _, markdown = report_document(make_history(3), summary={**SUMMARY, "profile": profile})
+    said = markdown[markdown.index("Profile: where the GPU waited") :]
+    assert "idle 41.7% of the window" in said and "0.05 ms of it waiting for the host" in said
+    assert "phase: backward" in said and "after a sync in aten::item &gt; aten::_local_scalar_dense" in said
+    _, cpu = report_document(make_history(3), summary={**SUMMARY, "profile": {**profile, "gpu_idle": None}})
+    assert "Profile: time per phase" in cpu and "where the GPU waited" not in cpu

@@ -287,8 +287,36 @@ def _profile_sections(profile: dict) -> list[Section]:
     )
     return [
         Section("Profile: time per phase", text=text, table=shares),
+        *_gpu_idle_sections(profile.get("gpu_idle")),
         Section("Profile: top operators by self time", table=pd.DataFrame(profile["top_operators"])),
     ]
+
+
+def _gpu_idle_sections(idle: dict | None) -> list[Section]:
+    """Where the GPU waited in the profiled steps (engine/observe/gpu_idle.py), on a GPU run."""
+    if not idle:
+        return []
+    text = (
+        f"The GPU was idle {idle['idle_share']:.1%} of the window: "
+        f"{idle['idle_ms_per_step']:.2f} ms per step, "
+        f"{idle['host_bound_ms_per_step']:.2f} ms of it waiting for the host to launch work "
+        f"({idle['after_sync_ms_per_step']:.2f} ms after host syncs) and {idle['queued_ms_per_step']:.2f} ms "
+        "queued. Waiting for the host shrinks with fewer, larger kernels (compile, fused kernels) and no "
+        "syncs. Below: the host-bound idle time before the kernels of each launching operator."
+    )
+    rows = [
+        {"where": f"phase: {name}", "ms per step": ms, "gaps": None}
+        for name, ms in idle["host_bound_by_phase_ms_per_step"].items()
+    ]
+    rows += [
+        {"where": row["where"], "ms per step": row["ms_per_step"], "gaps": row["gaps"]}
+        for row in idle["host_bound_top_launchers"]
+    ]
+    rows += [
+        {"where": f"after a sync in {row['where']}", "ms per step": row["ms_per_step"], "gaps": row["gaps"]}
+        for row in idle["host_bound_top_syncs"]
+    ]
+    return [Section("Profile: where the GPU waited", text=text, table=pd.DataFrame(rows))]
 
 
 def build_document(inputs: ReportInputs) -> tuple[str, str]:

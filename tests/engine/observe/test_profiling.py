@@ -72,3 +72,24 @@ def test_step_profiler_is_off_unless_enabled_and_on_this_rank(tmp_path):
     off = NoProfiler()
     run_steps(off, range(1, 4))
     assert off.summary == {"enabled": False} and list(tmp_path.iterdir()) == []
+
+
+def test_phase_times_read_the_host_rows_where_a_gpu_run_has_device_rows_too():
+    """With CUDA recorded, ``key_averages()`` holds each phase range twice: the host's row and the GPU's
+    (``gpu_user_annotation``, grouped apart by device type, no host time). The H100 profiles of 2026-11-27
+    printed forward, backward and optimizer shares of 0.0: the GPU's rows had replaced the host's."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from fastlm.engine.observe.profiling import phase_times
+
+    rows = [
+        SimpleNamespace(key="fastlm.forward", cpu_time_total=300.0, device_type=DeviceType.CPU),
+        SimpleNamespace(key="fastlm.forward", cpu_time_total=0.0, device_type=DeviceType.CUDA),
+        SimpleNamespace(key="fastlm.data", cpu_time_total=20.0, device_type=DeviceType.CPU),
+        SimpleNamespace(key="aten::mm", cpu_time_total=50.0, device_type=DeviceType.CPU),
+        SimpleNamespace(key="fastlm.backward", cpu_time_total=0.0, device_type=DeviceType.CUDA),
+        SimpleNamespace(key="fastlm.backward", cpu_time_total=500.0, device_type=DeviceType.CPU),
+    ]
+    assert phase_times(rows) == {"fastlm.forward": 300.0, "fastlm.data": 20.0, "fastlm.backward": 500.0}

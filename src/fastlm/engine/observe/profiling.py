@@ -3,16 +3,21 @@
 The loop marks its phases with ``torch.profiler.record_function`` ranges (``fastlm.data``,
 ``fastlm.forward``, ``fastlm.backward``, ``fastlm.optimizer``): free when no profiler is recording. The
 trace is a Chrome-trace JSON (``*.pt.trace.json``) that Perfetto (ui.perfetto.dev) and TensorBoard's profiler
-plugin open; the summary lists the top operators by self time and each phase's share of the window.
+plugin open; the summary lists the top operators by self time and each phase's share of the window, and on
+a GPU where the GPU sat idle and why (gpu_idle.py: waiting for the host, by phase and launching operator,
+after host syncs, or queued).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from time import perf_counter
 
 import torch
+
+from fastlm.engine.observe.gpu_idle import idle_breakdown, idle_lines
 
 log = logging.getLogger(__name__)
 PHASES = ("fastlm.data", "fastlm.forward", "fastlm.backward", "fastlm.optimizer")
@@ -64,7 +69,14 @@ class StepProfiler:
             key=lambda e: e.self_cpu_time_total + (e.self_device_time_total if on_cuda else 0),
             reverse=True,
         )
-        phases = {e.key: e.cpu_time_total for e in events if e.key in PHASES}
+        phases = phase_times(events)
+        idle = None
+        if on_cuda:  # where the GPU waited, from the trace's device and launch events
+            idle = idle_breakdown(
+                json.loads(trace.read_text()).get("traceEvents", []),
+                steps=last_step - self.start_step + 1,
+                phases=PHASES,
+            )
         self.summary = {
             "enabled": True,
             "recorded": True,
@@ -72,6 +84,7 @@ class StepProfiler:
             "trace": str(trace),
             "window_ms": wall_us / 1e3,
             "phase_share": {name.removeprefix("fastlm."): phases.get(name, 0.0) / wall_us for name in PHASES},
+            "gpu_idle": idle,
             "top_operators": [
                 {
                     "operator": e.key,
@@ -88,6 +101,18 @@ class StepProfiler:
             trace,
             ", ".join(f"{k} {v:.0%}" for k, v in self.summary["phase_share"].items()),
         )
+        if idle is not None:
+            log.info("Profiled steps %s: %s", self.summary["steps"], "\n".join(idle_lines(idle)))
+
+
+def phase_times(events) -> dict[str, float]:
+    """Each phase range's host time in microseconds, from ``key_averages()``'s rows: the host's row of each
+    (with CUDA recorded a range has a GPU row too, grouped apart by device type, without host time)."""
+    return {
+        e.key: e.cpu_time_total
+        for e in events
+        if e.key in PHASES and e.device_type == torch.autograd.DeviceType.CPU
+    }
 
 
 class NoProfiler:
