@@ -6,6 +6,7 @@ import collections
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastlm.engine.config import LoraParams
 from fastlm.engine.model.lora import apply_lora
@@ -43,7 +44,7 @@ def tiny_llama(dtype=torch.float32, layers=2, **config):
 def adapted(dtype=torch.float32, *, fused=True, dropout=0.0, config=None, **lora):
     """A tiny Llama with LoRA adapters whose B is not zero (peft starts B at zero: the adapters would then
     add nothing and A would get no gradient, hiding any difference)."""
-    params = LoraParams(enabled=True, r=4, alpha=8, dropout=dropout, **lora)
+    params = LoraParams(**{"enabled": True, "r": 4, "alpha": 8, "dropout": dropout, **lora})
     model = apply_lora(tiny_llama(dtype, **(config or {})), params, gradient_checkpointing=False)
     if not fused:
         use_peft_forward(model)
@@ -86,6 +87,39 @@ def test_under_bf16_autocast_adapters_add_no_activation_sized_copy_scaling_pass_
     # and a sum of the adapter's output with the base's, forward, and of the two input gradients, backward
     # (where the input needs one)
     assert peft["add"] == base["add"] + 2 * adapted_layers - 3, (peft, base)
+
+
+class AllOps(TorchDispatchMode):
+    """Counts every aten op dispatched, whatever its size."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket).removeprefix("aten.")] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("alpha", [8, 6], ids=["scaling-2", "scaling-1.5"])
+def test_the_scaling_is_the_matmuls_alpha_not_a_pass_of_its_own(alpha):
+    """peft's scaling (alpha / r) multiplies B forward and B's gradient backward in passes of their own: two
+    small kernels per adapted layer and micro-batch, each with its launch (196 adapted layers on the 3B
+    shape). The fused forward passes it as each matmul's ``alpha`` instead: no ``mul`` beyond the base
+    model's, and the same loss and gradients as peft's forward within bf16's rounding."""
+    base = tiny_llama(torch.bfloat16)
+    for name, parameter in base.named_parameters():
+        parameter.requires_grad_(name.endswith("proj.weight"))
+    with AllOps() as base_ops:
+        loss_and_grads(base, autocast=True)
+    fused = adapted(torch.bfloat16, alpha=alpha)
+    with AllOps() as fused_ops:
+        fused_loss, fused_grads = loss_and_grads(fused, autocast=True)
+    assert fused_ops.counts["mul"] == base_ops.counts["mul"], (fused_ops.counts, base_ops.counts)
+    peft_loss, peft_grads = loss_and_grads(adapted(torch.bfloat16, alpha=alpha, fused=False), autocast=True)
+    torch.testing.assert_close(fused_loss, peft_loss, rtol=BF16_MODEL_LOSS_REL, atol=0)
+    for name, grad in peft_grads.items():  # as the bf16 test below: a few bf16 roundings per layer
+        assert relative_norm_difference(fused_grads[name], grad) < 4 * EPS_BF16, name
 
 
 @pytest.mark.parametrize("config", [{}, {"attention_bias": True}], ids=["no-bias", "biased-attention"])

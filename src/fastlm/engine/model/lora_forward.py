@@ -16,10 +16,10 @@ plain LoRA Linear in place) computes, in the compute dtype (autocast's: bf16 on 
 
     out = x @ W.T (+ bias)                  # the frozen base Linear's product
     xa = x @ A.T                            # [tokens x r], x not cast
-    out += xa @ (scaling * B).T             # one matmul accumulating into out (addmm_, beta = 1)
+    out += scaling * (xa @ B.T)             # one matmul accumulating into out (addmm_, alpha = scaling)
 
 and backward (``_LinearWithAdapter``) likewise sums the adapter's share of the input gradient inside the
-base's input-gradient matmul (``g @ W``, then ``addmm_(g @ (scaling * B), A)``), where autograd would add
+base's input-gradient matmul (``g @ W``, then ``addmm_(g @ B, A, alpha=scaling)``), where autograd would add
 two activation-sized gradients in a pass of its own. The fp32 adapters are cast to the compute dtype as
 autocast would (tiny: r rows) and their gradients flow back to fp32, so the optimizer still updates fp32
 weights. Without autocast it is peft's computation in the same dtype (fp32 on a CPU run), the sums
@@ -73,8 +73,8 @@ def _single_plain_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
     name = layer.active_adapters[0]
     if name not in layer.lora_A or name in getattr(layer, "lora_variant", {}):
         return None
-    if layer.lora_B[name].bias is not None:
-        return None
+    if layer.lora_B[name].bias is not None or not isinstance(layer.scaling[name], (int, float)):
+        return None  # a bias on B, or a scaling that is not a number (a matmul's alpha)
     if not torch.is_autocast_enabled(x.device.type) and x.dtype != layer.lora_A[name].weight.dtype:
         return None
     return name
@@ -118,15 +118,15 @@ def _forward(layer, x: torch.Tensor, name: str, *, quant_state=None) -> torch.Te
     result = base(x)
     dtype = result.dtype
     a = layer.lora_A[name].weight.to(dtype)
-    b = layer.lora_B[name].weight.to(dtype) * layer.scaling[name]  # [out x r]: the scaling on r columns
+    b, scaling = layer.lora_B[name].weight.to(dtype), layer.scaling[name]  # scaling: the matmul's alpha
     xa = functional.linear(dropout(x), a)  # autocast's dtype under it, else x's (= dtype)
     rows = xa.reshape(-1, xa.shape[-1])
     if type(layer.base_layer) is torch.nn.Linear and result.is_contiguous():
         # in place: a plain Linear keeps its input and weight for backward, not its output (a subclass, such
         # as float8's, may keep more)
-        result.view(-1, result.shape[-1]).addmm_(rows, b.t())
+        result.view(-1, result.shape[-1]).addmm_(rows, b.t(), alpha=scaling)
         return result
-    return torch.addmm(result.reshape(-1, result.shape[-1]), rows, b.t()).view(result.shape)
+    return torch.addmm(result.reshape(-1, result.shape[-1]), rows, b.t(), alpha=scaling).view(result.shape)
 
 
 def _linear_with_adapter(
@@ -147,30 +147,33 @@ def _linear_with_adapter(
             weight,
             bias,
             lora_a.weight.to(dtype),
-            lora_b.weight.to(dtype) * scaling,
+            lora_b.weight.to(dtype),
+            scaling,
             quant_state,
         )
 
 
 class _LinearWithAdapter(torch.autograd.Function):
-    """``x @ W.T (+ bias) + (x @ A.T) @ B.T`` with each sum inside a matmul: forward, the adapter's product
-    accumulates into the base output (``addmm_``); backward, the adapter's share of the input gradient
-    accumulates into the base's (``g @ W`` then ``addmm_(g @ B, A)``), where autograd would sum two
-    activation-sized gradients in a pass of its own. Saved for backward: x (the one tensor both products
-    read), x @ A.T (r columns) and the weights. With ``quant_state``, ``weight`` is a packed 4-bit weight
-    (frozen): its product is bitsandbytes' ``matmul_4bit``, and backward dequantizes it again."""
+    """``x @ W.T (+ bias) + scaling * (x @ A.T) @ B.T`` with each sum inside a matmul: forward, the
+    adapter's product accumulates into the base output (``addmm_``); backward, the adapter's share of the
+    input gradient accumulates into the base's (``g @ W`` then ``addmm_(g @ B, A)``), where autograd would
+    sum two activation-sized gradients in a pass of its own. ``scaling`` is each of those matmuls' ``alpha``
+    (applied to its fp32 accumulator), not a pass over B of its own forward and backward. Saved for backward:
+    x (the one tensor both products read), x @ A.T (r columns) and the weights. With ``quant_state``,
+    ``weight`` is a packed 4-bit weight (frozen): its product is bitsandbytes' ``matmul_4bit``, and backward
+    dequantizes it again."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, a, b, quant_state):
+    def forward(ctx, x, weight, bias, a, b, scaling, quant_state):
         rows = x.reshape(-1, x.shape[-1])
         if quant_state is not None:
             out = bitsandbytes.matmul_4bit(rows, weight.t(), quant_state=quant_state, bias=bias)
         else:
             out = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
         xa = rows @ a.t()
-        out.addmm_(xa, b.t())
+        out.addmm_(xa, b.t(), alpha=scaling)
         ctx.save_for_backward(rows, weight, a, b, xa)
-        ctx.quant_state = quant_state
+        ctx.quant_state, ctx.scaling = quant_state, scaling
         ctx.x_shape = x.shape
         return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -178,17 +181,18 @@ class _LinearWithAdapter(torch.autograd.Function):
     def backward(ctx, grad):
         rows, weight, a, b, xa = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])
-        needs = ctx.needs_input_grad
-        grad_xa = g @ b if needs[0] or needs[3] else None
+        needs, scaling = ctx.needs_input_grad, ctx.scaling
+        nothing = g.new_empty(())  # addmm's ignored input at beta = 0: scaling as alpha, no pass of its own
+        grad_xa = g @ b if needs[0] or needs[3] else None  # unscaled: each use below scales it
         grad_x = None
         if needs[0]:
             dense = weight if ctx.quant_state is None else _dequantized(weight, ctx.quant_state, g.dtype)
-            grad_x = (g @ dense).addmm_(grad_xa, a).view(ctx.x_shape)
+            grad_x = (g @ dense).addmm_(grad_xa, a, alpha=scaling).view(ctx.x_shape)
         grad_weight = g.t() @ rows if needs[1] else None
         grad_bias = g.sum(0) if needs[2] else None
-        grad_a = grad_xa.t() @ rows if needs[3] else None
-        grad_b = g.t() @ xa if needs[4] else None
-        return grad_x, grad_weight, grad_bias, grad_a, grad_b, None
+        grad_a = torch.addmm(nothing, grad_xa.t(), rows, beta=0, alpha=scaling) if needs[3] else None
+        grad_b = torch.addmm(nothing, g.t(), xa, beta=0, alpha=scaling) if needs[4] else None
+        return grad_x, grad_weight, grad_bias, grad_a, grad_b, None, None
 
 
 def _dequantized(weight: torch.Tensor, quant_state, dtype: torch.dtype) -> torch.Tensor:
