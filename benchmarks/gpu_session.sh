@@ -32,7 +32,8 @@
 #                          tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
 #      lora_ab             fastlm's LoRA against its variants, one run: liger's own autograd function for the
 #                          fused head (3 host syncs per micro-batch) instead of fastlm's loop over its kernel,
-#                          and peft's own LoRA forward (the A/B of engine/model/lora_forward.py)
+#                          each LoRA layer on its own (no shared-input groups: q/k/v, gate/up) and peft's own
+#                          LoRA forward (the A/Bs of engine/model/lora_forward.py)
 #      head_kernels        benchmarks/linear_loss_memory.py --device cuda: the LM head + loss of a 3B model
 #                          (8,192 tokens x 128,256, bf16 autocast, a trained head) through fastlm's kernel,
 #                          liger's and cut-cross-entropy's against the plain head: time and peak memory (the
@@ -86,7 +87,7 @@ PLAN=(
     "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
-    "lora_ab|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
+    "lora_ab|240|320|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "head_kernels|150|200|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger liger_function cce --repeats 5"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"

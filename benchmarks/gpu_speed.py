@@ -104,6 +104,10 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   / ``fastlm_qlora`` with ``train.model.lora.fused_forward: false``, peft's own LoRA forward (its input cast
   to the fp32 adapters and back, or over a 4-bit base a clone of the base output; a scaling pass, an add),
   the A/B of fastlm's (engine/model/lora_forward.py).
+* ``fastlm_lora_own_inputs`` (named in ``--contenders``): ``fastlm_lora`` with
+  ``train.model.lora.shared_input: false``, each LoRA layer on its own (q, k and v each multiply the input
+  by their adapter's A, autograd sums their input gradients in passes of their own), the A/B of the
+  shared-input groups (engine/model/lora_forward.py).
 * ``fastlm_eager_fp32_weights`` / ``fastlm_compile_fp32_weights`` (named in ``--contenders``): the full
   fine-tune with ``train.runtime.param_dtype: fp32``, bf16 autocast over fp32 weights as the Trainer runs
   (an fp32 residual stream, each projection's input cast to bf16, each input gradient cast back and summed in
@@ -222,6 +226,7 @@ AB_CONTENDERS = (
     "fastlm_lora_liger_function",
     "fastlm_lora_peft_forward",
     "fastlm_qlora_peft_forward",
+    "fastlm_lora_own_inputs",
 )
 # fastlm_lora / fastlm_qlora against its own variants: real tokens/s and peak memory, one run
 AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
@@ -530,14 +535,18 @@ class GpuContext(Context):
             self.tokenizer.save_pretrained(str(folder))
         return folder
 
-    def adapter_model_params(self, quantized: bool, fused_forward: bool = True) -> dict:
+    def adapter_model_params(
+        self, quantized: bool, fused_forward: bool = True, shared_input: bool = True
+    ) -> dict:
         """``train.model`` of the adapter contenders (module docstring); ``fused_forward``:
-        ``train.model.lora.fused_forward`` (``fastlm_lora_peft_forward``: false)."""
+        ``train.model.lora.fused_forward`` (``fastlm_lora_peft_forward``: false); ``shared_input``:
+        ``train.model.lora.shared_input`` (``fastlm_lora_own_inputs``: false)."""
         lora = {
             **LORA,
             "enabled": True,
             "load_in_4bit": quantized,
             "fused_forward": fused_forward,
+            "shared_input": shared_input,
             "target_modules": LORA_TARGETS,
             "base_dtype": "bf16" if self.args.precision == "bf16" else "fp32",  # as the Trainer loads it
         }
@@ -548,12 +557,13 @@ class GpuContext(Context):
             "gradient_checkpointing": self.args.checkpointing,
         }
 
-    def build_adapter_model(self, quantized: bool, fused_forward: bool = True):
+    def build_adapter_model(self, quantized: bool, fused_forward: bool = True, shared_input: bool = True):
         """fastlm's LoRA / QLoRA model on the saved base, a digest of its base weights (None when 4-bit)."""
         from fastlm.engine.config import parse_train_params
         from fastlm.engine.model.build import build_model
 
-        params = parse_train_params({"model": self.adapter_model_params(quantized, fused_forward)}).model
+        model_params = self.adapter_model_params(quantized, fused_forward, shared_input)
+        params = parse_train_params({"model": model_params}).model
         model = build_model(
             params, self.tokenizer, max_length=self.args.seq_len, attn_implementation=self.attn
         )
@@ -646,6 +656,7 @@ def fastlm_params(
     fused_forward: bool = True,
     param_dtype: str | None = None,
     in_backward: bool = False,
+    shared_input: bool = True,
 ):
     """``params:train`` of a fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` (None:
     ``--fused-linear``); ``fused_kernel``: ``train.loss.fused_linear_kernel`` (None: ``--fused-kernel``, else
@@ -656,7 +667,7 @@ def fastlm_params(
     fused_linear = fused_linear or args.fused_linear
     model = {"attn_implementation": ctx.attn, "gradient_checkpointing": args.checkpointing}
     if adapter:
-        model = ctx.adapter_model_params(adapter == "qlora", fused_forward)
+        model = ctx.adapter_model_params(adapter == "qlora", fused_forward, shared_input)
     model = {**model, "liger": args.liger}  # --liger: the norm/rotary/MLP patch and the fused head's kernel
     raw = {
         "model": model,
@@ -757,12 +768,14 @@ def run_fastlm(
     param_dtype: str | None = None,
     in_backward: bool = False,
     liger_function: bool = False,
+    own_inputs: bool = False,
 ) -> dict:
     """One fastlm contender; ``liger_function``: liger's own autograd function for the fused head
     (``fastlm_lora_liger_function``, ``use_liger_function``); ``fused_linear``: ``train.loss.fused_linear``
     in place of ``--fused-linear`` (``fastlm_lora_unfused``: off); ``fused_kernel``:
     ``train.loss.fused_linear_kernel`` in place of ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm);
-    ``peft_forward``: peft's own LoRA forward (``fastlm_lora_peft_forward``); ``param_dtype``:
+    ``peft_forward``: peft's own LoRA forward (``fastlm_lora_peft_forward``); ``own_inputs``: each LoRA
+    layer on its own, no shared-input groups (``fastlm_lora_own_inputs``); ``param_dtype``:
     ``train.runtime.param_dtype`` in place of ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32)."""
     from time import perf_counter
 
@@ -782,6 +795,8 @@ def run_fastlm(
         name += "_own_head"
     if peft_forward and adapter:
         name += "_peft_forward"
+    if own_inputs and adapter:
+        name += "_own_inputs"
     if param_dtype == "fp32" and not adapter:
         name += "_fp32_weights"
     if in_backward and not adapter:
@@ -800,7 +815,9 @@ def run_fastlm(
         )
     )
     if adapter:
-        model, init_digest, n_params = ctx.build_adapter_model(adapter == "qlora", not peft_forward)
+        model, init_digest, n_params = ctx.build_adapter_model(
+            adapter == "qlora", not peft_forward, not own_inputs
+        )
     else:  # the full fine-tune: --checkpointing through the engine's own policies (as build_model does)
         from fastlm.engine.model.recompute import enable_checkpointing
 
@@ -821,6 +838,7 @@ def run_fastlm(
         fused_forward=not peft_forward,
         param_dtype=param_dtype,
         in_backward=in_backward,
+        shared_input=not own_inputs,
     )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
@@ -891,6 +909,7 @@ def run_fastlm(
         "fused_linear_choice": result.summary.get("fused_linear_choice"),
         "param_dtype": result.summary.get("param_dtype"),
         "lora_fused_layers": lora_fused_layers(trained) if adapter else None,
+        "lora_shared_input_layers": lora_shared_input_layers(trained) if adapter else None,
         "gradient_checkpointing": result.summary.get("gradient_checkpointing"),
         "final_loss": result.history[-1]["loss"],
         "sync_between_log_steps": sync.between if ctx.on_cuda else None,
@@ -902,6 +921,13 @@ def run_fastlm(
     ab = name in AB_CONTENDERS + FULL_AB_CONTENDERS
     out["loss_check"] = None if ab else packed_vs_unpacked(ctx, trained, runtime)
     return out
+
+
+def lora_shared_input_layers(model) -> int:
+    """How many of ``model``'s LoRA layers compute in a shared-input group (engine/model/lora_forward.py)."""
+    from fastlm.engine.model.lora_forward import shares_input
+
+    return sum(1 for module in model.modules() if shares_input(module))
 
 
 def lora_fused_layers(model) -> int:
@@ -1399,6 +1425,7 @@ def child_main(args: argparse.Namespace) -> None:
         "fastlm_lora_unfused": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_linear="off"),
         "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),
         "fastlm_lora_liger_function": lambda: run_fastlm(ctx, compiled, adapter="lora", liger_function=True),
+        "fastlm_lora_own_inputs": lambda: run_fastlm(ctx, compiled, adapter="lora", own_inputs=True),
         **{
             f"fastlm_{a}_peft_forward": (lambda a=a: run_fastlm(ctx, compiled, adapter=a, peft_forward=True))
             for a in ("lora", "qlora")

@@ -160,9 +160,11 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # the cliff's tune ladder eager and packed (at its defaults it had not finished in 150 s on the H100)
     cliff = step["memory_cliff"]
     assert "memory_cliff.py --fastlm-compile off --modes packed --max-size 32" in cliff and "timeout" in cliff
-    # fastlm's loop over liger's kernel against liger's own function, fastlm's LoRA forward against peft's
-    variants = "fastlm_lora fastlm_lora_liger_function fastlm_lora_peft_forward"
+    # fastlm's loop over liger's kernel against liger's own function, the shared-input groups against each
+    # LoRA layer on its own, fastlm's LoRA forward against peft's
+    variants = "fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward"
     assert f"--model 3b --contenders {variants} --compile off" in step["lora_ab"]
+    assert "at most 320 s" in step["lora_ab"]
     assert "--contenders fastlm_lora fastlm_lora_own_head --compile off" in step["lora_own_head"]
     # a 3B model's LM head + loss on the GPU: fastlm's kernel, liger's, cut-cross-entropy's, the plain head
     head = "linear_loss_memory.py --device cuda --precision bf16 --hidden 3072"

@@ -493,7 +493,7 @@ def test_the_profile_of_a_missed_adapter_target_profiles_the_adapter_set_up(gpu_
         build_adapter_model=lambda quantized: (
             built.append("qlora" if quantized else "lora") or (None, None, 0)
         ),
-        adapter_model_params=lambda quantized, fused_forward=True: {
+        adapter_model_params=lambda quantized, fused_forward=True, shared_input=True: {
             "name_or_path": ".",
             "lora": {"enabled": True},
         },
@@ -577,3 +577,34 @@ def test_the_liger_function_variant_puts_liger_s_own_function_under_the_fused_he
     monkeypatch.setattr(liger, "liger_linear_cross_entropy_sum", liger.liger_linear_cross_entropy_sum)
     gpu_speed.use_liger_function()
     assert liger.liger_linear_cross_entropy_sum is gpu_speed.liger_function_cross_entropy_sum
+
+
+def test_the_own_inputs_contender_turns_the_shared_input_groups_off(gpu_speed):
+    """``fastlm_lora_own_inputs`` is ``fastlm_lora`` with ``train.model.lora.shared_input: false``, reported
+    beside it; each run counts its LoRA layers in shared-input groups (q/k/v and gate/up of each layer)."""
+    from types import SimpleNamespace
+
+    from fastlm.engine.config import LoraParams
+    from fastlm.engine.model.lora import apply_lora
+    from tests.engine.model.test_lora_forward import tiny_llama
+
+    assert "fastlm_lora_own_inputs" in gpu_speed.CONTENDERS
+    assert ("fastlm_lora", "fastlm_lora_own_inputs") in gpu_speed.AB_PAIRS
+    args = gpu_speed.parse_args(["--model", "tiny", "--adapters", "--threads", "1"])
+    ctx = SimpleNamespace(
+        args=SimpleNamespace(**{**vars(args), "workdir": "."}),
+        attn="sdpa",
+        device="cpu",
+        adapter_model_params=lambda quantized, fused_forward=True, shared_input=True: {
+            "lora": {"enabled": True, "fused_forward": fused_forward, "shared_input": shared_input}
+        },
+    )
+    for shared in (True, False):
+        params = gpu_speed.fastlm_params(
+            ctx, compile_=False, max_steps=1, log_every=1, name="x", adapter="lora", shared_input=shared
+        )
+        assert params.model.lora.shared_input is shared
+    for shared, layers in ((True, 2 * 5), (False, 0)):
+        lora = LoraParams(enabled=True, r=4, dropout=0.0, shared_input=shared)
+        model = apply_lora(tiny_llama(), lora, gradient_checkpointing=False)
+        assert gpu_speed.lora_shared_input_layers(model) == layers

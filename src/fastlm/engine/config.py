@@ -38,6 +38,12 @@ class LoraParams(Params):
         description="the adapter's product added inside the base output's matmul in the compute dtype, no "
         "activation-sized dtype copies (engine/model/lora_forward.py); false: peft's own forward",
     )
+    shared_input: bool = Field(
+        True,
+        description="with fused_forward, the adapted projections that read one input (q/k/v, gate/up) "
+        "computed in one step: the input and its adapters read once, their input gradients summed inside the "
+        "matmuls (engine/model/lora_forward.py); false: each layer on its own",
+    )
 
 
 class ModelParams(Params):

@@ -75,9 +75,14 @@ def test_under_bf16_autocast_adapters_add_no_activation_sized_copy_scaling_pass_
     for name, parameter in base.named_parameters():
         parameter.requires_grad_(name.endswith("proj.weight"))
     base = activation_ops(base)
-    fused = activation_ops(adapted(torch.bfloat16))
+    fused = activation_ops(adapted(torch.bfloat16, shared_input=False))
     peft = activation_ops(adapted(torch.bfloat16, fused=False))
     assert fused == base, (fused, base)
+    # and with the shared-input groups (q/k/v, gate/up; on by default) the sums of their input gradients are
+    # inside the matmuls too: 2 + 1 adds fewer per layer than the base model's autograd sums, but for the
+    # first layer's q, k, v (their input needs no gradient)
+    grouped = activation_ops(adapted(torch.bfloat16))
+    assert grouped == base - collections.Counter(add=2 * 3 - 2), (grouped, base)
     # peft's forward per adapted layer: x cast to the adapters' fp32 and back, and again in backward where x
     # needs a gradient (not for the first layer's q, k, v: its input comes from the frozen embedding); the
     # scaling pass, forward and backward
@@ -225,3 +230,55 @@ def test_a_lora_checkpoint_resumes_across_the_forward_switch(tmp_path):
     assert digests[0]["model.lora"]["r"] == 16  # the adapter's settings are in the digest
     assert digest_differences(digests[0], digests[1]) == []
     assert "fused_forward" not in digests[0]["model.lora"]  # so a digest saved before the switch matches
+
+
+@pytest.mark.parametrize("targets", ["auto", ["q_proj", "v_proj"]], ids=["attention-and-mlp", "q-and-v"])
+def test_shared_input_groups_give_each_layers_own_loss_and_gradients(targets):
+    """q/k/v (or q/v, peft's usual pair) and gate/up in one step against each layer on its own: the same sums
+    in another order and x @ A.T as one matmul over the concatenated A's. fp32: other-fp32-kernel tolerances;
+    bf16 autocast: a few bf16 roundings per layer, as the bf16 test above."""
+    from fastlm.engine.model.lora_forward import group_shared_inputs
+
+    grouped_model = adapted(target_modules=targets)
+    assert group_shared_inputs(adapted(target_modules=targets, shared_input=False)) == (
+        2 * 2 if targets == "auto" else 2
+    )
+    grouped_loss, grouped_grads = loss_and_grads(grouped_model, autocast=False)
+    own_loss, own_grads = loss_and_grads(adapted(target_modules=targets, shared_input=False), autocast=False)
+    torch.testing.assert_close(grouped_loss, own_loss, **OTHER_FP32_MODEL)
+    assert grouped_grads.keys() == own_grads.keys()
+    for name, grad in own_grads.items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(grouped_grads[name], grad, **OTHER_FP32_KERNEL_GRAD)
+
+    grouped_loss, grouped_grads = loss_and_grads(
+        adapted(torch.bfloat16, target_modules=targets), autocast=True
+    )
+    own_loss, own_grads = loss_and_grads(
+        adapted(torch.bfloat16, target_modules=targets, shared_input=False), autocast=True
+    )
+    torch.testing.assert_close(grouped_loss, own_loss, rtol=BF16_MODEL_LOSS_REL, atol=0)
+    for name, grad in own_grads.items():
+        assert relative_norm_difference(grouped_grads[name], grad) < 4 * EPS_BF16, name
+
+
+def test_a_group_whose_layers_read_different_inputs_computes_each_alone(caplog):
+    """A member called with another tensor than the one its group computed for (a cross-attention's k and v
+    read the encoder's states): its own output from its own input, the group off from then on, said once."""
+    model = adapted()
+    attention = model.base_model.model.model.layers[0].self_attn
+    torch.manual_seed(5)
+    x, other = torch.randn(2, 6, HIDDEN), torch.randn(2, 6, HIDDEN)
+    alone = adapted(shared_input=False).base_model.model.model.layers[0].self_attn
+    with caplog.at_level("WARNING", logger="fastlm.engine.model.lora_forward"):
+        q, k, v = attention.q_proj(x), attention.k_proj(other), attention.v_proj(other)
+        q_again = attention.q_proj(x)
+    for got, layer, source in (
+        (q, "q_proj", x),
+        (k, "k_proj", other),
+        (v, "v_proj", other),
+        (q_again, "q_proj", x),
+    ):
+        torch.testing.assert_close(got, getattr(alone, layer)(source), **OTHER_FP32_MODEL)
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1 and "do not read one input" in said[0], said

@@ -107,7 +107,7 @@ def test_a_qlora_model_computes_between_its_4bit_matmuls_in_the_compute_dtype(ba
 
 def test_under_bf16_autocast_4bit_adapters_add_no_activation_sized_pass(base_folder):
     """The fused 4-bit layer makes exactly the activation-sized passes of the fused plain LoRA layer over a
-    bf16 base (which test_lora_forward shows equal to the base model's own): the dequantized weight is
+    bf16 base (which test_lora_forward compares with the base model's own): the dequantized weight is
     weight-sized, and the adapter's product and input gradient are summed inside the base's matmuls. peft's
     4-bit layer clones the base output ("defensively"), scales the adapter's output in a pass of its own and
     adds the two, and autograd adds the two input gradients and scales in backward."""

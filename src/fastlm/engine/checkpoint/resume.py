@@ -5,7 +5,7 @@ digest (:func:`run_digest`) records, as readable fields:
 
 - ``model.source`` (``name_or_path``, resolved when it is a local folder) and ``model.shape`` (a hash of every
   parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings
-  but ``base_dtype`` and ``fused_forward``, which change no weight or data position),
+  but ``base_dtype``, ``fused_forward`` and ``shared_input``, which change no weight or data position),
   ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
   ``data.fold`` (``train.fold`` of k-fold runs);
@@ -69,8 +69,9 @@ def run_digest(
     return {
         "model.source": source or "from scratch",
         "model.shape": hashlib.sha256(json.dumps(sorted(shapes)).encode()).hexdigest()[:16],
-        # not the base dtype nor fused_forward (a speed lever, like compile): either resumes with the other
-        "model.lora": lora.model_dump(mode="json", exclude={"base_dtype", "fused_forward"})
+        # not the base dtype, fused_forward nor shared_input (speed levers, like compile): either resumes
+        # with the other
+        "model.lora": lora.model_dump(mode="json", exclude={"base_dtype", "fused_forward", "shared_input"})
         if lora.enabled
         else None,
         "model.base_weights": _base_weights(source) if lora.enabled else None,

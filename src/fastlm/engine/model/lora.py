@@ -272,9 +272,11 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
     if lora.fused_forward:
-        from fastlm.engine.model.lora_forward import fuse_lora_forward
+        from fastlm.engine.model.lora_forward import fuse_lora_forward, group_shared_inputs
 
         fuse_lora_forward(peft_model)
+        if lora.shared_input:
+            group_shared_inputs(peft_model)
     counts = parameter_counts(peft_model)
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
     log.info(

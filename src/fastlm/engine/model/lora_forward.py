@@ -43,9 +43,13 @@ compute dtype; elsewhere (no autocast, another dtype, a CPU-inference packed wei
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from peft.tuners.lora.layer import Linear as PeftLoraLinear
 from torch.nn import functional
+
+log = logging.getLogger(__name__)
 
 try:  # peft defines its 4-bit LoRA layer only where bitsandbytes imports (imported once, not per call)
     import bitsandbytes
@@ -63,7 +67,8 @@ class FusedLoraLinear(PeftLoraLinear):
         adapter = _single_plain_adapter(self, x, args, kwargs)
         if adapter is None:
             return super().forward(x, *args, **kwargs)
-        return _forward(self, x, adapter)
+        shared = _shared_output(self, x)
+        return shared if shared is not None else _forward(self, x, adapter)
 
 
 def _single_plain_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
@@ -90,7 +95,8 @@ if PeftLoraLinear4bit is not None:
             state = None if adapter is None else _quant_state(self.base_layer, x)
             if state is None:
                 return super().forward(x, *args, **kwargs)
-            return _forward(self, x, adapter, quant_state=state)
+            shared = _shared_output(self, x)
+            return shared if shared is not None else _forward(self, x, adapter, quant_state=state)
 
 else:
     FusedLoraLinear4bit = None
@@ -193,6 +199,205 @@ class _LinearWithAdapter(torch.autograd.Function):
         grad_a = torch.addmm(nothing, grad_xa.t(), rows, beta=0, alpha=scaling) if needs[3] else None
         grad_b = torch.addmm(nothing, g.t(), xa, beta=0, alpha=scaling) if needs[4] else None
         return grad_x, grad_weight, grad_bias, grad_a, grad_b, None, None
+
+
+# Sibling projections that read the same input in the model families fastlm adapts (their module names)
+SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"))
+
+
+class _SharedInput:
+    """Sibling LoRA layers that read one input (``group_shared_inputs``): the first of them called with an
+    input computes every member's output in one ``_SharedInputLinears`` and keeps the others' until their
+    layers ask for them with the same tensor."""
+
+    def __init__(self, members: list) -> None:
+        self.members = members
+        self.pending: tuple | None = None  # (input, its version, {member index: output}) not yet taken
+        self.enabled = True
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor | None:
+        """Member ``index``'s output for ``x``, or None where its own forward must run (also while compiling:
+        the compiler sees each layer's own forward, no state kept between calls)."""
+        if torch.compiler.is_compiling():
+            return None
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            source, version, outputs = pending
+            if source is x and x._version == version and index in outputs:
+                out = outputs.pop(index)
+                self.pending = pending if outputs else None
+                return out
+            if outputs:  # a member read another input: these layers do not share theirs (cross-attention)
+                self.enabled = False
+                log.warning(
+                    "LoRA layers %s do not read one input: each computes its own from now on",
+                    ", ".join(type(member).__name__ for member in self.members),
+                )
+        if not self.enabled:
+            return None
+        plan = [_member_plan(member, x) for member in self.members]
+        if any(step is None for step in plan):
+            return None
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        with torch.autocast(device, enabled=False):
+            outputs = _SharedInputLinears.apply(
+                x.to(dtype),
+                tuple(step["scaling"] for step in plan),
+                tuple(step["quant_state"] for step in plan),
+                *(
+                    step["weight"] if step["quant_state"] is not None else step["weight"].to(dtype)
+                    for step in plan
+                ),
+                *(None if step["bias"] is None else step["bias"].to(dtype) for step in plan),
+                *(step["a"].to(dtype) for step in plan),
+                *(step["b"].to(dtype) for step in plan),
+            )
+        rest = {other: out for other, out in enumerate(outputs) if other != index}
+        self.pending = (x, x._version, rest)
+        return outputs[index]
+
+
+def _shared_output(layer, x: torch.Tensor) -> torch.Tensor | None:
+    """``layer``'s output from its shared-input group, if it has one that applies, else None."""
+    shared = layer.__dict__.get("_fastlm_shared_input")
+    return None if shared is None else shared[0].output(shared[1], x)
+
+
+def _member_plan(layer, x: torch.Tensor) -> dict | None:
+    """What ``_SharedInputLinears`` needs of ``layer`` for input ``x``, or None where it does not apply
+    (peft's forward, active dropout, a base that is not a plain or 4-bit Linear, a trained base)."""
+    name = _single_plain_adapter(layer, x, (), {})
+    if name is None:
+        return None
+    dropout = layer.lora_dropout[name]
+    if not (isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0):
+        return None
+    base = layer.base_layer
+    state = (
+        _quant_state(base, x)
+        if FusedLoraLinear4bit is not None and type(layer) is FusedLoraLinear4bit
+        else None
+    )
+    if state is None and type(base) is not torch.nn.Linear:
+        return None
+    if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
+        return None
+    return {
+        "weight": base.weight,
+        "bias": base.bias,
+        "quant_state": state,
+        "a": layer.lora_A[name].weight,
+        "b": layer.lora_B[name].weight,
+        "scaling": layer.scaling[name],
+    }
+
+
+def group_shared_inputs(model) -> int:
+    """Each set of fused LoRA siblings that read one input (``SHARED_INPUT_NAMES``: q/k/v, gate/up) becomes
+    a shared-input group; returns how many groups."""
+    groups = 0
+    for parent in model.modules():
+        for names in SHARED_INPUT_NAMES:
+            members = [getattr(parent, name, None) for name in names]
+            members = [member for member in members if member is not None and is_fused(member)]
+            if len(members) < 2:
+                continue
+            group = _SharedInput(members)
+            for index, member in enumerate(members):
+                member.__dict__["_fastlm_shared_input"] = (group, index)  # not a submodule: no state
+            groups += 1
+    return groups
+
+
+def shares_input(module) -> bool:
+    """Whether ``module`` is a LoRA layer in a shared-input group (``group_shared_inputs``)."""
+    return "_fastlm_shared_input" in module.__dict__
+
+
+def ungroup_shared_inputs(model) -> int:
+    """The reverse of ``group_shared_inputs``: each layer computes its own output; returns how many layers."""
+    count = 0
+    for module in model.modules():
+        if module.__dict__.pop("_fastlm_shared_input", None) is not None:
+            count += 1
+    return count
+
+
+class _SharedInputLinears(torch.autograd.Function):
+    """``out_i = x @ W_i.T (+ b_i) + s_i * (x @ A_i.T) @ B_i.T`` for the n members of a shared-input group,
+    in one step (module docstring): forward, x is multiplied by every adapter's A in one matmul (read once,
+    not n times); backward, the input gradient ``sum_i g_i @ W_i + (s_i g_i @ B_i) @ A_i`` accumulates
+    inside the matmuls (``addmm_``), where autograd would sum n activation-sized gradients in n - 1 passes
+    of their own, and the adapters' A gradients come from one matmul that reads x once. Frozen bases only
+    (LoRA's); a member's 4-bit weight (``quant_states``) multiplies through bitsandbytes as in
+    ``_LinearWithAdapter``."""
+
+    @staticmethod
+    def forward(ctx, x, scalings, quant_states, *tensors):
+        n = len(scalings)
+        weights, biases, lora_a, lora_b = (tensors[i * n : (i + 1) * n] for i in range(4))
+        rows = x.reshape(-1, x.shape[-1])
+        a_all = torch.cat(lora_a)  # [sum of ranks x in]: r rows each
+        xa = rows @ a_all.t()  # x read once for every adapter
+        outputs, start = [], 0
+        for weight, bias, a, b, scaling, state in zip(
+            weights, biases, lora_a, lora_b, scalings, quant_states, strict=True
+        ):
+            if state is not None:
+                out = bitsandbytes.matmul_4bit(rows, weight.t(), quant_state=state, bias=bias)
+            else:
+                out = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+            out.addmm_(xa[:, start : start + a.shape[0]], b.t(), alpha=scaling)
+            start += a.shape[0]
+            outputs.append(out.view(*x.shape[:-1], out.shape[-1]))
+        ctx.save_for_backward(rows, a_all, xa, *weights, *lora_b)
+        ctx.scalings, ctx.quant_states, ctx.x_shape = scalings, quant_states, x.shape
+        ctx.ranks = [a.shape[0] for a in lora_a]
+        ctx.bias_shapes = [None if bias is None else bias.shape for bias in biases]
+        ctx.set_materialize_grads(False)  # a member whose output went unused gives no gradient
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        rows, a_all, xa, *rest = ctx.saved_tensors
+        n = len(ctx.scalings)
+        weights, lora_b = rest[:n], rest[n:]
+        needs = ctx.needs_input_grad
+        need_bias, need_a, need_b = (needs[3 + i * n : 3 + (i + 1) * n] for i in (1, 2, 3))
+        gs = [None if g is None else g.reshape(-1, g.shape[-1]) for g in grads]
+        nothing = rows.new_empty(())  # addmm's ignored input at beta = 0: scaling as alpha
+        # each adapter's gradient at x @ A.T, scaled: [tokens x r] each, side by side as xa is
+        grad_xa = torch.cat(
+            [
+                rows.new_zeros(rows.shape[0], rank)
+                if g is None
+                else torch.addmm(nothing, g, b, beta=0, alpha=scaling)
+                for g, b, rank, scaling in zip(gs, lora_b, ctx.ranks, ctx.scalings, strict=True)
+            ],
+            dim=1,
+        )
+        grad_x = None
+        if needs[0]:
+            for g, weight, state in zip(gs, weights, ctx.quant_states, strict=True):
+                if g is None:
+                    continue
+                dense = weight if state is None else _dequantized(weight, state, g.dtype)
+                grad_x = g @ dense if grad_x is None else grad_x.addmm_(g, dense)
+            grad_x = grad_x.addmm_(grad_xa, a_all).view(ctx.x_shape)
+        grad_a_all = grad_xa.t() @ rows if any(need_a) else None
+        grad_a, grad_b, grad_bias, start = [], [], [], 0
+        for i, (g, rank, scaling) in enumerate(zip(gs, ctx.ranks, ctx.scalings, strict=True)):
+            grad_a.append(grad_a_all[start : start + rank] if need_a[i] else None)
+            xa_i = xa[:, start : start + rank]
+            start += rank
+            grad_b.append(
+                torch.addmm(nothing, g.t(), xa_i, beta=0, alpha=scaling)
+                if need_b[i] and g is not None
+                else None
+            )
+            grad_bias.append(g.sum(0) if need_bias[i] and g is not None else None)
+        return (grad_x, None, None, *([None] * n), *grad_bias, *grad_a, *grad_b)
 
 
 def _dequantized(weight: torch.Tensor, quant_state, dtype: torch.dtype) -> torch.Tensor:
