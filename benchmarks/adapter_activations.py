@@ -22,7 +22,9 @@ Set-ups (same weights, same adapters r 16 on the 7 projections, same tokens):
   ``torch.is_autocast_enabled()`` (CUDA's autocast) says yes: on a GPU it keeps less than here, where it
   casts as its plain layer does (this figure then equals ``lora_peft_forward``'s).
 * ``qlora_fastlm``: fastlm's QLoRA (``lora.apply_lora``: everything frozen in bf16, the fused forward).
-* ``lora_peft_forward`` / ``lora_fastlm``: the bf16 base with peft's forward / fastlm's.
+* ``lora_peft_forward`` / ``lora_fastlm``: the bf16 base with peft's forward / fastlm's (with its
+  shared-input groups: q/k/v and gate/up in one step, ``train.model.lora.shared_input``).
+* ``lora_fastlm_own_inputs``: fastlm's forward with each LoRA layer on its own (``shared_input: false``).
 
     python benchmarks/adapter_activations.py                    # 3B shape, 2 layers, 2,048 tokens
     python benchmarks/adapter_activations.py --model tiny --tokens 64 --steps 1   # smoke run
@@ -54,12 +56,14 @@ SETUPS = (
     "qlora_fastlm",
     "lora_peft_forward",
     "lora_fastlm",
+    "lora_fastlm_own_inputs",
 )
 PAIRS = [
     ("qlora_fastlm", "qlora_peft_prepared"),
     ("qlora_fastlm", "qlora_fp32_norms"),
     ("qlora_fastlm", "qlora_peft_forward"),
     ("lora_fastlm", "lora_peft_forward"),
+    ("lora_fastlm", "lora_fastlm_own_inputs"),
 ]
 MIB = 2**20
 
@@ -100,10 +104,12 @@ def build(setup: str, folder: Path):
             for parameter in model.parameters():
                 if parameter.ndim <= 1 and parameter.dtype == torch.bfloat16:
                     parameter.data = parameter.data.float()
-        if setup.endswith("fastlm"):
-            from fastlm.engine.model.lora_forward import fuse_lora_forward
+        if "fastlm" in setup:
+            from fastlm.engine.model.lora_forward import fuse_lora_forward, group_shared_inputs
 
             fuse_lora_forward(model)
+            if not setup.endswith("own_inputs"):
+                group_shared_inputs(model)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
