@@ -282,3 +282,22 @@ def test_a_group_whose_layers_read_different_inputs_computes_each_alone(caplog):
         torch.testing.assert_close(got, getattr(alone, layer)(source), **OTHER_FP32_MODEL)
     said = [record.getMessage() for record in caplog.records]
     assert len(said) == 1 and "do not read one input" in said[0], said
+
+
+def test_a_forward_cut_short_leaves_no_stale_outputs_and_keeps_the_group(caplog):
+    """A forward stopped between the group's computation and its other members (an exception, a checkpoint's
+    recompute stopped early): the next forward's first member drops the stale outputs without turning the
+    group off, and each output is that of its own input."""
+    model = adapted()
+    attention = model.base_model.model.model.layers[0].self_attn
+    alone = adapted(shared_input=False).base_model.model.model.layers[0].self_attn
+    torch.manual_seed(6)
+    x, y = torch.randn(2, 6, HIDDEN), torch.randn(2, 6, HIDDEN)
+    with caplog.at_level("WARNING", logger="fastlm.engine.model.lora_forward"):
+        attention.q_proj(x)  # k and v never asked for x
+        got = [attention.q_proj(y), attention.k_proj(y), attention.v_proj(y)]
+    assert not caplog.records
+    group = attention.q_proj.__dict__["_fastlm_shared_input"][0]
+    assert group.enabled and group.pending is None
+    for out, layer in zip(got, ("q_proj", "k_proj", "v_proj"), strict=True):
+        torch.testing.assert_close(out, getattr(alone, layer)(y), **OTHER_FP32_MODEL)
