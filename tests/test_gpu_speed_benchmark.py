@@ -584,9 +584,11 @@ def test_the_own_inputs_contender_turns_the_shared_input_groups_off(gpu_speed):
     beside it; each run counts its LoRA layers in shared-input groups (q/k/v and gate/up of each layer)."""
     from types import SimpleNamespace
 
+    from transformers import LlamaForCausalLM
+
     from fastlm.engine.config import LoraParams
     from fastlm.engine.model.lora import apply_lora
-    from tests.engine.model.test_lora_forward import tiny_llama
+    from tests.support.tiny_models import llama_config
 
     assert "fastlm_lora_own_inputs" in gpu_speed.CONTENDERS
     assert ("fastlm_lora", "fastlm_lora_own_inputs") in gpu_speed.AB_PAIRS
@@ -606,5 +608,6 @@ def test_the_own_inputs_contender_turns_the_shared_input_groups_off(gpu_speed):
         assert params.model.lora.shared_input is shared
     for shared, layers in ((True, 2 * 5), (False, 0)):
         lora = LoraParams(enabled=True, r=4, dropout=0.0, shared_input=shared)
-        model = apply_lora(tiny_llama(), lora, gradient_checkpointing=False)
+        tiny = LlamaForCausalLM(llama_config(vocab=112, hidden=64, positions=128, num_hidden_layers=2))
+        model = apply_lora(tiny, lora, gradient_checkpointing=False)
         assert gpu_speed.lora_shared_input_layers(model) == layers

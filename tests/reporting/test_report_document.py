@@ -28,8 +28,8 @@ def test_an_early_stopped_run_names_the_step_its_model_is_from():
 def test_a_gpu_profile_says_where_the_gpu_waited():
     from fastlm.engine.observe.gpu_idle import idle_breakdown
     from fastlm.engine.observe.profiling import PHASES
-    from tests.engine.observe.test_gpu_idle import hand_built_trace
     from tests.support.reporting import make_history, report_document
+    from tests.support.traces import hand_built_trace
 
     profile = {
         "recorded": True,
