@@ -370,3 +370,30 @@ def test_the_report_line_of_compile_bound_names_its_measure():
     finding = by_kind(diagnose(compiled("model", 120.0, 300.0), make_history(6, mfu=0.45)))[COMPILE_BOUND]
     line = check_line(dataclasses.asdict(finding))
     assert line == "⚠ compile share of the wall time 40 %: compile-bound"
+
+
+def test_host_sync_reads_a_gpu_profile_where_the_run_recorded_one():
+    """A profiled GPU run (train.profile) measured where its GPU waited: at HOST_BOUND_IDLE_SHARE or more of
+    the window waiting for the host it triggers with the figure, the phase, the launching operator and the
+    host sync the profile names, on step times and MFU that say nothing; below, it stays quiet."""
+    from fastlm.engine.observe.gpu_idle import idle_breakdown
+    from fastlm.engine.observe.profiling import PHASES
+    from fastlm.reporting.diagnosis import HOST_BOUND_IDLE_SHARE
+    from tests.support.traces import hand_built_trace
+
+    idle = idle_breakdown(hand_built_trace(), steps=2, phases=PHASES)  # 91 of 230 us waiting for the host
+    history = make_history(6, mfu=0.4)
+    profiled = {**cuda(), "profile": {"recorded": True, "gpu_idle": idle}}
+    finding = by_kind(diagnose(profiled, history))[HOST_SYNC_BOUND]
+    assert finding.triggered and "GPU waiting for the host 39.6 %" in finding.figure
+    assert "backward" in finding.message and "aten::item" in finding.message
+    assert "aten::item" in finding.advice
+    assert COMPUTE_BOUND not in triggered(diagnose(profiled, history))
+    share = idle["host_bound_ms_per_step"] / idle["window_ms_per_step"]
+    quiet = {**idle, "host_bound_ms_per_step": idle["window_ms_per_step"] * HOST_BOUND_IDLE_SHARE * 0.9}
+    assert share > HOST_BOUND_IDLE_SHARE
+    finding = by_kind(diagnose({**cuda(), "profile": {"recorded": True, "gpu_idle": quiet}}, history))
+    assert (
+        not finding[HOST_SYNC_BOUND].triggered
+        and "GPU waiting for the host 9.0 %" in finding[HOST_SYNC_BOUND].figure
+    )

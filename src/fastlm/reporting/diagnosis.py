@@ -7,7 +7,9 @@ passed. The rules, in order (thresholds are the module constants below):
   ``INPUT_BOUND_SHARE``.
 * ``padding-bound`` -- much of the computed tokens is padding: mean ``padding_efficiency`` is below
   ``PADDING_BOUND_EFFICIENCY``.
-* ``host-sync-bound`` -- CUDA only; see :func:`_host_sync_bound` for the heuristic.
+* ``host-sync-bound`` -- CUDA only: measured where the run recorded a GPU profile (the GPU waiting for the
+  host at least ``HOST_BOUND_IDLE_SHARE`` of the profiled window), else see :func:`_host_sync_bound` for
+  the heuristic.
 * ``memory-saturated`` -- peak memory is at least ``MEMORY_SATURATED_SHARE`` of the device memory *and*
   step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed. The advice
   names the memory levers the run's own decisions show it left unused (``_unused_memory_levers``).
@@ -36,6 +38,7 @@ __all__ = [
     "COMPILE_BOUND",
     "COMPILE_BOUND_SHARE",
     "COMPUTE_BOUND",
+    "HOST_BOUND_IDLE_SHARE",
     "HOST_SYNC_BOUND",
     "HOST_SYNC_LOW_DATA_WAIT_SHARE",
     "HOST_SYNC_MAX_MFU",
@@ -65,6 +68,9 @@ COMPUTE_BOUND = "compute-bound"
 INPUT_BOUND_SHARE = 0.10
 #: padding-bound when the mean share of real (non-padding) tokens among computed tokens is below this.
 PADDING_BOUND_EFFICIENCY = 0.80
+#: host-sync: a GPU profile (train.profile) measured the GPU waiting for the host at least this share of its
+#: window (engine/observe/gpu_idle.py): the measured signal, where a run recorded one.
+HOST_BOUND_IDLE_SHARE = 0.10
 #: host-sync: the median over windows of (slowest step / mean step) that reads as periodic stalls.
 HOST_SYNC_SPIKE_RATIO = 3.0
 #: host-sync: MFU below this, with the input and padding ruled out, reads as host overhead.
@@ -195,6 +201,10 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
 
     Conservative: unmeasured figures (NaN MFU, no data wait) never trigger it, and a data wait between
     the two thresholds triggers neither this nor ``input-bound``.
+
+    Where the run recorded a GPU profile (``train.profile``: the summary's ``profile.gpu_idle``), its
+    measure triggers it too: the GPU waited for the host at least ``HOST_BOUND_IDLE_SHARE`` of the window,
+    named by phase, launching operator and host sync (engine/observe/gpu_idle.py).
     """
     if not _is_cuda(summary):
         device = (summary.get("runtime") or {}).get("device") or "unknown device"
@@ -217,15 +227,24 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         and not math.isnan(efficiency)
         and efficiency >= HOST_SYNC_MIN_PADDING_EFFICIENCY
     )
+    idle = (summary.get("profile") or {}).get("gpu_idle") or {}
+    host_share = (
+        idle["host_bound_ms_per_step"] / idle["window_ms_per_step"]
+        if idle.get("window_ms_per_step")
+        else math.nan
+    )
+    profiled = not math.isnan(host_share) and host_share >= HOST_BOUND_IDLE_SHARE
     parts = []
+    if not math.isnan(host_share):
+        parts.append(f"GPU waiting for the host {host_share * 100:.1f} % of the profiled window")
     if not math.isnan(spike):
         parts.append(f"slowest/mean step {spike:.1f}x")
     if not math.isnan(mfu):
         parts.append(f"MFU {_percent(mfu)}")
     figure = ", ".join(parts) or _NA
-    if not (stalls or starved):
+    if not (stalls or starved or profiled):
         return Finding(HOST_SYNC_BOUND, False, figure, "no sign of the host stalling the GPU", "")
-    reasons = []
+    reasons = [_profiled_reason(idle, host_share)] if profiled else []
     if stalls:
         reasons.append(f"in a typical window the slowest step takes {spike:.1f}x the mean step time")
     if starved:
@@ -235,9 +254,33 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         "CPU-side work between steps; raise train.log_every so metrics are read back less often; "
         "try train.runtime.compile: true (torch.compile) or CUDA graphs to cut launch overhead"
     )
+    syncs = idle.get("host_bound_top_syncs") or []
+    if profiled and syncs:
+        advice = f"first the host sync in {syncs[0]['where']} (the profile's largest); then " + advice
     return Finding(
         HOST_SYNC_BOUND, True, figure, "the host seems to stall the GPU: " + "; ".join(reasons), advice
     )
+
+
+def _profiled_reason(idle: dict, share: float) -> str:
+    """The profile's measure in words: how long the GPU waited for the host, where and after what."""
+    text = (
+        f"the profile measured the GPU waiting for the host {share * 100:.1f} % of its window "
+        f"({idle['host_bound_ms_per_step']:.2f} ms per step"
+    )
+    phases = idle.get("host_bound_by_phase_ms_per_step") or {}
+    if phases:
+        phase, ms = next(iter(phases.items()))
+        text += f", most in {phase}: {ms:.2f} ms"
+    text += ")"
+    launchers = idle.get("host_bound_top_launchers") or []
+    if launchers:
+        text += f", the largest share before kernels of {launchers[0]['where']}"
+    syncs = idle.get("host_bound_top_syncs") or []
+    if syncs and idle.get("after_sync_ms_per_step"):
+        after = idle["after_sync_ms_per_step"]
+        text += f"; {after:.2f} ms per step after host syncs, most in {syncs[0]['where']}"
+    return text
 
 
 def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame) -> Finding:
