@@ -19,7 +19,14 @@ class LoraParams(Params):
     enabled: bool = False
     r: int = Field(16, ge=1)
     alpha: float = Field(32, gt=0)
-    dropout: float = Field(0.05, ge=0, lt=1)
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="LoRA dropout on each adapter's input; 0 (peft's own default) keeps the fused forward "
+        "whole and the shared-input groups on (above 0 each layer draws its own mask: no groups, only the "
+        "forward sum fused)",
+    )
     target_modules: list[str] | Literal["auto", "all-linear"] = Field(
         "auto", description="auto: per-architecture defaults (fastlm.engine.model.lora.DEFAULT_TARGETS)"
     )
