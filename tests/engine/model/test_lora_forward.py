@@ -303,3 +303,30 @@ def test_a_forward_cut_short_leaves_no_stale_outputs_and_keeps_the_group(caplog)
     assert group.enabled and group.pending is None
     for out, layer in zip(got, ("q_proj", "k_proj", "v_proj"), strict=True):
         torch.testing.assert_close(out, getattr(alone, layer)(y), **OTHER_FP32_MODEL)
+
+
+def test_an_encoder_decoders_cross_attention_is_not_grouped(caplog):
+    """BART's decoder layers hold a cross-attention (``encoder_attn``) whose q reads the decoder's states and
+    k, v the encoder's: not a shared input. Only the self-attentions are grouped, and a training forward says
+    nothing; the loss equals each layer on its own."""
+    from fastlm.engine.model.lora_forward import shares_input
+    from tests.support.tiny_seq2seq import tiny_seq2seq
+
+    def bart(shared: bool):
+        params = LoraParams(
+            enabled=True, r=4, target_modules=["q_proj", "k_proj", "v_proj"], shared_input=shared
+        )
+        model = apply_lora(tiny_seq2seq("bart"), params, gradient_checkpointing=False)
+        nonzero_lora_b(model)
+        return model
+
+    model = bart(True)
+    grouped = {name for name, module in model.named_modules() if shares_input(module)}
+    assert grouped and not any("encoder_attn" in name for name in grouped)
+    assert any(".decoder." in name and "self_attn" in name for name in grouped)
+    ids = torch.randint(4, 60, (2, 12), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids.flip(1)}
+    with caplog.at_level("WARNING", logger="fastlm.engine.model.lora_forward"):
+        loss = model(**batch).loss
+    assert not [record for record in caplog.records if record.name == "fastlm.engine.model.lora_forward"]
+    torch.testing.assert_close(loss, bart(False)(**batch).loss, **OTHER_FP32_MODEL)

@@ -38,10 +38,11 @@ sums their n input gradients in n - 1 activation-sized adds of its own (on the H
 one matmul, each base product and its adapter's share; backward, each base's input gradient accumulates
 into one buffer (``addmm_``, beta = 1), the adapters' share with it in one more, and the A's gradients come
 from one matmul reading x once. The other members take their output when their layer is called with the
-same tensor; a member called with another tensor (a cross-attention's k and v) turns its group off for good,
-with a warning, and computes its own (the group's unused outputs get no gradient); outputs a cut-short
-forward left are dropped by the next one. Frozen bases only, no
-active dropout (each member draws its own mask), not while compiling (each layer's own forward then). By
+same tensor. A cross-attention (BART's ``encoder_attn`` and the like: q reads the decoder's states, k and
+v the encoder's) is not grouped; a member called with another tensor all the same turns its group off for
+good, with a warning, and computes its own (the group's unused outputs get no gradient); outputs a
+cut-short forward left are dropped by the next one. Frozen bases only, no active dropout (each member
+draws its own mask), not while compiling (each layer's own forward then). By
 count, on the 3B shape at 8,192 tokens per micro-batch: about 7.5 ms of memory traffic per step less (the
 adds, x's extra reads for the A's and their gradients), about 2.5 % of the H100 step; not measured on a GPU
 (``gpu_speed.py --contenders fastlm_lora fastlm_lora_own_inputs``). On this CPU, compute-bound, the step
@@ -314,10 +315,12 @@ def _member_plan(layer, x: torch.Tensor) -> dict | None:
 
 
 def group_shared_inputs(model) -> int:
-    """Each set of fused LoRA siblings that read one input (``SHARED_INPUT_NAMES``: q/k/v, gate/up) becomes
-    a shared-input group; returns how many groups."""
+    """Each set of fused LoRA siblings that read one input (``SHARED_INPUT_NAMES``: q/k/v, gate/up; not in a
+    cross-attention) becomes a shared-input group; returns how many groups."""
     groups = 0
-    for parent in model.modules():
+    for path, parent in model.named_modules():
+        if _cross_attention(path, parent):
+            continue
         for names in SHARED_INPUT_NAMES:
             members = [getattr(parent, name, None) for name in names]
             members = [member for member in members if member is not None and is_fused(member)]
@@ -333,6 +336,18 @@ def group_shared_inputs(model) -> int:
 def shares_input(module) -> bool:
     """Whether ``module`` is a LoRA layer in a shared-input group (``group_shared_inputs``)."""
     return "_fastlm_shared_input" in module.__dict__
+
+
+def _cross_attention(path: str, module) -> bool:
+    """Whether ``module`` (at ``path``) is a cross-attention, whose q reads other states than its k and v:
+    BART-family and Whisper ``encoder_attn``, BERT-style ``crossattention``, ``cross_attn``, T5's
+    ``EncDecAttention``, or a module that says so (``is_cross_attention``)."""
+    name = path.rsplit(".", 1)[-1].lower()
+    return (
+        "cross" in name
+        or name in ("encoder_attn", "encdecattention")
+        or bool(getattr(module, "is_cross_attention", False))
+    )
 
 
 def ungroup_shared_inputs(model) -> int:
