@@ -389,7 +389,6 @@ class _SharedInputLinears(torch.autograd.Function):
         ctx.save_for_backward(rows, a_all, xa, *weights, *lora_b)
         ctx.scalings, ctx.quant_states, ctx.x_shape = scalings, quant_states, x.shape
         ctx.ranks = [a.shape[0] for a in lora_a]
-        ctx.bias_shapes = [None if bias is None else bias.shape for bias in biases]
         ctx.set_materialize_grads(False)  # a member whose output went unused gives no gradient
         return tuple(outputs)
 
@@ -419,7 +418,8 @@ class _SharedInputLinears(torch.autograd.Function):
                     continue
                 dense = weight if state is None else _dequantized(weight, state, g.dtype)
                 grad_x = g @ dense if grad_x is None else grad_x.addmm_(g, dense)
-            grad_x = grad_x.addmm_(grad_xa, a_all).view(ctx.x_shape)
+            grad_x = grad_xa @ a_all if grad_x is None else grad_x.addmm_(grad_xa, a_all)
+            grad_x = grad_x.view(ctx.x_shape)
         grad_a_all = grad_xa.t() @ rows if any(need_a) else None
         grad_a, grad_b, grad_bias, start = [], [], [], 0
         for i, (g, rank, scaling) in enumerate(zip(gs, ctx.ranks, ctx.scalings, strict=True)):
