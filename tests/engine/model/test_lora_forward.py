@@ -207,29 +207,29 @@ def test_the_fused_forward_compiles_to_the_eager_loss_and_gradients():
             torch.testing.assert_close(parameter.grad, eager_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
 
 
-def test_a_lora_checkpoint_resumes_across_the_forward_switch(tmp_path):
-    """fused_forward changes no weight, data order or loss beyond rounding (as compile): a checkpoint written
-    with either forward, or before the switch existed, resumes with the other."""
+def test_a_lora_checkpoint_resumes_across_the_forward_switches(tmp_path):
+    """fused_forward and shared_input change no weight, data order or loss beyond rounding (as compile): a
+    checkpoint written with either setting, or before the switches existed, resumes with the other; the
+    dropout, which changes the training, does not."""
     from fastlm.engine.checkpoint.resume import digest_differences, run_digest
     from fastlm.engine.config import parse_train_params
 
     model = tiny_llama()
+
+    def digest(**lora):
+        raw = {"model": {"name_or_path": str(tmp_path), "lora": {"enabled": True, **lora}}}
+        return run_digest(model, parse_train_params(raw), max_length=8, data="d", world_size=1, sharded=False)
+
     digests = [
-        run_digest(
-            model,
-            parse_train_params(
-                {"model": {"name_or_path": str(tmp_path), "lora": {"enabled": True, "fused_forward": fused}}}
-            ),
-            max_length=8,
-            data="d",
-            world_size=1,
-            sharded=False,
-        )
+        digest(fused_forward=fused, shared_input=shared)
         for fused in (True, False)
+        for shared in (True, False)
     ]
     assert digests[0]["model.lora"]["r"] == 16  # the adapter's settings are in the digest
-    assert digest_differences(digests[0], digests[1]) == []
-    assert "fused_forward" not in digests[0]["model.lora"]  # so a digest saved before the switch matches
+    assert all(digest_differences(digests[0], other) == [] for other in digests[1:])
+    # so a digest saved before the switches matches
+    assert not {"fused_forward", "shared_input"} & set(digests[0]["model.lora"])
+    assert digest_differences(digests[0], digest(dropout=0.05))  # the old dropout default: not resumed
 
 
 @pytest.mark.parametrize("targets", ["auto", ["q_proj", "v_proj"]], ids=["attention-and-mlp", "q-and-v"])
