@@ -330,3 +330,13 @@ def test_an_encoder_decoders_cross_attention_is_not_grouped(caplog):
         loss = model(**batch).loss
     assert not [record for record in caplog.records if record.name == "fastlm.engine.model.lora_forward"]
     torch.testing.assert_close(loss, bart(False)(**batch).loss, **OTHER_FP32_MODEL)
+
+
+def test_groups_run_under_inference_mode():
+    """Generation runs under ``torch.inference_mode`` (engine/evaluate/generation.py), whose tensors keep no
+    version counter: the grouped model's logits there equal each layer on its own."""
+    ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        grouped = adapted().eval()(input_ids=ids).logits
+        alone = adapted(shared_input=False).eval()(input_ids=ids).logits
+    torch.testing.assert_close(grouped, alone, **OTHER_FP32_MODEL)

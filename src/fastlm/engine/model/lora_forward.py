@@ -242,7 +242,7 @@ class _SharedInput:
         pending, self.pending = self.pending, None
         if pending is not None:
             source, version, outputs = pending
-            if source is x and x._version == version and index in outputs:
+            if source is x and _version(x) == version and index in outputs:
                 out = outputs.pop(index)
                 self.pending = pending if outputs else None
                 return out
@@ -275,8 +275,14 @@ class _SharedInput:
                 *(step["b"].to(dtype) for step in plan),
             )
         rest = {other: out for other, out in enumerate(outputs) if other != index}
-        self.pending = (x, x._version, rest)
+        self.pending = (x, _version(x), rest)
         return outputs[index]
+
+
+def _version(x: torch.Tensor) -> int:
+    """``x``'s version counter (changed by each in-place write); -1 for an inference tensor
+    (``torch.inference_mode``: generation), which keeps none."""
+    return -1 if x.is_inference() else x._version
 
 
 def _shared_output(layer, x: torch.Tensor) -> torch.Tensor | None:
