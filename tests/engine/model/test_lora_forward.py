@@ -299,7 +299,9 @@ def test_a_forward_cut_short_leaves_no_stale_outputs_and_keeps_the_group(caplog)
         attention.q_proj(x)  # k and v never asked for x
         got = [attention.q_proj(y), attention.k_proj(y), attention.v_proj(y)]
     assert not [record for record in caplog.records if record.name == "fastlm.engine.model.lora_forward"]
-    group = attention.q_proj.__dict__["_fastlm_shared_input"][0]
+    from fastlm.engine.model.lora_forward import GROUP_KEY
+
+    group = attention.q_proj.__dict__[GROUP_KEY][0]
     assert group.enabled and group.pending is None
     for out, layer in zip(got, ("q_proj", "k_proj", "v_proj"), strict=True):
         torch.testing.assert_close(out, getattr(alone, layer)(y), **OTHER_FP32_MODEL)

@@ -83,10 +83,14 @@ class FusedLoraLinear(PeftLoraLinear):
     """peft's ``lora.Linear`` whose forward adds the adapter inside one matmul (module docstring)."""
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        group = self.__dict__.get(GROUP_KEY)
+        taken = group[0].take(group[1], x) if group is not None and not (args or kwargs) else None
+        if taken is not None:  # computed with its group a moment ago, for this very input
+            return taken
         adapter = _single_plain_adapter(self, x, args, kwargs)
         if adapter is None:
             return super().forward(x, *args, **kwargs)
-        shared = _shared_output(self, x)
+        shared = None if group is None else group[0].compute(group[1], x, _member_plan(self, x, adapter))
         return shared if shared is not None else _forward(self, x, adapter)
 
 
@@ -110,11 +114,16 @@ if PeftLoraLinear4bit is not None:
         """peft's 4-bit ``lora.Linear4bit`` with the fused forward (module docstring)."""
 
         def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            group = self.__dict__.get(GROUP_KEY)
+            taken = group[0].take(group[1], x) if group is not None and not (args or kwargs) else None
+            if taken is not None:  # computed with its group a moment ago, for this very input
+                return taken
             adapter = _single_plain_adapter(self, x, args, kwargs)
             state = None if adapter is None else _quant_state(self.base_layer, x)
             if state is None:
                 return super().forward(x, *args, **kwargs)
-            shared = _shared_output(self, x)
+            plan = _member_plan(self, x, adapter, state)
+            shared = None if group is None else group[0].compute(group[1], x, plan)
             return shared if shared is not None else _forward(self, x, adapter, quant_state=state)
 
 else:
@@ -220,6 +229,7 @@ class _LinearWithAdapter(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, grad_a, grad_b, None, None
 
 
+GROUP_KEY = "_fastlm_shared_input"  # a grouped layer's (group, index), in its __dict__ (not a submodule)
 # Sibling projections that read the same input in the model families fastlm adapts (their module names)
 SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"))
 
@@ -234,29 +244,38 @@ class _SharedInput:
         self.pending: tuple | None = None  # (input, its version, {member index: output}) not yet taken
         self.enabled = True
 
-    def output(self, index: int, x: torch.Tensor) -> torch.Tensor | None:
-        """Member ``index``'s output for ``x``, or None where its own forward must run (also while compiling:
-        the compiler sees each layer's own forward, no state kept between calls)."""
-        if torch.compiler.is_compiling():
+    def take(self, index: int, x: torch.Tensor) -> torch.Tensor | None:
+        """Member ``index``'s output computed with the group for this very ``x``, if one waits; else None
+        (and never while compiling: the compiler sees each layer's own forward, no state kept between
+        calls)."""
+        pending = self.pending
+        if pending is None or torch.compiler.is_compiling():
             return None
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            source, version, outputs = pending
-            if source is x and _version(x) == version and index in outputs:
-                out = outputs.pop(index)
-                self.pending = pending if outputs else None
-                return out
-            # this member's output for another tensor was waiting: it reads its own input (a cross-attention's
-            # k and v). Otherwise they are a cut-short forward's leftovers, dropped.
-            if index in outputs:
-                self.enabled = False
-                log.warning(
-                    "LoRA layers %s do not read one input: each computes its own from now on",
-                    ", ".join(type(member).__name__ for member in self.members),
-                )
-        if not self.enabled:
+        source, version, outputs = pending
+        if source is x and index in outputs and _version(x) == version:
+            out = outputs.pop(index)
+            if not outputs:
+                self.pending = None
+            return out
+        self.pending = None
+        # this member's output for another tensor was waiting: it reads its own input (a cross-attention's k
+        # and v). Otherwise they are a cut-short forward's leftovers, dropped.
+        if index in outputs:
+            self.enabled = False
+            log.warning(
+                "LoRA layers %s do not read one input: each computes its own from now on",
+                ", ".join(type(member).__name__ for member in self.members),
+            )
+        return None
+
+    def compute(self, index: int, x: torch.Tensor, own: dict | None) -> torch.Tensor | None:
+        """Every member's output for ``x`` in one step; member ``index``'s returned (its plan ``own``,
+        checked by its forward), the others' kept for ``take``. None where the group does not apply."""
+        if own is None or not self.enabled or torch.compiler.is_compiling():
             return None
-        plan = [_member_plan(member, x) for member in self.members]
+        plan = [
+            own if other == index else _member_plan(member, x) for other, member in enumerate(self.members)
+        ]
         if any(step is None for step in plan):
             return None
         device = x.device.type
@@ -285,27 +304,19 @@ def _version(x: torch.Tensor) -> int:
     return -1 if x.is_inference() else x._version
 
 
-def _shared_output(layer, x: torch.Tensor) -> torch.Tensor | None:
-    """``layer``'s output from its shared-input group, if it has one that applies, else None."""
-    shared = layer.__dict__.get("_fastlm_shared_input")
-    return None if shared is None else shared[0].output(shared[1], x)
-
-
-def _member_plan(layer, x: torch.Tensor) -> dict | None:
+def _member_plan(layer, x: torch.Tensor, name: str | None = None, state=None) -> dict | None:
     """What ``_SharedInputLinears`` needs of ``layer`` for input ``x``, or None where it does not apply
-    (peft's forward, active dropout, a base that is not a plain or 4-bit Linear, a trained base)."""
-    name = _single_plain_adapter(layer, x, (), {})
+    (peft's forward, active dropout, a base that is not a plain or 4-bit Linear, a trained base). ``name``
+    and ``state``: the adapter and 4-bit quantization state the layer's own forward found already."""
+    name = name or _single_plain_adapter(layer, x, (), {})
     if name is None:
         return None
     dropout = layer.lora_dropout[name]
     if not (isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0):
         return None
     base = layer.base_layer
-    state = (
-        _quant_state(base, x)
-        if FusedLoraLinear4bit is not None and type(layer) is FusedLoraLinear4bit
-        else None
-    )
+    if state is None and FusedLoraLinear4bit is not None and type(layer) is FusedLoraLinear4bit:
+        state = _quant_state(base, x)
     if state is None and type(base) is not torch.nn.Linear:
         return None
     if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
@@ -334,14 +345,14 @@ def group_shared_inputs(model) -> int:
                 continue
             group = _SharedInput(members)
             for index, member in enumerate(members):
-                member.__dict__["_fastlm_shared_input"] = (group, index)  # not a submodule: no state
+                member.__dict__[GROUP_KEY] = (group, index)  # not a submodule: no state
             groups += 1
     return groups
 
 
 def shares_input(module) -> bool:
     """Whether ``module`` is a LoRA layer in a shared-input group (``group_shared_inputs``)."""
-    return "_fastlm_shared_input" in module.__dict__
+    return GROUP_KEY in module.__dict__
 
 
 def _cross_attention(path: str, module) -> bool:
@@ -360,7 +371,7 @@ def ungroup_shared_inputs(model) -> int:
     """The reverse of ``group_shared_inputs``: each layer computes its own output; returns how many layers."""
     count = 0
     for module in model.modules():
-        if module.__dict__.pop("_fastlm_shared_input", None) is not None:
+        if module.__dict__.pop(GROUP_KEY, None) is not None:
             count += 1
     return count
 
