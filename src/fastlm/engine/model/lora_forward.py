@@ -46,7 +46,9 @@ draws its own mask), not while compiling (each layer's own forward then). By
 count, on the 3B shape at 8,192 tokens per micro-batch: about 7.5 ms of memory traffic per step less (the
 adds, x's extra reads for the A's and their gradients), about 2.5 % of the H100 step; not measured on a GPU
 (``gpu_speed.py --contenders fastlm_lora fastlm_lora_own_inputs``). On this CPU, compute-bound, the step
-time is unchanged (``adapter_activations.py``).
+time is unchanged (``adapter_activations.py``); the host's side (``lora_host_cost.py``: 28 layers, negligible
+arithmetic) dispatches 3 % fewer ops but took 1.05-1.08x the host time, which a GPU step hides unless the
+host falls behind its kernels.
 
 A 4-bit base (QLoRA: peft's ``bnb.Linear4bit`` over bitsandbytes' ``Linear4bit``, NF4 weights) gets the
 same forward as ``FusedLoraLinear4bit``: peft's 4-bit layer skips the input casts under autocast, but
