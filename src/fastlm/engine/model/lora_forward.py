@@ -124,8 +124,9 @@ if PeftLoraLinear4bit is not None:
             state = None if adapter is None else _quant_state(self.base_layer, x)
             if state is None:
                 return super().forward(x, *args, **kwargs)
-            plan = _member_plan(self, x, adapter, state)
-            shared = None if group is None else group[0].compute(group[1], x, plan)
+            shared = None
+            if group is not None:
+                shared = group[0].compute(group[1], x, _member_plan(self, x, adapter, state))
             return shared if shared is not None else _forward(self, x, adapter, quant_state=state)
 
 else:
