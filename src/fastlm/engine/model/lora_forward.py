@@ -92,7 +92,9 @@ class FusedLoraLinear(PeftLoraLinear):
         adapter = _single_plain_adapter(self, x, args, kwargs)
         if adapter is None:
             return super().forward(x, *args, **kwargs)
-        shared = None if group is None else group[0].compute(group[1], x, _member_plan(self, x, adapter))
+        shared = None
+        if group is not None and group[0].applies():
+            shared = group[0].compute(group[1], x, _member_plan(self, x, adapter))
         return shared if shared is not None else _forward(self, x, adapter)
 
 
@@ -125,7 +127,7 @@ if PeftLoraLinear4bit is not None:
             if state is None:
                 return super().forward(x, *args, **kwargs)
             shared = None
-            if group is not None:
+            if group is not None and group[0].applies():
                 shared = group[0].compute(group[1], x, _member_plan(self, x, adapter, state))
             return shared if shared is not None else _forward(self, x, adapter, quant_state=state)
 
@@ -270,6 +272,11 @@ class _SharedInput:
                 ", ".join(type(member).__name__ for member in self.members),
             )
         return None
+
+    def applies(self) -> bool:
+        """Whether ``compute`` can run now (the group on, not compiling): checked before a member's plan is
+        built."""
+        return self.enabled and not torch.compiler.is_compiling()
 
     def compute(self, index: int, x: torch.Tensor, own: dict | None) -> torch.Tensor | None:
         """Every member's output for ``x`` in one step; member ``index``'s returned (its plan ``own``,
