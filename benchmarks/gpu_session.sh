@@ -18,22 +18,22 @@
 #    55 s, the Trainer + peft's best (eager) 33 s and its usual set-up more than 79 s on the 3B shape, the
 #    0.73 B full fine-tune eager 36-58 s a contender, compiled by layers 147 s (more than 119 s on a fresh
 #    machine: its inductor cache is empty), the QLoRA usual set-up about 5 s a step:
-#      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
-#                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
-#                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
-#                          1.3x target. Eager, fastlm ran 91,247 tok/s on 2026-11-27; the Trainer's best
-#                          66,939 on 2026-11-26 (another run: no ratio)
 #      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft's best set-up and
 #                          TRL's SFTTrainer + peft best (packing, padding-free, its chunked head) on the
 #                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager: the
-#                          1.5x target (1.46x and 1.42x on 2026-11-27, with liger's own function for the head)
-#      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100:
-#                          micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes 1..32,
-#                          tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
-#      lora_ab             fastlm's LoRA against its variants, one run: liger's own autograd function for the
-#                          fused head (3 host syncs per micro-batch) instead of fastlm's loop over its kernel,
-#                          each LoRA layer on its own (no shared-input groups: q/k/v, gate/up) and peft's own
-#                          LoRA forward (the A/Bs of engine/model/lora_forward.py)
+#                          1.5x target (1.46x and 1.42x on an H100, 1.20x and 1.24x on an H200 whose host
+#                          left the GPU idle 41 % of fastlm's step, 2026-11-27; bf16 adapters since)
+#      lora_ab             fastlm's LoRA (bf16 adapters with fp32 masters, param_dtype auto on a GPU) against
+#                          fp32 adapters under autocast (each adapter cast per micro-batch, 392 casts each way)
+#      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
+#                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
+#                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
+#                          1.3x target (1.52x on an H200, 2026-11-27)
+#      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
+#                          with its torch_compile
+#      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100 and the
+#                          H200: micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes
+#                          1..32, tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
 #      head_kernels        benchmarks/linear_loss_memory.py --device cuda: the LM head + loss of a 3B model
 #                          (8,192 tokens x 128,256, bf16 autocast, a trained head) through fastlm's kernel,
 #                          liger's and cut-cross-entropy's against the plain head: time and peak memory (the
@@ -56,8 +56,6 @@
 #                          both sides (51 GB of fp32 weights, gradients and AdamW states before activations)
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
 #                          --liger on / off: liger-kernel against fastlm's own kernels
-#      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
-#                          with its torch_compile
 #      compile_scope       benchmarks/compile_scope.py on the 0.73 B shape: torch.compile of the whole model
 #                          against each layer (cold start and steady speed), the choice of the default
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
@@ -67,8 +65,13 @@
 #                          fastlm_eager, one eager run
 #      weights_ab          the 0.73 B full fine-tune, eager: bf16 weights with fp32 masters against autocast
 #                          over fp32 weights (1.15x on 2026-11-27), again
-#    The first call (560 s) reaches the full fine-tune's and LoRA's targets; the next call (what is left of
-#    the 15 minutes, about 240-300 s) runs --only memory_cliff or --only lora_ab; later sessions the rest.
+#      lora_variants       fastlm's LoRA against its other variants, one run: liger's own autograd function
+#                          for the fused head (3 host syncs per micro-batch), each LoRA layer on its own (no
+#                          shared-input groups) and peft's own LoRA forward (on an H200, 2026-11-27: fastlm
+#                          1.10x, 1.02x and 1.31x them)
+#    The first call (560 s) reaches LoRA's target and its A/B; the next call (what is left of the 15
+#    minutes, about 240-300 s) runs --only gpu_speed_full_eager or gpu_speed_lora_compiled; later sessions
+#    the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,10 +87,11 @@ EAGER="--compile off --warmup 5 --steps 15"
 SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s a step
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "lora_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
-    "lora_ab|240|320|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "head_kernels|150|200|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger liger_function cce --repeats 5"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
@@ -99,11 +103,11 @@ PLAN=(
     "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"
-    "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "compile_scope|150|300|benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 --seq-len 2048 --steps 10"
     "levers|60|150|benchmarks/gpu_levers.py --parallel 4 --json $OUT/levers.json --budget-s \$((CAP - 10))"
     "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "weights_ab|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights $EAGER --budget-s \$((CAP - 15))"
+    "lora_variants|240|320|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

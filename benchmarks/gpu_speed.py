@@ -108,6 +108,10 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   ``train.model.lora.shared_input: false``, each LoRA layer on its own (q, k and v each multiply the input
   by their adapter's A, autograd sums their input gradients in passes of their own), the A/B of the
   shared-input groups (engine/model/lora_forward.py).
+* ``fastlm_lora_fp32_adapters`` (named in ``--contenders``): ``fastlm_lora`` with
+  ``train.runtime.param_dtype: fp32``, fp32 adapters under bf16 autocast (each adapter cast to bf16 in every
+  micro-batch's forward, its gradient cast back in the backward: 392 casts each way on the 3B shape), the
+  A/B of bf16 adapters with fp32 masters (param_dtype auto on a GPU; engine/train/master_weights.py).
 * ``fastlm_eager_fp32_weights`` / ``fastlm_compile_fp32_weights`` (named in ``--contenders``): the full
   fine-tune with ``train.runtime.param_dtype: fp32``, bf16 autocast over fp32 weights as the Trainer runs
   (an fp32 residual stream, each projection's input cast to bf16, each input gradient cast back and summed in
@@ -227,6 +231,7 @@ AB_CONTENDERS = (
     "fastlm_lora_peft_forward",
     "fastlm_qlora_peft_forward",
     "fastlm_lora_own_inputs",
+    "fastlm_lora_fp32_adapters",
 )
 # fastlm_lora / fastlm_qlora against its own variants: real tokens/s and peak memory, one run
 AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
@@ -799,6 +804,8 @@ def run_fastlm(
         name += "_own_inputs"
     if param_dtype == "fp32" and not adapter:
         name += "_fp32_weights"
+    if param_dtype == "fp32" and adapter:
+        name += "_fp32_adapters"
     if in_backward and not adapter:
         name += "_in_backward"
     if liger_function and adapter:
@@ -1426,6 +1433,7 @@ def child_main(args: argparse.Namespace) -> None:
         "fastlm_lora_own_head": lambda: run_fastlm(ctx, compiled, adapter="lora", fused_kernel="fastlm"),
         "fastlm_lora_liger_function": lambda: run_fastlm(ctx, compiled, adapter="lora", liger_function=True),
         "fastlm_lora_own_inputs": lambda: run_fastlm(ctx, compiled, adapter="lora", own_inputs=True),
+        "fastlm_lora_fp32_adapters": lambda: run_fastlm(ctx, compiled, adapter="lora", param_dtype="fp32"),
         **{
             f"fastlm_{a}_peft_forward": (lambda a=a: run_fastlm(ctx, compiled, adapter=a, peft_forward=True))
             for a in ("lora", "qlora")
@@ -2020,8 +2028,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--param-dtype",
         choices=("auto", "fp32", "bf16"),
         default="auto",
-        help="fastlm's full fine-tunes: train.runtime.param_dtype (auto: bf16 weights with fp32 masters on a "
-        "GPU in bf16, fp32 weights under autocast on a CPU; *_fp32_weights contenders: fp32)",
+        help="fastlm's contenders: train.runtime.param_dtype (auto: bf16 weights, or LoRA's bf16 adapters, "
+        "with fp32 masters on a GPU in bf16, fp32 weights under autocast on a CPU; *_fp32_weights and "
+        "*_fp32_adapters contenders: fp32)",
     )
     parser.add_argument(
         "--padding-free",

@@ -12,6 +12,9 @@ Set-ups (same weights):
   default): q/k/v and gate/up in one autograd step each.
 * ``own``: fastlm's LoRA forward, each layer on its own (``shared_input: false``).
 * ``peft``: peft's own forward (``fused_forward: false``).
+* ``bf16_adapters`` (the bf16 autocast run only): ``groups`` with bf16 adapters and fp32 masters
+  (``train.runtime.param_dtype``, auto on a GPU: engine/train/master_weights.py), the step's gradient move
+  into the masters and the masters' copy into the adapters included: no adapter cast per micro-batch.
 
     python benchmarks/lora_host_cost.py                  # 28 layers, fp32 and bf16 autocast, 15 timed steps
     python benchmarks/lora_host_cost.py --layers 2 --steps 2   # smoke run
@@ -58,8 +61,12 @@ def build(layers: int, dtype, **lora):
 
 
 def measure(layers: int, steps: int, autocast: bool) -> dict:
+    import contextlib
+
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fastlm.engine.train.master_weights import MasterWeights
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -72,15 +79,27 @@ def measure(layers: int, steps: int, autocast: bool) -> dict:
 
     ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(1))
 
+    masters = {}  # model -> its MasterWeights (bf16_adapters)
+
     def step(model):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+        held = masters.get(model)
+        with held.collecting()(True) if held is not None else contextlib.nullcontext():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        if held is not None:  # as train_step: the optimizer's masters, their copy into the bf16 adapters
+            for _, master in held.pairs:
+                master.grad = None
+            held.publish()
         for parameter in model.parameters():
             parameter.grad = None
 
     dtype = torch.bfloat16 if autocast else torch.float32
     models = {name: build(layers, dtype, **lora) for name, lora in SETUPS.items()}
+    if autocast:
+        models["bf16_adapters"] = build(layers, dtype)
+        adapted = models["bf16_adapters"]
+        masters[adapted] = MasterWeights(adapted, torch.bfloat16, batched=True)
     results = {}
     for name, model in models.items():
         for _ in range(2):
@@ -114,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}, {args.layers} layers, LoRA r 4 on 7 projections, 16 tokens, 1 thread:")
         for name, figures in runs.items():
             print(
-                f"  {name:7s} aten ops per step {figures['aten_ops_per_step']:6,d}   "
+                f"  {name:13s} aten ops per step {figures['aten_ops_per_step']:6,d}   "
                 f"host ms per step (median of {args.steps}) {figures['host_ms_per_step']:8.2f}"
             )
         own = runs["own"]
-        for name in ("groups", "peft"):
+        for name in ("groups", "peft", "bf16_adapters")[: len(runs) - 1]:
             ops = runs[name]["aten_ops_per_step"] / own["aten_ops_per_step"]
             host = runs[name]["host_ms_per_step"] / own["host_ms_per_step"]
             print(f"  {name} / own: aten ops {ops:.3f}x, host time {host:.2f}x")

@@ -127,10 +127,11 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
-        "gpu_speed_full_eager",
         "gpu_speed_lora",
-        "memory_cliff",
         "lora_ab",
+        "gpu_speed_full_eager",
+        "gpu_speed_lora_compiled",
+        "memory_cliff",
         "head_kernels",
         "gpu_speed_qlora",
         "qlora_forward_ab",
@@ -142,11 +143,11 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "gpu_speed_full_3b",
         "liger_on",
         "liger_off",
-        "gpu_speed_lora_compiled",
         "compile_scope",
         "levers",
         "in_backward_3b",
         "weights_ab",
+        "lora_variants",
     ]
     step = dict(zip(names, plan, strict=True))
     # the full fine-tune's 1.3x target against the Trainer's best set-up, both eager (its torch_compile had
@@ -160,11 +161,14 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # the cliff's tune ladder eager and packed (at its defaults it had not finished in 150 s on the H100)
     cliff = step["memory_cliff"]
     assert "memory_cliff.py --fastlm-compile off --modes packed --max-size 32" in cliff and "timeout" in cliff
+    # bf16 adapters with fp32 masters (param_dtype auto on a GPU) against fp32 adapters under autocast
+    assert "--model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters --compile off" in step["lora_ab"]
+    assert "at most 200 s" in step["lora_ab"]
     # fastlm's loop over liger's kernel against liger's own function, the shared-input groups against each
     # LoRA layer on its own, fastlm's LoRA forward against peft's
     variants = "fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward"
-    assert f"--model 3b --contenders {variants} --compile off" in step["lora_ab"]
-    assert "at most 320 s" in step["lora_ab"]
+    assert f"--model 3b --contenders {variants} --compile off" in step["lora_variants"]
+    assert "at most 320 s" in step["lora_variants"]
     assert "--contenders fastlm_lora fastlm_lora_own_head --compile off" in step["lora_own_head"]
     # a 3B model's LM head + loss on the GPU: fastlm's kernel, liger's, cut-cross-entropy's, the plain head
     head = "linear_loss_memory.py --device cuda --precision bf16 --hidden 3072"
@@ -190,6 +194,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "gpu_speed_full_eager",
         "gpu_speed_lora",
         "lora_ab",
+        "lora_variants",
         "gpu_speed_qlora",
         "lora_usual",
         "weights_ab",
@@ -215,10 +220,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
-    assert "[gpu_speed_full_eager] at most 220 s" in done.stdout
     assert "[gpu_speed_lora] at most 260 s" in done.stdout
-    assert "[memory_cliff] skipped: 80 s left of 560" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only lora_ab" in done.stdout
+    assert "[lora_ab] at most 200 s" in done.stdout
+    assert "[gpu_speed_full_eager] skipped: 100 s left of 560" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only gpu_speed_full_eager" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

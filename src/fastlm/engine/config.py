@@ -386,7 +386,8 @@ class RuntimeParams(Params):
         "(fp32 master weights in the optimizer; every activation bf16, no per-micro-batch weight or "
         "activation casts; under FSDP2 its MixedPrecisionPolicy) or fp32 (bf16 autocast over fp32 "
         "weights); auto: bf16 for a full fine-tune on a GPU in bf16 from its start (one process, DDP or "
-        "FSDP2), else fp32",
+        "FSDP2) and for LoRA's adapters there (one process or DDP: no cast of each adapter in each "
+        "micro-batch), else fp32",
     )
 
     @field_validator("param_dtype")
@@ -518,19 +519,6 @@ class TrainParams(Params):
             raise ValueError(
                 "train.runtime.float8: on is not wired for strategy fsdp (float8 layers must be "
                 "converted before FSDP2 shards them); use strategy ddp or float8 off"
-            )
-        return value
-
-    @field_validator("distributed")
-    @classmethod
-    def _bf16_weights_for_full_fine_tunes(cls, value: DistributedParams, info: ValidationInfo):
-        runtime, model = info.data.get("runtime"), info.data.get("model")
-        if runtime is None or runtime.param_dtype != "bf16":
-            return value
-        if model is not None and model.lora.enabled:
-            raise ValueError(
-                "train.runtime.param_dtype: bf16 applies to full fine-tunes and LoRA keeps its frozen base "
-                "in bf16 already (train.model.lora.base_dtype); use param_dtype auto or fp32"
             )
         return value
 

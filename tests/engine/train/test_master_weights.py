@@ -333,7 +333,6 @@ def test_weights_kept_in_fp32_by_the_model_train_as_they_are():
     ("overrides", "message"),
     [
         ({"runtime": {"precision": "fp32", "param_dtype": "bf16"}}, "train.runtime.param_dtype"),
-        ({"runtime": {"param_dtype": "bf16"}, "model": {"lora": {"enabled": True}}}, "LoRA"),
     ],
 )
 def test_a_request_that_cannot_apply_is_refused_in_one_line(overrides, message):

@@ -159,6 +159,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
             world_size=comm.world_size,
             device=device,
             strategy=configured.distributed.strategy,
+            adapters=configured.model.lora.enabled,
         )[0]
         wrapped = wrap_model(raw_model, comm, device=device, param_dtype=weights, **_wrapping(configured))
     layout = StreamLayout(

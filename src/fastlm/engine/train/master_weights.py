@@ -31,9 +31,15 @@ own reduction would add the ranks' gradients in the weights' dtype. Under FSDP2 
 same is FSDP2's ``MixedPrecisionPolicy`` (``distributed.wrap_model``): its fp32 shards are the masters,
 gathered in bf16, gradients reduce-scattered in fp32. The choice (``choose_param_dtype``): ``auto`` takes
 bf16 weights for a full fine-tune on a GPU whose precision is bf16 from the start, else fp32 weights under
-autocast (on a CPU ``param_dtype: bf16`` asks for them); LoRA keeps its frozen base in bf16 already and its
-adapters are a fraction of a percent of the weights, and a CPU run at precision ``auto`` only learns its
+autocast (on a CPU ``param_dtype: bf16`` asks for them); a CPU run at precision ``auto`` only learns its
 precision from its first micro-batch.
+
+LoRA (its base frozen, in bf16 already) takes the same choice for its adapters, for another reason: they
+are a fraction of a percent of the weights, but autocast casts each of them in every micro-batch's forward
+and autograd casts each gradient back: 392 casts each way for the 7 projections of a 28-layer model, host
+work on a step whose GPU waited for the host (an H200's LoRA profile, 2026-11-27). Their bf16 gradients are
+moved after each micro-batch's backward (``batched``: one foreach op for all of them) instead of by a hook
+per weight, which would add a Python call per adapter back.
 """
 
 from __future__ import annotations
@@ -51,8 +57,15 @@ __all__ = ["MasterWeights", "choose_param_dtype"]
 class MasterWeights:
     """fp32 masters of ``model``'s trainable fp32 weights, the model cast to ``dtype`` (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(
+        self, model: torch.nn.Module, dtype: torch.dtype = torch.bfloat16, batched: bool = False
+    ) -> None:
+        """``batched``: the bf16 gradients move into the masters after each micro-batch's backward
+        (``collecting``, one foreach op), not by a hook per weight as autograd produces each (many small
+        weights: LoRA's adapters)."""
         self.dtype = dtype
+        self.batched = batched
+        self._views: dict[torch.nn.Parameter, torch.Tensor] | None = None  # ``_gradient_views``
         kept = _kept_in_fp32(model)
         self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
         self._master: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
@@ -71,7 +84,8 @@ class MasterWeights:
             master = torch.nn.Parameter(param.detach().clone())
             self.pairs.append((param, master))
             self._master[param] = master
-            self._hooks.append(param.register_post_accumulate_grad_hook(self._move_gradient))
+            if not batched:
+                self._hooks.append(param.register_post_accumulate_grad_hook(self._move_gradient))
             param.data = param.data.to(dtype)
 
     def master_of(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
@@ -102,6 +116,8 @@ class MasterWeights:
         with its group's settings and the run's optimizer's state: the same update, the same checkpoints.
         Both are read from the run's optimizer at each update: its scheduler sets the rate, and loading a
         checkpoint replaces its state and groups."""
+        if self.batched:
+            raise ValueError("updates in the backward need a gradient hook per weight (batched=False)")
         self._optimizer = optimizer
         masters = {id(master) for _, master in self.pairs}  # not weights kept in fp32: the step updates those
         for index, group in enumerate(optimizer.param_groups):
@@ -132,6 +148,61 @@ class MasterWeights:
                     self._armed = False
 
         return sync
+
+    def collecting(self, gradient_sync=None):
+        """``sync(last)`` for ``accumulate_gradients`` in ``batched`` mode: ``gradient_sync``'s context (if
+        any), and after each micro-batch's backward its bf16 gradients added into the masters' fp32 sums."""
+
+        @contextlib.contextmanager
+        def sync(last: bool) -> Iterator[None]:
+            with gradient_sync(last) if gradient_sync is not None else contextlib.nullcontext():
+                yield
+            self.collect()
+
+        return sync
+
+    @torch.no_grad()
+    def collect(self) -> None:
+        """``batched`` mode: the weights' bf16 gradients into their masters' fp32 sums, then dropped. The
+        first micro-batch of a step copies them into views of one fp32 buffer kept for the run (made once:
+        no allocation or view per weight and step), which become the masters' gradients; later ones add.
+        Under DDP's synchronizing backward its reduction moved them already (``_reduce_bucket``)."""
+        if self._ddp is not None and self._ddp.require_backward_grad_sync:
+            return
+        moved = [(param, master) for param, master in self.pairs if param.grad is not None]
+        if not moved:
+            return
+        fresh = [(param, master) for param, master in moved if master.grad is None]
+        summed = [(param, master) for param, master in moved if master.grad is not None]
+        if fresh:
+            views = self._gradient_views()
+            targets = [views[master] for _, master in fresh]
+            torch._foreach_copy_(targets, [param.grad for param, _ in fresh])
+            for (_, master), view in zip(fresh, targets, strict=True):
+                master.grad = view
+        if summed:
+            torch._foreach_add_([master.grad for _, master in summed], [param.grad for param, _ in summed])
+        for param, _ in moved:
+            param.grad = None
+
+    def _gradient_views(self) -> dict[torch.nn.Parameter, torch.Tensor]:
+        """Each master's gradient slot: a view of one fp32 buffer (``collect``), made on the first call."""
+        if self._views is None:
+            masters = [master for _, master in self.pairs]
+            flat = torch.empty(
+                sum(master.numel() for master in masters), dtype=torch.float32, device=masters[0].device
+            )
+            pieces = flat.split([master.numel() for master in masters])
+            self._views = {
+                master: piece.view_as(master) for master, piece in zip(masters, pieces, strict=True)
+            }
+        return self._views
+
+    def drop_weight_gradients(self) -> None:
+        """The bf16 weights' gradients a backward outside a step left (a probe's), in ``batched`` mode."""
+        if self.batched:
+            for param, _ in self.pairs:
+                param.grad = None
 
     def take_norms(self) -> list[torch.Tensor]:
         """The norms of the gradients updated in the backward since the last call (device scalars)."""
@@ -228,7 +299,7 @@ class MasterWeights:
         self._hooks = []
         for param, master in self.pairs:
             param.data = master.data
-        self.pairs, self._master, self._ddp = [], {}, None
+        self.pairs, self._master, self._ddp, self._views = [], {}, None, None
         self._updaters, self._optimizer = {}, None
 
 
@@ -240,24 +311,33 @@ def choose_param_dtype(
     world_size: int,
     device: torch.device | str,
     strategy: str = "ddp",
+    adapters: bool = False,
 ) -> tuple[torch.dtype | None, str]:
-    """(bf16 or None for fp32 weights, why) for ``train.runtime.param_dtype`` ``request``. An explicit
-    ``bf16`` that cannot apply raises ``ConfigError`` with the fix (``engine.config`` refuses what it can
-    see earlier: a precision other than bf16, LoRA)."""
+    """(bf16 or None for fp32 weights, why) for ``train.runtime.param_dtype`` ``request``. ``adapters``: the
+    trainable weights are LoRA's (its base frozen): bf16 adapters with fp32 masters. An explicit ``bf16`` that
+    cannot apply raises ``ConfigError`` with the fix (``engine.config`` refuses what it can see earlier: a
+    precision other than bf16)."""
     if request == "fp32":
         return None, "fp32 weights under autocast (train.runtime.param_dtype: fp32)"
     frozen = any(param.is_floating_point() and not param.requires_grad for param in model.parameters())
+    trained = [param for param in model.parameters() if param.requires_grad]
     problem = None
     if autocast_dtype != torch.bfloat16:
         problem = "the run's precision is not bf16 from its start (a CPU at precision auto measures it later)"
-    elif frozen:
-        problem = "some weights are frozen (LoRA keeps its base in bf16 already)"
-    elif not any(param.dtype == torch.float32 for param in model.parameters()):
-        problem = "the model has no fp32 weights"
+    elif frozen and not adapters:
+        problem = "some weights are frozen"
+    elif not any(param.dtype == torch.float32 for param in trained):
+        problem = "the model has no trainable fp32 weights"
+    elif adapters and world_size > 1 and strategy == "fsdp":
+        problem = "FSDP2 shards LoRA's adapters in their own dtype"
     if problem is None and request == "auto" and torch.device(device).type != "cuda":
         problem = (
             "on a CPU the default stays autocast over fp32 weights; param_dtype: bf16 asks for bf16 ones"
         )
+    if problem is None and adapters:
+        where = " under DDP, gradients all-reduced in fp32 into them" if world_size > 1 else ""
+        why = f"bf16 adapters, fp32 masters in the optimizer{where}: no cast of each adapter per micro-batch"
+        return torch.bfloat16, f"{why} (param_dtype {request})"
     if problem is None and world_size > 1 and strategy == "fsdp":
         why = "bf16 weights under FSDP2: its fp32 shards are the masters, gradients reduced in fp32"
         return torch.bfloat16, f"{why} (param_dtype {request})"

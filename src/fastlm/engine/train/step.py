@@ -109,9 +109,13 @@ def make_optimization(
         world_size=world_size or params.distributed.nproc_per_node,
         device=runtime.device,
         strategy=params.distributed.strategy,
+        adapters=params.model.lora.enabled,
     )
-    # FSDP2 (wrap_model) gathers its fp32 shards in bf16 itself: they are the masters
-    masters = MasterWeights(model, dtype) if dtype is not None and not is_sharded(model) else None
+    # FSDP2 (wrap_model) gathers its fp32 shards in bf16 itself: they are the masters. LoRA's many small
+    # adapters move their gradients once per micro-batch (batched); DDP and in_backward move them by hooks.
+    batched = params.model.lora.enabled and (world_size or params.distributed.nproc_per_node) == 1
+    batched = batched and not settings.in_backward
+    masters = MasterWeights(model, dtype, batched) if dtype is not None and not is_sharded(model) else None
     if is_sharded(model):
         gathered = str(gathered_dtype(model) or "its shards' dtype").removeprefix("torch.")
         param_dtype_choice = f"{param_dtype_choice}; FSDP2 gathers the weights in {gathered}"
@@ -174,8 +178,11 @@ def train_step(
     if opt.masters is not None:  # gradients a probe's backward left (model.zero_grad does not reach masters)
         opt.optimizer.zero_grad(set_to_none=True)
         opt.masters.take_norms()
+        opt.masters.drop_weight_gradients()
     if in_backward:  # train.optimizer.in_backward: the masters updated in the last micro-batch's backward
         gradient_sync = opt.masters.updating(gradient_sync)
+    elif opt.masters is not None and opt.masters.batched:  # each micro-batch's gradients into the masters
+        gradient_sync = opt.masters.collecting(gradient_sync)
     try:
         loss_sum, n_targets = accumulate_gradients(
             model,
