@@ -9,6 +9,7 @@ run under other kernel sets tries both), so these tests load a tiny Llama in 4 b
 the CPU as its device."""
 
 import collections
+import contextlib
 
 import pytest
 import torch
@@ -203,3 +204,58 @@ def test_the_fused_4bit_forward_compiles_to_the_eager_loss_and_gradients(base_fo
         if parameter.requires_grad:
             difference = relative_norm_difference(parameter.grad.float(), eager_grads[name])
             assert difference < 4 * EPS_BF16, name
+
+
+def test_bf16_adapters_over_a_4bit_base_train_as_fp32_adapters_and_are_cast_in_no_micro_batch(base_folder):
+    """``train.runtime.param_dtype`` bf16 on QLoRA (auto on a GPU): the 4-bit layers' adapters in bf16 with
+    fp32 masters, no adapter cast in a step (tests/engine/train/test_lora_masters.py has the counts' why),
+    the losses and fp32 weights of fp32 adapters under autocast within fp32 reordering."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.step import make_optimization, train_step
+    from tests.support.tolerances import TRAINED_FP32_LOSS_REL, TRAINED_FP32_WEIGHTS
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten._to_copy:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", compile=False, num_threads=1))
+    runs = {}
+    for param_dtype in ("bf16", "fp32"):
+        model = adapted(base_folder)
+        raw = {
+            "runtime": {"device": "cpu", "precision": "bf16", "param_dtype": param_dtype, "float8": "off"},
+            "model": {"lora": {"enabled": True, "load_in_4bit": True}},
+            "loss": {"fused_linear": False},
+            "optimizer": {"lr": 1e-2, "warmup_steps": 0},
+        }
+        opt = make_optimization(model, parse_train_params(raw), runtime, total_steps=3)
+        trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        shapes = {tuple(p.shape) for p in trained.values()}
+        losses, casts = [], Casts()
+        for step in range(3):
+            micro = [lora_checks.token_batch(VOCAB, TOKENS, seed=10 * step + i) for i in range(2)]
+            with casts if step == 2 else contextlib.nullcontext():
+                result = train_step(model, micro, opt, runtime=runtime)
+            losses.append(float(result.loss_sum / result.target_tokens))
+        if opt.masters is not None:
+            opt.release()
+        runs[param_dtype] = (losses, sum(s in shapes for s in casts.shapes), trained, len(trained))
+    (ours, our_casts, our_weights, adapters), (theirs, their_casts, their_weights, _) = (
+        runs["bf16"],
+        runs["fp32"],
+    )
+    assert adapters == 2 * ADAPTED and our_casts == 0 and their_casts >= 2 * 2 * adapters
+    for a, b in zip(ours, theirs, strict=True):
+        assert abs(a - b) <= TRAINED_FP32_LOSS_REL * abs(b)
+    for name, param in our_weights.items():
+        assert param.dtype == torch.float32, name
+        torch.testing.assert_close(param.detach(), their_weights[name].detach(), **TRAINED_FP32_WEIGHTS)
