@@ -1449,11 +1449,43 @@ def child_main(args: argparse.Namespace) -> None:
             for a in ("lora", "qlora")
         },
     }
+    host_before = host_us_per_op(ctx.device)
     info = runners[args.run]()
+    if args.run != "base":  # the host's dispatch speed around the contender (host_us_per_op)
+        info["host_us_per_op"] = [host_before, host_us_per_op(ctx.device)]
     info["device"] = str(ctx.device)
     info["child_run_s"] = time.perf_counter() - started
     info["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(args.result).write_text(json.dumps(info, default=str))
+
+
+def host_figures(figures) -> str:
+    """``host_us_per_op`` before / after a contender, as the table shows them."""
+    return "-" if not figures else " / ".join(f"{value:.1f}" for value in figures)
+
+
+def host_us_per_op(device, ops: int = 2000, rounds: int = 5) -> float:
+    """The host's cost of one dispatched op, microseconds: the median over ``rounds`` of ``ops`` in-place adds
+    on a 16-element tensor of ``device``, synchronized at the end of each round. On a GPU such kernels run
+    faster than they launch, so this is the launch path (Python, dispatcher, CUDA launch) that a host-bound
+    step pays per op; on a CPU, the dispatch and a tiny kernel. Measured in each contender's process before
+    and after it trains: a contended or slower host (another call, another machine) shows here, where it
+    would otherwise be read from the contenders' figures alone."""
+    import statistics
+
+    import torch
+
+    x = torch.zeros(16, device=device)
+    synchronize = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    synchronize()
+    figures = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(ops):
+            x.add_(1.0)
+        synchronize()
+        figures.append((time.perf_counter() - started) / ops * 1e6)
+    return statistics.median(figures)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1780,7 +1812,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
     width = name_width(results)
     header = (
         f"{'contender':<{width}}{'attn':>15}{'real tok/s':>13}{'pad waste':>10}{'step s':>9}{'MFU':>8}"
-        f"{'MFU docs':>9}{'peak MiB':>10}{'data wait':>10}{'other load':>11}"
+        f"{'MFU docs':>9}{'peak MiB':>10}{'data wait':>10}{'other load':>11}{'host us/op':>16}"
     )
     print(header)
     print("-" * len(header))
@@ -1796,6 +1828,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
             f"{run['step_time_s']:>9.3f}{_fmt(run['mfu'], '.1%'):>8}{_fmt(run['mfu_docs'], '.1%'):>9}"
             f"{_fmt(run['peak_memory_mb'], ',.0f'):>10}"
             f"{run['data_wait_share']:>10.2%}{run['other_load_cores']:>11.2f}"
+            f"{host_figures(run.get('host_us_per_op')):>16}"
         )
     for name, run in results.items():
         if run.get("setup"):
@@ -1809,7 +1842,9 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         "MFU: (6N + 12*layers*hidden*seq_len) FLOPs per real token x real tokens/s / dense bf16 peak; "
         "MFU docs: the attention term over each document's own length (sum len^2 / sum len), the work a "
         "document-masked path needs; peak MiB: torch.cuda.max_memory_allocated over the timed steps "
-        "(on CPU: the process's own peak resident memory, below)"
+        "(on CPU: the process's own peak resident memory, below); host us/op: microseconds the host took "
+        "per dispatched op (tiny in-place adds) in the contender's process before / after it trained: a "
+        "host-bound step slows with it"
     )
     for name, run in results.items():
         if run.get("first_step_s") is not None:

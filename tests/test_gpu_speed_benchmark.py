@@ -242,6 +242,10 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
         first = runs[name]["first_step_s"]
         assert first > 0 and f"  {name}: first step {first:.1f} s (not timed)" in text
     assert "CPU resident memory" in text and "tiny shape, 1 of 2 layers" in text
+    # each contender's process measures the host's cost per dispatched op before and after it trains
+    for name in (*contenders, "trl_lora_best"):
+        before, after = runs[name]["host_us_per_op"]
+        assert before > 0 and after > 0 and f"{before:.1f} / {after:.1f}" in text
     for other in contenders[1:]:
         assert f"fastlm_lora / {other} peak RSS above the loaded model" in text
     assert "documents of demo texts" in text
