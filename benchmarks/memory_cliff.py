@@ -470,6 +470,13 @@ def verdicts(trainer: list[dict], chosen: dict | None, limit_mb: float | None) -
             f"{chosen['real_tokens_per_s']:,.0f} real tokens/s at {chosen['peak_memory_mb']:,.0f} MB against "
             f"the Trainer's {cliff_side:,.0f} at micro-batch {last['micro_batch_size']}"
         )
+        fitted = [row for row in trainer if row.get("real_tokens_per_s")]
+        if fitted:  # the user's fastest set-up short of the cliff, for scale
+            best = max(fitted, key=lambda row: row["real_tokens_per_s"])
+            why += (
+                f"; its fastest that ran: {best['real_tokens_per_s']:,.0f} at micro-batch "
+                f"{best['micro_batch_size']} ({chosen['real_tokens_per_s'] / best['real_tokens_per_s']:.1f}x)"
+            )
     return [
         ("the cliff reproduced with the Trainer", cliff, figures),
         ("tune chose a set-up on the fast side of it", fast_side, why),

@@ -61,3 +61,22 @@ def test_dry_run_measures_both_sides_and_prints_the_verdicts():
     verdicts = [line for line in shown.splitlines() if line.startswith(("PASS: ", "FAIL: "))]
     assert len(verdicts) == 2 and "What a step holds differs" in shown
     assert (folder / "work" / "base" / "config.json").exists()  # built from a config, saved, loaded back
+
+
+def test_where_the_cliff_ran_out_of_memory_the_verdict_names_the_fastest_set_up_that_ran():
+    """The H200 of 2026-11-27 ran micro-batch 16 out of memory: the verdict compared tune's choice with the
+    Trainer's 0 there; it now also names the Trainer's fastest set-up that ran, and the ratio."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import memory_cliff
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    trainer = [
+        {"micro_batch_size": 4, "status": "ok", "real_tokens_per_s": 700.0, "step_time_s": 0.5},
+        {"micro_batch_size": 8, "status": "ok", "real_tokens_per_s": 1300.0, "step_time_s": 0.55},
+        {"micro_batch_size": 16, "status": memory_cliff.OOM},
+    ]
+    chosen = {"real_tokens_per_s": 26000.0, "peak_memory_mb": 7000.0}
+    (_, cliff, _), (_, fast, why) = memory_cliff.verdicts(trainer, chosen, limit_mb=24576.0)
+    assert cliff and fast
+    assert "the Trainer's 0 at micro-batch 16; its fastest that ran: 1,300 at micro-batch 8 (20.0x)" in why

@@ -9,6 +9,7 @@ precision the gradients were added."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import pathlib
 
 import torch
@@ -42,6 +43,11 @@ def _rank(rank: int, folder: pathlib.Path, inputs, initial, steps: int, lr: floa
             for name in ("plain", "in_backward")
         }
         torch.save(seen, folder / f"rank{rank}.pt")
+        # every DDP wrapper gone before the process group (the masters' comm hook and DDP referenced each
+        # other: collected later, at exit, a DDP reducer over a destroyed group aborted the process, about
+        # 1 run in 12), and both ranks done with their collectives
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -76,4 +82,5 @@ def _train(rank: int, inputs: list[float], initial: float, steps: int, lr: float
         seen["masters"].append(master.detach().clone())
         weight_grad = model.weight.grad
         seen["model_grads"].append(None if weight_grad is None else weight_grad.detach().clone())
+    masters.release()  # drops its reference to the DDP wrapper (``reduce_under``)
     return seen
