@@ -192,3 +192,33 @@ def test_a_lora_run_with_bf16_adapters_resumes_exactly_and_returns_fp32_adapters
     theirs = _trainable(resumed.model)
     for name, param in _trainable(straight.model).items():
         assert theirs[name].dtype == torch.float32 and torch.equal(param, theirs[name]), name
+
+
+class _ForeachDtypes(TorchDispatchMode):
+    """The dtypes of each ``_foreach_*`` op's tensor lists."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, set]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket).removeprefix("aten.")
+        if name.startswith("_foreach_"):
+            lists = [arg for arg in args if isinstance(arg, (list, tuple))]
+            self.calls.append((name, {t.dtype for items in lists for t in items}))
+        return func(*args, **(kwargs or {}))
+
+
+def test_later_micro_batches_add_into_the_masters_with_one_dtype_per_foreach_op():
+    """On CUDA a foreach op over lists of two dtypes leaves its fused kernel for one launch per tensor (392
+    adds per micro-batch on the 3B shape); ``_foreach_copy_`` converts dtypes inside its fused kernel. So a
+    later micro-batch's bf16 gradients are copied into fp32 and added fp32 to fp32."""
+    runtime = _runtime()
+    model = _adapted()
+    opt = make_optimization(model, _params("bf16"), runtime, total_steps=2)
+    batches = [token_batch(VOCAB, TOKENS, rows=ROWS, seed=seed) for seed in range(3)]
+    with _ForeachDtypes() as seen:
+        train_step(model, batches, opt, runtime=runtime)
+    adds = [dtypes for name, dtypes in seen.calls if name == "_foreach_add_"]
+    assert len(adds) >= 2  # the second and third micro-batches
+    assert all(dtypes == {torch.float32} for dtypes in adds), adds

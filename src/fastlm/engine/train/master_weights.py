@@ -65,7 +65,7 @@ class MasterWeights:
         weights: LoRA's adapters)."""
         self.dtype = dtype
         self.batched = batched
-        self._views: dict[torch.nn.Parameter, torch.Tensor] | None = None  # ``_gradient_views``
+        self._views: dict[str, dict[torch.nn.Parameter, torch.Tensor]] | None = None  # ``_gradient_views``
         kept = _kept_in_fp32(model)
         self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
         self._master: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
@@ -165,7 +165,8 @@ class MasterWeights:
     def collect(self) -> None:
         """``batched`` mode: the weights' bf16 gradients into their masters' fp32 sums, then dropped. The
         first micro-batch of a step copies them into views of one fp32 buffer kept for the run (made once:
-        no allocation or view per weight and step), which become the masters' gradients; later ones add.
+        no allocation or view per weight and step), which become the masters' gradients; a later one copies
+        them into fp32 in a second such buffer and adds that (two fused foreach ops, each over one dtype).
         Under DDP's synchronizing backward its reduction moved them already (``_reduce_bucket``)."""
         if self._ddp is not None and self._ddp.require_backward_grad_sync:
             return
@@ -180,23 +181,31 @@ class MasterWeights:
             torch._foreach_copy_(targets, [param.grad for param, _ in fresh])
             for (_, master), view in zip(fresh, targets, strict=True):
                 master.grad = view
-        if summed:
-            torch._foreach_add_([master.grad for _, master in summed], [param.grad for param, _ in summed])
+        if summed:  # fp32 + fp32: a foreach op over two dtypes leaves its fused CUDA kernel per tensor
+            scratch = self._gradient_views(scratch=True)
+            converted = [scratch[master] for _, master in summed]
+            torch._foreach_copy_(converted, [param.grad for param, _ in summed])
+            torch._foreach_add_([master.grad for _, master in summed], converted)
         for param, _ in moved:
             param.grad = None
 
-    def _gradient_views(self) -> dict[torch.nn.Parameter, torch.Tensor]:
-        """Each master's gradient slot: a view of one fp32 buffer (``collect``), made on the first call."""
+    def _gradient_views(self, scratch: bool = False) -> dict[torch.nn.Parameter, torch.Tensor]:
+        """Each master's gradient slot, a view of one fp32 buffer (``collect``), made on the first call;
+        ``scratch``: another such buffer, where a later micro-batch's bf16 gradients become fp32 (made when
+        a step first accumulates)."""
+        key = "scratch" if scratch else "gradients"
         if self._views is None:
+            self._views = {}
+        if key not in self._views:
             masters = [master for _, master in self.pairs]
             flat = torch.empty(
                 sum(master.numel() for master in masters), dtype=torch.float32, device=masters[0].device
             )
             pieces = flat.split([master.numel() for master in masters])
-            self._views = {
+            self._views[key] = {
                 master: piece.view_as(master) for master, piece in zip(masters, pieces, strict=True)
             }
-        return self._views
+        return self._views[key]
 
     def drop_weight_gradients(self) -> None:
         """The bf16 weights' gradients a backward outside a step left (a probe's), in ``batched`` mode."""
