@@ -23,6 +23,10 @@
 #                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager: the
 #                          1.5x target (1.46x and 1.42x on an H100, 1.20x and 1.24x on an H200 whose host
 #                          left the GPU idle 41 % of fastlm's step, 2026-11-27; bf16 adapters since)
+#      lora_cudagraphs     fastlm's LoRA compiled by layers with CUDA graphs (fastlm_lora_cudagraphs:
+#                          train.runtime.compile_mode reduce-overhead, one launch per layer over micro-batches
+#                          of one shape) against fastlm's eager LoRA and the Trainer + peft's best, one run
+#                          (built 2026-11-27 on CPU; never run on a GPU)
 #      lora_ab             fastlm's LoRA (bf16 adapters with fp32 masters, param_dtype auto on a GPU) against
 #                          fp32 adapters under autocast (each adapter cast per micro-batch, 392 casts each way)
 #      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
@@ -69,9 +73,9 @@
 #                          for the fused head (3 host syncs per micro-batch), each LoRA layer on its own (no
 #                          shared-input groups) and peft's own LoRA forward (on an H200, 2026-11-27: fastlm
 #                          1.10x, 1.02x and 1.31x them)
-#    The first call (560 s) reaches LoRA's target and its A/B; the next call (what is left of the 15
-#    minutes, about 240-300 s) runs --only gpu_speed_full_eager or gpu_speed_lora_compiled; later sessions
-#    the rest.
+#    The first call (560 s) reaches LoRA's target, eager and with CUDA graphs; the next call (what is left
+#    of the 15 minutes, about 240-300 s) runs --only lora_ab,gpu_speed_full_eager or gpu_speed_lora_compiled;
+#    later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +92,7 @@ SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s 
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
     "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "lora_cudagraphs|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_cudagraphs trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
     "lora_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"

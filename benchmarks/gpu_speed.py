@@ -112,6 +112,11 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   ``train.runtime.param_dtype: fp32``, fp32 adapters under bf16 autocast (each adapter cast to bf16 in every
   micro-batch's forward, its gradient cast back in the backward: 392 casts each way on the 3B shape), the
   A/B of bf16 adapters with fp32 masters (param_dtype auto on a GPU; engine/train/master_weights.py).
+* ``fastlm_lora_cudagraphs`` (named in ``--contenders``): ``fastlm_lora`` compiled by layers with
+  ``train.runtime.compile_mode: reduce-overhead`` whatever ``--compile`` says: a CUDA graph of each compiled
+  layer replayed by one launch, over micro-batches of one shape (the packed row padded to its capacity), the
+  A/B of eager's launches one by one (the host left an H200 idle 21-41 % of the eager LoRA step). Needs CUDA
+  (the engine refuses it on a CPU run).
 * ``fastlm_eager_fp32_weights`` / ``fastlm_compile_fp32_weights`` (named in ``--contenders``): the full
   fine-tune with ``train.runtime.param_dtype: fp32``, bf16 autocast over fp32 weights as the Trainer runs
   (an fp32 residual stream, each projection's input cast to bf16, each input gradient cast back and summed in
@@ -232,6 +237,7 @@ AB_CONTENDERS = (
     "fastlm_qlora_peft_forward",
     "fastlm_lora_own_inputs",
     "fastlm_lora_fp32_adapters",
+    "fastlm_lora_cudagraphs",
 )
 # fastlm_lora / fastlm_qlora against its own variants: real tokens/s and peak memory, one run
 AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
@@ -662,10 +668,12 @@ def fastlm_params(
     param_dtype: str | None = None,
     in_backward: bool = False,
     shared_input: bool = True,
+    compile_mode: str | None = None,
 ):
     """``params:train`` of a fastlm contender; ``fused_linear``: ``train.loss.fused_linear`` (None:
     ``--fused-linear``); ``fused_kernel``: ``train.loss.fused_linear_kernel`` (None: ``--fused-kernel``, else
-    the one ``--liger`` implies)."""
+    the one ``--liger`` implies); ``compile_mode``: ``train.runtime.compile_mode``, compiled by layers (None:
+    ``--compile-mode`` in ``--compile-scope``)."""
     from fastlm.engine.config import parse_train_params
 
     args = ctx.args
@@ -686,7 +694,8 @@ def fastlm_params(
             "precision": args.precision,
             "param_dtype": param_dtype or args.param_dtype,
             "compile": compile_,
-            "compile_scope": args.compile_scope,
+            "compile_scope": "layers" if compile_mode else args.compile_scope,
+            "compile_mode": (compile_mode or args.compile_mode) if compile_ else "default",
             "num_threads": args.threads,
         },
         "max_steps": max_steps,
@@ -774,6 +783,7 @@ def run_fastlm(
     in_backward: bool = False,
     liger_function: bool = False,
     own_inputs: bool = False,
+    compile_mode: str | None = None,
 ) -> dict:
     """One fastlm contender; ``liger_function``: liger's own autograd function for the fused head
     (``fastlm_lora_liger_function``, ``use_liger_function``); ``fused_linear``: ``train.loss.fused_linear``
@@ -781,7 +791,9 @@ def run_fastlm(
     ``train.loss.fused_linear_kernel`` in place of ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm);
     ``peft_forward``: peft's own LoRA forward (``fastlm_lora_peft_forward``); ``own_inputs``: each LoRA
     layer on its own, no shared-input groups (``fastlm_lora_own_inputs``); ``param_dtype``:
-    ``train.runtime.param_dtype`` in place of ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32)."""
+    ``train.runtime.param_dtype`` in place of ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32);
+    ``compile_mode``: ``train.runtime.compile_mode`` in place of ``--compile-mode``, compiled by layers
+    (``fastlm_lora_cudagraphs``: reduce-overhead)."""
     from time import perf_counter
 
     import torch
@@ -811,6 +823,8 @@ def run_fastlm(
     if liger_function and adapter:
         name += "_liger_function"
         use_liger_function()
+    if compile_mode == "reduce-overhead" and adapter:
+        name += "_cudagraphs"
     end = warmup + steps
     runtime = setup_runtime(
         RuntimeConfig(
@@ -846,6 +860,7 @@ def run_fastlm(
         param_dtype=param_dtype,
         in_backward=in_backward,
         shared_input=not own_inputs,
+        compile_mode=compile_mode,
     )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()
@@ -908,7 +923,8 @@ def run_fastlm(
         **ctx.mfu(trained, real / window),
         "first_step_s": result.summary.get("first_step_s"),
         "compiled": result.summary.get("compiled"),
-        "compile_scope": args.compile_scope if compile_ else None,
+        "compile_scope": ("layers" if compile_mode else args.compile_scope) if compile_ else None,
+        "compile_mode": (compile_mode or args.compile_mode) if compile_ else None,
         "peak_memory_mb": peak,
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
@@ -1434,6 +1450,9 @@ def child_main(args: argparse.Namespace) -> None:
         "fastlm_lora_liger_function": lambda: run_fastlm(ctx, compiled, adapter="lora", liger_function=True),
         "fastlm_lora_own_inputs": lambda: run_fastlm(ctx, compiled, adapter="lora", own_inputs=True),
         "fastlm_lora_fp32_adapters": lambda: run_fastlm(ctx, compiled, adapter="lora", param_dtype="fp32"),
+        "fastlm_lora_cudagraphs": lambda: run_fastlm(
+            ctx, True, adapter="lora", compile_mode="reduce-overhead"
+        ),
         **{
             f"fastlm_{a}_peft_forward": (lambda a=a: run_fastlm(ctx, compiled, adapter=a, peft_forward=True))
             for a in ("lora", "qlora")
@@ -1535,6 +1554,8 @@ def run_child(
             trainer_compile,
             "--compile-scope",
             args.compile_scope,
+            "--compile-mode",
+            args.compile_mode,
             "--checkpointing",
             args.checkpointing,
             "--optim",
@@ -1800,6 +1821,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         f"precision {args.precision}; "
         f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps; "
         f"liger {args.liger}, fused linear {args.fused_linear}, compile scope {args.compile_scope}"
+        + (f", compile mode {args.compile_mode}" if args.compile_mode != "default" else "")
         + (f", fused kernel {args.fused_kernel}" if args.fused_kernel else "")
     )
     print(
@@ -1980,6 +2002,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="compiled fastlm contenders: train.runtime.compile_scope (model: one graph; layers: each "
         "transformer layer, about one layer's compile time)",
     )
+    parser.add_argument(
+        "--compile-mode",
+        choices=("default", "reduce-overhead"),
+        default="default",
+        help="compiled fastlm contenders: train.runtime.compile_mode (reduce-overhead: a CUDA graph of each "
+        "compiled layer over micro-batches of one shape; needs --compile-scope layers)",
+    )
     parser.add_argument("--attn", choices=("auto", *IMPLEMENTATIONS), default="auto")
     parser.add_argument(
         "--budget-s",
@@ -2098,6 +2127,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(
             f"--layers {args.layers}: --model {args.model} has {depth} decoder layers; pass 1 to {depth}"
         )
+    if args.compile_mode == "reduce-overhead" and (args.compile_scope != "layers" or args.compile == "off"):
+        parser.error("--compile-mode reduce-overhead replays a CUDA graph of each compiled layer: pass "
+                     "--compile-scope layers and --compile on or both")  # fmt: skip
     if args.batch_size is None:
         args.batch_size = DEFAULT_BATCH[args.model]
     return args

@@ -128,6 +128,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
         "gpu_speed_lora",
+        "lora_cudagraphs",
         "lora_ab",
         "gpu_speed_full_eager",
         "gpu_speed_lora_compiled",
@@ -164,6 +165,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # bf16 adapters with fp32 masters (param_dtype auto on a GPU) against fp32 adapters under autocast
     assert "--model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters --compile off" in step["lora_ab"]
     assert "at most 200 s" in step["lora_ab"]
+    # CUDA graphs of the compiled layers (compile_mode reduce-overhead) against eager and the Trainer + peft's
+    # best set-up in one run: the contender compiles whatever --compile says, the others stay eager
+    graphs = "--model 3b --contenders fastlm_lora fastlm_lora_cudagraphs trainer_lora_best --compile off"
+    assert graphs in step["lora_cudagraphs"] and "at most 300 s" in step["lora_cudagraphs"]
     # fastlm's loop over liger's kernel against liger's own function, the shared-input groups against each
     # LoRA layer on its own, fastlm's LoRA forward against peft's
     variants = "fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward"
@@ -221,9 +226,9 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
     assert "[gpu_speed_lora] at most 260 s" in done.stdout
-    assert "[lora_ab] at most 200 s" in done.stdout
-    assert "[gpu_speed_full_eager] skipped: 100 s left of 560" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only gpu_speed_full_eager" in done.stdout
+    assert "[lora_cudagraphs] at most 300 s" in done.stdout
+    assert "[lora_ab] skipped: 0 s left of 560" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only lora_ab" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

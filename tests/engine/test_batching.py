@@ -106,3 +106,20 @@ def test_one_steps_micro_batches_reach_the_device_with_the_wait_measured(tmp_pat
     step, waited = stream.next_step(2, CPU, "sdpa")
     assert step is peeked and len(step) == 2 and waited >= 0
     assert stream.batch == 2
+
+
+def test_the_stream_keeps_one_shape_for_cuda_graphs(tmp_path):
+    """``train.runtime.compile_mode: reduce-overhead`` (CUDA graphs replay one shape): the packed collator
+    keeps every micro-batch at its capacity and the varlen view at that many tokens, where the default mode
+    gives each micro-batch its own fill."""
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    shapes = {}
+    for mode in ("default", "reduce-overhead"):
+        runtime = {"device": "auto", "compile": True, "compile_scope": "layers", "compile_mode": mode}
+        params = toy_params(tmp_path, batching={"mode": "packed", "micro_batch_size": 4}, runtime=runtime)
+        _, collator = make_batching(params, toy_sequences(60, 0).lengths, pad_id=EOS, max_length=64, seed=0)
+        assert collator.fixed_shape is (mode == "reduce-overhead")
+        stream = micro_batches(toy_sequences(60, 0), params, layout)
+        step, _ = stream.next_step(6, CPU, "sdpa_varlen")
+        shapes[mode] = {tuple(batch["model_inputs"]["input_ids"].shape) for batch in step}
+    assert len(shapes["reduce-overhead"]) == 1 and len(shapes["default"]) > 1

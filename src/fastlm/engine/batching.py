@@ -86,7 +86,11 @@ def make_batching(
             )
             if seq2seq
             else PackedCollator(
-                pad_id=pad_id, budget=budget, pad_to_multiple_of=pad_multiple, attention_mask_format="none"
+                pad_id=pad_id,
+                budget=budget,
+                pad_to_multiple_of=pad_multiple,
+                attention_mask_format="none",
+                fixed_shape=params.runtime.fixed_shapes(),  # compile_mode reduce-overhead: CUDA graphs
             )
         )
         return PackedBatchSampler(lengths, budget, seed=seed), collator

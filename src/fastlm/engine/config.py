@@ -371,6 +371,13 @@ class RuntimeParams(Params):
         "fusion) or layers (each transformer layer in place, one layer's compile time at any depth; "
         "embedding, head and loss stay eager)",
     )
+    compile_mode: Literal["default", "reduce-overhead"] = Field(
+        "default",
+        description="torch.compile's mode: reduce-overhead replays a CUDA graph of each compiled layer (one "
+        "launch per layer where each kernel was one: for steps whose GPU waits for the host, such as LoRA's) "
+        "over micro-batches of one shape (the packed row padded to its capacity); needs CUDA, compile, "
+        "compile_scope layers and batching.mode packed",
+    )
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
     float8: Literal["off", "on", "auto"] = Field(
@@ -400,6 +407,11 @@ class RuntimeParams(Params):
                 "bf16 (or auto on a GPU with bf16), or param_dtype auto or fp32"
             )
         return value
+
+    def fixed_shapes(self) -> bool:
+        """Whether every packed micro-batch keeps one shape (its capacity, ``PackedCollator.fixed_shape``):
+        the CUDA graphs of ``compile_mode: reduce-overhead`` replay one shape."""
+        return self.compile_mode == "reduce-overhead"
 
     @field_validator("float8", mode="before")
     @classmethod
@@ -510,6 +522,36 @@ class TrainParams(Params):
                 "is on CPU; use auto or fastlm"
             )
         return value
+
+    @field_validator("runtime")
+    @classmethod
+    def _cuda_graphs_need_one_shape(cls, value: RuntimeParams, info: ValidationInfo):
+        if value.compile_mode != "reduce-overhead":
+            return value
+        batching = info.data.get("batching")
+        problem = fix = None
+        if value.device == "cpu":
+            problem, fix = "this run is on CPU", "compile_mode: default"
+        elif value.compile is False:
+            problem, fix = (
+                "train.runtime.compile is false",
+                "compile: true (or auto), or compile_mode: default",
+            )
+        elif value.compile_scope != "layers":
+            problem = (
+                "train.runtime.compile_scope is model (the whole model's graph holds the head, whose target "
+                "count changes every micro-batch: a graph recorded again each time)"
+            )
+            fix = "compile_scope: layers, or compile_mode: default"
+        elif batching is not None and batching.mode != "packed":
+            problem = f"train.batching.mode is {batching.mode} (its micro-batches change shape)"
+            fix = "batching.mode: packed, or compile_mode: default"
+        if problem is None:
+            return value
+        raise ValueError(
+            "train.runtime.compile_mode: reduce-overhead replays CUDA graphs of the compiled layers on "
+            f"micro-batches of one shape and {problem}; set {fix}"
+        )
 
     @field_validator("distributed")
     @classmethod

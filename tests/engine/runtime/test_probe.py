@@ -144,10 +144,10 @@ def test_a_resumed_run_keeps_the_settings_its_checkpoint_trained_with(tmp_path, 
 class Compiled(torch.nn.Module):
     """What a fake compiler returns: the model itself behind a wrapper (``_orig_mod``, as torch.compile's)."""
 
-    def __init__(self, model, scope="model"):
+    def __init__(self, model, scope="model", mode="default"):
         super().__init__()
         self._orig_mod = model
-        self.scope = scope
+        self.scope, self.mode = scope, mode
 
     def forward(self, *args, **kwargs):
         return self._orig_mod(*args, **kwargs)
@@ -257,7 +257,8 @@ def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(t
     trains on the additive-mask path, the eager run on SDPA: two kernels, so a tolerance)."""
     compiled_models = []
 
-    def compiler(model, scope="model"):
+    def compiler(model, scope="model", mode="default"):
+        assert mode == "default"  # train.runtime.compile_mode's default reaches the compiler
         compiled_models.append(Compiled(model, scope))
         return compiled_models[-1]
 

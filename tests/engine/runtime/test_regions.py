@@ -263,3 +263,87 @@ def test_an_encoder_decoder_compiles_its_encoder_and_decoder_layers():
     layers = regions.repeated_layers(model)
     assert [type(layer).__name__ for layer in layers] == ["BartEncoderLayer"] * 2 + ["BartDecoderLayer"] * 3
     assert regions.compile_in_scope(model, "layers") is model
+
+
+# --- CUDA graphs: train.runtime.compile_mode reduce-overhead ------------------------------------------------
+
+
+def _fixed_shape_varlen_batch(layout):
+    """A packed micro-batch of one shape (rows of 20, 4 of them) whatever ``layout`` fills: the engine's
+    collator with ``fixed_shape``, on the varlen path."""
+    from fastlm.engine.data import PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+    from fastlm.engine.model.attention.inputs import to_device
+
+    generator = torch.Generator().manual_seed(3)
+    features = [
+        {"input_ids": torch.randint(3, VOCAB, (n,), generator=generator).tolist(), "prompt_length": p}
+        for n, p in layout
+    ]
+    collate = PackedCollator(
+        pad_id=0, budget=TokenBudget(row_length=20, rows_per_batch=4), attention_mask_format="none",
+        fixed_shape=True,
+    )  # fmt: skip
+    return to_device(collate(features), torch.device("cpu"), "torch_varlen")
+
+
+def test_reduce_overhead_compiles_each_layer_for_cuda_graphs_once_on_one_shape(monkeypatch):
+    """``reduce-overhead`` (CUDA graphs of each compiled layer: one launch per layer where each kernel was
+    one) reaches ``torch.compile``; the micro-batches have one shape, so nothing is marked dynamic (a
+    graph's shapes are its own) and one trace serves micro-batches of every fill, with the eager gradients."""
+    seen = varlen_op.install(monkeypatch)
+    modes, marked, graphs = [], [], []
+    real_compile = torch.compile
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    def recording_compile(model=None, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return real_compile(model, backend=backend)
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    real_mark = torch._dynamo.maybe_mark_dynamic
+    monkeypatch.setattr(
+        torch._dynamo, "maybe_mark_dynamic", lambda t, dim: marked.append(dim) or real_mark(t, dim)
+    )
+    torch._dynamo.reset()
+    eager = tiny_llama(VOCAB, num_hidden_layers=2)
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    model.load_state_dict(eager.state_dict())
+    for each in (eager, model):
+        each.config._attn_implementation = "torch_varlen"
+    assert regions.compile_in_scope(model, "layers", mode="reduce-overhead") is model
+    batches = [_fixed_shape_varlen_batch(layout) for layout in (PACKED_LAYOUT, *OTHER_LAYOUTS)]
+    assert len({tuple(batch["input_ids"].shape) for batch in batches}) == 1
+    assert len({tuple(batch["cu_seq_lens"].shape) for batch in batches}) == 1
+    for batch in batches:
+        step_loss_and_grads(model, [batch])
+    assert modes == ["reduce-overhead", "reduce-overhead"] and len(graphs) == 1 and marked == []
+    assert set(seen) == {20}  # the row length as the longest segment: the padding's segments too
+    assert_trains_as_eager(model, eager, batches[:1])
+
+
+def test_reduce_overhead_is_refused_where_it_cannot_replay_one_graph():
+    """Each contradiction is one line naming the parameter and the fix."""
+    ok = parse_train_params(
+        {"runtime": {"compile": True, "compile_scope": "layers", "compile_mode": "reduce-overhead"}}
+    )
+    assert ok.runtime.compile_mode == "reduce-overhead" and ok.runtime.fixed_shapes()
+    assert not parse_train_params({}).runtime.fixed_shapes()
+    cases = [
+        ({"compile": False, "compile_scope": "layers"}, {}, "train.runtime.compile"),
+        ({"compile_scope": "model"}, {}, "train.runtime.compile_scope"),
+        ({"compile_scope": "layers"}, {"mode": "dynamic"}, "train.batching.mode"),
+        ({"compile_scope": "layers", "device": "cpu"}, {}, "CUDA"),
+    ]
+    for runtime, batching, named in cases:
+        with pytest.raises(ConfigError) as refused:
+            parse_train_params(
+                {"runtime": {**runtime, "compile_mode": "reduce-overhead"}, "batching": batching}
+            )
+        message = str(refused.value)
+        assert named in message and "compile_mode" in message and "\n" not in message, message
+    with pytest.raises(ConfigError, match="compile_mode"):
+        parse_train_params({"runtime": {"compile_mode": "max-autotune"}})

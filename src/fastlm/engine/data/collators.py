@@ -43,6 +43,7 @@ from fastlm.engine.data.packing import (
     packed_layout,
     to_additive_mask,
 )
+from fastlm.engine.data.schema import FIXED_SHAPE
 
 __all__ = [
     "DynamicPaddingCollator",
@@ -202,6 +203,8 @@ class PackedCollator:
         # the longest a segment can be in any batch of the run: a bound the same for every micro-batch
         batch["row_length"] = torch.tensor(self.budget.row_length, dtype=torch.int64)
         batch.update(_counts(labels, sum(lengths), input_ids.numel(), len(samples)))
+        if self.fixed_shape:  # the varlen view keeps this shape too (attention.inputs.without_padding)
+            batch[FIXED_SHAPE] = torch.tensor(True)
         return batch
 
 

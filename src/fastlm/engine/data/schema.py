@@ -15,6 +15,8 @@ MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 MODEL_INPUTS = "model_inputs"  # a batch from inputs.to_device: the model's keyword arguments for its path
 # A batch from inputs.to_device: the positions whose logits a training step needs (``logits_to_keep``).
 TARGET_POSITIONS = "target_positions"
+# A packed batch of one shape whatever its fill (``PackedCollator.fixed_shape``): its varlen view keeps one.
+FIXED_SHAPE = "fixed_shape"
 
 
 def model_inputs(batch: Mapping) -> dict:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fastlm.engine.runtime.regions import COMPILE_SCOPES, compile_in_scope
+from fastlm.engine.runtime.regions import COMPILE_MODES, COMPILE_SCOPES, compile_in_scope
 
 if TYPE_CHECKING:
     from fastlm.engine.config import RuntimeParams
@@ -69,6 +69,7 @@ class RuntimeConfig:
     # torch.compile the model (applied by the loop through Runtime.compile_model); auto: on CUDA, off on CPU
     compile: bool | str = "auto"
     compile_scope: str = "model"  # "model" | "layers" (engine/runtime/regions.py)
+    compile_mode: str = "default"  # "default" | "reduce-overhead": CUDA graphs of the layers (regions.py)
     num_threads: int | None = None  # CPU intra-op threads; None = usable cores
     float8: str = "auto"  # float8 matmuls (engine/runtime/float8.py), applied when the optimizer is made
     # bf16 weights with fp32 masters (engine/train/master_weights.py), applied when the optimizer is made
@@ -84,6 +85,8 @@ class RuntimeConfig:
             raise ValueError(f"compile must be true, false or 'auto', got {self.compile!r}")
         if self.compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {self.compile_scope!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
 
@@ -114,6 +117,7 @@ class Runtime:
         None  # why (``probe.probe_float8`` measures ``auto`` where the rule allows it)
     )
     compile_scope: str = "model"  # what compile_model compiles: the model or each layer (regions.py)
+    compile_mode: str = "default"  # torch.compile's mode; reduce-overhead: CUDA graphs of the layers
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -132,7 +136,7 @@ class Runtime:
     def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` compiled in ``compile_scope`` (``regions.compile_in_scope``: ``torch.compile(model)``, or
         each layer in place) when ``compile`` was asked for, the model itself otherwise."""
-        return compile_in_scope(model, self.compile_scope) if self.compile else model
+        return compile_in_scope(model, self.compile_scope, self.compile_mode) if self.compile else model
 
     def describe(self) -> dict[str, str | int | float | bool | None]:
         """Everything applied, as a flat dict of plain values (MLflow parameters, a log line)."""
@@ -270,12 +274,19 @@ def setup_runtime(
         deterministic=config.deterministic,
         compile=resolve_compile(config.compile, device),
         compile_scope=config.compile_scope,
+        compile_mode=config.compile_mode,
         num_threads=num_threads,
         seed=seed,
         tokenizers_parallelism=os.environ["TOKENIZERS_PARALLELISM"],
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,
     )
+    if config.compile_mode == "reduce-overhead" and not on_cuda:
+        log.warning(
+            "compile_mode reduce-overhead: this run is on %s, not CUDA; the compiled layers run without "
+            "CUDA graphs (the micro-batches keep one shape)",
+            device.type,
+        )
     described = runtime.describe()
     # the training loop's runtime_probe settles these: not stated here
     if measured_later and device.type == "cpu":

@@ -97,9 +97,9 @@ class ProbeResult:
         return {"precision": self.precision, "compile": self.compile}
 
 
-def compile_module(model: torch.nn.Module, scope: str = "model") -> torch.nn.Module:
+def compile_module(model: torch.nn.Module, scope: str = "model", mode: str = "default") -> torch.nn.Module:
     """The probe's compiled candidate (``regions.compile_in_scope``; with ``layers``, ``model`` itself)."""
-    return compile_in_scope(model, scope)
+    return compile_in_scope(model, scope, mode)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -141,6 +141,7 @@ class CompileProbe:
     batch: Mapping | None = None
     context: Callable[[], contextlib.AbstractContextManager] | None = None
     scope: str = "model"  # train.runtime.compile_scope: what the default compiler compiles
+    mode: str = "default"  # train.runtime.compile_mode: torch.compile's mode (reduce-overhead: CUDA graphs)
 
 
 def probe_runtime(
@@ -230,7 +231,7 @@ def _compile_choice(
                 ),
                 None,
             )
-        compiled = probe.compiler(model) if probe.compiler else compile_module(model, probe.scope)
+        compiled = probe.compiler(model) if probe.compiler else compile_module(model, probe.scope, probe.mode)
 
         def eager_pass() -> float:
             with eager_stance():  # layers compiled in place run eagerly here

@@ -21,6 +21,13 @@ skip those, but measured on this CPU it doubled the whole model's compile (160.6
 the layers 16 % of their steady speed on fixed shapes (``benchmarks/compile_scope.py``;
 docs/benchmarks.md), so it is not used.
 
+CUDA graphs (``train.runtime.compile_mode: reduce-overhead``, layers only): each compiled layer's kernels are
+captured once and replayed by one launch, for steps whose GPU waits for the host (a 3B LoRA step left an
+H200 idle 21-41 % of its time, docs/gpu-runs/2026-11-27-h200-*: thousands of small launches and the Python
+between them). A graph replays one shape, so the micro-batches keep one (``PackedCollator.fixed_shape``; the
+varlen row padded to its capacity, ``attention.inputs.without_padding``) and nothing is marked dynamic. Not
+yet measured on a GPU (``benchmarks/gpu_session.sh --only lora_cudagraphs``).
+
 A layer whose hidden states need no gradient while the later layers' do (the first layer of an adapter
 model: LoRA freezes the embedding) would be traced twice (dynamo guards on ``requires_grad``): it runs
 eagerly, decided at its first call (``_FirstCall``), and the others share one graph.
@@ -40,6 +47,7 @@ import torch
 from fastlm.errors import ConfigError
 
 __all__ = [
+    "COMPILE_MODES",
     "COMPILE_SCOPES",
     "compile_in_scope",
     "compiled_layers",
@@ -49,6 +57,7 @@ __all__ = [
 ]
 
 COMPILE_SCOPES = ("model", "layers")
+COMPILE_MODES = ("default", "reduce-overhead")  # train.runtime.compile_mode: torch.compile's mode
 PARAM = "train.runtime.compile_scope"
 
 
@@ -59,12 +68,18 @@ def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
 
 
-def compile_in_scope(model: torch.nn.Module, scope: str) -> torch.nn.Module:
+def compile_in_scope(model: torch.nn.Module, scope: str, mode: str = "default") -> torch.nn.Module:
     """``model`` compiled in ``scope``: ``torch.compile(model)`` (a wrapper) for ``model``; for ``layers``
-    each transformer layer compiled in place and ``model`` itself returned. A model without such layers
-    cannot be compiled by layers: one ``ConfigError`` line."""
+    each transformer layer compiled in place and ``model`` itself returned. ``mode``: torch.compile's
+    (``reduce-overhead``: CUDA graphs, on inputs of one shape). A model without such layers cannot be
+    compiled by layers: one ``ConfigError`` line."""
+    if mode not in COMPILE_MODES:
+        raise ConfigError(
+            f"train.runtime.compile_mode is {mode!r}.", fix=f"set it to one of {', '.join(COMPILE_MODES)}."
+        )
+    options = {} if mode == "default" else {"mode": mode}
     if scope == "model":
-        return torch.compile(model)
+        return torch.compile(model, **options)
     if scope != "layers":
         raise ConfigError(f"{PARAM} is {scope!r}.", fix=f"set {PARAM}: one of {', '.join(COMPILE_SCOPES)}.")
     layers = repeated_layers(model)
@@ -75,7 +90,7 @@ def compile_in_scope(model: torch.nn.Module, scope: str) -> torch.nn.Module:
             fix=f"set {PARAM}: model.",
         )
     for layer in layers:
-        layer._compiled_call_impl = _FirstCall(layer)  # where nn.Module.compile keeps the compiled call
+        layer._compiled_call_impl = _FirstCall(layer, options)  # where nn.Module.compile keeps it
     return model
 
 
@@ -84,8 +99,8 @@ class _FirstCall:
     ``nn.Module.compile`` does), or eager when gradients are on and its hidden states need none (module
     docstring)."""
 
-    def __init__(self, layer: torch.nn.Module) -> None:
-        self.layer = layer
+    def __init__(self, layer: torch.nn.Module, options: dict) -> None:
+        self.layer, self.options = layer, options
 
     def __call__(self, *args, **kwargs):
         layer = self.layer
@@ -94,9 +109,10 @@ class _FirstCall:
         if torch.is_grad_enabled() and frozen_input:
             layer._compiled_call_impl = None
             return layer._call_impl(*args, **kwargs)
-        if "cu_seq_lens_q" in kwargs:  # a varlen call: the token count varies (attention.inputs)
+        # a varlen call: the token count varies (attention.inputs), except where a CUDA graph keeps one shape
+        if "cu_seq_lens_q" in kwargs and self.options.get("mode") != "reduce-overhead":
             mark_token_dim(hidden, kwargs.get("position_embeddings"))
-        layer._compiled_call_impl = torch.compile(layer._call_impl)
+        layer._compiled_call_impl = torch.compile(layer._call_impl, **self.options)
         return layer._compiled_call_impl(*args, **kwargs)
 
 

@@ -304,6 +304,7 @@ def _probed_runtime(
         ),
         context=partial(attention_path, raw_model, compiled_attn),
         scope=params.runtime.compile_scope,
+        mode=params.runtime.compile_mode,
     )
     runtime, probed = probe_runtime(
         request.runtime,

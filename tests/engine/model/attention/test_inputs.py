@@ -308,3 +308,87 @@ def test_the_varlen_row_is_pinned_where_the_loader_pinned_the_rows(monkeypatch):
     pinned.clear()
     keep = positions_to_keep(out["labels"], torch.device("cpu"), flattened=True)  # the kept positions too
     assert pinned == [keep.shape]
+
+
+# --- one shape per micro-batch: train.runtime.compile_mode reduce-overhead (CUDA graphs) -------------------
+
+
+def _fixed_shape_batches():
+    """Packed micro-batches of one budget (4 rows of ROW) filled to different depths, as the engine's
+    collator makes them where every micro-batch must have one shape (``fixed_shape``)."""
+    from fastlm.engine.data import PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+
+    collate = PackedCollator(
+        pad_id=PAD,
+        budget=TokenBudget(row_length=ROW, rows_per_batch=4),
+        attention_mask_format="none",
+        fixed_shape=True,
+    )
+    picks = (range(6), range(2), range(6, 12), (3, 6, 9, 10), range(1))  # 54, 20, 60, 58, 7 tokens of 96
+    return [collate([{"input_ids": SAMPLES[i].tolist()} for i in pick]) for pick in picks], picks
+
+
+@pytest.mark.parametrize("attn", ["torch_varlen", "flash_attention_2", "sdpa_varlen"])
+def test_fixed_shape_varlen_batches_keep_one_shape_whatever_their_fill(attn):
+    """A CUDA graph replays one shape: the varlen row is padded to the micro-batch's capacity (its padding
+    in segments of at most the row length: the kernel's longest-segment bound under compile, which a longer
+    one would break) and the boundaries to a power-of-two count by repeating the last one (empty segments,
+    which the kernels skip), so micro-batches of any fill have the same token count and one of few boundary
+    counts; the samples, labels and positions are those of the row without that padding."""
+    from fastlm.engine.data.schema import MODEL_INPUTS
+    from fastlm.engine.model.attention.inputs import to_device
+
+    batches, picks = _fixed_shape_batches()
+    capacity = 4 * ROW
+    counts = set()
+    for batch, pick in zip(batches, picks, strict=True):
+        lengths = [LENGTHS[i] for i in pick]
+        real = sum(lengths)
+        out = to_device(batch, torch.device("cpu"), attn)
+        inputs = out[MODEL_INPUTS]
+        assert inputs["input_ids"].shape == (1, capacity) and out["labels"].shape == (1, capacity)
+        assert int(out["num_computed_tokens"]) == capacity and int(out["num_real_tokens"]) == real
+        flat_ids = torch.cat([torch.as_tensor(SAMPLES[i]) for i in pick])
+        assert torch.equal(inputs["input_ids"][0, :real], flat_ids)
+        assert bool((out["labels"][0, real:] == -100).all())
+        pad = capacity - real
+        padding = [ROW] * (pad // ROW) + ([pad % ROW] if pad % ROW else [])  # segments of at most ROW
+        bounds = inputs["cu_seq_lens_q"].tolist()
+        segments = len(bounds) - 1
+        assert segments & (segments - 1) == 0 and segments >= len(lengths) + len(padding)  # a power of two
+        ends = torch.cumsum(torch.tensor(lengths + padding), 0).tolist()
+        assert bounds == [0, *ends] + [capacity] * (segments - len(ends))  # then empty segments
+        assert inputs["max_length_q"] == max(lengths + padding) <= ROW
+        positions = torch.cat([torch.arange(n) for n in lengths + padding])
+        assert torch.equal(inputs["position_ids"][0], positions)
+        counts.add(segments)
+    assert counts == {8}  # 5 to 8 segments with the padding's: one shape for all five
+
+
+@pytest.mark.parametrize("path_kernels", ["torch_varlen", "sdpa_varlen"], indirect=True)
+def test_fixed_shape_batches_train_as_the_rows_without_that_padding(path_kernels, tmp_path):
+    """The padding up to the capacity is computed and predicts nothing: one step's mean loss and every
+    gradient equal those of the same micro-batches without it (the same sums over the real tokens; the
+    matmuls see more rows, which may reorder their blocks)."""
+    from fastlm.engine.data import PackedCollator
+    from fastlm.engine.data.packing import TokenBudget
+    from fastlm.engine.model.attention.inputs import to_device
+    from tests.support.linear_loss import step_loss_and_grads
+    from tests.support.tolerances import OTHER_FP32_MODEL
+
+    attn, kernels_fed = path_kernels
+    batches, picks = _fixed_shape_batches()
+    loose = PackedCollator(
+        pad_id=PAD, budget=TokenBudget(row_length=ROW, rows_per_batch=4), attention_mask_format="none"
+    )
+    unfixed = [loose([{"input_ids": SAMPLES[i].tolist()} for i in pick]) for pick in picks]
+    device = torch.device("cpu")
+    model = packed_model(attn)
+    got_loss, got = step_loss_and_grads(model, [to_device(batch, device, attn) for batch in batches])
+    want_loss, want = step_loss_and_grads(model, [to_device(batch, device, attn) for batch in unfixed])
+    torch.testing.assert_close(got_loss, want_loss, **OTHER_FP32_MODEL)
+    assert got.keys() == want.keys()
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
+    assert kernels_fed()

@@ -45,7 +45,13 @@ import numpy as np
 import torch
 
 from fastlm.engine.data.packing import block_causal_mask, to_additive_mask
-from fastlm.engine.data.schema import IGNORE_INDEX, MODEL_INPUT_KEYS, MODEL_INPUTS, TARGET_POSITIONS
+from fastlm.engine.data.schema import (
+    FIXED_SHAPE,
+    IGNORE_INDEX,
+    MODEL_INPUT_KEYS,
+    MODEL_INPUTS,
+    TARGET_POSITIONS,
+)
 from fastlm.engine.data.seq2seq_packing import seq2seq_packed_masks
 from fastlm.engine.model.attention.kernels import MAX_LENGTH_BOUND, SDPA_VARLEN, TORCH_VARLEN
 from fastlm.engine.model.encoder_decoder import CROSS_ATTENTION_MASK, DECODER_POSITIONS, ENCODER_POSITIONS
@@ -122,7 +128,8 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
             "max_length_k": max_seqlen,
             MAX_LENGTH_BOUND: max_length_bound(batch, length),
         }
-        mark_varying_sizes(out)
+        if FIXED_SHAPE not in batch:  # one shape (CUDA graphs): a graph of its own sizes, none dynamic
+            mark_varying_sizes(out)
         return out
     inputs = {"input_ids": out["input_ids"]}
     if packed:  # the mask this path needs, from the segment ids (whatever mask format the collator made)
@@ -149,15 +156,22 @@ def without_padding(batch: dict) -> dict:
     segments of their own). ``cu_seq_lens``, ``max_seqlen``, ``sequence_ids`` and ``num_computed_tokens``
     follow; each sample's first label is ``ignore_index`` (its row's start predicted nothing). Packed
     batches carry their real tokens' mask (``real_mask``), right-padded ones their 2D ``attention_mask``;
-    a batch without padding beyond the round-up is returned as it is."""
+    a batch without padding beyond the round-up is returned as it is.
+
+    A batch of one fixed shape (``PackedCollator.fixed_shape``: CUDA graphs replay one shape) keeps it: the
+    row is padded to the batch's capacity, its padding in segments of at most the row length (the longest
+    segment the kernel is told of under compile, ``max_length_bound``), and the boundaries to a power-of-two
+    count of segments by repeating the last one (empty segments: the kernels skip them), so the token count
+    is the same in every micro-batch and the boundary count one of a few."""
     real = batch.get("real_mask")
     if real is None and "attention_mask" in batch and batch["attention_mask"].dim() == 2:
         real = batch["attention_mask"].bool()
     if real is None or real.device.type != "cpu" or batch["input_ids"].device.type != "cpu":
         return batch
+    fixed = FIXED_SHAPE in batch
     count = int(real.sum())
-    width = -(-count // VARLEN_ROW_MULTIPLE) * VARLEN_ROW_MULTIPLE
-    if width >= real.numel() or count == 0:
+    width = real.numel() if fixed else -(-count // VARLEN_ROW_MULTIPLE) * VARLEN_ROW_MULTIPLE
+    if (width >= real.numel() and not fixed) or count == 0:
         return batch
     flat, tail = real.reshape(-1), width - count
     ids = batch["input_ids"].reshape(-1)
@@ -166,14 +180,20 @@ def without_padding(batch: dict) -> dict:
     else:
         positions = (real.cumsum(1) - 1).reshape(-1)[flat]
     starts = (positions == 0).nonzero().reshape(-1)
-    bounds = torch.cat([starts, torch.tensor([count] + ([width] if tail else []))])
+    chunk = max_length_bound(batch, real.shape[1]) if fixed else max(tail, 1)  # the padding's segments
+    ends = list(range(count + chunk, width, chunk)) + ([width] if tail else [])
+    if fixed:  # a power-of-two count of segments: empty ones at the end
+        segments = starts.numel() + len(ends)
+        ends += [width] * ((1 << max(segments - 1, 0).bit_length()) - segments)
+    bounds = torch.cat([starts, torch.tensor([count] + ends)])
     lengths = bounds.diff()
     labels = batch["labels"].reshape(-1)[flat].clone()
     labels[starts] = IGNORE_INDEX
     out = {key: value for key, value in batch.items() if key not in ("attention_mask", "real_mask")}
     out["input_ids"] = torch.cat([ids[flat], ids[~flat][:1].expand(tail)]).unsqueeze(0)
     out["labels"] = torch.cat([labels, torch.full((tail,), IGNORE_INDEX)]).unsqueeze(0)
-    out["position_ids"] = torch.cat([positions, torch.arange(tail)]).unsqueeze(0)
+    padding = lengths[starts.numel() :]  # the padding's segments, each restarting its positions
+    out["position_ids"] = torch.cat([positions, *(torch.arange(int(n)) for n in padding)]).unsqueeze(0)
     out["sequence_ids"] = torch.repeat_interleave(torch.arange(lengths.numel()), lengths).to(torch.int32)[
         None
     ]
