@@ -289,8 +289,9 @@ def _fixed_shape_varlen_batch(layout):
 
 def test_reduce_overhead_compiles_each_layer_for_cuda_graphs_once_on_one_shape(monkeypatch):
     """``reduce-overhead`` (CUDA graphs of each compiled layer: one launch per layer where each kernel was
-    one) reaches ``torch.compile``; the micro-batches have one shape, so nothing is marked dynamic (a
-    graph's shapes are its own) and one trace serves micro-batches of every fill, with the eager gradients."""
+    one) reaches ``torch.compile``; the micro-batches have one token count, so only the boundaries' count
+    (a few powers of two) is marked dynamic and one trace serves micro-batches of every fill and boundary
+    count, with the eager gradients."""
     seen = varlen_op.install(monkeypatch)
     modes, marked, graphs = [], [], []
     real_compile = torch.compile
@@ -315,12 +316,14 @@ def test_reduce_overhead_compiles_each_layer_for_cuda_graphs_once_on_one_shape(m
     for each in (eager, model):
         each.config._attn_implementation = "torch_varlen"
     assert regions.compile_in_scope(model, "layers", mode="reduce-overhead") is model
-    batches = [_fixed_shape_varlen_batch(layout) for layout in (PACKED_LAYOUT, *OTHER_LAYOUTS)]
+    layouts = (PACKED_LAYOUT, *OTHER_LAYOUTS, ((20, 0),) * 4)  # 8 segments with the padding's; 4 with none
+    batches = [_fixed_shape_varlen_batch(layout) for layout in layouts]
     assert len({tuple(batch["input_ids"].shape) for batch in batches}) == 1
-    assert len({tuple(batch["cu_seq_lens"].shape) for batch in batches}) == 1
+    assert len({tuple(batch["cu_seq_lens"].shape) for batch in batches}) == 2
     for batch in batches:
         step_loss_and_grads(model, [batch])
-    assert modes == ["reduce-overhead", "reduce-overhead"] and len(graphs) == 1 and marked == []
+    assert modes == ["reduce-overhead", "reduce-overhead"] and len(graphs) == 1
+    assert set(marked) == {0} and len(marked) == len(batches)  # cu_seq_lens' count, in each batch
     assert set(seen) == {20}  # the row length as the longest segment: the padding's segments too
     assert_trains_as_eager(model, eager, batches[:1])
 

@@ -128,8 +128,7 @@ def to_device(batch: dict, device: torch.device, attn: str) -> dict:
             "max_length_k": max_seqlen,
             MAX_LENGTH_BOUND: max_length_bound(batch, length),
         }
-        if FIXED_SHAPE not in batch:  # one shape (CUDA graphs): a graph of its own sizes, none dynamic
-            mark_varying_sizes(out)
+        mark_varying_sizes(out, fixed=FIXED_SHAPE in batch)
         return out
     inputs = {"input_ids": out["input_ids"]}
     if packed:  # the mask this path needs, from the segment ids (whatever mask format the collator made)
@@ -217,15 +216,20 @@ def max_length_bound(batch: dict, length: int) -> int:
     return 1 << max(length - 1, 1).bit_length()
 
 
-def mark_varying_sizes(out: dict) -> None:
+def mark_varying_sizes(out: dict, fixed: bool = False) -> None:
     """A varlen batch's sizes that change from one packed micro-batch to the next (the token count, the
     segment boundaries, the target positions) marked dynamic for ``torch.compile``: its first trace serves
     every later micro-batch, where dynamo would otherwise compile again at each size it first sees vary (each
     compile of a 0.73 B Llama's layer took about 55 s on an H100). A mark is read at a compile only; eager
-    runs ignore it."""
+    runs ignore it. ``fixed``: a batch of one shape (``without_padding``; CUDA graphs), whose token count
+    stays static: only the boundaries' count, one of a few powers of two, is marked (a CUDA graph is then
+    recorded once per count, from one compile)."""
     from torch._dynamo import maybe_mark_dynamic
 
     inputs = out[MODEL_INPUTS]
+    if fixed:
+        maybe_mark_dynamic(inputs["cu_seq_lens_q"], 0)
+        return
     for key, dim in (("input_ids", 1), ("position_ids", 1), ("cu_seq_lens_q", 0)):
         maybe_mark_dynamic(inputs[key], dim)
     if TARGET_POSITIONS in out:
