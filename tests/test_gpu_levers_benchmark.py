@@ -132,6 +132,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "lora_ab",
         "gpu_speed_full_eager",
         "gpu_speed_lora_compiled",
+        "full_cudagraphs",
         "memory_cliff",
         "head_kernels",
         "gpu_speed_qlora",
@@ -169,6 +170,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # best set-up in one run: the contender compiles whatever --compile says, the others stay eager
     graphs = "--model 3b --contenders fastlm_lora fastlm_lora_cudagraphs trainer_lora_best --compile off"
     assert graphs in step["lora_cudagraphs"] and "at most 300 s" in step["lora_cudagraphs"]
+    full_graphs = "--model 0.5b --contenders fastlm_compile trainer_best --compile-scope layers"
+    assert (
+        full_graphs in step["full_cudagraphs"] and "--compile-mode reduce-overhead" in step["full_cudagraphs"]
+    )
     # fastlm's loop over liger's kernel against liger's own function, the shared-input groups against each
     # LoRA layer on its own, fastlm's LoRA forward against peft's
     variants = "fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward"
@@ -205,7 +210,14 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "weights_ab",
     )
     assert all("--compile off" in step[name] for name in eager)
-    compiled = ("weights_ab_compiled", "gpu_speed_full", "liger_on", "liger_off", "gpu_speed_lora_compiled")
+    compiled = (
+        "weights_ab_compiled",
+        "gpu_speed_full",
+        "liger_on",
+        "liger_off",
+        "gpu_speed_lora_compiled",
+        "full_cudagraphs",
+    )
     assert all("--compile-scope layers" in step[n] and "--compile off" not in step[n] for n in compiled)
     assert "--model 3b --contenders fastlm_lora trainer_lora_best" in step["gpu_speed_lora_compiled"]
     assert "--liger on" in step["liger_on"] and "--liger off" in step["liger_off"]

@@ -615,3 +615,45 @@ def test_the_own_inputs_contender_turns_the_shared_input_groups_off(gpu_speed):
         tiny = LlamaForCausalLM(llama_config(vocab=112, hidden=64, positions=128, num_hidden_layers=2))
         model = apply_lora(tiny, lora, gradient_checkpointing=False)
         assert gpu_speed.lora_shared_input_layers(model) == layers
+
+
+def test_the_compile_mode_reaches_the_children_and_the_cuda_graph_contender_compiles_by_layers(
+    gpu_speed, monkeypatch
+):
+    """``--compile-mode`` reaches fastlm's children and parameters (only with ``--compile-scope layers``:
+    one line naming the flags otherwise); ``fastlm_lora_cudagraphs`` is ``fastlm_lora`` compiled by layers
+    with ``reduce-overhead`` whatever ``--compile`` says, reported beside it."""
+    from types import SimpleNamespace
+
+    args = gpu_speed.parse_args(
+        [
+            "--model",
+            "tiny",
+            "--compile-scope",
+            "layers",
+            "--compile-mode",
+            "reduce-overhead",
+            "--threads",
+            "1",
+        ]
+    )
+    seen = {}
+    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
+    gpu_speed.run_child("fastlm_compile", args, Path("."), 0)
+    assert seen["args"][seen["args"].index("--compile-mode") + 1] == "reduce-overhead"
+    # device auto: the engine refuses CUDA graphs on a run it knows is on CPU
+    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device="auto")
+    params = gpu_speed.fastlm_params(ctx, compile_=True, max_steps=1, log_every=1, name="x")
+    assert params.runtime.compile_mode == "reduce-overhead" and params.runtime.fixed_shapes()
+    eager = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
+    assert eager.runtime.compile_mode == "default"
+    plain = gpu_speed.parse_args(["--model", "tiny", "--compile", "off"])
+    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(plain), "workdir": "."}), attn="sdpa", device="auto")
+    graphs = gpu_speed.fastlm_params(
+        ctx, compile_=True, max_steps=1, log_every=1, name="x", compile_mode="reduce-overhead"
+    )
+    assert graphs.runtime.compile_scope == "layers" and graphs.runtime.compile_mode == "reduce-overhead"
+    assert ("fastlm_lora", "fastlm_lora_cudagraphs") in gpu_speed.AB_PAIRS
+    assert gpu_speed.parse_args([]).compile_mode == "default"
+    with pytest.raises(SystemExit):
+        gpu_speed.parse_args(["--compile-mode", "reduce-overhead"])  # the whole model's graph: refused
