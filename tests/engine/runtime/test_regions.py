@@ -350,3 +350,41 @@ def test_reduce_overhead_is_refused_where_it_cannot_replay_one_graph():
         assert named in message and "compile_mode" in message and "\n" not in message, message
     with pytest.raises(ConfigError, match="compile_mode"):
         parse_train_params({"runtime": {"compile_mode": "max-autotune"}})
+
+
+def test_an_adapter_layers_graphs_hold_nothing_that_keeps_cuda_graphs_off(monkeypatch):
+    """What inductor checks before it records a CUDA graph, on the aten graphs of a LoRA layer (forward and
+    backward, the varlen kernel's calling contract, micro-batches of one shape): one graph each way (no
+    graph break: each piece would be a graph of its own, with eager code between), no op it cannot capture
+    (``torch._inductor.utils.get_first_incompatible_cudagraph_node``: an op tagged unsafe, a size read from
+    the data) and no input other than tensors and sizes (inductor then records no graph)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    from fastlm.engine.config import LoraParams
+    from fastlm.engine.model.lora import apply_lora
+
+    varlen_op.install(monkeypatch)
+    checked = []
+
+    def check(gm, example_inputs):
+        other = [type(t) for t in example_inputs if not isinstance(t, (torch.Tensor, torch.SymInt))]
+        checked.append((get_first_incompatible_cudagraph_node(gm), other))
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=check, bw_compiler=check)
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model=None, **kwargs: real_compile(model, backend=backend))
+    torch._dynamo.reset()
+    model = apply_lora(
+        tiny_llama(VOCAB, num_hidden_layers=3),
+        LoraParams(enabled=True, r=4, dropout=0.0),
+        gradient_checkpointing=False,
+    )
+    model.config._attn_implementation = "torch_varlen"
+    regions.compile_in_scope(model, "layers", mode="reduce-overhead")
+    step_loss_and_grads(model, [_fixed_shape_varlen_batch(PACKED_LAYOUT)])
+    assert len(checked) == 2  # one layer graph's forward and backward (the first layer runs eagerly)
+    for incompatible, other in checked:
+        assert incompatible is None and other == []
