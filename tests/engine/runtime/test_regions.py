@@ -388,3 +388,39 @@ def test_an_adapter_layers_graphs_hold_nothing_that_keeps_cuda_graphs_off(monkey
     assert len(checked) == 2  # one layer graph's forward and backward (the first layer runs eagerly)
     for incompatible, other in checked:
         assert incompatible is None and other == []
+
+
+def test_a_run_compiles_as_its_parameters_say_whatever_runtime_it_is_handed(monkeypatch, tmp_path):
+    """``train.runtime.compile_scope`` and ``compile_mode`` are the run's parameters: a runtime set up without
+    them (an API caller's ``RuntimeConfig``; benchmarks/gpu_speed.py's, where the whole model was compiled
+    while its parameters said layers) trains as the parameters say, and the run's runtime records it."""
+    from fastlm.engine.train.loop import train
+    from tests.support.toy_training import EOS, toy_model, toy_params, toy_sequences
+
+    modes = []
+    real_compile = torch.compile
+
+    def recording_compile(model=None, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return real_compile(model, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    torch._dynamo.reset()
+    runtime = {"device": "auto", "precision": "fp32", "compile": True, "compile_scope": "layers"}
+    params = toy_params(tmp_path, runtime={**runtime, "compile_mode": "reduce-overhead"}, max_steps=2)
+    handed = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=True, num_threads=1))
+    assert handed.compile_scope == "model" and handed.compile_mode == "default"
+    model = toy_model(0, "sdpa")
+    result = train(
+        model,
+        toy_sequences(60, 1),
+        None,
+        params=params,
+        runtime=handed,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+    )
+    layers = len(regions.repeated_layers(model))
+    assert regions.compiled_layers(result.model) == layers and modes == ["reduce-overhead"] * layers
+    assert result.runtime.compile_scope == "layers" and result.runtime.compile_mode == "reduce-overhead"

@@ -37,7 +37,7 @@ import logging
 import math
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -132,6 +132,11 @@ class Runtime:
     def make_grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler, enabled only for fp16 (disabled, its calls pass straight through)."""
         return torch.amp.GradScaler(self.device.type, enabled=self.grad_scaler)
+
+    def compiling_as(self, settings) -> Runtime:
+        """This runtime compiling in ``settings``' scope and mode (``train.runtime``: the run's parameters
+        decide what ``compile_model`` compiles, whatever runtime a caller set up)."""
+        return replace(self, compile_scope=settings.compile_scope, compile_mode=settings.compile_mode)
 
     def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` compiled in ``compile_scope`` (``regions.compile_in_scope``: ``torch.compile(model)``, or

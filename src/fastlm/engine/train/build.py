@@ -127,9 +127,12 @@ class TrainingParts:
 def settle_request(request: TrainRequest) -> TrainRequest:
     """``request`` checked before any data is read or anything written: an unknown attention implementation
     fails here, an encoder-decoder model on plain text is refused, and one whose family or attention path
-    cannot keep packed samples apart batches ``length_grouped`` instead of ``packed``, said once."""
+    cannot keep packed samples apart batches ``length_grouped`` instead of ``packed``, said once. What the
+    model is compiled in is the parameters' (``train.runtime.compile_scope`` / ``compile_mode``), whatever
+    runtime the caller set up (``Runtime.compile_model`` reads it from the runtime)."""
     packed_inputs(request.attn)
     params, model = request.params, request.model
+    request = replace(request, runtime=request.runtime.compiling_as(params.runtime))
     sides = seq2seq_batching(model, request.train_set, request.attn)  # {} for a causal LM
     if sides and params.batching.mode == "packed" and not sides["seq2seq_packing"]:
         log.warning(

@@ -407,6 +407,7 @@ def real_step_measurer(
 
     model.to(runtime.device)
     model.train()
+    runtime = runtime.compiling_as(params.runtime)  # the parameters' compile scope and mode
     compiled = runtime.compile_model(model)
     # an encoder-decoder model measures its own (seq2seq) batches
     sides = seq2seq_batching(model, dataset, attn)
