@@ -95,7 +95,7 @@ SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s 
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
     "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
-    "lora_cudagraphs|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_cudagraphs trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "lora_cudagraphs|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best fastlm_lora_cudagraphs $EAGER --budget-s \$((CAP - 15))"
     "lora_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
