@@ -77,8 +77,8 @@
 #                          shared-input groups) and peft's own LoRA forward (on an H200, 2026-11-27: fastlm
 #                          1.10x, 1.02x and 1.31x them)
 #    The first call (560 s) reaches LoRA's target, eager and with CUDA graphs; the next call (what is left
-#    of the 15 minutes, about 240-300 s) runs --only lora_ab,gpu_speed_full_eager or gpu_speed_lora_compiled;
-#    later sessions the rest.
+#    of the 15 minutes, about 240-300 s) runs --only full_cudagraphs where the CUDA graphs ran, else
+#    --only lora_ab; later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
