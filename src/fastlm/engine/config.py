@@ -555,6 +555,19 @@ class TrainParams(Params):
 
     @field_validator("distributed")
     @classmethod
+    def _cuda_graphs_without_sharding(cls, value: DistributedParams, info: ValidationInfo):
+        runtime = info.data.get("runtime")
+        sharded = value.strategy == "fsdp" and value.nproc_per_node > 1
+        if sharded and runtime is not None and runtime.compile_mode == "reduce-overhead":
+            raise ValueError(
+                "train.runtime.compile_mode: reduce-overhead is not wired for strategy fsdp (FSDP2 gathers "
+                "each layer's weights in collectives around it, which a layer's CUDA graph would capture); "
+                "use strategy ddp, or compile_mode default"
+            )
+        return value
+
+    @field_validator("distributed")
+    @classmethod
     def _float8_before_sharding(cls, value: DistributedParams, info: ValidationInfo):
         runtime = info.data.get("runtime")
         if value.strategy == "fsdp" and runtime is not None and runtime.float8 == "on":

@@ -335,17 +335,16 @@ def test_reduce_overhead_is_refused_where_it_cannot_replay_one_graph():
     )
     assert ok.runtime.compile_mode == "reduce-overhead" and ok.runtime.fixed_shapes()
     assert not parse_train_params({}).runtime.fixed_shapes()
-    cases = [
+    cases = [  # (train.runtime, the other sections, what the line names)
         ({"compile": False, "compile_scope": "layers"}, {}, "train.runtime.compile"),
         ({"compile_scope": "model"}, {}, "train.runtime.compile_scope"),
-        ({"compile_scope": "layers"}, {"mode": "dynamic"}, "train.batching.mode"),
-        ({"compile_scope": "layers", "device": "cpu"}, {}, "CUDA"),
+        ({"compile_scope": "layers"}, {"batching": {"mode": "dynamic"}}, "train.batching.mode"),
+        ({"compile_scope": "layers", "device": "cpu"}, {}, "this run is on CPU"),
+        ({"compile_scope": "layers"}, {"distributed": {"strategy": "fsdp", "nproc_per_node": 2}}, "fsdp"),
     ]
-    for runtime, batching, named in cases:
+    for runtime, other, named in cases:
         with pytest.raises(ConfigError) as refused:
-            parse_train_params(
-                {"runtime": {**runtime, "compile_mode": "reduce-overhead"}, "batching": batching}
-            )
+            parse_train_params({"runtime": {**runtime, "compile_mode": "reduce-overhead"}, **other})
         message = str(refused.value)
         assert named in message and "compile_mode" in message and "\n" not in message, message
     with pytest.raises(ConfigError, match="compile_mode"):
