@@ -376,7 +376,7 @@ class RuntimeParams(Params):
         description="torch.compile's mode: reduce-overhead replays a CUDA graph of each compiled layer (one "
         "launch per layer where each kernel was one: for steps whose GPU waits for the host, such as LoRA's) "
         "over micro-batches of one shape (the packed row padded to its capacity); needs CUDA, compile, "
-        "compile_scope layers and batching.mode packed",
+        "compile_scope layers and batching.mode packed, not FSDP2",
     )
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
