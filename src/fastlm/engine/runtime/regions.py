@@ -25,8 +25,9 @@ CUDA graphs (``train.runtime.compile_mode: reduce-overhead``, layers only): each
 captured once and replayed by one launch, for steps whose GPU waits for the host (a 3B LoRA step left an
 H200 idle 21-41 % of its time, docs/gpu-runs/2026-11-27-h200-*: thousands of small launches and the Python
 between them). A graph replays one shape, so the micro-batches keep one (``PackedCollator.fixed_shape``; the
-varlen row padded to its capacity, ``attention.inputs.without_padding``) and nothing is marked dynamic. Not
-yet measured on a GPU (``benchmarks/gpu_session.sh --only lora_cudagraphs``).
+varlen row padded to its capacity, ``attention.inputs.without_padding``): the token count stays static, only
+the segment boundaries' count (a few powers of two) is dynamic, one graph recorded per count. Not yet
+measured on a GPU (``benchmarks/gpu_session.sh --only lora_cudagraphs``).
 
 A layer whose hidden states need no gradient while the later layers' do (the first layer of an adapter
 model: LoRA freezes the embedding) would be traced twice (dynamo guards on ``requires_grad``): it runs
