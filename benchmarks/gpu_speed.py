@@ -800,6 +800,7 @@ def run_fastlm(
 
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.runtime.regions import compiled_layers
     from fastlm.engine.train.loop import train
 
     args = ctx.args
@@ -925,6 +926,9 @@ def run_fastlm(
         "compiled": result.summary.get("compiled"),
         "compile_scope": ("layers" if compile_mode else args.compile_scope) if compile_ else None,
         "compile_mode": (compile_mode or args.compile_mode) if compile_ else None,
+        # what was compiled in place, read off the trained model (layers scope: all but an adapter model's
+        # first layer, whose input needs no gradient)
+        "compiled_layers": compiled_layers(trained),
         "peak_memory_mb": peak,
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
@@ -944,6 +948,21 @@ def run_fastlm(
     ab = name in AB_CONTENDERS + FULL_AB_CONTENDERS
     out["loss_check"] = None if ab else packed_vs_unpacked(ctx, trained, runtime)
     return out
+
+
+def compiled_where(run: dict) -> str:
+    """What a compiled fastlm run compiled, for its first-step line: the layers compiled in place (and the
+    mode where it is not the default), or the whole model."""
+    if not run.get("compiled") or run.get("compiled_layers") is None:
+        return ""
+    if not run["compiled_layers"]:
+        return "the whole model; "
+    mode = run.get("compile_mode")
+    return (
+        f"{run['compiled_layers']} layers compiled in place"
+        + (f", {mode}" if mode != "default" else "")
+        + "; "
+    )
 
 
 def lora_shared_input_layers(model) -> int:
@@ -1873,6 +1892,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
             print(
                 f"  {name}: first step {run['first_step_s']:.1f} s ("
                 + ("torch.compile included; " if run.get("compiled") else "")
+                + compiled_where(run)
                 + "not timed)"
             )
     on_cuda = bool(gpu.get("cuda")) and args.device != "cpu"

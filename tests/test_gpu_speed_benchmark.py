@@ -657,3 +657,14 @@ def test_the_compile_mode_reaches_the_children_and_the_cuda_graph_contender_comp
     assert gpu_speed.parse_args([]).compile_mode == "default"
     with pytest.raises(SystemExit):
         gpu_speed.parse_args(["--compile-mode", "reduce-overhead"])  # the whole model's graph: refused
+
+
+def test_a_compiled_runs_first_step_line_says_what_was_compiled(gpu_speed):
+    """The log says whether the layers were compiled in place (and in which mode) or the whole model: until
+    2026-11-27 its runtime lacked the scope and every ``--compile-scope layers`` run compiled the whole model,
+    which nothing in its log showed."""
+    layers = {"compiled": True, "compiled_layers": 27, "compile_mode": "reduce-overhead"}
+    assert gpu_speed.compiled_where(layers) == "27 layers compiled in place, reduce-overhead; "
+    assert gpu_speed.compiled_where({**layers, "compile_mode": "default"}) == "27 layers compiled in place; "
+    assert gpu_speed.compiled_where({**layers, "compiled_layers": 0}) == "the whole model; "
+    assert gpu_speed.compiled_where({"compiled": False, "compiled_layers": 0}) == ""
