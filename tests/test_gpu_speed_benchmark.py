@@ -437,15 +437,25 @@ def test_a_best_trainer_set_up_tries_torch_compile_only_with_time_for_it_then_ru
     assert calls == [("trainer_best", 200, "on")]  # --compile off: the child turns torch_compile off itself
 
 
-def test_the_compile_scope_reaches_the_children_and_the_parameters(gpu_speed, monkeypatch):
-    from types import SimpleNamespace
-
-    args = gpu_speed.parse_args(["--model", "tiny", "--compile-scope", "layers", "--threads", "1"])
+def child_flag(gpu_speed, monkeypatch, name: str, args, flag: str) -> str:
+    """The value of ``flag`` in the command line ``run_child`` hands contender ``name``'s process."""
     seen = {}
     monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
-    gpu_speed.run_child("fastlm_compile", args, Path("."), 0)
-    assert seen["args"][seen["args"].index("--compile-scope") + 1] == "layers"
-    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device="cpu")
+    gpu_speed.run_child(name, args, Path("."), 0)
+    return seen["args"][seen["args"].index(flag) + 1]
+
+
+def context_of(args, device: str = "cpu"):
+    """What ``fastlm_params`` reads of a contender's context: its arguments, attention path and device."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device=device)
+
+
+def test_the_compile_scope_reaches_the_children_and_the_parameters(gpu_speed, monkeypatch):
+    args = gpu_speed.parse_args(["--model", "tiny", "--compile-scope", "layers", "--threads", "1"])
+    assert child_flag(gpu_speed, monkeypatch, "fastlm_compile", args, "--compile-scope") == "layers"
+    ctx = context_of(args)
     params = gpu_speed.fastlm_params(ctx, compile_=True, max_steps=1, log_every=1, name="x")
     assert params.runtime.compile is True and params.runtime.compile_scope == "layers"
     assert gpu_speed.parse_args([]).compile_scope == "model"
@@ -623,8 +633,6 @@ def test_the_compile_mode_reaches_the_children_and_the_cuda_graph_contender_comp
     """``--compile-mode`` reaches fastlm's children and parameters (only with ``--compile-scope layers``:
     one line naming the flags otherwise); ``fastlm_lora_cudagraphs`` is ``fastlm_lora`` compiled by layers
     with ``reduce-overhead`` whatever ``--compile`` says, reported beside it."""
-    from types import SimpleNamespace
-
     args = gpu_speed.parse_args(
         [
             "--model",
@@ -637,18 +645,14 @@ def test_the_compile_mode_reaches_the_children_and_the_cuda_graph_contender_comp
             "1",
         ]
     )
-    seen = {}
-    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
-    gpu_speed.run_child("fastlm_compile", args, Path("."), 0)
-    assert seen["args"][seen["args"].index("--compile-mode") + 1] == "reduce-overhead"
-    # device auto: the engine refuses CUDA graphs on a run it knows is on CPU
-    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(args), "workdir": "."}), attn="sdpa", device="auto")
+    assert child_flag(gpu_speed, monkeypatch, "fastlm_compile", args, "--compile-mode") == "reduce-overhead"
+    ctx = context_of(args, "auto")  # device auto: the engine refuses CUDA graphs on a run it knows is on CPU
     params = gpu_speed.fastlm_params(ctx, compile_=True, max_steps=1, log_every=1, name="x")
     assert params.runtime.compile_mode == "reduce-overhead" and params.runtime.fixed_shapes()
     eager = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
     assert eager.runtime.compile_mode == "default"
     plain = gpu_speed.parse_args(["--model", "tiny", "--compile", "off"])
-    ctx = SimpleNamespace(args=SimpleNamespace(**{**vars(plain), "workdir": "."}), attn="sdpa", device="auto")
+    ctx = context_of(plain, "auto")
     graphs = gpu_speed.fastlm_params(
         ctx, compile_=True, max_steps=1, log_every=1, name="x", compile_mode="reduce-overhead"
     )

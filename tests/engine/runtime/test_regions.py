@@ -40,6 +40,17 @@ def assert_trains_as_eager(compiled, eager, batches) -> None:
         torch.testing.assert_close(grad, want[name], rtol=OTHER_FP32_MODEL["rtol"], atol=1e-5, msg=name)
 
 
+def varlen_twins():
+    """Two 2-layer tiny Llamas with the same weights on the ``torch_varlen`` path (its calling contract: the
+    ``varlen_op`` stand-in): one stays eager, the other is compiled."""
+    eager = tiny_llama(VOCAB, num_hidden_layers=2)
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    model.load_state_dict(eager.state_dict())
+    for each in (eager, model):
+        each.config._attn_implementation = "torch_varlen"
+    return eager, model
+
+
 def count_graphs(monkeypatch) -> list:
     """Every graph dynamo hands to a backend from here on (the backend runs it eagerly: no inductor time)."""
     graphs = []
@@ -119,11 +130,7 @@ def test_packed_varlen_micro_batches_of_every_shape_share_the_first_compile(scop
     seen = varlen_op.install(monkeypatch)
     graphs = count_graphs(monkeypatch)
     torch._dynamo.reset()
-    eager = tiny_llama(VOCAB, num_hidden_layers=2)
-    model = tiny_llama(VOCAB, num_hidden_layers=2)
-    model.load_state_dict(eager.state_dict())
-    for each in (eager, model):
-        each.config._attn_implementation = "torch_varlen"
+    eager, model = varlen_twins()
     compiled = regions.compile_in_scope(model, scope)
     layouts = (PACKED_LAYOUT, *OTHER_LAYOUTS)
     batches = [packed_batch(VOCAB, attn="torch_varlen", layout=layout) for layout in layouts]
@@ -310,11 +317,7 @@ def test_reduce_overhead_compiles_each_layer_for_cuda_graphs_once_on_one_shape(m
         torch._dynamo, "maybe_mark_dynamic", lambda t, dim: marked.append(dim) or real_mark(t, dim)
     )
     torch._dynamo.reset()
-    eager = tiny_llama(VOCAB, num_hidden_layers=2)
-    model = tiny_llama(VOCAB, num_hidden_layers=2)
-    model.load_state_dict(eager.state_dict())
-    for each in (eager, model):
-        each.config._attn_implementation = "torch_varlen"
+    eager, model = varlen_twins()
     assert regions.compile_in_scope(model, "layers", mode="reduce-overhead") is model
     layouts = (PACKED_LAYOUT, *OTHER_LAYOUTS, ((20, 0),) * 4)  # 8 segments with the padding's; 4 with none
     batches = [_fixed_shape_varlen_batch(layout) for layout in layouts]
