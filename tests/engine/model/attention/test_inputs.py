@@ -366,7 +366,7 @@ def test_fixed_shape_varlen_batches_keep_one_shape_whatever_their_fill(attn):
     assert counts == {8}  # 5 to 8 segments with the padding's: one shape for all five
 
 
-@pytest.mark.parametrize("path_kernels", ["torch_varlen", "sdpa_varlen"], indirect=True)
+@pytest.mark.parametrize("path_kernels", ["flash_attention_2", "torch_varlen", "sdpa_varlen"], indirect=True)
 def test_fixed_shape_batches_train_as_the_rows_without_that_padding(path_kernels, tmp_path):
     """The padding up to the capacity is computed and predicts nothing: one step's mean loss and every
     gradient equal those of the same micro-batches without it (the same sums over the real tokens; the
