@@ -16,8 +16,9 @@
 #    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 and 2026-11-27
 #    (docs/gpu-runs): the 3B base model's preparation about 30 s, a 3B model's load 16 s, fastlm's LoRA
 #    55 s, the Trainer + peft's best (eager) 33 s and its usual set-up more than 79 s on the 3B shape, the
-#    0.73 B full fine-tune eager 36-58 s a contender, compiled by layers 147 s (more than 119 s on a fresh
-#    machine: its inductor cache is empty), the QLoRA usual set-up about 5 s a step:
+#    0.73 B full fine-tune eager 36-58 s a contender, compiled 147 s (more than 119 s on a fresh machine:
+#    its inductor cache is empty; the whole model, though asked by layers: gpu_speed.py's runtime lacked the
+#    scope until 2026-11-27's eighth session), the QLoRA usual set-up about 5 s a step:
 #      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft's best set-up and
 #                          TRL's SFTTrainer + peft best (packing, padding-free, its chunked head) on the
 #                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager: the
