@@ -546,22 +546,6 @@ class TrainParams(Params):
         elif batching is not None and batching.mode != "packed":
             problem = f"train.batching.mode is {batching.mode} (its micro-batches change shape)"
             fix = "batching.mode: packed, or compile_mode: default"
-        elif (
-            batching is not None
-            and (batching.gradient_accumulation_steps > 1 or batching.oom_backoff)
-            and (value.param_dtype == "fp32" or value.precision in ("fp32", "fp16"))
-        ):
-            # a graph's gradient outputs are overwritten by its next replay: with no fp32 masters to move
-            # them into after each micro-batch, the weights' .grad would accumulate in graph memory
-            problem = (
-                "several micro-batches a step (gradient_accumulation_steps or oom_backoff) accumulate into "
-                "gradients the next graph replay overwrites, where no fp32 masters take them after each one "
-                f"(param_dtype {value.param_dtype}, precision {value.precision})"
-            )
-            fix = (
-                "param_dtype auto or bf16 with precision bf16, gradient_accumulation_steps 1, or "
-                "compile_mode: default"
-            )
         if problem is None:
             return value
         raise ValueError(

@@ -338,12 +338,11 @@ def test_reduce_overhead_is_refused_where_it_cannot_replay_one_graph():
     )
     assert ok.runtime.compile_mode == "reduce-overhead" and ok.runtime.fixed_shapes()
     graphs = {"compile": True, "compile_scope": "layers", "compile_mode": "reduce-overhead"}
-    accumulated = (
-        parse_train_params(  # bf16 weights or adapters with fp32 masters on a GPU (param_dtype auto)
-            {"runtime": graphs, "batching": {"gradient_accumulation_steps": 4}}
+    for weights in ("auto", "fp32"):  # fp32 weights too: the step owns each micro-batch's graph outputs
+        accumulated = parse_train_params(
+            {"runtime": {**graphs, "param_dtype": weights}, "batching": {"gradient_accumulation_steps": 4}}
         )
-    )
-    assert accumulated.batching.gradient_accumulation_steps == 4
+        assert accumulated.batching.gradient_accumulation_steps == 4
     assert not parse_train_params({}).runtime.fixed_shapes()
     cases = [  # (train.runtime, the other sections, what the line names)
         ({"compile": False, "compile_scope": "layers"}, {}, "train.runtime.compile"),
@@ -351,11 +350,6 @@ def test_reduce_overhead_is_refused_where_it_cannot_replay_one_graph():
         ({"compile_scope": "layers"}, {"batching": {"mode": "dynamic"}}, "train.batching.mode"),
         ({"compile_scope": "layers", "device": "cpu"}, {}, "this run is on CPU"),
         ({"compile_scope": "layers"}, {"distributed": {"strategy": "fsdp", "nproc_per_node": 2}}, "fsdp"),
-        (  # gradients accumulated in the graphs' own memory: no fp32 masters move them out after each one
-            {"compile_scope": "layers", "param_dtype": "fp32"},
-            {"batching": {"gradient_accumulation_steps": 2}},
-            "gradient_accumulation_steps",
-        ),
     ]
     for runtime, other, named in cases:
         with pytest.raises(ConfigError) as refused:

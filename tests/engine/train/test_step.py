@@ -20,8 +20,8 @@ pytestmark = pytest.mark.kernels
 LR, BETAS, EPS, DECAY = 1e-3, (0.9, 0.95), 1e-8, 0.1
 
 
-def _batch() -> dict:
-    input_ids = torch.randint(2, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
+def _batch(seed: int = 3) -> dict:
+    input_ids = torch.randint(2, VOCAB, (2, 10), generator=torch.Generator().manual_seed(seed))
     labels = input_ids.clone()
     labels[0, :4] = -100  # a prompt left out of the loss
     return {"input_ids": input_ids, "labels": labels}
@@ -87,3 +87,120 @@ def test_the_fused_head_is_chosen_once_and_every_step_runs_that_one(monkeypatch)
     for _ in range(2):
         train_step(model, [_batch()], opt, runtime=runtime)
     assert len(seen) == 2 and all(head is opt.fused_head for head in seen)
+
+
+class _GraphOutputLinear(torch.autograd.Function):
+    """``x @ weight.T`` whose weight gradient is written into ``buffer`` and handed to autograd as a new
+    tensor on it, as a CUDA graph hands out its outputs: each replay writes the same memory (torch's CUDA
+    graph trees keep a backward's outputs in the graph's own pool). ``buffer`` None: a fresh tensor each
+    time, the same arithmetic."""
+
+    @staticmethod
+    def forward(ctx, x, weight, buffer):
+        ctx.save_for_backward(x, weight)
+        ctx.buffer = buffer
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        flat = grad.reshape(-1, grad.shape[-1])
+        out = ctx.buffer if ctx.buffer is not None else torch.empty_like(weight)
+        out.copy_(flat.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype))
+        return grad @ weight.to(grad.dtype), out.view(out.shape), None
+
+
+def _graph_output_layers(model, static: bool = True) -> dict[str, torch.Tensor]:
+    """Every projection of the decoder layers through ``_GraphOutputLinear``: {weight name: its buffer}."""
+    buffers = {}
+    for name, module in model.model.layers.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            buffer = buffers[name] = torch.empty_like(module.weight) if static else None
+            module.forward = lambda x, module=module, buffer=buffer: _GraphOutputLinear.apply(
+                x, module.weight, buffer
+            )
+    return buffers
+
+
+def test_micro_batches_accumulate_where_each_layers_gradients_are_graph_outputs():
+    """``compile_mode: reduce-overhead`` with several micro-batches a step and no fp32 masters to move each
+    one's gradients out (``param_dtype: fp32`` here). Autograd makes a weight's first gradient its ``.grad``
+    without a copy: the graph's memory, which the next micro-batch's replay overwrites (the first micro-batch
+    lost, the last one counted twice). The step owns each gradient after every micro-batch but the last: its
+    gradients equal those of a step over plain layers (another kernel: x @ W.T against F.linear)."""
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.train.step import make_optimization
+
+    shared = {"float8": "off", "param_dtype": "fp32"}
+    graphs = {**shared, "device": "auto", "compile": True, "compile_scope": "layers"}
+    other = {
+        "batching": {"mode": "packed", "gradient_accumulation_steps": 3},
+        "loss": {"fused_linear": False},
+    }
+    with_graphs = parse_train_params({"runtime": {**graphs, "compile_mode": "reduce-overhead"}, **other})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False, num_threads=1))
+    micro_batches = [_batch(seed) for seed in (3, 4, 5)]
+    seen: dict[str, dict[str, torch.Tensor]] = {}
+    buffers = {}
+    for side, params in (
+        ("graphs", with_graphs),
+        ("plain", parse_train_params({"runtime": shared, **other})),
+    ):
+        model = toy_model()
+        if side == "graphs":
+            buffers = _graph_output_layers(model)
+        opt = make_optimization(model, params, runtime, total_steps=2)
+        assert opt.masters is None
+        names = {id(param): name for name, param in model.named_parameters()}
+        grads = seen[side] = {}
+        opt.optimizer.register_step_pre_hook(
+            lambda optimizer, args, kwargs, grads=grads, names=names: grads.update(
+                {names[id(p)]: p.grad.clone() for group in optimizer.param_groups for p in group["params"]}
+            )
+        )
+        result = train_step(model, micro_batches, opt, runtime=runtime)
+        assert result.target_tokens == sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
+        assert all(param.grad is None for param in model.parameters())
+
+    assert len(buffers) == 2 * 7  # every projection of both layers gave its gradient as a graph output
+    assert seen["graphs"].keys() == seen["plain"].keys()
+    for name, grad in seen["plain"].items():
+        torch.testing.assert_close(seen["graphs"][name], grad, **OTHER_FP32_KERNEL_GRAD, msg=name)
+
+
+def test_a_module_kept_in_fp32_beside_bf16_masters_owns_its_graph_output_gradients():
+    """bf16 weights with fp32 masters move each micro-batch's gradients out of the graphs' memory; a module
+    ``_keep_in_fp32_modules`` names (T5's ``wo``) has no master and keeps its gradient on the weight: the step
+    owns that one after each micro-batch. Against the same layers handing out fresh gradients (the same
+    arithmetic): the same gradients, bit for bit."""
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.train.step import make_optimization
+
+    graphs = {"device": "auto", "compile": True, "compile_scope": "layers", "compile_mode": "reduce-overhead"}
+    params = parse_train_params(
+        {
+            "runtime": {**graphs, "float8": "off", "param_dtype": "bf16", "precision": "bf16"},
+            "batching": {"mode": "packed", "gradient_accumulation_steps": 3},
+            "loss": {"fused_linear": False},
+        }
+    )
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", compile=False, num_threads=1))
+    micro_batches = [_batch(seed) for seed in (3, 4, 5)]
+    seen = {}
+    for static in (True, False):
+        model = toy_model()
+        model._keep_in_fp32_modules = ["down_proj"]
+        _graph_output_layers(model, static=static)
+        opt = make_optimization(model, params, runtime, total_steps=2)
+        kept = [p for p in model.parameters() if p.dtype == torch.float32 and p.requires_grad]
+        assert opt.masters is not None and kept and all(opt.masters.master_of(p) is p for p in kept)
+        grads = seen[static] = []
+        opt.optimizer.register_step_pre_hook(
+            lambda optimizer, args, kwargs, grads=grads: grads.extend(
+                p.grad.clone() for group in optimizer.param_groups for p in group["params"]
+            )
+        )
+        train_step(model, micro_batches, opt, runtime=runtime)
+    assert len(seen[True]) == len(seen[False]) > 0
+    for graphed, fresh in zip(seen[True], seen[False], strict=True):
+        assert torch.equal(graphed, fresh)

@@ -26,8 +26,10 @@ captured once and replayed by one launch, for steps whose GPU waits for the host
 H200 idle 21-41 % of its time, docs/gpu-runs/2026-11-27-h200-*: thousands of small launches and the Python
 between them). A graph replays one shape, so the micro-batches keep one (``PackedCollator.fixed_shape``; the
 varlen row padded to its capacity, ``attention.inputs.without_padding``): the token count stays static, only
-the segment boundaries' count (a few powers of two) is dynamic, one graph recorded per count. Not yet
-measured on a GPU (``benchmarks/gpu_session.sh --only lora_cudagraphs``).
+the segment boundaries' count (a few powers of two) is dynamic, one graph recorded per count. A graph's
+gradient outputs are overwritten by its next replay: with several micro-batches a step, gradients no fp32
+master moves out after each one are copied once into the step's own memory (``step.owning_gradients``).
+Not yet measured on a GPU (``benchmarks/gpu_session.sh --only lora_cudagraphs``).
 
 A layer whose hidden states need no gradient while the later layers' do (the first layer of an adapter
 model: LoRA freezes the embedding) would be traced twice (dynamo guards on ``requires_grad``): it runs

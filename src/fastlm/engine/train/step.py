@@ -11,8 +11,9 @@ Nothing is read back on the host: the loss sum and the gradient norm stay on the
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ from fastlm.engine.train.optim import make_optimizer
 from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
 from fastlm.errors import ConfigError
 
-__all__ = ["Optimization", "StepResult", "make_optimization", "train_step"]
+__all__ = ["Optimization", "StepResult", "make_optimization", "owning_gradients", "train_step"]
 
 
 @dataclass
@@ -53,6 +54,9 @@ class Optimization:
     # themselves, fp32 under autocast or as built)
     masters: MasterWeights | None = None
     param_dtype_choice: str = ""
+    # train.runtime.compile_mode reduce-overhead: the compiled layers' gradients are CUDA graph outputs, which
+    # the next replay overwrites; a step of several micro-batches owns them after each one (owning_gradients)
+    graph_outputs: bool = False
 
     def full_precision(self) -> AbstractContextManager:
         """Inside, the model's parameters are the fp32 masters (checkpoints save and load them); a no-op
@@ -155,7 +159,40 @@ def make_optimization(
         float8_choice=float8_choice,
         masters=masters,
         param_dtype_choice=param_dtype_choice,
+        graph_outputs=params.runtime.compile_mode == "reduce-overhead",
     )
+
+
+def owning_gradients(
+    trained: Sequence[torch.nn.Parameter],
+    gradient_sync: Callable[[bool], AbstractContextManager] | None = None,
+) -> Callable[[bool], AbstractContextManager]:
+    """``sync(last)`` for ``accumulate_gradients`` where the layers are CUDA graphs and the ``trained``
+    weights keep their gradients (no fp32 master moves them out after each micro-batch: ``param_dtype``
+    fp32, precision fp32/fp16, ``auto`` keeping fp32 weights, a module kept in fp32): ``gradient_sync``'s
+    context (if any), then after each micro-batch but the last a copy of every gradient the step does not own
+    yet. Autograd makes a weight's first gradient its ``.grad`` without a copy, here a graph's output, which
+    the next micro-batch's replay overwrites (the first micro-batch's gradient lost, the last one's counted
+    twice); later micro-batches add into the step's own copy in place. The last micro-batch's stay where
+    they are: nothing replays before the optimizer reads them."""
+    owned: dict[torch.nn.Parameter, torch.Tensor] = {}
+
+    @contextlib.contextmanager
+    def sync(last: bool) -> Iterator[None]:
+        with gradient_sync(last) if gradient_sync is not None else nullcontext():
+            yield
+        if last:
+            return
+        with torch.no_grad():
+            for param in trained:
+                if param.grad is not None and owned.get(param) is not param.grad:
+                    param.grad = owned[param] = param.grad.clone()
+
+    return sync
+
+
+def _keeps_its_gradient(param: torch.nn.Parameter, masters: MasterWeights | None) -> bool:
+    return masters is None or masters.master_of(param) is param
 
 
 def train_step(
@@ -183,6 +220,9 @@ def train_step(
         gradient_sync = opt.masters.updating(gradient_sync)
     elif opt.masters is not None and opt.masters.batched:  # each micro-batch's gradients into the masters
         gradient_sync = opt.masters.collecting(gradient_sync)
+    if opt.graph_outputs and len(micro_batches) > 1:  # what no master moved out after each micro-batch
+        kept = [p for p in opt.model.parameters() if p.requires_grad and _keeps_its_gradient(p, opt.masters)]
+        gradient_sync = owning_gradients(kept, gradient_sync) if kept else gradient_sync
     try:
         loss_sum, n_targets = accumulate_gradients(
             model,
