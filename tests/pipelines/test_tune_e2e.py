@@ -61,3 +61,42 @@ def test_max_minutes_stops_the_measurement_and_the_choice_comes_from_what_was_me
     ]
     assert "tune.max_minutes was reached before micro-batch 2" in explanation
     assert "length_grouped: not measured (tune.max_minutes was reached first)" in explanation
+
+
+def test_under_cuda_graphs_tune_measures_packed_without_recompute_and_says_why(kedro_project, monkeypatch):
+    """``compile_mode: reduce-overhead``: conf/base's ``tune.modes`` lists length_grouped and memory stops
+    the ladder with ``gradient_checkpointing: auto``, but CUDA graphs replay packed micro-batches and no
+    recompute: tune measures packed with checkpointing off, writes what train accepts and says why. (The
+    trials are faked, memory-bound at 4: the choice, not the measurement, is what this checks.)"""
+    from fastlm.engine.train import tune
+
+    measured = []
+
+    def fake_modes(model, dataset, modes, *, settings, **_):
+        measured.append((list(modes), sum(layer.gradient_checkpointing for layer in model.model.layers)))
+
+        def measure(size: int) -> tune.Measurement:
+            return tune.Measurement(100.0 * size, 0.1, 30.0 * size, samples_per_micro_batch=2.0 * size)
+
+        trials = tune.run_ladder(
+            measure, settings.sizes, memory_limit_mb=100, headroom=0.1, cliff_tolerance=0.05
+        )
+        return [tune.ModeLadder(mode, trials, tune.choose(trials)) for mode in modes]
+
+    monkeypatch.setattr(tune, "tune_modes", fake_modes)
+    graphs = {"compile": True, "compile_scope": "layers", "compile_mode": "reduce-overhead", "device": "auto"}
+    train = {**TRAIN, "runtime": graphs, "model": {**TRAIN["model"], "gradient_checkpointing": "auto"}}
+    params = {"split": SPLIT, "train": train, "tune": {"max_micro_batch_size": 8}}
+    run_pipeline(kedro_project, "split", params)
+    run_pipeline(kedro_project, "tune", params)
+    assert measured == [(["packed"], 0)]  # one policy (off), one mode
+    tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
+    assert (
+        tuned["train"]["batching"]["mode"] == "packed" and tuned["train"]["batching"]["micro_batch_size"] == 2
+    )
+    assert tuned["train"]["model"]["gradient_checkpointing"] == "off"
+    explanation = json.loads((kedro_project / "data/08_reporting/tune_choice.json").read_text())[
+        "explanation"
+    ]
+    assert "recompute was not measured: train.runtime.compile_mode reduce-overhead" in explanation
+    assert "tune.modes length_grouped not measured" in explanation

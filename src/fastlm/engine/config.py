@@ -376,7 +376,7 @@ class RuntimeParams(Params):
         description="torch.compile's mode: reduce-overhead replays a CUDA graph of each compiled layer (one "
         "launch per layer where each kernel was one: for steps whose GPU waits for the host, such as LoRA's) "
         "over micro-batches of one shape (the packed row padded to its capacity); needs CUDA, compile, "
-        "compile_scope layers and batching.mode packed, not FSDP2",
+        "compile_scope layers and batching.mode packed, no gradient checkpointing, not FSDP2",
     )
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)
@@ -528,7 +528,7 @@ class TrainParams(Params):
     def _cuda_graphs_need_one_shape(cls, value: RuntimeParams, info: ValidationInfo):
         if value.compile_mode != "reduce-overhead":
             return value
-        batching = info.data.get("batching")
+        batching, model = info.data.get("batching"), info.data.get("model")
         problem = fix = None
         if value.device == "cpu":
             problem, fix = "this run is on CPU", "compile_mode: default"
@@ -546,6 +546,13 @@ class TrainParams(Params):
         elif batching is not None and batching.mode != "packed":
             problem = f"train.batching.mode is {batching.mode} (its micro-batches change shape)"
             fix = "batching.mode: packed, or compile_mode: default"
+        elif model is not None and model.gradient_checkpointing in ("selective", "full"):
+            problem = (
+                f"train.model.gradient_checkpointing is {model.gradient_checkpointing} (a checkpointed layer "
+                "runs its forward again inside the backward, which CUDA graph trees fail to replay: "
+                "pytorch/pytorch#154306)"
+            )
+            fix = "gradient_checkpointing: off, or compile_mode: default"
         if problem is None:
             return value
         raise ValueError(

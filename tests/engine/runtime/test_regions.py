@@ -344,12 +344,17 @@ def test_reduce_overhead_is_refused_where_it_cannot_replay_one_graph():
         )
         assert accumulated.batching.gradient_accumulation_steps == 4
     assert not parse_train_params({}).runtime.fixed_shapes()
+    # auto: off unless tune writes a policy, and tune measures none under CUDA graphs
+    assert parse_train_params({"runtime": graphs, "model": {"gradient_checkpointing": "auto"}})
     cases = [  # (train.runtime, the other sections, what the line names)
         ({"compile": False, "compile_scope": "layers"}, {}, "train.runtime.compile"),
         ({"compile_scope": "model"}, {}, "train.runtime.compile_scope"),
         ({"compile_scope": "layers"}, {"batching": {"mode": "dynamic"}}, "train.batching.mode"),
         ({"compile_scope": "layers", "device": "cpu"}, {}, "this run is on CPU"),
         ({"compile_scope": "layers"}, {"distributed": {"strategy": "fsdp", "nproc_per_node": 2}}, "fsdp"),
+        # a checkpointed layer runs its forward again in the backward (pytorch/pytorch#154306)
+        ({"compile_scope": "layers"}, {"model": {"gradient_checkpointing": "selective"}}, "checkpointing"),
+        ({"compile_scope": "layers"}, {"model": {"gradient_checkpointing": True}}, "checkpointing"),
     ]
     for runtime, other, named in cases:
         with pytest.raises(ConfigError) as refused:

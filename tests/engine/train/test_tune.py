@@ -276,3 +276,16 @@ def test_max_minutes_is_validated_in_one_line():
     )
     with pytest.raises(ConfigError, match="tune.max_minutes"):
         parse_tune_params({"max_minutes": 0})
+
+
+def test_under_cuda_graphs_tune_measures_the_packed_mode_alone_and_says_why():
+    """``compile_mode: reduce-overhead`` replays packed micro-batches of one shape (train refuses another
+    mode): the other modes of ``tune.modes`` (conf/base lists length_grouped) are left out, named once."""
+    modes, note = tune.modes_to_measure(["packed", "length_grouped"], "reduce-overhead")
+    assert modes == ["packed"] and "length_grouped" in note and "reduce-overhead" in note
+    assert tune.modes_to_measure(["dynamic"], "reduce-overhead")[0] == ["packed"]
+    assert tune.modes_to_measure(["packed", "length_grouped"], "default") == (
+        ["packed", "length_grouped"],
+        "",
+    )
+    assert tune.modes_to_measure(["packed"], "reduce-overhead") == (["packed"], "")

@@ -78,3 +78,19 @@ def test_auto_adds_no_recompute_policy_past_the_time_limit(monkeypatch):
     assert applied == ["off"] and tune.best_policy(results).policy == "off"
     text = tune.explain_checkpointing(results, tune.best_policy(results))
     assert "tune.max_minutes" in text and "selective" in text
+
+
+def test_under_cuda_graphs_auto_measures_no_recompute_and_says_why():
+    """``train.runtime.compile_mode: reduce-overhead``: a checkpointed layer runs its forward again in the
+    backward, which CUDA graph trees do not replay (the config refuses a set policy); tune's ``auto`` measures
+    ``off`` alone even where memory stopped its ladder, and the explanation names the reason."""
+    applied: list[str] = []
+    results = tune.tune_checkpointing(runner(applied, FAST), applied.append, "auto", cuda_graphs=True)
+    assert applied == ["off"] and tune.best_policy(results).policy == "off"
+    text = tune.explain_checkpointing(results, tune.best_policy(results))
+    assert "compile_mode reduce-overhead" in text and "recompute" in text and "\n" not in text
+    applied.clear()  # where memory does not stop the ladder there is nothing to explain
+    results = tune.tune_checkpointing(
+        runner(applied, FAST, limit=None), applied.append, "auto", cuda_graphs=True
+    )
+    assert applied == ["off"] and tune.explain_checkpointing(results, tune.best_policy(results)) == ""

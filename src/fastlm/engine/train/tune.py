@@ -447,6 +447,22 @@ def real_step_measurer(
 CHECKPOINTING_ORDER = ("off", "selective", "full")  # ever more recompute for ever less activation memory
 
 
+def modes_to_measure(modes: Sequence[str], compile_mode: str) -> tuple[list[str], str]:
+    """The batching modes tune measures of ``tune.modes``, and a sentence naming those left out (empty if
+    none): CUDA graphs (``compile_mode: reduce-overhead``) replay packed micro-batches of one shape, and train
+    refuses another mode with them, so only ``packed`` is measured."""
+    if compile_mode != "reduce-overhead":
+        return list(modes), ""
+    others = [mode for mode in modes if mode != "packed"]
+    note = (
+        f"tune.modes {', '.join(others)} not measured: train.runtime.compile_mode reduce-overhead replays "
+        "packed micro-batches of one shape."
+        if others
+        else ""
+    )
+    return ["packed"], note
+
+
 @dataclass(frozen=True)
 class PolicyLadders:
     """The batching-mode ladders measured under one gradient checkpointing policy, and their best."""
@@ -455,6 +471,8 @@ class PolicyLadders:
     ladders: list[ModeLadder]
     best: ModeLadder | None
     next_not_measured: str | None = None  # the policy memory called for that the time limit left out
+    # memory called for recompute and CUDA graphs (compile_mode reduce-overhead) rule it out
+    recompute_ruled_out: bool = False
 
 
 def memory_bound(ladders: Sequence[ModeLadder]) -> bool:
@@ -467,6 +485,8 @@ def tune_checkpointing(
     set_policy: Callable[[str], None],
     requested: str,
     deadline: float | None = None,
+    *,
+    cuda_graphs: bool = False,
 ) -> list[PolicyLadders]:
     """The ladders (``run_modes()``, e.g. ``tune_modes``) under each checkpointing policy worth measuring.
 
@@ -474,7 +494,9 @@ def tune_checkpointing(
     policy of ``CHECKPOINTING_ORDER`` only while memory stopped the previous one's ladder: recompute makes
     every step slower, so it can only win by letting a larger micro-batch fit. ``set_policy`` applies one.
     Past ``deadline`` (``tune.max_minutes``) no further policy is measured; the last result names the one
-    memory called for (``next_not_measured``).
+    memory called for (``next_not_measured``). ``cuda_graphs`` (``compile_mode: reduce-overhead``, which a
+    checkpointed layer's recompute breaks): ``auto`` measures ``off`` alone, and says so where memory
+    stopped it.
     """
     policies = CHECKPOINTING_ORDER if requested == "auto" else (requested,)
     results: list[PolicyLadders] = []
@@ -483,6 +505,9 @@ def tune_checkpointing(
         ladders = run_modes()
         results.append(PolicyLadders(policy, ladders, best_mode(ladders)))
         if not memory_bound(ladders):
+            break
+        if cuda_graphs and index + 1 < len(policies):
+            results[-1] = dataclasses.replace(results[-1], recompute_ruled_out=True)
             break
         if index + 1 < len(policies) and past(deadline):
             results[-1] = dataclasses.replace(results[-1], next_not_measured=policies[index + 1])
@@ -501,6 +526,12 @@ def best_policy(results: Sequence[PolicyLadders]) -> PolicyLadders | None:
 
 def explain_checkpointing(results: Sequence[PolicyLadders], best: PolicyLadders | None) -> str:
     """One sentence comparing the policies measured (empty when only one was and nothing was left out)."""
+    if results and results[-1].recompute_ruled_out:
+        return (
+            f"Memory stopped the ladder under checkpointing {results[-1].policy}; recompute was not "
+            "measured: train.runtime.compile_mode reduce-overhead (CUDA graphs) does not run with gradient "
+            "checkpointing."
+        )
     left_out = results[-1].next_not_measured if results else None
     cut = (
         f" Memory stopped the ladder under checkpointing {results[-1].policy}, but {TIME_PARAM} was reached "

@@ -46,7 +46,10 @@ def tune_micro_batch(
     limit = tune.memory_budget_mb(
         runtime.device, settings.memory_limit_gb, total_mb=device_memory_mb(runtime.device)
     )
-    modes = settings.modes or [params.batching.mode]
+    graphs = params.runtime.compile_mode == "reduce-overhead"  # CUDA graphs: packed, no recompute
+    modes, modes_left_out = tune.modes_to_measure(
+        settings.modes or [params.batching.mode], params.runtime.compile_mode
+    )
     ladder_settings = tune.LadderSettings(
         warmup=settings.warmup_steps,
         timed=settings.timed_steps,
@@ -75,6 +78,7 @@ def tune_micro_batch(
         functools.partial(enable_checkpointing, model),
         requested,
         deadline=ladder_settings.deadline,
+        cuda_graphs=graphs,
     )
     picked = tune.best_policy(policies) or policies[0]
     ladders = picked.ladders
@@ -94,7 +98,9 @@ def tune_micro_batch(
         headroom=settings.memory_headroom,
         memory_limit_mb=limit,
     )
-    explanation = " ".join(filter(None, [explanation, tune.explain_checkpointing(policies, picked)]))
+    explanation = " ".join(
+        filter(None, [explanation, tune.explain_checkpointing(policies, picked), modes_left_out])
+    )
     log.info("Tune: %s", explanation)
     table = pd.DataFrame(
         [
