@@ -22,7 +22,8 @@ liger off, AdamW, no checkpointing, eager, float8 off), bf16 autocast on CUDA an
 step. Each other lever changes one parameter of the baseline (see ``LEVERS``).
 
 A lever PASSes when it ran, the engine reports it in effect (its own choice line: the fused head and its
-kernel, liger's patch, the LoRA/4-bit layers, the optimizer, the checkpointed layers, float8, compile), every
+kernel, liger's patch, the LoRA/4-bit layers, the optimizer, the checkpointed layers, float8, compile, the
+CUDA graphs a ``reduce-overhead`` run recorded with none of its compiled graphs run without one), every
 loss is finite, the loss fell from the first step to the last, and its first-step loss (computed before any
 update, so the same quantity for every lever) is within the lever's tolerance of the baseline's, and, for a
 lever that computes the same training another way (kernels, recompute, compile, float8; not LoRA, QLoRA or
@@ -46,6 +47,7 @@ import argparse
 import importlib.util
 import json
 import math
+import re
 import shutil
 import statistics
 import sys
@@ -81,6 +83,7 @@ class Lever:
 
 
 LORA_MODEL = {"enabled": True, **LORA, "target_modules": LORA_TARGETS}
+GRAPHS = {"compile": True, "compile_scope": "layers", "compile_mode": "reduce-overhead"}
 LEVERS = {
     "baseline": Lever("plain: fused linear off, liger off, adamw, no checkpointing, eager, float8 off"),
     "fused_linear": Lever(
@@ -140,6 +143,19 @@ LEVERS = {
     "compile_layers": Lever(
         "train.runtime.compile: true, compile_scope: layers",
         {"runtime": {"compile": True, "compile_scope": "layers"}},
+    ),
+    "cuda_graphs": Lever(
+        "train.runtime.compile: true, compile_scope: layers, compile_mode: reduce-overhead",
+        {"runtime": {**GRAPHS}},
+        needs=("cuda",),
+    ),
+    # two micro-batches a step with no fp32 masters: each one's gradients are graph outputs the next replay
+    # overwrites, owned by the step after each (engine.train.step.owning_gradients). One micro-batch holds the
+    # whole data set, so a step of two is the same token mean as the baseline's: the same loss curve.
+    "cuda_graphs_accumulation": Lever(
+        "compile_mode: reduce-overhead (by layers), gradient_accumulation_steps: 2, param_dtype: fp32",
+        {"runtime": {**GRAPHS, "param_dtype": "fp32"}, "batching": {"gradient_accumulation_steps": 2}},
+        needs=("cuda",),
     ),
 }
 
@@ -438,6 +454,13 @@ def in_effect(name: str, result, model) -> tuple[bool, str]:
         )
     if name == "compile":
         return bool(summary["compiled"]), f"compiled: {summary['compiled']}, attention {summary['attention']}"
+    if name.startswith("cuda_graphs"):  # the run's own count: graphs recorded, none of its compiles without
+        graphs = summary.get("cuda_graphs") or "none"
+        recorded = re.match(r"(\d+) recorded", graphs)
+        ok = recorded is not None and int(recorded.group(1)) > 0 and "ran without" not in graphs
+        if name == "cuda_graphs_accumulation":
+            ok = ok and summary["param_dtype"].startswith("fp32 weights")
+        return ok, f"CUDA graphs: {graphs}; {summary['param_dtype']}"
     if name == "compile_layers":
         from fastlm.engine.runtime.regions import compiled_layers, repeated_layers
 

@@ -929,6 +929,8 @@ def run_fastlm(
         # what was compiled in place, read off the trained model (layers scope: all but an adapter model's
         # first layer, whose input needs no gradient)
         "compiled_layers": compiled_layers(trained),
+        # reduce-overhead: the CUDA graphs recorded and the compiled graphs run without one (the run's count)
+        "cuda_graphs": result.summary.get("cuda_graphs"),
         "peak_memory_mb": peak,
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
@@ -952,15 +954,16 @@ def run_fastlm(
 
 def compiled_where(run: dict) -> str:
     """What a compiled fastlm run compiled, for its first-step line: the layers compiled in place (and the
-    mode where it is not the default), or the whole model."""
+    mode where it is not the default, and what its CUDA graphs did), or the whole model."""
     if not run.get("compiled") or run.get("compiled_layers") is None:
         return ""
     if not run["compiled_layers"]:
         return "the whole model; "
-    mode = run.get("compile_mode")
+    mode, graphs = run.get("compile_mode"), run.get("cuda_graphs")
     return (
         f"{run['compiled_layers']} layers compiled in place"
         + (f", {mode}" if mode != "default" else "")
+        + (f" (CUDA graphs: {graphs})" if graphs else "")
         + "; "
     )
 

@@ -30,7 +30,7 @@ def levers(monkeypatch):
 def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason(tmp_path):
     out = tmp_path / "levers.json"
     chosen = ["fused_linear", "checkpointing_full", "compile_layers", "liger", "fused_linear_liger", "qlora"]
-    chosen += ["float8"]
+    chosen += ["float8", "cuda_graphs"]
     shown = subprocess.run(
         [sys.executable, str(BENCHMARKS / "gpu_levers.py"), "--device", "cpu", *TINY, "--levers", *chosen]
         + ["--json", str(out), "--parallel", "2"],
@@ -58,11 +58,11 @@ def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason
     assert qlora["status"] == "PASS", qlora.get("reasons") or qlora.get("reason")
     # 4-bit weights' own error (16 levels per block), whatever the precision computes in: not fp32's 1e-4
     assert "4-bit layers: yes" in qlora["choice"] and qlora["tolerance"] == 5e-2
-    for name in ("liger", "fused_linear_liger", "float8"):
+    for name in ("liger", "fused_linear_liger", "float8", "cuda_graphs"):
         assert rows[name]["status"] == "SKIP" and "needs CUDA" in rows[name]["reason"]
     assert "liger-kernel not installed" in rows["liger"]["reason"] or "liger_kernel" in sys.modules
     assert "2 levers at once" in shown.splitlines()[0]
-    assert shown.strip().splitlines()[-1] == "levers: 5 pass, 0 fail, 3 skip"
+    assert shown.strip().splitlines()[-1] == "levers: 5 pass, 0 fail, 4 skip"
 
 
 def _run(losses, applied=True, choice="in effect"):
@@ -267,3 +267,34 @@ def test_a_lever_that_trains_the_same_model_keeps_the_baselines_whole_loss_curve
     assert levers.judge("adamw_8bit", drifted, 10.0, "bf16", baseline_curve=baseline)["status"] == "PASS"
     close = levers.judge("compile", _run([10.0, 9.05, 8.55]), 10.0, "bf16", baseline_curve=baseline)
     assert close["status"] == "PASS" and close["rel_diff_curve"] < 2e-2
+
+
+def test_the_cuda_graph_levers_are_in_effect_only_where_the_run_recorded_graphs_and_skipped_none(
+    levers, tmp_path
+):
+    """A run under ``reduce-overhead`` says what its CUDA graphs did (its summary's ``cuda_graphs``): the
+    levers pass only where it recorded some and ran no compiled graph without one (a compile that silently
+    fell back to plain kernels would look like a slow graph); the accumulation lever also needs the fp32
+    weights that leave the gradients in the graphs' memory."""
+    from types import SimpleNamespace
+
+    def summary(graphs, param_dtype="bf16 weights, fp32 masters in the optimizer (param_dtype auto)"):
+        return SimpleNamespace(summary={"cuda_graphs": graphs, "param_dtype": param_dtype})
+
+    assert levers.in_effect("cuda_graphs", summary("8 recorded"), None)[0]
+    applied, choice = levers.in_effect(
+        "cuda_graphs", summary("0 recorded; 4 compiled graphs ran without one"), None
+    )
+    assert not applied and "ran without" in choice
+    assert not levers.in_effect(
+        "cuda_graphs", summary("8 recorded; 1 compiled graphs ran without one"), None
+    )[0]
+    assert not levers.in_effect("cuda_graphs", summary(None), None)[0]
+    fp32 = "fp32 weights under autocast (train.runtime.param_dtype: fp32)"
+    assert levers.in_effect("cuda_graphs_accumulation", summary("8 recorded", fp32), None)[0]
+    assert not levers.in_effect("cuda_graphs_accumulation", summary("8 recorded"), None)[0]
+    shape = {"rows": 2, "seq_len": 64, "lr": 1e-3, "steps": 3, "workdir": str(tmp_path)}
+    on_gpu = Namespace(**shape, device="auto", precision="bf16")  # cuda where there is one
+    params = levers.lever_params(on_gpu, "cuda_graphs_accumulation", tmp_path)
+    assert params.batching.gradient_accumulation_steps == 2 and params.runtime.param_dtype == "fp32"
+    assert params.runtime.compile_mode == "reduce-overhead" and params.runtime.compile_scope == "layers"

@@ -672,3 +672,8 @@ def test_a_compiled_runs_first_step_line_says_what_was_compiled(gpu_speed):
     assert gpu_speed.compiled_where({**layers, "compile_mode": "default"}) == "27 layers compiled in place; "
     assert gpu_speed.compiled_where({**layers, "compiled_layers": 0}) == "the whole model; "
     assert gpu_speed.compiled_where({"compiled": False, "compiled_layers": 0}) == ""
+    graphs = {**layers, "cuda_graphs": "54 recorded"}  # the run's summary: what its CUDA graphs did
+    assert (
+        gpu_speed.compiled_where(graphs)
+        == "27 layers compiled in place, reduce-overhead (CUDA graphs: 54 recorded); "
+    )

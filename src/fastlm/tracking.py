@@ -31,8 +31,8 @@ HTTP_DEFAULTS = {
 
 # train_summary.json's lever decisions (engine/train/loop.py), logged as parameters under the same names: what
 # ran, next to what was asked (train.optimizer.name, train.model.gradient_checkpointing, train.model.liger,
-# train.loss.fused_linear[_kernel], train.runtime.param_dtype); float8's decision is the runtime's
-# (runtime.float8_choice).
+# train.loss.fused_linear[_kernel], train.runtime.param_dtype, train.runtime.compile_mode's CUDA graphs);
+# float8's decision is the runtime's (runtime.float8_choice).
 SUMMARY_PARAMS = (
     "optimizer",
     "gradient_checkpointing",
@@ -42,6 +42,7 @@ SUMMARY_PARAMS = (
     "fused_linear_kernel",
     "fused_linear_choice",
     "param_dtype",
+    "cuda_graphs",
 )
 
 

@@ -437,3 +437,27 @@ def test_a_run_compiles_as_its_parameters_say_whatever_runtime_it_is_handed(monk
     layers = len(regions.repeated_layers(model))
     assert regions.compiled_layers(result.model) == layers and modes == ["reduce-overhead"] * layers
     assert result.runtime.compile_scope == "layers" and result.runtime.compile_mode == "reduce-overhead"
+    # the run says whether CUDA graphs ran (here: no CUDA; the eager backend compiles nothing to skip)
+    assert result.summary["cuda_graphs"] == "none: this run is on cpu"
+
+
+def test_the_census_counts_the_compiled_graphs_that_ran_without_a_cuda_graph():
+    """What a run's summary reports under ``reduce-overhead`` (``cuda_graphs``): the CUDA graphs recorded and
+    the compiled graphs inductor ran without one, counted over the run. On this CPU inductor compiles a
+    layer's forward and backward and records no graph: each one it skipped is counted."""
+    torch._dynamo.reset()  # a compile of its own, not a frame another test left cached
+    before = regions.cuda_graph_census(torch.device("cpu"))
+    layer = torch.compile(torch.nn.Linear(8, 8), mode="reduce-overhead")
+    layer(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    after = regions.cuda_graph_census(torch.device("cpu"))
+    assert after.recorded is None and after.skipped > before.skipped
+    text = regions.describe_cuda_graphs(before, after, torch.device("cpu"))
+    assert text == f"none: this run is on cpu ({after.skipped - before.skipped} compiled graphs ran without)"
+    # on CUDA: the graphs recorded, and a pointer to inductor's reasons for any it skipped
+    recorded = regions.GraphCensus(recorded=56, skipped=before.skipped)
+    assert regions.describe_cuda_graphs(before, recorded, torch.device("cuda")) == "56 recorded"
+    skipped = regions.GraphCensus(recorded=0, skipped=before.skipped + 2)
+    text = regions.describe_cuda_graphs(before, skipped, torch.device("cuda"))
+    assert (
+        text.startswith("0 recorded; 2 compiled graphs ran without one") and "TORCH_LOGS=cudagraphs" in text
+    )

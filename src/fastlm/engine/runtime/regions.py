@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -52,8 +53,11 @@ from fastlm.errors import ConfigError
 __all__ = [
     "COMPILE_MODES",
     "COMPILE_SCOPES",
+    "GraphCensus",
     "compile_in_scope",
     "compiled_layers",
+    "cuda_graph_census",
+    "describe_cuda_graphs",
     "eager_stance",
     "repeated_layers",
     "uncompile_layers",
@@ -149,3 +153,61 @@ def eager_stance() -> Iterator[None]:
     measurement of a model whose layers are already compiled."""
     with torch.compiler.set_stance("force_eager"):
         yield
+
+
+@dataclass(frozen=True)
+class GraphCensus:
+    """The process's CUDA graphs so far: ``recorded`` by torch's CUDA graph trees on the run's device (None
+    off CUDA, or where torch's trees cannot be read), and the compiled graphs inductor ran without one
+    (``skipped``: its ``cudagraph_skips`` counter)."""
+
+    recorded: int | None
+    skipped: int
+
+
+def cuda_graph_census(device: torch.device) -> GraphCensus:
+    """The counts now; a run takes two and reports the difference (``describe_cuda_graphs``)."""
+    from torch._dynamo.utils import counters
+
+    return GraphCensus(_recorded_graphs(device), int(counters["inductor"]["cudagraph_skips"]))
+
+
+def _recorded_graphs(device: torch.device) -> int | None:
+    """The graphs in the device's CUDA graph tree (torch's own structure, read defensively: not a public
+    API)."""
+    if device.type != "cuda":
+        return None
+    try:
+        from torch._inductor import cudagraph_trees
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+        if manager is None or manager.roots is None:
+            return 0
+        count, nodes = 0, [node for roots in manager.roots.values() for node in roots]
+        while nodes:
+            node = nodes.pop()
+            count += 1
+            nodes.extend(child for children in node.children.values() for child in children)
+        return count
+    except (AttributeError, ImportError, RuntimeError, TypeError):
+        return None
+
+
+def describe_cuda_graphs(before: GraphCensus, after: GraphCensus, device: torch.device) -> str:
+    """What ``compile_mode: reduce-overhead`` did over a run (the summary's ``cuda_graphs``): the graphs it
+    recorded, and the compiled graphs inductor ran without one (``TORCH_LOGS=cudagraphs`` prints its
+    reason for each: a CPU tensor, a dynamic size, an op it cannot capture)."""
+    skipped = after.skipped - before.skipped
+    if device.type != "cuda":
+        return f"none: this run is on {device.type}" + (
+            f" ({skipped} compiled graphs ran without)" if skipped else ""
+        )
+    recorded = "?" if after.recorded is None else str(after.recorded - (before.recorded or 0))
+    text = f"{recorded} recorded"
+    if skipped:
+        text += (
+            f"; {skipped} compiled graphs ran without one (TORCH_LOGS=cudagraphs prints inductor's reason "
+            "for each)"
+        )
+    return text

@@ -42,6 +42,7 @@ from fastlm.engine.observe.profiling import step_profiler
 from fastlm.engine.observe.progress import Progress
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.probe import CompileProbe, Float8Probe, probe_float8, probe_runtime
+from fastlm.engine.runtime.regions import GraphCensus, cuda_graph_census
 from fastlm.engine.train.backoff import batching_record, resumed_batching
 from fastlm.engine.train.early_stop import EarlyStopping
 from fastlm.engine.train.master_weights import choose_param_dtype
@@ -106,6 +107,7 @@ class TrainingParts:
     budget: TimeLimit
     early: EarlyStopping | None
     started: float
+    graphs_at_start: GraphCensus | None = None  # compile_mode reduce-overhead: the CUDA graphs before the run
 
     @property
     def device(self) -> torch.device:
@@ -150,6 +152,8 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     """The run's parts, a resumed run's state restored (see the module docstring for the order). ``cleanup``
     takes what must be put back when training ends (the attention path of a compiled model)."""
     started, comm, configured, device = perf_counter(), request.comm, request.params, request.runtime.device
+    graphs = configured.runtime.compile_mode == "reduce-overhead"  # the summary says what they did
+    graphs_at_start = cuda_graph_census(device) if graphs else None
     request = replace(request, model=request.model.to(device))  # the raw model: saved, returned
     raw_model = request.model
     sharded = comm.world_size > 1 and configured.distributed.strategy == "fsdp"
@@ -263,6 +267,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         budget,
         early,
         started,
+        graphs_at_start,
     )
 
 

@@ -35,6 +35,7 @@ from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.accumulation import total_target_tokens
 from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.engine.runtime.regions import cuda_graph_census, describe_cuda_graphs
 from fastlm.engine.train.backoff import batching_record, halve_micro_batch
 from fastlm.engine.train.build import TrainingParts, TrainRequest, build_training, settle_request
 from fastlm.engine.train.early_stop import EarlyStopping
@@ -266,10 +267,22 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         early_stopping=early_summary,
         label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
         **_lever_summary(params, opt),
+        cuda_graphs=_cuda_graphs(run),
     )
     return TrainResult(
         run.raw_model, state.history, state.eval_history, summary, run.metrics.step_times, run.runtime
     )
+
+
+def _cuda_graphs(run: TrainingParts) -> str | None:
+    """``compile_mode: reduce-overhead``: the CUDA graphs the run recorded and the compiled graphs that ran
+    without one (None in the default mode); a warning where some did on CUDA."""
+    if run.graphs_at_start is None:
+        return None
+    text = describe_cuda_graphs(run.graphs_at_start, cuda_graph_census(run.device), run.device)
+    if run.device.type == "cuda" and "ran without" in text:
+        log.warning("train.runtime.compile_mode reduce-overhead: CUDA graphs %s", text)
+    return text
 
 
 def _lever_summary(params: TrainParams, opt: Optimization) -> dict:
