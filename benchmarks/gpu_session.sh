@@ -79,7 +79,7 @@
 #                          1.10x, 1.02x and 1.31x them)
 #    The first call (560 s) reaches LoRA's target, eager and with CUDA graphs; the next call (what is left
 #    of the 15 minutes, about 240-300 s) runs --only full_cudagraphs where the CUDA graphs ran, else
-#    --only lora_ab; later sessions the rest.
+#    --only gpu_speed_full_3b (the 3B full fine-tune's 1.3x target, never measured); later sessions the rest.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
