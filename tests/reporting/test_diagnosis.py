@@ -397,3 +397,37 @@ def test_host_sync_reads_a_gpu_profile_where_the_run_recorded_one():
         not finding[HOST_SYNC_BOUND].triggered
         and "GPU waiting for the host 9.0 %" in finding[HOST_SYNC_BOUND].figure
     )
+
+
+def test_host_sync_advice_names_the_cuda_graph_setting_this_run_did_not_use():
+    """A host-bound CUDA run is told which of its own settings stand between it and CUDA graphs of its layers
+    (``train.runtime.compile_mode: reduce-overhead``: one launch per layer), not "try CUDA graphs"; a run
+    whose graphs ran is not told to turn them on, and one whose compiled graphs ran without them is told
+    how to see why."""
+    history = make_history(6, step_time_s=0.1, step_time_max_s=0.5, mfu=0.4)
+
+    def advice(runtime: dict, **summary) -> str:
+        run = cuda(**summary)
+        run["runtime"] = {**run["runtime"], **runtime}
+        finding = by_kind(diagnose(run, history))[HOST_SYNC_BOUND]
+        assert finding.triggered
+        return finding.advice
+
+    eager = advice({"compile": False, "compile_scope": "model", "compile_mode": "default"})
+    assert "set train.runtime.compile: true, compile_scope: layers, compile_mode: reduce-overhead" in eager
+    whole = advice({"compile": True, "compile_scope": "model", "compile_mode": "default"})
+    assert "set train.runtime.compile_scope: layers, compile_mode: reduce-overhead" in whole
+    layers = advice({"compile": True, "compile_scope": "layers", "compile_mode": "default"})
+    assert "set train.runtime.compile_mode: reduce-overhead" in layers and "compile_scope" not in layers
+    # what CUDA graphs also need, from this run's own batching and checkpointing
+    needs = advice(
+        {"compile": True, "compile_scope": "layers", "compile_mode": "default"},
+        batching="dynamic",
+        gradient_checkpointing="selective",
+    )
+    assert "train.batching.mode: packed" in needs and "train.model.gradient_checkpointing: off" in needs
+    graphs = {"compile": True, "compile_scope": "layers", "compile_mode": "reduce-overhead"}
+    ran = advice(graphs, cuda_graphs="56 recorded")
+    assert "reduce-overhead" not in ran and ".item()" in ran
+    skipped = advice(graphs, cuda_graphs="0 recorded; 4 compiled graphs ran without one (TORCH_LOGS=...)")
+    assert "4 compiled graphs ran without one" in skipped and "TORCH_LOGS=cudagraphs" in skipped

@@ -251,15 +251,41 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         reasons.append(f"MFU is only {_percent(mfu)} although data wait and padding are low")
     advice = (
         "remove host-device syncs from the step: .item()/.cpu()/print of tensors, torch.cuda.synchronize, "
-        "CPU-side work between steps; raise train.log_every so metrics are read back less often; "
-        "try train.runtime.compile: true (torch.compile) or CUDA graphs to cut launch overhead"
+        "CPU-side work between steps; raise train.log_every so metrics are read back less often"
     )
+    advice += _launch_advice(summary)
     syncs = idle.get("host_bound_top_syncs") or []
     if profiled and syncs:
         advice = f"first the host sync in {syncs[0]['where']} (the profile's largest); then " + advice
     return Finding(
         HOST_SYNC_BOUND, True, figure, "the host seems to stall the GPU: " + "; ".join(reasons), advice
     )
+
+
+def _launch_advice(summary: dict) -> str:
+    """The launch-overhead lever this run left: CUDA graphs of its layers (``compile_mode: reduce-overhead``,
+    one launch per layer), named by the settings it ran with, and what graphs also need from its batching and
+    checkpointing; where its graphs ran, nothing; where compiled graphs ran without them, how to see why."""
+    runtime = summary.get("runtime") or {}
+    if runtime.get("compile_mode") == "reduce-overhead":
+        graphs = str(summary.get("cuda_graphs") or "")
+        if "ran without" not in graphs:
+            return ""
+        shown = graphs.split(" (")[0]
+        return f"; CUDA graphs: {shown}: run with TORCH_LOGS=cudagraphs to see inductor's reason for each"
+    if runtime.get("compile") is not True:
+        setting = "train.runtime.compile: true, compile_scope: layers, compile_mode: reduce-overhead"
+    elif runtime.get("compile_scope") != "layers":
+        setting = "train.runtime.compile_scope: layers, compile_mode: reduce-overhead"
+    else:
+        setting = "train.runtime.compile_mode: reduce-overhead"
+    needs = []
+    if summary.get("batching") not in (None, "packed"):
+        needs.append("train.batching.mode: packed")
+    if summary.get("gradient_checkpointing") in ("selective", "full"):
+        needs.append("train.model.gradient_checkpointing: off")
+    also = f" (CUDA graphs also need {' and '.join(needs)})" if needs else ""
+    return f"; set {setting} to replay each layer as one CUDA graph, cutting launch overhead{also}"
 
 
 def _profiled_reason(idle: dict, share: float) -> str:
