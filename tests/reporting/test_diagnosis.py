@@ -431,3 +431,6 @@ def test_host_sync_advice_names_the_cuda_graph_setting_this_run_did_not_use():
     assert "reduce-overhead" not in ran and ".item()" in ran
     skipped = advice(graphs, cuda_graphs="0 recorded; 4 compiled graphs ran without one (TORCH_LOGS=...)")
     assert "4 compiled graphs ran without one" in skipped and "TORCH_LOGS=cudagraphs" in skipped
+    # FSDP2 gathers each layer's weights around it, which a layer's graph cannot hold: the config refuses it
+    sharded = advice({"compile": False}, distributed_strategy="fsdp", world_size=2)
+    assert "reduce-overhead" not in sharded and ".item()" in sharded

@@ -267,6 +267,12 @@ def _launch_advice(summary: dict) -> str:
     one launch per layer), named by the settings it ran with, and what graphs also need from its batching and
     checkpointing; where its graphs ran, nothing; where compiled graphs ran without them, how to see why."""
     runtime = summary.get("runtime") or {}
+    try:
+        world = int(summary.get("world_size") or 1)
+    except (TypeError, ValueError):
+        world = 1
+    if summary.get("distributed_strategy") == "fsdp" and world > 1:
+        return ""  # FSDP2's collectives around each layer: no CUDA graphs of the layers (the config refuses)
     if runtime.get("compile_mode") == "reduce-overhead":
         graphs = str(summary.get("cuda_graphs") or "")
         if "ran without" not in graphs:
