@@ -267,11 +267,7 @@ def _launch_advice(summary: dict) -> str:
     one launch per layer), named by the settings it ran with, and what graphs also need from its batching and
     checkpointing; where its graphs ran, nothing; where compiled graphs ran without them, how to see why."""
     runtime = summary.get("runtime") or {}
-    try:
-        world = int(summary.get("world_size") or 1)
-    except (TypeError, ValueError):
-        world = 1
-    if summary.get("distributed_strategy") == "fsdp" and world > 1:
+    if summary.get("distributed_strategy") == "fsdp" and _world_size(summary) > 1:
         return ""  # FSDP2's collectives around each layer: no CUDA graphs of the layers (the config refuses)
     if runtime.get("compile_mode") == "reduce-overhead":
         graphs = str(summary.get("cuda_graphs") or "")
@@ -370,16 +366,20 @@ def _unused_memory_levers(summary: dict) -> list[str]:
         levers.append(f"set train.model.gradient_checkpointing: {following} (this run: {policy})")
     if _is_cuda(summary) and summary.get("optimizer") == "adamw":
         levers.append("set train.optimizer.name: adamw_8bit or paged_adamw_8bit (bitsandbytes)")
-    try:
-        world = int(summary.get("world_size") or 1)
-    except (TypeError, ValueError):
-        world = 1
+    world = _world_size(summary)
     if summary.get("distributed_strategy") == "ddp" and world > 1:
         levers.append(
             f"set train.distributed.strategy: fsdp (each of the {world} processes holds 1/{world} of the "
             "weights, gradients and AdamW states instead of all of them)"
         )
     return levers
+
+
+def _world_size(summary: dict) -> int:
+    try:
+        return int(summary.get("world_size") or 1)
+    except (TypeError, ValueError):
+        return 1
 
 
 def _compile_bound(summary: dict) -> Finding:
