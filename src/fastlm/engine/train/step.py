@@ -55,8 +55,9 @@ class Optimization:
     masters: MasterWeights | None = None
     param_dtype_choice: str = ""
     # train.runtime.compile_mode reduce-overhead: the compiled layers' gradients are CUDA graph outputs, which
-    # the next replay overwrites; a step of several micro-batches owns them after each one (owning_gradients)
-    graph_outputs: bool = False
+    # the next replay overwrites; a step of several micro-batches owns these weights' gradients after each one
+    # (owning_gradients): the trained weights no fp32 master takes the gradients of (chosen once)
+    graph_kept: tuple[torch.nn.Parameter, ...] = ()
 
     def full_precision(self) -> AbstractContextManager:
         """Inside, the model's parameters are the fp32 masters (checkpoints save and load them); a no-op
@@ -159,7 +160,9 @@ def make_optimization(
         float8_choice=float8_choice,
         masters=masters,
         param_dtype_choice=param_dtype_choice,
-        graph_outputs=params.runtime.compile_mode == "reduce-overhead",
+        graph_kept=_gradients_kept(model, masters)
+        if params.runtime.compile_mode == "reduce-overhead"
+        else (),
     )
 
 
@@ -191,8 +194,13 @@ def owning_gradients(
     return sync
 
 
-def _keeps_its_gradient(param: torch.nn.Parameter, masters: MasterWeights | None) -> bool:
-    return masters is None or masters.master_of(param) is param
+def _gradients_kept(model: torch.nn.Module, masters: MasterWeights | None) -> tuple[torch.nn.Parameter, ...]:
+    """The trained weights whose gradients stay on them (no fp32 master moves them out)."""
+    return tuple(
+        param
+        for param in model.parameters()
+        if param.requires_grad and (masters is None or masters.master_of(param) is param)
+    )
 
 
 def train_step(
@@ -220,9 +228,8 @@ def train_step(
         gradient_sync = opt.masters.updating(gradient_sync)
     elif opt.masters is not None and opt.masters.batched:  # each micro-batch's gradients into the masters
         gradient_sync = opt.masters.collecting(gradient_sync)
-    if opt.graph_outputs and len(micro_batches) > 1:  # what no master moved out after each micro-batch
-        kept = [p for p in opt.model.parameters() if p.requires_grad and _keeps_its_gradient(p, opt.masters)]
-        gradient_sync = owning_gradients(kept, gradient_sync) if kept else gradient_sync
+    if opt.graph_kept and len(micro_batches) > 1:  # what no master moved out after each micro-batch
+        gradient_sync = owning_gradients(opt.graph_kept, gradient_sync)
     try:
         loss_sum, n_targets = accumulate_gradients(
             model,
