@@ -6,15 +6,14 @@ import json
 import pandas as pd
 import pytest
 from kedro.framework.session import KedroSession
-from kedro.framework.startup import bootstrap_project
 
-from tests.support.project import run_quick
+from tests.support.project import bootstrap, run_quick
 
 pytestmark = pytest.mark.e2e
 
 
 def test_quick_env_overrides_apply_and_keep_the_rest_of_base(kedro_project):
-    bootstrap_project(kedro_project)
+    bootstrap(kedro_project)
     with KedroSession.create(project_path=kedro_project, env="quick") as session:
         params = session.load_context().params
     assert params["split"]["max_samples"] == 2000 and params["split"]["max_length"] == 320  # quick + base

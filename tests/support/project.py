@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -61,13 +63,36 @@ def make_kedro_project(project: Path, texts: list[str]) -> Path:
     return project
 
 
+def bootstrap(project: Path):
+    """Kedro's ``bootstrap_project(project)``, as a fresh `kedro run` process makes it, without two costs it
+    has only in a test process that makes hundreds: it prepends <project>/src (empty here: the code is the
+    installed fastlm) to ``sys.path`` and ``PYTHONPATH``, one more folder per test that every later import
+    (and failed import: kedro, MLflow and the datasets try some at each run) and subprocess would search,
+    so both are put back; and dynaconf reads every frame of the calling stack for each settings file
+    (``inspect.stack``: deep under pytest, each frame's source and module looked up among thousands), so it
+    runs from a fresh thread's stack. Its errors are raised here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kedro.framework.startup import bootstrap_project
+
+    path, python_path = list(sys.path), os.environ.get("PYTHONPATH")
+    try:
+        with ThreadPoolExecutor(max_workers=1) as thread:
+            return thread.submit(bootstrap_project, project).result()
+    finally:
+        sys.path[:] = path
+        if python_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = python_path
+
+
 def run_pipeline(project: Path, pipeline: str, params: dict | None = None, *, env: str | None = None):
     """Run ``pipeline`` in-process through a KedroSession, as `kedro run --pipelines=<pipeline>` does."""
     import mlflow
     from kedro.framework.session import KedroSession
-    from kedro.framework.startup import bootstrap_project
 
-    bootstrap_project(project)
+    bootstrap(project)
     try:
         with KedroSession.create(project_path=project, env=env, runtime_params=params or {}) as session:
             return session.run(pipeline_names=[pipeline])
