@@ -1,5 +1,8 @@
 """Autotune ladder: cliff, out-of-memory, headroom, accumulation; and a real short run on CPU."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -49,6 +52,45 @@ def test_headroom_is_respected():
     )
     assert [t.status for t in trials][-1] == tune.OVER and trials[-1].micro_batch_size == 16  # 95 > 80
     assert tune.choose(trials).micro_batch_size == 8
+
+
+class _Cycle:
+    """An object only the cyclic garbage collector frees (it refers to itself), as a failed trial's traceback
+    and frames are, with the tensors they hold."""
+
+    def __init__(self) -> None:
+        self.me = self
+        self.activations = torch.ones(256)
+
+
+def test_between_trials_the_collector_frees_their_cycles_and_scans_only_what_they_made():
+    """``release_memory`` runs a full garbage collection after each trial. In a process holding torch,
+    transformers, Kedro and MLflow that scans some 700,000 objects (0.4 s, twice a trial) unless the objects
+    alive before the ladder wait in the collector's permanent generation (``gc.freeze``) meanwhile; they are
+    put back after it, and what a trial left in reference cycles is still freed before the next one."""
+    assert gc.get_freeze_count() == 0, "the ladder leaves a process that froze objects itself as it is"
+    before = _Cycle()
+    del before.me  # no cycle: alive before the ladder
+    cycles, frozen = [], []
+
+    def measure(size: int) -> tune.Measurement:
+        frozen.append(gc.get_freeze_count())
+        for made in cycles:
+            assert made() is None, "the previous trial's cycle outlived release_memory"
+        cycles.append(weakref.ref(_Cycle()))
+        if size == 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return tune.Measurement(100.0 * size, 0.01, 1.0)
+
+    trials = tune.run_ladder(measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+    assert [t.status for t in trials] == ["ok", "ok", "ok", tune.OOM]
+    assert all(made() is None for made in cycles)
+    assert min(frozen) > 1000  # the test process's objects, this test's `before` among them
+    assert gc.get_freeze_count() == 0
+    before.me, alive = before, weakref.ref(before)  # put back: a cycle of it is collectable again
+    del before
+    gc.collect()
+    assert alive() is None
 
 
 def test_other_errors_are_not_swallowed():
