@@ -116,3 +116,67 @@ def test_store_failing_mid_run_leaves_training_and_outputs_intact(kedro_project,
     assert (
         kedro_project / "data/06_models/checkpoints" / summary["run_name"] / "checkpoint-00000004/COMPLETE"
     ).is_file()
+
+
+@pytest.mark.e2e
+def test_each_nodes_parameters_reach_the_store_in_one_write(kedro_project, monkeypatch):
+    """kedro-mlflow logs a node's parameters one ``log_param`` (one store transaction, or one HTTP request to
+    a tracking server) per flattened key: about 180 for split + train. They go as one batch per node; every
+    value arrives as it did."""
+    from kedro.framework.project import pipelines
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from tests.support.project import run_pipeline
+
+    writes = []
+    for name in ("log_param", "log_batch"):
+        real = getattr(SqlAlchemyStore, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            params = kwargs.get("params", args[2] if _name == "log_batch" and len(args) > 2 else None)
+            if _name == "log_param" or params:
+                writes.append(_name)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(SqlAlchemyStore, name, counted)
+    small = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48}}
+    run_pipeline(kedro_project, "split", small)
+    with_params = [
+        node for node in pipelines["split"].nodes if any(i.startswith("params:") for i in node.inputs)
+    ]
+    run = mlflow.MlflowClient().search_runs(
+        [mlflow.get_experiment_by_name("fastlm").experiment_id], max_results=1, order_by=["start_time DESC"]
+    )[0]
+    logged = run.data.params
+    assert logged["split.max_length"] == "48" and logged["split.tokenizer.vocab_size"] == "400"
+    assert len(logged) > 3 * len(with_params)  # many keys a node
+    assert 0 < len(writes) <= len(with_params), writes
+
+
+def test_a_hook_that_outlives_its_run_logs_every_parameter_of_the_next(tmp_path, empty_mlflow_db):
+    """The hook object outlives a session in-process (sweeps, notebooks, tests): the keys it skips as already
+    logged are those of the active run only."""
+    from fastlm.hooks import RedactingMlflowHook
+    from fastlm.tracking import active_run_id
+
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("tracking-test")
+    hook, runs = RedactingMlflowHook(), []
+    hook.long_params_strategy = "truncate"  # conf/base/mlflow.yml's (after_context_created reads it)
+    try:
+        for _ in range(2):
+            with mlflow.start_run() as run:
+                for _node in range(2):  # two nodes of the run reading the same parameters
+                    hook._batch = {}
+                    hook._log_param("train.optimizer.lr", 0.002)
+                    hook._log_param("train.resume", None)  # unset: not logged
+                    hook._log_param("train.note", "x" * 7000)  # past MLflow's limit: truncated, at once
+                    hook._log_batch(active_run_id())
+                runs.append(run.info.run_id)
+        for run_id in runs:
+            logged = mlflow.MlflowClient().get_run(run_id).data.params
+            assert logged["train.optimizer.lr"] == "0.002" and "train.resume" not in logged
+            assert logged["train.note"] == "x" * 6000
+    finally:
+        mlflow.set_tracking_uri(None)

@@ -10,8 +10,10 @@ import pkgutil
 import shutil
 from pathlib import Path
 
+import mlflow
 from kedro.framework.hooks import hook_impl
 from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
+from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.checkpoint.storage import check_writable
@@ -325,10 +327,13 @@ class RedactingMlflowHook(MlflowHook):
             # same run once per node, and closing it takes as many end_run calls: the last one, at exit, set
             # FINISHED on failed runs. Only a thread without the run re-opens it.
             self.run_id = None
+        self._batch = {}  # the plugin's one log_param per key (a store write or a request each), gathered
         try:
             self._guarded("parameter logging", super().before_node_run, node, catalog, logged, is_async)
+            self._guarded("parameter logging", self._log_batch, active_run_id())
         finally:
             self.run_id = run_id
+            self._batch = None
 
     @hook_impl
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
@@ -345,10 +350,30 @@ class RedactingMlflowHook(MlflowHook):
         tracking.call(what, lambda _: method(*args), needs_active_run=False)
 
     def _log_param(self, name: str, value) -> None:
-        """Typed values: an unset parameter is not logged (no 'None' string); lists and mappings as JSON."""
+        """Typed values: an unset parameter is not logged (no 'None' string); lists and mappings as JSON.
+        In a node's parameter logging they are gathered for one batch (``_log_batch``); one longer than MLflow
+        takes goes to the plugin's ``long_params_strategy`` (truncate, tag or fail) at once."""
         text = param_text(value)
-        if text is not None:
+        if text is None:
+            return
+        batch = getattr(self, "_batch", None)
+        if batch is None or len(text) > MAX_PARAM_VAL_LENGTH:
             super()._log_param(name, text)
+        else:
+            batch[name] = text
+
+    def _log_batch(self, run_id: str | None) -> None:
+        """A node's parameters in one write to the active run ``run_id``, less those already logged to it with
+        the same value (the nodes of a pipeline share ``params:split``, ``params:train``); MLflow refuses a
+        changed value as it did one key at a time."""
+        if run_id is None:  # no run to log into (mlflow.log_params would start one)
+            return
+        if getattr(self, "_sent_to", None) != run_id:  # another run: nothing of it logged yet
+            self._sent_to, self._sent = run_id, {}
+        new = {name: text for name, text in self._batch.items() if self._sent.get(name) != text}
+        if new:
+            mlflow.log_params(new)
+            self._sent.update(new)
 
 
 class OutputFoldersWritableHook:
