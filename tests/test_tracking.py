@@ -172,7 +172,7 @@ def test_a_hook_that_outlives_its_run_logs_every_parameter_of_the_next(tmp_path,
                     hook._log_param("train.optimizer.lr", 0.002)
                     hook._log_param("train.resume", None)  # unset: not logged
                     hook._log_param("train.note", "x" * 7000)  # past MLflow's limit: truncated, at once
-                    hook._log_batch(active_run_id())
+                    hook._log_batch(mlflow, active_run_id())
                 runs.append(run.info.run_id)
         for run_id in runs:
             logged = mlflow.MlflowClient().get_run(run_id).data.params

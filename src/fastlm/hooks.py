@@ -10,10 +10,8 @@ import pkgutil
 import shutil
 from pathlib import Path
 
-import mlflow
 from kedro.framework.hooks import hook_impl
-from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
-from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, MlflowHook
 
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.checkpoint.storage import check_writable
@@ -330,7 +328,8 @@ class RedactingMlflowHook(MlflowHook):
         self._batch = {}  # the plugin's one log_param per key (a store write or a request each), gathered
         try:
             self._guarded("parameter logging", super().before_node_run, node, catalog, logged, is_async)
-            self._guarded("parameter logging", self._log_batch, active_run_id())
+            if (tracking := getattr(self, "_tracking", None)) is not None:
+                tracking.call("parameter logging", self._log_batch, active_run_id())
         finally:
             self.run_id = run_id
             self._batch = None
@@ -362,12 +361,10 @@ class RedactingMlflowHook(MlflowHook):
         else:
             batch[name] = text
 
-    def _log_batch(self, run_id: str | None) -> None:
+    def _log_batch(self, mlflow, run_id: str) -> None:
         """A node's parameters in one write to the active run ``run_id``, less those already logged to it with
         the same value (the nodes of a pipeline share ``params:split``, ``params:train``); MLflow refuses a
         changed value as it did one key at a time."""
-        if run_id is None:  # no run to log into (mlflow.log_params would start one)
-            return
         if getattr(self, "_sent_to", None) != run_id:  # another run: nothing of it logged yet
             self._sent_to, self._sent = run_id, {}
         new = {name: text for name, text in self._batch.items() if self._sent.get(name) != text}
