@@ -27,7 +27,7 @@ def toy_sequences(n: int, seed: int) -> TokenSequences:
     return TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))
 
 
-def toy_model(seed: int = 0, attn: str = "sdpa") -> LlamaForCausalLM:
+def toy_model(seed: int = 0, attn: str = "sdpa", *, tied: bool = False) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -40,6 +40,7 @@ def toy_model(seed: int = 0, attn: str = "sdpa") -> LlamaForCausalLM:
         pad_token_id=EOS,
         attn_implementation=attn,
         use_cache=False,
+        tie_word_embeddings=tied,
     )
     return LlamaForCausalLM(config)
 

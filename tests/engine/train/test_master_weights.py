@@ -369,12 +369,12 @@ def test_auto_takes_bf16_weights_only_for_a_bf16_full_fine_tune_on_a_gpu():
         choose_param_dtype("bf16", model, autocast_dtype=bf16, world_size=1, **gpu)
 
 
-def _in_backward_run(in_backward: bool, steps: int = 3, micro_batches: int = 2):
+def _in_backward_run(in_backward: bool, steps: int = 3, micro_batches: int = 2, tied: bool = False):
     """``steps`` steps of ``micro_batches`` each on the toy model with bf16 weights, grad_clip null; what
     each step's last backward held: the most master gradients alive at once (counted after each weight's
     gradient moved), and the step results."""
     runtime = _runtime()
-    model = toy_model()
+    model = toy_model(tied=tied)
     optimizer = {"grad_clip": None, "in_backward": in_backward}
     opt = make_optimization(model, _params("bf16", **optimizer), runtime, total_steps=steps)
     masters = [master for _, master in opt.masters.pairs]
@@ -418,6 +418,21 @@ def test_updates_in_backward_equal_the_step_after_it_and_free_each_gradient_at_o
     for index, saved in state["state"].items():
         for key, value in saved.items():
             torch.testing.assert_close(value, twin_state["state"][index][key], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_tied_embedding_is_updated_in_backward_once_from_both_of_its_uses(micro_batches):
+    """The input embedding and the output head share one weight (``tie_word_embeddings``): its gradient is
+    complete only once both uses have added theirs, and its master is updated then, once. The same masters
+    and gradient norms as the step after the backward."""
+    model, opt, results, _ = _in_backward_run(True, micro_batches=micro_batches, tied=True)
+    twin, twin_opt, twin_results, _ = _in_backward_run(False, micro_batches=micro_batches, tied=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    for (name, param), other in zip(model.named_parameters(), twin.parameters(), strict=True):
+        mine, theirs = opt.masters.master_of(param), twin_opt.masters.master_of(other)
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7, msg=name)  # fp32 rounding at most
+    for got, want in zip(results, twin_results, strict=True):
+        torch.testing.assert_close(got.grad_norm, want.grad_norm, rtol=1e-5, atol=0)  # summed in other orders
 
 
 def test_a_run_updating_in_backward_resumes_exactly(tmp_path):
