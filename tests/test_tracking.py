@@ -3,6 +3,7 @@
 import json
 import logging
 import shutil
+import threading
 
 import mlflow
 import pytest
@@ -155,28 +156,42 @@ def test_each_nodes_parameters_reach_the_store_in_one_write(kedro_project, monke
 
 def test_a_hook_that_outlives_its_run_logs_every_parameter_of_the_next(tmp_path, empty_mlflow_db):
     """The hook object outlives a session in-process (sweeps, notebooks, tests): the keys it skips as already
-    logged are those of the active run only."""
+    logged are those of the active run only. A threaded runner runs several nodes' hooks at once: each
+    thread gathers its own node's parameters."""
     from fastlm.hooks import RedactingMlflowHook
     from fastlm.tracking import active_run_id
 
     shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow.set_experiment("tracking-test")
-    hook, runs = RedactingMlflowHook(), []
+    hook, runs, theirs = RedactingMlflowHook(), [], []
+
+    def other_node():
+        with hook._gathering() as batch:
+            hook._log_param("train.seed", 7)
+        theirs.append(batch)
+
     hook.long_params_strategy = "truncate"  # conf/base/mlflow.yml's (after_context_created reads it)
     try:
         for _ in range(2):
             with mlflow.start_run() as run:
                 for _node in range(2):  # two nodes of the run reading the same parameters
-                    hook._batch = {}
-                    hook._log_param("train.optimizer.lr", 0.002)
-                    hook._log_param("train.resume", None)  # unset: not logged
-                    hook._log_param("train.note", "x" * 7000)  # past MLflow's limit: truncated, at once
-                    hook._log_batch(mlflow, active_run_id())
+                    with hook._gathering() as batch:
+                        hook._log_param("train.optimizer.lr", 0.002)
+                        hook._log_param("train.resume", None)  # unset: not logged
+                        hook._log_param("train.note", "x" * 7000)  # past MLflow's limit: truncated, at once
+                        # a threaded runner's other thread, running another node's hooks meanwhile
+                        other = threading.Thread(target=other_node)
+                        other.start()
+                        other.join()
+                        hook._log_param("train.max_steps", 43)  # still this node's batch
+                    assert batch == {"train.optimizer.lr": "0.002", "train.max_steps": "43"}
+                    assert theirs.pop() == {"train.seed": "7"}
+                    hook._log_batch(mlflow, active_run_id(), batch)
                 runs.append(run.info.run_id)
         for run_id in runs:
             logged = mlflow.MlflowClient().get_run(run_id).data.params
             assert logged["train.optimizer.lr"] == "0.002" and "train.resume" not in logged
-            assert logged["train.note"] == "x" * 6000
+            assert logged["train.note"] == "x" * 6000 and logged["train.max_steps"] == "43"
     finally:
         mlflow.set_tracking_uri(None)

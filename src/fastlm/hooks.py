@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import os
 import pkgutil
 import shutil
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
@@ -270,6 +273,9 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
+_GATHERING = threading.local()  # RedactingMlflowHook: the parameters of the node whose hooks this thread runs
+
+
 class RedactingMlflowHook(MlflowHook):
     """kedro-mlflow's hook, fed copies of the parameters and run parameters with every secret masked.
 
@@ -325,14 +331,13 @@ class RedactingMlflowHook(MlflowHook):
             # same run once per node, and closing it takes as many end_run calls: the last one, at exit, set
             # FINISHED on failed runs. Only a thread without the run re-opens it.
             self.run_id = None
-        self._batch = {}  # the plugin's one log_param per key (a store write or a request each), gathered
         try:
-            self._guarded("parameter logging", super().before_node_run, node, catalog, logged, is_async)
+            with self._gathering() as batch:  # the plugin's one log_param per key: a write or request each
+                self._guarded("parameter logging", super().before_node_run, node, catalog, logged, is_async)
             if (tracking := getattr(self, "_tracking", None)) is not None:
-                tracking.call("parameter logging", self._log_batch, active_run_id())
+                tracking.call("parameter logging", self._log_batch, active_run_id(), batch)
         finally:
             self.run_id = run_id
-            self._batch = None
 
     @hook_impl
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
@@ -355,19 +360,30 @@ class RedactingMlflowHook(MlflowHook):
         text = param_text(value)
         if text is None:
             return
-        batch = getattr(self, "_batch", None)
+        batch = getattr(_GATHERING, "params", None)
         if batch is None or len(text) > MAX_PARAM_VAL_LENGTH:
             super()._log_param(name, text)
         else:
             batch[name] = text
 
-    def _log_batch(self, mlflow, run_id: str) -> None:
+    @staticmethod
+    @contextlib.contextmanager
+    def _gathering() -> Iterator[dict[str, str]]:
+        """``_log_param`` gathers into the dict yielded, in this thread only (a threaded runner runs several
+        nodes' hooks at once)."""
+        _GATHERING.params = batch = {}
+        try:
+            yield batch
+        finally:
+            _GATHERING.params = None
+
+    def _log_batch(self, mlflow, run_id: str, batch: dict[str, str]) -> None:
         """A node's parameters in one write to the active run ``run_id``, less those already logged to it with
         the same value (the nodes of a pipeline share ``params:split``, ``params:train``); MLflow refuses a
         changed value as it did one key at a time."""
         if getattr(self, "_sent_to", None) != run_id:  # another run: nothing of it logged yet
             self._sent_to, self._sent = run_id, {}
-        new = {name: text for name, text in self._batch.items() if self._sent.get(name) != text}
+        new = {name: text for name, text in batch.items() if self._sent.get(name) != text}
         if new:
             mlflow.log_params(new)
             self._sent.update(new)
