@@ -35,6 +35,19 @@ def kedro_modules_of_engine_and_corpus(folder: Path) -> str:
     return _python(code, folder)
 
 
+def scorers_after_the_pipelines_are_built(folder: Path) -> str:
+    """ROUGE's packages (rouge_score, nltk: 0.9 s of imports) a process holds after building every pipeline, as
+    each `kedro run` starts (a job of tests/support/background.py)."""
+    code = (
+        "import sys\n"
+        "from kedro.framework.project import configure_project, pipelines\n"
+        "configure_project('fastlm')\n"
+        "assert 'report' in pipelines and 'split' in pipelines\n"
+        "print(sorted(m for m in ('rouge_score', 'nltk') if m in sys.modules))"
+    )
+    return _python(code, folder)
+
+
 def telemetry_after_kedro_startup(folder: Path) -> str:
     """MLflow's telemetry client, DO_NOT_TRACK and HF_HUB_OFFLINE once Kedro's CLI plugins are loaded (a job
     of tests/support/background.py)."""
@@ -60,6 +73,11 @@ def offline_choice_of_a_user(folder: Path) -> subprocess.CompletedProcess:
 @pytest.mark.background(job=kedro_modules_of_engine_and_corpus)
 def test_engine_and_corpus_never_import_kedro():
     assert background.result(kedro_modules_of_engine_and_corpus) == "[]"
+
+
+@pytest.mark.background(job=scorers_after_the_pipelines_are_built)
+def test_kedro_start_up_leaves_rouge_to_the_report_that_scores():
+    assert background.result(scorers_after_the_pipelines_are_built) == "[]"
 
 
 @pytest.mark.background(job=telemetry_after_kedro_startup)

@@ -26,7 +26,6 @@ import unicodedata
 from collections.abc import Sequence
 
 import pandas as pd
-from rouge_score import rouge_scorer
 
 __all__ = ["ROUGE_TYPES", "TOKENIZERS", "resolve_tokenizer", "rouge_scores", "score_columns", "tokenize"]
 
@@ -48,7 +47,9 @@ def _split_out(pattern: re.Pattern, words: list[str]) -> list[str]:
 def tokenize(text: str, kind: str) -> list[str]:
     """``text`` as the tokens ``kind`` (one of TOKENIZERS except ``auto``) scores."""
     if kind == "default":
-        return rouge_scorer.tokenizers.DefaultTokenizer(use_stemmer=False).tokenize(text)
+        from rouge_score import tokenizers  # here: rouge-score brings nltk (0.9 s), every kedro start-up
+
+        return tokenizers.DefaultTokenizer(use_stemmer=False).tokenize(text)
     text = unicodedata.normalize("NFKC", text or "").lower()
     if kind == "whitespace":
         return text.split()
@@ -95,6 +96,8 @@ def rouge_scores(
     """
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    from rouge_score import rouge_scorer
+
     kind = resolve_tokenizer(tokenizer, references)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=_Tokenizer(kind))
     rows = []
