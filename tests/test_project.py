@@ -36,8 +36,8 @@ def kedro_modules_of_engine_and_corpus(folder: Path) -> str:
 
 
 def scorers_after_the_pipelines_are_built(folder: Path) -> str:
-    """ROUGE's packages (rouge_score, nltk: 0.9 s of imports) a process holds after building every pipeline, as
-    each `kedro run` starts (a job of tests/support/background.py)."""
+    """ROUGE's packages (rouge_score and the nltk it imports) a process holds after building every pipeline,
+    as each `kedro run` starts (a job of tests/support/background.py)."""
     code = (
         "import sys\n"
         "from kedro.framework.project import configure_project, pipelines\n"

@@ -47,7 +47,7 @@ def _split_out(pattern: re.Pattern, words: list[str]) -> list[str]:
 def tokenize(text: str, kind: str) -> list[str]:
     """``text`` as the tokens ``kind`` (one of TOKENIZERS except ``auto``) scores."""
     if kind == "default":
-        from rouge_score import tokenizers  # here: rouge-score brings nltk (0.9 s), every kedro start-up
+        from rouge_score import tokenizers  # here, not at each kedro start-up: rouge-score imports nltk
 
         return tokenizers.DefaultTokenizer(use_stemmer=False).tokenize(text)
     text = unicodedata.normalize("NFKC", text or "").lower()

@@ -65,9 +65,10 @@ class _Cycle:
 
 def test_between_trials_the_collector_frees_their_cycles_and_scans_only_what_they_made():
     """``release_memory`` runs a full garbage collection after each trial. In a process holding torch,
-    transformers, Kedro and MLflow that scans some 700,000 objects (0.4 s, twice a trial) unless the objects
-    alive before the ladder wait in the collector's permanent generation (``gc.freeze``) meanwhile; they are
-    put back after it, and what a trial left in reference cycles is still freed before the next one."""
+    transformers, Kedro and MLflow that scans hundreds of thousands of objects, twice a trial, unless the
+    objects alive before the ladder wait in the collector's permanent generation (``gc.freeze``) meanwhile;
+    they are put back after it, and what a trial left in reference cycles is still freed before the next
+    one."""
     assert gc.get_freeze_count() == 0, "the ladder leaves a process that froze objects itself as it is"
     before = _Cycle()
     del before.me  # no cycle: alive before the ladder

@@ -355,8 +355,8 @@ def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) ->
 def collecting_trials_only() -> Iterator[None]:
     """The garbage collections between trials (``release_memory``) scan only the objects the trials made:
     those alive before wait in the collector's permanent generation (``gc.freeze``) and are put back after.
-    A full collection in a process holding torch, transformers, Kedro and MLflow otherwise scans some
-    700,000 objects each time (0.4 s on a 2-core CPU). A process that froze objects itself is left as is."""
+    A full collection in a process holding torch, transformers, Kedro and MLflow otherwise scans hundreds of
+    thousands of objects each time, twice a trial. A process that froze objects itself is left as is."""
     if gc.get_freeze_count():
         yield
         return
