@@ -91,6 +91,23 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(error).lower()
 
 
+@contextlib.contextmanager
+def collecting_trials_only() -> Iterator[None]:
+    """The garbage collections between trials (``release_memory``) scan only the objects the trials made:
+    those alive before wait in the collector's permanent generation (``gc.freeze``) and are put back after.
+    A full collection in a process holding torch, transformers, Kedro and MLflow otherwise scans hundreds of
+    thousands of objects each time, twice a trial. A process that froze objects itself is left as is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@collecting_trials_only()
 def run_ladder(
     measure: Callable[[int], Measurement],
     sizes: Sequence[int],
@@ -102,18 +119,6 @@ def run_ladder(
 ) -> list[Trial]:
     """Measure each size in order until out-of-memory, the headroom, the cliff, or (after the first size)
     ``deadline`` (a ``perf_counter`` time: ``tune.max_minutes``); every trial is kept."""
-    with collecting_trials_only():
-        return _climb(measure, sizes, memory_limit_mb, headroom, cliff_tolerance, deadline)
-
-
-def _climb(
-    measure: Callable[[int], Measurement],
-    sizes: Sequence[int],
-    memory_limit_mb: float | None,
-    headroom: float,
-    cliff_tolerance: float,
-    deadline: float | None,
-) -> list[Trial]:
     trials: list[Trial] = []
     budget = memory_limit_mb * (1 - headroom) if memory_limit_mb else None
     for size in sizes:
@@ -349,22 +354,6 @@ def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) ->
             f"{1 - headroom:.0%} of {memory_limit_mb or 0:,.0f} MB allowed"
         )
     return ""
-
-
-@contextlib.contextmanager
-def collecting_trials_only() -> Iterator[None]:
-    """The garbage collections between trials (``release_memory``) scan only the objects the trials made:
-    those alive before wait in the collector's permanent generation (``gc.freeze``) and are put back after.
-    A full collection in a process holding torch, transformers, Kedro and MLflow otherwise scans hundreds of
-    thousands of objects each time, twice a trial. A process that froze objects itself is left as is."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def release_memory() -> None:
