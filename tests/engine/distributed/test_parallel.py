@@ -320,3 +320,53 @@ def test_ddp_bf16_weights_reduce_in_fp32_into_masters_and_train_like_one_process
     _trains_like_one_process_with_masters_and_saves_fp32(
         one_process_bf16_weights, two, tmp_path, params.optimizer.lr
     )
+
+
+EARLY = {
+    "max_steps": 16,
+    "eval_every": 2,
+    "save_every": 2,
+    "keep_last": 1,
+    "optimizer": {"lr": 0.8, "warmup_steps": 0, "decay": "constant"},  # too high: it gets worse
+    "early_stopping": {"patience": 2},
+}
+
+
+@pytest.mark.kernels  # two processes vs one: compared with a tolerance
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_stop_early_and_return_the_best_steps_weights_like_one_process(
+    tmp_path, bpe_tokenizer, tokenized, strategy
+):
+    one = run_job(
+        TrainJob(
+            job_params(tmp_path / "one", accum=2, nproc=1, **EARLY),
+            48,
+            *tokenized,
+            bpe_tokenizer,
+            str(tmp_path / "one" / "m"),
+        )
+    )
+    params = job_params(
+        tmp_path / "two", accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": strategy}, **EARLY
+    )
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
+    early, its = two.summary["early_stopping"], one.summary["early_stopping"]
+    assert one.summary["stopped_by"] == two.summary["stopped_by"] == "early stopping"
+    assert two.summary["steps"] == one.summary["steps"] < EARLY["max_steps"]
+    # the same decisions (at this learning rate the reductions' different rounding grows step by step, so
+    # the values are the two-process run's own: its evaluation at the best step)
+    assert early["best_step"] == its["best_step"] == early["model_from_step"] < two.summary["steps"]
+    losses = {record["step"]: record["val_loss"] for record in two.eval_history}
+    assert early["best_val_loss"] == losses[early["best_step"]] == min(losses.values())
+    import safetensors.torch
+
+    best = tmp_path / "two" / "checkpoints-2" / f"checkpoint-{early['best_step']:08d}"
+    assert early["best_checkpoint"] == str(best)
+    saved = safetensors.torch.load_file(str(best / "model.safetensors"))
+    # the model returned is the best step's, not the last one's: the checkpoint's tensors copied back
+    returned = dict(two.model.named_parameters(remove_duplicate=False))  # a tied head is saved once
+    last = tmp_path / "two" / "checkpoints-2" / f"checkpoint-{two.summary['steps']:08d}"
+    later = safetensors.torch.load_file(str(last / "model.safetensors"))
+    for name, tensor in saved.items():
+        assert torch.equal(returned[name].detach().cpu(), tensor), name
+    assert not all(torch.equal(saved[name], later[name]) for name in saved)

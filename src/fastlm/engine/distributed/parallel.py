@@ -260,20 +260,24 @@ def full_state_dicts(
 
 
 def load_full_state_dicts(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_state: dict,
+    optimizer_state: dict | None,
 ) -> None:
-    """Load a checkpoint's whole model/optimizer state dicts into a sharded model (every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    """Load a checkpoint's whole model/optimizer state dicts into a sharded model (every rank calls it);
+    without an optimizer, the weights alone (early stopping's best step)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
     model_keys = set(get_plain_keys(model))
     for name in model_keys - model_state.keys():  # a tied head saved once (save_model de-duplicates)
         model_state[name] = model_state[_tied_source(model, name)]
+    options = StateDictOptions(full_state_dict=True)
+    if optimizer is None:
+        set_model_state_dict(model, model_state, options=options)
+        return
     set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=model_state,
-        optim_state_dict=optimizer_state,
-        options=StateDictOptions(full_state_dict=True),
+        model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state, options=options
     )
 
 

@@ -51,7 +51,6 @@ from fastlm.engine.train.records import Callback, Recorder, step_contents
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization, make_optimization
 from fastlm.engine.train.time_limit import TimeLimit
-from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -430,11 +429,6 @@ def _early_stopping(params: TrainParams, state: TrainState) -> EarlyStopping | N
     settings = params.early_stopping
     if settings.patience is None:
         return None
-    if params.distributed.strategy == "fsdp":
-        raise ConfigError(
-            "train.early_stopping is not available with distributed.strategy fsdp yet.",
-            fix="use distributed.strategy ddp, or set train.early_stopping.patience: null.",
-        )
     return EarlyStopping.from_record(
         state.early_stopping, patience=settings.patience, min_delta=settings.min_delta
     )

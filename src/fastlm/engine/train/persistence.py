@@ -216,7 +216,10 @@ class Checkpointer:
     def load_weights(self, folder: Path) -> None:
         """The model's weights from checkpoint ``folder`` (early stopping's best step), nothing else."""
         with self.opt.full_precision():
-            if self.trainable_only:
+            if self.sharded:  # FSDP2: the whole weights, each rank keeping its shards
+                model_state = safetensors.torch.load_file(str(folder / MODEL_FILE))
+                load_full_state_dicts(self.model, None, model_state, None)
+            elif self.trainable_only:
                 self._load_trainable(folder)
             else:
                 load_checkpoint(folder, model=self.model, map_location=self.device, restore_rng=False)
