@@ -575,17 +575,6 @@ class TrainParams(Params):
 
     @field_validator("distributed")
     @classmethod
-    def _float8_before_sharding(cls, value: DistributedParams, info: ValidationInfo):
-        runtime = info.data.get("runtime")
-        if value.strategy == "fsdp" and runtime is not None and runtime.float8 == "on":
-            raise ValueError(
-                "train.runtime.float8: on is not wired for strategy fsdp (float8 layers must be "
-                "converted before FSDP2 shards them); use strategy ddp or float8 off"
-            )
-        return value
-
-    @field_validator("distributed")
-    @classmethod
     def _in_backward_with_bf16_weights_and_no_shards(cls, value: DistributedParams, info: ValidationInfo):
         runtime, optimizer = info.data.get("runtime"), info.data.get("optimizer")
         if optimizer is None or not optimizer.in_backward:

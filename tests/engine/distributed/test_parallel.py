@@ -370,3 +370,30 @@ def test_two_processes_stop_early_and_return_the_best_steps_weights_like_one_pro
     for name, tensor in saved.items():
         assert torch.equal(returned[name].detach().cpu(), tensor), name
     assert not all(torch.equal(saved[name], later[name]) for name in saved)
+
+
+@pytest.mark.kernels  # float8 matmuls under FSDP2 vs under DDP: compared with a tolerance
+def test_fsdp2_trains_float8_layers_converted_before_sharding_as_ddp_does(tmp_path, bpe_tokenizer, tokenized):
+    pytest.importorskip("torchao")
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        params = job_params(
+            tmp_path / strategy, accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": strategy}
+        )
+        # float8 on: the configuration asks for a float8 GPU; on a CPU, torch's _scaled_mm runs torchao's
+        # float8 layers all the same (the same casts and scales, another matmul kernel)
+        runtime = params.runtime.model_copy(update={"float8": "on", "precision": "fp32"})
+        params = params.model_copy(update={"runtime": runtime})
+        runs[strategy] = launch(params, bpe_tokenizer, tokenized, tmp_path / strategy)
+    ddp, fsdp = runs["ddp"], runs["fsdp"]
+    # the 7 projections of each of the 2 layers (in and out features multiples of 16), not the head
+    for run in (ddp, fsdp):
+        assert run.summary["runtime"]["float8_choice"].endswith("14 Linear layers in float8"), run.summary
+    losses = {name: [record["loss"] for record in run.history] for name, run in runs.items()}
+    # each rank's own micro-batches on both sides, so the same float8 scales and casts: FSDP2's gathered
+    # weights are the replicas' values, its reduce-scatter sums the gradients DDP's all-reduce sums
+    np.testing.assert_allclose(losses["fsdp"], losses["ddp"], rtol=TRAINED_FP32_LOSS_REL)
+    # the model comes back with plain Linear layers and plain weight names
+    assert not any("float8" in type(module).__name__.lower() for module in fsdp.model.modules())
+    for (name, mine), theirs in zip(ddp.model.named_parameters(), fsdp.model.parameters(), strict=True):
+        assert theirs.dtype == torch.float32 and theirs.shape == mine.shape, name

@@ -19,10 +19,18 @@ Anything else is off, with the reason logged. ``on`` is refused in one line wher
 Where the rule passes, ``auto`` makes float8 a candidate, not a choice: the gain depends on the shapes, the
 batch and the GPU together (the casts are memory-bound, the matmuls compute-bound), so the training run
 measures it on its first micro-batch (``runtime.probe.probe_float8``) and keeps float8 only where it is
-faster by a margin. ``Float8Swap`` lets it measure both without converting twice or copying the model: it
-converts once and then swaps the plain and the float8 layers in and out of the model (both hold the same
-weight ``Parameter`` objects), so a reverted model holds exactly its original modules again. The throughput
+faster by a margin (one process; several processes follow the rule, each rank would measure its own).
+``Float8Swap`` lets it measure both without converting twice or copying the model: it converts once and
+then swaps the plain and the float8 layers in and out of the model (both hold the same weight
+``Parameter`` objects), so a reverted model holds exactly its original modules again. The throughput
 autotune (``tune``) keeps the rule: its trials are too short to measure another set-up inside each.
+
+Under FSDP2 (``train.distributed.strategy: fsdp``) the layers are converted before ``fully_shard`` (as
+torchao's FSDP2 recipe does: each sharded layer keeps the modules it was given, so none can be swapped in
+later) and ``auto`` follows the rule. FSDP2 gathers the weights in bf16 or fp32 (its
+``MixedPrecisionPolicy``); each Float8Linear casts the gathered weight to float8 in its forward, as under
+DDP. torchao's float8 all-gather (``enable_fsdp_float8_all_gather``, half the gathered bytes, a scale
+update after each optimizer step) is not wired: gloo cannot gather float8, so no CPU run could test it.
 """
 
 from __future__ import annotations
@@ -63,11 +71,9 @@ def float8_decision(
     requested: str, model: nn.Module, device: torch.device, *, strategy: str = "ddp"
 ) -> tuple[bool, str]:
     """Whether to train ``model`` with float8 matmuls on ``device``, and why (see the module docstring).
-    Under FSDP2 it stays off: the model is sharded before the optimizer is made, too late to convert."""
+    ``strategy``: ``train.distributed.strategy`` (FSDP2: ``auto`` follows the rule, module docstring)."""
     if requested == "off":
         return False, "float8 off (train.runtime.float8: off)"
-    if strategy == "fsdp":
-        return False, "float8 off: not wired for FSDP2 (layers must be converted before sharding)"
     if requested == "on":
         return True, "float8 on (train.runtime.float8: on)"
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -86,10 +92,11 @@ def float8_decision(
             f"float8 off (auto): hidden size {hidden} < {MIN_HIDDEN_SIZE} (the float8 casts "
             "cost more than the faster matmuls save)"
         )
-    return True, (
-        f"float8 on (auto): compute capability {capability[0]}.{capability[1]}, torchao, "
-        f"hidden size {hidden} >= {MIN_HIDDEN_SIZE}"
-    )
+    why = f"compute capability {capability[0]}.{capability[1]}, torchao, hidden size {hidden}"
+    why += f" >= {MIN_HIDDEN_SIZE}"
+    if strategy == "fsdp":  # converted before sharding: nothing to swap in and out of sharded layers later
+        why += "; under FSDP2 the rule decides (converted before sharding, not measured)"
+    return True, f"float8 on (auto): {why}"
 
 
 def module_filter(model: nn.Module) -> Callable[[nn.Module, str], bool]:
@@ -136,6 +143,11 @@ def apply_float8(
         why = f"{why}: {chosen} Linear layers in float8"
     log.log(logging.INFO if device.type == "cuda" else logging.DEBUG, "%s", why)  # CPU: nothing to say
     return why
+
+
+def float8_layers(model: nn.Module) -> int:
+    """How many of ``model``'s layers are torchao's float8 Linear layers (converted by ``apply_float8``)."""
+    return sum(1 for module in model.modules() if type(module).__name__ == "Float8Linear")
 
 
 class Float8Swap:

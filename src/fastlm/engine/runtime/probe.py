@@ -330,10 +330,11 @@ def _synchronize(device: torch.device) -> None:
 class Float8Probe:
     """``train.runtime.float8`` and what settling ``auto`` needs.
 
-    ``request``: the setting (off | on | auto); ``strategy``: ``train.distributed.strategy`` (FSDP2 keeps it
-    off); ``applied``: what ``float8.apply_float8`` said when the optimizer was made (the reason kept where
-    nothing is measured); ``stepping``: the model the timed passes run through (the compiled one; None: the
-    raw model); ``converter``: torchao's ``convert_to_float8_training`` by default.
+    ``request``: the setting (off | on | auto; under FSDP2 what was settled before sharding); ``strategy``:
+    ``train.distributed.strategy``; ``applied``: what ``float8.apply_float8`` said when the optimizer was
+    made (the reason kept where nothing is measured); ``stepping``: the model the timed passes run through
+    (the compiled one; None: the raw model); ``converter``: torchao's ``convert_to_float8_training`` by
+    default.
     """
 
     request: str

@@ -41,6 +41,7 @@ from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_
 from fastlm.engine.observe.profiling import step_profiler
 from fastlm.engine.observe.progress import Progress
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.engine.runtime.float8 import apply_float8, float8_layers
 from fastlm.engine.runtime.probe import CompileProbe, Float8Probe, probe_float8, probe_runtime
 from fastlm.engine.runtime.regions import GraphCensus, cuda_graph_census
 from fastlm.engine.train.backoff import batching_record, resumed_batching
@@ -156,8 +157,10 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     request = replace(request, model=request.model.to(device))  # the raw model: saved, returned
     raw_model = request.model
     sharded = comm.world_size > 1 and configured.distributed.strategy == "fsdp"
-    wrapped = raw_model
+    wrapped, float8_choice = raw_model, None
     if sharded:  # FSDP2 before the optimizer, which is built on its DTensors; it casts its gathered weights
+        # float8 layers first: a sharded layer keeps the modules it was given (engine/runtime/float8.py)
+        float8_choice = apply_float8(raw_model, configured.runtime.float8, device, strategy="fsdp")
         weights = choose_param_dtype(
             configured.runtime.param_dtype,
             raw_model,
@@ -183,6 +186,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         request.runtime,
         total_steps,
         float8_measured_later=True,
+        float8_choice=float8_choice,
         world_size=comm.world_size,
     )
     cleanup.callback(opt.release)  # bf16 weights: the run returns (or leaves, on an error) fp32 masters
@@ -213,7 +217,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         if state.step < total_steps
         else None,
         Float8Probe(
-            params.runtime.float8,
+            params.runtime.float8 if not sharded else ("on" if float8_layers(raw_model) else "off"),
             params.distributed.strategy,
             applied=opt.float8_choice,
             stepping=model if comm.world_size == 1 else None,

@@ -85,12 +85,14 @@ def make_optimization(
     total_steps: int,
     *,
     float8_measured_later: bool = False,
+    float8_choice: str | None = None,
     world_size: int | None = None,
 ) -> Optimization:
     """The optimizer ``train.optimizer.name`` names (AdamW; 8-bit: ``optim.make_optimizer``) with the
     configured schedule over ``total_steps``, the runtime's grad scaler, the clip threshold.
     ``float8_measured_later``: float8 ``auto`` is left to the training run's probe
-    (``probe.probe_float8``). ``world_size``: the run's processes (default ``nproc_per_node``; under
+    (``probe.probe_float8``). ``float8_choice``: float8 settled already (FSDP2 converts before sharding),
+    why. ``world_size``: the run's processes (default ``nproc_per_node``; under
     torchrun the process group's)."""
     settings = params.optimizer
     # liger's kernels patched onto the instance before float8 swaps its Linear layers and before compile
@@ -99,13 +101,14 @@ def make_optimization(
     )
     # Before compile (the probe compiles later) and before the optimizer: the converted layers keep their
     # Parameters, so the optimizer and DDP's buckets are unchanged. Idempotent: converted layers are skipped.
-    float8_choice = apply_float8(
-        model,
-        params.runtime.float8,
-        runtime.device,
-        strategy=params.distributed.strategy,
-        measured_later=float8_measured_later,
-    )
+    if float8_choice is None:
+        float8_choice = apply_float8(
+            model,
+            params.runtime.float8,
+            runtime.device,
+            strategy=params.distributed.strategy,
+            measured_later=float8_measured_later,
+        )
     # After liger and float8 (their layers keep the same Parameters), before the optimizer and compile
     dtype, param_dtype_choice = choose_param_dtype(
         params.runtime.param_dtype,
