@@ -144,7 +144,53 @@ def test_compute_bound_on_cuda_reports_mfu():
     findings = diagnose(cuda(), make_history(6, mfu=0.45))
     assert triggered(findings) == {COMPUTE_BOUND}
     finding = by_kind(findings)[COMPUTE_BOUND]
-    assert "at MFU 45 %" in finding.message and "bf16" in finding.advice
+    assert "at MFU 45 %" in finding.message
+
+
+LEVERS_ON = {
+    "runtime": {
+        "device": "cuda:0",
+        "device_name": "H100",
+        "precision": "bf16",
+        "compile": True,
+        "float8_choice": "float8 auto, measured on the first micro-batch: fp8 0.110 s vs bf16 0.100 s "
+        "(0.91x; float8 needs 1.1x)",
+    },
+    "liger": "liger kernels on the llama model: rope, rms_norm, swiglu (train.model.liger: auto)",
+    "param_dtype": "bf16 weights, fp32 masters in the optimizer (param_dtype auto)",
+    "peak_memory_mb": 70000.0,
+}
+
+
+def test_compute_bound_on_cuda_names_only_the_speed_levers_this_run_left_unused():
+    """The advice of a compute-bound GPU run comes from its own decisions: nothing it already had, each lever
+    it left off where its summary says so (a missing key says nothing)."""
+    history = make_history(6, mfu=0.45)
+
+    def advice(runtime: dict | None = None, **extra) -> str:
+        summary = {**LEVERS_ON, "runtime": {**LEVERS_ON["runtime"], **(runtime or {})}, **extra}
+        return by_kind(diagnose(cuda(**summary), history))[COMPUTE_BOUND].advice
+
+    everything = advice()
+    for named in ("train.runtime.", "pip install", "micro_batch_size", "param_dtype"):
+        assert named not in everything, everything
+    assert "no speed lever left unused" in everything
+    assert "train.runtime.precision: bf16" in advice({"precision": "fp32"})
+    assert "train.runtime.precision: bf16" in advice({"precision": "fp16"})  # where the GPU has it: said
+    assert "train.runtime.compile: true" in advice({"compile": False})
+    float8_missing = "float8 off (auto): torchao is not installed (`pip install torchao`)"
+    assert "pip install torchao" in advice({"float8_choice": float8_missing})
+    narrow = (
+        "float8 off (auto): hidden size 1536 < 2048 (the float8 casts cost more than the faster matmuls save)"
+    )
+    assert "torchao" not in advice({"float8_choice": narrow})  # the rule's, not the package's
+    liger_missing = "liger kernels off (auto: liger-kernel is not installed (`pip install liger-kernel`))"
+    assert "pip install liger-kernel" in advice(liger=liger_missing)
+    assert "liger-kernel" not in advice(liger="liger kernels off (train.model.liger: off)")  # user's choice
+    roomy = advice(peak_memory_mb=20000.0)
+    assert "micro_batch_size" in roomy and "25 % of 80,000 MB" in roomy and "--pipeline=tune" in roomy
+    fp32 = advice(param_dtype="fp32 weights under autocast (train.runtime.param_dtype: fp32)")
+    assert "train.runtime.param_dtype: auto" in fp32
 
 
 def test_compute_bound_on_cuda_names_bf16_weights_where_the_run_kept_fp32_ones():

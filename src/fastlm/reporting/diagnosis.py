@@ -18,8 +18,9 @@ passed. The rules, in order (thresholds are the module constants below):
   advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short
   does not repay compiling.
 * ``compute-bound`` -- none of the steady-state rules above: the run spends its time in the math, as it
-  should. On a GPU its advice names bf16 weights with fp32 masters where a full fine-tune kept fp32 weights
-  under autocast (the summary's ``param_dtype``).
+  should. On a GPU its advice names the speed levers the run's own decisions show it left unused
+  (``_unused_speed_levers``: precision, compile, liger's kernels or float8 missing their package, bf16
+  weights with fp32 masters where a full fine-tune kept fp32 weights, memory headroom), or says none was.
 
 Everything is measured after the warm-up row (step 1 alone), except the memory peak. Missing keys or
 columns (older runs) make a rule not trigger, with "n/a" as its figure.
@@ -50,6 +51,7 @@ __all__ = [
     "MEMORY_SATURATED_SHARE",
     "PADDING_BOUND",
     "PADDING_BOUND_EFFICIENCY",
+    "ROOMY_SHARE",
     "STEP_TIME_RISE_RATIO",
     "Finding",
     "diagnose",
@@ -64,6 +66,8 @@ MEMORY_SATURATED = "memory-saturated"
 COMPILE_BOUND = "compile-bound"
 COMPUTE_BOUND = "compute-bound"
 
+#: compute-bound on a GPU: a peak memory below this share of the device leaves room for bigger micro-batches.
+ROOMY_SHARE = 0.5
 #: input-bound when the mean share of each window spent blocked on the DataLoader reaches this.
 INPUT_BOUND_SHARE = 0.10
 #: padding-bound when the mean share of real (non-padding) tokens among computed tokens is below this.
@@ -426,10 +430,13 @@ def _compute_bound(
         where = (
             f"at MFU {_percent(mfu)}" if not math.isnan(mfu) else f"on {runtime.get('device')} (MFU unknown)"
         )
+        levers = _unused_speed_levers(summary)
         advice = (
-            "train.runtime.precision: bf16 (where the GPU has it), train.runtime.compile: true, and a "
-            "bigger train.batching.micro_batch_size if memory allows"
-        ) + _weights_advice(str(summary.get("param_dtype") or ""))
+            "; ".join(levers)
+            if levers
+            else "no speed lever left unused in this run's summary (precision, compile, liger's kernels, "
+            "float8, bf16 weights, memory headroom): more speed needs a faster GPU or more of them"
+        )
     else:
         threads = runtime.get("num_threads")
         where = f"on {threads} CPU threads" if _known(threads) else "on the CPU"
@@ -443,17 +450,52 @@ def _compute_bound(
     return Finding(COMPUTE_BOUND, True, figure, f"the run is compute-bound: {figure}", advice)
 
 
-def _weights_advice(choice: str) -> str:
+def _unused_speed_levers(summary: dict) -> list[str]:
+    """The speed levers a compute-bound GPU run left unused, from its own decisions (``train_summary.json``):
+    a precision below bf16, no compile, liger's kernels or torchao's float8 off only for want of the package
+    (not by the user's choice or the rule), fp32 weights in a full fine-tune, a peak memory leaving most of
+    the GPU unused. A key the summary lacks (an older run) says nothing."""
+    runtime = summary.get("runtime") or {}
+    levers = []
+    precision = runtime.get("precision")
+    if precision in ("fp32", "fp16"):
+        levers.append(
+            f"train.runtime.precision: bf16 where the GPU has it (Ampere or newer; this run: {precision})"
+        )
+    if runtime.get("compile") is False:
+        levers.append("train.runtime.compile: true (compile_scope: layers compiles each layer once)")
+    for choice, package, what in (
+        (summary.get("liger"), "liger-kernel", "liger's fused norm, rotary and SwiGLU kernels"),
+        (
+            runtime.get("float8_choice"),
+            "torchao",
+            "float8 matmuls, kept where the first micro-batch measures them faster",
+        ),
+    ):
+        if f"`pip install {package}`" in str(choice or ""):
+            levers.append(f"`pip install {package}` ({what})")
+    levers += _weights_advice(str(summary.get("param_dtype") or ""))
+    peak, total = summary.get("peak_memory_mb"), summary.get("device_memory_mb")
+    share = float(peak) / float(total) if _known(peak) and _known(total) and float(total) > 0 else math.nan
+    if share < ROOMY_SHARE:  # False for NaN
+        levers.append(
+            f"a bigger train.batching.micro_batch_size: peak memory was {_percent(share)} of "
+            f"{float(total):,.0f} MB (`kedro run --pipeline=tune` measures the fastest that fits)"
+        )
+    return levers
+
+
+def _weights_advice(choice: str) -> list[str]:
     """A GPU full fine-tune that kept fp32 weights under autocast (the summary's ``param_dtype``,
     engine/train/master_weights.py): what bf16 weights with fp32 masters would remove; nothing for a run that
     had them or for LoRA (its base is bf16 already)."""
     if not choice.startswith("fp32 weights") or "frozen" in choice:
-        return ""
+        return []
     why = (
         "autocast over fp32 weights keeps an fp32 residual stream and casts each projection's input and "
         "gradient"
     )
-    return f"; {why}: train.runtime.param_dtype: auto (bf16 weights with fp32 masters)"
+    return [f"train.runtime.param_dtype: auto (bf16 weights with fp32 masters; {why})"]
 
 
 def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:

@@ -357,6 +357,16 @@ def test_liger_is_off_where_it_cannot_run_and_on_is_refused_in_one_line(fake_lig
     assert not fake_liger  # nothing patched
 
 
+def test_a_family_without_a_patch_is_off_for_its_family_not_for_the_package(no_liger):
+    """The package is named only where it is all that is missing (the report's advice installs it)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32))
+    why = liger.apply_liger(gpt2, "auto", CUDA)
+    assert "gpt2 family" in why and "pip install" not in why
+    assert "pip install liger-kernel" in liger.apply_liger(tiny_llama(), "auto", CUDA)
+
+
 # --- the parameters ----------------------------------------------------------------------------------------
 
 

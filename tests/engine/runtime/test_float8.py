@@ -68,6 +68,13 @@ def test_auto_is_off_with_the_reason(hopper, monkeypatch, change, reason):
     assert not on and reason in why
 
 
+def test_a_narrow_model_without_torchao_is_off_for_its_width_not_for_the_package(hopper, monkeypatch):
+    """The package is named only where it is all that is missing (the report's advice installs it)."""
+    monkeypatch.setattr(float8, "torchao_installed", lambda: False)
+    on, why = float8.float8_decision("auto", llama(1024), CUDA)
+    assert not on and "hidden size 1024 < 2048" in why and "torchao" not in why
+
+
 def test_off_and_on_are_what_they_say(hopper):
     assert float8.float8_decision("off", llama(2048), CUDA)[0] is False
     assert float8.float8_decision("on", llama(512), CUDA)[0] is True  # the config checked the machine

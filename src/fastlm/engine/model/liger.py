@@ -281,9 +281,10 @@ def apply_liger(model: torch.nn.Module, request: str, device: torch.device, *, s
         return f"liger kernels off ({MODEL_PARAM}: off)"
     base = unwrapped(model)
     family = getattr(getattr(base, "config", None), "model_type", None)
-    problem = liger_unavailable(device)
-    if problem is None and family not in LIGER_FAMILIES:
+    problem = None  # the family first: the package named only where it is all that is missing
+    if family not in LIGER_FAMILIES:
         problem = f"the {family} family has no liger patch here (families: {', '.join(LIGER_FAMILIES)})"
+    problem = problem or liger_unavailable(device)
     if problem is None and strategy == "fsdp" and request == "auto":
         problem = "not verified under FSDP2 sharding (set it to on to try)"
     patch = None

@@ -84,14 +84,14 @@ def float8_decision(
             f"float8 off (auto): compute capability {capability[0]}.{capability[1]} < "
             f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} (no float8 tensor cores)"
         )
-    if not torchao_installed():
-        return False, "float8 off (auto): torchao is not installed (`pip install torchao`)"
     hidden = _hidden_size(model)
     if hidden is None or hidden < MIN_HIDDEN_SIZE:
         return False, (
             f"float8 off (auto): hidden size {hidden} < {MIN_HIDDEN_SIZE} (the float8 casts "
             "cost more than the faster matmuls save)"
         )
+    if not torchao_installed():  # last: the package named only where it is all that is missing
+        return False, "float8 off (auto): torchao is not installed (`pip install torchao`)"
     why = f"compute capability {capability[0]}.{capability[1]}, torchao, hidden size {hidden}"
     why += f" >= {MIN_HIDDEN_SIZE}"
     if strategy == "fsdp":  # converted before sharding: nothing to swap in and out of sharded layers later
