@@ -66,8 +66,8 @@ def _train(rank: int, inputs: list[float], initial: float, steps: int, lr: float
     masters.reduce_under(ddp)
     syncs = lambda last: contextlib.nullcontext() if last else ddp.no_sync()  # noqa: E731
     if lr is not None:
-        masters.update_in_backward(torch.optim.AdamW([master], lr=lr, weight_decay=0.0))
-        syncs = masters.updating(syncs)
+        backward = masters.update_in_backward(torch.optim.AdamW([master], lr=lr, weight_decay=0.0))
+        syncs = backward.updating(syncs)
     seen = {"initial": master.detach().clone(), "grads": [], "model_grads": [], "masters": []}
     for _ in range(steps):
         master.grad = None  # what the optimizer's zero_grad does at each step
@@ -78,7 +78,7 @@ def _train(rank: int, inputs: list[float], initial: float, steps: int, lr: float
             seen["grads"].append(master.grad.detach().clone())
         else:
             assert master.grad is None, f"rank {rank}: the update in the backward did not free the gradient"
-            seen["grads"].append(masters.take_norms()[0].reshape(1, 1))
+            seen["grads"].append(backward.take_norms()[0].reshape(1, 1))
         seen["masters"].append(master.detach().clone())
         weight_grad = model.weight.grad
         seen["model_grads"].append(None if weight_grad is None else weight_grad.detach().clone())

@@ -228,7 +228,8 @@ class OptimizerParams(Params):
         description="each weight's update as soon as its gradient is complete, in the last micro-batch's "
         "backward, the gradient then freed (engine/train/master_weights.py): 4 bytes per trainable weight "
         "less at the peak of a step of one micro-batch (with accumulation the sums so far are held until "
-        "each update); needs bf16 weights (train.runtime.param_dtype), adamw, grad_clip null, not FSDP2",
+        "each update); needs bf16 weights (train.runtime.param_dtype) or FSDP2's shards, adamw, grad_clip "
+        "null",
     )
 
     @field_validator("in_backward")
@@ -575,15 +576,12 @@ class TrainParams(Params):
 
     @field_validator("distributed")
     @classmethod
-    def _in_backward_with_bf16_weights_and_no_shards(cls, value: DistributedParams, info: ValidationInfo):
+    def _in_backward_with_bf16_weights_or_shards(cls, value: DistributedParams, info: ValidationInfo):
         runtime, optimizer = info.data.get("runtime"), info.data.get("optimizer")
         if optimizer is None or not optimizer.in_backward:
             return value
         if value.nproc_per_node > 1 and value.strategy == "fsdp":
-            raise ValueError(
-                "train.optimizer.in_backward is not wired for strategy fsdp (FSDP2 reduce-scatters into "
-                "its own shards); use strategy ddp, or in_backward false"
-            )
+            return value  # FSDP2's fp32 shards are the masters, whatever dtype it gathers them in
         if runtime is not None and runtime.param_dtype == "fp32":
             raise ValueError(
                 "train.optimizer.in_backward updates the fp32 masters of bf16 weights and "

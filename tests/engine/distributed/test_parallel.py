@@ -396,3 +396,43 @@ def test_fsdp2_trains_float8_layers_converted_before_sharding_as_ddp_does(tmp_pa
     assert not any("float8" in type(module).__name__.lower() for module in fsdp.model.modules())
     for (name, mine), theirs in zip(ddp.model.named_parameters(), fsdp.model.parameters(), strict=True):
         assert theirs.dtype == torch.float32 and theirs.shape == mine.shape, name
+
+
+@pytest.mark.kernels  # updates in the backward against after it: the same updates reordered, a tolerance
+def test_fsdp2_updates_each_shard_in_the_backward_as_the_step_after_it_would(
+    tmp_path, bpe_tokenizer, tokenized
+):
+    """``train.optimizer.in_backward`` under FSDP2: FSDP2 calls each sharded parameter's post-accumulate-grad
+    hooks once its reduce-scatter is done, on the step's last micro-batch (the others do not synchronize), and
+    the hook updates that shard there with the run's optimizer state and frees its gradient."""
+    runs = {}
+    for in_backward in (False, True):
+        folder = tmp_path / f"in_backward_{in_backward}"
+        params = job_params(
+            folder,
+            accum=2,
+            nproc=2,
+            distributed={"nproc_per_node": 2, "strategy": "fsdp"},
+            optimizer={"warmup_steps": 1, "grad_clip": None, "in_backward": in_backward},
+        )
+        runs[in_backward] = launch(params, bpe_tokenizer, tokenized, folder), folder
+    (after, after_folder), (during, during_folder) = runs[False], runs[True]
+    assert "in the backward" in during.summary["param_dtype"], during.summary["param_dtype"]
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose(
+            [r[key] for r in during.history], [r[key] for r in after.history], rtol=TRAINED_FP32_LOSS_REL
+        )
+    import safetensors.torch
+
+    for name in ("model.safetensors",):
+        mine, theirs = (
+            safetensors.torch.load_file(str(folder / "checkpoints-2" / "checkpoint-00000004" / name))
+            for folder in (during_folder, after_folder)
+        )
+        for key, tensor in mine.items():
+            torch.testing.assert_close(tensor, theirs[key], **TRAINED_FP32_WEIGHTS, msg=key)
+    optimizer_states = [
+        torch.load(folder / "checkpoints-2" / "checkpoint-00000004" / "optimizer.pt", weights_only=True)
+        for folder in (during_folder, after_folder)
+    ]
+    assert optimizer_states[0]["state"].keys() == optimizer_states[1]["state"].keys()

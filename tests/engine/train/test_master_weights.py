@@ -19,7 +19,7 @@ from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.master_weights import MasterWeights, choose_param_dtype
 from fastlm.engine.train.step import Optimization, make_optimization, train_step
 from fastlm.errors import ConfigError
-from tests.support import ddp_ranks
+from tests.support import ddp_ranks, fsdp_ranks
 from tests.support.checkpoints import steps_on_disk
 from tests.support.lora_checks import ActivationOps, token_batch
 from tests.support.tolerances import BF16_MODEL_LOSS_REL
@@ -490,13 +490,6 @@ def test_out_of_memory_after_the_first_updates_in_backward_is_not_a_step_to_redo
         ({"optimizer": {"in_backward": True}}, "grad_clip"),
         ({"optimizer": {"in_backward": True, "grad_clip": None, "name": "adamw_8bit"}}, "adamw"),
         (
-            {
-                "optimizer": {"in_backward": True, "grad_clip": None},
-                "distributed": {"nproc_per_node": 2, "strategy": "fsdp"},
-            },
-            "fsdp",
-        ),
-        (
             {"optimizer": {"in_backward": True, "grad_clip": None}, "runtime": {"param_dtype": "fp32"}},
             "param_dtype",
         ),
@@ -507,6 +500,10 @@ def test_updates_in_backward_that_cannot_apply_are_refused_in_one_line(overrides
         parse_train_params(overrides)
     text = str(error.value)
     assert "in_backward" in text and message in text and "\n" not in text.strip()
+    # FSDP2's fp32 shards are the masters: no bf16 weights needed
+    sharded = {"nproc_per_node": 2, "strategy": "fsdp"}
+    ok = parse_train_params({**overrides, "distributed": sharded}) if message == "param_dtype" else None
+    assert ok is None or ok.optimizer.in_backward
 
 
 def test_updates_in_backward_without_masters_are_refused_naming_param_dtype():
@@ -519,3 +516,20 @@ def test_updates_in_backward_without_masters_are_refused_naming_param_dtype():
     )
     with pytest.raises(ConfigError, match="param_dtype"):
         make_optimization(toy_model(), params, _runtime(), total_steps=1)
+
+
+def test_under_fsdp2_each_shard_is_updated_in_the_backward_as_the_step_after_it_would(tmp_path):
+    """``train.optimizer.in_backward`` under FSDP2 (``BackwardUpdates.on_shards``): FSDP2 calls each sharded
+    weight's post-accumulate-grad hooks after its reduce-scatter, on the synchronizing micro-batch; the
+    weights have changed and no gradient is left when the backward returns, and each step's weights and
+    gradient norm (the shards' local norms, all-reduced) are those of the AdamW step after the backward."""
+    for rank, seen in enumerate(fsdp_ranks.run(tmp_path)):
+        after, during = seen["after"], seen["during"]
+        assert during["updated_in_backward"] == [True] * 3, rank
+        for step, (mine, theirs) in enumerate(zip(during["weights"], after["weights"], strict=True)):
+            for got, want in zip(mine, theirs, strict=True):
+                # the same AdamW arithmetic, one weight at a time against the step's foreach over all
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7, msg=f"rank {rank} step {step}")
+        torch.testing.assert_close(
+            torch.stack(during["norms"]), torch.stack(after["norms"]), rtol=1e-6, atol=0, msg=f"rank {rank}"
+        )

@@ -51,7 +51,7 @@ import torch
 
 from fastlm.errors import ConfigError
 
-__all__ = ["MasterWeights", "choose_param_dtype"]
+__all__ = ["BackwardUpdates", "MasterWeights", "choose_param_dtype"]
 
 
 class MasterWeights:
@@ -72,12 +72,7 @@ class MasterWeights:
         self._hooks = []
         self._ddp = None  # the DDP wrapper whose reduction adds into the masters (``reduce_under``)
         self._model = model
-        # train.optimizer.in_backward (``update_in_backward``): each master's own optimizer, sharing the
-        # run's optimizer state; armed for the last micro-batch of a step only
-        self._updaters: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, int]] = {}
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._armed = False
-        self._norms: list[torch.Tensor] = []
+        self.backward: BackwardUpdates | None = None  # train.optimizer.in_backward (``update_in_backward``)
         for name, param in model.named_parameters():  # each shared (tied) tensor once
             if param.dtype != torch.float32 or not param.requires_grad or _kept(name, kept):
                 continue
@@ -101,53 +96,17 @@ class MasterWeights:
             master.grad = grad.to(torch.float32)
         else:
             master.grad.add_(grad)
-        if self._armed and master in self._updaters:
-            self._update(master)
+        if self.backward is not None:
+            self.backward.offer(master)
 
-    @property
-    def in_backward(self) -> bool:
-        """Whether the masters are updated in the backward (``update_in_backward``)."""
-        return bool(self._updaters)
-
-    def update_in_backward(self, optimizer: torch.optim.Optimizer) -> None:
-        """``train.optimizer.in_backward``: in the last micro-batch of a step (``updating``), each master is
-        updated as soon as its gradient is complete and the gradient is freed, so no step holds every
-        gradient at once (4 bytes per weight less at the peak). Each master gets an optimizer of its own
-        with its group's settings and the run's optimizer's state: the same update, the same checkpoints.
-        Both are read from the run's optimizer at each update: its scheduler sets the rate, and loading a
-        checkpoint replaces its state and groups."""
+    def update_in_backward(self, optimizer: torch.optim.Optimizer) -> BackwardUpdates:
+        """``train.optimizer.in_backward`` over the masters (``BackwardUpdates``): each is updated in the
+        step's last backward as soon as its gradient is complete; the weights kept in fp32 are left to the
+        step."""
         if self.batched:
             raise ValueError("updates in the backward need a gradient hook per weight (batched=False)")
-        self._optimizer = optimizer
-        masters = {id(master) for _, master in self.pairs}  # not weights kept in fp32: the step updates those
-        for index, group in enumerate(optimizer.param_groups):
-            for target in group["params"]:
-                if id(target) in masters:
-                    self._updaters[target] = (type(optimizer)([target], lr=group["lr"]), index)
-
-    def _update(self, master: torch.nn.Parameter) -> None:
-        own, index = self._updaters[master]
-        group = self._optimizer.param_groups[index]
-        own.param_groups[0].update({key: value for key, value in group.items() if key != "params"})
-        own.state = self._optimizer.state
-        self._norms.append(torch.linalg.vector_norm(master.grad))  # for the step's gradient norm
-        own.step()
-        master.grad = None
-
-    def updating(self, gradient_sync=None):
-        """``sync(last)`` for ``accumulate_gradients``: ``gradient_sync``'s context (if any), and on the last
-        micro-batch the masters' updates in its backward."""
-
-        @contextlib.contextmanager
-        def sync(last: bool) -> Iterator[None]:
-            with gradient_sync(last) if gradient_sync is not None else contextlib.nullcontext():
-                self._armed = last
-                try:
-                    yield
-                finally:
-                    self._armed = False
-
-        return sync
+        self.backward = BackwardUpdates(optimizer, [master for _, master in self.pairs])
+        return self.backward
 
     def collecting(self, gradient_sync=None):
         """``sync(last)`` for ``accumulate_gradients`` in ``batched`` mode: ``gradient_sync``'s context (if
@@ -213,11 +172,6 @@ class MasterWeights:
             for param, _ in self.pairs:
                 param.grad = None
 
-    def take_norms(self) -> list[torch.Tensor]:
-        """The norms of the gradients updated in the backward since the last call (device scalars)."""
-        norms, self._norms = self._norms, []
-        return norms
-
     def reduce_under(self, ddp: torch.nn.Module) -> None:
         """DDP over the bf16 model: gradients reduced in fp32, straight into the masters.
 
@@ -263,8 +217,8 @@ class MasterWeights:
                     master.grad = piece  # a view of the reduced bucket: no copy
                 else:
                     master.grad.copy_(piece)
-                if self._armed and master in self._updaters:  # train.optimizer.in_backward
-                    self._update(master)
+                if self.backward is not None:  # train.optimizer.in_backward
+                    self.backward.offer(master)
             buffer = bucket.buffer()
             if all(param in self._master for param in params):
                 buffer.zero_()  # the bf16 weights keep no gradient for the next step to add to
@@ -309,7 +263,95 @@ class MasterWeights:
         for param, master in self.pairs:
             param.data = master.data
         self.pairs, self._master, self._ddp, self._views = [], {}, None, None
-        self._updaters, self._optimizer = {}, None
+        self.backward = None
+
+
+class BackwardUpdates:
+    """``train.optimizer.in_backward``: in the last micro-batch of a step (``updating``), each weight the
+    optimizer updates is updated as soon as its gradient is complete (``offer``) and the gradient is freed, so
+    no step holds every gradient at once (4 bytes per weight less at the peak). Each weight gets an optimizer
+    of its own with its group's settings and the run's optimizer's state: the same update, the same
+    checkpoints. Both are read from the run's optimizer at each update: its scheduler sets the rate, and
+    loading a checkpoint replaces its state and groups. The gradients' norms are kept for the step's
+    (``step_norm``).
+
+    Who offers the gradients: ``MasterWeights`` (bf16 weights, one process or DDP) once it has moved a
+    gradient into its master, or, under FSDP2, FSDP2 itself (``on_shards``): it calls each sharded
+    parameter's post-accumulate-grad hooks once its reduce-scatter is done, on the synchronizing micro-batch
+    only. A shard's norm is local, the step's norm one all-reduce of their squares."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, targets: list[torch.nn.Parameter] | None = None):
+        """``targets``: the weights to update in the backward (default: all the optimizer's)."""
+        self._optimizer = optimizer
+        chosen = None if targets is None else {id(target) for target in targets}
+        self._updaters: dict[torch.nn.Parameter, tuple[torch.optim.Optimizer, int]] = {}
+        for index, group in enumerate(optimizer.param_groups):
+            for target in group["params"]:
+                if chosen is None or id(target) in chosen:
+                    self._updaters[target] = (type(optimizer)([target], lr=group["lr"]), index)
+        self._armed = False
+        self._norms: list[torch.Tensor] = []
+        self._hooks = []
+        self._group = None  # the process group of sharded weights (``on_shards``): their norms are local
+
+    @classmethod
+    def on_shards(cls, optimizer: torch.optim.Optimizer) -> BackwardUpdates:
+        """FSDP2: every weight of ``optimizer`` (its sharded parameters) updated from FSDP2's post-reduce call
+        of its post-accumulate-grad hooks."""
+        updates = cls(optimizer)
+        for param in updates._updaters:
+            updates._hooks.append(param.register_post_accumulate_grad_hook(updates.offer))
+            updates._group = param.device_mesh.get_group()
+        return updates
+
+    def offer(self, param: torch.nn.Parameter) -> None:
+        """``param``'s gradient is complete: updated now where the step's last backward is running."""
+        if not self._armed or param not in self._updaters:
+            return
+        own, index = self._updaters[param]
+        group = self._optimizer.param_groups[index]
+        own.param_groups[0].update({key: value for key, value in group.items() if key != "params"})
+        own.state = self._optimizer.state
+        grad = param.grad.to_local() if self._group is not None else param.grad
+        self._norms.append(torch.linalg.vector_norm(grad))  # for the step's gradient norm
+        own.step()
+        param.grad = None
+
+    def updating(self, gradient_sync=None):
+        """``sync(last)`` for ``accumulate_gradients``: ``gradient_sync``'s context (if any), and on the last
+        micro-batch the updates in its backward."""
+
+        @contextlib.contextmanager
+        def sync(last: bool) -> Iterator[None]:
+            with gradient_sync(last) if gradient_sync is not None else contextlib.nullcontext():
+                self._armed = last
+                try:
+                    yield
+                finally:
+                    self._armed = False
+
+        return sync
+
+    def take_norms(self) -> list[torch.Tensor]:
+        """The norms of the gradients updated in the backward since the last call (device scalars)."""
+        norms, self._norms = self._norms, []
+        return norms
+
+    def step_norm(self, norms: list[torch.Tensor], rest: torch.Tensor) -> torch.Tensor:
+        """The step's gradient norm from ``norms`` (``take_norms``) and ``rest``, the norm of the gradients
+        the step itself updates; over the shards of every rank for sharded weights (one all-reduce)."""
+        rest = rest.full_tensor() if hasattr(rest, "full_tensor") else rest
+        if self._group is None:
+            return torch.linalg.vector_norm(torch.stack([*norms, rest.to(norms[0].device)]))
+        squares = torch.stack(norms).square().sum()
+        torch.distributed.all_reduce(squares, group=self._group)
+        return (squares + rest.to(squares.device).square()).sqrt()
+
+    def release(self) -> None:
+        """The hooks ``on_shards`` put on the weights go."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
 
 def choose_param_dtype(

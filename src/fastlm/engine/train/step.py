@@ -26,7 +26,7 @@ from fastlm.engine.model.liger import apply_liger, linear_ce_kernel_choice
 from fastlm.engine.model.linear_loss import fused_head_choice
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8
-from fastlm.engine.train.master_weights import MasterWeights, choose_param_dtype
+from fastlm.engine.train.master_weights import BackwardUpdates, MasterWeights, choose_param_dtype
 from fastlm.engine.train.optim import make_optimizer
 from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
 from fastlm.errors import ConfigError
@@ -54,6 +54,9 @@ class Optimization:
     # themselves, fp32 under autocast or as built)
     masters: MasterWeights | None = None
     param_dtype_choice: str = ""
+    # train.optimizer.in_backward: the weights updated in the step's last backward (the masters', or FSDP2's
+    # shards), None where the step updates them
+    backward: BackwardUpdates | None = None
     # train.runtime.compile_mode reduce-overhead: the compiled layers' gradients are CUDA graph outputs, which
     # the next replay overwrites; a step of several micro-batches owns these weights' gradients after each one
     # (owning_gradients): the trained weights no fp32 master takes the gradients of (chosen once)
@@ -68,6 +71,8 @@ class Optimization:
         """The model's weights become the fp32 masters for good (the end of a run); a no-op without."""
         if self.masters is not None:
             self.masters.release()
+        if self.backward is not None:
+            self.backward.release()
 
 
 @dataclass
@@ -128,14 +133,18 @@ def make_optimization(
         gathered = str(gathered_dtype(model) or "its shards' dtype").removeprefix("torch.")
         param_dtype_choice = f"{param_dtype_choice}; FSDP2 gathers the weights in {gathered}"
     optimizer = make_optimizer(model, settings, substitute=masters.master_of if masters else None)
-    if settings.in_backward:
+    backward = None
+    if settings.in_backward and is_sharded(model):  # FSDP2's shards are the masters
+        backward = BackwardUpdates.on_shards(optimizer)
+        param_dtype_choice += "; each shard updated in the backward (train.optimizer.in_backward)"
+    elif settings.in_backward:
         if masters is None:
             raise ConfigError(
                 "train.optimizer.in_backward updates the fp32 masters of bf16 weights in the backward and "
                 f"this run keeps {param_dtype_choice}.",
                 fix="set train.runtime.param_dtype: bf16 (with precision bf16), or in_backward: false.",
             )
-        masters.update_in_backward(optimizer)
+        backward = masters.update_in_backward(optimizer)
         param_dtype_choice += "; each master updated in the backward (train.optimizer.in_backward)"
     schedule = LRSchedule(
         settings.lr,
@@ -163,6 +172,7 @@ def make_optimization(
         float8_choice=float8_choice,
         masters=masters,
         param_dtype_choice=param_dtype_choice,
+        backward=backward,
         graph_kept=_gradients_kept(model, masters)
         if params.runtime.compile_mode == "reduce-overhead"
         else (),
@@ -222,13 +232,13 @@ def train_step(
     update never happened, so the caller may redo it smaller).
     """
     scaler = opt.scaler
-    in_backward = opt.masters is not None and opt.masters.in_backward
+    backward = opt.backward  # train.optimizer.in_backward: the weights updated in the last backward
     if opt.masters is not None:  # gradients a probe's backward left (model.zero_grad does not reach masters)
         opt.optimizer.zero_grad(set_to_none=True)
-        opt.masters.take_norms()
         opt.masters.drop_weight_gradients()
-    if in_backward:  # train.optimizer.in_backward: the masters updated in the last micro-batch's backward
-        gradient_sync = opt.masters.updating(gradient_sync)
+    if backward is not None:
+        backward.take_norms()
+        gradient_sync = backward.updating(gradient_sync)
     elif opt.masters is not None and opt.masters.batched:  # each micro-batch's gradients into the masters
         gradient_sync = opt.masters.collecting(gradient_sync)
     if opt.graph_kept and len(micro_batches) > 1:  # what no master moved out after each micro-batch
@@ -249,7 +259,7 @@ def train_step(
         opt.optimizer.zero_grad(set_to_none=True)
         if opt.masters is not None:  # the bf16 gradients a cut-short backward left
             opt.model.zero_grad(set_to_none=True)
-        if in_backward and opt.masters.take_norms():  # some weights updated already: not a step to redo
+        if backward is not None and backward.take_norms():  # some weights updated already: no step to redo
             raise RuntimeError(
                 "out of memory in the backward of a step whose first weights were already updated "
                 "(train.optimizer.in_backward): resume from the last checkpoint with a smaller "
@@ -266,9 +276,9 @@ def train_step(
             else opt.model.parameters()
         )
         grad_norm = torch.nn.utils.clip_grad_norm_(trained, opt.clip)
-        norms = opt.masters.take_norms() if in_backward else []
+        norms = backward.take_norms() if backward is not None else []
         if norms:  # with the norms of the gradients the backward updated and freed (clip is inf there)
-            grad_norm = torch.linalg.vector_norm(torch.stack([*norms, grad_norm.to(norms[0].device)]))
+            grad_norm = backward.step_norm(norms, grad_norm)
         lr = opt.scheduler.get_last_lr()[0]  # the rate this update uses (host float, no sync)
         scaler.step(opt.optimizer)
         scaler.update()
