@@ -436,3 +436,64 @@ def test_fsdp2_updates_each_shard_in_the_backward_as_the_step_after_it_would(
         for folder in (during_folder, after_folder)
     ]
     assert optimizer_states[0]["state"].keys() == optimizer_states[1]["state"].keys()
+
+
+@pytest.mark.parametrize(  # two QLoRA processes vs one: compared with a tolerance
+    "strategy", [pytest.param("fsdp", marks=pytest.mark.kernels), "ddp"]
+)
+def test_two_processes_train_qlora_adapters_like_one_process_checkpoint_them_alone_and_resume(
+    tmp_path, bpe_tokenizer, tokenized, strategy
+):
+    """LoRA in two processes (here over a 4-bit base, bitsandbytes' CPU backend): the adapters train as in
+    one process; checkpoints hold the adapters alone, as one process's do (under FSDP2 the frozen base is
+    not gathered from every rank at each save); the model comes back as one process's (the base read again,
+    the adapters handed back into it: a 4-bit base's quantization state is no weight to hand back); a run
+    resumes from such a checkpoint."""
+    from tests.support.tiny_llama import save_tiny_llama
+
+    base = save_tiny_llama(tmp_path / "base", bpe_tokenizer)
+    adapters = {"name_or_path": str(base), "lora": {"enabled": True, "r": 4, "load_in_4bit": True}}
+    one = run_job(
+        TrainJob(
+            job_params(tmp_path / "one", accum=2, nproc=1, model=adapters),
+            48,
+            *tokenized,
+            bpe_tokenizer,
+            str(tmp_path / "one" / "m"),
+        )
+    )
+    sharded = {"nproc_per_node": 2, "strategy": strategy}
+    params = job_params(tmp_path / "two", accum=1, nproc=2, distributed=sharded, model=adapters)
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
+    losses = [r["loss"] for r in one.history]
+    np.testing.assert_allclose([r["loss"] for r in two.history], losses, rtol=TRAINED_FP32_LOSS_REL)
+    trained = {name: p for name, p in one.model.named_parameters() if "lora_" in name}
+    returned = dict(two.model.named_parameters())
+    assert trained and type(two.model) is type(one.model)
+    for name, param in trained.items():
+        torch.testing.assert_close(returned[name], param.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
+    import safetensors.torch
+
+    folder = tmp_path / "two" / "checkpoints-2"
+    saved = safetensors.torch.load_file(str(folder / "checkpoint-00000002" / "model.safetensors"))
+    assert sorted(saved) == sorted(
+        name for name, param in one.model.named_parameters() if param.requires_grad
+    )
+    resumed = launch(
+        job_params(
+            tmp_path / "two",
+            accum=1,
+            nproc=2,
+            distributed=sharded,
+            model=adapters,
+            resume=str(folder / "checkpoint-00000002"),
+            checkpoint_dir=str(tmp_path / "resumed"),
+        ),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path / "resumed",
+    )
+    assert resumed.summary["resumed_from_step"] == 2
+    np.testing.assert_allclose(
+        [r["loss"] for r in resumed.history[-2:]], losses[-2:], rtol=TRAINED_FP32_LOSS_REL
+    )

@@ -245,15 +245,16 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def full_state_dicts(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, trainable_only: bool = False
 ) -> tuple[dict, dict | None]:
     """Whole (unsharded) model and optimizer state dicts on the CPU of rank 0; every rank must call it.
+    ``trainable_only``: the trained weights alone (LoRA's adapters; the frozen base is not gathered).
 
     The checkpoint files are the same as a one-process run's, so any world size or strategy can resume them.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     if optimizer is None:
         return get_model_state_dict(model, options=options), None
     return get_state_dict(model, optimizer, options=options)
@@ -264,15 +265,18 @@ def load_full_state_dicts(
     optimizer: torch.optim.Optimizer | None,
     model_state: dict,
     optimizer_state: dict | None,
+    *,
+    trainable_only: bool = False,
 ) -> None:
     """Load a checkpoint's whole model/optimizer state dicts into a sharded model (every rank calls it);
-    without an optimizer, the weights alone (early stopping's best step)."""
+    without an optimizer, the weights alone (early stopping's best step). ``trainable_only``: the state holds
+    the trained weights alone (``full_state_dicts``), the frozen ones stay as they are."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
     model_keys = set(get_plain_keys(model))
-    for name in model_keys - model_state.keys():  # a tied head saved once (save_model de-duplicates)
-        model_state[name] = model_state[_tied_source(model, name)]
-    options = StateDictOptions(full_state_dict=True)
+    for name in model_keys - model_state.keys() if not trainable_only else ():
+        model_state[name] = model_state[_tied_source(model, name)]  # a tied head saved once (save_model)
+    options = StateDictOptions(full_state_dict=True, strict=not trainable_only)
     if optimizer is None:
         set_model_state_dict(model, model_state, options=options)
         return

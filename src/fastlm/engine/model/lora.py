@@ -546,3 +546,15 @@ def merge_adapter(folder: str | Path, *, base: str | None = None):
     model = load_adapter_model(folder, base=base, merge=True)
     model.config.use_cache = True  # a model for inference again
     return model
+
+
+def load_trained_weights(model: torch.nn.Module, trained: dict) -> None:
+    """A LoRA model's trained weights (``trained``: exactly its trainable parameters, as a trainable-only
+    checkpoint or a worker hands them back) into ``model``, built over its base."""
+    expected = {name for name, param in model.named_parameters() if param.requires_grad}
+    if set(trained) != expected:
+        raise RuntimeError(
+            f"the trained weights hold {len(trained)} tensors where the model trains {len(expected)} "
+            f"(first differences: {sorted(set(trained) ^ expected)[:3]})"
+        )
+    model.load_state_dict(trained, strict=False)

@@ -57,10 +57,9 @@ class Checkpointer:
         self.protected: Path | None = None  # early stopping's best checkpoint: kept past keep_last
         self.root, self.total_steps, self.device = Path(params.checkpoint_dir), total_steps, device
         self.sharded = is_sharded(model)  # FSDP2: checkpoints hold the gathered, whole state dicts
-        # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only.
-        self.trainable_only = not self.sharded and any(
-            not param.requires_grad for param in model.parameters()
-        )
+        # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only
+        # (under FSDP2 too: only they are gathered).
+        self.trainable_only = any(not param.requires_grad for param in model.parameters())
         self.digest = run_digest(
             model,
             params,
@@ -135,8 +134,9 @@ class Checkpointer:
             load_full_state_dicts(
                 self.model,
                 self.opt.optimizer,
-                safetensors.torch.load_file(str(folder / MODEL_FILE)),
+                self._model_file(folder),
                 torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True),
+                trainable_only=self.trainable_only,
             )
         elif own_loader:
             self._load_trainable(folder)
@@ -158,9 +158,11 @@ class Checkpointer:
         model, opt = self.model, self.opt
         saved = checkpoint_dir(self.root, state.step)
         model_state, optimizer_state = (
-            full_state_dicts(model, opt.optimizer) if self.sharded else (None, None)
+            full_state_dicts(model, opt.optimizer, trainable_only=self.trainable_only)
+            if self.sharded
+            else (None, None)
         )
-        if self.trainable_only:
+        if self.trainable_only and not self.sharded:
             model_state = {
                 name: param.detach() for name, param in model.named_parameters() if param.requires_grad
             }
@@ -217,27 +219,32 @@ class Checkpointer:
         """The model's weights from checkpoint ``folder`` (early stopping's best step), nothing else."""
         with self.opt.full_precision():
             if self.sharded:  # FSDP2: the whole weights, each rank keeping its shards
-                model_state = safetensors.torch.load_file(str(folder / MODEL_FILE))
-                load_full_state_dicts(self.model, None, model_state, None)
+                load_full_state_dicts(
+                    self.model, None, self._model_file(folder), None, trainable_only=self.trainable_only
+                )
             elif self.trainable_only:
                 self._load_trainable(folder)
             else:
                 load_checkpoint(folder, model=self.model, map_location=self.device, restore_rng=False)
 
     def _load_trainable(self, folder: Path) -> None:
-        """A trainable-only (LoRA) checkpoint: its tensors must be exactly the model's trainable
+        """A trainable-only (LoRA) checkpoint into a model in one process."""
+        self.model.load_state_dict(self._model_file(folder), strict=False)
+
+    def _model_file(self, folder: Path) -> dict:
+        """The checkpoint's weights; of a trainable-only (LoRA) run, exactly the model's trainable
         parameters."""
         file = folder / MODEL_FILE
         saved = safetensors.torch.load_file(str(file))
         trainable = {name for name, param in self.model.named_parameters() if param.requires_grad}
-        if set(saved) != trainable:
+        if self.trainable_only and set(saved) != trainable:
             raise CheckpointError(
                 f"checkpoint file {file} holds {len(saved)} tensors, but this model trains {len(trainable)} "
                 "(a different LoRA set-up).",
                 fix="resume with the train.model.lora settings the checkpoint was written with, or set "
                 "train.resume: never.",
             )
-        self.model.load_state_dict(saved, strict=False)
+        return saved
 
 
 def resume_position(state: dict, world_size: int, folder: Path) -> int:
