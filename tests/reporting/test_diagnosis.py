@@ -326,6 +326,29 @@ def test_memory_saturated_names_fsdp_for_a_multi_process_ddp_run():
         assert "strategy: fsdp" not in by_kind(diagnose(summary, history))[MEMORY_SATURATED].advice
 
 
+def test_memory_saturated_names_updates_in_the_backward_where_the_run_could_take_them():
+    """A full fine-tune whose AdamW updates fp32 masters of bf16 weights, or FSDP2's shards, can update each
+    weight in the backward and free its gradient (train.optimizer.in_backward); not a run that did, not LoRA
+    (its adapters' gradients are small), not an 8-bit optimizer, not fp32 weights under autocast."""
+    history = make_history(7, peak_memory_mb=76000.0, step_time_s=RISING)
+    masters = "bf16 weights, fp32 masters in the optimizer (param_dtype auto)"
+
+    def advice(**extra) -> str:
+        summary = cuda(**{"optimizer": "adamw", "param_dtype": masters, "lora": False, **extra})
+        return by_kind(diagnose(summary, history))[MEMORY_SATURATED].advice
+
+    assert "train.optimizer.in_backward: true" in advice() and "grad_clip: null" in advice()
+    fsdp = "fp32 weights under autocast (...); FSDP2 gathers the weights in its shards' dtype"
+    assert "in_backward" in advice(param_dtype=fsdp, distributed_strategy="fsdp", world_size=2)
+    for other in (
+        {"param_dtype": masters + "; each master updated in the backward (train.optimizer.in_backward)"},
+        {"lora": True},
+        {"optimizer": "adamw_8bit"},
+        {"param_dtype": "fp32 weights under autocast (train.runtime.param_dtype: fp32)"},
+    ):
+        assert "in_backward" not in advice(**other), other
+
+
 def test_missing_keys_and_columns_are_tolerated():
     findings = diagnose({}, make_history(4)[["step", "loss"]])
     assert [finding.kind for finding in findings] == KINDS

@@ -354,8 +354,8 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame)
 def _unused_memory_levers(summary: dict) -> list[str]:
     """The memory levers this run did not use, from its own decisions (``train_summary.json``): the fused LM
     head where only a setting kept it off, the next checkpointing policy after the one it ran, an 8-bit AdamW
-    on CUDA, FSDP2 for several DDP processes. A summary without those keys (an older run) gets the
-    checkpointing switch in general."""
+    on CUDA, updates in the backward where its weights allow them, FSDP2 for several DDP processes. A
+    summary without those keys (an older run) gets the checkpointing switch in general."""
     levers = []
     choice = str(summary.get("fused_linear_choice") or "")
     if summary.get("fused_linear") is False and (
@@ -370,6 +370,11 @@ def _unused_memory_levers(summary: dict) -> list[str]:
         levers.append(f"set train.model.gradient_checkpointing: {following} (this run: {policy})")
     if _is_cuda(summary) and summary.get("optimizer") == "adamw":
         levers.append("set train.optimizer.name: adamw_8bit or paged_adamw_8bit (bitsandbytes)")
+    if _updates_in_backward_possible(summary):
+        levers.append(
+            "set train.optimizer.in_backward: true with grad_clip: null (each weight updated as soon as its "
+            "gradient is complete, the gradient freed: 4 bytes per weight less at the step's peak)"
+        )
     world = _world_size(summary)
     if summary.get("distributed_strategy") == "ddp" and world > 1:
         levers.append(
@@ -377,6 +382,19 @@ def _unused_memory_levers(summary: dict) -> list[str]:
             "weights, gradients and AdamW states instead of all of them)"
         )
     return levers
+
+
+def _updates_in_backward_possible(summary: dict) -> bool:
+    """A full fine-tune whose AdamW updates fp32 masters of bf16 weights or FSDP2's shards, not updating them
+    in the backward already (the summary's ``param_dtype`` says which)."""
+    choice = str(summary.get("param_dtype") or "")
+    sharded = summary.get("distributed_strategy") == "fsdp" and _world_size(summary) > 1
+    return (
+        summary.get("optimizer") == "adamw"
+        and summary.get("lora") is False
+        and (choice.startswith("bf16 weights") or sharded)
+        and "in the backward" not in choice
+    )
 
 
 def _world_size(summary: dict) -> int:

@@ -332,10 +332,11 @@ EARLY = {
 }
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])  # decisions, on the same CPU kernels on both sides
-def test_two_processes_stop_early_and_return_the_best_steps_weights_like_one_process(
-    tmp_path, bpe_tokenizer, tokenized, strategy
+def test_fsdp2_stops_early_and_returns_the_best_steps_weights_like_one_process(  # decisions: no tolerance
+    tmp_path, bpe_tokenizer, tokenized
 ):
+    """Early stopping under FSDP2: the best step's whole weights loaded back into the shards (DDP's ranks
+    load them as one process does)."""
     one = run_job(
         TrainJob(
             job_params(tmp_path / "one", accum=2, nproc=1, **EARLY),
@@ -346,7 +347,7 @@ def test_two_processes_stop_early_and_return_the_best_steps_weights_like_one_pro
         )
     )
     params = job_params(
-        tmp_path / "two", accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": strategy}, **EARLY
+        tmp_path / "two", accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"}, **EARLY
     )
     two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
     early, its = two.summary["early_stopping"], one.summary["early_stopping"]
@@ -398,51 +399,43 @@ def test_fsdp2_trains_float8_layers_converted_before_sharding_as_ddp_does(tmp_pa
         assert theirs.dtype == torch.float32 and theirs.shape == mine.shape, name
 
 
-@pytest.mark.kernels  # updates in the backward against after it: the same updates reordered, a tolerance
-def test_fsdp2_updates_each_shard_in_the_backward_as_the_step_after_it_would(
+@pytest.mark.kernels  # two processes updating in the backward vs one after it: a tolerance
+def test_fsdp2_updates_each_shard_in_the_backward_as_one_process_steps_after_it(
     tmp_path, bpe_tokenizer, tokenized
 ):
-    """``train.optimizer.in_backward`` under FSDP2: FSDP2 calls each sharded parameter's post-accumulate-grad
-    hooks once its reduce-scatter is done, on the step's last micro-batch (the others do not synchronize), and
-    the hook updates that shard there with the run's optimizer state and frees its gradient."""
-    runs = {}
-    for in_backward in (False, True):
-        folder = tmp_path / f"in_backward_{in_backward}"
-        params = job_params(
-            folder,
-            accum=2,
-            nproc=2,
-            distributed={"nproc_per_node": 2, "strategy": "fsdp"},
-            optimizer={"warmup_steps": 1, "grad_clip": None, "in_backward": in_backward},
+    """``train.optimizer.in_backward`` under FSDP2, wired through the run (the updates themselves:
+    tests/engine/train/test_master_weights.py): two processes of two micro-batches each, the first not
+    synchronizing, against one process stepping after the backward with the same effective batch."""
+    settings = {"warmup_steps": 1, "grad_clip": None}
+    one = run_job(
+        TrainJob(
+            job_params(tmp_path / "one", accum=4, nproc=1, optimizer=settings),
+            48,
+            *tokenized,
+            bpe_tokenizer,
+            str(tmp_path / "one" / "m"),
         )
-        runs[in_backward] = launch(params, bpe_tokenizer, tokenized, folder), folder
-    (after, after_folder), (during, during_folder) = runs[False], runs[True]
-    assert "in the backward" in during.summary["param_dtype"], during.summary["param_dtype"]
+    )
+    params = job_params(
+        tmp_path / "two",
+        accum=2,
+        nproc=2,
+        distributed={"nproc_per_node": 2, "strategy": "fsdp"},
+        optimizer={**settings, "in_backward": True},
+    )
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
+    assert "each shard updated in the backward" in two.summary["param_dtype"], two.summary["param_dtype"]
     for key in ("loss", "grad_norm"):
         np.testing.assert_allclose(
-            [r[key] for r in during.history], [r[key] for r in after.history], rtol=TRAINED_FP32_LOSS_REL
+            [r[key] for r in two.history], [r[key] for r in one.history], rtol=TRAINED_FP32_LOSS_REL
         )
-    import safetensors.torch
-
-    for name in ("model.safetensors",):
-        mine, theirs = (
-            safetensors.torch.load_file(str(folder / "checkpoints-2" / "checkpoint-00000004" / name))
-            for folder in (during_folder, after_folder)
-        )
-        for key, tensor in mine.items():
-            torch.testing.assert_close(tensor, theirs[key], **TRAINED_FP32_WEIGHTS, msg=key)
-    optimizer_states = [
-        torch.load(folder / "checkpoints-2" / "checkpoint-00000004" / "optimizer.pt", weights_only=True)
-        for folder in (during_folder, after_folder)
-    ]
-    assert optimizer_states[0]["state"].keys() == optimizer_states[1]["state"].keys()
+    for (name, mine), theirs in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
+        torch.testing.assert_close(theirs, mine.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
 
 
-@pytest.mark.parametrize(  # two QLoRA processes vs one: compared with a tolerance
-    "strategy", [pytest.param("fsdp", marks=pytest.mark.kernels), "ddp"]
-)
-def test_two_processes_train_qlora_adapters_like_one_process_checkpoint_them_alone_and_resume(
-    tmp_path, bpe_tokenizer, tokenized, strategy
+@pytest.mark.kernels  # two QLoRA processes vs one: compared with a tolerance
+def test_fsdp2_trains_qlora_adapters_like_one_process_checkpoints_them_alone_and_resumes(
+    tmp_path, bpe_tokenizer, tokenized
 ):
     """LoRA in two processes (here over a 4-bit base, bitsandbytes' CPU backend): the adapters train as in
     one process; checkpoints hold the adapters alone, as one process's do (under FSDP2 the frozen base is
@@ -462,7 +455,7 @@ def test_two_processes_train_qlora_adapters_like_one_process_checkpoint_them_alo
             str(tmp_path / "one" / "m"),
         )
     )
-    sharded = {"nproc_per_node": 2, "strategy": strategy}
+    sharded = {"nproc_per_node": 2, "strategy": "fsdp"}
     params = job_params(tmp_path / "two", accum=1, nproc=2, distributed=sharded, model=adapters)
     two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
     losses = [r["loss"] for r in one.history]
