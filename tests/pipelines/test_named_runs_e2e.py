@@ -102,5 +102,12 @@ def test_resplit_on_other_data_then_train_trains_a_model_for_the_new_tokenizer(k
     assert saved.get_vocab() == tokenizer.get_vocab()
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
     assert model.config.vocab_size == len(tokenizer)
+    # the model records the data it was trained on: the second split's, as its run's copy does
+    fingerprint = json.loads(
+        (kedro_project / "data/05_model_input/tokenized_corpus_fingerprint.json").read_text()
+    )
+    for kept in (folder, kedro_project / "data/06_models/runs/demo/model"):
+        record = json.loads((kept / "training_data.json").read_text())
+        assert record == {"fingerprint": fingerprint["fingerprint"], "data_format": None}  # plain text
     old = list((kedro_project / "data/06_models/checkpoints/demo").glob("superseded-*/checkpoint-00000004"))
     assert len(old) == 1  # the first run's checkpoints are kept aside, not resumed and not deleted

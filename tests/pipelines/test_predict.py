@@ -172,6 +172,37 @@ def test_chat_messages_are_rendered_with_the_training_chat_template_up_to_the_la
     assert "\n" not in str(found) and check_prediction_pair(csv, summary_file) == summary  # nothing rewritten
 
 
+def test_chat_messages_are_rendered_as_the_models_own_training_data_not_the_projects_latest_split(project):
+    """A model folder written by the train pipeline records how its training data was rendered
+    (``training_data.json``): predict follows it, not the project's split fingerprint, which a later split
+    may have changed (here: the model was trained on ``role: content`` lines, the project re-split with the
+    tokenizer's chat template, which the tokenizer still has)."""
+    from fastlm.corpus.prompts import render_messages
+
+    folder = project / "data/06_models/model"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    now = make_fingerprint(
+        tokenizer, 64, data_format=data_format_params(parse_split_params({"messages_column": "m"}), tokenizer)
+    )
+    (project / "data/05_model_input/tokenized_corpus_fingerprint.json").write_text(json.dumps(now))
+    lines = parse_split_params({"messages_column": "m", "chat_template": False})
+    then = make_fingerprint(tokenizer, 64, data_format=data_format_params(lines, tokenizer))
+    record = {"fingerprint": then["fingerprint"], "data_format": then["params"]["data_format"]}
+    (folder / "training_data.json").write_text(json.dumps(record))
+    (project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps({"m": chat}) + "\n" for chat, _ in CHATS[:3]), encoding="utf-8"
+    )
+    _run(project, input="data/01_raw/chats.jsonl", max_new_tokens=6)
+    table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    prompts = [render_messages(turns, lines.prompt_template) for _, turns in CHATS[:3]]
+    assert "<|assistant|>" not in "".join(prompts)  # role: content lines, not the template's
+    assert table["prediction"].tolist() == _alone(folder, prompts, 6)
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert summary["input_column"] == "m" and summary["chat_template_sha256"] is None
+
+
 def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(project, model_folder):
     shutil.copytree(model_folder, project / "data/06_models/runs/first/model")
     with gzip.open(project / "data/01_raw/lines.txt.gz", "wt", encoding="utf-8") as handle:

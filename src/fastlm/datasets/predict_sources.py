@@ -14,7 +14,7 @@ import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.corpus.readers import read_text_table
-from fastlm.datasets.pretrained_model import PretrainedModelDataset
+from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
 from fastlm.errors import InputDataError
 from fastlm.reporting.predictions import PredictionParts
 
@@ -54,10 +54,17 @@ class PredictSources:
             return table
         return read_text_table(file)
 
-    def training_chat(self) -> dict | None:
-        """The fingerprint's ``data_format`` (with ``source``, its path) when the project's models were
-        trained on chat messages (``split.messages_column``), else None (other data, or no split yet)."""
-        if self.fingerprint is None or not self.fingerprint.is_file():
+    def training_chat(self, trained: dict) -> dict | None:
+        """How ``trained`` (``load_model``'s) was trained on chat messages (``split.messages_column``): the
+        ``data_format`` of its own record (``training_data.json``, written with the model by the train
+        pipeline) or, for a model of this project without one (written before the record was), of the
+        project's split fingerprint; with ``source``, the file read. None: other data, or nothing says."""
+        record = trained.get("training_data")
+        if record is not None:
+            data_format = record.get("data_format") or {}
+            source = Path(trained["source"]) / TRAINING_DATA
+            return {**data_format, "source": str(source)} if data_format.get("kind") == "messages" else None
+        if not trained["trained_here"] or self.fingerprint is None or not self.fingerprint.is_file():
             return None
         try:
             stored = json.loads(self.fingerprint.read_text(encoding="utf-8"))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.datasets.atomic_folder import write_folder_atomically
+
+TRAINING_DATA = "training_data.json"  # how the model's training data was made (the train pipeline writes it)
 
 
 class PretrainedModelDataset(AbstractDataset):
@@ -20,6 +23,10 @@ class PretrainedModelDataset(AbstractDataset):
     (``python -m fastlm merge-adapter`` writes that model as a full folder). The adapter folder also holds
     ``base_digest.json`` (``fastlm.engine.model.lora.BASE_DIGEST``): a base folder whose weights changed since
     is refused where the adapter is loaded.
+
+    ``training_data`` (optional, saved as ``training_data.json``, loaded back, None where a folder has none):
+    the fingerprint of the tokenized data the model was trained on and its ``data_format`` (how prompts and
+    chat messages were rendered), so a later split of the project does not change how the model is used.
     """
 
     def __init__(self, filepath: str, load_args: dict[str, Any] | None = None, metadata: dict | None = None):
@@ -50,7 +57,12 @@ class PretrainedModelDataset(AbstractDataset):
                 local_files_only=True,
             )
             model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **self._load_args)
-        return {"model": model, "tokenizer": AutoTokenizer.from_pretrained(folder, **self._load_args)}
+        record = Path(folder) / TRAINING_DATA
+        return {
+            "model": model,
+            "tokenizer": AutoTokenizer.from_pretrained(folder, **self._load_args),
+            "training_data": json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None,
+        }
 
     def save(self, data: dict) -> None:
         def write(folder: Path) -> None:
@@ -60,6 +72,9 @@ class PretrainedModelDataset(AbstractDataset):
                 from fastlm.engine.model.lora import write_base_digest
 
                 write_base_digest(data["model"], folder)
+            if data.get("training_data") is not None:
+                record = json.dumps(data["training_data"], indent=2)
+                (folder / TRAINING_DATA).write_text(record, encoding="utf-8")
 
         write_folder_atomically(self._filepath, write)
 

@@ -29,7 +29,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     path = params.require_input()
     table = sources.read_input(path)
     trained = sources.load_model(params.model)
-    chat_training = sources.training_chat() if trained["trained_here"] else None
+    chat_training = sources.training_chat(trained)
     parameter, column = params.input_column(chat_training["messages_column"] if chat_training else None)
     chat = None
     if parameter == MESSAGES:

@@ -112,7 +112,12 @@ def train_model(
     evaluations = pd.DataFrame(
         result.eval_history, columns=None if result.eval_history else ["step", "val_loss"]
     )
-    return {"model": result.model, "tokenizer": tokenizer}, pd.DataFrame(result.history), evaluations, summary
+    record = {  # how the data it was trained on was made: predict reads it (PretrainedModelDataset)
+        "fingerprint": fingerprint["fingerprint"],
+        "data_format": fingerprint["params"].get("data_format"),
+    }
+    model = {"model": result.model, "tokenizer": tokenizer, "training_data": record}
+    return model, pd.DataFrame(result.history), evaluations, summary
 
 
 def _loss(value: float | None) -> str:
