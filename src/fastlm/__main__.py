@@ -7,6 +7,7 @@ adapter into its base model and writes a full ``save_pretrained`` folder.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def _write_merged(adapter: Path, out: Path, base: str | None) -> None:
     from transformers import AutoTokenizer
 
     from fastlm.datasets.atomic_folder import write_folder_atomically
+    from fastlm.datasets.pretrained_model import TRAINING_DATA
     from fastlm.engine.model.lora import merge_adapter
 
     model = merge_adapter(adapter, base=base)
@@ -79,6 +81,8 @@ def _write_merged(adapter: Path, out: Path, base: str | None) -> None:
     def write(folder: Path) -> None:
         model.save_pretrained(str(folder), safe_serialization=True)
         tokenizer.save_pretrained(str(folder))
+        if (adapter / TRAINING_DATA).is_file():  # how its training data was made: predict reads it
+            shutil.copy2(adapter / TRAINING_DATA, folder / TRAINING_DATA)
 
     write_folder_atomically(out, write)
 

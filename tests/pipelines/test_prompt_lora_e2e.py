@@ -111,6 +111,10 @@ def test_dialogue_summary_lora_run_saves_an_adapter_that_loads_and_merges(dialog
     loaded = PretrainedModelDataset(filepath=str(folder)).load()
     assert merge_adapter_command(["--adapter", str(folder), "--out", str(project / "merged")]) == 0
     assert merge_adapter_command(["--adapter", str(folder), "--out", str(project / "merged")]) == 2  # kept
+    # how its training data was made travels with the merged model (predict reads it)
+    record = (folder / "training_data.json").read_text()
+    assert json.loads(record)["data_format"]["kind"] == "prompt_response"
+    assert (project / "merged" / "training_data.json").read_text() == record
     from transformers import AutoModelForCausalLM
 
     merged = AutoModelForCausalLM.from_pretrained(project / "merged", local_files_only=True).eval()
