@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from fastlm.engine.config import parse_train_params
-from fastlm.engine.launch.job import TrainJob
+from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.launch.workers import launch_workers
 from fastlm.engine.model.build import build_model
 
@@ -59,3 +59,9 @@ def launch(params, tokenizer, tokenized, tmp_path):
         build_model=build,
         monitor_interval_s=params.distributed.monitor_interval_s,
     )
+
+
+def run_one(params, tokenizer, tokenized, folder):
+    """The job of ``params`` in this process (the one-process side of a comparison), its model in
+    ``folder``."""
+    return run_job(TrainJob(params, 48, tokenized[0], tokenized[1], tokenizer, str(folder / "m")))

@@ -12,7 +12,7 @@ from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBu
 from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env
 from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.train.persistence import resume_position
-from tests.support.parallel_jobs import job_params, launch, tokenized_splits
+from tests.support.parallel_jobs import job_params, launch, run_one, tokenized_splits
 from tests.support.tolerances import BF16_MODEL_LOSS_REL, TRAINED_FP32_LOSS_REL, TRAINED_FP32_WEIGHTS
 
 LENGTHS = np.random.default_rng(0).integers(3, 40, size=500)
@@ -337,14 +337,8 @@ def test_fsdp2_stops_early_and_returns_the_best_steps_weights_like_one_process( 
 ):
     """Early stopping under FSDP2: the best step's whole weights loaded back into the shards (DDP's ranks
     load them as one process does)."""
-    one = run_job(
-        TrainJob(
-            job_params(tmp_path / "one", accum=2, nproc=1, **EARLY),
-            48,
-            *tokenized,
-            bpe_tokenizer,
-            str(tmp_path / "one" / "m"),
-        )
+    one = run_one(
+        job_params(tmp_path / "one", accum=2, nproc=1, **EARLY), bpe_tokenizer, tokenized, tmp_path / "one"
     )
     params = job_params(
         tmp_path / "two", accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"}, **EARLY
@@ -407,14 +401,11 @@ def test_fsdp2_updates_each_shard_in_the_backward_as_one_process_steps_after_it(
     tests/engine/train/test_master_weights.py): two processes of two micro-batches each, the first not
     synchronizing, against one process stepping after the backward with the same effective batch."""
     settings = {"warmup_steps": 1, "grad_clip": None}
-    one = run_job(
-        TrainJob(
-            job_params(tmp_path / "one", accum=4, nproc=1, optimizer=settings),
-            48,
-            *tokenized,
-            bpe_tokenizer,
-            str(tmp_path / "one" / "m"),
-        )
+    one = run_one(
+        job_params(tmp_path / "one", accum=4, nproc=1, optimizer=settings),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path / "one",
     )
     params = job_params(
         tmp_path / "two",
@@ -446,14 +437,11 @@ def test_fsdp2_trains_qlora_adapters_like_one_process_checkpoints_them_alone_and
 
     base = save_tiny_llama(tmp_path / "base", bpe_tokenizer)
     adapters = {"name_or_path": str(base), "lora": {"enabled": True, "r": 4, "load_in_4bit": True}}
-    one = run_job(
-        TrainJob(
-            job_params(tmp_path / "one", accum=2, nproc=1, model=adapters),
-            48,
-            *tokenized,
-            bpe_tokenizer,
-            str(tmp_path / "one" / "m"),
-        )
+    one = run_one(
+        job_params(tmp_path / "one", accum=2, nproc=1, model=adapters),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path / "one",
     )
     sharded = {"nproc_per_node": 2, "strategy": "fsdp"}
     params = job_params(tmp_path / "two", accum=1, nproc=2, distributed=sharded, model=adapters)
