@@ -22,7 +22,7 @@ from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import RankInfo, connect, full_state_dicts, is_sharded, rank_device
 from fastlm.engine.model.attention.choice import choose_attention
 from fastlm.engine.model.build import build_model
-from fastlm.engine.model.lora import load_trained_weights
+from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.observe.metrics import device_memory_mb
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime, usable_cpu_count
 from fastlm.engine.train.loop import train
@@ -101,7 +101,7 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
         )
         if is_sharded(result.model):  # FSDP2: gather the whole weights into a plain model on rank 0
             # LoRA: the adapters alone, into a model built again over its base (read from name_or_path)
-            adapters = any(not param.requires_grad for param in result.model.parameters())
+            adapters = trains_part_only(result.model)
             whole, _ = full_state_dicts(result.model, None, trainable_only=adapters)
             if comm.is_main:
                 result.model = build_model(

@@ -32,7 +32,7 @@ import safetensors.torch
 
 from fastlm.engine.distributed.parallel import rank_from_env
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job
-from fastlm.engine.model.lora import load_trained_weights
+from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.train.signals import TrainingInterrupted
 from fastlm.errors import FastlmError
 
@@ -86,7 +86,7 @@ def launch_workers(
             results = elastic_launch(config, _worker)(job, str(weights), callback_factory)
         result: JobResult = results[0]
         model = build_model()
-        if _adapters(model):  # the adapters alone: the base was built again from name_or_path
+        if trains_part_only(model):  # the adapters alone: the base was built again from name_or_path
             load_trained_weights(model, safetensors.torch.load_file(str(weights)))
         else:
             safetensors.torch.load_model(model, str(weights))
@@ -111,18 +111,13 @@ def _worker(job: TrainJob, weights: str, callback_factory) -> JobResult | None:
     result = run_job(job, rank, callbacks=callbacks)
     if result is None:
         return None
-    if _adapters(result.model):  # LoRA: its trained weights (a 4-bit base's state is no tensor to load)
+    if trains_part_only(result.model):  # LoRA: its trained weights (a 4-bit base's state is no tensor)
         trained = {name: p.detach() for name, p in result.model.named_parameters() if p.requires_grad}
         safetensors.torch.save_file({name: t.contiguous() for name, t in trained.items()}, weights)
     else:
         safetensors.torch.save_model(result.model, weights)
     result.model = None
     return result
-
-
-def _adapters(model) -> bool:
-    """Whether ``model`` trains some of its weights only (LoRA: its base frozen)."""
-    return any(not param.requires_grad for param in model.parameters())
 
 
 def _configure_worker_logging(rank: int) -> None:

@@ -548,6 +548,12 @@ def merge_adapter(folder: str | Path, *, base: str | None = None):
     return model
 
 
+def trains_part_only(model: torch.nn.Module) -> bool:
+    """Whether some of ``model``'s weights are frozen (LoRA: its base): what it saves, hands back and
+    checkpoints is its trained weights alone (``load_trained_weights`` reads them back)."""
+    return any(not param.requires_grad for param in model.parameters())
+
+
 def load_trained_weights(model: torch.nn.Module, trained: dict) -> None:
     """A LoRA model's trained weights (``trained``: exactly its trainable parameters, as a trainable-only
     checkpoint or a worker hands them back) into ``model``, built over its base."""

@@ -30,6 +30,7 @@ from fastlm.engine.distributed.parallel import (
     is_sharded,
     load_full_state_dicts,
 )
+from fastlm.engine.model.lora import trains_part_only
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization
 
@@ -59,7 +60,7 @@ class Checkpointer:
         self.sharded = is_sharded(model)  # FSDP2: checkpoints hold the gathered, whole state dicts
         # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only
         # (under FSDP2 too: only they are gathered).
-        self.trainable_only = any(not param.requires_grad for param in model.parameters())
+        self.trainable_only = trains_part_only(model)
         self.digest = run_digest(
             model,
             params,
