@@ -68,6 +68,26 @@ def test_the_packed_budget_holds_the_micro_batch_tokens_and_refuses_a_row_too_sh
     assert "\n" not in str(error.value)
 
 
+def test_where_float8_may_train_every_padded_length_and_row_is_a_multiple_of_16(tmp_path):
+    # float8's weight gradients take token counts in multiples of 16 (runtime.float8.token_multiple)
+    lengths = toy_sequences(50, 0).lengths
+    for mode in ("packed", "dynamic"):
+        params = toy_params(tmp_path, batching={"mode": mode}, runtime={"float8": "auto"})
+        on = params.model_copy(update={"runtime": params.runtime.model_copy(update={"float8": "on"})})
+        for settings, multiple in ((params, 1), (on, 16)):  # auto on a CPU: no float8, samples unpadded
+            _, collator = make_batching(settings, lengths, pad_id=EOS, max_length=64, seed=0)
+            assert collator.pad_to_multiple_of == multiple
+    assert params.batching.model_copy(update={"pad_to_multiple_of": 24}).pad_multiple("cuda", 16) == 48
+    assert params.batching.pad_multiple("cuda", 16) == 16 and params.batching.pad_multiple("cuda") == 8
+    explicit = toy_params(tmp_path, batching={"mode": "packed", "row_length": 40}).batching
+    assert packed_budget(explicit, lengths[lengths <= 40], max_length=64).row_length == 40
+    with pytest.raises(ConfigError, match=r"row_length is 40 tokens, and float8 .* multiples of 16") as error:
+        packed_budget(explicit, lengths[lengths <= 40], max_length=64, align=16)
+    assert "row_length to auto or 48" in str(error.value) and "\n" not in str(error.value)
+    auto = toy_params(tmp_path, batching={"mode": "packed"}).batching
+    assert packed_budget(auto, lengths, max_length=64, align=16).row_length % 16 == 0
+
+
 def test_loader_settings_use_no_workers_on_cpu_and_pin_memory_on_cuda(tmp_path, monkeypatch):
     params = toy_params(tmp_path)
     assert loader_settings(params, CPU) == {"num_workers": 0, "pin_memory": False}

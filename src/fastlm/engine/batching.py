@@ -33,6 +33,7 @@ from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, enable_target_head, packing_unavailable
 from fastlm.engine.runtime.environment import resolve_device, usable_cpu_count
+from fastlm.engine.runtime.float8 import token_multiple
 from fastlm.errors import ConfigError
 
 __all__ = [
@@ -67,7 +68,9 @@ def make_batching(
     ``length_grouped`` (the training loop says so once, in its log and summary).
     """
     batching = params.batching
-    pad_multiple = batching.pad_multiple(resolve_device(params.runtime.device).type)
+    device_type = resolve_device(params.runtime.device).type
+    align = token_multiple(params.runtime.float8, device_type)
+    pad_multiple = batching.pad_multiple(device_type, align)
     seq2seq = decoder_start_id is not None
     mode = batching.mode
     if seq2seq:
@@ -75,7 +78,7 @@ def make_batching(
         if mode == "packed" and not seq2seq_packing:
             mode = "length_grouped"
     if mode == "packed":
-        budget = packed_budget(batching, lengths, max_length)
+        budget = packed_budget(batching, lengths, max_length, align=align)
         # Masks / varlen boundaries are made per attention path by attention.inputs.to_device, on the device.
         collator = (
             PackedSeq2SeqCollator(
@@ -108,12 +111,20 @@ def make_batching(
     return sampler, collator
 
 
-def packed_budget(batching, lengths, max_length: int) -> TokenBudget:
+def packed_budget(batching, lengths, max_length: int, align: int = 1) -> TokenBudget:
     """Rows of ``batching.row_length`` tokens (``auto``: chosen from ``lengths``) holding together the
-    micro-batch's ``micro_batch_size * max_length`` tokens."""
+    micro-batch's ``micro_batch_size * max_length`` tokens. ``align``: the multiple a row's length must be
+    (float8's, ``runtime.float8.token_multiple``: a full row is not padded further)."""
     row_length = batching.row_length
     if row_length == "auto":
-        row_length = choose_row_length(lengths, max_length)
+        row_length = -(-choose_row_length(lengths, max_length) // align) * align
+    elif row_length % align:
+        raise ConfigError(
+            f"train.batching.row_length is {row_length} tokens, and float8 matmuls (train.runtime.float8 on, "
+            f"or auto on a GPU) take token counts in multiples of {align} only.",
+            fix=f"set train.batching.row_length to auto or {-(-row_length // align) * align}, or "
+            "train.runtime.float8 to off.",
+        )
     longest = int(lengths.max()) if len(lengths) else 0
     if longest > row_length:
         raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -141,7 +142,9 @@ class BatchingParams(Params):
     pad_to_multiple_of: int | Literal["auto"] = Field(
         "auto",
         description="round padded lengths up to a multiple of this; auto: 8 on CUDA (tensor-core "
-        "alignment), 1 on CPU (rounding ~10-token samples up to 8 pads a quarter of the tokens for nothing)",
+        "alignment), 1 on CPU (rounding ~10-token samples up to 8 pads a quarter of the tokens for nothing); "
+        "where float8 matmuls may run (runtime.float8 on, or auto on CUDA), rounded up to a multiple of 16, "
+        "the token counts their GEMMs take",
     )
     oom_backoff: bool = Field(
         False, description="on CUDA out of memory: halve micro-batch, double accumulation"
@@ -154,11 +157,13 @@ class BatchingParams(Params):
             raise ValueError("must be 'auto' or an integer >= 1")
         return value
 
-    def pad_multiple(self, device_type: str) -> int:
-        """``pad_to_multiple_of`` for a run on ``device_type`` ("cuda", "cpu", ...), ``auto`` resolved."""
+    def pad_multiple(self, device_type: str, align: int = 1) -> int:
+        """``pad_to_multiple_of`` for a run on ``device_type`` ("cuda", "cpu", ...), ``auto`` resolved, and
+        rounded up to a multiple of ``align``: the token count the model's matmuls need (float8's 16,
+        ``engine.runtime.float8.token_multiple``)."""
         if self.pad_to_multiple_of == "auto":
-            return 8 if device_type == "cuda" else 1
-        return int(self.pad_to_multiple_of)
+            return math.lcm(8 if device_type == "cuda" else 1, align)
+        return math.lcm(int(self.pad_to_multiple_of), align)
 
 
 def liger_missing() -> str | None:

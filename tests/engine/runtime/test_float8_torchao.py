@@ -3,11 +3,13 @@ optimizer rely on, checked against the library rather than a stand-in (test_floa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from fastlm.engine.runtime import float8
-from tests.support.toy_training import toy_model
+from tests.support.toy_training import run_toy, toy_model, toy_params
 
 torchao = pytest.importorskip("torchao")
 
@@ -31,3 +33,42 @@ def test_the_probes_swap_keeps_the_parameters_the_optimizer_was_made_with():
     swap.use(False)
     assert all(module is plain[name] for name, module in model.named_modules())
     assert float8.float8_layers(model) == 0
+
+
+def cuda_scaled_mm(real):
+    """torch's CUDA ``_scaled_mm`` refuses what its CPU version takes: a first operand whose trailing
+    dimension (the inner one), or a second operand whose dimensions, are not multiples of 16
+    (cuBLASLt's float8 GEMM). In a training backward torchao's weight gradient is ``grad_out.T @ input``:
+    the micro-batch's token count is that inner dimension."""
+
+    def checked(mat1, mat2, *args, **kwargs):
+        checked.calls += 1
+        if mat1.shape[1] % 16 or mat2.shape[0] % 16 or mat2.shape[1] % 16:
+            raise RuntimeError(
+                f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: "
+                f"({mat1.shape[0]}x{mat1.shape[1]})."
+            )
+        return real(mat1, mat2, *args, **kwargs)
+
+    checked.calls = 0
+    return checked
+
+
+@pytest.mark.parametrize(
+    ("attn", "mode"),
+    [("sdpa_varlen", "packed"), ("sdpa", "packed"), ("sdpa_varlen", "dynamic"), ("sdpa", "dynamic")],
+)  # the varlen row, the dense rows; packed rows, padded samples
+def test_float8_training_gives_the_gpu_matmuls_token_counts_they_take(tmp_path, monkeypatch, attn, mode):
+    # float8 on a 3B model's full fine-tune (an H100, 2026-11-28) crashed in the first backward: the varlen
+    # row's 4,088 tokens were no multiple of 16. Rows of 48 tokens, 4 of them or 3 samples per micro-batch,
+    # are left part empty by the toy's lengths: token counts of any value.
+    scaled_mm = cuda_scaled_mm(torch._scaled_mm)
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    batching = {"mode": mode, "micro_batch_size": 3, "row_length": 48}
+    params = toy_params(tmp_path, max_steps=6, eval_every=None, log_every=3, batching=batching)
+    # float8 on asks for a float8 GPU: on a CPU torch's _scaled_mm runs torchao's layers all the same
+    runtime = params.runtime.model_copy(update={"float8": "on", "precision": "fp32"})
+    run = run_toy(params.model_copy(update={"runtime": runtime}), attn=attn)
+    assert run.runtime.float8_choice.endswith("14 Linear layers in float8")
+    assert scaled_mm.calls >= 6 * 14 * 3  # every step's float8 matmuls (3 a layer) went through the check
+    assert all(math.isfinite(record["loss"]) for record in run.history)

@@ -121,7 +121,7 @@ def test_nan_loss_stops_with_the_last_good_checkpoint_kept(tmp_path):
 
 def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
     from fastlm.engine.data import PackedCollator, TokenBudget
-    from fastlm.engine.model.attention.inputs import to_device
+    from fastlm.engine.model.attention.inputs import VARLEN_ROW_MULTIPLE, to_device
 
     data = toy_sequences(50, 3)
     samples = data.__getitems__(range(8))
@@ -138,7 +138,7 @@ def test_mask_built_on_the_device_equals_the_collators_own(tmp_path):
     varlen = to_device(shipped, cpu, "flash_attention_2")["model_inputs"]
     # the varlen view: the real tokens in one row, the rows' padding tails left out (inputs.without_padding)
     real = int(shipped["num_real_tokens"])
-    width = -(-real // 8) * 8
+    width = -(-real // VARLEN_ROW_MULTIPLE) * VARLEN_ROW_MULTIPLE
     assert "attention_mask" not in varlen and varlen["input_ids"].shape == (1, width) and width < 4 * 64
     bounds, flat_real = shipped["cu_seq_lens"].tolist(), shipped["real_mask"].reshape(-1)
     lengths = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True) if flat_real[a]])

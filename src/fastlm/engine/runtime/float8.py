@@ -49,6 +49,16 @@ MIN_HIDDEN_SIZE = 2048
 ALIGNMENT = 16  # float8 GEMMs (cuBLASLt / torch._scaled_mm) need both matrix dims divisible by 16
 
 
+def token_multiple(requested: str, device_type: str) -> int:
+    """The multiple of which each micro-batch's token count must be where float8 layers may train: the
+    count is the inner dimension of each float8 weight gradient (``grad_out.T @ input``), which CUDA's
+    float8 GEMM takes only in multiples of ``ALIGNMENT`` (an H100 refused 4,088 tokens). ``on``, or ``auto``
+    on a CUDA device (its probe may keep the layers): ``ALIGNMENT``; else 1. The collators pad to it
+    (``BatchingParams.pad_multiple``); the varlen row's multiple is one (``attention.inputs``)."""
+    may_run = requested == "on" or (requested == "auto" and device_type == "cuda")
+    return ALIGNMENT if may_run else 1
+
+
 def torchao_installed() -> bool:
     return importlib.util.find_spec("torchao") is not None
 

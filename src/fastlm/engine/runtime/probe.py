@@ -375,15 +375,21 @@ def probe_float8(
         )
     if keep:
         reason = f"{reason}: on, {len(swap)} Linear layers in float8"
-    log.info("train.runtime.float8 auto -> %s: %s", "on" if keep else "off", reason)
+    level = logging.WARNING if reason.startswith(FLOAT8_PASS_FAILED) else logging.INFO
+    log.log(level, "train.runtime.float8 auto -> %s: %s", "on" if keep else "off", reason)
     return replace(runtime, float8=keep, float8_choice=reason)
+
+
+FLOAT8_PASS_FAILED = "float8 auto: its first float8 pass failed"
 
 
 def _measure_float8(
     runtime: Runtime, model: torch.nn.Module, batch: Mapping, probe: Float8Probe, measure: Measure
 ) -> tuple[bool, str, float8.Float8Swap]:
     """The plain layers' warm-up, one conversion and the float8 warm-up, then alternated timed rounds; the
-    plain layers put back unless float8 is faster by ``FLOAT8_MIN_SPEEDUP`` (or when a pass fails)."""
+    plain layers put back unless float8 is faster by ``FLOAT8_MIN_SPEEDUP``. A pass that fails with the
+    float8 layers in turns float8 off, the error named (auto promises float8 only where it pays; the plain
+    layers train); one that fails with the plain layers raises, the plain layers back in the model."""
     stepping = probe.stepping if probe.stepping is not None else model
     plain = runtime.precision
     swap = None
@@ -401,7 +407,16 @@ def _measure_float8(
                 return run
 
             best = _alternated_best({plain: timed(False), "fp8": timed(True)})
-        except BaseException:
+        except Exception as error:
+            in_float8 = swap is not None and swap.converted
+            if swap is not None:
+                swap.use(False)
+            if not in_float8:
+                raise
+            first = str(error).splitlines()[0] if str(error) else ""
+            failed = f"{FLOAT8_PASS_FAILED} ({type(error).__name__}: {first})"
+            return False, f"{failed}: off, the original layers put back", swap
+        except BaseException:  # Ctrl-C and the like: the plain layers back, and on its way
             if swap is not None:
                 swap.use(False)
             raise

@@ -259,16 +259,17 @@ def test_varlen_paths_get_the_real_tokens_in_one_row_without_the_rows_padding(la
     """The varlen kernels need no rectangle: the rows' padding tails (1.6 % of the H100's LoRA micro-batches,
     docs/gpu-runs/2026-11-27-h100-gpu_speed_lora.log; the Trainer's flattening computes none) are left out of
     the model's row, which keeps each sample's tokens, labels and positions in order, padded at its end to a
-    multiple of 8 only."""
+    multiple of 16 only (float8's weight gradients take no other token count)."""
     from fastlm.engine.data.schema import MODEL_INPUTS
-    from fastlm.engine.model.attention.inputs import to_device
+    from fastlm.engine.model.attention.inputs import VARLEN_ROW_MULTIPLE, to_device
 
+    assert VARLEN_ROW_MULTIPLE == 16
     batch = _varlen_batches()[layout]
     real = int(batch["num_real_tokens"])
-    assert batch["input_ids"].numel() - real >= 8  # the rows' padding: more than the round-up
+    assert batch["input_ids"].numel() - real >= 16  # the rows' padding: more than the round-up
     out = to_device(batch, torch.device("cpu"), attn)
     inputs = out[MODEL_INPUTS]
-    width = -(-real // 8) * 8
+    width = -(-real // 16) * 16
     assert inputs["input_ids"].shape == (1, width) and out["labels"].shape == (1, width)
     flat_ids = torch.cat([torch.as_tensor(ids) for ids in SAMPLES[:6]])
     assert torch.equal(inputs["input_ids"][0, :real], flat_ids)  # the samples, in the collator's order
