@@ -13,32 +13,28 @@
 #    against fastlm's own kernel, PASS/FAIL, before any figure that depends on it)
 # 2. the plan, most wanted first (a session lent a GPU has about 15 minutes of it, starts included), each
 #    step under `timeout` (its own cap, never past what is left of --budget-s) and started only when at least
-#    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 and 2026-11-27
+#    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 to 2026-11-28
 #    (docs/gpu-runs): the 3B base model's preparation about 30 s, a 3B model's load 16 s, fastlm's LoRA
 #    55 s, the Trainer + peft's best (eager) 33 s and its usual set-up more than 79 s on the 3B shape, the
 #    0.73 B full fine-tune eager 36-58 s a contender, compiled 147 s (more than 119 s on a fresh machine:
 #    its inductor cache is empty; the whole model, though asked by layers: gpu_speed.py's runtime lacked the
 #    scope until 2026-11-27's eighth session), the QLoRA usual set-up about 5 s a step:
-#      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft's best set-up and
-#                          TRL's SFTTrainer + peft best (packing, padding-free, its chunked head) on the
-#                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager: the
-#                          1.5x target (1.46x and 1.42x on an H100, 1.20x and 1.24x on an H200 whose host
-#                          left the GPU idle 41 % of fastlm's step, 2026-11-27; bf16 adapters since)
-#      lora_cudagraphs     fastlm's LoRA compiled by layers with CUDA graphs (fastlm_lora_cudagraphs:
-#                          train.runtime.compile_mode reduce-overhead, one launch per layer over micro-batches
-#                          of one shape) against fastlm's eager LoRA and the Trainer + peft's best, one run
-#                          (built 2026-11-27 on CPU; never run on a GPU)
-#      lora_ab             fastlm's LoRA (bf16 adapters with fp32 masters, param_dtype auto on a GPU) against
-#                          fp32 adapters under autocast (each adapter cast per micro-batch, 392 casts each way)
+#      gpu_speed_full_3b   the full fine-tune on the Llama-3.2-3B shape, fastlm against the Trainer's best
+#                          set-up, both eager, 2 rows of 2048 per step, every other layer checkpointed on
+#                          both sides (51 GB of fp32 weights, gradients and AdamW states before activations):
+#                          the 1.3x target on 3B. Its first run (H100, 2026-11-28) stopped in float8's first
+#                          backward (4,088 tokens, no multiple of 16; fixed since); the Trainer ran 8,277 tok/s
+#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
+#                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
 #      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
 #                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
 #                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
 #                          1.3x target (1.52x on an H200, 2026-11-27)
-#      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
-#                          with its torch_compile
-#      full_cudagraphs     the 0.73 B full fine-tune compiled by layers with CUDA graphs (--compile-mode
-#                          reduce-overhead) against the Trainer's best set-up: the MFU target (52.0 % eager on
-#                          an H200, its GPU idle 13.8 % of the step waiting for the host)
+#      in_backward_3b      the 3B full fine-tune's peak memory with train.optimizer.in_backward (each fp32
+#                          master updated in the backward, its gradient freed: 12.8 GB by count) against
+#                          fastlm_eager, one eager run
+#      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
+#                          did not fit in its share)
 #      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100 and the
 #                          H200: micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes
 #                          1..32, tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
@@ -46,40 +42,47 @@
 #                          (8,192 tokens x 128,256, bf16 autocast, a trained head) through fastlm's kernel,
 #                          liger's and cut-cross-entropy's against the plain head: time and peak memory (the
 #                          A/B of train.loss.fused_linear_kernel); more than 77 s on 2026-11-27
-#      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
-#                          did not fit in its share)
-#      qlora_forward_ab    fastlm's QLoRA with its own forward over the 4-bit layers against peft's, one run
-#      lora_usual          fastlm's LoRA against Trainer + peft's usual set-up (dynamic padding, the same
-#                          tokens per optimizer step): the 2x target (5.23x on 2026-11-26)
-#      lora_own_head       fastlm's LoRA with fastlm's own chunked PyTorch head kernel instead of liger's
+#      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
+#                          with its torch_compile
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
 #                          19 tokens each, 100 per packed row), the users' corpora, the same peers
+#      lora_usual          fastlm's LoRA against Trainer + peft's usual set-up (dynamic padding, the same
+#                          tokens per optimizer step): the 2x target (5.23x on 2026-11-26)
+#      qlora_forward_ab    fastlm's QLoRA with its own forward over the 4-bit layers against peft's, one run
+#      lora_own_head       fastlm's LoRA with fastlm's own chunked PyTorch head kernel instead of liger's
 #      weights_ab_compiled the bf16 weights' A/B compiled by layers (the full fine-tune's compiled set-up): on
 #                          this CPU compiled, bf16 weights ran 0.87-0.95x fp32 ones; the GPU decides auto's
 #                          default for compiled runs (eager: 1.15x, 0.86x the memory, 2026-11-27)
-#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
-#                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
-#      gpu_speed_full_3b   the full fine-tune on the Llama-3.2-3B shape, fastlm against the Trainer's best
-#                          set-up, both eager, 2 rows of 2048 per step, every other layer checkpointed on
-#                          both sides (51 GB of fp32 weights, gradients and AdamW states before activations)
+#      full_cudagraphs     the 0.73 B full fine-tune compiled by layers with CUDA graphs (--compile-mode
+#                          reduce-overhead) against the Trainer's best set-up: the MFU target (52.0 % eager on
+#                          an H200, its GPU idle 13.8 % of the step waiting for the host)
 #      liger_on/liger_off  benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on
 #                          --liger on / off: liger-kernel against fastlm's own kernels
 #      compile_scope       benchmarks/compile_scope.py on the 0.73 B shape: torch.compile of the whole model
 #                          against each layer (cold start and steady speed), the choice of the default
 #      levers              benchmarks/gpu_levers.py: every GPU lever for a few steps (PASS/FAIL/SKIP against
 #                          the baseline), 4 at once; 16 passed on the H100 (docs/gpu-runs/2026-11-26-h100-*)
-#      in_backward_3b      the 3B full fine-tune's peak memory with train.optimizer.in_backward (each fp32
-#                          master updated in the backward, its gradient freed: 12.8 GB by count) against
-#                          fastlm_eager, one eager run
 #      weights_ab          the 0.73 B full fine-tune, eager: bf16 weights with fp32 masters against autocast
 #                          over fp32 weights (1.15x on 2026-11-27), again
 #      lora_variants       fastlm's LoRA against its other variants, one run: liger's own autograd function
 #                          for the fused head (3 host syncs per micro-batch), each LoRA layer on its own (no
 #                          shared-input groups) and peft's own LoRA forward (on an H200, 2026-11-27: fastlm
 #                          1.10x, 1.02x and 1.31x them)
-#    The first call (560 s) reaches LoRA's target, eager and with CUDA graphs; the next call (what is left
-#    of the 15 minutes, about 240-300 s) runs --only full_cudagraphs where the CUDA graphs ran, else
-#    --only gpu_speed_full_3b (the 3B full fine-tune's 1.3x target, never measured); later sessions the rest.
+#      gpu_speed_lora      benchmarks/gpu_speed.py --model 3b: LoRA, fastlm vs Trainer + peft's best set-up and
+#                          TRL's SFTTrainer + peft best (packing, padding-free, its chunked head) on the
+#                          Llama-3.2-3B shape (2048-token packed rows, micro-batch 4), every side eager: the
+#                          1.5x target (1.53x and 1.58x on an H100 with bf16 adapters, 2026-11-28)
+#      lora_cudagraphs     fastlm's LoRA compiled by layers with CUDA graphs (fastlm_lora_cudagraphs:
+#                          train.runtime.compile_mode reduce-overhead, one launch per layer over micro-batches
+#                          of one shape) against fastlm's eager LoRA and the Trainer + peft's best, one run
+#                          (3.15x slower than eager on an H100, 2026-11-28: to profile)
+#      lora_ab             fastlm's LoRA (bf16 adapters with fp32 masters, param_dtype auto on a GPU) against
+#                          fp32 adapters under autocast (each adapter cast per micro-batch, 392 casts each way;
+#                          1.06x on an H100, 2026-11-28)
+#    The first call (560 s) reaches the full fine-tune's targets: 1.3x on the 3B shape, then the 0.73 B
+#    model compiled by layers (the MFU target); the next call (what is left of the 15 minutes, about
+#    240-300 s) runs --only gpu_speed_full_eager,in_backward_3b, or gpu_speed_qlora where those ran before;
+#    later sessions the rest. LoRA's 1.5x passed on an H100 (2026-11-28): its steps come last.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,29 +98,29 @@ EAGER="--compile off --warmup 5 --steps 15"
 SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s a step
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
-    "lora_cudagraphs|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best fastlm_lora_cudagraphs $EAGER --budget-s \$((CAP - 15))"
-    "lora_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
+    "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
-    "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
-    "full_cudagraphs|240|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --compile-mode reduce-overhead --budget-s \$((CAP - 15))"
+    "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
+    "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
     "head_kernels|150|200|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger liger_function cce --repeats 5"
-    "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
-    "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
-    "lora_usual|160|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual $EAGER --budget-s \$((CAP - 15))"
-    "lora_own_head|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "lora_usual|160|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual $EAGER --budget-s \$((CAP - 15))"
+    "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
+    "lora_own_head|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"
     "weights_ab_compiled|300|360|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile fastlm_compile_fp32_weights $SIZED --budget-s \$((CAP - 15))"
-    "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
-    "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
+    "full_cudagraphs|240|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --compile-mode reduce-overhead --budget-s \$((CAP - 15))"
     "liger_on|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger on $SIZED --budget-s \$((CAP - 20))"
     "liger_off|120|240|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --fused-linear on --liger off $SIZED --budget-s \$((CAP - 20))"
     "compile_scope|150|300|benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 --seq-len 2048 --steps 10"
     "levers|60|150|benchmarks/gpu_levers.py --parallel 4 --json $OUT/levers.json --budget-s \$((CAP - 10))"
-    "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "weights_ab|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights $EAGER --budget-s \$((CAP - 15))"
     "lora_variants|240|320|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "lora_cudagraphs|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best fastlm_lora_cudagraphs $EAGER --budget-s \$((CAP - 15))"
+    "lora_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters $EAGER --budget-s \$((CAP - 15))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

@@ -127,29 +127,29 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
-        "gpu_speed_lora",
-        "lora_cudagraphs",
-        "lora_ab",
+        "gpu_speed_full_3b",
+        "gpu_speed_full",
         "gpu_speed_full_eager",
-        "gpu_speed_lora_compiled",
-        "full_cudagraphs",
+        "in_backward_3b",
+        "gpu_speed_qlora",
         "memory_cliff",
         "head_kernels",
-        "gpu_speed_qlora",
-        "qlora_forward_ab",
-        "lora_usual",
-        "lora_own_head",
+        "gpu_speed_lora_compiled",
         "lora_reviews",
+        "lora_usual",
+        "qlora_forward_ab",
+        "lora_own_head",
         "weights_ab_compiled",
-        "gpu_speed_full",
-        "gpu_speed_full_3b",
+        "full_cudagraphs",
         "liger_on",
         "liger_off",
         "compile_scope",
         "levers",
-        "in_backward_3b",
         "weights_ab",
         "lora_variants",
+        "gpu_speed_lora",
+        "lora_cudagraphs",
+        "lora_ab",
     ]
     step = dict(zip(names, plan, strict=True))
     # the full fine-tune's 1.3x target against the Trainer's best set-up, both eager (its torch_compile had
@@ -238,10 +238,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
-    assert "[gpu_speed_lora] at most 260 s" in done.stdout
-    assert "[lora_cudagraphs] at most 300 s" in done.stdout
-    assert "[lora_ab] skipped: 0 s left of 560" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only lora_ab" in done.stdout
+    assert "[gpu_speed_full_3b] at most 330 s" in done.stdout
+    assert "[gpu_speed_full] at most 230 s" in done.stdout  # what the first left, its minimum 200
+    assert "[gpu_speed_full_eager] skipped: 0 s left of 560" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only gpu_speed_full_eager" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

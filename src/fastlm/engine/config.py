@@ -380,9 +380,10 @@ class RuntimeParams(Params):
     compile_mode: Literal["default", "reduce-overhead"] = Field(
         "default",
         description="torch.compile's mode: reduce-overhead replays a CUDA graph of each compiled layer (one "
-        "launch per layer where each kernel was one: for steps whose GPU waits for the host, such as LoRA's) "
-        "over micro-batches of one shape (the packed row padded to its capacity); needs CUDA, compile, "
-        "compile_scope layers and batching.mode packed, no gradient checkpointing, not FSDP2",
+        "launch per layer where each kernel was one) over micro-batches of one shape (the packed row padded "
+        "to its capacity); an experiment to A/B against default: slower than eager where measured "
+        "(docs/benchmarks.md); needs CUDA, compile, compile_scope layers and batching.mode packed, no "
+        "gradient checkpointing, not FSDP2",
     )
     deterministic: bool = False
     num_threads: int | None = Field(None, ge=1)

@@ -267,9 +267,10 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
 
 
 def _launch_advice(summary: dict) -> str:
-    """The launch-overhead lever this run left: CUDA graphs of its layers (``compile_mode: reduce-overhead``,
-    one launch per layer), named by the settings it ran with, and what graphs also need from its batching and
-    checkpointing; where its graphs ran, nothing; where compiled graphs ran without them, how to see why."""
+    """The launch-overhead levers this run left: compile where it ran eager, then CUDA graphs of its layers
+    (``compile_mode: reduce-overhead``, one launch per layer) as an A/B to run, named by the settings it ran
+    with, and what graphs also need from its batching and checkpointing; where its graphs ran, nothing; where
+    compiled graphs ran without them, how to see why."""
     runtime = summary.get("runtime") or {}
     if summary.get("distributed_strategy") == "fsdp" and _world_size(summary) > 1:
         return ""  # FSDP2's collectives around each layer: no CUDA graphs of the layers (the config refuses)
@@ -280,18 +281,23 @@ def _launch_advice(summary: dict) -> str:
         shown = graphs.split(" (")[0]
         return f"; CUDA graphs: {shown}: run with TORCH_LOGS=cudagraphs to see inductor's reason for each"
     if runtime.get("compile") is not True:
-        setting = "train.runtime.compile: true, compile_scope: layers, compile_mode: reduce-overhead"
+        first = "; set train.runtime.compile: true (fused kernels, fewer launches), then A/B "
+        setting = "compile_scope: layers, compile_mode: reduce-overhead"
     elif runtime.get("compile_scope") != "layers":
-        setting = "train.runtime.compile_scope: layers, compile_mode: reduce-overhead"
+        first, setting = "; A/B ", "train.runtime.compile_scope: layers, compile_mode: reduce-overhead"
     else:
-        setting = "train.runtime.compile_mode: reduce-overhead"
+        first, setting = "; A/B ", "train.runtime.compile_mode: reduce-overhead"
     needs = []
     if summary.get("batching") not in (None, "packed"):
         needs.append("train.batching.mode: packed")
     if summary.get("gradient_checkpointing") in ("selective", "full"):
         needs.append("train.model.gradient_checkpointing: off")
-    also = f" (CUDA graphs also need {' and '.join(needs)})" if needs else ""
-    return f"; set {setting} to replay each layer as one CUDA graph, cutting launch overhead{also}"
+    also = f"; CUDA graphs also need {' and '.join(needs)}" if needs else ""
+    # an A/B, not advice: the one GPU run that measured them found the graphs slower than eager
+    return (
+        f"{first}{setting} against this run (one CUDA graph per layer: fewer launches, but slower than "
+        f"eager where measured (docs/benchmarks.md){also})"
+    )
 
 
 def _profiled_reason(idle: dict, share: float) -> str:
