@@ -937,6 +937,8 @@ def run_fastlm(
         "fused_linear": result.summary.get("fused_linear"),
         "fused_linear_choice": result.summary.get("fused_linear_choice"),
         "param_dtype": result.summary.get("param_dtype"),
+        # train.runtime.float8: auto's measured choice on the first micro-batch, or the rule's reason
+        "float8_choice": getattr(result.runtime, "float8_choice", None),
         "lora_fused_layers": lora_fused_layers(trained) if adapter else None,
         "lora_shared_input_layers": lora_shared_input_layers(trained) if adapter else None,
         "gradient_checkpointing": result.summary.get("gradient_checkpointing"),
@@ -1898,6 +1900,9 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
                 + compiled_where(run)
                 + "not timed)"
             )
+    for name, run in results.items():
+        if run.get("float8_choice"):
+            print(f"  {name}: {run['float8_choice']}")
     on_cuda = bool(gpu.get("cuda")) and args.device != "cpu"
     if not on_cuda:
         cpu_memory_report(model_label(args), results)

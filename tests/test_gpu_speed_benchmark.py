@@ -251,6 +251,9 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     assert "documents of demo texts" in text
     # --checkpointing reaches fastlm's full fine-tune too (the 3B full fine-tune needs it on an 80 GB GPU)
     assert runs["fastlm_eager"]["gradient_checkpointing"] == "full"
+    # each fastlm contender's float8 decision, printed (auto's measured choice on a GPU, the rule's here)
+    assert runs["fastlm_eager"]["float8_choice"] == "float8 off (auto): cpu is not a CUDA device"
+    assert "  fastlm_eager: float8 off (auto): cpu is not a CUDA device" in text
     # TRL's SFTTrainer + peft, its best data path: its own packing, one flattened row without padding, the
     # same initial weights, checkpointing as asked (our switch: TRL's default would checkpoint every layer)
     trl = runs["trl_lora_best"]
