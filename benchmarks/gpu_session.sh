@@ -26,6 +26,11 @@
 #                          backward (4,088 tokens, no multiple of 16; fixed since); the Trainer ran 8,277 tok/s
 #      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
 #                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
+#      full_eager_b16      fastlm's 0.73 B full fine-tune alone, eager, at 16 packed rows of 2048 a micro-batch
+#                          (twice the tokens of the ratio's runs): the MFU fastlm reaches at a larger
+#                          micro-batch, its host's work per step spread over twice the tokens (52.0 % at 8
+#                          on an H200, its GPU idle 13.8 % of the step waiting for the host); about 46 GB of
+#                          activations and 12 GB of weights and states by scale from batch 8's 34 GB
 #      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
 #                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
 #                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
@@ -81,7 +86,7 @@
 #                          1.06x on an H100, 2026-11-28)
 #    The first call (560 s) reaches the full fine-tune's targets: 1.3x on the 3B shape, then the 0.73 B
 #    model compiled by layers (the MFU target); the next call (what is left of the 15 minutes, about
-#    240-300 s) runs --only gpu_speed_full_eager,in_backward_3b, or gpu_speed_qlora where those ran before;
+#    240-300 s) runs --only full_eager_b16,gpu_speed_full_eager, or gpu_speed_qlora where those ran before;
 #    later sessions the rest. LoRA's 1.5x passed on an H100 (2026-11-28): its steps come last.
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
@@ -100,6 +105,7 @@ SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; tim
 PLAN=(
     "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
+    "full_eager_b16|90|150|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
     "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"

@@ -129,6 +129,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert names == [
         "gpu_speed_full_3b",
         "gpu_speed_full",
+        "full_eager_b16",
         "gpu_speed_full_eager",
         "in_backward_3b",
         "gpu_speed_qlora",
@@ -198,10 +199,13 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert "at most 360 s" in compiled_ab
     # the full fine-tune against the Trainer's best set-up, compiled by layers
     assert "--model 0.5b --contenders fastlm_compile trainer_best" in step["gpu_speed_full"]
+    # fastlm's MFU at twice the micro-batch tokens, alone, eager
+    assert "--model 0.5b --contenders fastlm_eager --batch-size 16 --compile off" in step["full_eager_b16"]
     # the full fine-tune of the 3B shape, both eager, checkpointing on both sides to fit 80 GB
     full_3b = "--model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective"
     assert f"{full_3b} --compile off" in step["gpu_speed_full_3b"]
     eager = (
+        "full_eager_b16",
         "gpu_speed_full_eager",
         "gpu_speed_lora",
         "lora_ab",
@@ -240,8 +244,8 @@ def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_la
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
     assert "[gpu_speed_full_3b] at most 330 s" in done.stdout
     assert "[gpu_speed_full] at most 230 s" in done.stdout  # what the first left, its minimum 200
-    assert "[gpu_speed_full_eager] skipped: 0 s left of 560" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only gpu_speed_full_eager" in done.stdout
+    assert "[full_eager_b16] skipped: 0 s left of 560" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only full_eager_b16" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",
