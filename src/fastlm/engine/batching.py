@@ -121,7 +121,7 @@ def packed_budget(batching, lengths, max_length: int, align: int = 1) -> TokenBu
     elif row_length % align:
         raise ConfigError(
             f"train.batching.row_length is {row_length} tokens, and float8 matmuls (train.runtime.float8 on, "
-            f"or auto on a GPU) take token counts in multiples of {align} only.",
+            f"or auto on a float8 GPU) take token counts in multiples of {align} only.",
             fix=f"set train.batching.row_length to auto or {-(-row_length // align) * align}, or "
             "train.runtime.float8 to off.",
         )

@@ -143,8 +143,8 @@ class BatchingParams(Params):
         "auto",
         description="round padded lengths up to a multiple of this; auto: 8 on CUDA (tensor-core "
         "alignment), 1 on CPU (rounding ~10-token samples up to 8 pads a quarter of the tokens for nothing); "
-        "where float8 matmuls may run (runtime.float8 on, or auto on CUDA), rounded up to a multiple of 16, "
-        "the token counts their GEMMs take",
+        "where float8 matmuls may run (runtime.float8 on, or auto on a CUDA GPU of compute capability 8.9 "
+        "or more with torchao), rounded up to a multiple of 16, the token counts their GEMMs take",
     )
     oom_backoff: bool = Field(
         False, description="on CUDA out of memory: halve micro-batch, double accumulation"

@@ -68,6 +68,18 @@ def test_auto_is_off_with_the_reason(hopper, monkeypatch, change, reason):
     assert not on and reason in why
 
 
+def test_micro_batches_align_to_16_tokens_only_where_float8_may_train(hopper, monkeypatch):
+    """Where float8 layers may train, every micro-batch's token count is a multiple of 16 (CUDA's float8
+    GEMM, engine.batching); any other run pads no more than it did (short padded texts would pay)."""
+    assert float8.token_multiple("on", "cpu") == float8.token_multiple("auto", "cuda") == 16
+    assert float8.token_multiple("off", "cuda") == float8.token_multiple("auto", "cpu") == 1
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert float8.token_multiple("auto", "cuda") == 1  # no float8 tensor cores
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(float8, "torchao_installed", lambda: False)
+    assert float8.token_multiple("auto", "cuda") == 1
+
+
 def test_a_narrow_model_without_torchao_is_off_for_its_width_not_for_the_package(hopper, monkeypatch):
     """The package is named only where it is all that is missing (the report's advice installs it)."""
     monkeypatch.setattr(float8, "torchao_installed", lambda: False)

@@ -53,10 +53,17 @@ def token_multiple(requested: str, device_type: str) -> int:
     """The multiple of which each micro-batch's token count must be where float8 layers may train: the
     count is the inner dimension of each float8 weight gradient (``grad_out.T @ input``), which CUDA's
     float8 GEMM takes only in multiples of ``ALIGNMENT`` (an H100 refused 4,088 tokens). ``on``, or ``auto``
-    on a CUDA device (its probe may keep the layers): ``ALIGNMENT``; else 1. The collators pad to it
-    (``BatchingParams.pad_multiple``); the varlen row's multiple is one (``attention.inputs``)."""
-    may_run = requested == "on" or (requested == "auto" and device_type == "cuda")
-    return ALIGNMENT if may_run else 1
+    where the rule may pass before the model is known (a CUDA device of capability 8.9 or more, torchao
+    installed; its probe may keep the layers): ``ALIGNMENT``; else 1, so no other run pads more. The
+    collators pad to it (``BatchingParams.pad_multiple``); the varlen row's multiple is one
+    (``attention.inputs``)."""
+    if requested == "on":
+        return ALIGNMENT
+    if requested != "auto" or device_type != "cuda" or not torch.cuda.is_available():
+        return 1
+    if tuple(torch.cuda.get_device_capability()) < MIN_CAPABILITY or not torchao_installed():
+        return 1
+    return ALIGNMENT
 
 
 def torchao_installed() -> bool:
