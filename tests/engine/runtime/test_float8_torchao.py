@@ -72,3 +72,25 @@ def test_float8_training_gives_the_gpu_matmuls_token_counts_they_take(tmp_path, 
     assert run.runtime.float8_choice.endswith("14 Linear layers in float8")
     assert scaled_mm.calls >= 6 * 14 * 3  # every step's float8 matmuls (3 a layer) went through the check
     assert all(math.isfinite(record["loss"]) for record in run.history)
+
+
+def test_a_run_in_one_process_returns_plain_linear_layers_as_several_processes_do(tmp_path):
+    # The launcher's model comes back plain (rebuilt in the parent); one process handed back torchao's
+    # Float8Linear layers, whose forward (float8 matmuls) is not the model the run saves and predict loads.
+    params = toy_params(tmp_path, max_steps=3, eval_every=None, log_every=3)
+    runtime = params.runtime.model_copy(update={"float8": "on", "precision": "fp32"})
+    model = toy_model()
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    start = weight.detach().clone()
+    run = run_toy(params.model_copy(update={"runtime": runtime}), model=model)
+    assert run.runtime.float8_choice.endswith("14 Linear layers in float8")
+    assert float8.float8_layers(run.model) == 0
+    # the trained Parameter itself, in a plain layer
+    assert run.model.model.layers[0].self_attn.q_proj.weight is weight and not torch.equal(weight, start)
+    projections = [module for name, module in run.model.named_modules() if name.endswith("proj")]
+    assert len(projections) == 14 and all(type(module) is torch.nn.Linear for module in projections)
+    saved = toy_model(seed=1)  # other initial weights: the trained ones loaded into the same architecture
+    saved.load_state_dict(run.model.state_dict())
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the same computation (plain Linear layers, the same weights) run twice: exact
+        assert torch.equal(run.model(input_ids=ids).logits, saved(input_ids=ids).logits)

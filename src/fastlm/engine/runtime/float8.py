@@ -167,6 +167,25 @@ def float8_layers(model: nn.Module) -> int:
     return sum(1 for module in model.modules() if type(module).__name__ == "Float8Linear")
 
 
+def plain_layers(model: nn.Module) -> int:
+    """``model``'s float8 Linear layers (``apply_float8``, a kept ``Float8Swap``) replaced, in place, by plain
+    ``nn.Linear`` layers holding the same weight and bias ``Parameter`` objects: the model a finished run
+    hands back computes as the one it saves and predict loads. Not for sharded layers (FSDP2 hands back a
+    model rebuilt from the gathered weights). How many were replaced."""
+    converted = [
+        (name, module) for name, module in model.named_modules() if type(module).__name__ == "Float8Linear"
+    ]
+    for name, module in converted:
+        bias = module.bias is not None
+        plain = nn.Linear(module.in_features, module.out_features, bias=bias, device="meta")
+        plain.weight = module.weight
+        if bias:
+            plain.bias = module.bias
+        plain.train(module.training)
+        model.set_submodule(name, plain)
+    return len(converted)
+
+
 class Float8Swap:
     """``model``'s eligible Linear layers converted once (torchao, or ``converter``), then swapped in and out.
 

@@ -35,6 +35,7 @@ from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.accumulation import total_target_tokens
 from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.engine.runtime.float8 import plain_layers
 from fastlm.engine.runtime.regions import cuda_graph_census, describe_cuda_graphs
 from fastlm.engine.train.backoff import batching_record, halve_micro_batch
 from fastlm.engine.train.build import TrainingParts, TrainRequest, build_training, settle_request
@@ -269,6 +270,8 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         **_lever_summary(params, opt),
         cuda_graphs=_cuda_graphs(run),
     )
+    if run.world == 1:  # several processes hand back a model rebuilt from the weights: plain already
+        plain_layers(run.raw_model)  # float8's layers: the model computes as the one saved
     return TrainResult(
         run.raw_model, state.history, state.eval_history, summary, run.metrics.step_times, run.runtime
     )
