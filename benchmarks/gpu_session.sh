@@ -35,6 +35,9 @@
 #                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
 #                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
 #                          1.3x target (1.52x on an H200, 2026-11-27)
+#      full_accum4         the 0.73 B full fine-tune at 4 micro-batches of 8 rows a step (65,536 token slots a
+#                          step, a real fine-tune's; the Trainer's best set-up accumulating alike), both eager:
+#                          the optimizer and the host's work per step spread over 4x the tokens
 #      in_backward_3b      the 3B full fine-tune's peak memory with train.optimizer.in_backward (each fp32
 #                          master updated in the backward, its gradient freed: 12.8 GB by count) against
 #                          fastlm_eager, one eager run
@@ -107,6 +110,7 @@ PLAN=(
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
     "full_eager_b16|90|150|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
+    "full_accum4|200|260|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --accumulation 4 --compile off --warmup 2 --steps 5 --budget-s \$((CAP - 15))"
     "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"

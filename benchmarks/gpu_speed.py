@@ -688,7 +688,11 @@ def fastlm_params(
             "fused_linear": {"auto": "auto", "on": True, "off": False}[fused_linear],
             "fused_linear_kernel": fused_kernel or args.fused_kernel or LIGER_KERNEL[args.liger],
         },
-        "batching": {"mode": "packed", "micro_batch_size": args.batch_size, "gradient_accumulation_steps": 1},
+        "batching": {
+            "mode": "packed",
+            "micro_batch_size": args.batch_size,
+            "gradient_accumulation_steps": args.accumulation,
+        },
         "runtime": {
             "device": str(ctx.device),
             "precision": args.precision,
@@ -934,6 +938,7 @@ def run_fastlm(
         "peak_memory_mb": peak,
         "cpu_memory": host_memory,
         "max_micro_batch_tokens": args.batch_size * args.seq_len,  # packed: token slots per micro-batch
+        "accumulation": args.accumulation,  # micro-batches per optimizer step
         "fused_linear": result.summary.get("fused_linear"),
         "fused_linear_choice": result.summary.get("fused_linear_choice"),
         "param_dtype": result.summary.get("param_dtype"),
@@ -1244,6 +1249,10 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
             )
             extra["gradient_accumulation_steps"] = accumulation
             setup = f"dynamic padding + length grouping ({', '.join(f'{k}={v}' for k, v in extra.items())})"
+    if args.accumulation > 1:  # --accumulation: every side's micro-batches per optimizer step, multiplied
+        accumulation *= args.accumulation
+        extra["gradient_accumulation_steps"] = accumulation
+        setup += f", x{args.accumulation} accumulated"
     if best:
         extra["torch_compile"] = args.compile != "off" and args.trainer_compile == "on"
         if ctx.on_cuda:
@@ -1560,6 +1569,8 @@ def run_child(
             str(args.warmup),
             "--batch-size",
             str(args.batch_size),
+            "--accumulation",
+            str(args.accumulation),
             "--seq-len",
             str(args.seq_len),
             "--threads",
@@ -1843,7 +1854,9 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
     print(
         f"model {model_label(args)}: {n_params:,} parameters; seq_len {args.seq_len}; "
         f"precision {args.precision}; "
-        f"fastlm batch {args.batch_size} packed rows; warmup {args.warmup} + {args.steps} timed steps; "
+        f"fastlm batch {args.batch_size} packed rows"
+        + (f" x {args.accumulation} micro-batches a step" if args.accumulation > 1 else "")
+        + f"; warmup {args.warmup} + {args.steps} timed steps; "
         f"liger {args.liger}, fused linear {args.fused_linear}, compile scope {args.compile_scope}"
         + (f", compile mode {args.compile_mode}" if args.compile_mode != "default" else "")
         + (f", fused kernel {args.fused_kernel}" if args.fused_kernel else "")
@@ -2059,6 +2072,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="fastlm packed rows per step, Trainer samples per step (default 8 for 0.5b, 16 tiny)",
     )
     parser.add_argument(
+        "--accumulation",
+        type=int,
+        default=1,
+        help="micro-batches per optimizer step, on every side (fastlm's gradient_accumulation_steps, the "
+        "Trainer's multiplied by it): the tokens per optimizer step of a real fine-tune, equal on both "
+        "sides (default 1)",
+    )
+    parser.add_argument(
         "--docs", type=int, default=None, help="documents to generate (default: enough for the run)"
     )
     parser.add_argument(
@@ -2158,6 +2179,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.compile_mode == "reduce-overhead" and (args.compile_scope != "layers" or args.compile == "off"):
         parser.error("--compile-mode reduce-overhead replays a CUDA graph of each compiled layer: pass "
                      "--compile-scope layers and --compile on or both")  # fmt: skip
+    if args.accumulation < 1:
+        parser.error(f"--accumulation {args.accumulation}: micro-batches per optimizer step; pass 1 or more")
     if args.batch_size is None:
         args.batch_size = DEFAULT_BATCH[args.model]
     return args
@@ -2198,7 +2221,7 @@ def main(argv=None) -> None:
     budget = Budget(args.budget_s)
     try:
         n_docs = args.docs or default_documents(
-            args.texts, args.warmup, args.steps, args.batch_size, args.seq_len
+            args.texts, args.warmup, args.steps, args.batch_size * args.accumulation, args.seq_len
         )
         print(f"preparing {n_docs:,} documents (tokenizer, token ids) in {workdir} ...", flush=True)
         prep = prepare(workdir, n_docs, args.seq_len, args.texts)

@@ -131,6 +131,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "gpu_speed_full",
         "full_eager_b16",
         "gpu_speed_full_eager",
+        "full_accum4",
         "in_backward_3b",
         "gpu_speed_qlora",
         "memory_cliff",
@@ -199,6 +200,9 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert "at most 360 s" in compiled_ab
     # the full fine-tune against the Trainer's best set-up, compiled by layers
     assert "--model 0.5b --contenders fastlm_compile trainer_best" in step["gpu_speed_full"]
+    # a real fine-tune's tokens per optimizer step: 4 micro-batches on both sides, eager
+    accumulated = "--model 0.5b --contenders fastlm_eager trainer_best --accumulation 4 --compile off"
+    assert accumulated in step["full_accum4"] and "at most 260 s" in step["full_accum4"]
     # fastlm's MFU at twice the micro-batch tokens, alone, eager
     assert "--model 0.5b --contenders fastlm_eager --batch-size 16 --compile off" in step["full_eager_b16"]
     # the full fine-tune of the 3B shape, both eager, checkpointing on both sides to fit 80 GB
@@ -206,6 +210,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert f"{full_3b} --compile off" in step["gpu_speed_full_3b"]
     eager = (
         "full_eager_b16",
+        "full_accum4",
         "gpu_speed_full_eager",
         "gpu_speed_lora",
         "lora_ab",

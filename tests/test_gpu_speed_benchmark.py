@@ -200,7 +200,7 @@ def _cpu_run(out: Path, contenders: list[str], *extra: str) -> subprocess.Popen:
     )
 
 
-def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(tmp_path):
+def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(tmp_path, gpu_speed):
     # two runs at once (one torch thread each): the demo documents, and one short review per document
     contenders = ["fastlm_lora", "fastlm_lora_unfused", "trainer_lora_best", "fastlm_lora_own_head"]
     on_reviews = [
@@ -212,7 +212,9 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     ]
     demo = _cpu_run(tmp_path / "demo.json", [*contenders, "fastlm_eager", "trl_lora_best"])
     reviews = _cpu_run(
-        tmp_path / "reviews.json", on_reviews, "--texts", "reviews", "--docs", "300", "--seq-len", "256"
+        tmp_path / "reviews.json",
+        on_reviews,
+        *("--texts", "reviews", "--docs", "300", "--seq-len", "256", "--accumulation", "2"),
     )
     shown, shown_reviews = (run.communicate(timeout=600) for run in (demo, reviews))
     assert demo.returncode == 0, shown[0][-3000:] + shown[1][-3000:]
@@ -283,6 +285,13 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     usual = runs["trainer_qlora_usual"]
     assert usual["real_tokens_per_s"] > 0 and usual["batch_samples"] > 2
     assert usual["batch_samples"] * result["data"]["tokens_max"] <= 2 * 256
+    # --accumulation 2: every side's micro-batches per optimizer step doubled, the tokens per step still equal
+    data = result["data"]
+    same_tokens = round(2 * 256 / data["tokens_mean"])
+    _, alone = gpu_speed.padded_micro_batches(same_tokens, 2, 256, data["tokens_max"])
+    assert usual["accumulation"] == 2 * alone and "x2 accumulated" in usual["setup"]
+    assert runs["fastlm_lora"]["accumulation"] == 2 and runs["trl_qlora_best"]["accumulation"] == 2
+    assert "fastlm batch 2 packed rows x 2 micro-batches a step" in text
     # names longer than the table's 20 characters keep its columns in line
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("contender") and " attn" in line)
