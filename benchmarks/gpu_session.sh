@@ -91,11 +91,15 @@
 #    model compiled by layers (the MFU target); the next call (what is left of the 15 minutes, about
 #    240-300 s) runs --only full_eager_b16,gpu_speed_full_eager, or gpu_speed_qlora where those ran before;
 #    later sessions the rest. LoRA's 1.5x passed on an H100 (2026-11-28): its steps come last.
+# The gpu_speed.py steps share one --cache-dir ($FASTLM_GPU_CACHE, default /tmp/fastlm_gpu_cache): the
+# prepared data and the adapters' base model are made by the first step of a key and reused by the next (a 3B
+# base took 22-30 s to make and save).
 # Files back in $OUT (8 at most): session.log, levers.log, levers.json and one log per other step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu_session_out}
+CACHE=${FASTLM_GPU_CACHE:-/tmp/fastlm_gpu_cache}  # gpu_speed.py --cache-dir: data and base model made once a session
 budget_s=540
 only=""
 dry_run=0
@@ -202,6 +206,9 @@ for step in "${PLAN[@]}"; do
     fi
     CAP=$(( cap < left ? cap : left ))
     line="timeout -k 10 $CAP $PYTHON $(CAP=$CAP; eval echo "$command")"
+    case "$command" in  # the steps of one session share the prepared data and the adapters' base model
+        benchmarks/gpu_speed.py*) line="$line --cache-dir $CACHE" ;;
+    esac
     if [ "$dry_run" = 1 ]; then
         log "[$name] at most ${CAP} s: $line > \$OUT/$name.log"
         start=$((start - CAP))  # the plan as if each step took its whole cap

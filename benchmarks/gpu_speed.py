@@ -298,6 +298,63 @@ TARGET_ADAPTER_VS = {"best": 1.5, "usual": 2.0}
 REVIEW_TOKENS_PER_TEXT = 19
 
 
+def saved_once(folder: Path, save) -> Path:
+    """``folder``, written by ``save(path)`` unless it is there already: into a sibling ``.partial`` folder
+    renamed when complete, so a save cut short (a step's timeout) is never taken for a saved model. A link
+    (``--cache-dir``'s ``base``) is followed: the folder it names is the one saved."""
+    target = folder.resolve()
+    if (target / "config.json").is_file():
+        return folder
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    save(partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return folder
+
+
+def preparation_key(args: argparse.Namespace, n_docs: int) -> str:
+    """What the prepared data and the saved base model depend on: the documents, the tokenizer's vocabulary,
+    the model's shape and the dtype it is saved in (the code is the session's own: a cache lives on one
+    machine)."""
+    what = {
+        "texts": args.texts,
+        "docs": n_docs,
+        "seq_len": args.seq_len,
+        "vocab": VOCAB_SIZE,
+        "model": args.model,
+        "layers": args.layers,
+        "precision": args.precision,
+    }
+    return hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_preparation(cache_dir: Path, workdir: Path, key: str, make) -> tuple[dict, bool]:
+    """``--cache-dir``: the prepared data (tokenizer, token ids, their figures) copied into ``workdir`` from
+    ``cache_dir/key`` where an earlier run of the session made it, else made by ``make()`` (``prepare``) and
+    kept there; ``workdir/base`` links to the cached base model folder (saved once, ``saved_once``). The
+    gpu_session.sh steps share it: a 3B base took 22-30 s to make and save. (prep, whether it was cached)."""
+    cached = cache_dir / key
+    cached.mkdir(parents=True, exist_ok=True)
+    record = cached / "prep.json"
+    hit = record.is_file()
+    if hit:
+        shutil.copytree(cached / "tokenizer", workdir / "tokenizer", dirs_exist_ok=True)
+        shutil.copy2(cached / "tokens.npz", workdir / "tokens.npz")
+        prep = json.loads(record.read_text())
+    else:
+        prep = make()
+        shutil.copytree(workdir / "tokenizer", cached / "tokenizer", dirs_exist_ok=True)
+        shutil.copy2(workdir / "tokens.npz", cached / "tokens.npz")
+        partial = record.with_suffix(".partial")
+        partial.write_text(json.dumps(prep))
+        partial.replace(record)  # last: the record says the rest is complete
+    link = workdir / "base"
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(cached / "base", target_is_directory=True)
+    return prep, hit
+
+
 def default_documents(texts: str, warmup: int, steps: int, batch_size: int, seq_len: int) -> int:
     """Enough documents for every step of a run: about 1.3x the packed tokens it trains on (demo documents:
     about seq_len / 4 tokens each, so 6 per packed row as before; reviews: about 19 tokens each)."""
@@ -534,17 +591,18 @@ class GpuContext(Context):
 
     def base_folder(self) -> Path:
         """The contenders' common initial model saved as a local pretrained folder (once, by the ``base``
-        process the parent starts before the adapter contenders, so that no contender's memory holds it)."""
+        process the parent starts before the adapter contenders, so that no contender's memory holds it; with
+        ``--cache-dir`` once per session: ``cached_preparation``)."""
         import torch
 
-        folder = Path(self.args.workdir) / "base"
-        if not (folder / "config.json").is_file():
+        def save(folder: Path) -> None:
             model, _, _ = self.build_model()
             if self.args.precision == "bf16":  # saved as both sides load it: no conversion in their load
                 model = model.to(torch.bfloat16)
             model.save_pretrained(str(folder))
             self.tokenizer.save_pretrained(str(folder))
-        return folder
+
+        return saved_once(Path(self.args.workdir) / "base", save)
 
     def adapter_model_params(
         self, quantized: bool, fused_forward: bool = True, shared_input: bool = True
@@ -2163,6 +2221,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--workdir", type=Path, default=None, help="keep the prepared data here (default: temp dir)"
     )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="keep the prepared data and the adapters' base model here for later runs of the same data and "
+        "model (gpu_session.sh's steps share one; default: none)",
+    )
     parser.add_argument("--run", choices=(*CONTENDERS, "fastlm_profile", "base"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument(  # the profile's set-up: the run's first fastlm contender's (profiled_adapter)
@@ -2224,7 +2289,15 @@ def main(argv=None) -> None:
             args.texts, args.warmup, args.steps, args.batch_size * args.accumulation, args.seq_len
         )
         print(f"preparing {n_docs:,} documents (tokenizer, token ids) in {workdir} ...", flush=True)
-        prep = prepare(workdir, n_docs, args.seq_len, args.texts)
+        if args.cache_dir is not None:
+            key = preparation_key(args, n_docs)
+            prep, hit = cached_preparation(
+                args.cache_dir, workdir, key, lambda: prepare(workdir, n_docs, args.seq_len, args.texts)
+            )
+            if hit:
+                print(f"  the prepared data from the cache ({args.cache_dir / key})", flush=True)
+        else:
+            prep = prepare(workdir, n_docs, args.seq_len, args.texts)
         results: dict[str, dict] = {}
         reasons = {name: skip_reason(name, args, on_cuda) for name in contenders}
         if any(
@@ -2233,10 +2306,13 @@ def main(argv=None) -> None:
             if name in ADAPTER_CONTENDERS + TRL_CONTENDERS + AB_CONTENDERS
         ):
             # the adapter contenders' common base, saved by a process of its own: in no contender's memory
-            print("saving the adapter contenders' base model ...", flush=True)
-            base = run_child("base", args, workdir, len(contenders) + 1, timeout_s=budget.left())
-            if "error" in base:
-                raise SystemExit(f"the base model could not be saved: {base['error']}")
+            if (workdir / "base" / "config.json").is_file():
+                print("the adapter contenders' base model from the cache", flush=True)
+            else:
+                print("saving the adapter contenders' base model ...", flush=True)
+                base = run_child("base", args, workdir, len(contenders) + 1, timeout_s=budget.left())
+                if "error" in base:
+                    raise SystemExit(f"the base model could not be saved: {base['error']}")
         for index, name in enumerate(contenders):
             reason = reasons[name]
             if reason:

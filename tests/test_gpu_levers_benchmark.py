@@ -241,6 +241,9 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert f"{in_backward} --checkpointing selective --compile off" in step["in_backward_3b"]
     # the bf16 weights' eager A/B again, last (1.15x on the H100 of 2026-11-27)
     assert "--model 0.5b --contenders fastlm_eager fastlm_eager_fp32_weights" in step["weights_ab"]
+    # the gpu_speed.py steps share the session's cache of prepared data and base model, the others need none
+    for name, line in step.items():
+        assert ("--cache-dir /tmp/fastlm_gpu_cache" in line) == ("gpu_speed.py" in line), name
     assert [path.name for path in tmp_path.iterdir()] == ["session.log"]  # nothing ran
     assert (tmp_path / "session.log").read_text() == done.stdout
 

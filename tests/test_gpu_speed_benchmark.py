@@ -689,3 +689,52 @@ def test_a_compiled_runs_first_step_line_says_what_was_compiled(gpu_speed):
         gpu_speed.compiled_where(graphs)
         == "27 layers compiled in place, reduce-overhead (CUDA graphs: 54 recorded); "
     )
+
+
+def test_a_cache_dir_prepares_the_data_and_saves_the_base_once_for_the_runs_sharing_them(gpu_speed, tmp_path):
+    """gpu_session.sh's steps each prepared the data and saved a 3B base again (22-30 s each on an H100):
+    with --cache-dir the first run of a key makes them, later runs copy the data and link the base; a save
+    cut short is never taken for a saved model."""
+    made = []
+
+    def make(workdir):
+        def prepare():
+            made.append(workdir)
+            (workdir / "tokenizer").mkdir()
+            (workdir / "tokenizer" / "tokenizer.json").write_text("{}")
+            (workdir / "tokens.npz").write_bytes(b"ids")
+            return {"docs": 3, "tokens_total": 12}
+
+        return prepare
+
+    args = gpu_speed.parse_args(["--model", "tiny"])
+    key = gpu_speed.preparation_key(args, 40)
+    assert key != gpu_speed.preparation_key(args, 41)  # other documents, another tokenizer and data
+    assert key != gpu_speed.preparation_key(gpu_speed.parse_args(["--model", "3b"]), 40)
+    cache, first, second = tmp_path / "cache", tmp_path / "one", tmp_path / "two"
+    for workdir in (first, second):
+        workdir.mkdir()
+    prep, hit = gpu_speed.cached_preparation(cache, first, key, make(first))
+    assert (prep, hit, made) == ({"docs": 3, "tokens_total": 12}, False, [first])
+
+    def cut_short(folder):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")  # written first, as save_pretrained does
+        raise TimeoutError("the step's timeout")
+
+    with pytest.raises(TimeoutError):
+        gpu_speed.saved_once(first / "base", cut_short)
+    assert not (first / "base" / "config.json").exists()  # the partial save is no model
+
+    def save(folder):
+        folder.mkdir()
+        (folder / "config.json").write_text('{"saved": 1}')
+
+    assert gpu_speed.saved_once(first / "base", save) == first / "base"
+    assert (cache / key / "base" / "config.json").read_text() == '{"saved": 1}'  # in the cache, linked
+    prep, hit = gpu_speed.cached_preparation(cache, second, key, make(second))
+    assert (prep, hit, made) == ({"docs": 3, "tokens_total": 12}, True, [first])  # not made again
+    assert (second / "tokens.npz").read_bytes() == b"ids"
+    assert (second / "tokenizer" / "tokenizer.json").exists()
+    assert gpu_speed.saved_once(second / "base", cut_short) == second / "base"  # saved: not again
+    assert (second / "base" / "config.json").read_text() == '{"saved": 1}'
