@@ -63,6 +63,7 @@ ROUNDS = 2  # timed passes per candidate after its warm-up; the best counts
 COMPILE_MIN_RUN_SECONDS = 300.0
 COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
 FLOAT8_MIN_SPEEDUP = 1.1  # float8 matmuls must beat the plain layers by this much to be kept
+FLOAT8_PASS_FAILED = "float8 auto: its first float8 pass failed"  # the choice's words (warned)
 
 __all__ = [
     "COMPILE_MIN_RUN_SECONDS",
@@ -378,9 +379,6 @@ def probe_float8(
     level = logging.WARNING if reason.startswith(FLOAT8_PASS_FAILED) else logging.INFO
     log.log(level, "train.runtime.float8 auto -> %s: %s", "on" if keep else "off", reason)
     return replace(runtime, float8=keep, float8_choice=reason)
-
-
-FLOAT8_PASS_FAILED = "float8 auto: its first float8 pass failed"
 
 
 def _measure_float8(

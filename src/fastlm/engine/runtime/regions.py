@@ -30,8 +30,8 @@ the segment boundaries' count (a few powers of two) is dynamic, one graph record
 gradient outputs are overwritten by its next replay: with several micro-batches a step, gradients no fp32
 master moves out after each one are copied once into the step's own memory (``step.owning_gradients``).
 Measured once (``benchmarks/gpu_session.sh --only lora_cudagraphs``, an H100, 2026-11-28): the 3B LoRA ran
-slower with the graphs than eager (docs/benchmarks.md). Kept as an experiment to A/B, not
-a default, and the report offers it as one; why it is slower needs a profile on a GPU.
+slower with the graphs than eager (docs/benchmarks.md). Kept as an experiment to A/B, not a default, and the
+report offers it as one; why it is slower needs a profile on a GPU.
 
 A layer whose hidden states need no gradient while the later layers' do (the first layer of an adapter
 model: LoRA freezes the embedding) would be traced twice (dynamo guards on ``requires_grad``): it runs
