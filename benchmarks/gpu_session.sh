@@ -19,41 +19,45 @@
 #    0.73 B full fine-tune eager 36-58 s a contender, compiled 147 s (more than 119 s on a fresh machine:
 #    its inductor cache is empty; the whole model, though asked by layers: gpu_speed.py's runtime lacked the
 #    scope until 2026-11-27's eighth session), the QLoRA usual set-up about 5 s a step:
-#      gpu_speed_full_3b   the full fine-tune on the Llama-3.2-3B shape, fastlm against the Trainer's best
-#                          set-up, both eager, 2 rows of 2048 per step, every other layer checkpointed on
-#                          both sides (51 GB of fp32 weights, gradients and AdamW states before activations):
-#                          the 1.3x target on 3B. Its first run (H100, 2026-11-28) stopped in float8's first
-#                          backward (4,088 tokens, no multiple of 16; fixed since); the Trainer ran 8,277 tok/s
-#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
-#                          Trainer's best set-up (Liger, padding-free, torch_compile when it finishes in time)
-#      full_eager_b16      fastlm's 0.73 B full fine-tune alone, eager, at 16 packed rows of 2048 a micro-batch
-#                          (twice the tokens of the ratio's runs): the MFU fastlm reaches at a larger
-#                          micro-batch, its host's work per step spread over twice the tokens (52.0 % at 8
-#                          on an H200, its GPU idle 13.8 % of the step waiting for the host); about 46 GB of
-#                          activations and 12 GB of weights and states by scale from batch 8's 34 GB
-#      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
-#                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
-#                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
-#                          1.3x target (1.52x on an H200, 2026-11-27)
-#      full_accum4         the 0.73 B full fine-tune at 4 micro-batches of 8 rows a step (65,536 token slots a
-#                          step, a real fine-tune's; the Trainer's best set-up accumulating alike), both eager:
-#                          the optimizer and the host's work per step spread over 4x the tokens
-#      in_backward_3b      the 3B full fine-tune's peak memory with train.optimizer.in_backward (each fp32
-#                          master updated in the backward, its gradient freed: 12.8 GB by count) against
-#                          fastlm_eager, one eager run
 #      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
-#                          did not fit in its share)
-#      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100 and the
-#                          H200: micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed, sizes
-#                          1..32, tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
-#      head_kernels        benchmarks/linear_loss_memory.py --device cuda: the LM head + loss of a 3B model
-#                          (8,192 tokens x 128,256, bf16 autocast, a trained head) through fastlm's kernel,
-#                          liger's and cut-cross-entropy's against the plain head: time and peak memory (the
-#                          A/B of train.loss.fused_linear_kernel); more than 77 s on 2026-11-27
+#                          did not fit in its share): the 1.5x (1.68x on an H100, 2026-11-26) and 2x targets
+#                          against Trainer + peft's best and usual set-ups (the usual one not yet measured)
+#      compile_ab          the 0.73 B full fine-tune eager against compiled by layers, fastlm alone, one run:
+#                          what train.runtime.compile auto measures on a run's first micro-batch (compiled by
+#                          layers ran 49.5 % MFU on an H200, 2026-11-28, eager 52.0 % the day before)
 #      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
 #                          with its torch_compile
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
 #                          19 tokens each, 100 per packed row), the users' corpora, the same peers
+#      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
+#                          Trainer's best set-up (Liger, padding-free, torch_compile; a try that fails or does
+#                          not finish is run again without it: on an H200, 2026-11-28, its compile stopped in
+#                          inductor's autotuning with an illegal memory access); fastlm 49.5 % MFU there
+#      full_accum4         the 0.73 B full fine-tune at 4 micro-batches of 8 rows a step (65,536 token slots a
+#                          step, a real fine-tune's; the Trainer's best set-up accumulating alike), both eager:
+#                          the optimizer and the host's work per step spread over 4x the tokens
+#      gpu_speed_full_eager the full fine-tune of the 0.73 B model, fastlm (bf16 weights with fp32 masters, the
+#                          GPU default) against the Trainer's best set-up (padding-free, Liger, tf32, fused
+#                          AdamW), both eager (the Trainer's torch_compile had not finished in 107 s): the
+#                          1.3x target (1.52x on an H200, 2026-11-27)
+#      in_backward_3b      the 3B full fine-tune's peak memory with train.optimizer.in_backward (each fp32
+#                          master updated in the backward, its gradient freed: 12.8 GB by count) against
+#                          fastlm_eager, one eager run
+#      head_kernels        benchmarks/linear_loss_memory.py --device cuda: the LM head + loss of a 3B model
+#                          (8,192 tokens x 128,256, bf16 autocast, a trained head) through fastlm's kernel,
+#                          liger's and cut-cross-entropy's against the plain head: time and peak memory (the
+#                          A/B of train.loss.fused_linear_kernel); more than 77 s on 2026-11-27
+#      gpu_speed_full_3b   the full fine-tune on the Llama-3.2-3B shape, fastlm against the Trainer's best
+#                          set-up, both eager, 2 rows of 2048 per step, every other layer checkpointed on
+#                          both sides (51 GB of fp32 weights, gradients and AdamW states before activations):
+#                          the 1.3x target on 3B (1.50x on an H200, 2026-11-28; float8 auto measured slower
+#                          there and kept the plain layers)
+#      full_eager_b16      fastlm's 0.73 B full fine-tune alone, eager, at 16 packed rows of 2048 a micro-batch
+#                          (twice the tokens of the ratio's runs): the MFU target at a larger micro-batch
+#                          (55.6 % on an H200, 2026-11-28; 52.0 % at 8 rows, 2026-11-27)
+#      memory_cliff        benchmarks/memory_cliff.py: the 24 GB QLoRA cliff (reproduced on the H100 and twice
+#                          on the H200: micro-batch 16 out of memory) and fastlm's tune ladder, eager, packed,
+#                          sizes 1..32, tune.max_minutes 1.5 (at its defaults the ladder had not finished in 150 s)
 #      lora_usual          fastlm's LoRA against Trainer + peft's usual set-up (dynamic padding, the same
 #                          tokens per optimizer step): the 2x target (5.23x on 2026-11-26)
 #      qlora_forward_ab    fastlm's QLoRA with its own forward over the 4-bit layers against peft's, one run
@@ -87,10 +91,11 @@
 #      lora_ab             fastlm's LoRA (bf16 adapters with fp32 masters, param_dtype auto on a GPU) against
 #                          fp32 adapters under autocast (each adapter cast per micro-batch, 392 casts each way;
 #                          1.06x on an H100, 2026-11-28)
-#    The first call (560 s) reaches the full fine-tune's targets: 1.3x on the 3B shape, then the 0.73 B
-#    model compiled by layers (the MFU target); the next call (what is left of the 15 minutes, about
-#    240-300 s) runs --only full_eager_b16,gpu_speed_full_eager, or gpu_speed_qlora where those ran before;
-#    later sessions the rest. LoRA's 1.5x passed on an H100 (2026-11-28): its steps come last.
+#    The first call (560 s) reaches the targets not yet measured: QLoRA against the usual set-up (2x), then
+#    the compile A/B behind compile auto on CUDA; the next call (what is left of the 15 minutes, about
+#    240-300 s) runs --only gpu_speed_lora_compiled (or lora_reviews); later sessions the rest. The full
+#    fine-tune's 1.3x passed on both shapes and its MFU target at 16 rows (H200, 2026-11-28): those steps
+#    come later.
 # The gpu_speed.py steps share one --cache-dir ($FASTLM_GPU_CACHE, default /tmp/fastlm_gpu_cache): the
 # prepared data and the adapters' base model are made by the first step of a key and reused by the next (a 3B
 # base took 22-30 s to make and save).
@@ -110,17 +115,18 @@ EAGER="--compile off --warmup 5 --steps 15"
 SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s a step
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
-    "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
-    "full_eager_b16|90|150|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
-    "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
-    "full_accum4|200|260|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --accumulation 4 --compile off --warmup 2 --steps 5 --budget-s \$((CAP - 15))"
-    "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
-    "gpu_speed_qlora|180|240|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
-    "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
-    "head_kernels|150|200|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger liger_function cce --repeats 5"
+    "gpu_speed_qlora|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
+    "compile_ab|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_compile $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
+    "full_accum4|200|260|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --accumulation 4 --compile off --warmup 2 --steps 5 --budget-s \$((CAP - 15))"
+    "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"
+    "in_backward_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager fastlm_eager_in_backward --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
+    "head_kernels|150|200|benchmarks/linear_loss_memory.py --device cuda --precision bf16 --hidden 3072 --kernels liger liger_function cce --repeats 5"
+    "gpu_speed_full_3b|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
+    "full_eager_b16|90|150|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
+    "memory_cliff|120|240|benchmarks/memory_cliff.py --fastlm-compile off --modes packed --max-size 32 --tune-max-minutes 1.5"
     "lora_usual|160|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_usual $EAGER --budget-s \$((CAP - 15))"
     "qlora_forward_ab|120|170|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "lora_own_head|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_own_head $EAGER --budget-s \$((CAP - 15))"

@@ -62,8 +62,8 @@ when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CU
   ``padded_micro_batches``) with gradient accumulation making up the rest. ``--checkpointing`` and
   ``--optim`` set it and fastlm's full fine-tune alike (the 3B shape's full fine-tune needs checkpointing on
   an 80 GB GPU: about 51 GB of fp32 weights, gradients and AdamW states before any activation).
-  torch_compile gets a time cap (its share of ``--budget-s``); when it does not finish, the run is reported
-  as "did not finish in N s" and repeated without torch_compile.
+  torch_compile gets a time cap (its share of ``--budget-s``); when it does not finish or fails, the run is
+  reported as "did not finish in N s" or "failed (exit N: the error)" and repeated without torch_compile.
 
 Adapter contenders (``--adapters``, or named in ``--contenders``; the issue's LoRA/QLoRA items). The model
 above is saved once with ``save_pretrained`` in the workdir (``base/``) and each contender loads it back as
@@ -168,6 +168,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import sys
@@ -275,6 +276,7 @@ LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relati
 SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show", "on_record"}
 
 TARGET_MFU = 0.55  # issue 31 (0.5b, bf16)
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")  # "torch.XError: ..."
 MIN_COMPILE_TRY_S = 60.0  # a Trainer best set-up's torch_compile try gets at least this, or is not tried
 # a best set-up's run without torch_compile when its usual one has not run: 0.73 B on an H100, 8 + 20 steps,
 # took 32 s in all (docs/gpu-runs/2026-11-26-h100-gpu-speed-0.5b-fastlm-compile-trainer-best.log)
@@ -1712,7 +1714,8 @@ def run_contender_in_budget(
     """One contender's run with its share of ``budget`` (``position``: its index and the contenders' count).
     A Trainer best set-up keeps time for a run without torch_compile (1.5x its usual set-up's wall time when
     that ran, else ``EAGER_TRAINER_S``): its compile try gets what is left of its share, or is not tried under
-    ``MIN_COMPILE_TRY_S``; a try that does not finish is run again without torch_compile, and says so."""
+    ``MIN_COMPILE_TRY_S``; a try that does not finish or fails is run again without torch_compile, and says
+    so (on the H200, 2026-11-28, its compile stopped in inductor's autotuning: an illegal memory access)."""
     index, count = position
     cap = budget.share(count - index)
     best = name.startswith(("trainer", "trl")) and name.endswith("_best") and args.compile != "off"
@@ -1727,9 +1730,9 @@ def run_contender_in_budget(
         label = model_label(args)
         print(f"[{index + 1}/{count}] {name}, {label} (at most {cap:.0f} s) ...", flush=True)
         run = run_child(name, args, workdir, index, timeout_s=cap)
-        if not (best and run.get("timed_out")):
+        if not (best and "error" in run):
             return run
-        note = f"torch_compile {run['error']}"
+        note = f"torch_compile {run['error']}" if run.get("timed_out") else f"torch_compile {failure(run)}"
     cap = budget.share(count - index)
     print(f"  {name}: {note}; without torch_compile (at most {cap:.0f} s) ...", flush=True)
     run = run_child(name, args, workdir, index, timeout_s=cap, trainer_compile="off")
@@ -1737,6 +1740,13 @@ def run_contender_in_budget(
     if "setup" in run:
         run["setup"] += f" ({note})"
     return run
+
+
+def failure(run: dict) -> str:
+    """``failed (exit N: the last exception line of its output)`` for a child that stopped with an error."""
+    lines = [line.strip() for line in run.get("output_tail", "").splitlines()]
+    raised = [line for line in lines if EXCEPTION_LINE.match(line)]
+    return f"failed ({run['error']}: {raised[-1]})" if raised else f"failed ({run['error']})"
 
 
 def profile_skip_reason(results: dict[str, dict], left_s: float) -> str | None:

@@ -127,17 +127,18 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
-        "gpu_speed_full_3b",
-        "gpu_speed_full",
-        "full_eager_b16",
-        "gpu_speed_full_eager",
-        "full_accum4",
-        "in_backward_3b",
         "gpu_speed_qlora",
-        "memory_cliff",
-        "head_kernels",
+        "compile_ab",
         "gpu_speed_lora_compiled",
         "lora_reviews",
+        "gpu_speed_full",
+        "full_accum4",
+        "gpu_speed_full_eager",
+        "in_backward_3b",
+        "head_kernels",
+        "gpu_speed_full_3b",
+        "full_eager_b16",
+        "memory_cliff",
         "lora_usual",
         "qlora_forward_ab",
         "lora_own_head",
@@ -190,6 +191,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # QLoRA in fewer steps (the usual set-up's 20 did not fit in its share on the H100)
     qlora = "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best"
     assert f"{qlora} --compile off --warmup 3" in step["gpu_speed_qlora"]
+    assert "at most 300 s" in step["gpu_speed_qlora"]  # its 4 contenders, the usual set-up about 5 s a step
     assert "--contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in step["qlora_forward_ab"]
     # the LoRA run on one short text per document, the real reviews' lengths
     reviews = "--model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best"
@@ -220,7 +222,11 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "weights_ab",
     )
     assert all("--compile off" in step[name] for name in eager)
+    # what compile auto measures on a run's first micro-batch, as whole runs: eager and compiled by layers
+    compile_ab = "--model 0.5b --contenders fastlm_eager fastlm_compile --compile-scope layers"
+    assert compile_ab in step["compile_ab"]
     compiled = (
+        "compile_ab",
         "weights_ab_compiled",
         "gpu_speed_full",
         "liger_on",
@@ -250,10 +256,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
-    assert "[gpu_speed_full_3b] at most 330 s" in done.stdout
-    assert "[gpu_speed_full] at most 230 s" in done.stdout  # what the first left, its minimum 200
-    assert "[full_eager_b16] skipped: 0 s left of 560" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only full_eager_b16" in done.stdout
+    assert "[gpu_speed_qlora] at most 300 s" in done.stdout
+    assert "[compile_ab] at most 220 s" in done.stdout  # 260 s left: its own cap
+    assert "[gpu_speed_lora_compiled] skipped: 40 s left of 560" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only gpu_speed_lora_compiled" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

@@ -449,6 +449,39 @@ def test_a_best_trainer_set_up_tries_torch_compile_only_with_time_for_it_then_ru
     assert calls == [("trainer_best", 200, "on")]  # --compile off: the child turns torch_compile off itself
 
 
+def test_a_best_trainer_set_up_whose_torch_compile_fails_runs_again_without_it(gpu_speed, monkeypatch):
+    """On the H200 (2026-11-28) trainer_best's torch_compile stopped in inductor's autotuning ("CUDA error: an
+    illegal memory access was encountered", exit 1) and the 0.73 B run had no ratio: a compiled try that
+    fails is run again without torch_compile, as one that does not finish is, and the note names the error."""
+    calls = []
+    tail = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "triton_heuristics.py", line 1448, in run',
+            "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+        ]
+    )
+
+    def fake_child(name, args, workdir, index, *, timeout_s=None, trainer_compile="on"):
+        calls.append((name, trainer_compile))
+        if trainer_compile == "on" and name.endswith("_best"):
+            return {"contender": name, "error": "exit 1", "output_tail": tail}
+        return {"contender": name, "setup": "padding-free", "real_tokens_per_s": 1.0}
+
+    monkeypatch.setattr(gpu_speed, "run_child", fake_child)
+    args = gpu_speed.parse_args(["--model", "tiny"])
+    run = gpu_speed.run_contender_in_budget("trainer_best", args, Path("."), (0, 1), FixedBudget(200), {})
+    assert calls == [("trainer_best", "on"), ("trainer_best", "off")]
+    error = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+    note = f"torch_compile failed (exit 1: {error})"
+    assert run["compile_note"] == note
+    assert run["setup"] == f"padding-free ({note})" and run["real_tokens_per_s"] == 1.0
+    calls.clear()
+    run = gpu_speed.run_contender_in_budget("fastlm_compile", args, Path("."), (0, 1), FixedBudget(200), {})
+    assert calls == [("fastlm_compile", "on")]  # fastlm's own failure is its result, not retried
+
+
 def child_flag(gpu_speed, monkeypatch, name: str, args, flag: str) -> str:
     """The value of ``flag`` in the command line ``run_child`` hands contender ``name``'s process."""
     seen = {}

@@ -368,8 +368,9 @@ class RuntimeParams(Params):
     cudnn_benchmark: bool = True
     compile: bool | Literal["auto"] = Field(
         "auto",
-        description="torch.compile; auto: on CUDA, on CPU where "
-        "measured faster in a run long enough to repay it",
+        description="torch.compile; auto: where the first micro-batch measures it faster in a run long "
+        "enough to repay it (CPU and CUDA; compiled on CUDA under compile_mode reduce-overhead or several "
+        "processes)",
     )
     compile_scope: Literal["model", "layers"] = Field(
         "model",

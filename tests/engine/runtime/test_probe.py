@@ -251,6 +251,82 @@ def test_compile_is_not_measured_where_the_choice_is_already_made(request_, kwar
     assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
 
 
+# --- runtime.compile: auto on CUDA, through the probe's calling contract (no GPU here) ----------------------
+
+
+def cuda_runtime():
+    """The runtime ``setup_runtime`` gives a CUDA run left on ``compile: auto`` (compile resolved to True
+    until the probe settles it), built on this CPU: the timers below stand in for the GPU's passes."""
+    from dataclasses import replace
+
+    return replace(cpu("fp32"), device=torch.device("cuda"), precision="bf16", compile=True)
+
+
+@pytest.mark.parametrize(
+    ("eager_s", "compiled_s", "expected"),
+    [
+        (1.0, 0.5, True),  # compiled measures faster: kept
+        (1.0, 0.95, False),  # within noise: eager
+        (1.0, 1.06, False),  # slower compiled: eager (as a liger-fused full fine-tune measured on an H200)
+    ],
+)
+def test_auto_compile_on_cuda_keeps_the_compiled_model_only_where_it_measures_faster(
+    eager_s, compiled_s, expected
+):
+    """``auto`` on CUDA compiled every run: on an H200 a full fine-tune with liger's fused kernels ran
+    slower compiled by layers than eager (docs/benchmarks.md), after a compile of its own. Now the first
+    micro-batch measures it there too, as on a CPU, and the faster one trains."""
+    calls, compiled_models = [], []
+
+    def compiler(model):
+        compiled_models.append(Compiled(model))
+        return compiled_models[-1]
+
+    runtime, result = probe_runtime(
+        cuda_runtime(),
+        "auto",
+        toy_model(),
+        BATCH,
+        compile_probe=CompileProbe("auto", LONG_RUN, compiler=compiler),
+        measure=compile_timer(eager_s, compiled_s, calls),
+    )
+    assert runtime.precision == "bf16"  # CUDA's precision is settled at once, not measured
+    assert runtime.compile is expected and result.record()["compile"] is expected
+    assert (result.compiled is compiled_models[0]) if expected else result.compiled is None
+    assert calls == ["eager", "compiled", "compiled"] + ["eager", "compiled"] * probe.ROUNDS
+    assert "measured" in runtime.compile_choice and f"{eager_s / compiled_s:.2f}x" in runtime.compile_choice
+
+
+@pytest.mark.parametrize(
+    ("probe_kwargs", "run_kwargs", "expected", "reason"),
+    [
+        ({"micro_batches_left": 10}, {}, False, "would not repay"),  # a short run: eager, nothing compiled
+        ({}, {"world_size": 2}, True, "several processes"),  # every rank alike, as before
+        ({"mode": "reduce-overhead"}, {}, True, "reduce-overhead"),  # CUDA graphs need the compile
+    ],
+)
+def test_auto_compile_on_cuda_is_not_compiled_for_nothing_nor_measured_where_a_rule_decides(
+    probe_kwargs, run_kwargs, expected, reason
+):
+    calls = []
+
+    def never(model, *args, **kwargs):
+        raise AssertionError("compiled in the probe although a rule decides")
+
+    probe_kwargs = {"micro_batches_left": LONG_RUN} | probe_kwargs
+    runtime, result = probe_runtime(
+        cuda_runtime(),
+        "auto",
+        toy_model(),
+        BATCH,
+        compile_probe=CompileProbe("auto", compiler=never, **probe_kwargs),
+        measure=compile_timer(1.0, 0.5, calls),
+        **run_kwargs,
+    )
+    assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
+    assert calls == (["eager"] if reason == "would not repay" else [])
+
+
 def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(tmp_path, monkeypatch):
     """The loop trains with the very module the probe compiled (its compile time is not spent twice), and the
     run trains as an eager one (the fake compiler only wraps the model; compiled on CPU, ``auto`` attention

@@ -66,7 +66,7 @@ class RuntimeConfig:
     tf32: bool = True  # TF32 tensor cores for fp32 matmuls and convolutions (Ampere and newer)
     cudnn_benchmark: bool = True  # let cuDNN autotune kernels for the shapes it sees
     deterministic: bool = False  # bitwise reproducible runs, slower
-    # torch.compile the model (applied by the loop through Runtime.compile_model); auto: on CUDA, off on CPU
+    # torch.compile the model (applied by the loop through Runtime.compile_model); auto: measured by the loop
     compile: bool | str = "auto"
     compile_scope: str = "model"  # "model" | "layers" (engine/runtime/regions.py)
     compile_mode: str = "default"  # "default" | "reduce-overhead": CUDA graphs of the layers (regions.py)
@@ -196,9 +196,9 @@ def gpu_has_native_bf16() -> bool:
 
 
 def resolve_compile(requested: bool | str, device: torch.device) -> bool:
-    """``auto``: torch.compile on CUDA (fused kernels, fewer launches: the measured GPU default); on CPU off
-    until the training loop measures it (``runtime_probe``: compiled where the run is long enough to repay the
-    compile time and its first micro-batch runs measurably faster compiled)."""
+    """``auto``: on CUDA compiled, on CPU eager, until the training loop measures it (``runtime_probe``:
+    compiled where the run is long enough to repay the compile time and its first micro-batch runs measurably
+    faster compiled; on CUDA a run of several processes or of CUDA graphs stays compiled)."""
     return device.type == "cuda" if requested == "auto" else bool(requested)
 
 
@@ -294,10 +294,9 @@ def setup_runtime(
         )
     described = runtime.describe()
     # the training loop's runtime_probe settles these: not stated here
-    if measured_later and device.type == "cpu":
-        if config.precision == "auto":
-            described["precision"] = f"{precision} (auto: measured on the first micro-batch)"
-        if config.compile == "auto":
-            described["compile"] = f"{runtime.compile} (auto: measured on the first micro-batch)"
+    if measured_later and device.type == "cpu" and config.precision == "auto":
+        described["precision"] = f"{precision} (auto: measured on the first micro-batch)"
+    if measured_later and config.compile == "auto":
+        described["compile"] = f"{runtime.compile} (auto: measured on the first micro-batch)"
     log.info("runtime: %s", ", ".join(f"{key}={value}" for key, value in described.items()))
     return runtime

@@ -16,15 +16,18 @@ fp32 keeps fp32 untried (too small to pay, too short to time). A resumed run kee
 recorded; runs of several processes keep fp32 (every rank must compute alike; set bf16 to choose it for all).
 The choice and the timings go into ``Runtime.precision_choice`` (an MLflow parameter) and the log.
 
-``runtime.compile: auto`` on a CPU is settled the same way, after the precision: compiling costs tens of
-seconds per batch shape on CPU (about 25 s for the 5.2 M-parameter benchmark model on 2 cores), so it is tried
-only when the run's remaining micro-batches take at least ``COMPILE_MIN_RUN_SECONDS`` eager (by the first
-micro-batch's measured time). Then the first micro-batch runs compiled (the compile, then a warm-up) and
+``runtime.compile: auto`` is settled the same way, after the precision, on a CPU and on CUDA: compiling costs
+tens of seconds per batch shape (about 25 s for the 5.2 M-parameter benchmark model on 2 CPU cores), so it is
+tried only when the run's remaining micro-batches take at least ``COMPILE_MIN_RUN_SECONDS`` eager (by the
+first micro-batch's measured time). Then the first micro-batch runs compiled (the compile, then a warm-up) and
 ``ROUNDS`` alternated eager / compiled timed passes follow; the compiled model is kept, and trained with (its
 compile is not paid twice), when its best time is at least ``COMPILE_MIN_SPEEDUP`` times faster. Measured:
 1.19x (tiny demo model) and 1.21-1.27x (5.2 M) real tokens per second on packed bf16 steps
-(docs/benchmarks.md). A resumed run keeps its checkpoint's choice; runs of several processes stay eager unless
-compile is set.
+(docs/benchmarks.md). On CUDA ``auto`` was a rule (compiled) until a full fine-tune with liger's fused kernels
+ran no faster compiled by layers than eager on an H200 (two runs, docs/benchmarks.md, 2026-11-28): measured
+there too now. A resumed run keeps its checkpoint's choice; runs of several processes stay eager on CPU and
+compiled on CUDA (every rank alike) unless compile is set, and CUDA graphs (``compile_mode: reduce-overhead``)
+are compiled.
 
 ``train.runtime.float8: auto`` (CUDA) is measured the same way where ``float8.float8_decision``'s rule allows
 it (compute capability 8.9+, torchao, hidden size 2048+): the first micro-batch runs, through the model that
@@ -32,7 +35,8 @@ will step (compiled when the run compiles: each variant is compiled once, in its
 Linear layers and then with float8 ones (``float8.Float8Swap``: converted once, then swapped, alternated over
 ``ROUNDS`` timed passes); float8 is kept when its best time is at least ``FLOAT8_MIN_SPEEDUP`` times faster,
 else the original layers go back in. A resumed run keeps its checkpoint's choice; a run of several processes
-follows the rule (each rank would measure its own). Not yet measured on a GPU (docs/benchmarks.md).
+follows the rule (each rank would measure its own). Measured on an H200 (2026-11-28): the eager 3B full
+fine-tune ran slower in float8 (torchao's casts unfused without compile) and kept its plain layers.
 
 Measured and left out: pinning SDPA's math kernel on CPU. Its attention alone beats the default flash kernel
 on short bf16 rows (64 tokens: 42 against 59 ms per layer), but whole steps gained 1.01x on the 5.2 M shape
@@ -59,7 +63,7 @@ log = logging.getLogger(__name__)
 MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this much (a margin above run-to-run noise) to be chosen
 MIN_STEP_SECONDS = 0.2  # micro-batches faster than this keep their settings untried
 ROUNDS = 2  # timed passes per candidate after its warm-up; the best counts
-# compile auto on CPU: only for runs at least this long eager (compiling takes ~25 s)
+# compile auto: only for runs at least this long eager (compiling takes tens of seconds)
 COMPILE_MIN_RUN_SECONDS = 300.0
 COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
 FLOAT8_MIN_SPEEDUP = 1.1  # float8 matmuls must beat the plain layers by this much to be kept
@@ -205,10 +209,13 @@ def _compile_choice(
     requested = probe.request
     if requested != "auto":
         return bool(requested), "set in train.runtime.compile", None
-    if runtime.device.type != "cpu":
-        return runtime.compile, "auto on CUDA: compiled (fused kernels, fewer launches)", None
+    on_cuda = runtime.device.type == "cuda"
+    if on_cuda and probe.mode == "reduce-overhead":
+        return True, "auto on CUDA with compile_mode reduce-overhead: compiled (CUDA graphs need it)", None
     if resumed and isinstance(resumed.get("compile"), bool):
         return resumed["compile"], "auto: kept from the resumed checkpoint, which trained so", None
+    if world_size > 1 and on_cuda:
+        return True, "auto on CUDA in a run of several processes: compiled (every rank alike)", None
     if world_size > 1:
         return (
             False,
@@ -227,7 +234,7 @@ def _compile_choice(
                 False,
                 (
                     f"auto: about {left:.0f} s of training left ({eager:.3f} s per micro-batch eager); "
-                    f"compiling (tens of seconds per batch shape on CPU) would not repay under "
+                    f"compiling (tens of seconds per batch shape) would not repay under "
                     f"{COMPILE_MIN_RUN_SECONDS:.0f} s"
                 ),
                 None,
