@@ -184,6 +184,50 @@ def test_the_measured_step_is_the_training_step(tmp_path, monkeypatch):
     assert seen[0][2] < seen[1][2]  # warm-up: the rate grows step by step
 
 
+@pytest.mark.parametrize(("requested", "compiled"), [("auto", False), (True, True)])
+def test_tune_measures_compile_auto_eagerly_as_the_run_may_train(tmp_path, monkeypatch, requested, compiled):
+    """``compile: auto`` resolves to compiled on CUDA until the run's first micro-batch measures it
+    (runtime_probe), and the run may then train eager: tune times and sizes the eager step there (a compiled
+    step usually holds less activation memory: the safer size), as it does on a CPU. A runtime that compiles
+    (what CUDA's ``auto`` resolves to) is built here; the compiler is a stand-in that only wraps the model."""
+    from dataclasses import replace
+
+    from fastlm.engine.runtime import environment
+    from fastlm.engine.train import step as step_module
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, model, *args):
+            super().__init__()
+            self._orig_mod = model
+
+        def forward(self, *args, **kwargs):
+            return self._orig_mod(*args, **kwargs)
+
+    stepped, real = [], step_module.train_step
+
+    def spying(model, micro, opt, **kwargs):
+        stepped.append(isinstance(model, Compiled))
+        return real(model, micro, opt, **kwargs)
+
+    monkeypatch.setattr(step_module, "train_step", spying)
+    monkeypatch.setattr(environment, "compile_in_scope", lambda model, *args: Compiled(model))
+    params = toy_params(tmp_path, runtime={"device": "cpu", "num_threads": 1, "compile": requested})
+    runtime = replace(setup_runtime(params.runtime), compile=True)
+    measure = tune.real_step_measurer(
+        toy_model(),
+        toy_sequences(300, 1),
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        warmup=1,
+        timed=1,
+    )
+    measure(2)
+    assert stepped == [compiled, compiled]
+
+
 def test_every_batching_mode_gets_its_ladder_and_the_fastest_mode_wins(tmp_path):
     """``tune.modes``: each mode is measured over the sizes on the real step; the choice is across modes."""
     params = toy_params(tmp_path)

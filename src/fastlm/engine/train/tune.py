@@ -5,9 +5,11 @@ Doubling the micro-batch can make a big model slower per token (memory near the 
 retries, or a silent spill to host memory) while it makes a small model faster. Nobody should guess: each
 trial runs warm-up steps (not timed) then timed steps of ``step.train_step``, the training loop's own step
 (forward/backward under the runtime's precision, gradient clipping, AdamW, the learning-rate scheduler, the
-model compiled when training compiles it) on the user's real model, data and checkpointing settings, and
-records real tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up:
-the process goes on), past the memory headroom, or at the cliff (throughput falls while memory rises).
+model compiled when ``train.runtime.compile`` is true; eager under ``auto``, which the run's first micro-batch
+settles and may leave eager: a compiled step usually holds less activation memory than the eager one, so the
+eager step is the safer size) on the user's real model, data and checkpointing settings, and records real
+tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up: the process
+goes on), past the memory headroom, or at the cliff (throughput falls while memory rises).
 
 ``tune.max_minutes`` bounds the whole measurement (a trial of a 3B model can take a minute, a compiled one
 more): past its deadline no new trial starts (each ladder's first size excepted, so a mode measured has a
@@ -416,8 +418,9 @@ def real_step_measurer(
     model, dataset, *, params, runtime, pad_id: int, max_length: int, attn: str, warmup: int, timed: int
 ) -> Callable[[int], Measurement]:
     """``measure(micro_batch_size)``: the training step itself (``step.train_step``: the same batching,
-    precision, torch.compile, AdamW, gradient clipping and learning-rate schedule as ``loop.train``), one
-    micro-batch per step (the accumulation multiplies the time per step, not the memory)."""
+    precision, torch.compile when set (eager under ``auto``: see the module docstring), AdamW, gradient
+    clipping and learning-rate schedule as ``loop.train``), one micro-batch per step (the accumulation
+    multiplies the time per step, not the memory)."""
     from fastlm.engine.batching import make_batching, seq2seq_batching
     from fastlm.engine.model.attention.inputs import to_device
     from fastlm.engine.runtime.probe import probe_runtime
@@ -426,6 +429,10 @@ def real_step_measurer(
     model.to(runtime.device)
     model.train()
     runtime = runtime.compiling_as(params.runtime)  # the parameters' compile scope and mode
+    # compile auto: the run's first micro-batch decides (runtime_probe) and may train eager; CUDA graphs
+    # (reduce-overhead) are compiled whatever it measures
+    if params.runtime.compile == "auto" and params.runtime.compile_mode != "reduce-overhead":
+        runtime = dataclasses.replace(runtime, compile=False)
     compiled = runtime.compile_model(model)
     # an encoder-decoder model measures its own (seq2seq) batches
     sides = seq2seq_batching(model, dataset, attn)
