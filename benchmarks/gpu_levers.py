@@ -35,10 +35,11 @@ tokens); 4-bit NF4 weights (QLoRA) and float8 matmuls (e4m3, 3 mantissa bits, 2^
 5e-2, in any precision (the quantization's own error). A lever this machine cannot run SKIPs with the
 reason (no CUDA, a package not installed or, for QLoRA and 8-bit AdamW on CPU, a bitsandbytes older than
 0.50, compute capability below 8.9 for float8); any exception is a FAIL with its traceback's tail, and the
-matrix goes on. Step time is
+matrix goes on; a lever stopped by what was left of ``--budget-s`` (not by its own ``--lever-timeout-s``) is
+STOP, no verdict. Step time is
 the median over the steps after the first (which holds compile and warm-up); peak memory is
 ``torch.cuda.max_memory_allocated`` on a GPU, peak RSS on CPU. The script always exits 0 (it is a report) and
-ends with ``levers: N pass, M fail, K skip``.
+ends with ``levers: N pass, M fail, S stopped, K skip``.
 """
 
 from __future__ import annotations
@@ -265,8 +266,8 @@ def judge(
 
 def show(row: dict) -> None:
     name = f"{row['lever']:<24}"
-    if row["status"] == "SKIP":
-        print(f"SKIP  {name}{row['reason']}", flush=True)
+    if row["status"] in ("SKIP", "STOP"):
+        print(f"{row['status']}  {name}{row['reason']}", flush=True)
         return
     if "losses" not in row:
         print(f"FAIL  {name}{'; '.join(row['reasons'])}", flush=True)
@@ -304,15 +305,21 @@ def run_matrix(args: argparse.Namespace, on_cuda: bool, workdir: Path) -> list[d
             reason = f"no time left in --budget-s {args.budget_s:.0f}"
         if reason is not None:
             return {"lever": name, "setting": LEVERS[name].setting, "status": "SKIP", "reason": reason}
+        limit = min(args.lever_timeout_s, budget.left())
         run = run_contender(
-            Path(__file__),
-            name,
-            workdir,
-            index,
-            shape_args(args),
-            repo=REPO,
-            timeout_s=min(args.lever_timeout_s, budget.left()),
+            Path(__file__), name, workdir, index, shape_args(args), repo=REPO, timeout_s=limit
         )
+        if run.get("timed_out") and limit < args.lever_timeout_s:  # the budget stopped it, not its own limit
+            return {
+                "lever": name,
+                "setting": LEVERS[name].setting,
+                "status": "STOP",
+                "reason": (
+                    f"stopped unfinished after {limit:.0f} s, what was left of --budget-s "
+                    f"{args.budget_s:.0f}: no verdict "
+                    f"(alone: python benchmarks/gpu_levers.py --levers {name})"
+                ),
+            }
         return judge(
             name, run, baseline.get("first_loss"), args.precision, baseline_curve=baseline.get("losses")
         )
@@ -612,8 +619,9 @@ def main(argv=None) -> int:
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    counts = {status: sum(row["status"] == status for row in rows) for status in ("PASS", "FAIL", "SKIP")}
-    summary = f"levers: {counts['PASS']} pass, {counts['FAIL']} fail, {counts['SKIP']} skip"
+    statuses = ("PASS", "FAIL", "STOP", "SKIP")
+    counts = {status: sum(row["status"] == status for row in rows) for status in statuses}
+    summary = "levers: {PASS} pass, {FAIL} fail, {STOP} stopped, {SKIP} skip".format(**counts)
     if args.json:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         payload = {"settings": settings, "machine": info, "gpu": gpu, "rows": rows, "summary": counts}

@@ -62,7 +62,7 @@ def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason
         assert rows[name]["status"] == "SKIP" and "needs CUDA" in rows[name]["reason"]
     assert "liger-kernel not installed" in rows["liger"]["reason"] or "liger_kernel" in sys.modules
     assert "2 levers at once" in shown.splitlines()[0]
-    assert shown.strip().splitlines()[-1] == "levers: 5 pass, 0 fail, 4 skip"
+    assert shown.strip().splitlines()[-1] == "levers: 5 pass, 0 fail, 0 stopped, 4 skip"
 
 
 def _run(losses, applied=True, choice="in effect"):
@@ -108,6 +108,60 @@ def test_an_exception_in_a_lever_is_its_fail_with_the_traceback(levers, monkeypa
     levers.show(row)
     shown = capsys.readouterr().out
     assert shown.startswith("FAIL  float8") and "| RuntimeError: float8 matmul" in shown
+
+
+def test_a_lever_stopped_by_what_was_left_of_the_budget_is_unfinished_not_a_fail(levers, monkeypatch, capsys):
+    """On the H200 (2026-11-28) the matrix ran in the 87 s a session had left: compile, fp32 parameters and
+    float8 were stopped after 7-16 s and printed FAIL, as if the levers were broken. A lever the budget
+    stopped is STOP (no verdict, how to rerun it named); one past its own --lever-timeout-s is a FAIL."""
+    clock = {"left": 100.0, "after_baseline": 20.0}
+
+    class Budget:
+        def __init__(self, seconds):
+            self.seconds = seconds
+
+        def left(self):
+            return clock["left"]
+
+    def fake_run(script, name, workdir, index, extra, *, repo, timeout_s):
+        if name == "baseline":
+            clock["left"] = clock["after_baseline"]  # the baseline used most of the budget
+            return {
+                "losses": [10.0, 9.0],
+                "step_time_s": 0.1,
+                "peak_memory_mb": 1.0,
+                "choice": "plain",
+                "attention": "sdpa",
+                "epochs": 1,
+                "applied": True,
+            }
+        return {"contender": name, "error": f"did not finish in {timeout_s:.0f} s", "timed_out": True}
+
+    monkeypatch.setattr(levers, "Budget", Budget)
+    monkeypatch.setattr(levers, "run_contender", fake_run)
+    monkeypatch.setattr(levers, "missing", lambda on_cuda: {})
+    argv = [
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--levers",
+        "baseline",
+        "fused_linear",
+        "--budget-s",
+        "100",
+    ]
+    args = levers.parse_args(argv)
+    rows = levers.run_matrix(args, False, Path("."))
+    assert [row["status"] for row in rows] == ["PASS", "STOP"]
+    assert rows[1]["reason"] == (
+        "stopped unfinished after 20 s, what was left of --budget-s 100: no verdict "
+        "(alone: python benchmarks/gpu_levers.py --levers fused_linear)"
+    )
+    assert "STOP  fused_linear" in capsys.readouterr().out
+    clock["after_baseline"] = 1000.0  # its own --lever-timeout-s stopped it: the lever is too slow, a FAIL
+    rows = levers.run_matrix(args, False, Path("."))
+    assert [row["status"] for row in rows] == ["PASS", "FAIL"]
 
 
 def session(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
