@@ -52,7 +52,8 @@ when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CU
 * ``trainer_usual``: ``Trainer`` with ``DataCollatorForLanguageModeling(mlm=False)`` (dynamic padding),
   ``per_device_train_batch_size = --batch-size`` samples, default arguments + ``bf16``.
 * ``trainer_best``: ``bf16=True``, ``tf32=True`` (CUDA only), ``torch_compile=True``,
-  ``use_liger_kernel=True`` (CUDA with liger-kernel installed; the set-up line says which, or why not), and
+  ``use_liger_kernel=True`` (CUDA with liger-kernel installed, unless ``--trainer-liger off``; the set-up
+  line says which, or why not), and
   the same tokens per
   optimizer step as fastlm: ``batch_size * seq_len / mean sample length`` samples. Padding-free
   ``DataCollatorWithFlattening`` (all of them in one flattened row) when the attention is flash-attention,
@@ -1214,10 +1215,12 @@ def trainer_padding_free(choice: str, varlen: bool, on_cuda: bool) -> bool:
     return choice == "on" or varlen or not on_cuda
 
 
-def trainer_liger(on_cuda: bool, installed: bool, fields: set[str]) -> tuple[dict, str]:
+def trainer_liger(on_cuda: bool, installed: bool, fields: set[str], wanted: bool = True) -> tuple[dict, str]:
     """The Trainer's Liger switch for its best set-ups (``use_liger_kernel=True``: liger's fused RMSNorm,
     rotary, SwiGLU and fused linear cross-entropy, patched in by the Trainer, through peft too): its
-    ``TrainingArguments`` and the set-up text saying which, or why not."""
+    ``TrainingArguments`` and the set-up text saying which, or why not (``wanted``: ``--trainer-liger``)."""
+    if not wanted:
+        return {}, "no Liger kernels (--trainer-liger off)"
     if not on_cuda:
         return {}, "no Liger kernels (Triton: CUDA only)"
     if not installed:
@@ -1318,7 +1321,8 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
         if ctx.on_cuda:
             extra["tf32"] = True
         setup += f", torch_compile={extra['torch_compile']}, tf32={extra.get('tf32', False)}"
-        liger, note = trainer_liger(ctx.on_cuda, importlib.util.find_spec("liger_kernel") is not None, fields)
+        installed = importlib.util.find_spec("liger_kernel") is not None
+        liger, note = trainer_liger(ctx.on_cuda, installed, fields, wanted=args.trainer_liger == "on")
         extra.update(liger)
         setup += f", {note}"
         if adapter:  # its builder turned checkpointing on, under peft's wrapper
@@ -1657,6 +1661,8 @@ def run_child(
             args.optim,
             "--liger",
             args.liger,
+            "--trainer-liger",
+            args.trainer_liger,
             "--fused-linear",
             args.fused_linear,
             *(("--fused-kernel", args.fused_kernel) if args.fused_kernel else ()),
@@ -2190,6 +2196,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="fastlm contenders: liger-kernel's kernels (train.model.liger, and "
         "train.loss.fused_linear_kernel auto/liger/fastlm for auto/on/off; default auto: where "
         "CUDA and liger-kernel are there). A/B: run once with --liger on, once with --liger off",
+    )
+    parser.add_argument(
+        "--trainer-liger",
+        choices=("on", "off"),
+        default="on",
+        help="the Trainer's and TRL's best set-ups: use_liger_kernel (default on, where CUDA and "
+        "liger-kernel are there); off: their torch_compile without Liger, the faster of the two where "
+        "Liger's kernels break the compile",
     )
     parser.add_argument(
         "--fused-linear",

@@ -181,8 +181,8 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
+        "full_compiled_ab",
         "gpu_speed_qlora",
-        "compile_ab",
         "gpu_speed_lora_compiled",
         "lora_reviews",
         "gpu_speed_full",
@@ -276,11 +276,12 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "weights_ab",
     )
     assert all("--compile off" in step[name] for name in eager)
-    # what compile auto measures on a run's first micro-batch, as whole runs: eager and compiled by layers
-    compile_ab = "--model 0.5b --contenders fastlm_eager fastlm_compile --compile-scope layers"
-    assert compile_ab in step["compile_ab"]
+    # what compile auto weighs on a run's first micro-batch, as whole runs (eager, compiled by layers), and
+    # the Trainer's best set-up compiled without Liger (with Liger its compile did not finish, then failed)
+    full_ab = "--model 0.5b --contenders fastlm_eager fastlm_compile trainer_best --trainer-liger off"
+    assert full_ab in step["full_compiled_ab"] and "at most 420 s" in step["full_compiled_ab"]
     compiled = (
-        "compile_ab",
+        "full_compiled_ab",
         "weights_ab_compiled",
         "gpu_speed_full",
         "liger_on",
@@ -310,10 +311,9 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
-    assert "[gpu_speed_qlora] at most 300 s" in done.stdout
-    assert "[compile_ab] at most 220 s" in done.stdout  # 260 s left: its own cap
-    assert "[gpu_speed_lora_compiled] skipped: 40 s left of 560" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only gpu_speed_lora_compiled" in done.stdout
+    assert "[full_compiled_ab] at most 420 s" in done.stdout
+    assert "[gpu_speed_qlora] skipped: 140 s left of 560, it needs 240" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only gpu_speed_qlora" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

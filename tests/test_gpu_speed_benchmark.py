@@ -338,6 +338,18 @@ def test_the_trainers_best_set_ups_run_liger_on_cuda_where_it_is_installed(gpu_s
     assert extra == {} and "use_liger_kernel" in note  # a transformers without the switch: said, not hidden
 
 
+def test_the_trainers_liger_can_be_turned_off_for_its_compiled_set_up(gpu_speed, monkeypatch):
+    """The Trainer's torch_compile ran (H200, 2026-11-23) without Liger; with Liger it had not finished in
+    107 s (2026-11-27) and then stopped with an illegal memory access (2026-11-28): its best set-up is the
+    faster of the two, so a run can ask for its compile without Liger (``--trainer-liger off``)."""
+    fields = {"use_liger_kernel", "torch_compile"}
+    extra, note = gpu_speed.trainer_liger(on_cuda=True, installed=True, fields=fields, wanted=False)
+    assert extra == {} and note == "no Liger kernels (--trainer-liger off)"
+    args = gpu_speed.parse_args(["--model", "tiny", "--trainer-liger", "off"])
+    assert child_flag(gpu_speed, monkeypatch, "trainer_best", args, "--trainer-liger") == "off"
+    assert gpu_speed.parse_args(["--model", "tiny"]).trainer_liger == "on"
+
+
 def adapter_results(fastlm: tuple[float, float], best: tuple[float, float], usual: tuple[float, float]):
     """Results of the three LoRA contenders: (real tokens/s, peak memory MiB) each."""
     names = ("fastlm_lora", "trainer_lora_best", "trainer_lora_usual")
