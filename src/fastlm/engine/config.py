@@ -369,8 +369,8 @@ class RuntimeParams(Params):
     compile: bool | Literal["auto"] = Field(
         "auto",
         description="torch.compile; auto: where the first micro-batch measures it faster in a run long "
-        "enough to repay it (CPU and CUDA; compiled on CUDA under compile_mode reduce-overhead or several "
-        "processes)",
+        "enough to repay it (CPU and CUDA; compiled on CUDA under compile_mode reduce-overhead, in several "
+        "processes, or where float8 layers may train)",
     )
     compile_scope: Literal["model", "layers"] = Field(
         "model",

@@ -27,7 +27,9 @@ compile is not paid twice), when its best time is at least ``COMPILE_MIN_SPEEDUP
 ran no faster compiled by layers than eager on an H200 (two runs, docs/benchmarks.md, 2026-11-28): measured
 there too now. A resumed run keeps its checkpoint's choice; runs of several processes stay eager on CPU and
 compiled on CUDA (every rank alike) unless compile is set, and CUDA graphs (``compile_mode: reduce-overhead``)
-are compiled.
+are compiled, as is a CUDA run where float8 layers may train (``float8: on``, or ``auto`` where its rule
+allows): torchao's float8 casts fuse only compiled, and float8 ``auto`` is then measured through the compiled
+model.
 
 ``train.runtime.float8: auto`` (CUDA) is measured the same way where ``float8.float8_decision``'s rule allows
 it (compute capability 8.9+, torchao, hidden size 2048+): the first micro-batch runs, through the model that
@@ -137,7 +139,9 @@ class CompileProbe:
     compile decision weighs the compile time against it); ``compiler``: ``torch.compile`` by default
     (``compile_module``, in ``scope``); ``batch`` / ``context``: the compiled candidate's own inputs (None:
     the probe's batch) and the context its passes run in (another attention path:
-    ``attention.attention_when_compiled``), so the candidate measured is the one trained with.
+    ``attention.attention_when_compiled``), so the candidate measured is the one trained with; ``float8``:
+    float8 layers may train (``float8: on``, or ``auto`` where its rule allows), and ``auto`` on CUDA then
+    compiles (torchao's casts fuse only compiled; float8 ``auto`` is measured through the compiled model).
     """
 
     request: bool | str
@@ -147,6 +151,7 @@ class CompileProbe:
     context: Callable[[], contextlib.AbstractContextManager] | None = None
     scope: str = "model"  # train.runtime.compile_scope: what the default compiler compiles
     mode: str = "default"  # train.runtime.compile_mode: torch.compile's mode (reduce-overhead: CUDA graphs)
+    float8: bool = False  # float8 layers may train (float8 on, or auto where its rule allows)
 
 
 def probe_runtime(
@@ -212,6 +217,8 @@ def _compile_choice(
     on_cuda = runtime.device.type == "cuda"
     if on_cuda and probe.mode == "reduce-overhead":
         return True, "auto on CUDA with compile_mode reduce-overhead: compiled (CUDA graphs need it)", None
+    if on_cuda and probe.float8:
+        return True, "auto on CUDA where float8 layers may train: compiled (torchao's casts fuse there)", None
     if resumed and isinstance(resumed.get("compile"), bool):
         return resumed["compile"], "auto: kept from the resumed checkpoint, which trained so", None
     if world_size > 1 and on_cuda:

@@ -41,7 +41,7 @@ from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_
 from fastlm.engine.observe.profiling import step_profiler
 from fastlm.engine.observe.progress import Progress
 from fastlm.engine.runtime.environment import Runtime
-from fastlm.engine.runtime.float8 import apply_float8, float8_layers
+from fastlm.engine.runtime.float8 import apply_float8, float8_decision, float8_layers
 from fastlm.engine.runtime.probe import CompileProbe, Float8Probe, probe_float8, probe_runtime
 from fastlm.engine.runtime.regions import GraphCensus, cuda_graph_census
 from fastlm.engine.train.backoff import batching_record, resumed_batching
@@ -316,6 +316,7 @@ def _probed_runtime(
         context=partial(attention_path, raw_model, compiled_attn),
         scope=params.runtime.compile_scope,
         mode=params.runtime.compile_mode,
+        float8=_float8_may_train(params, raw_model, device),
     )
     runtime, probed = probe_runtime(
         request.runtime,
@@ -343,6 +344,15 @@ def _probed_runtime(
         else runtime.compile_model(wrapped)
     )
     return runtime, attn, model
+
+
+def _float8_may_train(params: TrainParams, model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether float8 layers may train in this CUDA run (``float8: on``, or ``auto`` where its rule allows):
+    compile ``auto`` then compiles, torchao's float8 casts fusing only compiled."""
+    if device.type != "cuda":
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return float8_decision(params.runtime.float8, base, device, strategy=params.distributed.strategy)[0]
 
 
 def _validation(
