@@ -28,7 +28,8 @@
 #                          ratios (1.52x) leave open
 #      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
 #                          did not fit in its share): the 1.5x (1.68x on an H100, 2026-11-26) and 2x targets
-#                          against Trainer + peft's best and usual set-ups (the usual one not yet measured)
+#                          against Trainer + peft's best and usual set-ups (the usual one not yet measured: it
+#                          runs last, with all that the others left of the step)
 #      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
 #                          with its torch_compile
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
@@ -119,7 +120,7 @@ SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s 
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
     "full_compiled_ab|300|420|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_compile trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
-    "gpu_speed_qlora|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best $SHORT --budget-s \$((CAP - 15))"
+    "gpu_speed_qlora|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_best trl_qlora_best trainer_qlora_usual $SHORT --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"

@@ -243,7 +243,8 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     head += " --kernels liger liger_function cce"
     assert head in step["head_kernels"] and "at most 200 s" in step["head_kernels"]
     # QLoRA in fewer steps (the usual set-up's 20 did not fit in its share on the H100)
-    qlora = "--model 3b --contenders fastlm_qlora trainer_qlora_usual trainer_qlora_best trl_qlora_best"
+    # the usual set-up last: each contender's share is what is left over those still to run
+    qlora = "--model 3b --contenders fastlm_qlora trainer_qlora_best trl_qlora_best trainer_qlora_usual"
     assert f"{qlora} --compile off --warmup 3" in step["gpu_speed_qlora"]
     assert "at most 300 s" in step["gpu_speed_qlora"]  # its 4 contenders, the usual set-up about 5 s a step
     assert "--contenders fastlm_qlora fastlm_qlora_peft_forward --compile off" in step["qlora_forward_ab"]
