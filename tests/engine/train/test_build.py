@@ -44,3 +44,36 @@ def test_no_grad_clip_means_an_infinite_threshold(tmp_path):
 def test_settle_request_refuses_an_unknown_attention_before_reading_data(tmp_path):
     with pytest.raises(ValueError, match="warp_attention. is not one of"):
         settle_request(_request(tmp_path, attn="warp_attention"))
+
+
+def test_compile_auto_hears_whether_float8_layers_may_train_on_the_base_model(tmp_path, monkeypatch):
+    """Compile ``auto`` on CUDA compiles where float8 layers may train (runtime.probe): the build asks
+    float8's rule with the run's setting and strategy about the base model (under peft's wrapper too), and
+    only on CUDA; on a CPU nothing is asked."""
+    import torch
+
+    from fastlm.engine.train import build
+
+    asked = []
+
+    def rule(requested, model, device, *, strategy="ddp"):
+        asked.append((requested, model, device.type, strategy))
+        return requested != "off", "the rule"
+
+    class Wrapped(torch.nn.Module):  # what peft's model answers
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def get_base_model(self):
+            return self.base
+
+    monkeypatch.setattr(build, "float8_decision", rule)
+    base = toy_model()
+    params = toy_params(tmp_path, runtime={"device": "cpu", "num_threads": 1, "float8": "auto"})
+    assert build._float8_may_train(params, Wrapped(base), torch.device("cuda")) is True
+    assert asked == [("auto", base, "cuda", "ddp")]
+    off = toy_params(tmp_path, runtime={"device": "cpu", "num_threads": 1, "float8": "off"})
+    assert build._float8_may_train(off, base, torch.device("cuda")) is False
+    asked.clear()
+    assert build._float8_may_train(params, base, torch.device("cpu")) is False and asked == []
