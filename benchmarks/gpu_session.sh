@@ -30,6 +30,10 @@
 #                          did not fit in its share): the 1.5x (1.68x on an H100, 2026-11-26) and 2x targets
 #                          against Trainer + peft's best and usual set-ups (the usual one not yet measured: it
 #                          runs last, with all that the others left of the step)
+#      full_b16            the 0.73 B full fine-tune at 16 packed rows of 2048 a micro-batch, fastlm against the
+#                          Trainer's best set-up at the same tokens per optimizer step, both eager: the ratio
+#                          where fastlm reached its 55.6 % MFU (H200, 2026-11-28; 1.52x at 8 rows, 2026-11-27);
+#                          the Trainer held 42 GB at 8 rows: twice that fits an H200, maybe not an H100
 #      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
 #                          with its torch_compile
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
@@ -121,6 +125,7 @@ SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; tim
 PLAN=(
     "full_compiled_ab|300|420|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_compile trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_qlora|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_best trl_qlora_best trainer_qlora_usual $SHORT --budget-s \$((CAP - 15))"
+    "full_b16|180|260|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"

@@ -183,6 +183,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert names == [
         "full_compiled_ab",
         "gpu_speed_qlora",
+        "full_b16",
         "gpu_speed_lora_compiled",
         "lora_reviews",
         "gpu_speed_full",
@@ -260,12 +261,16 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     # a real fine-tune's tokens per optimizer step: 4 micro-batches on both sides, eager
     accumulated = "--model 0.5b --contenders fastlm_eager trainer_best --accumulation 4 --compile off"
     assert accumulated in step["full_accum4"] and "at most 260 s" in step["full_accum4"]
+    # the ratio at twice the micro-batch tokens, both eager, the same tokens per optimizer step
+    b16 = "--model 0.5b --contenders fastlm_eager trainer_best --batch-size 16 --compile off"
+    assert b16 in step["full_b16"]
     # fastlm's MFU at twice the micro-batch tokens, alone, eager
     assert "--model 0.5b --contenders fastlm_eager --batch-size 16 --compile off" in step["full_eager_b16"]
     # the full fine-tune of the 3B shape, both eager, checkpointing on both sides to fit 80 GB
     full_3b = "--model 3b --contenders fastlm_eager trainer_best --batch-size 2 --checkpointing selective"
     assert f"{full_3b} --compile off" in step["gpu_speed_full_3b"]
     eager = (
+        "full_b16",
         "full_eager_b16",
         "full_accum4",
         "gpu_speed_full_eager",
