@@ -330,6 +330,32 @@ def test_auto_compile_on_cuda_is_not_compiled_for_nothing_nor_measured_where_a_r
     assert calls == (["eager"] if reason == "would not repay" else [])
 
 
+def test_the_measurement_leaves_the_gpus_random_streams_as_they_were(monkeypatch):
+    """On CUDA the measured passes draw their dropout masks (LoRA's dropout, attention dropout) from the GPU's
+    generators, which the probe did not put back: a run left on ``auto`` drew other masks than one set to
+    what was measured. The GPU's streams are taken before and put back after, as the CPU's. (No GPU here:
+    torch.cuda's generator calls are stand-ins; each measured pass draws from the "GPU" stream.)"""
+    streams = {"gpu": ["state before"]}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(streams["gpu"]))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: streams.update(gpu=list(states)))
+
+    def measure(model, batch, runtime):
+        streams["gpu"].append("drawn by a measured pass")
+        return 0.5 if isinstance(model, Compiled) else 1.0
+
+    probe_runtime(
+        cuda_runtime(),
+        "auto",
+        toy_model(),
+        BATCH,
+        compile_probe=CompileProbe("auto", LONG_RUN, compiler=Compiled),
+        measure=measure,
+    )
+    assert streams["gpu"] == ["state before"]
+
+
 def test_a_run_left_on_auto_compile_trains_with_the_compiled_model_it_measured(tmp_path, monkeypatch):
     """The loop trains with the very module the probe compiled (its compile time is not spent twice), and the
     run trains as an eager one (the fake compiler only wraps the model; compiled on CPU, ``auto`` attention

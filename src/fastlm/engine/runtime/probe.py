@@ -10,11 +10,12 @@ forward and backward on the plain (uncompiled, unwrapped) model in fp32 and in b
 ``ROUNDS`` alternated timed passes; bf16 is kept when its best time is at least ``MIN_SPEEDUP`` times faster
 than fp32's.
 
-The measurement leaves no trace: gradients are dropped and the random-number state is restored, so the run
-equals one with the chosen precision written in the parameters. A micro-batch under ``MIN_STEP_SECONDS`` in
-fp32 keeps fp32 untried (too small to pay, too short to time). A resumed run keeps what its checkpoint
-recorded; runs of several processes keep fp32 (every rank must compute alike; set bf16 to choose it for all).
-The choice and the timings go into ``Runtime.precision_choice`` (an MLflow parameter) and the log.
+The measurement leaves no trace: gradients are dropped and the random-number states (the CPU's, and the GPUs'
+where CUDA is in use) are restored, so the run equals one with the chosen precision written in the parameters.
+A micro-batch under ``MIN_STEP_SECONDS`` in fp32 keeps fp32 untried (too small to pay, too short to time). A
+resumed run keeps what its checkpoint recorded; runs of several processes keep fp32 (every rank must compute
+alike; set bf16 to choose it for all). The choice and the timings go into ``Runtime.precision_choice`` (an
+MLflow parameter) and the log.
 
 ``runtime.compile: auto`` is settled the same way, after the precision, on a CPU and on CUDA: compiling costs
 tens of seconds per batch shape (about 25 s for the 5.2 M-parameter benchmark model on 2 CPU cores), so it is
@@ -300,14 +301,19 @@ def _probe(
 
 @contextlib.contextmanager
 def _no_trace(model: torch.nn.Module):
-    """Measured passes leave no trace: the random stream (dropout draws) and the gradients as they were."""
+    """Measured passes leave no trace: the random streams (dropout draws: the CPU's, and the GPUs' where CUDA
+    is in use) and the gradients as they were."""
     rng = torch.random.get_rng_state()
+    on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    cuda_rng = torch.cuda.get_rng_state_all() if on_cuda else None
     was_training = model.training
     model.train()
     try:
         yield
     finally:
         torch.random.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
 
