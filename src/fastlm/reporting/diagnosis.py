@@ -429,8 +429,9 @@ def _compile_bound(summary: dict) -> Finding:
         )
     else:
         advice = (
-            "a run this short does not repay compiling: train.runtime.compile: false (auto measures it on a "
-            "CPU), or train longer"
+            "a run this short does not repay compiling: train.runtime.compile: false (or auto: it compiles "
+            "only a run long enough to repay it, where the first micro-batch measures it faster), or train "
+            "longer"
         )
     return Finding(COMPILE_BOUND, True, _percent(share), message, advice)
 
