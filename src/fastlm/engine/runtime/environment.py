@@ -198,7 +198,8 @@ def gpu_has_native_bf16() -> bool:
 def resolve_compile(requested: bool | str, device: torch.device) -> bool:
     """``auto``: on CUDA compiled, on CPU eager, until the training loop measures it (``runtime_probe``:
     compiled where the run is long enough to repay the compile time and its first micro-batch runs measurably
-    faster compiled; on CUDA a run of several processes or of CUDA graphs stays compiled)."""
+    faster compiled; on CUDA a run of several processes, of CUDA graphs or of float8 layers stays
+    compiled)."""
     return device.type == "cuda" if requested == "auto" else bool(requested)
 
 
