@@ -24,6 +24,12 @@ OFFLINE_ENV = {
 }
 
 
+def partial_path(result: str | Path) -> Path:
+    """Where a child writes what it has measured so far (e.g. its timed steps), next to its ``--result``
+    file: a child stopped at its cap hands that back (``run_contender``'s ``partial``)."""
+    return Path(result).with_suffix(".partial.json")
+
+
 def timeout_output(expired: subprocess.TimeoutExpired) -> str:
     """What a stopped child had printed: ``TimeoutExpired.output`` is bytes even under ``text=True``
     (Python's documented behaviour), None when nothing was read."""
@@ -50,7 +56,7 @@ def run_contender(
     ``process_wall_s`` is the child's wall time from start to exit; ``other_load_cores`` how many cores other
     processes kept busy meanwhile. A failed child gives ``{"contender", "error", "output_tail"}``; one still
     running after ``timeout_s`` is killed and gives ``{"contender", "error": "did not finish in N s",
-    "timed_out": True}``.
+    "timed_out": True}``, with ``partial``: what it had written to ``partial_path`` (if anything).
     """
     result_path = workdir / f"result_{index}_{name}.json"
     command = [
@@ -87,12 +93,19 @@ def run_contender(
         print(f"  {name}: did not finish in {timeout_s:.0f} s (stopped)", flush=True)
         if tail:  # where the time went: the child's last progress lines
             print("\n".join(f"    | {line}" for line in tail.splitlines()), flush=True)
-        return {
+        stopped = {
             "contender": name,
             "error": f"did not finish in {timeout_s:.0f} s",
             "timed_out": True,
             "output_tail": tail,
         }
+        partial = partial_path(result_path)
+        if partial.is_file():
+            try:
+                stopped["partial"] = json.loads(partial.read_text())
+            except ValueError:  # stopped while writing it: nothing to hand back
+                pass
+        return stopped
     wall = time.perf_counter() - start
     own, busy = children_cpu_s() - cpu_before, busy_cpu_s() - busy_before
     if process.returncode != 0 or not result_path.exists():

@@ -8,7 +8,9 @@ each (judged on CUDA only: on CPU the ratios are printed as figures); its data-w
 tolerance on EVERY attention path this machine has, with several rows per batch. When a target is missed,
 the top 10 CUDA kernels of a short torch.profiler window of fastlm are printed. The whole script stays within
 ``--budget-s`` (default 480 s: 8 minutes on an H100): each contender process gets a share of what is left
-and is stopped when it runs past it ("did not finish in N s").
+and is stopped when it runs past it ("did not finish in N s"); a Trainer or TRL peer stopped so hands back
+its timed steps so far, and a ratio to it is then a lower bound over those steps ("at least", judged on
+``MIN_PARTIAL_STEPS`` steps or more).
 
     python benchmarks/gpu_speed.py --model 0.5b               # H100/H200: the issue's measurement
     python benchmarks/gpu_speed.py --model tiny               # the project's default tiny Llama
@@ -180,7 +182,7 @@ import warnings
 from pathlib import Path
 
 # Sibling modules (scripts run from benchmarks/); importing train_speed also sets the offline environment.
-from contender_process import run_contender
+from contender_process import partial_path, run_contender
 from memory_cliff import LLAMA_3B
 from train_speed import REPO, TEXT_SEED, VOCAB_SIZE, Context, CountingCollator, _fmt, machine, peer_trainer
 
@@ -278,6 +280,7 @@ SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show",
 
 TARGET_MFU = 0.55  # issue 31 (0.5b, bf16)
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")  # "torch.XError: ..."
+MIN_PARTIAL_STEPS = 3  # a stopped peer's timed steps a ratio's lower bound is judged on (bounded_verdict)
 MIN_COMPILE_TRY_S = 60.0  # a Trainer best set-up's torch_compile try gets at least this, or is not tried
 # a best set-up's run without torch_compile when its usual one has not run: 0.73 B on an H100, 8 + 20 steps,
 # took 32 s in all (docs/gpu-runs/2026-11-26-h100-gpu-speed-0.5b-fastlm-compile-trainer-best.log)
@@ -1361,6 +1364,11 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
                 ctx.reset_peak()
             if step in (warmup, warmup + steps):
                 self.marks[step] = (now, len(collator.real))
+            if warmup < step < warmup + steps and warmup in self.marks and args.result:
+                # the timed steps so far, for a parent that stops this run at its cap (speed_at_most)
+                t0, n0 = self.marks[warmup]
+                so_far = {"steps_done": step - warmup, "steps": steps, "window_s": now - t0}
+                write_partial(args.result, {**so_far, "real_tokens": sum(collator.real[n0:])})
 
     timer = StepTimer()
     name = f"trl_{adapter}_" if trl else f"trainer_{adapter}_" if adapter else "trainer_"
@@ -1575,6 +1583,15 @@ def child_main(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(info, default=str))
 
 
+def write_partial(result: str, so_far: dict) -> None:
+    """``so_far`` into the child's ``partial_path``, whole or not at all (written beside it, then renamed):
+    a few hundred microseconds in a peer's step that takes a tenth of a second or more."""
+    path = partial_path(result)
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(so_far))
+    os.replace(scratch, path)
+
+
 def host_figures(figures) -> str:
     """``host_us_per_op`` before / after a contender, as the table shows them."""
     return "-" if not figures else " / ".join(f"{value:.1f}" for value in figures)
@@ -1787,6 +1804,34 @@ def gpu_info() -> dict:
     }
 
 
+def speed_at_most(run: dict) -> tuple[float, int, int] | None:
+    """A peer stopped at its cap after some timed steps (``partial``, written by its Trainer's step timer):
+    its real tokens over the host's time since the timed window opened, at most its speed over those steps
+    (the host does not wait for the GPU's last steps, and counts every micro-batch collated), with the steps
+    done and asked; None for a run that finished or timed nothing."""
+    partial = run.get("partial") or {}
+    if run.get("real_tokens_per_s") or not partial.get("steps_done") or not partial.get("window_s"):
+        return None
+    return partial["real_tokens"] / partial["window_s"], partial["steps_done"], partial["steps"]
+
+
+def bounded_verdict(
+    a: str, b: str, speed: float, bound: tuple[float, int, int], target: float, on_cuda: bool
+) -> tuple[str, bool | None]:
+    """``a``'s ratio to a peer ``b`` known only by an upper bound of its speed over the timed steps it ran
+    (``speed_at_most``): at least ``speed / bound`` over those steps. Over the target, on at least
+    ``MIN_PARTIAL_STEPS`` steps, it passes; otherwise nothing is judged."""
+    at_most, done, asked = bound
+    ratio = speed / at_most
+    why = f"{b} did not finish: at most {at_most:,.0f} real tok/s over {done} of {asked} timed steps"
+    if not on_cuda:
+        return f"{a} / {b} real tokens/s: at least {ratio:.2f}x ({why}; CPU figures)", None
+    if done < MIN_PARTIAL_STEPS:
+        why += f", fewer than {MIN_PARTIAL_STEPS} to judge on"
+    judged = ratio >= target and done >= MIN_PARTIAL_STEPS
+    return f"{a} / {b} real tokens/s >= {target:g}x: at least {ratio:.2f}x ({why})", True if judged else None
+
+
 def adapter_verdicts(results: dict[str, dict], on_cuda: bool) -> list[tuple[str, bool | None]]:
     """fastlm's LoRA/QLoRA against Trainer + peft (``ADAPTER_PAIRS``): real tokens/s >= ``TARGET_ADAPTER_VS``
     of each set-up and a lower peak memory (``max_memory_allocated``), judged on CUDA; on CPU the speed
@@ -1794,10 +1839,14 @@ def adapter_verdicts(results: dict[str, dict], on_cuda: bool) -> list[tuple[str,
     lines: list[tuple[str, bool | None]] = []
     for a, b in ADAPTER_PAIRS:
         ra, rb = results.get(a, {}), results.get(b, {})
+        target = TARGET_ADAPTER_VS[b.rsplit("_", 1)[1]]
+        bound = speed_at_most(rb)
+        if ra.get("real_tokens_per_s") and bound is not None:
+            lines.append(bounded_verdict(a, b, ra["real_tokens_per_s"], bound, target, on_cuda))
+            continue
         if not (ra.get("real_tokens_per_s") and rb.get("real_tokens_per_s")):
             continue
         ratio = ra["real_tokens_per_s"] / rb["real_tokens_per_s"]
-        target = TARGET_ADAPTER_VS[b.rsplit("_", 1)[1]]
         if not on_cuda:
             lines.append(
                 (f"{a} / {b} real tokens/s: {ratio:.2f}x (CPU figures; target {target:g}x on a GPU)", None)

@@ -411,6 +411,63 @@ def test_a_stopped_child_reports_its_last_progress_lines(monkeypatch, tmp_path, 
     assert "| compiling" in capsys.readouterr().out
 
 
+def test_a_stopped_child_hands_back_what_it_measured_before_the_cap(monkeypatch, tmp_path):
+    """A slow peer stopped at its cap left no figure: the QLoRA usual set-up on the H100 (2026-11-26) did not
+    finish 20 steps in its share and the 2x target went unjudged. A child may write its timed steps so far
+    next to its result (``partial_path``); a stopped child's result carries them."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from contender_process import partial_path, run_contender
+
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "result = Path(sys.argv[sys.argv.index('--result') + 1])\n"
+        "partial = result.with_suffix('.partial.json')\n"
+        "so_far = {'steps_done': 2, 'steps': 8, 'window_s': 10.0, 'real_tokens': 5000}\n"
+        "partial.write_text(json.dumps(so_far))\n"
+        "print('step 2 of 8', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    result = run_contender(script, "slow", tmp_path, 1, [], repo=tmp_path, timeout_s=5)
+    assert result["timed_out"] and result["partial"] == {
+        "steps_done": 2,
+        "steps": 8,
+        "window_s": 10.0,
+        "real_tokens": 5000,
+    }
+    assert partial_path(tmp_path / "result_1_slow.json") == tmp_path / "result_1_slow.partial.json"
+
+
+def test_a_peer_stopped_before_its_end_bounds_the_ratio_from_below(gpu_speed):
+    """Its timed steps so far, timed on the host without waiting for the GPU, give at most its speed over
+    those steps: fastlm's ratio to it is at least fastlm's speed over that bound. A bound over the target on
+    at least MIN_PARTIAL_STEPS steps passes; one under it, or on fewer steps, judges nothing."""
+    results = adapter_results(fastlm=(3000.0, 10_000.0), best=(1500.0, 12_000.0), usual=(0.0, 0.0))
+    results["trainer_lora_usual"] = {
+        "contender": "trainer_lora_usual",
+        "error": "did not finish in 90 s",
+        "timed_out": True,
+        "partial": {"steps_done": 3, "steps": 8, "window_s": 10.0, "real_tokens": 5000},
+    }
+    judged = dict(gpu_speed.adapter_verdicts(results, on_cuda=True))
+    line = next(text for text in judged if "trainer_lora_usual real tokens/s >= 2x" in text)
+    assert judged[line] is True and "at least 6.00x" in line  # 3000 / (5000 / 10)
+    assert "at most 500 real tok/s over 3 of 8 timed steps" in line
+    results["trainer_lora_usual"]["partial"]["steps_done"] = 2  # too few steps to judge on
+    judged = dict(gpu_speed.adapter_verdicts(results, on_cuda=True))
+    line = next(text for text in judged if "trainer_lora_usual real tokens/s >= 2x" in text)
+    assert judged[line] is None and "fewer than 3 to judge on" in line
+    results["trainer_lora_usual"]["partial"]["steps_done"] = 3
+    assert not any("trainer_lora_usual peak memory" in text for text in judged)
+    results["trainer_lora_usual"]["partial"]["real_tokens"] = 20_000  # at most 2000 tok/s: 1.5x, under 2x
+    judged = dict(gpu_speed.adapter_verdicts(results, on_cuda=True))
+    line = next(text for text in judged if "trainer_lora_usual real tokens/s >= 2x" in text)
+    assert judged[line] is None and "at least 1.50x" in line
+    del results["trainer_lora_usual"]["partial"]  # nothing timed: nothing said
+    assert not any("usual" in text for text, _ in gpu_speed.adapter_verdicts(results, on_cuda=True))
+
+
 class FixedBudget:
     """A ``gpu_speed.Budget`` with ``left`` seconds left, whatever the clock says."""
 
