@@ -116,10 +116,9 @@ def test_accumulation_keeps_the_effective_batch_and_the_explanation_has_the_figu
     assert "micro-batch 8 (400 real tokens/s" in text and "the cliff" in text and "holds 32 rows" in text
 
 
-def test_real_short_run_on_cpu(tmp_path):
-    params = toy_params(tmp_path)
-    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(
+def toy_measurer(params, runtime, *, timed: int):
+    """``tune.real_step_measurer`` on the toy model and 300 toy sequences, one warm-up step."""
+    return tune.real_step_measurer(
         toy_model(),
         toy_sequences(300, 1),
         params=params,
@@ -128,8 +127,14 @@ def test_real_short_run_on_cpu(tmp_path):
         max_length=64,
         attn="sdpa",
         warmup=1,
-        timed=2,
+        timed=timed,
     )
+
+
+def test_real_short_run_on_cpu(tmp_path):
+    params = toy_params(tmp_path)
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = toy_measurer(params, runtime, timed=2)
     trials = tune.run_ladder(
         measure, tune.ladder(1, 4), memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5
     )
@@ -168,17 +173,7 @@ def test_the_measured_step_is_the_training_step(tmp_path, monkeypatch):
     monkeypatch.setattr(step_module, "train_step", spying)
     params = toy_params(tmp_path, optimizer={"grad_clip": 0.5, "warmup_steps": 2})
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(
-        toy_model(),
-        toy_sequences(300, 1),
-        params=params,
-        runtime=runtime,
-        pad_id=EOS,
-        max_length=64,
-        attn="sdpa",
-        warmup=1,
-        timed=2,
-    )
+    measure = toy_measurer(params, runtime, timed=2)
     measure(2)
     assert [(clip, advanced) for clip, advanced, _ in seen] == [(0.5, 1)] * 3
     assert seen[0][2] < seen[1][2]  # warm-up: the rate grows step by step
@@ -213,17 +208,7 @@ def test_tune_measures_compile_auto_eagerly_as_the_run_may_train(tmp_path, monke
     monkeypatch.setattr(environment, "compile_in_scope", lambda model, *args: Compiled(model))
     params = toy_params(tmp_path, runtime={"device": "cpu", "num_threads": 1, "compile": requested})
     runtime = replace(setup_runtime(params.runtime), compile=True)
-    measure = tune.real_step_measurer(
-        toy_model(),
-        toy_sequences(300, 1),
-        params=params,
-        runtime=runtime,
-        pad_id=EOS,
-        max_length=64,
-        attn="sdpa",
-        warmup=1,
-        timed=1,
-    )
+    measure = toy_measurer(params, runtime, timed=1)
     measure(2)
     assert stepped == [compiled, compiled]
 
@@ -295,17 +280,7 @@ def test_a_packed_trial_counts_the_samples_its_rows_hold(tmp_path):
     """Packed rows of 64 tokens hold several toy samples: the trial says how many per micro-batch."""
     params = toy_params(tmp_path)  # packed
     runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
-    measure = tune.real_step_measurer(
-        toy_model(),
-        toy_sequences(300, 1),
-        params=params,
-        runtime=runtime,
-        pad_id=EOS,
-        max_length=64,
-        attn="sdpa",
-        warmup=1,
-        timed=1,
-    )
+    measure = toy_measurer(params, runtime, timed=1)
     trials = tune.run_ladder(measure, [2], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5)
     assert trials[0].samples_per_micro_batch > 2 * 2  # 2 rows, several samples each
 
