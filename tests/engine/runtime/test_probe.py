@@ -251,6 +251,39 @@ def test_compile_is_not_measured_where_the_choice_is_already_made(request_, kwar
     assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_compile_that_fails_under_auto_leaves_the_run_eager_and_says_why(device, caplog):
+    """``auto`` promises a compiled model only where it pays: a compile that fails in the probe (an inductor
+    or dynamo error on a model or kernel it cannot trace: bitsandbytes' 4-bit layers, a custom kernel) used to
+    stop the run in its first micro-batch. Now the run trains eager, the error named in the choice and warned
+    (``compile: true`` still raises: nothing is probed there)."""
+    import logging
+
+    class Broken(Compiled):
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("backend='inductor' raised:\nLoweringException: no lowering")
+
+    def measure(model, batch, runtime):  # the pass itself (no GPU here: nothing to wait for), then a time
+        model(input_ids=batch["input_ids"])
+        return 0.5 if isinstance(model, Compiled) else 1.0
+
+    runtime = cpu("fp32") if device == "cpu" else cuda_runtime()
+    with caplog.at_level(logging.WARNING, logger=probe.__name__):
+        runtime, result = probe_runtime(
+            runtime,
+            "fp32" if device == "cpu" else "auto",
+            toy_model(),
+            BATCH,
+            compile_probe=CompileProbe("auto", LONG_RUN, compiler=Broken),
+            measure=measure,
+        )
+    assert runtime.compile is False and result.compiled is None and result.record()["compile"] is False
+    assert runtime.compile_choice == (
+        f"{probe.COMPILE_FAILED} (RuntimeError: backend='inductor' raised:): eager, the model as it was"
+    )
+    assert any(probe.COMPILE_FAILED in record.getMessage() for record in caplog.records)
+
+
 # --- runtime.compile: auto on CUDA, through the probe's calling contract (no GPU here) ----------------------
 
 

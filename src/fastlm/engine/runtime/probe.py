@@ -30,7 +30,8 @@ there too now. A resumed run keeps its checkpoint's choice; runs of several proc
 compiled on CUDA (every rank alike) unless compile is set, and CUDA graphs (``compile_mode: reduce-overhead``)
 are compiled, as is a CUDA run where float8 layers may train (``float8: on``, or ``auto`` where its rule
 allows): torchao's float8 casts fuse only compiled, and float8 ``auto`` is then measured through the compiled
-model.
+model. A compiled pass that fails under ``auto`` (a model or kernel the compiler cannot trace) leaves the run
+eager, the layers compiled in place put back and the error named in the choice (``COMPILE_FAILED``, warned).
 
 ``train.runtime.float8: auto`` (CUDA) is measured the same way where ``float8.float8_decision``'s rule allows
 it (compute capability 8.9+, torchao, hidden size 2048+): the first micro-batch runs, through the model that
@@ -71,8 +72,10 @@ COMPILE_MIN_RUN_SECONDS = 300.0
 COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to be kept
 FLOAT8_MIN_SPEEDUP = 1.1  # float8 matmuls must beat the plain layers by this much to be kept
 FLOAT8_PASS_FAILED = "float8 auto: its first float8 pass failed"  # the choice's words (warned)
+COMPILE_FAILED = "compile auto: its compiled pass failed"  # the choice's words (warned)
 
 __all__ = [
+    "COMPILE_FAILED",
     "COMPILE_MIN_RUN_SECONDS",
     "COMPILE_MIN_SPEEDUP",
     "FLOAT8_MIN_SPEEDUP",
@@ -194,7 +197,8 @@ def probe_runtime(
         measure=measure,
     )
     if compile_probe.request == "auto":
-        log.info("runtime.compile auto -> %s: %s", "on" if compiled else "off", reason)
+        level = logging.WARNING if reason.startswith(COMPILE_FAILED) else logging.INFO
+        log.log(level, "runtime.compile auto -> %s: %s", "on" if compiled else "off", reason)
     return (
         replace(runtime, compile=compiled, compile_choice=reason),
         replace(result, compile=compiled, compile_reason=reason, compiled=module),
@@ -257,11 +261,17 @@ def _compile_choice(
             with compiled_context():
                 return measure(compiled, compiled_batch, runtime)
 
-        start = perf_counter()
-        compiled_pass()  # compiles
-        compile_seconds = perf_counter() - start
-        compiled_pass()  # warm-up
-        best = _alternated_best({"eager": eager_pass, "compiled": compiled_pass})
+        try:
+            start = perf_counter()
+            compiled_pass()  # compiles
+            compile_seconds = perf_counter() - start
+            compiled_pass()  # warm-up
+            best = _alternated_best({"eager": eager_pass, "compiled": compiled_pass})
+        except Exception as error:  # auto compiles only where it pays: one that cannot compile trains eager
+            uncompile_layers(model)
+            first = str(error).splitlines()[0] if str(error) else ""
+            reason = f"{COMPILE_FAILED} ({type(error).__name__}: {first}): eager, the model as it was"
+            return False, reason, None
     speedup = best["eager"] / best["compiled"]
     reason = (
         f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
