@@ -1895,7 +1895,11 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
         else:
             check(text, f"{mfu:.1%}", mfu >= TARGET_MFU if model == "0.5b" else None)
         target = f"{label} / trainer_best real tokens/s >= {TARGET_VS_BEST:g}x"
-        if best_trainer.get("real_tokens_per_s"):
+        bound = speed_at_most(best_trainer)
+        if bound is not None:  # stopped at its cap: its timed steps so far bound the ratio from below
+            speed = best_fast["real_tokens_per_s"]
+            lines.append(bounded_verdict(label, "trainer_best", speed, bound, TARGET_VS_BEST, on_cuda))
+        elif best_trainer.get("real_tokens_per_s"):
             ratio = best_fast["real_tokens_per_s"] / best_trainer["real_tokens_per_s"]
             if on_cuda:
                 check(target, f"{ratio:.2f}x", ratio >= TARGET_VS_BEST)

@@ -391,6 +391,22 @@ def test_the_full_fine_tunes_speed_target_is_judged_on_cuda_and_only_reported_on
         assert ("CPU figures" in line) is (not on_cuda)
 
 
+def test_the_full_fine_tunes_ratio_to_a_stopped_trainer_is_a_lower_bound(gpu_speed):
+    """As the adapters' peers: a Trainer's best set-up stopped at its cap after some timed steps bounds the
+    full fine-tune's ratio from below (it said "n/a" before)."""
+    run = {"real_tokens_per_s": 3000.0, "data_wait_share": 0.0, "mfu": None, "sync_between_log_steps": None}
+    run["loss_check"] = None
+    partial = {"steps_done": 4, "steps": 8, "window_s": 10.0, "real_tokens": 20_000}  # at most 2000 tok/s
+    results = {
+        "fastlm_eager": {"contender": "fastlm_eager", **run},
+        "trainer_best": {"contender": "trainer_best", "error": "did not finish in 90 s", "timed_out": True},
+    }
+    results["trainer_best"]["partial"] = partial
+    lines = dict(gpu_speed.verdicts(results, on_cuda=True, model="3b"))
+    line = next(text for text in lines if "fastlm_eager / trainer_best real tokens/s >= 1.3x" in text)
+    assert lines[line] is True and "at least 1.50x" in line and "over 4 of 8 timed steps" in line
+
+
 def test_the_full_fine_tune_mfu_target_is_the_issues_55_percent(gpu_speed):
     assert gpu_speed.TARGET_MFU == 0.55 and gpu_speed.TARGET_VS_BEST == 1.3
 
