@@ -88,6 +88,23 @@ def test_where_float8_may_train_every_padded_length_and_row_is_a_multiple_of_16(
     assert packed_budget(auto, lengths, max_length=64, align=16).row_length % 16 == 0
 
 
+def test_an_explicit_row_float8_cannot_take_leaves_auto_off_instead_of_refusing(tmp_path, monkeypatch):
+    """float8 ``auto`` on a float8 GPU with ``row_length: 40``: the run's rows stay 40 tokens (float8's rule
+    then says off, ``runtime.float8.float8_decision``); ``on`` refuses the row, naming the fix."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr("fastlm.engine.runtime.float8.torchao_installed", lambda: True)
+    lengths = toy_sequences(50, 0).lengths
+    lengths = lengths[lengths <= 40]
+    batching = {"mode": "packed", "row_length": 40}
+    auto = toy_params(tmp_path, batching=batching, runtime={"float8": "auto", "device": "cuda"})
+    sampler, collator = make_batching(auto, lengths, pad_id=EOS, max_length=64, seed=0)
+    assert sampler.budget.row_length == 40 and collator.pad_to_multiple_of == 8
+    on = auto.model_copy(update={"runtime": auto.runtime.model_copy(update={"float8": "on"})})
+    with pytest.raises(ConfigError, match=r"row_length is 40 tokens, and float8"):
+        make_batching(on, lengths, pad_id=EOS, max_length=64, seed=0)
+
+
 def test_loader_settings_use_no_workers_on_cpu_and_pin_memory_on_cuda(tmp_path, monkeypatch):
     params = toy_params(tmp_path)
     assert loader_settings(params, CPU) == {"num_workers": 0, "pin_memory": False}

@@ -69,7 +69,7 @@ def make_batching(
     """
     batching = params.batching
     device_type = resolve_device(params.runtime.device).type
-    align = token_multiple(params.runtime.float8, device_type)
+    align = token_multiple(params.runtime.float8, device_type, row_length=batching.fixed_row_length())
     pad_multiple = batching.pad_multiple(device_type, align)
     seq2seq = decoder_start_id is not None
     mode = batching.mode
@@ -120,10 +120,10 @@ def packed_budget(batching, lengths, max_length: int, align: int = 1) -> TokenBu
         row_length = -(-choose_row_length(lengths, max_length) // align) * align
     elif row_length % align:
         raise ConfigError(
-            f"train.batching.row_length is {row_length} tokens, and float8 matmuls (train.runtime.float8 on, "
-            f"or auto on a float8 GPU) take token counts in multiples of {align} only.",
+            f"train.batching.row_length is {row_length} tokens, and float8 matmuls (train.runtime.float8 on) "
+            f"take token counts in multiples of {align} only.",
             fix=f"set train.batching.row_length to auto or {-(-row_length // align) * align}, or "
-            "train.runtime.float8 to off.",
+            "train.runtime.float8 to auto or off.",
         )
     longest = int(lengths.max()) if len(lengths) else 0
     if longest > row_length:

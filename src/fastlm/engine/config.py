@@ -157,6 +157,11 @@ class BatchingParams(Params):
             raise ValueError("must be 'auto' or an integer >= 1")
         return value
 
+    def fixed_row_length(self) -> int | None:
+        """The packed rows' length where the user set it (None: not packed, or ``row_length: auto``): float8
+        ``auto`` stays off for a length its GEMMs cannot take (``runtime.float8.float8_decision``)."""
+        return self.row_length if self.mode == "packed" and self.row_length != "auto" else None
+
     def pad_multiple(self, device_type: str, align: int = 1) -> int:
         """``pad_to_multiple_of`` for a run on ``device_type`` ("cuda", "cpu", ...), ``auto`` resolved, and
         rounded up to a multiple of ``align``: the token count the model's matmuls need (float8's 16,

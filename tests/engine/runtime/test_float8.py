@@ -80,6 +80,19 @@ def test_micro_batches_align_to_16_tokens_only_where_float8_may_train(hopper, mo
     assert float8.token_multiple("auto", "cuda") == 1
 
 
+def test_auto_with_packed_rows_not_a_multiple_of_16_is_off_and_pads_nothing_more(hopper):
+    """An explicit ``train.batching.row_length`` float8's GEMMs cannot take (not a multiple of 16) turns
+    ``auto`` off, named, instead of refusing the run: auto decides, the user's row stands. ``on`` still
+    aligns (and the batching refuses the row, naming the fix)."""
+    on, why = float8.float8_decision("auto", llama(2048), CUDA, row_length=1000)
+    assert not on and "train.batching.row_length 1000 is not a multiple of 16" in why
+    assert float8.float8_decision("auto", llama(2048), CUDA, row_length=1008)[0] is True
+    assert float8.token_multiple("auto", "cuda", row_length=1000) == 1
+    assert float8.token_multiple("auto", "cuda", row_length=1008) == 16
+    assert float8.token_multiple("on", "cuda", row_length=1000) == 16
+    assert float8.float8_decision("on", llama(2048), CUDA, row_length=1000)[0] is True
+
+
 def test_a_narrow_model_without_torchao_is_off_for_its_width_not_for_the_package(hopper, monkeypatch):
     """The package is named only where it is all that is missing (the report's advice installs it)."""
     monkeypatch.setattr(float8, "torchao_installed", lambda: False)

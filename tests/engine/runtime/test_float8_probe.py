@@ -217,9 +217,9 @@ def rule_allows(monkeypatch):
     """The rule passes on this CPU (the conversion is the fake one): the training run's own probe runs."""
     real_rule = float8.float8_decision
 
-    def decision(requested, model, device, *, strategy="ddp"):
+    def decision(requested, model, device, *, strategy="ddp", row_length=None):
         if requested == "off":
-            return real_rule(requested, model, device, strategy=strategy)
+            return real_rule(requested, model, device, strategy=strategy, row_length=row_length)
         return True, f"float8 on ({requested}): the rule passes (patched)"
 
     monkeypatch.setattr(float8, "float8_decision", decision)

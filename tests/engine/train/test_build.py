@@ -56,8 +56,8 @@ def test_compile_auto_hears_whether_float8_layers_may_train_on_the_base_model(tm
 
     asked = []
 
-    def rule(requested, model, device, *, strategy="ddp"):
-        asked.append((requested, model, device.type, strategy))
+    def rule(requested, model, device, *, strategy="ddp", row_length=None):
+        asked.append((requested, model, device.type, strategy, row_length))
         return requested != "off", "the rule"
 
     class Wrapped(torch.nn.Module):  # what peft's model answers
@@ -72,7 +72,11 @@ def test_compile_auto_hears_whether_float8_layers_may_train_on_the_base_model(tm
     base = toy_model()
     params = toy_params(tmp_path, runtime={"device": "cpu", "num_threads": 1, "float8": "auto"})
     assert build._float8_may_train(params, Wrapped(base), torch.device("cuda")) is True
-    assert asked == [("auto", base, "cuda", "ddp")]
+    assert asked == [("auto", base, "cuda", "ddp", None)]
+    asked.clear()
+    rows = toy_params(tmp_path, runtime={"float8": "auto"}, batching={"mode": "packed", "row_length": 1000})
+    build._float8_may_train(rows, base, torch.device("cuda"))
+    assert asked == [("auto", base, "cuda", "ddp", 1000)]  # a row float8 cannot take: the rule says off
     off = toy_params(tmp_path, runtime={"device": "cpu", "num_threads": 1, "float8": "off"})
     assert build._float8_may_train(off, base, torch.device("cuda")) is False
     asked.clear()

@@ -49,17 +49,21 @@ MIN_HIDDEN_SIZE = 2048
 ALIGNMENT = 16  # float8 GEMMs (cuBLASLt / torch._scaled_mm) need both matrix dims divisible by 16
 
 
-def token_multiple(requested: str, device_type: str) -> int:
+def token_multiple(requested: str, device_type: str, *, row_length: int | None = None) -> int:
     """The multiple of which each micro-batch's token count must be where float8 layers may train: the
     count is the inner dimension of each float8 weight gradient (``grad_out.T @ input``), which CUDA's
     float8 GEMM takes only in multiples of ``ALIGNMENT`` (an H100 refused 4,088 tokens). ``on``, or ``auto``
     where the rule may pass before the model is known (a CUDA device of capability 8.9 or more, torchao
     installed; its probe may keep the layers): ``ALIGNMENT``; else 1, so no other run pads more. The
     collators pad to it (``BatchingParams.pad_multiple``); the varlen row's multiple is one
-    (``attention.inputs``)."""
+    (``attention.inputs``). ``row_length``: packed rows of a length the user set
+    (``BatchingParams.fixed_row_length``); under ``auto`` one float8 cannot take leaves float8 off
+    (``float8_decision``), so nothing is aligned."""
     if requested == "on":
         return ALIGNMENT
     if requested != "auto" or device_type != "cuda" or not torch.cuda.is_available():
+        return 1
+    if row_length is not None and row_length % ALIGNMENT:
         return 1
     if tuple(torch.cuda.get_device_capability()) < MIN_CAPABILITY or not torchao_installed():
         return 1
@@ -85,10 +89,17 @@ def _hidden_size(model: nn.Module) -> int | None:
 
 
 def float8_decision(
-    requested: str, model: nn.Module, device: torch.device, *, strategy: str = "ddp"
+    requested: str,
+    model: nn.Module,
+    device: torch.device,
+    *,
+    strategy: str = "ddp",
+    row_length: int | None = None,
 ) -> tuple[bool, str]:
     """Whether to train ``model`` with float8 matmuls on ``device``, and why (see the module docstring).
-    ``strategy``: ``train.distributed.strategy`` (FSDP2: ``auto`` follows the rule, module docstring)."""
+    ``strategy``: ``train.distributed.strategy`` (FSDP2: ``auto`` follows the rule, module docstring).
+    ``row_length``: packed rows of a length the user set (``BatchingParams.fixed_row_length``): ``auto`` is
+    off where it is not a multiple of ``ALIGNMENT`` (``on`` has the batching refuse it)."""
     if requested == "off":
         return False, "float8 off (train.runtime.float8: off)"
     if requested == "on":
@@ -106,6 +117,11 @@ def float8_decision(
         return False, (
             f"float8 off (auto): hidden size {hidden} < {MIN_HIDDEN_SIZE} (the float8 casts "
             "cost more than the faster matmuls save)"
+        )
+    if row_length is not None and row_length % ALIGNMENT:
+        return False, (
+            f"float8 off (auto): train.batching.row_length {row_length} is not a multiple of {ALIGNMENT} "
+            "(the token counts float8 GEMMs take; auto or a multiple of 16 lets float8 be measured)"
         )
     if not torchao_installed():  # last: the package named only where it is all that is missing
         return False, "float8 off (auto): torchao is not installed (`pip install torchao`)"
@@ -143,12 +159,13 @@ def apply_float8(
     *,
     strategy: str = "ddp",
     measured_later: bool = False,
+    row_length: int | None = None,
 ) -> str:
     """Convert ``model``'s eligible Linear layers in place where ``float8_decision`` says so; why, logged.
     ``measured_later``: an ``auto`` the rule allows is left unconverted, for the run's first micro-batch to
-    measure (``runtime.probe.probe_float8``)."""
+    measure (``runtime.probe.probe_float8``). ``row_length``: as ``float8_decision``'s."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    on, why = float8_decision(requested, base, device, strategy=strategy)
+    on, why = float8_decision(requested, base, device, strategy=strategy, row_length=row_length)
     if on and measured_later and requested == "auto":
         why = f"{why}: a candidate, measured on the first micro-batch"
         log.debug("%s", why)

@@ -365,7 +365,7 @@ class Float8Probe:
     ``train.distributed.strategy``; ``applied``: what ``float8.apply_float8`` said when the optimizer was
     made (the reason kept where nothing is measured); ``stepping``: the model the timed passes run through
     (the compiled one; None: the raw model); ``converter``: torchao's ``convert_to_float8_training`` by
-    default.
+    default; ``row_length``: packed rows of a length the user set (``float8.float8_decision``).
     """
 
     request: str
@@ -373,6 +373,7 @@ class Float8Probe:
     applied: str = ""
     stepping: torch.nn.Module | None = field(default=None, compare=False)
     converter: Callable | None = None
+    row_length: int | None = None
 
 
 def probe_float8(
@@ -389,7 +390,9 @@ def probe_float8(
     raw model, made with ``apply_float8(measured_later=True)``) converted in place where float8 is kept.
     ``resumed``: the checkpoint's record (``"float8"``), if any."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    on, rule = float8.float8_decision(probe.request, base, runtime.device, strategy=probe.strategy)
+    on, rule = float8.float8_decision(
+        probe.request, base, runtime.device, strategy=probe.strategy, row_length=probe.row_length
+    )
     if probe.request != "auto" or not on:
         return replace(runtime, float8=on, float8_choice=probe.applied or rule)
     if resumed and isinstance(resumed.get("float8"), bool):

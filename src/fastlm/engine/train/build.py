@@ -160,7 +160,13 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     wrapped, float8_choice = raw_model, None
     if sharded:  # FSDP2 before the optimizer, which is built on its DTensors; it casts its gathered weights
         # float8 layers first: a sharded layer keeps the modules it was given (engine/runtime/float8.py)
-        float8_choice = apply_float8(raw_model, configured.runtime.float8, device, strategy="fsdp")
+        float8_choice = apply_float8(
+            raw_model,
+            configured.runtime.float8,
+            device,
+            strategy="fsdp",
+            row_length=configured.batching.fixed_row_length(),
+        )
         weights = choose_param_dtype(
             configured.runtime.param_dtype,
             raw_model,
@@ -220,6 +226,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
             params.runtime.float8 if not sharded else ("on" if float8_layers(raw_model) else "off"),
             params.distributed.strategy,
             applied=opt.float8_choice,
+            row_length=params.batching.fixed_row_length(),
             stepping=model if comm.world_size == 1 else None,
         ),
         world_size=comm.world_size,
@@ -352,7 +359,13 @@ def _float8_may_train(params: TrainParams, model: torch.nn.Module, device: torch
     if device.type != "cuda":
         return False
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return float8_decision(params.runtime.float8, base, device, strategy=params.distributed.strategy)[0]
+    return float8_decision(
+        params.runtime.float8,
+        base,
+        device,
+        strategy=params.distributed.strategy,
+        row_length=params.batching.fixed_row_length(),
+    )[0]
 
 
 def _validation(

@@ -113,6 +113,7 @@ def make_optimization(
             runtime.device,
             strategy=params.distributed.strategy,
             measured_later=float8_measured_later,
+            row_length=params.batching.fixed_row_length(),
         )
     # After liger and float8 (their layers keep the same Parameters), before the optimizer and compile
     dtype, param_dtype_choice = choose_param_dtype(
