@@ -28,6 +28,17 @@ class LoraParams(Params):
         "whole and the shared-input groups on (above 0 each layer draws its own mask: no groups, only the "
         "forward sum fused)",
     )
+    use_rslora: bool = Field(
+        False,
+        description="rank-stabilized LoRA: scaling alpha / sqrt(r) instead of alpha / r (peft's use_rslora), "
+        "so a higher rank keeps learning; the fused forward takes it as its matmuls' alpha",
+    )
+    use_dora: bool = Field(
+        False,
+        description="weight-decomposed LoRA (DoRA, peft's use_dora): a trained magnitude per output feature "
+        "over the adapted weight's direction; runs peft's DoRA forward (no fused forward or shared-input "
+        "groups; the adapted weight's norm is computed each forward, slower than plain LoRA)",
+    )
     target_modules: list[str] | Literal["auto", "all-linear"] = Field(
         "auto", description="auto: per-architecture defaults (fastlm.engine.model.lora.DEFAULT_TARGETS)"
     )

@@ -225,6 +225,43 @@ def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, p
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
 
 
+@pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "qlora"])
+def test_dora_with_rslora_trains_saves_and_merges_to_the_same_logits(
+    tmp_path, base_dir, tokenizer, pairs, four_bit
+):
+    """``use_dora`` and ``use_rslora`` (peft's DoRA variant, scaling alpha / sqrt(r)), on a 16-bit base and
+    on an NF4 one: the run learns, the magnitudes train with the adapters, the saved adapter says what it
+    is, and merged into the base it gives the unmerged model's logits (the merge rounds once per weight)."""
+    if four_bit:
+        pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    lora_settings = {"use_dora": True, "use_rslora": True, "load_in_4bit": four_bit}
+    params = train_params(
+        tmp_path, base_dir, model=model_params(base_dir, **lora_settings), max_steps=6, save_every=None
+    )
+    model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    magnitudes = {
+        name: p.detach().clone()
+        for name, p in model.named_parameters()
+        if "lora_magnitude_vector" in name and p.requires_grad
+    }
+    assert len(magnitudes) == 2 * 7
+    result = run_train(params, tokenizer, pairs, model=model)
+    losses = [record["loss"] for record in result.history]
+    assert losses[-1] < losses[0], losses
+    trained = dict(result.model.named_parameters())
+    assert all(not torch.equal(trained[name], before) for name, before in magnitudes.items())
+    out = tmp_path / "adapter"
+    result.model.save_pretrained(out)
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["use_dora"] is True and config["use_rslora"] is True
+    merged = lora.merge_adapter(out).eval()
+    unmerged = lora.load_adapter_model(out, merge=False).eval()
+    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+    with torch.no_grad():
+        expected = unmerged(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+
+
 @pytest.mark.parametrize(("base_dtype", "compute"), [("auto", torch.bfloat16), ("fp32", torch.float32)])
 def test_qlora_computes_its_4bit_matmuls_in_an_explicit_base_dtype(base_dir, tokenizer, base_dtype, compute):
     """``lora.base_dtype`` names the frozen base's dtype for LoRA; for QLoRA it names what the 4-bit weights

@@ -156,6 +156,39 @@ def test_bf16_autocast_the_fused_forward_gives_peft_loss_and_gradients(base_dtyp
         assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 4 * EPS_BF16, name
 
 
+def test_rslora_scales_by_alpha_over_the_root_of_r_inside_the_fused_matmuls():
+    """``use_rslora`` (rank-stabilized LoRA: alpha / sqrt(r), not alpha / r) is peft's scaling, read by the
+    fused forward as its matmuls' alpha: the fused layers stay, and give peft's own forward's loss and
+    gradients (fp32, a reordered sum); the scaling changes the result (the setting reaches the model)."""
+    model = adapted(use_rslora=True)
+    layers = [m for m in model.modules() if isinstance(m, FusedLoraLinear)]
+    assert len(layers) == 2 * 7 and {layer.scaling["default"] for layer in layers} == {8 / 4**0.5}
+    fused_loss, fused_grads = loss_and_grads(model, autocast=False)
+    peft_loss, peft_grads = loss_and_grads(adapted(use_rslora=True, fused=False), autocast=False)
+    torch.testing.assert_close(fused_loss, peft_loss, **OTHER_FP32_MODEL)
+    for name in peft_grads:
+        torch.testing.assert_close(fused_grads[name], peft_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
+    plain_loss, _ = loss_and_grads(adapted(), autocast=False)
+    assert not torch.allclose(plain_loss, fused_loss, **OTHER_FP32_MODEL)  # beyond any rounding
+
+
+def test_dora_runs_peft_forward_and_trains_its_magnitudes():
+    """``use_dora`` (weight-decomposed LoRA: peft's DoRA variant, a trained magnitude per output feature):
+    the fused forward and the shared-input groups step aside for peft's variant forward, so the fused model
+    and peft's own compute the same thing (the same computation: equal), and every magnitude gets a
+    gradient."""
+    fused_loss, fused_grads = loss_and_grads(adapted(use_dora=True), autocast=False)
+    peft_loss, peft_grads = loss_and_grads(adapted(use_dora=True, fused=False), autocast=False)
+    assert torch.equal(fused_loss, peft_loss) and fused_grads.keys() == peft_grads.keys()
+    magnitudes = [name for name in fused_grads if "lora_magnitude_vector" in name]
+    assert len(magnitudes) == 2 * 7
+    for name in peft_grads:
+        assert torch.equal(fused_grads[name], peft_grads[name]), name
+    assert all(fused_grads[name].abs().max() > 0 for name in magnitudes)
+    plain_loss, _ = loss_and_grads(adapted(), autocast=False)
+    assert not torch.allclose(plain_loss, fused_loss, **OTHER_FP32_MODEL)  # beyond any rounding
+
+
 def test_dropout_draws_the_same_mask_as_peft():
     """LoRA dropout on the adapter's input, drawn once per layer in the same order: the same masks."""
     fused_loss, fused_grads = loss_and_grads(adapted(dropout=0.3).train(), autocast=False)
@@ -230,6 +263,10 @@ def test_a_lora_checkpoint_resumes_across_the_forward_switches(tmp_path):
     # so a digest saved before the switches matches
     assert not {"fused_forward", "shared_input"} & set(digests[0]["model.lora"])
     assert digest_differences(digests[0], digest(dropout=0.05))  # the old dropout default: not resumed
+    # rsLoRA and DoRA change the training: not resumed across; off, a digest saved before they existed
+    assert not {"use_rslora", "use_dora"} & set(digests[0]["model.lora"])
+    assert digest_differences(digests[0], digest(use_rslora=True))
+    assert digest_differences(digests[0], digest(use_dora=True))
 
 
 @pytest.mark.parametrize("targets", ["auto", ["q_proj", "v_proj"]], ids=["attention-and-mlp", "q-and-v"])

@@ -5,7 +5,8 @@ digest (:func:`run_digest`) records, as readable fields:
 
 - ``model.source`` (``name_or_path``, resolved when it is a local folder) and ``model.shape`` (a hash of every
   parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings
-  but ``base_dtype``, ``fused_forward`` and ``shared_input``, which change no weight or data position),
+  but ``base_dtype``, ``fused_forward`` and ``shared_input``, which change no weight or data position, and
+  ``use_rslora`` / ``use_dora`` where off, as checkpoints written before they existed hold them),
   ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
   ``data.fold`` (``train.fold`` of k-fold runs);
@@ -57,6 +58,17 @@ def data_digest(values, offsets, prompt_lengths=None) -> str:
     return digest.hexdigest()
 
 
+# Speed levers (like compile): a checkpoint written with either setting resumes with the other.
+_LORA_LEVERS = frozenset({"base_dtype", "fused_forward", "shared_input"})
+# Settings added after checkpoints were written: in the digest only where set, so an older checkpoint of a
+# run that leaves them off still resumes.
+_LORA_ADDED_OFF = ("use_rslora", "use_dora")
+
+
+def _lora_defaults_added(lora) -> set[str]:
+    return {name for name in _LORA_ADDED_OFF if not getattr(lora, name)}
+
+
 def run_digest(
     model: torch.nn.Module, params: TrainParams, *, max_length: int, data: str, world_size: int, sharded: bool
 ) -> dict[str, Any]:
@@ -69,9 +81,7 @@ def run_digest(
     return {
         "model.source": source or "from scratch",
         "model.shape": hashlib.sha256(json.dumps(sorted(shapes)).encode()).hexdigest()[:16],
-        # not the base dtype, fused_forward nor shared_input (speed levers, like compile): either resumes
-        # with the other
-        "model.lora": lora.model_dump(mode="json", exclude={"base_dtype", "fused_forward", "shared_input"})
+        "model.lora": lora.model_dump(mode="json", exclude=_LORA_LEVERS | _lora_defaults_added(lora))
         if lora.enabled
         else None,
         "model.base_weights": _base_weights(source) if lora.enabled else None,

@@ -259,6 +259,8 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         target_modules=targets,
         bias=lora.bias,
         modules_to_save=lora.modules_to_save,
+        use_rslora=lora.use_rslora,
+        use_dora=lora.use_dora,
     )
     try:
         peft_model = get_peft_model(model, config)
@@ -279,8 +281,11 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
             group_shared_inputs(peft_model)
     counts = parameter_counts(peft_model)
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
+    kind = "DoRA" if lora.use_dora else "LoRA"
+    kind += " (rank-stabilized: alpha / sqrt(r))" if lora.use_rslora else ""
     log.info(
-        "LoRA r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)",
+        "%s r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)",
+        kind,
         lora.r,
         lora.alpha,
         _described(adapted_modules(peft_model)),
