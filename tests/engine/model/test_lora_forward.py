@@ -174,10 +174,11 @@ def test_rslora_scales_by_alpha_over_the_root_of_r_inside_the_fused_matmuls():
 
 def test_dora_runs_peft_forward_and_trains_its_magnitudes():
     """``use_dora`` (weight-decomposed LoRA: peft's DoRA variant, a trained magnitude per output feature):
-    the fused forward and the shared-input groups step aside for peft's variant forward, so the fused model
-    and peft's own compute the same thing (the same computation: equal), and every magnitude gets a
-    gradient."""
-    fused_loss, fused_grads = loss_and_grads(adapted(use_dora=True), autocast=False)
+    no fused layers or shared-input groups (peft's variant forward), so ``fused_forward`` on and off compute
+    the same thing (the same computation: equal), and every magnitude gets a gradient."""
+    model = adapted(use_dora=True)
+    assert not any(isinstance(m, FusedLoraLinear) for m in model.modules())
+    fused_loss, fused_grads = loss_and_grads(model, autocast=False)
     peft_loss, peft_grads = loss_and_grads(adapted(use_dora=True, fused=False), autocast=False)
     assert torch.equal(fused_loss, peft_loss) and fused_grads.keys() == peft_grads.keys()
     magnitudes = [name for name in fused_grads if "lora_magnitude_vector" in name]
