@@ -618,6 +618,7 @@ class GpuContext(Context):
         ``train.model.lora.shared_input`` (``fastlm_lora_own_inputs``: false)."""
         lora = {
             **LORA,
+            **lora_variant(self.args.lora_variant),
             "enabled": True,
             "load_in_4bit": quantized,
             "fused_forward": fused_forward,
@@ -1155,6 +1156,12 @@ class RealTokenCounter(CountingCollator):
         return batch
 
 
+def lora_variant(name: str) -> dict:
+    """``--lora-variant``'s switches, named as fastlm's ``train.model.lora`` and peft's ``LoraConfig`` both
+    name them."""
+    return {"use_rslora": name == "rslora", "use_dora": name == "dora"}
+
+
 def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
     """The Trainer's LoRA / QLoRA model, built as the peft and transformers docs show it, on the saved
     base."""
@@ -1187,6 +1194,7 @@ def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
         lora_alpha=LORA["alpha"],
         lora_dropout=LORA["dropout"],
         target_modules=LORA_TARGETS,
+        **lora_variant(ctx.args.lora_variant),
     )
     model = get_peft_model(model, config)
     if best and ctx.args.checkpointing != "off":
@@ -1687,6 +1695,8 @@ def run_child(
             args.param_dtype,
             "--padding-free",
             args.padding_free,
+            "--lora-variant",
+            args.lora_variant,
             "--profile-adapter",
             args.profile_adapter,
             *(("--layers", str(args.layers)) if args.layers else ()),
@@ -1987,6 +1997,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         f"liger {args.liger}, fused linear {args.fused_linear}, compile scope {args.compile_scope}"
         + (f", compile mode {args.compile_mode}" if args.compile_mode != "default" else "")
         + (f", fused kernel {args.fused_kernel}" if args.fused_kernel else "")
+        + (f"; adapters: {args.lora_variant} on every side" if args.lora_variant != "lora" else "")
     )
     print(
         f"data: {prep['docs']:,} documents of {TEXTS_LABEL[prep.get('texts', 'demo')]}, "
@@ -2288,6 +2299,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "auto: with a varlen attention kernel, and on CPU (measured faster there than length grouping); "
         "on: also with a dense-mask attention on a GPU (transformers builds the block-diagonal mask from the "
         "position ids)",
+    )
+    parser.add_argument(
+        "--lora-variant",
+        choices=("lora", "rslora", "dora"),
+        default="lora",
+        help="the adapter contenders on every side: plain LoRA, rank-stabilized (scaling alpha / sqrt(r)) or "
+        "DoRA (peft's use_dora: a trained magnitude per output feature, peft's forward on every side)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument(

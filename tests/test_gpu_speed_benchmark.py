@@ -856,3 +856,37 @@ def test_a_cache_dir_prepares_the_data_and_saves_the_base_once_for_the_runs_shar
     assert (second / "tokenizer" / "tokenizer.json").exists()
     assert gpu_speed.saved_once(second / "base", cut_short) == second / "base"  # saved: not again
     assert (second / "base" / "config.json").read_text() == '{"saved": 1}'
+
+
+@pytest.mark.parametrize("variant", ["rslora", "dora"])
+def test_the_lora_variant_reaches_every_side_and_the_children(gpu_speed, monkeypatch, tmp_path, variant):
+    """``--lora-variant`` sets the same adapter on fastlm's side (``train.model.lora``) and on the Trainer +
+    peft / TRL side (peft's ``LoraConfig``), and reaches each child process."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaForCausalLM
+
+    from fastlm.engine.config import parse_train_params
+    from tests.support.tiny_models import llama_config
+
+    args = gpu_speed.parse_args(["--model", "tiny", "--adapters", "--lora-variant", variant])
+    assert gpu_speed.parse_args([]).lora_variant == "lora"
+    seen = {}
+    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
+    gpu_speed.run_child("trainer_lora_best", args, Path("."), 0)
+    assert seen["args"][seen["args"].index("--lora-variant") + 1] == variant
+    LlamaForCausalLM(llama_config(vocab=112, hidden=64, positions=128, num_hidden_layers=1)).save_pretrained(
+        tmp_path
+    )
+    ctx = SimpleNamespace(
+        args=SimpleNamespace(**{**vars(args), "workdir": str(tmp_path), "precision": "fp32"}),
+        attn="sdpa",
+        on_cuda=False,
+        base_folder=lambda: tmp_path,
+    )
+    ours = parse_train_params({"model": gpu_speed.GpuContext.adapter_model_params(ctx, quantized=False)})
+    lora = ours.model.lora
+    assert lora.use_rslora is (variant == "rslora") and lora.use_dora is (variant == "dora")
+    model, _, _ = gpu_speed.trainer_adapter_model(ctx, "lora", best=True, attn="sdpa")
+    theirs = model.peft_config["default"]
+    assert theirs.use_rslora is (variant == "rslora") and theirs.use_dora is (variant == "dora")
