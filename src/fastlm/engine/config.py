@@ -36,8 +36,9 @@ class LoraParams(Params):
     use_dora: bool = Field(
         False,
         description="weight-decomposed LoRA (DoRA, peft's use_dora): a trained magnitude per output feature "
-        "over the adapted weight's direction; runs peft's DoRA forward (no fused forward or shared-input "
-        "groups; the adapted weight's norm is computed each forward, slower than plain LoRA)",
+        "over the adapted weight's direction; with fused_forward its norms come from W A^T and r x r "
+        "products, nothing weight-sized formed (engine/model/lora_forward.py), slower than plain LoRA all "
+        "the same; no shared-input groups",
     )
     target_modules: list[str] | Literal["auto", "all-linear"] = Field(
         "auto", description="auto: per-architecture defaults (fastlm.engine.model.lora.DEFAULT_TARGETS)"

@@ -56,10 +56,18 @@ def quantized(folder):
     )
 
 
-def adapted(folder, *, fused=True, checkpointing="off", dropout=0.0):
+def adapted(folder, *, fused=True, checkpointing="off", dropout=0.0, dora=False):
     """The 4-bit base with fp32 adapters whose B is not zero (peft starts B at zero: the adapters would add
-    nothing and A would get no gradient); the same adapters on each call."""
-    params = LoraParams(enabled=True, load_in_4bit=True, r=4, alpha=8, dropout=dropout, fused_forward=fused)
+    nothing and A would get no gradient); the same adapters on each call. ``dora``: DoRA adapters."""
+    params = LoraParams(
+        enabled=True,
+        load_in_4bit=True,
+        r=4,
+        alpha=8,
+        dropout=dropout,
+        fused_forward=fused,
+        use_dora=dora,
+    )
     torch.manual_seed(0)  # peft draws A's initial values
     model = apply_lora(quantized(folder), params, gradient_checkpointing=checkpointing)
     nonzero_lora_b(model)
@@ -135,6 +143,23 @@ def test_bf16_autocast_the_fused_4bit_forward_gives_peft_loss_and_gradients(base
     assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 2 * ADAPTED
     for name in peft_grads:
         assert peft_grads[name].abs().max() > 0, name  # every adapter gets a gradient
+        assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 4 * EPS_BF16, name
+
+
+def test_bf16_autocast_the_fused_4bit_dora_forward_gives_peft_loss_and_gradients(base_folder):
+    """DoRA over NF4 weights: the norms of W + s B A from the dequantized W (fp32 sums) against peft's
+    (a bf16 W + s B A, after dequantizing W again in its DoRA layer), the scaled fused product against
+    peft's three bf16 passes: a few bf16 roundings per layer, the magnitudes' gradients too."""
+    from fastlm.engine.model.lora_forward import FusedLoraLinear4bit
+
+    model = adapted(base_folder, dora=True)
+    assert len([m for m in model.modules() if type(m) is FusedLoraLinear4bit]) == ADAPTED
+    fused_loss, fused_grads = loss_and_grads(model)
+    peft_loss, peft_grads = loss_and_grads(adapted(base_folder, fused=False, dora=True))
+    torch.testing.assert_close(fused_loss, peft_loss, rtol=BF16_MODEL_LOSS_REL, atol=0)
+    assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 3 * ADAPTED  # A, B, magnitude
+    for name in peft_grads:
+        assert peft_grads[name].abs().max() > 0, name
         assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 4 * EPS_BF16, name
 
 

@@ -273,7 +273,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
-    if lora.fused_forward and not lora.use_dora:  # DoRA: peft's variant forward (magnitudes, norms)
+    if lora.fused_forward:
         from fastlm.engine.model.lora_forward import fuse_lora_forward, group_shared_inputs
 
         fuse_lora_forward(peft_model)
@@ -281,7 +281,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
             group_shared_inputs(peft_model)
     counts = parameter_counts(peft_model)
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
-    kind = "DoRA (peft's forward: fused_forward and shared_input do not apply)" if lora.use_dora else "LoRA"
+    kind = "DoRA" if lora.use_dora else "LoRA"
     kind += " (rank-stabilized: alpha / sqrt(r))" if lora.use_rslora else ""
     log.info(
         "%s r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)",

@@ -25,9 +25,22 @@ autocast would (tiny: r rows) and their gradients flow back to fp32, so the opti
 weights. Without autocast it is peft's computation in the same dtype (fp32 on a CPU run), the sums
 reordered. With LoRA dropout active, or a base that is not a plain ``nn.Linear`` (float8's ``Float8Linear``,
 GPT-2's ``Conv1D``), the base layer runs its own forward and only the forward sum is fused. Where it does not
-apply at all it calls peft's forward: merged or disabled adapters, several active adapters, a variant (DoRA
-and the like), a bias on B, extra arguments, or an input in another dtype than the adapters outside
+apply at all it calls peft's forward: merged or disabled adapters, several active adapters, a variant other
+than DoRA (below), a bias on B, extra arguments, or an input in another dtype than the adapters outside
 autocast. ``train.model.lora.fused_forward: false`` keeps peft's forward everywhere.
+
+**DoRA** (``train.model.lora.use_dora``; peft's ``DoraLinearVariant``): the output is ``m / ||W + s B A||``
+per output feature (m trained, the norm detached from the gradient as peft and the DoRA paper treat it)
+times ``x W^T + s (x A^T) B^T``, the base's bias added after. peft forms, in every forward of every adapted
+layer, ``B A`` by passing an ``[in x in]`` identity through both adapters, then ``W + s B A`` (both
+weight-sized: about 100 M elements per layer of the 3B shape), takes its row norms, and combines the base
+output and the adapter's in three more activation-sized passes. ``_dora_forward`` gets the norms from
+the row norms of W (in W's dtype, as peft's), ``W A^T`` (``[out x r]``: W read twice, no copy) and
+``A A^T`` (``r x r``), summed in fp32 (``dora_weight_norm``), the product from the fused matmul above, and
+scales it in one pass (``addcmul`` with the bias): nothing weight-sized is written
+(tests/engine/model/test_lora_forward.py counts it). A 4-bit W is dequantized once for ``W A^T``, as its
+backward does. Active dropout (peft then recomputes the base product on the dropped-out input) and a
+trained base keep peft's forward; DoRA layers are not grouped by shared input.
 
 **Shared-input groups** (``group_shared_inputs``, ``train.model.lora.shared_input``, on by default): the
 adapted projections of one attention block read one input (q, k and v), as do the MLP's gate and up. Each
@@ -68,6 +81,7 @@ import logging
 
 import torch
 from peft.tuners.lora.layer import Linear as PeftLoraLinear
+from peft.tuners.lora.variants import DoraLinearVariant
 from torch.nn import functional
 
 log = logging.getLogger(__name__)
@@ -91,6 +105,9 @@ class FusedLoraLinear(PeftLoraLinear):
             return taken
         adapter = _single_plain_adapter(self, x, args, kwargs)
         if adapter is None:
+            dora = _single_dora_adapter(self, x, args, kwargs)
+            if dora is not None and type(self.base_layer) is torch.nn.Linear:
+                return _dora_forward(self, x, dora)
             return super().forward(x, *args, **kwargs)
         shared = None
         if group is not None and group[0].applies():
@@ -100,10 +117,34 @@ class FusedLoraLinear(PeftLoraLinear):
 
 def _single_plain_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
     """The one active adapter this forward can take, or None for peft's forward (module docstring)."""
+    name = _single_adapter(layer, x, args, kwargs)
+    if name is None or name in getattr(layer, "lora_variant", {}):
+        return None
+    return name
+
+
+def _single_dora_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
+    """The one active DoRA adapter ``_dora_forward`` can take (no active dropout: peft's DoRA then
+    recomputes the base's product on the dropped-out input), or None."""
+    name = _single_adapter(layer, x, args, kwargs)
+    if name is None or type(getattr(layer, "lora_variant", {}).get(name)) is not DoraLinearVariant:
+        return None
+    dropout = layer.lora_dropout[name]
+    if not (isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0):
+        return None
+    base = layer.get_base_layer()
+    if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
+        return None  # a trained base: its gradient is not computed here
+    return name
+
+
+def _single_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
+    """The one active adapter, where a fused forward may take it (no extra arguments, nothing merged or
+    disabled, no bias on B, a number as scaling, the adapters' dtype outside autocast), or None."""
     if args or kwargs or layer.disable_adapters or layer.merged or len(layer.active_adapters) != 1:
         return None
     name = layer.active_adapters[0]
-    if name not in layer.lora_A or name in getattr(layer, "lora_variant", {}):
+    if name not in layer.lora_A:
         return None
     if layer.lora_B[name].bias is not None or not isinstance(layer.scaling[name], (int, float)):
         return None  # a bias on B, or a scaling that is not a number (a matmul's alpha)
@@ -125,6 +166,10 @@ if PeftLoraLinear4bit is not None:
             adapter = _single_plain_adapter(self, x, args, kwargs)
             state = None if adapter is None else _quant_state(self.base_layer, x)
             if state is None:
+                dora = _single_dora_adapter(self, x, args, kwargs) if adapter is None else None
+                state = None if dora is None else _quant_state(self.base_layer, x)
+                if state is not None:
+                    return _dora_forward(self, x, dora, quant_state=state)
                 return super().forward(x, *args, **kwargs)
             shared = None
             if group is not None and group[0].applies():
@@ -190,6 +235,52 @@ def _linear_with_adapter(
             scaling,
             quant_state,
         )
+
+
+def _dora_forward(layer, x: torch.Tensor, name: str, *, quant_state=None) -> torch.Tensor:
+    """DoRA's output for ``layer``'s adapter ``name`` (module docstring, "DoRA"): ``m / ||W + s B A||`` (per
+    output feature; the norm detached) times the fused ``x W^T + s (x A^T) B^T``, the base's bias added
+    after, unscaled, as peft adds it."""
+    base = layer.get_base_layer()
+    a, b, scaling = layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name]
+    magnitude = layer.lora_magnitude_vector[name].weight
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    weight = base.weight if quant_state is not None else base.weight.to(dtype)
+    with torch.no_grad():
+        norm = dora_weight_norm(base.weight, a, b, scaling, quant_state=quant_state, dtype=dtype)
+    with torch.autocast(device, enabled=False):
+        out = _LinearWithAdapter.apply(
+            x.to(dtype), weight, None, a.to(dtype), b.to(dtype), scaling, quant_state
+        )
+        scale = (magnitude / norm).to(dtype)  # the magnitudes' gradient flows back through the cast
+        if base.bias is None:
+            return out * scale
+        return torch.addcmul(base.bias.to(dtype), out, scale)
+
+
+def dora_weight_norm(
+    weight: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scaling: float,
+    *,
+    quant_state=None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The row norms ``||W + s B A||`` (fp32, one per output feature) without forming anything of W's size:
+    ``||W_i||^2 + 2 s (W A^T)_i . B_i + s^2 B_i (A A^T) B_i^T``. W is read twice: its row norms, taken in
+    W's dtype (bf16 for a bf16 base, as peft's whole norm is: one rounding of each; torch's CPU reduction
+    asked for an fp32 result from bf16 runs far slower, docs/benchmarks.md), and ``W A^T``; a 4-bit W is
+    dequantized to ``dtype`` for them, as its backward does. Nothing is kept between calls: a frozen W
+    written in place (a merge) cannot leave a stale norm."""
+    dense = _dequantized(weight, quant_state, dtype or a.dtype) if quant_state is not None else weight
+    squares = torch.linalg.vector_norm(dense, dim=1).float().square()
+    a32, b32 = a.float(), b.float()
+    wa = (dense @ a.to(dense.dtype).t()).float()  # [out x r]
+    cross = (wa * b32).sum(1)
+    own = ((b32 @ (a32 @ a32.t())) * b32).sum(1)
+    return (squares + (2 * scaling) * cross + (scaling * scaling) * own).clamp_min(0).sqrt()
 
 
 class _LinearWithAdapter(torch.autograd.Function):
@@ -350,7 +441,11 @@ def group_shared_inputs(model) -> int:
             continue
         for names in SHARED_INPUT_NAMES:
             members = [getattr(parent, name, None) for name in names]
-            members = [member for member in members if member is not None and is_fused(member)]
+            members = [
+                member
+                for member in members
+                if member is not None and is_fused(member) and not getattr(member, "lora_variant", None)
+            ]  # DoRA layers compute their own (_dora_forward)
             if len(members) < 2:
                 continue
             group = _SharedInput(members)
