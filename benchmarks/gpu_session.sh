@@ -39,6 +39,10 @@
 #                          with its torch_compile
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
 #                          19 tokens each, 100 per packed row), the users' corpora, the same peers
+#      lora_dora           the LoRA run with DoRA adapters on every side (--lora-variant dora): fastlm's fused
+#                          DoRA forward against peft's DoRA forward and Trainer + peft's best set-up with DoRA,
+#                          every side eager (on a 2-core CPU, 2026-11-28: 2.10x and 2.54x, DoRA at plain
+#                          LoRA's speed)
 #      gpu_speed_full      benchmarks/gpu_speed.py --model 0.5b: fastlm (compiled by layers) against the
 #                          Trainer's best set-up (Liger, padding-free, torch_compile; a try that fails or does
 #                          not finish is run again without it: on an H200, 2026-11-28, its compile stopped in
@@ -130,6 +134,7 @@ PLAN=(
     "full_b16|150|200|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "lora_dora|240|330|benchmarks/gpu_speed.py --model 3b --lora-variant dora --contenders fastlm_lora fastlm_lora_peft_forward trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
     "full_accum4|200|260|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --accumulation 4 --compile off --warmup 2 --steps 5 --budget-s \$((CAP - 15))"
     "gpu_speed_full_eager|150|220|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $EAGER --budget-s \$((CAP - 15))"

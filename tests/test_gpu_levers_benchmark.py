@@ -186,6 +186,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "full_b16",
         "gpu_speed_lora_compiled",
         "lora_reviews",
+        "lora_dora",
         "gpu_speed_full",
         "full_accum4",
         "gpu_speed_full_eager",
@@ -239,6 +240,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert f"--model 3b --contenders {variants} --compile off" in step["lora_variants"]
     assert "at most 320 s" in step["lora_variants"]
     assert "--contenders fastlm_lora fastlm_lora_own_head --compile off" in step["lora_own_head"]
+    # DoRA on every side: fastlm's fused DoRA forward against peft's and Trainer + peft's best set-up
+    dora = "--model 3b --lora-variant dora --contenders fastlm_lora fastlm_lora_peft_forward"
+    dora += " trainer_lora_best"
+    assert dora in step["lora_dora"] and "at most 330 s" in step["lora_dora"]
     # a 3B model's LM head + loss on the GPU: fastlm's kernel, liger's, cut-cross-entropy's, the plain head
     head = "linear_loss_memory.py --device cuda --precision bf16 --hidden 3072"
     head += " --kernels liger liger_function cce"
