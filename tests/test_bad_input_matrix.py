@@ -288,6 +288,8 @@ def test_only_duplicates_keep_one(project):
         ({"loss": {"label_smoothing": 1.0}}, "train.loss.label_smoothing = 1.0"),
         ({"loss": {"label_smoothing": -0.1}}, "train.loss.label_smoothing = -0.1"),
         ({"early_stopping": {"patience": 2}, "eval_every": None}, "needs train.eval_every"),
+        ({"model": {"lora": {"loraplus_lr_ratio": 16}}}, "loraplus_lr_ratio sets the LoRA B matrices"),
+        ({"model": {"lora": {"enabled": True, "loraplus_lr_ratio": 0}}}, "loraplus_lr_ratio = 0"),
     ],
     ids=[
         "micro_batch_0",
@@ -303,6 +305,8 @@ def test_only_duplicates_keep_one(project):
         "label_smoothing_1",
         "label_smoothing_neg",
         "early_stopping_without_evaluations",
+        "loraplus_without_lora",
+        "loraplus_0",
     ],
 )
 def test_bad_train_parameter(project, train, expected):

@@ -40,6 +40,12 @@ class LoraParams(Params):
         "products, nothing weight-sized formed (engine/model/lora_forward.py), slower than plain LoRA all "
         "the same; no shared-input groups",
     )
+    loraplus_lr_ratio: float | None = Field(
+        None,
+        gt=0,
+        description="LoRA+: the B matrices learn this many times faster than the A matrices (their own "
+        "optimizer group, the same schedule; the LoRA+ paper suggests 16); null: one rate for all",
+    )
     target_modules: list[str] | Literal["auto", "all-linear"] = Field(
         "auto", description="auto: per-architecture defaults (fastlm.engine.model.lora.DEFAULT_TARGETS)"
     )
@@ -64,6 +70,15 @@ class LoraParams(Params):
         "computed in one step: the input and its adapters read once, their input gradients summed inside the "
         "matmuls (engine/model/lora_forward.py); false: each layer on its own",
     )
+
+    @model_validator(mode="after")
+    def _loraplus_needs_lora(self):
+        if self.loraplus_lr_ratio is not None and not self.enabled:
+            raise ValueError(
+                "loraplus_lr_ratio sets the LoRA B matrices' learning rate and LoRA is off; set "
+                "train.model.lora.enabled: true, or loraplus_lr_ratio: null"
+            )
+        return self
 
 
 class ModelParams(Params):

@@ -338,9 +338,10 @@ def test_a_lora_checkpoint_resumes_across_the_forward_switches(tmp_path):
     assert not {"fused_forward", "shared_input"} & set(digests[0]["model.lora"])
     assert digest_differences(digests[0], digest(dropout=0.05))  # the old dropout default: not resumed
     # rsLoRA and DoRA change the training: not resumed across; off, a digest saved before they existed
-    assert not {"use_rslora", "use_dora"} & set(digests[0]["model.lora"])
+    assert not {"use_rslora", "use_dora", "loraplus_lr_ratio"} & set(digests[0]["model.lora"])
     assert digest_differences(digests[0], digest(use_rslora=True))
     assert digest_differences(digests[0], digest(use_dora=True))
+    assert digest_differences(digests[0], digest(loraplus_lr_ratio=16))
 
 
 @pytest.mark.parametrize("targets", ["auto", ["q_proj", "v_proj"]], ids=["attention-and-mlp", "q-and-v"])

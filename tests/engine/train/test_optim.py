@@ -117,3 +117,55 @@ def test_the_fused_cpu_update_is_the_multi_tensor_one_within_fp32_rounding():
 def test_make_adamw_on_cuda_is_fused():
     optimizer = make_adamw(Small().cuda(), lr=1e-3)
     assert optimizer.defaults["fused"] is True
+
+
+def lora_model():
+    from fastlm.engine.config import LoraParams
+    from fastlm.engine.model.lora import apply_lora
+    from tests.support.tiny_models import llama_config
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(llama_config(vocab=64, hidden=32, positions=32, num_hidden_layers=1))
+    return apply_lora(base, LoraParams(enabled=True, r=4, use_dora=True), gradient_checkpointing=False)
+
+
+def test_loraplus_trains_the_b_matrices_at_ratio_times_the_rate_through_the_schedule():
+    """``train.model.lora.loraplus_lr_ratio`` (LoRA+: B learns ``ratio`` times faster than A): the B
+    matrices in a group of their own with that learning-rate scale, decayed as the other matrices; the
+    rest as before (DoRA's magnitudes undecayed); the schedule keeps the ratio at every step, warm-up and
+    decay included, through the training run's own optimizer set-up."""
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.step import make_optimization
+
+    model = lora_model()
+    groups = by_name(parameter_groups(model, 0.1, lora_b_ratio=16.0))
+    assert names(model, groups["lora_b"]["params"]) == {
+        name for name, p in model.named_parameters() if "lora_B" in name
+    }
+    assert groups["lora_b"]["lr_scale"] == 16.0 and groups["lora_b"]["weight_decay"] == 0.1
+    assert all("lora_A" in name for name in names(model, groups["decay"]["params"]))
+    assert all("magnitude" in name for name in names(model, groups["no_decay"]["params"]))
+    assert "lora_b" not in by_name(parameter_groups(model, 0.1))  # off by default
+    raw = {
+        "model": {"name_or_path": "base", "lora": {"enabled": True, "loraplus_lr_ratio": 16}},
+        "optimizer": {"lr": 1e-3, "warmup_steps": 2},
+        "runtime": {"float8": "off"},
+    }
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", compile=False, num_threads=1))
+    opt = make_optimization(model, parse_train_params(raw), runtime, total_steps=6)
+    for _ in range(6):
+        rates = {group["name"]: group["lr"] for group in opt.optimizer.param_groups}
+        assert rates["lora_b"] == pytest.approx(16 * rates["decay"], rel=1e-12) and rates["decay"] > 0
+        assert rates["no_decay"] == rates["decay"]
+        opt.optimizer.step()
+        opt.scheduler.step()
+
+
+def test_loraplus_without_lora_is_refused_in_one_line():
+    from fastlm.engine.config import parse_train_params
+    from fastlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="loraplus_lr_ratio") as error:
+        parse_train_params({"model": {"lora": {"enabled": False, "loraplus_lr_ratio": 16}}})
+    assert "\n" not in str(error.value)

@@ -6,7 +6,8 @@ digest (:func:`run_digest`) records, as readable fields:
 - ``model.source`` (``name_or_path``, resolved when it is a local folder) and ``model.shape`` (a hash of every
   parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings
   but ``base_dtype``, ``fused_forward`` and ``shared_input``, which change no weight or data position, and
-  ``use_rslora`` / ``use_dora`` where off, as checkpoints written before they existed hold them),
+  ``use_rslora`` / ``use_dora`` / ``loraplus_lr_ratio`` where off, as checkpoints written before they
+  existed hold them),
   ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
   ``data.fold`` (``train.fold`` of k-fold runs);
@@ -62,11 +63,11 @@ def data_digest(values, offsets, prompt_lengths=None) -> str:
 _LORA_LEVERS = frozenset({"base_dtype", "fused_forward", "shared_input"})
 # Settings added after checkpoints were written: in the digest only where set, so an older checkpoint of a
 # run that leaves them off still resumes.
-_LORA_ADDED_OFF = ("use_rslora", "use_dora")
+_LORA_ADDED_OFF = ("use_rslora", "use_dora", "loraplus_lr_ratio")
 
 
 def _lora_defaults_added(lora) -> set[str]:
-    return {name for name in _LORA_ADDED_OFF if not getattr(lora, name)}
+    return {name for name in _LORA_ADDED_OFF if getattr(lora, name) in (False, None)}
 
 
 def run_digest(

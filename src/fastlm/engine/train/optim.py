@@ -31,28 +31,44 @@ log = logging.getLogger(__name__)
 
 
 def parameter_groups(
-    model: torch.nn.Module, weight_decay: float, *, decay_embeddings: bool = False, substitute=None
+    model: torch.nn.Module,
+    weight_decay: float,
+    *,
+    decay_embeddings: bool = False,
+    substitute=None,
+    lora_b_ratio: float | None = None,
 ) -> list[dict]:
-    """Two AdamW param groups, ``decay`` (≥2-D weights) and ``no_decay`` (the rest), named for logging.
-    ``substitute(param)``: what the optimizer updates in its place (``MasterWeights.master_of``)."""
+    """AdamW param groups, ``decay`` (≥2-D weights) and ``no_decay`` (the rest), named for logging.
+    ``substitute(param)``: what the optimizer updates in its place (``MasterWeights.master_of``).
+    ``lora_b_ratio`` (LoRA+, ``train.model.lora.loraplus_lr_ratio``): peft's LoRA B matrices in a third
+    group, ``lora_b``, decayed as ``decay`` with ``lr_scale`` = the ratio (``schedule.make_lr_scheduler``
+    multiplies its rate by it at every step)."""
     embedding_weights = {
         id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)
     }
-    decay, no_decay = [], []
-    for param in model.parameters():  # each shared (tied) tensor once
+    decay, no_decay, lora_b = [], [], []
+    for name, param in model.named_parameters():  # each shared (tied) tensor once
         if not param.requires_grad:
             continue
         is_embedding = id(param) in embedding_weights
-        if param.ndim >= 2 and (decay_embeddings or not is_embedding):
+        if lora_b_ratio is not None and ".lora_B." in f".{name}":
+            lora_b.append(param)
+        elif param.ndim >= 2 and (decay_embeddings or not is_embedding):
             decay.append(param)
         else:
             no_decay.append(param)
     if substitute is not None:
         decay, no_decay = [substitute(p) for p in decay], [substitute(p) for p in no_decay]
-    return [
+        lora_b = [substitute(p) for p in lora_b]
+    groups = [
         {"name": "decay", "params": decay, "weight_decay": weight_decay},
         {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
     ]
+    if lora_b_ratio is not None:
+        groups.append(
+            {"name": "lora_b", "params": lora_b, "weight_decay": weight_decay, "lr_scale": lora_b_ratio}
+        )
+    return groups
 
 
 def make_adamw(
@@ -64,9 +80,17 @@ def make_adamw(
     eps: float = 1e-8,
     decay_embeddings: bool = False,
     substitute=None,
+    lora_b_ratio: float | None = None,
 ) -> torch.optim.AdamW:
-    groups = parameter_groups(model, weight_decay, decay_embeddings=decay_embeddings, substitute=substitute)
-    groups = [group for group in groups if group["params"]]
+    """torch's AdamW over ``parameter_groups`` (see it for ``substitute`` and ``lora_b_ratio``)."""
+    groups = parameter_groups(
+        model,
+        weight_decay,
+        decay_embeddings=decay_embeddings,
+        substitute=substitute,
+        lora_b_ratio=lora_b_ratio,
+    )
+    groups = [_scaled(group, lr) for group in groups if group["params"]]
     params = [p for group in groups for p in group["params"]]
     devices = {p.device.type for p in params}
     fused = devices == {"cpu"} or (devices == {"cuda"} and torch.cuda.is_available())
@@ -77,7 +101,7 @@ def make_adamw(
         next(iter(kernel)),
         ", ".join(
             f"{g['name']} {len(g['params'])} tensors / {sum(p.numel() for p in g['params']):,} params "
-            f"(weight_decay={g['weight_decay']})"
+            f"(weight_decay={g['weight_decay']}{_rate(g)})"
             for g in groups
         ),
     )
@@ -88,10 +112,15 @@ BITSANDBYTES_CLASSES = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAda
 
 
 def make_optimizer(
-    model: torch.nn.Module, settings, *, decay_embeddings: bool = False, substitute=None
+    model: torch.nn.Module,
+    settings,
+    *,
+    decay_embeddings: bool = False,
+    substitute=None,
+    lora_b_ratio: float | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer ``settings`` (``OptimizerParams``) names, over ``parameter_groups`` of ``model``
-    (``substitute``: see ``parameter_groups``)."""
+    (``substitute``, ``lora_b_ratio``: see ``parameter_groups``)."""
     betas = (settings.beta1, settings.beta2)
     if settings.name == "adamw":
         return make_adamw(
@@ -102,18 +131,33 @@ def make_optimizer(
             eps=settings.eps,
             decay_embeddings=decay_embeddings,
             substitute=substitute,
+            lora_b_ratio=lora_b_ratio,
         )
     cls = getattr(importlib.import_module("bitsandbytes").optim, BITSANDBYTES_CLASSES[settings.name])
     groups = parameter_groups(
-        model, settings.weight_decay, decay_embeddings=decay_embeddings, substitute=substitute
+        model,
+        settings.weight_decay,
+        decay_embeddings=decay_embeddings,
+        substitute=substitute,
+        lora_b_ratio=lora_b_ratio,
     )
-    groups = [group for group in groups if group["params"]]
+    groups = [_scaled(group, settings.lr) for group in groups if group["params"]]
     optimizer = cls(groups, lr=settings.lr, betas=betas, eps=settings.eps)
     log.info(
         "%s (bitsandbytes, 8-bit states): %s",
         cls.__name__,
         ", ".join(
-            f"{g['name']} {len(g['params'])} tensors (weight_decay={g['weight_decay']})" for g in groups
+            f"{g['name']} {len(g['params'])} tensors (weight_decay={g['weight_decay']}{_rate(g)})"
+            for g in groups
         ),
     )
     return optimizer
+
+
+def _scaled(group: dict, lr: float) -> dict:
+    """``group`` with its own learning rate where it has an ``lr_scale`` (LoRA+'s B matrices)."""
+    return {**group, "lr": lr * group["lr_scale"]} if "lr_scale" in group else group
+
+
+def _rate(group: dict) -> str:
+    return f", lr x {group['lr_scale']:g}" if "lr_scale" in group else ""

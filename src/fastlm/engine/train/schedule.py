@@ -53,8 +53,9 @@ class LRSchedule:
 def make_lr_scheduler(
     optimizer: torch.optim.Optimizer, schedule: LRSchedule
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR following ``schedule``; every param group's lr is set to the peak first."""
+    """A LambdaLR following ``schedule``; every param group's lr is set to the peak first (times the
+    group's ``lr_scale``, where it has one: LoRA+'s B matrices, ``optim.parameter_groups``)."""
     for group in optimizer.param_groups:
-        group["lr"] = schedule.peak_lr
+        group["lr"] = schedule.peak_lr * group.get("lr_scale", 1.0)
         group.pop("initial_lr", None)  # LambdaLR takes the base rate from here when it exists
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor_at)

@@ -133,7 +133,13 @@ def make_optimization(
     if is_sharded(model):
         gathered = str(gathered_dtype(model) or "its shards' dtype").removeprefix("torch.")
         param_dtype_choice = f"{param_dtype_choice}; FSDP2 gathers the weights in {gathered}"
-    optimizer = make_optimizer(model, settings, substitute=masters.master_of if masters else None)
+    lora = params.model.lora
+    optimizer = make_optimizer(
+        model,
+        settings,
+        substitute=masters.master_of if masters else None,
+        lora_b_ratio=lora.loraplus_lr_ratio if lora.enabled else None,
+    )
     backward = None
     if settings.in_backward and is_sharded(model):  # FSDP2's shards are the masters
         backward = BackwardUpdates.on_shards(optimizer)
