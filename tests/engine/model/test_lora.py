@@ -226,15 +226,16 @@ def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, p
 
 
 @pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "qlora"])
-def test_dora_with_rslora_trains_saves_and_merges_to_the_same_logits(
+def test_dora_with_rslora_and_loraplus_trains_saves_and_merges_to_the_same_logits(
     tmp_path, base_dir, tokenizer, pairs, four_bit
 ):
-    """``use_dora`` and ``use_rslora`` (peft's DoRA variant, scaling alpha / sqrt(r)), on a 16-bit base and
-    on an NF4 one: the run learns, the magnitudes train with the adapters, the saved adapter says what it
-    is, and merged into the base it gives the unmerged model's logits (the merge rounds once per weight)."""
+    """``use_dora``, ``use_rslora`` and ``loraplus_lr_ratio`` (peft's DoRA variant, scaling alpha / sqrt(r),
+    B at 4x the rate), on a 16-bit base and on an NF4 one: the run learns, the magnitudes train with the
+    adapters, the saved adapter says what it is, and merged into the base it gives the unmerged model's
+    logits (the merge rounds once per weight)."""
     if four_bit:
         pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
-    lora_settings = {"use_dora": True, "use_rslora": True, "load_in_4bit": four_bit}
+    lora_settings = {"use_dora": True, "use_rslora": True, "load_in_4bit": four_bit, "loraplus_lr_ratio": 4}
     params = train_params(
         tmp_path, base_dir, model=model_params(base_dir, **lora_settings), max_steps=6, save_every=None
     )
