@@ -110,6 +110,18 @@ LEVERS = {
         quantized=True,
         same_training=False,
     ),
+    "dora": Lever(
+        "train.model.lora: r 16, alpha 32, use_dora (fastlm's fused DoRA forward)",
+        {"model": {"lora": {**LORA_MODEL, "use_dora": True}}},
+        same_training=False,
+    ),
+    "qlora_dora": Lever(
+        "train.model.lora: r 16, alpha 32, load_in_4bit (NF4), use_dora",
+        {"model": {"lora": {**LORA_MODEL, "load_in_4bit": True, "use_dora": True}}},
+        needs=("bitsandbytes",),
+        quantized=True,
+        same_training=False,
+    ),
     "adamw_8bit": Lever(
         "train.optimizer.name: adamw_8bit",
         {"optimizer": {"name": "adamw_8bit"}},
@@ -430,7 +442,7 @@ def in_effect(name: str, result, model) -> tuple[bool, str]:
         return summary["fused_linear_kernel"] == kernel, summary["fused_linear_choice"]
     if name == "liger":
         return summary["liger"].startswith("liger kernels on"), summary["liger"]
-    if name in ("lora", "qlora"):
+    if name in ("lora", "qlora", "dora", "qlora_dora"):
         layers = {type(m).__name__ for m in model.modules()}
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in model.parameters())
@@ -438,9 +450,13 @@ def in_effect(name: str, result, model) -> tuple[bool, str]:
         adapted = any("lora_A" in n for n, _ in model.named_modules()) and trainable < total
         embedding = model.get_input_embeddings().weight.dtype  # QLoRA: left in bf16 (lora.prepare_quantized)
         fp32_trainable = all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
-        return adapted and four_bit == (name == "qlora") and fp32_trainable, (
+        dora = any("lora_magnitude_vector" in n for n, _ in model.named_parameters())
+        fused = sum(type(m).__name__.startswith("FusedLoraLinear") for m in model.modules())
+        wanted = adapted and four_bit == name.startswith("qlora") and fp32_trainable
+        return wanted and dora == name.endswith("dora"), (
             f"{trainable:,} of {total:,} parameters trainable (fp32: {'yes' if fp32_trainable else 'no'}); "
             f"4-bit layers: {'yes' if four_bit else 'no'}; embedding {str(embedding).removeprefix('torch.')}"
+            + (f"; DoRA magnitudes: yes, {fused} fused LoRA layers" if dora else "")
         )
     if name in ("adamw_8bit", "paged_adamw_8bit"):
         return summary["optimizer"] == name, f"optimizer {summary['optimizer']}"

@@ -30,7 +30,7 @@ def levers(monkeypatch):
 def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason(tmp_path):
     out = tmp_path / "levers.json"
     chosen = ["fused_linear", "checkpointing_full", "compile_layers", "liger", "fused_linear_liger", "qlora"]
-    chosen += ["float8", "cuda_graphs"]
+    chosen += ["float8", "cuda_graphs", "dora"]
     shown = subprocess.run(
         [sys.executable, str(BENCHMARKS / "gpu_levers.py"), "--device", "cpu", *TINY, "--levers", *chosen]
         + ["--json", str(out), "--parallel", "2"],
@@ -62,7 +62,11 @@ def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason
         assert rows[name]["status"] == "SKIP" and "needs CUDA" in rows[name]["reason"]
     assert "liger-kernel not installed" in rows["liger"]["reason"] or "liger_kernel" in sys.modules
     assert "2 levers at once" in shown.splitlines()[0]
-    assert shown.strip().splitlines()[-1] == "levers: 5 pass, 0 fail, 0 stopped, 4 skip"
+    # DoRA through the fused forward: its magnitudes trained, its first loss the base model's (B starts at 0)
+    dora = rows["dora"]
+    assert dora["status"] == "PASS", dora.get("reasons") or dora.get("reason")
+    assert "DoRA magnitudes: yes, 14 fused LoRA layers" in dora["choice"]
+    assert shown.strip().splitlines()[-1] == "levers: 6 pass, 0 fail, 0 stopped, 4 skip"
 
 
 def _run(losses, applied=True, choice="in effect"):
