@@ -77,8 +77,9 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
         else ""
     )
     if summary.get("lora"):
+        base = summary.get("base_model") or "a pretrained model"
         lines.append(
-            f"Model: LoRA on {summary.get('base_model') or 'a pretrained model'}"
+            f"Model: {summary.get('adapter') or 'LoRA'} on {base}"
             f"{f' ({counts})' if counts else ''}; the adapters alone were trained."
         )
     else:

@@ -263,6 +263,18 @@ def test_dora_with_rslora_and_loraplus_trains_saves_and_merges_to_the_same_logit
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
 
 
+def test_the_adapter_is_described_as_configured():
+    from fastlm.engine.config import LoraParams
+
+    assert lora.adapter_description(LoraParams(enabled=True)) == "LoRA (r 16, alpha 32)"
+    assert (
+        lora.adapter_description(
+            LoraParams(enabled=True, use_dora=True, use_rslora=True, loraplus_lr_ratio=16, load_in_4bit=True)
+        )
+        == "QDoRA (r 16, alpha 32, rank-stabilized scaling, B at 16x the rate, NF4 base)"
+    )
+
+
 @pytest.mark.parametrize(("base_dtype", "compute"), [("auto", torch.bfloat16), ("fp32", torch.float32)])
 def test_qlora_computes_its_4bit_matmuls_in_an_explicit_base_dtype(base_dir, tokenizer, base_dtype, compute):
     """``lora.base_dtype`` names the frozen base's dtype for LoRA; for QLoRA it names what the 4-bit weights

@@ -319,6 +319,19 @@ def prepare_quantized(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
+def adapter_description(lora: LoraParams) -> str:
+    """The adapter as configured, in a few words (the summary's ``adapter``, the report's model line)."""
+    kind = f"{'Q' if lora.load_in_4bit else ''}{'DoRA' if lora.use_dora else 'LoRA'}"
+    parts = [f"r {lora.r}", f"alpha {lora.alpha:g}"]
+    if lora.use_rslora:
+        parts.append("rank-stabilized scaling")
+    if lora.loraplus_lr_ratio is not None:
+        parts.append(f"B at {lora.loraplus_lr_ratio:g}x the rate")
+    if lora.load_in_4bit:
+        parts.append("NF4 base")
+    return f"{kind} ({', '.join(parts)})"
+
+
 def parameter_counts(model) -> dict:
     """Trainable and total parameters (each shared tensor once; 4-bit packed weights counted unpacked)."""
     if hasattr(model, "get_nb_trainable_parameters"):

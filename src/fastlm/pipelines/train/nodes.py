@@ -17,7 +17,7 @@ from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.launch.workers import launch_workers
 from fastlm.engine.model.attention.choice import choose_attention
 from fastlm.engine.model.build import build_model
-from fastlm.engine.model.lora import parameter_counts
+from fastlm.engine.model.lora import adapter_description, parameter_counts
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.runs import default_run_name, validate_run_name
@@ -86,6 +86,7 @@ def train_model(
         **result.summary,
         **parameter_counts(result.model),
         "lora": params.model.lora.enabled,
+        "adapter": adapter_description(params.model.lora) if params.model.lora.enabled else None,
         "base_model": params.model.name_or_path,
         "checkpoint_dir": params.checkpoint_dir,
         "mlflow_run_id": tracker.run_id,
