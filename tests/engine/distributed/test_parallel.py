@@ -478,3 +478,36 @@ def test_fsdp2_trains_qlora_adapters_like_one_process_checkpoints_them_alone_and
     np.testing.assert_allclose(
         [r["loss"] for r in resumed.history[-2:]], losses[-2:], rtol=TRAINED_FP32_LOSS_REL
     )
+
+
+@pytest.mark.kernels  # two DoRA processes vs one: compared with a tolerance
+def test_fsdp2_trains_dora_adapters_with_loraplus_as_one_process(tmp_path, bpe_tokenizer, tokenized):
+    """DoRA (fastlm's fused forward: the norms from the weights FSDP2 gathers) with LoRA+'s third optimizer
+    group, in two FSDP2 processes: the same losses and adapters (magnitudes included) as one process with
+    the same effective batch."""
+    from tests.support.tiny_llama import save_tiny_llama
+
+    base = save_tiny_llama(tmp_path / "base", bpe_tokenizer)
+    lora = {"enabled": True, "r": 4, "use_dora": True, "loraplus_lr_ratio": 4}
+    adapters = {"name_or_path": str(base), "lora": lora}
+    one = run_one(
+        job_params(tmp_path / "one", accum=2, nproc=1, model=adapters),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path / "one",
+    )
+    params = job_params(
+        tmp_path / "two",
+        accum=1,
+        nproc=2,
+        distributed={"nproc_per_node": 2, "strategy": "fsdp"},
+        model=adapters,
+    )
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
+    losses = [r["loss"] for r in one.history]
+    np.testing.assert_allclose([r["loss"] for r in two.history], losses, rtol=TRAINED_FP32_LOSS_REL)
+    trained = {name: p for name, p in one.model.named_parameters() if "lora_" in name}
+    assert any("lora_magnitude_vector" in name for name in trained)
+    returned = dict(two.model.named_parameters())
+    for name, param in trained.items():
+        torch.testing.assert_close(returned[name], param.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
