@@ -43,8 +43,9 @@ class LoraParams(Params):
     loraplus_lr_ratio: float | None = Field(
         None,
         gt=0,
-        description="LoRA+: the B matrices learn this many times faster than the A matrices (their own "
-        "optimizer group, the same schedule; the LoRA+ paper suggests 16); null: one rate for all",
+        description="LoRA+: the B matrices (and the 1-D trainable parameters: biases, DoRA's magnitudes, as "
+        "peft's create_loraplus_optimizer groups them) learn this many times faster than the A matrices "
+        "(optimizer groups of their own, the same schedule; the LoRA+ paper suggests 16); null: one rate",
     )
     target_modules: list[str] | Literal["auto", "all-linear"] = Field(
         "auto", description="auto: per-architecture defaults (fastlm.engine.model.lora.DEFAULT_TARGETS)"

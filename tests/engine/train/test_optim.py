@@ -131,9 +131,10 @@ def lora_model():
 
 def test_loraplus_trains_the_b_matrices_at_ratio_times_the_rate_through_the_schedule():
     """``train.model.lora.loraplus_lr_ratio`` (LoRA+: B learns ``ratio`` times faster than A): the B
-    matrices in a group of their own with that learning-rate scale, decayed as the other matrices; the
-    rest as before (DoRA's magnitudes undecayed); the schedule keeps the ratio at every step, warm-up and
-    decay included, through the training run's own optimizer set-up."""
+    matrices in a group of their own with that learning-rate scale, decayed as the other matrices, and the
+    1-D trainable parameters (DoRA's magnitudes) at that scale undecayed, as peft's
+    ``create_loraplus_optimizer`` groups them; A as before; the schedule keeps the ratio at every step,
+    warm-up and decay included, through the training run's own optimizer set-up."""
     from fastlm.engine.config import parse_train_params
     from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
     from fastlm.engine.train.step import make_optimization
@@ -145,8 +146,12 @@ def test_loraplus_trains_the_b_matrices_at_ratio_times_the_rate_through_the_sche
     }
     assert groups["lora_b"]["lr_scale"] == 16.0 and groups["lora_b"]["weight_decay"] == 0.1
     assert all("lora_A" in name for name in names(model, groups["decay"]["params"]))
-    assert all("magnitude" in name for name in names(model, groups["no_decay"]["params"]))
-    assert "lora_b" not in by_name(parameter_groups(model, 0.1))  # off by default
+    assert not groups["no_decay"]["params"]
+    magnitudes = names(model, groups["lora_b_no_decay"]["params"])
+    assert magnitudes and all("magnitude" in name for name in magnitudes)
+    assert groups["lora_b_no_decay"]["lr_scale"] == 16.0 and groups["lora_b_no_decay"]["weight_decay"] == 0
+    plain = by_name(parameter_groups(model, 0.1))  # off by default
+    assert set(plain) == {"decay", "no_decay"} and names(model, plain["no_decay"]["params"]) == magnitudes
     raw = {
         "model": {"name_or_path": "base", "lora": {"enabled": True, "loraplus_lr_ratio": 16}},
         "optimizer": {"lr": 1e-3, "warmup_steps": 2},
@@ -157,7 +162,7 @@ def test_loraplus_trains_the_b_matrices_at_ratio_times_the_rate_through_the_sche
     for _ in range(6):
         rates = {group["name"]: group["lr"] for group in opt.optimizer.param_groups}
         assert rates["lora_b"] == pytest.approx(16 * rates["decay"], rel=1e-12) and rates["decay"] > 0
-        assert rates["no_decay"] == rates["decay"]
+        assert rates["lora_b_no_decay"] == rates["lora_b"]
         opt.optimizer.step()
         opt.scheduler.step()
 

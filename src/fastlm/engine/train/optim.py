@@ -40,35 +40,35 @@ def parameter_groups(
 ) -> list[dict]:
     """AdamW param groups, ``decay`` (≥2-D weights) and ``no_decay`` (the rest), named for logging.
     ``substitute(param)``: what the optimizer updates in its place (``MasterWeights.master_of``).
-    ``lora_b_ratio`` (LoRA+, ``train.model.lora.loraplus_lr_ratio``): peft's LoRA B matrices in a third
-    group, ``lora_b``, decayed as ``decay`` with ``lr_scale`` = the ratio (``schedule.make_lr_scheduler``
-    multiplies its rate by it at every step)."""
+    ``lora_b_ratio`` (LoRA+, ``train.model.lora.loraplus_lr_ratio``): peft's LoRA B matrices, and the 1-D
+    trainable parameters (biases, DoRA's magnitudes), learn at that multiple of the rate, as peft's
+    ``create_loraplus_optimizer`` groups them: ``lora_b`` (decayed as ``decay``) and ``lora_b_no_decay``, each
+    with ``lr_scale`` = the ratio (``schedule.make_lr_scheduler`` multiplies its rate by it at every step)."""
     embedding_weights = {
         id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)
     }
-    decay, no_decay, lora_b = [], [], []
+    groups = {name: [] for name in ("decay", "no_decay", "lora_b", "lora_b_no_decay")}
     for name, param in model.named_parameters():  # each shared (tied) tensor once
         if not param.requires_grad:
             continue
         is_embedding = id(param) in embedding_weights
-        if lora_b_ratio is not None and ".lora_B." in f".{name}":
-            lora_b.append(param)
-        elif param.ndim >= 2 and (decay_embeddings or not is_embedding):
-            decay.append(param)
-        else:
-            no_decay.append(param)
+        decayed = param.ndim >= 2 and (decay_embeddings or not is_embedding)
+        faster = lora_b_ratio is not None and (".lora_B." in f".{name}" or param.ndim == 1)
+        group = "decay" if decayed else "no_decay"
+        groups[{"decay": "lora_b", "no_decay": "lora_b_no_decay"}[group] if faster else group].append(param)
     if substitute is not None:
-        decay, no_decay = [substitute(p) for p in decay], [substitute(p) for p in no_decay]
-        lora_b = [substitute(p) for p in lora_b]
-    groups = [
-        {"name": "decay", "params": decay, "weight_decay": weight_decay},
-        {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
+        groups = {name: [substitute(p) for p in params] for name, params in groups.items()}
+    made = [
+        {"name": "decay", "params": groups["decay"], "weight_decay": weight_decay},
+        {"name": "no_decay", "params": groups["no_decay"], "weight_decay": 0.0},
     ]
     if lora_b_ratio is not None:
-        groups.append(
-            {"name": "lora_b", "params": lora_b, "weight_decay": weight_decay, "lr_scale": lora_b_ratio}
-        )
-    return groups
+        faster = {"lr_scale": lora_b_ratio}
+        made += [
+            {"name": "lora_b", "params": groups["lora_b"], "weight_decay": weight_decay, **faster},
+            {"name": "lora_b_no_decay", "params": groups["lora_b_no_decay"], "weight_decay": 0.0, **faster},
+        ]
+    return made
 
 
 def make_adamw(
