@@ -2305,7 +2305,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=("lora", "rslora", "dora"),
         default="lora",
         help="the adapter contenders on every side: plain LoRA, rank-stabilized (scaling alpha / sqrt(r)) or "
-        "DoRA (peft's use_dora: a trained magnitude per output feature, peft's forward on every side)",
+        "DoRA (peft's use_dora: a trained magnitude per output feature; fastlm's fused DoRA forward, peft's "
+        "in the Trainer, TRL and fastlm_lora_peft_forward)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument(

@@ -65,3 +65,16 @@ def run_one(params, tokenizer, tokenized, folder):
     """The job of ``params`` in this process (the one-process side of a comparison), its model in
     ``folder``."""
     return run_job(TrainJob(params, 48, tokenized[0], tokenized[1], tokenizer, str(folder / "m")))
+
+
+def one_and_two(tmp_path, tokenizer, tokenized, *, accum: int, strategy: str = "fsdp", two=None, **job):
+    """The job (``job_params``' ``extra``) in one process of ``accum`` micro-batches a step and in two of
+    ``accum // 2`` each under ``strategy``, the same effective batch: their results. ``two``: settings
+    merged over ``job`` on the two-process side only."""
+    alone = job_params(tmp_path / "one", accum=accum, nproc=1, **job)
+    one = run_one(alone, tokenizer, tokenized, tmp_path / "one")
+    distributed = {"nproc_per_node": 2, "strategy": strategy}
+    params = job_params(
+        tmp_path / "two", accum=accum // 2, nproc=2, distributed=distributed, **{**job, **(two or {})}
+    )
+    return one, launch(params, tokenizer, tokenized, tmp_path / "two")

@@ -12,7 +12,7 @@ from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBu
 from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env
 from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.train.persistence import resume_position
-from tests.support.parallel_jobs import job_params, launch, run_one, tokenized_splits
+from tests.support.parallel_jobs import job_params, launch, one_and_two, run_one, tokenized_splits
 from tests.support.tolerances import BF16_MODEL_LOSS_REL, TRAINED_FP32_LOSS_REL, TRAINED_FP32_WEIGHTS
 
 LENGTHS = np.random.default_rng(0).integers(3, 40, size=500)
@@ -401,20 +401,14 @@ def test_fsdp2_updates_each_shard_in_the_backward_as_one_process_steps_after_it(
     tests/engine/train/test_master_weights.py): two processes of two micro-batches each, the first not
     synchronizing, against one process stepping after the backward with the same effective batch."""
     settings = {"warmup_steps": 1, "grad_clip": None}
-    one = run_one(
-        job_params(tmp_path / "one", accum=4, nproc=1, optimizer=settings),
+    one, two = one_and_two(
+        tmp_path,
         bpe_tokenizer,
         tokenized,
-        tmp_path / "one",
+        accum=4,
+        optimizer=settings,
+        two={"optimizer": {**settings, "in_backward": True}},
     )
-    params = job_params(
-        tmp_path / "two",
-        accum=2,
-        nproc=2,
-        distributed={"nproc_per_node": 2, "strategy": "fsdp"},
-        optimizer={**settings, "in_backward": True},
-    )
-    two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
     assert "each shard updated in the backward" in two.summary["param_dtype"], two.summary["param_dtype"]
     for key in ("loss", "grad_norm"):
         np.testing.assert_allclose(
@@ -437,15 +431,8 @@ def test_fsdp2_trains_qlora_adapters_like_one_process_checkpoints_them_alone_and
 
     base = save_tiny_llama(tmp_path / "base", bpe_tokenizer)
     adapters = {"name_or_path": str(base), "lora": {"enabled": True, "r": 4, "load_in_4bit": True}}
-    one = run_one(
-        job_params(tmp_path / "one", accum=2, nproc=1, model=adapters),
-        bpe_tokenizer,
-        tokenized,
-        tmp_path / "one",
-    )
+    one, two = one_and_two(tmp_path, bpe_tokenizer, tokenized, accum=2, model=adapters)
     sharded = {"nproc_per_node": 2, "strategy": "fsdp"}
-    params = job_params(tmp_path / "two", accum=1, nproc=2, distributed=sharded, model=adapters)
-    two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
     losses = [r["loss"] for r in one.history]
     np.testing.assert_allclose([r["loss"] for r in two.history], losses, rtol=TRAINED_FP32_LOSS_REL)
     trained = {name: p for name, p in one.model.named_parameters() if "lora_" in name}
@@ -490,20 +477,7 @@ def test_fsdp2_trains_dora_adapters_with_loraplus_as_one_process(tmp_path, bpe_t
     base = save_tiny_llama(tmp_path / "base", bpe_tokenizer)
     lora = {"enabled": True, "r": 4, "use_dora": True, "loraplus_lr_ratio": 4}
     adapters = {"name_or_path": str(base), "lora": lora}
-    one = run_one(
-        job_params(tmp_path / "one", accum=2, nproc=1, model=adapters),
-        bpe_tokenizer,
-        tokenized,
-        tmp_path / "one",
-    )
-    params = job_params(
-        tmp_path / "two",
-        accum=1,
-        nproc=2,
-        distributed={"nproc_per_node": 2, "strategy": "fsdp"},
-        model=adapters,
-    )
-    two = launch(params, bpe_tokenizer, tokenized, tmp_path / "two")
+    one, two = one_and_two(tmp_path, bpe_tokenizer, tokenized, accum=2, model=adapters)
     losses = [r["loss"] for r in one.history]
     np.testing.assert_allclose([r["loss"] for r in two.history], losses, rtol=TRAINED_FP32_LOSS_REL)
     trained = {name: p for name, p in one.model.named_parameters() if "lora_" in name}

@@ -96,6 +96,17 @@ def run_train(params, tokenizer, pairs, eval_pairs=None, model=None):
     )
 
 
+def assert_merges_to_the_unmerged_logits(adapter_folder, pairs) -> None:
+    """The saved adapter merged into its base gives the unmerged model's logits (the merge rounds once per
+    weight)."""
+    merged = lora.merge_adapter(adapter_folder).eval()
+    unmerged = lora.load_adapter_model(adapter_folder, merge=False).eval()
+    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+    with torch.no_grad():
+        expected = unmerged(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+
+
 def test_auto_targets_are_the_projections_and_only_adapters_train(base_dir, tokenizer):
     params = parse_train_params({"model": model_params(base_dir)}).model
     model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
@@ -217,12 +228,7 @@ def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, p
 
     out = tmp_path / "adapter"
     result.model.save_pretrained(out)
-    merged = lora.merge_adapter(out).eval()
-    unmerged = lora.load_adapter_model(out, merge=False).eval()
-    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
-    with torch.no_grad():
-        expected = unmerged(input_ids=ids).logits
-        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+    assert_merges_to_the_unmerged_logits(out, pairs)
 
 
 @pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "qlora"])
@@ -255,12 +261,7 @@ def test_dora_with_rslora_and_loraplus_trains_saves_and_merges_to_the_same_logit
     result.model.save_pretrained(out)
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["use_dora"] is True and config["use_rslora"] is True
-    merged = lora.merge_adapter(out).eval()
-    unmerged = lora.load_adapter_model(out, merge=False).eval()
-    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
-    with torch.no_grad():
-        expected = unmerged(input_ids=ids).logits
-        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+    assert_merges_to_the_unmerged_logits(out, pairs)
 
 
 def test_the_adapter_is_described_as_configured():
