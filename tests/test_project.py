@@ -91,6 +91,20 @@ def test_user_choices_win_over_the_defaults():
     assert done.stdout.strip() == "0"
 
 
+def test_a_process_that_imported_fastlm_leaves_its_exit_collection_nothing_to_scan():
+    """At exit CPython collects every generation once more: with torch and transformers loaded that scans
+    millions of objects, seconds in each `kedro run` and each training worker. fastlm's exit handler freezes
+    them first (handlers run last-registered first: this one, registered before fastlm's, runs after it)."""
+    code = (
+        "import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count())); import fastlm; "
+        "import torch"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split()[0] == "frozen" and int(done.stdout.split()[1]) > 10_000, done.stdout
+
+
 @pytest.mark.parametrize("name", ["split", "train", "report", "__default__"])
 def test_pipelines_are_registered(name):
     from kedro.framework.project import configure_project

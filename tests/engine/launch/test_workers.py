@@ -36,3 +36,34 @@ def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tok
         tmp_path,
     )
     assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
+def test_each_worker_is_handed_a_few_bytes_whatever_the_jobs_size(tmp_path, bpe_tokenizer, monkeypatch):
+    """spawn writes a worker's arguments into its start pipe, and the worker reads the last of them only
+    after importing its parent's main module: arguments above the pipe's 64 KiB held the launcher at each
+    worker until that one had imported, so N workers started one after another. The job (its data: 2 MB
+    here) travels by one file; each worker's arguments stay far below a pipe's buffer."""
+    import pickle
+
+    import datasets
+    import torch.distributed.launcher.api as launcher_api
+
+    handed = []
+
+    class Handed(Exception):
+        pass
+
+    def elastic_launch(config, entrypoint):
+        def run(*args):
+            handed.append(pickle.dumps((entrypoint, *args)))
+            raise Handed
+
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", elastic_launch)
+    rows = datasets.Dataset.from_dict({"input_ids": [list(range(47)) + [2]] * 5000})  # ~2 MB
+    params = job_params(tmp_path, accum=1, nproc=2)
+    with pytest.raises(Handed):
+        launch(params, bpe_tokenizer, (rows, rows), tmp_path)
+    assert handed and len(handed[0]) < 4096, f"{len(handed[0])} bytes through each worker's start pipe"
+    assert not list(tmp_path.glob(".launch-*"))  # nothing left behind by a launch that failed

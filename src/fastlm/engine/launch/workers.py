@@ -5,6 +5,11 @@ from the parent) through ``torch.distributed.launcher.api.elastic_launch`` with 
 local port, runs :func:`fastlm.engine.launch.job.run_job` in each, and returns rank 0's result. The parent
 only waits.
 
+The job (its tokenized data and tokenizer) is pickled once into a file beside the model folder, which each
+worker reads: spawn writes a worker's arguments into its start pipe, and the worker reads their end only
+after importing its parent's main module, so arguments beyond a pipe's buffer held the launcher at each
+worker until that one had imported, and N workers started one after another.
+
 Failure handling is the elastic agent's: when any worker exits with an error or is killed, the agent stops
 the others (SIGTERM, then SIGKILL after ``SHUTDOWN_TIMEOUT_S``) and raises ``ChildFailedError`` naming the
 first failure; it is turned into one :class:`WorkerFailedError` line carrying that rank's own message (a
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import re
 import secrets
 import signal
@@ -67,7 +73,8 @@ def launch_workers(
 
     staging = Path(job.model_dir).parent
     staging.mkdir(parents=True, exist_ok=True)
-    weights = staging / f".launch-{os.getpid()}-{secrets.token_hex(4)}.safetensors"
+    handover = staging / f".launch-{os.getpid()}-{secrets.token_hex(4)}"
+    weights, job_file = handover.with_suffix(".safetensors"), handover.with_suffix(".job")
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -82,8 +89,9 @@ def launch_workers(
     )
     log.info("Launching %d training workers (elastic launcher, spawn, c10d rendezvous on 127.0.0.1)", nproc)
     try:
+        _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         with _quiet_elastic_logs(), _own_signal_handlers():
-            results = elastic_launch(config, _worker)(job, str(weights), callback_factory)
+            results = elastic_launch(config, _worker)(str(job_file), str(weights), callback_factory)
         result: JobResult = results[0]
         model = build_model()
         if trains_part_only(model):  # the adapters alone: the base was built again from name_or_path
@@ -101,10 +109,18 @@ def launch_workers(
         ) from None
     finally:
         weights.unlink(missing_ok=True)
+        job_file.unlink(missing_ok=True)
 
 
-def _worker(job: TrainJob, weights: str, callback_factory) -> JobResult | None:
-    """A worker's entry point (runs in the spawned process)."""
+def _write_private(path: Path, data: bytes) -> None:
+    """``data`` into a new file only this user can read."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+        file.write(data)
+
+
+def _worker(job_file: str, weights: str, callback_factory) -> JobResult | None:
+    """A worker's entry point (runs in the spawned process): the job from the file its parent wrote."""
+    job: TrainJob = pickle.loads(Path(job_file).read_bytes())
     rank = rank_from_env()
     _configure_worker_logging(rank.rank)
     callbacks = (callback_factory(),) if callback_factory is not None and rank.is_main else ()
