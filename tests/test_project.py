@@ -93,8 +93,9 @@ def test_user_choices_win_over_the_defaults():
 
 def test_a_process_that_imported_fastlm_leaves_its_exit_collection_nothing_to_scan():
     """At exit CPython collects every generation once more: with torch and transformers loaded that scans
-    millions of objects, seconds in each `kedro run` and each training worker. fastlm's exit handler freezes
-    them first (handlers run last-registered first: this one, registered before fastlm's, runs after it)."""
+    hundreds of thousands of objects, seconds in each `kedro run` and each training worker. fastlm's exit
+    handler freezes them first (handlers run last-registered first: this one, registered before fastlm's,
+    runs after it)."""
     code = (
         "import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count())); import fastlm; "
         "import torch"

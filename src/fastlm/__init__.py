@@ -5,8 +5,8 @@ Importing the package sets safe process defaults before any library reads them: 
 variables themselves. Nothing here imports Kedro, so the engine stays usable on its own.
 
 At exit, the objects still alive are frozen out of the interpreter's last cyclic collection: with torch and
-transformers loaded it scans millions of objects, seconds at the end of every `kedro run` and every training
-worker, to free memory the process is handing back anyway.
+transformers loaded it scans hundreds of thousands of objects, seconds at the end of every `kedro run` and
+every training worker, to free memory the process is handing back anyway.
 """
 
 from __future__ import annotations
