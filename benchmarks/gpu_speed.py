@@ -619,6 +619,7 @@ class GpuContext(Context):
         lora = {
             **LORA,
             **lora_variant(self.args.lora_variant),
+            "dropout": self.args.lora_dropout,
             "enabled": True,
             "load_in_4bit": quantized,
             "fused_forward": fused_forward,
@@ -1192,7 +1193,7 @@ def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
         task_type=TaskType.CAUSAL_LM,
         r=LORA["r"],
         lora_alpha=LORA["alpha"],
-        lora_dropout=LORA["dropout"],
+        lora_dropout=ctx.args.lora_dropout,
         target_modules=LORA_TARGETS,
         **lora_variant(ctx.args.lora_variant),
     )
@@ -1697,6 +1698,8 @@ def run_child(
             args.padding_free,
             "--lora-variant",
             args.lora_variant,
+            "--lora-dropout",
+            str(args.lora_dropout),
             "--profile-adapter",
             args.profile_adapter,
             *(("--layers", str(args.layers)) if args.layers else ()),
@@ -1998,6 +2001,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
         + (f", compile mode {args.compile_mode}" if args.compile_mode != "default" else "")
         + (f", fused kernel {args.fused_kernel}" if args.fused_kernel else "")
         + (f"; adapters: {args.lora_variant} on every side" if args.lora_variant != "lora" else "")
+        + (f"; LoRA dropout {args.lora_dropout:g} on every side" if args.lora_dropout else "")
     )
     print(
         f"data: {prep['docs']:,} documents of {TEXTS_LABEL[prep.get('texts', 'demo')]}, "
@@ -2307,6 +2311,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the adapter contenders on every side: plain LoRA, rank-stabilized (scaling alpha / sqrt(r)) or "
         "DoRA (peft's use_dora: a trained magnitude per output feature; fastlm's fused DoRA forward, peft's "
         "in the Trainer, TRL and fastlm_lora_peft_forward)",
+    )
+    parser.add_argument(
+        "--lora-dropout",
+        type=float,
+        default=LORA["dropout"],
+        help="LoRA dropout on every side (peft's lora_dropout, fastlm's train.model.lora.dropout); recipes "
+        "often use 0.05-0.1: peft's DoRA then applies W to the dropped-out input once more",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument(

@@ -860,8 +860,8 @@ def test_a_cache_dir_prepares_the_data_and_saves_the_base_once_for_the_runs_shar
 
 @pytest.mark.parametrize("variant", ["rslora", "dora"])
 def test_the_lora_variant_reaches_every_side_and_the_children(gpu_speed, monkeypatch, tmp_path, variant):
-    """``--lora-variant`` sets the same adapter on fastlm's side (``train.model.lora``) and on the Trainer +
-    peft / TRL side (peft's ``LoraConfig``), and reaches each child process."""
+    """``--lora-variant`` and ``--lora-dropout`` set the same adapter on fastlm's side (``train.model.lora``)
+    and on the Trainer + peft / TRL side (peft's ``LoraConfig``), and reach each child process."""
     from types import SimpleNamespace
 
     from transformers import LlamaForCausalLM
@@ -869,12 +869,14 @@ def test_the_lora_variant_reaches_every_side_and_the_children(gpu_speed, monkeyp
     from fastlm.engine.config import parse_train_params
     from tests.support.tiny_models import llama_config
 
-    args = gpu_speed.parse_args(["--model", "tiny", "--adapters", "--lora-variant", variant])
-    assert gpu_speed.parse_args([]).lora_variant == "lora"
+    given = ["--model", "tiny", "--adapters", "--lora-variant", variant, "--lora-dropout", "0.05"]
+    args = gpu_speed.parse_args(given)
+    assert gpu_speed.parse_args([]).lora_variant == "lora" and gpu_speed.parse_args([]).lora_dropout == 0.0
     seen = {}
     monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
     gpu_speed.run_child("trainer_lora_best", args, Path("."), 0)
     assert seen["args"][seen["args"].index("--lora-variant") + 1] == variant
+    assert float(seen["args"][seen["args"].index("--lora-dropout") + 1]) == 0.05
     LlamaForCausalLM(llama_config(vocab=112, hidden=64, positions=128, num_hidden_layers=1)).save_pretrained(
         tmp_path
     )
@@ -890,3 +892,4 @@ def test_the_lora_variant_reaches_every_side_and_the_children(gpu_speed, monkeyp
     model, _, _ = gpu_speed.trainer_adapter_model(ctx, "lora", best=True, attn="sdpa")
     theirs = model.peft_config["default"]
     assert theirs.use_rslora is (variant == "rslora") and theirs.use_dora is (variant == "dora")
+    assert lora.dropout == theirs.lora_dropout == 0.05

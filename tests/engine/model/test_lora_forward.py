@@ -270,6 +270,43 @@ def test_dropout_draws_the_same_mask_as_peft():
         torch.testing.assert_close(fused_grads[name], peft_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name)
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_dora_with_active_dropout_draws_peft_masks_and_forms_nothing_weight_sized(autocast):
+    """DoRA with LoRA dropout, as peft defines it: the base's output on x, plus (m / ||W + s B A|| - 1) times
+    W applied to the dropped-out input, plus the scaled adapter on it (one more base product, which peft's
+    forward computes too). The fused forward draws the same masks in the same order, so peft's loss and
+    gradients (fp32: the reordered sums' tolerances; bf16 autocast: the DoRA tests' bf16 room, doubled as
+    the plain dropout test's 4-bit twin explains), and the norms without B A or W + s B A."""
+    dtype = torch.bfloat16 if autocast else torch.float32
+    model = adapted(dtype, use_dora=True, dropout=0.3).train()
+    peft_model = adapted(dtype, use_dora=True, dropout=0.3, fused=False).train()
+    layers = [m for m in model.modules() if isinstance(m, FusedLoraLinear)]
+    shapes = {tuple(m.base_layer.weight.shape) for m in layers} | {
+        (m.in_features, m.in_features) for m in layers
+    }
+    with WeightShapedOutputs(shapes) as fused:
+        fused_loss, fused_grads = loss_and_grads(model, autocast=autocast)
+    peft_loss, peft_grads = loss_and_grads(peft_model, autocast=autocast)
+    assert not fused.counts, fused.counts
+    assert fused_grads.keys() == peft_grads.keys()
+    assert len([name for name in peft_grads if "lora_magnitude_vector" in name]) == 2 * 7
+    if autocast:
+        torch.testing.assert_close(fused_loss, peft_loss, rtol=BF16_MODEL_LOSS_REL, atol=0)
+    else:
+        torch.testing.assert_close(fused_loss, peft_loss, **OTHER_FP32_MODEL)
+    for name in peft_grads:
+        assert peft_grads[name].abs().max() > 0, name
+        if autocast:
+            assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 8 * EPS_BF16, name
+        else:
+            torch.testing.assert_close(
+                fused_grads[name], peft_grads[name], **OTHER_FP32_KERNEL_GRAD, msg=name
+            )
+    if not autocast:  # the masks changed the loss beyond the comparison's tolerance (dropout was active)
+        no_dropout_loss, _ = loss_and_grads(adapted(use_dora=True).train(), autocast=False)
+        assert not torch.allclose(no_dropout_loss, fused_loss, **OTHER_FP32_MODEL)
+
+
 def logits(model, autocast=False):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         return model(input_ids=batch()["input_ids"]).logits.float()

@@ -176,6 +176,34 @@ def test_with_dropout_the_fused_4bit_forward_draws_peft_masks(base_folder):
         assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 8 * EPS_BF16, name
 
 
+def test_with_dropout_the_fused_4bit_dora_forward_draws_peft_masks(base_folder):
+    """QDoRA with LoRA dropout, peft's definition (the base's output on x, plus W and the scaled adapter on
+    the dropped-out input, W's product through bitsandbytes' 4-bit matmul on both sides): the same masks,
+    the loss within the bf16 tolerance, the gradients (magnitudes' too) with the dropout test's room."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fastlm.engine.model.lora_forward import FusedLoraLinear4bit
+
+    class Identities(TorchDispatchMode):  # peft's DoRA forms B A through an [in x in] identity, each layer
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Identities.count += func.overloadpacket is torch.ops.aten.eye
+            return func(*args, **(kwargs or {}))
+
+    model = adapted(base_folder, dora=True, dropout=0.3).train()
+    assert len([m for m in model.modules() if type(m) is FusedLoraLinear4bit]) == ADAPTED
+    with Identities():
+        fused_loss, fused_grads = loss_and_grads(model)
+    assert Identities.count == 0  # the fused forward took the layers: no B A formed
+    peft_loss, peft_grads = loss_and_grads(adapted(base_folder, dora=True, dropout=0.3, fused=False).train())
+    torch.testing.assert_close(fused_loss, peft_loss, rtol=BF16_MODEL_LOSS_REL, atol=0)
+    assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 3 * ADAPTED
+    for name in peft_grads:
+        assert peft_grads[name].abs().max() > 0, name
+        assert relative_norm_difference(fused_grads[name], peft_grads[name]) < 8 * EPS_BF16, name
+
+
 def test_checkpointed_4bit_layers_recompute_the_same_loss_and_gradients(base_folder):
     """Checkpointing recomputes a layer's forward in backward: ``full`` (both layers) against ``selective``
     (the first) is the second layer's fused forward run again, the same computation, so the same loss and

@@ -39,8 +39,10 @@ the row norms of W (in W's dtype, as peft's), ``W A^T`` (``[out x r]``: W read t
 ``A A^T`` (``r x r``), summed in fp32 (``dora_weight_norm``), the product from the fused matmul above, and
 scales it in one pass (``addcmul`` with the bias): nothing weight-sized is written
 (tests/engine/model/test_lora_forward.py counts it). A 4-bit W is dequantized once for ``W A^T``, as its
-backward does. Active dropout (peft then recomputes the base product on the dropped-out input) and a
-trained base keep peft's forward; DoRA layers are not grouped by shared input.
+backward does. With active LoRA dropout peft's DoRA adds ``(scale - 1) W d + scale s B A d`` to the base's
+output on x (d the dropped-out input: one more base product, on both sides); the fused forward computes
+that too, with the same norms, so again nothing weight-sized. A trained base keeps peft's forward; DoRA
+layers are not grouped by shared input.
 
 **Shared-input groups** (``group_shared_inputs``, ``train.model.lora.shared_input``, on by default): the
 adapted projections of one attention block read one input (q, k and v), as do the MLP's gate and up. Each
@@ -124,13 +126,9 @@ def _single_plain_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
 
 
 def _single_dora_adapter(layer, x: torch.Tensor, args, kwargs) -> str | None:
-    """The one active DoRA adapter ``_dora_forward`` can take (no active dropout: peft's DoRA then
-    recomputes the base's product on the dropped-out input), or None."""
+    """The one active DoRA adapter ``_dora_forward`` can take (over a frozen base), or None."""
     name = _single_adapter(layer, x, args, kwargs)
     if name is None or type(getattr(layer, "lora_variant", {}).get(name)) is not DoraLinearVariant:
-        return None
-    dropout = layer.lora_dropout[name]
-    if not (isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0):
         return None
     base = layer.get_base_layer()
     if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
@@ -240,7 +238,8 @@ def _linear_with_adapter(
 def _dora_forward(layer, x: torch.Tensor, name: str, *, quant_state=None) -> torch.Tensor:
     """DoRA's output for ``layer``'s adapter ``name`` (module docstring, "DoRA"): ``m / ||W + s B A||`` (per
     output feature; the norm detached) times the fused ``x W^T + s (x A^T) B^T``, the base's bias added
-    after, unscaled, as peft adds it."""
+    after, unscaled, as peft adds it. With active dropout, peft's definition: the base's output on x, plus
+    ``(scale - 1) W d + scale s B A d`` on the dropped-out input d (the norms computed as above)."""
     base = layer.get_base_layer()
     a, b, scaling = layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name]
     magnitude = layer.lora_magnitude_vector[name].weight
@@ -249,6 +248,20 @@ def _dora_forward(layer, x: torch.Tensor, name: str, *, quant_state=None) -> tor
     weight = base.weight if quant_state is not None else base.weight.to(dtype)
     with torch.no_grad():
         norm = dora_weight_norm(base.weight, a, b, scaling, quant_state=quant_state, dtype=dtype)
+    dropout = layer.lora_dropout[name]
+    if not (isinstance(dropout, torch.nn.Identity) or not dropout.training or dropout.p == 0):
+        result = layer.base_layer(x)  # the base's own forward on x, its bias included, before the mask
+        dropped = dropout(x)
+        with torch.autocast(device, enabled=False):
+            rows = dropped.to(dtype).reshape(-1, x.shape[-1])
+            if quant_state is not None:
+                applied = bitsandbytes.matmul_4bit(rows, weight.t(), quant_state=quant_state)
+            else:
+                applied = rows @ weight.t()  # W on the dropped-out input: peft's "base_result" there
+            adapter = (rows @ a.to(dtype).t()) @ b.to(dtype).t()
+            scale = (magnitude / norm).to(dtype)
+            extra = torch.addcmul(applied * (scale - 1), adapter, scale, value=scaling)
+            return result + extra.view(*x.shape[:-1], extra.shape[-1])
     with torch.autocast(device, enabled=False):
         out = _LinearWithAdapter.apply(
             x.to(dtype), weight, None, a.to(dtype), b.to(dtype), scaling, quant_state
