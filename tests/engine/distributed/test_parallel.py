@@ -373,7 +373,9 @@ def test_fsdp2_trains_float8_layers_converted_before_sharding_as_one_process_doe
     """float8 on (the configuration asks for a float8 GPU; on a CPU, torch's _scaled_mm runs torchao's float8
     layers all the same: the same casts and scales, another matmul kernel) in two FSDP2 processes against
     one process with the same micro-batches: each micro-batch's own dynamic scales on both sides, FSDP2's
-    gathered weights the one process's values, its reduce-scatter the sum the accumulation makes."""
+    gathered weights the one process's values, its reduce-scatter the sum the accumulation makes. The one
+    process is a worker of its own too: torch's CPU float8 matmul (oneDNN) fails to find a kernel under a
+    capped instruction set once this test process has run bf16 autocast matmuls."""
     pytest.importorskip("torchao")
 
     def float8_on(params):  # past the configuration's refusal on a CPU, as the GPU run would be set
@@ -382,7 +384,7 @@ def test_fsdp2_trains_float8_layers_converted_before_sharding_as_one_process_doe
 
     quick = {"max_steps": 3, "eval_every": None, "save_every": None}  # float8 on a CPU: slow per op
     alone = float8_on(job_params(tmp_path / "one", accum=2, nproc=1, **quick))
-    one = run_one(alone, bpe_tokenizer, tokenized, tmp_path / "one")
+    one = launch(alone, bpe_tokenizer, tokenized, tmp_path / "one")
     sharded = job_params(
         tmp_path / "two", accum=1, nproc=2, distributed={"nproc_per_node": 2, "strategy": "fsdp"}, **quick
     )
