@@ -11,6 +11,13 @@ def test_a_label_smoothed_run_says_which_losses_are_smoothed():
     assert not any(line.startswith("Loss:") for line in run_lines({**SUMMARY, "label_smoothing": 0.0}, None))
 
 
+def test_a_neftune_run_says_its_noise_was_in_training_only():
+    lines = run_lines({**SUMMARY, "neftune_noise_alpha": 5.0}, None)
+    said = next(line for line in lines if "NEFTune" in line)
+    assert "alpha 5," in said and "evaluation and the model written are without it" in said
+    assert not any("NEFTune" in line for line in run_lines({**SUMMARY, "neftune_noise_alpha": 0.0}, None))
+
+
 def test_an_early_stopped_run_names_the_step_its_model_is_from():
     early = {
         "best_step": 40,

@@ -113,6 +113,13 @@ class ModelParams(Params):
         "other decoder layer), full (every layer), auto (off unless the tune pipeline chose one); "
         "true/false = full/off",
     )
+    neftune_noise_alpha: float = Field(
+        0.0,
+        ge=0,
+        description="NEFTune: while training, uniform noise of at most alpha / sqrt(row length x hidden "
+        "size) on each input embedding (engine/model/noise.py, the Trainer's and TRL's neftune_noise_alpha; "
+        "the paper's runs used 5); 0: off",
+    )
     liger: Literal["auto", "on", "off"] = Field(
         "auto",
         description="liger-kernel's fused RMSNorm, rotary and SwiGLU/GeGLU patched onto the model "

@@ -102,6 +102,11 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             "train.loss.label_smoothing); validation and test losses and perplexities are the plain "
             "cross-entropy."
         )
+    if summary.get("neftune_noise_alpha"):
+        lines.append(
+            f"Embeddings: NEFTune noise in training (alpha {summary['neftune_noise_alpha']:g}, "
+            "train.model.neftune_noise_alpha); evaluation and the model written are without it."
+        )
     splits = (split_report or {}).get("splits") or {}
     if splits:
         rows = ", ".join(f"{name} {int(info.get('rows', 0)):,}" for name, info in splits.items())

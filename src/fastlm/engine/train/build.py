@@ -37,6 +37,7 @@ from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.model.attention.choice import attention_path, attention_when_compiled
 from fastlm.engine.model.attention.inputs import packed_inputs, to_device
 from fastlm.engine.model.encoder_decoder import packing_unavailable
+from fastlm.engine.model.noise import add_neftune
 from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_per_token
 from fastlm.engine.observe.profiling import step_profiler
 from fastlm.engine.observe.progress import Progress
@@ -156,6 +157,13 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     graphs_at_start = cuda_graph_census(device) if graphs else None
     request = replace(request, model=request.model.to(device))  # the raw model: saved, returned
     raw_model = request.model
+    if configured.model.neftune_noise_alpha:  # before any wrapping; taken off when training ends
+        cleanup.callback(add_neftune(raw_model, configured.model.neftune_noise_alpha))
+        log.info(
+            "NEFTune: training on input embeddings with uniform noise of at most %g / sqrt(row length x "
+            "hidden size) (train.model.neftune_noise_alpha); evaluation without",
+            configured.model.neftune_noise_alpha,
+        )
     sharded = comm.world_size > 1 and configured.distributed.strategy == "fsdp"
     wrapped, float8_choice = raw_model, None
     if sharded:  # FSDP2 before the optimizer, which is built on its DTensors; it casts its gathered weights

@@ -267,6 +267,7 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         **run.holds,
         early_stopping=early_summary,
         label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
+        neftune_noise_alpha=params.model.neftune_noise_alpha,  # training's embeddings; validation is plain
         **_lever_summary(params, opt),
         cuda_graphs=_cuda_graphs(run),
     )
