@@ -1,5 +1,6 @@
-"""NEFTune (``train.model.neftune_noise_alpha``): uniform noise on the input embeddings while training, as the
-Trainer and TRL add it (transformers' own hook), none in evaluation, and the model handed back without it."""
+"""engine/model/noise.py, NEFTune (``train.model.neftune_noise_alpha``): uniform noise on the input
+embeddings while training, as the Trainer and TRL add it (transformers' own hook), none in evaluation, and the
+model handed back without it."""
 
 from __future__ import annotations
 
