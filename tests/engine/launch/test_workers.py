@@ -4,6 +4,9 @@ found them. Two real worker processes each: the tiny job of tests/support/parall
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from fastlm.engine.launch.workers import WorkerFailedError
@@ -67,3 +70,33 @@ def test_each_worker_is_handed_a_few_bytes_whatever_the_jobs_size(tmp_path, bpe_
         launch(params, bpe_tokenizer, (rows, rows), tmp_path)
     assert handed and len(handed[0]) < 4096, f"{len(handed[0])} bytes through each worker's start pipe"
     assert not list(tmp_path.glob(".launch-*"))  # nothing left behind by a launch that failed
+
+
+def test_a_launch_removes_what_a_killed_launch_left_and_keeps_a_live_ones(
+    tmp_path, bpe_tokenizer, monkeypatch
+):
+    """A launcher killed outright (the out-of-memory killer, kill -9) leaves its hand-over files beside the
+    model folder: the pickled job (its data) and the weights. The next launch there removes those of a
+    process that no longer runs, and keeps a running one's."""
+    import datasets
+    import torch.distributed.launcher.api as launcher_api
+
+    class Handed(Exception):
+        pass
+
+    def elastic_launch(config, entrypoint):
+        def run(*args):
+            raise Handed
+
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", elastic_launch)
+    gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process has this id
+    left = [tmp_path / f".launch-{gone}-0badcafe.job", tmp_path / f".launch-{gone}-0badcafe.safetensors"]
+    running = tmp_path / f".launch-{os.getppid()}-00c0ffee.job"
+    for path in (*left, running):
+        path.write_bytes(b"x")
+    rows = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
+    with pytest.raises(Handed):
+        launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, (rows, rows), tmp_path)
+    assert not any(path.exists() for path in left) and running.exists()

@@ -73,6 +73,7 @@ def launch_workers(
 
     staging = Path(job.model_dir).parent
     staging.mkdir(parents=True, exist_ok=True)
+    _remove_stale_handovers(staging)
     handover = staging / f".launch-{os.getpid()}-{secrets.token_hex(4)}"
     weights, job_file = handover.with_suffix(".safetensors"), handover.with_suffix(".job")
     config = LaunchConfig(
@@ -110,6 +111,25 @@ def launch_workers(
     finally:
         weights.unlink(missing_ok=True)
         job_file.unlink(missing_ok=True)
+
+
+_HANDOVER = re.compile(r"\.launch-(\d+)-[0-9a-f]+\.(job|safetensors)")
+
+
+def _remove_stale_handovers(staging: Path) -> None:
+    """The hand-over files (job, weights) a launcher killed outright left in ``staging``: those of a process
+    that no longer runs are removed (a running one's, another run's launch, are kept)."""
+    for path in staging.glob(".launch-*"):
+        match = _HANDOVER.fullmatch(path.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match[1]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            log.info("removed %s, left by a launch whose process no longer runs", path.name)
+        except (PermissionError, OverflowError):
+            continue  # another user's running process, or an id too large to be one a launcher wrote
 
 
 def _write_private(path: Path, data: bytes) -> None:
