@@ -27,6 +27,25 @@ if _forced in _KERNEL_SETS:
         str(Path(tempfile.gettempdir()) / f"fastlm-inductor-{_forced}-{getpass.getuser()}"),
     )
 
+import torch  # noqa: E402
+
+if _forced in _KERNEL_SETS:
+    # torch's CPU float8 matmul (_scaled_mm) takes oneDNN's kernel where the CPU itself has AMX (cpuinfo),
+    # whatever set is forced, and oneDNN capped below AMX then fails to build it once a bf16 matmul has run
+    # ("could not create a primitive descriptor for the matmul primitive"). A CPU of the forced set has no
+    # AMX: torch takes its emulated float8 matmul there, and here too.
+    _scaled_mm = torch._scaled_mm
+
+    def _scaled_mm_of_the_forced_set(*args, **kwargs):
+        enabled = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False  # torch's emulated float8 matmul
+        try:
+            return _scaled_mm(*args, **kwargs)
+        finally:
+            torch.backends.mkldnn.enabled = enabled
+
+    torch._scaled_mm = _scaled_mm_of_the_forced_set
+
 import fastlm  # noqa: E402,F401  (sets offline/telemetry defaults before any HF import)
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer  # noqa: E402
 from tests.support import background  # noqa: E402

@@ -9,9 +9,32 @@ import pytest
 import torch
 
 from fastlm.engine.runtime import float8
+from tests.support.tolerances import BF16_VS_FP32
 from tests.support.toy_training import run_toy, toy_model, toy_params
 
 torchao = pytest.importorskip("torchao")
+
+
+@pytest.mark.kernels
+def test_the_cpu_float8_matmul_runs_after_bf16_autocast_matmuls_under_any_kernel_set():
+    # torch picks oneDNN's float8 matmul from the CPU itself (AMX), not from the kernel set: under a set
+    # forced below this CPU's, a bf16 autocast matmul earlier in the process left oneDNN unable to build
+    # the float8 one ("could not create a primitive descriptor for the matmul primitive"), and every CPU
+    # float8 test after it failed. A CPU of that set takes torch's emulated float8 matmul, which the
+    # forced sets take too (tests/conftest.py).
+    generator = torch.Generator().manual_seed(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.nn.functional.linear(
+            torch.randn(8, 64, generator=generator), torch.randn(32, 64, generator=generator)
+        )
+    a = torch.randn(32, 64, generator=generator).to(torch.float8_e4m3fn)
+    b = torch.randn(48, 64, generator=generator).to(torch.float8_e4m3fn)
+    scale_a, scale_b = torch.tensor(0.5), torch.tensor(2.0)
+    out = torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    # float8 operands are exact in fp32: the fp32 product differs only by its order of sums and the one
+    # rounding of the output to bf16
+    reference = (a.float() * scale_a) @ (b.float() * scale_b).t()
+    torch.testing.assert_close(out.float(), reference.to(torch.bfloat16).float(), **BF16_VS_FP32)
 
 
 def test_the_probes_swap_keeps_the_parameters_the_optimizer_was_made_with():
