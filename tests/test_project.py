@@ -48,6 +48,20 @@ def scorers_after_the_pipelines_are_built(folder: Path) -> str:
     return _python(code, folder)
 
 
+def adapter_packages_of_a_training_worker(folder: Path) -> str:
+    """peft and bitsandbytes in a process that has imported what a training worker runs and built every
+    pipeline, as each `kedro run` and each worker starts (a job of tests/support/background.py)."""
+    code = (
+        "import sys\n"
+        "import fastlm.engine.launch.job\n"
+        "from kedro.framework.project import configure_project, pipelines\n"
+        "configure_project('fastlm')\n"
+        "assert 'train' in pipelines\n"
+        "print(sorted(m for m in ('peft', 'bitsandbytes') if m in sys.modules))"
+    )
+    return _python(code, folder)
+
+
 def telemetry_after_kedro_startup(folder: Path) -> str:
     """MLflow's telemetry client, DO_NOT_TRACK and HF_HUB_OFFLINE once Kedro's CLI plugins are loaded (a job
     of tests/support/background.py)."""
@@ -78,6 +92,13 @@ def test_engine_and_corpus_never_import_kedro():
 @pytest.mark.background(job=scorers_after_the_pipelines_are_built)
 def test_kedro_start_up_leaves_rouge_to_the_report_that_scores():
     assert background.result(scorers_after_the_pipelines_are_built) == "[]"
+
+
+@pytest.mark.background(job=adapter_packages_of_a_training_worker)
+def test_a_full_fine_tunes_processes_leave_peft_and_bitsandbytes_to_adapter_runs():
+    # about a second of each worker's and each `kedro run`'s start-up: NEFTune's module imported
+    # transformers' Trainer utilities, and they peft and bitsandbytes
+    assert background.result(adapter_packages_of_a_training_worker) == "[]"
 
 
 @pytest.mark.background(job=telemetry_after_kedro_startup)

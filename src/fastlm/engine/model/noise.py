@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from transformers.integrations.neftune import activate_neftune, deactivate_neftune
 
 
 def add_neftune(model: torch.nn.Module, alpha: float) -> Callable[[], None]:
     """Noise of scale ``alpha`` on ``model``'s input embeddings while it trains; returns what removes it."""
+    # imported here: transformers' module brings the Trainer's utilities, and with them peft and
+    # bitsandbytes, into every process that trains, noise or not
+    from transformers.integrations.neftune import activate_neftune, deactivate_neftune
+
     handle = activate_neftune(model, alpha)
     return lambda: deactivate_neftune(model, handle)
