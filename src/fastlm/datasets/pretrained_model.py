@@ -66,12 +66,14 @@ class PretrainedModelDataset(AbstractDataset):
 
     def save(self, data: dict) -> None:
         def write(folder: Path) -> None:
-            data["model"].save_pretrained(str(folder), safe_serialization=True)
-            data["tokenizer"].save_pretrained(str(folder))
-            if hasattr(data["model"], "peft_config"):  # a LoRA adapter: which base weights it was trained on
-                from fastlm.engine.model.lora import write_base_digest
+            if hasattr(data["model"], "peft_config"):  # a LoRA adapter, and the base weights it is for
+                from fastlm.engine.model.lora import save_adapter, write_base_digest
 
+                save_adapter(data["model"], folder)
                 write_base_digest(data["model"], folder)
+            else:
+                data["model"].save_pretrained(str(folder), safe_serialization=True)
+            data["tokenizer"].save_pretrained(str(folder))
             if data.get("training_data") is not None:
                 record = json.dumps(data["training_data"], indent=2)
                 (folder / TRAINING_DATA).write_text(record, encoding="utf-8")

@@ -71,6 +71,35 @@ class LoraParams(Params):
         "computed in one step: the input and its adapters read once, their input gradients summed inside the "
         "matmuls (engine/model/lora_forward.py); false: each layer on its own",
     )
+    init: str = Field(  # after load_in_4bit and use_dora: its check reads them
+        "default",
+        description="the adapters' initial weights (peft's init_lora_weights): default (A random, "
+        "B zero), gaussian (A normal), pissa (A and B the top r singular directions of each adapted "
+        "weight, the base keeping the rest: PiSSA, a full SVD of each weight at build), pissa_niter_<n> "
+        "(PiSSA through a seeded randomized SVD of n iterations: quick on large weights), olora (a QR "
+        "decomposition: OLoRA). PiSSA and OLoRA train over a changed base; the adapter saved is converted "
+        "into a plain LoRA of rank 2 r for the unchanged base (peft's conversion)",
+    )
+
+    @field_validator("init")
+    @classmethod
+    def _known_init(cls, value: str, info: ValidationInfo) -> str:
+        if not re.fullmatch(r"default|gaussian|pissa|olora|pissa_niter_[1-9][0-9]*", value):
+            raise ValueError("must be default, gaussian, pissa, pissa_niter_<n> (n >= 1) or olora")
+        if value in ("default", "gaussian"):
+            return value
+        if info.data.get("load_in_4bit"):
+            raise ValueError(
+                f"{value} moves part of each weight into the adapters, and a 4-bit base rounds what is left "
+                "again: the adapter saved for the unchanged base would not give the trained model; use "
+                "default or gaussian with load_in_4bit, or this init on a 16- or 32-bit base"
+            )
+        if info.data.get("use_dora"):
+            raise ValueError(
+                f"{value} with use_dora: peft's conversion into an adapter for the unchanged base keeps no "
+                "DoRA magnitudes; use default or gaussian with DoRA"
+            )
+        return value
 
     @model_validator(mode="after")
     def _loraplus_needs_lora(self):

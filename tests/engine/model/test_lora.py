@@ -4,6 +4,7 @@ completion-only packed path is kept, checkpoints resume, the adapter saves and m
 import io
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from fastlm.engine.train.optim import make_adamw
 from fastlm.errors import ConfigError, find_user_error
 from tests.support.packages import hide_package
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
-from tests.support.tolerances import MERGED_ADAPTER_ATOL
+from tests.support.tolerances import MERGED_ADAPTER_ATOL, OTHER_FP32_MODEL
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
@@ -264,6 +265,70 @@ def test_dora_with_rslora_and_loraplus_trains_saves_and_merges_to_the_same_logit
     assert_merges_to_the_unmerged_logits(out, pairs)
 
 
+@pytest.mark.parametrize(("init", "rslora"), [("pissa", False), ("pissa_niter_2", False), ("olora", True)])
+def test_pissa_and_olora_start_at_the_bases_function_and_save_a_lora_for_the_unchanged_base(
+    tmp_path, base_dir, tokenizer, pairs, init, rslora
+):
+    """PiSSA and OLoRA move the weight's principal part into the adapters (the base keeps the rest), so the
+    model starts at the base's function with B non-zero; the saved adapter is their trained difference as a
+    plain LoRA of twice the rank (peft's conversion: [A | A0], [B | -B0]) for the base folder's own weights,
+    and a rebuilt model (a resume, the launcher's parent) derives the same residual base."""
+    from transformers import AutoModelForCausalLM
+
+    params = train_params(
+        tmp_path,
+        base_dir,
+        model=model_params(base_dir, init=init, use_rslora=rslora),
+        max_steps=6,
+        save_every=3,
+    )
+    model = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    base = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True).eval()
+    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+    b_matrices = [p for name, p in model.named_parameters() if "lora_B" in name]
+    assert len(b_matrices) == 2 * 7 and all(p.abs().sum() > 0 for p in b_matrices)
+    with torch.no_grad():  # W_res + s B0 A0 against W: the subtraction and the adapters' product round
+        start = model.eval()(input_ids=ids).logits
+        torch.testing.assert_close(start, base(input_ids=ids).logits, **OTHER_FP32_MODEL)
+    result = run_train(params, tokenizer, pairs, model=model.train())
+    losses = [record["loss"] for record in result.history]
+    assert losses[-1] < losses[0], losses
+
+    out = tmp_path / "adapter"
+    lora.save_adapter(result.model, out)
+    config = json.loads((out / "adapter_config.json").read_text())
+    # twice the rank at the same scaling: alpha / r, or alpha / sqrt(r) rank-stabilized
+    alpha = 8 * math.sqrt(2) if rslora else 16
+    assert (config["r"], config["init_lora_weights"]) == (8, True) and config["lora_alpha"] == pytest.approx(
+        alpha
+    )
+    merged = lora.merge_adapter(out).eval()  # onto the base folder's weights, not the residual ones
+    with torch.no_grad():
+        trained = result.model.eval()(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, trained, rtol=0, atol=MERGED_ADAPTER_ATOL)
+        assert not torch.allclose(trained, start, atol=MERGED_ADAPTER_ATOL)  # it did something
+
+    rebuilt = build_model(params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    residual = {n: p for n, p in result.model.named_parameters() if "base_layer" in n}
+    assert len(residual) == 2 * 7
+    for name, p in rebuilt.named_parameters():
+        if name in residual:  # the same computation (the decomposition of the same weight) run twice
+            assert torch.equal(p, residual[name]), name
+
+
+def test_pissa_and_olora_are_refused_where_the_saved_adapter_could_not_reproduce_the_run(base_dir):
+    for lora_settings, reason in [
+        ({"init": "pissa", "load_in_4bit": True}, "4-bit"),
+        ({"init": "olora", "use_dora": True}, "DoRA"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            parse_train_params({"model": model_params(base_dir, **lora_settings)})
+        message = str(caught.value)
+        assert "train.model.lora.init" in message and reason in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"train\.model\.lora\.init.*pissa_niter_<n>"):
+        parse_train_params({"model": model_params(base_dir, init="pisa")})
+
+
 def test_the_adapter_is_described_as_configured():
     from fastlm.engine.config import LoraParams
 
@@ -273,6 +338,9 @@ def test_the_adapter_is_described_as_configured():
             LoraParams(enabled=True, use_dora=True, use_rslora=True, loraplus_lr_ratio=16, load_in_4bit=True)
         )
         == "QDoRA (r 16, alpha 32, rank-stabilized scaling, B at 16x the rate, NF4 base)"
+    )
+    assert lora.adapter_description(LoraParams(enabled=True, init="pissa_niter_4")) == (
+        "LoRA (r 16, alpha 32, pissa_niter_4 init)"
     )
 
 

@@ -33,10 +33,12 @@ base weights and returns a plain transformers model (``save_pretrained`` it for 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
 import logging
+import math
 import re
 import warnings
 from pathlib import Path
@@ -261,9 +263,11 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         modules_to_save=lora.modules_to_save,
         use_rslora=lora.use_rslora,
         use_dora=lora.use_dora,
+        init_lora_weights={"default": True}.get(lora.init, lora.init),
     )
     try:
-        peft_model = get_peft_model(model, config)
+        with _seeded_decomposition(lora.init):
+            peft_model = get_peft_model(model, config)
     except ValueError as error:  # e.g. target modules not found in the model
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ConfigError(
@@ -273,6 +277,8 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
+    if moves_base_weights(lora):
+        _remember_initial_adapters(peft_model)
     if lora.fused_forward:
         from fastlm.engine.model.lora_forward import fuse_lora_forward, group_shared_inputs
 
@@ -283,6 +289,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
     kind = "DoRA" if lora.use_dora else "LoRA"
     kind += " (rank-stabilized: alpha / sqrt(r))" if lora.use_rslora else ""
+    kind += f" ({INIT_NAMES[lora.init.split('_niter_')[0]]} init)" if lora.init != "default" else ""
     log.info(
         "%s r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)",
         kind,
@@ -295,6 +302,73 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         100 * counts["trainable_share"],
     )
     return peft_model
+
+
+INIT_NAMES = {"gaussian": "Gaussian", "pissa": "PiSSA", "olora": "OLoRA"}
+_INITIAL = (
+    "_fastlm_initial_adapters"  # PiSSA's / OLoRA's initial A and B, kept on the model until it is saved
+)
+
+
+def moves_base_weights(lora: LoraParams) -> bool:
+    """PiSSA and OLoRA move each weight's principal part into the adapters: the base trains changed."""
+    return lora.init not in ("default", "gaussian")
+
+
+@contextlib.contextmanager
+def _seeded_decomposition(init: str):
+    """A randomized SVD (``pissa_niter_<n>``) drawn from a fixed seed, the caller's random state kept: every
+    process that builds the model (the workers, the launcher's parent, a resume) derives the same residual
+    base. The other inits are exact decompositions, or random adapters that the trained ones replace."""
+    if "_niter_" not in init:
+        yield
+        return
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        yield
+
+
+def _remember_initial_adapters(peft_model) -> None:
+    from peft import get_peft_model_state_dict
+
+    initial = {
+        name: tensor.detach().to("cpu", copy=True)
+        for name, tensor in get_peft_model_state_dict(peft_model).items()
+        if ".lora_A." in name or ".lora_B." in name
+    }
+    object.__setattr__(peft_model, _INITIAL, initial)
+
+
+def save_adapter(peft_model, folder: str | Path) -> None:
+    """``save_pretrained`` the adapter into ``folder``; a PiSSA or OLoRA adapter as its trained difference,
+    a plain LoRA of rank 2 r for the unchanged base (peft's conversion: ``W_res + s B A = W + s [B | -B0]
+    [A ; A0]``, alpha doubled, or times sqrt(2) when rank-stabilized), its other trained weights as they
+    are."""
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(folder)
+    peft_model.save_pretrained(str(folder), safe_serialization=True)
+    initial = peft_model.__dict__.get(_INITIAL)
+    if initial is None:
+        return
+    weights = folder / "adapter_model.safetensors"
+    trained = load_file(weights)
+    if set(initial) - set(trained):
+        raise RuntimeError(f"the saved adapter lacks {sorted(set(initial) - set(trained))[:3]}")
+    for name, start in initial.items():
+        if ".lora_A." in name:
+            trained[name] = torch.cat([trained[name], start.to(trained[name].dtype)], dim=0).contiguous()
+        else:
+            trained[name] = torch.cat([trained[name], -start.to(trained[name].dtype)], dim=1).contiguous()
+    save_file(trained, weights, metadata={"format": "pt"})
+    path = folder / "adapter_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise RuntimeError("a PiSSA or OLoRA adapter with per-module ranks has no conversion here")
+    config["r"] *= 2
+    config["lora_alpha"] *= math.sqrt(2) if config.get("use_rslora") else 2
+    config["init_lora_weights"] = True
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def prepare_quantized(model) -> None:
@@ -325,6 +399,8 @@ def adapter_description(lora: LoraParams) -> str:
     parts = [f"r {lora.r}", f"alpha {lora.alpha:g}"]
     if lora.use_rslora:
         parts.append("rank-stabilized scaling")
+    if lora.init != "default":
+        parts.append(f"{lora.init} init")
     if lora.loraplus_lr_ratio is not None:
         parts.append(f"B at {lora.loraplus_lr_ratio:g}x the rate")
     if lora.load_in_4bit:
