@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -265,6 +266,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         use_dora=lora.use_dora,
         init_lora_weights={"default": True}.get(lora.init, lora.init),
     )
+    started = time.perf_counter()
     try:
         with _seeded_decomposition(lora.init):
             peft_model = get_peft_model(model, config)
@@ -279,6 +281,14 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
             parameter.data = parameter.data.float()
     if moves_base_weights(lora):
         _remember_initial_adapters(peft_model)
+        log.info(
+            "%s init: the adapted weights decomposed in %.1f s (in every process that builds the model)%s",
+            INIT_NAMES[lora.init.split("_niter_")[0]],
+            time.perf_counter() - started,
+            "; pissa_niter_<n> draws a randomized SVD, far quicker on large weights"
+            if lora.init == "pissa"
+            else "",
+        )
     if lora.fused_forward:
         from fastlm.engine.model.lora_forward import fuse_lora_forward, group_shared_inputs
 
