@@ -204,3 +204,32 @@ def test_a_run_saved_after_an_oom_backoff_resumes_with_the_micro_batch_it_was_sa
     assert resumed.summary["resumed_from_step"] == 2 and resumed.summary["oom_backoffs"] == []
     assert max(seen) <= 2  # no second out-of-memory attempt with the configured 8 rows
     assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]
+
+
+def test_a_lora_checkpoint_written_before_the_init_setting_resumes_and_another_init_starts_fresh(tmp_path):
+    # PiSSA and OLoRA train over a changed base, which no checkpoint holds: adapters trained over one init's
+    # base are no adapters for another's. A run at an init that leaves the base alone matches a checkpoint
+    # written before the setting existed (its digest has no init).
+    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+
+    def digest(**lora):
+        params = toy_params(tmp_path, **BASE)
+        model = params.model.model_copy(
+            update={"lora": params.model.lora.model_copy(update={"enabled": True, **lora})}
+        )
+        return run_digest(
+            toy_model(),
+            params.model_copy(update={"model": model}),
+            max_length=64,
+            data="d",
+            world_size=1,
+            sharded=False,
+        )
+
+    default = digest()
+    assert "init" not in default["model.lora"]
+    assert digest(init="gaussian") == default  # other initial adapters, the same base: the trained ones load
+    for init in ("pissa", "pissa_niter_4", "olora"):
+        differences = digest_differences(default, digest(init=init))
+        assert [line.split(" ")[0] for line in differences] == ["model.lora"]
+    assert digest(init="pissa") != digest(init="pissa_niter_4")

@@ -7,7 +7,8 @@ digest (:func:`run_digest`) records, as readable fields:
   parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings
   but ``base_dtype``, ``fused_forward`` and ``shared_input``, which change no weight or data position, and
   ``use_rslora`` / ``use_dora`` / ``loraplus_lr_ratio`` where off, as checkpoints written before they
-  existed hold them),
+  existed hold them, and ``init`` where it leaves the base weights alone: PiSSA's and OLoRA's train over a
+  base they changed, rebuilt at resume from the setting),
   ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
   ``data.fold`` (``train.fold`` of k-fold runs);
@@ -67,7 +68,10 @@ _LORA_ADDED_OFF = ("use_rslora", "use_dora", "loraplus_lr_ratio")
 
 
 def _lora_defaults_added(lora) -> set[str]:
-    return {name for name in _LORA_ADDED_OFF if getattr(lora, name) in (False, None)}
+    off = {name for name in _LORA_ADDED_OFF if getattr(lora, name) in (False, None)}
+    # the adapters' initial weights: the trained ones replace them, unless the init also changed the base
+    # (PiSSA, OLoRA: the base they trained over is rebuilt from it, and no checkpoint holds it)
+    return off | ({"init"} if lora.init in ("default", "gaussian") else set())
 
 
 def run_digest(
