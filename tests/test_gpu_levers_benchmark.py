@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import background
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TINY = ["--hidden", "32", "--layers", "2", "--heads", "4", "--intermediate", "64", "--vocab", "512"]
 TINY += ["--rows", "2", "--seq-len", "64"]
@@ -27,18 +29,26 @@ def levers(monkeypatch):
     return gpu_levers
 
 
-def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason(tmp_path):
-    out = tmp_path / "levers.json"
-    chosen = ["fused_linear", "checkpointing_full", "compile_layers", "liger", "fused_linear_liger", "qlora"]
-    chosen += ["float8", "cuda_graphs", "dora"]
-    shown = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_levers.py"), "--device", "cpu", *TINY, "--levers", *chosen]
-        + ["--json", str(out), "--parallel", "2"],
-        capture_output=True,
-        text=True,
+CPU_LEVERS = ["fused_linear", "checkpointing_full", "compile_layers", "liger", "fused_linear_liger", "qlora"]
+CPU_LEVERS += ["float8", "cuda_graphs", "dora"]
+
+
+def cpu_lever_matrix(folder: Path) -> subprocess.CompletedProcess:
+    """The lever matrix on CPU, two levers at once, its JSON in ``folder`` (a job of
+    tests/support/background.py)."""
+    return background.run(
+        [sys.executable, str(BENCHMARKS / "gpu_levers.py"), "--device", "cpu", *TINY, "--levers", *CPU_LEVERS]
+        + ["--json", str(folder / "levers.json"), "--parallel", "2"],
+        cwd=folder,
         timeout=240,
-        check=True,
-    ).stdout
+    )
+
+
+@pytest.mark.background(job=cpu_lever_matrix)
+def test_cpu_matrix_passes_the_cpu_levers_and_skips_the_gpu_ones_with_the_reason():
+    done = background.result(cpu_lever_matrix)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out, shown, chosen = Path(done.args[done.args.index("--json") + 1]), done.stdout, CPU_LEVERS
     rows = {row["lever"]: row for row in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["baseline", *chosen]  # the baseline first, always
     baseline = rows["baseline"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import background
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 ADAPTERS = [
     "fastlm_lora",
@@ -184,42 +186,55 @@ def test_a_child_process_measures_its_own_peak_not_the_parents_high_water_mark()
     assert 0 < child["rss_mb"] <= child["peak_mb"] < 512
 
 
-def _cpu_run(out: Path, contenders: list[str], *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+DEMO_CONTENDERS = ["fastlm_lora", "fastlm_lora_unfused", "trainer_lora_best", "fastlm_lora_own_head"]
+REVIEWS_CONTENDERS = [
+    "fastlm_lora",
+    "fastlm_lora_peft_forward",
+    "trainer_qlora_usual",
+    "fastlm_qlora_peft_forward",
+    "trl_qlora_best",
+]
+
+
+def _cpu_run(folder: Path, contenders: list[str], *extra: str) -> subprocess.CompletedProcess:
+    return background.run(
         [
             sys.executable,
             str(BENCHMARKS / "gpu_speed.py"),
             *("--device", "cpu", "--model", "tiny", "--layers", "1", "--seq-len", "64", "--batch-size", "2"),
             *("--steps", "1", "--warmup", "1", "--compile", "off", "--fused-linear", "on", "--threads", "1"),
             *("--padding-free", "on", "--checkpointing", "full", "--budget-s", "600", "--no-profile"),
-            *("--json", str(out), *extra, "--contenders", *contenders),
+            *("--json", str(folder / "run.json"), *extra, "--contenders", *contenders),
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        cwd=folder,
+        timeout=600,
     )
 
 
-def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(tmp_path, gpu_speed):
-    # two runs at once (one torch thread each): the demo documents, and one short review per document
-    contenders = ["fastlm_lora", "fastlm_lora_unfused", "trainer_lora_best", "fastlm_lora_own_head"]
-    on_reviews = [
-        "fastlm_lora",
-        "fastlm_lora_peft_forward",
-        "trainer_qlora_usual",
-        "fastlm_qlora_peft_forward",
-        "trl_qlora_best",
-    ]
-    demo = _cpu_run(tmp_path / "demo.json", [*contenders, "fastlm_eager", "trl_lora_best"])
-    reviews = _cpu_run(
-        tmp_path / "reviews.json",
-        on_reviews,
-        *("--texts", "reviews", "--docs", "300", "--seq-len", "256", "--accumulation", "2"),
-    )
-    shown, shown_reviews = (run.communicate(timeout=600) for run in (demo, reviews))
-    assert demo.returncode == 0, shown[0][-3000:] + shown[1][-3000:]
-    assert reviews.returncode == 0, shown_reviews[0][-3000:] + shown_reviews[1][-3000:]
-    runs = json.loads((tmp_path / "demo.json").read_text())["runs"]
+def cpu_run_on_demo_documents(folder: Path) -> subprocess.CompletedProcess:
+    """A CPU run of the demo documents, one torch thread (a job of tests/support/background.py)."""
+    return _cpu_run(folder, [*DEMO_CONTENDERS, "fastlm_eager", "trl_lora_best"])
+
+
+def cpu_run_on_reviews(folder: Path) -> subprocess.CompletedProcess:
+    """A CPU run of one short review per document (a job of tests/support/background.py)."""
+    extra = ("--texts", "reviews", "--docs", "300", "--seq-len", "256", "--accumulation", "2")
+    return _cpu_run(folder, REVIEWS_CONTENDERS, *extra)
+
+
+def _json_of(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(Path(done.args[done.args.index("--json") + 1]).read_text())
+
+
+@pytest.mark.background(job=cpu_run_on_demo_documents)
+@pytest.mark.background(job=cpu_run_on_reviews)
+def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_ratios(gpu_speed):
+    # the demo documents, and one short review per document: two runs beside the other tests
+    contenders, on_reviews = DEMO_CONTENDERS, REVIEWS_CONTENDERS
+    demo, reviews = background.result(cpu_run_on_demo_documents), background.result(cpu_run_on_reviews)
+    shown, shown_reviews = (demo.stdout, demo.stderr), (reviews.stdout, reviews.stderr)
+    runs = _json_of(demo)["runs"]
     for name in contenders[:3]:
         memory = runs[name]["cpu_memory"]
         assert memory["rss_loaded_mb"] > 0 and memory["peak_rss_mb"] >= memory["rss_loaded_mb"]
@@ -269,7 +284,7 @@ def test_a_cpu_run_prints_resident_memory_for_each_contender_and_the_memory_rati
     assert "fastlm_lora / trl_lora_best: " in text
 
     # the reviews: one short text per document, the real reviews' length profile (about 19 tokens)
-    result = json.loads((tmp_path / "reviews.json").read_text())
+    result = _json_of(reviews)
     runs, text = result["runs"], shown_reviews[0]
     assert result["data"]["texts"] == "reviews" and 10 <= result["data"]["tokens_median"] <= 30
     assert "documents of short texts with real reviews' lengths" in text
