@@ -3,34 +3,38 @@ fewer activations for backward than peft's forward and peft's 4-bit preparation 
 to show on the 3B shape)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import background
-
 pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "adapter_activations.py"
 
 
-def activations_of_the_tiny_shape(folder: Path) -> subprocess.CompletedProcess:
-    """The benchmark on the tiny shape, its JSON in ``folder`` (a job of tests/support/background.py)."""
-    args = ["--model", "tiny", "--tokens", "64", "--steps", "1", "--json", str(folder / "activations.json")]
-    return background.run(
-        [sys.executable, str(BENCHMARK), *args],
-        cwd=folder,
+def test_fastlm_keeps_fewer_activations_than_peft_forward_and_preparation(tmp_path):
+    out = tmp_path / "activations.json"
+    shown = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARK),
+            "--model",
+            "tiny",
+            "--tokens",
+            "64",
+            "--steps",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
         timeout=300,
-        env=background.environ(DO_NOT_TRACK="true"),
+        env={**os.environ, "DO_NOT_TRACK": "true"},
     )
-
-
-@pytest.mark.background(job=activations_of_the_tiny_shape)
-def test_fastlm_keeps_fewer_activations_than_peft_forward_and_preparation():
-    shown = background.result(activations_of_the_tiny_shape)
-    out = Path(shown.args[shown.args.index("--json") + 1])
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
     figures = json.loads(out.read_text())
     saved = {run["setup"]: run["saved_mib"] for run in figures["runs"]}

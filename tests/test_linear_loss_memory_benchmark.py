@@ -11,28 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import background
 from tests.support.tolerances import reordered_sum_rtol
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "linear_loss_memory.py"
 TOKENS, VOCAB = 256, 4096
 
 
-def chunk_sizes_and_blocks(folder: Path) -> subprocess.CompletedProcess:
-    """The plain and fused heads, at the chunk size and vocabulary blocks asked for (a job of
-    tests/support/background.py)."""
-    args = ["--tokens", str(TOKENS), "--vocab", str(VOCAB), "--hidden", "32", "--threads", "1"]
-    args += ["--chunk-tokens", "64", "--vocab-blocks", "1000"]
-    return background.run(
-        [sys.executable, str(SCRIPT), *args, "--json", str(folder / "figures.json")], cwd=folder, timeout=300
-    )
-
-
 @pytest.mark.kernels  # the fused and the plain loss are two computations, compared with a tolerance
-@pytest.mark.background(job=chunk_sizes_and_blocks)
-def test_the_benchmark_measures_each_path_and_chunk_size_with_the_same_loss():
-    shown = background.result(chunk_sizes_and_blocks)
-    out = Path(shown.args[shown.args.index("--json") + 1])
+def test_the_benchmark_measures_each_path_and_chunk_size_with_the_same_loss(tmp_path):
+    out = tmp_path / "figures.json"
+    shown = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tokens", str(TOKENS), "--vocab", str(VOCAB), "--hidden", "32"]
+        + ["--threads", "1", "--chunk-tokens", "64", "--vocab-blocks", "1000", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"plain", "fused", "fused@64", "blocks@1000"}
@@ -43,24 +37,20 @@ def test_the_benchmark_measures_each_path_and_chunk_size_with_the_same_loss():
     assert "fused@64" in shown.stdout and "memory: plain / fused" in shown.stdout
 
 
-def heads_under_bf16(folder: Path) -> subprocess.CompletedProcess:
-    """Both heads under bf16 autocast (a job of tests/support/background.py)."""
-    args = ["--tokens", str(TOKENS), "--vocab", str(VOCAB), "--hidden", "32", "--threads", "1"]
-    args += ["--precision", "bf16"]
-    return background.run(
-        [sys.executable, str(SCRIPT), *args, "--json", str(folder / "figures.json")], cwd=folder, timeout=300
-    )
-
-
 @pytest.mark.kernels  # bf16 products on both sides, compared with bf16's tolerance
-@pytest.mark.background(job=heads_under_bf16)
-def test_under_bf16_the_benchmark_runs_both_heads_under_autocast():
+def test_under_bf16_the_benchmark_runs_both_heads_under_autocast(tmp_path):
     """``--precision bf16``: a mixed-precision full fine-tune's head (fp32 weights, bf16 autocast), the fused
     path's weight gradient by vocabulary blocks; both losses within bf16's rounding of the products."""
     from tests.support.tolerances import BF16_VS_FP32
 
-    shown = background.result(heads_under_bf16)
-    out = Path(shown.args[shown.args.index("--json") + 1])
+    out = tmp_path / "figures.json"
+    shown = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tokens", str(TOKENS), "--vocab", str(VOCAB), "--hidden", "32"]
+        + ["--threads", "1", "--precision", "bf16", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     figures = json.loads(out.read_text())
     assert figures["args"]["precision"] == "bf16" and set(figures["results"]) == {"plain", "fused"}
@@ -69,21 +59,17 @@ def test_under_bf16_the_benchmark_runs_both_heads_under_autocast():
     assert "bf16 autocast, fp32 weights" in shown.stdout and "by blocks of" in shown.stdout
 
 
-def gpu_kernels_on_a_cpu(folder: Path) -> subprocess.CompletedProcess:
-    """The GPU kernels asked for on a CPU (a job of tests/support/background.py)."""
-    args = ["--tokens", "64", "--vocab", "512", "--hidden", "16", "--threads", "1"]
-    args += ["--kernels", "liger", "cce"]
-    return background.run(
-        [sys.executable, str(SCRIPT), *args, "--json", str(folder / "figures.json")], cwd=folder, timeout=300
-    )
-
-
-@pytest.mark.background(job=gpu_kernels_on_a_cpu)
-def test_the_gpu_kernels_are_skipped_with_their_reason_where_they_cannot_run():
+def test_the_gpu_kernels_are_skipped_with_their_reason_where_they_cannot_run(tmp_path):
     """``--kernels liger cce`` (the GPU session's head_kernels step) on a CPU: each kernel reported as
     skipped with why, ours and the plain head measured, exit 0; an fp32 run says why cce cannot run."""
-    shown = background.result(gpu_kernels_on_a_cpu)
-    out = Path(shown.args[shown.args.index("--json") + 1])
+    out = tmp_path / "figures.json"
+    shown = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tokens", "64", "--vocab", "512", "--hidden", "16", "--threads", "1"]
+        + ["--kernels", "liger", "cce", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     figures = json.loads(out.read_text())
     assert set(figures["results"]) == {"plain", "fused"}

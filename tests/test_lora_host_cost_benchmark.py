@@ -7,23 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.support import background
-
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "lora_host_cost.py"
 
 
-def host_cost_of_two_layers(folder: Path) -> subprocess.CompletedProcess:
-    """The benchmark on 2 layers, its JSON in ``folder`` (a job of tests/support/background.py)."""
-    args = ["--layers", "2", "--steps", "1", "--json", str(folder / "host.json")]
-    return background.run([sys.executable, str(BENCHMARK), *args], cwd=folder, timeout=300)
-
-
-@pytest.mark.background(job=host_cost_of_two_layers)
-def test_the_groups_dispatch_fewer_ops_than_each_layer_alone_and_peft():
-    shown = background.result(host_cost_of_two_layers)
-    out = Path(shown.args[shown.args.index("--json") + 1])
+def test_the_groups_dispatch_fewer_ops_than_each_layer_alone_and_peft(tmp_path):
+    out = tmp_path / "host.json"
+    shown = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--layers", "2", "--steps", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert list(runs) == ["fp32", "bf16 autocast"]
