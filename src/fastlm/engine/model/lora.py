@@ -333,7 +333,8 @@ def _seeded_decomposition(init: str):
     if "_niter_" not in init:
         yield
         return
-    with torch.random.fork_rng():
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []  # this process's GPU alone
+    with torch.random.fork_rng(devices=devices):
         torch.manual_seed(0)
         yield
 
