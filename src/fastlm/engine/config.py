@@ -11,6 +11,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from fastlm.validation import Params, parse_params
 
 SOURCE = "conf/base/parameters_train.yml"
+# LoRA inits that leave the base weights alone (the others, PiSSA's and OLoRA's, move part of them into the
+# adapters)
+BASE_KEEPING_INITS = ("default", "gaussian")
 
 
 class LoraParams(Params):
@@ -86,7 +89,7 @@ class LoraParams(Params):
     def _known_init(cls, value: str, info: ValidationInfo) -> str:
         if not re.fullmatch(r"default|gaussian|pissa|olora|pissa_niter_[1-9][0-9]*", value):
             raise ValueError("must be default, gaussian, pissa, pissa_niter_<n> (n >= 1) or olora")
-        if value in ("default", "gaussian"):
+        if value in BASE_KEEPING_INITS:
             return value
         if info.data.get("load_in_4bit"):
             raise ValueError(

@@ -45,7 +45,7 @@ from fastlm.engine.checkpoint.discovery import complete_checkpoints, resolve_res
 from fastlm.engine.checkpoint.files import move_aside
 from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.loading import read_header
-from fastlm.engine.config import TrainParams
+from fastlm.engine.config import BASE_KEEPING_INITS, TrainParams
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _lora_defaults_added(lora) -> set[str]:
     off = {name for name in _LORA_ADDED_OFF if getattr(lora, name) in (False, None)}
     # the adapters' initial weights: the trained ones replace them, unless the init also changed the base
     # (PiSSA, OLoRA: the base they trained over is rebuilt from it, and no checkpoint holds it)
-    return off | ({"init"} if lora.init in ("default", "gaussian") else set())
+    return off | ({"init"} if lora.init in BASE_KEEPING_INITS else set())
 
 
 def run_digest(

@@ -322,7 +322,7 @@ _INITIAL = (
 
 def moves_base_weights(lora: LoraParams) -> bool:
     """PiSSA and OLoRA move each weight's principal part into the adapters: the base trains changed."""
-    return lora.init not in ("default", "gaussian")
+    return lora.init not in engine_config.BASE_KEEPING_INITS
 
 
 @contextlib.contextmanager
