@@ -4,6 +4,7 @@ inductor's caches off, so that neither reuses the other's compiled code.
 
     python benchmarks/compile_scope.py                         # 24 layers of hidden 256, 8 rows of 256 tokens
     python benchmarks/compile_scope.py --layers 2 --hidden 64 --seq-len 64 --steps 2   # a smoke run
+    python benchmarks/compile_scope.py --backend aot_eager     # dynamo + AOTAutograd, no inductor kernels
     python benchmarks/compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000 \
         --seq-len 2048 --steps 10                      # GPU: the 0.73 B Llama of gpu_speed.py --model 0.5b
 
@@ -52,7 +53,7 @@ def child(args: argparse.Namespace) -> dict:
     model = LlamaForCausalLM(config).to(device)
     bf16 = device.type == "cuda" or cpu_has_native_bf16()
     started = time.perf_counter()
-    run = compile_in_scope(model, args.run)
+    run = compile_in_scope(model, args.run, backend=args.backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, args.vocab, (args.rows, args.seq_len), generator=torch.Generator().manual_seed(1))
     ids = ids.to(device)
@@ -86,6 +87,7 @@ def child(args: argparse.Namespace) -> dict:
         "tokens_per_s": args.rows * args.seq_len / seconds,
         "last_loss": float(loss),
         "precision": "bf16" if bf16 else "fp32",
+        "backend": args.backend,
         "device": str(device),
         "torch": torch.__version__,
     }
@@ -103,6 +105,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=8, help="timed steps after the first two (default 8)")
+    parser.add_argument(
+        "--backend",
+        choices=("inductor", "aot_eager"),
+        default="inductor",
+        help="torch.compile's backend (default inductor, what runs train with; aot_eager: the tracing alone)",
+    )
     parser.add_argument("--run", choices=("model", "layers"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None, help="write both results to this JSON file")
     args = parser.parse_args(argv)
@@ -120,7 +128,7 @@ def main(argv=None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
     names = ("layers", "hidden", "heads", "vocab", "rows") + (("intermediate",) if args.intermediate else ())
     shape = [f"--{k}={getattr(args, k)}" for k in names]
-    shape += [f"--seq-len={args.seq_len}", f"--steps={args.steps}"]
+    shape += [f"--seq-len={args.seq_len}", f"--steps={args.steps}", f"--backend={args.backend}"]
     results = {}
     for scope in ("model", "layers"):
         done = subprocess.run(
@@ -135,7 +143,7 @@ def main(argv=None) -> int:
     print(
         f"Llama {args.layers} layers, hidden {args.hidden}, {args.heads} heads, vocab {args.vocab}; "
         f"{args.rows} rows of {args.seq_len} tokens; {model['precision']} on {model['device']}, "
-        f"torch {model['torch']}; inductor caches off"
+        f"torch {model['torch']}; torch.compile backend {args.backend}, inductor caches off"
     )
     print(f"{'compile_scope':<14}{'first step s':>14}{'step ms':>10}{'tokens/s':>11}{'last loss':>11}")
     for row in (model, layers):

@@ -19,18 +19,17 @@
 #    0.73 B full fine-tune eager 36-58 s a contender, compiled 147 s (more than 119 s on a fresh machine:
 #    its inductor cache is empty; the whole model, though asked by layers: gpu_speed.py's runtime lacked the
 #    scope until 2026-11-27's eighth session), the QLoRA usual set-up about 5 s a step:
-#      full_compiled_ab    the 0.73 B full fine-tune, one run: fastlm eager, fastlm compiled by layers (what
-#                          train.runtime.compile auto weighs on a run's first micro-batch: 49.5 % MFU compiled
-#                          on an H200, 2026-11-28, 52.0 % eager the day before) and the Trainer's best set-up
-#                          with its torch_compile and without Liger (--trainer-liger off: compiled so it ran
-#                          92,674 tok/s on an H200, 2026-11-23; with Liger its compile did not finish, then
-#                          failed): the 1.3x target against the Trainer's compiled best, which the eager
-#                          ratios (1.52x) leave open
-#      gpu_speed_qlora     the QLoRA run (4-bit NF4 base), TRL's too, 3 + 8 steps (the usual set-up's 5 + 15
-#                          did not fit in its share): the 1.5x (1.68x on an H100, 2026-11-26) and 2x targets
-#                          against Trainer + peft's best and usual set-ups (the usual one not yet measured: it
-#                          runs last, with all that the others left of the step; stopped at its cap, its
-#                          timed steps so far bound the ratio from below)
+#      full_trainer_compiled  the 0.73 B full fine-tune, fastlm eager against the Trainer's best set-up with
+#                          its torch_compile, without Liger (--trainer-liger off: with Liger its compile did not
+#                          finish, then failed), now with accelerate's dynamic shapes and regional compilation
+#                          (gpu_speed.trainer_compile_env): on 2026-11-28 its first compile took 61 s and its
+#                          second step, a new token count, compiled the whole model again (116 s were not
+#                          enough); the compile try gets about 230 s here: the 1.3x target against the
+#                          Trainer's compiled best
+#      qlora_checkpointed  fastlm's QLoRA with --checkpointing selective (every other layer) against Trainer +
+#                          peft's usual set-up (peft's default: every layer checkpointed): the peak memory
+#                          beside the usual set-up's (fastlm without checkpointing held 1.30x it, 14.68x its
+#                          speed, H200, 2026-11-28)
 #      full_b16            the 0.73 B full fine-tune at 16 packed rows of 2048 a micro-batch, fastlm against the
 #                          Trainer's best set-up at the same tokens per optimizer step, both eager: the ratio
 #                          where fastlm reached its 55.6 % MFU (H200, 2026-11-28; 1.52x at 8 rows, 2026-11-27);
@@ -105,11 +104,16 @@
 #      lora_ab             fastlm's LoRA (bf16 adapters with fp32 masters, param_dtype auto on a GPU) against
 #                          fp32 adapters under autocast (each adapter cast per micro-batch, 392 casts each way;
 #                          1.06x on an H100, 2026-11-28)
-#    The first call (560 s) measures the full fine-tune against the Trainer's compiled best and the compile
-#    A/B behind compile auto on CUDA (full_compiled_ab, at most 320 s), then QLoRA against the usual set-up
-#    (the 2x target) in what is left (at least 205 s); the next call (what is left of the 15 minutes: 224 s
-#    on 2026-11-28, 35 of them the set-up) runs --only full_b16, or gpu_speed_qlora if it did not run;
-#    later sessions the rest.
+#      full_compiled_ab    the 0.73 B full fine-tune, one run: fastlm eager, fastlm compiled by layers and the
+#                          Trainer's best compiled without Liger (H200, 2026-11-28: compiled 0.94x eager; the
+#                          Trainer's compile did not finish in 116 s)
+#      gpu_speed_qlora     the QLoRA run (4-bit NF4 base) against Trainer + peft's best and usual set-ups and
+#                          TRL's, 3 + 8 steps (H200, 2026-11-28, three of them in another call: 1.91x best,
+#                          14.68x usual; fastlm needs about 44 s a run, its loss check included)
+#    The first call (560 s) measures the full fine-tune against the Trainer's compiled best
+#    (full_trainer_compiled, at most 380 s), then the QLoRA memory beside the usual set-up in what is left
+#    (at least 170 s); the next call (what is left of the 15 minutes: about 250 s, 35 of them the set-up)
+#    runs --only full_b16; later sessions the rest.
 # The gpu_speed.py steps share one --cache-dir ($FASTLM_GPU_CACHE, default /tmp/fastlm_gpu_cache): the
 # prepared data and the adapters' base model are made by the first step of a key and reused by the next (a 3B
 # base took 22-30 s to make and save).
@@ -129,8 +133,8 @@ EAGER="--compile off --warmup 5 --steps 15"
 SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s a step
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PLAN=(
-    "full_compiled_ab|280|320|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_compile trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
-    "gpu_speed_qlora|190|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_best trl_qlora_best trainer_qlora_usual $SHORT --budget-s \$((CAP - 15))"
+    "full_trainer_compiled|330|380|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
+    "qlora_checkpointed|170|220|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "full_b16|150|200|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
@@ -156,6 +160,8 @@ PLAN=(
     "lora_variants|240|320|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_liger_function fastlm_lora_own_inputs fastlm_lora_peft_forward $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_lora|200|260|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "lora_cudagraphs|240|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best fastlm_lora_cudagraphs $EAGER --budget-s \$((CAP - 15))"
+    "full_compiled_ab|280|320|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_compile trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
+    "gpu_speed_qlora|220|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_best trl_qlora_best trainer_qlora_usual $SHORT --budget-s \$((CAP - 15))"
     "lora_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters $EAGER --budget-s \$((CAP - 15))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }

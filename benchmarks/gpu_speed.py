@@ -53,7 +53,8 @@ when installed > PyTorch's torch_varlen > flex_attention > SDPA dense mask on CU
   ``runtime.compile`` on / off.
 * ``trainer_usual``: ``Trainer`` with ``DataCollatorForLanguageModeling(mlm=False)`` (dynamic padding),
   ``per_device_train_batch_size = --batch-size`` samples, default arguments + ``bf16``.
-* ``trainer_best``: ``bf16=True``, ``tf32=True`` (CUDA only), ``torch_compile=True``,
+* ``trainer_best``: ``bf16=True``, ``tf32=True`` (CUDA only), ``torch_compile=True`` with accelerate's
+  dynamic shapes and regional compilation (``trainer_compile_env``),
   ``use_liger_kernel=True`` (CUDA with liger-kernel installed, unless ``--trainer-liger off``; the set-up
   line says which, or why not), and
   the same tokens per
@@ -1251,6 +1252,18 @@ def checkpointed_layers(model) -> int:
     )
 
 
+def trainer_compile_env(compiled: bool) -> tuple[dict[str, str], str]:
+    """accelerate's switches for the Trainer's (and TRL's) torch_compile in their best set-up, set in the
+    contender's process, and the set-up text: dynamic shapes from the first compile (under dynamo's automatic
+    dynamic shapes a padding-free batch's new token count compiles the whole model a second time) and
+    regional compilation (each repeated decoder layer compiled once and reused, as fastlm's compile by
+    layers). The Trainer builds its TorchDynamoPlugin with ``dynamic=None``, which reads both."""
+    if not compiled:
+        return {}, ""
+    env = {"ACCELERATE_DYNAMO_USE_DYNAMIC": "1", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}
+    return env, " (dynamic shapes, regional compilation: " + ", ".join(f"{k}=1" for k in env) + ")"
+
+
 def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bool = False) -> dict:
     """A Trainer contender (usual or best set-up, full fine-tune or Trainer + peft); ``trl``: TRL's
     ``SFTTrainer`` in its best set-up instead (``trl_lora_best`` / ``trl_qlora_best``)."""
@@ -1332,7 +1345,9 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
         extra["torch_compile"] = args.compile != "off" and args.trainer_compile == "on"
         if ctx.on_cuda:
             extra["tf32"] = True
-        setup += f", torch_compile={extra['torch_compile']}, tf32={extra.get('tf32', False)}"
+        compile_env, compile_note = trainer_compile_env(extra["torch_compile"])
+        os.environ.update(compile_env)  # this contender's own process
+        setup += f", torch_compile={extra['torch_compile']}{compile_note}, tf32={extra.get('tf32', False)}"
         installed = importlib.util.find_spec("liger_kernel") is not None
         liger, note = trainer_liger(ctx.on_cuda, installed, fields, wanted=args.trainer_liger == "on")
         extra.update(liger)

@@ -365,6 +365,27 @@ def test_the_trainers_liger_can_be_turned_off_for_its_compiled_set_up(gpu_speed,
     assert gpu_speed.parse_args(["--model", "tiny"]).trainer_liger == "on"
 
 
+def test_the_trainers_compiled_set_up_compiles_once_for_every_token_count_and_each_layer_once(
+    gpu_speed, monkeypatch
+):
+    """A padding-free batch's token count changes every step: under the Trainer's torch_compile (dynamo's
+    automatic dynamic shapes) the second step compiles the whole model again, about as long as the first,
+    to make that size dynamic (docs/benchmarks.md, the H200 of 2026-11-28). Its best set-up asks
+    accelerate, which the Trainer compiles through, for dynamic shapes from the first compile and for each
+    repeated decoder layer compiled once (accelerate's own switches, read by the TorchDynamoPlugin the
+    Trainer builds)."""
+    from accelerate.utils import TorchDynamoPlugin
+
+    env, note = gpu_speed.trainer_compile_env(compiled=True)
+    assert env == {"ACCELERATE_DYNAMO_USE_DYNAMIC": "1", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}
+    assert "dynamic shapes" in note and "regional compilation" in note
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    plugin = TorchDynamoPlugin(backend="inductor", mode=None, dynamic=None)  # as the Trainer builds it
+    assert plugin.dynamic is True and plugin.use_regional_compilation is True
+    assert gpu_speed.trainer_compile_env(compiled=False) == ({}, "")
+
+
 def adapter_results(fastlm: tuple[float, float], best: tuple[float, float], usual: tuple[float, float]):
     """Results of the three LoRA contenders: (real tokens/s, peak memory MiB) each."""
     names = ("fastlm_lora", "trainer_lora_best", "trainer_lora_usual")

@@ -80,6 +80,23 @@ def test_layers_compile_in_place_with_one_graph_for_all_of_them(monkeypatch):
     assert len(graphs) == 1  # traced once, reused by the other three layers
 
 
+@pytest.mark.parametrize("scope", ["model", "layers"])
+def test_each_scope_compiles_with_the_backend_asked_for(scope):
+    """``backend``: torch.compile's (compile_scope.py's --backend: aot_eager traces without inductor's
+    kernels); the graphs reach that backend, in either scope."""
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(graph, example_inputs):
+        seen.append(graph)
+        return graph.forward
+
+    model = tiny_llama(VOCAB, num_hidden_layers=2)
+    run = regions.compile_in_scope(model, scope, backend=backend)
+    step_loss_and_grads(run, [packed_batch(VOCAB)])
+    assert len(seen) >= 1
+
+
 def test_layers_compiled_train_as_eager_within_the_compiled_tolerance():
     """Inductor's fused kernels against eager."""
     torch._dynamo.reset()

@@ -45,7 +45,7 @@ the state dict keeps its names (nothing is wrapped).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -77,16 +77,21 @@ def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
 
 
-def compile_in_scope(model: torch.nn.Module, scope: str, mode: str = "default") -> torch.nn.Module:
+def compile_in_scope(
+    model: torch.nn.Module, scope: str, mode: str = "default", backend: str | Callable = "inductor"
+) -> torch.nn.Module:
     """``model`` compiled in ``scope``: ``torch.compile(model)`` (a wrapper) for ``model``; for ``layers``
     each transformer layer compiled in place and ``model`` itself returned. ``mode``: torch.compile's
-    (``reduce-overhead``: CUDA graphs, on inputs of one shape). A model without such layers cannot be
-    compiled by layers: one ``ConfigError`` line."""
+    (``reduce-overhead``: CUDA graphs, on inputs of one shape); ``backend``: torch.compile's (runs train with
+    inductor; ``aot_eager`` traces without generating kernels, benchmarks/compile_scope.py's quick form). A
+    model without such layers cannot be compiled by layers: one ``ConfigError`` line."""
     if mode not in COMPILE_MODES:
         raise ConfigError(
             f"train.runtime.compile_mode is {mode!r}.", fix=f"set it to one of {', '.join(COMPILE_MODES)}."
         )
     options = {} if mode == "default" else {"mode": mode}
+    if backend != "inductor":
+        options["backend"] = backend
     if scope == "model":
         return torch.compile(model, **options)
     if scope != "layers":
