@@ -1883,14 +1883,26 @@ def adapter_verdicts(results: dict[str, dict], on_cuda: bool) -> list[tuple[str,
         lines.append((f"{a} / {b} real tokens/s >= {target:g}x: {ratio:.2f}x", ratio >= target))
         peak_a, peak_b = ra.get("peak_memory_mb"), rb.get("peak_memory_mb")
         if peak_a and peak_b:
+            sides = [checkpointing_of(a, ra), checkpointing_of(b, rb)]
+            what = f"; checkpointing: {', '.join(sides)}" if all(sides) else ""
             lines.append(
                 (
                     f"{a} / {b} peak memory < 1x: {peak_a / peak_b:.2f}x "
-                    f"({peak_a:,.0f} vs {peak_b:,.0f} MiB)",
+                    f"({peak_a:,.0f} vs {peak_b:,.0f} MiB{what})",
                     peak_a < peak_b,
                 )
             )
     return lines
+
+
+def checkpointing_of(name: str, run: dict) -> str | None:
+    """What a contender's run checkpointed, for its memory verdict: a Trainer's layers counted on its model
+    (peft's kbit preparation turns it on for every layer), fastlm's setting."""
+    if run.get("checkpointed_layers") is not None:
+        return f"{name} {run['checkpointed_layers']} layers"
+    if run.get("gradient_checkpointing") is not None:
+        return f"{name} {run['gradient_checkpointing']}"
+    return None
 
 
 def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[str, bool | None]]:

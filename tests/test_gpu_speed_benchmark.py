@@ -411,6 +411,21 @@ def test_adapter_targets_are_judged_on_cuda_and_only_reported_on_cpu(gpu_speed):
     assert gpu_speed.adapter_verdicts({"fastlm_lora": results["fastlm_lora"]}, on_cuda=True) == []
 
 
+def test_a_memory_verdict_says_what_each_side_checkpoints(gpu_speed):
+    """QLoRA's usual set-up (peft's prepare_model_for_kbit_training) checkpoints every layer, fastlm at its
+    defaults none: its peak-memory line says so beside the ratio (the H200's 1.30x of 2026-11-28 read as a
+    bare FAIL)."""
+    results = adapter_results(fastlm=(300.0, 13_000.0), best=(150.0, 30_000.0), usual=(20.0, 10_000.0))
+    results["fastlm_lora"]["gradient_checkpointing"] = "off"
+    results["trainer_lora_usual"]["checkpointed_layers"] = 28
+    results["trainer_lora_best"]["checkpointed_layers"] = 0
+    judged = dict(gpu_speed.adapter_verdicts(results, on_cuda=True))
+    usual = next(text for text in judged if "trainer_lora_usual peak memory" in text)
+    best = next(text for text in judged if "trainer_lora_best peak memory" in text)
+    assert "1.30x" in usual and "checkpointing: fastlm_lora off, trainer_lora_usual 28 layers" in usual
+    assert "checkpointing: fastlm_lora off, trainer_lora_best 0 layers" in best
+
+
 def test_the_full_fine_tunes_speed_target_is_judged_on_cuda_and_only_reported_on_cpu(gpu_speed):
     """As the adapters' targets: 1.3x the Trainer's best set-up is a GPU target; a CPU run reports the ratio
     (a CPU's 3B-shape run printed FAIL at 1.10x, a verdict on a target the CPU is not held to)."""
