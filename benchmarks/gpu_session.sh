@@ -34,6 +34,9 @@
 #                          Trainer's best set-up at the same tokens per optimizer step, both eager: the ratio
 #                          where fastlm reached its 55.6 % MFU (H200, 2026-11-28; 1.52x at 8 rows, 2026-11-27);
 #                          the Trainer held 42 GB at 8 rows: twice that fits an H200, maybe not an H100
+#      full_trainer_compiled_liger  full_trainer_compiled with the Trainer's Liger kernels too (the target's
+#                          "best with Liger"; compiled whole with Liger it did not finish in 107 s, 2026-11-27,
+#                          or failed, 2026-11-28: now compiled by regions with dynamic shapes)
 #      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
 #                          with its torch_compile
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
@@ -136,6 +139,7 @@ PLAN=(
     "full_trainer_compiled|330|380|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
     "qlora_checkpointed|170|220|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
     "full_b16|150|200|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
+    "full_trainer_compiled_liger|330|380|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "lora_dora|240|330|benchmarks/gpu_speed.py --model 3b --lora-variant dora --contenders fastlm_lora fastlm_lora_peft_forward trainer_lora_best $EAGER --budget-s \$((CAP - 15))"

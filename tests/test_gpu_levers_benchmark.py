@@ -198,6 +198,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "full_trainer_compiled",
         "qlora_checkpointed",
         "full_b16",
+        "full_trainer_compiled_liger",
         "gpu_speed_lora_compiled",
         "lora_reviews",
         "lora_dora",
@@ -315,8 +316,12 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     trainer_compiled = "--model 0.5b --contenders fastlm_eager trainer_best --trainer-liger off"
     first = step["full_trainer_compiled"]
     assert trainer_compiled in first and "at most 380 s" in first
+    # the same with the Trainer's Liger kernels (the target's "best with Liger"), its own step
+    with_liger = step["full_trainer_compiled_liger"]
+    assert "--model 0.5b --contenders fastlm_eager trainer_best --compile-scope layers" in with_liger
     compiled = (
         "full_trainer_compiled",
+        "full_trainer_compiled_liger",
         "full_compiled_ab",
         "weights_ab_compiled",
         "gpu_speed_full",
