@@ -165,6 +165,40 @@ def test_packed_varlen_micro_batches_of_every_shape_share_the_first_compile(scop
     assert set(seen) == {int(batches[0]["max_seqlen"]), 20}  # eager: the exact longest segment
 
 
+def test_fp32_weights_on_the_flash_attention_path_compile_without_a_break_in_each_layer(monkeypatch):
+    """transformers' flash-attention path casts fp32 queries (fp32 weights under bf16 autocast: the rotary
+    product is fp32) to bf16 and says so once through ``logger.warning_once``, which dynamo cannot trace: a
+    graph break inside every compiled layer, each layer's attention a frame of its own guarded on its
+    ``layer_idx``, and past dynamo's recompile limit the other layers' attention eager. Compiled by layers,
+    the fp32 model traces as many graphs as the same model in bf16, where nothing is cast (flash_attn's
+    calling contract: the varlen_op stand-in behind transformers' own dispatch). transformers loads the
+    kernel at the first call and keeps which in a module global, on which a layer traced through that load
+    is guarded: loaded before compiling, the layers share one graph."""
+    from torch._dynamo.utils import counters
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    def flash_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+        return varlen_op.varlen(q, k, v, cu_seqlens_q, int(max_seqlen_q))
+
+    kernels = (None, flash_varlen, None, fa_utils._pad_input, fa_utils._unpad_input)
+    monkeypatch.setattr(fa_utils, "_lazy_imports", lambda *args, **kwargs: kernels)
+    monkeypatch.setattr(fa_utils, "_loaded_implementation", None)
+    batch = packed_batch(VOCAB, attn="flash_attention_2", layout=PACKED_LAYOUT)
+    traced, graphs = {}, count_graphs(monkeypatch)
+    for dtype in (torch.bfloat16, torch.float32):
+        graphs.clear()
+        torch._dynamo.reset()
+        counters.clear()
+        model = tiny_llama(VOCAB, num_hidden_layers=4).to(dtype)
+        model.config._attn_implementation = "flash_attention_2"
+        regions.compile_in_scope(model, "layers")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            step_loss_and_grads(model, [batch])
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        traced[dtype] = len(graphs)
+    assert traced[torch.float32] == traced[torch.bfloat16] == 1
+
+
 def test_an_adapter_model_keeps_its_first_layer_eager_and_one_graph_for_the_others(monkeypatch):
     """LoRA freezes the embedding: the first layer's hidden states need no gradient, every later layer's do,
     and dynamo guards on that (one more graph, one more compile). That layer runs eagerly; the others share

@@ -37,6 +37,13 @@ A layer whose hidden states need no gradient while the later layers' do (the fir
 model: LoRA freezes the embedding) would be traced twice (dynamo guards on ``requires_grad``): it runs
 eagerly, decided at its first call (``_FirstCall``), and the others share one graph.
 
+transformers' once-only log calls (``logger.warning_once`` / ``info_once``, attached to ``logging.Logger``)
+are no-ops while dynamo traces (``torch._dynamo.config.ignore_logging_functions``): its flash-attention path
+warns once when it casts fp32 queries (fp32 weights under bf16 autocast), and dynamo cannot trace a logger
+call, so each compiled layer broke in two at it, each layer's attention a frame of its own (guarded on its
+``layer_idx``), eager past dynamo's recompile limit. A flash-attention kernel is loaded before the layers are
+compiled (a layer traced through transformers' loading at its first call was compiled twice).
+
 The layers are transformers' own (``GradientCheckpointingLayer``: every decoder and encoder layer of the
 families fastlm trains); checkpointing, LoRA, liger's patches and DDP/FSDP2 wrap around them unchanged, and
 the state dict keeps its names (nothing is wrapped).
@@ -45,6 +52,7 @@ the state dict keeps its names (nothing is wrapped).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -90,6 +98,8 @@ def compile_in_scope(
             f"train.runtime.compile_mode is {mode!r}.", fix=f"set it to one of {', '.join(COMPILE_MODES)}."
         )
     options = {} if mode == "default" else {"mode": mode}
+    _trace_past_once_only_logging()
+    _load_flash_attention(model)
     if backend != "inductor":
         options["backend"] = backend
     if scope == "model":
@@ -106,6 +116,28 @@ def compile_in_scope(
     for layer in layers:
         layer._compiled_call_impl = _FirstCall(layer, options)  # where nn.Module.compile keeps it
     return model
+
+
+def _trace_past_once_only_logging() -> None:
+    """transformers' ``warning_once`` / ``info_once`` ignored under dynamo's tracing (module docstring)."""
+    ignored = getattr(torch._dynamo.config, "ignore_logging_functions", None)
+    if ignored is None:  # a torch without the setting: the graph break stays
+        return
+    for name in ("warning_once", "info_once"):
+        function = getattr(logging.Logger, name, None)  # set when transformers is imported
+        if function is not None:
+            ignored.add(function)
+
+
+def _load_flash_attention(model: torch.nn.Module) -> None:
+    """transformers loads a flash-attention kernel at its first call and keeps which in a module global: a
+    layer traced through that load is guarded on the global and compiled again at the next call. Loaded here
+    before anything is compiled (transformers' own advice for compiling)."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+    if implementation.startswith("flash_attention"):
+        from transformers.modeling_flash_attention_utils import lazy_import_flash_attention
+
+        lazy_import_flash_attention(implementation)
 
 
 class _FirstCall:
