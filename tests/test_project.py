@@ -35,15 +35,21 @@ def kedro_modules_of_engine_and_corpus(folder: Path) -> str:
     return _python(code, folder)
 
 
-def scorers_after_the_pipelines_are_built(folder: Path) -> str:
-    """ROUGE's packages (rouge_score and the nltk it imports) a process holds after building every pipeline,
-    as each `kedro run` starts (a job of tests/support/background.py)."""
+HEAVY = ("rouge_score", "nltk", "torch", "transformers", "fastlm.engine.train.loop")
+
+
+def heavy_modules_after_the_pipelines_are_built(folder: Path) -> str:
+    """Which of ``HEAVY`` a process holds after building every pipeline and validating the parameters of the
+    main job's, as each `kedro run` starts (a job of tests/support/background.py)."""
     code = (
         "import sys\n"
         "from kedro.framework.project import configure_project, pipelines\n"
         "configure_project('fastlm')\n"
-        "assert 'report' in pipelines and 'split' in pipelines\n"
-        "print(sorted(m for m in ('rouge_score', 'nltk') if m in sys.modules))"
+        "assert all(name in pipelines for name in ('split', 'train', 'report', 'tune', 'sweep', 'predict'))\n"
+        "from fastlm.parameters import GROUPS\n"
+        "for name in ('split', 'train', 'report'):\n"
+        "    GROUPS[name].parse({})\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
     return _python(code, folder)
 
@@ -89,9 +95,17 @@ def test_engine_and_corpus_never_import_kedro():
     assert background.result(kedro_modules_of_engine_and_corpus) == "[]"
 
 
-@pytest.mark.background(job=scorers_after_the_pipelines_are_built)
+@pytest.mark.background(job=heavy_modules_after_the_pipelines_are_built)
 def test_kedro_start_up_leaves_rouge_to_the_report_that_scores():
-    assert background.result(scorers_after_the_pipelines_are_built) == "[]"
+    held = background.result(heavy_modules_after_the_pipelines_are_built)
+    assert "rouge_score" not in held and "nltk" not in held
+
+
+@pytest.mark.background(job=heavy_modules_after_the_pipelines_are_built)
+def test_kedro_start_up_leaves_torch_and_transformers_to_the_nodes_that_train():
+    # every `kedro run` (a misspelled parameter reported, the split pipeline, `kedro viz`) imported torch,
+    # transformers and the engine while Kedro built the pipelines: seconds before anything ran
+    assert background.result(heavy_modules_after_the_pipelines_are_built) == "[]"
 
 
 @pytest.mark.background(job=adapter_packages_of_a_training_worker)

@@ -17,7 +17,6 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastlm.engine.checkpoint.discovery import unfinished_runs
 from fastlm.errors import ConfigError
 
 MAX_LENGTH = 100
@@ -123,6 +122,8 @@ def resolve_run_name(
     if given is not None:
         return validate_run_name(given)
     if trains and resume == "auto":
+        from fastlm.engine.checkpoint.discovery import unfinished_runs  # reads checkpoints: torch
+
         interrupted = unfinished_runs(checkpoint_base)
         if interrupted:
             return interrupted[0].name

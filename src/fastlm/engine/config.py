@@ -329,10 +329,10 @@ class OptimizerParams(Params):
     @field_validator("name")
     @classmethod
     def _bitsandbytes_this_machine_has(cls, value: str) -> str:
-        import torch
-
         if value == "adamw":
             return value
+        import torch  # here: validating the default would import torch wherever the parameters are read
+
         missing = bitsandbytes_missing()
         if missing:
             raise ValueError(
@@ -416,11 +416,13 @@ class RuntimeParams(Params):
     @field_validator("device")
     @classmethod
     def _device_this_machine_has(cls, value: str) -> str:
-        import torch
-
         if value not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", value):
             raise ValueError("must be 'auto', 'cpu', 'cuda' or 'cuda:N' (e.g. cuda:0)")
-        if value.startswith("cuda") and not torch.cuda.is_available():
+        if not value.startswith("cuda"):
+            return value
+        import torch  # here: validating the defaults would import torch wherever the parameters are read
+
+        if not torch.cuda.is_available():
             raise ValueError("CUDA is not available on this machine (torch sees no GPU); use 'auto' or 'cpu'")
         if value.startswith("cuda:") and int(value[5:]) >= torch.cuda.device_count():
             raise ValueError(f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0")
@@ -429,10 +431,11 @@ class RuntimeParams(Params):
     @field_validator("precision")
     @classmethod
     def _precision_this_machine_has(cls, value: str, info: ValidationInfo) -> str:
-        import torch
+        if value != "fp16":
+            return value
+        import torch  # here: validating the defaults would import torch wherever the parameters are read
 
-        on_cpu = info.data.get("device") == "cpu" or not torch.cuda.is_available()
-        if value == "fp16" and on_cpu:
+        if info.data.get("device") == "cpu" or not torch.cuda.is_available():
             raise ValueError("fp16 needs a CUDA device and this run is on CPU; use 'auto', 'bf16' or 'fp32'")
         return value
 
@@ -502,12 +505,12 @@ class RuntimeParams(Params):
     @field_validator("float8")
     @classmethod
     def _float8_this_machine_has(cls, value: str, info: ValidationInfo) -> str:
-        import importlib.util
-
-        import torch
-
         if value != "on":
             return value
+        import importlib.util
+
+        import torch  # here: validating the defaults would import torch wherever the parameters are read
+
         if info.data.get("device") == "cpu" or not torch.cuda.is_available():
             problem = "this run is not on a CUDA device"
         elif tuple(torch.cuda.get_device_capability()) < (8, 9):

@@ -1,5 +1,6 @@
 """The node of the predict pipeline: validate ``params:predict``, read the input and the model through
-``predict_sources``, generate with ``fastlm.reporting.predictions``."""
+``predict_sources``, generate with ``fastlm.reporting.predictions`` (imported when the node runs, with the
+engine: building the pipelines, as every `kedro run` does, imports no torch)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,6 @@ import pandas as pd
 
 from fastlm.parameters import parse_group
 from fastlm.pipelines.predict.params import MESSAGES
-from fastlm.reporting.predictions import (
-    PredictionJob,
-    chat_format,
-    chat_template_sha256,
-    input_limit,
-    input_rows,
-    predict_rows,
-)
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +18,14 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     """One prediction per input row, in input order (refused rows kept with their reason), and the summary.
     The device and precision are ``train.runtime``'s (auto: bf16 on GPUs that have it, fp32 on CPU). Chat
     messages are rendered as the model's training data was (its fingerprint), for a model trained here."""
+    from fastlm.reporting.predictions import (
+        PredictionJob,
+        chat_format,
+        input_limit,
+        input_rows,
+        predict_rows,
+    )
+
     params = parse_group("predict", predict_params)
     path = params.require_input()
     table = sources.read_input(path)
@@ -97,6 +98,8 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
 
 def _chat_record(chat, tokenizer) -> dict:
     """How the messages were rendered, for the summary."""
+    from fastlm.reporting.predictions import chat_template_sha256
+
     if chat.chat_template:
         return {"chat_template_sha256": chat_template_sha256(tokenizer)}
     return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template}

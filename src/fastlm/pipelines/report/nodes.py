@@ -1,5 +1,6 @@
 """Nodes of the report pipeline: summaries, test-split evaluation, ROUGE, plots, run comparison, the
-report."""
+report. The engine (torch, transformers) is imported by the nodes that evaluate or generate, when they run:
+building the pipelines, as every `kedro run` does, imports neither (tests/test_project.py)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,12 @@ import logging
 import datasets
 import pandas as pd
 
-from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
-from fastlm.engine.evaluate.generation import generate_samples
 from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
 from fastlm.reporting import comparison, plots
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
 from fastlm.reporting.params import check_id_prompts
-from fastlm.reporting.references import (
-    PREDICTION_COLUMNS,
-    has_references,
-    reference_pairs,
-    score_test_generations,
-)
 from fastlm.reporting.report_document import ReportInputs, build_document
 from fastlm.reporting.summaries import check_train_summary, efficiency_summary, training_summary
 from fastlm.tracking import RunTracker
@@ -78,6 +70,10 @@ def evaluate_model(
     paths: dict | None = None,
 ):
     """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations."""
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
+    from fastlm.engine.evaluate.generation import generate_samples
+
     report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]
     start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths)
@@ -140,6 +136,13 @@ def generate_on_references(
     Plain-text data (``report.references.enabled: auto``) or ``enabled: false``: an empty table and no
     metrics, and the report has no ROUGE section.
     """
+    from fastlm.reporting.references import (
+        PREDICTION_COLUMNS,
+        has_references,
+        reference_pairs,
+        score_test_generations,
+    )
+
     references = parse_group("report", report_params).references
     found = has_references(splits)
     if references.enabled is True and not found:

@@ -1,5 +1,6 @@
 """Node of the sweep pipeline: each parameter set of the sweep file is one named training run (an MLflow child
-run of this pipeline's run) on the same tokenized data; finished runs are kept, so a rerun continues."""
+run of this pipeline's run) on the same tokenized data; finished runs are kept, so a rerun continues. The
+engine (torch, transformers) is imported when the node runs, not as the pipelines are built."""
 
 from __future__ import annotations
 
@@ -13,11 +14,6 @@ import pandas as pd
 from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.fingerprint import data_folds
 from fastlm.engine.config import parse_train_params
-from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
-from fastlm.engine.observe.health import NonFiniteLossError
-from fastlm.engine.runtime.environment import setup_runtime
-from fastlm.engine.train.backoff import OutOfMemory
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import parse_report_params
@@ -35,8 +31,15 @@ from fastlm.sweeps import SweepRuns, load_sweep_runs, run_train_params
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
-# A run's own failure (its setting or fold diverged or did not fit in memory): left out, the sweep goes on.
-RUN_FAILURES = (NonFiniteLossError, OutOfMemory)
+
+
+def run_failures() -> tuple[type[Exception], ...]:
+    """A run's own failures (its setting or fold diverged or did not fit in memory): left out, the sweep
+    goes on."""
+    from fastlm.engine.observe.health import NonFiniteLossError
+    from fastlm.engine.train.backoff import OutOfMemory
+
+    return (NonFiniteLossError, OutOfMemory)
 
 
 def run_sweep(
@@ -56,9 +59,10 @@ def run_sweep(
     per-fold table (``sweep_folds.csv``) of all, and for k-fold runs the mean and spread over folds as ``cv/``
     metrics of the sweep's run.
 
-    A run that diverges or runs out of memory (``RUN_FAILURES``) is left out and named, and the sweep goes
+    A run that diverges or runs out of memory (``run_failures``) is left out and named, and the sweep goes
     on; the next sweep trains it again. A stop signal or any other error stops the sweep, as does every run
     failing."""
+    failures = run_failures()
     folds = data_folds(fingerprint)  # folds: auto runs one model per fold of the data (split.folds)
     spec = load_sweep_runs(sweep, train_params, folds)  # every run's parameters checked before the first one
     plan, names = spec.plan(folds), spec.run_names(folds)
@@ -72,7 +76,7 @@ def run_sweep(
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
             try:
                 done, history, evaluation = trainer.train(name, params, overrides)
-            except RUN_FAILURES as error:
+            except failures as error:
                 log.warning(
                     "Sweep %s: run %s failed, left out (the next sweep retries it): %s",
                     spec.name,
@@ -156,6 +160,10 @@ def _test_metrics(
     model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict
 ) -> dict:
     """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``)."""
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
+    from fastlm.engine.runtime.environment import setup_runtime
+
     if model is None or len(tokenized["test"]) == 0:
         return {}
     params, report = parse_train_params(train_params), parse_report_params(report_params)

@@ -1,4 +1,6 @@
-"""Node of the train pipeline: adapt parameters and catalog entries to the engine; nothing else."""
+"""Node of the train pipeline: adapt parameters and catalog entries to the engine; nothing else. The engine
+(torch, transformers) is imported when the node runs: building the pipelines, as every `kedro run` does,
+imports neither (tests/test_project.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,8 @@ from pathlib import Path
 
 import datasets
 import pandas as pd
-import torch
 
 from fastlm.corpus.fingerprint import data_folds
-from fastlm.engine.data.folds import fold_splits
-from fastlm.engine.distributed.parallel import launch_mode, rank_from_env
-from fastlm.engine.launch.job import TrainJob, run_job
-from fastlm.engine.launch.workers import launch_workers
-from fastlm.engine.model.attention.choice import choose_attention
-from fastlm.engine.model.build import build_model
-from fastlm.engine.model.lora import adapter_description, parameter_counts
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.runs import default_run_name, validate_run_name
@@ -45,6 +39,12 @@ def train_model(
     no model through the catalog (the sweep) has room for it counted on the checkpoint disk. ``tracker``
     (``run_tracker``) gets the live metrics and the finished run; without one, a tracker of its own.
     """
+    from fastlm.engine.data.folds import fold_splits
+    from fastlm.engine.distributed.parallel import launch_mode, rank_from_env
+    from fastlm.engine.launch.job import TrainJob, run_job
+    from fastlm.engine.launch.workers import launch_workers
+    from fastlm.engine.model.lora import adapter_description, parameter_counts
+
     # the engine applies the runtime per rank
     start = start_node(
         train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths, runtime=False
@@ -127,5 +127,10 @@ def _loss(value: float | None) -> str:
 
 def _untrained_model(params, tokenizer, max_length: int):
     """The model as the workers built it, on the CPU, to receive rank 0's trained weights."""
+    import torch
+
+    from fastlm.engine.model.attention.choice import choose_attention
+    from fastlm.engine.model.build import build_model
+
     attn = choose_attention(params.model.attn_implementation, torch.device("cpu"))
     return build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)

@@ -1,4 +1,6 @@
-"""Node of the tune pipeline: measure the ladder with the user's model, data and settings; choose; explain."""
+"""Node of the tune pipeline: measure the ladder with the user's model, data and settings; choose; explain.
+The engine (torch, transformers) is imported when the node runs: building the pipelines, as every `kedro
+run` does, imports neither (tests/test_project.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +10,9 @@ import logging
 import datasets
 import pandas as pd
 
-from fastlm.engine.data import pad_id_of
-from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.model.attention.choice import choose_attention
-from fastlm.engine.model.build import build_model
-from fastlm.engine.model.recompute import enable_checkpointing
-from fastlm.engine.observe.metrics import device_memory_mb
-from fastlm.engine.train import tune
 from fastlm.errors import ConfigError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
-from fastlm.reporting.plots import tune_figure
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -37,6 +31,15 @@ def tune_micro_batch(
     """Trials table, chosen settings (with the explanation), a plot, and the parameters for train
     (``tuned_parameters``, named in messages by its path from ``paths``). Each trial and the choice go to
     ``tracker`` (``run_tracker``), also when no size fits."""
+    from fastlm.engine.data import pad_id_of
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.model.attention.choice import choose_attention
+    from fastlm.engine.model.build import build_model
+    from fastlm.engine.model.recompute import enable_checkpointing
+    from fastlm.engine.observe.metrics import device_memory_mb
+    from fastlm.engine.train import tune
+    from fastlm.reporting.plots import tune_figure
+
     start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths)
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     settings = parse_group("tune", tune_params)
