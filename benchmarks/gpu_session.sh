@@ -19,26 +19,21 @@
 #    0.73 B full fine-tune eager 36-58 s a contender, compiled 147 s (more than 119 s on a fresh machine:
 #    its inductor cache is empty; the whole model, though asked by layers: gpu_speed.py's runtime lacked the
 #    scope until 2026-11-27's eighth session), the QLoRA usual set-up about 5 s a step:
-#      full_trainer_compiled  the 0.73 B full fine-tune, fastlm eager against the Trainer's best set-up with
-#                          its torch_compile, without Liger (--trainer-liger off: with Liger its compile did not
-#                          finish, then failed), now with accelerate's dynamic shapes and regional compilation
-#                          (gpu_speed.trainer_compile_env): on 2026-11-28 its first compile took 61 s and its
-#                          second step, a new token count, compiled the whole model again (116 s were not
-#                          enough); the compile try gets about 230 s here: the 1.3x target against the
-#                          Trainer's compiled best
-#      qlora_checkpointed  fastlm's QLoRA with --checkpointing selective (every other layer) against Trainer +
-#                          peft's usual set-up (peft's default: every layer checkpointed): the peak memory
-#                          beside the usual set-up's (fastlm without checkpointing held 1.30x it, 14.68x its
-#                          speed, H200, 2026-11-28)
-#      full_b16            the 0.73 B full fine-tune at 16 packed rows of 2048 a micro-batch, fastlm against the
-#                          Trainer's best set-up at the same tokens per optimizer step, both eager: the ratio
-#                          where fastlm reached its 55.6 % MFU (H200, 2026-11-28; 1.52x at 8 rows, 2026-11-27);
-#                          the Trainer held 42 GB at 8 rows: twice that fits an H200, maybe not an H100
-#      full_trainer_compiled_liger  full_trainer_compiled with the Trainer's Liger kernels too (the target's
-#                          "best with Liger"; compiled whole with Liger it did not finish in 107 s, 2026-11-27,
-#                          or failed, 2026-11-28: now compiled by regions with dynamic shapes)
+#      full_trainer_compiled_liger  the 0.73 B full fine-tune, fastlm eager against the Trainer's best set-up
+#                          with Liger and torch_compile (the target's "best with Liger"; compiled whole with
+#                          Liger it did not finish in 107 s, 2026-11-27, or failed, 2026-11-28; now by regions
+#                          with dynamic shapes, gpu_speed.trainer_compile_env: without Liger its first step
+#                          took 18.3 s and fastlm eager ran 1.11x it, H200, 2026-11-28)
+#      full_profile_eager / full_profile_compiled  fastlm's 0.73 B full fine-tune alone, eager, then compiled
+#                          by layers, each run and profiled (--profile always): the kernel time of each by kind
+#                          (gpu_speed.kernel_kinds), the A/B behind compiled's slower kernels (176.5 ms a step
+#                          compiled, 158.8 eager, on two days: the compiled GPU idle 2.9 %, eager's 13.8 %)
 #      gpu_speed_lora_compiled  the LoRA run compiled by layers, fastlm against the Trainer + peft's best set-up
-#                          with its torch_compile
+#                          with its torch_compile, without Liger (--trainer-liger off): with Liger its compile
+#                          did not finish its first step in 93 s (H200, 2026-11-28; fastlm 1.34x its eager
+#                          run with Liger); on a CPU its LoRA compile without Liger compiles one graph for
+#                          layers 1..N (layer 0 one more: its input needs no gradient), no graph break, and
+#                          takes as long for 8 layers as for 2, as the full fine-tune's (18.3 s on the H200)
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
 #                          19 tokens each, 100 per packed row), the users' corpora, the same peers
 #      lora_dora           the LoRA run with DoRA adapters on every side (--lora-variant dora): fastlm's fused
@@ -113,10 +108,22 @@
 #      gpu_speed_qlora     the QLoRA run (4-bit NF4 base) against Trainer + peft's best and usual set-ups and
 #                          TRL's, 3 + 8 steps (H200, 2026-11-28, three of them in another call: 1.91x best,
 #                          14.68x usual; fastlm needs about 44 s a run, its loss check included)
-#    The first call (560 s) measures the full fine-tune against the Trainer's compiled best
-#    (full_trainer_compiled, at most 380 s), then the QLoRA memory beside the usual set-up in what is left
-#    (at least 170 s); the next call (what is left of the 15 minutes: about 250 s, 35 of them the set-up)
-#    runs --only full_b16; later sessions the rest.
+#      full_trainer_compiled  the 0.73 B full fine-tune, fastlm eager against the Trainer's best set-up with
+#                          its torch_compile, without Liger (--trainer-liger off), accelerate's dynamic shapes
+#                          and regional compilation set (gpu_speed.trainer_compile_env)
+#      qlora_checkpointed  fastlm's QLoRA with --checkpointing selective (every other layer) against Trainer +
+#                          peft's usual set-up (peft's default: every layer checkpointed): the peak memory
+#                          beside the usual set-up's (fastlm without checkpointing held 1.30x it, 14.68x its
+#                          speed, H200, 2026-11-28)
+#      full_b16            the 0.73 B full fine-tune at 16 packed rows of 2048 a micro-batch, fastlm against the
+#                          Trainer's best set-up at the same tokens per optimizer step, both eager: the ratio
+#                          where fastlm reached its 55.6 % MFU (H200, 2026-11-28; 1.52x at 8 rows, 2026-11-27);
+#                          the Trainer held 42 GB at 8 rows: twice that fits an H200, maybe not an H100
+#    Measured on 2026-11-28 (ninth session, H200) and kept last, to run again: full_trainer_compiled
+#    (1.11x, the Trainer's compile finished: 18.3 s), qlora_checkpointed (11.72x, 0.76x the memory), full_b16
+#    (1.21x). The first call (560 s) runs full_trainer_compiled_liger (at most 280 s) and the two profiles; the
+#    next call (what is left of the 15 minutes: about 250 s, 35 of them the set-up) runs --only
+#    gpu_speed_lora_compiled; later sessions the rest.
 # The gpu_speed.py steps share one --cache-dir ($FASTLM_GPU_CACHE, default /tmp/fastlm_gpu_cache): the
 # prepared data and the adapters' base model are made by the first step of a key and reused by the next (a 3B
 # base took 22-30 s to make and save).
@@ -135,12 +142,12 @@ dry_run=0
 EAGER="--compile off --warmup 5 --steps 15"
 SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s a step
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
+PROFILED="--warmup 3 --steps 6"  # a run and its profile (3 more steps under the profiler) in one step's cap
 PLAN=(
-    "full_trainer_compiled|330|380|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
-    "qlora_checkpointed|170|220|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
-    "full_b16|150|200|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
-    "full_trainer_compiled_liger|330|380|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $SIZED --budget-s \$((CAP - 15))"
-    "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best $SIZED --budget-s \$((CAP - 15))"
+    "full_trainer_compiled_liger|240|280|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $SIZED --budget-s \$((CAP - 15))"
+    "full_profile_eager|120|130|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --profile always $PROFILED --compile off --budget-s \$((CAP - 10))"
+    "full_profile_compiled|140|150|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --profile always $PROFILED --compile-scope layers --budget-s \$((CAP - 10))"
+    "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "lora_dora|240|330|benchmarks/gpu_speed.py --model 3b --lora-variant dora --contenders fastlm_lora fastlm_lora_peft_forward trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"
@@ -167,6 +174,9 @@ PLAN=(
     "full_compiled_ab|280|320|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager fastlm_compile trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
     "gpu_speed_qlora|220|300|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_best trl_qlora_best trainer_qlora_usual $SHORT --budget-s \$((CAP - 15))"
     "lora_ab|150|200|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_fp32_adapters $EAGER --budget-s \$((CAP - 15))"
+    "full_trainer_compiled|330|380|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
+    "qlora_checkpointed|170|220|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora trainer_qlora_usual --checkpointing selective $SHORT --budget-s \$((CAP - 15))"
+    "full_b16|150|200|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best --batch-size 16 $EAGER --budget-s \$((CAP - 15))"
 )
 names() { local all=(); for step in "${PLAN[@]}"; do all+=("${step%%|*}"); done; echo "${all[*]}"; }
 

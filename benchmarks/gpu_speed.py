@@ -1347,6 +1347,10 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
             extra["tf32"] = True
         compile_env, compile_note = trainer_compile_env(extra["torch_compile"])
         os.environ.update(compile_env)  # this contender's own process
+        if extra[
+            "torch_compile"
+        ]:  # a compile cut at its cap shows its recompiles and breaks in the output tail
+            torch._logging.set_logs(recompiles=True, graph_breaks=True)
         setup += f", torch_compile={extra['torch_compile']}{compile_note}, tf32={extra.get('tf32', False)}"
         installed = importlib.util.find_spec("liger_kernel") is not None
         liger, note = trainer_liger(ctx.on_cuda, installed, fields, wanted=args.trainer_liger == "on")
@@ -1476,6 +1480,61 @@ def profiled_adapter(results: dict[str, dict]) -> str:
     )
 
 
+KERNEL_KINDS = (  # (kind, what a CUDA kernel's name holds), the first that matches; inductor's names start so
+    ("inductor", ("triton_poi_", "triton_red_", "triton_per_", "triton_tem_")),
+    ("attention", ("flash", "fmha", "attention")),
+    ("matmul", ("nvjet", "gemm", "cutlass", "xmma", "cublas", "splitkreduce")),
+    ("liger", ("_rms_norm", "_swiglu", "_geglu", "_rope", "liger", "_cross_entropy", "layer_norm_")),
+    ("optimizer", ("multi_tensor_apply", "fusedoptimizer", "fused_adam")),
+    ("copy", ("copy", "memcpy", "memset", "fill")),
+    ("elementwise", ("elementwise", "reduce_kernel", "reduction")),
+)
+
+
+def kernel_kinds(kernels: dict[str, list[float]], steps: int) -> list[dict]:
+    """Every kernel of a profile (name -> [calls, microseconds]) summed by kind (``KERNEL_KINDS``; ``other``
+    for the rest): calls and milliseconds a step over ``steps`` profiled steps and the share of kernel time,
+    largest first. Where the top 10 kernels of two profiles cannot say which kind of work took longer."""
+    sums: dict[str, list[float]] = {}
+    for name, (calls, us) in kernels.items():
+        low = name.lower()
+        kind = next(
+            (
+                k
+                for k, marks in KERNEL_KINDS
+                if any(low.startswith(m) if k == "inductor" else m in low for m in marks)
+            ),
+            "other",
+        )
+        row = sums.setdefault(kind, [0, 0.0])
+        row[0] += calls
+        row[1] += us
+    total = sum(us for _, us in sums.values())
+    rows = [
+        {
+            "kind": kind,
+            "calls_per_step": calls / steps,
+            "ms_per_step": us / 1e3 / steps,
+            "share": us / total if total else None,
+        }
+        for kind, (calls, us) in sums.items()
+    ]
+    return sorted(rows, key=lambda row: row["ms_per_step"], reverse=True)
+
+
+def profiled_compile(results: dict[str, dict], args: argparse.Namespace) -> str:
+    """``on`` / ``off``: the compile of the run's first fastlm contender, which the profile of a missed target
+    runs (``fastlm_eager*`` eager, ``fastlm_compile*`` and CUDA graphs compiled, the adapter contenders as
+    ``--compile`` asks). A full fine-tune run of 2026-11-28 (docs/gpu-runs, h200-3-full_trainer_compiled)
+    measured fastlm eager and profiled it compiled by layers: ``--compile both`` compiled every profile."""
+    first = next((name for name in results if name.startswith("fastlm")), "")
+    if first.startswith("fastlm_eager"):
+        return "off"
+    if first.startswith("fastlm_compile") or first.endswith("_cudagraphs"):
+        return "on"
+    return "off" if args.compile == "off" else "on"
+
+
 def run_profile(ctx: GpuContext) -> dict:
     """A few fastlm steps under the engine's StepProfiler (the set-up of ``--profile-adapter``); the top CUDA
     kernels from its Chrome trace."""
@@ -1486,7 +1545,7 @@ def run_profile(ctx: GpuContext) -> dict:
     from fastlm.engine.train.loop import train
 
     args = ctx.args
-    compile_ = args.compile != "off"
+    compile_ = args.profile_compile == "on"
     runtime = setup_runtime(
         RuntimeConfig(
             device=str(ctx.device),
@@ -1535,10 +1594,12 @@ def run_profile(ctx: GpuContext) -> dict:
     return {
         "contender": "fastlm_profile",
         "adapter": args.profile_adapter,
+        "compiled": compile_,
         "window_ms": summary.get("window_ms"),
         "phase_share": summary.get("phase_share"),
         "gpu_idle": summary.get("gpu_idle"),
         "kernel_total_ms": total / 1e3,
+        "kernel_kinds": kernel_kinds(kernels, steps=3),
         "top_kernels": [
             {"kernel": k, "calls": c, "ms": d / 1e3, "share": d / total if total else None}
             for k, (c, d) in top
@@ -1717,6 +1778,8 @@ def run_child(
             str(args.lora_dropout),
             "--profile-adapter",
             args.profile_adapter,
+            "--profile-compile",
+            args.profile_compile,
             *(("--layers", str(args.layers)) if args.layers else ()),
         ],
         extra_env={"PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))},
@@ -1798,6 +1861,13 @@ def failure(run: dict) -> str:
     lines = [line.strip() for line in run.get("output_tail", "").splitlines()]
     raised = [line for line in lines if EXCEPTION_LINE.match(line)]
     return f"failed ({run['error']}: {raised[-1]})" if raised else f"failed ({run['error']})"
+
+
+def wants_profile(lines: list[tuple[str, bool | None]], args: argparse.Namespace) -> bool:
+    """Whether a run profiles its first fastlm contender after its verdicts (``--profile``)."""
+    if args.no_profile or args.profile == "never":
+        return False
+    return args.profile == "always" or any(ok is False for _, ok in lines)
 
 
 def profile_skip_reason(results: dict[str, dict], left_s: float) -> str | None:
@@ -2348,8 +2418,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument(
-        "--no-profile", action="store_true", help="no profiler window when a target is missed"
+        "--profile",
+        choices=("missed", "always", "never"),
+        default="missed",
+        help="a profiler window of the first fastlm contender: when a target is missed (default), after "
+        "every run (an A/B of two set-ups' kernels), or never",
     )
+    parser.add_argument("--no-profile", action="store_true", help="the same as --profile never")
     parser.add_argument("--force", action="store_true", help="train 0.5b even on CPU")
     parser.add_argument("--json", type=Path, default=None, help="write every figure to this JSON file")
     parser.add_argument(
@@ -2366,6 +2441,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument(  # the profile's set-up: the run's first fastlm contender's (profiled_adapter)
         "--profile-adapter", choices=("none", "lora", "qlora"), default="none", help=argparse.SUPPRESS
+    )
+    parser.add_argument(  # and its compile (profiled_compile)
+        "--profile-compile", choices=("on", "off"), default="on", help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps < 1 or args.seq_len < 8:
@@ -2470,17 +2548,20 @@ def main(argv=None) -> None:
             print(f"      (the MFU target is set for --model 0.5b, not judged on {model_label(args)})")
         profile = None
         print(f"budget: {budget.seconds - budget.left():.0f} s of {budget.seconds:.0f} s used")
-        missed = any(ok is False for _, ok in lines) and not args.no_profile
+        missed = wants_profile(lines, args)
+        why = "a target was missed" if any(ok is False for _, ok in lines) else "--profile always"
         skip = profile_skip_reason(results, budget.left()) if missed else None
         if skip:
-            print(f"\na target was missed; profile skipped: {skip}")
+            print(f"\n{why}; profile skipped: {skip}")
         elif missed:
             if not on_cuda:
                 print("\ntop CUDA kernels: skipped: no CUDA")
             else:
                 args.profile_adapter = profiled_adapter(results)
+                args.profile_compile = profiled_compile(results, args)
                 shown = {"none": "full fine-tune"}.get(args.profile_adapter, args.profile_adapter)
-                print(f"\na target was missed: profiling a few fastlm steps ({shown}) ...", flush=True)
+                shown += ", compiled" if args.profile_compile == "on" else ", eager"
+                print(f"\n{why}: profiling a few fastlm steps ({shown}) ...", flush=True)
                 profile = run_child("fastlm_profile", args, workdir, len(contenders), timeout_s=budget.left())
                 if "error" not in profile:
                     print(
@@ -2493,6 +2574,12 @@ def main(argv=None) -> None:
                         print(
                             f"  {row['ms']:>9.2f} ms {_fmt(row['share'], '>6.1%')} {row['calls']:>6}x  "
                             f"{row['kernel'][:110]}"
+                        )
+                    print("kernel time by kind (a step):")
+                    for row in profile.get("kernel_kinds", []):
+                        print(
+                            f"  {row['kind']:<12} {row['ms_per_step']:>8.2f} ms "
+                            f"{_fmt(row['share'], '>6.1%')} {row['calls_per_step']:>7.0f} calls"
                         )
                     from fastlm.engine.observe.gpu_idle import idle_lines
 

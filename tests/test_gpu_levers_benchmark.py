@@ -195,10 +195,9 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     plan = [line for line in done.stdout.splitlines() if line.startswith("[")]
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
-        "full_trainer_compiled",
-        "qlora_checkpointed",
-        "full_b16",
         "full_trainer_compiled_liger",
+        "full_profile_eager",
+        "full_profile_compiled",
         "gpu_speed_lora_compiled",
         "lora_reviews",
         "lora_dora",
@@ -226,8 +225,20 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "full_compiled_ab",
         "gpu_speed_qlora",
         "lora_ab",
+        "full_trainer_compiled",
+        "qlora_checkpointed",
+        "full_b16",
     ]
     step = dict(zip(names, plan, strict=True))
+    # fastlm's full fine-tune alone, eager and compiled by layers, each profiled whatever its verdicts (the
+    # kernel time by kind of each), in few steps: a run and its profile in one step's cap
+    for name, compile_ in (
+        ("full_profile_eager", "--compile off"),
+        ("full_profile_compiled", "--compile-scope"),
+    ):
+        contender = "fastlm_eager" if name.endswith("eager") else "fastlm_compile"
+        assert f"--model 0.5b --contenders {contender} --profile always --warmup 3 --steps 6" in step[name]
+        assert compile_ in step[name]
     # the full fine-tune's 1.3x target against the Trainer's best set-up, both eager (its torch_compile had
     # not finished in 107 s on the H100)
     assert "--model 0.5b --contenders fastlm_eager trainer_best --compile off" in step["gpu_speed_full_eager"]
@@ -331,7 +342,8 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "full_cudagraphs",
     )
     assert all("--compile-scope layers" in step[n] and "--compile off" not in step[n] for n in compiled)
-    assert "--model 3b --contenders fastlm_lora trainer_lora_best" in step["gpu_speed_lora_compiled"]
+    lora_compiled = "--model 3b --contenders fastlm_lora trainer_lora_best --trainer-liger off"
+    assert lora_compiled in step["gpu_speed_lora_compiled"]  # with Liger its compile did not finish in 93 s
     assert "--liger on" in step["liger_on"] and "--liger off" in step["liger_off"]
     assert (
         "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in step["compile_scope"]
@@ -352,10 +364,11 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
-    assert "[full_trainer_compiled] at most 380 s" in done.stdout
-    assert "[qlora_checkpointed] at most 180 s" in done.stdout  # what the first left, its minimum 170
-    assert "[full_b16] skipped: 0 s left of 560, it needs 150" in done.stdout
-    assert "bash benchmarks/gpu_session.sh --only full_b16" in done.stdout
+    assert "[full_trainer_compiled_liger] at most 280 s" in done.stdout
+    assert "[full_profile_eager] at most 130 s" in done.stdout
+    assert "[full_profile_compiled] at most 150 s" in done.stdout  # what the first two left
+    assert "[gpu_speed_lora_compiled] skipped: 0 s left of 560, it needs 240" in done.stdout
+    assert "bash benchmarks/gpu_session.sh --only gpu_speed_lora_compiled" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",

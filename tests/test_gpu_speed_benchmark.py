@@ -705,6 +705,52 @@ def test_the_profile_of_a_missed_adapter_target_profiles_the_adapter_set_up(gpu_
     assert built == ["lora"] and trained[0].model.lora.enabled and trained[0].profile.enabled
 
 
+def test_the_profile_of_a_missed_target_compiles_as_the_first_fastlm_contender_ran(gpu_speed, monkeypatch):
+    """The full fine-tune of 2026-11-28 (docs/gpu-runs, h200-3-full_trainer_compiled) measured fastlm eager
+    and printed the kernels of fastlm compiled by layers as its profile (``--compile both``, the default):
+    the profile now runs the first fastlm contender's compile."""
+    from types import SimpleNamespace
+
+    import fastlm.engine.train.loop as loop
+
+    both = gpu_speed.parse_args(["--model", "tiny", "--threads", "1"])
+    assert both.compile == "both"
+    assert gpu_speed.profiled_compile({"fastlm_eager": {}, "trainer_best": {}}, both) == "off"
+    assert gpu_speed.profiled_compile({"trainer_best": {}, "fastlm_compile": {}}, both) == "on"
+    assert gpu_speed.profiled_compile({"fastlm_eager_in_backward": {}}, both) == "off"
+    assert gpu_speed.profiled_compile({"fastlm_lora": {}}, both) == "on"
+    off = gpu_speed.parse_args(["--model", "tiny", "--threads", "1", "--compile", "off"])
+    assert gpu_speed.profiled_compile({"fastlm_lora": {}}, off) == "off"
+    assert gpu_speed.profiled_compile({"fastlm_lora_cudagraphs": {}}, off) == "on"
+
+    args = gpu_speed.parse_args(["--model", "tiny", "--threads", "1"])
+    args.profile_compile = "off"
+    seen = {}
+    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
+    gpu_speed.run_child("fastlm_profile", args, Path("."), 0)
+    assert seen["args"][seen["args"].index("--profile-compile") + 1] == "off"
+
+    compiled = []
+    ctx = SimpleNamespace(
+        args=SimpleNamespace(**{**vars(args), "workdir": ".", "device": "cpu"}),
+        attn="sdpa",
+        device="cpu",
+        values=[],
+        offsets=[0],
+        pad_id=0,
+        build_model=lambda: (None, None, 0),
+    )
+    monkeypatch.setattr(
+        gpu_speed, "fastlm_params", lambda ctx, compile_, **k: compiled.append(compile_) or SimpleNamespace()
+    )
+    profile = {"trace": None, "window_ms": 1.0, "phase_share": {}, "gpu_idle": None}
+    monkeypatch.setattr(loop, "train", lambda *a, **k: SimpleNamespace(summary={"profile": profile}))
+    for asked in ("off", "on"):
+        ctx.args.profile_compile = asked
+        assert gpu_speed.run_profile(ctx)["compiled"] == (asked == "on")
+    assert compiled == [False, True]
+
+
 def test_the_weights_dtype_reaches_the_children_and_its_ab_contender_runs_fp32_weights(
     gpu_speed, monkeypatch
 ):
@@ -944,3 +990,57 @@ def test_the_lora_variant_reaches_every_side_and_the_children(gpu_speed, monkeyp
     theirs = model.peft_config["default"]
     assert theirs.use_rslora is (variant == "rslora") and theirs.use_dora is (variant == "dora")
     assert lora.dropout == theirs.lora_dropout == 0.05
+
+
+def test_a_profile_sums_its_kernels_by_kind(gpu_speed):
+    """Two profiles of the 0.73 B full fine-tune (eager on 2026-11-27, compiled on 2026-11-28) differed by
+    18 ms of kernels a step, and their top 10 kernels could not say where: the profile sums every kernel
+    by kind (matmuls, attention, liger's kernels, inductor's, the optimizer's, eager elementwise ops,
+    copies), each kind's calls and time a step."""
+    kernels = {
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": [6, 3000.0],
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": [3, 900.0],
+        "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<96>>": [
+            3,
+            1500.0,
+        ],
+        "_rms_norm_backward_kernel": [6, 600.0],
+        "_swiglu_forward_kernel": [3, 200.0],
+        "_triton_rope": [3, 100.0],
+        "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": [3, 450.0],
+        "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>": [
+            3,
+            600.0,
+        ],
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": [3, 150.0],
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>": [3, 300.0],
+        "Memcpy HtoD (Pageable -> Device)": [3, 30.0],
+        "some_unknown_kernel": [3, 60.0],
+    }
+    kinds = gpu_speed.kernel_kinds(kernels, steps=3)
+    by = {row["kind"]: row for row in kinds}
+    assert by["matmul"]["calls_per_step"] == 3 and by["matmul"]["ms_per_step"] == pytest.approx(1.3)
+    assert by["attention"]["ms_per_step"] == pytest.approx(0.5)
+    assert by["liger"]["calls_per_step"] == 4 and by["liger"]["ms_per_step"] == pytest.approx(0.3)
+    assert by["inductor"]["ms_per_step"] == pytest.approx(0.15) and by["optimizer"][
+        "ms_per_step"
+    ] == pytest.approx(0.2)
+    assert by["elementwise"]["ms_per_step"] == pytest.approx(0.05)
+    assert by["copy"]["calls_per_step"] == 2 and by["copy"]["ms_per_step"] == pytest.approx(0.11)
+    assert by["other"]["ms_per_step"] == pytest.approx(0.02)
+    assert [row["kind"] for row in kinds][0] == "matmul"  # largest first
+    assert abs(sum(row["share"] for row in kinds) - 1.0) < 1e-9
+
+
+def test_a_profile_runs_when_a_target_is_missed_or_when_asked(gpu_speed):
+    """``--profile always`` profiles a run whose targets passed (the kernel A/B of eager against compiled
+    needs both profiles, whatever their MFU); ``never`` (or ``--no-profile``) none; ``missed`` by default."""
+    passed, missed = [("a target", True), ("no target here", None)], [("a target", False)]
+    default = gpu_speed.parse_args(["--model", "tiny"])
+    assert default.profile == "missed"
+    assert gpu_speed.wants_profile(missed, default) and not gpu_speed.wants_profile(passed, default)
+    always = gpu_speed.parse_args(["--model", "tiny", "--profile", "always"])
+    assert gpu_speed.wants_profile(passed, always) and gpu_speed.wants_profile(missed, always)
+    for never in (["--profile", "never"], ["--no-profile"]):
+        args = gpu_speed.parse_args(["--model", "tiny", *never])
+        assert not gpu_speed.wants_profile(missed, args)
