@@ -121,9 +121,9 @@
 #                          the Trainer held 42 GB at 8 rows: twice that fits an H200, maybe not an H100
 #    Measured on 2026-11-28 (ninth session, H200) and kept last, to run again: full_trainer_compiled
 #    (1.11x, the Trainer's compile finished: 18.3 s), qlora_checkpointed (11.72x, 0.76x the memory), full_b16
-#    (1.21x). The first call (560 s) runs full_trainer_compiled_liger (at most 280 s) and the two profiles; the
-#    next call (what is left of the 15 minutes: about 250 s, 35 of them the set-up) runs --only
-#    gpu_speed_lora_compiled; later sessions the rest.
+#    (1.21x). The first call (560 s) runs full_trainer_compiled_liger (at most 260 s) and the two profiles
+#    (each a run, then its profile, which needs about as long); the next call (what is left of the 15
+#    minutes: about 250 s, 35 of them the set-up) runs --only gpu_speed_lora_compiled; later sessions the rest.
 # The gpu_speed.py steps share one --cache-dir ($FASTLM_GPU_CACHE, default /tmp/fastlm_gpu_cache): the
 # prepared data and the adapters' base model are made by the first step of a key and reused by the next (a 3B
 # base took 22-30 s to make and save).
@@ -144,9 +144,9 @@ SHORT="--compile off --warmup 3 --steps 8"  # the QLoRA usual set-up: about 5 s 
 SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; timed steps enough for a mean
 PROFILED="--warmup 3 --steps 6"  # a run and its profile (3 more steps under the profiler) in one step's cap
 PLAN=(
-    "full_trainer_compiled_liger|240|280|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $SIZED --budget-s \$((CAP - 15))"
+    "full_trainer_compiled_liger|230|260|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $SIZED --budget-s \$((CAP - 15))"
     "full_profile_eager|120|130|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --profile always $PROFILED --compile off --budget-s \$((CAP - 10))"
-    "full_profile_compiled|140|150|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --profile always $PROFILED --compile-scope layers --budget-s \$((CAP - 10))"
+    "full_profile_compiled|160|170|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --profile always $PROFILED --compile-scope layers --budget-s \$((CAP - 10))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "lora_dora|240|330|benchmarks/gpu_speed.py --model 3b --lora-variant dora --contenders fastlm_lora fastlm_lora_peft_forward trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
