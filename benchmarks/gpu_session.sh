@@ -34,6 +34,11 @@
 #                          run with Liger); on a CPU its LoRA compile without Liger compiles one graph for
 #                          layers 1..N (layer 0 one more: its input needs no gradient), no graph break, and
 #                          takes as long for 8 layers as for 2, as the full fine-tune's (18.3 s on the H200)
+#      lora_compiled_ab / qlora_compiled_ab  fastlm's LoRA / QLoRA eager and compiled by layers
+#                          (fastlm_lora_compiled, fastlm_qlora_compiled) beside Trainer + peft's best set-up
+#                          eager with Liger, one run: what compiling the adapter layers gains (the eager QLoRA
+#                          step left the H200 idle 29 % waiting for the host; LoRA compiled by layers ran at
+#                          62.3 % MFU, H200, 2026-11-28)
 #      lora_reviews        the LoRA run on short texts with real reviews' lengths (--texts reviews: about
 #                          19 tokens each, 100 per packed row), the users' corpora, the same peers
 #      lora_dora           the LoRA run with DoRA adapters on every side (--lora-variant dora): fastlm's fused
@@ -148,6 +153,8 @@ PLAN=(
     "full_profile_eager|120|130|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --profile always $PROFILED --compile off --budget-s \$((CAP - 10))"
     "full_profile_compiled|160|170|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --profile always $PROFILED --compile-scope layers --budget-s \$((CAP - 10))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
+    "lora_compiled_ab|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_compiled trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
+    "qlora_compiled_ab|200|280|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_compiled trainer_qlora_best $SHORT --budget-s \$((CAP - 15))"
     "lora_reviews|240|330|benchmarks/gpu_speed.py --model 3b --texts reviews --contenders fastlm_lora trainer_lora_usual trainer_lora_best trl_lora_best $EAGER --budget-s \$((CAP - 15))"
     "lora_dora|240|330|benchmarks/gpu_speed.py --model 3b --lora-variant dora --contenders fastlm_lora fastlm_lora_peft_forward trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
     "gpu_speed_full|200|330|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile trainer_best $SIZED --budget-s \$((CAP - 15))"

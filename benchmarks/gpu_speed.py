@@ -121,6 +121,11 @@ made up with gradient accumulation in micro-batches as ``trainer_best``'s padded
   layer replayed by one launch, over micro-batches of one shape (the packed row padded to its capacity), the
   A/B of eager's launches one by one (the host left an H200 idle 21-41 % of the eager LoRA step). Needs CUDA
   (the engine refuses it on a CPU run).
+* ``fastlm_lora_compiled`` / ``fastlm_qlora_compiled`` (named in ``--contenders``): ``fastlm_lora`` /
+  ``fastlm_qlora`` compiled by layers whatever ``--compile`` says: with ``--compile off`` one run holds
+  fastlm eager, fastlm compiled and the peers eager with Liger (their best set-up that finishes: with Liger
+  the Trainer + peft's torch_compile did not finish its first step in 93 s on an H200, 2026-11-28), the A/B
+  of compiling the adapter layers (the eager QLoRA step left an H200 idle 29 % waiting for the host).
 * ``fastlm_eager_fp32_weights`` / ``fastlm_compile_fp32_weights`` (named in ``--contenders``): the full
   fine-tune with ``train.runtime.param_dtype: fp32``, bf16 autocast over fp32 weights as the Trainer runs
   (an fp32 residual stream, each projection's input cast to bf16, each input gradient cast back and summed in
@@ -243,6 +248,8 @@ AB_CONTENDERS = (
     "fastlm_lora_own_inputs",
     "fastlm_lora_fp32_adapters",
     "fastlm_lora_cudagraphs",
+    "fastlm_lora_compiled",
+    "fastlm_qlora_compiled",
 )
 # fastlm_lora / fastlm_qlora against its own variants: real tokens/s and peak memory, one run
 AB_PAIRS = [(f"fastlm_{name.split('_')[1]}", name) for name in AB_CONTENDERS]
@@ -864,7 +871,8 @@ def run_fastlm(
     layer on its own, no shared-input groups (``fastlm_lora_own_inputs``); ``param_dtype``:
     ``train.runtime.param_dtype`` in place of ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32);
     ``compile_mode``: ``train.runtime.compile_mode`` in place of ``--compile-mode``, compiled by layers
-    (``fastlm_lora_cudagraphs``: reduce-overhead)."""
+    (``fastlm_lora_cudagraphs``: reduce-overhead; ``fastlm_lora_compiled`` / ``fastlm_qlora_compiled``:
+    default)."""
     from time import perf_counter
 
     import torch
@@ -897,6 +905,8 @@ def run_fastlm(
         use_liger_function()
     if compile_mode == "reduce-overhead" and adapter:
         name += "_cudagraphs"
+    elif compile_mode == "default" and adapter:
+        name += "_compiled"
     end = warmup + steps
     runtime = setup_runtime(
         RuntimeConfig(
@@ -1530,7 +1540,7 @@ def profiled_compile(results: dict[str, dict], args: argparse.Namespace) -> str:
     first = next((name for name in results if name.startswith("fastlm")), "")
     if first.startswith("fastlm_eager"):
         return "off"
-    if first.startswith("fastlm_compile") or first.endswith("_cudagraphs"):
+    if first.startswith("fastlm_compile") or first.endswith(("_cudagraphs", "_compiled")):
         return "on"
     return "off" if args.compile == "off" else "on"
 
@@ -1643,6 +1653,10 @@ def child_main(args: argparse.Namespace) -> None:
         "fastlm_lora_cudagraphs": lambda: run_fastlm(
             ctx, True, adapter="lora", compile_mode="reduce-overhead"
         ),
+        **{
+            f"fastlm_{a}_compiled": (lambda a=a: run_fastlm(ctx, True, adapter=a, compile_mode="default"))
+            for a in ("lora", "qlora")
+        },
         **{
             f"fastlm_{a}_peft_forward": (lambda a=a: run_fastlm(ctx, compiled, adapter=a, peft_forward=True))
             for a in ("lora", "qlora")

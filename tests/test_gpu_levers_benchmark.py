@@ -199,6 +199,8 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         "full_profile_eager",
         "full_profile_compiled",
         "gpu_speed_lora_compiled",
+        "lora_compiled_ab",
+        "qlora_compiled_ab",
         "lora_reviews",
         "lora_dora",
         "gpu_speed_full",
@@ -344,6 +346,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     assert all("--compile-scope layers" in step[n] and "--compile off" not in step[n] for n in compiled)
     lora_compiled = "--model 3b --contenders fastlm_lora trainer_lora_best --trainer-liger off"
     assert lora_compiled in step["gpu_speed_lora_compiled"]  # with Liger its compile did not finish in 93 s
+    # fastlm's adapters eager and compiled by layers beside the peer's best eager set-up (with Liger), one run
+    for adapter, steps in (("lora", "--warmup 5 --steps 15"), ("qlora", "--warmup 3 --steps 8")):
+        ab = f"--model 3b --contenders fastlm_{adapter} fastlm_{adapter}_compiled trainer_{adapter}_best"
+        assert f"{ab} --compile off {steps}" in step[f"{adapter}_compiled_ab"]
     assert "--liger on" in step["liger_on"] and "--liger off" in step["liger_off"]
     assert (
         "compile_scope.py --hidden 1536 --heads 16 --intermediate 4096 --vocab 32000" in step["compile_scope"]

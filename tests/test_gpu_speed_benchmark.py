@@ -890,6 +890,31 @@ def test_the_compile_mode_reaches_the_children_and_the_cuda_graph_contender_comp
         gpu_speed.parse_args(["--compile-mode", "reduce-overhead"])  # the whole model's graph: refused
 
 
+def test_the_compiled_adapter_contenders_compile_by_layers_beside_eager_peers(gpu_speed):
+    """``fastlm_lora_compiled`` / ``fastlm_qlora_compiled``: ``fastlm_lora`` / ``fastlm_qlora`` compiled by
+    layers whatever ``--compile`` says, so that one ``--compile off`` run holds fastlm eager, fastlm compiled
+    and the peers eager with Liger (their best set-up that finishes: with Liger the Trainer + peft's compile
+    did not finish its first step in 93 s on an H200, 2026-11-28), reported beside the eager contender."""
+    args = gpu_speed.parse_args(
+        ["--model", "3b", "--contenders", "fastlm_qlora", "fastlm_qlora_compiled", "trainer_qlora_best"]
+        + ["--compile", "off", "--compile-scope", "model"]
+    )
+    assert args.contenders == ["fastlm_qlora", "fastlm_qlora_compiled", "trainer_qlora_best"]
+    for adapter in ("lora", "qlora"):
+        assert (f"fastlm_{adapter}", f"fastlm_{adapter}_compiled") in gpu_speed.AB_PAIRS
+        assert (f"fastlm_{adapter}", f"fastlm_{adapter}_compiled") in gpu_speed.MEMORY_PAIRS
+    ctx = context_of(args)
+    compiled = gpu_speed.fastlm_params(
+        ctx, compile_=True, max_steps=1, log_every=1, name="x", compile_mode="default"
+    )
+    assert compiled.runtime.compile is True and compiled.runtime.compile_scope == "layers"
+    assert compiled.runtime.compile_mode == "default"
+    eager = gpu_speed.fastlm_params(ctx, compile_=False, max_steps=1, log_every=1, name="x")
+    assert eager.runtime.compile is False
+    assert gpu_speed.profiled_compile({"fastlm_qlora_compiled": {}, "fastlm_qlora": {}}, args) == "on"
+    assert gpu_speed.profiled_compile({"fastlm_qlora": {}, "fastlm_qlora_compiled": {}}, args) == "off"
+
+
 def test_a_compiled_runs_first_step_line_says_what_was_compiled(gpu_speed):
     """The log says whether the layers were compiled in place (and in which mode) or the whole model: until
     2026-11-27 its runtime lacked the scope and every ``--compile-scope layers`` run compiled the whole model,
