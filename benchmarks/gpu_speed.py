@@ -287,6 +287,7 @@ LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relati
 SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show", "on_record"}
 
 TARGET_MFU = 0.55  # issue 31 (0.5b, bf16)
+FLOAT8_MEASURED = "measured on the first micro-batch"  # engine/runtime/probe.py's float8 auto choice
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")  # "torch.XError: ..."
 MIN_PARTIAL_STEPS = 3  # a stopped peer's timed steps a ratio's lower bound is judged on (bounded_verdict)
 MIN_COMPILE_TRY_S = 60.0  # a Trainer best set-up's torch_compile try gets at least this, or is not tried
@@ -1034,6 +1035,18 @@ def run_fastlm(
     ab = name in AB_CONTENDERS + FULL_AB_CONTENDERS
     out["loss_check"] = None if ab else packed_vs_unpacked(ctx, trained, runtime)
     return out
+
+
+def first_step_line(name: str, run: dict) -> str:
+    """A fastlm run's first step (not timed) and where its compile went: into that step, or, where float8
+    auto measured itself on the first micro-batch (``FLOAT8_MEASURED``), into that measurement before it."""
+    if not run.get("compiled"):
+        where = ""
+    elif FLOAT8_MEASURED in (run.get("float8_choice") or ""):
+        where = "compiled before it, in float8 auto's measurement on the first micro-batch; "
+    else:
+        where = "torch.compile included; "
+    return f"{name}: first step {run['first_step_s']:.1f} s ({where}{compiled_where(run)}not timed)"
 
 
 def compiled_where(run: dict) -> str:
@@ -2160,12 +2173,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
     )
     for name, run in results.items():
         if run.get("first_step_s") is not None:
-            print(
-                f"  {name}: first step {run['first_step_s']:.1f} s ("
-                + ("torch.compile included; " if run.get("compiled") else "")
-                + compiled_where(run)
-                + "not timed)"
-            )
+            print(f"  {first_step_line(name, run)}")
     for name, run in results.items():
         if run.get("float8_choice"):
             print(f"  {name}: {run['float8_choice']}")

@@ -931,6 +931,23 @@ def test_a_compiled_runs_first_step_line_says_what_was_compiled(gpu_speed):
     )
 
 
+def test_a_first_step_line_says_where_the_compile_went(gpu_speed):
+    """fastlm's compiled LoRA on an H200 (2026-11-28) printed "first step 1.0 s (torch.compile included ...)":
+    float8 auto's measurement on the first micro-batch had run (and compiled) the layers before that step.
+    The line says so where that measurement ran."""
+    compiled = {"compiled": True, "compiled_layers": 27, "compile_mode": "default", "first_step_s": 1.0}
+    assert gpu_speed.first_step_line("x", compiled) == (
+        "x: first step 1.0 s (torch.compile included; 27 layers compiled in place; not timed)"
+    )
+    measured = {**compiled, "float8_choice": "float8 auto, measured on the first micro-batch: fp8 0.249 s"}
+    assert gpu_speed.first_step_line("x", measured) == (
+        "x: first step 1.0 s (compiled before it, in float8 auto's measurement on the first micro-batch; "
+        "27 layers compiled in place; not timed)"
+    )
+    eager = {"compiled": False, "first_step_s": 2.9, "float8_choice": measured["float8_choice"]}
+    assert gpu_speed.first_step_line("y", eager) == "y: first step 2.9 s (not timed)"
+
+
 def test_a_cache_dir_prepares_the_data_and_saves_the_base_once_for_the_runs_sharing_them(gpu_speed, tmp_path):
     """gpu_session.sh's steps each prepared the data and saved a 3B base again (22-30 s each on an H100):
     with --cache-dir the first run of a key makes them, later runs copy the data and link the base; a save
