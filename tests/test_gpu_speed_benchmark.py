@@ -659,6 +659,21 @@ def test_a_missed_target_is_profiled_only_where_a_fastlm_run_finished_and_fits_i
     assert gpu_speed.profile_skip_reason(quick, 31.0) is None
 
 
+def profile_context(args, **builders):
+    """What ``run_profile`` reads of a contender's context on this CPU, with the model builders given."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        args=SimpleNamespace(**{**vars(args), "workdir": ".", "device": "cpu"}),
+        attn="sdpa",
+        device="cpu",
+        values=[],
+        offsets=[0],
+        pad_id=0,
+        **builders,
+    )
+
+
 def test_the_profile_of_a_missed_adapter_target_profiles_the_adapter_set_up(gpu_speed, monkeypatch):
     """The LoRA run of 2026-11-26 (docs/gpu-runs, h100-c) printed the kernels of a full fine-tune of its 3B
     base as the profile of its missed LoRA target: it now runs the first fastlm contender's set-up."""
@@ -671,19 +686,11 @@ def test_the_profile_of_a_missed_adapter_target_profiles_the_adapter_set_up(gpu_
     assert gpu_speed.profiled_adapter({"fastlm_compile": {}, "trainer_best": {}}) == "none"
     args = gpu_speed.parse_args(["--model", "tiny", "--adapters", "--threads", "1"])
     args.profile_adapter = "lora"
-    seen = {}
-    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
-    gpu_speed.run_child("fastlm_profile", args, Path("."), 0)
-    assert seen["args"][seen["args"].index("--profile-adapter") + 1] == "lora"
+    assert child_flag(gpu_speed, monkeypatch, "fastlm_profile", args, "--profile-adapter") == "lora"
 
     built = []
-    ctx = SimpleNamespace(
-        args=SimpleNamespace(**{**vars(args), "workdir": ".", "device": "cpu"}),
-        attn="sdpa",
-        device="cpu",
-        values=[],
-        offsets=[0],
-        pad_id=0,
+    ctx = profile_context(
+        args,
         build_model=lambda: built.append("full") or (None, None, 0),
         build_adapter_model=lambda quantized: (
             built.append("qlora" if quantized else "lora") or (None, None, 0)
@@ -725,21 +732,10 @@ def test_the_profile_of_a_missed_target_compiles_as_the_first_fastlm_contender_r
 
     args = gpu_speed.parse_args(["--model", "tiny", "--threads", "1"])
     args.profile_compile = "off"
-    seen = {}
-    monkeypatch.setattr(gpu_speed, "run_contender", lambda *a, extra_args, **k: seen.update(args=extra_args))
-    gpu_speed.run_child("fastlm_profile", args, Path("."), 0)
-    assert seen["args"][seen["args"].index("--profile-compile") + 1] == "off"
+    assert child_flag(gpu_speed, monkeypatch, "fastlm_profile", args, "--profile-compile") == "off"
 
     compiled = []
-    ctx = SimpleNamespace(
-        args=SimpleNamespace(**{**vars(args), "workdir": ".", "device": "cpu"}),
-        attn="sdpa",
-        device="cpu",
-        values=[],
-        offsets=[0],
-        pad_id=0,
-        build_model=lambda: (None, None, 0),
-    )
+    ctx = profile_context(args, build_model=lambda: (None, None, 0))
     monkeypatch.setattr(
         gpu_speed, "fastlm_params", lambda ctx, compile_, **k: compiled.append(compile_) or SimpleNamespace()
     )
@@ -1042,18 +1038,12 @@ def test_a_profile_sums_its_kernels_by_kind(gpu_speed):
     kernels = {
         "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": [6, 3000.0],
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": [3, 900.0],
-        "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<96>>": [
-            3,
-            1500.0,
-        ],
+        "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_traits>": [3, 1500.0],
         "_rms_norm_backward_kernel": [6, 600.0],
         "_swiglu_forward_kernel": [3, 200.0],
         "_triton_rope": [3, 100.0],
         "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": [3, 450.0],
-        "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>": [
-            3,
-            600.0,
-        ],
+        "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>": [3, 600.0],
         "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": [3, 150.0],
         "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>": [3, 300.0],
         "Memcpy HtoD (Pageable -> Device)": [3, 30.0],
