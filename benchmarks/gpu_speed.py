@@ -1370,9 +1370,8 @@ def run_trainer(ctx: GpuContext, best: bool, adapter: str | None = None, trl: bo
             extra["tf32"] = True
         compile_env, compile_note = trainer_compile_env(extra["torch_compile"])
         os.environ.update(compile_env)  # this contender's own process
-        if extra[
-            "torch_compile"
-        ]:  # a compile cut at its cap shows its recompiles and breaks in the output tail
+        # a compile cut at its cap shows its recompiles and graph breaks in the output tail
+        if extra["torch_compile"]:
             torch._logging.set_logs(recompiles=True, graph_breaks=True)
         setup += f", torch_compile={extra['torch_compile']}{compile_note}, tf32={extra.get('tf32', False)}"
         installed = importlib.util.find_spec("liger_kernel") is not None
@@ -2570,12 +2569,12 @@ def main(argv=None) -> None:
             print(f"      (the MFU target is set for --model 0.5b, not judged on {model_label(args)})")
         profile = None
         print(f"budget: {budget.seconds - budget.left():.0f} s of {budget.seconds:.0f} s used")
-        missed = wants_profile(lines, args)
+        profiling = wants_profile(lines, args)
         why = "a target was missed" if any(ok is False for _, ok in lines) else "--profile always"
-        skip = profile_skip_reason(results, budget.left()) if missed else None
+        skip = profile_skip_reason(results, budget.left()) if profiling else None
         if skip:
             print(f"\n{why}; profile skipped: {skip}")
-        elif missed:
+        elif profiling:
             if not on_cuda:
                 print("\ntop CUDA kernels: skipped: no CUDA")
             else:
