@@ -283,6 +283,8 @@ TRAINER_OPTIM = {
 MODEL_SEED = 0
 LOSS_CHECK_ROWS = 4
 LOSS_TOL = {"bf16": 2e-2, "fp32": 1e-4}  # |packed - unpacked| mean loss, relative
+# the loss check of a fastlm contender whose figures were written before it and whose cap came during it
+LOSS_CHECK_CUT = "cut"
 # records.Recorder.flush
 SYNC_LOG_FRAMES = {"flush", "check_finite", "check", "check_first_loss", "show", "on_record"}
 
@@ -1033,6 +1035,8 @@ def run_fastlm(
     # once per set-up: an A/B variant differs from fastlm_lora in one kernel, not in packing (about 20 s of a
     # 55 s contender on the H100: four attention paths, flex_attention's compile among them)
     ab = name in AB_CONTENDERS + FULL_AB_CONTENDERS
+    if not ab and args.result:  # the figures, should the cap come during the check (measured_before_the_cap)
+        write_partial(args.result, {**out, "loss_check": LOSS_CHECK_CUT})
     out["loss_check"] = None if ab else packed_vs_unpacked(ctx, trained, runtime)
     return out
 
@@ -1870,6 +1874,8 @@ def run_contender_in_budget(
         label = model_label(args)
         print(f"[{index + 1}/{count}] {name}, {label} (at most {cap:.0f} s) ...", flush=True)
         run = run_child(name, args, workdir, index, timeout_s=cap)
+        if name.startswith("fastlm"):
+            return measured_before_the_cap(run, cap)
         if not (best and "error" in run):
             return run
         note = f"torch_compile {run['error']}" if run.get("timed_out") else f"torch_compile {failure(run)}"
@@ -1880,6 +1886,17 @@ def run_contender_in_budget(
     if "setup" in run:
         run["setup"] += f" ({note})"
     return run
+
+
+def measured_before_the_cap(run: dict, cap_s: float) -> dict:
+    """A fastlm child stopped at its cap after its timed steps, in the loss check that follows them: the
+    figures it wrote before that check (``run_fastlm``), the check reported as cut; any other run as it is
+    (a peer's partial is its step timer's, a bound: ``speed_at_most``)."""
+    partial = run.get("partial") or {}
+    if not run.get("timed_out") or partial.get("loss_check") != LOSS_CHECK_CUT:
+        return run
+    stopped = f"stopped at its {cap_s:.0f} s cap in its loss check, after its timed steps"
+    return {**partial, "process_wall_s": cap_s, "other_load_cores": None, "stopped": stopped}
 
 
 def failure(run: dict) -> str:
@@ -2064,6 +2081,9 @@ def verdicts(results: dict[str, dict], on_cuda: bool, model: str) -> list[tuple[
                 run["sync_between_log_steps"] == 0,
             )
         loss = run["loss_check"]
+        if loss == LOSS_CHECK_CUT:
+            check(f"{name} packed vs unpacked loss", f"not run: cut ({run['stopped']})", None)
+            continue
         if loss is None:
             base = next((a for a, b in AB_PAIRS + FULL_AB_PAIRS if b == name), "fastlm_lora")
             covered = f"not run, an A/B variant ({base}'s check covers its packing)"
@@ -2151,7 +2171,7 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
             f"{name:<{width}}{run['attn']:>15}{run['real_tokens_per_s']:>13,.0f}{run['padding_waste']:>10.1%}"
             f"{run['step_time_s']:>9.3f}{_fmt(run['mfu'], '.1%'):>8}{_fmt(run['mfu_docs'], '.1%'):>9}"
             f"{_fmt(run['peak_memory_mb'], ',.0f'):>10}"
-            f"{run['data_wait_share']:>10.2%}{run['other_load_cores']:>11.2f}"
+            f"{run['data_wait_share']:>10.2%}{_fmt(run['other_load_cores'], '.2f'):>11}"
             f"{host_figures(run.get('host_us_per_op')):>16}"
         )
     for name, run in results.items():
@@ -2176,6 +2196,9 @@ def report(args, info: dict, gpu: dict, prep: dict, n_params: int, results: dict
     for name, run in results.items():
         if run.get("float8_choice"):
             print(f"  {name}: {run['float8_choice']}")
+    for name, run in results.items():
+        if run.get("stopped"):
+            print(f"  {name}: {run['stopped']} (its figures written before the check)")
     on_cuda = bool(gpu.get("cuda")) and args.device != "cpu"
     if not on_cuda:
         cpu_memory_report(model_label(args), results)

@@ -458,6 +458,25 @@ def test_the_full_fine_tunes_ratio_to_a_stopped_trainer_is_a_lower_bound(gpu_spe
     assert lines[line] is True and "at least 1.50x" in line and "over 4 of 8 timed steps" in line
 
 
+def test_a_fastlm_contender_stopped_in_its_loss_check_keeps_its_timed_figures(gpu_speed):
+    """A 4-contender QLoRA run on an H200 (2026-11-28) stopped fastlm at its 41 s share after its timed steps,
+    in the packed-against-unpacked loss check that follows them, and lost its figures: the child writes them
+    before that check, and a stopped child's are kept, the check reported as cut."""
+    figures = {"contender": "fastlm_qlora", "real_tokens_per_s": 29_000.0, "data_wait_share": 0.0}
+    figures.update(mfu=None, sync_between_log_steps=None, loss_check=gpu_speed.LOSS_CHECK_CUT)
+    stopped = {"contender": "fastlm_qlora", "error": "did not finish in 41 s", "timed_out": True}
+    kept = gpu_speed.measured_before_the_cap({**stopped, "partial": figures}, cap_s=41.0)
+    assert kept["real_tokens_per_s"] == 29_000.0 and "error" not in kept
+    assert kept["process_wall_s"] == 41.0 and kept["other_load_cores"] is None
+    assert "stopped at its 41 s cap in its loss check" in kept["stopped"]
+    trainer = {**stopped, "contender": "trainer_best", "partial": {"steps_done": 4, "window_s": 9.0}}
+    assert gpu_speed.measured_before_the_cap(trainer, cap_s=41.0) is trainer  # a peer's step timer: a bound
+    assert gpu_speed.measured_before_the_cap(stopped, cap_s=41.0) is stopped  # nothing written
+    lines = dict(gpu_speed.verdicts({"fastlm_qlora": kept}, on_cuda=True, model="3b"))
+    line = next(text for text in lines if "fastlm_qlora packed vs unpacked loss" in text)
+    assert lines[line] is None and "cut" in line
+
+
 def test_the_full_fine_tune_mfu_target_is_the_issues_55_percent(gpu_speed):
     assert gpu_speed.TARGET_MFU == 0.55 and gpu_speed.TARGET_VS_BEST == 1.3
 
