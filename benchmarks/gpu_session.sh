@@ -24,6 +24,11 @@
 #                          Liger it did not finish in 107 s, 2026-11-27, or failed, 2026-11-28; now by regions
 #                          with dynamic shapes, gpu_speed.trainer_compile_env: without Liger its first step
 #                          took 18.3 s and fastlm eager ran 1.11x it, H200, 2026-11-28)
+#      full_inductor_ab    fastlm's 0.73 B full fine-tune compiled by layers, one run: liger's RMSNorm, rotary
+#                          and SwiGLU kernels inside each compiled layer (fastlm_compile: opaque to inductor,
+#                          their backward in place) against inductor's own (fastlm_compile_inductor_layers:
+#                          train.model.liger off, the head's kernel still liger's); liger's SwiGLU and RMSNorm
+#                          backward were among the kernels that grew compiled (H200, 2026-11-28)
 #      full_profile_eager / full_profile_compiled  fastlm's 0.73 B full fine-tune alone, eager, then compiled
 #                          by layers, each run and profiled (--profile always): the kernel time of each by kind
 #                          (gpu_speed.kernel_kinds), the A/B behind compiled's slower kernels (176.5 ms a step
@@ -126,9 +131,11 @@
 #                          the Trainer held 42 GB at 8 rows: twice that fits an H200, maybe not an H100
 #    Measured on 2026-11-28 (ninth session, H200) and kept last, to run again: full_trainer_compiled
 #    (1.11x, the Trainer's compile finished: 18.3 s), qlora_checkpointed (11.72x, 0.76x the memory), full_b16
-#    (1.21x). The first call (560 s) runs full_trainer_compiled_liger (at most 260 s) and the two profiles
-#    (each a run, then its profile, which needs about as long); the next call (what is left of the 15
-#    minutes: about 250 s, 35 of them the set-up) runs --only gpu_speed_lora_compiled; later sessions the rest.
+#    (1.21x). The first call (560 s) runs full_trainer_compiled_liger (at most 260 s), full_inductor_ab (180 s)
+#    and the eager profile (a run, then its profile, which needs about as long); the next call (what is left
+#    of the 15 minutes: about 250 s, 35 of them the set-up) runs --only full_profile_compiled, or
+#    full_profile_inductor where full_inductor_ab's inductor side won (the same run, liger's layer kernels off:
+#    where its kernel time goes), or gpu_speed_lora_compiled; later sessions the rest.
 # The gpu_speed.py steps share one --cache-dir ($FASTLM_GPU_CACHE, default /tmp/fastlm_gpu_cache): the
 # prepared data and the adapters' base model are made by the first step of a key and reused by the next (a 3B
 # base took 22-30 s to make and save).
@@ -150,8 +157,10 @@ SIZED="--compile-scope layers --warmup 5 --steps 15"  # one layer's compile; tim
 PROFILED="--warmup 3 --steps 6"  # a run and its profile (3 more steps under the profiler) in one step's cap
 PLAN=(
     "full_trainer_compiled_liger|230|260|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager trainer_best $SIZED --budget-s \$((CAP - 15))"
-    "full_profile_eager|120|130|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --profile always $PROFILED --compile off --budget-s \$((CAP - 10))"
+    "full_inductor_ab|150|180|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile fastlm_compile_inductor_layers $SIZED --profile never --budget-s \$((CAP - 15))"
+    "full_profile_eager|110|120|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_eager --profile always $PROFILED --compile off --budget-s \$((CAP - 10))"
     "full_profile_compiled|160|170|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --profile always $PROFILED --compile-scope layers --budget-s \$((CAP - 10))"
+    "full_profile_inductor|160|170|benchmarks/gpu_speed.py --model 0.5b --contenders fastlm_compile --liger off --fused-kernel auto --profile always $PROFILED --compile-scope layers --budget-s \$((CAP - 10))"
     "gpu_speed_lora_compiled|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora trainer_lora_best --trainer-liger off $SIZED --budget-s \$((CAP - 15))"
     "lora_compiled_ab|240|330|benchmarks/gpu_speed.py --model 3b --contenders fastlm_lora fastlm_lora_compiled trainer_lora_best $EAGER --budget-s \$((CAP - 15))"
     "qlora_compiled_ab|200|280|benchmarks/gpu_speed.py --model 3b --contenders fastlm_qlora fastlm_qlora_compiled trainer_qlora_best $SHORT --budget-s \$((CAP - 15))"

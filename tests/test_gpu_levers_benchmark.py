@@ -197,8 +197,10 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     names = [line[1 : line.index("]")] for line in plan]
     assert names == [
         "full_trainer_compiled_liger",
+        "full_inductor_ab",
         "full_profile_eager",
         "full_profile_compiled",
+        "full_profile_inductor",
         "gpu_speed_lora_compiled",
         "lora_compiled_ab",
         "qlora_compiled_ab",
@@ -242,6 +244,15 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
         contender = "fastlm_eager" if name.endswith("eager") else "fastlm_compile"
         assert f"--model 0.5b --contenders {contender} --profile always --warmup 3 --steps 6" in step[name]
         assert compile_ in step[name]
+    # compiled by layers, liger's norm/rotary/SwiGLU kernels inside each layer against inductor's own, one run
+    inductor = "--model 0.5b --contenders fastlm_compile fastlm_compile_inductor_layers"
+    inductor += " --compile-scope layers"
+    assert inductor in step["full_inductor_ab"] and "at most 180 s" in step["full_inductor_ab"]
+    assert "--profile never" in step["full_inductor_ab"]
+    # its inductor side profiled: fastlm_compile with liger's layer kernels off, the head's kernel at auto
+    profiled = "--contenders fastlm_compile --liger off --fused-kernel auto --profile always --warmup 3"
+    assert profiled in step["full_profile_inductor"]
+    assert "--compile-scope layers" in step["full_profile_inductor"]
     # the full fine-tune's 1.3x target against the Trainer's best set-up, both eager (its torch_compile had
     # not finished in 107 s on the H100)
     assert "--model 0.5b --contenders fastlm_eager trainer_best --compile off" in step["gpu_speed_full_eager"]
@@ -336,6 +347,7 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
     compiled = (
         "full_trainer_compiled",
         "full_trainer_compiled_liger",
+        "full_inductor_ab",
         "full_compiled_ab",
         "weights_ab_compiled",
         "gpu_speed_full",
@@ -372,12 +384,12 @@ def test_gpu_session_parses_and_its_dry_run_prints_the_plan_in_order(tmp_path):
 def test_gpu_session_skips_what_the_budget_cannot_hold_and_says_how_to_run_it_later(tmp_path):
     done = session(tmp_path, "--dry-run", "--budget-s", "560")
     assert "[full_trainer_compiled_liger] at most 260 s" in done.stdout
-    assert "[full_profile_eager] at most 130 s" in done.stdout
+    assert "[full_inductor_ab] at most 180 s" in done.stdout
     # what the first two left (the dry run counts its own seconds too, as a session counts its set-up)
-    compiled = re.search(r"\[full_profile_compiled\] at most (\d+) s", done.stdout)
-    assert compiled and 160 <= int(compiled.group(1)) <= 170, done.stdout
-    assert re.search(r"\[gpu_speed_lora_compiled\] skipped: -?[0-9] s left of 560, it needs 240", done.stdout)
-    assert "bash benchmarks/gpu_session.sh --only gpu_speed_lora_compiled" in done.stdout
+    eager = re.search(r"\[full_profile_eager\] at most (\d+) s", done.stdout)
+    assert eager and 110 <= int(eager.group(1)) <= 120, done.stdout
+    assert re.search(r"\[full_profile_compiled\] skipped: -?[0-9] s left of 560, it needs 160", done.stdout)
+    assert "bash benchmarks/gpu_session.sh --only full_profile_compiled" in done.stdout
     only = session(tmp_path, "--dry-run", "--only", "liger_on,liger_off")
     assert [line[1:9] for line in only.stdout.splitlines() if line.startswith("[")] == [
         "liger_on",
