@@ -342,6 +342,13 @@ def test_the_adapter_is_described_as_configured():
     assert lora.adapter_description(LoraParams(enabled=True, init="pissa_niter_4")) == (
         "LoRA (r 16, alpha 32, pissa_niter_4 init)"
     )
+    # the build's log names an init by its method, whatever its iterations
+    assert [lora.init_name(init) for init in ("pissa_niter_4", "pissa", "olora", "gaussian")] == [
+        "PiSSA",
+        "PiSSA",
+        "OLoRA",
+        "Gaussian",
+    ]
 
 
 @pytest.mark.parametrize(("base_dtype", "compute"), [("auto", torch.bfloat16), ("fp32", torch.float32)])

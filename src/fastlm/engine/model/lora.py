@@ -283,7 +283,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         _remember_initial_adapters(peft_model)
         log.info(
             "%s init: the adapted weights decomposed in %.1f s (in every process that builds the model)%s",
-            INIT_NAMES[lora.init.split("_niter_")[0]],
+            init_name(lora.init),
             time.perf_counter() - started,
             "; pissa_niter_<n> draws a randomized SVD, far quicker on large weights"
             if lora.init == "pissa"
@@ -299,7 +299,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
     kind = "DoRA" if lora.use_dora else "LoRA"
     kind += " (rank-stabilized: alpha / sqrt(r))" if lora.use_rslora else ""
-    kind += f" ({INIT_NAMES[lora.init.split('_niter_')[0]]} init)" if lora.init != "default" else ""
+    kind += f" ({init_name(lora.init)} init)" if lora.init != "default" else ""
     log.info(
         "%s r=%d alpha=%g adapting %s%s: %s trainable of %s parameters (%.3f%%)",
         kind,
@@ -315,6 +315,13 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
 
 
 INIT_NAMES = {"gaussian": "Gaussian", "pissa": "PiSSA", "olora": "OLoRA"}
+
+
+def init_name(init: str) -> str:
+    """``train.model.lora.init``'s name in the log: ``pissa_niter_4`` -> ``PiSSA``."""
+    return INIT_NAMES[init.split("_niter_")[0]]
+
+
 _INITIAL = (
     "_fastlm_initial_adapters"  # PiSSA's / OLoRA's initial A and B, kept on the model until it is saved
 )
