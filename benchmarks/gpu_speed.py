@@ -190,6 +190,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 # Sibling modules (scripts run from benchmarks/); importing train_speed also sets the offline environment.
@@ -868,62 +869,55 @@ def use_liger_function() -> None:
     liger.liger_linear_cross_entropy_sum = liger_function_cross_entropy_sum
 
 
-def contender_name(
-    compile_: bool,
-    adapter: str | None = None,
-    fused_linear: str | None = None,
-    fused_kernel: str | None = None,
-    peft_forward: bool = False,
-    param_dtype: str | None = None,
-    in_backward: bool = False,
-    liger_function: bool = False,
-    own_inputs: bool = False,
-    compile_mode: str | None = None,
-    liger: str | None = None,
-) -> str:
-    """The contender name of ``run_fastlm``'s arguments (``CONTENDERS``)."""
-    name = f"fastlm_{adapter}" if adapter else "fastlm_compile" if compile_ else "fastlm_eager"
-    suffixes = (
-        (fused_linear == "off" and adapter, "_unfused"),
-        (fused_kernel == "fastlm" and adapter, "_own_head"),
-        (peft_forward and adapter, "_peft_forward"),
-        (own_inputs and adapter, "_own_inputs"),
-        (param_dtype == "fp32" and not adapter, "_fp32_weights"),
-        (param_dtype == "fp32" and adapter, "_fp32_adapters"),
-        (in_backward and not adapter, "_in_backward"),
-        (liger_function and adapter, "_liger_function"),
-        (compile_mode == "reduce-overhead" and adapter, "_cudagraphs"),
-        (compile_mode == "default" and adapter, "_compiled"),
-        (liger == "off" and compile_ and not adapter, "_inductor_layers"),
-    )
-    return name + "".join(suffix for wanted, suffix in suffixes if wanted)
+@dataclass(frozen=True)
+class Variant:
+    """What a fastlm contender changes from ``fastlm_compile`` / ``fastlm_eager`` (``run_fastlm``'s keywords),
+    and its name in ``CONTENDERS``. ``adapter``: lora / qlora; ``liger_function``: liger's own autograd
+    function for the fused head (``fastlm_lora_liger_function``, ``use_liger_function``); ``fused_linear``:
+    ``train.loss.fused_linear`` in place of ``--fused-linear`` (``fastlm_lora_unfused``: off);
+    ``fused_kernel``: ``train.loss.fused_linear_kernel`` in place of ``--fused-kernel``
+    (``fastlm_lora_own_head``: fastlm); ``peft_forward``: peft's own LoRA forward
+    (``fastlm_lora_peft_forward``); ``own_inputs``: each LoRA layer on its own, no shared-input groups
+    (``fastlm_lora_own_inputs``); ``param_dtype``: ``train.runtime.param_dtype`` in place of ``--param-dtype``
+    (``fastlm_eager_fp32_weights``: fp32); ``in_backward``: ``train.optimizer.in_backward``
+    (``fastlm_eager_in_backward``); ``compile_mode``: ``train.runtime.compile_mode`` in place of
+    ``--compile-mode``, compiled by layers (``fastlm_lora_cudagraphs``: reduce-overhead;
+    ``fastlm_lora_compiled`` / ``fastlm_qlora_compiled``: default); ``liger``: ``train.model.liger`` in
+    place of ``--liger``, the head's kernel left as ``--liger`` implies (``fastlm_compile_inductor_layers``:
+    off)."""
+
+    adapter: str | None = None
+    fused_linear: str | None = None
+    fused_kernel: str | None = None
+    peft_forward: bool = False
+    param_dtype: str | None = None
+    in_backward: bool = False
+    liger_function: bool = False
+    own_inputs: bool = False
+    compile_mode: str | None = None
+    liger: str | None = None
+
+    def name(self, compile_: bool) -> str:
+        adapter = self.adapter
+        name = f"fastlm_{adapter}" if adapter else "fastlm_compile" if compile_ else "fastlm_eager"
+        suffixes = (
+            (self.fused_linear == "off" and adapter, "_unfused"),
+            (self.fused_kernel == "fastlm" and adapter, "_own_head"),
+            (self.peft_forward and adapter, "_peft_forward"),
+            (self.own_inputs and adapter, "_own_inputs"),
+            (self.param_dtype == "fp32" and not adapter, "_fp32_weights"),
+            (self.param_dtype == "fp32" and adapter, "_fp32_adapters"),
+            (self.in_backward and not adapter, "_in_backward"),
+            (self.liger_function and adapter, "_liger_function"),
+            (self.compile_mode == "reduce-overhead" and adapter, "_cudagraphs"),
+            (self.compile_mode == "default" and adapter, "_compiled"),
+            (self.liger == "off" and compile_ and not adapter, "_inductor_layers"),
+        )
+        return name + "".join(suffix for wanted, suffix in suffixes if wanted)
 
 
-def run_fastlm(
-    ctx: GpuContext,
-    compile_: bool,
-    adapter: str | None = None,
-    fused_linear: str | None = None,
-    fused_kernel: str | None = None,
-    peft_forward: bool = False,
-    param_dtype: str | None = None,
-    in_backward: bool = False,
-    liger_function: bool = False,
-    own_inputs: bool = False,
-    compile_mode: str | None = None,
-    liger: str | None = None,
-) -> dict:
-    """One fastlm contender; ``liger_function``: liger's own autograd function for the fused head
-    (``fastlm_lora_liger_function``, ``use_liger_function``); ``fused_linear``: ``train.loss.fused_linear``
-    in place of ``--fused-linear`` (``fastlm_lora_unfused``: off); ``fused_kernel``:
-    ``train.loss.fused_linear_kernel`` in place of ``--fused-kernel`` (``fastlm_lora_own_head``: fastlm);
-    ``peft_forward``: peft's own LoRA forward (``fastlm_lora_peft_forward``); ``own_inputs``: each LoRA
-    layer on its own, no shared-input groups (``fastlm_lora_own_inputs``); ``param_dtype``:
-    ``train.runtime.param_dtype`` in place of ``--param-dtype`` (``fastlm_eager_fp32_weights``: fp32);
-    ``compile_mode``: ``train.runtime.compile_mode`` in place of ``--compile-mode``, compiled by layers
-    (``fastlm_lora_cudagraphs``: reduce-overhead; ``fastlm_lora_compiled`` / ``fastlm_qlora_compiled``:
-    default); ``liger``: ``train.model.liger`` in place of ``--liger``, the head's kernel left as ``--liger``
-    implies (``fastlm_compile_inductor_layers``: off)."""
+def run_fastlm(ctx: GpuContext, compile_: bool, **options) -> dict:
+    """One fastlm contender, compiled or not, with the changes ``options`` names (``Variant``)."""
     from time import perf_counter
 
     import torch
@@ -936,20 +930,10 @@ def run_fastlm(
     args = ctx.args
     warmup, steps = args.warmup, args.steps
     log_every = warmup if warmup >= 2 else steps
-    name = contender_name(
-        compile_,
-        adapter,
-        fused_linear,
-        fused_kernel,
-        peft_forward,
-        param_dtype,
-        in_backward,
-        liger_function,
-        own_inputs,
-        compile_mode,
-        liger,
-    )
-    if liger_function and adapter:
+    variant = Variant(**options)
+    adapter, compile_mode = variant.adapter, variant.compile_mode
+    name = variant.name(compile_)
+    if variant.liger_function and adapter:
         use_liger_function()
     end = warmup + steps
     runtime = setup_runtime(
@@ -963,7 +947,7 @@ def run_fastlm(
     )
     if adapter:
         model, init_digest, n_params = ctx.build_adapter_model(
-            adapter == "qlora", not peft_forward, not own_inputs
+            adapter == "qlora", not variant.peft_forward, not variant.own_inputs
         )
     else:  # the full fine-tune: --checkpointing through the engine's own policies (as build_model does)
         from fastlm.engine.model.recompute import enable_checkpointing
@@ -980,14 +964,14 @@ def run_fastlm(
         log_every=log_every,
         name=name,
         adapter=adapter,
-        fused_linear=fused_linear,
-        fused_kernel=fused_kernel,
-        fused_forward=not peft_forward,
-        param_dtype=param_dtype,
-        in_backward=in_backward,
-        shared_input=not own_inputs,
+        fused_linear=variant.fused_linear,
+        fused_kernel=variant.fused_kernel,
+        fused_forward=not variant.peft_forward,
+        param_dtype=variant.param_dtype,
+        in_backward=variant.in_backward,
+        shared_input=not variant.own_inputs,
         compile_mode=compile_mode,
-        liger=liger,
+        liger=variant.liger,
     )
     flushed_at: dict[int, float] = {}
     sync = SyncCounter()

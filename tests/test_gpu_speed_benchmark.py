@@ -1117,8 +1117,7 @@ def test_the_inductor_layers_contender_leaves_the_layers_to_inductor_and_keeps_t
     plain = gpu_speed.fastlm_params(ctx, compile_=True, max_steps=1, log_every=1, name="x")
     assert plain.model.liger == "auto" and plain.loss.fused_linear_kernel == "auto"
     assert gpu_speed.profiled_compile({"fastlm_compile_inductor_layers": {}}, args) == "on"
-    assert gpu_speed.contender_name(compile_=True, liger="off") == "fastlm_compile_inductor_layers"
-    assert gpu_speed.contender_name(compile_=False, param_dtype="fp32") == "fastlm_eager_fp32_weights"
-    assert gpu_speed.contender_name(compile_=True, adapter="qlora", compile_mode="default") == (
-        "fastlm_qlora_compiled"
-    )
+    assert gpu_speed.Variant(liger="off").name(compile_=True) == "fastlm_compile_inductor_layers"
+    assert gpu_speed.Variant(param_dtype="fp32").name(compile_=False) == "fastlm_eager_fp32_weights"
+    compiled = gpu_speed.Variant(adapter="qlora", compile_mode="default")
+    assert compiled.name(compile_=True) == "fastlm_qlora_compiled"
