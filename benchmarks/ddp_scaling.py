@@ -2,6 +2,7 @@
 
     python benchmarks/ddp_scaling.py [--steps 30] [--world 2] [--rows 6000]
     python benchmarks/ddp_scaling.py --weights-ab [--steps 30]     bf16 weights against fp32 ones under DDP
+    python benchmarks/ddp_scaling.py --start-ab [--launches 4] [--steps 5]   spawn against forkserver workers
 
 Same model, data and effective batch for every contender, each in the same run:
 
@@ -17,6 +18,12 @@ shows what data parallelism costs (gloo all-reduce, per-step host sums), not a s
 ``--weights-ab``: instead, two N-process runs at ``precision: bf16`` in the same run, one with bf16 weights
 and fp32 masters (``param_dtype: bf16``; DDP's reduction adds the bf16 gradients into the masters in fp32)
 and one with autocast over fp32 weights (``param_dtype: fp32``): their real tokens/s, ratio and loss curves.
+
+``--start-ab``: instead, ``--launches`` short N-process runs in this one process by each of the launcher's
+start methods (``train.distributed.start_method``), alternating spawn and forkserver, as a sweep or k-fold
+launches its runs: each launch's start-up (its wall time before the training loop), the median of each
+method's launches after its first (the forkserver's first starts the server), their ratio, and whether the
+two methods' losses are the same (the same computation: they must be equal).
 
 ``--paper`` also prints, for the 0.73 B GPU benchmark config (benchmarks/gpu_speed.py) and a 7 B model, the
 gradient bytes each GPU sends per optimizer step with a ring all-reduce (2 (N-1)/N x gradient bytes) and the
@@ -62,7 +69,15 @@ def prepare(rows: int):
 
 
 def params(
-    workdir: Path, *, steps: int, accum: int, nproc: int, threads: int, precision="fp32", param_dtype="auto"
+    workdir: Path,
+    *,
+    steps: int,
+    accum: int,
+    nproc: int,
+    threads: int,
+    precision="fp32",
+    param_dtype="auto",
+    start_method="auto",
 ):
     return parse_train_params(
         {
@@ -83,7 +98,7 @@ def params(
                 "num_attention_heads": 4,
             },
             "batching": {"mode": "packed", "micro_batch_size": 8, "gradient_accumulation_steps": accum},
-            "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2},
+            "distributed": {"nproc_per_node": nproc, "monitor_interval_s": 0.2, "start_method": start_method},
         }
     )
 
@@ -124,7 +139,47 @@ def launch(job_params, tokenizer, data, workdir: Path, world: int):
         build_model, job_params.model, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa"
     )
     job = TrainJob(job_params, MAX_LENGTH, data, None, tokenizer, str(workdir / "model"))
-    return launch_workers(job, world, build_model=build, monitor_interval_s=0.2)
+    return launch_workers(
+        job,
+        world,
+        build_model=build,
+        monitor_interval_s=0.2,
+        start_method=job_params.distributed.start_method,
+    )
+
+
+def start_ab(args, tokenizer, data, cores: int) -> None:
+    """``--launches`` N-process runs by each start method in this process, alternating: their start-ups."""
+    threads = max(1, cores // args.world)
+    start_ups: dict[str, list[float]] = {"spawn": [], "forkserver": []}
+    losses: dict[str, list[float]] = {"spawn": [], "forkserver": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for launch_index in range(args.launches):
+            for method in start_ups:
+                workdir = Path(tmp) / f"{method}-{launch_index}"
+                job_params = params(
+                    workdir, steps=args.steps, accum=args.accum, nproc=args.world, threads=threads,
+                    start_method=method,
+                )  # fmt: skip
+                start = time.perf_counter()
+                run = launch(job_params, tokenizer, data, workdir, args.world)
+                start_ups[method].append(time.perf_counter() - start - run.summary["wall_time_s"])
+                losses[method].append(run.history[-1]["loss"])
+    print(
+        f"{args.launches} launches of {args.world} processes by each start method in one process, "
+        f"alternating; {args.steps} steps each, {threads} threads a worker"
+    )
+    print("| start method | start-up of each launch | median after the first |")
+    print("| --- | --- | ---: |")
+    medians = {}
+    for method, times in start_ups.items():
+        medians[method] = statistics.median(times[1:] or times)
+        print(f"| {method} | {' / '.join(f'{t:.2f} s' for t in times)} | {medians[method]:.2f} s |")
+    print(
+        f"ratio spawn / forkserver start-up after the first launch: "
+        f"{medians['spawn'] / medians['forkserver']:.1f}x; the same final losses: "
+        f"{losses['spawn'] == losses['forkserver']}"
+    )
 
 
 def weights_ab(args, tokenizer, data, cores: int) -> None:
@@ -165,6 +220,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=6000)
     parser.add_argument("--paper", action="store_true")
     parser.add_argument("--weights-ab", action="store_true", help="bf16 against fp32 weights, N processes")
+    parser.add_argument("--start-ab", action="store_true", help="spawn against forkserver launches")
+    parser.add_argument("--launches", type=int, default=4, help="launches by each start method (--start-ab)")
     parser.add_argument(
         "--bandwidth", type=float, default=150.0, help="GB/s bus bandwidth per GPU (all-reduce)"
     )
@@ -176,6 +233,9 @@ def main(argv=None) -> None:
     print(f"machine: {cores} usable cores; {len(data):,} samples, packed rows of {MAX_LENGTH}")
     if args.weights_ab:
         weights_ab(args, tokenizer, data, cores)
+        return
+    if args.start_ab:
+        start_ab(args, tokenizer, data, cores)
         return
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -195,6 +255,7 @@ def main(argv=None) -> None:
             args.world,
             build_model=build,
             monitor_interval_s=0.2,
+            start_method=many_params.distributed.start_method,
         )
         many_wall = time.perf_counter() - start
     losses_one = [r["loss"] for r in one.history]

@@ -153,19 +153,26 @@ def _read(path: str, mode: str = "r"):
         return file.read()
 
 
-def _spawned_workers(parent: int) -> list[int]:
-    """The worker processes the launcher spawned: children of ``parent`` running multiprocessing's
-    spawn_main."""
-    workers = []
+def _workers(parent: int) -> tuple[list[int], list[int]]:
+    """The worker processes the launcher started, and the forkserver it started them from (if any):
+    children of ``parent`` running multiprocessing's spawn_main (``start_method: spawn``), or children of
+    its child running multiprocessing's forkserver (``forkserver``, what ``auto`` takes on a CPU)."""
+    processes = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(_read(str(stat)).rsplit(")", 1)[1].split()[1])
-            cmdline = _read(str(stat.parent / "cmdline"), "rb")
+            processes[int(stat.parent.name)] = (ppid, _read(str(stat.parent / "cmdline"), "rb"))
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == parent and b"spawn_main" in cmdline:
-            workers.append(int(stat.parent.name))
-    return sorted(workers)
+    servers = [
+        pid for pid, (ppid, cmdline) in processes.items() if ppid == parent and b"forkserver" in cmdline
+    ]
+    workers = [
+        pid
+        for pid, (ppid, cmdline) in processes.items()
+        if (ppid == parent and b"spawn_main" in cmdline) or ppid in servers
+    ]
+    return sorted(workers), servers
 
 
 def _alive(pid: int) -> bool:
@@ -211,13 +218,14 @@ def split_then_kill_a_worker(folder: Path) -> dict:
                 seen["started"] = False
                 return seen
             time.sleep(0.2)
-        seen["started"], seen["workers"] = True, _spawned_workers(process.pid)
+        seen["started"] = True
+        seen["workers"], seen["servers"] = _workers(process.pid)
         if len(seen["workers"]) == 2:
             os.kill(seen["workers"][-1], signal.SIGKILL)
             killed = time.monotonic()
             seen["output"], _ = process.communicate(timeout=90)
             seen["ended_in"] = time.monotonic() - killed
-            seen["left"] = [pid for pid in seen["workers"] if _alive(pid)]
+            seen["left"] = [pid for pid in seen["workers"] + seen["servers"] if _alive(pid)]
     finally:
         if process.poll() is None:
             process.kill()
@@ -241,5 +249,6 @@ def test_a_killed_worker_ends_the_run_with_a_clear_error_and_no_process_left():
         -3000:
     ]
     assert seen["ended_in"] < 60
-    assert seen["left"] == []  # every worker gone (or a zombie)
+    assert len(seen["servers"]) == 1  # auto on a CPU: the workers were forked from one server
+    assert seen["left"] == []  # every worker gone (or a zombie), and the server with its launcher
     assert not (seen["project"] / "data/06_models/model").exists()  # nothing half-written

@@ -50,15 +50,33 @@ def job_params(tmp_path, *, accum: int, nproc: int, **extra):
     )
 
 
-def launch(params, tokenizer, tokenized, tmp_path):
+def launch(params, tokenizer, tokenized, tmp_path, callback_factory=None):
     job = TrainJob(params, 48, tokenized[0], tokenized[1], tokenizer, str(tmp_path / "model"))
     build = functools.partial(build_model, params.model, tokenizer, max_length=48, attn_implementation="sdpa")
     return launch_workers(
         job,
         params.distributed.nproc_per_node,
         build_model=build,
+        callback_factory=callback_factory,
         monitor_interval_s=params.distributed.monitor_interval_s,
+        start_method=params.distributed.start_method,
     )
+
+
+class WorkerProcess:
+    """A loop callback that writes, once, where rank 0's worker runs: its parent process and the value of
+    one environment variable (``variable``) there. ``functools.partial(WorkerProcess, path, variable)`` is
+    the picklable ``callback_factory`` of ``launch``."""
+
+    def __init__(self, path: str, variable: str) -> None:
+        import json
+        import os
+
+        with open(path, "w") as file:
+            json.dump({"parent": os.getppid(), "variable": os.environ.get(variable)}, file)
+
+    def __call__(self, kind: str, record: dict) -> None:
+        pass
 
 
 def run_one(params, tokenizer, tokenized, folder):

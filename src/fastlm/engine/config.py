@@ -542,6 +542,13 @@ class DistributedParams(Params):
     bucket_cap_mb: int = Field(25, ge=1)
     timeout_s: float = Field(600, gt=0, description="a collective waiting longer than this ends the run")
     monitor_interval_s: float = Field(0.5, gt=0, description="how often the launcher checks its workers")
+    start_method: Literal["auto", "spawn", "forkserver"] = Field(
+        "auto",
+        description="how the launcher starts its workers: forkserver forks them from one server process "
+        "that imported the engine once (a process's later launches skip the imports), spawn starts a fresh "
+        "interpreter for each; auto: forkserver for a job on the CPU, spawn for one on a GPU "
+        "(engine/launch/workers.py)",
+    )
 
 
 class TrainParams(Params):

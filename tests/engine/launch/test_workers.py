@@ -100,3 +100,105 @@ def test_a_launch_removes_what_a_killed_launch_left_and_keeps_a_live_ones(
     with pytest.raises(Handed):
         launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, (rows, rows), tmp_path)
     assert not any(path.exists() for path in left) and running.exists()
+
+
+def _launch_recording(tmp_path, tokenizer, tokenized, method: str, name: str):
+    """A one-step, two-worker launch started by ``method``: rank 0's final train loss and what its worker
+    process recorded (``WorkerProcess``)."""
+    import functools
+    import json
+
+    from tests.support.parallel_jobs import WorkerProcess
+
+    record = tmp_path / f"{name}.json"
+    params = job_params(
+        tmp_path / name,
+        accum=1,
+        nproc=2,
+        max_steps=2,
+        eval_every=None,
+        save_every=None,
+        distributed={"nproc_per_node": 2, "monitor_interval_s": 0.2, "start_method": method},
+    )
+    result = launch(
+        params,
+        tokenizer,
+        tokenized,
+        tmp_path / name,
+        callback_factory=functools.partial(WorkerProcess, str(record), "FASTLM_TEST_LAUNCH_MARK"),
+    )
+    return result.history[-1]["loss"], json.loads(record.read_text())
+
+
+def test_forkserver_workers_come_from_one_server_and_train_as_spawned_workers(
+    tmp_path, bpe_tokenizer, tokenized
+):
+    """``distributed.start_method: forkserver``: each worker is forked from one server process that
+    imported the engine once (the worker's parent is that server, the same for two launches), not started
+    as a fresh interpreter by the launcher (``spawn``: the worker's parent is the launcher). The training is
+    the same computation either way: the same losses, exactly."""
+    spawned_loss, spawned = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "spawn", "spawn")
+    first_loss, first = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "fork1")
+    second_loss, second = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "fork2")
+    assert spawned["parent"] == os.getpid()
+    assert first["parent"] != os.getpid() and second["parent"] == first["parent"]
+    assert spawned_loss == first_loss == second_loss
+
+
+def test_a_changed_environment_starts_workers_that_see_it(tmp_path, bpe_tokenizer, tokenized, monkeypatch):
+    """A forkserver's workers inherit the server's environment, which is the launcher's when the server
+    started: a variable set since then would not reach them. The launcher then starts that launch's
+    workers by spawn, and they see it."""
+    _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "before")
+    monkeypatch.setenv("FASTLM_TEST_LAUNCH_MARK", "set after the server started")
+    _, after = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "after")
+    assert after["variable"] == "set after the server started"
+
+
+def test_auto_forks_workers_on_a_cpu_and_spawns_them_for_a_gpu(monkeypatch):
+    """``auto``: forkserver where the job trains on the CPU; spawn where it trains on a GPU. forkserver for a
+    GPU job is refused in one line naming the parameter: the server's imports ask the CUDA driver for its
+    devices (torchao's modules do), after which PyTorch refuses CUDA in a forked child."""
+    import torch
+
+    from fastlm.engine.launch.workers import worker_start_method
+    from fastlm.errors import ConfigError
+
+    assert worker_start_method("auto", "cpu") == "forkserver"
+    assert worker_start_method("auto", "cuda") == "spawn"
+    assert worker_start_method("spawn", "cpu") == "spawn"
+    assert worker_start_method("forkserver", "cpu") == "forkserver"
+    with pytest.raises(
+        ConfigError, match=r"train\.distributed\.start_method is forkserver .* cuda"
+    ) as refused:
+        worker_start_method("forkserver", "cuda:1")
+    assert "\n" not in str(refused.value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert worker_start_method("auto", "auto") == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert worker_start_method("auto", "auto") == "forkserver"
+
+
+def test_a_killed_worker_is_named_before_the_peer_that_lost_its_connection(tmp_path):
+    """A worker killed outright (the out-of-memory killer, kill -9) writes no error; its peer fails on the
+    closed connection a moment later and does. The elastic launcher dates the peer's failure by its error
+    file and the killed one's by when the launcher saw it, in whole seconds, and names the earliest: the
+    peer's when both fall in one second or the launcher looked late. The killed worker is the cause, and is
+    named."""
+    import json
+    import time
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from fastlm.engine.launch.workers import _worker_error
+
+    peer = tmp_path / "rank0.json"
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6797."
+    stamp = str(int(time.time()) - 1)
+    peer.write_text(json.dumps({"message": {"message": lost, "extraInfo": {"timestamp": stamp}}}))
+    failures = {
+        0: ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file=str(peer)),
+        1: ProcessFailure(local_rank=1, pid=101, exitcode=-9, error_file=str(tmp_path / "none.json")),
+    }
+    message = str(_worker_error(ChildFailedError("_worker", failures), 2))
+    assert "training worker rank 1 of 2 was killed (Signal 9 (SIGKILL)" in message, message

@@ -1,9 +1,24 @@
 """Launch N training workers on this machine with PyTorch's elastic launcher (what torchrun runs).
 
-``launch_workers(job, nproc)`` starts ``nproc`` fresh processes (``spawn``: no CUDA or thread state copied
-from the parent) through ``torch.distributed.launcher.api.elastic_launch`` with a c10d rendezvous on a free
-local port, runs :func:`fastlm.engine.launch.job.run_job` in each, and returns rank 0's result. The parent
-only waits.
+``launch_workers(job, nproc)`` starts ``nproc`` processes through
+``torch.distributed.launcher.api.elastic_launch`` with a c10d rendezvous on a free local port, runs
+:func:`fastlm.engine.launch.job.run_job` in each, and returns rank 0's result. The parent only waits.
+
+How the workers start (``distributed.start_method``, ``worker_start_method``): ``spawn`` starts each as a
+fresh interpreter, which imports torch, transformers and the engine before it can train, at every launch;
+``forkserver`` forks each from one server process that imported this module once (Python's forkserver,
+started by this process's first such launch and kept until it exits): a sweep's, k-fold's or test suite's
+later launches skip the imports. Neither copies the parent's CUDA or thread state. ``auto`` takes forkserver
+for a job on the CPU and spawn for one on another device; forkserver for a GPU job is refused: the server's
+imports ask the CUDA driver for its devices (torchao's modules call ``torch.cuda.is_available()`` when
+imported), after which PyTorch refuses CUDA in a forked child.
+
+A forked worker's environment is the server's, the launcher's when the server started: when the launcher's
+environment has changed since, that launch's workers are spawned, so that they see it (and the imports see
+it: torch, transformers and others read some variables when imported). Two variables are left out of that
+comparison: ``TORCHELASTIC_SIGNALS_TO_HANDLE``, which the elastic launcher sets in this process at each
+launch and reads here, not in a worker, and ``PYTEST_CURRENT_TEST``, which pytest sets to the running
+test's name at each of its phases and nothing reads at import.
 
 The job (its tokenized data and tokenizer) is pickled once into a file beside the model folder, which each
 worker reads: spawn writes a worker's arguments into its start pipe, and the worker reads their end only
@@ -24,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing.forkserver
 import os
 import pickle
 import re
@@ -40,12 +56,14 @@ from fastlm.engine.distributed.parallel import rank_from_env
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.train.signals import TrainingInterrupted
-from fastlm.errors import FastlmError
+from fastlm.errors import ConfigError, FastlmError
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 10
 _ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 _EXIT_CODES = {"TrainingInterrupted": TrainingInterrupted.exit_code}
+_server_environment: dict[str, str] | None = None  # the launcher's environment when its forkserver started
+_NOT_COMPARED = frozenset({"TORCHELASTIC_SIGNALS_TO_HANDLE", "PYTEST_CURRENT_TEST"})  # module docstring
 
 
 class WorkerFailedError(FastlmError):
@@ -61,16 +79,19 @@ def launch_workers(
     build_model: Callable[[], object],
     callback_factory: Callable[[], Callable] | None = None,
     monitor_interval_s: float = 0.5,
+    start_method: str = "auto",
 ) -> JobResult:
     """Run ``job`` in ``nproc`` worker processes; return rank 0's result with the trained model.
 
     ``build_model()`` makes the (untrained) model in this process, to load rank 0's weights into;
-    ``callback_factory`` (picklable) makes rank 0's loop callback inside the worker (e.g. MLflow metrics).
+    ``callback_factory`` (picklable) makes rank 0's loop callback inside the worker (e.g. MLflow metrics);
+    ``start_method``: ``distributed.start_method`` (module docstring).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    method = worker_start_method(start_method, job.params.runtime.device)  # refused before any file is made
     staging = Path(job.model_dir).parent
     staging.mkdir(parents=True, exist_ok=True)
     _remove_stale_handovers(staging)
@@ -85,10 +106,14 @@ def launch_workers(
         run_id=f"fastlm-{secrets.token_hex(6)}",
         max_restarts=0,
         monitor_interval=monitor_interval_s,
-        start_method="spawn",
+        start_method=_server_or_spawn(method),
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
-    log.info("Launching %d training workers (elastic launcher, spawn, c10d rendezvous on 127.0.0.1)", nproc)
+    log.info(
+        "Launching %d training workers (elastic launcher, %s, c10d rendezvous on 127.0.0.1)",
+        nproc,
+        config.start_method,
+    )
     try:
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         with _quiet_elastic_logs(), _own_signal_handlers():
@@ -111,6 +136,47 @@ def launch_workers(
     finally:
         weights.unlink(missing_ok=True)
         job_file.unlink(missing_ok=True)
+
+
+def worker_start_method(requested: str, device: str) -> str:
+    """``distributed.start_method`` for a job on ``device`` (``runtime.device``): ``auto`` is forkserver for
+    the CPU, spawn for any other device; forkserver for another device is refused (module docstring)."""
+    if requested == "spawn":
+        return requested
+    import torch
+
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
+    if kind == "cpu":
+        return "forkserver"
+    if requested == "forkserver":
+        raise ConfigError(
+            f"train.distributed.start_method is forkserver and the job trains on {kind}: the server's "
+            f"imports ask the {kind} driver for its devices, after which a forked worker cannot use it.",
+            fix="set train.distributed.start_method: auto (or spawn).",
+        )
+    return "spawn"
+
+
+def _server_or_spawn(method: str) -> str:
+    """``method``, unless it is forkserver and this process's environment is no longer the one its server
+    started with: then spawn (the workers see the environment as it is now). The first forkserver launch
+    starts the server, which imports this module before it forks any worker."""
+    global _server_environment
+    if method != "forkserver":
+        return method
+    environment = {name: value for name, value in os.environ.items() if name not in _NOT_COMPARED}
+    if _server_environment is not None and environment != _server_environment:
+        changed = sorted(set(environment.items()) ^ set(_server_environment.items()))
+        log.info(
+            "the environment changed since the worker server started (%s): these workers are spawned",
+            ", ".join(sorted({name for name, _ in changed})),
+        )
+        return "spawn"
+    if _server_environment is None:
+        multiprocessing.forkserver.set_forkserver_preload([__name__])
+    multiprocessing.forkserver.ensure_running()
+    _server_environment = environment
+    return "forkserver"
 
 
 _HANDOVER = re.compile(r"\.launch-(\d+)-[0-9a-f]+\.(job|safetensors)")
@@ -139,7 +205,7 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _worker(job_file: str, weights: str, callback_factory) -> JobResult | None:
-    """A worker's entry point (runs in the spawned process): the job from the file its parent wrote."""
+    """A worker's entry point (runs in the worker process): the job from the file its parent wrote."""
     job: TrainJob = pickle.loads(Path(job_file).read_bytes())
     rank = rank_from_env()
     _configure_worker_logging(rank.rank)
@@ -199,8 +265,12 @@ def _own_signal_handlers():
 
 
 def _worker_error(error, nproc: int) -> FastlmError:
-    """The first failure of a ChildFailedError as one line (the worker's own message when it raised)."""
-    rank, failure = error.get_first_failure()
+    """The cause of a ChildFailedError as one line (the worker's own message when it raised): a worker
+    killed by a signal, else the first failure. A killed worker writes no error and its peers fail on the
+    closed connection a moment later; the launcher dates theirs by their error files and the killed one's by
+    when it looked, in whole seconds, so its "first failure" can be a peer's."""
+    killed = {rank: failure for rank, failure in error.failures.items() if failure.exitcode < 0}
+    rank, failure = min(killed.items()) if killed else error.get_first_failure()
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", "")

@@ -74,6 +74,7 @@ def train_model(
             job,
             params.distributed.nproc_per_node,
             monitor_interval_s=params.distributed.monitor_interval_s,
+            start_method=params.distributed.start_method,
             build_model=functools.partial(_untrained_model, params, tokenizer, max_length),
             callback_factory=tracker.worker_callback_factory(),
         )
