@@ -64,16 +64,23 @@ def launch(params, tokenizer, tokenized, tmp_path, callback_factory=None):
 
 
 class WorkerProcess:
-    """A loop callback that writes, once, where rank 0's worker runs: its parent process and the value of
-    one environment variable (``variable``) there. ``functools.partial(WorkerProcess, path, variable)`` is
-    the picklable ``callback_factory`` of ``launch``."""
+    """A loop callback that writes, once, where rank 0's worker runs: its parent process, the value of one
+    environment variable (``variable``) there, and the file its fastlm package was imported from.
+    ``functools.partial(WorkerProcess, path, variable)`` is the picklable ``callback_factory`` of
+    ``launch``."""
 
     def __init__(self, path: str, variable: str) -> None:
         import json
         import os
+        import sys
 
+        record = {
+            "parent": os.getppid(),
+            "variable": os.environ.get(variable),
+            "fastlm": sys.modules["fastlm"].__file__,
+        }
         with open(path, "w") as file:
-            json.dump({"parent": os.getppid(), "variable": os.environ.get(variable)}, file)
+            json.dump(record, file)
 
     def __call__(self, kind: str, record: dict) -> None:
         pass

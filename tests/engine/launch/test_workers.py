@@ -4,6 +4,7 @@ found them. Two real worker processes each: the tiny job of tests/support/parall
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -202,3 +203,93 @@ def test_a_killed_worker_is_named_before_the_peer_that_lost_its_connection(tmp_p
     }
     message = str(_worker_error(ChildFailedError("_worker", failures), 2))
     assert "training worker rank 1 of 2 was killed (Signal 9 (SIGKILL)" in message, message
+
+
+def test_forked_workers_run_the_engine_the_launcher_imported_from_its_own_path(tmp_path):
+    """A launcher whose engine comes from a folder put on ``sys.path`` at run time (a benchmark run from
+    another checkout, a project's ``src``), not from where the interpreter finds it by itself: its
+    forkserver imports that same engine before forking the workers, and they train with it. In a fresh
+    process, from a copy of the engine's sources."""
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    import fastlm
+
+    copy = tmp_path / "checkout" / "src"
+    shutil.copytree(
+        Path(fastlm.__file__).parent, copy / "fastlm", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    repo = Path(__file__).resolve().parents[3]
+    script = textwrap.dedent(
+        f"""
+        import functools, json, pathlib, sys
+        sys.path[:0] = [{str(copy)!r}, {str(repo)!r}]
+
+        def main():
+            from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+            from tests.support.parallel_jobs import WorkerProcess, job_params, launch, tokenized_splits
+
+            texts = [f"the cat {{i}} sat on the mat number {{i % 7}} today" for i in range(400)]
+            tokenizer = train_bpe_tokenizer(texts, vocab_size=200, min_frequency=2, model_max_length=64)
+            root = pathlib.Path({str(tmp_path)!r})
+            params = job_params(root, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None)
+            record = root / "worker.json"
+            launch(params, tokenizer, tokenized_splits(tokenizer, texts), root,
+                   callback_factory=functools.partial(WorkerProcess, str(record), "HOME"))
+            print(json.dumps({{"launcher": sys.modules["fastlm"].__file__,
+                              "method": params.distributed.start_method,
+                              **json.loads(record.read_text())}}))
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    (tmp_path / "launch.py").write_text(script)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "launch.py")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["launcher"].startswith(str(copy)), seen
+    assert seen["fastlm"] == seen["launcher"], seen  # the worker's engine is the launcher's
+    assert seen["parent"] != os.getpid()  # forked from the server (auto on a CPU)
+
+
+def test_a_worker_that_lost_its_peer_waits_for_the_launcher_to_see_the_peers_death(tmp_path, monkeypatch):
+    """The elastic launcher names one failed worker: the first it finds at its check (every
+    ``monitor_interval_s``), the lowest rank when several ended since the last one. A worker whose peer was
+    killed fails on the closed connection at once; it waits two of the launcher's checks before it ends, so
+    that the launcher finds the killed peer first and names it. Any other error ends the worker at once."""
+    import logging
+    import pickle
+
+    from fastlm.engine.launch import workers
+    from fastlm.engine.launch.job import TrainJob
+
+    waited = []
+    monkeypatch.setattr(workers.time, "sleep", waited.append)
+    params = job_params(
+        tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "monitor_interval_s": 0.3}
+    )
+    job_file = tmp_path / "job"
+    job_file.write_bytes(pickle.dumps(TrainJob(params, 48, None, None, None, str(tmp_path / "model"))))
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6797.")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # a worker sets up its own logging
+    try:
+        for error, expected in ((lost, [pytest.approx(0.6)]), (ValueError("a bad value"), [])):
+            waited.clear()
+
+            def fail(*args, error=error, **kwargs):
+                raise error
+
+            monkeypatch.setattr(workers, "run_job", fail)
+            with pytest.raises(type(error)):
+                workers._worker(str(job_file), str(tmp_path / "weights"), None, None)
+            assert waited == expected, error
+    finally:
+        root.handlers[:], root.level = handlers, level

@@ -14,11 +14,12 @@ imports ask the CUDA driver for its devices (torchao's modules call ``torch.cuda
 imported), after which PyTorch refuses CUDA in a forked child.
 
 A forked worker's environment is the server's, the launcher's when the server started: when the launcher's
-environment has changed since, that launch's workers are spawned, so that they see it (and the imports see
-it: torch, transformers and others read some variables when imported). Two variables are left out of that
-comparison: ``TORCHELASTIC_SIGNALS_TO_HANDLE``, which the elastic launcher sets in this process at each
-launch and reads here, not in a worker, and ``PYTEST_CURRENT_TEST``, which pytest sets to the running
-test's name at each of its phases and nothing reads at import.
+environment (or its ``sys.path``) has changed since, that launch's workers are spawned, so that they see it
+(and the imports see it: torch, transformers and others read some variables when imported). Two variables
+are left out of that comparison: ``TORCHELASTIC_SIGNALS_TO_HANDLE``, which the elastic launcher sets in
+this process at each launch and reads here, not in a worker, and ``PYTEST_CURRENT_TEST``, which pytest sets
+to the running test's name at each of its phases and nothing reads at import. The server imports the
+engine from the launcher's ``sys.path`` (``_importing_from``), wherever the launcher found it.
 
 The job (its tokenized data and tokenizer) is pickled once into a file beside the model folder, which each
 worker reads: spawn writes a worker's arguments into its start pipe, and the worker reads their end only
@@ -47,7 +48,8 @@ import secrets
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import safetensors.torch
@@ -63,6 +65,7 @@ SHUTDOWN_TIMEOUT_S = 10
 _ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 _EXIT_CODES = {"TrainingInterrupted": TrainingInterrupted.exit_code}
 _server_environment: dict[str, str] | None = None  # the launcher's environment when its forkserver started
+_server_path: list[str] | None = None  # and its sys.path
 _NOT_COMPARED = frozenset({"TORCHELASTIC_SIGNALS_TO_HANDLE", "PYTEST_CURRENT_TEST"})  # module docstring
 
 
@@ -117,7 +120,9 @@ def launch_workers(
     try:
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         with _quiet_elastic_logs(), _own_signal_handlers():
-            results = elastic_launch(config, _worker)(str(job_file), str(weights), callback_factory)
+            results = elastic_launch(config, _worker)(
+                str(job_file), str(weights), callback_factory, os.environ.get("PYTHONPATH")
+            )
         result: JobResult = results[0]
         model = build_model()
         if trains_part_only(model):  # the adapters alone: the base was built again from name_or_path
@@ -161,7 +166,7 @@ def _server_or_spawn(method: str) -> str:
     """``method``, unless it is forkserver and this process's environment is no longer the one its server
     started with: then spawn (the workers see the environment as it is now). The first forkserver launch
     starts the server, which imports this module before it forks any worker."""
-    global _server_environment
+    global _server_environment, _server_path
     if method != "forkserver":
         return method
     environment = {name: value for name, value in os.environ.items() if name not in _NOT_COMPARED}
@@ -172,13 +177,42 @@ def _server_or_spawn(method: str) -> str:
             ", ".join(sorted({name for name, _ in changed})),
         )
         return "spawn"
+    if _server_path is not None and sys.path != _server_path:
+        log.info("sys.path changed since the worker server started: these workers are spawned")
+        return "spawn"
     if _server_environment is None:
         multiprocessing.forkserver.set_forkserver_preload([__name__])
-    multiprocessing.forkserver.ensure_running()
-    _server_environment = environment
+    with _importing_from(sys.path):
+        multiprocessing.forkserver.ensure_running()
+    _server_environment, _server_path = environment, list(sys.path)
     return "forkserver"
 
 
+@contextlib.contextmanager
+def _importing_from(path: list[str]) -> Iterator[None]:
+    """``PYTHONPATH`` set to ``path`` while the forkserver starts: it imports this module before it applies
+    the launcher's ``sys.path`` (Python 3.11), so it would find the engine where the interpreter does by
+    itself, not in a folder the launcher put on its path at run time. Each worker puts the launcher's own
+    ``PYTHONPATH`` back (``_worker``)."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(entry for entry in path if entry)
+    try:
+        yield
+    finally:
+        _restore_pythonpath(before)
+
+
+def _restore_pythonpath(value: str | None) -> None:
+    if value is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = value
+
+
+# A collective whose peer process is gone (gloo's and NCCL's words): the launcher names one failed worker, the
+# first it finds at a check (the lowest rank when several ended since the last), and the killed peer is the
+# cause; a worker failing this way waits two checks before it ends (``_worker``).
+_LOST_PEER = re.compile(r"(closed|reset) by peer|Broken pipe|remote process exited", re.IGNORECASE)
 _HANDOVER = re.compile(r"\.launch-(\d+)-[0-9a-f]+\.(job|safetensors)")
 
 
@@ -204,13 +238,20 @@ def _write_private(path: Path, data: bytes) -> None:
         file.write(data)
 
 
-def _worker(job_file: str, weights: str, callback_factory) -> JobResult | None:
-    """A worker's entry point (runs in the worker process): the job from the file its parent wrote."""
+def _worker(job_file: str, weights: str, callback_factory, pythonpath: str | None) -> JobResult | None:
+    """A worker's entry point (runs in the worker process): the job from the file its parent wrote.
+    ``pythonpath``: the launcher's ``PYTHONPATH`` (a forked worker has its server's, ``_importing_from``)."""
+    _restore_pythonpath(pythonpath)
     job: TrainJob = pickle.loads(Path(job_file).read_bytes())
     rank = rank_from_env()
     _configure_worker_logging(rank.rank)
     callbacks = (callback_factory(),) if callback_factory is not None and rank.is_main else ()
-    result = run_job(job, rank, callbacks=callbacks)
+    try:
+        result = run_job(job, rank, callbacks=callbacks)
+    except Exception as error:
+        if _LOST_PEER.search(str(error)):  # the peer's death is the cause: let the launcher find it first
+            time.sleep(2 * job.params.distributed.monitor_interval_s)
+        raise
     if result is None:
         return None
     if trains_part_only(result.model):  # LoRA: its trained weights (a 4-bit base's state is no tensor)
