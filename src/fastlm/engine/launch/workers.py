@@ -39,6 +39,7 @@ not through a pipe; the parent builds the model once more and loads them.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing.forkserver
 import os
@@ -55,6 +56,7 @@ from pathlib import Path
 import safetensors.torch
 
 from fastlm.engine.distributed.parallel import rank_from_env
+from fastlm.engine.launch import server
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.train.signals import TrainingInterrupted
@@ -165,7 +167,8 @@ def worker_start_method(requested: str, device: str) -> str:
 def _server_or_spawn(method: str) -> str:
     """``method``, unless it is forkserver and this process's environment is no longer the one its server
     started with: then spawn (the workers see the environment as it is now). The first forkserver launch
-    starts the server, which imports this module before it forks any worker."""
+    starts the server, which imports this module under the launcher's logging levels
+    (``fastlm.engine.launch.server``) before it forks any worker."""
     global _server_environment, _server_path
     if method != "forkserver":
         return method
@@ -181,8 +184,8 @@ def _server_or_spawn(method: str) -> str:
         log.info("sys.path changed since the worker server started: these workers are spawned")
         return "spawn"
     if _server_environment is None:
-        multiprocessing.forkserver.set_forkserver_preload([__name__])
-    with _importing_from(sys.path):
+        multiprocessing.forkserver.set_forkserver_preload([server.__name__, __name__])
+    with _importing_from(sys.path), _handing_over_log_levels():
         multiprocessing.forkserver.ensure_running()
     _server_environment, _server_path = environment, list(sys.path)
     return "forkserver"
@@ -200,6 +203,17 @@ def _importing_from(path: list[str]) -> Iterator[None]:
         yield
     finally:
         _restore_pythonpath(before)
+
+
+@contextlib.contextmanager
+def _handing_over_log_levels() -> Iterator[None]:
+    """This process's logging levels in the environment while the forkserver starts (its
+    ``fastlm.engine.launch.server`` sets them before it imports the engine)."""
+    os.environ[server.LEVELS_VARIABLE] = json.dumps(server.logger_levels())
+    try:
+        yield
+    finally:
+        os.environ.pop(server.LEVELS_VARIABLE, None)
 
 
 def _restore_pythonpath(value: str | None) -> None:
