@@ -30,3 +30,42 @@ def test_bad_parameters_give_one_line_with_the_fix(raw, expected):
         parse_split_params(raw)
     message = str(error.value)
     assert expected in message and "Fix:" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected", "fix"),
+    [
+        (
+            {"prompt_column": "dialogue"},
+            "split.prompt_column is set but split.response_column is not",
+            "split.response_column",
+        ),
+        (
+            {"response_column": "summary"},
+            "split.response_column is set but split.prompt_column is not",
+            "split.prompt_column",
+        ),
+        (
+            {"prompt_column": "q", "response_column": "a", "messages_column": "m"},
+            "split.messages_column and split.prompt_column / split.response_column are both set",
+            "leave the other unset",
+        ),
+        (
+            {"prompt_template": "Summary:"},
+            "split.prompt_template must hold {prompt} exactly once",
+            "{prompt}",
+        ),
+        (
+            {"prompt_template": "{prompt} {prompt}"},
+            "split.prompt_template must hold {prompt} exactly once",
+            "{prompt}",
+        ),
+    ],
+    ids=["prompt_alone", "response_alone", "two_formats", "no_placeholder", "two_placeholders"],
+)
+def test_a_data_format_mistake_names_its_parameters_not_the_whole_split_group(raw, expected, fix):
+    with pytest.raises(ConfigError) as error:
+        parse_split_params(raw)
+    message = str(error.value)
+    assert expected in message and "Fix:" in message and fix in message.split("Fix:")[1]
+    assert "\n" not in message and "text_column" not in message and "parameter split =" not in message

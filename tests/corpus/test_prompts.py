@@ -131,7 +131,7 @@ def test_messages_flow_through_the_split_nodes(tmp_path, llama_tokenizer):
 
 
 def test_bad_prompt_parameters_and_columns_are_one_line():
-    with pytest.raises(ConfigError, match="set response_column too"):
+    with pytest.raises(ConfigError, match="split.prompt_column is set but split.response_column is not"):
         parse_split_params({"prompt_column": "dialogue"})
     with pytest.raises(ConfigError, match="exactly once"):
         parse_split_params({"prompt_column": "a", "response_column": "b", "prompt_template": "no slot"})

@@ -187,3 +187,57 @@ def test_compressed_json_is_read_and_checked_decompressed(tmp_path):
     broken.write_bytes(gzip.compress(b'{"text": "a"}\n{"text": "b"\n'))
     with pytest.raises(InputDataError, match=r"broken.jsonl.gz line 2 is not valid JSON \(Expecting"):
         read_text_table(broken)
+
+
+@pytest.mark.parametrize(
+    ("lines", "line", "what"),
+    [
+        (['{"text": "first"}', "[1, 2]", '{"text": "third"}'], 2, "a list, not an object"),
+        (['{"text": "a"} {"text": "b"}', '{"text": "c"}'], 1, "Extra data"),
+        (['{"text": "a"}', '{"text": "c"}', "null"], 3, "a NoneType, not an object"),
+        (['{"text": "a"}', "5"], 2, "a int, not an object"),
+        (['{"text": "a"}', '"second"'], 2, "a str, not an object"),
+    ],
+    ids=["array_line", "two_objects_on_a_line", "null_line", "number_line", "string_line"],
+)
+def test_a_jsonl_line_that_is_not_one_object_is_named_by_its_number(tmp_path, lines, line, what):
+    """Each line of JSON Lines is one object: a line holding an array, two objects or a bare value is named
+    (pyarrow's reader takes two objects on one line as two rows; pandas' takes ``null`` as an empty row)."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert f"{path} line {line} is not valid JSON ({what}" in message and "Fix:" in message
+    assert "\n" not in message
+
+
+def test_blank_lines_between_jsonl_objects_are_no_rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"text": "a"}\n\n  \n{"text": "b"}\r\n\n', encoding="utf-8")
+    assert list(read_text_table(path)["text"]) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("missing.csv", None, "does not exist"),
+        ("empty.csv", b"", "is empty"),
+        ("latin.csv", "text\ncaf\u00e9\n".encode("cp1252"), "not valid UTF-8"),
+        ("folder", "dir", "not a datasets.save_to_disk folder"),
+    ],
+    ids=["missing", "empty", "not_utf8", "folder"],
+)
+def test_a_bad_file_names_the_parameter_that_pointed_at_it(tmp_path, name, content, expected):
+    """The predict pipeline reads its input with the same readers: its fix names predict.input, not the
+    split's raw_path."""
+    path = tmp_path / name
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path, parameter="predict.input")
+    message = str(error.value)
+    assert expected in message and "predict.input" in message.split("Fix:")[1]
+    assert "raw_path" not in message and "split" not in message and "\n" not in message

@@ -440,3 +440,138 @@ def test_a_lora_adapter_folder_predicts_as_its_merged_model(project, model_folde
     merged = adapted.merge_and_unload().eval()
     assert good["prediction"].tolist() == _alone(model_folder, prompts, 6, merged)
     assert good["prediction"].tolist() != _alone(model_folder, prompts, 6)  # the adapter is in effect
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".txt.gz", ".txt.bz2"])
+def test_a_txt_input_is_one_row_per_newline_without_a_bom(tmp_path, suffix):
+    """One input a line, as the README says: split at newlines alone (CRLF too), not at the form feeds,
+    U+2028 and the like that ``str.splitlines`` also takes for line ends; a UTF-8 BOM is not part of row 0."""
+    import bz2
+
+    from fastlm.datasets.predict_sources import PredictSources
+
+    lines = ["first", "second\u2028part", "page\x0cbreak", "next\x85line", "group\x1csep", "crlf", "", "last"]
+    data = ("\ufeff" + "\n".join(lines[:5]) + "\n" + "\r\n".join(lines[5:]) + "\n").encode("utf-8")
+    path = tmp_path / f"inputs{suffix}"
+    path.write_bytes(
+        gzip.compress(data)
+        if suffix.endswith(".gz")
+        else bz2.compress(data)
+        if suffix.endswith(".bz2")
+        else data
+    )
+    table = PredictSources(tmp_path / "model", tmp_path / "runs", tmp_path / "parts").read_input(str(path))
+    assert table["text"].tolist() == lines
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("empty.csv", b"", "is empty"),
+        ("latin.csv", "text\ncaf\u00e9\n".encode("cp1252"), "not valid UTF-8"),
+        ("latin.txt", "caf\u00e9\n".encode("cp1252"), "not valid UTF-8"),
+        ("folder", None, "not a datasets.save_to_disk folder"),
+        ("inputs.xlsx", b"x", "unknown extension '.xlsx'"),
+    ],
+    ids=["empty", "not_utf8", "txt_not_utf8", "folder", "unknown_extension"],
+)
+def test_an_unreadable_input_file_names_predict_input_in_its_fix(project, name, content, expected):
+    path = project / "data/01_raw" / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    before = sorted(p for p in (project / "data").rglob("*") if p.is_file())
+    with pytest.raises(Exception) as caught:
+        _run(project, input=f"data/01_raw/{name}")
+    found = find_user_error(caught.value)
+    message = str(found)
+    assert isinstance(found, InputDataError) and expected in message and "\n" not in message
+    assert "predict.input" in message.split("Fix:")[1] and "raw_path" not in message
+    assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
+
+
+TRAINED_TEMPLATE = "Dialogue\n{prompt}\nSummary\n"
+
+
+def _trained_on_prompts(project, template):
+    """The project's model folder as the train pipeline writes it after prompt/response data wrapped by
+    ``template`` (its ``training_data.json``)."""
+    folder = project / "data/06_models/model"
+    split = parse_split_params(
+        {"prompt_column": "dialogue", "response_column": "summary", "prompt_template": template}
+    )
+    stored = make_fingerprint(
+        AutoTokenizer.from_pretrained(folder), 64, data_format=data_format_params(split, None)
+    )
+    record = {"fingerprint": stored["fingerprint"], "data_format": stored["params"]["data_format"]}
+    (folder / "training_data.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_prompts_are_wrapped_by_the_template_the_model_was_trained_with(project, caplog):
+    """predict.prompt_template unset: the template of the model's own training data, not the default one."""
+    folder = _trained_on_prompts(project, TRAINED_TEMPLATE)
+    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=6)
+    table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    good = table[table["refused"] == ""]
+    prompts = [render_prompt(text, TRAINED_TEMPLATE) for text in good["input"]]
+    assert good["prediction"].tolist() == _alone(folder, prompts, 6)
+    assert good["input_tokens"].tolist() == [
+        len(prompt_token_ids(folder_tokenizer, p))
+        for folder_tokenizer in [AutoTokenizer.from_pretrained(folder)]
+        for p in prompts
+    ]
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert summary["prompt_template"] == TRAINED_TEMPLATE
+    assert summary["prompt_template_source"].endswith("training_data.json")
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "prompt_template" in r.getMessage()]
+
+
+def test_a_prompt_template_other_than_the_trained_one_is_used_and_warned_about(project, caplog):
+    folder = _trained_on_prompts(project, TRAINED_TEMPLATE)
+    _run(
+        project,
+        input="data/01_raw/inputs.jsonl",
+        prompt_column="dialogue",
+        max_new_tokens=6,
+        prompt_template=TEMPLATE,
+    )
+    table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    good = table[table["refused"] == ""]
+    assert good["prediction"].tolist() == _alone(
+        folder, [render_prompt(t, TEMPLATE) for t in good["input"]], 6
+    )
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and "prompt_template" in r.getMessage()
+    ]
+    assert len(warned) == 1 and repr(TRAINED_TEMPLATE) in warned[0] and "training_data.json" in warned[0]
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert (
+        summary["prompt_template"] == TEMPLATE
+        and summary["prompt_template_source"] == "predict.prompt_template"
+    )
+
+
+def test_a_model_without_a_record_of_its_prompts_takes_the_default_template(project, model_folder):
+    """A model folder from elsewhere (no training_data.json): the split's default template, as before."""
+    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=4)
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert summary["prompt_template"] == TEMPLATE and summary["prompt_template_source"] == "default"
+
+
+@pytest.mark.parametrize("template", ["Summary", "{prompt} and {prompt}"])
+def test_a_prompt_template_without_one_prompt_placeholder_is_refused(project, template):
+    before = sorted(p for p in (project / "data").rglob("*") if p.is_file())
+    with pytest.raises(Exception) as caught:
+        _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", prompt_template=template)
+    found = find_user_error(caught.value)
+    message = str(found)
+    assert (
+        isinstance(found, ConfigError)
+        and "predict.prompt_template must hold {prompt} exactly once" in message
+    )
+    assert "\n" not in message and "Fix:" in message and "parameter predict =" not in message
+    assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before

@@ -135,3 +135,35 @@ def test_a_pair_checks_only_when_the_summary_was_written_for_that_csv(tmp_path):
         check_prediction_pair(csv, summary)
     with pytest.raises(InputDataError, match="does not exist"):
         check_prediction_pair(tmp_path / "missing.csv", summary)
+
+
+def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(tokenizer, capfd, caplog):
+    """Predict truncates to the model's positions itself (``input_limit``): the tokenizer's warning that
+    the sequence "will result in indexing errors" (its own ``model_max_length``, the split's max_length)
+    names an error that cannot happen."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(_saved(tokenizer, capfd), model_max_length=8)
+    table = pd.DataFrame({"text": ["the battery died again " * 20]})
+    rows = input_rows(
+        table,
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=32,
+        too_long="truncate",
+        source="inputs.csv",
+    )
+    assert len(rows["ids"].iloc[0]) == 32 and bool(rows["truncated"].iloc[0])
+    assert "indexing errors" not in capfd.readouterr().err + caplog.text
+
+
+def _saved(tokenizer, capfd, folder=[]):  # noqa: B006 - one folder for the module
+    import tempfile
+
+    if not folder:
+        folder.append(tempfile.mkdtemp())
+        tokenizer.save_pretrained(folder[0])
+    capfd.readouterr()
+    return folder[0]

@@ -94,13 +94,27 @@ class SplitParams(Params):
 
     @model_validator(mode="after")
     def _one_data_format(self) -> SplitParams:
+        # ConfigError (not ValueError) throughout: the line names the parameters at fault, not the whole
+        # split group.
         if (self.prompt_column is None) != (self.response_column is None):
-            missing = "response_column" if self.response_column is None else "prompt_column"
-            raise ValueError(f"prompt_column and response_column go together; set {missing} too (or neither)")
+            given, missing = (
+                ("prompt_column", "response_column")
+                if self.response_column is None
+                else ("response_column", "prompt_column")
+            )
+            raise ConfigError(
+                f"split.{given} is set but split.{missing} is not: prompt/response data needs both columns.",
+                fix=f"set split.{missing} too (--params split.{missing}=<column>), or unset "
+                f"split.{given} for plain text.",
+            )
         if self.prompt_column is not None and self.messages_column is not None:
-            raise ValueError("give either prompt_column/response_column or messages_column, not both")
+            raise ConfigError(
+                "split.messages_column and split.prompt_column / split.response_column are both set: the "
+                "data is read in one format.",
+                fix=f"name the chat column or the two prompt/response columns and leave the other unset "
+                f"(null, the default in {SOURCE}).",
+            )
         if self.prompt_column is not None and self.prompt_column == self.response_column:
-            # ConfigError (not ValueError): the line names both parameters, not the whole split group.
             raise ConfigError(
                 f"split.prompt_column and split.response_column are both "
                 f"{self.prompt_column!r}: the model would learn to repeat the prompt.",
@@ -108,7 +122,12 @@ class SplitParams(Params):
                 "(--params split.response_column=<name>).",
             )
         if self.prompt_template.count("{prompt}") != 1:
-            raise ValueError("prompt_template must contain {prompt} exactly once")
+            raise ConfigError(
+                f"split.prompt_template must hold {{prompt}} exactly once, where each prompt goes "
+                f"(got {self.prompt_template!r}).",
+                fix="put {prompt} in it once (in --params, quote the value: "
+                "'split.prompt_template=\"Q: {prompt} A:\"').",
+            )
         if self.pretokenized:
             self._check_pretokenized()
         return self

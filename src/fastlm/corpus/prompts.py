@@ -62,7 +62,9 @@ __all__ = [
 ]
 
 RESPONSE_ROLE = "assistant"
-UNPADDED = {"padding": False, "truncation": False}  # never a tokenizer's own padding or truncation
+# Never a tokenizer's own padding or truncation, nor its warning that a text longer than its
+# model_max_length "will result in indexing errors": every caller truncates the ids itself.
+UNPADDED = {"padding": False, "truncation": False, "verbose": False}
 KEY_SEPARATOR = "\x00"
 
 

@@ -31,37 +31,48 @@ FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
+RAW_PATH = "raw_path"
 FIX = (
     "point raw_path at it (kedro run --pipeline=split --params raw_path=<file>) or edit raw_corpus in "
     "conf/base/catalog.yml"
 )
 
 
-def detect_format(path: Path) -> str:
-    """The reader for ``path``: by extension (compression suffix ignored), or 'arrow_dir' for a folder."""
+def _fix(parameter: str) -> str:
+    """How to point the pipeline at another file: the split's ``raw_path`` (``FIX``) or ``parameter``."""
+    return FIX if parameter == RAW_PATH else f"point {parameter} at it (--params {parameter}=<file>)"
+
+
+def detect_format(path: Path, parameter: str = RAW_PATH) -> str:
+    """The reader for ``path``: by extension (compression suffix ignored), or 'arrow_dir' for a folder.
+    ``parameter``: what named the file, for the fix of an error."""
     if path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return "arrow_dir"
         raise InputDataError(
             f"{path} is a folder but not a datasets.save_to_disk folder (no dataset_info.json or "
             "dataset_dict.json).",
-            fix=f"give a .csv, .tsv, .jsonl or .parquet file, or a save_to_disk folder; {FIX}.",
+            fix=f"give a .csv, .tsv, .jsonl or .parquet file, or a save_to_disk folder; {_fix(parameter)}.",
         )
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in COMPRESSIONS:
         suffixes = suffixes[:-1]
     kind = FORMATS.get(suffixes[-1] if suffixes else "")
     if kind is None:
+        lines = "" if parameter == RAW_PATH else ", .txt (one input a line)"
         raise InputDataError(
-            f"{path}: unknown extension {path.suffix or '(none)'!r}; fastlm reads "
-            ".csv, .tsv, .jsonl (.json, .ndjson), .parquet, optionally compressed, or a save_to_disk folder.",
-            fix="convert the file to one of those or rename it to its real format.",
+            f"{path}: unknown extension {path.suffix or '(none)'!r}; fastlm reads .csv, .tsv, .jsonl (.json, "
+            f".ndjson), .parquet{lines}, optionally compressed, or a save_to_disk folder.",
+            fix="convert the file to one of those or rename it to its real format"
+            + ("." if parameter == RAW_PATH else f", then {_fix(parameter)}."),
         )
     return kind
 
 
-def read_text_table(path: str | Path) -> pd.DataFrame:
+def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
     """Load the table at ``path`` with its own column types (nothing renamed, nothing dropped).
+    ``parameter``: the parameter that named the file (the split's ``raw_path``, predict's ``predict.input``),
+    which an error's fix names.
 
     Text files (CSV, TSV, JSONL), compressed or not, are read as UTF-8; a file that is not UTF-8 but detected
     as Korean CP949/EUC-KR is decoded as CP949 (a superset of EUC-KR); any other encoding is named in the
@@ -69,31 +80,60 @@ def read_text_table(path: str | Path) -> pd.DataFrame:
     A column name given twice (a CSV/TSV header, a Parquet schema, a key in one JSON object) is refused.
     """
     path = Path(path)
+    what, fix = ("raw data file" if parameter == RAW_PATH else parameter), _fix(parameter)
     if not path.exists():
-        raise InputDataError(f"raw data file {path} does not exist.", fix=f"create it or {FIX}.")
-    kind = detect_format(path)
+        raise InputDataError(f"{what} {path} does not exist.", fix=f"create it or {fix}.")
+    kind = detect_format(path, parameter)
     if kind != "arrow_dir" and not path.is_file():  # a named pipe or a device would block or never end
         raise InputDataError(
-            f"raw data file {path} is not a regular file (a named pipe, socket or device).",
-            fix=f"save the data to a regular file first, then {FIX}.",
+            f"{what} {path} is not a regular file (a named pipe, socket or device).",
+            fix=f"save the data to a regular file first, then {fix}.",
         )
     if path.is_file() and path.stat().st_size == 0:
-        raise InputDataError(f"raw data file {path} is empty (0 bytes).", fix=f"fill it or {FIX}.")
+        raise InputDataError(f"{what} {path} is empty (0 bytes).", fix=f"fill it or {fix}.")
     try:
-        source = _text_source(path) if kind in TEXT_FORMATS else path
+        source = _text_source(path, parameter) if kind in TEXT_FORMATS else path
         table = _READERS[kind](source, path)
         table.attrs["source_path"] = str(path)
         return table
     except InputDataError:
         raise
     except UnicodeDecodeError as exc:  # a compressed text file (not checked up front)
-        raise _not_utf8(path, exc.start, exc.reason, None) from exc
+        raise _not_utf8(path, exc.start, exc.reason, None, parameter) from exc
     except Exception as exc:  # noqa: BLE001 - parser errors differ per format; name the file
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputDataError(
             f"{path} could not be read as {kind}: {first_line}.",
             fix="check the file's format matches its extension.",
         ) from exc
+
+
+def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
+    """The lines of a text file (``.txt``, optionally compressed), one input each: split at ``\n`` alone
+    (``\r\n`` too), not at the other characters Python's ``splitlines`` takes for line ends (form feed,
+    U+2028 and the like, which stay inside their line), with a leading UTF-8 BOM dropped; decoded as
+    ``read_text_table`` decodes (Korean CP949 read, any other non-UTF-8 encoding named)."""
+    path = Path(path)
+    what, fix = ("raw data file" if parameter == RAW_PATH else parameter), _fix(parameter)
+    if not path.is_file():
+        raise InputDataError(f"{what} {path} is not a regular file.", fix=f"{fix}.")
+    try:
+        source = _text_source(path, parameter)
+        with _open(source) as handle:
+            text = handle.read().decode("utf-8-sig")
+    except InputDataError:
+        raise
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc.start, exc.reason, None, parameter) from exc
+    except DECOMPRESS_ERRORS as exc:
+        raise InputDataError(
+            f"{what} {path} could not be read as {path.suffixes[-1]}-compressed text: {exc}.",
+            fix="check the file's compression matches its extension.",
+        ) from exc
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the file's last line ends with a newline
+    return [line.removesuffix("\r") for line in lines]
 
 
 TEXT_FORMATS = {"csv", "tsv", "jsonl"}
@@ -147,7 +187,7 @@ def _open_path(path: Path):
     return path.open("rb")
 
 
-def _text_source(path: Path) -> Path | io.BytesIO:
+def _text_source(path: Path, parameter: str = RAW_PATH) -> Path | io.BytesIO:
     """``path`` itself when its (decompressed) text is UTF-8 (checked in chunks, memory bounded); a UTF-8
     copy in memory when it is Korean CP949/EUC-KR; otherwise an error naming the detected encoding."""
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -161,18 +201,18 @@ def _text_source(path: Path) -> Path | io.BytesIO:
                 try:
                     decoder.decode(chunk)
                 except UnicodeDecodeError as exc:
-                    return _legacy_text(path, offset + exc.start, exc.reason)
+                    return _legacy_text(path, offset + exc.start, exc.reason, parameter)
                 offset += len(chunk)
     except DECOMPRESS_ERRORS:
         return path
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:
-        return _legacy_text(path, offset + exc.start, exc.reason)
+        return _legacy_text(path, offset + exc.start, exc.reason, parameter)
     return path
 
 
-def _legacy_text(path: Path, position: int, reason: str) -> io.BytesIO:
+def _legacy_text(path: Path, position: int, reason: str, parameter: str = RAW_PATH) -> io.BytesIO:
     from charset_normalizer import from_bytes
 
     with _open_path(path) as handle:
@@ -188,7 +228,7 @@ def _legacy_text(path: Path, position: int, reason: str) -> io.BytesIO:
     if korean is not None:
         log.warning("%s is not UTF-8; read it as Korean CP949/EUC-KR (detected %s).", path, encoding)
         return io.BytesIO(korean.encode("utf-8"))
-    raise _not_utf8(path, position, reason, encoding)
+    raise _not_utf8(path, position, reason, encoding, parameter)
 
 
 # The 2,350 Hangul syllables of KS X 1001 (EUC-KR): nearly every syllable of real Korean text. The other
@@ -229,7 +269,9 @@ def _likely_encoding(matches) -> str | None:
     return next((name for name in WESTERN if name in candidates), best.encoding)
 
 
-def _not_utf8(path: Path, position: int, reason: str, encoding: str | None) -> InputDataError:
+def _not_utf8(
+    path: Path, position: int, reason: str, encoding: str | None, parameter: str = RAW_PATH
+) -> InputDataError:
     compressed = _is_compressed(path)
     where = f"byte {position}{' after decompression' if compressed else ''}: {reason}"
     name = (
@@ -244,7 +286,8 @@ def _not_utf8(path: Path, position: int, reason: str, encoding: str | None) -> I
         command = f"iconv -f {name} -t UTF-8 {path}"
     return InputDataError(
         f"{path} is not valid UTF-8 ({where}){'' if encoding is None else f'; it looks like {name}'}.",
-        fix=f"re-save it as UTF-8: {command} > converted{suffix}, then point raw_path at the converted file.",
+        fix=f"re-save it as UTF-8: {command} > converted{suffix}, then point {parameter} at the converted "
+        "file.",
     )
 
 
@@ -297,28 +340,38 @@ def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
 
 
 def _read_jsonl(source, path: Path) -> pd.DataFrame:
-    """JSON Lines (one object per line), or a ``.json`` file holding one JSON array of objects."""
+    """JSON Lines (one object per line), or a ``.json`` file holding one JSON array of objects. A line that
+    is not one object (an array, a bare value, two objects) is named: pyarrow's reader takes two objects on
+    one line as two rows, either reader a ``null`` line as an empty row: each would shift every later row's
+    number."""
     if _first_byte(source) == b"[":
         return _read_json_array(source, path)
     try:
         import pyarrow.json as pajson
 
-        return pajson.read_json(_rewound(source)).to_pandas()
+        table = pajson.read_json(_rewound(source)).to_pandas()
     except Exception:  # noqa: BLE001 - mixed types, a bad line or a repeated key: Python's json says which
-        pass
+        table = None
+    whole = table is not None and len(table) == _filled_lines(source)
+    # a row with every value missing may be a ``null`` line (pyarrow reads it as one): Python's json decides
+    if whole and not table.isna().all(axis=1).any():
+        return table
     repeated = _first_repeated_key(source)
     if repeated is not None:
         raise _repeated_key(path, *repeated)
-    try:
-        return pd.read_json(_rewound(source), lines=True, dtype=False)
-    except ValueError as exc:
-        line, error = _first_bad_json_line(source)
-        if line is None:
-            raise
+    line, error = _first_bad_json_line(source)
+    if line is not None:
         raise InputDataError(
             f"{path} line {line} is not valid JSON ({error}).",
             fix="fix or remove that line (JSON Lines: one JSON object per line).",
-        ) from exc
+        )
+    return table if whole else pd.read_json(_rewound(source), lines=True, dtype=False)
+
+
+def _filled_lines(source) -> int:
+    """The lines of ``source`` holding anything but whitespace (a JSON Lines reader's rows)."""
+    with _open(source) as handle:
+        return sum(1 for line in handle if not line.isspace())
 
 
 def _read_json_array(source, path: Path) -> pd.DataFrame:
@@ -386,7 +439,7 @@ def _first_bad_json_line(source) -> tuple[int | None, str]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.removeprefix(b"\xef\xbb\xbf") if number == 1 else line)
             except ValueError as exc:
                 return number, getattr(exc, "msg", str(exc))
             if not isinstance(row, dict):

@@ -4,7 +4,6 @@ place that names them (a catalog path read from ``--params`` would miss a value 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from pathlib import Path, PurePosixPath
@@ -13,12 +12,15 @@ from typing import Any
 import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.corpus.readers import read_text_table
+from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
 from fastlm.errors import InputDataError
 from fastlm.reporting.predictions import PredictionParts
 
-FORMATS = ".jsonl, .csv, .tsv, .parquet (as the split reads them) or .txt (one input a line), optionally .gz"
+FORMATS = (
+    ".jsonl, .csv, .tsv, .parquet (as the split reads them) or .txt (one input a line), optionally compressed"
+)
+PARAMETER = "predict.input"
 
 
 class PredictSources:
@@ -31,7 +33,8 @@ class PredictSources:
         self.fingerprint = Path(fingerprint) if fingerprint is not None else None
 
     def read_input(self, path: str) -> pd.DataFrame:
-        """The table at ``path``; a .txt file (or .txt.gz) is one input per line, in a ``text`` column."""
+        """The table at ``path``; a .txt file (compressed or not) is one input per line, in a ``text``
+        column. An error's fix names ``predict.input``."""
         file = Path(path)
         if not file.exists():
             raise InputDataError(
@@ -39,31 +42,24 @@ class PredictSources:
                 fix=f"--params predict.input=<an existing file: {FORMATS}>.",
             )
         suffixes = [s.lower() for s in file.suffixes]
-        if suffixes[-2:] == [".txt", ".gz"] or suffixes[-1:] == [".txt"]:
-            opener = gzip.open if suffixes[-1] == ".gz" else open
-            try:
-                with opener(file, "rt", encoding="utf-8") as handle:
-                    lines = handle.read().splitlines()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise InputDataError(
-                    f"predict.input {path} could not be read as UTF-8 text: {exc}.",
-                    fix="save it as UTF-8 (gzip-compressed when it ends in .gz).",
-                ) from exc
-            table = pd.DataFrame({"text": pd.Series(lines, dtype=object)})
+        if suffixes and suffixes[-1] in COMPRESSIONS:
+            suffixes = suffixes[:-1]
+        if suffixes[-1:] == [".txt"]:
+            table = pd.DataFrame({"text": pd.Series(read_text_lines(file, PARAMETER), dtype=object)})
             table.attrs["source_path"] = str(file)
             return table
-        return read_text_table(file)
+        return read_text_table(file, PARAMETER)
 
-    def training_chat(self, trained: dict) -> dict | None:
-        """How ``trained`` (``load_model``'s) was trained on chat messages (``split.messages_column``): the
-        ``data_format`` of its own record (``training_data.json``, written with the model by the train
-        pipeline) or, for a model of this project without one (written before the record was), of the
-        project's split fingerprint; with ``source``, the file read. None: other data, or nothing says."""
+    def training_format(self, trained: dict) -> dict | None:
+        """How ``trained`` (``load_model``'s) had its training data formatted: the ``data_format`` of its
+        own record (``training_data.json``, written with the model by the train pipeline) or, for a model of
+        this project without one (written before the record was), of the project's split fingerprint; with
+        ``source``, the file read. None: plain text, or nothing says."""
         record = trained.get("training_data")
         if record is not None:
             data_format = record.get("data_format") or {}
             source = Path(trained["source"]) / TRAINING_DATA
-            return {**data_format, "source": str(source)} if data_format.get("kind") == "messages" else None
+            return {**data_format, "source": str(source)} if data_format.get("kind") else None
         if not trained["trained_here"] or self.fingerprint is None or not self.fingerprint.is_file():
             return None
         try:
@@ -74,9 +70,7 @@ class PredictSources:
                 f"{self.fingerprint} could not be read ({exc}): it says how the model was trained.",
                 fix="re-run `kedro run --pipeline=split` (it rewrites the fingerprint).",
             ) from exc
-        if data_format.get("kind") != "messages":
-            return None
-        return {**data_format, "source": str(self.fingerprint)}
+        return {**data_format, "source": str(self.fingerprint)} if data_format.get("kind") else None
 
     def load_model(self, name: str | None) -> dict:
         """``{"model", "tokenizer", "source", "identity", "trained_here"}``: ``name`` None is the trained

@@ -30,7 +30,9 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     path = params.require_input()
     table = sources.read_input(path)
     trained = sources.load_model(params.model)
-    chat_training = sources.training_chat(trained)
+    training = sources.training_format(trained)
+    chat_training = training if training is not None and training.get("kind") == "messages" else None
+    template, template_source = params.template(training)
     parameter, column = params.input_column(chat_training["messages_column"] if chat_training else None)
     chat = None
     if parameter == MESSAGES:
@@ -50,7 +52,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         table,
         tokenizer,
         column=(parameter, column),
-        template=params.template,
+        template=template,
         id_column=params.id_column,
         limit=limit,
         too_long=params.too_long,
@@ -67,6 +69,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
             "input_column": column,
             "input_format": parameter.removeprefix("predict.").removesuffix("_column"),
             **(_chat_record(chat, trained["tokenizer"]) if chat is not None else {}),
+            **({"prompt_template": template, "prompt_template_source": template_source} if template else {}),
             "model": trained["source"],
             "device": str(runtime.device),
             "precision": runtime.precision,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.errors import ConfigError
 from fastlm.reporting.params import DecodingParams
 from fastlm.validation import parse_params
 
+log = logging.getLogger(__name__)
 SOURCE = "conf/base/parameters_predict.yml"
 MESSAGES = "predict.messages_column"
 
@@ -34,7 +37,11 @@ class PredictParams(DecodingParams):
         description="chat data: [{role, content}, ...] rendered as in training (the chat template); null: "
         "the trained model's split.messages_column when no other column is named",
     )
-    prompt_template: str = "{prompt}\n\n### Response:\n"
+    prompt_template: str | None = Field(
+        None,
+        description="wraps each prompt ({prompt}); null: the template the model was trained with (its "
+        "training_data.json), else the split's default",
+    )
     id_column: str | None = Field(None, min_length=1, description="null: the row number (0-based)")
     batch_size: int = Field(16, ge=1)
     max_new_tokens: int = Field(64, ge=1)
@@ -53,6 +60,14 @@ class PredictParams(DecodingParams):
                 "column.",
                 fix=f"name one of them and leave the other unset (null, its default in {SOURCE}).",
             )
+        if self.prompt_template is not None and self.prompt_template.count("{prompt}") != 1:
+            raise ConfigError(
+                f"predict.prompt_template must hold {{prompt}} exactly once, where each input goes (got "
+                f"{self.prompt_template!r}).",
+                fix="put {prompt} in it once (in --params, quote the value: "
+                "'predict.prompt_template=\"Q: {prompt} A:\"'), or leave it null for the model's own "
+                "template.",
+            )
         return self
 
     def input_column(self, trained_messages_column: str | None = None) -> tuple[str, str]:
@@ -65,9 +80,27 @@ class PredictParams(DecodingParams):
             return MESSAGES, trained_messages_column
         return "predict.text_column", "text"
 
-    @property
-    def template(self) -> str | None:
-        return self.prompt_template if self.prompt_column is not None else None
+    def template(self, trained: dict | None) -> tuple[str | None, str]:
+        """(template, where it came from) for prompt inputs; (None, "") for others. ``trained``: how the
+        model's training data was formatted (``PredictSources.training_format``), None where nothing says.
+        Unset, the trained template (prompt/response data), else the split's default; set, the one given,
+        with a warning where the model was trained with another."""
+        if self.prompt_column is None:
+            return None, ""
+        used = (
+            trained.get("prompt_template") if trained and trained.get("kind") == "prompt_response" else None
+        )
+        if self.prompt_template is None:
+            return (used, trained["source"]) if used is not None else (DEFAULT_PROMPT_TEMPLATE, "default")
+        if used is not None and used != self.prompt_template:
+            log.warning(
+                "predict.prompt_template %r is not the template the model was trained with (%r, in %s): "
+                "the predictions use the one given; leave predict.prompt_template unset for the trained one",
+                self.prompt_template,
+                used,
+                trained["source"],
+            )
+        return self.prompt_template, "predict.prompt_template"
 
     def require_input(self) -> str:
         """``input`` has no default (there is no file to guess): its absence is one line, before any work."""
