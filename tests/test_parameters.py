@@ -178,3 +178,24 @@ def test_union_branch_names_never_reach_a_parameter_path(raw, key, expected):
     assert message.startswith(key) and expected in message, message
     named = message.split(" = ")[0].split(" (")[0]
     assert not any(tag in named for tag in ("[", "int", "float", "literal", "function", "Inner")), message
+
+
+@pytest.mark.parametrize(
+    ("group", "raw", "name"),
+    [
+        ("predict", {"prompt_template": {"Summary": None}}, "predict.prompt_template"),
+        ("split", {"prompt_template": {"Q": "{prompt}"}}, "split.prompt_template"),
+        ("split", {"text_column": {"body": None}}, "split.text_column"),
+    ],
+    ids=["colon_at_the_end", "braces", "colon_in_a_column_name"],
+)
+def test_a_text_parameter_read_as_a_mapping_asks_for_quotes_not_a_sub_key(group, raw, name):
+    """``--params split.prompt_template=Q: {prompt}`` reaches the schema as a mapping (YAML reads ``key:
+    value`` and ``{...}``): the fix is to quote the text, not to set ``<name>.<key>``, which does not
+    exist."""
+    with pytest.raises(ConfigError) as error:
+        parse_group(group, raw)
+    message = str(error.value)
+    assert f"parameter {name} = " in message and "<key>" not in message and "\n" not in message
+    fix = message.split("Fix:")[1]
+    assert "quote" in fix and f"'{name}=\"" in fix

@@ -78,6 +78,15 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
         if not name:  # the whole file (a check across its keys)
             raise ConfigError(f"{where}{message}.", fix=f"correct {source}.") from None
         shown = "" if first["type"] == "missing" else f" = {value!r}"
+        if isinstance(value, dict) and first["type"] == "string_type":
+            # a text holding ": " or braces, given in --params or unquoted in YAML, is read as a mapping
+            raise ConfigError(
+                f"{where}parameter {name}{shown} is invalid: {message} (a text holding ': ' or braces, "
+                "unquoted, is read as a mapping).",
+                fix=f"quote the text in {source}"
+                + ("" if file_only else f", or in --params: '{name}=\"<text>\"'")
+                + ".",
+            ) from None
         target = f"{name}.<key>" if isinstance(value, dict) else name
         passed = f"'{target}={example}'" if example else f"{target}=<value>"
         raise ConfigError(
