@@ -287,7 +287,10 @@ def test_only_duplicates_keep_one(project):
         ({"optimizer": {"lr": -0.001}}, "train.optimizer.lr = -0.001"),
         ({"loss": {"label_smoothing": 1.0}}, "train.loss.label_smoothing = 1.0"),
         ({"loss": {"label_smoothing": -0.1}}, "train.loss.label_smoothing = -0.1"),
-        ({"early_stopping": {"patience": 2}, "eval_every": None}, "needs train.eval_every"),
+        (
+            {"early_stopping": {"patience": 2}, "eval_every": None},
+            "early stopping needs evaluations every N steps",
+        ),
         ({"model": {"lora": {"loraplus_lr_ratio": 16}}}, "loraplus_lr_ratio sets the LoRA B matrices"),
         ({"model": {"lora": {"enabled": True, "loraplus_lr_ratio": 0}}}, "loraplus_lr_ratio = 0"),
     ],

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from fastlm.errors import ConfigError
 from fastlm.validation import Params, parse_params
 
 SOURCE = "conf/base/parameters_train.yml"
@@ -683,9 +684,12 @@ class TrainParams(Params):
     @classmethod
     def _early_stopping_needs_evaluations(cls, value: EarlyStoppingParams, info: ValidationInfo):
         if value.patience is not None and info.data.get("eval_every") is None:
-            raise ValueError(
-                "train.early_stopping needs train.eval_every (evaluations every N steps) to watch "
-                "the validation loss"
+            # ConfigError (not ValueError): the fix names train.eval_every, not a key of early_stopping
+            raise ConfigError(
+                "train.early_stopping.patience is set and train.eval_every is null: early stopping needs "
+                "evaluations every N steps to watch the validation loss.",
+                fix="set train.eval_every (e.g. --params train.eval_every=50), or "
+                "train.early_stopping.patience: null.",
             )
         return value
 

@@ -129,7 +129,10 @@ def test_a_resumed_run_keeps_the_best_so_far(tmp_path):
     ("settings", "expected"),
     [
         ({"early_stopping": {"patience": 0}}, "train.early_stopping.patience = 0"),
-        ({"early_stopping": {"patience": 2}, "eval_every": None}, "needs train.eval_every"),
+        (
+            {"early_stopping": {"patience": 2}, "eval_every": None},
+            "early stopping needs evaluations every N steps",
+        ),
     ],
 )
 def test_bad_early_stopping_settings_are_one_line(settings, expected):
