@@ -28,7 +28,7 @@ from fastlm.engine.data import (
     seq2seq_lengths,
 )
 from fastlm.engine.data.packing import TokenBudget, choose_row_length
-from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES
+from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES, epoch_rng
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, enable_target_head, packing_unavailable
@@ -202,7 +202,15 @@ class MicroBatches:
     """
 
     def __init__(
-        self, dataset: TokenSequences, sampler, collator, loader_kwargs: dict, *, epoch: int, batch: int
+        self,
+        dataset: TokenSequences,
+        sampler,
+        collator,
+        loader_kwargs: dict,
+        *,
+        epoch: int,
+        batch: int,
+        seed: int = 0,
     ):
         self.dataset, self.sampler, self.collator, self.loader_kwargs = (
             dataset,
@@ -210,7 +218,7 @@ class MicroBatches:
             collator,
             loader_kwargs,
         )
-        self.epoch, self.batch = epoch, batch
+        self.epoch, self.batch, self.seed = epoch, batch, seed
         self._iterator: Iterator | None = None
         self._peeked: tuple[list[dict], float] | None = None
 
@@ -230,7 +238,11 @@ class MicroBatches:
         if self._iterator is None:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
             loader = DataLoader(
-                self.dataset, batch_sampler=self.sampler, collate_fn=self.collator, **self.loader_kwargs
+                self.dataset,
+                batch_sampler=self.sampler,
+                collate_fn=self.collator,
+                generator=loader_generator(self.seed, self.epoch),
+                **self.loader_kwargs,
             )
             self._iterator = iter(loader)
         try:
@@ -296,4 +308,14 @@ def micro_batches(
         **layout.sides,
     )
     sampler.shard(layout.rank, layout.world_size)
-    return MicroBatches(dataset, sampler, collator, layout.loader_kwargs, epoch=epoch, batch=batch)
+    return MicroBatches(
+        dataset, sampler, collator, layout.loader_kwargs, epoch=epoch, batch=batch, seed=params.seed
+    )
+
+
+def loader_generator(seed: int, epoch: int) -> torch.Generator:
+    """The generator a DataLoader draws its workers' base seed from, one per (seed, epoch). Without one,
+    each ``iter(DataLoader)`` draws it from torch's global generator: a resumed run, which starts its
+    iterator in mid-epoch after the checkpoint's generator states are back, would draw once more than the
+    uninterrupted run did, and every later random draw (dropout, NEFTune's noise) would differ."""
+    return torch.Generator().manual_seed(int(epoch_rng(seed, epoch).integers(2**62)))

@@ -68,13 +68,22 @@ def test_loss_falls_and_metrics_are_logged(tmp_path, mode):
     assert result.summary["tokens_seen"] == logged > 30 * 4
 
 
-def test_interrupted_run_resumes_to_the_same_loss(tmp_path):
+@pytest.mark.parametrize(
+    "random_draws",
+    [{}, {"model": {"neftune_noise_alpha": 5.0}}, {"model": {"neftune_noise_alpha": 5.0}, "eval_every": 4}],
+    ids=["no_draws", "noise_each_step", "noise_and_evaluations"],
+)
+def test_interrupted_run_resumes_to_the_same_loss(tmp_path, random_draws):
+    """Bitwise, also where every step draws random numbers (NEFTune's noise here; dropout alike): the
+    resumed run draws the numbers the uninterrupted one drew, so nothing of its own (the data stream's
+    first fetch, an evaluation) may draw from the global generator after the checkpoint's states are back."""
     deterministic = {
         "runtime": {"deterministic": True},
         "log_every": 1,
         "save_every": 4,
         "eval_every": None,
         "max_steps": 12,
+        **random_draws,
     }
     straight = run_toy(toy_params(tmp_path / "a", **deterministic))
 

@@ -44,9 +44,9 @@ def _params(param_dtype: str, **lora):
     )
 
 
-def _adapted(seed: int = 0):
+def _adapted(seed: int = 0, dropout: float = 0.0):
     model = apply_lora(
-        toy_model(seed), LoraParams(enabled=True, r=4, alpha=8, dropout=0.0), gradient_checkpointing=False
+        toy_model(seed), LoraParams(enabled=True, r=4, alpha=8, dropout=dropout), gradient_checkpointing=False
     )
     nonzero_lora_b(model)
     return model
@@ -160,15 +160,17 @@ def test_auto_takes_bf16_adapters_on_a_gpu_and_keeps_fp32_ones_on_a_cpu():
     )
 
 
-def test_a_lora_run_with_bf16_adapters_resumes_exactly_and_returns_fp32_adapters(tmp_path):
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["no_dropout", "dropout"])
+def test_a_lora_run_with_bf16_adapters_resumes_exactly_and_returns_fp32_adapters(tmp_path, dropout):
     """Checkpoints hold the fp32 masters (``MasterWeights.full_precision``), a resumed run continues as the
-    straight one (deterministic mode: the same computation twice, bitwise), the run returns fp32 adapters."""
+    straight one (deterministic mode: the same computation twice, bitwise; with LoRA dropout the same masks),
+    the run returns fp32 adapters."""
 
     def params(folder, **overrides):
         return toy_params(
             folder,
             runtime={"precision": "bf16", "param_dtype": "bf16", "deterministic": True},
-            model={"lora": {"enabled": True, "r": 4, "alpha": 8}},
+            model={"lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": dropout}},
             log_every=1,
             save_every=2,
             eval_every=None,
@@ -176,7 +178,7 @@ def test_a_lora_run_with_bf16_adapters_resumes_exactly_and_returns_fp32_adapters
             **overrides,
         )
 
-    straight = run_toy(params(tmp_path / "a"), model=_adapted(), attn="eager")  # bf16: run_toy's docstring
+    straight = run_toy(params(tmp_path / "a"), model=_adapted(dropout=dropout), attn="eager")  # run_toy: bf16
     assert "bf16 adapters" in straight.summary["param_dtype"]
     assert {p.dtype for p in _trainable(straight.model).values()} == {torch.float32}
 
@@ -185,8 +187,8 @@ def test_a_lora_run_with_bf16_adapters_resumes_exactly_and_returns_fp32_adapters
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_toy(params(tmp_path / "b"), callbacks=[interrupt], model=_adapted(), attn="eager")
-    resumed = run_toy(params(tmp_path / "b", resume="auto"), model=_adapted(), attn="eager")
+        run_toy(params(tmp_path / "b"), callbacks=[interrupt], model=_adapted(dropout=dropout), attn="eager")
+    resumed = run_toy(params(tmp_path / "b", resume="auto"), model=_adapted(dropout=dropout), attn="eager")
     assert str(resumed.summary["resumed_from"]).endswith("checkpoint-00000002")
     assert resumed.history[-1]["loss"] == straight.history[-1]["loss"]
     theirs = _trainable(resumed.model)

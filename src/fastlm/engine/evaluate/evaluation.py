@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from fastlm.engine.batching import make_batching, seq2seq_batching
+from fastlm.engine.batching import loader_generator, make_batching, seq2seq_batching
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
@@ -183,7 +183,8 @@ def evaluate(
     sampler.shard(comm.rank, comm.world_size, even=even_shards)
     if max_batches is not None:
         max_batches = math.ceil(max_batches / comm.world_size)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
+    # its own generator: an evaluation draws nothing from the global one (a resumed run draws as the first)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, generator=loader_generator(0, 0))
     errors = _ErrorAnalysis(dataset, device, top_k=options.top_k, worst=options.worst) if analysis else None
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets = torch.zeros((), dtype=torch.int64, device=device)
