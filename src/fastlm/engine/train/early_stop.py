@@ -1,9 +1,12 @@
 """Early stopping on the validation loss (``train.early_stopping``): the bookkeeping a checkpoint keeps.
 
-After each evaluation the loop calls ``update``; an improvement of more than ``min_delta`` makes that step the
-best one (the loop then saves a checkpoint there and keeps it past ``keep_last``); ``patience`` evaluations in
-a row without one stop the run at that step boundary, and the model the run returns (and writes) is the best
-step's.
+After each evaluation the loop calls ``update``. The lowest finite validation loss so far is the best step
+(the loop then saves a checkpoint there and keeps it past ``keep_last``), and the model the run returns (and
+writes) is the best step's, as the Trainer's ``load_best_model_at_end`` keeps its best checkpoint.
+``patience`` evaluations in a row without an improvement of more than ``min_delta`` stop the run at that
+step boundary; the improvement is measured from ``reference``, the loss of the last evaluation that reset the
+count (Keras' rule), so small improvements add up. ``min_delta`` never decides which model is kept: an
+evaluation lower than the best by less than ``min_delta`` is the new best, and a step of patience used.
 """
 
 from __future__ import annotations
@@ -20,14 +23,25 @@ class EarlyStopping:
     min_delta: float = 0.0
     best: float | None = None
     best_step: int | None = None
-    bad_evals: int = 0  # evaluations in a row without an improvement
+    bad_evals: int = 0  # evaluations in a row without an improvement of more than min_delta
+    reference: float | None = None  # the loss an improvement is measured from (the last reset's)
+
+    def __post_init__(self) -> None:
+        if self.reference is None:  # a checkpoint written before the reference was kept: its best
+            self.reference = self.best
 
     def update(self, step: int, value: float) -> bool:
-        """Record the evaluation at ``step``; True when it is the new best."""
-        if math.isfinite(value) and (self.best is None or value < self.best - self.min_delta):
-            self.best, self.best_step, self.bad_evals = value, step, 0
+        """Record the evaluation at ``step``; True when it is the new best (the lowest loss so far)."""
+        if not math.isfinite(value):
+            self.bad_evals += 1
+            return False
+        if self.reference is None or value < self.reference - self.min_delta:
+            self.reference, self.bad_evals = value, 0
+        else:
+            self.bad_evals += 1
+        if self.best is None or value < self.best:
+            self.best, self.best_step = value, step
             return True
-        self.bad_evals += 1
         return False
 
     @property
@@ -35,7 +49,12 @@ class EarlyStopping:
         return self.bad_evals >= self.patience
 
     def record(self) -> dict:
-        return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals}
+        return {
+            "best": self.best,
+            "best_step": self.best_step,
+            "bad_evals": self.bad_evals,
+            "reference": self.reference,
+        }
 
     @classmethod
     def from_record(cls, record: dict | None, *, patience: int, min_delta: float) -> EarlyStopping:
@@ -46,6 +65,6 @@ class EarlyStopping:
             **{
                 key: value
                 for key, value in (record or {}).items()
-                if key in ("best", "best_step", "bad_evals")
+                if key in ("best", "best_step", "bad_evals", "reference")
             },
         )
