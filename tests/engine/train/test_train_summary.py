@@ -125,3 +125,35 @@ def test_label_smoothing_trains_the_smoothed_loss_and_validates_on_the_plain_one
     ).metrics["loss"]
     # the same plain evaluation
     assert smoothed.eval_history[-1]["val_loss"] == pytest.approx(again, rel=1e-6)
+
+
+def test_a_resumed_runs_wall_time_and_elapsed_clock_count_its_earlier_processes(tmp_path):
+    """``wall_time_s`` is the run's, not the last process's: a resumed run (or a finished one entered again,
+    as a sweep's second pass does: nothing to train) adds the time its checkpoint had recorded, and the
+    history's ``elapsed_s`` goes on from there (the sweep's "which run reached a loss sooner" reads it)."""
+    import time
+
+    import pytest
+
+    from fastlm.engine.checkpoint.loading import load_checkpoint
+
+    slow = {"log_every": 1, "save_every": 4, "eval_every": None, "max_steps": 8}
+
+    def interrupt(kind, record):
+        time.sleep(0.05)  # at least 0.05 s a step
+        if record["step"] == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_toy(toy_params(tmp_path, **slow), callbacks=[interrupt])
+    saved = load_checkpoint(tmp_path / "checkpoints" / "checkpoint-00000004", model=None, restore_rng=False)
+    assert saved["elapsed_s"] >= 4 * 0.05
+    resumed = run_toy(toy_params(tmp_path, **slow, resume="auto"))
+    elapsed = [record["elapsed_s"] for record in resumed.history]
+    assert elapsed == sorted(elapsed) and elapsed[4] >= saved["elapsed_s"]  # steps 5..8 after step 4's
+    assert resumed.summary["wall_time_s"] >= elapsed[-1] > saved["elapsed_s"]
+    again = run_toy(toy_params(tmp_path, **slow, resume="auto"))  # finished: nothing to train
+    finished = load_checkpoint(
+        tmp_path / "checkpoints" / "checkpoint-00000008", model=None, restore_rng=False
+    )
+    assert again.summary["steps_trained"] == 0 and again.summary["wall_time_s"] >= finished["elapsed_s"]

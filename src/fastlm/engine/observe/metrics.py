@@ -151,9 +151,11 @@ class StepMetrics:
         self.history: list[dict] = []  # one record per flush
         self.start()
 
-    def start(self) -> None:
-        """(Re)start the clocks, e.g. right before the first step once the model is built and compiled."""
+    def start(self, elapsed_before_s: float = 0.0) -> None:
+        """(Re)start the clocks, e.g. right before the first step once the model is built and compiled.
+        ``elapsed_before_s``: where ``elapsed_s`` starts (a resumed run: its earlier processes' time)."""
         self._start = self._window_start = self._last_step_end = perf_counter()
+        self._elapsed_before_s = elapsed_before_s
         self._window_steps = 0
         self._window_data_wait = 0.0
         self._step_data_wait = 0.0
@@ -247,7 +249,7 @@ class StepMetrics:
             "peak_memory_mb": peak_memory_mb(self.device),
             "mfu": mfu,
             "eta_s": max(self.total_steps - step, 0) * step_time if self.total_steps is not None else None,
-            "elapsed_s": now - self._start,
+            "elapsed_s": self._elapsed_before_s + now - self._start,
         }
         self.history.append(record)
         self._sums.zero_()

@@ -259,7 +259,10 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     log.info("loss: %s", opt.fused_choice)
     budget = TimeLimit(params.max_minutes)  # train.max_minutes: a stop at a step boundary
     early = _early_stopping(params, state)  # train.early_stopping (engine/train/early_stop.py)
-    metrics.start()
+    state.clock_start = perf_counter()
+    metrics.start(
+        elapsed_before_s=state.elapsed_before_s
+    )  # a resumed run's clock goes on from its checkpoint
     return TrainingParts(
         params,
         configured,

@@ -253,7 +253,7 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         run.metrics,
         total_steps=state.step if stopped_by else run.total_steps,
         steps_per_epoch=run.steps_per_epoch,
-        wall=perf_counter() - run.started,
+        wall=state.elapsed_before_s + perf_counter() - run.started,  # the run's, not only this process's
         n_params=sum(p.numel() for p in run.raw_model.parameters()),
         params=params,
         world_size=run.world,

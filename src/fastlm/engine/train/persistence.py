@@ -99,6 +99,7 @@ class Checkpointer:
             last_good=folder,
             runtime_choice=saved.get("runtime_choice") or {},
             early_stopping=saved.get("early_stopping") or {},
+            elapsed_before_s=_elapsed(saved),
         )
         best_step = state.early_stopping.get("best_step")
         self.protected = checkpoint_dir(self.root, best_step) if best_step is not None else None
@@ -194,6 +195,7 @@ class Checkpointer:
                     "batching": state.batching,
                     "runtime_choice": state.runtime_choice,
                     "early_stopping": state.early_stopping,
+                    "elapsed_s": state.elapsed_s(),
                     **position,
                 },
             )
@@ -264,3 +266,12 @@ def resume_position(state: dict, world_size: int, folder: Path) -> int:
             f"(it was {state.get('world_size', 1)}), or set train.resume: never to start over.",
         )
     return global_batch // world_size
+
+
+def _elapsed(saved: dict) -> float:
+    """The run's training time a checkpoint recorded; for one saved before it did, its history's last
+    ``elapsed_s`` (0 without one)."""
+    if saved.get("elapsed_s") is not None:
+        return float(saved["elapsed_s"])
+    records = [record for record in saved.get("history") or [] if record.get("elapsed_s") is not None]
+    return float(records[-1]["elapsed_s"]) if records else 0.0

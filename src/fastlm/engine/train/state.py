@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import perf_counter
 
 
 @dataclass
@@ -27,3 +28,12 @@ class TrainState:
     runtime_choice: dict = field(default_factory=dict)
     # early_stop.EarlyStopping.record() (a resume keeps it)
     early_stopping: dict = field(default_factory=dict)
+    # the run's training time in the processes before this one (a checkpoint's ``elapsed_s``)
+    elapsed_before_s: float = 0.0
+    clock_start: float | None = None  # this process's training clock (perf_counter), started by the build
+
+    def elapsed_s(self) -> float:
+        """The run's training time so far: its earlier processes' and this one's (what a checkpoint saves and
+        the history's ``elapsed_s`` counts)."""
+        since = perf_counter() - self.clock_start if self.clock_start is not None else 0.0
+        return self.elapsed_before_s + since
