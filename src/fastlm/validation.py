@@ -87,12 +87,6 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
                 + ("" if file_only else f", or in --params: '{name}=\"<text>\"'")
                 + ".",
             ) from None
-        if isinstance(value, dict) and first["type"] == "value_error":
-            # a check across the group's keys: its message says which to change and how
-            raise ConfigError(
-                f"{where}parameter {name} is invalid: {message}.",
-                fix=f"change what it names in {source}{'' if file_only else ' or in --params'}.",
-            ) from None
         target = f"{name}.<key>" if isinstance(value, dict) else name
         passed = f"'{target}={example}'" if example else f"{target}=<value>"
         raise ConfigError(
