@@ -37,9 +37,10 @@ def llama_style_tokenizer(texts: list[str], *, vocab_size: int = 400, chat_templ
 
 
 def save_tiny_llama(
-    folder: Path, tokenizer, *, hidden_size: int = 32, layers: int = 2, seed: int = 0
+    folder: Path, tokenizer, *, hidden_size: int = 32, layers: int = 2, seed: int = 0, tied: bool = False
 ) -> Path:
-    """A randomly initialised LlamaForCausalLM for ``tokenizer``, saved with its tokenizer in ``folder``."""
+    """A randomly initialised LlamaForCausalLM for ``tokenizer``, saved with its tokenizer in ``folder``;
+    ``tied``: its head shares the input embedding (as Llama-3.2-1B/3B's and Qwen3-4B's do)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -54,7 +55,7 @@ def save_tiny_llama(
         max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

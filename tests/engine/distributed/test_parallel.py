@@ -475,6 +475,31 @@ def test_fsdp2_trains_qlora_adapters_like_one_process_checkpoints_them_alone_and
     )
 
 
+@pytest.mark.kernels  # two LoRA processes vs one: compared with a tolerance
+def test_fsdp2_trains_lora_on_a_base_with_tied_embeddings_and_checkpoints_the_adapters_alone(
+    tmp_path, bpe_tokenizer, tokenized
+):
+    """A base whose head shares the input embedding (Llama-3.2-1B/3B, Qwen3-4B): the frozen tied head is
+    no trained weight, in the checkpoints or in the weights handed back to the launcher (it was gathered
+    with the adapters, and the run failed after its last step)."""
+    import safetensors.torch
+
+    from tests.support.tiny_llama import save_tiny_llama
+
+    base = save_tiny_llama(tmp_path / "base", bpe_tokenizer, tied=True)
+    adapters = {"name_or_path": str(base), "lora": {"enabled": True, "r": 4}}
+    one, two = one_and_two(tmp_path, bpe_tokenizer, tokenized, accum=2, model=adapters)
+    np.testing.assert_allclose(
+        [r["loss"] for r in two.history], [r["loss"] for r in one.history], rtol=TRAINED_FP32_LOSS_REL
+    )
+    trained = {name: p for name, p in one.model.named_parameters() if p.requires_grad}
+    returned = dict(two.model.named_parameters())
+    for name, param in trained.items():
+        torch.testing.assert_close(returned[name], param.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
+    folder = tmp_path / "two" / "checkpoints-2" / "checkpoint-00000002"
+    assert sorted(safetensors.torch.load_file(str(folder / "model.safetensors"))) == sorted(trained)
+
+
 @pytest.mark.kernels  # two DoRA processes vs one: compared with a tolerance
 def test_fsdp2_trains_dora_adapters_with_loraplus_as_one_process(tmp_path, bpe_tokenizer, tokenized):
     """DoRA (fastlm's fused forward: the norms from the weights FSDP2 gathers) with LoRA+'s third optimizer

@@ -256,8 +256,15 @@ def full_state_dicts(
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     if optimizer is None:
-        return get_model_state_dict(model, options=options), None
-    return get_state_dict(model, optimizer, options=options)
+        model_state, optimizer_state = get_model_state_dict(model, options=options), None
+    else:
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+    if trainable_only:  # a frozen head tied to the embedding is gathered under its own name all the same
+        trained = {
+            name for name, param in model.named_parameters(remove_duplicate=False) if param.requires_grad
+        }
+        model_state = {name: value for name, value in model_state.items() if name in trained}
+    return model_state, optimizer_state
 
 
 def load_full_state_dicts(
