@@ -255,3 +255,81 @@ def test_a_killed_worker_ends_the_run_with_a_clear_error_and_no_process_left():
     assert "Failed to load" not in output and "_pytree" not in output, output[:3000]
     assert seen["left"] == []  # every worker gone (or a zombie), and the server with its launcher
     assert not (seen["project"] / "data/06_models/model").exists()  # nothing half-written
+
+
+def split_then_stop_the_process_group(folder: Path) -> dict:
+    """In a new project: `kedro run --pipeline=split`, then a long 2-process `kedro run --pipeline=train` in a
+    session of its own, whose whole process group gets SIGTERM once a checkpoint is written (what Slurm's
+    cancel, a pre-emption or `timeout` does): what was seen."""
+    project = make_kedro_project(folder / "project", list(demo_texts()))
+    env = background.environ(
+        PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
+    )
+    kedro_run = [sys.executable, "-m", "kedro", "run"]
+    seen = {
+        "project": project,
+        "split": background.run(
+            [*kedro_run, "--pipeline=split", "--params", _params_arg({"split": SPLIT})], cwd=project, env=env
+        ),
+    }
+    if seen["split"].returncode != 0:
+        return seen
+    long_run = {
+        **TRAIN,
+        "max_steps": 100000,
+        "save_every": 3,
+        "keep_last": 1,
+        "distributed": {"nproc_per_node": 2, "monitor_interval_s": 0.2},
+    }
+    command = [*kedro_run, "--pipeline=train", "--params", _params_arg({"split": SPLIT, "train": long_run})]
+    process = background.popen(
+        command,
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not list((project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
+            if process.poll() is not None or time.monotonic() >= deadline:
+                seen["started"] = False
+                return seen
+            time.sleep(0.2)
+        seen["started"] = True
+        seen["workers"], seen["servers"] = _workers(process.pid)
+        os.killpg(process.pid, signal.SIGTERM)
+        seen["output"], _ = process.communicate(timeout=120)
+        seen["left"] = [pid for pid in seen["workers"] + seen["servers"] if _alive(pid)]
+        seen["weights"] = {  # the job's folder is gone once the test reads this
+            str(path.relative_to(project)): (path / "model.safetensors").is_file()
+            for path in (project / "data/06_models/checkpoints").glob("*/checkpoint-*")
+        }
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        background.forget(process)
+    seen["returncode"] = process.returncode
+    return seen
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the worker processes"
+)
+@pytest.mark.background(job=split_then_stop_the_process_group)
+def test_sigterm_to_the_whole_process_group_saves_the_step_as_one_process_does():
+    """Every process of the run gets the signal (the launcher, the server, the workers), and the launcher's
+    agent sends it to the workers once more: each worker finishes the step, rank 0 saves it, and the run ends
+    as a one-process run does (exit 130, the step and the checkpoint named), no process left."""
+    seen = background.result(split_then_stop_the_process_group)
+    assert seen["split"].returncode == 0, seen["split"].stderr[-3000:]
+    assert seen["started"], "training did not start"
+    output = seen["output"]
+    assert seen["returncode"] == 130, output[-3000:]
+    stopped = re.search(r"training stopped by SIGTERM at step (\d+); checkpoint (\S+) saved", output)
+    assert stopped, output[-3000:]
+    step, checkpoint = int(stopped[1]), stopped[2]  # relative to the project
+    assert checkpoint.endswith(f"/checkpoint-{step:08d}") and seen["weights"].get(checkpoint), output[-6000:]
+    assert seen["left"] == []

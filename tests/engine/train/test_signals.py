@@ -25,6 +25,18 @@ def test_graceful_stop_flag_second_ctrl_c_and_restore():
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_a_workers_graceful_stop_records_every_later_signal_and_names_the_first():
+    """A worker of several processes gets a group stop twice (directly, then forwarded by its launcher): the
+    second signal is recorded too, never the default action (which killed the worker mid-step)."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with GracefulStop(persistent=True) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt with the default back
+        assert stop.requested and stop.signal_name == "SIGTERM"
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 def test_graceful_stop_is_inert_outside_the_main_thread():
     before = signal.getsignal(signal.SIGTERM)
     seen = {}

@@ -55,6 +55,7 @@ from pathlib import Path
 
 import safetensors.torch
 
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.distributed.parallel import rank_from_env
 from fastlm.engine.launch import server
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job
@@ -63,7 +64,9 @@ from fastlm.engine.train.signals import TrainingInterrupted
 from fastlm.errors import ConfigError, FastlmError
 
 log = logging.getLogger(__name__)
-SHUTDOWN_TIMEOUT_S = 10
+# How long the launcher's agent waits for its workers after it forwarded a stop signal (or after a worker
+# failed) before it kills them: a worker stopped by a signal finishes its step and rank 0 saves it first.
+SHUTDOWN_TIMEOUT_S = 30
 _ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 _EXIT_CODES = {"TrainingInterrupted": TrainingInterrupted.exit_code}
 _server_environment: dict[str, str] | None = None  # the launcher's environment when its forkserver started
@@ -119,6 +122,7 @@ def launch_workers(
         nproc,
         config.start_method,
     )
+    launched = time.time()
     try:
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         with _quiet_elastic_logs(), _own_signal_handlers():
@@ -136,13 +140,24 @@ def launch_workers(
     except ChildFailedError as error:
         raise _worker_error(error, nproc) from None
     except SignalException as error:
-        raise WorkerFailedError(
-            f"training stopped by {error.sigval.name}: the {nproc} workers were stopped.",
-            fix="run the same command again; train.resume: auto continues from the last checkpoint.",
-        ) from None
+        raise _stopped_by(error.sigval.name, job, nproc, since=launched) from None
     finally:
         weights.unlink(missing_ok=True)
         job_file.unlink(missing_ok=True)
+
+
+def _stopped_by(signal_name: str, job: TrainJob, nproc: int, *, since: float) -> FastlmError:
+    """The launcher got a stop signal and its workers have ended: as a one-process run would say it
+    (``TrainingInterrupted``, exit 130) where rank 0 saved a checkpoint since the launch (the workers finish
+    their step and save it: ``GracefulStop``'s ``persistent``), else that nothing was saved."""
+    saved = latest_checkpoint(Path(job.params.checkpoint_dir))
+    if saved is not None and saved.stat().st_mtime >= since:
+        step = int(saved.name.rsplit("-", 1)[1])  # checkpoint-<step>
+        return TrainingInterrupted(signal_name, step, saved, resume=job.params.resume)
+    return WorkerFailedError(
+        f"training stopped by {signal_name}: the {nproc} workers were stopped before a checkpoint was saved.",
+        fix="run the same command again; train.resume: auto continues from the last checkpoint.",
+    )
 
 
 def worker_start_method(requested: str, device: str) -> str:
@@ -255,6 +270,8 @@ def _write_private(path: Path, data: bytes) -> None:
 def _worker(job_file: str, weights: str, callback_factory, pythonpath: str | None) -> JobResult | None:
     """A worker's entry point (runs in the worker process): the job from the file its parent wrote.
     ``pythonpath``: the launcher's ``PYTHONPATH`` (a forked worker has its server's, ``_importing_from``)."""
+    for signum in server.SERVER_IGNORES:  # a forked worker inherits its server's SIG_IGN (launch.server)
+        signal.signal(signum, signal.SIG_DFL)
     _restore_pythonpath(pythonpath)
     job: TrainJob = pickle.loads(Path(job_file).read_bytes())
     rank = rank_from_env()

@@ -91,8 +91,9 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     with lock, ExitStack() as cleanup:
         run = build_training(request, cleanup)
         state, stopped_by = run.state, None
-        # SIGTERM / Ctrl-C set a flag, read after each step (engine/train/signals.py)
-        with GracefulStop() as stop:
+        # SIGTERM / Ctrl-C set a flag, read after each step (engine/train/signals.py); a worker of several
+        # processes keeps handling them (its launcher sends the signal once more)
+        with GracefulStop(persistent=run.world > 1) as stop:
             while state.step < run.total_steps:
                 run.profiler.before_step(state.step + 1)
                 micro, waited = run.stream.next_step(run.accumulation, run.device, run.attn)

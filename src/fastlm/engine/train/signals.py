@@ -9,6 +9,12 @@ checkpoint that resume would pick.
 
 Signal handlers can only be set from the main thread: elsewhere (a Kedro runner thread, a notebook worker) the
 context manager does nothing and the loop never sees a request.
+
+A worker of a run in several processes (``persistent``) keeps its handler for every later signal: a stop sent
+to the whole process group (Slurm's cancel, a pre-emption, ``timeout``) reaches the worker directly and again
+through the launcher, which forwards it to its workers and kills them after its shutdown timeout. With the
+default restored after the first, the second signal killed the worker mid-step, or (both pending at once)
+CPython raised "Signal 15 ignored due to race condition" out of the collective the worker was waiting in.
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ class GracefulStop:
     """Context manager: SIGINT/SIGTERM set :attr:`requested` instead of killing the process (main thread
     only)."""
 
-    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS):
-        self.signals = signals
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS, *, persistent: bool = False):
+        """``persistent``: later signals are recorded too (a worker of a multi-process run: module
+        docstring), not left to the previous handlers."""
+        self.signals, self.persistent = signals, persistent
         self.signal_name: str | None = None
         self._previous: dict[int, object] = {}
 
@@ -71,8 +79,10 @@ class GracefulStop:
         self._restore()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signal_name = signal.Signals(signum).name
-        self._restore()  # the next Ctrl-C / SIGTERM gets the previous (normally the default) behaviour
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+        if not self.persistent:
+            self._restore()  # the next Ctrl-C / SIGTERM gets the previous (normally the default) behaviour
 
     def _restore(self) -> None:
         while self._previous:
