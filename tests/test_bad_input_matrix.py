@@ -1167,3 +1167,20 @@ def test_pretokenized_without_vocab_size(project):
         "split.pretokenized is true but split.vocab_size is not set",
         "--params split.vocab_size=",
     )
+
+
+def test_a_report_on_splits_made_after_the_model_was_trained_is_refused_before_any_node(project):
+    """Re-split with another hash_salt after training (the same tokenizer, or one trained again): the new test
+    split holds rows the model trained on. The report refuses before any node runs (a score on them, logged
+    onto the training run, would look like a held-out one), with the fix that works: train again (a re-split
+    cannot make the model's data come back)."""
+    run_pipeline(project, "split", {"split": {"hash_salt": "again"}})
+    _fails_cleanly(
+        project,
+        "report",
+        {"split": {"hash_salt": "again"}},
+        StaleDataError,
+        "model was trained on other data than",
+        "tokenized_corpus holds now",
+        "kedro run --pipeline=train",
+    )

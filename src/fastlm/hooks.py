@@ -18,7 +18,7 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, Mlflo
 
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.checkpoint.storage import check_writable
-from fastlm.errors import InputDataError
+from fastlm.errors import InputDataError, StaleDataError
 from fastlm.parameters import GROUPS, check_top_level_params, known_top_level_params
 from fastlm.redaction import redact
 from fastlm.tracking import (
@@ -171,6 +171,45 @@ class SplitCompleteHook:
             partial = self._marker.with_name(f".{self._marker.name}.tmp")
             partial.write_text(json.dumps({"outputs": sorted(self._saved)}) + "\n", encoding="utf-8")
             os.replace(partial, self._marker)
+
+
+class ModelOfTheseSplitsHook:
+    """A pipeline that evaluates the trained model on the tokenized splits without training it (the report)
+    is refused before any node runs when the model was trained on other splits than those now on disk: the
+    model folder's ``training_data.json`` records the fingerprint of its training data, and a re-split since
+    (another ``hash_salt``, ratios, folds, texts) changes it. Its test split may then hold rows the model
+    trained on, and a test score, logged onto the training run, would look held out. A model folder without
+    the record (written before it existed) is not checked."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if (
+            "trained_model" not in pipeline.inputs()
+            or "tokenized_corpus_fingerprint" not in pipeline.inputs()
+        ):
+            return
+        model, fingerprint = (
+            _local_path(catalog, "trained_model"),
+            _local_path(catalog, "tokenized_corpus_fingerprint"),
+        )
+        if model is None or fingerprint is None or not fingerprint.is_file():
+            return
+        from fastlm.datasets.pretrained_model import TRAINING_DATA
+
+        try:
+            trained_on = json.loads((model / TRAINING_DATA).read_text(encoding="utf-8"))["fingerprint"]
+            now = json.loads(fingerprint.read_text(encoding="utf-8"))["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # no record, or a file the nodes explain when they read it
+        if trained_on != now:
+            data = _local_path(catalog, "tokenized_corpus") or fingerprint.parent
+            raise StaleDataError(
+                f"the model in {model} was trained on other data than {data} holds now (data fingerprint "
+                f"{str(trained_on)[:12]}, now {str(now)[:12]}: split again since): its test split may hold "
+                "rows the model trained on.",
+                fix="train it again on these splits (`kedro run --pipeline=train`), or split again with the "
+                "settings it was trained on.",
+            )
 
 
 RUN_NAME = "params:run_name"

@@ -9,6 +9,7 @@ from fastlm.hooks import (
     DatasetPathsHook,
     MissingInputsHook,
     MlflowArtifactsHook,
+    ModelOfTheseSplitsHook,
     OutputFoldersWritableHook,
     ParametersValidHook,
     RedactingMlflowHook,
@@ -37,6 +38,7 @@ HOOKS = (
     MlflowArtifactsHook(),
     TunedParametersHook(),
     OutputFoldersWritableHook(),
+    ModelOfTheseSplitsHook(),  # before SplitCompleteHook: pluggy calls the later one first
     SplitCompleteHook(),
     MissingInputsHook(),
     ParametersValidHook(),
