@@ -53,3 +53,22 @@ def test_a_gpu_profile_says_where_the_gpu_waited():
     assert "phase: backward" in said and "after a sync in aten::item &gt; aten::_local_scalar_dense" in said
     _, cpu = report_document(make_history(3), summary={**SUMMARY, "profile": {**profile, "gpu_idle": None}})
     assert "Profile: time per phase" in cpu and "where the GPU waited" not in cpu
+
+
+def test_a_run_stopped_by_its_time_budget_says_so_and_how_far_it_got():
+    """``train.max_minutes`` stopped it at step 19 of 300: the report says the time budget stopped it, not
+    that it "ran to its last step" (with early stopping on, the early-stopping line said that)."""
+    early = {"best_step": 15, "best_val_loss": 2.5, "model_from_step": 15, "patience": 50}
+    summary = {
+        **SUMMARY,
+        "steps": 19,
+        "planned_steps": 300,
+        "stopped_by": "time budget",
+        "early_stopping": early,
+    }
+    lines = run_lines(summary, None)
+    said = next(line for line in lines if line.startswith("Stopped:"))
+    assert "time budget" in said and "train.max_minutes" in said and "step 19 of 300" in said
+    assert not any("ran to its last step" in line for line in lines)
+    assert "stopped by its time budget at step 19" in next(line for line in lines if line.startswith("Early"))
+    assert not any(line.startswith("Stopped:") for line in run_lines({**SUMMARY, "steps": 300}, None))

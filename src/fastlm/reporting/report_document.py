@@ -87,9 +87,17 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             f"Model: {summary.get('base_model') or 'tiny Llama from config'}"
             f"{f' ({counts})' if counts else ''}; every parameter trained."
         )
+    stopped_by = summary.get("stopped_by")
+    if stopped_by == "time budget":
+        lines.append(
+            f"Stopped: by its time budget (train.max_minutes) at step {summary.get('steps', '?')} of "
+            f"{summary.get('planned_steps', '?')}; the same command with train.resume: auto continues it."
+        )
     early = summary.get("early_stopping") or {}
     if early.get("best_step") is not None:
-        stopped = "stopped early" if summary.get("stopped_by") == "early stopping" else "ran to its last step"
+        stopped = {"early stopping": "stopped early", "time budget": "was stopped by its time budget"}.get(
+            stopped_by, "ran to its last step"
+        )
         lines.append(
             f"Early stopping (patience {early.get('patience')}): the run {stopped} at step "
             f"{summary.get('steps', '?')}; the model written is step {early.get('model_from_step')}'s, "
