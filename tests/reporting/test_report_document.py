@@ -72,3 +72,27 @@ def test_a_run_stopped_by_its_time_budget_says_so_and_how_far_it_got():
     assert not any("ran to its last step" in line for line in lines)
     assert "stopped by its time budget at step 19" in next(line for line in lines if line.startswith("Early"))
     assert not any(line.startswith("Stopped:") for line in run_lines({**SUMMARY, "steps": 300}, None))
+
+
+def test_the_markdown_reports_figures_point_at_the_plot_files_the_pipeline_writes():
+    """report.md's images are the report pipeline's plot outputs, at their catalog paths relative to
+    report.md (they pointed at loss.png, learning-rate.png, ... beside it, files nobody writes)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from fastlm.pipelines.report import create_pipeline
+    from tests.support.project import PROJECT_ROOT
+    from tests.support.reporting import make_history, report_document
+
+    catalog = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text())
+    folder = Path(catalog["report_markdown"]["filepath"]).parent
+    pattern = catalog["{name}_plot"]["filepath"]
+    written = {
+        str(Path(pattern.format(name=output.removesuffix("_plot"))).relative_to(folder))
+        for output in create_pipeline().all_outputs()
+        if output.endswith("_plot") and output != "sweep_loss_plot"
+    }
+    _, markdown = report_document(make_history(3))
+    assert set(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)) == written

@@ -72,6 +72,8 @@ class Section:
     table: pd.DataFrame | None = None
     figures: dict[str, Figure | bytes] = field(default_factory=dict)
     items: list[str] = field(default_factory=list)
+    # where the Markdown finds each figure, relative to it (the pipeline's plot files); else figure_filename
+    figure_files: dict[str, str] = field(default_factory=dict)
 
 
 def figure_to_base64_png(fig: Figure | bytes) -> str:
@@ -280,5 +282,5 @@ def render_markdown(*, title: str, subtitle: str, sections: Iterable[Section]) -
             blocks.append(markdown_table(section.table).rstrip("\n"))
         for name in section.figures:
             label = str(name).replace("[", "(").replace("]", ")")
-            blocks.append(f"![{label}]({figure_filename(name)})")
+            blocks.append(f"![{label}]({section.figure_files.get(name) or figure_filename(name)})")
     return "\n\n".join(blocks) + "\n"

@@ -62,6 +62,16 @@ def error_pairs_table(pairs: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+# The curves' files as the report pipeline writes them (catalog "{name}_plot": plots/<name>.png beside
+# report.md), for the Markdown's image links
+CURVE_FILES = {
+    "loss": "plots/loss.png",
+    "throughput": "plots/throughput.png",
+    "learning rate": "plots/learning_rate.png",
+    "peak memory": "plots/memory.png",
+}
+
+
 def run_lines(summary: dict, split_report: dict | None) -> list[str]:
     """What was trained, how, and on which data: model (LoRA and its base), trainable counts, split counts."""
     lines = []
@@ -191,6 +201,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
                 "learning rate": plots.learning_rate_figure(history),
                 "peak memory": plots.memory_figure(history),
             },
+            figure_files=CURVE_FILES,
         ),
         Section("Test split evaluation", table=evaluation),
         Section("Throughput: training and evaluation", table=speeds),
@@ -274,6 +285,7 @@ def _sweep_sections(sweep: dict | None) -> list[Section]:
             text=text,
             table=sweep["table"],
             figures={"sweep loss": sweep["plot"]} if sweep.get("plot") else {},
+            figure_files={"sweep loss": "plots/sweep_loss.png"},
         )
     ]
 
