@@ -183,10 +183,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def split_then_kill_a_worker(folder: Path) -> dict:
+def _split_then_train_until_a_checkpoint(folder: Path, save_every: int, **popen) -> tuple:
     """In a new project (the kedro_project fixture's, with an MLflow store of its own): `kedro run
-    --pipeline=split`, then a long 2-process `kedro run --pipeline=train` whose second worker is killed once a
-    checkpoint is written (a job of tests/support/background.py): what was seen."""
+    --pipeline=split`, then a long 2-process `kedro run --pipeline=train` (``popen``: more Popen arguments)
+    until its first checkpoint is written: (what was seen, the training process or None when it did not get
+    there)."""
     project = make_kedro_project(folder / "project", list(demo_texts()))
     env = background.environ(
         PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
@@ -199,27 +200,46 @@ def split_then_kill_a_worker(folder: Path) -> dict:
         ),
     }
     if seen["split"].returncode != 0:
-        return seen
+        return seen, None
     long_run = {
         **TRAIN,
         "max_steps": 100000,
-        "save_every": 1,
+        "save_every": save_every,
         "keep_last": 1,
         "distributed": {"nproc_per_node": 2, "monitor_interval_s": 0.2},
     }
     command = [*kedro_run, "--pipeline=train", "--params", _params_arg({"split": SPLIT, "train": long_run})]
     process = background.popen(
-        command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
     )
+    deadline = time.monotonic() + 180
+    while not list((project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
+        if process.poll() is not None or time.monotonic() >= deadline:
+            seen["started"] = False
+            _forget(process)
+            return seen, None
+        time.sleep(0.2)
+    seen["started"] = True
+    seen["workers"], seen["servers"] = _workers(process.pid)
+    return seen, process
+
+
+def _forget(process: subprocess.Popen, group: bool = False) -> None:
+    if process.poll() is None:
+        if group:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+    background.forget(process)
+
+
+def split_then_kill_a_worker(folder: Path) -> dict:
+    """A long 2-process training run (``_split_then_train_until_a_checkpoint``) whose second worker is
+    killed once a checkpoint is written (a job of tests/support/background.py): what was seen."""
+    seen, process = _split_then_train_until_a_checkpoint(folder, save_every=1)
+    if process is None:
+        return seen
     try:
-        deadline = time.monotonic() + 180
-        while not list((project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
-            if process.poll() is not None or time.monotonic() >= deadline:
-                seen["started"] = False
-                return seen
-            time.sleep(0.2)
-        seen["started"] = True
-        seen["workers"], seen["servers"] = _workers(process.pid)
         if len(seen["workers"]) == 2:
             os.kill(seen["workers"][-1], signal.SIGKILL)
             killed = time.monotonic()
@@ -227,9 +247,7 @@ def split_then_kill_a_worker(folder: Path) -> dict:
             seen["ended_in"] = time.monotonic() - killed
             seen["left"] = [pid for pid in seen["workers"] + seen["servers"] if _alive(pid)]
     finally:
-        if process.poll() is None:
-            process.kill()
-        background.forget(process)
+        _forget(process)
     seen["returncode"] = process.returncode
     return seen
 
@@ -258,48 +276,13 @@ def test_a_killed_worker_ends_the_run_with_a_clear_error_and_no_process_left():
 
 
 def split_then_stop_the_process_group(folder: Path) -> dict:
-    """In a new project: `kedro run --pipeline=split`, then a long 2-process `kedro run --pipeline=train` in a
-    session of its own, whose whole process group gets SIGTERM once a checkpoint is written (what Slurm's
-    cancel, a pre-emption or `timeout` does): what was seen."""
-    project = make_kedro_project(folder / "project", list(demo_texts()))
-    env = background.environ(
-        PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
-    )
-    kedro_run = [sys.executable, "-m", "kedro", "run"]
-    seen = {
-        "project": project,
-        "split": background.run(
-            [*kedro_run, "--pipeline=split", "--params", _params_arg({"split": SPLIT})], cwd=project, env=env
-        ),
-    }
-    if seen["split"].returncode != 0:
+    """A long 2-process training run in a session of its own, whose whole process group gets SIGTERM once a
+    checkpoint is written (what Slurm's cancel, a pre-emption or `timeout` does): what was seen."""
+    seen, process = _split_then_train_until_a_checkpoint(folder, save_every=3, start_new_session=True)
+    if process is None:
         return seen
-    long_run = {
-        **TRAIN,
-        "max_steps": 100000,
-        "save_every": 3,
-        "keep_last": 1,
-        "distributed": {"nproc_per_node": 2, "monitor_interval_s": 0.2},
-    }
-    command = [*kedro_run, "--pipeline=train", "--params", _params_arg({"split": SPLIT, "train": long_run})]
-    process = background.popen(
-        command,
-        cwd=project,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    project = seen["project"]
     try:
-        deadline = time.monotonic() + 180
-        while not list((project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
-            if process.poll() is not None or time.monotonic() >= deadline:
-                seen["started"] = False
-                return seen
-            time.sleep(0.2)
-        seen["started"] = True
-        seen["workers"], seen["servers"] = _workers(process.pid)
         os.killpg(process.pid, signal.SIGTERM)
         seen["output"], _ = process.communicate(timeout=120)
         seen["left"] = [pid for pid in seen["workers"] + seen["servers"] if _alive(pid)]
@@ -308,9 +291,7 @@ def split_then_stop_the_process_group(folder: Path) -> dict:
             for path in (project / "data/06_models/checkpoints").glob("*/checkpoint-*")
         }
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        background.forget(process)
+        _forget(process, group=True)
     seen["returncode"] = process.returncode
     return seen
 
