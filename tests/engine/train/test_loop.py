@@ -248,3 +248,27 @@ def test_the_summary_reports_the_checkpointing_the_model_ran_with(tmp_path):
     enable_checkpointing(model, "selective")
     summary = run_toy(params, model=model).summary
     assert summary["gradient_checkpointing"] == "selective" and summary["checkpointed_layers"] == "1 of 2"
+
+
+def test_a_rewind_to_an_earlier_checkpoint_moves_the_abandoned_later_ones_aside(tmp_path):
+    """``train.resume: <checkpoint-10>`` in a run folder that holds 15 and 20: the run continues from 10, the
+    abandoned line's later checkpoints go to a ``superseded-*`` folder (kept), and a stop then ``resume:
+    auto`` (as the stop message advises) continues the rewound line, not the abandoned one's step 20."""
+    settings = {"log_every": 1, "save_every": 5, "keep_last": 10, "eval_every": None, "max_steps": 20}
+    root = tmp_path / "checkpoints"
+    run_toy(toy_params(tmp_path, **settings))
+    assert [p.name for p in sorted(root.glob("checkpoint-*"))][-1] == "checkpoint-00000020"
+
+    def interrupt(kind, record):
+        if record["step"] == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_toy(
+            toy_params(tmp_path, **settings, resume=str(root / "checkpoint-00000010")), callbacks=[interrupt]
+        )
+    assert latest_checkpoint(root).name == "checkpoint-00000010"
+    aside = [p.name for p in sorted(root.glob("superseded-*/checkpoint-*"))]
+    assert aside == ["checkpoint-00000015", "checkpoint-00000020"]
+    resumed = run_toy(toy_params(tmp_path, **settings, resume="auto"))
+    assert resumed.summary["resumed_from_step"] == 10 and resumed.summary["steps_trained"] == 10

@@ -212,12 +212,14 @@ def _prune(root: Path, keep_last: int | None, *, keep: set[Path | None]) -> None
     _fsync_dir(root)
 
 
-def move_aside(root: Path) -> Path | None:
-    """Move every ``checkpoint-*`` folder of ``root`` into ``root/superseded-<time>/`` (out of the way of a
-    run that starts fresh there, kept for the user); returns that folder, or None when there was nothing to
-    move."""
+def move_aside(root: Path, only: list[Path] | None = None) -> Path | None:
+    """Move every ``checkpoint-*`` folder of ``root`` (or those of ``only``) into ``root/superseded-<time>/``
+    (out of the way of a run that starts fresh there, or rewinds, kept for the user); returns that folder, or
+    None when there was nothing to move."""
     root = Path(root)
     old = [path for path in root.glob("checkpoint-*") if path.is_dir()] if root.is_dir() else []
+    if only is not None:
+        old = [path for path in old if path in set(only)]
     if not old:
         return None
     aside = root / f"{SUPERSEDED_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}"

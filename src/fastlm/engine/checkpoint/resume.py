@@ -159,6 +159,7 @@ def plan_resume(
                 fix="resume with the settings it was written with, or set train.resume: auto (continues a "
                 "matching checkpoint, else starts fresh) or never.",
             )
+        _rewind(root, folder, move_old)
         return ResumePlan(folder, header)
     newest = complete_checkpoints(root)[-1:] if resume == "auto" else []  # a folder holds one run: its newest
     why = None
@@ -184,6 +185,24 @@ def plan_resume(
             aside,
         )
     return ResumePlan(None)
+
+
+def _rewind(root: Path, folder: Path, move_old: bool) -> None:
+    """An explicit checkpoint of this run's own folder with later ones beside it (a rewind): those belong to
+    the line the rewind abandons and go to ``superseded-<time>/``, or ``keep_last`` would prune the rewound
+    line first and a later ``resume: auto`` would continue the abandoned one."""
+    if not move_old or Path(folder).resolve().parent != root.resolve():
+        return
+    step = int(Path(folder).name.rsplit("-", 1)[1])
+    later = [path for path in complete_checkpoints(root) if int(path.name.rsplit("-", 1)[1]) > step]
+    aside = move_aside(root, only=later) if later else None
+    if aside is not None:
+        log.warning(
+            "train.resume: rewinding to %s; the later checkpoints of the line it abandons (%s) moved to %s",
+            Path(folder).name,
+            ", ".join(path.name for path in later),
+            aside,
+        )
 
 
 def _problems(state: dict, digest: dict, total_steps: int, world_size: int) -> list[str]:
