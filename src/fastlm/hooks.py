@@ -560,11 +560,27 @@ class TunedParametersHook:
         path = _local_path(catalog, "tuned_parameters")
         if path is None or not catalog.exists("tuned_parameters"):
             return
+        env = run_params.get("env") or "local"
+        if path.parent.name == "local" and env != "local":  # Kedro reads conf/base and conf/<env> alone
+            log.info(
+                "%s is not read under --env %s (conf/base and conf/%s are): its tuned settings are not used",
+                path,
+                env,
+                env,
+            )
+            return
         batching = GROUPS["train"].parse(catalog.load("params:train")).batching
+        tuned = ((catalog.load("tuned_parameters") or {}).get("train") or {}).get("batching") or {}
+        keys = ("micro_batch_size", "gradient_accumulation_steps")
+        given = ", ".join(f"{key}={tuned[key]}" for key in keys if key in tuned)
+        overridden = ", ".join(
+            f"{key}={getattr(batching, key)}"
+            for key in keys
+            if key in tuned and tuned[key] != getattr(batching, key)
+        )
         log.info(
-            "%s is in effect (from `kedro run --pipeline=tune`): micro_batch_size=%d, "
-            "gradient_accumulation_steps=%d; delete it to go back to conf/base",
+            "%s is in effect (from `kedro run --pipeline=tune`): %s%s; delete it to go back to conf/base",
             path,
-            batching.micro_batch_size,
-            batching.gradient_accumulation_steps,
+            given or "no batching settings",
+            f" (--params or a later file overrides it: {overridden})" if overridden else "",
         )

@@ -116,6 +116,33 @@ def test_a_training_run_says_that_the_tuned_parameters_file_is_in_effect(tmp_pat
         )
         TunedParametersHook().before_pipeline_run({}, training, catalog)
     assert [record.getMessage() for record in caplog.records] == [
-        f"{tuned} is in effect (from `kedro run --pipeline=tune`): micro_batch_size=6, "
-        "gradient_accumulation_steps=1; delete it to go back to conf/base"
+        f"{tuned} is in effect (from `kedro run --pipeline=tune`): micro_batch_size=6; delete it to go back "
+        "to conf/base"
     ]
+
+
+def test_the_tuned_file_is_said_to_be_in_effect_only_where_it_is(tmp_path, caplog):
+    """Under another environment (``--env quick`` reads conf/base and conf/quick, not conf/local) the tuned
+    file is not in effect; where a value given elsewhere (``--params``) overrides it, the line names the
+    file's value and the one in effect (it printed the effective settings as the file's)."""
+    tuned = tmp_path / "local" / "parameters_tuned.yml"
+    tuned.parent.mkdir()
+    tuned.write_text("train: {batching: {micro_batch_size: 4, gradient_accumulation_steps: 2}}\n")
+    catalog = DataCatalog(
+        {
+            "tuned_parameters": YAMLDataset(filepath=str(tuned)),
+            "params:train": MemoryDataset(
+                {"batching": {"micro_batch_size": 16, "gradient_accumulation_steps": 2}}
+            ),
+        }
+    )
+    training = Pipeline([Node(lambda train: train, "params:train", "trained_model")])
+    with caplog.at_level("INFO", logger="fastlm.hooks"):
+        TunedParametersHook().before_pipeline_run({"env": "quick"}, training, catalog)
+        quick = [record.getMessage() for record in caplog.records]
+        caplog.clear()
+        TunedParametersHook().before_pipeline_run({"env": None}, training, catalog)
+        local = [record.getMessage() for record in caplog.records]
+    assert len(quick) == 1 and "not read under --env quick" in quick[0] and "not used" in quick[0]
+    assert len(local) == 1 and "micro_batch_size=4" in local[0] and "micro_batch_size=16" in local[0]
+    assert "overrides" in local[0]
