@@ -1184,3 +1184,18 @@ def test_a_report_on_splits_made_after_the_model_was_trained_is_refused_before_a
         "tokenized_corpus holds now",
         "kedro run --pipeline=train",
     )
+
+
+def test_a_report_top_k_not_below_the_vocabulary_is_refused_before_any_node(project):
+    """``report.top_k`` at or above the vocabulary the model predicts over: every id is among the top k, and
+    the report would print a top-k accuracy of 1.000 as a figure of the model."""
+    vocab = json.loads((project / "data/06_models/model/config.json").read_text())["vocab_size"]
+    _fails_cleanly(
+        project,
+        "report",
+        {"report": {"top_k": vocab}},
+        ConfigError,
+        f"report.top_k = {vocab}",
+        f"vocabulary of {vocab:,} token ids",
+        "--params report.top_k=",
+    )

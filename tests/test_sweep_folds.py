@@ -230,11 +230,21 @@ def _fake_training(failing: set[int], error=None):
     return train_model
 
 
+class _Vocabulary:
+    """What the sweep asks of the tokenizer before its runs (the fake training uses none): its length."""
+
+    def __len__(self) -> int:
+        return 300
+
+
+TOKENIZER = _Vocabulary()
+
+
 def _sweep(tmp_path, runs, tracker):
     sweep = tmp_path / "folds.yml"
     sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
     fingerprint = {"fingerprint": "f", "params": {"folds": 3}}
-    return nodes.run_sweep(None, fingerprint, None, None, {}, {}, {}, str(sweep), runs, tracker)
+    return nodes.run_sweep(None, fingerprint, TOKENIZER, None, {}, {}, {}, str(sweep), runs, tracker)
 
 
 def test_a_fold_that_fails_is_left_out_named_and_retried_by_the_next_sweep(tmp_path, monkeypatch):
@@ -281,7 +291,7 @@ def test_a_cross_validated_grid_names_the_setting_of_its_cv_metrics(tmp_path, mo
     tracker = _Tracker()
     fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
     *_, folds = nodes.run_sweep(
-        None, fingerprint, None, None, {}, {}, {}, str(sweep), SweepRuns(tmp_path / "s"), tracker
+        None, fingerprint, TOKENIZER, None, {}, {}, {}, str(sweep), SweepRuns(tmp_path / "s"), tracker
     )
     assert tracker.params == {"cv/train.seed": 1}  # equal means: the first setting
     assert list(folds.loc[folds["row"] == "mean", "train.seed"]) == [1, 2]

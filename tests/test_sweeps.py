@@ -400,3 +400,30 @@ def test_verdict_without_wall_times_names_best_and_worst_and_claims_no_speed():
     text = verdict(table, "final_val_loss", histories)
     assert text.startswith("b (seed 1) is best by final_val_loss = 1.9") and "the worst, a (seed 0)" in text
     assert "fastest" not in text
+
+
+def test_a_top_k_metric_is_named_by_the_k_the_report_evaluates(tmp_path):
+    """``report.top_k`` 3: the runs' figure is ``test_top3_accuracy``; a sweep ranked by
+    ``test_top5_accuracy`` then would rank by a figure no run has: another k than the report's is refused."""
+    from fastlm.sweeps import load_sweep_runs
+
+    path = _file(tmp_path, {"name": "s", "metric": "test_top3_accuracy", "grid": {"train.seed": [0, 1]}})
+    assert load_sweep_runs(path, {}, top_k=3).metric == "test_top3_accuracy"
+    with pytest.raises(ConfigError, match="report.top_k") as raised:
+        load_sweep_runs(path, {}, top_k=5)
+    said = str(raised.value)
+    assert "\n" not in said and "test_top3_accuracy" in said and path in said and "test_top5_accuracy" in said
+    with pytest.raises(ConfigError, match="metric must be one of"):
+        load_sweep(
+            _file(tmp_path, {"name": "s", "metric": "test_top0_accuracy", "grid": {"train.seed": [0]}})
+        )
+
+    overrides = {"a": {"train.seed": 0}, "b": {"train.seed": 1}}
+    summaries = {
+        "a": {"final_val_loss": 2.0, "test_accuracy": 0.3, "test_top3_accuracy": 0.5},
+        "b": {"final_val_loss": 2.1, "test_accuracy": 0.3, "test_top3_accuracy": 0.6},
+    }
+    table = comparison_table(summaries, overrides, "test_top3_accuracy")
+    assert "test_top3_accuracy" in table.columns and "test_top5_accuracy" not in table.columns
+    assert list(table["run"]) == ["b", "a"]  # accuracy: higher is better
+    assert list(table.columns).index("test_top3_accuracy") == list(table.columns).index("test_accuracy") + 1

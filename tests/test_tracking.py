@@ -74,6 +74,21 @@ def test_the_levers_a_run_used_become_parameters_of_its_run(active_run, tmp_path
     assert logged["runtime.float8_choice"] == summary["runtime"]["float8_choice"]  # the runtime's, once
 
 
+def test_the_training_wall_time_and_data_fingerprint_reach_the_run(active_run, tmp_path):
+    """The run comparison's wall time is the training's (the summary's, counting a resumed run's earlier
+    processes), not the MLflow run's span (split, train and report of one ``kedro run``); and runs on other
+    data show it: the tokenized data's fingerprint is a parameter of the run."""
+    from fastlm.tracking import RunTracker
+    from tests.support.toy_training import run_toy, toy_params
+
+    result = run_toy(toy_params(tmp_path, max_steps=2, log_every=1, eval_every=None))
+    summary = {**result.summary, "runtime": result.runtime.describe(), "fingerprint": "ab" * 32}
+    RunTracker().training_finished(summary)
+    data = mlflow.MlflowClient().get_run(active_run.info.run_id).data
+    assert data.metrics["wall_time_s"] == summary["wall_time_s"] > 0
+    assert data.params["data.fingerprint"] == "ab" * 6
+
+
 @pytest.mark.e2e
 def test_store_failing_mid_run_leaves_training_and_outputs_intact(kedro_project, monkeypatch):
     """Through a KedroSession: the store accepts the first metrics, then fails; the run completes."""

@@ -489,7 +489,8 @@ class ParametersValidHook:
     bad value is one line, before any node has written anything (a node that validates on entry may run after
     others saved their outputs). Across groups: a pipeline generating from ``report.prompts`` (it writes
     ``sample_generations``) on pre-tokenized data needs them to be ids of its vocabulary
-    (``reporting.params.check_id_prompts``)."""
+    (``reporting.params.check_id_prompts``); the report's ``top_k`` must be below the trained model's
+    vocabulary (``reporting.params.check_top_k``; the evaluation checks it again on the model it loads)."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -504,6 +505,23 @@ class ParametersValidHook:
             from fastlm.reporting.params import check_id_prompts
 
             check_id_prompts(report.prompts, split.vocab_size)
+        vocab_size = _model_vocab_size(catalog) if "trained_model" in pipeline.inputs() else None
+        if report is not None and vocab_size is not None:
+            from fastlm.reporting.params import check_top_k
+
+            check_top_k(report.top_k, vocab_size)
+
+
+def _model_vocab_size(catalog) -> int | None:
+    """The vocabulary of the model folder's config.json (a language model's, or its text model's); None where
+    the folder has none (an adapter folder, not trained yet: the nodes say so)."""
+    folder = _local_path(catalog, "trained_model")
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return size if isinstance(size, int) and size > 0 else None
 
 
 DATASET_PATHS = "dataset_paths"

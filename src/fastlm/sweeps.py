@@ -23,6 +23,7 @@ import copy
 import itertools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,12 +37,13 @@ from fastlm.validation import Params, parse_params
 
 PARAM = "sweep"
 FOLD_KEY = "train.fold"  # set per run by folds: auto
+TOP_K_METRIC = re.compile(r"test_top([1-9][0-9]*)_accuracy")  # the runs' top-k accuracy, k = report.top_k
 METRICS = (
     "final_val_loss",
     "final_train_loss",
     "test_loss",
     "test_accuracy",
-    "test_top5_accuracy",
+    "test_top<k>_accuracy",
     "test_rouge1",
     "test_rouge2",
     "test_rougeL",
@@ -82,8 +84,8 @@ class SweepSpec(Params):
                 "give either grid (every combination) or runs (a list of settings), not both "
                 "(or neither, with folds: auto: one run per fold)"
             )
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {', '.join(METRICS)}")
+        if self.metric not in METRICS and not TOP_K_METRIC.fullmatch(self.metric):
+            raise ValueError(f"metric must be one of {', '.join(METRICS)} (k: report.top_k)")
         validate_run_name(self.name)
         for key in {key for overrides in self._settings() for key in overrides}:
             if key == FOLD_KEY and self.folds is not None:
@@ -163,14 +165,24 @@ def load_sweep(path) -> SweepSpec:
     return parse_params(SweepSpec, raw, prefix="", source=f"sweep file {path}", file_only=True)
 
 
-def load_sweep_runs(path, train_params: dict, folds: int | None = None) -> SweepSpec:
+def load_sweep_runs(
+    path, train_params: dict, folds: int | None = None, top_k: int | None = None
+) -> SweepSpec:
     """:func:`load_sweep`, with the train parameters of every run checked before the first one runs
-    (``folds``: ``split.folds``, the runs of ``folds: auto``).
+    (``folds``: ``split.folds``, the runs of ``folds: auto``) and a top-k metric against ``top_k`` (the
+    report's ``top_k``, the k the runs are scored with).
 
     A problem of ``train_params`` alone names conf/base/parameters_train.yml (or --params); one that a run's
     settings or the sweep's budgets bring names the sweep file, where it is fixed.
     """
     spec = load_sweep(path)
+    named = TOP_K_METRIC.fullmatch(spec.metric)
+    if named and top_k is not None and int(named.group(1)) != top_k:
+        raise ConfigError(
+            f"sweep file {path}: metric {spec.metric} names top-{named.group(1)}, but report.top_k = "
+            f"{top_k}: the runs are scored as test_top{top_k}_accuracy.",
+            fix=f"write metric: test_top{top_k}_accuracy in {path}, or set report.top_k to {named.group(1)}.",
+        )
     parse_train_params(train_params)
     for overrides in spec.plan(folds):
         parse_params(

@@ -200,15 +200,20 @@ class RunTracker:
         self.metrics.log_params(params)
 
     def training_finished(self, summary: dict) -> None:
-        """The run's runtime settings and what its levers did (``SUMMARY_PARAMS``) as parameters, and its real
-        tokens/s (the run comparison's speed)."""
+        """The run's runtime settings, what its levers did (``SUMMARY_PARAMS``) and its data (the tokenized
+        data's fingerprint, 12 digits: runs on other data show it) as parameters, and its real tokens/s and
+        training wall time (the run comparison's)."""
+        fingerprint = summary.get("fingerprint")
         self.metrics.log_params(
             {
                 **{f"runtime.{key}": value for key, value in summary["runtime"].items()},
                 **{key: summary.get(key) for key in SUMMARY_PARAMS},
+                "data.fingerprint": str(fingerprint)[:12] if fingerprint else None,
             }
         )
-        self.metrics.log_run_metrics({"real_tokens_per_s": summary["real_tokens_per_s"]})
+        self.metrics.log_run_metrics(
+            {"real_tokens_per_s": summary["real_tokens_per_s"], "wall_time_s": summary.get("wall_time_s")}
+        )
 
     def log_run_metrics(self, metrics: dict) -> None:
         """Metrics of the active run (a sweep's child run while one is open) without a step."""

@@ -65,6 +65,30 @@ def test_run_comparison_shows_values_that_differ_and_marks_this_run():
     assert list(table["this run"]) == ["◀", "", ""]
 
 
+def test_run_comparison_wall_time_is_the_trainings_and_other_data_shows():
+    """``wall_time_s`` is what the run logged as its training's wall time; a run from before that has none
+    (its MLflow span held the split and the report too). A run name given as a parameter does not blank the
+    names of runs without it (a sweep's child runs), and the data fingerprint shows where runs differ."""
+    runs = runs_frame(SPEED).assign(
+        **{
+            "metrics.wall_time_s": [12.5, 30.0, math.nan],
+            "params.run_name": ["mine", None, None],
+            "params.data.fingerprint": ["0123456789ab", "0123456789ab", "ba9876543210"],
+        }
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert table["wall_time_s"].iloc[:2].tolist() == [12.5, 30.0] and math.isnan(table["wall_time_s"].iloc[2])
+    assert list(table["run_name"]) == ["new", "old", "older"]
+    assert list(table["data.fingerprint"]) == ["0123456789ab", "0123456789ab", "ba9876543210"]
+
+
+def test_a_top_k_figure_is_logged_under_its_own_k():
+    from fastlm.reporting.comparison import test_metric_values
+
+    logged = test_metric_values({"loss": 2.0, "accuracy": 0.3, "top3_accuracy": 0.5, "seconds": 1.0})
+    assert logged == {"test_loss": 2.0, "test_accuracy": 0.3, "test_top3_accuracy": 0.5}
+
+
 def test_report_cells_wrap_show_line_breaks_and_decoded_tokens():
     long_prediction = "가" * 400
     generations = pd.DataFrame(

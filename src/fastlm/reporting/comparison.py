@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from numbers import Number
 
 import pandas as pd
@@ -16,12 +17,17 @@ SPEED = "metrics.real_tokens_per_s"
 WINDOW_SPEED = "metrics.train/real_tokens_per_s"
 VAL_LOSS = "metrics.eval/val_loss"
 TRAIN_LOSS = "metrics.train/loss"
+# The training's wall time (train_summary.json's, a resumed run's earlier processes counted), logged by the
+# train node; runs from before it have none (their MLflow span held the split and the report too).
+WALL_TIME = "metrics.wall_time_s"
+# The run's name is its MLflow name (a sweep's child runs have no run_name parameter: the column would blank
+# theirs); the torch build is the runtime's, not a setting.
+NOT_COMPARED = ("params.run_name", "params.runtime.torch")
 # Test-split metrics logged by the report (``test_<name>``), shown in the comparison when a run has them.
 TEST_METRICS = (
     "loss",
     "perplexity",
     "accuracy",
-    "top5_accuracy",
     "rouge1",
     "rouge2",
     "rougeL",
@@ -32,6 +38,8 @@ TEST_METRICS = (
     "rougeL_precision",
     "rougeL_recall",
 )
+# and the top-k accuracy, named by its k (``report.top_k``): top5_accuracy, top10_accuracy, ...
+TOP_K_ACCURACY = re.compile(r"top[1-9][0-9]*_accuracy")
 COMPARED_TEST_METRICS = ("loss", "rouge1", "rouge2", "rougeL")
 
 
@@ -41,9 +49,9 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     Only parameters whose values differ among the runs that have them are shown (a report-only key missing
     from train-only runs is not a difference), as values (lists as ``a, b``), so "batch 8 vs 16" or "packed vs
     dynamic" is one look. ``real_tokens_per_s`` is the run's throughput over its timed steps, the figure of
-    its own report; losses are the last values logged; wall time is end - start. Test loss and ROUGE-1/2/L
-    (F1) columns appear when at least one run has them (a report logged them). ``this run`` marks
-    ``current_run_id``.
+    its own report; losses are the last values logged; wall time is the training's (``WALL_TIME``). Test loss
+    and ROUGE-1/2/L (F1) columns appear when at least one run has them (a report logged them). ``this run``
+    marks ``current_run_id``.
     """
     if runs.empty or not {SPEED, WINDOW_SPEED} & set(runs.columns):
         return pd.DataFrame(columns=["run_id", "run_name", "start_time"])
@@ -55,7 +63,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     params = {
         column: runs[column].map(param_value)
         for column in runs.columns
-        if column.startswith("params.") and not column.startswith("params.runtime.torch")
+        if column.startswith("params.") and not column.startswith(NOT_COMPARED)
     }
     differing = [column for column, values in params.items() if values.dropna().nunique() > 1]
     table = pd.DataFrame(
@@ -67,7 +75,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
             "real_tokens_per_s": runs["_speed"],
             "final_train_loss": runs.get(TRAIN_LOSS),
             "final_val_loss": runs.get(VAL_LOSS),
-            "wall_time_s": _wall_time_s(runs),
+            "wall_time_s": runs.get(WALL_TIME),
         }
     )
     for name in COMPARED_TEST_METRICS:
@@ -96,19 +104,11 @@ def param_value(text):
 
 
 def test_metric_values(metrics: dict) -> dict:
-    """``test_<name>`` for the finite TEST_METRICS in ``metrics``: what the run comparison reads back."""
+    """``test_<name>`` for the finite TEST_METRICS and top-k accuracy in ``metrics``: what the run comparison
+    reads back."""
+    names = [name for name in metrics if name in TEST_METRICS or TOP_K_ACCURACY.fullmatch(name)]
     return {
         f"test_{name}": float(metrics[name])
-        for name in TEST_METRICS
+        for name in names
         if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])
     }
-
-
-def _wall_time_s(runs: pd.DataFrame) -> pd.Series | None:
-    """End minus start, in seconds; NaN for a run still active (MLflow gives it no end time, and a column of
-    only missing end times comes back tz-naive while start times are UTC)."""
-    if "end_time" not in runs:
-        return None
-    end = pd.to_datetime(runs["end_time"], utc=True)
-    start = pd.to_datetime(runs["start_time"], utc=True)
-    return (end - start).dt.total_seconds()

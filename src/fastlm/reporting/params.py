@@ -84,6 +84,17 @@ class ReportParams(Params):
     references: ReferenceParams = ReferenceParams()
 
 
+def check_top_k(top_k: int, vocab_size: int) -> None:
+    """``report.top_k`` below the vocabulary the model predicts over: with ``vocab_size`` ids or more every
+    target is among the top k, and the top-k accuracy would read 1.000 whatever the model."""
+    if top_k >= vocab_size:
+        raise ConfigError(
+            f"report.top_k = {top_k} is not below the model's vocabulary of {vocab_size:,} token ids: every "
+            "target would be in the top k (accuracy 1.000 whatever the model).",
+            fix=f"set report.top_k below {vocab_size} in {SOURCE} or --params report.top_k=5.",
+        )
+
+
 def check_id_prompts(prompts: list[str], vocab_size: int) -> None:
     """Pre-tokenized data: each of ``report.prompts`` is ids ``0 .. vocab_size - 1`` written as the data
     writes them (decimal, no leading zeros), separated by spaces; its tokenizer reads other words as EOS."""

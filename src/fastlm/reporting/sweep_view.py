@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -11,12 +12,15 @@ from matplotlib.figure import Figure
 from fastlm.reporting.html_report import markdown_table
 
 ROUGE_COLUMNS = ["test_rouge1", "test_rouge2", "test_rougeL"]  # prompt/response data only
+# The top-k accuracy's place among the columns: its name has the runs' k (report.top_k), test_top5_accuracy...
+TOP_K = "test_top<k>_accuracy"
+TOP_K_NAME = re.compile(r"test_top[1-9][0-9]*_accuracy")
 SUMMARY_COLUMNS = [
     "final_train_loss",
     "final_val_loss",
     "test_loss",
     "test_accuracy",
-    "test_top5_accuracy",
+    "test_top<k>_accuracy",
     *ROUGE_COLUMNS,
     "real_tokens_per_s",
     "peak_memory_mb",
@@ -37,7 +41,7 @@ FOLD_METRICS = [
     "final_train_loss",
     "test_loss",
     "test_accuracy",
-    "test_top5_accuracy",
+    "test_top<k>_accuracy",
     *ROUGE_COLUMNS,
 ]
 
@@ -48,7 +52,7 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
     <error>" for a run that failed: a summary ``{"failed": "<error>"}``, no figures); best first."""
     columns = [
         column
-        for column in SUMMARY_COLUMNS
+        for column in _named(SUMMARY_COLUMNS, [key for summary in summaries.values() for key in summary])
         if column not in ROUGE_COLUMNS or any(column in summary for summary in summaries.values())
     ]
     rows = [
@@ -71,6 +75,12 @@ STOP_CAUSES = {
     "time budget": "the time budget (max_minutes) stopped ",
     "early stopping": "early stopping ended ",
 }
+
+
+def _named(columns: list[str], names) -> list[str]:
+    """``columns`` with TOP_K replaced by the top-k accuracy names among ``names`` (none: left out)."""
+    top_k = sorted(dict.fromkeys(name for name in names if TOP_K_NAME.fullmatch(name)), key=len)
+    return [name for column in columns for name in (top_k if column == TOP_K else [column])]
 
 
 def _stopped(summary: dict) -> str:
@@ -236,7 +246,7 @@ def _quality_metrics(table: pd.DataFrame, metric: str | None) -> list[str]:
     has them."""
     return [
         column
-        for column in dict.fromkeys([*FOLD_METRICS, *([metric] if metric else [])])
+        for column in dict.fromkeys([*_named(FOLD_METRICS, table.columns), *([metric] if metric else [])])
         if column in table.columns and table[column].notna().any()
     ]
 

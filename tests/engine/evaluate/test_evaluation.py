@@ -207,6 +207,30 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode, attn):
     assert first["predicted_text"] == tokenizer.decode([int(first["predicted_id"])])
 
 
+def test_the_top_k_metric_is_named_by_its_k(setup):
+    """``report.top_k`` other than 5: the metric says which k it is (a ``top5_accuracy`` holding a top-2
+    figure was compared with real top-5 figures); top-1 is the accuracy (no top-1 near-tie in the fixture)."""
+    model, tokenizer, data, runtime = setup
+    params = _params("packed")
+    figures = {}
+    for k in (1, 2, 5):
+        metrics = evaluate(
+            model,
+            data,
+            params=params,
+            runtime=runtime,
+            max_length=MAX_LENGTH,
+            attn="sdpa",
+            tokenizer=tokenizer,
+            options=EvalOptions(analysis=True, top_k=k),
+        ).metrics
+        named = {key for key in metrics if key.startswith("top")}
+        assert named == {f"top{k}_accuracy"}, named
+        figures[k] = metrics[f"top{k}_accuracy"]
+    assert figures[1] == metrics["accuracy"]  # the same logits: argmax and the top-1 agree without ties
+    assert figures[1] < figures[2] < figures[5]
+
+
 def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkeypatch):
     model, tokenizer, data, runtime = setup
     monkeypatch.setattr(evaluation, "DENSE_PAIR_TABLE_MAX", 10)  # force the torch.unique path

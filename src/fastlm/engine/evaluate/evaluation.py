@@ -69,7 +69,7 @@ WORST_COLUMNS = ["sample", "loss", "length", "text", "anomaly_score"]
 @dataclass
 class EvaluationReport:
     """``metrics``: loss, perplexity, target_tokens, samples, seconds, real_tokens_per_s (and accuracy,
-    top5_accuracy with the analysis). With the analysis only (None otherwise): ``wrong_pairs``: the most
+    ``top<k>_accuracy`` with the analysis). With the analysis only (None otherwise): ``wrong_pairs``: the most
     frequent (target, predicted) mistakes (``target`` / ``predicted`` are the tokens, ``*_text`` their decoded
     text, ``*_id`` their ids). ``worst_samples``: the samples of highest mean token loss, worst first
     (``sample`` is the index in the split; ``anomaly_score`` the fraction of its target positions whose target
@@ -160,7 +160,8 @@ def evaluate(
     """Loss of ``model`` on ``dataset`` and, with ``options.analysis``, the error analysis (module docstring).
 
     ``metrics`` always hold loss, perplexity, target_tokens, samples, seconds and real_tokens_per_s; with the
-    analysis (needs ``tokenizer``, one process) also accuracy and top5_accuracy, and the report's
+    analysis (needs ``tokenizer``, one process) also accuracy and the top-k accuracy (``top<k>_accuracy``,
+    :func:`top_k_metric`), and the report's
     ``wrong_pairs`` and ``worst_samples`` are filled (None otherwise). ``pad_id``: the tokenizer's by default.
     """
     options = options or EvalOptions()
@@ -233,12 +234,18 @@ def evaluate(
         return EvaluationReport(metrics=metrics, wrong_pairs=None, worst_samples=None)
     correct, in_top = found["correct"], found["in_top"]
     metrics["accuracy"] = correct / targets_count if targets_count else math.nan
-    metrics["top5_accuracy"] = in_top / targets_count if targets_count else math.nan
+    metrics[top_k_metric(options.top_k)] = in_top / targets_count if targets_count else math.nan
     return EvaluationReport(
         metrics=metrics,
         wrong_pairs=_wrong_pairs_frame(tokenizer, found),
         worst_samples=_worst_frame(tokenizer, dataset, found),
     )
+
+
+def top_k_metric(k: int) -> str:
+    """The name of the top-``k`` accuracy among an evaluation's metrics: ``top5_accuracy`` for k 5 (a figure
+    named by another k than its own would be compared with other runs' real ones)."""
+    return f"top{k}_accuracy"
 
 
 class _ErrorAnalysis:

@@ -15,7 +15,7 @@ from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
 from fastlm.reporting import comparison, plots
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
-from fastlm.reporting.params import check_id_prompts
+from fastlm.reporting.params import check_id_prompts, check_top_k
 from fastlm.reporting.report_document import ReportInputs, build_document
 from fastlm.reporting.summaries import check_train_summary, efficiency_summary, training_summary
 from fastlm.tracking import RunTracker
@@ -71,7 +71,7 @@ def evaluate_model(
 ):
     """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations."""
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
+    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
     from fastlm.engine.evaluate.generation import generate_samples
 
     report = parse_group("report", report_params)
@@ -84,6 +84,7 @@ def evaluate_model(
             "the test split is empty.", fix="raise split.ratios.test and rerun the split pipeline."
         )
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
+    check_top_k(report.top_k, model.config.get_text_config().vocab_size)
     model.to(runtime.device)
     attn = model.config._attn_implementation or "sdpa"
     result = evaluate(
@@ -117,7 +118,7 @@ def evaluate_model(
         result.metrics["perplexity"],
         result.metrics["accuracy"],
         report.top_k,
-        result.metrics["top5_accuracy"],
+        result.metrics[top_k_metric(report.top_k)],
         result.metrics["real_tokens_per_s"],
     )
     return result.metrics, result.wrong_pairs, result.worst_samples, generations

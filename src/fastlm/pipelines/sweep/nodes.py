@@ -16,7 +16,7 @@ from fastlm.corpus.fingerprint import data_folds
 from fastlm.engine.config import parse_train_params
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
-from fastlm.reporting.params import parse_report_params
+from fastlm.reporting.params import check_top_k, parse_report_params
 from fastlm.reporting.sweep_view import (
     comparison_table,
     cv_metrics,
@@ -64,7 +64,10 @@ def run_sweep(
     failing."""
     failures = run_failures()
     folds = data_folds(fingerprint)  # folds: auto runs one model per fold of the data (split.folds)
-    spec = load_sweep_runs(sweep, train_params, folds)  # every run's parameters checked before the first one
+    report = parse_report_params(report_params)
+    check_top_k(report.top_k, len(tokenizer))
+    # every run's parameters checked before the first one
+    spec = load_sweep_runs(sweep, train_params, folds, top_k=report.top_k)
     plan, names = spec.plan(folds), spec.run_names(folds)
     trainer = _Trainer(tokenized, fingerprint, tokenizer, splits, split_params, report_params, tracker)
     summaries, histories, evaluations, errors = {}, {}, {}, []
@@ -161,7 +164,7 @@ def _test_metrics(
 ) -> dict:
     """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``)."""
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
+    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
     from fastlm.engine.runtime.environment import setup_runtime
 
     if model is None or len(tokenized["test"]) == 0:
@@ -181,7 +184,8 @@ def _test_metrics(
             analysis=True, max_batches=report.eval_max_batches, top_k=report.top_k, worst=1, pairs=1
         ),
     )
-    return {f"test_{key}": result.metrics[key] for key in ("loss", "perplexity", "accuracy", "top5_accuracy")}
+    keys = ("loss", "perplexity", "accuracy", top_k_metric(report.top_k))
+    return {f"test_{key}": result.metrics[key] for key in keys}
 
 
 def reference_scores(
