@@ -569,7 +569,23 @@ class RunTrackerHook:
 
 class TunedParametersHook:
     """Say, before a training run, that ``tuned_parameters`` (written by the tune pipeline into conf/local)
-    is in effect, with the micro-batch settings it gives."""
+    is in effect, with the micro-batch settings it gives; and after a tune run under an environment that does
+    not read conf/local, that a train run under it will not use them."""
+
+    @hook_impl
+    def after_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if "tuned_parameters" not in pipeline.all_outputs():
+            return
+        path, env = _local_path(catalog, "tuned_parameters"), run_params.get("env") or "local"
+        if path is not None and path.parent.name == "local" and env != "local":
+            log.warning(
+                "%s is not read under --env %s (conf/base and conf/%s are): `kedro run --pipeline=train` "
+                "without --env uses its settings, a train run under --env %s does not",
+                path,
+                env,
+                env,
+                env,
+            )
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:

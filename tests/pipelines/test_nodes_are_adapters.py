@@ -146,3 +146,23 @@ def test_the_tuned_file_is_said_to_be_in_effect_only_where_it_is(tmp_path, caplo
     assert len(quick) == 1 and "not read under --env quick" in quick[0] and "not used" in quick[0]
     assert len(local) == 1 and "micro_batch_size=4" in local[0] and "micro_batch_size=16" in local[0]
     assert "overrides" in local[0]
+
+
+def test_a_tune_run_under_another_environment_says_train_will_not_read_its_file(tmp_path, caplog):
+    """``kedro run --pipeline=tune --env quick`` writes conf/local/parameters_tuned.yml, which a train run
+    under the same ``--env quick`` does not read: said once the file is written (it said "the train pipeline
+    picks them up")."""
+    tuned = tmp_path / "local" / "parameters_tuned.yml"
+    tuned.parent.mkdir()
+    tuned.write_text("train: {batching: {micro_batch_size: 4}}\n")
+    catalog = DataCatalog({"tuned_parameters": YAMLDataset(filepath=str(tuned))})
+    tuning = Pipeline([Node(lambda: {}, None, "tuned_parameters")])
+    with caplog.at_level("INFO", logger="fastlm.hooks"):
+        TunedParametersHook().after_pipeline_run({"env": "quick"}, tuning, catalog)
+        quick = [record.getMessage() for record in caplog.records]
+        caplog.clear()
+        TunedParametersHook().after_pipeline_run({"env": None}, tuning, catalog)
+        local = [record.getMessage() for record in caplog.records]
+    assert len(quick) == 1 and "--env quick" in quick[0] and "not read" in quick[0]
+    assert "kedro run --pipeline=train" in quick[0]
+    assert local == []  # the default environment reads conf/local: the tune node's own line says so

@@ -265,6 +265,9 @@ def test_memory_saturated_needs_full_memory_and_rising_step_time():
     ]
     assert both.triggered and both.figure.startswith("95 %")
     assert "kedro run --pipeline=tune" in both.advice and "gradient_checkpointing" in both.advice
+    # each parameter by its full name, as a user writes it in --params or the parameters file
+    assert "lower train.batching.micro_batch_size" in both.advice
+    assert "raise train.batching.gradient_accumulation_steps" in both.advice
     memory_only = diagnose(summary, make_history(7, peak_memory_mb=950.0))
     assert MEMORY_SATURATED not in triggered(memory_only)
     assert "does not rise" in by_kind(memory_only)[MEMORY_SATURATED].message

@@ -346,8 +346,8 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame)
             figure,
             f"peak memory is {figure} and step time rose {rise:.2f}x from the first to the last "
             "third of the run",
-            "run `kedro run --pipeline=tune`, lower micro_batch_size and raise "
-            "gradient_accumulation_steps to keep the effective batch"
+            "run `kedro run --pipeline=tune`, lower train.batching.micro_batch_size and raise "
+            "train.batching.gradient_accumulation_steps to keep the effective batch"
             + "".join(f", or {lever}" for lever in _unused_memory_levers(summary)),
         )
     if full:
@@ -370,7 +370,7 @@ def _unused_memory_levers(summary: dict) -> list[str]:
         levers.append("set train.loss.fused_linear: true (no [tokens x vocab] logits)")
     policy = summary.get("gradient_checkpointing")
     if policy is None:
-        levers.append("turn on gradient_checkpointing")
+        levers.append("set train.model.gradient_checkpointing: selective")
     elif policy in ("off", "selective"):
         following = {"off": "selective", "selective": "full"}[policy]
         levers.append(f"set train.model.gradient_checkpointing: {following} (this run: {policy})")

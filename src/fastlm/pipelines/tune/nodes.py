@@ -154,8 +154,8 @@ def tune_micro_batch(
     if requested == "auto":  # the policy measured fastest replaces auto in train
         tuned["train"]["model"] = {"gradient_checkpointing": picked.policy}
     log.info(
-        "Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d (the train "
-        "pipeline picks them up; delete the file to go back to conf/base)",
+        "Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d (train runs "
+        "in the default environment pick them up; delete the file to go back to conf/base)",
         tuned_file,
         best.mode,
         chosen.micro_batch_size,
