@@ -20,7 +20,15 @@ from fastlm.engine.checkpoint.lock import checkpoint_lock
 from fastlm.engine.observe.health import NonFiniteLossError
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.loop import train
-from tests.support.toy_training import EOS, VOCAB, poisoned_model, toy_model, toy_params, toy_sequences
+from tests.support.toy_training import (
+    EOS,
+    VOCAB,
+    poisoned_model,
+    run_toy,
+    toy_model,
+    toy_params,
+    toy_sequences,
+)
 
 BASE = {"max_steps": 4, "save_every": 2, "log_every": 1, "eval_every": None}
 
@@ -233,3 +241,22 @@ def test_a_lora_checkpoint_written_before_the_init_setting_resumes_and_another_i
         differences = digest_differences(default, digest(init=init))
         assert [line.split(" ")[0] for line in differences] == ["model.lora"]
     assert digest(init="pissa") != digest(init="pissa_niter_4")
+
+
+def test_fsdp_in_one_process_trains_unsharded_says_so_and_a_sharded_checkpoint_says_why_it_differs(
+    tmp_path, caplog
+):
+    """``strategy: fsdp`` with one process has nothing to shard: the run says it trains unsharded (as ddp
+    would); a resume of a sharded checkpoint in one process names the layouts, not "fsdp -> ddp" (the user's
+    strategy did not change: the process count did)."""
+    from fastlm.engine.checkpoint.resume import digest_differences
+
+    params = toy_params(tmp_path, max_steps=2, eval_every=None, distributed={"strategy": "fsdp"})
+    with caplog.at_level(logging.INFO, logger="fastlm"):
+        run_toy(params)
+    said = [record.getMessage() for record in caplog.records if "nothing to shard" in record.getMessage()]
+    assert len(said) == 1 and "train.distributed.strategy: fsdp" in said[0] and "unsharded" in said[0]
+    differences = digest_differences({"distributed.strategy": "fsdp"}, {"distributed.strategy": "ddp"})
+    assert differences == [
+        "distributed.strategy fsdp (sharded over several processes) -> unsharded (ddp, or one process)"
+    ]

@@ -119,13 +119,20 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
     if not isinstance(saved, dict):
         return ["settings (not recorded: written by an earlier fastlm)"]
     return [
-        f"{key} {_short(saved.get(key))} -> {_short(value)}"
+        f"{key} {_short(saved.get(key), key)} -> {_short(value, key)}"
         for key, value in current.items()
         if saved.get(key) != value
     ]
 
 
-def _short(value: Any) -> str:
+# How a checkpoint's layout reads in a difference: "fsdp -> ddp" told a user of strategy: fsdp in one process
+# (which trains unsharded) of a strategy they never set.
+LAYOUTS = {"fsdp": "fsdp (sharded over several processes)", "ddp": "unsharded (ddp, or one process)"}
+
+
+def _short(value: Any, key: str = "") -> str:
+    if key == "distributed.strategy" and value in LAYOUTS:
+        return LAYOUTS[value]
     text = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
     return text if len(text) <= 24 else text[:12] + "…"
 

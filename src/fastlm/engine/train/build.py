@@ -165,6 +165,12 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
             configured.model.neftune_noise_alpha,
         )
     sharded = comm.world_size > 1 and configured.distributed.strategy == "fsdp"
+    if configured.distributed.strategy == "fsdp" and not sharded:
+        log.info(
+            "train.distributed.strategy: fsdp in one process: nothing to shard, the model trains unsharded "
+            "(as ddp would; its checkpoints resume unsharded, or sharded in several processes only after a "
+            "fresh start)"
+        )
     wrapped, float8_choice = raw_model, None
     if sharded:  # FSDP2 before the optimizer, which is built on its DTensors; it casts its gathered weights
         # float8 layers first: a sharded layer keeps the modules it was given (engine/runtime/float8.py)
