@@ -148,12 +148,17 @@ def test_forkserver_workers_come_from_one_server_and_train_as_spawned_workers(
 
 def test_a_changed_environment_starts_workers_that_see_it(tmp_path, bpe_tokenizer, tokenized, monkeypatch):
     """A forkserver's workers inherit the server's environment, which is the launcher's when the server
-    started: a variable set since then would not reach them. The launcher then starts that launch's
-    workers by spawn, and they see it."""
-    _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "before")
+    started: a variable set since then would not reach them. The launcher then starts the server again, with
+    the environment as it is now: the workers see it, and later launches fork from that server (they were
+    all spawned, each importing the engine again, in a test session once an earlier test had changed the
+    environment)."""
+    _, before = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "before")
     monkeypatch.setenv("FASTLM_TEST_LAUNCH_MARK", "set after the server started")
     _, after = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "after")
-    assert after["variable"] == "set after the server started"
+    _, again = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "again")
+    assert after["variable"] == again["variable"] == "set after the server started"
+    assert before["parent"] != os.getpid() and after["parent"] not in (os.getpid(), before["parent"])
+    assert again["parent"] == after["parent"]
 
 
 def test_auto_forks_workers_on_a_cpu_and_spawns_them_for_a_gpu(monkeypatch):

@@ -14,8 +14,9 @@ imports ask the CUDA driver for its devices (torchao's modules call ``torch.cuda
 imported), after which PyTorch refuses CUDA in a forked child.
 
 A forked worker's environment is the server's, the launcher's when the server started: when the launcher's
-environment (or its ``sys.path``) has changed since, that launch's workers are spawned, so that they see it
-(and the imports see it: torch, transformers and others read some variables when imported). Two variables
+environment (or its ``sys.path``) has changed since, the server is stopped and started again before that
+launch, so that its workers see it (and the imports see it: torch, transformers and others read some
+variables when imported); a Python without the forkserver's stop spawns that launch's workers. Two variables
 are left out of that comparison: ``TORCHELASTIC_SIGNALS_TO_HANDLE``, which the elastic launcher sets in
 this process at each launch and reads here, not in a worker, and ``PYTEST_CURRENT_TEST``, which pytest sets
 to the running test's name at each of its phases and nothing reads at import. The server imports the
@@ -180,24 +181,29 @@ def worker_start_method(requested: str, device: str) -> str:
 
 
 def _server_or_spawn(method: str) -> str:
-    """``method``, unless it is forkserver and this process's environment is no longer the one its server
-    started with: then spawn (the workers see the environment as it is now). The first forkserver launch
-    starts the server, which imports this module under the launcher's logging levels
-    (``fastlm.engine.launch.server``) before it forks any worker."""
+    """``method``; for forkserver, a server started with this process's environment and ``sys.path`` as
+    they are now: one started with others is stopped and started again (its workers would not see the
+    change), or where it cannot be, this launch spawns. The first forkserver launch starts the server, which
+    imports this module under the launcher's logging levels (``fastlm.engine.launch.server``) before it
+    forks any worker."""
     global _server_environment, _server_path
     if method != "forkserver":
         return method
     environment = {name: value for name, value in os.environ.items() if name not in _NOT_COMPARED}
+    changed = None
     if _server_environment is not None and environment != _server_environment:
-        changed = sorted(set(environment.items()) ^ set(_server_environment.items()))
-        log.info(
-            "the environment changed since the worker server started (%s): these workers are spawned",
-            ", ".join(sorted({name for name, _ in changed})),
-        )
-        return "spawn"
-    if _server_path is not None and sys.path != _server_path:
-        log.info("sys.path changed since the worker server started: these workers are spawned")
-        return "spawn"
+        names = sorted({name for name, _ in set(environment.items()) ^ set(_server_environment.items())})
+        changed = f"the environment changed since the worker server started ({', '.join(names)})"
+    elif _server_path is not None and sys.path != _server_path:
+        changed = "sys.path changed since the worker server started"
+    if changed is not None:
+        # Python's forkserver has no public stop; between launches no worker of it runs
+        stop = getattr(getattr(multiprocessing.forkserver, "_forkserver", None), "_stop", None)
+        if stop is None:
+            log.info("%s: these workers are spawned", changed)
+            return "spawn"
+        log.info("%s: the server is started again", changed)
+        stop()
     if _server_environment is None:
         multiprocessing.forkserver.set_forkserver_preload([server.__name__, __name__])
     with _importing_from(sys.path), _handing_over_log_levels():
