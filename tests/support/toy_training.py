@@ -64,7 +64,7 @@ def toy_params(tmp_path, **overrides):
     return parse_train_params(raw)
 
 
-def run_toy(params, callbacks=(), seed=0, model=None, attn: str = "sdpa"):
+def run_toy(params, callbacks=(), seed=0, model=None, attn: str = "sdpa", runtime_choices=None):
     """``train`` on the toy data with ``model`` (default: ``toy_model(seed, attn)``) on the attention path
     ``attn``. bf16 runs take ``eager``: on a machine with AMX, torch's CPU flash attention packs bf16 operands
     for AMX and refuses to where ``ATEN_CPU_CAPABILITY`` forces a kernel set below AVX-512 (the CI's check of
@@ -80,6 +80,7 @@ def run_toy(params, callbacks=(), seed=0, model=None, attn: str = "sdpa"):
         max_length=64,
         attn=attn,
         callbacks=callbacks,
+        runtime_choices=runtime_choices,
     )
 
 

@@ -41,6 +41,7 @@ class TrainJob:
     tokenizer: object
     model_dir: str  # where the final model is saved (checked for room before training)
     extra_summary: dict = field(default_factory=dict)
+    runtime_choices: str | None = None  # the precisions measured before (engine.runtime.remembered)
 
 
 def expected_log_records(params: TrainParams) -> int | None:
@@ -98,6 +99,7 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
             attn=attn,
             callbacks=callbacks if comm.is_main else (),
             comm=comm,
+            runtime_choices=Path(job.runtime_choices) if job.runtime_choices else None,
         )
         if is_sharded(result.model):  # FSDP2: gather the whole weights into a plain model on rank 0
             # LoRA: the adapters alone, into a model built again over its base (read from name_or_path)

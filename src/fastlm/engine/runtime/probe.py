@@ -61,6 +61,7 @@ from fastlm.engine.model.accumulation import accumulate_gradients
 from fastlm.engine.runtime import float8
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.regions import compile_in_scope, eager_stance, uncompile_layers
+from fastlm.engine.runtime.remembered import RememberedChoices, choice_key
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ def probe_runtime(
     resumed: dict | None = None,
     measure: Measure | None = None,
     compile_probe: CompileProbe | None = None,
+    choices: RememberedChoices | None = None,
 ) -> tuple[Runtime, ProbeResult]:
     """The runtime to train with, and why (see the module docstring).
 
@@ -175,11 +177,20 @@ def probe_runtime(
     what the resumed checkpoint recorded (``ProbeResult.record``), if anything. ``measure``: the timer
     (default ``forward_backward_seconds``). ``compile_probe``: ``train.runtime.compile`` and its inputs (None:
     the runtime's compile setting is left as it is). A compiled model that was kept comes back as
-    ``ProbeResult.compiled`` (compiled from ``model``): train with it.
+    ``ProbeResult.compiled`` (compiled from ``model``): train with it. ``choices``: the precision measured
+    before for this machine, model and micro-batch shape is kept, and a new measurement kept there
+    (``engine.runtime.remembered``; None: measured every run).
     """
     measure = measure or forward_backward_seconds
     result = _probe(
-        runtime, requested_precision, model, batch, world_size=world_size, resumed=resumed, measure=measure
+        runtime,
+        requested_precision,
+        model,
+        batch,
+        world_size=world_size,
+        resumed=resumed,
+        measure=measure,
+        choices=choices,
     )
     if result.seconds or result.precision != runtime.precision:
         log.info("runtime.precision %s -> %s: %s", requested_precision, result.precision, result.reason)
@@ -285,7 +296,15 @@ def _compile_choice(
 
 
 def _probe(
-    runtime: Runtime, requested: str, model, batch, *, world_size: int, resumed: dict | None, measure: Measure
+    runtime: Runtime,
+    requested: str,
+    model,
+    batch,
+    *,
+    world_size: int,
+    resumed: dict | None,
+    measure: Measure,
+    choices: RememberedChoices | None,
 ) -> ProbeResult:
     if requested != "auto":
         return ProbeResult(runtime.precision, "set in train.runtime.precision", {})
@@ -305,8 +324,20 @@ def _probe(
         return ProbeResult("fp32", "auto: this CPU has no native bf16 (AVX512-BF16 or AMX)", {})
     if batch is None:
         return ProbeResult("fp32", "auto: nothing left to train, nothing measured", {})
+    key = choice_key(runtime, model, batch) if choices is not None else None
+    earlier = choices.get(key) if choices is not None else None
+    if earlier is not None and earlier.get("precision") in ("bf16", "fp32"):
+        return ProbeResult(
+            earlier["precision"],
+            f"{earlier.get('reason')}; kept from {choices.path} (measured {earlier.get('measured')} on this "
+            "machine for this model and micro-batch shape; delete it to measure again)",
+            {},
+        )
     with _no_trace(model):
-        return _measure(runtime, model, batch, measure)
+        result = _measure(runtime, model, batch, measure)
+    if choices is not None:
+        choices.put(key, {"precision": result.precision, "reason": result.reason})
+    return result
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from functools import partial
+from pathlib import Path
 from time import perf_counter
 
 import torch
@@ -45,6 +46,7 @@ from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8, float8_decision, float8_layers
 from fastlm.engine.runtime.probe import CompileProbe, Float8Probe, probe_float8, probe_runtime
 from fastlm.engine.runtime.regions import GraphCensus, cuda_graph_census
+from fastlm.engine.runtime.remembered import RememberedChoices
 from fastlm.engine.train.backoff import batching_record, resumed_batching
 from fastlm.engine.train.early_stop import EarlyStopping
 from fastlm.engine.train.master_weights import choose_param_dtype
@@ -75,6 +77,7 @@ class TrainRequest:
     callbacks: Sequence[Callback] = ()
     comm: Collectives = field(default_factory=SingleProcess)
     sides: dict = field(default_factory=dict)
+    runtime_choices: Path | None = None  # the precisions measured before (engine.runtime.remembered)
 
 
 @dataclass
@@ -350,6 +353,11 @@ def _probed_runtime(
         world_size=world,
         resumed=state.runtime_choice,
         compile_probe=compile_probe,
+        choices=(
+            RememberedChoices(Path(request.runtime_choices))
+            if request.runtime_choices is not None and world == 1
+            else None
+        ),
     )
     state.runtime_choice = probed.record()
     if runtime.compile and compiled_attn != attn:

@@ -77,16 +77,18 @@ class StepCounts(NamedTuple):
 
 def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, params: TrainParams,
           runtime: Runtime, pad_id: int, max_length: int, attn: str, callbacks: Sequence[Callback] = (),
-          comm: Collectives | None = None) -> TrainResult:  # fmt: skip
+          comm: Collectives | None = None, runtime_choices: Path | None = None) -> TrainResult:  # fmt: skip
     """Train ``model`` on ``train_set``; see the module docstring for what the hot loop never does.
 
     ``comm`` (``engine.distributed.parallel``): this rank's view of a data-parallel run. Every rank runs this
     function on its shard of the batches; only rank 0 writes checkpoints (holding the folder's lock) and calls
     ``callbacks``. Which checkpoint is continued: ``engine.checkpoint.resume.plan_resume``.
+    ``runtime_choices``: the precisions measured before (``engine.runtime.remembered``; None: measure).
     """
     request = settle_request(TrainRequest(model, train_set, eval_set, params=params, runtime=runtime,
                                           pad_id=pad_id, max_length=max_length, attn=attn,
-                                          callbacks=callbacks, comm=comm or SingleProcess()))  # fmt: skip
+                                          callbacks=callbacks, comm=comm or SingleProcess(),
+                                          runtime_choices=runtime_choices))  # fmt: skip
     lock = checkpoint_lock(Path(request.params.checkpoint_dir)) if request.comm.is_main else nullcontext()
     with lock, ExitStack() as cleanup:
         run = build_training(request, cleanup)

@@ -44,6 +44,7 @@ def train_model(
     from fastlm.engine.launch.job import TrainJob, run_job
     from fastlm.engine.launch.workers import launch_workers
     from fastlm.engine.model.lora import adapter_description, parameter_counts
+    from fastlm.engine.runtime.remembered import CHOICES_FILE
 
     # the engine applies the runtime per rank
     start = start_node(
@@ -66,6 +67,8 @@ def train_model(
             "fingerprint": fingerprint["fingerprint"],
             **({"fold": params.fold} if params.fold is not None else {}),
         },
+        # precision auto on a CPU: measured once per machine, model and micro-batch shape (run to run alike)
+        runtime_choices=str(Path(start.train.checkpoint_dir) / CHOICES_FILE),
     )
     mode = launch_mode(params.distributed.nproc_per_node)
     tracker = tracker if tracker is not None else RunTracker()

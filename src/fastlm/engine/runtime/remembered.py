@@ -1,0 +1,126 @@
+"""Measured runtime choices kept per machine, model and micro-batch shape (``runtime.precision: auto`` on a
+CPU, ``probe.probe_runtime``).
+
+The probe times fp32 and bf16 on the run's first micro-batch and keeps bf16 at ``probe.MIN_SPEEDUP`` or
+more. Where the two sit near that margin, run-to-run noise decided: the same command on the same data trained
+in bf16 one time and in fp32 the next, with other losses. The first measurement is kept in a small JSON file
+(the train node gives ``<train.checkpoint_dir>/runtime_choices.json``), under a key of everything that decides
+the speed (:func:`choice_key`: the CPU, its thread count and kernel set, the torch build, the model's
+parameters and the micro-batch shape); a later run with the same key trains in the same precision and says
+where it came from. Another key (a new torch, another model or batch shape, more threads) is measured again;
+deleting the file measures everything again. A file that cannot be read is measured over and written anew
+(one warning); one that cannot be written leaves the run as measured (one warning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from fastlm.engine.runtime.environment import Runtime
+
+log = logging.getLogger(__name__)
+
+CHOICES_FILE = "runtime_choices.json"
+VERSION = 1
+# the micro-batch tensors whose shapes set the matmul sizes (the others follow from them)
+SHAPED = ("input_ids", "decoder_input_ids")
+
+
+def choice_key(runtime: Runtime, model: torch.nn.Module, batch: Mapping) -> dict:
+    """What decides how fast a precision runs here: the device and CPU, threads, kernel set
+    (``ATEN_CPU_CAPABILITY``), torch build, the model (its class, attention path and every parameter's name,
+    shape, dtype and trainability, hashed) and the micro-batch's shape."""
+    parameters = sorted(
+        [name, list(param.shape), str(param.dtype).removeprefix("torch."), param.requires_grad]
+        for name, param in model.named_parameters()
+    )
+    config = getattr(model, "config", None)
+    described = [type(model).__name__, getattr(config, "_attn_implementation", None), parameters]
+    return {
+        "device": runtime.device.type,
+        "cpu": _cpu_name(),
+        "threads": runtime.num_threads,
+        "kernels": os.environ.get("ATEN_CPU_CAPABILITY") or "default",
+        "torch": runtime.torch_version,
+        "model": hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16],
+        "batch": {
+            name: list(batch[name].shape) for name in SHAPED if isinstance(batch.get(name), torch.Tensor)
+        },
+    }
+
+
+@dataclass(frozen=True)
+class RememberedChoices:
+    """The choices file at ``path`` (module docstring)."""
+
+    path: Path
+
+    def get(self, key: dict) -> dict | None:
+        """The record kept under ``key`` (``precision``, ``reason``, ``measured``), or None."""
+        return self._entries(warn=True).get(_digest(key))
+
+    def put(self, key: dict, record: dict) -> None:
+        """Keep ``record`` under ``key``, written atomically; a failure warns and changes nothing else."""
+        entries = self._entries(warn=False)
+        measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        entries[_digest(key)] = {**record, "measured": measured, "key": key}
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(
+                json.dumps({"version": VERSION, "choices": entries}, indent=1, ensure_ascii=False),
+                encoding="utf-8",
+            )
+            os.replace(temporary, self.path)
+        except OSError as error:
+            if temporary.parent.is_dir():
+                temporary.unlink(missing_ok=True)
+            log.warning(
+                "runtime choice not kept in %s (%s: %s): the next run measures again",
+                self.path,
+                type(error).__name__,
+                error,
+            )
+
+    def _entries(self, *, warn: bool) -> dict:
+        try:
+            stored = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            stored = error
+        if isinstance(stored, dict) and stored.get("version") == VERSION:
+            if isinstance(stored.get("choices"), dict):
+                return dict(stored["choices"])
+        if warn:
+            log.warning(
+                "%s cannot be read (%s): the runtime choice is measured again and the file written anew",
+                self.path,
+                stored if isinstance(stored, Exception) else "not a choices file of this version",
+            )
+        return {}
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,117 @@
+"""``runtime.precision: auto`` on a CPU measured once per machine, model and micro-batch shape: a later run
+takes the same precision, so the same command on the same data gives the same losses (a measurement at the
+margin flipped between bf16 and fp32 from run to run)."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+import fastlm.engine.runtime.probe as probe
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.runtime.probe import MIN_SPEEDUP, probe_runtime
+from fastlm.engine.runtime.remembered import RememberedChoices, choice_key
+from tests.support.toy_training import run_toy, toy_model, toy_params
+
+BATCH = {"input_ids": torch.ones(2, 8, dtype=torch.long), "labels": torch.ones(2, 8, dtype=torch.long)}
+LONGER = {"input_ids": torch.ones(2, 16, dtype=torch.long), "labels": torch.ones(2, 16, dtype=torch.long)}
+# bf16 just above and just below its margin: what two runs on one machine may measure
+ABOVE = {"fp32": 1.0, "bf16": 1.0 / (MIN_SPEEDUP + 0.02)}
+BELOW = {"fp32": 1.0, "bf16": 1.0 / (MIN_SPEEDUP - 0.02)}
+
+
+@pytest.fixture(autouse=True)
+def native_bf16(monkeypatch):
+    monkeypatch.setattr(probe, "cpu_has_native_bf16", lambda: True)
+
+
+def cpu():
+    return setup_runtime(RuntimeConfig(device="cpu", precision="auto", num_threads=1))
+
+
+def timer(seconds: dict, calls: list, *, real: bool = False):
+    forward_backward = probe.forward_backward_seconds
+
+    def measure(model, batch, runtime):
+        if real:
+            forward_backward(model, batch, runtime)
+        calls.append(runtime.precision)
+        return seconds[runtime.precision]
+
+    return measure
+
+
+def test_a_measured_precision_is_kept_for_the_same_machine_model_and_micro_batch_shape(tmp_path):
+    choices, model = RememberedChoices(tmp_path / "runtime_choices.json"), toy_model()
+    first_calls, again_calls, other_calls = [], [], []
+    first, _ = probe_runtime(cpu(), "auto", model, BATCH, measure=timer(ABOVE, first_calls), choices=choices)
+    again, kept = probe_runtime(
+        cpu(), "auto", model, BATCH, measure=timer(BELOW, again_calls), choices=choices
+    )
+    assert first.precision == again.precision == "bf16" and first_calls and again_calls == []
+    assert str(choices.path) in kept.reason and "delete it to measure again" in kept.reason
+    assert first.precision_choice in kept.reason  # what was measured, and when it was kept
+    # another micro-batch shape is another measurement
+    other, _ = probe_runtime(cpu(), "auto", model, LONGER, measure=timer(BELOW, other_calls), choices=choices)
+    assert other.precision == "fp32" and other_calls
+    assert len(json.loads(choices.path.read_text())["choices"]) == 2
+
+
+def test_what_decides_the_speed_is_in_the_key():
+    model, runtime = toy_model(), cpu()
+    key = choice_key(runtime, model, BATCH)
+    assert key["device"] == "cpu" and key["torch"] == torch.__version__ and key["threads"] == 1
+    assert key["batch"] == {"input_ids": [2, 8]}  # the matmul sizes
+    assert choice_key(runtime, model, LONGER) != key
+    wider = toy_model()
+    wider.lm_head = torch.nn.Linear(wider.config.hidden_size, wider.config.vocab_size + 8, bias=False)
+    assert choice_key(runtime, wider, BATCH)["model"] != key["model"]
+    threads = setup_runtime(RuntimeConfig(device="cpu", precision="auto", num_threads=2))
+    assert choice_key(threads, model, BATCH) != key
+
+
+def test_a_damaged_file_is_measured_again_said_once_and_written_anew(tmp_path, caplog):
+    path = tmp_path / "runtime_choices.json"
+    path.write_text('{"choices": {"cut')
+    calls = []
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        runtime, _ = probe_runtime(
+            cpu(), "auto", toy_model(), BATCH, measure=timer(ABOVE, calls), choices=RememberedChoices(path)
+        )
+    assert runtime.precision == "bf16" and calls
+    warned = [record.getMessage() for record in caplog.records if str(path) in record.getMessage()]
+    assert len(warned) == 1 and "measured again" in warned[0]
+    assert len(json.loads(path.read_text())["choices"]) == 1
+
+
+def test_an_unwritable_file_leaves_the_run_as_measured(tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    calls = []
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        runtime, _ = probe_runtime(
+            cpu(),
+            "auto",
+            toy_model(),
+            BATCH,
+            measure=timer(ABOVE, calls),
+            choices=RememberedChoices(blocked / "runtime_choices.json"),
+        )
+    assert runtime.precision == "bf16" and any("not kept" in r.getMessage() for r in caplog.records)
+
+
+def test_a_second_run_trains_in_the_precision_the_first_measured(tmp_path, monkeypatch):
+    """Through the loop: the file given to ``train`` (the train node gives
+    ``<train.checkpoint_dir>/runtime_choices.json``); the second run's timer would have chosen fp32."""
+    path = tmp_path / "runtime_choices.json"
+    steps = {"max_steps": 2, "log_every": 1, "eval_every": None}
+    monkeypatch.setattr(probe, "forward_backward_seconds", timer(ABOVE, [], real=True))
+    first = run_toy(toy_params(tmp_path / "a", **steps), runtime_choices=path)
+    monkeypatch.setattr(probe, "forward_backward_seconds", timer(BELOW, [], real=True))
+    second = run_toy(toy_params(tmp_path / "b", **steps), runtime_choices=path)
+    assert first.runtime.precision == second.runtime.precision == "bf16"
+    assert [r["loss"] for r in first.history] == [r["loss"] for r in second.history]  # the same computation
+    assert "kept from" in second.runtime.precision_choice
+    without = run_toy(toy_params(tmp_path / "c", **steps))  # no file given: measured, nothing kept
+    assert without.runtime.precision == "fp32"
