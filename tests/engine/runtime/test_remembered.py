@@ -42,13 +42,16 @@ def timer(seconds: dict, calls: list, *, real: bool = False):
     return measure
 
 
-def test_a_measured_precision_is_kept_for_the_same_machine_model_and_micro_batch_shape(tmp_path):
+def test_a_measured_precision_is_kept_for_the_same_machine_model_and_micro_batch_shape(tmp_path, caplog):
     choices, model = RememberedChoices(tmp_path / "runtime_choices.json"), toy_model()
     first_calls, again_calls, other_calls = [], [], []
     first, _ = probe_runtime(cpu(), "auto", model, BATCH, measure=timer(ABOVE, first_calls), choices=choices)
-    again, kept = probe_runtime(
-        cpu(), "auto", model, BATCH, measure=timer(BELOW, again_calls), choices=choices
-    )
+    runtime = cpu()
+    with caplog.at_level(logging.INFO, logger="fastlm"):
+        again, kept = probe_runtime(
+            runtime, "auto", model, BATCH, measure=timer(BELOW, again_calls), choices=choices
+        )
+    assert [r.getMessage() for r in caplog.records] == [f"runtime.precision auto -> bf16: {kept.reason}"]
     assert first.precision == again.precision == "bf16" and first_calls and again_calls == []
     assert str(choices.path) in kept.reason and "delete it to measure again" in kept.reason
     assert first.precision_choice in kept.reason  # what was measured, and when it was kept

@@ -74,6 +74,7 @@ COMPILE_MIN_SPEEDUP = 1.1  # the compiled model must beat eager by this much to 
 FLOAT8_MIN_SPEEDUP = 1.1  # float8 matmuls must beat the plain layers by this much to be kept
 FLOAT8_PASS_FAILED = "float8 auto: its first float8 pass failed"  # the choice's words (warned)
 COMPILE_FAILED = "compile auto: its compiled pass failed"  # the choice's words (warned)
+KEPT = "; kept from "  # a choice measured by an earlier run (engine.runtime.remembered): the choice's words
 
 __all__ = [
     "COMPILE_FAILED",
@@ -192,7 +193,7 @@ def probe_runtime(
         measure=measure,
         choices=choices,
     )
-    if result.seconds or result.precision != runtime.precision:
+    if result.seconds or result.precision != runtime.precision or KEPT in result.reason:
         log.info("runtime.precision %s -> %s: %s", requested_precision, result.precision, result.reason)
     runtime = replace(runtime, precision=result.precision, precision_choice=result.reason)
     if compile_probe is None:
@@ -329,7 +330,7 @@ def _probe(
     if earlier is not None and earlier.get("precision") in ("bf16", "fp32"):
         return ProbeResult(
             earlier["precision"],
-            f"{earlier.get('reason')}; kept from {choices.path} (measured {earlier.get('measured')} on this "
+            f"{earlier.get('reason')}{KEPT}{choices.path} (measured {earlier.get('measured')} on this "
             "machine for this model and micro-batch shape; delete it to measure again)",
             {},
         )
