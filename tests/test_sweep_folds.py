@@ -251,7 +251,7 @@ def test_a_fold_that_fails_is_left_out_named_and_retried_by_the_next_sweep(tmp_p
     runs = SweepRuns(tmp_path / "sweeps")
     monkeypatch.setattr(nodes, "train_model", _fake_training({1}))
     tracker = _Tracker()
-    table, _, document, folds = _sweep(tmp_path, runs, tracker)
+    table, _, document, folds, _ = _sweep(tmp_path, runs, tracker)
     assert tracker.children == ["cv-01", "cv-02", "cv-03"]  # the sweep went on after fold 1
     assert "failed: NonFiniteLossError" in table.set_index("run").loc["cv-02", "stopped"]
     assert "Over 2 of 3 folds (fold 1 failed)" in document and "Fold 1 (cv-02) failed" in document
@@ -263,7 +263,7 @@ def test_a_fold_that_fails_is_left_out_named_and_retried_by_the_next_sweep(tmp_p
 
     monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
     tracker = _Tracker()
-    _, _, document, folds = _sweep(tmp_path, runs, tracker)
+    _, _, document, folds, _ = _sweep(tmp_path, runs, tracker)
     assert tracker.children == ["cv-02"] and "Over 3 folds: final_val_loss mean 3 " in document
     assert list(folds.loc[folds["row"] == "fold", "run_id"]) == ["id-cv-01", "id-cv-02", "id-cv-03"]
     assert tracker.metrics[-1]["cv/folds_completed"] == 3
@@ -290,9 +290,22 @@ def test_a_cross_validated_grid_names_the_setting_of_its_cv_metrics(tmp_path, mo
     sweep.write_text(yaml.safe_dump({"name": "g", "folds": "auto", "grid": {"train.seed": [1, 2]}}))
     tracker = _Tracker()
     fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
-    *_, folds = nodes.run_sweep(
-        None, fingerprint, TOKENIZER, None, {}, {}, {}, str(sweep), SweepRuns(tmp_path / "s"), tracker
+    *_, folds, best = nodes.run_sweep(
+        None,
+        fingerprint,
+        TOKENIZER,
+        None,
+        {},
+        {},
+        {},
+        str(sweep),
+        SweepRuns(tmp_path / "s"),
+        tracker,
+        paths={"sweep_best_run": "out/best.yml"},
     )
     assert tracker.params == {"cv/train.seed": 1}  # equal means: the first setting
+    # the best setting, to train on the whole training split: its seed, no fold
+    assert yaml.safe_load(best) == {"run": {"pipeline": "train", "params": {"train": {"seed": 1}}}}
+    assert "kedro run --config out/best.yml" in best
     assert list(folds.loc[folds["row"] == "mean", "train.seed"]) == [1, 2]
     assert (tracker.metrics[-1]["cv/folds"], tracker.metrics[-1]["cv/final_val_loss_mean"]) == (2, 2.5)

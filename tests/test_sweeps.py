@@ -427,3 +427,39 @@ def test_a_top_k_metric_is_named_by_the_k_the_report_evaluates(tmp_path):
     assert "test_top3_accuracy" in table.columns and "test_top5_accuracy" not in table.columns
     assert list(table["run"]) == ["b", "a"]  # accuracy: higher is better
     assert list(table.columns).index("test_top3_accuracy") == list(table.columns).index("test_accuracy") + 1
+
+
+def test_the_best_setting_is_a_run_configuration_that_trains_it(tmp_path):
+    """``kedro run --config <file>`` trains the sweep's best setting with the sweep's budgets: the settings as
+    the sweep file gave them (lists too), nested as Kedro merges them over the parameters files; no fold (the
+    whole training split)."""
+    from fastlm.sweeps import best_run_config
+
+    spec = load_sweep(
+        _file(
+            tmp_path,
+            {
+                "name": "s",
+                "max_steps": 30,
+                "max_minutes": 2.5,
+                "runs": [
+                    {"train.optimizer.lr": 0.003, "train.model.lora.target_modules": ["q_proj", "v_proj"]}
+                ],
+            },
+        )
+    )
+    overrides = {"train.optimizer.lr": 0.003, "train.model.lora.target_modules": ["q_proj", "v_proj"]}
+    config = best_run_config(spec, {**overrides, "train.fold": 2})
+    assert config == {
+        "run": {
+            "pipeline": "train",
+            "params": {
+                "train": {
+                    "optimizer": {"lr": 0.003},
+                    "model": {"lora": {"target_modules": ["q_proj", "v_proj"]}},
+                    "max_steps": 30,
+                    "max_minutes": 2.5,
+                }
+            },
+        }
+    }

@@ -217,6 +217,17 @@ def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: in
 CHECKPOINTS = "sweeps"  # <train.checkpoint_dir>/sweeps/<sweep name>/<run name>/
 
 
+def best_run_config(spec: SweepSpec, overrides: dict[str, Any]) -> dict:
+    """A Kedro run configuration (``kedro run --config <file>``) that trains the setting ``overrides`` (the
+    sweep's best) with the sweep's budgets, nested as Kedro merges runtime parameters over the parameters
+    files; ``train.fold`` left out: the whole training split."""
+    setting = {key: value for key, value in overrides.items() if key != FOLD_KEY}
+    train = apply_overrides({}, setting, spec.max_steps)
+    if spec.max_minutes is not None:
+        train["max_minutes"] = spec.max_minutes
+    return {"run": {"pipeline": "train", "params": {"train": train}}}
+
+
 def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, Any]) -> dict:
     """The train parameters of one run of the sweep: ``overrides`` and the sweep's budgets applied, and the
     checkpoints under ``<train.checkpoint_dir>/sweeps/<sweep name>/``. That folder holds no checkpoint itself,

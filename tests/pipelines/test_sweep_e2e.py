@@ -3,6 +3,7 @@ all logged to the parent run), the report's sweep section, then the same sweep a
 with its first unfinished run."""
 
 import json
+import re
 import shutil
 
 import mlflow
@@ -64,6 +65,16 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
     verdict = (kedro_project / "data/08_reporting/sweep.md").read_text()
     assert f"{table['run'][0]} (optimizer.lr" in verdict and "is best by final_val_loss" in verdict
     assert (kedro_project / "data/08_reporting/plots/sweep_loss.png").stat().st_size > 0
+    # the best setting as a run configuration: `kedro run --config <file>` trains it (no fold, the budget)
+    command = re.compile(r"kedro run --config \S*data/08_reporting/sweep_best_run\.yml")
+    best_file = (kedro_project / "data/08_reporting/sweep_best_run.yml").read_text()
+    best = yaml.safe_load(best_file)["run"]
+    assert command.search(best_file) and command.search(verdict) and best["pipeline"] == "train"
+    assert best["params"]["train"] == {
+        "optimizer": {"lr": float(table["train.optimizer.lr"][0])},
+        "batching": {"micro_batch_size": int(table["train.batching.micro_batch_size"][0])},
+        "max_steps": 2,
+    }
 
     mlflow.set_tracking_uri(mlflow_uri)
     experiment = mlflow.get_experiment_by_name("sweep-e2e")
@@ -86,13 +97,18 @@ def test_sweep_2x2_child_runs_comparison_and_resume(kedro_project, mlflow_uri):
         "sweep/sweep.md",
         "sweep/sweep_loss.png",
         "sweep/sweep_folds.csv",  # no folds: one row per run, with its MLflow run id
+        "sweep/sweep_best_run.yml",
     }  # the parent run
 
     # A report after the sweep has the sweep's section: its verdict, table and the all-runs loss plot.
-    run_pipeline(kedro_project, "train", {**params, "train": {**TRAIN, "max_steps": 2}})
+    best_train = best["params"]["train"]  # as `kedro run --config` merges it over the parameters
+    trained = {**TRAIN, **best_train, "batching": {**TRAIN["batching"], **best_train["batching"]}}
+    run_pipeline(kedro_project, "train", {**params, "train": trained})
+    summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
+    assert summary["micro_batch_size"] == best_train["batching"]["micro_batch_size"] and summary["steps"] == 2
     run_pipeline(kedro_project, "report", {**params, "report": REPORT})
     report = (kedro_project / "data/08_reporting/report.html").read_text()
-    assert '<section id="sweep-tiny">' in report and verdict.split("\n\n")[1] in report
+    assert '<section id="sweep-tiny">' in report and verdict.split("\n\n")[1].split(" To train")[0] in report
     assert '<img id="fig-sweep-loss"' in report and all(
         f'<td class="text">{name}</td>' in report for name in names
     )

@@ -171,6 +171,20 @@ def cv_setting(table: pd.DataFrame, metric: str) -> dict:
     return {key: row[key].item() if hasattr(row[key], "item") else row[key] for key in _settings(table)}
 
 
+def best_run(table: pd.DataFrame, metric: str) -> str | None:
+    """The run whose setting the sweep recommends: for k-fold runs the first run of the setting with the best
+    mean of ``metric`` over folds (:func:`cv_setting`), else the best run by ``metric`` (``table`` is sorted
+    best first); None where no run has a finite ``metric``."""
+    if FOLD in table.columns:
+        spread = fold_spread(table, metric)
+        if spread is None or spread.empty or _best_setting(spread, metric) is None:
+            return None
+        runs = table[_matches(table, cv_setting(table, metric))]
+        return str(runs.sort_values("run", kind="stable")["run"].iloc[0]) if len(runs) else None
+    finite = table[pd.to_numeric(table[metric], errors="coerce").map(lambda value: math.isfinite(value))]
+    return str(finite["run"].iloc[0]) if len(finite) else None
+
+
 def fold_table(table: pd.DataFrame, run_ids: dict[str, str | None], metric: str) -> pd.DataFrame:
     """``sweep_folds.csv``: one row per fold (``row`` "fold": run name, MLflow ``run_id``, the other swept
     parameters, ``fold``, ``status`` completed or failed, the ``error`` of a failed run, and the metrics of

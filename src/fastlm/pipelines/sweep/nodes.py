@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import datasets
 import pandas as pd
+import yaml
 
 from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.fingerprint import data_folds
@@ -18,6 +19,7 @@ from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.reporting.params import check_top_k, parse_report_params
 from fastlm.reporting.sweep_view import (
+    best_run,
     comparison_table,
     cv_metrics,
     cv_setting,
@@ -27,7 +29,7 @@ from fastlm.reporting.sweep_view import (
     sweep_document,
     verdict,
 )
-from fastlm.sweeps import SweepRuns, load_sweep_runs, run_train_params
+from fastlm.sweeps import SweepRuns, SweepSpec, best_run_config, load_sweep_runs, run_train_params
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -53,11 +55,13 @@ def run_sweep(
     sweep: str,
     runs: SweepRuns,
     tracker: RunTracker,
+    paths: dict | None = None,
 ):
     """Train every run of the sweep file ``sweep`` that has not finished yet (``runs`` keeps the finished
-    ones; each run is a child run of ``tracker``'s); the comparison table, the loss plot, the verdict and the
-    per-fold table (``sweep_folds.csv``) of all, and for k-fold runs the mean and spread over folds as ``cv/``
-    metrics of the sweep's run.
+    ones; each run is a child run of ``tracker``'s); the comparison table, the loss plot, the verdict, the
+    per-fold table (``sweep_folds.csv``) of all and the run configuration of the best setting
+    (``sweep_best_run``: ``kedro run --config <file>`` trains it), and for k-fold runs the mean and spread
+    over folds as ``cv/`` metrics of the sweep's run.
 
     A run that diverges or runs out of memory (``run_failures``) is left out and named, and the sweep goes
     on; the next sweep trains it again. A stop signal or any other error stops the sweep, as does every run
@@ -102,14 +106,31 @@ def run_sweep(
     table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
     spread = fold_spread(table, spec.metric)  # None unless the runs differ by train.fold
     _log_cv_metrics(table, spec.metric, tracker)
+    best = best_run(table, spec.metric)
+    command = f"kedro run --config {(paths or {}).get('sweep_best_run', 'sweep_best_run')}"
     text = verdict(table, spec.metric, histories, evaluations, spread=spread)
+    if best is not None:
+        text += f" To train {best}'s setting on the whole training split: `{command}`."
     log.info("Sweep %s: %s", spec.name, text)
     return (
         table,
         loss_plot(histories, evaluations),
         sweep_document(spec.name, text, table, spread),
         fold_table(table, trainer.run_ids, spec.metric),
+        _best_run_file(spec, best, dict(zip(names, plan, strict=True)), command),
     )
+
+
+def _best_run_file(spec: SweepSpec, best: str | None, plan: dict[str, dict], command: str) -> str:
+    """``sweep_best_run``: the best setting as a Kedro run configuration, headed by how to use it; a comment
+    alone where no run has a finite metric."""
+    if best is None:
+        return f"# Sweep {spec.name}: no run has a finite {spec.metric}: no setting to train.\n"
+    header = (
+        f"# Sweep {spec.name}: the setting of {best}, best by {spec.metric}, with the sweep's budgets\n"
+        f"# and no fold (the whole training split). Train it with\n#   {command}\n"
+    )
+    return header + yaml.safe_dump(best_run_config(spec, plan[best]), sort_keys=False, allow_unicode=True)
 
 
 @dataclass
