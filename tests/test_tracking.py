@@ -82,10 +82,16 @@ def test_the_training_wall_time_and_data_fingerprint_reach_the_run(active_run, t
     from tests.support.toy_training import run_toy, toy_params
 
     result = run_toy(toy_params(tmp_path, max_steps=2, log_every=1, eval_every=None))
-    summary = {**result.summary, "runtime": result.runtime.describe(), "fingerprint": "ab" * 32}
+    summary = {
+        **result.summary,
+        "runtime": result.runtime.describe(),
+        "fingerprint": "ab" * 32,
+        "final_val_loss": 2.5,  # the returned model's (early stopping: its best step's)
+    }
     RunTracker().training_finished(summary)
     data = mlflow.MlflowClient().get_run(active_run.info.run_id).data
     assert data.metrics["wall_time_s"] == summary["wall_time_s"] > 0
+    assert data.metrics["final_val_loss"] == 2.5
     assert data.params["data.fingerprint"] == "ab" * 6
 
 

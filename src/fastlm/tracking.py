@@ -212,7 +212,11 @@ class RunTracker:
             }
         )
         self.metrics.log_run_metrics(
-            {"real_tokens_per_s": summary["real_tokens_per_s"], "wall_time_s": summary.get("wall_time_s")}
+            {
+                "real_tokens_per_s": summary["real_tokens_per_s"],
+                "wall_time_s": summary.get("wall_time_s"),
+                "final_val_loss": summary.get("final_val_loss"),  # the model's (early stopping: best step's)
+            }
         )
 
     def log_run_metrics(self, metrics: dict) -> None:

@@ -72,6 +72,9 @@ def test_run_comparison_wall_time_is_the_trainings_and_other_data_shows():
     runs = runs_frame(SPEED).assign(
         **{
             "metrics.wall_time_s": [12.5, 30.0, math.nan],
+            # the returned model's validation loss (early stopping: the best step's, not the last evaluation)
+            "metrics.eval/val_loss": [3.0, 2.0, 4.0],
+            "metrics.final_val_loss": [2.5, math.nan, math.nan],
             "params.run_name": ["mine", None, None],
             "params.data.fingerprint": ["0123456789ab", "0123456789ab", "ba9876543210"],
         }
@@ -79,6 +82,7 @@ def test_run_comparison_wall_time_is_the_trainings_and_other_data_shows():
     table = compare_runs(runs, current_run_id="a" * 32)
     assert table["wall_time_s"].iloc[:2].tolist() == [12.5, 30.0] and math.isnan(table["wall_time_s"].iloc[2])
     assert list(table["run_name"]) == ["new", "old", "older"]
+    assert list(table["final_val_loss"]) == [2.5, 2.0, 4.0]  # runs from before: their last evaluation
     assert list(table["data.fingerprint"]) == ["0123456789ab", "0123456789ab", "ba9876543210"]
 
 

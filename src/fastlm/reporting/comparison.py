@@ -16,6 +16,9 @@ log = logging.getLogger(__name__)
 SPEED = "metrics.real_tokens_per_s"
 WINDOW_SPEED = "metrics.train/real_tokens_per_s"
 VAL_LOSS = "metrics.eval/val_loss"
+# The returned model's validation loss (early stopping: its best step's), logged by the train node; runs from
+# before it have the last evaluation's alone.
+MODEL_VAL_LOSS = "metrics.final_val_loss"
 TRAIN_LOSS = "metrics.train/loss"
 # The training's wall time (train_summary.json's, a resumed run's earlier processes counted), logged by the
 # train node; runs from before it have none (their MLflow span held the split and the report too).
@@ -74,7 +77,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
             "start_time": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M") if "start_time" in runs else None,
             "real_tokens_per_s": runs["_speed"],
             "final_train_loss": runs.get(TRAIN_LOSS),
-            "final_val_loss": runs.get(VAL_LOSS),
+            "final_val_loss": _first_present(runs, MODEL_VAL_LOSS, VAL_LOSS),
             "wall_time_s": runs.get(WALL_TIME),
         }
     )
@@ -112,3 +115,14 @@ def test_metric_values(metrics: dict) -> dict:
         for name in names
         if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])
     }
+
+
+def _first_present(runs: pd.DataFrame, *columns: str) -> pd.Series | None:
+    """Per run, the first of ``columns`` it has a value in (None where no column exists)."""
+    present = [runs[column] for column in columns if column in runs]
+    if not present:
+        return None
+    values = present[0]
+    for other in present[1:]:
+        values = values.fillna(other)
+    return values

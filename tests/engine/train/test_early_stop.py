@@ -95,6 +95,9 @@ def test_a_run_stops_once_patience_runs_out_and_writes_the_best_model(tmp_path, 
     early = summary["early_stopping"]
     assert early["best_step"] == evals[best]["step"] and early["best_val_loss"] == losses[best]
     assert early["model_from_step"] == early["best_step"]
+    # the figures of the model the run returns (the report's, the sweep's and the run comparison's)
+    assert summary["final_val_loss"] == losses[best] and summary["last_val_loss"] == losses[-1]
+    assert summary["final_val_perplexity"] == evals[best]["val_perplexity"]
     best_folder = tmp_path / "checkpoints" / f"checkpoint-{early['best_step']:08d}"
     assert early["best_checkpoint"] == str(best_folder) and best_folder.is_dir()  # kept despite keep_last 1
     assert latest_checkpoint(tmp_path / "checkpoints").name == f"checkpoint-{summary['steps']:08d}"
@@ -156,6 +159,29 @@ def test_a_resumed_run_keeps_the_best_so_far(tmp_path):
     assert resumed.summary["steps"] == straight.summary["steps"]
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # deterministic mode: the same computation
+
+
+def test_an_early_stopped_run_is_finished_for_resume_and_for_the_next_unnamed_run(tmp_path, caplog):
+    """Early stopping ends a run: asked again (``resume: auto``, the same settings) it trains nothing and
+    returns its best model, as a run at its last step does; and it is no "interrupted run" whose name a
+    later unnamed run takes (that run superseded its checkpoints and wrote over its model). A larger
+    patience continues it."""
+    from fastlm.engine.checkpoint.discovery import unfinished_runs
+
+    stopped = run(tmp_path / "runs" / "mine")
+    assert stopped.summary["stopped_by"] == "early stopping"
+    assert unfinished_runs(tmp_path / "runs" / "mine") == []  # its run folder: checkpoints/
+    caplog.set_level("INFO", logger="fastlm")
+    again = run(tmp_path / "runs" / "mine", resume="auto")
+    assert again.summary["steps_trained"] == 0 and again.summary["steps"] == stopped.summary["steps"]
+    assert again.summary["stopped_by"] == "early stopping"
+    assert again.summary["early_stopping"]["best_step"] == stopped.summary["early_stopping"]["best_step"]
+    for a, b in zip(stopped.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # the best step's weights, read back from the same checkpoint
+    said = [r.getMessage() for r in caplog.records if "nothing to train" in r.getMessage()]
+    assert len(said) == 1 and "early stopping" in said[0] and "train.early_stopping.patience" in said[0]
+    longer = run(tmp_path / "runs" / "mine", resume="auto", early_stopping={"patience": 50})
+    assert longer.summary["steps_trained"] > 0
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 def unfinished_runs(base: Path) -> list[Path]:
     """Run folders under ``base`` whose newest checkpoint stopped before its run's ``total_steps``, newest
-    first.
+    first; a run early stopping ended (its ``early_stopping`` record says ``stopped``) is finished.
 
     A run folder is a direct subfolder holding ``checkpoint-*`` folders; its newest checkpoint's ``COMPLETE``
     marker time orders the runs. Unreadable states and checkpoints without ``total_steps`` are skipped.
@@ -61,7 +61,8 @@ def unfinished_runs(base: Path) -> list[Path]:
         except CheckpointError:
             continue
         total = state.get("total_steps")
-        if isinstance(total, int) and int(state.get("step", 0)) < total:
+        stopped_early = bool((state.get("early_stopping") or {}).get("stopped"))
+        if isinstance(total, int) and int(state.get("step", 0)) < total and not stopped_early:
             found.append(((newest / MARKER).stat().st_mtime, folder))
     return [folder for _, folder in sorted(found, reverse=True)]
 

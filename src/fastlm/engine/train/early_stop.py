@@ -49,11 +49,14 @@ class EarlyStopping:
         return self.bad_evals >= self.patience
 
     def record(self) -> dict:
+        """What a checkpoint keeps; ``stopped``: patience ran out (the run ended there: a finished run for
+        ``checkpoint.discovery.unfinished_runs``)."""
         return {
             "best": self.best,
             "best_step": self.best_step,
             "bad_evals": self.bad_evals,
             "reference": self.reference,
+            "stopped": self.should_stop,
         }
 
     @classmethod

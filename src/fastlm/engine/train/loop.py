@@ -92,11 +92,11 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     lock = checkpoint_lock(Path(request.params.checkpoint_dir)) if request.comm.is_main else nullcontext()
     with lock, ExitStack() as cleanup:
         run = build_training(request, cleanup)
-        state, stopped_by = run.state, None
+        state, stopped_by = run.state, _ended_early_before(run)
         # SIGTERM / Ctrl-C set a flag, read after each step (engine/train/signals.py); a worker of several
         # processes keeps handling them (its launcher sends the signal once more)
         with GracefulStop(persistent=run.world > 1) as stop:
-            while state.step < run.total_steps:
+            while stopped_by is None and state.step < run.total_steps:
                 run.profiler.before_step(state.step + 1)
                 micro, waited = run.stream.next_step(run.accumulation, run.device, run.attn)
                 run.metrics.record_data_wait(waited)
@@ -216,6 +216,25 @@ def _interrupt(run: TrainingParts, stop: GracefulStop, saved: Path | None) -> No
     )
 
 
+def _ended_early_before(run: TrainingParts) -> str | None:
+    """ "early stopping" for a resumed run that early stopping had ended, under this run's patience: nothing
+    to train (its best model comes back), said once; None otherwise."""
+    state, early = run.state, run.early
+    if early is None or state.resumed_from is None or not early.should_stop or state.step >= run.total_steps:
+        return None
+    log.warning(
+        "%s: early stopping ended this run at step %d (no validation-loss improvement in %d evaluations; the "
+        "best was step %d, %.4f): nothing to train. Raise train.early_stopping.patience to continue it, or "
+        "set train.resume: never to train again from scratch.",
+        state.resumed_from,
+        state.step,
+        early.bad_evals,
+        early.best_step,
+        early.best,
+    )
+    return "early stopping"
+
+
 def _stop_reason(
     run: TrainingParts, saved: Path | None, *, out_of_time: bool, ended_early: bool
 ) -> str | None:
@@ -237,7 +256,7 @@ def _stop_reason(
             "the best was step %d (%.4f)",
             state.step,
             total_steps,
-            early.patience,
+            early.bad_evals,
             early.best_step,
             early.best,
         )
@@ -274,11 +293,27 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         **_lever_summary(params, opt),
         cuda_graphs=_cuda_graphs(run),
     )
+    summary.update(_model_figures(state, early_summary))
     if run.world == 1:  # several processes hand back a model rebuilt from the weights: plain already
         plain_layers(run.raw_model)  # float8's layers: the model computes as the one saved
     return TrainResult(
         run.raw_model, state.history, state.eval_history, summary, run.metrics.step_times, run.runtime
     )
+
+
+def _model_figures(state: TrainState, early_summary: dict | None) -> dict:
+    """``final_val_loss`` / ``final_val_perplexity`` are the returned model's: early stopping's best step's
+    where its weights came back (``last_val_loss``: the last evaluation); otherwise nothing changes."""
+    last = state.eval_history[-1] if state.eval_history else {}
+    model_step = (early_summary or {}).get("model_from_step")
+    if model_step is None or model_step == last.get("step"):
+        return {"last_val_loss": last.get("val_loss")}
+    kept = next((record for record in state.eval_history if record["step"] == model_step), {})
+    return {
+        "final_val_loss": kept.get("val_loss"),
+        "final_val_perplexity": kept.get("val_perplexity"),
+        "last_val_loss": last.get("val_loss"),
+    }
 
 
 def _cuda_graphs(run: TrainingParts) -> str | None:
