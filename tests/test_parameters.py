@@ -199,3 +199,60 @@ def test_a_text_parameter_read_as_a_mapping_asks_for_quotes_not_a_sub_key(group,
     assert f"parameter {name} = " in message and "<key>" not in message and "\n" not in message
     fix = message.split("Fix:")[1]
     assert "quote" in fix and f"'{name}=\"" in fix
+
+
+@pytest.mark.parametrize(
+    ("group", "raw", "name"),
+    [
+        ("train", {"fold": True}, "train.fold"),
+        ("train", {"max_steps": True}, "train.max_steps"),
+        ("train", {"early_stopping": {"patience": True}}, "train.early_stopping.patience"),
+        ("train", {"optimizer": {"lr": True}}, "train.optimizer.lr"),
+        ("report", {"top_k": False}, "report.top_k"),
+    ],
+    ids=["fold", "max_steps", "patience", "lr", "top_k"],
+)
+def test_true_or_false_where_a_number_is_expected_is_refused(group, raw, name):
+    """YAML reads ``true`` as a boolean and pydantic's lax mode took it as 1: ``--params train.fold=true``
+    trained fold 1, ``train.max_steps=true`` one step, and MLflow recorded 'True'."""
+    with pytest.raises(ConfigError) as error:
+        parse_group(group, raw)
+    message = str(error.value)
+    assert message.startswith(f"parameter {name} = ") and "true or false" in message, message
+
+
+@pytest.mark.parametrize(
+    ("group", "raw", "name"),
+    [
+        ("train", {"optimizer": {"lr": float("inf")}}, "train.optimizer.lr"),
+        ("train", {"epochs": float("inf"), "max_steps": None}, "train.epochs"),
+        (
+            "train",
+            {"early_stopping": {"patience": 2, "min_delta": float("inf")}},
+            "train.early_stopping.min_delta",
+        ),
+        ("predict", {"num_beams": 2, "length_penalty": float("nan")}, "predict.length_penalty"),
+        ("predict", {"temperature": float("inf")}, "predict.temperature"),
+        ("train", {"seed": -1}, "train.seed"),
+        ("train", {"dataloader": {"num_workers": -1}}, "train.dataloader.num_workers"),
+        ("train", {"runtime": {"num_threads": 10**12}}, "train.runtime.num_threads"),
+    ],
+    ids=[
+        "lr_inf",
+        "epochs_inf",
+        "min_delta_inf",
+        "length_penalty_nan",
+        "temperature_inf",
+        "seed",
+        "workers",
+        "threads",
+    ],
+)
+def test_values_the_run_cannot_use_are_one_line_before_it_starts(group, raw, name):
+    """Each was accepted: a NaN length penalty ranked beams arbitrarily and wrote NaN into a JSON summary; an
+    infinite learning rate trained until the loss became NaN; a negative seed, a negative worker count, an
+    infinite epoch count or a huge thread count stopped the run with a Python traceback."""
+    with pytest.raises(ConfigError) as error:
+        parse_group(group, raw)
+    message = str(error.value)
+    assert message.startswith(f"parameter {name} = ") and "\n" not in message, message

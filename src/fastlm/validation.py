@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from fastlm.errors import ConfigError
 
@@ -35,9 +35,19 @@ _DETAIL = re.compile(r", (?:unable to|got) .*$")
 
 
 class Params(BaseModel):
-    """Base for parameter groups: unknown keys are errors, values are validated on assignment."""
+    """Base for parameter groups: unknown keys are errors, values are validated on assignment; no number is
+    NaN or infinite, and ``true`` / ``false`` is no number (pydantic's lax mode read ``--params
+    train.fold=true`` as fold 1)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _number_not_boolean(field.annotation):
+            raise ValueError("true or false where a number is expected")
+        return value
 
 
 def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file_only: bool = False) -> Model:
@@ -93,6 +103,31 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
             f"{where}parameter {name}{shown} is invalid: {message}.",
             fix=f"set {target} in {source}{'' if file_only else f' or pass --params {passed}'}.",
         ) from None
+
+
+def _number_not_boolean(annotation: Any) -> bool:
+    """An annotation that takes a number (int, float) and no boolean (``bool``, a Literal of True/False)."""
+    members = _flat_members(annotation)
+    numbers = any(member in (int, float) for member in members)
+    booleans = any(
+        member is bool
+        or (
+            typing.get_origin(member) is typing.Literal
+            and any(isinstance(a, bool) for a in typing.get_args(member))
+        )
+        for member in members
+    )
+    return numbers and not booleans
+
+
+def _flat_members(annotation: Any) -> list[Any]:
+    """The types of a union (``X | Y``, Optional), through ``Annotated``."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _flat_members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [member for arg in typing.get_args(annotation) for member in _flat_members(arg)]
+    return [annotation]
 
 
 def _branch_messages(errors: list[dict], value: Any) -> tuple[str, str | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -401,7 +401,7 @@ class EarlyStoppingParams(Params):
 
 
 class DataLoaderParams(Params):
-    num_workers: int | Literal["auto"] = "auto"
+    num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     pin_memory: bool | Literal["auto"] = "auto"
     prefetch_factor: int = Field(4, ge=1)
     persistent_workers: bool = True
@@ -463,7 +463,7 @@ class RuntimeParams(Params):
         "gradient checkpointing, not FSDP2",
     )
     deterministic: bool = False
-    num_threads: int | None = Field(None, ge=1)
+    num_threads: int | None = Field(None, ge=1, le=4096)
     float8: Literal["off", "on", "auto"] = Field(
         "auto",
         description="float8 matmuls through torchao (engine/runtime/float8.py); auto: on CUDA "
@@ -567,7 +567,7 @@ class TrainParams(Params):
         description="time budget of the training loop: it stops at "
         "the first step boundary after it, with a checkpoint (engine/train/time_limit.py)",
     )
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     fold: int | None = Field(
         None,
         ge=0,
