@@ -43,6 +43,24 @@ def test_grid_and_list_plans(tmp_path):
         ({"name": "s", "grid": {"train.seed": [1]}, "runs": [{"train.seed": 1}]}, "give either grid"),
         ({"name": "s", "grid": {"train.seed": [1]}, "metric": "accuracy"}, "metric must be one of"),
         ({"name": "a b", "grid": {"train.seed": [1]}}, "not a safe folder name"),
+        # the budget set for every run would silently replace the swept values (and the table show them)
+        (
+            {"name": "s", "max_steps": 2, "grid": {"train.max_steps": [1, 3]}},
+            "train.max_steps is swept and max_steps sets it for every run",
+        ),
+        (
+            {"name": "s", "max_minutes": 1, "runs": [{"train.max_minutes": 2}]},
+            "train.max_minutes is swept and max_minutes sets it for every run",
+        ),
+        # each run's train loss smoothed by its own label_smoothing: no ranking between them
+        (
+            {
+                "name": "s",
+                "metric": "final_train_loss",
+                "runs": [{"train.loss.label_smoothing": 0.0}, {"train.loss.label_smoothing": 0.5}],
+            },
+            "final_train_loss is smoothed by train.loss.label_smoothing",
+        ),
     ],
 )
 def test_bad_sweep_files_are_one_line(tmp_path, spec, expected):
@@ -463,3 +481,17 @@ def test_the_best_setting_is_a_run_configuration_that_trains_it(tmp_path):
             },
         }
     }
+
+
+def test_a_sweep_over_label_smoothing_says_its_train_losses_are_not_comparable():
+    overrides = {"a": {"train.loss.label_smoothing": 0.0}, "b": {"train.loss.label_smoothing": 0.5}}
+    summaries = {
+        "a": {"final_train_loss": 7.5, "final_val_loss": 7.6},
+        "b": {"final_train_loss": 7.57, "final_val_loss": 7.55},
+    }
+    said = verdict(comparison_table(summaries, overrides, "final_val_loss"), "final_val_loss", {})
+    assert "final_train_loss is smoothed by each run's train.loss.label_smoothing" in said
+    plain = {name: {"train.seed": index} for index, name in enumerate(overrides)}
+    assert "smoothed" not in verdict(
+        comparison_table(summaries, plain, "final_val_loss"), "final_val_loss", {}
+    )

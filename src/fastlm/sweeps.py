@@ -87,11 +87,23 @@ class SweepSpec(Params):
         if self.metric not in METRICS and not TOP_K_METRIC.fullmatch(self.metric):
             raise ValueError(f"metric must be one of {', '.join(METRICS)} (k: report.top_k)")
         validate_run_name(self.name)
-        for key in {key for overrides in self._settings() for key in overrides}:
+        swept = {key for overrides in self._settings() for key in overrides}
+        if self.metric == "final_train_loss" and "train.loss.label_smoothing" in swept:
+            raise ValueError(
+                "final_train_loss is smoothed by train.loss.label_smoothing, which the runs set apart: "
+                "rank them by final_val_loss or test_loss (plain)"
+            )
+        for key in swept:
             if key == FOLD_KEY and self.folds is not None:
                 raise ValueError(
                     f"{FOLD_KEY} is set by folds: auto (one run per fold); remove it from the "
                     "grid or runs, or remove folds: auto"
+                )
+            budget = key.removeprefix("train.")
+            if budget in ("max_steps", "max_minutes") and getattr(self, budget) is not None:
+                raise ValueError(
+                    f"{key} is swept and {budget} sets it for every run (it would replace the swept "
+                    f"values); remove {budget} or the {key} setting"
                 )
             if not key.startswith("train."):
                 raise ValueError(

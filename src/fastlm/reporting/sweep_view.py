@@ -30,6 +30,7 @@ SUMMARY_COLUMNS = [
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
 NOTABLE_RATIO = 1.05  # a wall-time ratio below this is noise: the verdict claims no speed-up
 FOLD = "train.fold"  # the swept key of k-fold runs (a sweep with folds: auto)
+SMOOTHING = "train.loss.label_smoothing"  # swept: each run's train loss is smoothed by its own
 # The ``stopped`` cell of a run that failed (it diverged or ran out of memory): the sweep went on without it,
 # its figures are left out of the means, and the next sweep with the same file trains it again.
 FAILED = "failed: "
@@ -429,6 +430,11 @@ def _runs_verdict(
                 f"{name} at step {step}"
                 for name, step in ((name, _diverged(histories[name])) for name in diverged)
             )
+        )
+    if SMOOTHING in table.columns:
+        parts.append(
+            f"final_train_loss is smoothed by each run's {SMOOTHING} (not comparable between them); the "
+            "validation and test losses are plain"
         )
     return "; ".join(parts) + "."
 
