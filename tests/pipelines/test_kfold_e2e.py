@@ -55,6 +55,8 @@ def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri):
     fold_sizes = folded.loc[~test, "fold"].value_counts()
     trained = [summary["train_samples"] for summary in summaries]
     assert trained == [in_folds - fold_sizes[fold] for fold in (0, 1)]
+    # what the report says of a fold run: which fold of how many, on what rows
+    assert [(s["folds"], s["validation_samples"]) for s in summaries] == [(2, fold_sizes[f]) for f in (0, 1)]
     document = (kedro_project / "data/08_reporting/sweep.md").read_text()
     assert "Over 2 folds: final_val_loss mean" in document and "## Mean and spread over folds" in document
     spread = [line for line in document.splitlines() if line.startswith("| final_val_loss ")]

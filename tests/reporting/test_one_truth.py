@@ -140,6 +140,13 @@ def test_diagnosis_lines_name_what_they_measure_and_the_summary_says_what_was_tr
     assert "padding efficiency 95 %" in markdown and "padding-bound: 95" not in markdown
     assert "LoRA on models/qwen3-4b" in markdown and "1,000 trainable of 100,000 parameters" in markdown
     assert "train 90, validation 5, test 5" in markdown and "duplicate 15" in markdown
+    # a fold run (train.fold): trained on the other folds of train + validation, validated on its fold
+    fold = {"fold": 1, "folds": 3, "train_samples": 1308, "validation_samples": 609}
+    _, markdown = document(summary={**summary, **fold}, split_report=split_report)
+    assert (
+        "Fold: train.fold 1 of 3 (split.folds): trained on 1,308 rows of train + validation outside fold 1, "
+        "validated on its 609 rows; the test split is the split's." in markdown
+    )
     # the adapter as trained (train_summary.json's ``adapter``: lora.adapter_description)
     _, markdown = document(summary={**summary, "adapter": "DoRA (r 16, alpha 32, B at 16x the rate)"})
     assert "Model: DoRA (r 16, alpha 32, B at 16x the rate) on models/qwen3-4b" in markdown

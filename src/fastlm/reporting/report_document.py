@@ -125,6 +125,14 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             f"Embeddings: NEFTune noise in training (alpha {summary['neftune_noise_alpha']:g}, "
             "train.model.neftune_noise_alpha); evaluation and the model written are without it."
         )
+    if summary.get("fold") is not None:
+        fold = summary["fold"]
+        lines.append(
+            f"Fold: train.fold {fold} of {summary.get('folds', '?')} (split.folds): trained on "
+            f"{_count(summary.get('train_samples'))} rows of train + validation outside fold {fold}, "
+            f"validated on its {_count(summary.get('validation_samples'))} rows; the test split is the "
+            "split's."
+        )
     splits = (split_report or {}).get("splits") or {}
     if splits:
         rows = ", ".join(f"{name} {int(info.get('rows', 0)):,}" for name, info in splits.items())
@@ -361,3 +369,7 @@ def build_document(inputs: ReportInputs) -> tuple[str, str]:
     return render_html(title=title, subtitle=subtitle, sections=sections), render_markdown(
         title=title, subtitle=subtitle, sections=sections
     )
+
+
+def _count(value) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"

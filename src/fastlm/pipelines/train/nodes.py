@@ -65,7 +65,11 @@ def train_model(
         model_dir=(paths or {}).get("trained_model", params.checkpoint_dir),
         extra_summary={
             "fingerprint": fingerprint["fingerprint"],
-            **({"fold": params.fold} if params.fold is not None else {}),
+            **(
+                {"fold": params.fold, "folds": data_folds(fingerprint), "validation_samples": len(eval_split)}
+                if params.fold is not None
+                else {}
+            ),
         },
         # precision auto on a CPU: measured once per machine, model and micro-batch shape (run to run alike)
         runtime_choices=str(Path(start.train.checkpoint_dir) / CHOICES_FILE),
@@ -101,7 +105,7 @@ def train_model(
         f" (resumed at step {summary['resumed_from_step']}, run at step {summary['steps']})"
         if summary.get("resumed_from")
         else ""
-    )
+    ) + (f" on fold {params.fold} of {summary['folds']}" if params.fold is not None else "")
     log.info(
         "Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s",
         run_name,
