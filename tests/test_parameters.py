@@ -256,3 +256,14 @@ def test_values_the_run_cannot_use_are_one_line_before_it_starts(group, raw, nam
         parse_group(group, raw)
     message = str(error.value)
     assert message.startswith(f"parameter {name} = ") and "\n" not in message, message
+
+
+def test_a_value_given_for_a_group_of_parameters_names_its_keys():
+    """``--params train.loss=0.1``: train.loss is a group; the message said "a valid dictionary or instance of
+    LossParams" (a class name) and offered ``train.loss=<value>`` as the fix."""
+    with pytest.raises(ConfigError) as error:
+        parse_group("train", {"loss": 0.1})
+    message = str(error.value)
+    assert message.startswith("parameter train.loss = 0.1 is invalid: train.loss is a group of parameters")
+    assert "LossParams" not in message and "train.loss.label_smoothing" in message, message
+    assert "train.loss=<value>" not in message

@@ -90,6 +90,29 @@ def test_mean_and_spread_over_folds_in_the_report():
     assert "## Mean and spread over folds" in document and "| final_val_loss |" in document
 
 
+def test_the_verdict_compares_no_speed_between_folds():
+    """Each fold validates on its own rows: which fold "reached validation loss L sooner" (or ran fastest)
+    says nothing of a setting."""
+    table = comparison_table(
+        {
+            name: {**figures, "wall_time_s": 1.0 + index}
+            for index, (name, figures) in enumerate(SUMMARIES.items())
+        },
+        OVERRIDES,
+        "final_val_loss",
+    )
+    evaluations = {
+        name: pd.DataFrame({"step": [1, 2], "val_loss": [5.0, s["final_val_loss"]]})
+        for name, s in SUMMARIES.items()
+    }
+    histories = {
+        name: pd.DataFrame({"step": [1, 2], "loss": [3.0, 2.0], "elapsed_s": [0.1 * (i + 1), 0.2 * (i + 1)]})
+        for i, name in enumerate(SUMMARIES)
+    }
+    text = verdict(table, "final_val_loss", histories, evaluations, spread=fold_spread(table))
+    assert "sooner" not in text and "fastest" not in text, text
+
+
 def test_spread_is_per_setting_of_a_cross_validated_grid():
     summaries = {f"r{i}": {"final_val_loss": float(i)} for i in range(4)}
     overrides = {f"r{i}": {"train.optimizer.lr": [1, 1, 2, 2][i], "train.fold": i % 2} for i in range(4)}

@@ -88,6 +88,16 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
         if not name:  # the whole file (a check across its keys)
             raise ConfigError(f"{where}{message}.", fix=f"correct {source}.") from None
         shown = "" if first["type"] == "missing" else f" = {value!r}"
+        keys = _field_names(_child(parent, path[-1])) if first["type"] == "model_type" and path else []
+        if keys:  # a value where a group of parameters is (``--params train.loss=0.1``)
+            listed = ", ".join(f"{name}.{key}" for key in keys[:4]) + (", ..." if len(keys) > 4 else "")
+            raise ConfigError(
+                f"{where}parameter {name}{shown} is invalid: {name} is a group of parameters ({listed}), "
+                "not a value.",
+                fix=f"set one of its keys in {source}"
+                + ("" if file_only else f" or with --params {name}.{keys[0]}=<value>")
+                + ".",
+            ) from None
         if isinstance(value, dict) and first["type"] == "string_type":
             # a text holding ": " or braces, given in --params or unquoted in YAML, is read as a mapping
             raise ConfigError(

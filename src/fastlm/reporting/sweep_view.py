@@ -394,6 +394,7 @@ def _runs_verdict(
     if len(finite) > 1:
         last = finite.iloc[-1]
         parts.append(f"the worst, {last['run']} ({describe(last)}), has {float(last[metric]):.4g}")
+    if len(finite) > 1 and FOLD not in table.columns:  # each fold validates on its own rows: no race
         sooner = _sooner(finite, evaluations or {}, histories, describe)
         times = (
             finite["wall_time_s"].astype(float) if "wall_time_s" in finite else pd.Series(dtype=float)
