@@ -198,3 +198,15 @@ def test_bad_early_stopping_settings_are_one_line(settings, expected):
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.")) as raised:
         parse_train_params(settings)
     assert "\n" not in str(raised.value)
+
+
+def test_a_run_with_too_few_evaluations_to_stop_early_says_so(tmp_path, caplog):
+    """eval_every 50 over 6 steps: one evaluation (the last step's), never more than the patience: early
+    stopping cannot act, and the run says so at its start (it said nothing)."""
+    caplog.set_level("WARNING", logger="fastlm")
+    run(tmp_path, max_steps=6, eval_every=50)
+    said = [r.getMessage() for r in caplog.records if "cannot stop this run" in r.getMessage()]
+    assert len(said) == 1 and "1 evaluation" in said[0] and "train.eval_every" in said[0], said
+    caplog.clear()
+    run(tmp_path / "enough", max_steps=6, eval_every=1)
+    assert not [r for r in caplog.records if "cannot stop this run" in r.getMessage()]

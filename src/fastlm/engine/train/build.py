@@ -267,7 +267,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     _log_start(params, total_steps, steps_per_epoch, comm.world_size, holds)
     log.info("loss: %s", opt.fused_choice)
     budget = TimeLimit(params.max_minutes)  # train.max_minutes: a stop at a step boundary
-    early = _early_stopping(params, state)  # train.early_stopping (engine/train/early_stop.py)
+    early = _early_stopping(params, state, total_steps)  # train.early_stopping (engine/train/early_stop.py)
     state.clock_start = perf_counter()
     metrics.start(
         elapsed_before_s=state.elapsed_before_s
@@ -477,10 +477,25 @@ def _recorder(
     )
 
 
-def _early_stopping(params: TrainParams, state: TrainState) -> EarlyStopping | None:
+def _early_stopping(params: TrainParams, state: TrainState, total_steps: int) -> EarlyStopping | None:
+    """The run's early stopping (None: off); a warning where the run evaluates too few times for it to act
+    (patience counts evaluations after the first)."""
     settings = params.early_stopping
     if settings.patience is None:
         return None
+    every = params.eval_every or total_steps
+    evaluations = total_steps // every + (1 if total_steps % every else 0)
+    if evaluations <= settings.patience:
+        log.warning(
+            "train.early_stopping cannot stop this run: it has %d evaluation%s (train.eval_every %s over %d "
+            "steps) and stops only after %d more without an improvement; lower train.eval_every or the "
+            "patience",
+            evaluations,
+            "" if evaluations == 1 else "s",
+            params.eval_every,
+            total_steps,
+            settings.patience,
+        )
     return EarlyStopping.from_record(
         state.early_stopping, patience=settings.patience, min_delta=settings.min_delta
     )
