@@ -1199,3 +1199,18 @@ def test_a_report_top_k_not_below_the_vocabulary_is_refused_before_any_node(proj
         f"vocabulary of {vocab:,} token ids",
         "--params report.top_k=",
     )
+
+
+def test_raw_path_in_a_parameters_file_is_refused_not_ignored(project):
+    """The catalog reads ``raw_path`` from ``--params`` only (``${runtime_params:raw_path}``): set in a
+    parameters file it was dropped, and the split re-split the demo corpus over the outputs, exit 0."""
+    (project / "conf/local/parameters_mine.yml").write_text("raw_path: data/01_raw/mine.jsonl\n")
+    _fails_cleanly(
+        project,
+        "split",
+        {},
+        ConfigError,
+        "raw_path = 'data/01_raw/mine.jsonl'",
+        "conf/local/parameters_mine.yml",
+        "--params raw_path=data/01_raw/mine.jsonl",
+    )

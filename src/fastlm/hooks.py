@@ -18,8 +18,8 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, Mlflo
 
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.checkpoint.storage import check_writable
-from fastlm.errors import InputDataError, StaleDataError
-from fastlm.parameters import GROUPS, check_top_level_params, known_top_level_params
+from fastlm.errors import ConfigError, InputDataError, StaleDataError
+from fastlm.parameters import GROUPS, check_top_level_params, known_top_level_params, runtime_only_params
 from fastlm.redaction import redact
 from fastlm.tracking import (
     MlflowMetrics,
@@ -475,13 +475,28 @@ class UnknownRuntimeParamsHook:
     def after_context_created(self, context) -> None:
         source = getattr(getattr(context, "config_loader", None), "conf_source", None)
         self._conf = Path(str(source)) if source else None
+        try:
+            self._params = dict(context.params)
+        except Exception:  # noqa: BLE001 - a broken parameters file is Kedro's to report, when it is read
+            self._params = {}
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         given = run_params.get("runtime_params") or {}
         conf = self._conf or Path(run_params.get("project_path") or ".") / "conf"
-        if given and conf.is_dir():
+        if not conf.is_dir():
+            return
+        if given:
             check_top_level_params(given, known_top_level_params(conf))
+        # a name the catalog reads from --params alone (raw_path), set in a parameters file: dropped silently
+        for name, files in runtime_only_params(conf).items():
+            value = getattr(self, "_params", {}).get(name)
+            if name not in given and value is not None:
+                raise ConfigError(
+                    f"{name} = {value!r} is set in {', '.join(files)}, but the catalog reads {name} from "
+                    "--params only: the run would read its default instead.",
+                    fix=f"pass --params {name}={value} (and remove it from {files[0]}).",
+                )
 
 
 class ParametersValidHook:

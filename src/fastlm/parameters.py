@@ -93,6 +93,32 @@ def known_top_level_params(conf_root: Path) -> set[str]:
     return names
 
 
+def runtime_only_params(conf_root: Path) -> dict[str, list[str]]:
+    """Per name a conf file reads through ``${runtime_params:NAME}`` (``raw_path`` in catalog.yml), the
+    parameters files under ``conf_root`` that set it at their top level: Kedro hands such files to the nodes,
+    never to that resolver, so the value would be dropped."""
+    import yaml
+
+    read, set_in = set(), {}
+    for env in (path for path in sorted(Path(conf_root).iterdir()) if path.is_dir()):
+        for file in sorted(env.rglob("*")):
+            if not file.is_file() or file.suffix not in _CONF_SUFFIXES:
+                continue
+            try:
+                text = file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            read.update(_RUNTIME_PARAM.findall(text))
+            if any(part.startswith("parameters") for part in file.relative_to(env).parts):
+                try:
+                    loaded = yaml.safe_load(text)
+                except yaml.YAMLError:
+                    continue
+                for key in loaded if isinstance(loaded, dict) else ():
+                    set_in.setdefault(str(key), []).append(str(file.relative_to(Path(conf_root).parent)))
+    return {name: files for name, files in set_in.items() if name in read}
+
+
 def check_top_level_params(given: Mapping[str, Any], known: set[str]) -> None:
     """One ConfigError line for the first top-level key of ``given`` (``--params``) outside ``known``.
 
