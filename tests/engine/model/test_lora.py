@@ -25,7 +25,7 @@ from fastlm.engine.train.optim import make_adamw
 from fastlm.errors import ConfigError, find_user_error
 from tests.support.packages import hide_package
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
-from tests.support.tolerances import MERGED_ADAPTER_ATOL, OTHER_FP32_MODEL
+from tests.support.tolerances import MERGED_ADAPTER_ATOL, OTHER_FP32_MODEL, TRAINED_FP32_LOSS_REL
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
@@ -106,6 +106,59 @@ def assert_merges_to_the_unmerged_logits(adapter_folder, pairs) -> None:
     with torch.no_grad():
         expected = unmerged(input_ids=ids).logits
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma2", "olmo2", "phi3"])
+def test_auto_targets_cover_every_projection_of_a_decoder_layer(family):
+    """``target_modules: auto`` adapts every Linear of a decoder layer (attention and MLP) of each dense
+    family it names: Phi-3 fuses q/k/v (``qkv_proj``) and gate/up (``gate_up_proj``), and the Llama names
+    left those without an adapter, silently."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family)
+    sizes = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4}
+    sizes |= {"num_key_value_heads": 2, "head_dim": 8, "vocab_size": 128, "pad_token_id": 0}
+    for key, value in sizes.items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_config(config)
+    linear = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and ".layers." in name
+    }
+    assert set(lora.target_modules(model, "auto")) >= linear and linear
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied-head", "own-head"])
+def test_lora_on_the_embedding_and_the_head_trains_fused_as_with_peft_forward(
+    tmp_path_factory, texts, tokenizer, pairs, tied
+):
+    """peft adapts embeddings and the LM head too: with them in target_modules the build read the wrapped
+    embedding's ``num_embeddings`` (peft's wrapper has none: AttributeError), and the fused head's logits
+    were a view made inside its autograd function, which the loss's in-place gradient may not overwrite
+    (RuntimeError in backward). Fused or through peft's forward, the same losses (a reordered sum)."""
+    base = save_tiny_llama(tmp_path_factory.mktemp("base"), llama_style_tokenizer(texts), tied=tied)
+    targets = ["embed_tokens", "lm_head", "q_proj"]
+    losses = {}
+    for fused in (True, False):
+        lora_settings = {"target_modules": targets, "fused_forward": fused}
+        params = train_params(
+            tmp_path_factory.mktemp(f"fused-{fused}"),
+            base,
+            model=model_params(base, **lora_settings),
+            save_every=None,
+            max_steps=4,
+            log_every=1,
+        )
+        result = run_train(params, tokenizer, pairs)
+        adapted = {
+            name.split(".lora_")[0].rsplit(".", 1)[-1]
+            for name, _ in result.model.named_parameters()
+            if "lora_" in name
+        }
+        assert adapted == set(targets), adapted
+        losses[fused] = [record["loss"] for record in result.history]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=TRAINED_FP32_LOSS_REL)
 
 
 def test_auto_targets_are_the_projections_and_only_adapters_train(base_dir, tokenizer):

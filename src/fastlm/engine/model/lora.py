@@ -67,12 +67,12 @@ DEFAULT_TARGETS: dict[str, list[str]] = {
             "gemma",
             "gemma2",
             "gemma3_text",
-            "phi3",
             "olmo2",
             "exaone",
             "solar",
         )
     },
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],  # q/k/v and gate/up fused
     "gpt2": ["c_attn", "c_proj", "c_fc"],
     # encoder-decoder families: self- and cross-attention and the feed-forward, in encoder and decoder alike
     **{name: ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"] for name in ("bart", "mbart")},

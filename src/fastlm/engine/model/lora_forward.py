@@ -224,7 +224,7 @@ def _linear_with_adapter(
     bias = None if base.bias is None else base.bias.to(dtype)
     weight = base.weight if quant_state is not None else base.weight.to(dtype)
     with torch.autocast(device, enabled=False):
-        return _LinearWithAdapter.apply(
+        out = _LinearWithAdapter.apply(
             x.to(dtype),
             weight,
             bias,
@@ -233,6 +233,9 @@ def _linear_with_adapter(
             scaling,
             quant_state,
         )
+    # shaped outside the function: a view made inside it may not be written in place (the loss writes its
+    # gradient over an adapted head's logits)
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _dora_forward(layer, x: torch.Tensor, name: str, *, quant_state=None) -> torch.Tensor:
@@ -266,6 +269,7 @@ def _dora_forward(layer, x: torch.Tensor, name: str, *, quant_state=None) -> tor
         out = _LinearWithAdapter.apply(
             x.to(dtype), weight, None, a.to(dtype), b.to(dtype), scaling, quant_state
         )
+        out = out.view(*x.shape[:-1], out.shape[-1])
         scale = (magnitude / norm).to(dtype)  # the magnitudes' gradient flows back through the cast
         if base.bias is None:
             return out * scale
@@ -318,7 +322,7 @@ class _LinearWithAdapter(torch.autograd.Function):
         ctx.save_for_backward(rows, weight, a, b, xa)
         ctx.quant_state, ctx.scaling = quant_state, scaling
         ctx.x_shape = x.shape
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return out  # [tokens x out]: the caller shapes it (a view made here could not be written in place)
 
     @staticmethod
     def backward(ctx, grad):

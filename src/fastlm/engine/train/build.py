@@ -471,7 +471,8 @@ def _recorder(
         compiled=runtime.compile,
         main=comm.is_main,
         first_loss={
-            "len_vocab": raw_model.get_input_embeddings().num_embeddings,
+            # through an adapter's wrapper (LoRA on the embedding: peft's layer holds the Embedding)
+            "len_vocab": raw_model.get_input_embeddings().weight.shape[0],
             "from_scratch": getattr(raw_model.config, "_name_or_path", "") == "",
         },
     )
