@@ -37,6 +37,7 @@ def test_unusable_sources_name_the_parameter(source, expected):
 
 def test_a_folder_that_is_not_a_tokenizer_is_refused(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "NoSuchTokenizer"}))
+    (tmp_path / "vocab.json").write_text("{}")  # a vocabulary file: the class is what cannot load
     with pytest.raises(ConfigError, match="could not be loaded as a tokenizer"):
         load_tokenizer(str(tmp_path))
 
@@ -70,3 +71,38 @@ def test_split_trains_the_bpe_on_texts_cut_like_tokenization(sample_texts, monke
     assert fed[0] == [long_text[-limit:], "p", long_text[:limit], "r"]
     nodes.build_tokenizer(frame.rename(columns={"prompt": "text"}), {"max_length": 8})
     assert fed[1] == [long_text[:limit], "p"]
+
+
+def _model_folder_without_tokenizer(folder):
+    """A save_pretrained model folder (config and weights) with no tokenizer file in it."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=500, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8,
+    )  # fmt: skip
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_as_a_tokenizer(tmp_path):
+    """transformers builds an empty tokenizer from a model folder's config.json alone: the split tokenized
+    every text into its EOS alone (exit 0), and training then stopped on a NaN loss, blamed on the rate."""
+    folder = _model_folder_without_tokenizer(tmp_path / "qwen3_notok")
+    with pytest.raises(ConfigError) as error:
+        load_tokenizer(str(folder))
+    message = str(error.value)
+    assert "split.tokenizer.source" in message and "no tokenizer" in message and "\n" not in message
+
+
+def test_the_pad_warning_survives_the_logs_secret_masking(tmp_path, caplog):
+    """The log masks values after key words such as ``token:``: the no-pad line must read whole."""
+    from fastlm.redaction import redact_text
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "</s>": 1}, unk_token="a"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>").save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        load_tokenizer(str(tmp_path))
+    said = [r.getMessage() for r in caplog.records if "no pad token" in r.getMessage()]
+    assert said and redact_text(said[0]) == said[0], redact_text(said[0])

@@ -575,3 +575,22 @@ def test_a_prompt_template_without_one_prompt_placeholder_is_refused(project, te
     )
     assert "\n" not in message and "Fix:" in message and "parameter predict =" not in message
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
+
+
+def test_a_model_folder_without_a_tokenizer_is_refused_not_predicted_empty(tmp_path):
+    """``predict.model`` pointing at weights without tokenizer files: transformers built an empty tokenizer
+    from config.json and every row was predicted as '' with 0 input tokens, exit 0."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
+
+    config = Qwen3Config(
+        vocab_size=500, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8,
+    )  # fmt: skip
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path / "weights_only")
+    with pytest.raises(Exception) as raised:
+        PretrainedModelDataset(filepath=str(tmp_path / "weights_only")).load()
+    error = find_user_error(raised.value)
+    assert isinstance(error, ConfigError) and "holds no tokenizer" in str(error), repr(raised.value)
+    assert str(tmp_path / "weights_only") in str(error) and "\n" not in str(error)

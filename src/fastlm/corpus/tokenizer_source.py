@@ -66,6 +66,13 @@ def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_co
             fix=f"download it once and point {PARAM} at the folder, or set "
             "split.tokenizer.allow_download: true.",
         )
+    if local.is_dir() and not has_vocabulary_files(local):
+        raise ConfigError(
+            f"{PARAM} = {source!r} holds no tokenizer (no tokenizer.json, vocabulary, merges or "
+            "sentencepiece file): a model folder's config.json alone makes an empty one.",
+            fix=f"point {PARAM} at the folder that holds the model's tokenizer files, or save them into it "
+            "(tokenizer.save_pretrained).",
+        )
     if not local.is_dir():
         os.environ["HF_HUB_OFFLINE"] = "0"  # explicit opt-in for this process
     try:
@@ -80,6 +87,21 @@ def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_co
     return prepare_for_training(tokenizer, source)
 
 
+def has_vocabulary_files(folder: Path) -> bool:
+    """Whether ``folder`` holds a tokenizer's vocabulary: a tokenizer.json, a vocabulary or merges file, a
+    sentencepiece or tiktoken model (transformers otherwise builds an empty tokenizer from config.json)."""
+    for path in Path(folder).iterdir():
+        name = path.name.lower()
+        if path.is_file() and (
+            name == "tokenizer.json"
+            or "vocab" in name
+            or "merges" in name
+            or name.endswith((".model", ".tiktoken", ".spm"))
+        ):
+            return True
+    return False
+
+
 def prepare_for_training(tokenizer, source: str = "tokenizer"):
     """Right padding, and EOS as pad when the tokenizer has no pad token (one warning); the backend's own
     padding and truncation (set in a tokenizer.json, e.g. fixed 128 in BERT-family folders) turned off, so
@@ -91,7 +113,7 @@ def prepare_for_training(tokenizer, source: str = "tokenizer"):
         )
     if tokenizer.pad_token_id is None:
         log.warning(
-            "Tokenizer %s has no pad token: using EOS (%r) as pad; EOS stays in the loss.",
+            "Tokenizer %s has no pad token; EOS (%r) pads, and stays in the loss.",
             source,
             tokenizer.eos_token,
         )

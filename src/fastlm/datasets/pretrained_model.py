@@ -8,7 +8,9 @@ from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
 
+from fastlm.corpus.tokenizer_source import has_vocabulary_files
 from fastlm.datasets.atomic_folder import write_folder_atomically
+from fastlm.errors import ConfigError
 
 TRAINING_DATA = "training_data.json"  # how the model's training data was made (the train pipeline writes it)
 
@@ -42,6 +44,13 @@ class PretrainedModelDataset(AbstractDataset):
                 f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first."
             )
         folder = str(self._filepath)
+        if not has_vocabulary_files(Path(folder)):  # config.json alone makes an empty tokenizer
+            raise ConfigError(
+                f"{folder} holds no tokenizer (no tokenizer.json, vocabulary, merges or sentencepiece file): "
+                "its predictions would start from no input token.",
+                fix="save the model's tokenizer into the folder (tokenizer.save_pretrained), or point at the "
+                "model folder a train run wrote.",
+            )
         if _is_adapter_folder(folder):
             from fastlm.engine.model.lora import load_adapter_model
 
