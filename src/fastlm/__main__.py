@@ -56,6 +56,12 @@ def merge_adapter_command(argv: list[str]) -> int:
                 f"{adapter} is not a LoRA adapter folder (no adapter_config.json).",
                 fix="point --adapter at the model folder of a run with train.model.lora.enabled: true.",
             )
+        for role, folder in _read_folders(adapter, args.base):
+            if out.resolve() == folder.resolve():
+                raise InputDataError(
+                    f"--out {out} would replace the {role} {folder}, which the merge reads.",
+                    fix="choose another --out folder.",
+                )
         if out.exists() and any(out.iterdir()) and not args.overwrite:
             raise InputDataError(
                 f"{out} already exists and is not empty.", fix="choose another --out or add --overwrite."
@@ -66,6 +72,19 @@ def merge_adapter_command(argv: list[str]) -> int:
         return error.exit_code
     print(f"Merged {adapter} into a full model at {out}")
     return 0
+
+
+def _read_folders(adapter: Path, base: str | None) -> list[tuple[str, Path]]:
+    """The folders a merge reads: the adapter, and its base (``--base``, else its adapter_config.json's)."""
+    import json
+
+    if base is None:
+        try:
+            config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+            base = config.get("base_model_name_or_path")
+        except (OSError, ValueError):
+            base = None
+    return [("adapter folder", adapter)] + ([("base model folder", Path(base))] if base else [])
 
 
 def _write_merged(adapter: Path, out: Path, base: str | None) -> None:

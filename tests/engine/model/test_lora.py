@@ -536,6 +536,20 @@ def test_an_adapter_refuses_a_base_replaced_by_another_model_of_the_same_shape(
     assert len(error_lines) == 1 and "no longer holds the weights" in error_lines[0] and not out.exists()
 
 
+def test_merge_adapter_never_writes_over_its_own_adapter_or_base(tmp_path, base_dir, tokenizer, capsys):
+    """``--out`` naming the adapter folder (or the base it merges into), even with ``--overwrite``: the
+    merged model replaced the run's adapter (and a base, every other adapter of it); refused, both kept."""
+    from fastlm.__main__ import merge_adapter_command
+
+    base, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    kept = {path: path.read_bytes() for folder in (base, adapter) for path in folder.iterdir()}
+    for out in (adapter, base, tmp_path / "." / "adapter"):
+        assert merge_adapter_command(["--adapter", str(adapter), "--out", str(out), "--overwrite"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--out" in lines[0] and "would replace" in lines[0], lines
+    assert {path: path.read_bytes() for folder in (base, adapter) for path in folder.iterdir()} == kept
+
+
 def test_a_change_to_one_small_tensor_of_the_base_is_refused(tmp_path, base_dir, tokenizer):
     import safetensors.torch
 
