@@ -20,8 +20,7 @@ from fastlm.engine.config import TrainParams
 from fastlm.engine.data import pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import RankInfo, connect, full_state_dicts, is_sharded, rank_device
-from fastlm.engine.model.attention.choice import choose_attention
-from fastlm.engine.model.build import build_model
+from fastlm.engine.model.build import build_model, model_attention
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.observe.metrics import device_memory_mb
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime, usable_cpu_count
@@ -74,7 +73,7 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
     runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed), measured_later=True)
     comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
     try:
-        attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
+        attn = model_attention(params.model, runtime.device, runtime.precision)
         model = build_model(params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn)
         if comm.is_main:
             check_training_storage(

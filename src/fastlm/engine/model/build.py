@@ -15,6 +15,7 @@ import torch
 from fastlm.engine.config import ModelParams
 from fastlm.engine.model import lora, pretrained
 from fastlm.engine.model.attention import kernels  # noqa: F401  (registers torch_varlen and sdpa_varlen)
+from fastlm.engine.model.attention.choice import choose_attention
 from fastlm.engine.model.recompute import enable_checkpointing, resolve_policy
 from fastlm.errors import ConfigError
 
@@ -83,6 +84,13 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
         policy,
     )
     return model.train()
+
+
+def model_attention(params: ModelParams, device: torch.device, precision: str | None = None) -> str:
+    """``train.model.attn_implementation`` for this model here: ``auto`` among the paths the class it
+    trains supports (``attention.choice.choose_attention``)."""
+    model_class = pretrained.trained_class(params.name_or_path, params.trust_remote_code)
+    return choose_attention(params.attn_implementation, device, precision, model_class=model_class)
 
 
 def _local_or_hub(params: ModelParams) -> str:

@@ -166,6 +166,25 @@ def inspect_checkpoint(
     )
 
 
+def trained_class(name_or_path: str | None, trust_remote_code: bool = False) -> type | None:
+    """The class a run trains, from the folder's config alone (the attention choice needs it before the
+    weights load): the from-config Llama for None; None where it cannot be told so (a hub id, remote code,
+    a folder that does not load: the build says what is wrong)."""
+    import transformers
+
+    if name_or_path is None:
+        return transformers.LlamaForCausalLM
+    local = Path(name_or_path).expanduser()
+    if trust_remote_code or not (local / "config.json").is_file():
+        return None
+    try:
+        checkpoint = inspect_checkpoint(name_or_path, str(local.resolve()), local_files_only=True)
+        auto_class = getattr(transformers, require_trainable(checkpoint))
+        return auto_class._model_mapping[type(checkpoint.config)]
+    except Exception:  # noqa: BLE001 - any reason: the build reports it in its own words
+        return None
+
+
 def require_trainable(checkpoint: PretrainedFolder) -> str:
     """The auto class that trains ``checkpoint``; any other kind is refused with one line."""
     if checkpoint.kind in TRAINABLE:
@@ -237,10 +256,14 @@ def load_pretrained(
         raise
     except Exception as error:  # noqa: BLE001 - OSError, ValueError, RuntimeError, SafetensorError ...
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        attention = load_args.get("attn_implementation")
+        if attention and attention in first and "support" in first:  # a path the class does not have
+            fix = "set train.model.attn_implementation: auto (it takes a path the model has) or eager."
+        else:
+            fix = "check that the folder is a complete save_pretrained model (config.json and every weight "
+            fix += "file)."
         raise ConfigError(
-            f"{checkpoint.label} could not be loaded as a {checkpoint.kind}: {first}",
-            fix="check that the folder is a complete save_pretrained model (config.json and every "
-            "weight file).",
+            f"{checkpoint.label} could not be loaded as a {checkpoint.kind}: {first}", fix=fix
         ) from error
     _check_loaded_whole(
         checkpoint, model, info, allow_new_weights=allow_new_weights, new_weights_param=new_weights_param

@@ -137,8 +137,7 @@ def _untrained_model(params, tokenizer, max_length: int):
     """The model as the workers built it, on the CPU, to receive rank 0's trained weights."""
     import torch
 
-    from fastlm.engine.model.attention.choice import choose_attention
-    from fastlm.engine.model.build import build_model
+    from fastlm.engine.model.build import build_model, model_attention
 
-    attn = choose_attention(params.model.attn_implementation, torch.device("cpu"))
+    attn = model_attention(params.model, torch.device("cpu"))
     return build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)

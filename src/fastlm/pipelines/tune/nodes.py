@@ -33,8 +33,7 @@ def tune_micro_batch(
     ``tracker`` (``run_tracker``), also when no size fits."""
     from fastlm.engine.data import pad_id_of
     from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.model.attention.choice import choose_attention
-    from fastlm.engine.model.build import build_model
+    from fastlm.engine.model.build import build_model, model_attention
     from fastlm.engine.model.recompute import enable_checkpointing
     from fastlm.engine.observe.metrics import device_memory_mb
     from fastlm.engine.train import tune
@@ -44,7 +43,7 @@ def tune_micro_batch(
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     settings = parse_group("tune", tune_params)
     tuned_file = (paths or {}).get("tuned_parameters", "tuned_parameters")
-    attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
+    attn = model_attention(params.model, runtime.device, runtime.precision)
     model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)
     limit = tune.memory_budget_mb(
         runtime.device, settings.memory_limit_gb, total_mb=device_memory_mb(runtime.device)

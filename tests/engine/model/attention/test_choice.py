@@ -60,3 +60,42 @@ def test_auto_prefers_varlen_then_flex_then_dense_and_logs_why(monkeypatch, capl
         assert choice.choose_attention("auto", torch.device("cpu")) == "sdpa"
         assert choice.choose_attention("eager", cuda) == "eager"
     assert sum("attention auto ->" in message for message in caplog.messages) == 5
+
+
+def test_auto_takes_only_a_path_the_model_class_supports(monkeypatch, caplog):
+    """Gemma2 has no SDPA path (transformers refuses it): ``auto`` on CPU picked sdpa, and the load failed
+    with a message about a damaged folder; GPT-2 has no flex_attention. ``auto`` goes down its list to the
+    first path the class supports, eager last, and says why."""
+    import importlib.util
+    import logging
+
+    from transformers import Gemma2ForCausalLM, GPT2LMHeadModel, LlamaForCausalLM
+
+    from fastlm.engine.model.attention import choice
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(choice, "torch_varlen_available", lambda device: False)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    with caplog.at_level(logging.INFO, logger="fastlm.engine.model.attention.choice"):
+        assert choice.choose_attention("auto", cpu, model_class=Gemma2ForCausalLM) == "eager"
+        assert choice.choose_attention("auto", cpu, model_class=LlamaForCausalLM) == "sdpa"
+        assert choice.choose_attention("auto", cuda, "bf16", model_class=GPT2LMHeadModel) == "sdpa"
+        assert (
+            choice.choose_attention("auto", cuda, "bf16", model_class=Gemma2ForCausalLM) == "flex_attention"
+        )
+    assert "Gemma2ForCausalLM has no sdpa path" in caplog.messages[0], caplog.messages
+
+
+def test_the_class_a_run_trains_is_known_before_its_weights_load(tmp_path):
+    from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaForCausalLM
+
+    from fastlm.engine.model.pretrained import trained_class
+
+    config = Gemma2Config(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8,
+    )  # fmt: skip
+    config.save_pretrained(tmp_path / "gemma2")  # its config alone: nothing else is read
+    assert trained_class(str(tmp_path / "gemma2")) is Gemma2ForCausalLM
+    assert trained_class(None) is LlamaForCausalLM  # from config
+    assert trained_class(str(tmp_path / "missing")) is None  # the build says what is wrong

@@ -72,8 +72,11 @@ def torch_varlen_available(device: torch.device) -> bool:
     )
 
 
-def choose_attention(requested: str, device: torch.device, precision: str | None = None) -> str:
-    """``auto``: the fastest path that keeps packed samples apart here (see the module docstring); logged."""
+def choose_attention(
+    requested: str, device: torch.device, precision: str | None = None, *, model_class: type | None = None
+) -> str:
+    """``auto``: the fastest path that keeps packed samples apart here (see the module docstring) among those
+    ``model_class`` supports (transformers' ``_supports_*`` flags; eager last; None: not checked); logged."""
     if requested != "auto":
         if device.type == "cuda" and precision == "fp32" and requested in HALF_PRECISION_ONLY:
             raise ConfigError(
@@ -81,24 +84,43 @@ def choose_attention(requested: str, device: torch.device, precision: str | None
                 fix="set train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32).",
             )
         return requested
-    half = precision in (None, "bf16", "fp16")
-    if device.type == "cuda" and half:
+    unsupported = []
+    for attn, why in _preferred(device, precision):
+        if model_class is None or _supports(model_class, attn):
+            if unsupported:
+                why += f"; {model_class.__name__} has no {' or '.join(unsupported)} path"
+            log.info("attention auto -> %s (%s)", attn, why)
+            return attn
+        unsupported.append(attn)
+    log.info("attention auto -> eager (%s has no %s path)", model_class.__name__, " or ".join(unsupported))
+    return "eager"
+
+
+def _preferred(device: torch.device, precision: str | None) -> list[tuple[str, str]]:
+    """``auto``'s paths here, best first, each with why."""
+    paths = []
+    if device.type == "cuda" and precision in (None, "bf16", "fp16"):
         hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
         if hopper and importlib.util.find_spec("flash_attn_interface") is not None:
-            return _chosen("flash_attention_3", "FA3 kernel installed")
+            paths.append(("flash_attention_3", "FA3 kernel installed"))
         if importlib.util.find_spec("flash_attn") is not None:
-            return _chosen("flash_attention_2", "flash_attn installed")
+            paths.append(("flash_attention_2", "flash_attn installed"))
         if torch_varlen_available(device):
-            return _chosen(TORCH_VARLEN, "no flash-attention package; PyTorch's native varlen attention")
+            paths.append((TORCH_VARLEN, "no flash-attention package; PyTorch's native varlen attention"))
     if device.type == "cuda":
-        return _chosen("flex_attention", "document-causal BlockMask")
-    return _chosen(
-        "sdpa",
-        "CPU: flex_attention has no CPU backward and loses to the dense mask here "
-        "(benchmarks/attention_cpu.py)",
-    )
+        return [*paths, ("flex_attention", "document-causal BlockMask"), ("sdpa", "the dense mask")]
+    why = "CPU: flex_attention has no CPU backward and loses to the dense mask here"
+    return [("sdpa", f"{why} (benchmarks/attention_cpu.py)")]
 
 
-def _chosen(attn: str, why: str) -> str:
-    log.info("attention auto -> %s (%s)", attn, why)
-    return attn
+# transformers' flag for each path (fastlm's own kernels are registered attention functions)
+_SUPPORT_FLAGS = {
+    "sdpa": "_supports_sdpa",
+    "flex_attention": "_supports_flex_attn",
+    "flash_attention_2": "_supports_flash_attn",
+    "flash_attention_3": "_supports_flash_attn",
+}
+
+
+def _supports(model_class: type, attn: str) -> bool:
+    return bool(getattr(model_class, _SUPPORT_FLAGS.get(attn, "_supports_attention_backend"), False))
