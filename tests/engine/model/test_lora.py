@@ -161,6 +161,21 @@ def test_lora_on_the_embedding_and_the_head_trains_fused_as_with_peft_forward(
     np.testing.assert_allclose(losses[True], losses[False], rtol=TRAINED_FP32_LOSS_REL)
 
 
+def test_an_init_that_cannot_decompose_the_models_layers_is_one_line():
+    """OLoRA on GPT-2 (its Conv1D layers hold the weight transposed): peft's decomposition multiplies
+    mismatched shapes. One line naming train.model.lora.init, not a RuntimeError traceback."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from fastlm.engine.config import LoraParams
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32))
+    with pytest.raises(ConfigError) as refused:
+        lora.apply_lora(model, LoraParams(enabled=True, r=4, init="olora"), gradient_checkpointing=False)
+    message = str(refused.value)
+    assert message.startswith("train.model.lora.init = 'olora'") and "\n" not in message, message
+    assert "init: pissa or default" in message
+
+
 def test_auto_targets_are_the_projections_and_only_adapters_train(base_dir, tokenizer):
     params = parse_train_params({"model": model_params(base_dir)}).model
     model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")

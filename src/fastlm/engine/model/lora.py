@@ -276,6 +276,19 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
             f"{PARAM}.target_modules = {lora.target_modules!r} does not fit the model: {first}",
             fix=f"set {PARAM}.target_modules to auto or to Linear module names of the model.",
         ) from error
+    transposed = sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in peft_model.named_modules()
+            if type(getattr(module, "base_layer", None)).__name__ == "Conv1D"
+        }
+    )
+    if lora.init == "olora" and transposed:  # peft's OLoRA reads W as [out x in]: shapes mismatch in forward
+        raise ConfigError(
+            f"{PARAM}.init = 'olora' cannot decompose this model's {', '.join(transposed)} layers (GPT-2's "
+            "Conv1D holds its weight transposed).",
+            fix=f"set {PARAM}.init: pissa or default for this model.",
+        )
     for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
