@@ -326,7 +326,9 @@ def test_model_path_that_does_not_exist(project):
     )
 
 
-def _save_tiny_llama(project: Path, *, vocab_size: int | None = None, max_positions: int = 64) -> str:
+def _save_tiny_llama(
+    project: Path, *, vocab_size: int | None = None, max_positions: int = 64, with_tokenizer: bool = True
+) -> str:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
@@ -340,7 +342,24 @@ def _save_tiny_llama(project: Path, *, vocab_size: int | None = None, max_positi
     )
     folder = project / "models" / f"tiny-{config.vocab_size}-{max_positions}"
     LlamaForCausalLM(config).save_pretrained(folder)
+    if with_tokenizer:  # the model's own: the data's
+        tokenizer.save_pretrained(folder)
     return f"./{folder.relative_to(project)}"
+
+
+def test_pretrained_weights_without_a_tokenizer_on_data_of_the_splits_own_tokenizer(project):
+    """Weights without tokenizer files, data tokenized by the tokenizer the split trained: nothing to compare,
+    the sizes fit, and the pretrained embeddings would read ids that mean something else (exit 0)."""
+    path = _save_tiny_llama(project, with_tokenizer=False)
+    _fails_cleanly(
+        project,
+        "train",
+        {"train": {"model": {"name_or_path": path}}},
+        ConfigError,
+        "a tokenizer the split trained",
+        "holds no tokenizer",
+        "split.tokenizer.source",
+    )
 
 
 def test_max_length_above_the_models_positions(project):
@@ -356,14 +375,14 @@ def test_max_length_above_the_models_positions(project):
 
 
 def test_tokenizer_and_model_vocabularies_disagree(project):
-    path = _save_tiny_llama(project, vocab_size=50)
+    path = _save_tiny_llama(project, vocab_size=50)  # its own tokenizer is larger
     _fails_cleanly(
         project,
         "train",
         {"train": {"model": {"name_or_path": path}}},
         ConfigError,
         "the model's embedding has 50",
-        "split.tokenizer.source",
+        "train.model.resize_embeddings: true",
     )
 
 
@@ -525,7 +544,8 @@ def _save_tiny_pretrained(project: Path, kind: str) -> str:
         T5ForConditionalGeneration,
     )
 
-    vocab = len(AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True))
+    tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
+    vocab = len(tokenizer)
     model = {
         "bart": lambda: BartForConditionalGeneration(
             BartConfig(
@@ -549,6 +569,7 @@ def _save_tiny_pretrained(project: Path, kind: str) -> str:
     }[kind]()
     folder = project / "models" / kind
     model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)  # its own tokenizer: the data's
     return f"./{folder.relative_to(project)}"
 
 

@@ -20,6 +20,9 @@ FIX_SOURCE = (
 )
 
 
+TRAINED_HERE = "fastlm_trained"  # a tokenizer_config.json key: the split trained this tokenizer
+
+
 def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency: int, model_max_length: int):
     """A byte-level BPE (GPT-2 style, no unknown tokens) trained on ``texts``; EOS doubles as pad.
 
@@ -42,13 +45,35 @@ def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency:
     )
     texts, _ = cut_long_texts(texts, model_max_length)
     backend.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
         padding_side="right",
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
+    )
+    tokenizer.init_kwargs[TRAINED_HERE] = True  # saved in tokenizer_config.json; no part of the ids' digest
+    return tokenizer
+
+
+def trained_here(tokenizer) -> bool:
+    """Whether ``tokenizer`` is one the split trained (``train_bpe_tokenizer``), not a model's own."""
+    return bool(getattr(tokenizer, "init_kwargs", {}).get(TRAINED_HERE))
+
+
+def check_model_tokenizer(name_or_path: str, tokenizer) -> None:
+    """Refuse pretrained weights without tokenizer files (nothing the engine can compare the data's tokenizer
+    with) on data tokenized by a tokenizer the split trained: its ids mean nothing to those embeddings."""
+    folder = Path(name_or_path).expanduser()
+    if not trained_here(tokenizer) or not (folder / "config.json").is_file() or has_vocabulary_files(folder):
+        return
+    raise ConfigError(
+        f"the tokenized data was made with a tokenizer the split trained ({PARAM}: train), and "
+        f"train.model.name_or_path = {name_or_path!r} holds no tokenizer to compare with: its pretrained "
+        "embeddings were trained on ids that mean something else.",
+        fix=f"set {PARAM} to the folder that holds the model's tokenizer files and rerun "
+        "`kedro run --pipeline=split`.",
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastlm.corpus.fingerprint import check_fresh
+from fastlm.corpus.tokenizer_source import check_model_tokenizer
 from fastlm.parameters import parse_group
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ def start_node(
     train, split = parse_group("train", train_params), parse_group("split", split_params)
     if fingerprint is not None or tokenizer is not None:
         check_fresh(fingerprint, tokenizer, split, where=(paths or {}).get(TOKENIZED, TOKENIZED))
+    if tokenizer is not None and train.model.name_or_path is not None:
+        check_model_tokenizer(train.model.name_or_path, tokenizer)
     applied = None
     if runtime:
         from fastlm.engine.runtime.environment import (

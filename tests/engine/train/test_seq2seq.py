@@ -107,6 +107,7 @@ class _Tokenizer:  # what build_model needs of a tokenizer: its size (the folder
 
 @pytest.mark.parametrize(("kind", "mode"), [("bart", "packed"), ("t5", "packed"), ("bart", "length_grouped")])
 def test_seq2seq_folder_trains_and_reloads_with_its_encoder_trained(tmp_path, kind, mode):
+    from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
     from fastlm.datasets.pretrained_model import PretrainedModelDataset
 
     folder = tmp_path / kind
@@ -134,6 +135,10 @@ def test_seq2seq_folder_trains_and_reloads_with_its_encoder_trained(tmp_path, ki
 
     saved = tmp_path / "trained"
     result.model.save_pretrained(saved)
+    # with a tokenizer, as the train node writes a model folder (the loader refuses one without)
+    train_bpe_tokenizer(["a b c"] * 8, vocab_size=300, min_frequency=1, model_max_length=64).save_pretrained(
+        saved
+    )
     reloaded = PretrainedModelDataset(str(saved)).load()["model"]
     assert type(reloaded) is type(model)
     trained = dict(reloaded.named_parameters())
