@@ -71,25 +71,10 @@ def known_top_level_params(conf_root: Path) -> set[str]:
     parameters file of every environment under ``conf_root`` (the files Kedro reads as parameters:
     ``parameters*``, ``parameters*/**``, ``**/parameters*``), and every ``${runtime_params:NAME}`` a conf file
     reads (``raw_path`` in catalog.yml). Read as YAML: no pipeline module is imported for this."""
-    import yaml
-
     names = {*GROUPS, *PLAIN}
-    for env in (path for path in sorted(Path(conf_root).iterdir()) if path.is_dir()):
-        for file in sorted(env.rglob("*")):
-            if not file.is_file() or file.suffix not in _CONF_SUFFIXES:
-                continue
-            try:
-                text = file.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            names.update(_RUNTIME_PARAM.findall(text))
-            if any(part.startswith("parameters") for part in file.relative_to(env).parts):
-                try:
-                    loaded = yaml.safe_load(text)
-                except yaml.YAMLError:
-                    continue  # Kedro reports the file itself
-                if isinstance(loaded, dict):
-                    names.update(str(key) for key in loaded)
+    for _, read, keys in _conf_files(conf_root):
+        names.update(read)
+        names.update(keys)
     return names
 
 
@@ -97,9 +82,19 @@ def runtime_only_params(conf_root: Path) -> dict[str, list[str]]:
     """Per name a conf file reads through ``${runtime_params:NAME}`` (``raw_path`` in catalog.yml), the
     parameters files under ``conf_root`` that set it at their top level: Kedro hands such files to the nodes,
     never to that resolver, so the value would be dropped."""
+    read, set_in = set(), {}
+    for file, reads, keys in _conf_files(conf_root):
+        read.update(reads)
+        for key in keys:
+            set_in.setdefault(key, []).append(str(file.relative_to(Path(conf_root).parent)))
+    return {name: files for name, files in set_in.items() if name in read}
+
+
+def _conf_files(conf_root: Path):
+    """Per conf file of every environment under ``conf_root``: (its path, the ``${runtime_params:NAME}``
+    names it reads, its top-level keys where it is a parameters file, else none)."""
     import yaml
 
-    read, set_in = set(), {}
     for env in (path for path in sorted(Path(conf_root).iterdir()) if path.is_dir()):
         for file in sorted(env.rglob("*")):
             if not file.is_file() or file.suffix not in _CONF_SUFFIXES:
@@ -108,15 +103,14 @@ def runtime_only_params(conf_root: Path) -> dict[str, list[str]]:
                 text = file.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
-            read.update(_RUNTIME_PARAM.findall(text))
+            keys: list[str] = []
             if any(part.startswith("parameters") for part in file.relative_to(env).parts):
                 try:
                     loaded = yaml.safe_load(text)
                 except yaml.YAMLError:
-                    continue
-                for key in loaded if isinstance(loaded, dict) else ():
-                    set_in.setdefault(str(key), []).append(str(file.relative_to(Path(conf_root).parent)))
-    return {name: files for name, files in set_in.items() if name in read}
+                    loaded = None  # Kedro reports the file itself
+                keys = [str(key) for key in loaded] if isinstance(loaded, dict) else []
+            yield file, _RUNTIME_PARAM.findall(text), keys
 
 
 def check_top_level_params(given: Mapping[str, Any], known: set[str]) -> None:
