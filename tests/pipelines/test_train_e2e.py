@@ -26,6 +26,13 @@ def test_train_writes_a_loadable_model_histories_summary_and_live_mlflow_metrics
         "배송", max_new_tokens=5, do_sample=False
     )
     assert generated[0]["generated_text"].startswith("배송")
+    # batched, as a user's pipeline generates (it pads a decoder-only model's rows on the left): each row is
+    # what it is alone
+    generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    prompts = ["배송", "The battery lasted all"]
+    alone = [generator(prompt, max_new_tokens=4, do_sample=False)[0]["generated_text"] for prompt in prompts]
+    batched = generator(prompts, max_new_tokens=4, do_sample=False, batch_size=2)
+    assert [out[0]["generated_text"] for out in batched] == alone
 
     history = pd.read_csv(kedro_project / "data/07_model_output/train_history.csv")
     assert list(history["step"])[-1] == 6 and history["loss"].notna().all()
