@@ -565,6 +565,19 @@ def test_merge_adapter_never_writes_over_its_own_adapter_or_base(tmp_path, base_
     assert {path: path.read_bytes() for folder in (base, adapter) for path in folder.iterdir()} == kept
 
 
+def test_a_moved_base_names_the_merge_that_uses_its_new_folder(tmp_path, base_dir, tokenizer):
+    """The report and predict load an adapter over the base its config names; moved, the fix named
+    ``merge-adapter --base <dir>`` alone, and predict has no base parameter: the whole command, and where
+    its output goes."""
+    base, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    base.rename(tmp_path / "moved")
+    with pytest.raises(ConfigError) as refused:
+        lora.load_adapter_model(adapter)
+    fix = str(refused.value).split("Fix:")[1]
+    assert f"merge-adapter --adapter {adapter} --base <new folder> --out <merged>" in fix, fix
+    assert "predict.model=<merged>" in fix
+
+
 def test_a_change_to_one_small_tensor_of_the_base_is_refused(tmp_path, base_dir, tokenizer):
     import safetensors.torch
 

@@ -620,8 +620,9 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     if not Path(base).is_dir():
         raise ConfigError(
             f"the base model folder {base} of the LoRA adapter in {folder} does not exist.",
-            fix="put the base model back there, or pass its new folder "
-            "(python -m fastlm merge-adapter --base <dir>).",
+            fix="put the base model back there, or merge the adapter over its new folder: python -m fastlm "
+            f"merge-adapter --adapter {folder} --base <new folder> --out <merged>, then use the merged model "
+            "(predict.model=<merged>).",
         )
     check_base(folder, base)
     args = {"local_files_only": True, "dtype": torch.float32, **load_args}
