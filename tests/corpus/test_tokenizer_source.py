@@ -106,3 +106,11 @@ def test_the_pad_warning_survives_the_logs_secret_masking(tmp_path, caplog):
         load_tokenizer(str(tmp_path))
     said = [r.getMessage() for r in caplog.records if "no pad token" in r.getMessage()]
     assert said and redact_text(said[0]) == said[0], redact_text(said[0])
+
+
+def test_a_byte_level_tokenizer_folder_without_a_vocabulary_file_loads(tmp_path):
+    """ByT5's folder holds tokenizer_config.json and added_tokens.json: its vocabulary is the bytes, no file."""
+    from transformers import ByT5Tokenizer
+
+    ByT5Tokenizer().save_pretrained(tmp_path / "byt5")
+    assert len(load_tokenizer(str(tmp_path / "byt5"))) > 256

@@ -109,22 +109,33 @@ def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_co
         raise ConfigError(
             f"{PARAM} = {source!r} could not be loaded as a tokenizer: {first_line}", fix=FIX_SOURCE + "."
         ) from exc
+    check_has_vocabulary(tokenizer, f"{PARAM} = {source!r}", FIX_SOURCE + ".")
     return prepare_for_training(tokenizer, source)
 
 
 def has_vocabulary_files(folder: Path) -> bool:
-    """Whether ``folder`` holds a tokenizer's vocabulary: a tokenizer.json, a vocabulary or merges file, a
-    sentencepiece or tiktoken model (transformers otherwise builds an empty tokenizer from config.json)."""
+    """Whether ``folder`` holds a saved tokenizer: its tokenizer_config.json or tokenizer.json, a vocabulary
+    or merges file, a sentencepiece or tiktoken model (a byte-level tokenizer such as ByT5's has its config
+    alone). Without any, transformers builds an empty tokenizer from a model's config.json."""
     for path in Path(folder).iterdir():
         name = path.name.lower()
         if path.is_file() and (
-            name == "tokenizer.json"
+            name in ("tokenizer.json", "tokenizer_config.json")
             or "vocab" in name
             or "merges" in name
             or name.endswith((".model", ".tiktoken", ".spm"))
         ):
             return True
     return False
+
+
+def check_has_vocabulary(tokenizer, where: str, fix: str) -> None:
+    """Refuse a tokenizer that holds its special tokens alone (an empty one made from a model's config)."""
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        raise ConfigError(
+            f"{where} holds no tokenizer vocabulary ({len(tokenizer)} token ids, its special tokens).",
+            fix=fix,
+        )
 
 
 def prepare_for_training(tokenizer, source: str = "tokenizer"):

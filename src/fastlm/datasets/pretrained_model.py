@@ -8,7 +8,7 @@ from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.corpus.tokenizer_source import has_vocabulary_files
+from fastlm.corpus.tokenizer_source import check_has_vocabulary, has_vocabulary_files
 from fastlm.datasets.atomic_folder import write_folder_atomically
 from fastlm.errors import ConfigError
 
@@ -67,9 +67,11 @@ class PretrainedModelDataset(AbstractDataset):
             )
             model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **self._load_args)
         record = Path(folder) / TRAINING_DATA
+        tokenizer = AutoTokenizer.from_pretrained(folder, **self._load_args)
+        check_has_vocabulary(tokenizer, folder, fix="save the model's tokenizer into the folder.")
         return {
             "model": model,
-            "tokenizer": AutoTokenizer.from_pretrained(folder, **self._load_args),
+            "tokenizer": tokenizer,
             "training_data": json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None,
         }
 
