@@ -332,3 +332,18 @@ def test_a_cross_validated_grid_names_the_setting_of_its_cv_metrics(tmp_path, mo
     assert "kedro run --config out/best.yml" in best
     assert list(folds.loc[folds["row"] == "mean", "train.seed"]) == [1, 2]
     assert (tracker.metrics[-1]["cv/folds"], tracker.metrics[-1]["cv/final_val_loss_mean"]) == (2, 2.5)
+
+
+def test_finished_runs_are_scored_again_when_the_reports_scoring_changes(tmp_path, monkeypatch):
+    """A run is kept with its test figures: another report.top_k (or eval batches, references) scores it
+    otherwise, so it is not "finished before" (kept, its summary had test_top5_accuracy and a sweep ranked by
+    test_top4_accuracy failed on a KeyError)."""
+    monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
+    sweep = tmp_path / "folds.yml"
+    sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
+    runs = SweepRuns(tmp_path / "sweeps")
+    for report, trained in (({}, 2), ({}, 0), ({"top_k": 4}, 2), ({"eval_max_batches": 3}, 2)):
+        tracker = _Tracker()
+        nodes.run_sweep(None, fingerprint, TOKENIZER, None, {}, {}, report, str(sweep), runs, tracker)
+        assert len(tracker.children) == trained, (report, tracker.children)

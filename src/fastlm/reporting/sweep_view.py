@@ -66,6 +66,8 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
         for name in summaries
     ]
     table = pd.DataFrame(rows, columns=["run", *_swept(overrides), *columns, "stopped"])
+    if metric not in table.columns:  # no run has it (each run's figure is under another name): unranked
+        table[metric] = math.nan
     return table.sort_values(
         metric, ascending=metric in LOWER_IS_BETTER, na_position="last", kind="stable", ignore_index=True
     )

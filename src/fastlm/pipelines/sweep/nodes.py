@@ -70,6 +70,7 @@ def run_sweep(
     folds = data_folds(fingerprint)  # folds: auto runs one model per fold of the data (split.folds)
     report = parse_report_params(report_params)
     check_top_k(report.top_k, len(tokenizer))
+    scoring = report.model_dump(mode="json", include={"top_k", "eval_max_batches", "references"})
     # every run's parameters checked before the first one
     spec = load_sweep_runs(sweep, train_params, folds, top_k=report.top_k)
     plan, names = spec.plan(folds), spec.run_names(folds)
@@ -77,7 +78,12 @@ def run_sweep(
     summaries, histories, evaluations, errors = {}, {}, {}, []
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         params = run_train_params(train_params, spec, overrides)
-        identity = {"train": params, "data": fingerprint.get("fingerprint"), "overrides": overrides}
+        identity = {
+            "train": params,
+            "data": fingerprint.get("fingerprint"),
+            "overrides": overrides,
+            "scoring": scoring,  # its test figures are the report's: another k or sample is another run
+        }
         done = runs.finished(spec.name, name, identity)
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
