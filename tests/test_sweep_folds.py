@@ -328,7 +328,8 @@ def test_a_cross_validated_grid_names_the_setting_of_its_cv_metrics(tmp_path, mo
     )
     assert tracker.params == {"cv/train.seed": 1}  # equal means: the first setting
     # the best setting, to train on the whole training split: its seed, no fold
-    assert yaml.safe_load(best) == {"run": {"pipeline": "train", "params": {"train": {"seed": 1}}}}
+    expected = {"run_name": "g-best", "train": {"seed": 1}, "split": {}}
+    assert yaml.safe_load(best) == {"run": {"pipeline": "train", "params": expected}}
     assert "kedro run --config out/best.yml" in best
     assert list(folds.loc[folds["row"] == "mean", "train.seed"]) == [1, 2]
     assert (tracker.metrics[-1]["cv/folds"], tracker.metrics[-1]["cv/final_val_loss_mean"]) == (2, 2.5)

@@ -449,8 +449,9 @@ def test_a_top_k_metric_is_named_by_the_k_the_report_evaluates(tmp_path):
 
 def test_the_best_setting_is_a_run_configuration_that_trains_it(tmp_path):
     """``kedro run --config <file>`` trains the sweep's best setting with the sweep's budgets: the settings as
-    the sweep file gave them (lists too), nested as Kedro merges them over the parameters files; no fold (the
-    whole training split)."""
+    the sweep file gave them (lists too) over the train and split parameters the sweep ran with (its --env and
+    --params: without them the file trained another setting, or refused the data as stale), under a run name
+    of its own; no fold (the whole training split)."""
     from fastlm.sweeps import best_run_config
 
     spec = load_sweep(
@@ -467,20 +468,25 @@ def test_the_best_setting_is_a_run_configuration_that_trains_it(tmp_path):
         )
     )
     overrides = {"train.optimizer.lr": 0.003, "train.model.lora.target_modules": ["q_proj", "v_proj"]}
-    config = best_run_config(spec, {**overrides, "train.fold": 2})
+    swept_with = {"optimizer": {"lr": 0.001, "warmup_steps": 0}, "batching": {"micro_batch_size": 8}}
+    config = best_run_config(spec, {**overrides, "train.fold": 2}, swept_with, {"max_samples": 2000})
     assert config == {
         "run": {
             "pipeline": "train",
             "params": {
+                "run_name": "s-best",
                 "train": {
-                    "optimizer": {"lr": 0.003},
+                    "optimizer": {"lr": 0.003, "warmup_steps": 0},
+                    "batching": {"micro_batch_size": 8},
                     "model": {"lora": {"target_modules": ["q_proj", "v_proj"]}},
                     "max_steps": 30,
                     "max_minutes": 2.5,
-                }
+                },
+                "split": {"max_samples": 2000},
             },
         }
     }
+    assert swept_with == {"optimizer": {"lr": 0.001, "warmup_steps": 0}, "batching": {"micro_batch_size": 8}}
 
 
 def test_a_sweep_over_label_smoothing_says_its_train_losses_are_not_comparable():

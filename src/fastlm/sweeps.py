@@ -229,15 +229,19 @@ def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: in
 CHECKPOINTS = "sweeps"  # <train.checkpoint_dir>/sweeps/<sweep name>/<run name>/
 
 
-def best_run_config(spec: SweepSpec, overrides: dict[str, Any]) -> dict:
+def best_run_config(
+    spec: SweepSpec, overrides: dict[str, Any], train_params: dict, split_params: dict
+) -> dict:
     """A Kedro run configuration (``kedro run --config <file>``) that trains the setting ``overrides`` (the
-    sweep's best) with the sweep's budgets, nested as Kedro merges runtime parameters over the parameters
-    files; ``train.fold`` left out: the whole training split."""
+    sweep's best) with the sweep's budgets over the train and split parameters the sweep ran with (its
+    ``--env`` and ``--params`` included: Kedro merges them over the parameters files), as ``<sweep>-best``;
+    ``train.fold`` left out: the whole training split."""
     setting = {key: value for key, value in overrides.items() if key != FOLD_KEY}
-    train = apply_overrides({}, setting, spec.max_steps)
+    train = apply_overrides(train_params, setting, spec.max_steps)
     if spec.max_minutes is not None:
         train["max_minutes"] = spec.max_minutes
-    return {"run": {"pipeline": "train", "params": {"train": train}}}
+    params = {"run_name": f"{spec.name}-best", "train": train, "split": copy.deepcopy(split_params or {})}
+    return {"run": {"pipeline": "train", "params": params}}
 
 
 def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, Any]) -> dict:

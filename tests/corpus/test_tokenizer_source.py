@@ -109,7 +109,7 @@ def test_the_pad_warning_survives_the_logs_secret_masking(tmp_path, caplog):
 
 
 def test_a_byte_level_tokenizer_folder_without_a_vocabulary_file_loads(tmp_path):
-    """ByT5's folder holds tokenizer_config.json and added_tokens.json: its vocabulary is the bytes, no file."""
+    """ByT5's folder holds tokenizer_config.json and added_tokens.json: its vocabulary is the bytes."""
     from transformers import ByT5Tokenizer
 
     ByT5Tokenizer().save_pretrained(tmp_path / "byt5")

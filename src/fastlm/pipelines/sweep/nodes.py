@@ -123,20 +123,26 @@ def run_sweep(
         loss_plot(histories, evaluations),
         sweep_document(spec.name, text, table, spread),
         fold_table(table, trainer.run_ids, spec.metric),
-        _best_run_file(spec, best, dict(zip(names, plan, strict=True)), command),
+        _best_run_file(spec, best, dict(zip(names, plan, strict=True)), command, train_params, split_params),
     )
 
 
-def _best_run_file(spec: SweepSpec, best: str | None, plan: dict[str, dict], command: str) -> str:
+def _best_run_file(
+    spec: SweepSpec, best: str | None, plan: dict[str, dict], command: str, train: dict, split: dict
+) -> str:
     """``sweep_best_run``: the best setting as a Kedro run configuration, headed by how to use it; a comment
     alone where no run has a finite metric."""
     if best is None:
         return f"# Sweep {spec.name}: no run has a finite {spec.metric}: no setting to train.\n"
     header = (
-        f"# Sweep {spec.name}: the setting of {best}, best by {spec.metric}, with the sweep's budgets\n"
-        f"# and no fold (the whole training split). Train it with\n#   {command}\n"
+        f"# Sweep {spec.name}: the setting of {best}, best by {spec.metric}, with the sweep's budgets,\n"
+        "# its parameters (its --env and --params included) and no fold (the whole training split).\n"
+        "# Train it with\n"
+        f"#   {command}\n"
+        "# and change values here: a --params given with --config replaces these parameters.\n"
     )
-    return header + yaml.safe_dump(best_run_config(spec, plan[best]), sort_keys=False, allow_unicode=True)
+    config = best_run_config(spec, plan[best], train, split)
+    return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
 
 
 @dataclass
