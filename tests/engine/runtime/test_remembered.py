@@ -120,3 +120,24 @@ def test_a_second_run_trains_in_the_precision_the_first_measured(tmp_path, monke
     assert "kept from" in second.runtime.precision_choice
     without = run_toy(toy_params(tmp_path / "c", **steps))  # no file given: measured, nothing kept
     assert without.runtime.precision == "fp32"
+
+
+def test_an_entry_of_another_shape_is_measured_again(tmp_path):
+    """A file of this version whose entry under the run's key is no record (edited by hand)."""
+    choices, model = RememberedChoices(tmp_path / "runtime_choices.json"), toy_model()
+    key = choice_key(cpu(), model, BATCH)
+    choices.put(key, {"precision": "bf16", "reason": "r"})
+    stored = json.loads(choices.path.read_text())
+    stored["choices"] = {name: "bf16" for name in stored["choices"]}
+    choices.path.write_text(json.dumps(stored))
+    calls = []
+    runtime, _ = probe_runtime(cpu(), "auto", model, BATCH, measure=timer(BELOW, calls), choices=choices)
+    assert runtime.precision == "fp32" and calls
+
+
+def test_gradient_checkpointing_is_part_of_the_key():
+    """Recomputing the forward in backward changes what bf16 saves: measured apart."""
+    model = toy_model()
+    plain = choice_key(cpu(), model, BATCH)
+    model.gradient_checkpointing_enable()
+    assert choice_key(cpu(), model, BATCH) != plain

@@ -207,6 +207,9 @@ def test_a_run_with_too_few_evaluations_to_stop_early_says_so(tmp_path, caplog):
     run(tmp_path, max_steps=6, eval_every=50)
     said = [r.getMessage() for r in caplog.records if "cannot stop this run" in r.getMessage()]
     assert len(said) == 1 and "1 evaluation" in said[0] and "train.eval_every" in said[0], said
+    caplog.clear()  # patience 2 + the first evaluation: 3 can only stop at the last step, which stops nothing
+    run(tmp_path / "just", max_steps=6, eval_every=2)
+    assert [r for r in caplog.records if "cannot stop this run" in r.getMessage()]
     caplog.clear()
     run(tmp_path / "enough", max_steps=6, eval_every=1)
     assert not [r for r in caplog.records if "cannot stop this run" in r.getMessage()]

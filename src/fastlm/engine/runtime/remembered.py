@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.runtime.environment import Runtime
 
 log = logging.getLogger(__name__)
@@ -38,14 +39,20 @@ SHAPED = ("input_ids", "decoder_input_ids")
 
 def choice_key(runtime: Runtime, model: torch.nn.Module, batch: Mapping) -> dict:
     """What decides how fast a precision runs here: the device and CPU, threads, kernel set
-    (``ATEN_CPU_CAPABILITY``), torch build, the model (its class, attention path and every parameter's name,
-    shape, dtype and trainability, hashed) and the micro-batch's shape."""
+    (``ATEN_CPU_CAPABILITY``), torch build, the model (its class, attention path, gradient checkpointing and
+    every parameter's name, shape, dtype and trainability, hashed) and the micro-batch's shape."""
     parameters = sorted(
         [name, list(param.shape), str(param.dtype).removeprefix("torch."), param.requires_grad]
         for name, param in model.named_parameters()
     )
     config = getattr(model, "config", None)
-    described = [type(model).__name__, getattr(config, "_attn_implementation", None), parameters]
+    checkpointing = checkpointing_in_use(model)  # which layers run their forward again in backward
+    described = [
+        type(model).__name__,
+        getattr(config, "_attn_implementation", None),
+        checkpointing,
+        parameters,
+    ]
     return {
         "device": runtime.device.type,
         "cpu": _cpu_name(),
@@ -67,7 +74,8 @@ class RememberedChoices:
 
     def get(self, key: dict) -> dict | None:
         """The record kept under ``key`` (``precision``, ``reason``, ``measured``), or None."""
-        return self._entries(warn=True).get(_digest(key))
+        record = self._entries(warn=True).get(_digest(key))
+        return record if isinstance(record, dict) else None
 
     def put(self, key: dict, record: dict) -> None:
         """Keep ``record`` under ``key``, written atomically; a failure warns and changes nothing else."""

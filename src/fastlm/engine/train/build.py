@@ -479,18 +479,18 @@ def _recorder(
 
 
 def _early_stopping(params: TrainParams, state: TrainState, total_steps: int) -> EarlyStopping | None:
-    """The run's early stopping (None: off); a warning where the run evaluates too few times for it to act
-    (patience counts evaluations after the first)."""
+    """The run's early stopping (None: off); a warning where the run evaluates too few times for it to act:
+    the first evaluation sets the best and ``patience`` more can end the run, before its last step only."""
     settings = params.early_stopping
     if settings.patience is None:
         return None
     every = params.eval_every or total_steps
     evaluations = total_steps // every + (1 if total_steps % every else 0)
-    if evaluations <= settings.patience:
+    if evaluations <= settings.patience + 1:
         log.warning(
             "train.early_stopping cannot stop this run: it has %d evaluation%s (train.eval_every %s over %d "
-            "steps) and stops only after %d more without an improvement; lower train.eval_every or the "
-            "patience",
+            "steps) and stops only after %d more without an improvement, before the last; lower "
+            "train.eval_every or the patience",
             evaluations,
             "" if evaluations == 1 else "s",
             params.eval_every,
