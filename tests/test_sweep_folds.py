@@ -239,8 +239,10 @@ class _Tracker:
         self.params.update(params)
 
 
-def _fake_training(failing: set[int], error=None):
-    def train_model(tokenized, fingerprint, tokenizer, params, split_params, run_name, tracker):
+def _fake_training(failing: set[int], error=None, seen=None):
+    def train_model(tokenized, fingerprint, tokenizer, params, split_params, run_name, tracker, choices_dir):
+        if seen is not None:
+            seen.append((params["checkpoint_dir"], choices_dir))
         if params["fold"] in failing:
             raise error or NonFiniteLossError(
                 "the training loss became nan by step 2; training stopped.", fix="lower train.optimizer.lr."
@@ -348,3 +350,19 @@ def test_finished_runs_are_scored_again_when_the_reports_scoring_changes(tmp_pat
         tracker = _Tracker()
         nodes.run_sweep(None, fingerprint, TOKENIZER, None, {}, {}, report, str(sweep), runs, tracker)
         assert len(tracker.children) == trained, (report, tracker.children)
+
+
+def test_the_runs_of_a_sweep_keep_their_runtime_choices_where_plain_runs_do(tmp_path, monkeypatch):
+    """The measured CPU precision is kept per machine, model and batch shape in the runs' checkpoint folder:
+    a sweep's runs checkpoint under sweeps/<name>/ but keep their choices with the plain runs', so a
+    retrain of the best setting trains in the precision its sweep run did."""
+    seen = []
+    monkeypatch.setattr(nodes, "train_model", _fake_training(set(), seen=seen))
+    sweep = tmp_path / "folds.yml"
+    sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
+    base = {"checkpoint_dir": str(tmp_path / "ckpt")}
+    nodes.run_sweep(
+        None, fingerprint, TOKENIZER, None, base, {}, {}, str(sweep), SweepRuns(tmp_path / "s"), _Tracker()
+    )
+    assert seen == [(str(tmp_path / "ckpt" / "sweeps" / "cv"), str(tmp_path / "ckpt"))] * 2

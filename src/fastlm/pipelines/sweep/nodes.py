@@ -74,7 +74,12 @@ def run_sweep(
     # every run's parameters checked before the first one
     spec = load_sweep_runs(sweep, train_params, folds, top_k=report.top_k)
     plan, names = spec.plan(folds), spec.run_names(folds)
-    trainer = _Trainer(tokenized, fingerprint, tokenizer, splits, split_params, report_params, tracker)
+    checkpoints = str(
+        parse_train_params(train_params).checkpoint_dir
+    )  # the runs' choices kept with plain runs'
+    trainer = _Trainer(
+        tokenized, fingerprint, tokenizer, splits, split_params, report_params, tracker, checkpoints
+    )
     summaries, histories, evaluations, errors = {}, {}, {}, []
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         params = run_train_params(train_params, spec, overrides)
@@ -156,6 +161,7 @@ class _Trainer:
     split_params: dict
     report_params: dict
     tracker: RunTracker
+    choices_dir: str  # where plain runs keep their measured runtime choices (train.checkpoint_dir)
     run_ids: dict = field(default_factory=dict)
 
     def train(self, name: str, params: dict, overrides: dict) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
@@ -171,6 +177,7 @@ class _Trainer:
                 self.split_params,
                 run_name=name,
                 tracker=self.tracker,
+                choices_dir=self.choices_dir,
             )
             model, scored = trained["model"], (params, self.split_params, self.report_params)
             scores = {

@@ -29,6 +29,7 @@ def train_model(
     run_name: str | None = None,
     paths: dict | None = None,
     tracker: RunTracker | None = None,
+    choices_dir: str | None = None,
 ) -> tuple[dict, pd.DataFrame, pd.DataFrame, dict]:
     """Train on the tokenized splits (in this process, as a torchrun rank, or in launched workers); return the
     model+tokenizer, metric histories and the run summary.
@@ -38,6 +39,8 @@ def train_model(
     is saved to (``trained_model``), whose disk space the engine checks before training; a caller that saves
     no model through the catalog (the sweep) has room for it counted on the checkpoint disk. ``tracker``
     (``run_tracker``) gets the live metrics and the finished run; without one, a tracker of its own.
+    ``choices_dir``: where the measured runtime choices are kept (default ``train.checkpoint_dir``; a
+    sweep's runs keep theirs with the plain runs').
     """
     from fastlm.engine.data.folds import fold_splits
     from fastlm.engine.distributed.parallel import launch_mode, rank_from_env
@@ -72,7 +75,7 @@ def train_model(
             ),
         },
         # precision auto on a CPU: measured once per machine, model and micro-batch shape (run to run alike)
-        runtime_choices=str(Path(start.train.checkpoint_dir) / CHOICES_FILE),
+        runtime_choices=str(Path(choices_dir or start.train.checkpoint_dir) / CHOICES_FILE),
     )
     mode = launch_mode(params.distributed.nproc_per_node)
     tracker = tracker if tracker is not None else RunTracker()
