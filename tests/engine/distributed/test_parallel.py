@@ -364,6 +364,26 @@ def test_fsdp2_stops_early_and_returns_the_best_steps_weights_like_one_process( 
     for name, tensor in saved.items():
         assert torch.equal(returned[name].detach().cpu(), tensor), name
     assert not all(torch.equal(saved[name], later[name]) for name in saved)
+    # asked again (resume: auto), the two processes agree that the run is finished: nothing trained, the
+    # best step's weights returned again
+    again = launch(
+        job_params(
+            tmp_path / "two",
+            accum=1,
+            nproc=2,
+            distributed={"nproc_per_node": 2, "strategy": "fsdp"},
+            **{**EARLY, "resume": "auto"},
+        ),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path / "two",
+    )
+    assert again.summary["steps_trained"] == 0 and again.summary["steps"] == two.summary["steps"]
+    assert again.summary["stopped_by"] == "early stopping"
+    assert again.summary["early_stopping"]["best_step"] == early["best_step"]
+    returned = dict(again.model.named_parameters(remove_duplicate=False))
+    for name, tensor in saved.items():
+        assert torch.equal(returned[name].detach().cpu(), tensor), name
 
 
 @pytest.mark.kernels  # float8 matmuls in two FSDP2 processes vs in one: compared with a tolerance
