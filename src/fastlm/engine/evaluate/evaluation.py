@@ -44,6 +44,8 @@ from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.attention.inputs import to_device
+from fastlm.engine.model.attention.windows import enable_packed_windows
+from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 from fastlm.engine.runtime.environment import Runtime
 
@@ -172,6 +174,7 @@ def evaluate(
     if analysis and (tokenizer is None or comm.world_size > 1):
         raise ValueError("the error analysis needs the tokenizer and runs in one process")
     device = runtime.device
+    enable_packed_windows(unwrapped(model), max_length=max_length)  # a model not built here (the report's)
     sides = seq2seq_batching(model, dataset)  # encoder-decoder: each side padded to its own maximum, unpacked
     sampler, collator = make_batching(
         params,

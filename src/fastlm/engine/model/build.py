@@ -16,6 +16,7 @@ from fastlm.engine.config import ModelParams
 from fastlm.engine.model import lora, pretrained
 from fastlm.engine.model.attention import kernels  # noqa: F401  (registers torch_varlen and sdpa_varlen)
 from fastlm.engine.model.attention.choice import choose_attention
+from fastlm.engine.model.attention.windows import enable_packed_windows
 from fastlm.engine.model.recompute import enable_checkpointing, resolve_policy
 from fastlm.errors import ConfigError
 
@@ -67,6 +68,7 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
             checkpoint, model, tokenizer, resize=params.resize_embeddings, frozen_embeddings=frozen
         )
     _check_fits(model, max_length)
+    enable_packed_windows(model, max_length=max_length)  # packed samples longer than a local layer's window
     model.config.use_cache = False  # a cache is useless in training and turns off packed-sample detection
     policy = resolve_policy(params.gradient_checkpointing)
     enable_checkpointing(model, policy)
@@ -89,8 +91,10 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
 def model_attention(params: ModelParams, device: torch.device, precision: str | None = None) -> str:
     """``train.model.attn_implementation`` for this model here: ``auto`` among the paths the class it
     trains supports (``attention.choice.choose_attention``)."""
-    model_class = pretrained.trained_class(params.name_or_path, params.trust_remote_code)
-    return choose_attention(params.attn_implementation, device, precision, model_class=model_class)
+    model_class, config = pretrained.trained_class_and_config(params.name_or_path, params.trust_remote_code)
+    return choose_attention(
+        params.attn_implementation, device, precision, model_class=model_class, config=config
+    )
 
 
 def _local_or_hub(params: ModelParams) -> str:

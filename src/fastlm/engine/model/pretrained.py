@@ -170,19 +170,25 @@ def trained_class(name_or_path: str | None, trust_remote_code: bool = False) -> 
     """The class a run trains, from the folder's config alone (the attention choice needs it before the
     weights load): the from-config Llama for None; None where it cannot be told so (a hub id, remote code,
     a folder that does not load: the build says what is wrong)."""
+    return trained_class_and_config(name_or_path, trust_remote_code)[0]
+
+
+def trained_class_and_config(name_or_path: str | None, trust_remote_code: bool = False) -> tuple:
+    """:func:`trained_class` and the folder's config (None for the from-config Llama and where the class is
+    None)."""
     import transformers
 
     if name_or_path is None:
-        return transformers.LlamaForCausalLM
+        return transformers.LlamaForCausalLM, None
     local = Path(name_or_path).expanduser()
     if trust_remote_code or not (local / "config.json").is_file():
-        return None
+        return None, None
     try:
         checkpoint = inspect_checkpoint(name_or_path, str(local.resolve()), local_files_only=True)
         auto_class = getattr(transformers, require_trainable(checkpoint))
-        return auto_class._model_mapping[type(checkpoint.config)]
+        return auto_class._model_mapping[type(checkpoint.config)], checkpoint.config
     except Exception:  # noqa: BLE001 - any reason: the build reports it in its own words
-        return None
+        return None, None
 
 
 def require_trainable(checkpoint: PretrainedFolder) -> str:

@@ -99,3 +99,35 @@ def test_the_class_a_run_trains_is_known_before_its_weights_load(tmp_path):
     assert trained_class(str(tmp_path / "gemma2")) is Gemma2ForCausalLM
     assert trained_class(None) is LlamaForCausalLM  # from config
     assert trained_class(str(tmp_path / "missing")) is None  # the build says what is wrong
+
+
+def test_auto_skips_the_varlen_kernels_for_softcapping_or_sinks_and_a_request_is_refused(monkeypatch, caplog):
+    """Gemma2 caps its attention logits and GPT-OSS adds attention sinks: the varlen kernels compute neither.
+    On a GPU with PyTorch's varlen kernel, ``auto`` took it for Gemma2 (the cap dropped: another model);
+    it goes on to flex_attention, and asking for a varlen kernel is one line."""
+    import importlib.util
+    import logging
+
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GptOssConfig, GptOssForCausalLM, LlamaConfig
+
+    from fastlm.engine.model.attention import choice
+    from fastlm.errors import ConfigError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(choice, "torch_varlen_available", lambda device: True)
+    cuda = torch.device("cuda")
+    with caplog.at_level(logging.INFO, logger="fastlm.engine.model.attention.choice"):
+        picked = choice.choose_attention(
+            "auto", cuda, "bf16", model_class=Gemma2ForCausalLM, config=Gemma2Config()
+        )
+        assert picked == "flex_attention"
+        sinks = choice.choose_attention(
+            "auto", cuda, "bf16", model_class=GptOssForCausalLM, config=GptOssConfig()
+        )
+        assert sinks == "flex_attention"
+        assert choice.choose_attention("auto", cuda, "bf16", config=LlamaConfig()) == "torch_varlen"
+    assert "attention logit softcapping" in caplog.messages[0], caplog.messages
+    for attn in ("torch_varlen", "sdpa_varlen"):
+        with pytest.raises(ConfigError, match="has no attention logit softcapping") as raised:
+            choice.choose_attention(attn, cuda, "bf16", config=Gemma2Config())
+        assert "train.model.attn_implementation" in str(raised.value)

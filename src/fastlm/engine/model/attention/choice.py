@@ -73,19 +73,36 @@ def torch_varlen_available(device: torch.device) -> bool:
 
 
 def choose_attention(
-    requested: str, device: torch.device, precision: str | None = None, *, model_class: type | None = None
+    requested: str,
+    device: torch.device,
+    precision: str | None = None,
+    *,
+    model_class: type | None = None,
+    config=None,
 ) -> str:
     """``auto``: the fastest path that keeps packed samples apart here (see the module docstring) among those
-    ``model_class`` supports (transformers' ``_supports_*`` flags; eager last; None: not checked); logged."""
+    ``model_class`` supports (transformers' ``_supports_*`` flags; eager last; None: not checked) and that
+    compute what ``config``'s attention computes (fastlm's varlen kernels have no logit softcapping and no
+    attention sinks); logged."""
+    terms = kernels.unsupported_terms(config)
     if requested != "auto":
         if device.type == "cuda" and precision == "fp32" and requested in HALF_PRECISION_ONLY:
             raise ConfigError(
                 f"train.model.attn_implementation: {requested} runs in bf16 or fp16 only.",
                 fix="set train.runtime.precision: bf16 (or choose sdpa / flex_attention for fp32).",
             )
+        if requested in VARLEN_ONLY and terms:
+            raise ConfigError(
+                f"train.model.attn_implementation: {requested} has no {' or '.join(terms)}, which this "
+                "model's attention computes.",
+                fix="choose auto, flash_attention_2, flex_attention or eager.",
+            )
         return requested
     unsupported = []
     for attn, why in _preferred(device, precision):
+        if attn in VARLEN_ONLY and terms:
+            log.info("attention auto: not %s (it has no %s)", attn, " or ".join(terms))
+            continue
         if model_class is None or _supports(model_class, attn):
             if unsupported:
                 why += f"; {model_class.__name__} has no {' or '.join(unsupported)} path"

@@ -47,13 +47,16 @@ def torch_varlen_attention(
     max_length_q=None,
     max_length_k=None,
     fastlm_max_length_bound=None,
+    sliding_window=None,
     **kwargs,
 ):
     """transformers attention function for ``torch.nn.attention.varlen.varlen_attn`` (causal, per segment).
 
     ``query`` ``[B, H, S, D]`` (key/value may have fewer heads: GQA); returns ``[B, S, H, D]`` like the
-    others. Compiled, the longest segment handed to the kernel is ``MAX_LENGTH_BOUND`` where given.
+    others. Compiled, the longest segment handed to the kernel is ``MAX_LENGTH_BOUND`` where given. A local
+    layer's ``sliding_window`` (the attention module passes it) limits each query to its last that many keys.
     """
+    refuse_unsupported(TORCH_VARLEN, kwargs)
     # compiled with a bound: max_length_q, an int that changes every micro-batch, is not read (dynamo would
     # guard on its value and compile again)
     bound = fastlm_max_length_bound if torch.compiler.is_compiling() else None
@@ -88,8 +91,33 @@ def torch_varlen_attention(
         max_q,
         max_k,
         scaling,
+        window=sliding_window,
     )
     return out.view(batch, length, heads, dim), None
+
+
+# Keywords some attention modules pass that change what attention computes; the varlen functions have no
+# such term and refuse them rather than compute plain attention (``choice`` does not pick them then).
+UNSUPPORTED = {"softcap": "attention logit softcapping (Gemma2)", "s_aux": "attention sinks (GPT-OSS)"}
+
+
+def unsupported_terms(config) -> list[str]:
+    """What ``config``'s attention computes that the varlen functions do not (empty: nothing)."""
+    terms = []
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        terms.append(UNSUPPORTED["softcap"])
+    if getattr(config, "model_type", None) == "gpt_oss":
+        terms.append(UNSUPPORTED["s_aux"])
+    return terms
+
+
+def refuse_unsupported(name: str, kwargs: dict) -> None:
+    for key, what in UNSUPPORTED.items():
+        if kwargs.get(key) is not None:
+            raise ValueError(
+                f"{name} attention has no {what}; choose flash_attention_2, flex_attention or eager "
+                "(train.model.attn_implementation)"
+            )
 
 
 def segment_buckets(cu_seq_lens: torch.Tensor, bucket: int = VARLEN_BUCKET):
@@ -129,6 +157,7 @@ def sdpa_varlen_attention(
     cu_seq_lens_k=None,
     max_length_q=None,
     max_length_k=None,
+    sliding_window=None,
     **kwargs,
 ):
     """transformers attention function: causal attention within each ``cu_seq_lens`` segment, on any device.
@@ -139,7 +168,9 @@ def sdpa_varlen_attention(
     segment's own keys are computed: the dense block-diagonal mask costs ``rows x T^2`` score pairs, this
     about ``sum(length^2)``. Padding follows each segment's real tokens, so causality keeps it out of every
     real query; padded outputs are dropped. Returns ``[1, tokens, H, D]`` like the other attention functions.
+    A local layer's ``sliding_window``: a group longer than the window gets a banded causal mask instead.
     """
+    refuse_unsupported(SDPA_VARLEN, kwargs)
     if cu_seq_lens_q is None:
         raise ValueError(
             "sdpa_varlen attention needs cu_seq_lens_q (fastlm's to_device gives it); use sdpa for generation"
@@ -158,8 +189,21 @@ def sdpa_varlen_attention(
     for index, valid in groups:
         index, valid = index.to(device, non_blocking=True), valid.to(device, non_blocking=True)
         qb, kb, vb = (x[:, index].transpose(0, 1) for x in (q, k, v))  # [segments, H, P, D]
+        padded = qb.shape[2]
+        band = None
+        if sliding_window is not None and padded > sliding_window:
+            position = torch.arange(padded, device=device)
+            distance = position[:, None] - position[None, :]
+            band = (distance >= 0) & (distance < sliding_window)
         out = torch.nn.functional.scaled_dot_product_attention(
-            qb, kb, vb, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+            qb,
+            kb,
+            vb,
+            attn_mask=band,
+            dropout_p=dropout,
+            is_causal=band is None,
+            scale=scaling,
+            enable_gqa=gqa,
         )
         outputs.append(out.transpose(1, 2)[valid])  # [real tokens of the group, H, D]
     out = torch.cat(outputs)[inverse.to(device, non_blocking=True)]
@@ -182,13 +226,14 @@ if varlen_attn is not None:
 
 
 def call_varlen_attn(
-    q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale: float | None
+    q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, scale: float | None, window: int | None = None
 ) -> torch.Tensor:
     """Causal ``varlen_attn`` over ``[tokens, heads, dim]`` inputs, whatever the installed torch's signature.
 
     torch 2.13: ``window_size=(-1, 0)``, ``scale``, ``enable_gqa``. torch 2.11 (seen on an H200): ``scale``
     and ``window_size`` but no ``enable_gqa``. torch 2.9-2.10: ``is_causal`` only. Without GQA support the KV
-    heads are repeated; without ``scale`` a non-default scale is folded into the queries.
+    heads are repeated; without ``scale`` a non-default scale is folded into the queries. ``window``: each
+    query sees its last ``window`` keys (``window_size=(window - 1, 0)``; refused without ``window_size``).
     """
     accepted = varlen_parameters(varlen_attn)
     kwargs = {}
@@ -199,7 +244,12 @@ def call_varlen_attn(
             groups = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if "window_size" in accepted:
-        kwargs["window_size"] = (-1, 0)
+        kwargs["window_size"] = (-1 if window is None else window - 1, 0)
+    elif window is not None:
+        raise RuntimeError(
+            "this torch's varlen_attn has no window_size for the model's sliding-window layers; choose "
+            "flash_attention_2, flex_attention or sdpa (train.model.attn_implementation)"
+        )
     elif "is_causal" in accepted:
         kwargs["is_causal"] = True
     else:

@@ -1,0 +1,93 @@
+"""Sliding-window (local) attention layers on packed rows.
+
+Mistral, Gemma2/3, EXAONE 4, Qwen2 with ``use_sliding_window``, GPT-OSS and others attend, in all or some
+layers (``config.layer_types``: ``sliding_attention`` beside ``full_attention``), to the last
+``config.sliding_window`` keys only: a query at position ``q`` sees keys ``k`` with ``q - window < k <= q``.
+The packed masks of ``inputs.to_device`` keep samples apart (document-causal), which is a sample's window only
+while no sample is longer than the window. Where one can be (``max_length`` above the window),
+:func:`enable_packed_windows` installs a forward pre-hook on the model's decoder stack that gives each layer
+type its own mask: the document-causal mask for ``full_attention`` layers and the same mask limited to the
+window for the local ones (a dense mask cut by a band; a flex ``BlockMask`` rebuilt with the window in its
+mask function). Inside one sample the token distance in the row is the position distance, so the band needs
+no positions. Models with several layer types take the masks as a mapping by type (transformers' own
+``causal_mask_mapping``); a model whose layers are all local takes the windowed mask itself.
+
+The varlen kernels get each layer's window from the model's attention module (its ``sliding_window``
+keyword, None in global layers): ``kernels`` honours it. Padded rows (one sample a row) pass transformers a
+2D mask, from which it builds the windows itself.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def sliding_window(config) -> int | None:
+    """The model's local-attention window in tokens (None: every layer attends to all earlier keys)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window is None or (types is not None and SLIDING not in types):
+        return None
+    return int(window)
+
+
+def enable_packed_windows(model, *, max_length: int) -> bool:
+    """Install the windows' pre-hook on ``model``'s decoder stack where a sample of up to ``max_length``
+    tokens can be longer than its window (idempotent); True if installed."""
+    config = model.config
+    window = sliding_window(config)
+    if window is None or max_length <= window:
+        return False
+    stack = model.get_decoder() if hasattr(model, "get_decoder") else model
+    if getattr(stack, "_fastlm_packed_windows", None) == window:
+        return True
+    types = set(getattr(config, "layer_types", None) or [SLIDING])
+    by_type = len(types) > 1
+
+    def windowed_masks(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        local = limit_to_window(mask, window)
+        if local is not None:
+            kwargs["attention_mask"] = {FULL: mask, SLIDING: local} if by_type else local
+        return args, kwargs
+
+    stack.register_forward_pre_hook(windowed_masks, with_kwargs=True)
+    stack._fastlm_packed_windows = window
+    log.info(
+        "packed rows: %s layers attend to their last %d keys (sliding_window), samples may be longer",
+        "the local" if by_type else "all",
+        window,
+    )
+    return True
+
+
+def limit_to_window(mask, window: int):
+    """A packed row's mask (dense ``[rows, 1, T, T]`` bool or additive, or a flex ``BlockMask``) limited to
+    keys less than ``window`` tokens behind each query; None for anything else (a padded batch's 2D mask:
+    transformers windows it)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        length = mask.shape[-1]
+        index = torch.arange(length, device=mask.device)
+        band = (index[:, None] - index[None, :]) < window
+        if mask.dtype == torch.bool:
+            return mask & band
+        return mask.masked_fill(~band, torch.finfo(mask.dtype).min)
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+    if isinstance(mask, BlockMask):
+        inner = mask.mask_mod
+
+        def local(batch, head, query, key):
+            return inner(batch, head, query, key) & (query - key < window)
+
+        rows, length = mask.shape[0], mask.seq_lengths[0]
+        return create_block_mask(
+            local, B=rows, H=None, Q_LEN=length, KV_LEN=mask.seq_lengths[1], device=mask.kv_num_blocks.device
+        )
+    return None

@@ -1,0 +1,241 @@
+"""Sliding-window (local) attention layers on packed rows (``attention.windows``): a packed sample longer than
+its model's window sees the keys it sees alone (its window), on every path, whatever the layer mix.
+
+Mistral, Gemma2/3, EXAONE 4, Qwen2 with ``use_sliding_window`` and GPT-OSS attend to the last
+``sliding_window`` keys only, in all or some layers. The packed masks kept samples apart but not to their
+windows: a packed sample longer than the window attended to all its earlier keys, a model the trained
+weights were never run as (relative logit error 0.25-0.73 here against the sample alone, a window of 4
+tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fastlm.engine.data.collators import PackedCollator
+from fastlm.engine.data.packing import TokenBudget
+from fastlm.engine.model.attention.inputs import to_device
+from fastlm.engine.model.attention.windows import enable_packed_windows, sliding_window
+from fastlm.engine.model.loss import forward_logits
+from tests.support.tolerances import OTHER_FP32_MODEL
+
+VOCAB, PAD, EOS, WINDOW = 128, 0, 2, 4
+LENGTHS = (12, 9, 15, 7, 3, 10)
+SMALL = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "pad_token_id": PAD,
+    "eos_token_id": EOS,
+}
+
+
+def _family(name: str, window: int | None = WINDOW):
+    import transformers as t
+
+    families = {
+        "mistral": (t.MistralConfig, t.MistralForCausalLM, {}),  # every layer local, no layer types
+        "gemma2": (t.Gemma2Config, t.Gemma2ForCausalLM, {"head_dim": 16}),  # local / global, softcapping
+        "gemma3": (
+            t.Gemma3TextConfig,
+            t.Gemma3ForCausalLM,
+            {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"]},
+        ),
+        "exaone4": (
+            t.Exaone4Config,
+            t.Exaone4ForCausalLM,
+            {"layer_types": ["sliding_attention", "full_attention"]},
+        ),
+        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM, {"use_sliding_window": True, "max_window_layers": 0}),
+    }
+    config_class, model_class, extra = families[name]
+    torch.manual_seed(0)
+    model = model_class(config_class(**SMALL, **extra, sliding_window=window)).eval()
+    model.config.use_cache = False
+    return model
+
+
+def _samples() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [np.r_[rng.integers(3, VOCAB, size=n - 1), EOS] for n in LENGTHS]
+
+
+def _alone(model, samples) -> torch.Tensor:
+    """Each sample by itself (one row, no mask, no padding) on the eager path: transformers' own window."""
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        return torch.cat([model(input_ids=torch.as_tensor(ids)[None]).logits[0] for ids in samples])
+
+
+def _packed(model, samples, attn: str) -> torch.Tensor:
+    """The samples packed into rows by the engine's collator and run on ``attn`` with to_device's inputs."""
+    collator = PackedCollator(
+        pad_id=PAD, budget=TokenBudget(row_length=24, rows_per_batch=4), attention_mask_format="none"
+    )
+    host = collator([{"input_ids": ids} for ids in samples])
+    model.config._attn_implementation = attn
+    batch = to_device(host, torch.device("cpu"), attn)
+    with torch.no_grad():
+        logits = forward_logits(model, batch)
+    if logits.shape[0] == 1:  # varlen: one flattened row of the real tokens (and a padding tail)
+        return logits[0, : sum(LENGTHS)]
+    return logits[host["input_ids"] != PAD]
+
+
+PATHS = {
+    "mistral": ["eager", "sdpa", "sdpa_varlen", "flex_attention"],
+    "gemma2": ["eager", "flex_attention"],  # no SDPA path (softcapping); no varlen kernel either (below)
+    "gemma3": ["eager", "sdpa", "sdpa_varlen", "flex_attention"],
+    "exaone4": ["eager", "sdpa", "sdpa_varlen"],
+    "qwen2": ["eager", "sdpa", "sdpa_varlen"],
+}
+
+
+@pytest.mark.kernels  # packed rows against each sample alone: another layout, compared with a tolerance
+@pytest.mark.parametrize(("family", "attn"), [(f, a) for f, paths in PATHS.items() for a in paths])
+def test_a_packed_sample_longer_than_the_window_sees_its_window_alone(family, attn):
+    model = _family(family)
+    samples = _samples()
+    assert max(LENGTHS) > sliding_window(model.config) == WINDOW
+    alone = _alone(model, samples)
+    enable_packed_windows(model, max_length=max(LENGTHS))
+    packed = _packed(model, samples, attn)
+    torch.testing.assert_close(packed, alone, **OTHER_FP32_MODEL)
+
+
+@pytest.mark.kernels
+def test_the_check_sees_a_window_that_is_not_kept():
+    """The negative control: without the windows, the packed samples longer than the window differ."""
+    model = _family("mistral")
+    samples = _samples()
+    alone, packed = _alone(model, samples), _packed(model, samples, "sdpa")
+    assert not torch.allclose(packed, alone, **OTHER_FP32_MODEL)
+
+
+def test_no_window_or_none_shorter_than_the_samples_changes_nothing():
+    """No sample can be longer than the window (``max_length`` at most the window), or no window at all:
+    nothing is installed, the packed masks stay the document-causal ones."""
+    model = _family("mistral", window=16)
+    assert not enable_packed_windows(model, max_length=16)
+    assert not enable_packed_windows(_family("mistral", window=None), max_length=64)
+    assert enable_packed_windows(model, max_length=17)
+
+
+def _windowed_varlen_attn(calls):
+    """A stand-in for torch 2.13's ``varlen_attn`` (CUDA only): causal attention per segment, limited to
+    ``window_size[0] + 1`` keys as flash attention's left window is."""
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1), enable_gqa=False):  # fmt: skip
+        calls.append(window_size)
+        left, right = window_size
+        assert right == 0, "causal attention was not asked for"
+        bounds, out = cu_seq_q.tolist(), []
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            q, k, v = (x[a:b].transpose(0, 1) for x in (query, key, value))  # [H, n, D]
+            distance = torch.arange(b - a)[:, None] - torch.arange(b - a)[None, :]
+            allowed = (distance >= 0) & ((distance <= left) if left >= 0 else True)
+            out.append(
+                torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=allowed, scale=scale, enable_gqa=enable_gqa
+                ).transpose(0, 1)
+            )
+        return torch.cat(out)
+
+    return varlen_attn
+
+
+@pytest.mark.kernels
+def test_torch_varlen_hands_each_local_layer_its_window(monkeypatch):
+    """torch_varlen passes a local layer's window to the kernel (``window_size=(window - 1, 0)``) and the
+    global layers' none; a torch whose varlen_attn has no ``window_size`` is refused, not run unwindowed."""
+    from fastlm.engine.model.attention import kernels
+
+    calls = []
+    monkeypatch.setattr(kernels, "varlen_attn", _windowed_varlen_attn(calls))
+    model = _family("gemma3")
+    samples = _samples()
+    alone = _alone(model, samples)
+    enable_packed_windows(model, max_length=max(LENGTHS))
+    torch.testing.assert_close(_packed(model, samples, "torch_varlen"), alone, **OTHER_FP32_MODEL)
+    assert sorted(set(calls)) == [(-1, 0), (WINDOW - 1, 0)]
+
+    def older(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        raise AssertionError("called without the window")
+
+    monkeypatch.setattr(kernels, "varlen_attn", older)
+    with pytest.raises(RuntimeError, match="no window_size for the model's sliding-window layers"):
+        _packed(model, samples, "torch_varlen")
+
+
+@pytest.mark.parametrize("attn", ["sdpa_varlen", "torch_varlen"])
+def test_the_varlen_kernels_refuse_softcapping_rather_than_drop_it(attn, monkeypatch):
+    """Gemma2 caps its attention logits (``attn_logit_softcapping``); the varlen kernels have no such term:
+    they refuse, where they computed plain attention."""
+    from fastlm.engine.model.attention import kernels
+
+    monkeypatch.setattr(kernels, "varlen_attn", _windowed_varlen_attn([]))
+    model = _family("gemma2", window=None)
+    with pytest.raises(ValueError, match="no attention logit softcapping"):
+        _packed(model, _samples(), attn)
+
+
+@pytest.mark.kernels
+def test_a_saved_local_attention_model_trains_and_is_evaluated_in_its_windows(tmp_path, sample_texts):
+    """The build (training, tune, sweeps) and the evaluation (the report's model, loaded by the catalog, not
+    built here) install the windows themselves: the packed evaluation's loss is the samples' loss alone."""
+    import math
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.evaluate.evaluation import evaluate
+    from fastlm.engine.model.build import build_model
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from tests.support.tiny_llama import llama_style_tokenizer
+
+    tokenizer = llama_style_tokenizer(sample_texts)
+    config = {key: value for key, value in SMALL.items() if key != "vocab_size"}
+    torch.manual_seed(0)
+    MistralForCausalLM(
+        MistralConfig(**config, vocab_size=len(tokenizer), sliding_window=WINDOW, initializer_range=0.5)
+    ).save_pretrained(tmp_path / "mistral")
+    tokenizer.save_pretrained(tmp_path / "mistral")
+    params = parse_train_params(
+        {
+            "model": {"name_or_path": str(tmp_path / "mistral"), "attn_implementation": "sdpa"},
+            "batching": {"mode": "packed", "micro_batch_size": 2, "row_length": 24},
+            "runtime": {"device": "cpu", "precision": "fp32"},
+            "checkpoint_dir": str(tmp_path / "checkpoints"),
+        }
+    )
+    samples = _samples()
+    built = build_model(params.model, tokenizer, max_length=max(LENGTHS), attn_implementation="sdpa").eval()
+    alone = _alone(built, samples)
+    torch.testing.assert_close(_packed(built, samples, "sdpa"), alone, **OTHER_FP32_MODEL)
+
+    loaded = MistralForCausalLM.from_pretrained(tmp_path / "mistral", attn_implementation="sdpa")
+    with torch.no_grad():
+        losses = [
+            loaded(input_ids=torch.as_tensor(ids)[None], labels=torch.as_tensor(ids)[None]).loss
+            for ids in samples
+        ]
+    expected = sum(float(loss) * (n - 1) for loss, n in zip(losses, LENGTHS, strict=True)) / sum(
+        n - 1 for n in LENGTHS
+    )
+    offsets = np.concatenate([[0], np.cumsum(LENGTHS)])
+    result = evaluate(
+        loaded,
+        TokenSequences(np.concatenate(samples), offsets),
+        params=params,
+        runtime=setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1)),
+        max_length=max(LENGTHS),
+        attn="sdpa",
+        pad_id=PAD,
+    )
+    assert math.isclose(result.metrics["loss"], expected, rel_tol=OTHER_FP32_MODEL["rtol"])
