@@ -44,7 +44,7 @@ from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.attention.inputs import to_device
-from fastlm.engine.model.attention.windows import enable_packed_windows
+from fastlm.engine.model.attention.windows import enable_packed_windows, packing_leak
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 from fastlm.engine.runtime.environment import Runtime
@@ -175,6 +175,11 @@ def evaluate(
         raise ValueError("the error analysis needs the tokenizer and runs in one process")
     device = runtime.device
     enable_packed_windows(unwrapped(model), max_length=max_length)  # a model not built here (the report's)
+    if params.batching.mode == "packed" and packing_leak(unwrapped(model).config) is not None:
+        # its samples on padded rows, one a row (training says why once)
+        params = params.model_copy(
+            update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})}
+        )
     sides = seq2seq_batching(model, dataset)  # encoder-decoder: each side padded to its own maximum, unpacked
     sampler, collator = make_batching(
         params,

@@ -37,7 +37,8 @@ from fastlm.engine.distributed.parallel import Collectives, SingleProcess, gradi
 from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.model.attention.choice import attention_path, attention_when_compiled
 from fastlm.engine.model.attention.inputs import packed_inputs, to_device
-from fastlm.engine.model.encoder_decoder import packing_unavailable
+from fastlm.engine.model.attention.windows import packing_leak
+from fastlm.engine.model.encoder_decoder import packing_unavailable, unwrapped
 from fastlm.engine.model.noise import add_neftune
 from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_per_token
 from fastlm.engine.observe.profiling import step_profiler
@@ -140,11 +141,15 @@ def settle_request(request: TrainRequest) -> TrainRequest:
     params, model = request.params, request.model
     request = replace(request, runtime=request.runtime.compiling_as(params.runtime))
     sides = seq2seq_batching(model, request.train_set, request.attn)  # {} for a causal LM
-    if sides and params.batching.mode == "packed" and not sides["seq2seq_packing"]:
+    why = None
+    if params.batching.mode == "packed":
+        if sides and not sides["seq2seq_packing"]:
+            why = packing_unavailable(model, request.attn) + " (each side padded to its own batch maximum)"
+        elif not sides:
+            why = packing_leak(unwrapped(model).config)
+    if why is not None:
         log.warning(
-            "train.batching.mode packed is not available here: %s; batching length_grouped instead "
-            "(each side padded to its own batch maximum)",
-            packing_unavailable(model, request.attn),
+            "train.batching.mode packed is not available here: %s; batching length_grouped instead", why
         )
         params = params.model_copy(
             update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})}

@@ -284,11 +284,15 @@ def unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]:
     """``unavailable(mode)``: why the model cannot train in that mode (None: it can): packed rows of an
     encoder-decoder family or attention path that cannot keep samples apart."""
     from fastlm.engine.batching import seq2seq_batching
-    from fastlm.engine.model.encoder_decoder import packing_unavailable
+    from fastlm.engine.model.attention.windows import packing_leak
+    from fastlm.engine.model.encoder_decoder import packing_unavailable, unwrapped
 
     sides = seq2seq_batching(model, dataset, attn)
-    cannot_pack = sides and not sides["seq2seq_packing"]
-    return lambda mode: packing_unavailable(model, attn) if mode == "packed" and cannot_pack else None
+    if sides:
+        cannot_pack = not sides["seq2seq_packing"]
+        return lambda mode: packing_unavailable(model, attn) if mode == "packed" and cannot_pack else None
+    leak = packing_leak(unwrapped(model).config)
+    return lambda mode: leak if mode == "packed" else None
 
 
 def accumulation_for(

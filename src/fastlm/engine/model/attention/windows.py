@@ -1,4 +1,4 @@
-"""Sliding-window (local) attention layers on packed rows.
+"""Layer types on packed rows: local attention windows, and layers no mask keeps samples apart in.
 
 Mistral, Gemma2/3, EXAONE 4, Qwen2 with ``use_sliding_window``, GPT-OSS and others attend, in all or some
 layers (``config.layer_types``: ``sliding_attention`` beside ``full_attention``), to the last
@@ -15,6 +15,10 @@ no positions. Models with several layer types take the masks as a mapping by typ
 The varlen kernels get each layer's window from the model's attention module (its ``sliding_window``
 keyword, None in global layers): ``kernels`` honours it. Padded rows (one sample a row) pass transformers a
 2D mask, from which it builds the windows itself.
+
+Layers that carry a state along the row (LFM2's short convolutions, Qwen3-Next's linear attention, Mamba's
+state-space layers) run across the samples of a packed row whatever the attention mask:
+:func:`packing_leak` says so, and such a model trains and is evaluated on padded rows (one sample a row).
 """
 
 from __future__ import annotations
@@ -26,6 +30,37 @@ import torch
 log = logging.getLogger(__name__)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+PER_TOKEN = ("mlp", "moe")  # layer types that mix nothing across positions (Nemotron-H names them)
+# config attributes of state-space / recurrent layers (Mamba, Mamba2, Jamba, Zamba, Falcon-H1, Bamba,
+# Nemotron-H, RecurrentGemma, RWKV), whose configs name no layer types
+RECURRENT_ATTRIBUTES = (
+    "state_size",
+    "ssm_state_size",
+    "mamba_d_state",
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "block_types",
+    "attention_window_size",
+    "rescale_every",
+)
+
+
+def packing_leak(config) -> str | None:
+    """Why packed rows would mix samples in ``config``'s model whatever the mask (None: they do not): layers
+    other than full or local attention (convolutions, linear or state-space layers, and attention kinds the
+    packed masks do not reproduce: Llama 4's chunks, DeepSeek's indexed attention)."""
+    types = getattr(config, "layer_types", None)
+    others = sorted({str(kind) for kind in types or ()} - {FULL, SLIDING, *PER_TOKEN})
+    if not others:
+        found = [name for name in RECURRENT_ATTRIBUTES if getattr(config, name, None) is not None]
+        if not found:
+            return None
+        others = [f"state-space or recurrent ({found[0]})"]
+    family = getattr(config, "model_type", "this")
+    return (
+        f"the {family} model's {' and '.join(others)} layers carry a state along the row, across the samples "
+        "packed in it"
+    )
 
 
 def sliding_window(config) -> int | None:
