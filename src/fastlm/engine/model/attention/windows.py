@@ -30,6 +30,8 @@ import torch
 log = logging.getLogger(__name__)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+# ALiBi models: the position bias comes from the row (its 2D mask), not from restarting position ids
+ALIBI_FAMILIES = ("bloom", "mpt")
 PER_TOKEN = ("mlp", "moe")  # layer types that mix nothing across positions (Nemotron-H names them)
 # config attributes of state-space / recurrent layers (Mamba, Mamba2, Jamba, Zamba, Falcon-H1, Bamba,
 # Nemotron-H, RecurrentGemma, RWKV), whose configs name no layer types
@@ -48,7 +50,13 @@ RECURRENT_ATTRIBUTES = (
 def packing_leak(config) -> str | None:
     """Why packed rows would mix samples in ``config``'s model whatever the mask (None: they do not): layers
     other than full or local attention (convolutions, linear or state-space layers, and attention kinds the
-    packed masks do not reproduce: Llama 4's chunks, DeepSeek's indexed attention)."""
+    packed masks do not reproduce: Llama 4's chunks, DeepSeek's indexed attention), or ALiBi biases."""
+    family = getattr(config, "model_type", "this")
+    if family in ALIBI_FAMILIES or getattr(config, "alibi", False) is True:
+        return (
+            f"the {family} model's ALiBi position biases count from the start of the row, across the samples "
+            "packed in it"
+        )
     types = getattr(config, "layer_types", None)
     others = sorted({str(kind) for kind in types or ()} - {FULL, SLIDING, *PER_TOKEN})
     if not others:
@@ -56,7 +64,6 @@ def packing_leak(config) -> str | None:
         if not found:
             return None
         others = [f"state-space or recurrent ({found[0]})"]
-    family = getattr(config, "model_type", "this")
     return (
         f"the {family} model's {' and '.join(others)} layers carry a state along the row, across the samples "
         "packed in it"
