@@ -113,3 +113,37 @@ def test_restore_continues_the_newest_complete_checkpoint_with_its_weights_and_p
 
 def test_restore_with_nothing_saved_starts_fresh(tmp_path):
     assert checkpointer(tmp_path).restore() == TrainState()
+
+
+def test_a_resumed_run_trains_with_the_optimizer_settings_it_is_given(tmp_path, monkeypatch, caplog):
+    """The NaN stop tells the user to lower ``train.optimizer.lr`` (or raise its warmup) and run again
+    (``resume: auto``); the README continues a finished run by raising ``train.max_steps``. The checkpoint's
+    optimizer state brought back its own peak rate and weight decay (0.01 and 0.1 applied where 0.001 and 0
+    were asked), and a raised max_steps' first step took the old schedule's last rate: the run now follows
+    the schedule and settings it is given from the step it resumes at, its AdamW moments kept, and says
+    what changed."""
+    from fastlm.engine.train.schedule import LRSchedule
+    from tests.support.toy_training import run_toy
+
+    applied = []
+    adamw_step = torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):
+        applied.append((self.param_groups[0]["lr"], self.param_groups[0]["weight_decay"]))
+        return adamw_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    steady = {"log_every": 1, "eval_every": None, "save_every": 100, "resume": "auto"}
+    first = {"lr": 1e-2, "warmup_steps": 2, "decay": "linear", "weight_decay": 0.1}
+    run_toy(toy_params(tmp_path, optimizer=first, max_steps=3, **steady))
+    schedule = LRSchedule(1e-2, 3, 2, "linear")
+    assert applied == [(schedule.lr_at(step), 0.1) for step in range(3)]  # the same products: exact
+    applied.clear()
+    caplog.set_level("WARNING", logger="fastlm")
+    second = {"lr": 1e-3, "warmup_steps": 4, "decay": "linear", "weight_decay": 0.0}
+    resumed = run_toy(toy_params(tmp_path, optimizer=second, max_steps=6, **steady))
+    assert resumed.summary["steps_trained"] == 3
+    schedule = LRSchedule(1e-3, 6, 4, "linear")
+    assert applied == [(schedule.lr_at(step), 0.0) for step in range(3, 6)]
+    said = [r.getMessage() for r in caplog.records if "optimizer settings" in r.getMessage()]
+    assert len(said) == 1 and "lr 0.01 -> 0.001" in said[0] and "weight_decay 0.1 -> 0" in said[0], said

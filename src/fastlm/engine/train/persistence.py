@@ -122,7 +122,9 @@ class Checkpointer:
         return state
 
     def _load(self, folder: Path, plan, own_loader: bool) -> dict:
-        """The checkpoint's model, optimizer, scheduler and scaler states into this run's; its state."""
+        """The checkpoint's model, optimizer, scheduler and scaler states into this run's; its state. The
+        optimizer keeps its moments but trains with this run's settings (``keep_settings``)."""
+        given = settings_of(self.opt)
         saved = load_checkpoint(
             folder,
             model=None if own_loader else self.model,
@@ -142,6 +144,7 @@ class Checkpointer:
             )
         elif own_loader:
             self._load_trainable(folder)
+        keep_settings(self.opt, given, folder)
         return saved
 
     def due(self, step: int, *, force: bool = False) -> bool:
@@ -275,3 +278,47 @@ def _elapsed(saved: dict) -> float:
         return float(saved["elapsed_s"])
     records = [record for record in saved.get("history") or [] if record.get("elapsed_s") is not None]
     return float(records[-1]["elapsed_s"]) if records else 0.0
+
+
+# The optimizer's hyperparameters a checkpoint's state would bring back (torch's Optimizer.load_state_dict
+# restores every param group's): this run's are put back over them.
+SETTINGS = ("weight_decay", "betas", "eps", "lr_scale")
+
+
+def settings_of(opt: Optimization) -> tuple[list[dict], list[float]]:
+    """This run's optimizer settings and schedule base rates, before a checkpoint is loaded over them."""
+    groups = [{key: group[key] for key in SETTINGS if key in group} for group in opt.optimizer.param_groups]
+    return groups, list(opt.scheduler.base_lrs)
+
+
+def keep_settings(opt: Optimization, given: tuple[list[dict], list[float]], folder: Path) -> None:
+    """After a checkpoint's optimizer and scheduler states were loaded: this run's settings and its schedule
+    from the checkpoint's step on (the rate of that step: base x the schedule's factor, as LambdaLR computes
+    it), the moments kept; what differed from the checkpoint's is said once."""
+    groups, base_lrs = given
+    scheduler, changed = opt.scheduler, {}
+    for group, settings, base in zip(opt.optimizer.param_groups, groups, base_lrs, strict=True):
+        was = {key: group.get(key) for key in settings} | {"lr": group.get("initial_lr")}
+        for key, value in {**settings, "lr": base}.items():
+            if was[key] is not None and was[key] != value and key not in changed:
+                changed[key] = (was[key], value)
+        group.update(settings)
+        group["initial_lr"] = base
+    scheduler.base_lrs = list(base_lrs)
+    factors = [factor(scheduler.last_epoch) for factor in scheduler.lr_lambdas]
+    for group, base, factor in zip(opt.optimizer.param_groups, base_lrs, factors, strict=True):
+        group["lr"] = base * factor
+    scheduler._last_lr = [group["lr"] for group in opt.optimizer.param_groups]
+    if changed:
+        said = ", ".join(f"{key} {_shown(old)} -> {_shown(new)}" for key, (old, new) in changed.items())
+        log.warning(
+            "%s was written with other optimizer settings: %s; this run's apply from its step %d on (the "
+            "AdamW moments kept, the rate on this run's schedule)",
+            folder,
+            said,
+            scheduler.last_epoch,
+        )
+
+
+def _shown(value) -> str:
+    return f"{value:g}" if isinstance(value, float | int) else str(tuple(value))
