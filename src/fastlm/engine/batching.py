@@ -31,7 +31,12 @@ from fastlm.engine.data.packing import TokenBudget, choose_row_length
 from fastlm.engine.data.samplers import LENGTH_GROUPED_MEGA_BATCHES, epoch_rng
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.model.attention.inputs import to_device
-from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq, enable_target_head, packing_unavailable
+from fastlm.engine.model.encoder_decoder import (
+    enable_packed_seq2seq,
+    enable_target_head,
+    generate_as_trained,
+    packing_unavailable,
+)
 from fastlm.engine.runtime.environment import resolve_device, usable_cpu_count
 from fastlm.engine.runtime.float8 import token_multiple
 from fastlm.errors import ConfigError
@@ -165,6 +170,7 @@ def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) ->
             "T5: the pad id).",
         )
     enable_target_head(model)  # a training step runs the LM head on target positions only
+    generate_as_trained(model, int(start))
     packing = attn is not None and packing_unavailable(model, attn) is None
     if packing:
         enable_packed_seq2seq(model)

@@ -457,3 +457,60 @@ def test_seq2seq_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path, w
     assert ("bf16 weights" in resumed.summary["param_dtype"]) == bool(weights)
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("checkpoint", ["forced_bos", "no_start_id"])
+def test_generation_starts_the_decoder_as_training_did(tmp_path, checkpoint, caplog):
+    """fastlm trains the decoder on ``[start] + response + EOS``. facebook/bart-* checkpoints force BOS as the
+    first generated token (``forced_bos_token_id: 0``): every generation (the report's ROUGE, predict) put BOS
+    where the response's first token was trained to be (0 of 40 exact on a trained copy task, 40 of 40
+    without it). An mBART-style config without ``decoder_start_token_id`` trained from pad and generated from
+    BOS. After training the model generates as it trained, and its saved folder keeps that."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from fastlm.engine.evaluate.generation import generate_continuations
+
+    model = _tiny("bart", init_std=0.2)
+    if checkpoint == "forced_bos":
+        model.generation_config.forced_bos_token_id = 0  # as the checkpoint's generation_config.json holds it
+    else:
+        model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = None
+    data = copy_samples(40, 0)
+    params = parse_train_params(
+        {
+            "batching": {"mode": "length_grouped", "micro_batch_size": 8},
+            "max_steps": 1, "eval_every": None, "save_every": None, "quiet": True,
+            "checkpoint_dir": str(tmp_path / "checkpoints"), "runtime": {"device": "cpu", "num_threads": 1},
+        }
+    )  # fmt: skip
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    caplog.set_level("INFO", logger="fastlm")
+    trained = train(
+        model, data, None, params=params, runtime=runtime, pad_id=PAD, max_length=32, attn="sdpa"
+    ).model
+    start = seq2seq_batching(trained, data)["decoder_start_id"]
+    assert start == (EOS if checkpoint == "forced_bos" else PAD)
+    prompts = [list(data[i][: int(data.prompt_lengths[i])]) for i in range(8)]
+
+    def greedy(model, prompt):  # the decoder from the prefix training used
+        decoded = [start]
+        with torch.no_grad():
+            for _ in range(5):
+                logits = model(
+                    input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([decoded])
+                ).logits
+                decoded.append(int(logits[0, -1].argmax()))
+        return decoded[1:]
+
+    trained.eval()
+    expected = [greedy(trained, prompt) for prompt in prompts]
+    made = generate_continuations(trained, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime, max_new_tokens=5)
+    assert made.continuations == [
+        ids[: len(got)] for ids, got in zip(expected, made.continuations, strict=True)
+    ]
+    trained.save_pretrained(tmp_path / "saved")
+    again = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "saved")
+    assert again.generation_config.forced_bos_token_id is None
+    assert again.generation_config.decoder_start_token_id == start == again.config.decoder_start_token_id
+    if checkpoint == "forced_bos":
+        assert any("forced_bos_token_id" in message for message in caplog.messages)

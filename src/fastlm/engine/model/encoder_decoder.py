@@ -34,8 +34,12 @@ tests/engine/data/test_seq2seq_packing.py.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CROSS_ATTENTION_MASK",
@@ -47,6 +51,7 @@ __all__ = [
     "PACKED_KEYS",
     "enable_packed_seq2seq",
     "enable_target_head",
+    "generate_as_trained",
     "packing_unavailable",
     "takes_head_positions",
     "unwrapped",
@@ -84,6 +89,28 @@ def unwrapped(model) -> torch.nn.Module:
     """The transformers model under DDP / compile / PEFT wrappers."""
     model = entry_module(model)
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def generate_as_trained(model, start: int) -> None:
+    """``model`` generates (report, predict, its saved folder in any ``pipeline()``) from the decoder prefix
+    it trains on: ``start``, then the response (the split's decoder rows hold no BOS). A checkpoint that
+    forces BOS as the first generated token (facebook/bart-*: ``forced_bos_token_id: 0``) has it dropped,
+    said once; a config without ``decoder_start_token_id`` gets the one training uses."""
+    base = unwrapped(model)
+    base.config.decoder_start_token_id = start
+    generation = getattr(base, "generation_config", None)
+    if generation is None:
+        return
+    generation.decoder_start_token_id = start
+    forced = getattr(generation, "forced_bos_token_id", None)
+    if forced is not None:
+        generation.forced_bos_token_id = None
+        log.info(
+            "generation: the checkpoint's forced_bos_token_id %d dropped: the decoder trains on the response "
+            "right after its start token %d, and generates so",
+            forced,
+            start,
+        )
 
 
 def packing_unavailable(model, attn: str) -> str | None:
