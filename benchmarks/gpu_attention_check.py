@@ -15,8 +15,15 @@ weights and tokens per run. A negative control shows the check can see a leak: t
 SDPA with plain causal attention over each row (no document mask) must FAIL. Prints a table and PASS/FAIL per
 path.
 
+``--family mistral|gemma3|gemma2``: the same check on a model with sliding-window (local) layers, its window
+(64 tokens) shorter than the samples (``attention.windows``): every local layer must keep each packed sample
+to its window on every path the class supports (Gemma2, which caps its attention logits, has no varlen
+kernel and no SDPA path: ``attention.kernels.unsupported_terms``); "alone" runs on eager where the class has
+no SDPA.
+
     python benchmarks/gpu_attention_check.py                # CUDA when present, else CPU
     python benchmarks/gpu_attention_check.py --json out.json
+    python benchmarks/gpu_attention_check.py --family gemma3 --seeds 1
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from fastlm.engine.data.packing import TokenBudget  # noqa: E402
 from fastlm.engine.data.schema import MODEL_INPUTS  # noqa: E402
 from fastlm.engine.model.attention.choice import torch_varlen_available  # noqa: E402
 from fastlm.engine.model.attention.inputs import PACKED_INPUTS, VARLEN, to_device  # noqa: E402
+from fastlm.engine.model.attention.kernels import VARLEN_ONLY, unsupported_terms  # noqa: E402
+from fastlm.engine.model.attention.windows import enable_packed_windows  # noqa: E402
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits  # noqa: E402
 
 VOCAB, PAD, EOS = 512, 0, 2
@@ -57,25 +66,54 @@ def paths(device: torch.device) -> list[str]:
     return found
 
 
-def make_model(device: torch.device, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+WINDOW = 64  # --family: the local layers' window, shorter than the longest samples (row_length / 3)
+FAMILIES = ("llama", "mistral", "gemma3", "gemma2")
 
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        attn_implementation="sdpa",
-    )
+
+def make_model(device: torch.device, seed: int, family: str = "llama"):
+    import transformers as t
+
+    shape = {
+        "vocab_size": VOCAB,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "pad_token_id": PAD,
+        "eos_token_id": EOS,
+    }
+    local = {"sliding_window": WINDOW}
+    config = {
+        "llama": lambda: t.LlamaConfig(**shape),
+        "mistral": lambda: t.MistralConfig(**shape, **local),  # every layer local
+        "gemma3": lambda: t.Gemma3TextConfig(**shape, **local, head_dim=32, sliding_window_pattern=2),
+        "gemma2": lambda: t.Gemma2Config(**shape, **local, head_dim=32),  # local / global, softcapping
+    }[family]()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(device)
+    model = t.AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(device)
     model.config.use_cache = False
     return model
+
+
+def alone_path(model) -> str:
+    return "sdpa" if getattr(type(model), "_supports_sdpa", False) else "eager"
+
+
+def family_paths(model, device: torch.device) -> list[str]:
+    """The paths of ``paths`` that the model's class supports and whose kernels compute its attention."""
+    flags = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}
+    kept = []
+    for attn in paths(device):
+        if attn in flags and not getattr(type(model), flags[attn], False):
+            continue
+        if attn.startswith("flash_attention") and not getattr(type(model), "_supports_flash_attn", False):
+            continue
+        if attn in VARLEN_ONLY and unsupported_terms(model.config):
+            continue
+        kept.append(attn)
+    return kept
 
 
 def make_samples(seed: int, rows: int, row_length: int) -> list[np.ndarray]:
@@ -123,7 +161,7 @@ def run_path(model, attn: str, host_batch: dict, device: torch.device, precision
 
 def alone(model, samples, device, precision):
     model.zero_grad(set_to_none=True)
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = alone_path(model)
     outs = []
     for ids in samples:
         tensor = torch.as_tensor(ids, dtype=torch.long, device=device)[None]
@@ -135,8 +173,11 @@ def alone(model, samples, device, precision):
     return torch.cat(outs), grads(model)
 
 
-def check(device: torch.device, precision: str, seed: int, rows: int, row_length: int) -> dict:
-    model = make_model(device, seed)
+def check(
+    device: torch.device, precision: str, seed: int, rows: int, row_length: int, family: str = "llama"
+) -> dict:
+    model = make_model(device, seed, family)
+    enable_packed_windows(model, max_length=row_length)  # local layers: each packed sample to its window
     samples = make_samples(seed, rows, row_length)
     collator = PackedCollator(
         pad_id=PAD,
@@ -158,7 +199,7 @@ def check(device: torch.device, precision: str, seed: int, rows: int, row_length
         "tokens": int(real.sum()),
         "paths": {},
     }
-    for attn in [*paths(device), LEAK]:
+    for attn in [*family_paths(model, device), LEAK]:
         leak = attn == LEAK
         if (
             precision == "fp32"
@@ -168,7 +209,8 @@ def check(device: torch.device, precision: str, seed: int, rows: int, row_length
             result["paths"][attn] = {"skipped": "bf16/fp16 only (flash kernel)", "ok": True}
             continue
         try:
-            logits, grad = run_path(model, "sdpa" if leak else attn, host, device, precision, leak=leak)
+            path = alone_path(model) if leak else attn
+            logits, grad = run_path(model, path, host, device, precision, leak=leak)
             entry = {"logits_rel": rel(logits, ref_logits), "grad_rel": rel(grad, ref_grads)}
             within = max(entry["logits_rel"], entry["grad_rel"]) <= TOL[precision]
             entry["ok"] = (not within) if leak else within
@@ -185,6 +227,9 @@ def main(argv=None) -> int:
     parser.add_argument("--row-length", type=int, default=512)
     parser.add_argument("--seeds", type=int, default=2, help="fresh weights and tokens per seed")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--family", choices=FAMILIES, default="llama", help="local layers: mistral, gemma3, gemma2"
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -193,14 +238,14 @@ def main(argv=None) -> int:
     import transformers
 
     print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, device "
+        f"{args.family}: torch {torch.__version__}, transformers {transformers.__version__}, device "
         f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}"
     )
     results, failed = [], 0
     print(f"{'precision':9} {'seed':>4} {'path':38} {'logits rel':>11} {'grad rel':>11}  verdict")
     for precision in ("fp32", "bf16"):
         for seed in range(args.seeds):
-            outcome = check(device, precision, seed, args.rows, args.row_length)
+            outcome = check(device, precision, seed, args.rows, args.row_length, args.family)
             outcome.update(precision=precision, seed=seed)
             results.append(outcome)
             for attn, entry in outcome["paths"].items():

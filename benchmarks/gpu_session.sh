@@ -10,7 +10,8 @@
 # 1. the wheels in .whl/ (if any) installed into /tmp/site; PYTHONPATH = src (fastlm is not installed there)
 #    and /tmp/site; nvidia-smi, Python and package versions, and every import the benchmarks need; then
 #    benchmarks/liger_head_check.py (a few seconds: the fused head through liger's kernel in fastlm's loop
-#    against fastlm's own kernel, PASS/FAIL, before any figure that depends on it)
+#    against fastlm's own kernel, PASS/FAIL, before any figure that depends on it) and
+#    benchmarks/gpu_attention_check.py --family gemma3 (packed samples in local layers' windows, at most 75 s)
 # 2. the plan, most wanted first (a session lent a GPU has about 15 minutes of it, starts included), each
 #    step under `timeout` (its own cap, never past what is left of --budget-s) and started only when at least
 #    its minimum is left; its log tee'd into $OUT. Sized on the H100 sessions of 2026-11-26 to 2026-11-28
@@ -250,6 +251,10 @@ for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "
 EOF
     # the fused head at auto runs liger's kernel in fastlm's loop on CUDA: checked against fastlm's kernel first
     timeout -k 5 90 "$PYTHON" benchmarks/liger_head_check.py 2>&1 | tee -a "$OUT/session.log"
+    # packed samples kept to a local layer's window on this GPU's kernels (torch_varlen's window_size, flex's
+    # windowed BlockMask, FA2 where installed: attention.windows, proven on CPU through their contracts)
+    timeout -k 5 75 "$PYTHON" benchmarks/gpu_attention_check.py --family gemma3 --seeds 1 2>&1 \
+        | tail -n 14 | tee -a "$OUT/session.log"
 fi
 
 for step in "${PLAN[@]}"; do
