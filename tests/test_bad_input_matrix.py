@@ -1235,3 +1235,22 @@ def test_raw_path_in_a_parameters_file_is_refused_not_ignored(project):
         "conf/local/parameters_mine.yml",
         "--params raw_path=data/01_raw/mine.jsonl",
     )
+
+
+def test_a_report_on_other_texts_with_the_models_own_tokenizer_is_refused_before_any_node(project):
+    """Round six: a split of other texts whose tokenizer and parameters are the model's (a model folder's
+    tokenizer, pre-tokenized ids: nothing in the fingerprint depends on the texts) was taken for the
+    model's data: the report scored a model on splits it never saw and said it trained on them. Simulated by
+    the split record of the same tokenizer and settings with another texts' digest."""
+    record = project / "data/05_model_input/tokenized_corpus_fingerprint.json"
+    stored = json.loads(record.read_text())
+    stored["data_sha256"] = "0" * 64
+    record.write_text(json.dumps(stored))
+    _fails_cleanly(
+        project,
+        "report",
+        {},
+        StaleDataError,
+        "model was trained on other data than",
+        "kedro run --pipeline=train",
+    )

@@ -16,6 +16,7 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, MlflowHook
 
+from fastlm.corpus.fingerprint import data_identity
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.checkpoint.storage import check_writable
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
@@ -176,10 +177,11 @@ class SplitCompleteHook:
 class ModelOfTheseSplitsHook:
     """A pipeline that evaluates the trained model on the tokenized splits without training it (the report)
     is refused before any node runs when the model was trained on other splits than those now on disk: the
-    model folder's ``training_data.json`` records the fingerprint of its training data, and a re-split since
-    (another ``hash_salt``, ratios, folds, texts) changes it. Its test split may then hold rows the model
-    trained on, and a test score, logged onto the training run, would look held out. A model folder without
-    the record (written before it existed) is not checked."""
+    model folder's ``training_data.json`` records the identity of its training data
+    (``corpus.fingerprint.data_identity``: the tokenizer, the parameters and the split texts), and a
+    re-split since (another ``hash_salt``, ratios, folds, texts) changes it. Its test split may then hold rows
+    the model trained on, and a test score, logged onto the training run, would look held out. A model
+    folder without the record (written before it existed) is not checked."""
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -198,10 +200,13 @@ class ModelOfTheseSplitsHook:
 
         try:
             trained_on = json.loads((model / TRAINING_DATA).read_text(encoding="utf-8"))["fingerprint"]
-            now = json.loads(fingerprint.read_text(encoding="utf-8"))["fingerprint"]
-        except (OSError, ValueError, KeyError, TypeError):
+            split = json.loads(fingerprint.read_text(encoding="utf-8"))
+            now = data_identity(split)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # no record, or a file the nodes explain when they read it
-        if trained_on != now:
+        # a model folder written before the texts' digest was part of its data identity records the
+        # fingerprint alone (never equal to an identity that holds a digest)
+        if trained_on not in (now, split.get("fingerprint")):
             data = _local_path(catalog, "tokenized_corpus") or fingerprint.parent
             raise StaleDataError(
                 f"the model in {model} was trained on other data than {data} holds now (data fingerprint "

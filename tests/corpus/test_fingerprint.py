@@ -36,3 +36,19 @@ def test_bpe_training_is_deterministic(sample_texts):
     first = train_bpe_tokenizer(sample_texts, vocab_size=400, min_frequency=2, model_max_length=64)
     second = train_bpe_tokenizer(sample_texts, vocab_size=400, min_frequency=2, model_max_length=64)
     assert make_fingerprint(first, 64) == make_fingerprint(second, 64)
+
+
+def test_the_data_identity_tells_other_texts_apart_where_the_fingerprint_cannot(bpe_tokenizer):
+    """The fingerprint says which tokenizer and parameters made the tokens; with a tokenizer that does not
+    depend on the data (a model folder's, pre-tokenized ids) two splits of different texts share it. What a
+    model or a sweep run trained on is its data identity: the fingerprint and the split texts' digest (a
+    fingerprint written before the digest existed is its own identity)."""
+    from fastlm.corpus.fingerprint import data_identity, texts_digest
+
+    ours = make_fingerprint(bpe_tokenizer, 64, data_digest=texts_digest(["a", "b"], ["train", "test"]))
+    theirs = make_fingerprint(bpe_tokenizer, 64, data_digest=texts_digest(["a", "c"], ["train", "test"]))
+    assert ours["fingerprint"] == theirs["fingerprint"]
+    assert data_identity(ours) != data_identity(theirs)
+    assert data_identity(ours) == data_identity(dict(ours))  # the same record: the same identity
+    older = make_fingerprint(bpe_tokenizer, 64)
+    assert data_identity(older) == older["fingerprint"] and data_identity(None) is None

@@ -135,6 +135,18 @@ def make_fingerprint(
     }
 
 
+def data_identity(stored: dict[str, Any] | None) -> str | None:
+    """What a model or a sweep run trained on: the fingerprint (the tokenizer and parameters) with the split
+    texts' digest (``data_sha256``). The fingerprint alone cannot tell two splits of other texts apart where
+    the tokenizer does not depend on them (a model folder's, pre-tokenized ids). A record written before the
+    digest existed is its own fingerprint; None without a record."""
+    fingerprint = (stored or {}).get("fingerprint")
+    if fingerprint is None:
+        return None
+    data = stored.get("data_sha256")
+    return fingerprint if data is None else hashlib.sha256(f"{fingerprint}\0{data}".encode()).hexdigest()
+
+
 def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) -> None:
     """Raise StaleDataError unless ``stored`` matches ``tokenizer`` and ``split``.
 

@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 
 from fastlm.corpus.config import parse_split_params
-from fastlm.corpus.fingerprint import data_folds
+from fastlm.corpus.fingerprint import data_folds, data_identity
 from fastlm.engine.config import parse_train_params
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
@@ -85,7 +85,7 @@ def run_sweep(
         params = run_train_params(train_params, spec, overrides)
         identity = {
             "train": params,
-            "data": fingerprint.get("fingerprint"),
+            "data": data_identity(fingerprint),
             "overrides": overrides,
             "scoring": scoring,  # its test figures are the report's: another k or sample is another run
         }

@@ -11,7 +11,7 @@ from pathlib import Path
 import datasets
 import pandas as pd
 
-from fastlm.corpus.fingerprint import data_folds
+from fastlm.corpus.fingerprint import data_folds, data_identity
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.runs import default_run_name, validate_run_name
@@ -67,7 +67,7 @@ def train_model(
         tokenizer=tokenizer,
         model_dir=(paths or {}).get("trained_model", params.checkpoint_dir),
         extra_summary={
-            "fingerprint": fingerprint["fingerprint"],
+            "fingerprint": data_identity(fingerprint),
             **(
                 {"fold": params.fold, "folds": data_folds(fingerprint), "validation_samples": len(eval_split)}
                 if params.fold is not None
@@ -125,7 +125,7 @@ def train_model(
         result.eval_history, columns=None if result.eval_history else ["step", "val_loss"]
     )
     record = {  # how the data it was trained on was made: predict reads it (PretrainedModelDataset)
-        "fingerprint": fingerprint["fingerprint"],
+        "fingerprint": data_identity(fingerprint),
         "data_format": fingerprint["params"].get("data_format"),
     }
     model = {"model": result.model, "tokenizer": tokenizer, "training_data": record}
