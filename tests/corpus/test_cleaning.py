@@ -46,3 +46,33 @@ def test_string_dtype_fast_path_matches_object_path():
 def test_all_numbers_column_leaves_nothing():
     kept, drops = clean_texts(pd.Series([1, 2, 3]))
     assert kept.empty and drops["non_string"] == 3
+
+
+def test_line_ends_and_invisible_marks_do_not_make_another_text():
+    """Round six: a file saved again by Excel (CRLF line ends) moved 19 % of multi-line rows to another split
+    and, appended to the first, kept each of them twice; a zero-width space, word joiner or BOM (web text)
+    made another text of the same one. Line ends become LF and those marks go, before deduplication and the
+    split key; a zero-width joiner (emoji sequences) stays."""
+    lf = "첫 줄\n둘째 줄"
+    values = pd.Series(
+        [
+            lf,
+            "첫 줄\r\n둘째 줄",
+            "첫 줄\r둘째 줄",
+            "\ufeff첫 줄\n둘째 줄",
+            "첫 줄\u200b\n둘째\u2060 줄",
+            "가족 👨\u200d👩",
+        ]
+    )
+    kept, drops = clean_texts(values)
+    assert kept.tolist() == [lf, "가족 👨\u200d👩"]
+    assert drops["duplicate"] == 4
+
+
+def test_a_row_of_filler_characters_is_blank():
+    """Korean users post "empty" comments as Hangul fillers (U+3164) or zero-width spaces: nothing to
+    train on, counted ``whitespace_only`` as blank rows are (they were kept as texts)."""
+    blank = ["\u3164", "\u200b", "\uffa0", "\u115f\u1160", "\u2800", "\u3164 \u3164", "\ufeff"]
+    kept, drops = clean_texts(pd.Series([*blank, "안녕\u3164하세요"]))
+    assert kept.tolist() == ["안녕\u3164하세요"]  # a filler inside a text is the text's
+    assert drops["whitespace_only"] == len(blank)

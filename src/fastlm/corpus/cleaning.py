@@ -1,4 +1,5 @@
-"""Clean raw texts: Unicode NFC, strip, drop unusable rows and exact duplicates, counting each reason.
+"""Clean raw texts: Unicode NFC, LF line ends, invisible marks out, strip; drop unusable rows and exact
+duplicates, counting each reason.
 
 Plain text (``clean_texts``) and prompt/response pairs (``clean_pairs``: a row is usable only when both its
 prompt and its response are, and duplicates are exact repeats of the *pair*) share one rule per value.
@@ -10,6 +11,16 @@ from __future__ import annotations
 import pandas as pd
 
 DROP_REASONS = ("missing", "non_string", "empty", "whitespace_only", "duplicate")
+# Marks that show nothing and mean nothing in a text (a zero-width space, a word joiner, a BOM inside a
+# file): removed, so that they make no other text. The zero-width joiner and non-joiner are kept (emoji
+# sequences, Indic and Persian writing).
+INVISIBLE = "\u200b\u2060\ufeff"
+# str.translate's table: a lone CR becomes LF (CRLF first becomes LF), the invisible marks go
+_TRANSLATE = {ord("\r"): "\n", **dict.fromkeys(map(ord, INVISIBLE))}
+# Characters that render as blank but are not Unicode white space (Hangul fillers, the Braille blank): a
+# value of these alone is blank; inside a text they stay.
+FILLERS = "\u3164\uffa0\u115f\u1160\u2800"
+BLANK = f"^[\\s{FILLERS}]*$"
 
 
 def clean_texts(values: pd.Series) -> tuple[pd.Series, dict[str, int]]:
@@ -43,7 +54,9 @@ def clean_pairs(prompts: pd.Series, responses: pd.Series) -> tuple[pd.DataFrame,
 
 
 def classify_values(values: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Each value NFC-normalized and stripped (object dtype), and its drop reason (None when usable)."""
+    """Each value normalized (object dtype), and its drop reason (None when usable): Unicode NFC, line ends
+    as LF (a file saved with CRLF holds the same texts), the ``INVISIBLE`` marks removed, stripped; a value
+    of white space and ``FILLERS`` alone is blank."""
     missing = values.isna()
     if pd.api.types.is_string_dtype(values.dtype) and not pd.api.types.is_object_dtype(values.dtype):
         is_text = ~missing
@@ -51,7 +64,13 @@ def classify_values(values: pd.Series) -> tuple[pd.Series, pd.Series]:
         is_text = values.map(lambda value: isinstance(value, str), na_action="ignore").fillna(False)
         is_text = is_text.astype(bool)
     normalized = pd.Series(None, index=values.index, dtype=object)
-    normalized[is_text] = values[is_text].astype(object).str.normalize("NFC").str.strip()
+    texts = values[is_text].astype(object).str.normalize("NFC")
+    marked = texts.str.contains(f"[\r{INVISIBLE}]", regex=True)  # few rows: the others are not rewritten
+    texts[marked] = texts[marked].str.replace("\r\n", "\n", regex=False).str.translate(_TRANSLATE)
+    texts = texts.str.strip()
+    filler_first = texts.str[:1].isin(set(FILLERS))  # a blank of fillers starts with one once stripped
+    blank = texts[filler_first].str.match(BLANK)
+    normalized[is_text] = texts.mask(blank.reindex(texts.index, fill_value=False), "")
     reasons = pd.Series(None, index=values.index, dtype=object)
     reasons[missing] = "missing"
     reasons[~missing & ~is_text] = "non_string"
