@@ -38,6 +38,11 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
 
     metrics = json.loads((out / "test_metrics.json").read_text())
     assert 0 <= metrics["accuracy"] <= metrics["top5_accuracy"] <= 1 and metrics["perplexity"] > 1
+    # the model, its test metrics and the summary are one training's (the report checks it)
+    trained = json.loads((kedro_project / "data/06_models/model/training_data.json").read_text())
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert len(summary["training_id"]) == 32 and trained["training_id"] == summary["training_id"]
+    assert metrics["training_id"] == summary["training_id"]
     assert (
         "rouge1" not in metrics and pd.read_csv(out / "reference_predictions.csv").empty
     )  # plain text: no ROUGE

@@ -113,3 +113,24 @@ def test_the_report_refuses_unknown_prompt_ids_before_any_node_runs(tmp_path):
         check(report.create_pipeline())
     check(report.create_pipeline(), split={"max_length": 32})  # text data: any prompt
     check(sweep.create_pipeline())  # generates nothing from report.prompts
+
+
+def test_a_report_that_read_two_trainings_is_refused_before_it_logs_or_writes_anything():
+    """Round six: a training that finished while a report ran (the report read run A's model first and run
+    B's summary later), or ``kedro run --pipeline=report --nodes=write_report`` after another training:
+    the report was titled B with A's test loss, logged onto B's MLflow run and filed under B. The model,
+    its test metrics and the summary carry their training's id; a mix is refused in one line."""
+    from fastlm.errors import StaleDataError
+    from fastlm.pipelines.report.nodes import collect_test_metrics, write_report
+
+    summary = {"steps": 3, "run_name": "B", "training_id": "b" * 32}
+    with pytest.raises(StaleDataError, match="another training") as refused:
+        collect_test_metrics({"loss": 1.0, "training_id": "a" * 32}, {}, summary)
+    assert "kedro run --pipeline=report" in str(refused.value)
+    with pytest.raises(StaleDataError, match="another training"):
+        collect_test_metrics({"loss": 1.0}, {"rouge1": 0.5, "training_id": "a" * 32}, summary)
+    with pytest.raises(StaleDataError, match="another training"):
+        write_report(summary, *[None] * 5, {"loss": 1.0, "training_id": "a" * 32}, *[None] * 5)
+    history = pd.DataFrame({"step": [1, 2, 3, 4]})
+    with pytest.raises(StaleDataError, match="another training"):  # a history of 4 steps, a summary of 3
+        summarize_training(summary, history, pd.DataFrame())

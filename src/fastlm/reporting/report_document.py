@@ -9,6 +9,7 @@ import pandas as pd
 
 from fastlm.reporting import plots
 from fastlm.reporting.html_report import Section, render_html, render_markdown
+from fastlm.reporting.summaries import TRAINING_ID
 
 
 def _one_row(frame: pd.DataFrame) -> pd.DataFrame:
@@ -194,7 +195,8 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             "real tokens/s": [train_speed, test_metrics.get("real_tokens_per_s")],
         }
     )
-    evaluation = pd.DataFrame({"metric": list(test_metrics), "value": list(test_metrics.values())})
+    shown = {name: value for name, value in test_metrics.items() if name != TRAINING_ID}
+    evaluation = pd.DataFrame({"metric": list(shown), "value": list(shown.values())})
     return [
         Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
         Section(

@@ -14,16 +14,42 @@ import numpy as np
 import pandas as pd
 
 from fastlm.engine.observe.rates import timed_rate
-from fastlm.errors import InputDataError
+from fastlm.errors import InputDataError, StaleDataError
 
 __all__ = [
+    "TRAINING_ID",
     "after_warmup",
+    "check_one_training",
     "check_train_summary",
     "efficiency_summary",
     "numeric",
     "throughput",
     "training_summary",
 ]
+
+
+# The key of a training's id in its summary, its model folder's training_data.json and the report's metrics
+TRAINING_ID = "training_id"
+
+
+def check_one_training(summary: dict, *, training_id: str | None = None, history: pd.DataFrame | None = None,
+                       what: str) -> None:  # fmt: skip
+    """Refuse a report that read ``what`` of another training than ``summary``'s: the model folder, the test
+    metrics (``training_id``, written by the train node beside the summary's) or the training history (its
+    last step, which every training logs, is the summary's ``steps``). A record without an id (an older
+    fastlm) is not compared."""
+    ours = summary.get(TRAINING_ID)
+    other = training_id is not None and ours is not None and training_id != ours
+    if history is not None and "step" in history and len(history):
+        other = other or int(history["step"].max()) != summary.get("steps")
+    if other:
+        name = summary.get("run_name") or "an unnamed run"
+        raise StaleDataError(
+            f"the report read {what} of another training than the training summary's ({name}, "
+            f"{summary.get('steps')} steps): a training finished while the report ran, or the report ran in "
+            "part after another training.",
+            fix="run `kedro run --pipeline=report` again, whole, when no training is writing its outputs.",
+        )
 
 
 def check_train_summary(summary: Any, shown: str) -> dict:

@@ -17,7 +17,13 @@ from fastlm.reporting import comparison, plots
 from fastlm.reporting.diagnosis import diagnose, epoch_eta
 from fastlm.reporting.params import check_id_prompts, check_top_k
 from fastlm.reporting.report_document import ReportInputs, build_document
-from fastlm.reporting.summaries import check_train_summary, efficiency_summary, training_summary
+from fastlm.reporting.summaries import (
+    TRAINING_ID,
+    check_one_training,
+    check_train_summary,
+    efficiency_summary,
+    training_summary,
+)
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -39,6 +45,7 @@ def summarize_training(
             fix="run `kedro run --pipeline=train` first.",
         )
     summary = check_train_summary(summary, _path(paths, "train_summary"))
+    check_one_training(summary, history=history, what=f"the history {_path(paths, 'train_history')}")
     run_id = summary.get("mlflow_run_id")
     findings = diagnose(summary, history)
     for finding in findings:
@@ -121,7 +128,12 @@ def evaluate_model(
         result.metrics[top_k_metric(report.top_k)],
         result.metrics["real_tokens_per_s"],
     )
-    return result.metrics, result.wrong_pairs, result.worst_samples, generations
+    metrics = {**result.metrics, TRAINING_ID: _training_id(trained)}  # which training made the model
+    return metrics, result.wrong_pairs, result.worst_samples, generations
+
+
+def _training_id(trained: dict) -> str | None:
+    return (trained.get("training_data") or {}).get(TRAINING_ID)
 
 
 def generate_on_references(
@@ -188,7 +200,7 @@ def generate_on_references(
         metrics["generation_seconds"],
         metrics["generated_tokens_per_s"],
     )
-    return table, metrics
+    return table, {**metrics, TRAINING_ID: _training_id(trained)}
 
 
 def collect_test_metrics(
@@ -197,6 +209,8 @@ def collect_test_metrics(
     """Loss, perplexity and accuracy beside ROUGE (when scored), handed to ``tracker`` (``run_tracker``),
     which logs them as ``test_<name>`` on this run and on the training run, where the run comparison finds
     them."""
+    for part, what in ((evaluation, "the model it evaluated"), (references, "the model it generated with")):
+        check_one_training(summary, training_id=part.get(TRAINING_ID), what=what)
     metrics = {**evaluation, **references}
     (tracker if tracker is not None else RunTracker()).log_test_metrics(
         comparison.test_metric_values(metrics), summary.get("mlflow_run_id")
@@ -249,6 +263,7 @@ def write_report(
     """One self-contained HTML report (plots embedded) and a Markdown summary; with a sweep section when
     ``sweep_results`` holds a sweep's results. Kedro passes each catalog input as its own argument; they
     travel on together as one ``ReportInputs``."""
+    check_one_training(summary, training_id=test_metrics.get(TRAINING_ID), what="test metrics")
     return build_document(
         ReportInputs(
             summary=summary,

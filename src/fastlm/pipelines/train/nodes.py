@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from pathlib import Path
 
 import datasets
@@ -14,6 +15,7 @@ import pandas as pd
 from fastlm.corpus.fingerprint import data_folds, data_identity
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
+from fastlm.reporting.summaries import TRAINING_ID
 from fastlm.runs import default_run_name, validate_run_name
 from fastlm.tracking import RunTracker
 
@@ -102,6 +104,8 @@ def train_model(
         "checkpoint_dir": params.checkpoint_dir,
         "mlflow_run_id": tracker.run_id,
         "runtime": redact(result.summary["runtime"]),
+        # one id for the summary and the model folder: the report refuses to mix two trainings' outputs
+        TRAINING_ID: uuid.uuid4().hex,
     }
     tracker.training_finished(summary)
     resumed = (
@@ -127,6 +131,7 @@ def train_model(
     record = {  # how the data it was trained on was made: predict reads it (PretrainedModelDataset)
         "fingerprint": data_identity(fingerprint),
         "data_format": fingerprint["params"].get("data_format"),
+        TRAINING_ID: summary[TRAINING_ID],
     }
     model = {"model": result.model, "tokenizer": tokenizer, "training_data": record}
     return model, pd.DataFrame(result.history), evaluations, summary
