@@ -1254,3 +1254,28 @@ def test_a_report_on_other_texts_with_the_models_own_tokenizer_is_refused_before
         "model was trained on other data than",
         "kedro run --pipeline=train",
     )
+
+
+def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, monkeypatch):
+    """Round six: `kedro run` started in a subfolder of the project (Kedro finds the project above it and
+    makes the catalog's paths the project's) kept train.checkpoint_dir and the MLflow store relative to the
+    subfolder: a run there did not resume its checkpoint (data/data/06_models/...), wrote a second
+    mlflow.db, and predict later read an older model. The run moves to the project folder first and says
+    so; a --conf-source given relative to the subfolder still names the same folder."""
+    from click.testing import CliRunner
+
+    from fastlm import cli
+
+    seen = {}
+
+    def record(**kwargs):
+        seen.update(cwd=Path.cwd(), conf_source=kwargs.get("conf_source"))
+
+    monkeypatch.setattr(cli.kedro_run, "callback", record)
+    (kedro_project / "notebooks").mkdir()
+    monkeypatch.chdir(kedro_project / "notebooks")
+    result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train", "--conf-source", "../conf"])
+    assert result.exit_code == 0, result.output
+    assert seen["cwd"] == kedro_project.resolve()
+    assert Path(seen["conf_source"]) == (kedro_project / "conf").resolve()
+    assert "running in the project folder" in result.output

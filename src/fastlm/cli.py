@@ -32,6 +32,7 @@ def cli() -> None:
 
 
 def _run(**kwargs):
+    in_project_folder()
     if kwargs.get("pipeline") and not kwargs.get("pipelines"):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
@@ -50,6 +51,24 @@ def _run(**kwargs):
         logging.shutdown()
         click.secho(f"fastlm: error: {redact_text(str(user_error))}", fg="red", err=True)
         sys.exit(user_error.exit_code)
+
+
+def in_project_folder() -> None:
+    """A run started in a subfolder of the project runs in the project folder: Kedro finds the project above
+    the working folder and makes the catalog's paths the project's, but ``train.checkpoint_dir``, the MLflow
+    store (``sqlite:///mlflow.db``) and the other paths in parameters are read from the working folder
+    (a second store, checkpoints that a later run from the project folder never resumes). Said once."""
+    from kedro.utils import find_kedro_project
+
+    here = Path.cwd()
+    project = find_kedro_project(here)
+    if project is not None and Path(project).resolve() != here.resolve():
+        click.secho(
+            f"fastlm: running in the project folder {shown_path(project)} (started in {shown_path(here)}): "
+            "the paths in conf/ and --params are the project's",
+            err=True,
+        )
+        os.chdir(project)
 
 
 def check_env(env: str | None, conf_source: str | None, *, variable: bool = False) -> None:
