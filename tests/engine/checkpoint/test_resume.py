@@ -260,3 +260,27 @@ def test_fsdp_in_one_process_trains_unsharded_says_so_and_a_sharded_checkpoint_s
     assert differences == [
         "distributed.strategy fsdp (sharded over several processes) -> unsharded (ddp, or one process)"
     ]
+
+
+def test_a_model_folder_in_the_project_is_named_from_it_so_a_moved_project_resumes(tmp_path, monkeypatch):
+    """Round six: the digest held a pretrained folder's absolute path: after `mv` of the project the same run
+    was "another model" (`model.source /tmp/a/... -> /tmp/b/...`), its checkpoints were set aside and it
+    trained from step 0. A folder inside the project (the working folder of every run) is named relative to
+    it; one named absolute by an earlier fastlm still matches the same folder."""
+    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+
+    def digest(project):
+        (project / "models" / "base").mkdir(parents=True, exist_ok=True)
+        monkeypatch.chdir(project)
+        params = toy_params(project, model={"name_or_path": "models/base"})
+        return run_digest(toy_model(), params, max_length=64, data="d", world_size=1, sharded=False)
+
+    before = digest(tmp_path / "a")
+    assert before["model.source"] == "models/base"
+    (tmp_path / "a").rename(tmp_path / "b")
+    after = digest(tmp_path / "b")
+    assert digest_differences(before, after) == []
+    older = {**after, "model.source": str((tmp_path / "b" / "models" / "base").resolve())}
+    assert digest_differences(older, after) == []
+    elsewhere = {**after, "model.source": str(tmp_path / "c" / "models" / "base")}
+    assert digest_differences(elsewhere, after) != []

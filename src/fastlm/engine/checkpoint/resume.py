@@ -3,12 +3,12 @@
 A checkpoint's saved data position and weights only mean something for the same model, data and batching. The
 digest (:func:`run_digest`) records, as readable fields:
 
-- ``model.source`` (``name_or_path``, resolved when it is a local folder) and ``model.shape`` (a hash of every
-  parameter's name and shape: architecture, sizes, vocabulary, LoRA adapters), ``model.lora`` (the settings
-  but ``base_dtype``, ``fused_forward`` and ``shared_input``, which change no weight or data position, and
-  ``use_rslora`` / ``use_dora`` / ``loraplus_lr_ratio`` where off, as checkpoints written before they
-  existed hold them, and ``init`` where it leaves the base weights alone: PiSSA's and OLoRA's train over a
-  base they changed, rebuilt at resume from the setting),
+- ``model.source`` (``name_or_path``; a local folder relative to the project folder when inside it) and
+  ``model.shape`` (a hash of every parameter's name and shape: architecture, sizes, vocabulary, LoRA
+  adapters), ``model.lora`` (the settings but ``base_dtype``, ``fused_forward`` and ``shared_input``, which
+  change no weight or data position, and ``use_rslora`` / ``use_dora`` / ``loraplus_lr_ratio`` where off, as
+  checkpoints written before they existed hold them, and ``init`` where it leaves the base weights alone:
+  PiSSA's and OLoRA's train over a base they changed, rebuilt at resume from the setting),
   ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
   ``data.fold`` (``train.fold`` of k-fold runs);
@@ -81,7 +81,7 @@ def run_digest(
     shapes = [[name, list(param.shape)] for name, param in model.named_parameters()]
     source = params.model.name_or_path
     if source is not None and Path(source).expanduser().is_dir():
-        source = str(Path(source).expanduser().resolve())
+        source = _folder_name(Path(source).expanduser().resolve())
     lora = params.model.lora
     return {
         "model.source": source or "from scratch",
@@ -104,6 +104,23 @@ def run_digest(
     }
 
 
+def _folder_name(folder: Path) -> str:
+    """A local model folder as the digest names it: relative to the working folder (the project's, where
+    every run runs) when inside it, so that a moved or copied project resumes; else absolute."""
+    here = Path.cwd().resolve()
+    return folder.relative_to(here).as_posix() if folder.is_relative_to(here) else str(folder)
+
+
+def _same(key: str, saved: Any, now: Any) -> bool:
+    """Digest fields equal; a model folder named two ways (absolute by an earlier fastlm, relative now) is
+    the same folder when both name it."""
+    if saved == now:
+        return True
+    if key != "model.source" or not isinstance(saved, str) or not isinstance(now, str):
+        return False
+    return Path(saved).expanduser().resolve() == Path(now).expanduser().resolve()
+
+
 def _base_weights(source: str | None) -> str | None:
     """LoRA: a hash of the frozen base weights (``lora.base_weights_digest``), which no checkpoint holds."""
     if source is None or not Path(source).is_dir():
@@ -121,7 +138,7 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
     return [
         f"{key} {_short(saved.get(key), key)} -> {_short(value, key)}"
         for key, value in current.items()
-        if saved.get(key) != value
+        if not _same(key, saved.get(key), value)
     ]
 
 

@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import re
 import time
 import warnings
@@ -553,6 +554,11 @@ def write_base_digest(peft_model, folder: str | Path) -> None:
             return
         remember_base(peft_model, base)
         record = peft_model.__dict__[_BASE_RECORD]
+    # where the base lies from the adapter: a project moved or copied whole finds its own base there
+    record = {
+        **record,
+        "base_relative": os.path.relpath(Path(record["base_model"]).resolve(), Path(folder).resolve()),
+    }
     (Path(folder) / BASE_DIGEST).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
@@ -604,8 +610,21 @@ def is_adapter_folder(folder: str | Path) -> bool:
 
 
 def adapter_base(folder: str | Path) -> str:
-    """The base model folder an adapter was trained on (``base_model_name_or_path`` of its config)."""
-    return json.loads((Path(folder) / ADAPTER_CONFIG).read_text(encoding="utf-8"))["base_model_name_or_path"]
+    """The base model folder an adapter was trained on: where it lies relative to the adapter, as it did when
+    the adapter was saved (``BASE_DIGEST``'s ``base_relative``: a project moved or copied whole), when that
+    folder exists; else ``base_model_name_or_path`` of its config. Its weights are checked on loading."""
+    recorded = json.loads((Path(folder) / ADAPTER_CONFIG).read_text(encoding="utf-8"))[
+        "base_model_name_or_path"
+    ]
+    try:
+        relative = json.loads((Path(folder) / BASE_DIGEST).read_text(encoding="utf-8")).get("base_relative")
+    except (OSError, ValueError, AttributeError):
+        relative = None
+    if isinstance(relative, str):
+        here = (Path(folder).resolve() / relative).resolve()
+        if here.is_dir():
+            return str(here)
+    return recorded
 
 
 def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bool = True, **load_args):
