@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -13,6 +14,9 @@ from fastlm.datasets.atomic_folder import write_folder_atomically
 from fastlm.errors import ConfigError
 
 TRAINING_DATA = "training_data.json"  # how the model's training data was made (the train pipeline writes it)
+# One load at a time per process: transformers' lazy imports race under Kedro's ThreadRunner (two report nodes
+# load the model at once: an ImportError, or an intact folder reported as missing weights)
+_LOADING = threading.Lock()
 
 
 class PretrainedModelDataset(AbstractDataset):
@@ -37,6 +41,10 @@ class PretrainedModelDataset(AbstractDataset):
         self.metadata = metadata
 
     def load(self) -> dict:
+        with _LOADING:
+            return self._load_folder()
+
+    def _load_folder(self) -> dict:
         from transformers import AutoTokenizer
 
         if not self._exists():

@@ -431,3 +431,38 @@ def test_the_kind_follows_the_config(model_type, changes, kind):
     else:
         with pytest.raises(ConfigError, match=f"model type {model_type}.*fastlm trains"):
             pretrained.require_trainable(checkpoint)
+
+
+def test_threads_load_a_model_folder_one_at_a_time(folders, monkeypatch):
+    """Round six: `kedro run --pipeline=report --runner=ThreadRunner` loads the trained model in two nodes
+    at once; transformers' lazy imports raced (an ImportError traceback, or the intact folder reported as
+    missing lm_head.weight). The catalog's model dataset loads one folder at a time per process."""
+    import threading
+    import time
+
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
+    from fastlm.engine.model import pretrained
+
+    inside, most = [0], [0]
+    real = pretrained.load_pretrained
+
+    def counted(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.2)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(pretrained, "load_pretrained", counted)
+    loaded = []
+    threads = [
+        threading.Thread(target=lambda: loaded.append(PretrainedModelDataset(str(folders["llama"])).load()))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(loaded) == 3 and most[0] == 1
