@@ -62,3 +62,36 @@ def test_max_samples_caps_deterministically(raw):
     )
     assert len(first) == 50 and set(first["text"]) == set(second["text"])
     assert first_counts["capped_by_max_samples"] == len(clean) - 50
+
+
+def _wordpiece(words: list[str]):
+    """A BERT-style WordPiece tokenizer of English words only (as a foreign model folder's may be)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(["[PAD]", "[UNK]", "[SEP]", *words])}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]"
+    )
+
+
+def test_a_tokenizer_that_cannot_write_the_corpus_is_measured_and_said(caplog):
+    """Round six: a foreign tokenizer without Korean (a BERT WordPiece folder as split.tokenizer.source) made
+    95 % of the Korean rows [UNK]s, exit 0, no warning, no figure in the split report. Each split's
+    unknown-token share is in the report; a share of 1 % or more is said with the fix."""
+    english = ["fast", "delivery", "great", "product", "very", "good"]
+    texts = [f"{a} {b}" for a in english for b in english] + ["배송 빨라요", "정말 좋아요 good", "최고"] * 4
+    splits = pd.DataFrame({"text": texts, "split": pd.Categorical(["train"] * len(texts), nodes.SPLITS)})
+    caplog.set_level("WARNING", logger="fastlm")
+    _, fingerprint, stats = nodes.tokenize_corpus(splits, _wordpiece(english), {**PARAMS, "max_length": 16})
+    train = stats["train"]
+    assert train["unknown_tokens"] == 4 * (2 + 2 + 1) and train["rows_with_unknown"] == 12
+    assert train["unknown_token_share"] == round(train["unknown_tokens"] / train["tokens"], 6)
+    said = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
+    assert len(said) == 1 and "train" in said[0] and "split.tokenizer.source" in said[0], said
+    report, table = nodes.report_split(
+        {"raw_rows": len(texts), "dropped": {}, "capped_by_max_samples": 0, "source": "x"}, stats, fingerprint
+    )
+    assert report["splits"]["train"]["unknown_token_share"] > 0.01 and "unknown_token_share" in table

@@ -25,6 +25,26 @@ def length_summary(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, Any]
     }
 
 
+# a split whose tokens are this share of the tokenizer's unknown token or more is said (with the fix)
+UNKNOWN_WARNING_SHARE = 0.01
+
+
+def unknown_per_row(values: np.ndarray, offsets: np.ndarray, unknown_id: int) -> np.ndarray:
+    """How many of each row's tokens are ``unknown_id`` (ragged rows: ``values[offsets[i]:offsets[i+1]]``)."""
+    seen = np.concatenate([[0], np.cumsum(values == unknown_id, dtype=np.int64)])
+    return seen[offsets[1:]] - seen[offsets[:-1]]
+
+
+def unknown_summary(unknown: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
+    """One split's unknown tokens: their count, their share of its tokens and the rows holding one."""
+    tokens = int(lengths.sum())
+    return {
+        "unknown_tokens": int(unknown.sum()),
+        "unknown_token_share": round(float(unknown.sum()) / tokens, 6) if tokens else 0.0,
+        "rows_with_unknown": int((unknown > 0).sum()),
+    }
+
+
 def build_report(
     raw_rows: int, drops: dict[str, int], capped: int, splits: dict[str, dict], extra: dict
 ) -> dict:

@@ -15,7 +15,13 @@ from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, sele
 from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
-from fastlm.corpus.statistics import build_report, length_summary
+from fastlm.corpus.statistics import (
+    UNKNOWN_WARNING_SHARE,
+    build_report,
+    length_summary,
+    unknown_per_row,
+    unknown_summary,
+)
 from fastlm.corpus.tokenization import cut_long_texts, encode_id_lists, tokenize_texts
 from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
 from fastlm.errors import InputDataError
@@ -228,6 +234,7 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
     stats = {
         name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS
     }
+    _measure_unknown(stats, tokens, rows, None if config.pretokenized else tokenizer, config)
     if tokens.prompt_lengths is not None:
         for name in SPLITS:
             stats[name]["target_tokens"] = int(
@@ -240,6 +247,29 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
         config.max_length,
     )
     return tokenized, fingerprint, stats
+
+
+def _measure_unknown(stats: dict, tokens, rows: dict, tokenizer, config) -> None:
+    """Each split's share of the tokenizer's unknown token (a tokenizer that has one), said from 1 %."""
+    unknown_id = getattr(tokenizer, "unk_token_id", None)
+    if unknown_id is None:
+        return
+    unknown = unknown_per_row(tokens.values, tokens.offsets, int(unknown_id))
+    for name in SPLITS:
+        stats[name].update(unknown_summary(unknown[rows[name]], tokens.lengths[rows[name]]))
+    worst = max(SPLITS, key=lambda name: stats[name]["unknown_token_share"])
+    if stats[worst]["unknown_token_share"] >= UNKNOWN_WARNING_SHARE:
+        log.warning(
+            "%.1f %% of the %s split's tokens are the tokenizer's unknown token %s (%d of %d rows hold one): "
+            "the model learns nothing of what they stood for and never writes it. Fix: a tokenizer that "
+            "covers the corpus (split.tokenizer.source: train, a byte-level BPE of it; now %s)",
+            100 * stats[worst]["unknown_token_share"],
+            worst,
+            tokenizer.unk_token,
+            stats[worst]["rows_with_unknown"],
+            stats[worst]["rows"],
+            config.tokenizer.source,
+        )
 
 
 def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[dict, pd.DataFrame]:
