@@ -1279,3 +1279,51 @@ def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, mo
     assert seen["cwd"] == kedro_project.resolve()
     assert Path(seen["conf_source"]) == (kedro_project / "conf").resolve()
     assert "running in the project folder" in result.output
+
+
+def test_a_raw_file_changed_since_the_split_is_refused_by_a_pipeline_that_reads_the_split(project):
+    """Round six: the raw file edited (or replaced) after the split, then `kedro run --pipeline=train` (or
+    report): it trained on the old splits, exit 0. The split records the raw file it read (size, time and
+    SHA-256); a pipeline reading the split without making it refuses a changed file."""
+    raw = project / "data/01_raw/demo_corpus.jsonl"
+    with raw.open("a", encoding="utf-8") as file:
+        file.write(json.dumps({"text": "새로 들어온 리뷰입니다"}, ensure_ascii=False) + "\n")
+    _fails_cleanly(
+        project,
+        "report",
+        {},
+        StaleDataError,
+        "data/01_raw/demo_corpus.jsonl changed since the split",
+        "kedro run --pipeline=split",
+    )
+
+
+def test_another_raw_path_for_a_pipeline_that_does_not_split_is_refused(project):
+    """Round six: `--params raw_path=<other file>` given to a pipeline that reads the split (train, report):
+    it went on with the split of the first file, exit 0."""
+    shutil.copy(project / "data/01_raw/demo_corpus.jsonl", project / "data/01_raw/other.jsonl")
+    _fails_cleanly(
+        project,
+        "report",
+        {"raw_path": "data/01_raw/other.jsonl"},
+        ConfigError,
+        "raw_path",
+        "data/01_raw/other.jsonl",
+        "--pipeline=split",
+    )
+
+
+def test_a_raw_file_touched_but_not_changed_is_the_same_file(project):
+    """The must-work side: a raw file whose time changed but not its bytes (copied back, touched) is the
+    file the split read."""
+    raw = project / "data/01_raw/demo_corpus.jsonl"
+    os.utime(raw, (1_000_000_000, 1_000_000_000))
+    small = {
+        "eval_max_batches": 1,
+        "prompts": ["배송"],
+        "max_new_tokens": 2,
+        "decoding": [{"name": "greedy"}],
+        "references": {"enabled": False},
+    }
+    run_pipeline(project, "report", {"report": small})
+    assert (project / "data/08_reporting/test_metrics.json").is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import logging
@@ -115,6 +116,67 @@ class MissingInputsHook:
 
 
 SPLIT_COMPLETE = "split_complete.json"  # beside tokenized_corpus_fingerprint: the last split finished
+RAW = "raw_corpus"  # the catalog entry of the raw file (raw_path)
+
+
+def raw_record(raw: Path | None) -> dict | None:
+    """The raw file a split read: its path (relative to the project folder when inside it), size, time and
+    SHA-256; None for none or no local file."""
+    if raw is None or not raw.is_file():
+        return None
+    stat = raw.stat()
+    return {
+        "path": _project_relative(raw),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": _file_sha256(raw),
+    }
+
+
+def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> None:
+    """Refuse a pipeline that reads the split data without making it when ``--params raw_path`` names another
+    file than the split read, or when that file changed since (its bytes: a new time alone is the same
+    file). A split recorded without its raw file (an older fastlm), or a raw file gone since, is not
+    compared."""
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8")).get("raw")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("path"), str):
+        return
+    path = Path(recorded["path"])
+    if given is not None and now is not None and now.resolve() != path.resolve():
+        raise ConfigError(
+            f"raw_path names {given}, but the split data this pipeline reads was made from "
+            f"{recorded['path']}: it does not read the raw file.",
+            fix=f"split it first: kedro run --pipeline=split --params raw_path={given} (or leave raw_path "
+            "out).",
+        )
+    if not path.is_file():
+        return
+    stat = path.stat()
+    if (stat.st_size, stat.st_mtime_ns) == (recorded.get("size"), recorded.get("mtime_ns")):
+        return
+    if stat.st_size == recorded.get("size") and _file_sha256(path) == recorded.get("sha256"):
+        return
+    raise StaleDataError(
+        f"the raw file {recorded['path']} changed since the split made the data this pipeline reads "
+        f"({recorded.get('size')} -> {stat.st_size} bytes): it would use the old texts.",
+        fix="split it again: kedro run --pipeline=split (or put the file back as it was).",
+    )
+
+
+def _project_relative(path: Path) -> str:
+    here, full = Path.cwd().resolve(), path.resolve()
+    return full.relative_to(here).as_posix() if full.is_relative_to(here) else str(full)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class SplitCompleteHook:
@@ -131,6 +193,7 @@ class SplitCompleteHook:
 
     def __init__(self) -> None:
         self._marker: Path | None = None
+        self._raw: Path | None = None
         self._group: set[str] = set()
         self._split_nodes: set[str] = set()
         self._done: set[str] = set()
@@ -145,6 +208,7 @@ class SplitCompleteHook:
         split = importlib.import_module("fastlm.pipelines.split").create_pipeline()
         self._group = {name for name in split.all_outputs() if _local_path(catalog, name) is not None}
         self._split_nodes, self._done, self._saved = {node.name for node in split.nodes}, set(), set()
+        self._raw = _local_path(catalog, RAW) if RAW in pipeline.inputs() else None
         read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
         if read and not self._marker.exists():
             shown = ", ".join(str(_local_path(catalog, name)) for name in read)
@@ -153,6 +217,9 @@ class SplitCompleteHook:
                 f"{self._marker} is missing, so newer and older split outputs may be mixed.",
                 fix="run `kedro run --pipeline=split` to write them all again.",
             )
+        if read and RAW not in pipeline.inputs():
+            given = (run_params.get("runtime_params") or {}).get("raw_path")
+            check_raw_unchanged(self._marker, given, _local_path(catalog, RAW))
 
     @hook_impl
     def before_dataset_saved(self, dataset_name: str) -> None:  # not before a node: one that refuses keeps it
@@ -170,7 +237,8 @@ class SplitCompleteHook:
         self._saved.add(dataset_name)
         if self._done >= self._split_nodes and self._saved >= self._group:
             partial = self._marker.with_name(f".{self._marker.name}.tmp")
-            partial.write_text(json.dumps({"outputs": sorted(self._saved)}) + "\n", encoding="utf-8")
+            record = {"outputs": sorted(self._saved), "raw": raw_record(self._raw)}
+            partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
             os.replace(partial, self._marker)
 
 
