@@ -90,6 +90,8 @@ def test_resplit_on_other_data_then_train_trains_a_model_for_the_new_tokenizer(k
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from fastlm.corpus.fingerprint import data_identity
+
     folder = kedro_project / "data/06_models/model"
     summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
     assert summary["steps_trained"] == 4 and summary["resumed_from"] is None
@@ -108,6 +110,10 @@ def test_resplit_on_other_data_then_train_trains_a_model_for_the_new_tokenizer(k
     )
     for kept in (folder, kedro_project / "data/06_models/runs/demo/model"):
         record = json.loads((kept / "training_data.json").read_text())
-        assert record == {"fingerprint": fingerprint["fingerprint"], "data_format": None}  # plain text
+        assert record == {  # plain text; the data identity (fingerprint and texts); the training's id
+            "fingerprint": data_identity(fingerprint),
+            "data_format": None,
+            "training_id": summary["training_id"],
+        }
     old = list((kedro_project / "data/06_models/checkpoints/demo").glob("superseded-*/checkpoint-00000004"))
     assert len(old) == 1  # the first run's checkpoints are kept aside, not resumed and not deleted
