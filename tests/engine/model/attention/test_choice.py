@@ -131,3 +131,30 @@ def test_auto_skips_the_varlen_kernels_for_softcapping_or_sinks_and_a_request_is
         with pytest.raises(ConfigError, match="has no attention logit softcapping") as raised:
             choice.choose_attention(attn, cuda, "bf16", config=Gemma2Config())
         assert "train.model.attn_implementation" in str(raised.value)
+
+
+def test_any_class_whose_attention_passes_sinks_is_kept_off_the_varlen_kernels(monkeypatch):
+    """GPT-OSS was recognised by its family name alone: GraniteSWA (and Flint, MiMo-V2-Flash) pass attention
+    sinks too, ``auto`` took torch_varlen for them and the run failed at its first forward. What the class's
+    attention passes decides it; a multimodal config's softcapping is in its text config."""
+    import importlib.util
+
+    from transformers import GraniteSWAConfig, GraniteSWAForCausalLM, LlamaForCausalLM
+
+    from fastlm.engine.model.attention import choice
+    from fastlm.engine.model.attention.kernels import unsupported_terms
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(choice, "torch_varlen_available", lambda device: True)
+    cuda = torch.device("cuda")
+    picked = choice.choose_attention(
+        "auto", cuda, "bf16", model_class=GraniteSWAForCausalLM, config=GraniteSWAConfig()
+    )
+    assert picked == "flex_attention"
+    assert unsupported_terms(None, LlamaForCausalLM) == []
+
+    class Multimodal:  # a config whose language model caps its logits (as a Gemma2-based multimodal one)
+        def get_text_config(self):
+            return type("Text", (), {"attn_logit_softcapping": 30.0})()
+
+    assert unsupported_terms(Multimodal()) == ["attention logit softcapping"]

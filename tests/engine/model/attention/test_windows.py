@@ -16,7 +16,7 @@ import torch
 from fastlm.engine.data.collators import PackedCollator
 from fastlm.engine.data.packing import TokenBudget
 from fastlm.engine.model.attention.inputs import to_device
-from fastlm.engine.model.attention.windows import enable_packed_windows, sliding_window
+from fastlm.engine.model.attention.windows import FULL, SLIDING, enable_packed_windows, sliding_window
 from fastlm.engine.model.loss import forward_logits
 from tests.support.tolerances import OTHER_FP32_MODEL
 
@@ -52,8 +52,24 @@ def _family(name: str, window: int | None = WINDOW):
         ),
         "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM, {"use_sliding_window": True, "max_window_layers": 0}),
     }
-    config_class, model_class, extra = families[name]
     torch.manual_seed(0)
+    if name == "gemma3_multimodal":  # google/gemma-3-4b and larger: the class model_type gemma3 trains as
+        text = {**SMALL, "head_dim": 16, "sliding_window": window, "layer_types": [SLIDING, FULL]}
+        vision = {
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+        }
+        config = t.Gemma3Config(
+            text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=VOCAB - 1
+        )
+        model = t.AutoModelForCausalLM.from_config(config).eval()
+        model.config.use_cache = False
+        return model
+    config_class, model_class, extra = families[name]
     model = model_class(config_class(**SMALL, **extra, sliding_window=window)).eval()
     model.config.use_cache = False
     return model
@@ -64,9 +80,14 @@ def _samples() -> list[np.ndarray]:
     return [np.r_[rng.integers(3, VOCAB, size=n - 1), EOS] for n in LENGTHS]
 
 
+def _path(model, attn: str) -> None:
+    model.config._attn_implementation = attn
+    model.config.get_text_config()._attn_implementation = attn  # a multimodal model's language model
+
+
 def _alone(model, samples) -> torch.Tensor:
     """Each sample by itself (one row, no mask, no padding) on the eager path: transformers' own window."""
-    model.config._attn_implementation = "eager"
+    _path(model, "eager")
     with torch.no_grad():
         return torch.cat([model(input_ids=torch.as_tensor(ids)[None]).logits[0] for ids in samples])
 
@@ -77,7 +98,7 @@ def _packed(model, samples, attn: str) -> torch.Tensor:
         pad_id=PAD, budget=TokenBudget(row_length=24, rows_per_batch=4), attention_mask_format="none"
     )
     host = collator([{"input_ids": ids} for ids in samples])
-    model.config._attn_implementation = attn
+    _path(model, attn)
     batch = to_device(host, torch.device("cpu"), attn)
     with torch.no_grad():
         logits = forward_logits(model, batch)
@@ -92,6 +113,7 @@ PATHS = {
     "gemma3": ["eager", "sdpa", "sdpa_varlen", "flex_attention"],
     "exaone4": ["eager", "sdpa", "sdpa_varlen"],
     "qwen2": ["eager", "sdpa", "sdpa_varlen"],
+    "gemma3_multimodal": ["eager", "sdpa"],
 }
 
 
@@ -100,7 +122,7 @@ PATHS = {
 def test_a_packed_sample_longer_than_the_window_sees_its_window_alone(family, attn):
     model = _family(family)
     samples = _samples()
-    assert max(LENGTHS) > sliding_window(model.config) == WINDOW
+    assert max(LENGTHS) > sliding_window(model.config) == WINDOW  # a multimodal one: its text config's
     alone = _alone(model, samples)
     enable_packed_windows(model, max_length=max(LENGTHS))
     packed = _packed(model, samples, attn)
@@ -351,3 +373,30 @@ def test_a_model_that_cannot_pack_trains_and_evaluates_on_padded_rows(tmp_path, 
     assert result.summary["batching"] == "length_grouped"
     said = [r.getMessage() for r in caplog.records if "packed is not available" in r.getMessage()]
     assert len(said) == 1 and "conv" in said[0]
+
+
+@pytest.mark.kernels
+def test_an_older_torch_runs_a_local_layer_whose_window_no_sample_reaches(monkeypatch):
+    """torch 2.9-2.10's varlen_attn has no window_size: a run of Mistral (window 4096) whose samples are all
+    shorter than its window trained there before; it still does (the window changes nothing), and only a
+    sample longer than the window is refused."""
+    from fastlm.engine.model.attention import kernels
+    from tests.support.packed_attention import causal_attention
+
+    def older(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        bounds = cu_seq_q.tolist()
+        if key.shape[1] != query.shape[1]:  # no GQA in this torch: fastlm repeats the KV heads
+            raise AssertionError("KV heads not expanded")
+        return torch.cat(
+            [
+                causal_attention(query[a:b], key[a:b], value[a:b], None, True)
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+        )
+
+    monkeypatch.setattr(kernels, "varlen_attn", older)
+    model = _family("mistral", window=64)
+    samples = _samples()
+    alone = _alone(model, samples)
+    enable_packed_windows(model, max_length=max(LENGTHS))
+    torch.testing.assert_close(_packed(model, samples, "torch_varlen"), alone, **OTHER_FP32_MODEL)

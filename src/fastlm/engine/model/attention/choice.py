@@ -84,7 +84,7 @@ def choose_attention(
     ``model_class`` supports (transformers' ``_supports_*`` flags; eager last; None: not checked) and that
     compute what ``config``'s attention computes (fastlm's varlen kernels have no logit softcapping and no
     attention sinks); logged."""
-    terms = kernels.unsupported_terms(config)
+    terms = kernels.unsupported_terms(config, model_class)
     if requested != "auto":
         if device.type == "cuda" and precision == "fp32" and requested in HALF_PRECISION_ONLY:
             raise ConfigError(

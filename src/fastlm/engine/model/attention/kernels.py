@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 
 import numpy as np
 import torch
@@ -91,24 +92,43 @@ def torch_varlen_attention(
         max_q,
         max_k,
         scaling,
-        window=sliding_window,
+        # a window no segment reaches changes nothing (and a torch without window_size runs it)
+        window=sliding_window if sliding_window is not None and max_q > sliding_window else None,
     )
     return out.view(batch, length, heads, dim), None
 
 
 # Keywords some attention modules pass that change what attention computes; the varlen functions have no
 # such term and refuse them rather than compute plain attention (``choice`` does not pick them then).
-UNSUPPORTED = {"softcap": "attention logit softcapping (Gemma2)", "s_aux": "attention sinks (GPT-OSS)"}
+UNSUPPORTED = {"softcap": "attention logit softcapping", "s_aux": "attention sinks"}
 
 
-def unsupported_terms(config) -> list[str]:
-    """What ``config``'s attention computes that the varlen functions do not (empty: nothing)."""
+def unsupported_terms(config, model_class: type | None = None) -> list[str]:
+    """What the attention of ``config``'s model (a multimodal one: its language model's) computes that the
+    varlen functions do not: logit softcapping (Gemma2), or sinks, which the attention of ``model_class``
+    passes (``s_aux=`` in its module: GPT-OSS, GraniteSWA, Flint, MiMo-V2-Flash). Empty: nothing."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     terms = []
-    if getattr(config, "attn_logit_softcapping", None) is not None:
+    if any(getattr(c, "attn_logit_softcapping", None) is not None for c in (config, text)):
         terms.append(UNSUPPORTED["softcap"])
-    if getattr(config, "model_type", None) == "gpt_oss":
+    if getattr(config, "model_type", None) == "gpt_oss" or (model_class and _passes(model_class, "s_aux=")):
         terms.append(UNSUPPORTED["s_aux"])
     return terms
+
+
+_SOURCES: dict = {}
+
+
+def _passes(model_class: type, keyword: str) -> bool:
+    """Whether the module defining ``model_class`` (transformers' modeling file) passes ``keyword`` to its
+    attention function: read once per module."""
+    name = model_class.__module__
+    if name not in _SOURCES:
+        try:
+            _SOURCES[name] = inspect.getsource(sys.modules[name])
+        except (OSError, TypeError, KeyError):
+            _SOURCES[name] = ""
+    return keyword in _SOURCES[name]
 
 
 def refuse_unsupported(name: str, kwargs: dict) -> None:

@@ -52,15 +52,16 @@ def packing_leak(config) -> str | None:
     other than full or local attention (convolutions, linear or state-space layers, and attention kinds the
     packed masks do not reproduce: Llama 4's chunks, DeepSeek's indexed attention), or ALiBi biases."""
     family = getattr(config, "model_type", "this")
-    if family in ALIBI_FAMILIES or getattr(config, "alibi", False) is True:
+    text = _text(config)  # a multimodal model's language model
+    if family in ALIBI_FAMILIES or any(getattr(c, "alibi", False) is True for c in (config, text)):
         return (
             f"the {family} model's ALiBi position biases count from the start of the row, across the samples "
             "packed in it"
         )
-    types = getattr(config, "layer_types", None)
+    types = getattr(text, "layer_types", None)
     others = sorted({str(kind) for kind in types or ()} - {FULL, SLIDING, *PER_TOKEN})
     if not others:
-        found = [name for name in RECURRENT_ATTRIBUTES if getattr(config, name, None) is not None]
+        found = [name for name in RECURRENT_ATTRIBUTES if getattr(text, name, None) is not None]
         if not found:
             return None
         others = [f"state-space or recurrent ({found[0]})"]
@@ -70,8 +71,14 @@ def packing_leak(config) -> str | None:
     )
 
 
+def _text(config):
+    """A multimodal model's language-model config (Gemma 3 4B and up), else the config itself."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def sliding_window(config) -> int | None:
     """The model's local-attention window in tokens (None: every layer attends to all earlier keys)."""
+    config = _text(config)
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if window is None or (types is not None and SLIDING not in types):
@@ -82,7 +89,7 @@ def sliding_window(config) -> int | None:
 def enable_packed_windows(model, *, max_length: int) -> bool:
     """Install the windows' pre-hook on ``model``'s decoder stack where a sample of up to ``max_length``
     tokens can be longer than its window (idempotent); True if installed."""
-    config = model.config
+    config = _text(model.config)
     window = sliding_window(config)
     if window is None or max_length <= window:
         return False
@@ -94,6 +101,11 @@ def enable_packed_windows(model, *, max_length: int) -> bool:
 
     def windowed_masks(module, args, kwargs):
         mask = kwargs.get("attention_mask")
+        if isinstance(mask, dict):  # a multimodal model made the mapping by type from the packed mask
+            local = limit_to_window(mask.get(SLIDING), window)
+            if local is not None:
+                kwargs["attention_mask"] = {**mask, SLIDING: local}
+            return args, kwargs
         local = limit_to_window(mask, window)
         if local is not None:
             kwargs["attention_mask"] = {FULL: mask, SLIDING: local} if by_type else local
