@@ -366,3 +366,32 @@ def test_the_runs_of_a_sweep_keep_their_runtime_choices_where_plain_runs_do(tmp_
         None, fingerprint, TOKENIZER, None, base, {}, {}, str(sweep), SweepRuns(tmp_path / "s"), _Tracker()
     )
     assert seen == [(str(tmp_path / "ckpt" / "sweeps" / "cv"), str(tmp_path / "ckpt"))] * 2
+
+
+def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data_identity_too(
+    tmp_path, monkeypatch
+):
+    """A sweep's finished runs record the data they trained on: since round six the data identity (the
+    fingerprint with the split texts' digest), so a split of other texts with the same tokenizer and settings
+    trains them again. Runs kept by the version before recorded the fingerprint alone: they stay finished
+    (all of a sweep's runs were trained again after the upgrade), as a model folder of then stays usable."""
+    import json
+
+    monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
+    sweep = tmp_path / "folds.yml"
+    sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}, "data_sha256": "texts"}
+    runs = SweepRuns(tmp_path / "sweeps")
+
+    def trained(data: str) -> int:
+        tracker = _Tracker()
+        changed = {**fingerprint, "data_sha256": data}
+        nodes.run_sweep(None, changed, TOKENIZER, None, {}, {}, {}, str(sweep), runs, tracker)
+        return len(tracker.children)
+
+    assert [trained("texts"), trained("texts"), trained("other texts")] == [2, 0, 2]
+    for summary in (tmp_path / "sweeps").rglob("summary.json"):  # as the version before kept them
+        kept = json.loads(summary.read_text())
+        kept["sweep_identity"]["data"] = "f"
+        summary.write_text(json.dumps(kept))
+    assert trained("other texts") == 0

@@ -90,6 +90,9 @@ def run_sweep(
             "scoring": scoring,  # its test figures are the report's: another k or sample is another run
         }
         done = runs.finished(spec.name, name, identity)
+        if done is None and identity["data"] != fingerprint.get("fingerprint"):
+            # kept by the version before the data identity: its fingerprint alone (as a model folder's)
+            done = runs.finished(spec.name, name, {**identity, "data": fingerprint.get("fingerprint")})
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
             try:
