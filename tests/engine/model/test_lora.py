@@ -643,7 +643,7 @@ def test_a_lora_checkpoint_is_not_resumed_on_a_changed_base(tmp_path, base_dir, 
     assert "model.base_weights" in line, line
 
 
-def test_an_adapter_moved_with_its_base_finds_it_where_it_now_is(tmp_path, base_dir, tokenizer):
+def test_an_adapter_moved_with_its_base_finds_it_where_it_now_is(tmp_path, base_dir, tokenizer, monkeypatch):
     """Round six: the adapter config names its base by absolute path: after `mv` of the project the report
     and predict refused the adapter (its base "does not exist"), and a `cp -r` copy read the original
     project's base. The base is looked for where it lies relative to the adapter first (its weights still
@@ -653,12 +653,19 @@ def test_an_adapter_moved_with_its_base_finds_it_where_it_now_is(tmp_path, base_
     from fastlm.datasets import PretrainedModelDataset
 
     project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)  # runs run in the project folder (the CLI moves there)
     base, adapter = _adapter(project, base_dir, tokenizer)
     assert base.is_relative_to(project) and adapter.is_relative_to(project)
     expected = PretrainedModelDataset(str(adapter)).load()["model"]
+    # the run's copy, deeper in the project (data/06_models/runs/<run>/model beside data/06_models/model)
+    copy = project / "runs" / "mine" / "model"
+    shutil.copytree(adapter, copy)
     shutil.move(project, tmp_path / "moved")
-    moved = tmp_path / "moved" / adapter.relative_to(project)
-    assert lora.adapter_base(moved) == str((tmp_path / "moved" / base.relative_to(project)).resolve())
-    loaded = PretrainedModelDataset(str(moved)).load()["model"]
-    for (name, a), (_, b) in zip(expected.named_parameters(), loaded.named_parameters(), strict=True):
-        assert torch.equal(a, b), name  # the same merge of the same files
+    monkeypatch.chdir(tmp_path / "moved")
+    for folder in (adapter, copy):
+        moved = tmp_path / "moved" / folder.relative_to(project)
+        assert lora.adapter_base(moved) == str((tmp_path / "moved" / base.relative_to(project)).resolve())
+        loaded = PretrainedModelDataset(str(moved)).load()["model"]
+        for (name, a), (_, b) in zip(expected.named_parameters(), loaded.named_parameters(), strict=True):
+            assert torch.equal(a, b), name  # the same merge of the same files

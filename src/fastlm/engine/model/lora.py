@@ -554,10 +554,14 @@ def write_base_digest(peft_model, folder: str | Path) -> None:
             return
         remember_base(peft_model, base)
         record = peft_model.__dict__[_BASE_RECORD]
-    # where the base lies from the adapter: a project moved or copied whole finds its own base there
+    # where the base lies from the adapter and in the project (the working folder of every run): a project
+    # moved or copied whole finds its own base there, from the adapter or from a copy of it elsewhere in it
+    base = Path(record["base_model"]).resolve()
+    here = Path.cwd().resolve()
     record = {
         **record,
-        "base_relative": os.path.relpath(Path(record["base_model"]).resolve(), Path(folder).resolve()),
+        "base_relative": os.path.relpath(base, Path(folder).resolve()),
+        "base_in_project": base.relative_to(here).as_posix() if base.is_relative_to(here) else None,
     }
     (Path(folder) / BASE_DIGEST).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
@@ -617,13 +621,17 @@ def adapter_base(folder: str | Path) -> str:
         "base_model_name_or_path"
     ]
     try:
-        relative = json.loads((Path(folder) / BASE_DIGEST).read_text(encoding="utf-8")).get("base_relative")
-    except (OSError, ValueError, AttributeError):
-        relative = None
-    if isinstance(relative, str):
-        here = (Path(folder).resolve() / relative).resolve()
-        if here.is_dir():
-            return str(here)
+        digest = json.loads((Path(folder) / BASE_DIGEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        digest = {}
+    digest = digest if isinstance(digest, dict) else {}
+    places = (
+        (Path(folder).resolve(), digest.get("base_relative")),
+        (Path.cwd().resolve(), digest.get("base_in_project")),  # a copy of the adapter elsewhere in it
+    )
+    for start, relative in places:
+        if isinstance(relative, str) and (start / relative).resolve().is_dir():
+            return str((start / relative).resolve())
     return recorded
 
 
