@@ -1278,7 +1278,7 @@ def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, mo
     assert result.exit_code == 0, result.output
     assert seen["cwd"] == kedro_project.resolve()
     assert Path(seen["conf_source"]) == (kedro_project / "conf").resolve()
-    assert "running in the project folder" in result.output
+    assert "running in the project folder" in result.output and "(started in notebooks)" in result.output
 
 
 def test_a_raw_file_changed_since_the_split_is_refused_by_a_pipeline_that_reads_the_split(project):

@@ -64,7 +64,7 @@ def in_project_folder() -> None:
     project = find_kedro_project(here)
     if project is not None and Path(project).resolve() != here.resolve():
         click.secho(
-            f"fastlm: running in the project folder {shown_path(project)} (started in {shown_path(here)}): "
+            f"fastlm: running in the project folder {project} (started in {here.relative_to(project)}): "
             "the paths in conf/ and --params are the project's",
             err=True,
         )

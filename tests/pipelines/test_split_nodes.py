@@ -95,3 +95,22 @@ def test_a_tokenizer_that_cannot_write_the_corpus_is_measured_and_said(caplog):
         {"raw_rows": len(texts), "dropped": {}, "capped_by_max_samples": 0, "source": "x"}, stats, fingerprint
     )
     assert report["splits"]["train"]["unknown_token_share"] > 0.01 and "unknown_token_share" in table
+
+
+def test_a_tokenizer_whose_unknown_token_is_its_eos_is_not_counted_unknown(caplog):
+    """GPT-2 style tokenizers name one token `<|endoftext|>` unknown, EOS, BOS and pad: every row's EOS was
+    counted unknown and the split said so ("3.4 % ... unknown token"). Such a tokenizer has no unknown token
+    of its own: nothing is counted; the count itself runs on the flat token array with little extra
+    memory."""
+    from fastlm.corpus.statistics import unknown_per_row
+
+    tokenizer = _wordpiece(["fast", "delivery"])
+    tokenizer.unk_token = tokenizer.eos_token = "[SEP]"
+    texts = ["fast delivery", "delivery fast", "fast"] * 4
+    splits = pd.DataFrame({"text": texts, "split": pd.Categorical(["train"] * len(texts), nodes.SPLITS)})
+    caplog.set_level("WARNING", logger="fastlm")
+    _, _, stats = nodes.tokenize_corpus(splits, tokenizer, {**PARAMS, "max_length": 16})
+    assert "unknown_tokens" not in stats["train"]
+    assert not [r for r in caplog.records if "unknown token" in r.getMessage()]
+    values, offsets = np.array([5, 1, 1, 7, 1, 2], dtype=np.int32), np.array([0, 3, 4, 6])
+    assert unknown_per_row(values, offsets, 1).tolist() == [2, 0, 1]

@@ -30,9 +30,11 @@ UNKNOWN_WARNING_SHARE = 0.01
 
 
 def unknown_per_row(values: np.ndarray, offsets: np.ndarray, unknown_id: int) -> np.ndarray:
-    """How many of each row's tokens are ``unknown_id`` (ragged rows: ``values[offsets[i]:offsets[i+1]]``)."""
-    seen = np.concatenate([[0], np.cumsum(values == unknown_id, dtype=np.int64)])
-    return seen[offsets[1:]] - seen[offsets[:-1]]
+    """How many of each row's tokens are ``unknown_id`` (ragged rows: ``values[offsets[i]:offsets[i+1]]``):
+    one byte per token held meanwhile (the positions of the unknown ones, then their rows)."""
+    hits = np.flatnonzero(values == unknown_id)
+    rows = np.searchsorted(offsets, hits, side="right") - 1
+    return np.bincount(rows, minlength=len(offsets) - 1)
 
 
 def unknown_summary(unknown: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:

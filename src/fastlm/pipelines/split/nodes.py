@@ -252,7 +252,8 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
 def _measure_unknown(stats: dict, tokens, rows: dict, tokenizer, config) -> None:
     """Each split's share of the tokenizer's unknown token (a tokenizer that has one), said from 1 %."""
     unknown_id = getattr(tokenizer, "unk_token_id", None)
-    if unknown_id is None:
+    special = {getattr(tokenizer, f"{name}_token_id", None) for name in ("eos", "bos", "pad")}
+    if unknown_id is None or unknown_id in special:  # GPT-2 style: one <|endoftext|> for all, no unknown
         return
     unknown = unknown_per_row(tokens.values, tokens.offsets, int(unknown_id))
     for name in SPLITS:
