@@ -9,8 +9,10 @@ while no sample is longer than the window. Where one can be (``max_length`` abov
 type its own mask: the document-causal mask for ``full_attention`` layers and the same mask limited to the
 window for the local ones (a dense mask cut by a band; a flex ``BlockMask`` rebuilt with the window in its
 mask function). Inside one sample the token distance in the row is the position distance, so the band needs
-no positions. Models with several layer types take the masks as a mapping by type (transformers' own
-``causal_mask_mapping``); a model whose layers are all local takes the windowed mask itself.
+no positions. The windowed copy is made per micro-batch, beside the document-causal one (one more mask a
+micro-batch for such models only). Models with several layer types take the masks as a mapping by type
+(transformers' own ``causal_mask_mapping``); a model whose layers are all local takes the windowed mask
+itself.
 
 The varlen kernels get each layer's window from the model's attention module (its ``sliding_window``
 keyword, None in global layers): ``kernels`` honours it. Padded rows (one sample a row) pass transformers a
