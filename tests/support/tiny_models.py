@@ -45,3 +45,25 @@ def optimizer_and_scheduler(model: torch.nn.Module):
     optimizer = make_adamw(model, lr=1e-3, weight_decay=0.1)
     scheduler = make_lr_scheduler(optimizer, LRSchedule(peak_lr=1e-3, total_steps=10, warmup_steps=3))
     return optimizer, scheduler
+
+
+def multimodal_gemma3(text: dict):
+    """Gemma3ForConditionalGeneration (the class of google/gemma-3-4b and larger, model_type gemma3) with the
+    language model of ``text`` (Gemma3TextConfig keywords) and a one-layer vision tower, for text training."""
+    import transformers as t
+
+    vision = {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 28,
+        "patch_size": 14,
+    }
+    config = t.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=text["vocab_size"] - 1,
+    )
+    return t.AutoModelForCausalLM.from_config(config)

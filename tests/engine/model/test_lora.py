@@ -669,3 +669,20 @@ def test_an_adapter_moved_with_its_base_finds_it_where_it_now_is(tmp_path, base_
         loaded = PretrainedModelDataset(str(moved)).load()["model"]
         for (name, a), (_, b) in zip(expected.named_parameters(), loaded.named_parameters(), strict=True):
             assert torch.equal(a, b), name  # the same merge of the same files
+
+
+def test_auto_targets_of_a_multimodal_model_are_its_language_models_projections():
+    """A multimodal Gemma 3 trained on text: `target_modules: auto` knew no `gemma3` family and fell back to
+    every Linear layer, the vision tower's too (adapters that text training never reaches, counted as
+    trainable). auto takes its language model's family names, in its language model only."""
+    from tests.support.tiny_models import multimodal_gemma3
+
+    text = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}  # fmt: skip
+    model = multimodal_gemma3(text)
+    params = parse_train_params({"model": {"name_or_path": "x", "lora": {"enabled": True}}}).model
+    adapted = lora.apply_lora(model, params.lora, gradient_checkpointing="off")
+    names = [name for name, module in adapted.named_modules() if hasattr(module, "lora_A")]
+    assert names and all(".language_model." in name for name in names), names
+    kinds = {name.rsplit(".", 1)[-1] for name in names}
+    assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}

@@ -143,11 +143,19 @@ def load_kwargs(lora: LoraParams) -> dict:
 
 
 def target_modules(model, requested) -> list[str] | str:
-    """``auto``: the architecture's attention and MLP projections (``DEFAULT_TARGETS``), else every Linear
-    layer except the output head (peft's ``all-linear``)."""
+    """``auto``: the architecture's attention and MLP projections (``DEFAULT_TARGETS``; a multimodal model's:
+    its language model's family, in its language model only, a pattern peft matches), else every Linear layer
+    except the output head (peft's ``all-linear``)."""
     if requested != "auto":
         return requested
-    return DEFAULT_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:  # multimodal: its language model's family, in its language model only
+        names = DEFAULT_TARGETS.get(getattr(text, "model_type", ""))
+        inside = [name for name, _ in model.named_modules() if name.endswith("language_model")]
+        if names and inside:
+            return rf".*{re.escape(inside[0])}\..*\.({'|'.join(names)})"
+    return DEFAULT_TARGETS.get(getattr(config, "model_type", ""), "all-linear")
 
 
 def _matches_target(name: str, module_name: str) -> bool:

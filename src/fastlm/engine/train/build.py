@@ -441,7 +441,7 @@ def _step_metrics(
     # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
     n_params, config, peak = (
         sum(p.numel() for p in raw_model.parameters()),
-        raw_model.config,
+        raw_model.config.get_text_config(),  # a multimodal model's language model (Gemma 3 4B and up)
         device_peak_flops(device),
     )
     return StepMetrics(

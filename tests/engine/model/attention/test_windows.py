@@ -9,6 +9,8 @@ tokens)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from fastlm.engine.data.packing import TokenBudget
 from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.attention.windows import FULL, SLIDING, enable_packed_windows, sliding_window
 from fastlm.engine.model.loss import forward_logits
+from tests.support.tiny_models import multimodal_gemma3
 from tests.support.tolerances import OTHER_FP32_MODEL
 
 VOCAB, PAD, EOS, WINDOW = 128, 0, 2, 4
@@ -55,18 +58,7 @@ def _family(name: str, window: int | None = WINDOW):
     torch.manual_seed(0)
     if name == "gemma3_multimodal":  # google/gemma-3-4b and larger: the class model_type gemma3 trains as
         text = {**SMALL, "head_dim": 16, "sliding_window": window, "layer_types": [SLIDING, FULL]}
-        vision = {
-            "hidden_size": 16,
-            "intermediate_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 28,
-            "patch_size": 14,
-        }
-        config = t.Gemma3Config(
-            text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=VOCAB - 1
-        )
-        model = t.AutoModelForCausalLM.from_config(config).eval()
+        model = multimodal_gemma3(text).eval()
         model.config.use_cache = False
         return model
     config_class, model_class, extra = families[name]
@@ -400,3 +392,54 @@ def test_an_older_torch_runs_a_local_layer_whose_window_no_sample_reaches(monkey
     alone = _alone(model, samples)
     enable_packed_windows(model, max_length=max(LENGTHS))
     torch.testing.assert_close(_packed(model, samples, "torch_varlen"), alone, **OTHER_FP32_MODEL)
+
+
+@pytest.mark.kernels
+def test_a_multimodal_gemma3_trains_on_text(tmp_path):
+    """google/gemma-3-4b and larger are Gemma3ForConditionalGeneration (model_type gemma3): their language
+    model's sizes are in the text config, where the step's FLOPs are read from (the run stopped with an
+    AttributeError traceback on the top-level config)."""
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.engine.train.loop import train
+
+    model = _family("gemma3_multimodal").train()
+    enable_packed_windows(model, max_length=max(LENGTHS))
+    samples = _samples()
+    data = TokenSequences(np.concatenate(samples), np.concatenate([[0], np.cumsum(LENGTHS)]))
+    params = parse_train_params(
+        {
+            "batching": {"mode": "packed", "micro_batch_size": 2, "row_length": 24},
+            "runtime": {"device": "cpu", "precision": "fp32", "num_threads": 1},
+            "max_steps": 2, "eval_every": 2, "save_every": None, "quiet": True,
+            "dataloader": {"num_workers": 0}, "checkpoint_dir": str(tmp_path / "checkpoints"),
+        }
+    )  # fmt: skip
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    result = train(model, data, data, params=params, runtime=runtime, pad_id=PAD, max_length=15, attn="sdpa")
+    assert result.summary["steps"] == 2 and math.isfinite(result.summary["final_val_loss"])
+    assert result.summary["batching"] == "packed"
+
+
+@pytest.mark.parametrize("family", ["gemma3_multimodal", "mistral"])
+def test_generation_is_left_to_transformers_masks(family):
+    """The windows' hook changes only the packed rows' masks: generation (a KV cache, left padding, one new
+    query a step) gets transformers' own, so its tokens are those of the model without the hook (a multimodal
+    Gemma 3, whose outer model hands its language model a mapping of masks, failed with a size mismatch)."""
+    from fastlm.engine.evaluate.generation import generate_continuations
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    prompts = [list(ids[:-1]) for ids in _samples()[:3]]
+    made = []
+    for hooked in (False, True):
+        model = _family(family)
+        _path(model, "sdpa")
+        if hooked:
+            enable_packed_windows(model, max_length=max(LENGTHS))
+        generated = generate_continuations(
+            model, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime, max_new_tokens=6
+        )
+        made.append(generated.continuations)
+    assert made[0] == made[1]

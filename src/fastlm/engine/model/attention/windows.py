@@ -103,10 +103,13 @@ def enable_packed_windows(model, *, max_length: int) -> bool:
 
     def windowed_masks(module, args, kwargs):
         mask = kwargs.get("attention_mask")
-        if isinstance(mask, dict):  # a multimodal model made the mapping by type from the packed mask
-            local = limit_to_window(mask.get(SLIDING), window)
-            if local is not None:
-                kwargs["attention_mask"] = {**mask, SLIDING: local}
+        if isinstance(mask, dict):
+            # a multimodal model made the mapping by type from the packed mask (one object for both types);
+            # a mapping transformers built (generation) holds its own windows
+            if mask.get(SLIDING) is not None and mask.get(SLIDING) is mask.get(FULL):
+                local = limit_to_window(mask[SLIDING], window)
+                if local is not None:
+                    kwargs["attention_mask"] = {**mask, SLIDING: local}
             return args, kwargs
         local = limit_to_window(mask, window)
         if local is not None:
@@ -128,6 +131,8 @@ def limit_to_window(mask, window: int):
     keys less than ``window`` tokens behind each query; None for anything else (a padded batch's 2D mask:
     transformers windows it)."""
     if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        if mask.shape[-2] != mask.shape[-1]:  # not a packed row's (queries as many as keys): a cache's
+            return None
         length = mask.shape[-1]
         index = torch.arange(length, device=mask.device)
         band = (index[:, None] - index[None, :]) < window
