@@ -99,6 +99,18 @@ def _packed(model, samples, attn: str) -> torch.Tensor:
     return logits[host["input_ids"] != PAD]
 
 
+def _mean_loss_alone(model, samples) -> float:
+    """The mean loss over every target token of the samples, each run alone (transformers' own loss)."""
+    with torch.no_grad():
+        losses = [
+            model(input_ids=torch.as_tensor(ids)[None], labels=torch.as_tensor(ids)[None]).loss
+            for ids in samples
+        ]
+    return sum(float(loss) * (len(ids) - 1) for loss, ids in zip(losses, samples, strict=True)) / sum(
+        len(ids) - 1 for ids in samples
+    )
+
+
 PATHS = {
     "mistral": ["eager", "sdpa", "sdpa_varlen", "flex_attention"],
     "gemma2": ["eager", "flex_attention"],  # no SDPA path (softcapping); no varlen kernel either (below)
@@ -234,14 +246,7 @@ def test_a_saved_local_attention_model_trains_and_is_evaluated_in_its_windows(tm
     torch.testing.assert_close(_packed(built, samples, "sdpa"), alone, **OTHER_FP32_MODEL)
 
     loaded = MistralForCausalLM.from_pretrained(tmp_path / "mistral", attn_implementation="sdpa")
-    with torch.no_grad():
-        losses = [
-            loaded(input_ids=torch.as_tensor(ids)[None], labels=torch.as_tensor(ids)[None]).loss
-            for ids in samples
-        ]
-    expected = sum(float(loss) * (n - 1) for loss, n in zip(losses, LENGTHS, strict=True)) / sum(
-        n - 1 for n in LENGTHS
-    )
+    expected = _mean_loss_alone(loaded, samples)
     offsets = np.concatenate([[0], np.cumsum(LENGTHS)])
     result = evaluate(
         loaded,
@@ -346,14 +351,7 @@ def test_a_model_that_cannot_pack_trains_and_evaluates_on_padded_rows(tmp_path, 
     )  # fmt: skip
     runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
     model.eval()
-    with torch.no_grad():
-        losses = [
-            model(input_ids=torch.as_tensor(ids)[None], labels=torch.as_tensor(ids)[None]).loss
-            for ids in samples
-        ]
-    expected = sum(float(loss) * (n - 1) for loss, n in zip(losses, LENGTHS, strict=True)) / sum(
-        n - 1 for n in LENGTHS
-    )
+    expected = _mean_loss_alone(model, samples)
     metrics = evaluate(
         model, data, params=params, runtime=runtime, max_length=15, attn="sdpa", pad_id=PAD
     ).metrics
