@@ -121,8 +121,17 @@ PATHS = {
 }
 
 
-@pytest.mark.kernels  # packed rows against each sample alone: another layout, compared with a tolerance
-@pytest.mark.parametrize(("family", "attn"), [(f, a) for f, paths in PATHS.items() for a in paths])
+def _marked(family: str, attn: str):
+    """Packed rows against each sample alone: another layout, compared with a tolerance, so run under other
+    CPU kernel sets too (``kernels``), but flex_attention: on a CPU it is compiled by inductor, which the
+    vector-less set refuses ("torch.compile on current platform is not supported for CPU") and whose AVX2
+    kernel gave NaN rows for Gemma 3 with the windows and without them (torch 2.13). fastlm never trains
+    flex_attention on a CPU (no backward there: ``auto`` and training take sdpa); its GPU kernel is
+    checked by ``benchmarks/gpu_attention_check.py --family gemma3``."""
+    return pytest.param(family, attn, marks=() if attn == "flex_attention" else pytest.mark.kernels)
+
+
+@pytest.mark.parametrize(("family", "attn"), [_marked(f, a) for f, paths in PATHS.items() for a in paths])
 def test_a_packed_sample_longer_than_the_window_sees_its_window_alone(family, attn):
     model = _family(family)
     samples = _samples()
