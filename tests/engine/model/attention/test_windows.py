@@ -111,27 +111,22 @@ def _mean_loss_alone(model, samples) -> float:
     )
 
 
+# flex_attention's windowed BlockMask is compared with the dense one below, not run: on a CPU its kernel is
+# inductor's, which the vector-less kernel set refuses and whose AVX2 build gave NaN rows for Gemma 3 with the
+# windows and without them (torch 2.13); fastlm never trains flex on a CPU (no backward there), and the GPU
+# kernel is checked by benchmarks/gpu_attention_check.py --family gemma3
 PATHS = {
-    "mistral": ["eager", "sdpa", "sdpa_varlen", "flex_attention"],
-    "gemma2": ["eager", "flex_attention"],  # no SDPA path (softcapping); no varlen kernel either (below)
-    "gemma3": ["eager", "sdpa", "sdpa_varlen", "flex_attention"],
+    "mistral": ["eager", "sdpa", "sdpa_varlen"],
+    "gemma2": ["eager"],  # no SDPA path (softcapping); no varlen kernel either (below)
+    "gemma3": ["eager", "sdpa", "sdpa_varlen"],
     "exaone4": ["eager", "sdpa", "sdpa_varlen"],
     "qwen2": ["eager", "sdpa", "sdpa_varlen"],
     "gemma3_multimodal": ["eager", "sdpa"],
 }
 
 
-def _marked(family: str, attn: str):
-    """Packed rows against each sample alone: another layout, compared with a tolerance, so run under other
-    CPU kernel sets too (``kernels``), but flex_attention: on a CPU it is compiled by inductor, which the
-    vector-less set refuses ("torch.compile on current platform is not supported for CPU") and whose AVX2
-    kernel gave NaN rows for Gemma 3 with the windows and without them (torch 2.13). fastlm never trains
-    flex_attention on a CPU (no backward there: ``auto`` and training take sdpa); its GPU kernel is
-    checked by ``benchmarks/gpu_attention_check.py --family gemma3``."""
-    return pytest.param(family, attn, marks=() if attn == "flex_attention" else pytest.mark.kernels)
-
-
-@pytest.mark.parametrize(("family", "attn"), [_marked(f, a) for f, paths in PATHS.items() for a in paths])
+@pytest.mark.kernels  # packed rows against each sample alone: another layout, compared with a tolerance
+@pytest.mark.parametrize(("family", "attn"), [(f, a) for f, paths in PATHS.items() for a in paths])
 def test_a_packed_sample_longer_than_the_window_sees_its_window_alone(family, attn):
     model = _family(family)
     samples = _samples()
@@ -450,3 +445,23 @@ def test_generation_is_left_to_transformers_masks(family):
         )
         made.append(generated.continuations)
     assert made[0] == made[1]
+
+
+def test_the_windowed_block_mask_keeps_the_pairs_the_windowed_dense_mask_keeps():
+    """flex_attention's windowed BlockMask (its mask function, evaluated at every query and key) keeps exactly
+    the pairs the dense windowed mask keeps: same document, causal, less than the window behind."""
+    from fastlm.engine.model.attention.inputs import dense_mask, document_block_mask
+    from fastlm.engine.model.attention.windows import limit_to_window
+
+    sequence_ids = torch.tensor([[0] * 12 + [1] * 9 + [2] * 3, [0] * 15 + [1] * 7 + [2] * 2])
+    dense = limit_to_window(dense_mask(sequence_ids, "bool"), WINDOW)
+    block = limit_to_window(document_block_mask(sequence_ids), WINDOW)
+    rows, length = sequence_ids.shape
+    query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    kept = torch.stack(
+        [block.mask_mod(torch.tensor(row), torch.tensor(0), query, key) for row in range(rows)]
+    )
+    assert torch.equal(kept, dense[:, 0])
+    assert block.seq_lengths == (length, length) and int(dense.sum()) < int(
+        dense_mask(sequence_ids, "bool").sum()
+    )
