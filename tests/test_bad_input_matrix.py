@@ -1129,16 +1129,19 @@ def test_cli_secrets_are_masked_in_tracebacks(monkeypatch):
     assert "S3cretPassw0rdXYZ" not in str(result.exception) and "127.0.0.1:9" in str(result.exception)
 
 
+# a report that runs in seconds: one evaluation batch, one prompt, a few greedy tokens, no ROUGE
+SMALL_REPORT = {
+    "eval_max_batches": 1,
+    "prompts": ["배송"],
+    "max_new_tokens": 4,
+    "decoding": [{"name": "greedy"}],
+    "references": {"enabled": False},
+}
+
+
 def test_report_after_training_without_evaluation(project):
     """eval_every: null (the module's training) leaves an evaluation table without rows; report works."""
-    small = {
-        "eval_max_batches": 1,
-        "prompts": ["배송"],
-        "max_new_tokens": 4,
-        "decoding": [{"name": "greedy"}],
-        "references": {"enabled": False},
-    }
-    run_pipeline(project, "report", {"report": small})
+    run_pipeline(project, "report", {"report": SMALL_REPORT})
     training = pd.read_csv(project / "data/08_reporting/training_summary.csv")
     assert training["final_val_loss"].isna().all()
     assert (project / "data/08_reporting/test_metrics.json").is_file()
@@ -1318,12 +1321,5 @@ def test_a_raw_file_touched_but_not_changed_is_the_same_file(project):
     file the split read."""
     raw = project / "data/01_raw/demo_corpus.jsonl"
     os.utime(raw, (1_000_000_000, 1_000_000_000))
-    small = {
-        "eval_max_batches": 1,
-        "prompts": ["배송"],
-        "max_new_tokens": 2,
-        "decoding": [{"name": "greedy"}],
-        "references": {"enabled": False},
-    }
-    run_pipeline(project, "report", {"report": small})
+    run_pipeline(project, "report", {"report": SMALL_REPORT})
     assert (project / "data/08_reporting/test_metrics.json").is_file()
