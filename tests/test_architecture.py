@@ -11,6 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The engine's layers, lowest first: a module may import its own layer and the layers before it, never after.
 ENGINE_LAYERS = (
+    "paths",  # paths named relative to the project
     "config",  # the validated train.* parameters
     "data",  # datasets, the batch schema, labels, packing, collators, samplers
     "observe",  # metrics, rates, health checks, progress, profiling

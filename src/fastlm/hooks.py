@@ -20,6 +20,7 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, Mlflo
 from fastlm.corpus.fingerprint import data_identity
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
 from fastlm.engine.checkpoint.storage import check_writable
+from fastlm.engine.paths import project_name
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.parameters import GROUPS, check_top_level_params, known_top_level_params, runtime_only_params
 from fastlm.redaction import redact
@@ -126,7 +127,7 @@ def raw_record(raw: Path | None) -> dict | None:
         return None
     stat = raw.stat()
     return {
-        "path": _project_relative(raw),
+        "path": project_name(raw),
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
         "sha256": _file_sha256(raw),
@@ -164,11 +165,6 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
         f"({recorded.get('size')} -> {stat.st_size} bytes): it would use the old texts.",
         fix="split it again: kedro run --pipeline=split (or put the file back as it was).",
     )
-
-
-def _project_relative(path: Path) -> str:
-    here, full = Path.cwd().resolve(), path.resolve()
-    return full.relative_to(here).as_posix() if full.is_relative_to(here) else str(full)
 
 
 def _file_sha256(path: Path) -> str:

@@ -46,6 +46,7 @@ from fastlm.engine.checkpoint.files import move_aside
 from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.loading import read_header
 from fastlm.engine.config import BASE_KEEPING_INITS, TrainParams
+from fastlm.engine.paths import project_name
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def run_digest(
     shapes = [[name, list(param.shape)] for name, param in model.named_parameters()]
     source = params.model.name_or_path
     if source is not None and Path(source).expanduser().is_dir():
-        source = _folder_name(Path(source).expanduser().resolve())
+        source = project_name(source)
     lora = params.model.lora
     return {
         "model.source": source or "from scratch",
@@ -102,13 +103,6 @@ def run_digest(
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
         "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp
     }
-
-
-def _folder_name(folder: Path) -> str:
-    """A local model folder as the digest names it: relative to the working folder (the project's, where
-    every run runs) when inside it, so that a moved or copied project resumes; else absolute."""
-    here = Path.cwd().resolve()
-    return folder.relative_to(here).as_posix() if folder.is_relative_to(here) else str(folder)
 
 
 def _same(key: str, saved: Any, now: Any) -> bool:

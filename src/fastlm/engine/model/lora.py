@@ -49,6 +49,7 @@ import torch
 
 from fastlm.engine import config as engine_config
 from fastlm.engine.config import LoraParams, ModelParams
+from fastlm.engine.paths import project_relative
 from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -565,11 +566,10 @@ def write_base_digest(peft_model, folder: str | Path) -> None:
     # where the base lies from the adapter and in the project (the working folder of every run): a project
     # moved or copied whole finds its own base there, from the adapter or from a copy of it elsewhere in it
     base = Path(record["base_model"]).resolve()
-    here = Path.cwd().resolve()
     record = {
         **record,
         "base_relative": os.path.relpath(base, Path(folder).resolve()),
-        "base_in_project": base.relative_to(here).as_posix() if base.is_relative_to(here) else None,
+        "base_in_project": project_relative(base),
     }
     (Path(folder) / BASE_DIGEST).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
