@@ -36,7 +36,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 ALIBI_FAMILIES = ("bloom", "mpt")
 PER_TOKEN = ("mlp", "moe")  # layer types that mix nothing across positions (Nemotron-H names them)
 # config attributes of state-space / recurrent layers (Mamba, Mamba2, Jamba, Zamba, Falcon-H1, Bamba,
-# Nemotron-H, RecurrentGemma, RWKV), whose configs name no layer types
+# Nemotron-H, RecurrentGemma, RWKV, xLSTM), whose configs name no layer types
 RECURRENT_ATTRIBUTES = (
     "state_size",
     "ssm_state_size",
@@ -46,6 +46,7 @@ RECURRENT_ATTRIBUTES = (
     "block_types",
     "attention_window_size",
     "rescale_every",
+    "chunkwise_kernel",
 )
 
 
