@@ -267,3 +267,17 @@ def test_a_value_given_for_a_group_of_parameters_names_its_keys():
     assert message.startswith("parameter train.loss = 0.1 is invalid: train.loss is a group of parameters")
     assert "LossParams" not in message and "train.loss.label_smoothing" in message, message
     assert "train.loss=<value>" not in message
+
+
+def test_texts_given_as_parameters_are_composed_as_the_training_texts_are():
+    """The split composes every text (Unicode NFC), so a prompt template or report prompt saved decomposed (a
+    conf file written on macOS, NFD Hangul jamo) was tokenized as other, never-trained characters."""
+    import unicodedata
+
+    template = unicodedata.normalize("NFD", "질문: {prompt}\n\n### 응답:\n")
+    prompt = unicodedata.normalize("NFD", "배송")
+    assert template != unicodedata.normalize("NFC", template)
+    composed = unicodedata.normalize("NFC", template)
+    assert parse_group("split", {"prompt_template": template}).prompt_template == composed
+    assert parse_group("predict", {"input": "x.csv", "prompt_template": template}).prompt_template == composed
+    assert parse_group("report", {"prompts": [prompt, ""]}).prompts == ["배송", ""]

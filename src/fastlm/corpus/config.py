@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -171,6 +172,12 @@ class SplitParams(Params):
         if self.messages_column is not None:
             return "messages"
         return "text" if self.prompt_column is None else "prompt_response"
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _composed(cls, template: str) -> str:
+        # the texts are composed (NFC) by the cleaning: a template saved decomposed would tokenize otherwise
+        return unicodedata.normalize("NFC", template)
 
     @field_validator("num_proc")
     @classmethod

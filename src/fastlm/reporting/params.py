@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fastlm.errors import ConfigError
 from fastlm.reporting.rouge import TOKENIZERS
@@ -82,6 +83,12 @@ class ReportParams(Params):
     ]
     compare_runs: int = Field(20, ge=1, description="latest MLflow training runs in the comparison table")
     references: ReferenceParams = ReferenceParams()
+
+    @field_validator("prompts")
+    @classmethod
+    def _composed(cls, prompts: list[str]) -> list[str]:
+        # the training texts are composed (NFC): a prompt saved decomposed would tokenize otherwise
+        return [unicodedata.normalize("NFC", prompt) for prompt in prompts]
 
 
 def check_top_k(top_k: int, vocab_size: int) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import unicodedata
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.errors import ConfigError
@@ -49,6 +50,12 @@ class PredictParams(DecodingParams):
     too_long: Literal["truncate", "refuse"] = "truncate"
     seed: int = 0
     resume: bool = Field(True, description="reuse the finished batches of an interrupted run of the same job")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _composed(cls, template: str | None) -> str | None:
+        # the training texts are composed (NFC): a template saved decomposed would tokenize otherwise
+        return None if template is None else unicodedata.normalize("NFC", template)
 
     @model_validator(mode="after")
     def _one_input_column(self) -> PredictParams:
