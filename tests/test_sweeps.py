@@ -355,11 +355,12 @@ def test_sweep_results_load_as_one_view_or_none_before_any_sweep(tmp_path):
     assert dataset.load() is None and not dataset.exists()
     table = pd.DataFrame({"run": ["s-02", "s-01"], "train.seed": [1, 0], "final_val_loss": [1.5, 2.0]})
     table.to_csv(paths["comparison"], index=False)
-    paths["document"].write_text(sweep_document("s", "s-02 (seed 1) is best.", table))
+    paths["document"].write_text(sweep_document("s", "s-02 (seed 1) is best.", table, data="d" * 64))
     paths["plot"].parent.mkdir()
     paths["plot"].write_bytes(_png())
     view = dataset.load()
     assert view["name"] == "s" and view["verdict"] == "s-02 (seed 1) is best."
+    assert view["data"] == "d" * 64  # what its runs trained on
     pd.testing.assert_frame_equal(view["table"], table)
     assert view["plot"] == paths["plot"].read_bytes()
 
@@ -381,6 +382,25 @@ def test_report_shows_the_sweep_table_plot_and_verdict_only_after_a_sweep():
     assert "| s-02" in markdown and "## Sweep s" in markdown
     html, markdown = report_document(make_history(3), sweep=None)
     assert "Sweep" not in html and "Sweep" not in markdown
+
+
+def test_a_sweep_on_other_data_than_the_reports_model_is_labelled_so():
+    """The report shows the last sweep: after a re-split (other texts, other max_length) and a training on
+    it, the sweep's losses sat beside the model's test figures as if comparable."""
+    from tests.support.reporting import SUMMARY, make_history, report_document
+
+    view = {
+        "name": "s",
+        "verdict": "s-02 is best.",
+        "table": pd.DataFrame({"run": ["s-02"], "final_val_loss": [1.5]}),
+        "plot": None,
+        "source": "data/08_reporting/sweep_comparison.csv",
+    }
+    other = "ran on other data than the model"
+    summary = {**SUMMARY, "fingerprint": "f" * 64}
+    for data, labelled in (("f" * 64, False), ("0" * 64, True), (None, False)):
+        html, markdown = report_document(make_history(3), summary=summary, sweep={**view, "data": data})
+        assert (other in markdown) is labelled and (other in html) is labelled, data
 
 
 def test_verdict_claims_no_speed_up_where_the_times_are_about_equal():

@@ -9,12 +9,13 @@ from typing import Any
 import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.reporting.sweep_view import read_sweep_document
+from fastlm.reporting.sweep_view import read_sweep_data, read_sweep_document
 
 
 class SweepResultsDataset(AbstractDataset):
-    """Loads ``{"name", "verdict", "table", "plot" (PNG bytes or None), "source"}`` from the sweep pipeline's
-    comparison table, document (``sweep.md``) and loss plot; None when there is no comparison table yet.
+    """Loads ``{"name", "verdict", "table", "plot" (PNG bytes or None), "source", "data"}`` from the sweep
+    pipeline's comparison table, document (``sweep.md``: ``data`` is the identity of the data its runs trained
+    on, None where not recorded) and loss plot; None when there is no comparison table yet.
     Read-only: the sweep pipeline writes those files through their own catalog entries."""
 
     def __init__(self, comparison: str, document: str, plot: str, metadata: dict | None = None):
@@ -29,9 +30,8 @@ class SweepResultsDataset(AbstractDataset):
         if not Path(self._comparison).is_file():
             return None
         document = Path(self._document)
-        name, verdict = (
-            read_sweep_document(document.read_text(encoding="utf-8")) if document.is_file() else ("", "")
-        )
+        text = document.read_text(encoding="utf-8") if document.is_file() else ""
+        name, verdict = read_sweep_document(text) if text else ("", "")
         plot = Path(self._plot)
         table = pd.read_csv(self._comparison)
         if "stopped" in table:  # an empty cell: the run was not stopped (not a missing value)
@@ -42,6 +42,7 @@ class SweepResultsDataset(AbstractDataset):
             "table": table,
             "plot": plot.read_bytes() if plot.is_file() else None,
             "source": str(self._comparison),
+            "data": read_sweep_data(text),
         }
 
     def save(self, data) -> None:

@@ -236,7 +236,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             "parameters whose values differ among the runs that have them.",
             table=runs.fillna({"this run": ""}) if "this run" in runs else runs,
         ),
-        *_sweep_sections(inputs.sweep),
+        *_sweep_sections(inputs.sweep, data=inputs.summary.get("fingerprint")),
         *_profile_sections(summary.get("profile") or {}),
     ]
 
@@ -283,12 +283,18 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
     ]
 
 
-def _sweep_sections(sweep: dict | None) -> list[Section]:
+def _sweep_sections(sweep: dict | None, *, data: str | None) -> list[Section]:
     """The last sweep (``kedro run --pipeline=sweep``): its verdict, comparison table and all-runs loss
-    plot."""
+    plot; said to have run on other data where its record and the model's (``data``) differ."""
     if not sweep:
         return []
     text = f"{sweep['verdict']}\n\nOne row per run of the sweep, best first ({sweep['source']})."
+    if sweep.get("data") and data and sweep["data"] != data:
+        text = (
+            "This sweep ran on other data than the model of this report (the data was split "
+            "again since): its losses are not comparable with the figures above. Run the sweep again "
+            "(kedro run --pipeline=sweep) to compare on this data.\n\n" + text
+        )
     return [
         Section(
             f"Sweep {sweep['name']}".strip(),

@@ -29,6 +29,7 @@ SUMMARY_COLUMNS = [
 ]
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
 NOTABLE_RATIO = 1.05  # a wall-time ratio below this is noise: the verdict claims no speed-up
+DATA_MARK = "data:"  # sweep.md's comment naming the data its runs trained on
 FOLD = "train.fold"  # the swept key of k-fold runs (a sweep with folds: auto)
 SMOOTHING = "train.loss.label_smoothing"  # swept: each run's train loss is smoothed by its own
 # The ``stopped`` cell of a run that failed (it diverged or ran out of memory): the sweep went on without it,
@@ -93,17 +94,25 @@ def _stopped(summary: dict) -> str:
 
 
 def sweep_document(
-    name: str, verdict_text: str, table: pd.DataFrame, spread: pd.DataFrame | None = None
+    name: str,
+    verdict_text: str,
+    table: pd.DataFrame,
+    spread: pd.DataFrame | None = None,
+    *,
+    data: str | None = None,
 ) -> str:
     """``sweep.md``: a title naming the sweep, the verdict paragraph, the comparison table (see
     :func:`read_sweep_document`) and, for k-fold runs, the mean and spread over folds (:func:`fold_spread`),
-    headed by the standard deviation it gives and each failed fold with its error."""
+    headed by the standard deviation it gives and each failed fold with its error. ``data``: the identity of
+    the split data its runs trained on, kept as a comment the report reads (:func:`read_sweep_data`)."""
     document = f"# Sweep {name}\n\n{verdict_text}\n\n{markdown_table(table)}"
     if spread is not None:
         failures = _failure_lines(table)
         document += f"\n\n## Mean and spread over folds (std: {STD})\n\n"
         document += f"{failures}\n\n" if failures else ""
         document += markdown_table(spread)
+    if data is not None:
+        document += f"\n\n<!-- {DATA_MARK} {data} -->\n"
     return document
 
 
@@ -330,6 +339,12 @@ def _fold_sentence(spread: pd.DataFrame, metric: str) -> str | None:
         else f"Over {int(best['folds'])} folds: "
     )
     return lead + (f"{named} is best by {figures}" if several else figures)
+
+
+def read_sweep_data(text: str) -> str | None:
+    """The data identity a :func:`sweep_document` records (None: written before it did)."""
+    found = re.search(rf"<!-- {DATA_MARK} (\S+) -->", text)
+    return None if found is None else found.group(1)
 
 
 def read_sweep_document(text: str) -> tuple[str, str]:

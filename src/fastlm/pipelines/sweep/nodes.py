@@ -129,7 +129,7 @@ def run_sweep(
     return (
         table,
         loss_plot(histories, evaluations),
-        sweep_document(spec.name, text, table, spread),
+        sweep_document(spec.name, text, table, spread, data=data_identity(fingerprint)),
         fold_table(table, trainer.run_ids, spec.metric),
         _best_run_file(spec, best, dict(zip(names, plan, strict=True)), command, train_params, split_params),
     )
