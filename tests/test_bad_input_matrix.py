@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -1282,6 +1283,25 @@ def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, mo
     assert seen["cwd"] == kedro_project.resolve()
     assert Path(seen["conf_source"]) == (kedro_project / "conf").resolve()
     assert "running in the project folder" in result.output and "(started in notebooks)" in result.output
+
+
+def test_a_session_opened_from_a_subfolder_works_in_the_project_folder(kedro_project, monkeypatch, caplog):
+    """Round seven: a KedroSession opened in a subfolder (a notebook in notebooks/, a script) read the catalog
+    relative to the project but train.checkpoint_dir and the MLflow store (sqlite:///mlflow.db) relative to
+    the subfolder: checkpoints and a second mlflow.db under notebooks/, which no run from the project
+    folder resumes or lists. The session moves to the project folder when its context is made, and says so."""
+    from kedro.framework.session import KedroSession
+
+    from tests.support.project import bootstrap
+
+    (kedro_project / "notebooks").mkdir()
+    monkeypatch.chdir(kedro_project / "notebooks")
+    bootstrap(kedro_project)
+    with caplog.at_level(logging.INFO, logger="fastlm"):
+        with KedroSession.create(project_path=kedro_project) as session:
+            session.load_context()
+            assert Path.cwd() == kedro_project.resolve()
+    assert "working in the project folder" in caplog.text and "(opened in notebooks)" in caplog.text
 
 
 def test_a_raw_file_changed_since_the_split_is_refused_by_a_pipeline_that_reads_the_split(project):

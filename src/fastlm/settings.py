@@ -12,6 +12,7 @@ from fastlm.hooks import (
     ModelOfTheseSplitsHook,
     OutputFoldersWritableHook,
     ParametersValidHook,
+    ProjectFolderHook,
     RedactingMlflowHook,
     RunNameHook,
     RunOutputsHook,
@@ -46,6 +47,7 @@ HOOKS = (
     DatasetPathsHook(),
     RunTrackerHook(),
     RunNameHook(),
+    ProjectFolderHook(),  # called first: every path below is the project's
 )
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
     HOOKS = (
