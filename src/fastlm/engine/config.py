@@ -149,9 +149,10 @@ class ModelParams(Params):
     neftune_noise_alpha: float = Field(
         0.0,
         ge=0,
-        description="NEFTune: while training, uniform noise of at most alpha / sqrt(row length x hidden "
-        "size) on each input embedding (engine/model/noise.py, the Trainer's and TRL's neftune_noise_alpha; "
-        "the paper's runs used 5); 0: off",
+        description="NEFTune: while training, uniform noise of at most alpha / sqrt(sample length x hidden "
+        "size) on each input embedding, the token's own sample's length whatever the batching or attention "
+        "path (engine/model/noise.py; the Trainer's and TRL's neftune_noise_alpha; the paper's runs used 5); "
+        "0: off",
     )
     liger: Literal["auto", "on", "off"] = Field(
         "auto",

@@ -58,6 +58,62 @@ def test_the_noise_is_transformers_own_bounded_by_alpha_over_the_root_of_length_
     assert torch.equal(embeddings(ids), clean)
 
 
+def _noise_by_sample(model, inputs: dict, clean: torch.Tensor, samples: list[tuple[int, int, int]]):
+    """The largest noise on each sample's embeddings (row, start, length) in one training forward."""
+    seen = {}
+    embeddings = model.get_input_embeddings()
+    handle = embeddings.register_forward_hook(lambda module, args, output: seen.update(out=output.detach()))
+    try:
+        model(**inputs)
+    finally:
+        handle.remove()
+    moved = (seen["out"] - clean).abs()
+    return [moved[row, start : start + length].max().item() for row, start, length in samples]
+
+
+def test_the_noise_scale_is_each_samples_own_length_whatever_the_rows_or_the_attention_path():
+    """The varlen paths (the GPU's auto choice) hand the model a micro-batch as one row of all its tokens:
+    transformers' hook, reading the tensor's length, scaled the noise by 1 / sqrt(every token of the
+    micro-batch) there (0.0418 where the packed rows' dense path gave 0.0781, the same data), so the
+    attention kernel and the micro-batch size changed the training's noise. Each token's noise is now
+    bounded by alpha / sqrt(its sample's length x hidden size) on every path, as the NEFTune authors' code
+    does (the sample's unpadded length)."""
+    from fastlm.engine.model.noise import add_neftune
+
+    model = toy_model()
+    width = model.config.hidden_size
+    lengths = [5, 27, 19, 13]
+    generator = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, model.config.vocab_size, (n,), generator=generator) for n in lengths]
+    positions = [torch.arange(n) for n in lengths]
+    add_neftune(model, 5.0)
+    model.train()
+    torch.manual_seed(0)
+    clean = model.get_input_embeddings().weight.detach()
+    bounds = [5.0 / (n * width) ** 0.5 for n in lengths]
+    # one row of every token (the varlen paths), two packed rows of 32 (the dense and flex paths)
+    flat = {"input_ids": torch.cat(ids)[None], "position_ids": torch.cat(positions)[None]}
+    rows = {"input_ids": torch.stack([torch.cat(ids[:2]), torch.cat(ids[2:])])}
+    rows["position_ids"] = torch.stack([torch.cat(positions[:2]), torch.cat(positions[2:])])
+    starts = [0, 5, 32, 51]
+    for inputs, samples in (
+        (flat, [(0, start, n) for start, n in zip(starts, lengths, strict=True)]),
+        (rows, [(0, 0, 5), (0, 5, 27), (1, 0, 19), (1, 19, 13)]),
+    ):
+        largest = _noise_by_sample(model, inputs, clean[inputs["input_ids"]], samples)
+        for moved, bound in zip(largest, bounds, strict=True):
+            assert 0.9 * bound < moved <= bound * (1 + 1e-6)
+    # padded rows (length_grouped, dynamic): each row's real tokens
+    padded = torch.full((2, 27), model.config.pad_token_id)
+    padded[0, :5], padded[1] = ids[0], ids[1]
+    mask = (torch.arange(27) < torch.tensor([[5], [27]])).long()
+    largest = _noise_by_sample(
+        model, {"input_ids": padded, "attention_mask": mask}, clean[padded], [(0, 0, 5), (1, 0, 27)]
+    )
+    for moved, bound in zip(largest, bounds[:2], strict=True):
+        assert 0.9 * bound < moved <= bound * (1 + 1e-6)
+
+
 def test_a_negative_alpha_is_refused_in_one_line():
     refused = r"train\.model\.neftune_noise_alpha = -1 .*greater than or equal to 0"
     with pytest.raises(ConfigError, match=refused):

@@ -1,8 +1,17 @@
 """NEFTune (Jain et al., 2023, "NEFTune: Noisy Embeddings Improve Instruction Finetuning"): while training,
-uniform noise in ``[-alpha / sqrt(L d), alpha / sqrt(L d)]`` on every input embedding, L the row's length and
-d the hidden size, as the Trainer and TRL add it (``neftune_noise_alpha``): transformers' own forward hook on
-the model's input embeddings (peft models: the base model's), which adds nothing in evaluation mode. With
-packed rows L is the packed row's length, as under TRL's padding-free packing."""
+uniform noise in ``[-alpha / sqrt(L d), alpha / sqrt(L d)]`` on every input embedding, d the hidden size and L
+the length of the token's own sample, as the NEFTune authors' code scales it (the sample's unpadded length);
+nothing in evaluation mode. On a LoRA model the hook sits on the base model's embeddings, as the Trainer's
+``neftune_noise_alpha`` puts it.
+
+The Trainer and TRL (transformers' ``neftune_post_forward_hook``) take L from the embedding tensor's length:
+the padded row, or under padding-free packing the whole micro-batch, so the noise would depend on the batching
+mode, the micro-batch size and the attention path (the varlen kernels see a micro-batch as one row of all its
+tokens). Here a forward pre-hook on the model reads each token's sample from the inputs of its call, on the
+device and without a sync: restarting ``position_ids`` (packed rows, the varlen row), else the 2-D
+``attention_mask`` (padded rows: each row's real tokens). Without either (the embeddings called alone), and
+for encoder-decoder models (one embedding table for the encoder's and the decoder's rows), L is the tensor's
+row length, as transformers takes it."""
 
 from __future__ import annotations
 
@@ -13,9 +22,57 @@ import torch
 
 def add_neftune(model: torch.nn.Module, alpha: float) -> Callable[[], None]:
     """Noise of scale ``alpha`` on ``model``'s input embeddings while it trains; returns what removes it."""
-    # imported here: transformers' module brings the Trainer's utilities, and with them peft and
-    # bitsandbytes, into every process that trains, noise or not
-    from transformers.integrations.neftune import activate_neftune, deactivate_neftune
+    embeddings = _input_embeddings(model)
+    state: dict[str, torch.Tensor | None] = {}
+    per_sample = not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
 
-    handle = activate_neftune(model, alpha)
-    return lambda: deactivate_neftune(model, handle)
+    def remember(module, args, kwargs):
+        state["lengths"] = sample_lengths(kwargs) if per_sample and module.training else None
+
+    def noise(module, args, output):
+        lengths = state.pop("lengths", None)
+        if not module.training:
+            return output
+        if lengths is None or lengths.shape != output.shape[:-1]:
+            lengths = torch.full(output.shape[:-1], output.size(1), device=output.device)
+        scale = alpha / (lengths.to(torch.float32) * output.size(-1)).sqrt()
+        return output + ((torch.rand_like(output) * 2 - 1) * scale.unsqueeze(-1)).to(output.dtype)
+
+    handles = [
+        model.register_forward_pre_hook(remember, with_kwargs=True),
+        embeddings.register_forward_hook(noise),
+    ]
+
+    def remove() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return remove
+
+
+def sample_lengths(inputs: dict) -> torch.Tensor | None:
+    """Each token's sample length (``[rows, T]``, on the inputs' device), from a model call's keyword inputs:
+    ``position_ids`` restarting at 0 where a sample starts, else a 2-D ``attention_mask`` (each row's real
+    tokens); None without either."""
+    positions = inputs.get("position_ids")
+    if isinstance(positions, torch.Tensor) and positions.dim() == 2:
+        rows, length = positions.shape
+        starts = positions == 0
+        starts[:, 0] = True  # a row starts a sample (its positions may continue one cut elsewhere)
+        segment = starts.cumsum(-1) - 1 + torch.arange(rows, device=positions.device)[:, None] * length
+        counts = torch.zeros(rows * length, dtype=torch.int64, device=positions.device)
+        counts.scatter_add_(0, segment.reshape(-1), torch.ones_like(segment).reshape(-1))
+        return counts[segment]
+    mask = inputs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        real = mask.sum(-1, keepdim=True).clamp(min=1)
+        return real.expand(mask.shape)
+    return None
+
+
+def _input_embeddings(model: torch.nn.Module) -> torch.nn.Module:
+    """The embeddings the noise goes on: a PEFT model's base model's (transformers' ``activate_neftune``)."""
+    base = getattr(getattr(model, "base_model", None), "model", None)
+    if base is not None and hasattr(model, "peft_config"):
+        return base.get_input_embeddings()
+    return model.get_input_embeddings()

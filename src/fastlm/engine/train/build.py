@@ -168,7 +168,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     if configured.model.neftune_noise_alpha:  # before any wrapping; taken off when training ends
         cleanup.callback(add_neftune(raw_model, configured.model.neftune_noise_alpha))
         log.info(
-            "NEFTune: training on input embeddings with uniform noise of at most %g / sqrt(row length x "
+            "NEFTune: training on input embeddings with uniform noise of at most %g / sqrt(sample length x "
             "hidden size) (train.model.neftune_noise_alpha); evaluation without",
             configured.model.neftune_noise_alpha,
         )
