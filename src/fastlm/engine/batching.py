@@ -226,7 +226,8 @@ class MicroBatches:
         )
         self.epoch, self.batch, self.seed = epoch, batch, seed
         self._iterator: Iterator | None = None
-        self._peeked: tuple[list[dict], float] | None = None
+        self._epoch_end = 0  # this rank's batches in the epoch being read (known once its loader starts)
+        self._peeked: tuple[list[dict], float, int] | None = None
 
     @property
     def position(self) -> dict:
@@ -243,6 +244,7 @@ class MicroBatches:
     def __next__(self) -> dict:
         if self._iterator is None:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
+            self._epoch_end = self.batch + len(self.sampler)
             loader = DataLoader(
                 self.dataset,
                 batch_sampler=self.sampler,
@@ -262,27 +264,32 @@ class MicroBatches:
     def peek_step(self, accumulation: int, device: torch.device, attn: str) -> list[dict]:
         """The micro-batches the next ``next_step`` returns (fetched now, handed out then)."""
         if self._peeked is None:
-            self._peeked = self.next_step(accumulation, device, attn)
+            self._peeked = (*self.next_step(accumulation, device, attn), accumulation)
         return self._peeked[0]
 
     def switch_attention(self, device: torch.device, attn: str) -> None:
         """Rebuild the peeked micro-batches' model inputs for another attention path (each path needs its own:
         a bool mask on the eager path would leak)."""
         if self._peeked is not None:
-            step, wait = self._peeked
-            self._peeked = ([to_device(batch, device, attn) for batch in step], wait)
+            step, wait, asked = self._peeked
+            self._peeked = ([to_device(batch, device, attn) for batch in step], wait, asked)
 
     def next_step(self, accumulation: int, device: torch.device, attn: str) -> tuple[list[dict], float]:
         """One optimizer step's micro-batches on ``device`` and the seconds spent waiting for the
-        DataLoader."""
+        DataLoader: ``accumulation`` of them, but an epoch's last step takes only the ones left in it (as
+        the Trainer's does), so each epoch trains each sample once; its loss is the mean over its own
+        targets all the same (``accumulation.accumulate_gradients``)."""
         if self._peeked is not None:
-            step, self._peeked = self._peeked, None
-            if len(step[0]) != accumulation:
-                raise ValueError(f"peeked {len(step[0])} micro-batches, asked for {accumulation}")
-            return step
+            step, wait, asked = self._peeked
+            self._peeked = None
+            if asked != accumulation:
+                raise ValueError(f"peeked {asked} micro-batches a step, asked for {accumulation}")
+            return step, wait
         waited = perf_counter()
         with torch.profiler.record_function("fastlm.data"):
-            fetched = [next(self) for _ in range(accumulation)]
+            fetched = [next(self)]
+            while len(fetched) < accumulation and self.batch < self._epoch_end:
+                fetched.append(next(self))
         wait = perf_counter() - waited
         return [to_device(batch, device, attn) for batch in fetched], wait
 

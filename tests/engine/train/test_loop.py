@@ -189,6 +189,51 @@ def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path, monkeypatch
     assert [record["lr"] for record in result.history] == pytest.approx(used)
 
 
+@pytest.mark.parametrize(("mode", "accumulation"), [("packed", 3), ("length_grouped", 4)])
+def test_an_epoch_trains_each_sample_once_when_the_accumulation_does_not_divide_it(
+    tmp_path, monkeypatch, mode, accumulation
+):
+    """`epochs: 1` with micro-batches per epoch not a multiple of the accumulation: the last step took
+    micro-batches of the next epoch (samples trained twice; `epochs: 2` rounded up again), the history's
+    epoch past 1. The epoch's last step now takes the micro-batches left, as the Trainer's does; the loss
+    stays the mean over that step's targets."""
+    import fastlm.engine.train.loop as loop_module
+
+    steps, step = [], loop_module.train_step
+
+    def recording_step(model, micro_batches, *args, **kwargs):
+        steps.append([_samples_in(batch) for batch in micro_batches])
+        return step(model, micro_batches, *args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "train_step", recording_step)
+    params = toy_params(
+        tmp_path,
+        max_steps=None,
+        epochs=2,
+        log_every=1,
+        eval_every=None,
+        batching={"mode": mode, "micro_batch_size": 4, "gradient_accumulation_steps": accumulation},
+    )
+    result = run_toy(params)
+    per_epoch = len(steps) // 2
+    epochs = [steps[:per_epoch], steps[per_epoch:]]
+    assert len(steps) == 2 * per_epoch and len(steps) == result.summary["steps"]
+    for epoch in epochs:
+        assert sum(sum(counts) for counts in epoch) == 300  # toy_sequences(300): each sample once
+        assert [len(counts) for counts in epoch[:-1]] == [accumulation] * (per_epoch - 1)
+        assert 0 < len(epoch[-1]) < accumulation  # the case this test is about: the epoch's rest
+    assert result.history[per_epoch - 1]["epoch"] == 1.0 and result.history[-1]["epoch"] == 2.0
+    assert result.summary["epochs"] == 2.0
+
+
+def _samples_in(batch: dict) -> int:
+    """The samples a host micro-batch holds: packed rows' segment starts, else its rows."""
+    if "sequence_ids" in batch:
+        starts = batch["position_ids"] == 0
+        return int((starts & batch["real_mask"]).sum() if "real_mask" in batch else starts.sum())
+    return int(batch["input_ids"].shape[0])
+
+
 def test_train_reads_top_to_bottom_in_at_most_60_lines():
     """The set-up lives in ``build.build_training``; ``train`` keeps only the loop and the finish."""
     assert len(inspect.getsource(train).splitlines()) <= 60
