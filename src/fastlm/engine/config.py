@@ -49,7 +49,9 @@ class LoraParams(Params):
         gt=0,
         description="LoRA+: the B matrices (and the 1-D trainable parameters: biases, DoRA's magnitudes, as "
         "peft's create_loraplus_optimizer groups them) learn this many times faster than the A matrices "
-        "(optimizer groups of their own, the same schedule; the LoRA+ paper suggests 16); null: one rate",
+        "(optimizer groups of their own, the same schedule; the LoRA+ paper suggests 16); an adapted "
+        "embedding's B too, its A at the base rate (peft: both at its absolute loraplus_lr_embedding, "
+        "engine/train/optim.py); null: one rate",
     )
     target_modules: list[str] | Literal["auto", "all-linear"] = Field(
         "auto", description="auto: per-architecture defaults (fastlm.engine.model.lora.DEFAULT_TARGETS)"

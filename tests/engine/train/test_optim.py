@@ -174,3 +174,57 @@ def test_loraplus_without_lora_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="loraplus_lr_ratio") as error:
         parse_train_params({"model": {"lora": {"enabled": False, "loraplus_lr_ratio": 16}}})
     assert "\n" not in str(error.value)
+
+
+def test_loraplus_trains_an_adapted_embeddings_b_at_the_ratio_and_groups_the_rest_as_peft():
+    """An adapted embedding (``target_modules`` naming ``embed_tokens``: peft's ``lora_embedding_A`` and
+    ``lora_embedding_B``) under LoRA+ follows LoRA+'s rule: its B (r -> hidden, the side a linear adapter's
+    B is on) at the ratio, its A at the base rate, both decayed as the other adapter matrices. Every other
+    trainable tensor gets the rate relative to the base and the decay peft's ``create_loraplus_optimizer``
+    gives it; peft's one difference is its embedding group, both embedding adapters at the absolute
+    ``loraplus_lr_embedding`` (1e-6 by default)."""
+    from peft.optimizers import create_loraplus_optimizer
+
+    from fastlm.engine.config import LoraParams
+    from fastlm.engine.model.lora import apply_lora
+    from tests.support.toy_training import toy_model
+
+    lr, ratio = 2.0**-10, 16.0  # powers of two: the rates' quotients are exact
+    targets = ["q_proj", "v_proj", "embed_tokens"]
+    lora = LoraParams(enabled=True, r=4, target_modules=targets, loraplus_lr_ratio=ratio)
+    model = apply_lora(toy_model(), lora, gradient_checkpointing=False)
+    trained = {name: param for name, param in model.named_parameters() if param.requires_grad}
+
+    def rates(optimizer) -> dict[str, tuple[float, float]]:
+        """Each trainable tensor's (rate / base rate, weight decay), by name."""
+        names_of = {id(param): name for name, param in trained.items()}
+        return {
+            names_of[id(param)]: (group["lr"] / lr, group["weight_decay"])
+            for group in optimizer.param_groups
+            for param in group["params"]
+        }
+
+    optimizer = make_adamw(model, lr=lr, weight_decay=0.1, lora_b_ratio=ratio)
+    assert sum(len(group["params"]) for group in optimizer.param_groups) == len(trained)  # each once
+    ours = rates(optimizer)
+    expected = {
+        "lora_embedding_A": (1.0, 0.1),
+        "lora_embedding_B": (ratio, 0.1),
+        "lora_A": (1.0, 0.1),
+        "lora_B": (ratio, 0.1),
+    }
+    kinds = {name: next(kind for kind in expected if kind in name.split(".")) for name in trained}
+    assert sorted(set(kinds.values())) == sorted(expected)
+    assert ours == {name: expected[kind] for name, kind in kinds.items()}
+
+    peft = rates(
+        create_loraplus_optimizer(
+            model, torch.optim.AdamW, lr=lr, loraplus_lr_ratio=ratio, loraplus_weight_decay=0.1
+        )
+    )
+    embedding = {name for name, kind in kinds.items() if kind.startswith("lora_embedding_")}
+    assert len(embedding) == 2 and len(trained) > 2
+    assert {name: peft[name] for name in trained if name not in embedding} == {
+        name: ours[name] for name in trained if name not in embedding
+    }
+    assert {peft[name] for name in embedding} == {(1e-6 / lr, 0.1)}

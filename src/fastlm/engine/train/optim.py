@@ -29,6 +29,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
+# peft's names of the LoRA B matrices: ``<layer>.lora_B.<adapter>.weight`` of a linear (or convolution)
+# layer, ``<layer>.lora_embedding_B.<adapter>`` of an embedding.
+LORA_B = frozenset({"lora_B", "lora_embedding_B"})
+
 
 def parameter_groups(
     model: torch.nn.Module,
@@ -43,7 +47,16 @@ def parameter_groups(
     ``lora_b_ratio`` (LoRA+, ``train.model.lora.loraplus_lr_ratio``): peft's LoRA B matrices, and the 1-D
     trainable parameters (biases, DoRA's magnitudes), learn at that multiple of the rate, as peft's
     ``create_loraplus_optimizer`` groups them: ``lora_b`` (decayed as ``decay``) and ``lora_b_no_decay``, each
-    with ``lr_scale`` = the ratio (``schedule.make_lr_scheduler`` multiplies its rate by it at every step)."""
+    with ``lr_scale`` = the ratio (``schedule.make_lr_scheduler`` multiplies its rate by it at every step, and
+    a resume keeps it with the group's other settings, ``persistence.keep_settings``).
+
+    An adapted embedding (``target_modules`` naming it) has ``lora_embedding_A`` (r x vocab: r numbers per
+    token) and ``lora_embedding_B`` (hidden x r): B maps the rank up to the model's width as a linear
+    adapter's B does, so it learns at the ratio in ``lora_b`` and A at the base rate in ``decay``, both
+    decayed as the other adapter matrices. Of the adapters, peft groups these alone otherwise: both in a group
+    of their own at ``loraplus_lr_embedding``, an absolute rate (1e-6 by default) that fastlm has no setting
+    for. A rate relative to the base follows the schedule and a changed ``train.optimizer.lr`` as the other
+    groups' do; a fixed 1e-6 would all but freeze, at LoRA's usual rates, the adapter the user asked for."""
     embedding_weights = {
         id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)
     }
@@ -53,7 +66,7 @@ def parameter_groups(
             continue
         is_embedding = id(param) in embedding_weights
         decayed = param.ndim >= 2 and (decay_embeddings or not is_embedding)
-        faster = lora_b_ratio is not None and (".lora_B." in f".{name}" or param.ndim == 1)
+        faster = lora_b_ratio is not None and (not LORA_B.isdisjoint(name.split(".")) or param.ndim == 1)
         group = "decay" if decayed else "no_decay"
         groups[{"decay": "lora_b", "no_decay": "lora_b_no_decay"}[group] if faster else group].append(param)
     if substitute is not None:
