@@ -110,9 +110,10 @@ def test_resplit_on_other_data_then_train_trains_a_model_for_the_new_tokenizer(k
     )
     for kept in (folder, kedro_project / "data/06_models/runs/demo/model"):
         record = json.loads((kept / "training_data.json").read_text())
-        assert record == {  # plain text; the data identity (fingerprint and texts); the training's id
+        assert record == {  # plain text; the data identity (fingerprint and texts); the rows' length; its id
             "fingerprint": data_identity(fingerprint),
             "data_format": None,
+            "max_length": fingerprint["params"]["max_length"],
             "training_id": summary["training_id"],
         }
     old = list((kedro_project / "data/06_models/checkpoints/demo").glob("superseded-*/checkpoint-00000004"))

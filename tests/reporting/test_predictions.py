@@ -167,3 +167,34 @@ def _saved(tokenizer, capfd, folder=[]):  # noqa: B006 - one folder for the modu
         tokenizer.save_pretrained(folder[0])
     capfd.readouterr()
     return folder[0]
+
+
+def test_a_model_trained_here_gets_its_prompts_cut_as_its_training_and_report_cut_them(tokenizer):
+    """Predict gave a model trained at split.max_length 320 (512 positions) prompts of up to 448 tokens,
+    more than any training row held, where the report's reference generations (the ROUGE it shows) cut
+    the same prompts to 287 tokens at 32 new tokens: the predictions differed from what the report scored.
+    A model whose training record names its max_length gets the report's cut; without one (a model from
+    elsewhere) the positions rule stays; predict.max_input_tokens wins over both."""
+    from types import SimpleNamespace
+
+    from fastlm.reporting.predictions import input_limit
+    from fastlm.reporting.references import generation_prompts
+
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512, is_encoder_decoder=False))
+    prompt = ("the battery died again " * 120).strip()  # cleaned, as the split and predict clean it
+    assert input_limit(model, max_new_tokens=32, max_input_tokens=None) == 480  # a model from elsewhere
+    limit = input_limit(model, max_new_tokens=32, max_input_tokens=None, trained_length=320)
+    assert limit == 287
+    assert input_limit(model, max_new_tokens=32, max_input_tokens=400, trained_length=320) == 400
+    rows = input_rows(
+        pd.DataFrame({"text": [prompt]}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=limit,
+        too_long="truncate",
+        source="inputs.csv",
+    )
+    reported = generation_prompts(tokenizer, [prompt], max_length=320, max_new_tokens=32)
+    assert len(prompt_token_ids(tokenizer, prompt)) > 320 and list(rows["ids"].iloc[0]) == reported[0]

@@ -47,7 +47,7 @@ from fastlm.corpus.prompts import (
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, is_encoder_decoder
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
-from fastlm.reporting.references import describe_decoding
+from fastlm.reporting.references import describe_decoding, prompt_budget
 
 __all__ = [
     "PREDICTION_COLUMNS",
@@ -80,14 +80,20 @@ class PredictionJob:
     extra: dict = field(default_factory=dict)  # shown in the summary (input, model, ...), not part of the key
 
 
-def input_limit(model, *, max_new_tokens: int, max_input_tokens: int | None) -> int | None:
-    """The most prompt tokens a row may have: ``max_input_tokens`` when set, else what the model's positions
-    leave (decoder-only: prompt and generation share them), else no limit (relative positions, as T5)."""
+def input_limit(
+    model, *, max_new_tokens: int, max_input_tokens: int | None, trained_length: int | None = None
+) -> int | None:
+    """The most prompt tokens a row may have: ``max_input_tokens`` when set; else, for a model trained here
+    at ``trained_length`` tokens a row (its ``training_data.json``), the prompt its report's reference
+    generations give it (``references.prompt_budget``: what its training rows left beside the new tokens);
+    within what the model's positions leave (decoder-only: prompt and generation share them); else no limit
+    (relative positions, as T5)."""
     if max_input_tokens is not None:
         return max_input_tokens
+    trained = None if trained_length is None else prompt_budget(trained_length, max_new_tokens)
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is None:
-        return None
+        return trained
     limit = positions if is_encoder_decoder(model) else positions - max_new_tokens
     if limit < 1:
         raise ConfigError(
@@ -95,7 +101,7 @@ def input_limit(model, *, max_new_tokens: int, max_input_tokens: int | None) -> 
             f"{positions} positions.",
             fix=f"lower predict.max_new_tokens below {positions}.",
         )
-    return limit
+    return limit if trained is None else min(limit, trained)
 
 
 @dataclass(frozen=True)

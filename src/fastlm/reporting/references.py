@@ -73,10 +73,17 @@ def describe_decoding(settings: dict, max_new_tokens: int) -> str:
     )
 
 
-def _generation_prompts(tokenizer, prompts, *, max_length: int, max_new_tokens: int) -> list[list[int]]:
+def prompt_budget(max_length: int, max_new_tokens: int) -> int:
+    """The most prompt tokens a generation of a model trained at ``max_length`` gets: what its rows left
+    beside ``max_new_tokens`` (EOS kept), at least half of a row."""
     budget = max_length - 1
-    keep = max(budget - max_new_tokens, budget // 2, 1)
-    bos = leading_bos(tokenizer)
+    return max(budget - max_new_tokens, budget // 2, 1)
+
+
+def generation_prompts(tokenizer, prompts, *, max_length: int, max_new_tokens: int) -> list[list[int]]:
+    """Each prompt's ids as the reference generations give them: its last ``prompt_budget`` tokens after
+    its leading BOS."""
+    keep, bos = prompt_budget(max_length, max_new_tokens), leading_bos(tokenizer)
     return [truncate_prompt_ids(prompt_token_ids(tokenizer, prompt), keep, bos) for prompt in prompts]
 
 
@@ -98,7 +105,7 @@ def score_test_generations(
     ``generated_tokens_per_s``.
     """
     settings, max_new_tokens = references.decoding(), references.max_new_tokens
-    prompt_ids = _generation_prompts(
+    prompt_ids = generation_prompts(
         tokenizer, pairs["prompt"], max_length=max_length, max_new_tokens=max_new_tokens
     )
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id

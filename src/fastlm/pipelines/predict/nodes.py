@@ -47,7 +47,21 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
 
     runtime = setup_runtime(parse_group("train", train_params).runtime, seed=params.seed)
     model, tokenizer = trained["model"].to(runtime.device), trained["tokenizer"]
-    limit = input_limit(model, max_new_tokens=params.max_new_tokens, max_input_tokens=params.max_input_tokens)
+    trained_length = (trained.get("training_data") or {}).get("max_length")
+    limit = input_limit(
+        model,
+        max_new_tokens=params.max_new_tokens,
+        max_input_tokens=params.max_input_tokens,
+        trained_length=trained_length,
+    )
+    if trained_length is not None and params.max_input_tokens is None:
+        log.info(
+            "predict: prompts of at most %d tokens, as the model's report generates (it trained on rows of "
+            "%d tokens, split.max_length); longer ones keep their last tokens (predict.too_long), "
+            "predict.max_input_tokens sets another limit",
+            limit,
+            trained_length,
+        )
     rows = input_rows(
         table,
         tokenizer,

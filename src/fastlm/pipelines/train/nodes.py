@@ -131,6 +131,7 @@ def train_model(
     record = {  # how the data it was trained on was made: predict reads it (PretrainedModelDataset)
         "fingerprint": data_identity(fingerprint),
         "data_format": fingerprint["params"].get("data_format"),
+        "max_length": max_length,  # its longest row: predict cuts prompts as its report does
         TRAINING_ID: summary[TRAINING_ID],
     }
     model = {"model": result.model, "tokenizer": tokenizer, "training_data": record}
