@@ -2,6 +2,7 @@
 prompt training built from them (chat template or ``role: content`` lines), the template is checked against
 the fingerprint, and a predictions CSV is told from one its summary was not written for."""
 
+import hashlib
 import json
 
 import pandas as pd
@@ -13,16 +14,19 @@ from fastlm.corpus.fingerprint import data_format_params
 from fastlm.corpus.prompts import prompt_frame, prompt_token_ids
 from fastlm.datasets.atomic_file import AtomicCSVDataset
 from fastlm.datasets.predict_sources import PredictSources
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.errors import InputDataError, StaleDataError
 from fastlm.reporting.predictions import (
     ChatFormat,
+    PredictionJob,
     chat_format,
     check_prediction_pair,
     input_rows,
+    predict_rows,
     prediction_digest,
 )
-from tests.support.project import PROJECT_ROOT
-from tests.support.tiny_llama import CHAT_TEMPLATE, llama_style_tokenizer
+from tests.support.project import PROJECT_ROOT, catalog_dataset
+from tests.support.tiny_llama import CHAT_TEMPLATE, line_end_llama, llama_style_tokenizer
 
 CHATS = [
     [
@@ -135,6 +139,33 @@ def test_a_pair_checks_only_when_the_summary_was_written_for_that_csv(tmp_path):
         check_prediction_pair(csv, summary)
     with pytest.raises(InputDataError, match="does not exist"):
         check_prediction_pair(tmp_path / "missing.csv", summary)
+
+
+def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(tmp_path):
+    """A model that writes a bare carriage return and a CRLF: its predictions get the split's line-end rule,
+    so predictions.csv (pandas quotes only the fields that hold a line feed) reads back one row per input, and
+    the summary's digest is the file's."""
+    model, tokenizer = line_end_llama()
+    rows = input_rows(
+        pd.DataFrame({"text": ["c", "b"]}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=None,
+        too_long="truncate",
+        source="inputs.csv",
+    )
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    table, summary = predict_rows(
+        model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=4), runtime=runtime
+    )
+    assert table["prediction"].tolist() == ["a\nb", "c\na"]
+    csv = tmp_path / "predictions.csv"
+    catalog_dataset("predictions", csv).save(table)
+    back = pd.read_csv(csv, keep_default_na=False)
+    assert back["prediction"].tolist() == table["prediction"].tolist() and len(back) == summary["rows"] == 2
+    assert summary["predictions_sha256"] == hashlib.sha256(csv.read_bytes()).hexdigest()
 
 
 def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(tokenizer, capfd, caplog):

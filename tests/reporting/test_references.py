@@ -20,7 +20,9 @@ from fastlm.reporting.references import (
 )
 from fastlm.reporting.report_document import ReportInputs, build_sections
 from fastlm.reporting.rouge import rouge_scores
+from tests.support.project import catalog_dataset
 from tests.support.reporting import pair_frame
+from tests.support.tiny_llama import line_end_llama
 
 GREEDY = {
     "num_beams": 1,
@@ -106,6 +108,29 @@ def test_scores_are_rouge_of_what_the_model_generates(model, bpe_tokenizer, runt
     assert {key: metrics[key] for key in aggregate} == aggregate
     assert metrics["rouge_samples"] == 6 and metrics["rouge_decoding"] == "greedy, max_new_tokens=6"
     assert (table["new_tokens"] <= 6).all() and metrics["generated_tokens_per_s"] > 0
+
+
+def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(runtime, tmp_path):
+    """A model that writes a bare carriage return and a CRLF: its predictions get the split's line-end rule,
+    so reference_predictions.csv (pandas quotes only the fields that hold a line feed) reads back one row per
+    sample."""
+    model, tokenizer = line_end_llama()
+    pairs = pd.DataFrame({"sample": [0, 1], "prompt": ["c", "b"], "response": ["a b", "c a"]})
+    table, metrics = score_test_generations(
+        model,
+        tokenizer,
+        pairs,
+        references=ReferenceParams(**GREEDY, max_new_tokens=4, batch_size=4, seed=0, rouge_tokenizer="auto"),
+        max_length=32,
+        runtime=runtime,
+    )
+    assert table["prediction"].tolist() == ["a\nb", "c\na"]
+    csv = tmp_path / "reference_predictions.csv"
+    catalog_dataset("reference_predictions", csv).save(table)
+    back = catalog_dataset("reference_predictions", csv).load()
+    assert (
+        back["prediction"].tolist() == table["prediction"].tolist() and len(back) == metrics["rouge_samples"]
+    )
 
 
 def test_long_prompts_are_cut_like_training_cuts_them(model, bpe_tokenizer, runtime):

@@ -105,3 +105,13 @@ def run_quick(project: Path, pipeline: str, params: dict | None = None):
     """Run ``pipeline`` in the ``quick`` environment (conf/quick over conf/base), as
     `kedro run --env quick`."""
     return run_pipeline(project, pipeline, params, env="quick")
+
+
+def catalog_dataset(name: str, filepath: Path):
+    """The dataset of catalog entry ``name`` (conf/base/catalog.yml: its type, load and save arguments) at
+    ``filepath``: what a pipeline writes to and reads from that entry."""
+    import yaml
+    from kedro.io import AbstractDataset
+
+    catalog = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text(encoding="utf-8"))
+    return AbstractDataset.from_config(name, {**catalog[name], "filepath": str(filepath)})

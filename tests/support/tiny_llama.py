@@ -60,3 +60,53 @@ def save_tiny_llama(
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return Path(folder)
+
+
+# The bigram model's vocabulary and the token each one is followed by: greedy decoding walks the cycle
+# a, "\r", b, c, "\r\n", a, ...: a text with a bare carriage return and no line feed ("a\rb") as well as
+# one with a CRLF.
+LINE_END_VOCAB = ("<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "\r", "\r\n")
+LINE_END_NEXT = {"a": "\r", "\r": "b", "b": "c", "c": "\r\n", "\r\n": "a"}
+
+
+def line_end_llama():
+    """A Llama whose greedy next token depends on the last token alone (its layers add nothing to the
+    residual stream: one-hot embeddings straight to the head) and a word-level tokenizer whose tokens
+    include a bare carriage return and a CRLF: what a model that writes Windows line ends generates. Returns
+    (model, tokenizer); the tokenizer joins tokens without spaces, as byte-level tokenizers decode."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(LINE_END_VOCAB)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    hidden = 16
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+        pad_token_id=vocab["<pad>"],
+        attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:  # the attention and the MLP write nothing to the residual stream
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(len(vocab), hidden))
+        head = torch.zeros(len(vocab), hidden)
+        for token, index in vocab.items():
+            head[vocab[LINE_END_NEXT.get(token, "a")], index] = 5.0
+        model.lm_head.weight.copy_(head)
+    return model.eval(), tokenizer

@@ -14,7 +14,8 @@
   input order. Chunks are what an interrupted run keeps (``PredictionParts``): a rerun of the same job (input
   ids, model, settings) generates only the chunks it lacks. Sampling is seeded per chunk (``seed + chunk``),
   so a resumed run gives the texts an uninterrupted one gives.
-* Outputs: predictions.csv, then predict_summary.json with the CSV's sha256 and row count
+* Outputs: predictions.csv (the predictions with LF line ends, ``lf_line_ends``: a CR would split their rows
+  for CSV readers), then predict_summary.json with the CSV's sha256 and row count
   (``prediction_digest``), each written atomically; ``check_prediction_pair`` tells a pair that belongs
   together from a new CSV beside the summary of an earlier run (a run killed between the two writes).
 """
@@ -46,6 +47,7 @@ from fastlm.corpus.prompts import (
 )
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, is_encoder_decoder
+from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.reporting.references import describe_decoding, prompt_budget
 
@@ -420,7 +422,7 @@ def predict_rows(
 
 def _table(rows: pd.DataFrame, continuations: list, tokenizer, job: PredictionJob) -> pd.DataFrame:
     decoded = [
-        tokenizer.decode(ids, skip_special_tokens=True).strip() if ids is not None else ""
+        lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)).strip() if ids is not None else ""
         for ids in continuations
     ]
     return pd.DataFrame(

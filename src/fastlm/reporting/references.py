@@ -7,8 +7,8 @@
   included), cut as training cuts prompts (``truncate_prompt_ids``: the last tokens, a leading BOS kept) to
   ``max(budget - max_new_tokens, budget // 2)`` tokens, ``budget = max_length - 1``: prompt and generation
   fit in the trained length, and no prompt is cut shorter than training ever cut it.
-* What is scored: the generated text after the prompt, stopped at EOS, special tokens skipped, against the
-  ``response`` column (``fastlm.reporting.rouge``).
+* What is scored: the generated text after the prompt, stopped at EOS, special tokens skipped, line ends LF
+  as the split makes them (``lf_line_ends``), against the ``response`` column (``fastlm.reporting.rouge``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from fastlm.corpus.prompts import leading_bos, prompt_token_ids, truncate_prompt
 from fastlm.corpus.splitting import cap_rows, text_keys
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations
+from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.reporting.params import ReferenceParams
 from fastlm.reporting.rouge import rouge_scores, score_columns
@@ -122,7 +123,8 @@ def score_test_generations(
         **decoding_kwargs(**settings),
     )
     predictions = [
-        tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in generations.continuations
+        lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)).strip()
+        for ids in generations.continuations
     ]
     per_sample, aggregate, kind = rouge_scores(
         predictions, pairs["response"].tolist(), references.rouge_tokenizer

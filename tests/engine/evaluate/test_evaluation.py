@@ -5,6 +5,7 @@ import math
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,8 @@ from fastlm.engine.evaluate import evaluation
 from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.evaluate.generation import generate_samples
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from tests.support.project import catalog_dataset
+from tests.support.tiny_llama import LINE_END_VOCAB, line_end_llama
 from tests.support.tolerances import OTHER_FP32_KERNEL, OTHER_FP32_MODEL, reordered_sum_rtol
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
@@ -268,6 +271,39 @@ def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkey
     )
     assert partial.metrics["samples"] == 32 and len(partial.worst_samples) <= 32
     assert math.isfinite(partial.metrics["loss"])
+
+
+def test_error_pairs_and_worst_samples_write_line_ends_as_lf_and_read_back_row_for_row(tmp_path):
+    """Tokens and texts with bare carriage returns and CRLFs (a model's own vocabulary): the report's tables
+    get the split's line-end rule, so their CSVs (pandas quotes only the fields that hold a line feed) read
+    back one row per row."""
+    model, tokenizer = line_end_llama()
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    words = [LINE_END_VOCAB.index(word) for word in ("a", "b", "\r", "\r\n")]
+    rows = [np.random.default_rng(row).choice(words, size=8) for row in range(6)]  # against its bigrams
+    data = TokenSequences(np.concatenate(rows), np.arange(0, 8 * len(rows) + 1, 8))
+    report = evaluate(
+        model,
+        data,
+        tokenizer=tokenizer,
+        params=_params("dynamic"),
+        runtime=runtime,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        options=EvalOptions(analysis=True, worst=6, pairs=12),
+    )
+    tables = {
+        "error_pairs": (report.wrong_pairs, ["target", "predicted", "target_text", "predicted_text"]),
+        "worst_samples": (report.worst_samples, ["text"]),
+    }
+    assert set(report.wrong_pairs["target_id"]) >= {words[2], words[3]}  # both line ends are among them
+    for name, (table, columns) in tables.items():
+        texts = [text for column in columns for text in table[column]]
+        assert not any("\r" in text for text in texts), name
+        catalog_dataset(name, tmp_path / f"{name}.csv").save(table)
+        back = pd.read_csv(tmp_path / f"{name}.csv", keep_default_na=False)
+        assert len(back) == len(table) and [text for column in columns for text in back[column]] == texts
+    assert report.worst_samples["text"].str.contains("\n").all()
 
 
 GREEDY = {"name": "greedy", "do_sample": False, "min_new_tokens": 8}  # no immediate EOS

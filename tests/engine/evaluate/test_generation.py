@@ -1,12 +1,15 @@
 """generate_continuations: batched left-padded generation equals one prompt at a time; order, EOS, cache,
 modes."""
 
+import pandas as pd
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations
+from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, generate_samples
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from tests.support.project import catalog_dataset
+from tests.support.tiny_llama import line_end_llama
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
@@ -141,3 +144,17 @@ def test_empty_prompt_starts_from_the_start_id(model, runtime):
     assert out[0] == out[1]
     with pytest.raises(ValueError, match="start_id"):
         _generate(model, [[]], runtime)
+
+
+def test_sample_generations_write_line_ends_as_lf_and_read_back_row_for_row(runtime, tmp_path):
+    """A model that writes a bare carriage return and a CRLF: its continuations get the split's line-end rule,
+    so the CSV (pandas quotes only the fields that hold a line feed) reads back one row per generation."""
+    model, tokenizer = line_end_llama()
+    frame = generate_samples(
+        model, tokenizer, ["a", "c"], settings=[{"name": "greedy"}], max_new_tokens=2, runtime=runtime
+    )
+    assert frame["output"].tolist() == ["\nb", "\na"]
+    dataset = catalog_dataset("sample_generations", tmp_path / "sample_generations.csv")
+    dataset.save(frame)
+    back = pd.read_csv(tmp_path / "sample_generations.csv", keep_default_na=False)
+    assert back["output"].tolist() == frame["output"].tolist() and len(back) == len(frame)

@@ -43,6 +43,7 @@ from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
+from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.engine.model.attention.inputs import to_device
 from fastlm.engine.model.attention.windows import enable_packed_windows, packing_leak
 from fastlm.engine.model.encoder_decoder import unwrapped
@@ -75,7 +76,8 @@ class EvaluationReport:
     frequent (target, predicted) mistakes (``target`` / ``predicted`` are the tokens, ``*_text`` their decoded
     text, ``*_id`` their ids). ``worst_samples``: the samples of highest mean token loss, worst first
     (``sample`` is the index in the split; ``anomaly_score`` the fraction of its target positions whose target
-    is not among the model's top k: on log-key data, the share of next keys the model did not expect)."""
+    is not among the model's top k: on log-key data, the share of next keys the model did not expect). Tokens
+    and texts have LF line ends (``lf_line_ends``: a CR would split their rows in the CSVs)."""
 
     metrics: dict
     wrong_pairs: pd.DataFrame | None
@@ -370,8 +372,8 @@ def _wrong_pairs_frame(tokenizer, found: dict) -> pd.DataFrame:
                 "predicted_id": p,
                 "target": _token(tokenizer, t),
                 "predicted": _token(tokenizer, p),
-                "target_text": tokenizer.decode([t]),
-                "predicted_text": tokenizer.decode([p]),
+                "target_text": lf_line_ends(tokenizer.decode([t])),
+                "predicted_text": lf_line_ends(tokenizer.decode([p])),
                 "count": count,
                 "share_of_errors": count / errors,
             }
@@ -395,7 +397,7 @@ def _worst_frame(tokenizer, dataset: TokenSequences, found: dict) -> pd.DataFram
                 "sample": sample,
                 "loss": value,
                 "length": int(ids.size),
-                "text": tokenizer.decode(ids.tolist()),
+                "text": lf_line_ends(tokenizer.decode(ids.tolist())),
                 "anomaly_score": score,
             }
         )
@@ -404,4 +406,4 @@ def _worst_frame(tokenizer, dataset: TokenSequences, found: dict) -> pd.DataFram
 
 def _token(tokenizer, token_id: int) -> str:
     token = tokenizer.convert_ids_to_tokens(int(token_id))
-    return token if token is not None else f"<{token_id}>"
+    return lf_line_ends(token) if token is not None else f"<{token_id}>"

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 
 from fastlm.engine.data.collators import pad_id_of
+from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.engine.model.attention.choice import generation_attention
 from fastlm.engine.runtime.environment import Runtime
 
@@ -205,7 +206,8 @@ def generate_samples(
 
     A setting is ``model.generate`` keyword arguments plus ``name`` and an optional ``seed`` (default 0: see
     ``generate_continuations``, which decodes each setting). An empty prompt starts from BOS, or EOS when the
-    tokenizer has no BOS. ``output`` is the continuation only, decoded with special tokens skipped.
+    tokenizer has no BOS. ``output`` is the continuation only, decoded with special tokens skipped, its line
+    ends LF (``lf_line_ends``).
     """
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     encoded = [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts]
@@ -230,7 +232,7 @@ def generate_samples(
                 "prompt": prompt,
                 "setting": name,
                 "settings": described,
-                "output": tokenizer.decode(ids, skip_special_tokens=True),
+                "output": lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)),
             }
             for prompt, ids in zip(prompts, generated.continuations, strict=True)
         ]
