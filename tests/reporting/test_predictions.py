@@ -168,6 +168,29 @@ def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(t
     assert summary["predictions_sha256"] == hashlib.sha256(csv.read_bytes()).hexdigest()
 
 
+def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):
+    """The tokenizer's EOS and every id of the model's ``generation_config.eos_token_id`` end a prediction
+    (an instruct model's end-of-turn token is not its tokenizer's EOS)."""
+    model, tokenizer = line_end_llama()
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("\r\n")]
+    rows = input_rows(
+        pd.DataFrame({"text": ["b", "c", "a"]}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=None,
+        too_long="truncate",
+        source="inputs.csv",
+    )
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    table, _ = predict_rows(
+        model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=6), runtime=runtime
+    )
+    assert table["prediction"].tolist() == ["c", "", "bc"]
+    assert table["new_tokens"].tolist() == [1, 0, 3]
+
+
 def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(tokenizer, capfd, caplog):
     """Predict truncates to the model's positions itself (``input_limit``): the tokenizer's warning that
     the sequence "will result in indexing errors" (its own ``model_max_length``, the split's max_length)

@@ -1,6 +1,8 @@
 """generate_continuations: batched left-padded generation equals one prompt at a time; order, EOS, cache,
 modes."""
 
+import copy
+
 import pandas as pd
 import pytest
 import torch
@@ -90,6 +92,30 @@ def test_generation_stops_at_eos_and_excludes_it(model, runtime):
         assert first not in ids and EOS not in ids
         assert ids == full[: len(ids)]  # identical up to the stop
         assert len(ids) <= 8
+
+
+def test_generation_stops_at_every_end_id_of_the_models_generation_config_as_plain_generate_does(
+    model, runtime
+):
+    """A model whose generation config lists several end ids (Llama-3 instruct: <|eot_id|> and
+    <|end_of_text|>; Qwen3: <|im_end|> and <|endoftext|>) stops at each of them, given the tokenizer's EOS
+    alone: batched greedy generation equals ``model.generate`` on each prompt alone."""
+    prompts = _prompts(6, seed=5)
+    free = _generate(model, prompts, runtime, batch_size=3, max_new_tokens=8).continuations
+    other = free[0][2]  # the third token the model picks for the first prompt: an end of turn from now on
+    assert other != EOS and other not in free[0][:2]
+    listed = copy.deepcopy(model).eval()
+    listed.generation_config.eos_token_id = [EOS, other]
+    got = _generate(listed, prompts, runtime, batch_size=3, max_new_tokens=8).continuations
+    alone = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            output = listed.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False
+            )[0, len(prompt) :].tolist()
+        alone.append(output[: min([output.index(end) for end in (EOS, other) if end in output], default=8)])
+    assert got == alone and got[0] == free[0][:2]
 
 
 def test_cache_is_on_for_generation_and_modes_are_restored(model, runtime):

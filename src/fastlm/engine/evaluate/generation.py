@@ -1,7 +1,10 @@
 """Batched generation for many prompts given as token ids: what scoring a model against references needs.
 
 ``generate_continuations`` returns, for each prompt, the ids the model generated after it (stopped at the
-first EOS, which is not included), in the prompts' order. What makes it fast and still exact:
+first end id, which is not included), in the prompts' order. The end ids are the given EOS (the tokenizer's)
+and every id of the model's ``generation_config.eos_token_id`` (``end_ids``): an instruct model ends its turn
+with a token of its own (Llama-3: <|eot_id|>, Qwen3: <|im_end|>), where plain ``model.generate`` stops too.
+What makes it fast and still exact:
 
 * prompts are sorted by length (longest first, stable) and cut into batches of ``batch_size``, so a batch
   pads to similar lengths; the results are put back in the original order;
@@ -44,6 +47,7 @@ __all__ = [
     "Generations",
     "continuation_start",
     "decoding_kwargs",
+    "end_ids",
     "generate_continuations",
     "generate_samples",
     "is_encoder_decoder",
@@ -52,8 +56,8 @@ __all__ = [
 
 @dataclass
 class Generations:
-    """``continuations``: the generated ids of each prompt (EOS excluded), in prompt order; ``seconds`` of
-    wall time and ``new_tokens`` generated (EOS and padding after it not counted)."""
+    """``continuations``: the generated ids of each prompt (the end id excluded), in prompt order; ``seconds``
+    of wall time and ``new_tokens`` generated (the end id and padding after it not counted)."""
 
     continuations: list[list[int]]
     seconds: float
@@ -101,6 +105,15 @@ def continuation_start(model, input_ids: torch.Tensor) -> int:
     return 1 if is_encoder_decoder(model) else input_ids.shape[1]
 
 
+def end_ids(model, eos_id: int | Sequence[int]) -> set[int]:
+    """``eos_id`` and the ids of the model's ``generation_config.eos_token_id`` (an int, a list, or None)."""
+    ids = {int(eos_id)} if isinstance(eos_id, int) else {int(i) for i in eos_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids |= {int(configured)} if isinstance(configured, int) else {int(i) for i in configured}
+    return ids
+
+
 def _padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device, *, left: bool = True):
     width = max(len(ids) for ids in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -138,14 +151,15 @@ def generate_continuations(
     start_id: int | None = None,
     **generate_kwargs,
 ) -> Generations:
-    """The token ids generated after each prompt (EOS excluded), in the order of ``prompts``.
+    """The token ids generated after each prompt (stopped at the first of ``end_ids``, excluded), in the order
+    of ``prompts``.
 
     ``generate_kwargs`` are ``model.generate`` decoding options (see :func:`decoding_kwargs`). An empty
     prompt starts from ``start_id`` (BOS, say); without one it is an error.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    eos_ids = {int(eos_id)} if isinstance(eos_id, int) else {int(i) for i in eos_id}
+    eos_ids = end_ids(model, eos_id)
     prompts = [list(ids) if len(ids) else ([start_id] if start_id is not None else []) for ids in prompts]
     if any(not ids for ids in prompts):
         raise ValueError("an empty prompt needs a start_id (the tokenizer's BOS or EOS id)")
