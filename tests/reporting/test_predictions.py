@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from fastlm.corpus.config import parse_split_params
@@ -19,6 +20,7 @@ from fastlm.errors import InputDataError, StaleDataError
 from fastlm.reporting.predictions import (
     ChatFormat,
     PredictionJob,
+    PredictionParts,
     chat_format,
     check_prediction_pair,
     input_rows,
@@ -189,6 +191,39 @@ def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):
     )
     assert table["prediction"].tolist() == ["c", "", "bc"]
     assert table["new_tokens"].tolist() == [1, 0, 3]
+
+
+def test_finished_chunks_are_reused_only_on_the_device_type_and_precision_that_wrote_them(tmp_path):
+    """The chunks of a bf16 GPU run are not mixed with those of an fp32 CPU rerun: the job's key has the
+    device type, the autocast precision and the model's dtype."""
+    model, tokenizer = line_end_llama()
+    rows = input_rows(
+        pd.DataFrame({"text": ["a", "b", "c"]}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=None,
+        too_long="truncate",
+        source="inputs.csv",
+    )
+    job, parts = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1), PredictionParts(tmp_path)
+    fp32 = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    bf16 = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", num_threads=2))
+
+    def resumed(model, runtime):
+        _, summary = predict_rows(
+            model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="m"
+        )
+        return summary["resumed_rows"], [path.name for path in tmp_path.iterdir()]
+
+    first, (written,) = resumed(model, fp32)
+    assert first == 0 and resumed(model, fp32) == (3, [written])  # the same job: every chunk reused
+    in_bf16, (other,) = resumed(model, bf16)
+    assert in_bf16 == 0 and other != written
+    assert resumed(model, bf16) == (3, [other])
+    weights_in_bf16, (third,) = resumed(model.to(torch.bfloat16), bf16)
+    assert weights_in_bf16 == 0 and third not in (written, other)
 
 
 def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(tokenizer, capfd, caplog):
