@@ -48,6 +48,24 @@ def tokenizer():
     return llama_style_tokenizer(texts, vocab_size=300, chat_template=True)
 
 
+def _text_rows(texts: list[str], tokenizer, *, limit: int | None = None):
+    """Predict's rows of plain-text inputs (``predict.text_column``), long ones truncated to ``limit``."""
+    return input_rows(
+        pd.DataFrame({"text": texts}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=limit,
+        too_long="truncate",
+        source="inputs.csv",
+    )
+
+
+def _cpu(precision: str):
+    return setup_runtime(RuntimeConfig(device="cpu", precision=precision, num_threads=2))
+
+
 def _rows(table, tokenizer, chat):
     return input_rows(
         table,
@@ -148,17 +166,8 @@ def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(t
     so predictions.csv (pandas quotes only the fields that hold a line feed) reads back one row per input, and
     the summary's digest is the file's."""
     model, tokenizer = line_end_llama()
-    rows = input_rows(
-        pd.DataFrame({"text": ["c", "b"]}),
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=None,
-        too_long="truncate",
-        source="inputs.csv",
-    )
-    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    rows = _text_rows(["c", "b"], tokenizer)
+    runtime = _cpu("fp32")
     table, summary = predict_rows(
         model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=4), runtime=runtime
     )
@@ -175,17 +184,8 @@ def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):
     (an instruct model's end-of-turn token is not its tokenizer's EOS)."""
     model, tokenizer = line_end_llama()
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("\r\n")]
-    rows = input_rows(
-        pd.DataFrame({"text": ["b", "c", "a"]}),
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=None,
-        too_long="truncate",
-        source="inputs.csv",
-    )
-    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    rows = _text_rows(["b", "c", "a"], tokenizer)
+    runtime = _cpu("fp32")
     table, _ = predict_rows(
         model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=6), runtime=runtime
     )
@@ -197,19 +197,10 @@ def test_finished_chunks_are_reused_only_on_the_device_type_and_precision_that_w
     """The chunks of a bf16 GPU run are not mixed with those of an fp32 CPU rerun: the job's key has the
     device type, the autocast precision and the model's dtype."""
     model, tokenizer = line_end_llama()
-    rows = input_rows(
-        pd.DataFrame({"text": ["a", "b", "c"]}),
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=None,
-        too_long="truncate",
-        source="inputs.csv",
-    )
+    rows = _text_rows(["a", "b", "c"], tokenizer)
     job, parts = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1), PredictionParts(tmp_path)
-    fp32 = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
-    bf16 = setup_runtime(RuntimeConfig(device="cpu", precision="bf16", num_threads=2))
+    fp32 = _cpu("fp32")
+    bf16 = _cpu("bf16")
 
     def resumed(model, runtime):
         _, summary = predict_rows(
@@ -233,17 +224,7 @@ def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(to
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(_saved(tokenizer, capfd), model_max_length=8)
-    table = pd.DataFrame({"text": ["the battery died again " * 20]})
-    rows = input_rows(
-        table,
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=32,
-        too_long="truncate",
-        source="inputs.csv",
-    )
+    rows = _text_rows(["the battery died again " * 20], tokenizer, limit=32)
     assert len(rows["ids"].iloc[0]) == 32 and bool(rows["truncated"].iloc[0])
     assert "indexing errors" not in capfd.readouterr().err + caplog.text
 
@@ -275,15 +256,6 @@ def test_a_model_trained_here_gets_its_prompts_cut_as_its_training_and_report_cu
     limit = input_limit(model, max_new_tokens=32, max_input_tokens=None, trained_length=320)
     assert limit == 287
     assert input_limit(model, max_new_tokens=32, max_input_tokens=400, trained_length=320) == 400
-    rows = input_rows(
-        pd.DataFrame({"text": [prompt]}),
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=limit,
-        too_long="truncate",
-        source="inputs.csv",
-    )
+    rows = _text_rows([prompt], tokenizer, limit=limit)
     reported = generation_prompts(tokenizer, [prompt], max_length=320, max_new_tokens=32)
     assert len(prompt_token_ids(tokenizer, prompt)) > 320 and list(rows["ids"].iloc[0]) == reported[0]
