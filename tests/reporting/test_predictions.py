@@ -179,6 +179,22 @@ def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(t
     assert summary["predictions_sha256"] == hashlib.sha256(csv.read_bytes()).hexdigest()
 
 
+def test_inputs_holding_carriage_returns_are_shown_with_lf_and_read_back_row_for_row(tmp_path):
+    """An input cell saved with CRLF or a bare CR (a CSV from Excel): the model reads it cleaned as the split
+    cleans (LF), and predictions.csv shows it so too; shown as given, its CR split the row for every
+    reader."""
+    model, tokenizer = line_end_llama()
+    rows = _text_rows(["a\r\nc", "a\rb"], tokenizer)
+    table, summary = predict_rows(
+        model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=2), runtime=_cpu("fp32")
+    )
+    assert table["input"].tolist() == ["a\nc", "a\nb"]
+    csv = tmp_path / "predictions.csv"
+    catalog_dataset("predictions", csv).save(table)
+    back = pd.read_csv(csv, keep_default_na=False)
+    assert back["input"].tolist() == ["a\nc", "a\nb"] and len(back) == summary["rows"] == 2
+
+
 def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):
     """The tokenizer's EOS and every id of the model's ``generation_config.eos_token_id`` end a prediction
     (an instruct model's end-of-turn token is not its tokenizer's EOS)."""

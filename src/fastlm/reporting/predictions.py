@@ -517,8 +517,9 @@ def _summary(
 
 
 def _shown(value) -> str:
-    """The input as the table shows it: missing as empty, anything else as its text."""
-    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
+    """The input as the table shows it: missing as empty, anything else as its text with LF line ends (a CR
+    would split its row in the CSV; the model reads it so too, cleaned as the split cleans)."""
+    return "" if value is None or (isinstance(value, float) and value != value) else lf_line_ends(str(value))
 
 
 def _shown_messages(value) -> str:
