@@ -647,7 +647,9 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     """The base model (``base`` or the adapter config's) with the adapter of ``folder``, in fp32, offline.
 
     ``merge=True`` folds the adapters into the weights and returns a plain transformers model (what
-    generation and evaluation want: no adapter overhead); else the peft model.
+    generation and evaluation want: no adapter overhead); else the peft model. A base whose head is tied to
+    its input embedding (Llama-3.2-1B/3B, Qwen3-4B) is untied for the merge, so that an adapter on one of them
+    changes that one alone, as in training; tied again where the merged head and embedding are still equal.
     """
     from fastlm.engine.model import pretrained
 
@@ -673,8 +675,30 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
         log.info("Growing the embedding of %s to the %d tokens of the adapter's tokenizer", base, size)
         base_model.resize_token_embeddings(size)
+    tied = merge and _tied_head(base_model)
+    if tied:
+        _set_tied(base_model, False)
     model = _load_adapter_whole(base_model, folder)
-    return model.merge_and_unload() if merge else model
+    if not merge:
+        return model
+    merged = model.merge_and_unload()
+    if tied and torch.equal(merged.get_output_embeddings().weight, merged.get_input_embeddings().weight):
+        _set_tied(merged, True)  # no adapter on either: one tensor again, saved once
+    return merged
+
+
+def _tied_head(model) -> bool:
+    head = model.get_output_embeddings()
+    return head is not None and head.weight is model.get_input_embeddings().weight
+
+
+def _set_tied(model, tied: bool) -> None:
+    """Tie ``model``'s head to its input embedding (one tensor) or give the head a copy of its own; the
+    config (a multimodal model's text config too) says so, for the folder it is saved to."""
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = tied
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    head.weight = embedding.weight if tied else torch.nn.Parameter(embedding.weight.detach().clone())
 
 
 def _load_adapter_whole(base_model, folder: str | Path):
