@@ -81,7 +81,8 @@ class MissingInputsHook:
     An input that exists is checked to be whole (``fastlm.datasets.integrity``): a cut-off file is one line
     too; so is one that is whole but not what it should be, for a dataset with a ``check_saved`` method (e.g.
     ``TrainSummaryDataset``: a ``train_summary.json`` of ``{}``).
-    Raw inputs (produced by no pipeline) are left to their datasets, which explain themselves.
+    Raw inputs (produced by no pipeline) are checked by their datasets, which explain themselves
+    (``check_input``: a missing file, an unknown extension), so that a refused run opens no MLflow run.
     """
 
     @hook_impl
@@ -89,12 +90,12 @@ class MissingInputsHook:
         # every pipeline, imported only when an input is missing or damaged (torch etc. cost seconds)
         producers = None
         for dataset in sorted(pipeline.inputs()):
-            if (
-                dataset.startswith("params:")
-                or dataset == "parameters"
-                or dataset not in catalog
-                or getattr(catalog[dataset], "raw_input", False)
-            ):
+            if dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog:
+                continue
+            if getattr(catalog[dataset], "raw_input", False):
+                check_input = getattr(catalog[dataset], "check_input", None)
+                if check_input is not None:
+                    check_input()
                 continue
             path = getattr(catalog[dataset], "_filepath", None) or getattr(catalog[dataset], "_path", None)
             exists = catalog.exists(dataset)

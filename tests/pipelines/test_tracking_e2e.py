@@ -102,8 +102,14 @@ def test_tracking_is_relative_typed_complete_and_honest(own_store, tmp_path, mon
     assert "train_summary.json" in artifact_files(newest, copy)
     assert any((copy / "mlruns").rglob("train_summary.json")) and not (project / "mlruns").exists()
 
-    # A parameter typo is refused before any node runs: no run is left behind.
+    # A parameter typo is refused before any node runs: no run is left behind; nor by a raw file that is
+    # missing or of an unknown kind (its reader refused it only when the split loaded it, after MLflow had
+    # opened a run, which stayed FAILED)
     before = len(runs_of(copy))
     with pytest.raises(Exception, match="max_stesp"):
         run_pipeline(copy, "train", {**PARAMS, "train": {**TINY_TRAIN, "max_stesp": 5}})
+    (copy / "data/01_raw/corpus.txt").write_text("one text\n", encoding="utf-8")
+    for raw, refused in (("data/01_raw/nope.csv", "does not exist"), ("data/01_raw/corpus.txt", "extension")):
+        with pytest.raises(Exception, match=refused):
+            run_pipeline(copy, "split", {**PARAMS, "raw_path": raw})
     assert len(runs_of(copy)) == before

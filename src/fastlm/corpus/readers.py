@@ -69,16 +69,10 @@ def detect_format(path: Path, parameter: str = RAW_PATH) -> str:
     return kind
 
 
-def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
-    """Load the table at ``path`` with its own column types (nothing renamed, nothing dropped).
-    ``parameter``: the parameter that named the file (the split's ``raw_path``, predict's ``predict.input``),
-    which an error's fix names.
-
-    Text files (CSV, TSV, JSONL), compressed or not, are read as UTF-8; a file that is not UTF-8 but detected
-    as Korean CP949/EUC-KR is decoded as CP949 (a superset of EUC-KR); any other encoding is named in the
-    error.
-    A column name given twice (a CSV/TSV header, a Parquet schema, a key in one JSON object) is refused.
-    """
+def check_table_path(path: str | Path, parameter: str = RAW_PATH) -> str:
+    """What can be said of ``path`` without reading it (one line each): it exists, its extension names a
+    format, it is a regular file (or a ``save_to_disk`` folder) and not empty; returns its format. Cheap, so
+    a run checks its raw file before it starts (``hooks.MissingInputsHook``)."""
     path = Path(path)
     what, fix = ("raw data file" if parameter == RAW_PATH else parameter), _fix(parameter)
     if not path.exists():
@@ -91,6 +85,21 @@ def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame
         )
     if path.is_file() and path.stat().st_size == 0:
         raise InputDataError(f"{what} {path} is empty (0 bytes).", fix=f"fill it or {fix}.")
+    return kind
+
+
+def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
+    """Load the table at ``path`` with its own column types (nothing renamed, nothing dropped).
+    ``parameter``: the parameter that named the file (the split's ``raw_path``, predict's ``predict.input``),
+    which an error's fix names.
+
+    Text files (CSV, TSV, JSONL), compressed or not, are read as UTF-8; a file that is not UTF-8 but detected
+    as Korean CP949/EUC-KR is decoded as CP949 (a superset of EUC-KR); any other encoding is named in the
+    error.
+    A column name given twice (a CSV/TSV header, a Parquet schema, a key in one JSON object) is refused.
+    """
+    path = Path(path)
+    kind = check_table_path(path, parameter)
     try:
         source = _text_source(path, parameter) if kind in TEXT_FORMATS else path
         table = _READERS[kind](source, path)

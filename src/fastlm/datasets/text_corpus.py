@@ -8,7 +8,7 @@ from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.corpus.readers import FIX, read_text_table
+from fastlm.corpus.readers import FIX, check_table_path, read_text_table
 from fastlm.errors import InputDataError
 from fastlm.redaction import shown_location
 
@@ -22,7 +22,7 @@ class TextCorpusDataset(AbstractDataset):
     into ``/``; a URL (``https://``, ``s3://``) is refused in one line before anything is read.
     """
 
-    raw_input = True  # its reader explains a bad file itself (hooks.MissingInputsHook leaves it alone)
+    raw_input = True  # its reader explains a bad file itself (hooks.MissingInputsHook asks check_input)
 
     def __init__(self, filepath: str, metadata: dict | None = None):
         self._shown = shown_location(filepath)
@@ -31,12 +31,21 @@ class TextCorpusDataset(AbstractDataset):
         self.metadata = metadata
 
     def load(self):
+        self._refuse_url()
+        return read_text_table(self._filepath)
+
+    def check_input(self) -> None:
+        """Refuse, in the reader's one line, a file that cannot be read (missing, an unknown extension, not a
+        regular file, empty), before a run starts: nothing runs and no MLflow run is opened."""
+        self._refuse_url()
+        check_table_path(self._filepath)
+
+    def _refuse_url(self) -> None:
         if self._is_url:
             raise InputDataError(
                 f"raw data {self._shown} is a URL; fastlm reads the raw data from a local file or folder.",
                 fix=f"download it first (credentials stay out of parameters and logs), then {FIX}.",
             )
-        return read_text_table(self._filepath)
 
     def save(self, data) -> None:
         raise DatasetError(f"{self._shown} is raw input: fastlm never writes it.")
