@@ -146,7 +146,7 @@ def test_unknown_extension(project):
 
 
 def test_missing_text_column(project):
-    _fails_cleanly(
+    message = _fails_cleanly(
         project,
         "split",
         {"split": {"text_column": "body"}},
@@ -154,6 +154,8 @@ def test_missing_text_column(project):
         "has no column 'body'",
         "split.text_column",
     )
+    # the file named as the README's example names it: relative to the project
+    assert message.startswith("data/01_raw/demo_corpus.jsonl has no column 'body'"), message
 
 
 def test_invalid_utf8_bytes_in_csv(project):

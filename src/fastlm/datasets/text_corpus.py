@@ -9,6 +9,7 @@ from typing import Any
 from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.corpus.readers import FIX, check_table_path, read_text_table
+from fastlm.engine.paths import project_name
 from fastlm.errors import InputDataError
 from fastlm.redaction import shown_location
 
@@ -32,13 +33,18 @@ class TextCorpusDataset(AbstractDataset):
 
     def load(self):
         self._refuse_url()
-        return read_text_table(self._filepath)
+        return read_text_table(self._local)
 
     def check_input(self) -> None:
         """Refuse, in the reader's one line, a file that cannot be read (missing, an unknown extension, not a
         regular file, empty), before a run starts: nothing runs and no MLflow run is opened."""
         self._refuse_url()
-        check_table_path(self._filepath)
+        check_table_path(self._local)
+
+    @property
+    def _local(self) -> Path:
+        """The file as messages name it: relative to the project (where every run works) when inside it."""
+        return Path(project_name(self._filepath))
 
     def _refuse_url(self) -> None:
         if self._is_url:
