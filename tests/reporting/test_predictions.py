@@ -195,6 +195,19 @@ def test_inputs_holding_carriage_returns_are_shown_with_lf_and_read_back_row_for
     assert back["input"].tolist() == ["a\nc", "a\nb"] and len(back) == summary["rows"] == 2
 
 
+def test_a_plain_text_continuation_is_kept_as_decoded_and_a_response_stripped():
+    """Plain text is continued (predict.text_column): its continuation is the text after the input exactly
+    as plain ``pipeline(..., return_full_text=False)`` gives it, a leading space or line end included (the
+    stripped " died" read "died": input + prediction lost the space); a prompt's response is stripped, as
+    training stripped the responses."""
+    model, tokenizer = line_end_llama()
+    rows = _text_rows(["c", "b"], tokenizer)
+    for continued, expected in ((True, ["\na\nb", "c\na\n"]), (False, ["a\nb", "c\na"])):
+        job = PredictionJob(decoding={}, max_new_tokens=4, continuation=continued)
+        table, _ = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+        assert table["prediction"].tolist() == expected
+
+
 def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):
     """The tokenizer's EOS and every id of the model's ``generation_config.eos_token_id`` end a prediction
     (an instruct model's end-of-turn token is not its tokenizer's EOS)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path, PurePosixPath
@@ -91,7 +92,8 @@ class PretrainedModelDataset(AbstractDataset):
                 save_adapter(data["model"], folder)
                 write_base_digest(data["model"], folder)
             else:
-                data["model"].save_pretrained(str(folder), safe_serialization=True)
+                with _for_inference(data["model"], data["tokenizer"]):
+                    data["model"].save_pretrained(str(folder), safe_serialization=True)
             data["tokenizer"].save_pretrained(str(folder))
             if data.get("training_data") is not None:
                 record = json.dumps(data["training_data"], indent=2)
@@ -104,6 +106,30 @@ class PretrainedModelDataset(AbstractDataset):
 
     def _describe(self) -> dict[str, Any]:
         return {"filepath": str(self._filepath)}
+
+
+@contextlib.contextmanager
+def _for_inference(model, tokenizer):
+    """``model``'s config as a folder for inference wants it while it is saved: the key/value cache on
+    (training switches it off), and the tokenizer's pad id where the model has none (a base whose tokenizer
+    pads with its EOS); the cache setting of the model in memory is put back."""
+    configs = list({id(c): c for c in (model.config, model.config.get_text_config())}.values())
+    cached = [getattr(config, "use_cache", None) for config in configs]
+    pad = getattr(tokenizer, "pad_token_id", None)
+    for config in configs:
+        if hasattr(config, "use_cache"):
+            config.use_cache = True
+        if pad is not None and getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = pad
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and pad is not None and generation.pad_token_id is None:
+        generation.pad_token_id = pad
+    try:
+        yield
+    finally:
+        for config, value in zip(configs, cached, strict=True):
+            if value is not None:
+                config.use_cache = value
 
 
 def _is_adapter_folder(folder) -> bool:

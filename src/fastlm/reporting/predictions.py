@@ -74,12 +74,16 @@ LISTED_REFUSALS = 20  # refused rows named one by one in the summary (all are co
 
 @dataclass(frozen=True)
 class PredictionJob:
-    """How to generate: the decoding settings (``decoding_kwargs`` arguments) and the batching."""
+    """How to generate: the decoding settings (``decoding_kwargs`` arguments) and the batching.
+    ``continuation``: the inputs are plain text the model continues, so a prediction is the decoded text
+    after the input exactly (a leading space or line end is part of it, as in ``pipeline(...,
+    return_full_text=False)``); else (prompts, chats) a response, stripped as training stripped them."""
 
     decoding: dict
     max_new_tokens: int = 64
     batch_size: int = 16
     seed: int = 0
+    continuation: bool = False  # decoding only: the finished parts hold ids, so not part of the key
     extra: dict = field(default_factory=dict)  # shown in the summary (input, model, ...), not part of the key
 
 
@@ -445,10 +449,7 @@ def predict_rows(
 
 
 def _table(rows: pd.DataFrame, continuations: list, tokenizer, job: PredictionJob) -> pd.DataFrame:
-    decoded = [
-        lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)).strip() if ids is not None else ""
-        for ids in continuations
-    ]
+    decoded = [_prediction_text(ids, tokenizer, job.continuation) for ids in continuations]
     return pd.DataFrame(
         {
             "id": rows["id"],
@@ -514,6 +515,15 @@ def _summary(
             summary["truncated"],
         )
     return summary
+
+
+def _prediction_text(ids, tokenizer, continuation: bool) -> str:
+    """A row's generated ids as its prediction (a refused row's None: empty), LF line ends; a response
+    stripped, a continuation as decoded."""
+    if ids is None:
+        return ""
+    text = lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True))
+    return text if continuation else text.strip()
 
 
 def _shown(value) -> str:

@@ -466,3 +466,34 @@ def test_threads_load_a_model_folder_one_at_a_time(folders, monkeypatch):
     for thread in threads:
         thread.join()
     assert len(loaded) == 3 and most[0] == 1
+
+
+def test_a_trained_model_folder_is_saved_for_inference(bpe_tokenizer, tmp_path):
+    """Training switches the key/value cache off; the folder kept `use_cache: false`, so a plain forward of
+    the loaded model returned no cache (hand-written decoding loops, servers reading the config), where a
+    merged adapter's folder had it on. A base without a pad id beside a tokenizer that pads with its EOS
+    saved `pad_token_id: null`. The folder is saved with the cache on and the tokenizer's pad id; the model
+    the run keeps is left as it was."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
+
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(bpe_tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            eos_token_id=bpe_tokenizer.eos_token_id,
+            pad_token_id=None,
+        )
+    )
+    model.config.use_cache = False  # as the build leaves it for training
+    assert bpe_tokenizer.pad_token_id is not None
+    PretrainedModelDataset(str(tmp_path / "model")).save({"model": model, "tokenizer": bpe_tokenizer})
+    config = json.loads((tmp_path / "model/config.json").read_text())
+    generation = json.loads((tmp_path / "model/generation_config.json").read_text())
+    assert config["use_cache"] is True and generation.get("use_cache", True) is True
+    assert config["pad_token_id"] == generation["pad_token_id"] == bpe_tokenizer.pad_token_id
+    assert model.config.use_cache is False

@@ -78,6 +78,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         max_new_tokens=params.max_new_tokens,
         batch_size=params.batch_size,
         seed=params.seed,
+        continuation=parameter == "predict.text_column",  # plain text, continued: kept as decoded
         extra={
             "input": path,
             "input_column": column,
