@@ -105,7 +105,7 @@ def test_notebook_runs_on_a_small_split(small_project, monkeypatch):
         session.run(pipeline_names=["split"])
     report = json.loads((small_project / "data/08_reporting/split_report.json").read_text(encoding="utf-8"))
     assert report["kept_rows"] == len(kept)
-    assert report["source"] == str(raw)
+    assert report["source"] == "data/01_raw/small.jsonl"  # the raw file, named relative to the project
 
     monkeypatch.setenv("FASTLM_PROJECT_ROOT", str(small_project))
     # the notebook must not depend on the cwd when the variable is set
