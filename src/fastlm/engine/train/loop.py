@@ -112,8 +112,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                         gradient_sync=run.sync,
                     )
                 except torch.OutOfMemoryError as error:  # this step's update never happened: redo it smaller
-                    micro = None
-                    _back_off(run, error)
+                    failed, micro = len(micro), None
+                    _back_off(run, error, failed)
                     continue
                 _count_step(run, result, counts)
                 out_of_time = state.step < run.total_steps and counts.time_votes > 0
@@ -149,10 +149,11 @@ def _step_counts(micro: list[dict], comm: Collectives, stop: GracefulStop, budge
     return StepCounts(targets, real_tokens, computed_tokens, samples, stop_votes, time_votes)
 
 
-def _back_off(run: TrainingParts, error: BaseException) -> None:
-    """The retry's stream and params after an out-of-memory ``error`` (``backoff.halve_micro_batch``, noted in
-    ``state.backoffs``): the data restarts at the first sample of the failed step (batch indices double with
-    half-size batches)."""
+def _back_off(run: TrainingParts, error: BaseException, failed: int) -> None:
+    """The retry's stream and params after an out-of-memory ``error`` in a step of ``failed`` micro-batches
+    (``backoff.halve_micro_batch``, noted in ``state.backoffs``): the data restarts at the first sample of the
+    failed step (batch indices double with half-size batches; an epoch's last step may hold fewer than the
+    accumulation)."""
     state, stream, step = run.state, run.stream, run.state.step + 1
     smaller = halve_micro_batch(error, run.params, step, world=run.layout.world_size, device=run.device)
     state.backoffs.append(
@@ -162,7 +163,7 @@ def _back_off(run: TrainingParts, error: BaseException) -> None:
             "gradient_accumulation_steps": smaller.batching.gradient_accumulation_steps,
         }
     )
-    restart = max(0, stream.batch - run.params.batching.gradient_accumulation_steps) * 2
+    restart = max(0, stream.batch - failed) * 2
     run.stream = micro_batches(
         stream.dataset, smaller, replace(run.layout, rank=0, world_size=1), epoch=stream.epoch, batch=restart
     )
