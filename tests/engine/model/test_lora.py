@@ -689,34 +689,53 @@ def test_auto_targets_of_a_multimodal_model_are_its_language_models_projections(
 
 
 @pytest.mark.parametrize(
-    "targets", [["q_proj", "lm_head"], ["q_proj", "embed_tokens"], ["embed_tokens", "lm_head"], ["q_proj"]]
+    ("family", "targets"),
+    [
+        ("llama", ["q_proj", "lm_head"]),
+        ("llama", ["q_proj", "embed_tokens"]),
+        ("llama", ["embed_tokens", "lm_head"]),
+        ("llama", ["q_proj"]),
+        ("bart", ["q_proj", "lm_head"]),
+        ("bart", ["q_proj", "embed_tokens"]),
+        ("bart", ["q_proj"]),
+    ],
 )
 def test_an_adapter_on_a_tied_embedding_or_head_merges_into_the_function_it_trained(
-    tmp_path, tokenizer, targets
+    tmp_path, tokenizer, family, targets
 ):
-    """Llama-3.2-1B/3B and Qwen3-4B tie their head to the input embedding: an adapter on either (as
-    target_modules may name them) was merged into the one shared tensor, so both took its change (a report's
-    test loss 16.72 for a trained 6.16; merge-adapter's folder likewise). The merge unties them first where
-    an adapter sits on one; a base whose adapters leave both alone stays tied."""
+    """Llama-3.2-1B/3B and Qwen3-4B tie their head to the input embedding, BART its encoder's and decoder's
+    embeddings and head to one table: an adapter on one of them (as target_modules may name them) was merged
+    into the one shared tensor, so all took its change (a report's test loss 16.72 for a trained 6.16;
+    merge-adapter's folder likewise), and a BART folder merged with its head untied lost its encoder's and
+    decoder's embeddings on reload. The merge unties them first where an adapter sits on one; a base whose
+    adapters leave them alone stays tied."""
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    base = save_tiny_llama(tmp_path / "base", tokenizer, tied=True)
+    from tests.support.tiny_seq2seq import tiny_seq2seq
+
+    if family == "bart":
+        tiny_seq2seq("bart").save_pretrained(tmp_path / "base")
+        base, auto, vocab = tmp_path / "base", AutoModelForSeq2SeqLM, 64
+    else:
+        base = save_tiny_llama(tmp_path / "base", tokenizer, tied=True)
+        auto, vocab = AutoModelForCausalLM, None
     peft_model = get_peft_model(
-        LlamaForCausalLM.from_pretrained(base), LoraConfig(r=4, lora_alpha=8, target_modules=targets)
+        auto.from_pretrained(base), LoraConfig(r=4, lora_alpha=8, target_modules=targets)
     )
     with torch.no_grad():  # B (and an embedding adapter's A, which peft starts at 0) away from 0
         for name, param in peft_model.named_parameters():
             if "lora_B" in name or "lora_embedding_" in name:
                 param.normal_(0, 0.5)
     peft_model.save_pretrained(tmp_path / "adapter")
-    ids = torch.randint(0, len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, vocab or len(tokenizer), (2, 12), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, **({"decoder_input_ids": ids.flip(-1)} if family == "bart" else {})}
     with torch.no_grad():
-        trained = peft_model.eval()(input_ids=ids).logits
+        trained = peft_model.eval()(**inputs).logits
         merged = lora.merge_adapter(tmp_path / "adapter", base=str(base)).eval()
-        torch.testing.assert_close(merged(input_ids=ids).logits, trained, atol=MERGED_ADAPTER_ATOL, rtol=0)
+        torch.testing.assert_close(merged(**inputs).logits, trained, atol=MERGED_ADAPTER_ATOL, rtol=0)
         merged.save_pretrained(tmp_path / "merged")
-        again = LlamaForCausalLM.from_pretrained(tmp_path / "merged").eval()
-        torch.testing.assert_close(again(input_ids=ids).logits, trained, atol=MERGED_ADAPTER_ATOL, rtol=0)
+        again = auto.from_pretrained(tmp_path / "merged").eval()
+        torch.testing.assert_close(again(**inputs).logits, trained, atol=MERGED_ADAPTER_ATOL, rtol=0)
     tied = again.get_output_embeddings().weight is again.get_input_embeddings().weight
     assert tied == (targets == ["q_proj"]) and again.config.tie_word_embeddings == tied

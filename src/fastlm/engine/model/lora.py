@@ -647,9 +647,10 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     """The base model (``base`` or the adapter config's) with the adapter of ``folder``, in fp32, offline.
 
     ``merge=True`` folds the adapters into the weights and returns a plain transformers model (what
-    generation and evaluation want: no adapter overhead); else the peft model. A base whose head is tied to
-    its input embedding (Llama-3.2-1B/3B, Qwen3-4B) is untied for the merge, so that an adapter on one of them
-    changes that one alone, as in training; tied again where the merged head and embedding are still equal.
+    generation and evaluation want: no adapter overhead); else the peft model. A base that ties weights to
+    one tensor (a head to its input embedding: Llama-3.2-1B/3B, Qwen3-4B; BART's head and its encoder's and
+    decoder's embeddings) is untied for the merge, so that an adapter on one of them changes that one alone,
+    as in training; tied again where the merged weights are all still equal.
     """
     from fastlm.engine.model import pretrained
 
@@ -675,30 +676,43 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
     if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
         log.info("Growing the embedding of %s to the %d tokens of the adapter's tokenizer", base, size)
         base_model.resize_token_embeddings(size)
-    tied = merge and _tied_head(base_model)
+    tied = _tied_weights(base_model) if merge else {}
     if tied:
-        _set_tied(base_model, False)
+        _set_tied(base_model, tied, False)
     model = _load_adapter_whole(base_model, folder)
     if not merge:
         return model
     merged = model.merge_and_unload()
-    if tied and torch.equal(merged.get_output_embeddings().weight, merged.get_input_embeddings().weight):
-        _set_tied(merged, True)  # no adapter on either: one tensor again, saved once
+    weight = merged.get_parameter
+    if tied and all(torch.equal(weight(target), weight(source)) for target, source in tied.items()):
+        _set_tied(merged, tied, True)  # no adapter on any of them: one tensor again, saved once
     return merged
 
 
-def _tied_head(model) -> bool:
-    head = model.get_output_embeddings()
-    return head is not None and head.weight is model.get_input_embeddings().weight
+def _tied_weights(model) -> dict[str, str]:
+    """The weights ``model`` ties to another (transformers' ``all_tied_weights_keys``: target -> source) that
+    are one tensor in it: a decoder-only head and its input embedding; BART's head and its encoder's and
+    decoder's embeddings to ``shared``."""
+    keys = dict(getattr(model, "all_tied_weights_keys", None) or {})
+    return {
+        target: source
+        for target, source in keys.items()
+        if model.get_parameter(target) is model.get_parameter(source)
+    }
 
 
-def _set_tied(model, tied: bool) -> None:
-    """Tie ``model``'s head to its input embedding (one tensor) or give the head a copy of its own; the
-    config (a multimodal model's text config too) says so, for the folder it is saved to."""
+def _set_tied(model, tied: dict[str, str], on: bool) -> None:
+    """Tie each of ``tied``'s weights to its source (one tensor) or give it a copy of its own; the config (a
+    multimodal model's text config too) and the model's list of tied weights say so, for the folder it is
+    saved to (an untied weight is saved and loaded as itself)."""
     for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
-        config.tie_word_embeddings = tied
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    head.weight = embedding.weight if tied else torch.nn.Parameter(embedding.weight.detach().clone())
+        config.tie_word_embeddings = on
+    for target, source in tied.items():
+        owner, _, name = target.rpartition(".")
+        weight = model.get_parameter(source)
+        own = weight if on else torch.nn.Parameter(weight.detach().clone())
+        setattr(model.get_submodule(owner), name, own)
+    model.all_tied_weights_keys = dict(tied) if on else {}
 
 
 def _load_adapter_whole(base_model, folder: str | Path):
