@@ -530,22 +530,22 @@ def _local_path(catalog, name: str) -> Path | None:
 
 class ProjectFolderHook:
     """A session opened in a subfolder of the project (a notebook in ``notebooks/``, a script) works in the
-    project folder, as ``kedro run`` does (:func:`fastlm.cli.in_project_folder`): Kedro makes the catalog's
-    paths the project's, but ``train.checkpoint_dir``, the MLflow store (``sqlite:///mlflow.db``) and the
-    other paths in parameters are read from the working folder. Moved before any other hook reads one (the
-    MLflow hook sets its store when the context is made); said once."""
+    project folder, as ``kedro run`` does (:func:`fastlm.cli.in_project_folder`); one opened outside the
+    project keeps its folder. Kedro makes the catalog's paths the project's, but ``train.checkpoint_dir``,
+    the MLflow store (``sqlite:///mlflow.db``) and the other paths in parameters are read from the working
+    folder. Moved before any other hook reads one (the MLflow hook sets its store when the context is made);
+    said once."""
 
     @hook_impl(tryfirst=True)
     def after_context_created(self, context) -> None:
         project, here = Path(context.project_path).resolve(), Path.cwd().resolve()
-        if project == here:
+        if project == here or not here.is_relative_to(project):  # a script elsewhere keeps its own folder
             return
-        opened = here.relative_to(project).as_posix() if here.is_relative_to(project) else str(here)
         log.info(
             "fastlm: working in the project folder %s (opened in %s): the paths in conf/ and parameters are "
             "the project's",
             project,
-            opened,
+            here.relative_to(project).as_posix(),
         )
         os.chdir(project)
 

@@ -57,6 +57,7 @@ if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing a
         DatasetPathsHook(),
         RunTrackerHook(),
         RunNameHook(),
+        ProjectFolderHook(),
     )
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader

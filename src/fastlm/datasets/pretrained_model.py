@@ -111,17 +111,15 @@ class PretrainedModelDataset(AbstractDataset):
 @contextlib.contextmanager
 def _for_inference(model, tokenizer):
     """``model``'s config as a folder for inference wants it while it is saved: the key/value cache on
-    (training switches it off), and the tokenizer's pad id where the model has none (a base whose tokenizer
-    pads with its EOS); the cache setting of the model in memory is put back."""
+    (training switches it off; put back after), and the tokenizer's pad id in the generation config where it
+    has none (a base whose tokenizer pads with its EOS). Not in the model config: a Llama or Qwen2 built from
+    a ``pad_token_id`` that is its EOS would give the EOS embedding no gradient in a later fine-tune."""
     configs = list({id(c): c for c in (model.config, model.config.get_text_config())}.values())
     cached = [getattr(config, "use_cache", None) for config in configs]
-    pad = getattr(tokenizer, "pad_token_id", None)
     for config in configs:
         if hasattr(config, "use_cache"):
             config.use_cache = True
-        if pad is not None and getattr(config, "pad_token_id", None) is None:
-            config.pad_token_id = pad
-    generation = getattr(model, "generation_config", None)
+    pad, generation = getattr(tokenizer, "pad_token_id", None), getattr(model, "generation_config", None)
     if generation is not None and pad is not None and generation.pad_token_id is None:
         generation.pad_token_id = pad
     try:

@@ -472,8 +472,9 @@ def test_a_trained_model_folder_is_saved_for_inference(bpe_tokenizer, tmp_path):
     """Training switches the key/value cache off; the folder kept `use_cache: false`, so a plain forward of
     the loaded model returned no cache (hand-written decoding loops, servers reading the config), where a
     merged adapter's folder had it on. A base without a pad id beside a tokenizer that pads with its EOS
-    saved `pad_token_id: null`. The folder is saved with the cache on and the tokenizer's pad id; the model
-    the run keeps is left as it was."""
+    saved no pad id for generation. The folder is saved with the cache on and the tokenizer's pad id in its
+    generation config (not in the model config: an embedding built with padding_idx = EOS would freeze the
+    EOS row in a later fine-tune); the model the run keeps is left as it was."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from fastlm.datasets.pretrained_model import PretrainedModelDataset
@@ -495,5 +496,5 @@ def test_a_trained_model_folder_is_saved_for_inference(bpe_tokenizer, tmp_path):
     config = json.loads((tmp_path / "model/config.json").read_text())
     generation = json.loads((tmp_path / "model/generation_config.json").read_text())
     assert config["use_cache"] is True and generation.get("use_cache", True) is True
-    assert config["pad_token_id"] == generation["pad_token_id"] == bpe_tokenizer.pad_token_id
+    assert generation["pad_token_id"] == bpe_tokenizer.pad_token_id and config.get("pad_token_id") is None
     assert model.config.use_cache is False

@@ -55,12 +55,14 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         trained_length=trained_length,
     )
     if trained_length is not None and params.max_input_tokens is None:
+        longer = "keep their last tokens" if params.too_long == "truncate" else "are refused"
         log.info(
             "predict: prompts of at most %d tokens, as the model's report generates (it trained on rows of "
-            "%d tokens, split.max_length); longer ones keep their last tokens (predict.too_long), "
-            "predict.max_input_tokens sets another limit",
+            "%d tokens, split.max_length); longer ones %s (predict.too_long), predict.max_input_tokens sets "
+            "another limit",
             limit,
             trained_length,
+            longer,
         )
     rows = input_rows(
         table,
