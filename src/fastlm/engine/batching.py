@@ -63,8 +63,11 @@ def make_batching(
     prompt_lengths=None,
     decoder_start_id: int | None = None,
     seq2seq_packing: bool = False,
+    split: int = 1,
 ):
-    """The batch sampler and collator of the configured mode (packed: ``packed_budget``).
+    """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``split``: the
+    micro-batch was halved that many times over (an out-of-memory back-off, ``2 ** halvings``): the
+    ``length_grouped`` batches are the configured ones cut in pieces, so every sample stays in its step.
 
     Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
     batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family
@@ -106,7 +109,11 @@ def make_batching(
         sampler = RandomBatches(lengths, batching.micro_batch_size, seed=seed)
     else:
         sampler = LengthGroupedSampler(
-            lengths, batching.micro_batch_size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES, seed=seed
+            lengths,
+            batching.micro_batch_size,
+            mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES,
+            seed=seed,
+            split=split,
         )
     collator = (
         Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, pad_to_multiple_of=pad_multiple)
@@ -237,9 +244,12 @@ class MicroBatches:
         self.sampler.set_epoch(self.epoch, start_batch=0)
         return len(self.sampler)
 
-    def progress(self, batches_per_epoch: int) -> dict:
-        """``position`` for a metric record, ``epoch`` as epochs done (1.5: half-way through the second)."""
-        return {**self.position, "epoch": round(self.epoch + self.batch / max(1, batches_per_epoch), 4)}
+    def progress(self) -> dict:
+        """``position`` for a metric record, ``epoch`` as epochs done (1.5: half-way through the second),
+        counted in this stream's batches (half-size ones after an out-of-memory back-off)."""
+        if self._epoch_end == 0:  # nothing read yet
+            self._epoch_end = self.batches_per_epoch()
+        return {**self.position, "epoch": round(self.epoch + self.batch / max(1, self._epoch_end), 4)}
 
     def __next__(self) -> dict:
         if self._iterator is None:
@@ -309,15 +319,25 @@ class StreamLayout:
 
 
 def micro_batches(
-    dataset: TokenSequences, params: TrainParams, layout: StreamLayout, *, epoch: int = 0, batch: int = 0
+    dataset: TokenSequences,
+    params: TrainParams,
+    layout: StreamLayout,
+    *,
+    epoch: int = 0,
+    batch: int = 0,
+    configured: int | None = None,
 ) -> MicroBatches:
-    """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on."""
+    """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on.
+    ``configured``: the micro-batch size the run was configured with, where an out-of-memory back-off
+    halved it since (the batches are the configured ones cut in pieces, ``make_batching``'s ``split``)."""
+    size = params.batching.micro_batch_size
     sampler, collator = make_batching(
         params,
         dataset.lengths,
         pad_id=layout.pad_id,
         max_length=layout.max_length,
         seed=params.seed,
+        split=max(1, (configured or size) // size),
         **layout.sides,
     )
     sampler.shard(layout.rank, layout.world_size)

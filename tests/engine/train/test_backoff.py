@@ -48,27 +48,62 @@ def test_backoff_stops_at_one_row(tmp_path, memory_for_rows):
         run_toy(toy_params(tmp_path, batching={"micro_batch_size": 2, "oom_backoff": True}))
 
 
-def test_an_out_of_memory_epoch_end_step_is_redone_with_its_own_samples(tmp_path, monkeypatch):
-    """An epoch's last step may hold fewer micro-batches than the accumulation: the retry restarted as if it
-    held them all, so it trained samples of the step before again. Each sample of the epoch is trained once,
-    the failed short step's included."""
+def _out_of_memory_once_at(monkeypatch, call: int, trained: list):
+    """The ``call``-th step runs out of memory once; ``trained`` gets each trained sample's tokens."""
     import torch
 
     import fastlm.engine.train.step as step_module
 
-    real, trained, failed = step_module.accumulate_gradients, [], []
+    real, calls = step_module.accumulate_gradients, [0]
 
     def accumulate(model, micro_batches, **kwargs):
-        rows = [batch["input_ids"].shape[0] for batch in micro_batches]
-        if not failed and len(micro_batches) < 4:  # the epoch's short last step, once
-            failed.append(rows)
+        calls[0] += 1
+        if calls[0] == call:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        trained.append(sum(rows))
+        for batch in micro_batches:
+            for row, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist(), strict=True):
+                trained.append(
+                    tuple(token for token, real_token in zip(row, mask, strict=True) if real_token)
+                )
         return real(model, micro_batches, **kwargs)
 
     monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
-    batching = {"mode": "length_grouped", "micro_batch_size": 4, "gradient_accumulation_steps": 4}
-    params = toy_params(tmp_path, batching={**batching, "oom_backoff": True}, max_steps=None, epochs=1)
+
+
+@pytest.mark.parametrize("call", [3, 10], ids=["a_step", "the_epochs_short_last_step"])
+def test_an_out_of_memory_step_is_redone_with_its_own_samples(tmp_path, monkeypatch, call):
+    """length_grouped, 38 micro-batches of 8 an epoch, accumulation 4 (step 10 holds the last 2): the retry
+    rebuilt the epoch's batches at half the size, which the sampler partitions otherwise (its mega-batches
+    are counted in batches), so 56 samples were trained twice and 56 never (8 and 12 at the short step,
+    whose micro-batches the restart also miscounted). The retry cuts the configured batches in halves:
+    each sample of the epoch is trained once."""
+    from collections import Counter
+
+    from tests.support.toy_training import toy_sequences
+
+    trained = []
+    _out_of_memory_once_at(monkeypatch, call, trained)
+    batching = {"mode": "length_grouped", "micro_batch_size": 8, "gradient_accumulation_steps": 4}
+    params = toy_params(
+        tmp_path, batching={**batching, "oom_backoff": True}, max_steps=None, epochs=1, eval_every=None
+    )
     result = run_toy(params)
-    assert failed and result.summary["oom_backoffs"][0]["micro_batch_size"] == 2
-    assert sum(trained) == 300  # toy_sequences(300): each sample once
+    assert result.summary["oom_backoffs"][0]["micro_batch_size"] == 4
+    data = toy_sequences(300, 1)
+    samples = Counter(
+        tuple(int(token) for token in data.values[start:end])
+        for start, end in zip(data.offsets[:-1], data.offsets[1:], strict=True)
+    )
+    assert Counter(trained) == samples
+
+
+def test_the_history_counts_epochs_in_the_batches_it_reads_after_a_back_off(tmp_path, memory_for_rows):
+    """After a back-off the stream counts half-size batches: the history's epoch divided them by the
+    configured epoch's batches (1.92 at the end of the first of two epochs, 2.92 at the end)."""
+    memory_for_rows(2)
+    batching = {"micro_batch_size": 4, "gradient_accumulation_steps": 3, "oom_backoff": True}
+    params = toy_params(tmp_path, batching=batching, max_steps=None, epochs=2, eval_every=None, log_every=1)
+    result = run_toy(params)
+    assert result.summary["oom_backoffs"]
+    epochs = [row["epoch"] for row in result.history]
+    assert epochs == sorted(epochs) and epochs[-1] == 2.0 and 1.0 in epochs

@@ -95,7 +95,11 @@ class _EpochBatchSampler(Sampler[list[int]]):
 
 
 class LengthGroupedSampler(_EpochBatchSampler):
-    """Batches of ``batch_size`` samples of similar lengths, in a random order (see the module docstring)."""
+    """Batches of ``batch_size`` samples of similar lengths, in a random order (see the module docstring).
+
+    ``split`` > 1: the batches of ``batch_size * split`` samples (the order the run was configured with),
+    each cut in ``split`` consecutive pieces: an out-of-memory back-off that halves the micro-batch keeps
+    every sample where it was (pieces ``2j`` and ``2j + 1`` are batch ``j``)."""
 
     def __init__(
         self,
@@ -107,23 +111,29 @@ class LengthGroupedSampler(_EpochBatchSampler):
         epoch: int = 0,
         start_batch: int = 0,
         drop_last: bool = False,
+        split: int = 1,
     ) -> None:
-        if batch_size < 1 or mega_batch_mult < 1:
-            raise ValueError("batch_size and mega_batch_mult must be >= 1")
+        if batch_size < 1 or mega_batch_mult < 1 or split < 1:
+            raise ValueError("batch_size, mega_batch_mult and split must be >= 1")
         self.batch_size, self.mega_batch_mult, self.drop_last = batch_size, mega_batch_mult, drop_last
+        self.split = split
         super().__init__(lengths, seed=seed, epoch=epoch, start_batch=start_batch)
 
     def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
         order = rng.permutation(self.lengths.size)
-        mega = self.batch_size * self.mega_batch_mult
+        size = self.batch_size * self.split
+        mega = size * self.mega_batch_mult
         batches: list[np.ndarray] = []
         for start in range(0, order.size, mega):
             chunk = order[start : start + mega]
             chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
-            batches.extend(chunk[i : i + self.batch_size] for i in range(0, chunk.size, self.batch_size))
-        if self.drop_last and batches and batches[-1].size < self.batch_size:
+            batches.extend(chunk[i : i + size] for i in range(0, chunk.size, size))
+        if self.drop_last and batches and batches[-1].size < size:
             batches.pop()  # only the last mega-batch can end with a short batch
-        return [batches[k] for k in rng.permutation(len(batches)).tolist()]
+        ordered = [batches[k] for k in rng.permutation(len(batches)).tolist()]
+        if self.split == 1:
+            return ordered
+        return [piece for batch in ordered for piece in np.array_split(batch, min(self.split, batch.size))]
 
 
 class PackedBatchSampler(_EpochBatchSampler):

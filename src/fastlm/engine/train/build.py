@@ -128,7 +128,7 @@ class TrainingParts:
 
     def position(self) -> dict:
         """Where the stream is, for a metric record (``MicroBatches.progress``)."""
-        return self.stream.progress(self.batches_per_epoch)
+        return self.stream.progress()
 
 
 def settle_request(request: TrainRequest) -> TrainRequest:
@@ -236,7 +236,14 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     resumed_choice = dict(state.runtime_choice)  # the probes overwrite it with this run's choice
     params = resumed_batching(configured, state.batching, state.resumed_from)
     state.batching = batching_record(params, configured)
-    stream = micro_batches(request.train_set, params, layout, epoch=state.epoch, batch=state.batch_in_epoch)
+    stream = micro_batches(
+        request.train_set,
+        params,
+        layout,
+        epoch=state.epoch,
+        batch=state.batch_in_epoch,
+        configured=configured.batching.micro_batch_size,  # a resumed back-off cuts the configured batches
+    )
     runtime, attn, model = _probed_runtime(request, params, state, stream, wrapped, total_steps, cleanup)
     runtime = probe_float8(  # float8 auto: measured on the same first micro-batch, through the stepping model
         runtime,

@@ -165,7 +165,12 @@ def _back_off(run: TrainingParts, error: BaseException, failed: int) -> None:
     )
     restart = max(0, stream.batch - failed) * 2
     run.stream = micro_batches(
-        stream.dataset, smaller, replace(run.layout, rank=0, world_size=1), epoch=stream.epoch, batch=restart
+        stream.dataset,
+        smaller,
+        replace(run.layout, rank=0, world_size=1),
+        epoch=stream.epoch,
+        batch=restart,
+        configured=run.configured.batching.micro_batch_size,  # its batches cut in halves: the same samples
     )
     run.params = smaller
     state.batching = batching_record(smaller, run.configured)
