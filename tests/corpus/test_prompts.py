@@ -11,6 +11,7 @@ from fastlm.corpus.prompts import (
     clean_messages,
     prompt_frame,
     prompt_token_ids,
+    render_messages,
     tokenize_pairs,
     truncate_prompt_ids,
 )
@@ -139,3 +140,25 @@ def test_bad_prompt_parameters_and_columns_are_one_line():
     frame.attrs["source_path"] = "data/01_raw/d.jsonl"
     with pytest.raises(Exception, match=r"has no column 'summary'.*split.response_column"):
         nodes.clean_corpus(frame, {"prompt_column": "dialogue", "response_column": "summary"})
+
+
+# Llama-3.1/3.2/3.3's templates date their system header with the day they are rendered on.
+DATED_TEMPLATE = (
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    "{%- set date_string = strftime_now('%d %b %Y') %}{%- else %}{%- set date_string = '26 Jul 2024' %}"
+    "{%- endif %}{%- endif %}Today Date: {{ date_string }}\n"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def test_a_template_that_dates_its_prompt_renders_the_same_date_every_day(sample_texts):
+    """Llama-3.2 instruct's template writes "Today Date: <the day it renders>": a chat split on one day and
+    predicted on the next got another prompt than the model trained on (0 of 30 predict prompts equal the
+    training prompts a day later). Chats render with the template's own fixed date on every day."""
+    from fastlm.corpus.prompts import CHAT_DATE
+
+    tokenizer = llama_style_tokenizer(sample_texts, chat_template=True)
+    tokenizer.chat_template = DATED_TEMPLATE
+    prompt = render_messages([{"role": "user", "content": "배송 언제 와요?"}], "{prompt}", tokenizer)
+    assert prompt.startswith(f"Today Date: {CHAT_DATE}\n") and CHAT_DATE == "26 Jul 2024"

@@ -50,6 +50,7 @@ from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
 from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_ragged
 
 __all__ = [
+    "CHAT_DATE",
     "clean_messages",
     "has_chat_template",
     "leading_bos",
@@ -65,6 +66,9 @@ RESPONSE_ROLE = "assistant"
 # Never a tokenizer's own padding or truncation, nor its warning that a text longer than its
 # model_max_length "will result in indexing errors": every caller truncates the ids itself.
 UNPADDED = {"padding": False, "truncation": False, "verbose": False}
+# The date a chat template that dates its prompt is given (``date_string``): Llama-3.1/3.2/3.3's own default
+# where no clock is given, instead of the day the template is rendered on.
+CHAT_DATE = "26 Jul 2024"
 KEY_SEPARATOR = "\x00"
 
 
@@ -100,9 +104,13 @@ def has_chat_template(tokenizer) -> bool:
 
 def render_messages(history: Sequence[Mapping], template: str, tokenizer=None) -> str:
     """The prompt of a chat: the tokenizer's chat template (with the generation prompt) when given one that
-    has a template, else ``"role: content"`` lines wrapped by ``template``."""
+    has a template, else ``"role: content"`` lines wrapped by ``template``. A template that dates its prompt
+    (Llama-3.1/3.2/3.3: "Today Date: ...") gets ``CHAT_DATE`` on every day, so the split, the report and
+    predict render a chat alike whenever they run."""
     if has_chat_template(tokenizer):
-        return tokenizer.apply_chat_template(list(history), tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            list(history), tokenize=False, add_generation_prompt=True, date_string=CHAT_DATE
+        )
     return render_prompt("\n".join(f"{m['role']}: {m['content']}" for m in history), template)
 
 
