@@ -47,7 +47,12 @@ from fastlm.corpus.prompts import (
     truncate_prompt_ids,
 )
 from fastlm.engine.data.collators import pad_id_of
-from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, is_encoder_decoder
+from fastlm.engine.evaluate.generation import (
+    decoding_kwargs,
+    generate_continuations,
+    is_encoder_decoder,
+    response_text,
+)
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.reporting.references import describe_decoding, prompt_budget
@@ -518,12 +523,13 @@ def _summary(
 
 
 def _prediction_text(ids, tokenizer, continuation: bool) -> str:
-    """A row's generated ids as its prediction (a refused row's None: empty), LF line ends; a response
-    stripped, a continuation as decoded."""
+    """A row's generated ids as its prediction (a refused row's None: empty), LF line ends; a response as
+    ``generation.response_text`` gives it (stripped, no empty think block), a continuation as decoded."""
     if ids is None:
         return ""
-    text = lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True))
-    return text if continuation else text.strip()
+    if not continuation:
+        return response_text(ids, tokenizer)
+    return lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def _shown(value) -> str:

@@ -8,7 +8,8 @@
   ``max(budget - max_new_tokens, budget // 2)`` tokens, ``budget = max_length - 1``: prompt and generation
   fit in the trained length, and no prompt is cut shorter than training ever cut it.
 * What is scored: the generated text after the prompt, stopped at EOS, special tokens skipped, line ends LF
-  as the split makes them (``lf_line_ends``), against the ``response`` column (``fastlm.reporting.rouge``).
+  as the split makes them, without a leading empty think block (``generation.response_text``), against the
+  ``response`` column (``fastlm.reporting.rouge``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import pandas as pd
 from fastlm.corpus.prompts import leading_bos, prompt_token_ids, truncate_prompt_ids
 from fastlm.corpus.splitting import cap_rows, text_keys
 from fastlm.engine.data.collators import pad_id_of
-from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations
-from fastlm.engine.evaluate.line_ends import lf_line_ends
+from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, response_text
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.reporting.params import ReferenceParams
 from fastlm.reporting.rouge import rouge_scores, score_columns
@@ -122,10 +122,7 @@ def score_test_generations(
         start_id=start_id,
         **decoding_kwargs(**settings),
     )
-    predictions = [
-        lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)).strip()
-        for ids in generations.continuations
-    ]
+    predictions = [response_text(ids, tokenizer) for ids in generations.continuations]
     per_sample, aggregate, kind = rouge_scores(
         predictions, pairs["response"].tolist(), references.rouge_tokenizer
     )

@@ -184,3 +184,26 @@ def test_sample_generations_write_line_ends_as_lf_and_read_back_row_for_row(runt
     dataset.save(frame)
     back = pd.read_csv(tmp_path / "sample_generations.csv", keep_default_na=False)
     assert back["output"].tolist() == frame["output"].tolist() and len(back) == len(frame)
+
+
+def test_a_response_loses_a_leading_empty_think_block_and_keeps_reasoning():
+    """Qwen3's template writes an empty <think></think> block before each answer in non-thinking mode, and a
+    Qwen3 fine-tune may still open its answers with one (`<think>` and `</think>` are not special tokens, so
+    decoding keeps them): predictions and the report's ROUGE read "<think></think>안녕하세요". An empty block
+    at the start goes; a model's reasoning stays, and so does anything else."""
+    from types import SimpleNamespace
+
+    from fastlm.engine.evaluate.generation import response_text
+
+    def decoding(text):
+        return SimpleNamespace(decode=lambda ids, skip_special_tokens: text)
+
+    cases = {
+        "<think>\n\n</think>\n\n안녕하세요": "안녕하세요",
+        "<think></think>안녕하세요": "안녕하세요",
+        "<think>배송 문의다</think>\n답: 내일": "<think>배송 문의다</think>\n답: 내일",
+        " 답변 \r\n": "답변",
+        "답 <think></think>": "답 <think></think>",
+    }
+    for decoded, expected in cases.items():
+        assert response_text([1, 2], decoding(decoded)) == expected

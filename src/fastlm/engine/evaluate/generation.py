@@ -30,6 +30,7 @@ token is the decoder start, so the continuation is everything after it. ``contin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
@@ -51,6 +52,7 @@ __all__ = [
     "generate_continuations",
     "generate_samples",
     "is_encoder_decoder",
+    "response_text",
 ]
 
 
@@ -103,6 +105,18 @@ def continuation_start(model, input_ids: torch.Tensor) -> int:
     """Where the new tokens begin in ``model.generate``'s output: after the prompt (decoder-only) or after
     the decoder start token (encoder-decoder, whose output holds no prompt)."""
     return 1 if is_encoder_decoder(model) else input_ids.shape[1]
+
+
+# An empty reasoning block at the start of an answer: Qwen3's template writes it before every answer it
+# renders in non-thinking mode, and a Qwen3 fine-tune may still open its answers with it.
+EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
+
+
+def response_text(ids: Sequence[int], tokenizer) -> str:
+    """A generated response as text: special tokens skipped, LF line ends (``lf_line_ends``), stripped, and
+    without a leading empty ``<think></think>`` block (a non-empty one, the model's reasoning, is kept)."""
+    text = lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)).strip()
+    return EMPTY_THINK.sub("", text, count=1)
 
 
 def end_ids(model, eos_id: int | Sequence[int]) -> set[int]:
