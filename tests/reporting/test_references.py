@@ -80,14 +80,7 @@ def test_describe_decoding_names_the_mode_and_what_is_on():
 
 def test_scores_are_rouge_of_what_the_model_generates(model, bpe_tokenizer, runtime):
     pairs = reference_pairs(pair_frame(), 6)
-    table, metrics = score_test_generations(
-        model,
-        bpe_tokenizer,
-        pairs,
-        references=ReferenceParams(**GREEDY, max_new_tokens=6, batch_size=4, seed=0, rouge_tokenizer="auto"),
-        max_length=320,
-        runtime=runtime,
-    )
+    table, metrics = _scored(model, bpe_tokenizer, pairs, runtime, new=6, batch=4, max_length=320)
     assert list(table.columns) == PREDICTION_COLUMNS and len(table) == 6
     expected = []
     for prompt in pairs["prompt"]:
@@ -116,14 +109,7 @@ def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(r
     sample."""
     model, tokenizer = line_end_llama()
     pairs = pd.DataFrame({"sample": [0, 1], "prompt": ["c", "b"], "response": ["a b", "c a"]})
-    table, metrics = score_test_generations(
-        model,
-        tokenizer,
-        pairs,
-        references=ReferenceParams(**GREEDY, max_new_tokens=4, batch_size=4, seed=0, rouge_tokenizer="auto"),
-        max_length=32,
-        runtime=runtime,
-    )
+    table, metrics = _scored(model, tokenizer, pairs, runtime, new=4, batch=4, max_length=32)
     assert table["prediction"].tolist() == ["a\nb", "c\na"]
     csv = tmp_path / "reference_predictions.csv"
     catalog_dataset("reference_predictions", csv).save(table)
@@ -138,14 +124,7 @@ def test_long_prompts_are_cut_like_training_cuts_them(model, bpe_tokenizer, runt
         {"sample": [0, 1], "prompt": ["가격 대비 " * 40 + "배송", "짧은 질문"], "response": ["좋아요", "네"]}
     )
     full = [len(prompt_token_ids(bpe_tokenizer, p)) for p in pairs["prompt"]]
-    table, _ = score_test_generations(
-        model,
-        bpe_tokenizer,
-        pairs,
-        references=ReferenceParams(**GREEDY, max_new_tokens=10, batch_size=2, seed=0, rouge_tokenizer="auto"),
-        max_length=48,
-        runtime=runtime,
-    )
+    table, _ = _scored(model, bpe_tokenizer, pairs, runtime, new=10, batch=2, max_length=48)
     assert full[0] > 47 and table["prompt_tokens"].tolist() == [47 - 10, full[1]]
 
 
@@ -230,4 +209,14 @@ def test_report_has_rouge_sections_only_with_predictions():
     assert (
         samples["prediction"].tolist() == ["배송 느려요"]
         and samples["prompt (end)"].iloc[0] == "…" + "x" * 160
+    )
+
+
+def _scored(model, tokenizer, pairs, runtime, *, new: int, batch: int, max_length: int):
+    """The reference generations greedy, ``new`` tokens each, and their ROUGE (the Unicode rule: auto)."""
+    references = ReferenceParams(
+        **GREEDY, max_new_tokens=new, batch_size=batch, seed=0, rouge_tokenizer="auto"
+    )
+    return score_test_generations(
+        model, tokenizer, pairs, references=references, max_length=max_length, runtime=runtime
     )

@@ -238,16 +238,7 @@ def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkey
     model, tokenizer, data, runtime = setup
     monkeypatch.setattr(evaluation, "DENSE_PAIR_TABLE_MAX", 10)  # force the torch.unique path
     monkeypatch.setattr(evaluation, "_COMPACT_EVERY", 100)  # and several merges
-    report = evaluate(
-        model,
-        data,
-        tokenizer=tokenizer,
-        params=_params("packed"),
-        runtime=runtime,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-        options=EvalOptions(analysis=True, pairs=10),
-    )
+    report = _analysed(model, data, tokenizer, runtime, "packed", pairs=10)
     pairs = brute[3]
     got = dict(
         zip(
@@ -259,16 +250,7 @@ def test_unique_path_for_large_vocabularies_and_max_batches(setup, brute, monkey
     assert all(pairs[key] == count for key, count in got.items())
     assert sorted(got.values(), reverse=True) == [count for _, count in pairs.most_common(10)]
 
-    partial = evaluate(
-        model,
-        data,
-        tokenizer=tokenizer,
-        params=_params("dynamic"),
-        runtime=runtime,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-        options=EvalOptions(analysis=True, max_batches=2, worst=100),
-    )
+    partial = _analysed(model, data, tokenizer, runtime, "dynamic", max_batches=2, worst=100)
     assert partial.metrics["samples"] == 32 and len(partial.worst_samples) <= 32
     assert math.isfinite(partial.metrics["loss"])
 
@@ -282,16 +264,7 @@ def test_error_pairs_and_worst_samples_write_line_ends_as_lf_and_read_back_row_f
     words = [LINE_END_VOCAB.index(word) for word in ("a", "b", "\r", "\r\n")]
     rows = [np.random.default_rng(row).choice(words, size=8) for row in range(6)]  # against its bigrams
     data = TokenSequences(np.concatenate(rows), np.arange(0, 8 * len(rows) + 1, 8))
-    report = evaluate(
-        model,
-        data,
-        tokenizer=tokenizer,
-        params=_params("dynamic"),
-        runtime=runtime,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-        options=EvalOptions(analysis=True, worst=6, pairs=12),
-    )
+    report = _analysed(model, data, tokenizer, runtime, "dynamic", worst=6, pairs=12)
     tables = {
         "error_pairs": (report.wrong_pairs, ["target", "predicted", "target_text", "predicted_text"]),
         "worst_samples": (report.worst_samples, ["text"]),
@@ -367,18 +340,30 @@ def test_topk_anomaly_score_ranks_planted_logkey_anomalies_first():
         optimizer.step()
         optimizer.zero_grad()
     tokens = encode_id_lists([session["ids"] for session in held_out], eos=eos, max_length=MAX_LENGTH)
-    report = evaluate(
+    report = _analysed(
         model,
         TokenSequences(tokens.values, tokens.offsets),
-        tokenizer=tokenizer,
-        params=_params("dynamic"),
-        runtime=runtime,
-        max_length=MAX_LENGTH,
-        attn="sdpa",
-        options=EvalOptions(analysis=True, worst=len(held_out)),
+        tokenizer,
+        runtime,
+        "dynamic",
+        worst=len(held_out),
     )
     ranked = report.worst_samples.sort_values("anomaly_score", ascending=False, kind="stable")
     planted = {index for index, session in enumerate(held_out) if session["anomaly"]}
     assert len(planted) >= 3 and len(ranked) == len(held_out)
     assert set(ranked["sample"].head(len(planted))) == planted
     assert ranked["anomaly_score"].iloc[len(planted) - 1] > ranked["anomaly_score"].iloc[len(planted)]
+
+
+def _analysed(model, data, tokenizer, runtime, mode: str, **options):
+    """``evaluate`` with the error analysis, on the sdpa path, micro-batches of ``mode``."""
+    return evaluate(
+        model,
+        data,
+        tokenizer=tokenizer,
+        params=_params(mode),
+        runtime=runtime,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        options=EvalOptions(analysis=True, **options),
+    )
