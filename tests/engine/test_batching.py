@@ -8,11 +8,13 @@ import torch
 from fastlm.engine.batching import (
     MicroBatches,
     RandomBatches,
+    StepPlan,
     StreamLayout,
     loader_settings,
     make_batching,
     micro_batches,
     packed_budget,
+    step_plan,
 )
 from fastlm.engine.data import DynamicPaddingCollator, PackedCollator, Seq2SeqCollator
 from fastlm.engine.data.samplers import LengthGroupedSampler, PackedBatchSampler
@@ -160,3 +162,40 @@ def test_the_stream_keeps_one_shape_for_cuda_graphs(tmp_path):
         step, _ = stream.next_step(6, CPU, "sdpa_varlen")
         shapes[mode] = {tuple(batch["model_inputs"]["input_ids"].shape) for batch in step}
     assert len(shapes["reduce-overhead"]) == 1 and len(shapes["default"]) > 1
+
+
+def test_a_step_plan_of_epochs_sums_each_epochs_own_steps_and_max_steps_is_the_total_as_given():
+    """Packed epochs hold slightly different micro-batch counts: ``epochs: 3`` is each epoch's steps summed
+    (epoch 0's times three was one step short or over); a fraction plans part of the next epoch as before;
+    ``max_steps`` is the total whatever the epochs hold."""
+    sizes = [105, 107, 106, 104]
+    plan = StepPlan(lambda epoch: sizes[epoch], world_size=1, accumulation=2, epochs=3)
+    assert [plan.steps(epoch) for epoch in range(3)] == [53, 54, 53] and plan.total_steps == 160
+    assert StepPlan(lambda epoch: sizes[epoch], world_size=1, accumulation=2, epochs=2.5).total_steps == 134
+    assert (
+        StepPlan(lambda epoch: 105, world_size=1, accumulation=2, epochs=2.5).total_steps == 133
+    )  # ceil(2.5 x 53)
+    assert StepPlan(lambda epoch: sizes[epoch], world_size=1, accumulation=2, max_steps=7).total_steps == 7
+    assert [plan.epochs_at(step) for step in (0, 53, 80, 107, 160)] == [0.0, 1.0, 1.5, 2.0, 3.0]
+    # two processes of one micro-batch each: an odd epoch's last micro-batch left out (the even split)
+    two = StepPlan(lambda epoch: sizes[epoch], world_size=2, accumulation=1, epochs=3)
+    assert [two.trained(epoch) for epoch in range(3)] == [104, 106, 106] and two.total_steps == 158
+    assert two.outline(1) == [105, 107, 106] and two.outline(2) == [104, 106, 106]
+    assert "train 105 of epoch 0's 105 micro-batches and this run's 2 processes 104" in two.difference(1)
+    assert two.difference(2) is None
+    # max_steps never reaching an epoch's end: both numbers of processes train the same micro-batches
+    inside = StepPlan(lambda epoch: sizes[epoch], world_size=2, accumulation=1, max_steps=40)
+    assert inside.outline(1) == inside.outline(2) == [80] and inside.difference(1) is None
+
+
+def test_the_step_plan_counts_the_streams_epochs(tmp_path):
+    """``step_plan`` counts each epoch's micro-batches as the stream reads them (this rank's: the even
+    split)."""
+    params = toy_params(tmp_path, max_steps=None, epochs=3, batching={"micro_batch_size": 8})
+    data = toy_sequences(5000, 1)
+    for world in (1, 2):
+        plan = step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=world))
+        stream = micro_batches(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=world))
+        read = [stream.sampler.set_epoch(epoch) or len(stream.sampler) for epoch in range(3)]
+        assert [plan.trained(epoch) // world for epoch in range(3)] == read
+        assert plan.total_steps == sum(read)

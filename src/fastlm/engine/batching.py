@@ -5,12 +5,15 @@ DataLoader settings, the endless micro-batch stream of a run, and one optimizer 
 batch sampler and a collator; ``seq2seq_batching`` gives its extra arguments for an encoder-decoder model.
 ``MicroBatches`` yields micro-batches across epochs and knows its position (for exact resume);
 ``MicroBatches.next_step`` fetches one optimizer step's micro-batches and moves them to the device with the
-inputs of the model's attention path (``attention.inputs.to_device``).
+inputs of the model's attention path (``attention.inputs.to_device``). ``StepPlan`` (``step_plan``) is the
+run's optimizer steps epoch by epoch: its total, and whether a checkpoint of another number of processes
+continues on the same steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -44,12 +47,14 @@ from fastlm.errors import ConfigError
 __all__ = [
     "MicroBatches",
     "RandomBatches",
+    "StepPlan",
     "StreamLayout",
     "loader_settings",
     "make_batching",
     "micro_batches",
     "packed_budget",
     "seq2seq_batching",
+    "step_plan",
 ]
 
 
@@ -343,6 +348,122 @@ def micro_batches(
     sampler.shard(layout.rank, layout.world_size)
     return MicroBatches(
         dataset, sampler, collator, layout.loader_kwargs, epoch=epoch, batch=batch, seed=params.seed
+    )
+
+
+class StepPlan:
+    """A run's optimizer steps, epoch by epoch.
+
+    ``sizes(epoch)`` is an epoch's global micro-batches (all processes' together; packed epochs differ a
+    little, each packed after its own shuffle). W processes train the first ``N - N mod W`` of them (the
+    samplers' even shards, the rest left out), ``accumulation x W`` a step, the epoch's last step taking those
+    left (``MicroBatches.next_step``): ``ceil((N - N mod W) / (accumulation x W))`` steps. ``train.epochs``
+    E plans each of the first ``floor(E)`` epochs' own steps and, for a fraction, ``ceil(E x steps) -
+    floor(E) x steps`` of the next one (with equal epochs: ``ceil(E x steps)``, the single-epoch formula
+    planned with before); ``train.max_steps`` is the total as given.
+
+    A checkpoint of another number of processes continues on this plan only where both numbers train the same
+    micro-batches of every epoch the plan reaches the end of (``difference``): its step then sits at the same
+    data position in both, and the epochs end on the same steps.
+    """
+
+    def __init__(
+        self,
+        sizes: Callable[[int], int],
+        *,
+        world_size: int,
+        accumulation: int,
+        epochs: float = 1.0,
+        max_steps: int | None = None,
+    ) -> None:
+        self._sizes, self._known = sizes, {}
+        self.world_size, self.accumulation, self.epochs, self.max_steps = (
+            world_size,
+            accumulation,
+            epochs,
+            max_steps,
+        )
+        self.total_steps = max_steps or self._epochs_total(world_size)
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.accumulation * self.world_size
+
+    def size(self, epoch: int) -> int:
+        """The global micro-batches of ``epoch`` (counted once)."""
+        if epoch not in self._known:
+            self._known[epoch] = int(self._sizes(epoch))
+        return self._known[epoch]
+
+    def trained(self, epoch: int, world_size: int | None = None) -> int:
+        """The global micro-batches ``world_size`` processes (this run's number) train of ``epoch``."""
+        size = self.size(epoch)
+        return size - size % (world_size or self.world_size)
+
+    def steps(self, epoch: int, world_size: int | None = None) -> int:
+        """The optimizer steps of ``epoch`` in ``world_size`` processes (this run's number)."""
+        return max(1, -(-self.trained(epoch, world_size) // self.micro_batches_per_step))
+
+    def epochs_at(self, step: int) -> float:
+        """Epochs done after ``step`` steps, each epoch counted in its own steps (2.5: half of the third)."""
+        epoch = 0
+        while step >= self.steps(epoch):
+            step, epoch = step - self.steps(epoch), epoch + 1
+        return round(epoch + step / self.steps(epoch), 4)
+
+    def _epochs_total(self, world_size: int) -> int:
+        whole = math.floor(self.epochs)
+        total = sum(self.steps(epoch, world_size) for epoch in range(whole))
+        if self.epochs > whole:
+            steps = self.steps(whole, world_size)
+            total += math.ceil(self.epochs * steps) - whole * steps
+        return max(1, total)
+
+    def outline(self, world_size: int) -> list[int]:
+        """The global micro-batches ``world_size`` processes train in each epoch this plan reaches (of the
+        last one, those its steps reach)."""
+        left, trained, epoch = self.max_steps or self._epochs_total(world_size), [], 0
+        while left > 0:
+            steps, count = self.steps(epoch, world_size), self.trained(epoch, world_size)
+            trained.append(count if left >= steps else min(count, left * self.micro_batches_per_step))
+            left, epoch = left - steps, epoch + 1
+        return trained
+
+    def difference(self, world_size: int) -> str | None:
+        """Why a checkpoint of ``world_size`` processes does not continue on this plan, in words; None where
+        it does (the same number, or the same micro-batches trained in every epoch)."""
+        if world_size == self.world_size:
+            return None
+        saved, now = self.outline(world_size), self.outline(self.world_size)
+        if saved == now:
+            return None
+        epoch = next((e for e, pair in enumerate(zip(saved, now, strict=False)) if pair[0] != pair[1]), None)
+        if epoch is None:  # the same epochs as far as both go
+            epoch = min(len(saved), len(now))
+        theirs = saved[epoch] if epoch < len(saved) else 0
+        mine = now[epoch] if epoch < len(now) else 0
+        size, saved_by, run_by = self.size(epoch), _processes(world_size), _processes(self.world_size)
+        return (
+            f"its {saved_by} train {theirs} of epoch {epoch}'s {size} micro-batches and this run's {run_by} "
+            f"{mine} (an epoch is split evenly over the processes, the rest left out), so its steps and data "
+            "positions are not this run's"
+        )
+
+
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count != 1 else ''}"
+
+
+def step_plan(dataset: TokenSequences, params: TrainParams, layout: StreamLayout) -> StepPlan:
+    """The run's ``StepPlan`` for ``params.batching`` and ``train.epochs`` / ``max_steps`` in
+    ``layout.world_size`` processes (the epochs' micro-batches counted, not built: ``epoch_length``)."""
+    sampler = micro_batches(dataset, params, layout).sampler
+    return StepPlan(
+        sampler.epoch_length,
+        world_size=layout.world_size,
+        accumulation=params.batching.gradient_accumulation_steps,
+        epochs=params.epochs,
+        max_steps=params.max_steps,
     )
 
 

@@ -284,3 +284,69 @@ def test_a_model_folder_in_the_project_is_named_from_it_so_a_moved_project_resum
     assert digest_differences(older, after) == []
     elsewhere = {**after, "model.source": str(tmp_path / "c" / "models" / "base")}
     assert digest_differences(elsewhere, after) != []
+
+
+# ------------------------------------------------------------- another number of processes, the step plan
+
+DIGEST = {"data": "d", "micro_batches_per_step": 2}
+
+
+def _saved_by(root, trained, world_size: int | None, *, step: int = 2, batch: int = 4):
+    """A checkpoint of ``world_size`` processes (None: a state without the field, as written before data
+    parallelism) at global micro-batch ``batch`` of epoch 0, two micro-batches a step."""
+    from fastlm.engine.checkpoint.files import save_checkpoint
+
+    model, optimizer, scheduler = trained
+    state = {"step": step, "epoch": 0, "batch_in_epoch": batch, "digest": DIGEST, "history": []}
+    if world_size is not None:
+        state["world_size"] = world_size
+    return save_checkpoint(root, step, model=model, optimizer=optimizer, scheduler=scheduler, state=state)
+
+
+def _plan(sizes, world_size: int, **total):
+    """This run's step plan: ``sizes`` global micro-batches each epoch, two a step over ``world_size``."""
+    from fastlm.engine.batching import StepPlan
+
+    counts = sizes if callable(sizes) else (lambda epoch: sizes)
+    return StepPlan(counts, world_size=world_size, accumulation=2 // world_size, **total)
+
+
+@pytest.mark.parametrize(
+    ("saved", "now", "sizes", "total", "same"),
+    [
+        (2, 1, 24, {"epochs": 2}, True),  # even: both train all 24 an epoch
+        (2, 1, 25, {"epochs": 2}, False),  # two processes leave the 25th out, one trains it: 12 vs 13 steps
+        (2, 1, 25, {"max_steps": 4}, True),  # never at an epoch's end: the same 8 micro-batches
+        (2, 1, 25, {"epochs": 0.5}, False),  # half an epoch of 12 steps or of 13: 6 steps or 7
+        (2, 1, lambda epoch: [24, 25][epoch], {"epochs": 2}, False),  # packed epochs: the second differs
+        (1, 2, 25, {"epochs": 1}, False),  # the other way
+        (None, 2, 25, {"epochs": 1}, False),  # no record: one process, which trained the 25th
+        (None, 2, 24, {"epochs": 1}, True),
+    ],
+)
+def test_another_number_of_processes_resumes_only_where_the_step_plans_agree(
+    tmp_path, trained, caplog, saved, now, sizes, total, same
+):
+    """Round eight: each epoch's global micro-batches are split evenly over the processes, the last
+    ``N mod W`` left out; a checkpoint of W processes resumed by W' where ``N mod W != N mod W'`` continued
+    on another step plan (12 vs 13 steps an epoch here), a micro-batch trained twice or never: ``auto``
+    starts fresh saying why in one line, an explicit folder is refused in one; where the plans agree the
+    checkpoint resumes."""
+    from fastlm.engine.checkpoint.resume import plan_resume
+
+    root = tmp_path / "checkpoints"
+    folder = _saved_by(root, trained, saved)
+    plan = _plan(sizes, now, **total)
+    if same:
+        assert plan_resume(root, "auto", DIGEST, plan=plan).checkpoint == folder
+        assert plan_resume(root, str(folder), DIGEST, plan=plan).checkpoint == folder
+        return
+    with pytest.raises(CheckpointError) as raised:
+        plan_resume(root, str(folder), DIGEST, plan=plan, move_old=False)
+    message = str(raised.value)
+    assert "\n" not in message and str(folder) in message and "process" in message and "epoch" in message
+    caplog.set_level(logging.INFO, logger="fastlm")
+    assert plan_resume(root, "auto", DIGEST, plan=plan).checkpoint is None
+    (line,) = _fresh_lines(caplog)
+    assert "\n" not in line and folder.name in line and "process" in line and "epoch" in line
+    assert not (root / folder.name).exists()  # moved aside, kept

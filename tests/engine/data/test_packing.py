@@ -9,6 +9,7 @@ from fastlm.engine.data import (
     epoch_rng,
     pack_by_token_budget,
     pack_rows,
+    packed_batch_count,
     packed_layout,
     to_additive_mask,
 )
@@ -151,3 +152,28 @@ def test_a_row_length_shorter_than_a_sample_is_refused_naming_the_parameter():
         ConfigError, match="train.batching.row_length is 16 tokens but the data has a sample of 44"
     ):
         make_batching(params, np.array([5, 44, 9]), pad_id=0, max_length=64, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("budget", "window", "spread"),
+    [
+        (TokenBudget(row_length=64, rows_per_batch=8), 500, (1, 64)),  # short texts, rows exactly full too
+        (TokenBudget(row_length=320, rows_per_batch=3), 4096, (1, 320)),
+        (TokenBudget.flat(512), 97, (0, 40)),  # empty samples; many small windows
+        (TokenBudget(row_length=48, rows_per_batch=1), 1000, (24, 48)),  # one sample a row, or two halves
+    ],
+)
+def test_the_batch_count_from_lengths_alone_is_the_packers(budget, window, spread):
+    """``packed_batch_count`` (a step plan counts every epoch's batches before training) counts what
+    ``pack_by_token_budget`` packs for the same generator, without building a batch."""
+    for seed in range(6):
+        lengths = np.random.default_rng(seed).integers(*spread, size=3000, endpoint=True)
+        packed = pack_by_token_budget(lengths, budget, rng=epoch_rng(seed, 1), window=window)
+        assert (
+            packed_batch_count(lengths, budget, rng=epoch_rng(seed, 1), window=window) == packed.num_batches
+        )
+    lengths = heavy_tailed_lengths(9000)
+    for epoch in range(4):
+        packed = pack_by_token_budget(lengths, TokenBudget(320, 4), rng=epoch_rng(0, epoch))
+        assert packed_batch_count(lengths, TokenBudget(320, 4), rng=epoch_rng(0, epoch)) == packed.num_batches
+    assert packed_batch_count(np.array([], dtype=np.int64), budget, rng=epoch_rng(0, 0)) == 0

@@ -59,6 +59,20 @@ def test_start_batch_resumes_the_data_order_exactly(kind):
     assert len(resumed) == 0 and list(resumed) == []
 
 
+@pytest.mark.parametrize("kind", SAMPLER_KINDS)
+def test_an_epochs_length_is_counted_without_moving_the_sampler(kind):
+    """``epoch_length(epoch)``: the batches of any epoch (every shard's), as ``len()`` counts them once the
+    sampler is set to it, while the sampler stays where it was."""
+    lengths = heavy_tailed_lengths(3000)
+    sampler = make_sampler(kind, lengths, seed=2, epoch=1, start_batch=5)
+    counted = [sampler.epoch_length(epoch) for epoch in range(6)]
+    assert sampler.epoch == 1 and sampler.start_batch == 5
+    fresh = make_sampler(kind, lengths, seed=2)
+    assert counted == [fresh.set_epoch(epoch) or len(fresh) for epoch in range(6)]
+    rows = PackedBatchSampler(lengths, TokenBudget(row_length=512), window=500, seed=2)  # a row a batch
+    assert [rows.epoch_length(epoch) for epoch in range(3)] == [475, 474, 474]  # re-packed: counts differ
+
+
 def test_length_grouped_batches_waste_far_less_padding_than_random_batches():
     lengths = heavy_tailed_lengths(20_000)
     sampler = LengthGroupedSampler(lengths, batch_size=16, seed=0)

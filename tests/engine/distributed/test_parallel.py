@@ -166,6 +166,70 @@ def test_a_two_process_checkpoint_resumes_in_one_process_with_the_same_effective
         [r["loss"] for r in one.history[-2:]],
         rtol=TRAINED_FP32_LOSS_REL,
     )
+    # a whole epoch asked of it: 158 micro-batches, which two processes and one train alike (79 steps), so the
+    # step plans agree and the checkpoint continues to the epoch's end
+    epoch_params = job_params(
+        tmp_path / "epoch",
+        accum=2,
+        nproc=1,
+        max_steps=None,
+        epochs=1,
+        eval_every=None,
+        resume=str(checkpoint),
+    )
+    epoch = run_job(TrainJob(epoch_params, 48, *tokenized, bpe_tokenizer, str(tmp_path / "e")))
+    assert epoch.summary["resumed_from_step"] == 2 and epoch.summary["steps"] == 79
+    assert epoch.history[-1]["epoch"] == 1.0 and epoch.summary["epochs"] == 1.0
+
+
+def test_a_two_process_checkpoint_on_another_step_plan_than_one_process_is_not_continued(
+    tmp_path, bpe_tokenizer, tokenized, caplog
+):
+    """Round eight: 79 packed micro-batches an epoch; two processes train 78 of them (39 steps, the last one
+    left out of the even split), one process all 79 (40 steps). A two-process checkpoint continued in one
+    process put its data position on the other plan: an explicit folder is refused in one line, ``auto``
+    starts fresh saying why in one line (and trains the one-process epoch to its end)."""
+    import logging
+
+    from fastlm.engine.checkpoint.layout import CheckpointError
+
+    batching = {"mode": "packed", "micro_batch_size": 4}
+    params = job_params(
+        tmp_path,
+        accum=1,
+        nproc=2,
+        max_steps=2,
+        eval_every=None,
+        batching={**batching, "gradient_accumulation_steps": 1},
+    )
+    launch(params, bpe_tokenizer, tokenized, tmp_path)
+    folder = tmp_path / "checkpoints-2"
+    one = {
+        "max_steps": None,
+        "epochs": 1,
+        "eval_every": None,
+        "batching": {**batching, "gradient_accumulation_steps": 2},
+    }
+    with pytest.raises(CheckpointError) as refused:
+        run_one(
+            job_params(tmp_path, accum=2, nproc=1, resume=str(folder / "checkpoint-00000002"), **one),
+            bpe_tokenizer,
+            tokenized,
+            tmp_path,
+        )
+    message = str(refused.value)
+    assert "\n" not in message and "2 processes" in message and "epoch 0" in message
+    caplog.set_level(logging.INFO, logger="fastlm")
+    fresh = run_one(
+        job_params(tmp_path, accum=2, nproc=1, resume="auto", checkpoint_dir=str(folder), **one),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path,
+    )
+    (line,) = [r.getMessage() for r in caplog.records if "starting fresh" in r.getMessage()]
+    assert "checkpoint-00000002" in line and "2 processes" in line and "\n" not in line
+    assert fresh.summary["resumed_from"] is None and fresh.summary["steps"] == 40
+    assert fresh.history[-1]["epoch"] == 1.0
 
 
 @pytest.mark.kernels  # two processes vs one: compared with a tolerance

@@ -24,7 +24,10 @@ def test_a_fresh_run_gets_its_step_plan_optimizer_and_state(tmp_path):
     request = settle_request(_request(tmp_path, max_steps=7, optimizer={"grad_clip": 1.0}))
     with ExitStack() as cleanup:
         parts = build_training(request, cleanup)
-        assert parts.total_steps == 7 and parts.steps_per_epoch >= 1 and parts.batches_per_epoch >= 1
+        assert (
+            parts.total_steps == 7 == parts.plan.total_steps
+            and parts.steps_per_epoch == parts.plan.steps(0) >= 1
+        )
         assert parts.raw_model is request.model and parts.world == 1
         assert parts.opt.clip == 1.0 and parts.opt.model is parts.raw_model
         optimized = {id(p) for group in parts.opt.optimizer.param_groups for p in group["params"]}

@@ -7,7 +7,7 @@ from contextlib import ExitStack
 import pytest
 import torch
 
-from fastlm.engine.batching import MicroBatches
+from fastlm.engine.batching import MicroBatches, StreamLayout, micro_batches
 from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.checkpoint.loading import load_checkpoint
 from fastlm.engine.observe.health import NonFiniteLossError
@@ -16,6 +16,7 @@ from fastlm.engine.train.build import TrainingParts, TrainRequest, build_trainin
 from fastlm.engine.train.loop import train
 from fastlm.engine.train.persistence import Checkpointer
 from fastlm.engine.train.records import Recorder
+from fastlm.engine.train.schedule import LRSchedule
 from fastlm.engine.train.state import TrainState
 from tests.support.toy_training import (
     EOS,
@@ -224,6 +225,53 @@ def test_an_epoch_trains_each_sample_once_when_the_accumulation_does_not_divide_
         assert 0 < len(epoch[-1]) < accumulation  # the case this test is about: the epoch's rest
     assert result.history[per_epoch - 1]["epoch"] == 1.0 and result.history[-1]["epoch"] == 2.0
     assert result.summary["epochs"] == 2.0
+
+
+def test_a_packed_run_of_three_epochs_trains_each_sample_once_an_epoch_though_epochs_pack_differently(
+    tmp_path, monkeypatch
+):
+    """Packed epochs are re-packed with each epoch's shuffle, so they hold slightly different micro-batch
+    counts (5,000 samples pack in windows: 105 and 106 here). `epochs: 3` planned epoch 0's steps three
+    times: one step short of the third epoch's end (its last micro-batch never trained, the history's epoch
+    2.99) or one step into a fourth. The plan is now each epoch's own steps, summed."""
+    import fastlm.engine.train.loop as loop_module
+
+    steps, step = [], loop_module.train_step
+
+    def recording_step(model, micro_batches, *args, **kwargs):
+        steps.append(sum(_samples_in(batch) for batch in micro_batches))
+        return step(model, micro_batches, *args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "train_step", recording_step)
+    params = toy_params(
+        tmp_path,
+        max_steps=None,
+        epochs=3,
+        log_every=1,
+        eval_every=None,
+        seed=1,
+        batching={"micro_batch_size": 8},
+    )
+    data = toy_sequences(5000, 1)
+    layout = StreamLayout(EOS, 64, {}, {"num_workers": 0})
+    stream = micro_batches(data, params, layout)
+    per_epoch = [stream.sampler.set_epoch(epoch) or len(stream.sampler) for epoch in range(3)]
+    assert len(set(per_epoch)) > 1  # the case this test is about
+    runtime = setup_runtime(params.runtime, seed=params.seed)
+    result = train(
+        toy_model(), data, None, params=params, runtime=runtime, pad_id=EOS, max_length=64, attn="sdpa"
+    )
+    assert len(steps) == sum(per_epoch) == result.summary["steps"]
+    ends = [sum(per_epoch[: epoch + 1]) for epoch in range(3)]
+    assert [result.history[end - 1]["epoch"] for end in ends] == [1.0, 2.0, 3.0]
+    assert [sum(steps[start:end]) for start, end in zip([0, *ends], ends, strict=False)] == [5000] * 3
+    assert result.summary["epochs"] == 3.0
+    # the schedule decays over those steps: the last one at the rate of the schedule's last step
+    settings = params.optimizer
+    schedule = LRSchedule(
+        settings.lr, sum(per_epoch), settings.warmup_steps, settings.decay, settings.min_lr_ratio
+    )
+    assert result.history[-1]["lr"] == pytest.approx(schedule.lr_at(sum(per_epoch) - 1))
 
 
 def _samples_in(batch: dict) -> int:

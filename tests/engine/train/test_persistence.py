@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from fastlm.engine.batching import StepPlan
 from fastlm.engine.checkpoint.discovery import complete_checkpoints
 from fastlm.engine.checkpoint.layout import checkpoint_dir
 from fastlm.engine.distributed.parallel import SingleProcess
@@ -34,7 +35,7 @@ def checkpointer(tmp_path, *, seed: int = 0, **overrides) -> Checkpointer:
         comm=SingleProcess(),
         train_set=toy_sequences(20, 1),
         max_length=64,
-        total_steps=TOTAL,
+        plan=StepPlan(lambda epoch: 10, world_size=1, accumulation=1, max_steps=TOTAL),
         device=torch.device("cpu"),
     )
 

@@ -16,7 +16,12 @@ digest (:func:`run_digest`) records, as readable fields:
   ``seed``: the data order and the meaning of the saved micro-batch position;
 - ``micro_batches_per_step`` (gradient accumulation x processes) and ``distributed.strategy`` (``fsdp``:
   FSDP2's parameter-keyed optimizer state, else ``ddp``, one process included): the world layout. The number
-  of processes alone may change (resume across world sizes with the same effective batch).
+  of processes alone may change (resume across world sizes with the same effective batch), where the step
+  plans agree: an epoch's micro-batches are split evenly over the processes and the rest left out, so W and
+  W' processes train the same ones only where ``N mod W == N mod W'`` (``batching.StepPlan.difference``,
+  checked against the checkpoint's ``world_size``, which every checkpoint records; one written before data
+  parallelism is one process's). Elsewhere its step would sit at another data position and the epochs end
+  on other steps: a micro-batch trained twice or never.
 
 :func:`plan_resume` applies ``train.resume``: ``auto`` continues the newest checkpoint in the run's folder
 when its digest matches and its step is within this run's total; otherwise it starts fresh, moves the folder's
@@ -37,7 +42,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,6 +52,9 @@ from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.loading import read_header
 from fastlm.engine.config import BASE_KEEPING_INITS, TrainParams
 from fastlm.engine.paths import project_name
+
+if TYPE_CHECKING:
+    from fastlm.engine.batching import StepPlan
 
 log = logging.getLogger(__name__)
 
@@ -160,17 +168,17 @@ class ResumePlan:
 
 
 def plan_resume(
-    root: Path, resume: str, digest: dict, *, total_steps: int, world_size: int, move_old: bool = True
+    root: Path, resume: str, digest: dict, *, plan: StepPlan, move_old: bool = True
 ) -> ResumePlan:
     """The checkpoint this run continues, or a fresh start (old checkpoints moved aside when ``move_old``,
-    i.e. on the one writing process). Raises :class:`CheckpointError` for an explicit folder that cannot be
-    used.
+    i.e. on the one writing process). ``plan``: this run's steps, in its number of processes. Raises
+    :class:`CheckpointError` for an explicit folder that cannot be used.
     """
     root = Path(root)
     if resume not in ("auto", "never"):
         folder = resolve_resume(root, resume)
         header = read_header(folder)
-        problems = _problems(header["trainer_state"]["state"], digest, total_steps, world_size)
+        problems = _problems(header["trainer_state"]["state"], digest, plan)
         if problems:
             raise CheckpointError(
                 f"train.resume: checkpoint {folder} does not belong to this run: {'; '.join(problems)}.",
@@ -183,7 +191,7 @@ def plan_resume(
     why = None
     if newest:
         header = read_header(newest[0])
-        problems = _problems(header["trainer_state"]["state"], digest, total_steps, world_size)
+        problems = _problems(header["trainer_state"]["state"], digest, plan)
         if not problems:
             return ResumePlan(newest[0], header)
         why = f"{newest[0].name} does not match this run ({'; '.join(problems)})"
@@ -223,14 +231,18 @@ def _rewind(root: Path, folder: Path, move_old: bool) -> None:
         )
 
 
-def _problems(state: dict, digest: dict, total_steps: int, world_size: int) -> list[str]:
+def _problems(state: dict, digest: dict, plan: StepPlan) -> list[str]:
     problems = digest_differences(state.get("digest"), digest)
     step = int(state.get("step", 0))
-    if step > total_steps:
-        problems.append(f"it is at step {step}, past the {total_steps} steps this run asks for")
+    if step > plan.total_steps:
+        problems.append(f"it is at step {step}, past the {plan.total_steps} steps this run asks for")
     batch = int(state.get("batch_in_epoch", 0))
-    if batch % world_size:
+    if batch % plan.world_size:
         problems.append(
-            f"its data position (global micro-batch {batch}) cannot be split over {world_size} processes"
+            f"its data position (global micro-batch {batch}) cannot be split over {plan.world_size} processes"
         )
+    elif not problems:  # the same data and batching: the step plans of both numbers of processes compare
+        other = plan.difference(int(state.get("world_size", 1)))  # not recorded: before data parallelism
+        if other is not None:
+            problems.append(other)
     return problems

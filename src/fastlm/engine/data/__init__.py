@@ -27,6 +27,7 @@ from fastlm.engine.data.packing import (
     block_causal_mask,
     pack_by_token_budget,
     pack_rows,
+    packed_batch_count,
     packed_layout,
     to_additive_mask,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "epoch_rng",
     "pack_by_token_budget",
     "pack_rows",
+    "packed_batch_count",
     "packed_causal_lm_labels",
     "packed_layout",
     "pad_id_of",

@@ -72,6 +72,7 @@ __all__ = [
     "choose_row_length",
     "pack_by_token_budget",
     "pack_rows",
+    "packed_batch_count",
     "packed_layout",
     "to_additive_mask",
 ]
@@ -172,6 +173,66 @@ def pack_by_token_budget(
         for start in range(0, len(rows), step)
     ]
     return Packing(batches=batches, budget=budget, num_real_tokens=int(lengths.sum()), num_rows=len(rows))
+
+
+def packed_batch_count(
+    lengths, budget: TokenBudget, *, rng: np.random.Generator | None = None, window: int = 4096
+) -> int:
+    """``pack_by_token_budget(lengths, budget, rng=rng, window=window).num_batches``, counted from the lengths
+    alone: a step plan counts every epoch's batches before training (each epoch is packed after its own
+    shuffle, so their counts differ slightly), and building every epoch's batches would cost as much as
+    packing them. The same shuffle (``rng``'s first draw), the same windows and the same best-fit decreasing
+    row count (``_best_fit_rows``); no batch is built and the rows are not shuffled (their order changes no
+    count)."""
+    lengths = _as_lengths(lengths)
+    if lengths.size and lengths.max() > budget.row_length:
+        raise ValueError(f"a sample of {lengths.max()} tokens does not fit a row of {budget.row_length}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    order = rng.permutation(lengths.size) if rng is not None else np.arange(lengths.size)
+    shuffled = lengths[order]
+    rows = sum(
+        _best_fit_rows(shuffled[start : start + window], budget.row_length)
+        for start in range(0, lengths.size, window)
+    )
+    return -(-rows // budget.rows_per_batch)
+
+
+def _best_fit_rows(lengths: np.ndarray, row_length: int) -> int:
+    """The number of rows ``pack_rows`` fills with these samples, computed per run of equal lengths rather
+    than per sample. Best-fit decreasing puts a sample into the row with the least room that still holds it;
+    that room, less the sample, is then the least room that holds another sample of the same length (it is
+    smaller than every other room that did), so a run of equal samples fills one room after another, each
+    with as many as it holds, and opens new rows of ``row_length // length`` samples when none is left. The
+    rooms are counted, never which row holds what."""
+    values, counts = np.unique(lengths, return_counts=True)  # ascending: the runs, longest last
+    free: list[int] = []  # the rows' rooms > 0, sorted
+    rows = 0
+    for length, count in zip(values[::-1].tolist(), counts[::-1].tolist(), strict=True):
+        if length == 0:  # an empty sample goes to any row; one opens a row only where none has room
+            if not free:
+                rows += 1
+                free.append(row_length)
+            continue
+        while count:
+            slot = bisect.bisect_left(free, length)
+            if slot == len(free):  # no room: new rows of ``per`` samples each, the last holding the rest
+                per = row_length // length
+                new = -(-count // per)
+                rows += new
+                full, last = row_length - per * length, row_length - (count - (new - 1) * per) * length
+                if full and new > 1:
+                    at = bisect.bisect_left(free, full)
+                    free[at:at] = [full] * (new - 1)
+                if last:
+                    bisect.insort(free, last)
+                break
+            room = free.pop(slot)
+            taken = min(room // length, count)
+            count -= taken
+            if room - taken * length:
+                bisect.insort(free, room - taken * length)
+    return rows
 
 
 ROW_LENGTH_STEP = 64  # candidate row lengths: multiples of this (and max_length itself)

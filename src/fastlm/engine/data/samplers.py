@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import Sampler
 
-from fastlm.engine.data.packing import Packing, TokenBudget, pack_by_token_budget
+from fastlm.engine.data.packing import Packing, TokenBudget, pack_by_token_budget, packed_batch_count
 
 __all__ = ["LENGTH_GROUPED_MEGA_BATCHES", "LengthGroupedSampler", "PackedBatchSampler", "epoch_rng"]
 
@@ -78,6 +78,16 @@ class _EpochBatchSampler(Sampler[list[int]]):
             self._cache = (self.epoch, self._make_batches(epoch_rng(self.seed, self.epoch)))
         return self._cache[1]
 
+    def epoch_length(self, epoch: int) -> int:
+        """The batches of ``epoch`` (every shard's, ``start_batch`` not applied), counted without moving the
+        sampler to it: a step plan counts each epoch's before training."""
+        if self._cache is not None and self._cache[0] == epoch:
+            return len(self._cache[1])
+        return self._count_batches(epoch_rng(self.seed, epoch))
+
+    def _count_batches(self, rng: np.random.Generator) -> int:
+        return len(self._make_batches(rng))
+
     def shard_batches(self) -> list[np.ndarray]:
         """This shard's batches of the current epoch (all of them with one shard)."""
         batches = self.epoch_batches()
@@ -117,7 +127,15 @@ class LengthGroupedSampler(_EpochBatchSampler):
             raise ValueError("batch_size, mega_batch_mult and split must be >= 1")
         self.batch_size, self.mega_batch_mult, self.drop_last = batch_size, mega_batch_mult, drop_last
         self.split = split
+        self._length: int | None = None  # the batches of an epoch, of every epoch
         super().__init__(lengths, seed=seed, epoch=epoch, start_batch=start_batch)
+
+    def epoch_length(self, epoch: int) -> int:
+        """Every epoch holds as many batches (its shuffle changes which samples, not how many): counted
+        once."""
+        if self._length is None:
+            self._length = super().epoch_length(epoch)
+        return self._length
 
     def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
         order = rng.permutation(self.lengths.size)
@@ -156,6 +174,9 @@ class PackedBatchSampler(_EpochBatchSampler):
     def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
         self.packing = pack_by_token_budget(self.lengths, self.budget, rng=rng, window=self.window)
         return self.packing.batches
+
+    def _count_batches(self, rng: np.random.Generator) -> int:
+        return packed_batch_count(self.lengths, self.budget, rng=rng, window=self.window)
 
     @property
     def efficiency(self) -> float:

@@ -14,7 +14,6 @@ budget. What the loop uses comes back as one ``TrainingParts``.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -26,10 +25,12 @@ import torch
 
 from fastlm.engine.batching import (
     MicroBatches,
+    StepPlan,
     StreamLayout,
     loader_settings,
     micro_batches,
     seq2seq_batching,
+    step_plan,
 )
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
@@ -101,8 +102,8 @@ class TrainingParts:
     checkpointer: Checkpointer
     layout: StreamLayout
     stream: MicroBatches
-    batches_per_epoch: int
-    steps_per_epoch: int
+    plan: StepPlan  # the steps epoch by epoch (packed epochs hold slightly different micro-batch counts)
+    steps_per_epoch: int  # the first epoch's
     total_steps: int
     metrics: StepMetrics
     recorder: Recorder
@@ -207,7 +208,8 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         rank=comm.rank,
         world_size=comm.world_size,
     )
-    batches_per_epoch, steps_per_epoch, total_steps = _step_plan(request.train_set, configured, layout)
+    plan = step_plan(request.train_set, configured, layout)  # each epoch's own steps
+    steps_per_epoch, total_steps = plan.steps(0), plan.total_steps
     opt = make_optimization(
         raw_model,
         configured,
@@ -229,7 +231,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         comm=comm,
         train_set=request.train_set,
         max_length=request.max_length,
-        total_steps=total_steps,
+        plan=plan,
         device=device,
     )
     state = checkpointer.restore()
@@ -298,7 +300,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         checkpointer,
         layout,
         stream,
-        batches_per_epoch,
+        plan,
         steps_per_epoch,
         total_steps,
         metrics,
@@ -311,14 +313,6 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         started,
         graphs_at_start,
     )
-
-
-def _step_plan(train_set: TokenSequences, params: TrainParams, layout: StreamLayout) -> tuple[int, int, int]:
-    """Batches per epoch (this rank's), optimizer steps per epoch and the run's total steps."""
-    batches_per_epoch = micro_batches(train_set, params, layout).batches_per_epoch()
-    steps_per_epoch = max(1, math.ceil(batches_per_epoch / params.batching.gradient_accumulation_steps))
-    total_steps = params.max_steps or max(1, math.ceil(params.epochs * steps_per_epoch))
-    return batches_per_epoch, steps_per_epoch, total_steps
 
 
 def _probed_runtime(

@@ -280,7 +280,7 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         state,
         run.metrics,
         total_steps=state.step if stopped_by else run.total_steps,
-        steps_per_epoch=run.steps_per_epoch,
+        epochs=run.plan.epochs_at(state.step if stopped_by else run.total_steps),  # in each epoch's own steps
         wall=state.elapsed_before_s + perf_counter() - run.started,  # the run's, not only this process's
         n_params=sum(p.numel() for p in run.raw_model.parameters()),
         params=params,

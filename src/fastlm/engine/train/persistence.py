@@ -18,6 +18,7 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
+from fastlm.engine.batching import StepPlan
 from fastlm.engine.checkpoint.files import SaveOptions, save_checkpoint
 from fastlm.engine.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE, CheckpointError, checkpoint_dir
 from fastlm.engine.checkpoint.loading import load_checkpoint
@@ -40,7 +41,8 @@ __all__ = ["Checkpointer", "resume_position"]
 
 
 class Checkpointer:
-    """Resume and save for one run (see the module docstring); ``opt``: what the steps update."""
+    """Resume and save for one run (see the module docstring); ``opt``: what the steps update, ``plan``: the
+    run's steps (a checkpoint of another number of processes must continue on them)."""
 
     def __init__(
         self,
@@ -51,12 +53,12 @@ class Checkpointer:
         comm: Collectives,
         train_set: TokenSequences,
         max_length: int,
-        total_steps: int,
+        plan: StepPlan,
         device: torch.device,
     ) -> None:
-        self.params, self.model, self.opt, self.comm = params, model, opt, comm
+        self.params, self.model, self.opt, self.comm, self.step_plan = params, model, opt, comm, plan
         self.protected: Path | None = None  # early stopping's best checkpoint: kept past keep_last
-        self.root, self.total_steps, self.device = Path(params.checkpoint_dir), total_steps, device
+        self.root, self.total_steps, self.device = Path(params.checkpoint_dir), plan.total_steps, device
         self.sharded = is_sharded(model)  # FSDP2: checkpoints hold the gathered, whole state dicts
         # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only
         # (under FSDP2 too: only they are gathered).
@@ -73,12 +75,7 @@ class Checkpointer:
     def restore(self) -> TrainState:
         """The state to continue from: the planned checkpoint loaded (read once), or a fresh start."""
         plan = plan_resume(
-            self.root,
-            self.params.resume,
-            self.digest,
-            total_steps=self.total_steps,
-            world_size=self.comm.world_size,
-            move_old=self.comm.is_main,
+            self.root, self.params.resume, self.digest, plan=self.step_plan, move_old=self.comm.is_main
         )
         folder = plan.checkpoint
         if folder is None:

@@ -135,7 +135,7 @@ def run_summary(
     metrics: StepMetrics,
     *,
     total_steps: int,
-    steps_per_epoch: int,
+    epochs: float,
     wall: float,
     n_params: int,
     params: TrainParams,
@@ -149,7 +149,7 @@ def run_summary(
     final_eval = eval_history[-1] if eval_history else {}
     return {
         "steps": total_steps,
-        "epochs": round(total_steps / steps_per_epoch, 4),
+        "epochs": epochs,
         "wall_time_s": round(wall, 3),
         "final_train_loss": last.get("loss"),
         "final_val_loss": final_eval.get("val_loss"),
