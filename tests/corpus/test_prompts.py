@@ -162,3 +162,140 @@ def test_a_template_that_dates_its_prompt_renders_the_same_date_every_day(sample
     tokenizer.chat_template = DATED_TEMPLATE
     prompt = render_messages([{"role": "user", "content": "배송 언제 와요?"}], "{prompt}", tokenizer)
     assert prompt.startswith(f"Today Date: {CHAT_DATE}\n") and CHAT_DATE == "26 Jul 2024"
+
+
+THINK_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # Qwen3's generation prompt in non-thinking mode
+
+
+def _chat_split(tmp_path, tokenizer, **split):
+    """The split nodes on 40 one-turn chats with ``tokenizer`` (saved as the split's tokenizer folder)."""
+    tokenizer.save_pretrained(tmp_path / "tok")
+    chats = [
+        [{"role": "user", "content": f"질문 {i}"}, {"role": "assistant", "content": f"답 {i}"}]
+        for i in range(40)
+    ]
+    params = {
+        "messages_column": "chat",
+        "max_length": 96,
+        "tokenizer": {"source": str(tmp_path / "tok")},
+        **split,
+    }
+    clean, counts = nodes.clean_corpus(pd.DataFrame({"chat": chats}), params)
+    splits, _ = nodes.split_corpus(clean, counts, params)
+    _, fingerprint, _ = nodes.tokenize_corpus(splits, nodes.build_tokenizer(splits, params), params)
+    return chats, splits, fingerprint
+
+
+def test_chat_template_kwargs_reach_the_template_and_the_fingerprint_and_predict_renders_alike(
+    tmp_path, sample_texts
+):
+    """Qwen3's non-thinking mode (``enable_thinking: false``, TRL's ``chat_template_kwargs``) could not be
+    set: every chat prompt ended at ``<|im_start|>assistant\\n`` and a Qwen3 fine-tune was trained and asked
+    in thinking mode. ``split.chat_template_kwargs`` reaches the template (the prompt ends with its empty
+    think block), is recorded with the data's chat template, and predict renders the training's prompt from
+    the record."""
+    from fastlm.reporting.predictions import chat_format
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    chats, splits, fingerprint = _chat_split(
+        tmp_path, tokenizer, chat_template_kwargs={"enable_thinking": False}
+    )
+    assert splits["prompt"].str.endswith(THINK_OFF).all()
+    trained = fingerprint["params"]["data_format"]
+    assert trained["chat_template_kwargs"] == {"enable_thinking": False}
+    chat = chat_format(tokenizer, {**trained, "source": "training_data.json"}, model="m")
+    by_question = {chat[0]["content"]: chat[:1] for chat in chats}
+    for prompt in splits["prompt"]:
+        question = prompt.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+        assert chat.render(by_question[question], tokenizer) == prompt
+    # unset: the template's default (thinking), and a fingerprint as before (data split earlier stays fresh)
+    _, default, before = _chat_split(tmp_path / "default", tokenizer)
+    assert default["prompt"].str.endswith("<|im_start|>assistant\n").all()
+    assert "chat_template_kwargs" not in before["params"]["data_format"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"tokenize": True}, "split.chat_template_kwargs.tokenize is set by fastlm"),
+        (
+            {"add_generation_prompt": False},
+            "split.chat_template_kwargs.add_generation_prompt is set by fastlm",
+        ),
+        ({"date_string": "1 Jan 2025"}, "split.chat_template_kwargs.date_string is set by fastlm"),
+        ({"return_dict": True}, "split.chat_template_kwargs.return_dict is set by fastlm"),
+        ({"messages": "x"}, "split.chat_template_kwargs.messages is set by fastlm"),
+        ({"enable_thinking": [False]}, "split.chat_template_kwargs.enable_thinking = [False] is not"),
+        ({"enable_thinking": None}, "split.chat_template_kwargs.enable_thinking = None is not"),
+        ({"enable-thinking": False}, "'enable-thinking' is not a name a template can read"),
+        ({"enable_thinking": "false"}, "split.chat_template_kwargs.enable_thinking = 'false' is a text"),
+        ("enable_thinking", "split.chat_template_kwargs must be a mapping"),
+    ],
+    ids=[
+        "tokenize",
+        "generation_prompt",
+        "date",
+        "return_dict",
+        "messages",
+        "list",
+        "null",
+        "dash",
+        "quoted_false",
+        "text",
+    ],
+)
+def test_bad_chat_template_kwargs_are_one_line(value, expected):
+    with pytest.raises(ConfigError) as caught:
+        parse_split_params({"messages_column": "chat", "chat_template_kwargs": value})
+    assert expected in str(caught.value) and "\n" not in str(caught.value) and "Fix:" in str(caught.value)
+
+
+def test_good_chat_template_kwargs_keep_their_types_and_compose_their_texts():
+    params = parse_split_params(
+        {
+            "messages_column": "chat",
+            "chat_template_kwargs": {"enable_thinking": False, "n": 2, "t": 0.5, "name": "e\u0301"},
+        }
+    )
+    assert params.chat_template_kwargs == {"enable_thinking": False, "n": 2, "t": 0.5, "name": "\u00e9"}
+    assert (
+        type(params.chat_template_kwargs["n"]) is int
+        and params.chat_template_kwargs["enable_thinking"] is False
+    )
+
+
+def test_chat_template_kwargs_that_change_nothing_are_said(tmp_path, sample_texts, caplog):
+    """``enable_thinking`` given to Llama-3.2's template (which has no such variable), or to data no chat
+    template renders: the split says so instead of passing it on in silence."""
+    from tests.support.chat_templates import llama3_style_tokenizer
+
+    with caplog.at_level("WARNING", logger="fastlm.pipelines.split.nodes"):
+        _chat_split(
+            tmp_path, llama3_style_tokenizer(sample_texts), chat_template_kwargs={"enable_thinking": False}
+        )
+    assert "never mentions enable_thinking, so it changes nothing" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fastlm.pipelines.split.nodes"):
+        nodes.clean_corpus(
+            pd.DataFrame({"text": ["a", "b"]}), {"chat_template_kwargs": {"enable_thinking": False}}
+        )
+    assert "change nothing: the data is not chat messages" in caplog.text
+
+
+def test_a_base_tokenizers_chat_answer_ends_with_its_eos_not_the_templates_end_of_turn(sample_texts):
+    """Qwen3-Base and Llama-3.2 base tokenizers: EOS ``<|endoftext|>`` / ``<|end_of_text|>`` where the
+    template ends an assistant turn with ``<|im_end|>\\n`` / ``<|eot_id|>``. The answer is trained ending
+    with the EOS, the id predict and the report stop at (the README says so); an instruct tokenizer's EOS is
+    its end of turn."""
+    from tests.support.chat_templates import llama3_style_tokenizer, qwen3_style_tokenizer
+
+    for name, make, end in (
+        ("qwen3", qwen3_style_tokenizer, "<|im_end|>"),
+        ("llama3", llama3_style_tokenizer, "<|eot_id|>"),
+    ):
+        for base in (True, False):
+            tokenizer = make(sample_texts, base=base)
+            tokens = tokenize_pairs(["질문"], ["답변"], tokenizer, max_length=64, num_proc=1)
+            assert tokens.values[-1] == tokenizer.eos_token_id, name
+            assert (tokenizer.eos_token == end) is not base, name

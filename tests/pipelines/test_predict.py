@@ -203,6 +203,80 @@ def test_chat_messages_are_rendered_as_the_models_own_training_data_not_the_proj
     assert summary["input_column"] == "m" and summary["chat_template_sha256"] is None
 
 
+def test_chat_template_kwargs_of_the_training_render_the_prompts_and_another_set_is_refused(
+    project, sample_texts
+):
+    """A Qwen3 fine-tune trained in non-thinking mode (``split.chat_template_kwargs: {enable_thinking:
+    false}``): predict renders each chat as the split did, the template's empty think block included, from
+    the model's own record; ``predict.chat_template_kwargs`` other than the training's is refused in one line
+    (nothing written); a model from elsewhere takes the ones given."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    folder = project / "data/06_models/model"
+    shutil.rmtree(folder)
+    tokenizer = qwen3_style_tokenizer(sample_texts + DIALOGUES, vocab_size=300)
+    save_tiny_llama(folder, tokenizer, hidden_size=32, layers=2)
+    split = parse_split_params(
+        {"messages_column": "messages", "chat_template_kwargs": {"enable_thinking": False}}
+    )
+    fingerprint = make_fingerprint(tokenizer, 64, data_format=data_format_params(split, tokenizer))
+    record = {"fingerprint": fingerprint["fingerprint"], "data_format": fingerprint["params"]["data_format"]}
+    (folder / "training_data.json").write_text(json.dumps(record))
+    given = [turns for _, turns in CHATS[:3]]
+    (project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps({"messages": chat}) + "\n" for chat, _ in CHATS[:3]), encoding="utf-8"
+    )
+    _run(project, input="data/01_raw/chats.jsonl", max_new_tokens=6)
+    csv = project / "data/07_model_output/predictions.csv"
+    table = pd.read_csv(csv, keep_default_na=False)
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    from fastlm.corpus.prompts import prompt_frame
+
+    trained, _ = prompt_frame(  # what the split made of the same chats (answered, as training rows are)
+        pd.DataFrame({"messages": [[*turns, {"role": "assistant", "content": "ok"}] for turns in given]}),
+        split,
+        tokenizer,
+    )
+    prompts = trained["prompt"].tolist()
+    assert all(p.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") for p in prompts)
+    assert table["input_tokens"].tolist() == [len(prompt_token_ids(tokenizer, p)) for p in prompts]
+    assert table["prediction"].tolist() == _alone(folder, prompts, 6)
+    assert summary["chat_template_kwargs"] == {"enable_thinking": False}
+    before = csv.read_bytes()
+    with pytest.raises(Exception) as caught:
+        _run(
+            project,
+            input="data/01_raw/chats.jsonl",
+            max_new_tokens=6,
+            chat_template_kwargs={"enable_thinking": True},
+        )
+    found = find_user_error(caught.value)
+    assert isinstance(found, ConfigError) and "\n" not in str(found)
+    assert 'predict.chat_template_kwargs {"enable_thinking": true} is not what' in str(found)
+    assert 'with {"enable_thinking": false}' in str(found) and csv.read_bytes() == before
+    _run(  # the training's own, given again: the same predictions
+        project,
+        input="data/01_raw/chats.jsonl",
+        max_new_tokens=6,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert pd.read_csv(csv, keep_default_na=False)["prediction"].tolist() == table["prediction"].tolist()
+    (folder / "training_data.json").unlink()  # a model from elsewhere: the variables given, or none
+    _run(
+        project,
+        input="data/01_raw/chats.jsonl",
+        max_new_tokens=6,
+        messages_column="messages",
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert pd.read_csv(csv, keep_default_na=False)["input_tokens"].tolist() == table["input_tokens"].tolist()
+    _run(project, input="data/01_raw/chats.jsonl", max_new_tokens=6, messages_column="messages")
+    plain = [tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True) for t in given]
+    assert pd.read_csv(csv, keep_default_na=False)["input_tokens"].tolist() == [
+        len(prompt_token_ids(tokenizer, p)) for p in plain
+    ]
+
+
 def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(project, model_folder):
     shutil.copytree(model_folder, project / "data/06_models/runs/first/model")
     with gzip.open(project / "data/01_raw/lines.txt.gz", "wt", encoding="utf-8") as handle:

@@ -134,3 +134,16 @@ def test_a_report_that_read_two_trainings_is_refused_before_it_logs_or_writes_an
     history = pd.DataFrame({"step": [1, 2, 3, 4]})
     with pytest.raises(StaleDataError, match="another training"):  # a history of 4 steps, a summary of 3
         summarize_training(summary, history, pd.DataFrame())
+
+
+def test_report_prompts_are_cleaned_as_the_training_texts_were():
+    """``report.prompts`` written in a params file saved on Windows (CRLF), decomposed or with a zero-width
+    space: the training texts had LF line ends, NFC and no invisible marks (the split's cleaning), so the
+    sample generations were asked text the model never saw (a CR token). Cleaned alike; not stripped, since a
+    plain-text prompt's trailing space is part of what the model continues."""
+    from fastlm.reporting.params import parse_report_params
+
+    prompts = parse_report_params(
+        {"prompts": ["배송\r\n언제", "a\rb", "e\u0301", "x\u200by", "The battery "]}
+    ).prompts
+    assert prompts == ["배송\n언제", "a\nb", "\u00e9", "xy", "The battery "]

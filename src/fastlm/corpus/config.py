@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -51,6 +52,99 @@ class TokenizerParams(Params):
 
 
 DEFAULT_PROMPT_TEMPLATE = "{prompt}\n\n### Response:\n"
+# Keys ``chat_template_kwargs`` may not hold, with why: ``apply_chat_template``'s own arguments, which fastlm
+# sets for every render (the prompt as text with the generation prompt, tokenized by fastlm), the fixed date,
+# and the variables transformers gives every template itself (the chat, the tokenizer's special tokens, its
+# functions).
+_RESERVED_TEMPLATE_KWARGS = {
+    **dict.fromkeys(
+        (
+            "tokenize",
+            "return_dict",
+            "return_tensors",
+            "return_assistant_tokens_mask",
+            "padding",
+            "truncation",
+            "max_length",
+            "tokenizer_kwargs",
+            "sanitize_control_tokens",
+        ),
+        "it renders each prompt as text and tokenizes it itself",
+    ),
+    **dict.fromkeys(
+        ("add_generation_prompt", "continue_final_message"),
+        "a prompt always ends with the template's generation prompt, where the answer starts",
+    ),
+    **dict.fromkeys(
+        ("conversation", "messages", "tools", "documents", "chat_template"),
+        "the template renders each row's messages, with the tokenizer's own chat template",
+    ),
+    "date_string": "a template that dates its prompt gets the same fixed date on every day "
+    "(corpus.prompts.CHAT_DATE), so the split and predict render alike",
+    **dict.fromkeys(
+        (
+            "bos_token",
+            "eos_token",
+            "unk_token",
+            "sep_token",
+            "pad_token",
+            "cls_token",
+            "mask_token",
+            "additional_special_tokens",
+        ),
+        "the template gets the tokenizer's own special tokens",
+    ),
+    **dict.fromkeys(("raise_exception", "strftime_now"), "it is a function transformers gives the template"),
+}
+
+
+def check_chat_template_kwargs(
+    value: Any, parameter: str, source: str
+) -> dict[str, bool | int | float | str]:
+    """``value`` as chat template variables (TRL's ``chat_template_kwargs``): a mapping of names a template
+    can read to a text, number or true/false each (texts NFC, as the data is), none of the keys fastlm sets
+    itself (``_RESERVED_TEMPLATE_KWARGS``); else one ConfigError line naming ``parameter``."""
+    example = f"--params {parameter}.enable_thinking=false"
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{parameter} must be a mapping of chat template variables to values, got "
+            f"{type(value).__name__} {value!r}.",
+            fix=f"write it as a mapping in {source} (e.g. chat_template_kwargs: {{enable_thinking: false}} "
+            f"for Qwen3's non-thinking mode) or pass {example}.",
+        )
+    checked = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(
+                f"{parameter}: {key!r} is not a name a template can read (letters, digits and _, not "
+                "starting with a digit).",
+                fix=f"name the template's variable in {source} as its chat template spells it (e.g. "
+                "enable_thinking).",
+            )
+        if key in _RESERVED_TEMPLATE_KWARGS:
+            raise ConfigError(
+                f"{parameter}.{key} is set by fastlm: {_RESERVED_TEMPLATE_KWARGS[key]}.",
+                fix=f"remove {key} from {parameter} in {source}; it holds the template's own variables only "
+                "(e.g. enable_thinking: false for Qwen3).",
+            )
+        scalar = isinstance(item, bool | int | str) or (isinstance(item, float) and math.isfinite(item))
+        if not scalar:
+            raise ConfigError(
+                f"{parameter}.{key} = {item!r} is not a text, a finite number or true/false.",
+                fix=f"give {key} one such value in {source} (remove the key to leave the template's "
+                "default).",
+            )
+        if isinstance(item, str) and item.strip().lower() in ("true", "false"):
+            # a quoted "false" is a text to the template, and a text is true: `enable_thinking is false` fails
+            raise ConfigError(
+                f"{parameter}.{key} = {item!r} is a text, not true/false (a template reads any text as "
+                "true).",
+                fix=f"write {key}: {item.strip().lower()} unquoted in {source}.",
+            )
+        checked[key] = unicodedata.normalize("NFC", item) if isinstance(item, str) else item
+    return checked
 
 
 class SplitParams(Params):
@@ -72,6 +166,11 @@ class SplitParams(Params):
     )
     chat_template: bool = Field(
         True, description="render messages with the tokenizer's chat template when it has one"
+    )
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="variables given to the chat template at every render (TRL's chat_template_kwargs), "
+        "e.g. {enable_thinking: false} for Qwen3's non-thinking mode",
     )
     ratios: SplitRatios = SplitRatios()
     max_samples: int | None = Field(None, ge=1)
@@ -178,6 +277,11 @@ class SplitParams(Params):
     def _composed(cls, template: str) -> str:
         # the texts are composed (NFC) by the cleaning: a template saved decomposed would tokenize otherwise
         return unicodedata.normalize("NFC", template)
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _template_variables(cls, value: Any) -> dict:
+        return check_chat_template_kwargs(value, "split.chat_template_kwargs", SOURCE)
 
     @field_validator("num_proc")
     @classmethod

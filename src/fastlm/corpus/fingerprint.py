@@ -85,7 +85,9 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
     """The split parameters (``SplitParams``) that shape prompt/response tokens; None for plain text.
 
     The chat template itself is part of it when messages are rendered with one, so editing the template in
-    the tokenizer folder makes the tokenized data stale too.
+    the tokenizer folder makes the tokenized data stale too; so are the variables it is given
+    (``chat_template_kwargs``, recorded only when some are set: data split before they existed stays fresh),
+    which predict and the report read back to render prompts as training did.
     """
     kind = split.data_format
     if kind == "text":
@@ -105,6 +107,8 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
         template = getattr(tokenizer, "chat_template", None) if split.chat_template else None
         template_sha = hashlib.sha256(str(template).encode()).hexdigest() if template else None
         columns = {"messages_column": split.messages_column, "chat_template_sha256": template_sha}
+        if template and split.chat_template_kwargs:
+            columns["chat_template_kwargs"] = dict(sorted(split.chat_template_kwargs.items()))
     return {
         "kind": kind,
         **columns,

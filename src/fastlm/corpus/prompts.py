@@ -6,7 +6,8 @@ Data formats (``split`` parameters, conf/base/parameters_split.yml)
   ``prompt_template`` (``{prompt}`` replaced by the text, e.g. ``"{prompt}\\n\\n### Response:\\n"``).
 * ``messages_column``: a chat-style list of ``{"role": ..., "content": ...}`` per row whose last message is
   the ``assistant`` response. The earlier messages are rendered with the tokenizer's chat template
-  (``add_generation_prompt=True``) when it has one and ``split.chat_template`` is true; otherwise as
+  (``add_generation_prompt=True``, and the template variables of ``split.chat_template_kwargs``, e.g.
+  ``enable_thinking: false``) when it has one and ``split.chat_template`` is true; otherwise as
   ``"role: content"`` lines wrapped by ``prompt_template``. A row that is not such a list is dropped as
   ``malformed_messages``.
 
@@ -41,6 +42,7 @@ response tokens and the closing EOS (``fastlm.engine.data.labels``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -60,6 +62,7 @@ __all__ = [
     "render_prompt",
     "tokenize_pairs",
     "truncate_prompt_ids",
+    "unread_variables",
 ]
 
 RESPONSE_ROLE = "assistant"
@@ -78,7 +81,11 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
     if config.data_format == "messages":
         chats, drops = clean_messages(raw[config.messages_column])
         renderer = tokenizer if config.chat_template else None
-        prompts = [render_messages(history, config.prompt_template, renderer) for history in chats["history"]]
+        variables = config.chat_template_kwargs
+        prompts = [
+            render_messages(history, config.prompt_template, renderer, variables)
+            for history in chats["history"]
+        ]
         return pd.DataFrame(
             {"prompt": prompts, "response": chats["response"], "split_key": chats["split_key"]}
         ), drops
@@ -102,14 +109,28 @@ def has_chat_template(tokenizer) -> bool:
     return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
 
-def render_messages(history: Sequence[Mapping], template: str, tokenizer=None) -> str:
+def unread_variables(tokenizer, variables: Mapping) -> list[str]:
+    """The names of ``variables`` the tokenizer's chat template never mentions: given to it, they change
+    nothing (a misspelled ``enable_thinking``, a variable of another model family's template)."""
+    template = str(getattr(tokenizer, "chat_template", "") or "")
+    return [name for name in variables if not re.search(rf"\b{re.escape(name)}\b", template)]
+
+
+def render_messages(
+    history: Sequence[Mapping], template: str, tokenizer=None, variables: Mapping | None = None
+) -> str:
     """The prompt of a chat: the tokenizer's chat template (with the generation prompt) when given one that
     has a template, else ``"role: content"`` lines wrapped by ``template``. A template that dates its prompt
     (Llama-3.1/3.2/3.3: "Today Date: ...") gets ``CHAT_DATE`` on every day, so the split, the report and
-    predict render a chat alike whenever they run."""
+    predict render a chat alike whenever they run. ``variables`` (``split.chat_template_kwargs``, TRL's
+    ``chat_template_kwargs``: ``{"enable_thinking": False}`` for Qwen3) go to the template too."""
     if has_chat_template(tokenizer):
         return tokenizer.apply_chat_template(
-            list(history), tokenize=False, add_generation_prompt=True, date_string=CHAT_DATE
+            list(history),
+            tokenize=False,
+            add_generation_prompt=True,
+            date_string=CHAT_DATE,
+            **dict(variables or {}),
         )
     return render_prompt("\n".join(f"{m['role']}: {m['content']}" for m in history), template)
 

@@ -7,11 +7,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from fastlm.corpus.cleaning import INVISIBLE
+from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import ConfigError
 from fastlm.reporting.rouge import TOKENIZERS
 from fastlm.validation import Params, parse_params
 
 SOURCE = "conf/base/parameters_report.yml"
+_NO_INVISIBLE = dict.fromkeys(map(ord, INVISIBLE))
 
 
 class DecodingSetting(Params):
@@ -86,9 +89,13 @@ class ReportParams(Params):
 
     @field_validator("prompts")
     @classmethod
-    def _composed(cls, prompts: list[str]) -> list[str]:
-        # the training texts are composed (NFC): a prompt saved decomposed would tokenize otherwise
-        return [unicodedata.normalize("NFC", prompt) for prompt in prompts]
+    def _cleaned(cls, prompts: list[str]) -> list[str]:
+        # as the split cleans the training texts (NFC, LF line ends, no invisible marks): a prompt saved
+        # decomposed, or with the CRLF of a file edited on Windows, would tokenize otherwise. Not stripped: a
+        # plain-text prompt's trailing space is part of what the model continues.
+        return [
+            lf_line_ends(unicodedata.normalize("NFC", prompt)).translate(_NO_INVISIBLE) for prompt in prompts
+        ]
 
 
 def check_top_k(top_k: int, vocab_size: int) -> None:

@@ -2,8 +2,9 @@
 
 * Inputs: the text column (continued as it is), the prompt column (wrapped by the prompt template, as in
   training) or the messages column (chat-style ``[{role, content}, ...]``: the turns up to the last ``user``
-  turn, rendered as training rendered them, ``ChatFormat``; ``assistant`` turns after it are the reference
-  answer and are not given to the model), cleaned as the split cleans (NFC, stripped). A row that is
+  turn, rendered as training rendered them, ``ChatFormat``: its chat template and template variables, from
+  the model's record; ``assistant`` turns after it are the reference answer and are not given to the
+  model), cleaned as the split cleans (NFC, stripped). A row that is
   missing, not a string (not a list of role/content turns with a user turn) or empty is REFUSED: kept in the
   table with its reason and an empty prediction, counted in the summary, logged.
 * Tokens: ``prompt_token_ids`` (the ids training used, BOS included). An input longer than the model leaves
@@ -42,6 +43,7 @@ from fastlm.corpus.fingerprint import data_format_params
 from fastlm.corpus.prompts import (
     UNPADDED,
     leading_bos,
+    prompt_token_ids,
     render_messages,
     render_prompt,
     truncate_prompt_ids,
@@ -63,6 +65,7 @@ __all__ = [
     "PredictionJob",
     "PredictionParts",
     "chat_format",
+    "chat_sample_ids",
     "chat_template_sha256",
     "check_prediction_pair",
     "input_limit",
@@ -119,14 +122,17 @@ def input_limit(
 @dataclass(frozen=True)
 class ChatFormat:
     """How a row's messages become its prompt, as training rendered them (``render_messages``): with the
-    tokenizer's chat template and the generation prompt, or, when the training data was rendered without one,
-    as ``role: content`` lines wrapped by ``prompt_template``."""
+    tokenizer's chat template, the generation prompt and the template ``variables`` training gave it
+    (``split.chat_template_kwargs``), or, when the training data was rendered without one, as
+    ``role: content`` lines wrapped by ``prompt_template``."""
 
     chat_template: bool = True
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    variables: dict = field(default_factory=dict)
 
     def render(self, history: list[dict], tokenizer) -> str:
-        return render_messages(history, self.prompt_template, tokenizer if self.chat_template else None)
+        renderer = tokenizer if self.chat_template else None
+        return render_messages(history, self.prompt_template, renderer, self.variables)
 
 
 def chat_template_sha256(tokenizer) -> str | None:
@@ -135,34 +141,96 @@ def chat_template_sha256(tokenizer) -> str | None:
     return data_format_params(SplitParams(messages_column="messages"), tokenizer)["chat_template_sha256"]
 
 
-def chat_format(tokenizer, trained: dict | None, *, model: str) -> ChatFormat:
+def chat_format(
+    tokenizer,
+    trained: dict | None,
+    *,
+    model: str,
+    variables: dict | None = None,
+    parameter: str = "predict.messages_column",
+) -> ChatFormat:
     """The rendering of chat inputs for ``model``: as its training data was rendered when ``trained`` (the
-    ``data_format`` of that data's fingerprint, with ``source``, the fingerprint's path) says so, else with
-    the model's own chat template. Refused in one line when the tokenizer's template is not the one the data
-    was rendered with, or when there is none to render with."""
+    ``data_format`` of that data's fingerprint, with ``source``, the fingerprint's path) says so, its template
+    variables (``chat_template_kwargs``) included, else with the model's own chat template and ``variables``
+    (``predict.chat_template_kwargs``; None: none). Refused in one line when the tokenizer's template is not
+    the one the data was rendered with, when there is none to render with, or when ``variables`` are given
+    and are not the training's (a model learns the prompts its template rendered with them); ``parameter``
+    names what asked for the chats in those lines."""
     current = chat_template_sha256(tokenizer)
     if trained is not None:
         expected = trained.get("chat_template_sha256")
+        trained_variables = trained.get("chat_template_kwargs") or {}
+        if variables is not None and _canonical(variables) != _canonical(trained_variables):
+            used = (
+                f"with {_canonical(trained_variables)}"
+                if trained_variables
+                else "without any"
+                if expected is not None
+                else "as role: content lines, without a chat template"
+            )
+            raise ConfigError(
+                f"predict.chat_template_kwargs {_canonical(variables)} is not what the training data of "
+                f"{model} was rendered with ({used}, in {trained['source']}): its prompts would not be the "
+                "ones it learned.",
+                fix="leave predict.chat_template_kwargs unset (null): predict renders chats with the "
+                "training's variables.",
+            )
         if expected is None:  # trained on "role: content" lines (no template, or split.chat_template false)
             return ChatFormat(chat_template=False, prompt_template=trained["prompt_template"])
         if current != expected:
             now = f"sha256 {current[:12]}" if current else "none"
             raise StaleDataError(
-                f"predict.messages_column: the chat template of {model} ({now}) is not the one its training "
+                f"{parameter}: the chat template of {model} ({now}) is not the one its training "
                 f"data was rendered with (sha256 {expected[:12]} in {trained['source']}).",
                 fix="put the training's chat_template back into the model folder's tokenizer files, or "
                 "re-run split and train with the new one.",
             )
-        return ChatFormat()
+        return ChatFormat(variables=dict(trained_variables))
     if current is None:
         raise InputDataError(
-            f"predict.messages_column: the tokenizer of {model} has no chat template to render the messages "
-            "with.",
+            f"{parameter}: the tokenizer of {model} has no chat template to render the messages with.",
             fix="use a model whose tokenizer has a chat_template (or one trained here on "
             "split.messages_column), or give the inputs as text (predict.text_column or "
             "predict.prompt_column).",
         )
-    return ChatFormat()
+    return ChatFormat(variables=dict(variables or {}))
+
+
+def chat_sample_ids(
+    prompts: list[str], trained: dict, fingerprint: dict | None, *, fingerprint_source: str
+) -> list[list[int]] | None:
+    """The report's sample prompts as a model trained on chat messages is asked them, which is how predict
+    asks it a chat: each one ``user`` turn (its content stripped, as training's contents were) rendered with
+    the training's chat format (``chat_format``: the chat template and its variables, from the model's own
+    record, ``training_data.json``, else the data's ``fingerprint``) and tokenized as training tokenized
+    prompts (``prompt_token_ids``). None for a model trained on other data, which continues the prompts as
+    written."""
+    record = trained.get("training_data")
+    if record is not None:
+        data_format, source = record.get("data_format") or {}, "the trained model's training_data.json"
+    else:
+        data_format = ((fingerprint or {}).get("params") or {}).get("data_format") or {}
+        source = fingerprint_source
+    if data_format.get("kind") != "messages":
+        return None
+    tokenizer = trained["tokenizer"]
+    chat = chat_format(
+        tokenizer, {**data_format, "source": source}, model="the trained model", parameter="report.prompts"
+    )
+    log.info(
+        "Sample generations: each of report.prompts is one user turn, rendered as the model's training chats "
+        "were (%s)",
+        "its chat template" if chat.chat_template else "role: content lines",
+    )
+    return [
+        prompt_token_ids(tokenizer, chat.render([{"role": "user", "content": text.strip()}], tokenizer))
+        for text in prompts
+    ]
+
+
+def _canonical(variables: dict) -> str:
+    """Template variables as one comparable text (``1`` and ``true`` differ, as they do to a template)."""
+    return json.dumps(variables, sort_keys=True, ensure_ascii=False)
 
 
 def input_rows(

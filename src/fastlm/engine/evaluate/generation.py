@@ -229,6 +229,7 @@ def generate_samples(
     max_new_tokens: int = 40,
     runtime: Runtime,
     batch_size: int = 32,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
 ) -> pd.DataFrame:
     """Continuations of ``prompts`` under each decoding setting: rows prompt, setting, settings, output.
 
@@ -236,9 +237,19 @@ def generate_samples(
     ``generate_continuations``, which decodes each setting). An empty prompt starts from BOS, or EOS when the
     tokenizer has no BOS. ``output`` is the continuation only, decoded with special tokens skipped, its line
     ends LF (``lf_line_ends``).
+
+    ``prompt_ids``: the ids each prompt is given as, made by the caller (a chat model's prompts rendered as a
+    user turn with its chat template); the outputs are then responses, as ``response_text`` reads them
+    (stripped, without a leading empty think block), and the table still shows ``prompts`` as written.
     """
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    encoded = [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts]
+    if prompt_ids is not None and len(prompt_ids) != len(prompts):
+        raise ValueError(f"{len(prompt_ids)} prompt id lists for {len(prompts)} prompts")
+    encoded = (
+        [list(ids) for ids in prompt_ids]
+        if prompt_ids is not None
+        else [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts]
+    )
     rows = []
     for setting in settings:
         kwargs = {key: value for key, value in setting.items() if key not in ("name", "seed")}
@@ -260,7 +271,9 @@ def generate_samples(
                 "prompt": prompt,
                 "setting": name,
                 "settings": described,
-                "output": lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)),
+                "output": response_text(ids, tokenizer)
+                if prompt_ids is not None
+                else lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)),
             }
             for prompt, ids in zip(prompts, generated.continuations, strict=True)
         ]

@@ -36,7 +36,12 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     parameter, column = params.input_column(chat_training["messages_column"] if chat_training else None)
     chat = None
     if parameter == MESSAGES:
-        chat = chat_format(trained["tokenizer"], chat_training, model=trained["source"])
+        chat = chat_format(
+            trained["tokenizer"],
+            chat_training,
+            model=trained["source"],
+            variables=params.chat_template_kwargs,
+        )
         if params.messages_column is None:
             log.info(
                 "predict.messages_column: %r, the column the model was trained on (split.messages_column); "
@@ -121,5 +126,8 @@ def _chat_record(chat, tokenizer) -> dict:
     from fastlm.reporting.predictions import chat_template_sha256
 
     if chat.chat_template:
-        return {"chat_template_sha256": chat_template_sha256(tokenizer)}
+        return {
+            "chat_template_sha256": chat_template_sha256(tokenizer),
+            "chat_template_kwargs": chat.variables,
+        }
     return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template}

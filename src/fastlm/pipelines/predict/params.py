@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import unicodedata
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
+from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE, check_chat_template_kwargs
 from fastlm.errors import ConfigError
 from fastlm.reporting.params import DecodingParams
 from fastlm.validation import parse_params
@@ -38,6 +38,12 @@ class PredictParams(DecodingParams):
         description="chat data: [{role, content}, ...] rendered as in training (the chat template); null: "
         "the trained model's split.messages_column when no other column is named",
     )
+    chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(
+        None,
+        description="chat template variables (e.g. {enable_thinking: false}); null: the training's (its "
+        "training_data.json), none for a model from elsewhere; set for a model trained here, it must equal "
+        "the training's",
+    )
     prompt_template: str | None = Field(
         None,
         description="wraps each prompt ({prompt}); null: the template the model was trained with (its "
@@ -50,6 +56,15 @@ class PredictParams(DecodingParams):
     too_long: Literal["truncate", "refuse"] = "truncate"
     seed: int = 0
     resume: bool = Field(True, description="reuse the finished batches of an interrupted run of the same job")
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _template_variables(cls, value: Any) -> dict | None:
+        return (
+            None
+            if value is None
+            else check_chat_template_kwargs(value, "predict.chat_template_kwargs", SOURCE)
+        )
 
     @field_validator("prompt_template")
     @classmethod

@@ -80,6 +80,7 @@ def evaluate_model(
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
     from fastlm.engine.evaluate.generation import generate_samples
+    from fastlm.reporting.predictions import chat_sample_ids
 
     report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]
@@ -118,6 +119,12 @@ def evaluate_model(
         settings=settings,
         max_new_tokens=report.max_new_tokens,
         runtime=runtime,
+        prompt_ids=chat_sample_ids(
+            report.prompts,
+            trained,
+            fingerprint,
+            fingerprint_source=_path(paths, "tokenized_corpus_fingerprint"),
+        ),
     )
     log.info(
         "Test split: loss %.4f, perplexity %.2f, accuracy %.3f, top-%d %.3f (%.0f real tokens/s)",

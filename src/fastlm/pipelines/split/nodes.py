@@ -13,7 +13,7 @@ from fastlm.corpus.cleaning import clean_texts
 from fastlm.corpus.config import TRAIN_TOKENIZER
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
 from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
-from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs
+from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs, unread_variables
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import (
     UNKNOWN_WARNING_SHARE,
@@ -56,9 +56,11 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
             log.info(
                 "Messages rendered with %s",
                 "the tokenizer's chat template"
+                + (f" and {config.chat_template_kwargs}" if config.chat_template_kwargs else "")
                 if config.chat_template and has_chat_template(tokenizer)
                 else "split.prompt_template",
             )
+    _check_template_variables(config, tokenizer)
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
         raise InputDataError(
@@ -68,6 +70,34 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
             "hold the data.",
         )
     return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+
+
+def _check_template_variables(config, tokenizer) -> None:
+    """Say where ``split.chat_template_kwargs`` change nothing: no chat template renders the data, or the
+    template never mentions a name (misspelled, or another model family's variable)."""
+    variables = config.chat_template_kwargs
+    if not variables:
+        return
+    rendered = config.data_format == "messages" and config.chat_template and has_chat_template(tokenizer)
+    if not rendered:
+        why = (
+            "the data is not chat messages (split.messages_column)"
+            if config.data_format != "messages"
+            else "split.chat_template is false"
+            if not config.chat_template
+            else f"the tokenizer ({config.tokenizer.source}) has no chat template"
+        )
+        log.warning("split.chat_template_kwargs %s change nothing: %s", variables, why)
+        return
+    unread = unread_variables(tokenizer, variables)
+    if unread:
+        log.warning(
+            "split.chat_template_kwargs: the chat template of %s never mentions %s, so %s nothing "
+            "(misspelled, or another model family's variable?)",
+            config.tokenizer.source,
+            ", ".join(unread),
+            "it changes" if len(unread) == 1 else "they change",
+        )
 
 
 def _clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame, dict]:

@@ -1,0 +1,99 @@
+"""Chat data end to end (split -> train -> report -> predict) with Qwen3's chat template in non-thinking mode
+(``split.chat_template_kwargs: {enable_thinking: false}``): every render of a chat, at the split, in the
+report's sample generations and at predict, is the one the model trained on."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from fastlm.corpus.prompts import prompt_token_ids, render_messages
+from tests.support.chat_templates import qwen3_style_tokenizer
+from tests.support.e2e import TRAIN, own_experiment
+from tests.support.project import run_pipeline
+
+# kernels: the report's batched greedy samples against predict's (as tests/pipelines/test_predict.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.kernels]
+THINK_OFF = {"enable_thinking": False}
+QUESTIONS = ["배송", "The battery\r\ndied"]  # a CRLF, as a params file saved on Windows holds it
+
+
+@pytest.fixture
+def chat_project(kedro_project, sample_texts):
+    tokenizer = qwen3_style_tokenizer(sample_texts, vocab_size=400)
+    tokenizer.save_pretrained(kedro_project / "data/01_raw/qwen3_tokenizer")
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": question[:60]},
+                {"role": "assistant", "content": answer[:60]},
+            ]
+        }
+        for question, answer in zip(sample_texts[:150], sample_texts[150:300], strict=True)
+    ]
+    (kedro_project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in chats), encoding="utf-8"
+    )
+    return kedro_project, tokenizer
+
+
+def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(chat_project, monkeypatch):
+    """The report's sample generations gave a chat model ``report.prompts`` as raw text ("배송" where it
+    trained on "<|im_start|>user\\n배송<|im_end|>\\n<|im_start|>assistant\\n<think>..."), unlike predict: each
+    is now one user turn rendered with the training's chat format (its template variables included), its
+    line ends LF as the split makes them, and its greedy sample is predict's prediction for that chat."""
+    import fastlm.reporting.predictions
+    import fastlm.reporting.references  # noqa: F401 (they hold their own generate_continuations: not spied)
+    from fastlm.engine.evaluate import generation
+
+    project, tokenizer = chat_project
+    own_experiment(project, "chat-e2e")
+    split = {
+        "messages_column": "messages",
+        "chat_template_kwargs": THINK_OFF,
+        "max_length": 96,
+        "tokenizer": {"source": str(project / "data/01_raw/qwen3_tokenizer")},
+    }
+    report = {
+        "max_new_tokens": 5,
+        "prompts": QUESTIONS,
+        "decoding": [{"name": "greedy"}],
+        "references": {"max_samples": 4, "max_new_tokens": 5},
+        "worst_samples": 2,
+        "error_pairs": 2,
+    }
+    train = {**TRAIN, "runtime": {"device": "cpu", "precision": "fp32"}}  # the report's and predict's too
+    params = {"raw_path": "data/01_raw/chats.jsonl", "split": split, "train": train, "report": report}
+    run_pipeline(project, "split", params)
+    splits = pd.read_parquet(project / "data/03_primary/corpus_splits.parquet")
+    assert splits["prompt"].str.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n").all()
+    run_pipeline(project, "train", params)
+    record = json.loads((project / "data/06_models/model/training_data.json").read_text())
+    assert record["data_format"]["chat_template_kwargs"] == THINK_OFF
+
+    given = []
+    sampled = generation.generate_continuations
+
+    def spy(model, prompts, **kwargs):
+        given.extend(list(ids) for ids in prompts)
+        return sampled(model, prompts, **kwargs)
+
+    monkeypatch.setattr(generation, "generate_continuations", spy)
+    run_pipeline(project, "report", params)
+    turns = [[{"role": "user", "content": question.replace("\r\n", "\n")}] for question in QUESTIONS]
+    rendered = [render_messages(t, "{prompt}", tokenizer, THINK_OFF) for t in turns]
+    assert given == [prompt_token_ids(tokenizer, prompt) for prompt in rendered]
+    samples = pd.read_csv(project / "data/08_reporting/sample_generations.csv", keep_default_na=False)
+    assert samples["prompt"].tolist() == [q.replace("\r\n", "\n") for q in QUESTIONS]
+
+    (project / "data/01_raw/questions.jsonl").write_text(
+        "".join(json.dumps({"messages": t}, ensure_ascii=False) + "\n" for t in turns), encoding="utf-8"
+    )
+    run_pipeline(
+        project,
+        "predict",
+        {**params, "predict": {"input": "data/01_raw/questions.jsonl", "max_new_tokens": 5}},
+    )
+    predictions = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    assert predictions["input_tokens"].tolist() == [len(ids) for ids in given]
+    assert predictions["prediction"].tolist() == samples["output"].tolist()
