@@ -69,10 +69,13 @@ def make_batching(
     decoder_start_id: int | None = None,
     seq2seq_packing: bool = False,
     split: int = 1,
+    configured: int | None = None,
 ):
     """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``split``: the
-    micro-batch was halved that many times over (an out-of-memory back-off, ``2 ** halvings``): the
-    ``length_grouped`` batches are the configured ones cut in pieces, so every sample stays in its step.
+    micro-batch was halved that many times over (an out-of-memory back-off, ``2 ** halvings``) from
+    ``configured`` (micro_batch_size as configured): the ``length_grouped`` and ``packed`` batches are the
+    configured ones cut in pieces (packed: their rows), so every sample stays in its step and every epoch
+    ends on the steps planned. A packed micro-batch of fewer rows than ``split`` cannot be cut: one line.
 
     Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
     batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family
@@ -91,25 +94,37 @@ def make_batching(
         if mode == "packed" and not seq2seq_packing:
             mode = "length_grouped"
     if mode == "packed":
-        budget = packed_budget(batching, lengths, max_length, align=align)
+        if split > 1:  # the configured batches' rows, cut in pieces of at most ``rows`` rows
+            whole = batching.model_copy(update={"micro_batch_size": configured or batching.micro_batch_size})
+            budget = packed_budget(whole, lengths, max_length, align=align)
+            if budget.rows_per_batch < split:
+                raise ConfigError(
+                    f"train.batching.oom_backoff cannot cut a packed micro-batch of {budget.rows_per_batch} "
+                    f"row(s) of {budget.row_length} tokens in {split}: out of memory at its smallest.",
+                    fix="set a shorter train.batching.row_length (or auto), turn on "
+                    "train.model.gradient_checkpointing, or run `kedro run --pipeline=tune`.",
+                )
+            piece = TokenBudget(budget.row_length, -(-budget.rows_per_batch // split))
+        else:
+            budget = piece = packed_budget(batching, lengths, max_length, align=align)
         # Masks / varlen boundaries are made per attention path by attention.inputs.to_device, on the device.
         collator = (
             PackedSeq2SeqCollator(
                 pad_id=pad_id,
                 decoder_start_id=decoder_start_id,
-                budget=budget,
+                budget=piece,
                 pad_to_multiple_of=pad_multiple,
             )
             if seq2seq
             else PackedCollator(
                 pad_id=pad_id,
-                budget=budget,
+                budget=piece,
                 pad_to_multiple_of=pad_multiple,
                 attention_mask_format="none",
                 fixed_shape=params.runtime.fixed_shapes(),  # compile_mode reduce-overhead: CUDA graphs
             )
         )
-        return PackedBatchSampler(lengths, budget, seed=seed), collator
+        return PackedBatchSampler(lengths, budget, seed=seed, split=split), collator
     if mode == "dynamic":
         sampler = RandomBatches(lengths, batching.micro_batch_size, seed=seed)
     else:
@@ -343,6 +358,7 @@ def micro_batches(
         max_length=layout.max_length,
         seed=params.seed,
         split=max(1, (configured or size) // size),
+        configured=configured,
         **layout.sides,
     )
     sampler.shard(layout.rank, layout.world_size)

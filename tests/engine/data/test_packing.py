@@ -177,3 +177,20 @@ def test_the_batch_count_from_lengths_alone_is_the_packers(budget, window, sprea
         packed = pack_by_token_budget(lengths, TokenBudget(320, 4), rng=epoch_rng(0, epoch))
         assert packed_batch_count(lengths, TokenBudget(320, 4), rng=epoch_rng(0, epoch)) == packed.num_batches
     assert packed_batch_count(np.array([], dtype=np.int64), budget, rng=epoch_rng(0, 0)) == 0
+
+
+def test_split_cuts_each_batchs_rows_in_consecutive_pieces():
+    """``split``: the batches of the same packing, each one's rows cut in pieces of at most half its rows
+    (the budget a piece gets); the pieces together are the batches, in order."""
+    lengths = np.random.default_rng(3).integers(1, 40, size=500)
+    budget = TokenBudget(row_length=48, rows_per_batch=5)
+    whole = pack_by_token_budget(lengths, budget, rng=np.random.default_rng(7))
+    halves = pack_by_token_budget(lengths, budget, rng=np.random.default_rng(7), split=2)
+    assert halves.budget == TokenBudget(row_length=48, rows_per_batch=3)
+    pieces = iter(halves.batches)
+    for batch in whole.batches:
+        rows = len(assign_rows(lengths[batch].tolist(), 48))
+        joined = np.concatenate([next(pieces) for _ in range(min(2, rows))])
+        np.testing.assert_array_equal(joined, batch)
+    assert next(pieces, None) is None
+    assert all(len(assign_rows(lengths[piece].tolist(), 48)) <= 3 for piece in halves.batches)

@@ -157,3 +157,12 @@ def test_length_grouped_mode_on_cpu_wastes_no_more_than_the_trainers_group_by_le
         f"Trainer group_by_length {np.mean(theirs):.2%}"
     )
     assert np.mean(ours) <= np.mean(theirs)
+
+
+def test_packed_split_yields_the_configured_batches_in_pieces():
+    lengths = np.random.default_rng(5).integers(1, 40, size=300)
+    budget = TokenBudget(row_length=48, rows_per_batch=4)
+    whole = PackedBatchSampler(lengths, budget, seed=2, epoch=1)
+    halves = PackedBatchSampler(lengths, budget, seed=2, epoch=1, split=2)
+    assert [i for batch in halves for i in batch] == [i for batch in whole for i in batch]
+    assert halves.epoch_length(1) == len(halves) and len(halves) in (2 * len(whole) - 1, 2 * len(whole))

@@ -107,3 +107,68 @@ def test_the_history_counts_epochs_in_the_batches_it_reads_after_a_back_off(tmp_
     assert result.summary["oom_backoffs"]
     epochs = [row["epoch"] for row in result.history]
     assert epochs == sorted(epochs) and epochs[-1] == 2.0 and 1.0 in epochs
+
+
+def _packed_samples(batch: dict) -> list[tuple]:
+    """The tokens of each sample a packed micro-batch holds (its segments of real tokens)."""
+    ids, segments, real = batch["input_ids"], batch["sequence_ids"], batch["real_mask"]
+    return [
+        tuple(ids[row][(segments[row] == segment) & real[row]].tolist())
+        for row in range(ids.shape[0])
+        for segment in segments[row][real[row]].unique().tolist()
+    ]
+
+
+@pytest.mark.parametrize("call", [3, 10], ids=["a_step", "the_epochs_short_last_step"])
+def test_a_packed_out_of_memory_step_is_redone_with_its_own_samples(tmp_path, monkeypatch, call):
+    """packed, rows of 48 tokens: micro-batches of 4 x 64 tokens hold 5 rows; halved, the retry packed
+    2-row batches again, so 20 samples were trained twice and 80 never in two epochs, and the history's epoch
+    ended at 1.7059. The retry cuts the configured batches' rows in halves (3 and 2): each sample is trained
+    once an epoch and the epochs end on the planned steps."""
+    from collections import Counter
+
+    import torch
+
+    import fastlm.engine.train.step as step_module
+    from tests.support.toy_training import toy_sequences
+
+    real, calls, trained = step_module.accumulate_gradients, [0], []
+
+    def accumulate(model, micro_batches, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        trained.extend(sample for batch in micro_batches for sample in _packed_samples(batch))
+        return real(model, micro_batches, **kwargs)
+
+    monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
+    batching = {"mode": "packed", "micro_batch_size": 4, "gradient_accumulation_steps": 3, "row_length": 48}
+    params = toy_params(
+        tmp_path,
+        batching={**batching, "oom_backoff": True},
+        max_steps=None,
+        epochs=2,
+        eval_every=None,
+        log_every=1,
+    )
+    result = run_toy(params)
+    assert result.summary["oom_backoffs"][0]["micro_batch_size"] == 2
+    data = toy_sequences(300, 1)
+    samples = Counter(
+        tuple(int(token) for token in data.values[start:end])
+        for start, end in zip(data.offsets[:-1], data.offsets[1:], strict=True)
+    )
+    assert Counter(trained) == samples + samples
+    assert result.history[-1]["epoch"] == 2.0 and result.summary["epochs"] == 2.0
+
+
+def test_backoff_refuses_a_packed_micro_batch_of_one_row(tmp_path, memory_for_rows):
+    """Rows of 96 tokens: a micro-batch of 2 x 64 tokens is one row, which halving cannot shrink (the retry
+    ran the same row with twice the accumulation: twice the effective batch)."""
+    from fastlm.errors import ConfigError
+
+    memory_for_rows(0)
+    batching = {"mode": "packed", "micro_batch_size": 2, "row_length": 96, "oom_backoff": True}
+    with pytest.raises(ConfigError, match=r"oom_backoff cannot cut a packed micro-batch of 1 row") as caught:
+        run_toy(toy_params(tmp_path, batching=batching))
+    assert "\n" not in str(caught.value)

@@ -149,13 +149,23 @@ def pack_rows(lengths: np.ndarray, indices: np.ndarray, row_length: int) -> list
 
 
 def pack_by_token_budget(
-    lengths, budget: TokenBudget, *, rng: np.random.Generator | None = None, window: int = 4096
+    lengths,
+    budget: TokenBudget,
+    *,
+    rng: np.random.Generator | None = None,
+    window: int = 4096,
+    split: int = 1,
 ) -> Packing:
     """Pack all samples into batches that never exceed ``budget`` (see the module docstring).
 
     ``rng`` shuffles the sample order and the row order (None: keep the given order, rows as packed);
-    ``window`` samples are packed together, so larger windows pack tighter and mix less.
+    ``window`` samples are packed together, so larger windows pack tighter and mix less. ``split`` > 1: each
+    batch's rows cut into ``split`` consecutive pieces (``np.array_split`` of its rows; a batch of fewer rows,
+    only an epoch's last, into one a row), each a batch of its own: an out-of-memory back-off's half-size
+    micro-batches hold the samples of the configured ones (pieces ``split * j`` on are batch ``j``).
     """
+    if split < 1:
+        raise ValueError(f"split must be >= 1, got {split}")
     lengths = _as_lengths(lengths)
     if lengths.size and lengths.max() > budget.row_length:
         raise ValueError(f"a sample of {lengths.max()} tokens does not fit a row of {budget.row_length}")
@@ -168,10 +178,16 @@ def pack_by_token_budget(
     if rng is not None:
         rows = [rows[k] for k in rng.permutation(len(rows)).tolist()]
     step = budget.rows_per_batch
-    batches = [
-        np.fromiter((i for row in rows[start : start + step] for i in row), dtype=np.int64)
-        for start in range(0, len(rows), step)
-    ]
+    groups = [rows[start : start + step] for start in range(0, len(rows), step)]
+    if split > 1:
+        groups = [
+            group[piece[0] : piece[-1] + 1]
+            for group in groups
+            for piece in np.array_split(np.arange(len(group)), min(split, len(group)))
+        ]
+    batches = [np.fromiter((i for row in group for i in row), dtype=np.int64) for group in groups]
+    if split > 1:  # a piece's budget: the most rows a piece holds
+        budget = TokenBudget(budget.row_length, -(-budget.rows_per_batch // split))
     return Packing(batches=batches, budget=budget, num_real_tokens=int(lengths.sum()), num_rows=len(rows))
 
 

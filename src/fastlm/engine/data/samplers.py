@@ -155,7 +155,11 @@ class LengthGroupedSampler(_EpochBatchSampler):
 
 
 class PackedBatchSampler(_EpochBatchSampler):
-    """Batches of whole samples packed within ``budget`` (see ``packing``), reshuffled every epoch."""
+    """Batches of whole samples packed within ``budget`` (see ``packing``), reshuffled every epoch.
+
+    ``split`` > 1: the batches of ``budget`` (the configured micro-batch's), each one's rows cut in ``split``
+    consecutive pieces (``pack_by_token_budget``'s ``split``): an out-of-memory back-off that halves the
+    micro-batch keeps every sample where it was, and every epoch ends on the steps planned."""
 
     def __init__(
         self,
@@ -166,16 +170,23 @@ class PackedBatchSampler(_EpochBatchSampler):
         seed: int = 0,
         epoch: int = 0,
         start_batch: int = 0,
+        split: int = 1,
     ) -> None:
-        self.budget, self.window = budget, window
+        if split < 1:
+            raise ValueError(f"split must be >= 1, got {split}")
+        self.budget, self.window, self.split = budget, window, split
         self.packing: Packing | None = None
         super().__init__(lengths, seed=seed, epoch=epoch, start_batch=start_batch)
 
     def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
-        self.packing = pack_by_token_budget(self.lengths, self.budget, rng=rng, window=self.window)
+        self.packing = pack_by_token_budget(
+            self.lengths, self.budget, rng=rng, window=self.window, split=self.split
+        )
         return self.packing.batches
 
     def _count_batches(self, rng: np.random.Generator) -> int:
+        if self.split > 1:  # the pieces of each batch: counted on the batches themselves
+            return super()._count_batches(rng)
         return packed_batch_count(self.lengths, self.budget, rng=rng, window=self.window)
 
     @property
