@@ -378,6 +378,9 @@ class StepPlan:
     floor(E) x steps`` of the next one (with equal epochs: ``ceil(E x steps)``, the single-epoch formula
     planned with before); ``train.max_steps`` is the total as given.
 
+    ``row_length``: the packed rows' length the counts come from (``row_length: auto`` resolved; None: not
+    packed), which the resume digest records (the device may resolve ``auto`` otherwise).
+
     A checkpoint of another number of processes continues on this plan only where both numbers train the same
     micro-batches of every epoch the plan reaches the end of (``difference``): its step then sits at the same
     data position in both, and the epochs end on the same steps.
@@ -391,8 +394,9 @@ class StepPlan:
         accumulation: int,
         epochs: float = 1.0,
         max_steps: int | None = None,
+        row_length: int | None = None,
     ) -> None:
-        self._sizes, self._known = sizes, {}
+        self._sizes, self._known, self.row_length = sizes, {}, row_length
         self.world_size, self.accumulation, self.epochs, self.max_steps = (
             world_size,
             accumulation,
@@ -474,12 +478,14 @@ def step_plan(dataset: TokenSequences, params: TrainParams, layout: StreamLayout
     """The run's ``StepPlan`` for ``params.batching`` and ``train.epochs`` / ``max_steps`` in
     ``layout.world_size`` processes (the epochs' micro-batches counted, not built: ``epoch_length``)."""
     sampler = micro_batches(dataset, params, layout).sampler
+    budget = getattr(sampler, "budget", None)  # packed: the rows' length, ``auto`` resolved
     return StepPlan(
         sampler.epoch_length,
         world_size=layout.world_size,
         accumulation=params.batching.gradient_accumulation_steps,
         epochs=params.epochs,
         max_steps=params.max_steps,
+        row_length=budget.row_length if budget is not None else None,
     )
 
 

@@ -148,3 +148,41 @@ def test_a_resumed_run_trains_with_the_optimizer_settings_it_is_given(tmp_path, 
     assert applied == [(schedule.lr_at(step), 0.0) for step in range(3, 6)]
     said = [r.getMessage() for r in caplog.records if "optimizer settings" in r.getMessage()]
     assert len(said) == 1 and "lr 0.01 -> 0.001" in said[0] and "weight_decay 0.1 -> 0" in said[0], said
+
+
+def test_a_checkpoint_packed_with_another_resolved_row_length_is_not_continued(tmp_path, monkeypatch, caplog):
+    """``row_length: auto`` resolves to the data's row length rounded up to float8's token multiple, which
+    the device decides (16 on a CUDA device float8 auto may use, else 1) and the digest does not see: with
+    samples of up to 48 tokens and max_length 56, rows of 64 tokens (3 a micro-batch) on one machine and of
+    56 (4 a micro-batch) on another. The digest recorded ``auto``, so the other machine continued the
+    checkpoint's data position in another packing (a micro-batch trained twice or never). The digest holds
+    the resolved length: auto starts fresh saying why."""
+    import fastlm.engine.batching as batching_module
+    from fastlm.engine.runtime.environment import setup_runtime
+    from fastlm.engine.train.loop import train
+
+    params = toy_params(
+        tmp_path,
+        batching={"mode": "packed", "micro_batch_size": 4, "row_length": "auto"},
+        max_steps=6,
+        save_every=3,
+        eval_every=None,
+        resume="auto",
+    )
+
+    def run(steps):
+        current = params.model_copy(update={"max_steps": steps})
+        runtime = setup_runtime(current.runtime, seed=current.seed)
+        sets = toy_sequences(300, 1), toy_sequences(40, 2)
+        return train(
+            toy_model(), *sets, params=current, runtime=runtime, pad_id=1, max_length=56, attn="sdpa"
+        )
+
+    with monkeypatch.context() as aligned:  # the first machine: float8's multiple of 16 tokens
+        aligned.setattr(batching_module, "token_multiple", lambda *args, **kwargs: 16)
+        first = run(3)
+    assert first.summary["steps"] == 3
+    with caplog.at_level("WARNING"):
+        second = run(6)
+    assert second.summary["resumed_from"] is None
+    assert "batching.row_length 64 -> 56" in caplog.text and "starting fresh" in caplog.text

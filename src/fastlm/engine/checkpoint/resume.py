@@ -13,7 +13,9 @@ digest (:func:`run_digest`) records, as readable fields:
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
   ``data.fold`` (``train.fold`` of k-fold runs);
 - ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
-  ``seed``: the data order and the meaning of the saved micro-batch position;
+  ``seed``, ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
+  float8 token multiple may round) and ``batching.pad_to_multiple_of``: the data order and the meaning of
+  the saved micro-batch position;
 - ``micro_batches_per_step`` (gradient accumulation x processes) and ``distributed.strategy`` (``fsdp``:
   FSDP2's parameter-keyed optimizer state, else ``ddp``, one process included): the world layout. The number
   of processes alone may change (resume across world sizes with the same effective batch), where the step
@@ -84,9 +86,18 @@ def _lora_defaults_added(lora) -> set[str]:
 
 
 def run_digest(
-    model: torch.nn.Module, params: TrainParams, *, max_length: int, data: str, world_size: int, sharded: bool
+    model: torch.nn.Module,
+    params: TrainParams,
+    *,
+    max_length: int,
+    data: str,
+    world_size: int,
+    sharded: bool,
+    row_length: int | None = None,
 ) -> dict[str, Any]:
-    """The fields a checkpoint must share with this run to be resumed (see the module docstring)."""
+    """The fields a checkpoint must share with this run to be resumed (see the module docstring).
+    ``row_length``: the packed rows' length in use (``auto`` resolved: the device's float8 token multiple may
+    round it, which no other field sees); None: the configured one."""
     shapes = [[name, list(param.shape)] for name, param in model.named_parameters()]
     source = params.model.name_or_path
     if source is not None and Path(source).expanduser().is_dir():
@@ -104,7 +115,7 @@ def run_digest(
         "batching.mode": params.batching.mode,
         "batching.micro_batch_size": params.batching.micro_batch_size,
         # packed rows: which samples a batch position holds
-        "batching.row_length": params.batching.row_length,
+        "batching.row_length": row_length if row_length is not None else params.batching.row_length,
         "batching.pad_to_multiple_of": params.batching.pad_to_multiple_of,
         "max_length": max_length,
         "seed": params.seed,

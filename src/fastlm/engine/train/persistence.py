@@ -69,6 +69,7 @@ class Checkpointer:
             max_length=max_length,
             world_size=comm.world_size,
             sharded=self.sharded,
+            row_length=plan.row_length,  # ``auto`` resolved: the packing a data position means
             data=data_digest(train_set.values, train_set.offsets, train_set.prompt_lengths),
         )
 
