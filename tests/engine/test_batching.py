@@ -10,6 +10,7 @@ from fastlm.engine.batching import (
     RandomBatches,
     StepPlan,
     StreamLayout,
+    backoff_pieces,
     loader_settings,
     make_batching,
     micro_batches,
@@ -199,3 +200,39 @@ def test_the_step_plan_counts_the_streams_epochs(tmp_path):
         read = [stream.sampler.set_epoch(epoch) or len(stream.sampler) for epoch in range(3)]
         assert [plan.trained(epoch) // world for epoch in range(3)] == read
         assert plan.total_steps == sum(read)
+
+
+def test_backoff_pieces_are_the_fewest_powers_of_two_of_at_most_the_micro_batch():
+    """``halve_micro_batch`` rounds up (6, 3, 2): 2 ** halvings pieces, however the size divides."""
+    assert [backoff_pieces(6, size) for size in (6, 3, 2, 1)] == [1, 2, 4, 8]
+    assert [backoff_pieces(7, size) for size in (7, 4, 2)] == [1, 2, 4]
+    assert backoff_pieces(8, 1) == 8
+
+
+@pytest.mark.parametrize("mode", ["length_grouped", "dynamic"])
+def test_a_backed_off_stream_steps_over_the_configured_batches_empty_pieces_included(tmp_path, mode):
+    """30 samples in configured batches of 8 (the last of 6) cut in 8 pieces of one sample: a step of 16
+    positions is two configured batches (the short one's empty pieces are counted, not handed out), the
+    same samples as the configured stream's step of 2 micro-batches of 8."""
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    data = toy_sequences(30, 0)
+
+    def steps(micro: int, accumulation: int) -> list[list]:
+        params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": micro})
+        stream = micro_batches(data, params, layout, configured=8)
+        out = []
+        for _ in range(2):
+            step, _ = stream.next_step(accumulation, CPU, "sdpa")
+            out.append(
+                sorted(
+                    tuple(row[mask.bool()].tolist())
+                    for batch in step
+                    for row, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)
+                )
+            )
+        assert stream.position == {"epoch": 0, "batch_in_epoch": 4 * 8 // micro}
+        return out
+
+    pieces, whole = steps(1, 16), steps(8, 2)
+    assert pieces == whole  # the same samples in each step (two builds of the same epoch: exact)
+    assert sorted(len(step) for step in pieces) == [14, 16]

@@ -46,9 +46,11 @@ from fastlm.errors import ConfigError
 
 __all__ = [
     "MicroBatches",
+    "NoneIfEmpty",
     "RandomBatches",
     "StepPlan",
     "StreamLayout",
+    "backoff_pieces",
     "loader_settings",
     "make_batching",
     "micro_batches",
@@ -72,10 +74,10 @@ def make_batching(
     configured: int | None = None,
 ):
     """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``split``: the
-    micro-batch was halved that many times over (an out-of-memory back-off, ``2 ** halvings``) from
-    ``configured`` (micro_batch_size as configured): the ``length_grouped`` and ``packed`` batches are the
-    configured ones cut in pieces (packed: their rows), so every sample stays in its step and every epoch
-    ends on the steps planned. A packed micro-batch of fewer rows than ``split`` cannot be cut: one line.
+    pieces an out-of-memory back-off cuts each of the ``configured`` (micro_batch_size as configured)
+    batches in (``backoff_pieces``: ``2 ** halvings``): the batches of every mode are the configured ones cut
+    in pieces (packed: their rows), so every sample stays in its step and every epoch ends on the steps
+    planned. A micro-batch of fewer samples (packed: rows) than ``split`` cannot be cut: one line.
 
     Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
     batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family
@@ -125,15 +127,21 @@ def make_batching(
             )
         )
         return PackedBatchSampler(lengths, budget, seed=seed, split=split), collator
+    size = batching.micro_batch_size
+    if split > 1:  # the configured batches, cut in pieces of at most ``size`` samples
+        size = configured or size
+        if size < split:
+            raise ConfigError(
+                f"train.batching.oom_backoff cannot cut a micro-batch of {size} samples in {split}: out of "
+                "memory at its smallest.",
+                fix="set a smaller train.data.max_length, turn on train.model.gradient_checkpointing, or run "
+                "`kedro run --pipeline=tune`.",
+            )
     if mode == "dynamic":
-        sampler = RandomBatches(lengths, batching.micro_batch_size, seed=seed)
+        sampler = RandomBatches(lengths, size, seed=seed, split=split)
     else:
         sampler = LengthGroupedSampler(
-            lengths,
-            batching.micro_batch_size,
-            mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES,
-            seed=seed,
-            split=split,
+            lengths, size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES, seed=seed, split=split
         )
     collator = (
         Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, pad_to_multiple_of=pad_multiple)
@@ -209,11 +217,12 @@ def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) ->
 
 
 class RandomBatches(LengthGroupedSampler):
-    """``dynamic`` mode: random batches (no length grouping), each padded to its own longest sample."""
+    """``dynamic`` mode: random batches (no length grouping), each padded to its own longest sample
+    (``split``: each cut in pieces, as ``LengthGroupedSampler``'s)."""
 
     def _make_batches(self, rng):
         order = rng.permutation(self.lengths.size)
-        return [order[i : i + self.batch_size] for i in range(0, order.size, self.batch_size)]
+        return self.pieces([order[i : i + self.batch_size] for i in range(0, order.size, self.batch_size)])
 
 
 def loader_settings(params: TrainParams, device: torch.device) -> dict:
@@ -255,6 +264,7 @@ class MicroBatches:
         self._iterator: Iterator | None = None
         self._epoch_end = 0  # this rank's batches in the epoch being read (known once its loader starts)
         self._peeked: tuple[list[dict], float, int] | None = None
+        self.step_start = (epoch, batch)  # (epoch, position) of the last fetched step's first micro-batch
 
     @property
     def position(self) -> dict:
@@ -272,13 +282,20 @@ class MicroBatches:
         return {**self.position, "epoch": round(self.epoch + self.batch / max(1, self._epoch_end), 4)}
 
     def __next__(self) -> dict:
+        while True:  # an out-of-memory back-off's pieces of a short batch may be empty: counted, not returned
+            batch = self._read()
+            if batch is not None:
+                return batch
+
+    def _read(self) -> dict | None:
+        """The next position's micro-batch (None: an empty piece)."""
         if self._iterator is None:
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
             self._epoch_end = self.batch + len(self.sampler)
             loader = DataLoader(
                 self.dataset,
                 batch_sampler=self.sampler,
-                collate_fn=self.collator,
+                collate_fn=NoneIfEmpty(self.collator),
                 generator=loader_generator(self.seed, self.epoch),
                 **self.loader_kwargs,
             )
@@ -287,7 +304,7 @@ class MicroBatches:
             batch = next(self._iterator)
         except StopIteration:
             self.epoch, self.batch, self._iterator = self.epoch + 1, 0, None
-            return next(self)
+            return self._read()
         self.batch += 1
         return batch
 
@@ -308,7 +325,8 @@ class MicroBatches:
         """One optimizer step's micro-batches on ``device`` and the seconds spent waiting for the
         DataLoader: ``accumulation`` of them, but an epoch's last step takes only the ones left in it (as
         the Trainer's does), so each epoch trains each sample once; its loss is the mean over its own
-        targets all the same (``accumulation.accumulate_gradients``)."""
+        targets all the same (``accumulation.accumulate_gradients``). ``accumulation`` counts positions: a
+        back-off's empty pieces are in them."""
         if self._peeked is not None:
             step, wait, asked = self._peeked
             self._peeked = None
@@ -318,10 +336,24 @@ class MicroBatches:
         waited = perf_counter()
         with torch.profiler.record_function("fastlm.data"):
             fetched = [next(self)]
-            while len(fetched) < accumulation and self.batch < self._epoch_end:
-                fetched.append(next(self))
+            self.step_start = (self.epoch, self.batch - 1)
+            end = min(self.batch - 1 + accumulation, self._epoch_end)
+            while self.batch < end:
+                batch = self._read()
+                if batch is not None:
+                    fetched.append(batch)
         wait = perf_counter() - waited
         return [to_device(batch, device, attn) for batch in fetched], wait
+
+
+class NoneIfEmpty:
+    """A collator that gives None for an empty batch (an out-of-memory back-off's empty piece)."""
+
+    def __init__(self, collator) -> None:
+        self.collator = collator
+
+    def __call__(self, samples: list):
+        return self.collator(samples) if len(samples) else None
 
 
 @dataclass(frozen=True)
@@ -357,7 +389,7 @@ def micro_batches(
         pad_id=layout.pad_id,
         max_length=layout.max_length,
         seed=params.seed,
-        split=max(1, (configured or size) // size),
+        split=backoff_pieces(configured or size, size),
         configured=configured,
         **layout.sides,
     )
@@ -365,6 +397,16 @@ def micro_batches(
     return MicroBatches(
         dataset, sampler, collator, layout.loader_kwargs, epoch=epoch, batch=batch, seed=params.seed
     )
+
+
+def backoff_pieces(configured: int, size: int) -> int:
+    """The pieces each configured batch of ``configured`` samples is cut in for micro-batches of ``size``
+    (``backoff.halve_micro_batch``'s ``ceil(configured / 2 ** halvings)``): ``2 ** halvings``, the fewest
+    pieces of at most ``size`` samples."""
+    pieces = 1
+    while -(-configured // pieces) > size:
+        pieces *= 2
+    return pieces
 
 
 class StepPlan:

@@ -172,3 +172,86 @@ def test_backoff_refuses_a_packed_micro_batch_of_one_row(tmp_path, memory_for_ro
     with pytest.raises(ConfigError, match=r"oom_backoff cannot cut a packed micro-batch of 1 row") as caught:
         run_toy(toy_params(tmp_path, batching=batching))
     assert "\n" not in str(caught.value)
+
+
+def _fail_above_and_record(monkeypatch, limit: int, packed: bool, trained: list) -> None:
+    """A step of a micro-batch of more than ``limit`` rows runs out of memory; ``trained`` gets each sample a
+    step that ran trained."""
+    import torch
+
+    import fastlm.engine.train.step as step_module
+
+    real = step_module.accumulate_gradients
+
+    def accumulate(model, micro_batches, **kwargs):
+        if max(batch["input_ids"].shape[0] for batch in micro_batches) > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        for batch in micro_batches:
+            if packed:
+                trained.extend(_packed_samples(batch))
+                continue
+            for row, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist(), strict=True):
+                trained.append(tuple(token for token, keep in zip(row, mask, strict=True) if keep))
+        return real(model, micro_batches, **kwargs)
+
+    monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
+
+
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
+@pytest.mark.parametrize(
+    ("micro", "limit", "sizes"), [(6, 2, [3, 2]), (8, 1, [4, 2, 1])], ids=["six", "eight_to_one"]
+)
+def test_backoff_of_any_micro_batch_trains_each_sample_once_an_epoch(
+    tmp_path, monkeypatch, mode, micro, limit, sizes, caplog
+):
+    """Micro-batch 6 halved twice: it went to 3 and 1 (rounded down) while the stream cut each configured
+    batch in 6 // 1 = 6 pieces and the accumulation grew 4 times, so a step covered 4/6 of its batches and
+    the run ended on the planned steps with part of the data never trained. The pieces are 2 ** halvings,
+    each at most ceil(6 / 4) = 2 samples (packed: rows), the accumulation x 4. Micro-batch 8 halved three
+    times: the epoch's short batch (4 samples) is cut in 8 pieces too, some of them empty."""
+    from collections import Counter
+
+    from tests.support.toy_training import toy_sequences
+
+    trained: list = []
+    _fail_above_and_record(monkeypatch, limit, mode == "packed", trained)
+    batching = {"mode": mode, "micro_batch_size": micro, "gradient_accumulation_steps": 3}
+    if mode == "packed":  # rows of 64 tokens: the micro-batch's 6 (8) x 64 tokens are 6 (8) rows
+        batching["row_length"] = 64
+    params = toy_params(
+        tmp_path,
+        batching={**batching, "oom_backoff": True},
+        max_steps=None,
+        epochs=2,
+        eval_every=None,
+        log_every=1,
+    )
+    with caplog.at_level("WARNING"):
+        result = run_toy(params)
+    data = toy_sequences(300, 1)
+    samples = Counter(
+        tuple(int(token) for token in data.values[start:end])
+        for start, end in zip(data.offsets[:-1], data.offsets[1:], strict=True)
+    )
+    assert Counter(trained) == samples + samples
+    assert result.history[-1]["epoch"] == 2.0 and result.summary["epochs"] == 2.0
+    assert [row["micro_batch_size"] for row in result.summary["oom_backoffs"]] == sizes
+    assert [row["gradient_accumulation_steps"] for row in result.summary["oom_backoffs"]] == [
+        3 * 2 ** (h + 1) for h in range(len(sizes))
+    ]
+    assert result.summary["effective_batch"] == micro * 3
+    if mode != "packed":
+        assert f"micro_batch_size {sizes[-1]} x gradient_accumulation_steps" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["length_grouped", "dynamic"])
+def test_backoff_refuses_a_micro_batch_of_fewer_samples_than_pieces(tmp_path, memory_for_rows, mode):
+    """Micro-batch 3 halved twice would be 4 pieces of 3 samples: one line."""
+    from fastlm.errors import ConfigError
+
+    memory_for_rows(1)
+    batching = {"mode": mode, "micro_batch_size": 3, "oom_backoff": True}
+    refused = r"oom_backoff cannot cut a micro-batch of 3 samples in 4"
+    with pytest.raises(ConfigError, match=refused) as caught:
+        run_toy(toy_params(tmp_path, batching=batching))
+    assert "\n" not in str(caught.value)

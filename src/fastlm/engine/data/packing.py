@@ -161,8 +161,8 @@ def pack_by_token_budget(
     ``rng`` shuffles the sample order and the row order (None: keep the given order, rows as packed);
     ``window`` samples are packed together, so larger windows pack tighter and mix less. ``split`` > 1: each
     batch's rows cut into ``split`` consecutive pieces (``np.array_split`` of its rows; a batch of fewer rows,
-    only an epoch's last, into one a row), each a batch of its own: an out-of-memory back-off's half-size
-    micro-batches hold the samples of the configured ones (pieces ``split * j`` on are batch ``j``).
+    only an epoch's last, ends in empty pieces), each a batch of its own: an out-of-memory back-off's
+    smaller micro-batches hold the samples of the configured ones (pieces ``split * j`` on are batch ``j``).
     """
     if split < 1:
         raise ValueError(f"split must be >= 1, got {split}")
@@ -179,11 +179,11 @@ def pack_by_token_budget(
         rows = [rows[k] for k in rng.permutation(len(rows)).tolist()]
     step = budget.rows_per_batch
     groups = [rows[start : start + step] for start in range(0, len(rows), step)]
-    if split > 1:
+    if split > 1:  # every batch in ``split`` pieces, the last ones empty where it has fewer rows
         groups = [
-            group[piece[0] : piece[-1] + 1]
+            group[piece[0] : piece[-1] + 1] if piece.size else []
             for group in groups
-            for piece in np.array_split(np.arange(len(group)), min(split, len(group)))
+            for piece in np.array_split(np.arange(len(group)), split)
         ]
     batches = [np.fromiter((i for row in group for i in row), dtype=np.int64) for group in groups]
     if split > 1:  # a piece's budget: the most rows a piece holds

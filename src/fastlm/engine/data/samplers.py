@@ -107,9 +107,11 @@ class _EpochBatchSampler(Sampler[list[int]]):
 class LengthGroupedSampler(_EpochBatchSampler):
     """Batches of ``batch_size`` samples of similar lengths, in a random order (see the module docstring).
 
-    ``split`` > 1: the batches of ``batch_size * split`` samples (the order the run was configured with),
-    each cut in ``split`` consecutive pieces: an out-of-memory back-off that halves the micro-batch keeps
-    every sample where it was (pieces ``2j`` and ``2j + 1`` are batch ``j``)."""
+    ``split`` > 1: the batches of ``batch_size`` samples (the micro-batch the run was configured with), each
+    cut in ``split`` consecutive pieces of at most ``ceil(batch_size / split)`` samples (a short batch's last
+    ones empty): an out-of-memory back-off that halves the micro-batch keeps every sample where it was
+    (pieces ``split * j`` to ``split * j + split - 1`` are batch ``j``), and every epoch holds ``split``
+    times the configured batches."""
 
     def __init__(
         self,
@@ -139,7 +141,7 @@ class LengthGroupedSampler(_EpochBatchSampler):
 
     def _make_batches(self, rng: np.random.Generator) -> list[np.ndarray]:
         order = rng.permutation(self.lengths.size)
-        size = self.batch_size * self.split
+        size = self.batch_size
         mega = size * self.mega_batch_mult
         batches: list[np.ndarray] = []
         for start in range(0, order.size, mega):
@@ -148,18 +150,22 @@ class LengthGroupedSampler(_EpochBatchSampler):
             batches.extend(chunk[i : i + size] for i in range(0, chunk.size, size))
         if self.drop_last and batches and batches[-1].size < size:
             batches.pop()  # only the last mega-batch can end with a short batch
-        ordered = [batches[k] for k in rng.permutation(len(batches)).tolist()]
+        return self.pieces([batches[k] for k in rng.permutation(len(batches)).tolist()])
+
+    def pieces(self, batches: list[np.ndarray]) -> list[np.ndarray]:
+        """``batches``, each cut in ``split`` consecutive pieces (a batch of fewer samples: some empty)."""
         if self.split == 1:
-            return ordered
-        return [piece for batch in ordered for piece in np.array_split(batch, min(self.split, batch.size))]
+            return batches
+        return [piece for batch in batches for piece in np.array_split(batch, self.split)]
 
 
 class PackedBatchSampler(_EpochBatchSampler):
     """Batches of whole samples packed within ``budget`` (see ``packing``), reshuffled every epoch.
 
     ``split`` > 1: the batches of ``budget`` (the configured micro-batch's), each one's rows cut in ``split``
-    consecutive pieces (``pack_by_token_budget``'s ``split``): an out-of-memory back-off that halves the
-    micro-batch keeps every sample where it was, and every epoch ends on the steps planned."""
+    consecutive pieces (``pack_by_token_budget``'s ``split``; a batch of fewer rows ends in empty pieces): an
+    out-of-memory back-off that halves the micro-batch keeps every sample where it was, and every epoch ends
+    on the steps planned."""
 
     def __init__(
         self,
@@ -185,9 +191,8 @@ class PackedBatchSampler(_EpochBatchSampler):
         return self.packing.batches
 
     def _count_batches(self, rng: np.random.Generator) -> int:
-        if self.split > 1:  # the pieces of each batch: counted on the batches themselves
-            return super()._count_batches(rng)
-        return packed_batch_count(self.lengths, self.budget, rng=rng, window=self.window)
+        batches = packed_batch_count(self.lengths, self.budget, rng=rng, window=self.window)
+        return batches * self.split  # every batch in ``split`` pieces
 
     @property
     def efficiency(self) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from fastlm.engine.batching import backoff_pieces
 from fastlm.engine.config import TrainParams
 from fastlm.errors import FastlmError
 
@@ -25,11 +26,20 @@ class OutOfMemory(FastlmError):
 
 
 def halve_micro_batch(
-    error: BaseException, params: TrainParams, step: int, *, world: int, device: torch.device
+    error: BaseException,
+    params: TrainParams,
+    step: int,
+    *,
+    world: int,
+    device: torch.device,
+    configured: int | None = None,
 ) -> TrainParams:
     """The params of the retry after an out-of-memory ``error`` at ``step``, or one line when none is
     possible.
 
+    The micro-batch becomes ``ceil(size / 2)``, the accumulation doubles: after h halvings each configured
+    batch of ``configured`` samples is cut in ``2 ** h`` pieces of at most ``ceil(configured / 2 ** h)``
+    (``batching.backoff_pieces``), so each step trains the configured step's samples whatever the size.
     Without the opt-in, in a multi-process run (every rank would have to agree), or at micro-batch 1: one
     line.
     """
@@ -49,19 +59,28 @@ def halve_micro_batch(
         ) from error
     smaller = batching.model_copy(
         update={
-            "micro_batch_size": batching.micro_batch_size // 2,
+            "micro_batch_size": -(-batching.micro_batch_size // 2),  # 2 ** halvings pieces: ceil
             "gradient_accumulation_steps": batching.gradient_accumulation_steps * 2,
         }
     )
     if device.type == "cuda":
         torch.cuda.empty_cache()  # once, after a failure: hand the failed step's blocks back to the allocator
+    configured = configured or batching.micro_batch_size
+    pieces = backoff_pieces(configured, smaller.micro_batch_size)
+    exact = configured % pieces == 0
     log.warning(
-        "Out of memory %s: continuing with micro_batch_size %d x gradient_accumulation_steps %d (the "
-        "effective batch is unchanged). Put these in conf/local to skip the failed attempt next time, or "
-        "run `kedro run --pipeline=tune`.",
+        "Out of memory %s: continuing with micro_batch_size %d x gradient_accumulation_steps %d (each "
+        "configured micro-batch of %d cut in %d pieces of at most %d; the effective batch is unchanged). %s",
         where,
         smaller.micro_batch_size,
         smaller.gradient_accumulation_steps,
+        configured,
+        pieces,
+        smaller.micro_batch_size,
+        "Put these in conf/local to skip the failed attempt next time, or run `kedro run --pipeline=tune`."
+        if exact
+        else f"{configured} is not a multiple of {pieces}: run `kedro run --pipeline=tune` to choose a "
+        "micro-batch that fits, to skip the failed attempt next time.",
     )
     return params.model_copy(update={"batching": smaller})
 

@@ -112,8 +112,8 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                         gradient_sync=run.sync,
                     )
                 except torch.OutOfMemoryError as error:  # this step's update never happened: redo it smaller
-                    failed, micro = len(micro), None
-                    _back_off(run, error, failed)
+                    micro = None
+                    _back_off(run, error)
                     continue
                 _count_step(run, result, counts)
                 out_of_time = state.step < run.total_steps and counts.time_votes > 0
@@ -149,13 +149,16 @@ def _step_counts(micro: list[dict], comm: Collectives, stop: GracefulStop, budge
     return StepCounts(targets, real_tokens, computed_tokens, samples, stop_votes, time_votes)
 
 
-def _back_off(run: TrainingParts, error: BaseException, failed: int) -> None:
-    """The retry's stream and params after an out-of-memory ``error`` in a step of ``failed`` micro-batches
-    (``backoff.halve_micro_batch``, noted in ``state.backoffs``): the data restarts at the first sample of the
-    failed step (batch indices double with half-size batches; an epoch's last step may hold fewer than the
-    accumulation)."""
+def _back_off(run: TrainingParts, error: BaseException) -> None:
+    """The retry's stream and params after an out-of-memory ``error`` in a step
+    (``backoff.halve_micro_batch``, noted in ``state.backoffs``): the data restarts at the first sample of
+    the failed step (its position doubles: every configured batch is cut in twice the pieces, a short
+    batch's last ones empty)."""
     state, stream, step = run.state, run.stream, run.state.step + 1
-    smaller = halve_micro_batch(error, run.params, step, world=run.layout.world_size, device=run.device)
+    configured = run.configured.batching.micro_batch_size
+    smaller = halve_micro_batch(
+        error, run.params, step, world=run.layout.world_size, device=run.device, configured=configured
+    )
     state.backoffs.append(
         {
             "step": step,
@@ -163,14 +166,14 @@ def _back_off(run: TrainingParts, error: BaseException, failed: int) -> None:
             "gradient_accumulation_steps": smaller.batching.gradient_accumulation_steps,
         }
     )
-    restart = max(0, stream.batch - failed) * 2
+    epoch, start = stream.step_start  # a configured batch's first piece: each of its pieces now two
     run.stream = micro_batches(
         stream.dataset,
         smaller,
         replace(run.layout, rank=0, world_size=1),
-        epoch=stream.epoch,
-        batch=restart,
-        configured=run.configured.batching.micro_batch_size,  # its batches cut in halves: the same samples
+        epoch=epoch,
+        batch=start * 2,
+        configured=configured,  # its batches cut in twice the pieces: the same samples
     )
     run.params = smaller
     state.batching = batching_record(smaller, run.configured)
@@ -283,7 +286,7 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         epochs=run.plan.epochs_at(state.step if stopped_by else run.total_steps),  # in each epoch's own steps
         wall=state.elapsed_before_s + perf_counter() - run.started,  # the run's, not only this process's
         n_params=sum(p.numel() for p in run.raw_model.parameters()),
-        params=params,
+        params=run.configured,  # the effective batch as configured (a back-off cuts its batches in pieces)
         world_size=run.world,
     )
     summary.update(
