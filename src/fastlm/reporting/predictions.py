@@ -43,7 +43,6 @@ from fastlm.corpus.fingerprint import data_format_params
 from fastlm.corpus.prompts import (
     UNPADDED,
     leading_bos,
-    prompt_token_ids,
     render_messages,
     render_prompt,
     truncate_prompt_ids,
@@ -65,13 +64,15 @@ __all__ = [
     "PredictionJob",
     "PredictionParts",
     "chat_format",
-    "chat_sample_ids",
     "chat_template_sha256",
+    "SamplePrompts",
     "check_prediction_pair",
+    "encode_inputs",
     "input_limit",
     "input_rows",
     "predict_rows",
     "prediction_digest",
+    "sample_prompts",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,13 +97,18 @@ class PredictionJob:
 
 
 def input_limit(
-    model, *, max_new_tokens: int, max_input_tokens: int | None, trained_length: int | None = None
+    model,
+    *,
+    max_new_tokens: int,
+    max_input_tokens: int | None,
+    trained_length: int | None = None,
+    parameter: str = "predict.max_new_tokens",
 ) -> int | None:
     """The most prompt tokens a row may have: ``max_input_tokens`` when set; else, for a model trained here
     at ``trained_length`` tokens a row (its ``training_data.json``), the prompt its report's reference
     generations give it (``references.prompt_budget``: what its training rows left beside the new tokens);
     within what the model's positions leave (decoder-only: prompt and generation share them); else no limit
-    (relative positions, as T5)."""
+    (relative positions, as T5). ``parameter``: what set ``max_new_tokens``, named in the refusal."""
     if max_input_tokens is not None:
         return max_input_tokens
     trained = None if trained_length is None else prompt_budget(trained_length, max_new_tokens)
@@ -112,9 +118,9 @@ def input_limit(
     limit = positions if is_encoder_decoder(model) else positions - max_new_tokens
     if limit < 1:
         raise ConfigError(
-            f"predict.max_new_tokens = {max_new_tokens} leaves no room for an input in the model's "
+            f"{parameter} = {max_new_tokens} leaves no room for an input in the model's "
             f"{positions} positions.",
-            fix=f"lower predict.max_new_tokens below {positions}.",
+            fix=f"lower {parameter} below {positions}.",
         )
     return limit if trained is None else min(limit, trained)
 
@@ -196,36 +202,101 @@ def chat_format(
     return ChatFormat(variables=dict(variables or {}))
 
 
-def chat_sample_ids(
-    prompts: list[str], trained: dict, fingerprint: dict | None, *, fingerprint_source: str
-) -> list[list[int]] | None:
-    """The report's sample prompts as a model trained on chat messages is asked them, which is how predict
-    asks it a chat: each one ``user`` turn (its content stripped, as training's contents were) rendered with
-    the training's chat format (``chat_format``: the chat template and its variables, from the model's own
-    record, ``training_data.json``, else the data's ``fingerprint``) and tokenized as training tokenized
-    prompts (``prompt_token_ids``). None for a model trained on other data, which continues the prompts as
-    written."""
+@dataclass(frozen=True)
+class SamplePrompts:
+    """The report's sample prompts as the model is given them: ``ids`` per prompt (None: tokenized by
+    ``generate_samples`` as written), and whether its outputs are continuations
+    (``continuation``: decoded as they are) or responses (``response_text``)."""
+
+    ids: list[list[int]] | None
+    continuation: bool
+
+
+def sample_prompts(
+    prompts: list[str],
+    trained: dict,
+    fingerprint: dict | None,
+    *,
+    fingerprint_source: str,
+    limit: int | None = None,
+) -> SamplePrompts:
+    """The report's sample prompts as predict asks the model an input of its training's kind, through the
+    same function (``encode_inputs``), read from the model's own record (``training_data.json``), else the
+    data's ``fingerprint``:
+
+    * prompt/response data: each prompt cleaned as predict cleans one (``classify_values``: stripped) and
+      wrapped by the training's ``prompt_template``, as predict's ``prompt_column``; outputs are responses;
+    * chat messages: each one ``user`` turn (cleaned so) rendered with the training's chat format
+      (``chat_format``: the chat template and its variables), as predict's ``messages_column``; responses;
+    * plain text: the prompt as written (not stripped: a trailing space is part of what the model continues)
+      tokenized as predict's ``text_column``, an empty prompt starting from BOS; outputs are continuations;
+    * pre-tokenized ids: as written, continued (``generate_samples`` tokenizes them).
+
+    A prompt longer than ``limit`` tokens (``input_limit``, predict's) keeps its last ones, a leading BOS
+    kept, as predict truncates an input, with a warning."""
     record = trained.get("training_data")
     if record is not None:
         data_format, source = record.get("data_format") or {}, "the trained model's training_data.json"
     else:
         data_format = ((fingerprint or {}).get("params") or {}).get("data_format") or {}
         source = fingerprint_source
-    if data_format.get("kind") != "messages":
-        return None
-    tokenizer = trained["tokenizer"]
-    chat = chat_format(
-        tokenizer, {**data_format, "source": source}, model="the trained model", parameter="report.prompts"
-    )
-    log.info(
-        "Sample generations: each of report.prompts is one user turn, rendered as the model's training chats "
-        "were (%s)",
-        "its chat template" if chat.chat_template else "role: content lines",
-    )
-    return [
-        prompt_token_ids(tokenizer, chat.render([{"role": "user", "content": text.strip()}], tokenizer))
-        for text in prompts
-    ]
+    kind, tokenizer = data_format.get("kind"), trained["tokenizer"]
+    if kind == "pretokenized":
+        return SamplePrompts(ids=None, continuation=True)
+    if kind is None:
+        texts = [text for text in prompts if text]
+        encoded = iter(encode_inputs(texts, tokenizer))
+        ids = [next(encoded) if text else [] for text in prompts]
+        continuation = True
+    else:
+        cleaned = classify_values(pd.Series(prompts, dtype=object))[0].fillna("").tolist()
+        if kind == "messages":
+            chat = chat_format(
+                tokenizer,
+                {**data_format, "source": source},
+                model="the trained model",
+                parameter="report.prompts",
+            )
+            turns = [[{"role": "user", "content": text}] for text in cleaned]
+            ids = encode_inputs(turns, tokenizer, chat=chat)
+            how = "one user turn in its training's chat format" + (
+                "" if chat.chat_template else " (role: content lines)"
+            )
+        else:
+            template = data_format.get("prompt_template") or DEFAULT_PROMPT_TEMPLATE
+            ids = encode_inputs(cleaned, tokenizer, template=template)
+            how = f"wrapped by its training's prompt template {template!r}"
+        log.info("Sample generations: each of report.prompts is asked %s, as predict asks it", how)
+        continuation = False
+    bos, cut = leading_bos(tokenizer), 0
+    if limit is not None:
+        for index, prompt in enumerate(ids):
+            if len(prompt) > limit:
+                ids[index], cut = truncate_prompt_ids(prompt, limit, bos), cut + 1
+    if cut:
+        log.warning(
+            "Sample generations: %d of report.prompts are longer than the %d tokens predict gives this model "
+            "(references.prompt_budget of its training length) and keep their last tokens, as predict's do",
+            cut,
+            limit,
+        )
+    return SamplePrompts(ids=ids, continuation=continuation)
+
+
+def encode_inputs(
+    inputs: list, tokenizer, *, template: str | None = None, chat: ChatFormat | None = None
+) -> list[list[int]]:
+    """The prompt ids of cleaned inputs as predict and the report give them to the model, as training
+    tokenized prompts: each rendered (a chat history by ``chat``; a text wrapped by ``template``, or as it is
+    without one: a text the model continues), tokenized without the tokenizer's added special tokens, its
+    leading BOS (``leading_bos``) in front; not truncated."""
+    if chat is not None:
+        rendered = [chat.render(history, tokenizer) for history in inputs]
+    else:
+        rendered = [render_prompt(text, template) if template else text for text in inputs]
+    encoded = tokenizer(rendered, add_special_tokens=False, **UNPADDED)["input_ids"] if rendered else []
+    bos = leading_bos(tokenizer)
+    return [[bos, *ids] if bos is not None and ids[:1] != [bos] else list(ids) for ids in encoded]
 
 
 def _canonical(variables: dict) -> str:
@@ -258,17 +329,16 @@ def input_rows(
     if chat is not None:
         histories, reasons = _chat_histories(values)
         ok = reasons.isna().to_numpy()
-        prompts = [chat.render(histories[row], tokenizer) for row in np.flatnonzero(ok)]
+        inputs = [histories[row] for row in np.flatnonzero(ok)]
     else:
         texts, reasons = classify_values(values)
         ok = reasons.isna().to_numpy()
-        prompts = [render_prompt(text, template) if template else text for text in texts[ok]]
-    encoded = tokenizer(prompts, add_special_tokens=False, **UNPADDED)["input_ids"] if prompts else []
+        inputs = list(texts[ok])
+    encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat)
     bos = leading_bos(tokenizer)
     ids: list = [None] * len(values)
     truncated = np.zeros(len(values), dtype=bool)
     for row, prompt in zip(np.flatnonzero(ok), encoded, strict=True):
-        prompt = [bos, *prompt] if bos is not None and prompt[:1] != [bos] else list(prompt)
         if limit is not None and len(prompt) > limit:
             if too_long == "refuse":
                 reasons[row] = f"too_long ({len(prompt)} tokens > {limit})"

@@ -230,6 +230,7 @@ def generate_samples(
     runtime: Runtime,
     batch_size: int = 32,
     prompt_ids: Sequence[Sequence[int]] | None = None,
+    continuation: bool | None = None,
 ) -> pd.DataFrame:
     """Continuations of ``prompts`` under each decoding setting: rows prompt, setting, settings, output.
 
@@ -238,11 +239,16 @@ def generate_samples(
     tokenizer has no BOS. ``output`` is the continuation only, decoded with special tokens skipped, its line
     ends LF (``lf_line_ends``).
 
-    ``prompt_ids``: the ids each prompt is given as, made by the caller (a chat model's prompts rendered as a
-    user turn with its chat template); the outputs are then responses, as ``response_text`` reads them
-    (stripped, without a leading empty think block), and the table still shows ``prompts`` as written.
+    ``prompt_ids``: the ids each prompt is given as, made by the caller (a prompt model's prompts wrapped by
+    its prompt template, a chat model's rendered as a user turn with its chat template, a text model's
+    tokenized as predict tokenizes a text); the table still shows ``prompts`` as written. ``continuation``:
+    whether the outputs are continuations, decoded as they are (above), or responses, as ``response_text``
+    reads them (stripped, without a leading empty think block); None: continuations without ``prompt_ids``,
+    responses with them.
     """
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if continuation is None:
+        continuation = prompt_ids is None
     if prompt_ids is not None and len(prompt_ids) != len(prompts):
         raise ValueError(f"{len(prompt_ids)} prompt id lists for {len(prompts)} prompts")
     encoded = (
@@ -271,9 +277,9 @@ def generate_samples(
                 "prompt": prompt,
                 "setting": name,
                 "settings": described,
-                "output": response_text(ids, tokenizer)
-                if prompt_ids is not None
-                else lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)),
+                "output": lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True))
+                if continuation
+                else response_text(ids, tokenizer),
             }
             for prompt, ids in zip(prompts, generated.continuations, strict=True)
         ]

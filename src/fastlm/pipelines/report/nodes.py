@@ -80,7 +80,7 @@ def evaluate_model(
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
     from fastlm.engine.evaluate.generation import generate_samples
-    from fastlm.reporting.predictions import chat_sample_ids
+    from fastlm.reporting.predictions import input_limit, sample_prompts
 
     report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]
@@ -112,6 +112,19 @@ def evaluate_model(
         ),
     )
     settings = [setting.model_dump(exclude_none=True) for setting in report.decoding]
+    samples = sample_prompts(  # as predict asks the model an input of its training's kind
+        report.prompts,
+        trained,
+        fingerprint,
+        fingerprint_source=_path(paths, "tokenized_corpus_fingerprint"),
+        limit=input_limit(
+            model,
+            max_new_tokens=report.max_new_tokens,
+            max_input_tokens=None,
+            trained_length=max_length,
+            parameter="report.max_new_tokens",
+        ),
+    )
     generations = generate_samples(
         model,
         tokenizer,
@@ -119,12 +132,8 @@ def evaluate_model(
         settings=settings,
         max_new_tokens=report.max_new_tokens,
         runtime=runtime,
-        prompt_ids=chat_sample_ids(
-            report.prompts,
-            trained,
-            fingerprint,
-            fingerprint_source=_path(paths, "tokenized_corpus_fingerprint"),
-        ),
+        prompt_ids=samples.ids,
+        continuation=samples.continuation,
     )
     log.info(
         "Test split: loss %.4f, perplexity %.2f, accuracy %.3f, top-%d %.3f (%.0f real tokens/s)",
