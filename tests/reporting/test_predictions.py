@@ -286,5 +286,5 @@ def test_a_model_trained_here_gets_its_prompts_cut_as_its_training_and_report_cu
     assert limit == 287
     assert input_limit(model, max_new_tokens=32, max_input_tokens=400, trained_length=320) == 400
     rows = _text_rows([prompt], tokenizer, limit=limit)
-    reported = generation_prompts(tokenizer, [prompt], max_length=320, max_new_tokens=32)
+    reported = generation_prompts(tokenizer, [prompt], model=model, max_length=320, max_new_tokens=32)
     assert len(prompt_token_ids(tokenizer, prompt)) > 320 and list(rows["ids"].iloc[0]) == reported[0]

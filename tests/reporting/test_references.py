@@ -220,3 +220,43 @@ def _scored(model, tokenizer, pairs, runtime, *, new: int, batch: int, max_lengt
     return score_test_generations(
         model, tokenizer, pairs, references=references, max_length=max_length, runtime=runtime
     )
+
+
+def test_prompts_leave_the_new_tokens_room_in_the_models_positions_as_predict_leaves_them(
+    bpe_tokenizer, runtime
+):
+    """A model trained at its whole length (GPT-2, learnt positions, ``n_positions`` = ``split.max_length``)
+    with ``references.max_new_tokens`` over half of it: the references kept ``prompt_budget``'s half row of
+    prompt, so prompt and generation ran past the model's positions (an IndexError deep in ``generate``) where
+    predict gives the same row ``input_limit``'s tokens; they now give it the same ids."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from fastlm.reporting.predictions import input_limit, input_rows
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=len(bpe_tokenizer),
+        n_positions=48,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        eos_token_id=bpe_tokenizer.eos_token_id,
+        bos_token_id=bpe_tokenizer.eos_token_id,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    prompts = ["가격 대비 " * 40 + "배송", "짧은 질문"]
+    pairs = pd.DataFrame({"sample": [0, 1], "prompt": prompts, "response": ["좋아요", "네"]})
+    table, _ = _scored(model, bpe_tokenizer, pairs, runtime, new=30, batch=2, max_length=48)
+    limit = input_limit(model, max_new_tokens=30, max_input_tokens=None, trained_length=48)
+    rows = input_rows(
+        pd.DataFrame({"text": prompts}),
+        bpe_tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=limit,
+        too_long="truncate",
+        source="inputs",
+    )
+    assert limit == 48 - 30 and table["prompt_tokens"].tolist() == [len(ids) for ids in rows["ids"]]
+    assert (table["prompt_tokens"] + table["new_tokens"] <= 48).all()

@@ -51,12 +51,11 @@ from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import (
     decoding_kwargs,
     generate_continuations,
-    is_encoder_decoder,
     response_text,
 )
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
-from fastlm.reporting.references import describe_decoding, prompt_budget
+from fastlm.reporting.references import describe_decoding, input_limit
 
 __all__ = [
     "PREDICTION_COLUMNS",
@@ -94,35 +93,6 @@ class PredictionJob:
     seed: int = 0
     continuation: bool = False  # decoding only: the finished parts hold ids, so not part of the key
     extra: dict = field(default_factory=dict)  # shown in the summary (input, model, ...), not part of the key
-
-
-def input_limit(
-    model,
-    *,
-    max_new_tokens: int,
-    max_input_tokens: int | None,
-    trained_length: int | None = None,
-    parameter: str = "predict.max_new_tokens",
-) -> int | None:
-    """The most prompt tokens a row may have: ``max_input_tokens`` when set; else, for a model trained here
-    at ``trained_length`` tokens a row (its ``training_data.json``), the prompt its report's reference
-    generations give it (``references.prompt_budget``: what its training rows left beside the new tokens);
-    within what the model's positions leave (decoder-only: prompt and generation share them); else no limit
-    (relative positions, as T5). ``parameter``: what set ``max_new_tokens``, named in the refusal."""
-    if max_input_tokens is not None:
-        return max_input_tokens
-    trained = None if trained_length is None else prompt_budget(trained_length, max_new_tokens)
-    positions = getattr(model.config, "max_position_embeddings", None)
-    if positions is None:
-        return trained
-    limit = positions if is_encoder_decoder(model) else positions - max_new_tokens
-    if limit < 1:
-        raise ConfigError(
-            f"{parameter} = {max_new_tokens} leaves no room for an input in the model's "
-            f"{positions} positions.",
-            fix=f"lower {parameter} below {positions}.",
-        )
-    return limit if trained is None else min(limit, trained)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@
 * What the model sees: ``prompt_token_ids`` (the ids the prompt was trained with, template and BOS
   included), cut as training cuts prompts (``truncate_prompt_ids``: the last tokens, a leading BOS kept) to
   ``max(budget - max_new_tokens, budget // 2)`` tokens, ``budget = max_length - 1``: prompt and generation
-  fit in the trained length, and no prompt is cut shorter than training ever cut it.
+  fit in the trained length, and no prompt is cut shorter than training ever cut it; within what the model's
+  positions leave beside ``max_new_tokens`` (``input_limit``, which predict cuts its inputs by too).
 * What is scored: the generated text after the prompt, stopped at EOS, special tokens skipped, line ends LF
   as the split makes them, without a leading empty think block (``generation.response_text``), against the
   ``response`` column (``fastlm.reporting.rouge``).
@@ -21,15 +22,24 @@ import pandas as pd
 from fastlm.corpus.prompts import leading_bos, prompt_token_ids, truncate_prompt_ids
 from fastlm.corpus.splitting import cap_rows, text_keys
 from fastlm.engine.data.collators import pad_id_of
-from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, response_text
+from fastlm.engine.evaluate.generation import (
+    decoding_kwargs,
+    generate_continuations,
+    is_encoder_decoder,
+    response_text,
+)
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.errors import ConfigError
 from fastlm.reporting.params import ReferenceParams
 from fastlm.reporting.rouge import rouge_scores, score_columns
 
 __all__ = [
     "PREDICTION_COLUMNS",
     "describe_decoding",
+    "generation_prompts",
     "has_references",
+    "input_limit",
+    "prompt_budget",
     "score_test_generations",
     "reference_pairs",
 ]
@@ -81,11 +91,49 @@ def prompt_budget(max_length: int, max_new_tokens: int) -> int:
     return max(budget - max_new_tokens, budget // 2, 1)
 
 
-def generation_prompts(tokenizer, prompts, *, max_length: int, max_new_tokens: int) -> list[list[int]]:
-    """Each prompt's ids as the reference generations give them: its last ``prompt_budget`` tokens after
-    its leading BOS."""
-    keep, bos = prompt_budget(max_length, max_new_tokens), leading_bos(tokenizer)
-    return [truncate_prompt_ids(prompt_token_ids(tokenizer, prompt), keep, bos) for prompt in prompts]
+def input_limit(
+    model,
+    *,
+    max_new_tokens: int,
+    max_input_tokens: int | None,
+    trained_length: int | None = None,
+    parameter: str = "predict.max_new_tokens",
+) -> int | None:
+    """The most prompt tokens a row may have: ``max_input_tokens`` when set; else, for a model trained here
+    at ``trained_length`` tokens a row (its ``training_data.json``), the prompt its report's reference
+    generations give it (``references.prompt_budget``: what its training rows left beside the new tokens);
+    within what the model's positions leave (decoder-only: prompt and generation share them); else no limit
+    (relative positions, as T5). ``parameter``: what set ``max_new_tokens``, named in the refusal."""
+    if max_input_tokens is not None:
+        return max_input_tokens
+    trained = None if trained_length is None else prompt_budget(trained_length, max_new_tokens)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is None:
+        return trained
+    limit = positions if is_encoder_decoder(model) else positions - max_new_tokens
+    if limit < 1:
+        raise ConfigError(
+            f"{parameter} = {max_new_tokens} leaves no room for an input in the model's "
+            f"{positions} positions.",
+            fix=f"lower {parameter} below {positions}.",
+        )
+    return limit if trained is None else min(limit, trained)
+
+
+def generation_prompts(tokenizer, prompts, *, model, max_length: int, max_new_tokens: int) -> list[list[int]]:
+    """Each prompt's ids as the reference generations give them, as predict gives the same prompt: its last
+    ``input_limit`` tokens after its leading BOS (``prompt_budget`` of the trained length, within what the
+    model's positions leave beside ``max_new_tokens``)."""
+    keep = input_limit(
+        model,
+        max_new_tokens=max_new_tokens,
+        max_input_tokens=None,
+        trained_length=max_length,
+        parameter="report.references.max_new_tokens",
+    )
+    bos = leading_bos(tokenizer)
+    ids = [prompt_token_ids(tokenizer, prompt) for prompt in prompts]
+    return ids if keep is None else [truncate_prompt_ids(prompt, keep, bos) for prompt in ids]
 
 
 def score_test_generations(
@@ -107,7 +155,7 @@ def score_test_generations(
     """
     settings, max_new_tokens = references.decoding(), references.max_new_tokens
     prompt_ids = generation_prompts(
-        tokenizer, pairs["prompt"], max_length=max_length, max_new_tokens=max_new_tokens
+        tokenizer, pairs["prompt"], model=model, max_length=max_length, max_new_tokens=max_new_tokens
     )
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     generations = generate_continuations(
