@@ -5,8 +5,10 @@ run continued."""
 
 import gzip
 import json
+import logging
 import shutil
 
+import kedro.framework.project  # noqa: F401 (configures logging: see below)
 import pandas as pd
 import pytest
 import torch
@@ -33,6 +35,9 @@ from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 # kernels: batched left-padded generation against one row at a time (as
 # tests/engine/evaluate/test_generation.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.kernels]
+# kedro.framework.project configures logging when first imported (its dictConfig replaces the root logger's
+# handlers): imported with this module, before pytest attaches caplog's handler, so that a test run alone
+# captures the records of its first run too
 CPU = {"runtime": {"device": "cpu", "precision": "fp32"}}
 TEMPLATE = "{prompt}\n\n### Response:\n"
 DIALOGUES = [
@@ -668,3 +673,80 @@ def test_a_model_folder_without_a_tokenizer_is_refused_not_predicted_empty(tmp_p
     error = find_user_error(raised.value)
     assert isinstance(error, ConfigError) and "holds no tokenizer" in str(error), repr(raised.value)
     assert str(tmp_path / "weights_only") in str(error) and "\n" not in str(error)
+
+
+def _predicted(project, **predict):
+    _run(project, max_new_tokens=6, **predict)
+    table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    return table, summary
+
+
+def _warned(caplog) -> list[str]:
+    """fastlm's warnings (not kedro's own)."""
+    records = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("fastlm")]
+    return [r.getMessage() for r in records]
+
+
+def test_a_prompt_model_reads_a_txt_or_text_column_as_prompts_as_it_was_trained(project, caplog):
+    """A model trained on prompt/response data, given a .txt or a table with a ``text`` column and no input
+    column named: each input is a prompt wrapped by its training's template and answered, as it trained
+    (was: continued raw, no template, its output read as a continuation). Its greedy predictions are those of
+    the same inputs named as ``predict.prompt_column``; a table's ``text`` column is said in one warning."""
+    folder = _trained_on_prompts(project, TRAINED_TEMPLATE)
+    lines = [text for text in DIALOGUES if "\n" not in text]
+    (project / "data/01_raw/lines.txt").write_text("".join(f"{t}\n" for t in lines), encoding="utf-8")
+    pd.DataFrame({"text": lines}).to_csv(project / "data/01_raw/texts.csv", index=False)
+    pd.DataFrame({"dialogue": lines}).to_csv(project / "data/01_raw/dialogues.csv", index=False)
+    asked, _ = _predicted(project, input="data/01_raw/dialogues.csv", prompt_column="dialogue")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompts = [prompt_token_ids(tokenizer, render_prompt(text, TRAINED_TEMPLATE)) for text in lines]
+    assert asked["input_tokens"].tolist() == [len(ids) for ids in prompts]
+
+    caplog.clear()
+    table, summary = _predicted(project, input="data/01_raw/lines.txt")
+    assert table["prediction"].tolist() == asked["prediction"].tolist()
+    assert table["input_tokens"].tolist() == asked["input_tokens"].tolist()
+    assert summary["input_format"] == "prompt" and summary["prompt_template"] == TRAINED_TEMPLATE
+    assert not _warned(caplog)
+
+    caplog.clear()
+    table, summary = _predicted(project, input="data/01_raw/texts.csv")
+    assert table["prediction"].tolist() == asked["prediction"].tolist()
+    assert table["input_tokens"].tolist() == asked["input_tokens"].tolist()
+    assert summary["input_format"] == "prompt" and summary["input_column"] == "text"
+    warned = _warned(caplog)
+    assert len(warned) == 1 and "predict.text_column" in warned[0] and "\n" not in warned[0], warned
+
+    caplog.clear()  # the training's prompt column, unnamed: read as it was trained, without a warning
+    table, summary = _predicted(project, input="data/01_raw/dialogues.csv")
+    assert table["prediction"].tolist() == asked["prediction"].tolist()
+    assert summary["input_column"] == "dialogue" and summary["input_format"] == "prompt"
+    assert not _warned(caplog)
+
+
+def test_a_prompt_model_continues_raw_text_only_when_text_column_is_named_and_says_so(project, caplog):
+    """``predict.text_column`` on a prompt/response model: the texts are continued as written (no template),
+    as asked, with one warning that this is not how the model was trained."""
+    folder = _trained_on_prompts(project, TRAINED_TEMPLATE)
+    lines = [text for text in DIALOGUES if "\n" not in text]
+    (project / "data/01_raw/lines.txt").write_text("".join(f"{t}\n" for t in lines), encoding="utf-8")
+    table, summary = _predicted(project, input="data/01_raw/lines.txt", text_column="text")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert table["input_tokens"].tolist() == [len(prompt_token_ids(tokenizer, text)) for text in lines]
+    assert summary["input_format"] == "text" and "prompt_template" not in summary
+    warned = _warned(caplog)
+    assert len(warned) == 1 and "predict.text_column" in warned[0] and "prompt" in warned[0], warned
+
+
+def test_a_prompt_model_given_neither_its_prompt_column_nor_text_names_the_prompt_column(project):
+    _trained_on_prompts(project, TRAINED_TEMPLATE)
+    pd.DataFrame({"question": ["Noah: hi"]}).to_csv(project / "data/01_raw/questions.csv", index=False)
+    before = sorted(p for p in (project / "data").rglob("*") if p.is_file())
+    with pytest.raises(Exception) as caught:
+        _run(project, input="data/01_raw/questions.csv")
+    found = find_user_error(caught.value)
+    message = str(found)
+    assert isinstance(found, InputDataError) and "'dialogue' (predict.prompt_column)" in message, message
+    assert "\n" not in message and "predict.prompt_column=" in message.split("Fix:")[1]
+    assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before

@@ -23,6 +23,14 @@ FORMATS = (
 PARAMETER = "predict.input"
 
 
+def one_input_a_line(path: str) -> bool:
+    """Whether ``path`` is a text file (``.txt``, compressed or not): one input a line, no column names."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    return suffixes[-1:] == [".txt"]
+
+
 class PredictSources:
     """The input table, the model (the trained one, a folder, or a finished run's), the resumable parts, and
     how the project's models were trained (``fingerprint``: the tokenized data's fingerprint, whose
@@ -41,10 +49,7 @@ class PredictSources:
                 f"predict.input {path} does not exist.",
                 fix=f"--params predict.input=<an existing file: {FORMATS}>.",
             )
-        suffixes = [s.lower() for s in file.suffixes]
-        if suffixes and suffixes[-1] in COMPRESSIONS:
-            suffixes = suffixes[:-1]
-        if suffixes[-1:] == [".txt"]:
+        if one_input_a_line(path):
             table = pd.DataFrame({"text": pd.Series(read_text_lines(file, PARAMETER), dtype=object)})
             table.attrs["source_path"] = str(file)
             return table

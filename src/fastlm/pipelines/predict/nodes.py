@@ -18,6 +18,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     """One prediction per input row, in input order (refused rows kept with their reason), and the summary.
     The device and precision are ``train.runtime``'s (auto: bf16 on GPUs that have it, fp32 on CPU). Chat
     messages are rendered as the model's training data was (its fingerprint), for a model trained here."""
+    from fastlm.datasets.predict_sources import one_input_a_line
     from fastlm.reporting.predictions import (
         PredictionJob,
         chat_format,
@@ -32,8 +33,10 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     trained = sources.load_model(params.model)
     training = sources.training_format(trained)
     chat_training = training if training is not None and training.get("kind") == "messages" else None
-    template, template_source = params.template(training)
-    parameter, column = params.input_column(chat_training["messages_column"] if chat_training else None)
+    parameter, column = params.input_column(
+        training, [str(name) for name in table.columns], lines=one_input_a_line(path), source=path
+    )
+    template, template_source = params.template(training, parameter)
     chat = None
     if parameter == MESSAGES:
         chat = chat_format(

@@ -16,6 +16,7 @@ from fastlm.validation import parse_params
 log = logging.getLogger(__name__)
 SOURCE = "conf/base/parameters_predict.yml"
 MESSAGES = "predict.messages_column"
+PROMPTS = "predict.prompt_column"
 
 
 class PredictParams(DecodingParams):
@@ -27,7 +28,10 @@ class PredictParams(DecodingParams):
     )
     model: str | None = Field(None, description="null: the trained model; or a model folder; or a run name")
     text_column: str | None = Field(
-        None, min_length=1, description="plain text, continued as it is; null: text (see messages_column)"
+        None,
+        min_length=1,
+        description="plain text, continued as it is; with no column named, the inputs are asked as the model "
+        "was trained (input_column)",
     )
     prompt_column: str | None = Field(
         None, min_length=1, description="prompt data: wrapped by prompt_template"
@@ -92,22 +96,69 @@ class PredictParams(DecodingParams):
             )
         return self
 
-    def input_column(self, trained_messages_column: str | None = None) -> tuple[str, str]:
-        """(parameter, column) of the inputs: the column named (prompt, messages, text); with none named,
-        the model's training messages column when it was trained on chat messages, else ``text``."""
+    def input_column(
+        self, trained: dict | None, columns: list[str], *, lines: bool = False, source: str = "the input"
+    ) -> tuple[str, str]:
+        """(parameter, column) of the inputs. The column named wins (prompt, messages, text). With none named,
+        the inputs are asked as the model was trained (``trained``: ``PredictSources.training_format``, None
+        for plain text or where nothing says): a chat model's training messages column; a prompt/response
+        model's training prompt column where the file has it, else its ``text`` column read as prompts (a
+        ``.txt`` file's lines, ``lines``, as they are; a table's with one warning), else the training's prompt
+        column (which ``input_rows`` refuses in one line); anything else's ``text``, continued. A text column
+        named for a prompt/response model is continued as asked, said in one warning."""
+        kind = (trained or {}).get("kind")
+        trained_column = (trained or {}).get("prompt_column") or "prompt"
         for name in ("prompt_column", "messages_column", "text_column"):
             if getattr(self, name) is not None:
+                if name == "text_column" and kind == "prompt_response":
+                    log.warning(
+                        "predict.text_column %r: each input is continued as raw text (no prompt template, "
+                        "the prediction is its continuation), though the model was trained on prompts "
+                        "(split.prompt_column %r, in %s); leave predict.text_column unset (or set "
+                        "predict.prompt_column) to ask them as prompts",
+                        self.text_column,
+                        trained_column,
+                        trained["source"],
+                    )
                 return f"predict.{name}", getattr(self, name)
-        if trained_messages_column is not None:
-            return MESSAGES, trained_messages_column
-        return "predict.text_column", "text"
+        if kind == "messages":
+            return MESSAGES, trained["messages_column"]
+        if kind != "prompt_response":
+            return "predict.text_column", "text"
+        if trained_column in columns:
+            log.info(
+                "predict.prompt_column: %r, the column the model was trained on (split.prompt_column): each "
+                "input wrapped by its prompt template and answered; predict.text_column continues a column "
+                "as raw text instead",
+                trained_column,
+            )
+            return PROMPTS, trained_column
+        if "text" in columns:
+            if lines:
+                log.info(
+                    "predict: each line of %s is a prompt, as the model was trained on prompts: wrapped by "
+                    "its prompt template and answered; predict.text_column=text continues them as raw text",
+                    source,
+                )
+            else:
+                log.warning(
+                    "predict: %s has no column %r (the model's split.prompt_column) but a 'text' column: its "
+                    "rows are read as prompts (predict.prompt_column=text), wrapped by the training's prompt "
+                    "template and answered, as the model was trained; set predict.text_column=text to "
+                    "continue them as raw text instead",
+                    source,
+                    trained_column,
+                )
+            return PROMPTS, "text"
+        return PROMPTS, trained_column
 
-    def template(self, trained: dict | None) -> tuple[str | None, str]:
-        """(template, where it came from) for prompt inputs; (None, "") for others. ``trained``: how the
-        model's training data was formatted (``PredictSources.training_format``), None where nothing says.
+    def template(self, trained: dict | None, parameter: str) -> tuple[str | None, str]:
+        """(template, where it came from) for prompt inputs (``parameter``, ``input_column``'s, is
+        ``predict.prompt_column``); (None, "") for others. ``trained``: how the model's training data was
+        formatted (``PredictSources.training_format``), None where nothing says.
         Unset, the trained template (prompt/response data), else the split's default; set, the one given,
         with a warning where the model was trained with another."""
-        if self.prompt_column is None:
+        if parameter != PROMPTS:
             return None, ""
         used = (
             trained.get("prompt_template") if trained and trained.get("kind") == "prompt_response" else None
