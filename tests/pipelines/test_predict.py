@@ -750,3 +750,56 @@ def test_a_prompt_model_given_neither_its_prompt_column_nor_text_names_the_promp
     assert isinstance(found, InputDataError) and "'dialogue' (predict.prompt_column)" in message, message
     assert "\n" not in message and "predict.prompt_column=" in message.split("Fix:")[1]
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
+
+
+def _trained_on_chats(project):
+    """The project's model folder as the train pipeline writes it after chat data (``split.messages_column:
+    messages``) rendered with the tokenizer's chat template."""
+    folder = project / "data/06_models/model"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    split = parse_split_params({"messages_column": "messages"})
+    stored = make_fingerprint(tokenizer, 64, data_format=data_format_params(split, tokenizer))
+    record = {"fingerprint": stored["fingerprint"], "data_format": stored["params"]["data_format"]}
+    (folder / "training_data.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_a_chat_model_asks_a_txt_a_text_or_a_prompt_column_as_one_user_turn(project, caplog):
+    """A model trained on chat messages, given a .txt, a table with a ``text`` column (no column named) or a
+    ``predict.prompt_column``: each input is one user turn in its training's chat format, as the report asks
+    its prompts (was: the .txt and text refused for want of a messages column, a prompt column wrapped by the
+    default prompt template, which the model never saw). Its greedy predictions are those of the same turns
+    given as messages."""
+    folder = _trained_on_chats(project)
+    lines = [text for text in DIALOGUES if "\n" not in text]
+    (project / "data/01_raw/lines.txt").write_text("".join(f"{t}\n" for t in lines), encoding="utf-8")
+    pd.DataFrame({"text": lines}).to_csv(project / "data/01_raw/texts.csv", index=False)
+    pd.DataFrame({"question": lines}).to_csv(project / "data/01_raw/questions.csv", index=False)
+    (project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n" for t in lines),
+        encoding="utf-8",
+    )
+    asked, _ = _predicted(project, input="data/01_raw/chats.jsonl")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rendered = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+        )
+        for t in lines
+    ]
+    assert asked["input_tokens"].tolist() == [len(prompt_token_ids(tokenizer, p)) for p in rendered]
+    for predict, warnings in (
+        ({"input": "data/01_raw/lines.txt"}, 0),
+        ({"input": "data/01_raw/texts.csv"}, 1),
+        ({"input": "data/01_raw/questions.csv", "prompt_column": "question"}, 0),
+    ):
+        caplog.clear()
+        table, summary = _predicted(project, **predict)
+        assert table["prediction"].tolist() == asked["prediction"].tolist(), predict
+        assert table["input_tokens"].tolist() == asked["input_tokens"].tolist(), predict
+        assert table["input"].tolist() == lines and summary["input_format"] == "prompt"
+        assert summary["chat_template_sha256"] is not None and "prompt_template" not in summary
+        warned = _warned(caplog)
+        assert len(warned) == warnings and all("predict.text_column" in w for w in warned), warned

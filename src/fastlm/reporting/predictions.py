@@ -285,9 +285,12 @@ def input_rows(
     too_long: str,
     source: str,
     chat: ChatFormat | None = None,
+    user_turn: bool = False,
 ) -> pd.DataFrame:
     """id, input (as given; messages as JSON), ids (prompt token ids, None when refused), refused (reason or
-    None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused)."""
+    None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused), or,
+    with ``user_turn``, texts, each one user turn rendered by it (as the report asks a chat model its
+    prompts)."""
     for parameter, name in (column, ("predict.id_column", id_column)):
         if name is not None and name not in table.columns:
             raise InputDataError(
@@ -296,7 +299,8 @@ def input_rows(
                 fix=f"--params {parameter}=<one of them>.",
             )
     values = table[column[1]].reset_index(drop=True)
-    if chat is not None:
+    messages = chat is not None and not user_turn
+    if messages:
         histories, reasons = _chat_histories(values)
         ok = reasons.isna().to_numpy()
         inputs = [histories[row] for row in np.flatnonzero(ok)]
@@ -304,6 +308,8 @@ def input_rows(
         texts, reasons = classify_values(values)
         ok = reasons.isna().to_numpy()
         inputs = list(texts[ok])
+        if user_turn:
+            inputs = [[{"role": "user", "content": text}] for text in inputs]
     encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat)
     bos = leading_bos(tokenizer)
     ids: list = [None] * len(values)
@@ -319,7 +325,7 @@ def input_rows(
     return pd.DataFrame(
         {
             "id": row_ids,
-            "input": values.map(_shown_messages if chat is not None else _shown, na_action=None),
+            "input": values.map(_shown_messages if messages else _shown, na_action=None),
             "ids": ids,
             "refused": reasons,
             "truncated": truncated,

@@ -9,7 +9,7 @@ import logging
 import pandas as pd
 
 from fastlm.parameters import parse_group
-from fastlm.pipelines.predict.params import MESSAGES
+from fastlm.pipelines.predict.params import MESSAGES, PROMPTS
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +36,20 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     parameter, column = params.input_column(
         training, [str(name) for name in table.columns], lines=one_input_a_line(path), source=path
     )
-    template, template_source = params.template(training, parameter)
+    # a chat model asked prompts: each one user turn in its chat format, as the report asks its prompts (an
+    # explicit predict.prompt_template wraps them instead)
+    user_turn = parameter == PROMPTS and chat_training is not None and params.prompt_template is None
+    template, template_source = params.template(training, parameter) if not user_turn else (None, "")
     chat = None
-    if parameter == MESSAGES:
+    if parameter == MESSAGES or user_turn:
         chat = chat_format(
             trained["tokenizer"],
             chat_training,
             model=trained["source"],
             variables=params.chat_template_kwargs,
+            parameter=parameter,
         )
-        if params.messages_column is None:
+        if parameter == MESSAGES and params.messages_column is None:
             log.info(
                 "predict.messages_column: %r, the column the model was trained on (split.messages_column); "
                 "predict.text_column or predict.prompt_column reads another",
@@ -82,6 +86,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         too_long=params.too_long,
         source=path,
         chat=chat,
+        user_turn=user_turn,
     )
     job = PredictionJob(
         decoding=params.decoding(),

@@ -101,28 +101,32 @@ class PredictParams(DecodingParams):
     ) -> tuple[str, str]:
         """(parameter, column) of the inputs. The column named wins (prompt, messages, text). With none named,
         the inputs are asked as the model was trained (``trained``: ``PredictSources.training_format``, None
-        for plain text or where nothing says): a chat model's training messages column; a prompt/response
+        for plain text or where nothing says): a chat model's training messages column, else its ``text``
+        column read as prompts (one user turn each, as ``predict.prompt_column``); a prompt/response
         model's training prompt column where the file has it, else its ``text`` column read as prompts (a
         ``.txt`` file's lines, ``lines``, as they are; a table's with one warning), else the training's prompt
         column (which ``input_rows`` refuses in one line); anything else's ``text``, continued. A text column
-        named for a prompt/response model is continued as asked, said in one warning."""
+        named for a prompt/response or chat model is continued as asked, said in one warning."""
         kind = (trained or {}).get("kind")
         trained_column = (trained or {}).get("prompt_column") or "prompt"
         for name in ("prompt_column", "messages_column", "text_column"):
             if getattr(self, name) is not None:
-                if name == "text_column" and kind == "prompt_response":
+                if name == "text_column" and kind in ("prompt_response", "messages"):
                     log.warning(
-                        "predict.text_column %r: each input is continued as raw text (no prompt template, "
-                        "the prediction is its continuation), though the model was trained on prompts "
-                        "(split.prompt_column %r, in %s); leave predict.text_column unset (or set "
-                        "predict.prompt_column) to ask them as prompts",
+                        "predict.text_column %r: each input is continued as raw text (no prompt template or "
+                        "chat format, the prediction is its continuation), though the model was trained on "
+                        "%s (in %s); leave predict.text_column unset (or set predict.prompt_column) to ask "
+                        "them as prompts",
                         self.text_column,
-                        trained_column,
+                        "prompts" if kind == "prompt_response" else "chat messages",
                         trained["source"],
                     )
                 return f"predict.{name}", getattr(self, name)
         if kind == "messages":
-            return MESSAGES, trained["messages_column"]
+            if trained["messages_column"] in columns or "text" not in columns:
+                return MESSAGES, trained["messages_column"]
+            how = ("split.messages_column", "each one user turn in its training's chat format")
+            return self._text_as_prompts(trained["messages_column"], how, lines, source)
         if kind != "prompt_response":
             return "predict.text_column", "text"
         if trained_column in columns:
@@ -134,23 +138,35 @@ class PredictParams(DecodingParams):
             )
             return PROMPTS, trained_column
         if "text" in columns:
-            if lines:
-                log.info(
-                    "predict: each line of %s is a prompt, as the model was trained on prompts: wrapped by "
-                    "its prompt template and answered; predict.text_column=text continues them as raw text",
-                    source,
-                )
-            else:
-                log.warning(
-                    "predict: %s has no column %r (the model's split.prompt_column) but a 'text' column: its "
-                    "rows are read as prompts (predict.prompt_column=text), wrapped by the training's prompt "
-                    "template and answered, as the model was trained; set predict.text_column=text to "
-                    "continue them as raw text instead",
-                    source,
-                    trained_column,
-                )
-            return PROMPTS, "text"
+            how = ("split.prompt_column", "wrapped by its training's prompt template")
+            return self._text_as_prompts(trained_column, how, lines, source)
         return PROMPTS, trained_column
+
+    @staticmethod
+    def _text_as_prompts(
+        trained_column: str, how: tuple[str, str], lines: bool, source: str
+    ) -> tuple[str, str]:
+        """The ``text`` column (a ``.txt`` file's lines, ``lines``) read as prompts, as a model trained on
+        prompts or chats is asked (``how``: the split parameter of its column, how a prompt is asked): said in
+        one line, a warning for a table's column."""
+        if lines:
+            log.info(
+                "predict: each line of %s is a prompt, %s and answered, as the model was trained; "
+                "predict.text_column=text continues them as raw text",
+                source,
+                how[1],
+            )
+        else:
+            log.warning(
+                "predict: %s has no column %r (the model's %s) but a 'text' column: its rows are read as "
+                "prompts (predict.prompt_column=text), %s and answered, as the model was trained; set "
+                "predict.text_column=text to continue them as raw text instead",
+                source,
+                trained_column,
+                how[0],
+                how[1],
+            )
+        return PROMPTS, "text"
 
     def template(self, trained: dict | None, parameter: str) -> tuple[str | None, str]:
         """(template, where it came from) for prompt inputs (``parameter``, ``input_column``'s, is
