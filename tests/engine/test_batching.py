@@ -236,3 +236,53 @@ def test_a_backed_off_stream_steps_over_the_configured_batches_empty_pieces_incl
     pieces, whole = steps(1, 16), steps(8, 2)
     assert pieces == whole  # the same samples in each step (two builds of the same epoch: exact)
     assert sorted(len(step) for step in pieces) == [14, 16]
+
+
+def _step_samples(streams: list[MicroBatches], accumulation: int) -> list:
+    """One step of every rank's stream: the samples it trains, as sorted token tuples."""
+    samples = []
+    for stream in streams:
+        step, _ = stream.next_step(accumulation, CPU, "sdpa")
+        samples.extend(
+            tuple(row[mask.bool()].tolist())
+            for batch in step
+            for row, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)
+        )
+    return sorted(samples)
+
+
+def test_a_backed_off_checkpoint_resumed_by_two_processes_trains_the_configured_steps(tmp_path):
+    """One process backed off from micro-batch 4 to 1 (each configured batch cut in 4 pieces, accumulation
+    2 x 4) and saved after its first step; two processes (accumulation 1 x 4 each) resume it. 29 samples:
+    8 configured batches an epoch, the short one of a single sample anywhere in the length-grouped order,
+    so rank 1's step could start on one of its empty pieces: skipped, that rank's step slid one position
+    into the next step's and both ranks trained another step's samples from then on. Every step holds the
+    samples of the two-process run's configured step."""
+    data = toy_sequences(29, 0)
+
+    def stream(micro: int, accumulation: int, world: int, rank: int, **start) -> MicroBatches:
+        params = toy_params(
+            tmp_path, batching={"mode": "length_grouped", "micro_batch_size": micro}, max_steps=None
+        )
+        layout = StreamLayout(EOS, 64, {}, {"num_workers": 0}, rank=rank, world_size=world)
+        return micro_batches(data, params, layout, configured=4, **start)
+
+    whole = [stream(4, 1, 2, rank) for rank in range(2)]
+    plan = step_plan(
+        data,
+        toy_params(
+            tmp_path, batching={"mode": "length_grouped", "micro_batch_size": 4}, max_steps=None, epochs=3
+        ),
+        StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=2),
+    )
+    assert plan.difference(1) is None and plan.size(0) == 8  # the step plans agree: the resume goes on
+    steps = plan.total_steps
+    want = [_step_samples(whole, 1) for _ in range(steps)]
+    alone = stream(1, 8, 1, 0)
+    got = [_step_samples([alone], 8)]
+    saved = alone.position
+    ranks = [
+        stream(1, 4, 2, rank, epoch=saved["epoch"], batch=saved["batch_in_epoch"] // 2) for rank in range(2)
+    ]
+    got += [_step_samples(ranks, 4) for _ in range(steps - 1)]
+    assert got == want  # the same epochs' batches built twice: exact

@@ -335,8 +335,11 @@ class MicroBatches:
             return step, wait
         waited = perf_counter()
         with torch.profiler.record_function("fastlm.data"):
-            fetched = [next(self)]
+            # the step's first position read as any other: a rank's shard of a back-off's pieces may start a
+            # step on an empty one, which ``next(self)`` would skip, sliding the step into the next one's
+            first = self._read()
             self.step_start = (self.epoch, self.batch - 1)
+            fetched = [first] if first is not None else []
             end = min(self.batch - 1 + accumulation, self._epoch_end)
             while self.batch < end:
                 batch = self._read()
