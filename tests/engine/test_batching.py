@@ -286,3 +286,22 @@ def test_a_backed_off_checkpoint_resumed_by_two_processes_trains_the_configured_
     ]
     got += [_step_samples(ranks, 4) for _ in range(steps - 1)]
     assert got == want  # the same epochs' batches built twice: exact
+
+
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
+def test_an_epoch_of_fewer_micro_batches_than_processes_is_refused_before_training(tmp_path, mode):
+    """3 samples make one micro-batch of 4: two processes' even shards are empty, the plan still counted one
+    step an epoch, and each rank's stream looked for a micro-batch epoch after epoch (RecursionError). One
+    line naming the data, the processes and the fix."""
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 4})
+    data = toy_sequences(3, 0)
+    with pytest.raises(
+        ConfigError, match=r"3 samples make 1 micro-batch\(es\) an epoch, fewer than the 2"
+    ) as caught:
+        step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=2))
+    assert "\n" not in str(caught.value) and "Fix: set a smaller train.batching.micro_batch_size" in str(
+        caught.value
+    )
+    assert (
+        step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0})).total_steps == 30
+    )  # one: fine

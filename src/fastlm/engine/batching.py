@@ -521,9 +521,20 @@ def _processes(count: int) -> str:
 
 def step_plan(dataset: TokenSequences, params: TrainParams, layout: StreamLayout) -> StepPlan:
     """The run's ``StepPlan`` for ``params.batching`` and ``train.epochs`` / ``max_steps`` in
-    ``layout.world_size`` processes (the epochs' micro-batches counted, not built: ``epoch_length``)."""
+    ``layout.world_size`` processes (the epochs' micro-batches counted, not built: ``epoch_length``). Data of
+    fewer micro-batches an epoch than processes is refused in one line (each process's share would be
+    empty)."""
     sampler = micro_batches(dataset, params, layout).sampler
     budget = getattr(sampler, "budget", None)  # packed: the rows' length, ``auto`` resolved
+    size, world = sampler.epoch_length(0), layout.world_size
+    if size < world:  # every process's even share would be empty: no step could read a micro-batch
+        samples = len(dataset)
+        smaller = f"set a smaller train.batching.micro_batch_size (at most {samples // world}), "
+        raise ConfigError(
+            f"the training data's {samples} samples make {size} micro-batch(es) an epoch, fewer than the "
+            f"{world} processes training it (each takes an equal share of an epoch's micro-batches).",
+            fix=f"{smaller if samples >= world else ''}train on more data, or run fewer processes.",
+        )
     return StepPlan(
         sampler.epoch_length,
         world_size=layout.world_size,
