@@ -803,3 +803,56 @@ def test_a_chat_model_asks_a_txt_a_text_or_a_prompt_column_as_one_user_turn(proj
         assert summary["chat_template_sha256"] is not None and "prompt_template" not in summary
         warned = _warned(caplog)
         assert len(warned) == warnings and all("predict.text_column" in w for w in warned), warned
+
+
+def test_chat_template_kwargs_that_render_nothing_or_a_template_never_reads_are_said_in_one_warning(
+    project, sample_texts, caplog
+):
+    """``predict.chat_template_kwargs`` that change nothing were taken silently, where the split says so in
+    one warning: a Llama-3.2 model from elsewhere given Qwen3's ``enable_thinking`` (its template never reads
+    it), and a prompt/response model whose prompts no chat template renders. Each now says so in one
+    warning; the predictions are those without them."""
+    from tests.support.chat_templates import llama3_style_tokenizer
+
+    folder = project / "data/06_models/model"
+    shutil.rmtree(folder)
+    save_tiny_llama(folder, llama3_style_tokenizer(sample_texts + DIALOGUES, vocab_size=300))
+    (project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps({"messages": chat}) + "\n" for chat, _ in CHATS[:3]), encoding="utf-8"
+    )
+    plain, _ = _predicted(project, input="data/01_raw/chats.jsonl", messages_column="messages")
+    caplog.clear()
+    given, _ = _predicted(
+        project,
+        input="data/01_raw/chats.jsonl",
+        messages_column="messages",
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert given["prediction"].tolist() == plain["prediction"].tolist()
+    warned = [w for w in _warned(caplog) if "predict.chat_template_kwargs" in w]
+    assert len(warned) == 1 and "enable_thinking" in warned[0] and "\n" not in warned[0], _warned(caplog)
+
+    _trained_on_prompts(project, TRAINED_TEMPLATE)
+    asked, _ = _predicted(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue")
+    caplog.clear()
+    table, _ = _predicted(
+        project,
+        input="data/01_raw/inputs.jsonl",
+        prompt_column="dialogue",
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert table["prediction"].tolist() == asked["prediction"].tolist()
+    warned = [w for w in _warned(caplog) if "predict.chat_template_kwargs" in w]
+    assert len(warned) == 1 and "predict.prompt_column" in warned[0] and "\n" not in warned[0], warned
+
+
+def test_a_chat_model_whose_prompts_are_wrapped_by_predict_prompt_template_is_warned_about(project, caplog):
+    """A chat model's prompts wrapped by an explicit ``predict.prompt_template`` are not the chats it
+    learned: said in one warning, as a prompt model's other template is (was: silent)."""
+    _trained_on_chats(project)
+    lines = [text for text in DIALOGUES if "\n" not in text]
+    (project / "data/01_raw/lines.txt").write_text("".join(f"{t}\n" for t in lines), encoding="utf-8")
+    table, summary = _predicted(project, input="data/01_raw/lines.txt", prompt_template=TEMPLATE)
+    assert summary["prompt_template"] == TEMPLATE and "chat_template_sha256" not in summary
+    warned = [w for w in _warned(caplog) if "predict.prompt_template" in w]
+    assert len(warned) == 1 and "chat" in warned[0] and "\n" not in warned[0], _warned(caplog)

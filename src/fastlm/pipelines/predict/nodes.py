@@ -55,6 +55,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
                 "predict.text_column or predict.prompt_column reads another",
                 column,
             )
+    _check_template_variables(params.chat_template_kwargs, chat, chat_training, trained, parameter)
     from fastlm.engine.runtime.environment import setup_runtime  # imports torch: after the checks above
 
     runtime = setup_runtime(parse_group("train", train_params).runtime, seed=params.seed)
@@ -139,3 +140,30 @@ def _chat_record(chat, tokenizer) -> dict:
             "chat_template_kwargs": chat.variables,
         }
     return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template}
+
+
+def _check_template_variables(variables, chat, chat_training, trained: dict, parameter: str) -> None:
+    """Say in one warning where ``predict.chat_template_kwargs`` change nothing, as the split says of its
+    own: no chat template renders the inputs, or the template of a model from elsewhere never mentions a
+    name (a model trained here was checked by its split, and predict refuses other variables than its)."""
+    from fastlm.corpus.prompts import unread_variables
+
+    if not variables:
+        return
+    if chat is None or not chat.chat_template:
+        log.warning(
+            "predict.chat_template_kwargs %s change nothing: the inputs (%s) are not rendered with a chat "
+            "template; leave predict.chat_template_kwargs unset",
+            variables,
+            parameter,
+        )
+        return
+    unread = unread_variables(trained["tokenizer"], variables) if chat_training is None else []
+    if unread:
+        log.warning(
+            "predict.chat_template_kwargs: the chat template of %s never mentions %s, so %s nothing "
+            "(misspelled, or another model family's variable?)",
+            trained["source"],
+            ", ".join(unread),
+            "it changes" if len(unread) == 1 else "they change",
+        )

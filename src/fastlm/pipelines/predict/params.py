@@ -173,7 +173,7 @@ class PredictParams(DecodingParams):
         ``predict.prompt_column``); (None, "") for others. ``trained``: how the model's training data was
         formatted (``PredictSources.training_format``), None where nothing says.
         Unset, the trained template (prompt/response data), else the split's default; set, the one given,
-        with a warning where the model was trained with another."""
+        with a warning where the model was trained with another, or on chat messages."""
         if parameter != PROMPTS:
             return None, ""
         used = (
@@ -181,7 +181,15 @@ class PredictParams(DecodingParams):
         )
         if self.prompt_template is None:
             return (used, trained["source"]) if used is not None else (DEFAULT_PROMPT_TEMPLATE, "default")
-        if used is not None and used != self.prompt_template:
+        if trained and trained.get("kind") == "messages":
+            log.warning(
+                "predict.prompt_template %r wraps each prompt, though the model was trained on chat messages "
+                "(in %s): the prompts are not the chats it learned; leave predict.prompt_template unset to "
+                "ask each as one user turn in its training's chat format",
+                self.prompt_template,
+                trained["source"],
+            )
+        elif used is not None and used != self.prompt_template:
             log.warning(
                 "predict.prompt_template %r is not the template the model was trained with (%r, in %s): "
                 "the predictions use the one given; leave predict.prompt_template unset for the trained one",
