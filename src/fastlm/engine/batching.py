@@ -70,14 +70,14 @@ def make_batching(
     prompt_lengths=None,
     decoder_start_id: int | None = None,
     seq2seq_packing: bool = False,
-    split: int = 1,
     configured: int | None = None,
 ):
-    """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``split``: the
-    pieces an out-of-memory back-off cuts each of the ``configured`` (micro_batch_size as configured)
-    batches in (``backoff_pieces``: ``2 ** halvings``): the batches of every mode are the configured ones cut
-    in pieces (packed: their rows), so every sample stays in its step and every epoch ends on the steps
-    planned. A micro-batch of fewer samples (packed: rows) than ``split`` cannot be cut: one line.
+    """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``configured``:
+    micro_batch_size as configured, where an out-of-memory back-off made ``params``' smaller since: each
+    configured batch is cut in ``split`` pieces (``backoff_pieces``: ``2 ** halvings``), the batches of
+    every mode the configured ones cut in pieces (packed: their rows), so every sample stays in its step and
+    every epoch ends on the steps planned. A micro-batch of fewer samples (packed: rows) than ``split``
+    cannot be cut: one line.
 
     Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
     batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family
@@ -86,6 +86,7 @@ def make_batching(
     ``length_grouped`` (the training loop says so once, in its log and summary).
     """
     batching = params.batching
+    split = backoff_pieces(configured, batching.micro_batch_size) if configured else 1
     device_type = resolve_device(params.runtime.device).type
     align = token_multiple(params.runtime.float8, device_type, row_length=batching.fixed_row_length())
     pad_multiple = batching.pad_multiple(device_type, align)
@@ -384,15 +385,13 @@ def micro_batches(
 ) -> MicroBatches:
     """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on.
     ``configured``: the micro-batch size the run was configured with, where an out-of-memory back-off
-    halved it since (the batches are the configured ones cut in pieces, ``make_batching``'s ``split``)."""
-    size = params.batching.micro_batch_size
+    halved it since (the batches are the configured ones cut in pieces, ``make_batching``)."""
     sampler, collator = make_batching(
         params,
         dataset.lengths,
         pad_id=layout.pad_id,
         max_length=layout.max_length,
         seed=params.seed,
-        split=backoff_pieces(configured or size, size),
         configured=configured,
         **layout.sides,
     )

@@ -105,6 +105,7 @@ class ChatFormat:
     chat_template: bool = True
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     variables: dict = field(default_factory=dict)
+    user_turn: bool = False  # the inputs are texts, each one user turn (as the report asks a chat model)
 
     def render(self, history: list[dict], tokenizer) -> str:
         renderer = tokenizer if self.chat_template else None
@@ -285,11 +286,10 @@ def input_rows(
     too_long: str,
     source: str,
     chat: ChatFormat | None = None,
-    user_turn: bool = False,
 ) -> pd.DataFrame:
     """id, input (as given; messages as JSON), ids (prompt token ids, None when refused), refused (reason or
     None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused), or,
-    with ``user_turn``, texts, each one user turn rendered by it (as the report asks a chat model its
+    with ``chat.user_turn``, texts, each one user turn rendered by it (as the report asks a chat model its
     prompts)."""
     for parameter, name in (column, ("predict.id_column", id_column)):
         if name is not None and name not in table.columns:
@@ -299,6 +299,7 @@ def input_rows(
                 fix=f"--params {parameter}=<one of them>.",
             )
     values = table[column[1]].reset_index(drop=True)
+    user_turn = chat is not None and chat.user_turn
     messages = chat is not None and not user_turn
     if messages:
         histories, reasons = _chat_histories(values)

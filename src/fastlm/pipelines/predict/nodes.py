@@ -5,6 +5,7 @@ engine: building the pipelines, as every `kedro run` does, imports no torch)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pandas as pd
 
@@ -86,8 +87,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         limit=limit,
         too_long=params.too_long,
         source=path,
-        chat=chat,
-        user_turn=user_turn,
+        chat=replace(chat, user_turn=True) if user_turn else chat,
     )
     job = PredictionJob(
         decoding=params.decoding(),
