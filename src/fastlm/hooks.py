@@ -29,9 +29,13 @@ from fastlm.tracking import (
     RunTracker,
     SafeMlflow,
     active_run_id,
+    begin_session_tracking,
     bound_tracking_requests,
+    end_session_tracking,
+    local_store_uri,
     param_text,
     register_project_artifacts,
+    session_tracking_set,
 )
 
 log = logging.getLogger(__name__)
@@ -385,6 +389,18 @@ def _link_or_copy(source: str, target: str) -> None:
 _GATHERING = threading.local()  # RedactingMlflowHook: the parameters of the node whose hooks this thread runs
 
 
+def pin_local_store(config_loader) -> None:
+    """The session's mlflow.yml with a local SQLite store named relative to the working folder (the default
+    ``sqlite:///mlflow.db``) as its absolute path (``fastlm.tracking.local_store_uri``), so that each project
+    run in one process tracks into its own store."""
+    config_loader.config_patterns.setdefault("mlflow", ["mlflow*", "mlflow*/**", "**/mlflow*"])
+    conf = config_loader["mlflow"]
+    server = conf.get("server") or {}
+    uri = server.get("mlflow_tracking_uri")
+    if local_store_uri(uri) != uri:
+        config_loader["mlflow"] = {**conf, "server": {**server, "mlflow_tracking_uri": local_store_uri(uri)}}
+
+
 class RedactingMlflowHook(MlflowHook):
     """kedro-mlflow's hook, fed copies of the parameters and run parameters with every secret masked.
 
@@ -407,12 +423,16 @@ class RedactingMlflowHook(MlflowHook):
     def after_context_created(self, context) -> None:
         bound_tracking_requests()
         register_project_artifacts()  # the experiment's artefacts live next to the project's store
+        begin_session_tracking()  # put back at the run's end: a later session in this process starts clean
+        with contextlib.suppress(Exception):  # a missing or broken mlflow.yml: the plugin's own handling
+            pin_local_store(context.config_loader)
         self._tracking = SafeMlflow()  # one per run: this hook object outlives a session in-process
         self._tracking.call(
             "tracking setup",
             lambda _: super(RedactingMlflowHook, self).after_context_created(context),
             needs_active_run=False,
         )
+        session_tracking_set()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -450,11 +470,17 @@ class RedactingMlflowHook(MlflowHook):
 
     @hook_impl
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
-        self._guarded("run end", super().after_pipeline_run, run_params, pipeline, catalog)
+        try:
+            self._guarded("run end", super().after_pipeline_run, run_params, pipeline, catalog)
+        finally:
+            end_session_tracking()
 
     @hook_impl
     def on_pipeline_error(self, error, run_params, pipeline, catalog) -> None:
-        self._guarded("run end", super().on_pipeline_error, error, run_params, pipeline, catalog)
+        try:
+            self._guarded("run end", super().on_pipeline_error, error, run_params, pipeline, catalog)
+        finally:
+            end_session_tracking()
 
     def _guarded(self, what: str, method, *args) -> None:
         tracking = getattr(self, "_tracking", None)

@@ -52,6 +52,68 @@ def bound_tracking_requests() -> None:
         os.environ.setdefault(name, value)
 
 
+# What MLflow holds process-wide and a session's store setup changes: mlflow.set_tracking_uri and
+# set_experiment also write these variables (for subprocesses), where the next session in the same process
+# reads MLFLOW_TRACKING_URI as the user's choice.
+PROCESS_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID")
+saved_process_tracking: list = []  # at most one entry: what a session found, until its end puts it back
+
+
+def local_store_uri(uri):
+    """A local SQLite store named relative to the working folder (``sqlite:///mlflow.db``) as the absolute
+    path it names now; anything else unchanged. MLflow keeps a database connection per URI text within a
+    process, so a relative one opened in one project would be used again for another project's runs."""
+    if not isinstance(uri, str) or not uri.startswith("sqlite:///") or uri.startswith("sqlite:////"):
+        return uri
+    path, separator, query = uri.removeprefix("sqlite:///").partition("?")
+    if path in ("", ":memory:"):
+        return uri
+    return f"sqlite:///{os.path.abspath(path)}{separator}{query}"
+
+
+def begin_session_tracking() -> None:
+    """Note what MLflow holds process-wide before a session sets its own store and experiment; put back by
+    ``end_session_tracking`` (first here, where a session stopped without reaching its end, e.g. Ctrl-C)."""
+    end_session_tracking()
+    import mlflow.tracking.fluent as fluent
+    from mlflow.tracking._tracking_service import utils
+
+    found = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
+    saved_process_tracking.append([found, utils._tracking_uri, fluent._active_experiment_id, dict(found)])
+
+
+def session_tracking_set() -> None:
+    """Note the variables as the session's store setup left them: only those still so at its end are put
+    back (one the user changed since, e.g. in a notebook, is the user's)."""
+    if saved_process_tracking:
+        saved_process_tracking[-1][3] = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
+
+
+def end_session_tracking() -> None:
+    """Put back what ``begin_session_tracking`` noted (nothing if nothing is noted): the tracking URI and
+    experiment MLflow uses in-process and the variables it wrote, so a later session or a notebook's own
+    MLflow calls see what the user set, not the last session's store."""
+    if not saved_process_tracking:
+        return
+    variables, tracking_uri, experiment_id, left = saved_process_tracking.pop()
+    now = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
+    try:
+        import mlflow
+        import mlflow.tracking.fluent as fluent
+
+        mlflow.set_tracking_uri(tracking_uri)
+        fluent._active_experiment_id = experiment_id
+    except Exception as exc:  # noqa: BLE001 - the run is over; putting MLflow's state back must not fail it
+        log.debug("MLflow's process state not put back: %s", exc)
+    for name, value in variables.items():
+        if now[name] != left[name]:  # changed by the user since the session's setup: theirs
+            value = now[name]
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def active_run_id() -> str | None:
     """The id of the active MLflow run, if any (never raises)."""
     try:

@@ -5,6 +5,7 @@ typo and FAILED for a failed run."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -113,3 +114,46 @@ def test_tracking_is_relative_typed_complete_and_honest(own_store, tmp_path, mon
         with pytest.raises(Exception, match=refused):
             run_pipeline(copy, "split", {**PARAMS, "raw_path": raw})
     assert len(runs_of(copy)) == before
+
+
+def split_runs(project: Path) -> int:
+    return sum(run.info.run_name.startswith("split") for run in runs_of(project))
+
+
+def test_sessions_of_two_projects_in_one_process_track_each_into_its_own_store(
+    kedro_project, tmp_path_factory, sample_texts, monkeypatch
+):
+    """Round eight: in one process (a notebook, a script), a run of one project and then of another, each with
+    the default store (``sqlite:///mlflow.db``, no MLFLOW_TRACKING_URI): the second project's runs went into
+    the first project's mlflow.db (MLflow keeps a database connection per URI text, and the text was the
+    same), and a store set by one session (conf/local/mlflow.yml) leaked into the next session as if the user
+    had set MLFLOW_TRACKING_URI. Each session's runs go to its own configured store, and what it set for
+    MLflow process-wide is put back at its end."""
+    import yaml
+
+    from tests.support.project import make_kedro_project
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    first = kedro_project
+    second = make_kedro_project(tmp_path_factory.mktemp("second") / "project", sample_texts)
+    third = make_kedro_project(tmp_path_factory.mktemp("third") / "project", sample_texts)
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "mlflow.db"
+    mlflow_yml = yaml.safe_load((first / "conf/base/mlflow.yml").read_text(encoding="utf-8"))
+    mlflow_yml["server"]["mlflow_tracking_uri"] = f"sqlite:///{elsewhere}"
+    (third / "conf/local/mlflow.yml").write_text(yaml.safe_dump(mlflow_yml), encoding="utf-8")
+
+    run_pipeline(first, "split", PARAMS)
+    monkeypatch.chdir(second)
+    run_pipeline(second, "split", PARAMS)
+    assert (split_runs(first), split_runs(second)) == (1, 1)
+
+    monkeypatch.chdir(third)
+    run_pipeline(third, "split", PARAMS)  # its own store, named in its conf/local/mlflow.yml
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{elsewhere}")
+    assert len(client.search_runs([client.get_experiment_by_name("fastlm").experiment_id])) == 1
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # the user set none: the next session reads none
+    monkeypatch.chdir(second)
+    run_pipeline(second, "split", PARAMS)
+    assert (split_runs(first), split_runs(second)) == (1, 2)
