@@ -72,39 +72,29 @@ def local_store_uri(uri):
 
 
 def begin_session_tracking() -> None:
-    """Note what MLflow holds process-wide before a session sets its own store and experiment; put back by
-    ``end_session_tracking`` (first here, where a session stopped without reaching its end, e.g. Ctrl-C)."""
+    """Note the variables MLflow writes process-wide before a session sets its own store and experiment; put
+    back by ``end_session_tracking`` (first here, where a session stopped without reaching its end, e.g.
+    Ctrl-C). MLflow's in-process tracking URI stays the last session's (a notebook's own MLflow calls read
+    that session's store); the next session sets its own."""
     end_session_tracking()
-    import mlflow.tracking.fluent as fluent
-    from mlflow.tracking._tracking_service import utils
-
     found = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
-    saved_process_tracking.append([found, utils._tracking_uri, fluent._active_experiment_id, dict(found)])
+    saved_process_tracking.append([found, dict(found)])
 
 
 def session_tracking_set() -> None:
     """Note the variables as the session's store setup left them: only those still so at its end are put
     back (one the user changed since, e.g. in a notebook, is the user's)."""
     if saved_process_tracking:
-        saved_process_tracking[-1][3] = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
+        saved_process_tracking[-1][1] = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
 
 
 def end_session_tracking() -> None:
-    """Put back what ``begin_session_tracking`` noted (nothing if nothing is noted): the tracking URI and
-    experiment MLflow uses in-process and the variables it wrote, so a later session or a notebook's own
-    MLflow calls see what the user set, not the last session's store."""
+    """Put back the variables ``begin_session_tracking`` noted (nothing if nothing is noted), so a later
+    session reads what the user set (``MLFLOW_TRACKING_URI`` in mlflow.yml), not the last session's store."""
     if not saved_process_tracking:
         return
-    variables, tracking_uri, experiment_id, left = saved_process_tracking.pop()
+    variables, left = saved_process_tracking.pop()
     now = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
-    try:
-        import mlflow
-        import mlflow.tracking.fluent as fluent
-
-        mlflow.set_tracking_uri(tracking_uri)
-        fluent._active_experiment_id = experiment_id
-    except Exception as exc:  # noqa: BLE001 - the run is over; putting MLflow's state back must not fail it
-        log.debug("MLflow's process state not put back: %s", exc)
     for name, value in variables.items():
         if now[name] != left[name]:  # changed by the user since the session's setup: theirs
             value = now[name]
