@@ -820,30 +820,23 @@ def test_chat_template_kwargs_that_render_nothing_or_a_template_never_reads_are_
     (project / "data/01_raw/chats.jsonl").write_text(
         "".join(json.dumps({"messages": chat}) + "\n" for chat, _ in CHATS[:3]), encoding="utf-8"
     )
-    plain, _ = _predicted(project, input="data/01_raw/chats.jsonl", messages_column="messages")
-    caplog.clear()
-    given, _ = _predicted(
-        project,
-        input="data/01_raw/chats.jsonl",
-        messages_column="messages",
-        chat_template_kwargs={"enable_thinking": False},
+    _kwargs_change_nothing_and_are_warned_once(
+        project, caplog, "enable_thinking", input="data/01_raw/chats.jsonl", messages_column="messages"
     )
+    _trained_on_prompts(project, TRAINED_TEMPLATE)
+    _kwargs_change_nothing_and_are_warned_once(
+        project, caplog, "predict.prompt_column", input="data/01_raw/inputs.jsonl", prompt_column="dialogue"
+    )
+
+
+def _kwargs_change_nothing_and_are_warned_once(project, caplog, named: str, **asked) -> None:
+    """Predictions with ``enable_thinking: false`` are those without, and one warning line names ``named``."""
+    plain, _ = _predicted(project, **asked)
+    caplog.clear()
+    given, _ = _predicted(project, **asked, chat_template_kwargs={"enable_thinking": False})
     assert given["prediction"].tolist() == plain["prediction"].tolist()
     warned = [w for w in _warned(caplog) if "predict.chat_template_kwargs" in w]
-    assert len(warned) == 1 and "enable_thinking" in warned[0] and "\n" not in warned[0], _warned(caplog)
-
-    _trained_on_prompts(project, TRAINED_TEMPLATE)
-    asked, _ = _predicted(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue")
-    caplog.clear()
-    table, _ = _predicted(
-        project,
-        input="data/01_raw/inputs.jsonl",
-        prompt_column="dialogue",
-        chat_template_kwargs={"enable_thinking": False},
-    )
-    assert table["prediction"].tolist() == asked["prediction"].tolist()
-    warned = [w for w in _warned(caplog) if "predict.chat_template_kwargs" in w]
-    assert len(warned) == 1 and "predict.prompt_column" in warned[0] and "\n" not in warned[0], warned
+    assert len(warned) == 1 and named in warned[0] and "\n" not in warned[0], _warned(caplog)
 
 
 def test_a_chat_model_whose_prompts_are_wrapped_by_predict_prompt_template_is_warned_about(project, caplog):
