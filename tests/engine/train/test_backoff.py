@@ -48,6 +48,18 @@ def test_backoff_stops_at_one_row(tmp_path, memory_for_rows):
         run_toy(toy_params(tmp_path, batching={"micro_batch_size": 2, "oom_backoff": True}))
 
 
+def _two_epochs_backing_off(tmp_path, batching: dict):
+    """Two epochs of ``batching`` with the out-of-memory back-off on, a history record every step."""
+    return toy_params(
+        tmp_path,
+        batching={**batching, "oom_backoff": True},
+        max_steps=None,
+        epochs=2,
+        eval_every=None,
+        log_every=1,
+    )
+
+
 def _out_of_memory_once_at(monkeypatch, call: int, trained: list):
     """The ``call``-th step runs out of memory once; ``trained`` gets each trained sample's tokens."""
     import torch
@@ -101,8 +113,7 @@ def test_the_history_counts_epochs_in_the_batches_it_reads_after_a_back_off(tmp_
     """After a back-off the stream counts half-size batches: the history's epoch divided them by the
     configured epoch's batches (1.92 at the end of the first of two epochs, 2.92 at the end)."""
     memory_for_rows(2)
-    batching = {"micro_batch_size": 4, "gradient_accumulation_steps": 3, "oom_backoff": True}
-    params = toy_params(tmp_path, batching=batching, max_steps=None, epochs=2, eval_every=None, log_every=1)
+    params = _two_epochs_backing_off(tmp_path, {"micro_batch_size": 4, "gradient_accumulation_steps": 3})
     result = run_toy(params)
     assert result.summary["oom_backoffs"]
     epochs = [row["epoch"] for row in result.history]
@@ -143,14 +154,7 @@ def test_a_packed_out_of_memory_step_is_redone_with_its_own_samples(tmp_path, mo
 
     monkeypatch.setattr(step_module, "accumulate_gradients", accumulate)
     batching = {"mode": "packed", "micro_batch_size": 4, "gradient_accumulation_steps": 3, "row_length": 48}
-    params = toy_params(
-        tmp_path,
-        batching={**batching, "oom_backoff": True},
-        max_steps=None,
-        epochs=2,
-        eval_every=None,
-        log_every=1,
-    )
+    params = _two_epochs_backing_off(tmp_path, batching)
     result = run_toy(params)
     assert result.summary["oom_backoffs"][0]["micro_batch_size"] == 2
     data = toy_sequences(300, 1)
@@ -218,14 +222,7 @@ def test_backoff_of_any_micro_batch_trains_each_sample_once_an_epoch(
     batching = {"mode": mode, "micro_batch_size": micro, "gradient_accumulation_steps": 3}
     if mode == "packed":  # rows of 64 tokens: the micro-batch's 6 (8) x 64 tokens are 6 (8) rows
         batching["row_length"] = 64
-    params = toy_params(
-        tmp_path,
-        batching={**batching, "oom_backoff": True},
-        max_steps=None,
-        epochs=2,
-        eval_every=None,
-        log_every=1,
-    )
+    params = _two_epochs_backing_off(tmp_path, batching)
     with caplog.at_level("WARNING"):
         result = run_toy(params)
     data = toy_sequences(300, 1)
