@@ -48,6 +48,20 @@ def test_backoff_stops_at_one_row(tmp_path, memory_for_rows):
         run_toy(toy_params(tmp_path, batching={"micro_batch_size": 2, "oom_backoff": True}))
 
 
+def _each_sample_trained_once_an_epoch_of_two(trained: list, result) -> None:
+    from collections import Counter
+
+    from tests.support.toy_training import toy_sequences
+
+    data = toy_sequences(300, 1)
+    samples = Counter(
+        tuple(int(token) for token in data.values[start:end])
+        for start, end in zip(data.offsets[:-1], data.offsets[1:], strict=True)
+    )
+    assert Counter(trained) == samples + samples
+    assert result.history[-1]["epoch"] == 2.0 and result.summary["epochs"] == 2.0
+
+
 def _two_epochs_backing_off(tmp_path, batching: dict):
     """Two epochs of ``batching`` with the out-of-memory back-off on, a history record every step."""
     return toy_params(
@@ -136,12 +150,10 @@ def test_a_packed_out_of_memory_step_is_redone_with_its_own_samples(tmp_path, mo
     2-row batches again, so 20 samples were trained twice and 80 never in two epochs, and the history's epoch
     ended at 1.7059. The retry cuts the configured batches' rows in halves (3 and 2): each sample is trained
     once an epoch and the epochs end on the planned steps."""
-    from collections import Counter
 
     import torch
 
     import fastlm.engine.train.step as step_module
-    from tests.support.toy_training import toy_sequences
 
     real, calls, trained = step_module.accumulate_gradients, [0], []
 
@@ -157,13 +169,7 @@ def test_a_packed_out_of_memory_step_is_redone_with_its_own_samples(tmp_path, mo
     params = _two_epochs_backing_off(tmp_path, batching)
     result = run_toy(params)
     assert result.summary["oom_backoffs"][0]["micro_batch_size"] == 2
-    data = toy_sequences(300, 1)
-    samples = Counter(
-        tuple(int(token) for token in data.values[start:end])
-        for start, end in zip(data.offsets[:-1], data.offsets[1:], strict=True)
-    )
-    assert Counter(trained) == samples + samples
-    assert result.history[-1]["epoch"] == 2.0 and result.summary["epochs"] == 2.0
+    _each_sample_trained_once_an_epoch_of_two(trained, result)
 
 
 def test_backoff_refuses_a_packed_micro_batch_of_one_row(tmp_path, memory_for_rows):
@@ -213,9 +219,6 @@ def test_backoff_of_any_micro_batch_trains_each_sample_once_an_epoch(
     the run ended on the planned steps with part of the data never trained. The pieces are 2 ** halvings,
     each at most ceil(6 / 4) = 2 samples (packed: rows), the accumulation x 4. Micro-batch 8 halved three
     times: the epoch's short batch (4 samples) is cut in 8 pieces too, some of them empty."""
-    from collections import Counter
-
-    from tests.support.toy_training import toy_sequences
 
     trained: list = []
     _fail_above_and_record(monkeypatch, limit, mode == "packed", trained)
@@ -225,13 +228,7 @@ def test_backoff_of_any_micro_batch_trains_each_sample_once_an_epoch(
     params = _two_epochs_backing_off(tmp_path, batching)
     with caplog.at_level("WARNING"):
         result = run_toy(params)
-    data = toy_sequences(300, 1)
-    samples = Counter(
-        tuple(int(token) for token in data.values[start:end])
-        for start, end in zip(data.offsets[:-1], data.offsets[1:], strict=True)
-    )
-    assert Counter(trained) == samples + samples
-    assert result.history[-1]["epoch"] == 2.0 and result.summary["epochs"] == 2.0
+    _each_sample_trained_once_an_epoch_of_two(trained, result)
     assert [row["micro_batch_size"] for row in result.summary["oom_backoffs"]] == sizes
     assert [row["gradient_accumulation_steps"] for row in result.summary["oom_backoffs"]] == [
         3 * 2 ** (h + 1) for h in range(len(sizes))

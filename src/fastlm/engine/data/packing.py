@@ -166,12 +166,7 @@ def pack_by_token_budget(
     """
     if split < 1:
         raise ValueError(f"split must be >= 1, got {split}")
-    lengths = _as_lengths(lengths)
-    if lengths.size and lengths.max() > budget.row_length:
-        raise ValueError(f"a sample of {lengths.max()} tokens does not fit a row of {budget.row_length}")
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    order = rng.permutation(lengths.size) if rng is not None else np.arange(lengths.size)
+    lengths, order = _shuffled_for_packing(lengths, budget, rng, window)
     rows: list[list[int]] = []
     for start in range(0, lengths.size, window):
         rows.extend(pack_rows(lengths, order[start : start + window], budget.row_length))
@@ -191,6 +186,17 @@ def pack_by_token_budget(
     return Packing(batches=batches, budget=budget, num_real_tokens=int(lengths.sum()), num_rows=len(rows))
 
 
+def _shuffled_for_packing(lengths, budget: TokenBudget, rng, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lengths checked against the budget and window, and the epoch's sample order (``rng``'s first draw;
+    None: as given)."""
+    lengths = _as_lengths(lengths)
+    if lengths.size and lengths.max() > budget.row_length:
+        raise ValueError(f"a sample of {lengths.max()} tokens does not fit a row of {budget.row_length}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    return lengths, rng.permutation(lengths.size) if rng is not None else np.arange(lengths.size)
+
+
 def packed_batch_count(
     lengths, budget: TokenBudget, *, rng: np.random.Generator | None = None, window: int = 4096
 ) -> int:
@@ -200,12 +206,7 @@ def packed_batch_count(
     packing them. The same shuffle (``rng``'s first draw), the same windows and the same best-fit decreasing
     row count (``_best_fit_rows``); no batch is built and the rows are not shuffled (their order changes no
     count)."""
-    lengths = _as_lengths(lengths)
-    if lengths.size and lengths.max() > budget.row_length:
-        raise ValueError(f"a sample of {lengths.max()} tokens does not fit a row of {budget.row_length}")
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    order = rng.permutation(lengths.size) if rng is not None else np.arange(lengths.size)
+    lengths, order = _shuffled_for_packing(lengths, budget, rng, window)
     shuffled = lengths[order]
     rows = sum(
         _best_fit_rows(shuffled[start : start + window], budget.row_length)
