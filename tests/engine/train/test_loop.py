@@ -198,15 +198,7 @@ def test_an_epoch_trains_each_sample_once_when_the_accumulation_does_not_divide_
     micro-batches of the next epoch (samples trained twice; `epochs: 2` rounded up again), the history's
     epoch past 1. The epoch's last step now takes the micro-batches left, as the Trainer's does; the loss
     stays the mean over that step's targets."""
-    import fastlm.engine.train.loop as loop_module
-
-    steps, step = [], loop_module.train_step
-
-    def recording_step(model, micro_batches, *args, **kwargs):
-        steps.append([_samples_in(batch) for batch in micro_batches])
-        return step(model, micro_batches, *args, **kwargs)
-
-    monkeypatch.setattr(loop_module, "train_step", recording_step)
+    steps = _recorded_steps(monkeypatch)  # each step's samples per micro-batch
     params = toy_params(
         tmp_path,
         max_steps=None,
@@ -234,15 +226,7 @@ def test_a_packed_run_of_three_epochs_trains_each_sample_once_an_epoch_though_ep
     counts (5,000 samples pack in windows: 105 and 106 here). `epochs: 3` planned epoch 0's steps three
     times: one step short of the third epoch's end (its last micro-batch never trained, the history's epoch
     2.99) or one step into a fourth. The plan is now each epoch's own steps, summed."""
-    import fastlm.engine.train.loop as loop_module
-
-    steps, step = [], loop_module.train_step
-
-    def recording_step(model, micro_batches, *args, **kwargs):
-        steps.append(sum(_samples_in(batch) for batch in micro_batches))
-        return step(model, micro_batches, *args, **kwargs)
-
-    monkeypatch.setattr(loop_module, "train_step", recording_step)
+    recorded = _recorded_steps(monkeypatch)  # each step's samples per micro-batch
     params = toy_params(
         tmp_path,
         max_steps=None,
@@ -261,6 +245,7 @@ def test_a_packed_run_of_three_epochs_trains_each_sample_once_an_epoch_though_ep
     result = train(
         toy_model(), data, None, params=params, runtime=runtime, pad_id=EOS, max_length=64, attn="sdpa"
     )
+    steps = [sum(counts) for counts in recorded]
     assert len(steps) == sum(per_epoch) == result.summary["steps"]
     ends = [sum(per_epoch[: epoch + 1]) for epoch in range(3)]
     assert [result.history[end - 1]["epoch"] for end in ends] == [1.0, 2.0, 3.0]
@@ -272,6 +257,20 @@ def test_a_packed_run_of_three_epochs_trains_each_sample_once_an_epoch_though_ep
         settings.lr, sum(per_epoch), settings.warmup_steps, settings.decay, settings.min_lr_ratio
     )
     assert result.history[-1]["lr"] == pytest.approx(schedule.lr_at(sum(per_epoch) - 1))
+
+
+def _recorded_steps(monkeypatch) -> list[list[int]]:
+    """Filled as the loop trains: each optimizer step's samples per micro-batch."""
+    import fastlm.engine.train.loop as loop_module
+
+    steps, step = [], loop_module.train_step
+
+    def recording_step(model, micro_batches, *args, **kwargs):
+        steps.append([_samples_in(batch) for batch in micro_batches])
+        return step(model, micro_batches, *args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "train_step", recording_step)
+    return steps
 
 
 def _samples_in(batch: dict) -> int:
