@@ -119,7 +119,8 @@ def test_messages_flow_through_the_split_nodes(tmp_path, llama_tokenizer):
     params = {"messages_column": "chat", "max_length": 96, "tokenizer": {"source": str(tmp_path / "tok")}}
     clean, counts = nodes.clean_corpus(raw, params)
     splits, split_counts = nodes.split_corpus(clean, counts, params)
-    assert list(splits.columns) == ["prompt", "response", "split"]
+    assert list(splits.columns) == ["prompt", "response", "answer_spans", "split"]
+    assert (splits["answer_spans"] == "").all()  # one-turn chats: no earlier answer
     tokenizer = nodes.build_tokenizer(splits, params)
     tokenized, fingerprint, stats = nodes.tokenize_corpus(splits, tokenizer, params)
     assert fingerprint["params"]["data_format"]["chat_template_sha256"] is not None
@@ -167,23 +168,29 @@ def test_a_template_that_dates_its_prompt_renders_the_same_date_every_day(sample
 THINK_OFF = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # Qwen3's generation prompt in non-thinking mode
 
 
-def _chat_split(tmp_path, tokenizer, **split):
-    """The split nodes on 40 one-turn chats with ``tokenizer`` (saved as the split's tokenizer folder)."""
-    tokenizer.save_pretrained(tmp_path / "tok")
-    chats = [
+def _chat_split(tmp_path, tokenizer, chats=None, **split):
+    """The split nodes on ``chats`` (40 one-turn chats by default) with ``tokenizer`` (saved as the split's
+    tokenizer folder): the chats, the splits and the fingerprint."""
+    chats, splits, outputs = _chat_outputs(tmp_path, tokenizer, chats, **split)
+    return chats, splits, outputs[1]
+
+
+def _chat_outputs(tmp_path, tokenizer, chats=None, **split):
+    """The chats, the splits and ``tokenize_corpus``'s outputs (tokenized, fingerprint, stats); ``tokenizer``
+    None: the byte-level BPE the split trains (no chat template)."""
+    source = "train"
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp_path / "tok")
+        source = str(tmp_path / "tok")
+    chats = chats or [
         [{"role": "user", "content": f"질문 {i}"}, {"role": "assistant", "content": f"답 {i}"}]
         for i in range(40)
     ]
-    params = {
-        "messages_column": "chat",
-        "max_length": 96,
-        "tokenizer": {"source": str(tmp_path / "tok")},
-        **split,
-    }
+    params = {"messages_column": "chat", "max_length": 96, "tokenizer": {"source": source}, **split}
     clean, counts = nodes.clean_corpus(pd.DataFrame({"chat": chats}), params)
     splits, _ = nodes.split_corpus(clean, counts, params)
-    _, fingerprint, _ = nodes.tokenize_corpus(splits, nodes.build_tokenizer(splits, params), params)
-    return chats, splits, fingerprint
+    tokenizer = nodes.build_tokenizer(splits, params)
+    return chats, splits, (*nodes.tokenize_corpus(splits, tokenizer, params), tokenizer)
 
 
 def test_chat_template_kwargs_reach_the_template_and_the_fingerprint_and_predict_renders_alike(
@@ -299,3 +306,167 @@ def test_a_base_tokenizers_chat_answer_ends_with_its_eos_not_the_templates_end_o
             tokens = tokenize_pairs(["질문"], ["답변"], tokenizer, max_length=64, num_proc=1)
             assert tokens.values[-1] == tokenizer.eos_token_id, name
             assert (tokenizer.eos_token == end) is not base, name
+
+
+def _multi_turn_chats(n: int = 80) -> list[list[dict]]:
+    """Chats of a system turn and three question/answer turns (the third answer the response)."""
+    return [
+        [
+            {"role": "system", "content": f"상담원 {i % 3}"},
+            *(
+                message
+                for turn in range(3)
+                for message in (
+                    {"role": "user", "content": f"질문 {i} 번 {turn}: 배송은 언제 오나요?"},
+                    {"role": "assistant", "content": f"답 {i}-{turn}: 내일 도착합니다."},
+                )
+            ),
+        ]
+        for i in range(n)
+    ]
+
+
+def _trained_runs(tokenized, tokenizer) -> list[list[list[int]]]:
+    """Each train row's runs of trained token ids (positions a position before predicts), read through the
+    training's own collator."""
+    from fastlm.engine.data import DynamicPaddingCollator
+    from fastlm.engine.data.token_dataset import TokenSequences
+
+    data = TokenSequences.from_arrow(tokenized["train"])
+    batch = DynamicPaddingCollator(pad_id=tokenizer.pad_token_id or 0)(data.__getitems__(range(len(data))))
+    runs = []
+    for ids, labels in zip(batch["input_ids"].tolist(), batch["labels"].tolist(), strict=True):
+        row, previous = [], False
+        for token, label in zip(ids[1:], labels[1:], strict=True):
+            if label != -100:
+                (row[-1].append(token) if previous else row.append([token]))
+            previous = label != -100
+        runs.append(row)
+    return runs
+
+
+def _assert_every_answer_trained(chats, splits, tokenized, tokenizer, end: str) -> None:
+    """Each train row trains each of its chat's answers in order, the earlier ones followed by ``end``."""
+    answers = {
+        chat[-1]["content"]: [m["content"] for m in chat if m["role"] == "assistant"] for chat in chats
+    }
+    runs = _trained_runs(tokenized, tokenizer)
+    train = splits[splits["split"] == "train"]
+    assert len(runs) == len(train) > 10
+    for row, response in zip(runs, train["response"], strict=True):
+        # a byte-level token may carry the space before an answer (no template: "assistant: <answer>")
+        decoded = [tokenizer.decode(run, skip_special_tokens=False).lstrip(" ") for run in row]
+        assert decoded[:-1] == [f"{answer}{end}" for answer in answers[response][:-1]], decoded
+        assert decoded[-1] == f"{response}{tokenizer.eos_token}"
+
+
+# A template whose header of an answer depends on the answer's text: a mark put in its place renders another
+# header, so the answers are found by the renders of the chat around them. (A newline after a block tag is
+# dropped by the chat templates' Jinja set-up: it is written as an expression.)
+READS_ANSWERS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}"
+    "{% if m.role == 'assistant' and m.content|length > 12 %} (long){% endif %}"
+    "{{ '\\n' }}{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_reads_its_answers_has_them_found_by_the_renders_around_them(tmp_path, sample_texts):
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    tokenizer.chat_template = READS_ANSWERS
+    chats = _multi_turn_chats()
+    chats[1][3] = {"role": "user", "content": f"you said {chats[1][2]['content']}"}  # a user turn quotes one
+    _, splits, (tokenized, *_) = _chat_outputs(tmp_path, tokenizer, chats, max_length=256)
+    assert splits["prompt"].str.contains("<|im_start|>assistant (long)\n", regex=False).all()
+    _assert_every_answer_trained(chats, splits, tokenized, tokenizer, "<|im_end|>")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_no_think", "llama3", "no_template"])
+def test_every_answer_of_a_multi_turn_chat_is_trained_with_its_end_of_turn(tmp_path, sample_texts, family):
+    """A multi-turn chat trained its last answer only: the earlier answers sat in the prompt as context and
+    were never targets (two thirds of these chats' answers), where TRL's ``assistant_only_loss`` trains every
+    answer. Each answer is now trained with the end of turn after it (the tokenizer's EOS: Qwen3's
+    ``<|im_end|>``, Llama-3's ``<|eot_id|>``; no template: the answer alone), the user turns and the
+    template around them stay inputs; ``split.train_turns: last`` keeps the last answer only."""
+    from tests.support.chat_templates import llama3_style_tokenizer, qwen3_style_tokenizer
+
+    chats = _multi_turn_chats()
+    make = {"qwen3": qwen3_style_tokenizer, "qwen3_no_think": qwen3_style_tokenizer}
+    tokenizer = make.get(family, llama3_style_tokenizer)(sample_texts) if family != "no_template" else None
+    split = {"chat_template_kwargs": {"enable_thinking": False}} if family == "qwen3_no_think" else {}
+    _, splits, (tokenized, fingerprint, stats, tokenizer) = _chat_outputs(
+        tmp_path, tokenizer, chats, max_length=256, **split
+    )
+    _assert_every_answer_trained(
+        chats, splits, tokenized, tokenizer, tokenizer.eos_token if family != "no_template" else ""
+    )
+    runs = _trained_runs(tokenized, tokenizer)
+    train = splits[splits["split"] == "train"]
+    assert stats["train"]["target_tokens"] == sum(len(run) for row in runs for run in row)
+    assert fingerprint["params"]["data_format"]["train_turns"] == "all"
+    _, _, (last_only, before, _, _) = _chat_outputs(
+        tmp_path / "last",
+        tokenizer if family != "no_template" else None,
+        chats,
+        max_length=256,
+        train_turns="last",
+        **split,
+    )
+    for row, response in zip(_trained_runs(last_only, tokenizer), train["response"], strict=True):
+        assert [tokenizer.decode(run, skip_special_tokens=False) for run in row] == [
+            f"{response}{tokenizer.eos_token}"
+        ]
+    assert before["params"]["data_format"]["train_turns"] == "last"
+
+
+def test_a_chat_cut_from_the_left_trains_what_is_left_of_its_answers(tmp_path, sample_texts):
+    """``max_length`` cuts a long chat's prompt from its start: the answers' ranges move with the cut, and
+    an answer cut in two trains its kept end, never a token of another turn."""
+    from tests.support.chat_templates import llama3_style_tokenizer
+
+    tokenizer = llama3_style_tokenizer(sample_texts)
+    chats = _multi_turn_chats()
+    _, _, (whole, *_) = _chat_outputs(tmp_path / "whole", tokenizer, chats, max_length=512)
+    # the prompt keeps its last 136 of 259 tokens: the first answer is cut in two, the second kept whole
+    _, _, (cut, *_) = _chat_outputs(tmp_path / "cut", tokenizer, chats, max_length=160)
+    from fastlm.engine.data.token_dataset import TokenSequences
+
+    whole, cut = TokenSequences.from_arrow(whole["train"]), TokenSequences.from_arrow(cut["train"])
+    assert len(whole) == len(cut)
+    partly = 0
+    for i in range(len(cut)):
+        removed = int(whole.prompt_lengths[i] - cut.prompt_lengths[i])
+        assert removed > 0 and cut[i][0] == tokenizer.bos_token_id  # the BOS stays, the prompt's start goes
+        marks = np.zeros(int(whole.prompt_lengths[i]), dtype=bool)
+        for start, stop in whole.answer_spans_of(i):
+            marks[start:stop] = True
+        kept = np.zeros(int(cut.prompt_lengths[i]), dtype=bool)
+        for start, stop in cut.answer_spans_of(i):
+            kept[start:stop] = True
+        assert np.array_equal(kept[1:], marks[1 + removed :])  # the kept tokens keep their marks
+        assert np.array_equal(
+            cut[i][1 : cut.prompt_lengths[i]], whole[i][1 + removed : whole.prompt_lengths[i]]
+        )
+        partly += bool(kept[1] and marks[removed] and marks[1 + removed])  # the answer went on before the cut
+    assert partly == len(cut)
+
+
+def test_an_answer_the_template_rewrites_is_said_and_its_chat_trains_its_last_answer(
+    tmp_path, sample_texts, caplog
+):
+    """Qwen3's template drops the reasoning of earlier answers (``<think>...</think>``): such an answer is not
+    in the prompt as the data gives it. Its chat trains its last answer only, said in one warning, never a
+    guessed range."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    chats = _multi_turn_chats()
+    for chat in chats[::2]:
+        chat[2] = {"role": "assistant", "content": f"<think>\n생각\n</think>\n\n{chat[2]['content']}"}
+    with caplog.at_level("WARNING", logger="fastlm.corpus.prompts"):
+        _, splits, _ = _chat_outputs(tmp_path, qwen3_style_tokenizer(sample_texts), chats, max_length=256)
+    assert "40 of 80 chats train their last answer only" in caplog.text
+    chat_number = splits["response"].str.extract(r"답 (\d+)-2", expand=False).astype(int)
+    assert (splits["answer_spans"].eq("") == (chat_number % 2 == 0)).all()  # exactly the rewritten chats
+    assert not splits["prompt"].str.contains("생각", regex=False).any()  # the template dropped the reasoning

@@ -4,6 +4,7 @@ report's sample generations and at predict, is the one the model trained on."""
 
 import json
 
+import datasets
 import pandas as pd
 import pytest
 
@@ -22,14 +23,22 @@ QUESTIONS = ["배송", "The battery\r\ndied"]  # a CRLF, as a params file saved 
 def chat_project(kedro_project, sample_texts):
     tokenizer = qwen3_style_tokenizer(sample_texts, vocab_size=400)
     tokenizer.save_pretrained(kedro_project / "data/01_raw/qwen3_tokenizer")
-    chats = [
+    earlier = zip(sample_texts[300:450], sample_texts[450:600], strict=True)
+    chats = [  # every third chat has an earlier question and answer
         {
             "messages": [
+                *(
+                    [{"role": "user", "content": asked[:60]}, {"role": "assistant", "content": said[:60]}]
+                    if i % 3 == 0
+                    else []
+                ),
                 {"role": "user", "content": question[:60]},
                 {"role": "assistant", "content": answer[:60]},
             ]
         }
-        for question, answer in zip(sample_texts[:150], sample_texts[150:300], strict=True)
+        for i, (question, answer, (asked, said)) in enumerate(
+            zip(sample_texts[:150], sample_texts[150:300], earlier, strict=True)
+        )
     ]
     (kedro_project / "data/01_raw/chats.jsonl").write_text(
         "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in chats), encoding="utf-8"
@@ -70,6 +79,18 @@ def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(cha
     run_pipeline(project, "train", params)
     record = json.loads((project / "data/06_models/model/training_data.json").read_text())
     assert record["data_format"]["chat_template_kwargs"] == THINK_OFF
+    # every answer trained (split.train_turns: all): validation scores the earlier answers too
+    validation = datasets.load_from_disk(str(project / "data/05_model_input/tokenized_corpus"))["validation"]
+    last_answers = sum(
+        len(ids) - n for ids, n in zip(validation["input_ids"], validation["prompt_length"], strict=True)
+    )
+    earlier = sum(
+        end - start
+        for spans in validation["answer_spans"]
+        for start, end in zip(spans[::2], spans[1::2], strict=True)
+    )
+    scored = pd.read_csv(project / "data/07_model_output/eval_history.csv")["val_target_tokens"]
+    assert earlier > 0 and set(scored) == {last_answers + earlier}
 
     given = []
     sampled = generation.generate_continuations

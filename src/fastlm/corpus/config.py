@@ -172,6 +172,11 @@ class SplitParams(Params):
         description="variables given to the chat template at every render (TRL's chat_template_kwargs), "
         "e.g. {enable_thinking: false} for Qwen3's non-thinking mode",
     )
+    train_turns: Literal["all", "last"] = Field(
+        "all",
+        description="messages: all trains every assistant answer of a chat (TRL's assistant_only_loss) with "
+        "its end of turn; last trains only the last answer",
+    )
     ratios: SplitRatios = SplitRatios()
     max_samples: int | None = Field(None, ge=1)
     hash_salt: str = Field("", max_length=64, description="changing it re-draws every split")

@@ -87,7 +87,8 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
     The chat template itself is part of it when messages are rendered with one, so editing the template in
     the tokenizer folder makes the tokenized data stale too; so are the variables it is given
     (``chat_template_kwargs``, recorded only when some are set: data split before they existed stays fresh),
-    which predict and the report read back to render prompts as training did.
+    which predict and the report read back to render prompts as training did, and which answers of a chat
+    are trained (``train_turns``).
     """
     kind = split.data_format
     if kind == "text":
@@ -106,7 +107,11 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
     else:
         template = getattr(tokenizer, "chat_template", None) if split.chat_template else None
         template_sha = hashlib.sha256(str(template).encode()).hexdigest() if template else None
-        columns = {"messages_column": split.messages_column, "chat_template_sha256": template_sha}
+        columns = {
+            "messages_column": split.messages_column,
+            "chat_template_sha256": template_sha,
+            "train_turns": split.train_turns,
+        }
         if template and split.chat_template_kwargs:
             columns["chat_template_kwargs"] = dict(sorted(split.chat_template_kwargs.items()))
     return {

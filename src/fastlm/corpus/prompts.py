@@ -9,7 +9,10 @@ Data formats (``split`` parameters, conf/base/parameters_split.yml)
   (``add_generation_prompt=True``, and the template variables of ``split.chat_template_kwargs``, e.g.
   ``enable_thinking: false``) when it has one and ``split.chat_template`` is true; otherwise as
   ``"role: content"`` lines wrapped by ``prompt_template``. A row that is not such a list is dropped as
-  ``malformed_messages``.
+  ``malformed_messages``. With ``train_turns: all`` (the default) the earlier assistant answers inside the
+  prompt are trained too, each with the end of turn after it when that is the tokenizer's EOS (Qwen3's
+  ``<|im_end|>``, Llama-3's ``<|eot_id|>``), as TRL's ``assistant_only_loss`` trains every answer; user turns,
+  the system turn and the template's own text stay inputs only.
 
 Cleaning (NFC, strip, drop missing/non-string/empty rows, exact duplicates) and the hash split key on the
 *raw cleaned pair* (prompt text and response, or every role and content), never on the rendered prompt: a
@@ -21,11 +24,14 @@ Contract of the outputs
 
 * ``prompt``: the prompt string exactly as it is tokenized for training, template included;
 * ``response``: the reference response text (no EOS);
+* ``answer_spans`` (chats with ``train_turns: all``): the earlier answers' ``start:end`` character ranges in
+  ``prompt``, space-separated (empty: none, or not found where the template wrote them);
 * ``split``: train / validation / test.
 
 The tokenized Arrow splits have ``input_ids`` = prompt tokens + response tokens + EOS, ``length`` and
-``prompt_length`` (the number of leading prompt tokens). Prompt and response are tokenized separately and the
-ids concatenated, so ``prompt_length`` is exact:
+``prompt_length`` (the number of leading prompt tokens) and, for chats with earlier answers trained,
+``answer_spans`` (their ``[start, end)`` token pairs inside the prompt). Prompt and response are tokenized
+separately and the ids concatenated, so ``prompt_length`` is exact:
 
 * prompt tokens = ``prompt_token_ids(tokenizer, prompt)``: ``tokenizer(prompt, add_special_tokens=False)``,
   with the tokenizer's BOS put in front when the tokenizer adds a BOS by default (Llama-style) and the
@@ -42,17 +48,20 @@ response tokens and the closing EOS (``fastlm.engine.data.labels``).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from tokenizers import Tokenizer
 
 from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
 from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_ragged
 
 __all__ = [
     "CHAT_DATE",
+    "answer_spans",
     "clean_messages",
     "has_chat_template",
     "leading_bos",
@@ -65,6 +74,8 @@ __all__ = [
     "unread_variables",
 ]
 
+log = logging.getLogger(__name__)
+
 RESPONSE_ROLE = "assistant"
 # Never a tokenizer's own padding or truncation, nor its warning that a text longer than its
 # model_max_length "will result in indexing errors": every caller truncates the ids itself.
@@ -73,6 +84,9 @@ UNPADDED = {"padding": False, "truncation": False, "verbose": False}
 # where no clock is given, instead of the day the template is rendered on.
 CHAT_DATE = "26 Jul 2024"
 KEY_SEPARATOR = "\x00"
+# What an earlier answer is rendered as to find its place in a chat's render: characters of a private use
+# plane around its index (a chat that holds them anyway is found by the slower search).
+ANSWER_MARK = ("\U000f0000", "\U000f0001")
 
 
 def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFrame, dict[str, int]]:
@@ -86,9 +100,11 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
             render_messages(history, config.prompt_template, renderer, variables)
             for history in chats["history"]
         ]
-        return pd.DataFrame(
-            {"prompt": prompts, "response": chats["response"], "split_key": chats["split_key"]}
-        ), drops
+        frame = pd.DataFrame({"prompt": prompts, "response": chats["response"]})
+        if config.train_turns == "all":
+            frame["answer_spans"] = _answer_spans_of(chats["history"], prompts, config, renderer)
+        frame["split_key"] = chats["split_key"]
+        return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
     frame = pd.DataFrame(
         {
@@ -135,6 +151,133 @@ def render_messages(
     return render_prompt("\n".join(f"{m['role']}: {m['content']}" for m in history), template)
 
 
+def answer_spans(
+    history: Sequence[Mapping], prompt: str, template: str, tokenizer=None, variables: Mapping | None = None
+) -> str | None:
+    """The earlier assistant answers of ``history`` in its rendered ``prompt`` (``render_messages``'s output
+    for the same arguments) as ``"start:end"`` character ranges, space-separated ("" when it has none): each
+    answer's content and, where the tokenizer's EOS follows it (an instruct template's end of turn), the EOS.
+    None where an answer is not where the render puts it (a template that rewrites earlier answers): the
+    row then trains its last answer only.
+
+    With a chat template, the chat is rendered once more with a unique mark in place of each earlier answer:
+    where putting the answers back in their marks' places gives ``prompt`` exactly, the marks' places are the
+    answers'. Otherwise (a template that reads an answer's text) each answer is searched between the renders
+    of the chat up to the turn before it and up to the turn after it, each a prefix of ``prompt`` (so a user
+    turn that quotes the answer is never taken for it). Without a template, its place in the
+    ``"role: content"`` lines is known.
+    """
+    if not any(message["role"] == RESPONSE_ROLE for message in history):
+        return ""
+    if has_chat_template(tokenizer):
+        found = _marked_answer_spans(history, prompt, tokenizer, variables or {})
+        return (
+            found
+            if found is not None
+            else _template_answer_spans(history, prompt, tokenizer, variables or {})
+        )
+    if template.count("{prompt}") != 1:
+        return None
+    spans, at = [], template.index("{prompt}")
+    for message in history:
+        head = f"{message['role']}: "
+        if message["role"] == RESPONSE_ROLE:
+            spans.append(f"{at + len(head)}:{at + len(head) + len(message['content'])}")
+        at += len(head) + len(message["content"]) + 1
+    return " ".join(spans)
+
+
+def _marked_answer_spans(history, prompt: str, tokenizer, variables: Mapping) -> str | None:
+    marks = {index: f"{ANSWER_MARK[0]}{index}{ANSWER_MARK[1]}" for index, m in enumerate(history)}
+    marked = [
+        {**message, "content": marks[index]} if message["role"] == RESPONSE_ROLE else message
+        for index, message in enumerate(history)
+    ]
+    try:
+        text = render_messages(marked, "", tokenizer, variables)
+    except Exception:  # noqa: BLE001 - a template may refuse a mark: the slower search then
+        return None
+    eos = getattr(tokenizer, "eos_token", None)
+    pieces, spans, at, size = [], [], 0, 0
+    for index, message in enumerate(history):
+        if message["role"] != RESPONSE_ROLE:
+            continue
+        found = text.find(marks[index], at)
+        if found < 0 or text.count(marks[index]) != 1:
+            return None
+        pieces += [text[at:found], message["content"]]
+        start = size + found - at
+        size = start + len(message["content"])
+        spans.append([start, size])
+        at = found + len(marks[index])
+    pieces.append(text[at:])
+    if "".join(pieces) != prompt:
+        return None
+    for span in spans:
+        if eos and prompt.startswith(eos, span[1]):
+            span[1] += len(eos)
+    return " ".join(f"{start}:{end}" for start, end in spans)
+
+
+def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) -> str | None:
+    rendered: dict[int, int | None] = {0: 0}
+
+    def boundary(count: int) -> int | None:  # where the render of the first ``count`` messages ends
+        if count not in rendered:
+            try:
+                text = tokenizer.apply_chat_template(
+                    list(history[:count]),
+                    tokenize=False,
+                    add_generation_prompt=False,
+                    date_string=CHAT_DATE,
+                    **dict(variables),
+                )
+            except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no spans then
+                text = None
+            rendered[count] = len(text) if isinstance(text, str) and prompt.startswith(text) else None
+        return rendered[count]
+
+    eos = getattr(tokenizer, "eos_token", None)
+    spans, cursor = [], 0
+    for index, message in enumerate(history):
+        if message["role"] != RESPONSE_ROLE:
+            continue
+        before = [n for n in range(index, 0, -1) if history[n - 1]["role"] != RESPONSE_ROLE][:1]
+        after = [n for n in range(index + 2, len(history) + 1) if history[n - 1]["role"] != RESPONSE_ROLE][:1]
+        lower = boundary(before[0]) if before else 0
+        upper = boundary(after[0]) if after else len(prompt)
+        if lower is None or upper is None:
+            return None
+        start = prompt.find(message["content"], max(lower, cursor), upper)
+        if start < 0:
+            return None
+        end = start + len(message["content"])
+        if eos and prompt.startswith(eos, end) and end + len(eos) <= upper:
+            end += len(eos)
+        spans.append(f"{start}:{end}")
+        cursor = end
+    return " ".join(spans)
+
+
+def _answer_spans_of(histories, prompts: Sequence[str], config, tokenizer) -> list[str]:
+    """``answer_spans`` of every chat ("" where not found), saying how many chats train their last answer
+    only because the template writes their earlier answers otherwise than given."""
+    found = [
+        answer_spans(history, prompt, config.prompt_template, tokenizer, config.chat_template_kwargs)
+        for history, prompt in zip(histories, prompts, strict=True)
+    ]
+    missing = sum(spans is None for spans in found)
+    if missing:
+        log.warning(
+            "%d of %d chats train their last answer only: the chat template writes an earlier answer of "
+            "theirs otherwise than the data gives it (a template that rewrites earlier answers, e.g. drops "
+            "their reasoning). split.train_turns: last trains every chat's last answer alike.",
+            missing,
+            len(found),
+        )
+    return ["" if spans is None else spans for spans in found]
+
+
 def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
     """Rows of ``history`` (cleaned messages before the response), ``response`` and ``split_key``, and drops.
 
@@ -142,12 +285,26 @@ def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
     list of role/content mappings ending with an ``assistant`` message after at least one other message is
     ``malformed_messages``, an empty or blank content is ``empty`` / ``whitespace_only``.
     """
-    rows, reasons = [], []
-    for value in values:
-        reason, row = _clean_chat(value)
-        reasons.append(reason)
-        if reason is None:
-            rows.append(row)
+    reasons = [_chat_shape(value) for value in values]
+    chats = [list(value) for value, reason in zip(values, reasons, strict=True) if reason is None]
+    # every content of every well-shaped chat cleaned in one vectorized pass, then each chat regrouped
+    contents, content_reasons = classify_values(
+        pd.Series([m.get("content") for chat in chats for m in chat], dtype=object)
+    )
+    contents, content_reasons = contents.tolist(), content_reasons.tolist()
+    rows, at = [], 0
+    shaped = iter(range(len(reasons)))
+    for chat in chats:
+        index = next(i for i in shaped if reasons[i] is None)
+        texts, found = contents[at : at + len(chat)], content_reasons[at : at + len(chat)]
+        at += len(chat)
+        reason = next((str(r) for r in found if isinstance(r, str)), None)
+        if reason is not None:
+            reasons[index] = reason
+            continue
+        messages = [{"role": m["role"], "content": text} for m, text in zip(chat, texts, strict=True)]
+        key = KEY_SEPARATOR.join(f"{m['role']}\x1f{m['content']}" for m in messages)
+        rows.append((messages[:-1], messages[-1]["content"], key))
     frame = pd.DataFrame(rows, columns=["history", "response", "split_key"])
     duplicate = frame["split_key"].duplicated(keep="first")
     counts = pd.Series(reasons, dtype=object).value_counts()
@@ -157,21 +314,18 @@ def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
     return frame[~duplicate].reset_index(drop=True), drops
 
 
-def _clean_chat(value) -> tuple[str | None, tuple | None]:
+def _chat_shape(value) -> str | None:
+    """Why ``value`` is no chat (``missing``, ``malformed_messages``), None when it is a list of role/content
+    mappings ending with an assistant message after another one (its contents are checked after)."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
-        return "missing", None
+        return "missing"
     if not isinstance(value, list | tuple | np.ndarray) or len(value) < 2:
-        return "malformed_messages", None
+        return "malformed_messages"
     if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value):
-        return "malformed_messages", None
+        return "malformed_messages"
     if value[-1]["role"] != RESPONSE_ROLE:
-        return "malformed_messages", None
-    contents, reasons = classify_values(pd.Series([m.get("content") for m in value], dtype=object))
-    if reasons.notna().any():
-        return str(reasons[reasons.notna()].iloc[0]), None
-    messages = [{"role": m["role"], "content": text} for m, text in zip(value, contents, strict=True)]
-    key = KEY_SEPARATOR.join(f"{m['role']}\x1f{m['content']}" for m in messages)
-    return None, (messages[:-1], messages[-1]["content"], key)
+        return "malformed_messages"
+    return None
 
 
 def leading_bos(tokenizer) -> int | None:
@@ -209,17 +363,25 @@ def tokenize_pairs(
     max_length: int,
     batch_size: int = 20_000,
     num_proc: int | str = "auto",
+    answer_spans: Sequence[str | None] | None = None,
 ) -> TokenizedTexts:
     """Prompt ids + response ids + EOS per row, truncated as the module docstring says, with prompt
-    lengths."""
+    lengths and, given ``answer_spans`` (the character ranges ``prompt_frame`` found), the earlier answers'
+    token ranges (tokens overlapping a range; moved with the prompt's cut, the cut part dropped)."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     eos = int(tokenizer.eos_token_id)
     encode = {"batch_size": batch_size, "num_proc": num_proc}
-    prompts, prompt_cut = cut_long_texts(list(prompts), max_length, keep="tail")  # prompts lose their start
+    original = list(prompts)
+    prompts, prompt_cut = cut_long_texts(original, max_length, keep="tail")  # prompts lose their start
     responses, response_cut = cut_long_texts(list(responses), max_length)
     p_values, p_lengths = encode_ragged(prompts, tokenizer, add_special_tokens=False, **encode)
     r_values, r_lengths = encode_ragged(responses, tokenizer, add_special_tokens=False, **encode)
+    answers = None
+    if answer_spans is not None and any(answer_spans):
+        shifts = np.fromiter((len(a) - len(b) for a, b in zip(original, prompts, strict=True)), np.int64)
+        answers = _answer_tokens(prompts, answer_spans, shifts, tokenizer, (p_values, p_lengths))
+    raw_lengths = p_lengths
     p_values, p_lengths, has_bos = _with_bos(p_values, p_lengths, leading_bos(tokenizer))
     r_values, r_lengths = _without_trailing(r_values, r_lengths, eos)
     budget = max_length - 1  # room for prompt + response; the EOS takes the last slot
@@ -238,7 +400,81 @@ def tokenize_pairs(
     out[_destinations(offsets[:-1] + keep_p, keep_r)] = r_values[r_keep]
     out[offsets[1:] - 1] = eos
     truncated = (keep_p < p_lengths) | (keep_r < r_lengths) | prompt_cut | response_cut
-    return TokenizedTexts(out, offsets, truncated, prompt_lengths=keep_p.astype(np.int32))
+    if answers is not None:  # into the sample: after a BOS put in front, less the prompt's cut start
+        answers = _kept_spans(answers, p_lengths - raw_lengths, head, cut)
+    return TokenizedTexts(
+        out, offsets, truncated, prompt_lengths=keep_p.astype(np.int32), answer_spans=answers
+    )
+
+
+def _answer_tokens(prompts, spans, shifts: np.ndarray, tokenizer, encoded) -> list[np.ndarray]:
+    """Each prompt's answer ranges (``"start:end"`` characters of its uncut text, ``shifts[i]`` characters
+    cut from its start since) as ``[k, 2]`` ranges of its raw ids (``encoded``: ``encode_ragged``'s values
+    and lengths): the tokens that overlap a range (a byte-level token may carry the space before an answer's
+    first word: it is that word's token). Read from the fast tokenizer's character map of the same ids; a
+    slow tokenizer has none and trains the last answer only (said once)."""
+    values, lengths = encoded
+    starts = np.cumsum(lengths) - lengths
+    out = [np.zeros((0, 2), dtype=np.int64)] * len(prompts)
+    rows = [i for i, text in enumerate(spans) if text]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        log.warning(
+            "%s is a slow tokenizer (no character map): %d chats train their last answer only.",
+            type(tokenizer).__name__,
+            len(rows),
+        )
+        return out
+    backend = Tokenizer.from_str(backend.to_str())  # a copy: without the tokenizer.json's padding/truncation
+    backend.no_padding()
+    backend.no_truncation()
+    encodings = backend.encode_batch([prompts[i] for i in rows], add_special_tokens=False)
+    ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int64)
+    expected = np.concatenate([values[starts[i] : starts[i] + lengths[i]] for i in rows])
+    if not np.array_equal(ids, expected):
+        raise ValueError("the tokenizer gave the prompts other ids with their character map than without")
+    for row, encoding in zip(rows, encodings, strict=True):
+        chars = np.array([pair.split(":") for pair in spans[row].split()], dtype=np.int64) - shifts[row]
+        size, count = len(prompts[row]), int(lengths[row])
+        tokens = np.array(
+            [
+                (
+                    _token_at(encoding, max(begin, 0), size, count),
+                    _token_at(encoding, max(end, 0), size, count, True),
+                )
+                for begin, end in chars
+            ],
+            dtype=np.int64,
+        ).reshape(-1, 2)
+        out[row] = tokens[tokens[:, 1] > tokens[:, 0]]
+    return out
+
+
+def _token_at(encoding, char: int, size: int, count: int, after: bool = False) -> int:
+    """The first token that ends after character ``char`` (``after``: the first that starts at or after it) of
+    an ``encoding`` of a ``size``-character text into ``count`` tokens; characters no token covers (white
+    space a tokenizer drops) are passed over."""
+    while char < size:
+        token = encoding.char_to_token(char)
+        if token is not None:
+            return token + 1 if after and encoding.token_to_chars(token)[0] < char else token
+        char += 1
+    return count
+
+
+def _kept_spans(spans: list[np.ndarray], added: np.ndarray, head: np.ndarray, cut: np.ndarray):
+    """Token ranges of raw prompt ids into the kept sample: ``added`` ids put in front (a BOS), the ``cut``
+    ids after the first ``head`` dropped; ranges cut away dropped, a range cut in two keeps its end, none
+    starts at position 0 (nothing predicts it). As ``TokenizedTexts.answer_spans``."""
+    kept = []
+    for pairs, front, keep_head, removed in zip(spans, added, head, cut, strict=True):
+        pairs = pairs + front
+        pairs = np.maximum(pairs, keep_head + removed) - removed
+        pairs[:, 0] = np.maximum(pairs[:, 0], 1)
+        kept.append(pairs[pairs[:, 1] > pairs[:, 0]].reshape(-1))
+    counts = np.fromiter((len(pairs) for pairs in kept), dtype=np.int64, count=len(kept))
+    values = np.concatenate(kept).astype(np.int32) if kept else np.zeros(0, np.int32)
+    return values, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
 def _positions(lengths: np.ndarray) -> np.ndarray:

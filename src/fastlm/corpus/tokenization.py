@@ -34,23 +34,43 @@ class TokenizedTexts:
     prompt_lengths: np.ndarray | None = (
         None  # int32 leading prompt tokens per row (prompt/response data only)
     )
+    # a chat's earlier answers inside its prompt, trained too: row i's [start, end) token pairs are
+    # answer_spans[0][answer_spans[1][i]:answer_spans[1][i + 1]] (int32 values, int64 offsets)
+    answer_spans: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    @property
+    def target_lengths(self) -> np.ndarray:
+        """Tokens trained per row of prompt/response data: the response, its EOS and any earlier answers."""
+        targets = self.lengths - self.prompt_lengths
+        if self.answer_spans is not None:
+            values, offsets = self.answer_spans
+            widths = values[1::2].astype(np.int64) - values[::2]
+            pairs = np.repeat(np.arange(len(targets)), np.diff(offsets) // 2)
+            targets = targets + np.bincount(pairs, weights=widths, minlength=len(targets)).astype(np.int64)
+        return targets
+
     def to_arrow(
         self, rows: np.ndarray | None = None, extra: dict[str, np.ndarray] | None = None
     ) -> pa.Table:
         """An Arrow table with ``input_ids`` (list<int32>), ``length`` (int32) and, for prompt/response data,
-        ``prompt_length`` (int32), plus the ``extra`` per-row columns (e.g. the fold bucket), optionally of
-        ``rows``."""
+        ``prompt_length`` (int32) and, where a chat's earlier answers are trained, ``answer_spans``
+        (list<int32>: ``[start, end)`` token pairs inside the prompt), plus the ``extra`` per-row columns
+        (e.g. the fold bucket), optionally of ``rows``."""
         offsets = self.offsets.astype(np.int32) if self.offsets[-1] < 2**31 else self.offsets
         list_type = pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray
         ids = list_type.from_arrays(pa.array(offsets), pa.array(self.values, type=pa.int32()))
         columns = {"input_ids": ids, "length": pa.array(self.lengths.astype(np.int32))}
         if self.prompt_lengths is not None:
             columns["prompt_length"] = pa.array(self.prompt_lengths.astype(np.int32))
+        if self.answer_spans is not None:
+            values, span_offsets = self.answer_spans
+            columns["answer_spans"] = pa.ListArray.from_arrays(
+                pa.array(span_offsets.astype(np.int32)), pa.array(values, type=pa.int32())
+            )
         columns.update({name: pa.array(values) for name, values in (extra or {}).items()})
         table = pa.table(columns)
         return table if rows is None else table.take(pa.array(rows))

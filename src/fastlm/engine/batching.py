@@ -12,6 +12,7 @@ continues on the same steps.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from fastlm.engine.model.encoder_decoder import (
 from fastlm.engine.runtime.environment import resolve_device, usable_cpu_count
 from fastlm.engine.runtime.float8 import token_multiple
 from fastlm.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MicroBatches",
@@ -204,6 +207,12 @@ def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) ->
             f"{type(model).__name__} has no decoder_start_token_id in its config.json.",
             fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
             "T5: the pad id).",
+        )
+    if dataset.answer_spans is not None and len(dataset.answer_spans[0]):
+        log.warning(
+            "%s is an encoder-decoder model: the chats' earlier answers are encoder input, so only each "
+            "chat's last answer is trained (split.train_turns: last makes the data say so).",
+            type(model).__name__,
         )
     enable_target_head(model)  # a training step runs the LM head on target positions only
     generate_as_trained(model, int(start))

@@ -350,3 +350,24 @@ def test_another_number_of_processes_resumes_only_where_the_step_plans_agree(
     (line,) = _fresh_lines(caplog)
     assert "\n" not in line and folder.name in line and "process" in line and "epoch" in line
     assert not (root / folder.name).exists()  # moved aside, kept
+
+
+def test_the_data_digest_sees_a_chats_trained_answers_and_data_without_them_hashes_as_before():
+    """Training a chat's earlier answers changes what a data position trains: a checkpoint of the same ids
+    with other answer spans is other data. Data without spans keeps its digest (its checkpoints resume)."""
+    import hashlib
+
+    import numpy as np
+
+    from fastlm.engine.checkpoint.resume import data_digest
+
+    values, offsets, prompts = np.arange(12, dtype=np.int32), np.array([0, 5, 12]), np.array([3, 4])
+    before = hashlib.blake2b(digest_size=16)
+    for array in (values, offsets, prompts):
+        before.update(memoryview(array).cast("B"))
+        before.update(b"|")
+    assert data_digest(values, offsets, prompts) == before.hexdigest()
+    one = (np.array([1, 2], dtype=np.int32), np.array([0, 2, 2]))
+    other = (np.array([1, 3], dtype=np.int32), np.array([0, 2, 2]))
+    digests = {data_digest(values, offsets, prompts, spans) for spans in (None, one, other)}
+    assert len(digests) == 3

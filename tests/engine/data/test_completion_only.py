@@ -167,3 +167,96 @@ def test_token_sequences_reads_prompt_lengths_from_arrow(data):
     assert loaded.__getitems__([1])[0]["prompt_length"] == data.prompt_lengths[1]
     with pytest.raises(ValueError, match="shorter than its sample"):
         TokenSequences(data.values, data.offsets, data.lengths)
+
+
+def chat_samples(seed: int = 1, n: int = 12) -> TokenSequences:
+    """Prompt/response samples whose prompts hold 0-2 earlier answers (``answer_spans``, trained too)."""
+    rng = np.random.default_rng(seed)
+    rows, prompts, spans = [], [], []
+    for _ in range(n):
+        prompt, response = int(rng.integers(6, 15)), int(rng.integers(1, 7))
+        rows.append(np.concatenate([rng.integers(3, VOCAB, size=prompt + response), [EOS]]))
+        prompts.append(prompt)
+        cuts = np.sort(rng.choice(np.arange(1, prompt + 1), size=2 * int(rng.integers(0, 3)), replace=False))
+        spans.append(cuts.astype(np.int32))
+    offsets = np.concatenate([[0], np.cumsum([len(row) for row in rows])])
+    span_offsets = np.concatenate([[0], np.cumsum([len(pairs) for pairs in spans])])
+    return TokenSequences(
+        np.concatenate(rows), offsets, np.array(prompts), answer_spans=(np.concatenate(spans), span_offsets)
+    )
+
+
+def _trained_alone(data: TokenSequences, index: int) -> np.ndarray:
+    """The positions of sample ``index`` a position before it is trained to predict (its answers inside the
+    prompt, its response, its EOS), from the sample alone: an independent reading of the data."""
+    length, prompt = int(data.lengths[index]), int(data.prompt_lengths[index])
+    trained = np.zeros(length, dtype=bool)
+    trained[max(prompt, 1) :] = True
+    for start, end in data.answer_spans_of(index):
+        trained[start:end] = True
+    trained[0] = False
+    return trained
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_earlier_answers_inside_the_prompt_are_trained_in_every_mode(model, mode):
+    """A chat's earlier assistant answers sit inside its prompt: they were never trained (only the last
+    answer was), where TRL's assistant_only_loss trains every answer. Each batching mode now trains exactly
+    the answers, the response and the EOS, and the batched loss is the samples' losses alone."""
+    data = chat_samples()
+    assert sum(len(data.answer_spans_of(i)) for i in range(len(data))) >= 8
+    with torch.no_grad():
+        expected = torch.zeros((), dtype=torch.float64)
+        for index in range(len(data)):
+            ids = torch.as_tensor(data[index], dtype=torch.int64)[None]
+            logits = model(input_ids=ids).logits[0, :-1]
+            trained = torch.from_numpy(_trained_alone(data, index))[1:]
+            expected += F.cross_entropy(logits[trained], ids[0, 1:][trained], reduction="sum")
+        got, targets, seen = torch.zeros((), dtype=torch.float64), 0, 0
+        for batch in batches(data, mode):
+            labels, ids = batch["labels"], batch["input_ids"]
+            starts = (batch["position_ids"] == 0) if "position_ids" in batch else None
+            for row in range(ids.shape[0]):
+                bounds = torch.nonzero(starts[row]).flatten().tolist() if starts is not None else [0]
+                for start in bounds:
+                    sample = _identify(data, ids[row, start:])
+                    if sample is None:
+                        continue
+                    span = labels[row, start : start + int(data.lengths[sample])]
+                    assert np.array_equal((span != IGNORE_INDEX).numpy(), _trained_alone(data, sample))
+                    seen += 1
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+            loss_sum, count = causal_lm_loss_sum(model(**inputs).logits, labels)
+            got, targets = got + loss_sum, targets + int(count)
+            assert int(batch["num_target_tokens"]) == int(count)
+    assert seen == len(data)
+    assert (
+        targets == data.num_target_tokens == sum(int(_trained_alone(data, i).sum()) for i in range(len(data)))
+    )
+    # batched (packed or padded rows) vs each sample alone: another kernel layout, then a reordered sum
+    assert float(got) == pytest.approx(float(expected), rel=OTHER_FP32_KERNEL["rtol"])
+
+
+def test_token_sequences_read_answer_spans_from_arrow_and_refuse_spans_outside_the_prompt():
+    import pyarrow as pa
+
+    data = chat_samples()
+    spans = [data.answer_spans_of(i).reshape(-1).tolist() for i in range(len(data))]
+    table = pa.table(
+        {
+            "input_ids": [data[i].tolist() for i in range(len(data))],
+            "prompt_length": pa.array(data.prompt_lengths, type=pa.int32()),
+            "answer_spans": pa.array(spans, type=pa.list_(pa.int32())),
+        }
+    )
+    loaded = TokenSequences.from_arrow(table)
+    for index in (0, 5, len(data) - 1):
+        assert np.array_equal(loaded.answer_spans_of(index), data.answer_spans_of(index))
+        feature = loaded.__getitems__([index])[0]
+        assert np.array_equal(feature.get("answer_spans", np.zeros((0, 2))), data.answer_spans_of(index))
+    picked = TokenSequences.from_arrow(table.take(pa.array([7, 2])))
+    assert np.array_equal(picked.answer_spans_of(1), data.answer_spans_of(2))
+    outside = np.array([0, int(data.prompt_lengths[0]) + 1], dtype=np.int32)  # into the response
+    span_offsets = np.array([0] + [2] * len(data))  # the first sample's one span, no other
+    with pytest.raises(ValueError, match="inside its prompt"):
+        TokenSequences(data.values, data.offsets, data.prompt_lengths, answer_spans=(outside, span_offsets))

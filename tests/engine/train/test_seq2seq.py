@@ -514,3 +514,18 @@ def test_generation_starts_the_decoder_as_training_did(tmp_path, checkpoint, cap
     assert again.generation_config.decoder_start_token_id == start == again.config.decoder_start_token_id
     if checkpoint == "forced_bos":
         assert any("forced_bos_token_id" in message for message in caplog.messages)
+
+
+def test_a_chats_earlier_answers_are_encoder_input_and_an_encoder_decoder_model_says_so(caplog):
+    """Chat data with its earlier answers trained (``split.train_turns: all``): an encoder-decoder model feeds
+    the whole prompt to its encoder, so only the last answer is its target; it says so instead of dropping
+    them in silence."""
+    samples = copy_samples(4, 0)
+    spans = np.array([1, 2], dtype=np.int32), np.array([0, 2, 2, 2, 2])
+    chats = TokenSequences(samples.values, samples.offsets, samples.prompt_lengths, answer_spans=spans)
+    with caplog.at_level("WARNING", logger="fastlm.engine.batching"):
+        seq2seq_batching(_tiny("bart"), samples)
+    assert "earlier answers" not in caplog.text
+    with caplog.at_level("WARNING", logger="fastlm.engine.batching"):
+        seq2seq_batching(_tiny("bart"), chats)
+    assert "only each chat's last answer is trained" in caplog.text

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from fastlm.engine.checkpoint.discovery import complete_checkpoints, resolve_resume
@@ -61,12 +62,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def data_digest(values, offsets, prompt_lengths=None) -> str:
-    """A hash of a tokenized split's content (token ids, sample boundaries, prompt lengths)."""
+def data_digest(values, offsets, prompt_lengths=None, answer_spans=None) -> str:
+    """A hash of a tokenized split's content (token ids, sample boundaries, prompt lengths and, where a chat's
+    earlier answers are trained, their spans: data without them hashes as before they existed)."""
     digest = hashlib.blake2b(digest_size=16)
     for array in (values, offsets, prompt_lengths):
         if array is not None:
             digest.update(memoryview(array).cast("B"))
+        digest.update(b"|")
+    for array in answer_spans or ():
+        digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
         digest.update(b"|")
     return digest.hexdigest()
 

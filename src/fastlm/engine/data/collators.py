@@ -3,7 +3,8 @@
 No tokenization happens here; samples arrive as the split pipeline stored them (unpadded, EOS last).
 Prompt/response samples arrive as ``{"input_ids": ..., "prompt_length": n}`` (``TokenSequences`` with
 prompt lengths): every collator then sets the labels of the first ``n`` tokens to -100 (completion-only loss,
-see ``labels``), and ``num_target_tokens`` counts only the response tokens and EOS.
+see ``labels``), and ``num_target_tokens`` counts only the response tokens and EOS; a chat's earlier answers
+inside its prompt (``"answer_spans"``, ``[k, 2]`` token ranges) are trained too.
 Every collator returns ``input_ids``, ``labels``, ``attention_mask`` and the host-side counts
 
 ``num_target_tokens``    labels some position predicts (``count_target_tokens``: the divisor of the mean loss)
@@ -74,6 +75,21 @@ def _prompt_length(feature) -> int:
     return int(feature.get("prompt_length", 0)) if isinstance(feature, Mapping) else 0
 
 
+def _answer_mask(features: Sequence, starts: np.ndarray, size: int) -> torch.Tensor | None:
+    """True on the tokens of the samples' earlier answers (``"answer_spans"``), the samples' tokens starting
+    at flat positions ``starts`` of a ``size``-token layout; None when no sample has one."""
+    spans = [(feature.get("answer_spans") if isinstance(feature, Mapping) else None) for feature in features]
+    if not any(span is not None and len(span) for span in spans):
+        return None
+    marks = np.zeros(size + 1, dtype=np.int32)  # +1 at each answer start, -1 at its end: a running sum
+    for start, span in zip(starts, spans, strict=True):
+        if span is not None and len(span):
+            span = np.asarray(span, dtype=np.int64).reshape(-1, 2)
+            np.add.at(marks, start + span[:, 0], 1)
+            np.add.at(marks, start + span[:, 1], -1)
+    return torch.from_numpy(np.cumsum(marks[:-1]) > 0)
+
+
 def _round_up(value: int, multiple: int | None) -> int:
     return value if not multiple else -(-value // multiple) * multiple
 
@@ -116,7 +132,13 @@ class DynamicPaddingCollator:
         attention_mask = torch.from_numpy(np.arange(seq_len)[None, :] < lengths[:, None]).to(torch.int64)
         input_ids = torch.from_numpy(input_ids)
         prompts = [_prompt_length(feature) for feature in features]
-        labels = causal_lm_labels(input_ids, attention_mask, torch.tensor(prompts) if any(prompts) else None)
+        answers = _answer_mask(features, np.arange(len(samples)) * seq_len, input_ids.numel())
+        labels = causal_lm_labels(
+            input_ids,
+            attention_mask,
+            torch.tensor(prompts) if any(prompts) else None,
+            None if answers is None else answers.view(input_ids.shape),
+        )
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -179,7 +201,7 @@ class PackedCollator:
         flat[layout.real_mask.reshape(-1).numpy()] = np.concatenate([samples[i] for row in rows for i in row])
         input_ids = torch.from_numpy(flat.reshape(len(row_lengths), seq_len))
         prompts = [_prompt_length(feature) for feature in features]
-        limits = None
+        limits = answers = None
         if any(prompts):  # each token gets its sample's prompt length; position < limit marks a prompt token
             flat_limits = np.zeros(flat.size, dtype=np.int64)
             order = [i for row in rows for i in row]
@@ -187,7 +209,13 @@ class PackedCollator:
                 [prompts[i] for i in order], [lengths[i] for i in order]
             )
             limits = torch.from_numpy(flat_limits.reshape(input_ids.shape))
-        labels = packed_causal_lm_labels(input_ids, layout.position_ids, layout.real_mask, limits)
+            starts = np.flatnonzero(layout.position_ids.reshape(-1).numpy() == 0)
+            starts = starts[
+                layout.real_mask.reshape(-1).numpy()[starts]
+            ]  # each sample's first token, in order
+            answers = _answer_mask([features[i] for i in order], starts, flat.size)
+            answers = None if answers is None else answers.view(input_ids.shape)
+        labels = packed_causal_lm_labels(input_ids, layout.position_ids, layout.real_mask, limits, answers)
         batch = {
             "input_ids": input_ids,
             "labels": labels,

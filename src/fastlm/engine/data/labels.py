@@ -19,6 +19,9 @@ Hugging Face causal-LM models shift the labels inside their loss: position ``t``
   sample are -100, so no position is trained to predict a prompt token. The label of the first response
   token (predicted from the last prompt token) and the closing EOS stay targets. Prompt tokens are still
   *inputs*: the response is conditioned on them.
+* except a chat's earlier assistant answers inside its prompt (``answers``: True on their tokens, the end of
+  turn after each included): every answer of a chat is trained, as TRL's ``assistant_only_loss`` trains
+  them, while the user turns and the template around them stay inputs only.
 
 With these labels, the summed loss of a packed row (with its block-diagonal mask, see ``packing``) equals the
 sum of the losses of its samples run one at a time, and ``count_target_tokens(labels)`` (labels[..., 1:] that
@@ -47,10 +50,14 @@ def real_token_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
 
 
 def causal_lm_labels(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: torch.Tensor | None = None
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_lengths: torch.Tensor | None = None,
+    answers: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Labels of a padded batch: ``input_ids`` with ``IGNORE_INDEX`` exactly where ``attention_mask`` is 0
-    and, with ``prompt_lengths`` (one per row), on the first ``prompt_lengths[i]`` tokens of row i.
+    and, with ``prompt_lengths`` (one per row), on the first ``prompt_lengths[i]`` tokens of row i but the
+    ``answers`` (bool, same shape: earlier answers inside a prompt, trained).
 
     ``attention_mask`` (0/1 or bool, same shape) says which positions hold real tokens; the pad id plays no
     role.
@@ -58,7 +65,8 @@ def causal_lm_labels(
     labels = input_ids.clone()
     labels[~attention_mask.bool()] = IGNORE_INDEX
     if prompt_lengths is not None:
-        labels[real_token_mask(prompt_lengths, input_ids.shape[-1])] = IGNORE_INDEX
+        prompt = real_token_mask(prompt_lengths, input_ids.shape[-1])
+        labels[prompt if answers is None else prompt & ~answers] = IGNORE_INDEX
     return labels
 
 
@@ -67,6 +75,7 @@ def packed_causal_lm_labels(
     position_ids: torch.Tensor,
     real_mask: torch.Tensor,
     prompt_limits: torch.Tensor | None = None,
+    answers: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Labels of packed rows: padding and every sample's first token (``position_ids == 0``) are
     ``IGNORE_INDEX``.
@@ -74,11 +83,12 @@ def packed_causal_lm_labels(
     ``position_ids`` restart at 0 at each sample start (as the packed layout builds them); ``real_mask`` is
     True on sample tokens, False on padding. ``prompt_limits`` (same shape, optional) holds, at each token,
     the prompt length of its sample: tokens with ``position_ids < prompt_limits`` are prompt tokens,
-    ``IGNORE_INDEX``.
+    ``IGNORE_INDEX``, but the ``answers`` (bool, same shape: earlier answers inside a prompt, trained).
     """
     labels = input_ids.clone()
     ignored = ~real_mask.bool() | (position_ids == 0)
     if prompt_limits is not None:
-        ignored |= position_ids < prompt_limits
+        prompt = position_ids < prompt_limits
+        ignored |= prompt if answers is None else prompt & ~answers
     labels[ignored] = IGNORE_INDEX
     return labels

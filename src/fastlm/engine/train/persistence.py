@@ -70,7 +70,9 @@ class Checkpointer:
             world_size=comm.world_size,
             sharded=self.sharded,
             row_length=plan.row_length,  # ``auto`` resolved: the packing a data position means
-            data=data_digest(train_set.values, train_set.offsets, train_set.prompt_lengths),
+            data=data_digest(
+                train_set.values, train_set.offsets, train_set.prompt_lengths, train_set.answer_spans
+            ),
         )
 
     def restore(self) -> TrainState:

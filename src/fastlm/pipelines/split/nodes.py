@@ -244,7 +244,10 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
     elif config.data_format == "text":
         tokens = tokenize_texts(splits["text"].tolist(), tokenizer, **encode)
     else:
-        tokens = tokenize_pairs(splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, **encode)
+        answers = splits["answer_spans"].tolist() if "answer_spans" in splits else None
+        tokens = tokenize_pairs(
+            splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, answer_spans=answers, **encode
+        )
     codes = splits["split"].cat.codes.to_numpy()
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}
     # split.folds: each sample keeps its fold bucket, so train.fold picks a fold without re-tokenizing.
@@ -267,9 +270,7 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
     _measure_unknown(stats, tokens, rows, None if config.pretokenized else tokenizer, config)
     if tokens.prompt_lengths is not None:
         for name in SPLITS:
-            stats[name]["target_tokens"] = int(
-                (tokens.lengths[rows[name]] - tokens.prompt_lengths[rows[name]]).sum()
-            )
+            stats[name]["target_tokens"] = int(tokens.target_lengths[rows[name]].sum())
     log.info(
         "Tokenized %d texts into %d tokens (max_length %d)",
         len(splits),
