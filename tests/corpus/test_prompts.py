@@ -470,3 +470,23 @@ def test_an_answer_the_template_rewrites_is_said_and_its_chat_trains_its_last_an
     chat_number = splits["response"].str.extract(r"답 (\d+)-2", expand=False).astype(int)
     assert (splits["answer_spans"].eq("") == (chat_number % 2 == 0)).all()  # exactly the rewritten chats
     assert not splits["prompt"].str.contains("생각", regex=False).any()  # the template dropped the reasoning
+
+
+def test_chats_rendered_in_a_pool_equal_chats_rendered_here(sample_texts, caplog):
+    """Large chat corpora render in a fork pool (``split.num_proc``): the prompts, the answers' ranges and the
+    warning for chats whose answers are not found are the ones rendering here gives."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    chats = _multi_turn_chats()
+    for chat in chats[::4]:  # the template drops this reasoning: not found, said
+        chat[2] = {"role": "assistant", "content": f"<think>\n생각\n</think>\n\n{chat[2]['content']}"}
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    frames = []
+    for num_proc in (1, 2):
+        config = parse_split_params({"messages_column": "chat", "num_proc": num_proc, "batch_size": 7})
+        with caplog.at_level("WARNING", logger="fastlm.corpus.prompts"):
+            frames.append(prompt_frame(pd.DataFrame({"chat": chats}), config, tokenizer)[0])
+        assert "20 of 80 chats train their last answer only" in caplog.text
+        caplog.clear()
+    pd.testing.assert_frame_equal(frames[0], frames[1])
+    assert frames[0]["answer_spans"].ne("").sum() == 60

@@ -57,7 +57,13 @@ import pandas as pd
 from tokenizers import Tokenizer
 
 from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
-from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_ragged
+from fastlm.corpus.tokenization import (
+    TokenizedTexts,
+    cut_long_texts,
+    encode_ragged,
+    fork_map,
+    resolve_num_proc,
+)
 
 __all__ = [
     "CHAT_DATE",
@@ -94,15 +100,10 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
     ``split_key`` (the raw cleaned pair the hash split keys on), with drop counts per reason."""
     if config.data_format == "messages":
         chats, drops = clean_messages(raw[config.messages_column])
-        renderer = tokenizer if config.chat_template else None
-        variables = config.chat_template_kwargs
-        prompts = [
-            render_messages(history, config.prompt_template, renderer, variables)
-            for history in chats["history"]
-        ]
+        prompts, spans = _render_chats(list(chats["history"]), config, tokenizer)
         frame = pd.DataFrame({"prompt": prompts, "response": chats["response"]})
-        if config.train_turns == "all":
-            frame["answer_spans"] = _answer_spans_of(chats["history"], prompts, config, renderer)
+        if spans is not None:
+            frame["answer_spans"] = spans
         frame["split_key"] = chats["split_key"]
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
@@ -259,23 +260,43 @@ def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) 
     return " ".join(spans)
 
 
-def _answer_spans_of(histories, prompts: Sequence[str], config, tokenizer) -> list[str]:
-    """``answer_spans`` of every chat ("" where not found), saying how many chats train their last answer
-    only because the template writes their earlier answers otherwise than given."""
-    found = [
-        answer_spans(history, prompt, config.prompt_template, tokenizer, config.chat_template_kwargs)
-        for history, prompt in zip(histories, prompts, strict=True)
+def _render_chats(histories: list, config, tokenizer) -> tuple[list[str], list[str] | None]:
+    """Each chat's prompt and, with ``train_turns: all``, its ``answer_spans`` ("" where not found, said in
+    one warning: such chats train their last answer only), rendered in a fork pool on large inputs
+    (``split.num_proc``: a chat template renders in Python, one chat at a time)."""
+    renderer = tokenizer if config.chat_template else None
+    size = max(1, min(config.batch_size, 2_000))
+    chunks = [histories[start : start + size] for start in range(0, len(histories), size)]
+    shared = (renderer, config.prompt_template, config.chat_template_kwargs, config.train_turns == "all")
+    rendered = [
+        row
+        for part in fork_map(_render_chunk, chunks, resolve_num_proc(config.num_proc, len(histories)), shared)
+        for row in part
     ]
-    missing = sum(spans is None for spans in found)
+    prompts = [prompt for prompt, _ in rendered]
+    if config.train_turns != "all":
+        return prompts, None
+    missing = sum(spans is None for _, spans in rendered)
     if missing:
         log.warning(
             "%d of %d chats train their last answer only: the chat template writes an earlier answer of "
             "theirs otherwise than the data gives it (a template that rewrites earlier answers, e.g. drops "
             "their reasoning). split.train_turns: last trains every chat's last answer alike.",
             missing,
-            len(found),
+            len(rendered),
         )
-    return ["" if spans is None else spans for spans in found]
+    return prompts, ["" if spans is None else spans for _, spans in rendered]
+
+
+def _render_chunk(shared, histories) -> list[tuple[str, str | None]]:
+    tokenizer, template, variables, spans = shared
+    rendered = []
+    for history in histories:
+        prompt = render_messages(history, template, tokenizer, variables)
+        rendered.append(
+            (prompt, answer_spans(history, prompt, template, tokenizer, variables) if spans else "")
+        )
+    return rendered
 
 
 def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:

@@ -8,6 +8,7 @@ backend is always run with both off, whatever the tokenizer folder says.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -191,21 +192,51 @@ def _encode_all(
 def _in_pool(
     chunks, backend_json: str, eos: int, max_length: int | None, procs: int, add_special_tokens: bool = True
 ) -> list:
-    # Workers tokenize single-threaded: the pool is the parallelism. Setting the variable before the
-    # fork also keeps the tokenizers library from warning about a fork after its thread pool started.
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
+    # Workers tokenize single-threaded: the pool is the parallelism.
+    with _single_threaded_tokenizers():
         context = multiprocessing.get_context("fork")
         with context.Pool(procs, initializer=_init_worker, initargs=(backend_json,)) as pool:
             return pool.starmap(
                 _encode_chunk, [(chunk, eos, max_length, add_special_tokens) for chunk in chunks], chunksize=1
             )
+
+
+@contextlib.contextmanager
+def _single_threaded_tokenizers():
+    """``TOKENIZERS_PARALLELISM=false`` while a fork pool runs: set before the fork, it also keeps the
+    tokenizers library from warning about a fork after its thread pool started."""
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
     finally:
         if previous is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+_shared = None  # what fork_map's workers read: inherited by the fork, never pickled
+
+
+def fork_map(function, chunks: Sequence, procs: int, shared=None) -> list:
+    """``function(shared, chunk)`` for every chunk, in order: in a fork pool of ``procs`` workers when more
+    than one worker and one chunk (and the platform forks), else here. ``shared`` (e.g. a tokenizer) reaches
+    the workers through the fork, not by pickling; ``function`` must be a module-level function."""
+    global _shared
+    if procs <= 1 or len(chunks) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [function(shared, chunk) for chunk in chunks]
+    _shared = shared
+    try:
+        with _single_threaded_tokenizers():
+            with multiprocessing.get_context("fork").Pool(procs) as pool:
+                return pool.starmap(_call_shared, [(function, chunk) for chunk in chunks], chunksize=1)
+    finally:
+        _shared = None
+
+
+def _call_shared(function, chunk):
+    return function(_shared, chunk)
 
 
 _worker_backend = None
