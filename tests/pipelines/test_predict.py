@@ -849,3 +849,22 @@ def test_a_chat_model_whose_prompts_are_wrapped_by_predict_prompt_template_is_wa
     assert summary["prompt_template"] == TEMPLATE and "chat_template_sha256" not in summary
     warned = [w for w in _warned(caplog) if "predict.prompt_template" in w]
     assert len(warned) == 1 and "chat" in warned[0] and "\n" not in warned[0], _warned(caplog)
+
+
+def test_a_text_model_asked_prompts_says_it_never_saw_the_template(project, caplog):
+    """``predict.prompt_column`` on a model trained here on plain text: each prompt is wrapped by the default
+    prompt template, which the model never saw, and read as a response. Asked, it is done, said in one warning
+    naming ``predict.text_column``; a model from elsewhere (no record) is asked without a warning."""
+    folder = project / "data/06_models/model"
+    lines = [text for text in DIALOGUES if "\n" not in text]
+    (project / "data/01_raw/lines.txt").write_text("".join(f"{t}\n" for t in lines), encoding="utf-8")
+    _predicted(project, input="data/01_raw/lines.txt", prompt_column="text")
+    assert _warned(caplog) == []
+    stored = make_fingerprint(AutoTokenizer.from_pretrained(folder), 64)
+    record = {"fingerprint": stored["fingerprint"], "data_format": None, "max_length": 64}
+    (folder / "training_data.json").write_text(json.dumps(record))  # as the train pipeline writes it
+    caplog.clear()
+    table, summary = _predicted(project, input="data/01_raw/lines.txt", prompt_column="text")
+    assert summary["input_format"] == "prompt" and len(table) == len(lines)
+    warned = _warned(caplog)
+    assert len(warned) == 1 and "plain text" in warned[0] and "predict.text_column" in warned[0], warned

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 
@@ -57,6 +58,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
                 column,
             )
     _check_template_variables(params.chat_template_kwargs, chat, chat_training, trained, parameter)
+    _check_prompts_of_text_model(trained, parameter)
     from fastlm.engine.runtime.environment import setup_runtime  # imports torch: after the checks above
 
     runtime = setup_runtime(parse_group("train", train_params).runtime, seed=params.seed)
@@ -166,4 +168,18 @@ def _check_template_variables(variables, chat, chat_training, trained: dict, par
             trained["source"],
             ", ".join(unread),
             "it changes" if len(unread) == 1 else "they change",
+        )
+
+
+def _check_prompts_of_text_model(trained: dict, parameter: str) -> None:
+    """Say in one warning that a model trained here on plain text (its record's ``data_format`` is null) is
+    asked prompts: the prompt template wraps them and the outputs are read as responses, neither of which
+    the model saw."""
+    record = trained.get("training_data")
+    if parameter == PROMPTS and record is not None and record.get("data_format") is None:
+        log.warning(
+            "predict.prompt_column: the model was trained on plain text (%s), not on prompts: each prompt is "
+            "wrapped by a prompt template it never saw and read as a response; predict.text_column "
+            "continues the texts as it was trained",
+            Path(trained["source"]) / "training_data.json",
         )
