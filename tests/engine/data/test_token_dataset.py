@@ -39,3 +39,23 @@ def test_from_arrow_matches_the_rows_and_follows_a_sliced_table():
     assert [tail[i].tolist() for i in range(len(tail))] == rows[1:]
     empty = TokenSequences.from_arrow(table.slice(0, 0).select(["input_ids"]))
     assert len(empty) == 0 and empty.num_tokens == 0
+
+
+@pytest.mark.parametrize("span", [[1, 2**32 + 3], [-(2**32) + 1, 3]])
+def test_answer_spans_beyond_int32_are_refused_not_wrapped_into_the_prompt(span):
+    """Spans are kept as int32: a wider value (an Arrow list<int64> column) wrapped silently into the prompt,
+    so a span far outside it trained tokens it never named; it is refused as any span outside the prompt."""
+    ids, offsets, prompts = np.arange(20), np.array([0, 10, 20]), np.array([6, 6])
+    with pytest.raises(ValueError, match="inside its prompt"):
+        TokenSequences(
+            ids, offsets, prompts, answer_spans=(np.array(span, dtype=np.int64), np.array([0, 2, 2]))
+        )
+    table = pa.table(
+        {
+            "input_ids": [list(range(10)), list(range(10, 20))],
+            "prompt_length": pa.array(prompts, type=pa.int32()),
+            "answer_spans": pa.array([span, []], type=pa.list_(pa.int64())),
+        }
+    )
+    with pytest.raises(ValueError, match="inside its prompt"):
+        TokenSequences.from_arrow(table)

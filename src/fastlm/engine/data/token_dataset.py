@@ -105,10 +105,18 @@ class TokenSequences:
         return int((self.lengths - np.maximum(self.prompt_lengths, 1)).sum()) + answers
 
 
+_SPANS_OUTSIDE = (
+    "each answer span needs 1 <= start < end <= its sample's prompt_length (inside its prompt), in order"
+)
+
+
 def _checked_spans(values, offsets, prompt_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``answer_spans`` as contiguous arrays, refused unless each sample's pairs are ordered, disjoint ranges
     inside its prompt (after its first token, which nothing predicts)."""
-    values = np.ascontiguousarray(values, dtype=np.int32)
+    wide = np.asarray(values)
+    if wide.size and (wide.min() < 1 or wide.max() > np.iinfo(np.int32).max):  # int32 would wrap them
+        raise ValueError(_SPANS_OUTSIDE)
+    values = np.ascontiguousarray(wide, dtype=np.int32)
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     if (
         offsets.shape != (len(prompt_lengths) + 1,)
@@ -127,8 +135,5 @@ def _checked_spans(values, offsets, prompt_lengths: np.ndarray) -> tuple[np.ndar
         or np.any(ends > prompt_lengths[sample])
         or not after_previous.all()
     ):
-        raise ValueError(
-            "each answer span needs 1 <= start < end <= its sample's prompt_length (inside its prompt), "
-            "in order"
-        )
+        raise ValueError(_SPANS_OUTSIDE)
     return values, offsets
