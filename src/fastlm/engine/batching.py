@@ -58,6 +58,7 @@ __all__ = [
     "make_batching",
     "micro_batches",
     "packed_budget",
+    "say_untrained_answers",
     "seq2seq_batching",
     "step_plan",
 ]
@@ -208,12 +209,6 @@ def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) ->
             fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
             "T5: the pad id).",
         )
-    if dataset.answer_spans is not None and len(dataset.answer_spans[0]):
-        log.warning(
-            "%s is an encoder-decoder model: the chats' earlier answers are encoder input, so only each "
-            "chat's last answer is trained (split.train_turns: last makes the data say so).",
-            type(model).__name__,
-        )
     enable_target_head(model)  # a training step runs the LM head on target positions only
     generate_as_trained(model, int(start))
     packing = attn is not None and packing_unavailable(model, attn) is None
@@ -224,6 +219,18 @@ def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) ->
         "decoder_start_id": int(start),
         "seq2seq_packing": packing,
     }
+
+
+def say_untrained_answers(model, dataset: TokenSequences) -> None:
+    """Say once, where a run is built, that an encoder-decoder model trains each chat's last answer only: the
+    earlier answers (``answer_spans``) are its encoder's input, never a target."""
+    spans = dataset.answer_spans
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) and spans and len(spans[0]):
+        log.warning(
+            "%s is an encoder-decoder model: the chats' earlier answers are encoder input, so only each "
+            "chat's last answer is trained (split.train_turns: last makes the data say so).",
+            type(model).__name__,
+        )
 
 
 class RandomBatches(LengthGroupedSampler):

@@ -516,16 +516,28 @@ def test_generation_starts_the_decoder_as_training_did(tmp_path, checkpoint, cap
         assert any("forced_bos_token_id" in message for message in caplog.messages)
 
 
-def test_a_chats_earlier_answers_are_encoder_input_and_an_encoder_decoder_model_says_so(caplog):
+def test_a_chats_earlier_answers_are_encoder_input_and_an_encoder_decoder_run_says_so_once(tmp_path, caplog):
     """Chat data with its earlier answers trained (``split.train_turns: all``): an encoder-decoder model feeds
-    the whole prompt to its encoder, so only the last answer is its target; it says so instead of dropping
-    them in silence."""
-    samples = copy_samples(4, 0)
-    spans = np.array([1, 2], dtype=np.int32), np.array([0, 2, 2, 2, 2])
-    chats = TokenSequences(samples.values, samples.offsets, samples.prompt_lengths, answer_spans=spans)
-    with caplog.at_level("WARNING", logger="fastlm.engine.batching"):
-        seq2seq_batching(_tiny("bart"), samples)
-    assert "earlier answers" not in caplog.text
-    with caplog.at_level("WARNING", logger="fastlm.engine.batching"):
-        seq2seq_batching(_tiny("bart"), chats)
-    assert "only each chat's last answer is trained" in caplog.text
+    the whole prompt to its encoder, so only the last answer is its target; the run says so once (not at
+    every evaluation), and trains the last answers as without the spans."""
+    samples = copy_samples(40, 0)
+    spans = np.zeros(2 * len(samples), dtype=np.int32)
+    spans[::2], spans[1::2] = 1, np.minimum(samples.prompt_lengths, 2)
+    offsets = np.arange(0, 2 * len(samples) + 1, 2)
+    chats = TokenSequences(
+        samples.values, samples.offsets, samples.prompt_lengths, answer_spans=(spans, offsets)
+    )
+    folder = tmp_path / "bart"
+    _tiny("bart").save_pretrained(folder)
+    params = _params(tmp_path, folder).model_copy(update={"max_steps": 4, "eval_every": 2})
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    with caplog.at_level("WARNING", logger="fastlm.engine"):
+        result = train(
+            model, chats, chats, params=params, runtime=runtime, pad_id=PAD, max_length=64, attn="sdpa"
+        )
+    said = [r for r in caplog.records if "only each chat's last answer is trained" in r.getMessage()]
+    assert len(said) == 1 and len(result.eval_history) == 2
+    assert result.eval_history[-1]["val_target_tokens"] == int(
+        (samples.lengths - samples.prompt_lengths).sum()
+    )

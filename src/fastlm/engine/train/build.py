@@ -29,6 +29,7 @@ from fastlm.engine.batching import (
     StreamLayout,
     loader_settings,
     micro_batches,
+    say_untrained_answers,
     seq2seq_batching,
     step_plan,
 )
@@ -142,6 +143,7 @@ def settle_request(request: TrainRequest) -> TrainRequest:
     params, model = request.params, request.model
     request = replace(request, runtime=request.runtime.compiling_as(params.runtime))
     sides = seq2seq_batching(model, request.train_set, request.attn)  # {} for a causal LM
+    say_untrained_answers(model, request.train_set)
     why = None
     if params.batching.mode == "packed":
         if sides and not sides["seq2seq_packing"]:
