@@ -260,3 +260,21 @@ def test_token_sequences_read_answer_spans_from_arrow_and_refuse_spans_outside_t
     span_offsets = np.array([0] + [2] * len(data))  # the first sample's one span, no other
     with pytest.raises(ValueError, match="inside its prompt"):
         TokenSequences(data.values, data.offsets, data.prompt_lengths, answer_spans=(outside, span_offsets))
+
+
+def test_answer_spans_without_prompt_lengths_are_refused_not_dropped():
+    """Spans inside a prompt need the prompt: data with ``answer_spans`` but no ``prompt_length`` (made by
+    hand: the split writes both) is refused, not trained as plain text without its answers."""
+    import pyarrow as pa
+
+    data = chat_samples()
+    table = pa.table(
+        {
+            "input_ids": [data[i].tolist() for i in range(len(data))],
+            "answer_spans": pa.array(
+                [data.answer_spans_of(i).reshape(-1).tolist() for i in range(len(data))], pa.list_(pa.int32())
+            ),
+        }
+    )
+    with pytest.raises(ValueError, match="answer_spans need prompt_lengths"):
+        TokenSequences.from_arrow(table)

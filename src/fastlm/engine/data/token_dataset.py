@@ -35,7 +35,11 @@ class TokenSequences:
             if self.prompt_lengths.shape != self.lengths.shape or np.any(self.prompt_lengths >= self.lengths):
                 raise ValueError("prompt_lengths needs one value per sample, each shorter than its sample")
         self.answer_spans = None
-        if answer_spans is not None and self.prompt_lengths is not None:
+        if answer_spans is not None:
+            if self.prompt_lengths is None:
+                raise ValueError(
+                    "answer_spans need prompt_lengths: the answers sit inside the samples' prompts"
+                )
             self.answer_spans = _checked_spans(*answer_spans, self.prompt_lengths)
 
     @classmethod
