@@ -383,6 +383,44 @@ def test_a_template_that_reads_its_answers_has_them_found_by_the_renders_around_
     _assert_every_answer_trained(chats, splits, tokenized, tokenizer, "<|im_end|>")
 
 
+def test_an_answer_searched_for_is_never_taken_from_its_header_or_the_next_turn(sample_texts):
+    """Where the render is searched for an answer (a template that reads its answers, or rewrites them), the
+    first copy of its text after the turn before was taken: an answer that is also its own header's text
+    trained the header in its place, and an answer the template rewrote trained the next user turn that
+    quotes it. An answer whose place the search cannot tell apart is now not trained (its chat trains its
+    last answer only), and the next turn is no longer searched."""
+    from fastlm.corpus.prompts import answer_spans
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    reads = qwen3_style_tokenizer(sample_texts)
+    reads.chat_template = READS_ANSWERS
+    qwen3 = qwen3_style_tokenizer(sample_texts)
+    thought = "<think>\n생각\n</think>\n\n내일 도착합니다."  # Qwen3 drops an earlier answer's reasoning
+    for tokenizer, history in (
+        (reads, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "assistant (long)"}]),
+        (
+            qwen3,
+            [
+                {"role": "user", "content": "배송은 언제 오나요?"},
+                {"role": "assistant", "content": thought},
+                {"role": "user", "content": f"you said {thought}"},
+            ],
+        ),
+    ):
+        prompt = render_messages(history, "", tokenizer)
+        assert answer_spans(history, prompt, "", tokenizer) is None, prompt
+    # a long answer the template reads is still found, the next turn quoting it or not
+    history = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a long answer here"},
+        {"role": "user", "content": "a long answer here, you said"},
+    ]
+    prompt = render_messages(history, "", reads)
+    answer = "a long answer here<|im_end|>"
+    start = prompt.index(f"\n{answer}") + 1
+    assert answer_spans(history, prompt, "", reads) == f"{start}:{start + len(answer)}"
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_no_think", "llama3", "no_template"])
 def test_every_answer_of_a_multi_turn_chat_is_trained_with_its_end_of_turn(tmp_path, sample_texts, family):
     """A multi-turn chat trained its last answer only: the earlier answers sat in the prompt as context and

@@ -164,8 +164,9 @@ def answer_spans(
     With a chat template, the chat is rendered once more with a unique mark in place of each earlier answer:
     where putting the answers back in their marks' places gives ``prompt`` exactly, the marks' places are the
     answers'. Otherwise (a template that reads an answer's text) each answer is searched between the renders
-    of the chat up to the turn before it and up to the turn after it, each a prefix of ``prompt`` (so a user
-    turn that quotes the answer is never taken for it). Without a template, its place in the
+    of the chat up to the turn before it and up to the content of the turn after it, each a prefix of
+    ``prompt`` (so a user turn that quotes the answer is never taken for it), and taken only where its text
+    is there once (never a header that holds its text). Without a template, its place in the
     ``"role: content"`` lines is known.
     """
     if not any(message["role"] == RESPONSE_ROLE for message in history):
@@ -249,10 +250,14 @@ def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) 
         upper = boundary(after[0]) if after else len(prompt)
         if lower is None or upper is None:
             return None
-        start = prompt.find(message["content"], max(lower, cursor), upper)
-        if start < 0:
-            return None
-        end = start + len(message["content"])
+        if after:  # the answer ends before the next turn's content (which may quote it)
+            found = prompt.rfind(history[after[0] - 1]["content"], lower, upper)
+            upper = found if found >= 0 else upper
+        content, lower = message["content"], max(lower, cursor)
+        start = prompt.find(content, lower, upper)
+        if start < 0 or prompt.find(content, start + 1, upper) >= 0:
+            return None  # not there, or not told apart from a header or another copy of its text
+        end = start + len(content)
         if eos and prompt.startswith(eos, end) and end + len(eos) <= upper:
             end += len(eos)
         spans.append(f"{start}:{end}")
