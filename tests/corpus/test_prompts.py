@@ -419,6 +419,12 @@ def test_an_answer_searched_for_is_never_taken_from_its_header_or_the_next_turn(
     answer = "a long answer here<|im_end|>"
     start = prompt.index(f"\n{answer}") + 1
     assert answer_spans(history, prompt, "", reads) == f"{start}:{start + len(answer)}"
+    # and so are two answers in a row that say the same, each in its own turn
+    history = [history[0], history[1], history[1], {"role": "user", "content": "r"}]
+    prompt = render_messages(history, "", reads)
+    starts = [at + 1 for at in range(len(prompt)) if prompt.startswith(f"\n{answer}", at)]
+    assert len(starts) == 2
+    assert answer_spans(history, prompt, "", reads) == " ".join(f"{at}:{at + len(answer)}" for at in starts)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_no_think", "llama3", "no_template"])

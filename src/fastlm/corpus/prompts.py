@@ -251,11 +251,16 @@ def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) 
         if lower is None or upper is None:
             return None
         if after:  # the answer ends before the next turn's content (which may quote it)
-            found = prompt.rfind(history[after[0] - 1]["content"], lower, upper)
-            upper = found if found >= 0 else upper
+            quoted = prompt.rfind(history[after[0] - 1]["content"], lower, upper)
+            upper = quoted if quoted >= 0 else upper
         content, lower = message["content"], max(lower, cursor)
-        start = prompt.find(content, lower, upper)
-        if start < 0 or prompt.find(content, start + 1, upper) >= 0:
+        # the answers after it up to the next turn, in order: the same text there is theirs
+        run = history[index + 1 : after[0] - 1] if after else history[index + 1 :]
+        found = [prompt.find(content, lower, upper)]
+        while found[-1] >= 0:  # every place of its text, overlapping ones too
+            found.append(prompt.find(content, found[-1] + 1, upper))
+        start = found[0]
+        if start < 0 or len(found) - 1 != 1 + sum(m["content"] == content for m in run):
             return None  # not there, or not told apart from a header or another copy of its text
         end = start + len(content)
         if eos and prompt.startswith(eos, end) and end + len(eos) <= upper:
