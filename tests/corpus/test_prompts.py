@@ -534,3 +534,19 @@ def test_chats_rendered_in_a_pool_equal_chats_rendered_here(sample_texts, caplog
         caplog.clear()
     pd.testing.assert_frame_equal(frames[0], frames[1])
     assert frames[0]["answer_spans"].ne("").sum() == 60
+
+
+def test_answer_spans_read_back_as_missing_values_train_nothing_more(sample_texts):
+    """pandas reads a null of corpus_splits' ``answer_spans`` back as NaN (a truthy float): tokenizing
+    crashed on it. A missing value now means no earlier answer, as "" does."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    prompts = ["user: 질문\nassistant: 답변\nuser: 또"] * 4
+    spans = [float("nan"), None, pd.NA, ""]
+    tokens = tokenize_pairs(prompts, ["네"] * 4, tokenizer, max_length=64, num_proc=1, answer_spans=spans)
+    assert tokens.answer_spans is None or len(tokens.answer_spans[0]) == 0
+    found = tokenize_pairs(
+        prompts, ["네"] * 4, tokenizer, max_length=64, num_proc=1, answer_spans=[*spans[:3], "20:22"]
+    )
+    assert np.diff(found.answer_spans[1]).tolist() == [0, 0, 0, 2]

@@ -409,6 +409,8 @@ def tokenize_pairs(
     p_values, p_lengths = encode_ragged(prompts, tokenizer, add_special_tokens=False, **encode)
     r_values, r_lengths = encode_ragged(responses, tokenizer, add_special_tokens=False, **encode)
     answers = None
+    if answer_spans is not None:  # a missing value (NaN once read back from parquet): no earlier answer
+        answer_spans = [text if isinstance(text, str) else "" for text in answer_spans]
     if answer_spans is not None and any(answer_spans):
         shifts = np.fromiter((len(a) - len(b) for a, b in zip(original, prompts, strict=True)), np.int64)
         answers = _answer_tokens(prompts, answer_spans, shifts, tokenizer, (p_values, p_lengths))
