@@ -188,9 +188,9 @@ def _chat_outputs(tmp_path, tokenizer, chats=None, **split):
     ]
     params = {"messages_column": "chat", "max_length": 96, "tokenizer": {"source": source}, **split}
     clean, counts = nodes.clean_corpus(pd.DataFrame({"chat": chats}), params)
-    splits, _ = nodes.split_corpus(clean, counts, params)
+    splits, split_counts = nodes.split_corpus(clean, counts, params)
     tokenizer = nodes.build_tokenizer(splits, params)
-    return chats, splits, (*nodes.tokenize_corpus(splits, tokenizer, params), tokenizer)
+    return chats, splits, (*nodes.tokenize_corpus(splits, tokenizer, params, split_counts), tokenizer)
 
 
 def test_chat_template_kwargs_reach_the_template_and_the_fingerprint_and_predict_renders_alike(
@@ -550,3 +550,22 @@ def test_answer_spans_read_back_as_missing_values_train_nothing_more(sample_text
         prompts, ["네"] * 4, tokenizer, max_length=64, num_proc=1, answer_spans=[*spans[:3], "20:22"]
     )
     assert np.diff(found.answer_spans[1]).tolist() == [0, 0, 0, 2]
+
+
+def test_the_system_turn_every_chat_has_is_recorded_with_the_data(tmp_path, sample_texts):
+    """A system turn every training chat begins with is part of how the model is asked: predict and the
+    report put it before an input asked as one user turn. The split records it with the data's fingerprint;
+    chats of different system turns (or none) record none."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    chats = _multi_turn_chats()
+    for chat in chats:
+        chat[0] = {"role": "system", "content": " 당신은 상담원입니다. "}  # stripped as every content is
+    _, _, (_, fingerprint, _, _) = _chat_outputs(tmp_path / "same", tokenizer, chats, max_length=256)
+    assert fingerprint["system_prompt"] == "당신은 상담원입니다."
+    _, _, (_, mixed, _, _) = _chat_outputs(tmp_path / "mixed", tokenizer, _multi_turn_chats(), max_length=256)
+    assert "system_prompt" not in mixed
+    without = [chat[1:] for chat in chats]
+    _, _, (_, none, _, _) = _chat_outputs(tmp_path / "none", tokenizer, without, max_length=256)
+    assert "system_prompt" not in none

@@ -17,6 +17,7 @@ from tests.support.project import run_pipeline
 pytestmark = [pytest.mark.e2e, pytest.mark.kernels]
 THINK_OFF = {"enable_thinking": False}
 QUESTIONS = ["배송", "The battery\r\ndied"]  # a CRLF, as a params file saved on Windows holds it
+SYSTEM = {"role": "system", "content": "당신은 쇼핑몰 상담원입니다."}
 
 
 @pytest.fixture
@@ -24,9 +25,10 @@ def chat_project(kedro_project, sample_texts):
     tokenizer = qwen3_style_tokenizer(sample_texts, vocab_size=400)
     tokenizer.save_pretrained(kedro_project / "data/01_raw/qwen3_tokenizer")
     earlier = zip(sample_texts[300:450], sample_texts[450:600], strict=True)
-    chats = [  # every third chat has an earlier question and answer
+    chats = [  # every third chat has an earlier question and answer; every chat the same system turn
         {
             "messages": [
+                SYSTEM,
                 *(
                     [{"role": "user", "content": asked[:60]}, {"role": "assistant", "content": said[:60]}]
                     if i % 3 == 0
@@ -101,7 +103,8 @@ def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(cha
 
     monkeypatch.setattr(generation, "generate_continuations", spy)
     run_pipeline(project, "report", params)
-    turns = [[{"role": "user", "content": question.replace("\r\n", "\n")}] for question in QUESTIONS]
+    # each one user turn after the system turn every training chat had, as predict asks a line
+    turns = [[SYSTEM, {"role": "user", "content": q.replace("\r\n", "\n")}] for q in QUESTIONS]
     rendered = [render_messages(t, "{prompt}", tokenizer, THINK_OFF) for t in turns]
     assert given == [prompt_token_ids(tokenizer, prompt) for prompt in rendered]
     samples = pd.read_csv(project / "data/08_reporting/sample_generations.csv", keep_default_na=False)
@@ -118,3 +121,12 @@ def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(cha
     predictions = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
     assert predictions["input_tokens"].tolist() == [len(ids) for ids in given]
     assert predictions["prediction"].tolist() == samples["output"].tolist()
+    lines = [q.replace("\r\n", "\n") for q in QUESTIONS if "\n" not in q]
+    (project / "data/01_raw/questions.txt").write_text("".join(f"{q}\n" for q in lines), encoding="utf-8")
+    run_pipeline(
+        project, "predict", {**params, "predict": {"input": "data/01_raw/questions.txt", "max_new_tokens": 5}}
+    )
+    asked = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    assert asked["prediction"].tolist() == samples["output"].tolist()[: len(lines)]
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert summary["system_prompt"] == SYSTEM["content"]

@@ -69,6 +69,7 @@ __all__ = [
     "CHAT_DATE",
     "answer_spans",
     "clean_messages",
+    "common_system_prompt",
     "has_chat_template",
     "leading_bos",
     "prompt_frame",
@@ -105,6 +106,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         if spans is not None:
             frame["answer_spans"] = spans
         frame["split_key"] = chats["split_key"]
+        frame.attrs["system_prompt"] = common_system_prompt(chats["history"])
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
     frame = pd.DataFrame(
@@ -115,6 +117,20 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         }
     )
     return frame, drops
+
+
+def common_system_prompt(histories) -> str | None:
+    """The content of the system turn every chat of ``histories`` begins with, None where one has none or
+    another: predict and the report ask a chat model one user turn after it, as it was trained."""
+    first = None
+    for history in histories:
+        if not len(history) or history[0]["role"] != "system":
+            return None
+        if first is None:
+            first = history[0]["content"]
+        elif history[0]["content"] != first:
+            return None
+    return first
 
 
 def render_prompt(text: str, template: str) -> str:

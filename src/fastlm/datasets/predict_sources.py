@@ -15,7 +15,7 @@ from kedro.io import AbstractDataset, DatasetError
 from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
 from fastlm.errors import InputDataError
-from fastlm.reporting.predictions import PredictionParts
+from fastlm.reporting.predictions import PredictionParts, with_system_prompt
 
 FORMATS = (
     ".jsonl, .csv, .tsv, .parquet (as the split reads them) or .txt (one input a line), optionally compressed"
@@ -64,7 +64,7 @@ class PredictSources:
         if record is not None:
             data_format = record.get("data_format") or {}
             source = Path(trained["source"]) / TRAINING_DATA
-            return {**data_format, "source": str(source)} if data_format.get("kind") else None
+            return with_system_prompt(data_format, record, source) if data_format.get("kind") else None
         if not trained["trained_here"] or self.fingerprint is None or not self.fingerprint.is_file():
             return None
         try:
@@ -75,7 +75,7 @@ class PredictSources:
                 f"{self.fingerprint} could not be read ({exc}): it says how the model was trained.",
                 fix="re-run `kedro run --pipeline=split` (it rewrites the fingerprint).",
             ) from exc
-        return {**data_format, "source": str(self.fingerprint)} if data_format.get("kind") else None
+        return with_system_prompt(data_format, stored, self.fingerprint) if data_format.get("kind") else None
 
     def load_model(self, name: str | None) -> dict:
         """``{"model", "tokenizer", "source", "identity", "trained_here"}``: ``name`` None is the trained

@@ -72,6 +72,7 @@ __all__ = [
     "predict_rows",
     "prediction_digest",
     "sample_prompts",
+    "with_system_prompt",
 ]
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,25 @@ class ChatFormat:
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     variables: dict = field(default_factory=dict)
     user_turn: bool = False  # the inputs are texts, each one user turn (as the report asks a chat model)
+    system_prompt: str | None = None  # the system turn every training chat began with
 
     def render(self, history: list[dict], tokenizer) -> str:
         renderer = tokenizer if self.chat_template else None
         return render_messages(history, self.prompt_template, renderer, self.variables)
+
+    def turns(self, text: str) -> list[dict]:
+        """A text asked as one user turn: after the training chats' system turn where they all had one."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*system, {"role": "user", "content": text}]
+
+
+def with_system_prompt(data_format: dict, record: dict, source) -> dict:
+    """``data_format`` with the ``source`` it was read from and, for chat data whose every chat began with one
+    system turn, that turn's content (``system_prompt``, in the model's record or the data's fingerprint)."""
+    found = {**data_format, "source": str(source)}
+    if data_format.get("kind") == "messages" and record.get("system_prompt") is not None:
+        found["system_prompt"] = record["system_prompt"]
+    return found
 
 
 def chat_template_sha256(tokenizer) -> str | None:
@@ -152,8 +168,11 @@ def chat_format(
                 fix="leave predict.chat_template_kwargs unset (null): predict renders chats with the "
                 "training's variables.",
             )
+        system = trained.get("system_prompt")
         if expected is None:  # trained on "role: content" lines (no template, or split.chat_template false)
-            return ChatFormat(chat_template=False, prompt_template=trained["prompt_template"])
+            return ChatFormat(
+                chat_template=False, prompt_template=trained["prompt_template"], system_prompt=system
+            )
         if current != expected:
             now = f"sha256 {current[:12]}" if current else "none"
             raise StaleDataError(
@@ -162,7 +181,7 @@ def chat_format(
                 fix="put the training's chat_template back into the model folder's tokenizer files, or "
                 "re-run split and train with the new one.",
             )
-        return ChatFormat(variables=dict(trained_variables))
+        return ChatFormat(variables=dict(trained_variables), system_prompt=system)
     if current is None:
         raise InputDataError(
             f"{parameter}: the tokenizer of {model} has no chat template to render the messages with.",
@@ -209,7 +228,8 @@ def sample_prompts(
     if record is not None:
         data_format, source = record.get("data_format") or {}, "the trained model's training_data.json"
     else:
-        data_format = ((fingerprint or {}).get("params") or {}).get("data_format") or {}
+        record = fingerprint or {}
+        data_format = (record.get("params") or {}).get("data_format") or {}
         source = fingerprint_source
     kind, tokenizer = data_format.get("kind"), trained["tokenizer"]
     if kind == "pretokenized":
@@ -224,14 +244,16 @@ def sample_prompts(
         if kind == "messages":
             chat = chat_format(
                 tokenizer,
-                {**data_format, "source": source},
+                with_system_prompt(data_format, record, source),
                 model="the trained model",
                 parameter="report.prompts",
             )
-            turns = [[{"role": "user", "content": text}] for text in cleaned]
-            ids = encode_inputs(turns, tokenizer, chat=chat)
-            how = "one user turn in its training's chat format" + (
-                "" if chat.chat_template else " (role: content lines)"
+            ids = encode_inputs([chat.turns(text) for text in cleaned], tokenizer, chat=chat)
+            how = (
+                "one user turn"
+                + (" after the system turn of every training chat" if chat.system_prompt else "")
+                + " in its training's chat format"
+                + ("" if chat.chat_template else " (role: content lines)")
             )
         else:
             template = data_format.get("prompt_template") or DEFAULT_PROMPT_TEMPLATE
@@ -310,7 +332,7 @@ def input_rows(
         ok = reasons.isna().to_numpy()
         inputs = list(texts[ok])
         if user_turn:
-            inputs = [[{"role": "user", "content": text}] for text in inputs]
+            inputs = [chat.turns(text) for text in inputs]
     encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat)
     bos = leading_bos(tokenizer)
     ids: list = [None] * len(values)

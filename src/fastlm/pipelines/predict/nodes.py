@@ -101,7 +101,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
             "input": path,
             "input_column": column,
             "input_format": parameter.removeprefix("predict.").removesuffix("_column"),
-            **(_chat_record(chat, trained["tokenizer"]) if chat is not None else {}),
+            **(_chat_record(chat, trained["tokenizer"], user_turn) if chat is not None else {}),
             **({"prompt_template": template, "prompt_template_source": template_source} if template else {}),
             "model": trained["source"],
             "device": str(runtime.device),
@@ -132,16 +132,22 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     return predictions, summary
 
 
-def _chat_record(chat, tokenizer) -> dict:
-    """How the messages were rendered, for the summary."""
+def _chat_record(chat, tokenizer, user_turn: bool) -> dict:
+    """How the messages were rendered, for the summary: texts asked as user turns name the system turn put
+    before each (every training chat's), said once in the log too."""
     from fastlm.reporting.predictions import chat_template_sha256
 
+    system = {}
+    if user_turn and chat.system_prompt:
+        system = {"system_prompt": chat.system_prompt}
+        log.info("predict: each input follows the system turn every training chat began with")
     if chat.chat_template:
         return {
             "chat_template_sha256": chat_template_sha256(tokenizer),
             "chat_template_kwargs": chat.variables,
+            **system,
         }
-    return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template}
+    return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template, **system}
 
 
 def _check_template_variables(variables, chat, chat_training, trained: dict, parameter: str) -> None:

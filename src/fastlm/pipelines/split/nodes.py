@@ -69,7 +69,10 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
             fix=f"check that {', '.join(f'split.{name} ({column!r})' for name, column in _columns(config))} "
             "hold the data.",
         )
-    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+    counts = {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+    if kept.attrs.get("system_prompt") is not None:
+        counts["system_prompt"] = kept.attrs["system_prompt"]  # every chat's system turn
+    return kept, counts
 
 
 def _check_template_variables(config, tokenizer) -> None:
@@ -228,10 +231,14 @@ def build_tokenizer(splits: pd.DataFrame, params: dict):
     return tokenizer
 
 
-def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[datasets.DatasetDict, dict, dict]:
+def tokenize_corpus(
+    splits: pd.DataFrame, tokenizer, params: dict, split_counts: dict | None = None
+) -> tuple[datasets.DatasetDict, dict, dict]:
     """Unpadded token ids with EOS appended, truncated at max_length; fingerprint; length stats.
 
-    Prompt/response rows become prompt ids + response ids + EOS with a ``prompt_length`` column.
+    Prompt/response rows become prompt ids + response ids + EOS with a ``prompt_length`` column. The system
+    turn every chat begins with (``split_counts``' ``system_prompt``) is recorded with the fingerprint, for
+    predict and the report to ask the model as it was trained.
     """
     config = parse_group("split", params)
     encode = {"max_length": config.max_length, "batch_size": config.batch_size, "num_proc": config.num_proc}
@@ -264,6 +271,8 @@ def tokenize_corpus(splits: pd.DataFrame, tokenizer, params: dict) -> tuple[data
         selection=selection_params(config),
         folds=config.folds,
     )
+    if (split_counts or {}).get("system_prompt") is not None and config.data_format == "messages":
+        fingerprint["system_prompt"] = split_counts["system_prompt"]
     stats = {
         name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS
     }
@@ -315,6 +324,8 @@ def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[d
             "source": counts["source"],
             "fingerprint": fingerprint["fingerprint"],
             "max_length": fingerprint["params"]["max_length"],
+            # the system turn every chat begins with: predict and the report ask the model after it
+            **({"system_prompt": counts["system_prompt"]} if "system_prompt" in counts else {}),
         },
     )
     table = pd.DataFrame([{"split": name, **stats} for name, stats in length_stats.items()])

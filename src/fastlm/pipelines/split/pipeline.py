@@ -25,7 +25,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             ),
             Node(
                 nodes.tokenize_corpus,
-                ["corpus_splits", "tokenizer", "params:split"],
+                ["corpus_splits", "tokenizer", "params:split", "split_counts"],
                 ["tokenized_corpus", "tokenized_corpus_fingerprint", "token_length_stats"],
                 name="tokenize_corpus",
             ),

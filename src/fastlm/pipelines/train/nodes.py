@@ -134,6 +134,8 @@ def train_model(
         "max_length": max_length,  # its longest row: predict cuts prompts as its report does
         TRAINING_ID: summary[TRAINING_ID],
     }
+    if fingerprint.get("system_prompt") is not None:  # every training chat's system turn: asked after it
+        record["system_prompt"] = fingerprint["system_prompt"]
     model = {"model": result.model, "tokenizer": tokenizer, "training_data": record}
     return model, pd.DataFrame(result.history), evaluations, summary
 
