@@ -59,6 +59,7 @@ def test_messages_are_checked_cleaned_and_keyed_on_their_content():
         "empty": 0,
         "whitespace_only": 1,
         "malformed_messages": 3,
+        "tool_calls": 0,
         "duplicate": 1,
     }
 
@@ -569,3 +570,24 @@ def test_the_system_turn_every_chat_has_is_recorded_with_the_data(tmp_path, samp
     without = [chat[1:] for chat in chats]
     _, _, (_, none, _, _) = _chat_outputs(tmp_path / "none", tokenizer, without, max_length=256)
     assert "system_prompt" not in none
+
+
+def test_chats_with_tool_calls_are_dropped_as_such_and_said(caplog):
+    """A function-calling chat (an assistant turn of ``tool_calls`` with empty content, a ``tool`` turn) was
+    dropped as ``empty``, as if its text were missing. fastlm does not train tool calls: such chats are
+    dropped under their own reason, counted in the split report and said in one warning."""
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "서울"}}}
+    tool_chat = [
+        {"role": "user", "content": "서울 날씨 알려줘"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": '{"temp": 3}'},
+        {"role": "assistant", "content": "서울은 3도입니다."},
+    ]
+    chats = _multi_turn_chats() + [tool_chat] * 3
+    with caplog.at_level("WARNING", logger="fastlm.pipelines.split.nodes"):
+        clean, counts = nodes.clean_corpus(
+            pd.DataFrame({"chat": chats}), {"messages_column": "chat", "tokenizer": {"source": "train"}}
+        )
+    assert counts["dropped"]["tool_calls"] == 3 and counts["dropped"]["empty"] == 0
+    assert len(clean) == len(_multi_turn_chats())
+    assert "3 chats hold tool calls" in caplog.text and "split.messages_column" in caplog.text

@@ -357,13 +357,15 @@ def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
     counts = pd.Series(reasons, dtype=object).value_counts()
     drops = {reason: int(counts.get(reason, 0)) for reason in DROP_REASONS[:-1]}
     drops["malformed_messages"] = int(counts.get("malformed_messages", 0))
+    drops["tool_calls"] = int(counts.get("tool_calls", 0))
     drops["duplicate"] = int(duplicate.sum())
     return frame[~duplicate].reset_index(drop=True), drops
 
 
 def _chat_shape(value) -> str | None:
-    """Why ``value`` is no chat (``missing``, ``malformed_messages``), None when it is a list of role/content
-    mappings ending with an assistant message after another one (its contents are checked after)."""
+    """Why ``value`` is no chat (``missing``, ``malformed_messages``) or one fastlm does not train
+    (``tool_calls``: an assistant turn calls tools), None when it is a list of role/content mappings ending
+    with an assistant message after another one (its contents are checked after)."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return "missing"
     if not isinstance(value, list | tuple | np.ndarray) or len(value) < 2:
@@ -372,7 +374,14 @@ def _chat_shape(value) -> str | None:
         return "malformed_messages"
     if value[-1]["role"] != RESPONSE_ROLE:
         return "malformed_messages"
+    if any(_has_tool_calls(message) for message in value):
+        return "tool_calls"  # function calling: not trained (an empty content is no missing text here)
     return None
+
+
+def _has_tool_calls(message: Mapping) -> bool:
+    calls = message.get("tool_calls")
+    return calls is not None and not (isinstance(calls, float) and np.isnan(calls)) and len(calls) > 0
 
 
 def leading_bos(tokenizer) -> int | None:

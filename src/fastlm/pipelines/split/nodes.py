@@ -61,6 +61,13 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
                 else "split.prompt_template",
             )
     _check_template_variables(config, tokenizer)
+    if drops.get("tool_calls"):
+        log.warning(
+            "%d chats hold tool calls (an assistant turn with tool_calls): fastlm does not train function "
+            "calling, so they are dropped (split report: dropped.tool_calls); the other chats of "
+            "split.messages_column train as usual",
+            drops["tool_calls"],
+        )
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
         raise InputDataError(
