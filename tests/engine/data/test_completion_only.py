@@ -70,25 +70,31 @@ def alone_loss(model, ids: np.ndarray, prompt_length: int) -> torch.Tensor:
 def test_prompt_labels_are_ignored_and_response_and_eos_are_targets(data, mode):
     seen = 0
     for batch in batches(data, mode):
-        labels, ids = batch["labels"], batch["input_ids"]
-        starts = (batch["position_ids"] == 0) if "position_ids" in batch else None
-        for row in range(ids.shape[0]):
-            # Walk the row's samples: packed rows restart position ids per sample; padded rows hold one.
-            bounds = torch.nonzero(starts[row]).flatten().tolist() if starts is not None else [0]
-            for start in bounds:
-                sample = _identify(data, ids[row, start:])
-                if sample is None:
-                    continue  # a padding tail
-                length, prompt = int(data.lengths[sample]), int(data.prompt_lengths[sample])
-                span = labels[row, start : start + length]
-                assert (span[:prompt] == IGNORE_INDEX).all()
-                assert (span[prompt:] == ids[row, start + prompt : start + length]).all()
-                assert span[-1] == EOS
-                seen += 1
+        labels = batch["labels"]
+        for sample, span, ids in samples_of(batch, data):
+            prompt = int(data.prompt_lengths[sample])
+            assert (span[:prompt] == IGNORE_INDEX).all()
+            assert (span[prompt:] == ids[prompt:]).all()
+            assert span[-1] == EOS
+            seen += 1
         assert int(batch["num_target_tokens"]) == int((labels[:, 1:] != IGNORE_INDEX).sum())
     assert seen == len(data)
     total = sum(int(batch["num_target_tokens"]) for batch in batches(data, mode))
     assert total == int((data.lengths - data.prompt_lengths).sum()) == data.num_target_tokens
+
+
+def samples_of(batch: dict, data: TokenSequences):
+    """(sample index, its labels, its ids) of each sample of a batch: packed rows restart position ids per
+    sample, padded rows hold one (a padding tail is no sample)."""
+    labels, ids = batch["labels"], batch["input_ids"]
+    starts = (batch["position_ids"] == 0) if "position_ids" in batch else None
+    for row in range(ids.shape[0]):
+        bounds = torch.nonzero(starts[row]).flatten().tolist() if starts is not None else [0]
+        for start in bounds:
+            sample = _identify(data, ids[row, start:])
+            if sample is not None:
+                end = start + int(data.lengths[sample])
+                yield sample, labels[row, start:end], ids[row, start:end]
 
 
 def _identify(data: TokenSequences, tail: torch.Tensor) -> int | None:
@@ -214,17 +220,10 @@ def test_earlier_answers_inside_the_prompt_are_trained_in_every_mode(model, mode
             expected += F.cross_entropy(logits[trained], ids[0, 1:][trained], reduction="sum")
         got, targets, seen = torch.zeros((), dtype=torch.float64), 0, 0
         for batch in batches(data, mode):
-            labels, ids = batch["labels"], batch["input_ids"]
-            starts = (batch["position_ids"] == 0) if "position_ids" in batch else None
-            for row in range(ids.shape[0]):
-                bounds = torch.nonzero(starts[row]).flatten().tolist() if starts is not None else [0]
-                for start in bounds:
-                    sample = _identify(data, ids[row, start:])
-                    if sample is None:
-                        continue
-                    span = labels[row, start : start + int(data.lengths[sample])]
-                    assert np.array_equal((span != IGNORE_INDEX).numpy(), _trained_alone(data, sample))
-                    seen += 1
+            labels = batch["labels"]
+            for sample, span, _ in samples_of(batch, data):
+                assert np.array_equal((span != IGNORE_INDEX).numpy(), _trained_alone(data, sample))
+                seen += 1
             inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
             loss_sum, count = causal_lm_loss_sum(model(**inputs).logits, labels)
             got, targets = got + loss_sum, targets + int(count)
