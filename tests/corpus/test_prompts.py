@@ -591,3 +591,22 @@ def test_chats_with_tool_calls_are_dropped_as_such_and_said(caplog):
     assert counts["dropped"]["tool_calls"] == 3 and counts["dropped"]["empty"] == 0
     assert len(clean) == len(_multi_turn_chats())
     assert "3 chats hold tool calls" in caplog.text and "split.messages_column" in caplog.text
+
+
+def test_the_system_turn_is_the_training_chats_not_the_held_out_ones(tmp_path):
+    """The system turn recorded is the one every chat the model trains on (the train split, after
+    split.max_samples) began with: a held-out chat without it changes nothing the model learned, while a
+    training chat without it leaves none recorded."""
+    system = {"role": "system", "content": "당신은 상담원입니다."}
+    chats = [
+        [system, {"role": "user", "content": f"질문 {i}"}, {"role": "assistant", "content": f"답 {i}"}]
+        for i in range(40)
+    ]
+    found = {}
+    for number in (0, 1):  # a chat without the system turn: hashed into train, into test
+        odd = f"혼자 {number}"
+        lone = [{"role": "user", "content": odd}, {"role": "assistant", "content": f"답 {number}"}]
+        _, splits, (_, fingerprint, _, _) = _chat_outputs(tmp_path / odd, None, [*chats, lone])
+        where = splits.loc[splits["prompt"].str.contains(odd), "split"].tolist()
+        found[odd] = (where, fingerprint.get("system_prompt"))
+    assert found == {"혼자 0": (["train"], None), "혼자 1": (["test"], "당신은 상담원입니다.")}

@@ -67,6 +67,7 @@ from fastlm.corpus.tokenization import (
 
 __all__ = [
     "CHAT_DATE",
+    "SYSTEM_TURN",
     "answer_spans",
     "clean_messages",
     "common_system_prompt",
@@ -76,6 +77,7 @@ __all__ = [
     "prompt_token_ids",
     "render_messages",
     "render_prompt",
+    "system_turns",
     "tokenize_pairs",
     "truncate_prompt_ids",
     "unread_variables",
@@ -91,6 +93,8 @@ UNPADDED = {"padding": False, "truncation": False, "verbose": False}
 # where no clock is given, instead of the day the template is rendered on.
 CHAT_DATE = "26 Jul 2024"
 KEY_SEPARATOR = "\x00"
+# The column of a chat's leading system turn (None: it begins otherwise) the split reads and does not keep.
+SYSTEM_TURN = "system_turn"
 # What an earlier answer is rendered as to find its place in a chat's render: characters of a private use
 # plane around its index (a chat that holds them anyway is found by the slower search).
 ANSWER_MARK = ("\U000f0000", "\U000f0001")
@@ -98,7 +102,8 @@ ANSWER_MARK = ("\U000f0000", "\U000f0001")
 
 def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFrame, dict[str, int]]:
     """Clean and render ``raw`` (``config``: the split parameters) into ``prompt``, ``response`` and
-    ``split_key`` (the raw cleaned pair the hash split keys on), with drop counts per reason."""
+    ``split_key`` (the raw cleaned pair the hash split keys on), chats with their leading system turn
+    (``SYSTEM_TURN``), with drop counts per reason."""
     if config.data_format == "messages":
         chats, drops = clean_messages(raw[config.messages_column])
         prompts, spans = _render_chats(list(chats["history"]), config, tokenizer)
@@ -106,7 +111,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         if spans is not None:
             frame["answer_spans"] = spans
         frame["split_key"] = chats["split_key"]
-        frame.attrs["system_prompt"] = common_system_prompt(chats["history"])
+        frame[SYSTEM_TURN] = system_turns(chats["history"])  # the split keeps its training chats' common one
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
     frame = pd.DataFrame(
@@ -119,18 +124,20 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
     return frame, drops
 
 
-def common_system_prompt(histories) -> str | None:
-    """The content of the system turn every chat of ``histories`` begins with, None where one has none or
-    another: predict and the report ask a chat model one user turn after it, as it was trained."""
-    first = None
-    for history in histories:
-        if not len(history) or history[0]["role"] != "system":
-            return None
-        if first is None:
-            first = history[0]["content"]
-        elif history[0]["content"] != first:
-            return None
-    return first
+def system_turns(histories) -> list[str | None]:
+    """The content of each chat's leading system turn, None for a chat that begins otherwise."""
+    return [
+        history[0]["content"] if len(history) and history[0]["role"] == "system" else None
+        for history in histories
+    ]
+
+
+def common_system_prompt(turns) -> str | None:
+    """The system turn (``system_turns``' contents) every chat of ``turns`` begins with, None where one has
+    none or another, or there is no chat: predict and the report ask a chat model one user turn after it, as
+    it was trained."""
+    found = set(turns)
+    return found.pop() if len(found) == 1 else None
 
 
 def render_prompt(text: str, template: str) -> str:

@@ -13,7 +13,14 @@ from fastlm.corpus.cleaning import clean_texts
 from fastlm.corpus.config import TRAIN_TOKENIZER
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
 from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
-from fastlm.corpus.prompts import has_chat_template, prompt_frame, tokenize_pairs, unread_variables
+from fastlm.corpus.prompts import (
+    SYSTEM_TURN,
+    common_system_prompt,
+    has_chat_template,
+    prompt_frame,
+    tokenize_pairs,
+    unread_variables,
+)
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import (
     UNKNOWN_WARNING_SHARE,
@@ -76,10 +83,7 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
             fix=f"check that {', '.join(f'split.{name} ({column!r})' for name, column in _columns(config))} "
             "hold the data.",
         )
-    counts = {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
-    if kept.attrs.get("system_prompt") is not None:
-        counts["system_prompt"] = kept.attrs["system_prompt"]  # every chat's system turn
-    return kept, counts
+    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
 
 
 def _check_template_variables(config, tokenizer) -> None:
@@ -164,7 +168,9 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     keep = cap_rows(keys[:, 1], config.max_samples)
     ratios = config.ratios
     codes = assign_splits(keys[keep, 0], ratios.train, ratios.validation, ratios.test)
-    columns = {name: clean[name].to_numpy()[keep] for name in clean.columns if name != "split_key"}
+    columns = {
+        name: clean[name].to_numpy()[keep] for name in clean.columns if name not in ("split_key", SYSTEM_TURN)
+    }
     splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
     if config.folds is not None:
         splits[FOLD_COLUMN] = assign_folds(
@@ -185,7 +191,12 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     if config.folds is not None:
         _check_folds(splits[FOLD_COLUMN].to_numpy(), config)
     log.info("Split %d texts: %s", len(splits), counts)
-    return splits, {**cleaning, "capped_by_max_samples": int(len(clean) - len(keep))}
+    split_counts = {**cleaning, "capped_by_max_samples": int(len(clean) - len(keep))}
+    if SYSTEM_TURN in clean:  # the system turn every chat the model trains on (train, capped) began with
+        system = common_system_prompt(clean[SYSTEM_TURN].to_numpy()[keep][codes == SPLITS.index("train")])
+        if system is not None:
+            split_counts["system_prompt"] = system
+    return splits, split_counts
 
 
 def _check_folds(folds: np.ndarray, config) -> None:
