@@ -114,3 +114,25 @@ def test_a_tokenizer_whose_unknown_token_is_its_eos_is_not_counted_unknown(caplo
     assert not [r for r in caplog.records if "unknown token" in r.getMessage()]
     values, offsets = np.array([5, 1, 1, 7, 1, 2], dtype=np.int32), np.array([0, 3, 4, 6])
     assert unknown_per_row(values, offsets, 1).tolist() == [2, 0, 1]
+
+
+def test_a_tokenizer_without_pad_is_warned_about_once_per_split(tmp_path, sample_texts, caplog):
+    """clean_corpus loads the tokenizer to render chats, build_tokenizer loads it again for the data: the
+    missing pad token is one fact of the split, said in one line."""
+    import logging
+
+    from tests.support.chat_templates import llama3_style_tokenizer
+
+    llama3_style_tokenizer(sample_texts, vocab_size=400).save_pretrained(tmp_path / "tok")
+    chats = [
+        [{"role": "user", "content": question[:40]}, {"role": "assistant", "content": answer[:40]}]
+        for question, answer in zip(sample_texts[:40], sample_texts[40:80], strict=True)
+    ]
+    params = {**PARAMS, "messages_column": "messages", "tokenizer": {"source": str(tmp_path / "tok")}}
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        clean, counts = nodes.clean_corpus(pd.DataFrame({"messages": chats}), params)
+        splits, _ = nodes.split_corpus(clean, counts, params)
+        tokenizer = nodes.build_tokenizer(splits, params)
+    assert tokenizer.pad_token == "<|eot_id|>"
+    said = [r.getMessage() for r in caplog.records if "no pad token" in r.getMessage()]
+    assert len(said) == 1, said

@@ -77,8 +77,11 @@ def check_model_tokenizer(name_or_path: str, tokenizer) -> None:
     )
 
 
-def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_code: bool = False):
-    """Load ``source`` (local directory, or hub id when downloads are allowed) with clear errors."""
+def load_tokenizer(
+    source: str, *, allow_download: bool = False, trust_remote_code: bool = False, warn: bool = True
+):
+    """Load ``source`` (local directory, or hub id when downloads are allowed) with clear errors; ``warn``
+    False leaves the missing pad token unsaid (a caller that loads it again, for the data, says it)."""
     from transformers import AutoTokenizer
 
     local = Path(source).expanduser()
@@ -110,7 +113,7 @@ def load_tokenizer(source: str, *, allow_download: bool = False, trust_remote_co
             f"{PARAM} = {source!r} could not be loaded as a tokenizer: {first_line}", fix=FIX_SOURCE + "."
         ) from exc
     check_has_vocabulary(tokenizer, f"{PARAM} = {source!r}", FIX_SOURCE + ".")
-    return prepare_for_training(tokenizer, source)
+    return prepare_for_training(tokenizer, source, warn=warn)
 
 
 def has_vocabulary_files(folder: Path) -> bool:
@@ -138,7 +141,7 @@ def check_has_vocabulary(tokenizer, where: str, fix: str) -> None:
         )
 
 
-def prepare_for_training(tokenizer, source: str = "tokenizer"):
+def prepare_for_training(tokenizer, source: str = "tokenizer", *, warn: bool = True):
     """Right padding, and EOS as pad when the tokenizer has no pad token (one warning); the backend's own
     padding and truncation (set in a tokenizer.json, e.g. fixed 128 in BERT-family folders) turned off, so
     neither reaches the data nor the tokenizer split saves: fastlm pads nothing, cuts at split.max_length."""
@@ -148,7 +151,7 @@ def prepare_for_training(tokenizer, source: str = "tokenizer"):
             fix="use a tokenizer that defines eos_token (or add one to its special_tokens_map.json).",
         )
     if tokenizer.pad_token_id is None:
-        log.warning(
+        (log.warning if warn else log.debug)(
             "Tokenizer %s has no pad token; EOS (%r) pads, and stays in the loss.",
             source,
             tokenizer.eos_token,

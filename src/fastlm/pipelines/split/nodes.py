@@ -50,9 +50,10 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
         return _clean_id_lists(raw, config, source)
     tokenizer = None
     if config.tokenizer.source != TRAIN_TOKENIZER:  # fail now, before any output is written
-        tokenizer = load_tokenizer(
+        tokenizer = load_tokenizer(  # build_tokenizer loads it again for the data and says what it lacks
             config.tokenizer.source,
             **config.tokenizer.model_dump(include={"allow_download", "trust_remote_code"}),
+            warn=False,
         )
     if config.data_format == "text":
         kept, drops = clean_texts(raw[config.text_column])
