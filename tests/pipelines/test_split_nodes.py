@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -136,3 +138,21 @@ def test_a_tokenizer_without_pad_is_warned_about_once_per_split(tmp_path, sample
     assert tokenizer.pad_token == "<|eot_id|>"
     said = [r.getMessage() for r in caplog.records if "no pad token" in r.getMessage()]
     assert len(said) == 1, said
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (json.dumps([{"role": "user", "content": "hi"}]), "row 0 is a str, not a list"),
+        ([{"role": "user", "content": "hi"}], "the last message is a 'user' turn, not the assistant's"),
+        ([{"role": "user", "content": "hi"}, "hello"], "not a list of {role, content} turns"),
+    ],
+)
+def test_chats_that_are_all_malformed_are_refused_saying_why(value, said):
+    frame = pd.DataFrame({"messages": [value] * 3})
+    frame.attrs["source_path"] = "data/01_raw/chats.jsonl"
+    with pytest.raises(InputDataError) as error:
+        nodes.clean_corpus(frame, {"messages_column": "messages"})
+    message = str(error.value)
+    assert "data/01_raw/chats.jsonl" in message and "split.messages_column" in message
+    assert said in message and "\n" not in message, message

@@ -386,6 +386,25 @@ def _chat_shape(value) -> str | None:
     return None
 
 
+def malformed_chat(values: pd.Series) -> str | None:
+    """Why the first value of ``values`` that is no chat is malformed (``row N: ...``), None when none is:
+    said when no row is left, so a column of JSON strings or of chats without an answer reads as such."""
+    for row, value in enumerate(values):
+        if _chat_shape(value) != "malformed_messages":
+            continue
+        if not isinstance(value, list | tuple | np.ndarray):
+            return f"row {row} is a {type(value).__name__}, not a list of {{role, content}} turns"
+        if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value):
+            return f"row {row} is not a list of {{role, content}} turns"
+        if len(value) and value[-1]["role"] != RESPONSE_ROLE:
+            return (
+                f"row {row}: the last message is a {value[-1]['role']!r} turn, not the assistant's answer "
+                f"(role {RESPONSE_ROLE!r})"
+            )
+        return f"row {row} holds {len(value)} message(s), not a prompt and the assistant's answer"
+    return None
+
+
 def _has_tool_calls(message: Mapping) -> bool:
     calls = message.get("tool_calls")
     return calls is not None and not (isinstance(calls, float) and np.isnan(calls)) and len(calls) > 0

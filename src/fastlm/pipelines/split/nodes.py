@@ -17,6 +17,7 @@ from fastlm.corpus.prompts import (
     SYSTEM_TURN,
     common_system_prompt,
     has_chat_template,
+    malformed_chat,
     prompt_frame,
     tokenize_pairs,
     unread_variables,
@@ -78,11 +79,19 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
         )
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
+        malformed = malformed_chat(raw[config.messages_column]) if config.data_format == "messages" else None
         raise InputDataError(
             f"no usable {'text' if config.data_format == 'text' else 'prompt/response row'} left in {source} "
-            f"after cleaning {len(raw)} rows (dropped: {drops}).",
+            f"after cleaning {len(raw)} rows (dropped: {drops})"
+            + (f"; split.messages_column {config.messages_column!r}: {malformed}." if malformed else "."),
             fix=f"check that {', '.join(f'split.{name} ({column!r})' for name, column in _columns(config))} "
-            "hold the data.",
+            "hold the data"
+            + (
+                ": each row a list of {role, content} turns ending with the assistant's answer (a JSON "
+                "list in a .jsonl or Parquet file, not a string)."
+                if malformed
+                else "."
+            ),
         )
     return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
 
