@@ -841,14 +841,20 @@ def _kwargs_change_nothing_and_are_warned_once(project, caplog, named: str, **as
 
 def test_a_chat_model_whose_prompts_are_wrapped_by_predict_prompt_template_is_warned_about(project, caplog):
     """A chat model's prompts wrapped by an explicit ``predict.prompt_template`` are not the chats it
-    learned: said in one warning, as a prompt model's other template is (was: silent)."""
+    learned: said in one warning, as a prompt model's other template is (was: silent). The line that says how
+    the .txt's lines are read names the template too (was: "each one user turn in its training's chat
+    format ..., as the model was trained", contradicted by the warning after it)."""
     _trained_on_chats(project)
     lines = [text for text in DIALOGUES if "\n" not in text]
     (project / "data/01_raw/lines.txt").write_text("".join(f"{t}\n" for t in lines), encoding="utf-8")
+    caplog.set_level(logging.INFO, logger="fastlm")
     table, summary = _predicted(project, input="data/01_raw/lines.txt", prompt_template=TEMPLATE)
     assert summary["prompt_template"] == TEMPLATE and "chat_template_sha256" not in summary
     warned = [w for w in _warned(caplog) if "predict.prompt_template" in w]
     assert len(warned) == 1 and "chat" in warned[0] and "\n" not in warned[0], _warned(caplog)
+    read = [r.getMessage() for r in caplog.records if "lines.txt is a prompt" in r.getMessage()]
+    assert len(read) == 1 and "wrapped by predict.prompt_template" in read[0], read
+    assert "chat format" not in read[0] and "as the model was trained" not in read[0], read
 
 
 def test_a_text_model_asked_prompts_says_it_never_saw_the_template(project, caplog):

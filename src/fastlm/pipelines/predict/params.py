@@ -126,7 +126,7 @@ class PredictParams(DecodingParams):
             if trained["messages_column"] in columns or "text" not in columns:
                 return MESSAGES, trained["messages_column"]
             how = ("split.messages_column", "each one user turn in its training's chat format")
-            return self._text_as_prompts(trained["messages_column"], how, lines, source)
+            return self._text_as_prompts(trained["messages_column"], self._asked(how), lines, source)
         if kind != "prompt_response":
             return "predict.text_column", "text"
         if trained_column in columns:
@@ -139,8 +139,14 @@ class PredictParams(DecodingParams):
             return PROMPTS, trained_column
         if "text" in columns:
             how = ("split.prompt_column", "wrapped by its training's prompt template")
-            return self._text_as_prompts(trained_column, how, lines, source)
+            return self._text_as_prompts(trained_column, self._asked(how), lines, source)
         return PROMPTS, trained_column
+
+    def _asked(self, how: tuple[str, str]) -> tuple[str, str]:
+        """How a prompt is asked: as the model was trained (``how``), or wrapped by the template given."""
+        if self.prompt_template is None:
+            return how[0], f"{how[1]} and answered, as the model was trained"
+        return how[0], "wrapped by predict.prompt_template and answered"
 
     @staticmethod
     def _text_as_prompts(
@@ -151,16 +157,16 @@ class PredictParams(DecodingParams):
         one line, a warning for a table's column."""
         if lines:
             log.info(
-                "predict: each line of %s is a prompt, %s and answered, as the model was trained; "
-                "predict.text_column=text continues them as raw text",
+                "predict: each line of %s is a prompt, %s; predict.text_column=text continues them as "
+                "raw text",
                 source,
                 how[1],
             )
         else:
             log.warning(
                 "predict: %s has no column %r (the model's %s) but a 'text' column: its rows are read as "
-                "prompts (predict.prompt_column=text), %s and answered, as the model was trained; set "
-                "predict.text_column=text to continue them as raw text instead",
+                "prompts (predict.prompt_column=text), %s; set predict.text_column=text to continue them "
+                "as raw text instead",
                 source,
                 trained_column,
                 how[0],
