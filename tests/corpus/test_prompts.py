@@ -291,6 +291,26 @@ def test_chat_template_kwargs_that_change_nothing_are_said(tmp_path, sample_text
     assert "change nothing: the data is not chat messages" in caplog.text
 
 
+def test_train_turns_last_on_data_that_is_not_chats_is_said(caplog):
+    """``split.train_turns: last`` chooses among a chat's answers: prompt/response or plain-text data has one
+    answer or none, so it changes nothing there, said in one warning as chat_template_kwargs are (was:
+    taken in silence). The default (all) is said nowhere."""
+    pairs = pd.DataFrame({"q": ["hi", "yo"], "a": ["hello", "hey"]})
+    for params, frame in (
+        ({"prompt_column": "q", "response_column": "a"}, pairs),
+        ({}, pd.DataFrame({"text": ["a", "b"]})),
+    ):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="fastlm"):
+            nodes.clean_corpus(frame, {**params, "train_turns": "last"})
+        said = [r.getMessage() for r in caplog.records if "split.train_turns" in r.getMessage()]
+        assert len(said) == 1 and "not chat messages (split.messages_column)" in said[0], caplog.text
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="fastlm"):
+            nodes.clean_corpus(frame, params)
+        assert "split.train_turns" not in caplog.text
+
+
 def test_a_base_tokenizers_chat_answer_ends_with_its_eos_not_the_templates_end_of_turn(sample_texts):
     """Qwen3-Base and Llama-3.2 base tokenizers: EOS ``<|endoftext|>`` / ``<|end_of_text|>`` where the
     template ends an assistant turn with ``<|im_end|>\\n`` / ``<|eot_id|>``. The answer is trained ending

@@ -98,7 +98,14 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
 
 def _check_template_variables(config, tokenizer) -> None:
     """Say where ``split.chat_template_kwargs`` change nothing: no chat template renders the data, or the
-    template never mentions a name (misspelled, or another model family's variable)."""
+    template never mentions a name (misspelled, or another model family's variable); and where
+    ``split.train_turns: last`` does: data that is not chats."""
+    if config.train_turns != "all" and config.data_format != "messages":
+        log.warning(
+            "split.train_turns: %s changes nothing: the data is not chat messages (split.messages_column), "
+            "whose answers it chooses among",
+            config.train_turns,
+        )
     variables = config.chat_template_kwargs
     if not variables:
         return
