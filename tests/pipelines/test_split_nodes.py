@@ -146,6 +146,17 @@ def test_a_tokenizer_without_pad_is_warned_about_once_per_split(tmp_path, sample
         (json.dumps([{"role": "user", "content": "hi"}]), "row 0 is a str, not a list"),
         ([{"role": "user", "content": "hi"}], "the last message is a 'user' turn, not the assistant's"),
         ([{"role": "user", "content": "hi"}, "hello"], "not a list of {role, content} turns"),
+        (  # content parts (a multimodal chat format): no text fastlm reads
+            [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": "ok"},
+            ],
+            "row 0: the content of message 0 (user) is a list, not a text",
+        ),
+        (  # as a .jsonl file reads them: the lists are arrays
+            [{"role": "user", "content": np.array([{"type": "text", "text": "hi"}])}, {"role": "assistant"}],
+            "row 0: the content of message 0 (user) is a list, not a text",
+        ),
     ],
 )
 def test_chats_that_are_all_malformed_are_refused_saying_why(value, said):

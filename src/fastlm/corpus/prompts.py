@@ -387,13 +387,24 @@ def _chat_shape(value) -> str | None:
 
 
 def malformed_chat(values: pd.Series) -> str | None:
-    """Why the first value of ``values`` that is no chat is malformed (``row N: ...``), None when none is:
-    said when no row is left, so a column of JSON strings or of chats without an answer reads as such."""
+    """Why the first value of ``values`` that is no chat is malformed, or holds a content that is no text
+    (``row N: ...``), None when none does: said when no row is left, so a column of JSON strings, of chats
+    without an answer or of content parts (``[{type: text, text}]``) reads as such."""
     for row, value in enumerate(values):
-        if _chat_shape(value) != "malformed_messages":
+        shape = _chat_shape(value)
+        if shape is None:
+            for index, message in enumerate(value):
+                content = message.get("content")
+                if content is not None and not isinstance(content, str):
+                    return (
+                        f"row {row}: the content of message {index} ({message['role']}) is a "
+                        f"{_kind(content)}, not a text"
+                    )
+            continue
+        if shape != "malformed_messages":
             continue
         if not isinstance(value, list | tuple | np.ndarray):
-            return f"row {row} is a {type(value).__name__}, not a list of {{role, content}} turns"
+            return f"row {row} is a {_kind(value)}, not a list of {{role, content}} turns"
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value):
             return f"row {row} is not a list of {{role, content}} turns"
         if len(value) and value[-1]["role"] != RESPONSE_ROLE:
@@ -403,6 +414,13 @@ def malformed_chat(values: pd.Series) -> str | None:
             )
         return f"row {row} holds {len(value)} message(s), not a prompt and the assistant's answer"
     return None
+
+
+def _kind(value) -> str:
+    """What ``value`` is, as the file wrote it (a JSON list reads as an array, an object as a mapping)."""
+    if isinstance(value, list | tuple | np.ndarray):
+        return "list"
+    return "mapping" if isinstance(value, Mapping) else type(value).__name__
 
 
 def _has_tool_calls(message: Mapping) -> bool:

@@ -87,8 +87,8 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
             fix=f"check that {', '.join(f'split.{name} ({column!r})' for name, column in _columns(config))} "
             "hold the data"
             + (
-                ": each row a list of {role, content} turns ending with the assistant's answer (a JSON "
-                "list in a .jsonl or Parquet file, not a string)."
+                ": each row a list of {role, content} turns, each content a text, ending with the "
+                "assistant's answer (a JSON list in a .jsonl or Parquet file, not a string)."
                 if malformed
                 else "."
             ),
