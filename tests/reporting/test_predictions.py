@@ -137,6 +137,36 @@ def test_rows_that_are_not_chats_are_kept_with_their_reason(tokenizer):
     assert rows["ids"].notna().tolist() == [True] + [False] * 7 and rows["input"].iloc[1] == "user: hi"
 
 
+def test_chats_that_call_tools_are_refused_as_tool_calls_as_the_split_drops_them(tokenizer):
+    """A chat with an assistant turn of ``tool_calls`` is dropped by the split as ``tool_calls`` (function
+    calling is not trained); predict refused it as ``empty`` (the calling turn has no content) or as a
+    ``malformed_messages`` (the tool's answer after the last user turn), saying nothing of tools."""
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Seoul"}}}],
+    }
+    tool = {"role": "tool", "content": "sunny"}
+    user, answer = {"role": "user", "content": "weather?"}, {"role": "assistant", "content": "It is sunny."}
+    values = [
+        [
+            user,
+            call,
+            tool,
+            answer,
+            {"role": "user", "content": "thanks"},
+        ],  # the call before the last user turn
+        [user, call, tool, answer],  # the call after it
+        [user, {**call, "tool_calls": []}, {"role": "user", "content": "?"}],  # no call: an empty answer
+    ]
+    rows = _rows(pd.DataFrame({"messages": values}), tokenizer, ChatFormat())
+    assert rows["refused"].tolist() == [
+        "tool_calls (an assistant turn calls tools: function calling is not trained)",
+        "tool_calls (an assistant turn calls tools: function calling is not trained)",
+        "empty",
+    ]
+
+
 def test_a_pair_checks_only_when_the_summary_was_written_for_that_csv(tmp_path):
     catalog = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text(encoding="utf-8"))
     table = pd.DataFrame(

@@ -69,6 +69,7 @@ __all__ = [
     "CHAT_DATE",
     "SYSTEM_TURN",
     "answer_spans",
+    "calls_tools",
     "clean_messages",
     "common_system_prompt",
     "has_chat_template",
@@ -381,7 +382,7 @@ def _chat_shape(value) -> str | None:
         return "malformed_messages"
     if value[-1]["role"] != RESPONSE_ROLE:
         return "malformed_messages"
-    if any(_has_tool_calls(message) for message in value):
+    if calls_tools(value):
         return "tool_calls"  # function calling: not trained (an empty content is no missing text here)
     return None
 
@@ -421,6 +422,12 @@ def _kind(value) -> str:
     if isinstance(value, list | tuple | np.ndarray):
         return "list"
     return "mapping" if isinstance(value, Mapping) else type(value).__name__
+
+
+def calls_tools(messages) -> bool:
+    """Whether a turn of ``messages`` (role/content mappings) calls tools (``tool_calls``): function calling,
+    which fastlm does not train (the split drops such chats as ``tool_calls``, predict refuses them so)."""
+    return any(_has_tool_calls(message) for message in messages)
 
 
 def _has_tool_calls(message: Mapping) -> bool:

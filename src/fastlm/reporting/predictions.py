@@ -42,6 +42,7 @@ from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE, SplitParams
 from fastlm.corpus.fingerprint import data_format_params
 from fastlm.corpus.prompts import (
     UNPADDED,
+    calls_tools,
     leading_bos,
     render_messages,
     render_prompt,
@@ -374,6 +375,8 @@ def _chat_history(value) -> tuple[str | None, list | None]:
         isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value
     ):
         return "malformed_messages (not a list of {role, content} turns)", None
+    if calls_tools(value):  # as the split drops them: function calling is not trained
+        return "tool_calls (an assistant turn calls tools: function calling is not trained)", None
     roles = [m["role"] for m in value]
     if "user" not in roles:
         return "malformed_messages (no user turn)", None
