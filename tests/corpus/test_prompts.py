@@ -291,6 +291,41 @@ def test_chat_template_kwargs_that_change_nothing_are_said(tmp_path, sample_text
     assert "change nothing: the data is not chat messages" in caplog.text
 
 
+def test_answers_with_reasoning_after_the_templates_empty_think_block_are_said(
+    tmp_path, sample_texts, caplog
+):
+    """Qwen3 with ``enable_thinking: false`` ends every prompt with an empty ``<think>\n\n</think>\n\n``
+    block: an answer that holds its own ``<think>...</think>`` reasoning is then trained after it, two think
+    blocks in a row, which no render of the chat by the template writes. Said in one warning naming
+    ``enable_thinking`` (was: trained so in silence); the same data in thinking mode is not."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    chats = [
+        [
+            {"role": "user", "content": f"질문 {i}"},
+            {
+                "role": "assistant",
+                "content": (f"<think>\n생각 {i}\n</think>\n\n" if i < 5 else "") + f"답 {i}",
+            },
+        ]
+        for i in range(40)
+    ]
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    with caplog.at_level("WARNING", logger="fastlm"):
+        _, splits, _ = _chat_split(
+            tmp_path, tokenizer, chats, chat_template_kwargs={"enable_thinking": False}
+        )
+    doubled = splits["prompt"].str.endswith("</think>\n\n") & splits["response"].str.startswith("<think>")
+    assert doubled.sum() == 5  # what is trained: the data as given, after the template's block
+    said = [r.getMessage() for r in caplog.records if "<think>" in r.getMessage()]
+    assert len(said) == 1 and "5 of 40" in said[0] and "enable_thinking" in said[0], caplog.text
+    assert "\n" not in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fastlm"):
+        _chat_split(tmp_path / "thinking", tokenizer, chats)
+    assert not [r for r in caplog.records if "<think>" in r.getMessage()], caplog.text
+
+
 def test_train_turns_last_on_data_that_is_not_chats_is_said(caplog):
     """``split.train_turns: last`` chooses among a chat's answers: prompt/response or plain-text data has one
     answer or none, so it changes nothing there, said in one warning as chat_template_kwargs are (was:

@@ -113,6 +113,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
             frame["answer_spans"] = spans
         frame["split_key"] = chats["split_key"]
         frame[SYSTEM_TURN] = system_turns(chats["history"])  # the split keeps its training chats' common one
+        _say_doubled_think_blocks(frame, config)
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
     frame = pd.DataFrame(
@@ -123,6 +124,25 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         }
     )
     return frame, drops
+
+
+def _say_doubled_think_blocks(frame: pd.DataFrame, config) -> None:
+    """One warning where answers hold their own ``<think>`` reasoning after the think block the template
+    ends the prompt with (Qwen3 with ``enable_thinking: false``): they are trained with two think blocks in
+    a row, which no render of the chat by the template writes."""
+    if frame.empty:
+        return
+    prompts, responses = frame["prompt"].astype(str), frame["response"].astype(str)
+    doubled = prompts.str.rstrip().str.endswith("</think>") & responses.str.startswith("<think>")
+    if doubled.any():
+        log.warning(
+            "%d of %d chats answer with <think> reasoning after the think block the chat template ends the "
+            "prompt with (split.chat_template_kwargs %s): they are trained with two think blocks in a row. "
+            "Fix: leave enable_thinking unset to train the reasoning, or remove it from those answers",
+            int(doubled.sum()),
+            len(frame),
+            dict(config.chat_template_kwargs),
+        )
 
 
 def system_turns(histories) -> list[str | None]:
