@@ -874,3 +874,34 @@ def test_a_text_model_asked_prompts_says_it_never_saw_the_template(project, capl
     assert summary["input_format"] == "prompt" and len(table) == len(lines)
     warned = _warned(caplog)
     assert len(warned) == 1 and "plain text" in warned[0] and "predict.text_column" in warned[0], warned
+
+
+@pytest.mark.parametrize(
+    ("rows", "predict", "said"),
+    [
+        (
+            [{"messages": "Noah: hi"}, {"messages": "Amy: yo"}],
+            {"messages_column": "messages"},
+            "malformed_messages",
+        ),
+        ([{"dialogue": " "}, {"dialogue": ""}], {"prompt_column": "dialogue"}, "whitespace_only"),
+    ],
+    ids=["chats_as_strings", "blank_prompts"],
+)
+def test_an_input_of_which_no_row_can_be_asked_is_refused_in_one_line(project, rows, predict, said):
+    """Every row refused (a messages column of strings, blank prompts): predict wrote a table of refusals and
+    exited 0, the reason only in the CSV. Refused in one line naming the file, the column and the reasons,
+    nothing written."""
+    if "messages_column" in predict:
+        _trained_on_chats(project)
+    (project / "data/01_raw/bad.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8"
+    )
+    before = sorted(p for p in (project / "data").rglob("*") if p.is_file())
+    with pytest.raises(Exception) as caught:
+        _run(project, input="data/01_raw/bad.jsonl", **predict)
+    found = find_user_error(caught.value)
+    message = str(found)
+    assert isinstance(found, InputDataError) and "none of the 2 rows" in message and said in message, message
+    assert "bad.jsonl" in message and "\n" not in message and "Fix:" in message
+    assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.predict.params import MESSAGES, PROMPTS
 
@@ -91,6 +92,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         source=path,
         chat=replace(chat, user_turn=True) if user_turn else chat,
     )
+    _refuse_an_input_of_no_askable_row(rows, path, parameter, column)
     job = PredictionJob(
         decoding=params.decoding(),
         max_new_tokens=params.max_new_tokens,
@@ -189,3 +191,25 @@ def _check_prompts_of_text_model(trained: dict, parameter: str) -> None:
             "continues the texts as it was trained",
             Path(trained["source"]) / "training_data.json",
         )
+
+
+def _refuse_an_input_of_no_askable_row(rows: pd.DataFrame, path: str, parameter: str, column: str) -> None:
+    """One line, before anything is written, where every row of the input is refused: the file, the column,
+    the reasons and the first row's, and what to give instead."""
+    refused = rows["refused"]
+    if len(rows) == 0 or refused.isna().any():
+        return
+    reasons = refused.map(lambda reason: str(reason).split(" ")[0]).value_counts().to_dict()
+    if all(reason == "too_long" for reason in reasons):
+        fix = "raise predict.max_input_tokens or set predict.too_long=truncate (their last tokens kept)."
+    elif parameter == MESSAGES:
+        fix = (
+            f"give {parameter} ({column!r}) a list of {{role, content}} turns a row, ending with a user turn."
+        )
+    else:
+        fix = f"give {parameter} ({column!r}) a non-empty text a row."
+    raise InputDataError(
+        f"none of the {len(rows)} rows of {path} can be asked ({parameter} {column!r}): {reasons}; "
+        f"the first, row {rows['id'].iloc[0]}: {refused.iloc[0]}; nothing was written.",
+        fix=fix,
+    )
