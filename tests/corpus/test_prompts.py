@@ -608,7 +608,7 @@ def test_answer_spans_read_back_as_missing_values_train_nothing_more(sample_text
     assert np.diff(found.answer_spans[1]).tolist() == [0, 0, 0, 2]
 
 
-def test_the_system_turn_every_chat_has_is_recorded_with_the_data(tmp_path, sample_texts):
+def test_the_system_turn_every_chat_has_is_recorded_with_the_data(tmp_path, sample_texts, caplog):
     """A system turn every training chat begins with is part of how the model is asked: predict and the
     report put it before an input asked as one user turn. The split records it with the data's fingerprint;
     chats of different system turns (or none) record none."""
@@ -620,8 +620,12 @@ def test_the_system_turn_every_chat_has_is_recorded_with_the_data(tmp_path, samp
         chat[0] = {"role": "system", "content": " 당신은 상담원입니다. "}  # stripped as every content is
     _, _, (_, fingerprint, _, _) = _chat_outputs(tmp_path / "same", tokenizer, chats, max_length=256)
     assert fingerprint["system_prompt"] == "당신은 상담원입니다."
-    _, _, (_, mixed, _, _) = _chat_outputs(tmp_path / "mixed", tokenizer, _multi_turn_chats(), max_length=256)
+    with caplog.at_level("INFO", logger="fastlm.pipelines.split.nodes"):
+        _, _, (_, mixed, _, _) = _chat_outputs(
+            tmp_path / "mixed", tokenizer, _multi_turn_chats(), max_length=256
+        )
     assert "system_prompt" not in mixed
+    assert "begin with 3 different system turns (0 with none)" in caplog.text
     without = [chat[1:] for chat in chats]
     _, _, (_, none, _, _) = _chat_outputs(tmp_path / "none", tokenizer, without, max_length=256)
     assert "system_prompt" not in none

@@ -130,3 +130,8 @@ def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(cha
     assert asked["prediction"].tolist() == samples["output"].tolist()[: len(lines)]
     summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
     assert summary["system_prompt"] == SYSTEM["content"]
+    for written in (
+        "data/06_models/model/training_data.json",
+        "data/05_model_input/tokenized_corpus_fingerprint.json",
+    ):
+        assert SYSTEM["content"] in (project / written).read_text(encoding="utf-8")  # readable, not \uXXXX

@@ -96,7 +96,7 @@ class PretrainedModelDataset(AbstractDataset):
                     data["model"].save_pretrained(str(folder), safe_serialization=True)
             data["tokenizer"].save_pretrained(str(folder))
             if data.get("training_data") is not None:
-                record = json.dumps(data["training_data"], indent=2)
+                record = json.dumps(data["training_data"], indent=2, ensure_ascii=False)  # texts as written
                 (folder / TRAINING_DATA).write_text(record, encoding="utf-8")
 
         write_folder_atomically(self._filepath, write)

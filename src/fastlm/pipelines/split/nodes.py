@@ -210,9 +210,21 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     log.info("Split %d texts: %s", len(splits), counts)
     split_counts = {**cleaning, "capped_by_max_samples": int(len(clean) - len(keep))}
     if SYSTEM_TURN in clean:  # the system turn every chat the model trains on (train, capped) began with
-        system = common_system_prompt(clean[SYSTEM_TURN].to_numpy()[keep][codes == SPLITS.index("train")])
+        turns = clean[SYSTEM_TURN].to_numpy()[keep][codes == SPLITS.index("train")]
+        system = common_system_prompt(turns)
         if system is not None:
             split_counts["system_prompt"] = system
+            log.info(
+                "Every training chat begins with the same system turn: predict and the report ask after it"
+            )
+        elif any(turn is not None for turn in turns):
+            log.info(
+                "The training chats begin with %d different system turns (%d with none): predict and the "
+                "report ask a text as a lone user turn; give predict chats (predict.messages_column) to set "
+                "one",
+                len({turn for turn in turns if turn is not None}),
+                sum(turn is None for turn in turns),
+            )
     return splits, split_counts
 
 
