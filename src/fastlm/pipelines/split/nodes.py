@@ -36,6 +36,8 @@ from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
 
 log = logging.getLogger(__name__)
+# From this share of the train rows cut by split.max_length, the split says so (the report counts any).
+TRUNCATION_WARNING_SHARE = 0.05
 
 
 def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
@@ -324,6 +326,7 @@ def tokenize_corpus(
         name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS
     }
     _measure_unknown(stats, tokens, rows, None if config.pretokenized else tokenizer, config)
+    _say_truncation(stats["train"], config)
     if tokens.prompt_lengths is not None:
         for name in SPLITS:
             stats[name]["target_tokens"] = int(tokens.target_lengths[rows[name]].sum())
@@ -334,6 +337,25 @@ def tokenize_corpus(
         config.max_length,
     )
     return tokenized, fingerprint, stats
+
+
+def _say_truncation(train: dict, config) -> None:
+    """One warning where ``split.max_length`` cut ``TRUNCATION_WARNING_SHARE`` or more of the train rows."""
+    if train["rows"] and train["truncated_share"] >= TRUNCATION_WARNING_SHARE:
+        cut = {
+            "text": "their ends are never trained",
+            "pretokenized": "their ends are never trained",
+        }.get(config.data_format, "their prompts lose their start first, then their responses their end")
+        log.warning(
+            "%.0f %% of the train split's rows (%d of %d) are longer than split.max_length = %d tokens and "
+            "were cut: %s. Fix: a larger split.max_length (--params split.max_length=<tokens>) where memory "
+            "allows",
+            100 * train["truncated_share"],
+            train["truncated_rows"],
+            train["rows"],
+            config.max_length,
+            cut,
+        )
 
 
 def _measure_unknown(stats: dict, tokens, rows: dict, tokenizer, config) -> None:
