@@ -143,7 +143,7 @@ def test_a_tokenizer_without_pad_is_warned_about_once_per_split(tmp_path, sample
 @pytest.mark.parametrize(
     ("value", "said"),
     [
-        (json.dumps([{"role": "user", "content": "hi"}]), "row 0 is a str, not a list"),
+        (json.dumps([{"role": "user", "content": "hi"}]), "row 1 is a str, not a list"),
         ([{"role": "user", "content": "hi"}], "the last message is a 'user' turn, not the assistant's"),
         ([{"role": "user", "content": "hi"}, "hello"], "not a list of {role, content} turns"),
         (  # content parts (a multimodal chat format): no text fastlm reads
@@ -151,11 +151,11 @@ def test_a_tokenizer_without_pad_is_warned_about_once_per_split(tmp_path, sample
                 {"role": "user", "content": [{"type": "text", "text": "hi"}]},
                 {"role": "assistant", "content": "ok"},
             ],
-            "row 0: the content of message 0 (user) is a list, not a text",
+            "row 1: the content of message 1 ('user') is a list, not a text",
         ),
         (  # as a .jsonl file reads them: the lists are arrays
             [{"role": "user", "content": np.array([{"type": "text", "text": "hi"}])}, {"role": "assistant"}],
-            "row 0: the content of message 0 (user) is a list, not a text",
+            "row 1: the content of message 1 ('user') is a list, not a text",
         ),
     ],
 )
@@ -185,3 +185,47 @@ def test_a_max_length_that_cuts_many_training_rows_is_said(raw, caplog):
         if said:
             share = stats["train"]["truncated_share"]
             assert share >= 0.05 and f"{100 * share:.0f} % of the train split's rows" in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (  # a role holding a newline and a long text: quoted, escaped and cut (was: printed raw, 2 lines)
+            [{"role": "us\ner " + "x" * 500, "content": 7}, {"role": "assistant", "content": "ok"}],
+            "the content of message 1 ('us\\ner xxx",
+        ),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "no\nte " + "y" * 500, "content": "ok"}],
+            "the last message is a 'no\\nte yyy",
+        ),
+    ],
+    ids=["content_of_a_long_role", "last_turn_of_a_long_role"],
+)
+def test_a_malformed_chats_role_is_said_on_one_line_and_cut(value, said):
+    frame = pd.DataFrame({"messages": [value] * 3})
+    frame.attrs["source_path"] = "data/01_raw/chats.jsonl"
+    with pytest.raises(InputDataError) as error:
+        nodes.clean_corpus(frame, {"messages_column": "messages"})
+    message = str(error.value)
+    assert said in message and "\n" not in message, message
+    assert "x" * 100 not in message and "y" * 100 not in message, message
+
+
+def test_a_chat_whose_content_is_nan_is_said_missing_not_a_float():
+    """A NaN content is a missing text (the drops count it ``missing``): not named a float that is no text."""
+    chat = [{"role": "user", "content": float("nan")}, {"role": "assistant", "content": "ok"}]
+    frame = pd.DataFrame({"messages": [chat] * 3})
+    with pytest.raises(InputDataError) as error:
+        nodes.clean_corpus(frame, {"messages_column": "messages"})
+    message = str(error.value)
+    assert "'missing': 3" in message and "float" not in message, message
+
+
+def test_the_malformed_chat_named_is_counted_from_one_as_the_files_lines():
+    """The row named is the file's line, counted from 1 as the split's other row errors are (was: from 0, so
+    "row 1" was the second line)."""
+    blank = [{"role": "user", "content": " "}, {"role": "assistant", "content": "ok"}]
+    frame = pd.DataFrame({"messages": [blank, "Noah: hi", "Amy: yo"]})
+    with pytest.raises(InputDataError) as error:
+        nodes.clean_corpus(frame, {"messages_column": "messages"})
+    assert "row 2 is a str, not a list" in str(error.value), error.value

@@ -409,16 +409,18 @@ def _chat_shape(value) -> str | None:
 
 def malformed_chat(values: pd.Series) -> str | None:
     """Why the first value of ``values`` that is no chat is malformed, or holds a content that is no text
-    (``row N: ...``), None when none does: said when no row is left, so a column of JSON strings, of chats
-    without an answer or of content parts (``[{type: text, text}]``) reads as such."""
-    for row, value in enumerate(values):
+    (``row N: ...``, rows and messages counted from 1 as a file's lines are), None when none does: said when
+    no row is left, so a column of JSON strings, of chats without an answer or of content parts
+    (``[{type: text, text}]``) reads as such. A role is shown quoted on one line and cut."""
+    for row, value in enumerate(values, start=1):
         shape = _chat_shape(value)
         if shape is None:
-            for index, message in enumerate(value):
+            for index, message in enumerate(value, start=1):
                 content = message.get("content")
-                if content is not None and not isinstance(content, str):
+                missing = content is None or (isinstance(content, float) and np.isnan(content))
+                if not missing and not isinstance(content, str):
                     return (
-                        f"row {row}: the content of message {index} ({message['role']}) is a "
+                        f"row {row}: the content of message {index} ({_quoted(message['role'])}) is a "
                         f"{_kind(content)}, not a text"
                     )
             continue
@@ -430,11 +432,16 @@ def malformed_chat(values: pd.Series) -> str | None:
             return f"row {row} is not a list of {{role, content}} turns"
         if len(value) and value[-1]["role"] != RESPONSE_ROLE:
             return (
-                f"row {row}: the last message is a {value[-1]['role']!r} turn, not the assistant's answer "
-                f"(role {RESPONSE_ROLE!r})"
+                f"row {row}: the last message is a {_quoted(value[-1]['role'])} turn, not the assistant's "
+                f"answer (role {RESPONSE_ROLE!r})"
             )
         return f"row {row} holds {len(value)} message(s), not a prompt and the assistant's answer"
     return None
+
+
+def _quoted(text: str, limit: int = 40) -> str:
+    """``text`` quoted on one line (a newline escaped), cut after ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _kind(value) -> str:
