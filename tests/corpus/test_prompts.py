@@ -669,3 +669,24 @@ def test_the_system_turn_is_the_training_chats_not_the_held_out_ones(tmp_path):
         where = splits.loc[splits["prompt"].str.contains(odd), "split"].tolist()
         found[odd] = (where, fingerprint.get("system_prompt"))
     assert found == {"혼자 0": (["train"], None), "혼자 1": (["test"], "당신은 상담원입니다.")}
+
+
+@pytest.mark.parametrize("chat_template", [False, True], ids=["chat_template_off", "no_chat_template"])
+def test_a_prompt_ending_in_think_that_no_chat_template_wrote_is_not_said(chat_template, caplog):
+    """Chats rendered as ``role: content`` lines (no chat template) whose user turn ends with ``</think>``:
+    no template's think block ends the prompt and no enable_thinking is set, so the warning that names them
+    (and tells to leave enable_thinking unset) is not said (was: said, naming ``chat_template_kwargs {}``)."""
+    chats = [
+        [
+            {"role": "user", "content": f"Quote the tag </think> {i}: </think>"},
+            {"role": "assistant", "content": f"<think>tag {i}</think> done"},
+        ]
+        for i in range(4)
+    ]
+    config = parse_split_params(
+        {"messages_column": "messages", "prompt_template": "{prompt}", "chat_template": chat_template}
+    )
+    with caplog.at_level("WARNING", logger="fastlm"):
+        frame, _ = prompt_frame(pd.DataFrame({"messages": chats}), config, None)
+    assert frame["prompt"].str.endswith("</think>").all()  # the case: a prompt that ends so
+    assert not [r for r in caplog.records if "<think>" in r.getMessage()], caplog.text

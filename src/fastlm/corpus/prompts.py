@@ -113,7 +113,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
             frame["answer_spans"] = spans
         frame["split_key"] = chats["split_key"]
         frame[SYSTEM_TURN] = system_turns(chats["history"])  # the split keeps its training chats' common one
-        _say_doubled_think_blocks(frame, config)
+        _say_doubled_think_blocks(frame, config, tokenizer)
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
     frame = pd.DataFrame(
@@ -126,11 +126,12 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
     return frame, drops
 
 
-def _say_doubled_think_blocks(frame: pd.DataFrame, config) -> None:
+def _say_doubled_think_blocks(frame: pd.DataFrame, config, tokenizer) -> None:
     """One warning where answers hold their own ``<think>`` reasoning after the think block the template
     ends the prompt with (Qwen3 with ``enable_thinking: false``): they are trained with two think blocks in
-    a row, which no render of the chat by the template writes."""
-    if frame.empty:
+    a row, which no render of the chat by the template writes. Chats no chat template rendered (``role:
+    content`` lines, whose last turn may end with ``</think>``) are not said."""
+    if frame.empty or not (config.chat_template and has_chat_template(tokenizer)):
         return
     prompts, responses = frame["prompt"].astype(str), frame["response"].astype(str)
     doubled = prompts.str.rstrip().str.endswith("</think>") & responses.str.startswith("<think>")
