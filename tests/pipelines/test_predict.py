@@ -915,3 +915,54 @@ def test_an_input_of_which_no_row_can_be_asked_is_refused_in_one_line(project, r
     assert isinstance(found, InputDataError) and "none of the 2 rows" in message and said in message, message
     assert "bad.jsonl" in message and "\n" not in message and "Fix:" in message
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
+
+
+def _refusal(project, **predict) -> str:
+    """The one line a predict run that refuses its input says, checked to leave everything under data/ as it
+    was."""
+    before = {p: p.read_bytes() for p in (project / "data").rglob("*") if p.is_file()}
+    with pytest.raises(Exception) as caught:
+        _run(project, **predict)
+    found = find_user_error(caught.value)
+    assert isinstance(found, InputDataError), caught.value
+    assert {p: p.read_bytes() for p in (project / "data").rglob("*") if p.is_file()} == before
+    message = str(found)
+    assert "\n" not in message and "Fix:" in message, message
+    return message
+
+
+def test_an_input_of_no_row_is_refused_in_one_line_leaving_the_last_predictions(project):
+    """A table of no row (a CSV of its header only, a Parquet file of none) has no row to ask: it was written
+    as an empty predictions table over the last run's, exit 0. Refused in one line, the last ones kept."""
+    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=2)
+    (project / "data/01_raw/none.csv").write_text("dialogue\n", encoding="utf-8")
+    message = _refusal(project, input="data/01_raw/none.csv", prompt_column="dialogue", max_new_tokens=2)
+    assert "none.csv" in message and "no row" in message, message
+
+
+def test_an_input_refused_for_lengths_and_blanks_names_both_fixes(project):
+    """Every row refused, some too long and some blank: the fix named only the blanks' (a non-empty text),
+    which leaves the long ones refused. It names both."""
+    rows = [{"dialogue": "word " * 40}, {"dialogue": " "}, {"dialogue": "word " * 40}]
+    (project / "data/01_raw/bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    message = _refusal(
+        project,
+        input="data/01_raw/bad.jsonl",
+        prompt_column="dialogue",
+        max_input_tokens=12,
+        too_long="refuse",
+        max_new_tokens=2,
+    )
+    assert "'too_long': 2" in message and "'whitespace_only': 1" in message, message
+    assert "predict.too_long" in message and "non-empty text" in message, message
+
+
+def test_an_input_of_no_askable_row_shows_its_first_id_on_one_line_and_cut(project):
+    """predict.id_column's value of the first row is the user's own text: quoted on one line and cut (was:
+    printed as it is, a newline inside it breaking the line)."""
+    rows = [{"dialogue": " ", "key": "line one\nline two " + "z" * 300}, {"dialogue": "", "key": "b"}]
+    (project / "data/01_raw/bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    message = _refusal(
+        project, input="data/01_raw/bad.jsonl", prompt_column="dialogue", id_column="key", max_new_tokens=2
+    )
+    assert "'line one\\nline two" in message and "z" * 100 not in message, message

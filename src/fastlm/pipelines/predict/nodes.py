@@ -194,22 +194,35 @@ def _check_prompts_of_text_model(trained: dict, parameter: str) -> None:
 
 
 def _refuse_an_input_of_no_askable_row(rows: pd.DataFrame, path: str, parameter: str, column: str) -> None:
-    """One line, before anything is written, where every row of the input is refused: the file, the column,
-    the reasons and the first row's, and what to give instead."""
+    """One line, before anything is written, where no row of the input can be asked (it has none, or every
+    one is refused): the file, the column, the reasons and the first row's (its id quoted and cut), and what
+    to give instead (each fix of the reasons found)."""
+    if len(rows) == 0:
+        raise InputDataError(
+            f"{path} holds no row to ask ({parameter} {column!r}); nothing was written.",
+            fix="give predict.input a file of at least one row.",
+        )
     refused = rows["refused"]
-    if len(rows) == 0 or refused.isna().any():
+    if refused.isna().any():
         return
     reasons = refused.map(lambda reason: str(reason).split(" ")[0]).value_counts().to_dict()
-    if all(reason == "too_long" for reason in reasons):
-        fix = "raise predict.max_input_tokens or set predict.too_long=truncate (their last tokens kept)."
-    elif parameter == MESSAGES:
-        fix = (
-            f"give {parameter} ({column!r}) a list of {{role, content}} turns a row, ending with a user turn."
+    fixes = []
+    if any(reason != "too_long" for reason in reasons):
+        if parameter == MESSAGES:
+            fixes.append(
+                f"give {parameter} ({column!r}) a list of {{role, content}} turns a row, ending with a user "
+                "turn"
+            )
+        else:
+            fixes.append(f"give {parameter} ({column!r}) a non-empty text a row")
+    if "too_long" in reasons:
+        fixes.append(
+            "raise predict.max_input_tokens or set predict.too_long=truncate (their last tokens kept)"
         )
-    else:
-        fix = f"give {parameter} ({column!r}) a non-empty text a row."
+    first = rows["id"].iloc[0]
+    shown = repr(first if len(first) <= 40 else first[:40] + "…") if isinstance(first, str) else first
     raise InputDataError(
         f"none of the {len(rows)} rows of {path} can be asked ({parameter} {column!r}): {reasons}; "
-        f"the first, row {rows['id'].iloc[0]}: {refused.iloc[0]}; nothing was written.",
-        fix=fix,
+        f"the first, row {shown}: {refused.iloc[0]}; nothing was written.",
+        fix="; ".join(fixes) + ".",
     )
