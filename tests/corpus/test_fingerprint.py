@@ -1,9 +1,15 @@
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from transformers import AutoTokenizer
 
 from fastlm.corpus.fingerprint import check_fresh, make_fingerprint
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 from fastlm.errors import StaleDataError
+from tests.support.project import PROJECT_ROOT
 
 
 def test_fingerprint_survives_save_and_load(bpe_tokenizer, bpe_tokenizer_dir):
@@ -52,3 +58,23 @@ def test_the_data_identity_tells_other_texts_apart_where_the_fingerprint_cannot(
     assert data_identity(ours) == data_identity(dict(ours))  # the same record: the same identity
     older = make_fingerprint(bpe_tokenizer, 64)
     assert data_identity(older) == older["fingerprint"] and data_identity(None) is None
+
+
+@pytest.mark.parametrize("name", ["tokenized_corpus_fingerprint", "split_report", "bottleneck_diagnosis"])
+def test_json_kept_as_written_is_utf8_whatever_the_locale(tmp_path, name):
+    """The fingerprint and the split report keep non-ASCII text as written (``ensure_ascii: false``) and are
+    read back as UTF-8 (the hooks, predict): written in the locale's encoding, an ASCII locale failed the
+    split at its end and a Latin-1 one wrote bytes no UTF-8 reader takes. Written as UTF-8 in any locale."""
+    target = tmp_path / "out.json"
+    script = (
+        "import sys; from tests.support.project import catalog_dataset; "
+        "from pathlib import Path; "
+        f"d = catalog_dataset({name!r}, Path(sys.argv[1])); "
+        "v = {'system_prompt': '\\uc548\\ub155 caf\\u00e9'}; d.save(v); assert d.load() == v"
+    )
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(target)], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(target.read_text(encoding="utf-8")) == {"system_prompt": "\uc548\ub155 caf\u00e9"}
