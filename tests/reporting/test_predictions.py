@@ -158,13 +158,15 @@ def test_chats_that_call_tools_are_refused_as_tool_calls_as_the_split_drops_them
         ],  # the call before the last user turn
         [user, call, tool, answer],  # the call after it
         [user, {**call, "tool_calls": []}, {"role": "user", "content": "?"}],  # no call: an empty answer
+        [user, call],  # a call only in the reference answer, which is not given: the user turn is asked
     ]
     rows = _rows(pd.DataFrame({"messages": values}), tokenizer, ChatFormat())
-    assert rows["refused"].tolist() == [
+    assert rows["refused"].tolist()[:3] == [
         "tool_calls (an assistant turn calls tools: function calling is not trained)",
         "tool_calls (an assistant turn calls tools: function calling is not trained)",
         "empty",
     ]
+    assert pd.isna(rows["refused"].iloc[3]) and rows["ids"].iloc[3] is not None
 
 
 def test_a_pair_checks_only_when_the_summary_was_written_for_that_csv(tmp_path):

@@ -375,14 +375,19 @@ def _chat_history(value) -> tuple[str | None, list | None]:
         isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value
     ):
         return "malformed_messages (not a list of {role, content} turns)", None
-    if calls_tools(value):  # as the split drops them: function calling is not trained
-        return "tool_calls (an assistant turn calls tools: function calling is not trained)", None
+    tools = "tool_calls (an assistant turn calls tools: function calling is not trained)"
     roles = [m["role"] for m in value]
     if "user" not in roles:
-        return "malformed_messages (no user turn)", None
+        return (tools if calls_tools(value) else "malformed_messages (no user turn)"), None
     last_user = len(roles) - 1 - roles[::-1].index("user")
+    if calls_tools(value[: last_user + 1]):  # as the split drops them: function calling is not trained
+        return tools, None
     if any(role != "assistant" for role in roles[last_user + 1 :]):  # only the reference answer may follow
-        return "malformed_messages (a turn other than assistant after the last user turn)", None
+        return (
+            tools
+            if calls_tools(value)
+            else "malformed_messages (a turn other than assistant after the last user turn)"
+        ), None
     turns = list(value[: last_user + 1])
     contents, reasons = classify_values(pd.Series([m.get("content") for m in turns], dtype=object))
     if reasons.notna().any():
