@@ -160,11 +160,7 @@ def test_a_tokenizer_without_pad_is_warned_about_once_per_split(tmp_path, sample
     ],
 )
 def test_chats_that_are_all_malformed_are_refused_saying_why(value, said):
-    frame = pd.DataFrame({"messages": [value] * 3})
-    frame.attrs["source_path"] = "data/01_raw/chats.jsonl"
-    with pytest.raises(InputDataError) as error:
-        nodes.clean_corpus(frame, {"messages_column": "messages"})
-    message = str(error.value)
+    message = _refused_chats(value)
     assert "data/01_raw/chats.jsonl" in message and "split.messages_column" in message
     assert said in message and "\n" not in message, message
 
@@ -187,6 +183,15 @@ def test_a_max_length_that_cuts_many_training_rows_is_said(raw, caplog):
             assert share >= 0.05 and f"{100 * share:.0f} % of the train split's rows" in warned[0]
 
 
+def _refused_chats(value) -> str:
+    """The one line the split refuses a file of three copies of the chat ``value`` with."""
+    frame = pd.DataFrame({"messages": [value] * 3})
+    frame.attrs["source_path"] = "data/01_raw/chats.jsonl"
+    with pytest.raises(InputDataError) as error:
+        nodes.clean_corpus(frame, {"messages_column": "messages"})
+    return str(error.value)
+
+
 @pytest.mark.parametrize(
     ("value", "said"),
     [
@@ -202,11 +207,7 @@ def test_a_max_length_that_cuts_many_training_rows_is_said(raw, caplog):
     ids=["content_of_a_long_role", "last_turn_of_a_long_role"],
 )
 def test_a_malformed_chats_role_is_said_on_one_line_and_cut(value, said):
-    frame = pd.DataFrame({"messages": [value] * 3})
-    frame.attrs["source_path"] = "data/01_raw/chats.jsonl"
-    with pytest.raises(InputDataError) as error:
-        nodes.clean_corpus(frame, {"messages_column": "messages"})
-    message = str(error.value)
+    message = _refused_chats(value)
     assert said in message and "\n" not in message, message
     assert "x" * 100 not in message and "y" * 100 not in message, message
 
