@@ -139,11 +139,7 @@ def test_predictions_in_input_order_refused_rows_reported_greedy_equal_per_row_g
 
 def test_chat_messages_are_rendered_with_the_training_chat_template_up_to_the_last_user_turn(project):
     folder = project / "data/06_models/model"
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    split = parse_split_params({"messages_column": "messages"})
-    fingerprint = make_fingerprint(tokenizer, 64, data_format=data_format_params(split, tokenizer))
+    tokenizer, fingerprint = _chat_model(project)
     (project / "data/05_model_input/tokenized_corpus_fingerprint.json").write_text(json.dumps(fingerprint))
     (project / "data/01_raw/chats.jsonl").write_text(
         "".join(json.dumps({"messages": chat}) + "\n" for chat, _ in CHATS), encoding="utf-8"
@@ -762,15 +758,22 @@ def test_a_prompt_model_given_neither_its_prompt_column_nor_text_names_the_promp
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
 
 
-def _trained_on_chats(project):
-    """The project's model folder as the train pipeline writes it after chat data (``split.messages_column:
-    messages``) rendered with the tokenizer's chat template."""
+def _chat_model(project):
+    """The project's model folder's tokenizer given ``CHAT_TEMPLATE`` (saved there), and the fingerprint of
+    chat data (``split.messages_column: messages``) rendered with it."""
     folder = project / "data/06_models/model"
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     split = parse_split_params({"messages_column": "messages"})
-    stored = make_fingerprint(tokenizer, 64, data_format=data_format_params(split, tokenizer))
+    return tokenizer, make_fingerprint(tokenizer, 64, data_format=data_format_params(split, tokenizer))
+
+
+def _trained_on_chats(project):
+    """The project's model folder as the train pipeline writes it after chat data (``split.messages_column:
+    messages``) rendered with the tokenizer's chat template."""
+    folder = project / "data/06_models/model"
+    _, stored = _chat_model(project)
     record = {"fingerprint": stored["fingerprint"], "data_format": stored["params"]["data_format"]}
     (folder / "training_data.json").write_text(json.dumps(record))
     return folder

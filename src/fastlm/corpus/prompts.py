@@ -76,6 +76,7 @@ __all__ = [
     "leading_bos",
     "prompt_frame",
     "prompt_token_ids",
+    "quoted",
     "render_messages",
     "render_prompt",
     "system_turns",
@@ -421,7 +422,7 @@ def malformed_chat(values: pd.Series) -> str | None:
                 missing = content is None or (isinstance(content, float) and np.isnan(content))
                 if not missing and not isinstance(content, str):
                     return (
-                        f"row {row}: the content of message {index} ({_quoted(message['role'])}) is a "
+                        f"row {row}: the content of message {index} ({quoted(message['role'])}) is a "
                         f"{_kind(content)}, not a text"
                     )
             continue
@@ -433,14 +434,14 @@ def malformed_chat(values: pd.Series) -> str | None:
             return f"row {row} is not a list of {{role, content}} turns"
         if len(value) and value[-1]["role"] != RESPONSE_ROLE:
             return (
-                f"row {row}: the last message is a {_quoted(value[-1]['role'])} turn, not the assistant's "
+                f"row {row}: the last message is a {quoted(value[-1]['role'])} turn, not the assistant's "
                 f"answer (role {RESPONSE_ROLE!r})"
             )
         return f"row {row} holds {len(value)} message(s), not a prompt and the assistant's answer"
     return None
 
 
-def _quoted(text: str, limit: int = 40) -> str:
+def quoted(text: str, limit: int = 40) -> str:
     """``text`` quoted on one line (a newline escaped), cut after ``limit`` characters."""
     return repr(text if len(text) <= limit else text[:limit] + "…")
 

@@ -219,8 +219,10 @@ def _refuse_an_input_of_no_askable_row(rows: pd.DataFrame, path: str, parameter:
         fixes.append(
             "raise predict.max_input_tokens or set predict.too_long=truncate (their last tokens kept)"
         )
+    from fastlm.corpus.prompts import quoted
+
     first = rows["id"].iloc[0]
-    shown = repr(first if len(first) <= 40 else first[:40] + "…") if isinstance(first, str) else first
+    shown = quoted(first) if isinstance(first, str) else first
     raise InputDataError(
         f"none of the {len(rows)} rows of {path} can be asked ({parameter} {column!r}): {reasons}; "
         f"the first, row {shown}: {refused.iloc[0]}; nothing was written.",
