@@ -459,6 +459,8 @@ def _one_line_exit_2(project: Path, *args: str) -> str:
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("fastlm: error:") and "Fix:" in last, last
+    said = last.removeprefix("fastlm: error:").strip().split(". Fix:")[0]
+    assert (done.stdout + done.stderr).count(said) == 1, done.stdout[-3000:]  # said once, not by Kedro too
     assert _snapshot(project) == before
     return last
 

@@ -128,3 +128,35 @@ def test_every_log_step_leaves_one_summary_line_and_the_bar_shows_one_eta(monkey
     shown = str(progress.bar)
     progress.close()
     assert shown.count("eta") == 1 and "<" not in shown  # fastlm's ETA only, not tqdm's remaining time
+
+
+def _node_failure_line(error: Exception) -> str:
+    """What Kedro's node logger says of a node failing with ``error``, through fastlm's log set-up."""
+    from fastlm.log_handler import quiet_third_party_logs
+
+    quiet_third_party_logs()
+    node_logger = logging.getLogger("kedro.pipeline.node")
+    seen = io.StringIO()
+    handler = logging.StreamHandler(seen)
+    node_logger.addHandler(handler)
+    try:
+        raise error
+    except Exception as exc:  # noqa: BLE001 - the record is made while the error is handled, as Kedro does
+        node_logger.error("Node %s failed with error: \n%s", "split_corpus", str(exc))
+    finally:
+        node_logger.removeHandler(handler)
+    return seen.getvalue()
+
+
+def test_a_user_error_is_said_once_and_a_bug_keeps_kedros_full_line():
+    from fastlm.errors import InputDataError
+
+    missing = InputDataError("raw.csv has no column 'text'", fix="set split.text_column")
+    user_error = _node_failure_line(missing)
+    assert "split_corpus" in user_error and "no column" not in user_error
+    assert "fastlm: error line at the end" in user_error
+    wrapped = RuntimeError("loading failed")
+    wrapped.__cause__ = InputDataError("raw.csv is empty", fix="add rows")
+    assert "raw.csv is empty" not in _node_failure_line(wrapped)  # Kedro wraps: the chain is searched
+    bug = _node_failure_line(KeyError("tokenizer"))
+    assert "split_corpus failed with error" in bug and "tokenizer" in bug

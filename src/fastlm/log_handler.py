@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from fastlm.errors import find_user_error
+
 PLAIN_FORMAT = "[%(asctime)s] %(levelname)-7s %(message)s"
 # Lines other libraries log at INFO on every run, saying nothing about the user's run.
 NOISE = {
@@ -14,6 +16,7 @@ NOISE = {
     # tracking (SafeMlflow, the guarded MLflow hook) catches that and warns once; the traceback repeats it.
     "mlflow.store.db.utils": ("SQLAlchemy database error",),
 }
+NODE_FAILED = "Node %s failed with error"  # kedro.pipeline.node's record of a failing node
 
 
 def plain_logs_when_redirected() -> None:
@@ -45,10 +48,25 @@ class _DropPrefixes(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
+class _UserErrorSaidOnce(logging.Filter):
+    """Kedro logs a failing node's error in full, then the CLI ends with the same user error as one
+    ``fastlm: error:`` line (``fastlm.cli``): for a user error (a ``FastlmError`` in the chain of the
+    exception being handled) Kedro's line names the node only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(NODE_FAILED) and find_user_error(sys.exc_info()[1]) is not None:
+            record.msg = "Node %s failed: the fastlm: error line at the end says why and how to fix it."
+            record.args = tuple(record.args or ())[:1]
+        return True
+
+
 def quiet_third_party_logs() -> None:
-    """Drop the NOISE lines (once per process; a logger keeps its filters) and show Python warnings again
-    (conf/logging.yml hides those raised while Kedro loads its plugins)."""
+    """Drop the NOISE lines (once per process; a logger keeps its filters), say a user error once, and show
+    Python warnings again (conf/logging.yml hides those raised while Kedro loads its plugins)."""
     logging.getLogger("py.warnings").setLevel(logging.WARNING)
+    node_logger = logging.getLogger("kedro.pipeline.node")
+    if not any(isinstance(f, _UserErrorSaidOnce) for f in node_logger.filters):
+        node_logger.addFilter(_UserErrorSaidOnce())
     for name, prefixes in NOISE.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropPrefixes) for f in logger.filters):

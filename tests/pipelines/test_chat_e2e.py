@@ -3,6 +3,7 @@
 report's sample generations and at predict, is the one the model trained on."""
 
 import json
+import logging
 
 import datasets
 import pandas as pd
@@ -48,7 +49,9 @@ def chat_project(kedro_project, sample_texts):
     return kedro_project, tokenizer
 
 
-def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(chat_project, monkeypatch):
+def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(
+    chat_project, monkeypatch, caplog
+):
     """The report's sample generations gave a chat model ``report.prompts`` as raw text ("배송" where it
     trained on "<|im_start|>user\\n배송<|im_end|>\\n<|im_start|>assistant\\n<think>..."), unlike predict: each
     is now one user turn rendered with the training's chat format (its template variables included), its
@@ -102,7 +105,13 @@ def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(cha
         return sampled(model, prompts, **kwargs)
 
     monkeypatch.setattr(generation, "generate_continuations", spy)
+    runtime_log = logging.getLogger("fastlm.engine.runtime.environment")
+    monkeypatch.setattr(runtime_log, "level", logging.INFO)
+    monkeypatch.setattr(runtime_log, "handlers", [caplog.handler])  # Kedro's logging set-up: not caplog's
+    monkeypatch.setattr(runtime_log, "propagate", False)
     run_pipeline(project, "report", params)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("runtime: ")]
+    assert len(said) == 1, said  # the report's evaluation and generations run on one runtime: said once
     # each one user turn after the system turn every training chat had, as predict asks a line
     turns = [[SYSTEM, {"role": "user", "content": q.replace("\r\n", "\n")}] for q in QUESTIONS]
     rendered = [render_messages(t, "{prompt}", tokenizer, THINK_OFF) for t in turns]

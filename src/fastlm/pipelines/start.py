@@ -36,10 +36,12 @@ def start_node(
     tokenizer=None,
     paths: dict | None = None,
     runtime: bool = True,
+    runtime_said: bool = False,
 ) -> NodeStart:
     """Validated train and split parameters; the freshness check when ``fingerprint`` is given (a stale
     ``tokenized_corpus`` is one StaleDataError line naming its path from ``paths``); the runtime applied
-    (``train.runtime`` as validated, ``train.seed``) unless ``runtime`` is false."""
+    (``train.runtime`` as validated, ``train.seed``) unless ``runtime`` is false; ``runtime_said``: an
+    earlier node of the pipeline logged the runtime line (``setup_runtime(said=...)``)."""
     train, split = parse_group("train", train_params), parse_group("split", split_params)
     if fingerprint is not None or tokenizer is not None:
         check_fresh(fingerprint, tokenizer, split, where=(paths or {}).get(TOKENIZED, TOKENIZED))
@@ -51,5 +53,5 @@ def start_node(
             setup_runtime,  # imports torch: only for nodes that compute
         )
 
-        applied = setup_runtime(train.runtime, seed=train.seed)
+        applied = setup_runtime(train.runtime, seed=train.seed, said=runtime_said)
     return NodeStart(train, split, applied)

@@ -290,3 +290,14 @@ def test_the_runtime_line_says_which_cpu_choices_the_first_micro_batch_still_set
         assert part in line and "first micro-batch" in line
     if not provisional:
         assert "(auto:" not in line and "precision=fp32," in line
+
+
+def test_a_runtime_an_earlier_node_said_is_logged_at_debug_only(caplog):
+    """The report's generations apply the runtime its evaluation applied and logged: the line once at INFO."""
+    config = RuntimeConfig(device="cpu", precision="fp32", compile=False, num_threads=1)
+    with caplog.at_level(logging.DEBUG, logger=runtime_module.__name__):
+        first = setup_runtime(config)
+        again = setup_runtime(config, said=True)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("runtime: ")]
+    assert [level for level, _ in lines] == [logging.INFO, logging.DEBUG]
+    assert lines[0][1] == lines[1][1] and again == first

@@ -216,15 +216,20 @@ def resolve_precision(requested: str, device: torch.device) -> str:
 
 
 def setup_runtime(
-    config: RuntimeConfig | RuntimeParams, *, seed: int | None = None, measured_later: bool = False
+    config: RuntimeConfig | RuntimeParams,
+    *,
+    seed: int | None = None,
+    measured_later: bool = False,
+    said: bool = False,
 ) -> Runtime:
     """Apply the whole runtime configuration to this process (call it once, before building the model).
 
     ``measured_later``: the caller trains, and ``runtime_probe`` settles CPU ``auto`` precision and compile on
     the first micro-batch; the runtime line says so instead of stating the provisional values as settled.
-    ``config`` is already validated (``RuntimeParams`` by the parameter hook, ``RuntimeConfig`` on creation):
-    it is read as it is. ``seed`` (``train.seed``) overrides ``config.seed``; ``RuntimeParams`` has none
-    (default 0).
+    ``said``: an earlier node of the same run logged this runtime's line (the report's generations after its
+    evaluation): logged at DEBUG only. ``config`` is already validated (``RuntimeParams`` by the parameter
+    hook, ``RuntimeConfig`` on creation): it is read as it is. ``seed`` (``train.seed``) overrides
+    ``config.seed``; ``RuntimeParams`` has none (default 0).
     """
     seed = getattr(config, "seed", 0) if seed is None else seed
     device = resolve_device(config.device)
@@ -299,5 +304,9 @@ def setup_runtime(
         described["precision"] = f"{precision} (auto: measured on the first micro-batch)"
     if measured_later and config.compile == "auto":
         described["compile"] = f"{runtime.compile} (auto: measured on the first micro-batch)"
-    log.info("runtime: %s", ", ".join(f"{key}={value}" for key, value in described.items()))
+    log.log(
+        logging.DEBUG if said else logging.INFO,
+        "runtime: %s",
+        ", ".join(f"{key}={value}" for key, value in described.items()),
+    )
     return runtime

@@ -193,7 +193,7 @@ def generate_on_references(
             f"the test split of {_path(paths, 'corpus_splits')} is empty.",
             fix="raise split.ratios.test and rerun the split pipeline.",
         )
-    start = start_node(train_params, split_params)
+    start = start_node(train_params, split_params, runtime_said=True)  # evaluate_model's line
     runtime = start.runtime
     model = trained["model"].to(runtime.device)
     table, metrics = score_test_generations(
