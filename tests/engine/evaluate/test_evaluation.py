@@ -367,3 +367,30 @@ def _analysed(model, data, tokenizer, runtime, mode: str, **options):
         attn="sdpa",
         options=EvalOptions(analysis=True, **options),
     )
+
+
+def test_worst_samples_of_prompt_data_show_what_the_loss_scored(setup):
+    """On prompt/response data a sample's loss covers its response and earlier answers only: the worst samples
+    say which text that is (``scored_text``, the trained pieces in order) and how many tokens
+    (``scored_tokens``), beside the whole sample's ``text``."""
+    model, tokenizer, _, runtime = setup
+    rows = [tokenizer(text)["input_ids"] + [tokenizer.eos_token_id] for text in _texts(40, 7)]
+    rows = [row for row in rows if len(row) >= 6][:16]
+    lengths = np.array([len(row) for row in rows])
+    prompts = np.full(len(rows), 4)
+    spans = [[1, 3] if i % 2 else [] for i in range(len(rows))]  # every other sample: an earlier answer
+    data = TokenSequences(
+        np.concatenate(rows),
+        np.concatenate([[0], np.cumsum(lengths)]),
+        prompts,
+        answer_spans=(np.array(sum(spans, []), dtype=np.int64), np.cumsum([0] + [len(s) for s in spans])),
+    )
+    report = _analysed(model, data, tokenizer, runtime, "dynamic", worst=len(rows))
+    worst = report.worst_samples
+    assert len(worst) == len(rows)
+    for row in worst.itertuples():
+        ids = rows[row.sample]
+        answer = [ids[1:3]] if row.sample % 2 else []
+        assert row.scored_tokens == len(ids) - 4 + 2 * len(answer)
+        pieces = [tokenizer.decode(piece) for piece in [*answer, ids[4:]]]
+        assert row.scored_text == " ⋯ ".join(pieces) and row.text == tokenizer.decode(ids)

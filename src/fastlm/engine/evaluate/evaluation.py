@@ -67,6 +67,7 @@ WRONG_PAIR_COLUMNS = [
     "share_of_errors",
 ]
 WORST_COLUMNS = ["sample", "loss", "length", "text", "anomaly_score"]
+SCORED_COLUMNS = ["scored_tokens", "scored_text"]  # prompt/response data: what each sample's loss covers
 
 
 @dataclass
@@ -76,7 +77,8 @@ class EvaluationReport:
     frequent (target, predicted) mistakes (``target`` / ``predicted`` are the tokens, ``*_text`` their decoded
     text, ``*_id`` their ids). ``worst_samples``: the samples of highest mean token loss, worst first
     (``sample`` is the index in the split; ``anomaly_score`` the fraction of its target positions whose target
-    is not among the model's top k: on log-key data, the share of next keys the model did not expect). Tokens
+    is not among the model's top k: on log-key data, the share of next keys the model did not expect; on
+    prompt/response data ``scored_tokens`` / ``scored_text`` say what its loss covers). Tokens
     and texts have LF line ends (``lf_line_ends``: a CR would split their rows in the CSVs)."""
 
     metrics: dict
@@ -392,16 +394,32 @@ def _worst_frame(tokenizer, dataset: TokenSequences, found: dict) -> pd.DataFram
             continue  # fewer scored samples than ``worst``
         sample = int(found["scored"][key])
         ids = dataset[sample]
-        rows.append(
-            {
-                "sample": sample,
-                "loss": value,
-                "length": int(ids.size),
-                "text": lf_line_ends(tokenizer.decode(ids.tolist())),
-                "anomaly_score": score,
-            }
-        )
-    return pd.DataFrame(rows, columns=WORST_COLUMNS)
+        row = {
+            "sample": sample,
+            "loss": value,
+            "length": int(ids.size),
+            "text": lf_line_ends(tokenizer.decode(ids.tolist())),
+            "anomaly_score": score,
+        }
+        if dataset.prompt_lengths is not None:
+            row.update(_scored(tokenizer, dataset, sample))
+        rows.append(row)
+    columns = WORST_COLUMNS + (SCORED_COLUMNS if dataset.prompt_lengths is not None else [])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _scored(tokenizer, dataset: TokenSequences, sample: int) -> dict:
+    """What a prompt/response sample's loss covers: its earlier answers, then its response (decoded apart,
+    joined by `` ⋯ ``; the prompt's other tokens are inputs only)."""
+    ids = dataset[sample]
+    pieces = [
+        *(ids[start:end] for start, end in dataset.answer_spans_of(sample)),
+        ids[max(int(dataset.prompt_lengths[sample]), 1) :],
+    ]
+    return {
+        "scored_tokens": sum(len(piece) for piece in pieces),
+        "scored_text": lf_line_ends(" ⋯ ".join(tokenizer.decode(piece.tolist()) for piece in pieces)),
+    }
 
 
 def _token(tokenizer, token_id: int) -> str:
