@@ -158,7 +158,7 @@ def test_a_template_that_dates_its_prompt_renders_the_same_date_every_day(sample
     """Llama-3.2 instruct's template writes "Today Date: <the day it renders>": a chat split on one day and
     predicted on the next got another prompt than the model trained on (0 of 30 predict prompts equal the
     training prompts a day later). Chats render with the template's own fixed date on every day."""
-    from fastlm.corpus.prompts import CHAT_DATE
+    from fastlm.corpus.chat_template import CHAT_DATE
 
     tokenizer = llama_style_tokenizer(sample_texts, chat_template=True)
     tokenizer.chat_template = DATED_TEMPLATE
@@ -445,7 +445,7 @@ def test_an_answer_searched_for_is_never_taken_from_its_header_or_the_next_turn(
     trained the header in its place, and an answer the template rewrote trained the next user turn that
     quotes it. An answer whose place the search cannot tell apart is now not trained (its chat trains its
     last answer only), and the next turn is no longer searched."""
-    from fastlm.corpus.prompts import answer_spans
+    from fastlm.corpus.chat_spans import answer_spans
     from tests.support.chat_templates import qwen3_style_tokenizer
 
     reads = qwen3_style_tokenizer(sample_texts)

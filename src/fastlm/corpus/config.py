@@ -80,7 +80,7 @@ _RESERVED_TEMPLATE_KWARGS = {
         "the template renders each row's messages, with the tokenizer's own chat template",
     ),
     "date_string": "a template that dates its prompt gets the same fixed date on every day "
-    "(corpus.prompts.CHAT_DATE), so the split and predict render alike",
+    "(corpus.chat_template.CHAT_DATE), so the split and predict render alike",
     **dict.fromkeys(
         (
             "bos_token",

@@ -156,7 +156,7 @@ def _check_template_variables(variables, chat, chat_training, trained: dict, par
     """Say in one warning where ``predict.chat_template_kwargs`` change nothing, as the split says of its
     own: no chat template renders the inputs, or the template of a model from elsewhere never mentions a
     name (a model trained here was checked by its split, and predict refuses other variables than its)."""
-    from fastlm.corpus.prompts import unread_variables
+    from fastlm.corpus.chat_template import unread_variables
 
     if not variables:
         return

@@ -9,6 +9,7 @@ import datasets
 import numpy as np
 import pandas as pd
 
+from fastlm.corpus.chat_template import has_chat_template, unread_variables
 from fastlm.corpus.cleaning import clean_texts
 from fastlm.corpus.config import TRAIN_TOKENIZER
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
@@ -16,11 +17,9 @@ from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
 from fastlm.corpus.prompts import (
     SYSTEM_TURN,
     common_system_prompt,
-    has_chat_template,
     malformed_chat,
     prompt_frame,
     tokenize_pairs,
-    unread_variables,
 )
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import (

@@ -1,0 +1,227 @@
+"""Where a chat's earlier assistant answers are in its rendered prompt, so that ``split.train_turns: all``
+trains them (``prompts.prompt_frame`` keeps them as ``answer_spans``, ``prompts.tokenize_pairs`` as token
+ranges).
+
+Finding an answer's characters (``answer_spans``), in the order tried:
+
+1. The marked render: the chat rendered once more by its chat template with a unique mark (``ANSWER_MARK``
+   around the turn's index) in place of each earlier answer. Where putting the answers back in their marks'
+   places gives the prompt exactly, the marks' places are the answers'. This holds for every template that
+   writes an answer as the data gives it, whatever text it puts around it.
+2. The boundary search between prefix renders, where the marked render is refused or differs (a template
+   that reads an answer's text, e.g. a header that depends on it): each answer is searched between the
+   render of the chat up to the turn before it and the render up to the turn after it (each a prefix of the
+   prompt), before the next turn's content (a user turn that quotes it is never taken), and taken only
+   where its text is there once (never a header that holds its text; identical answers in a row each in
+   its own turn).
+3. Otherwise None: a template that rewrites an earlier answer (Qwen3's drops its ``<think>`` reasoning).
+   Such a chat trains its last answer only; the split says all of them in one warning with their count.
+
+An answer's range takes the tokenizer's EOS after it where the template writes it there (an instruct
+template's end of turn: Qwen3's ``<|im_end|>``, Llama-3's ``<|eot_id|>``). Without a chat template the
+``"role: content"`` lines put each answer where its place is known.
+
+The character ranges become token ranges through the fast tokenizer's character map
+(``answer_token_ranges``: the tokens that overlap a range) and follow the prompt's truncation into the
+sample (``kept_answer_ranges``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template
+
+__all__ = ["ANSWER_MARK", "answer_spans", "answer_token_ranges", "kept_answer_ranges"]
+
+log = logging.getLogger(__name__)
+
+# What an earlier answer is rendered as to find its place in a chat's render: characters of a private use
+# plane around its index (a chat that holds them anyway is found by the slower search).
+ANSWER_MARK = ("\U000f0000", "\U000f0001")
+
+
+def answer_spans(
+    history: Sequence[Mapping], prompt: str, template: str, tokenizer=None, variables: Mapping | None = None
+) -> str | None:
+    """The earlier assistant answers of ``history`` in its rendered ``prompt`` (``render_messages``'s output
+    for the same arguments) as ``"start:end"`` character ranges, space-separated ("" when it has none): each
+    answer's content and, where the tokenizer's EOS follows it (an instruct template's end of turn), the EOS.
+    None where an answer is not where the render puts it (a template that rewrites earlier answers): the
+    row then trains its last answer only.
+
+    With a chat template, the chat is rendered once more with a unique mark in place of each earlier answer:
+    where putting the answers back in their marks' places gives ``prompt`` exactly, the marks' places are the
+    answers'. Otherwise (a template that reads an answer's text) each answer is searched between the renders
+    of the chat up to the turn before it and up to the content of the turn after it, each a prefix of
+    ``prompt`` (so a user turn that quotes the answer is never taken for it), and taken only where its text
+    is there once (never a header that holds its text). Without a template, its place in the
+    ``"role: content"`` lines is known.
+    """
+    if not any(message["role"] == RESPONSE_ROLE for message in history):
+        return ""
+    if has_chat_template(tokenizer):
+        found = _marked_answer_spans(history, prompt, tokenizer, variables or {})
+        return (
+            found
+            if found is not None
+            else _template_answer_spans(history, prompt, tokenizer, variables or {})
+        )
+    if template.count("{prompt}") != 1:
+        return None
+    spans, at = [], template.index("{prompt}")
+    for message in history:
+        head = f"{message['role']}: "
+        if message["role"] == RESPONSE_ROLE:
+            spans.append(f"{at + len(head)}:{at + len(head) + len(message['content'])}")
+        at += len(head) + len(message["content"]) + 1
+    return " ".join(spans)
+
+
+def _marked_answer_spans(history, prompt: str, tokenizer, variables: Mapping) -> str | None:
+    marks = {index: f"{ANSWER_MARK[0]}{index}{ANSWER_MARK[1]}" for index, m in enumerate(history)}
+    marked = [
+        {**message, "content": marks[index]} if message["role"] == RESPONSE_ROLE else message
+        for index, message in enumerate(history)
+    ]
+    try:
+        text = apply_template(marked, tokenizer, variables, generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template may refuse a mark: the slower search then
+        return None
+    eos = getattr(tokenizer, "eos_token", None)
+    pieces, spans, at, size = [], [], 0, 0
+    for index, message in enumerate(history):
+        if message["role"] != RESPONSE_ROLE:
+            continue
+        found = text.find(marks[index], at)
+        if found < 0 or text.count(marks[index]) != 1:
+            return None
+        pieces += [text[at:found], message["content"]]
+        start = size + found - at
+        size = start + len(message["content"])
+        spans.append([start, size])
+        at = found + len(marks[index])
+    pieces.append(text[at:])
+    if "".join(pieces) != prompt:
+        return None
+    for span in spans:
+        if eos and prompt.startswith(eos, span[1]):
+            span[1] += len(eos)
+    return " ".join(f"{start}:{end}" for start, end in spans)
+
+
+def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) -> str | None:
+    rendered: dict[int, int | None] = {0: 0}
+
+    def boundary(count: int) -> int | None:  # where the render of the first ``count`` messages ends
+        if count not in rendered:
+            try:
+                text = apply_template(history[:count], tokenizer, variables, generation_prompt=False)
+            except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no spans then
+                text = None
+            rendered[count] = len(text) if isinstance(text, str) and prompt.startswith(text) else None
+        return rendered[count]
+
+    eos = getattr(tokenizer, "eos_token", None)
+    spans, cursor = [], 0
+    for index, message in enumerate(history):
+        if message["role"] != RESPONSE_ROLE:
+            continue
+        before = [n for n in range(index, 0, -1) if history[n - 1]["role"] != RESPONSE_ROLE][:1]
+        after = [n for n in range(index + 2, len(history) + 1) if history[n - 1]["role"] != RESPONSE_ROLE][:1]
+        lower = boundary(before[0]) if before else 0
+        upper = boundary(after[0]) if after else len(prompt)
+        if lower is None or upper is None:
+            return None
+        if after:  # the answer ends before the next turn's content (which may quote it)
+            quoted = prompt.rfind(history[after[0] - 1]["content"], lower, upper)
+            upper = quoted if quoted >= 0 else upper
+        content, lower = message["content"], max(lower, cursor)
+        # the answers after it up to the next turn, in order: the same text there is theirs
+        run = history[index + 1 : after[0] - 1] if after else history[index + 1 :]
+        found = [prompt.find(content, lower, upper)]
+        while found[-1] >= 0:  # every place of its text, overlapping ones too
+            found.append(prompt.find(content, found[-1] + 1, upper))
+        start = found[0]
+        if start < 0 or len(found) - 1 != 1 + sum(m["content"] == content for m in run):
+            return None  # not there, or not told apart from a header or another copy of its text
+        end = start + len(content)
+        if eos and prompt.startswith(eos, end) and end + len(eos) <= upper:
+            end += len(eos)
+        spans.append(f"{start}:{end}")
+        cursor = end
+    return " ".join(spans)
+
+
+def answer_token_ranges(prompts, spans, shifts: np.ndarray, tokenizer, encoded) -> list[np.ndarray]:
+    """Each prompt's answer ranges (``"start:end"`` characters of its uncut text, ``shifts[i]`` characters
+    cut from its start since) as ``[k, 2]`` ranges of its raw ids (``encoded``: ``encode_ragged``'s values
+    and lengths): the tokens that overlap a range (a byte-level token may carry the space before an answer's
+    first word: it is that word's token). Read from the fast tokenizer's character map of the same ids; a
+    slow tokenizer has none and trains the last answer only (said once)."""
+    values, lengths = encoded
+    starts = np.cumsum(lengths) - lengths
+    out = [np.zeros((0, 2), dtype=np.int64)] * len(prompts)
+    rows = [i for i, text in enumerate(spans) if text]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        log.warning(
+            "%s is a slow tokenizer (no character map): %d chats train their last answer only.",
+            type(tokenizer).__name__,
+            len(rows),
+        )
+        return out
+    backend = Tokenizer.from_str(backend.to_str())  # a copy: without the tokenizer.json's padding/truncation
+    backend.no_padding()
+    backend.no_truncation()
+    encodings = backend.encode_batch([prompts[i] for i in rows], add_special_tokens=False)
+    ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int64)
+    expected = np.concatenate([values[starts[i] : starts[i] + lengths[i]] for i in rows])
+    if not np.array_equal(ids, expected):
+        raise ValueError("the tokenizer gave the prompts other ids with their character map than without")
+    for row, encoding in zip(rows, encodings, strict=True):
+        chars = np.array([pair.split(":") for pair in spans[row].split()], dtype=np.int64) - shifts[row]
+        size, count = len(prompts[row]), int(lengths[row])
+        tokens = np.array(
+            [
+                (
+                    _token_at(encoding, max(begin, 0), size, count),
+                    _token_at(encoding, max(end, 0), size, count, True),
+                )
+                for begin, end in chars
+            ],
+            dtype=np.int64,
+        ).reshape(-1, 2)
+        out[row] = tokens[tokens[:, 1] > tokens[:, 0]]
+    return out
+
+
+def _token_at(encoding, char: int, size: int, count: int, after: bool = False) -> int:
+    """The first token that ends after character ``char`` (``after``: the first that starts at or after it) of
+    an ``encoding`` of a ``size``-character text into ``count`` tokens; characters no token covers (white
+    space a tokenizer drops) are passed over."""
+    while char < size:
+        token = encoding.char_to_token(char)
+        if token is not None:
+            return token + 1 if after and encoding.token_to_chars(token)[0] < char else token
+        char += 1
+    return count
+
+
+def kept_answer_ranges(spans: list[np.ndarray], added: np.ndarray, head: np.ndarray, cut: np.ndarray):
+    """Token ranges of raw prompt ids into the kept sample: ``added`` ids put in front (a BOS), the ``cut``
+    ids after the first ``head`` dropped; ranges cut away dropped, a range cut in two keeps its end, none
+    starts at position 0 (nothing predicts it). As ``TokenizedTexts.answer_spans``."""
+    kept = []
+    for pairs, front, keep_head, removed in zip(spans, added, head, cut, strict=True):
+        pairs = pairs + front
+        pairs = np.maximum(pairs, keep_head + removed) - removed
+        pairs[:, 0] = np.maximum(pairs[:, 0], 1)
+        kept.append(pairs[pairs[:, 1] > pairs[:, 0]].reshape(-1))
+    counts = np.fromiter((len(pairs) for pairs in kept), dtype=np.int64, count=len(kept))
+    values = np.concatenate(kept).astype(np.int32) if kept else np.zeros(0, np.int32)
+    return values, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
