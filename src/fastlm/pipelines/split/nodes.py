@@ -1,42 +1,34 @@
-"""Nodes of the split pipeline: each validates ``params:split`` once, then calls the corpus library."""
+"""Nodes of the split pipeline: each validates ``params:split`` once, then calls the corpus library (its
+steps are ``fastlm.corpus.split_steps``)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import datasets
 import numpy as np
 import pandas as pd
 
-from fastlm.corpus.chat_template import has_chat_template, unread_variables
-from fastlm.corpus.cleaning import clean_texts
 from fastlm.corpus.config import TRAIN_TOKENIZER
-from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
-from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
-from fastlm.corpus.prompts import (
-    SYSTEM_TURN,
-    common_system_prompt,
-    malformed_chat,
-    prompt_frame,
-    tokenize_pairs,
+from fastlm.corpus.pretokenized import id_tokenizer
+from fastlm.corpus.prompts import SYSTEM_TURN
+from fastlm.corpus.split_steps import (
+    clean_id_lists,
+    clean_rows,
+    measure_splits,
+    require_columns,
+    split_fingerprint,
+    split_rows,
+    tokenize_rows,
+    tokenizer_texts,
+    training_system_turn,
 )
-from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
-from fastlm.corpus.statistics import (
-    UNKNOWN_WARNING_SHARE,
-    build_report,
-    length_summary,
-    unknown_per_row,
-    unknown_summary,
-)
-from fastlm.corpus.tokenization import cut_long_texts, encode_id_lists, tokenize_texts
+from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS
+from fastlm.corpus.statistics import build_report
 from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
-from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
 
 log = logging.getLogger(__name__)
-# From this share of the train rows cut by split.max_length, the split says so (the report counts any).
-TRUNCATION_WARNING_SHARE = 0.05
 
 
 def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
@@ -47,9 +39,9 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     """
     config = parse_group("split", params)
     source = raw.attrs.get("source_path", "raw_corpus")
-    _require_columns(raw, config, source)
+    require_columns(raw, config, source)
     if config.pretokenized:
-        return _clean_id_lists(raw, config, source)
+        return clean_id_lists(raw, config, source)
     tokenizer = None
     if config.tokenizer.source != TRAIN_TOKENIZER:  # fail now, before any output is written
         tokenizer = load_tokenizer(  # build_tokenizer loads it again for the data and says what it lacks
@@ -57,190 +49,23 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
             **config.tokenizer.model_dump(include={"allow_download", "trust_remote_code"}),
             warn=False,
         )
-    if config.data_format == "text":
-        kept, drops = clean_texts(raw[config.text_column])
-        kept = kept.to_frame()
-    else:
-        kept, drops = prompt_frame(raw, config, tokenizer)
-        if config.data_format == "messages":
-            log.info(
-                "Messages rendered with %s",
-                "the tokenizer's chat template"
-                + (f" and {config.chat_template_kwargs}" if config.chat_template_kwargs else "")
-                if config.chat_template and has_chat_template(tokenizer)
-                else "split.prompt_template",
-            )
-    _check_template_variables(config, tokenizer)
-    if drops.get("tool_calls"):
-        log.warning(
-            "%d chats hold tool calls (an assistant turn with tool_calls): fastlm does not train function "
-            "calling, so they are dropped (split report: dropped.tool_calls); the other chats of "
-            "split.messages_column train as usual",
-            drops["tool_calls"],
-        )
-    log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
-    if kept.empty:
-        malformed = malformed_chat(raw[config.messages_column]) if config.data_format == "messages" else None
-        raise InputDataError(
-            f"no usable {'text' if config.data_format == 'text' else 'prompt/response row'} left in {source} "
-            f"after cleaning {len(raw)} rows (dropped: {drops})"
-            + (f"; split.messages_column {config.messages_column!r}: {malformed}." if malformed else "."),
-            fix=f"check that {', '.join(f'split.{name} ({column!r})' for name, column in _columns(config))} "
-            "hold the data"
-            + (
-                ": each row a list of {role, content} turns, each content a text, ending with the "
-                "assistant's answer (a JSON list in a .jsonl or Parquet file, not a string)."
-                if malformed
-                else "."
-            ),
-        )
-    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
-
-
-def _check_template_variables(config, tokenizer) -> None:
-    """Say where ``split.chat_template_kwargs`` change nothing: no chat template renders the data, or the
-    template never mentions a name (misspelled, or another model family's variable); and where
-    ``split.train_turns: last`` does: data that is not chats."""
-    if config.train_turns != "all" and config.data_format != "messages":
-        log.warning(
-            "split.train_turns: %s changes nothing: the data is not chat messages (split.messages_column), "
-            "whose answers it chooses among",
-            config.train_turns,
-        )
-    variables = config.chat_template_kwargs
-    if not variables:
-        return
-    rendered = config.data_format == "messages" and config.chat_template and has_chat_template(tokenizer)
-    if not rendered:
-        why = (
-            "the data is not chat messages (split.messages_column)"
-            if config.data_format != "messages"
-            else "split.chat_template is false"
-            if not config.chat_template
-            else f"the tokenizer ({config.tokenizer.source}) has no chat template"
-        )
-        log.warning("split.chat_template_kwargs %s change nothing: %s", variables, why)
-        return
-    unread = unread_variables(tokenizer, variables)
-    if unread:
-        log.warning(
-            "split.chat_template_kwargs: the chat template of %s never mentions %s, so %s nothing "
-            "(misspelled, or another model family's variable?)",
-            config.tokenizer.source,
-            ", ".join(unread),
-            "it changes" if len(unread) == 1 else "they change",
-        )
-
-
-def _clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame, dict]:
-    """Pre-tokenized rows: every id list checked (one bad row refuses the file), exact duplicates dropped."""
-    eos, _ = config.special_ids
-    ids = id_texts(
-        raw[config.ids_column],
-        vocab_size=config.vocab_size,
-        eos_id=eos,
-        source=source,
-        param=f"split.ids_column ({config.ids_column!r})",
-    )
-    texts = pd.Series(ids, name="text", dtype=object)
-    kept = texts.drop_duplicates().to_frame()
-    drops = {"duplicate": int(len(texts) - len(kept))}
-    log.info(
-        "Checked %d pre-tokenized rows of %s (vocab_size %d): kept %d, dropped %s",
-        len(raw),
-        source,
-        config.vocab_size,
-        len(kept),
-        drops,
-    )
-    if kept.empty:
-        raise InputDataError(f"{source} has no rows.", fix=f"fill split.ids_column ({config.ids_column!r}).")
-    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
-
-
-def _columns(config) -> list[tuple[str, str]]:
-    """(parameter, column) pairs the configured data format reads."""
-    names = {
-        "text": ["text_column"],
-        "prompt_response": ["prompt_column", "response_column"],
-        "messages": ["messages_column"],
-        "pretokenized": ["ids_column"],
-    }[config.data_format]
-    return [(name, getattr(config, name)) for name in names]
-
-
-def _require_columns(raw: pd.DataFrame, config, source: str) -> None:
-    for name, column in _columns(config):
-        if column not in raw.columns:
-            raise InputDataError(
-                f"{source} has no column {column!r}; its columns are {list(map(str, raw.columns))}.",
-                fix=f"set split.{name} to one of them (--params split.{name}=<name>).",
-            )
+    return clean_rows(raw, config, source, tokenizer)
 
 
 def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.DataFrame, dict]:
     """Assign train/validation/test by a keyed hash of each text (or raw prompt/response pair); apply the
     max_samples cap."""
     config = parse_group("split", params)
-    keys = text_keys(clean["split_key" if "split_key" in clean else "text"], config.hash_salt)
-    keep = cap_rows(keys[:, 1], config.max_samples)
-    ratios = config.ratios
-    codes = assign_splits(keys[keep, 0], ratios.train, ratios.validation, ratios.test)
-    columns = {
-        name: clean[name].to_numpy()[keep] for name in clean.columns if name not in ("split_key", SYSTEM_TURN)
-    }
-    splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
-    if config.folds is not None:
-        splits[FOLD_COLUMN] = assign_folds(
-            keys[keep, 0], codes, config.folds, ratios.train, ratios.validation, ratios.test
-        )
-    counts = splits["split"].value_counts().reindex(SPLITS).to_dict()
-    empty = [name for name in SPLITS if counts[name] == 0]
-    # train needs every split (validation for evaluation, test for the report): refuse before writing
-    if empty:
-        name = empty[0]
-        raise InputDataError(
-            f"the {name} split would be empty: {len(splits)} text{'' if len(splits) == 1 else 's'} "
-            f"with split.ratios.{name} = {getattr(ratios, name):g} give it no text (counts {counts}); "
-            "nothing was written.",
-            fix=f"give more texts (split.max_samples: {config.max_samples}) or raise split.ratios.{name} "
-            "(every split needs at least one text).",
-        )
-    if config.folds is not None:
-        _check_folds(splits[FOLD_COLUMN].to_numpy(), config)
-    log.info("Split %d texts: %s", len(splits), counts)
+    splits, keep, codes = split_rows(clean, config)
     split_counts = {**cleaning, "capped_by_max_samples": int(len(clean) - len(keep))}
     if SYSTEM_TURN in clean:  # the system turn every chat the model trains on (train, capped) began with
         turns = clean[SYSTEM_TURN].to_numpy()[keep][codes == SPLITS.index("train")]
-        system = common_system_prompt(turns)
+        system, said = training_system_turn(turns)
         if system is not None:
             split_counts["system_prompt"] = system
-            log.info(
-                "Every training chat begins with the same system turn: predict and the report ask after it"
-            )
-        elif any(turn is not None for turn in turns):
-            log.info(
-                "The training chats begin with %d different system turns (%d with none): predict and the "
-                "report ask a text as a lone user turn; give predict chats (predict.messages_column) to set "
-                "one",
-                len({turn for turn in turns if turn is not None}),
-                sum(turn is None for turn in turns),
-            )
+        if said:
+            log.info("%s", said)
     return splits, split_counts
-
-
-def _check_folds(folds: np.ndarray, config) -> None:
-    """Every fold needs a validation row and leaves train a row: refuse before anything is written."""
-    sizes = np.bincount(folds[folds >= 0], minlength=config.folds)
-    if sizes.min() == 0 or sizes.sum() - sizes.max() == 0:
-        empty = int(np.argmin(sizes)) if sizes.min() == 0 else int(np.argmax(sizes))
-        what = "has no row" if sizes.min() == 0 else "holds every row, leaving train none"
-        raise InputDataError(
-            f"split.folds = {config.folds}: fold {empty} {what} of the {int(sizes.sum())} train + validation "
-            "rows; nothing was written.",
-            fix=f"lower split.folds or give more texts (split.max_samples: {config.max_samples}).",
-        )
-    log.info("Folds of train + validation (split.folds = %d): %s rows", config.folds, sizes.tolist())
 
 
 def build_tokenizer(splits: pd.DataFrame, params: dict):
@@ -260,15 +85,7 @@ def build_tokenizer(splits: pd.DataFrame, params: dict):
         return load_tokenizer(
             config.source, allow_download=config.allow_download, trust_remote_code=config.trust_remote_code
         )
-    train_rows = splits.loc[splits["split"] == "train"].head(config.training_samples)
-    # Each text cut as tokenize_corpus cuts it (prompts keep their end): a huge text costs no more memory.
-    if "text" in splits:
-        train = list(cut_long_texts(train_rows["text"].tolist(), split.max_length)[0])
-    else:
-        train = [
-            *cut_long_texts(train_rows["prompt"].tolist(), split.max_length, keep="tail")[0],
-            *cut_long_texts(train_rows["response"].tolist(), split.max_length)[0],
-        ]
+    train = tokenizer_texts(splits, split, config.training_samples)
     tokenizer = train_bpe_tokenizer(
         train,
         vocab_size=config.vocab_size,
@@ -289,20 +106,7 @@ def tokenize_corpus(
     predict and the report to ask the model as it was trained.
     """
     config = parse_group("split", params)
-    encode = {"max_length": config.max_length, "batch_size": config.batch_size, "num_proc": config.num_proc}
-    if config.pretokenized:
-        tokens = encode_id_lists(
-            parse_id_texts(splits["text"].tolist()),
-            eos=int(tokenizer.eos_token_id),
-            max_length=config.max_length,
-        )
-    elif config.data_format == "text":
-        tokens = tokenize_texts(splits["text"].tolist(), tokenizer, **encode)
-    else:
-        answers = splits["answer_spans"].tolist() if "answer_spans" in splits else None
-        tokens = tokenize_pairs(
-            splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, answer_spans=answers, **encode
-        )
+    tokens = tokenize_rows(splits, tokenizer, config)
     codes = splits["split"].cat.codes.to_numpy()
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}
     # split.folds: each sample keeps its fold bucket, so train.fold picks a fold without re-tokenizing.
@@ -310,25 +114,8 @@ def tokenize_corpus(
     tokenized = datasets.DatasetDict(
         {name: datasets.Dataset(tokens.to_arrow(rows[name], extra)) for name in SPLITS}
     )
-    row_hashes = pd.util.hash_pandas_object(splits, index=False).to_numpy()
-    fingerprint = make_fingerprint(
-        tokenizer,
-        config.max_length,
-        data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
-        data_format=data_format_params(config, tokenizer),
-        selection=selection_params(config),
-        folds=config.folds,
-    )
-    if (split_counts or {}).get("system_prompt") is not None and config.data_format == "messages":
-        fingerprint["system_prompt"] = split_counts["system_prompt"]
-    stats = {
-        name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS
-    }
-    _measure_unknown(stats, tokens, rows, None if config.pretokenized else tokenizer, config)
-    _say_truncation(stats["train"], config)
-    if tokens.prompt_lengths is not None:
-        for name in SPLITS:
-            stats[name]["target_tokens"] = int(tokens.target_lengths[rows[name]].sum())
+    fingerprint = split_fingerprint(splits, tokenizer, config, (split_counts or {}).get("system_prompt"))
+    stats = measure_splits(tokens, rows, tokenizer, config)
     log.info(
         "Tokenized %d texts into %d tokens (max_length %d)",
         len(splits),
@@ -336,49 +123,6 @@ def tokenize_corpus(
         config.max_length,
     )
     return tokenized, fingerprint, stats
-
-
-def _say_truncation(train: dict, config) -> None:
-    """One warning where ``split.max_length`` cut ``TRUNCATION_WARNING_SHARE`` or more of the train rows."""
-    if train["rows"] and train["truncated_share"] >= TRUNCATION_WARNING_SHARE:
-        cut = {
-            "text": "their ends are never trained",
-            "pretokenized": "their ends are never trained",
-        }.get(config.data_format, "their prompts lose their start first, then their responses their end")
-        log.warning(
-            "%.0f %% of the train split's rows (%d of %d) are longer than split.max_length = %d tokens and "
-            "were cut: %s. Fix: a larger split.max_length (--params split.max_length=<tokens>) where memory "
-            "allows",
-            100 * train["truncated_share"],
-            train["truncated_rows"],
-            train["rows"],
-            config.max_length,
-            cut,
-        )
-
-
-def _measure_unknown(stats: dict, tokens, rows: dict, tokenizer, config) -> None:
-    """Each split's share of the tokenizer's unknown token (a tokenizer that has one), said from 1 %."""
-    unknown_id = getattr(tokenizer, "unk_token_id", None)
-    special = {getattr(tokenizer, f"{name}_token_id", None) for name in ("eos", "bos", "pad")}
-    if unknown_id is None or unknown_id in special:  # GPT-2 style: one <|endoftext|> for all, no unknown
-        return
-    unknown = unknown_per_row(tokens.values, tokens.offsets, int(unknown_id))
-    for name in SPLITS:
-        stats[name].update(unknown_summary(unknown[rows[name]], tokens.lengths[rows[name]]))
-    worst = max(SPLITS, key=lambda name: stats[name]["unknown_token_share"])
-    if stats[worst]["unknown_token_share"] >= UNKNOWN_WARNING_SHARE:
-        log.warning(
-            "%.1f %% of the %s split's tokens are the tokenizer's unknown token %s (%d of %d rows hold one): "
-            "the model learns nothing of what they stood for and never writes it. Fix: a tokenizer that "
-            "covers the corpus (split.tokenizer.source: train, a byte-level BPE of it; now %s)",
-            100 * stats[worst]["unknown_token_share"],
-            worst,
-            tokenizer.unk_token,
-            stats[worst]["rows_with_unknown"],
-            stats[worst]["rows"],
-            config.tokenizer.source,
-        )
 
 
 def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[dict, pd.DataFrame]:

@@ -1,0 +1,345 @@
+"""The split's steps on the raw table, under the validated split parameters (``corpus.config.SplitParams``):
+clean it (texts, prompt/response pairs, chats or pre-tokenized id lists, with what the settings change
+nothing of said), split it, gather the tokenizer's training texts, tokenize it and measure it. The split
+pipeline's nodes call them between the catalog's datasets; each refusal is one line before anything is
+written (``fastlm.errors.InputDataError``)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import numpy as np
+import pandas as pd
+
+from fastlm.corpus.chat_template import has_chat_template, unread_variables
+from fastlm.corpus.cleaning import clean_texts
+from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
+from fastlm.corpus.pretokenized import id_texts, parse_id_texts
+from fastlm.corpus.prompts import (
+    SYSTEM_TURN,
+    common_system_prompt,
+    malformed_chat,
+    prompt_frame,
+    tokenize_pairs,
+)
+from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
+from fastlm.corpus.statistics import UNKNOWN_WARNING_SHARE, length_summary, unknown_per_row, unknown_summary
+from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_id_lists, tokenize_texts
+from fastlm.errors import InputDataError
+
+__all__ = [
+    "TRUNCATION_WARNING_SHARE",
+    "check_folds",
+    "check_template_variables",
+    "clean_id_lists",
+    "clean_rows",
+    "data_columns",
+    "measure_splits",
+    "split_fingerprint",
+    "require_columns",
+    "split_rows",
+    "tokenize_rows",
+    "tokenizer_texts",
+    "training_system_turn",
+]
+
+log = logging.getLogger(__name__)
+# From this share of the train rows cut by split.max_length, the split says so (the report counts any).
+TRUNCATION_WARNING_SHARE = 0.05
+
+
+def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[pd.DataFrame, dict]:
+    """Texts, prompt/response pairs or chats of ``raw`` cleaned (prompts rendered with ``tokenizer``, the
+    configured one, None where the split trains its own), and the counts of the split report."""
+    if config.data_format == "text":
+        kept, drops = clean_texts(raw[config.text_column])
+        kept = kept.to_frame()
+    else:
+        kept, drops = prompt_frame(raw, config, tokenizer)
+        if config.data_format == "messages":
+            log.info(
+                "Messages rendered with %s",
+                "the tokenizer's chat template"
+                + (f" and {config.chat_template_kwargs}" if config.chat_template_kwargs else "")
+                if config.chat_template and has_chat_template(tokenizer)
+                else "split.prompt_template",
+            )
+    check_template_variables(config, tokenizer)
+    if drops.get("tool_calls"):
+        log.warning(
+            "%d chats hold tool calls (an assistant turn with tool_calls): fastlm does not train function "
+            "calling, so they are dropped (split report: dropped.tool_calls); the other chats of "
+            "split.messages_column train as usual",
+            drops["tool_calls"],
+        )
+    log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
+    if kept.empty:
+        malformed = malformed_chat(raw[config.messages_column]) if config.data_format == "messages" else None
+        columns = ", ".join(f"split.{name} ({column!r})" for name, column in data_columns(config))
+        raise InputDataError(
+            f"no usable {'text' if config.data_format == 'text' else 'prompt/response row'} left in {source} "
+            f"after cleaning {len(raw)} rows (dropped: {drops})"
+            + (f"; split.messages_column {config.messages_column!r}: {malformed}." if malformed else "."),
+            fix=f"check that {columns} hold the data"
+            + (
+                ": each row a list of {role, content} turns, each content a text, ending with the "
+                "assistant's answer (a JSON list in a .jsonl or Parquet file, not a string)."
+                if malformed
+                else "."
+            ),
+        )
+    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+
+
+def check_template_variables(config, tokenizer) -> None:
+    """Say where ``split.chat_template_kwargs`` change nothing: no chat template renders the data, or the
+    template never mentions a name (misspelled, or another model family's variable); and where
+    ``split.train_turns: last`` does: data that is not chats."""
+    if config.train_turns != "all" and config.data_format != "messages":
+        log.warning(
+            "split.train_turns: %s changes nothing: the data is not chat messages (split.messages_column), "
+            "whose answers it chooses among",
+            config.train_turns,
+        )
+    variables = config.chat_template_kwargs
+    if not variables:
+        return
+    rendered = config.data_format == "messages" and config.chat_template and has_chat_template(tokenizer)
+    if not rendered:
+        why = (
+            "the data is not chat messages (split.messages_column)"
+            if config.data_format != "messages"
+            else "split.chat_template is false"
+            if not config.chat_template
+            else f"the tokenizer ({config.tokenizer.source}) has no chat template"
+        )
+        log.warning("split.chat_template_kwargs %s change nothing: %s", variables, why)
+        return
+    unread = unread_variables(tokenizer, variables)
+    if unread:
+        log.warning(
+            "split.chat_template_kwargs: the chat template of %s never mentions %s, so %s nothing "
+            "(misspelled, or another model family's variable?)",
+            config.tokenizer.source,
+            ", ".join(unread),
+            "it changes" if len(unread) == 1 else "they change",
+        )
+
+
+def clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame, dict]:
+    """Pre-tokenized rows: every id list checked (one bad row refuses the file), exact duplicates dropped."""
+    eos, _ = config.special_ids
+    ids = id_texts(
+        raw[config.ids_column],
+        vocab_size=config.vocab_size,
+        eos_id=eos,
+        source=source,
+        param=f"split.ids_column ({config.ids_column!r})",
+    )
+    texts = pd.Series(ids, name="text", dtype=object)
+    kept = texts.drop_duplicates().to_frame()
+    drops = {"duplicate": int(len(texts) - len(kept))}
+    log.info(
+        "Checked %d pre-tokenized rows of %s (vocab_size %d): kept %d, dropped %s",
+        len(raw),
+        source,
+        config.vocab_size,
+        len(kept),
+        drops,
+    )
+    if kept.empty:
+        raise InputDataError(f"{source} has no rows.", fix=f"fill split.ids_column ({config.ids_column!r}).")
+    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+
+
+def data_columns(config) -> list[tuple[str, str]]:
+    """(parameter, column) pairs the configured data format reads."""
+    names = {
+        "text": ["text_column"],
+        "prompt_response": ["prompt_column", "response_column"],
+        "messages": ["messages_column"],
+        "pretokenized": ["ids_column"],
+    }[config.data_format]
+    return [(name, getattr(config, name)) for name in names]
+
+
+def require_columns(raw: pd.DataFrame, config, source: str) -> None:
+    for name, column in data_columns(config):
+        if column not in raw.columns:
+            raise InputDataError(
+                f"{source} has no column {column!r}; its columns are {list(map(str, raw.columns))}.",
+                fix=f"set split.{name} to one of them (--params split.{name}=<name>).",
+            )
+
+
+def split_rows(clean: pd.DataFrame, config) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The rows of ``clean`` kept by ``split.max_samples`` with their ``split`` (a keyed hash of each text or
+    raw prompt/response pair) and fold, the kept rows' indices and split codes; a split or a fold left
+    empty is refused."""
+    keys = text_keys(clean["split_key" if "split_key" in clean else "text"], config.hash_salt)
+    keep = cap_rows(keys[:, 1], config.max_samples)
+    ratios = config.ratios
+    codes = assign_splits(keys[keep, 0], ratios.train, ratios.validation, ratios.test)
+    columns = {
+        name: clean[name].to_numpy()[keep] for name in clean.columns if name not in ("split_key", SYSTEM_TURN)
+    }
+    splits = pd.DataFrame({**columns, "split": pd.Categorical.from_codes(codes, categories=list(SPLITS))})
+    if config.folds is not None:
+        splits[FOLD_COLUMN] = assign_folds(
+            keys[keep, 0], codes, config.folds, ratios.train, ratios.validation, ratios.test
+        )
+    counts = splits["split"].value_counts().reindex(SPLITS).to_dict()
+    empty = [name for name in SPLITS if counts[name] == 0]
+    # train needs every split (validation for evaluation, test for the report): refuse before writing
+    if empty:
+        name = empty[0]
+        raise InputDataError(
+            f"the {name} split would be empty: {len(splits)} text{'' if len(splits) == 1 else 's'} "
+            f"with split.ratios.{name} = {getattr(ratios, name):g} give it no text (counts {counts}); "
+            "nothing was written.",
+            fix=f"give more texts (split.max_samples: {config.max_samples}) or raise split.ratios.{name} "
+            "(every split needs at least one text).",
+        )
+    if config.folds is not None:
+        check_folds(splits[FOLD_COLUMN].to_numpy(), config)
+    log.info("Split %d texts: %s", len(splits), counts)
+    return splits, keep, codes
+
+
+def check_folds(folds: np.ndarray, config) -> None:
+    """Every fold needs a validation row and leaves train a row: refuse before anything is written."""
+    sizes = np.bincount(folds[folds >= 0], minlength=config.folds)
+    if sizes.min() == 0 or sizes.sum() - sizes.max() == 0:
+        empty = int(np.argmin(sizes)) if sizes.min() == 0 else int(np.argmax(sizes))
+        what = "has no row" if sizes.min() == 0 else "holds every row, leaving train none"
+        raise InputDataError(
+            f"split.folds = {config.folds}: fold {empty} {what} of the {int(sizes.sum())} train + validation "
+            "rows; nothing was written.",
+            fix=f"lower split.folds or give more texts (split.max_samples: {config.max_samples}).",
+        )
+    log.info("Folds of train + validation (split.folds = %d): %s rows", config.folds, sizes.tolist())
+
+
+def training_system_turn(turns) -> tuple[str | None, str | None]:
+    """The system turn every training chat of ``turns`` (``prompts.system_turns``' contents) began with, None
+    where they differ or begin otherwise, and what to say of it (None: nothing, no chat has one)."""
+    system = common_system_prompt(turns)
+    if system is not None:
+        return (
+            system,
+            "Every training chat begins with the same system turn: predict and the report ask after it",
+        )
+    if not any(turn is not None for turn in turns):
+        return None, None
+    return None, (
+        f"The training chats begin with {len({turn for turn in turns if turn is not None})} different system "
+        f"turns ({sum(turn is None for turn in turns)} with none): predict and the report ask a text as a "
+        "lone user turn; give predict chats (predict.messages_column) to set one"
+    )
+
+
+def tokenizer_texts(splits: pd.DataFrame, split, count: int) -> list[str]:
+    """The first ``count`` train rows' texts a tokenizer is trained on, each cut as ``tokenize_rows`` cuts it
+    (prompts keep their end): a huge text costs no more memory."""
+    train_rows = splits.loc[splits["split"] == "train"].head(count)
+    if "text" in splits:
+        return list(cut_long_texts(train_rows["text"].tolist(), split.max_length)[0])
+    return [
+        *cut_long_texts(train_rows["prompt"].tolist(), split.max_length, keep="tail")[0],
+        *cut_long_texts(train_rows["response"].tolist(), split.max_length)[0],
+    ]
+
+
+def split_fingerprint(splits: pd.DataFrame, tokenizer, config, system_prompt: str | None = None) -> dict:
+    """The fingerprint of the tokenized ``splits`` (``fingerprint.make_fingerprint``: the rows, the tokenizer
+    and the settings that made them), with the system turn every training chat begins with, for predict and
+    the report to ask the model as it was trained."""
+    row_hashes = pd.util.hash_pandas_object(splits, index=False).to_numpy()
+    fingerprint = make_fingerprint(
+        tokenizer,
+        config.max_length,
+        data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
+        data_format=data_format_params(config, tokenizer),
+        selection=selection_params(config),
+        folds=config.folds,
+    )
+    if system_prompt is not None and config.data_format == "messages":
+        fingerprint["system_prompt"] = system_prompt
+    return fingerprint
+
+
+def tokenize_rows(splits: pd.DataFrame, tokenizer, config) -> TokenizedTexts:
+    """Unpadded token ids with EOS appended, truncated at ``split.max_length``: prompt/response rows as
+    prompt ids + response ids + EOS with their prompt lengths (and earlier answers' ranges)."""
+    encode = {"max_length": config.max_length, "batch_size": config.batch_size, "num_proc": config.num_proc}
+    if config.pretokenized:
+        return encode_id_lists(
+            parse_id_texts(splits["text"].tolist()),
+            eos=int(tokenizer.eos_token_id),
+            max_length=config.max_length,
+        )
+    if config.data_format == "text":
+        return tokenize_texts(splits["text"].tolist(), tokenizer, **encode)
+    answers = splits["answer_spans"].tolist() if "answer_spans" in splits else None
+    return tokenize_pairs(
+        splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, answer_spans=answers, **encode
+    )
+
+
+def measure_splits(tokens: TokenizedTexts, rows: dict, tokenizer, config) -> dict:
+    """Each split's (``rows``: its sample indices) length summary, unknown-token share and target tokens,
+    with a warning where ``split.max_length`` cut many train rows or the tokenizer's unknown token is
+    common."""
+    stats = {
+        name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS
+    }
+    _measure_unknown(stats, tokens, rows, None if config.pretokenized else tokenizer, config)
+    _say_truncation(stats["train"], config)
+    if tokens.prompt_lengths is not None:
+        for name in SPLITS:
+            stats[name]["target_tokens"] = int(tokens.target_lengths[rows[name]].sum())
+    return stats
+
+
+def _say_truncation(train: dict, config) -> None:
+    """One warning where ``split.max_length`` cut ``TRUNCATION_WARNING_SHARE`` or more of the train rows."""
+    if train["rows"] and train["truncated_share"] >= TRUNCATION_WARNING_SHARE:
+        cut = {
+            "text": "their ends are never trained",
+            "pretokenized": "their ends are never trained",
+        }.get(config.data_format, "their prompts lose their start first, then their responses their end")
+        log.warning(
+            "%.0f %% of the train split's rows (%d of %d) are longer than split.max_length = %d tokens and "
+            "were cut: %s. Fix: a larger split.max_length (--params split.max_length=<tokens>) where memory "
+            "allows",
+            100 * train["truncated_share"],
+            train["truncated_rows"],
+            train["rows"],
+            config.max_length,
+            cut,
+        )
+
+
+def _measure_unknown(stats: dict, tokens, rows: dict, tokenizer, config) -> None:
+    """Each split's share of the tokenizer's unknown token (a tokenizer that has one), said from 1 %."""
+    unknown_id = getattr(tokenizer, "unk_token_id", None)
+    special = {getattr(tokenizer, f"{name}_token_id", None) for name in ("eos", "bos", "pad")}
+    if unknown_id is None or unknown_id in special:  # GPT-2 style: one <|endoftext|> for all, no unknown
+        return
+    unknown = unknown_per_row(tokens.values, tokens.offsets, int(unknown_id))
+    for name in SPLITS:
+        stats[name].update(unknown_summary(unknown[rows[name]], tokens.lengths[rows[name]]))
+    worst = max(SPLITS, key=lambda name: stats[name]["unknown_token_share"])
+    if stats[worst]["unknown_token_share"] >= UNKNOWN_WARNING_SHARE:
+        log.warning(
+            "%.1f %% of the %s split's tokens are the tokenizer's unknown token %s (%d of %d rows hold one): "
+            "the model learns nothing of what they stood for and never writes it. Fix: a tokenizer that "
+            "covers the corpus (split.tokenizer.source: train, a byte-level BPE of it; now %s)",
+            100 * stats[worst]["unknown_token_share"],
+            worst,
+            tokenizer.unk_token,
+            stats[worst]["rows_with_unknown"],
+            stats[worst]["rows"],
+            config.tokenizer.source,
+        )
