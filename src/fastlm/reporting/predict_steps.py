@@ -1,0 +1,176 @@
+"""The predict pipeline's checks and records around ``predictions.predict_rows``: what the settings change
+nothing of (template variables no template reads, prompts asked of a plain-text model), the refusal of an
+input of no askable row, the prompt limit, and how chats were rendered, for the summary. Parameters are
+``params:predict`` (the pipeline's ``PredictParams``), named in the messages as ``predict.<name>``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from fastlm.corpus.chat_template import unread_variables
+from fastlm.corpus.prompts import quoted
+from fastlm.errors import InputDataError
+from fastlm.reporting.predictions import chat_format, chat_template_sha256, input_limit
+
+__all__ = [
+    "chat_record",
+    "check_prompts_of_text_model",
+    "check_template_variables",
+    "input_chat",
+    "predict_input_limit",
+    "refuse_an_input_of_no_askable_row",
+    "say_predicted",
+]
+
+log = logging.getLogger(__name__)
+
+
+def chat_record(chat, tokenizer, user_turn: bool) -> dict:
+    """How the messages were rendered, for the summary: texts asked as user turns name the system turn put
+    before each (every training chat's), said once in the log too."""
+    system = {}
+    if user_turn and chat.system_prompt:
+        system = {"system_prompt": chat.system_prompt}
+        log.info("predict: each input follows the system turn every training chat began with")
+    if chat.chat_template:
+        return {
+            "chat_template_sha256": chat_template_sha256(tokenizer),
+            "chat_template_kwargs": chat.variables,
+            **system,
+        }
+    return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template, **system}
+
+
+def input_chat(trained: dict, chat_training, params, column: tuple[str, str], *, messages: bool):
+    """The chat format the inputs (``column``: the parameter and the column read) are rendered in
+    (``predictions.chat_format``), said where chats are read from the column the model was trained on."""
+    parameter, name = column
+    chat = chat_format(
+        trained["tokenizer"],
+        chat_training,
+        model=trained["source"],
+        variables=params.chat_template_kwargs,
+        parameter=parameter,
+    )
+    if messages and params.messages_column is None:
+        log.info(
+            "predict.messages_column: %r, the column the model was trained on (split.messages_column); "
+            "predict.text_column or predict.prompt_column reads another",
+            name,
+        )
+    return chat
+
+
+def check_template_variables(variables, chat, chat_training, trained: dict, parameter: str) -> None:
+    """Say in one warning where ``predict.chat_template_kwargs`` change nothing, as the split says of its
+    own: no chat template renders the inputs, or the template of a model from elsewhere never mentions a
+    name (a model trained here was checked by its split, and predict refuses other variables than its)."""
+    if not variables:
+        return
+    if chat is None or not chat.chat_template:
+        log.warning(
+            "predict.chat_template_kwargs %s change nothing: the inputs (%s) are not rendered with a chat "
+            "template; leave predict.chat_template_kwargs unset",
+            variables,
+            parameter,
+        )
+        return
+    unread = unread_variables(trained["tokenizer"], variables) if chat_training is None else []
+    if unread:
+        log.warning(
+            "predict.chat_template_kwargs: the chat template of %s never mentions %s, so %s nothing "
+            "(misspelled, or another model family's variable?)",
+            trained["source"],
+            ", ".join(unread),
+            "it changes" if len(unread) == 1 else "they change",
+        )
+
+
+def check_prompts_of_text_model(trained: dict, asks_prompts: bool) -> None:
+    """Say in one warning that a model trained here on plain text (its record's ``data_format`` is null) is
+    asked prompts (``asks_prompts``: the input is predict.prompt_column's): the prompt template wraps them
+    and the outputs are read as responses, neither of which the model saw."""
+    record = trained.get("training_data")
+    if asks_prompts and record is not None and record.get("data_format") is None:
+        log.warning(
+            "predict.prompt_column: the model was trained on plain text (%s), not on prompts: each prompt is "
+            "wrapped by a prompt template it never saw and read as a response; predict.text_column "
+            "continues the texts as it was trained",
+            Path(trained["source"]) / "training_data.json",
+        )
+
+
+def predict_input_limit(model, params, trained: dict) -> int:
+    """The most tokens of a prompt (``input_limit``), said where it comes from the model's training rows."""
+    trained_length = (trained.get("training_data") or {}).get("max_length")
+    limit = input_limit(
+        model,
+        max_new_tokens=params.max_new_tokens,
+        max_input_tokens=params.max_input_tokens,
+        trained_length=trained_length,
+    )
+    if trained_length is not None and params.max_input_tokens is None:
+        longer = "keep their last tokens" if params.too_long == "truncate" else "are refused"
+        log.info(
+            "predict: prompts of at most %d tokens, as the model's report generates (it trained on rows of "
+            "%d tokens, split.max_length); longer ones %s (predict.too_long), predict.max_input_tokens sets "
+            "another limit",
+            limit,
+            trained_length,
+            longer,
+        )
+    return limit
+
+
+def refuse_an_input_of_no_askable_row(
+    rows: pd.DataFrame, path: str, parameter: str, column: str, *, messages: bool
+) -> None:
+    """One line, before anything is written, where no row of the input can be asked (it has none, or every
+    one is refused): the file, the column, the reasons and the first row's (its id quoted and cut), and what
+    to give instead (each fix of the reasons found; ``messages``: the input is chats)."""
+    if len(rows) == 0:
+        raise InputDataError(
+            f"{path} holds no row to ask ({parameter} {column!r}); nothing was written.",
+            fix="give predict.input a file of at least one row.",
+        )
+    refused = rows["refused"]
+    if refused.isna().any():
+        return
+    reasons = refused.map(lambda reason: str(reason).split(" ")[0]).value_counts().to_dict()
+    fixes = []
+    if any(reason != "too_long" for reason in reasons):
+        if messages:
+            fixes.append(
+                f"give {parameter} ({column!r}) a list of {{role, content}} turns a row, ending with a user "
+                "turn"
+            )
+        else:
+            fixes.append(f"give {parameter} ({column!r}) a non-empty text a row")
+    if "too_long" in reasons:
+        fixes.append(
+            "raise predict.max_input_tokens or set predict.too_long=truncate (their last tokens kept)"
+        )
+    first = rows["id"].iloc[0]
+    shown = quoted(first) if isinstance(first, str) else first
+    raise InputDataError(
+        f"none of the {len(rows)} rows of {path} can be asked ({parameter} {column!r}): {reasons}; "
+        f"the first, row {shown}: {refused.iloc[0]}; nothing was written.",
+        fix="; ".join(fixes) + ".",
+    )
+
+
+def say_predicted(summary: dict, path: str, model: str) -> None:
+    log.info(
+        "Predicted %d of %d rows of %s with %s (%s): %.1f samples/s, %.0f generated tokens/s; %d refused",
+        summary["predicted"],
+        summary["rows"],
+        path,
+        model,
+        summary["decoding"],
+        summary["samples_per_s"] or 0,
+        summary["generated_tokens_per_s"] or 0,
+        summary["refused"],
+    )
