@@ -172,6 +172,15 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
     )
 
 
+def _marker_raw(marker: Path) -> dict | None:
+    """The raw file record of a finished split's marker (None when unreadable or without one)."""
+    try:
+        raw = json.loads(marker.read_text(encoding="utf-8")).get("raw")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as file:
@@ -187,14 +196,17 @@ class SplitCompleteHook:
     stopped part way (kill -9, a full disk, Ctrl-C) leaves new files beside older ones, which each look whole.
     Just before the first split output is saved, the ``split_complete.json`` marker is removed (a node that
     refuses its input before returning leaves everything as it was); it is written again
-    once every split node has run and every split output is saved. A pipeline reading split outputs it does
-    not produce itself is refused in one line while the marker is missing. Nothing relies on code running at
-    the interruption.
+    once every split node has run and every split output is saved. A run of the split's later nodes
+    (`--from-nodes tokenize_corpus`: a new max_length on the same splits) reads the outputs of a finished
+    split: it writes the marker again once every node downstream of the ones it ran has run and saved. A
+    pipeline reading split outputs it does not produce itself is refused in one line while the marker is
+    missing. Nothing relies on code running at the interruption.
     """
 
     def __init__(self) -> None:
         self._marker: Path | None = None
         self._raw: Path | None = None
+        self._kept_raw: dict | None = None  # a run of the later nodes: the finished split's raw record
         self._group: set[str] = set()
         self._split_nodes: set[str] = set()
         self._done: set[str] = set()
@@ -211,6 +223,13 @@ class SplitCompleteHook:
         self._split_nodes, self._done, self._saved = {node.name for node in split.nodes}, set(), set()
         self._raw = _local_path(catalog, RAW) if RAW in pipeline.inputs() else None
         read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
+        self._kept_raw = None
+        ran = {node.name for node in pipeline.nodes} & self._split_nodes
+        if read and ran and self._marker.exists():  # the later nodes of a finished split, run again
+            later = split.from_nodes(*ran)
+            self._split_nodes = {node.name for node in later.nodes}
+            self._group &= later.all_outputs()
+            self._kept_raw = _marker_raw(self._marker)
         if read and not self._marker.exists():
             shown = ", ".join(str(_local_path(catalog, name)) for name in read)
             raise InputDataError(
@@ -238,7 +257,8 @@ class SplitCompleteHook:
         self._saved.add(dataset_name)
         if self._done >= self._split_nodes and self._saved >= self._group:
             partial = self._marker.with_name(f".{self._marker.name}.tmp")
-            record = {"outputs": sorted(self._saved), "raw": raw_record(self._raw)}
+            raw = raw_record(self._raw) if self._raw is not None else self._kept_raw
+            record = {"outputs": sorted(self._saved), "raw": raw}
             partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
             os.replace(partial, self._marker)
 

@@ -56,6 +56,33 @@ def test_session_run_writes_every_output(kedro_project):
     assert summary["rows"].sum() == report["kept_rows"]
 
 
+def test_the_split_retokenizes_from_its_tokenize_node(kedro_project):
+    """`kedro run --pipeline=split --from-nodes tokenize_corpus` (a new max_length, the same splits): the
+    counts of the earlier nodes are read back, not asked of the run (was: Kedro's "Pipeline input(s)
+    {'split_counts'} not found" traceback)."""
+    run_pipeline(kedro_project, "split", SMALL)
+    before = json.loads((kedro_project / "data/08_reporting/split_report.json").read_text())
+    shorter = {"split": {**SMALL["split"], "max_length": 24}}
+    run_pipeline(kedro_project, "split", shorter, from_nodes=["tokenize_corpus"])
+    after = json.loads((kedro_project / "data/08_reporting/split_report.json").read_text())
+    fingerprint = json.loads(
+        (kedro_project / "data/05_model_input/tokenized_corpus_fingerprint.json").read_text()
+    )
+    assert after["max_length"] == fingerprint["params"]["max_length"] == 24
+    for kept in ("raw_rows", "dropped", "capped_by_max_samples", "kept_rows", "source"):
+        assert after[kept] == before[kept], kept
+    tokenized = datasets.load_from_disk(str(kedro_project / "data/05_model_input/tokenized_corpus"))
+    assert max(max(part["length"]) for part in tokenized.values()) == 24
+    # every node after the first one run ran, on the outputs of a finished split: the split is whole again
+    marker = json.loads((kedro_project / "data/05_model_input/split_complete.json").read_text())
+    assert marker["raw"]["path"] == "data/01_raw/demo_corpus.jsonl"
+    run_pipeline(kedro_project, "split", SMALL, from_nodes=["build_tokenizer"])
+    run_pipeline(kedro_project, "split", shorter, node_names=["tokenize_corpus"])  # report_split did not run
+    assert not (kedro_project / "data/05_model_input/split_complete.json").exists()
+    with pytest.raises(Exception, match="come from a split that did not finish"):
+        run_pipeline(kedro_project, "train", SMALL)
+
+
 def test_appending_rows_keeps_every_existing_row_in_its_split(kedro_project, sample_texts):
     run_pipeline(kedro_project, "split", SMALL)
     before = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet")

@@ -87,15 +87,24 @@ def bootstrap(project: Path):
             os.environ["PYTHONPATH"] = python_path
 
 
-def run_pipeline(project: Path, pipeline: str, params: dict | None = None, *, env: str | None = None):
-    """Run ``pipeline`` in-process through a KedroSession, as `kedro run --pipelines=<pipeline>` does."""
+def run_pipeline(
+    project: Path,
+    pipeline: str,
+    params: dict | None = None,
+    *,
+    env: str | None = None,
+    from_nodes: list[str] | None = None,
+    node_names: list[str] | None = None,
+):
+    """Run ``pipeline`` in-process through a KedroSession, as `kedro run --pipelines=<pipeline>` does
+    (``from_nodes``: as `--from-nodes`, ``node_names``: as `--nodes`)."""
     import mlflow
     from kedro.framework.session import KedroSession
 
     bootstrap(project)
     try:
         with KedroSession.create(project_path=project, env=env, runtime_params=params or {}) as session:
-            return session.run(pipeline_names=[pipeline])
+            return session.run(pipeline_names=[pipeline], from_nodes=from_nodes, node_names=node_names)
     finally:  # kedro-mlflow can leave a failed run active; one CLI run is one process, a test is not
         while mlflow.active_run() is not None:
             mlflow.end_run("FAILED")
