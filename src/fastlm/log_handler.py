@@ -15,6 +15,8 @@ NOISE = {
     # MLflow's SQL store logs each failed statement with its traceback, then raises to the caller: fastlm's
     # tracking (SafeMlflow, the guarded MLflow hook) catches that and warns once; the traceback repeats it.
     "mlflow.store.db.utils": ("SQLAlchemy database error",),
+    # kedro-viz's run hook, on every run of part of a pipeline (--from-nodes, --nodes): about its own files
+    "kedro_viz.integrations.kedro.run_hooks": ("Workflow tracking is disabled",),
 }
 NODE_FAILED = "Node %s failed with error"  # kedro.pipeline.node's record of a failing node
 
