@@ -28,6 +28,11 @@ class StaleDataError(FastlmError):
     """Derived data no longer matches the configuration that should have produced it."""
 
 
+class OutOfMemory(FastlmError):
+    """The device ran out of memory (a training step or an evaluation) and the back-off
+    (``train.batching.oom_backoff``) was off or could not shrink the micro-batch further."""
+
+
 def find_user_error(exc: BaseException | None) -> FastlmError | None:
     """Return the first FastlmError in ``exc``'s cause/context chain (Kedro wraps node errors)."""
     seen: set[int] = set()

@@ -394,3 +394,82 @@ def test_worst_samples_of_prompt_data_show_what_the_loss_scored(setup):
         assert row.scored_tokens == len(ids) - 4 + 2 * len(answer)
         pieces = [tokenizer.decode(piece) for piece in [*answer, ids[4:]]]
         assert row.scored_text == " ⋯ ".join(pieces) and row.text == tokenizer.decode(ids)
+
+
+def _out_of_memory_above(monkeypatch, rows: int) -> list[int]:
+    """evaluate's forward fails like a CUDA out-of-memory error on a batch of more than ``rows`` rows; the
+    rows of every batch it was given, in order."""
+    real, seen = evaluation.forward_logits, []
+
+    def limited(model, batch):
+        seen.append(int(batch["input_ids"].shape[0]))
+        if seen[-1] > rows:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, batch)
+
+    monkeypatch.setattr(evaluation, "forward_logits", limited)
+    return seen
+
+
+def _loss_only(model, data, tokenizer, runtime, params, **options):
+    return evaluate(
+        model,
+        data,
+        params=params,
+        runtime=runtime,
+        pad_id=tokenizer.pad_token_id,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        options=EvalOptions(**options),
+    )
+
+
+@pytest.mark.parametrize("max_batches", [None, 3], ids=["all", "max_batches"])
+@pytest.mark.parametrize(("mode", "fits"), [("packed", 1), ("dynamic", 4)])
+def test_an_evaluation_out_of_memory_halves_its_own_micro_batch_and_keeps_the_loss(
+    setup, monkeypatch, caplog, mode, fits, max_batches
+):
+    """With train.batching.oom_backoff an evaluation that runs out of memory evaluates again with half the
+    micro-batch (the configured batches cut in pieces: the same samples, also under max_batches), says so
+    once per halving and reports the size it finished with, which a later evaluation starts from."""
+    model, tokenizer, data, runtime = setup
+    raw = _params(mode).model_dump()
+    raw["batching"]["oom_backoff"] = True
+    params = parse_train_params(raw)
+    reference = _loss_only(model, data, tokenizer, runtime, params, max_batches=max_batches)
+    assert reference.micro_batch_size == params.batching.micro_batch_size
+    seen = _out_of_memory_above(monkeypatch, fits)
+    with caplog.at_level("WARNING"):
+        report = _loss_only(model, data, tokenizer, runtime, params, max_batches=max_batches)
+    assert report.micro_batch_size == fits
+    warnings = [r.getMessage() for r in caplog.records if "evaluating again" in r.getMessage()]
+    assert len(warnings) == 2 and all("\n" not in line for line in warnings)
+    # the same samples and targets; the loss is the same token-weighted mean, summed in other batches
+    assert report.metrics["target_tokens"] == reference.metrics["target_tokens"]
+    assert report.metrics["samples"] == reference.metrics["samples"]
+    assert report.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=OTHER_FP32_MODEL["rtol"])
+    seen.clear()
+    later = _loss_only(
+        model,
+        data,
+        tokenizer,
+        runtime,
+        params,
+        max_batches=max_batches,
+        micro_batch_size=report.micro_batch_size,
+    )
+    assert seen and max(seen) <= fits  # no failed attempt at the configured size again
+    assert later.metrics["target_tokens"] == reference.metrics["target_tokens"]
+    assert later.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=OTHER_FP32_MODEL["rtol"])
+
+
+def test_an_evaluation_out_of_memory_without_the_back_off_is_one_line(setup, monkeypatch):
+    from fastlm.engine.train.backoff import OutOfMemory
+
+    model, tokenizer, data, runtime = setup
+    _out_of_memory_above(monkeypatch, 1)
+    with pytest.raises(
+        OutOfMemory, match=r"ran out of memory evaluating .* with micro_batch_size 4 .*oom_backoff: true"
+    ) as caught:
+        _loss_only(model, data, tokenizer, runtime, _params("packed"))
+    assert "\n" not in str(caught.value)

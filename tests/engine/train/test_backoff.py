@@ -249,3 +249,37 @@ def test_backoff_refuses_a_micro_batch_of_fewer_samples_than_pieces(tmp_path, me
     with pytest.raises(ConfigError, match=refused) as caught:
         run_toy(toy_params(tmp_path, batching=batching))
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.kernels  # the validation losses of two batchings compared with a tolerance
+def test_a_validation_out_of_memory_backs_off_on_its_own_and_later_validations_keep_it(
+    tmp_path, monkeypatch, caplog
+):
+    """Validation (packed, 4 rows a micro-batch) runs out of memory above 2 rows: with the back-off on, the
+    run goes on, the first validation evaluates again at micro-batch 2, the second starts there (one failed
+    attempt in all), and the losses are the ones the validation would have measured in full batches."""
+    import torch
+
+    from fastlm.engine.evaluate import evaluation
+    from tests.support.tolerances import OTHER_FP32_MODEL
+
+    params = toy_params(tmp_path, batching={"micro_batch_size": 4, "oom_backoff": True})
+    full = run_toy(params)
+    real, failed = evaluation.forward_logits, []
+
+    def limited(model, batch):
+        if batch["input_ids"].shape[0] > 2:
+            failed.append(batch["input_ids"].shape[0])
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, batch)
+
+    monkeypatch.setattr(evaluation, "forward_logits", limited)
+    with caplog.at_level("WARNING"):
+        result = run_toy(params)
+    assert failed == [4]
+    assert caplog.text.count("evaluating again with micro_batch_size 2") == 1
+    assert result.summary["oom_backoffs"] == []  # training never ran out of memory
+    assert [r["step"] for r in result.eval_history] == [r["step"] for r in full.eval_history] == [15, 30]
+    for backed_off, reference in zip(result.eval_history, full.eval_history, strict=True):
+        assert backed_off["val_target_tokens"] == reference["val_target_tokens"]
+        assert backed_off["val_loss"] == pytest.approx(reference["val_loss"], rel=OTHER_FP32_MODEL["rtol"])

@@ -27,6 +27,7 @@ Sample generations (the report's decoding settings) are ``generation.generate_sa
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from time import perf_counter
@@ -37,7 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from fastlm.engine.batching import loader_generator, make_batching, seq2seq_batching
+from fastlm.engine.batching import (
+    NoneIfEmpty,
+    backoff_pieces,
+    loader_generator,
+    make_batching,
+    seq2seq_batching,
+)
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.data.schema import IGNORE_INDEX, shift_labels
@@ -49,6 +56,9 @@ from fastlm.engine.model.attention.windows import enable_packed_windows, packing
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.loss import causal_lm_loss_sum, forward_logits
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.errors import OutOfMemory
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DENSE_PAIR_TABLE_MAX", "EvalOptions", "EvaluationReport", "evaluate"]
 
@@ -84,6 +94,7 @@ class EvaluationReport:
     metrics: dict
     wrong_pairs: pd.DataFrame | None
     worst_samples: pd.DataFrame | None
+    micro_batch_size: int | None = None  # what it finished with: smaller than params' after a back-off
 
 
 class _PairCounter:
@@ -139,7 +150,9 @@ class EvalOptions:
     data-parallel run's view (``engine.distributed.parallel``); each rank evaluates its shard and the sums are
     added once, at the end; ``even_shards`` for FSDP, whose forward is collective. ``analysis``: the error
     analysis (one process, needs the tokenizer): accuracy, ``top_k`` accuracy, the ``pairs`` most frequent
-    wrong predictions and the ``worst`` samples.
+    wrong predictions and the ``worst`` samples. ``micro_batch_size``: the micro-batch to evaluate in where
+    an earlier evaluation backed off to a smaller one than ``params``' (its
+    ``EvaluationReport.micro_batch_size``; None: ``params``').
     """
 
     analysis: bool = False
@@ -149,6 +162,7 @@ class EvalOptions:
     top_k: int = 5
     worst: int = 10
     pairs: int = 20
+    micro_batch_size: int | None = None
 
 
 def evaluate(
@@ -169,9 +183,15 @@ def evaluate(
     analysis (needs ``tokenizer``, one process) also accuracy and the top-k accuracy (``top<k>_accuracy``,
     :func:`top_k_metric`), and the report's
     ``wrong_pairs`` and ``worst_samples`` are filled (None otherwise). ``pad_id``: the tokenizer's by default.
+
+    Out of memory (``torch.OutOfMemoryError``, the CUDA caching allocator's): with
+    ``train.batching.oom_backoff`` the pass is run again with half the micro-batch (``_halved``, one
+    warning; the configured batches cut in pieces, so the same samples and the same token-weighted loss), and
+    the report says the size it finished with (``micro_batch_size``), which training's later validations
+    start from; without it, one line (``errors.OutOfMemory``), as a training step's.
     """
     options = options or EvalOptions()
-    analysis, max_batches, even_shards = options.analysis, options.max_batches, options.even_shards
+    analysis = options.analysis
     comm = options.comm or SingleProcess()
     if pad_id is None and tokenizer is None:
         raise ValueError("evaluate needs the pad id or the tokenizer")
@@ -184,21 +204,104 @@ def evaluate(
         params = params.model_copy(
             update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})}
         )
-    sides = seq2seq_batching(model, dataset)  # encoder-decoder: each side padded to its own maximum, unpacked
+    setting = _Pass(
+        runtime=runtime,
+        max_length=max_length,
+        attn=attn,
+        pad_id=pad_id if pad_id is not None else pad_id_of(tokenizer),
+        sides=seq2seq_batching(model, dataset),  # encoder-decoder: each side padded to its own maximum
+        options=options,
+        comm=comm,
+    )
+    configured = params.batching.micro_batch_size
+    size = min(options.micro_batch_size or configured, configured)
+    while True:
+        try:
+            sums = _one_pass(model, dataset, params, setting, size=size)
+        except torch.OutOfMemoryError as error:  # nothing of the failed pass is kept: evaluate again smaller
+            size = _halved(error, params, size, samples=len(dataset), world=comm.world_size, device=device)
+        else:
+            break
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the failed pass's blocks (freed with its error) back to the allocator
+    total_loss, targets_count, real_tokens, samples, found, seconds = sums
+    targets_count = int(targets_count)
+    loss = total_loss / targets_count if targets_count else math.nan
+    metrics = {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)) if targets_count else math.nan,
+        "target_tokens": targets_count,
+        "samples": samples,
+        "seconds": seconds,
+        "real_tokens_per_s": real_tokens / seconds if seconds > 0 else math.nan,
+    }
+    if found is None:
+        return EvaluationReport(metrics=metrics, wrong_pairs=None, worst_samples=None, micro_batch_size=size)
+    correct, in_top = found["correct"], found["in_top"]
+    metrics["accuracy"] = correct / targets_count if targets_count else math.nan
+    metrics[top_k_metric(options.top_k)] = in_top / targets_count if targets_count else math.nan
+    return EvaluationReport(
+        metrics=metrics,
+        wrong_pairs=_wrong_pairs_frame(tokenizer, found),
+        worst_samples=_worst_frame(tokenizer, dataset, found),
+        micro_batch_size=size,
+    )
+
+
+def top_k_metric(k: int) -> str:
+    """The name of the top-``k`` accuracy among an evaluation's metrics: ``top5_accuracy`` for k 5 (a figure
+    named by another k than its own would be compared with other runs' real ones)."""
+    return f"top{k}_accuracy"
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """What one pass over the split runs with besides the model, the data and the batching."""
+
+    runtime: Runtime
+    max_length: int
+    attn: str
+    pad_id: int
+    sides: dict
+    options: EvalOptions
+    comm: Collectives
+
+
+def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pass, *, size: int) -> tuple:
+    """One pass over ``dataset`` in micro-batches of ``size`` (smaller than ``params``' after an
+    out-of-memory back-off: the configured batches cut in pieces, ``batching.backoff_pieces``, and
+    ``max_batches`` counted in configured batches, so the same samples are evaluated): (loss sum, target
+    tokens, real tokens, samples, the analysis' read-back or None, seconds)."""
+    options, comm, device = setting.options, setting.comm, setting.runtime.device
+    configured = params.batching.micro_batch_size
+    cut = size < configured
+    pieces = backoff_pieces(configured, size) if cut else 1
+    if cut:
+        params = params.model_copy(
+            update={"batching": params.batching.model_copy(update={"micro_batch_size": size})}
+        )
     sampler, collator = make_batching(
         params,
         dataset.lengths,
-        max_length=max_length,
+        max_length=setting.max_length,
         seed=0,
-        **sides,
-        pad_id=pad_id if pad_id is not None else pad_id_of(tokenizer),
+        **setting.sides,
+        pad_id=setting.pad_id,
+        configured=configured if cut else None,
     )
-    sampler.shard(comm.rank, comm.world_size, even=even_shards)
+    sampler.shard(comm.rank, comm.world_size, even=options.even_shards)
+    max_batches = options.max_batches
     if max_batches is not None:
-        max_batches = math.ceil(max_batches / comm.world_size)
+        max_batches = math.ceil(max_batches / comm.world_size) * pieces
     # its own generator: an evaluation draws nothing from the global one (a resumed run draws as the first)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, generator=loader_generator(0, 0))
-    errors = _ErrorAnalysis(dataset, device, top_k=options.top_k, worst=options.worst) if analysis else None
+    loader = DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=NoneIfEmpty(collator), generator=loader_generator(0, 0)
+    )
+    errors = (
+        _ErrorAnalysis(dataset, device, top_k=options.top_k, worst=options.worst)
+        if options.analysis
+        else None
+    )
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets = torch.zeros((), dtype=torch.int64, device=device)
     real_tokens = samples = 0
@@ -212,8 +315,10 @@ def evaluate(
             for index, (indices, host) in enumerate(zip(sampler, loader, strict=True)):
                 if max_batches is not None and index >= max_batches:
                     break
-                batch = to_device(host, device, attn)
-                with runtime.autocast_context():
+                if host is None:  # a back-off's empty piece of a short batch
+                    continue
+                batch = to_device(host, device, setting.attn)
+                with setting.runtime.autocast_context():
                     logits = forward_logits(model, batch)
                 if errors is None:
                     batch_sum, batch_targets = causal_lm_loss_sum(logits, batch["labels"])
@@ -231,33 +336,37 @@ def evaluate(
         found = errors.read_back(options.pairs) if errors is not None else None
     finally:
         model.train(was_training)
-    seconds = perf_counter() - start
-    targets_count = int(targets_count)
-    loss = total_loss / targets_count if targets_count else math.nan
-    metrics = {
-        "loss": loss,
-        "perplexity": math.exp(min(loss, 50.0)) if targets_count else math.nan,
-        "target_tokens": targets_count,
-        "samples": samples,
-        "seconds": seconds,
-        "real_tokens_per_s": real_tokens / seconds if seconds > 0 else math.nan,
-    }
-    if found is None:
-        return EvaluationReport(metrics=metrics, wrong_pairs=None, worst_samples=None)
-    correct, in_top = found["correct"], found["in_top"]
-    metrics["accuracy"] = correct / targets_count if targets_count else math.nan
-    metrics[top_k_metric(options.top_k)] = in_top / targets_count if targets_count else math.nan
-    return EvaluationReport(
-        metrics=metrics,
-        wrong_pairs=_wrong_pairs_frame(tokenizer, found),
-        worst_samples=_worst_frame(tokenizer, dataset, found),
+    return total_loss, targets_count, real_tokens, samples, found, perf_counter() - start
+
+
+def _halved(error: BaseException, params: TrainParams, size: int, *, samples: int, world: int, device) -> int:
+    """The micro-batch an evaluation that ran out of memory at ``size`` is run again with (``ceil(size /
+    2)``, as training's back-off, said in one warning), or one line: without ``train.batching.oom_backoff``,
+    in a multi-process run (every rank would have to agree) or at micro-batch 1."""
+    batching = params.batching
+    where = f"evaluating {samples} samples with micro_batch_size {size}"
+    if not batching.oom_backoff or world > 1 or size == 1:
+        raise OutOfMemory(
+            f"the {device.type.upper()} device ran out of memory {where} (batching {batching.mode}).",
+            fix="set a smaller train.batching.micro_batch_size (evaluation batches as training does)"
+            + (
+                ", or set train.batching.oom_backoff: true to halve it automatically"
+                if world == 1 and size > 1
+                else ""
+            )
+            + ", or a shorter train.batching.row_length.",
+        ) from error
+    smaller = -(-size // 2)
+    configured = batching.micro_batch_size
+    log.warning(
+        "Out of memory %s: evaluating again with micro_batch_size %d (the configured micro-batches of %d cut "
+        "in %d pieces: the same samples, the same loss); this run's later evaluations keep it.",
+        where,
+        smaller,
+        configured,
+        backoff_pieces(configured, smaller),
     )
-
-
-def top_k_metric(k: int) -> str:
-    """The name of the top-``k`` accuracy among an evaluation's metrics: ``top5_accuracy`` for k 5 (a figure
-    named by another k than its own would be compared with other runs' real ones)."""
-    return f"top{k}_accuracy"
+    return smaller
 
 
 class _ErrorAnalysis:

@@ -14,15 +14,11 @@ import torch
 
 from fastlm.engine.batching import backoff_pieces
 from fastlm.engine.config import TrainParams
-from fastlm.errors import FastlmError
+from fastlm.errors import OutOfMemory
 
 log = logging.getLogger(__name__)
 
 __all__ = ["OutOfMemory", "batching_record", "halve_micro_batch", "resumed_batching"]
-
-
-class OutOfMemory(FastlmError):
-    """The device ran out of memory and the back-off was off or could not shrink the micro-batch further."""
 
 
 def halve_micro_batch(

@@ -36,7 +36,7 @@ from fastlm.engine.batching import (
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess, gradient_sync, wrap_model
-from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
+from fastlm.engine.evaluate.evaluation import EvalOptions, EvaluationReport, evaluate
 from fastlm.engine.model.attention.choice import attention_path, attention_when_compiled
 from fastlm.engine.model.attention.inputs import packed_inputs, to_device
 from fastlm.engine.model.attention.windows import packing_leak
@@ -406,26 +406,41 @@ def _validation(
 ) -> Callable[[], dict] | None:
     """The validation metrics' function (``evaluation.evaluate``, loss only, ``train.eval_max_batches``
     batches); None without a validation split. FSDP's forward is collective: every rank evaluates the wrapped
-    model on even shards; DDP's is not needed to evaluate (the raw model)."""
+    model on even shards; DDP's is not needed to evaluate (the raw model). An evaluation that backed off to a
+    smaller micro-batch (out of memory, ``train.batching.oom_backoff``) leaves it to the next ones
+    (``_Validation``)."""
     if request.eval_set is None:
         return None
     fsdp = params.distributed.strategy == "fsdp"
     options = EvalOptions(max_batches=params.eval_max_batches, comm=request.comm, even_shards=fsdp)
-    return partial(
-        _validate,
-        model if fsdp else request.model,
-        request.eval_set,
-        params=params,
-        runtime=runtime,
-        pad_id=request.pad_id,
-        max_length=request.max_length,
-        attn=attn,
-        options=options,
+    return _Validation(
+        partial(
+            evaluate,
+            model if fsdp else request.model,
+            request.eval_set,
+            params=params,
+            runtime=runtime,
+            pad_id=request.pad_id,
+            max_length=request.max_length,
+            attn=attn,
+        ),
+        options,
     )
 
 
-def _validate(model, eval_set: TokenSequences, **kwargs) -> dict:
-    return evaluate(model, eval_set, **kwargs).metrics
+class _Validation:
+    """Training's validation: ``evaluate`` (all but its options bound) with ``options``; the micro-batch an
+    evaluation finished with after an out-of-memory back-off is where the next one starts (the configured
+    one would fail again first)."""
+
+    def __init__(self, run: Callable[..., EvaluationReport], options: EvalOptions) -> None:
+        self.run, self.options = run, options
+
+    def __call__(self) -> dict:
+        report = self.run(options=self.options)
+        if report.micro_batch_size != self.options.micro_batch_size:
+            self.options = replace(self.options, micro_batch_size=report.micro_batch_size)
+        return report.metrics
 
 
 def _wrapping(params: TrainParams) -> dict:
