@@ -288,6 +288,45 @@ def test_a_backed_off_checkpoint_resumed_by_two_processes_trains_the_configured_
     assert got == want  # the same epochs' batches built twice: exact
 
 
+@pytest.mark.parametrize("limit", ["epochs", "max_steps"])
+def test_a_later_packed_epoch_of_fewer_micro_batches_than_processes_is_refused_before_training(
+    tmp_path, limit
+):
+    """Packed epochs are packed after their own shuffle in windows of 4096 samples, so 5000 samples make
+    another number of rows each epoch: with a micro-batch of as many rows as the fewest, epoch 0 makes 2
+    micro-batches and a later one 1. Two processes: that epoch's even shards were empty, the plan counted one
+    step for it all the same and the streams read the next epoch's micro-batches there (every later step a
+    step of the wrong epoch); only epoch 0 was checked. Refused in one line naming the epoch."""
+    import numpy as np
+
+    from fastlm.engine.data.packing import TokenBudget, packed_batch_count
+    from fastlm.engine.data.samplers import epoch_rng
+    from fastlm.engine.data.token_dataset import TokenSequences
+
+    lengths = np.random.default_rng(0).choice([40, 24, 33, 31], size=5000)
+    data = TokenSequences(
+        np.full(int(lengths.sum()), 5, dtype=np.int64), np.concatenate([[0], np.cumsum(lengths)])
+    )
+    seed = toy_params(tmp_path).seed
+    rows = [packed_batch_count(lengths, TokenBudget(64, 1), rng=epoch_rng(seed, e)) for e in range(4)]
+    short = min(range(1, 4), key=lambda e: rows[e])
+    assert rows[short] < rows[0] and rows[short] <= min(rows[1:short], default=rows[0])
+    batching = {"mode": "packed", "micro_batch_size": rows[short], "row_length": 64}  # rows of 64 tokens
+    span = {"epochs": short + 1, "max_steps": None} if limit == "epochs" else {"max_steps": short + 1}
+    params = toy_params(tmp_path, batching=batching, **span)
+    layout = StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=2)
+    with pytest.raises(
+        ConfigError, match=rf"5000 samples make 1 micro-batch\(es\) in epoch {short} .*fewer than the 2"
+    ) as caught:
+        step_plan(data, params, layout)
+    assert "\n" not in str(caught.value) and "Fix: set a smaller train.batching.micro_batch_size" in str(
+        caught.value
+    )
+    one = step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}))  # one process: fine
+    planned = sum(one.steps(e) for e in range(short + 1)) if limit == "epochs" else short + 1
+    assert one.total_steps == planned
+
+
 @pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
 def test_an_epoch_of_fewer_micro_batches_than_processes_is_refused_before_training(tmp_path, mode):
     """3 samples make one micro-batch of 4: two processes' even shards are empty, the plan still counted one

@@ -537,26 +537,40 @@ def _processes(count: int) -> str:
 def step_plan(dataset: TokenSequences, params: TrainParams, layout: StreamLayout) -> StepPlan:
     """The run's ``StepPlan`` for ``params.batching`` and ``train.epochs`` / ``max_steps`` in
     ``layout.world_size`` processes (the epochs' micro-batches counted, not built: ``epoch_length``). Data of
-    fewer micro-batches an epoch than processes is refused in one line (each process's share would be
-    empty)."""
+    fewer micro-batches than processes in an epoch the plan reaches is refused in one line (each process's
+    share would be empty; packed epochs, packed after their own shuffle, may make fewer than epoch 0)."""
     sampler = micro_batches(dataset, params, layout).sampler
     budget = getattr(sampler, "budget", None)  # packed: the rows' length, ``auto`` resolved
-    size, world = sampler.epoch_length(0), layout.world_size
-    if size < world:  # every process's even share would be empty: no step could read a micro-batch
-        samples = len(dataset)
-        smaller = f"set a smaller train.batching.micro_batch_size (at most {samples // world}), "
-        raise ConfigError(
-            f"the training data's {samples} samples make {size} micro-batch(es) an epoch, fewer than the "
-            f"{world} processes training it (each takes an equal share of an epoch's micro-batches).",
-            fix=f"{smaller if samples >= world else ''}train on more data, or run fewer processes.",
-        )
-    return StepPlan(
+    plan = StepPlan(
         sampler.epoch_length,
         world_size=layout.world_size,
         accumulation=params.batching.gradient_accumulation_steps,
         epochs=params.epochs,
         max_steps=params.max_steps,
         row_length=budget.row_length if budget is not None else None,
+    )
+    _refuse_empty_shards(plan, len(dataset))
+    return plan
+
+
+def _refuse_empty_shards(plan: StepPlan, samples: int) -> None:
+    """One line where an epoch the plan reaches makes fewer micro-batches than the processes training it: its
+    even shards would be empty, yet the plan counts a step for it and the streams would read the next
+    epoch's there (epoch 0: no step could read a micro-batch). One process: every epoch has one."""
+    world = plan.world_size
+    if world == 1:
+        return
+    reached = 1 if plan.size(0) < world else len(plan.outline(world))
+    epoch = next((e for e in range(reached) if plan.size(e) < world), None)
+    if epoch is None:
+        return
+    where = "an epoch" if epoch == 0 else f"in epoch {epoch} (packed after its own shuffle; epoch 0 makes "
+    where += "" if epoch == 0 else f"{plan.size(0)})"
+    smaller = f"set a smaller train.batching.micro_batch_size (at most {samples // world}), "
+    raise ConfigError(
+        f"the training data's {samples} samples make {plan.size(epoch)} micro-batch(es) {where}, fewer than "
+        f"the {world} processes training it (each takes an equal share of an epoch's micro-batches).",
+        fix=f"{smaller if samples >= world else ''}train on more data, or run fewer processes.",
     )
 
 
