@@ -131,6 +131,7 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
     metrics.step_data_waits = [1.0, 0.5, 0.5, 2.0]
     metrics.step_real_tokens = [10.0, 30.0, 30.0, 30.0]
     metrics.step_computed_tokens = [20.0, 40.0, 40.0, 40.0]
+    metrics.outside_steps_s = 7.25  # evaluations and saves between the steps
     summary = run_summary(
         state,
         metrics,
@@ -161,6 +162,8 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
         "step_time_max_s": 3.0,
         "data_wait_share": 3.0 / 6.0,
         "padding_efficiency": 90.0 / 120.0,
+        "steady_real_tokens_per_s": 90.0 / 6.0,  # the steps after the first over their own time
+        "outside_steps_s": 7.25,
         "peak_memory_mb": 30.0,
         "tokens_seen": 5000,
         "flops_per_token": 6e3,

@@ -49,6 +49,35 @@ def test_summary_figures_are_over_steps_not_window_means(tmp_path):
     assert 0 <= summary["data_wait_share"] < 1
 
 
+def test_the_steady_throughput_leaves_out_the_first_step_and_the_evaluations(tmp_path, monkeypatch):
+    """Each validation batch takes at least 0.2 s (a slowed forward), four validations: their time landed in
+    the next step's time and its window's, so the summary's throughput (the windows' wall clock) was several
+    times below the steps' own. The summary says the steady figure beside it: the real tokens of the steps
+    after the first over those steps' own time, the validations set aside (``outside_steps_s``)."""
+    import time
+
+    from fastlm.engine.evaluate import evaluation
+
+    pause, real = 0.2, evaluation.forward_logits
+
+    def slowed(model, batch):
+        time.sleep(pause)
+        return real(model, batch)
+
+    monkeypatch.setattr(evaluation, "forward_logits", slowed)
+    params = toy_params(tmp_path, max_steps=12, log_every=3, eval_every=3)
+    result = run_toy(params)
+    summary, first = result.summary, result.history[0]
+    assert first["step"] == 1 and len(result.eval_history) == 4
+    first_tokens = first["real_tokens_per_s"] * first["step_time_s"]  # step 1's window: step 1 alone
+    steady = (summary["tokens_seen"] - first_tokens) / sum(result.step_times[1:])
+    # the same sums divided in another order: float64 rounding only
+    assert summary["steady_real_tokens_per_s"] == pytest.approx(steady, rel=1e-9)
+    assert summary["outside_steps_s"] >= 4 * pause  # every validation set aside, not in a step's time
+    assert max(result.step_times) < pause
+    assert summary["steady_real_tokens_per_s"] > 2 * summary["real_tokens_per_s"]  # the wall clock's
+
+
 def test_a_resume_reads_the_checkpoint_once(tmp_path, monkeypatch):
     from pathlib import Path
 

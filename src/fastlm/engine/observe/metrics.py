@@ -156,6 +156,7 @@ class StepMetrics:
         ``elapsed_before_s``: where ``elapsed_s`` starts (a resumed run: its earlier processes' time)."""
         self._start = self._window_start = self._last_step_end = perf_counter()
         self._elapsed_before_s = elapsed_before_s
+        self.outside_steps_s = 0.0  # host time spent between steps on other work (``set_aside``)
         self._window_steps = 0
         self._window_data_wait = 0.0
         self._step_data_wait = 0.0
@@ -168,6 +169,14 @@ class StepMetrics:
     def pending_steps(self) -> int:
         """Steps updated since the last flush."""
         return self._window_steps
+
+    def set_aside(self) -> None:
+        """The time since the last step ended went to other work (an evaluation, a checkpoint save): kept out
+        of the next step's time (``step_times``, the steady throughput) and counted in ``outside_steps_s``.
+        The logging window's wall clock keeps it (its ``real_tokens_per_s``, ``step_time_s``)."""
+        now = perf_counter()
+        self.outside_steps_s += now - self._last_step_end
+        self._last_step_end = now
 
     def record_data_wait(self, seconds: float) -> None:
         """Host time the loop spent waiting for the next batch(es) during the current step."""
@@ -261,8 +270,10 @@ class StepMetrics:
 
     def step_figures(self) -> dict[str, float | None]:
         """The run's figures over its single steps (the first one, warm-up and compilation, left out unless it
-        is the only one): step-time percentiles and maximum, data-wait share (total wait / total time) and
-        padding efficiency (total real / total computed tokens). None where nothing was measured."""
+        is the only one): step-time percentiles and maximum, data-wait share (total wait / total time),
+        padding efficiency (total real / total computed tokens) and the steady throughput
+        (``steady_real_tokens_per_s``: total real tokens / total step time, the time ``set_aside`` for
+        evaluations and saves not in it; ``outside_steps_s``: that time). None where nothing was measured."""
         keep = slice(1, None) if len(self.step_times) > 1 else slice(None)
         times, waits = self.step_times[keep], self.step_data_waits[keep]
         real, computed = self.step_real_tokens[keep], self.step_computed_tokens[keep]
@@ -275,6 +286,8 @@ class StepMetrics:
             "step_time_max_s": max(times, default=None),
             "data_wait_share": sum(waits) / total if total > 0 else None,
             "padding_efficiency": sum(real) / sum(computed) if counted else None,
+            "steady_real_tokens_per_s": sum(real) / total if None not in real and total > 0 else None,
+            "outside_steps_s": round(self.outside_steps_s, 3),
         }
 
     def to_frame(self):

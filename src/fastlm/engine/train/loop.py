@@ -124,6 +124,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 # vote.
                 stopping = stop.requested if run.world == 1 else counts.stop_votes > 0
                 saved = _save(run, force=stopping or out_of_time or best_now or ended_early)
+                run.metrics.set_aside()  # the evaluation's and the save's time: not the next step's
                 if stopping:  # SIGTERM / Ctrl-C arrived during this step: it is complete and saved, stop here
                     _interrupt(run, stop, saved)
                 stopped_by = _stop_reason(run, saved, out_of_time=out_of_time, ended_early=ended_early)

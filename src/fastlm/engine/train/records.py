@@ -141,9 +141,11 @@ def run_summary(
     params: TrainParams,
     world_size: int,
 ) -> dict:
-    """The run's summary: final losses, throughput over the timed windows (``rates.timed_rate``, the figure
-    every report table shows) and the per-step figures of ``StepMetrics.step_figures`` (this process's
-    steps)."""
+    """The run's summary: final losses, throughput over the timed windows (``real_tokens_per_s``:
+    ``rates.timed_rate``, the figure every report table shows; wall clock, the first step left out, the
+    evaluations and saves within the windows in) and the per-step figures of ``StepMetrics.step_figures``
+    (this process's steps; ``steady_real_tokens_per_s``: over the steps' own time, the first step,
+    evaluations and saves left out, ``outside_steps_s`` the time those took between steps)."""
     history, eval_history = state.history, state.eval_history
     last = history[-1] if history else {}
     final_eval = eval_history[-1] if eval_history else {}
