@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from kedro.config import MissingConfigException
 from kedro.framework.cli.project import run as kedro_run
 
@@ -33,6 +34,7 @@ def cli() -> None:
 
 def _run(**kwargs):
     in_project_folder()
+    kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
     if kwargs.get("pipeline") and not kwargs.get("pipelines"):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
@@ -51,6 +53,58 @@ def _run(**kwargs):
         logging.shutdown()
         click.secho(f"fastlm: error: {redact_text(str(user_error))}", fg="red", err=True)
         sys.exit(user_error.exit_code)
+
+
+def _config_file_params() -> dict | str | None:
+    """The ``run.params`` of a ``--config`` file when ``--params`` is on the command line too (None
+    otherwise). Kedro puts the file's ``run`` section in click's default map (the ``config`` keyword itself
+    does not hold the file's path)."""
+    context = click.get_current_context(silent=True)
+    if context is None or context.get_parameter_source("params") != ParameterSource.COMMANDLINE:
+        return None
+    return (context.default_map or {}).get("params")
+
+
+def run_params(in_file: dict | str | None, params: dict | None) -> dict:
+    """The run's parameters: a ``--config`` file's ``run.params`` (``in_file``) with ``--params`` over them,
+    key by key.
+
+    Kedro takes a command-line option over the config file's whole (click's default map), so `kedro run
+    --config sweep_best_run.yml --params train.max_steps=1000` trained the default setting; and it keeps a
+    file's dotted keys (``split.max_length: 64``) as they are, one unknown parameter each. Both are nested
+    and merged here, as `--params` nests its own."""
+    given = _nested(params or {})
+    if not in_file:
+        return given
+    if isinstance(in_file, str):
+        from kedro.framework.cli.utils import _split_params
+
+        context = click.get_current_context()
+        option = next(param for param in context.command.params if param.name == "params")
+        in_file = _split_params(context, option, in_file)
+    return _merged(_nested(in_file), given)
+
+
+def _nested(params: dict) -> dict:
+    """``{"train.optimizer.lr": 0.003}`` as ``{"train": {"optimizer": {"lr": 0.003}}}``, at every level."""
+    nested: dict = {}
+    for key, value in params.items():
+        *parents, last = str(key).split(".")
+        level = nested
+        for parent in parents:
+            level = level.setdefault(parent, {})
+        value = _nested(value) if isinstance(value, dict) else value
+        both = isinstance(level.get(last), dict) and isinstance(value, dict)
+        level[last] = _merged(level[last], value) if both else value
+    return nested
+
+
+def _merged(base: dict, over: dict) -> dict:
+    merged = dict(base)
+    for key, value in over.items():
+        both = isinstance(merged.get(key), dict) and isinstance(value, dict)
+        merged[key] = _merged(merged[key], value) if both else value
+    return merged
 
 
 def in_project_folder() -> None:

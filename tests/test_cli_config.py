@@ -1,0 +1,56 @@
+"""`kedro run --config FILE` with `--params`: the file's parameters and the command line's, merged."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from fastlm import cli
+
+
+@pytest.fixture
+def given(monkeypatch, tmp_path):
+    """The keyword arguments Kedro's own run receives from fastlm's ``run`` (nothing runs)."""
+    seen = {}
+    monkeypatch.setattr(cli.kedro_run, "callback", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(cli, "check_env", lambda *args, **kwargs: None)
+    monkeypatch.setattr(cli, "in_project_folder", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    return seen
+
+
+def _run(tmp_path, params, *args: str):
+    config = tmp_path / "best.yml"
+    config.write_text(yaml.safe_dump({"run": {"pipeline": "train", "params": params}}))
+    done = CliRunner().invoke(cli.run, ["--config", str(config), *args])
+    assert done.exit_code == 0, done.output
+    return config
+
+
+def test_params_on_the_command_line_add_to_the_config_files_not_replace_them(given, tmp_path):
+    """The sweep's best setting trained longer: `kedro run --config sweep_best_run.yml --params
+    train.max_steps=1000`. Was: the file's parameters dropped whole (click's command line over its default
+    map), the default setting trained under the sweep's run name, silently."""
+    best = {"run_name": "s-best", "train": {"optimizer": {"lr": 0.003, "warmup_steps": 0}, "max_steps": 30}}
+    _run(tmp_path, best, "--params", "train.max_steps=1000,train.optimizer.lr=0.002")
+    assert given["params"] == {
+        "run_name": "s-best",
+        "train": {"optimizer": {"lr": 0.002, "warmup_steps": 0}, "max_steps": 1000},
+    }
+    assert given["pipelines"] == ["train"]
+
+
+def test_a_config_files_dotted_keys_are_the_parameters_they_name(given, tmp_path):
+    """A config file's ``params`` as a mapping of dotted keys (as `--params` writes them) is nested as
+    `--params` nests them. Was: refused as an unknown parameter ``split.max_length``."""
+    _run(tmp_path, {"split.max_length": 64, "train.optimizer.lr": 0.003, "train.seed": 1})
+    assert given["params"] == {"split": {"max_length": 64}, "train": {"optimizer": {"lr": 0.003}, "seed": 1}}
+    _run(tmp_path, "split.max_length=64,train.seed=1", "--params", "train.seed=2")
+    assert given["params"] == {"split": {"max_length": 64}, "train": {"seed": 2}}
+
+
+def test_without_a_config_file_the_command_lines_params_are_kedros(given, tmp_path):
+    done = CliRunner().invoke(cli.run, ["--pipeline=split", "--params", "split.max_length=64"])
+    assert done.exit_code == 0, done.output
+    assert given["params"] == {"split": {"max_length": 64}} and given["pipelines"] == ["split"]
