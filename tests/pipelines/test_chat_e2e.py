@@ -4,6 +4,7 @@ report's sample generations and at predict, is the one the model trained on."""
 
 import json
 import logging
+import logging.handlers
 
 import datasets
 import pandas as pd
@@ -49,9 +50,7 @@ def chat_project(kedro_project, sample_texts):
     return kedro_project, tokenizer
 
 
-def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(
-    chat_project, monkeypatch, caplog
-):
+def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(chat_project, monkeypatch):
     """The report's sample generations gave a chat model ``report.prompts`` as raw text ("배송" where it
     trained on "<|im_start|>user\\n배송<|im_end|>\\n<|im_start|>assistant\\n<think>..."), unlike predict: each
     is now one user turn rendered with the training's chat format (its template variables included), its
@@ -105,12 +104,14 @@ def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(
         return sampled(model, prompts, **kwargs)
 
     monkeypatch.setattr(generation, "generate_continuations", spy)
-    runtime_log = logging.getLogger("fastlm.engine.runtime.environment")
-    monkeypatch.setattr(runtime_log, "level", logging.INFO)
-    monkeypatch.setattr(runtime_log, "handlers", [caplog.handler])  # Kedro's logging set-up: not caplog's
-    monkeypatch.setattr(runtime_log, "propagate", False)
+    from fastlm.engine.runtime import environment
+
+    runtime_log = logging.Logger("runtime-lines", logging.INFO)  # not the manager's: Kedro's set-up keeps it
+    seen = logging.handlers.BufferingHandler(capacity=10_000)
+    runtime_log.addHandler(seen)
+    monkeypatch.setattr(environment, "log", runtime_log)
     run_pipeline(project, "report", params)
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("runtime: ")]
+    said = [r.getMessage() for r in seen.buffer if r.getMessage().startswith("runtime: ")]
     assert len(said) == 1, said  # the report's evaluation and generations run on one runtime: said once
     # each one user turn after the system turn every training chat had, as predict asks a line
     turns = [[SYSTEM, {"role": "user", "content": q.replace("\r\n", "\n")}] for q in QUESTIONS]
