@@ -143,15 +143,7 @@ def test_metrics_match_loop_evaluate_and_brute_force(setup, brute, mode, attn):
         tokenizer=tokenizer,
         options=EvalOptions(analysis=True, worst=7, pairs=15),
     )
-    reference = evaluate(
-        model,
-        data,
-        params=params,
-        runtime=runtime,
-        pad_id=tokenizer.pad_token_id,
-        max_length=MAX_LENGTH,
-        attn=attn,
-    )
+    reference = _loss_only(model, data, tokenizer, runtime, params, attn=attn)
     assert (
         reference.wrong_pairs is None
         and reference.worst_samples is None
@@ -411,7 +403,8 @@ def _out_of_memory_above(monkeypatch, rows: int) -> list[int]:
     return seen
 
 
-def _loss_only(model, data, tokenizer, runtime, params, **options):
+def _loss_only(model, data, tokenizer, runtime, params, attn: str = "sdpa", **options):
+    """``evaluate`` without the error analysis (the pad id given, no tokenizer)."""
     return evaluate(
         model,
         data,
@@ -419,7 +412,7 @@ def _loss_only(model, data, tokenizer, runtime, params, **options):
         runtime=runtime,
         pad_id=tokenizer.pad_token_id,
         max_length=MAX_LENGTH,
-        attn="sdpa",
+        attn=attn,
         options=EvalOptions(**options),
     )
 
