@@ -553,23 +553,75 @@ def test_a_chat_cut_from_the_left_trains_what_is_left_of_its_answers(tmp_path, s
     assert partly == len(cut)
 
 
-def test_an_answer_the_template_rewrites_is_said_and_its_chat_trains_its_last_answer(
+def _trained_answers(splits, tokenized, tokenizer) -> dict[int, list[str]]:
+    """Each train row's trained runs decoded, by its chat's number (``답 <i>-2`` in its response)."""
+    train = splits[splits["split"] == "train"]
+    numbers = train["response"].str.extract(r"답 (\d+)-2", expand=False).astype(int)
+    runs = _trained_runs(tokenized, tokenizer)
+    assert len(runs) == len(train) > 10
+    return {
+        int(number): [tokenizer.decode(run, skip_special_tokens=False) for run in row]
+        for number, row in zip(numbers, runs, strict=True)
+    }
+
+
+def test_an_answer_qwen3s_template_strips_of_its_reasoning_stays_an_input_and_the_others_train(
     tmp_path, sample_texts, caplog
 ):
     """Qwen3's template drops the reasoning of earlier answers (``<think>...</think>``): such an answer is not
-    in the prompt as the data gives it. Its chat trains its last answer only, said in one warning, never a
-    guessed range."""
+    in the prompt as the data gives it. It stays an input (its written, stripped form is never trained: the
+    model would learn to answer without its reasoning), never a guessed range; the chat's other answers,
+    which the template writes as given, train. Said in one warning with the answers' and the chats' counts.
+    Was: the whole chat trained its last answer only."""
     from tests.support.chat_templates import qwen3_style_tokenizer
 
     chats = _multi_turn_chats()
     for chat in chats[::2]:
         chat[2] = {"role": "assistant", "content": f"<think>\n생각\n</think>\n\n{chat[2]['content']}"}
     with caplog.at_level("WARNING", logger="fastlm.corpus.prompts"):
-        _, splits, _ = _chat_outputs(tmp_path, qwen3_style_tokenizer(sample_texts), chats, max_length=256)
-    assert "40 of 80 chats train their last answer only" in caplog.text
-    chat_number = splits["response"].str.extract(r"답 (\d+)-2", expand=False).astype(int)
-    assert (splits["answer_spans"].eq("") == (chat_number % 2 == 0)).all()  # exactly the rewritten chats
+        _, splits, (tokenized, _, _, tokenizer) = _chat_outputs(
+            tmp_path, qwen3_style_tokenizer(sample_texts), chats, max_length=256
+        )
+    said = [r.getMessage() for r in caplog.records if "earlier answers" in r.getMessage()]
+    assert len(said) == 1 and "40 of 160 earlier answers in 40 of 80 chats" in said[0], caplog.text
     assert not splits["prompt"].str.contains("생각", regex=False).any()  # the template dropped the reasoning
+    end = tokenizer.eos_token
+    for number, decoded in _trained_answers(splits, tokenized, tokenizer).items():
+        expected = [f"답 {number}-{turn}: 내일 도착합니다.{end}" for turn in range(3)]
+        assert decoded == (expected[1:] if number % 2 == 0 else expected), (number, decoded)
+
+
+# A template that rewrites an answer it marks "[x] " (drops the mark) and writes every other text as given.
+REWRITES_MARKED = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}{{ '\\n' }}"
+    "{% if m.role == 'assistant' %}{{ m.content | replace('[x] ', '') }}{% else %}{{ m.content }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_only_the_answer_the_template_rewrites_is_left_out_of_a_three_answer_chat(
+    tmp_path, sample_texts, caplog
+):
+    """A chat of three answers whose middle one the template rewrites: the first and the last answer train
+    with their end of turn, the middle one stays an input, never its rewritten text nor the next user turn
+    that quotes it as the data gave it. Was: none of the chat's earlier answers trained."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    tokenizer.chat_template = REWRITES_MARKED
+    chats = _multi_turn_chats()
+    for chat in chats[::2]:
+        chat[4] = {"role": "assistant", "content": f"[x] {chat[4]['content']}"}
+        chat[5] = {"role": "user", "content": f"you said {chat[4]['content']}"}  # quotes it as given
+    with caplog.at_level("WARNING", logger="fastlm.corpus.prompts"):
+        _, splits, (tokenized, _, _, tokenizer) = _chat_outputs(tmp_path, tokenizer, chats, max_length=256)
+    said = [r.getMessage() for r in caplog.records if "earlier answers" in r.getMessage()]
+    assert len(said) == 1 and "40 of 160 earlier answers in 40 of 80 chats" in said[0], caplog.text
+    assert splits["prompt"].str.contains("you said [x] 답", regex=False).sum() == 40  # the quote, as given
+    end = tokenizer.eos_token
+    for number, decoded in _trained_answers(splits, tokenized, tokenizer).items():
+        expected = [f"답 {number}-{turn}: 내일 도착합니다.{end}" for turn in range(3)]
+        assert decoded == ([expected[0], expected[2]] if number % 2 == 0 else expected), (number, decoded)
 
 
 def test_chats_rendered_in_a_pool_equal_chats_rendered_here(sample_texts, caplog):
@@ -586,10 +638,10 @@ def test_chats_rendered_in_a_pool_equal_chats_rendered_here(sample_texts, caplog
         config = parse_split_params({"messages_column": "chat", "num_proc": num_proc, "batch_size": 7})
         with caplog.at_level("WARNING", logger="fastlm.corpus.prompts"):
             frames.append(prompt_frame(pd.DataFrame({"chat": chats}), config, tokenizer)[0])
-        assert "20 of 80 chats train their last answer only" in caplog.text
+        assert "20 of 160 earlier answers in 20 of 80 chats" in caplog.text
         caplog.clear()
     pd.testing.assert_frame_equal(frames[0], frames[1])
-    assert frames[0]["answer_spans"].ne("").sum() == 60
+    assert frames[0]["answer_spans"].ne("").all()  # each chat's answers the template writes as given
 
 
 def test_answer_spans_read_back_as_missing_values_train_nothing_more(sample_texts):

@@ -8,14 +8,18 @@ Finding an answer's characters (``answer_spans``), in the order tried:
    around the turn's index) in place of each earlier answer. Where putting the answers back in their marks'
    places gives the prompt exactly, the marks' places are the answers'. This holds for every template that
    writes an answer as the data gives it, whatever text it puts around it.
-2. The boundary search between prefix renders, where the marked render is refused or differs (a template
-   that reads an answer's text, e.g. a header that depends on it): each answer is searched between the
-   render of the chat up to the turn before it and the render up to the turn after it (each a prefix of the
-   prompt), before the next turn's content (a user turn that quotes it is never taken), and taken only
-   where its text is there once (never a header that holds its text; identical answers in a row each in
-   its own turn).
-3. Otherwise None: a template that rewrites an earlier answer (Qwen3's drops its ``<think>`` reasoning).
-   Such a chat trains its last answer only; the split says all of them in one warning with their count.
+2. Where that render is refused or differs, each answer on its own: the chat rendered with a mark in that
+   answer's place alone, accepted as above (so one answer the template rewrites leaves the others found);
+   else the boundary search between prefix renders (a template that reads an answer's text, e.g. a header
+   that depends on it): the answer is searched between the render of the chat up to the turn before it and
+   the render up to the turn after it (each a prefix of the prompt), before the next turn's content (a user
+   turn that quotes it is never taken), and taken only where its text is there once (never a header that
+   holds its text; identical answers in a row each in its own turn).
+3. Otherwise the answer has no range: a template that rewrites it (Qwen3's drops its ``<think>``
+   reasoning, a template that trims or changes its text). It stays an input, the chat's other answers
+   train; the split says the answers left out and their chats in one warning with their counts. Its
+   written form is not trained: a stripped answer as a target would teach a reasoning model to answer
+   without its reasoning, and any other rewrite is the template's text, not the data's.
 
 An answer's range takes the tokenizer's EOS after it where the template writes it there (an instruct
 template's end of turn: Qwen3's ``<|im_end|>``, Llama-3's ``<|eot_id|>``). Without a chat template the
@@ -51,26 +55,27 @@ def answer_spans(
     """The earlier assistant answers of ``history`` in its rendered ``prompt`` (``render_messages``'s output
     for the same arguments) as ``"start:end"`` character ranges, space-separated ("" when it has none): each
     answer's content and, where the tokenizer's EOS follows it (an instruct template's end of turn), the EOS.
-    None where an answer is not where the render puts it (a template that rewrites earlier answers): the
-    row then trains its last answer only.
+    An answer that is not where the render puts it as the data gives it (a template that rewrites it) has no
+    range: it stays an input, the chat's other answers train. None where none of its answers is found.
 
     With a chat template, the chat is rendered once more with a unique mark in place of each earlier answer:
     where putting the answers back in their marks' places gives ``prompt`` exactly, the marks' places are the
-    answers'. Otherwise (a template that reads an answer's text) each answer is searched between the renders
-    of the chat up to the turn before it and up to the content of the turn after it, each a prefix of
-    ``prompt`` (so a user turn that quotes the answer is never taken for it), and taken only where its text
-    is there once (never a header that holds its text). Without a template, its place in the
-    ``"role: content"`` lines is known.
+    answers'. Otherwise each answer on its own: the chat rendered with a mark in its place alone, taken where
+    putting it back gives ``prompt`` exactly; else (a template that reads an answer's text) it is searched
+    between the renders of the chat up to the turn before it and up to the content of the turn after it,
+    each a prefix of ``prompt`` (so a user turn that quotes the answer is never taken for it), and taken
+    only where its text is there once (never a header that holds its text). Without a template, its place
+    in the ``"role: content"`` lines is known.
     """
-    if not any(message["role"] == RESPONSE_ROLE for message in history):
+    answers = [index for index, message in enumerate(history) if message["role"] == RESPONSE_ROLE]
+    if not answers:
         return ""
     if has_chat_template(tokenizer):
-        found = _marked_answer_spans(history, prompt, tokenizer, variables or {})
-        return (
-            found
-            if found is not None
-            else _template_answer_spans(history, prompt, tokenizer, variables or {})
-        )
+        variables = variables or {}
+        spans = _marked_answer_spans(history, prompt, tokenizer, variables, answers)
+        if spans is None:
+            spans = _each_answer_spans(history, prompt, tokenizer, variables, answers)
+        return " ".join(f"{start}:{end}" for start, end in spans) if spans else None
     if template.count("{prompt}") != 1:
         return None
     spans, at = [], template.index("{prompt}")
@@ -82,10 +87,29 @@ def answer_spans(
     return " ".join(spans)
 
 
-def _marked_answer_spans(history, prompt: str, tokenizer, variables: Mapping) -> str | None:
-    marks = {index: f"{ANSWER_MARK[0]}{index}{ANSWER_MARK[1]}" for index, m in enumerate(history)}
+def _each_answer_spans(history, prompt: str, tokenizer, variables: Mapping, answers: list[int]) -> list:
+    """The ranges of the answers (indices ``answers`` of ``history``) found one at a time, in order: by a
+    render with a mark in that answer's place alone, else by the search between prefix renders; an answer
+    found by neither (rewritten by the template, or not told apart) has none."""
+    search = _answer_search(history, prompt, tokenizer, variables)
+    spans, cursor = [], 0
+    for index in answers:
+        marked = _marked_answer_spans(history, prompt, tokenizer, variables, [index])
+        span = marked[0] if marked else search(index, cursor)
+        if span is not None and span[0] >= cursor:
+            spans.append(span)
+            cursor = span[1]
+    return spans
+
+
+def _marked_answer_spans(
+    history, prompt: str, tokenizer, variables: Mapping, answers: list[int]
+) -> list | None:
+    """The ranges of the answers (indices ``answers`` of ``history``) where the chat rendered with a mark in
+    each of their places gives ``prompt`` once the answers are put back in them, else None."""
+    marks = {index: f"{ANSWER_MARK[0]}{index}{ANSWER_MARK[1]}" for index in answers}
     marked = [
-        {**message, "content": marks[index]} if message["role"] == RESPONSE_ROLE else message
+        {**message, "content": marks[index]} if index in marks else message
         for index, message in enumerate(history)
     ]
     try:
@@ -94,9 +118,8 @@ def _marked_answer_spans(history, prompt: str, tokenizer, variables: Mapping) ->
         return None
     eos = getattr(tokenizer, "eos_token", None)
     pieces, spans, at, size = [], [], 0, 0
-    for index, message in enumerate(history):
-        if message["role"] != RESPONSE_ROLE:
-            continue
+    for index in answers:
+        message = history[index]
         found = text.find(marks[index], at)
         if found < 0 or text.count(marks[index]) != 1:
             return None
@@ -111,26 +134,26 @@ def _marked_answer_spans(history, prompt: str, tokenizer, variables: Mapping) ->
     for span in spans:
         if eos and prompt.startswith(eos, span[1]):
             span[1] += len(eos)
-    return " ".join(f"{start}:{end}" for start, end in spans)
+    return spans
 
 
-def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) -> str | None:
+def _answer_search(history, prompt: str, tokenizer, variables: Mapping):
+    """``find(index, cursor)``: the range of answer ``history[index]`` in ``prompt`` at or after ``cursor``,
+    searched between the renders of the chat around it (renders shared by every answer), or None."""
     rendered: dict[int, int | None] = {0: 0}
 
     def boundary(count: int) -> int | None:  # where the render of the first ``count`` messages ends
         if count not in rendered:
             try:
                 text = apply_template(history[:count], tokenizer, variables, generation_prompt=False)
-            except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no spans then
+            except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no range then
                 text = None
             rendered[count] = len(text) if isinstance(text, str) and prompt.startswith(text) else None
         return rendered[count]
 
     eos = getattr(tokenizer, "eos_token", None)
-    spans, cursor = [], 0
-    for index, message in enumerate(history):
-        if message["role"] != RESPONSE_ROLE:
-            continue
+
+    def find(index: int, cursor: int) -> list[int] | None:
         before = [n for n in range(index, 0, -1) if history[n - 1]["role"] != RESPONSE_ROLE][:1]
         after = [n for n in range(index + 2, len(history) + 1) if history[n - 1]["role"] != RESPONSE_ROLE][:1]
         lower = boundary(before[0]) if before else 0
@@ -140,7 +163,7 @@ def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) 
         if after:  # the answer ends before the next turn's content (which may quote it)
             quoted = prompt.rfind(history[after[0] - 1]["content"], lower, upper)
             upper = quoted if quoted >= 0 else upper
-        content, lower = message["content"], max(lower, cursor)
+        content, lower = history[index]["content"], max(lower, cursor)
         # the answers after it up to the next turn, in order: the same text there is theirs
         run = history[index + 1 : after[0] - 1] if after else history[index + 1 :]
         found = [prompt.find(content, lower, upper)]
@@ -152,9 +175,9 @@ def _template_answer_spans(history, prompt: str, tokenizer, variables: Mapping) 
         end = start + len(content)
         if eos and prompt.startswith(eos, end) and end + len(eos) <= upper:
             end += len(eos)
-        spans.append(f"{start}:{end}")
-        cursor = end
-    return " ".join(spans)
+        return [start, end]
+
+    return find
 
 
 def answer_token_ranges(prompts, spans, shifts: np.ndarray, tokenizer, encoded) -> list[np.ndarray]:

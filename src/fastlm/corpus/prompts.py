@@ -172,9 +172,9 @@ def render_messages(
 
 
 def _render_chats(histories: list, config, tokenizer) -> tuple[list[str], list[str] | None]:
-    """Each chat's prompt and, with ``train_turns: all``, its ``answer_spans`` ("" where not found, said in
-    one warning: such chats train their last answer only), rendered in a fork pool on large inputs
-    (``split.num_proc``: a chat template renders in Python, one chat at a time)."""
+    """Each chat's prompt and, with ``train_turns: all``, its ``answer_spans`` (an answer not found has none:
+    it stays an input, said in one warning with the answers' and the chats' counts), rendered in a fork pool
+    on large inputs (``split.num_proc``: a chat template renders in Python, one chat at a time)."""
     renderer = tokenizer if config.chat_template else None
     size = max(1, min(config.batch_size, 2_000))
     chunks = [histories[start : start + size] for start in range(0, len(histories), size)]
@@ -187,13 +187,18 @@ def _render_chats(histories: list, config, tokenizer) -> tuple[list[str], list[s
     prompts = [prompt for prompt, _ in rendered]
     if config.train_turns != "all":
         return prompts, None
-    missing = sum(spans is None for _, spans in rendered)
-    if missing:
+    earlier = [sum(m["role"] == RESPONSE_ROLE for m in history) for history in histories]
+    left_out = [
+        count - len((spans or "").split()) for count, (_, spans) in zip(earlier, rendered, strict=True)
+    ]
+    if any(left_out):
         log.warning(
-            "%d of %d chats train their last answer only: the chat template writes an earlier answer of "
-            "theirs otherwise than the data gives it (a template that rewrites earlier answers, e.g. drops "
-            "their reasoning). split.train_turns: last trains every chat's last answer alike.",
-            missing,
+            "%d of %d earlier answers in %d of %d chats are rewritten by the chat template (written "
+            "otherwise than the data gives them, e.g. their reasoning dropped) and train as inputs only; the "
+            "chats' other answers train. split.train_turns: last trains every chat's last answer alone.",
+            sum(left_out),
+            sum(earlier),
+            sum(count > 0 for count in left_out),
             len(rendered),
         )
     return prompts, ["" if spans is None else spans for _, spans in rendered]
