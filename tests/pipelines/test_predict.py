@@ -889,6 +889,32 @@ def test_a_text_model_asked_prompts_says_it_never_saw_the_template(project, capl
     assert len(warned) == 1 and "plain text" in warned[0] and "predict.text_column" in warned[0], warned
 
 
+@pytest.mark.parametrize("template", [None, "{prompt}"])
+def test_a_model_trained_on_ids_asked_prompts_is_refused_in_one_line(project, template):
+    """``predict.prompt_column`` on a model trained on pre-tokenized ids (``split.ids_column``): each prompt
+    was wrapped by the default prompt template, whose words are no ids of its vocabulary (each read as its
+    EOS id: ``3 17 5`` asked as ``3 17 5 <eos> <eos>``), and the outputs read as responses it never learned,
+    without a word. Refused in one line naming ``predict.text_column`` (rows of space-separated ids,
+    continued as it was trained), nothing written, whatever template is given; the text column predicts."""
+    folder = project / "data/06_models/model"
+    split = parse_split_params({"pretokenized": True, "ids_column": "ids", "vocab_size": 300})
+    stored = make_fingerprint(
+        AutoTokenizer.from_pretrained(folder), 64, data_format=data_format_params(split, None)
+    )
+    assert stored["params"]["data_format"]["kind"] == "pretokenized"
+    record = {"fingerprint": stored["fingerprint"], "data_format": stored["params"]["data_format"]}
+    (folder / "training_data.json").write_text(json.dumps(record))  # as the train pipeline writes it
+    (project / "data/01_raw/ids.jsonl").write_text(
+        "".join(json.dumps({"text": text}) + "\n" for text in ["3 17 5", "4 4"]), encoding="utf-8"
+    )
+    asked = {"prompt_template": template} if template else {}
+    message = _refusal(project, input="data/01_raw/ids.jsonl", prompt_column="text", **asked)
+    assert "predict.prompt_column 'text'" in message and "pre-tokenized ids" in message, message
+    assert "predict.text_column" in message.split("Fix:")[1], message
+    table, summary = _predicted(project, input="data/01_raw/ids.jsonl", text_column="text")
+    assert summary["input_format"] == "text" and table["refused"].tolist() == ["", ""]
+
+
 @pytest.mark.parametrize(
     ("rows", "predict", "said"),
     [

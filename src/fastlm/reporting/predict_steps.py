@@ -1,7 +1,8 @@
 """The predict pipeline's checks and records around ``predictions.predict_rows``: what the settings change
-nothing of (template variables no template reads, prompts asked of a plain-text model), the refusal of an
-input of no askable row, the prompt limit, and how chats were rendered, for the summary. Parameters are
-``params:predict`` (the pipeline's ``PredictParams``), named in the messages as ``predict.<name>``."""
+nothing of (template variables no template reads, prompts asked of a plain-text model), the refusals of
+prompts asked of a model trained on ids and of an input of no askable row, the prompt limit, and how chats
+were rendered, for the summary. Parameters are ``params:predict`` (the pipeline's ``PredictParams``), named
+in the messages as ``predict.<name>``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ __all__ = [
     "input_chat",
     "predict_input_limit",
     "refuse_an_input_of_no_askable_row",
+    "refuse_prompts_of_an_id_model",
     "say_predicted",
 ]
 
@@ -101,6 +103,26 @@ def check_prompts_of_text_model(trained: dict, asks_prompts: bool) -> None:
             "continues the texts as it was trained",
             Path(trained["source"]) / "training_data.json",
         )
+
+
+def refuse_prompts_of_an_id_model(training: dict | None, column: str | None) -> None:
+    """One line where a model trained on pre-tokenized ids (``training``: ``PredictSources.training_format``,
+    kind ``pretokenized``) is asked prompts (``column``: predict.prompt_column's, None when the input is not
+    prompts): a prompt template's words are no ids of its vocabulary (each is read as its EOS id, the end of a
+    sample), and the outputs would be read as responses, which it never learned. Its input is ids, continued
+    (predict.text_column)."""
+    if column is None or (training or {}).get("kind") != "pretokenized":
+        return
+    source, ids_column, eos = training["source"], training.get("ids_column"), training.get("eos_id")
+    raise InputDataError(
+        f"predict.prompt_column {column!r}: the model was trained on pre-tokenized ids ({source}: "
+        f"split.pretokenized, split.ids_column {ids_column!r}), not on prompts: a prompt template's words "
+        f"are no ids of its vocabulary (each is read as its EOS id, {eos}) and its outputs are no "
+        "responses; nothing was written.",
+        fix=f"--params predict.text_column={column} with each row's ids separated by spaces (e.g. "
+        '"3 17 5"): they are continued as the model was trained; leave predict.prompt_column and '
+        "predict.prompt_template unset.",
+    )
 
 
 def predict_input_limit(model, params, trained: dict) -> int:

@@ -32,6 +32,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     parameter, column = params.input_column(
         training, [str(name) for name in table.columns], lines=one_input_a_line(path), source=path
     )
+    steps.refuse_prompts_of_an_id_model(training, column if parameter == PROMPTS else None)
     # a chat model asked prompts: each one user turn in its chat format, as the report asks its prompts (an
     # explicit predict.prompt_template wraps them instead)
     user_turn = parameter == PROMPTS and chat_training is not None and params.prompt_template is None
