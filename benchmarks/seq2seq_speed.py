@@ -248,7 +248,7 @@ def interleaved(tokenizer, samples, folder: Path, args) -> dict:
             pad_id=pad_id_of(tokenizer),
             max_length=args.max_length,
             seed=0,
-            **seq2seq_batching(model, data, "sdpa"),
+            sides=seq2seq_batching(model, data, "sdpa"),
         )
         sampler.set_epoch(0)
         loader = DataLoader(data, batch_sampler=sampler, collate_fn=collator)

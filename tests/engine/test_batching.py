@@ -8,6 +8,7 @@ import torch
 from fastlm.engine.batching import (
     MicroBatches,
     RandomBatches,
+    Seq2SeqSides,
     StepPlan,
     StreamLayout,
     backoff_pieces,
@@ -50,9 +51,7 @@ def test_encoder_decoder_rows_are_length_grouped_where_packing_cannot_keep_sampl
         pad_id=EOS,
         max_length=64,
         seed=0,
-        prompt_lengths=data.lengths // 2,
-        decoder_start_id=EOS,
-        seq2seq_packing=False,
+        sides=Seq2SeqSides(data.lengths // 2, EOS, packing=False),
     )
     assert type(sampler) is LengthGroupedSampler and type(collator) is Seq2SeqCollator
 
@@ -125,7 +124,7 @@ def _ids(stream: MicroBatches, count: int) -> list[list[int]]:
 def test_a_stream_rebuilt_at_a_saved_position_continues_with_the_same_batches(tmp_path, mode):
     params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 4})
     data = toy_sequences(200, 0)
-    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides=None, loader_kwargs={"num_workers": 0})
     stream = micro_batches(data, params, layout)
     per_epoch = stream.batches_per_epoch()
     assert per_epoch > 5
@@ -140,7 +139,7 @@ def test_a_stream_rebuilt_at_a_saved_position_continues_with_the_same_batches(tm
 
 def test_one_steps_micro_batches_reach_the_device_with_the_wait_measured(tmp_path):
     params = toy_params(tmp_path, batching={"mode": "packed", "micro_batch_size": 4})
-    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides=None, loader_kwargs={"num_workers": 0})
     stream = micro_batches(toy_sequences(60, 0), params, layout)
     peeked = stream.peek_step(2, CPU, "sdpa")
     step, waited = stream.next_step(2, CPU, "sdpa")
@@ -152,7 +151,7 @@ def test_the_stream_keeps_one_shape_for_cuda_graphs(tmp_path):
     """``train.runtime.compile_mode: reduce-overhead`` (CUDA graphs replay one shape): the packed collator
     keeps every micro-batch at its capacity and the varlen view at that many tokens, where the default mode
     gives each micro-batch its own fill."""
-    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides=None, loader_kwargs={"num_workers": 0})
     shapes = {}
     for mode in ("default", "reduce-overhead"):
         runtime = {"device": "auto", "compile": True, "compile_scope": "layers", "compile_mode": mode}
@@ -195,8 +194,10 @@ def test_the_step_plan_counts_the_streams_epochs(tmp_path):
     params = toy_params(tmp_path, max_steps=None, epochs=3, batching={"micro_batch_size": 8})
     data = toy_sequences(5000, 1)
     for world in (1, 2):
-        plan = step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=world))
-        stream = micro_batches(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=world))
+        plan = step_plan(data, params, StreamLayout(EOS, 64, None, {"num_workers": 0}, world_size=world))
+        stream = micro_batches(
+            data, params, StreamLayout(EOS, 64, None, {"num_workers": 0}, world_size=world)
+        )
         read = [stream.sampler.set_epoch(epoch) or len(stream.sampler) for epoch in range(3)]
         assert [plan.trained(epoch) // world for epoch in range(3)] == read
         assert plan.total_steps == sum(read)
@@ -214,7 +215,7 @@ def test_a_backed_off_stream_steps_over_the_configured_batches_empty_pieces_incl
     """30 samples in configured batches of 8 (the last of 6) cut in 8 pieces of one sample: a step of 16
     positions is two configured batches (the short one's empty pieces are counted, not handed out), the
     same samples as the configured stream's step of 2 micro-batches of 8."""
-    layout = StreamLayout(pad_id=EOS, max_length=64, sides={}, loader_kwargs={"num_workers": 0})
+    layout = StreamLayout(pad_id=EOS, max_length=64, sides=None, loader_kwargs={"num_workers": 0})
     data = toy_sequences(30, 0)
 
     def steps(micro: int, accumulation: int) -> list[list]:
@@ -264,7 +265,7 @@ def test_a_backed_off_checkpoint_resumed_by_two_processes_trains_the_configured_
         params = toy_params(
             tmp_path, batching={"mode": "length_grouped", "micro_batch_size": micro}, max_steps=None
         )
-        layout = StreamLayout(EOS, 64, {}, {"num_workers": 0}, rank=rank, world_size=world)
+        layout = StreamLayout(EOS, 64, None, {"num_workers": 0}, rank=rank, world_size=world)
         return micro_batches(data, params, layout, configured=4, **start)
 
     whole = [stream(4, 1, 2, rank) for rank in range(2)]
@@ -273,7 +274,7 @@ def test_a_backed_off_checkpoint_resumed_by_two_processes_trains_the_configured_
         toy_params(
             tmp_path, batching={"mode": "length_grouped", "micro_batch_size": 4}, max_steps=None, epochs=3
         ),
-        StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=2),
+        StreamLayout(EOS, 64, None, {"num_workers": 0}, world_size=2),
     )
     assert plan.difference(1) is None and plan.size(0) == 8  # the step plans agree: the resume goes on
     steps = plan.total_steps
@@ -314,7 +315,7 @@ def test_a_later_packed_epoch_of_fewer_micro_batches_than_processes_is_refused_b
     batching = {"mode": "packed", "micro_batch_size": rows[short], "row_length": 64}  # rows of 64 tokens
     span = {"epochs": short + 1, "max_steps": None} if limit == "epochs" else {"max_steps": short + 1}
     params = toy_params(tmp_path, batching=batching, **span)
-    layout = StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=2)
+    layout = StreamLayout(EOS, 64, None, {"num_workers": 0}, world_size=2)
     with pytest.raises(
         ConfigError, match=rf"5000 samples make 1 micro-batch\(es\) in epoch {short} .*fewer than the 2"
     ) as caught:
@@ -322,7 +323,7 @@ def test_a_later_packed_epoch_of_fewer_micro_batches_than_processes_is_refused_b
     assert "\n" not in str(caught.value) and "Fix: set a smaller train.batching.micro_batch_size" in str(
         caught.value
     )
-    one = step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}))  # one process: fine
+    one = step_plan(data, params, StreamLayout(EOS, 64, None, {"num_workers": 0}))  # one process: fine
     planned = sum(one.steps(e) for e in range(short + 1)) if limit == "epochs" else short + 1
     assert one.total_steps == planned
 
@@ -337,10 +338,10 @@ def test_an_epoch_of_fewer_micro_batches_than_processes_is_refused_before_traini
     with pytest.raises(
         ConfigError, match=r"3 samples make 1 micro-batch\(es\) an epoch, fewer than the 2"
     ) as caught:
-        step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0}, world_size=2))
+        step_plan(data, params, StreamLayout(EOS, 64, None, {"num_workers": 0}, world_size=2))
     assert "\n" not in str(caught.value) and "Fix: set a smaller train.batching.micro_batch_size" in str(
         caught.value
     )
     assert (
-        step_plan(data, params, StreamLayout(EOS, 64, {}, {"num_workers": 0})).total_steps == 30
+        step_plan(data, params, StreamLayout(EOS, 64, None, {"num_workers": 0})).total_steps == 30
     )  # one: fine

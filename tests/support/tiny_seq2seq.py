@@ -91,3 +91,27 @@ def head_rows(model) -> list[int]:
     head = model.get_output_embeddings()
     head.register_forward_hook(lambda module, args, output: rows.append(output.shape[:-1].numel()))
     return rows
+
+
+def bart_style_tokenizer():
+    """A tiny byte-level BPE with BART's special tokens (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3) and
+    its post-processor: ``tokenizer(text)`` is ``<s> text </s>``, as BART's own tokenizer encodes a text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(["summarize the dialogue please", "a short summary of it"], trainer=trainer)
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )

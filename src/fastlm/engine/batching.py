@@ -29,6 +29,7 @@ from fastlm.engine.data import (
     PackedCollator,
     PackedSeq2SeqCollator,
     Seq2SeqCollator,
+    TextEnds,
     seq2seq_lengths,
 )
 from fastlm.engine.data.packing import TokenBudget, choose_row_length
@@ -51,6 +52,7 @@ __all__ = [
     "MicroBatches",
     "NoneIfEmpty",
     "RandomBatches",
+    "Seq2SeqSides",
     "StepPlan",
     "StreamLayout",
     "backoff_pieces",
@@ -64,6 +66,18 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, eq=False)
+class Seq2SeqSides:
+    """An encoder-decoder model's batching (``seq2seq_batching``): each sample's prompt length, the decoder
+    start id, whether ``packed`` batches pack (``packing``), and the special tokens the data's tokenizer puts
+    around a text (``ends``, ``collators.TextEnds``), which the encoder and decoder rows get back."""
+
+    prompt_lengths: object  # np.ndarray, one per sample
+    decoder_start_id: int
+    packing: bool = False
+    ends: TextEnds = TextEnds()
+
+
 def make_batching(
     params: TrainParams,
     lengths,
@@ -71,9 +85,7 @@ def make_batching(
     pad_id: int,
     max_length: int,
     seed: int,
-    prompt_lengths=None,
-    decoder_start_id: int | None = None,
-    seq2seq_packing: bool = False,
+    sides: Seq2SeqSides | None = None,
     configured: int | None = None,
 ):
     """The batch sampler and collator of the configured mode (packed: ``packed_budget``). ``configured``:
@@ -83,8 +95,8 @@ def make_batching(
     every epoch ends on the steps planned. A micro-batch of fewer samples (packed: rows) than ``split``
     cannot be cut: one line.
 
-    Encoder-decoder models (``decoder_start_id`` and ``prompt_lengths`` given, see ``seq2seq_batching``):
-    batches grouped or packed by each sample's longer side; ``packed`` with ``seq2seq_packing`` (the family
+    Encoder-decoder models (``sides`` given, see ``seq2seq_batching``): batches grouped or packed by each
+    sample's longer side, its tokenizer's ends included; ``packed`` with ``sides.packing`` (the family
     and attention path keep packed samples apart, ``seq2seq_hooks``) gives a ``PackedSeq2SeqCollator``;
     otherwise a ``Seq2SeqCollator`` pads each side to its own batch maximum and ``packed`` runs
     ``length_grouped`` (the training loop says so once, in its log and summary).
@@ -94,11 +106,11 @@ def make_batching(
     device_type = resolve_device(params.runtime.device).type
     align = token_multiple(params.runtime.float8, device_type, row_length=batching.fixed_row_length())
     pad_multiple = batching.pad_multiple(device_type, align)
-    seq2seq = decoder_start_id is not None
+    seq2seq = sides is not None
     mode = batching.mode
     if seq2seq:
-        lengths = seq2seq_lengths(lengths, prompt_lengths)
-        if mode == "packed" and not seq2seq_packing:
+        lengths = seq2seq_lengths(lengths, sides.prompt_lengths, sides.ends)
+        if mode == "packed" and not sides.packing:
             mode = "length_grouped"
     if mode == "packed":
         if split > 1:  # the configured batches' rows, cut in pieces of at most ``rows`` rows
@@ -118,9 +130,10 @@ def make_batching(
         collator = (
             PackedSeq2SeqCollator(
                 pad_id=pad_id,
-                decoder_start_id=decoder_start_id,
+                decoder_start_id=sides.decoder_start_id,
                 budget=piece,
                 pad_to_multiple_of=pad_multiple,
+                ends=sides.ends,
             )
             if seq2seq
             else PackedCollator(
@@ -149,7 +162,12 @@ def make_batching(
             lengths, size, mega_batch_mult=LENGTH_GROUPED_MEGA_BATCHES, seed=seed, split=split
         )
     collator = (
-        Seq2SeqCollator(pad_id=pad_id, decoder_start_id=decoder_start_id, pad_to_multiple_of=pad_multiple)
+        Seq2SeqCollator(
+            pad_id=pad_id,
+            decoder_start_id=sides.decoder_start_id,
+            pad_to_multiple_of=pad_multiple,
+            ends=sides.ends,
+        )
         if seq2seq
         else DynamicPaddingCollator(pad_id=pad_id, pad_to_multiple_of=pad_multiple)
     )
@@ -181,17 +199,18 @@ def packed_budget(batching, lengths, max_length: int, align: int = 1) -> TokenBu
     )
 
 
-def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) -> dict:
-    """``make_batching``'s encoder-decoder arguments for ``model`` on ``dataset`` (none for a causal LM).
+def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) -> Seq2SeqSides | None:
+    """``make_batching``'s ``sides`` for ``model`` on ``dataset`` (None for a causal LM).
 
     The prompt feeds the encoder and the response is the decoder target, so the data must be prompt/response.
     ``attn`` given and the family able to keep packed samples apart with it (``seq2seq_hooks``): the model
     gets its packing hooks and ``packed`` batches pack (``seq2seq_packing``); without ``attn`` batches stay
-    padded.
+    padded. The rows get the special tokens the data's tokenizer puts around a text (``dataset.text_ends``,
+    BART's ``<s>`` and ``</s>``), and the model generates as it trains (``generate_as_trained``).
     """
     config = getattr(model, "config", None)
     if not getattr(config, "is_encoder_decoder", False):
-        return {}
+        return None
     if dataset.prompt_lengths is None:
         raise ConfigError(
             f"{type(model).__name__} is an encoder-decoder model: it trains on prompt/response data "
@@ -209,16 +228,13 @@ def seq2seq_batching(model, dataset: TokenSequences, attn: str | None = None) ->
             fix="set decoder_start_token_id in the model folder's config.json (BART: the EOS id, "
             "T5: the pad id).",
         )
+    ends = dataset.text_ends or TextEnds()
     enable_target_head(model)  # a training step runs the LM head on target positions only
-    generate_as_trained(model, int(start))
+    generate_as_trained(model, int(start), ends.head)
     packing = attn is not None and packing_unavailable(model, attn) is None
     if packing:
         enable_packed_seq2seq(model)
-    return {
-        "prompt_lengths": dataset.prompt_lengths,
-        "decoder_start_id": int(start),
-        "seq2seq_packing": packing,
-    }
+    return Seq2SeqSides(dataset.prompt_lengths, int(start), packing, ends)
 
 
 def say_untrained_answers(model, dataset: TokenSequences) -> None:
@@ -379,12 +395,12 @@ class NoneIfEmpty:
 @dataclass(frozen=True)
 class StreamLayout:
     """What a run's micro-batch stream is cut with, the same for every stream the run builds (the start, the
-    resume, an out-of-memory back-off): pad id, row length, ``sides`` (``seq2seq_batching``'s arguments, {}
-    for a causal LM), ``loader_kwargs`` (``loader_settings``) and this rank's shard."""
+    resume, an out-of-memory back-off): pad id, row length, ``sides`` (``seq2seq_batching``'s, None for a
+    causal LM), ``loader_kwargs`` (``loader_settings``) and this rank's shard."""
 
     pad_id: int
     max_length: int
-    sides: dict
+    sides: Seq2SeqSides | None
     loader_kwargs: dict
     rank: int = 0
     world_size: int = 1
@@ -409,7 +425,7 @@ def micro_batches(
         max_length=layout.max_length,
         seed=params.seed,
         configured=configured,
-        **layout.sides,
+        sides=layout.sides,
     )
     sampler.shard(layout.rank, layout.world_size)
     return MicroBatches(

@@ -51,6 +51,7 @@ from fastlm.corpus.prompts import (
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import (
     decoding_kwargs,
+    encoder_inputs,
     generate_continuations,
     response_text,
 )
@@ -560,7 +561,7 @@ def predict_rows(
             else:
                 result = generate_continuations(
                     model,
-                    [rows["ids"].iat[i] for i in chunk],
+                    encoder_inputs(model, [rows["ids"].iat[i] for i in chunk], tokenizer),
                     pad_id=pad_id_of(tokenizer),
                     eos_id=tokenizer.eos_token_id,
                     runtime=runtime,

@@ -24,6 +24,7 @@ from fastlm.corpus.splitting import cap_rows, text_keys
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import (
     decoding_kwargs,
+    encoder_inputs,
     generate_continuations,
     is_encoder_decoder,
     response_text,
@@ -110,7 +111,8 @@ def input_limit(
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions is None:
         return trained
-    limit = positions if is_encoder_decoder(model) else positions - max_new_tokens
+    # an encoder-decoder model's input gets the tokenizer's end (``generation.encoder_inputs``) too
+    limit = positions - 1 if is_encoder_decoder(model) else positions - max_new_tokens
     if limit < 1:
         raise ConfigError(
             f"{parameter} = {max_new_tokens} leaves no room for an input in the model's "
@@ -160,7 +162,7 @@ def score_test_generations(
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     generations = generate_continuations(
         model,
-        prompt_ids,
+        encoder_inputs(model, prompt_ids, tokenizer),
         pad_id=pad_id_of(tokenizer),
         eos_id=tokenizer.eos_token_id,
         runtime=runtime,

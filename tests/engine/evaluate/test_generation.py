@@ -207,3 +207,22 @@ def test_a_response_loses_a_leading_empty_think_block_and_keeps_reasoning():
     }
     for decoded, expected in cases.items():
         assert response_text([1, 2], decoding(decoded)) == expected
+
+
+def test_an_encoder_decoder_model_is_asked_its_prompts_as_its_encoder_rows_were_trained():
+    """A BART-style tokenizer puts ``</s>`` after a text: the encoder input of a generation ends with it, as
+    training's encoder rows do; a decoder-only model's prompt stays as given; a forced BOS is no
+    continuation."""
+    from fastlm.engine.evaluate.generation import continuation_start, encoder_inputs
+    from fastlm.engine.model.encoder_decoder import generate_as_trained
+    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+
+    tokenizer, model = bart_style_tokenizer(), tiny_seq2seq("bart")
+    assert encoder_inputs(model, [[0, 5, 6], [0, 7, 2]], tokenizer) == [[0, 5, 6, 2], [0, 7, 2]]
+    assert encoder_inputs(torch.nn.Linear(1, 1), [[0, 5, 6]], tokenizer) == [[0, 5, 6]]
+    generate_as_trained(model, 2, (0,))
+    assert model.generation_config.forced_bos_token_id == 0
+    assert continuation_start(model, torch.zeros(1, 4)) == 2
+    generate_as_trained(model, 2)
+    assert model.generation_config.forced_bos_token_id is None
+    assert continuation_start(model, torch.zeros(1, 4)) == 1

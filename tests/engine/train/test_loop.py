@@ -237,7 +237,7 @@ def test_a_packed_run_of_three_epochs_trains_each_sample_once_an_epoch_though_ep
         batching={"micro_batch_size": 8},
     )
     data = toy_sequences(5000, 1)
-    layout = StreamLayout(EOS, 64, {}, {"num_workers": 0})
+    layout = StreamLayout(EOS, 64, None, {"num_workers": 0})
     stream = micro_batches(data, params, layout)
     per_epoch = [stream.sampler.set_epoch(epoch) or len(stream.sampler) for epoch in range(3)]
     assert len(set(per_epoch)) > 1  # the case this test is about

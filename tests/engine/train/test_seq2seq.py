@@ -188,14 +188,19 @@ def test_packed_seq2seq_batches_pack_where_the_family_and_attention_keep_samples
             pad_id=PAD,
             max_length=64,
             seed=0,
-            **seq2seq_batching(_tiny("bart"), samples, attn),
+            sides=seq2seq_batching(_tiny("bart"), samples, attn),
         )
         assert isinstance(collator, expected), attn
         sampler.set_epoch(0, start_batch=0)
         assert sorted(i for batch in sampler for i in batch) == list(range(20))
     # no attention path: the report's
     _, collator = make_batching(
-        params, samples.lengths, pad_id=PAD, max_length=64, seed=0, **seq2seq_batching(_tiny("bart"), samples)
+        params,
+        samples.lengths,
+        pad_id=PAD,
+        max_length=64,
+        seed=0,
+        sides=seq2seq_batching(_tiny("bart"), samples),
     )
     assert isinstance(collator, Seq2SeqCollator)  # per-sample evaluation keeps padded rows
 
@@ -211,7 +216,7 @@ def test_packed_decoder_labels_never_reach_across_samples():
         pad_id=PAD,
         max_length=64,
         seed=0,
-        **seq2seq_batching(_tiny("bart"), samples, "sdpa"),
+        sides=seq2seq_batching(_tiny("bart"), samples, "sdpa"),
     )
     assert isinstance(collator, PackedSeq2SeqCollator)
     sampler.set_epoch(0, start_batch=0)
@@ -251,7 +256,7 @@ def test_a_packed_and_a_padded_run_take_the_same_steps(tmp_path, kind):
             pad_id=PAD,
             max_length=64,
             seed=params.seed,
-            **seq2seq_batching(model, samples, "sdpa"),
+            sides=seq2seq_batching(model, samples, "sdpa"),
         )
         sampler.set_epoch(0, start_batch=0)
         assert [sorted(indices) for indices in sampler] == [list(range(8))]
@@ -401,7 +406,7 @@ def test_tune_measures_the_seq2seq_training_step(tmp_path):
         pad_id=PAD,
         max_length=64,
         seed=params.seed,
-        **seq2seq_batching(model, dataset, "sdpa"),
+        sides=seq2seq_batching(model, dataset, "sdpa"),
     )
     sampler.set_epoch(0)
     timed = [indices for _, indices in zip(range(3), iter(sampler), strict=False)][1:]  # after 1 warm-up step
@@ -488,7 +493,7 @@ def test_generation_starts_the_decoder_as_training_did(tmp_path, checkpoint, cap
     trained = train(
         model, data, None, params=params, runtime=runtime, pad_id=PAD, max_length=32, attn="sdpa"
     ).model
-    start = seq2seq_batching(trained, data)["decoder_start_id"]
+    start = seq2seq_batching(trained, data).decoder_start_id
     assert start == (EOS if checkpoint == "forced_bos" else PAD)
     prompts = [list(data[i][: int(data.prompt_lengths[i])]) for i in range(8)]
 
@@ -541,3 +546,41 @@ def test_a_chats_earlier_answers_are_encoder_input_and_an_encoder_decoder_run_sa
     assert result.eval_history[-1]["val_target_tokens"] == int(
         (samples.lengths - samples.prompt_lengths).sum()
     )
+
+
+@pytest.mark.parametrize("mode", ["length_grouped", "packed"])
+def test_a_bart_sample_reaches_the_model_as_hugging_faces_summarization_recipe_feeds_it(mode):
+    """HF's run_summarization with BART: encoder ``tokenizer(source)`` = ``<s> source </s>``, labels
+    ``tokenizer(text_target=target)`` = ``<s> target </s>``, decoder input ``shift_tokens_right(labels)`` =
+    ``</s> <s> target``. fastlm's split tokenizes prompt and response without the tokenizer's ends
+    (decoder-only data needs them so); an encoder-decoder batch puts them back, padded and packed alike.
+    fastlm's decoder row also holds the EOS input (never scored) and its labels are the causal ones
+    (position t predicts ``labels[t + 1]``)."""
+    from transformers.models.bart.modeling_bart import shift_tokens_right
+
+    from fastlm.corpus.prompts import tokenize_pairs
+    from fastlm.engine.data.collators import TextEnds
+    from tests.support.tiny_seq2seq import bart_style_tokenizer
+
+    tokenizer = bart_style_tokenizer()
+    source, target = "summarize the dialogue", "a short summary"
+    tokens = tokenize_pairs([source], [target], tokenizer, max_length=64, num_proc=1)
+    dataset = TokenSequences.from_arrow(tokens.to_arrow(), text_ends=TextEnds.of(tokenizer))
+    model = _tiny("bart")
+    model.resize_token_embeddings(len(tokenizer))
+    params = _params(Path("unused"), "unused", mode=mode)
+    _, collator = make_batching(
+        params,
+        dataset.lengths,
+        pad_id=1,
+        max_length=64,
+        seed=0,
+        sides=seq2seq_batching(model, dataset, "sdpa"),
+    )
+    assert isinstance(collator, PackedSeq2SeqCollator if mode == "packed" else Seq2SeqCollator)
+    batch = collator(dataset.__getitems__([0]))
+    labels = torch.tensor([tokenizer(text_target=target)["input_ids"]])
+    assert batch["input_ids"][0].tolist() == tokenizer(source)["input_ids"]  # <s> source </s>
+    assert batch["decoder_input_ids"][:, :-1].tolist() == shift_tokens_right(labels, 1, 2).tolist()
+    assert batch["labels"][:, 1:].tolist() == labels.tolist()  # <s> target </s>, <s> a target
+    assert batch["labels"][0, 0].item() == IGNORE_INDEX

@@ -9,6 +9,7 @@ from fastlm.engine.data.collators import (
     DynamicPaddingCollator,
     PackedCollator,
     Seq2SeqCollator,
+    TextEnds,
     pad_id_of,
     seq2seq_lengths,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "pad_id_of",
     "real_token_mask",
     "seq2seq_lengths",
+    "TextEnds",
     "seq2seq_packed_masks",
     "to_additive_mask",
 ]

@@ -21,6 +21,8 @@ all int64 scalar tensors. Collators hold only ints and strings, so they pickle i
   Pair it with ``samplers.PackedBatchSampler``.
 * ``Seq2SeqCollator``: encoder-decoder models; the prompt is the encoder input, the response the decoder
   row, each padded to its own longest side (pair it with a ``LengthGroupedSampler`` over ``seq2seq_lengths``).
+  Both sides get the special tokens the model's tokenizer puts around a text (``TextEnds``: BART's ``</s>``
+  after the prompt and ``<s>`` before the response), as Hugging Face's fine-tuning feeds them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "DynamicPaddingCollator",
     "PackedCollator",
     "Seq2SeqCollator",
+    "TextEnds",
     "pad_id_of",
     "seq2seq_lengths",
     "seq2seq_sides",
@@ -64,6 +67,35 @@ def pad_id_of(tokenizer) -> int:
     if pad is None:
         raise ValueError("the tokenizer has neither a pad nor an EOS token")
     return int(pad)
+
+
+@dataclass(frozen=True)
+class TextEnds:
+    """The special ids a tokenizer puts around a text it encodes with its special tokens
+    (``tokenizer(text)``): ``head`` before it (BART: ``<s>``), ``tail`` after it (BART, T5: ``</s>``);
+    none for GPT-2-style ones.
+
+    An encoder-decoder model was pretrained on rows so framed, and Hugging Face's fine-tuning
+    (``run_summarization``) feeds them so: encoder ``tokenizer(prompt)``, labels
+    ``tokenizer(text_target=response)``. The split tokenizes both without them (decoder-only rows need the
+    prompt and response to join), putting only a leading BOS in front of the prompt
+    (``corpus.prompts.leading_bos``); the encoder-decoder collators add the rest: the encoder row is the
+    prompt then ``tail``, the decoder row the decoder start, ``head``, the response and its EOS.
+    """
+
+    head: tuple[int, ...] = ()
+    tail: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, tokenizer) -> TextEnds:
+        """What ``tokenizer`` adds around a text (compared with the same text encoded without them)."""
+        unpadded = {"padding": False, "truncation": False, "verbose": False}
+        framed = list(tokenizer("x", add_special_tokens=True, **unpadded)["input_ids"])
+        bare = list(tokenizer("x", add_special_tokens=False, **unpadded)["input_ids"])
+        for at in range(len(framed) - len(bare) + 1):
+            if framed[at : at + len(bare)] == bare:
+                return cls(tuple(map(int, framed[:at])), tuple(map(int, framed[at + len(bare) :])))
+        return cls()
 
 
 def _sample_ids(feature) -> np.ndarray:
@@ -242,8 +274,9 @@ class Seq2SeqCollator:
     its EOS) is the decoder's target. Encoder and decoder are right-padded separately, each to its own longest
     side in the batch (rounded up to ``pad_to_multiple_of``): no ``max_length`` padding.
 
-    The decoder row is ``[decoder_start_id] + response + EOS`` (what the model's own shift of the labels would
-    feed it), and ``labels`` is that row with -100 on its first token and on padding: the same causal
+    The encoder row is the prompt then ``ends.tail``, the decoder row ``[decoder_start_id] + ends.head +
+    response + EOS`` (what the model's own shift of the labels ``tokenizer(text_target=response)`` would feed
+    it; ``TextEnds``), and ``labels`` is that row with -100 on its first token and on padding: the same causal
     convention as the decoder-only collators (position t predicts ``labels[t + 1]``), so the one loss
     (``loss.causal_lm_loss_sum``), target count and token-normalised accumulation serve both kinds. The EOS
     input's own prediction is ignored (one computed, never scored position per sample).
@@ -255,9 +288,10 @@ class Seq2SeqCollator:
     pad_id: int
     decoder_start_id: int
     pad_to_multiple_of: int | None = 8
+    ends: TextEnds = TextEnds()
 
     def __call__(self, features: Sequence) -> dict[str, torch.Tensor]:
-        encoder, decoder = seq2seq_sides(features, self.decoder_start_id)
+        encoder, decoder = seq2seq_sides(features, self.decoder_start_id, self.ends)
         input_ids, attention_mask = self._pad(encoder)
         decoder_input_ids, decoder_attention_mask = self._pad(decoder)
         labels = causal_lm_labels(decoder_input_ids, decoder_attention_mask)
@@ -282,21 +316,27 @@ class Seq2SeqCollator:
         return torch.from_numpy(ids), mask
 
 
-def seq2seq_sides(features: Sequence, decoder_start_id: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each prompt/response sample's encoder ids (the prompt) and decoder row
-    (``[decoder_start_id] + response``)."""
+def seq2seq_sides(
+    features: Sequence, decoder_start_id: int, ends: TextEnds = TextEnds()
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each prompt/response sample's encoder ids (the prompt, then ``ends.tail``) and decoder row
+    (``[decoder_start_id] + ends.head + response``, the response with its EOS)."""
     if not features:
         raise ValueError("cannot collate an empty batch")
     if not all(isinstance(feature, Mapping) and "prompt_length" in feature for feature in features):
         raise ValueError("encoder-decoder batches need prompt/response samples (a prompt_length per sample)")
     samples = [_sample_ids(feature) for feature in features]
     prompts = [_prompt_length(feature) for feature in features]
-    encoder = [ids[:n] for ids, n in zip(samples, prompts, strict=True)]
-    decoder = [np.concatenate([[decoder_start_id], ids[n:]]) for ids, n in zip(samples, prompts, strict=True)]
+    tail = np.asarray(ends.tail, dtype=np.int64)
+    start = np.asarray([decoder_start_id, *ends.head], dtype=np.int64)
+    encoder = [np.concatenate([ids[:n], tail]) for ids, n in zip(samples, prompts, strict=True)]
+    decoder = [np.concatenate([start, ids[n:]]) for ids, n in zip(samples, prompts, strict=True)]
     return encoder, decoder
 
 
-def seq2seq_lengths(lengths: np.ndarray, prompt_lengths: np.ndarray) -> np.ndarray:
-    """The longer side of each encoder-decoder sample (prompt, or decoder start + response): what to group
-    by."""
-    return np.maximum(prompt_lengths, lengths - prompt_lengths + 1)
+def seq2seq_lengths(
+    lengths: np.ndarray, prompt_lengths: np.ndarray, ends: TextEnds = TextEnds()
+) -> np.ndarray:
+    """The longer side of each encoder-decoder sample (prompt and ``ends.tail``, or decoder start,
+    ``ends.head`` and response): what to group by."""
+    return np.maximum(prompt_lengths + len(ends.tail), lengths - prompt_lengths + 1 + len(ends.head))

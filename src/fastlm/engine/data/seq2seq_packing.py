@@ -1,7 +1,8 @@
 """Packed encoder-decoder batches: several prompt/response samples per row on both sides, kept apart exactly.
 
-A sample's prompt goes to the encoder row and ``[decoder_start_id] + response + EOS`` to the decoder row of
-the same row number; rows are filled next-fit (``packing.assign_rows``) by each sample's longer side
+A sample's prompt (then the tokenizer's ``TextEnds.tail``) goes to the encoder row and ``[decoder_start_id] +
+TextEnds.head + response + EOS`` to the decoder row of the same row number (``collators.seq2seq_sides``);
+rows are filled next-fit (``packing.assign_rows``) by each sample's longer side
 (``collators.seq2seq_lengths``), so both an encoder row and a decoder row hold at most ``budget.row_length``
 tokens, and on batches of ``PackedBatchSampler`` over those lengths the packer's rows come back. Each side is
 padded to its own longest row (rounded up to ``pad_to_multiple_of``).
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastlm.engine.data.collators import seq2seq_sides
+from fastlm.engine.data.collators import TextEnds, seq2seq_sides
 from fastlm.engine.data.labels import count_target_tokens, packed_causal_lm_labels
 from fastlm.engine.data.packing import TokenBudget, assign_rows, block_causal_mask, packed_layout
 
@@ -57,9 +58,10 @@ class PackedSeq2SeqCollator:
     decoder_start_id: int
     budget: TokenBudget
     pad_to_multiple_of: int | None = 8
+    ends: TextEnds = TextEnds()
 
     def __call__(self, features: Sequence) -> dict[str, torch.Tensor]:
-        encoder, decoder = seq2seq_sides(features, self.decoder_start_id)
+        encoder, decoder = seq2seq_sides(features, self.decoder_start_id, self.ends)
         longer = [max(len(e), len(d)) for e, d in zip(encoder, decoder, strict=True)]
         rows = assign_rows(longer, self.budget.row_length)
         if len(rows) > self.budget.rows_per_batch:

@@ -16,6 +16,8 @@ class TokenSequences:
     ids; the DataLoader's batched fetch (``__getitems__``, what collators receive) gives
     ``{"input_ids": ids, "prompt_length": n}`` (plus ``"answer_spans"``: a ``[k, 2]`` array, when the sample
     has some) when prompt lengths are known, so every collator can leave the prompt out of the loss.
+    ``text_ends`` (``collators.TextEnds``, None: unknown, none added): the special tokens the tokenizer that
+    made the ids puts around a text, which an encoder-decoder model's rows get back (``seq2seq_sides``).
     """
 
     def __init__(
@@ -25,7 +27,9 @@ class TokenSequences:
         prompt_lengths: np.ndarray | None = None,
         *,
         answer_spans: tuple[np.ndarray, np.ndarray] | None = None,
+        text_ends=None,
     ):
+        self.text_ends = text_ends
         self.values = np.ascontiguousarray(values, dtype=np.int32)
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         self.lengths = np.diff(self.offsets)
@@ -43,10 +47,11 @@ class TokenSequences:
             self.answer_spans = _checked_spans(*answer_spans, self.prompt_lengths)
 
     @classmethod
-    def from_arrow(cls, dataset, column: str = "input_ids") -> TokenSequences:
+    def from_arrow(cls, dataset, column: str = "input_ids", *, text_ends=None) -> TokenSequences:
         """From a ``datasets.Dataset`` (or a pyarrow Table) with a list<int> column, without Python loops.
 
-        A ``prompt_length`` column (prompt/response data) becomes ``prompt_lengths``.
+        A ``prompt_length`` column (prompt/response data) becomes ``prompt_lengths``; ``text_ends``: the
+        tokenizer's (``collators.TextEnds.of``).
         """
         table = dataset.data.table if hasattr(dataset, "data") else dataset
         if hasattr(dataset, "_indices") and dataset._indices is not None:  # a selected/shuffled view
@@ -67,7 +72,11 @@ class TokenSequences:
             span_values = column.values.to_numpy(zero_copy_only=False)[span_offsets[0] : span_offsets[-1]]
             spans = (np.asarray(span_values), span_offsets - span_offsets[0])
         return cls(
-            np.asarray(values), offsets - (offsets[0] if len(offsets) else 0), prompts, answer_spans=spans
+            np.asarray(values),
+            offsets - (offsets[0] if len(offsets) else 0),
+            prompts,
+            answer_spans=spans,
+            text_ends=text_ends,
         )
 
     def __len__(self) -> int:

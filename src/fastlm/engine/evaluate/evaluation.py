@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 
 from fastlm.engine.batching import (
     NoneIfEmpty,
+    Seq2SeqSides,
     backoff_pieces,
     loader_generator,
     make_batching,
@@ -262,7 +263,7 @@ class _Pass:
     max_length: int
     attn: str
     pad_id: int
-    sides: dict
+    sides: Seq2SeqSides | None
     options: EvalOptions
     comm: Collectives
 
@@ -285,7 +286,7 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
         dataset.lengths,
         max_length=setting.max_length,
         seed=0,
-        **setting.sides,
+        sides=setting.sides,
         pad_id=setting.pad_id,
         configured=configured if cut else None,
     )

@@ -24,8 +24,11 @@ Only ``model.generate`` is used, so a plain Hugging Face model and a peft adapte
 
 Encoder-decoder models (``config.is_encoder_decoder``: BART, T5) decode with their own ``generate`` too: the
 prompts are the ENCODER inputs, right-padded with their mask (learned absolute positions, as in BART, count
-from the first column, so right padding is what training saw); their output is the decoder row, whose first
-token is the decoder start, so the continuation is everything after it. ``continuation_start`` says which.
+from the first column, so right padding is what training saw), each followed by the special tokens the
+tokenizer puts after a text (``encoder_inputs``: BART's and T5's ``</s>``), as training's encoder rows are;
+their output is the decoder row, whose first token is the decoder start (then the BOS a BART-style model is
+made to generate first, ``forced_bos_token_id``), so the continuation is everything after them.
+``continuation_start`` says which.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fastlm.engine.data.collators import pad_id_of
+from fastlm.engine.data.collators import TextEnds, pad_id_of
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.engine.model.attention.choice import generation_attention
 from fastlm.engine.runtime.environment import Runtime
@@ -48,6 +51,7 @@ __all__ = [
     "Generations",
     "continuation_start",
     "decoding_kwargs",
+    "encoder_inputs",
     "end_ids",
     "generate_continuations",
     "generate_samples",
@@ -103,8 +107,22 @@ def is_encoder_decoder(model) -> bool:
 
 def continuation_start(model, input_ids: torch.Tensor) -> int:
     """Where the new tokens begin in ``model.generate``'s output: after the prompt (decoder-only) or after
-    the decoder start token (encoder-decoder, whose output holds no prompt)."""
-    return 1 if is_encoder_decoder(model) else input_ids.shape[1]
+    the decoder start token and a forced BOS (encoder-decoder, whose output holds no prompt)."""
+    if not is_encoder_decoder(model):
+        return input_ids.shape[1]
+    forced = getattr(getattr(model, "generation_config", None), "forced_bos_token_id", None)
+    return 1 + (forced is not None)
+
+
+def encoder_inputs(model, prompts: Sequence[Sequence[int]], tokenizer) -> list[list[int]]:
+    """``prompts`` as ``model`` trained on them: an encoder-decoder model's each followed by the ids the
+    tokenizer puts after a text (``TextEnds.tail``, BART's ``</s>``; not doubled), as its training's encoder
+    rows (``collators.seq2seq_sides``); a decoder-only model's as they are."""
+    prompts = [list(ids) for ids in prompts]
+    tail = list(TextEnds.of(tokenizer).tail) if is_encoder_decoder(model) else []
+    if not tail:
+        return prompts
+    return [ids + tail if ids and ids[-len(tail) :] != tail else ids for ids in prompts]
 
 
 # An empty reasoning block at the start of an answer: Qwen3's template writes it before every answer it
@@ -251,10 +269,12 @@ def generate_samples(
         continuation = prompt_ids is None
     if prompt_ids is not None and len(prompt_ids) != len(prompts):
         raise ValueError(f"{len(prompt_ids)} prompt id lists for {len(prompts)} prompts")
-    encoded = (
-        [list(ids) for ids in prompt_ids]
+    encoded = encoder_inputs(
+        model,
+        prompt_ids
         if prompt_ids is not None
-        else [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts]
+        else [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts],
+        tokenizer,
     )
     rows = []
     for setting in settings:

@@ -17,7 +17,7 @@ from pathlib import Path
 from fastlm.engine.batching import loader_settings
 from fastlm.engine.checkpoint.storage import check_training_storage
 from fastlm.engine.config import TrainParams
-from fastlm.engine.data import pad_id_of
+from fastlm.engine.data import TextEnds, pad_id_of
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import RankInfo, connect, full_state_dicts, is_sharded, rank_device
 from fastlm.engine.model.build import build_model, model_attention
@@ -85,8 +85,11 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
                 tokenizer=job.tokenizer,
                 log_records=expected_log_records(params),
             )
-        train_set = TokenSequences.from_arrow(job.train_split)
-        eval_set = TokenSequences.from_arrow(job.eval_split) if job.eval_split is not None else None
+        ends = TextEnds.of(job.tokenizer)  # an encoder-decoder model's rows get the tokenizer's ends back
+        train_set = TokenSequences.from_arrow(job.train_split, text_ends=ends)
+        eval_set = (
+            TokenSequences.from_arrow(job.eval_split, text_ends=ends) if job.eval_split is not None else None
+        )
         result = train(
             model,
             train_set,

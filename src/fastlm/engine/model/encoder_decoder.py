@@ -91,11 +91,13 @@ def unwrapped(model) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def generate_as_trained(model, start: int) -> None:
+def generate_as_trained(model, start: int, head: tuple[int, ...] = ()) -> None:
     """``model`` generates (report, predict, its saved folder in any ``pipeline()``) from the decoder prefix
-    it trains on: ``start``, then the response (the split's decoder rows hold no BOS). A checkpoint that
-    forces BOS as the first generated token (facebook/bart-*: ``forced_bos_token_id: 0``) has it dropped,
-    said once; a config without ``decoder_start_token_id`` gets the one training uses."""
+    it trains on: ``start``, then ``head`` (the tokenizer's BOS before a text, ``collators.TextEnds``: BART's
+    ``<s>``), then the response. One head token is forced as the first generated one
+    (``forced_bos_token_id``, as facebook/bart-large-cnn's own config does); without one, a checkpoint that
+    forces BOS has it dropped, said once. A config without ``decoder_start_token_id`` gets the one training
+    uses."""
     base = unwrapped(model)
     base.config.decoder_start_token_id = start
     generation = getattr(base, "generation_config", None)
@@ -103,7 +105,9 @@ def generate_as_trained(model, start: int) -> None:
         return
     generation.decoder_start_token_id = start
     forced = getattr(generation, "forced_bos_token_id", None)
-    if forced is not None:
+    if len(head) == 1:
+        generation.forced_bos_token_id = int(head[0])
+    elif forced is not None:
         generation.forced_bos_token_id = None
         log.info(
             "generation: the checkpoint's forced_bos_token_id %d dropped: the decoder trains on the response "

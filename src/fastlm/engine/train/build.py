@@ -25,6 +25,7 @@ import torch
 
 from fastlm.engine.batching import (
     MicroBatches,
+    Seq2SeqSides,
     StepPlan,
     StreamLayout,
     loader_settings,
@@ -79,7 +80,7 @@ class TrainRequest:
     attn: str
     callbacks: Sequence[Callback] = ()
     comm: Collectives = field(default_factory=SingleProcess)
-    sides: dict = field(default_factory=dict)
+    sides: Seq2SeqSides | None = None
     runtime_choices: Path | None = None  # the precisions measured before (engine.runtime.remembered)
 
 
@@ -142,13 +143,13 @@ def settle_request(request: TrainRequest) -> TrainRequest:
     packed_inputs(request.attn)
     params, model = request.params, request.model
     request = replace(request, runtime=request.runtime.compiling_as(params.runtime))
-    sides = seq2seq_batching(model, request.train_set, request.attn)  # {} for a causal LM
+    sides = seq2seq_batching(model, request.train_set, request.attn)  # None for a causal LM
     say_untrained_answers(model, request.train_set)
     why = None
     if params.batching.mode == "packed":
-        if sides and not sides["seq2seq_packing"]:
+        if sides is not None and not sides.packing:
             why = packing_unavailable(model, request.attn) + " (each side padded to its own batch maximum)"
-        elif not sides:
+        elif sides is None:
             why = packing_leak(unwrapped(model).config)
     if why is not None:
         log.warning(

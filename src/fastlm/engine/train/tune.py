@@ -288,8 +288,8 @@ def unavailable_modes(model, dataset, attn: str) -> Callable[[str], str | None]:
     from fastlm.engine.model.encoder_decoder import packing_unavailable, unwrapped
 
     sides = seq2seq_batching(model, dataset, attn)
-    if sides:
-        cannot_pack = not sides["seq2seq_packing"]
+    if sides is not None:
+        cannot_pack = not sides.packing
         return lambda mode: packing_unavailable(model, attn) if mode == "packed" and cannot_pack else None
     leak = packing_leak(unwrapped(model).config)
     return lambda mode: leak if mode == "packed" else None
@@ -445,7 +445,7 @@ def real_step_measurer(
         batching = params.batching.model_copy(update={"micro_batch_size": size})
         trial_params = params.model_copy(update={"batching": batching})
         sampler, collator = make_batching(
-            trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length, seed=params.seed, **sides
+            trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length, seed=params.seed, sides=sides
         )
         sampler.set_epoch(0)
         batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]

@@ -77,6 +77,7 @@ def evaluate_model(
     paths: dict | None = None,
 ):
     """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations."""
+    from fastlm.engine.data.collators import TextEnds
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
     from fastlm.engine.evaluate.generation import generate_samples
@@ -97,7 +98,7 @@ def evaluate_model(
     attn = model.config._attn_implementation or "sdpa"
     result = evaluate(
         model,
-        TokenSequences.from_arrow(tokenized["test"]),
+        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
         tokenizer=tokenizer,
         params=params,
         runtime=runtime,

@@ -206,6 +206,7 @@ def _test_metrics(
     model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict
 ) -> dict:
     """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``)."""
+    from fastlm.engine.data.collators import TextEnds
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
     from fastlm.engine.runtime.environment import setup_runtime
@@ -217,7 +218,7 @@ def _test_metrics(
     model.to(runtime.device)
     result = evaluate(
         model,
-        TokenSequences.from_arrow(tokenized["test"]),
+        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
         tokenizer=tokenizer,
         params=params,
         runtime=runtime,

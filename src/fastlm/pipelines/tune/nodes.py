@@ -31,7 +31,7 @@ def tune_micro_batch(
     """Trials table, chosen settings (with the explanation), a plot, and the parameters for train
     (``tuned_parameters``, named in messages by its path from ``paths``). Each trial and the choice go to
     ``tracker`` (``run_tracker``), also when no size fits."""
-    from fastlm.engine.data import pad_id_of
+    from fastlm.engine.data import TextEnds, pad_id_of
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.model.build import build_model, model_attention
     from fastlm.engine.model.recompute import enable_checkpointing
@@ -61,7 +61,7 @@ def tune_micro_batch(
         cliff_tolerance=settings.cliff_tolerance,
         deadline=tune.deadline_after(settings.max_minutes),
     )
-    train_set = TokenSequences.from_arrow(tokenized["train"])
+    train_set = TokenSequences.from_arrow(tokenized["train"], text_ends=TextEnds.of(tokenizer))
     run_modes = functools.partial(
         tune.tune_modes,
         model,
