@@ -230,3 +230,20 @@ def test_the_malformed_chat_named_is_counted_from_one_as_the_files_lines():
     with pytest.raises(InputDataError) as error:
         nodes.clean_corpus(frame, {"messages_column": "messages"})
     assert "row 2 is a str, not a list" in str(error.value), error.value
+
+
+def test_the_split_report_carries_the_data_format_the_report_says():
+    data_format = {"kind": "messages", "messages_column": "messages", "train_turns": "all"}
+    counts = {
+        "raw_rows": 2,
+        "dropped": {},
+        "capped_by_max_samples": 0,
+        "source": "x",
+        "system_prompt": "Be brief.",
+    }
+    stats = {"train": {"rows": 2}}
+    fingerprint = {"fingerprint": "f", "params": {"max_length": 8, "data_format": data_format}}
+    report, _ = nodes.report_split(counts, stats, fingerprint)
+    assert report["data_format"] == data_format and report["system_prompt"] == "Be brief."
+    text, _ = nodes.report_split(counts, stats, {"fingerprint": "f", "params": {"max_length": 8}})
+    assert "data_format" not in text

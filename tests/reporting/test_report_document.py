@@ -96,3 +96,64 @@ def test_the_markdown_reports_figures_point_at_the_plot_files_the_pipeline_write
     }
     _, markdown = report_document(make_history(3))
     assert set(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)) == written
+
+
+CHAT_FORMAT = {
+    "kind": "messages",
+    "messages_column": "messages",
+    "train_turns": "all",
+    "chat_template_kwargs": {"enable_thinking": False},
+    "prompt_template": "{prompt}\n\n### Response:\n",
+}
+
+
+def test_the_training_summary_says_the_chat_format_the_model_trained_on():
+    system = "You are a helpful assistant who answers in short, plain sentences and never in lists, always."
+    report = {"data_format": CHAT_FORMAT, "system_prompt": system}
+    said = [line for line in run_lines(SUMMARY, report) if line.startswith("Chats")]
+    assert len(said) == 1, run_lines(SUMMARY, report)
+    line = said[0]
+    assert "split.messages_column 'messages'" in line and "every assistant answer trained" in line
+    assert "split.train_turns: all" in line and "{'enable_thinking': False}" in line
+    assert system[:60] in line and system not in line and "…" in line  # cut to about 80 characters
+    assert "predict and the report's samples ask after it" in line
+    last = {"data_format": {**CHAT_FORMAT, "train_turns": "last", "chat_template_kwargs": None}}
+    line = next(line for line in run_lines(SUMMARY, last) if line.startswith("Chats"))
+    assert "only each chat's last answer trained (split.train_turns: last)" in line
+    assert "system turn" not in line and "chat_template_kwargs" not in line
+
+
+def test_the_training_summary_says_prompt_response_data_trains_the_response_only():
+    report = {
+        "data_format": {
+            "kind": "prompt_response",
+            "prompt_column": "dialogue",
+            "response_column": "summary",
+            "prompt_template": "{prompt}\n\n### Response:\n",
+        }
+    }
+    line = next(line for line in run_lines(SUMMARY, report) if line.startswith("Prompt/response"))
+    assert "split.prompt_column 'dialogue'" in line and "split.response_column 'summary'" in line
+    assert "only the response and its EOS trained" in line
+    assert "prompt template '{prompt}\\n\\n### Response:\\n'" in line
+
+
+def test_text_data_gets_no_data_format_line():
+    lines = run_lines(SUMMARY, {"splits": {"train": {"rows": 3}}, "raw_rows": 3, "dropped": {}})
+    assert not any(line.startswith(("Chats", "Prompt/response")) for line in lines)
+    assert not any(line.startswith(("Chats", "Prompt/response")) for line in run_lines(SUMMARY, None))
+
+
+def test_the_steady_speed_over_the_steps_alone_is_shown_beside_the_wall_clock_one():
+    summary = {
+        **SUMMARY,
+        "real_tokens_per_s": 1000.0,
+        "steady_real_tokens_per_s": 1250.5,
+        "outside_steps_s": 12.3,
+    }
+    line = next(line for line in run_lines(summary, None) if line.startswith("Speed"))
+    assert "1,000 real tokens/s" in line and "steady real tokens/s (steps only): 1,250" in line
+    assert "12.3 s" in line and "evaluations and saves" in line
+    assert not any(
+        line.startswith("Speed") for line in run_lines({**SUMMARY, "real_tokens_per_s": 1.0}, None)
+    )

@@ -74,7 +74,9 @@ CURVE_FILES = {
 
 
 def run_lines(summary: dict, split_report: dict | None) -> list[str]:
-    """What was trained, how, and on which data: model (LoRA and its base), trainable counts, split counts."""
+    """What was trained, how, and on which data: model (LoRA and its base), trainable counts, the data's
+    format (chats, prompt/response: ``split_report``'s ``data_format``), the steady speed beside the
+    wall-clock one, split counts."""
     lines = []
     total, trainable = (
         summary.get("total_parameters") or summary.get("parameters"),
@@ -134,6 +136,15 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             f"validated on its {_count(summary.get('validation_samples'))} rows; the test split is the "
             "split's."
         )
+    lines += _data_format_lines(split_report or {})
+    steady = summary.get("steady_real_tokens_per_s")
+    if _finite(steady) and _finite(summary.get("real_tokens_per_s")):
+        outside = summary.get("outside_steps_s")
+        lines.append(
+            f"Speed: {summary['real_tokens_per_s']:,.0f} real tokens/s over the timed steps' wall clock; "
+            f"steady real tokens/s (steps only): {steady:,.0f}, the first step, evaluations and saves left "
+            "out" + (f" ({outside:,.1f} s outside the steps)." if _finite(outside) else ".")
+        )
     splits = (split_report or {}).get("splits") or {}
     if splits:
         rows = ", ".join(f"{name} {int(info.get('rows', 0)):,}" for name, info in splits.items())
@@ -146,6 +157,52 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             else f"Data splits: {rows}; dropped: {drops}."
         )
     return lines
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _data_format_lines(split_report: dict) -> list[str]:
+    """What the model trained on of prompt/response or chat data (``split_report``'s ``data_format``, the
+    split fingerprint's, and ``system_prompt``): which tokens were trained and how prompts were rendered;
+    nothing for plain text or pre-tokenized ids."""
+    data_format = split_report.get("data_format") or {}
+    kind = data_format.get("kind")
+    if kind == "messages":
+        turns = data_format.get("train_turns") or "all"
+        trained = (
+            f"every assistant answer trained (split.train_turns: {turns})"
+            if turns == "all"
+            else f"only each chat's last answer trained (split.train_turns: {turns}), earlier ones context"
+        )
+        variables = data_format.get("chat_template_kwargs")
+        line = (
+            f"Chats (split.messages_column {data_format.get('messages_column')!r}): {trained}; rendered with "
+            + (
+                "the tokenizer's chat template"
+                if data_format.get("chat_template_sha256")
+                else "role: content lines wrapped by the prompt template"
+            )
+            + (f" and split.chat_template_kwargs {variables}" if variables else "")
+            + "."
+        )
+        system = split_report.get("system_prompt")
+        if system:
+            shown = system if len(system) <= 80 else system[:79].rstrip() + "…"
+            line += (
+                f" Every training chat began with the system turn {shown!r}; predict and the report's "
+                "samples ask after it."
+            )
+        return [line]
+    if kind == "prompt_response":
+        return [
+            f"Prompt/response (split.prompt_column {data_format.get('prompt_column')!r}, "
+            f"split.response_column {data_format.get('response_column')!r}): only the response and its EOS "
+            f"trained, the prompt wrapped by the prompt template {data_format.get('prompt_template')!r}; "
+            "predict and the report's samples wrap theirs so."
+        ]
+    return []
 
 
 @dataclass(frozen=True, eq=False)  # frames do not compare as one truth value

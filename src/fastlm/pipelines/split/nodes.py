@@ -127,6 +127,7 @@ def tokenize_corpus(
 
 def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[dict, pd.DataFrame]:
     """The split report as JSON (everything) and CSV (one row per split)."""
+    data_format = (fingerprint.get("params") or {}).get("data_format")
     report = build_report(
         counts["raw_rows"],
         counts["dropped"],
@@ -138,6 +139,8 @@ def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[d
             "max_length": fingerprint["params"]["max_length"],
             # the system turn every chat begins with: predict and the report ask the model after it
             **({"system_prompt": counts["system_prompt"]} if "system_prompt" in counts else {}),
+            # how the prompts were rendered and what was trained: the report's training summary says it
+            **({"data_format": data_format} if data_format else {}),
         },
     )
     table = pd.DataFrame([{"split": name, **stats} for name, stats in length_stats.items()])
