@@ -8,7 +8,7 @@ from demo_data.logkeys import NORMAL_KEYS, VOCAB_SIZE, logkey_sessions
 
 from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.fingerprint import check_fresh, data_format_params, make_fingerprint
-from fastlm.corpus.pretokenized import id_texts, id_tokenizer, parse_id_texts
+from fastlm.corpus.pretokenized import id_texts, id_tokenizer, input_ids, parse_id_texts
 from fastlm.corpus.tokenization import encode_id_lists
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 
@@ -151,3 +151,40 @@ def test_split_refuses_its_configured_eos_id_in_the_data():
     with pytest.raises(InputDataError, match=r"^keys.jsonl row 2: id 0 in .* is split.eos_id"):
         nodes.clean_corpus(raw, params)
     assert len(nodes.clean_corpus(raw, {**params, "eos_id": 9})[0]) == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "ids", "reason"),
+    [
+        ("3 17 5", [3, 17, 5], None),
+        (" 3\t17\n5 ", [3, 17, 5], None),
+        ("007 4", [7, 4], None),  # a whole number, asked as its id (the tokenizer would read "007" as EOS)
+        ([3, 17], [3, 17], None),
+        (np.array([3, 17]), [3, 17], None),  # a Parquet list column
+        ([3.0, 4.0], [3, 4], None),  # a double column
+        (5, [5], None),  # one id a row (a CSV column of numbers)
+        ("3 40 5", None, "unknown_id (id 40 is not below the model's vocabulary size 40)"),
+        ("-1 4", None, "unknown_id (id -1 is negative"),
+        ("9" * 30, None, f"unknown_id (id {'9' * 30} is not below"),
+        ("12a 4", None, "malformed_ids ('12a' is not a whole-number id)"),
+        ("3.5", None, "malformed_ids ('3.5' is not a whole-number id)"),
+        ("\uff13 4", None, "malformed_ids"),  # a full-width digit: no id of the vocabulary
+        ([3, "x"], None, "malformed_ids (the row holds 'x', not an integer id)"),
+        ([3.5], None, "malformed_ids (the row holds 3.5"),
+        (True, None, "malformed_ids (the row is True"),
+        ("3 39 5", None, "eos_id (id 39 is the EOS id"),
+        ([39], None, "eos_id"),
+        ([], None, "empty"),
+        ("", None, "empty"),
+        ("  ", None, "whitespace_only"),
+        (None, None, "missing"),
+        (float("nan"), None, "missing"),
+    ],
+)
+def test_an_input_row_is_its_ids_or_the_reason_it_cannot_be_asked(value, ids, reason):
+    """Predict's reading of one row for a model trained on ids (``input_ids``): what the id tokenizer would
+    read as its EOS id (an id past the vocabulary, a negative one, a word that is no whole number) and the
+    EOS id itself are refused with a reason, never asked as another sequence."""
+    got, why = input_ids(value, vocab_size=40, eos_id=39)
+    assert got == ids
+    assert (why is None) if reason is None else why.startswith(reason), why

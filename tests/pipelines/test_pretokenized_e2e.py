@@ -55,3 +55,13 @@ def test_pretokenized_logkeys_split_train_report(kedro_project):
         assert text.split()[-1] == str(VOCAB_SIZE - 1)
     metrics = json.loads((kedro_project / "data/08_reporting/test_metrics.json").read_text())
     assert 0 <= metrics["accuracy"] <= metrics["top5_accuracy"] <= 1
+
+    # a file shaped like the training data (its ids column of lists) is predicted with no column named
+    predict = {"input": params["raw_path"], "max_new_tokens": 3, "batch_size": 64}
+    run_pipeline(kedro_project, "predict", {**params, "predict": predict})
+    table = pd.read_csv(kedro_project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    assert table["input"].tolist() == [" ".join(map(str, ids)) for ids in rows]
+    summary = json.loads((kedro_project / "data/08_reporting/predict_summary.json").read_text())
+    limit = summary["input_limit"]  # the training length less max_new_tokens: longer rows keep their last ids
+    assert (table["refused"] == "").all() and summary["input_column"] == "ids"
+    assert table["input_tokens"].tolist() == [min(len(ids), limit) for ids in rows]

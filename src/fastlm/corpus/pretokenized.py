@@ -5,10 +5,13 @@ split appends to end every sample) and written as its ids
 joined by spaces: that string is the row's stable split key (the hash of the id sequence), its dedup key and
 what the reports show. :func:`id_tokenizer` is the fixed one-token-per-id vocabulary ("0" .. "N-1") saved as
 the ``tokenizer`` catalog entry, so train and report use pad/EOS ids and ``len(tokenizer)`` unchanged.
+:func:`input_ids` reads one row predict asks such a model (a list, or ids separated by spaces) with the same
+checks, as its ids or the reason it cannot be asked (that tokenizer would read an unknown word as EOS).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,16 +30,16 @@ def id_texts(column: pd.Series, *, vocab_size: int, eos_id: int, source: str, pa
     texts = []
     for number, row in enumerate(column.tolist(), start=1):
         ids = _row_ids(row, number, source=source, param=param)
-        if (ids == eos_id).any():
+        bad = _first_bad_id(ids, vocab_size=vocab_size, eos_id=eos_id)
+        if bad is not None and bad[0] == "eos":
             raise InputDataError(
                 f"{source} row {number}: id {eos_id} in {param} is split.eos_id, which split appends to end "
                 "every sample; the data must not hold it.",
                 fix=f"drop id {eos_id} from the data, or set split.eos_id to an id the data never uses "
                 "(default vocab_size - 1: --params split.vocab_size=<largest id + 2>).",
             )
-        bad = (ids < 0) | (ids >= vocab_size)
-        if bad.any():
-            value = int(ids[bad][0])
+        if bad is not None:
+            value = bad[1]
             raise InputDataError(
                 f"{source} row {number}: id {value} in {param} is "
                 + ("negative" if value < 0 else f"not below split.vocab_size ({vocab_size})")
@@ -53,20 +56,85 @@ def id_texts(column: pd.Series, *, vocab_size: int, eos_id: int, source: str, pa
     return texts
 
 
-def _row_ids(row, number: int, *, source: str, param: str) -> np.ndarray:
-    where = f"{source} row {number}: {param}"
-    fix = f"give every row of {param} a non-empty list of whole numbers such as [3, 17, 5]."
+def _id_list_problem(row) -> str | None:
+    """What makes ``row`` no id list, as a phrase after its name (``is an empty list``, ``holds 2.5, not an
+    integer id``); None for a non-empty list (tuple, array) of whole numbers (whole floats included: a
+    double column)."""
     if not isinstance(row, list | tuple | np.ndarray):
-        raise InputDataError(f"{where} is {_shown(row)}, not a list of integer ids.", fix=fix)
+        return f"is {_shown(row)}, not a list of integer ids"
     if len(row) == 0:
-        raise InputDataError(f"{where} is an empty list.", fix=fix + " Drop empty rows.")
+        return "is an empty list"
     for value in row:
         if (
             isinstance(value, bool)
             or not isinstance(value, int | np.integer | float | np.floating)
             or (isinstance(value, float | np.floating) and not float(value).is_integer())
         ):
-            raise InputDataError(f"{where} holds {_shown(value)}, not an integer id.", fix=fix)
+            return f"holds {_shown(value)}, not an integer id"
+    return None
+
+
+def _first_bad_id(ids: np.ndarray, *, vocab_size: int, eos_id: int) -> tuple[str, int] | None:
+    """The first id a model of ``vocab_size`` ids trained on such rows cannot be given: ``("eos", eos_id)``
+    where the row holds the EOS id (anywhere: it ends a sample), else ``("negative", id)`` or
+    ``("too_large", id)`` for the first id outside ``0 .. vocab_size - 1``; None when every id is one."""
+    if (ids == eos_id).any():
+        return "eos", int(eos_id)
+    bad = (ids < 0) | (ids >= vocab_size)
+    if not bad.any():
+        return None
+    value = int(ids[bad][0])
+    return ("negative" if value < 0 else "too_large"), value
+
+
+def input_ids(value, *, vocab_size: int, eos_id: int) -> tuple[list[int] | None, str | None]:
+    """One input row of a model trained on pre-tokenized ids as the ids it is asked, or None and the reason
+    it cannot be (its first word the reason's name, as predict counts reasons). ``value``: a list of ids
+    (JSON list, Parquet list column: checked as the split checks a row, ``_id_list_problem``), ids written
+    as decimal words separated by white space (``"3 17 5"``: the form the split writes them in), or one
+    whole number. Refused: a word that is no whole number (``malformed_ids``; the model's tokenizer reads
+    it as its EOS id), an id outside ``0 .. vocab_size - 1`` (``unknown_id``: read as EOS too) and the EOS
+    id (``eos_id``: it ends every training sample, so the model never saw it inside one)."""
+    if value is None or (isinstance(value, float | np.floating) and value != value):
+        return None, "missing"
+    if isinstance(value, str):
+        words = value.split()
+        if not words:
+            return None, "empty" if value == "" else "whitespace_only"
+        malformed = next((word for word in words if not _ID_WORD.fullmatch(word)), None)
+        if malformed is not None:
+            return None, f"malformed_ids ({_shown(malformed)} is not a whole-number id)"
+        numbers = [int(word) for word in words]
+    else:
+        if isinstance(value, int | np.integer | float | np.floating) and not isinstance(value, bool):
+            value = [value]
+        if isinstance(value, list | tuple | np.ndarray) and len(value) == 0:
+            return None, "empty"
+        problem = _id_list_problem(value)
+        if problem is not None:
+            return None, f"malformed_ids (the row {problem})"
+        numbers = [int(number) for number in value]
+    bad = _first_bad_id(np.asarray(numbers), vocab_size=vocab_size, eos_id=eos_id)  # big ints: object array
+    if bad is None:
+        return numbers, None
+    kind, found = bad
+    if kind == "eos":
+        return None, f"eos_id (id {found} is the EOS id, which ends every training sample)"
+    if kind == "negative":
+        return None, f"unknown_id (id {found} is negative; the model's ids are 0 .. {vocab_size - 1})"
+    return None, f"unknown_id (id {found} is not below the model's vocabulary size {vocab_size})"
+
+
+_ID_WORD = re.compile(r"-?[0-9]+")
+
+
+def _row_ids(row, number: int, *, source: str, param: str) -> np.ndarray:
+    where = f"{source} row {number}: {param}"
+    fix = f"give every row of {param} a non-empty list of whole numbers such as [3, 17, 5]."
+    problem = _id_list_problem(row)
+    if problem is not None:
+        extra = " Drop empty rows." if problem == "is an empty list" else ""
+        raise InputDataError(f"{where} {problem}.", fix=fix + extra)
     return np.asarray(row, dtype=np.float64).astype(np.int64)
 
 

@@ -1,8 +1,8 @@
 """The predict pipeline's checks and records around ``predictions.predict_rows``: what the settings change
 nothing of (template variables no template reads, prompts asked of a plain-text model), the refusals of
-prompts asked of a model trained on ids and of an input of no askable row, the prompt limit, and how chats
-were rendered, for the summary. Parameters are ``params:predict`` (the pipeline's ``PredictParams``), named
-in the messages as ``predict.<name>``."""
+prompts asked of a model trained on ids and of an input of no askable row, the ids such a model is asked
+in, the prompt limit, and how chats were rendered, for the summary. Parameters are ``params:predict`` (the
+pipeline's ``PredictParams``), named in the messages as ``predict.<name>``."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import pandas as pd
 from fastlm.corpus.chat_template import unread_variables
 from fastlm.corpus.prompts import quoted
 from fastlm.errors import InputDataError
-from fastlm.reporting.predictions import chat_format, chat_template_sha256, input_limit
+from fastlm.reporting.predictions import IdVocabulary, chat_format, chat_template_sha256, input_limit
 
 __all__ = [
     "chat_record",
     "check_prompts_of_text_model",
     "check_template_variables",
+    "id_vocabulary",
     "input_chat",
     "predict_input_limit",
     "refuse_an_input_of_no_askable_row",
@@ -125,6 +126,20 @@ def refuse_prompts_of_an_id_model(training: dict | None, column: str | None) -> 
     )
 
 
+def id_vocabulary(training: dict | None, tokenizer, parameter: str) -> IdVocabulary | None:
+    """The ids a model trained on pre-tokenized ids (``training``: ``PredictSources.training_format``, kind
+    ``pretokenized``) is asked its inputs in (``parameter``: predict.text_column, the only one it takes):
+    its training's ``split.vocab_size`` and ``split.eos_id`` (the tokenizer's, where the record has none);
+    None for any other model or input."""
+    if (training or {}).get("kind") != "pretokenized" or parameter != "predict.text_column":
+        return None
+    vocab_size, eos_id = training.get("vocab_size"), training.get("eos_id")
+    return IdVocabulary(
+        vocab_size=int(vocab_size if vocab_size is not None else len(tokenizer)),
+        eos_id=int(eos_id if eos_id is not None else tokenizer.eos_token_id),
+    )
+
+
 def predict_input_limit(model, params, trained: dict) -> int:
     """The most tokens of a prompt (``input_limit``), said where it comes from the model's training rows."""
     trained_length = (trained.get("training_data") or {}).get("max_length")
@@ -148,11 +163,18 @@ def predict_input_limit(model, params, trained: dict) -> int:
 
 
 def refuse_an_input_of_no_askable_row(
-    rows: pd.DataFrame, path: str, parameter: str, column: str, *, messages: bool
+    rows: pd.DataFrame,
+    path: str,
+    parameter: str,
+    column: str,
+    *,
+    messages: bool,
+    vocabulary: IdVocabulary | None = None,
 ) -> None:
     """One line, before anything is written, where no row of the input can be asked (it has none, or every
     one is refused): the file, the column, the reasons and the first row's (its id quoted and cut), and what
-    to give instead (each fix of the reasons found; ``messages``: the input is chats)."""
+    to give instead (each fix of the reasons found; ``messages``: the input is chats; ``vocabulary``: ids
+    of a model trained on pre-tokenized ids)."""
     if len(rows) == 0:
         raise InputDataError(
             f"{path} holds no row to ask ({parameter} {column!r}); nothing was written.",
@@ -164,7 +186,9 @@ def refuse_an_input_of_no_askable_row(
     reasons = refused.map(lambda reason: str(reason).split(" ")[0]).value_counts().to_dict()
     fixes = []
     if any(reason != "too_long" for reason in reasons):
-        if messages:
+        if vocabulary is not None:
+            fixes.append(vocabulary.fix(parameter, column))
+        elif messages:
             fixes.append(
                 f"give {parameter} ({column!r}) a list of {{role, content}} turns a row, ending with a user "
                 "turn"

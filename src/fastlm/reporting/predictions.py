@@ -40,6 +40,7 @@ import pandas as pd
 from fastlm.corpus.cleaning import classify_values
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE, SplitParams
 from fastlm.corpus.fingerprint import data_format_params
+from fastlm.corpus.pretokenized import input_ids
 from fastlm.corpus.prompts import (
     UNPADDED,
     calls_tools,
@@ -68,7 +69,9 @@ __all__ = [
     "chat_template_sha256",
     "SamplePrompts",
     "check_prediction_pair",
+    "IdVocabulary",
     "encode_inputs",
+    "id_input_rows",
     "input_limit",
     "input_rows",
     "predict_rows",
@@ -315,13 +318,7 @@ def input_rows(
     None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused), or,
     with ``chat.user_turn``, texts, each one user turn rendered by it (as the report asks a chat model its
     prompts)."""
-    for parameter, name in (column, ("predict.id_column", id_column)):
-        if name is not None and name not in table.columns:
-            raise InputDataError(
-                f"{source} has no column {name!r} ({parameter}); its columns are "
-                f"{[str(c) for c in table.columns]}.",
-                fix=f"--params {parameter}=<one of them>.",
-            )
+    _check_columns(table, column, id_column, source)
     values = table[column[1]].reset_index(drop=True)
     user_turn = chat is not None and chat.user_turn
     messages = chat is not None and not user_turn
@@ -335,26 +332,100 @@ def input_rows(
         inputs = list(texts[ok])
         if user_turn:
             inputs = [chat.turns(text) for text in inputs]
+    prompts: list = [None] * len(values)
     encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat)
-    bos = leading_bos(tokenizer)
-    ids: list = [None] * len(values)
-    truncated = np.zeros(len(values), dtype=bool)
     for row, prompt in zip(np.flatnonzero(ok), encoded, strict=True):
+        prompts[row] = prompt
+    shown = values.map(_shown_messages if messages else _shown, na_action=None)
+    return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, leading_bos(tokenizer)))
+
+
+@dataclass(frozen=True)
+class IdVocabulary:
+    """The ids a model trained on pre-tokenized data (``split.pretokenized``) can be asked: ``0 ..
+    vocab_size - 1`` (``split.vocab_size``), never ``eos_id`` (``split.eos_id``, which ends every training
+    sample)."""
+
+    vocab_size: int
+    eos_id: int
+
+    def fix(self, parameter: str, column: str) -> str:
+        """What each row of the input must hold, for a one-line refusal."""
+        return (
+            f"give {parameter} ({column!r}) ids 0 .. {self.vocab_size - 1} a row, separated by spaces (e.g. "
+            f'"3 17 5") or as a list, without {self.eos_id} (the EOS id)'
+        )
+
+
+def id_input_rows(
+    table: pd.DataFrame,
+    *,
+    column: tuple[str, str],
+    vocabulary: IdVocabulary,
+    id_column: str | None,
+    limit: int | None,
+    too_long: str,
+    source: str,
+) -> pd.DataFrame:
+    """``input_rows`` for a model trained on pre-tokenized ids: each row of the column (ids separated by
+    spaces, a list of ids, or one id) is asked as its ids, as training read them (no BOS, no tokenizer: the
+    model's tokenizer reads a word that is none of its ids as its EOS id), or refused with the reason of
+    ``corpus.pretokenized.input_ids`` (``malformed_ids``, ``unknown_id``, ``eos_id``, ``empty``, ...). The
+    input is shown as its ids joined by spaces (a refused row as given)."""
+    _check_columns(table, column, id_column, source)
+    values = table[column[1]].reset_index(drop=True)
+    texts, reasons = classify_values(values)  # a text is cleaned as any: NFC, invisible marks, stripped
+    prompts: list = [None] * len(values)
+    shown = values.map(_shown_ids, na_action=None)
+    for row, (value, text, reason) in enumerate(zip(values, texts, reasons, strict=True)):
+        usable = pd.isna(reason)
+        if not usable and reason != "non_string":  # missing, empty, whitespace_only
+            continue
+        ids, reasons[row] = input_ids(
+            text if usable else value,
+            vocab_size=vocabulary.vocab_size,
+            eos_id=vocabulary.eos_id,
+        )
+        if ids is not None:
+            prompts[row], shown[row] = ids, " ".join(map(str, ids))
+    return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, None))
+
+
+def _check_columns(table: pd.DataFrame, column: tuple[str, str], id_column: str | None, source: str) -> None:
+    for parameter, name in (column, ("predict.id_column", id_column)):
+        if name is not None and name not in table.columns:
+            raise InputDataError(
+                f"{source} has no column {name!r} ({parameter}); its columns are "
+                f"{[str(c) for c in table.columns]}.",
+                fix=f"--params {parameter}=<one of them>.",
+            )
+
+
+def _row_table(
+    table: pd.DataFrame,
+    id_column: str | None,
+    shown: pd.Series,
+    prompts: list,
+    reasons: pd.Series,
+    cut: tuple,
+) -> pd.DataFrame:
+    """The rows' table (``input_rows``'): each prompt (None: refused, ``reasons``) cut to ``limit`` tokens
+    (``cut``: limit, too_long, the leading BOS kept), or refused as too long."""
+    limit, too_long, bos = cut
+    ids: list = [None] * len(prompts)
+    truncated = np.zeros(len(prompts), dtype=bool)
+    for row, prompt in enumerate(prompts):
+        if prompt is None:
+            continue
         if limit is not None and len(prompt) > limit:
             if too_long == "refuse":
                 reasons[row] = f"too_long ({len(prompt)} tokens > {limit})"
                 continue
             prompt, truncated[row] = truncate_prompt_ids(prompt, limit, bos), True
         ids[row] = prompt
-    row_ids = table[id_column].reset_index(drop=True) if id_column else pd.Series(range(len(values)))
+    row_ids = table[id_column].reset_index(drop=True) if id_column else pd.Series(range(len(prompts)))
     return pd.DataFrame(
-        {
-            "id": row_ids,
-            "input": values.map(_shown_messages if messages else _shown, na_action=None),
-            "ids": ids,
-            "refused": reasons,
-            "truncated": truncated,
-        }
+        {"id": row_ids, "input": shown, "ids": ids, "refused": reasons, "truncated": truncated}
     )
 
 
@@ -683,6 +754,13 @@ def _shown(value) -> str:
     """The input as the table shows it: missing as empty, anything else as its text with LF line ends (a CR
     would split its row in the CSV; the model reads it so too, cleaned as the split cleans)."""
     return "" if value is None or (isinstance(value, float) and value != value) else lf_line_ends(str(value))
+
+
+def _shown_ids(value) -> str:
+    """An ids value as the table shows it: a list's items joined by spaces, anything else as ``_shown``."""
+    if isinstance(value, list | tuple | np.ndarray):
+        return " ".join(str(_plain(item)) for item in value)
+    return _shown(value)
 
 
 def _shown_messages(value) -> str:

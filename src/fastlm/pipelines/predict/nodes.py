@@ -21,7 +21,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     messages are rendered as the model's training data was (its fingerprint), for a model trained here."""
     from fastlm.datasets.predict_sources import one_input_a_line
     from fastlm.reporting import predict_steps as steps
-    from fastlm.reporting.predictions import PredictionJob, input_rows, predict_rows
+    from fastlm.reporting.predictions import PredictionJob, id_input_rows, input_rows, predict_rows
 
     params = parse_group("predict", predict_params)
     path = params.require_input()
@@ -49,18 +49,16 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     runtime = setup_runtime(parse_group("train", train_params).runtime, seed=params.seed)
     model, tokenizer = trained["model"].to(runtime.device), trained["tokenizer"]
     limit = steps.predict_input_limit(model, params, trained)
-    rows = input_rows(
-        table,
-        tokenizer,
-        column=(parameter, column),
-        template=template,
-        id_column=params.id_column,
-        limit=limit,
-        too_long=params.too_long,
-        source=path,
-        chat=replace(chat, user_turn=True) if user_turn else chat,
+    read = {"id_column": params.id_column, "limit": limit, "too_long": params.too_long, "source": path}
+    vocabulary = steps.id_vocabulary(training, tokenizer, parameter)  # a model trained on ids: checked ids
+    if vocabulary is not None:
+        rows = id_input_rows(table, column=(parameter, column), vocabulary=vocabulary, **read)
+    else:
+        asked = replace(chat, user_turn=True) if user_turn else chat
+        rows = input_rows(table, tokenizer, column=(parameter, column), template=template, chat=asked, **read)
+    steps.refuse_an_input_of_no_askable_row(
+        rows, path, parameter, column, messages=parameter == MESSAGES, vocabulary=vocabulary
     )
-    steps.refuse_an_input_of_no_askable_row(rows, path, parameter, column, messages=parameter == MESSAGES)
     job = PredictionJob(
         decoding=params.decoding(),
         max_new_tokens=params.max_new_tokens,

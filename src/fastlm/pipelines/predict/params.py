@@ -105,8 +105,10 @@ class PredictParams(DecodingParams):
         column read as prompts (one user turn each, as ``predict.prompt_column``); a prompt/response
         model's training prompt column where the file has it, else its ``text`` column read as prompts (a
         ``.txt`` file's lines, ``lines``, as they are; a table's with one warning), else the training's prompt
-        column (which ``input_rows`` refuses in one line); anything else's ``text``, continued. A text column
-        named for a prompt/response or chat model is continued as asked, said in one warning."""
+        column (which ``input_rows`` refuses in one line); a model trained on pre-tokenized ids, its
+        training's ``split.ids_column`` where the file has it, else ``text``, continued; anything else's
+        ``text``, continued. A text column named for a prompt/response or chat model is continued as asked,
+        said in one warning."""
         kind = (trained or {}).get("kind")
         trained_column = (trained or {}).get("prompt_column") or "prompt"
         for name in ("prompt_column", "messages_column", "text_column"):
@@ -127,6 +129,8 @@ class PredictParams(DecodingParams):
                 return MESSAGES, trained["messages_column"]
             how = ("split.messages_column", "each one user turn in its training's chat format")
             return self._text_as_prompts(trained["messages_column"], self._asked(how), lines, source)
+        if kind == "pretokenized":
+            return "predict.text_column", self._id_column(trained, columns)
         if kind != "prompt_response":
             return "predict.text_column", "text"
         if trained_column in columns:
@@ -141,6 +145,22 @@ class PredictParams(DecodingParams):
             how = ("split.prompt_column", "wrapped by its training's prompt template")
             return self._text_as_prompts(trained_column, self._asked(how), lines, source)
         return PROMPTS, trained_column
+
+    @staticmethod
+    def _id_column(trained: dict, columns: list[str]) -> str:
+        """The column of a model trained on pre-tokenized ids: its training's ``split.ids_column`` where the
+        file has it (a file shaped like the training data), said in one line, else ``text`` (a .txt's
+        lines); a file with neither is refused naming the training's column."""
+        ids_column = trained.get("ids_column") or "ids"
+        if ids_column not in columns and "text" in columns:
+            return "text"
+        if ids_column in columns:
+            log.info(
+                "predict.text_column: %r, the column the model was trained on (split.ids_column): each row's "
+                "ids (a list, or ids separated by spaces) continued as it was trained",
+                ids_column,
+            )
+        return ids_column
 
     def _asked(self, how: tuple[str, str]) -> tuple[str, str]:
         """How a prompt is asked: as the model was trained (``how``), or wrapped by the template given."""
