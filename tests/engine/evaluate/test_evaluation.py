@@ -388,6 +388,56 @@ def test_worst_samples_of_prompt_data_show_what_the_loss_scored(setup):
         assert row.scored_text == " ⋯ ".join(pieces) and row.text == tokenizer.decode(ids)
 
 
+@pytest.mark.parametrize("mode", ["length_grouped", "packed"])
+def test_worst_samples_of_an_encoder_decoder_say_what_its_loss_scored(mode):
+    """An encoder-decoder model's loss covers its decoder row's targets: the tokenizer's head (BART: ``<s>``,
+    put back at batch time), the response and its EOS; a chat's earlier answers are encoder input only. The
+    worst samples' ``scored_tokens`` / ``scored_text`` say so, and over all samples they add up to the
+    evaluation's ``target_tokens``."""
+    from fastlm.corpus.prompts import tokenize_pairs
+    from fastlm.engine.data.collators import TextEnds
+    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+
+    tokenizer = bart_style_tokenizer()
+    texts = _texts(24, 9)
+    tokens = tokenize_pairs(texts[:12], texts[12:], tokenizer, max_length=MAX_LENGTH, num_proc=1)
+    plain = TokenSequences.from_arrow(tokens.to_arrow(), text_ends=TextEnds.of(tokenizer))
+    # every other sample of 3 prompt tokens or more: an earlier answer
+    spans = [[1, 3] if i % 2 and n >= 3 else [] for i, n in enumerate(plain.prompt_lengths)]
+    assert any(spans)
+    data = TokenSequences(
+        plain.values,
+        plain.offsets,
+        plain.prompt_lengths,
+        answer_spans=(np.array(sum(spans, []), dtype=np.int64), np.cumsum([0] + [len(s) for s in spans])),
+        text_ends=plain.text_ends,
+    )
+    model = tiny_seq2seq("bart")
+    model.resize_token_embeddings(len(tokenizer))
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    params = parse_train_params(
+        {"batching": {"mode": mode, "micro_batch_size": 4}, "runtime": {"device": "cpu"}}
+    )
+    report = evaluate(
+        model,
+        data,
+        params=params,
+        runtime=runtime,
+        tokenizer=tokenizer,
+        max_length=MAX_LENGTH,
+        attn="sdpa",
+        options=EvalOptions(analysis=True, worst=len(data)),
+    )
+    worst = report.worst_samples
+    assert len(worst) == len(data)
+    for row in worst.itertuples():
+        ids = data[row.sample].tolist()
+        response = [0, *ids[int(data.prompt_lengths[row.sample]) :]]  # <s>, the response, </s>
+        assert row.scored_tokens == len(response)
+        assert row.scored_text == tokenizer.decode(response)
+    assert worst["scored_tokens"].sum() == report.metrics["target_tokens"]
+
+
 def _out_of_memory_above(monkeypatch, rows: int) -> list[int]:
     """evaluate's forward fails like a CUDA out-of-memory error on a batch of more than ``rows`` rows; the
     rows of every batch it was given, in order."""

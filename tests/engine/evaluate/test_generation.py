@@ -226,3 +226,31 @@ def test_an_encoder_decoder_model_is_asked_its_prompts_as_its_encoder_rows_were_
     generate_as_trained(model, 2)
     assert model.generation_config.forced_bos_token_id is None
     assert continuation_start(model, torch.zeros(1, 4)) == 1
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 4])
+def test_a_forced_bos_is_not_one_of_the_new_tokens_asked_for(runtime, max_new_tokens):
+    """A BART-style model trained with the tokenizer's ``<s>`` before each response generates it first
+    (``forced_bos_token_id``), and it is no part of the continuation: the continuation still gets
+    ``max_new_tokens`` tokens of its own (was: one fewer; none for 1), the ones greedy decoding from
+    ``[start, <s>]`` gives."""
+    from fastlm.engine.model.encoder_decoder import generate_as_trained
+    from tests.support.tiny_seq2seq import EOS as END
+    from tests.support.tiny_seq2seq import PAD as PADDING
+    from tests.support.tiny_seq2seq import tiny_seq2seq
+
+    model = tiny_seq2seq("bart").eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, END] = -1e4  # never ends early: every asked token is generated
+    generate_as_trained(model, END, (0,))
+    model.generation_config.forced_eos_token_id = None  # BART's EOS forced at the last token: not this test's
+    prompt = [0, 5, 6, 7, END]
+    decoded = [END, 0]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([decoded])).logits
+            decoded.append(int(logits[0, -1].argmax()))
+    made = generate_continuations(
+        model, [prompt], pad_id=PADDING, eos_id=END, runtime=runtime, max_new_tokens=max_new_tokens
+    )
+    assert made.continuations == [decoded[2:]] and made.new_tokens == max_new_tokens

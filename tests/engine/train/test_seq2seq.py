@@ -584,3 +584,38 @@ def test_a_bart_sample_reaches_the_model_as_hugging_faces_summarization_recipe_f
     assert batch["decoder_input_ids"][:, :-1].tolist() == shift_tokens_right(labels, 1, 2).tolist()
     assert batch["labels"][:, 1:].tolist() == labels.tolist()  # <s> target </s>, <s> a target
     assert batch["labels"][0, 0].item() == IGNORE_INDEX
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_a_checkpoint_of_rows_without_the_tokenizers_ends_is_not_continued_with_them(tmp_path, kind, caplog):
+    """A checkpoint written before encoder-decoder rows got the tokenizer's ends back (BART: encoder
+    ``</s>``, decoder ``<s>``; T5: encoder ``</s>``) trained on other rows than the same split gives now:
+    ``resume: auto`` starts fresh and says why, instead of continuing its data position on rows framed
+    otherwise (packed: other rows, some samples twice, others never)."""
+    from fastlm.engine.data.collators import TextEnds
+
+    folder = tmp_path / kind
+    _tiny(kind).save_pretrained(folder)
+    plain = copy_samples(60, 1)  # the rows as an earlier fastlm framed them: no ends
+    ends = TextEnds((0,), (EOS,)) if kind == "bart" else TextEnds((), (EOS,))
+    framed = TokenSequences(plain.values, plain.offsets, plain.prompt_lengths, text_ends=ends)
+
+    def run(data, **overrides):
+        params = _params(tmp_path, folder, mode="packed").model_copy(
+            update={"max_steps": 4, "save_every": 2, "eval_every": None, "log_every": 1, **overrides}
+        )
+        runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+        model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+        return train(
+            model, data, None, params=params, runtime=runtime, pad_id=PAD, max_length=64, attn="sdpa"
+        )
+
+    run(plain, max_steps=2)
+    with caplog.at_level("WARNING", logger="fastlm"):
+        again = run(framed, resume="auto")
+    assert not again.summary.get("resumed_from_step")
+    assert again.summary["steps_trained"] == 4
+    assert any("not resuming" in message and "data.ends" in message for message in caplog.messages)
+    # the same framing continues
+    resumed = run(framed, resume="auto", max_steps=6)
+    assert resumed.summary["resumed_from_step"] == 4

@@ -10,8 +10,11 @@ digest (:func:`run_digest`) records, as readable fields:
   checkpoints written before they existed hold them, and ``init`` where it leaves the base weights alone:
   PiSSA's and OLoRA's train over a base they changed, rebuilt at resume from the setting),
   ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
-- ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths), and
-  ``data.fold`` (``train.fold`` of k-fold runs);
+- ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths),
+  ``data.fold`` (``train.fold`` of k-fold runs) and, for an encoder-decoder model whose tokenizer puts
+  special tokens around a text, ``data.ends`` (``collators.TextEnds``: the ids its rows get back at batch
+  time; in the digest only where there are some, so a checkpoint of rows written without them, by an
+  earlier fastlm, is not continued on rows framed otherwise);
 - ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
   ``seed``, ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
   float8 token multiple may round) and ``batching.pad_to_multiple_of``: the data order and the meaning of
@@ -99,16 +102,18 @@ def run_digest(
     world_size: int,
     sharded: bool,
     row_length: int | None = None,
+    text_ends=None,
 ) -> dict[str, Any]:
     """The fields a checkpoint must share with this run to be resumed (see the module docstring).
     ``row_length``: the packed rows' length in use (``auto`` resolved: the device's float8 token multiple may
-    round it, which no other field sees); None: the configured one."""
+    round it, which no other field sees); None: the configured one. ``text_ends``: the special tokens an
+    encoder-decoder model's rows get around the split's ids (``collators.TextEnds``; None: a causal LM)."""
     shapes = [[name, list(param.shape)] for name, param in model.named_parameters()]
     source = params.model.name_or_path
     if source is not None and Path(source).expanduser().is_dir():
         source = project_name(source)
     lora = params.model.lora
-    return {
+    digest = {
         "model.source": source or "from scratch",
         "model.shape": hashlib.sha256(json.dumps(sorted(shapes)).encode()).hexdigest()[:16],
         "model.lora": lora.model_dump(mode="json", exclude=_LORA_LEVERS | _lora_defaults_added(lora))
@@ -127,6 +132,9 @@ def run_digest(
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
         "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp
     }
+    if text_ends is not None and (text_ends.head or text_ends.tail):
+        digest["data.ends"] = {"head": list(text_ends.head), "tail": list(text_ends.tail)}
+    return digest
 
 
 def _same(key: str, saved: Any, now: Any) -> bool:

@@ -244,7 +244,7 @@ def evaluate(
     return EvaluationReport(
         metrics=metrics,
         wrong_pairs=_wrong_pairs_frame(tokenizer, found),
-        worst_samples=_worst_frame(tokenizer, dataset, found),
+        worst_samples=_worst_frame(tokenizer, dataset, found, setting.sides),
         micro_batch_size=size,
     )
 
@@ -495,7 +495,7 @@ def _wrong_pairs_frame(tokenizer, found: dict) -> pd.DataFrame:
     )
 
 
-def _worst_frame(tokenizer, dataset: TokenSequences, found: dict) -> pd.DataFrame:
+def _worst_frame(tokenizer, dataset: TokenSequences, found: dict, sides: Seq2SeqSides | None) -> pd.DataFrame:
     rows = []
     for value, key, score in zip(
         found["worst_values"], found["worst_keys"], found["worst_scores"], strict=True
@@ -512,20 +512,26 @@ def _worst_frame(tokenizer, dataset: TokenSequences, found: dict) -> pd.DataFram
             "anomaly_score": score,
         }
         if dataset.prompt_lengths is not None:
-            row.update(_scored(tokenizer, dataset, sample))
+            row.update(_scored(tokenizer, dataset, sample, sides))
         rows.append(row)
     columns = WORST_COLUMNS + (SCORED_COLUMNS if dataset.prompt_lengths is not None else [])
     return pd.DataFrame(rows, columns=columns)
 
 
-def _scored(tokenizer, dataset: TokenSequences, sample: int) -> dict:
+def _scored(tokenizer, dataset: TokenSequences, sample: int, sides: Seq2SeqSides | None) -> dict:
     """What a prompt/response sample's loss covers: its earlier answers, then its response (decoded apart,
-    joined by `` ⋯ ``; the prompt's other tokens are inputs only)."""
+    joined by `` ⋯ ``; the prompt's other tokens are inputs only). An encoder-decoder model's (``sides``):
+    its decoder row's targets, the tokenizer's head (BART's ``<s>``, ``collators.seq2seq_sides``) and the
+    response; the whole prompt, earlier answers included, is encoder input."""
     ids = dataset[sample]
-    pieces = [
-        *(ids[start:end] for start, end in dataset.answer_spans_of(sample)),
-        ids[max(int(dataset.prompt_lengths[sample]), 1) :],
-    ]
+    prompt = int(dataset.prompt_lengths[sample])
+    if sides is not None:
+        pieces = [np.concatenate([np.asarray(sides.ends.head, dtype=ids.dtype), ids[prompt:]])]
+    else:
+        pieces = [
+            *(ids[start:end] for start, end in dataset.answer_spans_of(sample)),
+            ids[max(prompt, 1) :],
+        ]
     return {
         "scored_tokens": sum(len(piece) for piece in pieces),
         "scored_text": lf_line_ends(" ⋯ ".join(tokenizer.decode(piece.tolist()) for piece in pieces)),

@@ -217,17 +217,20 @@ def generate_continuations(
                 input_ids, attention_mask = _padded(
                     [prompts[i] for i in chunk], pad_id, device, left=not is_encoder_decoder(model)
                 )
+                skip = continuation_start(model, input_ids)
+                # an encoder-decoder's forced BOS is generated but is no continuation token: not one asked for
+                forced = skip - 1 if is_encoder_decoder(model) else 0
                 with runtime.autocast_context():
                     output = model.generate(
                         input_ids=input_ids,
                         attention_mask=attention_mask,
-                        max_new_tokens=max_new_tokens,
+                        max_new_tokens=max_new_tokens + forced,
                         pad_token_id=pad_id,
                         eos_token_id=sorted(eos_ids),
                         use_cache=True,
                         **generate_kwargs,
                     )
-                new = output[:, continuation_start(model, input_ids) :].tolist()
+                new = output[:, skip:].tolist()
                 for index, ids in zip(chunk, new, strict=True):
                     results[int(index)] = _until_eos(ids, eos_ids)
                     new_tokens += len(results[int(index)])

@@ -31,6 +31,7 @@ from fastlm.engine.distributed.parallel import (
     is_sharded,
     load_full_state_dicts,
 )
+from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.lora import trains_part_only
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization
@@ -70,6 +71,7 @@ class Checkpointer:
             world_size=comm.world_size,
             sharded=self.sharded,
             row_length=plan.row_length,  # ``auto`` resolved: the packing a data position means
+            text_ends=_encoder_decoder_ends(model, train_set),
             data=data_digest(
                 train_set.values, train_set.offsets, train_set.prompt_lengths, train_set.answer_spans
             ),
@@ -251,6 +253,14 @@ class Checkpointer:
                 "train.resume: never.",
             )
         return saved
+
+
+def _encoder_decoder_ends(model: torch.nn.Module, train_set: TokenSequences):
+    """The special tokens an encoder-decoder model's rows get around the split's ids at batch time
+    (``batching.seq2seq_batching``): part of the data it trains on; None for a causal LM, whose rows are the
+    split's ids."""
+    config = getattr(unwrapped(model), "config", None)
+    return train_set.text_ends if getattr(config, "is_encoder_decoder", False) else None
 
 
 def resume_position(state: dict, world_size: int, folder: Path) -> int:
