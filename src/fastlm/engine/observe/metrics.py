@@ -236,6 +236,10 @@ class StepMetrics:
             self._sharded_grad_norm = None
         loss_sum, target_tokens, real_tokens, computed_tokens, samples, grad_norm = self._sums.tolist()
         now = perf_counter()  # after the sync: the GPU has finished the window's work
+        # the read-back waited for the window's queued device work: the steps' own time (the last step's),
+        # not lost between them (the steady throughput would read high on a GPU)
+        self.step_times[-1] += now - self._last_step_end
+        self._last_step_end = now
         window = max(now - self._window_start, 1e-12)
         steps = self._window_steps
         step_time = window / steps
