@@ -1,0 +1,53 @@
+"""Project hooks, one module per concern (``settings.HOOKS`` registers them, in the order they must run):
+
+* ``conf``: the project folder, unknown ``--params`` keys, every parameter group validated, tuned parameters;
+* ``inputs``: inputs missing or damaged, a model evaluated on other splits than it trained on;
+* ``split_complete``: the split's outputs used together or not at all, the raw file they were made from;
+* ``run_outputs``: the run's name, its output folders writable, a copy of its outputs kept per run;
+* ``catalog``: the entries handed to the nodes (``dataset_paths``, ``run_tracker``);
+* ``mlflow_tracking``: kedro-mlflow's hook with secrets masked and failing open, artifacts logged.
+"""
+
+from fastlm.hooks.catalog import DATASET_PATHS, RUN_TRACKER, DatasetPathsHook, RunTrackerHook
+from fastlm.hooks.conf import (
+    ParametersValidHook,
+    ProjectFolderHook,
+    TunedParametersHook,
+    UnknownRuntimeParamsHook,
+)
+from fastlm.hooks.inputs import MissingInputsHook, ModelOfTheseSplitsHook, all_pipelines
+from fastlm.hooks.mlflow_tracking import MlflowArtifactsHook, RedactingMlflowHook, pin_local_store
+from fastlm.hooks.run_outputs import RUN_NAME, OutputFoldersWritableHook, RunNameHook, RunOutputsHook
+from fastlm.hooks.split_complete import (
+    RAW,
+    SPLIT_COMPLETE,
+    SplitCompleteHook,
+    check_raw_unchanged,
+    raw_record,
+)
+
+__all__ = [
+    "DATASET_PATHS",
+    "RAW",
+    "RUN_NAME",
+    "RUN_TRACKER",
+    "SPLIT_COMPLETE",
+    "DatasetPathsHook",
+    "MissingInputsHook",
+    "MlflowArtifactsHook",
+    "ModelOfTheseSplitsHook",
+    "OutputFoldersWritableHook",
+    "ParametersValidHook",
+    "ProjectFolderHook",
+    "RedactingMlflowHook",
+    "RunNameHook",
+    "RunOutputsHook",
+    "RunTrackerHook",
+    "SplitCompleteHook",
+    "TunedParametersHook",
+    "UnknownRuntimeParamsHook",
+    "all_pipelines",
+    "check_raw_unchanged",
+    "pin_local_store",
+    "raw_record",
+]

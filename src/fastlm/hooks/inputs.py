@@ -1,0 +1,112 @@
+"""Hooks that refuse a run's inputs before any node runs: one missing (with the pipeline that makes it)
+or damaged, and a trained model evaluated on other splits than it was trained on."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+
+from kedro.framework.hooks import hook_impl
+
+from fastlm.corpus.fingerprint import data_identity
+from fastlm.datasets.integrity import damaged_input_error, find_damaged
+from fastlm.errors import InputDataError, StaleDataError
+from fastlm.hooks.catalog import local_path
+
+
+def all_pipelines() -> dict:
+    """Every pipeline of the project (Kedro 1.7 builds only the requested ones during a run)."""
+    import fastlm.pipelines
+
+    return {
+        info.name: importlib.import_module(f"fastlm.pipelines.{info.name}").create_pipeline()
+        for info in pkgutil.iter_modules(fastlm.pipelines.__path__)
+        if info.ispkg
+    }
+
+
+class MissingInputsHook:
+    """Before a run starts, refuse inputs that another pipeline produces but that do not exist yet.
+
+    One line names the dataset, its path and the pipeline to run first; nothing has run, nothing is written.
+    An input that exists is checked to be whole (``fastlm.datasets.integrity``): a cut-off file is one line
+    too; so is one that is whole but not what it should be, for a dataset with a ``check_saved`` method (e.g.
+    ``TrainSummaryDataset``: a ``train_summary.json`` of ``{}``).
+    Raw inputs (produced by no pipeline) are checked by their datasets, which explain themselves
+    (``check_input``: a missing file, an unknown extension), so that a refused run opens no MLflow run.
+    """
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        # every pipeline, imported only when an input is missing or damaged (torch etc. cost seconds)
+        producers = None
+        for dataset in sorted(pipeline.inputs()):
+            if dataset.startswith("params:") or dataset == "parameters" or dataset not in catalog:
+                continue
+            if getattr(catalog[dataset], "raw_input", False):
+                check_input = getattr(catalog[dataset], "check_input", None)
+                if check_input is not None:
+                    check_input()
+                continue
+            path = getattr(catalog[dataset], "_filepath", None) or getattr(catalog[dataset], "_path", None)
+            exists = catalog.exists(dataset)
+            damaged = find_damaged(str(path)) if exists and path is not None else None
+            if exists and damaged is None:
+                check_saved = getattr(catalog[dataset], "check_saved", None)  # whole, but what it should be?
+                if check_saved is not None:
+                    check_saved()
+                continue
+            producers = all_pipelines() if producers is None else producers
+            producer = next((name for name, p in producers.items() if dataset in p.all_outputs()), None)
+            if producer is None:
+                continue
+            if damaged is not None:  # a cut-off file is one line before any node writes
+                raise damaged_input_error(*damaged, producer=producer)
+            raise InputDataError(
+                f"{dataset}{f' ({path})' if path else ''} does not exist yet.",
+                fix=f"run `kedro run --pipeline={producer}` first.",
+            )
+
+
+class ModelOfTheseSplitsHook:
+    """A pipeline that evaluates the trained model on the tokenized splits without training it (the report)
+    is refused before any node runs when the model was trained on other splits than those now on disk: the
+    model folder's ``training_data.json`` records the identity of its training data
+    (``corpus.fingerprint.data_identity``: the tokenizer, the parameters and the split texts), and a
+    re-split since (another ``hash_salt``, ratios, folds, texts) changes it. Its test split may then hold rows
+    the model trained on, and a test score, logged onto the training run, would look held out. A model
+    folder without the record (written before it existed) is not checked."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if (
+            "trained_model" not in pipeline.inputs()
+            or "tokenized_corpus_fingerprint" not in pipeline.inputs()
+        ):
+            return
+        model, fingerprint = (
+            local_path(catalog, "trained_model"),
+            local_path(catalog, "tokenized_corpus_fingerprint"),
+        )
+        if model is None or fingerprint is None or not fingerprint.is_file():
+            return
+        from fastlm.datasets.pretrained_model import TRAINING_DATA
+
+        try:
+            trained_on = json.loads((model / TRAINING_DATA).read_text(encoding="utf-8"))["fingerprint"]
+            split = json.loads(fingerprint.read_text(encoding="utf-8"))
+            now = data_identity(split)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return  # no record, or a file the nodes explain when they read it
+        # a model folder written before the texts' digest was part of its data identity records the
+        # fingerprint alone (never equal to an identity that holds a digest)
+        if trained_on not in (now, split.get("fingerprint")):
+            data = local_path(catalog, "tokenized_corpus") or fingerprint.parent
+            raise StaleDataError(
+                f"the model in {model} was trained on other data than {data} holds now (data fingerprint "
+                f"{str(trained_on)[:12]}, now {str(now)[:12]}: split again since): its test split may hold "
+                "rows the model trained on.",
+                fix="train it again on these splits (`kedro run --pipeline=train`), or split again with the "
+                "settings it was trained on.",
+            )

@@ -1,0 +1,159 @@
+"""The split pipeline's outputs used together or not at all (the ``split_complete.json`` marker), and
+the raw file a finished split read, checked unchanged by the pipelines that read its outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from pathlib import Path
+
+from kedro.framework.hooks import hook_impl
+
+from fastlm.engine.paths import project_name
+from fastlm.errors import ConfigError, InputDataError, StaleDataError
+from fastlm.hooks.catalog import local_path
+
+SPLIT_COMPLETE = "split_complete.json"  # beside tokenized_corpus_fingerprint: the last split finished
+
+
+RAW = "raw_corpus"  # the catalog entry of the raw file (raw_path)
+
+
+def raw_record(raw: Path | None) -> dict | None:
+    """The raw file a split read: its path (relative to the project folder when inside it), size, time and
+    SHA-256; None for none or no local file."""
+    if raw is None or not raw.is_file():
+        return None
+    stat = raw.stat()
+    return {
+        "path": project_name(raw),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": _file_sha256(raw),
+    }
+
+
+def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> None:
+    """Refuse a pipeline that reads the split data without making it when ``--params raw_path`` names another
+    file than the split read, or when that file changed since (its bytes: a new time alone is the same
+    file). A split recorded without its raw file (an older fastlm), or a raw file gone since, is not
+    compared."""
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8")).get("raw")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("path"), str):
+        return
+    path = Path(recorded["path"])
+    if given is not None and now is not None and now.resolve() != path.resolve():
+        raise ConfigError(
+            f"raw_path names {given}, but the split data this pipeline reads was made from "
+            f"{recorded['path']}: it does not read the raw file.",
+            fix=f"split it first: kedro run --pipeline=split --params raw_path={given} (or leave raw_path "
+            "out).",
+        )
+    if not path.is_file():
+        return
+    stat = path.stat()
+    if (stat.st_size, stat.st_mtime_ns) == (recorded.get("size"), recorded.get("mtime_ns")):
+        return
+    if stat.st_size == recorded.get("size") and _file_sha256(path) == recorded.get("sha256"):
+        return
+    raise StaleDataError(
+        f"the raw file {recorded['path']} changed since the split made the data this pipeline reads "
+        f"({recorded.get('size')} -> {stat.st_size} bytes): it would use the old texts.",
+        fix="split it again: kedro run --pipeline=split (or put the file back as it was).",
+    )
+
+
+def _marker_raw(marker: Path) -> dict | None:
+    """The raw file record of a finished split's marker (None when unreadable or without one)."""
+    try:
+        raw = json.loads(marker.read_text(encoding="utf-8")).get("raw")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class SplitCompleteHook:
+    """The split pipeline's outputs are used together or not at all.
+
+    Its nodes write ``corpus_splits``, the tokenizer and the tokenized data one after the other, so a split
+    stopped part way (kill -9, a full disk, Ctrl-C) leaves new files beside older ones, which each look whole.
+    Just before the first split output is saved, the ``split_complete.json`` marker is removed (a node that
+    refuses its input before returning leaves everything as it was); it is written again
+    once every split node has run and every split output is saved. A run of the split's later nodes
+    (`--from-nodes tokenize_corpus`: a new max_length on the same splits) reads the outputs of a finished
+    split: it writes the marker again once every node downstream of the ones it ran has run and saved. A
+    pipeline reading split outputs it does not produce itself is refused in one line while the marker is
+    missing. Nothing relies on code running at the interruption.
+    """
+
+    def __init__(self) -> None:
+        self._marker: Path | None = None
+        self._raw: Path | None = None
+        self._kept_raw: dict | None = None  # a run of the later nodes: the finished split's raw record
+        self._group: set[str] = set()
+        self._split_nodes: set[str] = set()
+        self._done: set[str] = set()
+        self._saved: set[str] = set()
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        fingerprint = local_path(catalog, "tokenized_corpus_fingerprint")
+        self._marker = fingerprint.parent / SPLIT_COMPLETE if fingerprint is not None else None
+        if self._marker is None:
+            return
+        split = importlib.import_module("fastlm.pipelines.split").create_pipeline()
+        self._group = {name for name in split.all_outputs() if local_path(catalog, name) is not None}
+        self._split_nodes, self._done, self._saved = {node.name for node in split.nodes}, set(), set()
+        self._raw = local_path(catalog, RAW) if RAW in pipeline.inputs() else None
+        read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
+        self._kept_raw = None
+        ran = {node.name for node in pipeline.nodes} & self._split_nodes
+        if read and ran and self._marker.exists():  # the later nodes of a finished split, run again
+            later = split.from_nodes(*ran)
+            self._split_nodes = {node.name for node in later.nodes}
+            self._group &= later.all_outputs()
+            self._kept_raw = _marker_raw(self._marker)
+        if read and not self._marker.exists():
+            shown = ", ".join(str(local_path(catalog, name)) for name in read)
+            raise InputDataError(
+                f"{shown} come from a split that did not finish (or from an older fastlm): "
+                f"{self._marker} is missing, so newer and older split outputs may be mixed.",
+                fix="run `kedro run --pipeline=split` to write them all again.",
+            )
+        if read and RAW not in pipeline.inputs():
+            given = (run_params.get("runtime_params") or {}).get("raw_path")
+            check_raw_unchanged(self._marker, given, local_path(catalog, RAW))
+
+    @hook_impl
+    def before_dataset_saved(self, dataset_name: str) -> None:  # not before a node: one that refuses keeps it
+        if self._marker is not None and dataset_name in self._group:
+            self._marker.unlink(missing_ok=True)
+
+    @hook_impl
+    def after_node_run(self, node) -> None:
+        self._done.add(node.name)
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str) -> None:  # a node's outputs are saved after its hook
+        if self._marker is None or dataset_name not in self._group:
+            return
+        self._saved.add(dataset_name)
+        if self._done >= self._split_nodes and self._saved >= self._group:
+            partial = self._marker.with_name(f".{self._marker.name}.tmp")
+            raw = raw_record(self._raw) if self._raw is not None else self._kept_raw
+            record = {"outputs": sorted(self._saved), "raw": raw}
+            partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
+            os.replace(partial, self._marker)
