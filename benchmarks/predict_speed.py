@@ -6,7 +6,7 @@ model is a Llama built from a config (hidden 128, 2 layers, 4 heads, vocab = len
 ``torch.manual_seed(0)``, fp32, SDPA, ``torch.set_num_threads(--threads)``. Both contenders get the same
 prompt ids (``prompt_token_ids``) and decode greedily ``--max-new-tokens`` tokens (stopping at EOS).
 
-* ``fastlm``: ``fastlm.reporting.predictions.input_rows`` + ``predict_rows`` (what ``kedro run
+* ``fastlm``: ``fastlm.reporting.predict_inputs.input_rows`` + ``predictions.predict_rows`` (what ``kedro run
   --pipeline=predict`` runs without Kedro): rows sorted by length, batches of ``--batch-size``, left padding,
   KV cache, put back in input order.
 * ``usual``: one ``model.generate`` per row in file order (batch of one, KV cache on, no padding).
@@ -37,7 +37,8 @@ from cpu_usage import busy_cpu_s  # sibling module: scripts run from benchmarks/
 from fastlm.corpus.prompts import prompt_token_ids, render_prompt
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
-from fastlm.reporting.predictions import PredictionJob, input_rows, predict_rows
+from fastlm.reporting.predict_inputs import input_rows
+from fastlm.reporting.predictions import PredictionJob, predict_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "{prompt}\n\n### Response:\n"

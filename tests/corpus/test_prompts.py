@@ -202,7 +202,7 @@ def test_chat_template_kwargs_reach_the_template_and_the_fingerprint_and_predict
     in thinking mode. ``split.chat_template_kwargs`` reaches the template (the prompt ends with its empty
     think block), is recorded with the data's chat template, and predict renders the training's prompt from
     the record."""
-    from fastlm.reporting.predictions import chat_format
+    from fastlm.reporting.predict_chats import chat_format
     from tests.support.chat_templates import qwen3_style_tokenizer
 
     tokenizer = qwen3_style_tokenizer(sample_texts)

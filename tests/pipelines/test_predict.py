@@ -21,11 +21,11 @@ from fastlm.corpus.prompts import prompt_token_ids, render_prompt
 from fastlm.datasets.atomic_file import AtomicCSVDataset, AtomicJSONDataset
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.errors import ConfigError, InputDataError, StaleDataError, find_user_error
+from fastlm.reporting.predict_inputs import input_rows
 from fastlm.reporting.predictions import (
     PredictionJob,
     PredictionParts,
     check_prediction_pair,
-    input_rows,
     predict_rows,
 )
 from tests.support.project import run_pipeline

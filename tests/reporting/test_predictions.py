@@ -17,13 +17,12 @@ from fastlm.datasets.atomic_file import AtomicCSVDataset
 from fastlm.datasets.predict_sources import PredictSources
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.errors import InputDataError, StaleDataError
+from fastlm.reporting.predict_chats import ChatFormat, chat_format
+from fastlm.reporting.predict_inputs import input_rows
 from fastlm.reporting.predictions import (
-    ChatFormat,
     PredictionJob,
     PredictionParts,
-    chat_format,
     check_prediction_pair,
-    input_rows,
     predict_rows,
     prediction_digest,
 )
@@ -308,7 +307,7 @@ def test_a_model_trained_here_gets_its_prompts_cut_as_its_training_and_report_cu
     elsewhere) the positions rule stays; predict.max_input_tokens wins over both."""
     from types import SimpleNamespace
 
-    from fastlm.reporting.predictions import input_limit
+    from fastlm.reporting.predict_inputs import input_limit
     from fastlm.reporting.references import generation_prompts
 
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512, is_encoder_decoder=False))

@@ -231,7 +231,7 @@ def test_prompts_leave_the_new_tokens_room_in_the_models_positions_as_predict_le
     predict gives the same row ``input_limit``'s tokens; they now give it the same ids."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from fastlm.reporting.predictions import input_limit, input_rows
+    from fastlm.reporting.predict_inputs import input_limit, input_rows
 
     torch.manual_seed(0)
     config = GPT2Config(

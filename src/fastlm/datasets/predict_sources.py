@@ -15,7 +15,8 @@ from kedro.io import AbstractDataset, DatasetError
 from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
 from fastlm.errors import InputDataError
-from fastlm.reporting.predictions import PredictionParts, with_system_prompt
+from fastlm.reporting.predict_chats import with_system_prompt
+from fastlm.reporting.predictions import PredictionParts
 
 FORMATS = (
     ".jsonl, .csv, .tsv, .parquet (as the split reads them) or .txt (one input a line), optionally compressed"

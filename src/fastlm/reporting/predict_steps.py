@@ -14,7 +14,8 @@ import pandas as pd
 from fastlm.corpus.chat_template import unread_variables
 from fastlm.corpus.prompts import quoted
 from fastlm.errors import InputDataError
-from fastlm.reporting.predictions import IdVocabulary, chat_format, chat_template_sha256, input_limit
+from fastlm.reporting.predict_chats import chat_format, chat_template_sha256
+from fastlm.reporting.predict_inputs import IdVocabulary, input_limit
 
 __all__ = [
     "chat_record",
@@ -49,7 +50,7 @@ def chat_record(chat, tokenizer, user_turn: bool) -> dict:
 
 def input_chat(trained: dict, chat_training, params, column: tuple[str, str], *, messages: bool):
     """The chat format the inputs (``column``: the parameter and the column read) are rendered in
-    (``predictions.chat_format``), said where chats are read from the column the model was trained on."""
+    (``predict_chats.chat_format``), said where chats are read from the column the model was trained on."""
     parameter, name = column
     chat = chat_format(
         trained["tokenizer"],

@@ -1,6 +1,7 @@
 """The node of the predict pipeline: validate ``params:predict``, read the input and the model through
-``predict_sources``, check and generate with ``fastlm.reporting.predict_steps`` and ``predictions`` (imported
-when the node runs, with the engine: building the pipelines, as every `kedro run` does, imports no torch)."""
+``predict_sources``, check, read the rows and generate with ``fastlm.reporting.predict_steps``,
+``predict_inputs`` and ``predictions`` (imported when the node runs, with the engine: building the pipelines,
+as every `kedro run` does, imports no torch)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     messages are rendered as the model's training data was (its fingerprint), for a model trained here."""
     from fastlm.datasets.predict_sources import one_input_a_line
     from fastlm.reporting import predict_steps as steps
-    from fastlm.reporting.predictions import PredictionJob, id_input_rows, input_rows, predict_rows
+    from fastlm.reporting.predict_inputs import id_input_rows, input_rows
+    from fastlm.reporting.predictions import PredictionJob, predict_rows
 
     params = parse_group("predict", predict_params)
     path = params.require_input()

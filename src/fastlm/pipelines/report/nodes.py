@@ -81,7 +81,7 @@ def evaluate_model(
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
     from fastlm.engine.evaluate.generation import generate_samples
-    from fastlm.reporting.predictions import input_limit, sample_prompts
+    from fastlm.reporting.predict_inputs import input_limit, sample_prompts
 
     report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]

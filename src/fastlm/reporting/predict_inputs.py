@@ -1,0 +1,301 @@
+"""A predict input file's rows as the prompt ids the model is asked (``input_rows``; ``id_input_rows`` for
+a model trained on pre-tokenized ids), or the reason each refused row is refused, and the report's sample
+prompts asked as predict asks an input (``sample_prompts``).
+
+* Inputs: the text column (continued as it is), the prompt column (wrapped by the prompt template, as in
+  training) or the messages column (chat-style ``[{role, content}, ...]``: the turns up to the last ``user``
+  turn, rendered as training rendered them, ``predict_chats.ChatFormat``: its chat template and template
+  variables, from the model's record; ``assistant`` turns after it are the reference answer and are not
+  given to the model), cleaned as the split cleans (NFC, stripped). A row that is
+  missing, not a string (not a list of role/content turns with a user turn) or empty is REFUSED: kept in the
+  table with its reason and an empty prediction, counted in the summary, logged.
+* Tokens: ``prompt_token_ids`` (the ids training used, BOS included). An input longer than the model leaves
+  room for (``limit``, ``input_limit``) is truncated as training truncates prompts (its last tokens, a
+  leading BOS kept) and counted, or refused with ``too_long``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fastlm.corpus.cleaning import classify_values
+from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
+from fastlm.corpus.pretokenized import input_ids
+from fastlm.corpus.prompts import UNPADDED, leading_bos, render_prompt, truncate_prompt_ids
+from fastlm.engine.evaluate.line_ends import lf_line_ends
+from fastlm.errors import InputDataError
+from fastlm.reporting.predict_chats import ChatFormat, chat_format, chat_histories, with_system_prompt
+from fastlm.reporting.references import input_limit
+
+__all__ = [
+    "IdVocabulary",
+    "SamplePrompts",
+    "encode_inputs",
+    "id_input_rows",
+    "input_limit",
+    "input_rows",
+    "plain_id",
+    "sample_prompts",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplePrompts:
+    """The report's sample prompts as the model is given them: ``ids`` per prompt (None: tokenized by
+    ``generate_samples`` as written), and whether its outputs are continuations
+    (``continuation``: decoded as they are) or responses (``response_text``)."""
+
+    ids: list[list[int]] | None
+    continuation: bool
+
+
+def sample_prompts(
+    prompts: list[str],
+    trained: dict,
+    fingerprint: dict | None,
+    *,
+    fingerprint_source: str,
+    limit: int | None = None,
+) -> SamplePrompts:
+    """The report's sample prompts as predict asks the model an input of its training's kind, through the
+    same function (``encode_inputs``), read from the model's own record (``training_data.json``), else the
+    data's ``fingerprint``:
+
+    * prompt/response data: each prompt cleaned as predict cleans one (``classify_values``: stripped) and
+      wrapped by the training's ``prompt_template``, as predict's ``prompt_column``; outputs are responses;
+    * chat messages: each one ``user`` turn (cleaned so) rendered with the training's chat format
+      (``chat_format``: the chat template and its variables), as predict's ``messages_column``; responses;
+    * plain text: the prompt as written (not stripped: a trailing space is part of what the model continues)
+      tokenized as predict's ``text_column``, an empty prompt starting from BOS; outputs are continuations;
+    * pre-tokenized ids: as written, continued (``generate_samples`` tokenizes them).
+
+    A prompt longer than ``limit`` tokens (``input_limit``, predict's) keeps its last ones, a leading BOS
+    kept, as predict truncates an input, with a warning."""
+    record = trained.get("training_data")
+    if record is not None:
+        data_format, source = record.get("data_format") or {}, "the trained model's training_data.json"
+    else:
+        record = fingerprint or {}
+        data_format = (record.get("params") or {}).get("data_format") or {}
+        source = fingerprint_source
+    kind, tokenizer = data_format.get("kind"), trained["tokenizer"]
+    if kind == "pretokenized":
+        return SamplePrompts(ids=None, continuation=True)
+    if kind is None:
+        texts = [text for text in prompts if text]
+        encoded = iter(encode_inputs(texts, tokenizer))
+        ids = [next(encoded) if text else [] for text in prompts]
+        continuation = True
+    else:
+        cleaned = classify_values(pd.Series(prompts, dtype=object))[0].fillna("").tolist()
+        if kind == "messages":
+            chat = chat_format(
+                tokenizer,
+                with_system_prompt(data_format, record, source),
+                model="the trained model",
+                parameter="report.prompts",
+            )
+            ids = encode_inputs([chat.turns(text) for text in cleaned], tokenizer, chat=chat)
+            how = (
+                "one user turn"
+                + (" after the system turn of every training chat" if chat.system_prompt else "")
+                + " in its training's chat format"
+                + ("" if chat.chat_template else " (role: content lines)")
+            )
+        else:
+            template = data_format.get("prompt_template") or DEFAULT_PROMPT_TEMPLATE
+            ids = encode_inputs(cleaned, tokenizer, template=template)
+            how = f"wrapped by its training's prompt template {template!r}"
+        log.info("Sample generations: each of report.prompts is asked %s, as predict asks it", how)
+        continuation = False
+    bos, cut = leading_bos(tokenizer), 0
+    if limit is not None:
+        for index, prompt in enumerate(ids):
+            if len(prompt) > limit:
+                ids[index], cut = truncate_prompt_ids(prompt, limit, bos), cut + 1
+    if cut:
+        log.warning(
+            "Sample generations: %d of report.prompts are longer than the %d tokens predict gives this model "
+            "(references.prompt_budget of its training length) and keep their last tokens, as predict's do",
+            cut,
+            limit,
+        )
+    return SamplePrompts(ids=ids, continuation=continuation)
+
+
+def encode_inputs(
+    inputs: list, tokenizer, *, template: str | None = None, chat: ChatFormat | None = None
+) -> list[list[int]]:
+    """The prompt ids of cleaned inputs as predict and the report give them to the model, as training
+    tokenized prompts: each rendered (a chat history by ``chat``; a text wrapped by ``template``, or as it is
+    without one: a text the model continues), tokenized without the tokenizer's added special tokens, its
+    leading BOS (``leading_bos``) in front; not truncated."""
+    if chat is not None:
+        rendered = [chat.render(history, tokenizer) for history in inputs]
+    else:
+        rendered = [render_prompt(text, template) if template else text for text in inputs]
+    encoded = tokenizer(rendered, add_special_tokens=False, **UNPADDED)["input_ids"] if rendered else []
+    bos = leading_bos(tokenizer)
+    return [[bos, *ids] if bos is not None and ids[:1] != [bos] else list(ids) for ids in encoded]
+
+
+def input_rows(
+    table: pd.DataFrame,
+    tokenizer,
+    *,
+    column: tuple[str, str],
+    template: str | None,
+    id_column: str | None,
+    limit: int | None,
+    too_long: str,
+    source: str,
+    chat: ChatFormat | None = None,
+) -> pd.DataFrame:
+    """id, input (as given; messages as JSON), ids (prompt token ids, None when refused), refused (reason or
+    None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused), or,
+    with ``chat.user_turn``, texts, each one user turn rendered by it (as the report asks a chat model its
+    prompts)."""
+    _check_columns(table, column, id_column, source)
+    values = table[column[1]].reset_index(drop=True)
+    user_turn = chat is not None and chat.user_turn
+    messages = chat is not None and not user_turn
+    if messages:
+        histories, reasons = chat_histories(values)
+        ok = reasons.isna().to_numpy()
+        inputs = [histories[row] for row in np.flatnonzero(ok)]
+    else:
+        texts, reasons = classify_values(values)
+        ok = reasons.isna().to_numpy()
+        inputs = list(texts[ok])
+        if user_turn:
+            inputs = [chat.turns(text) for text in inputs]
+    prompts: list = [None] * len(values)
+    encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat)
+    for row, prompt in zip(np.flatnonzero(ok), encoded, strict=True):
+        prompts[row] = prompt
+    shown = values.map(_shown_messages if messages else _shown, na_action=None)
+    return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, leading_bos(tokenizer)))
+
+
+@dataclass(frozen=True)
+class IdVocabulary:
+    """The ids a model trained on pre-tokenized data (``split.pretokenized``) can be asked: ``0 ..
+    vocab_size - 1`` (``split.vocab_size``), never ``eos_id`` (``split.eos_id``, which ends every training
+    sample)."""
+
+    vocab_size: int
+    eos_id: int
+
+    def fix(self, parameter: str, column: str) -> str:
+        """What each row of the input must hold, for a one-line refusal."""
+        return (
+            f"give {parameter} ({column!r}) ids 0 .. {self.vocab_size - 1} a row, separated by spaces (e.g. "
+            f'"3 17 5") or as a list, without {self.eos_id} (the EOS id)'
+        )
+
+
+def id_input_rows(
+    table: pd.DataFrame,
+    *,
+    column: tuple[str, str],
+    vocabulary: IdVocabulary,
+    id_column: str | None,
+    limit: int | None,
+    too_long: str,
+    source: str,
+) -> pd.DataFrame:
+    """``input_rows`` for a model trained on pre-tokenized ids: each row of the column (ids separated by
+    spaces, a list of ids, or one id) is asked as its ids, as training read them (no BOS, no tokenizer: the
+    model's tokenizer reads a word that is none of its ids as its EOS id), or refused with the reason of
+    ``corpus.pretokenized.input_ids`` (``malformed_ids``, ``unknown_id``, ``eos_id``, ``empty``, ...). The
+    input is shown as its ids joined by spaces (a refused row as given)."""
+    _check_columns(table, column, id_column, source)
+    values = table[column[1]].reset_index(drop=True)
+    texts, reasons = classify_values(values)  # a text is cleaned as any: NFC, invisible marks, stripped
+    prompts: list = [None] * len(values)
+    shown = values.map(_shown_ids, na_action=None)
+    for row, (value, text, reason) in enumerate(zip(values, texts, reasons, strict=True)):
+        usable = pd.isna(reason)
+        if not usable and reason != "non_string":  # missing, empty, whitespace_only
+            continue
+        ids, reasons[row] = input_ids(
+            text if usable else value,
+            vocab_size=vocabulary.vocab_size,
+            eos_id=vocabulary.eos_id,
+        )
+        if ids is not None:
+            prompts[row], shown[row] = ids, " ".join(map(str, ids))
+    return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, None))
+
+
+def _check_columns(table: pd.DataFrame, column: tuple[str, str], id_column: str | None, source: str) -> None:
+    for parameter, name in (column, ("predict.id_column", id_column)):
+        if name is not None and name not in table.columns:
+            raise InputDataError(
+                f"{source} has no column {name!r} ({parameter}); its columns are "
+                f"{[str(c) for c in table.columns]}.",
+                fix=f"--params {parameter}=<one of them>.",
+            )
+
+
+def _row_table(
+    table: pd.DataFrame,
+    id_column: str | None,
+    shown: pd.Series,
+    prompts: list,
+    reasons: pd.Series,
+    cut: tuple,
+) -> pd.DataFrame:
+    """The rows' table (``input_rows``'): each prompt (None: refused, ``reasons``) cut to ``limit`` tokens
+    (``cut``: limit, too_long, the leading BOS kept), or refused as too long."""
+    limit, too_long, bos = cut
+    ids: list = [None] * len(prompts)
+    truncated = np.zeros(len(prompts), dtype=bool)
+    for row, prompt in enumerate(prompts):
+        if prompt is None:
+            continue
+        if limit is not None and len(prompt) > limit:
+            if too_long == "refuse":
+                reasons[row] = f"too_long ({len(prompt)} tokens > {limit})"
+                continue
+            prompt, truncated[row] = truncate_prompt_ids(prompt, limit, bos), True
+        ids[row] = prompt
+    row_ids = table[id_column].reset_index(drop=True) if id_column else pd.Series(range(len(prompts)))
+    return pd.DataFrame(
+        {"id": row_ids, "input": shown, "ids": ids, "refused": reasons, "truncated": truncated}
+    )
+
+
+def _shown(value) -> str:
+    """The input as the table shows it: missing as empty, anything else as its text with LF line ends (a CR
+    would split its row in the CSV; the model reads it so too, cleaned as the split cleans)."""
+    return "" if value is None or (isinstance(value, float) and value != value) else lf_line_ends(str(value))
+
+
+def _shown_ids(value) -> str:
+    """An ids value as the table shows it: a list's items joined by spaces, anything else as ``_shown``."""
+    if isinstance(value, list | tuple | np.ndarray):
+        return " ".join(str(plain_id(item)) for item in value)
+    return _shown(value)
+
+
+def _shown_messages(value) -> str:
+    """A messages value as the table shows it: a list as JSON, anything else as ``_shown``."""
+    if isinstance(value, list | tuple | np.ndarray):
+        return json.dumps(
+            [dict(m) if isinstance(m, Mapping) else m for m in value], ensure_ascii=False, default=str
+        )
+    return _shown(value)
+
+
+def plain_id(value):
+    """A JSON-able id (numpy scalars to Python)."""
+    return value.item() if hasattr(value, "item") else value
