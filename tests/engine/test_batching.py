@@ -210,6 +210,48 @@ def test_backoff_pieces_are_the_fewest_powers_of_two_of_at_most_the_micro_batch(
     assert backoff_pieces(8, 1) == 8
 
 
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
+def test_a_configured_batch_of_fewer_rows_than_pieces_ends_in_empty_pieces(tmp_path, mode):
+    """Micro-batch 3 halved to 1 (rows of 64 tokens: 3 rows): each configured batch in 4 pieces of one
+    sample (row), the fourth empty. Was: refused (`cannot cut a micro-batch of 3 samples in 4`)."""
+    data = toy_sequences(60, 0)
+    row = {"row_length": 64} if mode == "packed" else {}
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 1, **row})
+    whole, _ = make_batching(
+        toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 3, **row}),
+        data.lengths,
+        pad_id=EOS,
+        max_length=64,
+        seed=0,
+    )
+    pieces, _ = make_batching(params, data.lengths, pad_id=EOS, max_length=64, seed=0, configured=3)
+    configured, cut = whole.epoch_batches(), pieces.epoch_batches()
+    assert len(cut) == 4 * len(configured)
+    for j, batch in enumerate(configured):
+        assert [index for piece in cut[4 * j : 4 * j + 4] for index in piece.tolist()] == batch.tolist()
+        assert cut[4 * j + 3].size == 0
+        if j < len(configured) - 1:  # a whole batch (60 samples: 20 of 3; packed: 3 rows), one in a piece
+            assert all(piece.size for piece in cut[4 * j : 4 * j + 3])
+    if mode != "packed":
+        assert max(piece.size for piece in cut) == 1
+
+
+def test_a_packed_backoff_whose_pieces_were_one_row_already_is_refused(tmp_path):
+    """Rows of 128 tokens: micro-batch 4 x 64 tokens is 2 rows; halved to 2, pieces of one row; halved to 1
+    (4 pieces) they would be that one row again: one line (3 rows in 4 pieces are cut)."""
+    data = toy_sequences(60, 0)
+    params = toy_params(tmp_path, batching={"mode": "packed", "micro_batch_size": 1, "row_length": 128})
+    with pytest.raises(
+        ConfigError, match=r"cannot cut a packed micro-batch of 2 row\(s\) of 128 tokens in 4"
+    ):
+        make_batching(params, data.lengths, pad_id=EOS, max_length=64, seed=0, configured=4)
+    halved = params.model_copy(
+        update={"batching": params.batching.model_copy(update={"micro_batch_size": 2})}
+    )
+    sampler, collator = make_batching(halved, data.lengths, pad_id=EOS, max_length=64, seed=0, configured=4)
+    assert sampler.split == 2 and collator.budget.rows_per_batch == 1
+
+
 @pytest.mark.parametrize("mode", ["length_grouped", "dynamic"])
 def test_a_backed_off_stream_steps_over_the_configured_batches_empty_pieces_included(tmp_path, mode):
     """30 samples in configured batches of 8 (the last of 6) cut in 8 pieces of one sample: a step of 16

@@ -92,8 +92,10 @@ def make_batching(
     micro_batch_size as configured, where an out-of-memory back-off made ``params``' smaller since: each
     configured batch is cut in ``split`` pieces (``backoff_pieces``: ``2 ** halvings``), the batches of
     every mode the configured ones cut in pieces (packed: their rows), so every sample stays in its step and
-    every epoch ends on the steps planned. A micro-batch of fewer samples (packed: rows) than ``split``
-    cannot be cut: one line.
+    every epoch ends on the steps planned. A batch of fewer samples (packed: rows) than ``split`` ends in
+    empty pieces, positions the stream counts and skips (``NoneIfEmpty``): micro-batch 3 halved to 1 is 4
+    pieces of one, the last empty. Packed rows whose pieces the last halving did not shrink (a configured
+    micro-batch of 1 row in 2, 2 in 4: a piece is that one row again) cannot be cut: one line.
 
     Encoder-decoder models (``sides`` given, see ``seq2seq_batching``): batches grouped or packed by each
     sample's longer side, its tokenizer's ends included; ``packed`` with ``sides.packing`` (the family
@@ -116,10 +118,11 @@ def make_batching(
         if split > 1:  # the configured batches' rows, cut in pieces of at most ``rows`` rows
             whole = batching.model_copy(update={"micro_batch_size": configured or batching.micro_batch_size})
             budget = packed_budget(whole, lengths, max_length, align=align)
-            if budget.rows_per_batch < split:
+            if 2 * budget.rows_per_batch <= split:  # pieces of one row already in split / 2: no smaller
                 raise ConfigError(
                     f"train.batching.oom_backoff cannot cut a packed micro-batch of {budget.rows_per_batch} "
-                    f"row(s) of {budget.row_length} tokens in {split}: out of memory at its smallest.",
+                    f"row(s) of {budget.row_length} tokens in {split}: its pieces were one row already, out "
+                    "of memory at its smallest.",
                     fix="set a shorter train.batching.row_length (or auto), turn on "
                     "train.model.gradient_checkpointing, or run `kedro run --pipeline=tune`.",
                 )
@@ -145,16 +148,9 @@ def make_batching(
             )
         )
         return PackedBatchSampler(lengths, budget, seed=seed, split=split), collator
-    size = batching.micro_batch_size
-    if split > 1:  # the configured batches, cut in pieces of at most ``size`` samples
-        size = configured or size
-        if size < split:
-            raise ConfigError(
-                f"train.batching.oom_backoff cannot cut a micro-batch of {size} samples in {split}: out of "
-                "memory at its smallest.",
-                fix="set a smaller train.data.max_length, turn on train.model.gradient_checkpointing, or run "
-                "`kedro run --pipeline=tune`.",
-            )
+    # split > 1: the configured batches, cut in pieces of at most ``micro_batch_size`` samples (halving
+    # ``configured`` h times rounding up is ``ceil(configured / 2 ** h)``: every halving shrinks a piece)
+    size = configured if split > 1 else batching.micro_batch_size
     if mode == "dynamic":
         sampler = RandomBatches(lengths, size, seed=seed, split=split)
     else:

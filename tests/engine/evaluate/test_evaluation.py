@@ -506,6 +506,29 @@ def test_an_evaluation_out_of_memory_halves_its_own_micro_batch_and_keeps_the_lo
     assert later.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=OTHER_FP32_MODEL["rtol"])
 
 
+@pytest.mark.parametrize("micro", [3, 6])
+@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+def test_an_evaluation_out_of_memory_reaches_micro_batch_one_from_a_size_of_fewer_rows_than_pieces(
+    setup, monkeypatch, mode, micro
+):
+    """Micro-batch 3 (6; packed: rows of MAX_LENGTH tokens, as many rows) out of memory above 1 row: halved
+    to 2 then 1 (3, 2, 1), each configured batch cut in 4 (8) pieces of one, the last empty and skipped.
+    Was: refused at the last halving (`cannot cut a packed micro-batch of 3 row(s) ... in 4`, `... of 3
+    samples in 4`) though micro-batch 1 was never tried. The same samples, targets and loss."""
+    model, tokenizer, data, runtime = setup
+    batching = {"mode": mode, "micro_batch_size": micro, "oom_backoff": True}
+    if mode == "packed":
+        batching["row_length"] = MAX_LENGTH
+    params = parse_train_params({"batching": batching, "runtime": {"device": "cpu"}})
+    reference = _loss_only(model, data, tokenizer, runtime, params)
+    seen = _out_of_memory_above(monkeypatch, 1)
+    report = _loss_only(model, data, tokenizer, runtime, params)
+    assert report.micro_batch_size == 1 and seen[-1] == 1
+    assert report.metrics["target_tokens"] == reference.metrics["target_tokens"]
+    assert report.metrics["samples"] == reference.metrics["samples"] == len(data)
+    assert report.metrics["loss"] == pytest.approx(reference.metrics["loss"], rel=OTHER_FP32_MODEL["rtol"])
+
+
 def test_an_evaluation_out_of_memory_without_the_back_off_is_one_line(setup, monkeypatch):
     from fastlm.engine.train.backoff import OutOfMemory
 

@@ -238,17 +238,87 @@ def test_backoff_of_any_micro_batch_trains_each_sample_once_an_epoch(
         assert f"micro_batch_size {sizes[-1]} x gradient_accumulation_steps" in caplog.text
 
 
-@pytest.mark.parametrize("mode", ["length_grouped", "dynamic"])
-def test_backoff_refuses_a_micro_batch_of_fewer_samples_than_pieces(tmp_path, memory_for_rows, mode):
-    """Micro-batch 3 halved twice would be 4 pieces of 3 samples: one line."""
-    from fastlm.errors import ConfigError
+def _losses_at_one_row(tmp_path, monkeypatch, mode: str, micro: int, **settings):
+    """Per-step losses of ``mode`` at micro-batch ``micro`` (packed: rows of 64 tokens, ``micro`` rows), 2
+    micro-batches a step, a history row every step: an unlimited run, and a run whose every micro-batch of
+    more than one row runs out of memory; each with the samples its trained steps held."""
+    batching = {
+        "mode": mode,
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": 2,
+        "oom_backoff": True,
+    }
+    if mode == "packed":
+        batching["row_length"] = 64
+    params = toy_params(tmp_path, batching=batching, max_steps=8, eval_every=None, log_every=1, **settings)
+    everything: list = []
+    _fail_above_and_record(monkeypatch, 2 * micro, mode == "packed", everything)
+    unlimited = run_toy(params)
+    monkeypatch.undo()  # the real step again, under the limited one
+    trained: list = []
+    _fail_above_and_record(monkeypatch, 1, mode == "packed", trained)
+    return (unlimited, everything), (run_toy(params), trained)
 
-    memory_for_rows(1)
-    batching = {"mode": mode, "micro_batch_size": 3, "oom_backoff": True}
-    refused = r"oom_backoff cannot cut a micro-batch of 3 samples in 4"
-    with pytest.raises(ConfigError, match=refused) as caught:
-        run_toy(toy_params(tmp_path, batching=batching))
-    assert "\n" not in str(caught.value)
+
+@pytest.mark.kernels  # per-step losses of two batchings compared with a tolerance
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
+@pytest.mark.parametrize(("micro", "sizes"), [(3, [2, 1]), (6, [3, 2, 1])], ids=["three", "six"])
+def test_backoff_of_a_micro_batch_of_fewer_rows_than_pieces_reaches_one_with_the_same_losses(
+    tmp_path, monkeypatch, mode, micro, sizes, caplog
+):
+    """Micro-batch 3 (6) out of memory at every size above 1: halved to 2 then 1 (3, 2, 1), each configured
+    batch cut in 4 (8) pieces of one sample (packed: row), the last piece(s) of each empty, counted as
+    positions and skipped. Was: refused at the last halving (`cannot cut a micro-batch of 3 samples in 4`,
+    packed `... of 3 row(s) ... in 4`) though micro-batch 1 was never tried. Each step trains the
+    configured step's samples with the same token-weighted mean loss as the unlimited run."""
+    from collections import Counter
+
+    from tests.support.tolerances import TRAINED_FP32_LOSS_REL
+
+    with caplog.at_level("WARNING"):
+        (unlimited, everything), (backed_off, trained) = _losses_at_one_row(
+            tmp_path, monkeypatch, mode, micro
+        )
+    pieces = 2 ** len(sizes)
+    assert f"cut in {pieces} pieces of at most 1, the last {pieces - micro} empty, skipped" in caplog.text
+    assert [row["micro_batch_size"] for row in backed_off.summary["oom_backoffs"]] == sizes
+    assert backed_off.summary["oom_backoffs"][-1]["gradient_accumulation_steps"] == 2 * 2 ** len(sizes)
+    assert backed_off.summary["effective_batch"] == unlimited.summary["effective_batch"] == 2 * micro
+    assert [row["step"] for row in backed_off.history] == [row["step"] for row in unlimited.history]
+    assert list(range(1, 9)) == [row["step"] for row in unlimited.history]
+    for row, reference in zip(backed_off.history, unlimited.history, strict=True):
+        assert (row["lr"], row["epoch"]) == (reference["lr"], reference["epoch"])
+        assert row["loss"] == pytest.approx(reference["loss"], rel=TRAINED_FP32_LOSS_REL)
+    assert Counter(trained) == Counter(everything) and len(everything) >= 8 * 2 * micro // 2
+
+
+@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+def test_a_checkpoint_saved_at_micro_batch_one_of_three_resumes_onto_the_same_samples(
+    tmp_path, monkeypatch, mode
+):
+    """Micro-batch 3 backed off to 1 (4 pieces a configured batch, one empty) and saved every 2 steps; a run
+    stopped after step 3 resumes from step 2's checkpoint at micro-batch 1 onto the same samples: the same
+    per-step losses as the run that went straight through (the same computation: exact)."""
+    batching = {"mode": mode, "micro_batch_size": 3, "gradient_accumulation_steps": 2, "oom_backoff": True}
+    if mode == "packed":
+        batching["row_length"] = 64
+    settings = {"batching": batching, "max_steps": 6, "eval_every": None, "log_every": 1, "save_every": 2}
+    _fail_above_and_record(monkeypatch, 1, mode == "packed", [])
+    straight = run_toy(toy_params(tmp_path / "straight", **settings))
+    assert [row["micro_batch_size"] for row in straight.summary["oom_backoffs"]] == [2, 1]
+
+    def interrupt(kind, record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_toy(toy_params(tmp_path / "stopped", **settings), callbacks=[interrupt])
+    resumed = run_toy(toy_params(tmp_path / "stopped", **settings, resume="auto"))
+    assert resumed.summary["resumed_from_step"] == 2 and resumed.summary["oom_backoffs"] == []
+    later = [row for row in straight.history if row["step"] > 2]
+    assert [row["step"] for row in resumed.history if row["step"] > 2] == [3, 4, 5, 6]
+    for row, reference in zip([r for r in resumed.history if r["step"] > 2], later, strict=True):
+        assert (row["epoch"], row["loss"]) == (reference["epoch"], reference["loss"])
 
 
 @pytest.mark.kernels  # the validation losses of two batchings compared with a tolerance

@@ -35,7 +35,9 @@ def halve_micro_batch(
 
     The micro-batch becomes ``ceil(size / 2)``, the accumulation doubles: after h halvings each configured
     batch of ``configured`` samples is cut in ``2 ** h`` pieces of at most ``ceil(configured / 2 ** h)``
-    (``batching.backoff_pieces``), so each step trains the configured step's samples whatever the size.
+    (``batching.backoff_pieces``), so each step trains the configured step's samples whatever the size; a
+    configured size that is not a power of two ends each batch in empty pieces at micro-batch 1 (3: 4
+    pieces, the last empty), positions the stream counts and skips.
     Without the opt-in, in a multi-process run (every rank would have to agree), or at micro-batch 1: one
     line.
     """
@@ -64,15 +66,18 @@ def halve_micro_batch(
     configured = configured or batching.micro_batch_size
     pieces = backoff_pieces(configured, smaller.micro_batch_size)
     exact = configured % pieces == 0
+    empty = f", the last {pieces - configured} empty, skipped" if pieces > configured else ""
     log.warning(
         "Out of memory %s: continuing with micro_batch_size %d x gradient_accumulation_steps %d (each "
-        "configured micro-batch of %d cut in %d pieces of at most %d; the effective batch is unchanged). %s",
+        "configured micro-batch of %d cut in %d pieces of at most %d%s; the effective batch is unchanged). "
+        "%s",
         where,
         smaller.micro_batch_size,
         smaller.gradient_accumulation_steps,
         configured,
         pieces,
         smaller.micro_batch_size,
+        empty,
         "Put these in conf/local to skip the failed attempt next time, or run `kedro run --pipeline=tune`."
         if exact
         else f"{configured} is not a multiple of {pieces}: run `kedro run --pipeline=tune` to choose a "
