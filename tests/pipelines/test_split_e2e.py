@@ -155,3 +155,50 @@ def test_cli_singular_pipeline_flag_runs_and_bad_input_is_one_line():
     assert last.startswith("fastlm: error:") and "nope.tsv does not exist" in last and "Fix:" in last
     assert "Traceback" not in failed.stderr
     assert _snapshot(project) == before
+
+
+def test_a_later_node_run_refuses_settings_the_splits_were_not_made_with(kedro_project):
+    """`--from-nodes tokenize_corpus` tokenizes the splits a finished split made: a setting of its earlier
+    nodes (the cap, the ratios, the salt, the columns, the templates) changed on that run is refused in one
+    line. Was: the fingerprint recorded the new setting over the old rows (``max_samples: 30`` over every
+    row), so a train run asking for it took the uncapped data as fresh."""
+    run_pipeline(kedro_project, "split", SMALL)
+    marker = kedro_project / "data/05_model_input/split_complete.json"
+    fingerprint = kedro_project / "data/05_model_input/tokenized_corpus_fingerprint.json"
+    before = fingerprint.read_bytes()
+    capped = {"split": {**SMALL["split"], "max_samples": 30}}
+    with pytest.raises(ConfigError, match=r"split\.max_samples.*kedro run --pipeline=split"):
+        run_pipeline(kedro_project, "split", capped, from_nodes=["tokenize_corpus"])
+    assert fingerprint.read_bytes() == before and marker.exists()
+    salted = {"split": {**SMALL["split"], "hash_salt": "other"}}
+    with pytest.raises(ConfigError, match=r"split\.hash_salt"):
+        run_pipeline(kedro_project, "split", salted, from_nodes=["build_tokenizer"])
+    assert fingerprint.read_bytes() == before and marker.exists()
+    assert "other" not in (kedro_project / "data/02_intermediate/split_counts.json").read_text()
+
+
+def test_a_later_node_run_on_a_split_without_its_counts_is_one_line(kedro_project):
+    """A split finished before ``split_counts.json`` was kept: its later nodes cannot run alone (the counts
+    are the earlier nodes'): one line asking for the whole split, not Kedro's traceback."""
+    run_pipeline(kedro_project, "split", SMALL)
+    (kedro_project / "data/02_intermediate/split_counts.json").unlink()
+    with pytest.raises(InputDataError, match=r"split_counts\.json.*kedro run --pipeline=split"):
+        run_pipeline(kedro_project, "split", SMALL, from_nodes=["tokenize_corpus"])
+    assert (kedro_project / "data/05_model_input/split_complete.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("selection", "held"),
+    [
+        ({"from_nodes": ["split_corpus"]}, "clean_corpus"),
+        ({"node_names": ["report_split"]}, "token_length_stats"),
+    ],
+)
+def test_a_later_node_run_from_a_node_reading_memory_only_data_is_one_line(kedro_project, selection, held):
+    """`--from-nodes split_corpus` reads the cleaned rows, `--nodes report_split` the length stats: the split
+    holds them in memory only, so a run cannot start there: one line naming where one can. Was: Kedro's
+    "Pipeline input(s) {...} not found in the DataCatalog" traceback."""
+    run_pipeline(kedro_project, "split", SMALL)
+    with pytest.raises(ConfigError, match=rf"{held}.*in memory.*--from-nodes"):
+        run_pipeline(kedro_project, "split", SMALL, **selection)
+    assert (kedro_project / "data/05_model_input/split_complete.json").exists()

@@ -26,11 +26,13 @@ from fastlm.corpus.prompts import (
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import UNKNOWN_WARNING_SHARE, length_summary, unknown_per_row, unknown_summary
 from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_id_lists, tokenize_texts
-from fastlm.errors import InputDataError
+from fastlm.errors import ConfigError, InputDataError
 
 __all__ = [
     "TRUNCATION_WARNING_SHARE",
+    "MADE_WITH",
     "check_folds",
+    "check_made_with",
     "check_template_variables",
     "clean_id_lists",
     "clean_rows",
@@ -38,6 +40,7 @@ __all__ = [
     "measure_splits",
     "split_fingerprint",
     "require_columns",
+    "splits_made_with",
     "split_rows",
     "tokenize_rows",
     "tokenizer_texts",
@@ -47,6 +50,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 # From this share of the train rows cut by split.max_length, the split says so (the report counts any).
 TRUNCATION_WARNING_SHARE = 0.05
+# The split counts' record of the settings that made the splits (``splits_made_with``).
+MADE_WITH = "made_with"
+# The split parameters the nodes after the splits read alone: a run of those nodes may change them.
+_LATER_PARAMS = {"max_length", "tokenizer", "batch_size", "num_proc"}
 
 
 def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[pd.DataFrame, dict]:
@@ -343,3 +350,52 @@ def _measure_unknown(stats: dict, tokens, rows: dict, tokenizer, config) -> None
             stats[worst]["rows"],
             config.tokenizer.source,
         )
+
+
+def splits_made_with(config, tokenizer=None) -> dict:
+    """The split parameters the cleaning and splitting read (``_LATER_PARAMS`` left out; the salt as a digest:
+    it may be a secret), with the chat template they rendered chats with (``tokenizer``'s), kept with the
+    split's counts: a run of the split's later nodes on these splits (`--from-nodes tokenize_corpus`) must
+    have the same (``check_made_with``)."""
+    made = config.model_dump(mode="json", exclude=_LATER_PARAMS)
+    made["hash_salt"] = selection_params(config)["hash_salt"]
+    format_params = data_format_params(config, tokenizer) or {}
+    made["chat_template_sha256"] = format_params.get("chat_template_sha256")
+    return made
+
+
+def check_made_with(counts: dict | None, config, tokenizer) -> None:
+    """Refuse to tokenize splits made with other settings than ``config`` (``counts``: the split counts the
+    cleaning and splitting wrote, with their ``splits_made_with``; counts without it are not compared): the
+    fingerprint would record settings the rows were not made with, and a stage asking for those would take
+    the rows as fresh."""
+    made = (counts or {}).get(MADE_WITH)
+    if not isinstance(made, dict):
+        return
+    now = splits_made_with(config, tokenizer)
+    changed = _changed_keys(made, now)
+    if not changed:
+        return
+    shown = "; ".join(
+        f"split.{key}: {_dotted(made).get(key)!r} -> {_dotted(now).get(key)!r}" for key in changed[:3]
+    )
+    raise ConfigError(
+        f"the splits this run tokenizes were made with other settings ({shown}): the split's earlier nodes "
+        "(clean_corpus, split_corpus) read them, and the data would be recorded as made with the new ones.",
+        fix="run the whole split with them: kedro run --pipeline=split (or keep the settings the split had).",
+    )
+
+
+def _changed_keys(made: dict, now: dict) -> list[str]:
+    before, after = _dotted(made), _dotted(now)
+    return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+
+
+def _dotted(params: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in params.items():
+        if isinstance(value, dict) and value:
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

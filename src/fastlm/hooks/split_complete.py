@@ -77,6 +77,26 @@ def _marker_raw(marker: Path) -> dict | None:
     return raw if isinstance(raw, dict) else None
 
 
+def _refuse_memory_inputs(pipeline, split, catalog) -> None:
+    """Refuse a run that starts at a split node reading what the split holds in memory only (the cleaned
+    rows, the length stats): one line naming where a run of its later nodes can start (was: Kedro's
+    "Pipeline input(s) ... not found" traceback)."""
+    held = sorted(
+        name
+        for name in pipeline.inputs() & split.all_outputs()
+        if local_path(catalog, name) is None and not catalog.exists(name)
+    )
+    if not held:
+        return
+    readers = sorted(node.name for node in pipeline.nodes if set(node.inputs) & set(held))
+    raise ConfigError(
+        f"{', '.join(readers)} read {', '.join(held)}, which the split holds in memory only: a run of the "
+        "split's nodes cannot start there.",
+        fix="start at a node that reads saved data: kedro run --pipeline=split --from-nodes tokenize_corpus "
+        "(or build_tokenizer), or run the whole split.",
+    )
+
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as file:
@@ -117,6 +137,7 @@ class SplitCompleteHook:
         split = importlib.import_module("fastlm.pipelines.split").create_pipeline()
         self._group = {name for name in split.all_outputs() if local_path(catalog, name) is not None}
         self._split_nodes, self._done, self._saved = {node.name for node in split.nodes}, set(), set()
+        _refuse_memory_inputs(pipeline, split, catalog)
         self._raw = local_path(catalog, RAW) if RAW in pipeline.inputs() else None
         read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
         self._kept_raw = None

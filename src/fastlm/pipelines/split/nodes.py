@@ -13,12 +13,15 @@ from fastlm.corpus.config import TRAIN_TOKENIZER
 from fastlm.corpus.pretokenized import id_tokenizer
 from fastlm.corpus.prompts import SYSTEM_TURN
 from fastlm.corpus.split_steps import (
+    MADE_WITH,
+    check_made_with,
     clean_id_lists,
     clean_rows,
     measure_splits,
     require_columns,
     split_fingerprint,
     split_rows,
+    splits_made_with,
     tokenize_rows,
     tokenizer_texts,
     training_system_turn,
@@ -41,7 +44,8 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     source = raw.attrs.get("source_path", "raw_corpus")
     require_columns(raw, config, source)
     if config.pretokenized:
-        return clean_id_lists(raw, config, source)
+        clean, counts = clean_id_lists(raw, config, source)
+        return clean, {**counts, MADE_WITH: splits_made_with(config)}
     tokenizer = None
     if config.tokenizer.source != TRAIN_TOKENIZER:  # fail now, before any output is written
         tokenizer = load_tokenizer(  # build_tokenizer loads it again for the data and says what it lacks
@@ -49,7 +53,9 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
             **config.tokenizer.model_dump(include={"allow_download", "trust_remote_code"}),
             warn=False,
         )
-    return clean_rows(raw, config, source, tokenizer)
+    clean, counts = clean_rows(raw, config, source, tokenizer)
+    # the settings (and chat template) the splits are made with: a run of the later nodes must have them
+    return clean, {**counts, MADE_WITH: splits_made_with(config, tokenizer)}
 
 
 def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.DataFrame, dict]:
@@ -68,9 +74,19 @@ def split_corpus(clean: pd.DataFrame, cleaning: dict, params: dict) -> tuple[pd.
     return splits, split_counts
 
 
-def build_tokenizer(splits: pd.DataFrame, params: dict):
-    """Train a byte-level BPE on the train split (the default), or load the configured tokenizer."""
+def build_tokenizer(splits: pd.DataFrame, params: dict, split_counts: dict | None = None):
+    """Train a byte-level BPE on the train split (the default), or load the configured tokenizer; refused
+    before it is saved where the splits were made with other settings (``split_counts``, a run of the
+    split's later nodes)."""
     split = parse_group("split", params)
+    tokenizer = _tokenizer(splits, split)
+    check_made_with(split_counts, split, tokenizer)
+    return tokenizer
+
+
+def _tokenizer(splits: pd.DataFrame, split):
+    """The id vocabulary of pre-tokenized data, the configured tokenizer, or a BPE trained on the train
+    split."""
     if split.pretokenized:
         eos, pad = split.special_ids
         log.info(
@@ -106,6 +122,7 @@ def tokenize_corpus(
     predict and the report to ask the model as it was trained.
     """
     config = parse_group("split", params)
+    check_made_with(split_counts, config, tokenizer)  # a run of the later nodes: the splits' own settings
     tokens = tokenize_rows(splits, tokenizer, config)
     codes = splits["split"].cat.codes.to_numpy()
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}

@@ -21,7 +21,10 @@ def create_pipeline(**kwargs) -> Pipeline:
                 name="split_corpus",
             ),
             Node(
-                nodes.build_tokenizer, ["corpus_splits", "params:split"], "tokenizer", name="build_tokenizer"
+                nodes.build_tokenizer,
+                ["corpus_splits", "params:split", "split_counts"],
+                "tokenizer",
+                name="build_tokenizer",
             ),
             Node(
                 nodes.tokenize_corpus,
