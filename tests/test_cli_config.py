@@ -54,3 +54,19 @@ def test_without_a_config_file_the_command_lines_params_are_kedros(given, tmp_pa
     done = CliRunner().invoke(cli.run, ["--pipeline=split", "--params", "split.max_length=64"])
     assert done.exit_code == 0, done.output
     assert given["params"] == {"split": {"max_length": 64}} and given["pipelines"] == ["split"]
+
+
+def test_a_key_given_as_a_value_and_as_a_group_is_one_line(given, tmp_path):
+    """``train: 5`` beside ``train.max_steps: 3`` names no parameter: one line and exit 2, not a traceback."""
+    config = tmp_path / "odd.yml"
+    config.write_text(
+        yaml.safe_dump({"run": {"pipeline": "train", "params": {"train": 5, "train.max_steps": 3}}})
+    )
+    done = CliRunner().invoke(cli.run, ["--config", str(config)])
+    assert done.exit_code == 2 and not given
+    assert "train is given a value (5) and parameters under it (train.max_steps)" in done.output
+    config.write_text(
+        yaml.safe_dump({"run": {"params": {"train.max_steps": 3, "train": 5}}}, sort_keys=False)
+    )
+    done = CliRunner().invoke(cli.run, ["--config", str(config)])
+    assert done.exit_code == 2 and "train is given a value (5) and parameters under it" in done.output

@@ -34,11 +34,11 @@ def cli() -> None:
 
 def _run(**kwargs):
     in_project_folder()
-    kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
     if kwargs.get("pipeline") and not kwargs.get("pipelines"):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
     try:
+        kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
         check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
         return kedro_run.callback(**kwargs)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
@@ -91,9 +91,20 @@ def _nested(params: dict) -> dict:
     for key, value in params.items():
         *parents, last = str(key).split(".")
         level = nested
-        for parent in parents:
+        for depth, parent in enumerate(parents):
             level = level.setdefault(parent, {})
+            if not isinstance(level, dict):
+                group = ".".join(parents[: depth + 1])
+                raise ConfigError(
+                    f"--config/--params: {group} is given a value ({level}) and parameters under it ({key}).",
+                    fix=f"keep one of them: {group} is a group of parameters or a value, not both.",
+                )
         value = _nested(value) if isinstance(value, dict) else value
+        if isinstance(level.get(last), dict) and not isinstance(value, dict):
+            raise ConfigError(
+                f"--config/--params: {key} is given a value ({value}) and parameters under it.",
+                fix=f"keep one of them: {key} is a group of parameters or a value, not both.",
+            )
         both = isinstance(level.get(last), dict) and isinstance(value, dict)
         level[last] = _merged(level[last], value) if both else value
     return nested
