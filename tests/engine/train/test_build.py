@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from contextlib import ExitStack
 
+import numpy as np
 import pytest
 
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
@@ -84,3 +85,50 @@ def test_compile_auto_hears_whether_float8_layers_may_train_on_the_base_model(tm
     assert build._float8_may_train(off, base, torch.device("cuda")) is False
     asked.clear()
     assert build._float8_may_train(params, base, torch.device("cpu")) is False and asked == []
+
+
+def _seq2seq_request(tmp_path, attn: str, mode: str = "packed") -> TrainRequest:
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from tests.support.tiny_seq2seq import samples, tiny_seq2seq
+
+    rows = samples(12)
+    lengths = [len(row["input_ids"]) for row in rows]
+    data = TokenSequences(
+        np.concatenate([row["input_ids"] for row in rows]),
+        np.concatenate([[0], np.cumsum(lengths)]),
+        np.array([row["prompt_length"] for row in rows]),
+    )
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 4})
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    return TrainRequest(tiny_seq2seq("bart", attn), data, None, params, runtime, 1, 64, attn)
+
+
+@pytest.mark.parametrize("attn", ["sdpa_varlen", "torch_varlen"])
+@pytest.mark.parametrize("mode", ["packed", "length_grouped"])
+def test_settle_request_refuses_a_varlen_only_attention_for_an_encoder_decoder_model_in_one_line(
+    tmp_path, attn, mode
+):
+    """`kedro run --pipeline=train --params train.model.attn_implementation=sdpa_varlen` on a BART folder
+    warned that packed batching was unavailable, then failed at the first forward with a traceback ending in
+    "sdpa_varlen attention needs cu_seq_lens_q": the varlen kernels take packed causal rows only, which an
+    encoder-decoder model never gets. Refused in one line before anything is read."""
+    from fastlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{attn}.*encoder-decoder.*sdpa or eager") as refused:
+        settle_request(_seq2seq_request(tmp_path, attn, mode))
+    assert "\n" not in str(refused.value) and "train.model.attn_implementation" in str(refused.value)
+    assert settle_request(_seq2seq_request(tmp_path, "sdpa", mode)).sides is not None
+
+
+@pytest.mark.parametrize("seq2seq", [False, True])
+def test_settle_request_refuses_flex_attention_on_a_cpu_in_one_line(tmp_path, seq2seq):
+    """flex_attention has no CPU backward in torch: asked for on a CPU, training failed at its first backward
+    with torch's NotImplementedError and a traceback. One line before anything is read."""
+    from fastlm.errors import ConfigError
+
+    request = (
+        _seq2seq_request(tmp_path, "flex_attention") if seq2seq else _request(tmp_path, "flex_attention")
+    )
+    with pytest.raises(ConfigError, match="flex_attention.*CPU") as refused:
+        settle_request(request)
+    assert "\n" not in str(refused.value) and "train.model.attn_implementation" in str(refused.value)

@@ -40,6 +40,7 @@ from fastlm.engine.distributed.parallel import Collectives, SingleProcess, gradi
 from fastlm.engine.evaluate.evaluation import EvalOptions, EvaluationReport, evaluate
 from fastlm.engine.model.attention.choice import attention_path, attention_when_compiled
 from fastlm.engine.model.attention.inputs import packed_inputs, to_device
+from fastlm.engine.model.attention.kernels import VARLEN_ONLY
 from fastlm.engine.model.attention.windows import packing_leak
 from fastlm.engine.model.encoder_decoder import packing_unavailable, unwrapped
 from fastlm.engine.model.noise import add_neftune
@@ -59,6 +60,7 @@ from fastlm.engine.train.records import Callback, Recorder, step_contents
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization, make_optimization
 from fastlm.engine.train.time_limit import TimeLimit
+from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,7 @@ def settle_request(request: TrainRequest) -> TrainRequest:
     packed_inputs(request.attn)
     params, model = request.params, request.model
     request = replace(request, runtime=request.runtime.compiling_as(params.runtime))
+    _check_attention_trains(request.attn, model, request.runtime.device)
     sides = seq2seq_batching(model, request.train_set, request.attn)  # None for a causal LM
     say_untrained_answers(model, request.train_set)
     why = None
@@ -159,6 +162,27 @@ def settle_request(request: TrainRequest) -> TrainRequest:
             update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})}
         )
     return replace(request, params=params, sides=sides)
+
+
+def _check_attention_trains(attn: str, model, device: torch.device) -> None:
+    """One line for an attention path that cannot train ``model`` here: flex_attention has no CPU backward,
+    and the varlen kernels take packed causal rows, which an encoder-decoder model never gets."""
+    fix = "set train.model.attn_implementation: auto (or sdpa / eager)."
+    if attn == "flex_attention" and device.type == "cpu":
+        raise ConfigError(
+            "train.model.attn_implementation: flex_attention cannot train on a CPU (torch has no CPU "
+            "backward for it).",
+            fix=fix,
+        )
+    if attn in VARLEN_ONLY and getattr(
+        getattr(unwrapped(model), "config", None), "is_encoder_decoder", False
+    ):
+        raise ConfigError(
+            f"train.model.attn_implementation: {attn} takes packed causal rows only; "
+            f"{type(unwrapped(model)).__name__} is an encoder-decoder model, which packs its "
+            "rows on sdpa or eager.",
+            fix=fix,
+        )
 
 
 def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
