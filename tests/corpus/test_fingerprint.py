@@ -25,6 +25,9 @@ def test_changed_max_length_is_refused_with_the_refresh_command(bpe_tokenizer):
     message = str(error.value)
     assert "max_length 320 -> 512" in message and "kedro run --pipeline=split" in message
     assert "data/05_model_input/tokenized_corpus" in message
+    # a train run given other split.* parameters than the split was (prompt columns passed to the split
+    # alone): re-splitting with those would tokenize the data as they say; the fix names both ways
+    assert "or run this pipeline with the split.* parameters the data was split with" in message
 
 
 def test_changed_tokenizer_is_refused(bpe_tokenizer, sample_texts):

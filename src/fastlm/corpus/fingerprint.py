@@ -15,7 +15,11 @@ from typing import Any
 from fastlm.errors import StaleDataError
 
 FORMAT_VERSION = 1  # bump when tokenization itself changes (e.g. how EOS or truncation work)
-REFRESH = "run `kedro run --pipeline=split` to re-tokenize (it overwrites the stale data)"
+REFRESH = (
+    "run `kedro run --pipeline=split` to re-tokenize with these settings (it overwrites the stale data), or "
+    "run this pipeline with the split.* parameters the data was split with (--params given to the split "
+    "alone are not remembered: conf/local/parameters_split.yml keeps them for every pipeline)"
+)
 
 
 def tokenizer_digest(tokenizer) -> str:
