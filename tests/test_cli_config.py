@@ -16,6 +16,8 @@ def given(monkeypatch, tmp_path):
     monkeypatch.setattr(cli.kedro_run, "callback", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(cli, "check_env", lambda *args, **kwargs: None)
     monkeypatch.setattr(cli, "in_project_folder", lambda: None)
+    # a refused run ends the process's logging before its one line: not the test session's handlers
+    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)
     monkeypatch.chdir(tmp_path)
     return seen
 
@@ -56,17 +58,13 @@ def test_without_a_config_file_the_command_lines_params_are_kedros(given, tmp_pa
     assert given["params"] == {"split": {"max_length": 64}} and given["pipelines"] == ["split"]
 
 
-def test_a_key_given_as_a_value_and_as_a_group_is_one_line(given, tmp_path):
-    """``train: 5`` beside ``train.max_steps: 3`` names no parameter: one line and exit 2, not a traceback."""
-    config = tmp_path / "odd.yml"
-    config.write_text(
-        yaml.safe_dump({"run": {"pipeline": "train", "params": {"train": 5, "train.max_steps": 3}}})
-    )
-    done = CliRunner().invoke(cli.run, ["--config", str(config)])
-    assert done.exit_code == 2 and not given
-    assert "train is given a value (5) and parameters under it (train.max_steps)" in done.output
-    config.write_text(
-        yaml.safe_dump({"run": {"params": {"train.max_steps": 3, "train": 5}}}, sort_keys=False)
-    )
-    done = CliRunner().invoke(cli.run, ["--config", str(config)])
-    assert done.exit_code == 2 and "train is given a value (5) and parameters under it" in done.output
+def test_a_key_given_as_a_value_and_as_a_group_is_refused_as_a_config_error():
+    """``train: 5`` beside ``train.max_steps: 3`` names no parameter: a ConfigError (the CLI's one line and
+    exit 2, as for every ConfigError: tests/test_bad_input_matrix.py), not a traceback."""
+    from fastlm.errors import ConfigError
+
+    for params in ({"train": 5, "train.max_steps": 3}, {"train.max_steps": 3, "train": 5}):
+        with pytest.raises(ConfigError, match="train is given a value \\(5\\) and parameters under it"):
+            cli.run_params(params, None)
+        with pytest.raises(ConfigError, match="train is given a value \\(5\\) and parameters under it"):
+            cli.run_params(None, params)

@@ -102,7 +102,8 @@ def _nested(params: dict) -> dict:
         value = _nested(value) if isinstance(value, dict) else value
         if isinstance(level.get(last), dict) and not isinstance(value, dict):
             raise ConfigError(
-                f"--config/--params: {key} is given a value ({value}) and parameters under it.",
+                f"--config/--params: {key} is given a value ({value}) and parameters under it "
+                f"({', '.join(sorted(level[last]))}).",
                 fix=f"keep one of them: {key} is a group of parameters or a value, not both.",
             )
         both = isinstance(level.get(last), dict) and isinstance(value, dict)
