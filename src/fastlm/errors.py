@@ -34,11 +34,13 @@ class OutOfMemory(FastlmError):
 
 
 def find_user_error(exc: BaseException | None) -> FastlmError | None:
-    """Return the first FastlmError in ``exc``'s cause/context chain (Kedro wraps node errors)."""
+    """Return the first FastlmError in ``exc``'s chain of explicit causes (Kedro's catalog raises its own
+    error ``from`` a dataset's). An implicit ``__context__`` is not followed: an exception raised while a
+    user error was being handled is a bug of its own, shown with its traceback, not the user error's line."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, FastlmError):
             return exc
         seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__
     return None
