@@ -158,3 +158,48 @@ def test_any_class_whose_attention_passes_sinks_is_kept_off_the_varlen_kernels(m
             return type("Text", (), {"attn_logit_softcapping": 30.0})()
 
     assert unsupported_terms(Multimodal()) == ["attention logit softcapping"]
+
+
+@pytest.mark.parametrize("installed", [set(), {"flash_attn", "torch"}])
+def test_auto_keeps_an_encoder_decoder_model_on_the_dense_mask_that_packs_its_rows(monkeypatch, installed):
+    """An encoder-decoder model's packed rows keep their samples apart through dense per-sample masks (sdpa
+    or eager): ``auto`` on a GPU picked flex_attention (or flash_attention_2 with flash_attn installed) for
+    BART and T5, which cannot, and every packed run batched length_grouped instead, said in a warning the
+    user had not caused. A decoder-only model keeps its varlen or flex path."""
+    import importlib.util
+
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        LlamaConfig,
+        LlamaForCausalLM,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+
+    from fastlm.engine.model.attention import choice
+    from fastlm.engine.model.encoder_decoder import packing_unavailable
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
+    monkeypatch.setattr(choice, "torch_varlen_available", lambda device: "torch" in installed)
+    cuda = torch.device("cuda")
+    tiny = {"vocab_size": 50, "d_model": 16}
+    bart = BartConfig(
+        **tiny,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+    )
+    t5 = T5Config(**tiny, d_kv=8, num_heads=2, num_layers=1, d_ff=32)
+    for model_class, config in ((BartForConditionalGeneration, bart), (T5ForConditionalGeneration, t5)):
+        for precision in ("bf16", "fp32"):
+            attn = choice.choose_attention("auto", cuda, precision, model_class=model_class, config=config)
+            assert attn == "sdpa", (model_class.__name__, precision, attn)
+            assert packing_unavailable(model_class(config), attn) is None
+    decoder = choice.choose_attention(
+        "auto", cuda, "bf16", model_class=LlamaForCausalLM, config=LlamaConfig()
+    )
+    assert decoder == ("flash_attention_2" if installed else "flex_attention")

@@ -2,8 +2,9 @@
 
 ``auto`` (:func:`choose_attention`), logged: on CUDA, flash-attention varlen when a kernel package is
 installed (FA3 on Hopper, else FA2), then PyTorch's native varlen attention, then ``flex_attention``, then
-SDPA with the dense mask; the varlen kernels need bf16/fp16. On CPU: ``sdpa`` (a model the training loop
-compiles then trains on ``eager``: ``attention_when_compiled``), by measurement
+SDPA with the dense mask; the varlen kernels need bf16/fp16. An encoder-decoder model: SDPA everywhere
+(its packed rows keep their samples apart through dense per-sample masks). On CPU: ``sdpa`` (a model the
+training loop compiles then trains on ``eager``: ``attention_when_compiled``), by measurement
 (``python benchmarks/attention_cpu.py``, docs/benchmarks.md): flex_attention has no CPU backward in torch
 2.13 (it cannot train), and on the default shape (32 rows x 320) its compiled CPU forward saves at best
 ~0.16 s of ~0.9 s per batch against >= 4.5 s of compile, and lost (1.7x slower) in a loaded run.
@@ -23,6 +24,7 @@ import torch
 
 from fastlm.engine.model.attention import kernels
 from fastlm.engine.model.attention.kernels import TORCH_VARLEN, VARLEN_ONLY
+from fastlm.engine.model.encoder_decoder import DENSE_MASK_ATTENTION
 from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,9 @@ def choose_attention(
             )
         return requested
     unsupported = []
-    for attn, why in _preferred(device, precision):
+    for attn, why in _preferred(
+        device, precision, encoder_decoder=getattr(config, "is_encoder_decoder", False)
+    ):
         if attn in VARLEN_ONLY and terms:
             log.info("attention auto: not %s (it has no %s)", attn, " or ".join(terms))
             continue
@@ -113,8 +117,14 @@ def choose_attention(
     return "eager"
 
 
-def _preferred(device: torch.device, precision: str | None) -> list[tuple[str, str]]:
-    """``auto``'s paths here, best first, each with why."""
+def _preferred(
+    device: torch.device, precision: str | None, *, encoder_decoder: bool
+) -> list[tuple[str, str]]:
+    """``auto``'s paths here, best first, each with why. An encoder-decoder model's packed rows keep their
+    samples apart through dense per-sample masks only (``encoder_decoder.DENSE_MASK_ATTENTION``)."""
+    if encoder_decoder:
+        why = "an encoder-decoder model's packed rows take dense per-sample masks"
+        return [(attn, why) for attn in DENSE_MASK_ATTENTION if attn != "eager"]
     paths = []
     if device.type == "cuda" and precision in (None, "bf16", "fp16"):
         hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
