@@ -158,7 +158,8 @@ def test_split_refuses_its_configured_eos_id_in_the_data():
     [
         ("3 17 5", [3, 17, 5], None),
         (" 3\t17\n5 ", [3, 17, 5], None),
-        ("007 4", [7, 4], None),  # a whole number, asked as its id (the tokenizer would read "007" as EOS)
+        ("007 4", None, "malformed_ids ('007' is not a whole-number id)"),  # the tokenizer reads it as EOS
+        ("-0 4", None, "malformed_ids ('-0' is not"),
         ([3, 17], [3, 17], None),
         (np.array([3, 17]), [3, 17], None),  # a Parquet list column
         ([3.0, 4.0], [3, 4], None),  # a double column
@@ -188,3 +189,46 @@ def test_an_input_row_is_its_ids_or_the_reason_it_cannot_be_asked(value, ids, re
     got, why = input_ids(value, vocab_size=40, eos_id=39)
     assert got == ids
     assert (why is None) if reason is None else why.startswith(reason), why
+
+
+ID_WORDS = [
+    "0",
+    "12",
+    "38",
+    "007",
+    "00",
+    "-0",
+    "+5",
+    "1_0",
+    "\uff13",
+    "5.0",
+    "0x1f",
+    "1e1",
+    "-1",
+    "40",
+    "12a",
+]
+
+
+@pytest.mark.parametrize("word", ID_WORDS)
+def test_predict_and_the_report_take_a_word_as_an_id_exactly_when_the_id_tokenizer_does(word):
+    """One rule for a word of space-separated ids, the way the split writes an id (``str(id)``: the id
+    tokenizer's vocabulary "0" .. "N-1"): predict's rows (``input_ids``) and the report's prompts
+    (``check_id_prompts``) take a word as an id exactly when the model's tokenizer reads it as that id, and
+    refuse it where the tokenizer would read EOS. Was: predict asked ``007`` as id 7 and ``-0`` as id 0 where
+    the report refused them."""
+    from fastlm.reporting.params import check_id_prompts
+
+    vocab, eos = 40, 39
+    tokenizer = id_tokenizer(vocab, eos_id=eos, pad_id=eos, model_max_length=16)
+    read = tokenizer(f"4 {word}", add_special_tokens=False)["input_ids"]
+    ids, why = input_ids(f"4 {word}", vocab_size=vocab, eos_id=eos)
+    try:
+        check_id_prompts([f"4 {word}"], vocab)
+        report_takes = True
+    except ConfigError:
+        report_takes = False
+    tokenizer_takes = read[1] != eos
+    assert (ids is not None) == report_takes == tokenizer_takes, (word, ids, why, read)
+    if ids is not None:
+        assert ids == read

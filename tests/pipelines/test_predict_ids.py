@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint
 from fastlm.corpus.pretokenized import id_tokenizer
-from fastlm.errors import InputDataError, find_user_error
+from fastlm.errors import ConfigError, InputDataError, find_user_error
+from fastlm.reporting.params import check_id_prompts
 from tests.support.project import run_pipeline
 from tests.support.tiny_llama import save_tiny_llama
 
@@ -29,6 +30,7 @@ BAD = {  # a row of space-separated ids, and the reason it is refused
     "12a 4": "malformed_ids",  # no whole number: read as EOS
     "3.5 4": "malformed_ids",
     "3 39 5": "eos_id",  # EOS inside a row: the model learned it ends a sample
+    "007 4": "malformed_ids",  # leading zeros: not how the split writes an id, read as EOS
 }
 
 
@@ -95,12 +97,18 @@ def test_rows_of_ids_the_model_cannot_be_asked_as_given_are_refused_with_their_r
     assert "40" in table["refused"].iloc[1] and str(VOCAB) in table["refused"].iloc[1]
     assert "-1" in table["refused"].iloc[2] and "12a" in table["refused"].iloc[3]
     assert "3.5" in table["refused"].iloc[4] and str(EOS) in table["refused"].iloc[5]
+    assert "'007'" in table["refused"].iloc[6]
     good = table[table["refused"] == ""]
     folder = project / "data/06_models/model"
     assert good["prediction"].tolist() == _alone(folder, [[3, 17, 5], [4, 4, 12, 0]])
     assert good["input_tokens"].tolist() == ["3", "4"]
-    assert summary["refused_by_reason"] == {"unknown_id": 2, "malformed_ids": 2, "eos_id": 1}
+    assert summary["refused_by_reason"] == {"unknown_id": 2, "malformed_ids": 3, "eos_id": 1}
     assert summary["predicted"] == 2
+    check_id_prompts(GOOD, VOCAB)  # the report's prompts: the same rows taken and refused
+    for text, reason in BAD.items():
+        if reason != "eos_id":  # a report prompt may start from EOS ("" is EOS alone)
+            with pytest.raises(ConfigError, match="is not an id of the pre-tokenized data"):
+                check_id_prompts([text], VOCAB)
 
 
 def test_an_input_of_ids_none_of_which_can_be_asked_is_refused_in_one_line(project):

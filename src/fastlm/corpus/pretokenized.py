@@ -92,19 +92,20 @@ def input_ids(value, *, vocab_size: int, eos_id: int) -> tuple[list[int] | None,
     it cannot be (its first word the reason's name, as predict counts reasons). ``value``: a list of ids
     (JSON list, Parquet list column: checked as the split checks a row, ``_id_list_problem``), ids written
     as decimal words separated by white space (``"3 17 5"``: the form the split writes them in), or one
-    whole number. Refused: a word that is no whole number (``malformed_ids``; the model's tokenizer reads
-    it as its EOS id), an id outside ``0 .. vocab_size - 1`` (``unknown_id``: read as EOS too) and the EOS
-    id (``eos_id``: it ends every training sample, so the model never saw it inside one)."""
+    whole number. Refused: a word that is no id as the split writes one (``malformed_ids``,
+    :func:`id_word`: no whole number, or leading zeros; the model's tokenizer reads it as its EOS id), an id
+    outside ``0 .. vocab_size - 1`` (``unknown_id``: read as EOS too) and the EOS id (``eos_id``: it ends
+    every training sample, so the model never saw it inside one)."""
     if value is None or (isinstance(value, float | np.floating) and value != value):
         return None, "missing"
     if isinstance(value, str):
         words = value.split()
         if not words:
             return None, "empty" if value == "" else "whitespace_only"
-        malformed = next((word for word in words if not _ID_WORD.fullmatch(word)), None)
+        numbers = [id_word(word) for word in words]
+        malformed = next((word for word, number in zip(words, numbers, strict=True) if number is None), None)
         if malformed is not None:
             return None, f"malformed_ids ({_shown(malformed)} is not a whole-number id)"
-        numbers = [int(word) for word in words]
     else:
         if isinstance(value, int | np.integer | float | np.floating) and not isinstance(value, bool):
             value = [value]
@@ -125,7 +126,16 @@ def input_ids(value, *, vocab_size: int, eos_id: int) -> tuple[list[int] | None,
     return None, f"unknown_id (id {found} is not below the model's vocabulary size {vocab_size})"
 
 
-_ID_WORD = re.compile(r"-?[0-9]+")
+def id_word(word: str) -> int | None:
+    """The whole number a word of space-separated ids is written as, or None: ASCII decimal digits as the
+    split writes an id (``str(id)``, the id tokenizer's vocabulary ``"0"`` .. ``"N-1"``), with a minus sign
+    for a negative one. ``007``, ``-0``, ``+5``, ``1_0``, ``5.0`` or a full-width digit are none: the
+    model's tokenizer reads such a word as its EOS id. Predict's rows (:func:`input_ids`) and the report's
+    prompts (``reporting.params.check_id_prompts``) read their words by this one rule."""
+    return int(word) if _ID_WORD.fullmatch(word) else None
+
+
+_ID_WORD = re.compile(r"0|-?[1-9][0-9]*")
 
 
 def _row_ids(row, number: int, *, source: str, param: str) -> np.ndarray:

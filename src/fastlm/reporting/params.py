@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from fastlm.corpus.cleaning import INVISIBLE
+from fastlm.corpus.pretokenized import id_word
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import ConfigError
 from fastlm.reporting.rouge import TOKENIZERS
@@ -111,11 +112,13 @@ def check_top_k(top_k: int, vocab_size: int) -> None:
 
 def check_id_prompts(prompts: list[str], vocab_size: int) -> None:
     """Pre-tokenized data: each of ``report.prompts`` is ids ``0 .. vocab_size - 1`` written as the data
-    writes them (decimal, no leading zeros), separated by spaces; its tokenizer reads other words as EOS."""
+    writes them (decimal, no leading zeros: ``corpus.pretokenized.id_word``, the rule predict reads its rows
+    by), separated by spaces; its tokenizer reads other words as EOS."""
     known = range(vocab_size)
     for index, prompt in enumerate(prompts):
         for word in prompt.split():
-            if not (word.isascii() and word.isdigit() and str(int(word)) == word and int(word) in known):
+            number = id_word(word)
+            if number is None or number not in known:
                 raise ConfigError(
                     f"report.prompts[{index}] = {prompt!r}: {word!r} is not an id of the pre-tokenized data "
                     f"(0 .. {vocab_size - 1}), and its tokenizer would read it as EOS.",
