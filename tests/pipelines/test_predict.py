@@ -912,7 +912,7 @@ def test_a_model_trained_on_ids_asked_prompts_is_refused_in_one_line(project, te
     assert "predict.prompt_column 'text'" in message and "pre-tokenized ids" in message, message
     assert "predict.text_column" in message.split("Fix:")[1], message
     table, summary = _predicted(project, input="data/01_raw/ids.jsonl", text_column="text")
-    assert summary["input_format"] == "text" and table["refused"].tolist() == ["", ""]
+    assert summary["input_format"] == "ids" and table["refused"].tolist() == ["", ""]
 
 
 @pytest.mark.parametrize(

@@ -104,6 +104,7 @@ def test_rows_of_ids_the_model_cannot_be_asked_as_given_are_refused_with_their_r
     assert good["input_tokens"].tolist() == ["3", "4"]
     assert summary["refused_by_reason"] == {"unknown_id": 2, "malformed_ids": 3, "eos_id": 1}
     assert summary["predicted"] == 2
+    assert summary["input_format"] == "ids" and summary["input_column"] == "text"  # was: "text"
     check_id_prompts(GOOD, VOCAB)  # the report's prompts: the same rows taken and refused
     for text, reason in BAD.items():
         if reason != "eos_id":  # a report prompt may start from EOS ("" is EOS alone)
@@ -142,7 +143,7 @@ def test_an_input_shaped_like_the_training_data_is_read_from_its_ids_column(proj
     else:
         pd.DataFrame(rows).to_parquet(path)
     table, summary = _predicted(project, input=str(path.relative_to(project)), id_column="key")
-    assert summary["input_column"] == "ids"
+    assert summary["input_column"] == "ids" and summary["input_format"] == "ids"
     assert table["input"].tolist() == ["3 17 5", "3 40", "4 4 12 0", f"3 {EOS}", ""]
     reasons = [reason.split(" ")[0] for reason in table["refused"]]
     assert reasons == ["", "unknown_id", "", "eos_id", "empty"], table["refused"].tolist()

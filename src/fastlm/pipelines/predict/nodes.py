@@ -70,7 +70,10 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         extra={
             "input": path,
             "input_column": column,
-            "input_format": parameter.removeprefix("predict.").removesuffix("_column"),
+            # what each row was read as: token ids for a model trained on pre-tokenized ids
+            "input_format": "ids"
+            if vocabulary is not None
+            else parameter.removeprefix("predict.").removesuffix("_column"),
             **(steps.chat_record(chat, trained["tokenizer"], user_turn) if chat is not None else {}),
             **({"prompt_template": template, "prompt_template_source": template_source} if template else {}),
             "model": trained["source"],
