@@ -97,3 +97,82 @@ def test_bart_trains_on_dialogues_and_is_scored_with_rouge_beside_decoder_runs(k
     assert metrics["rouge1"] > 0.5, predictions[["reference", "prediction"]]
     runs = pd.read_csv(out / "run_comparison.csv")
     assert runs["test_rouge1"].iloc[0] == pytest.approx(metrics["rouge1"])
+
+
+INPUTS = ["summarize the dialogue please", "a short summary of it", "please summarize"]
+
+
+def _save_bart_style(folder):
+    """A tiny BART from a config, saved with a tokenizer that frames a text as BART's does (``<s> text
+    </s>``), as a model folder from elsewhere is."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS, bart_style_tokenizer
+
+    tokenizer = bart_style_tokenizer()
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=len(tokenizer),
+            **SMALL_BART_LAYERS,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            decoder_start_token_id=tokenizer.eos_token_id,
+            forced_eos_token_id=None,
+            init_std=0.2,
+        )
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def test_predict_counts_the_input_tokens_a_bart_encoder_is_fed(kedro_project):
+    """``input_tokens`` of a BART-style model is the encoder row it was fed: ``tokenizer(text)``, ``<s> text
+    </s>``, as Hugging Face's summarization recipe encodes a source. Was: the row without the ``</s>`` that
+    generation adds after each prompt (one token short)."""
+    tokenizer = _save_bart_style(kedro_project / "data/06_models/model")
+    (kedro_project / "data/01_raw/inputs.jsonl").write_text(
+        "".join(json.dumps({"text": text}) + "\n" for text in INPUTS), encoding="utf-8"
+    )
+    run_pipeline(
+        kedro_project,
+        "predict",
+        {
+            "predict": {"input": "data/01_raw/inputs.jsonl", "max_new_tokens": 3},
+            "train": {"runtime": {"device": "cpu", "precision": "fp32"}},
+        },
+    )
+    table = pd.read_csv(kedro_project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    assert table["refused"].tolist() == [""] * len(INPUTS)
+    fed = [len(tokenizer(text)["input_ids"]) for text in INPUTS]
+    assert table["input_tokens"].tolist() == fed, table[["input", "input_tokens"]]
+
+
+def test_the_reports_reference_generations_count_the_prompt_tokens_a_bart_encoder_is_fed(tmp_path):
+    """The report's ``prompt_tokens`` of a BART-style model: the encoder row its reference generation was fed
+    (``<s> prompt </s>``), the count predict gives the same prompt. Was: without the ``</s>``."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.reporting.params import ReferenceParams
+    from fastlm.reporting.references import score_test_generations
+
+    _save_bart_style(tmp_path / "bart")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "bart").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "bart")
+    pairs = pd.DataFrame(
+        {"sample": range(len(INPUTS)), "prompt": INPUTS, "response": ["a summary"] * len(INPUTS)}
+    )
+    table, _ = score_test_generations(
+        model,
+        tokenizer,
+        pairs,
+        references=ReferenceParams(max_new_tokens=3, batch_size=2, num_beams=1, do_sample=False),
+        max_length=32,
+        runtime=setup_runtime(RuntimeConfig(device="cpu", precision="fp32")),
+    )
+    fed = [len(tokenizer(prompt)["input_ids"]) for prompt in INPUTS]
+    assert table["prompt_tokens"].tolist() == fed

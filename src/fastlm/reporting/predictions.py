@@ -208,6 +208,13 @@ def predict_rows(
     """The predictions table (``PREDICTION_COLUMNS``, in ``rows``' order) and the summary."""
     valid = np.flatnonzero(rows["ids"].notna().to_numpy())
     lengths = np.array([len(rows["ids"].iat[i]) for i in valid], dtype=np.int64)
+    # each row as the model is fed it (an encoder-decoder's followed by the tokenizer's ends): what is
+    # generated from, and what input_tokens counts
+    fed: list = [None] * len(rows)
+    for row, ids in zip(
+        valid, encoder_inputs(model, [rows["ids"].iat[i] for i in valid], tokenizer), strict=True
+    ):
+        fed[int(row)] = ids
     order = valid[np.argsort(-lengths, kind="stable")]
     size = job.batch_size * CHUNK_BATCHES
     chunks = [order[begin : begin + size] for begin in range(0, len(order), size)]
@@ -237,7 +244,7 @@ def predict_rows(
             else:
                 result = generate_continuations(
                     model,
-                    encoder_inputs(model, [rows["ids"].iat[i] for i in chunk], tokenizer),
+                    [fed[int(i)] for i in chunk],
                     pad_id=pad_id_of(tokenizer),
                     eos_id=tokenizer.eos_token_id,
                     runtime=runtime,
@@ -271,12 +278,13 @@ def predict_rows(
     finally:
         if bar is not None:
             bar.close()
-    table = _table(rows, continuations, tokenizer, job)
+    table = _table(rows, fed, continuations, tokenizer, job)
     summary = _summary(rows, job, seconds, new_tokens, generated, resumed, perf_counter() - begun)
     return table, {**summary, **prediction_digest(table)}
 
 
-def _table(rows: pd.DataFrame, continuations: list, tokenizer, job: PredictionJob) -> pd.DataFrame:
+def _table(rows: pd.DataFrame, fed: list, continuations: list, tokenizer, job: PredictionJob) -> pd.DataFrame:
+    """``fed``: each row's ids as the model was fed them (None: refused), counted as ``input_tokens``."""
     decoded = [_prediction_text(ids, tokenizer, job.continuation) for ids in continuations]
     return pd.DataFrame(
         {
@@ -284,7 +292,7 @@ def _table(rows: pd.DataFrame, continuations: list, tokenizer, job: PredictionJo
             "input": rows["input"],
             "prediction": decoded,
             "refused": rows["refused"].fillna(""),
-            "input_tokens": [len(ids) if ids is not None else 0 for ids in rows["ids"]],
+            "input_tokens": [len(ids) if ids is not None else 0 for ids in fed],
             "new_tokens": [len(ids) if ids is not None else 0 for ids in continuations],
             "decoding": describe_decoding(job.decoding, job.max_new_tokens),
         }

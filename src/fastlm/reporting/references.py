@@ -160,9 +160,10 @@ def score_test_generations(
         tokenizer, pairs["prompt"], model=model, max_length=max_length, max_new_tokens=max_new_tokens
     )
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    fed = encoder_inputs(model, prompt_ids, tokenizer)  # as the model is fed them: prompt_tokens counts these
     generations = generate_continuations(
         model,
-        encoder_inputs(model, prompt_ids, tokenizer),
+        fed,
         pad_id=pad_id_of(tokenizer),
         eos_id=tokenizer.eos_token_id,
         runtime=runtime,
@@ -184,7 +185,7 @@ def score_test_generations(
                     "prompt": pairs["prompt"].to_numpy(),
                     "reference": pairs["response"].to_numpy(),
                     "prediction": predictions,
-                    "prompt_tokens": [len(ids) for ids in prompt_ids],
+                    "prompt_tokens": [len(ids) for ids in fed],
                     "new_tokens": [len(ids) for ids in generations.continuations],
                 }
             ),
