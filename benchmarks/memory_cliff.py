@@ -424,7 +424,7 @@ def fastlm_tune(args, base: Path, rows, device, quantized: bool, limit_mb: float
     picked = tune.best_policy(policies) or policies[0]
     best = tune.best_mode(picked.ladders)
     explanation = tune.explain_modes(
-        picked.ladders, best, accumulation=1, target=None, headroom=HEADROOM, memory_limit_mb=limit_mb
+        picked.ladders, best, current_accumulation=1, target=None, headroom=HEADROOM, memory_limit_mb=limit_mb
     )
     explanation = " ".join(filter(None, [explanation, tune.explain_checkpointing(policies, picked)]))
     del model

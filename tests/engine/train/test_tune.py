@@ -240,7 +240,9 @@ def test_every_batching_mode_gets_its_ladder_and_the_fastest_mode_wins(tmp_path)
     best = tune.best_mode(ladders)
     fastest = max((t.real_tokens_per_s, ladder.mode) for ladder in ladders for t in ladder.trials)
     assert (best.chosen.real_tokens_per_s, best.mode) == fastest
-    text = tune.explain_modes(ladders, best, accumulation=1, target=None, headroom=0.1, memory_limit_mb=None)
+    text = tune.explain_modes(
+        ladders, best, current_accumulation=1, target=None, headroom=0.1, memory_limit_mb=None
+    )
     assert f"fastest: batching {best.mode}, micro-batch {best.chosen.micro_batch_size}" in text.lower()
     assert "packed:" in text and "length_grouped:" in text
 
@@ -351,3 +353,35 @@ def test_under_cuda_graphs_tune_measures_the_packed_mode_alone_and_says_why():
         "",
     )
     assert tune.modes_to_measure(["packed"], "reduce-overhead") == (["packed"], "")
+
+
+def test_each_mode_is_explained_with_its_own_accumulation_for_the_target():
+    """tune.target_effective_batch: every mode's paragraph gives the accumulation its own chosen size needs
+    (a packed row holds several samples, a length-grouped row one), and the chosen mode's is the one written.
+    Was: every mode said the chosen mode's accumulation, so length_grouped at micro-batch 1 read "2
+    accumulation steps ... ~2 samples (target 16 samples)"."""
+    packed = tune.Trial(8, tune.OK, 8000.0, 0.05, 600.0, samples_per_micro_batch=9.0)
+    grouped = tune.Trial(1, tune.OK, 4000.0, 0.01, 600.0, samples_per_micro_batch=1.0)
+    ladders = [
+        tune.ModeLadder("packed", [packed], packed),
+        tune.ModeLadder("length_grouped", [grouped], grouped),
+    ]
+    best = tune.best_mode(ladders)
+    target = 16
+    text = tune.explain_modes(
+        ladders, best, current_accumulation=1, target=target, headroom=0.1, memory_limit_mb=None
+    )
+    paragraphs = dict(zip(["packed", "length_grouped"], text.split("length_grouped: "), strict=True))
+    for ladder in ladders:
+        accumulation = tune.mode_accumulation(ladder, target, current=1)
+        chosen = ladder.chosen
+        assert accumulation == tune.accumulation_for(
+            target, chosen.micro_batch_size, samples_per_micro_batch=chosen.samples_per_micro_batch
+        )
+        samples = chosen.samples_per_micro_batch * accumulation
+        assert samples >= target
+        assert f"With {accumulation} accumulation step(s)" in paragraphs[ladder.mode]
+        assert f"~{samples:,.0f} samples) (target {target} samples)" in paragraphs[ladder.mode]
+    assert tune.mode_accumulation(ladders[0], target, current=1) != tune.mode_accumulation(
+        ladders[1], target, current=1
+    )

@@ -264,12 +264,46 @@ def best_mode(ladders: Sequence[ModeLadder]) -> ModeLadder | None:
     )
 
 
-def explain_modes(ladders: Sequence[ModeLadder], best: ModeLadder | None, **explain_kwargs) -> str:
-    """``explain`` for each mode, then the choice across modes."""
+def mode_accumulation(ladder: ModeLadder, target: int | None, *, current: int, world_size: int = 1) -> int:
+    """``accumulation_for`` the mode's chosen size (its measured samples per micro-batch): what the
+    tuned parameters get when this mode is chosen (``current`` without a target or a choice)."""
+    chosen = ladder.chosen
+    if chosen is None:
+        return current
+    return accumulation_for(
+        target,
+        chosen.micro_batch_size,
+        world_size,
+        current,
+        samples_per_micro_batch=chosen.samples_per_micro_batch,
+    )
+
+
+def explain_modes(
+    ladders: Sequence[ModeLadder],
+    best: ModeLadder | None,
+    *,
+    current_accumulation: int,
+    target: int | None,
+    world_size: int = 1,
+    **explain_kwargs,
+) -> str:
+    """``explain`` for each mode, with the accumulation its own chosen size needs for ``target``
+    (``mode_accumulation``), then the choice across modes."""
     parts = [
         f"{ladder.mode}: not measured ({ladder.skipped})."
         if ladder.skipped
-        else f"{ladder.mode}: " + explain(ladder.trials, ladder.chosen, **explain_kwargs)
+        else f"{ladder.mode}: "
+        + explain(
+            ladder.trials,
+            ladder.chosen,
+            accumulation=mode_accumulation(
+                ladder, target, current=current_accumulation, world_size=world_size
+            ),
+            target=target,
+            world_size=world_size,
+            **explain_kwargs,
+        )
         for ladder in ladders
     ]
     if best is not None and len(ladders) > 1:

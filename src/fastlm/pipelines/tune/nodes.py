@@ -86,16 +86,14 @@ def tune_micro_batch(
     ladders = picked.ladders
     best = tune.best_mode(ladders)
     chosen = best.chosen if best else None
-    accumulation = tune.accumulation_for(
-        settings.target_effective_batch,
-        chosen.micro_batch_size if chosen else 1,
-        current=params.batching.gradient_accumulation_steps,
-        samples_per_micro_batch=chosen.samples_per_micro_batch if chosen else None,
+    current = params.batching.gradient_accumulation_steps
+    accumulation = (
+        tune.mode_accumulation(best, settings.target_effective_batch, current=current) if best else current
     )
     explanation = tune.explain_modes(
         ladders,
         best,
-        accumulation=accumulation,
+        current_accumulation=current,
         target=settings.target_effective_batch,
         headroom=settings.memory_headroom,
         memory_limit_mb=limit,
