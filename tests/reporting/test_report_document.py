@@ -157,3 +157,26 @@ def test_the_steady_speed_over_the_steps_alone_is_shown_beside_the_wall_clock_on
     assert not any(
         line.startswith("Speed") for line in run_lines({**SUMMARY, "real_tokens_per_s": 1.0}, None)
     )
+
+
+def test_a_resumed_run_says_its_steady_speed_is_over_the_steps_this_process_trained():
+    """A run resumed near its end (Ctrl-C at step 19 of 20, then the same command): the steady figure and the
+    step-time percentiles are over the steps the resuming process trained, its first step kept where it is
+    the only one (``StepMetrics.step_figures``). Was: "the first step, evaluations and saves left out", read
+    as the whole run's figure (26,106 tok/s beside 925 over the run's windows, from the one step 20)."""
+    base = {
+        **SUMMARY,
+        "real_tokens_per_s": 925.0,
+        "steady_real_tokens_per_s": 26106.0,
+        "outside_steps_s": 0.1,
+    }
+    resumed = {**base, "steps": 20, "steps_trained": 1, "resumed_from_step": 19}
+    line = next(line for line in run_lines(resumed, None) if line.startswith("Speed"))
+    trained, start = resumed["steps_trained"], resumed["resumed_from_step"]
+    assert f"over the {trained} step this process trained (resumed at step {start})" in line
+    assert "the first step" not in line  # one step: kept, nothing left out
+    longer = {**resumed, "steps_trained": 5, "resumed_from_step": 15}
+    line = next(line for line in run_lines(longer, None) if line.startswith("Speed"))
+    assert "over the 5 steps this process trained (resumed at step 15), its first step" in line
+    fresh = next(line for line in run_lines({**base, "steps_trained": 20}, None) if line.startswith("Speed"))
+    assert "this process" not in fresh and "the first step, evaluations and saves left out" in fresh

@@ -142,8 +142,8 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
         outside = summary.get("outside_steps_s")
         lines.append(
             f"Speed: {summary['real_tokens_per_s']:,.0f} real tokens/s over the timed steps' wall clock; "
-            f"steady real tokens/s (steps only): {steady:,.0f}, the first step, evaluations and saves left "
-            "out" + (f" ({outside:,.1f} s outside the steps)." if _finite(outside) else ".")
+            f"steady real tokens/s (steps only): {steady:,.0f}, {_steady_scope(summary)}"
+            + (f" ({outside:,.1f} s outside the steps)." if _finite(outside) else ".")
         )
     splits = (split_report or {}).get("splits") or {}
     if splits:
@@ -157,6 +157,20 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             else f"Data splits: {rows}; dropped: {drops}."
         )
     return lines
+
+
+def _steady_scope(summary: dict) -> str:
+    """What the steady figure (and the step-time percentiles) cover: a resumed run measured the steps its
+    own process trained (``StepMetrics.step_figures``: the first left out unless it is the only one)."""
+    start, trained = summary.get("resumed_from_step"), summary.get("steps_trained")
+    if start is None or not isinstance(trained, int):
+        return "the first step, evaluations and saves left out"
+    steps = (
+        f"over the {trained} step{'s' if trained != 1 else ''} this process trained (resumed at step {start})"
+    )
+    if trained > 1:
+        return f"{steps}, its first step, evaluations and saves left out"
+    return f"{steps}, evaluations and saves left out"
 
 
 def _finite(value) -> bool:
