@@ -86,6 +86,22 @@ def test_run_comparison_wall_time_is_the_trainings_and_other_data_shows():
     assert list(table["data.fingerprint"]) == ["0123456789ab", "0123456789ab", "ba9876543210"]
 
 
+def test_run_comparison_says_which_runs_did_not_finish():
+    """A run stopped part way (Ctrl-C, a pre-emption, an error) and the run that resumed it are two MLflow
+    runs of one name: the stopped one's row had a loss and no wall time, like a finished short run. Where a
+    run did not finish, a ``status`` column says so for every row (the report's own run, still open, is
+    ``running``); where all finished, there is none."""
+    assert "status" not in compare_runs(runs_frame(SPEED), current_run_id="a" * 32)
+    runs = runs_frame(SPEED).assign(
+        status=["RUNNING", "FAILED", "KILLED"], **{"tags.mlflow.runName": ["mine", "mine", "older"]}
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert list(table["status"]) == ["running", "failed", "killed"]
+    assert list(table.columns[:4]) == ["this run", "run_id", "run_name", "status"]
+    running = runs_frame(SPEED).assign(status=["RUNNING", "FINISHED", "FINISHED"])
+    assert "status" not in compare_runs(running, current_run_id="a" * 32)  # the report's own open run
+
+
 def test_a_top_k_figure_is_logged_under_its_own_k():
     from fastlm.reporting.comparison import test_metric_values
 

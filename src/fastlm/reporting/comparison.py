@@ -54,7 +54,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     dynamic" is one look. ``real_tokens_per_s`` is the run's throughput over its timed steps, the figure of
     its own report; losses are the last values logged; wall time is the training's (``WALL_TIME``). Test loss
     and ROUGE-1/2/L (F1) columns appear when at least one run has them (a report logged them). ``this run``
-    marks ``current_run_id``.
+    marks ``current_run_id``; ``status`` appears where a run did not finish (``_unfinished_status``).
     """
     if runs.empty or not {SPEED, WINDOW_SPEED} & set(runs.columns):
         return pd.DataFrame(columns=["run_id", "run_name", "start_time"])
@@ -81,6 +81,9 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
             "wall_time_s": runs.get(WALL_TIME),
         }
     )
+    status = _unfinished_status(runs, current_run_id)
+    if status is not None:
+        table.insert(3, "status", status.to_numpy())
     for name in COMPARED_TEST_METRICS:
         column = f"metrics.test_{name}"
         if column in runs and runs[column].notna().any():
@@ -88,6 +91,19 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     for column in differing:
         table[column.removeprefix("params.")] = params[column]
     return table.reset_index(drop=True)
+
+
+def _unfinished_status(runs: pd.DataFrame, current_run_id: str | None) -> pd.Series | None:
+    """Each run's MLflow status, lowercased (``finished``, ``failed``, ``killed``, ``running``), where a run
+    other than the report's own (open while it writes) did not finish; None where all did. A run stopped part
+    way and the run that resumed it share a name: this tells them apart."""
+    if "status" not in runs:
+        return None
+    status = runs["status"].fillna("UNKNOWN").astype(str)
+    others = status[runs["run_id"] != current_run_id]
+    if (others == "FINISHED").all():
+        return None
+    return status.str.lower()
 
 
 def param_value(text):
