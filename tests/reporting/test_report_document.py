@@ -180,3 +180,18 @@ def test_a_resumed_run_says_its_steady_speed_is_over_the_steps_this_process_trai
     assert "over the 5 steps this process trained (resumed at step 15), its first step" in line
     fresh = next(line for line in run_lines({**base, "steps_trained": 20}, None) if line.startswith("Speed"))
     assert "this process" not in fresh and "the first step, evaluations and saves left out" in fresh
+
+
+def test_a_resumed_runs_efficiency_table_says_its_step_figures_are_the_resuming_processs():
+    """The efficiency table's step-time percentiles, data wait and padding come from the engine's per-step
+    figures, which a resumed run measured over the steps its resuming process trained only: the table says
+    so under it (and nothing on a run trained in one go)."""
+    from tests.support.reporting import SUMMARY, make_history, report_document
+
+    history = make_history(3, step=[1, 10, 20])
+    resumed = {**SUMMARY, "steps": 20, "steps_trained": 5, "resumed_from_step": 15}
+    _, markdown = report_document(history, summary=resumed)
+    section = markdown.split("## Efficiency", 1)[1].split("\n## ", 1)[0]
+    assert "over the 5 steps this process trained (resumed at step 15)" in section, section
+    _, fresh = report_document(history, summary={**SUMMARY, "steps_trained": 20})
+    assert "this process trained" not in fresh.split("## Efficiency", 1)[1].split("\n## ", 1)[0]

@@ -162,15 +162,28 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
 def _steady_scope(summary: dict) -> str:
     """What the steady figure (and the step-time percentiles) cover: a resumed run measured the steps its
     own process trained (``StepMetrics.step_figures``: the first left out unless it is the only one)."""
-    start, trained = summary.get("resumed_from_step"), summary.get("steps_trained")
-    if start is None or not isinstance(trained, int):
+    steps = _resumed_steps(summary)
+    if steps is None:
         return "the first step, evaluations and saves left out"
-    steps = (
-        f"over the {trained} step{'s' if trained != 1 else ''} this process trained (resumed at step {start})"
-    )
-    if trained > 1:
+    if summary["steps_trained"] > 1:
         return f"{steps}, its first step, evaluations and saves left out"
     return f"{steps}, evaluations and saves left out"
+
+
+def _efficiency_scope(summary: dict) -> str:
+    """Under the efficiency table of a resumed run: its per-step figures are its resuming process's."""
+    steps = _resumed_steps(summary)
+    return "" if steps is None else f"Step times, data wait and padding: {steps}."
+
+
+def _resumed_steps(summary: dict) -> str | None:
+    """``over the N steps this process trained (resumed at step S)`` for a resumed run, else None."""
+    start, trained = summary.get("resumed_from_step"), summary.get("steps_trained")
+    if start is None or not isinstance(trained, int):
+        return None
+    return (
+        f"over the {trained} step{'s' if trained != 1 else ''} this process trained (resumed at step {start})"
+    )
 
 
 def _finite(value) -> bool:
@@ -273,7 +286,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
         Section(
             "Training summary", items=run_lines(summary, inputs.split_report), table=_one_row(inputs.training)
         ),
-        Section("Efficiency", table=_one_row(efficiency)),
+        Section("Efficiency", table=_one_row(efficiency), text=_efficiency_scope(summary)),
         Section(
             "Curves",
             figures={
