@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import yaml
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.pipeline import Node, Pipeline
 from kedro_datasets.json import JSONDataset
@@ -99,18 +100,34 @@ def test_a_pipeline_that_does_not_ask_gets_neither(tmp_path):
     assert not catalog.exists("dataset_paths") and not catalog.exists("run_tracker")
 
 
+def _tuned_file(batching: dict) -> str:
+    """A tuned parameters file setting ``batching``, measured on the defaults' settings on this machine."""
+    from fastlm.corpus.config import parse_split_params
+    from fastlm.engine.config import TrainParams
+    from fastlm.pipelines.tune.record import RECORD_KEY, device_description, measured_on
+
+    record = measured_on(
+        TrainParams(),
+        max_length=parse_split_params({}).max_length,
+        data=None,
+        device=device_description("auto"),
+    )
+    return yaml.safe_dump({"train": {"batching": batching}, RECORD_KEY: record})
+
+
 def test_a_training_run_says_that_the_tuned_parameters_file_is_in_effect(tmp_path, caplog):
     tuned = tmp_path / "parameters_tuned.yml"
     catalog = DataCatalog(
         {
             "tuned_parameters": YAMLDataset(filepath=str(tuned)),
             "params:train": MemoryDataset({"batching": {"micro_batch_size": 6}}),
+            "params:split": MemoryDataset({}),
         }
     )
     training = Pipeline([Node(lambda train: train, "params:train", "trained_model")])
     with caplog.at_level("INFO", logger="fastlm.hooks"):
         TunedParametersHook().before_pipeline_run({}, training, catalog)  # no file yet: nothing to say
-        tuned.write_text("train: {batching: {micro_batch_size: 6}}\n")
+        tuned.write_text(_tuned_file({"micro_batch_size": 6}))
         TunedParametersHook().before_pipeline_run(
             {}, Pipeline([Node(lambda t: t, "params:train", "x")]), catalog
         )
@@ -127,13 +144,14 @@ def test_the_tuned_file_is_said_to_be_in_effect_only_where_it_is(tmp_path, caplo
     file's value and the one in effect (it printed the effective settings as the file's)."""
     tuned = tmp_path / "local" / "parameters_tuned.yml"
     tuned.parent.mkdir()
-    tuned.write_text("train: {batching: {micro_batch_size: 4, gradient_accumulation_steps: 2}}\n")
+    tuned.write_text(_tuned_file({"micro_batch_size": 4, "gradient_accumulation_steps": 2}))
     catalog = DataCatalog(
         {
             "tuned_parameters": YAMLDataset(filepath=str(tuned)),
             "params:train": MemoryDataset(
                 {"batching": {"micro_batch_size": 16, "gradient_accumulation_steps": 2}}
             ),
+            "params:split": MemoryDataset({}),
         }
     )
     training = Pipeline([Node(lambda train: train, "params:train", "trained_model")])

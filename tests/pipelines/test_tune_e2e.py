@@ -100,3 +100,53 @@ def test_under_cuda_graphs_tune_measures_packed_without_recompute_and_says_why(k
     ]
     assert "recompute was not measured: train.runtime.compile_mode reduce-overhead" in explanation
     assert "tune.modes length_grouped not measured" in explanation
+
+
+def test_tuned_settings_measured_on_another_split_are_not_applied(kedro_project, monkeypatch):
+    """Tune, then train: the tuned micro-batch and mode are applied and said. Re-split with another
+    max_length, or a tuned file without the record of what it measured on (an older version's): train runs on
+    conf/base's batching, with one warning naming what changed and the fix."""
+    import logging
+
+    import fastlm.hooks.conf as conf_hooks
+
+    lines: list[str] = []
+    logger = logging.Logger("tuned-check")
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    monkeypatch.setattr(conf_hooks, "log", logger)
+
+    train = {key: value for key, value in TRAIN.items() if key != "batching"}  # batching from the files
+    tune = {"max_micro_batch_size": 2, "modes": ["length_grouped"], "cliff_tolerance": 0.9}
+    run_pipeline(kedro_project, "split", {"split": SPLIT})
+    run_pipeline(kedro_project, "tune", {"split": SPLIT, "train": train, "tune": tune})
+    tuned_file = kedro_project / "conf/local/parameters_tuned.yml"
+    tuned = yaml.safe_load(tuned_file.read_text())["train"]["batching"]
+    base = yaml.safe_load((kedro_project / "conf/base/parameters_train.yml").read_text())["train"]["batching"]
+    assert tuned["micro_batch_size"] != base["micro_batch_size"] and tuned["mode"] != base["mode"]
+
+    def trained_batching(split: dict) -> tuple[int, str]:
+        lines.clear()
+        run_pipeline(kedro_project, "train", {"split": split, "train": train})
+        summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
+        return summary["micro_batch_size"], summary["batching"]
+
+    assert trained_batching(SPLIT) == (tuned["micro_batch_size"], tuned["mode"])
+    applied = [line for line in lines if "is in effect" in line]
+    assert len(applied) == 1 and f"mode={tuned['mode']}" in applied[0]
+
+    other = {**SPLIT, "max_length": SPLIT["max_length"] // 2}
+    run_pipeline(kedro_project, "split", {"split": other})
+    assert trained_batching(other) == (base["micro_batch_size"], base["mode"])
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and "split.max_length" in warned[0] and "kedro run --pipeline=tune" in warned[0]
+    assert not any("is in effect" in line for line in lines)
+
+    run_pipeline(kedro_project, "split", {"split": SPLIT})  # back to the split it was measured on
+    old = yaml.safe_load(tuned_file.read_text())
+    old.pop("tune_measured_on", None)  # as an older version wrote it
+    tuned_file.write_text(yaml.safe_dump(old))
+    assert trained_batching(SPLIT) == (base["micro_batch_size"], base["mode"])
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and "older version" in warned[0]

@@ -12,8 +12,14 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 
 from fastlm.errors import ConfigError
-from fastlm.hooks.catalog import local_path
-from fastlm.parameters import GROUPS, check_top_level_params, known_top_level_params, runtime_only_params
+from fastlm.hooks.catalog import local_path, put
+from fastlm.parameters import (
+    GROUPS,
+    check_top_level_params,
+    known_top_level_params,
+    parameters_files,
+    runtime_only_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +129,22 @@ def _model_vocab_size(catalog) -> int | None:
 
 class TunedParametersHook:
     """Say, before a training run, that ``tuned_parameters`` (written by the tune pipeline into conf/local)
-    is in effect, with the micro-batch settings it gives; and after a tune run under an environment that does
-    not read conf/local, that a train run under it will not use them."""
+    is in effect, with the batching mode and micro-batch settings it gives; and after a tune run under an
+    environment that does not read conf/local, that a train run under it will not use them.
+
+    The tuned file records what it was measured on (``tune.record.measured_on``: the model and its weights,
+    the split, the device, precision, adapter and checkpointing settings). A training run whose settings
+    differ, or a file without the record (an older version's), does not apply it: ``params:train`` goes back
+    to what the other parameters files and ``--params`` give, with one warning naming what changed and the
+    fix. A tune run measures the settings without the previous tune's file."""
+
+    def __init__(self) -> None:
+        self._conf: Path | None = None
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        source = getattr(getattr(context, "config_loader", None), "conf_source", None)
+        self._conf = Path(str(source)) if source else None
 
     @hook_impl
     def after_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -143,28 +163,57 @@ class TunedParametersHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        if "trained_model" not in pipeline.all_outputs() or "tuned_parameters" not in catalog:
+        trains, tunes = (
+            "trained_model" in pipeline.all_outputs(),
+            "tuned_parameters" in pipeline.all_outputs(),
+        )
+        if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
             return
         path = local_path(catalog, "tuned_parameters")
         if path is None or not catalog.exists("tuned_parameters"):
             return
         env = run_params.get("env") or "local"
         if path.parent.name == "local" and env != "local":  # Kedro reads conf/base and conf/<env> alone
-            log.info(
-                "%s is not read under --env %s (conf/base and conf/%s are): its tuned settings are not used",
+            if trains:
+                log.info(
+                    "%s is not read under --env %s (conf/base and conf/%s are): its tuned settings are not "
+                    "used",
+                    path,
+                    env,
+                    env,
+                )
+            return
+        from fastlm.pipelines.tune.record import RECORD_KEY, tuned_leaves, what_changed, without_tuned
+
+        tuned = catalog.load("tuned_parameters") or {}
+        conf = self._conf or Path(run_params.get("project_path") or ".") / "conf"
+        untuned = without_tuned(
+            catalog.load("params:train"),
+            tuned_leaves(tuned),
+            other_files=parameters_files(conf, ["base", env], skip=path),
+            given=run_params.get("runtime_params"),
+        )
+        if tunes:  # measured on the conf's own settings, not the previous tune's choice
+            put(catalog, "params:train", untuned)
+            return
+        changed = what_changed(tuned.get(RECORD_KEY), _measured_now(untuned, catalog))
+        if changed:
+            log.warning(
+                "%s is not applied: it was measured on other settings (%s); run `kedro run --pipeline=tune` "
+                "again, or delete the file",
                 path,
-                env,
-                env,
+                changed,
             )
+            put(catalog, "params:train", untuned)
             return
         batching = GROUPS["train"].parse(catalog.load("params:train")).batching
-        tuned = ((catalog.load("tuned_parameters") or {}).get("train") or {}).get("batching") or {}
-        keys = ("micro_batch_size", "gradient_accumulation_steps")
-        given = ", ".join(f"{key}={tuned[key]}" for key in keys if key in tuned)
+        tuned_batching = (tuned.get("train") or {}).get("batching") or {}
+        keys = ("mode", "micro_batch_size", "gradient_accumulation_steps")
+        given = ", ".join(f"{key}={tuned_batching[key]}" for key in keys if key in tuned_batching)
         overridden = ", ".join(
             f"{key}={getattr(batching, key)}"
             for key in keys
-            if key in tuned and tuned[key] != getattr(batching, key)
+            if key in tuned_batching and tuned_batching[key] != getattr(batching, key)
         )
         log.info(
             "%s is in effect (from `kedro run --pipeline=tune`): %s%s; delete it to go back to conf/base",
@@ -172,3 +221,20 @@ class TunedParametersHook:
             given or "no batching settings",
             f" (--params or a later file overrides it: {overridden})" if overridden else "",
         )
+
+
+def _measured_now(train: dict, catalog) -> dict:
+    """What a tune run now would measure on (``tune.record.measured_on``) with ``train`` (``params:train``
+    without the tuned file's settings)."""
+    from fastlm.corpus.fingerprint import data_identity
+    from fastlm.pipelines.tune.record import device_description, measured_on
+
+    params = GROUPS["train"].parse(train)
+    split = GROUPS["split"].parse(catalog.load("params:split"))
+    name = "tokenized_corpus_fingerprint"
+    fingerprint = catalog.load(name) if name in catalog and catalog.exists(name) else None
+    try:
+        device = device_description(params.runtime.device)
+    except Exception:  # noqa: BLE001 - a device that is not there: the training run says so itself
+        device = params.runtime.device
+    return measured_on(params, max_length=split.max_length, data=data_identity(fingerprint), device=device)

@@ -10,9 +10,11 @@ import logging
 import datasets
 import pandas as pd
 
+from fastlm.corpus.fingerprint import data_identity
 from fastlm.errors import ConfigError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
+from fastlm.pipelines.tune import record
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -150,9 +152,17 @@ def tune_micro_batch(
     }
     if requested == "auto":  # the policy measured fastest replaces auto in train
         tuned["train"]["model"] = {"gradient_checkpointing": picked.policy}
+    # train applies the file only to runs on these settings (fastlm.hooks.conf.TunedParametersHook)
+    tuned[record.RECORD_KEY] = record.measured_on(
+        params,
+        max_length=max_length,
+        data=data_identity(fingerprint),
+        device=record.device_description(str(runtime.device)),
+    )
     log.info(
         "Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d (train runs "
-        "in the default environment pick them up; delete the file to go back to conf/base)",
+        "in the default environment on the settings measured pick them up; delete the file to go back to "
+        "conf/base)",
         tuned_file,
         best.mode,
         chosen.micro_batch_size,

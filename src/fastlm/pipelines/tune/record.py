@@ -1,0 +1,159 @@
+"""What a tune measured on, recorded in the tuned parameters file (``tune_measured_on``), and the train run's
+check of it: a micro-batch measured on another model, weights, split, device, precision, adapter or
+checkpointing setting is no measurement of this run, and applying it silently can run out of memory or
+waste the device. Also the train settings without the tuned file's, for a run that does not apply them.
+
+No torch at import time: the hooks read this module when every `kedro run` starts."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+RECORD_KEY = "tune_measured_on"  # top-level key of the tuned parameters file
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# settings of train the tune's measurement depends on besides train.model (every key of it)
+RUNTIME_KEYS = (
+    "precision",
+    "param_dtype",
+    "compile",
+    "compile_scope",
+    "compile_mode",
+    "cudnn_benchmark",
+    "deterministic",
+)
+OTHER_KEYS = (
+    ("batching", "row_length"),
+    ("batching", "pad_to_multiple_of"),
+    ("optimizer", "name"),
+    ("optimizer", "in_backward"),
+    ("loss", "fused_linear"),
+    ("loss", "fused_linear_kernel"),
+)
+
+
+def weights_identity(name_or_path: str | None) -> str | None:
+    """A digest of the weight files of a local model folder (names, sizes, modification times): a retrained
+    or replaced model changes it. None for a hub id or a model trained from scratch (the name is recorded)."""
+    if not name_or_path or not Path(name_or_path).is_dir():
+        return None
+    folder = Path(name_or_path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES):
+        stat = file.stat()
+        digest.update(f"{file.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+def measured_on(train, *, max_length: int, data: str | None, device: str) -> dict[str, Any]:
+    """The record (flat: a setting's dotted name, its value) of what a tune measures on: ``train`` (validated
+    ``TrainParams``, without the tuned file's settings: gradient checkpointing as asked for, ``auto``
+    included), the split's ``max_length`` and tokenized ``data`` identity (``data_identity``), the
+    ``device`` (``device_description``)."""
+    record: dict[str, Any] = {
+        "model weights": weights_identity(train.model.name_or_path),
+        "tokenized data": data,
+        "split.max_length": max_length,
+        "device": device,
+    }
+    record.update(_flat(train.model.model_dump(mode="json"), "train.model"))
+    runtime = train.runtime.model_dump(mode="json")
+    record.update({f"train.runtime.{key}": runtime[key] for key in RUNTIME_KEYS})
+    for group, key in OTHER_KEYS:
+        record[f"train.{group}.{key}"] = getattr(getattr(train, group), key)
+    return record
+
+
+def device_description(requested: str) -> str:
+    """The device ``train.runtime.device`` resolves to here, with the GPU's name and memory: a micro-batch
+    measured on one card is no measurement of another."""
+    import torch
+
+    from fastlm.engine.runtime.environment import resolve_device
+
+    device = resolve_device(requested)
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    properties = torch.cuda.get_device_properties(index)
+    return f"cuda ({properties.name}, {properties.total_memory / 2**30:.0f} GiB)"
+
+
+def what_changed(recorded: Any, current: Mapping[str, Any]) -> str | None:
+    """None when ``recorded`` (the tuned file's ``tune_measured_on``) is ``current``; else the settings that
+    differ, in a phrase (a file without a record: written by an older version)."""
+    if not isinstance(recorded, Mapping):
+        return "it does not record what it was measured on (written by an older version)"
+    changed = [
+        f"{key} {_shown(recorded.get(key))} -> {_shown(current.get(key))}"
+        for key in sorted({*recorded, *current})
+        if recorded.get(key) != current.get(key)
+    ]
+    return "; ".join(changed) or None
+
+
+def tuned_leaves(tuned: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
+    """The paths under ``train`` the tuned file sets (``("batching", "micro_batch_size")``, ...)."""
+    return [path for path, _ in _leaves(((tuned or {}).get("train")) or {}, ())]
+
+
+def without_tuned(
+    train: Mapping[str, Any],
+    leaves: list[tuple[str, ...]],
+    *,
+    other_files: list[Mapping[str, Any]],
+    given: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """``train`` (the merged ``params:train``) with each tuned leaf back to what the run has without the tuned
+    file: ``--params`` (``given``, the run's runtime parameters) keeps its value; else the last of
+    ``other_files`` (the other parameters files, conf/base first) that sets it; else the leaf is dropped and
+    its default applies."""
+    result = _copy(train)
+    for path in leaves:
+        if _get((given or {}).get("train"), path) is not _MISSING:
+            continue
+        value = _MISSING
+        for loaded in other_files:
+            found = _get((loaded or {}).get("train"), path)
+            value = found if found is not _MISSING else value
+        parent = result
+        for key in path[:-1]:
+            parent = parent.setdefault(key, {})
+        if value is _MISSING:
+            parent.pop(path[-1], None)
+        else:
+            parent[path[-1]] = value
+    return result
+
+
+_MISSING = object()
+
+
+def _get(tree: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(tree, Mapping) or key not in tree:
+            return _MISSING
+        tree = tree[key]
+    return tree
+
+
+def _leaves(tree: Mapping[str, Any], prefix: tuple[str, ...]):
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, (*prefix, str(key)))
+        else:
+            yield (*prefix, str(key)), value
+
+
+def _flat(tree: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    return {".".join((prefix, *path)): value for path, value in _leaves(tree, ())}
+
+
+def _copy(tree: Any) -> Any:
+    return {key: _copy(value) for key, value in tree.items()} if isinstance(tree, Mapping) else tree
+
+
+def _shown(value: Any) -> str:
+    return "(none)" if value is None else str(value)

@@ -1,0 +1,50 @@
+"""What a tune measured on (the tuned file's record) and the train run's check of it."""
+
+import os
+
+from fastlm.engine.config import TrainParams
+from fastlm.pipelines.tune.record import measured_on, tuned_leaves, what_changed, without_tuned
+
+
+def record(train: dict | None = None, max_length: int = 48, data: str = "abc", device: str = "cpu") -> dict:
+    return measured_on(
+        TrainParams.model_validate(train or {}), max_length=max_length, data=data, device=device
+    )
+
+
+def test_the_record_is_the_same_for_the_same_settings_and_names_what_changed():
+    assert what_changed(record(), record()) is None
+    changed = what_changed(record(), record(max_length=96))
+    assert "split.max_length" in changed and "48" in changed and "96" in changed
+    assert "tokenized data" not in changed
+    lora = what_changed(record(), record({"model": {"lora": {"enabled": True}}}))
+    assert "train.model.lora.enabled" in lora
+    assert "train.runtime.precision" in what_changed(record(), record({"runtime": {"precision": "fp32"}}))
+    assert "device" in what_changed(record(), record(device="cuda (NVIDIA A10, 22 GiB)"))
+
+
+def test_a_file_without_a_record_is_stale():
+    assert "older version" in what_changed(None, record())
+
+
+def test_retrained_weights_in_the_same_folder_change_the_record(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"1234")
+    before = record({"model": {"name_or_path": str(tmp_path)}})
+    (tmp_path / "model.safetensors").write_bytes(b"123456")
+    stat = (tmp_path / "model.safetensors").stat()
+    os.utime(tmp_path / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    after = record({"model": {"name_or_path": str(tmp_path)}})
+    assert "model weights" in what_changed(before, after)
+
+
+def test_without_the_tuned_file_each_setting_goes_back_to_the_other_files_or_the_default():
+    tuned = {"train": {"batching": {"mode": "length_grouped", "micro_batch_size": 4}}}
+    merged = {"batching": {"mode": "length_grouped", "micro_batch_size": 4}, "seed": 3}
+    base = {"train": {"batching": {"micro_batch_size": 32}, "seed": 3}}
+    back = without_tuned(merged, tuned_leaves(tuned), other_files=[base], given=None)
+    assert back == {"batching": {"micro_batch_size": 32}, "seed": 3}  # mode: no file sets it, the default
+    given = {"train": {"batching": {"micro_batch_size": 2}}}
+    kept = without_tuned(
+        {**merged, "batching": {"micro_batch_size": 2}}, tuned_leaves(tuned), other_files=[base], given=given
+    )
+    assert kept["batching"]["micro_batch_size"] == 2
