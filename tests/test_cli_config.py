@@ -68,3 +68,19 @@ def test_a_key_given_as_a_value_and_as_a_group_is_refused_as_a_config_error():
             cli.run_params(params, None)
         with pytest.raises(ConfigError, match="train is given a value \\(5\\) and parameters under it"):
             cli.run_params(None, params)
+
+
+def test_the_best_run_files_header_says_params_are_merged_as_the_cli_merges_them(given, tmp_path):
+    """sweep_best_run.yml's header said a ``--params`` given with ``--config`` "replaces these parameters";
+    the CLI merges them key by key (``run_params``): the header says so, and the run it heads does so."""
+    from fastlm.pipelines.sweep.nodes import best_run_header
+
+    header = best_run_header("lr", "lr-2", "final_val_loss", "kedro run --config best.yml")
+    assert "replaces" not in header and "key by key" in header
+    best = {"run_name": "lr-best", "train": {"optimizer": {"lr": 0.003}, "max_steps": 30}}
+    config = tmp_path / "best.yml"
+    config.write_text(header + yaml.safe_dump({"run": {"pipeline": "train", "params": best}}))
+    done = CliRunner().invoke(cli.run, ["--config", str(config), "--params", "train.max_steps=1000"])
+    assert done.exit_code == 0, done.output
+    # the one key given changes; the file's other parameters stay, as the header says
+    assert given["params"] == {**best, "train": {**best["train"], "max_steps": 1000}}

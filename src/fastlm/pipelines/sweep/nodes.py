@@ -135,6 +135,19 @@ def run_sweep(
     )
 
 
+def best_run_header(sweep: str, best: str, metric: str, command: str) -> str:
+    """The comment heading ``sweep_best_run``: whose setting it is and how to train it. A ``--params`` given
+    with ``--config`` is merged over the file's parameters key by key (``fastlm.cli.run_params``)."""
+    return (
+        f"# Sweep {sweep}: the setting of {best}, best by {metric}, with the sweep's budgets,\n"
+        "# its parameters (its --env and --params included) and no fold (the whole training split).\n"
+        "# Train it with\n"
+        f"#   {command}\n"
+        "# and change values here, or give --params with --config: they are merged over these parameters\n"
+        "# key by key (--params train.max_steps=1000 changes that value; the others stay as they are here).\n"
+    )
+
+
 def _best_run_file(
     spec: SweepSpec, best: str | None, plan: dict[str, dict], command: str, train: dict, split: dict
 ) -> str:
@@ -142,13 +155,7 @@ def _best_run_file(
     alone where no run has a finite metric."""
     if best is None:
         return f"# Sweep {spec.name}: no run has a finite {spec.metric}: no setting to train.\n"
-    header = (
-        f"# Sweep {spec.name}: the setting of {best}, best by {spec.metric}, with the sweep's budgets,\n"
-        "# its parameters (its --env and --params included) and no fold (the whole training split).\n"
-        "# Train it with\n"
-        f"#   {command}\n"
-        "# and change values here: a --params given with --config replaces these parameters.\n"
-    )
+    header = best_run_header(spec.name, best, spec.metric, command)
     config = best_run_config(spec, plan[best], train, split)
     return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
 
