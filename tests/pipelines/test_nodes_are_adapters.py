@@ -184,3 +184,30 @@ def test_a_tune_run_under_another_environment_says_train_will_not_read_its_file(
     assert len(quick) == 1 and "--env quick" in quick[0] and "not read" in quick[0]
     assert "kedro run --pipeline=train" in quick[0]
     assert local == []  # the default environment reads conf/local: the tune node's own line says so
+
+
+def test_a_sweep_does_not_apply_a_tuned_file_measured_on_other_settings(tmp_path, caplog):
+    """A sweep trains from ``params:train`` as a train run does: a tuned file measured on another split
+    (here another ``split.max_length``) is not applied to its runs either, said in one warning (it was
+    applied silently: the check ran for pipelines writing ``trained_model`` only)."""
+    from fastlm.corpus.config import parse_split_params
+
+    tuned = tmp_path / "local" / "parameters_tuned.yml"
+    tuned.parent.mkdir()
+    tuned.write_text(_tuned_file({"micro_batch_size": 4}))
+    other_length = parse_split_params({}).max_length // 2
+    catalog = DataCatalog(
+        {
+            "tuned_parameters": YAMLDataset(filepath=str(tuned)),
+            "params:train": MemoryDataset({"batching": {"micro_batch_size": 4}}),  # the file merged in
+            "params:split": MemoryDataset({"max_length": other_length}),
+        }
+    )
+    sweep = Pipeline([Node(lambda train: train, "params:train", "sweep_comparison")])
+    with caplog.at_level("INFO", logger="fastlm.hooks"):  # no conf folder there: the defaults
+        TunedParametersHook().before_pipeline_run(
+            {"env": None, "project_path": str(tmp_path)}, sweep, catalog
+        )
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 1 and "is not applied" in lines[0] and "split.max_length" in lines[0], lines
+    assert "micro_batch_size" not in (catalog.load("params:train").get("batching") or {})

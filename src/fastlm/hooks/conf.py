@@ -127,6 +127,10 @@ def _model_vocab_size(catalog) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
+# what a pipeline that trains from params:train writes: a train run's model, a sweep's comparison of runs
+TRAINING_OUTPUTS = {"trained_model", "sweep_comparison"}
+
+
 class TunedParametersHook:
     """Say, before a training run, that ``tuned_parameters`` (written by the tune pipeline into conf/local)
     is in effect, with the batching mode and micro-batch settings it gives; and after a tune run under an
@@ -163,10 +167,8 @@ class TunedParametersHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        trains, tunes = (
-            "trained_model" in pipeline.all_outputs(),
-            "tuned_parameters" in pipeline.all_outputs(),
-        )
+        outputs = pipeline.all_outputs()
+        trains, tunes = bool(TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
         if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
             return
         path = local_path(catalog, "tuned_parameters")
