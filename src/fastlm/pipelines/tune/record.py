@@ -24,6 +24,8 @@ RUNTIME_KEYS = (
     "cudnn_benchmark",
     "deterministic",
 )
+# train.model settings that change nothing a tune measures (where a model may come from)
+NOT_MEASURED = ("train.model.allow_download",)
 OTHER_KEYS = (
     ("batching", "row_length"),
     ("batching", "pad_to_multiple_of"),
@@ -58,7 +60,8 @@ def measured_on(train, *, max_length: int, data: str | None, device: str) -> dic
         "split.max_length": max_length,
         "device": device,
     }
-    record.update(_flat(train.model.model_dump(mode="json"), "train.model"))
+    model = _flat(train.model.model_dump(mode="json"), "train.model")
+    record.update({key: value for key, value in model.items() if key not in NOT_MEASURED})
     runtime = train.runtime.model_dump(mode="json")
     record.update({f"train.runtime.{key}": runtime[key] for key in RUNTIME_KEYS})
     for group, key in OTHER_KEYS:
