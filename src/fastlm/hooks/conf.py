@@ -24,6 +24,12 @@ from fastlm.parameters import (
 log = logging.getLogger(__name__)
 
 
+def _conf_source(context) -> Path | None:
+    """The run's conf folder (``--conf-source`` included) as Kedro's config loader reads it."""
+    source = getattr(getattr(context, "config_loader", None), "conf_source", None)
+    return Path(str(source)) if source else None
+
+
 class ProjectFolderHook:
     """A session opened in a subfolder of the project (a notebook in ``notebooks/``, a script) works in the
     project folder, as ``kedro run`` does (:func:`fastlm.cli.in_project_folder`); one opened outside the
@@ -61,8 +67,7 @@ class UnknownRuntimeParamsHook:
 
     @hook_impl
     def after_context_created(self, context) -> None:
-        source = getattr(getattr(context, "config_loader", None), "conf_source", None)
-        self._conf = Path(str(source)) if source else None
+        self._conf = _conf_source(context)
         try:
             self._params = dict(context.params)
         except Exception:  # noqa: BLE001 - a broken parameters file is Kedro's to report, when it is read
@@ -128,7 +133,7 @@ def _model_vocab_size(catalog) -> int | None:
 
 
 # what a pipeline that trains from params:train writes: a train run's model, a sweep's comparison of runs
-TRAINING_OUTPUTS = {"trained_model", "sweep_comparison"}
+_TRAINING_OUTPUTS = {"trained_model", "sweep_comparison"}
 
 
 class TunedParametersHook:
@@ -147,8 +152,7 @@ class TunedParametersHook:
 
     @hook_impl
     def after_context_created(self, context) -> None:
-        source = getattr(getattr(context, "config_loader", None), "conf_source", None)
-        self._conf = Path(str(source)) if source else None
+        self._conf = _conf_source(context)
 
     @hook_impl
     def after_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -168,7 +172,7 @@ class TunedParametersHook:
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         outputs = pipeline.all_outputs()
-        trains, tunes = bool(TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
+        trains, tunes = bool(_TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
         if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
             return
         path = local_path(catalog, "tuned_parameters")

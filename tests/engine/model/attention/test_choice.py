@@ -179,21 +179,13 @@ def test_auto_keeps_an_encoder_decoder_model_on_the_dense_mask_that_packs_its_ro
 
     from fastlm.engine.model.attention import choice
     from fastlm.engine.model.encoder_decoder import packing_unavailable
+    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
     monkeypatch.setattr(choice, "torch_varlen_available", lambda device: "torch" in installed)
     cuda = torch.device("cuda")
-    tiny = {"vocab_size": 50, "d_model": 16}
-    bart = BartConfig(
-        **tiny,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-    )
-    t5 = T5Config(**tiny, d_kv=8, num_heads=2, num_layers=1, d_ff=32)
+    bart = BartConfig(vocab_size=50, **SMALL_BART_LAYERS)
+    t5 = T5Config(vocab_size=50, d_model=16, d_kv=8, num_heads=2, num_layers=1, d_ff=32)
     for model_class, config in ((BartForConditionalGeneration, bart), (T5ForConditionalGeneration, t5)):
         for precision in ("bf16", "fp32"):
             attn = choice.choose_attention("auto", cuda, precision, model_class=model_class, config=config)
