@@ -17,6 +17,7 @@ from fastlm.corpus.prompts import (
 )
 from fastlm.errors import ConfigError
 from fastlm.pipelines.split import nodes
+from tests.support.chat_templates import tool_call
 from tests.support.tiny_llama import llama_style_tokenizer
 
 
@@ -683,25 +684,27 @@ def test_the_system_turn_every_chat_has_is_recorded_with_the_data(tmp_path, samp
     assert "system_prompt" not in none
 
 
-def test_chats_with_tool_calls_are_dropped_as_such_and_said(caplog):
+def test_chats_with_tool_calls_no_chat_template_renders_are_dropped_as_such_and_said(caplog):
     """A function-calling chat (an assistant turn of ``tool_calls`` with empty content, a ``tool`` turn) was
-    dropped as ``empty``, as if its text were missing. fastlm does not train tool calls: such chats are
-    dropped under their own reason, counted in the split report and said in one warning."""
-    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "서울"}}}
-    tool_chat = [
-        {"role": "user", "content": "서울 날씨 알려줘"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": '{"temp": 3}'},
-        {"role": "assistant", "content": "서울은 3도입니다."},
+    dropped as ``empty``, as if its text were missing. Without a chat template (the split's own tokenizer:
+    ``role: content`` lines cannot show a call) such chats are dropped under their own reason, counted in the
+    split report and said in one warning; with one they train (tests/corpus/test_tool_calls.py)."""
+    chats = _multi_turn_chats() + [
+        [
+            {"role": "user", "content": f"{city} 날씨 알려줘"},
+            {"role": "assistant", "content": "", "tool_calls": [tool_call(city)]},
+            {"role": "tool", "content": '{"temp": 3}'},
+            {"role": "assistant", "content": f"{city}은 3도입니다."},
+        ]
+        for city in ("서울", "부산", "대구")
     ]
-    chats = _multi_turn_chats() + [tool_chat] * 3
-    with caplog.at_level("WARNING", logger="fastlm.pipelines.split.nodes"):
+    with caplog.at_level("WARNING", logger="fastlm"):
         clean, counts = nodes.clean_corpus(
             pd.DataFrame({"chat": chats}), {"messages_column": "chat", "tokenizer": {"source": "train"}}
         )
     assert counts["dropped"]["tool_calls"] == 3 and counts["dropped"]["empty"] == 0
     assert len(clean) == len(_multi_turn_chats())
-    assert "3 chats hold tool calls" in caplog.text and "split.messages_column" in caplog.text
+    assert "3 chats hold tool calls" in caplog.text and "has no chat template" in caplog.text
 
 
 def test_the_system_turn_is_the_training_chats_not_the_held_out_ones(tmp_path):

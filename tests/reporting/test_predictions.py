@@ -128,7 +128,7 @@ def test_rows_that_are_not_chats_are_kept_with_their_reason(tokenizer):
         "malformed_messages (not a list of {role, content} turns)",
         "malformed_messages (not a list of {role, content} turns)",
         "malformed_messages (no user turn)",
-        "malformed_messages (a turn other than assistant after the last user turn)",
+        "malformed_messages (a turn other than assistant after the last user or tool turn)",
         "non_string",
         "missing",
         "missing",
@@ -136,36 +136,31 @@ def test_rows_that_are_not_chats_are_kept_with_their_reason(tokenizer):
     assert rows["ids"].notna().tolist() == [True] + [False] * 7 and rows["input"].iloc[1] == "user: hi"
 
 
-def test_chats_that_call_tools_are_refused_as_tool_calls_as_the_split_drops_them(tokenizer):
-    """A chat with an assistant turn of ``tool_calls`` is dropped by the split as ``tool_calls`` (function
-    calling is not trained); predict refused it as ``empty`` (the calling turn has no content) or as a
-    ``malformed_messages`` (the tool's answer after the last user turn), saying nothing of tools."""
-    call = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Seoul"}}}],
-    }
-    tool = {"role": "tool", "content": "sunny"}
-    user, answer = {"role": "user", "content": "weather?"}, {"role": "assistant", "content": "It is sunny."}
-    values = [
-        [
-            user,
-            call,
-            tool,
-            answer,
-            {"role": "user", "content": "thanks"},
-        ],  # the call before the last user turn
-        [user, call, tool, answer],  # the call after it
-        [user, {**call, "tool_calls": []}, {"role": "user", "content": "?"}],  # no call: an empty answer
-        [user, call],  # a call only in the reference answer, which is not given: the user turn is asked
-    ]
-    rows = _rows(pd.DataFrame({"messages": values}), tokenizer, ChatFormat())
-    assert rows["refused"].tolist()[:3] == [
-        "tool_calls (an assistant turn calls tools: function calling is not trained)",
-        "tool_calls (an assistant turn calls tools: function calling is not trained)",
-        "empty",
-    ]
-    assert pd.isna(rows["refused"].iloc[3]) and rows["ids"].iloc[3] is not None
+def test_chats_that_call_tools_are_rendered_with_their_tools_as_the_split_renders_them(sample_texts):
+    """A chat with an assistant turn of ``tool_calls`` and the tool's result was refused (``tool_calls``,
+    function calling not trained). It is asked as the split renders it: its turns up to the last user or
+    tool turn, with its row's tools, by the same chat template; a template-less chat format refuses it."""
+    from tests.support.chat_templates import WEATHER_TOOL, tool_calling_tokenizer, tool_chat
+
+    tool_tokenizer = tool_calling_tokenizer(sample_texts)
+    chat = tool_chat("서울")  # user, call, tool result, then a second call: the reference answer
+    table = pd.DataFrame(
+        {
+            "messages": [chat, chat[:3], [chat[0], {**chat[1], "tool_calls": [{"function": {}}]}, chat[2]]],
+            "tools": [[WEATHER_TOOL], json.dumps([WEATHER_TOOL]), None],
+        }
+    )
+    rows = _rows(table, tool_tokenizer, ChatFormat())
+    frame, _ = prompt_frame(
+        pd.DataFrame({"messages": [chat], "tools": [[WEATHER_TOOL]]}),
+        parse_split_params({"messages_column": "messages"}),
+        tool_tokenizer,
+    )
+    expected = prompt_token_ids(tool_tokenizer, frame.loc[0, "prompt"])
+    assert rows["ids"].iloc[0] == expected and rows["ids"].iloc[1] == expected
+    assert rows["refused"].iloc[2].startswith("malformed_messages")
+    lines = _rows(table.head(2), tool_tokenizer, ChatFormat(chat_template=False))
+    assert lines["refused"].tolist() == ["tool_calls (no chat template renders tool calls)"] * 2
 
 
 def test_a_pair_checks_only_when_the_summary_was_written_for_that_csv(tmp_path):

@@ -253,3 +253,88 @@ def llama3_style_tokenizer(texts: list[str], *, vocab_size: int = 400, base: boo
     )
     tokenizer.chat_template = LLAMA32_CHAT_TEMPLATE
     return tokenizer
+
+
+# A Qwen-style template for function calling: the tools (JSON schemas) in the system turn, an assistant turn's
+# calls as <tool_call>{json}</tool_call>, each tool result in a <tool_response> user turn. With ``tool_calls``
+# false it writes an assistant turn's content only (a template that does not render tool calls).
+_TOOLS_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+    {{- '# Tools\\n<tools>' }}
+    {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+    {{- '\\n</tools><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' + (message.content or '') }}
+        {%- if RENDER_CALLS and message.tool_calls %}
+            {%- for call in message.tool_calls %}
+                {%- if call.function %}{%- set call = call.function %}{%- endif %}
+                {%- if not loop.first or message.content %}{{- '\\n' }}{%- endif %}
+                {{- '<tool_call>{"name": "' + call.name + '", "arguments": ' }}
+                {{- call.arguments if call.arguments is string else (call.arguments | tojson) }}
+                {{- '}</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+QWEN_STYLE_TOOLS_TEMPLATE = _TOOLS_TEMPLATE.replace("RENDER_CALLS", "true")
+NO_TOOL_CALLS_TEMPLATE = _TOOLS_TEMPLATE.replace("RENDER_CALLS", "false")
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def tool_call(city: str, name: str = "get_weather") -> dict:
+    """An assistant turn's call of ``name`` with ``{"city": city}``, as OpenAI-style chat data holds it."""
+    return {"type": "function", "function": {"name": name, "arguments": {"city": city}}}
+
+
+def tool_chat(city: str, *, answer: str | None = None, system: str | None = None) -> list[dict]:
+    """A function-calling chat: the user asks, the assistant calls ``get_weather`` for ``city``, the tool
+    answers, and the last turn is a second call (``answer`` None) or the assistant's answer."""
+    chat = [{"role": "system", "content": system}] if system else []
+    chat += [
+        {"role": "user", "content": f"{city} 날씨 알려줘"},
+        {"role": "assistant", "content": "", "tool_calls": [tool_call(city)]},
+        {"role": "tool", "content": f'{{"city": "{city}", "temp": {len(city)}}}'},
+    ]
+    if answer is not None:
+        return [*chat, {"role": "assistant", "content": answer}]
+    return [*chat, {"role": "assistant", "content": "", "tool_calls": [tool_call(city + " 근교")]}]
+
+
+def tool_chat_rows(count: int) -> list[dict]:
+    """``count`` rows of ``{"messages", "tools"}``: chats that end with a tool call (even rows) or with the
+    answer after the tool's result (odd rows), each with the weather tool's schema."""
+    return [
+        {
+            "messages": tool_chat(f"도시{i}", answer=None if i % 2 == 0 else f"도시{i}은 {i}도입니다."),
+            "tools": [WEATHER_TOOL],
+        }
+        for i in range(count)
+    ]
+
+
+def tool_calling_tokenizer(
+    texts: list[str], *, template: str = QWEN_STYLE_TOOLS_TEMPLATE, vocab_size: int = 400
+):
+    """``qwen3_style_tokenizer`` with ``template`` (the Qwen-style function-calling one by default)."""
+    tokenizer = qwen3_style_tokenizer(texts, vocab_size=vocab_size)
+    tokenizer.chat_template = template
+    return tokenizer

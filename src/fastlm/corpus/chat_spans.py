@@ -15,7 +15,13 @@ Finding an answer's characters (``answer_spans``), in the order tried:
    the render up to the turn after it (each a prefix of the prompt), before the next turn's content (a user
    turn that quotes it is never taken), and taken only where its text is there once (never a header that
    holds its text; identical answers in a row each in its own turn).
-3. Otherwise the answer has no range: a template that rewrites it (Qwen3's drops its ``<think>``
+3. An earlier answer that calls tools (``tool_calls``): its whole rendered form (``tool_calls.rendered_turn``:
+   the template's text for the turn after the chat before it with the generation prompt, the end of turn
+   left out) is looked for where the prompt's render of the chat before it ends; found there, that text
+   trains as the template writes it (the call, and the content with it), else the turn stays an input (a
+   template that writes the last turn of a render otherwise than the same turn with others after it, as
+   Qwen3's writes an empty think block), counted among the answers left out.
+4. Otherwise the answer has no range: a template that rewrites it (Qwen3's drops its ``<think>``
    reasoning, a template that trims or changes its text). It stays an input, the chat's other answers
    train; the split says the answers left out and their chats in one warning with their counts. Its
    written form is not trained: a stripped answer as a target would teach a reasoning model to answer
@@ -39,6 +45,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template
+from fastlm.corpus.tool_calls import rendered_turn
 
 __all__ = ["ANSWER_MARK", "answer_spans", "answer_token_ranges", "kept_answer_ranges"]
 
@@ -50,7 +57,12 @@ ANSWER_MARK = ("\U000f0000", "\U000f0001")
 
 
 def answer_spans(
-    history: Sequence[Mapping], prompt: str, template: str, tokenizer=None, variables: Mapping | None = None
+    history: Sequence[Mapping],
+    prompt: str,
+    template: str,
+    tokenizer=None,
+    variables: Mapping | None = None,
+    tools: Sequence[Mapping] | None = None,
 ) -> str | None:
     """The earlier assistant answers of ``history`` in its rendered ``prompt`` (``render_messages``'s output
     for the same arguments) as ``"start:end"`` character ranges, space-separated ("" when it has none): each
@@ -64,17 +76,21 @@ def answer_spans(
     putting it back gives ``prompt`` exactly; else (a template that reads an answer's text) it is searched
     between the renders of the chat up to the turn before it and up to the content of the turn after it,
     each a prefix of ``prompt`` (so a user turn that quotes the answer is never taken for it), and taken
-    only where its text is there once (never a header that holds its text). Without a template, its place
-    in the ``"role: content"`` lines is known.
+    only where its text is there once (never a header that holds its text). An answer that calls tools is
+    found where its whole rendered form is (``tool_calls.rendered_turn``). ``tools``: the row's function
+    schemas, given to every render. Without a template, its place in the ``"role: content"`` lines is known.
     """
     answers = [index for index, message in enumerate(history) if message["role"] == RESPONSE_ROLE]
     if not answers:
         return ""
     if has_chat_template(tokenizer):
-        variables = variables or {}
-        spans = _marked_answer_spans(history, prompt, tokenizer, variables, answers)
+        render = _Render(tokenizer, variables or {}, tools)
+        calls = [index for index in answers if history[index].get("tool_calls") is not None]
+        answers = [index for index in answers if index not in calls]
+        spans = _marked_answer_spans(history, prompt, render, answers) if answers else []
         if spans is None:
-            spans = _each_answer_spans(history, prompt, tokenizer, variables, answers)
+            spans = _each_answer_spans(history, prompt, render, answers)
+        spans = sorted([*spans, *_call_spans(history, prompt, render, calls)])
         return " ".join(f"{start}:{end}" for start, end in spans) if spans else None
     if template.count("{prompt}") != 1:
         return None
@@ -87,14 +103,53 @@ def answer_spans(
     return " ".join(spans)
 
 
-def _each_answer_spans(history, prompt: str, tokenizer, variables: Mapping, answers: list[int]) -> list:
+class _Render:
+    """A chat's renders by the tokenizer's chat template, with the template ``variables`` and the row's
+    ``tools``."""
+
+    def __init__(self, tokenizer, variables: Mapping, tools):
+        self.tokenizer, self.variables, self.tools = tokenizer, variables, tools
+
+    def __call__(self, history, *, generation_prompt: bool) -> str:
+        return apply_template(
+            history, self.tokenizer, self.variables, generation_prompt=generation_prompt, tools=self.tools
+        )
+
+    @property
+    def eos(self) -> str | None:
+        return getattr(self.tokenizer, "eos_token", None)
+
+
+def _call_spans(history, prompt: str, render: _Render, calls: list[int]) -> list[list[int]]:
+    """The ranges of the answers that call tools (indices ``calls`` of ``history``): each one's whole rendered
+    form (``rendered_turn``) where the prompt holds it after the render of the chat before it, with the EOS
+    where it follows; an answer not found so has none."""
+    spans = []
+    for index in calls:
+        try:
+            found = rendered_turn(
+                history[:index], history[index], render.tokenizer, render.variables, render.tools
+            )
+        except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no range then
+            found = None
+        if found is None or not found[1] or not prompt.startswith(found[0] + found[1]):
+            continue
+        start = len(found[0])
+        end = start + len(found[1])
+        if render.eos and prompt.startswith(render.eos, end):
+            end += len(render.eos)
+        spans.append([start, end])
+    return spans
+
+
+def _each_answer_spans(history, prompt: str, render: _Render, answers: list[int]) -> list:
     """The ranges of the answers (indices ``answers`` of ``history``) found one at a time, in order: by a
     render with a mark in that answer's place alone, else by the search between prefix renders; an answer
     found by neither (rewritten by the template, or not told apart) has none."""
-    search = _answer_search(history, prompt, tokenizer, variables)
+    search = _answer_search(history, prompt, render)
     spans, cursor = [], 0
     for index in answers:
-        marked = _marked_answer_spans(history, prompt, tokenizer, variables, [index])
+        marked = _marked_answer_spans(history, prompt, render, [index])
         span = marked[0] if marked else search(index, cursor)
         if span is not None and span[0] >= cursor:
             spans.append(span)
@@ -102,9 +157,7 @@ def _each_answer_spans(history, prompt: str, tokenizer, variables: Mapping, answ
     return spans
 
 
-def _marked_answer_spans(
-    history, prompt: str, tokenizer, variables: Mapping, answers: list[int]
-) -> list | None:
+def _marked_answer_spans(history, prompt: str, render: _Render, answers: list[int]) -> list | None:
     """The ranges of the answers (indices ``answers`` of ``history``) where the chat rendered with a mark in
     each of their places gives ``prompt`` once the answers are put back in them, else None."""
     marks = {index: f"{ANSWER_MARK[0]}{index}{ANSWER_MARK[1]}" for index in answers}
@@ -113,10 +166,10 @@ def _marked_answer_spans(
         for index, message in enumerate(history)
     ]
     try:
-        text = apply_template(marked, tokenizer, variables, generation_prompt=True)
+        text = render(marked, generation_prompt=True)
     except Exception:  # noqa: BLE001 - a template may refuse a mark: the slower search then
         return None
-    eos = getattr(tokenizer, "eos_token", None)
+    eos = render.eos
     pieces, spans, at, size = [], [], 0, 0
     for index in answers:
         message = history[index]
@@ -137,7 +190,7 @@ def _marked_answer_spans(
     return spans
 
 
-def _answer_search(history, prompt: str, tokenizer, variables: Mapping):
+def _answer_search(history, prompt: str, render: _Render):
     """``find(index, cursor)``: the range of answer ``history[index]`` in ``prompt`` at or after ``cursor``,
     searched between the renders of the chat around it (renders shared by every answer), or None."""
     rendered: dict[int, int | None] = {0: 0}
@@ -145,13 +198,13 @@ def _answer_search(history, prompt: str, tokenizer, variables: Mapping):
     def boundary(count: int) -> int | None:  # where the render of the first ``count`` messages ends
         if count not in rendered:
             try:
-                text = apply_template(history[:count], tokenizer, variables, generation_prompt=False)
+                text = render(history[:count], generation_prompt=False)
             except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no range then
                 text = None
             rendered[count] = len(text) if isinstance(text, str) and prompt.startswith(text) else None
         return rendered[count]
 
-    eos = getattr(tokenizer, "eos_token", None)
+    eos = render.eos
 
     def find(index: int, cursor: int) -> list[int] | None:
         before = [n for n in range(index, 0, -1) if history[n - 1]["role"] != RESPONSE_ROLE][:1]

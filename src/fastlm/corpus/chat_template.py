@@ -28,10 +28,18 @@ def unread_variables(tokenizer, variables: Mapping) -> list[str]:
 
 
 def apply_template(
-    history: Sequence[Mapping], tokenizer, variables: Mapping | None, *, generation_prompt: bool
+    history: Sequence[Mapping],
+    tokenizer,
+    variables: Mapping | None,
+    *,
+    generation_prompt: bool,
+    tools: Sequence[Mapping] | None = None,
 ) -> str:
     """``history`` rendered as text by the tokenizer's chat template (``generation_prompt``: ending with the
-    answer's header), dated ``CHAT_DATE`` and given ``variables``."""
+    answer's header), dated ``CHAT_DATE`` and given ``variables`` and the row's ``tools`` (function schemas,
+    ``split.tools_column``; None: none)."""
+    if tools:
+        variables = {**dict(variables or {}), "tools": list(tools)}
     return tokenizer.apply_chat_template(
         list(history),
         tokenize=False,

@@ -76,9 +76,10 @@ _RESERVED_TEMPLATE_KWARGS = {
         "a prompt always ends with the template's generation prompt, where the answer starts",
     ),
     **dict.fromkeys(
-        ("conversation", "messages", "tools", "documents", "chat_template"),
+        ("conversation", "messages", "documents", "chat_template"),
         "the template renders each row's messages, with the tokenizer's own chat template",
     ),
+    "tools": "each row's tools (function schemas) come from the data's tools column",
     "date_string": "a template that dates its prompt gets the same fixed date on every day "
     "(corpus.chat_template.CHAT_DATE), so the split and predict render alike",
     **dict.fromkeys(
@@ -122,6 +123,12 @@ def check_chat_template_kwargs(
                 "starting with a digit).",
                 fix=f"name the template's variable in {source} as its chat template spells it (e.g. "
                 "enable_thinking).",
+            )
+        if key == "tools":
+            raise ConfigError(
+                f"{parameter}.tools is set by fastlm: {_RESERVED_TEMPLATE_KWARGS[key]}.",
+                fix=f"remove tools from {parameter} in {source} and give each row its function schemas in "
+                "the column split.tools_column names (default tools; --params split.tools_column=<column>).",
             )
         if key in _RESERVED_TEMPLATE_KWARGS:
             raise ConfigError(
@@ -171,6 +178,12 @@ class SplitParams(Params):
         default_factory=dict,
         description="variables given to the chat template at every render (TRL's chat_template_kwargs), "
         "e.g. {enable_thinking: false} for Qwen3's non-thinking mode",
+    )
+    tools_column: str | None = Field(
+        "tools",
+        min_length=1,
+        description="messages: each row's tools (a list of JSON-schema function descriptions, or a JSON "
+        "string of one) given to the chat template, used where the data has this column",
     )
     train_turns: Literal["all", "last"] = Field(
         "all",

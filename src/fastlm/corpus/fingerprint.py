@@ -91,8 +91,9 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
     The chat template itself is part of it when messages are rendered with one, so editing the template in
     the tokenizer folder makes the tokenized data stale too; so are the variables it is given
     (``chat_template_kwargs``, recorded only when some are set: data split before they existed stays fresh),
-    which predict and the report read back to render prompts as training did, and which answers of a chat
-    are trained (``train_turns``).
+    which predict and the report read back to render prompts as training did, which answers of a chat are
+    trained (``train_turns``), and the column of each row's tools (``tools_column``), which predict reads
+    the tools of a chat input from.
     """
     kind = split.data_format
     if kind == "text":
@@ -115,6 +116,7 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
             "messages_column": split.messages_column,
             "chat_template_sha256": template_sha,
             "train_turns": split.train_turns,
+            "tools_column": split.tools_column,
         }
         if template and split.chat_template_kwargs:
             columns["chat_template_kwargs"] = dict(sorted(split.chat_template_kwargs.items()))

@@ -65,10 +65,19 @@ from fastlm.corpus.tokenization import (
     fork_map,
     resolve_num_proc,
 )
+from fastlm.corpus.tool_calls import (
+    call_names,
+    clean_tool_calls,
+    has_tool_calls,
+    parse_tools,
+    rendered_turn,
+    tools_key,
+    turn_fields,
+)
+from fastlm.errors import ConfigError
 
 __all__ = [
     "SYSTEM_TURN",
-    "calls_tools",
     "clean_messages",
     "common_system_prompt",
     "leading_bos",
@@ -97,11 +106,25 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
     ``split_key`` (the raw cleaned pair the hash split keys on), chats with their leading system turn
     (``SYSTEM_TURN``), with drop counts per reason."""
     if config.data_format == "messages":
-        chats, drops = clean_messages(raw[config.messages_column])
-        prompts, spans = _render_chats(list(chats["history"]), config, tokenizer)
-        frame = pd.DataFrame({"prompt": prompts, "response": chats["response"]})
+        column = config.tools_column
+        tools = None
+        if column is not None and column in raw.columns:
+            tools = parse_tools(raw[column], f"split.tools_column ({column!r})")
+        chats, drops = clean_messages(raw[config.messages_column], tools)
+        if not (config.chat_template and has_chat_template(tokenizer)):
+            chats, drops["tool_calls"] = _without_tool_chats(chats)
+        prompts, spans, responses = _render_chats(chats, config, tokenizer)
+        kept = [prompt is not None for prompt in prompts]  # None: a final call not told apart from its prompt
+        drops["tool_call_rewritten"] = len(kept) - sum(kept)
+        chats = chats[kept].reset_index(drop=True)
+        frame = pd.DataFrame(
+            {
+                "prompt": [prompt for prompt, keep in zip(prompts, kept, strict=True) if keep],
+                "response": [text for text, keep in zip(responses, kept, strict=True) if keep],
+            }
+        )
         if spans is not None:
-            frame["answer_spans"] = spans
+            frame["answer_spans"] = [value for value, keep in zip(spans, kept, strict=True) if keep]
         frame["split_key"] = chats["split_key"]
         frame[SYSTEM_TURN] = system_turns(chats["history"])  # the split keeps its training chats' common one
         _say_doubled_think_blocks(frame, config, tokenizer)
@@ -159,69 +182,144 @@ def render_prompt(text: str, template: str) -> str:
 
 
 def render_messages(
-    history: Sequence[Mapping], template: str, tokenizer=None, variables: Mapping | None = None
+    history: Sequence[Mapping],
+    template: str,
+    tokenizer=None,
+    variables: Mapping | None = None,
+    tools: Sequence[Mapping] | None = None,
 ) -> str:
     """The prompt of a chat: the tokenizer's chat template (with the generation prompt) when given one that
     has a template, else ``"role: content"`` lines wrapped by ``template``. A template that dates its prompt
     (Llama-3.1/3.2/3.3: "Today Date: ...") gets ``CHAT_DATE`` on every day, so the split, the report and
     predict render a chat alike whenever they run. ``variables`` (``split.chat_template_kwargs``, TRL's
-    ``chat_template_kwargs``: ``{"enable_thinking": False}`` for Qwen3) go to the template too."""
+    ``chat_template_kwargs``: ``{"enable_thinking": False}`` for Qwen3) go to the template too, and the row's
+    ``tools`` (function schemas, ``split.tools_column``) as its ``tools``."""
     if has_chat_template(tokenizer):
-        return apply_template(history, tokenizer, variables, generation_prompt=True)
+        return apply_template(history, tokenizer, variables, generation_prompt=True, tools=tools)
     return render_prompt("\n".join(f"{m['role']}: {m['content']}" for m in history), template)
 
 
-def _render_chats(histories: list, config, tokenizer) -> tuple[list[str], list[str] | None]:
-    """Each chat's prompt and, with ``train_turns: all``, its ``answer_spans`` (an answer not found has none:
-    it stays an input, said in one warning with the answers' and the chats' counts), rendered in a fork pool
-    on large inputs (``split.num_proc``: a chat template renders in Python, one chat at a time)."""
+def _render_chats(chats: pd.DataFrame, config, tokenizer) -> tuple[list, list[str] | None, list]:
+    """Each chat's prompt, with ``train_turns: all`` its ``answer_spans`` (an answer not found has none: it
+    stays an input, said in one warning with the answers' and the chats' counts), and its response: the last
+    answer's content, or for a last turn that calls tools the template's text for it (``rendered_turn``); a
+    chat whose call is not told apart from its prompt has the prompt None (dropped, said in one warning), a
+    template that does not write the call is refused. Rendered in a fork pool on large inputs
+    (``split.num_proc``: a chat template renders in Python, one chat at a time)."""
     renderer = tokenizer if config.chat_template else None
+    histories = list(chats["history"])
+    rows = list(zip(histories, chats["tools"], chats["final"], strict=True))
     size = max(1, min(config.batch_size, 2_000))
-    chunks = [histories[start : start + size] for start in range(0, len(histories), size)]
+    chunks = [rows[start : start + size] for start in range(0, len(rows), size)]
     shared = (renderer, config.prompt_template, config.chat_template_kwargs, config.train_turns == "all")
     rendered = [
         row
-        for part in fork_map(_render_chunk, chunks, resolve_num_proc(config.num_proc, len(histories)), shared)
+        for part in fork_map(_render_chunk, chunks, resolve_num_proc(config.num_proc, len(rows)), shared)
         for row in part
     ]
-    prompts = [prompt for prompt, _ in rendered]
+    _refuse_unwritten_calls(rendered, config)
+    prompts = [prompt for prompt, _, _ in rendered]
+    responses = [response for _, _, response in rendered]
+    if prompts.count(None):
+        log.warning(
+            "%d of %d chats that end with a tool call are dropped (split report: "
+            "dropped.tool_call_rewritten): the chat template writes the turns before the call otherwise "
+            "once the call follows, so the "
+            "call's text is not told apart from the prompt",
+            prompts.count(None),
+            sum(final.get("tool_calls") is not None for final in chats["final"]),
+        )
     if config.train_turns != "all":
-        return prompts, None
+        return prompts, None, responses
     earlier = [sum(m["role"] == RESPONSE_ROLE for m in history) for history in histories]
     left_out = [
-        count - len((spans or "").split()) for count, (_, spans) in zip(earlier, rendered, strict=True)
+        count - len((spans or "").split())
+        for count, (prompt, spans, _) in zip(earlier, rendered, strict=True)
+        if prompt is not None
     ]
     if any(left_out):
         log.warning(
             "%d of %d earlier answers in %d of %d chats are rewritten by the chat template (written "
-            "otherwise than the data gives them, e.g. their reasoning dropped) and train as inputs only; the "
-            "chats' other answers train. split.train_turns: last trains every chat's last answer alone.",
+            "otherwise than the data gives them, e.g. their reasoning dropped, or a tool call not found "
+            "whole where the template writes it) and train as inputs only; the chats' other answers train. "
+            "split.train_turns: last trains every chat's last answer alone.",
             sum(left_out),
-            sum(earlier),
+            sum(count for count, (prompt, _, _) in zip(earlier, rendered, strict=True) if prompt is not None),
             sum(count > 0 for count in left_out),
-            len(rendered),
+            len(left_out),
         )
-    return prompts, ["" if spans is None else spans for _, spans in rendered]
+    return prompts, ["" if spans is None else spans for _, spans, _ in rendered], responses
 
 
-def _render_chunk(shared, histories) -> list[tuple[str, str | None]]:
+def _render_chunk(shared, rows) -> list[tuple]:
+    """(prompt, answer spans, response) per chat of ``rows`` (history, tools, last turn); a last turn that
+    calls tools: its text as the template writes it, the prompt None where it is not told apart, the spans
+    ``UNWRITTEN`` with the call's name and text where the template does not write the call."""
     tokenizer, template, variables, spans = shared
     rendered = []
-    for history in histories:
-        prompt = render_messages(history, template, tokenizer, variables)
-        rendered.append(
-            (prompt, answer_spans(history, prompt, template, tokenizer, variables) if spans else "")
-        )
+    for history, tools, final in rows:
+        response = final["content"]
+        if final.get("tool_calls") is not None:
+            found = rendered_turn(history, final, tokenizer, variables, tools)
+            if found is None:
+                rendered.append((None, None, None))
+                continue
+            prompt, response = found
+            missing = [name for name in call_names(final["tool_calls"]) if name not in response]
+            if missing:
+                rendered.append((prompt, UNWRITTEN, (missing[0], response)))
+                continue
+        else:
+            prompt = render_messages(history, template, tokenizer, variables, tools)
+        found_spans = answer_spans(history, prompt, template, tokenizer, variables, tools) if spans else ""
+        rendered.append((prompt, found_spans, response))
     return rendered
 
 
-def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Rows of ``history`` (cleaned messages before the response), ``response`` and ``split_key``, and drops.
+# What ``_render_chunk`` gives as the spans of a chat whose last call the template does not write.
+UNWRITTEN = "\x00unwritten"
+
+
+def _refuse_unwritten_calls(rendered: list, config) -> None:
+    """Refuse, in one line, a chat template that does not write a last turn's call (its function's name is not
+    in the text it writes for the turn)."""
+    for _, spans, found in rendered:
+        if spans == UNWRITTEN:
+            name, text = found
+            raise ConfigError(
+                f"the chat template of {config.tokenizer.source} does not render tool calls: a chat's last "
+                f"turn calls {quoted(name)}, and the template writes that turn as {quoted(text, 80)}, "
+                "without it (split.messages_column).",
+                fix="use a model whose tokenizer's chat template renders tool_calls (split.tokenizer.source; "
+                "e.g. Qwen3's, Llama-3.1's), or leave the chats with tool_calls out of the data.",
+            )
+
+
+def _without_tool_chats(chats: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``chats`` less those with tool calls or tool turns (no chat template renders them: ``role: content``
+    lines cannot), and their count."""
+    tooled = [
+        final.get("tool_calls") is not None
+        or any(m.get("tool_calls") is not None or m["role"] == "tool" for m in history)
+        for history, final in zip(chats["history"], chats["final"], strict=True)
+    ]
+    keep = ~np.asarray(tooled, dtype=bool)
+    return chats[keep].reset_index(drop=True), int(len(tooled) - keep.sum())
+
+
+def clean_messages(values: pd.Series, tools: list | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Rows of ``history`` (cleaned messages before the response), ``response``, ``split_key``, ``tools`` (the
+    row's function schemas, ``tools``: one per value, ``parse_tools``'; None: none) and ``final`` (the last
+    message, cleaned), and drops.
 
     Every content is NFC-normalized and stripped; a missing value is ``missing``, anything but a non-empty
-    list of role/content mappings ending with an ``assistant`` message after at least one other message is
-    ``malformed_messages``, an empty or blank content is ``empty`` / ``whitespace_only``.
+    list of role/content mappings ending with an ``assistant`` message after at least one other message (or
+    with malformed ``tool_calls``) is ``malformed_messages``, an empty or blank content is ``empty`` /
+    ``whitespace_only`` except an assistant turn's that calls tools (its content may be empty). A turn keeps
+    its tool fields (``tool_calls``, a tool turn's ``name`` and ``tool_call_id``); the split key holds them
+    and the row's tools, so chats that differ only in a call's arguments are two rows.
     """
+    tools = [None] * len(values) if tools is None else list(tools)
     reasons = [_chat_shape(value) for value in values]
     chats = [list(value) for value, reason in zip(values, reasons, strict=True) if reason is None]
     # every content of every well-shaped chat cleaned in one vectorized pass, then each chat regrouped
@@ -235,27 +333,46 @@ def clean_messages(values: pd.Series) -> tuple[pd.DataFrame, dict[str, int]]:
         index = next(i for i in shaped if reasons[i] is None)
         texts, found = contents[at : at + len(chat)], content_reasons[at : at + len(chat)]
         at += len(chat)
+        for position, message in enumerate(chat):  # a call's content may be missing or blank
+            if (
+                isinstance(found[position], str)
+                and found[position] != "non_string"
+                and has_tool_calls(message)
+            ):
+                texts[position], found[position] = "", None
         reason = next((str(r) for r in found if isinstance(r, str)), None)
         if reason is not None:
             reasons[index] = reason
             continue
-        messages = [{"role": m["role"], "content": text} for m, text in zip(chat, texts, strict=True)]
-        key = KEY_SEPARATOR.join(f"{m['role']}\x1f{m['content']}" for m in messages)
-        rows.append((messages[:-1], messages[-1]["content"], key))
-    frame = pd.DataFrame(rows, columns=["history", "response", "split_key"])
+        messages = [
+            {"role": m["role"], "content": text, **turn_fields(m)}
+            for m, text in zip(chat, texts, strict=True)
+        ]
+        key = KEY_SEPARATOR.join(_turn_key(m) for m in messages)
+        if tools[index]:
+            key += f"{KEY_SEPARATOR}tools\x1f{tools_key(tools[index])}"
+        rows.append((messages[:-1], messages[-1]["content"], key, tools[index], messages[-1]))
+    frame = pd.DataFrame(rows, columns=["history", "response", "split_key", "tools", "final"])
     duplicate = frame["split_key"].duplicated(keep="first")
     counts = pd.Series(reasons, dtype=object).value_counts()
     drops = {reason: int(counts.get(reason, 0)) for reason in DROP_REASONS[:-1]}
     drops["malformed_messages"] = int(counts.get("malformed_messages", 0))
-    drops["tool_calls"] = int(counts.get("tool_calls", 0))
+    drops["tool_calls"] = 0  # chats with tool calls no chat template renders (``prompt_frame``)
     drops["duplicate"] = int(duplicate.sum())
     return frame[~duplicate].reset_index(drop=True), drops
 
 
+def _turn_key(message: Mapping) -> str:
+    """A cleaned turn as its part of the split key: role and content, and its tool fields (keys sorted)."""
+    fields = {key: value for key, value in message.items() if key not in ("role", "content")}
+    key = f"{message['role']}\x1f{message['content']}"
+    return f"{key}\x1f{tools_key([fields])}" if fields else key
+
+
 def _chat_shape(value) -> str | None:
-    """Why ``value`` is no chat (``missing``, ``malformed_messages``) or one fastlm does not train
-    (``tool_calls``: an assistant turn calls tools), None when it is a list of role/content mappings ending
-    with an assistant message after another one (its contents are checked after)."""
+    """Why ``value`` is no chat (``missing``, ``malformed_messages``: tool calls that name no function too),
+    None when it is a list of role/content mappings ending with an assistant message after another one (its
+    contents are checked after)."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return "missing"
     if not isinstance(value, list | tuple | np.ndarray) or len(value) < 2:
@@ -264,8 +381,8 @@ def _chat_shape(value) -> str | None:
         return "malformed_messages"
     if value[-1]["role"] != RESPONSE_ROLE:
         return "malformed_messages"
-    if calls_tools(value):
-        return "tool_calls"  # function calling: not trained (an empty content is no missing text here)
+    if any(has_tool_calls(m) and clean_tool_calls(m["tool_calls"]) is None for m in value):
+        return "malformed_messages"  # calls that name no function
     return None
 
 
@@ -292,6 +409,16 @@ def malformed_chat(values: pd.Series) -> str | None:
             return f"row {row} is a {_kind(value)}, not a list of {{role, content}} turns"
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value):
             return f"row {row} is not a list of {{role, content}} turns"
+        calls = [
+            i
+            for i, m in enumerate(value, start=1)
+            if has_tool_calls(m) and clean_tool_calls(m["tool_calls"]) is None
+        ]
+        if calls:
+            return (
+                f"row {row}: the tool_calls of message {calls[0]} are not a list of calls each naming its "
+                "function ({function: {name, arguments}})"
+            )
         if len(value) and value[-1]["role"] != RESPONSE_ROLE:
             return (
                 f"row {row}: the last message is a {quoted(value[-1]['role'])} turn, not the assistant's "
@@ -311,17 +438,6 @@ def _kind(value) -> str:
     if isinstance(value, list | tuple | np.ndarray):
         return "list"
     return "mapping" if isinstance(value, Mapping) else type(value).__name__
-
-
-def calls_tools(messages) -> bool:
-    """Whether a turn of ``messages`` (role/content mappings) calls tools (``tool_calls``): function calling,
-    which fastlm does not train (the split drops such chats as ``tool_calls``, predict refuses them so)."""
-    return any(_has_tool_calls(message) for message in messages)
-
-
-def _has_tool_calls(message: Mapping) -> bool:
-    calls = message.get("tool_calls")
-    return calls is not None and not (isinstance(calls, float) and np.isnan(calls)) and len(calls) > 0
 
 
 def leading_bos(tokenizer) -> int | None:

@@ -75,10 +75,13 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
     check_template_variables(config, tokenizer)
     if drops.get("tool_calls"):
         log.warning(
-            "%d chats hold tool calls (an assistant turn with tool_calls): fastlm does not train function "
-            "calling, so they are dropped (split report: dropped.tool_calls); the other chats of "
-            "split.messages_column train as usual",
+            "%d chats hold tool calls or tool turns, which no chat template renders here (%s): they are "
+            "dropped (split report: dropped.tool_calls); the other chats of split.messages_column train as "
+            "usual. Fix: a tokenizer whose chat template renders tool calls (split.tokenizer.source)",
             drops["tool_calls"],
+            "split.chat_template is false"
+            if not config.chat_template
+            else f"the tokenizer ({config.tokenizer.source}) has no chat template",
         )
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:

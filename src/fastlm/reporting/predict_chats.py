@@ -2,8 +2,11 @@
 tokenizer's chat template and the template variables training gave it, or as ``role: content`` lines; the
 system turn every training chat began with), read by ``chat_format`` from the model's record or the data's
 fingerprint (a chat template changed since training is refused), and a messages column's rows read as their
-turns up to the last ``user`` turn (``chat_histories``: ``assistant`` turns after it are the reference answer
-and are not given to the model) or the reason each is refused.
+turns up to the last ``user`` or ``tool`` turn (``chat_histories``: ``assistant`` turns after it are the
+reference answer and are not given to the model) or the reason each is refused. A chat that calls tools (an
+assistant turn of ``tool_calls``, ``tool`` turns with the results) is rendered with its row's tools (the
+column the training's ``split.tools_column`` named, default ``tools``) as the split renders it; its
+prediction is the text the model generates (a call as the template writes one), not parsed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import pandas as pd
 from fastlm.corpus.cleaning import classify_values
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE, SplitParams
 from fastlm.corpus.fingerprint import data_format_params
-from fastlm.corpus.prompts import calls_tools, render_messages
+from fastlm.corpus.prompts import render_messages
+from fastlm.corpus.tool_calls import clean_tool_calls, has_tool_calls, turn_fields
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 
 __all__ = ["ChatFormat", "chat_format", "chat_histories", "chat_template_sha256", "with_system_prompt"]
@@ -36,10 +40,11 @@ class ChatFormat:
     variables: dict = field(default_factory=dict)
     user_turn: bool = False  # the inputs are texts, each one user turn (as the report asks a chat model)
     system_prompt: str | None = None  # the system turn every training chat began with
+    tools_column: str | None = "tools"  # the column of each chat's tools (split.tools_column)
 
-    def render(self, history: list[dict], tokenizer) -> str:
+    def render(self, history: list[dict], tokenizer, tools: list | None = None) -> str:
         renderer = tokenizer if self.chat_template else None
-        return render_messages(history, self.prompt_template, renderer, self.variables)
+        return render_messages(history, self.prompt_template, renderer, self.variables, tools)
 
     def turns(self, text: str) -> list[dict]:
         """A text asked as one user turn: after the training chats' system turn where they all had one."""
@@ -97,9 +102,13 @@ def chat_format(
                 "training's variables.",
             )
         system = trained.get("system_prompt")
+        tools_column = trained.get("tools_column", "tools")
         if expected is None:  # trained on "role: content" lines (no template, or split.chat_template false)
             return ChatFormat(
-                chat_template=False, prompt_template=trained["prompt_template"], system_prompt=system
+                chat_template=False,
+                prompt_template=trained["prompt_template"],
+                system_prompt=system,
+                tools_column=tools_column,
             )
         if current != expected:
             now = f"sha256 {current[:12]}" if current else "none"
@@ -109,7 +118,7 @@ def chat_format(
                 fix="put the training's chat_template back into the model folder's tokenizer files, or "
                 "re-run split and train with the new one.",
             )
-        return ChatFormat(variables=dict(trained_variables), system_prompt=system)
+        return ChatFormat(variables=dict(trained_variables), system_prompt=system, tools_column=tools_column)
     if current is None:
         raise InputDataError(
             f"{parameter}: the tokenizer of {model} has no chat template to render the messages with.",
@@ -125,39 +134,44 @@ def _canonical(variables: dict) -> str:
     return json.dumps(variables, sort_keys=True, ensure_ascii=False)
 
 
-def chat_histories(values: pd.Series) -> tuple[list, pd.Series]:
-    """Each row's turns up to its last ``user`` turn (contents NFC + stripped, as training cleans them) and
-    its refusal reason (None when usable)."""
+def chat_histories(values: pd.Series, templated: bool = True) -> tuple[list, pd.Series]:
+    """Each row's turns up to its last ``user`` or ``tool`` turn (contents NFC + stripped, as training cleans
+    them; tool fields kept) and its refusal reason (None when usable); ``templated`` False: chats are
+    rendered as ``role: content`` lines, which cannot show tool calls, so a chat with some is refused."""
     histories, reasons = [], []
     for value in values:
-        reason, history = _chat_history(value)
+        reason, history = _chat_history(value, templated)
         histories.append(history)
         reasons.append(reason)
     return histories, pd.Series(reasons, dtype=object)
 
 
-def _chat_history(value) -> tuple[str | None, list | None]:
+def _chat_history(value, templated: bool) -> tuple[str | None, list | None]:
     if value is None or (isinstance(value, float) and value != value):
         return "missing", None
     if not isinstance(value, list | tuple | np.ndarray) or not all(
         isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value
     ):
         return "malformed_messages (not a list of {role, content} turns)", None
-    tools = "tool_calls (an assistant turn calls tools: function calling is not trained)"
     roles = [m["role"] for m in value]
     if "user" not in roles:
-        return (tools if calls_tools(value) else "malformed_messages (no user turn)"), None
-    last_user = len(roles) - 1 - roles[::-1].index("user")
-    if calls_tools(value[: last_user + 1]):  # as the split drops them: function calling is not trained
-        return tools, None
-    if any(role != "assistant" for role in roles[last_user + 1 :]):  # only the reference answer may follow
-        return (
-            tools
-            if calls_tools(value)
-            else "malformed_messages (a turn other than assistant after the last user turn)"
-        ), None
-    turns = list(value[: last_user + 1])
+        return "malformed_messages (no user turn)", None
+    last = max(index for index, role in enumerate(roles) if role in ("user", "tool"))
+    if any(role != "assistant" for role in roles[last + 1 :]):  # only the reference answer may follow
+        return "malformed_messages (a turn other than assistant after the last user or tool turn)", None
+    turns = list(value[: last + 1])
+    calls = [m for m in turns if has_tool_calls(m)]
+    if any(clean_tool_calls(m["tool_calls"]) is None for m in calls):
+        return "malformed_messages (tool_calls that name no function)", None
+    if not templated and (calls or "tool" in roles[: last + 1]):
+        return "tool_calls (no chat template renders tool calls)", None
     contents, reasons = classify_values(pd.Series([m.get("content") for m in turns], dtype=object))
+    for index, message in enumerate(turns):  # a call's content may be missing or blank, as at the split
+        if isinstance(reasons[index], str) and reasons[index] != "non_string" and has_tool_calls(message):
+            contents[index], reasons[index] = "", None
     if reasons.notna().any():
         return str(reasons[reasons.notna()].iloc[0]), None
-    return None, [{"role": m["role"], "content": text} for m, text in zip(turns, contents, strict=True)]
+    return None, [
+        {"role": m["role"], "content": text, **turn_fields(m)}
+        for m, text in zip(turns, contents, strict=True)
+    ]

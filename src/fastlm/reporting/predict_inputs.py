@@ -4,9 +4,9 @@ prompts asked as predict asks an input (``sample_prompts``).
 
 * Inputs: the text column (continued as it is), the prompt column (wrapped by the prompt template, as in
   training) or the messages column (chat-style ``[{role, content}, ...]``: the turns up to the last ``user``
-  turn, rendered as training rendered them, ``predict_chats.ChatFormat``: its chat template and template
-  variables, from the model's record; ``assistant`` turns after it are the reference answer and are not
-  given to the model), cleaned as the split cleans (NFC, stripped). A row that is
+  or ``tool`` turn, with the row's tools, rendered as training rendered them, ``predict_chats.ChatFormat``:
+  its chat template and template variables, from the model's record; ``assistant`` turns after it are the
+  reference answer and are not given to the model), cleaned as the split cleans (NFC, stripped). A row that is
   missing, not a string (not a list of role/content turns with a user turn) or empty is REFUSED: kept in the
   table with its reason and an empty prediction, counted in the summary, logged.
 * Tokens: ``prompt_token_ids`` (the ids training used, BOS included). An input longer than the model leaves
@@ -28,6 +28,7 @@ from fastlm.corpus.cleaning import classify_values
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.corpus.pretokenized import input_ids
 from fastlm.corpus.prompts import UNPADDED, leading_bos, render_prompt, truncate_prompt_ids
+from fastlm.corpus.tool_calls import parse_tools
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import ChatFormat, chat_format, chat_histories, with_system_prompt
@@ -132,14 +133,23 @@ def sample_prompts(
 
 
 def encode_inputs(
-    inputs: list, tokenizer, *, template: str | None = None, chat: ChatFormat | None = None
+    inputs: list,
+    tokenizer,
+    *,
+    template: str | None = None,
+    chat: ChatFormat | None = None,
+    tools: list | None = None,
 ) -> list[list[int]]:
     """The prompt ids of cleaned inputs as predict and the report give them to the model, as training
     tokenized prompts: each rendered (a chat history by ``chat``; a text wrapped by ``template``, or as it is
     without one: a text the model continues), tokenized without the tokenizer's added special tokens, its
-    leading BOS (``leading_bos``) in front; not truncated."""
+    leading BOS (``leading_bos``) in front; not truncated. ``tools``: each chat's tools (function schemas, or
+    None), given to its render."""
     if chat is not None:
-        rendered = [chat.render(history, tokenizer) for history in inputs]
+        tools = [None] * len(inputs) if tools is None else tools
+        rendered = [
+            chat.render(history, tokenizer, given) for history, given in zip(inputs, tools, strict=True)
+        ]
     else:
         rendered = [render_prompt(text, template) if template else text for text in inputs]
     encoded = tokenizer(rendered, add_special_tokens=False, **UNPADDED)["input_ids"] if rendered else []
@@ -162,15 +172,22 @@ def input_rows(
     """id, input (as given; messages as JSON), ids (prompt token ids, None when refused), refused (reason or
     None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused), or,
     with ``chat.user_turn``, texts, each one user turn rendered by it (as the report asks a chat model its
-    prompts)."""
+    prompts). A chat's tools are read from the column ``chat.tools_column`` names where the table has it
+    (``parse_tools``: a malformed value refuses the file in one line)."""
     _check_columns(table, column, id_column, source)
     values = table[column[1]].reset_index(drop=True)
     user_turn = chat is not None and chat.user_turn
     messages = chat is not None and not user_turn
+    tools = None
     if messages:
-        histories, reasons = chat_histories(values)
+        histories, reasons = chat_histories(values, templated=chat.chat_template)
         ok = reasons.isna().to_numpy()
         inputs = [histories[row] for row in np.flatnonzero(ok)]
+        if chat.tools_column is not None and chat.tools_column in table.columns:
+            given = parse_tools(
+                table[chat.tools_column], f"the tools column {chat.tools_column!r} of {source}"
+            )
+            tools = [given[row] for row in np.flatnonzero(ok)]
     else:
         texts, reasons = classify_values(values)
         ok = reasons.isna().to_numpy()
@@ -178,7 +195,7 @@ def input_rows(
         if user_turn:
             inputs = [chat.turns(text) for text in inputs]
     prompts: list = [None] * len(values)
-    encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat)
+    encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat, tools=tools)
     for row, prompt in zip(np.flatnonzero(ok), encoded, strict=True):
         prompts[row] = prompt
     shown = values.map(_shown_messages if messages else _shown, na_action=None)

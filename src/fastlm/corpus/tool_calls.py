@@ -1,0 +1,183 @@
+"""Function-calling chats: a row's tool schemas (``split.tools_column``), an assistant turn's ``tool_calls``,
+and the text a chat template writes for a turn that calls tools.
+
+* Tools: a row's value is a list of JSON-schema function descriptions (``{type: function, function: {name,
+  description, parameters}}``, or the function mapping alone), or a JSON string of one; a missing value or an
+  empty list is none. They go to every render of that row's chat (``tools=``), as TRL's SFTTrainer gives
+  them. A malformed value refuses the data in one line naming its row and the column (``parse_tools``).
+* Calls: an assistant turn's ``tool_calls`` is a list of ``{function: {name, arguments}}`` (or ``{name,
+  arguments}``), the arguments a mapping or a JSON text; its content may be empty. A chat whose calls are
+  not so is malformed.
+* The rendered turn (``rendered_turn``): the template's render of the chat up to and with the turn (no
+  generation prompt) less its render of the turns before it with the generation prompt, which must be a
+  prefix of it; the template's end of turn after the turn (what it writes after a plain answer's content,
+  e.g. ``<|im_end|>\\n``) is left out, as a plain answer's is, so that the tokenizer's EOS ends it as it
+  ends any answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template
+from fastlm.errors import InputDataError
+
+__all__ = [
+    "TOOL_TURN_FIELDS",
+    "call_names",
+    "clean_tool_calls",
+    "has_tool_calls",
+    "parse_tools",
+    "plain",
+    "rendered_turn",
+    "tools_key",
+    "turn_fields",
+]
+
+# The fields of a turn kept besides role and content: an assistant turn's calls, a tool turn's name and the
+# id of the call it answers (templates that number calls read it).
+TOOL_TURN_FIELDS = ("tool_calls", "name", "tool_call_id")
+# What a plain answer is rendered as to find the template's end of turn after an answer's content.
+_TURN_MARK = "\U000f0002"
+
+
+def plain(value):
+    """``value`` as plain Python: a numpy array (a list read back from Parquet) as a list, a mapping as a
+    dict, recursively."""
+    if isinstance(value, np.ndarray):
+        return [plain(item) for item in value.tolist()]
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): plain(item) for key, item in value.items()}
+    return value
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def has_tool_calls(message: Mapping) -> bool:
+    """Whether an assistant turn (a role/content mapping) holds tool calls (a non-empty ``tool_calls``)."""
+    calls = message.get("tool_calls")
+    if _missing(calls):
+        return False
+    return len(calls) > 0 if isinstance(calls, np.ndarray | list | tuple | Mapping | str) else True
+
+
+def clean_tool_calls(calls) -> list[dict] | None:
+    """``calls`` (a turn's ``tool_calls``) as plain Python, None where they are not a list of calls each
+    naming its function (``{function: {name, arguments}}`` or ``{name, arguments}``, the arguments a
+    mapping or a JSON text)."""
+    calls = plain(calls)
+    if not isinstance(calls, list) or not calls:
+        return None
+    for call in calls:
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not function["name"]
+        ):
+            return None
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, dict | str):
+            return None
+    return calls
+
+
+def call_names(calls: Sequence[Mapping]) -> list[str]:
+    """The function names of cleaned ``calls`` (``clean_tool_calls``'), in order."""
+    return [call.get("function", call)["name"] for call in calls]
+
+
+def turn_fields(message: Mapping) -> dict:
+    """The tool fields (``TOOL_TURN_FIELDS``) a cleaned turn keeps: an assistant turn's cleaned calls, a tool
+    turn's name and call id where they are texts."""
+    kept = {}
+    if message.get("role") == RESPONSE_ROLE and has_tool_calls(message):
+        kept["tool_calls"] = clean_tool_calls(message["tool_calls"])
+    elif message.get("role") == "tool":
+        kept.update(
+            {key: message[key] for key in ("name", "tool_call_id") if isinstance(message.get(key), str)}
+        )
+    return kept
+
+
+def tools_key(tools: list | None) -> str:
+    """``tools`` as one comparable text (keys sorted) for a row's split key; "" without tools."""
+    return json.dumps(tools, sort_keys=True, ensure_ascii=False) if tools else ""
+
+
+def parse_tools(values: pd.Series, parameter: str) -> list[list[dict] | None]:
+    """Each row's tools (``values``: a tools column; ``parameter`` names it, e.g. ``split.tools_column
+    ('tools')``) as a list of function schemas, None for a missing value or an empty list; a value that is no
+    such list (nor a JSON string of one) is refused in one line naming its row (counted from 1)."""
+    parsed = []
+    for row, value in enumerate(values, start=1):
+        if isinstance(value, str):
+            if not value.strip():
+                parsed.append(None)
+                continue
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                _refuse(parameter, row, f"is a text that is not JSON ({error.msg})")
+        if _missing(value):
+            parsed.append(None)
+            continue
+        value = plain(value)
+        if not isinstance(value, list):
+            _refuse(parameter, row, f"is a {type(value).__name__}, not a list of function schemas")
+        for index, tool in enumerate(value, start=1):
+            function = tool.get("function", tool) if isinstance(tool, dict) else None
+            if not isinstance(function, dict):
+                _refuse(parameter, row, f"tool {index} is a {type(tool).__name__}, not a function schema")
+            if not isinstance(function.get("name"), str) or not function["name"]:
+                _refuse(parameter, row, f"tool {index} has no function name")
+            if not isinstance(function.get("parameters", {}), dict):
+                _refuse(parameter, row, f"the parameters of tool {index} are not a JSON schema (a mapping)")
+        parsed.append(value or None)
+    return parsed
+
+
+def _refuse(parameter: str, row: int, why: str):
+    raise InputDataError(
+        f"{parameter}, row {row}: the tools value {why}.",
+        fix="give each row a list of function schemas ({type: function, function: {name, description, "
+        "parameters}}) or a JSON string of one, or leave it empty for a row without tools.",
+    )
+
+
+def rendered_turn(
+    history: Sequence[Mapping], turn: Mapping, tokenizer, variables: Mapping | None, tools: list | None
+) -> tuple[str, str] | None:
+    """(prompt, text) of ``turn`` after ``history``: ``prompt`` the render of ``history`` with the generation
+    prompt, ``text`` what the render of the chat with ``turn`` (no generation prompt) writes after it, the
+    template's end of turn left out; None where that render does not begin with ``prompt`` (the template
+    writes the turns before it otherwise once it follows)."""
+    prompt = apply_template(history, tokenizer, variables, generation_prompt=True, tools=tools)
+    whole = apply_template([*history, turn], tokenizer, variables, generation_prompt=False, tools=tools)
+    if not whole.startswith(prompt):
+        return None
+    text = whole[len(prompt) :]
+    end = _turn_end(history, tokenizer, variables, tools)
+    if end and text.endswith(end):
+        return prompt, text[: -len(end)]
+    eos = getattr(tokenizer, "eos_token", None)
+    return prompt, text[: text.index(eos)] if eos and eos in text else text
+
+
+def _turn_end(history, tokenizer, variables, tools) -> str | None:
+    """What the template writes after a plain answer's content that ends the chat (its end of turn), None
+    where it does not write the content as given."""
+    marked = [*history, {"role": RESPONSE_ROLE, "content": _TURN_MARK}]
+    try:
+        text = apply_template(marked, tokenizer, variables, generation_prompt=False, tools=tools)
+    except Exception:  # noqa: BLE001 - a template may refuse the mark: the EOS then
+        return None
+    return text[text.rindex(_TURN_MARK) + 1 :] if text.count(_TURN_MARK) == 1 else None

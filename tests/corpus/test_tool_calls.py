@@ -1,0 +1,210 @@
+"""Function-calling chats (assistant turns of ``tool_calls``, ``tool`` turns, a per-row ``tools`` column):
+kept by the split, rendered with their tools, the final turn's call trained as the chat template writes it,
+keyed on the calls and tools, refused in one line where the tools are malformed or the template writes no
+call."""
+
+import json
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fastlm.corpus.chat_template import CHAT_DATE
+from fastlm.corpus.config import parse_split_params
+from fastlm.corpus.prompts import prompt_frame
+from fastlm.corpus.tool_calls import parse_tools
+from fastlm.errors import ConfigError, InputDataError
+from fastlm.pipelines.split import nodes
+from tests.support.chat_templates import (
+    LLAMA32_CHAT_TEMPLATE,
+    NO_TOOL_CALLS_TEMPLATE,
+    QWEN3_CHAT_TEMPLATE,
+    WEATHER_TOOL,
+    llama3_style_tokenizer,
+    tool_call,
+    tool_calling_tokenizer,
+    tool_chat,
+    tool_chat_rows,
+)
+
+
+def _split(tmp_path, tokenizer, rows, **split):
+    """``rows`` (``{"messages", "tools"}``) through the split's nodes: the splits and the tokenized data."""
+    tokenizer.save_pretrained(tmp_path / "tok")
+    params = {
+        "messages_column": "messages",
+        "max_length": 2048,
+        "tokenizer": {"source": str(tmp_path / "tok")},
+        "ratios": {"train": 0.6, "validation": 0.2, "test": 0.2},
+    }
+    params.update(split)
+    clean, counts = nodes.clean_corpus(pd.DataFrame(rows), params)
+    splits, split_counts = nodes.split_corpus(clean, counts, params)
+    tokenizer = nodes.build_tokenizer(splits, params)
+    tokenized, *_ = nodes.tokenize_corpus(splits, tokenizer, params, split_counts)
+    return counts, splits, tokenized
+
+
+def _template_target(tokenizer, chat: list, tools, variables: dict) -> str:
+    """The final turn as the template writes it, by the tokenizer's own renders: the whole chat less the
+    render of its history with the generation prompt, up to the tokenizer's EOS (the instruct template's end
+    of turn)."""
+    render = {"tokenize": False, "tools": tools, "date_string": CHAT_DATE, **variables}
+    whole = tokenizer.apply_chat_template(chat, add_generation_prompt=False, **render)
+    prompt = tokenizer.apply_chat_template(chat[:-1], add_generation_prompt=True, **render)
+    assert whole.startswith(prompt)
+    tail = whole[len(prompt) :]
+    return tail[: tail.index(tokenizer.eos_token)]
+
+
+@pytest.mark.parametrize(
+    ("template", "variables"),
+    [
+        ("qwen_style", {}),
+        (QWEN3_CHAT_TEMPLATE, {}),
+        (QWEN3_CHAT_TEMPLATE, {"enable_thinking": False}),
+        (LLAMA32_CHAT_TEMPLATE, {}),
+    ],
+    ids=["qwen_style", "qwen3", "qwen3_no_thinking", "llama32"],
+)
+def test_tool_chats_are_kept_and_the_final_call_trains_as_the_template_writes_it(
+    tmp_path, sample_texts, template, variables
+):
+    """Chats with tool calls were dropped (``tool_calls``). They are kept, rendered with their row's tools;
+    a final turn that calls a tool trains the template's own text for it and the EOS (its end of turn), and a
+    final answer after the tool's result trains as any answer."""
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    if template == LLAMA32_CHAT_TEMPLATE:
+        tokenizer = llama3_style_tokenizer(sample_texts)
+    elif template != "qwen_style":
+        tokenizer.chat_template = template
+    rows = tool_chat_rows(24)
+    split = {"chat_template_kwargs": variables, "train_turns": "last"}
+    counts, splits, tokenized = _split(tmp_path, tokenizer, rows, **split)
+    assert sum(counts["dropped"].values()) == 0 and len(splits) == len(rows)
+    by_prompt = {}
+    for row in rows:
+        chat = row["messages"]
+        prompt = tokenizer.apply_chat_template(
+            chat[:-1],
+            add_generation_prompt=True,
+            tokenize=False,
+            tools=row["tools"],
+            date_string=CHAT_DATE,
+            **variables,
+        )
+        by_prompt[prompt] = row
+    samples = [sample for name in ("train", "validation", "test") for sample in tokenized[name]]
+    texts = [tokenizer.decode(s["input_ids"][: s["prompt_length"]]) for s in samples]
+    eos = tokenizer.eos_token_id
+    calls = 0
+    for sample, text in zip(samples, texts, strict=True):
+        row = next(row for prompt, row in by_prompt.items() if text.endswith(prompt))
+        chat = row["messages"]
+        if chat[-1].get("tool_calls"):
+            target = _template_target(tokenizer, chat, row["tools"], variables)
+            assert "get_weather" in target and "근교" in target
+            calls += 1
+        else:
+            target = chat[-1]["content"]
+        expected = tokenizer(target, add_special_tokens=False)["input_ids"] + [eos]
+        assert sample["input_ids"][sample["prompt_length"] :] == expected
+    assert calls == len(rows) // 2
+
+
+def test_chats_that_differ_only_in_their_call_or_tools_stay_two_rows(sample_texts):
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    chat = tool_chat("서울")
+    other_arguments = [*chat[:-1], {**chat[-1], "tool_calls": [tool_call("서울 북부")]}]
+    other_tool = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "description": "Another"}}
+    raw = pd.DataFrame(
+        {
+            "messages": [chat, other_arguments, chat, chat],
+            "tools": [[WEATHER_TOOL], [WEATHER_TOOL], [other_tool], [WEATHER_TOOL]],
+        }
+    )
+    frame, drops = prompt_frame(raw, parse_split_params({"messages_column": "messages"}), tokenizer)
+    assert len(frame) == 3 and frame["split_key"].nunique() == 3 and drops["duplicate"] == 1
+    # as a JSON string, the same tools are the same row
+    raw["tools"] = [json.dumps([WEATHER_TOOL])] * 4
+    frame, drops = prompt_frame(raw, parse_split_params({"messages_column": "messages"}), tokenizer)
+    assert len(frame) == 2 and drops["duplicate"] == 2
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["{not json", [{"type": "function", "function": {"description": "no name"}}], {"name": "x"}, [3]],
+    ids=["bad_json", "no_name", "not_a_list", "not_a_mapping"],
+)
+def test_a_malformed_tools_value_is_refused_in_one_line_naming_the_row_and_the_column(sample_texts, value):
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    raw = pd.DataFrame(
+        {
+            "messages": [tool_chat("서울"), tool_chat("부산")],
+            "calls": pd.Series([[WEATHER_TOOL], value], dtype=object),
+        }
+    )
+    config = parse_split_params({"messages_column": "messages", "tools_column": "calls"})
+    with pytest.raises(InputDataError) as caught:
+        prompt_frame(raw, config, tokenizer)
+    line = str(caught.value)
+    assert "\n" not in line and "row 2" in line and "split.tools_column ('calls')" in line
+
+
+def test_tools_values_are_read_as_lists_of_function_schemas():
+    """A missing value is no tools; a JSON string or a list (a numpy array, as Parquet gives it) of
+    schemas is the same list."""
+    expected = [WEATHER_TOOL]
+    found = parse_tools(
+        pd.Series([None, json.dumps(expected), np.array(expected, dtype=object), [], float("nan")]),
+        "split.tools_column ('tools')",
+    )
+    assert found == [None, expected, expected, None, None]
+
+
+def test_a_template_that_does_not_write_tool_calls_is_refused_in_one_line(sample_texts):
+    tokenizer = tool_calling_tokenizer(sample_texts, template=NO_TOOL_CALLS_TEMPLATE)
+    raw = pd.DataFrame(tool_chat_rows(4))
+    with pytest.raises(ConfigError) as caught:
+        prompt_frame(raw, parse_split_params({"messages_column": "messages"}), tokenizer)
+    line = str(caught.value)
+    assert "\n" not in line and "does not render tool calls" in line and "get_weather" in line
+
+
+def test_earlier_tool_calls_train_where_their_whole_render_is_found_else_stay_inputs(
+    sample_texts, monkeypatch
+):
+    """With ``train_turns: all``, an earlier assistant turn that calls a tool trains where the prompt holds
+    its whole render (the template's text for it, found between the renders of the chat before and after it);
+    Qwen3's template writes the last turn of a render otherwise than the same turn inside a longer chat (an
+    empty think block), so there it stays an input, counted in the warning of answers left out."""
+    from fastlm.corpus import prompts
+
+    rows = [{"messages": tool_chat(f"도시{i}", answer=f"{i}도"), "tools": [WEATHER_TOOL]} for i in range(3)]
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    frame, _ = prompt_frame(
+        pd.DataFrame(rows), parse_split_params({"messages_column": "messages"}), tokenizer
+    )
+    for row, (prompt, spans) in zip(
+        rows, zip(frame["prompt"], frame["answer_spans"], strict=True), strict=True
+    ):
+        chat, tools = row["messages"], row["tools"]
+        render = {"tokenize": False, "tools": tools, "date_string": CHAT_DATE}
+        before = tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, **render)
+        after = tokenizer.apply_chat_template(chat[:2], add_generation_prompt=False, **render)
+        turn = after[len(before) :]
+        turn = turn[: turn.index(tokenizer.eos_token) + len(tokenizer.eos_token)]
+        (start, end) = map(int, spans.split(":"))
+        assert prompt[start:end] == turn and "get_weather" in turn
+    said = logging.Logger("tool-chats", logging.WARNING)
+    seen = []
+    said.addHandler(logging.Handler())
+    said.handlers[0].emit = lambda record: seen.append(record.getMessage())
+    monkeypatch.setattr(prompts, "log", said)
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    frame, _ = prompt_frame(
+        pd.DataFrame(rows), parse_split_params({"messages_column": "messages"}), tokenizer
+    )
+    assert frame["answer_spans"].tolist() == [""] * len(rows)
+    assert [line for line in seen if line.startswith(f"{len(rows)} of {len(rows)} earlier answers")], seen
