@@ -145,3 +145,47 @@ def test_a_chat_model_is_prompted_as_it_trained_in_the_report_and_at_predict(cha
         "data/05_model_input/tokenized_corpus_fingerprint.json",
     ):
         assert SYSTEM["content"] in (project / written).read_text(encoding="utf-8")  # readable, not \uXXXX
+
+
+def test_tool_calling_chats_split_train_and_predict_with_their_tools(kedro_project, sample_texts):
+    """Chats that call a tool (a Qwen-style template writing the tools in the system turn and each call as
+    ``<tool_call>{json}</tool_call>``) were dropped by the split and refused by predict. They train, and
+    predict asks a chat ending with the tool's result with its tools, as the split rendered its prompt."""
+    from tests.support.chat_templates import tool_calling_tokenizer, tool_chat_rows
+
+    project = kedro_project
+    own_experiment(project, "tool-chat-e2e")
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    tokenizer.save_pretrained(project / "data/01_raw/tool_tokenizer")
+    rows = tool_chat_rows(60)
+    (project / "data/01_raw/tool_chats.jsonl").write_text(
+        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8"
+    )
+    split = {
+        "messages_column": "messages",
+        "max_length": 512,
+        "tokenizer": {"source": str(project / "data/01_raw/tool_tokenizer")},
+        "ratios": {"train": 0.8, "validation": 0.1, "test": 0.1},
+    }
+    train = {**TRAIN, "max_steps": 2, "eval_every": 2, "save_every": 2, "runtime": {"device": "cpu"}}
+    params = {"raw_path": "data/01_raw/tool_chats.jsonl", "split": split, "train": train}
+    run_pipeline(project, "split", params)
+    report = json.loads((project / "data/08_reporting/split_report.json").read_text())
+    splits = pd.read_parquet(project / "data/03_primary/corpus_splits.parquet")
+    assert len(splits) == len(rows) and not any(report["dropped"].values())
+    assert splits["response"].str.contains("<tool_call>").sum() == len(rows) // 2
+    run_pipeline(project, "train", params)
+
+    asked = [{"messages": row["messages"][:3], "tools": row["tools"]} for row in rows[:2]]
+    (project / "data/01_raw/tool_questions.jsonl").write_text(
+        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in asked), encoding="utf-8"
+    )
+    predict = {"input": "data/01_raw/tool_questions.jsonl", "max_new_tokens": 4}
+    run_pipeline(project, "predict", {**params, "predict": predict})
+    predictions = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    expected = [
+        prompt_token_ids(tokenizer, render_messages(row["messages"], "{prompt}", tokenizer, {}, row["tools"]))
+        for row in asked
+    ]
+    assert predictions["input_tokens"].tolist() == [len(ids) for ids in expected]
+    assert (predictions["refused"] == "").all() and predictions["prediction"].map(type).eq(str).all()

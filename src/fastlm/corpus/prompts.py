@@ -116,7 +116,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         prompts, spans, responses = _render_chats(chats, config, tokenizer)
         kept = [prompt is not None for prompt in prompts]  # None: a final call not told apart from its prompt
         drops["tool_call_rewritten"] = len(kept) - sum(kept)
-        chats = chats[kept].reset_index(drop=True)
+        chats = chats[np.asarray(kept, dtype=bool)].reset_index(drop=True)
         frame = pd.DataFrame(
             {
                 "prompt": [prompt for prompt, keep in zip(prompts, kept, strict=True) if keep],
