@@ -208,3 +208,119 @@ def test_earlier_tool_calls_train_where_their_whole_render_is_found_else_stay_in
     )
     assert frame["answer_spans"].tolist() == [""] * len(rows)
     assert [line for line in seen if line.startswith(f"{len(rows)} of {len(rows)} earlier answers")], seen
+
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["KST", "UTC"]}},
+            "required": ["zone"],
+        },
+    },
+}
+
+
+def _call(name: str, arguments, call_id: str | None = None) -> dict:
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {**call, "id": call_id} if call_id else call
+
+
+def _rounds_chat(city: str, *, final_call: bool) -> list[dict]:
+    """user -> call -> result -> call -> result -> answer (or a third call, ``final_call``), the results
+    answering their call ids."""
+    chat = [
+        {"role": "user", "content": f"{city} 날씨와 시간"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("get_weather", {"city": city}, "c1")]},
+        {"role": "tool", "content": '{"temp": 3}', "tool_call_id": "c1", "name": "get_weather"},
+        {
+            "role": "assistant",
+            "content": "확인할게요.",
+            "tool_calls": [_call("get_time", {"zone": "KST"}, "c2")],
+        },
+        {"role": "tool", "content": '{"time": "9시"}', "tool_call_id": "c2", "name": "get_time"},
+    ]
+    if final_call:
+        return [
+            *chat,
+            {"role": "assistant", "content": "", "tool_calls": [_call("get_weather", {"city": "부산"})]},
+        ]
+    return [*chat, {"role": "assistant", "content": f"{city}은 3도, 9시입니다."}]
+
+
+def _tokenizer(kind: str, texts):
+    if kind == "llama32":
+        return llama3_style_tokenizer(texts), {}
+    tokenizer = tool_calling_tokenizer(texts)
+    if kind != "qwen_style":
+        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer, ({"enable_thinking": False} if kind == "qwen3_no_thinking" else {})
+
+
+def _in_chat(tokenizer, chat: list, tools, variables: dict, index: int) -> str:
+    """Turn ``index`` of ``chat`` as the template writes it inside the chat (the chat rendered up to the turn
+    after it, less the render of the turns before it, header and end of turn included)."""
+    render = {"tokenize": False, "tools": tools, "date_string": CHAT_DATE, **variables}
+    before = tokenizer.apply_chat_template(chat[:index], add_generation_prompt=False, **render)
+    after = tokenizer.apply_chat_template(chat[: index + 2], add_generation_prompt=False, **render)
+    return after[len(before) :]
+
+
+def test_json_text_arguments_train_as_the_mapping_they_hold(sample_texts):
+    """OpenAI-style data gives a call's arguments as a JSON text (``json.dumps``: ASCII-escaped). Templates
+    write a mapping as JSON (Qwen3: ``tojson``, not escaped) and a text as it is (Qwen3) or quoted again
+    (Llama-3.x: ``"parameters": "{\\"city\\": ...}"``); a model asked with tools writes the mapping. The
+    target of a call given as a JSON text is the target of the same call given as the mapping."""
+    for kind in ("qwen3", "llama32"):
+        tokenizer, variables = _tokenizer(kind, sample_texts)
+        as_mapping = tool_chat("서울")
+        as_text = [
+            *as_mapping[:-1],
+            {**as_mapping[-1], "tool_calls": [_call("get_weather", json.dumps({"city": "서울 근교"}))]},
+        ]
+        raw = pd.DataFrame({"messages": [as_text], "tools": [[WEATHER_TOOL]]})
+        config = parse_split_params({"messages_column": "messages", "chat_template_kwargs": variables})
+        frame, _ = prompt_frame(raw, config, tokenizer)
+        expected = _template_target(tokenizer, as_mapping, [WEATHER_TOOL], variables)
+        given = pd.DataFrame({"messages": [as_mapping], "tools": [[WEATHER_TOOL]]})
+        assert frame["response"].tolist() == prompt_frame(given, config, tokenizer)[0]["response"].tolist()
+        assert expected.endswith(frame["response"][0]) and "서울 근교" in frame["response"][0], kind
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_tools_and_calls_read_from_a_file_render_as_the_data_gives_them(tmp_path, sample_texts, suffix):
+    """Arrow (the Parquet reader, and the JSON Lines reader) reads a column of mappings as one struct type:
+    each row's mapping gets every key any row has, null where it has none, so a call to ``get_time`` read
+    back carries ``"city": null`` and the weather tool's schema a ``"zone": null`` property. The file's rows
+    render as the rows written to it."""
+    from fastlm.corpus.readers import read_text_table
+
+    tokenizer, _ = _tokenizer("qwen3", sample_texts)
+    rows = [
+        {"messages": _rounds_chat(f"도시{i}", final_call=i % 2 == 0), "tools": [WEATHER_TOOL, TIME_TOOL]}
+        for i in range(4)
+    ]
+    rows.append({"messages": tool_chat("대전"), "tools": [WEATHER_TOOL]})
+    rows.append({"messages": [{"role": "user", "content": "안녕"}, {"role": "assistant", "content": "네"}]})
+    path = tmp_path / f"chats.{suffix}"
+    if suffix == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    config = parse_split_params({"messages_column": "messages"})
+    read, _ = prompt_frame(read_text_table(path), config, tokenizer)
+    given, _ = prompt_frame(pd.DataFrame(rows), config, tokenizer)
+    assert len(read) == len(rows)
+    for column in ("prompt", "response", "answer_spans", "split_key"):
+        assert read[column].tolist() == given[column].tolist(), column
+    for row, prompt in zip(rows, read["prompt"], strict=True):
+        expected = tokenizer.apply_chat_template(
+            row["messages"][:-1], tools=row.get("tools"), add_generation_prompt=True, tokenize=False
+        )
+        assert prompt == expected

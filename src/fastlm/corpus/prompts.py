@@ -417,7 +417,7 @@ def malformed_chat(values: pd.Series) -> str | None:
         if calls:
             return (
                 f"row {row}: the tool_calls of message {calls[0]} are not a list of calls each naming its "
-                "function ({function: {name, arguments}})"
+                "function ({function: {name, arguments}}, the arguments a mapping or a JSON text of one)"
             )
         if len(value) and value[-1]["role"] != RESPONSE_ROLE:
             return (

@@ -6,8 +6,14 @@ and the text a chat template writes for a turn that calls tools.
   empty list is none. They go to every render of that row's chat (``tools=``), as TRL's SFTTrainer gives
   them. A malformed value refuses the data in one line naming its row and the column (``parse_tools``).
 * Calls: an assistant turn's ``tool_calls`` is a list of ``{function: {name, arguments}}`` (or ``{name,
-  arguments}``), the arguments a mapping or a JSON text; its content may be empty. A chat whose calls are
-  not so is malformed.
+  arguments}``), the arguments a mapping or a JSON text of one (OpenAI's wire form), read as that mapping:
+  templates write a mapping as the JSON a model asked with tools writes, and a text as it is (Qwen3: an
+  ASCII-escaped ``json.dumps`` text) or quoted again (Llama-3.x); its content may be empty. A chat whose
+  calls are not so is malformed.
+* Nulls: Arrow reads a column of mappings (Parquet, and the JSON Lines reader) as one struct type, every
+  row's mapping holding every key any row has, null where it has none (a ``get_time`` call's arguments get
+  the ``city: null`` of ``get_weather``'s). A null value in a mapping of the tools or of a call (its
+  arguments given as a mapping) is so read as absent; a JSON text's nulls are kept.
 * The rendered turn (``rendered_turn``): the template's render of the chat up to and with the turn (no
   generation prompt) less its render of the turns before it with the generation prompt, which must be a
   prefix of it; the template's end of turn after the turn (what it writes after a plain answer's content,
@@ -57,6 +63,28 @@ def plain(value):
     return value
 
 
+def _without_nulls(value):
+    """Plain ``value`` (``plain``'s) less the null values of its mappings, recursively (Arrow's struct
+    columns fill a mapping with the keys of the others, null)."""
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    return value
+
+
+def _arguments(value):
+    """A call's arguments as a mapping (a JSON text read, its nulls kept; a mapping less its nulls), None
+    where they are neither a mapping nor a JSON text of one."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    return _without_nulls(value) if isinstance(value, dict) else None
+
+
 def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
 
@@ -70,24 +98,28 @@ def has_tool_calls(message: Mapping) -> bool:
 
 
 def clean_tool_calls(calls) -> list[dict] | None:
-    """``calls`` (a turn's ``tool_calls``) as plain Python, None where they are not a list of calls each
-    naming its function (``{function: {name, arguments}}`` or ``{name, arguments}``, the arguments a
-    mapping or a JSON text)."""
+    """``calls`` (a turn's ``tool_calls``) as plain Python, their null values left out and each call's
+    arguments a mapping (a JSON text read), None where they are not a list of calls each naming its
+    function (``{function: {name, arguments}}`` or ``{name, arguments}``, the arguments a mapping or a
+    JSON text of one)."""
     calls = plain(calls)
     if not isinstance(calls, list) or not calls:
         return None
+    cleaned = []
     for call in calls:
-        function = call.get("function", call) if isinstance(call, dict) else None
-        if (
-            not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
-            or not function["name"]
-        ):
+        if not isinstance(call, dict):
             return None
-        arguments = function.get("arguments", {})
-        if not isinstance(arguments, dict | str):
+        call = {key: value for key, value in call.items() if value is not None}
+        nested = isinstance(call.get("function"), dict)
+        function = {k: v for k, v in (call["function"] if nested else call).items() if v is not None}
+        if not isinstance(function.get("name"), str) or not function["name"]:
             return None
-    return calls
+        arguments = _arguments(function.get("arguments", {}))
+        if arguments is None:
+            return None
+        function["arguments"] = arguments
+        cleaned.append({**call, "function": function} if nested else function)
+    return cleaned
 
 
 def call_names(calls: Sequence[Mapping]) -> list[str]:
@@ -130,7 +162,7 @@ def parse_tools(values: pd.Series, parameter: str) -> list[list[dict] | None]:
         if _missing(value):
             parsed.append(None)
             continue
-        value = plain(value)
+        value = _without_nulls(plain(value))
         if not isinstance(value, list):
             _refuse(parameter, row, f"is a {type(value).__name__}, not a list of function schemas")
         for index, tool in enumerate(value, start=1):
