@@ -28,6 +28,8 @@ from tests.support.chat_templates import (
     tool_chat_rows,
 )
 
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
 
 def _split(tmp_path, tokenizer, rows, **split):
     """``rows`` (``{"messages", "tools"}``) through the split's nodes: the splits and the tokenized data."""
@@ -104,6 +106,11 @@ def test_tool_chats_are_kept_and_the_final_call_trains_as_the_template_writes_it
         chat = row["messages"]
         if chat[-1].get("tool_calls"):
             target = _template_target(tokenizer, chat, row["tools"], variables)
+            if template == QWEN3_CHAT_TEMPLATE and not variables:
+                # the empty think block Qwen3's template writes for a chat's last turn alone: trained without
+                # it, as a plain answer is (the generation prompt ends at the header)
+                assert target.startswith(EMPTY_THINK)
+                target = target.removeprefix(EMPTY_THINK)
             assert "get_weather" in target and "근교" in target
             calls += 1
         else:
@@ -172,42 +179,37 @@ def test_a_template_that_does_not_write_tool_calls_is_refused_in_one_line(sample
     assert "\n" not in line and "does not render tool calls" in line and "get_weather" in line
 
 
-def test_earlier_tool_calls_train_where_their_whole_render_is_found_else_stay_inputs(
-    sample_texts, monkeypatch
-):
-    """With ``train_turns: all``, an earlier assistant turn that calls a tool trains where the prompt holds
-    its whole render (the template's text for it, found between the renders of the chat before and after it);
-    Qwen3's template writes the last turn of a render otherwise than the same turn inside a longer chat (an
-    empty think block), so there it stays an input, counted in the warning of answers left out."""
+def test_earlier_tool_calls_train_as_the_chat_writes_them(sample_texts, monkeypatch):
+    """With ``train_turns: all``, an earlier assistant turn that calls a tool trains as the prompt writes it
+    (found after the render of the chat before it). Qwen3's template writes a chat's last turn with an empty
+    think block it writes no turn inside a chat with: an earlier call is found all the same, with no warning
+    of answers left out (was: it stayed an input, every one counted in that warning)."""
     from fastlm.corpus import prompts
 
-    rows = [{"messages": tool_chat(f"도시{i}", answer=f"{i}도"), "tools": [WEATHER_TOOL]} for i in range(3)]
-    tokenizer = tool_calling_tokenizer(sample_texts)
-    frame, _ = prompt_frame(
-        pd.DataFrame(rows), parse_split_params({"messages_column": "messages"}), tokenizer
-    )
-    for row, (prompt, spans) in zip(
-        rows, zip(frame["prompt"], frame["answer_spans"], strict=True), strict=True
-    ):
-        chat, tools = row["messages"], row["tools"]
-        render = {"tokenize": False, "tools": tools, "date_string": CHAT_DATE}
-        before = tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, **render)
-        after = tokenizer.apply_chat_template(chat[:2], add_generation_prompt=False, **render)
-        turn = after[len(before) :]
-        turn = turn[: turn.index(tokenizer.eos_token) + len(tokenizer.eos_token)]
-        (start, end) = map(int, spans.split(":"))
-        assert prompt[start:end] == turn and "get_weather" in turn
     said = logging.Logger("tool-chats", logging.WARNING)
     seen = []
     said.addHandler(logging.Handler())
     said.handlers[0].emit = lambda record: seen.append(record.getMessage())
     monkeypatch.setattr(prompts, "log", said)
-    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    frame, _ = prompt_frame(
-        pd.DataFrame(rows), parse_split_params({"messages_column": "messages"}), tokenizer
-    )
-    assert frame["answer_spans"].tolist() == [""] * len(rows)
-    assert [line for line in seen if line.startswith(f"{len(rows)} of {len(rows)} earlier answers")], seen
+    rows = [{"messages": tool_chat(f"도시{i}", answer=f"{i}도"), "tools": [WEATHER_TOOL]} for i in range(3)]
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    for template in (tokenizer.chat_template, QWEN3_CHAT_TEMPLATE):
+        tokenizer.chat_template = template
+        frame, _ = prompt_frame(
+            pd.DataFrame(rows), parse_split_params({"messages_column": "messages"}), tokenizer
+        )
+        for row, (prompt, spans) in zip(
+            rows, zip(frame["prompt"], frame["answer_spans"], strict=True), strict=True
+        ):
+            chat, tools = row["messages"], row["tools"]
+            render = {"tokenize": False, "tools": tools, "date_string": CHAT_DATE}
+            before = tokenizer.apply_chat_template(chat[:1], add_generation_prompt=True, **render)
+            after = tokenizer.apply_chat_template(chat[:3], add_generation_prompt=False, **render)
+            turn = after[len(before) :]
+            turn = turn[: turn.index(tokenizer.eos_token) + len(tokenizer.eos_token)]
+            (start, end) = map(int, spans.split(":"))
+            assert prompt[start:end] == turn and "get_weather" in turn
+    assert not [line for line in seen if "earlier answers" in line], seen
 
 
 TIME_TOOL = {
@@ -324,3 +326,60 @@ def test_tools_and_calls_read_from_a_file_render_as_the_data_gives_them(tmp_path
             row["messages"][:-1], tools=row.get("tools"), add_generation_prompt=True, tokenize=False
         )
         assert prompt == expected
+
+
+ASSISTANT_HEADER = {
+    "qwen": "<|im_start|>assistant\n",
+    "llama32": "<|start_header_id|>assistant<|end_header_id|>\n\n",
+}
+
+
+@pytest.mark.parametrize("kind", ["qwen_style", "qwen3", "qwen3_no_thinking", "llama32"])
+def test_the_loss_scores_each_call_and_answer_as_the_chat_writes_it_and_nothing_else(
+    tmp_path, sample_texts, kind
+):
+    """Multi-round chats (call -> result -> content and call -> result -> answer or a third call),
+    ``train_turns: all``: the tokens scored are, token for token, each assistant turn as the template writes
+    it inside the chat (after its header, up to and with its end of turn, the EOS) and no token of the system
+    turn's tool schemas, the user turns, the tool results or the headers. A final turn trains as the same turn
+    is written once the chat goes on (the template's text for the next round's prompt): Qwen3's template adds
+    an empty think block to a chat's last turn alone, which a plain answer is trained without."""
+    tokenizer, variables = _tokenizer(kind, sample_texts)
+    header = ASSISTANT_HEADER["llama32" if kind == "llama32" else "qwen"]
+    end = tokenizer.eos_token
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    rows = [{"messages": _rounds_chat(f"도시{i}", final_call=i % 2 == 0), "tools": tools} for i in range(10)]
+    _, _, tokenized = _split(tmp_path, tokenizer, rows, chat_template_kwargs=variables, train_turns="all")
+    render = {"tokenize": False, "tools": tools, "date_string": CHAT_DATE, **variables}
+    samples = [sample for name in ("train", "validation", "test") for sample in tokenized[name]]
+    assert len(samples) == len(rows)
+    for row in rows:
+        chat = row["messages"]
+        prompt = tokenizer.apply_chat_template(chat[:-1], add_generation_prompt=True, **render)
+        ids = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        sample = next(s for s in samples if s["input_ids"][: s["prompt_length"]] == ids["input_ids"])
+        follower = {"role": "tool", "content": "{}"} if chat[-1].get("tool_calls") else {"role": "user"}
+        going_on = tokenizer.apply_chat_template([*chat, {"content": "네", **follower}], **render)
+        # each assistant turn's target: after its header where the chat before it ends, up to its end of turn
+        targets = []
+        for index in [i for i, m in enumerate(chat) if m["role"] == "assistant"]:
+            before = tokenizer.apply_chat_template(chat[:index], **render)
+            text = going_on if index == len(chat) - 1 else prompt
+            assert text.startswith(before + header), (kind, index)
+            start = len(before) + len(header)
+            targets.append((start, text.index(end, start) + len(end)))
+        *earlier, (start, stop) = targets
+        scored = np.zeros(len(ids["input_ids"]), dtype=bool)
+        for first, last in earlier:
+            scored |= [first <= a and b <= last for a, b in ids["offset_mapping"]]
+        found = np.zeros_like(scored)
+        pairs = list(sample.get("answer_spans") or [])  # flat: start, end, start, end, ...
+        for first, last in zip(pairs[::2], pairs[1::2], strict=True):
+            found[first:last] = True
+        assert found.tolist() == scored.tolist(), (kind, going_on)
+        assert tokenizer.decode(np.asarray(ids["input_ids"])[scored]) == "".join(
+            prompt[first:last] for first, last in earlier
+        )
+        response = going_on[start : stop - len(end)]
+        expected = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        assert sample["input_ids"][sample["prompt_length"] :] == expected, (kind, response)

@@ -17,7 +17,8 @@ Finding an answer's characters (``answer_spans``), in the order tried:
    holds its text; identical answers in a row each in its own turn).
 3. An earlier answer that calls tools (``tool_calls``): its whole rendered form (``tool_calls.rendered_turn``:
    the template's text for the turn after the chat before it with the generation prompt, the end of turn
-   left out) is looked for where the prompt's render of the chat before it ends; found there, that text
+   left out) is looked for where the prompt's render of the chat before it ends (with the generation
+   prompt, else without it, only the turn's header between); found there, that text
    trains as the template writes it (the call, and the content with it), else the turn stays an input (a
    template that writes the last turn of a render otherwise than the same turn with others after it, as
    Qwen3's writes an empty think block), counted among the answers left out.
@@ -132,14 +133,37 @@ def _call_spans(history, prompt: str, render: _Render, calls: list[int]) -> list
             )
         except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no range then
             found = None
-        if found is None or not found[1] or not prompt.startswith(found[0] + found[1]):
+        if found is None or not found[1]:
             continue
-        start = len(found[0])
+        start = (
+            len(found[0])
+            if prompt.startswith(found[0] + found[1])
+            else _turn_after(history, index, prompt, render, found[1])
+        )
+        if start is None:
+            continue
         end = start + len(found[1])
         if render.eos and prompt.startswith(render.eos, end):
             end += len(render.eos)
         spans.append([start, end])
     return spans
+
+
+def _turn_after(history, index: int, prompt: str, render: _Render, text: str) -> int | None:
+    """Where ``text`` (turn ``index``'s rendered form) begins in ``prompt``, in the turn after the render of
+    the chat before it (a prefix of ``prompt``; only the turn's header between them, no EOS), or None. The
+    generation prompt may hold more than a turn's header inside a chat does: Qwen3's with ``enable_thinking:
+    false`` ends with an empty think block an earlier turn is written without."""
+    try:
+        before = render(history[:index], generation_prompt=False)
+    except Exception:  # noqa: BLE001 - a template may refuse a part of a chat: no range then
+        return None
+    if not prompt.startswith(before):
+        return None
+    at = prompt.find(text, len(before))
+    if at < 0 or (render.eos and render.eos in prompt[len(before) : at]):
+        return None
+    return at
 
 
 def _each_answer_spans(history, prompt: str, render: _Render, answers: list[int]) -> list:

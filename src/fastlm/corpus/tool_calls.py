@@ -18,7 +18,11 @@ and the text a chat template writes for a turn that calls tools.
   generation prompt) less its render of the turns before it with the generation prompt, which must be a
   prefix of it; the template's end of turn after the turn (what it writes after a plain answer's content,
   e.g. ``<|im_end|>\\n``) is left out, as a plain answer's is, so that the tokenizer's EOS ends it as it
-  ends any answer.
+  ends any answer. Where the template writes a chat's last turn with more in front than the same turn once
+  the chat goes on (a tool's result after it), the turn is as the chat going on writes it: Qwen3's template
+  gives a last turn the empty think block ``<think>\\n\\n</think>\\n\\n`` alone, which a plain answer trains
+  without (as predict asks: the generation prompt ends at the header), so a call trains so too, as the
+  prompts of the chat's next rounds and its earlier calls write it.
 """
 
 from __future__ import annotations
@@ -198,10 +202,30 @@ def rendered_turn(
         return None
     text = whole[len(prompt) :]
     end = _turn_end(history, tokenizer, variables, tools)
-    if end and text.endswith(end):
-        return prompt, text[: -len(end)]
     eos = getattr(tokenizer, "eos_token", None)
-    return prompt, text[: text.index(eos)] if eos and eos in text else text
+    if end and text.endswith(end):
+        text = text[: -len(end)]
+    elif eos and eos in text:
+        text = text[: text.index(eos)]
+    going_on = _turn_going_on(history, turn, prompt, end or eos, (tokenizer, variables, tools))
+    return prompt, going_on if going_on and text.endswith(going_on) else text
+
+
+def _turn_going_on(history, turn, prompt: str, end: str | None, render) -> str | None:
+    """``turn``'s text as the template writes it with a tool's result after it (the chat going on): what the
+    render of that chat writes after ``prompt`` up to ``end`` (the end of turn), None where the render does
+    not begin with ``prompt`` or holds no ``end``."""
+    tokenizer, variables, tools = render
+    follower = {"role": "tool", "content": _TURN_MARK}
+    try:
+        text = apply_template(
+            [*history, turn, follower], tokenizer, variables, generation_prompt=False, tools=tools
+        )
+    except Exception:  # noqa: BLE001 - a template may refuse a tool turn there: the last turn's form then
+        return None
+    if not end or not text.startswith(prompt) or end not in text[len(prompt) :]:
+        return None
+    return text[len(prompt) : text.index(end, len(prompt))]
 
 
 def _turn_end(history, tokenizer, variables, tools) -> str | None:
