@@ -383,3 +383,19 @@ def test_the_loss_scores_each_call_and_answer_as_the_chat_writes_it_and_nothing_
         response = going_on[start : stop - len(end)]
         expected = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         assert sample["input_ids"][sample["prompt_length"] :] == expected, (kind, response)
+
+
+@pytest.mark.parametrize("last", [True, False], ids=["last_turn", "earlier_turn"])
+def test_a_chat_the_template_refuses_is_refused_in_one_line_naming_the_column(sample_texts, last):
+    """Llama-3.x's template takes one call per turn (``raise_exception``): a chat with two calls in one turn
+    is refused in one line naming split.messages_column, the chat and the template's words (was: jinja's
+    TemplateError and its traceback)."""
+    tokenizer = llama3_style_tokenizer(sample_texts)
+    chat = tool_chat("서울", answer=None if last else "맑아요")
+    chat[1 if not last else -1] = {**chat[1], "tool_calls": [tool_call("서울"), tool_call("부산")]}
+    raw = pd.DataFrame({"messages": [tool_chat("대전"), chat], "tools": [[WEATHER_TOOL]] * 2})
+    with pytest.raises(InputDataError) as caught:
+        prompt_frame(raw, parse_split_params({"messages_column": "messages"}), tokenizer)
+    line = str(caught.value)
+    assert "\n" not in line and "split.messages_column" in line and "single tool-calls" in line
+    assert "서울 날씨" in line

@@ -74,7 +74,7 @@ from fastlm.corpus.tool_calls import (
     tools_key,
     turn_fields,
 )
-from fastlm.errors import ConfigError
+from fastlm.errors import ConfigError, InputDataError
 
 __all__ = [
     "SYSTEM_TURN",
@@ -258,32 +258,50 @@ def _render_chunk(shared, rows) -> list[tuple]:
     tokenizer, template, variables, spans = shared
     rendered = []
     for history, tools, final in rows:
-        response = final["content"]
-        if final.get("tool_calls") is not None:
-            found = rendered_turn(history, final, tokenizer, variables, tools)
-            if found is None:
-                rendered.append((None, None, None))
-                continue
-            prompt, response = found
-            missing = [name for name in call_names(final["tool_calls"]) if name not in response]
-            if missing:
-                rendered.append((prompt, UNWRITTEN, (missing[0], response)))
-                continue
-        else:
-            prompt = render_messages(history, template, tokenizer, variables, tools)
-        found_spans = answer_spans(history, prompt, template, tokenizer, variables, tools) if spans else ""
-        rendered.append((prompt, found_spans, response))
+        try:
+            rendered.append(_render_chat(history, tools, final, (tokenizer, template, variables, spans)))
+        except Exception as error:  # noqa: BLE001 - a template that refuses a chat (raise_exception): said once
+            rendered.append((None, REFUSED, (history, str(error))))
     return rendered
 
 
-# What ``_render_chunk`` gives as the spans of a chat whose last call the template does not write.
+def _render_chat(history, tools, final, shared) -> tuple:
+    """(prompt, answer spans, response) of one chat (``_render_chunk``'s)."""
+    tokenizer, template, variables, spans = shared
+    response = final["content"]
+    if final.get("tool_calls") is not None:
+        found = rendered_turn(history, final, tokenizer, variables, tools)
+        if found is None:
+            return None, None, None
+        prompt, response = found
+        missing = [name for name in call_names(final["tool_calls"]) if name not in response]
+        if missing:
+            return prompt, UNWRITTEN, (missing[0], response)
+    else:
+        prompt = render_messages(history, template, tokenizer, variables, tools)
+    found_spans = answer_spans(history, prompt, template, tokenizer, variables, tools) if spans else ""
+    return prompt, found_spans, response
+
+
+# What ``_render_chunk`` gives as the spans of a chat whose last call the template does not write, and of a
+# chat the template refuses (its ``raise_exception``: Llama-3.x's takes one call per turn).
 UNWRITTEN = "\x00unwritten"
+REFUSED = "\x00refused"
 
 
 def _refuse_unwritten_calls(rendered: list, config) -> None:
-    """Refuse, in one line, a chat template that does not write a last turn's call (its function's name is not
-    in the text it writes for the turn)."""
+    """Refuse, in one line, a chat the chat template refuses (its ``raise_exception``), and a template that
+    does not write a last turn's call (its function's name is not in the text it writes for the turn)."""
     for _, spans, found in rendered:
+        if spans == REFUSED:
+            history, why = found
+            asked = next((m["content"] for m in history if m["role"] == "user"), "")
+            raise InputDataError(
+                f"split.messages_column ({config.messages_column!r}): the chat template of "
+                f"{config.tokenizer.source} refuses the chat asking {quoted(asked, 60)}: {quoted(why, 120)}.",
+                fix="leave such chats out of the data (e.g. a turn of several tool calls where the template "
+                "takes one), or use a model whose chat template renders them (split.tokenizer.source).",
+            )
         if spans == UNWRITTEN:
             name, text = found
             raise ConfigError(
