@@ -314,3 +314,38 @@ def test_a_model_trained_here_gets_its_prompts_cut_as_its_training_and_report_cu
     rows = _text_rows([prompt], tokenizer, limit=limit)
     reported = generation_prompts(tokenizer, [prompt], model=model, max_length=320, max_new_tokens=32)
     assert len(prompt_token_ids(tokenizer, prompt)) > 320 and list(rows["ids"].iloc[0]) == reported[0]
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_no_thinking", "llama32"])
+def test_predict_asks_a_chat_ending_with_a_tool_result_with_the_templates_own_prompt(sample_texts, kind):
+    """A chat ending with a tool's result is asked with its row's tools (a list, a JSON text, none) as the
+    template's own generation prompt for that chat and those tools writes it; a call whose arguments are a
+    JSON text is written as the mapping it holds."""
+    from fastlm.corpus.chat_template import CHAT_DATE
+    from tests.support.chat_templates import (
+        WEATHER_TOOL,
+        llama3_style_tokenizer,
+        qwen3_style_tokenizer,
+        tool_chat,
+    )
+
+    tokenizer = (llama3_style_tokenizer if kind == "llama32" else qwen3_style_tokenizer)(sample_texts)
+    variables = {"enable_thinking": False} if kind == "qwen3_no_thinking" else {}
+    chats = [tool_chat("서울")[:3], tool_chat("부산")[:3], [{"role": "user", "content": "안녕"}]]
+    as_text = tool_chat("광주")[:3]
+    as_text[1] = {
+        **as_text[1],
+        "tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "광주"}'}}],
+    }
+    tools = [[WEATHER_TOOL], json.dumps([WEATHER_TOOL]), None, [WEATHER_TOOL]]
+    table = pd.DataFrame({"messages": [*chats, as_text], "tools": pd.Series(tools, dtype=object)})
+    rows = _rows(table, tokenizer, ChatFormat(variables=variables))
+    expected_chats = [*chats, tool_chat("광주")[:3]]
+    assert rows["refused"].isna().all()
+    for ids, chat, given in zip(
+        rows["ids"], expected_chats, [[WEATHER_TOOL]] * 2 + [None, [WEATHER_TOOL]], strict=True
+    ):
+        prompt = tokenizer.apply_chat_template(
+            chat, tools=given, add_generation_prompt=True, tokenize=False, date_string=CHAT_DATE, **variables
+        )
+        assert tokenizer.decode(ids) == prompt
