@@ -90,34 +90,16 @@ def runtime_only_params(conf_root: Path) -> dict[str, list[str]]:
     return {name: files for name, files in set_in.items() if name in read}
 
 
-def parameters_files(conf_root: Path, envs: list[str], *, skip: Path | None = None) -> list[dict]:
-    """The parameters files Kedro reads in ``envs`` under ``conf_root`` (in that order; ``skip`` left out),
-    each read as YAML (a file that is not a mapping: empty)."""
-    import yaml
-
-    loaded = []
-    for env in envs:
-        folder = Path(conf_root) / env
-        if not folder.is_dir():
-            continue
-        for file in sorted(folder.rglob("*")):
-            inside = file.relative_to(folder).parts
-            if (
-                not file.is_file()
-                or file.suffix not in _CONF_SUFFIXES
-                or any(p.startswith(".") for p in inside)
-            ):
-                continue
-            if not any(part.startswith("parameters") for part in inside):
-                continue
-            if skip is not None and file.resolve() == Path(skip).resolve():
-                continue
-            try:
-                values = yaml.safe_load(file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                values = None  # Kedro reports the file itself
-            loaded.append(values if isinstance(values, dict) else {})
-    return loaded
+def env_parameters(loader, env: str) -> dict:
+    """The parameters of the conf environment ``env`` alone, as the run's config ``loader`` (Kedro's
+    OmegaConfigLoader) reads them: its file patterns, ``${globals:...}``, resolvers and interpolations, the
+    run's ``--params`` merged over them. Empty where the loader's conf source has no such folder (a packed
+    conf archive)."""
+    folder = Path(str(loader.conf_source)) / env
+    if not folder.is_dir():
+        return {}
+    patterns = loader.config_patterns["parameters"]
+    return loader.load_and_merge_dir_config(str(folder), patterns, "parameters", set()) or {}
 
 
 def _conf_files(conf_root: Path):

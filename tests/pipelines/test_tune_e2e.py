@@ -150,3 +150,60 @@ def test_tuned_settings_measured_on_another_split_are_not_applied(kedro_project,
     assert trained_batching(SPLIT) == (base["micro_batch_size"], base["mode"])
     warned = [line for line in lines if "not applied" in line]
     assert len(warned) == 1 and "older version" in warned[0]
+
+
+def test_a_tuned_file_not_applied_leaves_the_train_parameters_of_a_run_without_it(kedro_project):
+    """A tuned file the run does not apply (here: no record of what it measured on) gives ``params:train``
+    as a run without the file has it, as Kedro reads conf/base: a global (``${globals:...}``), the project's
+    ``${env_or:...}`` resolver, ``${runtime_params:...}`` and ``--params`` resolved, a folder Kedro's
+    patterns do not read left out. (They came back as the raw text: every train and tune run refused, or
+    took a value from a file Kedro does not read.)"""
+    import re
+
+    from kedro.framework.session import KedroSession
+    from kedro.pipeline import Node, Pipeline
+
+    from fastlm.hooks import TunedParametersHook
+    from tests.support.project import bootstrap
+
+    conf = kedro_project / "conf"
+    (conf / "base/globals.yml").write_text("micro_batch: 6\n")
+    train_yml = conf / "base/parameters_train.yml"
+    text = train_yml.read_text()
+    for key, value in (
+        ("mode", "${env_or:FASTLM_NO_SUCH_VARIABLE,dynamic}"),
+        ("micro_batch_size", "${globals:micro_batch}"),
+        ("gradient_accumulation_steps", "${runtime_params:accumulation,3}"),
+    ):
+        text, count = re.subn(rf"(\n    {key}:) \S+", rf"\1 {value}", text, count=1)
+        assert count == 1
+    train_yml.write_text(text)
+    unread = conf / "base/zz_notes/parameters/batching.yml"  # patterns: parameters*, parameters*/**, ...
+    unread.parent.mkdir(parents=True)
+    unread.write_text("train:\n  batching:\n    row_length: 64\n")
+    tuned_file = conf / "local/parameters_tuned.yml"
+    tuned = {"mode": "length_grouped", "micro_batch_size": 4, "gradient_accumulation_steps": 5}
+    tuned_file.write_text(yaml.safe_dump({"train": {"batching": {**tuned, "row_length": 32}}}))
+    given = {"accumulation": 2, "train": {"seed": 7}}
+    training = Pipeline([Node(lambda train: train, "params:train", "trained_model")])
+
+    def train_params(hooked: bool) -> dict:
+        bootstrap(kedro_project)
+        with KedroSession.create(project_path=kedro_project, runtime_params=given) as session:
+            context = session.load_context()
+            catalog = context.catalog
+            if hooked:
+                read = catalog.load("params:train")["batching"]
+                assert read["micro_batch_size"] == tuned["micro_batch_size"]  # the file is read
+                hook = TunedParametersHook()
+                hook.after_context_created(context)
+                run = {"env": None, "runtime_params": given, "project_path": str(kedro_project)}
+                hook.before_pipeline_run(run, training, catalog)
+            return catalog.load("params:train")
+
+    not_applied = train_params(hooked=True)
+    tuned_file.unlink()
+    without = train_params(hooked=False)
+    assert without["batching"]["micro_batch_size"] == 6 and without["batching"]["mode"] == "dynamic"
+    assert without["batching"]["gradient_accumulation_steps"] == 2 and without["seed"] == 7
+    assert not_applied == without

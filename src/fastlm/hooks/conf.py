@@ -16,8 +16,8 @@ from fastlm.hooks.catalog import local_path, put
 from fastlm.parameters import (
     GROUPS,
     check_top_level_params,
+    env_parameters,
     known_top_level_params,
-    parameters_files,
     runtime_only_params,
 )
 
@@ -145,14 +145,18 @@ class TunedParametersHook:
     the split, the device, precision, adapter and checkpointing settings). A training run whose settings
     differ, or a file without the record (an older version's), does not apply it: ``params:train`` goes back
     to what the other parameters files and ``--params`` give, with one warning naming what changed and the
-    fix. A tune run measures the settings without the previous tune's file."""
+    fix. A tune run measures the settings without the previous tune's file.
+
+    Without the file, a setting it sets is what conf/base gives, as the run's config loader reads it
+    (globals, resolvers, interpolations and ``--params`` resolved): no other file of conf/local may set it
+    (Kedro refuses a key repeated in one environment). Without a loader (the hook called alone): defaults."""
 
     def __init__(self) -> None:
-        self._conf: Path | None = None
+        self._loader = None
 
     @hook_impl
     def after_context_created(self, context) -> None:
-        self._conf = _conf_source(context)
+        self._loader = getattr(context, "config_loader", None)
 
     @hook_impl
     def after_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -192,11 +196,12 @@ class TunedParametersHook:
         from fastlm.pipelines.tune.record import RECORD_KEY, tuned_leaves, what_changed, without_tuned
 
         tuned = catalog.load("tuned_parameters") or {}
-        conf = self._conf or Path(run_params.get("project_path") or ".") / "conf"
+        loader = self._loader
+        base = [env_parameters(loader, loader.base_env or "base")] if loader is not None else []
         untuned = without_tuned(
             catalog.load("params:train"),
             tuned_leaves(tuned),
-            other_files=parameters_files(conf, ["base", env], skip=path),
+            other_files=base,
             given=run_params.get("runtime_params"),
         )
         if tunes:  # measured on the conf's own settings, not the previous tune's choice

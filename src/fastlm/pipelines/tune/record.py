@@ -111,8 +111,8 @@ def without_tuned(
 ) -> dict[str, Any]:
     """``train`` (the merged ``params:train``) with each tuned leaf back to what the run has without the tuned
     file: ``--params`` (``given``, the run's runtime parameters) keeps its value; else the last of
-    ``other_files`` (the other parameters files, conf/base first) that sets it; else the leaf is dropped and
-    its default applies."""
+    ``other_files`` (the parameters the run reads besides the tuned file, resolved: conf/base's) that sets
+    it; else the leaf is dropped and its default applies."""
     result = _copy(train)
     for path in leaves:
         if _get((given or {}).get("train"), path) is not _MISSING:
