@@ -50,3 +50,21 @@ def test_without_the_tuned_file_each_setting_goes_back_to_the_other_files_or_the
         {**merged, "batching": {"micro_batch_size": 2}}, tuned_leaves(tuned), other_files=[base], given=given
     )
     assert kept["batching"]["micro_batch_size"] == 2
+
+
+def test_a_model_folder_named_relative_or_absolute_is_the_same_record(tmp_path, monkeypatch):
+    """``base_model``, ``./base_model`` and its absolute path name one folder: a tune with one and a train
+    with another measured the same model (it refused the file as measured on other settings)."""
+    (tmp_path / "base_model").mkdir()
+    (tmp_path / "base_model" / "model.safetensors").write_bytes(b"1234")
+    monkeypatch.chdir(tmp_path)
+    named = [record({"model": {"name_or_path": name}}) for name in ("base_model", "./base_model")]
+    absolute = record({"model": {"name_or_path": str(tmp_path / "base_model")}})
+    assert what_changed(named[0], named[1]) is None and what_changed(named[0], absolute) is None
+    other = tmp_path / "other_model"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"1234")
+    moved = record({"model": {"name_or_path": str(other)}})
+    assert "train.model.name_or_path" in what_changed(named[0], moved)
+    hub = record({"model": {"name_or_path": "org/model"}})  # no such folder: a hub id, kept as written
+    assert hub["train.model.name_or_path"] == "org/model"

@@ -62,11 +62,22 @@ def measured_on(train, *, max_length: int, data: str | None, device: str) -> dic
     }
     model = _flat(train.model.model_dump(mode="json"), "train.model")
     record.update({key: value for key, value in model.items() if key not in NOT_MEASURED})
+    record["train.model.name_or_path"] = folder_named(train.model.name_or_path)
     runtime = train.runtime.model_dump(mode="json")
     record.update({f"train.runtime.{key}": runtime[key] for key in RUNTIME_KEYS})
     for group, key in OTHER_KEYS:
         record[f"train.{group}.{key}"] = getattr(getattr(train, group), key)
     return record
+
+
+def folder_named(name_or_path: str | None) -> str | None:
+    """A local model folder as one name however it is written (``base_model``, ``./base_model``, its absolute
+    path): resolved, relative to the working folder (the project's) where inside it. A hub id or a name that
+    is no folder here: as written."""
+    if not name_or_path or not Path(name_or_path).is_dir():
+        return name_or_path
+    folder, here = Path(name_or_path).resolve(), Path.cwd().resolve()
+    return (folder.relative_to(here) if folder.is_relative_to(here) else folder).as_posix()
 
 
 def device_description(requested: str) -> str:
