@@ -211,3 +211,26 @@ def test_a_sweep_does_not_apply_a_tuned_file_measured_on_other_settings(tmp_path
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 1 and "is not applied" in lines[0] and "split.max_length" in lines[0], lines
     assert "micro_batch_size" not in (catalog.load("params:train").get("batching") or {})
+
+
+@pytest.mark.parametrize("text", ["", "{}\n", "train: {}\n", "train:\n  batching: {}\n"])
+def test_a_tuned_file_that_sets_nothing_says_nothing(tmp_path, caplog, text):
+    """An empty tuned file (emptied by hand, or ``{}``) sets no train setting: nothing to apply or refuse, and
+    ``params:train`` is as the other files give it (it warned that the file 'was measured on other settings
+    ... written by an older version')."""
+    tuned = tmp_path / "local" / "parameters_tuned.yml"
+    tuned.parent.mkdir()
+    tuned.write_text(text)
+    train = {"batching": {"micro_batch_size": 6}}
+    catalog = DataCatalog(
+        {
+            "tuned_parameters": YAMLDataset(filepath=str(tuned)),
+            "params:train": MemoryDataset(train),
+            "params:split": MemoryDataset({}),
+        }
+    )
+    training = Pipeline([Node(lambda train: train, "params:train", "trained_model")])
+    with caplog.at_level("INFO", logger="fastlm.hooks"):
+        TunedParametersHook().before_pipeline_run({"env": None}, training, catalog)
+    assert [record.getMessage() for record in caplog.records] == []
+    assert catalog.load("params:train") == train

@@ -196,11 +196,14 @@ class TunedParametersHook:
         from fastlm.pipelines.tune.record import RECORD_KEY, tuned_leaves, what_changed, without_tuned
 
         tuned = catalog.load("tuned_parameters") or {}
+        leaves = tuned_leaves(tuned)
+        if not leaves:  # an empty file: nothing applied, nothing to say
+            return
         loader = self._loader
         base = [env_parameters(loader, loader.base_env or "base")] if loader is not None else []
         untuned = without_tuned(
             catalog.load("params:train"),
-            tuned_leaves(tuned),
+            leaves,
             other_files=base,
             given=run_params.get("runtime_params"),
         )

@@ -109,8 +109,11 @@ def what_changed(recorded: Any, current: Mapping[str, Any]) -> str | None:
 
 
 def tuned_leaves(tuned: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
-    """The paths under ``train`` the tuned file sets (``("batching", "micro_batch_size")``, ...)."""
-    return [path for path, _ in _leaves(((tuned or {}).get("train")) or {}, ())]
+    """The paths under ``train`` the tuned file sets (``("batching", "micro_batch_size")``, ...); an empty
+    mapping (``batching: {}``) sets nothing, merged over the other files."""
+    train = (tuned or {}).get("train") if isinstance(tuned, Mapping) else None
+    leaves = _leaves(train, ()) if isinstance(train, Mapping) else ()
+    return [path for path, value in leaves if not (isinstance(value, Mapping) and not value)]
 
 
 def without_tuned(
