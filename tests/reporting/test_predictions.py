@@ -349,3 +349,21 @@ def test_predict_asks_a_chat_ending_with_a_tool_result_with_the_templates_own_pr
             chat, tools=given, add_generation_prompt=True, tokenize=False, date_string=CHAT_DATE, **variables
         )
         assert tokenizer.decode(ids) == prompt
+
+
+def test_a_chat_the_template_refuses_is_a_refused_row_and_the_others_are_asked(sample_texts):
+    """Llama-3.x's template takes one tool call a turn (its ``raise_exception``): a chat with two in one turn
+    is kept in predictions.csv with the template's reason, and the other chats are asked (it ended predict
+    with jinja's TemplateError traceback)."""
+    from tests.support.chat_templates import WEATHER_TOOL, llama3_style_tokenizer, tool_call, tool_chat
+
+    tokenizer = llama3_style_tokenizer(sample_texts)
+    two_calls = tool_chat("서울")[:3]
+    two_calls[1] = {**two_calls[1], "tool_calls": [tool_call("서울"), tool_call("부산")]}
+    chats = [tool_chat("대구")[:3], two_calls, [{"role": "user", "content": "안녕"}]]
+    table = pd.DataFrame({"messages": chats, "tools": pd.Series([[WEATHER_TOOL]] * 3, dtype=object)})
+    rows = _rows(table, tokenizer, ChatFormat())
+    assert rows["refused"].iat[0] is None and rows["refused"].iat[2] is None, list(rows["refused"])
+    reason = rows["refused"].iat[1]
+    assert reason.startswith("template_refused") and "\n" not in reason, reason
+    assert rows["ids"].iat[1] is None and rows["ids"].iat[0] is not None and rows["ids"].iat[2] is not None

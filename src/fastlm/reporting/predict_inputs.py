@@ -27,7 +27,7 @@ import pandas as pd
 from fastlm.corpus.cleaning import classify_values
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.corpus.pretokenized import input_ids
-from fastlm.corpus.prompts import UNPADDED, leading_bos, render_prompt, truncate_prompt_ids
+from fastlm.corpus.prompts import UNPADDED, leading_bos, quoted, render_prompt, truncate_prompt_ids
 from fastlm.corpus.tool_calls import parse_tools
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import InputDataError
@@ -152,6 +152,11 @@ def encode_inputs(
         ]
     else:
         rendered = [render_prompt(text, template) if template else text for text in inputs]
+    return _encoded(rendered, tokenizer)
+
+
+def _encoded(rendered: list[str], tokenizer) -> list[list[int]]:
+    """Rendered prompts tokenized as training tokenized them (``encode_inputs``)."""
     encoded = tokenizer(rendered, add_special_tokens=False, **UNPADDED)["input_ids"] if rendered else []
     bos = leading_bos(tokenizer)
     return [[bos, *ids] if bos is not None and ids[:1] != [bos] else list(ids) for ids in encoded]
@@ -195,11 +200,34 @@ def input_rows(
         if user_turn:
             inputs = [chat.turns(text) for text in inputs]
     prompts: list = [None] * len(values)
-    encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat, tools=tools)
-    for row, prompt in zip(np.flatnonzero(ok), encoded, strict=True):
+    if messages:  # each chat rendered alone: one its template refuses is a refused row
+        rendered = _rendered_chats(inputs, tokenizer, chat, tools)
+        rows = np.flatnonzero(ok)
+        for row, text in zip(rows, rendered, strict=True):
+            if isinstance(text, Exception):
+                reasons.iat[row] = f"template_refused ({quoted(str(text), 100)})"
+        kept = [(row, text) for row, text in zip(rows, rendered, strict=True) if isinstance(text, str)]
+        encoded = _encoded([text for _, text in kept], tokenizer)
+        rows = [row for row, _ in kept]
+    else:
+        encoded = encode_inputs(inputs, tokenizer, template=template, chat=chat, tools=tools)
+        rows = np.flatnonzero(ok)
+    for row, prompt in zip(rows, encoded, strict=True):
         prompts[row] = prompt
     shown = values.map(_shown_messages if messages else _shown, na_action=None)
     return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, leading_bos(tokenizer)))
+
+
+def _rendered_chats(histories: list, tokenizer, chat: ChatFormat, tools: list | None) -> list:
+    """Each chat's prompt as ``chat`` renders it, or the exception its template raised (Llama-3.x's refuses
+    a turn of several tool calls)."""
+    rendered: list = []
+    for history, given in zip(histories, tools or [None] * len(histories), strict=True):
+        try:
+            rendered.append(chat.render(history, tokenizer, given))
+        except Exception as error:  # noqa: BLE001 - the template's own refusal (raise_exception), kept as the reason
+            rendered.append(error)
+    return rendered
 
 
 @dataclass(frozen=True)
