@@ -241,3 +241,34 @@ def test_a_bad_file_names_the_parameter_that_pointed_at_it(tmp_path, name, conte
     message = str(error.value)
     assert expected in message and "predict.input" in message.split("Fix:")[1]
     assert "raw_path" not in message and "split" not in message and "\n" not in message
+
+
+def _call_row(arguments: dict) -> dict:
+    return {
+        "messages": [
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": arguments}}]}
+        ]
+    }
+
+
+# an integer argument only one row's call has: Arrow's struct gives the other row a null there
+CALL_ROWS = [_call_row({"n": 7}), _call_row({"s": "x"})]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "save_to_disk"])
+def test_a_nested_integer_beside_nulls_stays_an_integer(tmp_path, kind):
+    """pandas' conversion of an Arrow struct reads an int64 field holding nulls as float64: a call's
+    ``{"n": 7}`` came back as ``{"n": 7.0}``, which the chat template writes as ``7.0``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / ("calls" if kind == "save_to_disk" else f"calls.{kind}")
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in CALL_ROWS))
+    elif kind == "parquet":
+        pq.write_table(pa.Table.from_pylist(CALL_ROWS), path)
+    else:
+        datasets.Dataset.from_list(CALL_ROWS).save_to_disk(path)
+    read = read_text_table(path)["messages"][0][0]["tool_calls"][0]["function"]["arguments"]
+    written = CALL_ROWS[0]["messages"][0]["tool_calls"][0]["function"]["arguments"]
+    assert json.dumps({k: v for k, v in dict(read).items() if v is not None}) == json.dumps(written)

@@ -358,7 +358,7 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
     try:
         import pyarrow.json as pajson
 
-        table = pajson.read_json(_rewound(source)).to_pandas()
+        table = _arrow_frame(pajson.read_json(_rewound(source)))
     except Exception:  # noqa: BLE001 - mixed types, a bad line or a repeated key: Python's json says which
         table = None
     whole = table is not None and len(table) == _filled_lines(source)
@@ -473,7 +473,7 @@ def _read_parquet(source, path: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     _refuse_repeated(pq.read_schema(source).names, path)
-    return pd.read_parquet(source)
+    return _arrow_frame(pq.read_table(source))
 
 
 def _read_arrow_dir(source, path: Path) -> pd.DataFrame:
@@ -481,8 +481,23 @@ def _read_arrow_dir(source, path: Path) -> pd.DataFrame:
 
     data = datasets.load_from_disk(str(path))
     if isinstance(data, datasets.DatasetDict):
-        return pd.concat([part.to_pandas() for part in data.values()], ignore_index=True)
-    return data.to_pandas()
+        return pd.concat([_arrow_frame(part.data.table) for part in data.values()], ignore_index=True)
+    return _arrow_frame(data.data.table)
+
+
+def _arrow_frame(table) -> pd.DataFrame:
+    """``table`` (a pyarrow Table) as pandas reads it, its nested columns (lists, structs) as the Python
+    values Arrow holds: pandas' own conversion turns an integer field of a struct that holds nulls (a call's
+    ``{"n": 7}`` beside another call's arguments without ``n``) into a float, ``7.0``, which a chat template
+    then writes."""
+    import pyarrow.types as patypes
+
+    nested = [field.name for field in table.schema if patypes.is_nested(field.type)]
+    frame = table.drop_columns(nested).to_pandas() if nested else table.to_pandas()
+    for name in nested:
+        values = pd.Series(table.column(name).to_pylist(), index=frame.index, dtype=object)
+        frame.insert(table.column_names.index(name), name, values)
+    return frame
 
 
 _READERS = {
