@@ -367,3 +367,30 @@ def test_a_chat_the_template_refuses_is_a_refused_row_and_the_others_are_asked(s
     reason = rows["refused"].iat[1]
     assert reason.startswith("template_refused") and "\n" not in reason, reason
     assert rows["ids"].iat[1] is None and rows["ids"].iat[0] is not None and rows["ids"].iat[2] is not None
+
+
+def test_the_summary_says_where_the_tools_came_from_and_warns_of_tool_chats_asked_without_them(
+    sample_texts, monkeypatch
+):
+    """Tool-calling chats in an input without the training's tools column were asked without any tools,
+    silently, and the summary did not say which column the tools were read from."""
+    import logging.handlers
+
+    from fastlm.reporting import predict_steps
+    from tests.support.chat_templates import WEATHER_TOOL, tool_chat
+
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-steps-lines", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predict_steps, "log", logger)
+    chats = [tool_chat("서울")[:3], [{"role": "user", "content": "안녕"}]]
+    given = [[WEATHER_TOOL], None]
+    with_tools = predict_steps.tools_record(
+        pd.DataFrame({"messages": chats, "tools": given}), ChatFormat(), "messages"
+    )
+    assert with_tools == {"tools_column": "tools", "rows_with_tools": sum(v is not None for v in given)}
+    assert not seen.buffer
+    without = predict_steps.tools_record(pd.DataFrame({"messages": chats}), ChatFormat(), "messages")
+    assert without == {"tools_column": None, "rows_with_tools": 0}
+    said = [record.getMessage() for record in seen.buffer if record.levelno == logging.WARNING]
+    assert len(said) == 1 and "'tools'" in said[0] and "without tools" in said[0]

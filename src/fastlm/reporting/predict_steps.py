@@ -13,6 +13,7 @@ import pandas as pd
 
 from fastlm.corpus.chat_template import unread_variables
 from fastlm.corpus.prompts import quoted
+from fastlm.corpus.tool_calls import has_tool_calls, parse_tools, plain
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import chat_format, chat_template_sha256
 from fastlm.reporting.predict_inputs import IdVocabulary, input_limit
@@ -27,6 +28,7 @@ __all__ = [
     "refuse_an_input_of_no_askable_row",
     "refuse_prompts_of_an_id_model",
     "say_predicted",
+    "tools_record",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,36 @@ def chat_record(chat, tokenizer, user_turn: bool) -> dict:
             **system,
         }
     return {"chat_template_sha256": None, "messages_prompt_template": chat.prompt_template, **system}
+
+
+def tools_record(table: pd.DataFrame, chat, column: str) -> dict:
+    """Where the chats' tools came from, for the summary: the column (the training's ``split.tools_column``)
+    where the input has it, else None, and the rows it gives tools. Chats in ``column`` that call tools or
+    hold a tool's result, asked from an input without that column, are asked without any tools: said in
+    one warning (not for a model trained with ``split.tools_column: null``, which reads no tools)."""
+    name = chat.tools_column
+    if name is not None and name in table.columns:
+        given = parse_tools(table[name], f"the tools column {name!r}")
+        return {"tools_column": name, "rows_with_tools": sum(tools is not None for tools in given)}
+    calling = sum(_calls_tools(turns) for turns in table[column]) if name is not None else 0
+    if calling:
+        log.warning(
+            "predict: %d chat(s) of column %r call tools or hold a tool's result, but the input has no"
+            " column %r (the training's split.tools_column): they are asked without tools. Fix: give each"
+            " chat's tools in a column %r",
+            calling,
+            column,
+            name,
+            name,
+        )
+    return {"tools_column": None, "rows_with_tools": 0}
+
+
+def _calls_tools(turns) -> bool:
+    turns = plain(turns)
+    return isinstance(turns, list) and any(
+        isinstance(turn, dict) and (turn.get("role") == "tool" or has_tool_calls(turn)) for turn in turns
+    )
 
 
 def input_chat(trained: dict, chat_training, params, column: tuple[str, str], *, messages: bool):
