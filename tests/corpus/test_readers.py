@@ -272,3 +272,25 @@ def test_a_nested_integer_beside_nulls_stays_an_integer(tmp_path, kind):
     read = read_text_table(path)["messages"][0][0]["tool_calls"][0]["function"]["arguments"]
     written = CALL_ROWS[0]["messages"][0]["tool_calls"][0]["function"]["arguments"]
     assert json.dumps({k: v for k, v in dict(read).items() if v is not None}) == json.dumps(written)
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "save_to_disk"])
+def test_a_column_of_id_lists_reads_as_arrays_not_python_lists(tmp_path, kind):
+    """Pre-tokenized data (millions of id lists) keeps pandas' conversion: each row an int64 array over
+    Arrow's buffer (8 bytes an id), not a Python list (36 bytes an id); only columns holding structs (chats,
+    calls) are read as Python values."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"ids": [3, 17, 5]}, {"ids": [9, 10]}]
+    path = tmp_path / ("ids" if kind == "save_to_disk" else f"ids.{kind}")
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif kind == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        datasets.Dataset.from_list(rows).save_to_disk(path)
+    ids = read_text_table(path)["ids"]
+    assert all(isinstance(value, np.ndarray) and value.dtype == np.int64 for value in ids), list(ids)
+    assert [value.tolist() for value in ids] == [row["ids"] for row in rows]

@@ -486,18 +486,28 @@ def _read_arrow_dir(source, path: Path) -> pd.DataFrame:
 
 
 def _arrow_frame(table) -> pd.DataFrame:
-    """``table`` (a pyarrow Table) as pandas reads it, its nested columns (lists, structs) as the Python
-    values Arrow holds: pandas' own conversion turns an integer field of a struct that holds nulls (a call's
-    ``{"n": 7}`` beside another call's arguments without ``n``) into a float, ``7.0``, which a chat template
-    then writes."""
-    import pyarrow.types as patypes
-
-    nested = [field.name for field in table.schema if patypes.is_nested(field.type)]
+    """``table`` (a pyarrow Table) as pandas reads it, its columns holding structs (chats, calls) as the
+    Python values Arrow holds: pandas' own conversion turns an integer field of a struct that holds nulls (a
+    call's ``{"n": 7}`` beside another call's arguments without ``n``) into a float, ``7.0``, which a chat
+    template then writes. A list of numbers (pre-tokenized ids) keeps pandas' conversion: an array a row,
+    8 bytes an id where a Python list takes 36."""
+    nested = [field.name for field in table.schema if _holds_struct(field.type)]
     frame = table.drop_columns(nested).to_pandas() if nested else table.to_pandas()
     for name in nested:
         values = pd.Series(table.column(name).to_pylist(), index=frame.index, dtype=object)
         frame.insert(table.column_names.index(name), name, values)
     return frame
+
+
+def _holds_struct(kind) -> bool:
+    """Whether an Arrow type is, or holds at any depth, a struct or a map."""
+    import pyarrow.types as patypes
+
+    if patypes.is_struct(kind) or patypes.is_map(kind):
+        return True
+    if patypes.is_list(kind) or patypes.is_large_list(kind) or patypes.is_fixed_size_list(kind):
+        return _holds_struct(kind.value_type)
+    return False
 
 
 _READERS = {
