@@ -399,3 +399,33 @@ def test_a_chat_the_template_refuses_is_refused_in_one_line_naming_the_column(sa
     line = str(caught.value)
     assert "\n" not in line and "split.messages_column" in line and "single tool-calls" in line
     assert "서울 날씨" in line
+
+
+def test_tool_chats_of_data_without_the_tools_column_are_said_in_one_warning(sample_texts, monkeypatch):
+    """Chats that call tools in a file without the tools column (forgotten, or named otherwise: `functions`)
+    train their calls without the function schemas a model is asked with: one warning names the column
+    looked for and the count (they trained so silently). Data with the column, or without tool chats, says
+    nothing."""
+    import logging
+
+    from fastlm.corpus import prompts
+
+    lines: list[str] = []
+    logger = logging.Logger("split-test")
+    logger.addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: lines.append(r.getMessage())})())
+    monkeypatch.setattr(prompts, "log", logger)
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    config = parse_split_params({"messages_column": "messages"})
+    chats = [
+        tool_chat("서울"),
+        tool_chat("부산", answer="맑아요."),
+        [*tool_chat("대구")[:1], {"role": "assistant", "content": "네."}],
+    ]
+    prompt_frame(pd.DataFrame({"messages": chats, "functions": [[WEATHER_TOOL]] * 3}), config, tokenizer)
+    said = [line for line in lines if "tools column" in line]
+    assert len(said) == 1 and "2 of 3 chats" in said[0] and "'tools'" in said[0], lines
+    assert "split.tools_column" in said[0]
+    lines.clear()
+    prompt_frame(pd.DataFrame({"messages": chats, "tools": [[WEATHER_TOOL]] * 3}), config, tokenizer)
+    prompt_frame(pd.DataFrame({"messages": chats[2:]}), config, tokenizer)
+    assert not [line for line in lines if "tools column" in line], lines

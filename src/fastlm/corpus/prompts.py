@@ -111,6 +111,8 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         if column is not None and column in raw.columns:
             tools = parse_tools(raw[column], f"split.tools_column ({column!r})")
         chats, drops = clean_messages(raw[config.messages_column], tools)
+        if column is not None and tools is None:
+            _say_tool_chats_without_tools(chats, column, len(chats))
         if not (config.chat_template and has_chat_template(tokenizer)):
             chats, drops["tool_calls"] = _without_tool_chats(chats)
         prompts, spans, responses = _render_chats(chats, config, tokenizer)
@@ -313,13 +315,35 @@ def _refuse_unwritten_calls(rendered: list, config) -> None:
             )
 
 
+def _say_tool_chats_without_tools(chats: pd.DataFrame, column: str, total: int) -> None:
+    """One warning where chats call tools but the data has no ``split.tools_column``: their calls train
+    without the function schemas a model is asked with."""
+    tooled = sum(
+        _calls_tools(history, final) for history, final in zip(chats["history"], chats["final"], strict=True)
+    )
+    if tooled:
+        log.warning(
+            "%d of %d chats call tools, but the data has no tools column %r (split.tools_column): their "
+            "calls train without the function schemas a model is asked with; name the column holding them "
+            "with split.tools_column (or set it to null to train them so on purpose)",
+            tooled,
+            total,
+            column,
+        )
+
+
+def _calls_tools(history, final) -> bool:
+    """Whether a chat (its cleaned history and last turn) holds tool calls or tool turns."""
+    return final.get("tool_calls") is not None or any(
+        m.get("tool_calls") is not None or m["role"] == "tool" for m in history
+    )
+
+
 def _without_tool_chats(chats: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """``chats`` less those with tool calls or tool turns (no chat template renders them: ``role: content``
     lines cannot), and their count."""
     tooled = [
-        final.get("tool_calls") is not None
-        or any(m.get("tool_calls") is not None or m["role"] == "tool" for m in history)
-        for history, final in zip(chats["history"], chats["final"], strict=True)
+        _calls_tools(history, final) for history, final in zip(chats["history"], chats["final"], strict=True)
     ]
     keep = ~np.asarray(tooled, dtype=bool)
     return chats[keep].reset_index(drop=True), int(len(tooled) - keep.sum())
