@@ -160,3 +160,42 @@ def test_a_user_error_is_said_once_and_a_bug_keeps_kedros_full_line():
     assert "raw.csv is empty" not in _node_failure_line(wrapped)  # Kedro wraps: the chain is searched
     bug = _node_failure_line(KeyError("tokenizer"))
     assert "split_corpus failed with error" in bug and "tokenizer" in bug
+
+
+def split_stopped_by_ctrl_c(folder: Path) -> tuple[Path, int, str]:
+    """In a new project: a split stopped by Ctrl-C (SIGINT to the foreground ``kedro run``) once its first
+    node runs, outside any training loop (KeyboardInterrupt, which Kedro's on_pipeline_error never sees)."""
+    import signal
+
+    project = copy_project(folder / "project")
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", list(demo_texts()[:200]))
+    process = background.popen(
+        [sys.executable, "-m", "kedro", "run", "--pipeline=split"],
+        cwd=project,
+        env=background.environ(COLUMNS="80", MLFLOW_TRACKING_URI=None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = []
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if "Running node" in line:
+                process.send_signal(signal.SIGINT)
+                break
+        output.append(process.stdout.read())
+        return project, process.wait(timeout=120), "".join(output)
+    finally:
+        background.forget(process)
+
+
+@pytest.mark.e2e
+@pytest.mark.background(job=split_stopped_by_ctrl_c)
+def test_a_run_stopped_by_ctrl_c_outside_training_is_killed_not_finished():
+    """MLflow ends a run still open at the process's exit as FINISHED: a split, report or predict stopped by
+    Ctrl-C showed in the MLflow UI as a finished run with nothing in it."""
+    project, returncode, output = background.result(split_stopped_by_ctrl_c)
+    assert returncode != 0, output
+    statuses = sqlite3.connect(project / "mlflow.db").execute("select status from runs").fetchall()
+    assert [status for (status,) in statuses] == ["KILLED"], output

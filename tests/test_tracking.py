@@ -216,3 +216,28 @@ def test_a_hook_that_outlives_its_run_logs_every_parameter_of_the_next(tmp_path,
             assert logged["train.note"] == "x" * 6000 and logged["train.max_steps"] == "43"
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_a_run_stopped_by_a_signal_is_killed_and_one_that_failed_is_failed(active_run, tmp_path):
+    """A sweep's child run stopped by Ctrl-C or a stop signal (the training loop's graceful stop) is KILLED in
+    the MLflow UI, not FAILED; a session's run left open by Ctrl-C is ended KILLED (at exit, or when the next
+    session starts), with its open child run, while a run the session did not open is left alone."""
+    from fastlm.engine.train.signals import TrainingInterrupted
+    from fastlm.tracking import RunTracker, end_interrupted_runs, note_session_run, session_runs
+
+    client, tracker, ended = mlflow.MlflowClient(), RunTracker(), {}
+    stopped = TrainingInterrupted("SIGTERM", 3, tmp_path / "checkpoint-00000003")
+    for name, error in (("stopped", stopped), ("ctrl-c", KeyboardInterrupt()), ("failed", ValueError("x"))):
+        with pytest.raises(type(error)), tracker.child_run(name, {}) as run_id:
+            raise error
+        ended[name] = client.get_run(run_id).info.status
+    assert ended == {"stopped": "KILLED", "ctrl-c": "KILLED", "failed": "FAILED"}
+
+    end_interrupted_runs()  # not a session's run: left open
+    assert mlflow.active_run().info.run_id == active_run.info.run_id
+    note_session_run()
+    child = mlflow.start_run(run_name="open child", nested=True)
+    end_interrupted_runs()
+    assert mlflow.active_run() is None and active_run.info.run_id not in session_runs
+    statuses = {client.get_run(run.info.run_id).info.status for run in (active_run, child)}
+    assert statuses == {"KILLED"}

@@ -6,6 +6,7 @@ kedro-mlflow opened for the current ``kedro run``, or any active run.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -113,6 +114,54 @@ def active_run_id() -> str | None:
         return run.info.run_id if run is not None else None
     except Exception:  # noqa: BLE001
         return None
+
+
+# The MLflow runs the sessions of this process opened: one still open at the process's exit, or when the next
+# session starts (a notebook), was stopped by Ctrl-C outside the training loop (a KeyboardInterrupt, which
+# Kedro's on_pipeline_error never sees) and is ended KILLED; MLflow's own exit handler would end it FINISHED.
+session_runs: set[str] = set()
+
+
+def stopped_by_user(error: BaseException | None) -> bool:
+    """``error`` (or one it was raised from) is a Ctrl-C or a stop signal: a KeyboardInterrupt, or the
+    training loop's graceful stop (exit status 130)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, KeyboardInterrupt) or getattr(error, "exit_code", None) == 130:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def note_session_run() -> None:
+    """Note the active run as a session's (``end_interrupted_runs`` ends it KILLED if it is left open).
+    The exit handler is registered after MLflow's (at its import), so it runs first."""
+    run_id = active_run_id()
+    if run_id is None:
+        return
+    if not session_runs:
+        atexit.register(end_interrupted_runs)
+    session_runs.add(run_id)
+
+
+def end_interrupted_runs(run_id: str | None = None) -> None:
+    """End KILLED the open runs a session opened (``note_session_run``) and their open child runs, innermost
+    first; ``run_id``, a session's run open in another thread, too. Never raises."""
+    try:
+        import mlflow
+
+        while (run := mlflow.active_run()) is not None:
+            parent = mlflow.MlflowClient().get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")
+            if run.info.run_id not in session_runs and parent not in session_runs:
+                break
+            session_runs.discard(run.info.run_id)
+            mlflow.end_run("KILLED")
+        if run_id in session_runs:
+            session_runs.discard(run_id)
+            mlflow.MlflowClient().set_terminated(run_id, "KILLED")
+    except Exception as exc:  # noqa: BLE001 - at exit or a session's start: tracking must not stop anything
+        log.warning("MLflow: an interrupted run was not marked KILLED (%s: %s)", type(exc).__name__, exc)
 
 
 class SafeMlflow:
@@ -278,8 +327,8 @@ class RunTracker:
     @contextlib.contextmanager
     def child_run(self, name: str, params: dict):
         """An MLflow run nested under the active run (a sweep's run), with ``params``; ended FAILED when the
-        body raises. Yields its run id. Without an active run (tracking off or failed) nothing is opened, the
-        body still runs and gets None."""
+        body raises (KILLED when a stop signal or Ctrl-C stopped it). Yields its run id. Without an active run
+        (tracking off or failed) nothing is opened, the body still runs and gets None."""
         import mlflow
 
         try:
@@ -291,9 +340,9 @@ class RunTracker:
             run = None
         try:
             yield run.info.run_id if run is not None else None
-        except BaseException:
+        except BaseException as error:
             if run is not None:
-                mlflow.end_run("FAILED")
+                mlflow.end_run("KILLED" if stopped_by_user(error) else "FAILED")
             raise
         if run is not None:
             mlflow.end_run()

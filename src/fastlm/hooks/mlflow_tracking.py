@@ -19,11 +19,14 @@ from fastlm.tracking import (
     active_run_id,
     begin_session_tracking,
     bound_tracking_requests,
+    end_interrupted_runs,
     end_session_tracking,
     local_store_uri,
+    note_session_run,
     param_text,
     register_project_artifacts,
     session_tracking_set,
+    stopped_by_user,
 )
 
 _GATHERING = threading.local()  # RedactingMlflowHook: the parameters of the node whose hooks this thread runs
@@ -88,6 +91,7 @@ class RedactingMlflowHook(MlflowHook):
     @hook_impl
     def after_context_created(self, context) -> None:
         bound_tracking_requests()
+        end_interrupted_runs()  # a run an earlier session in this process left open (Ctrl-C in a notebook)
         register_project_artifacts()  # the experiment's artefacts live next to the project's store
         begin_session_tracking()  # put back at the run's end: a later session in this process starts clean
         with contextlib.suppress(Exception):  # a missing or broken mlflow.yml: the plugin's own handling
@@ -106,6 +110,8 @@ class RedactingMlflowHook(MlflowHook):
             self.mlflow_config.tracking.run.name = catalog.load(RUN_NAME)  # resolved by RunNameHook
         run_params = redact(run_params)
         self._guarded("run start", super().before_pipeline_run, run_params, pipeline, catalog)
+        if not getattr(self, "_already_active_mlflow", True):  # this run is the session's own
+            note_session_run()  # Ctrl-C outside training: ended KILLED at exit, not FINISHED by MLflow
         # Tags as values: the runner's class name, not its repr; lists and --params as JSON.
         tags = {key: text for key, value in run_params.items() if value and (text := param_text(value))}
         tracking = getattr(self, "_tracking", None)
@@ -143,8 +149,13 @@ class RedactingMlflowHook(MlflowHook):
 
     @hook_impl
     def on_pipeline_error(self, error, run_params, pipeline, catalog) -> None:
+        """A run stopped by a stop signal or Ctrl-C (the training loop's graceful stop) ends KILLED, any other
+        failure FAILED (the plugin's)."""
         try:
-            self._guarded("run end", super().on_pipeline_error, error, run_params, pipeline, catalog)
+            if stopped_by_user(error) and not getattr(self, "_already_active_mlflow", True):
+                self._guarded("run end", lambda: end_interrupted_runs(self.run_id))
+            else:
+                self._guarded("run end", super().on_pipeline_error, error, run_params, pipeline, catalog)
         finally:
             end_session_tracking()
 
