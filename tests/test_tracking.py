@@ -241,3 +241,19 @@ def test_a_run_stopped_by_a_signal_is_killed_and_one_that_failed_is_failed(activ
     assert mlflow.active_run() is None and active_run.info.run_id not in session_runs
     statuses = {client.get_run(run.info.run_id).info.status for run in (active_run, child)}
     assert statuses == {"KILLED"}
+
+
+def test_a_report_run_again_adds_no_duplicate_test_metric_to_the_training_run(active_run):
+    """Each `kedro run --pipeline=report` logs its test figures on the training run too: the same figures
+    again were a second point at step 0 of every test_* history there; a changed figure is still logged."""
+    from fastlm.tracking import log_test_metrics
+
+    client = mlflow.MlflowClient()
+    training = client.create_run(active_run.info.experiment_id).info.run_id
+    values = {"test_loss": 2.5, "test_accuracy": 0.25}
+    for _ in range(2):
+        log_test_metrics(values, training_run_id=training)
+    changed = {**values, "test_loss": values["test_loss"] / 2}
+    log_test_metrics(changed, training_run_id=training)
+    history = {key: [m.value for m in client.get_metric_history(training, key)] for key in values}
+    assert history == {"test_loss": [values["test_loss"], changed["test_loss"]], "test_accuracy": [0.25]}

@@ -359,7 +359,8 @@ class RunTracker:
 
 def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
     """``values`` on the active run and on the training run (the one the comparison lists; it may be the
-    active run). A failing store warns once. Returns them."""
+    active run), there less those it holds already with the same value (a report run again). A failing store
+    warns once. Returns them."""
     if not values:
         return values
     tracking = SafeMlflow()
@@ -369,9 +370,11 @@ def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
         def log_on_training_run(mlflow):
             from mlflow.entities import Metric
 
-            now = int(time.time() * 1000)
-            batch = [Metric(key, value, now, 0) for key, value in values.items()]
-            mlflow.MlflowClient().log_batch(training_run_id, metrics=batch)
+            client, now = mlflow.MlflowClient(), int(time.time() * 1000)
+            logged = client.get_run(training_run_id).data.metrics  # an earlier report's: not a second point
+            batch = [Metric(key, value, now, 0) for key, value in values.items() if logged.get(key) != value]
+            if batch:
+                client.log_batch(training_run_id, metrics=batch)
 
         tracking.call("test metric logging on the training run", log_on_training_run)
     return values
