@@ -521,3 +521,20 @@ def test_a_sweep_over_label_smoothing_says_its_train_losses_are_not_comparable()
     assert "smoothed" not in verdict(
         comparison_table(summaries, plain, "final_val_loss"), "final_val_loss", {}
     )
+
+
+def test_a_sweep_runs_mlflow_parameters_name_what_it_trained_with(tmp_path):
+    """A sweep's child run logged its swept values alone: in the MLflow UI and the report's run comparison
+    train.max_steps (the sweep's budget) and every other training setting were blank beside plain train runs,
+    and the sweep's own run showed conf/base's train.max_steps, not the budget its runs trained to."""
+    from fastlm.sweeps import child_run_params, load_sweep_runs, run_train_params
+
+    base = {"max_steps": 1000, "optimizer": {"lr": 0.002, "warmup_steps": 20}, "seed": 0}
+    path = _file(tmp_path, {"name": "s", "max_steps": 7, "grid": {"train.optimizer.lr": [0.001, 0.003]}})
+    spec = load_sweep_runs(path, base)
+    for overrides in spec.plan():
+        params = run_train_params(base, spec, overrides)
+        logged = child_run_params(params, overrides)
+        assert logged["train.max_steps"] == spec.max_steps and logged["train.seed"] == base["seed"]
+        assert logged["train.optimizer.lr"] == overrides["train.optimizer.lr"]
+        assert logged["train.optimizer.warmup_steps"] == base["optimizer"]["warmup_steps"]

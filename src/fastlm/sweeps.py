@@ -258,6 +258,22 @@ def run_train_params(train_params: dict, spec: SweepSpec, overrides: dict[str, A
     return params
 
 
+def child_run_params(params: dict, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A sweep run's MLflow parameters: its train parameters as a train run logs them (``train.<key>``,
+    flattened; lists as they are), which name the sweep's budgets, and its swept values (a fold's too)."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+        else:
+            flat[prefix] = value
+
+    walk("train", params)
+    return {**flat, **overrides}
+
+
 def finished_summary(folder: Path, identity: dict[str, Any]) -> dict | None:
     """The stored summary of a run that finished with exactly ``identity`` (its effective train parameters and
     the data fingerprint), else None: a changed setting or a re-split reruns it."""

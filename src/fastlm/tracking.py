@@ -334,7 +334,8 @@ class RunTracker:
         try:
             run = mlflow.start_run(run_name=name, nested=True) if mlflow.active_run() is not None else None
             if run is not None:
-                mlflow.log_params({key: param_text(value) for key, value in params.items()})
+                texts = {key: param_text(redact(value, key)) for key, value in params.items()}
+                mlflow.log_params({key: text[:500] for key, text in texts.items() if text is not None})
         except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
             log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
             run = None

@@ -29,7 +29,14 @@ from fastlm.reporting.sweep_view import (
     sweep_document,
     verdict,
 )
-from fastlm.sweeps import SweepRuns, SweepSpec, best_run_config, load_sweep_runs, run_train_params
+from fastlm.sweeps import (
+    SweepRuns,
+    SweepSpec,
+    best_run_config,
+    child_run_params,
+    load_sweep_runs,
+    run_train_params,
+)
 from fastlm.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -177,7 +184,7 @@ class _Trainer:
     def train(self, name: str, params: dict, overrides: dict) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         """One run as a child run (ended FAILED when it raises), its model scored on the test split: its
         summary (with its ``mlflow_run_id``), training and evaluation histories."""
-        with self.tracker.child_run(name, overrides) as run_id:
+        with self.tracker.child_run(name, child_run_params(params, overrides)) as run_id:
             self.run_ids[name] = run_id
             trained, history, evaluation, summary = train_model(
                 self.tokenized,
