@@ -259,16 +259,8 @@ CALL_ROWS = [_call_row({"n": 7}), _call_row({"s": "x"})]
 def test_a_nested_integer_beside_nulls_stays_an_integer(tmp_path, kind):
     """pandas' conversion of an Arrow struct reads an int64 field holding nulls as float64: a call's
     ``{"n": 7}`` came back as ``{"n": 7.0}``, which the chat template writes as ``7.0``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    path = tmp_path / ("calls" if kind == "save_to_disk" else f"calls.{kind}")
-    if kind == "jsonl":
-        path.write_text("".join(json.dumps(row) + "\n" for row in CALL_ROWS))
-    elif kind == "parquet":
-        pq.write_table(pa.Table.from_pylist(CALL_ROWS), path)
-    else:
-        datasets.Dataset.from_list(CALL_ROWS).save_to_disk(path)
+    path = _written(tmp_path / "calls", kind, CALL_ROWS)
     read = read_text_table(path)["messages"][0][0]["tool_calls"][0]["function"]["arguments"]
     written = CALL_ROWS[0]["messages"][0]["tool_calls"][0]["function"]["arguments"]
     assert json.dumps({k: v for k, v in dict(read).items() if v is not None}) == json.dumps(written)
@@ -280,17 +272,23 @@ def test_a_column_of_id_lists_reads_as_arrays_not_python_lists(tmp_path, kind):
     Arrow's buffer (8 bytes an id), not a Python list (36 bytes an id); only columns holding structs (chats,
     calls) are read as Python values."""
     import numpy as np
+
+    rows = [{"ids": [3, 17, 5]}, {"ids": [9, 10]}]
+    ids = read_text_table(_written(tmp_path / "ids", kind, rows))["ids"]
+    assert all(isinstance(value, np.ndarray) and value.dtype == np.int64 for value in ids), list(ids)
+    assert [value.tolist() for value in ids] == [row["ids"] for row in rows]
+
+
+def _written(stem, kind: str, rows: list[dict]):
+    """``rows`` written as a JSON Lines or Parquet file, or a ``save_to_disk`` folder, at ``stem``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"ids": [3, 17, 5]}, {"ids": [9, 10]}]
-    path = tmp_path / ("ids" if kind == "save_to_disk" else f"ids.{kind}")
+    path = stem if kind == "save_to_disk" else stem.with_suffix(f".{kind}")
     if kind == "jsonl":
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     elif kind == "parquet":
         pq.write_table(pa.Table.from_pylist(rows), path)
     else:
         datasets.Dataset.from_list(rows).save_to_disk(path)
-    ids = read_text_table(path)["ids"]
-    assert all(isinstance(value, np.ndarray) and value.dtype == np.int64 for value in ids), list(ids)
-    assert [value.tolist() for value in ids] == [row["ids"] for row in rows]
+    return path
