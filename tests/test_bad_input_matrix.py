@@ -228,9 +228,9 @@ def test_ratios_not_summing_to_one(project):
         "split",
         {"split": {"ratios": {"train": 0.5, "validation": 0.1, "test": 0.1}}},
         ConfigError,
-        "parameter split.ratios",
+        "parameters split.ratios.train = 0.5, split.ratios.validation = 0.1 and split.ratios.test = 0.1",
         "must sum to 1",
-        "--params split.ratios.<key>",
+        "--params split.ratios.train=",
     )
 
 

@@ -269,6 +269,20 @@ def test_a_value_given_for_a_group_of_parameters_names_its_keys():
     assert "train.loss=<value>" not in message
 
 
+def test_a_check_across_a_groups_keys_names_those_keys_not_the_whole_group():
+    """``hidden_size`` not a multiple of ``num_attention_heads`` (a check of ``train.model`` as a whole): the
+    line printed the whole group's mapping (about 900 characters) and offered ``train.model.<key>`` as the
+    fix; it names the keys the check read and their values."""
+    with pytest.raises(ConfigError) as error:
+        parse_group("train", {"model": {"hidden_size": 32, "num_attention_heads": 5}})
+    message = str(error.value)
+    assert message.startswith(
+        "parameters train.model.hidden_size = 32 and train.model.num_attention_heads = 5 are invalid together"
+    ), message
+    assert "must be a multiple of num_attention_heads 5" in message and "\n" not in message
+    assert "{" not in message and "train.model.<key>" not in message and len(message) < 400, message
+
+
 def test_texts_given_as_parameters_are_composed_as_the_training_texts_are():
     """The split composes every text (Unicode NFC), so a prompt template or report prompt saved decomposed (a
     conf file written on macOS, NFD Hangul jamo) was tokenized as other, never-trained characters."""

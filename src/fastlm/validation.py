@@ -107,6 +107,22 @@ def parse_params(model: type[Model], raw: Any, *, prefix: str, source: str, file
                 + ("" if file_only else f", or in --params: '{name}=\"<text>\"'")
                 + ".",
             ) from None
+        read = _keys_read(_child(parent, path[-1]), message) if isinstance(value, dict) and path else []
+        if read:  # a check across the group's keys: name those keys, not the whole mapping
+            shown_keys = _listed(
+                [f"{name}.{key} = {_group_value(parent, path, value, key)!r}" for key in read], "and"
+            )
+            what = (
+                f"parameters {shown_keys} are invalid together"
+                if len(read) > 1
+                else f"parameter {shown_keys} is invalid"
+            )
+            raise ConfigError(
+                f"{where}{what}: {message}.",
+                fix=f"set {_listed([f'{name}.{key}' for key in read], 'or')} in {source}"
+                + ("" if file_only else f" or pass --params {name}.{read[0]}=<value>")
+                + ".",
+            ) from None
         target = f"{name}.<key>" if isinstance(value, dict) else name
         passed = f"'{target}={example}'" if example else f"{target}=<value>"
         raise ConfigError(
@@ -226,6 +242,26 @@ def _child(annotation: Any, part: Any) -> Any:
     if isinstance(origin, type) and issubclass(origin, Sequence) and args and isinstance(part, int):
         return args[0] if origin is not tuple or args[-1] is Ellipsis else args[min(part, len(args) - 1)]
     return None
+
+
+def _listed(items: list[str], last: str) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (``last``: the word before the last item)."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
+
+
+def _keys_read(group: Any, message: str) -> list[str]:
+    """The keys of the parameter group ``group`` (a model annotation) that a check's ``message`` names, in
+    the group's order ([] where it names none, or ``group`` is no model)."""
+    return [key for key in _field_names(group) if re.search(rf"\b{re.escape(key)}\b", message)]
+
+
+def _group_value(parent: Any, path: Sequence[str], given: Mapping, key: str) -> Any:
+    """The value of ``key`` in the group at ``path``: as ``given``, else the group's default."""
+    if key in given:
+        return given[key]
+    group = _unwrap(_child(parent, path[-1]))
+    field = group.model_fields.get(key) if isinstance(group, type) and issubclass(group, BaseModel) else None
+    return field.default if field is not None else None
 
 
 def _field_names(annotation: Any) -> list[str]:
