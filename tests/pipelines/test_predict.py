@@ -28,6 +28,7 @@ from fastlm.reporting.predictions import (
     check_prediction_pair,
     predict_rows,
 )
+from tests.support.e2e import own_experiment
 from tests.support.project import run_pipeline
 from tests.support.tiny_llama import CHAT_TEMPLATE, llama_style_tokenizer, save_tiny_llama
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
@@ -108,8 +109,9 @@ def _alone(folder, prompts, max_new_tokens, model=None):
 
 
 def test_predictions_in_input_order_refused_rows_reported_greedy_equal_per_row_generate(
-    project, model_folder
+    project, model_folder, mlflow_uri
 ):
+    own_experiment(project, "predict-e2e")
     _run(
         project,
         input="data/01_raw/inputs.jsonl",
@@ -133,6 +135,12 @@ def test_predictions_in_input_order_refused_rows_reported_greedy_equal_per_row_g
     assert summary["refused_by_reason"] == {"empty": 1, "whitespace_only": 1, "missing": 1}
     assert [r["id"] for r in summary["refused_rows"]] == ["k3", "k4", "k5"]
     assert summary["samples_per_s"] > 0 and summary["generated_tokens_per_s"] > 0
+    import mlflow  # the predict run keeps its summary (which model, what was refused) beside its parameters
+
+    mlflow.set_tracking_uri(mlflow_uri)
+    run = mlflow.search_runs(experiment_names=["predict-e2e"]).iloc[0]
+    logged = {item.path for item in mlflow.MlflowClient().list_artifacts(run["run_id"], "predict")}
+    assert logged == {"predict/predict_summary.json"}, logged
     assert summary["model"] == "data/06_models/model" and summary["precision"] == "fp32"
     assert summary["decoding_settings"]["num_beams"] == 1 and summary["truncated"] == 0
 

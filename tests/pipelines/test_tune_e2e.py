@@ -7,13 +7,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.support.e2e import SPLIT, TRAIN
+from tests.support.e2e import SPLIT, TRAIN, own_experiment
 from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
 
 
-def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_project):
+def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_project, mlflow_uri):
+    own_experiment(kedro_project, "tune-e2e")
     params = {
         "split": SPLIT,
         "train": TRAIN,
@@ -25,6 +26,12 @@ def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_projec
     assert list(trials["mode"]) == ["packed"] * 3 + ["length_grouped"] * 3  # conf/base: tune.modes
     assert list(trials["micro_batch_size"]) == [1, 2, 4] * 2 and (trials["real_tokens_per_s"] > 0).all()
     assert (kedro_project / "data/08_reporting/plots/tune.png").stat().st_size > 5_000
+    import mlflow  # the tune run logs what it wrote (the README says so): the trials too
+
+    mlflow.set_tracking_uri(mlflow_uri)
+    run = mlflow.search_runs(experiment_names=["tune-e2e"]).iloc[0]
+    logged = {item.path for item in mlflow.MlflowClient().list_artifacts(run["run_id"], "tune")}
+    assert {"tune/tune_trials.csv", "tune/tune_choice.json"} <= logged, logged
     tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
     chosen, mode = tuned["train"]["batching"]["micro_batch_size"], tuned["train"]["batching"]["mode"]
     fastest = trials.loc[trials["real_tokens_per_s"].idxmax()]
