@@ -194,8 +194,11 @@ def split_stopped_by_ctrl_c(folder: Path) -> tuple[Path, int, str]:
 @pytest.mark.background(job=split_stopped_by_ctrl_c)
 def test_a_run_stopped_by_ctrl_c_outside_training_is_killed_not_finished():
     """MLflow ends a run still open at the process's exit as FINISHED: a split, report or predict stopped by
-    Ctrl-C showed in the MLflow UI as a finished run with nothing in it."""
+    Ctrl-C showed in the MLflow UI as a finished run with nothing in it. The run ends with status 130, as a
+    Ctrl-C'd training run does."""
     project, returncode, output = background.result(split_stopped_by_ctrl_c)
-    assert returncode != 0, output
+    # the shell's status for a Ctrl-C (128 + SIGINT) and one line, not click's "Aborted!" and status 1
+    assert returncode == 130 and "Aborted!" not in output, output
+    assert output.strip().splitlines()[-1].startswith("fastlm: stopped by Ctrl-C"), output
     statuses = sqlite3.connect(project / "mlflow.db").execute("select status from runs").fetchall()
     assert [status for (status,) in statuses] == ["KILLED"], output

@@ -41,6 +41,15 @@ def _run(**kwargs):
         kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
         check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
         return kedro_run.callback(**kwargs)
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step with its own line)
+        logging.shutdown()
+        click.secho(
+            "fastlm: stopped by Ctrl-C before the run finished; what its nodes wrote so far is kept (a split "
+            "stopped part way is refused until it is run again); run the same command again to finish it.",
+            fg="red",
+            err=True,
+        )
+        sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
         user_error = (
             find_user_error(exc)
