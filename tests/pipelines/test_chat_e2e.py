@@ -189,3 +189,9 @@ def test_tool_calling_chats_split_train_and_predict_with_their_tools(kedro_proje
     ]
     assert predictions["input_tokens"].tolist() == [len(ids) for ids in expected]
     assert (predictions["refused"] == "").all() and predictions["prediction"].map(type).eq(str).all()
+    # each answer's calls read in the template's call format (a tiny model's: none, or markup cut short)
+    calls = json.loads((project / "data/08_reporting/predict_summary.json").read_text())["tool_calls"]
+    assert calls["rows_asked_with_tools"] == len(asked)
+    unread = set(calls["unread_rows"])
+    for row, text in zip(predictions["id"], predictions["tool_calls"], strict=True):
+        assert (text == "") == (row in unread) and (text == "" or isinstance(json.loads(text), list))

@@ -394,3 +394,66 @@ def test_the_summary_says_where_the_tools_came_from_and_warns_of_tool_chats_aske
     assert without == {"tools_column": None, "rows_with_tools": 0}
     said = [record.getMessage() for record in seen.buffer if record.levelno == logging.WARNING]
     assert len(said) == 1 and "'tools'" in said[0] and "without tools" in said[0]
+
+
+# A scripted model's chain for a function-calling answer: "ask" is answered by a call (its markup special
+# tokens, as Hermes-style tokenizers mark <tool_call>), "hi" by text; "<s>" (the start) by "hi".
+CALL_TOKENS = (
+    "<pad>", "<s>", "</s>", "<unk>", "hi", "sunny", "ask", "<tool_call>", "</tool_call>",
+    '{"name":', '"get_weather",', '"arguments":', '{"city":', '"서울"}}',
+)  # fmt: skip
+CALL_CHAIN = ("ask", "<tool_call>", '{"name":', '"get_weather",', '"arguments":', '{"city":', '"서울"}}')
+CALL_NEXT = {
+    **dict(zip(CALL_CHAIN[:-1], CALL_CHAIN[1:], strict=True)),
+    '"서울"}}': "</tool_call>",
+    "</tool_call>": "</s>",
+    "hi": "sunny",
+    "sunny": "</s>",
+}
+
+
+def test_a_call_keeps_its_markup_and_is_read_into_tool_calls():
+    """A chat asked with tools is answered by a call in the template's format. A tokenizer marking the call
+    markup special lost it in the prediction (special tokens skipped: the bare JSON, which no parser of
+    the format reads); now kept, and the call read into ``tool_calls`` (``[]``: an answer calling nothing;
+    empty: a row asked without tools, or a call cut by ``max_new_tokens``, counted in the summary)."""
+    from fastlm.corpus.call_reader import CallReader
+    from tests.support.chat_templates import QWEN_STYLE_TOOLS_TEMPLATE, WEATHER_TOOL
+    from tests.support.tiny_llama import scripted_llama
+
+    model, tokenizer = scripted_llama(CALL_TOKENS, CALL_NEXT, special=("<tool_call>", "</tool_call>"))
+    tokenizer.chat_template = QWEN_STYLE_TOOLS_TEMPLATE
+    token = tokenizer.convert_tokens_to_ids
+    rows = pd.DataFrame(
+        {
+            "id": [0, 1, 2],
+            "input": ["a", "b", "c"],
+            "ids": [[token("ask")], [token("hi")], [token("ask")]],
+            "refused": [None] * 3,
+            "truncated": [False] * 3,
+            "tools": [[WEATHER_TOOL], [WEATHER_TOOL], None],
+        }
+    )
+    reader = CallReader.of(tokenizer)
+    call = '{"name":"get_weather","arguments":{"city":"서울"}}'
+    job = PredictionJob(decoding={}, max_new_tokens=12, calls=reader)
+    table, summary = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    assert table["prediction"].tolist() == [f"<tool_call>{call}</tool_call>", "sunny", call]
+    assert table["tool_calls"].tolist()[1:] == ["[]", ""]
+    assert json.loads(table["tool_calls"][0]) == [{"name": "get_weather", "arguments": {"city": "서울"}}]
+    assert summary["tool_calls"] == {
+        "rows_asked_with_tools": 2,
+        "rows_calling": 1,
+        "calls": 1,
+        "calls_of_unknown_tools": 0,
+        "unread_rows": [],
+    }
+    cut, cut_summary = predict_rows(
+        model,
+        tokenizer,
+        rows,
+        PredictionJob(decoding={}, max_new_tokens=4, calls=reader),
+        runtime=_cpu("fp32"),
+    )
+    assert cut["tool_calls"].tolist() == ["", "[]", ""]
+    assert cut_summary["tool_calls"]["unread_rows"] == [0]

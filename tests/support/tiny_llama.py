@@ -74,18 +74,33 @@ def line_end_llama():
     residual stream: one-hot embeddings straight to the head) and a word-level tokenizer whose tokens
     include a bare carriage return and a CRLF: what a model that writes Windows line ends generates. Returns
     (model, tokenizer); the tokenizer joins tokens without spaces, as byte-level tokenizers decode."""
+    return scripted_llama(LINE_END_VOCAB, LINE_END_NEXT)
+
+
+def scripted_llama(vocab_tokens, next_token: dict, *, special: tuple = ()):
+    """A Llama whose greedy next token is ``next_token[last token]`` (else the token after the four named
+    below; its layers add nothing to the residual stream: one-hot embeddings straight to the head) over a
+    word-level tokenizer of ``vocab_tokens`` (``<pad>``, ``<s>``, ``</s>``, ``<unk>`` among them;
+    ``special``: more of them marked special, as a tokenizer marks its chat markup). Returns (model,
+    tokenizer); the tokenizer splits on whitespace and joins tokens without spaces, as byte-level tokenizers
+    decode."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    vocab = {token: index for index, token in enumerate(LINE_END_VOCAB)}
+    vocab = {token: index for index, token in enumerate(vocab_tokens)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=list(special),
     )
-    hidden = 16
+    hidden = max(16, len(vocab))
     config = LlamaConfig(
         vocab_size=len(vocab),
         hidden_size=hidden,
@@ -107,6 +122,6 @@ def line_end_llama():
         model.model.embed_tokens.weight.copy_(torch.eye(len(vocab), hidden))
         head = torch.zeros(len(vocab), hidden)
         for token, index in vocab.items():
-            head[vocab[LINE_END_NEXT.get(token, "a")], index] = 5.0
+            head[vocab[next_token.get(token, vocab_tokens[4])], index] = 5.0
         model.lm_head.weight.copy_(head)
     return model.eval(), tokenizer

@@ -45,6 +45,7 @@ __all__ = [
     "plain",
     "rendered_turn",
     "tools_key",
+    "turn_end",
     "turn_fields",
 ]
 
@@ -201,7 +202,7 @@ def rendered_turn(
     if not whole.startswith(prompt):
         return None
     text = whole[len(prompt) :]
-    end = _turn_end(history, tokenizer, variables, tools)
+    end = turn_end(history, tokenizer, variables, tools)
     eos = getattr(tokenizer, "eos_token", None)
     if end and text.endswith(end):
         text = text[: -len(end)]
@@ -228,7 +229,7 @@ def _turn_going_on(history, turn, prompt: str, end: str | None, render) -> str |
     return text[len(prompt) : text.index(end, len(prompt))]
 
 
-def _turn_end(history, tokenizer, variables, tools) -> str | None:
+def turn_end(history, tokenizer, variables, tools) -> str | None:
     """What the template writes after a plain answer's content that ends the chat (its end of turn), None
     where it does not write the content as given."""
     marked = [*history, {"role": RESPONSE_ROLE, "content": _TURN_MARK}]

@@ -175,10 +175,11 @@ def input_rows(
     chat: ChatFormat | None = None,
 ) -> pd.DataFrame:
     """id, input (as given; messages as JSON), ids (prompt token ids, None when refused), refused (reason or
-    None), truncated. With ``chat`` the column holds messages (rendered by it; ``template`` is unused), or,
-    with ``chat.user_turn``, texts, each one user turn rendered by it (as the report asks a chat model its
-    prompts). A chat's tools are read from the column ``chat.tools_column`` names where the table has it
-    (``parse_tools``: a malformed value refuses the file in one line)."""
+    None), truncated, and, for chats read with a tools column, tools (each row's). With ``chat`` the column
+    holds messages (rendered by it; ``template`` is unused), or, with ``chat.user_turn``, texts, each one
+    user turn rendered by it (as the report asks a chat model its prompts). A chat's tools are read from the
+    column ``chat.tools_column`` names where the table has it (``parse_tools``: a malformed value refuses
+    the file in one line)."""
     _check_columns(table, column, id_column, source)
     values = table[column[1]].reset_index(drop=True)
     user_turn = chat is not None and chat.user_turn
@@ -215,7 +216,13 @@ def input_rows(
     for row, prompt in zip(rows, encoded, strict=True):
         prompts[row] = prompt
     shown = values.map(_shown_messages if messages else _shown, na_action=None)
-    return _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, leading_bos(tokenizer)))
+    found = _row_table(table, id_column, shown, prompts, reasons, (limit, too_long, leading_bos(tokenizer)))
+    if tools is not None:  # each row's tools (None: none, or refused), as its chat was asked with them
+        given: list = [None] * len(values)
+        for row, row_tools in zip(np.flatnonzero(ok), tools, strict=True):
+            given[row] = row_tools
+        found["tools"] = pd.Series(given, dtype=object)
+    return found
 
 
 def _rendered_chats(histories: list, tokenizer, chat: ChatFormat, tools: list | None) -> list:

@@ -19,6 +19,7 @@ from fastlm.reporting.predict_chats import chat_format, chat_template_sha256
 from fastlm.reporting.predict_inputs import IdVocabulary, input_limit
 
 __all__ = [
+    "call_reader",
     "chat_record",
     "check_prompts_of_text_model",
     "check_template_variables",
@@ -253,3 +254,31 @@ def say_predicted(summary: dict, path: str, model: str) -> None:
         summary["generated_tokens_per_s"] or 0,
         summary["refused"],
     )
+    calls = summary.get("tool_calls")
+    if calls:
+        log.info(
+            "Tool calls: %d of %d rows asked with tools called a tool (%d calls, %d of a function not among "
+            "the row's tools) in the `tool_calls` column",
+            calls["rows_calling"],
+            calls["rows_asked_with_tools"],
+            calls["calls"],
+            calls["calls_of_unknown_tools"],
+        )
+        if calls["unread_rows"]:
+            log.warning(
+                "predict: the call of row(s) %s does not read as the template's tool calls (cut by "
+                "predict.max_new_tokens, or not JSON): their tool_calls are empty, their prediction as "
+                "generated",
+                ", ".join(str(row) for row in calls["unread_rows"]),
+            )
+
+
+def call_reader(chat, tokenizer, rows: pd.DataFrame):
+    """The reader of the template's tool calls (``corpus.call_reader.CallReader``) for chats asked with tools
+    (``rows["tools"]``), rendered as ``chat`` renders them; None where no row has tools or the template
+    writes no call format."""
+    if chat is None or not chat.chat_template or "tools" not in rows or not rows["tools"].notna().any():
+        return None
+    from fastlm.corpus.call_reader import CallReader
+
+    return CallReader.of(tokenizer, chat.variables)

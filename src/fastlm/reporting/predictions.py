@@ -30,6 +30,7 @@ import pandas as pd
 
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import (
+    clean_response,
     decoding_kwargs,
     encoder_inputs,
     generate_continuations,
@@ -69,6 +70,7 @@ class PredictionJob:
     batch_size: int = 16
     seed: int = 0
     continuation: bool = False  # decoding only: the finished parts hold ids, so not part of the key
+    calls: object | None = None  # a CallReader of a chat template's tool calls (decoding only, as above)
     extra: dict = field(default_factory=dict)  # shown in the summary (input, model, ...), not part of the key
 
 
@@ -280,13 +282,18 @@ def predict_rows(
             bar.close()
     table = _table(rows, fed, continuations, tokenizer, job)
     summary = _summary(rows, job, seconds, new_tokens, generated, resumed, perf_counter() - begun)
+    if "tool_calls" in table:
+        summary["tool_calls"] = _calls_summary(table, rows)
+        table["tool_calls"] = table["tool_calls"].fillna("")  # an unread call: empty, as no call asked
     return table, {**summary, **prediction_digest(table)}
 
 
 def _table(rows: pd.DataFrame, fed: list, continuations: list, tokenizer, job: PredictionJob) -> pd.DataFrame:
-    """``fed``: each row's ids as the model was fed them (None: refused), counted as ``input_tokens``."""
+    """``fed``: each row's ids as the model was fed them (None: refused), counted as ``input_tokens``. A row
+    asked with tools (``rows["tools"]``) is decoded with its call markup and its calls read (``tool_calls``,
+    a JSON list) where ``job.calls`` reads the template's call format."""
     decoded = [_prediction_text(ids, tokenizer, job.continuation) for ids in continuations]
-    return pd.DataFrame(
+    table = pd.DataFrame(
         {
             "id": rows["id"],
             "input": rows["input"],
@@ -297,6 +304,38 @@ def _table(rows: pd.DataFrame, fed: list, continuations: list, tokenizer, job: P
             "decoding": describe_decoding(job.decoding, job.max_new_tokens),
         }
     )[PREDICTION_COLUMNS]
+    if job.calls is None or "tools" not in rows or not rows["tools"].notna().any():
+        return table
+    found = [""] * len(rows)
+    for row, (ids, tools) in enumerate(zip(continuations, rows["tools"], strict=True)):
+        if ids is None or not tools:
+            continue
+        table.at[row, "prediction"] = clean_response(job.calls.text(ids, tokenizer))
+        ended = len(ids) < job.max_new_tokens
+        calls = job.calls.calls(ids, tokenizer, prompt=fed[row], ended=ended, tools=tools)
+        found[row] = json.dumps(calls, ensure_ascii=False) if calls is not None else None
+    return table.assign(tool_calls=found)
+
+
+def _calls_summary(table: pd.DataFrame, rows: pd.DataFrame) -> dict:
+    """What the rows asked with tools answered: the rows calling a tool, the calls (those of a function not
+    among the row's tools counted apart) and the rows whose call markup did not read as calls (no JSON text
+    in ``tool_calls``)."""
+    asked = [row for row, tools in enumerate(rows["tools"]) if tools and rows["ids"].iat[row] is not None]
+    texts = {row: table["tool_calls"].iat[row] for row in asked}
+    read = {row: json.loads(text) for row, text in texts.items() if isinstance(text, str)}
+    unknown = 0
+    for row, calls in read.items():
+        names = {tool.get("function", tool).get("name") for tool in rows["tools"].iat[row]}
+        unknown += sum(call["name"] not in names for call in calls)
+    unread = [row for row in asked if row not in read]
+    return {
+        "rows_asked_with_tools": len(asked),
+        "rows_calling": sum(bool(calls) for calls in read.values()),
+        "calls": sum(len(calls) for calls in read.values()),
+        "calls_of_unknown_tools": unknown,
+        "unread_rows": [plain_id(rows["id"].iat[row]) for row in unread[:LISTED_REFUSALS]],
+    }
 
 
 def _summary(

@@ -56,6 +56,7 @@ __all__ = [
     "generate_continuations",
     "generate_samples",
     "is_encoder_decoder",
+    "clean_response",
     "response_text",
 ]
 
@@ -131,10 +132,14 @@ EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
 
 
 def response_text(ids: Sequence[int], tokenizer) -> str:
-    """A generated response as text: special tokens skipped, LF line ends (``lf_line_ends``), stripped, and
-    without a leading empty ``<think></think>`` block (a non-empty one, the model's reasoning, is kept)."""
-    text = lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True)).strip()
-    return EMPTY_THINK.sub("", text, count=1)
+    """A generated response as text: special tokens skipped, as ``clean_response`` gives it."""
+    return clean_response(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def clean_response(text: str) -> str:
+    """A decoded response with LF line ends (``lf_line_ends``), stripped, and without a leading empty
+    ``<think></think>`` block (a non-empty one, the model's reasoning, is kept)."""
+    return EMPTY_THINK.sub("", lf_line_ends(text).strip(), count=1)
 
 
 def end_ids(model, eos_id: int | Sequence[int]) -> set[int]:
