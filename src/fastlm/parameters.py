@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import mimetypes
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,12 +95,54 @@ def env_parameters(loader, env: str) -> dict:
     """The parameters of the conf environment ``env`` alone, as the run's config ``loader`` (Kedro's
     OmegaConfigLoader) reads them: its file patterns, ``${globals:...}``, resolvers and interpolations, the
     run's ``--params`` merged over them. Empty where the loader's conf source has no such folder (a packed
-    conf archive)."""
-    folder = Path(str(loader.conf_source)) / env
+    conf without that environment)."""
+    source, patterns = str(loader.conf_source), loader.config_patterns["parameters"]
+    if packed_conf(source):  # read through the loader's own view of the archive
+        root = packed_conf_folder(source)
+        try:
+            return loader.load_and_merge_dir_config(f"{root}/{env}", patterns, "parameters", set()) or {}
+        except Exception:  # noqa: BLE001 - no such environment in it, or no readable archive
+            return {}
+    folder = Path(source) / env
     if not folder.is_dir():
         return {}
-    patterns = loader.config_patterns["parameters"]
     return loader.load_and_merge_dir_config(str(folder), patterns, "parameters", set()) or {}
+
+
+def packed_conf(source: str) -> bool:
+    """Whether ``source`` (a ``--conf-source``) is a packed conf, a tar or zip archive, by its name as Kedro's
+    config loader tells one."""
+    kind, _ = mimetypes.guess_type(source)
+    return kind in ("application/x-tar", "application/zip", "application/x-zip-compressed")
+
+
+def packed_conf_folder(source: str) -> str | None:
+    """The conf folder inside the packed conf ``source`` as Kedro's loader finds it (the archive's last
+    top-level entry); None for an archive that cannot be read (the loader says so when it reads it)."""
+    import fsspec
+
+    try:
+        protocol = "tar" if mimetypes.guess_type(source)[0] == "application/x-tar" else "zip"
+        return str(fsspec.filesystem(protocol, fo=source).ls("", detail=False)[-1])
+    except Exception:  # noqa: BLE001 - a broken archive is Kedro's to report
+        return None
+
+
+def packed_conf_file(source: str, path: str) -> bytes | None:
+    """The bytes of ``path`` (relative to the conf folder) in the packed conf ``source``; None where it holds
+    no such file or cannot be read."""
+    import fsspec
+
+    root = packed_conf_folder(source)
+    if root is None:
+        return None
+    try:
+        protocol = "tar" if mimetypes.guess_type(source)[0] == "application/x-tar" else "zip"
+        files = fsspec.filesystem(protocol, fo=source)
+        member = f"{root}/{path}"
+        return files.cat_file(member) if files.isfile(member) else None
+    except Exception:  # noqa: BLE001 - a broken archive is Kedro's to report
+        return None
 
 
 def _conf_files(conf_root: Path):

@@ -18,6 +18,8 @@ from fastlm.parameters import (
     check_top_level_params,
     env_parameters,
     known_top_level_params,
+    packed_conf,
+    packed_conf_file,
     runtime_only_params,
 )
 
@@ -141,6 +143,12 @@ class TunedParametersHook:
     is in effect, with the batching mode and micro-batch settings it gives; and after a tune run under an
     environment that does not read conf/local, that a train run under it will not use them.
 
+    The file is the one the run's config loader reads: under ``--conf-source <folder>`` the catalog's
+    conf/local/parameters_tuned.yml (a path in the project's conf folder) is that folder's local/ file, which
+    the tune writes and a train run with the same ``--conf-source`` reads; a packed conf (``.tar.gz``,
+    ``.zip``) is read, not written: the tune writes the catalog's file and says that runs with that conf do
+    not read it, a train run checks the file packed in it.
+
     The tuned file records what it was measured on (``tune.record.measured_on``: the model and its weights,
     the split, the device, precision, adapter and checkpointing settings). A training run whose settings
     differ, or a file without the record (an older version's), does not apply it: ``params:train`` goes back
@@ -153,37 +161,94 @@ class TunedParametersHook:
 
     def __init__(self) -> None:
         self._loader = None
+        self._project: Path | None = None
 
     @hook_impl
     def after_context_created(self, context) -> None:
         self._loader = getattr(context, "config_loader", None)
+        project = getattr(context, "project_path", None)
+        self._project = Path(project) if project else None
+
+    @hook_impl
+    def after_catalog_created(self, catalog) -> None:
+        """``tuned_parameters`` naming a file of the project's conf folder, under another ``--conf-source``
+        folder: that folder's file at the same place (the one its runs read, the one its tune writes)."""
+        path, conf = local_path(catalog, "tuned_parameters"), self._conf_folder()
+        if path is None or conf is None or self._project is None:
+            return
+        project_conf = (self._project / "conf").resolve()
+        here = path.resolve()
+        if not here.is_relative_to(project_conf) or project_conf == conf.resolve():
+            return
+        moved = conf / here.relative_to(project_conf)
+        try:
+            catalog["tuned_parameters"] = type(catalog["tuned_parameters"])(filepath=str(moved))
+        except Exception:  # noqa: BLE001 - a dataset type of other arguments: the catalog's file is kept
+            log.warning("%s is kept: runs with --conf-source %s read %s instead", path, conf, moved)
+
+    def _conf_source(self) -> str | None:
+        source = getattr(self._loader, "conf_source", None)
+        return str(source) if source else None
+
+    def _conf_folder(self) -> Path | None:
+        """The run's conf folder; None without a loader, or for a packed or remote conf."""
+        source = self._conf_source()
+        return None if source is None or packed_conf(source) or "://" in source else Path(source)
+
+    def _envs(self, run_params: dict) -> tuple[str, str]:
+        """(base environment, run environment) as the loader reads them."""
+        loader = self._loader
+        env = getattr(loader, "env", None) or getattr(loader, "default_run_env", None)
+        return getattr(loader, "base_env", None) or "base", env or run_params.get("env") or "local"
+
+    def _read(self, path: Path, env: str, base: str) -> bool:
+        """Whether the run's config loader reads the catalog's tuned file ``path``."""
+        if self._conf_source() is not None and self._conf_folder() is None:
+            return False  # a packed or remote conf: its own files are read, not this one
+        conf = self._conf_folder()
+        if conf is None:  # the hook called alone: conf/local is read under the default environment only
+            return not (path.parent.name == "local" and env != "local")
+        here, folder = path.resolve(), conf.resolve()
+        return here.is_relative_to(folder) and here.relative_to(folder).parts[0] in (base, env)
 
     @hook_impl
     def after_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         if "tuned_parameters" not in pipeline.all_outputs():
             return
-        path, env = local_path(catalog, "tuned_parameters"), run_params.get("env") or "local"
-        if path is not None and path.parent.name == "local" and env != "local":
-            log.warning(
-                "%s is not read under --env %s (conf/base and conf/%s are): `kedro run --pipeline=train` "
-                "without --env uses its settings, a train run under --env %s does not",
-                path,
-                env,
-                env,
-                env,
-            )
-
-    @hook_impl
-    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        outputs = pipeline.all_outputs()
-        trains, tunes = bool(_TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
-        if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
-            return
         path = local_path(catalog, "tuned_parameters")
-        if path is None or not catalog.exists("tuned_parameters"):
+        base, env = self._envs(run_params)
+        if path is None or self._read(path, env, base):
             return
-        env = run_params.get("env") or "local"
-        if path.parent.name == "local" and env != "local":  # Kedro reads conf/base and conf/<env> alone
+        source = self._conf_source()
+        if self._conf_folder() is None and source is not None:
+            log.warning(
+                "%s is not read by runs with --conf-source %s (its own files are): put the file in it as "
+                "%s/%s, or run with an unpacked conf folder",
+                path,
+                source,
+                env,
+                path.name,
+            )
+            return
+        log.warning(
+            "%s is not read under --env %s (conf/base and conf/%s are): `kedro run --pipeline=train` "
+            "without --env uses its settings, a train run under --env %s does not",
+            path,
+            env,
+            env,
+            env,
+        )
+
+    def _tuned(self, path: Path, catalog, run_params: dict, trains: bool) -> tuple[str, dict | None] | None:
+        """(where, contents) of the tuned file the run reads (None: no such file); None where the run reads
+        none of the catalog's (said for a training run under another environment)."""
+        base, env = self._envs(run_params)
+        source = self._conf_source()
+        if source is not None and self._conf_folder() is None:
+            return packed_tuned_file(source, env, path.name) if packed_conf(source) else None
+        if not catalog.exists("tuned_parameters"):
+            return None
+        if not self._read(path, env, base):
             if trains:
                 log.info(
                     "%s is not read under --env %s (conf/base and conf/%s are): its tuned settings are not "
@@ -192,10 +257,25 @@ class TunedParametersHook:
                     env,
                     env,
                 )
+            return None
+        return str(path), catalog.load("tuned_parameters")
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        outputs = pipeline.all_outputs()
+        trains, tunes = bool(_TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
+        if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
             return
+        path = local_path(catalog, "tuned_parameters")
+        if path is None:
+            return
+        found = self._tuned(path, catalog, run_params, trains)
+        if found is None:
+            return
+        where, tuned = found
         from fastlm.pipelines.tune.record import RECORD_KEY, tuned_leaves, what_changed, without_tuned
 
-        tuned = catalog.load("tuned_parameters") or {}
+        tuned = tuned or {}
         leaves = tuned_leaves(tuned)
         if not leaves:  # an empty file: nothing applied, nothing to say
             return
@@ -215,7 +295,7 @@ class TunedParametersHook:
             log.warning(
                 "%s is not applied: it was measured on other settings (%s); run `kedro run --pipeline=tune` "
                 "again, or delete the file",
-                path,
+                where,
                 changed,
             )
             put(catalog, "params:train", untuned)
@@ -231,10 +311,27 @@ class TunedParametersHook:
         )
         log.info(
             "%s is in effect (from `kedro run --pipeline=tune`): %s%s; delete it to go back to conf/base",
-            path,
+            where,
             given or "no batching settings",
             f" (--params or a later file overrides it: {overridden})" if overridden else "",
         )
+
+
+def packed_tuned_file(source: str, env: str, name: str) -> tuple[str, dict | None] | None:
+    """(where, contents) of the tuned file ``name`` in environment ``env`` of the packed conf ``source``; None
+    where it holds none. A file that is no YAML mapping: said, None (Kedro's loader reports it too)."""
+    import yaml
+
+    data = packed_conf_file(source, f"{env}/{name}")
+    if data is None:
+        return None
+    where = f"{env}/{name} in {source}"
+    try:
+        tuned = yaml.safe_load(data)
+    except yaml.YAMLError as error:
+        log.warning("%s could not be read (%s): its tuned settings are not checked", where, error)
+        return None
+    return where, tuned if isinstance(tuned, dict) else None
 
 
 def _measured_now(train: dict, catalog) -> dict:

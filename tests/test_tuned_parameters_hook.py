@@ -1,0 +1,136 @@
+"""``TunedParametersHook`` on the file the run's config loader reads (``--conf-source`` included) and on the
+data the run's training reads (a run that splits first), without a KedroSession: the hook's calls in the
+order Kedro makes them, on a catalog of the conf's parameters."""
+
+import logging
+import shutil
+import tarfile
+from types import SimpleNamespace
+
+import yaml
+
+from tests.support.project import copy_project
+
+TUNED = "conf/local/parameters_tuned.yml"
+
+
+def _lines(monkeypatch) -> list[str]:
+    import fastlm.hooks.conf as conf_hooks
+
+    lines: list[str] = []
+    logger = logging.Logger("tuned-hook")
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    monkeypatch.setattr(conf_hooks, "log", logger)
+    return lines
+
+
+def _run(conf_source, project, fingerprint=None):
+    """The hook after Kedro made the context and the catalog of ``conf_source`` (the tuned file's entry as
+    conf/base/catalog.yml has it, read from the project folder), and that catalog."""
+    from kedro.config import OmegaConfigLoader
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro_datasets.yaml import YAMLDataset
+
+    from fastlm.hooks import TunedParametersHook
+    from fastlm.settings import CONFIG_LOADER_ARGS
+
+    loader = OmegaConfigLoader(conf_source=str(conf_source), **CONFIG_LOADER_ARGS)
+    params = loader["parameters"]
+    catalog = DataCatalog(
+        {
+            "tuned_parameters": YAMLDataset(filepath=TUNED),
+            "params:train": MemoryDataset(params["train"]),
+            "params:split": MemoryDataset(params["split"]),
+            "tokenized_corpus_fingerprint": MemoryDataset(fingerprint),
+        }
+    )
+    hook = TunedParametersHook()
+    hook.after_context_created(SimpleNamespace(config_loader=loader, project_path=project))
+    hook.after_catalog_created(catalog)
+    return hook, catalog
+
+
+def _pipeline(*names: str):
+    from kedro.pipeline import Node, Pipeline
+
+    nodes = {
+        "tokenize_corpus": Node(
+            lambda split: split, "params:split", "tokenized_corpus_fingerprint", name="tok"
+        ),
+        "train": Node(
+            lambda train, data: train, ["params:train", "tokenized_corpus_fingerprint"], "trained_model"
+        ),
+        "tune": Node(lambda train: train, "params:train", "tuned_parameters", name="tune"),
+    }
+    return Pipeline([nodes[name] for name in names])
+
+
+def _project(tmp_path, monkeypatch):
+    project = copy_project(tmp_path / "project")
+    other = tmp_path / "other_conf"
+    shutil.copytree(project / "conf", other)
+    monkeypatch.chdir(project)  # as ProjectFolderHook leaves a run: the catalog's paths are the project's
+    base = yaml.safe_load((project / "conf/base/parameters_train.yml").read_text())["train"]["batching"]
+    return project, other, base
+
+
+def test_under_another_conf_source_the_hook_checks_the_tuned_file_that_conf_reads(tmp_path, monkeypatch):
+    """``--conf-source other``: Kedro reads other/local/parameters_tuned.yml, not the project's
+    conf/local one. A stale file there (no record: an older version's) is not applied and said by its path;
+    the project's file, which this run does not read, is not named. (The hook checked the project's file
+    alone: the other conf's stale settings trained silently.)"""
+    lines = _lines(monkeypatch)
+    project, other, base = _project(tmp_path, monkeypatch)
+    stale = {"mode": "length_grouped", "micro_batch_size": base["micro_batch_size"] + 3}
+    (other / "local/parameters_tuned.yml").write_text(yaml.safe_dump({"train": {"batching": stale}}))
+    (project / TUNED).write_text(yaml.safe_dump({"train": {"batching": stale}}))
+    hook, catalog = _run(other, project)
+    assert catalog.load("params:train")["batching"]["micro_batch_size"] == stale["micro_batch_size"]  # read
+    hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    batching = catalog.load("params:train")["batching"]
+    assert (batching["micro_batch_size"], batching["mode"]) == (base["micro_batch_size"], base["mode"])
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and str(other / "local/parameters_tuned.yml") in warned[0], lines
+    assert not any(TUNED in line.replace(str(other), "") for line in lines), lines
+
+
+def test_a_tune_under_another_conf_source_writes_where_that_conf_is_read(tmp_path, monkeypatch):
+    """A tune run with ``--conf-source other`` writes other/local/parameters_tuned.yml, which the next run
+    with that conf source reads (it wrote the project's conf/local file, which such a run ignores); under
+    the project's own conf the catalog's file is kept."""
+    project, other, _ = _project(tmp_path, monkeypatch)
+    _, catalog = _run(other, project)
+    from fastlm.hooks.catalog import local_path
+
+    assert (
+        local_path(catalog, "tuned_parameters").resolve() == (other / "local/parameters_tuned.yml").resolve()
+    )
+    _, own = _run(project / "conf", project)
+    assert local_path(own, "tuned_parameters").resolve() == (project / TUNED).resolve()
+
+
+def test_a_packed_conf_source_is_said_not_to_read_what_the_tune_wrote(tmp_path, monkeypatch):
+    """``--conf-source conf.tar.gz``: nothing is written into the archive; the tune writes the catalog's
+    file and says in one line that runs with that conf source do not read it. A train run under it checks
+    the tuned file packed in the archive (stale here: not applied, said)."""
+    lines = _lines(monkeypatch)
+    project, other, base = _project(tmp_path, monkeypatch)
+    stale = {"micro_batch_size": base["micro_batch_size"] + 3}
+    (other / "local/parameters_tuned.yml").write_text(yaml.safe_dump({"train": {"batching": stale}}))
+    archive = tmp_path / "conf.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(other, arcname="conf")
+    hook, catalog = _run(archive, project)
+    from fastlm.hooks.catalog import local_path
+
+    assert local_path(catalog, "tuned_parameters").resolve() == (project / TUNED).resolve()
+    hook.before_pipeline_run({"env": None}, _pipeline("tune"), catalog)
+    hook.after_pipeline_run({"env": None}, _pipeline("tune"), catalog)
+    said = [line for line in lines if str(archive) in line]
+    assert len(said) == 1 and TUNED in said[0] and "not read" in said[0], lines
+    lines.clear()
+    hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    assert catalog.load("params:train")["batching"]["micro_batch_size"] == base["micro_batch_size"]
+    assert len([line for line in lines if "not applied" in line]) == 1, lines
