@@ -52,13 +52,13 @@ def _run(conf_source, project, fingerprint=None):
     return hook, catalog
 
 
-def _pipeline(*names: str):
+def _pipeline(*names: str, written: dict | None = None):
+    """Stand-ins of the nodes ``names``: the split's writing ``written`` as the tokenized data's fingerprint,
+    a train returning the ``params:train`` it was given, a tune."""
     from kedro.pipeline import Node, Pipeline
 
     nodes = {
-        "tokenize_corpus": Node(
-            lambda split: split, "params:split", "tokenized_corpus_fingerprint", name="tok"
-        ),
+        "tokenize_corpus": Node(lambda split: written, "params:split", "tokenized_corpus_fingerprint"),
         "train": Node(
             lambda train, data: train, ["params:train", "tokenized_corpus_fingerprint"], "trained_model"
         ),
@@ -134,3 +134,62 @@ def test_a_packed_conf_source_is_said_not_to_read_what_the_tune_wrote(tmp_path, 
     hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
     assert catalog.load("params:train")["batching"]["micro_batch_size"] == base["micro_batch_size"]
     assert len([line for line in lines if "not applied" in line]) == 1, lines
+
+
+def _hook_manager(hook):
+    from kedro.framework.hooks import specs
+    from kedro.framework.hooks.markers import HOOK_NAMESPACE
+    from pluggy import PluginManager
+
+    manager = PluginManager(HOOK_NAMESPACE)
+    for spec in (specs.NodeSpecs, specs.PipelineSpecs, specs.DataCatalogSpecs, specs.DatasetSpecs):
+        manager.add_hookspecs(spec)
+    manager.register(hook)
+    return manager
+
+
+def test_a_run_that_splits_then_trains_checks_the_tuned_file_on_the_data_its_split_wrote(
+    tmp_path, monkeypatch
+):
+    """``kedro run`` (split, train, report) on changed raw texts with the same split settings: the tuned file
+    was measured on the tokenized data before this run's split, which rewrites it. The check compares it with
+    the data the training reads: measured on other data, not applied and said; on the same data, applied.
+    (The check ran before the split, on the old data's fingerprint: the old data's settings trained
+    silently.)"""
+    from kedro.io import MemoryDataset
+    from kedro.runner import SequentialRunner
+
+    from fastlm.corpus.fingerprint import data_identity
+    from fastlm.parameters import GROUPS
+    from fastlm.pipelines.tune.record import RECORD_KEY, device_description, measured_on
+
+    lines = _lines(monkeypatch)
+    project, _, base = _project(tmp_path, monkeypatch)
+    old = {"fingerprint": "f" * 64, "data_sha256": "1" * 64}
+    _, catalog = _run(project / "conf", project)
+    train = GROUPS["train"].parse(catalog.load("params:train"))
+    split = GROUPS["split"].parse(catalog.load("params:split"))
+    record = measured_on(
+        train,
+        max_length=split.max_length,
+        data=data_identity(old),
+        device=device_description(train.runtime.device),
+    )
+    tuned = {"micro_batch_size": base["micro_batch_size"] + 3}
+    (project / TUNED).write_text(yaml.safe_dump({"train": {"batching": tuned}, RECORD_KEY: record}))
+
+    def trained_micro_batch(written: dict) -> int:
+        lines.clear()
+        hook, catalog = _run(project / "conf", project, fingerprint=old)
+        catalog["trained_model"] = MemoryDataset()
+        pipeline = _pipeline("tokenize_corpus", "train", written=written)
+        hook.before_pipeline_run({"env": None}, pipeline, catalog)
+        SequentialRunner().run(pipeline, catalog, hook_manager=_hook_manager(hook))
+        return catalog.load("trained_model")["batching"]["micro_batch_size"]
+
+    assert trained_micro_batch(old) == tuned["micro_batch_size"]
+    assert sum("is in effect" in line for line in lines) == 1, lines
+    assert trained_micro_batch({**old, "data_sha256": "2" * 64}) == base["micro_batch_size"]
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and "tokenized data" in warned[0], lines
+    assert not any("is in effect" in line for line in lines), lines

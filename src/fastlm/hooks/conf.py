@@ -136,6 +136,8 @@ def _model_vocab_size(catalog) -> int | None:
 
 # what a pipeline that trains from params:train writes: a train run's model, a sweep's comparison of runs
 _TRAINING_OUTPUTS = {"trained_model", "sweep_comparison"}
+# what the split writes of the tokenized data, which the training reads; its entry in a tune's record
+_FINGERPRINT = "tokenized_corpus_fingerprint"
 
 
 class TunedParametersHook:
@@ -153,7 +155,9 @@ class TunedParametersHook:
     the split, the device, precision, adapter and checkpointing settings). A training run whose settings
     differ, or a file without the record (an older version's), does not apply it: ``params:train`` goes back
     to what the other parameters files and ``--params`` give, with one warning naming what changed and the
-    fix. A tune run measures the settings without the previous tune's file.
+    fix. A run whose split writes the tokenized data (``kedro run``: split, train, report) compares the data
+    once the split wrote it, before the first node reading ``params:train`` (the other settings before the run
+    starts). A tune run measures the settings without the previous tune's file.
 
     Without the file, a setting it sets is what conf/base gives, as the run's config loader reads it
     (globals, resolvers, interpolations and ``--params`` resolved): no other file of conf/local may set it
@@ -162,6 +166,9 @@ class TunedParametersHook:
     def __init__(self) -> None:
         self._loader = None
         self._project: Path | None = None
+        self._pending: tuple | None = (
+            None  # (where, tuned, untuned): the data checked once the split wrote it
+        )
 
     @hook_impl
     def after_context_created(self, context) -> None:
@@ -262,6 +269,7 @@ class TunedParametersHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        self._pending = None
         outputs = pipeline.all_outputs()
         trains, tunes = bool(_TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
         if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
@@ -273,7 +281,7 @@ class TunedParametersHook:
         if found is None:
             return
         where, tuned = found
-        from fastlm.pipelines.tune.record import RECORD_KEY, tuned_leaves, what_changed, without_tuned
+        from fastlm.pipelines.tune.record import tuned_leaves, without_tuned
 
         tuned = tuned or {}
         leaves = tuned_leaves(tuned)
@@ -290,16 +298,49 @@ class TunedParametersHook:
         if tunes:  # measured on the conf's own settings, not the previous tune's choice
             put(catalog, "params:train", untuned)
             return
-        changed = what_changed(tuned.get(RECORD_KEY), _measured_now(untuned, catalog))
+        if _FINGERPRINT in outputs:  # this run's split rewrites the data: the settings now, the data later
+            if self._check(where, tuned, untuned, catalog, data=False):
+                self._pending = (where, tuned, untuned)
+            return
+        self._check(where, tuned, untuned, catalog, data=True)
+
+    @hook_impl
+    def before_node_run(self, node, catalog, inputs: dict) -> dict | None:
+        """The first node reading ``params:train`` of a run whose split wrote the tokenized data: the tuned
+        file checked on the data written (not applied: that node and the later ones get ``params:train``
+        without it)."""
+        if self._pending is None or "params:train" not in node.inputs:
+            return None
+        (where, tuned, untuned), self._pending = self._pending, None
+        if self._check(where, tuned, untuned, catalog, data=True, split=True):
+            return None
+        return {"params:train": untuned}
+
+    def _check(
+        self, where: str, tuned: dict, untuned: dict, catalog, *, data: bool, split: bool = False
+    ) -> bool:
+        """Whether the tuned file ``tuned`` (read from ``where``) applies: measured on the settings now (and,
+        with ``data``, the tokenized data in the catalog: with ``split``, the data this run's split wrote),
+        said so once that is known; else one warning and ``params:train`` without it (``untuned``)."""
+        from fastlm.pipelines.tune.record import DATA_KEY, RECORD_KEY, what_changed
+
+        recorded, now = tuned.get(RECORD_KEY), _measured_now(untuned, catalog)
+        if not data and isinstance(recorded, dict):  # the data is compared once this run's split wrote it
+            recorded = {key: value for key, value in recorded.items() if key != DATA_KEY}
+            now.pop(DATA_KEY, None)
+        changed = what_changed(recorded, now)
         if changed:
             log.warning(
-                "%s is not applied: it was measured on other settings (%s); run `kedro run --pipeline=tune` "
-                "again, or delete the file",
+                "%s is not applied: it was measured on other settings (%s)%s; run "
+                "`kedro run --pipeline=tune` again, or delete the file",
                 where,
                 changed,
+                " (the data this run's split wrote)" if split else "",
             )
             put(catalog, "params:train", untuned)
-            return
+            return False
+        if not data:
+            return True
         batching = GROUPS["train"].parse(catalog.load("params:train")).batching
         tuned_batching = (tuned.get("train") or {}).get("batching") or {}
         keys = ("mode", "micro_batch_size", "gradient_accumulation_steps")
@@ -315,6 +356,7 @@ class TunedParametersHook:
             given or "no batching settings",
             f" (--params or a later file overrides it: {overridden})" if overridden else "",
         )
+        return True
 
 
 def packed_tuned_file(source: str, env: str, name: str) -> tuple[str, dict | None] | None:
@@ -342,7 +384,7 @@ def _measured_now(train: dict, catalog) -> dict:
 
     params = GROUPS["train"].parse(train)
     split = GROUPS["split"].parse(catalog.load("params:split"))
-    name = "tokenized_corpus_fingerprint"
+    name = _FINGERPRINT
     fingerprint = catalog.load(name) if name in catalog and catalog.exists(name) else None
     try:
         device = device_description(params.runtime.device)

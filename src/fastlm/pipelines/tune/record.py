@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 RECORD_KEY = "tune_measured_on"  # top-level key of the tuned parameters file
+DATA_KEY = "tokenized data"  # the record's entry of the tokenized data (``data_identity``)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # settings of train the tune's measurement depends on besides train.model (every key of it)
 RUNTIME_KEYS = (
@@ -56,7 +57,7 @@ def measured_on(train, *, max_length: int, data: str | None, device: str) -> dic
     ``device`` (``device_description``)."""
     record: dict[str, Any] = {
         "model weights": weights_identity(train.model.name_or_path),
-        "tokenized data": data,
+        DATA_KEY: data,
         "split.max_length": max_length,
         "device": device,
     }
