@@ -429,3 +429,36 @@ def test_tool_chats_of_data_without_the_tools_column_are_said_in_one_warning(sam
     prompt_frame(pd.DataFrame({"messages": chats, "tools": [[WEATHER_TOOL]] * 3}), config, tokenizer)
     prompt_frame(pd.DataFrame({"messages": chats[2:]}), config, tokenizer)
     assert not [line for line in lines if "tools column" in line], lines
+
+
+def test_the_split_report_records_the_chats_that_call_tools_and_the_tools_column(tmp_path, sample_texts):
+    """The split report records how many chats call tools and how many were given their tools from
+    ``split.tools_column``, for the report's training summary to say (it said "Chats" alone)."""
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    rows = tool_chat_rows(8)
+    rows += [
+        {"messages": row["messages"][:1] + [{"role": "assistant", "content": f"답 {i}"}], "tools": []}
+        for i, row in enumerate(tool_chat_rows(4))
+    ]
+    params = {
+        "messages_column": "messages",
+        "max_length": 2048,
+        "tokenizer": {"source": str(tmp_path / "tok")},
+    }
+    _, counts = nodes.clean_corpus(pd.DataFrame(rows), params)
+    calling = sum(
+        any(turn.get("tool_calls") or turn["role"] == "tool" for turn in row["messages"]) for row in rows
+    )
+    given = sum(bool(row["tools"]) for row in rows)
+    assert 0 < calling < len(rows) and 0 < given < len(rows)
+    assert counts["tool_use"] == {
+        "tools_column": "tools",
+        "chats_with_tools": given,
+        "chats_calling_tools": calling,
+    }
+    fingerprint = {"fingerprint": "f", "params": {"max_length": 2048, "data_format": {"kind": "messages"}}}
+    report, _ = nodes.report_split({**counts, "capped_by_max_samples": 0}, {}, fingerprint)
+    assert report["tool_use"] == counts["tool_use"]
+    plain_rows = [{"messages": row["messages"]} for row in rows[8:]]
+    assert "tool_use" not in nodes.clean_corpus(pd.DataFrame(plain_rows), params)[1]  # plain chats: none

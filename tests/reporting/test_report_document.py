@@ -195,3 +195,20 @@ def test_a_resumed_runs_efficiency_table_says_its_step_figures_are_the_resuming_
     assert "over the 5 steps this process trained (resumed at step 15)" in section, section
     _, fresh = report_document(history, summary={**SUMMARY, "steps_trained": 20})
     assert "this process trained" not in fresh.split("## Efficiency", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_training_summary_says_the_chats_called_tools_and_where_their_tools_came_from():
+    """Chat data with tool calls (the split report's ``tool_use``): the chat line says how many chats call
+    tools and the column their tools came from; chats without tool calls: no word of tools."""
+    use = {"tools_column": "tools", "chats_with_tools": 20, "chats_calling_tools": 12}
+    line = next(
+        line
+        for line in run_lines(SUMMARY, {"data_format": CHAT_FORMAT, "tool_use": use})
+        if line.startswith("Chats")
+    )
+    assert f"{use['chats_calling_tools']} chats call tools" in line, line
+    assert f"{use['chats_with_tools']} given their tools from split.tools_column 'tools'" in line, line
+    plain = next(
+        line for line in run_lines(SUMMARY, {"data_format": CHAT_FORMAT}) if line.startswith("Chats")
+    )
+    assert "tool" not in plain

@@ -99,12 +99,16 @@ UNPADDED = {"padding": False, "truncation": False, "verbose": False}
 KEY_SEPARATOR = "\x00"
 # The column of a chat's leading system turn (None: it begins otherwise) the split reads and does not keep.
 SYSTEM_TURN = "system_turn"
+# The key of prompt_frame's frame's ``attrs`` (and of the split report) recording the chats' tool use: the
+# column their tools came from (None: the data has none), how many were given tools, how many call them.
+TOOL_USE = "tool_use"
 
 
 def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFrame, dict[str, int]]:
     """Clean and render ``raw`` (``config``: the split parameters) into ``prompt``, ``response`` and
     ``split_key`` (the raw cleaned pair the hash split keys on), chats with their leading system turn
-    (``SYSTEM_TURN``), with drop counts per reason."""
+    (``SYSTEM_TURN``), with drop counts per reason; chats with tools or tool calls record their use of them
+    in the frame's ``attrs[TOOL_USE]``."""
     if config.data_format == "messages":
         column = config.tools_column
         tools = None
@@ -130,6 +134,15 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         frame["split_key"] = chats["split_key"]
         frame[SYSTEM_TURN] = system_turns(chats["history"])  # the split keeps its training chats' common one
         _say_doubled_think_blocks(frame, config, tokenizer)
+        calling = sum(map(_calls_tools, chats["history"], chats["final"]))
+        if tools is not None or calling:  # the split report's record, which the report's summary says
+            frame.attrs[TOOL_USE] = {
+                "tools_column": column if tools is not None else None,
+                "chats_with_tools": int(
+                    sum(value is not None and len(value) > 0 for value in chats["tools"])
+                ),
+                "chats_calling_tools": int(calling),
+            }
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
     frame = pd.DataFrame(

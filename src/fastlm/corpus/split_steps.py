@@ -18,6 +18,7 @@ from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, sele
 from fastlm.corpus.pretokenized import id_texts, parse_id_texts
 from fastlm.corpus.prompts import (
     SYSTEM_TURN,
+    TOOL_USE,
     common_system_prompt,
     malformed_chat,
     prompt_frame,
@@ -99,7 +100,10 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
                 else "."
             ),
         )
-    return kept, {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+    counts = {"raw_rows": len(raw), "dropped": drops, "source": source, "data_format": config.data_format}
+    if TOOL_USE in kept.attrs:
+        counts[TOOL_USE] = kept.attrs.pop(TOOL_USE)  # the split report's, not the data's
+    return kept, counts
 
 
 def check_template_variables(config, tokenizer) -> None:

@@ -214,6 +214,7 @@ def _data_format_lines(split_report: dict) -> list[str]:
             + (f" and split.chat_template_kwargs {variables}" if variables else "")
             + "."
         )
+        line += _tool_use_sentence(split_report.get("tool_use"))
         system = split_report.get("system_prompt")
         if system:
             shown = system if len(system) <= 80 else system[:79].rstrip() + "…"
@@ -230,6 +231,29 @@ def _data_format_lines(split_report: dict) -> list[str]:
             "predict and the report's samples wrap theirs so."
         ]
     return []
+
+
+def _tool_use_sentence(use) -> str:
+    """What the chats did with tools (the split report's ``tool_use``: recorded by the split where the data
+    has a tools column or chats that call tools); nothing for chats without either."""
+    if not isinstance(use, dict):
+        return ""
+    calling, given, column = (
+        use.get("chats_calling_tools"),
+        use.get("chats_with_tools"),
+        use.get("tools_column"),
+    )
+    said = (
+        f" Tool calls: {calling} chat{'s call' if calling != 1 else ' calls'} tools, each call as the chat "
+        "template writes it"
+        if calling
+        else " Tool calls: no chat calls tools"
+    )
+    if column:
+        said += f"; {given} given their tools from split.tools_column {column!r}"
+    else:
+        said += "; the data has no tools column, so no chat was given tool schemas"
+    return said + "."
 
 
 @dataclass(frozen=True, eq=False)  # frames do not compare as one truth value

@@ -156,6 +156,8 @@ def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[d
             "max_length": fingerprint["params"]["max_length"],
             # the system turn every chat begins with: predict and the report ask the model after it
             **({"system_prompt": counts["system_prompt"]} if "system_prompt" in counts else {}),
+            # chats' tools and tool calls (split.tools_column): the report's training summary says them
+            **({"tool_use": counts["tool_use"]} if "tool_use" in counts else {}),
             # how the prompts were rendered and what was trained: the report's training summary says it
             **({"data_format": data_format} if data_format else {}),
         },
