@@ -166,9 +166,8 @@ class TunedParametersHook:
     def __init__(self) -> None:
         self._loader = None
         self._project: Path | None = None
-        self._pending: tuple | None = (
-            None  # (where, tuned, untuned): the data checked once the split wrote it
-        )
+        # (where, tuned, untuned): the tuned file whose data is checked once this run's split wrote it
+        self._pending: tuple | None = None
 
     @hook_impl
     def after_context_created(self, context) -> None:
