@@ -147,3 +147,39 @@ def test_report_prompts_are_cleaned_as_the_training_texts_were():
         {"prompts": ["배송\r\n언제", "a\rb", "e\u0301", "x\u200by", "The battery "]}
     ).prompts
     assert prompts == ["배송\n언제", "a\nb", "\u00e9", "xy", "The battery "]
+
+
+def test_a_report_that_skipped_the_summaries_of_the_new_training_is_refused():
+    """``kedro run --pipeline=report --nodes evaluate_model,generate_on_references,collect_test_metrics,
+    write_report`` after another training: the test metrics were the new training's, but the training and
+    efficiency tables, the diagnosis and the run comparison's mark were read from the files the earlier
+    report wrote, and the report was titled with the new run's steps beside the old run's table."""
+    from fastlm.errors import StaleDataError
+    from fastlm.pipelines.report.nodes import write_report
+    from fastlm.reporting.comparison import SPEED, compare_runs
+    from fastlm.reporting.summaries import marked_run
+
+    history = pd.DataFrame({"step": [1, 2, 3], "loss": [3.0, 2.5, 2.0], "step_time_s": [0.1, 0.1, 0.1]})
+    old = {"steps": 3, "run_name": "A", "training_id": "a" * 32, "mlflow_run_id": "a1" * 16}
+    new = {"steps": 3, "run_name": "B", "training_id": "b" * 32, "mlflow_run_id": "b1" * 16}
+    training, efficiency, diagnosis = summarize_training(old, history, pd.DataFrame())
+    assert diagnosis["training_id"] == old["training_id"]
+    runs = pd.DataFrame(
+        {
+            "run_id": [old["mlflow_run_id"], new["mlflow_run_id"]],
+            "run_name": ["A", "B"],
+            "start_time": pd.to_datetime(["2026-01-01", "2026-01-02"]),
+            SPEED: [100.0, 200.0],
+        }
+    )
+    marked_old = compare_runs(runs, current_run_id=old["mlflow_run_id"])
+    metrics = {"loss": 1.0, "training_id": new["training_id"]}
+    with pytest.raises(StaleDataError, match="another training") as refused:
+        write_report(new, history, None, training, efficiency, diagnosis, metrics, *[None] * 5)
+    assert "summarize_training" in str(refused.value)
+    _, _, fresh = summarize_training(new, history, pd.DataFrame())
+    with pytest.raises(StaleDataError, match="another training") as refused:
+        write_report(new, history, None, training, efficiency, fresh, metrics, *[None] * 4, marked_old)
+    assert "run comparison" in str(refused.value)
+    marked_new = compare_runs(runs, current_run_id=new["mlflow_run_id"])
+    assert marked_run(marked_new, new) == new["training_id"] != marked_run(marked_old, new)

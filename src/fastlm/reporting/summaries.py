@@ -52,6 +52,20 @@ def check_one_training(summary: dict, *, training_id: str | None = None, history
         )
 
 
+def marked_run(runs: pd.DataFrame | None, summary: dict) -> str | None:
+    """The training the run comparison ``runs`` was made for, as :func:`check_one_training` compares it: the
+    summary's own ``training_id`` when the row marked ``this run`` is the summary's MLflow run (run ids are
+    shown shortened), a marker of another training when it is another run's; None when nothing is marked or
+    the summary names no MLflow run (not compared)."""
+    ours = summary.get("mlflow_run_id")
+    if runs is None or not ours or "this run" not in runs or "run_id" not in runs:
+        return None
+    marked = [str(run_id) for run_id in runs.loc[runs["this run"] == "◀", "run_id"]]
+    if not marked:
+        return None
+    return summary.get(TRAINING_ID) if any(str(ours).startswith(run_id) for run_id in marked) else "another"
+
+
 def check_train_summary(summary: Any, shown: str) -> dict:
     """``summary`` when it is a training run's summary (a JSON object with its step count ``steps``, which
     every fastlm version wrote), else one InputDataError line naming ``shown`` (the file)."""

@@ -22,6 +22,7 @@ from fastlm.reporting.summaries import (
     check_one_training,
     check_train_summary,
     efficiency_summary,
+    marked_run,
     training_summary,
 )
 from fastlm.tracking import RunTracker
@@ -59,6 +60,7 @@ def summarize_training(
     diagnosis = {
         "findings": [dataclasses.asdict(f) for f in findings],
         "epoch_eta": epoch_eta(summary, history),
+        TRAINING_ID: summary.get(TRAINING_ID),  # which training: write_report refuses another's
     }
     return (
         training_summary(summary, history, eval_history, run_id),
@@ -281,6 +283,14 @@ def write_report(
     ``sweep_results`` holds a sweep's results. Kedro passes each catalog input as its own argument; they
     travel on together as one ``ReportInputs``."""
     check_one_training(summary, training_id=test_metrics.get(TRAINING_ID), what="test metrics")
+    check_one_training(
+        summary,
+        training_id=(diagnosis or {}).get(TRAINING_ID),
+        what="the training and efficiency tables and the diagnosis (summarize_training)",
+    )
+    check_one_training(
+        summary, training_id=marked_run(runs, summary), what="the run comparison (compare_training_runs)"
+    )
     return build_document(
         ReportInputs(
             summary=summary,
