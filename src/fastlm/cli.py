@@ -51,11 +51,7 @@ def _run(**kwargs):
         )
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
-        user_error = (
-            find_user_error(exc)
-            or _pipeline_selection_error(exc, kwargs.get("pipelines") or [])
-            or config_file_error(exc)
-        )
+        user_error = find_user_error(exc) or selection_error(exc, kwargs) or config_file_error(exc)
         if user_error is None:
             redact_exception(exc)  # the traceback printed from it shows no credential
             raise
@@ -225,6 +221,79 @@ def _missing_config_error(error: Exception) -> ConfigError:
 def _shown_conf(text: str) -> str:
     """``text`` with the absolute paths under the working directory shown relative to it."""
     return text.replace(f"{Path.cwd().as_posix()}/", "")
+
+
+def selection_error(exc: Exception, options: dict) -> FastlmError | None:
+    """Kedro's errors about what ``kedro run`` selects (``options``: its keyword arguments), as one line: an
+    unknown or empty pipeline, a node (``--nodes``, ``--from-nodes``, ``--to-nodes``), dataset
+    (``--from-inputs``, ``--to-outputs``) or namespace that the pipeline does not hold, an unknown
+    ``--runner``; each with the close match and the names there are. None for any other error."""
+    names = options.get("pipelines") or []
+    pipeline_error = _pipeline_selection_error(exc, names)
+    if pipeline_error is not None or not isinstance(exc, ValueError | AttributeError):
+        return pipeline_error
+    message = str(exc)
+    if isinstance(exc, AttributeError):
+        runner = options.get("runner")
+        if runner and f"module 'kedro.runner' has no attribute '{runner}'" in message:
+            known = ["SequentialRunner", "ThreadRunner", "ParallelRunner"]
+            return _unknown_name("--runner", [runner], known, "runner", where="kedro.runner")
+        return None
+    if message.startswith("Pipeline does not contain nodes named"):
+        known = _selected_names(names, lambda pipeline: [node.name for node in pipeline.nodes])
+        given = {"--nodes": "node_names", "--from-nodes": "from_nodes", "--to-nodes": "to_nodes"}
+        return _unknown_option_names(options, given, known, "node")
+    if message.startswith("Pipeline does not contain datasets named"):
+        known = _selected_names(names, lambda pipeline: sorted(pipeline.datasets()))
+        given = {"--from-inputs": "from_inputs", "--to-outputs": "to_outputs"}
+        return _unknown_option_names(options, given, known, "dataset")
+    if message.startswith("Pipeline does not contain nodes with the following namespaces"):
+        tags = _selected_names(
+            names, lambda pipeline: sorted({tag for node in pipeline.nodes for tag in node.tags})
+        )
+        given = [str(name) for name in options.get("namespaces") or []]
+        shown, tagged = ", ".join(given), [name for name in given if name in tags]
+        hint = f" (did you mean --tags {','.join(tagged)}?)" if tagged else ""
+        return ConfigError(
+            f"--namespaces {shown}: fastlm's pipelines have no namespaces{hint}.",
+            fix=f"select nodes with --tags (one of: {', '.join(tags)}) or --nodes, or drop --namespaces.",
+        )
+    return None
+
+
+def _selected_names(pipelines: list[str], names_of) -> list[str]:
+    """The names ``names_of`` gives for the pipelines a run selected (``__default__`` for none)."""
+    from kedro.framework.project import pipelines as registered  # the project's, configured by the run
+
+    found: list[str] = []
+    for name in pipelines or ["__default__"]:
+        found += [
+            item for item in names_of(registered.get(name) or registered["__default__"]) if item not in found
+        ]
+    return found
+
+
+def _unknown_option_names(
+    options: dict, given: dict[str, str], known: list[str], what: str
+) -> ConfigError | None:
+    """The first of ``given``'s options (``{option: keyword}``) that names something not in ``known``."""
+    for option, keyword in given.items():
+        values = [part.strip() for value in options.get(keyword) or [] for part in str(value).split(",")]
+        unknown = [value for value in values if value and value not in known]
+        if unknown:
+            return _unknown_name(option, unknown, known, what)
+    return None
+
+
+def _unknown_name(
+    option: str, unknown: list[str], known: list[str], what: str, where: str = "this run's pipeline"
+) -> ConfigError:
+    close = difflib.get_close_matches(unknown[0], known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(
+        f"{option} {', '.join(unknown)}: no {what} of that name in {where}{hint}.",
+        fix=f"use one of: {', '.join(known)}.",
+    )
 
 
 def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError | None:

@@ -1,0 +1,65 @@
+"""`kedro run` node and runner selection: a name that is not there is one line naming the option, the close
+match and the names there are (was: Kedro's ValueError / AttributeError traceback, status 1)."""
+
+from __future__ import annotations
+
+import pytest
+from kedro.framework.project import configure_project, pipelines
+from kedro.utils import load_obj
+
+from fastlm.cli import selection_error
+from fastlm.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def project():
+    """The project's pipelines, as `kedro run` configures them before it selects nodes."""
+    configure_project("fastlm")
+
+
+def register_pipelines():
+    return pipelines
+
+
+def _raised(call, *args, **kwargs) -> Exception:
+    with pytest.raises(Exception) as raised:
+        call(*args, **kwargs)
+    return raised.value
+
+
+@pytest.mark.parametrize(
+    ("option", "keyword", "value"),
+    [
+        ("--nodes", "node_names", ("plot_trainig",)),
+        ("--from-nodes", "from_nodes", ["plot_trainig"]),
+        ("--to-nodes", "to_nodes", ["plot_trainig"]),
+    ],
+)
+def test_an_unknown_node_name_is_one_line_naming_the_option_and_the_close_match(option, keyword, value):
+    report = register_pipelines()["report"]
+    exc = _raised(report.filter, **{keyword: list(value)})
+    error = selection_error(exc, {"pipelines": ["report"], keyword: value})
+    assert isinstance(error, ConfigError) and "\n" not in str(error)
+    assert f"{option} plot_trainig" in str(error) and "did you mean plot_training?" in str(error)
+    assert all(node.name in str(error) for node in report.nodes)  # the names there are
+
+
+def test_an_unknown_dataset_or_namespace_or_runner_is_one_line():
+    report = register_pipelines()["report"]
+    exc = _raised(report.filter, to_outputs=["loss_plt"])
+    error = selection_error(exc, {"pipelines": ["report"], "to_outputs": ["loss_plt"]})
+    assert "--to-outputs loss_plt" in str(error) and "did you mean loss_plot?" in str(error)
+
+    exc = _raised(register_pipelines()["__default__"].filter, node_namespaces=["train"])
+    error = selection_error(exc, {"pipelines": [], "namespaces": ["train"]})
+    assert "--namespaces train" in str(error) and "--tags train" in str(error)
+
+    exc = _raised(load_obj, "ThreadRuner", "kedro.runner")
+    error = selection_error(exc, {"runner": "ThreadRuner"})
+    assert "--runner ThreadRuner" in str(error) and "did you mean ThreadRunner?" in str(error)
+    assert "\n" not in str(error)
+
+
+def test_other_errors_are_not_selection_errors():
+    assert selection_error(ValueError("something else"), {"pipelines": ["report"]}) is None
+    assert selection_error(AttributeError("module 'torch' has no attribute 'x'"), {"runner": None}) is None
