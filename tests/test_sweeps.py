@@ -538,3 +538,22 @@ def test_a_sweep_runs_mlflow_parameters_name_what_it_trained_with(tmp_path):
         assert logged["train.max_steps"] == spec.max_steps and logged["train.seed"] == base["seed"]
         assert logged["train.optimizer.lr"] == overrides["train.optimizer.lr"]
         assert logged["train.optimizer.warmup_steps"] == base["optimizer"]["warmup_steps"]
+
+
+def test_a_sweep_on_function_calling_chats_picks_its_best_run_by_the_calls(tmp_path):
+    """The report scores chat data whose test answers call tools by their calls (test_tool_call_*); a sweep
+    can pick its best run by them (higher is better), and its table shows them where a run has them."""
+    spec = load_sweep(
+        _file(tmp_path, {"name": "s", "metric": "test_tool_call_exact_match", "grid": {"train.seed": [0, 1]}})
+    )
+    overrides = {"a": {"train.seed": 0}, "b": {"train.seed": 1}}
+    figures = {"final_train_loss": 2.0, "final_val_loss": 2.1, "wall_time_s": 3.0, "steps": 4}
+    summaries = {
+        "a": {**figures, "test_tool_call_name_accuracy": 0.9, "test_tool_call_exact_match": 0.5},
+        "b": {**figures, "test_tool_call_name_accuracy": 0.8, "test_tool_call_exact_match": 0.7},
+    }
+    table = comparison_table(summaries, overrides, spec.metric)
+    assert list(table["run"]) == ["b", "a"]
+    assert {"test_tool_call_name_accuracy", "test_tool_call_exact_match"} <= set(table.columns)
+    plain = comparison_table({name: {**figures} for name in overrides}, overrides, "final_val_loss")
+    assert "test_tool_call_exact_match" not in plain

@@ -47,6 +47,8 @@ METRICS = (
     "test_rouge1",
     "test_rouge2",
     "test_rougeL",
+    "test_tool_call_name_accuracy",
+    "test_tool_call_exact_match",
     "wall_time_s",
     "real_tokens_per_s",
 )

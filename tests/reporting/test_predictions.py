@@ -396,33 +396,16 @@ def test_the_summary_says_where_the_tools_came_from_and_warns_of_tool_chats_aske
     assert len(said) == 1 and "'tools'" in said[0] and "without tools" in said[0]
 
 
-# A scripted model's chain for a function-calling answer: "ask" is answered by a call (its markup special
-# tokens, as Hermes-style tokenizers mark <tool_call>), "hi" by text; "<s>" (the start) by "hi".
-CALL_TOKENS = (
-    "<pad>", "<s>", "</s>", "<unk>", "hi", "sunny", "ask", "<tool_call>", "</tool_call>",
-    '{"name":', '"get_weather",', '"arguments":', '{"city":', '"서울"}}',
-)  # fmt: skip
-CALL_CHAIN = ("ask", "<tool_call>", '{"name":', '"get_weather",', '"arguments":', '{"city":', '"서울"}}')
-CALL_NEXT = {
-    **dict(zip(CALL_CHAIN[:-1], CALL_CHAIN[1:], strict=True)),
-    '"서울"}}': "</tool_call>",
-    "</tool_call>": "</s>",
-    "hi": "sunny",
-    "sunny": "</s>",
-}
-
-
 def test_a_call_keeps_its_markup_and_is_read_into_tool_calls():
     """A chat asked with tools is answered by a call in the template's format. A tokenizer marking the call
     markup special lost it in the prediction (special tokens skipped: the bare JSON, which no parser of
     the format reads); now kept, and the call read into ``tool_calls`` (``[]``: an answer calling nothing;
     empty: a row asked without tools, or a call cut by ``max_new_tokens``, counted in the summary)."""
     from fastlm.corpus.call_reader import CallReader
-    from tests.support.chat_templates import QWEN_STYLE_TOOLS_TEMPLATE, WEATHER_TOOL
-    from tests.support.tiny_llama import scripted_llama
+    from tests.support.chat_templates import WEATHER_TOOL
+    from tests.support.tiny_llama import calling_llama
 
-    model, tokenizer = scripted_llama(CALL_TOKENS, CALL_NEXT, special=("<tool_call>", "</tool_call>"))
-    tokenizer.chat_template = QWEN_STYLE_TOOLS_TEMPLATE
+    model, tokenizer = calling_llama()
     token = tokenizer.convert_tokens_to_ids
     rows = pd.DataFrame(
         {

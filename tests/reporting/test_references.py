@@ -212,13 +212,20 @@ def test_report_has_rouge_sections_only_with_predictions():
     )
 
 
-def _scored(model, tokenizer, pairs, runtime, *, new: int, batch: int, max_length: int):
-    """The reference generations greedy, ``new`` tokens each, and their ROUGE (the Unicode rule: auto)."""
+def _scored(model, tokenizer, pairs, runtime, *, new: int, batch: int, max_length: int, chat=None):
+    """The reference generations greedy, ``new`` tokens each, and their ROUGE (the Unicode rule: auto);
+    ``chat``: the chat template variables of chat data."""
     references = ReferenceParams(
         **GREEDY, max_new_tokens=new, batch_size=batch, seed=0, rouge_tokenizer="auto"
     )
     return score_test_generations(
-        model, tokenizer, pairs, references=references, max_length=max_length, runtime=runtime
+        model,
+        tokenizer,
+        pairs,
+        references=references,
+        max_length=max_length,
+        runtime=runtime,
+        chat_variables=chat,
     )
 
 
@@ -260,3 +267,36 @@ def test_prompts_leave_the_new_tokens_room_in_the_models_positions_as_predict_le
     )
     assert limit == 48 - 30 and table["prompt_tokens"].tolist() == [len(ids) for ids in rows["ids"]]
     assert (table["prompt_tokens"] + table["new_tokens"] <= 48).all()
+
+
+def test_test_samples_answered_by_a_call_are_scored_by_their_calls(runtime):
+    """Chat data whose test answers call tools: ROUGE alone scored a call's JSON as text, and a tokenizer
+    marking the call markup special lost it from the prediction (never matching the reference's). The
+    prediction keeps the markup; each sample's calls are compared with the reference's, in the template's
+    call format: the same functions (names), the same calls (arguments compared as JSON), and a call where
+    the reference answers in text (spurious)."""
+    from tests.support.tiny_llama import calling_llama
+
+    model, tokenizer = calling_llama()
+    call = '<tool_call>{{"name": "get_weather", "arguments": {{"city": "{}"}}}}</tool_call>'
+    pairs = pd.DataFrame(
+        {
+            "sample": [0, 1, 2, 3],
+            "prompt": ["ask", "ask", "hi", "ask"],
+            "response": [call.format("서울"), call.format("부산"), "sunny", "맑아요"],
+        }
+    )
+    table, metrics = _scored(model, tokenizer, pairs, runtime, new=12, batch=4, max_length=32, chat={})
+    assert (
+        table["prediction"][0] == '<tool_call>{"name":"get_weather","arguments":{"city":"서울"}}</tool_call>'
+    )
+    assert table["call_match"].tolist() == ["exact", "name", "", "spurious"]
+    assert (metrics["tool_call_samples"], metrics["tool_call_name_accuracy"]) == (2, 1.0)
+    assert (metrics["tool_call_exact_match"], metrics["tool_call_spurious"]) == (0.5, 0.5)
+    plain, plain_metrics = _scored(model, tokenizer, pairs.iloc[2:3], runtime, new=12, batch=4, max_length=32)
+    assert "call_match" not in plain and "tool_call_samples" not in plain_metrics  # not chat data: as before
+    sections = {section.heading: section for section in _sections(metrics, table)}
+    said = sections["ROUGE on the test split"].text
+    assert "2 of them answer with a tool call: the same functions in 100.0%, the same calls in 50.0%" in said
+    assert "50.0% of the 2 answered in text were predicted as calls" in said
+    assert sections["Generations against references"].table["call"].tolist() == table["call_match"].tolist()

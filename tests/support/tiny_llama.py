@@ -125,3 +125,30 @@ def scripted_llama(vocab_tokens, next_token: dict, *, special: tuple = ()):
             head[vocab[next_token.get(token, vocab_tokens[4])], index] = 5.0
         model.lm_head.weight.copy_(head)
     return model.eval(), tokenizer
+
+
+# A scripted model's chain for a function-calling answer: "ask" is answered by a call (its markup special
+# tokens, as Hermes-style tokenizers mark <tool_call>), "hi" by text; any other token by "hi".
+CALL_TOKENS = (
+    "<pad>", "<s>", "</s>", "<unk>", "hi", "sunny", "ask", "<tool_call>", "</tool_call>",
+    '{"name":', '"get_weather",', '"arguments":', '{"city":', '"서울"}}',
+)  # fmt: skip
+_CALL_CHAIN = ("ask", "<tool_call>", '{"name":', '"get_weather",', '"arguments":', '{"city":', '"서울"}}')
+_CALL_NEXT = {
+    **dict(zip(_CALL_CHAIN[:-1], _CALL_CHAIN[1:], strict=True)),
+    '"서울"}}': "</tool_call>",
+    "</tool_call>": "</s>",
+    "hi": "sunny",
+    "sunny": "</s>",
+}
+
+
+def calling_llama():
+    """``scripted_llama`` answering ``ask`` with ``<tool_call>{"name":"get_weather","arguments":{"city":
+    "서울"}}</tool_call>`` (the markup special tokens) and ``hi`` with ``sunny``; its tokenizer carries the
+    Qwen-style function-calling template (``chat_templates.QWEN_STYLE_TOOLS_TEMPLATE``)."""
+    from tests.support.chat_templates import QWEN_STYLE_TOOLS_TEMPLATE
+
+    model, tokenizer = scripted_llama(CALL_TOKENS, _CALL_NEXT, special=("<tool_call>", "</tool_call>"))
+    tokenizer.chat_template = QWEN_STYLE_TOOLS_TEMPLATE
+    return model, tokenizer

@@ -40,6 +40,9 @@ TEST_METRICS = (
     "rouge2_recall",
     "rougeL_precision",
     "rougeL_recall",
+    "tool_call_name_accuracy",
+    "tool_call_exact_match",
+    "tool_call_spurious",
 )
 # and the top-k accuracy, named by its k (``report.top_k``): top5_accuracy, top10_accuracy, ...
 TOP_K_ACCURACY = re.compile(r"top[1-9][0-9]*_accuracy")

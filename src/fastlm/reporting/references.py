@@ -23,6 +23,7 @@ from fastlm.corpus.prompts import leading_bos, prompt_token_ids, truncate_prompt
 from fastlm.corpus.splitting import cap_rows, text_keys
 from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate.generation import (
+    clean_response,
     decoding_kwargs,
     encoder_inputs,
     generate_continuations,
@@ -43,6 +44,7 @@ __all__ = [
     "prompt_budget",
     "score_test_generations",
     "reference_pairs",
+    "tool_call_scores",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,7 @@ def score_test_generations(
     references: ReferenceParams,
     max_length: int,
     runtime: Runtime,
+    chat_variables: dict | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Per-sample predictions and scores (``PREDICTION_COLUMNS``) and the aggregate metrics.
 
@@ -154,6 +157,10 @@ def score_test_generations(
     aggregate has ``rouge1``/``rouge2``/``rougeL`` (mean F1), their ``_precision``/``_recall``, and
     ``rouge_samples``, ``rouge_tokenizer``, ``rouge_decoding``, ``generation_seconds``,
     ``generated_tokens_per_s``.
+
+    ``chat_variables``: chat data's template variables (None: not chat data). Where some reference answers
+    call tools (in the template's call format, ``corpus.call_reader``), the predictions keep the call markup
+    and the calls are compared (``tool_call_scores``).
     """
     settings, max_new_tokens = references.decoding(), references.max_new_tokens
     prompt_ids = generation_prompts(
@@ -173,7 +180,11 @@ def score_test_generations(
         start_id=start_id,
         **decoding_kwargs(**settings),
     )
-    predictions = [response_text(ids, tokenizer) for ids in generations.continuations]
+    reader = _call_reader(tokenizer, chat_variables, pairs["response"])
+    predictions = [
+        clean_response(reader.text(ids, tokenizer)) if reader else response_text(ids, tokenizer)
+        for ids in generations.continuations
+    ]
     per_sample, aggregate, kind = rouge_scores(
         predictions, pairs["response"].tolist(), references.rouge_tokenizer
     )
@@ -201,4 +212,47 @@ def score_test_generations(
         generation_seconds=seconds,
         generated_tokens_per_s=generations.new_tokens / seconds if seconds > 0 else float("nan"),
     )
-    return table[PREDICTION_COLUMNS], aggregate
+    if reader is None:
+        return table[PREDICTION_COLUMNS], aggregate
+    matches, scores = tool_call_scores(reader, pairs["response"].tolist(), predictions)
+    return table[PREDICTION_COLUMNS].assign(call_match=matches), {**aggregate, **scores}
+
+
+def _call_reader(tokenizer, chat_variables: dict | None, references: pd.Series):
+    """The template's call format (``CallReader``) where chat data's references hold calls; else None."""
+    if chat_variables is None:
+        return None
+    from fastlm.corpus.call_reader import CallReader
+
+    reader = CallReader.of(tokenizer, chat_variables)
+    return reader if reader is not None and any(reader.calls_in(text) for text in references) else None
+
+
+def tool_call_scores(reader, references: list[str], predictions: list[str]) -> tuple[list[str], dict]:
+    """Each sample's ``call_match``: ``exact`` (the reference's calls, arguments compared as JSON),
+    ``name`` (its functions, in order, other arguments), ``wrong`` (other functions, or none), ``unread``
+    (call markup that does not read as calls), ``spurious`` (a call where the reference answers in text),
+    "" (text for text); and the rates over the samples whose reference calls (``tool_call_samples``,
+    ``tool_call_name_accuracy``, ``tool_call_exact_match``) and over those whose reference does not
+    (``tool_call_spurious``)."""
+    expected_calls = [reader.calls_in(reference) for reference in references]
+    matches = []
+    for expected, prediction in zip(expected_calls, predictions, strict=True):
+        found = reader.calls_in(prediction)
+        if not expected:
+            matches.append("spurious" if found is None or found else "")
+        elif found is None:
+            matches.append("unread")
+        elif found == expected:
+            matches.append("exact")
+        else:
+            same = [call["name"] for call in found] == [call["name"] for call in expected]
+            matches.append("name" if same else "wrong")
+    calling = [match for match, expected in zip(matches, expected_calls, strict=True) if expected]
+    text = len(matches) - len(calling)
+    return matches, {
+        "tool_call_samples": len(calling),
+        "tool_call_name_accuracy": sum(m in ("exact", "name") for m in calling) / len(calling),
+        "tool_call_exact_match": calling.count("exact") / len(calling),
+        "tool_call_spurious": matches.count("spurious") / text if text else float("nan"),
+    }

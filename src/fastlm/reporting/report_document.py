@@ -369,7 +369,7 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
         f"{test_metrics['rouge_samples']:,} test samples generated ({test_metrics['rouge_decoding']}) and "
         f"scored against their reference responses with rouge-score, tokenizer "
         f"'{test_metrics['rouge_tokenizer']}'; means over samples. "
-        f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s."
+        f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s." + _tool_call_text(test_metrics)
     )
     shown = predictions.head(ROUGE_SHOWN)
     samples = pd.DataFrame(
@@ -379,6 +379,7 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
             "prediction": shown["prediction"].fillna(""),
             "ROUGE-1": shown["rouge1_f1"],
             "ROUGE-L": shown["rougeL_f1"],
+            **({"call": shown["call_match"].fillna("")} if "call_match" in shown else {}),
         }
     )
     return [
@@ -389,6 +390,26 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
             table=samples,
         ),
     ]
+
+
+def _tool_call_text(test_metrics: dict) -> str:
+    """The test answers' tool calls, compared with the references' (``references.tool_call_scores``)."""
+    if "tool_call_samples" not in test_metrics:
+        return ""
+    samples = test_metrics["tool_call_samples"]
+    text = test_metrics["rouge_samples"] - samples
+    spurious = (
+        f" {100 * test_metrics['tool_call_spurious']:.1f}% of the {text:,} answered in text were "
+        "predicted as calls."
+        if text
+        else ""
+    )
+    return (
+        f" {samples:,} of them answer with a tool call: the same functions in "
+        f"{100 * test_metrics['tool_call_name_accuracy']:.1f}%, the same calls in "
+        f"{100 * test_metrics['tool_call_exact_match']:.1f}% (arguments compared as JSON; `call` below)."
+        + spurious
+    )
 
 
 def _sweep_sections(sweep: dict | None, *, data: str | None) -> list[Section]:

@@ -12,6 +12,10 @@ from matplotlib.figure import Figure
 from fastlm.reporting.html_report import markdown_table
 
 ROUGE_COLUMNS = ["test_rouge1", "test_rouge2", "test_rougeL"]  # prompt/response data only
+# chat data whose test answers call tools (reporting.references.tool_call_scores)
+TOOL_CALL_COLUMNS = ["test_tool_call_name_accuracy", "test_tool_call_exact_match"]
+# shown only where a run has them
+OPTIONAL_COLUMNS = {*ROUGE_COLUMNS, *TOOL_CALL_COLUMNS}
 # The top-k accuracy's place among the columns: its name has the runs' k (report.top_k), test_top5_accuracy...
 TOP_K = "test_top<k>_accuracy"
 TOP_K_NAME = re.compile(r"test_top[1-9][0-9]*_accuracy")
@@ -22,6 +26,7 @@ SUMMARY_COLUMNS = [
     "test_accuracy",
     "test_top<k>_accuracy",
     *ROUGE_COLUMNS,
+    *TOOL_CALL_COLUMNS,
     "real_tokens_per_s",
     "peak_memory_mb",
     "wall_time_s",
@@ -45,6 +50,7 @@ FOLD_METRICS = [
     "test_accuracy",
     "test_top<k>_accuracy",
     *ROUGE_COLUMNS,
+    *TOOL_CALL_COLUMNS,
 ]
 
 
@@ -55,7 +61,7 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
     columns = [
         column
         for column in _named(SUMMARY_COLUMNS, [key for summary in summaries.values() for key in summary])
-        if column not in ROUGE_COLUMNS or any(column in summary for summary in summaries.values())
+        if column not in OPTIONAL_COLUMNS or any(column in summary for summary in summaries.values())
     ]
     rows = [
         {

@@ -206,6 +206,7 @@ def generate_on_references(
         references=references,
         runtime=runtime,
         max_length=start.split.max_length,
+        chat_variables=start.split.chat_template_kwargs if start.split.data_format == "messages" else None,
     )
     log.info(
         "ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
@@ -219,6 +220,14 @@ def generate_on_references(
         metrics["generation_seconds"],
         metrics["generated_tokens_per_s"],
     )
+    if "tool_call_samples" in metrics:
+        log.info(
+            "Tool calls on the %d test samples answered by a call: the same functions in %.1f%%, the same "
+            "calls in %.1f%% (call_match in reference_predictions.csv)",
+            metrics["tool_call_samples"],
+            100 * metrics["tool_call_name_accuracy"],
+            100 * metrics["tool_call_exact_match"],
+        )
     return table, {**metrics, TRAINING_ID: _training_id(trained)}
 
 

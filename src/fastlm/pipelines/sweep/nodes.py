@@ -249,11 +249,13 @@ def _test_metrics(
 def reference_scores(
     model, tokenizer, splits: pd.DataFrame, train_params: dict, split_params: dict, report_params: dict
 ) -> dict:
-    """ROUGE-1/2/L F1 (``test_rouge*``) of a run's generations against the test split's references, as the
-    report scores them (prompt/response data under ``report.references``; nothing otherwise)."""
+    """ROUGE-1/2/L F1 (``test_rouge*``) of a run's generations against the test split's references, and
+    where its answers call tools their calls' scores (``test_tool_call_*``), as the report scores them
+    (prompt/response data under ``report.references``; nothing otherwise)."""
     if model is None:
         return {}
     _, metrics = generate_on_references(
         {"model": model, "tokenizer": tokenizer}, splits, train_params, split_params, report_params
     )
-    return {f"test_{key}": metrics[key] for key in ("rouge1", "rouge2", "rougeL") if key in metrics}
+    keys = ("rouge1", "rouge2", "rougeL", "tool_call_name_accuracy", "tool_call_exact_match")
+    return {f"test_{key}": metrics[key] for key in keys if key in metrics}
