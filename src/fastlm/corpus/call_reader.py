@@ -8,12 +8,14 @@ writes before and after that JSON (the call's opener and closer) and the key of 
 
 * Text (``CallReader.text``): a generated answer decoded with the special tokens the template writes in a
   call kept (a tokenizer marking ``<tool_call>`` special, as Hermes-style models do, would otherwise lose
-  the markup) and every other special token (EOS, end of turn, padding) left out.
+  the markup) and every other special token (EOS, end of turn, padding, Llama-3.1's ``<|python_tag|>``) left
+  out, as the prediction of a chat without tools skips them.
 * Calls (``CallReader.calls``): the answer's calls as ``[{name, arguments}]`` (``[]``: the answer calls
   nothing), None where its call markup holds no call that reads as JSON (an unclosed call cut by
-  ``max_new_tokens``, broken JSON). A tokenizer that declares its own response parsing (transformers'
-  ``response_template``, e.g. set by TRL's ``add_response_schema``) is read by it (``parse_response``), the
-  model's own word on its format.
+  ``max_new_tokens``, broken JSON). They are read after the answer's leading ``<think>`` block (Qwen3's
+  reasoning, where a call drafted is no call). A tokenizer that declares its own response parsing
+  (transformers' ``response_template``, e.g. set by TRL's ``add_response_schema``) is read by it
+  (``parse_response``), the model's own word on its format.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ _PROBE_TOOL = {
         "parameters": {"type": "object", "properties": {"fastlm_probe_argument": {"type": "string"}}},
     },
 }
-# Qwen3's empty reasoning block, written before an answer in non-thinking mode (``generation.EMPTY_THINK``)
-_EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
+# A leading reasoning block (Qwen3's: empty in non-thinking mode, the model's reasoning in thinking mode):
+# what comes before the answer, where a call drafted is no call.
+_REASONING = re.compile(r"^<think>.*?</think>\s*", re.DOTALL)
 _DECODER = json.JSONDecoder()
 
 
@@ -80,10 +83,10 @@ class CallReader:
             return None
         start, end, arguments_key = found
         text = rendered[1]
-        special = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [])
+        special = _special_ids(tokenizer)
         markup = frozenset(i for i in tokenizer(text, add_special_tokens=False)["input_ids"] if i in special)
         return cls(
-            opener=_EMPTY_THINK.sub("", text[:start]).strip(),
+            opener=_REASONING.sub("", text[:start]).strip(),
             closer=text[end:].strip(),
             arguments_key=arguments_key,
             markup_ids=markup,
@@ -113,24 +116,26 @@ class CallReader:
 
     def calls_in(self, text: str) -> list | None:
         """The calls in an answer's ``text`` (as ``text`` decodes it), as ``calls`` gives them."""
-        body = _EMPTY_THINK.sub("", text.strip(), count=1)
+        body = _REASONING.sub("", text.strip(), count=1)
         if self.opener:
             return self._marked_calls(body)
         return self._bare_calls(body)
 
     def _marked_calls(self, body: str) -> list | None:
-        pieces = body.split(self.opener)[1:]
-        calls = []
-        for piece in pieces:
-            piece = piece.lstrip()
+        """Each opener's call, read from after it to its JSON's end (an argument may hold the markup)."""
+        calls, at = [], body.find(self.opener)
+        while at >= 0:
+            start = at + len(self.opener)
+            start += len(body[start:]) - len(body[start:].lstrip())
             try:
-                value, end = _DECODER.raw_decode(piece)
+                value, end = _DECODER.raw_decode(body, start)
             except ValueError:
                 return None
-            call = self._call(value)
-            if call is None or (self.closer and not piece[end:].lstrip().startswith(self.closer)):
+            call, rest = self._call(value), body[end:].lstrip()
+            if call is None or not rest.startswith(self.closer):
                 return None
             calls.append(call)
+            at = body.find(self.opener, len(body) - len(rest) + len(self.closer))
         return calls
 
     def _bare_calls(self, body: str) -> list | None:
@@ -189,6 +194,14 @@ def _probe_call(text: str) -> tuple[int, int, str] | None:
             if key != "name" and _probe_arguments(item) and function.get("name") == _PROBE_NAME:
                 return start, end, key
     return None
+
+
+def _special_ids(tokenizer) -> frozenset:
+    """The ids the tokenizer treats as special: its named special tokens and every added token marked special
+    (Llama-3.1's ``<|python_tag|>``, which it names nowhere else), as ``skip_special_tokens`` skips them."""
+    named = {int(i) for i in getattr(tokenizer, "all_special_ids", None) or []}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return frozenset(named | {int(i) for i, token in added.items() if getattr(token, "special", False)})
 
 
 def _probe_arguments(value) -> bool:
