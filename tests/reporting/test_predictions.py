@@ -429,6 +429,7 @@ def test_a_call_keeps_its_markup_and_is_read_into_tool_calls():
         "rows_calling": 1,
         "calls": 1,
         "calls_of_unknown_tools": 0,
+        "rows_unread": 0,
         "unread_rows": [],
     }
     cut, cut_summary = predict_rows(
@@ -440,3 +441,42 @@ def test_a_call_keeps_its_markup_and_is_read_into_tool_calls():
     )
     assert cut["tool_calls"].tolist() == ["", "[]", ""]
     assert cut_summary["tool_calls"]["unread_rows"] == [0]
+
+
+def test_every_unread_call_is_counted_beyond_the_rows_named(monkeypatch):
+    """More unread calls than the summary names one by one: the summary counts them all (``rows_unread``)
+    and the warning says how many (it named the first rows alone, as if they were all)."""
+    import logging.handlers
+
+    from fastlm.corpus.call_reader import CallReader
+    from fastlm.reporting import predict_steps
+    from fastlm.reporting.predictions import LISTED_REFUSALS
+    from tests.support.chat_templates import QWEN_STYLE_TOOLS_TEMPLATE, WEATHER_TOOL
+    from tests.support.tiny_llama import scripted_llama
+
+    model, tokenizer = scripted_llama(CALL_TOKENS, CALL_NEXT, special=("<tool_call>", "</tool_call>"))
+    tokenizer.chat_template = QWEN_STYLE_TOOLS_TEMPLATE
+    count = LISTED_REFUSALS + 3
+    rows = pd.DataFrame(
+        {
+            "id": list(range(count)),
+            "input": ["a"] * count,
+            "ids": [[tokenizer.convert_tokens_to_ids("ask")]] * count,
+            "refused": [None] * count,
+            "truncated": [False] * count,
+            "tools": [[WEATHER_TOOL]] * count,
+        }
+    )
+    job = PredictionJob(decoding={}, max_new_tokens=4, batch_size=count, calls=CallReader.of(tokenizer))
+    table, summary = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    calls = summary["tool_calls"]
+    unread = int((table["tool_calls"] == "").sum())
+    assert calls["rows_unread"] == unread == calls["rows_asked_with_tools"]
+    assert len(calls["unread_rows"]) == LISTED_REFUSALS < unread
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-steps-calls", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predict_steps, "log", logger)
+    predict_steps.say_predicted(summary, "chats.jsonl", "model")
+    said = [record.getMessage() for record in seen.buffer if record.levelno == logging.WARNING]
+    assert len(said) == 1 and f"{unread} of {count} rows" in said[0] and ", ...)" in said[0]

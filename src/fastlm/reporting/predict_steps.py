@@ -264,12 +264,16 @@ def say_predicted(summary: dict, path: str, model: str) -> None:
             calls["calls"],
             calls["calls_of_unknown_tools"],
         )
-        if calls["unread_rows"]:
+        if calls["rows_unread"]:
+            named = calls["unread_rows"]
             log.warning(
-                "predict: the call of row(s) %s does not read as the template's tool calls (cut by "
-                "predict.max_new_tokens, or not JSON): their tool_calls are empty, their prediction as "
-                "generated",
-                ", ".join(str(row) for row in calls["unread_rows"]),
+                "predict: the calls of %d of %d rows asked with tools (%s%s) do not read as the template's "
+                "tool calls (cut by predict.max_new_tokens, or not JSON): their tool_calls are empty, their "
+                "prediction as generated",
+                calls["rows_unread"],
+                calls["rows_asked_with_tools"],
+                ", ".join(str(row) for row in named),
+                ", ..." if calls["rows_unread"] > len(named) else "",
             )
 
 

@@ -320,7 +320,7 @@ def _table(rows: pd.DataFrame, fed: list, continuations: list, tokenizer, job: P
 def _calls_summary(table: pd.DataFrame, rows: pd.DataFrame) -> dict:
     """What the rows asked with tools answered: the rows calling a tool, the calls (those of a function not
     among the row's tools counted apart) and the rows whose call markup did not read as calls (no JSON text
-    in ``tool_calls``)."""
+    in ``tool_calls``: counted, the first ``LISTED_REFUSALS`` named)."""
     asked = [row for row, tools in enumerate(rows["tools"]) if tools and rows["ids"].iat[row] is not None]
     texts = {row: table["tool_calls"].iat[row] for row in asked}
     read = {row: json.loads(text) for row, text in texts.items() if isinstance(text, str)}
@@ -334,6 +334,7 @@ def _calls_summary(table: pd.DataFrame, rows: pd.DataFrame) -> dict:
         "rows_calling": sum(bool(calls) for calls in read.values()),
         "calls": sum(len(calls) for calls in read.values()),
         "calls_of_unknown_tools": unknown,
+        "rows_unread": len(unread),
         "unread_rows": [plain_id(rows["id"].iat[row]) for row in unread[:LISTED_REFUSALS]],
     }
 
