@@ -183,3 +183,31 @@ def test_a_report_that_skipped_the_summaries_of_the_new_training_is_refused():
     assert "run comparison" in str(refused.value)
     marked_new = compare_runs(runs, current_run_id=new["mlflow_run_id"])
     assert marked_run(marked_new, new) == new["training_id"] != marked_run(marked_old, new)
+
+
+@pytest.mark.parametrize("run_id", ["0123456789abcdef" * 2, "1234e567" + "f" * 24])
+def test_the_run_comparison_read_back_marks_this_run_whatever_its_run_id_looks_like(tmp_path, run_id):
+    """The run comparison as the report reads it back (conf/base/catalog.yml's ``run_comparison``, a CSV): a
+    run id whose shown first 8 characters read as a number (leading zeros, an exponent) stays its text, so
+    the report's check finds this run marked (it was read as a number: another training, refused)."""
+    from pathlib import Path
+
+    import yaml
+    from kedro.io import AbstractDataset
+
+    from fastlm.reporting.comparison import SPEED, compare_runs
+    from fastlm.reporting.summaries import marked_run
+
+    catalog = Path(__file__).resolve().parents[2] / "conf/base/catalog.yml"
+    config = yaml.safe_load(catalog.read_text())["run_comparison"]
+    config["filepath"] = str(tmp_path / "runs.csv")
+    dataset = AbstractDataset.from_config("run_comparison", config)
+    summary = {"steps": 3, "training_id": "c" * 32, "mlflow_run_id": run_id}
+    runs = pd.DataFrame(
+        {"run_id": [run_id], "run_name": ["A"], "start_time": pd.to_datetime(["2026-01-01"]), SPEED: [1.0]}
+    )
+    written = compare_runs(runs, current_run_id=run_id)
+    dataset.save(written)
+    read = dataset.load()
+    assert read["run_id"].tolist() == written["run_id"].tolist()
+    assert marked_run(read, summary) == marked_run(written, summary) == summary["training_id"]
