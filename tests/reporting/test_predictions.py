@@ -451,11 +451,10 @@ def test_every_unread_call_is_counted_beyond_the_rows_named(monkeypatch):
     from fastlm.corpus.call_reader import CallReader
     from fastlm.reporting import predict_steps
     from fastlm.reporting.predictions import LISTED_REFUSALS
-    from tests.support.chat_templates import QWEN_STYLE_TOOLS_TEMPLATE, WEATHER_TOOL
-    from tests.support.tiny_llama import scripted_llama
+    from tests.support.chat_templates import WEATHER_TOOL
+    from tests.support.tiny_llama import calling_llama
 
-    model, tokenizer = scripted_llama(CALL_TOKENS, CALL_NEXT, special=("<tool_call>", "</tool_call>"))
-    tokenizer.chat_template = QWEN_STYLE_TOOLS_TEMPLATE
+    model, tokenizer = calling_llama()
     count = LISTED_REFUSALS + 3
     rows = pd.DataFrame(
         {
