@@ -20,20 +20,24 @@ import pandas as pd
 from fastlm.errors import InputDataError
 
 
-def id_texts(column: pd.Series, *, vocab_size: int, eos_id: int, source: str, param: str) -> list[str]:
+def id_texts(
+    column: pd.Series, *, vocab_size: int, eos_id: int, source: str, param: str, place=None
+) -> list[str]:
     """The id lists of ``column`` as space-joined strings, or InputDataError naming the first bad row
-    (1-based, the line of a JSON Lines file) and ``param``.
+    (1-based, the line of a JSON Lines file; ``place``: what names a row where not ``<source> row <n>``, a
+    shard's) and ``param``.
 
     ``eos_id`` (split.eos_id) is refused anywhere in a row: inside it would end a sample early, at its end it
     would make ``4 5 9`` and ``4 5`` two rows (split keys, dedup) of one and the same sample.
     """
     texts = []
+    place = place or (lambda number: f"{source} row {number}")
     for number, row in enumerate(column.tolist(), start=1):
-        ids = _row_ids(row, number, source=source, param=param)
+        ids = _row_ids(row, place(number), param=param)
         bad = _first_bad_id(ids, vocab_size=vocab_size, eos_id=eos_id)
         if bad is not None and bad[0] == "eos":
             raise InputDataError(
-                f"{source} row {number}: id {eos_id} in {param} is split.eos_id, which split appends to end "
+                f"{place(number)}: id {eos_id} in {param} is split.eos_id, which split appends to end "
                 "every sample; the data must not hold it.",
                 fix=f"drop id {eos_id} from the data, or set split.eos_id to an id the data never uses "
                 "(default vocab_size - 1: --params split.vocab_size=<largest id + 2>).",
@@ -41,7 +45,7 @@ def id_texts(column: pd.Series, *, vocab_size: int, eos_id: int, source: str, pa
         if bad is not None:
             value = bad[1]
             raise InputDataError(
-                f"{source} row {number}: id {value} in {param} is "
+                f"{place(number)}: id {value} in {param} is "
                 + ("negative" if value < 0 else f"not below split.vocab_size ({vocab_size})")
                 + ".",
                 fix="ids must be 0 .. split.vocab_size - 1: "
@@ -138,8 +142,8 @@ def id_word(word: str) -> int | None:
 _ID_WORD = re.compile(r"0|-?[1-9][0-9]*")
 
 
-def _row_ids(row, number: int, *, source: str, param: str) -> np.ndarray:
-    where = f"{source} row {number}: {param}"
+def _row_ids(row, shown: str, *, param: str) -> np.ndarray:
+    where = f"{shown}: {param}"
     fix = f"give every row of {param} a non-empty list of whole numbers such as [3, 17, 5]."
     problem = _id_list_problem(row)
     if problem is not None:

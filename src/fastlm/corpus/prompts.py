@@ -58,6 +58,7 @@ import pandas as pd
 from fastlm.corpus.chat_spans import answer_spans, answer_token_ranges, kept_answer_ranges
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template
 from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
+from fastlm.corpus.shards import shard_row
 from fastlm.corpus.tokenization import (
     TokenizedTexts,
     cut_long_texts,
@@ -113,7 +114,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         column = config.tools_column
         tools = None
         if column is not None and column in raw.columns:
-            tools = parse_tools(raw[column], f"split.tools_column ({column!r})")
+            tools = parse_tools(raw[column], f"split.tools_column ({column!r})", shard_row(raw.attrs))
         chats, drops = clean_messages(raw[config.messages_column], tools)
         if column is not None and tools is None:
             _say_tool_chats_without_tools(chats, column, len(chats))
@@ -441,11 +442,13 @@ def _chat_shape(value) -> str | None:
     return None
 
 
-def malformed_chat(values: pd.Series) -> str | None:
+def malformed_chat(values: pd.Series, place=None) -> str | None:
     """Why the first value of ``values`` that is no chat is malformed, or holds a content that is no text
-    (``row N: ...``, rows and messages counted from 1 as a file's lines are), None when none does: said when
+    (``row N: ...``, rows and messages counted from 1 as a file's lines are; ``place``: what names a row where
+    not ``row N``, a shard's), None when none does: said when
     no row is left, so a column of JSON strings, of chats without an answer or of content parts
     (``[{type: text, text}]``) reads as such. A role is shown quoted on one line and cut."""
+    place = place or (lambda number: f"row {number}")
     for row, value in enumerate(values, start=1):
         shape = _chat_shape(value)
         if shape is None:
@@ -454,16 +457,16 @@ def malformed_chat(values: pd.Series) -> str | None:
                 missing = content is None or (isinstance(content, float) and np.isnan(content))
                 if not missing and not isinstance(content, str):
                     return (
-                        f"row {row}: the content of message {index} ({quoted(message['role'])}) is a "
+                        f"{place(row)}: the content of message {index} ({quoted(message['role'])}) is a "
                         f"{_kind(content)}, not a text"
                     )
             continue
         if shape != "malformed_messages":
             continue
         if not isinstance(value, list | tuple | np.ndarray):
-            return f"row {row} is a {_kind(value)}, not a list of {{role, content}} turns"
+            return f"{place(row)} is a {_kind(value)}, not a list of {{role, content}} turns"
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in value):
-            return f"row {row} is not a list of {{role, content}} turns"
+            return f"{place(row)} is not a list of {{role, content}} turns"
         calls = [
             i
             for i, m in enumerate(value, start=1)
@@ -471,15 +474,15 @@ def malformed_chat(values: pd.Series) -> str | None:
         ]
         if calls:
             return (
-                f"row {row}: the tool_calls of message {calls[0]} are not a list of calls each naming its "
+                f"{place(row)}: the tool_calls of message {calls[0]} are not a list of calls each naming its "
                 "function ({function: {name, arguments}}, the arguments a mapping or a JSON text of one)"
             )
         if len(value) and value[-1]["role"] != RESPONSE_ROLE:
             return (
-                f"row {row}: the last message is a {quoted(value[-1]['role'])} turn, not the assistant's "
+                f"{place(row)}: the last message is a {quoted(value[-1]['role'])} turn, not the assistant's "
                 f"answer (role {RESPONSE_ROLE!r})"
             )
-        return f"row {row} holds {len(value)} message(s), not a prompt and the assistant's answer"
+        return f"{place(row)} holds {len(value)} message(s), not a prompt and the assistant's answer"
     return None
 
 

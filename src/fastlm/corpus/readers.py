@@ -99,12 +99,21 @@ def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame
     A column name given twice (a CSV/TSV header, a Parquet schema, a key in one JSON object) is refused.
     """
     path = Path(path)
+    table = as_frame(read_table(path, parameter), path)
+    table.attrs["source_path"] = str(path)
+    return table
+
+
+def read_table(path: str | Path, parameter: str = RAW_PATH):
+    """The table at ``path`` as its reader made it, before pandas: an Arrow table (Parquet, JSON Lines
+    pyarrow reads) or a pandas frame (CSV, TSV, JSON Python reads, a ``save_to_disk`` folder), with the
+    errors of ``read_text_table``; ``as_frame`` makes it the frame ``read_text_table`` returns. Shards are
+    read so (``fastlm.corpus.shards``): their Arrow tables are joined without a copy, then converted once."""
+    path = Path(path)
     kind = check_table_path(path, parameter)
     try:
         source = _text_source(path, parameter) if kind in TEXT_FORMATS else path
-        table = _READERS[kind](source, path)
-        table.attrs["source_path"] = str(path)
-        return table
+        return _READERS[kind](source, path)
     except InputDataError:
         raise
     except UnicodeDecodeError as exc:  # a compressed text file (not checked up front)
@@ -114,6 +123,20 @@ def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame
         raise InputDataError(
             f"{path} could not be read as {kind}: {first_line}.",
             fix="check the file's format matches its extension.",
+        ) from exc
+
+
+def as_frame(table, path: Path) -> pd.DataFrame:
+    """``table`` (``read_table``'s) as a pandas frame; a conversion error names ``path``."""
+    if isinstance(table, pd.DataFrame):
+        return table
+    try:
+        return _arrow_frame(table)
+    except Exception as exc:  # noqa: BLE001 - name the file
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputDataError(
+            f"{path} could not be converted to a table: {first_line}.",
+            fix="check the file's columns hold one type each.",
         ) from exc
 
 
@@ -358,12 +381,12 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
     try:
         import pyarrow.json as pajson
 
-        table = _arrow_frame(pajson.read_json(_rewound(source)))
+        table = pajson.read_json(_rewound(source))
     except Exception:  # noqa: BLE001 - mixed types, a bad line or a repeated key: Python's json says which
         table = None
-    whole = table is not None and len(table) == _filled_lines(source)
+    whole = table is not None and table.num_rows == _filled_lines(source)
     # a row with every value missing may be a ``null`` line (pyarrow reads it as one): Python's json decides
-    if whole and not table.isna().all(axis=1).any():
+    if whole and not _a_row_all_null(table):
         return table
     repeated = _first_repeated_key(source)
     if repeated is not None:
@@ -375,6 +398,18 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
             fix="fix or remove that line (JSON Lines: one JSON object per line).",
         )
     return table if whole else pd.read_json(_rewound(source), lines=True, dtype=False)
+
+
+def _a_row_all_null(table) -> bool:
+    """Whether some row of the Arrow ``table`` has every value missing (every row, for no column)."""
+    import pyarrow.compute as pc
+
+    if table.num_columns == 0:
+        return table.num_rows > 0
+    missing = pc.is_null(table.column(0))
+    for column in table.columns[1:]:
+        missing = pc.and_(missing, pc.is_null(column))
+    return bool(pc.any(missing).as_py())
 
 
 def _filled_lines(source) -> int:
@@ -473,7 +508,7 @@ def _read_parquet(source, path: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     _refuse_repeated(pq.read_schema(source).names, path)
-    return _arrow_frame(pq.read_table(source))
+    return pq.read_table(source)
 
 
 def _read_arrow_dir(source, path: Path) -> pd.DataFrame:

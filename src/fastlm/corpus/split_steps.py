@@ -24,6 +24,7 @@ from fastlm.corpus.prompts import (
     prompt_frame,
     tokenize_pairs,
 )
+from fastlm.corpus.shards import shard_row
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import UNKNOWN_WARNING_SHARE, length_summary, unknown_per_row, unknown_summary
 from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_id_lists, tokenize_texts
@@ -86,7 +87,11 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
         )
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
-        malformed = malformed_chat(raw[config.messages_column]) if config.data_format == "messages" else None
+        malformed = (
+            malformed_chat(raw[config.messages_column], shard_row(raw.attrs))
+            if config.data_format == "messages"
+            else None
+        )
         columns = ", ".join(f"split.{name} ({column!r})" for name, column in data_columns(config))
         raise InputDataError(
             f"no usable {'text' if config.data_format == 'text' else 'prompt/response row'} left in {source} "
@@ -150,6 +155,7 @@ def clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame
         eos_id=eos,
         source=source,
         param=f"split.ids_column ({config.ids_column!r})",
+        place=shard_row(raw.attrs),
     )
     texts = pd.Series(ids, name="text", dtype=object)
     kept = texts.drop_duplicates().to_frame()

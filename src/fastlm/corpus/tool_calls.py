@@ -150,11 +150,13 @@ def tools_key(tools: list | None) -> str:
     return json.dumps(tools, sort_keys=True, ensure_ascii=False) if tools else ""
 
 
-def parse_tools(values: pd.Series, parameter: str) -> list[list[dict] | None]:
+def parse_tools(values: pd.Series, parameter: str, place=None) -> list[list[dict] | None]:
     """Each row's tools (``values``: a tools column; ``parameter`` names it, e.g. ``split.tools_column
     ('tools')``) as a list of function schemas, None for a missing value or an empty list; a value that is no
-    such list (nor a JSON string of one) is refused in one line naming its row (counted from 1)."""
+    such list (nor a JSON string of one) is refused in one line naming its row (counted from 1; ``place``:
+    what names a row where not ``row N``, a shard's)."""
     parsed = []
+    place = place or (lambda number: f"row {number}")
     for row, value in enumerate(values, start=1):
         if isinstance(value, str):
             if not value.strip():
@@ -163,28 +165,32 @@ def parse_tools(values: pd.Series, parameter: str) -> list[list[dict] | None]:
             try:
                 value = json.loads(value)
             except ValueError as error:
-                _refuse(parameter, row, f"is a text that is not JSON ({error.msg})")
+                _refuse(parameter, place(row), f"is a text that is not JSON ({error.msg})")
         if _missing(value):
             parsed.append(None)
             continue
         value = _without_nulls(plain(value))
         if not isinstance(value, list):
-            _refuse(parameter, row, f"is a {type(value).__name__}, not a list of function schemas")
+            _refuse(parameter, place(row), f"is a {type(value).__name__}, not a list of function schemas")
         for index, tool in enumerate(value, start=1):
             function = tool.get("function", tool) if isinstance(tool, dict) else None
             if not isinstance(function, dict):
-                _refuse(parameter, row, f"tool {index} is a {type(tool).__name__}, not a function schema")
+                _refuse(
+                    parameter, place(row), f"tool {index} is a {type(tool).__name__}, not a function schema"
+                )
             if not isinstance(function.get("name"), str) or not function["name"]:
-                _refuse(parameter, row, f"tool {index} has no function name")
+                _refuse(parameter, place(row), f"tool {index} has no function name")
             if not isinstance(function.get("parameters", {}), dict):
-                _refuse(parameter, row, f"the parameters of tool {index} are not a JSON schema (a mapping)")
+                _refuse(
+                    parameter, place(row), f"the parameters of tool {index} are not a JSON schema (a mapping)"
+                )
         parsed.append(value or None)
     return parsed
 
 
-def _refuse(parameter: str, row: int, why: str):
+def _refuse(parameter: str, row: str, why: str):
     raise InputDataError(
-        f"{parameter}, row {row}: the tools value {why}.",
+        f"{parameter}, {row}: the tools value {why}.",
         fix="give each row a list of function schemas ({type: function, function: {name, description, "
         "parameters}}) or a JSON string of one, or leave it empty for a row without tools.",
     )

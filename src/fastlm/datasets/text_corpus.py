@@ -1,4 +1,5 @@
-"""Read-only raw text table: CSV, TSV, JSONL or Parquet by extension, or a ``save_to_disk`` folder."""
+"""Read-only raw text table: CSV, TSV, JSONL or Parquet by extension, a ``save_to_disk`` folder, or the
+shards of a folder or glob (``fastlm.corpus.shards``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.corpus.readers import FIX, check_table_path, read_text_table
+from fastlm.corpus.readers import FIX
+from fastlm.corpus.shards import check_raw_path, data_files, is_pattern, read_raw_table
 from fastlm.engine.paths import project_name
 from fastlm.errors import InputDataError
 from fastlm.redaction import shown_location
@@ -17,7 +19,7 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
 class TextCorpusDataset(AbstractDataset):
-    """The user's raw corpus, a local file or folder. Never written by a pipeline.
+    """The user's raw corpus, a local file, folder or glob. Never written by a pipeline.
 
     ``filepath`` is shown with its credentials masked as given, before ``PurePosixPath`` turns a URL's ``//``
     into ``/``; a URL (``https://``, ``s3://``) is refused in one line before anything is read.
@@ -33,13 +35,14 @@ class TextCorpusDataset(AbstractDataset):
 
     def load(self):
         self._refuse_url()
-        return read_text_table(self._local)
+        return read_raw_table(self._local)
 
     def check_input(self) -> None:
         """Refuse, in the reader's one line, a file that cannot be read (missing, an unknown extension, not a
-        regular file, empty), before a run starts: nothing runs and no MLflow run is opened."""
+        regular file, empty; a folder or glob of no shards, or of shards of two formats), before a run starts:
+        nothing runs and no MLflow run is opened."""
         self._refuse_url()
-        check_table_path(self._local)
+        check_raw_path(self._local)
 
     @property
     def _local(self) -> Path:
@@ -57,7 +60,9 @@ class TextCorpusDataset(AbstractDataset):
         raise DatasetError(f"{self._shown} is raw input: fastlm never writes it.")
 
     def _exists(self) -> bool:
-        return not self._is_url and Path(self._filepath).exists()
+        if self._is_url:
+            return False
+        return bool(data_files(self._local)) if is_pattern(self._local) else Path(self._filepath).exists()
 
     def _describe(self) -> dict[str, Any]:
         return {"filepath": self._shown}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
+from fastlm.corpus.shards import data_files, shards_changed, shards_record
 from fastlm.engine.paths import project_name
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.hooks.catalog import local_path
@@ -23,8 +24,14 @@ RAW = "raw_corpus"  # the catalog entry of the raw file (raw_path)
 
 def raw_record(raw: Path | None) -> dict | None:
     """The raw file a split read: its path (relative to the project folder when inside it), size, time and
-    SHA-256; None for none or no local file."""
-    if raw is None or not raw.is_file():
+    SHA-256; for a folder or glob of shards, its path and each shard's record (``corpus.shards``); None for
+    none or no local file."""
+    if raw is None:
+        return None
+    shards = shards_record(Path(project_name(raw)))
+    if shards is not None:  # a folder or glob of shards: each one's record
+        return {"path": project_name(raw), "shards": shards}
+    if not raw.is_file():
         return None
     stat = raw.stat()
     return {
@@ -54,6 +61,9 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
             fix=f"split it first: kedro run --pipeline=split --params raw_path={given} (or leave raw_path "
             "out).",
         )
+    if isinstance(recorded.get("shards"), list):
+        _check_shards_unchanged(recorded)
+        return
     if not path.is_file():
         return
     stat = path.stat()
@@ -66,6 +76,21 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
         f"({recorded.get('size')} -> {stat.st_size} bytes): it would use the old texts.",
         fix="split it again: kedro run --pipeline=split (or put the file back as it was).",
     )
+
+
+def _check_shards_unchanged(recorded: dict) -> None:
+    """A folder or glob of shards: refused when a shard was added, removed or changed since the split (a new
+    time alone is the same shard); not compared when none is left (the raw data gone, as a file gone)."""
+    path = recorded["path"]
+    if not data_files(path):
+        return
+    changed = shards_changed(path, recorded["shards"])
+    if changed is not None:
+        raise StaleDataError(
+            f"the raw shards {path} changed since the split made the data this pipeline reads ({changed}): "
+            "it would use the old texts.",
+            fix="split it again: kedro run --pipeline=split (or put the shards back as they were).",
+        )
 
 
 def _marker_raw(marker: Path) -> dict | None:

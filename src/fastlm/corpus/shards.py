@@ -1,0 +1,246 @@
+"""Raw data held as shards: a folder of data files of one format (``train-00000-of-00008.parquet``,
+``part-*.jsonl.gz``) or a glob (``data/01_raw/shards/*.jsonl``, ``**`` allowed), read as one table.
+
+The shards are read one after the other in sorted path order, each by ``readers.read_table`` (whose errors
+name the shard and its line), and joined: Arrow tables without a copy, converted to pandas once. Every shard
+must have the columns of the first. In a folder, hidden files and markers (``_SUCCESS``, ``.crc``) are
+skipped silently, other files that are no data (a README) with a log line. A single file or a
+``save_to_disk`` folder is read as before (``readers.read_text_table``). ``shards_record`` is what a split
+records of the shards it read (each one's size, time and SHA-256), ``shards_changed`` what changed since.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from fastlm.corpus.readers import (
+    COMPRESSIONS,
+    FIX,
+    FORMATS,
+    RAW_PATH,
+    as_frame,
+    check_table_path,
+    read_table,
+    read_text_table,
+)
+from fastlm.errors import InputDataError
+
+log = logging.getLogger(__name__)
+
+GLOB_CHARACTERS = frozenset("*?[")
+MARKER_SUFFIXES = {".crc"}
+SHARDS = "shards"  # frame.attrs: [(shard, rows), ...] in reading order
+
+
+def is_pattern(path: str | Path) -> bool:
+    """Whether ``path`` is a glob: it holds ``*``, ``?`` or ``[`` and names no existing file."""
+    return bool(GLOB_CHARACTERS & set(str(path))) and not Path(path).exists()
+
+
+def _format(path: Path) -> str | None:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    return FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def _marker(path: Path) -> bool:
+    """A hidden file or a marker a writer leaves beside its shards (``_SUCCESS``, ``_committed_*``,
+    ``.crc``)."""
+    return path.name.startswith((".", "_")) or path.suffix.lower() in MARKER_SUFFIXES
+
+
+def _saved_folder(path: Path) -> bool:
+    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+
+
+def data_files(path: str | Path) -> list[Path] | None:
+    """The data files of a folder or glob in sorted path order (markers, other files and empty files left
+    out, the others said in a log line), without checking them further; None for a single file, a
+    ``save_to_disk`` folder or a path that does not exist (read as one file)."""
+    path = Path(path)
+    if is_pattern(path):
+        found = [Path(name) for name in glob.glob(str(path), recursive=True)]
+    elif path.is_dir() and not _saved_folder(path):
+        found = list(path.iterdir())
+    else:
+        return None
+    kept, said = [], []
+    for file in sorted(found):
+        if _marker(file):
+            continue
+        if not file.is_file():
+            said.append(f"{file.name} (a folder)" if file.is_dir() else f"{file.name} (not a regular file)")
+        elif _format(file) is None:
+            said.append(f"{file.name} (not a data file)")
+        elif file.stat().st_size == 0:
+            said.append(f"{file.name} (empty)")
+        else:
+            kept.append(file)
+    if said:
+        log.info("Skipped in %s: %s", path, ", ".join(said))
+    return kept
+
+
+def shard_files(path: str | Path, parameter: str = RAW_PATH) -> list[Path] | None:
+    """``data_files`` of ``path``, refused in one line where there is none or where one is of another format
+    than the first; None for a single file or a ``save_to_disk`` folder."""
+    files = data_files(path)
+    if files is None:
+        return None
+    what = "matches the glob" if is_pattern(path) else "is in the folder"
+    if not files:
+        raise InputDataError(
+            f"no data file (.csv, .tsv, .jsonl, .parquet, optionally compressed) {what} {path} given as "
+            f"{parameter}.",
+            fix="check the path (a glob reads from the project folder; ** for subfolders), or " + FIX + ".",
+        )
+    first = _format(files[0])
+    other = next((file for file in files if _format(file) != first), None)
+    if other is not None:
+        raise InputDataError(
+            f"{other} is {_format(other)}, but the shards before it in {path} are {first} "
+            f"({files[0].name}): shards must be of one format.",
+            fix=f"move it out of the folder, or give a glob naming the shards (e.g. {Path(path) / '*'}"
+            f"{files[0].suffix if files[0].suffix.lower() not in COMPRESSIONS else ''}).",
+        )
+    return files
+
+
+def check_raw_path(path: str | Path, parameter: str = RAW_PATH) -> None:
+    """``readers.check_table_path`` for a file, a ``save_to_disk`` folder, or each shard of a folder or
+    glob."""
+    files = shard_files(path, parameter)
+    for file in files if files is not None else [path]:
+        check_table_path(file, parameter)
+
+
+def read_raw_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
+    """The table of a file, a ``save_to_disk`` folder, or the shards of a folder or glob joined in sorted
+    path order (``attrs['shards']``: each shard and its rows, for naming a row of the whole table)."""
+    files = shard_files(path, parameter)
+    if files is None:
+        return read_text_table(path, parameter)
+    parts, counts, columns = [], [], None
+    for file in files:
+        part = read_table(file, parameter)
+        names = list(part.columns) if isinstance(part, pd.DataFrame) else part.column_names
+        if columns is None:
+            columns = names
+        elif set(map(str, names)) != set(map(str, columns)):
+            raise _other_columns(file, names, files[0], columns)
+        parts.append(part)
+        counts.append((str(file), len(part)))
+    table = _joined(parts, columns, files)
+    table.attrs["source_path"] = str(path)
+    table.attrs[SHARDS] = counts
+    return table
+
+
+def shard_row(attrs: dict):
+    """For a table of shards (``attrs``: its frame's), what names its row ``number`` (counted from 1 over
+    the whole table): ``<shard> row <number within it>``; None for a table of one file."""
+    counts = attrs.get(SHARDS)
+    if not counts:
+        return None
+    import bisect
+    import itertools
+
+    ends = list(itertools.accumulate(rows for _, rows in counts))
+
+    def place(number: int) -> str:
+        index = min(bisect.bisect_left(ends, number), len(counts) - 1)
+        return f"{counts[index][0]} row {number - (ends[index] - counts[index][1])}"
+
+    return place
+
+
+def _other_columns(file: Path, names, first: Path, columns) -> InputDataError:
+    missing = [str(name) for name in columns if str(name) not in set(map(str, names))]
+    extra = [str(name) for name in names if str(name) not in set(map(str, columns))]
+    said = "; ".join(
+        part
+        for part in (f"it lacks {missing}" if missing else "", f"it has {extra} besides" if extra else "")
+        if part
+    )
+    return InputDataError(
+        f"{file} has other columns than {first.name}, the first shard ({said}): shards must have the same "
+        "columns.",
+        fix="give every shard the same columns, or move that file out of the folder (or out of the glob).",
+    )
+
+
+def _joined(parts: list, columns: list, files: list[Path]) -> pd.DataFrame:
+    """The parts as one frame, in the first part's column order: Arrow tables joined without a copy and
+    converted once; where a column's type differs between parts (as inside one JSON Lines file), each part
+    converted and the frames joined, as the reader of one file holding those rows keeps each value."""
+    import pyarrow as pa
+
+    if all(not isinstance(part, pd.DataFrame) for part in parts):
+        try:
+            whole = pa.concat_tables([part.select(columns) for part in parts], promote_options="default")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            whole = None
+        if whole is not None:
+            return as_frame(whole, files[0].parent)
+    frames = []
+    for index in range(len(parts)):
+        frame, parts[index] = as_frame(parts[index], files[index]), None  # each part's Arrow copy let go
+        frames.append(frame[columns] if list(frame.columns) != list(columns) else frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def shards_record(path: str | Path) -> list[dict] | None:
+    """Each shard of the folder or glob ``path`` (its path as listed, size, time and SHA-256), None when
+    ``path`` holds no shards (a file, a ``save_to_disk`` folder)."""
+    files = data_files(path)
+    if files is None:
+        return None
+    return [
+        {"path": str(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(file)}
+        for file in files
+        for stat in [file.stat()]
+    ]
+
+
+def shards_changed(path: str | Path, recorded: list[dict]) -> str | None:
+    """What changed in the shards of ``path`` since ``recorded`` (``shards_record``'s): a shard added,
+    removed or of other bytes (a new time alone is the same shard); None when nothing did."""
+    files = data_files(path) or []
+    now = [str(file) for file in files]
+    before = [str(shard.get("path")) for shard in recorded]
+    added = [name for name in now if name not in set(before)]
+    removed = [name for name in before if name not in set(now)]
+    if added or removed:
+        return "; ".join(
+            part
+            for part in (
+                f"{_named(added)} added" if added else "",
+                f"{_named(removed)} removed" if removed else "",
+            )
+            if part
+        )
+    for file, shard in zip(files, recorded, strict=True):
+        stat = file.stat()
+        if (stat.st_size, stat.st_mtime_ns) == (shard.get("size"), shard.get("mtime_ns")):
+            continue
+        if stat.st_size != shard.get("size") or _sha256(file) != shard.get("sha256"):
+            return f"{file} changed ({shard.get('size')} -> {stat.st_size} bytes)"
+    return None
+
+
+def _named(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

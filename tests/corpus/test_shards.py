@@ -1,0 +1,150 @@
+import gzip
+import json
+import logging
+import os
+
+import pandas as pd
+import pytest
+
+import fastlm.corpus.shards as shards
+from fastlm.corpus.readers import read_text_table
+from fastlm.corpus.shards import check_raw_path, read_raw_table, shard_files, shards_changed, shards_record
+from fastlm.errors import InputDataError
+
+
+def _rows(start: int, count: int) -> list[dict]:
+    return [{"text": f"text {i}", "n": i} for i in range(start, start + count)]
+
+
+def _jsonl(path, rows, compress=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+
+
+def _one_file(tmp_path, rows, name="whole.jsonl"):
+    path = tmp_path / name
+    _jsonl(path, rows)
+    return read_text_table(path)
+
+
+def test_a_folder_of_shards_reads_as_one_file_of_their_rows_in_path_order(tmp_path):
+    folder = tmp_path / "shards"
+    # written out of order: read in sorted path order, one compressed
+    _jsonl(folder / "part-00002.jsonl", _rows(20, 5))
+    _jsonl(folder / "part-00000.jsonl.gz", _rows(0, 10), compress=True)
+    _jsonl(folder / "part-00001.jsonl", _rows(10, 10))
+    table = read_raw_table(folder)
+    expected = _one_file(tmp_path, _rows(0, 25))
+    pd.testing.assert_frame_equal(table, expected)
+    assert table.attrs["source_path"] == str(folder)
+    assert [rows for _, rows in table.attrs["shards"]] == [10, 10, 5]
+
+
+def test_a_recursive_glob_reads_matching_parquet_shards(tmp_path):
+    for index, sub in enumerate(["b", "a"]):
+        (tmp_path / "data" / sub).mkdir(parents=True)
+        pd.DataFrame(_rows(index * 4, 4)).to_parquet(tmp_path / "data" / sub / f"train-{index}.parquet")
+    table = read_raw_table(tmp_path / "data" / "**" / "*.parquet")
+    expected = pd.concat([pd.DataFrame(_rows(4, 4)), pd.DataFrame(_rows(0, 4))], ignore_index=True)
+    assert table["text"].tolist() == expected["text"].tolist()  # a/ before b/
+    assert table["n"].tolist() == expected["n"].tolist()
+
+
+def test_markers_and_other_files_in_a_folder_are_skipped_and_the_others_said(tmp_path, monkeypatch):
+    folder = tmp_path / "spark"
+    _jsonl(folder / "part-0.jsonl", _rows(0, 3))
+    _jsonl(folder / "part-1.jsonl", _rows(3, 3))
+    for name in ("_SUCCESS", ".part-0.jsonl.crc", "part-1.jsonl.crc", ".hidden.jsonl"):
+        (folder / name).write_bytes(b"x")
+    (folder / "README.md").write_text("# data\n")
+    (folder / "sub").mkdir()
+    logger = logging.Logger("shards-test")
+    records = []
+    logger.addHandler(logging.Handler())
+    logger.handlers[0].emit = records.append
+    monkeypatch.setattr(shards, "log", logger)
+    assert [path.name for path in shard_files(folder)] == ["part-0.jsonl", "part-1.jsonl"]
+    assert read_raw_table(folder)["n"].tolist() == list(range(6))
+    said = " ".join(record.getMessage() for record in records)
+    assert "README.md" in said and "_SUCCESS" not in said and "crc" not in said
+
+
+def test_a_save_to_disk_folder_and_a_single_file_are_no_shards(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk(tmp_path / "saved")
+    _jsonl(tmp_path / "one.jsonl", _rows(0, 2))
+    assert shard_files(tmp_path / "saved") is None and shard_files(tmp_path / "one.jsonl") is None
+    assert read_raw_table(tmp_path / "saved")["text"].tolist() == ["a", "b"]
+    pd.testing.assert_frame_equal(
+        read_raw_table(tmp_path / "one.jsonl"), read_text_table(tmp_path / "one.jsonl")
+    )
+
+
+def _refusal(path) -> str:
+    with pytest.raises(InputDataError) as raised:
+        check_raw_path(path)
+        read_raw_table(path)
+    message = str(raised.value)
+    assert "\n" not in message and "Fix:" in message, message
+    return message
+
+
+def test_a_shard_with_other_columns_is_refused_naming_it_and_the_difference(tmp_path):
+    _jsonl(tmp_path / "s" / "a.jsonl", _rows(0, 2))
+    _jsonl(tmp_path / "s" / "b.jsonl", [{"body": "x", "n": 1}])
+    message = _refusal(tmp_path / "s")
+    assert str(tmp_path / "s" / "b.jsonl") in message and "'body'" in message and "'text'" in message
+
+
+def test_a_shard_of_another_format_is_refused_naming_it(tmp_path):
+    _jsonl(tmp_path / "s" / "a.jsonl", _rows(0, 2))
+    pd.DataFrame(_rows(2, 2)).to_parquet(tmp_path / "s" / "b.parquet")
+    message = _refusal(tmp_path / "s")
+    assert str(tmp_path / "s" / "b.parquet") in message and "parquet" in message and "jsonl" in message
+
+
+@pytest.mark.parametrize("kind", ["empty folder", "no match", "only other files"])
+def test_nothing_to_read_names_the_folder_or_pattern(tmp_path, kind):
+    (tmp_path / "s").mkdir()
+    if kind == "only other files":
+        (tmp_path / "s" / "notes.txt").write_text("x")
+    path = tmp_path / "s" / "*.jsonl" if kind == "no match" else tmp_path / "s"
+    message = _refusal(path)
+    assert str(path) in message and "raw_path" in message
+
+
+def test_an_error_inside_a_shard_names_the_shard_and_its_line(tmp_path):
+    _jsonl(tmp_path / "s" / "a.jsonl", _rows(0, 3))
+    (tmp_path / "s" / "b.jsonl").write_text('{"text": "x", "n": 1}\n{"text": \n')
+    message = _refusal(tmp_path / "s")
+    assert f"{tmp_path / 's' / 'b.jsonl'} line 2" in message
+
+
+def test_shards_of_mixed_types_read_as_one_file_of_those_rows_does(tmp_path):
+    _jsonl(tmp_path / "s" / "a.jsonl", [{"text": "a", "n": 1}])
+    _jsonl(tmp_path / "s" / "b.jsonl", [{"text": 5, "n": "two"}])
+    table = read_raw_table(tmp_path / "s")
+    expected = _one_file(tmp_path, [{"text": "a", "n": 1}, {"text": 5, "n": "two"}])
+    assert table["text"].tolist() == expected["text"].tolist()
+    assert table["n"].tolist() == expected["n"].tolist()
+
+
+def test_the_record_sees_a_shard_added_removed_or_changed_not_one_touched(tmp_path):
+    folder = tmp_path / "s"
+    for index in range(3):
+        _jsonl(folder / f"p{index}.jsonl", _rows(index * 2, 2))
+    record = shards_record(folder)
+    assert shards_changed(folder, record) is None
+    os.utime(folder / "p1.jsonl", (1_000_000_000, 1_000_000_000))
+    assert shards_changed(folder, record) is None
+    _jsonl(folder / "p3.jsonl", _rows(9, 1))
+    assert "p3.jsonl" in shards_changed(folder, record)
+    (folder / "p3.jsonl").unlink()
+    (folder / "p2.jsonl").unlink()
+    assert "p2.jsonl" in shards_changed(folder, record)
+    _jsonl(folder / "p2.jsonl", _rows(4, 2))
+    assert shards_changed(folder, record) is None
+    _jsonl(folder / "p2.jsonl", _rows(5, 2))  # same size, other bytes
+    assert "p2.jsonl" in shards_changed(folder, record)

@@ -1,0 +1,114 @@
+"""The split on raw data held as shards (a folder or a glob): the same splits as one file of those rows, and
+the split's record of its raw data seeing a shard added, removed or changed (not one touched)."""
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from fastlm.corpus.readers import read_text_table
+from fastlm.datasets import TextCorpusDataset
+from fastlm.errors import InputDataError, StaleDataError
+from fastlm.hooks.split_complete import check_raw_unchanged, raw_record
+from fastlm.pipelines.split import nodes
+from tests.support.project import write_jsonl
+
+PARAMS = {"ratios": {"train": 0.8, "validation": 0.1, "test": 0.1}, "max_length": 24}
+
+
+def _shards(folder, texts, count):
+    size = -(-len(texts) // count)
+    for index in range(count):
+        write_jsonl(folder / f"part-{index:05d}.jsonl", texts[index * size : (index + 1) * size])
+
+
+def test_shards_split_as_one_file_of_their_rows(tmp_path, sample_texts):
+    texts = sample_texts + sample_texts[:20]  # duplicates across shards are dropped as in one file
+    _shards(tmp_path / "shards", texts, 7)
+    (tmp_path / "shards" / "_SUCCESS").write_bytes(b"")
+    write_jsonl(tmp_path / "whole.jsonl", texts)
+    results = []
+    for path in (tmp_path / "shards", tmp_path / "shards" / "*.jsonl", tmp_path / "whole.jsonl"):
+        dataset = TextCorpusDataset(str(path))
+        dataset.check_input()
+        assert dataset.exists()
+        clean, counts = nodes.clean_corpus(dataset.load(), PARAMS)
+        splits, _ = nodes.split_corpus(clean, counts, PARAMS)
+        results.append((splits.reset_index(drop=True), counts))
+    for splits, counts in results[:2]:
+        pd.testing.assert_frame_equal(splits, results[2][0])
+        assert counts["dropped"] == results[2][1]["dropped"] and counts["raw_rows"] == len(texts)
+
+
+def test_a_glob_matching_nothing_is_refused_before_the_run(tmp_path):
+    dataset = TextCorpusDataset(str(tmp_path / "shards" / "*.parquet"))
+    assert not dataset.exists()
+    with pytest.raises(InputDataError, match=r"no data file .* matches the glob .*\*\.parquet"):
+        dataset.check_input()
+
+
+def _marker(tmp_path, raw) -> tuple:
+    marker = tmp_path / "split_complete.json"
+    marker.write_text(json.dumps({"outputs": [], "raw": raw_record(raw)}), encoding="utf-8")
+    return marker
+
+
+@pytest.mark.parametrize("glob", [False, True])
+def test_the_split_record_sees_shards_added_removed_or_changed_not_touched(tmp_path, sample_texts, glob):
+    folder = tmp_path / "shards"
+    _shards(folder, sample_texts[:30], 3)
+    marker = _marker(tmp_path, folder / "*.jsonl" if glob else folder)
+    check_raw_unchanged(marker, None, None)
+    os.utime(folder / "part-00001.jsonl", (1_000_000_000, 1_000_000_000))
+    check_raw_unchanged(marker, None, None)  # touched, not changed
+    kept = (folder / "part-00002.jsonl").read_bytes()
+    for change in ("added", "removed", "changed"):
+        if change == "added":
+            write_jsonl(folder / "part-00003.jsonl", ["one more"])
+        elif change == "removed":
+            (folder / "part-00003.jsonl").unlink()
+            (folder / "part-00002.jsonl").unlink()
+        else:
+            (folder / "part-00002.jsonl").write_bytes(kept.replace(b"a", b"b", 1))
+        shard = "part-00003" if change == "added" else "part-00002"
+        with pytest.raises(StaleDataError, match=f"{shard}.jsonl {change}.*kedro run --pipeline=split"):
+            check_raw_unchanged(marker, None, None)
+    (folder / "part-00002.jsonl").write_bytes(kept)  # put back as it was
+    check_raw_unchanged(marker, None, None)
+
+
+def test_a_single_file_record_is_kept(tmp_path, sample_texts):
+    raw = write_jsonl(tmp_path / "one.jsonl", sample_texts[:10])
+    record = raw_record(raw)
+    assert "shards" not in record and record["size"] == raw.stat().st_size
+    assert read_text_table(raw).attrs["source_path"] == str(raw)
+
+
+@pytest.mark.parametrize("kind", ["pretokenized", "messages", "tools"])
+def test_a_bad_row_is_named_by_its_shard_and_its_row_there(tmp_path, kind):
+    good = {
+        "pretokenized": {"ids": [1, 2, 3]},
+        "messages": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        "tools": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+    }[kind]
+    bad = {
+        "pretokenized": {"ids": [1, 99]},
+        "messages": {"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": 7}]},
+        "tools": {**good, "tools": "not json"},
+    }[kind]
+    if kind == "tools":
+        good = {**good, "tools": None}
+    if kind == "messages":  # no chat left: the first malformed one is named
+        good = {"messages": None}
+    (tmp_path / "s").mkdir()
+    for name, rows in (("a", [good] * 4), ("b", [good, good, bad])):
+        (tmp_path / "s" / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    params = {
+        "pretokenized": {"pretokenized": True, "vocab_size": 16},
+        "messages": {"messages_column": "messages", "chat_template": False},
+        "tools": {"messages_column": "messages", "tools_column": "tools", "chat_template": False},
+    }[kind]
+    with pytest.raises(InputDataError) as raised:
+        nodes.clean_corpus(TextCorpusDataset(str(tmp_path / "s")).load(), {**PARAMS, **params})
+    assert f"{tmp_path / 's' / 'b.jsonl'} row 3" in str(raised.value), str(raised.value)
