@@ -1003,3 +1003,17 @@ def test_an_input_of_no_askable_row_shows_its_first_id_on_one_line_and_cut(proje
         project, input="data/01_raw/bad.jsonl", prompt_column="dialogue", id_column="key", max_new_tokens=2
     )
     assert "'line one\\nline two" in message and "z" * 100 not in message, message
+
+
+@pytest.mark.parametrize("given", ["folder", "glob"])
+def test_predict_input_of_shards_says_it_reads_one_file(tmp_path, given):
+    from fastlm.datasets.predict_sources import PredictSources
+
+    (tmp_path / "shards").mkdir()
+    for index in range(2):
+        (tmp_path / "shards" / f"part-{index}.jsonl").write_text('{"text": "hello"}\n')
+    path = tmp_path / "shards" if given == "folder" else tmp_path / "shards" / "*.jsonl"
+    with pytest.raises(InputDataError) as raised:
+        PredictSources(tmp_path / "model", tmp_path / "runs", tmp_path / "parts").read_input(str(path))
+    message = str(raised.value)
+    assert f"predict.input {path}" in message and "one file" in message and "\n" not in message, message

@@ -13,6 +13,7 @@ import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table
+from fastlm.corpus.shards import data_files, is_pattern
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import with_system_prompt
@@ -45,6 +46,14 @@ class PredictSources:
         """The table at ``path``; a .txt file (compressed or not) is one input per line, in a ``text``
         column. An error's fix names ``predict.input``."""
         file = Path(path)
+        if data_files(file) is not None:  # a folder (not save_to_disk's) or a glob: shards are the split's
+            raise InputDataError(
+                f"predict.input {path} is "
+                + ("a glob" if is_pattern(file) else "a folder but not a datasets.save_to_disk folder")
+                + "; predict reads one file or a save_to_disk folder (a folder or glob of shards is read "
+                "by the split alone).",
+                fix=f"join the inputs into one file, then --params predict.input=<that file: {FORMATS}>.",
+            )
         if not file.exists():
             raise InputDataError(
                 f"predict.input {path} does not exist.",
