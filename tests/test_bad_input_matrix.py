@@ -1325,6 +1325,40 @@ def test_a_raw_file_changed_since_the_split_is_refused_by_a_pipeline_that_reads_
     )
 
 
+def test_a_shard_with_other_columns_is_refused_naming_it(project, sample_texts):
+    """Raw data as a folder of shards: a shard whose columns differ from the first's is one line naming it."""
+    write_jsonl(project / "data/01_raw/shards/part-00000.jsonl", sample_texts[:60])
+    (project / "data/01_raw/shards/part-00001.jsonl").write_text('{"body": "x"}\n', encoding="utf-8")
+    _fails_cleanly(
+        project,
+        "split",
+        {"raw_path": "data/01_raw/shards"},
+        InputDataError,
+        "data/01_raw/shards/part-00001.jsonl has other columns than part-00000.jsonl",
+        "['body']",
+    )
+
+
+def test_a_shard_added_since_the_split_is_refused_by_a_pipeline_that_reads_the_split(project, sample_texts):
+    """The split of a glob of shards records each shard: one added since is stale data, as a changed file."""
+    for index in range(3):
+        write_jsonl(
+            project / f"data/01_raw/shards/part-{index}.jsonl", sample_texts[index * 60 : index * 60 + 60]
+        )
+    run_pipeline(project, "split", {"raw_path": "data/01_raw/shards/*.jsonl"})
+    assert _report(project)["raw_rows"] == 180
+    write_jsonl(project / "data/01_raw/shards/part-3.jsonl", ["새로 들어온 리뷰입니다"])
+    _fails_cleanly(
+        project,
+        "report",
+        {},
+        StaleDataError,
+        "data/01_raw/shards/*.jsonl changed since the split",
+        "data/01_raw/shards/part-3.jsonl added",
+        "kedro run --pipeline=split",
+    )
+
+
 def test_another_raw_path_for_a_pipeline_that_does_not_split_is_refused(project):
     """Round six: `--params raw_path=<other file>` given to a pipeline that reads the split (train, report):
     it went on with the split of the first file, exit 0."""
