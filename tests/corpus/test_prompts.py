@@ -4,6 +4,7 @@ tokenization with exact prompt lengths and truncation that keeps the EOS and par
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from fastlm.corpus.cleaning import clean_pairs
 from fastlm.corpus.config import parse_split_params
@@ -15,7 +16,7 @@ from fastlm.corpus.prompts import (
     tokenize_pairs,
     truncate_prompt_ids,
 )
-from fastlm.errors import ConfigError
+from fastlm.errors import ConfigError, InputDataError
 from fastlm.pipelines.split import nodes
 from tests.support.chat_templates import tool_call
 from tests.support.tiny_llama import llama_style_tokenizer
@@ -745,3 +746,37 @@ def test_a_prompt_ending_in_think_that_no_chat_template_wrote_is_not_said(chat_t
         frame, _ = prompt_frame(pd.DataFrame({"messages": chats}), config, None)
     assert frame["prompt"].str.endswith("</think>").all()  # the case: a prompt that ends so
     assert not [r for r in caplog.records if "<think>" in r.getMessage()], caplog.text
+
+
+def test_sharegpt_chats_train_exactly_as_the_same_role_content_chats(tmp_path, sample_texts):
+    """Chats given as ShareGPT turns (``{from: human | gpt | system | tool, value}``, the form of many public
+    corpora) were refused as "not a list of {role, content} turns". They are read as the role/content chats
+    they stand for: the same splits, ids, labels and fingerprint; a chat of them that is no chat is said
+    with its own reason."""
+    from fastlm.engine.data import DynamicPaddingCollator
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from tests.support.chat_templates import sharegpt_chat, tool_calling_tokenizer, tool_chat
+
+    chats = _multi_turn_chats(60) + [
+        tool_chat(f"도시{i}", answer=f"도시{i}은 {i}도입니다.") for i in range(6)
+    ]
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    outputs = [
+        _chat_outputs(tmp_path / form, tokenizer, given, max_length=256, tools_column=None)
+        for form, given in (("role", chats), ("sharegpt", [sharegpt_chat(chat) for chat in chats]))
+    ]
+    (_, role_splits, (role_data, role_print, _, _)), (_, splits, (data, fingerprint, _, _)) = outputs
+    pd.testing.assert_frame_equal(splits, role_splits)
+    assert splits["prompt"].str.contains("<tool_call>").any() and len(splits) == len(chats)
+    assert fingerprint == role_print
+    collate = DynamicPaddingCollator(pad_id=tokenizer.pad_token_id or 0)
+    for name in role_data:
+        batches = [
+            collate(rows.__getitems__(range(len(rows))))
+            for rows in (TokenSequences.from_arrow(data[name]), TokenSequences.from_arrow(role_data[name]))
+        ]
+        for key in ("input_ids", "labels"):
+            assert torch.equal(batches[0][key], batches[1][key]), (name, key)
+    unanswered = [sharegpt_chat(chat)[:-1] for chat in chats[:2]]  # each ends with the user's question
+    with pytest.raises(InputDataError, match="row 1: the last message is a 'user' turn"):
+        nodes.clean_corpus(pd.DataFrame({"chat": unanswered}), {"messages_column": "chat"})

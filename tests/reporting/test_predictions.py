@@ -479,3 +479,35 @@ def test_every_unread_call_is_counted_beyond_the_rows_named(monkeypatch):
     predict_steps.say_predicted(summary, "chats.jsonl", "model")
     said = [record.getMessage() for record in seen.buffer if record.levelno == logging.WARNING]
     assert len(said) == 1 and f"{unread} of {count} rows" in said[0] and ", ...)" in said[0]
+
+
+def test_sharegpt_chats_are_asked_as_the_same_role_content_chats(tokenizer, tmp_path, monkeypatch):
+    """Chats given as ShareGPT turns (``{from, value}``) were refused row by row as not role/content turns,
+    whatever form the model was trained on. They are asked with the prompt ids of the same chats as
+    role/content turns; a tool's turn among them counts as one for the summary's warning; a speaker no role
+    is read from refuses the input in one line."""
+    import logging.handlers
+
+    from fastlm.reporting import predict_steps
+    from tests.support.chat_templates import sharegpt_chat, tool_chat
+
+    pd.DataFrame({"messages": [sharegpt_chat(chat) for chat in CHATS]}).to_parquet(tmp_path / "chats.parquet")
+    table = PredictSources("model", "runs", tmp_path / "parts").read_input(str(tmp_path / "chats.parquet"))
+    given = _rows(table, tokenizer, ChatFormat())
+    expected = _rows(pd.DataFrame({"messages": CHATS}), tokenizer, ChatFormat())
+    assert given["refused"].isna().all() and given["ids"].tolist() == expected["ids"].tolist()
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-steps-sharegpt", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predict_steps, "log", logger)
+    tooled = pd.DataFrame({"messages": [sharegpt_chat(tool_chat("서울")[:3])]})
+    assert predict_steps.tools_record(tooled, ChatFormat(), "messages")["tools_column"] is None
+    assert (
+        len([r for r in seen.buffer if r.levelno == logging.WARNING and "without tools" in r.getMessage()])
+        == 1
+    )
+    unread = pd.DataFrame({"messages": [[{"from": "human", "value": "hi"}, {"from": "bing", "value": "yo"}]]})
+    with pytest.raises(
+        InputDataError, match=r"^predict\.messages_column \('messages'\) of chats\.parquet: row 1"
+    ):
+        _rows(unread, tokenizer, ChatFormat())

@@ -338,3 +338,21 @@ def tool_calling_tokenizer(
     tokenizer = qwen3_style_tokenizer(texts, vocab_size=vocab_size)
     tokenizer.chat_template = template
     return tokenizer
+
+
+# The ShareGPT speaker each role is written as (``sharegpt_chat``): the form of ShareGPT, Hermes
+# function-calling and many Korean chat corpora.
+SHAREGPT_SPEAKERS = {"user": "human", "assistant": "gpt", "system": "system", "tool": "tool"}
+
+
+def sharegpt_chat(chat: list[dict]) -> list[dict]:
+    """A role/content chat written as ShareGPT turns: ``{"from": human | gpt | system | tool, "value": text}``,
+    its other fields (a call's ``tool_calls``) kept."""
+    return [
+        {
+            "from": SHAREGPT_SPEAKERS[turn["role"]],
+            "value": turn["content"],
+            **{key: value for key, value in turn.items() if key not in ("role", "content")},
+        }
+        for turn in chat
+    ]

@@ -166,7 +166,8 @@ class SplitParams(Params):
     messages_column: str | None = Field(
         None,
         min_length=1,
-        description="chat-style lists of {role, content}; the last (assistant) one is the response",
+        description="chat-style lists of {role, content} (or ShareGPT {from, value}) turns; the last "
+        "(assistant) one is the response",
     )
     prompt_template: str = Field(
         DEFAULT_PROMPT_TEMPLATE, description="wraps the prompt text ({prompt}) when no chat template is used"

@@ -5,7 +5,8 @@ Data formats (``split`` parameters, conf/base/parameters_split.yml)
 * ``prompt_column`` + ``response_column`` (e.g. ``dialogue`` / ``summary``): the prompt text is wrapped by
   ``prompt_template`` (``{prompt}`` replaced by the text, e.g. ``"{prompt}\\n\\n### Response:\\n"``).
 * ``messages_column``: a chat-style list of ``{"role": ..., "content": ...}`` per row whose last message is
-  the ``assistant`` response. The earlier messages are rendered with the tokenizer's chat template
+  the ``assistant`` response (or of ShareGPT turns, ``{"from": "human" | "gpt" | ..., "value": ...}``, read
+  as those, ``fastlm.corpus.sharegpt``). The earlier messages are rendered with the tokenizer's chat template
   (``add_generation_prompt=True``, and the template variables of ``split.chat_template_kwargs``, e.g.
   ``enable_thinking: false``) when it has one and ``split.chat_template`` is true; otherwise as
   ``"role: content"`` lines wrapped by ``prompt_template``. A row that is not such a list is dropped as
@@ -59,6 +60,7 @@ from fastlm.corpus.chat_spans import answer_spans, answer_token_ranges, kept_ans
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template
 from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
 from fastlm.corpus.shards import shard_row
+from fastlm.corpus.sharegpt import role_content_chats
 from fastlm.corpus.tokenization import (
     TokenizedTexts,
     cut_long_texts,
@@ -79,6 +81,7 @@ from fastlm.errors import ConfigError, InputDataError
 
 __all__ = [
     "SYSTEM_TURN",
+    "chat_turns",
     "clean_messages",
     "common_system_prompt",
     "leading_bos",
@@ -115,7 +118,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         tools = None
         if column is not None and column in raw.columns:
             tools = parse_tools(raw[column], f"split.tools_column ({column!r})", shard_row(raw.attrs))
-        chats, drops = clean_messages(raw[config.messages_column], tools)
+        chats, drops = clean_messages(chat_turns(raw, config), tools)
         if column is not None and tools is None:
             _say_tool_chats_without_tools(chats, column, len(chats))
         if not (config.chat_template and has_chat_template(tokenizer)):
@@ -154,6 +157,24 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         }
     )
     return frame, drops
+
+
+def chat_turns(raw: pd.DataFrame, config) -> pd.Series:
+    """The chats of ``split.messages_column``, each one given as ShareGPT turns read as role/content turns
+    (``fastlm.corpus.sharegpt``: a speaker it does not read refuses the data in one line)."""
+    column = config.messages_column
+    chats, count = role_content_chats(
+        raw[column], f"split.messages_column ({column!r})", shard_row(raw.attrs)
+    )
+    if count:
+        log.info(
+            "%d of %d chats of split.messages_column (%r) read from ShareGPT turns ({from, value}: human -> "
+            "user, gpt -> assistant)",
+            count,
+            len(chats),
+            column,
+        )
+    return chats
 
 
 def _say_doubled_think_blocks(frame: pd.DataFrame, config, tokenizer) -> None:

@@ -19,6 +19,7 @@ from fastlm.corpus.pretokenized import id_texts, parse_id_texts
 from fastlm.corpus.prompts import (
     SYSTEM_TURN,
     TOOL_USE,
+    chat_turns,
     common_system_prompt,
     malformed_chat,
     prompt_frame,
@@ -88,7 +89,7 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
         malformed = (
-            malformed_chat(raw[config.messages_column], shard_row(raw.attrs))
+            malformed_chat(chat_turns(raw, config), shard_row(raw.attrs))
             if config.data_format == "messages"
             else None
         )
@@ -99,8 +100,9 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
             + (f"; split.messages_column {config.messages_column!r}: {malformed}." if malformed else "."),
             fix=f"check that {columns} hold the data"
             + (
-                ": each row a list of {role, content} turns, each content a text, ending with the "
-                "assistant's answer (a JSON list in a .jsonl or Parquet file, not a string)."
+                ": each row a list of {role, content} turns (or ShareGPT {from, value} ones), each content "
+                "a text, ending with the assistant's answer (a JSON list in a .jsonl or Parquet file, not a "
+                "string)."
                 if malformed
                 else "."
             ),

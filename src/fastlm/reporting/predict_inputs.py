@@ -28,6 +28,7 @@ from fastlm.corpus.cleaning import classify_values
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.corpus.pretokenized import input_ids
 from fastlm.corpus.prompts import UNPADDED, leading_bos, quoted, render_prompt, truncate_prompt_ids
+from fastlm.corpus.sharegpt import role_content_chats
 from fastlm.corpus.tool_calls import parse_tools
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import InputDataError
@@ -185,8 +186,9 @@ def input_rows(
     user_turn = chat is not None and chat.user_turn
     messages = chat is not None and not user_turn
     tools = None
-    if messages:
-        histories, reasons = chat_histories(values, templated=chat.chat_template)
+    if messages:  # ShareGPT turns ({from, value}) read as role/content ones, as the split reads them
+        turns, _ = role_content_chats(values, f"{column[0]} ({column[1]!r}) of {source}")
+        histories, reasons = chat_histories(turns, templated=chat.chat_template)
         ok = reasons.isna().to_numpy()
         inputs = [histories[row] for row in np.flatnonzero(ok)]
         if chat.tools_column is not None and chat.tools_column in table.columns:

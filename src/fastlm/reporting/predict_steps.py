@@ -13,6 +13,7 @@ import pandas as pd
 
 from fastlm.corpus.chat_template import unread_variables
 from fastlm.corpus.prompts import quoted
+from fastlm.corpus.sharegpt import role_content_chats
 from fastlm.corpus.tool_calls import has_tool_calls, parse_tools, plain
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import chat_format, chat_template_sha256
@@ -60,7 +61,8 @@ def tools_record(table: pd.DataFrame, chat, column: str) -> dict:
     if name is not None and name in table.columns:
         given = parse_tools(table[name], f"the tools column {name!r}")
         return {"tools_column": name, "rows_with_tools": sum(tools is not None for tools in given)}
-    calling = sum(_calls_tools(turns) for turns in table[column]) if name is not None else 0
+    chats = role_content_chats(table[column], f"predict.messages_column ({column!r})")[0]  # ShareGPT's too
+    calling = sum(_calls_tools(turns) for turns in chats) if name is not None else 0
     if calling:
         log.warning(
             "predict: %d chat(s) of column %r call tools or hold a tool's result, but the input has no"

@@ -39,7 +39,8 @@ class PredictParams(DecodingParams):
     messages_column: str | None = Field(
         None,
         min_length=1,
-        description="chat data: [{role, content}, ...] rendered as in training (the chat template); null: "
+        description="chat data: [{role, content}, ...] (or ShareGPT {from, value} turns) rendered as in "
+        "training (the chat template); null: "
         "the trained model's split.messages_column when no other column is named",
     )
     chat_template_kwargs: dict[str, bool | int | float | str] | None = Field(
