@@ -62,12 +62,13 @@ def test_every_speaker_of_the_mapping_and_a_chat_mixing_both_forms_read_alike(tm
     }
     chat = CHATS[0]
     speakers = [{"from": m["role"], "value": m["content"]} for m in chat]  # user / assistant / system
+    keyed = [{"from": m["from"], "content": m["value"]} for m in sharegpt_chat(chat)]  # TRL keeps content
     mixed = [sharegpt_chat([m])[0] if at % 2 else m for at, m in enumerate(chat)]
     pd.DataFrame({"c": [mixed, chat]}).to_parquet(tmp_path / "mixed.parquet")  # {role, content, from, value}
     filled = pd.read_parquet(tmp_path / "mixed.parquet")["c"]
     assert set(filled.iloc[0][0]) == {"role", "content", "from", "value"}
-    read, count = role_content_chats(pd.Series([speakers, mixed, *filled], dtype=object), PARAMETER)
-    assert count == 3  # the last: role/content turns, their from and value null
+    read, count = role_content_chats(pd.Series([speakers, keyed, mixed, *filled], dtype=object), PARAMETER)
+    assert count == 4  # the last: role/content turns, their from and value null
     for value in read:
         assert _cleaned([value]) == _cleaned([chat])
 

@@ -13,8 +13,9 @@ they are; both read ``user``/``assistant``/``system``/``tool`` alike. Other spea
 guessed: LLaMA-Factory's ``observation`` and ``function_call`` (a call as JSON text, which its own formatter
 turns into the call markup: trained as text it would not be the call a template writes), Llama-3.1's
 ``ipython``, a raw dump's ``bing`` or ``chatgpt``. Each turn is read alone, as TRL converts each turn: a chat
-may mix both forms. A turn giving both ``from`` and ``role``, or both ``value`` and ``content``, is refused (a
-null is no value: a Parquet struct column fills the keys of the other form with nulls).
+may mix both forms, and a ``from`` turn may hold its text as ``content`` (TRL keeps it so). A turn giving both
+``from`` and ``role``, or both ``value`` and ``content``, is refused (a null is no value: a Parquet struct
+column fills the keys of the other form with nulls).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def _turn(turn, row: str, index: int, parameter: str):
         return turn
     where = f"{parameter}: {row}, message {index}"
     for sharegpt, other in (("from", "role"), ("value", "content")):
-        if turn.get(other) is not None:
+        if turn.get(sharegpt) is not None and turn.get(other) is not None:
             raise InputDataError(
                 f"{where} gives both {sharegpt} and {other}: a turn is either a ShareGPT turn "
                 "({from, value}) or a role/content one.",
@@ -91,4 +92,5 @@ def _turn(turn, row: str, index: int, parameter: str):
             fix=_FIX,
         )
     rest = {key: item for key, item in turn.items() if key not in ("from", "value", "role", "content")}
-    return {"role": SHAREGPT_ROLES[speaker], "content": turn.get("value"), **rest}
+    text = turn.get("value") if turn.get("value") is not None else turn.get("content")  # TRL keeps content
+    return {"role": SHAREGPT_ROLES[speaker], "content": text, **rest}
