@@ -85,17 +85,15 @@ def test_a_single_file_record_is_kept(tmp_path, sample_texts):
     assert read_text_table(raw).attrs["source_path"] == str(raw)
 
 
-@pytest.mark.parametrize("kind", ["pretokenized", "messages", "tools"])
+@pytest.mark.parametrize("kind", ["pretokenized", "messages", "tools", "sharegpt"])
 def test_a_bad_row_is_named_by_its_shard_and_its_row_there(tmp_path, kind):
-    good = {
-        "pretokenized": {"ids": [1, 2, 3]},
-        "messages": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-        "tools": {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-    }[kind]
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    good = {"pretokenized": {"ids": [1, 2, 3]}, "messages": chat, "tools": chat, "sharegpt": chat}[kind]
     bad = {
         "pretokenized": {"ids": [1, 99]},
         "messages": {"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": 7}]},
         "tools": {**good, "tools": "not json"},
+        "sharegpt": {"messages": [{"from": "human", "value": "hi"}, {"from": "bing", "value": "yo"}]},
     }[kind]
     if kind == "tools":
         good = {**good, "tools": None}
@@ -108,6 +106,7 @@ def test_a_bad_row_is_named_by_its_shard_and_its_row_there(tmp_path, kind):
         "pretokenized": {"pretokenized": True, "vocab_size": 16},
         "messages": {"messages_column": "messages", "chat_template": False},
         "tools": {"messages_column": "messages", "tools_column": "tools", "chat_template": False},
+        "sharegpt": {"messages_column": "messages", "chat_template": False},
     }[kind]
     with pytest.raises(InputDataError) as raised:
         nodes.clean_corpus(TextCorpusDataset(str(tmp_path / "s")).load(), {**PARAMS, **params})
