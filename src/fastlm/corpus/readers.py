@@ -121,7 +121,7 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
     except Exception as exc:  # noqa: BLE001 - parser errors differ per format; name the file
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputDataError(
-            f"{path} could not be read as {kind}: {first_line}.",
+            f"{path} could not be read as {kind}: {first_line.rstrip('.')}.",
             fix="check the file's format matches its extension.",
         ) from exc
 
@@ -159,7 +159,8 @@ def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
         raise _not_utf8(path, exc.start, exc.reason, None, parameter) from exc
     except DECOMPRESS_ERRORS as exc:
         raise InputDataError(
-            f"{what} {path} could not be read as {path.suffixes[-1]}-compressed text: {exc}.",
+            f"{what} {path} could not be read as {path.suffixes[-1]}-compressed text: "
+            f"{str(exc).rstrip('.')}.",
             fix="check the file's compression matches its extension.",
         ) from exc
     lines = text.split("\n")
