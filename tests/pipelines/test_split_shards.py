@@ -111,3 +111,42 @@ def test_a_bad_row_is_named_by_its_shard_and_its_row_there(tmp_path, kind):
     with pytest.raises(InputDataError) as raised:
         nodes.clean_corpus(TextCorpusDataset(str(tmp_path / "s")).load(), {**PARAMS, **params})
     assert f"{tmp_path / 's' / 'b.jsonl'} row 3" in str(raised.value), str(raised.value)
+
+
+def _split_hook_catalog(raw: str):
+    """The project's catalog (conf/base/catalog.yml) with ``raw_path`` as ``raw``, as a run builds it."""
+    import yaml
+    from kedro.io import DataCatalog
+
+    from tests.support.project import PROJECT_ROOT
+
+    config = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text(encoding="utf-8"))
+    config["raw_corpus"]["filepath"] = raw
+    return DataCatalog.from_config(config)
+
+
+@pytest.mark.parametrize("raw", ["data/**/*.parquet", "data/03_primary"])
+def test_shards_that_are_outputs_of_the_project_are_refused_before_the_split(
+    tmp_path, monkeypatch, sample_texts, raw
+):
+    """``raw_path='data/**/*.parquet'`` (or a folder of outputs) after a split: the glob matched the split's
+    own ``data/03_primary/corpus_splits.parquet``, which the split then read as raw data and split again;
+    beside real shards it was refused as a shard with other columns, not as an output."""
+    from fastlm.errors import ConfigError
+    from fastlm.hooks.split_complete import SplitCompleteHook
+    from fastlm.pipelines.split import create_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data/03_primary").mkdir(parents=True)
+    frame = pd.DataFrame({"text": sample_texts[:20], "split": "train"})
+    frame.to_parquet(tmp_path / "data/03_primary/corpus_splits.parquet")
+    catalog = _split_hook_catalog(raw)
+    TextCorpusDataset(raw).check_input()  # readable shards: what the split read
+    with pytest.raises(ConfigError, match=r"corpus_splits\.parquet.*corpus_splits.*output") as refused:
+        SplitCompleteHook().before_pipeline_run({}, create_pipeline(), catalog)
+    assert "\n" not in str(refused.value) and "raw_path" in str(refused.value)
+    (tmp_path / "data/01_raw/pq").mkdir(parents=True)
+    frame.to_parquet(tmp_path / "data/01_raw/pq/train-0.parquet")
+    SplitCompleteHook().before_pipeline_run(
+        {}, create_pipeline(), _split_hook_catalog("data/01_raw/**/*.parquet")
+    )

@@ -122,6 +122,29 @@ def _refuse_memory_inputs(pipeline, split, catalog) -> None:
     )
 
 
+def _refuse_outputs_as_shards(raw: Path, catalog, outputs: set[str]) -> None:
+    """Refuse a folder or glob of shards (``raw_path``) holding a file or folder of ``outputs`` (the split's
+    and the run's), such as ``data/**/*.parquet`` matching the split's own
+    ``data/03_primary/corpus_splits.parquet``: the split would read an earlier run's output as raw data
+    (beside real shards: a shard said to have other columns)."""
+    files = data_files(raw)
+    if not files:
+        return
+    written = {
+        path.resolve(): name for name in sorted(outputs) if (path := local_path(catalog, name)) is not None
+    }
+    for file in files:
+        full = file.resolve()
+        name = next((written[out] for out in (full, *full.parents) if out in written), None)
+        if name is not None:
+            raise ConfigError(
+                f"raw_path {project_name(raw)} reads {project_name(file)}, the project's {name} output (a "
+                "pipeline writes it), not raw data.",
+                fix="name the raw shards alone: a folder or glob under data/01_raw (e.g. --params "
+                "raw_path='data/01_raw/shards/*.parquet').",
+            )
+
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as file:
@@ -164,6 +187,8 @@ class SplitCompleteHook:
         self._split_nodes, self._done, self._saved = {node.name for node in split.nodes}, set(), set()
         _refuse_memory_inputs(pipeline, split, catalog)
         self._raw = local_path(catalog, RAW) if RAW in pipeline.inputs() else None
+        if self._raw is not None:
+            _refuse_outputs_as_shards(self._raw, catalog, split.all_outputs() | pipeline.all_outputs())
         read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
         self._kept_raw = None
         ran = {node.name for node in pipeline.nodes} & self._split_nodes
