@@ -150,3 +150,21 @@ def test_shards_that_are_outputs_of_the_project_are_refused_before_the_split(
     SplitCompleteHook().before_pipeline_run(
         {}, create_pipeline(), _split_hook_catalog("data/01_raw/**/*.parquet")
     )
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "glob"])
+def test_the_fix_for_changed_raw_data_splits_the_raw_data_the_split_read(
+    tmp_path, monkeypatch, sample_texts, kind
+):
+    """The fix said `kedro run --pipeline=split` alone: that split reads the catalog's default raw_path (the
+    demo corpus), not the file, folder or glob this split read, and the train after it trained on it."""
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    _shards(tmp_path / "shards", sample_texts[:30], 2)
+    raw = {"file": "shards/part-00000.jsonl", "folder": "shards", "glob": "shards/*.jsonl"}[kind]
+    marker = _marker(tmp_path, tmp_path / raw)
+    write_jsonl(tmp_path / "shards/part-00000.jsonl", ["changed"])
+    with pytest.raises(StaleDataError) as refused:
+        check_raw_unchanged(marker, None, None)
+    assert f"kedro run --pipeline=split --params raw_path={shlex.quote(raw)}" in str(refused.value)

@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import json
 import os
+import shlex
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
@@ -74,7 +75,7 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
     raise StaleDataError(
         f"the raw file {recorded['path']} changed since the split made the data this pipeline reads "
         f"({recorded.get('size')} -> {stat.st_size} bytes): it would use the old texts.",
-        fix="split it again: kedro run --pipeline=split (or put the file back as it was).",
+        fix=f"split it again: {_split_command(recorded['path'])} (or put the file back as it was).",
     )
 
 
@@ -89,8 +90,14 @@ def _check_shards_unchanged(recorded: dict) -> None:
         raise StaleDataError(
             f"the raw shards {path} changed since the split made the data this pipeline reads ({changed}): "
             "it would use the old texts.",
-            fix="split it again: kedro run --pipeline=split (or put the shards back as they were).",
+            fix=f"split it again: {_split_command(path)} (or put the shards back as they were).",
         )
+
+
+def _split_command(raw: str) -> str:
+    """The split of the raw data ``raw`` a split read: ``raw_path`` named, as a split without it reads the
+    catalog's default file."""
+    return f"kedro run --pipeline=split --params raw_path={shlex.quote(raw)}"
 
 
 def _marker_raw(marker: Path) -> dict | None:
