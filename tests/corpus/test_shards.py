@@ -148,3 +148,33 @@ def test_the_record_sees_a_shard_added_removed_or_changed_not_one_touched(tmp_pa
     assert shards_changed(folder, record) is None
     _jsonl(folder / "p2.jsonl", _rows(5, 2))  # same size, other bytes
     assert "p2.jsonl" in shards_changed(folder, record)
+
+
+def test_the_files_skipped_are_said_once_when_the_shards_are_read(tmp_path, monkeypatch):
+    """A split checks the shards before the run, reads them and records them after it; a train compares the
+    record: each listed the folder and said its skipped files again (three lines a split, two a train)."""
+    folder = tmp_path / "shards"
+    _jsonl(folder / "part-0.jsonl", _rows(0, 3))
+    (folder / "README.md").write_text("# data\n")
+    logger = logging.Logger("shards-once")
+    records = []
+    logger.addHandler(logging.Handler())
+    logger.handlers[0].emit = records.append
+    monkeypatch.setattr(shards, "log", logger)
+    check_raw_path(folder)
+    assert read_raw_table(folder)["n"].tolist() == list(range(3))
+    recorded = shards_record(folder)
+    assert shards_changed(folder, recorded) is None
+    said = [record.getMessage() for record in records if "README.md" in record.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_a_glob_written_with_backslashes_is_refused_naming_it_with_slashes(tmp_path, monkeypatch):
+    """``raw_path=data\\01_raw\\shards\\*.jsonl`` (a Windows path) matches nothing here: the refusal said to
+    check the path, not that a backslash is no folder separator."""
+    monkeypatch.chdir(tmp_path)
+    _jsonl(tmp_path / "data/01_raw/shards/part-0.jsonl", _rows(0, 3))
+    with pytest.raises(InputDataError) as refused:
+        check_raw_path("data\\01_raw\\shards\\*.jsonl")
+    assert "raw_path='data/01_raw/shards/*.jsonl'" in str(refused.value), str(refused.value)
+    assert read_raw_table("data/01_raw/shards/*.jsonl")["n"].tolist() == list(range(3))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import logging
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -59,10 +60,10 @@ def _saved_folder(path: Path) -> bool:
     return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
 
 
-def data_files(path: str | Path) -> list[Path] | None:
+def data_files(path: str | Path, say: bool = False) -> list[Path] | None:
     """The data files of a folder or glob in sorted path order (markers, other files and empty files left
-    out, the others said in a log line), without checking them further; None for a single file, a
-    ``save_to_disk`` folder or a path that does not exist (read as one file)."""
+    out; ``say``: the others said in a log line, as the shards are read), without checking them further; None
+    for a single file, a ``save_to_disk`` folder or a path that does not exist (read as one file)."""
     path = Path(path)
     if is_pattern(path):
         found = [Path(name) for name in glob.glob(str(path), recursive=True)]
@@ -82,23 +83,27 @@ def data_files(path: str | Path) -> list[Path] | None:
             said.append(f"{file.name} (empty)")
         else:
             kept.append(file)
-    if said:
+    if said and say:
         log.info("Skipped in %s: %s", path, ", ".join(said))
     return kept
 
 
-def shard_files(path: str | Path, parameter: str = RAW_PATH) -> list[Path] | None:
-    """``data_files`` of ``path``, refused in one line where there is none or where one is of another format
-    than the first; None for a single file or a ``save_to_disk`` folder."""
-    files = data_files(path)
+def shard_files(path: str | Path, parameter: str = RAW_PATH, say: bool = False) -> list[Path] | None:
+    """``data_files`` of ``path`` (``say``: the files skipped said), refused in one line where there is none
+    or where one is of another format than the first; None for a single file or a ``save_to_disk`` folder."""
+    files = data_files(path, say)
     if files is None:
         return None
     what = "matches the glob" if is_pattern(path) else "is in the folder"
     if not files:
+        slashed = str(path).replace("\\", "/")
         raise InputDataError(
             f"no data file (.csv, .tsv, .jsonl, .parquet, optionally compressed) {what} {path} given as "
             f"{parameter}.",
-            fix="check the path (a glob reads from the project folder; ** for subfolders), or " + FIX + ".",
+            fix=f"write the path with / (a backslash is no folder separator here): --params "
+            f"{parameter}={shlex.quote(slashed)}."
+            if slashed != str(path) and data_files(slashed)
+            else "check the path (a glob reads from the project folder; ** for subfolders), or " + FIX + ".",
         )
     first = _format(files[0])
     other = next((file for file in files if _format(file) != first), None)
@@ -122,8 +127,9 @@ def check_raw_path(path: str | Path, parameter: str = RAW_PATH) -> None:
 
 def read_raw_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
     """The table of a file, a ``save_to_disk`` folder, or the shards of a folder or glob joined in sorted
-    path order (``attrs['shards']``: each shard and its rows, for naming a row of the whole table)."""
-    files = shard_files(path, parameter)
+    path order (``attrs['shards']``: each shard and its rows, for naming a row of the whole table); the files
+    skipped are said here, once a run."""
+    files = shard_files(path, parameter, say=True)
     if files is None:
         return read_text_table(path, parameter)
     parts, counts, columns = [], [], None
