@@ -209,17 +209,29 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def file_record(path: Path, name: str) -> dict:
+    """What a split records of a raw file it read (a file, or one shard): ``name`` (how the record names
+    it), its size, time and SHA-256."""
+    stat = path.stat()
+    return {"path": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+
+
+def file_changed(path: Path, recorded: dict) -> bool:
+    """Whether the file at ``path`` holds other bytes than ``recorded`` (``file_record``'s) says: the same
+    size and time are the same file, a new time alone is compared by its SHA-256."""
+    stat = path.stat()
+    if (stat.st_size, stat.st_mtime_ns) == (recorded.get("size"), recorded.get("mtime_ns")):
+        return False
+    return stat.st_size != recorded.get("size") or _sha256(path) != recorded.get("sha256")
+
+
 def shards_record(path: str | Path) -> list[dict] | None:
-    """Each shard of the folder or glob ``path`` (its path as listed, size, time and SHA-256), None when
-    ``path`` holds no shards (a file, a ``save_to_disk`` folder)."""
+    """Each shard of the folder or glob ``path`` (``file_record``: its path as listed, size, time and
+    SHA-256), None when ``path`` holds no shards (a file, a ``save_to_disk`` folder)."""
     files = data_files(path)
     if files is None:
         return None
-    return [
-        {"path": str(file), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(file)}
-        for file in files
-        for stat in [file.stat()]
-    ]
+    return [file_record(file, str(file)) for file in files]
 
 
 def shards_changed(path: str | Path, recorded: list[dict]) -> str | None:
@@ -240,11 +252,8 @@ def shards_changed(path: str | Path, recorded: list[dict]) -> str | None:
             if part
         )
     for file, shard in zip(files, recorded, strict=True):
-        stat = file.stat()
-        if (stat.st_size, stat.st_mtime_ns) == (shard.get("size"), shard.get("mtime_ns")):
-            continue
-        if stat.st_size != shard.get("size") or _sha256(file) != shard.get("sha256"):
-            return f"{file} changed ({shard.get('size')} -> {stat.st_size} bytes)"
+        if file_changed(file, shard):
+            return f"{file} changed ({shard.get('size')} -> {file.stat().st_size} bytes)"
     return None
 
 

@@ -3,7 +3,6 @@ the raw file a finished split read, checked unchanged by the pipelines that read
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -12,7 +11,7 @@ from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
-from fastlm.corpus.shards import data_files, shards_changed, shards_record
+from fastlm.corpus.shards import data_files, file_changed, file_record, shards_changed, shards_record
 from fastlm.engine.paths import project_name
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.hooks.catalog import local_path
@@ -32,15 +31,7 @@ def raw_record(raw: Path | None) -> dict | None:
     shards = shards_record(Path(project_name(raw)))
     if shards is not None:  # a folder or glob of shards: each one's record
         return {"path": project_name(raw), "shards": shards}
-    if not raw.is_file():
-        return None
-    stat = raw.stat()
-    return {
-        "path": project_name(raw),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "sha256": _file_sha256(raw),
-    }
+    return file_record(raw, project_name(raw)) if raw.is_file() else None
 
 
 def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> None:
@@ -65,16 +56,11 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
     if isinstance(recorded.get("shards"), list):
         _check_shards_unchanged(recorded)
         return
-    if not path.is_file():
-        return
-    stat = path.stat()
-    if (stat.st_size, stat.st_mtime_ns) == (recorded.get("size"), recorded.get("mtime_ns")):
-        return
-    if stat.st_size == recorded.get("size") and _file_sha256(path) == recorded.get("sha256"):
+    if not path.is_file() or not file_changed(path, recorded):
         return
     raise StaleDataError(
         f"the raw file {recorded['path']} changed since the split made the data this pipeline reads "
-        f"({recorded.get('size')} -> {stat.st_size} bytes): it would use the old texts.",
+        f"({recorded.get('size')} -> {path.stat().st_size} bytes): it would use the old texts.",
         fix=f"split it again: {_split_command(recorded['path'])} (or put the file back as it was).",
     )
 
@@ -150,14 +136,6 @@ def _refuse_outputs_as_shards(raw: Path, catalog, outputs: set[str]) -> None:
                 fix="name the raw shards alone: a folder or glob under data/01_raw (e.g. --params "
                 "raw_path='data/01_raw/shards/*.parquet').",
             )
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class SplitCompleteHook:
