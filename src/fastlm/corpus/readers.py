@@ -43,21 +43,31 @@ def _fix(parameter: str) -> str:
     return FIX if parameter == RAW_PATH else f"point {parameter} at it (--params {parameter}=<file>)"
 
 
+def suffix_format(path: Path) -> str | None:
+    """The format ``path``'s extension names (a compression suffix ignored), None for none."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes = suffixes[:-1]
+    return FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def is_saved_folder(path: Path) -> bool:
+    """Whether ``path`` is a ``datasets.save_to_disk`` folder."""
+    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+
+
 def detect_format(path: Path, parameter: str = RAW_PATH) -> str:
     """The reader for ``path``: by extension (compression suffix ignored), or 'arrow_dir' for a folder.
     ``parameter``: what named the file, for the fix of an error."""
     if path.is_dir():
-        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        if is_saved_folder(path):
             return "arrow_dir"
         raise InputDataError(
             f"{path} is a folder but not a datasets.save_to_disk folder (no dataset_info.json or "
             "dataset_dict.json).",
             fix=f"give a .csv, .tsv, .jsonl or .parquet file, or a save_to_disk folder; {_fix(parameter)}.",
         )
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in COMPRESSIONS:
-        suffixes = suffixes[:-1]
-    kind = FORMATS.get(suffixes[-1] if suffixes else "")
+    kind = suffix_format(path)
     if kind is None:
         lines = "" if parameter == RAW_PATH else ", .txt (one input a line)"
         raise InputDataError(

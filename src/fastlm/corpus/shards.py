@@ -22,12 +22,13 @@ import pandas as pd
 from fastlm.corpus.readers import (
     COMPRESSIONS,
     FIX,
-    FORMATS,
     RAW_PATH,
     as_frame,
     check_table_path,
+    is_saved_folder,
     read_table,
     read_text_table,
+    suffix_format,
 )
 from fastlm.errors import InputDataError
 
@@ -43,21 +44,10 @@ def is_pattern(path: str | Path) -> bool:
     return bool(GLOB_CHARACTERS & set(str(path))) and not Path(path).exists()
 
 
-def _format(path: Path) -> str | None:
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in COMPRESSIONS:
-        suffixes = suffixes[:-1]
-    return FORMATS.get(suffixes[-1]) if suffixes else None
-
-
 def _marker(path: Path) -> bool:
     """A hidden file or a marker a writer leaves beside its shards (``_SUCCESS``, ``_committed_*``,
     ``.crc``)."""
     return path.name.startswith((".", "_")) or path.suffix.lower() in MARKER_SUFFIXES
-
-
-def _saved_folder(path: Path) -> bool:
-    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
 
 
 def data_files(path: str | Path, say: bool = False) -> list[Path] | None:
@@ -67,7 +57,7 @@ def data_files(path: str | Path, say: bool = False) -> list[Path] | None:
     path = Path(path)
     if is_pattern(path):
         found = [Path(name) for name in glob.glob(str(path), recursive=True)]
-    elif path.is_dir() and not _saved_folder(path):
+    elif path.is_dir() and not is_saved_folder(path):
         found = list(path.iterdir())
     else:
         return None
@@ -77,7 +67,7 @@ def data_files(path: str | Path, say: bool = False) -> list[Path] | None:
             continue
         if not file.is_file():
             said.append(f"{file.name} (a folder)" if file.is_dir() else f"{file.name} (not a regular file)")
-        elif _format(file) is None:
+        elif suffix_format(file) is None:
             said.append(f"{file.name} (not a data file)")
         elif file.stat().st_size == 0:
             said.append(f"{file.name} (empty)")
@@ -105,11 +95,11 @@ def shard_files(path: str | Path, parameter: str = RAW_PATH, say: bool = False) 
             if slashed != str(path) and data_files(slashed)
             else "check the path (a glob reads from the project folder; ** for subfolders), or " + FIX + ".",
         )
-    first = _format(files[0])
-    other = next((file for file in files if _format(file) != first), None)
+    first = suffix_format(files[0])
+    other = next((file for file in files if suffix_format(file) != first), None)
     if other is not None:
         raise InputDataError(
-            f"{other} is {_format(other)}, but the shards before it in {path} are {first} "
+            f"{other} is {suffix_format(other)}, but the shards before it in {path} are {first} "
             f"({files[0].name}): shards must be of one format.",
             fix=f"move it out of the folder, or give a glob naming the shards (e.g. {Path(path) / '*'}"
             f"{files[0].suffix if files[0].suffix.lower() not in COMPRESSIONS else ''}).",
