@@ -63,3 +63,12 @@ def test_an_unknown_dataset_or_namespace_or_runner_is_one_line():
 def test_other_errors_are_not_selection_errors():
     assert selection_error(ValueError("something else"), {"pipelines": ["report"]}) is None
     assert selection_error(AttributeError("module 'torch' has no attribute 'x'"), {"runner": None}) is None
+
+
+def test_a_runner_named_by_its_module_path_is_one_line_too():
+    """``--runner kedro.runner.ThreadRuner`` (Kedro takes a runner's full path too): its AttributeError was
+    not read as an unknown runner, so the run ended in a traceback, status 1."""
+    exc = _raised(load_obj, "kedro.runner.ThreadRuner", "kedro.runner")
+    error = selection_error(exc, {"runner": "kedro.runner.ThreadRuner"})
+    assert isinstance(error, ConfigError), exc
+    assert "--runner kedro.runner.ThreadRuner" in str(error) and "did you mean ThreadRunner?" in str(error)

@@ -235,9 +235,10 @@ def selection_error(exc: Exception, options: dict) -> FastlmError | None:
     message = str(exc)
     if isinstance(exc, AttributeError):
         runner = options.get("runner")
-        if runner and f"module 'kedro.runner' has no attribute '{runner}'" in message:
+        name = str(runner).removeprefix("kedro.runner.")  # a full path reads from kedro.runner too
+        if runner and f"module 'kedro.runner' has no attribute '{name}'" in message:
             known = ["SequentialRunner", "ThreadRunner", "ParallelRunner"]
-            return _unknown_name("--runner", [runner], known, "runner", where="kedro.runner")
+            return _unknown_name("--runner", [runner], known, "runner", where="kedro.runner", matched=name)
         return None
     if message.startswith("Pipeline does not contain nodes named"):
         known = _selected_names(names, lambda pipeline: [node.name for node in pipeline.nodes])
@@ -286,9 +287,15 @@ def _unknown_option_names(
 
 
 def _unknown_name(
-    option: str, unknown: list[str], known: list[str], what: str, where: str = "this run's pipeline"
+    option: str,
+    unknown: list[str],
+    known: list[str],
+    what: str,
+    where: str = "this run's pipeline",
+    matched: str | None = None,
 ) -> ConfigError:
-    close = difflib.get_close_matches(unknown[0], known, n=1)
+    """``option`` naming ``unknown``, with the name of ``known`` closest to the first (or to ``matched``)."""
+    close = difflib.get_close_matches(matched or unknown[0], known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return ConfigError(
         f"{option} {', '.join(unknown)}: no {what} of that name in {where}{hint}.",
