@@ -72,3 +72,13 @@ def test_a_runner_named_by_its_module_path_is_one_line_too():
     error = selection_error(exc, {"runner": "kedro.runner.ThreadRuner"})
     assert isinstance(error, ConfigError), exc
     assert "--runner kedro.runner.ThreadRuner" in str(error) and "did you mean ThreadRunner?" in str(error)
+
+
+def test_an_unknown_tag_is_one_line_naming_it_and_the_tags_there_are():
+    """``kedro run --pipeline=report --tags reprot``: said as a pipeline without nodes in this version, with
+    the fix to run the split, naming neither the tag nor the tags there are."""
+    exc = _raised(register_pipelines()["report"].filter, tags=["reprot"])
+    error = selection_error(exc, {"pipelines": ["report"], "tags": ("reprot",)})
+    assert isinstance(error, ConfigError) and "\n" not in str(error)
+    assert "--tags reprot" in str(error) and "did you mean report?" in str(error)
+    assert "--pipeline=split" not in str(error)

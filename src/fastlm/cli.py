@@ -225,14 +225,20 @@ def _shown_conf(text: str) -> str:
 
 def selection_error(exc: Exception, options: dict) -> FastlmError | None:
     """Kedro's errors about what ``kedro run`` selects (``options``: its keyword arguments), as one line: an
-    unknown or empty pipeline, a node (``--nodes``, ``--from-nodes``, ``--to-nodes``), dataset
-    (``--from-inputs``, ``--to-outputs``) or namespace that the pipeline does not hold, an unknown
-    ``--runner``; each with the close match and the names there are. None for any other error."""
+    unknown or empty pipeline, a ``--tags`` tag no node has, a node (``--nodes``, ``--from-nodes``,
+    ``--to-nodes``), dataset (``--from-inputs``, ``--to-outputs``) or namespace that the pipeline does not
+    hold, an unknown ``--runner``; each with the close match and the names there are. None for any other
+    error."""
     names = options.get("pipelines") or []
+    message = str(exc)
+    if isinstance(exc, ValueError) and "Pipeline contains no nodes" in message and options.get("tags"):
+        tags = _selected_names(names, _node_tags)
+        tag_error = _unknown_option_names(options, {"--tags": "tags"}, tags, "tag")
+        if tag_error is not None:
+            return tag_error
     pipeline_error = _pipeline_selection_error(exc, names)
     if pipeline_error is not None or not isinstance(exc, ValueError | AttributeError):
         return pipeline_error
-    message = str(exc)
     if isinstance(exc, AttributeError):
         runner = options.get("runner")
         name = str(runner).removeprefix("kedro.runner.")  # a full path reads from kedro.runner too
@@ -249,9 +255,7 @@ def selection_error(exc: Exception, options: dict) -> FastlmError | None:
         given = {"--from-inputs": "from_inputs", "--to-outputs": "to_outputs"}
         return _unknown_option_names(options, given, known, "dataset")
     if message.startswith("Pipeline does not contain nodes with the following namespaces"):
-        tags = _selected_names(
-            names, lambda pipeline: sorted({tag for node in pipeline.nodes for tag in node.tags})
-        )
+        tags = _selected_names(names, _node_tags)
         given = [str(name) for name in options.get("namespaces") or []]
         shown, tagged = ", ".join(given), [name for name in given if name in tags]
         hint = f" (did you mean --tags {','.join(tagged)}?)" if tagged else ""
@@ -260,6 +264,10 @@ def selection_error(exc: Exception, options: dict) -> FastlmError | None:
             fix=f"select nodes with --tags (one of: {', '.join(tags)}) or --nodes, or drop --namespaces.",
         )
     return None
+
+
+def _node_tags(pipeline) -> list[str]:
+    return sorted({tag for node in pipeline.nodes for tag in node.tags})
 
 
 def _selected_names(pipelines: list[str], names_of) -> list[str]:
