@@ -168,3 +168,20 @@ def test_the_fix_for_changed_raw_data_splits_the_raw_data_the_split_read(
     with pytest.raises(StaleDataError) as refused:
         check_raw_unchanged(marker, None, None)
     assert f"kedro run --pipeline=split --params raw_path={shlex.quote(raw)}" in str(refused.value)
+
+
+def test_raw_path_naming_the_same_shards_another_way_is_the_split_s_raw_data(
+    tmp_path, monkeypatch, sample_texts
+):
+    """The split read the folder ``shards``; ``kedro run --pipeline=train --params raw_path='shards/*.jsonl'``
+    (the same shards, as a glob) was refused as another raw path than the split read; one naming other
+    shards still is."""
+    from fastlm.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    _shards(tmp_path / "shards", sample_texts[:30], 3)
+    marker = _marker(tmp_path, tmp_path / "shards")
+    for given in ("shards/*.jsonl", str(tmp_path / "shards/part-*.jsonl"), "shards/"):
+        check_raw_unchanged(marker, given, tmp_path / given)
+    with pytest.raises(ConfigError, match="raw_path names shards/part-0000\\[01\\]"):
+        check_raw_unchanged(marker, "shards/part-0000[01].jsonl", tmp_path / "shards/part-0000[01].jsonl")

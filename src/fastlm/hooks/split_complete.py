@@ -46,12 +46,11 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
     if not isinstance(recorded, dict) or not isinstance(recorded.get("path"), str):
         return
     path = Path(recorded["path"])
-    if given is not None and now is not None and now.resolve() != path.resolve():
+    if given is not None and now is not None and not _same_raw(now, recorded):
         raise ConfigError(
             f"raw_path names {given}, but the split data this pipeline reads was made from "
-            f"{recorded['path']}: it does not read the raw file.",
-            fix=f"split it first: kedro run --pipeline=split --params raw_path={given} (or leave raw_path "
-            "out).",
+            f"{recorded['path']}: it does not read the raw data.",
+            fix=f"split it first: {_split_command(given)} (or leave raw_path out).",
         )
     if isinstance(recorded.get("shards"), list):
         _check_shards_unchanged(recorded)
@@ -63,6 +62,20 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
         f"({recorded.get('size')} -> {path.stat().st_size} bytes): it would use the old texts.",
         fix=f"split it again: {_split_command(recorded['path'])} (or put the file back as it was).",
     )
+
+
+def _same_raw(now: Path, recorded: dict) -> bool:
+    """Whether ``now`` (``--params raw_path``) names the raw data of ``recorded``: the same path, or for
+    shards, the same shards named another way (a glob of a folder's shards, a folder's other name)."""
+    if now.resolve() == Path(recorded["path"]).resolve():
+        return True
+    shards = recorded.get("shards")
+    if not isinstance(shards, list):
+        return False
+    files = data_files(now) or ([now] if now.is_file() else [])
+    return [project_name(file) for file in files] == [
+        project_name(str(shard.get("path"))) for shard in shards
+    ]
 
 
 def _check_shards_unchanged(recorded: dict) -> None:
