@@ -193,3 +193,47 @@ def test_a_run_that_splits_then_trains_checks_the_tuned_file_on_the_data_its_spl
     warned = [line for line in lines if "not applied" in line]
     assert len(warned) == 1 and "tokenized data" in warned[0], lines
     assert not any("is in effect" in line for line in lines), lines
+
+
+def test_the_other_hooks_of_the_training_node_see_the_parameters_it_trains_with(tmp_path, monkeypatch):
+    """``kedro run`` after a shard was added: the tuned file, measured on the old data, is not applied. The
+    other hooks of the training node (MLflow's, which logs its parameters) get the ``params:train`` the node
+    trains with, not the tuned file's. (They got the tuned micro-batch size: the run's MLflow record held it,
+    and the next node's parameters, the trained ones, were refused as changed values, which turned tracking
+    off and ended the run KILLED.)"""
+    from kedro.framework.hooks import hook_impl
+    from kedro.io import MemoryDataset
+    from kedro.runner import SequentialRunner
+
+    from fastlm.corpus.fingerprint import data_identity
+    from fastlm.parameters import GROUPS
+    from fastlm.pipelines.tune.record import RECORD_KEY, device_description, measured_on
+
+    project, _, base = _project(tmp_path, monkeypatch)
+    old = {"fingerprint": "f" * 64, "data_sha256": "1" * 64}
+    hook, catalog = _run(project / "conf", project, fingerprint=old)
+    train = GROUPS["train"].parse(catalog.load("params:train"))
+    split = GROUPS["split"].parse(catalog.load("params:split"))
+    device = device_description(train.runtime.device)
+    record = measured_on(train, max_length=split.max_length, data=data_identity(old), device=device)
+    tuned = {"micro_batch_size": base["micro_batch_size"] + 3}
+    (project / TUNED).write_text(yaml.safe_dump({"train": {"batching": tuned}, RECORD_KEY: record}))
+    hook, catalog = _run(project / "conf", project, fingerprint=old)
+    catalog["trained_model"] = MemoryDataset()
+
+    seen: list[int] = []
+
+    class Logging:
+        @hook_impl
+        def before_node_run(self, node, inputs):
+            if "params:train" in inputs:
+                seen.append(inputs["params:train"]["batching"]["micro_batch_size"])
+
+    pipeline = _pipeline("tokenize_corpus", "train", written={**old, "data_sha256": "2" * 64})
+    manager = _hook_manager(hook)
+    manager.register(Logging())
+    hook.before_pipeline_run({"env": None}, pipeline, catalog)
+    SequentialRunner().run(pipeline, catalog, hook_manager=manager)
+    trained = catalog.load("trained_model")["batching"]["micro_batch_size"]
+    assert trained != tuned["micro_batch_size"]
+    assert seen == [trained], seen

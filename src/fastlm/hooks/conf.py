@@ -168,6 +168,7 @@ class TunedParametersHook:
         self._project: Path | None = None
         # (where, tuned, untuned): the tuned file whose data is checked once this run's split wrote it
         self._pending: tuple | None = None
+        self._catalog = None  # the run's catalog, where the pending check puts ``params:train``
 
     @hook_impl
     def after_context_created(self, context) -> None:
@@ -268,7 +269,7 @@ class TunedParametersHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        self._pending = None
+        self._pending, self._catalog = None, catalog
         outputs = pipeline.all_outputs()
         trains, tunes = bool(_TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
         if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
@@ -304,10 +305,20 @@ class TunedParametersHook:
         self._check(where, tuned, untuned, catalog, data=True)
 
     @hook_impl
+    def after_dataset_saved(self, dataset_name: str) -> None:
+        """The tokenized data's fingerprint written by this run's split: the tuned file checked on it, before
+        any later node loads ``params:train`` (not applied: ``params:train`` without it in the catalog, so
+        every hook of those nodes, MLflow's parameter logging included, sees what they run with)."""
+        if self._pending is None or dataset_name != _FINGERPRINT or self._catalog is None:
+            return
+        (where, tuned, untuned), self._pending = self._pending, None
+        self._check(where, tuned, untuned, self._catalog, data=True, split=True)
+
+    @hook_impl
     def before_node_run(self, node, catalog, inputs: dict) -> dict | None:
-        """The first node reading ``params:train`` of a run whose split wrote the tokenized data: the tuned
-        file checked on the data written (not applied: that node and the later ones get ``params:train``
-        without it)."""
+        """The first node reading ``params:train`` of a run whose split wrote the tokenized data, where the
+        check did not run when the fingerprint was saved: the tuned file checked on the data written (not
+        applied: that node and the later ones get ``params:train`` without it)."""
         if self._pending is None or "params:train" not in node.inputs:
             return None
         (where, tuned, untuned), self._pending = self._pending, None
