@@ -300,3 +300,33 @@ def test_test_samples_answered_by_a_call_are_scored_by_their_calls(runtime):
     assert "2 of them answer with a tool call: the same functions in 100.0%, the same calls in 50.0%" in said
     assert "50.0% of the 2 answered in text were predicted as calls" in said
     assert sections["Generations against references"].table["call"].tolist() == table["call_match"].tolist()
+
+
+def test_answers_whose_calls_stopped_at_max_new_tokens_are_counted_and_said_with_the_fix(runtime):
+    """Test answers that call a tool, generated with fewer new tokens than a call takes (quick mode's 32 for
+    a 33-token call): every prediction is call markup cut before its JSON ends, scored as no match. The
+    scores count those answers (``tool_call_unread``, ``tool_call_unread_at_limit``), and the report's
+    ROUGE section says the scores miss them with the fix. (The section said "the same functions in 0.0%"
+    of a model whose every answer began the right call, and nothing else.)"""
+    from tests.support.tiny_llama import calling_llama
+
+    model, tokenizer = calling_llama()
+    call = '<tool_call>{{"name": "get_weather", "arguments": {{"city": "{}"}}}}</tool_call>'
+    pairs = pd.DataFrame(
+        {
+            "sample": [0, 1, 2],
+            "prompt": ["ask", "ask", "hi"],
+            "response": [call.format("서울"), call.format("부산"), "sunny"],
+        }
+    )
+    whole, whole_metrics = _scored(model, tokenizer, pairs, runtime, new=12, batch=4, max_length=32, chat={})
+    cut, metrics = _scored(model, tokenizer, pairs, runtime, new=4, batch=4, max_length=32, chat={})
+    unread = cut["call_match"] == "unread"
+    assert unread.sum() == metrics["tool_call_samples"] and (cut["new_tokens"][unread] == 4).all()
+    assert (metrics["tool_call_unread"], metrics["tool_call_unread_at_limit"]) == (unread.sum(), unread.sum())
+    assert (whole_metrics["tool_call_unread"], whole_metrics["tool_call_unread_at_limit"]) == (0, 0)
+    said = {section.heading: section for section in _sections(metrics, cut)}["ROUGE on the test split"].text
+    assert f"{unread.sum()} of them do not read as calls" in said, said
+    assert "report.references.max_new_tokens" in said and "max_new_tokens=4" in said, said
+    said_whole = {s.heading: s for s in _sections(whole_metrics, whole)}["ROUGE on the test split"].text
+    assert "do not read as calls" not in said_whole

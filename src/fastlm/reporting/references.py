@@ -215,6 +215,11 @@ def score_test_generations(
     if reader is None:
         return table[PREDICTION_COLUMNS], aggregate
     matches, scores = tool_call_scores(reader, pairs["response"].tolist(), predictions)
+    # an answer cut by the generation budget before its call's end reads as no call: counted, said
+    scores["tool_call_unread_at_limit"] = sum(
+        match == "unread" and len(ids) >= max_new_tokens
+        for match, ids in zip(matches, generations.continuations, strict=True)
+    )
     return table[PREDICTION_COLUMNS].assign(call_match=matches), {**aggregate, **scores}
 
 
@@ -233,7 +238,8 @@ def tool_call_scores(reader, references: list[str], predictions: list[str]) -> t
     ``name`` (its functions, in order, other arguments), ``wrong`` (other functions, or none), ``unread``
     (call markup that does not read as calls), ``spurious`` (a call where the reference answers in text),
     "" (text for text); and the rates over the samples whose reference calls (``tool_call_samples``,
-    ``tool_call_name_accuracy``, ``tool_call_exact_match``) and over those whose reference does not
+    ``tool_call_name_accuracy``, ``tool_call_exact_match``; ``tool_call_unread`` counts those whose
+    prediction does not read as calls, misses in both rates) and over those whose reference does not
     (``tool_call_spurious``)."""
     expected_calls = [reader.calls_in(reference) for reference in references]
     matches = []
@@ -255,4 +261,5 @@ def tool_call_scores(reader, references: list[str], predictions: list[str]) -> t
         "tool_call_name_accuracy": sum(m in ("exact", "name") for m in calling) / len(calling),
         "tool_call_exact_match": calling.count("exact") / len(calling),
         "tool_call_spurious": matches.count("spurious") / text if text else float("nan"),
+        "tool_call_unread": calling.count("unread"),
     }

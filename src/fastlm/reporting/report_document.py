@@ -404,11 +404,23 @@ def _tool_call_text(test_metrics: dict) -> str:
         if text
         else ""
     )
+    unread, cut = test_metrics.get("tool_call_unread", 0), test_metrics.get("tool_call_unread_at_limit", 0)
+    unread_text = (
+        f" {unread:,} of them do not read as calls (call_match unread), counted as misses"
+        + (
+            f"; {cut:,} stopped at report.references.max_new_tokens before their call ended: raise it "
+            "to score whole calls."
+            if cut
+            else "."
+        )
+        if unread
+        else ""
+    )
     return (
         f" {samples:,} of them answer with a tool call: the same functions in "
         f"{100 * test_metrics['tool_call_name_accuracy']:.1f}%, the same calls in "
-        f"{100 * test_metrics['tool_call_exact_match']:.1f}% (arguments compared as JSON; `call` below)."
-        + spurious
+        f"{100 * test_metrics['tool_call_exact_match']:.1f}% (arguments compared as JSON; the call column "
+        "below)." + unread_text + spurious
     )
 
 

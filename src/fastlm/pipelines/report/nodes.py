@@ -228,6 +228,15 @@ def generate_on_references(
             100 * metrics["tool_call_name_accuracy"],
             100 * metrics["tool_call_exact_match"],
         )
+        if metrics.get("tool_call_unread_at_limit"):
+            log.warning(
+                "%d of the %d test answers that call a tool stopped at report.references.max_new_tokens = %d "
+                "before their call ended: they read as no call and count as misses; raise "
+                "report.references.max_new_tokens to score whole calls",
+                metrics["tool_call_unread_at_limit"],
+                metrics["tool_call_samples"],
+                references.max_new_tokens,
+            )
     return table, {**metrics, TRAINING_ID: _training_id(trained)}
 
 
