@@ -178,6 +178,23 @@ def test_table_sorted_by_metric_and_verdict_names_best_and_diverged():
     assert "a was the fastest (2.0x less wall time than the slowest)" in text
 
 
+def test_a_verdict_on_runs_tied_by_the_metric_says_they_tie():
+    """Two seeds scored by tool-call exact match, both at the same figure (a small model calling no tool
+    right): the verdict says the runs tie and which one the best-run file takes, naming no run best or
+    worst. (It said "s-01 is best by ... = 0; the worst, s-02, has 0".) A run ahead of the others is
+    still named best."""
+    overrides = {"s-01": {"train.seed": 0}, "s-02": {"train.seed": 1}, "s-03": {"train.seed": 2}}
+    metric = "test_tool_call_exact_match"
+    tied = {name: {metric: 0.0, "wall_time_s": 10.0} for name in overrides}
+    text = verdict(comparison_table(tied, overrides, metric), metric, {})
+    assert "is best by" not in text and "the worst" not in text, text
+    assert f"s-01, s-02 and s-03 tie at {metric} = 0" in text and "s-01 (seed 0) is taken" in text, text
+    ahead = {**tied, "s-02": {metric: 0.5, "wall_time_s": 10.0}}
+    text = verdict(comparison_table(ahead, overrides, metric), metric, {})
+    assert text.startswith(f"s-02 (seed 1) is best by {metric} = 0.5"), text
+    assert "the worst, s-03 (seed 2), has 0" in text and "tie" not in text, text
+
+
 def test_verdict_says_which_run_reached_a_common_validation_loss_sooner():
     overrides = {"a": {"train.batching.micro_batch_size": 8}, "b": {"train.batching.micro_batch_size": 16}}
     summaries = {

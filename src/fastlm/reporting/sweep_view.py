@@ -412,9 +412,16 @@ def _runs_verdict(
     finite = table[table[metric].map(lambda value: value is not None and math.isfinite(float(value)))]
     if finite.empty:
         return f"No run of the sweep has a finite {metric}: every run diverged or was not evaluated."
-    best = finite.iloc[0]
-    parts = [f"{best['run']} ({describe(best)}) is best by {metric} = {float(best[metric]):.4g}"]
-    if len(finite) > 1:
+    best, value = finite.iloc[0], float(finite.iloc[0][metric])
+    tied = [str(run) for run in finite.loc[finite[metric].astype(float) == value, "run"]]
+    taken = f"{best['run']} ({describe(best)}) is taken, first in the sweep's order"
+    if len(tied) == len(finite) > 1:  # no run is better than another by the metric
+        parts = [f"{_joined(tied)} tie at {metric} = {value:.4g}: none is better by it ({taken})"]
+    elif len(tied) > 1:
+        parts = [f"{_joined(tied)} tie as best by {metric} = {value:.4g} ({taken})"]
+    else:
+        parts = [f"{best['run']} ({describe(best)}) is best by {metric} = {value:.4g}"]
+    if len(finite) > len(tied):
         last = finite.iloc[-1]
         parts.append(f"the worst, {last['run']} ({describe(last)}), has {float(last[metric]):.4g}")
     if len(finite) > 1 and FOLD not in table.columns:  # each fold validates on its own rows: no race
@@ -461,6 +468,11 @@ def _runs_verdict(
             "validation and test losses are plain"
         )
     return "; ".join(parts) + "."
+
+
+def _joined(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _sooner(finite: pd.DataFrame, evaluations: dict, histories: dict, describe) -> str | None:
