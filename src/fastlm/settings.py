@@ -14,6 +14,7 @@ from fastlm.hooks import (
     ParametersValidHook,
     ProjectFolderHook,
     RedactingMlflowHook,
+    ReportOfOneTrainingHook,
     RunNameHook,
     RunOutputsHook,
     RunTrackerHook,
@@ -39,6 +40,7 @@ HOOKS = (
     MlflowArtifactsHook(),
     TunedParametersHook(),
     OutputFoldersWritableHook(),
+    ReportOfOneTrainingHook(),
     ModelOfTheseSplitsHook(),  # before SplitCompleteHook: pluggy calls the later one first
     SplitCompleteHook(),
     MissingInputsHook(),

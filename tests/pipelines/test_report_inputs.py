@@ -211,3 +211,40 @@ def test_the_run_comparison_read_back_marks_this_run_whatever_its_run_id_looks_l
     read = dataset.load()
     assert read["run_id"].tolist() == written["run_id"].tolist()
     assert marked_run(read, summary) == marked_run(written, summary) == summary["training_id"]
+
+
+def test_a_report_slice_of_another_trainings_files_is_refused_before_any_node_runs(tmp_path):
+    """The same slice refused before any node runs (``hooks.inputs.ReportOfOneTrainingHook``): it was
+    refused at ``write_report``, its last node, after the slice's earlier nodes had rewritten their files
+    and an MLflow run was opened. A slice that makes those files itself, or files of the same training,
+    runs."""
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.pipeline import Pipeline
+
+    from fastlm.errors import StaleDataError
+    from fastlm.hooks.inputs import ReportOfOneTrainingHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+
+    history = pd.DataFrame({"step": [1, 2, 3], "loss": [3.0, 2.5, 2.0], "step_time_s": [0.1, 0.1, 0.1]})
+    old = {"steps": 3, "training_id": "a" * 32}
+    new = {"steps": 3, "training_id": "b" * 32}
+    _, _, diagnosis = summarize_training(old, history, pd.DataFrame())
+    catalog = DataCatalog(
+        {
+            "train_summary": MemoryDataset(new),
+            "bottleneck_diagnosis": MemoryDataset(diagnosis),
+            "test_metrics": MemoryDataset({"loss": 1.0, "training_id": new["training_id"]}),
+            "run_comparison": MemoryDataset(pd.DataFrame()),
+        }
+    )
+    report = create_pipeline()
+    nodes = ["evaluate_model", "generate_on_references", "collect_test_metrics", "write_report"]
+    hook = ReportOfOneTrainingHook()
+    with pytest.raises(StaleDataError, match="another training") as refused:
+        hook.before_pipeline_run({}, report.filter(node_names=nodes), catalog)
+    assert "summarize_training" in str(refused.value)
+    hook.before_pipeline_run({}, report, catalog)  # the whole report makes them again
+    hook.before_pipeline_run({}, report.filter(node_names=["plot_training"]), catalog)  # no report written
+    catalog["bottleneck_diagnosis"] = MemoryDataset(summarize_training(new, history, pd.DataFrame())[2])
+    hook.before_pipeline_run({}, report.filter(node_names=nodes), catalog)
+    assert isinstance(report, Pipeline)

@@ -15,7 +15,12 @@ from fastlm.hooks.conf import (
     TunedParametersHook,
     UnknownRuntimeParamsHook,
 )
-from fastlm.hooks.inputs import MissingInputsHook, ModelOfTheseSplitsHook, all_pipelines
+from fastlm.hooks.inputs import (
+    MissingInputsHook,
+    ModelOfTheseSplitsHook,
+    ReportOfOneTrainingHook,
+    all_pipelines,
+)
 from fastlm.hooks.mlflow_tracking import MlflowArtifactsHook, RedactingMlflowHook, pin_local_store
 from fastlm.hooks.run_outputs import RUN_NAME, OutputFoldersWritableHook, RunNameHook, RunOutputsHook
 from fastlm.hooks.split_complete import (
@@ -40,6 +45,7 @@ __all__ = [
     "ParametersValidHook",
     "ProjectFolderHook",
     "RedactingMlflowHook",
+    "ReportOfOneTrainingHook",
     "RunNameHook",
     "RunOutputsHook",
     "RunTrackerHook",

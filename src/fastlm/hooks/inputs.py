@@ -1,5 +1,6 @@
 """Hooks that refuse a run's inputs before any node runs: one missing (with the pipeline that makes it)
-or damaged, and a trained model evaluated on other splits than it was trained on."""
+or damaged, a trained model evaluated on other splits than it was trained on, and a report of files of
+several trainings."""
 
 from __future__ import annotations
 
@@ -110,3 +111,37 @@ class ModelOfTheseSplitsHook:
                 fix="train it again on these splits (`kedro run --pipeline=train`), or split again with the "
                 "settings it was trained on.",
             )
+
+
+# What the report (``write_report``) reads of one training, as its argument of
+# ``reporting.summaries.check_report_sources``: each written by a node of the report pipeline.
+_REPORT_SOURCES = {
+    "test_metrics": "test_metrics",
+    "bottleneck_diagnosis": "diagnosis",
+    "run_comparison": "runs",
+}
+
+
+class ReportOfOneTrainingHook:
+    """A run that writes the report but not all the files it reads of one training (``kedro run
+    --pipeline=report --nodes ...`` without ``summarize_training`` or ``compare_training_runs``) is refused
+    before any node runs when one of those it does not write again was written for another training than
+    ``train_summary.json``'s, as ``write_report`` would refuse it once the slice's other nodes had rewritten
+    their files and an MLflow run was opened."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        outputs = pipeline.all_outputs()
+        if "report_html" not in outputs or "train_summary" in outputs or "train_summary" not in catalog:
+            return
+        kept = [name for name in _REPORT_SOURCES if name not in outputs and name in catalog]
+        try:
+            if not kept or not catalog.exists("train_summary"):
+                return
+            summary = catalog.load("train_summary")
+            read = {_REPORT_SOURCES[name]: catalog.load(name) for name in kept if catalog.exists(name)}
+        except Exception:  # noqa: BLE001 - a damaged or missing file: MissingInputsHook and the nodes say so
+            return
+        from fastlm.reporting.summaries import check_report_sources
+
+        check_report_sources(summary, **read)

@@ -20,6 +20,7 @@ __all__ = [
     "TRAINING_ID",
     "after_warmup",
     "check_one_training",
+    "check_report_sources",
     "check_train_summary",
     "efficiency_summary",
     "numeric",
@@ -49,6 +50,26 @@ def check_one_training(summary: dict, *, training_id: str | None = None, history
             f"{summary.get('steps')} steps): a training finished while the report ran, or the report ran in "
             "part after another training.",
             fix="run `kedro run --pipeline=report` again, whole, when no training is writing its outputs.",
+        )
+
+
+def check_report_sources(
+    summary: dict, *, test_metrics: dict | None = None, diagnosis: dict | None = None, runs=None
+) -> None:
+    """Refuse (``check_one_training``) what the report reads of one training when it was written for another
+    than ``summary``'s: the test metrics, the diagnosis (beside the training and efficiency tables), the run
+    comparison's ``this run`` mark; one not given is not checked."""
+    if test_metrics is not None:
+        check_one_training(summary, training_id=test_metrics.get(TRAINING_ID), what="test metrics")
+    if diagnosis is not None:
+        check_one_training(
+            summary,
+            training_id=diagnosis.get(TRAINING_ID),
+            what="the training and efficiency tables and the diagnosis (summarize_training)",
+        )
+    if runs is not None:
+        check_one_training(
+            summary, training_id=marked_run(runs, summary), what="the run comparison (compare_training_runs)"
         )
 
 

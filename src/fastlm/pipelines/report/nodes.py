@@ -20,9 +20,9 @@ from fastlm.reporting.report_document import ReportInputs, build_document
 from fastlm.reporting.summaries import (
     TRAINING_ID,
     check_one_training,
+    check_report_sources,
     check_train_summary,
     efficiency_summary,
-    marked_run,
     training_summary,
 )
 from fastlm.tracking import RunTracker
@@ -300,15 +300,7 @@ def write_report(
     """One self-contained HTML report (plots embedded) and a Markdown summary; with a sweep section when
     ``sweep_results`` holds a sweep's results. Kedro passes each catalog input as its own argument; they
     travel on together as one ``ReportInputs``."""
-    check_one_training(summary, training_id=test_metrics.get(TRAINING_ID), what="test metrics")
-    check_one_training(
-        summary,
-        training_id=(diagnosis or {}).get(TRAINING_ID),
-        what="the training and efficiency tables and the diagnosis (summarize_training)",
-    )
-    check_one_training(
-        summary, training_id=marked_run(runs, summary), what="the run comparison (compare_training_runs)"
-    )
+    check_report_sources(summary, test_metrics=test_metrics, diagnosis=diagnosis, runs=runs)
     return build_document(
         ReportInputs(
             summary=summary,
