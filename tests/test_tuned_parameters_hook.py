@@ -2,13 +2,13 @@
 data the run's training reads (a run that splits first), without a KedroSession: the hook's calls in the
 order Kedro makes them, on a catalog of the conf's parameters."""
 
-import logging
 import shutil
 import tarfile
 from types import SimpleNamespace
 
 import yaml
 
+from tests.support.logs import module_log_lines
 from tests.support.project import copy_project
 
 TUNED = "conf/local/parameters_tuned.yml"
@@ -17,13 +17,7 @@ TUNED = "conf/local/parameters_tuned.yml"
 def _lines(monkeypatch) -> list[str]:
     import fastlm.hooks.conf as conf_hooks
 
-    lines: list[str] = []
-    logger = logging.Logger("tuned-hook")
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger.addHandler(handler)
-    monkeypatch.setattr(conf_hooks, "log", logger)
-    return lines
+    return module_log_lines(monkeypatch, conf_hooks)
 
 
 def _run(conf_source, project, fingerprint=None):

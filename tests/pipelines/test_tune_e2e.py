@@ -113,16 +113,10 @@ def test_tuned_settings_measured_on_another_split_are_not_applied(kedro_project,
     """Tune, then train: the tuned micro-batch and mode are applied and said. Re-split with another
     max_length, or a tuned file without the record of what it measured on (an older version's): train runs on
     conf/base's batching, with one warning naming what changed and the fix."""
-    import logging
-
     import fastlm.hooks.conf as conf_hooks
+    from tests.support.logs import module_log_lines
 
-    lines: list[str] = []
-    logger = logging.Logger("tuned-check")
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger.addHandler(handler)
-    monkeypatch.setattr(conf_hooks, "log", logger)
+    lines = module_log_lines(monkeypatch, conf_hooks)
 
     train = {key: value for key, value in TRAIN.items() if key != "batching"}  # batching from the files
     tune = {"max_micro_batch_size": 2, "modes": ["length_grouped"], "cliff_tolerance": 0.9}
