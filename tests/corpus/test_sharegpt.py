@@ -12,6 +12,8 @@ from fastlm.errors import InputDataError
 from tests.support.chat_templates import sharegpt_chat, tool_chat
 
 PARAMETER = "split.messages_column ('conversations')"
+ROLES = ("user", "assistant", "system", "tool")
+SAME = {"system": ["system"], "tool": ["tool"]}  # speakers read as the role of their own name
 CHATS = [
     [
         {"role": "system", "content": "상담원입니다."},
@@ -52,14 +54,8 @@ def test_every_speaker_of_the_mapping_and_a_chat_mixing_both_forms_read_alike(tm
     """``user`` / ``assistant`` are speakers too (axolotl's mapping, TRL's key renaming); a chat of both
     forms, turn by turn (TRL converts each turn alone), and Parquet's struct column filling the keys of the
     other form with nulls, read as the role/content chat."""
-    assert SHAREGPT_ROLES == {
-        "human": "user",
-        "user": "user",
-        "gpt": "assistant",
-        "assistant": "assistant",
-        "system": "system",
-        "tool": "tool",
-    }
+    speakers_read = {role: sorted(s for s, r in SHAREGPT_ROLES.items() if r == role) for role in ROLES}
+    assert speakers_read == {"user": ["human", "user"], "assistant": ["assistant", "gpt"], **SAME}
     chat = CHATS[0]
     speakers = [{"from": m["role"], "value": m["content"]} for m in chat]  # user / assistant / system
     keyed = [{"from": m["from"], "content": m["value"]} for m in sharegpt_chat(chat)]  # TRL keeps content
