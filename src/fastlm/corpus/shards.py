@@ -230,8 +230,9 @@ def shards_changed(path: str | Path, recorded: list[dict]) -> str | None:
     files = data_files(path) or []
     now = [str(file) for file in files]
     before = [str(shard.get("path")) for shard in recorded]
-    added = [name for name in now if name not in set(before)]
-    removed = [name for name in before if name not in set(now)]
+    listed, had = set(now), set(before)
+    added = [name for name in now if name not in had]
+    removed = [name for name in before if name not in listed]
     if added or removed:
         return "; ".join(
             part
