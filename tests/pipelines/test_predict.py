@@ -761,9 +761,22 @@ def test_a_prompt_model_given_neither_its_prompt_column_nor_text_names_the_promp
         _run(project, input="data/01_raw/questions.csv")
     found = find_user_error(caught.value)
     message = str(found)
-    assert isinstance(found, InputDataError) and "'dialogue' (predict.prompt_column)" in message, message
+    assert isinstance(found, InputDataError) and "'dialogue' (split.prompt_column" in message, message
+    assert "predict.prompt_column is unset" in message.split("Fix:")[0], message
     assert "\n" not in message and "predict.prompt_column=" in message.split("Fix:")[1]
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
+
+
+def test_a_chat_model_given_neither_its_messages_column_nor_text_names_split_messages_column(project):
+    """A chat model asked a file with neither its training's messages column nor ``text``, no column named:
+    the refusal named ``predict.messages_column``, which was never set (the column was the training's
+    ``split.messages_column``). It names the parameter that chose the column, and both fixes."""
+    _trained_on_chats(project)
+    pd.DataFrame({"question": ["Noah: hi"]}).to_csv(project / "data/01_raw/questions.csv", index=False)
+    message = _refusal(project, input="data/01_raw/questions.csv")
+    said, fix = message.split("Fix:")
+    assert "'messages' (split.messages_column" in said and "predict.messages_column is unset" in said, said
+    assert "predict.messages_column=" in fix and "'messages' column" in fix, fix
 
 
 def _chat_model(project):

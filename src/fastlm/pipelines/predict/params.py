@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE, check_chat_template_kwargs
-from fastlm.errors import ConfigError
+from fastlm.errors import ConfigError, InputDataError
 from fastlm.reporting.params import DecodingParams
 from fastlm.validation import parse_params
 
@@ -105,11 +105,11 @@ class PredictParams(DecodingParams):
         for plain text or where nothing says): a chat model's training messages column, else its ``text``
         column read as prompts (one user turn each, as ``predict.prompt_column``); a prompt/response
         model's training prompt column where the file has it, else its ``text`` column read as prompts (a
-        ``.txt`` file's lines, ``lines``, as they are; a table's with one warning), else the training's prompt
-        column (which ``input_rows`` refuses in one line); a model trained on pre-tokenized ids, its
-        training's ``split.ids_column`` where the file has it, else ``text``, continued; anything else's
-        ``text``, continued. A text column named for a prompt/response or chat model is continued as asked,
-        said in one warning."""
+        ``.txt`` file's lines, ``lines``, as they are; a table's with one warning); a model trained on
+        pre-tokenized ids, its training's ``split.ids_column`` where the file has it, else ``text``,
+        continued; anything else's ``text``, continued. A file with neither the training's column nor
+        ``text`` is refused in one line naming the split parameter that chose the column. A text column named
+        for a prompt/response or chat model is continued as asked, said in one warning."""
         kind = (trained or {}).get("kind")
         trained_column = (trained or {}).get("prompt_column") or "prompt"
         for name in ("prompt_column", "messages_column", "text_column"):
@@ -126,12 +126,16 @@ class PredictParams(DecodingParams):
                     )
                 return f"predict.{name}", getattr(self, name)
         if kind == "messages":
-            if trained["messages_column"] in columns or "text" not in columns:
+            if trained["messages_column"] in columns:
                 return MESSAGES, trained["messages_column"]
+            if "text" not in columns:
+                raise _no_trained_column(
+                    source, trained["messages_column"], ("split.messages_column", MESSAGES), columns
+                )
             how = ("split.messages_column", "each one user turn in its training's chat format")
             return self._text_as_prompts(trained["messages_column"], self._asked(how), lines, source)
         if kind == "pretokenized":
-            return "predict.text_column", self._id_column(trained, columns)
+            return "predict.text_column", self._id_column(trained, columns, source)
         if kind != "prompt_response":
             return "predict.text_column", "text"
         if trained_column in columns:
@@ -145,16 +149,18 @@ class PredictParams(DecodingParams):
         if "text" in columns:
             how = ("split.prompt_column", "wrapped by its training's prompt template")
             return self._text_as_prompts(trained_column, self._asked(how), lines, source)
-        return PROMPTS, trained_column
+        raise _no_trained_column(source, trained_column, ("split.prompt_column", PROMPTS), columns)
 
     @staticmethod
-    def _id_column(trained: dict, columns: list[str]) -> str:
+    def _id_column(trained: dict, columns: list[str], source: str) -> str:
         """The column of a model trained on pre-tokenized ids: its training's ``split.ids_column`` where the
         file has it (a file shaped like the training data), said in one line, else ``text`` (a .txt's
         lines); a file with neither is refused naming the training's column."""
         ids_column = trained.get("ids_column") or "ids"
         if ids_column not in columns and "text" in columns:
             return "text"
+        if ids_column not in columns:
+            raise _no_trained_column(source, ids_column, ("split.ids_column", "predict.text_column"), columns)
         if ids_column in columns:
             log.info(
                 "predict.text_column: %r, the column the model was trained on (split.ids_column): each row's "
@@ -239,3 +245,18 @@ class PredictParams(DecodingParams):
 
 def parse_predict_params(raw) -> PredictParams:
     return parse_params(PredictParams, raw, prefix="predict", source=SOURCE)
+
+
+def _no_trained_column(
+    source: str, column: str, parameters: tuple[str, str], columns: list[str]
+) -> InputDataError:
+    """The input lacks ``column``, the column the model was trained on, read since no column is named:
+    one line naming the parameter that chose the column (``parameters``: the training's split parameter,
+    and the predict parameter that names another), and both fixes."""
+    trained, parameter = parameters
+    return InputDataError(
+        f"{source} has no column {column!r} ({trained} of the model's training, read since {parameter} is "
+        f"unset) and no 'text' column; its columns are {columns}.",
+        fix=f"name another column with --params {parameter}=<one of them>, or give the file a {column!r} "
+        "column.",
+    )
