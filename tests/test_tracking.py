@@ -257,3 +257,32 @@ def test_a_report_run_again_adds_no_duplicate_test_metric_to_the_training_run(ac
     log_test_metrics(changed, training_run_id=training)
     history = {key: [m.value for m in client.get_metric_history(training, key)] for key in values}
     assert history == {"test_loss": [values["test_loss"], changed["test_loss"]], "test_accuracy": [0.25]}
+
+
+@pytest.mark.parametrize("one_at_a_time", [False, True])
+def test_a_parameter_mlflow_refuses_as_changed_is_named_in_the_warning(
+    active_run, monkeypatch, one_at_a_time
+):
+    """MLflow refuses a parameter whose value changed within a run, naming it as ``key='train.lr'`` (or
+    ``{'key': 'train.lr', ...}``): the secret masking took ``key`` for a secret's name, so the warning said
+    ``'key': '***'``, never which parameter conflicted. Keys are named; a value shaped like a secret is still
+    masked."""
+    import fastlm.tracking
+    from fastlm.redaction import install_log_redaction
+    from fastlm.tracking import SafeMlflow
+    from tests.support.logs import module_log_lines
+
+    install_log_redaction()  # as fastlm.settings does for every run
+    lines = module_log_lines(monkeypatch, fastlm.tracking)
+    first, second = "hf_" + "A" * 24, "hf_" + "B" * 24
+    mlflow.log_params({"train.lr": "0.1", "train.model.path": first})
+    changed = {"train.lr": "0.2", "train.model.path": second}
+    if one_at_a_time:
+        log = lambda mlflow: [mlflow.log_param(key, value) for key, value in changed.items()]  # noqa: E731
+    else:
+        log = lambda mlflow: mlflow.log_params(changed)  # noqa: E731
+    SafeMlflow().call("parameter logging", log)
+    assert len(lines) == 1, lines
+    named = ["train.lr"] if one_at_a_time else ["train.lr", "train.model.path"]
+    assert all(key in lines[0] for key in named) and "'***'" not in lines[0].split("train.lr")[0], lines
+    assert first not in lines[0] and second not in lines[0], lines

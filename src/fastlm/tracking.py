@@ -6,6 +6,7 @@ kedro-mlflow opened for the current ``kedro run``, or any active run.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
 import json
@@ -185,8 +186,45 @@ class SafeMlflow:
                 "MLflow %s failed (%s: %s); training and local outputs continue without tracking.",
                 what,
                 type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "",
+                changed_params_text(str(exc)) or (str(exc).splitlines()[0] if str(exc) else ""),
             )
+
+
+_CHANGED_PARAM = re.compile(
+    r"key='(?P<key>.*?)' was already logged with value='(?P<old>.*?)' for run ID='[^']*'\. "
+    r"Attempted logging new value '(?P<new>.*)'\.?$",
+    re.DOTALL,
+)
+_CHANGED_PARAMS = re.compile(r"logged='(?P<list>\[.*\])' for run ID='[^']*'", re.DOTALL)
+_NAMED_KEY = re.compile(r"""key(?:=|['"]:\s*)['"](?P<key>[^'"]+)['"]""")
+
+
+def changed_params_text(message: str) -> str | None:
+    """MLflow's refusal of parameters whose value changed within a run (``Changing param values is not
+    allowed``), as one line naming each parameter with its logged and refused values (a secret's masked);
+    None for any other message. MLflow names them as ``key='train.lr'``, which the secret masking reads as a
+    secret named ``key``: the warning said ``'key': '***'``, never which parameter it was."""
+    if not message.startswith("Changing param values is not allowed"):
+        return None
+    changes: list[tuple[str, str, str]] = []
+    single, several = _CHANGED_PARAM.search(message), _CHANGED_PARAMS.search(message)
+    if single is not None:
+        changes = [(single.group("key"), single.group("old"), single.group("new"))]
+    elif several is not None:
+        with contextlib.suppress(ValueError, SyntaxError):
+            changes = [
+                (str(item["key"]), str(item["old_value"]), str(item["new_value"]))
+                for item in ast.literal_eval(several.group("list"))
+            ]
+    if changes:
+        named = [
+            f"{key} (logged {redact(old, key)}, refused {redact(new, key)})" for key, old, new in changes
+        ]
+    else:
+        named = _NAMED_KEY.findall(message) or ["(unnamed)"]
+    return (
+        f"a parameter's value changed within the run, which MLflow refuses; parameter(s) {', '.join(named)}"
+    )
 
 
 @dataclass(frozen=True)
