@@ -9,6 +9,7 @@ from kedro.utils import load_obj
 
 from fastlm.cli import selection_error
 from fastlm.errors import ConfigError
+from tests.support.project import cli_refusal
 
 
 @pytest.fixture(autouse=True)
@@ -82,3 +83,36 @@ def test_an_unknown_tag_is_one_line_naming_it_and_the_tags_there_are():
     assert isinstance(error, ConfigError) and "\n" not in str(error)
     assert "--tags reprot" in str(error) and "did you mean report?" in str(error)
     assert "--pipeline=split" not in str(error)
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "accepted"),
+    [
+        (["--runner", "ThreadRunner", "--runner-params", "max_workers=0"], "max_workers=0", "max_workers"),
+        (
+            ["--runner", "ParallelRunner", "--runner-params", "max_workers=two"],
+            "max_workers=two",
+            "max_workers",
+        ),
+        (["--runner-params", "max_workers=2"], "max_workers", "is_async"),
+        (["--runner", "ThreadRunner", "--runner-params", "workers=2"], "workers", "max_workers"),
+        (["--runner-params", "is_async=maybe"], "is_async=maybe", "is_async"),
+    ],
+    ids=[
+        "zero_workers",
+        "workers_not_a_number",
+        "sequential_has_no_workers",
+        "unknown_name",
+        "async_not_bool",
+    ],
+)
+def test_bad_runner_params_are_one_line_naming_the_option_and_what_the_runner_accepts(
+    kedro_project, args, named, accepted
+):
+    """``--runner-params max_workers=0`` (a name the runner does not take, a value it cannot use) ended in
+    Kedro's traceback, status 1. One line naming ``--runner-params``, the value and what the runner accepts,
+    status 2, nothing written."""
+    last = cli_refusal(kedro_project, "--pipeline=report", *args)
+    said, fix = last.split("Fix:")
+    assert "--runner-params" in said and named in said, last
+    assert accepted in fix, last

@@ -40,6 +40,7 @@ def _run(**kwargs):
     try:
         kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
         check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
+        check_runner_params(kwargs.get("runner"), kwargs.get("runner_params"))
         return kedro_run.callback(**kwargs)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step with its own line)
         logging.shutdown()
@@ -162,6 +163,55 @@ def _no_env_folder(env: str, conf: Path, given: str) -> ConfigError:
     use = f"set KEDRO_ENV to one of: {names}, or unset it" if variable else f"use one of: {names}"
     hint = f" (did you mean {close[0]}?)" if close else ""
     return ConfigError(f"{given}: there is no {folder} folder{hint}.", fix=f"{use}, or create {folder}.")
+
+
+_RUNNER_PARAMS = {
+    "max_workers": "max_workers=<a whole number, 1 or more>",
+    "is_async": "is_async=true|false",
+}
+
+
+def check_runner_params(runner: str | None, given: dict | None) -> None:
+    """``--runner-params`` must name parameters the runner takes (``is_async``; ``max_workers`` too for
+    ThreadRunner and ParallelRunner) with values it can use: Kedro passes them to the runner as they are,
+    which raised a traceback for an unknown name or ``max_workers=0`` and took ``is_async=maybe`` as true. An
+    unknown ``--runner`` is left to Kedro (``selection_error`` says it in one line)."""
+    if not given:
+        return
+    import inspect
+
+    from kedro.utils import load_obj
+
+    try:
+        runner_class = load_obj(runner or "SequentialRunner", "kedro.runner")
+        accepted = [name for name in inspect.signature(runner_class.__init__).parameters if name != "self"]
+    except (AttributeError, ImportError, TypeError, ValueError):
+        return
+    name = runner_class.__name__
+    takes = ", ".join(_RUNNER_PARAMS.get(param, param) for param in accepted)
+    fix = f"--runner-params takes {takes} for {name}"
+    unknown = [str(key) for key in given if key not in accepted]
+    if unknown:
+        workers = (
+            " (max_workers is for --runner ThreadRunner or ParallelRunner)"
+            if "max_workers" in unknown
+            else ""
+        )
+        raise ConfigError(
+            f"--runner-params {', '.join(unknown)}: {name} takes no parameter of that name{workers}.",
+            fix=f"{fix}; or drop --runner-params.",
+        )
+    workers = given.get("max_workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(
+            f"--runner-params max_workers={workers}: {name} needs a whole number of workers, 1 or more.",
+            fix=f"{fix}; or leave max_workers out (the runner's default).",
+        )
+    if "is_async" in given and not isinstance(given["is_async"], bool):
+        raise ConfigError(
+            f"--runner-params is_async={given['is_async']}: is_async is true or false.",
+            fix=f"{fix}.",
+        )
 
 
 def config_file_error(exc: Exception) -> FastlmError | None:

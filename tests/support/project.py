@@ -124,3 +124,32 @@ def catalog_dataset(name: str, filepath: Path):
 
     catalog = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text(encoding="utf-8"))
     return AbstractDataset.from_config(name, {**catalog[name], "filepath": str(filepath)})
+
+
+def kedro_cli(project: Path, *args: str):
+    """``kedro run *args`` in a fresh process in ``project`` (the refusals of the CLI end the process: they
+    are never driven in-process). Returns the CompletedProcess."""
+    import subprocess
+
+    env = {**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "kedro", "run", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def cli_refusal(project: Path, *args: str) -> str:
+    """The one ``fastlm: error:`` line ``kedro run *args`` ends with, checked to exit 2 without a traceback
+    and to leave every file under ``project``/data as it was."""
+    before = {path: path.read_bytes() for path in (project / "data").rglob("*") if path.is_file()}
+    done = kedro_cli(project, *args)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastlm: error:") and "Fix:" in last, last
+    assert {path: path.read_bytes() for path in (project / "data").rglob("*") if path.is_file()} == before
+    return last
