@@ -4,6 +4,7 @@ match and the names there are (was: Kedro's ValueError / AttributeError tracebac
 from __future__ import annotations
 
 import pytest
+import yaml
 from kedro.framework.project import configure_project, pipelines
 from kedro.utils import load_obj
 
@@ -116,3 +117,32 @@ def test_bad_runner_params_are_one_line_naming_the_option_and_what_the_runner_ac
     said, fix = last.split("Fix:")
     assert "--runner-params" in said and named in said, last
     assert accepted in fix, last
+
+
+VERSION = "2024-01-01T00.00.00.000Z"
+
+
+@pytest.mark.parametrize("versioned", [False, True], ids=["none_versioned", "one_versioned"])
+def test_load_versions_of_a_dataset_that_is_not_versioned_is_refused_naming_it(kedro_project, versioned):
+    """``--load-versions split_report:<version>`` on a dataset without ``versioned: true``: Kedro ignored
+    it, the run read the latest data, not the version asked, without a word. Refused in one line naming the
+    dataset, that it is not versioned and the datasets that are (if any); status 2, nothing written."""
+    if versioned:  # a versioned entry no node uses: named as the one that can be given a version
+        notes = {
+            "notes": {
+                "type": "text.TextDataset",
+                "filepath": "data/08_reporting/notes.txt",
+                "versioned": True,
+            }
+        }
+        (kedro_project / "conf/local/catalog.yml").write_text(yaml.safe_dump(notes), encoding="utf-8")
+    last = cli_refusal(kedro_project, "--pipeline=split", "--load-versions", f"split_report:{VERSION}")
+    said, fix = last.split("Fix:")
+    assert "--load-versions split_report" in said and "not versioned" in said, last
+    assert ("notes" in fix) == versioned and ("no dataset" in fix) != versioned, last
+
+
+def test_load_versions_of_an_unknown_dataset_is_one_line_with_the_close_match(kedro_project):
+    """An unknown name: Kedro's DatasetNotFoundError traceback, status 1. One line, with the close match."""
+    last = cli_refusal(kedro_project, "--pipeline=split", "--load-versions", f"split_reprot:{VERSION}")
+    assert "--load-versions split_reprot" in last and "did you mean split_report?" in last, last

@@ -277,10 +277,12 @@ def selection_error(exc: Exception, options: dict) -> FastlmError | None:
     """Kedro's errors about what ``kedro run`` selects (``options``: its keyword arguments), as one line: an
     unknown or empty pipeline, a ``--tags`` tag no node has, a node (``--nodes``, ``--from-nodes``,
     ``--to-nodes``), dataset (``--from-inputs``, ``--to-outputs``) or namespace that the pipeline does not
-    hold, an unknown ``--runner``; each with the close match and the names there are. None for any other
-    error."""
+    hold, a ``--load-versions`` dataset the catalog does not hold, an unknown ``--runner``; each with the
+    close match and the names there are. None for any other error."""
     names = options.get("pipelines") or []
     message = str(exc)
+    if message.startswith("'load_versions' keys") and options.get("load_versions"):
+        return _load_versions_error(options)
     if isinstance(exc, ValueError) and "Pipeline contains no nodes" in message and options.get("tags"):
         tags = _selected_names(names, _node_tags)
         tag_error = _unknown_option_names(options, {"--tags": "tags"}, tags, "tag")
@@ -314,6 +316,23 @@ def selection_error(exc: Exception, options: dict) -> FastlmError | None:
             fix=f"select nodes with --tags (one of: {', '.join(tags)}) or --nodes, or drop --namespaces.",
         )
     return None
+
+
+def _load_versions_error(options: dict) -> FastlmError | None:
+    """Kedro's DatasetNotFoundError for a ``--load-versions`` name the catalog does not hold, as one line with
+    the close match and the versioned datasets (the run's catalog.yml, read again here)."""
+    from kedro.framework.project import settings
+
+    from fastlm.hooks import load_versions_error
+
+    conf_source = options.get("conf_source") or str(Path.cwd() / settings.CONF_SOURCE)
+    env = options.get("env") or os.environ.get("KEDRO_ENV") or None
+    try:
+        loader = settings.CONFIG_LOADER_CLASS(conf_source=conf_source, env=env, **settings.CONFIG_LOADER_ARGS)
+        conf_catalog = loader["catalog"]
+    except Exception:  # noqa: BLE001 - a catalog that cannot be read again: Kedro's own error stands
+        return None
+    return load_versions_error(options["load_versions"], conf_catalog)
 
 
 def _node_tags(pipeline) -> list[str]:

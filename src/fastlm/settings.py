@@ -7,6 +7,7 @@ from kedro.config import OmegaConfigLoader
 from fastlm import apply_process_defaults
 from fastlm.hooks import (
     DatasetPathsHook,
+    LoadVersionsHook,
     MissingInputsHook,
     MlflowArtifactsHook,
     ModelOfTheseSplitsHook,
@@ -46,6 +47,7 @@ HOOKS = (
     MissingInputsHook(),
     ParametersValidHook(),
     UnknownRuntimeParamsHook(),
+    LoadVersionsHook(),
     DatasetPathsHook(),
     RunTrackerHook(),
     RunNameHook(),
@@ -56,6 +58,7 @@ if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing a
         OtherRankOutputsHook(),
         MissingInputsHook(),
         ParametersValidHook(),
+        LoadVersionsHook(),
         DatasetPathsHook(),
         RunTrackerHook(),
         RunNameHook(),

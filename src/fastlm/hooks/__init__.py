@@ -4,11 +4,19 @@
 * ``inputs``: inputs missing or damaged, a model evaluated on other splits than it trained on;
 * ``split_complete``: the split's outputs used together or not at all, the raw file they were made from;
 * ``run_outputs``: the run's name, its output folders writable, a copy of its outputs kept per run;
-* ``catalog``: the entries handed to the nodes (``dataset_paths``, ``run_tracker``);
+* ``catalog``: the entries handed to the nodes (``dataset_paths``, ``run_tracker``), ``--load-versions`` of
+  versioned datasets only;
 * ``mlflow_tracking``: kedro-mlflow's hook with secrets masked and failing open, artifacts logged.
 """
 
-from fastlm.hooks.catalog import DATASET_PATHS, RUN_TRACKER, DatasetPathsHook, RunTrackerHook
+from fastlm.hooks.catalog import (
+    DATASET_PATHS,
+    RUN_TRACKER,
+    DatasetPathsHook,
+    LoadVersionsHook,
+    RunTrackerHook,
+    load_versions_error,
+)
 from fastlm.hooks.conf import (
     ParametersValidHook,
     ProjectFolderHook,
@@ -38,6 +46,7 @@ __all__ = [
     "RUN_TRACKER",
     "SPLIT_COMPLETE",
     "DatasetPathsHook",
+    "LoadVersionsHook",
     "MissingInputsHook",
     "MlflowArtifactsHook",
     "ModelOfTheseSplitsHook",
@@ -54,6 +63,7 @@ __all__ = [
     "UnknownRuntimeParamsHook",
     "all_pipelines",
     "check_raw_unchanged",
+    "load_versions_error",
     "pin_local_store",
     "raw_record",
 ]

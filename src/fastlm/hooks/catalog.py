@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
+from fastlm.errors import ConfigError
 from fastlm.tracking import RunTracker
 
 
@@ -63,3 +65,61 @@ class RunTrackerHook:
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         if RUN_TRACKER in pipeline.inputs():
             put(catalog, RUN_TRACKER, RunTracker())
+
+
+def versioned_datasets(conf_catalog: dict) -> list[str]:
+    """The catalog entries (``conf_catalog``: catalog.yml's, merged) with ``versioned: true``."""
+    return sorted(
+        str(name)
+        for name, entry in conf_catalog.items()
+        if not str(name).startswith("_") and isinstance(entry, dict) and entry.get("versioned")
+    )
+
+
+def load_versions_error(load_versions: dict, conf_catalog: dict, resolve=None) -> ConfigError | None:
+    """``--load-versions`` naming a dataset the catalog does not hold, or one that is not versioned (Kedro
+    ignores its version: the run would read the latest data, not the one asked), as one line with the
+    datasets that are versioned; None when every name is a versioned dataset. ``resolve``: a name's entry
+    from the catalog's dataset patterns (``{name: ...}`` factories), None for none."""
+    versioned = versioned_datasets(conf_catalog)
+    known = sorted(str(name) for name in conf_catalog if not str(name).startswith("_"))
+    use = (
+        f"give --load-versions one of the versioned datasets: {', '.join(versioned)}"
+        if versioned
+        else (
+            "drop --load-versions: no dataset of this catalog is versioned (each keeps one copy, its latest)"
+        )
+    )
+    for name in load_versions:
+        entry = conf_catalog.get(name)
+        if entry is None and resolve is not None:
+            entry = resolve(name) or None
+        if entry is None:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return ConfigError(
+                f"--load-versions {name}: no dataset of that name in the catalog{hint}.", fix=f"{use}."
+            )
+        if not (isinstance(entry, dict) and entry.get("versioned")):
+            return ConfigError(
+                f"--load-versions {name}: {name} is not versioned (no versioned: true in its catalog entry), "
+                "so the run would read its latest data, not the version asked.",
+                fix=f"{use}.",
+            )
+    return None
+
+
+class LoadVersionsHook:
+    """Refuse ``--load-versions`` of a dataset that is not versioned before anything runs: Kedro ignores the
+    version of such a dataset, so the run read its latest data, not the version asked, without a word. (An
+    unknown name is Kedro's DatasetNotFoundError, said in one line by ``fastlm.cli.selection_error``.)"""
+
+    @hook_impl
+    def after_catalog_created(self, catalog, conf_catalog: dict, load_versions: dict) -> None:
+        if not load_versions:
+            return
+        resolver = getattr(catalog, "config_resolver", None)
+        resolve = getattr(resolver, "resolve_pattern", None) if resolver is not None else None
+        error = load_versions_error(load_versions, conf_catalog or {}, resolve)
+        if error is not None:
+            raise error
