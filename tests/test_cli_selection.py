@@ -146,3 +146,13 @@ def test_load_versions_of_an_unknown_dataset_is_one_line_with_the_close_match(ke
     """An unknown name: Kedro's DatasetNotFoundError traceback, status 1. One line, with the close match."""
     last = cli_refusal(kedro_project, "--pipeline=split", "--load-versions", f"split_reprot:{VERSION}")
     assert "--load-versions split_reprot" in last and "did you mean split_report?" in last, last
+
+
+def test_an_unknown_to_outputs_name_lists_only_the_datasets_nodes_output(kedro_project):
+    """``--to-outputs`` with a name the pipeline does not output: the names there are listed every dataset,
+    ``params:*`` entries and inputs no node writes among them. Only what the pipeline's nodes output."""
+    report = register_pipelines()["report"]
+    last = cli_refusal(kedro_project, "--pipeline=report", "--to-outputs", "loss_plt")
+    listed = last.split("use one of:")[1].strip().rstrip(".").split(", ")
+    assert sorted(listed) == sorted(report.all_outputs()), last
+    assert "--to-outputs loss_plt" in last and "did you mean loss_plot?" in last, last

@@ -304,8 +304,12 @@ def selection_error(exc: Exception, options: dict) -> FastlmError | None:
         return _unknown_option_names(options, given, known, "node")
     if message.startswith("Pipeline does not contain datasets named"):
         known = _selected_names(names, lambda pipeline: sorted(pipeline.datasets()))
-        given = {"--from-inputs": "from_inputs", "--to-outputs": "to_outputs"}
-        return _unknown_option_names(options, given, known, "dataset")
+        inputs_error = _unknown_option_names(options, {"--from-inputs": "from_inputs"}, known, "dataset")
+        # --to-outputs: what a node outputs (not params:*, nor an input no node writes)
+        outputs = _selected_names(names, lambda pipeline: sorted(pipeline.all_outputs()))
+        return inputs_error or _unknown_option_names(
+            options, {"--to-outputs": "to_outputs"}, outputs, "dataset output"
+        )
     if message.startswith("Pipeline does not contain nodes with the following namespaces"):
         tags = _selected_names(names, _node_tags)
         given = [str(name) for name in options.get("namespaces") or []]
