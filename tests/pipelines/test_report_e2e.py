@@ -69,7 +69,10 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
 
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 4 and "http://" not in html and "https://" not in html
-    assert "Bottleneck diagnosis" in (out / "report.md").read_text()
+    markdown = (out / "report.md").read_text()
+    assert "Bottleneck diagnosis" in markdown
+    curves = ("loss", "throughput", "learning_rate", "memory")
+    assert all(f"](plots/{name}.png)" in markdown for name in curves), markdown
     assert "ROUGE" not in html and "test_rouge1" not in runs.columns
     before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
     with pytest.raises(Exception) as raised:  # a bad report parameter: one line before any node writes

@@ -248,3 +248,60 @@ def test_a_report_slice_of_another_trainings_files_is_refused_before_any_node_ru
     catalog["bottleneck_diagnosis"] = MemoryDataset(summarize_training(new, history, pd.DataFrame())[2])
     hook.before_pipeline_run({}, report.filter(node_names=nodes), catalog)
     assert isinstance(report, Pipeline)
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [None, ["write_report"], ["summarize_training", "write_report"]],
+    ids=["whole_report", "write_report_alone", "without_plot_training"],
+)
+def test_report_md_links_only_the_plots_drawn_in_its_run(nodes, tmp_path, monkeypatch):
+    """``kedro run --pipeline=report --nodes <a slice without plot_training>``: report.md linked the
+    ``plots/*.png`` files left by an earlier report, another training's curves beside this one's tables,
+    while report.html drew this training's. report.md links the plots of its run's ``plot_training`` (at their
+    catalog paths) and, without it, none, saying so; report.html draws them either way."""
+    import re
+    from pathlib import Path
+
+    import yaml
+    from kedro.io import DataCatalog
+
+    from fastlm.hooks import DatasetPathsHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+    from tests.support.project import PROJECT_ROOT
+    from tests.support.reporting import SUMMARY, make_history
+
+    monkeypatch.chdir(tmp_path)
+    conf = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text(encoding="utf-8"))
+    catalog = DataCatalog.from_config({name: entry for name, entry in conf.items() if name != "raw_corpus"})
+    report = create_pipeline()
+    run = report if nodes is None else report.filter(node_names=nodes)
+    DatasetPathsHook().before_pipeline_run({}, run, catalog)
+    history = make_history(6)
+    summary = {**SUMMARY, "steps": int(history["step"].max()), "training_id": "c" * 32}
+    training, efficiency, diagnosis = summarize_training(summary, history, pd.DataFrame())
+    given = {
+        "train_summary": summary,
+        "train_history": history,
+        "eval_history": pd.DataFrame(),
+        "training_summary": training,
+        "efficiency_summary": efficiency,
+        "bottleneck_diagnosis": diagnosis,
+        "test_metrics": {"loss": 1.0, "training_id": summary["training_id"]},
+        "split_report": {},
+        "sweep_results": None,
+        "dataset_paths": catalog.load("dataset_paths") if "dataset_paths" in run.inputs() else None,
+    }
+    node = next(node for node in report.nodes if node.name == "write_report")
+    written = node.run({name: given.get(name, pd.DataFrame()) for name in node.inputs})
+    html, markdown = written["report_html"], written["report_markdown"]
+    folder = Path(conf["report_markdown"]["filepath"]).parent
+    drawn = {
+        Path(conf["{name}_plot"]["filepath"].format(name=output.removesuffix("_plot"))).relative_to(folder)
+        for output in run.all_outputs()
+        if output.endswith("_plot")
+    }
+    assert {Path(link) for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)} == drawn, markdown
+    assert bool(drawn) == ("plot_training" in {node.name for node in run.nodes})
+    assert ("plot_training was not run" in markdown) != bool(drawn), markdown
+    assert html.count("data:image/png;base64,") == 4

@@ -72,8 +72,10 @@ class Section:
     table: pd.DataFrame | None = None
     figures: dict[str, Figure | bytes] = field(default_factory=dict)
     items: list[str] = field(default_factory=list)
-    # where the Markdown finds each figure, relative to it (the pipeline's plot files); else figure_filename
-    figure_files: dict[str, str] = field(default_factory=dict)
+    # where the Markdown finds each figure, relative to it (the pipeline's plot files); else figure_filename;
+    # None: no file of it was written for this report, the Markdown shows markdown_note instead of a link
+    figure_files: dict[str, str | None] = field(default_factory=dict)
+    markdown_note: str = ""
 
 
 def figure_to_base64_png(fig: Figure | bytes) -> str:
@@ -267,7 +269,9 @@ def markdown_table(table: pd.DataFrame) -> str:
 
 
 def render_markdown(*, title: str, subtitle: str, sections: Iterable[Section]) -> str:
-    """The report as Markdown; figures are ``![name](figure_filename(name))`` references."""
+    """The report as Markdown; figures are ``![name](FILE)`` references (``figure_files``' file, else
+    ``figure_filename(name)``; none for a figure whose file is None, the section's ``markdown_note`` said
+    instead)."""
     blocks = [f"# {title}"]
     if subtitle:
         blocks.append(f"_{subtitle}_")
@@ -280,7 +284,11 @@ def render_markdown(*, title: str, subtitle: str, sections: Iterable[Section]) -
             blocks.append("\n".join(f"- {' '.join(str(i).split())}" for i in section.items))
         if section.table is not None:
             blocks.append(markdown_table(section.table).rstrip("\n"))
+        if section.markdown_note:
+            blocks.append(section.markdown_note)
         for name in section.figures:
             label = str(name).replace("[", "(").replace("]", ")")
-            blocks.append(f"![{label}]({section.figure_files.get(name) or figure_filename(name)})")
+            file = section.figure_files.get(name, figure_filename(name))
+            if file is not None:
+                blocks.append(f"![{label}]({file})")
     return "\n\n".join(blocks) + "\n"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -71,6 +73,31 @@ CURVE_FILES = {
     "learning rate": "plots/learning_rate.png",
     "peak memory": "plots/memory.png",
 }
+CURVE_DATASETS = {
+    "loss": "loss_plot",
+    "throughput": "throughput_plot",
+    "learning rate": "learning_rate_plot",
+    "peak memory": "memory_plot",
+}
+NOT_PLOTTED = (
+    "The curves above are drawn in report.html: plot_training was not run with this report, so no plot file "
+    "of this training was written for report.md to link (the plots/ folder may hold another training's)."
+)
+
+
+def curve_files(paths: dict | None) -> dict[str, str | None]:
+    """Where report.md finds each curve: the plot files written by this run's ``plot_training``, relative to
+    report.md (``paths``: ``dataset_paths``, the run's file datasets), None for a curve not drawn in this run
+    (a report slice without ``plot_training``: the file there, if any, is an earlier report's, perhaps of
+    another training). Without ``paths`` (no catalog, or report.md not a local file): ``CURVE_FILES``."""
+    markdown = (paths or {}).get("report_markdown")
+    if markdown is None:
+        return dict(CURVE_FILES)
+    folder = os.path.dirname(markdown)
+    return {
+        label: Path(os.path.relpath(paths[name], folder)).as_posix() if name in paths else None
+        for label, name in CURVE_DATASETS.items()
+    }
 
 
 def run_lines(summary: dict, split_report: dict | None) -> list[str]:
@@ -275,6 +302,7 @@ class ReportInputs:
     predictions: pd.DataFrame | None = None
     split_report: dict | None = None
     sweep: dict | None = None
+    paths: dict | None = None  # dataset_paths: where report.md finds this run's plot files
 
 
 def build_sections(inputs: ReportInputs) -> list[Section]:
@@ -305,6 +333,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
     )
     shown = {name: value for name, value in test_metrics.items() if name != TRAINING_ID}
     evaluation = pd.DataFrame({"metric": list(shown), "value": list(shown.values())})
+    files = curve_files(inputs.paths)
     return [
         Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
         Section(
@@ -319,7 +348,8 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
                 "learning rate": plots.learning_rate_figure(history),
                 "peak memory": plots.memory_figure(history),
             },
-            figure_files=CURVE_FILES,
+            figure_files=files,
+            markdown_note=NOT_PLOTTED if any(file is None for file in files.values()) else "",
         ),
         Section("Test split evaluation", table=evaluation),
         Section("Throughput: training and evaluation", table=speeds),

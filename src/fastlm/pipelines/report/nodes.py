@@ -296,10 +296,12 @@ def write_report(
     runs: pd.DataFrame,
     split_report: dict | None = None,
     sweep: dict | None = None,
+    paths: dict | None = None,
 ) -> tuple[str, str]:
     """One self-contained HTML report (plots embedded) and a Markdown summary; with a sweep section when
-    ``sweep_results`` holds a sweep's results. Kedro passes each catalog input as its own argument; they
-    travel on together as one ``ReportInputs``."""
+    ``sweep_results`` holds a sweep's results. The Markdown links the plot files this run's ``plot_training``
+    wrote (``paths``: ``dataset_paths``), none without it. Kedro passes each catalog input as its own
+    argument; they travel on together as one ``ReportInputs``."""
     check_report_sources(summary, test_metrics=test_metrics, diagnosis=diagnosis, runs=runs)
     return build_document(
         ReportInputs(
@@ -317,5 +319,6 @@ def write_report(
             runs=runs,
             split_report=split_report,
             sweep=sweep,
+            paths=paths,
         )
     )

@@ -76,6 +76,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                     "run_comparison",
                     "split_report",
                     "sweep_results",
+                    "dataset_paths",
                 ],
                 ["report_html", "report_markdown"],
                 name="write_report",
