@@ -4,12 +4,12 @@ match and the names there are (was: Kedro's ValueError / AttributeError tracebac
 from __future__ import annotations
 
 import pytest
-import yaml
 from kedro.framework.project import configure_project, pipelines
 from kedro.utils import load_obj
 
-from fastlm.cli import selection_error
+from fastlm.cli import check_runner_params, selection_error
 from fastlm.errors import ConfigError
+from fastlm.hooks import load_versions_error
 from tests.support.project import cli_refusal
 
 
@@ -87,65 +87,69 @@ def test_an_unknown_tag_is_one_line_naming_it_and_the_tags_there_are():
 
 
 @pytest.mark.parametrize(
-    ("args", "named", "accepted"),
+    ("runner", "given", "named", "accepted"),
     [
-        (["--runner", "ThreadRunner", "--runner-params", "max_workers=0"], "max_workers=0", "max_workers"),
-        (
-            ["--runner", "ParallelRunner", "--runner-params", "max_workers=two"],
-            "max_workers=two",
-            "max_workers",
-        ),
-        (["--runner-params", "max_workers=2"], "max_workers", "is_async"),
-        (["--runner", "ThreadRunner", "--runner-params", "workers=2"], "workers", "max_workers"),
-        (["--runner-params", "is_async=maybe"], "is_async=maybe", "is_async"),
+        ("ParallelRunner", {"max_workers": "two"}, "max_workers=two", "max_workers"),
+        (None, {"max_workers": 2}, "max_workers", "is_async"),
+        ("ThreadRunner", {"workers": 2}, "workers", "max_workers"),
+        (None, {"is_async": "maybe"}, "is_async=maybe", "is_async"),
     ],
-    ids=[
-        "zero_workers",
-        "workers_not_a_number",
-        "sequential_has_no_workers",
-        "unknown_name",
-        "async_not_bool",
-    ],
+    ids=["workers_not_a_number", "sequential_has_no_workers", "unknown_name", "async_not_bool"],
 )
 def test_bad_runner_params_are_one_line_naming_the_option_and_what_the_runner_accepts(
-    kedro_project, args, named, accepted
+    runner, given, named, accepted
 ):
-    """``--runner-params max_workers=0`` (a name the runner does not take, a value it cannot use) ended in
-    Kedro's traceback, status 1. One line naming ``--runner-params``, the value and what the runner accepts,
-    status 2, nothing written."""
-    last = cli_refusal(kedro_project, "--pipeline=report", *args)
+    """``--runner-params`` (as Kedro parses them) naming what the runner does not take, or a value it cannot
+    use: Kedro's traceback, status 1, or ``is_async=maybe`` taken as true. One line naming
+    ``--runner-params``, the value and what the runner accepts."""
+    with pytest.raises(ConfigError) as raised:
+        check_runner_params(runner, given)
+    said, fix = str(raised.value).split("Fix:")
+    assert "\n" not in said and "--runner-params" in said and named in said, said
+    assert accepted in fix, fix
+
+
+def test_bad_runner_params_on_the_command_line_are_one_line_and_status_2(kedro_project):
+    """``kedro run --runner ThreadRunner --runner-params max_workers=0``: one line, status 2 (``cli_refusal``
+    asserts both and that nothing was written), naming the option and what the runner accepts."""
+    last = cli_refusal(
+        kedro_project, "--pipeline=report", "--runner", "ThreadRunner", "--runner-params", "max_workers=0"
+    )
     said, fix = last.split("Fix:")
-    assert "--runner-params" in said and named in said, last
-    assert accepted in fix, last
+    assert "--runner-params" in said and "max_workers=0" in said, last
+    assert "max_workers" in fix, last
 
 
 VERSION = "2024-01-01T00.00.00.000Z"
+NOTES = {"type": "text.TextDataset", "filepath": "data/08_reporting/notes.txt", "versioned": True}
 
 
 @pytest.mark.parametrize("versioned", [False, True], ids=["none_versioned", "one_versioned"])
-def test_load_versions_of_a_dataset_that_is_not_versioned_is_refused_naming_it(kedro_project, versioned):
+def test_load_versions_of_a_dataset_that_is_not_versioned_is_refused_naming_it(versioned):
     """``--load-versions split_report:<version>`` on a dataset without ``versioned: true``: Kedro ignored
     it, the run read the latest data, not the version asked, without a word. Refused in one line naming the
-    dataset, that it is not versioned and the datasets that are (if any); status 2, nothing written."""
+    dataset, that it is not versioned and the datasets that are (if any)."""
+    catalog = {"split_report": {"type": "json.JSONDataset", "filepath": "data/08_reporting/split.json"}}
     if versioned:  # a versioned entry no node uses: named as the one that can be given a version
-        notes = {
-            "notes": {
-                "type": "text.TextDataset",
-                "filepath": "data/08_reporting/notes.txt",
-                "versioned": True,
-            }
-        }
-        (kedro_project / "conf/local/catalog.yml").write_text(yaml.safe_dump(notes), encoding="utf-8")
-    last = cli_refusal(kedro_project, "--pipeline=split", "--load-versions", f"split_report:{VERSION}")
-    said, fix = last.split("Fix:")
-    assert "--load-versions split_report" in said and "not versioned" in said, last
-    assert ("notes" in fix) == versioned and ("no dataset" in fix) != versioned, last
+        catalog["notes"] = NOTES
+    error = load_versions_error({"split_report": VERSION}, catalog)
+    said, fix = str(error).split("Fix:")
+    assert "\n" not in said and "--load-versions split_report" in said and "not versioned" in said, said
+    assert ("notes" in fix) == versioned and ("no dataset" in fix) != versioned, fix
+    assert load_versions_error({"notes": VERSION}, {"notes": NOTES}) is None
 
 
-def test_load_versions_of_an_unknown_dataset_is_one_line_with_the_close_match(kedro_project):
+def test_load_versions_of_an_unknown_dataset_is_one_line_with_the_close_match():
     """An unknown name: Kedro's DatasetNotFoundError traceback, status 1. One line, with the close match."""
-    last = cli_refusal(kedro_project, "--pipeline=split", "--load-versions", f"split_reprot:{VERSION}")
-    assert "--load-versions split_reprot" in last and "did you mean split_report?" in last, last
+    error = load_versions_error({"split_reprot": VERSION}, {"split_report": {"type": "json.JSONDataset"}})
+    assert "--load-versions split_reprot" in str(error) and "did you mean split_report?" in str(error)
+
+
+def test_load_versions_on_the_command_line_is_refused_before_any_node_runs(kedro_project):
+    """The hook refuses ``--load-versions`` of the project's unversioned ``split_report`` in a real CLI
+    run: one line, status 2, nothing written."""
+    last = cli_refusal(kedro_project, "--pipeline=split", "--load-versions", f"split_report:{VERSION}")
+    assert "--load-versions split_report" in last and "not versioned" in last, last
 
 
 def test_an_unknown_to_outputs_name_lists_only_the_datasets_nodes_output(kedro_project):
