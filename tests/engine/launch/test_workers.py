@@ -298,3 +298,69 @@ def test_a_worker_that_lost_its_peer_waits_for_the_launcher_to_see_the_peers_dea
             assert waited == expected, error
     finally:
         root.handlers[:], root.level = handlers, level
+
+
+def test_the_rendezvous_names_its_events_without_reading_every_frames_source(
+    tmp_path, bpe_tokenizer, monkeypatch
+):
+    """The elastic rendezvous names each of its events by its caller's method (``get_method_name``), built
+    even where no handler records them, with two ``inspect.stack()`` calls each: every frame's source lines
+    read, which under a deep stack (a test session, a Kedro run) took the launcher most of a second per
+    launch. During a launch the name comes from the frame itself: the same name, no source read; the
+    rendezvous's own function is back afterwards."""
+    import inspect
+
+    import datasets
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous as rendezvous
+    import torch.distributed.launcher.api as launcher_api
+
+    original = rendezvous.get_method_name
+
+    class Named:
+        def event(self, name_of):
+            return name_of()
+
+    seen = {}
+
+    class Handed(Exception):
+        pass
+
+    def elastic_launch(config, entrypoint):
+        def run(*args):
+            seen["during"] = rendezvous.get_method_name
+            seen["expected"] = Named().event(original)
+            monkeypatch.setattr(inspect, "stack", lambda *a, **k: pytest.fail("inspect.stack() called"))
+            seen["named"] = Named().event(rendezvous.get_method_name)
+            seen["too_deep"] = rendezvous.get_method_name(depth=10_000)
+            monkeypatch.undo()
+            raise Handed
+
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", elastic_launch)
+    rows = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
+    with pytest.raises(Handed):
+        launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, (rows, rows), tmp_path)
+    assert seen["during"] is not original and seen["named"] == seen["expected"]
+    assert seen["too_deep"] == original(depth=10_000)
+    assert rendezvous.get_method_name is original
+
+
+def test_the_worker_server_imports_what_a_job_unpickles_and_trains_before_it_forks(tmp_path, bpe_tokenizer):
+    """A forked worker unpickles its job (the splits' ``datasets`` classes) and builds the model (its
+    transformers class): imported in each worker at each launch, they took a second of every worker's
+    start. The server imports them once, with the engine."""
+    import datasets
+    import transformers
+
+    from fastlm.engine.launch.job import TrainJob
+    from fastlm.engine.launch.workers import server_preload
+
+    rows = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
+    job = TrainJob(job_params(tmp_path, accum=1, nproc=2), 48, rows, None, bpe_tokenizer, str(tmp_path / "m"))
+    modules = server_preload(job)
+    assert {type(rows).__module__, transformers.LlamaForCausalLM.__module__} <= set(modules)
+    assert modules[:2] == ["fastlm.engine.launch.server", "fastlm.engine.launch.workers"]  # levels first
+    remote = job.params.model.model_copy(update={"name_or_path": "an/unknown-hub-model"})
+    hub_job = TrainJob(job.params.model_copy(update={"model": remote}), 48, rows, None, None, "m")
+    assert server_preload(hub_job) == [*modules[:2], type(rows).__module__]  # no class to tell: none

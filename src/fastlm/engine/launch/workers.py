@@ -115,7 +115,7 @@ def launch_workers(
         run_id=f"fastlm-{secrets.token_hex(6)}",
         max_restarts=0,
         monitor_interval=monitor_interval_s,
-        start_method=_server_or_spawn(method),
+        start_method=_server_or_spawn(method, job),
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     log.info(
@@ -126,7 +126,7 @@ def launch_workers(
     launched = time.time()
     try:
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
-        with _quiet_elastic_logs(), _own_signal_handlers():
+        with _quiet_elastic_logs(), _own_signal_handlers(), _rendezvous_names_from_frames():
             results = elastic_launch(config, _worker)(
                 str(job_file), str(weights), callback_factory, os.environ.get("PYTHONPATH")
             )
@@ -180,12 +180,31 @@ def worker_start_method(requested: str, device: str) -> str:
     return "spawn"
 
 
-def _server_or_spawn(method: str) -> str:
+def server_preload(job: TrainJob) -> list[str]:
+    """The modules a forkserver imports before it forks a worker: ``fastlm.engine.launch.server`` (the
+    launcher's logging levels, first), this module (the engine), then what each worker would import for
+    ``job`` on its own: the module of its splits' class (``datasets``, read as the job is unpickled) and of
+    the transformers class it trains (None where the configuration alone cannot tell it: a hub id, remote
+    code)."""
+    from fastlm.engine.model.pretrained import trained_class
+
+    modules = [server.__name__, __name__]
+    for split in (job.train_split, job.eval_split):
+        if split is not None and type(split).__module__ not in (*modules, "builtins"):
+            modules.append(type(split).__module__)
+    trained = trained_class(job.params.model.name_or_path, job.params.model.trust_remote_code)
+    if trained is not None and trained.__module__ not in modules:
+        modules.append(trained.__module__)
+    return modules
+
+
+def _server_or_spawn(method: str, job: TrainJob) -> str:
     """``method``; for forkserver, a server started with this process's environment and ``sys.path`` as
     they are now: one started with others is stopped and started again (its workers would not see the
     change), or where it cannot be, this launch spawns. The first forkserver launch starts the server, which
     imports this module under the launcher's logging levels (``fastlm.engine.launch.server``) before it
-    forks any worker."""
+    forks any worker, then the rest of :func:`server_preload` (the first forkserver launch's ``job``'s, kept
+    by a server started again)."""
     global _server_environment, _server_path
     if method != "forkserver":
         return method
@@ -205,7 +224,7 @@ def _server_or_spawn(method: str) -> str:
         log.info("%s: the server is started again", changed)
         stop()
     if _server_environment is None:
-        multiprocessing.forkserver.set_forkserver_preload([server.__name__, __name__])
+        multiprocessing.forkserver.set_forkserver_preload(server_preload(job))
     with _importing_from(sys.path), _handing_over_log_levels():
         multiprocessing.forkserver.ensure_running()
     _server_environment, _server_path = environment, list(sys.path)
@@ -324,6 +343,34 @@ def _quiet_elastic_logs():
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def _method_name_from_frame(depth: int = 2) -> str:
+    """The elastic rendezvous's ``get_method_name``: the function ``depth`` frames above this one, from the
+    frame itself (``inspect.stack()``, which it called twice, reads every frame's source lines)."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # fewer frames: what the rendezvous's own function says then
+        return "no_method_name"
+
+
+@contextlib.contextmanager
+def _rendezvous_names_from_frames() -> Iterator[None]:
+    """The rendezvous names each of its events by its caller's method, even where no handler records them
+    (``construct_and_record_rdzv_event`` drops them afterwards); under a deep stack (a test session, a
+    Kedro run) its ``inspect.stack()`` calls took the launcher most of a second per launch. During the
+    launch the same name comes from the frame (:func:`_method_name_from_frame`); put back afterwards."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = getattr(dynamic_rendezvous, "get_method_name", None)
+    if original is None:  # a torch without it: nothing to replace
+        yield
+        return
+    dynamic_rendezvous.get_method_name = _method_name_from_frame
+    try:
+        yield
+    finally:
+        dynamic_rendezvous.get_method_name = original
 
 
 @contextlib.contextmanager
