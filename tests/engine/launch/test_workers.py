@@ -131,28 +131,40 @@ def _launch_recording(tmp_path, tokenizer, tokenized, method: str, name: str):
     return result.history[-1]["loss"], json.loads(record.read_text())
 
 
+@pytest.fixture(scope="module")
+def forked_twice(tmp_path_factory, bpe_tokenizer, tokenized):
+    """Two forkserver launches one after the other (``_launch_recording``), launched once for the module:
+    each one's loss and record, which the tests only read."""
+    folder = tmp_path_factory.mktemp("forked")
+    return [
+        _launch_recording(folder, bpe_tokenizer, tokenized, "forkserver", name) for name in ("fork1", "fork2")
+    ]
+
+
 def test_forkserver_workers_come_from_one_server_and_train_as_spawned_workers(
-    tmp_path, bpe_tokenizer, tokenized
+    tmp_path, bpe_tokenizer, tokenized, forked_twice
 ):
     """``distributed.start_method: forkserver``: each worker is forked from one server process that
     imported the engine once (the worker's parent is that server, the same for two launches), not started
     as a fresh interpreter by the launcher (``spawn``: the worker's parent is the launcher). The training is
     the same computation either way: the same losses, exactly."""
     spawned_loss, spawned = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "spawn", "spawn")
-    first_loss, first = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "fork1")
-    second_loss, second = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "fork2")
+    (first_loss, first), (second_loss, second) = forked_twice
     assert spawned["parent"] == os.getpid()
     assert first["parent"] != os.getpid() and second["parent"] == first["parent"]
     assert spawned_loss == first_loss == second_loss
 
 
-def test_a_changed_environment_starts_workers_that_see_it(tmp_path, bpe_tokenizer, tokenized, monkeypatch):
+def test_a_changed_environment_starts_workers_that_see_it(
+    tmp_path, bpe_tokenizer, tokenized, monkeypatch, forked_twice
+):
     """A forkserver's workers inherit the server's environment, which is the launcher's when the server
     started: a variable set since then would not reach them. The launcher then starts the server again, with
     the environment as it is now: the workers see it, and later launches fork from that server (they were
     all spawned, each importing the engine again, in a test session once an earlier test had changed the
-    environment)."""
-    _, before = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "before")
+    environment). The launch before the change: the module's last forkserver launch."""
+    _, before = forked_twice[-1]
+    assert before["variable"] is None  # forked before the variable was set
     monkeypatch.setenv("FASTLM_TEST_LAUNCH_MARK", "set after the server started")
     _, after = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "after")
     _, again = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "again")
