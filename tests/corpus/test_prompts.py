@@ -9,6 +9,7 @@ import torch
 from fastlm.corpus.cleaning import clean_pairs
 from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.prompts import (
+    SYSTEM_TURN,
     clean_messages,
     prompt_frame,
     prompt_token_ids,
@@ -780,3 +781,31 @@ def test_sharegpt_chats_train_exactly_as_the_same_role_content_chats(tmp_path, s
     unanswered = [sharegpt_chat(chat)[:-1] for chat in chats[:2]]  # each ends with the user's question
     with pytest.raises(InputDataError, match="row 1: the last message is a 'user' turn"):
         nodes.clean_corpus(pd.DataFrame({"chat": unanswered}), {"messages_column": "chat"})
+
+
+def test_chats_without_a_system_turn_count_as_none_beside_those_that_have_one(caplog):
+    """Chats that begin with a system turn beside chats that begin with a user turn: under pandas 3 the
+    frame's column of system turns stored the missing ones as NaN, so the split said "3 different system
+    turns (0 with none)" of two turns and a majority without one, and train chats none of which had a system
+    turn (a held-out chat having one) recorded NaN as the system turn every training chat began with."""
+    from fastlm.corpus.split_steps import training_system_turn
+
+    chats = [
+        [
+            *([{"role": "system", "content": f"상담원 {i % 2}"}] if i % 3 == 0 else []),
+            {"role": "user", "content": f"질문 {i}"},
+            {"role": "assistant", "content": f"답 {i}"},
+        ]
+        for i in range(60)
+    ]
+    params = {"messages_column": "chat", "tokenizer": {"source": "train"}}
+    clean, counts = nodes.clean_corpus(pd.DataFrame({"chat": chats}), params)
+    with caplog.at_level("INFO", logger="fastlm.pipelines.split.nodes"):
+        splits, split_counts = nodes.split_corpus(clean, counts, params)
+    train = splits.loc[splits["split"] == "train", "prompt"]
+    with_system = train.str.startswith("system:")
+    contents = {prompt.split("\n")[0] for prompt in train[with_system]}
+    said = f"begin with {len(contents)} different system turns ({int((~with_system).sum())} with none)"
+    assert said in caplog.text and "system_prompt" not in split_counts
+    without = clean.loc[~clean["prompt"].str.startswith("system:"), SYSTEM_TURN].to_numpy()
+    assert training_system_turn(without) == (None, None)

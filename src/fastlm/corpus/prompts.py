@@ -136,7 +136,8 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         if spans is not None:
             frame["answer_spans"] = [value for value, keep in zip(spans, kept, strict=True) if keep]
         frame["split_key"] = chats["split_key"]
-        frame[SYSTEM_TURN] = system_turns(chats["history"])  # the split keeps its training chats' common one
+        # the split keeps its training chats' common one; object dtype: pandas 3 would store None as NaN
+        frame[SYSTEM_TURN] = pd.Series(system_turns(chats["history"]), index=frame.index, dtype=object)
         _say_doubled_think_blocks(frame, config, tokenizer)
         calling = sum(map(_calls_tools, chats["history"], chats["final"]))
         if tools is not None or calling:  # the split report's record, which the report's summary says

@@ -245,7 +245,9 @@ def check_folds(folds: np.ndarray, config) -> None:
 
 def training_system_turn(turns) -> tuple[str | None, str | None]:
     """The system turn every training chat of ``turns`` (``prompts.system_turns``' contents) began with, None
-    where they differ or begin otherwise, and what to say of it (None: nothing, no chat has one)."""
+    where they differ or begin otherwise, and what to say of it (None: nothing, no chat has one). A missing
+    value that is not None (NaN, as a pandas string column stores one) is a chat without a system turn."""
+    turns = [turn if isinstance(turn, str) else None for turn in turns]
     system = common_system_prompt(turns)
     if system is not None:
         return (
