@@ -30,6 +30,24 @@ def test_patience_counts_evaluations_without_an_improvement_of_min_delta():
     assert not early.update(60, math.nan)  # a NaN never counts as best
 
 
+def test_the_stop_names_the_improvement_min_delta_asks_for():
+    """Patience ran out on evaluations of which the last was the lowest loss (better by less than min_delta):
+    the stop said "no validation-loss improvement in 2 evaluations; the best was step 15", the best step one
+    of those evaluations. It names the improvement counted: more than min_delta (none: any)."""
+    early = EarlyStopping(patience=2, min_delta=0.005)
+    for step, loss in ((6, 6.3413), (9, 6.3336), (12, 6.3339), (15, 6.3322)):
+        early.update(step, loss)
+    assert early.should_stop and early.best_step == 15
+    said = early.without_improvement()
+    assert (
+        f"improvement of more than {early.min_delta:g}" in said
+        and f"in {early.bad_evals} evaluations" in said
+    )
+    plain = EarlyStopping(patience=1)
+    plain.update(1, 2.0), plain.update(2, 2.0)
+    assert plain.without_improvement() == f"no validation-loss improvement in {plain.bad_evals} evaluations"
+
+
 def test_the_model_kept_is_the_lowest_loss_even_when_min_delta_stops_the_run():
     """min_delta decides when patience runs out, not which model is kept: a run whose last evaluations
     improved, each by less than min_delta, keeps (and writes, and reports) the lowest validation loss, as

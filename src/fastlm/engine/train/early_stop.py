@@ -48,6 +48,12 @@ class EarlyStopping:
     def should_stop(self) -> bool:
         return self.bad_evals >= self.patience
 
+    def without_improvement(self) -> str:
+        """What stopped the run, in words: the evaluations in a row without an improvement (of more than
+        ``min_delta``, where one is set: the best step may be one of them)."""
+        counted = f" of more than {self.min_delta:g}" if self.min_delta > 0 else ""
+        return f"no validation-loss improvement{counted} in {self.bad_evals} evaluations"
+
     def record(self) -> dict:
         """What a checkpoint keeps; ``stopped``: patience ran out (the run ended there: a finished run for
         ``checkpoint.discovery.unfinished_runs``)."""
