@@ -809,3 +809,26 @@ def test_chats_without_a_system_turn_count_as_none_beside_those_that_have_one(ca
     assert said in caplog.text and "system_prompt" not in split_counts
     without = clean.loc[~clean["prompt"].str.startswith("system:"), SYSTEM_TURN].to_numpy()
     assert training_system_turn(without) == (None, None)
+
+
+def test_a_role_the_chat_template_writes_nowhere_is_refused_naming_it(sample_texts):
+    """Qwen3's template writes system, user, assistant and tool turns and skips any other role without a
+    word: chats whose user turns were given as ``human`` (a ShareGPT speaker in role/content form) trained as
+    ``<|im_start|>assistant\\n`` -> answer, the question gone from every prompt. Refused in one line naming
+    the role and the parameter; Llama-3.2's template, which writes any role as its header, renders them."""
+    from tests.support.chat_templates import llama3_style_tokenizer, qwen3_style_tokenizer
+
+    chats = [
+        [{"role": "human", "content": f"질문 {i}"}, {"role": "assistant", "content": f"답 {i}"}]
+        for i in range(6)
+    ]
+    chats.append([{"role": "user", "content": "질문"}, {"role": "assistant", "content": "답"}])
+    raw = pd.DataFrame({"chat": chats})
+    config = parse_split_params({"messages_column": "chat"})
+    with pytest.raises(InputDataError) as refused:
+        prompt_frame(raw, config, qwen3_style_tokenizer(sample_texts))
+    said = str(refused.value)
+    assert "\n" not in said and "split.messages_column ('chat')" in said and "'human'" in said, said
+    assert "6 chats" in said and "user" in said.split("Fix:")[1], said
+    frame, _ = prompt_frame(raw, config, llama3_style_tokenizer(sample_texts))
+    assert all("질문" in prompt for prompt in frame["prompt"])

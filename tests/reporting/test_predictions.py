@@ -511,3 +511,21 @@ def test_sharegpt_chats_are_asked_as_the_same_role_content_chats(tokenizer, tmp_
         InputDataError, match=r"^predict\.messages_column \('messages'\) of chats\.parquet: row 1"
     ):
         _rows(unread, tokenizer, ChatFormat())
+
+
+def test_a_chat_with_a_role_the_template_writes_nowhere_is_a_refused_row(sample_texts):
+    """Qwen3's template skips a role it does not know: a chat whose question was given as a ``human`` turn
+    was asked as ``<|im_start|>assistant\\n`` alone and answered without its question. Kept in
+    predictions.csv with the reason naming the role; the other chats are asked."""
+    from tests.support.chat_templates import qwen3_style_tokenizer
+
+    tokenizer = qwen3_style_tokenizer(sample_texts)
+    chats = [
+        [{"role": "user", "content": "안녕"}],
+        [{"role": "human", "content": "배송은 언제 오나요?"}, {"role": "user", "content": "답해 주세요"}],
+    ]
+    rows = _rows(pd.DataFrame({"messages": chats}), tokenizer, ChatFormat())
+    assert rows["refused"].iat[0] is None and rows["ids"].iat[0] is not None, list(rows["refused"])
+    reason = rows["refused"].iat[1]
+    assert reason.startswith("unwritten_role") and "'human'" in reason and "\n" not in reason, reason
+    assert rows["ids"].iat[1] is None

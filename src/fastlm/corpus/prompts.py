@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.chat_spans import answer_spans, answer_token_ranges, kept_answer_ranges
-from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template
+from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template, unwritten_roles
 from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
 from fastlm.corpus.shards import shard_row
 from fastlm.corpus.sharegpt import role_content_chats
@@ -123,6 +123,8 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
             _say_tool_chats_without_tools(chats, column, len(chats))
         if not (config.chat_template and has_chat_template(tokenizer)):
             chats, drops["tool_calls"] = _without_tool_chats(chats)
+        else:
+            _refuse_unwritten_roles(chats["history"], config, tokenizer)
         prompts, spans, responses = _render_chats(chats, config, tokenizer)
         kept = [prompt is not None for prompt in prompts]  # None: a final call not told apart from its prompt
         drops["tool_call_rewritten"] = len(kept) - sum(kept)
@@ -158,6 +160,26 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         }
     )
     return frame, drops
+
+
+def _refuse_unwritten_roles(histories: pd.Series, config, tokenizer) -> None:
+    """Chats with turns of a role the chat template writes nowhere (``unwritten_roles``) refused in one line:
+    their text would be left out of every prompt without a word."""
+    roles = {message["role"] for history in histories for message in history}
+    unwritten = unwritten_roles(tokenizer, roles, config.chat_template_kwargs)
+    if not unwritten:
+        return
+    role = unwritten[0]
+    count = sum(any(message["role"] == role for message in history) for history in histories)
+    raise InputDataError(
+        f"split.messages_column ({config.messages_column!r}): {count} chats have turns of role "
+        f"{quoted(role)}, which the chat template of {config.tokenizer.source} writes nowhere: their text "
+        "would be left out of the prompts without a word"
+        + (f" (also roles {', '.join(map(quoted, unwritten[1:]))})." if len(unwritten) > 1 else "."),
+        fix="give those turns a role the template writes (system, user, assistant, tool), or the chats as "
+        "ShareGPT {from, value} turns (human and gpt read as user and assistant), or use a tokenizer whose "
+        "chat template writes that role (split.tokenizer.source).",
+    )
 
 
 def chat_turns(raw: pd.DataFrame, config) -> pd.Series:

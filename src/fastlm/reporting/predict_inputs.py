@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from fastlm.corpus.chat_template import unwritten_roles
 from fastlm.corpus.cleaning import classify_values
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.corpus.pretokenized import input_ids
@@ -189,6 +190,8 @@ def input_rows(
     if messages:  # ShareGPT turns ({from, value}) read as role/content ones, as the split reads them
         turns, _ = role_content_chats(values, f"{column[0]} ({column[1]!r}) of {source}")
         histories, reasons = chat_histories(turns, templated=chat.chat_template)
+        if chat.chat_template:  # a turn the template skips: the chat would be asked without it
+            _refuse_unwritten_roles(histories, reasons, tokenizer, chat.variables)
         ok = reasons.isna().to_numpy()
         inputs = [histories[row] for row in np.flatnonzero(ok)]
         if chat.tools_column is not None and chat.tools_column in table.columns:
@@ -225,6 +228,17 @@ def input_rows(
             given[row] = row_tools
         found["tools"] = pd.Series(given, dtype=object)
     return found
+
+
+def _refuse_unwritten_roles(histories: list, reasons: pd.Series, tokenizer, variables: dict) -> None:
+    """A chat with a turn of a role the chat template writes nowhere (``unwritten_roles``: Qwen3's skips a
+    ``human`` turn) refused with its reason, in place: it would be asked without that turn's text."""
+    roles = {m["role"] for history in histories if history is not None for m in history}
+    unwritten = set(unwritten_roles(tokenizer, roles, variables))
+    for row, history in enumerate(histories):
+        role = next((m["role"] for m in history or () if m["role"] in unwritten), None)
+        if role is not None and reasons.iat[row] is None:
+            reasons.iat[row] = f"unwritten_role ({quoted(role)}: the chat template writes no turn of it)"
 
 
 def _rendered_chats(histories: list, tokenizer, chat: ChatFormat, tools: list | None) -> list:
