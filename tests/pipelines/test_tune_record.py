@@ -68,3 +68,18 @@ def test_a_model_folder_named_relative_or_absolute_is_the_same_record(tmp_path, 
     assert "train.model.name_or_path" in what_changed(named[0], moved)
     hub = record({"model": {"name_or_path": "org/model"}})  # no such folder: a hub id, kept as written
     assert hub["train.model.name_or_path"] == "org/model"
+
+
+def test_settings_a_run_ignores_are_no_change(tmp_path):
+    """The from-scratch shape (``hidden_size``, ...) is ignored with ``name_or_path``, and the adapter's
+    settings with LoRA off: a change of one of them made a tuned file measured on the same run stale (its
+    micro-batch not applied). A change the run trains with is still named."""
+    (tmp_path / "model.safetensors").write_bytes(b"1234")
+    pretrained = {"model": {"name_or_path": str(tmp_path)}}
+    wider = {"model": {"name_or_path": str(tmp_path), "hidden_size": 256, "num_hidden_layers": 4}}
+    assert what_changed(record(pretrained), record(wider)) is None
+    assert "train.model.hidden_size" in what_changed(record(), record({"model": {"hidden_size": 256}}))
+    assert what_changed(record(), record({"model": {"lora": {"r": 8}}})) is None
+    lora = {"model": {"name_or_path": str(tmp_path), "lora": {"enabled": True}}}
+    rank = {"model": {"name_or_path": str(tmp_path), "lora": {"enabled": True, "r": 8}}}
+    assert "train.model.lora.r" in what_changed(record(lora), record(rank))

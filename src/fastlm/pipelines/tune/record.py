@@ -27,6 +27,20 @@ RUNTIME_KEYS = (
 )
 # train.model settings that change nothing a tune measures (where a model may come from)
 NOT_MEASURED = ("train.model.allow_download",)
+# train.model settings a run ignores: the from-scratch shape with a pretrained name_or_path, the adapter's
+# settings with LoRA off (recorded all the same: a record stays comparable whatever the run)
+SCRATCH_SHAPE = tuple(
+    f"train.model.{key}"
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "tie_word_embeddings",
+    )
+)
+LORA_ENABLED = "train.model.lora.enabled"
 OTHER_KEYS = (
     ("batching", "row_length"),
     ("batching", "pad_to_multiple_of"),
@@ -98,15 +112,27 @@ def device_description(requested: str) -> str:
 
 def what_changed(recorded: Any, current: Mapping[str, Any]) -> str | None:
     """None when ``recorded`` (the tuned file's ``tune_measured_on``) is ``current``; else the settings that
-    differ, in a phrase (a file without a record: written by an older version)."""
+    differ, in a phrase (a file without a record: written by an older version). Settings the run ignores
+    (``_ignored``) are no change."""
     if not isinstance(recorded, Mapping):
         return "it does not record what it was measured on (written by an older version)"
     changed = [
         f"{key} {_shown(recorded.get(key))} -> {_shown(current.get(key))}"
         for key in sorted({*recorded, *current})
-        if recorded.get(key) != current.get(key)
+        if recorded.get(key) != current.get(key) and not _ignored(key, recorded, current)
     ]
     return "; ".join(changed) or None
+
+
+def _ignored(key: str, recorded: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether ``key`` is a setting both runs ignore: the from-scratch shape where both train the same
+    pretrained ``name_or_path``, an adapter setting where neither trains LoRA."""
+    name = "train.model.name_or_path"
+    if key in SCRATCH_SHAPE:
+        return bool(current.get(name)) and recorded.get(name) == current.get(name)
+    if key.startswith("train.model.lora.") and key != LORA_ENABLED:
+        return not current.get(LORA_ENABLED) and not recorded.get(LORA_ENABLED)
+    return False
 
 
 def tuned_leaves(tuned: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
