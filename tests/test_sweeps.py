@@ -574,3 +574,43 @@ def test_a_sweep_on_function_calling_chats_picks_its_best_run_by_the_calls(tmp_p
     assert {"test_tool_call_name_accuracy", "test_tool_call_exact_match"} <= set(table.columns)
     plain = comparison_table({name: {**figures} for name in overrides}, overrides, "final_val_loss")
     assert "test_tool_call_exact_match" not in plain
+
+
+def test_the_report_shows_a_fold_sweeps_mean_and_spread_per_metric(tmp_path):
+    """A k-fold sweep's report showed its verdict and runs table but not the mean and spread over folds of
+    each metric (sweep.md and sweep_folds.csv had them): the report now shows the folds table's figures,
+    the same numbers as sweep_folds.csv (read back, then recomputed here from the runs)."""
+    from fastlm.datasets.sweep_results import SweepResultsDataset
+    from fastlm.reporting.sweep_view import fold_table, sweep_document
+    from tests.support.reporting import make_history, report_document
+
+    table = pd.DataFrame(
+        {
+            "run": ["k-01", "k-02", "k-03"],
+            "train.fold": [0, 1, 2],
+            "final_val_loss": [2.0, 2.5, 3.5],
+            "test_accuracy": [0.5, 0.25, 0.375],
+        }
+    )
+    paths = {
+        "comparison": tmp_path / "sweep_comparison.csv",
+        "document": tmp_path / "sweep.md",
+        "plot": tmp_path / "sweep_loss.png",
+        "folds": tmp_path / "sweep_folds.csv",
+    }
+    table.to_csv(paths["comparison"], index=False)
+    paths["document"].write_text(sweep_document("k", "mean over 3 folds.", table))
+    fold_table(table, {}, "final_val_loss").to_csv(paths["folds"], index=False)
+    view = SweepResultsDataset(**{key: str(path) for key, path in paths.items()}).load()
+    html, markdown = report_document(make_history(3), sweep=view)
+    assert "## Sweep k: mean and spread over folds" in markdown and "sweep-k-mean-and-spread" in html
+    section = markdown.split("## Sweep k: mean and spread over folds", 1)[1]
+    for metric in ("final_val_loss", "test_accuracy"):
+        for statistic, value in (("mean", table[metric].mean()), ("std", table[metric].std())):
+            line = next(line for line in section.splitlines() if line.startswith(f"| {statistic} "))
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            header = next(line for line in section.splitlines() if line.startswith("| row"))
+            column = [cell.strip() for cell in header.strip("|").split("|")].index(metric)
+            assert float(cells[column]) == pytest.approx(value, rel=1e-3), (statistic, metric, line)
+    without = {**view, "folds": None}
+    assert "mean and spread over folds" not in report_document(make_history(3), sweep=without)[1]

@@ -466,15 +466,29 @@ def _sweep_sections(sweep: dict | None, *, data: str | None) -> list[Section]:
             "again since): its losses are not comparable with the figures above. Run the sweep again "
             "(kedro run --pipeline=sweep) to compare on this data.\n\n" + text
         )
-    return [
+    heading = f"Sweep {sweep['name']}".strip()
+    sections = [
         Section(
-            f"Sweep {sweep['name']}".strip(),
+            heading,
             text=text,
             table=sweep["table"],
             figures={"sweep loss": sweep["plot"]} if sweep.get("plot") else {},
             figure_files={"sweep loss": "plots/sweep_loss.png"},
         )
     ]
+    folds = sweep.get("folds")
+    spread = None if folds is None else folds[~folds["row"].isin(["fold", "run"])]
+    if spread is not None and len(spread):
+        shown = spread.drop(columns=[c for c in ("run", "run_id", "fold", "status", "error") if c in spread])
+        sections.append(
+            Section(
+                f"{heading}: mean and spread over folds",
+                text="Per setting: the folds counted, the mean, the sample standard deviation (n - 1), the "
+                "minimum and the maximum of each metric over its folds (sweep_folds.csv).",
+                table=shown.dropna(axis=1, how="all").reset_index(drop=True),
+            )
+        )
+    return sections
 
 
 def _tail(text: str, limit: int) -> str:
