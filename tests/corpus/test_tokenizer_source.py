@@ -63,7 +63,9 @@ def test_split_trains_the_bpe_on_texts_cut_like_tokenization(sample_texts, monke
     from fastlm.pipelines.split import nodes
 
     fed = []
-    monkeypatch.setattr(nodes, "train_bpe_tokenizer", lambda texts, **kwargs: fed.append(list(texts)) or [])
+    monkeypatch.setattr(
+        nodes, "train_bpe_tokenizer", lambda texts, **kwargs: fed.append(list(texts)) or _Bare()
+    )
     limit = 8 * MAX_CHARS_PER_TOKEN
     long_text = "<" + "x" * 3 * limit + ">"
     frame = pd.DataFrame({"prompt": [long_text, "p"], "response": [long_text, "r"], "split": ["train"] * 2})
@@ -71,6 +73,14 @@ def test_split_trains_the_bpe_on_texts_cut_like_tokenization(sample_texts, monke
     assert fed[0] == [long_text[-limit:], "p", long_text[:limit], "r"]
     nodes.build_tokenizer(frame.rename(columns={"prompt": "text"}), {"max_length": 8})
     assert fed[1] == [long_text[:limit], "p"]
+
+
+class _Bare(list):
+    """A stand-in tokenizer: a length and the ``init_kwargs`` its settings are recorded in."""
+
+    def __init__(self):
+        super().__init__()
+        self.init_kwargs = {}
 
 
 def _model_folder_without_tokenizer(folder):

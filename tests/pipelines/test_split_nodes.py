@@ -247,3 +247,34 @@ def test_the_split_report_carries_the_data_format_the_report_says():
     assert report["data_format"] == data_format and report["system_prompt"] == "Be brief."
     text, _ = nodes.report_split(counts, stats, {"fingerprint": "f", "params": {"max_length": 8}})
     assert "data_format" not in text
+
+
+@pytest.mark.parametrize(
+    ("changed", "said"),
+    [
+        ({"vocab_size": 500}, "split.tokenizer.vocab_size 400 -> 500"),
+        ({"min_frequency": 5}, "split.tokenizer.min_frequency 2 -> 5"),
+        ({"training_samples": 10}, "split.tokenizer.training_samples 200000 -> 10"),
+        ({"source": "models/other"}, "split.tokenizer.source 'train' -> 'models/other'"),
+    ],
+)
+def test_tokenizer_settings_changed_since_the_split_are_refused(raw, tmp_path, changed, said):
+    from transformers import AutoTokenizer
+
+    from fastlm.errors import ConfigError, StaleDataError
+    from fastlm.parameters import parse_group
+
+    params = {**PARAMS, "text_column": "body"}
+    clean, counts = nodes.clean_corpus(raw, params)
+    splits, split_counts = nodes.split_corpus(clean, counts, params)
+    nodes.build_tokenizer(splits, params, split_counts).save_pretrained(tmp_path)
+    saved = AutoTokenizer.from_pretrained(tmp_path)  # as train and a later split node read it
+    _, fingerprint, _ = nodes.tokenize_corpus(splits, saved, params, split_counts)
+    check_fresh(fingerprint, saved, parse_group("split", params), where="tokenized")
+    other = {**params, "tokenizer": {**params["tokenizer"], **changed}}
+    with pytest.raises(StaleDataError) as error:  # train: the tokenizer saved was not built with these
+        check_fresh(fingerprint, saved, parse_group("split", other), where="tokenized")
+    assert said in str(error.value)
+    with pytest.raises(ConfigError) as error:  # --from-nodes tokenize_corpus: the tokenizer is not rebuilt
+        nodes.tokenize_corpus(splits, saved, other, split_counts)
+    assert said in str(error.value)

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fastlm.corpus.tokenizer_source import settings_changes
 from fastlm.errors import StaleDataError
 
 FORMAT_VERSION = 1  # bump when tokenization itself changes (e.g. how EOS or truncation work)
@@ -190,12 +191,15 @@ def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) 
             selection=selection_params(split),
             folds=data_folds(stored),  # recorded with the data, not a setting a consumer must repeat
         )
-    if stored["fingerprint"] == current["fingerprint"]:
+    settings = (
+        [] if isinstance(split, int) or split.pretokenized else settings_changes(tokenizer, split.tokenizer)
+    )
+    if stored["fingerprint"] == current["fingerprint"] and not settings:
         return
     old, new = stored.get("params", {}), current["params"]
     changed = [
         _change(key, old.get(key), new.get(key)) for key in {**new, **old} if old.get(key) != new.get(key)
-    ]
+    ] + settings
     if stored.get("tokenizer_sha256") != current["tokenizer_sha256"]:
         changed.append("the tokenizer changed")
     raise StaleDataError(

@@ -57,6 +57,48 @@ def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency:
     return tokenizer
 
 
+BUILT_WITH = (
+    "fastlm_split_tokenizer"  # a tokenizer_config.json key: the split.tokenizer settings it came from
+)
+
+
+def tokenizer_settings(config) -> dict:
+    """The ``split.tokenizer`` settings (``TokenizerParams``) that decide which tokenizer the split saves: its
+    source, and for a BPE the split trains, the settings of that training."""
+    from fastlm.corpus.config import TRAIN_TOKENIZER
+
+    if config.source != TRAIN_TOKENIZER:
+        return {"source": os.path.normpath(config.source)}
+    return {
+        "source": TRAIN_TOKENIZER,
+        "vocab_size": config.vocab_size,
+        "min_frequency": config.min_frequency,
+        "training_samples": config.training_samples,
+    }
+
+
+def record_settings(tokenizer, config) -> None:
+    """Record in ``tokenizer`` (its saved ``tokenizer_config.json``; no part of the ids' digest) the
+    ``split.tokenizer`` settings it was built or loaded with, replacing any a loaded folder carried."""
+    tokenizer.init_kwargs[BUILT_WITH] = tokenizer_settings(config)
+
+
+def settings_changes(tokenizer, config) -> list[str]:
+    """The ``split.tokenizer`` settings that differ from those ``tokenizer`` was made with, each as
+    ``split.tokenizer.<name> <was> -> <now>``; none for a tokenizer that records none (saved before they were
+    recorded, or not made by a split). Train, the report and a run of the split's later nodes read the saved
+    tokenizer, not one built from these settings: a changed one would be logged but never used."""
+    made = getattr(tokenizer, "init_kwargs", {}).get(BUILT_WITH)
+    if not isinstance(made, dict):
+        return []
+    now = tokenizer_settings(config)
+    return [
+        f"split.tokenizer.{name} {made.get(name)!r} -> {now.get(name)!r}"
+        for name in {**made, **now}
+        if made.get(name) != now.get(name)
+    ]
+
+
 def trained_here(tokenizer) -> bool:
     """Whether ``tokenizer`` is one the split trained (``train_bpe_tokenizer``), not a model's own."""
     return bool(getattr(tokenizer, "init_kwargs", {}).get(TRAINED_HERE))

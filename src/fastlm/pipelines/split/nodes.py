@@ -28,7 +28,13 @@ from fastlm.corpus.split_steps import (
 )
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS
 from fastlm.corpus.statistics import build_report
-from fastlm.corpus.tokenizer_source import load_tokenizer, train_bpe_tokenizer
+from fastlm.corpus.tokenizer_source import (
+    load_tokenizer,
+    record_settings,
+    settings_changes,
+    train_bpe_tokenizer,
+)
+from fastlm.errors import ConfigError
 from fastlm.parameters import parse_group
 
 log = logging.getLogger(__name__)
@@ -98,9 +104,11 @@ def _tokenizer(splits: pd.DataFrame, split):
         return id_tokenizer(split.vocab_size, eos_id=eos, pad_id=pad, model_max_length=split.max_length)
     config = split.tokenizer
     if config.source != TRAIN_TOKENIZER:
-        return load_tokenizer(
+        tokenizer = load_tokenizer(
             config.source, allow_download=config.allow_download, trust_remote_code=config.trust_remote_code
         )
+        record_settings(tokenizer, config)
+        return tokenizer
     train = tokenizer_texts(splits, split, config.training_samples)
     tokenizer = train_bpe_tokenizer(
         train,
@@ -108,6 +116,7 @@ def _tokenizer(splits: pd.DataFrame, split):
         min_frequency=config.min_frequency,
         model_max_length=split.max_length,
     )
+    record_settings(tokenizer, config)
     log.info("Trained a byte-level BPE on %d train texts: %d tokens", len(train), len(tokenizer))
     return tokenizer
 
@@ -123,6 +132,14 @@ def tokenize_corpus(
     """
     config = parse_group("split", params)
     check_made_with(split_counts, config, tokenizer)  # a run of the later nodes: the splits' own settings
+    changed = [] if config.pretokenized else settings_changes(tokenizer, config.tokenizer)
+    if changed:  # a run of the later nodes from tokenize_corpus: the saved tokenizer, not one built anew
+        raise ConfigError(
+            f"the tokenizer this run tokenizes with was made with other settings ({'; '.join(changed)}): "
+            "build_tokenizer made it, and the data would be recorded as tokenized with the new ones.",
+            fix="run the split from build_tokenizer: kedro run --pipeline=split --from-nodes build_tokenizer "
+            "(or keep the settings the tokenizer had).",
+        )
     tokens = tokenize_rows(splits, tokenizer, config)
     codes = splits["split"].cat.codes.to_numpy()
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}
