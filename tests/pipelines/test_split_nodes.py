@@ -278,3 +278,32 @@ def test_tokenizer_settings_changed_since_the_split_are_refused(raw, tmp_path, c
     with pytest.raises(ConfigError) as error:  # --from-nodes tokenize_corpus: the tokenizer is not rebuilt
         nodes.tokenize_corpus(splits, saved, other, split_counts)
     assert said in str(error.value)
+
+
+def test_a_tokenized_split_replaced_or_edited_by_hand_is_refused(raw, tmp_path):
+    import datasets
+
+    from fastlm.corpus.fingerprint import check_tokenized
+
+    params = {**PARAMS, "text_column": "body"}
+    clean, counts = nodes.clean_corpus(raw, params)
+    splits, split_counts = nodes.split_corpus(clean, counts, params)
+    tokenizer = nodes.build_tokenizer(splits, params, split_counts)
+    tokenized, fingerprint, _ = nodes.tokenize_corpus(splits, tokenizer, params, split_counts)
+    tokenized.save_to_disk(tmp_path / "tokenized", num_shards={"train": 3, "validation": 1, "test": 1})
+    saved = datasets.load_from_disk(tmp_path / "tokenized")  # as train reads it: memory-mapped, in pieces
+    assert saved["train"].data.column("input_ids").num_chunks > 1  # a large split is read in several
+    check_tokenized(fingerprint, saved, where="data/05_model_input/tokenized_corpus")
+    swapped = datasets.DatasetDict({**saved, "train": saved["validation"]})  # a file copied over another
+    with pytest.raises(InputDataError) as error:
+        check_tokenized(fingerprint, swapped, where="data/05_model_input/tokenized_corpus")
+    assert f"its train split holds {len(saved['validation'])} rows" in str(error.value)
+    assert f"the split wrote {len(saved['train'])}" in str(error.value)
+    first = saved["train"][0]["input_ids"]
+    edited = saved["train"].map(
+        lambda row, index: {"input_ids": row["input_ids"][::-1]} if index == 0 else row, with_indices=True
+    )
+    assert edited[0]["input_ids"] != first and len(edited) == len(saved["train"])
+    with pytest.raises(InputDataError, match="its train split's tokens are not those the split wrote"):
+        check_tokenized(fingerprint, datasets.DatasetDict({**saved, "train": edited}), where="tokenized")
+    check_tokenized({k: v for k, v in fingerprint.items() if k != "splits"}, swapped, where="tokenized")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fastlm.corpus.tokenizer_source import settings_changes
-from fastlm.errors import StaleDataError
+from fastlm.errors import InputDataError, StaleDataError
 
 FORMAT_VERSION = 1  # bump when tokenization itself changes (e.g. how EOS or truncation work)
 REFRESH = (
@@ -205,6 +205,59 @@ def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) 
     raise StaleDataError(
         f"{where} is stale: {', '.join(changed) or 'its fingerprint differs'}.", fix=REFRESH + "."
     )
+
+
+def tokenized_digests(tokenized) -> dict[str, dict[str, Any]]:
+    """Each tokenized split's rows and a SHA-256 of its columns (``tokenized``: a ``DatasetDict``), recorded
+    with the fingerprint by the split and compared by :func:`check_tokenized`. Read chunk by chunk, as the
+    saved data is memory-mapped: no copy of a whole column."""
+    return {name: _split_digest(part) for name, part in tokenized.items()}
+
+
+def check_tokenized(stored: dict[str, Any] | None, tokenized, *, where: str) -> None:
+    """Raise InputDataError unless every split of ``tokenized`` holds the rows and tokens the split recorded
+    (``splits`` of its fingerprint; a record without them, written before they were recorded, is not
+    compared): a split file replaced or edited by hand since would be trained or scored without a word."""
+    recorded = (stored or {}).get("splits")
+    if not isinstance(recorded, dict):
+        return
+    for name, record in recorded.items():
+        now = _split_digest(tokenized[name]) if name in tokenized else None
+        if now == record:
+            continue
+        if now is None or now["rows"] != record.get("rows"):
+            held = "no" if now is None else now["rows"]
+            what = f"its {name} split holds {held} rows, the split wrote {record.get('rows')}"
+        else:
+            what = f"its {name} split's tokens are not those the split wrote ({now['rows']} rows)"
+        raise InputDataError(
+            f"{where} was changed since the split wrote it: {what}.",
+            fix="run `kedro run --pipeline=split` to write it again (the tokenized data's files are not to "
+            "be edited or copied by hand).",
+        )
+
+
+def _split_digest(dataset) -> dict[str, Any]:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:] if len(dataset) else dataset.data.table
+    digest = hashlib.sha256()
+    for name in sorted(table.column_names):  # lengths and values hashed apart: the same whatever the chunks
+        lengths, values = hashlib.sha256(), hashlib.sha256()
+        for chunk in table.column(name).chunks:
+            if pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
+                lengths.update(np.asarray(pc.list_value_length(chunk), dtype=np.int64).tobytes())
+                chunk = pc.list_flatten(chunk)
+            if pa.types.is_integer(chunk.type) and chunk.null_count == 0:
+                values.update(np.asarray(chunk.to_numpy(), dtype=np.int64).tobytes())
+            else:
+                values.update(
+                    "".join(f"{json.dumps(value, default=str)}\n" for value in chunk.to_pylist()).encode()
+                )
+        digest.update(f"{name}\0{lengths.hexdigest()}\0{values.hexdigest()}\0".encode())
+    return {"rows": len(dataset), "sha256": digest.hexdigest()}
 
 
 def data_folds(stored: dict[str, Any] | None) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fastlm.corpus.fingerprint import check_fresh
+from fastlm.corpus.fingerprint import check_fresh, check_tokenized
 from fastlm.corpus.tokenizer_source import check_model_tokenizer
 from fastlm.parameters import parse_group
 
@@ -34,17 +34,21 @@ def start_node(
     *,
     fingerprint: dict | None = None,
     tokenizer=None,
+    tokenized=None,
     paths: dict | None = None,
     runtime: bool = True,
     runtime_said: bool = False,
 ) -> NodeStart:
     """Validated train and split parameters; the freshness check when ``fingerprint`` is given (a stale
     ``tokenized_corpus`` is one StaleDataError line naming its path from ``paths``); the runtime applied
-    (``train.runtime`` as validated, ``train.seed``) unless ``runtime`` is false; ``runtime_said``: an
+    (``train.runtime`` as validated, ``train.seed``) unless ``runtime`` is false; ``tokenized``: the
+    tokenized splits, each compared with the rows and tokens the split recorded; ``runtime_said``: an
     earlier node of the pipeline logged the runtime line (``setup_runtime(said=...)``)."""
     train, split = parse_group("train", train_params), parse_group("split", split_params)
     if fingerprint is not None or tokenizer is not None:
         check_fresh(fingerprint, tokenizer, split, where=(paths or {}).get(TOKENIZED, TOKENIZED))
+    if tokenized is not None:
+        check_tokenized(fingerprint, tokenized, where=(paths or {}).get(TOKENIZED, TOKENIZED))
     if tokenizer is not None and train.model.name_or_path is not None:
         check_model_tokenizer(train.model.name_or_path, tokenizer)
     applied = None

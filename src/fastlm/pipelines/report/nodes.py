@@ -87,7 +87,14 @@ def evaluate_model(
 
     report = parse_group("report", report_params)
     model, tokenizer = trained["model"], trained["tokenizer"]
-    start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths)
+    start = start_node(
+        train_params,
+        split_params,
+        fingerprint=fingerprint,
+        tokenizer=tokenizer,
+        tokenized=tokenized,
+        paths=paths,
+    )
     if start.split.pretokenized:  # its tokenizer reads an unknown word as EOS: refused before the slow part
         check_id_prompts(report.prompts, start.split.vocab_size)
     if len(tokenized["test"]) == 0:

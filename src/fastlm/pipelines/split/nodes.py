@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.config import TRAIN_TOKENIZER
+from fastlm.corpus.fingerprint import tokenized_digests
 from fastlm.corpus.pretokenized import id_tokenizer
 from fastlm.corpus.prompts import SYSTEM_TURN
 from fastlm.corpus.split_steps import (
@@ -149,6 +150,7 @@ def tokenize_corpus(
         {name: datasets.Dataset(tokens.to_arrow(rows[name], extra)) for name in SPLITS}
     )
     fingerprint = split_fingerprint(splits, tokenizer, config, (split_counts or {}).get("system_prompt"))
+    fingerprint["splits"] = tokenized_digests(tokenized)  # a split file replaced or edited since is refused
     stats = measure_splits(tokens, rows, tokenizer, config)
     log.info(
         "Tokenized %d texts into %d tokens (max_length %d)",

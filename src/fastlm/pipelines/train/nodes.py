@@ -53,7 +53,13 @@ def train_model(
 
     # the engine applies the runtime per rank
     start = start_node(
-        train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths, runtime=False
+        train_params,
+        split_params,
+        fingerprint=fingerprint,
+        tokenizer=tokenizer,
+        tokenized=tokenized,
+        paths=paths,
+        runtime=False,
     )
     run_name = validate_run_name(run_name) if run_name is not None else default_run_name(["train"])
     params = start.train.model_copy(

@@ -41,7 +41,14 @@ def tune_micro_batch(
     from fastlm.engine.train import tune
     from fastlm.reporting.plots import tune_figure
 
-    start = start_node(train_params, split_params, fingerprint=fingerprint, tokenizer=tokenizer, paths=paths)
+    start = start_node(
+        train_params,
+        split_params,
+        fingerprint=fingerprint,
+        tokenizer=tokenizer,
+        tokenized=tokenized,
+        paths=paths,
+    )
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     settings = parse_group("tune", tune_params)
     tuned_file = (paths or {}).get("tuned_parameters", "tuned_parameters")
