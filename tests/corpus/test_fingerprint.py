@@ -81,3 +81,26 @@ def test_json_kept_as_written_is_utf8_whatever_the_locale(tmp_path, name):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(target.read_text(encoding="utf-8")) == {"system_prompt": "\uc548\ub155 caf\u00e9"}
+
+
+def test_a_split_of_nested_columns_digests_alike_whatever_its_chunks():
+    """A chat split's ``answer_spans`` (lists of pairs): the lengths of both levels were hashed into one
+    digest chunk after chunk, so the same rows read back in more pieces digested otherwise and a freshly
+    split chat corpus was refused as edited. Same rows in other chunks: the same digest; the same values
+    grouped otherwise: another."""
+    import datasets
+
+    from fastlm.corpus.fingerprint import tokenized_digests
+
+    rows = [
+        {"input_ids": list(range(i % 9 + 1)), "answer_spans": [[1, 2], [3, 4]] if i % 2 else []}
+        for i in range(300)
+    ]
+    whole = tokenized_digests({"train": datasets.Dataset.from_list(rows)})
+    pieces = datasets.concatenate_datasets(
+        [datasets.Dataset.from_list(rows[start : start + 100]) for start in range(0, 300, 100)]
+    )
+    assert tokenized_digests({"train": pieces}) == whole
+    regrouped = [dict(row) for row in rows]
+    regrouped[1]["answer_spans"] = [[1, 2, 3, 4]]
+    assert tokenized_digests({"train": datasets.Dataset.from_list(regrouped)}) != whole

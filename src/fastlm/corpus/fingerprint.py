@@ -245,18 +245,22 @@ def _split_digest(dataset) -> dict[str, Any]:
     table = dataset.with_format("arrow")[:] if len(dataset) else dataset.data.table
     digest = hashlib.sha256()
     for name in sorted(table.column_names):  # lengths and values hashed apart: the same whatever the chunks
-        lengths, values = hashlib.sha256(), hashlib.sha256()
+        lengths, values = [], hashlib.sha256()  # lengths: one digest per level of nesting (spans: pairs)
         for chunk in table.column(name).chunks:
-            if pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
-                lengths.update(np.asarray(pc.list_value_length(chunk), dtype=np.int64).tobytes())
-                chunk = pc.list_flatten(chunk)
+            depth = 0
+            while pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
+                if depth == len(lengths):
+                    lengths.append(hashlib.sha256())
+                lengths[depth].update(np.asarray(pc.list_value_length(chunk), dtype=np.int64).tobytes())
+                chunk, depth = pc.list_flatten(chunk), depth + 1
             if pa.types.is_integer(chunk.type) and chunk.null_count == 0:
                 values.update(np.asarray(chunk.to_numpy(), dtype=np.int64).tobytes())
             else:
                 values.update(
                     "".join(f"{json.dumps(value, default=str)}\n" for value in chunk.to_pylist()).encode()
                 )
-        digest.update(f"{name}\0{lengths.hexdigest()}\0{values.hexdigest()}\0".encode())
+        levels = "\0".join(level.hexdigest() for level in lengths)
+        digest.update(f"{name}\0{levels}\0{values.hexdigest()}\0".encode())
     return {"rows": len(dataset), "sha256": digest.hexdigest()}
 
 
