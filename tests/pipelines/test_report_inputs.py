@@ -305,3 +305,29 @@ def test_report_md_links_only_the_plots_drawn_in_its_run(nodes, tmp_path, monkey
     assert bool(drawn) == ("plot_training" in {node.name for node in run.nodes})
     assert ("plot_training was not run" in markdown) != bool(drawn), markdown
     assert html.count("data:image/png;base64,") == 4
+
+
+def test_a_report_named_after_another_training_is_refused_before_any_node_runs(tmp_path, monkeypatch):
+    """``kedro run --pipeline=report --params run_name=alpha`` after alpha, then beta, trained: the report
+    covered beta (the last training), filed under runs/beta, while its MLflow run was named alpha, beta's
+    figures under alpha's name. Refused before any node runs when the name is another training's (its
+    outputs kept under runs/<name>/); the last training's own name, or a name of no training, runs."""
+    from kedro.io import DataCatalog, MemoryDataset
+
+    from fastlm.errors import ConfigError
+    from fastlm.hooks.inputs import ReportOfOneTrainingHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("alpha", "beta"):
+        (tmp_path / "data/08_reporting/runs" / name).mkdir(parents=True)
+        (tmp_path / "data/08_reporting/runs" / name / "train_summary.json").write_text("{}")
+    catalog = DataCatalog({"train_summary": MemoryDataset({"steps": 3, "run_name": "beta"})})
+    hook, report = ReportOfOneTrainingHook(), create_pipeline()
+    with pytest.raises(ConfigError) as refused:
+        hook.before_pipeline_run({"runtime_params": {"run_name": "alpha"}}, report, catalog)
+    said = str(refused.value)
+    assert "\n" not in said and "run_name alpha" in said and "beta" in said, said
+    assert "data/08_reporting/runs/alpha" in said, said
+    for given in ("beta", "report-final", None):
+        hook.before_pipeline_run({"runtime_params": {"run_name": given}}, report, catalog)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
 from fastlm.corpus.fingerprint import data_identity
 from fastlm.datasets.integrity import damaged_input_error, find_damaged
-from fastlm.errors import InputDataError, StaleDataError
+from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.hooks.catalog import local_path
 
 
@@ -122,6 +123,32 @@ _REPORT_SOURCES = {
 }
 
 
+# Where a training's train summary is kept under its run name when its catalog entry does not say
+_TRAINING_RUNS = "data/08_reporting/runs"
+
+
+def _check_report_name(given: str, catalog) -> None:
+    """A report run named after another training than the last (``run_name`` of a training whose summary is
+    kept under its name) would file the last training's report under that name in MLflow: refused."""
+    try:
+        if not catalog.exists("train_summary"):
+            return
+        trained = (catalog.load("train_summary") or {}).get("run_name")
+    except Exception:  # noqa: BLE001 - a damaged or missing file: MissingInputsHook and the nodes say so
+        return
+    metadata = getattr(catalog["train_summary"], "metadata", None) or {}
+    folder = Path(str(metadata.get("keep_per_run") or _TRAINING_RUNS))
+    if not trained or given == trained or not (folder / given / "train_summary.json").is_file():
+        return
+    raise ConfigError(
+        f"run_name {given}: the report covers the last training, {trained} (train_summary.json), not the "
+        f"training {given}, whose own report was kept in {folder.as_posix()}/{given}/ when it ran; this run "
+        f"would file {trained}'s report under {given}'s name in MLflow.",
+        fix=f"drop run_name (the report is filed under {trained}), or name the report run otherwise; to "
+        f"report {given} again, train it again (kedro run --params run_name={given}).",
+    )
+
+
 class ReportOfOneTrainingHook:
     """A run that writes the report but not all the files it reads of one training (``kedro run
     --pipeline=report --nodes ...`` without ``summarize_training`` or ``compare_training_runs``) is refused
@@ -134,6 +161,9 @@ class ReportOfOneTrainingHook:
         outputs = pipeline.all_outputs()
         if "report_html" not in outputs or "train_summary" in outputs or "train_summary" not in catalog:
             return
+        given = (run_params.get("runtime_params") or {}).get("run_name")
+        if given:
+            _check_report_name(str(given), catalog)
         kept = [name for name in _REPORT_SOURCES if name not in outputs and name in catalog]
         try:
             if not kept or not catalog.exists("train_summary"):
