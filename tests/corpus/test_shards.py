@@ -178,3 +178,13 @@ def test_a_glob_written_with_backslashes_is_refused_naming_it_with_slashes(tmp_p
         check_raw_path("data\\01_raw\\shards\\*.jsonl")
     assert "raw_path='data/01_raw/shards/*.jsonl'" in str(refused.value), str(refused.value)
     assert read_raw_table("data/01_raw/shards/*.jsonl")["n"].tolist() == list(range(3))
+
+
+def test_a_changed_file_of_the_same_size_is_said_so():
+    """A raw file reordered (or edited byte for byte) keeps its size: the refusal said
+    ``(2946814 -> 2946814 bytes)``, which reads as no change. Now "same size, other contents"."""
+    from fastlm.corpus.shards import size_change
+
+    assert size_change(2946814, 2946814) == "same size, 2946814 bytes, other contents"
+    assert size_change(10, 12) == "10 -> 12 bytes"
+    assert size_change(None, 12) == "12 bytes now"

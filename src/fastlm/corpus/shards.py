@@ -244,8 +244,17 @@ def shards_changed(path: str | Path, recorded: list[dict]) -> str | None:
         )
     for file, shard in zip(files, recorded, strict=True):
         if file_changed(file, shard):
-            return f"{file} changed ({shard.get('size')} -> {file.stat().st_size} bytes)"
+            return f"{file} changed ({size_change(shard.get('size'), file.stat().st_size)})"
     return None
+
+
+def size_change(recorded: int | None, now: int) -> str:
+    """How a changed file's size moved, in words: a file of the same size changed too (reordered lines)."""
+    if recorded is None:
+        return f"{now} bytes now"
+    if recorded == now:
+        return f"same size, {now} bytes, other contents"
+    return f"{recorded} -> {now} bytes"
 
 
 def _named(names: list[str]) -> str:

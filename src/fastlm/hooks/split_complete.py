@@ -11,7 +11,14 @@ from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
-from fastlm.corpus.shards import data_files, file_changed, file_record, shards_changed, shards_record
+from fastlm.corpus.shards import (
+    data_files,
+    file_changed,
+    file_record,
+    shards_changed,
+    shards_record,
+    size_change,
+)
 from fastlm.engine.paths import project_name
 from fastlm.errors import ConfigError, InputDataError, StaleDataError
 from fastlm.hooks.catalog import local_path
@@ -59,7 +66,7 @@ def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> No
         return
     raise StaleDataError(
         f"the raw file {recorded['path']} changed since the split made the data this pipeline reads "
-        f"({recorded.get('size')} -> {path.stat().st_size} bytes): it would use the old texts.",
+        f"({size_change(recorded.get('size'), path.stat().st_size)}): it would use the old texts.",
         fix=f"split it again: {_split_command(recorded['path'])} (or put the file back as it was).",
     )
 
