@@ -286,3 +286,48 @@ def test_a_parameter_mlflow_refuses_as_changed_is_named_in_the_warning(
     named = ["train.lr"] if one_at_a_time else ["train.lr", "train.model.path"]
     assert all(key in lines[0] for key in named) and "'***'" not in lines[0].split("train.lr")[0], lines
     assert first not in lines[0] and second not in lines[0], lines
+
+
+def test_runs_left_running_by_a_process_that_is_gone_are_ended_killed(tmp_path, empty_mlflow_db):
+    """A run killed with SIGKILL (or a machine's power) leaves its MLflow run RUNNING for ever: the UI shows
+    it running beside the run that resumed it. Each run records its process (``fastlm.process``: host, PID
+    namespace, PID); the next run start ends KILLED the runs still RUNNING whose process no longer runs here,
+    and leaves alone a run whose process runs and one of another host or PID namespace."""
+    import subprocess
+    import sys
+
+    from fastlm.tracking import PROCESS_TAG, end_runs_of_gone_processes, process_tag
+
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+        dead_pid = int(gone.stdout)
+        here = process_tag()
+        host, namespace, _ = here.split("|")
+        tags = {
+            "dead": f"{host}|{namespace}|{dead_pid}",
+            "alive": here,
+            "other_host": f"{host}-other|{namespace}|{dead_pid}",
+            "other_namespace": f"{host}|{namespace}0|{dead_pid}",
+        }
+        client = mlflow.MlflowClient()
+        experiment = client.create_experiment("e")
+        runs = {
+            name: client.create_run(experiment, tags={PROCESS_TAG: tag}).info.run_id
+            for name, tag in tags.items()
+        }
+        finished = client.create_run(experiment, tags={PROCESS_TAG: tags["dead"]}).info.run_id
+        client.set_terminated(finished, "FINISHED")
+        ended = end_runs_of_gone_processes(mlflow, experiment)
+        status = {name: client.get_run(run_id).info.status for name, run_id in runs.items()}
+        assert ended == [runs["dead"]]
+        assert status == {
+            "dead": "KILLED",
+            "alive": "RUNNING",
+            "other_host": "RUNNING",
+            "other_namespace": "RUNNING",
+        }
+        assert client.get_run(finished).info.status == "FINISHED"
+    finally:
+        mlflow.set_tracking_uri(None)

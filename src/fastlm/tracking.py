@@ -165,6 +165,64 @@ def end_interrupted_runs(run_id: str | None = None) -> None:
         log.warning("MLflow: an interrupted run was not marked KILLED (%s: %s)", type(exc).__name__, exc)
 
 
+# Each run's process (``process_tag``): a run left RUNNING by a process that is gone (SIGKILL, a power cut),
+# which no handler of its own could end, is ended KILLED by the next run start here.
+PROCESS_TAG = "fastlm.process"
+
+
+def process_tag(pid: int | None = None) -> str:
+    """``host|PID namespace|PID`` of this process (or ``pid`` in it): whether a run's process still runs can
+    be told only on its host and in its PID namespace (a container has its own)."""
+    import socket
+
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = "-"
+    return f"{socket.gethostname()}|{namespace}|{os.getpid() if pid is None else pid}"
+
+
+def end_runs_of_gone_processes(mlflow, experiment_id: str) -> list[str]:
+    """End KILLED the runs of ``experiment_id`` still RUNNING whose process (``PROCESS_TAG``, on this host and
+    in this PID namespace) no longer runs; their ids. A run of another host or namespace, or without the tag
+    (another tool's), is left as it is."""
+    host, namespace, _ = process_tag().split("|")
+    ended = []
+    try:  # a store that cannot search or end runs: this run's tracking goes on
+        client = mlflow.MlflowClient()
+        running = client.search_runs(
+            [experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000
+        )
+        for run in running:
+            parts = str(run.data.tags.get(PROCESS_TAG, "")).split("|")
+            if len(parts) != 3 or parts[:2] != [host, namespace] or not parts[2].isdigit():
+                continue
+            if _process_runs(int(parts[2])):
+                continue
+            client.set_terminated(run.info.run_id, "KILLED")
+            ended.append(run.info.run_id)
+    except Exception as exc:  # noqa: BLE001 - tracking fails open
+        log.warning("MLflow: runs left RUNNING were not looked for (%s: %s)", type(exc).__name__, exc)
+    if ended:
+        log.info(
+            "MLflow: %d run(s) left RUNNING by a process that is gone (killed, or its machine stopped) "
+            "ended KILLED: %s",
+            len(ended),
+            ", ".join(ended),
+        )
+    return ended
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        return True
+    return True
+
+
 class SafeMlflow:
     """Calls into mlflow that warn once on the first failure and are skipped afterwards."""
 
@@ -370,7 +428,11 @@ class RunTracker:
         import mlflow
 
         try:
-            run = mlflow.start_run(run_name=name, nested=True) if mlflow.active_run() is not None else None
+            run = (
+                mlflow.start_run(run_name=name, nested=True, tags={PROCESS_TAG: process_tag()})
+                if mlflow.active_run() is not None
+                else None
+            )
             if run is not None:
                 texts = {key: param_text(redact(value, key)) for key, value in params.items()}
                 mlflow.log_params({key: text[:500] for key, text in texts.items() if text is not None})

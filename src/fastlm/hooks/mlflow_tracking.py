@@ -14,16 +14,19 @@ from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, Mlflo
 from fastlm.hooks.run_outputs import RUN_NAME
 from fastlm.redaction import redact
 from fastlm.tracking import (
+    PROCESS_TAG,
     MlflowMetrics,
     SafeMlflow,
     active_run_id,
     begin_session_tracking,
     bound_tracking_requests,
     end_interrupted_runs,
+    end_runs_of_gone_processes,
     end_session_tracking,
     local_store_uri,
     note_session_run,
     param_text,
+    process_tag,
     register_project_artifacts,
     session_tracking_set,
     stopped_by_user,
@@ -114,9 +117,14 @@ class RedactingMlflowHook(MlflowHook):
             note_session_run()  # Ctrl-C outside training: ended KILLED at exit, not FINISHED by MLflow
         # Tags as values: the runner's class name, not its repr; lists and --params as JSON.
         tags = {key: text for key, value in run_params.items() if value and (text := param_text(value))}
+        tags[PROCESS_TAG] = process_tag()  # a run this process leaves RUNNING is ended by a later one
         tracking = getattr(self, "_tracking", None)
         if tracking is not None:  # skipped once tracking has failed
             tracking.call("tagging", lambda mlflow: mlflow.set_tags(tags))
+            tracking.call(
+                "ending runs of processes that are gone",
+                lambda mlflow: end_runs_of_gone_processes(mlflow, mlflow.active_run().info.experiment_id),
+            )
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
