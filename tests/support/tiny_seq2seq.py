@@ -22,15 +22,16 @@ SMALL_BART_LAYERS = dict(
 )
 
 
-def tiny_seq2seq(kind: str, attn: str = "sdpa"):
+def tiny_seq2seq(kind: str, attn: str = "sdpa", layers: int = 2):
+    """``layers`` on each side (encoder and decoder)."""
     import transformers as tf
 
     torch.manual_seed(0)
     bart_like = dict(
         vocab_size=VOCAB,
         d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
+        encoder_layers=layers,
+        decoder_layers=layers,
         encoder_attention_heads=2,
         decoder_attention_heads=2,
         encoder_ffn_dim=32,
@@ -54,7 +55,7 @@ def tiny_seq2seq(kind: str, attn: str = "sdpa"):
                 d_model=16,
                 d_kv=8,
                 d_ff=32,
-                num_layers=2,
+                num_layers=layers,
                 num_heads=2,
                 pad_token_id=PAD,
                 eos_token_id=EOS,
