@@ -739,3 +739,49 @@ def test_an_adapter_on_a_tied_embedding_or_head_merges_into_the_function_it_trai
         torch.testing.assert_close(again(**inputs).logits, trained, atol=MERGED_ADAPTER_ATOL, rtol=0)
     tied = again.get_output_embeddings().weight is again.get_input_embeddings().weight
     assert tied == (targets == ["q_proj"]) and again.config.tie_word_embeddings == tied
+
+
+def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tmp_path):
+    """An encoder-decoder trained with LoRA generates from the decoder prefix it trained on
+    (``generate_as_trained``: its start token, then the ``<s>`` a BART-style tokenizer puts before a text,
+    forced); its adapter folder loaded (the report, predict) and merged (merge-adapter, its folder read back)
+    generate the same ids. Was: the adapter folder kept no generation config, so they generated from the
+    base's, without the forced ``<s>``, where a full fine-tune's folder forces it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSeq2SeqLM
+
+    from fastlm.datasets import PretrainedModelDataset
+    from fastlm.engine.model.encoder_decoder import generate_as_trained
+    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+
+    tokenizer = bart_style_tokenizer()
+    base = tiny_seq2seq("bart")
+    base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    base.save_pretrained(tmp_path / "base")
+    peft_model = get_peft_model(
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    generate_as_trained(peft_model, base.config.decoder_start_token_id, (tokenizer.bos_token_id,))
+    PretrainedModelDataset(str(tmp_path / "adapter")).save({"model": peft_model, "tokenizer": tokenizer})
+    texts = ["summarize the dialogue", "a short summary please"]
+    prompts = tokenizer(texts, padding=True, return_tensors="pt")
+
+    def generated(model):
+        with torch.no_grad():
+            return model.eval().generate(**prompts, max_new_tokens=6, num_beams=2, do_sample=False).tolist()
+
+    trained = generated(peft_model)
+    assert all(row[1] == tokenizer.bos_token_id for row in trained)  # the forced <s> after the start token
+    merged = lora.merge_adapter(tmp_path / "adapter")
+    merged.save_pretrained(tmp_path / "merged")
+    for model in (
+        PretrainedModelDataset(str(tmp_path / "adapter")).load()["model"],
+        merged,
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "merged"),
+    ):
+        assert generated(model) == trained

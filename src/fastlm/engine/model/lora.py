@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 PARAM = "train.model.lora"
 ADAPTER_CONFIG = "adapter_config.json"
+GENERATION_CONFIG = "generation_config.json"  # an encoder-decoder adapter's: how it generates as it trained
 _ATTENTION_MLP = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_TARGETS: dict[str, list[str]] = {
     **{
@@ -380,6 +381,29 @@ def _remember_initial_adapters(peft_model) -> None:
     object.__setattr__(peft_model, _INITIAL, initial)
 
 
+def save_generation_config(peft_model, folder: Path) -> None:
+    """An encoder-decoder's generation config into its adapter folder: how it generates as it trained
+    (``encoder_decoder.generate_as_trained``: the decoder start token and a forced BOS, which the base's own
+    config may lack); ``load_adapter_model`` gives it to the base the adapter is loaded or merged into."""
+    base = peft_model.get_base_model()
+    generation = getattr(base, "generation_config", None)
+    if generation is not None and getattr(base.config, "is_encoder_decoder", False):
+        generation.save_pretrained(str(folder))
+
+
+def adapter_generation_config(model, folder: str | Path) -> None:
+    """``model`` (the base of the adapter in ``folder``) gets the generation config saved with the adapter
+    (``save_generation_config``), where the folder holds one."""
+    if not (Path(folder) / GENERATION_CONFIG).is_file():
+        return
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig.from_pretrained(str(folder))
+    start = model.generation_config.decoder_start_token_id
+    if start is not None:
+        model.config.decoder_start_token_id = start
+
+
 def save_adapter(peft_model, folder: str | Path) -> None:
     """``save_pretrained`` the adapter into ``folder``; a PiSSA or OLoRA adapter as its trained difference,
     a plain LoRA of rank 2 r for the unchanged base (peft's conversion: ``W_res + s B A = W + s [B | -B0]
@@ -389,6 +413,7 @@ def save_adapter(peft_model, folder: str | Path) -> None:
 
     folder = Path(folder)
     peft_model.save_pretrained(str(folder), safe_serialization=True)
+    save_generation_config(peft_model, folder)
     initial = peft_model.__dict__.get(_INITIAL)
     if initial is None:
         return
@@ -672,6 +697,7 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
         local_files_only=True,
     )
     base_model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **args)
+    adapter_generation_config(base_model, folder)
     size = len(pretrained.folder_vocabulary(folder) or ())
     if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
         log.info("Growing the embedding of %s to the %d tokens of the adapter's tokenizer", base, size)
