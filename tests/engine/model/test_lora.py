@@ -741,12 +741,15 @@ def test_an_adapter_on_a_tied_embedding_or_head_merges_into_the_function_it_trai
     assert tied == (targets == ["q_proj"]) and again.config.tie_word_embeddings == tied
 
 
-def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tmp_path):
+@pytest.mark.parametrize("head", ["bos", "none"])
+def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tmp_path, head):
     """An encoder-decoder trained with LoRA generates from the decoder prefix it trained on
     (``generate_as_trained``: its start token, then the ``<s>`` a BART-style tokenizer puts before a text,
-    forced); its adapter folder loaded (the report, predict) and merged (merge-adapter, its folder read back)
-    generate the same ids. Was: the adapter folder kept no generation config, so they generated from the
-    base's, without the forced ``<s>``, where a full fine-tune's folder forces it."""
+    forced; a tokenizer that puts none before a text, KoBART's, has a base's forced ``<s>`` dropped); its
+    adapter folder loaded (the report, predict) and merged (merge-adapter, its folder read back) generate the
+    same ids. Was: the adapter folder kept no generation config, so they generated from the base's (without
+    the forced ``<s>``, or with the one the base forces), where a full fine-tune's folder generates as
+    trained."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSeq2SeqLM
 
@@ -757,6 +760,7 @@ def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tm
     tokenizer = bart_style_tokenizer()
     base = tiny_seq2seq("bart")
     base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    base.generation_config.forced_bos_token_id = None if head == "bos" else tokenizer.bos_token_id
     base.save_pretrained(tmp_path / "base")
     peft_model = get_peft_model(
         AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"),
@@ -766,7 +770,8 @@ def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tm
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.5)
-    generate_as_trained(peft_model, base.config.decoder_start_token_id, (tokenizer.bos_token_id,))
+    ends = (tokenizer.bos_token_id,) if head == "bos" else ()
+    generate_as_trained(peft_model, base.config.decoder_start_token_id, ends)
     PretrainedModelDataset(str(tmp_path / "adapter")).save({"model": peft_model, "tokenizer": tokenizer})
     texts = ["summarize the dialogue", "a short summary please"]
     prompts = tokenizer(texts, padding=True, return_tensors="pt")
@@ -776,7 +781,8 @@ def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tm
             return model.eval().generate(**prompts, max_new_tokens=6, num_beams=2, do_sample=False).tolist()
 
     trained = generated(peft_model)
-    assert all(row[1] == tokenizer.bos_token_id for row in trained)  # the forced <s> after the start token
+    # the forced <s> after the start token; none forced: another first token
+    assert all((row[1] == tokenizer.bos_token_id) == (head == "bos") for row in trained)
     merged = lora.merge_adapter(tmp_path / "adapter")
     merged.save_pretrained(tmp_path / "merged")
     for model in (
