@@ -917,7 +917,7 @@ def test_a_named_pipe_in_place_of_a_saved_arrow_file_is_refused_without_hanging(
 
 
 @pytest.mark.parametrize("stopped_in", ["split_corpus", "build_tokenizer", "tokenize_corpus", "report_split"])
-def test_a_split_stopped_part_way_leaves_outputs_no_pipeline_uses(project, monkeypatch, stopped_in):
+def test_a_split_stopped_part_way_leaves_outputs_no_pipeline_uses(project, stopped_in):
     """A re-split with another hash_salt stopped inside a node (as by kill -9 or a full disk): new splits or a
     new tokenizer beside the old tokenized data. The report used them (its ROUGE prompts were training rows);
     now every pipeline reading split outputs refuses until a split finishes."""
@@ -937,11 +937,11 @@ def test_a_split_stopped_part_way_leaves_outputs_no_pipeline_uses(project, monke
         }
     }
     before = _snapshot(project)
-    monkeypatch.setattr(nodes, stopped_in, stopped)
-    with pytest.raises(KeyboardInterrupt):
+    # a patch of its own: undoing the fixture's monkeypatch would also drop MLFLOW_TRACKING_URI, and every
+    # later run would create MLflow's schema afresh in the project folder (seconds each time)
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(nodes, stopped_in, stopped)
         run_pipeline(project, "split", {"split": {**SPLIT, "hash_salt": "another salt"}})
-    monkeypatch.undo()
-    monkeypatch.chdir(project)
     if _snapshot(project) == before:  # stopped before its first save: the old, whole split is still in use
         assert stopped_in == "split_corpus"
         run_pipeline(project, "report", report)
@@ -952,7 +952,7 @@ def test_a_split_stopped_part_way_leaves_outputs_no_pipeline_uses(project, monke
     run_pipeline(project, "report", report)
 
 
-def test_disk_full_while_split_saves(project, monkeypatch):
+def test_disk_full_while_split_saves(project):
     import datasets
 
     def disk_full(self, path, *args, **kwargs):
@@ -960,9 +960,9 @@ def test_disk_full_while_split_saves(project, monkeypatch):
         (Path(path) / "partial.arrow").write_bytes(b"\0" * 64)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(datasets.DatasetDict, "save_to_disk", disk_full)
     before = _snapshot(project)
-    with pytest.raises(Exception) as raised:
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(Exception) as raised:  # keeps the fixture's env
+        patch.setattr(datasets.DatasetDict, "save_to_disk", disk_full)
         run_pipeline(project, "split", {})
     message = str(find_user_error(raised.value))
     assert isinstance(find_user_error(raised.value), StorageError) and "\n" not in message, message
@@ -972,8 +972,6 @@ def test_disk_full_while_split_saves(project, monkeypatch):
     # test).
     after = _snapshot(project)
     assert {k: v for k, v in before.items() if not k.endswith("split_complete.json")} == after
-    monkeypatch.undo()
-    monkeypatch.chdir(project)
     _fails_cleanly(project, "train", {}, InputDataError, "did not finish", "kedro run --pipeline=split")
 
 
