@@ -132,6 +132,25 @@ def kernel_unavailable(kernel: str, device, precision: str) -> str | None:
     return (liger_unavailable if kernel.startswith("liger") else cce_unavailable)(device)
 
 
+def facts(args) -> dict:
+    """What the parent prints of torch and the engine at ``args``: torch's version, the fused path's elements
+    per chunk, whether its weight gradient goes by vocabulary blocks, and why each kernel asked for cannot run
+    here (None: it can). The plain path's child reports them after its figures, so that the parent, which
+    only starts the children, does not import torch too."""
+    import torch
+
+    from fastlm.engine.model.linear_loss import LINEAR_CE_CHUNK_ELEMENTS, weight_gradient_by_block
+
+    device = torch.device(args.device)
+    compute = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    return {
+        "torch": str(torch.__version__),
+        "chunk_elements": LINEAR_CE_CHUNK_ELEMENTS,
+        "by_block": weight_gradient_by_block(compute, device),
+        "unavailable": {name: kernel_unavailable(name, device, args.precision) for name in args.kernels},
+    }
+
+
 def run_child(path: str, args, chunk: int | None = None, block: int | None = None) -> dict:
     command = [
         sys.executable,
@@ -154,6 +173,7 @@ def run_child(path: str, args, chunk: int | None = None, block: int | None = Non
         str(args.repeats),
         *(("--chunk", str(chunk)) if chunk else ()),
         *(("--block", str(block)) if block else ()),
+        *(("--kernels", *args.kernels) if args.kernels else ()),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -204,36 +224,34 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args, args.chunk)))
+        result = measure(args.child, args, args.chunk)
+        if args.child == "plain":  # the first child: the parent's facts too, once its figures are taken
+            result["facts"] = facts(args)
+        print(json.dumps(result))
         return 0
-    import torch
-
-    from fastlm.engine.model.linear_loss import LINEAR_CE_CHUNK_ELEMENTS, weight_gradient_by_block
-
+    results = {"plain": run_child("plain", args)}
+    known = results["plain"].pop("facts")
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{torch.__version__},"
+        f"{known['torch']},"
         f" python {platform.python_version()}; {args.threads} threads"
     )
     print(
         f"shape: {args.tokens:,} tokens x vocabulary {args.vocab:,}, hidden {args.hidden}: fp32 logits "
         f"{args.tokens * args.vocab * 4 / 2**20:,.0f} MB; fused: the engine's "
-        f"{max(1, LINEAR_CE_CHUNK_ELEMENTS // args.vocab):,} tokens per chunk"
+        f"{max(1, known['chunk_elements'] // args.vocab):,} tokens per chunk"
     )
-    compute = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    device = torch.device(args.device)
-    by_block = weight_gradient_by_block(compute, device)
-    blocks = f"by blocks of {max(1, LINEAR_CE_CHUNK_ELEMENTS // args.tokens):,} vocabulary rows"
+    blocks = f"by blocks of {max(1, known['chunk_elements'] // args.tokens):,} vocabulary rows"
     print(
         f"precision: {'bf16 autocast, fp32 weights' if args.precision == 'bf16' else 'fp32'}; the fused "
-        f"path's weight gradient {blocks if by_block else 'summed chunk by chunk'}"
+        f"path's weight gradient {blocks if known['by_block'] else 'summed chunk by chunk'}"
     )
-    results = {path: run_child(path, args) for path in ("plain", "fused")}
+    results["fused"] = run_child("fused", args)
     results.update({f"fused@{chunk}": run_child("fused", args, chunk) for chunk in args.chunk_tokens})
     results.update({f"blocks@{n}": run_child("fused", args, block=n) for n in args.vocab_blocks})
     skipped = {}
     for kernel in args.kernels:
-        problem = kernel_unavailable(kernel, device, args.precision)
+        problem = known["unavailable"][kernel]
         if problem is None:
             results[kernel] = run_child(kernel, args)
         else:
