@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
 from tests.support import background
-from tests.support.project import demo_texts, make_kedro_project, run_pipeline, write_jsonl
+from tests.support.project import demo_texts, kedro_cli, make_kedro_project, run_pipeline, write_jsonl
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 pytestmark = pytest.mark.e2e
@@ -440,21 +439,9 @@ def test_corrupted_checkpoint_names_the_file(project):
 # ------------------------------------------------------------------------------------------- the real CLI
 
 
-def _kedro(project: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DO_NOT_TRACK": "true", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "kedro", "run", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def _one_line_exit_2(project: Path, *args: str) -> str:
     before = _snapshot(project)
-    done = _kedro(project, *args)
+    done = kedro_cli(project, *args)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
