@@ -94,9 +94,10 @@ def head_rows(model) -> list[int]:
     return rows
 
 
-def bart_style_tokenizer():
+def bart_style_tokenizer(bos_before_text: bool = True):
     """A tiny byte-level BPE with BART's special tokens (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3) and
-    its post-processor: ``tokenizer(text)`` is ``<s> text </s>``, as BART's own tokenizer encodes a text."""
+    its post-processor: ``tokenizer(text)`` is ``<s> text </s>``, as BART's own tokenizer encodes a text
+    (``bos_before_text=False``: ``text </s>``, as KoBART's does)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -110,8 +111,9 @@ def bart_style_tokenizer():
         show_progress=False,
     )
     backend.train_from_iterator(["summarize the dialogue please", "a short summary of it"], trainer=trainer)
+    head = "<s> " if bos_before_text else ""
     backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+        single=f"{head}$A </s>", pair=f"{head}$A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"

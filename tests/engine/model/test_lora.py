@@ -791,3 +791,58 @@ def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tm
         AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "merged"),
     ):
         assert generated(model) == trained
+
+
+@pytest.mark.parametrize("bos_before_text", [True, False])
+def test_an_encoder_decoder_adapter_saved_without_its_generation_config_generates_as_it_trained(
+    tmp_path, bos_before_text, caplog
+):
+    """An encoder-decoder adapter folder saved before adapters kept their generation config (no
+    ``generation_config.json``) is given the setting its training used, rebuilt from the folder's tokenizer
+    (the ``<s>`` it puts before a text forced, or none) and the base's decoder start, said once in the log:
+    loaded and merged, it has the generation settings and the greedy generations of the same adapter saved
+    with its generation config. Was: it generated from the base's generation config, without a word."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSeq2SeqLM
+
+    from fastlm.datasets import PretrainedModelDataset
+    from fastlm.engine.data.collators import TextEnds
+    from fastlm.engine.model.encoder_decoder import generate_as_trained
+    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+
+    tokenizer = bart_style_tokenizer(bos_before_text)
+    base = tiny_seq2seq("bart")
+    base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    base.generation_config.forced_bos_token_id = None if bos_before_text else tokenizer.bos_token_id
+    base.save_pretrained(tmp_path / "base")
+    peft_model = get_peft_model(
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    generate_as_trained(peft_model, base.config.decoder_start_token_id, TextEnds.of(tokenizer).head)
+    PretrainedModelDataset(str(tmp_path / "new")).save({"model": peft_model, "tokenizer": tokenizer})
+    shutil.copytree(tmp_path / "new", tmp_path / "old")
+    (tmp_path / "old" / lora.GENERATION_CONFIG).unlink()
+    prompts = tokenizer(
+        ["summarize the dialogue", "a short summary please"], padding=True, return_tensors="pt"
+    )
+    settings = ("decoder_start_token_id", "forced_bos_token_id", "bos_token_id", "eos_token_id")
+
+    def generation(model):
+        with torch.no_grad():
+            ids = model.eval().generate(**prompts, max_new_tokens=6, do_sample=False).tolist()
+        config = model.generation_config
+        return {name: getattr(config, name) for name in settings}, model.config.decoder_start_token_id, ids
+
+    caplog.set_level(logging.INFO, logger="fastlm.engine.model.lora")
+    for load in (
+        lambda folder: lora.merge_adapter(folder),
+        lambda folder: PretrainedModelDataset(str(folder)).load()["model"],
+    ):
+        assert generation(load(tmp_path / "old")) == generation(load(tmp_path / "new"))
+    said = [record.getMessage() for record in caplog.records if lora.GENERATION_CONFIG in record.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and str(tmp_path / "old") in said[0], caplog.messages

@@ -391,10 +391,18 @@ def save_generation_config(peft_model, folder: Path) -> None:
         generation.save_pretrained(str(folder))
 
 
+_said_rebuilt: set[str] = set()
+
+
 def adapter_generation_config(model, folder: str | Path) -> None:
     """``model`` (the base of the adapter in ``folder``) gets the generation config saved with the adapter
-    (``save_generation_config``), where the folder holds one."""
+    (``save_generation_config``), where the folder holds one. An encoder-decoder adapter folder saved without
+    one (an earlier fastlm) gets the setting its training used, rebuilt from what the folder holds: the
+    base's decoder start and the tokens the folder's tokenizer puts before a text (``TextEnds.head``, as
+    ``batching.seq2seq_batching`` gives them to ``generate_as_trained``), said once per folder."""
     if not (Path(folder) / GENERATION_CONFIG).is_file():
+        if getattr(model.config, "is_encoder_decoder", False):
+            _rebuild_generation_config(model, folder)
         return
     from transformers import GenerationConfig
 
@@ -402,6 +410,50 @@ def adapter_generation_config(model, folder: str | Path) -> None:
     start = model.generation_config.decoder_start_token_id
     if start is not None:
         model.config.decoder_start_token_id = start
+
+
+def _rebuild_generation_config(model, folder: str | Path) -> None:
+    """``generate_as_trained`` on ``model`` as training called it, from the adapter folder's tokenizer and the
+    base config; one line in the log per folder (a warning where the folder has no tokenizer to rebuild it
+    from: the base's generation config then stays)."""
+    from transformers import AutoTokenizer
+
+    from fastlm.engine.data.collators import TextEnds
+    from fastlm.engine.model.encoder_decoder import generate_as_trained
+
+    key = str(Path(folder).resolve())
+    start = model.config.decoder_start_token_id
+    start = model.config.pad_token_id if start is None else start
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as error:  # noqa: BLE001 - no tokenizer (or none that loads): nothing to rebuild from
+        if key not in _said_rebuilt:
+            _said_rebuilt.add(key)
+            log.warning(
+                "The encoder-decoder LoRA adapter in %s has no %s (saved by an earlier fastlm) and no "
+                "tokenizer that loads (%s): it generates with its base's generation config, which may "
+                "differ from how it trained.",
+                folder,
+                GENERATION_CONFIG,
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
+            )
+        return
+    if start is None:
+        return
+    head = TextEnds.of(tokenizer).head
+    generate_as_trained(model, int(start), head)
+    if key not in _said_rebuilt:
+        _said_rebuilt.add(key)
+        forced = f"{head[0]} forced first" if len(head) == 1 else "none forced"
+        log.info(
+            "The encoder-decoder LoRA adapter in %s has no %s (saved by an earlier fastlm): it generates as "
+            "it trained, from its base's decoder start token %d and what its tokenizer puts before a text "
+            "(%s)",
+            folder,
+            GENERATION_CONFIG,
+            int(start),
+            forced,
+        )
 
 
 def save_adapter(peft_model, folder: str | Path) -> None:
