@@ -151,3 +151,35 @@ def test_an_input_shaped_like_the_training_data_is_read_from_its_ids_column(proj
     good = table[table["refused"] == ""]
     assert good["prediction"].tolist() == _alone(folder, [[3, 17, 5], [4, 4, 12, 0]])
     assert good["id"].tolist() == ["k0", "k2"]
+
+
+@pytest.mark.parametrize("huge", [2**63 + 5, 2**64 + 5, -(2**63) - 5])
+@pytest.mark.parametrize("words", [True, False])
+def test_an_id_beyond_64_bits_in_a_jsonl_input_is_a_refused_row(tmp_path, huge, words):
+    """A JSON Lines input of ids where one id, and one row's id, do not fit 64 bits: with a row of words
+    (Arrow's reader gives way to pandas') the file was refused with pandas' ``Value is too big! at position
+    <n>`` (a byte offset); with lists alone Arrow read every id and row id as a float (the row ids 1.0, the
+    big ones rounded in the reason and the table). It reads as written: that row is refused with the reason
+    its ids give, the others are asked as their ids, every row keeps its id."""
+    from fastlm.corpus.pretokenized import input_ids
+    from fastlm.corpus.readers import read_text_table
+    from fastlm.datasets.predict_sources import PARAMETER
+    from fastlm.reporting.predict_inputs import IdVocabulary, id_input_rows
+
+    last = "4 4 12" if words else [4, 4, 12]
+    rows = [{"id": 1, "ids": [3, 17, 5]}, {"id": huge, "ids": [4, huge]}, {"id": 3, "ids": last}]
+    path = _write_jsonl(tmp_path / "ids.jsonl", rows)
+    found = id_input_rows(
+        read_text_table(path, PARAMETER),
+        column=("predict.text_column", "ids"),
+        vocabulary=IdVocabulary(vocab_size=VOCAB, eos_id=EOS),
+        id_column="id",
+        limit=None,
+        too_long="truncate",
+        source=str(path),
+    )
+    expected = [input_ids(row["ids"], vocab_size=VOCAB, eos_id=EOS) for row in rows]
+    assert found["refused"].tolist() == [reason for _, reason in expected]
+    assert found["ids"].tolist() == [ids for ids, _ in expected]
+    assert [str(value) for value in found["id"]] == [str(row["id"]) for row in rows]
+    assert str(huge) in found["refused"].iloc[1], found["refused"].iloc[1]

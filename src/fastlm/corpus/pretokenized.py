@@ -119,7 +119,10 @@ def input_ids(value, *, vocab_size: int, eos_id: int) -> tuple[list[int] | None,
         if problem is not None:
             return None, f"malformed_ids (the row {problem})"
         numbers = [int(number) for number in value]
-    bad = _first_bad_id(np.asarray(numbers), vocab_size=vocab_size, eos_id=eos_id)  # big ints: object array
+    ids = np.asarray(numbers)
+    if ids.dtype.kind not in "iu":  # int64 beside uint64 ids reads as float64 (rounded): Python's ints
+        ids = np.asarray(numbers, dtype=object)
+    bad = _first_bad_id(ids, vocab_size=vocab_size, eos_id=eos_id)
     if bad is None:
         return numbers, None
     kind, found = bad

@@ -402,7 +402,10 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
     whole = table is not None and table.num_rows == _filled_lines(source)
     # a row with every value missing may be a ``null`` line (pyarrow reads it as one): Python's json decides
     if whole and not _a_row_all_null(table):
-        return table
+        # Arrow reads an integer beyond int64 as a float (its column too: ids 1.0, the big one rounded)
+        if not (_holds_floats(table.schema) and _wide_integer(source)):
+            return table
+        return _python_json_rows(source)
     repeated = _first_repeated_key(source)
     if repeated is not None:
         raise _repeated_key(path, *repeated)
@@ -412,7 +415,48 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
             f"{path} line {line} is not valid JSON ({error}).",
             fix="fix or remove that line (JSON Lines: one JSON object per line).",
         )
-    return table if whole else pd.read_json(_rewound(source), lines=True, dtype=False)
+    if whole:
+        return table
+    if _wide_integer(source):  # pandas' reader refuses it (``Value is too big!``) or rounds it (above int64)
+        return _python_json_rows(source)
+    return pd.read_json(_rewound(source), lines=True, dtype=False)
+
+
+INT64 = (-(2**63), 2**63 - 1)
+LONG_INTEGER = re.compile(rb"(?<![\w.+-])-?[0-9]{19,}(?![0-9.eE])")  # 19 digits: from 10**18 (int64 < 9.3e18)
+
+
+def _wide_integer(source) -> bool:
+    """Whether ``source`` writes an integer outside int64 (anywhere: a text holding one too)."""
+    with _open(source) as handle:
+        data = handle.read()
+    return any(not INT64[0] <= int(found) <= INT64[1] for found in LONG_INTEGER.findall(data))
+
+
+def _holds_floats(schema) -> bool:
+    """Whether an Arrow schema has a float anywhere (a column, a list's items, a struct's field)."""
+    import pyarrow as pa
+
+    def floats(kind) -> bool:
+        if pa.types.is_floating(kind):
+            return True
+        if pa.types.is_struct(kind):
+            return any(floats(kind.field(index).type) for index in range(kind.num_fields))
+        return hasattr(kind, "value_type") and floats(kind.value_type)
+
+    return any(floats(field.type) for field in schema)
+
+
+def _python_json_rows(source) -> pd.DataFrame:
+    """JSON Lines read by Python's ``json`` (every line checked to be one object): an integer outside int64
+    kept whole, for the column's reader to judge (predict refuses such an id as its row's reason)."""
+    with _open(source) as handle:
+        rows = [
+            json.loads(line.removeprefix(b"\xef\xbb\xbf") if number == 1 else line)
+            for number, line in enumerate(handle, start=1)
+            if line.strip()
+        ]
+    return pd.DataFrame.from_records(rows)
 
 
 def _a_row_all_null(table) -> bool:
