@@ -272,6 +272,41 @@ def test_finished_chunks_are_reused_only_on_the_device_type_and_precision_that_w
     assert weights_in_bf16 == 0 and third not in (written, other)
 
 
+def test_a_run_whose_rows_all_came_from_an_earlier_run_says_no_speed(tmp_path, monkeypatch):
+    """A rerun of the same job generates nothing (every chunk reused): its lines say so ("Nothing to
+    generate") and give no speed, where the run that generated them gives one. Was: "0.0 samples/s, 0
+    generated tokens/s", a speed of nothing generated."""
+    import logging.handlers
+
+    from fastlm.reporting import predict_steps, predictions
+
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-rerun", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predict_steps, "log", logger)
+    monkeypatch.setattr(predictions, "log", logger)
+    model, tokenizer = line_end_llama()
+    rows = _text_rows(["a", "b", "c"], tokenizer)
+    job, parts = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1), PredictionParts(tmp_path)
+    said = []
+    for _ in range(2):
+        seen.buffer.clear()
+        _, summary = predict_rows(
+            model, tokenizer, rows, job, runtime=_cpu("fp32"), parts=parts, model_identity="m"
+        )
+        predict_steps.say_predicted(summary, "texts.jsonl", "model")
+        said.append(([record.getMessage() for record in seen.buffer], summary))
+    (first, generated), (again, reused) = said
+    assert (
+        generated["generated_rows"] == reused["resumed_rows"] == len(rows) and reused["generated_rows"] == 0
+    )
+    assert not any("Nothing to generate" in line for line in first)
+    assert sum("Nothing to generate" in line for line in again) == 1, again
+    assert sum("samples/s" in line for line in first) == 1, first
+    assert not any("/s" in line for line in again), again
+    assert sum(line.startswith(f"Predicted {len(rows)} of {len(rows)} rows") for line in again) == 1, again
+
+
 def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(tokenizer, capfd, caplog):
     """Predict truncates to the model's positions itself (``input_limit``): the tokenizer's warning that
     the sequence "will result in indexing errors" (its own ``model_max_length``, the split's max_length)

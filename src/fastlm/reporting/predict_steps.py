@@ -245,15 +245,20 @@ def refuse_an_input_of_no_askable_row(
 
 
 def say_predicted(summary: dict, path: str, model: str) -> None:
+    """The run in one line: its speed where it generated rows; none where every row came from an earlier run
+    (``predict_rows`` said "Nothing to generate")."""
+    generated = summary.get("generated_rows", summary["predicted"])
     log.info(
-        "Predicted %d of %d rows of %s with %s (%s): %.1f samples/s, %.0f generated tokens/s; %d refused",
+        "Predicted %d of %d rows of %s with %s (%s): %s; %d refused",
         summary["predicted"],
         summary["rows"],
         path,
         model,
         summary["decoding"],
-        summary["samples_per_s"] or 0,
-        summary["generated_tokens_per_s"] or 0,
+        f"{summary['samples_per_s'] or 0:.1f} samples/s, {summary['generated_tokens_per_s'] or 0:.0f} "
+        "generated tokens/s"
+        if generated
+        else "every row from an earlier run",
         summary["refused"],
     )
     calls = summary.get("tool_calls")
