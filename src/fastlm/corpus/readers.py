@@ -426,11 +426,23 @@ INT64 = (-(2**63), 2**63 - 1)
 LONG_INTEGER = re.compile(rb"(?<![\w.+-])-?[0-9]{19,}(?![0-9.eE])")  # 19 digits: from 10**18 (int64 < 9.3e18)
 
 
+_SCAN_BLOCK = 16 * 2**20
+
+
 def _wide_integer(source) -> bool:
-    """Whether ``source`` writes an integer outside int64 (anywhere: a text holding one too)."""
+    """Whether ``source`` writes an integer outside int64 (anywhere: a text holding one too), read in blocks
+    of whole lines (a large file is not held in memory twice)."""
+    rest = b""
     with _open(source) as handle:
-        data = handle.read()
-    return any(not INT64[0] <= int(found) <= INT64[1] for found in LONG_INTEGER.findall(data))
+        while True:
+            block = handle.read(_SCAN_BLOCK)
+            data = rest + block
+            cut = data.rfind(b"\n") + 1 if block else len(data)
+            data, rest = data[:cut], data[cut:]
+            if any(not INT64[0] <= int(found) <= INT64[1] for found in LONG_INTEGER.findall(data)):
+                return True
+            if not block:
+                return False
 
 
 def _holds_floats(schema) -> bool:
