@@ -124,3 +124,27 @@ def test_a_byte_level_tokenizer_folder_without_a_vocabulary_file_loads(tmp_path)
 
     ByT5Tokenizer().save_pretrained(tmp_path / "byt5")
     assert len(load_tokenizer(str(tmp_path / "byt5"))) > 256
+
+
+def test_a_tokenizer_folder_named_another_way_is_the_same_source(tmp_path, monkeypatch, bpe_tokenizer_dir):
+    """``split.tokenizer.source`` recorded with the saved tokenizer: ``models/base`` at the split and
+    ``./models/base`` or its absolute path at train named one folder, and train refused the data as made
+    with other settings. Another folder is still a change."""
+    import shutil
+
+    from fastlm.corpus.config import parse_split_params
+    from fastlm.corpus.tokenizer_source import record_settings, settings_changes
+
+    shutil.copytree(bpe_tokenizer_dir, tmp_path / "models/base")
+    shutil.copytree(bpe_tokenizer_dir, tmp_path / "models/other")
+    monkeypatch.chdir(tmp_path)
+    tokenizer = load_tokenizer("models/base")
+    record_settings(tokenizer, parse_split_params({"tokenizer": {"source": "models/base"}}).tokenizer)
+    for same in ("./models/base", str(tmp_path / "models/base"), "models/other/../base"):
+        assert (
+            settings_changes(tokenizer, parse_split_params({"tokenizer": {"source": same}}).tokenizer) == []
+        )
+    other = settings_changes(
+        tokenizer, parse_split_params({"tokenizer": {"source": "models/other"}}).tokenizer
+    )
+    assert len(other) == 1 and "split.tokenizer.source" in other[0], other

@@ -68,13 +68,24 @@ def tokenizer_settings(config) -> dict:
     from fastlm.corpus.config import TRAIN_TOKENIZER
 
     if config.source != TRAIN_TOKENIZER:
-        return {"source": os.path.normpath(config.source)}
+        return {"source": _folder_named(config.source)}
     return {
         "source": TRAIN_TOKENIZER,
         "vocab_size": config.vocab_size,
         "min_frequency": config.min_frequency,
         "training_samples": config.training_samples,
     }
+
+
+def _folder_named(source: str) -> str:
+    """A local tokenizer folder as one name however it is written (``models/base``, ``./models/base``, its
+    absolute path): resolved, relative to the working folder (the project's) where inside it, so a project
+    moved with its models keeps the name. A hub id or a name that is no folder here: as written."""
+    path = Path(source)
+    if not path.is_dir():
+        return source
+    folder, here = path.resolve(), Path.cwd().resolve()
+    return (folder.relative_to(here) if folder.is_relative_to(here) else folder).as_posix()
 
 
 def record_settings(tokenizer, config) -> None:
