@@ -750,26 +750,14 @@ def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tm
     same ids. Was: the adapter folder kept no generation config, so they generated from the base's (without
     the forced ``<s>``, or with the one the base forces), where a full fine-tune's folder generates as
     trained."""
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSeq2SeqLM
 
     from fastlm.datasets import PretrainedModelDataset
     from fastlm.engine.model.encoder_decoder import generate_as_trained
-    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+    from tests.support.tiny_seq2seq import bart_style_tokenizer
 
     tokenizer = bart_style_tokenizer()
-    base = tiny_seq2seq("bart")
-    base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    base.generation_config.forced_bos_token_id = None if head == "bos" else tokenizer.bos_token_id
-    base.save_pretrained(tmp_path / "base")
-    peft_model = get_peft_model(
-        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"),
-        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-    )
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.5)
+    base, peft_model = _seq2seq_adapter(tmp_path, tokenizer, forced_by_base=head != "bos")
     ends = (tokenizer.bos_token_id,) if head == "bos" else ()
     generate_as_trained(peft_model, base.config.decoder_start_token_id, ends)
     PretrainedModelDataset(str(tmp_path / "adapter")).save({"model": peft_model, "tokenizer": tokenizer})
@@ -793,27 +781,17 @@ def test_an_encoder_decoder_adapter_loads_and_merges_generating_as_it_trained(tm
         assert generated(model) == trained
 
 
-@pytest.mark.parametrize("bos_before_text", [True, False])
-def test_an_encoder_decoder_adapter_saved_without_its_generation_config_generates_as_it_trained(
-    tmp_path, bos_before_text, caplog
-):
-    """An encoder-decoder adapter folder saved before adapters kept their generation config (no
-    ``generation_config.json``) is given the setting its training used, rebuilt from the folder's tokenizer
-    (the ``<s>`` it puts before a text forced, or none) and the base's decoder start, said once in the log:
-    loaded and merged, it has the generation settings and the greedy generations of the same adapter saved
-    with its generation config. Was: it generated from the base's generation config, without a word."""
+def _seq2seq_adapter(tmp_path, tokenizer, *, forced_by_base: bool):
+    """A tiny BART base saved in ``tmp_path/base`` (its generation config forcing ``<s>`` first where
+    ``forced_by_base``) and a LoRA over it whose B matrices are random (an adapter that changes outputs)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSeq2SeqLM
 
-    from fastlm.datasets import PretrainedModelDataset
-    from fastlm.engine.data.collators import TextEnds
-    from fastlm.engine.model.encoder_decoder import generate_as_trained
-    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+    from tests.support.tiny_seq2seq import tiny_seq2seq
 
-    tokenizer = bart_style_tokenizer(bos_before_text)
     base = tiny_seq2seq("bart")
     base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    base.generation_config.forced_bos_token_id = None if bos_before_text else tokenizer.bos_token_id
+    base.generation_config.forced_bos_token_id = tokenizer.bos_token_id if forced_by_base else None
     base.save_pretrained(tmp_path / "base")
     peft_model = get_peft_model(
         AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"),
@@ -823,6 +801,26 @@ def test_an_encoder_decoder_adapter_saved_without_its_generation_config_generate
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.5)
+    return base, peft_model
+
+
+@pytest.mark.parametrize("bos_before_text", [True, False])
+def test_an_encoder_decoder_adapter_saved_without_its_generation_config_generates_as_it_trained(
+    tmp_path, bos_before_text, caplog
+):
+    """An encoder-decoder adapter folder saved before adapters kept their generation config (no
+    ``generation_config.json``) is given the setting its training used, rebuilt from the folder's tokenizer
+    (the ``<s>`` it puts before a text forced, or none) and the base's decoder start, said once in the log:
+    loaded and merged, it has the generation settings and the greedy generations of the same adapter saved
+    with its generation config. Was: it generated from the base's generation config, without a word."""
+
+    from fastlm.datasets import PretrainedModelDataset
+    from fastlm.engine.data.collators import TextEnds
+    from fastlm.engine.model.encoder_decoder import generate_as_trained
+    from tests.support.tiny_seq2seq import bart_style_tokenizer
+
+    tokenizer = bart_style_tokenizer(bos_before_text)
+    base, peft_model = _seq2seq_adapter(tmp_path, tokenizer, forced_by_base=not bos_before_text)
     generate_as_trained(peft_model, base.config.decoder_start_token_id, TextEnds.of(tokenizer).head)
     PretrainedModelDataset(str(tmp_path / "new")).save({"model": peft_model, "tokenizer": tokenizer})
     shutil.copytree(tmp_path / "new", tmp_path / "old")
