@@ -7,6 +7,7 @@ from kedro.config import OmegaConfigLoader
 from fastlm import apply_process_defaults
 from fastlm.hooks import (
     DatasetPathsHook,
+    FreshDataHook,
     LoadVersionsHook,
     MissingInputsHook,
     MlflowArtifactsHook,
@@ -42,6 +43,7 @@ HOOKS = (
     TunedParametersHook(),
     OutputFoldersWritableHook(),
     ReportOfOneTrainingHook(),
+    FreshDataHook(),  # the nodes' own checks of the tokenized data, before any node runs (any runner)
     ModelOfTheseSplitsHook(),  # before SplitCompleteHook: pluggy calls the later one first
     SplitCompleteHook(),
     MissingInputsHook(),

@@ -46,20 +46,8 @@ class PretrainedModelDataset(AbstractDataset):
             return self._load_folder()
 
     def _load_folder(self) -> dict:
-        from transformers import AutoTokenizer
-
-        if not self._exists():
-            raise DatasetError(
-                f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first."
-            )
+        self._check_folder()
         folder = str(self._filepath)
-        if not has_vocabulary_files(Path(folder)):  # config.json alone makes an empty tokenizer
-            raise ConfigError(
-                f"{folder} holds no tokenizer (no tokenizer.json, vocabulary, merges or sentencepiece file): "
-                "its predictions would start from no input token.",
-                fix="save the model's tokenizer into the folder (tokenizer.save_pretrained), or point at the "
-                "model folder a train run wrote.",
-            )
         if _is_adapter_folder(folder):
             from fastlm.engine.model.lora import load_adapter_model
 
@@ -76,13 +64,40 @@ class PretrainedModelDataset(AbstractDataset):
             )
             model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **self._load_args)
         record = Path(folder) / TRAINING_DATA
-        tokenizer = AutoTokenizer.from_pretrained(folder, **self._load_args)
-        check_has_vocabulary(tokenizer, folder, fix="save the model's tokenizer into the folder.")
+        tokenizer = self._load_tokenizer()
         return {
             "model": model,
             "tokenizer": tokenizer,
             "training_data": json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None,
         }
+
+    def load_tokenizer(self):
+        """The folder's tokenizer alone, as ``load`` loads it (no weights read: a hook checks the tokenized
+        data against it before any node runs)."""
+        self._check_folder()
+        with _LOADING:
+            return self._load_tokenizer()
+
+    def _check_folder(self) -> None:
+        if not self._exists():
+            raise DatasetError(
+                f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first."
+            )
+        if not has_vocabulary_files(Path(self._filepath)):  # config.json alone makes an empty tokenizer
+            raise ConfigError(
+                f"{self._filepath} holds no tokenizer (no tokenizer.json, vocabulary, merges or "
+                "sentencepiece file): its predictions would start from no input token.",
+                fix="save the model's tokenizer into the folder (tokenizer.save_pretrained), or point at the "
+                "model folder a train run wrote.",
+            )
+
+    def _load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        folder = str(self._filepath)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **self._load_args)
+        check_has_vocabulary(tokenizer, folder, fix="save the model's tokenizer into the folder.")
+        return tokenizer
 
     def save(self, data: dict) -> None:
         def write(folder: Path) -> None:

@@ -1,7 +1,8 @@
 """Project hooks, one module per concern (``settings.HOOKS`` registers them, in the order they must run):
 
 * ``conf``: the project folder, unknown ``--params`` keys, every parameter group validated, tuned parameters;
-* ``inputs``: inputs missing or damaged, a model evaluated on other splits than it trained on;
+* ``inputs``: inputs missing or damaged, tokenized data stale or edited, a model evaluated on other splits
+  than it trained on;
 * ``split_complete``: the split's outputs used together or not at all, the raw file they were made from;
 * ``run_outputs``: the run's name, its output folders writable, a copy of its outputs kept per run;
 * ``catalog``: the entries handed to the nodes (``dataset_paths``, ``run_tracker``), ``--load-versions`` of
@@ -24,6 +25,7 @@ from fastlm.hooks.conf import (
     UnknownRuntimeParamsHook,
 )
 from fastlm.hooks.inputs import (
+    FreshDataHook,
     MissingInputsHook,
     ModelOfTheseSplitsHook,
     ReportOfOneTrainingHook,
@@ -46,6 +48,7 @@ __all__ = [
     "RUN_TRACKER",
     "SPLIT_COMPLETE",
     "DatasetPathsHook",
+    "FreshDataHook",
     "LoadVersionsHook",
     "MissingInputsHook",
     "MlflowArtifactsHook",

@@ -114,6 +114,54 @@ class ModelOfTheseSplitsHook:
             )
 
 
+# The catalog entries a node checks the tokenized data against (``pipelines.start.start_node``): the split's
+# tokenizer (train, tune, sweep) or the trained model's own (the report's ``evaluate_model``)
+_FINGERPRINT, _TOKENIZERS = "tokenized_corpus_fingerprint", ("tokenizer", "trained_model")
+
+
+class FreshDataHook:
+    """The checks of the tokenized data that the nodes training or evaluating a model make first
+    (``pipelines.start.start_node``: made with the tokenizer and the split settings of this run, its split
+    files as the split wrote them), made before any node runs, where the run reads that data without making
+    it. Under the ParallelRunner or the ThreadRunner the report's other nodes (plots, summaries) run before
+    ``evaluate_model`` and would rewrite their files before it refused; a single-node pipeline (train, tune,
+    sweep) would open its MLflow run first. Only the tokenizer of the trained model is loaded, not its
+    weights; the nodes keep their own check (a node run alone still refuses)."""
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        free = pipeline.inputs()
+        if _FINGERPRINT not in free or "tokenized_corpus" not in free:
+            return
+        sources = sorted(
+            {
+                next(name for name in _TOKENIZERS if name in node.inputs)
+                for node in pipeline.nodes
+                if _FINGERPRINT in node.inputs and any(name in node.inputs for name in _TOKENIZERS)
+            }
+            & free
+        )
+        if not sources:
+            return
+        from fastlm.pipelines.start import TOKENIZED, start_node
+
+        fingerprint, tokenized = catalog.load(_FINGERPRINT), catalog.load("tokenized_corpus")
+        path = local_path(catalog, TOKENIZED)
+        for source in sources:
+            dataset = catalog[source]
+            load = getattr(dataset, "load_tokenizer", None)  # the trained model: its tokenizer alone
+            tokenizer = load() if load is not None else catalog.load(source)
+            start_node(
+                catalog.load("params:train"),
+                catalog.load("params:split"),
+                fingerprint=fingerprint,
+                tokenizer=tokenizer,
+                tokenized=tokenized,
+                paths={TOKENIZED: str(path)} if path is not None else None,
+                runtime=False,
+            )
+
+
 # What the report (``write_report``) reads of one training, as its argument of
 # ``reporting.summaries.check_report_sources``: each written by a node of the report pipeline.
 _REPORT_SOURCES = {
