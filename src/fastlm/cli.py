@@ -14,7 +14,7 @@ import os
 import pkgutil
 import re
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import click
 from click.core import ParameterSource
@@ -149,10 +149,82 @@ def check_env(env: str | None, conf_source: str | None, *, variable: bool = Fals
     as an MLflow file-store traceback, or as Kedro's MissingConfigException traceback)."""
     if variable:
         env = os.environ.get("KEDRO_ENV") or None
+    if conf_source and Path(conf_source).is_file() and _archive_protocol(conf_source) is not None:
+        _check_conf_archive(conf_source, env, variable=variable)
+        return
     conf = Path(conf_source) if conf_source else Path.cwd() / "conf"
     if not env or not conf.is_dir() or (conf / env).is_dir():
         return
     raise _no_env_folder(env, conf, f"KEDRO_ENV={env}" if variable else f"--env {env}")
+
+
+def _archive_protocol(conf_source: str) -> str | None:
+    """``tar`` or ``zip`` where Kedro reads ``--conf-source`` as a packed conf (by its name, as Kedro
+    does)."""
+    import mimetypes
+
+    kind, _ = mimetypes.guess_type(conf_source)
+    if kind == "application/x-tar":
+        return "tar"
+    return (
+        "zip"
+        if kind in ("application/zip", "application/x-zip-compressed", "application/zip-compressed")
+        else None
+    )
+
+
+def _check_conf_archive(conf_source: str, env: str | None, *, variable: bool) -> None:
+    """A packed conf is read by Kedro from the last entry at its top, as the conf folder (``kedro package``
+    packs the folder conf/ itself): that folder must hold base/ and the run's environment (``--env``,
+    ``KEDRO_ENV``, else ``local``, which ``kedro package`` keeps, empty). Each is one line naming the archive
+    (Kedro's own errors named a folder inside it, e.g. ``quick/base``, or the project's folders were offered
+    as environments)."""
+    import fsspec
+    from kedro.framework.project import settings
+
+    conf = settings.CONF_SOURCE
+    pack = f"from the project folder: `tar -czf conf.tar.gz {conf}` (or `zip -r conf.zip {conf}`)"
+    try:
+        files = fsspec.filesystem(_archive_protocol(conf_source), fo=conf_source)
+        top = [str(name).strip("/") for name in files.ls("", detail=False)]
+    except Exception as exc:  # noqa: BLE001 - not an archive Kedro can read
+        raise ConfigError(
+            f"--conf-source {conf_source}: not a readable archive ({type(exc).__name__}: {exc}).",
+            fix=f"pack the conf folder again, {pack}, or give the conf folder itself.",
+        ) from exc
+    root = top[-1] if top else ""
+    held = files.ls(root, detail=False) if root and files.isdir(root) else []
+    folders = sorted(PurePosixPath(str(name).rstrip("/")).name for name in held if files.isdir(str(name)))
+
+    def has(name: str) -> bool:  # the path Kedro opens (``OmegaConfigLoader._get_conf_env_path``)
+        return bool(root) and files.isdir(str(PurePosixPath(root) / name))
+
+    base = settings.CONFIG_LOADER_ARGS.get("base_env", "base")
+    if not has(base):
+        inside = f"holds {', '.join(folders)}" if folders else "holds no folder"
+        entries = ", ".join(top) or "no entries"
+        raise ConfigError(
+            f"--conf-source {conf_source}: Kedro reads the last entry at the top of a packed conf as the "
+            f"conf folder and opens {root or '(nothing)'}/{base} in it, which is not there (of {entries}; "
+            f"{root or 'it'} {inside}): an archive of the conf folder's contents (`tar -C conf .`) is none.",
+            fix=f"pack the conf folder itself, {pack}.",
+        )
+    run_env = env or settings.CONFIG_LOADER_ARGS.get("default_run_env", "local")
+    if has(run_env):
+        return
+    known = ", ".join(name for name in folders if name != base) or "(none)"
+    if env:
+        given = f"KEDRO_ENV={env}" if variable else f"--env {env}"
+        fix = f"use one of: {known}, or pack {root}/{env} into it."
+    else:
+        given = f"the default environment {run_env}"
+        fix = f"pack {root}/{run_env} into it, empty if need be (`kedro package` keeps it), or give --env "
+        fix += f"with one of: {known}."
+    raise ConfigError(
+        f"{given}: --conf-source {conf_source} holds no {root}/{run_env} folder (it holds "
+        f"{', '.join(folders)}).",
+        fix=fix,
+    )
 
 
 def _no_env_folder(env: str, conf: Path, given: str) -> ConfigError:
