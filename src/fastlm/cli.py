@@ -306,6 +306,9 @@ def config_file_error(exc: Exception) -> FastlmError | None:
                 "conf/base, may override it).",
                 fix=f"keep {keys} in one of the two files and remove it from the other.",
             )
+        resolver = _UNKNOWN_RESOLVER.search(str(current))
+        if resolver is not None and type(current).__module__.startswith("omegaconf"):
+            return _unknown_resolver_error(resolver.group(1), resolver.group(2))
         mark = getattr(current, "problem_mark", None)
         if mark is not None and type(current).__module__.startswith("yaml"):
             named = _YAML_FILE.search(str(exc))
@@ -317,6 +320,51 @@ def config_file_error(exc: Exception) -> FastlmError | None:
             )
         current = current.__cause__ or current.__context__
     return None
+
+
+_UNKNOWN_RESOLVER = re.compile(r"Unsupported interpolation type (\S+)(?:\s+full_key: (\S+))?")
+# omegaconf's own resolvers and Kedro's (``oc.env`` is Kedro's in credentials only)
+_RESOLVERS = (
+    "globals",
+    "runtime_params",
+    "oc.select",
+    "oc.decode",
+    "oc.create",
+    "oc.dict.keys",
+    "oc.dict.values",
+)
+
+
+def _unknown_resolver_error(name: str, key: str | None) -> ConfigError:
+    """``${name:...}`` that the config loader does not know, as one line: the files under conf/ that write it
+    and the parameter, and ``${env_or:...}`` (the project's) for Kedro's ``oc.env``."""
+    from kedro.framework.project import settings
+
+    conf = Path.cwd() / settings.CONF_SOURCE
+    files = sorted(
+        shown_path(path)
+        for path in (conf.rglob("*.y*ml") if conf.is_dir() else [])
+        if "${" + name + ":" in path.read_text(encoding="utf-8", errors="replace")
+    )
+    where = f"{', '.join(files)}: " if files else ""
+    at = f" (in {key})" if key else ""
+    if name == "oc.env":
+        texts = "\n".join((Path.cwd() / path).read_text(encoding="utf-8", errors="replace") for path in files)
+        found = re.search(r"\$\{oc\.env:\s*([^,}\s]+)", texts)
+        variable = found.group(1) if found else "NAME"
+        return ConfigError(
+            f"{where}${{oc.env:...}}{at}: Kedro reads environment variables with oc.env in credentials files "
+            "only, not in parameters or the catalog.",
+            fix=f"write ${{env_or:{variable},<default>}} there (the project's resolver: the variable where "
+            "it is set, else the default), or give the value with --params.",
+        )
+    known = sorted({*_RESOLVERS, *settings.CONFIG_LOADER_ARGS.get("custom_resolvers", {})})
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(
+        f"{where}${{{name}:...}}{at}: no resolver {name}{hint}.",
+        fix=f"use one of: {', '.join(known)}.",
+    )
 
 
 _YAML_FILE = re.compile(r"Invalid YAML or JSON file (.+?), unable to read")

@@ -1,0 +1,32 @@
+"""`${oc.env:...}` or an unknown resolver in a parameters file: one line naming the file, the parameter and
+the resolver to use (Kedro resolves ``oc.env`` in credentials only), not omegaconf's traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastlm.cli import config_file_error
+from tests.support.project import run_pipeline
+
+
+def _message(project, text: str) -> str:
+    (project / "conf/local/parameters_env.yml").write_text(f"report:\n  top_k: {text}\n", encoding="utf-8")
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, "report")
+    error = config_file_error(raised.value)
+    assert error is not None, repr(raised.value)
+    message = str(error)
+    assert "\n" not in message and "Fix:" in message, message
+    assert "conf/local/parameters_env.yml" in message and "report.top_k" in message, message
+    return message
+
+
+def test_oc_env_in_parameters_names_the_projects_resolver(kedro_project, monkeypatch):
+    monkeypatch.setenv("FASTLM_TOPK", "4")
+    message = _message(kedro_project, "${oc.env:FASTLM_TOPK}")
+    assert "oc.env" in message and "credentials" in message and "${env_or:FASTLM_TOPK" in message, message
+
+
+def test_a_misspelled_resolver_names_the_close_one(kedro_project):
+    message = _message(kedro_project, "${runtime_param:topk, 5}")
+    assert "runtime_param" in message and "did you mean runtime_params?" in message, message
