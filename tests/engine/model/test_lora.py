@@ -300,6 +300,57 @@ def test_qlora_trains_on_cpu_resumes_and_merges(tmp_path, base_dir, tokenizer, p
     assert_merges_to_the_unmerged_logits(out, pairs)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_qlora_adapter_loads_and_merges_into_the_4bit_weights_it_trained_on(
+    tmp_path, base_dir, tokenizer, pairs, precision
+):
+    """A QLoRA adapter's model is its base's NF4 weights plus the adapter: loaded (the report, predict) or
+    merged (``merge-adapter``), the base weights are those 4-bit weights dequantized, bit for bit, and the
+    merged model gives the trained 4-bit model's logits; the base folder's own weights plus the adapter are
+    a model that never trained (its test loss is not the trained model's)."""
+    pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    import bitsandbytes
+    from bitsandbytes.functional import dequantize_4bit
+
+    from fastlm.datasets import PretrainedModelDataset
+
+    params = train_params(
+        tmp_path,
+        base_dir,
+        model=model_params(base_dir, load_in_4bit=True, base_dtype=precision),
+        runtime={"device": "cpu", "precision": precision},
+        save_every=None,
+    )
+    trained = run_train(params, tokenizer, pairs).model.eval()
+    out = tmp_path / "adapter"
+    PretrainedModelDataset(str(out)).save({"model": trained, "tokenizer": tokenizer})
+    four_bit = {
+        name.removeprefix("base_model.model."): module
+        for name, module in trained.named_modules()
+        if isinstance(module, bitsandbytes.nn.Linear4bit)
+    }
+    assert len(four_bit) == 2 * 7
+    unmerged = lora.load_adapter_model(out, merge=False)
+    weights = dict(unmerged.base_model.model.named_parameters())
+    for name, module in four_bit.items():
+        expected = dequantize_4bit(module.weight.data, module.weight.quant_state).float()
+        assert torch.equal(weights[f"{name}.weight"], expected), name
+    frozen = {n: p for n, p in trained.base_model.model.named_parameters() if p.dtype.is_floating_point}
+    for name, param in frozen.items():  # embedding, norms, head: as the 4-bit run held them
+        if "lora_" not in name:
+            assert torch.equal(weights[name], param.detach().float()), name
+    merged = PretrainedModelDataset(str(out)).load()["model"].eval()
+    assert torch.equal(merged.model.norm.weight, unmerged.base_model.model.model.norm.weight)
+    if precision == "fp32":  # the 4-bit model computes in fp32: the same function, up to the merge's rounding
+        ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+        with torch.no_grad():
+            expected = trained(input_ids=ids).logits
+            for model in (merged, lora.merge_adapter(out).eval()):
+                torch.testing.assert_close(
+                    model(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL
+                )
+
+
 @pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "qlora"])
 def test_dora_with_rslora_and_loraplus_trains_saves_and_merges_to_the_same_logits(
     tmp_path, base_dir, tokenizer, pairs, four_bit

@@ -616,17 +616,112 @@ def _sampled_digest(handle, described: str, start: int, end: int, blocks: int) -
 BASE_DIGEST = "base_digest.json"  # beside adapter_config.json: the base weights the adapter was trained on
 _BASE_RECORD = "_fastlm_base_weights"  # the record, kept on the LoRA model from build to save
 _warned_unchecked: set[str] = set()
+_said_4bit: set[str] = set()
 
 
 def remember_base(peft_model, base: str | Path) -> None:
-    """Digest the base folder the adapters are trained on (at build time: what the training reads)."""
+    """Digest the base folder the adapters are trained on (at build time: what the training reads), and a
+    4-bit base's quantization (``quantization_record``)."""
     record = {
         "base_model": str(base),
         "weights": base_weights_digest(base),
         "method": "per tensor: sha256 of dtype, shape and its bytes, whole up to 64 KiB, else 4 spread "
         "4 KiB blocks (fastlm.engine.model.lora.base_weights_digest)",
     }
+    quantized = quantization_record(peft_model)
+    if quantized is not None:
+        record["quantized"] = quantized
     object.__setattr__(peft_model, _BASE_RECORD, record)
+
+
+def _base_name(name: str) -> str:
+    """A module's name in the plain base model, from its name in the peft model."""
+    return name.removeprefix("base_model.model.").replace(".base_layer", "")
+
+
+def quantization_record(peft_model) -> dict | None:
+    """How a QLoRA base was quantized, for ``BASE_DIGEST`` (None for a 16- or 32-bit base): the 4-bit
+    modules (named in the plain base model), bitsandbytes' quantization settings, and ``dtype``, what the
+    base was loaded in before quantizing (the compute dtype: its other weights trained in it too). The
+    adapter's model is these 4-bit weights plus the adapter; ``load_adapter_model`` rebuilds them."""
+    modules, state, storage = [], None, None
+    for name, module in peft_model.named_modules():
+        weight = getattr(module, "weight", None)
+        if type(weight).__name__ == "Params4bit" and weight.quant_state is not None:
+            modules.append(_base_name(name))
+            state, storage = weight.quant_state, weight.quant_storage
+    if state is None:
+        return None
+    return {
+        "format": "bitsandbytes 4-bit",
+        "quant_type": state.quant_type,
+        "blocksize": int(state.blocksize),
+        "double_quant": bool(state.nested),
+        "quant_storage": str(storage).removeprefix("torch."),
+        "dtype": str(state.dtype).removeprefix("torch."),
+        "modules": sorted(set(modules)),
+    }
+
+
+def _recorded_quantization(folder: str | Path) -> dict | None:
+    try:
+        record = json.loads((Path(folder) / BASE_DIGEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # check_base has said what is wrong with it
+    quantized = record.get("quantized") if isinstance(record, dict) else None
+    return quantized if isinstance(quantized, dict) else None
+
+
+def as_trained_in_4bit(base_model, quantized: dict, folder: str | Path) -> None:
+    """``base_model`` (its folder's weights, loaded in 16 or 32 bits) made the base a QLoRA adapter trained
+    on, in place: each 4-bit module's weight quantized as the training's base was (``quantized``:
+    ``quantization_record``) and dequantized back into the model's dtype, every other weight rounded to the
+    dtype the training held it in. The adapter then gives the model that trained (merged: up to the merge's
+    rounding); the folder's own weights with the adapter would be a model that never trained."""
+    try:
+        from bitsandbytes.functional import dequantize_4bit, quantize_4bit
+    except ImportError as error:
+        raise ConfigError(
+            f"the LoRA adapter in {folder} was trained on a 4-bit (QLoRA) base, and rebuilding those 4-bit "
+            f"weights needs bitsandbytes, which does not import here ({error}).",
+            fix="pip install 'bitsandbytes>=0.50' (CPU, or CUDA), then load or merge the adapter again.",
+        ) from error
+    dtype = getattr(torch, quantized["dtype"])
+    four_bit = set(quantized["modules"])
+    missing = sorted(four_bit - {name for name, _ in base_model.named_modules()})
+    if missing:
+        raise ConfigError(
+            f"the LoRA adapter in {folder} was trained on a 4-bit base with modules its base model lacks "
+            f"({', '.join(missing[:3])}).",
+            fix="merge it over the base it was trained on (python -m fastlm merge-adapter --base <dir>).",
+        )
+    done = set()
+    with torch.no_grad():
+        for name in sorted(four_bit):
+            weight = base_model.get_submodule(name).weight
+            packed, state = quantize_4bit(
+                weight.detach().to(dtype).contiguous(),
+                blocksize=quantized["blocksize"],
+                compress_statistics=quantized["double_quant"],
+                quant_type=quantized["quant_type"],
+                quant_storage=getattr(torch, quantized["quant_storage"]),
+            )
+            weight.copy_(dequantize_4bit(packed, state).to(weight.dtype))
+            done.add(id(weight))
+        for param in base_model.parameters():
+            if id(param) not in done and param.dtype.is_floating_point:
+                done.add(id(param))
+                param.copy_(param.to(dtype).to(param.dtype))
+    if str(Path(folder).resolve()) not in _said_4bit:
+        _said_4bit.add(str(Path(folder).resolve()))
+        log.info(
+            "The LoRA adapter in %s was trained on the 4-bit %s weights of its base (QLoRA): its base "
+            "weights are those, dequantized to %s (the model that trained, which the adapter is merged "
+            "into; the base folder's own weights with this adapter would be a model that never trained)",
+            folder,
+            quantized["quant_type"].upper(),
+            str(next(base_model.parameters()).dtype).removeprefix("torch."),
+        )
 
 
 def write_base_digest(peft_model, folder: str | Path) -> None:
@@ -749,6 +844,9 @@ def load_adapter_model(folder: str | Path, *, base: str | None = None, merge: bo
         local_files_only=True,
     )
     base_model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **args)
+    quantized = _recorded_quantization(folder)
+    if quantized is not None:  # QLoRA: the 4-bit weights it trained on, not the folder's
+        as_trained_in_4bit(base_model, quantized, folder)
     adapter_generation_config(base_model, folder)
     size = len(pretrained.folder_vocabulary(folder) or ())
     if size > base_model.get_input_embeddings().num_embeddings:  # trained with train.model.resize_embeddings
