@@ -153,6 +153,40 @@ def test_beam_search_and_repetition_controls_run_batched(model, runtime):
         assert len(bigrams) == len(set(bigrams))  # no bigram repeated inside a continuation
 
 
+def test_settings_left_out_are_off_not_the_ones_of_the_models_generation_config(model, runtime):
+    """A model folder's generation_config.json may set decoding controls of its own (a repetition penalty, a
+    no-repeat size, a length penalty, sampling with a top-k; transformers' default top-k is 50): the settings
+    a generation is given are the ones it runs with, the controls left out (or at their "off" value, which
+    ``decoding_kwargs`` leaves out) off, as the summary records them. The reference: each prompt alone
+    through ``model.generate`` of the same weights with every control given explicitly."""
+    prompts = _prompts(6, seed=6)
+    configured = copy.deepcopy(model).eval()
+    configured.generation_config.update(
+        do_sample=True, top_k=2, repetition_penalty=1.8, no_repeat_ngram_size=1, length_penalty=-3.0
+    )
+    plain = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+    cases = [
+        (decoding_kwargs(), {"do_sample": False, **plain}),
+        ({}, {"do_sample": False, **plain}),
+        (decoding_kwargs(num_beams=3), {"do_sample": False, "num_beams": 3, "length_penalty": 1.0, **plain}),
+    ]
+    for kwargs, explicit in cases:
+        got = _generate(configured, prompts, runtime, batch_size=3, max_new_tokens=8, **kwargs).continuations
+        alone = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                output = configured.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, **explicit
+                )[0, len(prompt) :].tolist()
+            alone.append(output[: output.index(EOS)] if EOS in output else output)
+        assert got == alone, kwargs
+    sampled = decoding_kwargs(do_sample=True, temperature=1.5)
+    options = {"batch_size": 6, "max_new_tokens": 8, "seed": 3}
+    reference = _generate(model, prompts, runtime, **options, **sampled, top_k=0, **plain).continuations
+    assert _generate(configured, prompts, runtime, **options, **sampled).continuations == reference
+
+
 def test_decoding_kwargs_leave_out_what_does_nothing():
     assert decoding_kwargs() == {"num_beams": 1, "do_sample": False}
     assert decoding_kwargs(temperature=0.5, top_p=0.8) == {"num_beams": 1, "do_sample": False}

@@ -53,6 +53,7 @@ __all__ = [
     "decoding_kwargs",
     "encoder_inputs",
     "end_ids",
+    "explicit_decoding",
     "generate_continuations",
     "generate_samples",
     "is_encoder_decoder",
@@ -100,6 +101,23 @@ def decoding_kwargs(
     if num_beams > 1 and length_penalty != 1.0:
         kwargs["length_penalty"] = length_penalty
     return kwargs
+
+
+def explicit_decoding(generate_kwargs: dict) -> dict:
+    """``model.generate`` options with every decoding control a setting can name given: the ones left out
+    (or None) at their "off" value (greedy, one beam, no repetition penalty, no n-gram ban, length penalty 1
+    in beam search; sampling at temperature 1 with no top-p or top-k cut). Else ``generate`` takes them from
+    the model folder's ``generation_config.json`` (a repetition penalty or a no-repeat size a checkpoint
+    ships, its sampling and top-k; transformers' own top-k of 50 where it has none): outputs the recorded
+    settings do not describe, and an "off" setting that cannot turn them off."""
+    given = {key: value for key, value in generate_kwargs.items() if value is not None}
+    off: dict = {"do_sample": False, "num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+    merged = {**off, **given}
+    if merged["num_beams"] > 1:
+        merged.setdefault("length_penalty", 1.0)
+    if merged["do_sample"]:
+        merged = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **merged}
+    return merged
 
 
 def is_encoder_decoder(model) -> bool:
@@ -191,7 +209,8 @@ def generate_continuations(
     """The token ids generated after each prompt (stopped at the first of ``end_ids``, excluded), in the order
     of ``prompts``.
 
-    ``generate_kwargs`` are ``model.generate`` decoding options (see :func:`decoding_kwargs`). An empty
+    ``generate_kwargs`` are ``model.generate`` decoding options (see :func:`decoding_kwargs`); the controls
+    they leave out are off, not the model's ``generation_config``'s (``explicit_decoding``). An empty
     prompt starts from ``start_id`` (BOS, say); without one it is an error.
     """
     if batch_size < 1:
@@ -233,7 +252,7 @@ def generate_continuations(
                         pad_token_id=pad_id,
                         eos_token_id=sorted(eos_ids),
                         use_cache=True,
-                        **generate_kwargs,
+                        **explicit_decoding(generate_kwargs),
                     )
                 new = output[:, skip:].tolist()
                 for index, ids in zip(chunk, new, strict=True):
