@@ -272,6 +272,33 @@ def test_finished_chunks_are_reused_only_on_the_device_type_and_precision_that_w
     assert weights_in_bf16 == 0 and third not in (written, other)
 
 
+def test_finished_chunks_are_reused_only_with_the_generation_code_that_wrote_them(tmp_path, monkeypatch):
+    """The chunks of a finished or interrupted run are kept: a rerun after an upgrade of transformers or torch
+    (whose kernels and decoding may pick other tokens), or of fastlm's own generation rules (which settings
+    reach ``generate``), generates again instead of giving the older code's predictions as this run's."""
+    import transformers
+
+    from fastlm.engine.evaluate import generation
+
+    model, tokenizer = line_end_llama()
+    rows = _text_rows(["a", "b", "c"], tokenizer)
+    job, parts = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1), PredictionParts(tmp_path)
+
+    def resumed():
+        _, summary = predict_rows(
+            model, tokenizer, rows, job, runtime=_cpu("fp32"), parts=parts, model_identity="m"
+        )
+        return summary["resumed_rows"]
+
+    assert resumed() == 0 and resumed() == 3  # the same job and code: every chunk reused
+    monkeypatch.setattr(transformers, "__version__", transformers.__version__ + ".post1")
+    assert resumed() == 0 and resumed() == 3
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + ".post1")
+    assert resumed() == 0 and resumed() == 3
+    monkeypatch.setattr(generation, "DECODING_RULES", generation.DECODING_RULES + 1, raising=False)
+    assert resumed() == 0 and resumed() == 3
+
+
 def test_a_run_whose_rows_all_came_from_an_earlier_run_says_no_speed(tmp_path, monkeypatch):
     """A rerun of the same job generates nothing (every chunk reused): its lines say so ("Nothing to
     generate") and give no speed, where the run that generated them gives one. Was: "0.0 samples/s, 0

@@ -48,6 +48,7 @@ from fastlm.engine.model.attention.choice import generation_attention
 from fastlm.engine.runtime.environment import Runtime
 
 __all__ = [
+    "DECODING_RULES",
     "Generations",
     "continuation_start",
     "decoding_kwargs",
@@ -60,6 +61,12 @@ __all__ = [
     "clean_response",
     "response_text",
 ]
+
+
+# Which settings reach ``model.generate`` and how: raised whenever the same settings would generate other
+# tokens, so that kept predictions of the earlier rules are not reused (``reporting.predictions``' job key).
+# 2: the controls a setting leaves out are off, not the model's generation_config's (``explicit_decoding``).
+DECODING_RULES = 2
 
 
 @dataclass
