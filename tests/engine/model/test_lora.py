@@ -18,6 +18,7 @@ from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.model import lora
+from fastlm.engine.model import loss as loss_fns
 from fastlm.engine.model.build import build_model
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.loop import train
@@ -25,7 +26,12 @@ from fastlm.engine.train.optim import make_adamw
 from fastlm.errors import ConfigError, find_user_error
 from tests.support.packages import hide_package
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
-from tests.support.tolerances import MERGED_ADAPTER_ATOL, OTHER_FP32_MODEL, TRAINED_FP32_LOSS_REL
+from tests.support.tolerances import (
+    MERGED_ADAPTER_ATOL,
+    OTHER_FP32_MODEL,
+    TRAINED_FP32_LOSS_REL,
+    reordered_sum_rtol,
+)
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
@@ -349,6 +355,56 @@ def test_a_qlora_adapter_loads_and_merges_into_the_4bit_weights_it_trained_on(
                 torch.testing.assert_close(
                     model(input_ids=ids).logits, expected, rtol=0, atol=MERGED_ADAPTER_ATOL
                 )
+
+
+@pytest.mark.parametrize("saved", ["lm_head", "embed_tokens"])
+def test_a_module_to_save_trains_over_a_4bit_base_computing_in_its_own_fp32(
+    tmp_path, base_dir, tokenizer, pairs, saved
+):
+    """QLoRA with mixed precision off (``runtime.precision: fp32``, what ``auto`` measures on CPU): the 4-bit
+    layers compute in bf16 and a ``modules_to_save`` copy trains in fp32. The copy computes in its fp32 (the
+    head from the bf16 hidden states: fp32 logits) and hands the layers after it the dtype they compute in
+    (the embedding: bf16, as the frozen one did). Was: ``expected m1 and m2 to have the same dtype`` at the
+    first forward. The loss is that computation's: the copy applied by hand in fp32."""
+    pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    import torch.nn.functional as F
+
+    params = train_params(
+        tmp_path,
+        base_dir,
+        model=model_params(base_dir, load_in_4bit=True, modules_to_save=[saved]),
+        save_every=None,
+        max_steps=3,
+        log_every=1,
+    )
+    result = run_train(params, tokenizer, pairs)
+    assert all(math.isfinite(record["loss"]) for record in result.history)
+    model = result.model
+    wrapper = next(
+        m for name, m in model.named_modules() if name.endswith(saved) and hasattr(m, "original_module")
+    )
+    copy = wrapper.modules_to_save["default"]
+    compute = wrapper.original_module.weight.dtype
+    assert compute == torch.bfloat16 and copy.weight.dtype == torch.float32
+    assert not torch.equal(copy.weight, wrapper.original_module.weight.float())  # it trained
+    ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+    seen = {}
+    head = model.get_output_embeddings()
+    head.register_forward_pre_hook(lambda module, args: seen.setdefault("head_input", args[0]))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        hidden = seen["head_input"]
+        if saved == "lm_head":
+            assert hidden.dtype == compute
+            expected = F.linear(hidden.float(), copy.weight)
+        else:  # the frozen layers from the copy's fp32 rows, given in the dtype they compute in
+            expected = model(inputs_embeds=copy.weight[ids].to(compute)).logits
+            assert logits.dtype == compute
+    assert logits.dtype == expected.dtype
+    targets = ids[0, 1:]
+    loss = loss_fns.cross_entropy_sum(logits[0, :-1], targets)
+    trusted = F.cross_entropy(expected[0, :-1].float(), targets, reduction="sum")
+    torch.testing.assert_close(loss, trusted, rtol=reordered_sum_rtol(targets.numel()), atol=0)
 
 
 @pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "qlora"])

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import hashlib
 import json
 import logging
@@ -303,6 +304,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
+    saved_modules_compute_in_fp32(peft_model)
     if moves_base_weights(lora):
         _remember_initial_adapters(peft_model)
         log.info(
@@ -336,6 +338,45 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         100 * counts["trainable_share"],
     )
     return peft_model
+
+
+def _floats_to(dtype: torch.dtype, value):
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+        return value.to(dtype)
+    return value
+
+
+def _inputs_to_own_dtype(dtype: torch.dtype, module, args, kwargs):
+    return tuple(_floats_to(dtype, a) for a in args), {k: _floats_to(dtype, v) for k, v in kwargs.items()}
+
+
+def _output_to(dtype: torch.dtype, module, args, output):
+    return _floats_to(dtype, output)
+
+
+def saved_modules_compute_in_fp32(peft_model) -> None:
+    """Each ``modules_to_save`` copy (trained in fp32) over a 16-bit frozen base (QLoRA's compute dtype, or
+    ``base_dtype`` bf16) computes in its fp32: its floating inputs (the head's bf16 hidden states) cast to
+    fp32, as peft casts an adapter's; its output goes on in the dtype the frozen module gave (the embedding's,
+    a norm's: bf16, so the layers after it compute as in a run without it), the LM head's stays fp32 (logits
+    for the fp32 loss). Without mixed precision (``runtime.precision: fp32``, what ``auto`` measures on CPU)
+    a bf16 input met the fp32 weight (``expected m1 and m2 to have the same dtype``); under autocast the casts
+    change nothing autocast does not."""
+    get_head = getattr(peft_model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    for wrapper in peft_model.modules():
+        copies = getattr(wrapper, "modules_to_save", None)
+        original = getattr(wrapper, "original_module", None)
+        if not isinstance(copies, torch.nn.ModuleDict) or original is None:
+            continue
+        frozen = next((p.dtype for p in original.parameters() if p.is_floating_point()), torch.float32)
+        for copy in copies.values():
+            own = next((p.dtype for p in copy.parameters() if p.is_floating_point()), frozen)
+            if own == frozen:
+                continue
+            copy.register_forward_pre_hook(functools.partial(_inputs_to_own_dtype, own), with_kwargs=True)
+            if wrapper is not head:
+                copy.register_forward_hook(functools.partial(_output_to, frozen))
 
 
 INIT_NAMES = {"gaussian": "Gaussian", "pissa": "PiSSA", "olora": "OLoRA"}
