@@ -330,3 +330,45 @@ def test_answers_whose_calls_stopped_at_max_new_tokens_are_counted_and_said_with
     assert "report.references.max_new_tokens" in said and "max_new_tokens=4" in said, said
     said_whole = {s.heading: s for s in _sections(whole_metrics, whole)}["ROUGE on the test split"].text
     assert "do not read as calls" not in said_whole
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_an_encoder_decoders_long_prompt_keeps_the_end_training_kept(kind):
+    """An encoder-decoder's prompt longer than its budget: the split cut its start (the end kept, a leading
+    BOS kept, as for a decoder-only model; not the start as Hugging Face's summarization recipe keeps), so
+    the report's reference generations and predict give the model the same ids its training rows' encoder
+    saw: the split's own tokenization and the encoder rows training builds from it are the reference."""
+    from fastlm.corpus.prompts import tokenize_pairs
+    from fastlm.engine.data.collators import TextEnds, seq2seq_sides
+    from fastlm.engine.evaluate.generation import encoder_inputs
+    from fastlm.reporting.predict_inputs import input_limit, input_rows
+    from fastlm.reporting.references import generation_prompts
+    from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
+
+    tokenizer = bart_style_tokenizer(bos_before_text=kind == "bart")
+    model = tiny_seq2seq(kind)
+    prompt = "summarize please " * 3 + "the dialogue " * 25 + "a short summary of it"
+    response = "a short summary"
+    max_length = 40
+    tokens = tokenize_pairs([prompt], [response], tokenizer, max_length=max_length, num_proc=1)
+    kept = int(tokens.prompt_lengths[0])
+    sample = {"input_ids": tokens.values[: tokens.offsets[1]], "prompt_length": kept}
+    trained = seq2seq_sides([sample], 2, TextEnds.of(tokenizer))[0][0].tolist()
+    full = prompt_token_ids(tokenizer, prompt)
+    assert tokens.truncated[0] and kept < len(full) and trained[kept - 3 : kept] == full[-3:]
+    new = max_length - 1 - kept  # what the training row left beside the prompt: the same prompt budget
+    asked = generation_prompts(tokenizer, [prompt], model=model, max_length=max_length, max_new_tokens=new)
+    limit = input_limit(model, max_new_tokens=new, max_input_tokens=None, trained_length=max_length)
+    rows = input_rows(
+        pd.DataFrame({"text": [prompt]}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=limit,
+        too_long="truncate",
+        source="inputs",
+    )
+    assert encoder_inputs(model, asked, tokenizer) == [trained]
+    assert encoder_inputs(model, list(rows["ids"]), tokenizer) == [trained]
+    assert trained[:kept] != full[:kept]  # the start-kept cut is another prompt: the test tells them apart
