@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fastlm.engine.evaluate.generation import decoding_kwargs, generate_continuations, generate_samples
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from tests.support.project import catalog_dataset
-from tests.support.tiny_llama import line_end_llama
+from tests.support.tiny_llama import line_end_llama, scripted_llama
 
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
@@ -187,6 +187,86 @@ def test_settings_left_out_are_off_not_the_ones_of_the_models_generation_config(
     assert _generate(configured, prompts, runtime, **options, **sampled).continuations == reference
 
 
+# A scripted model (``scripted_llama``): "a" is answered "b" then its end, "c" by "d a b" then its end.
+_ENDING = (("<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "d"), {"a": "b", "b": "</s>", "c": "d", "d": "a"})
+
+
+@pytest.mark.parametrize(
+    "folder_sets",
+    [
+        {"min_new_tokens": 3},
+        {"min_length": 6},
+        {"max_time": 0.0},
+        {"epsilon_cutoff": 0.1},
+        {"typical_p": 0.2},
+        {"min_p": 0.3},
+        {"top_h": 0.3},
+        {"watermarking_config": {"greenlist_ratio": 0.25}},
+        {"num_return_sequences": 2, "num_beams": 4},
+    ],
+    ids=lambda fields: next(iter(fields)),
+)
+def test_length_floors_and_sampling_cuts_of_the_models_generation_config_are_off_too(folder_sets, runtime):
+    """A model folder's generation_config.json setting a length floor (min_new_tokens, min_length: its end
+    token barred until then), a time limit, a sampling cut (epsilon, typical, min-p, top-h), a watermark or
+    several sequences per prompt: outputs the recorded settings do not describe (or a crash). They are off
+    as the settings left out are. The reference: the same weights without those fields, each prompt alone
+    through ``model.generate`` (greedy), or the same seeded call (sampling)."""
+    model, _ = scripted_llama(*_ENDING)
+    sampling = next(iter(folder_sets)) not in (
+        "min_new_tokens",
+        "min_length",
+        "max_time",
+        "num_return_sequences",
+    )
+    if sampling:  # a flatter next-token distribution: the cuts remove tokens sampling picks
+        with torch.no_grad():
+            model.lm_head.weight.mul_(0.1)
+    configured = copy.deepcopy(model)
+    configured.generation_config.update(**folder_sets)
+    prompts = [[4], [6], [5, 6], [7], [6, 7, 4]] * (4 if sampling else 1)
+    pad, end = 0, 2
+
+    def alone(chosen, **explicit):
+        out = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                generated = chosen.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), pad_token_id=pad, max_new_tokens=8,
+                    **explicit,
+                )[0, len(prompt) :].tolist()  # fmt: skip
+            out.append(generated[: generated.index(end)] if end in generated else generated)
+        return out
+
+    def ours(chosen, **settings):
+        return generate_continuations(
+            chosen,
+            prompts,
+            pad_id=pad,
+            eos_id=end,
+            runtime=runtime,
+            batch_size=3,
+            max_new_tokens=8,
+            **settings,
+        ).continuations
+
+    if sampling:
+        settings = decoding_kwargs(do_sample=True)
+        assert ours(configured, **settings) == ours(model, **settings)
+        torch.manual_seed(0)
+        plain = alone(model, do_sample=True, top_k=0)
+        torch.manual_seed(0)
+        assert alone(configured, do_sample=True, top_k=0) != plain  # the field changes what is sampled
+        return
+    reference = alone(model, do_sample=False)
+    assert ours(configured, **decoding_kwargs()) == reference
+    beams = decoding_kwargs(num_beams=3)
+    assert ours(configured, **beams) == alone(model, num_beams=3, do_sample=False, length_penalty=1.0)
+    if "num_return_sequences" not in folder_sets:
+        assert alone(configured, do_sample=False) != reference  # the field changes what greedy gives
+
+
 def test_decoding_kwargs_leave_out_what_does_nothing():
     assert decoding_kwargs() == {"num_beams": 1, "do_sample": False}
     assert decoding_kwargs(temperature=0.5, top_p=0.8) == {"num_beams": 1, "do_sample": False}
@@ -288,3 +368,34 @@ def test_a_forced_bos_is_not_one_of_the_new_tokens_asked_for(runtime, max_new_to
         model, [prompt], pad_id=PADDING, eos_id=END, runtime=runtime, max_new_tokens=max_new_tokens
     )
     assert made.continuations == [decoded[2:]] and made.new_tokens == max_new_tokens
+
+
+def test_the_models_forced_and_banned_tokens_are_kept_and_said_once(runtime, monkeypatch):
+    """A folder's token rules (a token never emitted: ``bad_words_ids``) are part of the model: kept, and
+    the log says so once, however many generations run. The reference: ``model.generate`` alone, whose
+    folder rule applies, against the same weights without it."""
+    import logging
+
+    from fastlm.engine.evaluate import generation
+
+    model, _ = scripted_llama(*_ENDING)
+    banned = copy.deepcopy(model)
+    banned.generation_config.update(bad_words_ids=[[5]])
+    assert generation.kept_model_rules(banned) == {"bad_words_ids": [[5]]}
+    assert generation.kept_model_rules(model) == {}
+    logger, lines = logging.Logger("generation"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    monkeypatch.setattr(generation, "log", logger)
+    monkeypatch.setattr(generation, "_said_kept", set())
+    prompts = [[4], [6]]
+    runs = [
+        generate_continuations(
+            banned, prompts, pad_id=0, eos_id=2, runtime=runtime, max_new_tokens=4
+        ).continuations
+        for _ in range(2)
+    ]
+    plain = generate_continuations(model, prompts, pad_id=0, eos_id=2, runtime=runtime, max_new_tokens=4)
+    assert runs[0] == runs[1] != plain.continuations and all(5 not in ids for ids in runs[0])
+    assert len(lines) == 1 and "bad_words_ids=[[5]]" in lines[0]

@@ -33,6 +33,7 @@ made to generate first, ``forced_bos_token_id``), so the continuation is everyth
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from fastlm.engine.runtime.environment import Runtime
 
 __all__ = [
     "DECODING_RULES",
+    "KEPT_FROM_MODEL",
     "Generations",
     "continuation_start",
     "decoding_kwargs",
@@ -58,15 +60,19 @@ __all__ = [
     "generate_continuations",
     "generate_samples",
     "is_encoder_decoder",
+    "kept_model_rules",
     "clean_response",
     "response_text",
 ]
+
+log = logging.getLogger(__name__)
 
 
 # Which settings reach ``model.generate`` and how: raised whenever the same settings would generate other
 # tokens, so that kept predictions of the earlier rules are not reused (``reporting.predictions``' job key).
 # 2: the controls a setting leaves out are off, not the model's generation_config's (``explicit_decoding``).
-DECODING_RULES = 2
+# 3: so are the ones no setting names (a length floor, a time limit, sampling's other cuts: ``_OFF``).
+DECODING_RULES = 3
 
 
 @dataclass
@@ -110,21 +116,94 @@ def decoding_kwargs(
     return kwargs
 
 
+# The "off" value of every decoding control a model folder's generation_config.json can set besides the ones a
+# setting names: no length floor (its end token barred until then: min_length, min_new_tokens), no time limit,
+# no encoder-side penalty, length decay, sequence bias, guidance, watermark or logit renormalisation, no
+# contrastive, DoLa, group-beam, constrained or speculative decoding, no token healing, one sequence a prompt.
+_OFF = {
+    "min_length": 0,
+    "min_new_tokens": None,
+    "max_time": None,
+    "stop_strings": None,
+    "encoder_repetition_penalty": 1.0,
+    "encoder_no_repeat_ngram_size": 0,
+    "exponential_decay_length_penalty": None,
+    "sequence_bias": None,
+    "guidance_scale": None,
+    "watermarking_config": None,
+    "renormalize_logits": False,
+    "penalty_alpha": None,
+    "dola_layers": None,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "constraints": None,
+    "force_words_ids": None,
+    "prompt_lookup_num_tokens": None,
+    "assistant_early_exit": None,
+    "speculation_type": None,
+    "use_mtp": False,
+    "token_healing": False,
+    "num_return_sequences": 1,
+    "return_dict_in_generate": False,
+}
+# Sampling's cuts besides top-p and top-k, off: no typical, epsilon, eta, min-p or top-h cut.
+_SAMPLING_OFF = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None, "top_h": None}
+# What a model folder's generation_config.json sets that generation keeps: the tokens it forces (an
+# encoder-decoder's BOS after the decoder start, its EOS at the length limit) and the ones it never emits (a
+# Marian pad, Whisper's suppressed ids): part of the model, said once (``kept_model_rules``).
+KEPT_FROM_MODEL = (
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+)
+_said_kept: set[str] = set()
+
+
 def explicit_decoding(generate_kwargs: dict) -> dict:
     """``model.generate`` options with every decoding control a setting can name given: the ones left out
     (or None) at their "off" value (greedy, one beam, no repetition penalty, no n-gram ban, length penalty 1
-    in beam search; sampling at temperature 1 with no top-p or top-k cut). Else ``generate`` takes them from
-    the model folder's ``generation_config.json`` (a repetition penalty or a no-repeat size a checkpoint
-    ships, its sampling and top-k; transformers' own top-k of 50 where it has none): outputs the recorded
-    settings do not describe, and an "off" setting that cannot turn them off."""
+    and no early stop in beam search; sampling at temperature 1 with no top-p, top-k, typical, epsilon, eta,
+    min-p or top-h cut), and the controls no setting names off too (``_OFF``: no length floor, time limit,
+    watermark, extra sequences, ...). Else ``generate`` takes them from the model folder's
+    ``generation_config.json`` (a repetition penalty, no-repeat size, ``min_new_tokens`` or ``min_length`` a
+    checkpoint ships, its sampling and top-k; transformers' own top-k of 50 where it has none): outputs the
+    recorded settings do not describe, and an "off" setting that cannot turn them off. The folder's forced
+    and banned tokens stay (``KEPT_FROM_MODEL``). Controls this transformers does not have are left out."""
+    from transformers import GenerationConfig
+
+    known = GenerationConfig()
     given = {key: value for key, value in generate_kwargs.items() if value is not None}
     off: dict = {"do_sample": False, "num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
     merged = {**off, **given}
     if merged["num_beams"] > 1:
-        merged.setdefault("length_penalty", 1.0)
+        merged = {"length_penalty": 1.0, "early_stopping": False, **merged}
     if merged["do_sample"]:
-        merged = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **merged}
-    return merged
+        merged = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **_SAMPLING_OFF, **merged}
+    return {**{key: value for key, value in _OFF.items() if hasattr(known, key)}, **merged}
+
+
+def kept_model_rules(model) -> dict:
+    """The token rules of ``model``'s generation_config that generation keeps (``KEPT_FROM_MODEL``), set ones
+    only."""
+    config = getattr(model, "generation_config", None)
+    found = {key: getattr(config, key, None) for key in KEPT_FROM_MODEL}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def _say_kept_rules(model) -> None:
+    """Log once (per set of rules) the token rules of the model folder's generation_config that generation
+    keeps."""
+    kept = kept_model_rules(model)
+    described = ", ".join(f"{key}={value}" for key, value in kept.items())
+    if kept and described not in _said_kept:
+        _said_kept.add(described)
+        log.info(
+            "Generation keeps the model's generation_config token rules %s (part of the model); its other "
+            "decoding controls are off unless the settings name them",
+            described,
+        )
 
 
 def is_encoder_decoder(model) -> bool:
@@ -236,6 +315,7 @@ def generate_continuations(
         if device.type == "cuda"
         else []
     )
+    _say_kept_rules(model)
     new_tokens, start = 0, perf_counter()
     model.eval()
     if config is not None:
