@@ -591,3 +591,38 @@ def test_a_chat_with_a_role_the_template_writes_nowhere_is_a_refused_row(sample_
     reason = rows["refused"].iat[1]
     assert reason.startswith("unwritten_role") and "'human'" in reason and "\n" not in reason, reason
     assert rows["ids"].iat[1] is None
+
+
+def test_the_truncation_warning_names_the_limit_and_what_set_it(monkeypatch):
+    """Inputs cut at predict's limit: the warning names the limit and its source (predict.max_input_tokens,
+    or the model's training rows or positions), as ``predict_input_limit_source`` finds it for the run."""
+    import logging.handlers
+    from types import SimpleNamespace
+
+    from fastlm.reporting import predict_steps, predictions
+
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-truncated", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predictions, "log", logger)
+    model, tokenizer = line_end_llama()
+    given = SimpleNamespace(max_input_tokens=3, max_new_tokens=4)
+    unset = SimpleNamespace(max_input_tokens=None, max_new_tokens=4)
+    trained = {"training_data": {"max_length": 16}}
+    source = predict_steps.predict_input_limit_source(model, given, trained, 3)
+    assert source == "predict.max_input_tokens"
+    assert "split.max_length 16" in predict_steps.predict_input_limit_source(
+        model, unset, trained, 16 - 1 - 4
+    )
+    positions = model.config.max_position_embeddings
+    assert f"positions: {positions}" in predict_steps.predict_input_limit_source(
+        model, unset, {}, positions - 4
+    )
+    rows = _text_rows(["a b c a b", "a"], tokenizer, limit=3)
+    job = PredictionJob(
+        decoding={}, max_new_tokens=2, batch_size=2, extra={"input_limit": 3, "input_limit_source": source}
+    )
+    _, summary = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    lines = [record.getMessage() for record in seen.buffer if "truncated" in record.getMessage()]
+    assert summary["truncated"] == 1 and len(lines) == 1
+    assert "longer than 3 tokens (set by predict.max_input_tokens)" in lines[0]

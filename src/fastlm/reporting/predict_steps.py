@@ -18,6 +18,7 @@ from fastlm.corpus.tool_calls import has_tool_calls, parse_tools, plain
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import chat_format, chat_template_sha256
 from fastlm.reporting.predict_inputs import IdVocabulary, input_limit
+from fastlm.reporting.references import prompt_budget
 
 __all__ = [
     "call_reader",
@@ -27,6 +28,7 @@ __all__ = [
     "id_vocabulary",
     "input_chat",
     "predict_input_limit",
+    "predict_input_limit_source",
     "refuse_an_input_of_no_askable_row",
     "refuse_prompts_of_an_id_model",
     "say_predicted",
@@ -174,6 +176,19 @@ def id_vocabulary(training: dict | None, tokenizer, parameter: str) -> IdVocabul
         vocab_size=int(vocab_size if vocab_size is not None else len(tokenizer)),
         eos_id=int(eos_id if eos_id is not None else tokenizer.eos_token_id),
     )
+
+
+def predict_input_limit_source(model, params, trained: dict, limit: int | None) -> str | None:
+    """What set ``limit`` (``predict_input_limit``'s), for the summary and the truncation warning."""
+    if limit is None:
+        return None
+    if params.max_input_tokens is not None:
+        return "predict.max_input_tokens"
+    trained_length = (trained.get("training_data") or {}).get("max_length")
+    if trained_length is not None and limit == prompt_budget(trained_length, params.max_new_tokens):
+        return f"the model's training rows: split.max_length {trained_length} beside predict.max_new_tokens"
+    positions = getattr(model.config, "max_position_embeddings", None)
+    return f"the model's positions: {positions} beside predict.max_new_tokens"
 
 
 def predict_input_limit(model, params, trained: dict) -> int:

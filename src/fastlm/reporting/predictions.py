@@ -401,10 +401,12 @@ def _summary(
             summary["refused_by_reason"],
         )
     if summary["truncated"]:
+        limit, source = job.extra.get("input_limit"), job.extra.get("input_limit_source")
         log.warning(
-            "predict: %d inputs were longer than the model allows and were truncated (their last tokens "
-            "kept); predict.too_long=refuse refuses them instead",
+            "predict: %d inputs were longer than %s and were truncated (their last tokens kept, as training "
+            "cut prompts); predict.too_long=refuse refuses them instead",
             summary["truncated"],
+            f"{limit} tokens (set by {source})" if source else "the model allows",
         )
     return summary
 

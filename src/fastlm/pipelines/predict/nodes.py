@@ -82,6 +82,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
             "device": str(runtime.device),
             "precision": runtime.precision,
             "input_limit": limit,
+            "input_limit_source": steps.predict_input_limit_source(model, params, trained, limit),
         },
     )
     predictions, summary = predict_rows(
