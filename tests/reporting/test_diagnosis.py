@@ -11,6 +11,8 @@ import pytest
 from fastlm.reporting.diagnosis import (
     COMPILE_BOUND,
     COMPUTE_BOUND,
+    EVAL_BOUND,
+    EVAL_BOUND_SHARE,
     HOST_SYNC_BOUND,
     INPUT_BOUND,
     MEMORY_SATURATED,
@@ -21,7 +23,15 @@ from fastlm.reporting.diagnosis import (
     format_duration,
 )
 
-KINDS = [INPUT_BOUND, PADDING_BOUND, HOST_SYNC_BOUND, MEMORY_SATURATED, COMPILE_BOUND, COMPUTE_BOUND]
+KINDS = [
+    INPUT_BOUND,
+    PADDING_BOUND,
+    HOST_SYNC_BOUND,
+    MEMORY_SATURATED,
+    EVAL_BOUND,
+    COMPILE_BOUND,
+    COMPUTE_BOUND,
+]
 
 
 def make_history(n: int, **columns) -> pd.DataFrame:
@@ -145,6 +155,29 @@ def test_compute_bound_on_cuda_reports_mfu():
     assert triggered(findings) == {COMPUTE_BOUND}
     finding = by_kind(findings)[COMPUTE_BOUND]
     assert "at MFU 45 %" in finding.message
+
+
+def test_evaluations_and_saves_taking_most_of_the_wall_time_are_the_limit_not_the_math():
+    # a CPU run with train.eval_every=1: 14.4 s of its 20.8 s went to the validations between steps, whose
+    # own steps ran at 7,947 real tokens/s; the windows' wall clock (1,635 real tokens/s) holds them
+    wall, outside, steady = 20.8, 14.4, 7947.0
+    summary = cpu(wall_time_s=wall, outside_steps_s=outside, steady_real_tokens_per_s=steady)
+    findings = diagnose(summary, make_history(4))
+    assert triggered(findings) == {EVAL_BOUND}
+    finding = by_kind(findings)[EVAL_BOUND]
+    assert finding.figure == f"{outside / wall * 100:.0f} %"
+    assert f"{outside:.1f} s" in finding.message and f"{wall:.1f} s" in finding.message
+    assert f"{steady:,.0f} real tokens/s" in finding.message
+    assert "train.eval_every" in finding.advice and "train.save_every" in finding.advice
+    assert EVAL_BOUND in by_kind(findings)[COMPUTE_BOUND].message
+    # the default cadence's final validation and save: a small share, the math is the limit
+    quiet_share = EVAL_BOUND_SHARE / 4
+    quiet = diagnose(cpu(wall_time_s=wall, outside_steps_s=wall * quiet_share), make_history(4))
+    assert triggered(quiet) == {COMPUTE_BOUND}
+    assert by_kind(quiet)[EVAL_BOUND].figure == f"{quiet_share * 100:.0f} %"
+    # a resumed run's outside time is its last process's, its wall time the whole run's: not compared
+    resumed = cpu(wall_time_s=wall, outside_steps_s=outside, resumed_from_step=40)
+    assert not by_kind(diagnose(resumed, make_history(4)))[EVAL_BOUND].triggered
 
 
 LEVERS_ON = {

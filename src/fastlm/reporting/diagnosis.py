@@ -13,6 +13,9 @@ passed. The rules, in order (thresholds are the module constants below):
 * ``memory-saturated`` -- peak memory is at least ``MEMORY_SATURATED_SHARE`` of the device memory *and*
   step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed. The advice
   names the memory levers the run's own decisions show it left unused (``_unused_memory_levers``).
+* ``eval-bound`` -- the evaluations and checkpoint saves between steps (``outside_steps_s``) took at least
+  ``EVAL_BOUND_SHARE`` of the run's wall time: their cadence, not the steps' math, sets the pace. The advice:
+  raise ``train.eval_every`` and ``train.save_every`` (or cap ``train.eval_max_batches``).
 * ``compile-bound`` -- a compiled run spent at least ``COMPILE_BOUND_SHARE`` of its wall time in its first
   step (the compile): a start-up cost, so it does not keep the steady state from being compute-bound. The
   advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short
@@ -39,6 +42,8 @@ __all__ = [
     "COMPILE_BOUND",
     "COMPILE_BOUND_SHARE",
     "COMPUTE_BOUND",
+    "EVAL_BOUND",
+    "EVAL_BOUND_SHARE",
     "HOST_BOUND_IDLE_SHARE",
     "HOST_SYNC_BOUND",
     "HOST_SYNC_LOW_DATA_WAIT_SHARE",
@@ -63,6 +68,7 @@ INPUT_BOUND = "input-bound"
 PADDING_BOUND = "padding-bound"
 HOST_SYNC_BOUND = "host-sync-bound"
 MEMORY_SATURATED = "memory-saturated"
+EVAL_BOUND = "eval-bound"
 COMPILE_BOUND = "compile-bound"
 COMPUTE_BOUND = "compute-bound"
 
@@ -87,6 +93,8 @@ HOST_SYNC_MIN_PADDING_EFFICIENCY = 0.90
 MEMORY_SATURATED_SHARE = 0.90
 #: memory-saturated: mean step time of the last third of windows at least this times the first third's.
 STEP_TIME_RISE_RATIO = 1.15
+#: eval-bound: the evaluations and saves between steps took at least this share of the run's wall time.
+EVAL_BOUND_SHARE = 0.25
 #: compile-bound: the first step (compile included) took at least this share of the run's wall time.
 COMPILE_BOUND_SHARE = 0.25
 
@@ -410,6 +418,36 @@ def _world_size(summary: dict) -> int:
         return 1
 
 
+def _eval_bound(summary: dict) -> Finding:
+    """The evaluations' and checkpoint saves' time between steps (``outside_steps_s``) over the run's wall
+    time: the windows' wall clock (``real_tokens_per_s``, the compute-bound figure) holds it, the steps' own
+    throughput (``steady_real_tokens_per_s``) does not. A resumed run's outside time is its last process's
+    only while its wall time is the whole run's: not compared."""
+    outside, wall = summary.get("outside_steps_s"), summary.get("wall_time_s")
+    if not (_known(outside) and _known(wall)) or float(wall) <= 0:
+        return Finding(EVAL_BOUND, False, _NA, "the time between steps was not measured", "")
+    if summary.get("resumed_from_step") is not None:
+        return Finding(
+            EVAL_BOUND, False, _NA, "a resumed run: its time between steps is its last process's only", ""
+        )
+    share = float(outside) / float(wall)
+    figure = _percent(share)
+    message = (
+        f"evaluations and checkpoint saves between steps took {float(outside):.1f} s, {figure} of the run's "
+        f"{float(wall):.1f} s wall time"
+    )
+    if share < EVAL_BOUND_SHARE:
+        return Finding(EVAL_BOUND, False, figure, message, "")
+    steady = summary.get("steady_real_tokens_per_s")
+    if _known(steady):
+        message += f"; the steps alone ran at {float(steady):,.0f} real tokens/s"
+    advice = (
+        "raise train.eval_every and train.save_every (fewer validations and saves between steps), or cap "
+        "train.eval_max_batches (a validation on part of the validation split)"
+    )
+    return Finding(EVAL_BOUND, True, figure, message, advice)
+
+
 def _compile_bound(summary: dict) -> Finding:
     runtime = summary.get("runtime") or {}
     first, wall = summary.get("first_step_s"), summary.get("wall_time_s")
@@ -533,6 +571,7 @@ def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
         _padding_bound(summary, timed),
         _host_sync_bound(summary, timed),
         _memory_saturated(summary, history, timed),
+        _eval_bound(summary),
     ]
     # the compile is a start-up cost: it does not keep the steady state from being compute-bound
     return [*findings, _compile_bound(summary), _compute_bound(summary, history, timed, findings)]

@@ -29,6 +29,7 @@ MEASURES = {
     "padding-bound": "padding efficiency",
     "host-sync-bound": "host sync",
     "memory-saturated": "peak memory",
+    "eval-bound": "evaluation and save share of the wall time",
     "compile-bound": "compile share of the wall time",
     "compute-bound": "throughput",
 }
