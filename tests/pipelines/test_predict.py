@@ -444,7 +444,7 @@ def test_an_interrupted_run_continues_where_it_stopped_with_the_same_predictions
     with pytest.raises(KeyboardInterrupt):
         predict_rows(model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="m")
     model.generate = generate
-    (part,) = (tmp_path / "parts").iterdir()
+    (part,) = (tmp_path / "parts").glob("*.jsonl")
     part.write_text(part.read_text() + '{"chunk": 1, "contin')  # a line cut off by the kill
     resumed, summary = predict_rows(
         model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="m"

@@ -261,7 +261,7 @@ def test_finished_chunks_are_reused_only_on_the_device_type_and_precision_that_w
         _, summary = predict_rows(
             model, tokenizer, rows, job, runtime=runtime, parts=parts, model_identity="m"
         )
-        return summary["resumed_rows"], [path.name for path in tmp_path.iterdir()]
+        return summary["resumed_rows"], [path.name for path in tmp_path.glob("*.jsonl")]
 
     first, (written,) = resumed(model, fp32)
     assert first == 0 and resumed(model, fp32) == (3, [written])  # the same job: every chunk reused
@@ -297,6 +297,63 @@ def test_finished_chunks_are_reused_only_with_the_generation_code_that_wrote_the
     assert resumed() == 0 and resumed() == 3
     monkeypatch.setattr(generation, "DECODING_RULES", generation.DECODING_RULES + 1, raising=False)
     assert resumed() == 0 and resumed() == 3
+
+
+def test_kept_chunks_dropped_for_a_changed_job_are_said_with_what_changed(tmp_path, monkeypatch):
+    """An interrupted run keeps its finished chunks; a rerun whose job changed (another batch size,
+    max_new_tokens, decoding setting, model, code version) generates them again, and says so in one line
+    naming what changed and how many kept rows are generated again. Was: dropped silently."""
+    import logging.handlers
+
+    from fastlm.reporting import predictions
+
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-changed", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predictions, "log", logger)
+    model, tokenizer = line_end_llama()
+    rows = _text_rows(["a", "b", "c", "d", "e", "f"], tokenizer)
+    parts = PredictionParts(tmp_path)
+    real, calls = predictions.generate_continuations, []
+
+    def stopped_at_the_second_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    def run(job, identity="m"):
+        seen.buffer.clear()
+        predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"), parts=parts, model_identity=identity)
+        return [record.getMessage() for record in seen.buffer if "generated again" in record.getMessage()]
+
+    def kept_rows():
+        return sum(
+            len(json.loads(line)["continuations"])
+            for file in tmp_path.glob("*.jsonl")
+            for line in file.read_text(encoding="utf-8").splitlines()
+        )
+
+    first = PredictionJob(decoding={"num_beams": 1}, max_new_tokens=4, batch_size=1)
+    monkeypatch.setattr(predictions, "generate_continuations", stopped_at_the_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        run(first)
+    monkeypatch.setattr(predictions, "generate_continuations", real)
+    kept = kept_rows()
+    assert 0 < kept < len(rows)
+    longer = PredictionJob(decoding={"num_beams": 1}, max_new_tokens=5, batch_size=1)
+    said = run(longer)
+    assert len(said) == 1 and said[0].startswith(f"predict.max_new_tokens {first.max_new_tokens} -> 5"), said
+    assert f"the {kept} rows kept from the interrupted run" in said[0], said
+    finished = kept_rows()
+    assert finished == len(rows)
+    beams = PredictionJob(decoding={"num_beams": 2}, max_new_tokens=5, batch_size=2)
+    said = run(beams)
+    assert len(said) == 1 and "predict.batch_size 1 -> 2" in said[0] and "predict.num_beams 1 -> 2" in said[0]
+    assert f"the {finished} rows kept from the earlier run" in said[0], said
+    said = run(beams, identity="other weights")
+    assert len(said) == 1 and "predict.model" in said[0], said
+    assert run(beams, identity="other weights") == []  # the same job: its chunks reused, nothing said
 
 
 def test_a_run_whose_rows_all_came_from_an_earlier_run_says_no_speed(tmp_path, monkeypatch):

@@ -117,8 +117,9 @@ def check_prediction_pair(predictions_csv: str | Path, summary_json: str | Path)
 
 class PredictionParts:
     """The finished chunks of one job, one JSON line each in ``<folder>/<job key>.jsonl``, flushed and fsynced
-    as they finish. A line cut off by a kill is dropped on reading; other jobs' files are removed (one job
-    kept)."""
+    as they finish, the job's settings beside them (``<job key>.job.json``). A line cut off by a kill is
+    dropped on reading; other jobs' files are removed (one job kept), said in one line naming what changed
+    where they held rows."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -126,19 +127,28 @@ class PredictionParts:
     def _file(self, key: str) -> Path:
         return self.folder / f"{key}.jsonl"
 
-    def open(self, key: str) -> dict[int, list[list[int]]]:
-        """{chunk: continuations} kept for ``key``; the file is rewritten without a cut-off last line."""
+    def _job_file(self, key: str) -> Path:
+        return self.folder / f"{key}.job.json"
+
+    def open(self, key: str, job: dict | None = None) -> dict[int, list[list[int]]]:
+        """{chunk: continuations} kept for ``key``; the file is rewritten without a cut-off last line.
+        ``job``: ``{"settings": {name: value}, "rows": rows to generate}``, written beside the chunks and
+        compared with the settings of another job whose kept chunks are dropped."""
         self.folder.mkdir(parents=True, exist_ok=True)
         for other in self.folder.glob("*.jsonl"):
             if other.name != self._file(key).name:
+                self._drop(other, job)
+        for other in self.folder.glob("*.job.json"):
+            if other.name != self._job_file(key).name:
                 other.unlink()
+        if job is not None:
+            tmp = self.folder / f".{key}.job.json.tmp"
+            tmp.write_text(json.dumps(job, sort_keys=True, default=str), encoding="utf-8")
+            os.replace(tmp, self._job_file(key))
         path, done, good = self._file(key), {}, []
         if path.is_file():
             for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-                try:
-                    record = json.loads(line) if line.endswith("\n") else None
-                except json.JSONDecodeError:
-                    record = None
+                record = _kept_line(line)
                 if record is None:
                     break
                 done[int(record["chunk"])] = record["continuations"]
@@ -148,11 +158,60 @@ class PredictionParts:
             os.replace(tmp, path)
         return done
 
+    def _drop(self, other: Path, job: dict | None) -> None:
+        """Remove another job's kept chunks, said in one line (what changed, how many rows) where they held
+        rows and this run says its own job."""
+        kept = 0
+        for line in other.read_text(encoding="utf-8").splitlines(keepends=True):
+            record = _kept_line(line)
+            if record is None:
+                break
+            kept += len(record["continuations"])
+        earlier = self.folder / other.name.replace(".jsonl", ".job.json")
+        try:
+            recorded = json.loads(earlier.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            recorded = None
+        other.unlink()
+        if job is None or not kept:
+            return
+        if isinstance(recorded, dict) and isinstance(recorded.get("settings"), dict):
+            changed = _changed_settings(recorded["settings"], job["settings"]) or "the job changed"
+            whose = "the interrupted run" if kept < (recorded.get("rows") or 0) else "the earlier run"
+        else:  # kept by a fastlm that wrote no settings beside them
+            changed, whose = (
+                "the job changed (the earlier run recorded no settings to compare)",
+                "the earlier run",
+            )
+        log.info("%s: the %d rows kept from %s (%s) are generated again", changed, kept, whose, self.folder)
+
     def append(self, key: str, chunk: int, continuations: list[list[int]]) -> None:
         with self._file(key).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps({"chunk": chunk, "continuations": continuations}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def _kept_line(line: str) -> dict | None:
+    """A kept chunk's record, None for a line cut off by a kill."""
+    try:
+        return json.loads(line) if line.endswith("\n") else None
+    except json.JSONDecodeError:
+        return None
+
+
+# settings named only, their values being digests: the model folder's files, the input's token ids
+_NAMED_ONLY = ("predict.model (its files)", "predict.input (its rows' token ids)")
+
+
+def _changed_settings(before: dict, now: dict) -> str:
+    """What differs between two jobs' settings: ``name old -> new``, joined by "; "."""
+    changed = []
+    for name in sorted(set(before) | set(now)):
+        old, new = before.get(name), now.get(name)
+        if old != new:
+            changed.append(f"{name} changed" if name in _NAMED_ONLY else f"{name} {old} -> {new}")
+    return "; ".join(changed)
 
 
 def _generated_on(model, runtime) -> dict:
@@ -201,6 +260,30 @@ def _job_key(rows: pd.DataFrame, job: PredictionJob, model_identity: str, genera
     return digest.hexdigest()[:24]
 
 
+def _job_settings(rows: pd.DataFrame, job: PredictionJob, model_identity: str, generated_on: dict) -> dict:
+    """What the job key holds, by name, for the line saying what changed when another job's chunks are
+    dropped (the model's files and the input's ids as digests)."""
+    ids = hashlib.sha256()
+    for row in rows["ids"]:
+        ids.update(json.dumps(row).encode())
+    by = _generated_by()
+    return {
+        _NAMED_ONLY[0]: hashlib.sha256(str(model_identity).encode()).hexdigest()[:16],
+        _NAMED_ONLY[1]: ids.hexdigest()[:16],
+        **{f"predict.{name}": value for name, value in job.decoding.items()},
+        "predict.max_new_tokens": job.max_new_tokens,
+        "predict.batch_size": job.batch_size,
+        "predict.seed": job.seed,
+        "batches per chunk": CHUNK_BATCHES,
+        "device": generated_on["device"],
+        "train.runtime.precision": generated_on["precision"],
+        "the model's dtype": generated_on["dtype"],
+        "transformers": by["transformers"],
+        "torch": by["torch"],
+        "fastlm's DECODING_RULES": by["decoding_rules"],
+    }
+
+
 def _progress(total: int, initial: int):
     """A tqdm bar over rows (rate and remaining time) on an interactive terminal, else None (log lines
     only)."""
@@ -238,7 +321,8 @@ def predict_rows(
     chunks = [order[begin : begin + size] for begin in range(0, len(order), size)]
     generated_on = _generated_on(model, runtime)
     key = _job_key(rows, job, model_identity, generated_on)
-    done = parts.open(key) if parts is not None else {}
+    settings = _job_settings(rows, job, model_identity, generated_on)
+    done = parts.open(key, {"settings": settings, "rows": len(valid)}) if parts is not None else {}
     continuations: list = [None] * len(rows)
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     kwargs = decoding_kwargs(**job.decoding)
