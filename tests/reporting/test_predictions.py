@@ -356,6 +356,28 @@ def test_kept_chunks_dropped_for_a_changed_job_are_said_with_what_changed(tmp_pa
     assert run(beams, identity="other weights") == []  # the same job: its chunks reused, nothing said
 
 
+def test_the_summary_records_the_models_forced_and_banned_tokens_beside_the_decoding(tmp_path):
+    """A model folder's token rules kept at generation (``generation.KEPT_FROM_MODEL``: a banned token, a
+    suppressed one) are recorded in the summary's decoding settings, as the model's generation_config holds
+    them; a model without any records none. Was: said in the log only, the summary naming plain greedy."""
+    import copy
+
+    from fastlm.engine.evaluate.generation import KEPT_FROM_MODEL
+
+    model, tokenizer = line_end_llama()
+    rows = _text_rows(["a", "b", "c"], tokenizer)
+    job = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1)
+    banned = copy.deepcopy(model)
+    banned.generation_config.update(bad_words_ids=[[5]], suppress_tokens=[6, 7])
+    config = banned.generation_config
+    recorded = {key: getattr(config, key) for key in KEPT_FROM_MODEL if getattr(config, key) is not None}
+    _, plain = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    _, summary = predict_rows(banned, tokenizer, rows, job, runtime=_cpu("fp32"))
+    assert plain["decoding_settings"]["model_token_rules"] == {}
+    assert summary["decoding_settings"]["model_token_rules"] == recorded and len(recorded) == 2
+    assert json.loads(json.dumps(summary))["decoding_settings"] == summary["decoding_settings"]
+
+
 def test_a_run_whose_rows_all_came_from_an_earlier_run_says_no_speed(tmp_path, monkeypatch):
     """A rerun of the same job generates nothing (every chunk reused): its lines say so ("Nothing to
     generate") and give no speed, where the run that generated them gives one. Was: "0.0 samples/s, 0

@@ -146,6 +146,32 @@ def test_comparison_shows_test_loss_and_rouge_only_when_logged():
     assert table["test_loss"].tolist() == [2.0, 2.5] and "test_rouge2" not in table
 
 
+def test_the_models_forced_and_banned_tokens_are_recorded_with_the_decoding(model, bpe_tokenizer, runtime):
+    """A model folder's token rules kept at generation (``generation.KEPT_FROM_MODEL``: a banned token) are
+    recorded beside the decoding the references were generated with, as the model's generation_config holds
+    them, and the generations are those rules' (the banned token never appears). Was: said in the log only;
+    the record named plain greedy."""
+    import copy
+
+    from fastlm.engine.evaluate.generation import KEPT_FROM_MODEL
+
+    pairs = reference_pairs(pair_frame(), 6)
+    table, plain = _scored(model, bpe_tokenizer, pairs, runtime, new=6, batch=4, max_length=320)
+    assert "rouge_model_token_rules" not in plain
+    first = prompt_token_ids(bpe_tokenizer, pairs["prompt"].iloc[0])
+    often = generate_continuations(model, [first], pad_id=0, eos_id=0, runtime=runtime, max_new_tokens=6)
+    banned = copy.deepcopy(model)
+    banned.generation_config.update(bad_words_ids=[[often.continuations[0][0]]], suppress_tokens=[7])
+    _, metrics = _scored(banned, bpe_tokenizer, pairs, runtime, new=6, batch=4, max_length=320)
+    config = banned.generation_config
+    recorded = {key: getattr(config, key) for key in KEPT_FROM_MODEL if getattr(config, key) is not None}
+    assert metrics["rouge_model_token_rules"] == recorded and len(recorded) == 2
+    sections = {s.heading: s for s in _sections(metrics, table)}
+    assert all(
+        f"{key}={value}" in sections["ROUGE on the test split"].text for key, value in recorded.items()
+    )
+
+
 def _sections(test_metrics, predictions):
     history = pd.DataFrame(
         {

@@ -36,6 +36,7 @@ from fastlm.engine.evaluate.generation import (
     decoding_kwargs,
     encoder_inputs,
     generate_continuations,
+    kept_model_rules,
     response_text,
 )
 from fastlm.engine.evaluate.line_ends import lf_line_ends
@@ -382,6 +383,8 @@ def predict_rows(
             bar.close()
     table = _table(rows, fed, continuations, tokenizer, job)
     summary = _summary(rows, job, seconds, new_tokens, generated, resumed, perf_counter() - begun)
+    # the model folder's forced and banned tokens, kept at generation: the settings the outputs were made with
+    summary["decoding_settings"]["model_token_rules"] = kept_model_rules(model)
     if "tool_calls" in table:
         summary["tool_calls"] = _calls_summary(table, rows)
         table["tool_calls"] = table["tool_calls"].fillna("")  # an unread call: empty, as no call asked

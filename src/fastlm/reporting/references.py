@@ -28,6 +28,7 @@ from fastlm.engine.evaluate.generation import (
     encoder_inputs,
     generate_continuations,
     is_encoder_decoder,
+    kept_model_rules,
     response_text,
 )
 from fastlm.engine.runtime.environment import Runtime
@@ -156,7 +157,8 @@ def score_test_generations(
     ``batch_size``, ``seed``, ``rouge_tokenizer``), passed whole because its settings travel together. The
     aggregate has ``rouge1``/``rouge2``/``rougeL`` (mean F1), their ``_precision``/``_recall``, and
     ``rouge_samples``, ``rouge_tokenizer``, ``rouge_decoding``, ``generation_seconds``,
-    ``generated_tokens_per_s``.
+    ``generated_tokens_per_s``, and ``rouge_model_token_rules`` where the model's generation_config has
+    forced or banned tokens generation keeps (``generation.kept_model_rules``).
 
     ``chat_variables``: chat data's template variables (None: not chat data). Where some reference answers
     call tools (in the template's call format, ``corpus.call_reader``), the predictions keep the call markup
@@ -212,6 +214,9 @@ def score_test_generations(
         generation_seconds=seconds,
         generated_tokens_per_s=generations.new_tokens / seconds if seconds > 0 else float("nan"),
     )
+    rules = kept_model_rules(model)  # the model folder's forced and banned tokens, kept at generation
+    if rules:
+        aggregate["rouge_model_token_rules"] = rules
     if reader is None:
         return table[PREDICTION_COLUMNS], aggregate
     matches, scores = tool_call_scores(reader, pairs["response"].tolist(), predictions)

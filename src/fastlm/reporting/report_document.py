@@ -402,6 +402,12 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
         f"'{test_metrics['rouge_tokenizer']}'; means over samples. "
         f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s." + _tool_call_text(test_metrics)
     )
+    rules = test_metrics.get("rouge_model_token_rules")
+    if rules:  # the model folder's forced and banned tokens, kept at generation
+        text += (
+            " The model's own token rules were kept: " + ", ".join(f"{k}={v}" for k, v in rules.items()) + "."
+        )
+
     shown = predictions.head(ROUGE_SHOWN)
     samples = pd.DataFrame(
         {
