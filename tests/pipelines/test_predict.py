@@ -29,7 +29,7 @@ from fastlm.reporting.predictions import (
     predict_rows,
 )
 from tests.support.e2e import own_experiment
-from tests.support.project import run_pipeline
+from tests.support.project import catalog_dataset, run_pipeline
 from tests.support.tiny_llama import CHAT_TEMPLATE, llama_style_tokenizer, save_tiny_llama
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
@@ -533,6 +533,66 @@ def test_a_lora_adapter_folder_predicts_as_its_merged_model(project, model_folde
     merged = adapted.merge_and_unload().eval()
     assert good["prediction"].tolist() == _alone(model_folder, prompts, 6, merged)
     assert good["prediction"].tolist() != _alone(model_folder, prompts, 6)  # the adapter is in effect
+
+
+def test_a_qlora_adapter_saved_without_its_quantization_is_said_to_merge_into_full_precision(
+    project, model_folder, monkeypatch
+):
+    """A QLoRA adapter folder saved before ``base_digest.json`` recorded the quantization merges into the base
+    folder's full-precision weights, not the 4-bit ones it trained on: where its train summary (the one of
+    its ``training_id``) says QLoRA, predict and the report (the catalog's ``trained_model``) say so, once,
+    naming the folder and the fix; a LoRA run's summary, or no matching summary, says nothing. Was: silent."""
+    import logging
+
+    from fastlm.datasets import pretrained_model
+    from fastlm.datasets.predict_sources import PredictSources
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
+    from fastlm.engine.config import LoraParams
+    from fastlm.engine.model.lora import BASE_DIGEST, apply_lora
+
+    lines = []
+    logger = logging.Logger("qlora-record", logging.INFO)
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    monkeypatch.setattr(pretrained_model, "log", logger)
+    adapted = apply_lora(
+        AutoModelForCausalLM.from_pretrained(model_folder),
+        LoraParams(enabled=True, r=4),
+        gradient_checkpointing=False,
+    )
+    folder = project / "data/06_models/runs/q/model"
+    PretrainedModelDataset(filepath=str(folder)).save(
+        {
+            "model": adapted,
+            "tokenizer": AutoTokenizer.from_pretrained(model_folder),
+            "training_data": {"training_id": "t"},
+        }
+    )
+    assert "quantized" not in json.loads((folder / BASE_DIGEST).read_text())
+    summary = project / "data/08_reporting/runs/q/train_summary.json"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+
+    def loaded(adapter: str, training_id: str = "t") -> list[str]:
+        summary.write_text(json.dumps({"adapter": adapter, "lora": True, "training_id": training_id}))
+        lines.clear()
+        monkeypatch.setattr(pretrained_model, "_said_unrecorded", set())
+        sources = PredictSources(
+            str(project / "data/06_models/model"),
+            str(project / "data/06_models/runs"),
+            str(project / "data/07_model_output/predict_parts"),
+            train_summaries=str(project / "data/08_reporting"),
+        )
+        for _ in range(2):
+            sources.load_model("q")
+        monkeypatch.chdir(project)  # the report: the catalog's trained_model, its paths the project's
+        catalog_dataset("trained_model", folder).load()
+        return [line for line in lines if "full-precision" in line]
+
+    said = loaded("QLoRA (r 4, alpha 8, NF4 base)")
+    assert len(said) == 1 and str(folder) in said[0] and "4-bit" in said[0] and "again" in said[0], said
+    assert loaded("LoRA (r 4, alpha 8)") == []
+    assert loaded("QLoRA (r 4, alpha 8, NF4 base)", training_id="another training") == []
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".txt.gz", ".txt.bz2"])

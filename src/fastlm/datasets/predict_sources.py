@@ -38,9 +38,17 @@ class PredictSources:
     how the project's models were trained (``fingerprint``: the tokenized data's fingerprint, whose
     ``params.data_format`` says how chat messages were rendered)."""
 
-    def __init__(self, trained_model: str, runs: str, parts: str, fingerprint: str | None = None):
+    def __init__(
+        self,
+        trained_model: str,
+        runs: str,
+        parts: str,
+        fingerprint: str | None = None,
+        train_summaries: str | None = None,
+    ):
         self.trained_model, self.runs, self.parts = Path(trained_model), Path(runs), PredictionParts(parts)
         self.fingerprint = Path(fingerprint) if fingerprint is not None else None
+        self.train_summaries = train_summaries  # read to say a QLoRA adapter's missing quantization record
 
     def read_input(self, path: str) -> pd.DataFrame:
         """The table at ``path``; a .txt file (compressed or not) is one input per line, in a ``text``
@@ -96,7 +104,7 @@ class PredictSources:
         folder = self.trained_model if name is None else Path(name)
         if name is not None and not folder.is_dir() and (self.runs / name / "model").is_dir():
             folder = self.runs / name / "model"
-        dataset = PretrainedModelDataset(str(folder))
+        dataset = PretrainedModelDataset(str(folder), train_summaries=self.train_summaries)
         if not dataset.exists():
             if name is None:
                 raise InputDataError(
@@ -140,12 +148,14 @@ class PredictSourcesDataset(AbstractDataset):
         parts: str,
         fingerprint: str | None = None,
         metadata: dict | None = None,
+        train_summaries: str | None = None,
     ):
         self._paths = {
             "trained_model": str(PurePosixPath(trained_model)),
             "runs": str(PurePosixPath(runs)),
             "parts": str(PurePosixPath(parts)),
             "fingerprint": str(PurePosixPath(fingerprint)) if fingerprint is not None else None,
+            "train_summaries": str(PurePosixPath(train_summaries)) if train_summaries is not None else None,
         }
         self.metadata = metadata
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -18,6 +19,8 @@ TRAINING_DATA = "training_data.json"  # how the model's training data was made (
 # One load at a time per process: transformers' lazy imports race under Kedro's ThreadRunner (two report nodes
 # load the model at once: an ImportError, or an intact folder reported as missing weights)
 _LOADING = threading.Lock()
+log = logging.getLogger(__name__)
+_said_unrecorded: set[str] = set()  # QLoRA adapter folders whose missing quantization record was said
 
 
 class PretrainedModelDataset(AbstractDataset):
@@ -34,12 +37,22 @@ class PretrainedModelDataset(AbstractDataset):
     ``training_data`` (optional, saved as ``training_data.json``, loaded back, None where a folder has none):
     the fingerprint of the tokenized data the model was trained on and its ``data_format`` (how prompts and
     chat messages were rendered), so a later split of the project does not change how the model is used.
+
+    ``train_summaries``: the folder of the train summaries (``train_summary.json``, ``runs/<run>/``), read
+    to say when a QLoRA adapter saved without its quantization record is loaded (``say_unrecorded_qlora``).
     """
 
-    def __init__(self, filepath: str, load_args: dict[str, Any] | None = None, metadata: dict | None = None):
+    def __init__(
+        self,
+        filepath: str,
+        load_args: dict[str, Any] | None = None,
+        metadata: dict | None = None,
+        train_summaries: str | None = None,
+    ):
         self._filepath = PurePosixPath(filepath)
         self._load_args = {"local_files_only": True, "trust_remote_code": False, **(load_args or {})}
         self.metadata = metadata
+        self._train_summaries = train_summaries
 
     def load(self) -> dict:
         with _LOADING:
@@ -65,6 +78,8 @@ class PretrainedModelDataset(AbstractDataset):
             model = pretrained.load_pretrained(checkpoint, new_weights_param=None, **self._load_args)
         record = Path(folder) / TRAINING_DATA
         tokenizer = self._load_tokenizer()
+        if self._train_summaries is not None:
+            say_unrecorded_qlora(folder, self._train_summaries)
         return {
             "model": model,
             "tokenizer": tokenizer,
@@ -143,6 +158,52 @@ def _for_inference(model, tokenizer):
         for config, value in zip(configs, cached, strict=True):
             if value is not None:
                 config.use_cache = value
+
+
+def _json_file(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def say_unrecorded_qlora(folder: str | Path, train_summaries: str | Path) -> None:
+    """Say once, in one warning, that the LoRA adapter in ``folder`` trained on a 4-bit base (the train
+    summary of its ``training_id``, in ``train_summaries`` or its ``runs/<run>/``, names a QLoRA adapter) but
+    was saved before ``base_digest.json`` recorded the quantization: it is merged into the base folder's
+    full-precision weights, not the 4-bit weights it trained on (``lora.as_trained_in_4bit`` rebuilds those
+    only from the record), and training it again records it. Nothing for any other folder."""
+    from fastlm.engine.model.lora import BASE_DIGEST
+    from fastlm.reporting.summaries import TRAINING_ID
+
+    folder = Path(folder)
+    digest = _json_file(folder / BASE_DIGEST)
+    if not _is_adapter_folder(folder) or (isinstance(digest, dict) and "quantized" in digest):
+        return
+    record = _json_file(folder / TRAINING_DATA)
+    training_id = record.get(TRAINING_ID) if isinstance(record, dict) else None
+    where = str(folder.resolve())
+    if not training_id or where in _said_unrecorded:
+        return
+    summaries = Path(train_summaries)
+    for path in [summaries / "train_summary.json", *sorted(summaries.glob("runs/*/train_summary.json"))]:
+        summary = _json_file(path)
+        if not isinstance(summary, dict) or summary.get(TRAINING_ID) != training_id:
+            continue
+        adapter = summary.get("adapter")
+        if isinstance(adapter, str) and adapter.startswith(("QLoRA", "QDoRA")):
+            _said_unrecorded.add(where)
+            log.warning(
+                "The adapter in %s trained on its base's 4-bit weights (%s: %s), but its %s, saved by an "
+                "earlier fastlm, does not record that quantization: it is merged into the base folder's "
+                "full-precision weights, not the 4-bit weights it trained on (a model that never trained). "
+                "Fix: train it again (`kedro run --pipeline=train`), which records the quantization",
+                folder,
+                path,
+                adapter,
+                BASE_DIGEST,
+            )
+        return
 
 
 def _is_adapter_folder(folder) -> bool:
