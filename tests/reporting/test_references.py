@@ -238,6 +238,22 @@ def test_report_has_rouge_sections_only_with_predictions():
     )
 
 
+def _predict_rows(texts: list[str], tokenizer, limit: int):
+    """Predict's rows of plain-text inputs (``predict.text_column``), long ones truncated to ``limit``."""
+    from fastlm.reporting.predict_inputs import input_rows
+
+    return input_rows(
+        pd.DataFrame({"text": texts}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=limit,
+        too_long="truncate",
+        source="inputs",
+    )
+
+
 def _scored(model, tokenizer, pairs, runtime, *, new: int, batch: int, max_length: int, chat=None):
     """The reference generations greedy, ``new`` tokens each, and their ROUGE (the Unicode rule: auto);
     ``chat``: the chat template variables of chat data."""
@@ -264,7 +280,7 @@ def test_prompts_leave_the_new_tokens_room_in_the_models_positions_as_predict_le
     predict gives the same row ``input_limit``'s tokens; they now give it the same ids."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from fastlm.reporting.predict_inputs import input_limit, input_rows
+    from fastlm.reporting.predict_inputs import input_limit
 
     torch.manual_seed(0)
     config = GPT2Config(
@@ -281,16 +297,7 @@ def test_prompts_leave_the_new_tokens_room_in_the_models_positions_as_predict_le
     pairs = pd.DataFrame({"sample": [0, 1], "prompt": prompts, "response": ["좋아요", "네"]})
     table, _ = _scored(model, bpe_tokenizer, pairs, runtime, new=30, batch=2, max_length=48)
     limit = input_limit(model, max_new_tokens=30, max_input_tokens=None, trained_length=48)
-    rows = input_rows(
-        pd.DataFrame({"text": prompts}),
-        bpe_tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=limit,
-        too_long="truncate",
-        source="inputs",
-    )
+    rows = _predict_rows(prompts, bpe_tokenizer, limit)
     assert limit == 48 - 30 and table["prompt_tokens"].tolist() == [len(ids) for ids in rows["ids"]]
     assert (table["prompt_tokens"] + table["new_tokens"] <= 48).all()
 
@@ -367,7 +374,7 @@ def test_an_encoder_decoders_long_prompt_keeps_the_end_training_kept(kind):
     from fastlm.corpus.prompts import tokenize_pairs
     from fastlm.engine.data.collators import TextEnds, seq2seq_sides
     from fastlm.engine.evaluate.generation import encoder_inputs
-    from fastlm.reporting.predict_inputs import input_limit, input_rows
+    from fastlm.reporting.predict_inputs import input_limit
     from fastlm.reporting.references import generation_prompts
     from tests.support.tiny_seq2seq import bart_style_tokenizer, tiny_seq2seq
 
@@ -385,16 +392,7 @@ def test_an_encoder_decoders_long_prompt_keeps_the_end_training_kept(kind):
     new = max_length - 1 - kept  # what the training row left beside the prompt: the same prompt budget
     asked = generation_prompts(tokenizer, [prompt], model=model, max_length=max_length, max_new_tokens=new)
     limit = input_limit(model, max_new_tokens=new, max_input_tokens=None, trained_length=max_length)
-    rows = input_rows(
-        pd.DataFrame({"text": [prompt]}),
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=limit,
-        too_long="truncate",
-        source="inputs",
-    )
+    rows = _predict_rows([prompt], tokenizer, limit)
     assert encoder_inputs(model, asked, tokenizer) == [trained]
     assert encoder_inputs(model, list(rows["ids"]), tokenizer) == [trained]
     assert trained[:kept] != full[:kept]  # the start-kept cut is another prompt: the test tells them apart
