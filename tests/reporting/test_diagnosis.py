@@ -16,6 +16,7 @@ from fastlm.reporting.diagnosis import (
     HOST_SYNC_BOUND,
     INPUT_BOUND,
     MEMORY_SATURATED,
+    MIN_TIMED_STEPS,
     PADDING_BOUND,
     Finding,
     diagnose,
@@ -149,6 +150,18 @@ def test_compute_bound_only_when_nothing_else_triggers():
     slow_input = diagnose(cpu(), make_history(6, data_wait_share=0.34))
     assert triggered(slow_input) == {INPUT_BOUND}
     assert INPUT_BOUND in by_kind(slow_input)[COMPUTE_BOUND].message
+
+
+def test_too_few_timed_steps_conclude_nothing():
+    """A run of two steps (``train.max_steps=2``) has one timed step after the warm-up: no verdict from it,
+    and the message says how long a run is needed."""
+    short = diagnose(cpu(), make_history(2, step=[1, 2]))
+    assert triggered(short) == set()
+    finding = by_kind(short)[COMPUTE_BOUND]
+    assert "1 timed step" in finding.message
+    assert f"train.max_steps >= {MIN_TIMED_STEPS + 1}" in finding.message
+    enough = make_history(2, step=[1, MIN_TIMED_STEPS + 1])
+    assert triggered(diagnose(cpu(), enough)) == {COMPUTE_BOUND}
 
 
 def test_compute_bound_on_cuda_reports_mfu():

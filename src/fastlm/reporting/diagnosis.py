@@ -20,8 +20,9 @@ passed. The rules, in order (thresholds are the module constants below):
   step (the compile): a start-up cost, so it does not keep the steady state from being compute-bound. The
   advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short
   does not repay compiling.
-* ``compute-bound`` -- none of the steady-state rules above: the run spends its time in the math, as it
-  should. On a GPU its advice names the speed levers the run's own decisions show it left unused
+* ``compute-bound`` -- none of the steady-state rules above, over at least ``MIN_TIMED_STEPS`` timed steps
+  (a shorter run concludes nothing and says how long a run is needed): the run spends its time in the
+  math, as it should. On a GPU its advice names the speed levers the run's own decisions show it left unused
   (``_unused_speed_levers``: precision, compile, liger's kernels or float8 missing their package, bf16
   weights with fp32 masters where a full fine-tune kept fp32 weights, memory headroom), or says none was.
 
@@ -54,6 +55,7 @@ __all__ = [
     "INPUT_BOUND_SHARE",
     "MEMORY_SATURATED",
     "MEMORY_SATURATED_SHARE",
+    "MIN_TIMED_STEPS",
     "PADDING_BOUND",
     "PADDING_BOUND_EFFICIENCY",
     "ROOMY_SHARE",
@@ -97,6 +99,8 @@ STEP_TIME_RISE_RATIO = 1.15
 EVAL_BOUND_SHARE = 0.25
 #: compile-bound: the first step (compile included) took at least this share of the run's wall time.
 COMPILE_BOUND_SHARE = 0.25
+#: compute-bound is concluded from at least this many timed optimizer steps (after the warm-up step 1).
+MIN_TIMED_STEPS = 5
 
 _NA = "n/a"
 
@@ -490,6 +494,12 @@ def _speed(summary: dict, history: pd.DataFrame) -> float:
     return value
 
 
+def _timed_steps(history: pd.DataFrame) -> int:
+    """Optimizer steps after the warm-up step 1 that the history covers (its last step - 1)."""
+    last = float(numeric(history, "step").max())  # NaN for no step column
+    return int(last) - 1 if last >= 1 else 0
+
+
 def _compute_bound(
     summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding]
 ) -> Finding:
@@ -513,6 +523,16 @@ def _compute_bound(
         where = f"on {threads} CPU threads" if _known(threads) else "on the CPU"
         advice = "train on a GPU (train.runtime.device: cuda): a CPU run is limited by its cores"
     figure = f"{rate} {where}"
+    steps = _timed_steps(history)
+    if steps < MIN_TIMED_STEPS:
+        return Finding(
+            COMPUTE_BOUND,
+            False,
+            figure,
+            f"too few steps to judge: {steps} timed step{'' if steps == 1 else 's'} after the warm-up step "
+            f"(a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)",
+            "",
+        )
     blocking = [finding.kind for finding in others if finding.triggered]
     if blocking:
         return Finding(
