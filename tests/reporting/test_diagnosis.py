@@ -160,6 +160,10 @@ def test_too_few_timed_steps_conclude_nothing():
     finding = by_kind(short)[COMPUTE_BOUND]
     assert "1 timed step" in finding.message
     assert f"train.max_steps >= {MIN_TIMED_STEPS + 1}" in finding.message
+    from fastlm.reporting.report_document import check_line
+
+    line = check_line(dataclasses.asdict(finding))  # said not judged, not "not compute-bound"
+    assert line.startswith("? throughput") and line.endswith(f": {finding.message}")
     enough = make_history(2, step=[1, MIN_TIMED_STEPS + 1])
     assert triggered(diagnose(cpu(), enough)) == {COMPUTE_BOUND}
 

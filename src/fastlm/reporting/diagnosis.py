@@ -56,6 +56,7 @@ __all__ = [
     "MEMORY_SATURATED",
     "MEMORY_SATURATED_SHARE",
     "MIN_TIMED_STEPS",
+    "NOT_JUDGED",
     "PADDING_BOUND",
     "PADDING_BOUND_EFFICIENCY",
     "ROOMY_SHARE",
@@ -101,6 +102,8 @@ EVAL_BOUND_SHARE = 0.25
 COMPILE_BOUND_SHARE = 0.25
 #: compute-bound is concluded from at least this many timed optimizer steps (after the warm-up step 1).
 MIN_TIMED_STEPS = 5
+#: how the message of a rule that judged nothing (too few timed steps) begins: the report shows it so.
+NOT_JUDGED = "too few steps to judge"
 
 _NA = "n/a"
 
@@ -529,7 +532,7 @@ def _compute_bound(
             COMPUTE_BOUND,
             False,
             figure,
-            f"too few steps to judge: {steps} timed step{'' if steps == 1 else 's'} after the warm-up step "
+            f"{NOT_JUDGED}: {steps} timed step{'' if steps == 1 else 's'} after the warm-up step "
             f"(a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)",
             "",
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from fastlm.reporting import plots
+from fastlm.reporting.diagnosis import NOT_JUDGED
 from fastlm.reporting.html_report import Section, render_html, render_markdown
 from fastlm.reporting.summaries import TRAINING_ID
 
@@ -38,6 +39,8 @@ MEASURES = {
 def check_line(finding: dict) -> str:
     """One diagnosis check as a person reads it: the measure and its figure, then the verdict."""
     measure = MEASURES.get(finding["kind"], finding["kind"])
+    if not finding["triggered"] and str(finding.get("message", "")).startswith(NOT_JUDGED):
+        return f"? {measure} {finding['figure']}: {finding['message']}"
     verdict = finding["kind"] if finding["triggered"] else f"not {finding['kind']}"
     return f"{'⚠' if finding['triggered'] else '✓'} {measure} {finding['figure']}: {verdict}"
 
