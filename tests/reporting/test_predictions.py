@@ -27,6 +27,7 @@ from fastlm.reporting.predictions import (
     prediction_digest,
 )
 from tests.support.project import PROJECT_ROOT, catalog_dataset
+from tests.support.reporting import text_rows
 from tests.support.tiny_llama import CHAT_TEMPLATE, line_end_llama, llama_style_tokenizer
 
 CHATS = [
@@ -45,20 +46,6 @@ CHATS = [
 def tokenizer():
     texts = [m["content"] for chat in CHATS for m in chat] * 20
     return llama_style_tokenizer(texts, vocab_size=300, chat_template=True)
-
-
-def _text_rows(texts: list[str], tokenizer, *, limit: int | None = None):
-    """Predict's rows of plain-text inputs (``predict.text_column``), long ones truncated to ``limit``."""
-    return input_rows(
-        pd.DataFrame({"text": texts}),
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=limit,
-        too_long="truncate",
-        source="inputs.csv",
-    )
 
 
 def _cpu(precision: str):
@@ -192,7 +179,7 @@ def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(t
     so predictions.csv (pandas quotes only the fields that hold a line feed) reads back one row per input, and
     the summary's digest is the file's."""
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["c", "b"], tokenizer)
+    rows = text_rows(["c", "b"], tokenizer)
     runtime = _cpu("fp32")
     table, summary = predict_rows(
         model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=4), runtime=runtime
@@ -210,7 +197,7 @@ def test_inputs_holding_carriage_returns_are_shown_with_lf_and_read_back_row_for
     cleans (LF), and predictions.csv shows it so too; shown as given, its CR split the row for every
     reader."""
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["a\r\nc", "a\rb"], tokenizer)
+    rows = text_rows(["a\r\nc", "a\rb"], tokenizer)
     table, summary = predict_rows(
         model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=2), runtime=_cpu("fp32")
     )
@@ -227,7 +214,7 @@ def test_a_plain_text_continuation_is_kept_as_decoded_and_a_response_stripped():
     stripped " died" read "died": input + prediction lost the space); a prompt's response is stripped, as
     training stripped the responses."""
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["c", "b"], tokenizer)
+    rows = text_rows(["c", "b"], tokenizer)
     for continued, expected in ((True, ["\na\nb", "c\na\n"]), (False, ["a\nb", "c\na"])):
         job = PredictionJob(decoding={}, max_new_tokens=4, continuation=continued)
         table, _ = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
@@ -239,7 +226,7 @@ def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):
     (an instruct model's end-of-turn token is not its tokenizer's EOS)."""
     model, tokenizer = line_end_llama()
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("\r\n")]
-    rows = _text_rows(["b", "c", "a"], tokenizer)
+    rows = text_rows(["b", "c", "a"], tokenizer)
     runtime = _cpu("fp32")
     table, _ = predict_rows(
         model, tokenizer, rows, PredictionJob(decoding={}, max_new_tokens=6), runtime=runtime
@@ -252,7 +239,7 @@ def test_finished_chunks_are_reused_only_on_the_device_type_and_precision_that_w
     """The chunks of a bf16 GPU run are not mixed with those of an fp32 CPU rerun: the job's key has the
     device type, the autocast precision and the model's dtype."""
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["a", "b", "c"], tokenizer)
+    rows = text_rows(["a", "b", "c"], tokenizer)
     job, parts = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1), PredictionParts(tmp_path)
     fp32 = _cpu("fp32")
     bf16 = _cpu("bf16")
@@ -281,7 +268,7 @@ def test_finished_chunks_are_reused_only_with_the_generation_code_that_wrote_the
     from fastlm.engine.evaluate import generation
 
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["a", "b", "c"], tokenizer)
+    rows = text_rows(["a", "b", "c"], tokenizer)
     job, parts = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1), PredictionParts(tmp_path)
 
     def resumed():
@@ -312,7 +299,7 @@ def test_kept_chunks_dropped_for_a_changed_job_are_said_with_what_changed(tmp_pa
     logger.addHandler(seen)
     monkeypatch.setattr(predictions, "log", logger)
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["a", "b", "c", "d", "e", "f"], tokenizer)
+    rows = text_rows(["a", "b", "c", "d", "e", "f"], tokenizer)
     parts = PredictionParts(tmp_path)
     real, calls = predictions.generate_continuations, []
 
@@ -365,7 +352,7 @@ def test_the_summary_records_the_models_forced_and_banned_tokens_beside_the_deco
     from fastlm.engine.evaluate.generation import KEPT_FROM_MODEL
 
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["a", "b", "c"], tokenizer)
+    rows = text_rows(["a", "b", "c"], tokenizer)
     job = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1)
     banned = copy.deepcopy(model)
     banned.generation_config.update(bad_words_ids=[[5]], suppress_tokens=[6, 7])
@@ -392,7 +379,7 @@ def test_a_run_whose_rows_all_came_from_an_earlier_run_says_no_speed(tmp_path, m
     monkeypatch.setattr(predict_steps, "log", logger)
     monkeypatch.setattr(predictions, "log", logger)
     model, tokenizer = line_end_llama()
-    rows = _text_rows(["a", "b", "c"], tokenizer)
+    rows = text_rows(["a", "b", "c"], tokenizer)
     job, parts = PredictionJob(decoding={}, max_new_tokens=4, batch_size=1), PredictionParts(tmp_path)
     said = []
     for _ in range(2):
@@ -420,7 +407,7 @@ def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(to
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(_saved(tokenizer, capfd), model_max_length=8)
-    rows = _text_rows(["the battery died again " * 20], tokenizer, limit=32)
+    rows = text_rows(["the battery died again " * 20], tokenizer, limit=32)
     assert len(rows["ids"].iloc[0]) == 32 and bool(rows["truncated"].iloc[0])
     assert "indexing errors" not in capfd.readouterr().err + caplog.text
 
@@ -452,7 +439,7 @@ def test_a_model_trained_here_gets_its_prompts_cut_as_its_training_and_report_cu
     limit = input_limit(model, max_new_tokens=32, max_input_tokens=None, trained_length=320)
     assert limit == 287
     assert input_limit(model, max_new_tokens=32, max_input_tokens=400, trained_length=320) == 400
-    rows = _text_rows([prompt], tokenizer, limit=limit)
+    rows = text_rows([prompt], tokenizer, limit=limit)
     reported = generation_prompts(tokenizer, [prompt], model=model, max_length=320, max_new_tokens=32)
     assert len(prompt_token_ids(tokenizer, prompt)) > 320 and list(rows["ids"].iloc[0]) == reported[0]
 
@@ -697,7 +684,7 @@ def test_the_truncation_warning_names_the_limit_and_what_set_it(monkeypatch):
     assert f"positions: {positions}" in predict_steps.predict_input_limit_source(
         model, unset, {}, positions - 4
     )
-    rows = _text_rows(["a b c a b", "a"], tokenizer, limit=3)
+    rows = text_rows(["a b c a b", "a"], tokenizer, limit=3)
     job = PredictionJob(
         decoding={}, max_new_tokens=2, batch_size=2, extra={"input_limit": 3, "input_limit_source": source}
     )

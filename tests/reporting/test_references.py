@@ -21,7 +21,7 @@ from fastlm.reporting.references import (
 from fastlm.reporting.report_document import ReportInputs, build_sections
 from fastlm.reporting.rouge import rouge_scores
 from tests.support.project import catalog_dataset
-from tests.support.reporting import pair_frame
+from tests.support.reporting import pair_frame, text_rows
 from tests.support.tiny_llama import line_end_llama
 
 GREEDY = {
@@ -238,22 +238,6 @@ def test_report_has_rouge_sections_only_with_predictions():
     )
 
 
-def _predict_rows(texts: list[str], tokenizer, limit: int):
-    """Predict's rows of plain-text inputs (``predict.text_column``), long ones truncated to ``limit``."""
-    from fastlm.reporting.predict_inputs import input_rows
-
-    return input_rows(
-        pd.DataFrame({"text": texts}),
-        tokenizer,
-        column=("predict.text_column", "text"),
-        template=None,
-        id_column=None,
-        limit=limit,
-        too_long="truncate",
-        source="inputs",
-    )
-
-
 def _scored(model, tokenizer, pairs, runtime, *, new: int, batch: int, max_length: int, chat=None):
     """The reference generations greedy, ``new`` tokens each, and their ROUGE (the Unicode rule: auto);
     ``chat``: the chat template variables of chat data."""
@@ -297,7 +281,7 @@ def test_prompts_leave_the_new_tokens_room_in_the_models_positions_as_predict_le
     pairs = pd.DataFrame({"sample": [0, 1], "prompt": prompts, "response": ["좋아요", "네"]})
     table, _ = _scored(model, bpe_tokenizer, pairs, runtime, new=30, batch=2, max_length=48)
     limit = input_limit(model, max_new_tokens=30, max_input_tokens=None, trained_length=48)
-    rows = _predict_rows(prompts, bpe_tokenizer, limit)
+    rows = text_rows(prompts, bpe_tokenizer, limit=limit)
     assert limit == 48 - 30 and table["prompt_tokens"].tolist() == [len(ids) for ids in rows["ids"]]
     assert (table["prompt_tokens"] + table["new_tokens"] <= 48).all()
 
@@ -392,7 +376,7 @@ def test_an_encoder_decoders_long_prompt_keeps_the_end_training_kept(kind):
     new = max_length - 1 - kept  # what the training row left beside the prompt: the same prompt budget
     asked = generation_prompts(tokenizer, [prompt], model=model, max_length=max_length, max_new_tokens=new)
     limit = input_limit(model, max_new_tokens=new, max_input_tokens=None, trained_length=max_length)
-    rows = _predict_rows([prompt], tokenizer, limit)
+    rows = text_rows([prompt], tokenizer, limit=limit)
     assert encoder_inputs(model, asked, tokenizer) == [trained]
     assert encoder_inputs(model, list(rows["ids"]), tokenizer) == [trained]
     assert trained[:kept] != full[:kept]  # the start-kept cut is another prompt: the test tells them apart

@@ -87,3 +87,19 @@ def report_document(history: pd.DataFrame, **parts) -> tuple[str, str]:
         split_report={},
     )
     return build_document(ReportInputs(**{**defaults, **parts}))
+
+
+def text_rows(texts: list[str], tokenizer, *, limit: int | None = None):
+    """Predict's rows of plain-text inputs (``predict.text_column``), long ones truncated to ``limit``."""
+    from fastlm.reporting.predict_inputs import input_rows
+
+    return input_rows(
+        pd.DataFrame({"text": texts}),
+        tokenizer,
+        column=("predict.text_column", "text"),
+        template=None,
+        id_column=None,
+        limit=limit,
+        too_long="truncate",
+        source="inputs.csv",
+    )
