@@ -212,3 +212,18 @@ def test_the_training_summary_says_the_chats_called_tools_and_where_their_tools_
         line for line in run_lines(SUMMARY, {"data_format": CHAT_FORMAT}) if line.startswith("Chats")
     )
     assert "tool" not in plain
+
+
+def test_the_throughput_table_shows_the_steps_alone_beside_the_wall_clock_training_figure():
+    """The training row of the throughput table is the rate over the timed steps' wall clock (validations
+    and saves between steps included); a run whose summary measured the steps alone shows that rate too,
+    labelled, so a run slowed by its validations is not read as slow steps."""
+    from tests.support.reporting import make_history, report_document
+
+    history = make_history(3, step=[1, 10, 20])
+    _, markdown = report_document(history, summary={**SUMMARY, "steady_real_tokens_per_s": 4321.0})
+    section = markdown.split("## Throughput: training and evaluation", 1)[1].split("\n## ", 1)[0]
+    assert "training (wall clock: validations and saves included)" in section, section
+    assert "| training steps alone" in section and "4,321 |" in section, section
+    _, older = report_document(history, summary={k: v for k, v in SUMMARY.items() if "steady" not in k})
+    assert "steps alone" not in older.split("## Throughput: training and evaluation", 1)[1].split("\n## ")[0]

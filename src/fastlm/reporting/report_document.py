@@ -329,11 +329,15 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
         else ""
     )
     train_speed = efficiency["real_tokens_per_s"].iloc[0] if not efficiency.empty else float("nan")
+    # the training rate over the timed steps' wall clock (validations and saves between steps in it), and
+    # the steps' own rate where the run measured it: a run slowed by its validations is not read as slow steps
+    steady = summary.get("steady_real_tokens_per_s")
+    phases = [("training (wall clock: validations and saves included)", train_speed)]
+    if _finite(steady):
+        phases.append(("training steps alone", float(steady)))
+    phases.append(("test evaluation", test_metrics.get("real_tokens_per_s")))
     speeds = pd.DataFrame(
-        {
-            "phase": ["training", "test evaluation"],
-            "real tokens/s": [train_speed, test_metrics.get("real_tokens_per_s")],
-        }
+        {"phase": [phase for phase, _ in phases], "real tokens/s": [speed for _, speed in phases]}
     )
     shown = {name: value for name, value in test_metrics.items() if name != TRAINING_ID}
     evaluation = pd.DataFrame({"metric": list(shown), "value": list(shown.values())})
