@@ -17,6 +17,7 @@ from fastlm.reporting.diagnosis import (
     INPUT_BOUND,
     MEMORY_SATURATED,
     MIN_TIMED_STEPS,
+    NOT_JUDGED,
     PADDING_BOUND,
     Finding,
     diagnose,
@@ -166,6 +167,51 @@ def test_too_few_timed_steps_conclude_nothing():
     assert line.startswith("? throughput") and line.endswith(f": {finding.message}")
     enough = make_history(2, step=[1, MIN_TIMED_STEPS + 1])
     assert triggered(diagnose(cpu(), enough)) == {COMPUTE_BOUND}
+
+
+def short_and_long(n: int, **columns) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The same ``n`` logging rows over fewer than MIN_TIMED_STEPS timed steps (one row per step of a run too
+    short to judge) and over enough of them (the rows ten steps apart)."""
+    short_steps = list(range(1, n + 1))
+    assert short_steps[-1] - 1 < MIN_TIMED_STEPS
+    return make_history(n, step=short_steps, **columns), make_history(n, **columns)
+
+
+def test_too_few_timed_steps_judge_no_steady_state_rule():
+    """A run of ``train.max_steps=2..5`` has too few timed steps for any verdict from step timing: the data
+    wait, the host stalls, the step time rising under full memory, the evaluations' share of the wall time
+    and the epoch ETA are said not judged; the padding efficiency (token counts, no timing) and a memory peak
+    below the threshold (no timing needed) are judged; the same rows over a long run judge as before."""
+    wait_short, wait_long = short_and_long(4, data_wait_share=0.34, padding_efficiency=0.5)
+    wall = {"wall_time_s": 10.0, "outside_steps_s": 6.0}
+    for history, judged in ((wait_short, False), (wait_long, True)):
+        findings = by_kind(diagnose(cpu(**wall), history))
+        for kind in (INPUT_BOUND, EVAL_BOUND):
+            assert findings[kind].triggered is judged, (kind, findings[kind])
+            assert findings[kind].message.startswith(NOT_JUDGED) is not judged, (kind, findings[kind])
+        assert findings[PADDING_BOUND].triggered  # real / computed tokens: judged from any step
+    spike_short, spike_long = short_and_long(4, step_time_s=0.1, step_time_max_s=0.5, mfu=0.4)
+    assert not by_kind(diagnose(cuda(), spike_short))[HOST_SYNC_BOUND].triggered
+    assert by_kind(diagnose(cuda(), spike_short))[HOST_SYNC_BOUND].message.startswith(NOT_JUDGED)
+    assert by_kind(diagnose(cuda(), spike_long))[HOST_SYNC_BOUND].triggered
+    rising = [1.0, 0.10, 0.12, 0.14]
+    full = cpu(device_memory_mb=1000.0)
+    memory_short, memory_long = short_and_long(4, peak_memory_mb=950.0, step_time_s=rising)
+    assert by_kind(diagnose(full, memory_short))[MEMORY_SATURATED].message.startswith(NOT_JUDGED)
+    assert by_kind(diagnose(full, memory_long))[MEMORY_SATURATED].triggered
+    roomy_short, _ = short_and_long(4, peak_memory_mb=500.0, step_time_s=rising)
+    roomy = by_kind(diagnose(full, roomy_short))[MEMORY_SATURATED]
+    assert not roomy.triggered and not roomy.message.startswith(NOT_JUDGED)  # below the threshold: judged
+    tokens = {"train_tokens": 4_000_000}
+    short_eta, long_eta = epoch_eta(tokens, wait_short), epoch_eta(tokens, wait_long)
+    assert short_eta["seconds"] is None and short_eta["human"] is None
+    assert short_eta["not_judged"].startswith(NOT_JUDGED)
+    assert long_eta["not_judged"] is None
+    assert long_eta["seconds"] == pytest.approx(tokens["train_tokens"] / long_eta["real_tokens_per_s"])
+    from fastlm.reporting.report_document import check_line
+
+    line = check_line(dataclasses.asdict(by_kind(diagnose(cpu(), wait_short))[INPUT_BOUND]))
+    assert line.startswith("? data wait 34 %: " + NOT_JUDGED)
 
 
 def test_compute_bound_on_cuda_reports_mfu():
@@ -409,8 +455,11 @@ def test_missing_keys_and_columns_are_tolerated():
     assert triggered(findings) == {COMPUTE_BOUND}
     assert by_kind(findings)[INPUT_BOUND].figure == "n/a"
     assert [finding.kind for finding in diagnose({}, pd.DataFrame())] == KINDS
-    finding = by_kind(diagnose({"data_wait_share": 0.5}, pd.DataFrame()))[INPUT_BOUND]
+    # no history: the summary's figure, judged over the summary's steps
+    finding = by_kind(diagnose({"data_wait_share": 0.5, "steps_trained": 10}, pd.DataFrame()))[INPUT_BOUND]
     assert finding.triggered and "num_workers" in finding.advice
+    unknown = by_kind(diagnose({"data_wait_share": 0.5}, pd.DataFrame()))[INPUT_BOUND]
+    assert not unknown.triggered and unknown.message.startswith(NOT_JUDGED)
 
 
 def test_epoch_eta_is_train_tokens_over_real_tokens_per_s():
@@ -426,9 +475,11 @@ def test_epoch_eta_unknown_fields_are_none():
         "human": None,
         "train_tokens": None,
         "real_tokens_per_s": pytest.approx(1000.0),
+        "not_judged": None,
     }
     assert epoch_eta({"train_tokens": 10}, pd.DataFrame())["seconds"] is None
-    assert epoch_eta({"train_tokens": 5000, "real_tokens_per_s": 100.0}, pd.DataFrame())["human"] == "50 s"
+    from_summary = {"train_tokens": 5000, "real_tokens_per_s": 100.0, "steps_trained": 10}
+    assert epoch_eta(from_summary, pd.DataFrame())["human"] == "50 s"
 
 
 @pytest.mark.parametrize(

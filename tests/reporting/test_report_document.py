@@ -227,3 +227,22 @@ def test_the_throughput_table_shows_the_steps_alone_beside_the_wall_clock_traini
     assert "| training steps alone" in section and "4,321 |" in section, section
     _, older = report_document(history, summary={k: v for k, v in SUMMARY.items() if "steady" not in k})
     assert "steps alone" not in older.split("## Throughput: training and evaluation", 1)[1].split("\n## ")[0]
+
+
+def test_the_epoch_eta_of_a_run_too_short_to_time_is_said_not_judged():
+    """A run of fewer than MIN_TIMED_STEPS timed steps gives no epoch ETA from its one or two timed steps: the
+    diagnosis section says it was not judged; the same rows over a long run give the ETA line."""
+    from fastlm.reporting.diagnosis import MIN_TIMED_STEPS, NOT_JUDGED, epoch_eta
+    from tests.support.reporting import make_history, report_document
+
+    summary = {**SUMMARY, "train_tokens": 4_000_000}
+
+    def diagnosis_section(history):
+        diagnosis = {"findings": [], "epoch_eta": epoch_eta(summary, history)}
+        _, markdown = report_document(history, summary=summary, diagnosis=diagnosis)
+        return markdown.split("## Bottleneck diagnosis", 1)[1].split("\n## ", 1)[0]
+
+    short = diagnosis_section(make_history(3, step=list(range(1, 4))))
+    assert f"? epoch ETA: {NOT_JUDGED}" in short and "One full epoch" not in short, short
+    long = diagnosis_section(make_history(3, step=[1, 10, 10 + MIN_TIMED_STEPS]))
+    assert "One full epoch of the 4,000,000 training tokens takes about" in long and NOT_JUDGED not in long

@@ -28,6 +28,13 @@ passed. The rules, in order (thresholds are the module constants below):
 
 Everything is measured after the warm-up row (step 1 alone), except the memory peak. Missing keys or
 columns (older runs) make a rule not trigger, with "n/a" as its figure.
+
+A run of fewer than ``MIN_TIMED_STEPS`` timed steps (``train.max_steps=2``: one) is too short for any verdict
+from step timing: ``input-bound``, ``host-sync-bound``, ``eval-bound`` (its final validation and save, which
+every run has, would read as the cadence), ``memory-saturated`` where the memory is full (its rising step
+time), ``compute-bound`` and :func:`epoch_eta` say so (``NOT_JUDGED``) instead. Judged from any step:
+``padding-bound`` (real over computed tokens: counts, not time), ``memory-saturated`` below its threshold (no
+rise needed) and ``compile-bound`` (the first step's share of the wall time: a start-up cost).
 """
 
 from __future__ import annotations
@@ -344,7 +351,7 @@ def _profiled_reason(idle: dict, share: float) -> str:
     return text
 
 
-def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame) -> Finding:
+def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame, steps: int) -> Finding:
     peaks = numeric(history, "peak_memory_mb").dropna()
     peak = float(peaks.max()) if len(peaks) else math.nan
     if math.isnan(peak) and _known(summary.get("peak_memory_mb")):
@@ -361,6 +368,8 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame)
         first = float(step_times.iloc[:third].mean())
         rise = float(step_times.iloc[-third:].mean()) / first if first > 0 else math.nan
     full = share >= MEMORY_SATURATED_SHARE
+    if full and steps < MIN_TIMED_STEPS:  # the verdict needs the step time's rise over the run
+        return Finding(MEMORY_SATURATED, False, figure, _too_few(steps), "")
     rising = not math.isnan(rise) and rise >= STEP_TIME_RISE_RATIO
     if full and rising:
         return Finding(
@@ -497,14 +506,33 @@ def _speed(summary: dict, history: pd.DataFrame) -> float:
     return value
 
 
-def _timed_steps(history: pd.DataFrame) -> int:
-    """Optimizer steps after the warm-up step 1 that the history covers (its last step - 1)."""
+def _timed_steps(summary: dict, history: pd.DataFrame) -> int:
+    """Optimizer steps after the warm-up step 1 that the history covers (its last step - 1); without a
+    history, the summary's ``steps_trained`` - 1; else none."""
     last = float(numeric(history, "step").max())  # NaN for no step column
+    if math.isnan(last) and _known(summary.get("steps_trained")):
+        last = float(summary["steps_trained"])
     return int(last) - 1 if last >= 1 else 0
 
 
+def _too_few(steps: int) -> str:
+    """The message of a rule or figure not judged from ``steps`` timed steps (fewer than MIN_TIMED_STEPS)."""
+    return (
+        f"{NOT_JUDGED}: {steps} timed step{'' if steps == 1 else 's'} after the warm-up step "
+        f"(a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)"
+    )
+
+
+def _steady(finding: Finding, steps: int) -> Finding:
+    """A rule judged from step timing: not judged over fewer than MIN_TIMED_STEPS timed steps (its figure
+    kept); an unmeasured or inapplicable one (figure "n/a") keeps its own message."""
+    if steps >= MIN_TIMED_STEPS or finding.figure == _NA:
+        return finding
+    return Finding(finding.kind, False, finding.figure, _too_few(steps), "")
+
+
 def _compute_bound(
-    summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding]
+    summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding], steps: int
 ) -> Finding:
     tokens = _speed(summary, history)
     rate = f"{tokens:,.0f} real tokens/s" if not math.isnan(tokens) else "unknown real tokens/s"
@@ -526,16 +554,8 @@ def _compute_bound(
         where = f"on {threads} CPU threads" if _known(threads) else "on the CPU"
         advice = "train on a GPU (train.runtime.device: cuda): a CPU run is limited by its cores"
     figure = f"{rate} {where}"
-    steps = _timed_steps(history)
     if steps < MIN_TIMED_STEPS:
-        return Finding(
-            COMPUTE_BOUND,
-            False,
-            figure,
-            f"{NOT_JUDGED}: {steps} timed step{'' if steps == 1 else 's'} after the warm-up step "
-            f"(a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)",
-            "",
-        )
+        return Finding(COMPUTE_BOUND, False, figure, _too_few(steps), "")
     blocking = [finding.kind for finding in others if finding.triggered]
     if blocking:
         return Finding(
@@ -597,15 +617,16 @@ def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
     summary = summary or {}
     history = history if history is not None else pd.DataFrame()
     timed = after_warmup(history)
+    steps = _timed_steps(summary, history)
     findings = [
-        _input_bound(summary, timed),
-        _padding_bound(summary, timed),
-        _host_sync_bound(summary, timed),
-        _memory_saturated(summary, history, timed),
-        _eval_bound(summary),
+        _steady(_input_bound(summary, timed), steps),
+        _padding_bound(summary, timed),  # real / computed tokens: counts, judged from any step
+        _steady(_host_sync_bound(summary, timed), steps),
+        _memory_saturated(summary, history, timed, steps),
+        _steady(_eval_bound(summary), steps),
     ]
     # the compile is a start-up cost: it does not keep the steady state from being compute-bound
-    return [*findings, _compile_bound(summary), _compute_bound(summary, history, timed, findings)]
+    return [*findings, _compile_bound(summary), _compute_bound(summary, history, timed, findings, steps)]
 
 
 def format_duration(seconds: float | None) -> str | None:
@@ -630,18 +651,23 @@ def format_duration(seconds: float | None) -> str | None:
 def epoch_eta(summary: dict, history: pd.DataFrame) -> dict:
     """Time for one full epoch of the train split at the measured speed: ``train_tokens / real_tokens_per_s``.
 
-    Returns ``{"seconds", "human", "train_tokens", "real_tokens_per_s"}``; fields are ``None`` when unknown.
-    The speed is :func:`throughput` (after warm-up), else the summary's figure.
+    Returns ``{"seconds", "human", "train_tokens", "real_tokens_per_s", "not_judged"}``; fields are ``None``
+    when unknown. The speed is :func:`throughput` (after warm-up), else the summary's figure. Over fewer than
+    ``MIN_TIMED_STEPS`` timed steps no ETA is given: ``not_judged`` says why (else ``None``).
     """
     summary = summary or {}
+    history = history if history is not None else pd.DataFrame()
     tokens = summary.get("train_tokens")
-    rate = _speed(summary, history if history is not None else pd.DataFrame())
+    rate = _speed(summary, history)
     rate = None if math.isnan(rate) or rate <= 0 else rate
     tokens = int(tokens) if _known(tokens) else None
-    seconds = tokens / rate if tokens is not None and rate is not None else None
+    steps = _timed_steps(summary, history)
+    judged = steps >= MIN_TIMED_STEPS
+    seconds = tokens / rate if tokens is not None and rate is not None and judged else None
     return {
         "seconds": seconds,
         "human": format_duration(seconds),
         "train_tokens": tokens,
         "real_tokens_per_s": rate,
+        "not_judged": None if judged else _too_few(steps),
     }

@@ -326,6 +326,8 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
         f"One full epoch of the {eta.get('train_tokens'):,} training tokens takes about {eta['human']} "
         f"at the measured {eta.get('real_tokens_per_s'):,.0f} real tokens/s."
         if eta.get("human")
+        else f"? epoch ETA: {eta['not_judged']}"
+        if eta.get("not_judged")
         else ""
     )
     train_speed = efficiency["real_tokens_per_s"].iloc[0] if not efficiency.empty else float("nan")
