@@ -611,6 +611,46 @@ def test_lora_names_match_as_peft_matches_them_and_the_log_lists_the_adapted_mod
     assert "adapting q_proj, v_proj (4 modules); fully training lm_head" in line, line
 
 
+@pytest.mark.parametrize("bias", ["all", "lora_only"])
+def test_a_lora_bias_setting_on_a_model_without_biases_says_it_trains_nothing_extra(
+    tmp_path, base_dir, tokenizer, monkeypatch, bias
+):
+    """Llama's projections (and norms) have no bias: ``lora.bias: all`` or ``lora_only`` makes no parameter
+    trainable beyond the adapters. One warning at the build names the setting, why and the fix; a Llama
+    with attention biases trains them, without the warning."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    from tests.support.logs import module_log_lines
+
+    lines = module_log_lines(monkeypatch, lora)
+    plain = build_model(
+        parse_train_params({"model": model_params(base_dir, bias="none")}).model,
+        tokenizer,
+        max_length=MAX_LENGTH,
+        attn_implementation="sdpa",
+    )
+    lines.clear()
+    params = parse_train_params({"model": model_params(base_dir, bias=bias)}).model
+    model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {name for name, p in plain.named_parameters() if p.requires_grad}  # nothing extra
+    warned = [line for line in lines if f"{lora.PARAM}.bias" in line]
+    assert len(warned) == 1 and "\n" not in warned[0], lines
+    assert f"{lora.PARAM}.bias: {bias}" in warned[0] and "no bias" in warned[0], warned
+    assert f"set {lora.PARAM}.bias: none" in warned[0], warned
+
+    config = AutoConfig.from_pretrained(base_dir)
+    config.attention_bias = True
+    biased = tmp_path / "biased"
+    LlamaForCausalLM(config).save_pretrained(biased)
+    tokenizer.save_pretrained(biased)
+    lines.clear()
+    params = parse_train_params({"model": model_params(biased, bias=bias)}).model
+    model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    assert any(name.endswith(".bias") and p.requires_grad for name, p in model.named_parameters())
+    assert not [line for line in lines if f"{lora.PARAM}.bias" in line], lines
+
+
 def _adapter(tmp_path, base_dir, tokenizer):
     """A LoRA model on a copy of the base, saved as the catalog saves it: (base folder, adapter folder)."""
     from fastlm.datasets import PretrainedModelDataset

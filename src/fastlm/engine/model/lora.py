@@ -301,6 +301,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
             "Conv1D holds its weight transposed).",
             fix=f"set {PARAM}.init: pissa or default for this model.",
         )
+    _say_biasless(peft_model, lora.bias)
     for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
         if parameter.requires_grad and parameter.dtype != torch.float32:
             parameter.data = parameter.data.float()
@@ -338,6 +339,35 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         100 * counts["trainable_share"],
     )
     return peft_model
+
+
+def _say_biasless(peft_model, bias: str) -> None:
+    """``lora.bias: all`` trains every bias of the model, ``lora_only`` those of the adapted modules (peft's
+    rule): one warning where there is none to train (a Llama's projections and norms have no bias), as the
+    setting then changes nothing."""
+    if bias == "none":
+        return
+    if bias == "all":
+        where = "the model has no bias parameters"
+        found = [
+            name
+            for name, _ in peft_model.named_parameters()
+            if name.endswith(".bias") and "lora_" not in name
+        ]
+    else:
+        modules = adapted_modules(peft_model)
+        where = f"the adapted modules, {_described(modules)}, carry no bias"
+        base = peft_model.get_base_model()
+        found = [name for name in modules if base.get_submodule(name).get_base_layer().bias is not None]
+    if not found:
+        log.warning(
+            "%s.bias: %s trains nothing beyond the adapters: %s, so the setting changes nothing; set "
+            "%s.bias: none.",
+            PARAM,
+            bias,
+            where,
+            PARAM,
+        )
 
 
 def _floats_to(dtype: torch.dtype, value):
