@@ -569,7 +569,9 @@ def test_a_qlora_adapter_saved_without_its_quantization_is_said_to_merge_into_fu
             "training_data": {"training_id": "t"},
         }
     )
-    assert "quantized" not in json.loads((folder / BASE_DIGEST).read_text())
+    digest = json.loads((folder / BASE_DIGEST).read_text())
+    del digest["quantized"]  # as a fastlm before the record saved it
+    (folder / BASE_DIGEST).write_text(json.dumps(digest))
     summary = project / "data/08_reporting/runs/q/train_summary.json"
     summary.parent.mkdir(parents=True, exist_ok=True)
 

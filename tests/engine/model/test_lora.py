@@ -712,6 +712,36 @@ def test_merge_adapter_never_writes_over_its_own_adapter_or_base(tmp_path, base_
     assert {path: path.read_bytes() for folder in (base, adapter) for path in folder.iterdir()} == kept
 
 
+def test_merging_an_adapter_saved_before_the_quantization_record_says_what_a_qlora_one_would_lose(
+    tmp_path, base_dir, tokenizer, monkeypatch, capsys
+):
+    """``base_digest.json`` records whether the base trained in 4 bits (``quantized``: the record, or null);
+    an adapter folder saved before it did cannot say whether it was a QLoRA one, which the merge would put
+    on the base's full-precision weights: ``merge-adapter`` says so in one warning with the fix. A folder
+    with the record merges without it."""
+    from fastlm.__main__ import merge_adapter_command
+    from tests.support.logs import module_log_lines
+
+    _, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    digest = json.loads((adapter / lora.BASE_DIGEST).read_text())
+    assert "quantized" in digest and digest["quantized"] is None  # a 32-bit base, recorded as such
+    lines = module_log_lines(monkeypatch, lora)
+
+    def merged_warnings(out: str) -> list[str]:
+        lines.clear()
+        assert merge_adapter_command(["--adapter", str(adapter), "--out", str(tmp_path / out)]) == 0
+        capsys.readouterr()
+        return [line for line in lines if "4-bit" in line or "load_in_4bit" in line]
+
+    assert merged_warnings("recorded") == []
+    del digest["quantized"]  # as an earlier fastlm saved it
+    (adapter / lora.BASE_DIGEST).write_text(json.dumps(digest))
+    said = merged_warnings("unrecorded")
+    assert len(said) == 1 and "\n" not in said[0], lines
+    assert str(adapter) in said[0] and f"{lora.PARAM}.load_in_4bit" in said[0], said
+    assert "full-precision" in said[0] and "train it again" in said[0] and "in 4-bit" in said[0], said
+
+
 def test_a_moved_base_names_the_merge_that_uses_its_new_folder(tmp_path, base_dir, tokenizer):
     """The report and predict load an adapter over the base its config names; moved, the fix named
     ``merge-adapter --base <dir>`` alone, and predict has no base parameter: the whole command, and where

@@ -692,16 +692,15 @@ _said_4bit: set[str] = set()
 
 def remember_base(peft_model, base: str | Path) -> None:
     """Digest the base folder the adapters are trained on (at build time: what the training reads), and a
-    4-bit base's quantization (``quantization_record``)."""
+    4-bit base's quantization (``quantized``: ``quantization_record``, null for a 16- or 32-bit base; a
+    folder without the entry was saved before it was recorded, ``say_unrecorded_quantization``)."""
     record = {
         "base_model": str(base),
         "weights": base_weights_digest(base),
         "method": "per tensor: sha256 of dtype, shape and its bytes, whole up to 64 KiB, else 4 spread "
         "4 KiB blocks (fastlm.engine.model.lora.base_weights_digest)",
+        "quantized": quantization_record(peft_model),
     }
-    quantized = quantization_record(peft_model)
-    if quantized is not None:
-        record["quantized"] = quantized
     object.__setattr__(peft_model, _BASE_RECORD, record)
 
 
@@ -987,9 +986,33 @@ def _load_adapter_whole(base_model, folder: str | Path):
     return model
 
 
+def say_unrecorded_quantization(folder: str | Path) -> None:
+    """One warning where the adapter folder's ``BASE_DIGEST`` has no ``quantized`` entry (saved before the
+    quantization was recorded): whether it trained on a 4-bit base is unknown, and a QLoRA adapter would be
+    merged into the base folder's full-precision weights, not the 4-bit ones it trained on. A folder without
+    ``BASE_DIGEST`` at all has ``check_base``'s warning."""
+    try:
+        record = json.loads((Path(folder) / BASE_DIGEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(record, dict) and "quantized" not in record:
+        log.warning(
+            "The LoRA adapter in %s was saved before its %s recorded the base's quantization: if it trained "
+            "with %s.load_in_4bit (QLoRA), this merge uses the base folder's full-precision weights, not "
+            "the 4-bit weights it trained on (a model that never trained). Fix: train it again (`kedro run "
+            "--pipeline=train` records the quantization), or load the base in 4-bit yourself "
+            "(BitsAndBytesConfig(load_in_4bit=True)) and apply the adapter with peft's "
+            "PeftModel.from_pretrained.",
+            folder,
+            BASE_DIGEST,
+            PARAM,
+        )
+
+
 def merge_adapter(folder: str | Path, *, base: str | None = None):
     """A full model: the adapter of ``folder`` merged into its base (then ``save_pretrained`` it)."""
     model = load_adapter_model(folder, base=base, merge=True)
+    say_unrecorded_quantization(folder)
     model.config.use_cache = True  # a model for inference again
     return model
 
