@@ -399,3 +399,120 @@ def test_the_models_forced_and_banned_tokens_are_kept_and_said_once(runtime, mon
     plain = generate_continuations(model, prompts, pad_id=0, eos_id=2, runtime=runtime, max_new_tokens=4)
     assert runs[0] == runs[1] != plain.continuations and all(5 not in ids for ids in runs[0])
     assert len(lines) == 1 and "bad_words_ids=[[5]]" in lines[0]
+
+
+# A model folder's generation_config.json controls that generation turns off (``_OFF``, and beam search's
+# early stop), each with the fastlm setting it is tried under: a value that changes plain ``model.generate``'s
+# output on these tiny models (asserted), then ignored by generation.
+_FOLDER_CONTROLS = [
+    ("sequence_bias", {}),  # the value: a bias against each prompt's first greedy token (set in the test)
+    ("exponential_decay_length_penalty", {}),
+    ("encoder_repetition_penalty", {}),
+    ("renormalize_logits", {"num_beams": 3, "repetition_penalty": 1.5}),
+    ("early_stopping", {"num_beams": 4}),
+]
+_FOLDER_VALUES = {
+    "exponential_decay_length_penalty": (2, 3.0),  # the end token's score grows 3x a step after 2 tokens
+    "encoder_repetition_penalty": 0.3,  # the prompt's tokens made likelier
+    "renormalize_logits": True,  # beam scores renormalized after the repetition penalty
+    "early_stopping": True,  # beam search stops at num_beams finished hypotheses
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "settings"), _FOLDER_CONTROLS, ids=[field for field, _ in _FOLDER_CONTROLS]
+)
+def test_the_models_sequence_bias_length_decay_encoder_penalty_renormalization_and_early_stop_are_off(
+    model, runtime, tmp_path, field, settings
+):
+    """A model folder's generation_config.json may carry a sequence bias, a length decay, an encoder-side
+    repetition penalty, logit renormalization or beam search's early stop: each changes what plain
+    ``model.generate`` gives these weights (checked first, on the folder as loaded), and generation runs
+    without it: its output is plain ``model.generate``'s of the same weights with the control off, each
+    prompt alone."""
+    from transformers import AutoModelForCausalLM
+
+    weights = copy.deepcopy(model).eval()
+    generator = torch.Generator().manual_seed(7)
+    lengths = torch.randint(1, 14, (20,), generator=generator).tolist()
+    prompts = [torch.randint(3, VOCAB, (length,), generator=generator).tolist() for length in lengths]
+    if field == "early_stopping":  # an end token likely enough that beams finish at different steps
+        with torch.no_grad():
+            hidden = torch.cat(
+                [weights.model(input_ids=torch.tensor([p])).last_hidden_state[0] for p in prompts]
+            )
+            direction = hidden.mean(0)
+            weights.lm_head.weight[EOS] = 10 * direction / direction.norm()
+    options = decoding_kwargs(**settings)
+    off = {"length_penalty": 1.0, "early_stopping": False} if options["num_beams"] > 1 else {}
+
+    def alone(chosen, **explicit):
+        out = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                generated = chosen.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), pad_token_id=PAD, max_new_tokens=12,
+                    **options, **explicit,
+                )[0, len(prompt) :].tolist()  # fmt: skip
+            out.append(generated[: generated.index(EOS)] if EOS in generated else generated)
+        return out
+
+    reference = alone(weights, **off)
+    value = _FOLDER_VALUES.get(field)
+    if field == "sequence_bias":
+        value = [[[first[0]], -100.0] for first in reference if first]
+    configured = copy.deepcopy(weights)
+    configured.generation_config.update(
+        **{field: value}, **({"num_beams": 4} if field == "early_stopping" else {})
+    )
+    configured.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert getattr(loaded.generation_config, field) is not None  # the folder's json carries it
+    kept = {key: value for key, value in off.items() if key != field}
+    assert alone(loaded, **kept) != reference  # applied, the control changes the output
+    made = generate_continuations(
+        loaded, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime, batch_size=4, max_new_tokens=12, **options
+    )
+    assert made.continuations == reference
+
+
+def test_an_encoder_decoder_models_encoder_no_repeat_ngram_size_is_off(runtime, tmp_path):
+    """``encoder_no_repeat_ngram_size`` in an encoder-decoder folder's generation_config.json bars the
+    encoder input's n-grams from the output (a decoder-only model's ``generate`` refuses it): it changes
+    plain ``model.generate``'s output (checked first, on the folder as loaded), and generation runs
+    without it, as on the same weights without the field."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from tests.support.tiny_seq2seq import EOS as END
+    from tests.support.tiny_seq2seq import PAD as PADDING
+    from tests.support.tiny_seq2seq import VOCAB as WORDS
+    from tests.support.tiny_seq2seq import tiny_seq2seq
+
+    weights = tiny_seq2seq("bart").eval()
+    generator = torch.Generator().manual_seed(7)
+    lengths = torch.randint(2, 10, (10,), generator=generator).tolist()
+    prompts = [[*torch.randint(3, WORDS, (length,), generator=generator).tolist(), END] for length in lengths]
+
+    def alone(chosen, **explicit):
+        with torch.no_grad():
+            return [
+                chosen.generate(input_ids=torch.tensor([p]), max_new_tokens=8, do_sample=False, **explicit)[
+                    0
+                ].tolist()
+                for p in prompts
+            ]
+
+    configured = copy.deepcopy(weights)
+    configured.generation_config.update(encoder_no_repeat_ngram_size=1)
+    configured.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert loaded.generation_config.encoder_no_repeat_ngram_size == 1  # the folder's json carries it
+    assert alone(loaded) != alone(weights)  # applied, it changes the output
+
+    def ours(chosen):
+        return generate_continuations(
+            chosen, prompts, pad_id=PADDING, eos_id=END, runtime=runtime, batch_size=4, max_new_tokens=8
+        ).continuations
+
+    assert ours(loaded) == ours(weights)
