@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -24,6 +23,7 @@ from fastlm.reporting.diagnosis import (
     epoch_eta,
     format_duration,
 )
+from tests.support import reporting
 
 KINDS = [
     INPUT_BOUND,
@@ -37,29 +37,9 @@ KINDS = [
 
 
 def make_history(n: int, **columns) -> pd.DataFrame:
-    """``n`` healthy logging rows (step 1 alone first); ``columns`` override a value or give a list."""
-    steps = [1, *range(10, 10 * n, 10)][:n]
-    base = {
-        "step": steps,
-        "loss": 3.0,
-        "grad_norm": 1.0,
-        "lr": 1e-3,
-        "tokens_per_s": 1100.0,
-        "real_tokens_per_s": 1000.0,
-        "samples_per_s": 8.0,
-        "step_time_s": 0.1,
-        "step_time_max_s": 0.12,
-        "data_wait_share": 0.01,
-        "padding_efficiency": 0.95,
-        "peak_memory_mb": 500.0,
-        "mfu": None,
-        "eta_s": 10.0,
-        "elapsed_s": np.arange(1, n + 1, dtype=float),
-        "epoch": 0,
-        "batch_in_epoch": steps,
-    }
-    base.update(columns)
-    return pd.DataFrame({key: (value if np.ndim(value) else [value] * n) for key, value in base.items()})
+    """``n`` healthy logging rows (step 1 alone first) at a flat loss; ``columns`` override a value or give a
+    list."""
+    return reporting.make_history(n, **{"loss": 3.0, "tokens_per_s": 1100.0, **columns})
 
 
 def cpu(**extra) -> dict:
