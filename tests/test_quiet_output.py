@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import background
-from tests.support.project import copy_project, demo_texts, write_jsonl
+from tests.support.project import PROJECT_ROOT, copy_project, demo_texts, write_jsonl
 
 NOISE = (
     "[33m",
@@ -202,3 +202,32 @@ def test_a_run_stopped_by_ctrl_c_outside_training_is_killed_not_finished():
     assert output.strip().splitlines()[-1].startswith("fastlm: stopped by Ctrl-C"), output
     statuses = sqlite3.connect(project / "mlflow.db").execute("select status from runs").fetchall()
     assert [status for (status,) in statuses] == ["KILLED"], output
+
+
+# A log line in a process whose locale encoding (here ASCII; EUC-KR alike) lacks some of its characters:
+# Kedro's Rich handler on a terminal, or the plain handler when redirected, as fastlm.settings sets them up.
+LOG_IN_LOCALE = """
+import logging
+from kedro.logging import RichHandler
+from fastlm.log_handler import plain_logs_when_redirected, printable_in_any_locale
+
+root = logging.getLogger()
+root.addHandler(RichHandler())
+root.setLevel(logging.INFO)
+printable_in_any_locale()
+plain_logs_when_redirected()
+korean = "\\ubc30\\uc1a1 \\ub9ac\\ubdf0 %"
+logging.getLogger("fastlm.probe").info("Diagnosis: %s \\u2014 %s", "compute-bound", korean)
+"""
+
+
+def test_a_log_line_with_characters_the_locale_lacks_is_written_escaped_not_lost():
+    env = {**background.environ(), "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+    env.pop("PYTHONIOENCODING", None)
+    done = subprocess.run(
+        [sys.executable, "-c", LOG_IN_LOCALE], capture_output=True, env=env, timeout=120, cwd=PROJECT_ROOT
+    )
+    assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
+    assert b"Logging error" not in done.stderr, done.stderr.decode("utf-8", "replace")
+    message = "Diagnosis: compute-bound \u2014 배송 리뷰 %"
+    assert message.encode("ascii", "backslashreplace") in done.stdout, done.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import sys
 
@@ -19,6 +20,23 @@ NOISE = {
     "kedro_viz.integrations.kedro.run_hooks": ("Workflow tracking is disabled",),
 }
 NODE_FAILED = "Node %s failed with error"  # kedro.pipeline.node's record of a failing node
+
+
+def printable_in_any_locale() -> None:
+    """Standard output in a locale whose encoding lacks some characters (EUC-KR: an em dash, the byte-level
+    tokenizer's 'Ġ'; ASCII: any Korean text) writes those as backslash escapes, as Python's standard error
+    does: the log lines go there (Rich's on a terminal, the plain ones when redirected), and a character the
+    encoding lacks failed the whole line ("--- Logging error ---" and a traceback instead). A UTF-8 output,
+    and one whose error handler is already set (PYTHONIOENCODING=...:replace), are left as they are."""
+    stream = sys.stdout
+    if stream is None or not hasattr(stream, "reconfigure"):
+        return
+    if codecs.lookup(stream.encoding or "ascii").name == "utf-8" or stream.errors not in (
+        "strict",
+        "surrogateescape",
+    ):
+        return
+    stream.reconfigure(errors="backslashreplace")
 
 
 def plain_logs_when_redirected() -> None:

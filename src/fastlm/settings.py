@@ -24,7 +24,7 @@ from fastlm.hooks import (
     TunedParametersHook,
     UnknownRuntimeParamsHook,
 )
-from fastlm.log_handler import plain_logs_when_redirected, quiet_third_party_logs
+from fastlm.log_handler import plain_logs_when_redirected, printable_in_any_locale, quiet_third_party_logs
 from fastlm.rank_hooks import OtherRankOutputsHook, torchrun_rank
 from fastlm.redaction import install_log_redaction
 from fastlm.tracking import project_artifact_location
@@ -83,4 +83,5 @@ CONFIG_LOADER_ARGS = {
 
 apply_process_defaults()  # the warning filters too, for sessions not started by the kedro CLI
 quiet_third_party_logs()
+printable_in_any_locale()
 plain_logs_when_redirected()
