@@ -7,6 +7,7 @@ import yaml
 from click.testing import CliRunner
 
 from fastlm import cli
+from tests.support.project import cli_refusal
 
 
 @pytest.fixture
@@ -84,3 +85,42 @@ def test_the_best_run_files_header_says_params_are_merged_as_the_cli_merges_them
     assert done.exit_code == 0, done.output
     # the one key given changes; the file's other parameters stay, as the header says
     assert given["params"] == {**best, "train": {**best["train"], "max_steps": 1000}}
+
+
+# A value typed with ' #' in it (a folder or file named "ckpt #2"): Kedro reads --params values as YAML, where
+# ' #' starts a comment. Was: the value silently cut before it (run_name 실험 #3 trained, resumed and reported
+# as run 실험; a checkpoint_dir "ckpt #2" wrote into "ckpt").
+COMMENTED = ("run_name=실험 #3", "train.checkpoint_dir=data/06_models/ckpt #2", "predict.input=#in.txt")
+
+
+@pytest.mark.parametrize("item", COMMENTED)
+def test_a_params_value_cut_by_a_yaml_comment_is_refused(item):
+    from kedro.framework.cli.utils import _split_params
+
+    key, _, typed = item.partition("=")
+    parsed = cli.run_params(None, _split_params(None, None, item))
+    for part in key.split("."):
+        parsed = parsed[part]
+    assert parsed != typed  # what Kedro alone would run with
+    with pytest.raises(cli.ConfigError) as raised:
+        cli.check_params_text(item)
+    said, fix = str(raised.value).split("Fix:")
+    assert "\n" not in said and key in said and typed in said, said
+    assert f"{key}='{typed}'" in fix, fix
+
+
+@pytest.mark.parametrize(
+    "item", ["run_name='실험 #3'", 'run_name="a #b"', "run_name=a#b", "train.max_steps=30"]
+)
+def test_a_quoted_or_uncommented_params_value_is_taken_as_typed(given, tmp_path, item):
+    CliRunner().invoke(cli.run, ["--pipeline=train", "--params", item])
+    key, _, typed = item.partition("=")
+    value = given["params"]
+    for part in key.split("."):
+        value = value[part]
+    assert value == yaml.safe_load(typed)
+
+
+def test_a_params_value_cut_by_a_comment_is_one_line_and_status_2(kedro_project):
+    last = cli_refusal(kedro_project, "--pipeline=report", "--params", "run_name=실험 #3")
+    assert "run_name" in last and "실험 #3" in last, last

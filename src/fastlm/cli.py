@@ -7,6 +7,7 @@ deprecation warning.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib.util
 import logging
@@ -38,6 +39,7 @@ def _run(**kwargs):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
     try:
+        check_params_text(click.get_current_context().meta.get(RAW_PARAMS))
         kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
         check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
         check_runner_params(kwargs.get("runner"), kwargs.get("runner_params"))
@@ -59,6 +61,47 @@ def _run(**kwargs):
         logging.shutdown()
         click.secho(f"fastlm: error: {redact_text(str(user_error))}", fg="red", err=True)
         sys.exit(user_error.exit_code)
+
+
+RAW_PARAMS = "fastlm.raw_params"  # click context meta: the --params text as typed
+_YAML_COMMENT = re.compile(r"(?:^|\s)#")
+
+
+def check_params_text(raw: str | None) -> None:
+    """Refuses a ``--params`` value that YAML would cut at a comment: Kedro reads each value as YAML, where
+    `` #`` (or a leading ``#``) starts a comment, so ``run_name=실험 #3`` ran as ``실험`` and
+    ``train.checkpoint_dir=ckpt #2`` wrote into ``ckpt``, silently (``#`` inside a word, ``a#b``, and quoted
+    values are kept as typed)."""
+    from kedro.framework.cli.utils import split_string
+
+    for item in split_string(None, None, raw or ""):
+        key, _, value = item.partition("=")
+        typed = value.strip()
+        if typed[:1] in ("'", '"') or not _YAML_COMMENT.search(typed):
+            continue
+        cut = typed[: _YAML_COMMENT.search(typed).start()].strip() or "null"
+        quoted = typed.replace("'", "''")
+        raise ConfigError(
+            f"--params {key.strip()}={typed}: ' #' starts a YAML comment in a --params value, so Kedro would "
+            f"run with {key.strip()}={cut}.",
+            fix=f"quote the value: --params \"{key.strip()}='{quoted}'\" (or a name without ' #').",
+        )
+
+
+def _params_text_kept(option: click.Parameter) -> click.Parameter:
+    """Kedro's ``--params`` option, keeping the text as typed in the context (``check_params_text``)."""
+    if option.name != "params" or option.callback is None:
+        return option
+    kept = copy.copy(option)
+    parse = option.callback
+
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if isinstance(value, str):
+            ctx.meta[RAW_PARAMS] = value
+        return parse(ctx, param, value)
+
+    kept.callback = callback
+    return kept
 
 
 def _config_file_params() -> dict | str | None:
@@ -526,7 +569,7 @@ def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError |
 
 run = click.Command(
     name="run",
-    params=list(kedro_run.params),
+    params=[_params_text_kept(option) for option in kedro_run.params],
     callback=_run,
     help=kedro_run.help,
     short_help=kedro_run.short_help,
