@@ -39,6 +39,7 @@ def _run(**kwargs):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
     try:
+        check_project_folder(Path.cwd())
         check_params_text(click.get_current_context().meta.get(RAW_PARAMS))
         kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
         check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
@@ -65,15 +66,73 @@ def _run(**kwargs):
 
 RAW_PARAMS = "fastlm.raw_params"  # click context meta: the --params text as typed
 _YAML_COMMENT = re.compile(r"(?:^|\s)#")
+_UTF8_LOCALE = "run under a UTF-8 locale: `LC_ALL=C.UTF-8 kedro run ...` (or `PYTHONUTF8=1 kedro run ...`)"
+
+
+def _locale_encoding(encoding: str | None = None) -> str:
+    """The file system's encoding (``encoding``, else Python's: the locale's, UTF-8 in UTF-8 mode), with
+    the locale variable that set it."""
+    import codecs
+
+    name = codecs.lookup(encoding or sys.getfilesystemencoding()).name.upper().replace("_", "-")
+    variable = next((key for key in ("LC_ALL", "LC_CTYPE", "LANG") if os.environ.get(key)), None)
+    return f"{name}, {variable}={os.environ[variable]}" if variable and encoding is None else name
+
+
+def _as_typed(text: str, encoding: str | None = None) -> str:
+    """``text`` from the command line or the file system (read in the locale's ``encoding``) as its bytes
+    read as UTF-8, what a UTF-8 terminal showed when it was typed; as the locale read it where they are not
+    UTF-8."""
+    encoding = encoding or sys.getfilesystemencoding()
+    raw = bytearray()
+    for char in text:
+        if "\udc80" <= char <= "\udcff":  # a byte the locale did not decode
+            raw.append(ord(char) - 0xDC00)
+            continue
+        try:
+            raw += char.encode(encoding)
+        except UnicodeEncodeError:  # the C library's decoding of sys.argv: a lone byte as U+0080..U+00FF
+            if ord(char) > 0xFF:
+                return text
+            raw.append(ord(char))
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return text
+
+
+def check_project_folder(folder: Path, *, encoding: str | None = None) -> None:
+    """A project folder whose name has bytes other than ASCII, in a locale whose encoding is not UTF-8
+    (``encoding``: the file system's, Python's by default), is refused: Python names files in the locale's
+    encoding, but pyarrow, tokenizers, safetensors and SQLite open a path given as text in UTF-8, so the
+    split wrote corpus_splits.parquet and failed to read it back (a traceback), and the other pipelines
+    would not find (or write elsewhere) the files under data/. An ASCII folder is the same in every locale."""
+    import codecs
+
+    text = str(folder)
+    if codecs.lookup(encoding or sys.getfilesystemencoding()).name == "utf-8" or text.isascii():
+        return
+    raise ConfigError(
+        f"the project folder {_as_typed(text, encoding)} has a name that is not ASCII and the locale's "
+        f"encoding is {_locale_encoding(encoding)}, not UTF-8: pyarrow, tokenizers and safetensors open "
+        "paths as UTF-8, so the run would not find the files it writes under data/.",
+        fix=f"{_UTF8_LOCALE}; or move the project to a folder whose path is ASCII.",
+    )
 
 
 def check_params_text(raw: str | None) -> None:
     """Refuses a ``--params`` value that YAML would cut at a comment: Kedro reads each value as YAML, where
     `` #`` (or a leading ``#``) starts a comment, so ``run_name=실험 #3`` ran as ``실험`` and
     ``train.checkpoint_dir=ckpt #2`` wrote into ``ckpt``, silently (``#`` inside a word, ``a#b``, and quoted
-    values are kept as typed)."""
+    values are kept as typed). A value the locale's encoding cannot read is refused (``_undecodable``)."""
     from kedro.framework.cli.utils import split_string
 
+    if raw and _undecodable(raw):
+        raise ConfigError(
+            f"--params {_as_typed(raw)}: its bytes are not text in the locale's encoding "
+            f"({_locale_encoding()}), so Kedro cannot read the values.",
+            fix=f"{_UTF8_LOCALE}; or type the value in the locale's encoding.",
+        )
     for item in split_string(None, None, raw or ""):
         key, _, value = item.partition("=")
         typed = value.strip()
@@ -88,8 +147,16 @@ def check_params_text(raw: str | None) -> None:
         )
 
 
+def _undecodable(text: str) -> bool:
+    """Whether ``text`` from the command line holds bytes the locale's encoding did not decode (Python keeps
+    them as surrogate escapes, e.g. UTF-8 typed in an EUC-KR or ASCII locale)."""
+    return any("\udc80" <= char <= "\udcff" for char in text)
+
+
 def _params_text_kept(option: click.Parameter) -> click.Parameter:
-    """Kedro's ``--params`` option, keeping the text as typed in the context (``check_params_text``)."""
+    """Kedro's ``--params`` option, keeping the text as typed in the context (``check_params_text``); a text
+    the locale could not decode is not parsed (Kedro's YAML parsing raised UnicodeEncodeError's traceback),
+    ``check_params_text`` refuses it."""
     if option.name != "params" or option.callback is None:
         return option
     kept = copy.copy(option)
@@ -98,6 +165,8 @@ def _params_text_kept(option: click.Parameter) -> click.Parameter:
     def callback(ctx: click.Context, param: click.Parameter, value):
         if isinstance(value, str):
             ctx.meta[RAW_PARAMS] = value
+            if _undecodable(value):
+                return {}
         return parse(ctx, param, value)
 
     kept.callback = callback
@@ -332,11 +401,16 @@ def check_runner_params(runner: str | None, given: dict | None) -> None:
 def config_file_error(exc: Exception) -> FastlmError | None:
     """Kedro's errors about the conf/ files, as one line: a YAML syntax error (Kedro's ParserError, caused by
     PyYAML's) with the file and line; a configuration folder that does not exist (MissingConfigException); one
-    key set by two files of one environment (``ValueError: Duplicate keys found in A and B: key``)."""
+    key set by two files of one environment (``ValueError: Duplicate keys found in A and B: key``); a file
+    that is not UTF-8 (``_not_utf8_conf_error``)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if isinstance(current, UnicodeDecodeError):
+            not_utf8 = _not_utf8_conf_error(current)
+            if not_utf8 is not None:
+                return not_utf8
         if isinstance(current, MissingConfigException):
             return _missing_config_error(current)
         duplicates = _DUPLICATES.findall(str(current)) if isinstance(current, ValueError) else []
@@ -363,6 +437,49 @@ def config_file_error(exc: Exception) -> FastlmError | None:
             )
         current = current.__cause__ or current.__context__
     return None
+
+
+def _not_utf8_conf_error(error: UnicodeDecodeError) -> ConfigError | None:
+    """A conf/ file Kedro's config loader could not read as UTF-8 (it reads every file as UTF-8, whatever
+    the locale, and its UnicodeDecodeError names no file), as one line naming it: the file the loader was
+    reading (its frame's ``config_filepath``), else the files under conf/ that are not UTF-8. None for an
+    error raised elsewhere (a node reading a data file)."""
+    frames = []
+    trace = error.__traceback__
+    while trace is not None:
+        frames.append(trace.tb_frame)
+        trace = trace.tb_next
+    loader = [frame for frame in frames if str(frame.f_globals.get("__name__")).startswith("kedro.config")]
+    if not loader:
+        return None
+    reading = loader[-1].f_locals.get("config_filepath")
+    if reading is not None:
+        files = [shown_path(Path(reading))]
+    else:
+        from kedro.framework.project import settings
+
+        conf = Path.cwd() / settings.CONF_SOURCE
+        files = sorted(
+            shown_path(path)
+            for path in (conf.rglob("*") if conf.is_dir() else [])
+            if path.suffix in (".yml", ".yaml", ".json") and path.is_file() and not _utf8(path)
+        )
+    named = ", ".join(files) or "a conf/ file"
+    first = files[0] if files else "FILE"
+    return ConfigError(
+        f"{named}: not UTF-8 ({error.reason} at byte {error.start}); Kedro reads the conf/ files as UTF-8 in "
+        "every locale.",
+        fix=f"save it as UTF-8, e.g. `iconv -f euc-kr -t utf-8 {first} > {first}.utf8 && mv {first}.utf8 "
+        f"{first}` (for a file saved in EUC-KR).",
+    )
+
+
+def _utf8(path: Path) -> bool:
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 _UNKNOWN_RESOLVER = re.compile(r"Unsupported interpolation type (\S+)(?:\s+full_key: (\S+))?")
