@@ -231,3 +231,16 @@ def test_a_log_line_with_characters_the_locale_lacks_is_written_escaped_not_lost
     assert b"Logging error" not in done.stderr, done.stderr.decode("utf-8", "replace")
     message = "Diagnosis: compute-bound \u2014 배송 리뷰 %"
     assert message.encode("ascii", "backslashreplace") in done.stdout, done.stdout
+
+
+def test_the_import_noise_quieted_without_kedro_is_what_the_logging_config_quiets_for_kedro_runs():
+    """merge-adapter (no Kedro) sets log_handler.IMPORT_NOISE_LEVELS itself; conf/logging.yml sets them for
+    every kedro run: one list, the same levels."""
+    import yaml
+
+    from fastlm.log_handler import IMPORT_NOISE_LEVELS
+
+    configured = yaml.safe_load((PROJECT_ROOT / "conf" / "logging.yml").read_text())["loggers"]
+    assert {name: configured.get(name, {}).get("level") for name in IMPORT_NOISE_LEVELS} == {
+        name: logging.getLevelName(level) for name, level in IMPORT_NOISE_LEVELS.items()
+    }

@@ -48,6 +48,9 @@ def merge_adapter_command(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     args = parser.parse_args(argv)
     from fastlm.errors import FastlmError, InputDataError
+    from fastlm.log_handler import quiet_library_imports
+
+    quiet_library_imports()
 
     try:
         adapter, out = Path(args.adapter), Path(args.out)

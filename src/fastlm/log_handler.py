@@ -22,6 +22,18 @@ NOISE = {
 NODE_FAILED = "Node %s failed with error"  # kedro.pipeline.node's record of a failing node
 
 
+# Libraries that log at import what a user cannot act on (torchao: kernels built for other devices it cannot
+# load here; torch: a deprecation of torchao's registrations): conf/logging.yml sets these levels for Kedro
+# runs, quiet_library_imports for commands without Kedro (merge-adapter).
+IMPORT_NOISE_LEVELS = {"torchao": logging.ERROR, "torch.utils._pytree": logging.ERROR}
+
+
+def quiet_library_imports() -> None:
+    """The IMPORT_NOISE_LEVELS on their loggers, for a process that configures no logging of its own."""
+    for name, level in IMPORT_NOISE_LEVELS.items():
+        logging.getLogger(name).setLevel(level)
+
+
 def printable_in_any_locale() -> None:
     """Standard output in a locale whose encoding lacks some characters (EUC-KR: an em dash, the byte-level
     tokenizer's 'Ġ'; ASCII: any Korean text) writes those as backslash escapes, as Python's standard error

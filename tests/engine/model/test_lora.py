@@ -742,6 +742,28 @@ def test_merging_an_adapter_saved_before_the_quantization_record_says_what_a_qlo
     assert "full-precision" in said[0] and "train it again" in said[0] and "in 4-bit" in said[0], said
 
 
+def test_the_merge_command_says_only_its_own_lines(tmp_path, base_dir, tokenizer):
+    """``python -m fastlm merge-adapter`` in a process of its own: what it writes is its own result, not the
+    lines libraries log while peft imports them (torchao's kernels it cannot load on this machine, torch's
+    deprecation of a registration), which ``kedro run`` keeps out through conf/logging.yml."""
+    import subprocess
+    import sys
+
+    _, adapter = _adapter(tmp_path, base_dir, tokenizer)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastlm", "merge-adapter", "--adapter", str(adapter), "--out", "merged"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"Merged {adapter} into a full model at merged", done.stdout
+    assert not [line for line in done.stderr.splitlines() if "torchao" in line or "_pytree" in line], (
+        done.stderr
+    )
+
+
 def test_a_moved_base_names_the_merge_that_uses_its_new_folder(tmp_path, base_dir, tokenizer):
     """The report and predict load an adapter over the base its config names; moved, the fix named
     ``merge-adapter --base <dir>`` alone, and predict has no base parameter: the whole command, and where
