@@ -1092,3 +1092,39 @@ def test_predict_input_of_shards_says_it_reads_one_file(tmp_path, given):
         PredictSources(tmp_path / "model", tmp_path / "runs", tmp_path / "parts").read_input(str(path))
     message = str(raised.value)
     assert f"predict.input {path}" in message and "one file" in message and "\n" not in message, message
+
+
+def test_a_model_trained_here_before_its_training_record_cuts_prompts_as_its_report_does(project):
+    """A model folder the train pipeline wrote before it recorded its rows' length (no
+    ``training_data.json``): its prompts are cut at what the project's split fingerprint's
+    ``split.max_length`` leaves beside ``max_new_tokens`` (what its report's reference generations give it),
+    as for the same model with the record (was: at what its positions leave, prompts far longer than any row
+    it trained on, said in the summary alone)."""
+    from fastlm.reporting.references import prompt_budget
+
+    folder = project / "data/06_models/model"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    length, new_tokens = 16, 6
+    split = parse_split_params({"prompt_column": "dialogue", "response_column": "summary"})
+    stored = make_fingerprint(tokenizer, length, data_format=data_format_params(split, None))
+    (project / "data/05_model_input/tokenized_corpus_fingerprint.json").write_text(json.dumps(stored))
+    asked = {"input": "data/01_raw/inputs.jsonl", "prompt_column": "dialogue", "resume": False}
+    _run(project, max_new_tokens=new_tokens, **asked)  # nothing ties the fingerprint to the folder
+    untied = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert "positions" in untied["input_limit_source"] and untied["truncated"] == 0
+    summary_file = project / "data/08_reporting/train_summary.json"  # written with the model, as then
+    summary_file.write_text(json.dumps({"fingerprint": stored["fingerprint"]}))
+    _run(project, max_new_tokens=new_tokens, **asked)  # the older folder: no record
+    older = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    older_summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    record = {"fingerprint": stored["fingerprint"], "data_format": stored["params"]["data_format"]}
+    (folder / "training_data.json").write_text(json.dumps({**record, "max_length": length}))
+    _run(project, max_new_tokens=new_tokens, **asked)
+    recorded = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
+    summary = json.loads((project / "data/08_reporting/predict_summary.json").read_text())
+    assert summary["input_limit"] == prompt_budget(length, new_tokens) and summary["truncated"] > 0
+    assert older_summary["input_limit"] == summary["input_limit"], older_summary["input_limit_source"]
+    assert older_summary["truncated"] == summary["truncated"]
+    assert f"split.max_length {length}" in older_summary["input_limit_source"]
+    assert "tokenized_corpus_fingerprint.json" in older_summary["input_limit_source"]
+    assert older[["input_tokens", "prediction"]].equals(recorded[["input_tokens", "prediction"]])

@@ -120,12 +120,53 @@ class PredictSources:
         loaded = dataset.load()
         where = folder.resolve()
         trained_here = where == self.trained_model.resolve() or self.runs.resolve() in where.parents
+        recorded = (loaded.get("training_data") or {}).get("max_length") is not None
         return {
             **loaded,
             "source": str(folder),
             "identity": _folder_identity(folder),
             "trained_here": trained_here,
+            "project_rows": self._project_rows(folder, loaded.get("training_data"))
+            if trained_here and not recorded
+            else None,
         }
+
+    def _project_rows(self, folder: Path, record: dict | None) -> dict | None:
+        """The rows' length (``split.max_length``) of the project's split fingerprint, for a model of this
+        project whose folder predates the record of it (``training_data.json``'s ``max_length``), where the
+        fingerprint is the one it trained on: its record's ``fingerprint``, else (a folder older still) that
+        of the train summary written with it (``train_summary.json`` beside the trained model, a run's in
+        ``runs/<run>/``). ``{"max_length", "source"}``; None where nothing ties the two."""
+        if self.fingerprint is None or not self.fingerprint.is_file():
+            return None
+        try:
+            stored = json.loads(self.fingerprint.read_text(encoding="utf-8"))
+            length, fingerprint = stored["params"]["max_length"], stored["fingerprint"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            return None
+        trained_on = (
+            (record or {}).get("fingerprint") if record is not None else self._summary_fingerprint(folder)
+        )
+        if trained_on != fingerprint or not isinstance(length, int) or isinstance(length, bool) or length < 2:
+            return None
+        return {"max_length": length, "source": str(self.fingerprint)}
+
+    def _summary_fingerprint(self, folder: Path) -> str | None:
+        """The data fingerprint in the train summary written with the model ``folder`` (None: none)."""
+        if self.train_summaries is None:
+            return None
+        where, summaries = folder.resolve(), Path(self.train_summaries)
+        if where == self.trained_model.resolve():
+            path = summaries / "train_summary.json"
+        elif where.parent.parent == self.runs.resolve():
+            path = summaries / "runs" / where.parent.name / "train_summary.json"
+        else:
+            return None
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        return summary.get("fingerprint") if isinstance(summary, dict) else None
 
 
 def _folder_identity(folder: Path) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "refuse_prompts_of_an_id_model",
     "say_predicted",
     "tools_record",
+    "training_rows",
 ]
 
 log = logging.getLogger(__name__)
@@ -178,22 +179,38 @@ def id_vocabulary(training: dict | None, tokenizer, parameter: str) -> IdVocabul
     )
 
 
+def training_rows(trained: dict) -> tuple[int | None, str | None]:
+    """The rows' length (``split.max_length``) ``trained`` (``PredictSources.load_model``'s) trained on, and
+    where it was read where not in its own record: its ``training_data.json``'s, else, for a model of this
+    project whose folder predates that record, the project's split fingerprint's (``project_rows``, as the
+    data format is read for it; its report generates with the same); None for a model from elsewhere."""
+    recorded = (trained.get("training_data") or {}).get("max_length")
+    if recorded is not None:
+        return recorded, None
+    project = trained.get("project_rows") or {}
+    return project.get("max_length"), project.get("source")
+
+
 def predict_input_limit_source(model, params, trained: dict, limit: int | None) -> str | None:
     """What set ``limit`` (``predict_input_limit``'s), for the summary and the truncation warning."""
     if limit is None:
         return None
     if params.max_input_tokens is not None:
         return "predict.max_input_tokens"
-    trained_length = (trained.get("training_data") or {}).get("max_length")
+    trained_length, older = training_rows(trained)
     if trained_length is not None and limit == prompt_budget(trained_length, params.max_new_tokens):
-        return f"the model's training rows: split.max_length {trained_length} beside predict.max_new_tokens"
+        where = f" (from {older}: the model folder predates its training_data.json)" if older else ""
+        return (
+            f"the model's training rows: split.max_length {trained_length}{where} beside "
+            "predict.max_new_tokens"
+        )
     positions = getattr(model.config, "max_position_embeddings", None)
     return f"the model's positions: {positions} beside predict.max_new_tokens"
 
 
 def predict_input_limit(model, params, trained: dict) -> int:
     """The most tokens of a prompt (``input_limit``), said where it comes from the model's training rows."""
-    trained_length = (trained.get("training_data") or {}).get("max_length")
+    trained_length, _ = training_rows(trained)
     limit = input_limit(
         model,
         max_new_tokens=params.max_new_tokens,
