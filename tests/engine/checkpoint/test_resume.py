@@ -371,3 +371,21 @@ def test_the_data_digest_sees_a_chats_trained_answers_and_data_without_them_hash
     other = (np.array([1, 3], dtype=np.int32), np.array([0, 2, 2]))
     digests = {data_digest(values, offsets, prompts, spans) for spans in (None, one, other)}
     assert len(digests) == 3
+
+
+def test_a_checkpoint_that_recorded_row_length_auto_says_an_earlier_fastlm_wrote_it():
+    """A checkpoint of an earlier fastlm recorded ``batching.row_length: auto`` (not the length ``auto``
+    packed to, which the digest holds now): a resume starts fresh saying the checkpoint does not record the
+    length, not that the setting changed (the user changed nothing); a length that did change reads as one."""
+    from fastlm.engine.checkpoint.resume import digest_differences
+
+    now = {"batching.row_length": 128, "seed": 0}
+    earlier = {**now, "batching.row_length": "auto"}
+    other = {**now, "batching.row_length": 64}
+    [said] = digest_differences(earlier, now)
+    assert said.startswith("batching.row_length auto -> 128") and "earlier fastlm" in said, said
+    assert "not the length" in said, said
+    assert digest_differences(other, now) == ["batching.row_length 64 -> 128"]
+    assert digest_differences({**earlier, "batching.mode": "packed"}, {**now, "batching.mode": "packed"}) == [
+        said
+    ]

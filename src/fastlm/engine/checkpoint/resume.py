@@ -163,9 +163,18 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
         return ["settings (not recorded: written by an earlier fastlm)"]
     return [
         f"{key} {_short(saved.get(key), key)} -> {_short(value, key)}"
+        + _unrecorded(key, saved.get(key), value)
         for key, value in current.items()
         if not _same(key, saved.get(key), value)
     ]
+
+
+def _unrecorded(key: str, saved: Any, now: Any) -> str:
+    """What a difference of a checkpoint written before the digest held the resolved packed-row length
+    means: ``row_length: auto`` as configured, not the length it packed to, which may differ."""
+    if key == "batching.row_length" and saved == "auto" and isinstance(now, int):
+        return " (the checkpoint, from an earlier fastlm, recorded auto, not the length it packed to)"
+    return ""
 
 
 # How a checkpoint's layout reads in a difference: "fsdp -> ddp" told a user of strategy: fsdp in one process
