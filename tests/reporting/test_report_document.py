@@ -246,3 +246,21 @@ def test_the_epoch_eta_of_a_run_too_short_to_time_is_said_not_judged():
     assert f"? epoch ETA: {NOT_JUDGED}" in short and "One full epoch" not in short, short
     long = diagnosis_section(make_history(3, step=[1, 10, 10 + MIN_TIMED_STEPS]))
     assert "One full epoch of the 4,000,000 training tokens takes about" in long and NOT_JUDGED not in long
+
+
+def test_a_capped_test_evaluation_says_how_many_of_the_test_samples_it_counted():
+    """``report.eval_max_batches`` evaluates the first batches of the evaluation's fixed order: the Test split
+    evaluation section says its figures cover that many of the split's samples (the table alone read as the
+    whole split); an evaluation of every sample says nothing of the kind."""
+    from tests.support.reporting import make_history, report_document
+
+    history = make_history(3, step=[1, 10, 20])
+    capped = {"loss": 3.0, "samples": 27, "test_split_samples": 83, "eval_max_batches": 1}
+    _, markdown = report_document(history, test_metrics=capped)
+    section = markdown.split("## Test split evaluation", 1)[1].split("\n## ", 1)[0]
+    said = f"{capped['samples']} of the {capped['test_split_samples']} test samples"
+    assert said in section and "report.eval_max_batches" in section, section
+    whole = {**capped, "samples": capped["test_split_samples"]}
+    _, markdown = report_document(history, test_metrics=whole)
+    section = markdown.split("## Test split evaluation", 1)[1].split("\n## ", 1)[0]
+    assert "of the" not in section.split("|", 1)[0], section

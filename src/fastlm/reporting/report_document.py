@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from numbers import Number
 from pathlib import Path
 
 import pandas as pd
@@ -309,6 +310,19 @@ class ReportInputs:
     paths: dict | None = None  # dataset_paths: where report.md finds this run's plot files
 
 
+def _evaluation_scope(test_metrics: dict) -> str:
+    """What a test evaluation capped by ``report.eval_max_batches`` counted: its samples of the split's (the
+    first batches of the evaluation's fixed order); empty when it counted every sample."""
+    counted, total = test_metrics.get("samples"), test_metrics.get("test_split_samples")
+    if not isinstance(counted, Number) or not isinstance(total, Number) or counted >= total:
+        return ""
+    return (
+        f"On {counted:,} of the {total:,} test samples: report.eval_max_batches "
+        f"{test_metrics.get('eval_max_batches')} evaluates the first batches of the evaluation's fixed "
+        "order (seed 0); null evaluates the whole split."
+    )
+
+
 def build_sections(inputs: ReportInputs) -> list[Section]:
     summary, history, eval_history, diagnosis = (
         inputs.summary,
@@ -361,7 +375,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             figure_files=files,
             markdown_note=NOT_PLOTTED if any(file is None for file in files.values()) else "",
         ),
-        Section("Test split evaluation", table=evaluation),
+        Section("Test split evaluation", table=evaluation, text=_evaluation_scope(test_metrics)),
         Section("Throughput: training and evaluation", table=speeds),
         Section(
             "Most frequent wrong predictions",

@@ -155,6 +155,9 @@ def evaluate_model(
         result.metrics["real_tokens_per_s"],
     )
     metrics = {**result.metrics, TRAINING_ID: _training_id(trained)}  # which training made the model
+    if report.eval_max_batches is not None:  # the report says how many of the split's samples it counted
+        metrics["test_split_samples"] = len(tokenized["test"])
+        metrics["eval_max_batches"] = report.eval_max_batches
     return metrics, result.wrong_pairs, result.worst_samples, generations
 
 
