@@ -170,3 +170,26 @@ def test_diagnosis_lines_name_what_they_measure_and_the_summary_says_what_was_tr
 
 def document(**parts) -> tuple[str, str]:
     return report_document(HISTORY, **parts)
+
+
+def test_run_comparison_says_when_test_figures_cover_other_numbers_of_samples():
+    """A report capped by ``report.eval_max_batches`` (or ``report.references.max_samples``) scores part of
+    the test split: its test_loss beside a whole-split one compares figures over other samples. The counts
+    are logged with the figures, and the comparison shows them where they differ (not where they agree)."""
+    from fastlm.reporting.comparison import test_metric_values
+
+    logged = test_metric_values({"loss": 2.0, "samples": 27, "rouge1": 0.4, "rouge_samples": 41})
+    assert logged["test_samples"] == 27.0 and logged["test_rouge_samples"] == 41.0
+    runs = runs_frame(SPEED).assign(
+        **{
+            "metrics.test_loss": [2.0, 2.5, 2.4],
+            "metrics.test_samples": [27.0, 83.0, 83.0],
+            "metrics.test_rouge1": [0.4, 0.3, math.nan],
+            "metrics.test_rouge_samples": [41.0, 41.0, math.nan],
+        }
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert table["test_samples"].tolist() == [27.0, 83.0, 83.0]
+    assert "test_rouge_samples" not in table  # the same 41 wherever scored
+    agreeing = compare_runs(runs.assign(**{"metrics.test_samples": 83.0}), current_run_id="a" * 32)
+    assert "test_samples" not in agreeing

@@ -47,6 +47,9 @@ TEST_METRICS = (
 # and the top-k accuracy, named by its k (``report.top_k``): top5_accuracy, top10_accuracy, ...
 TOP_K_ACCURACY = re.compile(r"top[1-9][0-9]*_accuracy")
 COMPARED_TEST_METRICS = ("loss", "rouge1", "rouge2", "rougeL")
+# How many test samples the figures cover (``report.eval_max_batches`` / ``report.references.max_samples``
+# cap them): logged with them, shown in the comparison where runs differ, after the figures they count.
+TEST_SAMPLE_COUNTS = ("samples", "rouge_samples")
 
 
 def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None = None) -> pd.DataFrame:
@@ -91,6 +94,10 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
         column = f"metrics.test_{name}"
         if column in runs and runs[column].notna().any():
             table[f"test_{name}"] = runs[column]
+    for name in TEST_SAMPLE_COUNTS:
+        column = f"metrics.test_{name}"
+        if column in runs and runs[column].dropna().nunique() > 1:
+            table[f"test_{name}"] = runs[column]
     for column in differing:
         table[column.removeprefix("params.")] = params[column]
     return table.reset_index(drop=True)
@@ -126,9 +133,13 @@ def param_value(text):
 
 
 def test_metric_values(metrics: dict) -> dict:
-    """``test_<name>`` for the finite TEST_METRICS and top-k accuracy in ``metrics``: what the run comparison
-    reads back."""
-    names = [name for name in metrics if name in TEST_METRICS or TOP_K_ACCURACY.fullmatch(name)]
+    """``test_<name>`` for the finite TEST_METRICS, top-k accuracy and TEST_SAMPLE_COUNTS in ``metrics``:
+    what the run comparison reads back."""
+    names = [
+        name
+        for name in metrics
+        if name in TEST_METRICS or name in TEST_SAMPLE_COUNTS or TOP_K_ACCURACY.fullmatch(name)
+    ]
     return {
         f"test_{name}": float(metrics[name])
         for name in names
