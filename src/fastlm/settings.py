@@ -13,6 +13,7 @@ from fastlm.hooks import (
     MlflowArtifactsHook,
     ModelOfTheseSplitsHook,
     OutputFoldersWritableHook,
+    OutputsLockHook,
     ParametersValidHook,
     ProjectFolderHook,
     RedactingMlflowHook,
@@ -35,10 +36,12 @@ install_log_redaction()  # every log record of the process, whatever handler sho
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
 # pluggy calls the last registered first: the run name is resolved (and checked); --params, parameters, inputs
 # and output folders are checked; then MLflow opens the run under that name (a run refused before any node
-# runs leaves no MLflow run behind). At the end, artefacts are logged before MLflow closes the run.
+# runs leaves no MLflow run behind; the outputs' locks are taken just before it). At the end, artefacts are
+# logged before MLflow closes the run.
 HOOKS = (
     RunOutputsHook(),
     RedactingMlflowHook(),
+    OutputsLockHook(),  # after the checks, before MLflow opens the run: a refused run leaves none
     MlflowArtifactsHook(),
     TunedParametersHook(),
     OutputFoldersWritableHook(),

@@ -4,7 +4,8 @@
 * ``inputs``: inputs missing or damaged, tokenized data stale or edited, a model evaluated on other splits
   than it trained on;
 * ``split_complete``: the split's outputs used together or not at all, the raw file they were made from;
-* ``run_outputs``: the run's name, its output folders writable, a copy of its outputs kept per run;
+* ``run_outputs``: the run's name, its output folders writable and written by one run at a time, a copy of
+  its outputs kept per run;
 * ``catalog``: the entries handed to the nodes (``dataset_paths``, ``run_tracker``), ``--load-versions`` of
   versioned datasets only;
 * ``mlflow_tracking``: kedro-mlflow's hook with secrets masked and failing open, artifacts logged.
@@ -32,7 +33,14 @@ from fastlm.hooks.inputs import (
     all_pipelines,
 )
 from fastlm.hooks.mlflow_tracking import MlflowArtifactsHook, RedactingMlflowHook, pin_local_store
-from fastlm.hooks.run_outputs import RUN_NAME, OutputFoldersWritableHook, RunNameHook, RunOutputsHook
+from fastlm.hooks.run_outputs import (
+    RUN_NAME,
+    OutputFoldersWritableHook,
+    OutputsLockHook,
+    RunNameHook,
+    RunOutputsHook,
+    output_lock_file,
+)
 from fastlm.hooks.split_complete import (
     RAW,
     SPLIT_COMPLETE,
@@ -54,6 +62,7 @@ __all__ = [
     "MlflowArtifactsHook",
     "ModelOfTheseSplitsHook",
     "OutputFoldersWritableHook",
+    "OutputsLockHook",
     "ParametersValidHook",
     "ProjectFolderHook",
     "RedactingMlflowHook",
@@ -67,6 +76,7 @@ __all__ = [
     "all_pipelines",
     "check_raw_unchanged",
     "load_versions_error",
+    "output_lock_file",
     "pin_local_store",
     "raw_record",
 ]

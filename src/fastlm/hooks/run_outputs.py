@@ -1,16 +1,21 @@
 """The run's name, resolved once before any node runs, and its outputs: their folders checked writable
-before the run starts, a copy of each kept per training run."""
+before the run starts, written by one `kedro run` at a time, a copy of each kept per training run."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
+import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
+from fastlm.engine.checkpoint.lock import held_lock
 from fastlm.engine.checkpoint.storage import check_writable
+from fastlm.errors import FastlmError
 from fastlm.hooks.catalog import local_path, put
 
 log = logging.getLogger(__name__)
@@ -69,6 +74,79 @@ class OutputFoldersWritableHook:
                 continue
             checked.add(path.parent)
             check_writable(path.parent, parameter=f"{name} (conf/base/catalog.yml)")
+
+
+def output_lock_file(path: Path) -> Path:
+    """The lock a `kedro run` holds beside an output file or folder while its pipeline may write it."""
+    return path.with_name(f".{path.name}.lock")
+
+
+class OutputsLockHook:
+    """One `kedro run` at a time writes an output of the project: before any node runs, each local file or
+    folder the pipeline writes gets a lock beside it (:func:`output_lock_file`, naming the run's PID, host and
+    command), released when the run ends.
+
+    Why: two commands writing one output at once (two splits, two predicts of one file, a report during a
+    split-train-report run) leave one's file beside the other's (a split's tokenized data with the other's
+    fingerprint, predictions.csv with another job's predict_summary.json), each looking whole. The second
+    command is refused in one line naming the first's PID and command; nothing is written. Readers take no
+    lock (outputs are replaced whole, and readers check what they read belongs together). A lock whose
+    process no longer runs is taken over, as is this process's own (an in-process run that a later hook
+    refused before it could end).
+    """
+
+    def __init__(self) -> None:
+        self._held: ExitStack | None = None
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        self._release()
+        command = (
+            " ".join(shlex.quote(arg) for arg in ["kedro", *sys.argv[1:]]) if sys.argv[1:] else "kedro run"
+        )
+        held = ExitStack()
+        try:
+            for name in sorted(pipeline.all_outputs()):
+                path = local_path(catalog, name)
+                if path is None:
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                held.enter_context(
+                    held_lock(
+                        output_lock_file(path),
+                        lambda holder, name=name, path=path: _in_use(name, path, holder),
+                        record={"command": command},
+                        own_is_stale=True,
+                    )
+                )
+        except BaseException:
+            held.close()
+            raise
+        self._held = held
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._release()
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
+
+
+def _in_use(name: str, path: Path, holder: dict) -> FastlmError:
+    lock = output_lock_file(path)
+    command = holder.get("command") or "another kedro run"
+    return FastlmError(
+        f"{name} ({path}) is being written by another command in this project: `{command}` (PID "
+        f"{holder['pid']} on {holder.get('host', '?')}, lock file {lock}); two at once would mix their "
+        "outputs.",
+        fix=f"wait for it to finish (or stop it), then rerun; delete {lock} only if that process is gone.",
+    )
 
 
 class RunOutputsHook:

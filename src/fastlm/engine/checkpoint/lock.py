@@ -1,5 +1,6 @@
 """One training run per checkpoint folder: :func:`checkpoint_lock` holds ``root/.lock`` (naming its PID and
-host) while the run writes there.
+host) while the run writes there; :func:`held_lock` is that lock for any file (``fastlm.hooks``: one `kedro
+run` at a time writes an output).
 
 Why: a save removes every ``.tmp-*`` folder it finds in its folder (``files.save_checkpoint``), which would
 break a second writer. A second run is refused in one line; a lock left by a process that no longer runs is
@@ -12,7 +13,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,24 +33,56 @@ def checkpoint_lock(root: Path) -> Iterator[Path]:
     created = not root.exists()  # removed again when the run leaves it empty (e.g. refused before any step)
     root.mkdir(parents=True, exist_ok=True)
     lock = root / LOCK_FILE
-    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+
+    def refusal(holder: dict) -> Exception:
+        return CheckpointError(
+            f"checkpoint folder {root} is in use by another training run (PID {holder['pid']} on "
+            f"{holder.get('host', '?')}, lock file {lock}).",
+            fix="wait for that run to finish or stop it, or give this run its own --params "
+            f"run_name=...; delete {lock} only if that process is gone.",
+        )
+
+    try:
+        with held_lock(lock, refusal):
+            yield lock
+    finally:
+        try:
+            if created and not any(root.iterdir()):
+                root.rmdir()
+        except OSError:
+            pass
+
+
+@contextmanager
+def held_lock(
+    lock: Path,
+    refusal: Callable[[dict], Exception],
+    *,
+    record: dict | None = None,
+    own_is_stale: bool = False,
+) -> Iterator[Path]:
+    """Hold the file ``lock`` (``{"pid", "host"}`` and ``record``) while the block runs (its folder exists).
+
+    A lock of a running process (this machine) or written on another machine raises ``refusal(holder)``; a
+    lock whose process no longer runs (or, with ``own_is_stale``, this process's: an earlier use that never
+    reached its end) is taken over. Released (removed while it is still this one's) when the block ends.
+    """
+    lock = Path(lock)
+    mine = json.dumps({**(record or {}), "pid": os.getpid(), "host": socket.gethostname()})
     for _ in range(3):
         try:
             handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = _lock_holder(lock)
-            if holder is not None and _holder_runs(holder):
-                raise CheckpointError(
-                    f"checkpoint folder {root} is in use by another training run (PID {holder['pid']} on "
-                    f"{holder.get('host', '?')}, lock file {lock}).",
-                    fix="wait for that run to finish or stop it, or give this run its own --params "
-                    f"run_name=...; delete {lock} only if that process is gone.",
-                ) from None
-            log.warning(
-                "taking over %s: the training run that held it (PID %s) no longer runs",
-                lock,
-                holder.get("pid") if holder else "unknown",
-            )
+            own = holder is not None and _is_this_process(holder)
+            if holder is not None and _holder_runs(holder) and not (own and own_is_stale):
+                raise refusal(holder) from None
+            if not own:
+                log.warning(
+                    "taking over %s: the process that held it (PID %s) no longer runs",
+                    lock,
+                    holder.get("pid") if holder else "unknown",
+                )
             lock.unlink(missing_ok=True)
             continue
         with os.fdopen(handle, "w", encoding="utf-8") as file:
@@ -57,8 +90,8 @@ def checkpoint_lock(root: Path) -> Iterator[Path]:
         break
     else:
         raise CheckpointError(
-            f"could not take the lock {lock} of checkpoint folder {root}.",
-            fix="make sure no other training run writes there, delete the file and rerun.",
+            f"could not take the lock {lock}.",
+            fix="make sure no other process writes there, delete the file and rerun.",
         )
     try:
         yield lock
@@ -66,10 +99,12 @@ def checkpoint_lock(root: Path) -> Iterator[Path]:
         try:
             if lock.read_text(encoding="utf-8") == mine:
                 lock.unlink()
-            if created and not any(root.iterdir()):
-                root.rmdir()
         except OSError:
             pass
+
+
+def _is_this_process(holder: dict) -> bool:
+    return holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
 
 
 def _lock_holder(lock: Path) -> dict | None:

@@ -1,0 +1,116 @@
+"""``OutputsLockHook``: one `kedro run` at a time writes an output of the project. A second command whose
+pipeline writes an output another live command is writing (two splits, two predicts, a split during a
+split-train-report run) is refused in one line naming that command's PID, before anything is written; a lock
+left by a process that no longer runs (or by this process, an earlier in-process run) is taken over, and the
+locks are released when the run ends. The other holder is simulated: its lock file written as a live process
+would."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def _catalog(tmp_path):
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro_datasets.json import JSONDataset
+
+    return DataCatalog(
+        {
+            "split_counts": JSONDataset(filepath=str(tmp_path / "data" / "split_counts.json")),
+            "in_memory": MemoryDataset(),
+        }
+    )
+
+
+def _pipeline():
+    from kedro.pipeline import Node, Pipeline
+
+    return Pipeline([Node(lambda: (1, 2), None, ["split_counts", "in_memory"], name="write")])
+
+
+def _params():
+    return {"pipeline_names": ["split"], "runtime_params": {}}
+
+
+def _lock_of(tmp_path):
+    from fastlm.hooks import output_lock_file
+
+    return output_lock_file(tmp_path / "data" / "split_counts.json")
+
+
+@pytest.fixture
+def live_pid():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def test_an_output_another_live_command_writes_is_refused_in_one_line(tmp_path, live_pid):
+    from fastlm.errors import FastlmError
+    from fastlm.hooks import OutputsLockHook
+
+    lock = _lock_of(tmp_path)
+    lock.parent.mkdir(parents=True)
+    held = json.dumps(
+        {"pid": live_pid, "host": socket.gethostname(), "command": "kedro run --pipeline=split"}
+    )
+    lock.write_text(held)
+    with pytest.raises(FastlmError) as raised:
+        OutputsLockHook().before_pipeline_run(_params(), _pipeline(), _catalog(tmp_path))
+    message = str(raised.value)
+    assert f"PID {live_pid}" in message and "split_counts" in message and "\n" not in message
+    assert "kedro run --pipeline=split" in message
+    assert lock.read_text() == held  # the other command keeps its lock
+    assert sorted(p.name for p in lock.parent.iterdir()) == [lock.name]  # nothing else written
+
+
+def test_the_locks_are_held_during_the_run_and_released_after_it(tmp_path):
+    from fastlm.errors import FastlmError
+    from fastlm.hooks import OutputsLockHook
+
+    first, second = OutputsLockHook(), OutputsLockHook()
+    first.before_pipeline_run(_params(), _pipeline(), _catalog(tmp_path))
+    lock = _lock_of(tmp_path)
+    record = json.loads(lock.read_text())
+    assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+    first.after_pipeline_run()
+    assert not lock.exists()
+    second.before_pipeline_run(_params(), _pipeline(), _catalog(tmp_path))
+    second.on_pipeline_error()
+    assert not lock.exists()
+    # an earlier in-process run that never reached its end (a later hook refused it): taken over, not refused
+    first.before_pipeline_run(_params(), _pipeline(), _catalog(tmp_path))
+    try:
+        second.before_pipeline_run(_params(), _pipeline(), _catalog(tmp_path))
+    except FastlmError as error:  # pragma: no cover - the failure's message
+        pytest.fail(str(error))
+    second.after_pipeline_run()
+
+
+def test_a_lock_of_a_command_that_no_longer_runs_is_taken_over(tmp_path):
+    from fastlm.hooks import OutputsLockHook
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = _lock_of(tmp_path)
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    hook = OutputsLockHook()
+    hook.before_pipeline_run(_params(), _pipeline(), _catalog(tmp_path))
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    hook.after_pipeline_run()
+    assert not lock.exists()
+
+
+def test_the_project_registers_the_hook():
+    from fastlm.hooks import OutputsLockHook
+    from fastlm.settings import HOOKS
+
+    assert any(isinstance(hook, OutputsLockHook) for hook in HOOKS)
