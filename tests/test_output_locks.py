@@ -114,3 +114,37 @@ def test_the_project_registers_the_hook():
     from fastlm.settings import HOOKS
 
     assert any(isinstance(hook, OutputsLockHook) for hook in HOOKS)
+
+
+def test_two_trainings_of_other_run_names_may_run_at_once(tmp_path, live_pid):
+    """A training's outputs (the model folder, its histories and summary) are the latest training's: two
+    trainings under other run names at once (one per GPU) each write their own checkpoint folder (its lock)
+    and their own copies (data/06_models/runs/<name>, data/08_reporting/runs/<name>), and every reader checks
+    that the latest four are one training's. Those four take no project lock; the rest of the pipeline's
+    outputs still do."""
+    from kedro.io import DataCatalog
+    from kedro.pipeline import Node, Pipeline
+    from kedro_datasets.json import JSONDataset
+
+    from fastlm.hooks import OutputsLockHook, output_lock_file
+
+    names = ("trained_model", "train_history", "eval_history", "train_summary")
+    catalog = DataCatalog(
+        {name: JSONDataset(filepath=str(tmp_path / "data" / f"{name}.json")) for name in names}
+    )
+    catalog["split_counts"] = JSONDataset(filepath=str(tmp_path / "data" / "split_counts.json"))
+    (tmp_path / "data").mkdir()
+    other = json.dumps(
+        {"pid": live_pid, "host": socket.gethostname(), "command": "kedro run --pipeline=train"}
+    )
+    for name in names:
+        output_lock_file(tmp_path / "data" / f"{name}.json").write_text(other)
+    train = Pipeline([Node(lambda: (1, 2, 3, 4), None, list(names), name="train_model")])
+    hook = OutputsLockHook()
+    hook.before_pipeline_run(_params(), train, catalog)  # not refused
+    hook.after_pipeline_run()
+    assert all(output_lock_file(tmp_path / "data" / f"{name}.json").read_text() == other for name in names)
+    with_split = Pipeline([*train.nodes, Node(lambda: 1, None, "split_counts", name="split")])
+    hook.before_pipeline_run(_params(), with_split, catalog)
+    assert output_lock_file(tmp_path / "data" / "split_counts.json").exists()
+    hook.after_pipeline_run()

@@ -76,6 +76,13 @@ class OutputFoldersWritableHook:
             check_writable(path.parent, parameter=f"{name} (conf/base/catalog.yml)")
 
 
+# The latest training's outputs: two trainings under other run names may run at once (one per GPU): each
+# holds its checkpoint folder's lock, keeps its own copies (keep_per_run) and writes these last, and every
+# reader checks they are one training's (the report's check_one_training, ReportOfOneTrainingHook); the
+# model folder is replaced whole. They take no project lock.
+LATEST_TRAINING_OUTPUTS = frozenset({"trained_model", "train_history", "eval_history", "train_summary"})
+
+
 def output_lock_file(path: Path) -> Path:
     """The lock a `kedro run` holds beside an output file or folder while its pipeline may write it."""
     return path.with_name(f".{path.name}.lock")
@@ -84,7 +91,8 @@ def output_lock_file(path: Path) -> Path:
 class OutputsLockHook:
     """One `kedro run` at a time writes an output of the project: before any node runs, each local file or
     folder the pipeline writes gets a lock beside it (:func:`output_lock_file`, naming the run's PID, host and
-    command), released when the run ends.
+    command), released when the run ends; the latest training's outputs excepted (LATEST_TRAINING_OUTPUTS:
+    two trainings under other run names may run at once).
 
     Why: two commands writing one output at once (two splits, two predicts of one file, a report during a
     split-train-report run) leave one's file beside the other's (a split's tokenized data with the other's
@@ -106,7 +114,7 @@ class OutputsLockHook:
         )
         held = ExitStack()
         try:
-            for name in sorted(pipeline.all_outputs()):
+            for name in sorted(pipeline.all_outputs() - LATEST_TRAINING_OUTPUTS):
                 path = local_path(catalog, name)
                 if path is None:
                     continue
