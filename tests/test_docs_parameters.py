@@ -1,0 +1,121 @@
+"""The parameter names users copy from the README and the conf files' comments exist: every dotted name
+under a parameter group (``train.optimizer.lr``, ``split.tokenizer.source``, ``report.top_k``)
+resolves, key by key, to a field of that group's typed schema (fastlm.parameters.GROUPS), and every key a
+``--params`` example sets is one ``--params`` may set. A renamed or removed parameter left in the docs fails
+here instead of being refused (or, inside a sweep file, failing) only when a user copies it."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from fastlm.parameters import GROUPS, known_top_level_params
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "conf").rglob("*.yml"))]
+
+# A group name, a dot and identifiers: what the docs write for a parameter (``train.model.lora.r``). A name
+# glued to a word before it (``data/08_reporting``, ``fastlm.reporting``) is no parameter and does not match.
+_GROUPS = "|".join(name for name, group in GROUPS.items() if group.schema is not None)
+DOTTED = re.compile(rf"(?<![\w./-])(?:{_GROUPS})(?:\.[A-Za-z_]\w*)+")
+
+# Dotted words in the docs that are not parameters: file names the report writes.
+NOT_PARAMETERS = {
+    "report.html",  # data/08_reporting/report.html
+    "report.md",  # data/08_reporting/report.md
+}
+
+
+def _models(annotation) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models(arg)]
+
+
+def _is_mapping(annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if isinstance(origin, type) and issubclass(origin, Mapping):
+        return True
+    return any(_is_mapping(arg) for arg in typing.get_args(annotation))
+
+
+def unresolved(name: str) -> str | None:
+    """Why ``name`` (``group.key.key``) is not a parameter of its group's schema; None where it is. A key
+    under a mapping field (``split.chat_template_kwargs.enable_thinking``) is the user's own."""
+    group, *keys = name.split(".")
+    schema = GROUPS[group]
+    models = [getattr(importlib.import_module(schema.module), schema.schema)]
+    for depth, key in enumerate(keys):
+        fields = [model.model_fields[key] for model in models if key in model.model_fields]
+        if not fields:
+            known = sorted({field for model in models for field in model.model_fields})
+            return f"no key {key!r} under {'.'.join([group, *keys[:depth]])} (its keys: {known})"
+        if any(_is_mapping(field.annotation) for field in fields):
+            return None
+        models = [model for field in fields for model in _models(field.annotation)]
+        if not models and depth < len(keys) - 1:
+            return f"{'.'.join([group, *keys[: depth + 1]])} is a value, not a group of keys"
+    return None
+
+
+def _mentions() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in DOCS:
+        for name in DOTTED.findall(path.read_text(encoding="utf-8")):
+            found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_the_docs_mention_parameters_at_all():
+    """The extraction itself works: the README's well-known parameters are found."""
+    mentions = _mentions()
+    assert {"train.max_steps", "split.max_length", "report.references.max_samples"} <= set(mentions)
+
+
+def test_every_parameter_the_readme_and_the_conf_comments_name_exists():
+    wrong = {
+        name: f"{why} (in {', '.join(sorted(where))})"
+        for name, where in _mentions().items()
+        if name not in NOT_PARAMETERS and (why := unresolved(name))
+    }
+    assert not wrong, "\n".join(f"{name}: {why}" for name, why in sorted(wrong.items()))
+
+
+def test_the_allow_list_holds_only_names_that_are_no_parameters_and_still_appear():
+    mentions = _mentions()
+    for name in NOT_PARAMETERS:
+        assert name in mentions, f"{name} is no longer in the docs: drop it from NOT_PARAMETERS"
+        assert unresolved(name) is not None, f"{name} is a parameter: drop it from NOT_PARAMETERS"
+
+
+@pytest.mark.parametrize(
+    ("name", "resolves"),
+    [
+        ("train.model.lora.r", True),
+        ("split.chat_template_kwargs.enable_thinking", True),
+        ("train.optimizer.learning_rate", False),
+        ("train.max_steps.value", False),
+        ("report.references.max_sample", False),
+    ],
+)
+def test_the_resolver_tells_parameters_from_other_names(name, resolves):
+    assert (unresolved(name) is None) is resolves
+
+
+def test_every_key_a_params_example_in_the_readme_sets_is_one_params_may_set():
+    """``--params raw_path=...,split.text_column=body``: each top-level key is a group, ``run_name``, or one
+    a conf file defines or reads (``raw_path``, ``sweep``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    arguments = re.findall(r"--params(?:\s+|=)'?([^\s`']+)", readme)
+    keys = {key for argument in arguments for key in re.findall(r"(?:^|,)([A-Za-z_][\w.]*)=", argument)}
+    assert "raw_path" in keys
+    known = known_top_level_params(ROOT / "conf")
+    assert {key.split(".")[0] for key in keys} <= known
+    unknown = {key: why for key in keys if "." in key and (why := unresolved(key))}
+    assert not unknown, unknown
