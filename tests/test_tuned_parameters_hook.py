@@ -231,3 +231,24 @@ def test_the_other_hooks_of_the_training_node_see_the_parameters_it_trains_with(
     trained = catalog.load("trained_model")["batching"]["micro_batch_size"]
     assert trained != tuned["micro_batch_size"]
     assert seen == [trained], seen
+
+
+def test_the_tuned_file_is_replaced_whole_or_not_at_all(tmp_path):
+    """Every ``kedro run`` reads conf/local/parameters_tuned.yml at its start (the config loader): a tune
+    stopped while writing it, or a run starting while it is written, must find the previous file or the new
+    one, never a cut-off file that parses as fewer settings. A write that fails part way keeps the previous
+    file as it was, and leaves no temporary file beside it."""
+    from tests.support.project import catalog_dataset
+
+    path = tmp_path / "conf" / "local" / "parameters_tuned.yml"
+    dataset = catalog_dataset("tuned_parameters", path)
+    kept = {"train": {"batching": {"micro_batch_size": 16, "mode": "packed"}}}
+    dataset.save(kept)
+    before = path.read_bytes()
+    failing = {"train": {"batching": {"micro_batch_size": 8, "mode": (step for step in range(2))}}}
+    try:
+        dataset.save(failing)  # a generator has no YAML form: the write fails after the file was opened
+    except Exception:  # noqa: BLE001 - whatever the writer raises, the file is what matters
+        pass
+    assert path.read_bytes() == before and yaml.safe_load(path.read_text(encoding="utf-8")) == kept
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]

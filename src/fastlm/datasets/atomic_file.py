@@ -1,4 +1,5 @@
-"""CSV and JSON files written atomically: to a sibling temporary file, fsynced, then renamed over the target.
+"""CSV, JSON and YAML files written atomically: to a sibling temporary file, fsynced, then renamed over the
+target.
 
 A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole.
 """
@@ -10,8 +11,10 @@ import os
 import uuid
 from pathlib import Path
 
+import yaml
 from kedro_datasets.json import JSONDataset
 from kedro_datasets.pandas import CSVDataset
+from kedro_datasets.yaml import YAMLDataset
 
 
 def write_file_atomically(target: str | Path, write) -> None:
@@ -47,3 +50,14 @@ class AtomicJSONDataset(JSONDataset):
 
     def save(self, data) -> None:
         write_file_atomically(str(self._filepath), lambda handle: json.dump(data, handle, **self._save_args))
+
+
+class AtomicYAMLDataset(YAMLDataset):
+    """``yaml.YAMLDataset`` (local file, ``save_args`` as for ``yaml.dump``) saved atomically: the tuned
+    file in conf/local, which every ``kedro run`` reads at its start, is the previous one or the new one."""
+
+    def __init__(self, filepath: str, **kwargs) -> None:
+        super().__init__(filepath=filepath, **kwargs)
+
+    def save(self, data) -> None:
+        write_file_atomically(str(self._filepath), lambda handle: yaml.dump(data, handle, **self._save_args))
