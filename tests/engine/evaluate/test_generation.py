@@ -55,6 +55,20 @@ def _generate(model, prompts, runtime, **kwargs):
     return generate_continuations(model, prompts, pad_id=PAD, eos_id=EOS, runtime=runtime, **kwargs)
 
 
+def generated_alone(model, prompts, *, pad: int, end: int, max_new_tokens: int, **options) -> list[list[int]]:
+    """Plain ``generate`` on each prompt alone (no padding), each continuation cut at its first ``end``."""
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            generated = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), pad_token_id=pad,
+                max_new_tokens=max_new_tokens, **options,
+            )[0, len(prompt) :].tolist()  # fmt: skip
+        out.append(generated[: generated.index(end)] if end in generated else generated)
+    return out
+
+
 def test_batched_left_padded_greedy_equals_one_prompt_at_a_time(model, runtime):
     prompts = _prompts(11)
     assert len({len(p) for p in prompts}) > 3  # real padding inside batches
@@ -228,16 +242,7 @@ def test_length_floors_and_sampling_cuts_of_the_models_generation_config_are_off
     pad, end = 0, 2
 
     def alone(chosen, **explicit):
-        out = []
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                generated = chosen.generate(
-                    input_ids=ids, attention_mask=torch.ones_like(ids), pad_token_id=pad, max_new_tokens=8,
-                    **explicit,
-                )[0, len(prompt) :].tolist()  # fmt: skip
-            out.append(generated[: generated.index(end)] if end in generated else generated)
-        return out
+        return generated_alone(chosen, prompts, pad=pad, end=end, max_new_tokens=8, **explicit)
 
     def ours(chosen, **settings):
         return generate_continuations(
@@ -447,16 +452,7 @@ def test_the_models_sequence_bias_length_decay_encoder_penalty_renormalization_a
     off = {"length_penalty": 1.0, "early_stopping": False} if options["num_beams"] > 1 else {}
 
     def alone(chosen, **explicit):
-        out = []
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                generated = chosen.generate(
-                    input_ids=ids, attention_mask=torch.ones_like(ids), pad_token_id=PAD, max_new_tokens=12,
-                    **options, **explicit,
-                )[0, len(prompt) :].tolist()  # fmt: skip
-            out.append(generated[: generated.index(EOS)] if EOS in generated else generated)
-        return out
+        return generated_alone(chosen, prompts, pad=PAD, end=EOS, max_new_tokens=12, **options, **explicit)
 
     reference = alone(weights, **off)
     value = _FOLDER_VALUES.get(field)
