@@ -307,3 +307,19 @@ def test_a_tokenized_split_replaced_or_edited_by_hand_is_refused(raw, tmp_path):
     with pytest.raises(InputDataError, match="its train split's tokens are not those the split wrote"):
         check_tokenized(fingerprint, datasets.DatasetDict({**saved, "train": edited}), where="tokenized")
     check_tokenized({k: v for k, v in fingerprint.items() if k != "splits"}, swapped, where="tokenized")
+
+
+def test_tokenizer_training_texts_are_hash_selected_whatever_the_row_order(raw):
+    """split.tokenizer.training_samples below the train rows: the BPE learns from the same texts (and so is
+    the same tokenizer) however the raw file's rows are ordered, as the splits are."""
+    params = {**PARAMS, "text_column": "body", "tokenizer": {"vocab_size": 400, "training_samples": 40}}
+    shuffled = raw.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    shuffled.attrs = raw.attrs
+    built = []
+    for frame in (raw, shuffled):
+        clean, counts = nodes.clean_corpus(frame, params)
+        splits, split_counts = nodes.split_corpus(clean, counts, params)
+        assert (splits["split"] == "train").sum() > 40  # the cap chooses among the train rows
+        built.append(nodes.build_tokenizer(splits, params, split_counts))
+    first, second = (tokenizer.backend_tokenizer.to_str() for tokenizer in built)
+    assert first == second

@@ -263,10 +263,18 @@ def training_system_turn(turns) -> tuple[str | None, str | None]:
     )
 
 
-def tokenizer_texts(splits: pd.DataFrame, split, count: int) -> list[str]:
-    """The first ``count`` train rows' texts a tokenizer is trained on, each cut as ``tokenize_rows`` cuts it
-    (prompts keep their end): a huge text costs no more memory."""
-    train_rows = splits.loc[splits["split"] == "train"].head(count)
+def tokenizer_texts(splits: pd.DataFrame, split, count: int | None) -> list[str]:
+    """The ``count`` train rows' texts a tokenizer is trained on, hash-selected (the smallest capping keys of
+    ``split.hash_salt``'s keyed hash, as ``split.max_samples`` chooses: the same texts, and so the same BPE,
+    whatever the raw file's row order), each cut as ``tokenize_rows`` cuts it (prompts keep their end): a
+    huge text costs no more memory."""
+    train_rows = splits.loc[splits["split"] == "train"]
+    if "text" in splits:
+        keyed = train_rows["text"].tolist()
+    else:  # a prompt/response row by its rendered pair
+        pairs = zip(train_rows["prompt"], train_rows["response"], strict=True)
+        keyed = [f"{prompt}\0{response}" for prompt, response in pairs]
+    train_rows = train_rows.iloc[cap_rows(text_keys(keyed, split.hash_salt)[:, 1], count)]
     if "text" in splits:
         return list(cut_long_texts(train_rows["text"].tolist(), split.max_length)[0])
     return [
