@@ -76,3 +76,22 @@ def test_a_row_of_filler_characters_is_blank():
     kept, drops = clean_texts(pd.Series([*blank, "안녕\u3164하세요"]))
     assert kept.tolist() == ["안녕\u3164하세요"]  # a filler inside a text is the text's
     assert drops["whitespace_only"] == len(blank)
+
+
+def test_an_invisible_mark_inside_decomposed_text_leaves_it_nfc_and_a_duplicate():
+    """A zero-width space, word joiner or BOM between a decomposed Hangul syllable's jamo (or a letter and its
+    combining accent): once removed, the text is NFC and the same text as its composed form."""
+    composed = ["한국어 리뷰", "café 좋아요", "배송 빨라요"]
+    marked = []
+    for text, mark in zip(composed, "\u200b\u2060\ufeff", strict=True):
+        decomposed = unicodedata.normalize("NFD", text)
+        marked.append(decomposed[:1] + mark + decomposed[1:3] + mark + decomposed[3:])
+    kept, drops = clean_texts(pd.Series(composed + marked))
+    expected = [
+        unicodedata.normalize("NFC", text.translate(dict.fromkeys(map(ord, "\u200b\u2060\ufeff"))))
+        for text in marked
+    ]
+    assert expected == composed
+    assert kept.tolist() == composed
+    assert drops["duplicate"] == len(marked)
+    assert all(unicodedata.is_normalized("NFC", text) for text in kept)

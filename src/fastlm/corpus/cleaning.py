@@ -66,7 +66,10 @@ def classify_values(values: pd.Series) -> tuple[pd.Series, pd.Series]:
     normalized = pd.Series(None, index=values.index, dtype=object)
     texts = values[is_text].astype(object).str.normalize("NFC")
     marked = texts.str.contains(f"[\r{INVISIBLE}]", regex=True)  # few rows: the others are not rewritten
-    texts[marked] = texts[marked].str.replace("\r\n", "\n", regex=False).str.translate(_TRANSLATE)
+    # NFC again: a mark removed from between a decomposed syllable's jamo (a letter and its accent) joins them
+    texts[marked] = (
+        texts[marked].str.replace("\r\n", "\n", regex=False).str.translate(_TRANSLATE).str.normalize("NFC")
+    )
     texts = texts.str.strip()
     filler_first = texts.str[:1].isin(set(FILLERS))  # a blank of fillers starts with one once stripped
     blank = texts[filler_first].str.match(BLANK)
