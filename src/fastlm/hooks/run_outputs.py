@@ -3,6 +3,7 @@ before the run starts, written by one `kedro run` at a time, a copy of each kept
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shlex
@@ -100,11 +101,16 @@ class OutputsLockHook:
     command is refused in one line naming the first's PID and command; nothing is written. Readers take no
     lock (outputs are replaced whole, and readers check what they read belongs together). A lock whose
     process no longer runs is taken over, as is this process's own (an in-process run that a later hook
-    refused before it could end).
+    refused before it could end). A run that ends without Kedro's after_pipeline_run or on_pipeline_error
+    (Ctrl-C during a node, a KeyboardInterrupt; a later hook refusing the run) releases them at the
+    process's exit: a lock file left behind would be refused for good by a run of another host name (a new
+    container on the same volume).
     """
 
     def __init__(self) -> None:
         self._held: ExitStack | None = None
+        self._holder: int | None = None  # the PID that took them (a forked worker releases none)
+        self._released_at_exit = False
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
@@ -130,7 +136,10 @@ class OutputsLockHook:
         except BaseException:
             held.close()
             raise
-        self._held = held
+        self._held, self._holder = held, os.getpid()
+        if not self._released_at_exit:
+            atexit.register(self._release)
+            self._released_at_exit = True
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -142,7 +151,7 @@ class OutputsLockHook:
 
     def _release(self) -> None:
         held, self._held = self._held, None
-        if held is not None:
+        if held is not None and self._holder == os.getpid():
             held.close()
 
 
