@@ -202,3 +202,30 @@ def test_a_later_node_run_from_a_node_reading_memory_only_data_is_one_line(kedro
     with pytest.raises(ConfigError, match=rf"{held}.*in memory.*--from-nodes"):
         run_pipeline(kedro_project, "split", SMALL, **selection)
     assert (kedro_project / "data/05_model_input/split_complete.json").exists()
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_split_under_the_parallel_runner_is_finished_as_a_sequential_one_is(
+    kedro_project, monkeypatch, start
+):
+    """`kedro run --pipeline=split --runner=ParallelRunner`: Kedro calls the node and dataset hooks in its
+    worker processes (fresh hooks when they are spawned, the main process's copied when forked), each seeing
+    the nodes it ran, none all of them; the marker a finished split leaves is the sequential run's. Was: no
+    marker (spawned workers, or forked ones sharing the nodes), so train and report refused the split as one
+    that did not finish; or, spawned, the earlier split's marker left beside the new outputs."""
+    import yaml
+
+    from tests.support.project import kedro_cli
+
+    (kedro_project / "conf/local/parameters.yml").write_text(yaml.safe_dump(SMALL), encoding="utf-8")
+    marker = kedro_project / "data/05_model_input/split_complete.json"
+    run_pipeline(kedro_project, "split", SMALL)
+    sequential = json.loads(marker.read_text())
+    marker.unlink()
+    monkeypatch.setenv("KEDRO_MP_CONTEXT", start)
+    done = kedro_cli(
+        kedro_project, "--pipeline=split", "--runner=ParallelRunner", "--runner-params", "max_workers=4"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert marker.exists(), done.stderr[-3000:]
+    assert json.loads(marker.read_text()) == sequential

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import shlex
+import threading
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
@@ -170,10 +171,18 @@ class SplitCompleteHook:
     split: it writes the marker again once every node downstream of the ones it ran has run and saved. A
     pipeline reading split outputs it does not produce itself is refused in one line while the marker is
     missing. Nothing relies on code running at the interruption.
+
+    Under Kedro's ParallelRunner the node and dataset hooks run in its worker processes (spawned: fresh
+    hooks; forked: copies of this one), each seeing the nodes it ran: there the process that runs the
+    pipeline removes the marker before any node runs (put back when the run fails with no split output
+    changed) and writes it when every node has run, and the workers leave it alone.
     """
 
     def __init__(self) -> None:
         self._marker: Path | None = None
+        self._owner: int | None = None  # the PID of before_pipeline_run (a forked worker copy: another)
+        self._parallel: dict | None = None  # under ParallelRunner: the marker's text and the outputs' state
+        self._paths: dict[str, Path | None] = {}
         self._raw: Path | None = None
         self._kept_raw: dict | None = None  # a run of the later nodes: the finished split's raw record
         self._group: set[str] = set()
@@ -185,6 +194,7 @@ class SplitCompleteHook:
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         fingerprint = local_path(catalog, "tokenized_corpus_fingerprint")
         self._marker = fingerprint.parent / SPLIT_COMPLETE if fingerprint is not None else None
+        self._owner, self._parallel = os.getpid(), None
         if self._marker is None:
             return
         split = importlib.import_module("fastlm.pipelines.split").create_pipeline()
@@ -212,10 +222,46 @@ class SplitCompleteHook:
         if read and RAW not in pipeline.inputs():
             given = (run_params.get("runtime_params") or {}).get("raw_path")
             check_raw_unchanged(self._marker, given, local_path(catalog, RAW))
+        self._paths = {name: local_path(catalog, name) for name in self._group}
+        if "ParallelRunner" in str(run_params.get("runner")) and self._group & pipeline.all_outputs():
+            kept = self._marker.read_text(encoding="utf-8") if self._marker.exists() else None
+            self._parallel = {"marker": kept, "outputs": self._outputs_state()}
+            self._marker.unlink(missing_ok=True)
+
+    def _outputs_state(self) -> dict:
+        """Each split output's file or folder state (a save replaces it: another inode, time or size)."""
+        state = {}
+        for name, path in self._paths.items():
+            try:
+                stat = path.stat()
+                state[name] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            except OSError:
+                state[name] = None
+        return state
+
+    def _here(self) -> bool:
+        """Whether the node hooks keep the marker here: not under ParallelRunner, not in a forked worker."""
+        return self._marker is not None and self._parallel is None and self._owner == os.getpid()
+
+    @hook_impl
+    def after_pipeline_run(self, pipeline) -> None:
+        if self._parallel is None or self._owner != os.getpid():
+            return
+        self._parallel = None
+        if {node.name for node in pipeline.nodes} >= self._split_nodes:
+            self._write_marker(sorted(self._group))
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        parallel, self._parallel = self._parallel, None
+        if parallel is None or self._owner != os.getpid():
+            return
+        if parallel["marker"] is not None and self._outputs_state() == parallel["outputs"]:
+            self._write_text(parallel["marker"])  # a node refused before any split output was saved
 
     @hook_impl
     def before_dataset_saved(self, dataset_name: str) -> None:  # not before a node: one that refuses keeps it
-        if self._marker is not None and dataset_name in self._group:
+        if self._here() and dataset_name in self._group:
             self._marker.unlink(missing_ok=True)
 
     @hook_impl
@@ -224,12 +270,18 @@ class SplitCompleteHook:
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str) -> None:  # a node's outputs are saved after its hook
-        if self._marker is None or dataset_name not in self._group:
+        if not self._here() or dataset_name not in self._group:
             return
         self._saved.add(dataset_name)
         if self._done >= self._split_nodes and self._saved >= self._group:
-            partial = self._marker.with_name(f".{self._marker.name}.tmp")
-            raw = raw_record(self._raw) if self._raw is not None else self._kept_raw
-            record = {"outputs": sorted(self._saved), "raw": raw}
-            partial.write_text(json.dumps(record) + "\n", encoding="utf-8")
-            os.replace(partial, self._marker)
+            self._write_marker(sorted(self._saved))
+
+    def _write_marker(self, outputs: list[str]) -> None:
+        raw = raw_record(self._raw) if self._raw is not None else self._kept_raw
+        self._write_text(json.dumps({"outputs": outputs, "raw": raw}) + "\n")
+
+    def _write_text(self, text: str) -> None:
+        # its own temporary file: two outputs saved at once (--async) may both find the split finished
+        partial = self._marker.with_name(f".{self._marker.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, self._marker)
