@@ -118,3 +118,28 @@ def test_resplit_on_other_data_then_train_trains_a_model_for_the_new_tokenizer(k
         }
     old = list((kedro_project / "data/06_models/checkpoints/demo").glob("superseded-*/checkpoint-00000004"))
     assert len(old) == 1  # the first run's checkpoints are kept aside, not resumed and not deleted
+
+
+def test_a_report_under_the_parallel_runner_keeps_its_copies_as_a_sequential_one_does(
+    kedro_project, monkeypatch
+):
+    """`kedro run --pipeline=report --runner=ParallelRunner` with spawned workers (macOS, or
+    KEDRO_MP_CONTEXT=spawn): Kedro calls after_dataset_saved in the workers, on fresh hooks that never saw the
+    run start. The per-run copies (data/08_reporting/runs/<training run>/) are this report's, as under the
+    sequential runner. Was: none written (an earlier report's copies left as the run's)."""
+    import yaml
+
+    from tests.support.project import kedro_cli
+
+    report = {"max_new_tokens": 5, "prompts": ["hello"], "worst_samples": 3, "error_pairs": 5}
+    local = {"split": SPLIT, "train": TRAIN, "report": report}
+    (kedro_project / "conf/local/parameters.yml").write_text(yaml.safe_dump(local), encoding="utf-8")
+    run_pipeline(kedro_project, "split")
+    run_pipeline(kedro_project, "train", {"run_name": "exp-p"})
+    monkeypatch.setenv("KEDRO_MP_CONTEXT", "spawn")
+    done = kedro_cli(kedro_project, "--pipeline=report", "--runner=ParallelRunner")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reporting = kedro_project / "data/08_reporting"
+    for name in ("report.html", "report.md", "test_metrics.json"):
+        kept = reporting / "runs" / "exp-p" / name
+        assert kept.is_file() and kept.read_bytes() == (reporting / name).read_bytes(), name

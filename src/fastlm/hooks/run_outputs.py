@@ -173,19 +173,49 @@ class RunOutputsHook:
 
     The run name is the TRAINING run's: this run's own name when it trains, else the name in the
     ``train_summary`` that a report run reads (its own name when that summary has none).
+
+    Under Kedro's ParallelRunner the dataset hooks run in its worker processes (spawned: fresh hooks that
+    never saw the run start): there the process that runs the pipeline keeps the copies when the run ends,
+    of every output (of those saved since it started when a node failed), and the workers keep none.
     """
 
     def __init__(self) -> None:
         self._catalog = None
         self._trained: str | None = None
+        self._pid: int | None = None  # the PID of before_pipeline_run (a forked worker copy: another)
+        self._parallel: dict | None = None  # under ParallelRunner: each kept output's state at the start
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        self._catalog = catalog
+        self._catalog, self._pid, self._parallel = catalog, os.getpid(), None
         self._trained = catalog.load(RUN_NAME) if "train_summary" in pipeline.all_outputs() else None
+        if "ParallelRunner" in str(run_params.get("runner")):
+            self._parallel = {
+                name: _state(local_path(catalog, name)) for name in sorted(pipeline.all_outputs())
+            }
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._keep_parallel(changed_only=False)
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._keep_parallel(changed_only=True)
+
+    def _keep_parallel(self, *, changed_only: bool) -> None:
+        started, self._parallel = self._parallel, None
+        if started is None or self._pid != os.getpid():
+            return
+        for name, state in started.items():
+            if not changed_only or _state(local_path(self._catalog, name)) != state:
+                self._keep(name)
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
+        if self._parallel is None and self._pid == os.getpid():
+            self._keep(dataset_name)
+
+    def _keep(self, dataset_name: str) -> None:
         catalog = self._catalog
         if catalog is None or dataset_name not in catalog:
             return
@@ -219,6 +249,15 @@ class RunOutputsHook:
             name = summary.get("run_name") if isinstance(summary, dict) else None
             self._trained = name or self._catalog.load(RUN_NAME)
         return self._trained
+
+
+def _state(path: Path | None) -> tuple | None:
+    """A local output's file or folder state (a save replaces it: another inode, time or size), or None."""
+    try:
+        stat = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size) if stat is not None else None
 
 
 def _link_or_copy(source: str, target: str) -> None:
