@@ -57,7 +57,7 @@ def bound_tracking_requests() -> None:
 # What MLflow holds process-wide and a session's store setup changes: mlflow.set_tracking_uri and
 # set_experiment also write these variables (for subprocesses), where the next session in the same process
 # reads MLFLOW_TRACKING_URI as the user's choice.
-PROCESS_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID")
+PROCESS_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
 saved_process_tracking: list = []  # at most one entry: what a session found, until its end puts it back
 
 
@@ -81,6 +81,16 @@ def begin_session_tracking() -> None:
     end_session_tracking()
     found = {name: os.environ.get(name) for name in PROCESS_VARIABLES}
     saved_process_tracking.append([found, dict(found)])
+
+
+def share_run_with_workers() -> None:
+    """The active run, for the processes Kedro's ParallelRunner starts (spawned: a fresh MLflow, which would
+    open a run of its own, named at random, for the first metric a node logs): MLflow's ``MLFLOW_RUN_ID``,
+    which they inherit and resume; put back at the session's end."""
+    run_id = active_run_id()
+    if run_id is not None:
+        os.environ["MLFLOW_RUN_ID"] = run_id
+        session_tracking_set()
 
 
 def session_tracking_set() -> None:

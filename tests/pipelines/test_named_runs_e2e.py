@@ -126,11 +126,15 @@ def test_a_report_under_the_parallel_runner_keeps_its_copies_as_a_sequential_one
     """`kedro run --pipeline=report --runner=ParallelRunner` with spawned workers (macOS, or
     KEDRO_MP_CONTEXT=spawn): Kedro calls after_dataset_saved in the workers, on fresh hooks that never saw the
     run start. The per-run copies (data/08_reporting/runs/<training run>/) are this report's, as under the
-    sequential runner. Was: none written (an earlier report's copies left as the run's)."""
+    sequential runner, and the metrics the workers log are the report run's. Was: no copy written (an earlier
+    report's copies left as the run's), and each worker logged to an MLflow run of its own, named at
+    random."""
     import yaml
 
+    from tests.support.e2e import own_experiment
     from tests.support.project import kedro_cli
 
+    own_experiment(kedro_project, "parallel-copies")
     report = {"max_new_tokens": 5, "prompts": ["hello"], "worst_samples": 3, "error_pairs": 5}
     local = {"split": SPLIT, "train": TRAIN, "report": report}
     (kedro_project / "conf/local/parameters.yml").write_text(yaml.safe_dump(local), encoding="utf-8")
@@ -143,3 +147,11 @@ def test_a_report_under_the_parallel_runner_keeps_its_copies_as_a_sequential_one
     for name in ("report.html", "report.md", "test_metrics.json"):
         kept = reporting / "runs" / "exp-p" / name
         assert kept.is_file() and kept.read_bytes() == (reporting / name).read_bytes(), name
+    # the workers' metrics are the report run's (was: logged to runs of MLflow's random names, one a worker)
+    experiment = mlflow.MlflowClient().get_experiment_by_name("parallel-copies")
+    runs = mlflow.MlflowClient().search_runs([experiment.experiment_id])
+    names = sorted(run.info.run_name.split("-")[0] for run in runs)
+    assert names == ["exp", "report", "split"], names
+    (report_run,) = [run for run in runs if run.info.run_name.startswith("report-")]
+    metrics = json.loads((reporting / "test_metrics.json").read_text())
+    assert report_run.data.metrics["test_loss"] == pytest.approx(metrics["loss"], rel=1e-9)

@@ -29,6 +29,7 @@ from fastlm.tracking import (
     process_tag,
     register_project_artifacts,
     session_tracking_set,
+    share_run_with_workers,
     stopped_by_user,
 )
 
@@ -115,6 +116,8 @@ class RedactingMlflowHook(MlflowHook):
         self._guarded("run start", super().before_pipeline_run, run_params, pipeline, catalog)
         if not getattr(self, "_already_active_mlflow", True):  # this run is the session's own
             note_session_run()  # Ctrl-C outside training: ended KILLED at exit, not FINISHED by MLflow
+        if "ParallelRunner" in str(run_params.get("runner")):
+            share_run_with_workers()  # the workers' metrics are this run's
         # Tags as values: the runner's class name, not its repr; lists and --params as JSON.
         tags = {key: text for key, value in run_params.items() if value and (text := param_text(value))}
         tags[PROCESS_TAG] = process_tag()  # a run this process leaves RUNNING is ended by a later one
