@@ -155,3 +155,5 @@ def test_a_report_under_the_parallel_runner_keeps_its_copies_as_a_sequential_one
     (report_run,) = [run for run in runs if run.info.run_name.startswith("report-")]
     metrics = json.loads((reporting / "test_metrics.json").read_text())
     assert report_run.data.metrics["test_loss"] == pytest.approx(metrics["loss"], rel=1e-9)
+    logged = {item.path for item in mlflow.MlflowClient().list_artifacts(report_run.info.run_id, "report")}
+    assert "report/report.html" in logged and "report/test_metrics.json" in logged, logged

@@ -24,6 +24,15 @@ def local_path(catalog, name: str) -> Path | None:
     return Path(str(path))
 
 
+def local_state(path: Path | None) -> tuple | None:
+    """A local output's file or folder state (a save replaces it: another inode, time or size), or None."""
+    try:
+        stat = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size) if stat is not None else None
+
+
 def put(catalog, name: str, value) -> None:
     """``value`` as the data of the memory dataset ``name`` (declared in catalog.yml, else made here)."""
     if name in catalog:

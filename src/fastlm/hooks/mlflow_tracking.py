@@ -5,12 +5,14 @@ logged as artifacts. MLflow itself is reached through ``fastlm.tracking`` only."
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 
 from kedro.framework.hooks import hook_impl
 from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, MlflowHook
 
+from fastlm.hooks.catalog import local_path, local_state
 from fastlm.hooks.run_outputs import RUN_NAME
 from fastlm.redaction import redact
 from fastlm.tracking import (
@@ -46,13 +48,45 @@ class MlflowArtifactsHook:
     def __init__(self) -> None:
         self._catalog = None
         self._mlflow = MlflowMetrics()
+        self._pid: int | None = None  # the PID of before_pipeline_run (a forked worker copy: another)
+        self._parallel: dict | None = None  # under ParallelRunner: each output's state at the start
 
     @hook_impl
     def after_catalog_created(self, catalog) -> None:
         self._catalog = catalog
 
     @hook_impl
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        """Under Kedro's ParallelRunner the dataset hooks run in its workers (spawned: fresh hooks without
+        the catalog): the process that runs the pipeline logs the artefacts when the run ends (those saved
+        since the start when a node fails), the workers none."""
+        self._pid, self._parallel = os.getpid(), None
+        if "ParallelRunner" in str(run_params.get("runner")):
+            outputs = sorted(pipeline.all_outputs())
+            self._parallel = {name: local_state(local_path(catalog, name)) for name in outputs}
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._log_parallel(changed_only=False)
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._log_parallel(changed_only=True)
+
+    def _log_parallel(self, *, changed_only: bool) -> None:
+        started, self._parallel = self._parallel, None
+        if started is None or self._pid != os.getpid() or self._catalog is None:
+            return
+        for name, state in started.items():
+            if not changed_only or local_state(local_path(self._catalog, name)) != state:
+                self._log(name)
+
+    @hook_impl
     def after_dataset_saved(self, dataset_name: str) -> None:
+        if self._parallel is None and self._pid in (None, os.getpid()):
+            self._log(dataset_name)
+
+    def _log(self, dataset_name: str) -> None:
         if self._catalog is None or dataset_name not in self._catalog:
             return
         dataset = self._catalog[dataset_name]

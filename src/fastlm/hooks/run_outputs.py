@@ -17,7 +17,7 @@ from kedro.framework.hooks import hook_impl
 from fastlm.engine.checkpoint.lock import held_lock
 from fastlm.engine.checkpoint.storage import check_writable
 from fastlm.errors import FastlmError
-from fastlm.hooks.catalog import local_path, put
+from fastlm.hooks.catalog import local_path, local_state, put
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class RunOutputsHook:
         self._trained = catalog.load(RUN_NAME) if "train_summary" in pipeline.all_outputs() else None
         if "ParallelRunner" in str(run_params.get("runner")):
             self._parallel = {
-                name: _state(local_path(catalog, name)) for name in sorted(pipeline.all_outputs())
+                name: local_state(local_path(catalog, name)) for name in sorted(pipeline.all_outputs())
             }
 
     @hook_impl
@@ -207,7 +207,7 @@ class RunOutputsHook:
         if started is None or self._pid != os.getpid():
             return
         for name, state in started.items():
-            if not changed_only or _state(local_path(self._catalog, name)) != state:
+            if not changed_only or local_state(local_path(self._catalog, name)) != state:
                 self._keep(name)
 
     @hook_impl
@@ -249,15 +249,6 @@ class RunOutputsHook:
             name = summary.get("run_name") if isinstance(summary, dict) else None
             self._trained = name or self._catalog.load(RUN_NAME)
         return self._trained
-
-
-def _state(path: Path | None) -> tuple | None:
-    """A local output's file or folder state (a save replaces it: another inode, time or size), or None."""
-    try:
-        stat = path.stat() if path is not None else None
-    except OSError:
-        return None
-    return (stat.st_ino, stat.st_mtime_ns, stat.st_size) if stat is not None else None
 
 
 def _link_or_copy(source: str, target: str) -> None:
