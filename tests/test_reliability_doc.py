@@ -70,3 +70,16 @@ def test_every_matrix_case_and_every_referenced_test_is_real(computed):
         if not ref.startswith(pending) and not counts.expand(tuple(ref.split("::")), collected)
     ]
     assert unknown == [], "docs/reliability.md names tests that do not exist"
+
+
+def test_no_merge_left_its_conflict_marks_in_the_docs():
+    """Rows added on two branches meet at the end of the Faults table: a merge that kept its conflict marks
+    would leave them in the page (and between table rows, cut the table in two)."""
+    marks = ("<<<<<<< ", ">>>>>>> ", "=======")
+    found = [
+        f"{path.relative_to(PROJECT_ROOT)}:{number}"
+        for path in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if line.startswith(marks[:2]) or line == marks[2]
+    ]
+    assert found == []
