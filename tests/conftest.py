@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import getpass
 import os
+import signal
 import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
+
+# Ctrl-C reaches the tests as it reaches a user at a terminal. A suite started as a background job of a
+# non-interactive shell (a CI runner's) inherits SIGINT ignored, and every process it starts would too: the
+# tests of the Ctrl-C path (a split stopped by Ctrl-C, a training's graceful stop) would then see no signal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A kernel set forced with ATEN_CPU_CAPABILITY alone (avx2 or default, the quick check of whether a test
 # depends on the machine) is completed as scripts/check_cpu_kernels.sh completes it, before torch loads:

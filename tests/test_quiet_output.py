@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -162,11 +163,20 @@ def test_a_user_error_is_said_once_and_a_bug_keeps_kedros_full_line():
     assert "split_corpus failed with error" in bug and "tokenizer" in bug
 
 
+def test_the_processes_the_suite_starts_take_ctrl_c():
+    """A suite started as a background job of a non-interactive shell (a CI runner's) inherits SIGINT
+    ignored, as every process it starts would: the tests of the Ctrl-C path (a split stopped by Ctrl-C, a
+    training's graceful stop) then saw no signal (the split ran to its end, status 0). tests/conftest.py puts
+    Python's Ctrl-C handler back in that case."""
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "True", child.stdout
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+
+
 def split_stopped_by_ctrl_c(folder: Path) -> tuple[Path, int, str]:
     """In a new project: a split stopped by Ctrl-C (SIGINT to the foreground ``kedro run``) once its first
     node runs, outside any training loop (KeyboardInterrupt, which Kedro's on_pipeline_error never sees)."""
-    import signal
-
     project = copy_project(folder / "project")
     write_jsonl(project / "data/01_raw/demo_corpus.jsonl", list(demo_texts()[:200]))
     process = background.popen(
