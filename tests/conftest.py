@@ -82,6 +82,21 @@ def pytest_sessionfinish(session):
     background.close()
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """With ``--durations``: the background jobs' wall seconds (their tests' own durations leave them out
+    where a job ran beside the tests before they asked for it)."""
+    if config.option.durations is None or not background.seconds():
+        return
+    jobs = sorted(background.seconds().items(), key=lambda item: -item[1][0])
+    terminalreporter.write_sep("=", "background jobs")
+    for name, (seconds, in_background) in jobs:
+        terminalreporter.write_line(
+            f"{seconds:8.2f}s {'background' if in_background else 'in its test'} {name}"
+        )
+    busy = sum(seconds for seconds, in_background in background.seconds().values() if in_background)
+    terminalreporter.write_line(f"{busy:8.2f}s in the background thread in all")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Note the node ids this session collected, per test file, before -k, -m or --deselect leave any out

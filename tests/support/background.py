@@ -26,6 +26,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class _Scheduler:
         self._pending: list[Job] = []
         self._started: dict[Job, threading.Event] = {}
         self._outcomes: dict[Job, tuple[Any, BaseException | None]] = {}
+        self._seconds: dict[str, tuple[float, bool]] = {}  # job name: (wall seconds, run in the background)
         self._processes: set[subprocess.Popen] = set()
         self._environ = dict(os.environ)
         self._root: Path | None = None
@@ -72,10 +74,13 @@ class _Scheduler:
             self._execute(job)
 
     def _execute(self, job: Job) -> None:
+        start = time.monotonic()
         try:
             outcome = (job(self._folder(job)), None)
         except BaseException as error:  # handed to the test that asks for the result
             outcome = (None, error)
+        in_background = threading.current_thread() is not threading.main_thread()
+        self._seconds[job.__name__] = (time.monotonic() - start, in_background)
         self._outcomes[job] = outcome
         self._started[job].set()
 
@@ -117,6 +122,11 @@ class _Scheduler:
             thread.join(timeout=30)
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
+
+    def seconds(self) -> dict[str, tuple[float, bool]]:
+        """Each job run so far: its wall seconds and whether it ran in the background thread (not in the
+        test that asked for it), for ``pytest --durations``."""
+        return dict(self._seconds)
 
     # -- what a job runs
 
@@ -163,5 +173,5 @@ class _Scheduler:
 
 
 _scheduler = _Scheduler()
-start, result, close = _scheduler.start, _scheduler.result, _scheduler.close
+start, result, close, seconds = _scheduler.start, _scheduler.result, _scheduler.close, _scheduler.seconds
 environ, popen, forget, run = _scheduler.environ, _scheduler.popen, _scheduler.forget, _scheduler.run
