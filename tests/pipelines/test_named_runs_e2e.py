@@ -11,7 +11,9 @@ import pytest
 from safetensors.torch import load_file
 
 from fastlm.errors import ConfigError, find_user_error
+from tests.support import background
 from tests.support.project import run_pipeline, run_quick, write_jsonl
+from tests.support.runner_jobs import runs_under_the_parallel_and_thread_runners
 
 pytestmark = pytest.mark.e2e
 SPLIT = {"max_samples": 300, "max_length": 48, "tokenizer": {"vocab_size": 400}}
@@ -120,40 +122,30 @@ def test_resplit_on_other_data_then_train_trains_a_model_for_the_new_tokenizer(k
     assert len(old) == 1  # the first run's checkpoints are kept aside, not resumed and not deleted
 
 
-def test_a_report_under_the_parallel_runner_keeps_its_copies_as_a_sequential_one_does(
-    kedro_project, monkeypatch
-):
+@pytest.mark.background(job=runs_under_the_parallel_and_thread_runners)
+def test_a_report_under_the_parallel_runner_keeps_its_copies_as_a_sequential_one_does():
     """`kedro run --pipeline=report --runner=ParallelRunner` with spawned workers (macOS, or
     KEDRO_MP_CONTEXT=spawn): Kedro calls after_dataset_saved in the workers, on fresh hooks that never saw the
     run start. The per-run copies (data/08_reporting/runs/<training run>/) are this report's, as under the
     sequential runner, and the metrics the workers log are the report run's. Was: no copy written (an earlier
     report's copies left as the run's), and each worker logged to an MLflow run of its own, named at
     random."""
-    import yaml
-
-    from tests.support.e2e import own_experiment
-    from tests.support.project import kedro_cli
-
-    own_experiment(kedro_project, "parallel-copies")
-    report = {"max_new_tokens": 5, "prompts": ["hello"], "worst_samples": 3, "error_pairs": 5}
-    local = {"split": SPLIT, "train": TRAIN, "report": report}
-    (kedro_project / "conf/local/parameters.yml").write_text(yaml.safe_dump(local), encoding="utf-8")
-    run_pipeline(kedro_project, "split")
-    run_pipeline(kedro_project, "train", {"run_name": "exp-p"})
-    monkeypatch.setenv("KEDRO_MP_CONTEXT", "spawn")
-    done = kedro_cli(kedro_project, "--pipeline=report", "--runner=ParallelRunner")
-    assert done.returncode == 0, done.stderr[-3000:]
-    reporting = kedro_project / "data/08_reporting"
+    done = background.result(runs_under_the_parallel_and_thread_runners)
+    for run in ("spawn", "train", "report"):
+        assert done["runs"][run]["returncode"] == 0, done["runs"][run]["stderr"][-3000:]
+    project = done["project"]
+    reporting = project / "data/08_reporting"
     for name in ("report.html", "report.md", "test_metrics.json"):
         kept = reporting / "runs" / "exp-p" / name
         assert kept.is_file() and kept.read_bytes() == (reporting / name).read_bytes(), name
     # the workers' metrics are the report run's (was: logged to runs of MLflow's random names, one a worker)
-    experiment = mlflow.MlflowClient().get_experiment_by_name("parallel-copies")
-    runs = mlflow.MlflowClient().search_runs([experiment.experiment_id])
+    client = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("fastlm")
+    runs = client.search_runs([experiment.experiment_id])
     names = sorted(run.info.run_name.split("-")[0] for run in runs)
-    assert names == ["exp", "report", "split"], names
+    assert names == ["exp", "report", "split", "split", "split"], names  # three splits: the job's
     (report_run,) = [run for run in runs if run.info.run_name.startswith("report-")]
     metrics = json.loads((reporting / "test_metrics.json").read_text())
     assert report_run.data.metrics["test_loss"] == pytest.approx(metrics["loss"], rel=1e-9)
-    logged = {item.path for item in mlflow.MlflowClient().list_artifacts(report_run.info.run_id, "report")}
+    logged = {item.path for item in client.list_artifacts(report_run.info.run_id, "report")}
     assert "report/report.html" in logged and "report/test_metrics.json" in logged, logged

@@ -13,6 +13,7 @@ import pytest
 from fastlm.errors import ConfigError, InputDataError
 from tests.support import background
 from tests.support.project import demo_texts, make_kedro_project, run_pipeline, write_jsonl
+from tests.support.runner_jobs import runs_under_the_parallel_and_thread_runners
 
 pytestmark = pytest.mark.e2e
 OUTPUTS = [
@@ -204,28 +205,16 @@ def test_a_later_node_run_from_a_node_reading_memory_only_data_is_one_line(kedro
     assert (kedro_project / "data/05_model_input/split_complete.json").exists()
 
 
+@pytest.mark.background(job=runs_under_the_parallel_and_thread_runners)
 @pytest.mark.parametrize("start", ["spawn", "fork"])
-def test_a_split_under_the_parallel_runner_is_finished_as_a_sequential_one_is(
-    kedro_project, monkeypatch, start
-):
+def test_a_split_under_the_parallel_runner_is_finished_as_a_sequential_one_is(start):
     """`kedro run --pipeline=split --runner=ParallelRunner`: Kedro calls the node and dataset hooks in its
     worker processes (fresh hooks when they are spawned, the main process's copied when forked), each seeing
     the nodes it ran, none all of them; the marker a finished split leaves is the sequential run's. Was: no
     marker (spawned workers, or forked ones sharing the nodes), so train and report refused the split as one
     that did not finish; or, spawned, the earlier split's marker left beside the new outputs."""
-    import yaml
-
-    from tests.support.project import kedro_cli
-
-    (kedro_project / "conf/local/parameters.yml").write_text(yaml.safe_dump(SMALL), encoding="utf-8")
-    marker = kedro_project / "data/05_model_input/split_complete.json"
-    run_pipeline(kedro_project, "split", SMALL)
-    sequential = json.loads(marker.read_text())
-    marker.unlink()
-    monkeypatch.setenv("KEDRO_MP_CONTEXT", start)
-    done = kedro_cli(
-        kedro_project, "--pipeline=split", "--runner=ParallelRunner", "--runner-params", "max_workers=4"
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert marker.exists(), done.stderr[-3000:]
-    assert json.loads(marker.read_text()) == sequential
+    done = background.result(runs_under_the_parallel_and_thread_runners)
+    for run in ("sequential", start):
+        assert done["runs"][run]["returncode"] == 0, done["runs"][run]["stderr"][-3000:]
+    assert done["markers"]["sequential"] is not None
+    assert done["markers"][start] == done["markers"]["sequential"], done["runs"][start]["stderr"][-3000:]
