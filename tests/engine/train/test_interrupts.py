@@ -3,7 +3,6 @@ checkpoint write loses at most the steps since the last complete checkpoint; eve
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +14,7 @@ from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.checkpoint.layout import MARKER
 from fastlm.engine.checkpoint.loading import load_checkpoint
 from fastlm.engine.train.signals import TrainingInterrupted
+from tests.support import background
 from tests.support.toy_training import run_toy, toy_model, toy_params
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -142,41 +142,56 @@ print("finished without being killed")
 """
 
 
-def _run_killed(tmp_path: Path, settings: dict, *, kill_at_step=None, kill_in_save=None) -> None:
-    script = tmp_path / "driver.py"
-    script.write_text(
-        textwrap.dedent(DRIVER).format(
-            repo=str(REPO_ROOT),
-            settings=settings,
-            tmp=str(tmp_path),
-            kill_at_step=kill_at_step,
-            kill_in_save=kill_in_save,
-        )
+def _run_killed(folder: Path, settings: dict, *, kill_at_step=None, kill_in_save=None):
+    """The toy run of ``settings`` in ``folder`` in a process of its own, killed as asked."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = textwrap.dedent(DRIVER).format(
+        repo=str(REPO_ROOT),
+        settings=settings,
+        tmp=str(folder),
+        kill_at_step=kill_at_step,
+        kill_in_save=kill_in_save,
     )
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    with open(folder / "driver.py", "w", encoding="utf-8") as file:  # the built-in open: a background job
+        file.write(source)
+    return background.run([sys.executable, str(folder / "driver.py")], cwd=folder, timeout=120)
+
+
+def runs_killed_by_sigkill(folder: Path) -> dict:
+    """A background job: the toy runs SIGKILLed at step 5 (each batching mode; a checkpoint every 2 steps)
+    and in the middle of the step-4 checkpoint's write (packed). Each run's folder and process result."""
+    runs = {}
+    for mode in MODES:
+        runs[mode] = _run_killed(folder / mode, _settings(mode, save_every=2, resume="auto"), kill_at_step=5)
+    settings = _settings("packed", save_every=2, resume="auto")
+    runs["in_save"] = _run_killed(folder / "in_save", settings, kill_in_save=4)
+    return {name: (folder / name, done) for name, done in runs.items()}
+
+
+def _killed(name: str) -> Path:
+    folder, done = background.result(runs_killed_by_sigkill)[name]
     assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+    return folder
 
 
+@pytest.mark.background(job=runs_killed_by_sigkill)
 @pytest.mark.parametrize("mode", MODES)
-def test_sigkill_at_a_step_resumes_from_the_last_checkpoint(tmp_path, tmp_path_factory, mode):
-    settings = _settings(mode, save_every=2, resume="auto")
-    _run_killed(tmp_path, settings, kill_at_step=5)
-    root = tmp_path / "checkpoints"
+def test_sigkill_at_a_step_resumes_from_the_last_checkpoint(tmp_path_factory, mode):
+    folder = _killed(mode)
+    root = folder / "checkpoints"
     assert latest_checkpoint(root).name == "checkpoint-00000004"
     assert not list(root.glob("checkpoint-00000005*"))
-    _assert_resumes_exactly(tmp_path, tmp_path_factory, mode, save_every=2)
+    _assert_resumes_exactly(folder, tmp_path_factory, mode, save_every=2)
 
 
-def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, tmp_path_factory):
-    settings = _settings("packed", save_every=2, resume="auto")
-    _run_killed(tmp_path, settings, kill_in_save=4)
-    root = tmp_path / "checkpoints"
+@pytest.mark.background(job=runs_killed_by_sigkill)
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path_factory):
+    folder = _killed("in_save")
+    root = folder / "checkpoints"
     assert latest_checkpoint(root).name == "checkpoint-00000002"  # the torn step-4 copy is never picked
     assert not (root / "checkpoint-00000004").exists()
     leftovers = list(root.glob(".tmp-checkpoint-00000004-*"))
     assert len(leftovers) == 1 and not (leftovers[0] / MARKER).exists()
-    _assert_resumes_exactly(tmp_path, tmp_path_factory, "packed", save_every=2)
+    _assert_resumes_exactly(folder, tmp_path_factory, "packed", save_every=2)
     assert not list(root.glob(".tmp-*"))  # the next save cleared the leftover
     assert latest_checkpoint(root).name == f"checkpoint-{STEPS:08d}"
