@@ -31,14 +31,20 @@ def gpu_speed(monkeypatch):
     return gpu_speed
 
 
+def help_and_too_many_layers(folder: Path) -> dict:
+    """A background job: the script's --help, and a run asking for more layers than the 3B shape has."""
+    script = str(BENCHMARKS / "gpu_speed.py")
+    return {
+        "help": background.run([sys.executable, script, "--help"], cwd=folder, timeout=120),
+        "layers": background.run([sys.executable, script, "--model", "3b", "--layers", "29"], cwd=folder),
+    }
+
+
+@pytest.mark.background(job=help_and_too_many_layers)
 def test_help_runs_on_cpu_and_lists_the_adapter_contenders():
-    shown = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_speed.py"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    done = background.result(help_and_too_many_layers)["help"]
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout
     assert all(name in shown for name in ADAPTERS) and "--adapters" in shown and "--checkpointing" in shown
 
 
@@ -151,13 +157,9 @@ def test_the_3b_shape_is_llama_3_2_3b_and_layers_keeps_the_first_n(gpu_speed):
     assert gpu_speed.model_label(gpu_speed.parse_args(["--model", "tiny"])) == "tiny shape, 2 of 2 layers"
 
 
+@pytest.mark.background(job=help_and_too_many_layers)
 def test_layers_past_the_models_depth_is_one_line_naming_the_flag():
-    shown = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_speed.py"), "--model", "3b", "--layers", "29"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    shown = background.result(help_and_too_many_layers)["layers"]
     assert shown.returncode != 0 and "--layers" in shown.stderr.splitlines()[-1]
     assert "28" in shown.stderr.splitlines()[-1]
 
@@ -491,8 +493,8 @@ def test_a_stopped_child_reports_its_last_progress_lines(monkeypatch, tmp_path, 
     script.write_text(
         "import time\nprint('model built', flush=True)\nprint('compiling', flush=True)\ntime.sleep(60)\n"
     )
-    result = run_contender(script, "slow", tmp_path, 1, [], repo=tmp_path, timeout_s=3)
-    assert result["timed_out"] and result["error"] == "did not finish in 3 s"
+    result = run_contender(script, "slow", tmp_path, 1, [], repo=tmp_path, timeout_s=2)
+    assert result["timed_out"] and result["error"] == "did not finish in 2 s"
     assert result["output_tail"].splitlines() == ["model built", "compiling"]
     assert "| compiling" in capsys.readouterr().out
 
@@ -515,7 +517,7 @@ def test_a_stopped_child_hands_back_what_it_measured_before_the_cap(monkeypatch,
         "print('step 2 of 8', flush=True)\n"
         "time.sleep(60)\n"
     )
-    result = run_contender(script, "slow", tmp_path, 1, [], repo=tmp_path, timeout_s=5)
+    result = run_contender(script, "slow", tmp_path, 1, [], repo=tmp_path, timeout_s=2)
     assert result["timed_out"] and result["partial"] == {
         "steps_done": 2,
         "steps": 8,
