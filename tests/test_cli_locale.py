@@ -10,27 +10,40 @@ from pathlib import Path
 import pytest
 
 from fastlm import cli
-from tests.support.project import cli_refusal, make_kedro_project
+from tests.support import background
+from tests.support.project import demo_texts, make_kedro_project, refusal_in_background, refused_line
 
 KOREAN_FOLDER = "내 프로젝트"
 
 
-@pytest.fixture
-def ascii_locale(monkeypatch):
-    """The CLI processes started by the test run in the C locale, without Python's UTF-8 mode."""
-    monkeypatch.setenv("LC_ALL", "C")
-    monkeypatch.setenv("LANG", "C")
-    monkeypatch.setenv("PYTHONUTF8", "0")
-    monkeypatch.delenv("PYTHONIOENCODING", raising=False)
+# The C locale, without Python's UTF-8 mode
+ASCII_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": None}
 
 
-def test_a_non_ascii_project_folder_in_an_ascii_locale_is_one_line_and_status_2(
-    kedro_project, sample_texts, ascii_locale
-):
+def locale_refusals(folder: Path) -> dict:
+    """A background job: the CLI refusals of this file, each in a new project."""
+    texts = list(demo_texts())
+    korean = make_kedro_project(folder / KOREAN_FOLDER / "fastlm", texts)
+    euc_kr = make_kedro_project(folder / "euc-kr" / "fastlm", texts)
+    with open(euc_kr / "conf/local/parameters_split.yml", "wb") as file:
+        file.write('split:\n  hash_salt: "소금"\n'.encode("euc-kr"))
+    params = make_kedro_project(folder / "params" / "fastlm", texts)
+    return {
+        "korean_folder": (korean, refusal_in_background(korean, "--pipeline=split", **ASCII_LOCALE)),
+        "euc_kr_conf": (euc_kr, refusal_in_background(euc_kr, "--pipeline=split")),
+        "params": (
+            params,
+            refusal_in_background(params, "--pipeline=split", "--params", "run_name=실험", **ASCII_LOCALE),
+        ),
+    }
+
+
+@pytest.mark.background(job=locale_refusals)
+def test_a_non_ascii_project_folder_in_an_ascii_locale_is_one_line_and_status_2():
     """Was: the split wrote corpus_splits.parquet, then pyarrow opened its path as UTF-8 (the file system's
     encoding being ASCII) and the next node failed with a traceback."""
-    project = make_kedro_project(kedro_project / KOREAN_FOLDER / "fastlm", sample_texts)
-    last = cli_refusal(project, "--pipeline=split")
+    project, refusal = background.result(locale_refusals)["korean_folder"]
+    last = refused_line(refusal)
     escaped = str(project).encode("ascii", "backslashreplace").decode("ascii")
     assert (str(project) in last or escaped in last) and "ASCII" in last, last
     assert "LC_ALL=C.UTF-8" in last and "PYTHONUTF8=1" in last, last
@@ -59,19 +72,19 @@ def test_a_non_ascii_folder_runs_in_a_utf8_locale():
     cli.check_project_folder(Path("/tmp") / KOREAN_FOLDER / "fastlm", encoding="utf-8")
 
 
-def test_a_conf_file_saved_in_euc_kr_is_one_line_naming_it(kedro_project):
+@pytest.mark.background(job=locale_refusals)
+def test_a_conf_file_saved_in_euc_kr_is_one_line_naming_it():
     """Was: UnicodeDecodeError's traceback from Kedro's config loader, which names no file."""
-    conf = kedro_project / "conf/local/parameters_split.yml"
-    conf.write_bytes('split:\n  hash_salt: "소금"\n'.encode("euc-kr"))
-    last = cli_refusal(kedro_project, "--pipeline=split")
+    last = refused_line(background.result(locale_refusals)["euc_kr_conf"][1])
     assert "conf/local/parameters_split.yml" in last and "UTF-8" in last, last
     assert "iconv -f euc-kr -t utf-8" in last, last
 
 
-def test_a_params_value_the_locale_cannot_decode_is_one_line(kedro_project, ascii_locale):
+@pytest.mark.background(job=locale_refusals)
+def test_a_params_value_the_locale_cannot_decode_is_one_line():
     """UTF-8 bytes typed in an ASCII locale reach sys.argv as surrogate escapes. Was: UnicodeEncodeError's
     traceback from Kedro's parsing of --params."""
-    last = cli_refusal(kedro_project, "--pipeline=split", "--params", "run_name=실험")
+    last = refused_line(background.result(locale_refusals)["params"][1])
     escaped = "run_name=실험".encode("ascii", "backslashreplace").decode("ascii")
     assert ("run_name=실험" in last or escaped in last) and "ASCII" in last, last
     assert "LC_ALL=C.UTF-8" in last and "PYTHONUTF8=1" in last, last

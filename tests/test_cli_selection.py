@@ -3,6 +3,8 @@ match and the names there are (was: Kedro's ValueError / AttributeError tracebac
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kedro.framework.project import configure_project, pipelines
 from kedro.utils import load_obj
@@ -10,7 +12,8 @@ from kedro.utils import load_obj
 from fastlm.cli import check_runner_params, selection_error
 from fastlm.errors import ConfigError
 from fastlm.hooks import load_versions_error
-from tests.support.project import cli_refusal
+from tests.support import background
+from tests.support.project import demo_texts, make_kedro_project, refusal_in_background, refused_line
 
 
 @pytest.fixture(autouse=True)
@@ -109,12 +112,28 @@ def test_bad_runner_params_are_one_line_naming_the_option_and_what_the_runner_ac
     assert accepted in fix, fix
 
 
-def test_bad_runner_params_on_the_command_line_are_one_line_and_status_2(kedro_project):
-    """``kedro run --runner ThreadRunner --runner-params max_workers=0``: one line, status 2 (``cli_refusal``
+def selection_refusals(folder: Path) -> dict:
+    """A background job: the CLI refusals of this file, one after the other in one new project."""
+    project = make_kedro_project(folder / "project", list(demo_texts()))
+    runs = {
+        "runner_params": (
+            "--pipeline=report",
+            "--runner",
+            "ThreadRunner",
+            "--runner-params",
+            "max_workers=0",
+        ),
+        "load_versions": ("--pipeline=split", "--load-versions", f"split_report:{VERSION}"),
+        "to_outputs": ("--pipeline=report", "--to-outputs", "loss_plt"),
+    }
+    return {name: refusal_in_background(project, *args) for name, args in runs.items()}
+
+
+@pytest.mark.background(job=selection_refusals)
+def test_bad_runner_params_on_the_command_line_are_one_line_and_status_2():
+    """``kedro run --runner ThreadRunner --runner-params max_workers=0``: one line, status 2 (``refused_line``
     asserts both and that nothing was written), naming the option and what the runner accepts."""
-    last = cli_refusal(
-        kedro_project, "--pipeline=report", "--runner", "ThreadRunner", "--runner-params", "max_workers=0"
-    )
+    last = refused_line(background.result(selection_refusals)["runner_params"])
     said, fix = last.split("Fix:")
     assert "--runner-params" in said and "max_workers=0" in said, last
     assert "max_workers" in fix, last
@@ -145,18 +164,22 @@ def test_load_versions_of_an_unknown_dataset_is_one_line_with_the_close_match():
     assert "--load-versions split_reprot" in str(error) and "did you mean split_report?" in str(error)
 
 
-def test_load_versions_on_the_command_line_is_refused_before_any_node_runs(kedro_project):
+@pytest.mark.background(job=selection_refusals)
+def test_load_versions_on_the_command_line_is_refused_before_any_node_runs():
     """The hook refuses ``--load-versions`` of the project's unversioned ``split_report`` in a real CLI
     run: one line, status 2, nothing written."""
-    last = cli_refusal(kedro_project, "--pipeline=split", "--load-versions", f"split_report:{VERSION}")
+    refusal = background.result(selection_refusals)["load_versions"]
+    last = refused_line(refusal)
+    assert "Running node" not in refusal["done"].stderr, refusal["done"].stderr[-3000:]
     assert "--load-versions split_report" in last and "not versioned" in last, last
 
 
-def test_an_unknown_to_outputs_name_lists_only_the_datasets_nodes_output(kedro_project):
+@pytest.mark.background(job=selection_refusals)
+def test_an_unknown_to_outputs_name_lists_only_the_datasets_nodes_output():
     """``--to-outputs`` with a name the pipeline does not output: the names there are listed every dataset,
     ``params:*`` entries and inputs no node writes among them. Only what the pipeline's nodes output."""
     report = register_pipelines()["report"]
-    last = cli_refusal(kedro_project, "--pipeline=report", "--to-outputs", "loss_plt")
+    last = refused_line(background.result(selection_refusals)["to_outputs"])
     listed = last.split("use one of:")[1].strip().rstrip(".").split(", ")
     assert sorted(listed) == sorted(report.all_outputs()), last
     assert "--to-outputs loss_plt" in last and "did you mean loss_plot?" in last, last

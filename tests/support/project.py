@@ -153,3 +153,37 @@ def cli_refusal(project: Path, *args: str) -> str:
     assert last.startswith("fastlm: error:") and "Fix:" in last, last
     assert {path: path.read_bytes() for path in (project / "data").rglob("*") if path.is_file()} == before
     return last
+
+
+def data_snapshot(project: Path) -> dict[str, bytes]:
+    """Every file under ``project``/data with its bytes (the built-in open: background jobs take it)."""
+    files = {}
+    for root, _, names in os.walk(project / "data"):
+        for name in names:
+            with open(os.path.join(root, name), "rb") as file:
+                files[os.path.relpath(os.path.join(root, name), project)] = file.read()
+    return files
+
+
+def refusal_in_background(project: Path, *args: str, **env: str | None) -> dict:
+    """For a background job (tests/support/background.py): ``kedro run *args`` in ``project`` in a fresh
+    process (its own mlflow.db; ``env``: changes to the session's environment, None removes one), and
+    whether it left every file under data/ as it was. ``refused_line`` checks it in the test."""
+    from tests.support import background
+
+    before = data_snapshot(project)
+    environ = background.environ(DO_NOT_TRACK="true", COLUMNS="200", MLFLOW_TRACKING_URI=None, **env)
+    done = background.run([sys.executable, "-m", "kedro", "run", *args], cwd=project, env=environ)
+    return {"args": list(args), "done": done, "data_unchanged": data_snapshot(project) == before}
+
+
+def refused_line(refusal: dict) -> str:
+    """cli_refusal's checks on a ``refusal_in_background`` result: status 2, no traceback, one ``fastlm:
+    error:`` line with a fix at the end, nothing under data/ changed. Returns that line."""
+    done = refusal["done"]
+    assert done.returncode == 2, (refusal["args"], done.stderr[-3000:])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastlm: error:") and "Fix:" in last, last
+    assert refusal["data_unchanged"], refusal["args"]
+    return last
