@@ -7,12 +7,14 @@ copy of it. Cases that must *work* (NaN/None texts, 1 MB texts, only duplicates)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sqlite3
 import sys
 import tempfile
 import time
@@ -28,7 +30,14 @@ from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError, find_user_error
 from tests.support import background
-from tests.support.project import demo_texts, kedro_cli, make_kedro_project, run_pipeline, write_jsonl
+from tests.support.project import (
+    PROJECT_ROOT,
+    demo_texts,
+    kedro_cli,
+    make_kedro_project,
+    run_pipeline,
+    write_jsonl,
+)
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 pytestmark = pytest.mark.e2e
@@ -454,25 +463,133 @@ def test_corrupted_checkpoint_names_the_file(project):
 def _one_line_exit_2(project: Path, *args: str) -> str:
     before = _snapshot(project)
     done = kedro_cli(project, *args)
+    return _refused_in_one_line(done, before, _snapshot(project))
+
+
+def _refused_in_one_line(done, before: dict, after: dict) -> str:
+    """``done`` (a `kedro run`) exited 2 without a traceback, its last line one ``fastlm: error:`` with a fix,
+    said once, and the outputs under data/ are as they were (``before``, ``after``)."""
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("fastlm: error:") and "Fix:" in last, last
     said = last.removeprefix("fastlm: error:").strip().split(". Fix:")[0]
     assert (done.stdout + done.stderr).count(said) == 1, done.stdout[-3000:]  # said once, not by Kedro too
-    assert _snapshot(project) == before
+    assert after == before
     return last
 
 
-def test_cli_misspelled_parameter_key(project):
-    last = _one_line_exit_2(project, "--pipeline=split", "--params", "split.max_lenght=64")
+# The module's project built in a fresh process (split and train as base_project runs them), with a tiny
+# Llama for the project's tokenizer (as _save_tiny_llama saves it) one of whose tensors is then removed;
+# prints the Llama's folder as train.model.name_or_path takes it.
+BUILD = """
+import json, sys
+from pathlib import Path
+sys.path[:0] = [{repo!r}, {scripts!r}]  # tests.support; demo_data (pytest's pythonpath)
+
+
+def main():
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from tests.support.project import run_pipeline
+
+    project = Path.cwd()
+    run_pipeline(project, "split")
+    run_pipeline(project, "train")
+    tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+    )
+    folder = project / "models" / f"tiny-{{config.vocab_size}}-64"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    weights = load_file(folder / "model.safetensors")
+    del weights["model.layers.0.mlp.up_proj.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={{"format": "pt"}})
+    print(json.dumps({{"llama": f"./{{folder.relative_to(project)}}"}}))
+
+
+if __name__ == "__main__":
+    main()
+"""
+REMOVED_TENSOR = "model.layers.0.mlp.up_proj.weight"
+
+
+def _digests(project: Path) -> dict[str, str]:
+    """_snapshot with the built-in open (a background job's: tests patch Path.open)."""
+    digests = {}
+    for folder, _, names in os.walk(project / "data"):
+        for name in names:
+            path = Path(folder) / name
+            if "01_raw" not in path.parts:
+                with open(path, "rb") as file:
+                    digests[str(path.relative_to(project))] = hashlib.sha256(file.read()).hexdigest()
+    return dict(sorted(digests.items()))
+
+
+def cli_refusals_in_a_built_project(folder: Path) -> dict:
+    """The module's project (its conf/local parameters, an MLflow store of its own) built in a fresh process,
+    then in a copy each: `kedro run` with a misspelled parameter key, on a corrupted checkpoint, and on a
+    pretrained folder with a removed tensor; each run's copy, the digests of data/ before and after, the
+    run, and when it started (a job of tests/support/background.py)."""
+    project = make_kedro_project(folder / "built", list(demo_texts()))
+    with open(project / "conf/local/parameters_matrix.yml", "w") as file:
+        file.write(yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"}))
+    env = background.environ(
+        DO_NOT_TRACK="true", COLUMNS="200", MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'mlflow.db'}"
+    )
+    script = BUILD.format(repo=str(PROJECT_ROOT), scripts=str(PROJECT_ROOT / "scripts"))
+    build = background.run([sys.executable, "-c", script], cwd=project, env=env)
+    runs = {"build": build, "mlflow": folder / "mlflow.db"}
+    if build.returncode != 0:
+        return runs
+    llama = json.loads(build.stdout.strip().splitlines()[-1])["llama"]
+    runs["llama"] = llama
+    for name, args in {
+        "misspelled": ("--pipeline=split", "--params", "split.max_lenght=64"),
+        "corrupted": ("--pipeline=train", "--params", "train.resume=auto"),
+        "removed_tensor": ("--pipeline=train", "--params", f"train.model.name_or_path={llama}"),
+    }.items():
+        copy = folder / name
+        shutil.copytree(project, copy, symlinks=True)
+        if name == "corrupted":  # as _corrupt_checkpoint
+            model_file = copy / CHECKPOINT / "model.safetensors"
+            size = os.path.getsize(model_file)
+            with open(model_file, "wb") as file:
+                file.write(b"\x5a" * size)
+        before, started_ms = _digests(copy), int(time.time() * 1000)
+        done = background.run([sys.executable, "-m", "kedro", "run", *args], cwd=copy, env=env)
+        runs[name] = (copy, before, done, _digests(copy), started_ms)
+    return runs
+
+
+def _cli_refusal(name: str) -> tuple[Path, str, dict]:
+    """The project copy of the job's ``name`` run, the line it was refused with (_refused_in_one_line), and
+    every run of the job."""
+    runs = background.result(cli_refusals_in_a_built_project)
+    assert runs["build"].returncode == 0, runs["build"].stderr[-3000:]
+    copy, before, done, after, _ = runs[name]
+    assert before, "the built project should have outputs to protect"
+    return copy, _refused_in_one_line(done, before, after), runs
+
+
+@pytest.mark.background(job=cli_refusals_in_a_built_project)
+def test_cli_misspelled_parameter_key():
+    _, last, _ = _cli_refusal("misspelled")
     assert "unknown parameter split.max_lenght (did you mean split.max_length?)" in last
 
 
-def test_cli_corrupted_checkpoint(project):
-    model_file = _corrupt_checkpoint(project)
-    last = _one_line_exit_2(project, "--pipeline=train", "--params", "train.resume=auto")
-    assert f"checkpoint file {model_file.relative_to(project)} is unreadable" in last
+@pytest.mark.background(job=cli_refusals_in_a_built_project)
+def test_cli_corrupted_checkpoint():
+    copy, last, _ = _cli_refusal("corrupted")
+    model_file = copy / CHECKPOINT / "model.safetensors"
+    assert f"checkpoint file {model_file.relative_to(copy)} is unreadable" in last
 
 
 # ------------------------------------------------------------------------------- storage and --params keys
@@ -624,24 +741,16 @@ def test_broken_pretrained_folder_names_the_file(project, how):
     )
 
 
-def test_cli_pretrained_folder_with_a_removed_tensor(project, mlflow_uri):
+@pytest.mark.background(job=cli_refusals_in_a_built_project)
+def test_cli_pretrained_folder_with_a_removed_tensor():
     """A cut or edited safetensors (one tensor gone) is refused before training, and no run is FINISHED."""
-    import mlflow
-    from safetensors.torch import load_file, save_file
-
-    path = _save_tiny_llama(project)
-    weights = load_file(project / path / "model.safetensors")
-    del weights["model.layers.0.mlp.up_proj.weight"]
-    save_file(weights, project / path / "model.safetensors", metadata={"format": "pt"})
-    started_ms = int(time.time() * 1000)
-    last = _one_line_exit_2(project, "--pipeline=train", "--params", f"train.model.name_or_path={path}")
-    assert "model.layers.0.mlp.up_proj.weight" in last and path in last, last
-    client = mlflow.MlflowClient(mlflow_uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments, filter_string=f"attributes.start_time >= {started_ms}")
-    assert all(run.info.status != "FINISHED" for run in runs), [
-        (run.info.run_name, run.info.status) for run in runs
-    ]
+    _, last, runs = _cli_refusal("removed_tensor")
+    path, started_ms = runs["llama"], runs["removed_tensor"][-1]
+    assert REMOVED_TENSOR in last and path in last, last
+    with contextlib.closing(sqlite3.connect(runs["mlflow"])) as store:
+        started = store.execute("select name, status from runs where start_time >= ?", (started_ms,))
+        runs_since = started.fetchall()
+    assert all(status != "FINISHED" for _, status in runs_since), runs_since
 
 
 # ------------------------------------------------------------------------------------- round two (issue 15)
