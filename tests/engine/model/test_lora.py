@@ -6,6 +6,8 @@ import json
 import logging
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.loop import train
 from fastlm.engine.train.optim import make_adamw
 from fastlm.errors import ConfigError, find_user_error
+from tests.support import background
 from tests.support.packages import hide_package
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
 from tests.support.tolerances import (
@@ -36,6 +39,7 @@ from tests.support.tolerances import (
 pytestmark = pytest.mark.kernels  # compares two computations: run under other CPU kernel sets too
 
 MAX_LENGTH = 48
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -742,21 +746,59 @@ def test_merging_an_adapter_saved_before_the_quantization_record_says_what_a_qlo
     assert "full-precision" in said[0] and "train it again" in said[0] and "in 4-bit" in said[0], said
 
 
-def test_the_merge_command_says_only_its_own_lines(tmp_path, base_dir, tokenizer):
+# The module's base and an adapter on it (as ``_adapter`` makes them: the base_dir and tokenizer fixtures,
+# model_params) saved in the current folder by a fresh process.
+ADAPTER = """
+import shutil, sys
+from pathlib import Path
+sys.path[:0] = [{repo!r}, {scripts!r}]  # tests.support; demo_data (pytest's pythonpath)
+
+
+def main():
+    import torch
+    from demo_data.texts import make_texts
+    from transformers import AutoTokenizer
+
+    from fastlm.datasets import PretrainedModelDataset
+    from fastlm.engine.config import parse_train_params
+    from fastlm.engine.model.build import build_model
+    from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
+
+    here = Path.cwd()
+    base = save_tiny_llama(here / "base", llama_style_tokenizer(make_texts(240, seed=5, profile="demo")))
+    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    lora = {{"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0}}
+    params = parse_train_params({{"model": {{"name_or_path": str(base), "lora": lora}}}}).model
+    model = build_model(params, tokenizer, max_length={max_length}, attn_implementation="sdpa")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.fill_(0.01)
+    PretrainedModelDataset(str(here / "adapter")).save({{"model": model, "tokenizer": tokenizer}})
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def merge_in_a_process_of_its_own(folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """A base and an adapter saved by a fresh process, then ``python -m fastlm merge-adapter`` on them in
+    another (a job of tests/support/background.py)."""
+    script = ADAPTER.format(repo=str(REPO), scripts=str(REPO / "scripts"), max_length=MAX_LENGTH)
+    saved = background.run([sys.executable, "-c", script], cwd=folder)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    adapter = folder / "adapter"
+    merge = [sys.executable, "-m", "fastlm", "merge-adapter", "--adapter", str(adapter), "--out", "merged"]
+    return adapter, background.run(merge, cwd=folder)
+
+
+@pytest.mark.background(job=merge_in_a_process_of_its_own)
+def test_the_merge_command_says_only_its_own_lines():
     """``python -m fastlm merge-adapter`` in a process of its own: what it writes is its own result, not the
     lines libraries log while peft imports them (torchao's kernels it cannot load on this machine, torch's
     deprecation of a registration), which ``kedro run`` keeps out through conf/logging.yml."""
-    import subprocess
-    import sys
-
-    _, adapter = _adapter(tmp_path, base_dir, tokenizer)
-    done = subprocess.run(
-        [sys.executable, "-m", "fastlm", "merge-adapter", "--adapter", str(adapter), "--out", "merged"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    adapter, done = background.result(merge_in_a_process_of_its_own)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"Merged {adapter} into a full model at merged", done.stdout
     assert not [line for line in done.stderr.splitlines() if "torchao" in line or "_pytree" in line], (
