@@ -10,7 +10,8 @@ What is counted:
   (and, with ``--run``, passes); a row whose test does not exist yet is counted as pending, not survived.
 - **inputs tried**: test cases collected in ``tests/test_bad_input_matrix.py`` (parametrized cases count one
   each); *bad* ones are those that assert a one-line failure (``_fails_cleanly`` / ``_one_line_exit_2``, both
-  of which compare a SHA-256 snapshot of every output before and after), the rest must work.
+  of which compare a SHA-256 snapshot of every output before and after; ``_cli_refusal``, the background
+  job's refusals, compares the same digests), the rest must work.
 - **data lost**: bad-input cases that do not compare that snapshot, plus (with ``--run``) those that fail.
 
 ``tests/test_reliability_doc.py`` checks that the block in the document equals what this script computes and
@@ -30,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
 MATRIX = "tests/test_bad_input_matrix.py"
-SNAPSHOT_CHECKS = {"_fails_cleanly", "_one_line_exit_2"}
+SNAPSHOT_CHECKS = {"_fails_cleanly", "_one_line_exit_2", "_cli_refusal"}
 BEGIN, END = "<!-- counts:begin -->", "<!-- counts:end -->"
 TEST_REF = re.compile(r"`(tests/[\w/]+\.py)::([\w\[\]\-.]+)`")
 
