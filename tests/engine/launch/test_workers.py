@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-import fastlm
 from fastlm.engine.launch.workers import WorkerFailedError
-from tests.support import background
 from tests.support.parallel_jobs import job_params, launch, tokenized_splits
-
-ENGINE = Path(fastlm.__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -110,103 +103,73 @@ def test_a_launch_removes_what_a_killed_launch_left_and_keeps_a_live_ones(
     assert not any(path.exists() for path in left) and running.exists()
 
 
-REPO = Path(__file__).resolve().parents[3]
+def _launch_recording(tmp_path, tokenizer, tokenized, method: str, name: str):
+    """A one-step, two-worker launch started by ``method``: rank 0's final train loss and what its worker
+    process recorded (``WorkerProcess``)."""
+    import functools
+    import json
 
-# Two-worker launches in a fresh process (the launcher: that process), each started by one method; rank 0's
-# final train loss and what its worker process recorded (``WorkerProcess``) printed as one JSON line.
-LAUNCHES = """
-import functools, json, os, pathlib, sys
-sys.path[:0] = [{repo!r}, {scripts!r}]  # tests.support; demo_data (pytest's pythonpath)
+    from tests.support.parallel_jobs import WorkerProcess
 
-
-def main():
-    from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
-    from tests.support.parallel_jobs import WorkerProcess, job_params, launch, tokenized_splits
-    from tests.support.project import demo_texts
-
-    texts = list(demo_texts())  # the sample_texts and bpe_tokenizer of tests/conftest.py
-    tokenizer = train_bpe_tokenizer(texts, vocab_size=400, min_frequency=2, model_max_length=64)
-    tokenized = tokenized_splits(tokenizer, texts)
-    root = pathlib.Path({folder!r})
-
-    def recording(method, name):
-        record = root / f"{{name}}.json"
-        params = job_params(
-            root / name,
-            accum=1,
-            nproc=2,
-            max_steps=2,
-            eval_every=None,
-            save_every=None,
-            distributed={{"nproc_per_node": 2, "monitor_interval_s": 0.2, "start_method": method}},
-        )
-        result = launch(
-            params,
-            tokenizer,
-            tokenized,
-            root / name,
-            callback_factory=functools.partial(WorkerProcess, str(record), "FASTLM_TEST_LAUNCH_MARK"),
-        )
-        return result.history[-1]["loss"], json.loads(record.read_text())
-
-    seen = {{"launcher": os.getpid()}}
-    for method, name in (("forkserver", "fork1"), ("forkserver", "fork2"), ("spawn", "spawn")):
-        seen[name] = recording(method, name)
-    os.environ["FASTLM_TEST_LAUNCH_MARK"] = "set after the server started"
-    for name in ("after", "again"):
-        seen[name] = recording("forkserver", name)
-    print(json.dumps(seen))
+    record = tmp_path / f"{name}.json"
+    params = job_params(
+        tmp_path / name,
+        accum=1,
+        nproc=2,
+        max_steps=2,
+        eval_every=None,
+        save_every=None,
+        distributed={"nproc_per_node": 2, "monitor_interval_s": 0.2, "start_method": method},
+    )
+    result = launch(
+        params,
+        tokenizer,
+        tokenized,
+        tmp_path / name,
+        callback_factory=functools.partial(WorkerProcess, str(record), "FASTLM_TEST_LAUNCH_MARK"),
+    )
+    return result.history[-1]["loss"], json.loads(record.read_text())
 
 
-if __name__ == "__main__":
-    main()
-"""
+@pytest.fixture(scope="module")
+def forked_twice(tmp_path_factory, bpe_tokenizer, tokenized):
+    """Two forkserver launches one after the other (``_launch_recording``), launched once for the module:
+    each one's loss and record, which the tests only read."""
+    folder = tmp_path_factory.mktemp("forked")
+    return [
+        _launch_recording(folder, bpe_tokenizer, tokenized, "forkserver", name) for name in ("fork1", "fork2")
+    ]
 
 
-def launches_by_start_method(folder: Path):
-    """Two forkserver launches one after the other, a spawn launch, then (a variable set in the launcher's
-    environment since its forkserver started) two more forkserver launches, in one fresh process (a job of
-    tests/support/background.py)."""
-    script = folder / "launches.py"
-    with open(script, "w") as file:
-        file.write(LAUNCHES.format(repo=str(REPO), scripts=str(REPO / "scripts"), folder=str(folder)))
-    return background.run([sys.executable, str(script)], cwd=folder)
-
-
-def _launches() -> dict:
-    done = background.result(launches_by_start_method)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.background(job=launches_by_start_method)
-def test_forkserver_workers_come_from_one_server_and_train_as_spawned_workers():
+def test_forkserver_workers_come_from_one_server_and_train_as_spawned_workers(
+    tmp_path, bpe_tokenizer, tokenized, forked_twice
+):
     """``distributed.start_method: forkserver``: each worker is forked from one server process that
     imported the engine once (the worker's parent is that server, the same for two launches), not started
     as a fresh interpreter by the launcher (``spawn``: the worker's parent is the launcher). The training is
     the same computation either way: the same losses, exactly."""
-    seen = _launches()
-    launcher = seen["launcher"]
-    spawned_loss, spawned = seen["spawn"]
-    (first_loss, first), (second_loss, second) = seen["fork1"], seen["fork2"]
-    assert spawned["parent"] == launcher
-    assert first["parent"] != launcher and second["parent"] == first["parent"]
+    spawned_loss, spawned = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "spawn", "spawn")
+    (first_loss, first), (second_loss, second) = forked_twice
+    assert spawned["parent"] == os.getpid()
+    assert first["parent"] != os.getpid() and second["parent"] == first["parent"]
     assert spawned_loss == first_loss == second_loss
 
 
-@pytest.mark.background(job=launches_by_start_method)
-def test_a_changed_environment_starts_workers_that_see_it():
+def test_a_changed_environment_starts_workers_that_see_it(
+    tmp_path, bpe_tokenizer, tokenized, monkeypatch, forked_twice
+):
     """A forkserver's workers inherit the server's environment, which is the launcher's when the server
     started: a variable set since then would not reach them. The launcher then starts the server again, with
     the environment as it is now: the workers see it, and later launches fork from that server (they were
     all spawned, each importing the engine again, in a test session once an earlier test had changed the
-    environment). The launch before the change: the last forkserver launch before it."""
-    seen = _launches()
-    launcher = seen["launcher"]
-    (_, before), (_, after), (_, again) = seen["fork2"], seen["after"], seen["again"]
+    environment). The launch before the change: the module's last forkserver launch."""
+    _, before = forked_twice[-1]
     assert before["variable"] is None  # forked before the variable was set
+    monkeypatch.setenv("FASTLM_TEST_LAUNCH_MARK", "set after the server started")
+    _, after = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "after")
+    _, again = _launch_recording(tmp_path, bpe_tokenizer, tokenized, "forkserver", "again")
     assert after["variable"] == again["variable"] == "set after the server started"
-    assert before["parent"] != launcher and after["parent"] not in (launcher, before["parent"])
+    assert before["parent"] != os.getpid() and after["parent"] not in (os.getpid(), before["parent"])
     assert again["parent"] == after["parent"]
 
 
@@ -259,52 +222,56 @@ def test_a_killed_worker_is_named_before_the_peer_that_lost_its_connection(tmp_p
     assert "training worker rank 1 of 2 was killed (Signal 9 (SIGKILL)" in message, message
 
 
-FROM_ITS_OWN_PATH = """
-import functools, json, os, pathlib, sys
-sys.path[:0] = [{copy!r}, {repo!r}]
-
-def main():
-    from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
-    from tests.support.parallel_jobs import WorkerProcess, job_params, launch, tokenized_splits
-
-    texts = [f"the cat {{i}} sat on the mat number {{i % 7}} today" for i in range(400)]
-    tokenizer = train_bpe_tokenizer(texts, vocab_size=200, min_frequency=2, model_max_length=64)
-    root = pathlib.Path({folder!r})
-    params = job_params(root, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None)
-    record = root / "worker.json"
-    launch(params, tokenizer, tokenized_splits(tokenizer, texts), root,
-           callback_factory=functools.partial(WorkerProcess, str(record), "HOME"))
-    print(json.dumps({{"launcher": sys.modules["fastlm"].__file__, "pid": os.getpid(),
-                      "method": params.distributed.start_method, **json.loads(record.read_text())}}))
-
-if __name__ == "__main__":
-    main()
-"""
-
-
-def launch_from_a_copy_of_the_engine(folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
-    """A copy of the engine's sources in ``folder``/checkout/src, and a fresh process that puts it first on
-    ``sys.path`` and launches two forked workers (a job of tests/support/background.py)."""
-    copy = folder / "checkout" / "src"
-    shutil.copytree(ENGINE, copy / "fastlm", ignore=shutil.ignore_patterns("__pycache__"))
-    script = folder / "launch.py"
-    with open(script, "w") as file:
-        file.write(FROM_ITS_OWN_PATH.format(copy=str(copy), repo=str(REPO), folder=str(folder)))
-    return copy, background.run([sys.executable, str(script)], cwd=folder)
-
-
-@pytest.mark.background(job=launch_from_a_copy_of_the_engine)
-def test_forked_workers_run_the_engine_the_launcher_imported_from_its_own_path():
+def test_forked_workers_run_the_engine_the_launcher_imported_from_its_own_path(tmp_path):
     """A launcher whose engine comes from a folder put on ``sys.path`` at run time (a benchmark run from
     another checkout, a project's ``src``), not from where the interpreter finds it by itself: its
     forkserver imports that same engine before forking the workers, and they train with it. In a fresh
     process, from a copy of the engine's sources."""
-    copy, done = background.result(launch_from_a_copy_of_the_engine)
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    import fastlm
+
+    copy = tmp_path / "checkout" / "src"
+    shutil.copytree(
+        Path(fastlm.__file__).parent, copy / "fastlm", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    repo = Path(__file__).resolve().parents[3]
+    script = textwrap.dedent(
+        f"""
+        import functools, json, pathlib, sys
+        sys.path[:0] = [{str(copy)!r}, {str(repo)!r}]
+
+        def main():
+            from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+            from tests.support.parallel_jobs import WorkerProcess, job_params, launch, tokenized_splits
+
+            texts = [f"the cat {{i}} sat on the mat number {{i % 7}} today" for i in range(400)]
+            tokenizer = train_bpe_tokenizer(texts, vocab_size=200, min_frequency=2, model_max_length=64)
+            root = pathlib.Path({str(tmp_path)!r})
+            params = job_params(root, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None)
+            record = root / "worker.json"
+            launch(params, tokenizer, tokenized_splits(tokenizer, texts), root,
+                   callback_factory=functools.partial(WorkerProcess, str(record), "HOME"))
+            print(json.dumps({{"launcher": sys.modules["fastlm"].__file__,
+                              "method": params.distributed.start_method,
+                              **json.loads(record.read_text())}}))
+
+        if __name__ == "__main__":
+            main()
+        """
+    )
+    (tmp_path / "launch.py").write_text(script)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "launch.py")], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["launcher"].startswith(str(copy)), seen
     assert seen["fastlm"] == seen["launcher"], seen  # the worker's engine is the launcher's
-    assert seen["parent"] not in (os.getpid(), seen["pid"])  # forked from the server (auto on a CPU)
+    assert seen["parent"] != os.getpid()  # forked from the server (auto on a CPU)
 
 
 def test_a_worker_that_lost_its_peer_waits_for_the_launcher_to_see_the_peers_death(tmp_path, monkeypatch):
