@@ -71,7 +71,8 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU 
 
 
 @cpu_only
-def test_defaults_on_cpu():
+def test_defaults_on_cpu(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     runtime = setup_runtime(RuntimeConfig())
 
     assert runtime.device == torch.device("cpu")
@@ -110,6 +111,18 @@ def test_describe_is_a_flat_dict_of_plain_values():
 def test_explicit_thread_count_is_applied():
     setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
     assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize(("omp", "expected"), [("1", 1), ("3", 3), ("2,1", 2), ("0", None), ("many", None)])
+def test_omp_num_threads_set_by_the_user_is_the_default_thread_count(monkeypatch, omp, expected):
+    """OMP_NUM_THREADS set to share a machine between runs (two trainings, a training beside a test suite):
+    the run took every usable core anyway (torch.set_num_threads over what torch read at import). A positive
+    count is kept (a nested list: its first level); a value that is no count is left for the usable cores.
+    train.runtime.num_threads still wins."""
+    monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    runtime = setup_runtime(RuntimeConfig(device="cpu"))
+    assert runtime.num_threads == (expected or usable_cpu_count()) == torch.get_num_threads()
+    assert setup_runtime(RuntimeConfig(device="cpu", num_threads=2)).num_threads == 2
 
 
 def test_user_setting_of_tokenizers_parallelism_is_kept(monkeypatch):

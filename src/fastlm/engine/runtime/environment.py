@@ -24,9 +24,10 @@ requested     CUDA                                        CPU                   
 ============  ==========================================  ====================  ===========
 
 Threads: ``torch.set_num_threads`` sizes the intra-op pool (OpenMP/MKL) of this process. Left unset, it is
-the number of usable cores: the CPU affinity mask, capped by a cgroup CPU quota when one is set (what a
-container really grants; ``os.cpu_count()`` over-counts there). ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` are
-only read when those libraries start, so the runtime call is the knob that works after ``import torch``.
+``OMP_NUM_THREADS`` where the user set it to a count (to share the machine between runs), else the number of
+usable cores: the CPU affinity mask, capped by a cgroup CPU quota when one is set (what a container really
+grants; ``os.cpu_count()`` over-counts there). ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` are only read when
+those libraries start, so the runtime call is the knob that works after ``import torch``.
 DataLoader workers set themselves to one thread each (PyTorch does this in every worker).
 """
 
@@ -169,6 +170,13 @@ def usable_cpu_count() -> int:
     return max(1, cores)
 
 
+def threads_set_in_environment() -> int | None:
+    """``OMP_NUM_THREADS`` as a positive count (of a nested list such as ``4,2``, the first level's), or None
+    where it is unset or no count."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy (if installed) and torch on every device."""
     random.seed(seed)
@@ -240,7 +248,7 @@ def setup_runtime(
     # every worker warn (or hang). An explicit user setting is respected.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    num_threads = config.num_threads or usable_cpu_count()
+    num_threads = config.num_threads or threads_set_in_environment() or usable_cpu_count()
     torch.set_num_threads(num_threads)
 
     if config.deterministic:
