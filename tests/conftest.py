@@ -12,6 +12,11 @@ import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "true")
 
+# One intra-op thread per process: the suite runs a background thread of subprocesses beside the tests
+# (tests/support/background.py) on a 2-core machine, where two processes of two threads each spin against
+# each other (tiny tensors gain nothing from a second thread). setup_runtime keeps OMP_NUM_THREADS as set.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Ctrl-C reaches the tests as it reaches a user at a terminal. A suite started as a background job of a
 # non-interactive shell (a CI runner's) inherits SIGINT ignored, and every process it starts would too: the
 # tests of the Ctrl-C path (a split stopped by Ctrl-C, a training's graceful stop) would then see no signal.

@@ -16,7 +16,8 @@ def test_stale_or_edited_tokenized_data_is_refused_before_any_node_under_every_r
     for run in done["runs"].values():
         assert run["returncode"] == 0, run["stderr"][-3000:]
     kinds = [kind for kind, _ in done["refusals"]]
-    assert kinds == ["stale", "stale", "edited", "edited", "edited"]
+    # each refusal under each runner, each pipeline under both (the check is the same for both kinds)
+    assert kinds == ["stale", "stale", "edited", "edited"]
     for kind, refusal in done["refusals"]:
         assert refusal["returncode"] == 2, (refusal["args"], refusal["stderr"][-3000:])
         last = refusal["stderr"].strip().splitlines()[-1]

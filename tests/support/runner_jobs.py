@@ -117,11 +117,7 @@ def _refusals(project: Path) -> list[tuple[str, dict]]:
         target.write(copied)
     refusals += [
         ("edited", refusal(f"--pipeline={pipeline}", f"--runner={runner}"))
-        for pipeline, runner in (
-            ("report", "ParallelRunner"),
-            ("report", "ThreadRunner"),
-            ("train", "ThreadRunner"),
-        )
+        for pipeline, runner in (("report", "ParallelRunner"), ("train", "ThreadRunner"))
     ]
     return refusals
 
