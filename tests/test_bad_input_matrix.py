@@ -38,6 +38,7 @@ from tests.support.project import (
     run_pipeline,
     write_jsonl,
 )
+from tests.support.tiny_llama import save_project_llama
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 pytestmark = pytest.mark.e2e
@@ -349,31 +350,10 @@ def test_model_path_that_does_not_exist(project):
     )
 
 
-def _save_tiny_llama(
-    project: Path, *, vocab_size: int | None = None, max_positions: int = 64, with_tokenizer: bool = True
-) -> str:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
-    config = LlamaConfig(
-        vocab_size=vocab_size or len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=max_positions,
-    )
-    folder = project / "models" / f"tiny-{config.vocab_size}-{max_positions}"
-    LlamaForCausalLM(config).save_pretrained(folder)
-    if with_tokenizer:  # the model's own: the data's
-        tokenizer.save_pretrained(folder)
-    return f"./{folder.relative_to(project)}"
-
-
 def test_pretrained_weights_without_a_tokenizer_on_data_of_the_splits_own_tokenizer(project):
     """Weights without tokenizer files, data tokenized by the tokenizer the split trained: nothing to compare,
     the sizes fit, and the pretrained embeddings would read ids that mean something else (exit 0)."""
-    path = _save_tiny_llama(project, with_tokenizer=False)
+    path = save_project_llama(project, with_tokenizer=False)
     _fails_cleanly(
         project,
         "train",
@@ -386,7 +366,7 @@ def test_pretrained_weights_without_a_tokenizer_on_data_of_the_splits_own_tokeni
 
 
 def test_max_length_above_the_models_positions(project):
-    path = _save_tiny_llama(project, max_positions=32)
+    path = save_project_llama(project, max_positions=32)
     _fails_cleanly(
         project,
         "train",
@@ -398,7 +378,7 @@ def test_max_length_above_the_models_positions(project):
 
 
 def test_tokenizer_and_model_vocabularies_disagree(project):
-    path = _save_tiny_llama(project, vocab_size=50)  # its own tokenizer is larger
+    path = save_project_llama(project, vocab_size=50)  # its own tokenizer is larger
     _fails_cleanly(
         project,
         "train",
@@ -480,7 +460,7 @@ def _refused_in_one_line(done, before: dict, after: dict) -> str:
 
 
 # The module's project built in a fresh process (split and train as base_project runs them), with a tiny
-# Llama for the project's tokenizer (as _save_tiny_llama saves it) one of whose tensors is then removed;
+# Llama for the project's tokenizer (save_project_llama) one of whose tensors is then removed;
 # prints the Llama's folder as train.model.name_or_path takes it.
 BUILD = """
 import json, sys
@@ -490,25 +470,14 @@ sys.path[:0] = [{repo!r}, {scripts!r}]  # tests.support; demo_data (pytest's pyt
 
 def main():
     from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from tests.support.project import run_pipeline
+    from tests.support.tiny_llama import save_project_llama
 
     project = Path.cwd()
     run_pipeline(project, "split")
     run_pipeline(project, "train")
-    tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-    )
-    folder = project / "models" / f"tiny-{{config.vocab_size}}-64"
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    folder = project / save_project_llama(project)
     weights = load_file(folder / "model.safetensors")
     del weights["model.layers.0.mlp.up_proj.weight"]
     save_file(weights, folder / "model.safetensors", metadata={{"format": "pt"}})
@@ -734,7 +703,7 @@ def _break_model_folder(folder: Path, how: str) -> str:
 
 @pytest.mark.parametrize("how", ["empty_folder", "cut_config", "cut_safetensors"])
 def test_broken_pretrained_folder_names_the_file(project, how):
-    path = _save_tiny_llama(project)
+    path = save_project_llama(project)
     name = _break_model_folder(project / path, how)
     _fails_cleanly(
         project, "train", {"train": {"model": {"name_or_path": path}}}, ConfigError, f"{path}/{name}"

@@ -62,6 +62,30 @@ def save_tiny_llama(
     return Path(folder)
 
 
+def save_project_llama(
+    project: Path, *, vocab_size: int | None = None, max_positions: int = 64, with_tokenizer: bool = True
+) -> str:
+    """A one-layer Llama for the tokenizer a project's split trained (data/06_models/tokenizer), saved under
+    ``project``/models with that tokenizer (``with_tokenizer``); its folder as
+    ``train.model.name_or_path`` takes it (``./models/tiny-<vocab>-<positions>``)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(project / "data/06_models/tokenizer", local_files_only=True)
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=max_positions,
+    )
+    folder = project / "models" / f"tiny-{config.vocab_size}-{max_positions}"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    if with_tokenizer:  # the model's own: the data's
+        tokenizer.save_pretrained(folder)
+    return f"./{folder.relative_to(project)}"
+
+
 # The bigram model's vocabulary and the token each one is followed by: greedy decoding walks the cycle
 # a, "\r", b, c, "\r\n", a, ...: a text with a bare carriage return and no line feed ("a\rb") as well as
 # one with a CRLF.
