@@ -231,3 +231,40 @@ def test_a_run_with_too_few_evaluations_to_stop_early_says_so(tmp_path, caplog):
     caplog.clear()
     run(tmp_path / "enough", max_steps=6, eval_every=1)
     assert not [r for r in caplog.records if "cannot stop this run" in r.getMessage()]
+
+
+def test_a_time_budget_stop_between_evaluations_uses_no_patience(tmp_path, monkeypatch):
+    """train.max_minutes spent between two scheduled evaluations: the stop step is evaluated (a final
+    validation loss) and may be the best model, but it is no step of patience. Counted, one worse loss there
+    ran patience 1 out: the checkpoint said early stopping ended the run, and ``resume: auto`` trained
+    nothing, where the same run without the stop went on to its last step."""
+    import itertools
+
+    import fastlm.engine.train.time_limit as budget
+
+    settings = {
+        "max_steps": 30,
+        "eval_every": 6,
+        "save_every": 6,
+        "optimizer": {"lr": 0.05, "warmup_steps": 0, "decay": "constant"},
+        "early_stopping": {"patience": 1},
+        "runtime": {"deterministic": True},
+    }
+    straight = run(tmp_path / "a", **settings)
+    ticks = itertools.count(0.0, 4.0)  # start 0 s, after step k: 4k s; the budget (56 s) spent at step 14
+    monkeypatch.setattr(budget, "monotonic", lambda: next(ticks))
+    stopped = run(tmp_path / "b", max_minutes=56 / 60, **settings)
+    assert stopped.summary["stopped_by"] == "time budget" and stopped.summary["steps"] == 14
+    assert [record["step"] for record in stopped.eval_history] == [6, 12, 14]
+    losses = {record["step"]: record["val_loss"] for record in stopped.eval_history}
+    assert stopped.summary["early_stopping"]["best_step"] == min(losses, key=losses.get)
+    assert stopped.summary["final_val_loss"] == min(losses.values())
+    monkeypatch.setattr(budget, "monotonic", lambda: 0.0)  # a new budget
+    resumed = run(tmp_path / "b", resume="auto", **settings)
+    assert resumed.summary["resumed_from_step"] == 14
+    assert resumed.summary["steps"] == straight.summary["steps"]
+    assert resumed.summary["stopped_by"] == straight.summary["stopped_by"]
+    scheduled = [record for record in resumed.eval_history if record["step"] != 14]
+    assert [(r["step"], r["val_loss"]) for r in scheduled] == [
+        (r["step"], r["val_loss"]) for r in straight.eval_history
+    ]  # deterministic mode: the same computation

@@ -7,6 +7,9 @@ writes) is the best step's, as the Trainer's ``load_best_model_at_end`` keeps it
 step boundary; the improvement is measured from ``reference``, the loss of the last evaluation that reset the
 count (Keras' rule), so small improvements add up. ``min_delta`` never decides which model is kept: an
 evaluation lower than the best by less than ``min_delta`` is the new best, and a step of patience used.
+An evaluation off the schedule (a ``train.max_minutes`` stop between two ``eval_every`` steps) may be the best
+but uses no patience and resets none: a run continued after it stops where the same run without the stop
+does.
 """
 
 from __future__ import annotations
@@ -30,14 +33,16 @@ class EarlyStopping:
         if self.reference is None:  # a checkpoint written before the reference was kept: its best
             self.reference = self.best
 
-    def update(self, step: int, value: float) -> bool:
-        """Record the evaluation at ``step``; True when it is the new best (the lowest loss so far)."""
+    def update(self, step: int, value: float, *, scheduled: bool = True) -> bool:
+        """Record the evaluation at ``step``; True when it is the new best (the lowest loss so far).
+        ``scheduled``: False for an evaluation off the ``eval_every`` steps, which counts as a candidate
+        for the best only."""
         if not math.isfinite(value):
-            self.bad_evals += 1
+            self.bad_evals += int(scheduled)
             return False
-        if self.reference is None or value < self.reference - self.min_delta:
+        if scheduled and (self.reference is None or value < self.reference - self.min_delta):
             self.reference, self.bad_evals = value, 0
-        else:
+        elif scheduled:
             self.bad_evals += 1
         if self.best is None or value < self.best:
             self.best, self.best_step = value, step

@@ -199,13 +199,13 @@ def _count_step(run: TrainingParts, result: StepResult, counts: StepCounts) -> N
 def _evaluate_if_due(run: TrainingParts, out_of_time: bool) -> tuple[bool, bool]:
     """Validation when due (``train.eval_every``, the last step, a time-budget stop), then early stopping's
     watch: (a new best: save this step and keep it, patience ran out before the last step)."""
-    due = _due(run.state.step, run.params.eval_every, run.total_steps) or out_of_time
-    if run.validate is None or not due:
+    scheduled = _due(run.state.step, run.params.eval_every, run.total_steps)
+    if run.validate is None or not (scheduled or out_of_time):
         return False, False
     run.recorder.evaluation(run.validate())
     if run.early is None:
         return False, False
-    return _watch(run.early, run.state, run.checkpointer, run.total_steps)
+    return _watch(run.early, run.state, run.checkpointer, run.total_steps, scheduled=scheduled)
 
 
 def _save(run: TrainingParts, *, force: bool) -> Path | None:
@@ -357,11 +357,12 @@ def _lever_summary(params: TrainParams, opt: Optimization) -> dict:
 
 
 def _watch(
-    early: EarlyStopping, state: TrainState, checkpointer: Checkpointer, total_steps: int
+    early: EarlyStopping, state: TrainState, checkpointer: Checkpointer, total_steps: int, *, scheduled: bool
 ) -> tuple[bool, bool]:
     """After an evaluation: (a new best: save this step and keep it, patience ran out before the last
-    step)."""
-    best_now = early.update(state.step, state.eval_history[-1]["val_loss"])
+    step). ``scheduled``: False for a time-budget stop's evaluation between two ``eval_every`` steps, which
+    may be the best but uses no patience (``EarlyStopping.update``)."""
+    best_now = early.update(state.step, state.eval_history[-1]["val_loss"], scheduled=scheduled)
     state.early_stopping = early.record()
     if best_now:
         checkpointer.protected = checkpoint_dir(checkpointer.root, state.step)
