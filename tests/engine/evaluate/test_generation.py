@@ -512,3 +512,71 @@ def test_an_encoder_decoder_models_encoder_no_repeat_ngram_size_is_off(runtime, 
         ).continuations
 
     assert ours(loaded) == ours(weights)
+
+
+# A scripted model (greedy next token of the last one) and prompts of other lengths than the one it shares a
+# batch with: "a" walks a -> b -> </s> (c second after b); "c y" walks y -> <pad> -> c -> </s>; "x x x x"
+# ends at once.
+SCRIPTED_VOCAB = ("<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "x", "y")
+SCRIPTED_NEXT = {"a": "b", "b": "</s>", "x": "</s>", "y": "<pad>", "<pad>": "c", "c": "</s>"}
+
+
+@pytest.fixture
+def padding_blind_penalty(monkeypatch):
+    """The repetition penalty of transformers 5.0 (``pyproject.toml``'s lower bound), which reads every id of
+    a row, its padding included (later 5.x skip a left padding)."""
+    from transformers.generation import utils
+
+    class PaddingBlind(utils.RepetitionPenaltyLogitsProcessor):
+        def __init__(self, penalty, prompt_ignore_length=None):
+            super().__init__(penalty)
+
+    monkeypatch.setattr(utils, "RepetitionPenaltyLogitsProcessor", PaddingBlind)
+
+
+@pytest.mark.parametrize(
+    ("pad", "options", "prompts"),
+    [
+        # a model without a pad token pads with its EOS: a one-gram ban of the padded rows' EOS kept them from
+        # ending where they end alone
+        ("</s>", {"no_repeat_ngram_size": 1}, [["a"], ["x", "x", "x", "x"]]),
+        ("</s>", {"no_repeat_ngram_size": 1, "num_beams": 2}, [["a"], ["x", "x", "x", "x"]]),
+        # a padded row whose model writes its pad token: the padding's bigram (<pad>, c) banned the c after it
+        ("<pad>", {"no_repeat_ngram_size": 2}, [["c", "y"], ["x", "x", "x", "x"]]),
+        # a repetition penalty (of the padding's EOS: see the next test) beside the n-gram ban
+        ("</s>", {"no_repeat_ngram_size": 2, "repetition_penalty": 1.5}, [["a"], ["x", "x", "x", "x"]]),
+    ],
+)
+def test_controls_reading_the_prompt_see_no_padding(runtime, pad, options, prompts, padding_blind_penalty):
+    """The repetition penalty and the n-gram ban read a row's ids: a left-padded row's padding is no part of
+    them, so it generates what plain ``generate`` gives the prompt alone, whatever shares its batch."""
+    model, tokenizer = scripted_llama(SCRIPTED_VOCAB, SCRIPTED_NEXT)
+    vocab = tokenizer.get_vocab()
+    with torch.no_grad():  # a second choice after "b": "c", which a penalised EOS would give way to
+        model.lm_head.weight[vocab["c"], vocab["b"]] = 4.0
+    ids = [[vocab[token] for token in prompt] for prompt in prompts]
+    options = decoding_kwargs(**options)
+    batched = generate_continuations(
+        model, ids, pad_id=vocab[pad], eos_id=vocab["</s>"], runtime=runtime, max_new_tokens=6, **options
+    ).continuations
+    alone = generated_alone(
+        model, ids, pad=vocab[pad], end=vocab["</s>"], max_new_tokens=6, eos_token_id=vocab["</s>"], **options
+    )
+    assert batched == alone and alone[0]
+
+
+def test_a_repetition_penalty_does_not_penalise_the_padding(runtime, padding_blind_penalty):
+    """A row padded with the EOS (a model without a pad token) under a repetition penalty: its EOS keeps its
+    score, as the prompt alone gives it, whatever transformers' penalty makes of padding."""
+    model, tokenizer = scripted_llama(SCRIPTED_VOCAB, SCRIPTED_NEXT)
+    vocab = tokenizer.get_vocab()
+    with torch.no_grad():
+        model.lm_head.weight[vocab["c"], vocab["b"]] = 4.0
+    ids = [[vocab["a"]], [vocab["x"]] * 4]
+    options = decoding_kwargs(repetition_penalty=1.5)
+    eos = vocab["</s>"]
+    batched = generate_continuations(
+        model, ids, pad_id=eos, eos_id=eos, runtime=runtime, max_new_tokens=6, **options
+    ).continuations
+    alone = generated_alone(model, ids, pad=eos, end=eos, max_new_tokens=6, eos_token_id=eos, **options)
+    assert batched == alone == [[vocab["b"]], []]

@@ -10,7 +10,8 @@ What makes it fast and still exact:
   pads to similar lengths; the results are put back in the original order;
 * LEFT padding with an attention mask: every prompt ends at the last column, so the first generated token
   of every row is at the same position and the KV cache grows in step (the model derives position ids
-  from the mask, so a padded prompt generates what it generates alone);
+  from the mask, so a padded prompt generates what it generates alone); the padding is filled so that the
+  repetition penalty and the n-gram ban, which read every id of a row, see none of it (``_padding_rule``);
 * the KV cache is on for generation (training switches ``config.use_cache`` off; it is switched on here and
   restored), the model is in eval mode under ``torch.inference_mode`` and the runtime's autocast, and gets
   its training mode back;
@@ -72,7 +73,9 @@ log = logging.getLogger(__name__)
 # tokens, so that kept predictions of the earlier rules are not reused (``reporting.predictions``' job key).
 # 2: the controls a setting leaves out are off, not the model's generation_config's (``explicit_decoding``).
 # 3: so are the ones no setting names (a length floor, a time limit, sampling's other cuts: ``_OFF``).
-DECODING_RULES = 3
+# 4: a left-padded row's padding is no part of what the repetition penalty and n-gram ban read
+# (``_padding_rule``).
+DECODING_RULES = 4
 
 
 @dataclass
@@ -255,16 +258,51 @@ def end_ids(model, eos_id: int | Sequence[int]) -> set[int]:
     return ids
 
 
-def _padded(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device, *, left: bool = True):
+def _padded(prompts: Sequence[Sequence[int]], pad_id: int | None, device: torch.device, *, left: bool = True):
+    """The prompts padded to one width, with their mask; ``pad_id`` None: each row's padding is its own first
+    id (``_padding_rule``)."""
     width = max(len(ids) for ids in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    input_ids = torch.full((len(prompts), width), pad_id if pad_id is not None else 0, dtype=torch.long)
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, ids in enumerate(prompts):
         if ids:
             columns = slice(width - len(ids), width) if left else slice(0, len(ids))
             input_ids[row, columns] = torch.as_tensor(list(ids), dtype=torch.long)
             attention_mask[row, columns] = 1
+            if pad_id is None:
+                input_ids[row, : width - len(ids)] = int(ids[0])
     return input_ids.to(device), attention_mask.to(device)
+
+
+def _padding_rule(generate_kwargs: dict, pad_id: int, end_id: int) -> tuple[int | None, bool]:
+    """What fills a left-padded row's padding, and whether a batch holds prompts of one length only (no
+    padding). The model never sees the padding (masked), but ``generate``'s repetition penalty and n-gram ban
+    read every id of a row: padded with the pad id (a model without one pads with its EOS), a row got its EOS
+    penalised (transformers 5.0's penalty) or banned (a one-gram ban: the row could not end), or the pad's
+    n-grams banned what follows a pad the model wrote, where the prompt alone generates freely.
+    So: under a penalty or a one-gram ban, the row's own first id (None: already in the row, so neither
+    penalised nor banned anew); under a longer n-gram ban, the end id (its n-grams hold an end id, which ends
+    a row before it could be read); both that ban and a penalty: no padding; neither: ``pad_id``."""
+    ngram = int(generate_kwargs.get("no_repeat_ngram_size") or 0)
+    penalised = float(generate_kwargs.get("repetition_penalty") or 1.0) != 1.0
+    if ngram >= 2:
+        return end_id, penalised
+    if ngram == 1 or penalised:
+        return None, False
+    return pad_id, False
+
+
+def _batches(order: np.ndarray, prompts: Sequence[Sequence[int]], batch_size: int, one_length: bool):
+    """``order`` cut into batches of ``batch_size``; ``one_length``: each cut again into its prompts of one
+    length."""
+    for begin in range(0, len(order), batch_size):
+        chunk = order[begin : begin + batch_size]
+        if not one_length:
+            yield chunk
+            continue
+        lengths = np.array([len(prompts[i]) for i in chunk])
+        for length in dict.fromkeys(lengths.tolist()):
+            yield chunk[lengths == length]
 
 
 def _until_eos(ids: list[int], eos_ids: set[int]) -> list[int]:
@@ -323,11 +361,14 @@ def generate_continuations(
     try:
         with torch.random.fork_rng(devices=devices), torch.inference_mode(), generation_attention(model):
             torch.manual_seed(seed)
-            for begin in range(0, len(order), batch_size):
-                chunk = order[begin : begin + batch_size]
-                input_ids, attention_mask = _padded(
-                    [prompts[i] for i in chunk], pad_id, device, left=not is_encoder_decoder(model)
-                )
+            left = not is_encoder_decoder(model)
+            # an encoder-decoder pads its encoder rows on the right: its decoder rows, which these controls
+            # read, hold no padding
+            fill, one_length = (
+                _padding_rule(generate_kwargs, pad_id, min(eos_ids)) if left else (pad_id, False)
+            )
+            for chunk in _batches(order, prompts, batch_size, one_length):
+                input_ids, attention_mask = _padded([prompts[i] for i in chunk], fill, device, left=left)
                 skip = continuation_start(model, input_ids)
                 # an encoder-decoder's forced BOS is generated but is no continuation token: not one asked for
                 forced = skip - 1 if is_encoder_decoder(model) else 0
