@@ -619,6 +619,48 @@ def test_a_txt_input_is_one_row_per_newline_without_a_bom(tmp_path, suffix):
     assert table["text"].tolist() == lines
 
 
+ROW_IDS = ["007", "0012", "1e3", "", "5"]  # as a CSV writes them: leading zeros, an exponent, none
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".csv.gz", ".jsonl", ".parquet"])
+def test_the_id_column_keeps_its_ids_as_the_file_writes_them(tmp_path, suffix):
+    """``predict.id_column`` values come back as written: a CSV's "007" is not the number 7.0, a JSON
+    integer beside a row without one is not a float, a missing id is empty (the predictions' ``id`` and the
+    summary's refused rows name the file's rows)."""
+    import csv
+    import io
+
+    from fastlm.datasets.predict_sources import PredictSources
+
+    path = tmp_path / f"inputs{suffix}"
+    if ".csv" in suffix or suffix == ".tsv":
+        sep = "\t" if suffix == ".tsv" else ","
+        text = f"key{sep}prompt\n" + "".join(f"{key}{sep}row {i}\n" for i, key in enumerate(ROW_IDS))
+        path.write_bytes(gzip.compress(text.encode()) if suffix.endswith(".gz") else text.encode())
+        written = [row["key"] for row in csv.DictReader(io.StringIO(text), delimiter=sep)]
+    else:
+        values = [7, None, 1000, 12, -3]
+        rows = [{"prompt": f"row {i}", **({"key": v} if v is not None else {})} for i, v in enumerate(values)]
+        if suffix == ".jsonl":
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        else:  # as Arrow writers other than pandas write it (no pandas metadata)
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.table({"prompt": [r["prompt"] for r in rows], "key": values}), path)
+        written = [str(v) if v is not None else "" for v in values]
+    table = PredictSources(tmp_path / "model", tmp_path / "runs", tmp_path / "parts").read_input(
+        str(path), id_column="key"
+    )
+    tokenizer = llama_style_tokenizer([f"row {i}" for i in range(len(ROW_IDS))], vocab_size=60)
+    rows = input_rows(
+        table, tokenizer, column=("predict.prompt_column", "prompt"), template=TEMPLATE, id_column="key",
+        limit=None, too_long="truncate", source=str(path),
+    )  # fmt: skip
+    shown = pd.read_csv(io.StringIO(rows[["id"]].to_csv(index=False)), dtype=str, keep_default_na=False)
+    assert shown["id"].tolist() == written
+
+
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [

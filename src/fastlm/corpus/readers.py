@@ -13,6 +13,7 @@ import lzma
 import re
 import zipfile
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -98,10 +99,13 @@ def check_table_path(path: str | Path, parameter: str = RAW_PATH) -> str:
     return kind
 
 
-def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
+def read_text_table(
+    path: str | Path, parameter: str = RAW_PATH, as_written: Sequence[str] = ()
+) -> pd.DataFrame:
     """Load the table at ``path`` with its own column types (nothing renamed, nothing dropped).
     ``parameter``: the parameter that named the file (the split's ``raw_path``, predict's ``predict.input``),
-    which an error's fix names.
+    which an error's fix names. ``as_written``: columns whose values are kept as the file writes them
+    (``_as_written``: predict's row ids), not as numbers pandas makes of them.
 
     Text files (CSV, TSV, JSONL), compressed or not, are read as UTF-8; a file that is not UTF-8 but detected
     as Korean CP949/EUC-KR is decoded as CP949 (a superset of EUC-KR); any other encoding is named in the
@@ -109,9 +113,48 @@ def read_text_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame
     A column name given twice (a CSV/TSV header, a Parquet schema, a key in one JSON object) is refused.
     """
     path = Path(path)
-    table = as_frame(read_table(path, parameter), path)
+    raw = read_table(path, parameter)
+    table = _as_written(raw, as_frame(raw, path), path, parameter, as_written)
     table.attrs["source_path"] = str(path)
     return table
+
+
+def _as_written(raw, table: pd.DataFrame, path: Path, parameter: str, names: Sequence[str]) -> pd.DataFrame:
+    """``table`` with its columns ``names`` as the file writes them, a missing value None: a CSV's or TSV's
+    cells as text ("007" is not the number 7, "1e3" not 1000.0), an Arrow column's (JSON Lines, Parquet)
+    values as Arrow holds them (an integer column with a missing value is not turned into floats, 7.0), a
+    JSON integer read by Python's ``json`` beside a missing value likewise."""
+    names = [name for name in dict.fromkeys(names) if name in table.columns]
+    if not names:
+        return table
+    kind = check_table_path(path, parameter)
+    if kind in ("csv", "tsv"):
+        written = pd.read_csv(
+            _text_source(path, parameter),
+            sep="\t" if kind == "tsv" else ",",
+            usecols=names,
+            dtype=str,
+            keep_default_na=False,
+            na_values=[""],
+        )
+        columns = {name: [None if pd.isna(v) else str(v) for v in written[name]] for name in names}
+    elif not isinstance(raw, pd.DataFrame):  # an Arrow table
+        columns = {name: raw.column(name).to_pylist() for name in names}
+    else:  # JSON read by Python's json: integers beside a missing value made floats by pandas
+        columns = {name: [_written_value(v) for v in table[name]] for name in names}
+    for name, values in columns.items():
+        table[name] = pd.Series(values, index=table.index, dtype=object)
+    return table
+
+
+def _written_value(value):
+    """A JSON value as written: None for a missing one, an integral float (pandas' of an integer beside a
+    missing value) as the integer."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def read_table(path: str | Path, parameter: str = RAW_PATH):

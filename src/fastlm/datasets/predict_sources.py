@@ -50,9 +50,10 @@ class PredictSources:
         self.fingerprint = Path(fingerprint) if fingerprint is not None else None
         self.train_summaries = train_summaries  # read to say a QLoRA adapter's missing quantization record
 
-    def read_input(self, path: str) -> pd.DataFrame:
+    def read_input(self, path: str, id_column: str | None = None) -> pd.DataFrame:
         """The table at ``path``; a .txt file (compressed or not) is one input per line, in a ``text``
-        column. An error's fix names ``predict.input``."""
+        column. An error's fix names ``predict.input``. ``id_column``: read as the file writes it (an id "007"
+        is not the number 7.0)."""
         file = Path(path)
         if data_files(file) is not None:  # a folder (not save_to_disk's) or a glob: shards are the split's
             raise InputDataError(
@@ -71,7 +72,7 @@ class PredictSources:
             table = pd.DataFrame({"text": pd.Series(read_text_lines(file, PARAMETER), dtype=object)})
             table.attrs["source_path"] = str(file)
             return table
-        return read_text_table(file, PARAMETER)
+        return read_text_table(file, PARAMETER, as_written=[id_column] if id_column else [])
 
     def training_format(self, trained: dict) -> dict | None:
         """How ``trained`` (``load_model``'s) had its training data formatted: the ``data_format`` of its

@@ -27,7 +27,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
 
     params = parse_group("predict", predict_params)
     path = params.require_input()
-    table = sources.read_input(path)
+    table = sources.read_input(path, id_column=params.id_column)
     trained = sources.load_model(params.model)
     training = sources.training_format(trained)
     chat_training = training if training is not None and training.get("kind") == "messages" else None
