@@ -395,3 +395,18 @@ def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data
         kept["sweep_identity"]["data"] = "f"
         summary.write_text(json.dumps(kept))
     assert trained("other texts") == 0
+
+
+def test_runs_past_the_ninety_ninth_keep_the_plans_order():
+    """Run names number the plan with two digits (``sweep-01``): from the hundredth run on, sorting them as
+    text put ``cv-100`` between ``cv-10`` and ``cv-11`` in the fold table and the folds of a setting out of
+    their order. The plan's order is the number's."""
+    names = [f"cv-{index:02d}" for index in range(1, 106)]
+    summaries = {name: {"final_val_loss": float(index % 7)} for index, name in enumerate(names)}
+    overrides = {
+        name: {"train.seed": index // 35, "train.fold": index % 35} for index, name in enumerate(names)
+    }
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    folds = fold_table(table, {name: None for name in names}, "final_val_loss")
+    listed = list(folds.loc[folds["row"] == "fold", "run"])
+    assert listed == names, listed[8:12] + listed[98:102]

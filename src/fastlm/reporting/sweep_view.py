@@ -198,7 +198,7 @@ def best_run(table: pd.DataFrame, metric: str) -> str | None:
         if spread is None or spread.empty or _best_setting(spread, metric) is None:
             return None
         runs = table[_matches(table, cv_setting(table, metric))]
-        return str(runs.sort_values("run", kind="stable")["run"].iloc[0]) if len(runs) else None
+        return str(_in_plan_order(runs)["run"].iloc[0]) if len(runs) else None
     finite = table[pd.to_numeric(table[metric], errors="coerce").map(lambda value: math.isfinite(value))]
     return str(finite["run"].iloc[0]) if len(finite) else None
 
@@ -213,7 +213,7 @@ def fold_table(table: pd.DataFrame, run_ids: dict[str, str | None], metric: str)
     folds = FOLD in table.columns
     swept = _settings(table) if folds else [column for column in table.columns if column.startswith("train.")]
     rows = []
-    for values, group in _setting_groups(table) if folds else [({}, table.sort_values("run", kind="stable"))]:
+    for values, group in _setting_groups(table) if folds else [({}, _in_plan_order(table))]:
         for (_, run), failed in zip(group.iterrows(), _failed(group), strict=True):
             rows.append(
                 {
@@ -253,10 +253,18 @@ def _settings(table: pd.DataFrame) -> list[str]:
     return [column for column in table.columns if column.startswith("train.") and column != FOLD]
 
 
+def _in_plan_order(table: pd.DataFrame) -> pd.DataFrame:
+    """``table``'s runs in the plan's order: by the number ending each run's name (``sweep-07``: two digits
+    up to the 99th run, three from the 100th, so not by the name as text), then by the name."""
+    number = pd.to_numeric(table["run"].astype(str).str.extract(r"(\d+)$", expand=False), errors="coerce")
+    ordered = table.assign(_plan=number).sort_values(["_plan", "run"], kind="stable", na_position="last")
+    return ordered.drop(columns="_plan")
+
+
 def _setting_groups(table: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
     """(the setting of the other swept parameters, its runs in the plan's order) per setting."""
     settings = _settings(table)
-    ordered = table.sort_values("run", kind="stable")  # the plan's order
+    ordered = _in_plan_order(table)  # the plan's order
     if not settings:
         return [({}, ordered)]
     return [
