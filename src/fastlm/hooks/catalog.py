@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
@@ -31,6 +32,35 @@ def local_state(path: Path | None) -> tuple | None:
     except OSError:
         return None
     return (stat.st_ino, stat.st_mtime_ns, stat.st_size) if stat is not None else None
+
+
+class ParallelRunOutputs:
+    """Under Kedro's ParallelRunner the dataset hooks run in its workers (spawned: fresh hooks without the
+    catalog), so a hook acting on saved outputs acts in the process that runs the pipeline, when the run
+    ends: on every output, or (a node failed) on those saved since the start. Made by ``at_start`` in
+    ``before_pipeline_run``; a forked worker's copy hands out none."""
+
+    def __init__(self, catalog, outputs) -> None:
+        self._catalog, self._pid = catalog, os.getpid()
+        self._states = {name: local_state(local_path(catalog, name)) for name in sorted(outputs)}
+
+    @classmethod
+    def at_start(cls, run_params: dict, pipeline, catalog) -> ParallelRunOutputs | None:
+        """Each output's state now where the run is under the ParallelRunner, else None."""
+        if "ParallelRunner" not in str(run_params.get("runner")):
+            return None
+        return cls(catalog, pipeline.all_outputs())
+
+    def at_end(self, *, changed_only: bool) -> list[str]:
+        """The outputs to act on: all, or ``changed_only`` those saved since the start; none in another
+        process than the one that made this."""
+        if self._pid != os.getpid():
+            return []
+        return [
+            name
+            for name, state in self._states.items()
+            if not changed_only or local_state(local_path(self._catalog, name)) != state
+        ]
 
 
 def put(catalog, name: str, value) -> None:

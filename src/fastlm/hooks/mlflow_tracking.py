@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from kedro.framework.hooks import hook_impl
 from kedro_mlflow.framework.hooks.mlflow_hook import MAX_PARAM_VAL_LENGTH, MlflowHook
 
-from fastlm.hooks.catalog import local_path, local_state
+from fastlm.hooks.catalog import ParallelRunOutputs
 from fastlm.hooks.run_outputs import RUN_NAME
 from fastlm.redaction import redact
 from fastlm.tracking import (
@@ -49,7 +49,7 @@ class MlflowArtifactsHook:
         self._catalog = None
         self._mlflow = MlflowMetrics()
         self._pid: int | None = None  # the PID of before_pipeline_run (a forked worker copy: another)
-        self._parallel: dict | None = None  # under ParallelRunner: each output's state at the start
+        self._parallel: ParallelRunOutputs | None = None  # under ParallelRunner
 
     @hook_impl
     def after_catalog_created(self, catalog) -> None:
@@ -60,10 +60,7 @@ class MlflowArtifactsHook:
         """Under Kedro's ParallelRunner the dataset hooks run in its workers (spawned: fresh hooks without
         the catalog): the process that runs the pipeline logs the artefacts when the run ends (those saved
         since the start when a node fails), the workers none."""
-        self._pid, self._parallel = os.getpid(), None
-        if "ParallelRunner" in str(run_params.get("runner")):
-            outputs = sorted(pipeline.all_outputs())
-            self._parallel = {name: local_state(local_path(catalog, name)) for name in outputs}
+        self._pid, self._parallel = os.getpid(), ParallelRunOutputs.at_start(run_params, pipeline, catalog)
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -75,11 +72,10 @@ class MlflowArtifactsHook:
 
     def _log_parallel(self, *, changed_only: bool) -> None:
         started, self._parallel = self._parallel, None
-        if started is None or self._pid != os.getpid() or self._catalog is None:
+        if started is None or self._catalog is None:
             return
-        for name, state in started.items():
-            if not changed_only or local_state(local_path(self._catalog, name)) != state:
-                self._log(name)
+        for name in started.at_end(changed_only=changed_only):
+            self._log(name)
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str) -> None:

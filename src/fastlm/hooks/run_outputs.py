@@ -17,7 +17,7 @@ from kedro.framework.hooks import hook_impl
 from fastlm.engine.checkpoint.lock import held_lock
 from fastlm.engine.checkpoint.storage import check_writable
 from fastlm.errors import FastlmError
-from fastlm.hooks.catalog import local_path, local_state, put
+from fastlm.hooks.catalog import ParallelRunOutputs, local_path, put
 
 log = logging.getLogger(__name__)
 
@@ -183,16 +183,13 @@ class RunOutputsHook:
         self._catalog = None
         self._trained: str | None = None
         self._pid: int | None = None  # the PID of before_pipeline_run (a forked worker copy: another)
-        self._parallel: dict | None = None  # under ParallelRunner: each kept output's state at the start
+        self._parallel: ParallelRunOutputs | None = None  # under ParallelRunner
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         self._catalog, self._pid, self._parallel = catalog, os.getpid(), None
         self._trained = catalog.load(RUN_NAME) if "train_summary" in pipeline.all_outputs() else None
-        if "ParallelRunner" in str(run_params.get("runner")):
-            self._parallel = {
-                name: local_state(local_path(catalog, name)) for name in sorted(pipeline.all_outputs())
-            }
+        self._parallel = ParallelRunOutputs.at_start(run_params, pipeline, catalog)
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -204,11 +201,8 @@ class RunOutputsHook:
 
     def _keep_parallel(self, *, changed_only: bool) -> None:
         started, self._parallel = self._parallel, None
-        if started is None or self._pid != os.getpid():
-            return
-        for name, state in started.items():
-            if not changed_only or local_state(local_path(self._catalog, name)) != state:
-                self._keep(name)
+        for name in started.at_end(changed_only=changed_only) if started is not None else []:
+            self._keep(name)
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
