@@ -1170,3 +1170,42 @@ def test_a_model_trained_here_before_its_training_record_cuts_prompts_as_its_rep
     assert f"split.max_length {length}" in older_summary["input_limit_source"]
     assert "tokenized_corpus_fingerprint.json" in older_summary["input_limit_source"]
     assert older[["input_tokens", "prediction"]].equals(recorded[["input_tokens", "prediction"]])
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_prompt_column_of_numbers_in_a_csv_is_asked_as_the_text_it_writes(tmp_path, model_folder, suffix):
+    """A CSV's cells are text: a prompt column holding only numbers (``2024``, ``007``) is asked as written,
+    as a column mixing numbers and words always was (it was refused row by row as ``non_string``, the file
+    then as having no askable row)."""
+    from fastlm.datasets.predict_sources import PredictSources
+    from fastlm.pipelines.predict.nodes import predict_file
+
+    sep = "\t" if suffix == ".tsv" else ","
+    written = ["2024", "42", "007", "1e3", "0.50", "-3"]  # pandas alone: 2024.0, ..., 7.0, 1000.0, 0.5
+    path = tmp_path / f"numbers{suffix}"
+    lines = [f"key{sep}question"] + [f"k{row}{sep}{value}" for row, value in enumerate(written)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    sources = PredictSources(model_folder, tmp_path / "runs", tmp_path / "parts")
+    predict = {"input": str(path), "prompt_column": "question", "max_new_tokens": 1, "resume": False}
+    table, summary = predict_file(sources, predict, CPU)
+    assert table["input"].tolist() == written, table
+    assert summary["refused"] == 0 and table["refused"].tolist() == [""] * len(written), table
+    assert (table["new_tokens"] == 1).all()
+
+
+def test_a_prompt_of_a_json_number_is_still_refused_as_no_text(tmp_path):
+    """A JSON number is no text (unlike a CSV cell): JSON Lines prompts written as numbers stay refused as
+    ``non_string``, beside a prompt written as a string."""
+    from fastlm.datasets.predict_sources import PredictSources
+
+    path = tmp_path / "numbers.jsonl"
+    rows = [{"question": 2024}, {"question": "2024"}, {"question": 7.5}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    sources = PredictSources(tmp_path / "model", tmp_path / "runs", tmp_path / "parts")
+    table = sources.read_input(str(path))
+    tokenizer = llama_style_tokenizer(["2024"], vocab_size=60)
+    asked = input_rows(
+        table, tokenizer, column=("predict.prompt_column", "question"), template=TEMPLATE, id_column=None,
+        limit=None, too_long="truncate", source=str(path),
+    )  # fmt: skip
+    assert asked["refused"].tolist()[0::2] == ["non_string", "non_string"] and pd.isna(asked["refused"][1])

@@ -119,6 +119,21 @@ def read_text_table(
     return table
 
 
+def text_as_written(table: pd.DataFrame, names: Sequence[str], parameter: str = RAW_PATH) -> pd.DataFrame:
+    """``table`` (``read_text_table``'s) with those of its columns ``names`` that pandas read from a CSV or
+    TSV file as numbers (or booleans) back as the text the file writes: a cell is text, "2024" and "007" are
+    the prompts a column of numbers holds (a column mixing words and numbers is text as written already).
+    Any other table as it is: a .txt's lines are text, a JSON or Parquet value has its own type (a JSON number
+    is no text)."""
+    source = table.attrs.get("source_path")
+    if source is None or suffix_format(Path(source)) not in ("csv", "tsv") or not Path(source).is_file():
+        return table
+    numbers = [name for name in names if name in table.columns and table[name].dtype != object]
+    if not numbers:
+        return table
+    return _as_written(None, table.copy(deep=False), Path(source), parameter, numbers)
+
+
 def _as_written(raw, table: pd.DataFrame, path: Path, parameter: str, names: Sequence[str]) -> pd.DataFrame:
     """``table`` with its columns ``names`` as the file writes them, a missing value None: a CSV's or TSV's
     cells as text ("007" is not the number 7, "1e3" not 1000.0), an Arrow column's (JSON Lines, Parquet)

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table
+from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table, text_as_written
 from fastlm.corpus.shards import data_files, is_pattern
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
 from fastlm.errors import InputDataError
@@ -73,6 +73,12 @@ class PredictSources:
             table.attrs["source_path"] = str(file)
             return table
         return read_text_table(file, PARAMETER, as_written=[id_column] if id_column else [])
+
+    def text_as_written(self, table: pd.DataFrame, column: str) -> pd.DataFrame:
+        """``table`` (``read_input``'s) with its input ``column`` as a CSV or TSV file writes it: prompts or
+        texts that are numbers ("2024", "007") are the text in the file, not numbers pandas made of them; a
+        JSON number stays a number (no text: refused as ``non_string``)."""
+        return text_as_written(table, [column], PARAMETER)
 
     def training_format(self, trained: dict) -> dict | None:
         """How ``trained`` (``load_model``'s) had its training data formatted: the ``data_format`` of its

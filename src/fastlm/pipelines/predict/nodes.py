@@ -34,6 +34,8 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     parameter, column = params.input_column(
         training, [str(name) for name in table.columns], lines=one_input_a_line(path), source=path
     )
+    if parameter != MESSAGES:  # a CSV's prompts and texts are text, numbers too ("2024", "007")
+        table = sources.text_as_written(table, column)
     steps.refuse_prompts_of_an_id_model(training, column if parameter == PROMPTS else None)
     # a chat model asked prompts: each one user turn in its chat format, as the report asks its prompts (an
     # explicit predict.prompt_template wraps them instead)
