@@ -110,6 +110,16 @@ def test_loss_figure_without_validation_draws_only_train_loss(eval_history):
     assert renders(fig).startswith(PNG_SIGNATURE)
 
 
+@pytest.mark.parametrize(
+    ("smoothing", "train"), [(0.1, "train loss (label-smoothed 0.1)"), (0.0, "train loss")]
+)
+def test_a_label_smoothed_train_loss_is_named_so_beside_the_plain_validation_loss(smoothing, train):
+    """With train.loss.label_smoothing the train line is the smoothed loss (higher than the plain
+    cross-entropy the validation line is): its label says so; without, it reads as before."""
+    fig = loss_figure(make_history(), EVAL, label_smoothing=smoothing)
+    assert legend_texts(fig) == [train, "validation loss"]
+
+
 def test_nan_points_are_left_out_of_a_line():
     fig = loss_figure(make_history(loss=[5.0, np.nan, 4.0, np.nan, 3.3]), EVAL.assign(val_loss=[np.nan, 3.5]))
     lines = lines_by_label(fig)

@@ -264,3 +264,32 @@ def test_a_capped_test_evaluation_says_how_many_of_the_test_samples_it_counted()
     _, markdown = report_document(history, test_metrics=whole)
     section = markdown.split("## Test split evaluation", 1)[1].split("\n## ", 1)[0]
     assert "of the" not in section.split("|", 1)[0], section
+
+
+def test_the_reports_loss_curve_names_a_label_smoothed_train_loss():
+    """The report's loss figure (and the plot file the report pipeline writes) labels the train loss as
+    label-smoothed when it was: the validation loss beside it is the plain cross-entropy."""
+    import pandas as pd
+
+    from fastlm.pipelines.report.nodes import plot_training
+    from fastlm.reporting.report_document import ReportInputs, build_sections
+    from tests.support.reporting import make_history
+
+    history = make_history(4)
+    evals = pd.DataFrame({"step": [20, 40], "val_loss": [3.4, 3.2]})
+
+    def legend(figure) -> list[str]:
+        return [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+
+    for smoothing, train in ((0.1, "train loss (label-smoothed 0.1)"), (0.0, "train loss")):
+        summary = {**SUMMARY, "label_smoothing": smoothing}
+        sections = build_sections(
+            ReportInputs(
+                summary=summary, history=history, eval_history=evals, training=pd.DataFrame(),
+                efficiency=pd.DataFrame(), diagnosis={}, test_metrics={}, error_pairs=pd.DataFrame(),
+                worst=pd.DataFrame(), generations=pd.DataFrame(), runs=pd.DataFrame(),
+            )
+        )  # fmt: skip
+        curves = next(section for section in sections if section.heading == "Curves")
+        assert legend(curves.figures["loss"]) == [train, "validation loss"]
+        assert legend(plot_training(history, evals, summary)[0]) == [train, "validation loss"]

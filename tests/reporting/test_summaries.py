@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fastlm.reporting.summaries import after_warmup, efficiency_summary, training_summary
+from fastlm.reporting.summaries import after_warmup, efficiency_summary, end_of_run_losses, training_summary
 from tests.support.reporting import SUMMARY, make_history
 
 EVAL = pd.DataFrame(
@@ -110,3 +110,37 @@ def test_efficiency_summary_takes_the_runs_per_step_figures():
         per_step, make_history(101, step_time_s=times, data_wait_share=0.5, padding_efficiency=0.3)
     ).iloc[0]
     assert {key: row[key] for key in per_step} == pytest.approx(per_step)
+
+
+def test_the_end_of_run_losses_name_a_label_smoothed_train_loss():
+    """The train loss of a label-smoothed run is the smoothed one (higher than the plain cross-entropy the
+    validation loss is): the end-of-run line says so; without smoothing it reads as it always did."""
+    plain = {"steps": 50, "final_train_loss": 3.0, "final_val_loss": 3.2, "label_smoothing": 0.0}
+    assert end_of_run_losses(plain) == "train loss 3.0000, validation loss 3.2000"
+    smoothed = {**plain, "label_smoothing": 0.1}
+    assert end_of_run_losses(smoothed) == "train loss (label-smoothed 0.1) 3.0000, validation loss 3.2000"
+    assert (
+        end_of_run_losses({"steps": 5, "final_train_loss": 3.0}) == "train loss 3.0000, validation loss none"
+    )
+
+
+def test_the_end_of_run_losses_of_an_early_stopped_run_pair_the_kept_steps_figures():
+    """The model of an early-stopped run is its best step's: the line gives that step's train and validation
+    losses together, and the last step's apart, each named by its step (was: the last step's train loss
+    beside the kept step's validation loss, as if of one model)."""
+    summary = {
+        "steps": 70,
+        "final_train_loss": 1.9,  # the last step's (70)
+        "model_train_loss": 2.1,  # the kept step's (40)
+        "final_val_loss": 2.5,  # the kept step's
+        "last_val_loss": 2.8,
+        "label_smoothing": 0.1,
+        "early_stopping": {"best_step": 40, "model_from_step": 40},
+    }
+    assert end_of_run_losses(summary) == (
+        "the model is step 40's (early stopping's best): train loss (label-smoothed 0.1) 2.1000, validation "
+        "loss 2.5000; the last step, 70: train loss (label-smoothed 0.1) 1.9000, validation loss 2.8000"
+    )
+    # the model is the last step's (its best): one pair, as without early stopping
+    last = {**summary, "early_stopping": {"best_step": 70, "model_from_step": 70}, "label_smoothing": 0.0}
+    assert end_of_run_losses(last) == "train loss 1.9000, validation loss 2.5000"

@@ -15,6 +15,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
+from fastlm.reporting.summaries import train_loss_name
+
 FIGSIZE = (7.0, 3.5)
 DPI = 110
 
@@ -60,10 +62,13 @@ def _finish(ax: Axes, drawn: int, *, legend: bool, from_zero: bool = False) -> N
         ax.set_ylim(bottom=0)
 
 
-def loss_figure(history: pd.DataFrame | None, eval_history: pd.DataFrame | None) -> Figure:
-    """Training loss (line) and validation loss (line with markers) against step."""
+def loss_figure(
+    history: pd.DataFrame | None, eval_history: pd.DataFrame | None, *, label_smoothing: float | None = None
+) -> Figure:
+    """Training loss (line) and validation loss (line with markers) against step; the training loss named
+    label-smoothed where it was (``label_smoothing``, the summary's: the validation loss is plain)."""
     fig, ax = _new_figure("Loss", "loss")
-    drawn = _plot(ax, history, "loss", "train loss", color="C0", linewidth=1.5)
+    drawn = _plot(ax, history, "loss", train_loss_name(label_smoothing), color="C0", linewidth=1.5)
     drawn += _plot(ax, eval_history, "val_loss", "validation loss", color="C1", linewidth=1.5, marker="o")
     _finish(ax, drawn, legend=True)
     return fig

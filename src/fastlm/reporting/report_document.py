@@ -367,7 +367,9 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
         Section(
             "Curves",
             figures={
-                "loss": plots.loss_figure(history, eval_history),
+                "loss": plots.loss_figure(
+                    history, eval_history, label_smoothing=summary.get("label_smoothing")
+                ),
                 "throughput": plots.throughput_figure(history),
                 "learning rate": plots.learning_rate_figure(history),
                 "peak memory": plots.memory_figure(history),

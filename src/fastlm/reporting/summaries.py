@@ -23,8 +23,10 @@ __all__ = [
     "check_report_sources",
     "check_train_summary",
     "efficiency_summary",
+    "end_of_run_losses",
     "numeric",
     "throughput",
+    "train_loss_name",
     "training_summary",
 ]
 
@@ -107,6 +109,37 @@ def check_train_summary(summary: Any, shown: str) -> dict:
         f"{shown} holds {what}, not the summary of a training run.",
         fix="rerun `kedro run --pipeline=train` to write it again.",
     )
+
+
+def train_loss_name(label_smoothing: float | None) -> str:
+    """What the train loss is called where it stands beside the validation loss: "train loss (label-smoothed
+    0.1)" for a run with ``train.loss.label_smoothing`` (the smoothed loss it optimised, higher than the plain
+    cross-entropy every validation and test loss is), else "train loss"."""
+    return f"train loss (label-smoothed {label_smoothing:g})" if label_smoothing else "train loss"
+
+
+def end_of_run_losses(summary: dict) -> str:
+    """The losses the end of a training says, each pair of one step: the train and validation losses of the
+    model the run returns. An early-stopped run whose model is an earlier step's (its best) gives that step's
+    pair (``model_train_loss``, ``final_val_loss``), then the last step's (``final_train_loss``,
+    ``last_val_loss``), each named by its step. The train loss is named label-smoothed where it was
+    (``train_loss_name``)."""
+    train, figure = train_loss_name(summary.get("label_smoothing")), summary.get
+    model_step = (summary.get("early_stopping") or {}).get("model_from_step")
+    if model_step is None or model_step == summary.get("steps"):
+        return (
+            f"{train} {_loss(figure('final_train_loss'))}, validation loss {_loss(figure('final_val_loss'))}"
+        )
+    return (
+        f"the model is step {model_step}'s (early stopping's best): {train} "
+        f"{_loss(figure('model_train_loss'))}, validation loss {_loss(figure('final_val_loss'))}; "
+        f"the last step, {figure('steps')}: {train} {_loss(figure('final_train_loss'))}, "
+        f"validation loss {_loss(figure('last_val_loss'))}"
+    )
+
+
+def _loss(value: Any) -> str:
+    return "none" if value is None or value != value else f"{value:.4f}"
 
 
 def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:

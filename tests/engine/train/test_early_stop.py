@@ -116,6 +116,21 @@ def test_a_run_stops_once_patience_runs_out_and_writes_the_best_model(tmp_path, 
     # the figures of the model the run returns (the report's, the sweep's and the run comparison's)
     assert summary["final_val_loss"] == losses[best] and summary["last_val_loss"] == losses[-1]
     assert summary["final_val_perplexity"] == evals[best]["val_perplexity"]
+    # the kept step's train loss beside it (the end-of-run line pairs them); final_train_loss the last step's
+    losses_by_step = {record["step"]: record["loss"] for record in result.history}
+    assert summary["model_train_loss"] == losses_by_step[early["best_step"]]
+    assert summary["final_train_loss"] == result.history[-1]["loss"]
+    assert result.history[-1]["step"] == summary["steps"]
+    from fastlm.reporting.summaries import end_of_run_losses
+
+    said = end_of_run_losses(summary)
+    if early["best_step"] < summary["steps"]:  # two pairs, each named by its step
+        assert (
+            said.startswith(f"the model is step {early['best_step']}'s")
+            and f"step, {summary['steps']}:" in said
+        )
+    else:  # the best is the last step: one pair
+        assert said == f"train loss {summary['final_train_loss']:.4f}, validation loss {losses[best]:.4f}"
     best_folder = tmp_path / "checkpoints" / f"checkpoint-{early['best_step']:08d}"
     assert early["best_checkpoint"] == str(best_folder) and best_folder.is_dir()  # kept despite keep_last 1
     assert latest_checkpoint(tmp_path / "checkpoints").name == f"checkpoint-{summary['steps']:08d}"

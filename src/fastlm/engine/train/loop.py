@@ -312,16 +312,23 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
 
 def _model_figures(state: TrainState, early_summary: dict | None) -> dict:
     """``final_val_loss`` / ``final_val_perplexity`` are the returned model's: early stopping's best step's
-    where its weights came back (``last_val_loss``: the last evaluation); otherwise nothing changes."""
+    where its weights came back (``last_val_loss``: the last evaluation); otherwise nothing changes.
+    ``model_train_loss``: the train loss of the returned model's step (its logged row: a best step is saved,
+    its pending rows flushed first), ``final_train_loss`` where that is the last step."""
     last = state.eval_history[-1] if state.eval_history else {}
     model_step = (early_summary or {}).get("model_from_step")
+    if model_step is None or model_step == state.step:
+        trained = state.history[-1] if state.history else {}
+    else:
+        trained = next((record for record in state.history if record["step"] == model_step), {})
+    figures = {"last_val_loss": last.get("val_loss"), "model_train_loss": trained.get("loss")}
     if model_step is None or model_step == last.get("step"):
-        return {"last_val_loss": last.get("val_loss")}
+        return figures
     kept = next((record for record in state.eval_history if record["step"] == model_step), {})
     return {
+        **figures,
         "final_val_loss": kept.get("val_loss"),
         "final_val_perplexity": kept.get("val_perplexity"),
-        "last_val_loss": last.get("val_loss"),
     }
 
 

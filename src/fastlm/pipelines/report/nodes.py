@@ -265,10 +265,11 @@ def collect_test_metrics(
     return metrics
 
 
-def plot_training(history: pd.DataFrame, eval_history: pd.DataFrame):
-    """Loss, throughput, learning rate and peak memory against step, as PNGs through the catalog."""
+def plot_training(history: pd.DataFrame, eval_history: pd.DataFrame, summary: dict):
+    """Loss, throughput, learning rate and peak memory against step, as PNGs through the catalog; the train
+    loss named label-smoothed where ``summary`` (``train_summary``) says it was."""
     return (
-        plots.loss_figure(history, eval_history),
+        plots.loss_figure(history, eval_history, label_smoothing=summary.get("label_smoothing")),
         plots.throughput_figure(history),
         plots.learning_rate_figure(history),
         plots.memory_figure(history),

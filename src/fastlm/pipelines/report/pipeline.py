@@ -49,7 +49,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             ),
             Node(
                 nodes.plot_training,
-                ["train_history", "eval_history"],
+                ["train_history", "eval_history", "train_summary"],
                 ["loss_plot", "throughput_plot", "learning_rate_plot", "memory_plot"],
                 name="plot_training",
             ),

@@ -15,7 +15,7 @@ import pandas as pd
 from fastlm.corpus.fingerprint import data_folds, data_identity
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
-from fastlm.reporting.summaries import TRAINING_ID
+from fastlm.reporting.summaries import TRAINING_ID, end_of_run_losses
 from fastlm.runs import default_run_name, validate_run_name
 from fastlm.tracking import RunTracker
 
@@ -120,14 +120,13 @@ def train_model(
         else ""
     ) + (f" on fold {params.fold} of {summary['folds']}" if params.fold is not None else "")
     log.info(
-        "Run %s: trained %d steps%s in %.1fs on %d process(es): train loss %s, validation loss %s",
+        "Run %s: trained %d steps%s in %.1fs on %d process(es): %s",
         run_name,
         summary["steps_trained"],
         resumed,
         summary["wall_time_s"],
         summary["world_size"],
-        _loss(summary["final_train_loss"]),
-        _loss(summary["final_val_loss"]),
+        end_of_run_losses(summary),
     )
     # Without evaluations (eval_every: null) the table keeps its header: an empty CSV file cannot be read
     # back.
@@ -144,10 +143,6 @@ def train_model(
         record["system_prompt"] = fingerprint["system_prompt"]
     model = {"model": result.model, "tokenizer": tokenizer, "training_data": record}
     return model, pd.DataFrame(result.history), evaluations, summary
-
-
-def _loss(value: float | None) -> str:
-    return "none" if value is None else f"{value:.4f}"
 
 
 def _untrained_model(params, tokenizer, max_length: int):
