@@ -293,3 +293,51 @@ def test_the_reports_loss_curve_names_a_label_smoothed_train_loss():
         curves = next(section for section in sections if section.heading == "Curves")
         assert legend(curves.figures["loss"]) == [train, "validation loss"]
         assert legend(plot_training(history, evals, summary)[0]) == [train, "validation loss"]
+
+
+def test_the_training_table_names_each_losss_step_and_a_label_smoothed_train_loss():
+    """The report's one-row training table put the last step's train loss (label-smoothed) beside the kept
+    step's validation loss (early stopping) under bare names, as if of one model and one loss. Each loss is
+    now named by its step, the model's pair first, and a smoothed train loss says so; the file keeps its
+    columns and adds ``model_step``, ``model_train_loss``, ``last_val_loss`` and ``label_smoothing``."""
+    import pandas as pd
+
+    from fastlm.reporting.summaries import training_summary
+    from tests.support.reporting import make_history, report_document
+
+    early = {
+        **SUMMARY,
+        "steps": 70,
+        "final_train_loss": 1.9,  # the last step's
+        "model_train_loss": 2.1,  # the kept step's
+        "final_val_loss": 2.5,  # the kept step's
+        "final_val_perplexity": 12.18,
+        "last_val_loss": 2.8,
+        "label_smoothing": 0.1,
+        "early_stopping": {"best_step": 40, "model_from_step": 40},
+    }
+    history = make_history(7)
+    row = training_summary(early, history, pd.DataFrame()).iloc[0]
+    assert (row["model_step"], row["model_train_loss"], row["final_val_loss"]) == (40, 2.1, 2.5)
+    assert (row["final_train_loss"], row["last_val_loss"], row["label_smoothing"]) == (1.9, 2.8, 0.1)
+
+    def table(summary) -> dict:
+        training = training_summary(summary, history, pd.DataFrame())
+        _, markdown = report_document(history, summary=summary, training=training)
+        section = markdown.split("## Training summary", 1)[1].split("\n## ", 1)[0]
+        cells = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
+        return {name.strip(): value.strip() for name, value in cells[1:]}
+
+    shown = table(early)
+    assert shown["model_step"] == "40" and shown["steps"] == "70"
+    assert shown["model_train_loss (the model's step, 40; label-smoothed 0.1)"] == "2.1"
+    assert shown["final_val_loss (the model's step, 40)"] == "2.5"
+    assert shown["final_val_perplexity (the model's step, 40)"] == "12.18"
+    assert shown["final_train_loss (the last step, 70; label-smoothed 0.1)"] == "1.9"
+    assert shown["last_val_loss (the last step, 70)"] == "2.8"
+    assert not {"final_train_loss", "final_val_loss", "label_smoothing"} & set(shown)
+    # the model is the last step's, without smoothing: one pair, named by its step
+    plain = {**SUMMARY, "label_smoothing": 0.0, "model_train_loss": 3.0, "last_val_loss": 3.2}
+    shown = table(plain)
+    assert shown["final_train_loss (step 50)"] == "3" and shown["final_val_loss (step 50)"] == "3.2"
+    assert not {"model_train_loss", "last_val_loss", "model_step"} & {name.split(" (")[0] for name in shown}

@@ -24,6 +24,51 @@ def _one_row(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"figure": row.index, "value": row.to_numpy()})
 
 
+def training_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The one-row training summary as a two-column table whose losses are named by their step: the model's
+    (``model_step``: early stopping's best) pair first, then the last step's where that is another step; a
+    train loss smoothed by ``train.loss.label_smoothing`` says so (the validation losses are plain)."""
+    table = _one_row(frame)
+    if table.empty or "model_step" not in frame.columns:
+        return table
+    figure = pd.to_numeric(frame.iloc[0], errors="coerce").astype("float64").get
+    smoothing, model_step, steps = figure("label_smoothing"), figure("model_step"), figure("steps")
+    smoothed = f"; label-smoothed {smoothing:g}" if _finite(smoothing) and smoothing > 0 else ""
+    if _finite(model_step) and _finite(steps) and model_step != steps:
+        model, last = f"the model's step, {model_step:.0f}", f"the last step, {steps:.0f}"
+        names = {
+            "model_train_loss": f"model_train_loss ({model}{smoothed})",
+            "final_val_loss": f"final_val_loss ({model})",
+            "final_val_perplexity": f"final_val_perplexity ({model})",
+            "final_train_loss": f"final_train_loss ({last}{smoothed})",
+            "last_val_loss": f"last_val_loss ({last})",
+        }
+        hidden = {"label_smoothing"}
+    else:  # one step: its pair alone
+        step = f"step {steps:.0f}" if _finite(steps) else "the last step"
+        names = {
+            "final_train_loss": f"final_train_loss ({step}{smoothed})",
+            "final_val_loss": f"final_val_loss ({step})",
+            "final_val_perplexity": f"final_val_perplexity ({step})",
+        }
+        hidden = {"model_step", "model_train_loss", "last_val_loss", "label_smoothing"}
+    order = [
+        "model_train_loss",
+        "final_val_loss",
+        "final_val_perplexity",
+        "final_train_loss",
+        "last_val_loss",
+    ]
+    table = table[~table["figure"].isin(hidden)].reset_index(drop=True)
+    figures = table["figure"].tolist()
+    first = min(figures.index(name) for name in order if name in figures)
+    kept = [name for name in figures if name not in order]
+    losses = [name for name in order if name in figures]
+    table = table.set_index("figure").loc[kept[:first] + losses + kept[first:]].reset_index()
+    table["figure"] = [names.get(name, name) for name in table["figure"]]
+    return table
+
+
 # What each diagnosis rule measures, named in its line: "padding efficiency 100 %", not
 # "padding-bound: 100 %".
 MEASURES = {
@@ -361,7 +406,9 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
     return [
         Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
         Section(
-            "Training summary", items=run_lines(summary, inputs.split_report), table=_one_row(inputs.training)
+            "Training summary",
+            items=run_lines(summary, inputs.split_report),
+            table=training_table(inputs.training),
         ),
         Section("Efficiency", table=_one_row(efficiency), text=_efficiency_scope(summary)),
         Section(

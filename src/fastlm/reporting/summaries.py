@@ -186,6 +186,12 @@ def _last(frame: pd.DataFrame | None, column: str) -> float:
     return float(values.iloc[-1]) if len(values) else math.nan
 
 
+def _at_step(frame: pd.DataFrame | None, column: str, step: Any) -> float:
+    """``column`` of ``frame``'s row of ``step`` (NaN when it has none)."""
+    values = numeric(frame, column)[numeric(frame, "step") == step].dropna()
+    return float(values.iloc[-1]) if len(values) else math.nan
+
+
 def _first_known(*values: Any) -> Any:
     """The first value that is neither ``None`` nor NaN (``None`` when there is none)."""
     for value in values:
@@ -211,27 +217,43 @@ def training_summary(
 ) -> pd.DataFrame:
     """One row: what was trained, for how long, and how it ended.
 
-    Columns: run_id, steps, epochs, wall_time_s, final_train_loss, final_val_loss, final_val_perplexity,
-    effective_batch (rows per optimizer step), rows_per_step, samples_per_step and tokens_per_step (the mean
-    samples and real tokens a step holds: several samples per packed row), tokens_seen, batching, parameters,
-    device. Losses fall back to the last history rows;
-    the perplexity to ``exp(final_val_loss)`` when it was not recorded.
+    Columns: run_id, steps, epochs, wall_time_s, model_step (the step whose weights the run returned: early
+    stopping's best, else the last), model_train_loss (that step's train loss), final_val_loss and
+    final_val_perplexity (that step's validation figures), final_train_loss and last_val_loss (the last
+    step's), label_smoothing (the train losses are smoothed by it where it is above 0), effective_batch (rows
+    per optimizer step), rows_per_step, samples_per_step and tokens_per_step (the mean samples and real tokens
+    a step holds: several samples per packed row), tokens_seen, batching, parameters, device. Losses fall
+    back to the last history rows (the model step's train loss to its history row); the perplexity to
+    ``exp(final_val_loss)`` when it was not recorded.
     """
     summary = summary or {}
     runtime = summary.get("runtime") or {}
     last_step = _max(numeric(history, "step"))
+    steps = _first_known(summary.get("steps"), None if math.isnan(last_step) else int(last_step))
+    model_step = _first_known((summary.get("early_stopping") or {}).get("model_from_step"), steps)
+    final_train_loss = _first_known(summary.get("final_train_loss"), _last(history, "loss"))
     final_val_loss = _first_known(summary.get("final_val_loss"), _last(eval_history, "val_loss"))
     final_val_perplexity = _first_known(
         summary.get("final_val_perplexity"), _last(eval_history, "val_perplexity"), _exp(final_val_loss)
     )
+    at_last_step = model_step == steps
     row = {
         "run_id": run_id,
-        "steps": _first_known(summary.get("steps"), None if math.isnan(last_step) else int(last_step)),
+        "steps": steps,
         "epochs": summary.get("epochs"),
         "wall_time_s": _first_known(summary.get("wall_time_s"), _last(history, "elapsed_s")),
-        "final_train_loss": _first_known(summary.get("final_train_loss"), _last(history, "loss")),
+        "model_step": model_step,
+        "model_train_loss": _first_known(
+            summary.get("model_train_loss"),
+            final_train_loss if at_last_step else _at_step(history, "loss", model_step),
+        ),
         "final_val_loss": final_val_loss,
         "final_val_perplexity": final_val_perplexity,
+        "final_train_loss": final_train_loss,
+        "last_val_loss": _first_known(
+            summary.get("last_val_loss"), final_val_loss if at_last_step else _last(eval_history, "val_loss")
+        ),
+        "label_smoothing": summary.get("label_smoothing") or 0.0,
         "effective_batch": summary.get("effective_batch"),
         "rows_per_step": summary.get("rows_per_step", summary.get("effective_batch")),
         "samples_per_step": summary.get("samples_per_step"),  # a packed row holds several samples
