@@ -1071,6 +1071,33 @@ def test_an_input_of_which_no_row_can_be_asked_is_refused_in_one_line(project, r
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
 
 
+@pytest.mark.parametrize(
+    ("rows", "predict", "fix"),
+    [
+        ([{"dialogue": 2024}, {"dialogue": 42}], {"prompt_column": "dialogue"}, "JSON strings"),
+        (
+            [
+                {"messages": [{"role": "user", "content": 2024}]},
+                {"messages": [{"role": "user", "content": 7}]},
+            ],
+            {"messages_column": "messages"},
+            "each turn's content as a JSON string",
+        ),
+    ],
+    ids=["prompts", "chat_contents"],
+)
+def test_an_input_of_numbers_where_texts_are_asked_names_json_strings_in_its_fix(project, rows, predict, fix):
+    """JSON Lines prompts (or chat contents) written as JSON numbers (``{"dialogue": 2024}``) are each refused
+    as ``non_string``; the whole input's refusal told to give ``a non-empty text a row``, which the rows
+    already read as to a person. Its fix now says to write them as JSON strings (``"2024"``)."""
+    if "messages_column" in predict:
+        _trained_on_chats(project)
+    (project / "data/01_raw/numbers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    message = _refusal(project, input="data/01_raw/numbers.jsonl", max_new_tokens=2, **predict)
+    assert "'non_string': 2" in message, message
+    assert fix in message.split("Fix:")[1] and '"2024"' in message.split("Fix:")[1], message
+
+
 def _refusal(project, **predict) -> str:
     """The one line a predict run that refuses its input says, checked to leave everything under data/ as it
     was."""

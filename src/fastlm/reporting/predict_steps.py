@@ -241,8 +241,9 @@ def refuse_an_input_of_no_askable_row(
 ) -> None:
     """One line, before anything is written, where no row of the input can be asked (it has none, or every
     one is refused): the file, the column, the reasons and the first row's (its id quoted and cut), and what
-    to give instead (each fix of the reasons found; ``messages``: the input is chats; ``vocabulary``: ids
-    of a model trained on pre-tokenized ids)."""
+    to give instead (each fix of the reasons found: ``non_string``, JSON numbers where texts are asked, to be
+    written as JSON strings; ``messages``: the input is chats; ``vocabulary``: ids of a model trained on
+    pre-tokenized ids)."""
     if len(rows) == 0:
         raise InputDataError(
             f"{path} holds no row to ask ({parameter} {column!r}); nothing was written.",
@@ -253,7 +254,15 @@ def refuse_an_input_of_no_askable_row(
         return
     reasons = refused.map(lambda reason: str(reason).split(" ")[0]).value_counts().to_dict()
     fixes = []
-    if any(reason != "too_long" for reason in reasons):
+    numbers = "non_string" in reasons and vocabulary is None  # JSON numbers (2024) where texts are asked
+    if numbers and messages:
+        fixes.append('write each turn\'s content as a JSON string ("2024", not 2024)')
+    elif numbers:
+        fixes.append(
+            f'write the {column!r} values as texts: JSON strings ("2024", not 2024) in JSON or JSON Lines, '
+            "a string column in Parquet"
+        )
+    if any(reason not in ("too_long", "non_string" if numbers else "") for reason in reasons):
         if vocabulary is not None:
             fixes.append(vocabulary.fix(parameter, column))
         elif messages:
