@@ -36,6 +36,7 @@ from tests.support.project import (
     kedro_cli,
     make_kedro_project,
     run_pipeline,
+    without_import_times,
     write_jsonl,
 )
 from tests.support.tiny_llama import save_project_llama
@@ -506,7 +507,8 @@ def cli_refusals_in_a_built_project(folder: Path) -> dict:
     """The module's project (its conf/local parameters, an MLflow store of its own) built in a fresh process,
     then in a copy each: `kedro run` with a misspelled parameter key, on a corrupted checkpoint, and on a
     pretrained folder with a removed tensor; each run's copy, the digests of data/ before and after, the
-    run, and when it started (a job of tests/support/background.py)."""
+    run, and when it started, and the modules it imported (the misspelled key's run alone lists them; a job
+    of tests/support/background.py)."""
     project = make_kedro_project(folder / "built", list(demo_texts()))
     with open(project / "conf/local/parameters_matrix.yml", "w") as file:
         file.write(yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"}))
@@ -533,7 +535,9 @@ def cli_refusals_in_a_built_project(folder: Path) -> dict:
             with open(model_file, "wb") as file:
                 file.write(b"\x5a" * size)
         before, started_ms = _digests(copy), int(time.time() * 1000)
-        done = background.run([sys.executable, "-m", "kedro", "run", *args], cwd=copy, env=env)
+        timed = {**env, "PYTHONPROFILEIMPORTTIME": "1"} if name == "misspelled" else env  # what it imports
+        done = background.run([sys.executable, "-m", "kedro", "run", *args], cwd=copy, env=timed)
+        done, runs[f"{name}_imported"] = without_import_times(done)
         runs[name] = (copy, before, done, _digests(copy), started_ms)
     return runs
 
@@ -550,8 +554,15 @@ def _cli_refusal(name: str) -> tuple[Path, str, dict]:
 
 @pytest.mark.background(job=cli_refusals_in_a_built_project)
 def test_cli_misspelled_parameter_key():
-    _, last, _ = _cli_refusal("misspelled")
+    _, last, runs = _cli_refusal("misspelled")
     assert "unknown parameter split.max_lenght (did you mean split.max_length?)" in last
+    # refused before MLflow is set up (seconds a refusal would wait): neither kedro-mlflow's hook nor MLflow's
+    # SQL store imported (Kedro's CLI imports MLflow itself, for kedro-mlflow's `kedro mlflow` commands)
+    imported = runs["misspelled_imported"]
+    assert "kedro" in imported and "kedro_mlflow.framework.hooks.mlflow_hook" not in imported
+    assert "mlflow.store.tracking.sqlalchemy_store" not in imported
+    said = runs["misspelled"][2].stdout + runs["misspelled"][2].stderr
+    assert "UserWarning" not in said, said[-3000:]
 
 
 @pytest.mark.background(job=cli_refusals_in_a_built_project)

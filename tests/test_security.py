@@ -172,13 +172,32 @@ def test_every_log_record_is_masked_whatever_the_handler(caplog):
 
 
 def test_settings_replace_kedro_mlflows_hook_with_the_redacting_one():
+    """One MlflowTrackingHook (the redacting hook, from the run's start) and no hook of kedro-mlflow's own in
+    a session's hook manager: it takes the name of the plugin's entry point, which Kedro then does not
+    load."""
     from importlib.metadata import distribution
 
-    from fastlm import settings
-    from fastlm.hooks import RedactingMlflowHook
+    from kedro.framework.hooks.manager import (
+        _create_hook_manager,
+        _register_hooks,
+        _register_hooks_entry_points,
+    )
+    from kedro_mlflow.framework.hooks.mlflow_hook import MlflowHook
 
-    assert distribution("kedro_mlflow").metadata["Name"] in settings.DISABLE_HOOKS_FOR_PLUGINS
-    assert sum(isinstance(hook, RedactingMlflowHook) for hook in settings.HOOKS) == 1
+    from fastlm import settings
+    from fastlm.hooks import KEDRO_MLFLOW_HOOK, MlflowTrackingHook
+
+    plugin = distribution("kedro_mlflow")
+    assert plugin.metadata["Name"] in settings.DISABLE_HOOKS_FOR_PLUGINS
+    assert [entry.name for entry in plugin.entry_points if entry.group == "kedro.hooks"] == [
+        KEDRO_MLFLOW_HOOK
+    ]
+    assert sum(isinstance(hook, MlflowTrackingHook) for hook in settings.HOOKS) == 1
+    manager = _create_hook_manager()
+    _register_hooks(manager, settings.HOOKS)
+    _register_hooks_entry_points(manager, settings.DISABLE_HOOKS_FOR_PLUGINS)
+    assert isinstance(manager.get_plugin(KEDRO_MLFLOW_HOOK), MlflowTrackingHook)
+    assert not any(isinstance(hook, MlflowHook) for hook in manager.get_plugins())
 
 
 # ----------------------------------------------------------------------------------------- safe loading (AST)

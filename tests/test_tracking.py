@@ -179,7 +179,7 @@ def test_a_hook_that_outlives_its_run_logs_every_parameter_of_the_next(tmp_path,
     """The hook object outlives a session in-process (sweeps, notebooks, tests): the keys it skips as already
     logged are those of the active run only. A threaded runner runs several nodes' hooks at once: each
     thread gathers its own node's parameters."""
-    from fastlm.hooks import RedactingMlflowHook
+    from fastlm.hooks.kedro_mlflow_hook import RedactingMlflowHook
     from fastlm.tracking import active_run_id
 
     shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")

@@ -43,19 +43,24 @@ _THIRD_PARTY_NOISE = (
 
 # Log lines third-party code writes at import: bitsandbytes' CPU backend (on CPUs with AVX-512 bf16) says it
 # could not load an inference kernel from the hub and advises installing ``kernels``, which would download it;
-# fastlm runs offline and turns that kernel off (engine/model/lora.py, prepare_quantized).
-_THIRD_PARTY_LOG_NOISE = (("bitsandbytes.backends.cpu.ops", "from kernels-community"),)
+# fastlm runs offline and turns that kernel off (engine/model/lora.py, prepare_quantized). MLflow shows its
+# pyfunc warning above whatever the filters say (it sets its own while it checks a model class), which Kedro's
+# logging passes on as a py.warnings record when Kedro's CLI loads kedro-mlflow's commands.
+_THIRD_PARTY_LOG_NOISE = (
+    ("bitsandbytes.backends.cpu.ops", "from kernels-community"),
+    ("py.warnings", "Add type hints to the `predict` method"),
+)
 
 
 class _DropMessage(logging.Filter):
-    """Drops a logger's records whose message holds ``text``."""
+    """Drops a logger's records whose message (its arguments filled in) holds ``text``."""
 
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in str(record.msg)
+        return self.text not in record.getMessage()
 
 
 def apply_process_defaults() -> None:

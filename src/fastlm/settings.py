@@ -11,12 +11,12 @@ from fastlm.hooks import (
     LoadVersionsHook,
     MissingInputsHook,
     MlflowArtifactsHook,
+    MlflowTrackingHook,
     ModelOfTheseSplitsHook,
     OutputFoldersWritableHook,
     OutputsLockHook,
     ParametersValidHook,
     ProjectFolderHook,
-    RedactingMlflowHook,
     ReportOfOneTrainingHook,
     RunNameHook,
     RunOutputsHook,
@@ -32,15 +32,16 @@ from fastlm.tracking import project_artifact_location
 
 install_log_redaction()  # every log record of the process, whatever handler shows it: secrets masked
 
-# kedro-mlflow's own hook logs parameters verbatim; RedactingMlflowHook is that hook with secrets masked.
+# kedro-mlflow's own hook logs parameters verbatim; MlflowTrackingHook is that hook with secrets masked (and
+# takes its name, so Kedro does not load it: this is for a kedro-mlflow that names it otherwise).
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
 # pluggy calls the last registered first: the run name is resolved (and checked); --params, parameters, inputs
-# and output folders are checked; then MLflow opens the run under that name (a run refused before any node
-# runs leaves no MLflow run behind; the outputs' locks are taken just before it). At the end, artefacts are
-# logged before MLflow closes the run.
+# and output folders are checked; then MLflow is loaded, its store set up and the run opened under that name
+# (a run refused before any node runs sets up no MLflow and leaves no store or run behind; the outputs' locks
+# are taken just before it). At the end, artefacts are logged before MLflow closes the run.
 HOOKS = (
     RunOutputsHook(),
-    RedactingMlflowHook(),
+    MlflowTrackingHook(),
     OutputsLockHook(),  # after the checks, before MLflow opens the run: a refused run leaves none
     MlflowArtifactsHook(),
     TunedParametersHook(),

@@ -165,25 +165,54 @@ def data_snapshot(project: Path) -> dict[str, bytes]:
     return files
 
 
+# What MLflow makes in a project with its default local store (conf/base/mlflow.yml): a run refused before it
+# starts makes neither
+MLFLOW_STORE = ("mlflow.db", "mlruns")
+
+
 def refusal_in_background(project: Path, *args: str, **env: str | None) -> dict:
     """For a background job (tests/support/background.py): ``kedro run *args`` in ``project`` in a fresh
-    process (its own mlflow.db; ``env``: changes to the session's environment, None removes one), and
-    whether it left every file under data/ as it was. ``refused_line`` checks it in the test."""
+    process (its own mlflow.db; ``env``: changes to the session's environment, None removes one), whether it
+    left every file under data/ as it was, and the parts of an MLflow store (``MLFLOW_STORE``) it made.
+    ``refused_line`` checks it in the test."""
     from tests.support import background
 
     before = data_snapshot(project)
+    store = [name for name in MLFLOW_STORE if not os.path.exists(project / name)]
     environ = background.environ(DO_NOT_TRACK="true", COLUMNS="200", MLFLOW_TRACKING_URI=None, **env)
     done = background.run([sys.executable, "-m", "kedro", "run", *args], cwd=project, env=environ)
-    return {"args": list(args), "done": done, "data_unchanged": data_snapshot(project) == before}
+    return {
+        "args": list(args),
+        "done": done,
+        "data_unchanged": data_snapshot(project) == before,
+        "store_made": [name for name in store if os.path.exists(project / name)],
+    }
+
+
+def without_import_times(done):
+    """``done`` (a process run with ``PYTHONPROFILEIMPORTTIME=1``) without the ``import time:`` lines of its
+    stderr, and the modules it imported (their full names)."""
+    import subprocess
+
+    kept, imported = [], set()
+    for line in done.stderr.splitlines(keepends=True):
+        if line.startswith("import time:"):
+            imported.add(line.rsplit("|", 1)[-1].strip())
+        else:
+            kept.append(line)
+    imported.discard("imported package")  # the header line
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout, "".join(kept)), imported
 
 
 def refused_line(refusal: dict) -> str:
     """cli_refusal's checks on a ``refusal_in_background`` result: status 2, no traceback, one ``fastlm:
-    error:`` line with a fix at the end, nothing under data/ changed. Returns that line."""
+    error:`` line with a fix at the end, nothing under data/ changed, no MLflow store made (mlflow.db,
+    mlruns). Returns that line."""
     done = refusal["done"]
     assert done.returncode == 2, (refusal["args"], done.stderr[-3000:])
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("fastlm: error:") and "Fix:" in last, last
     assert refusal["data_unchanged"], refusal["args"]
+    assert not refusal["store_made"], (refusal["args"], refusal["store_made"])  # nothing of MLflow's either
     return last

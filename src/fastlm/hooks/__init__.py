@@ -1,6 +1,7 @@
 """Project hooks, one module per concern (``settings.HOOKS`` registers them, in the order they must run):
 
-* ``conf``: the project folder, unknown ``--params`` keys, every parameter group validated, tuned parameters;
+* ``conf``: the project folder, unknown ``--params`` keys, every parameter group validated, tuned parameters,
+  the local MLflow store's path made absolute;
 * ``inputs``: inputs missing or damaged, tokenized data stale or edited, a model evaluated on other splits
   than it trained on;
 * ``split_complete``: the split's outputs used together or not at all, the raw file they were made from;
@@ -8,7 +9,8 @@
   its outputs kept per run;
 * ``catalog``: the entries handed to the nodes (``dataset_paths``, ``run_tracker``), ``--load-versions`` of
   versioned datasets only;
-* ``mlflow_tracking``: kedro-mlflow's hook with secrets masked and failing open, artifacts logged.
+* ``mlflow_tracking``: kedro-mlflow's hook with secrets masked and failing open (``kedro_mlflow_hook``, which
+  imports MLflow: loaded when a run starts, after every check), artifacts logged.
 """
 
 from fastlm.hooks.catalog import (
@@ -24,6 +26,7 @@ from fastlm.hooks.conf import (
     ProjectFolderHook,
     TunedParametersHook,
     UnknownRuntimeParamsHook,
+    pin_local_store,
 )
 from fastlm.hooks.inputs import (
     FreshDataHook,
@@ -32,7 +35,7 @@ from fastlm.hooks.inputs import (
     ReportOfOneTrainingHook,
     all_pipelines,
 )
-from fastlm.hooks.mlflow_tracking import MlflowArtifactsHook, RedactingMlflowHook, pin_local_store
+from fastlm.hooks.mlflow_tracking import KEDRO_MLFLOW_HOOK, MlflowArtifactsHook, MlflowTrackingHook
 from fastlm.hooks.run_outputs import (
     RUN_NAME,
     OutputFoldersWritableHook,
@@ -51,6 +54,7 @@ from fastlm.hooks.split_complete import (
 
 __all__ = [
     "DATASET_PATHS",
+    "KEDRO_MLFLOW_HOOK",
     "RAW",
     "RUN_NAME",
     "RUN_TRACKER",
@@ -60,12 +64,12 @@ __all__ = [
     "LoadVersionsHook",
     "MissingInputsHook",
     "MlflowArtifactsHook",
+    "MlflowTrackingHook",
     "ModelOfTheseSplitsHook",
     "OutputFoldersWritableHook",
     "OutputsLockHook",
     "ParametersValidHook",
     "ProjectFolderHook",
-    "RedactingMlflowHook",
     "ReportOfOneTrainingHook",
     "RunNameHook",
     "RunOutputsHook",

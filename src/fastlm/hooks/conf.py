@@ -1,6 +1,7 @@
 """Hooks over the run's conf and parameters: the project folder the paths in them are read from,
-``--params`` keys no conf file knows, every parameter group validated before any node runs, and the
-tune pipeline's ``tuned_parameters`` in conf/local said in effect."""
+``--params`` keys no conf file knows, every parameter group validated before any node runs, the
+tune pipeline's ``tuned_parameters`` in conf/local said in effect, and mlflow.yml's local store made an
+absolute path."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from fastlm.parameters import (
     packed_conf_file,
     runtime_only_params,
 )
+from fastlm.tracking import local_store_uri
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ class ProjectFolderHook:
     project folder, as ``kedro run`` does (:func:`fastlm.cli.in_project_folder`); one opened outside the
     project keeps its folder. Kedro makes the catalog's paths the project's, but ``train.checkpoint_dir``,
     the MLflow store (``sqlite:///mlflow.db``) and the other paths in parameters are read from the working
-    folder. Moved before any other hook reads one (the MLflow hook sets its store when the context is made);
+    folder. Moved before any other hook reads one (the MLflow hook reads its store's path as the run starts);
     said once."""
 
     @hook_impl(tryfirst=True)
@@ -401,3 +403,15 @@ def _measured_now(train: dict, catalog) -> dict:
     except Exception:  # noqa: BLE001 - a device that is not there: the training run says so itself
         device = params.runtime.device
     return measured_on(params, max_length=split.max_length, data=data_identity(fingerprint), device=device)
+
+
+def pin_local_store(config_loader) -> None:
+    """The session's mlflow.yml with a local SQLite store named relative to the working folder (the default
+    ``sqlite:///mlflow.db``) as its absolute path (``fastlm.tracking.local_store_uri``), so that each project
+    run in one process tracks into its own store."""
+    config_loader.config_patterns.setdefault("mlflow", ["mlflow*", "mlflow*/**", "**/mlflow*"])
+    conf = config_loader["mlflow"]
+    server = conf.get("server") or {}
+    uri = server.get("mlflow_tracking_uri")
+    if local_store_uri(uri) != uri:
+        config_loader["mlflow"] = {**conf, "server": {**server, "mlflow_tracking_uri": local_store_uri(uri)}}
