@@ -331,3 +331,33 @@ def test_runs_left_running_by_a_process_that_is_gone_are_ended_killed(tmp_path, 
         assert client.get_run(finished).info.status == "FINISHED"
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_a_notebook_session_points_mlflow_at_the_projects_store_before_any_run(
+    kedro_project, monkeypatch, empty_mlflow_db
+):
+    """A notebook's session (`%reload_kedro`, an IPython kernel) is set up as kedro-mlflow sets it up: the
+    context's `mlflow` configuration and MLflow's tracking URI the project's store as soon as the session's
+    context is made, so the notebook's own MLflow calls read and write the project's runs before any run.
+    (A `kedro run` sets MLflow up as its run starts, after every check.)"""
+    import sys
+    import types
+
+    from kedro.framework.session import KedroSession
+
+    from fastlm.tracking import end_session_tracking
+    from tests.support.project import bootstrap
+
+    shutil.copyfile(empty_mlflow_db, kedro_project / "mlflow.db")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    before = mlflow.get_tracking_uri()
+    bootstrap(kedro_project)
+    try:
+        with KedroSession.create(project_path=kedro_project) as session:
+            context = session.load_context()
+            assert getattr(context, "mlflow", None) is not None
+            assert mlflow.get_tracking_uri() == f"sqlite:///{(kedro_project / 'mlflow.db').resolve()}"
+    finally:
+        end_session_tracking()
+        mlflow.set_tracking_uri(before)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from kedro.framework.hooks import hook_impl
 
@@ -74,34 +75,51 @@ class MlflowArtifactsHook:
             self._mlflow.log_artifacts(str(path), metadata["mlflow_artifact"] or None)
 
 
+def in_a_notebook() -> bool:
+    """Whether this process is an IPython shell or kernel (a notebook, ``ipython``): IPython's running shell
+    (``get_ipython()``), None in a ``kedro run`` or script even where IPython is imported."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", None)
+    return shell is not None and shell() is not None
+
+
 class MlflowTrackingHook:
     """kedro-mlflow's hook with secrets masked (``RedactingMlflowHook``), loaded and set up as the run starts
     (``before_pipeline_run``), not when the session's context is made: the hooks registered after this one in
     ``settings.HOOKS`` (the run's name, parameters, inputs, output folders and their locks) are called before
     it, so a run they refuse sets up no MLflow (the plugin's hook not even imported) and makes no store
     (``mlflow.db``, ``mlruns/``), and its refusal comes seconds sooner. The context's ``mlflow``
-    (kedro-mlflow's configuration) is set then too.
+    (kedro-mlflow's configuration) is set then too. A notebook's session (an IPython kernel:
+    ``%reload_kedro``) is set up as soon as its context is made, as kedro-mlflow does: the notebook's own
+    MLflow calls and ``context.mlflow`` reach the project's store before any run.
 
     Registered as ``KEDRO_MLFLOW_HOOK``, the plugin's own hook's name, which Kedro then does not load."""
 
     def __init__(self) -> None:
         self.__name__ = KEDRO_MLFLOW_HOOK  # the name pluggy registers it under
-        self._context = None
+        self._context = self._set_up_for = None
         # the RedactingMlflowHook, from the first run start; like this hook, it outlives a session in-process
         self._hook = None
 
     @hook_impl
     def after_context_created(self, context) -> None:
-        self._context = context
+        self._context, self._set_up_for = context, None
+        if in_a_notebook():
+            self._set_up()
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if self._set_up_for is not self._context:
+            self._set_up()
+        self._hook.before_pipeline_run(run_params, pipeline, catalog)
+
+    def _set_up(self) -> None:
         from fastlm.hooks.kedro_mlflow_hook import RedactingMlflowHook
 
         if self._hook is None:
             self._hook = RedactingMlflowHook()
         self._hook.after_context_created(self._context)
-        self._hook.before_pipeline_run(run_params, pipeline, catalog)
+        self._set_up_for = self._context
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
