@@ -23,6 +23,7 @@ from fastlm.reporting.diagnosis import (
     epoch_eta,
     format_duration,
 )
+from fastlm.reporting.summaries import efficiency_summary
 from tests.support import reporting
 
 KINDS = [
@@ -592,3 +593,16 @@ def test_host_sync_advice_names_the_cuda_graph_setting_this_run_did_not_use():
     # FSDP2 gathers each layer's weights around it, which a layer's graph cannot hold: the config refuses it
     sharded = advice({"compile": False}, distributed_strategy="fsdp", world_size=2)
     assert "reduce-overhead" not in sharded and ".item()" in sharded
+
+
+def test_the_diagnosis_judges_the_data_wait_and_padding_the_efficiency_table_shows():
+    # the run's own figures over its single steps (total wait over the steps' time, real over computed
+    # tokens); the logging windows' means are diluted by the validations and saves their wall clock holds
+    summary = cpu(data_wait_share=0.15, padding_efficiency=0.7, steps=60, steps_trained=60)
+    history = make_history(6, data_wait_share=0.05, padding_efficiency=0.85)
+    table = efficiency_summary(summary, history).iloc[0]
+    findings = by_kind(diagnose(summary, history))
+    assert findings[INPUT_BOUND].figure == f"{table['data_wait_share'] * 100:.0f} %" == "15 %"
+    assert findings[INPUT_BOUND].triggered
+    assert findings[PADDING_BOUND].figure == f"{table['padding_efficiency'] * 100:.0f} %" == "70 %"
+    assert findings[PADDING_BOUND].triggered

@@ -3,10 +3,10 @@
 ``diagnose`` returns one :class:`Finding` per rule, triggered or not, so a report can show which checks
 passed. The rules, in order (thresholds are the module constants below):
 
-* ``input-bound`` -- the training loop waits for the DataLoader: mean ``data_wait_share`` is at least
-  ``INPUT_BOUND_SHARE``.
-* ``padding-bound`` -- much of the computed tokens is padding: mean ``padding_efficiency`` is below
-  ``PADDING_BOUND_EFFICIENCY``.
+* ``input-bound`` -- the training loop waits for the DataLoader: ``data_wait_share`` (the run's total wait
+  over its steps' own time, as ``efficiency_summary.csv`` shows it) is at least ``INPUT_BOUND_SHARE``.
+* ``padding-bound`` -- much of the computed tokens is padding: ``padding_efficiency`` (the run's real over
+  computed tokens) is below ``PADDING_BOUND_EFFICIENCY``.
 * ``host-sync-bound`` -- CUDA only: measured where the run recorded a GPU profile (the GPU waiting for the
   host at least ``HOST_BOUND_IDLE_SHARE`` of the profiled window), else see :func:`_host_sync_bound` for
   the heuristic.
@@ -84,9 +84,9 @@ COMPUTE_BOUND = "compute-bound"
 
 #: compute-bound on a GPU: a peak memory below this share of the device leaves room for bigger micro-batches.
 ROOMY_SHARE = 0.5
-#: input-bound when the mean share of each window spent blocked on the DataLoader reaches this.
+#: input-bound when the share of the steps' time spent blocked on the DataLoader reaches this.
 INPUT_BOUND_SHARE = 0.10
-#: padding-bound when the mean share of real (non-padding) tokens among computed tokens is below this.
+#: padding-bound when the share of real (non-padding) tokens among computed tokens is below this.
 PADDING_BOUND_EFFICIENCY = 0.80
 #: host-sync: a GPU profile (train.profile) measured the GPU waiting for the host at least this share of its
 #: window (engine/observe/gpu_idle.py): the measured signal, where a run recorded one.
@@ -136,11 +136,13 @@ def _known(value) -> bool:
 
 
 def _measured(summary: dict, timed: pd.DataFrame, column: str) -> float:
-    """Mean of ``column`` after warm-up, else the summary's figure, else NaN."""
-    value = _mean(numeric(timed, column))
-    if math.isnan(value) and _known(summary.get(column)):
-        value = float(summary[column])
-    return value
+    """The run's figure over its single steps (the summary's: total data wait over the steps' own time, total
+    real over computed tokens), the one ``efficiency_summary.csv`` shows; a summary without it (an older run)
+    falls back to the mean of ``column`` over the windows after warm-up (whose wall clock holds the
+    validations and saves); else NaN."""
+    if _known(summary.get(column)):
+        return float(summary[column])
+    return _mean(numeric(timed, column))
 
 
 def _percent(share: float) -> str:
