@@ -692,3 +692,29 @@ def test_the_truncation_warning_names_the_limit_and_what_set_it(monkeypatch):
     lines = [record.getMessage() for record in seen.buffer if "truncated" in record.getMessage()]
     assert summary["truncated"] == 1 and len(lines) == 1
     assert "longer than 3 tokens (set by predict.max_input_tokens)" in lines[0]
+
+
+def test_chats_given_without_the_training_system_turn_are_asked_as_given_with_one_warning(monkeypatch):
+    """Every training chat began with one system turn; texts asked of the model get it put before them, but
+    chats given without it were asked without it, silently."""
+    import logging.handlers
+
+    from fastlm.reporting import predict_steps
+
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-steps-system", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predict_steps, "log", logger)
+    trained = ChatFormat(system_prompt="Be brief.")
+    table = pd.DataFrame({"messages": [CHATS[0], CHATS[1], CHATS[1][:1]]})
+    record = predict_steps.system_turn_record(table, trained, "messages")
+    assert record == {"chats_without_system_turn": 2}
+    said = [record.getMessage() for record in seen.buffer if record.levelno == logging.WARNING]
+    assert len(said) == 1 and "2 of 3 chats" in said[0] and "'Be brief.'" in said[0]
+    assert '{"role": "system"' in said[0]
+    seen.buffer.clear()
+    assert predict_steps.system_turn_record(table.head(1), trained, "messages") == {
+        "chats_without_system_turn": 0
+    }
+    assert predict_steps.system_turn_record(table, ChatFormat(), "messages") == {}  # no shared system turn
+    assert not seen.buffer

@@ -32,6 +32,7 @@ __all__ = [
     "refuse_an_input_of_no_askable_row",
     "refuse_prompts_of_an_id_model",
     "say_predicted",
+    "system_turn_record",
     "tools_record",
     "training_rows",
 ]
@@ -77,6 +78,29 @@ def tools_record(table: pd.DataFrame, chat, column: str) -> dict:
             name,
         )
     return {"tools_column": None, "rows_with_tools": 0}
+
+
+def system_turn_record(table: pd.DataFrame, chat, column: str) -> dict:
+    """Chats given without the system turn every training chat began with (``chat.system_prompt``), for the
+    summary (``chats_without_system_turn``): they are asked as given, said in one warning naming that turn and
+    how to add it; nothing for a model whose training chats shared no system turn."""
+    if chat is None or not chat.system_prompt:
+        return {}
+    chats = role_content_chats(table[column], f"predict.messages_column ({column!r})")[0]  # ShareGPT's too
+    turns = [plain(value) for value in chats]
+    given = [value for value in turns if isinstance(value, list) and value and isinstance(value[0], dict)]
+    lacking = sum(value[0].get("role") != "system" for value in given)
+    if lacking:
+        log.warning(
+            "predict: %d of %d chats of column %r begin without the system turn every training chat began"
+            ' with (%s): they are asked as given. Fix: begin each with {"role": "system", "content": ...}'
+            " holding that turn (the model's training_data.json, system_prompt)",
+            lacking,
+            len(given),
+            column,
+            quoted(chat.system_prompt, 80),
+        )
+    return {"chats_without_system_turn": lacking}
 
 
 def _calls_tools(turns) -> bool:
