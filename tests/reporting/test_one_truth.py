@@ -193,3 +193,32 @@ def test_run_comparison_says_when_test_figures_cover_other_numbers_of_samples():
     assert "test_rouge_samples" not in table  # the same 41 wherever scored
     agreeing = compare_runs(runs.assign(**{"metrics.test_samples": 83.0}), current_run_id="a" * 32)
     assert "test_samples" not in agreeing
+
+
+def test_run_comparison_names_a_label_smoothed_train_loss_and_an_early_stopped_runs_model_step():
+    """final_train_loss (the last step's) stood bare beside final_val_loss (the returned model's step's): a
+    label-smoothed train loss read like the others' plain ones, and an early-stopped run's pair was two
+    steps' figures. Now a ``label_smoothing`` column follows final_train_loss where any run smoothed it, and
+    ``model_step`` / ``last_step`` follow final_val_loss where a run's model is not its last step's."""
+    runs = runs_frame(SPEED).assign(
+        **{
+            "metrics.train/loss": [3.1, 2.9, 3.0],
+            "metrics.final_val_loss": [3.2, 3.0, 3.1],
+            "params.train.loss.label_smoothing": ["0.1", "0.0", None],
+            "metrics.model_step": [60.0, 70.0, math.nan],
+            "metrics.steps": [70.0, 70.0, math.nan],
+        }
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    columns = list(table.columns)
+    at = columns.index("final_train_loss")
+    assert columns[at + 1] == "label_smoothing" and columns[at + 2] == "final_val_loss"
+    assert table["label_smoothing"].tolist()[:2] == [0.1, 0.0] and math.isnan(table["label_smoothing"][2])
+    assert "train.loss.label_smoothing" not in columns  # once, beside the loss it smooths
+    assert columns[at + 3 : at + 5] == ["model_step", "last_step"]
+    assert table["model_step"].tolist()[:2] == [60.0, 70.0] and table["last_step"].tolist()[:2] == [
+        70.0,
+        70.0,
+    ]
+    plain = runs.drop(columns=["params.train.loss.label_smoothing"]).assign(**{"metrics.model_step": 70.0})
+    assert not {"label_smoothing", "model_step", "last_step"} & set(compare_runs(plain).columns)

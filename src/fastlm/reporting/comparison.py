@@ -26,6 +26,11 @@ WALL_TIME = "metrics.wall_time_s"
 # The run's name is its MLflow name (a sweep's child runs have no run_name parameter: the column would blank
 # theirs); the torch build is the runtime's, not a setting.
 NOT_COMPARED = ("params.run_name", "params.runtime.torch")
+# The train loss's label smoothing (the train loss is smoothed by it, validation and test losses plain)
+SMOOTHING = "params.train.loss.label_smoothing"
+# The step whose weights the run returned (early stopping's best, else the last) and the run's last step,
+# logged by the train node: final_val_loss is the first's, final_train_loss the second's
+MODEL_STEP, LAST_STEP = "metrics.model_step", "metrics.steps"
 # Test-split metrics logged by the report (``test_<name>``), shown in the comparison when a run has them.
 TEST_METRICS = (
     "loss",
@@ -58,7 +63,8 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     Only parameters whose values differ among the runs that have them are shown (a report-only key missing
     from train-only runs is not a difference), as values (lists as ``a, b``), so "batch 8 vs 16" or "packed vs
     dynamic" is one look. ``real_tokens_per_s`` is the run's throughput over its timed steps, the figure of
-    its own report; losses are the last values logged; wall time is the training's (``WALL_TIME``). Test loss
+    its own report; final_train_loss is the last step's, final_val_loss the returned model's step's, named
+    where that matters (``_name_the_losses``); wall time is the training's (``WALL_TIME``). Test loss
     and ROUGE-1/2/L (F1) columns appear when at least one run has them (a report logged them). ``this run``
     marks ``current_run_id``; ``status`` appears where a run did not finish (``_unfinished_status``).
     """
@@ -72,7 +78,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     params = {
         column: runs[column].map(param_value)
         for column in runs.columns
-        if column.startswith("params.") and not column.startswith(NOT_COMPARED)
+        if column.startswith("params.") and not column.startswith(NOT_COMPARED) and column != SMOOTHING
     }
     differing = [column for column, values in params.items() if values.dropna().nunique() > 1]
     table = pd.DataFrame(
@@ -87,6 +93,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
             "wall_time_s": runs.get(WALL_TIME),
         }
     )
+    _name_the_losses(table, runs)
     status = _unfinished_status(runs, current_run_id)
     if status is not None:
         table.insert(3, "status", status.to_numpy())
@@ -101,6 +108,22 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     for column in differing:
         table[column.removeprefix("params.")] = params[column]
     return table.reset_index(drop=True)
+
+
+def _name_the_losses(table: pd.DataFrame, runs: pd.DataFrame) -> None:
+    """In place: ``label_smoothing`` after final_train_loss where any run's train loss was smoothed (its
+    validation and test losses are plain), and ``model_step`` / ``last_step`` after final_val_loss where a
+    run's model is an earlier step's than its last (early stopping's best: final_val_loss is that step's,
+    final_train_loss the last step's)."""
+    smoothing = pd.to_numeric(runs.get(SMOOTHING, pd.Series(math.nan, index=runs.index)), errors="coerce")
+    if (smoothing > 0).any():
+        table.insert(table.columns.get_loc("final_train_loss") + 1, "label_smoothing", smoothing.to_numpy())
+    if MODEL_STEP in runs and LAST_STEP in runs:
+        model, last = (pd.to_numeric(runs[name], errors="coerce") for name in (MODEL_STEP, LAST_STEP))
+        if (model < last).any():
+            at = table.columns.get_loc("final_val_loss") + 1
+            table.insert(at, "model_step", model.to_numpy())
+            table.insert(at + 1, "last_step", last.to_numpy())
 
 
 def _unfinished_status(runs: pd.DataFrame, current_run_id: str | None) -> pd.Series | None:

@@ -444,7 +444,10 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
         Section(
             "Run comparison",
             text="Training runs of this MLflow experiment (◀: the run of this report); only "
-            "parameters whose values differ among the runs that have them.",
+            "parameters whose values differ among the runs that have them. final_train_loss is each "
+            "run's last step's (label-smoothed where label_smoothing is above 0), final_val_loss its model's "
+            "step's (model_step, early stopping's best, where it is not last_step); validation and test "
+            "losses are plain.",
             table=runs.fillna({"this run": ""}) if "this run" in runs else runs,
         ),
         *_sweep_sections(inputs.sweep, data=inputs.summary.get("fingerprint")),
