@@ -144,3 +144,26 @@ def test_the_end_of_run_losses_of_an_early_stopped_run_pair_the_kept_steps_figur
     # the model is the last step's (its best): one pair, as without early stopping
     last = {**summary, "early_stopping": {"best_step": 70, "model_from_step": 70}, "label_smoothing": 0.0}
     assert end_of_run_losses(last) == "train loss 1.9000, validation loss 2.5000"
+
+
+def test_a_resumed_runs_efficiency_table_says_which_steps_each_figure_covers():
+    """A run of 12 steps resumed at step 6: the throughput is over the history's windows (steps 2-6 and
+    8-12, each process's first step, marked ``warmup``, left out), the step times, data wait and padding
+    over the resuming process's own steps after its first (8-12). The table showed both with no word of
+    which steps they were."""
+    history = make_history(
+        6,
+        step=[1, 3, 6, 7, 9, 12],
+        warmup=[1, 0, 0, 1, 0, 0],
+        real_tokens_per_s=[10.0, 1000, 1000, 20.0, 500, 500],
+        step_time_s=[1.0, 0.1, 0.1, 2.0, 0.2, 0.2],
+    )
+    summary = {**SUMMARY, "steps": 12, "resumed_from_step": 6, "steps_trained": 6, "step_time_p50_s": 0.2}
+    row = efficiency_summary(summary, history).iloc[0]
+    # (1000 x 0.5 s + 500 x 1.0 s) / 1.5 s: the warm-up windows (steps 1 and 7) left out
+    assert row["real_tokens_per_s"] == pytest.approx(2000 / 3, rel=1e-12)
+    assert row["windows"] == 4
+    assert row["rate_steps"] == "2-6, 8-12"
+    assert row["step_figure_steps"] == "8-12"
+    fresh = efficiency_summary({**SUMMARY, "steps": 50, "step_time_p50_s": 0.1}, make_history(6)).iloc[0]
+    assert (fresh["rate_steps"], fresh["step_figure_steps"]) == ("2-50", "2-50")

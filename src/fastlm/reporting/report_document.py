@@ -247,10 +247,21 @@ def _steady_scope(summary: dict) -> str:
     return f"{steps}, evaluations and saves left out"
 
 
-def _efficiency_scope(summary: dict) -> str:
-    """Under the efficiency table of a resumed run: its per-step figures are its resuming process's."""
+def _efficiency_scope(summary: dict, efficiency: pd.DataFrame) -> str:
+    """Under the efficiency table of a resumed run: the rates cover the history's steps (``rate_steps``),
+    the per-step figures its resuming process's (``step_figure_steps``)."""
     steps = _resumed_steps(summary)
-    return "" if steps is None else f"Step times, data wait and padding: {steps}."
+    if steps is None:
+        return ""
+    row = efficiency.iloc[0] if not efficiency.empty else {}
+    rates, own = row.get("rate_steps"), row.get("step_figure_steps")
+    if not isinstance(rates, str) or not isinstance(own, str):
+        return f"Step times, data wait and padding: {steps}."
+    return (
+        f"Rates (tokens/s, samples/s): steps {rates}, each process's first step left out. Step times, data "
+        f"wait and padding: steps {own}, {steps}"
+        + (", its first step left out." if summary["steps_trained"] > 1 else ".")
+    )
 
 
 def _resumed_steps(summary: dict) -> str | None:
@@ -410,7 +421,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             items=run_lines(summary, inputs.split_report),
             table=training_table(inputs.training),
         ),
-        Section("Efficiency", table=_one_row(efficiency), text=_efficiency_scope(summary)),
+        Section("Efficiency", table=_one_row(efficiency), text=_efficiency_scope(summary, efficiency)),
         Section(
             "Curves",
             figures={

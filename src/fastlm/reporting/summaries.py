@@ -2,7 +2,8 @@
 
 Every summary key and history column may be missing (runs from older versions): a missing figure is
 ``None``/NaN, never an error. The first history row is step 1 alone (warm-up: CUDA context, allocator,
-compilation); rates and step times leave it out whenever there are other rows.
+compilation), as is each resumed process's first step (marked ``warmup``); rates and step times leave them out
+whenever there are other rows.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fastlm.engine.observe.rates import timed_rate
+from fastlm.engine.observe.rates import timed_rate, timed_windows
 from fastlm.errors import InputDataError, StaleDataError
 
 __all__ = [
@@ -143,10 +144,12 @@ def _loss(value: Any) -> str:
 
 
 def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
-    """The history without its first (warm-up) row, unless that row is all there is."""
+    """The history without its warm-up rows (its first, and each resumed process's first step, marked
+    ``warmup``: :func:`fastlm.engine.observe.rates.timed_windows`), unless they are all there is."""
     if history is None or history.empty:
         return pd.DataFrame()
-    return history.iloc[1:] if len(history) > 1 else history
+    kept = timed_windows(history.to_dict("records"))
+    return history.iloc[kept] if kept else history
 
 
 def throughput(history: pd.DataFrame | None, column: str = "real_tokens_per_s") -> float:
@@ -154,7 +157,8 @@ def throughput(history: pd.DataFrame | None, column: str = "real_tokens_per_s") 
     figure."""
     if history is None or history.empty or column not in history or "step_time_s" not in history:
         return math.nan
-    frame = history[["step", "step_time_s", column]].apply(pd.to_numeric, errors="coerce").astype("float64")
+    columns = ["step", "step_time_s", column] + (["warmup"] if "warmup" in history else [])
+    frame = history[columns].apply(pd.to_numeric, errors="coerce").astype("float64")
     rate = timed_rate(frame.to_dict("records"), column)
     return math.nan if rate is None else rate
 
@@ -266,6 +270,50 @@ def training_summary(
     return pd.DataFrame([row])
 
 
+_TEXT_COLUMNS = ("run_id", "rate_steps", "step_figure_steps")
+
+
+def _spans(steps: list[tuple[int, int]]) -> str:
+    """``[(2, 6), (8, 12)]`` as "2-6, 8-12" (touching spans joined, a single step alone)."""
+    joined: list[list[int]] = []
+    for first, last in steps:
+        if joined and first <= joined[-1][1] + 1:
+            joined[-1][1] = max(joined[-1][1], last)
+        else:
+            joined.append([first, last])
+    return ", ".join(f"{first}-{last}" if last > first else f"{first}" for first, last in joined)
+
+
+def _rate_steps(history: pd.DataFrame | None) -> str | None:
+    """The steps the throughput covers: the windows :func:`throughput` counts (each process's first step
+    left out), as "2-6, 8-12"; None without a history."""
+    if history is None or history.empty or "step" not in history:
+        return None
+    records = history.to_dict("records")
+    kept = timed_windows(records) or range(len(records))
+    spans = []
+    for index in kept:
+        last = int(records[index]["step"])
+        first = int(records[index - 1]["step"]) + 1 if index > 0 else 1
+        spans.append((first, last))
+    return _spans(spans)
+
+
+def _step_figure_steps(summary: dict) -> str | None:
+    """The steps the summary's per-step figures (step times, data wait, padding) cover: the last process's
+    (``StepMetrics.step_figures``), its first left out unless it is the only one; None when the summary has
+    none (the windows' fallback covers the throughput's steps)."""
+    steps = summary.get("steps")
+    if _first_known(summary.get("step_time_p50_s")) is None or not isinstance(steps, int):
+        return None
+    start = summary.get("resumed_from_step") or 0
+    trained = summary.get("steps_trained")
+    trained = trained if isinstance(trained, int) else steps - start
+    if trained < 1:
+        return None
+    return _spans([(start + (2 if trained > 1 else 1), steps)])
+
+
 def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None = None) -> pd.DataFrame:
     """One row: throughput, step-time spread, input/padding overheads, memory and MFU.
 
@@ -276,6 +324,9 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
     warm-up row (percentiles of the window mean step times, means of the window shares). ``peak_memory_mb`` is
     the maximum over all rows (the warm-up row included: memory peaks count wherever they happen). Figures the
     history lacks come from ``summary`` when it has them. ``mfu`` is NaN when never measured (CPU runs).
+    ``rate_steps`` says which steps the rates cover ("2-6, 8-12": each process's first step left out),
+    ``step_figure_steps`` which steps the step times, data wait and padding cover: a resumed run's are its
+    last process's ("8-12"), its history's windows before it not among them.
     """
     summary = summary or {}
     timed = after_warmup(history)
@@ -302,9 +353,11 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
             _max(numeric(history, "peak_memory_mb")), summary.get("peak_memory_mb"), math.nan
         ),
         "mfu": _mean(numeric(timed, "mfu")),
+        "rate_steps": _rate_steps(history),
+        "step_figure_steps": _step_figure_steps(summary) or _rate_steps(history),
     }
     frame = pd.DataFrame([row])
-    numeric_columns = [column for column in frame.columns if column != "run_id"]
+    numeric_columns = [column for column in frame.columns if column not in _TEXT_COLUMNS]
     frame[numeric_columns] = frame[numeric_columns].astype(np.float64)
     frame["windows"] = frame["windows"].astype("int64")
     return frame

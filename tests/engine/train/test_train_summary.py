@@ -186,3 +186,39 @@ def test_a_resumed_runs_wall_time_and_elapsed_clock_count_its_earlier_processes(
         tmp_path / "checkpoints" / "checkpoint-00000008", model=None, restore_rng=False
     )
     assert again.summary["steps_trained"] == 0 and again.summary["wall_time_s"] >= finished["elapsed_s"]
+
+
+def test_a_resumed_process_leaves_its_first_step_out_of_the_throughput(tmp_path, monkeypatch):
+    """A run stopped by train.max_steps and continued with more steps: the resuming process's first step
+    (its warm-up, slowed here by 0.3 s) ran in its first logging window, which the throughput counted (only
+    the history's first row was left out), so real_tokens_per_s read a fraction of the steps' speed. Each
+    process's first step is now its own row, marked ``warmup`` and left out as the first process's is."""
+    import time
+
+    import fastlm.engine.train.loop as loop_module
+    from fastlm.engine.observe.rates import timed_rate
+
+    steps = {"log_every": 3, "eval_every": None, "save_every": 6}
+    run_toy(toy_params(tmp_path, max_steps=6, **steps))
+    real, calls = loop_module.train_step, []
+
+    def slowed_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "train_step", slowed_first)
+    resumed = run_toy(toy_params(tmp_path, max_steps=12, resume="auto", **steps))
+    history, summary = resumed.history, resumed.summary
+    assert summary["resumed_from_step"] == 6
+    assert [record["step"] for record in history] == [1, 3, 6, 7, 9, 12]
+    assert [record["step"] for record in history if record.get("warmup")] == [1, 7]
+    timed = [record for record in history if record["step"] not in (1, 7)]
+    # the windows after each process's first step, weighed by their steps: the same sums in another order
+    windows = list(zip(timed, [2, 3, 2, 3], strict=True))
+    amount = sum(row["real_tokens_per_s"] * row["step_time_s"] * n for row, n in windows)
+    seconds = sum(row["step_time_s"] * n for row, n in windows)
+    assert summary["real_tokens_per_s"] == pytest.approx(amount / seconds, rel=1e-9)
+    assert summary["real_tokens_per_s"] == pytest.approx(timed_rate(history), rel=1e-12)
+    assert history[3]["step_time_s"] >= 0.3  # the warm-up row holds the slowed step alone

@@ -72,7 +72,8 @@ class Recorder:
         )
         self.progress.advance()
         step = self.state.step
-        if (step == 1 and not self.state.history) or step % self.log_every == 0 or step == self.total_steps:
+        # each process's first step (warm-up: a resumed process's too) is a row of its own
+        if step == self.state.first_step + 1 or step % self.log_every == 0 or step == self.total_steps:
             self.flush(position)
 
     def flush(self, position: dict) -> dict | None:
@@ -80,14 +81,18 @@ class Recorder:
         if not self.metrics.pending_steps:
             return None
         state = self.state
-        record = {**self.metrics.flush(state.step), **position}
+        # this process's first step alone (warm-up): every throughput figure leaves the row out
+        warmup = state.step == state.first_step + 1 and self.metrics.pending_steps == 1
+        record = {**self.metrics.flush(state.step), **position, "warmup": int(warmup)}
         check_finite(record, state.step, state.last_good)
-        if not state.history:
+        if warmup:
             log.info(
-                "First step: %.2f s%s; the throughput figures leave it out",
+                "First step%s: %.2f s%s; the throughput figures leave it out",
+                f" of this process (resumed at step {state.first_step})" if state.first_step else "",
                 record["step_time_s"],
                 " (torch.compile included)" if self.compiled else "",
             )
+        if not state.history:
             check_first_loss(record["loss"], **self.first_loss)
         self.grad_norms.check(record)
         state.history.append(record)
