@@ -77,6 +77,11 @@ class Seq2SeqSides:
     packing: bool = False
     ends: TextEnds = TextEnds()
 
+    def real_lengths(self, lengths):
+        """Each sample's real tokens as its batches count them (the collators' ``num_real_tokens``): its ids,
+        the decoder start and the ends around both sides (``collators.seq2seq_sides``)."""
+        return lengths + 1 + len(self.ends.head) + len(self.ends.tail)
+
 
 def make_batching(
     params: TrainParams,

@@ -619,3 +619,34 @@ def test_a_checkpoint_of_rows_without_the_tokenizers_ends_is_not_continued_with_
     # the same framing continues
     resumed = run(framed, resume="auto", max_steps=6)
     assert resumed.summary["resumed_from_step"] == 4
+
+
+@pytest.mark.parametrize("mode", ["packed", "length_grouped"])
+def test_an_encoder_decoder_runs_epoch_tokens_count_the_ends_its_rows_get(tmp_path, mode):
+    """An encoder-decoder row gets the decoder start and the tokenizer's ends around the split's ids (BART:
+    ``</s>`` after the prompt, ``</s> <s>`` before the response), which every step's real tokens (the rate's)
+    count. The epoch's tokens (``train_tokens``, the epoch time's numerator) and ``tokens_per_step`` counted
+    the split's ids alone: 3 tokens a sample short, so the epoch time read short. One epoch of 8 samples:
+    the tokens it saw are the epoch's tokens."""
+    from fastlm.engine.data.collators import TextEnds
+
+    folder = tmp_path / "bart"
+    _tiny("bart").save_pretrained(folder)
+    plain = copy_samples(8, 3)
+    samples = TokenSequences(
+        plain.values, plain.offsets, plain.prompt_lengths, text_ends=TextEnds((0,), (EOS,))
+    )
+    params = _params(tmp_path, folder, mode=mode, micro_batch_size=4).model_copy(
+        update={"max_steps": None, "epochs": 1.0, "log_every": 1, "eval_every": None}
+    )
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    result = train(
+        model, samples, None, params=params, runtime=runtime, pad_id=PAD, max_length=64, attn="sdpa"
+    )
+    summary = result.summary
+    assert summary["epochs"] == 1.0 and summary["tokens_seen"] == int(plain.lengths.sum()) + 3 * 8
+    assert summary["train_tokens"] == summary["tokens_seen"]
+    assert summary["tokens_per_step"] * summary["steps"] == pytest.approx(
+        summary["tokens_seen"], abs=0.05 * 8
+    )

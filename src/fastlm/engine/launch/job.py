@@ -136,7 +136,8 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
         "distributed_strategy": params.distributed.strategy if world > 1 else "none",
         "dataloader_workers": loader_settings(params, runtime.device)["num_workers"],
         "train_samples": len(train_set),
-        "train_tokens": train_set.num_tokens,
+        # the epoch's real tokens as the steps count them (an encoder-decoder's rows get ends around its ids)
+        "train_tokens": result.summary.get("train_tokens", train_set.num_tokens),
         "device_memory_mb": device_memory_mb(runtime.device),
         "runtime": (result.runtime or runtime).describe(),
     }

@@ -298,8 +298,9 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     )
     profiler = step_profiler(params.profile, device, enabled=comm.is_main)
     validate = _validation(request, model, params=params, runtime=runtime, attn=attn)
+    lengths = request.train_set.lengths
     holds = step_contents(
-        request.train_set.lengths,
+        lengths if request.sides is None else request.sides.real_lengths(lengths),  # as the steps count
         steps_per_epoch=steps_per_epoch,
         rows_per_step=(
             params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * comm.world_size

@@ -127,11 +127,14 @@ class Recorder:
 
 def step_contents(lengths: np.ndarray, *, rows_per_step: int, steps_per_epoch: int) -> dict:
     """What one optimizer step holds, on average over an epoch: its rows (micro-batch x accumulation x
-    processes), samples and real tokens. A packed row holds several samples: the rows alone understate it."""
+    processes), samples and real tokens, and the epoch's real tokens (``train_tokens``: the epoch time's
+    numerator). A packed row holds several samples: the rows alone understate it. ``lengths``: each sample's
+    real tokens as the steps count them (an encoder-decoder's with the ends its rows get)."""
     return {
         "rows_per_step": rows_per_step,
         "samples_per_step": round(len(lengths) / steps_per_epoch, 1),
         "tokens_per_step": round(float(np.sum(lengths)) / steps_per_epoch, 1),
+        "train_tokens": int(np.sum(lengths)),
     }
 
 
