@@ -341,3 +341,11 @@ def test_the_training_table_names_each_losss_step_and_a_label_smoothed_train_los
     shown = table(plain)
     assert shown["final_train_loss (step 50)"] == "3" and shown["final_val_loss (step 50)"] == "3.2"
     assert not {"model_train_loss", "last_val_loss", "model_step"} & {name.split(" (")[0] for name in shown}
+
+
+def test_the_training_summary_names_the_time_of_steps_that_ran_out_of_memory():
+    lines = run_lines({"steps": 6, "oom_failed_s": 0.31}, None)
+    assert any(line.startswith("Out of memory: 0.3 s went to step attempts") for line in lines)
+    assert not any(
+        line.startswith("Out of memory") for line in run_lines({"steps": 6, "oom_failed_s": 0.0}, None)
+    )

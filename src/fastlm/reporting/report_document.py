@@ -222,6 +222,12 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             f"steady real tokens/s (steps only): {steady:,.0f}, {_steady_scope(summary)}"
             + (f" ({outside:,.1f} s outside the steps)." if _finite(outside) else ".")
         )
+    failed = summary.get("oom_failed_s")
+    if _finite(failed) and failed > 0:
+        lines.append(
+            f"Out of memory: {failed:,.1f} s went to step attempts that ran out of memory and were redone "
+            "at a smaller micro-batch (oom_failed_s); no step's time holds them, the wall clock does."
+        )
     splits = (split_report or {}).get("splits") or {}
     if splits:
         rows = ", ".join(f"{name} {int(info.get('rows', 0)):,}" for name, info in splits.items())

@@ -353,3 +353,33 @@ def test_a_validation_out_of_memory_backs_off_on_its_own_and_later_validations_k
     for backed_off, reference in zip(result.eval_history, full.eval_history, strict=True):
         assert backed_off["val_target_tokens"] == reference["val_target_tokens"]
         assert backed_off["val_loss"] == pytest.approx(reference["val_loss"], rel=OTHER_FP32_MODEL["rtol"])
+
+
+def test_a_step_that_ran_out_of_memory_keeps_its_failed_attempt_out_of_the_step_times(tmp_path, monkeypatch):
+    """Step 3's first attempt ran 0.3 s, then out of memory, and was redone at half the micro-batch: its
+    time landed in the redone step's (``step_time_max_s``, the percentiles, the steady throughput). The
+    failed attempt's time is counted apart and named (``oom_failed_s``)."""
+    import time
+
+    import torch
+
+    import fastlm.engine.train.loop as loop_module
+
+    pause, real, calls = 0.3, loop_module.train_step, []
+
+    def third_runs_out(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            time.sleep(pause)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "train_step", third_runs_out)
+    params = toy_params(
+        tmp_path, batching={"micro_batch_size": 4, "oom_backoff": True}, max_steps=6, eval_every=None
+    )
+    result = run_toy(params)
+    summary = result.summary
+    assert [backoff["step"] for backoff in summary["oom_backoffs"]] == [3] and len(result.step_times) == 6
+    assert max(result.step_times) < pause and summary["step_time_max_s"] < pause
+    assert summary["oom_failed_s"] >= pause

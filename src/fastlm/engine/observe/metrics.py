@@ -157,6 +157,7 @@ class StepMetrics:
         self._start = self._window_start = self._last_step_end = perf_counter()
         self._elapsed_before_s = elapsed_before_s
         self.outside_steps_s = 0.0  # host time spent between steps on other work (``set_aside``)
+        self.oom_failed_s = 0.0  # host time of step attempts that ran out of memory (``discard_attempt``)
         self._window_steps = 0
         self._window_data_wait = 0.0
         self._step_data_wait = 0.0
@@ -177,6 +178,15 @@ class StepMetrics:
         now = perf_counter()
         self.outside_steps_s += now - self._last_step_end
         self._last_step_end = now
+
+    def discard_attempt(self) -> None:
+        """The step begun since the last one ended ran out of memory and is redone smaller: its time (its data
+        wait included) is counted in ``oom_failed_s``, not in the redone step's (``step_times``, the
+        percentiles, the data wait and steady throughput). The logging window's wall clock keeps it."""
+        now = perf_counter()
+        self.oom_failed_s += now - self._last_step_end
+        self._last_step_end = now
+        self._step_data_wait = 0.0
 
     def record_data_wait(self, seconds: float) -> None:
         """Host time the loop spent waiting for the next batch(es) during the current step."""
@@ -277,7 +287,9 @@ class StepMetrics:
         is the only one): step-time percentiles and maximum, data-wait share (total wait / total time),
         padding efficiency (total real / total computed tokens) and the steady throughput
         (``steady_real_tokens_per_s``: total real tokens / total step time, the time ``set_aside`` for
-        evaluations and saves not in it; ``outside_steps_s``: that time). None where nothing was measured."""
+        evaluations and saves not in it; ``outside_steps_s``: that time; ``oom_failed_s``: the time of the
+        attempts that ran out of memory and were redone smaller, in no step's). None where nothing was
+        measured."""
         keep = slice(1, None) if len(self.step_times) > 1 else slice(None)
         times, waits = self.step_times[keep], self.step_data_waits[keep]
         real, computed = self.step_real_tokens[keep], self.step_computed_tokens[keep]
@@ -292,6 +304,7 @@ class StepMetrics:
             "padding_efficiency": sum(real) / sum(computed) if counted else None,
             "steady_real_tokens_per_s": sum(real) / total if None not in real and total > 0 else None,
             "outside_steps_s": round(self.outside_steps_s, 3),
+            "oom_failed_s": round(self.oom_failed_s, 3),
         }
 
     def to_frame(self):

@@ -113,6 +113,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                     )
                 except torch.OutOfMemoryError as error:  # this step's update never happened: redo it smaller
                     micro = None
+                    run.metrics.discard_attempt()  # its time apart (oom_failed_s), not the redone step's
                     _back_off(run, error)
                     continue
                 _count_step(run, result, counts)
