@@ -164,6 +164,7 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
         "padding_efficiency": 90.0 / 120.0,
         "steady_real_tokens_per_s": 90.0 / 6.0,  # the steps after the first over their own time
         "outside_steps_s": 7.25,
+        "oom_failed_s": 0.0,  # no attempt ran out of memory
         "peak_memory_mb": 30.0,
         "tokens_seen": 5000,
         "flops_per_token": 6e3,
