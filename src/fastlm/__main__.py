@@ -32,8 +32,10 @@ def merge_adapter_command(argv: list[str]) -> int:
     """Merge ``--adapter`` (a LoRA model folder from the train pipeline) into its base, write ``--out``.
 
     The output holds the merged weights (safetensors) and the adapter folder's tokenizer, and loads with
-    ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any full model. An existing ``--out`` is never replaced
-    unless ``--overwrite`` is given; the folder is written atomically.
+    ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any full model. Its weights are in the dtype the base
+    folder's are saved in (``--dtype auto``: a bf16 base gives a bf16 folder, its size; a QLoRA adapter's
+    base folder likewise), or the one ``--dtype`` names; the merge computes in float32 and casts once. An
+    existing ``--out`` is never replaced unless ``--overwrite`` is given; the folder is written atomically.
     """
     parser = argparse.ArgumentParser(
         prog=f"python -m fastlm {MERGE}", description=merge_adapter_command.__doc__
@@ -44,6 +46,13 @@ def merge_adapter_command(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, help="folder for the merged full model")
     parser.add_argument(
         "--base", default=None, help="base model folder (default: the one the adapter config names)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="dtype of the merged weights (default auto: the dtype the base folder's weights are saved in; "
+        "the merge itself computes in float32 and casts once)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     args = parser.parse_args(argv)
@@ -69,11 +78,11 @@ def merge_adapter_command(argv: list[str]) -> int:
             raise InputDataError(
                 f"{out} already exists and is not empty.", fix="choose another --out or add --overwrite."
             )
-        _write_merged(adapter, out, args.base)
+        dtype = _write_merged(adapter, out, args.base, args.dtype)
     except FastlmError as error:
         print(f"fastlm: error: {error}", file=sys.stderr)
         return error.exit_code
-    print(f"Merged {adapter} into a full model at {out}")
+    print(f"Merged {adapter} into a full {dtype} model at {out}")
     return 0
 
 
@@ -90,14 +99,15 @@ def _read_folders(adapter: Path, base: str | None) -> list[tuple[str, Path]]:
     return [("adapter folder", adapter)] + ([("base model folder", Path(base))] if base else [])
 
 
-def _write_merged(adapter: Path, out: Path, base: str | None) -> None:
+def _write_merged(adapter: Path, out: Path, base: str | None, dtype: str) -> str:
+    """Write the merged model and its tokenizer to ``out``; the dtype its weights are written in."""
     from transformers import AutoTokenizer
 
     from fastlm.datasets.atomic_folder import write_folder_atomically
     from fastlm.datasets.pretrained_model import TRAINING_DATA
     from fastlm.engine.model.lora import merge_adapter
 
-    model = merge_adapter(adapter, base=base)
+    model = merge_adapter(adapter, base=base, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)
 
     def write(folder: Path) -> None:
@@ -107,6 +117,7 @@ def _write_merged(adapter: Path, out: Path, base: str | None) -> None:
             shutil.copy2(adapter / TRAINING_DATA, folder / TRAINING_DATA)
 
     write_folder_atomically(out, write)
+    return str(model.dtype).removeprefix("torch.")
 
 
 if __name__ == "__main__":

@@ -37,10 +37,18 @@ def llama_style_tokenizer(texts: list[str], *, vocab_size: int = 400, chat_templ
 
 
 def save_tiny_llama(
-    folder: Path, tokenizer, *, hidden_size: int = 32, layers: int = 2, seed: int = 0, tied: bool = False
+    folder: Path,
+    tokenizer,
+    *,
+    hidden_size: int = 32,
+    layers: int = 2,
+    seed: int = 0,
+    tied: bool = False,
+    dtype=None,
 ) -> Path:
     """A randomly initialised LlamaForCausalLM for ``tokenizer``, saved with its tokenizer in ``folder``;
-    ``tied``: its head shares the input embedding (as Llama-3.2-1B/3B's and Qwen3-4B's do)."""
+    ``tied``: its head shares the input embedding (as Llama-3.2-1B/3B's and Qwen3-4B's do); ``dtype``: saved
+    in it (a torch dtype; default fp32), as a bf16 download is."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -57,7 +65,7 @@ def save_tiny_llama(
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=tied,
     )
-    LlamaForCausalLM(config).save_pretrained(folder)
+    LlamaForCausalLM(config).to(dtype or torch.float32).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return Path(folder)
 

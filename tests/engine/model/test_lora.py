@@ -30,6 +30,7 @@ from tests.support import background
 from tests.support.packages import hide_package
 from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
 from tests.support.tolerances import (
+    BF16_VS_FP32,
     MERGED_ADAPTER_ATOL,
     OTHER_FP32_MODEL,
     TRAINED_FP32_LOSS_REL,
@@ -655,13 +656,13 @@ def test_a_lora_bias_setting_on_a_model_without_biases_says_it_trains_nothing_ex
     assert not [line for line in lines if f"{lora.PARAM}.bias" in line], lines
 
 
-def _adapter(tmp_path, base_dir, tokenizer):
+def _adapter(tmp_path, base_dir, tokenizer, **lora_overrides):
     """A LoRA model on a copy of the base, saved as the catalog saves it: (base folder, adapter folder)."""
     from fastlm.datasets import PretrainedModelDataset
 
     base = tmp_path / "base"
     shutil.copytree(base_dir, base)
-    params = parse_train_params({"model": model_params(base)}).model
+    params = parse_train_params({"model": model_params(base, **lora_overrides)}).model
     model = build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
     with torch.no_grad():  # an adapter that changes the model (peft starts lora_B at zero)
         for name, parameter in model.named_parameters():
@@ -746,6 +747,154 @@ def test_merging_an_adapter_saved_before_the_quantization_record_says_what_a_qlo
     assert "full-precision" in said[0] and "train it again" in said[0] and "in 4-bit" in said[0], said
 
 
+@pytest.fixture(scope="module")
+def bf16_base_dir(tmp_path_factory, tokenizer):
+    return save_tiny_llama(tmp_path_factory.mktemp("bf16_base"), tokenizer, dtype=torch.bfloat16)
+
+
+def _saved_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {name: t for path in sorted(folder.glob("*.safetensors")) for name, t in load_file(path).items()}
+
+
+def _saved_dtype_names(folder: Path) -> tuple[set[str], str]:
+    """The dtypes of a saved folder's floating tensors, and the dtype its config.json names."""
+    floating = {str(t.dtype).removeprefix("torch.") for t in _saved_tensors(folder).values()}
+    config = json.loads((folder / "config.json").read_text())
+    return {d for d in floating if d.startswith(("float", "bfloat"))}, config.get(
+        "dtype", config.get("torch_dtype")
+    )
+
+
+@pytest.mark.parametrize(
+    ("saved", "four_bit", "asked", "written"),
+    [
+        (torch.bfloat16, False, None, torch.bfloat16),
+        (torch.float32, False, None, torch.float32),
+        (torch.bfloat16, False, "float32", torch.float32),
+        (torch.bfloat16, True, None, torch.bfloat16),
+    ],
+    ids=["bf16-base", "fp32-base", "bf16-base-asked-fp32", "qlora-bf16-base"],
+)
+def test_merge_adapter_writes_the_bases_saved_dtype_merged_in_fp32_and_cast_once(
+    tmp_path, base_dir, bf16_base_dir, tokenizer, pairs, saved, four_bit, asked, written
+):
+    """A base saved in bf16 (a 3B download: 6 GB) merged with its adapter was written in fp32 (12 GB, a dtype
+    the user never had). The merged folder is in the base's saved dtype (``--dtype auto``; a QLoRA adapter's:
+    the base folder's, its dequantized NF4 weights plus the adapter), or the one ``--dtype`` asks: each merged
+    weight is ``W + scale * B @ A`` computed in fp32 and cast once, and the folder's logits are the unmerged
+    model's up to that one rounding. An fp32 base still merges to fp32."""
+    from peft.tuners.lora import LoraLayer
+    from transformers import AutoModelForCausalLM
+
+    from fastlm.__main__ import merge_adapter_command
+
+    if four_bit:
+        pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    base = bf16_base_dir if saved == torch.bfloat16 else base_dir
+    _, adapter = _adapter(tmp_path, base, tokenizer, **({"load_in_4bit": True} if four_bit else {}))
+    out = tmp_path / "merged"
+    argv = ["--adapter", str(adapter), "--out", str(out)] + (["--dtype", asked] if asked else [])
+    assert merge_adapter_command(argv) == 0
+    name = str(written).removeprefix("torch.")
+    assert _saved_dtype_names(out) == ({name}, name)
+    tensors = _saved_tensors(out)
+    unmerged = lora.load_adapter_model(adapter, merge=False).eval()  # fp32; a QLoRA one on its NF4 weights
+    adapted = {n: m for n, m in unmerged.base_model.model.named_modules() if isinstance(m, LoraLayer)}
+    assert len(adapted) == 2 * 7
+    with torch.no_grad():
+        for module_name, module in adapted.items():  # peft's own merge, in fp32, then one cast
+            in_fp32 = module.base_layer.weight + module.get_delta_weight("default")
+            assert torch.equal(tensors[f"{module_name}.weight"], in_fp32.to(written)), module_name
+        ids = torch.as_tensor(np.asarray(pairs[0], dtype=np.int64))[None]
+        merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+        tolerance = {"rtol": 0, "atol": MERGED_ADAPTER_ATOL} if written == torch.float32 else BF16_VS_FP32
+        torch.testing.assert_close(merged(input_ids=ids).logits, unmerged(input_ids=ids).logits, **tolerance)
+
+
+def test_merge_adapter_refuses_a_dtype_its_weights_overflow(tmp_path, base_dir, tokenizer, capsys):
+    """``--dtype float16`` for a base with a weight beyond fp16's range (65504): the merged folder would hold
+    inf. One line naming the weight, ``--dtype`` and the fix, exit 2, no folder."""
+    from safetensors.torch import load_file, save_file
+
+    from fastlm.__main__ import merge_adapter_command
+
+    large = tmp_path / "large"
+    shutil.copytree(base_dir, large)
+    weights = load_file(large / "model.safetensors")
+    weights["model.norm.weight"][0] = 1e5
+    save_file(weights, large / "model.safetensors", metadata={"format": "pt"})
+    _, adapter = _adapter(tmp_path, large, tokenizer)
+    out = tmp_path / "merged"
+    assert merge_adapter_command(["--adapter", str(adapter), "--out", str(out), "--dtype", "float16"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "model.norm.weight" in lines[0] and "--dtype float16" in lines[0], lines
+    assert "Fix:" in lines[0] and "bfloat16" in lines[0] and not out.exists(), lines
+
+
+def test_a_bases_saved_dtype_is_that_of_most_of_its_unquantized_weights(tmp_path):
+    """``saved_dtype``: a bf16 folder with a few fp32 tensors is bf16 (most of its bytes), packed 4-bit
+    tensors do not count; a folder without safetensors has its config's dtype."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    save_file(
+        {"norm": torch.ones(8), "proj": torch.ones(16, 8, dtype=torch.bfloat16)}, mixed / "a.safetensors"
+    )
+    save_file(
+        {"packed": torch.zeros(4096, dtype=torch.uint8), "head": torch.ones(4)}, mixed / "b.safetensors"
+    )
+    assert lora.saved_dtype(mixed) == torch.bfloat16
+    binary = tmp_path / "binary"
+    LlamaConfig(hidden_size=8, num_attention_heads=2, dtype="float16").save_pretrained(binary)
+    (binary / "pytorch_model.bin").write_bytes(b"")
+    assert lora.saved_dtype(binary) == torch.float16
+
+
+@pytest.mark.parametrize(
+    ("family", "targets"),
+    [("bart", ["q_proj", "lm_head"]), ("bart", ["q_proj"]), ("llama", ["q_proj", "embed_tokens"])],
+)
+def test_a_bf16_encoder_decoder_or_tied_base_merges_to_bf16_keeping_its_ties(
+    tmp_path, tokenizer, family, targets
+):
+    """A bf16 BART (its head and both embeddings one table) or a tied bf16 Llama: the merged folder is bf16
+    throughout, tied where no adapter sits on a tied weight (as in fp32), and gives the unmerged model's
+    logits up to the one bf16 rounding of each merged weight."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from tests.support.tiny_seq2seq import tiny_seq2seq
+
+    base = tmp_path / "base"
+    if family == "bart":
+        tiny_seq2seq("bart").to(torch.bfloat16).save_pretrained(base)
+        auto, vocab = AutoModelForSeq2SeqLM, 64
+    else:
+        save_tiny_llama(base, tokenizer, tied=True, dtype=torch.bfloat16)
+        auto, vocab = AutoModelForCausalLM, len(tokenizer)
+    peft_model = get_peft_model(
+        auto.from_pretrained(base, dtype=torch.float32), LoraConfig(r=4, lora_alpha=8, target_modules=targets)
+    )
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name or "lora_embedding_" in name:
+                param.normal_(0, 0.5)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, **({"decoder_input_ids": ids.flip(-1)} if family == "bart" else {})}
+    lora.merge_adapter(tmp_path / "adapter", base=str(base)).save_pretrained(tmp_path / "merged")
+    assert _saved_dtype_names(tmp_path / "merged") == ({"bfloat16"}, "bfloat16")
+    with torch.no_grad():
+        again = auto.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+        torch.testing.assert_close(again(**inputs).logits, peft_model.eval()(**inputs).logits, **BF16_VS_FP32)
+    tied = again.get_output_embeddings().weight is again.get_input_embeddings().weight
+    assert tied == (targets == ["q_proj"]) and again.config.tie_word_embeddings == tied
+
+
 # The module's base and an adapter on it (as ``_adapter`` makes them: the base_dir and tokenizer fixtures,
 # model_params) saved in the current folder by a fresh process.
 ADAPTER = """
@@ -800,7 +949,7 @@ def test_the_merge_command_says_only_its_own_lines():
     deprecation of a registration), which ``kedro run`` keeps out through conf/logging.yml."""
     adapter, done = background.result(merge_in_a_process_of_its_own)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"Merged {adapter} into a full model at merged", done.stdout
+    assert done.stdout.strip() == f"Merged {adapter} into a full float32 model at merged", done.stdout
     assert not [line for line in done.stderr.splitlines() if "torchao" in line or "_pytree" in line], (
         done.stderr
     )

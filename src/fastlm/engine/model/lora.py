@@ -27,8 +27,8 @@ config names the base folder (an absolute path, so the adapter loads from anywhe
 the adapter onto a base folder whose weights changed since is refused in one line (``check_base``; an
 adapter saved without one loads with one warning). A LoRA checkpoint holds only the adapters, so the resume
 digest records the base weights too (``resume.run_digest``). ``merge_adapter`` folds the adapters into the
-base weights and returns a plain transformers model (``save_pretrained`` it for a full model folder:
-``python -m fastlm merge-adapter``).
+base weights (in fp32) and returns a plain transformers model in the base folder's saved dtype
+(``saved_dtype``; ``save_pretrained`` it for a full model folder: ``python -m fastlm merge-adapter``).
 """
 
 from __future__ import annotations
@@ -1009,12 +1009,76 @@ def say_unrecorded_quantization(folder: str | Path) -> None:
         )
 
 
-def merge_adapter(folder: str | Path, *, base: str | None = None):
-    """A full model: the adapter of ``folder`` merged into its base (then ``save_pretrained`` it)."""
+MERGE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # merge-adapter --dtype; auto: saved_dtype
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def saved_dtype(folder: str | Path) -> torch.dtype:
+    """The dtype a model folder's weights are saved in: the one most of its fp32, bf16 or fp16 safetensors
+    tensors have (by elements; what its size on disk is made of). A quantized folder's packed 4-bit or fp8
+    tensors do not count: its unquantized weights' dtype. A folder without safetensors (``pytorch_model.bin``)
+    has its config's ``dtype`` (``torch_dtype``), else fp32, what transformers saves by default."""
+    from fastlm.engine.model import pretrained
+
+    elements: dict[torch.dtype, int] = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with path.open("rb") as handle:
+            for dtype, shape, _, _ in (_safetensors_index(handle) or {}).values():
+                if dtype in _SAFETENSORS_DTYPES:
+                    dtype = _SAFETENSORS_DTYPES[dtype]
+                    elements[dtype] = elements.get(dtype, 0) + math.prod(shape)
+    if elements:
+        return max(elements, key=elements.__getitem__)
+    checkpoint = pretrained.inspect_checkpoint(str(folder), str(folder), local_files_only=True)
+    named = getattr(checkpoint.config, "dtype", None) or getattr(checkpoint.config, "torch_dtype", None)
+    named = getattr(torch, named, None) if isinstance(named, str) else named
+    return named if named in _SAFETENSORS_DTYPES.values() else torch.float32
+
+
+def merge_adapter(folder: str | Path, *, base: str | None = None, dtype: str = "auto"):
+    """A full model: the adapter of ``folder`` merged into its base (then ``save_pretrained`` it), its weights
+    in ``dtype`` (``MERGE_DTYPES``; ``auto``: the base folder's saved dtype, ``saved_dtype``: a bf16 base
+    merges to bf16, an fp32 one to fp32; a QLoRA adapter's too, its 4-bit base weights dequantized).
+
+    The merge computes in fp32: the base's weights load exactly into it, ``W + scale * B @ A`` is taken there
+    (peft's ``merge_and_unload``), and each merged weight is cast once to ``dtype``; a weight beyond its range
+    (fp16: 65504) is refused in one line rather than written as inf."""
+    if dtype not in MERGE_DTYPES:
+        raise ConfigError(
+            f"the merge dtype {dtype!r} is not one of {', '.join(MERGE_DTYPES)}.",
+            fix="use --dtype auto (the base's saved dtype), float32, bfloat16 or float16.",
+        )
+    base = base or adapter_base(folder)
     model = load_adapter_model(folder, base=base, merge=True)
     say_unrecorded_quantization(folder)
+    _cast_weights(model, saved_dtype(base) if dtype == "auto" else getattr(torch, dtype), asked=dtype)
     model.config.use_cache = True  # a model for inference again
     return model
+
+
+def _cast_weights(model, dtype: torch.dtype, *, asked: str) -> None:
+    """``model``'s floating parameters and saved buffers cast to ``dtype`` in place (a tied weight stays one
+    tensor); one that overflows it (finite before, inf after) is refused in one line. Buffers that are not
+    saved (rotary frequencies) keep their dtype, as ``from_pretrained`` in that dtype keeps them."""
+    name = str(dtype).removeprefix("torch.")
+    saved = set(model.state_dict())
+    with torch.no_grad():
+        for weight, param in model.named_parameters():
+            if param.is_floating_point() and param.dtype != dtype:
+                cast = param.data.to(dtype)
+                if not torch.isfinite(cast).all() and torch.isfinite(param.data).all():
+                    largest = param.data.abs().max().item()
+                    how = f"--dtype {asked}" + (": the base's saved dtype" if asked == "auto" else "")
+                    raise ConfigError(
+                        f"the merged weight {weight} holds values up to {largest:.3g}, beyond the range of "
+                        f"{name} ({how}): written in it, they would be inf.",
+                        fix="merge with --dtype bfloat16 (fp32's range, half its size) or --dtype float32.",
+                    )
+                param.data = cast
+        for buffer, value in list(model.named_buffers()):
+            if buffer in saved and value.is_floating_point() and value.dtype != dtype:
+                owner, _, leaf = buffer.rpartition(".")
+                model.get_submodule(owner).register_buffer(leaf, value.to(dtype), persistent=True)
 
 
 def trains_part_only(model: torch.nn.Module) -> bool:
