@@ -385,3 +385,17 @@ def test_each_mode_is_explained_with_its_own_accumulation_for_the_target():
     assert tune.mode_accumulation(ladders[0], target, current=1) != tune.mode_accumulation(
         ladders[1], target, current=1
     )
+
+
+def test_the_explanation_counts_the_packed_rows_a_micro_batch_held(tmp_path):
+    """A packed micro-batch of 3 holds 3 x max_length (64) tokens in rows of train.batching.row_length (48):
+    4 rows, not 3. Was: the explanation said an optimizer step of 2 accumulation steps holds 6 rows."""
+    params = toy_params(tmp_path, batching={"row_length": 48})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    trials = tune.run_ladder(
+        toy_measurer(params, runtime, timed=2), [3], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.5
+    )
+    rows = trials[0].rows_per_micro_batch
+    assert 3 < rows <= 3 * 64 // 48  # the packer's budget: 4 rows of 48 tokens, each filled in turn
+    text = tune.explain(trials, trials[0], accumulation=2, target=None, headroom=0.1, memory_limit_mb=None)
+    assert f"holds {2 * rows:,.0f} rows" in text, text

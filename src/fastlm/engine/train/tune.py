@@ -47,6 +47,9 @@ class Trial:
     alloc_retries: int | None = None
     error: str | None = None
     samples_per_micro_batch: float | None = None  # packed rows hold several samples each
+    rows_per_micro_batch: float | None = (
+        None  # packed: micro_batch_size x max_length tokens in rows of row_length
+    )
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -60,6 +63,7 @@ class Measurement:
     alloc_retries: int | None = None
     peak_reserved_mb: float | None = None
     samples_per_micro_batch: float | None = None
+    rows_per_micro_batch: float | None = None
 
 
 def memory_budget_mb(device: torch.device, limit_gb: float | None, *, total_mb: float | None) -> float | None:
@@ -158,6 +162,7 @@ def run_ladder(
                 result.peak_reserved_mb,
                 result.alloc_retries,
                 samples_per_micro_batch=result.samples_per_micro_batch,
+                rows_per_micro_batch=result.rows_per_micro_batch,
             )
         )
         if status != OK:
@@ -366,15 +371,16 @@ def explain(
     ended = _why_stopped(stop, headroom, memory_limit_mb) if stop is not None else ""
     if chosen is None:
         return f"No micro-batch size finished within the limits ({measured or 'nothing measured'}); {ended}."
-    rows = chosen.micro_batch_size * accumulation * world_size
+    rows = (chosen.rows_per_micro_batch or chosen.micro_batch_size) * accumulation * world_size
     samples = (chosen.samples_per_micro_batch or chosen.micro_batch_size) * accumulation * world_size
     return (
         f"Measured real tokens/s and peak memory per micro-batch size ({measured})"
         + (f"; the ladder stopped because {ended}" if ended else "; the ladder reached its largest size")
         + f". Fastest within {1 - headroom:.0%} of the device memory: micro-batch {chosen.micro_batch_size} "
         f"({chosen.real_tokens_per_s:,.0f} real tokens/s, {chosen.peak_memory_mb:,.0f} MB). With "
-        f"{accumulation} accumulation step(s) x {world_size} process(es) an optimizer step holds {rows} rows "
-        f"(~{samples:,.0f} samples)" + (f" (target {target} samples)." if target else ".")
+        f"{accumulation} accumulation step(s) x {world_size} process(es) an optimizer step holds "
+        f"{rows:,.0f} rows (~{samples:,.0f} samples)"
+        + (f" (target {target} samples): the accumulation is rounded up to reach it." if target else ".")
     )
 
 
@@ -490,15 +496,22 @@ def real_step_measurer(
         trial_runtime, _ = probe_runtime(runtime, params.runtime.precision, model, first)
         opt = make_optimization(model, trial_params, trial_runtime, total_steps=warmup + timed)
 
+        rows: list[
+            int
+        ] = []  # a packed micro-batch's rows: micro_batch_size x max_length tokens in row_length
+
         def step(index: int) -> int:
             batch = collator(dataset.__getitems__(batches[index]))
+            rows.append(len(batch["input_ids"]))
             train_step(compiled, [to_device(batch, runtime.device, attn)], opt, runtime=trial_runtime)
             return int(batch["num_real_tokens"])
 
         try:
             measured = measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
             samples = sum(len(indices) for indices in batches) / len(batches)
-            return dataclasses.replace(measured, samples_per_micro_batch=samples)
+            return dataclasses.replace(
+                measured, samples_per_micro_batch=samples, rows_per_micro_batch=sum(rows) / len(rows)
+            )
         finally:  # the optimizer state goes with this call's frame; bf16 weights back to their fp32 masters
             opt.optimizer.zero_grad(set_to_none=True)
             opt.release()
