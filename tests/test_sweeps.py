@@ -614,3 +614,43 @@ def test_the_report_shows_a_fold_sweeps_mean_and_spread_per_metric(tmp_path):
             assert float(cells[column]) == pytest.approx(value, rel=1e-3), (statistic, metric, line)
     without = {**view, "folds": None}
     assert "mean and spread over folds" not in report_document(make_history(3), sweep=without)[1]
+
+
+def test_the_sweep_table_names_each_runs_label_smoothing_and_its_models_step():
+    """A sweep whose runs all train label-smoothed (conf's train.loss.label_smoothing, not swept) and one of
+    which early stopping ended on an earlier step's model: final_train_loss is the last step's and smoothed,
+    final_val_loss the model's step's. Was: the table set them side by side unnamed, as the report's run
+    comparison did before it named them."""
+    overrides = {"s-01": {"train.optimizer.lr": 0.001}, "s-02": {"train.optimizer.lr": 0.003}}
+    summaries = {
+        "s-01": {
+            "final_train_loss": 3.1,
+            "final_val_loss": 3.2,
+            "steps": 60,
+            "label_smoothing": 0.1,
+            "model_train_loss": 3.1,
+        },
+        "s-02": {
+            "final_train_loss": 2.0,
+            "final_val_loss": 2.9,
+            "steps": 70,
+            "label_smoothing": 0.1,
+            "early_stopping": {"model_from_step": 40},
+            "model_train_loss": 2.4,
+            "stopped_by": "early stopping",
+        },
+    }
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    columns = list(table.columns)
+    assert columns[columns.index("final_train_loss") + 1] == "label_smoothing", columns
+    assert columns[columns.index("final_val_loss") + 1 : columns.index("final_val_loss") + 3] == [
+        "model_step",
+        "last_step",
+    ], columns
+    rows = table.set_index("run")
+    assert rows.loc["s-02", "model_step"] == 40 and rows.loc["s-02", "last_step"] == 70
+    assert rows.loc["s-01", "model_step"] == 60 and (rows["label_smoothing"] == 0.1).all()
+    plain = {name: {"final_train_loss": 3.0, "final_val_loss": 3.1, "steps": 60} for name in summaries}
+    assert not {"label_smoothing", "model_step", "last_step"} & set(
+        comparison_table(plain, overrides, "final_val_loss").columns
+    )

@@ -73,11 +73,31 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
         for name in summaries
     ]
     table = pd.DataFrame(rows, columns=["run", *_swept(overrides), *columns, "stopped"])
+    _name_the_losses(table, summaries)
     if metric not in table.columns:  # no run has it (each run's figure is under another name): unranked
         table[metric] = math.nan
     return table.sort_values(
         metric, ascending=metric in LOWER_IS_BETTER, na_position="last", kind="stable", ignore_index=True
     )
+
+
+def _name_the_losses(table: pd.DataFrame, summaries: dict[str, dict]) -> None:
+    """In place, as the report's run comparison does: ``label_smoothing`` after final_train_loss where a run's
+    train loss was smoothed and the sweep does not set it apart (its validation and test losses are plain),
+    and ``model_step`` / ``last_step`` after final_val_loss where a run's model is an earlier step's than its
+    last (early stopping's best: final_val_loss and the test figures are that step's, final_train_loss the
+    last step's)."""
+    runs = [summaries[name] for name in table["run"]]
+    smoothing = pd.to_numeric(pd.Series([run.get("label_smoothing") for run in runs]), errors="coerce")
+    if "final_train_loss" in table and SMOOTHING not in table and (smoothing > 0).any():
+        table.insert(table.columns.get_loc("final_train_loss") + 1, "label_smoothing", smoothing.to_numpy())
+    last = pd.to_numeric(pd.Series([run.get("steps") for run in runs]), errors="coerce")
+    model = pd.Series([(run.get("early_stopping") or {}).get("model_from_step") for run in runs])
+    model = pd.to_numeric(model, errors="coerce").fillna(last)
+    if "final_val_loss" in table and (model < last).any():
+        at = table.columns.get_loc("final_val_loss") + 1
+        table.insert(at, "model_step", model.to_numpy())
+        table.insert(at + 1, "last_step", last.to_numpy())
 
 
 # How the verdict says which runs ended before their planned steps, by the summary's ``stopped_by``.
