@@ -37,6 +37,8 @@ def merge_adapter_command(argv: list[str]) -> int:
     base folder likewise), or the one ``--dtype`` names; the merge computes in float32 and casts once. An
     existing ``--out`` is never replaced unless ``--overwrite`` is given; the folder is written atomically.
     """
+    from fastlm.engine.config import MERGE_DTYPES
+
     parser = argparse.ArgumentParser(
         prog=f"python -m fastlm {MERGE}", description=merge_adapter_command.__doc__
     )
@@ -50,7 +52,7 @@ def merge_adapter_command(argv: list[str]) -> int:
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=MERGE_DTYPES,
         help="dtype of the merged weights (default auto: the dtype the base folder's weights are saved in; "
         "the merge itself computes in float32 and casts once)",
     )

@@ -11,6 +11,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from fastlm.errors import ConfigError
 from fastlm.validation import Params, parse_params
 
+# ``python -m fastlm merge-adapter --dtype``: the merged weights' dtype; auto: the base folder's saved dtype
+# (``model.lora.saved_dtype``). Here, not in the LoRA module, so that the command line parses without torch.
+MERGE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 SOURCE = "conf/base/parameters_train.yml"
 # LoRA inits that leave the base weights alone (the others, PiSSA's and OLoRA's, move part of them into the
 # adapters)

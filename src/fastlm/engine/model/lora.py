@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from fastlm.engine import config as engine_config
-from fastlm.engine.config import LoraParams, ModelParams
+from fastlm.engine.config import MERGE_DTYPES, LoraParams, ModelParams
 from fastlm.engine.paths import project_relative
 from fastlm.errors import ConfigError
 
@@ -1009,7 +1009,6 @@ def say_unrecorded_quantization(folder: str | Path) -> None:
         )
 
 
-MERGE_DTYPES = ("auto", "float32", "bfloat16", "float16")  # merge-adapter --dtype; auto: saved_dtype
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
