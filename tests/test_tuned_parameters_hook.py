@@ -252,3 +252,77 @@ def test_the_tuned_file_is_replaced_whole_or_not_at_all(tmp_path):
         pass
     assert path.read_bytes() == before and yaml.safe_load(path.read_text(encoding="utf-8")) == kept
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record):
+    """A current tuned file (micro-batch 4, accumulation 8, measured on this conf) with
+    ``accumulation_record`` (its ``tune_accumulation``; None: none), and a train run's ``params:train`` on
+    ``nproc`` processes."""
+    from fastlm.parameters import GROUPS
+    from fastlm.pipelines.tune.record import ACCUMULATION_KEY, RECORD_KEY, device_description, measured_on
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    project, _, _ = _project(tmp_path, monkeypatch)
+    _, catalog = _run(project / "conf", project)
+    train = GROUPS["train"].parse(catalog.load("params:train"))
+    split = GROUPS["split"].parse(catalog.load("params:split"))
+    device = device_description(train.runtime.device)
+    record = measured_on(train, max_length=split.max_length, data=None, device=device)
+    tuned = {
+        "train": {"batching": {"micro_batch_size": 4, "gradient_accumulation_steps": 8}},
+        RECORD_KEY: record,
+    }
+    if accumulation_record is not None:
+        tuned[ACCUMULATION_KEY] = accumulation_record
+    (project / TUNED).write_text(yaml.safe_dump(tuned))
+    hook, catalog = _run(project / "conf", project)
+    raw = catalog.load("params:train")
+    catalog["params:train"].save(
+        {**raw, "distributed": {**raw.get("distributed", {}), "nproc_per_node": nproc}}
+    )
+    hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    return catalog.load("params:train")["batching"]
+
+
+def test_a_train_run_on_more_processes_divides_the_tuned_accumulation_to_keep_the_target(
+    tmp_path, monkeypatch
+):
+    """A tune for one process chose accumulation 8 for target 32 (micro-batch 4 samples); a train run with
+    ``nproc_per_node: 2`` takes 4, so that micro-batch x accumulation x processes is still 32, and the line
+    applying the file says so. (The tuned 8 applied on 2 processes: every optimizer step held 64 samples,
+    twice the target, without a word.)"""
+    from fastlm.pipelines.tune.record import accumulation_record
+
+    lines = _lines(monkeypatch)
+    batching = _tuned_on_processes(tmp_path, monkeypatch, 2, accumulation_record(1, 32, 4.0))
+    assert (batching["micro_batch_size"], batching["gradient_accumulation_steps"]) == (4, 4)
+    said = [line for line in lines if "is in effect" in line]
+    assert len(said) == 1 and "-> 4 for 2 process(es)" in said[0] and "target 32" in said[0], lines
+    assert not any("not applied" in line for line in lines), lines
+
+
+def test_a_target_more_processes_cannot_keep_is_warned_in_one_line(tmp_path, monkeypatch):
+    """Target 8 of micro-batches of 4 samples on 4 processes: one micro-batch per process already holds 16;
+    the accumulation is 1 and one warning says the target cannot be kept."""
+    from fastlm.pipelines.tune.record import accumulation_record
+
+    lines = _lines(monkeypatch)
+    batching = _tuned_on_processes(tmp_path, monkeypatch, 4, accumulation_record(1, 8, 4.0))
+    assert batching["gradient_accumulation_steps"] == 1
+    warned = [line for line in lines if "cannot be kept" in line]
+    assert len(warned) == 1 and "~16 samples (target 8" in warned[0], lines
+
+
+def test_a_tuned_file_without_its_process_count_is_not_applied_on_more_processes(tmp_path, monkeypatch):
+    """A tuned file that does not record the process count its accumulation is for (an older version's: one
+    process), on a 2-process run: not applied, said in one line; on one process, applied as before."""
+    lines = _lines(monkeypatch)
+    base = yaml.safe_load((copy_project(tmp_path / "base") / "conf/base/parameters_train.yml").read_text())
+    batching = _tuned_on_processes(tmp_path / "two", monkeypatch, 2, None)
+    assert batching["gradient_accumulation_steps"] == base["train"]["batching"]["gradient_accumulation_steps"]
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and "spans 2" in warned[0], lines
+    lines.clear()
+    assert _tuned_on_processes(tmp_path / "one", monkeypatch, 1, None)["gradient_accumulation_steps"] == 8
+    assert not any("not applied" in line for line in lines), lines

@@ -21,7 +21,9 @@ def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_projec
         "tune": {"max_micro_batch_size": 4, "target_effective_batch": 8, "cliff_tolerance": 0.9},
     }
     run_pipeline(kedro_project, "split", params)
-    run_pipeline(kedro_project, "tune", params)
+    # the accumulation is for the processes a training step spans: micro-batch x accumulation x processes
+    two = {**TRAIN, "distributed": {**TRAIN.get("distributed", {}), "nproc_per_node": 2}}
+    run_pipeline(kedro_project, "tune", {**params, "train": two})
     trials = pd.read_csv(kedro_project / "data/08_reporting/tune_trials.csv")
     assert list(trials["mode"]) == ["packed"] * 3 + ["length_grouped"] * 3  # conf/base: tune.modes
     assert list(trials["micro_batch_size"]) == [1, 2, 4] * 2 and (trials["real_tokens_per_s"] > 0).all()
@@ -40,7 +42,10 @@ def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_projec
     samples = fastest["samples_per_micro_batch"]
     assert mode == "packed" or samples == chosen
     accumulation = tuned["train"]["batching"]["gradient_accumulation_steps"]
-    assert accumulation == max(1, math.ceil(8 / samples))
+    assert accumulation == max(1, math.ceil(8 / (samples * 2)))
+    record = tuned["tune_accumulation"]
+    assert (record["processes"], record["measured_processes"], record["target_effective_batch"]) == (2, 1, 8)
+    assert record["samples_per_micro_batch"] == pytest.approx(samples, rel=1e-9)  # read back from the CSV
 
     from kedro.framework.session import KedroSession
 

@@ -325,7 +325,7 @@ class TunedParametersHook:
             return None
         (where, tuned, untuned), self._pending = self._pending, None
         if self._check(where, tuned, untuned, catalog, data=True, split=True):
-            return None
+            return {"params:train": catalog.load("params:train")}  # its accumulation for this run's processes
         return {"params:train": untuned}
 
     def _check(
@@ -353,8 +353,12 @@ class TunedParametersHook:
             return False
         if not data:
             return True
-        batching = GROUPS["train"].parse(catalog.load("params:train")).batching
         tuned_batching = (tuned.get("train") or {}).get("batching") or {}
+        processes = _for_processes(where, tuned, tuned_batching, catalog)
+        if processes is None:
+            put(catalog, "params:train", untuned)
+            return False
+        batching = GROUPS["train"].parse(catalog.load("params:train")).batching
         keys = ("mode", "micro_batch_size", "gradient_accumulation_steps")
         given = ", ".join(f"{key}={tuned_batching[key]}" for key in keys if key in tuned_batching)
         overridden = ", ".join(
@@ -363,12 +367,58 @@ class TunedParametersHook:
             if key in tuned_batching and tuned_batching[key] != getattr(batching, key)
         )
         log.info(
-            "%s is in effect (from `kedro run --pipeline=tune`): %s%s; delete it to go back to conf/base",
+            "%s is in effect (from `kedro run --pipeline=tune`): %s%s%s; delete it to go back to conf/base",
             where,
             given or "no batching settings",
             f" (--params or a later file overrides it: {overridden})" if overridden else "",
+            f"; {processes}" if processes else "",
         )
         return True
+
+
+def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog) -> str | None:
+    """The tuned accumulation for the processes this run's step spans (``tune.record.train_processes``):
+    where the file's is for another count (``tune_accumulation``) and the run trains with the file's
+    micro-batch and accumulation, ``params:train`` gets the accumulation that keeps the tuned target, and the
+    sentence saying so is returned (empty: nothing to change); where the target cannot be kept, one warning.
+    None: not applied (warned): a file that does not record its process count, on more than one process."""
+    from fastlm.pipelines.tune.record import ACCUMULATION_KEY, accumulation_for_processes, train_processes
+
+    raw = catalog.load("params:train")
+    params = GROUPS["train"].parse(raw)
+    batching = params.batching
+    keys = ("micro_batch_size", "gradient_accumulation_steps")
+    if "gradient_accumulation_steps" not in tuned_batching or any(
+        key in tuned_batching and tuned_batching[key] != getattr(batching, key) for key in keys
+    ):
+        return ""  # no tuned accumulation, or --params / a later file sets it: the run's own
+    processes = train_processes(params.distributed.nproc_per_node)
+    steps, said, kept = accumulation_for_processes(
+        tuned.get(ACCUMULATION_KEY),
+        accumulation=batching.gradient_accumulation_steps,
+        micro_batch_size=batching.micro_batch_size,
+        processes=processes,
+    )
+    if said is None and not kept:
+        log.warning(
+            "%s is not applied: its gradient_accumulation_steps was chosen for one process and this run's "
+            "step spans %d (train.distributed.nproc_per_node, or torchrun's world size), which it does not "
+            "record (written by an older version); run `kedro run --pipeline=tune` again, or delete the file",
+            where,
+            processes,
+        )
+        return None
+    if said is None:
+        return ""
+    put(
+        catalog,
+        "params:train",
+        {**raw, "batching": {**(raw.get("batching") or {}), "gradient_accumulation_steps": steps}},
+    )
+    if not kept:
+        log.warning("%s: the tuned target cannot be kept on this many processes: %s", where, said)
+        return ""
+    return said
 
 
 def packed_tuned_file(source: str, env: str, name: str) -> tuple[str, dict | None] | None:

@@ -96,14 +96,19 @@ def tune_micro_batch(
     best = tune.best_mode(ladders)
     chosen = best.chosen if best else None
     current = params.batching.gradient_accumulation_steps
+    # the accumulation is for the processes a training step spans (micro-batch x accumulation x processes)
+    processes = record.train_processes(params.distributed.nproc_per_node)
     accumulation = (
-        tune.mode_accumulation(best, settings.target_effective_batch, current=current) if best else current
+        tune.mode_accumulation(best, settings.target_effective_batch, current=current, world_size=processes)
+        if best
+        else current
     )
     explanation = tune.explain_modes(
         ladders,
         best,
         current_accumulation=current,
         target=settings.target_effective_batch,
+        world_size=processes,
         headroom=settings.memory_headroom,
         memory_limit_mb=limit,
     )
@@ -136,6 +141,7 @@ def tune_micro_batch(
         "micro_batch_size": chosen.micro_batch_size if chosen else None,
         "trials": len(table),
         "gradient_accumulation_steps": accumulation,
+        "processes": processes,
         "device": str(runtime.device),
         "memory_limit_mb": limit,
         "gradient_checkpointing": picked.policy,
@@ -166,14 +172,19 @@ def tune_micro_batch(
         data=data_identity(fingerprint),
         device=record.device_description(str(runtime.device)),
     )
+    # a train run on another process count divides the accumulation to keep the target (hooks.conf)
+    tuned[record.ACCUMULATION_KEY] = record.accumulation_record(
+        processes, settings.target_effective_batch, chosen.samples_per_micro_batch
+    )
     log.info(
-        "Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d (train runs "
-        "in the default environment on the settings measured pick them up; delete the file to go back to "
-        "conf/base)",
+        "Writing %s: train.batching.mode=%s, micro_batch_size=%d, gradient_accumulation_steps=%d for %d "
+        "process(es) (train runs in the default environment on the settings measured pick them up; delete "
+        "the file to go back to conf/base)",
         tuned_file,
         best.mode,
         chosen.micro_batch_size,
         accumulation,
+        processes,
     )
     shown = table[table["gradient_checkpointing"] == picked.policy]  # the chosen policy's ladders
     figure = tune_figure(shown, chosen.micro_batch_size, ok=tune.OK, chosen_mode=best.mode)

@@ -8,6 +8,7 @@ No torch at import time: the hooks read this module when every `kedro run` start
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,60 @@ def _copy(tree: Any) -> Any:
 
 def _shown(value: Any) -> str:
     return "(none)" if value is None else str(value)
+
+
+ACCUMULATION_KEY = "tune_accumulation"  # top-level key: the process count the tuned accumulation is for
+
+
+def train_processes(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> int:
+    """The processes a training step spans: torchrun's world size where the run is started under it (its
+    ``--nproc-per-node`` decides, ``engine.distributed.launch_mode``), else
+    ``train.distributed.nproc_per_node``."""
+    from fastlm.engine.distributed.ranks import rank_from_env
+
+    info = rank_from_env(dict(environ) if environ is not None else None)
+    return info.world_size if info is not None and info.world_size > 1 else nproc_per_node
+
+
+def accumulation_record(
+    processes: int, target: int | None, samples_per_micro_batch: float | None
+) -> dict[str, Any]:
+    """What the tuned accumulation is for: ``processes`` (a step spans them: micro-batch x accumulation x
+    processes), ``tune.target_effective_batch`` (null: the accumulation is the conf's, not chosen) and the
+    samples a measured micro-batch held. Measured in one process (``measured_processes``)."""
+    return {
+        "processes": processes,
+        "measured_processes": 1,
+        "target_effective_batch": target,
+        "samples_per_micro_batch": samples_per_micro_batch,
+    }
+
+
+def accumulation_for_processes(
+    recorded: Any, *, accumulation: int, micro_batch_size: int, processes: int
+) -> tuple[int, str | None, bool]:
+    """(accumulation, sentence, kept) for a train run on ``processes`` of a tuned file whose accumulation
+    ``recorded`` (its ``tune_accumulation``) is for another count: the accumulation that keeps the target
+    (rounded up, at least 1: ``ceil(target / (samples per micro-batch x processes))``), a sentence saying so,
+    and whether the target is kept (False: one micro-batch per process already holds more). The same
+    accumulation and no sentence on the recorded count, or for a file without a target (the conf's
+    accumulation, not chosen for it). ``recorded`` None (a file written before the record): for one
+    process, target unknown: None sentence and kept False where ``processes`` is another count."""
+    if not isinstance(recorded, Mapping):
+        return accumulation, None, processes == 1
+    tuned_for = int(recorded.get("processes") or 1)
+    target = recorded.get("target_effective_batch")
+    if tuned_for == processes or target is None:
+        return accumulation, None, True
+    per_micro_batch = float(recorded.get("samples_per_micro_batch") or micro_batch_size)
+    exact = target / (per_micro_batch * processes)
+    steps = max(1, math.ceil(exact))
+    holds = per_micro_batch * steps * processes
+    said = (
+        f"gradient_accumulation_steps {accumulation} (tuned for {tuned_for} process(es)) -> {steps} for "
+        f"{processes} process(es): micro-batch {micro_batch_size} x {steps} x {processes} holds "
+        f"~{holds:,.0f} samples (target {target}"
+    )
+    if exact < 1:
+        return steps, f"{said}; one micro-batch per process already holds more)", False
+    return steps, f"{said}, rounded up)", True
