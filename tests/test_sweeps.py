@@ -654,3 +654,37 @@ def test_the_sweep_table_names_each_runs_label_smoothing_and_its_models_step():
     assert not {"label_smoothing", "model_step", "last_step"} & set(
         comparison_table(plain, overrides, "final_val_loss").columns
     )
+
+
+def test_final_train_loss_ranks_an_early_stopped_run_by_its_models_train_loss():
+    """``metric: final_train_loss``: a run that early stopping ended on step 40's model is ranked by that
+    step's train loss (``model_train_loss``, shown beside the last step's), as final_val_loss is the model's;
+    a summary without it (an older version's) by its last step's, as before. Was: by the last step's train
+    loss, so s-02 (2.0 at its last step, 2.4 at its model's) ranked above s-01 (2.2)."""
+    overrides = {
+        name: {"train.optimizer.lr": lr} for name, lr in (("s-01", 1e-3), ("s-02", 3e-3), ("s-03", 5e-3))
+    }
+    summaries = {
+        "s-01": {"final_train_loss": 2.2, "final_val_loss": 3.2, "steps": 60, "model_train_loss": 2.2},
+        "s-02": {
+            "final_train_loss": 2.0,
+            "final_val_loss": 2.9,
+            "steps": 70,
+            "early_stopping": {"model_from_step": 40},
+            "model_train_loss": 2.4,
+            "stopped_by": "early stopping",
+        },
+        "s-03": {
+            "final_train_loss": 2.3,
+            "final_val_loss": 3.0,
+            "steps": 70,
+            "early_stopping": {"model_from_step": 50},
+        },
+    }
+    table = comparison_table(summaries, overrides, "final_train_loss")
+    assert list(table["run"]) == ["s-01", "s-03", "s-02"], table
+    rows = table.set_index("run")
+    assert rows.loc["s-02", "model_train_loss"] == 2.4 and rows.loc["s-02", "final_train_loss"] == 2.0
+    text = verdict(table, "final_train_loss", {}, {})
+    assert "s-01 (optimizer.lr 0.001) is best by model_train_loss = 2.2" in text, text
+    assert "s-02 (optimizer.lr 0.003), has 2.4" in text, text

@@ -32,7 +32,7 @@ SUMMARY_COLUMNS = [
     "wall_time_s",
     "steps",
 ]
-LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "wall_time_s", "test_loss"}
+LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "model_train_loss", "wall_time_s", "test_loss"}
 NOTABLE_RATIO = 1.05  # a wall-time ratio below this is noise: the verdict claims no speed-up
 DATA_MARK = "data:"  # sweep.md's comment naming the data its runs trained on
 FOLD = "train.fold"  # the swept key of k-fold runs (a sweep with folds: auto)
@@ -76,9 +76,20 @@ def comparison_table(summaries: dict[str, dict], overrides: dict[str, dict], met
     _name_the_losses(table, summaries)
     if metric not in table.columns:  # no run has it (each run's figure is under another name): unranked
         table[metric] = math.nan
+    ranked = ranking_column(table, metric)
     return table.sort_values(
-        metric, ascending=metric in LOWER_IS_BETTER, na_position="last", kind="stable", ignore_index=True
+        ranked, ascending=ranked in LOWER_IS_BETTER, na_position="last", kind="stable", ignore_index=True
     )
+
+
+MODEL_TRAIN_LOSS = "model_train_loss"
+
+
+def ranking_column(table: pd.DataFrame, metric: str) -> str:
+    """The column of ``table`` that ranks the runs by ``metric``: final_train_loss is the last step's, so
+    where a run kept an earlier step's model (the table's ``model_train_loss``) the runs are ranked by the
+    model's train loss, as final_val_loss is the model's."""
+    return MODEL_TRAIN_LOSS if metric == "final_train_loss" and MODEL_TRAIN_LOSS in table else metric
 
 
 def _name_the_losses(table: pd.DataFrame, summaries: dict[str, dict]) -> None:
@@ -98,6 +109,11 @@ def _name_the_losses(table: pd.DataFrame, summaries: dict[str, dict]) -> None:
         at = table.columns.get_loc("final_val_loss") + 1
         table.insert(at, "model_step", model.to_numpy())
         table.insert(at + 1, "last_step", last.to_numpy())
+    if "final_train_loss" in table and (model < last).any():  # the model's step's train loss, before it
+        # a summary without it (an older version's): the last step's, ranked as before
+        kept = pd.to_numeric(pd.Series([run.get(MODEL_TRAIN_LOSS) for run in runs]), errors="coerce")
+        kept = kept.fillna(pd.to_numeric(table["final_train_loss"], errors="coerce").reset_index(drop=True))
+        table.insert(table.columns.get_loc("final_train_loss"), MODEL_TRAIN_LOSS, kept.to_numpy())
 
 
 # How the verdict says which runs ended before their planned steps, by the summary's ``stopped_by``.
@@ -219,7 +235,8 @@ def best_run(table: pd.DataFrame, metric: str) -> str | None:
             return None
         runs = table[_matches(table, cv_setting(table, metric))]
         return str(_in_plan_order(runs)["run"].iloc[0]) if len(runs) else None
-    finite = table[pd.to_numeric(table[metric], errors="coerce").map(lambda value: math.isfinite(value))]
+    ranked = ranking_column(table, metric)
+    finite = table[pd.to_numeric(table[ranked], errors="coerce").map(lambda value: math.isfinite(value))]
     return str(finite["run"].iloc[0]) if len(finite) else None
 
 
@@ -435,6 +452,7 @@ def _runs_verdict(
     histories: dict[str, pd.DataFrame],
     evaluations: dict[str, pd.DataFrame] | None,
 ) -> str:
+    metric = ranking_column(table, metric)
     swept = [column for column in table.columns if column.startswith("train.")]
     describe = lambda row: ", ".join(f"{key.removeprefix('train.')} {row[key]}" for key in swept)  # noqa: E731
     finite = table[table[metric].map(lambda value: value is not None and math.isfinite(float(value)))]
