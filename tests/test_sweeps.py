@@ -217,6 +217,30 @@ def test_verdict_says_which_run_reached_a_common_validation_loss_sooner():
     ) in text
 
 
+def test_the_sooner_race_uses_the_evaluations_time_or_says_it_is_the_last_logged_steps():
+    """``eval_every`` 3, ``log_every`` 2: the evaluation at step 3 falls between logged steps 2 and 4. Its own
+    ``elapsed_s`` (where the evaluations have it) times the race; else the last logged step's time is used
+    and the verdict says so. Was: step 2's time, from before the evaluation, stated as the evaluation's."""
+    overrides = {"a": {"train.batching.micro_batch_size": 8}, "b": {"train.batching.micro_batch_size": 16}}
+    summaries = {"a": {"final_val_loss": 2.0}, "b": {"final_val_loss": 1.9}}
+    table = comparison_table(summaries, overrides, "final_val_loss")
+    histories = {
+        name: pd.DataFrame({"step": [2, 4, 6], "loss": [3, 2.5, 2.2], "elapsed_s": [2.0, 4.0, 6.0]})
+        for name in ("a", "b")
+    }
+    timed = {
+        "a": pd.DataFrame({"step": [3, 6], "val_loss": [3.0, 2.0], "elapsed_s": [3.0, 6.0]}),
+        "b": pd.DataFrame({"step": [3, 6], "val_loss": [1.95, 1.9], "elapsed_s": [3.0, 6.0]}),
+    }
+    text = verdict(table, "final_val_loss", histories, timed)
+    assert "b (batching.micro_batch_size 16) reached validation loss 2 2.0x sooner in wall time" in text, text
+    assert "last logged step" not in text, text
+    untimed = {name: frame.drop(columns="elapsed_s") for name, frame in timed.items()}
+    text = verdict(table, "final_val_loss", histories, untimed)
+    assert "3.0x sooner in wall time" in text, text  # 6 s at step 6, 2 s at step 2 (logged before step 3)
+    assert "each evaluation's time is that of the last logged step at or before it" in text, text
+
+
 def test_plain_train_never_resumes_a_sweep_child_and_a_sweep_only_its_own(tmp_path):
     """An interrupted sweep child's checkpoint folder is not one that ``train.resume: auto`` of a plain train
     run takes as "the newest interrupted run"; a sweep's children live under their own sweep's folder."""

@@ -538,12 +538,19 @@ def _sooner(finite: pd.DataFrame, evaluations: dict, histories: dict, describe) 
     if len(times) < 2:
         return None
     level = max(float(frame["val_loss"].iloc[-1]) for frame in times.values())
-    reached = {}
+    reached, logged = {}, set()
     for name, evaluation in times.items():
-        step = int(evaluation.loc[evaluation["val_loss"] <= level + 1e-12, "step"].iloc[0])
+        first = evaluation.loc[evaluation["val_loss"] <= level + 1e-12].iloc[0]
+        step = int(first["step"])
+        own = pd.to_numeric(pd.Series([first.get("elapsed_s")]), errors="coerce").iloc[0]
+        if math.isfinite(own):  # the evaluation's own time
+            reached[name] = float(own)
+            continue
         history = histories[name]
-        before = history.loc[history["step"] <= step, "elapsed_s"]
-        reached[name] = float(before.iloc[-1]) if len(before) else math.nan
+        before = history.loc[history["step"] <= step]
+        reached[name] = float(before["elapsed_s"].iloc[-1]) if len(before) else math.nan
+        if len(before) and int(before["step"].iloc[-1]) != step:  # logged before the evaluation's step
+            logged.add(name)
     reached = {name: value for name, value in reached.items() if math.isfinite(value) and value > 0}
     if len(reached) < 2:
         return None
@@ -552,9 +559,15 @@ def _sooner(finite: pd.DataFrame, evaluations: dict, histories: dict, describe) 
         return None
     # with "run": values keep their types
     row = lambda name: finite[finite["run"] == name].iloc[0]  # noqa: E731
+    said = (
+        " (each evaluation's time is that of the last logged step at or before it: train.eval_every is not "
+        "a multiple of train.log_every)"
+        if logged & {first, last}
+        else ""
+    )
     return (
         f"{first} ({describe(row(first))}) reached validation loss {level:.4g} "
-        f"{reached[last] / reached[first]:.1f}x sooner in wall time than {last} ({describe(row(last))})"
+        f"{reached[last] / reached[first]:.1f}x sooner in wall time than {last} ({describe(row(last))}){said}"
     )
 
 
