@@ -299,6 +299,7 @@ def test_a_train_run_on_more_processes_divides_the_tuned_accumulation_to_keep_th
     assert (batching["micro_batch_size"], batching["gradient_accumulation_steps"]) == (4, 4)
     said = [line for line in lines if "is in effect" in line]
     assert len(said) == 1 and "-> 4 for 2 process(es)" in said[0] and "target 32" in said[0], lines
+    assert "overrides it" not in said[0], said  # the file's own rescaling, not --params or another file
     assert not any("not applied" in line for line in lines), lines
 
 
@@ -326,3 +327,26 @@ def test_a_tuned_file_without_its_process_count_is_not_applied_on_more_processes
     lines.clear()
     assert _tuned_on_processes(tmp_path / "one", monkeypatch, 1, None)["gradient_accumulation_steps"] == 8
     assert not any("not applied" in line for line in lines), lines
+
+
+def test_torchrun_ranks_other_than_0_apply_the_tuned_file_as_rank_0_does(monkeypatch):
+    """Under torchrun every rank runs `kedro run`, each reading conf/local/parameters_tuned.yml through its
+    config loader; the hook that sets it aside (settings measured on others) or rescales its accumulation (a
+    tune for one process, a training of two) ran on rank 0 only: the other ranks trained on the file as
+    written, another micro-batch or accumulation than rank 0's (a collective waiting for steps that never
+    come, or an effective batch neither side asked for). The hook runs on every rank."""
+    import importlib
+
+    import fastlm.settings
+    from fastlm.hooks import TunedParametersHook
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    try:
+        other_rank = importlib.reload(fastlm.settings).HOOKS
+    finally:
+        monkeypatch.undo()
+        importlib.reload(fastlm.settings)
+    assert any(type(hook).__name__ == "OtherRankOutputsHook" for hook in other_rank)  # a rank other than 0
+    assert sum(isinstance(hook, TunedParametersHook) for hook in other_rank) == 1

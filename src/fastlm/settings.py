@@ -61,6 +61,8 @@ HOOKS = (
 )
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
     HOOKS = (
+        # each rank's config loader reads the tuned file: set aside or rescaled on every rank alike
+        TunedParametersHook(),
         OtherRankOutputsHook(),
         MissingInputsHook(),
         ParametersValidHook(),

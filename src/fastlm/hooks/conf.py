@@ -354,10 +354,7 @@ class TunedParametersHook:
         if not data:
             return True
         tuned_batching = (tuned.get("train") or {}).get("batching") or {}
-        processes = _for_processes(where, tuned, tuned_batching, catalog)
-        if processes is None:
-            put(catalog, "params:train", untuned)
-            return False
+        # what --params or a later file set over the file, before the file's own rescaling for the processes
         batching = GROUPS["train"].parse(catalog.load("params:train")).batching
         keys = ("mode", "micro_batch_size", "gradient_accumulation_steps")
         given = ", ".join(f"{key}={tuned_batching[key]}" for key in keys if key in tuned_batching)
@@ -366,6 +363,10 @@ class TunedParametersHook:
             for key in keys
             if key in tuned_batching and tuned_batching[key] != getattr(batching, key)
         )
+        processes = _for_processes(where, tuned, tuned_batching, catalog)
+        if processes is None:
+            put(catalog, "params:train", untuned)
+            return False
         log.info(
             "%s is in effect (from `kedro run --pipeline=tune`): %s%s%s; delete it to go back to conf/base",
             where,
