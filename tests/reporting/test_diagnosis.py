@@ -606,3 +606,17 @@ def test_the_diagnosis_judges_the_data_wait_and_padding_the_efficiency_table_sho
     assert findings[INPUT_BOUND].triggered
     assert findings[PADDING_BOUND].figure == f"{table['padding_efficiency'] * 100:.0f} %" == "70 %"
     assert findings[PADDING_BOUND].triggered
+
+
+def test_a_resumed_runs_timed_steps_are_the_steps_its_rate_covers():
+    """A run of 6 steps resumed at step 3 (each process's first step, 1 and 4, a ``warmup`` row left out of
+    the rate) has 4 timed steps (2-3 and 5-6), not its last step - 1 = 5: too few to judge, as a fresh run
+    of 5 steps is; a fresh run of 6 steps (5 timed steps) is judged."""
+    resumed = make_history(5, step=[1, 2, 3, 4, 6], warmup=[1, 0, 0, 1, 0])
+    finding = by_kind(diagnose(cpu(), resumed))[COMPUTE_BOUND]
+    assert not finding.triggered
+    assert "4 timed steps" in finding.message
+    assert epoch_eta(cpu(train_tokens=1000), resumed)["seconds"] is None
+    fresh = make_history(5, step=[1, 2, 3, 4, 6])
+    assert triggered(diagnose(cpu(), fresh)) == {COMPUTE_BOUND}
+    assert epoch_eta(cpu(train_tokens=1000), fresh)["seconds"] == pytest.approx(1.0, rel=1e-12)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from fastlm.engine.observe.rates import timed_windows
 from fastlm.reporting.summaries import after_warmup, numeric, throughput
 
 __all__ = [
@@ -509,12 +510,23 @@ def _speed(summary: dict, history: pd.DataFrame) -> float:
 
 
 def _timed_steps(summary: dict, history: pd.DataFrame) -> int:
-    """Optimizer steps after the warm-up step 1 that the history covers (its last step - 1); without a
-    history, the summary's ``steps_trained`` - 1; else none."""
-    last = float(numeric(history, "step").max())  # NaN for no step column
-    if math.isnan(last) and _known(summary.get("steps_trained")):
-        last = float(summary["steps_trained"])
-    return int(last) - 1 if last >= 1 else 0
+    """Optimizer steps the rate covers: those of the history's windows :func:`throughput` counts (each
+    process's first step, a ``warmup`` row, left out: a resumed run's as the first's); without a history,
+    the summary's ``steps_trained`` - 1; else none."""
+    steps = numeric(history, "step").to_numpy()
+    if len(steps) and not pd.isna(steps).all():
+        marks = _warmup_marks(history)
+        records = [{"step": step, "warmup": mark} for step, mark in zip(steps, marks, strict=True)]
+        spans = (steps[index] - steps[index - 1] for index in timed_windows(records))
+        return sum(max(int(span), 1) for span in spans if span == span)
+    if _known(summary.get("steps_trained")) and float(summary["steps_trained"]) >= 1:
+        return int(summary["steps_trained"]) - 1
+    return 0
+
+
+def _warmup_marks(history: pd.DataFrame) -> list:
+    """Each history row's ``warmup`` mark (None for a history without the column)."""
+    return numeric(history, "warmup").tolist() if "warmup" in history else [None] * len(history)
 
 
 def _too_few(steps: int) -> str:
