@@ -1,5 +1,7 @@
 """report_document: what the report's training summary says in words."""
 
+import re
+
 from fastlm.reporting.report_document import run_lines
 from tests.support.reporting import SUMMARY
 
@@ -349,3 +351,30 @@ def test_the_training_summary_names_the_time_of_steps_that_ran_out_of_memory():
     assert not any(
         line.startswith("Out of memory") for line in run_lines({"steps": 6, "oom_failed_s": 0.0}, None)
     )
+
+
+def test_the_data_line_accounts_for_the_rows_split_max_samples_left_out():
+    """`split.max_samples=2000` on the 24,000-row demo corpus: 599 rows dropped, 21,401 left out by the cap,
+    2,000 split. The data line said the raw rows, the drops and the splits alone, so 21,401 rows went
+    unaccounted for (23,401 cleaned rows seemed split into 2,000): it names the cap; its figures add up."""
+    split_report = {
+        "raw_rows": 24_000,
+        "dropped": {
+            "missing": 2,
+            "non_string": 9,
+            "empty": 40,
+            "whitespace_only": 40,
+            "duplicate": 508,
+            "total": 599,
+        },
+        "capped_by_max_samples": 21_401,
+        "kept_rows": 2_000,
+        "splits": {"train": {"rows": 1_814}, "validation": {"rows": 103}, "test": {"rows": 83}},
+    }
+    line = next(line for line in run_lines(SUMMARY, split_report) if line.startswith("Data"))
+    assert "left out by split.max_samples 21,401" in line, line
+    assert "train 1,814, validation 103, test 83" in line and "duplicate 508" in line
+    raw, *rest = (int(figure.replace(",", "")) for figure in re.findall(r"\d[\d,]*", line))
+    assert raw == sum(rest) == 24_000, line
+    uncapped = {**split_report, "capped_by_max_samples": 0}
+    assert "max_samples" not in next(line for line in run_lines(SUMMARY, uncapped) if line.startswith("Data"))

@@ -234,10 +234,13 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
         dropped = {k: v for k, v in ((split_report or {}).get("dropped") or {}).items() if k != "total" and v}
         drops = ", ".join(f"{reason} {count:,}" for reason, count in dropped.items()) or "none"
         raw = split_report.get("raw_rows")
+        # the rows split.max_samples left out of the splits: without them the figures do not add up
+        capped = split_report.get("capped_by_max_samples")
+        cap = f"; left out by split.max_samples {int(capped):,}" if _finite(capped) and capped > 0 else ""
         lines.append(
-            f"Data: {raw:,} raw rows; dropped: {drops}; splits: {rows}."
+            f"Data: {raw:,} raw rows; dropped: {drops}{cap}; splits: {rows}."
             if raw is not None
-            else f"Data splits: {rows}; dropped: {drops}."
+            else f"Data splits: {rows}; dropped: {drops}{cap}."
         )
     return lines
 
