@@ -323,3 +323,27 @@ def test_tokenizer_training_texts_are_hash_selected_whatever_the_row_order(raw):
         built.append(nodes.build_tokenizer(splits, params, split_counts))
     first, second = (tokenizer.backend_tokenizer.to_str() for tokenizer in built)
     assert first == second
+
+
+def test_the_bpe_line_counts_the_train_rows_it_was_trained_on(caplog):
+    """Prompt/response data with `split.tokenizer.training_samples=10`: the BPE trains on 10 train rows (their
+    prompts and their responses). The line said "Trained a byte-level BPE on 20 train texts", twice the
+    parameter's cap and twice the rows; it counts the rows, as the parameter and the split's counts do."""
+    rows = 30
+    splits = pd.DataFrame(
+        {
+            "prompt": [f"question {i} about the river and the stone" for i in range(rows)],
+            "response": [f"answer {i} about the cloud" for i in range(rows)],
+            "split": pd.Categorical(["train"] * rows, nodes.SPLITS),
+        }
+    )
+    params = {
+        **PARAMS,
+        "prompt_column": "q",
+        "response_column": "a",
+        "tokenizer": {"vocab_size": 300, "training_samples": 10},
+    }
+    caplog.set_level("INFO", logger="fastlm")
+    nodes.build_tokenizer(splits, params)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Trained a byte-level BPE")]
+    assert len(said) == 1 and "on 10 train rows (their prompts and responses)" in said[0], said

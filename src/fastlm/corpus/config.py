@@ -45,7 +45,9 @@ class TokenizerParams(Params):
     vocab_size: int = Field(8000, ge=300, le=1_000_000)
     min_frequency: int = Field(2, ge=1)
     training_samples: int | None = Field(
-        200_000, ge=1, description="train the BPE on at most this many train texts (hash-selected)"
+        200_000,
+        ge=1,
+        description="train the BPE on at most this many train rows (hash-selected; a pair gives both)",
     )
     allow_download: bool = False
     trust_remote_code: bool = False

@@ -118,7 +118,10 @@ def _tokenizer(splits: pd.DataFrame, split):
         model_max_length=split.max_length,
     )
     record_settings(tokenizer, config)
-    log.info("Trained a byte-level BPE on %d train texts: %d tokens", len(train), len(tokenizer))
+    # prompt/response rows give the BPE their prompts and responses: counted as rows, as training_samples is
+    rows = "texts" if "text" in splits else "rows (their prompts and responses)"
+    count = len(train) if "text" in splits else len(train) // 2
+    log.info("Trained a byte-level BPE on %d train %s: %d tokens", count, rows, len(tokenizer))
     return tokenizer
 
 
