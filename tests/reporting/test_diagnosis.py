@@ -620,3 +620,17 @@ def test_a_resumed_runs_timed_steps_are_the_steps_its_rate_covers():
     fresh = make_history(5, step=[1, 2, 3, 4, 6])
     assert triggered(diagnose(cpu(), fresh)) == {COMPUTE_BOUND}
     assert epoch_eta(cpu(train_tokens=1000), fresh)["seconds"] == pytest.approx(1.0, rel=1e-12)
+
+
+def test_the_not_judged_message_names_every_warm_up_step_left_out():
+    """A resumed run leaves out each process's first step (1 and 4 here), not one: its message said "after
+    the warm-up step" all the same. A fresh run's says the one warm-up step; a resumed run's, how many."""
+    resumed = make_history(5, step=[1, 2, 3, 4, 6], warmup=[1, 0, 0, 1, 0])
+    message = by_kind(diagnose(cpu(), resumed))[COMPUTE_BOUND].message
+    assert "4 timed steps" in message and "2 warm-up steps (each process's first) left out" in message, (
+        message
+    )
+    assert epoch_eta(cpu(train_tokens=1000), resumed)["not_judged"] == message
+    fresh = make_history(4, step=[1, 2, 3, 4])
+    message = by_kind(diagnose(cpu(), fresh))[COMPUTE_BOUND].message
+    assert "3 timed steps after the warm-up step (" in message, message

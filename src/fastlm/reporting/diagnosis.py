@@ -26,8 +26,8 @@ passed. The rules, in order (thresholds are the module constants below):
   (``_unused_speed_levers``: precision, compile, liger's kernels or float8 missing their package, bf16
   weights with fp32 masters where a full fine-tune kept fp32 weights, memory headroom), or says none was.
 
-Everything is measured after the warm-up row (step 1 alone), except the memory peak. Missing keys or
-columns (older runs) make a rule not trigger, with "n/a" as its figure.
+Everything is measured after the warm-up rows (step 1, and each resumed process's first step), except the
+memory peak. Missing keys or columns (older runs) make a rule not trigger, with "n/a" as its figure.
 
 A run of fewer than ``MIN_TIMED_STEPS`` timed steps (``train.max_steps=2``: one) is too short for any verdict
 from step timing: ``input-bound``, ``host-sync-bound``, ``eval-bound`` (its final validation and save, which
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -108,7 +109,8 @@ STEP_TIME_RISE_RATIO = 1.15
 EVAL_BOUND_SHARE = 0.25
 #: compile-bound: the first step (compile included) took at least this share of the run's wall time.
 COMPILE_BOUND_SHARE = 0.25
-#: compute-bound is concluded from at least this many timed optimizer steps (after the warm-up step 1).
+#: compute-bound is concluded from at least this many timed optimizer steps (the warm-up steps left out:
+#: step 1, and each resumed process's first).
 MIN_TIMED_STEPS = 5
 #: how the message of a rule that judged nothing (too few timed steps) begins: the report shows it so.
 NOT_JUDGED = "too few steps to judge"
@@ -354,7 +356,7 @@ def _profiled_reason(idle: dict, share: float) -> str:
     return text
 
 
-def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame, steps: int) -> Finding:
+def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame, steps: _Timed) -> Finding:
     peaks = numeric(history, "peak_memory_mb").dropna()
     peak = float(peaks.max()) if len(peaks) else math.nan
     if math.isnan(peak) and _known(summary.get("peak_memory_mb")):
@@ -371,7 +373,7 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame,
         first = float(step_times.iloc[:third].mean())
         rise = float(step_times.iloc[-third:].mean()) / first if first > 0 else math.nan
     full = share >= MEMORY_SATURATED_SHARE
-    if full and steps < MIN_TIMED_STEPS:  # the verdict needs the step time's rise over the run
+    if full and steps.count < MIN_TIMED_STEPS:  # the verdict needs the step time's rise over the run
         return Finding(MEMORY_SATURATED, False, figure, _too_few(steps), "")
     rising = not math.isnan(rise) and rise >= STEP_TIME_RISE_RATIO
     if full and rising:
@@ -509,7 +511,15 @@ def _speed(summary: dict, history: pd.DataFrame) -> float:
     return value
 
 
-def _timed_steps(summary: dict, history: pd.DataFrame) -> int:
+class _Timed(NamedTuple):
+    """The optimizer steps the rate covers (``count``) and the warm-up steps left out (``warmups``: the first
+    step, and each resumed process's first)."""
+
+    count: int
+    warmups: int
+
+
+def _timed_steps(summary: dict, history: pd.DataFrame) -> _Timed:
     """Optimizer steps the rate covers: those of the history's windows :func:`throughput` counts (each
     process's first step, a ``warmup`` row, left out: a resumed run's as the first's); without a history,
     the summary's ``steps_trained`` - 1; else none."""
@@ -517,11 +527,12 @@ def _timed_steps(summary: dict, history: pd.DataFrame) -> int:
     if len(steps) and not pd.isna(steps).all():
         marks = _warmup_marks(history)
         records = [{"step": step, "warmup": mark} for step, mark in zip(steps, marks, strict=True)]
-        spans = (steps[index] - steps[index - 1] for index in timed_windows(records))
-        return sum(max(int(span), 1) for span in spans if span == span)
+        windows = timed_windows(records)
+        spans = (steps[index] - steps[index - 1] for index in windows)
+        return _Timed(sum(max(int(span), 1) for span in spans if span == span), len(records) - len(windows))
     if _known(summary.get("steps_trained")) and float(summary["steps_trained"]) >= 1:
-        return int(summary["steps_trained"]) - 1
-    return 0
+        return _Timed(int(summary["steps_trained"]) - 1, 1)
+    return _Timed(0, 1)
 
 
 def _warmup_marks(history: pd.DataFrame) -> list:
@@ -529,24 +540,27 @@ def _warmup_marks(history: pd.DataFrame) -> list:
     return numeric(history, "warmup").tolist() if "warmup" in history else [None] * len(history)
 
 
-def _too_few(steps: int) -> str:
+def _too_few(steps: _Timed) -> str:
     """The message of a rule or figure not judged from ``steps`` timed steps (fewer than MIN_TIMED_STEPS)."""
-    return (
-        f"{NOT_JUDGED}: {steps} timed step{'' if steps == 1 else 's'} after the warm-up step "
-        f"(a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)"
+    timed = f"{steps.count} timed step{'' if steps.count == 1 else 's'}"
+    left_out = (
+        f"{timed} after the warm-up step"
+        if steps.warmups <= 1
+        else f"{timed}, the {steps.warmups} warm-up steps (each process's first) left out"
     )
+    return f"{NOT_JUDGED}: {left_out} (a run of train.max_steps >= {MIN_TIMED_STEPS + 1} is judged)"
 
 
-def _steady(finding: Finding, steps: int) -> Finding:
+def _steady(finding: Finding, steps: _Timed) -> Finding:
     """A rule judged from step timing: not judged over fewer than MIN_TIMED_STEPS timed steps (its figure
     kept); an unmeasured or inapplicable one (figure "n/a") keeps its own message."""
-    if steps >= MIN_TIMED_STEPS or finding.figure == _NA:
+    if steps.count >= MIN_TIMED_STEPS or finding.figure == _NA:
         return finding
     return Finding(finding.kind, False, finding.figure, _too_few(steps), "")
 
 
 def _compute_bound(
-    summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding], steps: int
+    summary: dict, history: pd.DataFrame, timed: pd.DataFrame, others: list[Finding], steps: _Timed
 ) -> Finding:
     tokens = _speed(summary, history)
     rate = f"{tokens:,.0f} real tokens/s" if not math.isnan(tokens) else "unknown real tokens/s"
@@ -568,7 +582,7 @@ def _compute_bound(
         where = f"on {threads} CPU threads" if _known(threads) else "on the CPU"
         advice = "train on a GPU (train.runtime.device: cuda): a CPU run is limited by its cores"
     figure = f"{rate} {where}"
-    if steps < MIN_TIMED_STEPS:
+    if steps.count < MIN_TIMED_STEPS:
         return Finding(COMPUTE_BOUND, False, figure, _too_few(steps), "")
     blocking = [finding.kind for finding in others if finding.triggered]
     if blocking:
@@ -676,7 +690,7 @@ def epoch_eta(summary: dict, history: pd.DataFrame) -> dict:
     rate = None if math.isnan(rate) or rate <= 0 else rate
     tokens = int(tokens) if _known(tokens) else None
     steps = _timed_steps(summary, history)
-    judged = steps >= MIN_TIMED_STEPS
+    judged = steps.count >= MIN_TIMED_STEPS
     seconds = tokens / rate if tokens is not None and rate is not None and judged else None
     return {
         "seconds": seconds,
