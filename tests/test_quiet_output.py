@@ -257,3 +257,51 @@ def test_the_import_noise_quieted_without_kedro_is_what_the_logging_config_quiet
     assert {name: configured.get(name, {}).get("level") for name in IMPORT_NOISE_LEVELS} == {
         name: logging.getLevelName(level) for name, level in IMPORT_NOISE_LEVELS.items()
     }
+
+
+def test_torchrun_ranks_other_than_0_log_only_warnings_prefixed_with_their_rank(monkeypatch):
+    """Under torchrun every rank runs the whole `kedro run`: every INFO line of the run was printed once per
+    rank (conf/logging.yml gives `fastlm` and `kedro` their own INFO level, so the root logger's WARNING set
+    by the outputs hook quieted neither; and the run name, the project lines came before that hook ran). From
+    the settings' import on, a rank other than 0 shows warnings and errors only, each naming its rank; rank 0
+    and runs outside torchrun keep their INFO lines."""
+    import importlib
+
+    import fastlm.settings
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+    factory, disabled = logging.getLogRecordFactory(), logging.root.manager.disable
+    log = logging.getLogger("fastlm.training")
+    saved_level = log.level
+
+    def logged(rank: int | None) -> list[str]:
+        if rank is not None:
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("LOCAL_RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", "2")
+        handler = Lines()
+        try:
+            importlib.reload(fastlm.settings)
+            log.setLevel(logging.INFO)  # as conf/logging.yml sets `fastlm`
+            log.addHandler(handler)
+            log.info("Training %d steps", 4)
+            log.warning("step %d: loss is not finite", 3)
+        finally:  # each case in a process of its own: the logging state as it was
+            log.removeHandler(handler)
+            log.setLevel(saved_level)
+            monkeypatch.undo()
+            logging.setLogRecordFactory(factory)
+            logging.disable(disabled)
+            importlib.reload(fastlm.settings)
+        return handler.lines
+
+    other, first, alone = logged(1), logged(0), logged(None)
+    assert other == ["WARNING [rank 1] step 3: loss is not finite"]
+    assert first == alone == ["INFO Training 4 steps", "WARNING step 3: loss is not finite"]

@@ -2,6 +2,7 @@
 data the run's training reads (a run that splits first), without a KedroSession: the hook's calls in the
 order Kedro makes them, on a catalog of the conf's parameters."""
 
+import logging
 import shutil
 import tarfile
 from types import SimpleNamespace
@@ -343,10 +344,13 @@ def test_torchrun_ranks_other_than_0_apply_the_tuned_file_as_rank_0_does(monkeyp
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    factory, disabled = logging.getLogRecordFactory(), logging.root.manager.disable
     try:
         other_rank = importlib.reload(fastlm.settings).HOOKS
-    finally:
+    finally:  # a rank other than 0 keeps its logs to warnings: the suite's logging as it was
         monkeypatch.undo()
+        logging.setLogRecordFactory(factory)
+        logging.disable(disabled)
         importlib.reload(fastlm.settings)
     assert any(type(hook).__name__ == "OtherRankOutputsHook" for hook in other_rank)  # a rank other than 0
     assert sum(isinstance(hook, TunedParametersHook) for hook in other_rank) == 1

@@ -103,3 +103,38 @@ def quiet_third_party_logs() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropPrefixes) for f in logger.filters):
             logger.addFilter(_DropPrefixes(prefixes))
+
+
+class _RankRecord(logging.LogRecord):
+    """A record whose message names the torchrun rank that logged it (``[rank 1] ...``). Only the formatted
+    message changes: filters that read ``record.msg`` (the NOISE prefixes, the user error said once) see it as
+    logged."""
+
+    rank = 0
+
+    def getMessage(self) -> str:  # noqa: N802 - logging's name
+        return f"[rank {self.rank}] {super().getMessage()}"
+
+
+def other_rank_logs_warnings_only(rank: int) -> None:
+    """On a torchrun rank other than 0 (each rank runs the whole ``kedro run``): no INFO or DEBUG record of
+    any logger, whatever level conf/logging.yml gives it (``fastlm``, ``kedro`` are at INFO), so the console
+    shows rank 0's lines once; warnings and errors are kept, each prefixed with its rank. ``logging.disable``
+    and a log-record factory hold for the whole process, whatever handlers a later logging configuration
+    sets up. Rank 0 (and a process outside torchrun) is left as it is. Idempotent."""
+    if rank <= 0:
+        return
+    logging.disable(logging.INFO)
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "fastlm_rank", None) == rank:
+        return
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if type(record) is logging.LogRecord:
+            record.__class__ = _RankRecord
+            record.rank = rank
+        return record
+
+    factory.fastlm_rank = rank
+    logging.setLogRecordFactory(factory)

@@ -4,7 +4,9 @@
 Every rank loads the inputs and runs the train node (the training is collective), but the outputs must be
 written once: on ranks other than 0 (``RANK`` > 0), :class:`OtherRankOutputsHook` re-registers every output of
 the pipeline as an in-memory dataset before the run (nothing reaches the disk), and ``settings.py`` leaves out
-the MLflow hooks (no second MLflow run). Rank 0 writes checkpoints, catalog outputs and MLflow as usual.
+the MLflow hooks (no second MLflow run), and from its import on keeps their logs to warnings and errors, each
+prefixed with the rank (``fastlm.log_handler.other_rank_logs_warnings_only``): every INFO line is rank 0's,
+once. Rank 0 writes checkpoints, catalog outputs and MLflow as usual.
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ def torchrun_rank() -> int:
 
 
 class OtherRankOutputsHook:
-    """On a torchrun rank other than 0: the pipeline's outputs stay in memory; logs keep to warnings."""
+    """On a torchrun rank other than 0: the pipeline's outputs stay in memory (its logs keep to warnings from
+    ``settings.py``'s import on)."""
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
         rank = torchrun_rank()
         if rank == 0:
             return
-        logging.getLogger().setLevel(logging.WARNING)
         catalog_log = logging.getLogger("kedro.io.data_catalog")
         level, catalog_log.level = catalog_log.level, logging.ERROR  # "Replacing dataset" x outputs
         try:

@@ -25,12 +25,20 @@ from fastlm.hooks import (
     TunedParametersHook,
     UnknownRuntimeParamsHook,
 )
-from fastlm.log_handler import plain_logs_when_redirected, printable_in_any_locale, quiet_third_party_logs
+from fastlm.log_handler import (
+    other_rank_logs_warnings_only,
+    plain_logs_when_redirected,
+    printable_in_any_locale,
+    quiet_third_party_logs,
+)
 from fastlm.rank_hooks import OtherRankOutputsHook, torchrun_rank
 from fastlm.redaction import install_log_redaction
 from fastlm.tracking import project_artifact_location
 
 install_log_redaction()  # every log record of the process, whatever handler shows it: secrets masked
+# Under torchrun each rank runs the whole `kedro run`: ranks other than 0 show warnings and errors only, each
+# prefixed "[rank N]", from here on (the INFO lines are rank 0's, once). Rank 0 and other runs: unchanged.
+other_rank_logs_warnings_only(torchrun_rank())
 
 # kedro-mlflow's own hook logs parameters verbatim; MlflowTrackingHook is that hook with secrets masked (and
 # takes its name, so Kedro does not load it: this is for a kedro-mlflow that names it otherwise).
