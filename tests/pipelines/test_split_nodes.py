@@ -347,3 +347,59 @@ def test_the_bpe_line_counts_the_train_rows_it_was_trained_on(caplog):
     nodes.build_tokenizer(splits, params)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Trained a byte-level BPE")]
     assert len(said) == 1 and "on 10 train rows (their prompts and responses)" in said[0], said
+
+
+# A CSV cell is text as written: answers that are numbers alone, as math word problems have them.
+WRITTEN_ANSWERS = ["42", "1e3", "007", "-3.50", "0", "12", "1000", "2.0", "99", "5"]
+
+
+def _read_raw(path):
+    from fastlm.datasets import TextCorpusDataset
+
+    return TextCorpusDataset(str(path)).load()
+
+
+def test_a_csv_answer_column_of_numbers_alone_splits_as_the_file_writes_it(tmp_path):
+    """Math word problems whose answers are numbers (42, 1e3, 007): pandas read the answer column as numbers,
+    every row was dropped as non_string and the split refused for no data; a column mixing words and numbers
+    kept "007" as text, so the same answer trained from one file and not from another. A cell is the text
+    the file writes, as predict reads a prompt column of numbers."""
+    questions = [f"How much is item {i} in the ledger?" for i in range(40)]
+    answers = [WRITTEN_ANSWERS[i % len(WRITTEN_ANSWERS)] for i in range(40)]
+    pd.DataFrame({"question": questions + ["What is left?"], "answer": answers + [""]}).to_csv(
+        tmp_path / "numbers.csv", index=False
+    )
+    mixed = answers[:-1] + ["forty-two"]
+    pd.DataFrame({"question": questions, "answer": mixed}).to_csv(tmp_path / "mixed.csv", index=False)
+    params = {**PARAMS, "prompt_column": "question", "response_column": "answer"}
+    clean, counts = nodes.clean_corpus(_read_raw(tmp_path / "numbers.csv"), params)
+    assert counts["dropped"]["non_string"] == 0 and counts["dropped"]["missing"] == 1, counts["dropped"]
+    assert list(clean["response"]) == answers
+    splits, _ = nodes.split_corpus(clean, counts, params)
+    assert sorted(splits["response"]) == sorted(answers)
+    mixed_clean, _ = nodes.clean_corpus(_read_raw(tmp_path / "mixed.csv"), params)
+    assert list(mixed_clean["response"][:-1]) == answers[:-1]
+
+
+def test_a_tsv_text_column_of_numbers_alone_splits_as_the_file_writes_it(tmp_path):
+    """A TSV whose text column holds numbers alone (years, codes) kept none of them (non_string); each is
+    now the text the file writes, an empty cell still missing."""
+    texts = [f"{1900 + i}" for i in range(30)] + ["007", "1e3", "3.10", "-0", ""]
+    (tmp_path / "years.tsv").write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(texts)))
+    params = {**PARAMS, "text_column": "text"}
+    clean, counts = nodes.clean_corpus(_read_raw(tmp_path / "years.tsv"), params)
+    assert list(clean["text"]) == texts[:-1]
+    assert counts["dropped"]["non_string"] == 0 and counts["dropped"]["missing"] == 1, counts["dropped"]
+
+
+def test_json_numbers_where_texts_are_asked_stay_non_string(tmp_path):
+    """A JSON number is no text: a JSON Lines response written as 42 (not "42") is dropped as non_string,
+    counted, and a file of such rows alone refused."""
+    rows = [{"q": f"question {i}", "a": i} for i in range(6)] + [{"q": "question x", "a": "42"}]
+    (tmp_path / "qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    params = {**PARAMS, "prompt_column": "q", "response_column": "a"}
+    clean, counts = nodes.clean_corpus(_read_raw(tmp_path / "qa.jsonl"), params)
+    assert list(clean["response"]) == ["42"] and counts["dropped"]["non_string"] == 6
+    (tmp_path / "numbers.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:-1]))
+    with pytest.raises(InputDataError, match="'non_string': 6"):
+        nodes.clean_corpus(_read_raw(tmp_path / "numbers.jsonl"), params)

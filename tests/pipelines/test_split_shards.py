@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 
 from fastlm.corpus.readers import read_text_table
+from fastlm.corpus.split_steps import split_fingerprint
 from fastlm.datasets import TextCorpusDataset
 from fastlm.errors import InputDataError, StaleDataError
 from fastlm.hooks.split_complete import check_raw_unchanged, raw_record
+from fastlm.parameters import parse_group
 from fastlm.pipelines.split import nodes
 from tests.support.project import write_jsonl
 
@@ -185,3 +187,41 @@ def test_raw_path_naming_the_same_shards_another_way_is_the_split_s_raw_data(
         check_raw_unchanged(marker, given, tmp_path / given)
     with pytest.raises(ConfigError, match="raw_path names shards/part-0000\\[01\\]"):
         check_raw_unchanged(marker, "shards/part-0000[01].jsonl", tmp_path / "shards/part-0000[01].jsonl")
+
+
+def test_csv_shards_of_numbers_split_as_one_file_of_their_rows_as_written(tmp_path):
+    """A folder of CSV shards whose answer column is numbers alone in one shard (read by pandas as numbers)
+    and mixed with words in another: every answer is the text the shards write ("007", "1e3"), the splits
+    those of one file of the same rows, and a re-read gives the same fingerprint."""
+    questions = [f"How many stones are in pile {i}?" for i in range(40)]
+    answers = [["42", "1e3", "007", "-3.50", "12"][i % 5] for i in range(39)] + ["a dozen"]
+    (tmp_path / "shards").mkdir()
+    whole = pd.DataFrame({"question": questions, "answer": answers})
+    whole[:25].to_csv(tmp_path / "shards" / "part-0.csv", index=False)  # numbers alone
+    whole[25:].to_csv(tmp_path / "shards" / "part-1.csv", index=False)  # "a dozen" among them
+    whole.to_csv(tmp_path / "whole.csv", index=False)
+    params = {
+        **PARAMS,
+        "prompt_column": "question",
+        "response_column": "answer",
+        "tokenizer": {"vocab_size": 300},
+    }
+    results = []
+    for path in (
+        tmp_path / "shards",
+        tmp_path / "shards" / "*.csv",
+        tmp_path / "whole.csv",
+        tmp_path / "shards",
+    ):
+        clean, counts = nodes.clean_corpus(TextCorpusDataset(str(path)).load(), params)
+        assert counts["dropped"]["non_string"] == 0 and list(clean["response"]) == answers
+        splits, split_counts = nodes.split_corpus(clean, counts, params)
+        results.append(splits.reset_index(drop=True))
+    for splits in results[1:]:
+        pd.testing.assert_frame_equal(splits, results[0])
+    tokenizer = nodes.build_tokenizer(results[0], params)
+    first, second = (
+        split_fingerprint(splits, tokenizer, parse_group("split", params))["fingerprint"]
+        for splits in (results[0], results[3])
+    )
+    assert first == second

@@ -144,15 +144,7 @@ def _as_written(raw, table: pd.DataFrame, path: Path, parameter: str, names: Seq
         return table
     kind = check_table_path(path, parameter)
     if kind in ("csv", "tsv"):
-        written = pd.read_csv(
-            _text_source(path, parameter),
-            sep="\t" if kind == "tsv" else ",",
-            usecols=names,
-            dtype=str,
-            keep_default_na=False,
-            na_values=[""],
-        )
-        columns = {name: [None if pd.isna(v) else str(v) for v in written[name]] for name in names}
+        columns = written_cells(path, names, parameter)
     elif not isinstance(raw, pd.DataFrame):  # an Arrow table
         columns = {name: raw.column(name).to_pylist() for name in names}
     else:  # JSON read by Python's json: integers beside a missing value made floats by pandas
@@ -160,6 +152,22 @@ def _as_written(raw, table: pd.DataFrame, path: Path, parameter: str, names: Seq
     for name, values in columns.items():
         table[name] = pd.Series(values, index=table.index, dtype=object)
     return table
+
+
+def written_cells(path: str | Path, names: Sequence[str], parameter: str = RAW_PATH) -> dict[str, list]:
+    """The cells of the columns ``names`` of the CSV or TSV file at ``path`` as the file writes them, read as
+    ``read_text_table`` reads the file (its encoding, its compression): text ("007" is not the number 7, "1e3"
+    not 1000.0), a truly empty cell None."""
+    path = Path(path)
+    written = pd.read_csv(
+        _text_source(path, parameter),
+        sep="\t" if check_table_path(path, parameter) == "tsv" else ",",
+        usecols=list(names),
+        dtype=str,
+        keep_default_na=False,
+        na_values=[""],
+    )
+    return {name: [None if pd.isna(v) else str(v) for v in written[name]] for name in names}
 
 
 def _written_value(value):

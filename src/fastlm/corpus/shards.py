@@ -17,6 +17,7 @@ import logging
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from fastlm.corpus.readers import (
@@ -29,6 +30,8 @@ from fastlm.corpus.readers import (
     read_table,
     read_text_table,
     suffix_format,
+    text_as_written,
+    written_cells,
 )
 from fastlm.errors import InputDataError
 
@@ -136,6 +139,43 @@ def read_raw_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
     table.attrs["source_path"] = str(path)
     table.attrs[SHARDS] = counts
     return table
+
+
+def texts_as_written(table: pd.DataFrame, names: list[str], parameter: str = RAW_PATH) -> pd.DataFrame:
+    """``table`` (``read_raw_table``'s) with its text columns ``names`` as a CSV or TSV file writes them
+    (``readers.text_as_written``): a cell is text, "007" and "1e3" the texts a column of numbers holds, an
+    empty cell missing. In shards, each CSV or TSV shard whose cells of a column pandas read as numbers (all
+    of its column, where another shard's held words) has that column read again as written: the same texts
+    as one file of those rows. A JSON or Parquet value keeps its type (a JSON number is no text)."""
+    counts = table.attrs.get(SHARDS)
+    if not counts:
+        return text_as_written(table, names, parameter)
+    names = [name for name in dict.fromkeys(names) if name in table.columns]
+    numbers = {name: _not_text(table[name]) for name in names}
+    columns: dict[str, np.ndarray] = {}
+    start = 0
+    for shard, rows in counts:
+        read = [name for name in names if numbers[name][start : start + rows].any()]
+        if read and suffix_format(Path(shard)) in ("csv", "tsv"):
+            for name, cells in written_cells(shard, read, parameter).items():
+                if name not in columns:
+                    columns[name] = table[name].to_numpy(dtype=object, copy=True)
+                columns[name][start : start + rows] = cells
+        start += rows
+    if not columns:
+        return table
+    table = table.copy(deep=False)
+    for name, values in columns.items():
+        table[name] = pd.Series(values, index=table.index, dtype=object)
+    return table
+
+
+def _not_text(values: pd.Series) -> np.ndarray:
+    """Which of ``values`` are there but no text (numbers, booleans)."""
+    there = values.notna().to_numpy()
+    if not pd.api.types.is_object_dtype(values.dtype):
+        return there
+    return there & ~values.map(lambda value: isinstance(value, str)).to_numpy(dtype=bool)
 
 
 def shard_row(attrs: dict):

@@ -25,7 +25,7 @@ from fastlm.corpus.prompts import (
     prompt_frame,
     tokenize_pairs,
 )
-from fastlm.corpus.shards import shard_row
+from fastlm.corpus.shards import shard_row, texts_as_written
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import UNKNOWN_WARNING_SHARE, length_summary, unknown_per_row, unknown_summary
 from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_id_lists, tokenize_texts
@@ -62,6 +62,8 @@ _LATER_PARAMS = {"max_length", "tokenizer", "batch_size", "num_proc"}
 def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[pd.DataFrame, dict]:
     """Texts, prompt/response pairs or chats of ``raw`` cleaned (prompts rendered with ``tokenizer``, the
     configured one, None where the split trains its own), and the counts of the split report."""
+    if config.data_format in ("text", "prompt_response"):  # a CSV's cells are text, numbers too ("007")
+        raw = texts_as_written(raw, [column for _, column in data_columns(config)])
     if config.data_format == "text":
         kept, drops = clean_texts(raw[config.text_column])
         kept = kept.to_frame()
