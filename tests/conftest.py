@@ -22,6 +22,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # tests of the Ctrl-C path (a split stopped by Ctrl-C, a training's graceful stop) would then see no signal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# Likewise a hang-up: a suite started under `nohup` inherits SIGHUP ignored, and the processes it starts would
+# too (the launcher's own handlers, which the multi-process tests check, would then read as ignored).
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 # A kernel set forced with ATEN_CPU_CAPABILITY alone (avx2 or default, the quick check of whether a test
 # depends on the machine) is completed as scripts/check_cpu_kernels.sh completes it, before torch loads:
