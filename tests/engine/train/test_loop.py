@@ -169,7 +169,11 @@ def test_profiling_records_the_requested_window(tmp_path):
     assert (trace_dir / "steps_3-4.pt.trace.json").stat().st_size > 1000
     shares = profile["phase_share"]
     assert set(shares) == {"data", "forward", "backward", "optimizer"}
-    assert shares["forward"] > 0 and shares["backward"] > 0 and 0.5 < sum(shares.values()) <= 1.05
+    # shares of the window's wall clock: the phases lie inside it (at most all of it); how much of an 18 ms
+    # window of two toy steps they fill depends on the machine's load (0.94 here alone, 0.28 beside the
+    # suite's background jobs on a fresh clone), so no lower bound but that each phase was recorded
+    assert shares["forward"] > 0 and shares["backward"] > 0 and shares["optimizer"] > 0
+    assert 0 < sum(shares.values()) <= 1.05 and profile["window_ms"] > 0
     assert profile["top_operators"][0]["self_cpu_ms"] >= profile["top_operators"][-1]["self_cpu_ms"] > 0
 
 
