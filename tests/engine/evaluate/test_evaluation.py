@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.data.token_dataset import TokenSequences
+from fastlm.engine.distributed.parallel import SingleProcess
 from fastlm.engine.evaluate import evaluation
 from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate
 from fastlm.engine.evaluate.generation import generate_samples
@@ -539,3 +540,64 @@ def test_an_evaluation_out_of_memory_without_the_back_off_is_one_line(setup, mon
     ) as caught:
         _loss_only(model, data, tokenizer, runtime, _params("packed"))
     assert "\n" not in str(caught.value)
+
+
+class _RankOfTwo(SingleProcess):
+    """Rank ``rank`` of a two-process evaluation, run here alone: its sums are its own (the test adds)."""
+
+    world_size = 2
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+@pytest.mark.parametrize("max_batches", [None, 3], ids=["all", "max_batches_3"])
+@pytest.mark.parametrize("collective", [False, True], ids=["ddp", "fsdp"])
+@pytest.mark.parametrize(("mode", "micro"), [("packed", 5), ("dynamic", 11), ("dynamic", 200)])
+def test_two_ranks_evaluate_the_samples_one_process_does_in_the_same_number_of_forwards(
+    setup, mode, micro, collective, max_batches
+):
+    """A validation split of an odd number of batches, evaluated by two ranks: their summed targets and loss
+    are one process's (the same batches, summed in another order), also under ``train.eval_max_batches``
+    (the first 3 batches of the split, as one process takes them), and under FSDP, whose forward is a
+    collective, each rank runs as many forwards as the other. Was: FSDP's even shards left the last batch out
+    (1540 of a split's 1587 targets in a 2-process run) and ``eval_max_batches`` 3 gave each rank 2 batches
+    (4 in all: 321 targets where one process evaluated 227); a split of one batch (micro-batch 200) had a
+    validation loss of NaN under FSDP."""
+    model, tokenizer, data, runtime = setup
+    batching = {"mode": mode, "micro_batch_size": micro}
+    params = parse_train_params({"batching": batching, "runtime": {"device": "cpu"}})
+    sampler, _ = evaluation.make_batching(params, data.lengths, pad_id=0, max_length=MAX_LENGTH, seed=0)
+    batches = len(sampler.epoch_batches())
+    assert batches % 2 == 1  # the split does not divide between the ranks
+
+    def run(comm):
+        forwards = []
+        hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+        try:
+            options = EvalOptions(max_batches=max_batches, comm=comm, collective_forward=collective)
+            report = evaluate(
+                model,
+                data,
+                params=params,
+                runtime=runtime,
+                pad_id=tokenizer.pad_token_id,
+                max_length=MAX_LENGTH,
+                attn="sdpa",
+                options=options,
+            )
+        finally:
+            hook.remove()
+        return report.metrics, len(forwards)
+
+    (one, _), ranks = run(SingleProcess()), [run(_RankOfTwo(rank)) for rank in range(2)]
+    targets = sum(metrics["target_tokens"] for metrics, _ in ranks)
+    assert targets == one["target_tokens"]
+    assert sum(metrics["samples"] for metrics, _ in ranks) == one["samples"]
+    loss_sum = sum(
+        metrics["loss"] * metrics["target_tokens"] for metrics, _ in ranks if metrics["target_tokens"]
+    )
+    evaluated = min(batches, max_batches or batches)
+    assert loss_sum / targets == pytest.approx(one["loss"], rel=reordered_sum_rtol(evaluated))
+    if collective:  # FSDP: every forward all-gathers the weights, so every rank runs the same number
+        assert ranks[0][1] == ranks[1][1] == -(-evaluated // 2)

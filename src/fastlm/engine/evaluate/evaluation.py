@@ -147,9 +147,12 @@ class EvalOptions:
     """How much of the split to evaluate, on which ranks, and what to compute beyond the loss: the settings
     that travel together from training's validation, the report and the benchmarks to :func:`evaluate`.
 
-    ``max_batches``: at most this many batches (split between ranks; None: all). ``comm`` / ``even_shards``: a
-    data-parallel run's view (``engine.distributed.parallel``); each rank evaluates its shard and the sums are
-    added once, at the end; ``even_shards`` for FSDP, whose forward is collective. ``analysis``: the error
+    ``max_batches``: the split's first batches, at most this many (split between ranks: the ones one process
+    takes; None: all). ``comm`` / ``collective_forward``: a data-parallel run's view
+    (``engine.distributed.parallel``); each rank evaluates every ``world_size``-th batch (the remainder of an
+    uneven split too) and the sums are added once, at the end; ``collective_forward`` for FSDP, whose forward
+    gathers the weights from every rank: a rank with one batch fewer runs one forward more, on a batch of its
+    own, whose result is not counted. ``analysis``: the error
     analysis (one process, needs the tokenizer): accuracy, ``top_k`` accuracy, the ``pairs`` most frequent
     wrong predictions and the ``worst`` samples. ``micro_batch_size``: the micro-batch to evaluate in where
     an earlier evaluation backed off to a smaller one than ``params``' (its
@@ -159,7 +162,7 @@ class EvalOptions:
     analysis: bool = False
     max_batches: int | None = None
     comm: Collectives | None = None
-    even_shards: bool = False
+    collective_forward: bool = False
     top_k: int = 5
     worst: int = 10
     pairs: int = 20
@@ -290,10 +293,13 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
         pad_id=setting.pad_id,
         configured=configured if cut else None,
     )
-    sampler.shard(comm.rank, comm.world_size, even=options.even_shards)
-    max_batches = options.max_batches
-    if max_batches is not None:
-        max_batches = math.ceil(max_batches / comm.world_size) * pieces
+    sampler.shard(comm.rank, comm.world_size, even=False)
+    # the split's first batches (max_batches, counted in configured batches), dealt out as the sampler deals
+    # them: this rank's and the busiest rank's (rank 0's) counts
+    limit = len(sampler.epoch_batches())
+    if options.max_batches is not None:
+        limit = min(limit, options.max_batches * pieces)
+    own, rounds = len(range(comm.rank, limit, comm.world_size)), len(range(0, limit, comm.world_size))
     # its own generator: an evaluation draws nothing from the global one (a resumed run draws as the first)
     loader = DataLoader(
         dataset, batch_sampler=sampler, collate_fn=NoneIfEmpty(collator), generator=loader_generator(0, 0)
@@ -306,6 +312,7 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_targets = torch.zeros((), dtype=torch.int64, device=device)
     real_tokens = samples = 0
+    filler = None  # a batch of this rank's, for the forwards a collective forward needs of it beyond its own
     was_training = model.training
     model.eval()
     start = perf_counter()
@@ -314,11 +321,11 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
             # The sampler yields the same batches again (an epoch's order is cached): zip gives each batch's
             # indices.
             for index, (indices, host) in enumerate(zip(sampler, loader, strict=True)):
-                if max_batches is not None and index >= max_batches:
+                if index >= own:
                     break
                 if host is None:  # a back-off's empty piece of a short batch
                     continue
-                batch = to_device(host, device, setting.attn)
+                batch = filler = to_device(host, device, setting.attn)
                 with setting.runtime.autocast_context():
                     logits = forward_logits(model, batch)
                 if errors is None:
@@ -330,14 +337,39 @@ def _one_pass(model, dataset: TokenSequences, params: TrainParams, setting: _Pas
                 n_targets += batch_targets
                 real_tokens += int(host["num_real_tokens"])
                 samples += int(host["num_samples"])
-        if comm.world_size > 1:
-            sums = comm.sum_device_(torch.stack([loss_sum, n_targets.to(torch.float64)]))
-            loss_sum, n_targets = sums[0], sums[1].round().to(torch.int64)
-        total_loss, targets_count = torch.stack([loss_sum, n_targets.double()]).tolist()  # the one read-back
+            if options.collective_forward:  # as many forwards as the busiest rank: their results not counted
+                for _ in range(rounds - own):
+                    filler = (
+                        filler if filler is not None else _first_batch(dataset, sampler, collator, setting)
+                    )
+                    with setting.runtime.autocast_context():
+                        forward_logits(model, filler)
+        sums = torch.stack(
+            [
+                loss_sum,
+                n_targets.double(),
+                *torch.tensor([real_tokens, samples], dtype=torch.float64, device=device),
+            ]
+        )
+        if comm.world_size > 1:  # every rank's sums: the targets, real tokens and samples of the whole split
+            comm.sum_device_(sums)
+        total_loss, targets_count, real_tokens, samples = sums.tolist()  # the one read-back
+        targets_count, real_tokens, samples = (
+            round(value) for value in (targets_count, real_tokens, samples)
+        )
         found = errors.read_back(options.pairs) if errors is not None else None
     finally:
         model.train(was_training)
     return total_loss, targets_count, real_tokens, samples, found, perf_counter() - start
+
+
+def _first_batch(dataset: TokenSequences, sampler, collator, setting: _Pass) -> dict:
+    """The split's first batch on the device: the forward a rank with no batch of its own runs (a split of
+    fewer batches than ranks) where the forward is collective."""
+    indices = sampler.epoch_batches()[0]
+    return to_device(
+        collator([dataset[int(index)] for index in indices]), setting.runtime.device, setting.attn
+    )
 
 
 def _halved(error: BaseException, params: TrainParams, size: int, *, samples: int, world: int, device) -> int:

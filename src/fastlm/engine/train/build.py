@@ -432,13 +432,15 @@ def _validation(
 ) -> Callable[[], dict] | None:
     """The validation metrics' function (``evaluation.evaluate``, loss only, ``train.eval_max_batches``
     batches); None without a validation split. FSDP's forward is collective: every rank evaluates the wrapped
-    model on even shards; DDP's is not needed to evaluate (the raw model). An evaluation that backed off to a
+    model in as many forwards (``EvalOptions.collective_forward``); DDP's is not needed to evaluate (the raw
+    model). Either way the ranks evaluate the batches one process does, the remainder of an uneven split
+    too. An evaluation that backed off to a
     smaller micro-batch (out of memory, ``train.batching.oom_backoff``) leaves it to the next ones
     (``_Validation``)."""
     if request.eval_set is None:
         return None
     fsdp = params.distributed.strategy == "fsdp"
-    options = EvalOptions(max_batches=params.eval_max_batches, comm=request.comm, even_shards=fsdp)
+    options = EvalOptions(max_batches=params.eval_max_batches, comm=request.comm, collective_forward=fsdp)
     return _Validation(
         partial(
             evaluate,
