@@ -9,9 +9,10 @@ import torch
 from fastlm.engine.batching import RandomBatches
 from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBudget
-from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env
+from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env, resolve_backend
 from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.train.persistence import resume_position
+from fastlm.errors import ConfigError
 from tests.support.parallel_jobs import job_params, launch, one_and_two, run_one, tokenized_splits
 from tests.support.tolerances import BF16_MODEL_LOSS_REL, TRAINED_FP32_LOSS_REL, TRAINED_FP32_WEIGHTS
 
@@ -93,6 +94,19 @@ def test_launch_mode_detects_torchrun_spawn_and_single():
     assert launch_mode(1, torchrun) == "torchrun" and launch_mode(4, torchrun) == "torchrun"
     assert launch_mode(2, {}) == "spawn" and launch_mode(1, {}) == "single"
     assert rank_from_env(torchrun) == RankInfo(1, 2, 1) and rank_from_env({}) is None
+
+
+def test_nccl_asked_for_a_cpu_run_is_one_line_naming_the_parameter_and_the_fix():
+    """Was: each worker failed in torch's process group set-up, `training worker rank 0 of 2 failed:
+    RuntimeError: Distributed package doesn't have NCCL built in` (a CUDA build: `ProcessGroupNCCL is only
+    supported with GPUs, no GPUs found!`), naming neither the parameter nor the fix."""
+    with pytest.raises(ConfigError) as refused:
+        resolve_backend("nccl", torch.device("cpu"))
+    message = str(refused.value)
+    assert "train.distributed.backend" in message and "gloo" in message and "\n" not in message
+    assert (
+        resolve_backend("auto", torch.device("cpu")) == resolve_backend("gloo", torch.device("cpu")) == "gloo"
+    )
 
 
 # ------------------------------------------------------------------------------------------ real processes

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from fastlm.engine.distributed.ranks import RankInfo, rank_from_env
+from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,14 @@ def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
 
 
 def resolve_backend(requested: str, device: torch.device) -> str:
+    """``train.distributed.backend``: ``auto`` is NCCL on CUDA, gloo elsewhere; NCCL asked for a run on
+    another device is one line (torch's own error names neither the parameter nor the fix)."""
+    if requested == "nccl" and device.type != "cuda":
+        raise ConfigError(
+            f"train.distributed.backend is nccl, which runs on CUDA GPUs only, and this run's device is "
+            f"{device.type}.",
+            fix="set train.distributed.backend: auto (gloo on a CPU) or gloo.",
+        )
     if requested != "auto":
         return requested
     return "nccl" if device.type == "cuda" else "gloo"
