@@ -17,6 +17,7 @@ from fastlm.engine.batching import (
     micro_batches,
     packed_budget,
     step_plan,
+    trained_samples,
 )
 from fastlm.engine.data import DynamicPaddingCollator, PackedCollator, Seq2SeqCollator
 from fastlm.engine.data.samplers import LengthGroupedSampler, PackedBatchSampler
@@ -201,6 +202,27 @@ def test_the_step_plan_counts_the_streams_epochs(tmp_path):
         read = [stream.sampler.set_epoch(epoch) or len(stream.sampler) for epoch in range(3)]
         assert [plan.trained(epoch) // world for epoch in range(3)] == read
         assert plan.total_steps == sum(read)
+
+
+@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+def test_the_trained_samples_are_those_the_ranks_samplers_give(tmp_path, mode):
+    """An epoch of micro-batches that do not divide between the processes: the samples a step holds (the run
+    summary's ``samples_per_step``, ``tokens_per_step``, ``train_tokens``) are those the ranks' samplers
+    give, the last ``N mod processes`` micro-batches left out; one process trains every sample."""
+    params = toy_params(tmp_path, max_steps=None, batching={"mode": mode, "micro_batch_size": 4})
+    data = toy_sequences(203, 1)
+    for world in (1, 2, 4):  # 9 packed micro-batches, 51 dynamic ones
+        layout = StreamLayout(EOS, 64, None, {"num_workers": 0}, world_size=world)
+        plan = step_plan(data, params, layout)
+        given = [
+            index
+            for rank in range(world)
+            for batch in micro_batches(data, params, StreamLayout(**{**vars(layout), "rank": rank})).sampler
+            for index in batch
+        ]
+        assert world == 1 or plan.size(0) % world  # some left out
+        assert sorted(trained_samples(data, params, layout, plan).tolist()) == sorted(given)
+        assert (len(given) == len(data)) == (world == 1)
 
 
 def test_backoff_pieces_are_the_fewest_powers_of_two_of_at_most_the_micro_batch():

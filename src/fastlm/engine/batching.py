@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -568,6 +569,21 @@ def step_plan(dataset: TokenSequences, params: TrainParams, layout: StreamLayout
     )
     _refuse_empty_shards(plan, len(dataset))
     return plan
+
+
+def trained_samples(
+    dataset: TokenSequences, params: TrainParams, layout: StreamLayout, plan: StepPlan, *, configured=None
+) -> np.ndarray:
+    """The samples ``layout.world_size`` processes train of epoch 0: those of its first ``plan.trained(0)``
+    micro-batches (the ranks' even shards; the last ``N mod processes`` left out), every sample in one
+    process. ``configured``: as ``micro_batches``'."""
+    if plan.trained(0, layout.world_size) == plan.size(0):
+        return np.arange(len(dataset))
+    sampler = micro_batches(
+        dataset, params, replace(layout, rank=0, world_size=1), configured=configured
+    ).sampler
+    batches = sampler.epoch_batches()[: plan.trained(0, layout.world_size)]
+    return np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
 
 
 def _refuse_empty_shards(plan: StepPlan, samples: int) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastlm.engine.batching import RandomBatches
+from fastlm.engine.batching import RandomBatches, make_batching
 from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBudget
 from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env, resolve_backend
@@ -216,7 +216,22 @@ def test_a_two_process_checkpoint_on_another_step_plan_than_one_process_is_not_c
         eval_every=None,
         batching={**batching, "gradient_accumulation_steps": 1},
     )
-    launch(params, bpe_tokenizer, tokenized, tmp_path)
+    two = launch(params, bpe_tokenizer, tokenized, tmp_path)
+    # what a step holds: the samples the ranks' samplers train of the epoch (78 micro-batches, 39 steps), not
+    # the whole split's 79 over the steps
+    lengths = np.array([len(ids) for ids in tokenized[0]["input_ids"]])
+    trained = []
+    for rank in range(2):
+        sampler = make_batching(
+            params, lengths, pad_id=bpe_tokenizer.eos_token_id, max_length=48, seed=params.seed
+        )[0]
+        sampler.shard(rank, 2)
+        trained += [index for batch in sampler for index in batch]
+    assert len(trained) == len(set(trained)) < len(lengths)
+    steps = 39
+    assert two.summary["samples_per_step"] == round(len(trained) / steps, 1)
+    assert two.summary["tokens_per_step"] == round(int(lengths[trained].sum()) / steps, 1)
+    assert two.summary["train_tokens"] == int(lengths[trained].sum())
     folder = tmp_path / "checkpoints-2"
     one = {
         "max_steps": None,

@@ -33,6 +33,7 @@ from fastlm.engine.batching import (
     say_untrained_answers,
     seq2seq_batching,
     step_plan,
+    trained_samples,
 )
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
@@ -299,8 +300,13 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     profiler = step_profiler(params.profile, device, enabled=comm.is_main)
     validate = _validation(request, model, params=params, runtime=runtime, attn=attn)
     lengths = request.train_set.lengths
+    # the samples the ranks train of an epoch: several processes leave its last ``N mod processes`` out
+    trained = trained_samples(
+        request.train_set, params, layout, plan, configured=configured.batching.micro_batch_size
+    )
+    lengths = lengths if request.sides is None else request.sides.real_lengths(lengths)  # as the steps count
     holds = step_contents(
-        lengths if request.sides is None else request.sides.real_lengths(lengths),  # as the steps count
+        lengths[trained],
         steps_per_epoch=steps_per_epoch,
         rows_per_step=(
             params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * comm.world_size
