@@ -56,3 +56,38 @@ def test_a_contradiction_between_parameters_never_asks_for_a_key_that_does_not_e
         parse_train_params(raw)
     message = str(raised.value)
     assert "<key>" not in message and "Fix:" in message and "\n" not in message
+
+
+FSDP_CUDA_GRAPHS = {
+    "distributed": {"strategy": "fsdp"},
+    "runtime": {"compile_mode": "reduce-overhead", "compile_scope": "layers"},  # device auto: a GPU
+}
+FSDP_IN_BACKWARD = {
+    "distributed": {"strategy": "fsdp"},
+    "optimizer": {"in_backward": True, "grad_clip": None},
+    "runtime": {"param_dtype": "fp32"},
+}
+
+
+@pytest.mark.parametrize("launched", ["nproc_per_node", "torchrun"])
+def test_the_checks_across_processes_count_the_processes_a_step_spans(monkeypatch, launched):
+    """Under torchrun ``nproc_per_node`` stays 1 and the environment's world size is the processes a step
+    spans: FSDP2 with CUDA graphs is refused there as under ``nproc_per_node: 2``, and ``in_backward`` with
+    fp32 weights, which FSDP2's fp32 shards update, is let through there as under it."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    nproc = {"nproc_per_node": 2} if launched == "nproc_per_node" else {}
+    if launched == "torchrun":
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    graphs = {**FSDP_CUDA_GRAPHS, "distributed": {**FSDP_CUDA_GRAPHS["distributed"], **nproc}}
+    with pytest.raises(ConfigError) as raised:
+        parse_train_params(graphs)
+    assert "reduce-overhead is not wired for strategy fsdp" in str(raised.value)
+    in_backward = {**FSDP_IN_BACKWARD, "distributed": {**FSDP_IN_BACKWARD["distributed"], **nproc}}
+    assert parse_train_params(in_backward).optimizer.in_backward
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process (an agent of one, or none): nothing is sharded
+    if launched == "torchrun":
+        assert parse_train_params(graphs).distributed.strategy == "fsdp"
+        with pytest.raises(ConfigError, match="in_backward updates the fp32 masters"):
+            parse_train_params(in_backward)

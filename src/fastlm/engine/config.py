@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -540,6 +542,17 @@ class ProfileParams(Params):
     trace_dir: str = "data/07_model_output/profile"
 
 
+def train_processes(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> int:
+    """The processes a training step spans: torchrun's world size where the run is started under it (its
+    ``--nproc-per-node`` decides and ``nproc_per_node`` stays 1: ``distributed.parallel.launch_mode``), else
+    ``train.distributed.nproc_per_node``. Read as ``distributed.ranks.rank_from_env`` reads it (this layer
+    sits below that one)."""
+    environ = os.environ if environ is None else environ
+    if "RANK" in environ and "WORLD_SIZE" in environ and int(environ["WORLD_SIZE"]) > 1:
+        return int(environ["WORLD_SIZE"])
+    return nproc_per_node
+
+
 class DistributedParams(Params):
     nproc_per_node: int = Field(
         1, ge=1, description="worker processes the train node launches; 1 = this process"
@@ -557,6 +570,12 @@ class DistributedParams(Params):
         "interpreter for each; auto: forkserver for a job on the CPU, spawn for one on a GPU "
         "(engine/launch/workers.py)",
     )
+
+    @property
+    def processes(self) -> int:
+        """The processes a training step spans: torchrun's world size under it (where ``nproc_per_node``
+        stays 1), else ``nproc_per_node`` (``train_processes``)."""
+        return train_processes(self.nproc_per_node)
 
 
 class TrainParams(Params):
@@ -662,7 +681,7 @@ class TrainParams(Params):
     @classmethod
     def _cuda_graphs_without_sharding(cls, value: DistributedParams, info: ValidationInfo):
         runtime = info.data.get("runtime")
-        sharded = value.strategy == "fsdp" and value.nproc_per_node > 1
+        sharded = value.strategy == "fsdp" and value.processes > 1
         if sharded and runtime is not None and runtime.compile_mode == "reduce-overhead":
             raise ValueError(
                 "train.runtime.compile_mode: reduce-overhead is not wired for strategy fsdp (FSDP2 gathers "
@@ -677,7 +696,7 @@ class TrainParams(Params):
         runtime, optimizer = info.data.get("runtime"), info.data.get("optimizer")
         if optimizer is None or not optimizer.in_backward:
             return value
-        if value.nproc_per_node > 1 and value.strategy == "fsdp":
+        if value.processes > 1 and value.strategy == "fsdp":
             return value  # FSDP2's fp32 shards are the masters, whatever dtype it gathers them in
         if runtime is not None and runtime.param_dtype == "fp32":
             raise ValueError(

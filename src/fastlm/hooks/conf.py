@@ -378,12 +378,13 @@ class TunedParametersHook:
 
 
 def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog) -> str | None:
-    """The tuned accumulation for the processes this run's step spans (``tune.record.train_processes``):
+    """The tuned accumulation for the processes this run's step spans (``engine.config.train_processes``):
     where the file's is for another count (``tune_accumulation``) and the run trains with the file's
     micro-batch and accumulation, ``params:train`` gets the accumulation that keeps the tuned target, and the
     sentence saying so is returned (empty: nothing to change); where the target cannot be kept, one warning.
     None: not applied (warned): a file that does not record its process count, on more than one process."""
-    from fastlm.pipelines.tune.record import ACCUMULATION_KEY, accumulation_for_processes, train_processes
+    from fastlm.engine.config import train_processes
+    from fastlm.pipelines.tune.record import ACCUMULATION_KEY, accumulation_for_processes
 
     raw = catalog.load("params:train")
     params = GROUPS["train"].parse(raw)

@@ -11,6 +11,7 @@ import datasets
 import pandas as pd
 
 from fastlm.corpus.fingerprint import data_identity
+from fastlm.engine.config import train_processes
 from fastlm.errors import ConfigError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
@@ -97,7 +98,7 @@ def tune_micro_batch(
     chosen = best.chosen if best else None
     current = params.batching.gradient_accumulation_steps
     # the accumulation is for the processes a training step spans (micro-batch x accumulation x processes)
-    processes = record.train_processes(params.distributed.nproc_per_node)
+    processes = train_processes(params.distributed.nproc_per_node)
     accumulation = (
         tune.mode_accumulation(best, settings.target_effective_batch, current=current, world_size=processes)
         if best

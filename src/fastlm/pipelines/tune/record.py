@@ -207,16 +207,6 @@ def _shown(value: Any) -> str:
 ACCUMULATION_KEY = "tune_accumulation"  # top-level key: the process count the tuned accumulation is for
 
 
-def train_processes(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> int:
-    """The processes a training step spans: torchrun's world size where the run is started under it (its
-    ``--nproc-per-node`` decides, ``engine.distributed.launch_mode``), else
-    ``train.distributed.nproc_per_node``."""
-    from fastlm.engine.distributed.ranks import rank_from_env
-
-    info = rank_from_env(dict(environ) if environ is not None else None)
-    return info.world_size if info is not None and info.world_size > 1 else nproc_per_node
-
-
 def accumulation_record(
     processes: int, target: int | None, samples_per_micro_batch: float | None
 ) -> dict[str, Any]:
