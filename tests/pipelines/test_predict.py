@@ -345,6 +345,11 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
             InputDataError,
             "has no chat template to render the messages with",
         ),
+        (  # 500 + 64 of the model's 512 positions: generated past its last position, no word said
+            {"input": "data/01_raw/inputs.jsonl", "max_input_tokens": 500, "max_new_tokens": 64},
+            ConfigError,
+            "predict.max_input_tokens = 500 and predict.max_new_tokens = 64 need 564 positions",
+        ),
     ],
     ids=[
         "missing_input",
@@ -356,6 +361,7 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
         "unknown_model",
         "two_input_columns",
         "no_chat_template",
+        "max_input_tokens_past_positions",
     ],
 )
 def test_bad_parameters_are_refused_in_one_line_and_nothing_is_written(project, predict, error, message):

@@ -103,19 +103,25 @@ def input_limit(
     trained_length: int | None = None,
     parameter: str = "predict.max_new_tokens",
 ) -> int | None:
-    """The most prompt tokens a row may have: ``max_input_tokens`` when set; else, for a model trained here
+    """The most prompt tokens a row may have: ``max_input_tokens`` when set (refused in one line where it
+    reaches past the model's positions, as below); else, for a model trained here
     at ``trained_length`` tokens a row (its ``training_data.json``), the prompt its report's reference
     generations give it (``references.prompt_budget``: what its training rows left beside the new tokens);
     within what the model's positions leave (decoder-only: prompt and generation share them); else no limit
     (relative positions, as T5). ``parameter``: what set ``max_new_tokens``, named in the refusal."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    # an encoder-decoder model's input gets the tokenizer's end (``generation.encoder_inputs``) too
+    room = None
+    if positions is not None:
+        room = positions - 1 if is_encoder_decoder(model) else positions - max_new_tokens
     if max_input_tokens is not None:
+        if room is not None and max_input_tokens > room:  # past the model's last position
+            _refuse_input_tokens(max_input_tokens, max_new_tokens, positions, is_encoder_decoder(model))
         return max_input_tokens
     trained = None if trained_length is None else prompt_budget(trained_length, max_new_tokens)
-    positions = getattr(model.config, "max_position_embeddings", None)
     if positions is None:
         return trained
-    # an encoder-decoder model's input gets the tokenizer's end (``generation.encoder_inputs``) too
-    limit = positions - 1 if is_encoder_decoder(model) else positions - max_new_tokens
+    limit = room
     if limit < 1:
         raise ConfigError(
             f"{parameter} = {max_new_tokens} leaves no room for an input in the model's "
@@ -123,6 +129,31 @@ def input_limit(
             fix=f"lower {parameter} below {positions}.",
         )
     return limit if trained is None else min(limit, trained)
+
+
+def _refuse_input_tokens(max_input_tokens: int, max_new_tokens: int, positions: int, encoder: bool) -> None:
+    """One line where ``predict.max_input_tokens`` lets a prompt run past the model's positions (a
+    decoder-only model's prompt and generation share them; an encoder's input gets the tokenizer's end)."""
+    if encoder:
+        raise ConfigError(
+            f"predict.max_input_tokens = {max_input_tokens} and the tokenizer's end need "
+            f"{max_input_tokens + 1} positions; the model's encoder has {positions}.",
+            fix=f"set predict.max_input_tokens to at most {positions - 1}, or leave it null (what the "
+            "model's positions leave).",
+        )
+    need = max_input_tokens + max_new_tokens
+    fix = (
+        f"set predict.max_input_tokens to at most {positions - max_new_tokens} (or lower "
+        "predict.max_new_tokens), or leave it null (what the model's positions leave)."
+        if positions > max_new_tokens
+        else f"lower predict.max_new_tokens below {positions}."
+    )
+    raise ConfigError(
+        f"predict.max_input_tokens = {max_input_tokens} and predict.max_new_tokens = {max_new_tokens} need "
+        f"{need} positions; the model has {positions}: a prompt that long would be generated past its last "
+        "position.",
+        fix=fix,
+    )
 
 
 def generation_prompts(tokenizer, prompts, *, model, max_length: int, max_new_tokens: int) -> list[list[int]]:
