@@ -799,6 +799,34 @@ def test_a_model_folder_without_a_tokenizer_is_refused_not_predicted_empty(tmp_p
     assert str(tmp_path / "weights_only") in str(error) and "\n" not in str(error)
 
 
+def test_a_model_folder_whose_tokenizer_has_ids_past_its_embedding_is_refused_in_one_line(project):
+    """``predict.model`` a folder holding another model's tokenizer (300 tokens for an embedding of 100 rows):
+    the prompts' ids beyond the embedding stopped the run with an IndexError traceback ('index out of range
+    in self') instead of one line naming the folder and the fix."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = project / "data/06_models/small"
+    config = LlamaConfig(
+        vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=512,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(project / "data/06_models/model").save_pretrained(folder)
+    before = sorted(p for p in (project / "data").rglob("*") if p.is_file())
+    with pytest.raises(Exception) as raised:
+        _run(
+            project,
+            input="data/01_raw/inputs.jsonl",
+            prompt_column="dialogue",
+            model=str(folder),
+            max_new_tokens=4,
+        )
+    error = find_user_error(raised.value)
+    assert isinstance(error, InputDataError) and "\n" not in str(error), repr(raised.value)
+    assert str(folder) in str(error) and "100" in str(error) and "predict.model" in str(error)
+    assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
+
+
 def _predicted(project, **predict):
     _run(project, max_new_tokens=6, **predict)
     table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)

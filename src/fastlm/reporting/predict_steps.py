@@ -24,6 +24,7 @@ __all__ = [
     "call_reader",
     "chat_record",
     "check_prompts_of_text_model",
+    "check_token_ids",
     "check_template_variables",
     "id_vocabulary",
     "input_chat",
@@ -306,6 +307,26 @@ def refuse_an_input_of_no_askable_row(
         f"none of the {len(rows)} rows of {path} can be asked ({parameter} {column!r}): {reasons}; "
         f"the first, row {shown}: {refused.iloc[0]}; nothing was written.",
         fix="; ".join(fixes) + ".",
+    )
+
+
+def check_token_ids(model, tokenizer, rows: pd.DataFrame, source: str) -> None:
+    """One line, before anything is generated or written, where the rows' token ids (or the pad id that fills
+    their padding) reach past the model's input embedding: the folder holds another model's tokenizer, and
+    the lookup would stop the run with an IndexError traceback."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    size = getattr(embedding, "num_embeddings", None)
+    if size is None:
+        return
+    asked = [max(ids) for ids in rows["ids"] if ids is not None and len(ids)]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    highest = max([*asked, *([pad] if pad is not None else [])], default=None)
+    if highest is None or highest < size:
+        return
+    raise InputDataError(
+        f"predict.model {source}: its tokenizer ({len(tokenizer)} tokens) gives token id {highest}, past the "
+        f"model's {size} embedding rows: the tokenizer is not the model's.",
+        fix="give predict.model a folder holding the model with the tokenizer it was trained with.",
     )
 
 

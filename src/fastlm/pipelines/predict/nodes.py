@@ -63,6 +63,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     steps.refuse_an_input_of_no_askable_row(
         rows, path, parameter, column, messages=parameter == MESSAGES, vocabulary=vocabulary
     )
+    steps.check_token_ids(model, tokenizer, rows, trained["source"])
     job = PredictionJob(
         decoding=params.decoding(),
         max_new_tokens=params.max_new_tokens,
