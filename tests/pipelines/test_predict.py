@@ -514,6 +514,49 @@ def test_an_encoder_decoder_model_predicts_each_row_as_it_does_alone(bpe_tokeniz
     assert table["prediction"].tolist() == alone and (table["new_tokens"] > 0).any()
 
 
+def test_an_encoder_decoder_asked_more_new_tokens_than_its_decoder_positions_is_refused(
+    kedro_project, bpe_tokenizer
+):
+    """A BART of 32 positions asked 40 new tokens: its decoder rows ran past its last position and the run
+    stopped with an IndexError traceback ('index out of range in self') once a row did not end sooner.
+    Refused in one line before anything is written; 31 new tokens (the decoder start and 31 tokens fill
+    the 32 positions) are still asked."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from fastlm.reporting.predict_inputs import input_limit
+
+    eos = bpe_tokenizer.eos_token_id
+    model = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=len(bpe_tokenizer),
+            **{**SMALL_BART_LAYERS, "max_position_embeddings": 32},
+            pad_token_id=bpe_tokenizer.pad_token_id,
+            eos_token_id=eos,
+            bos_token_id=eos,
+            decoder_start_token_id=eos,
+        )
+    )
+    assert input_limit(model, max_new_tokens=31, max_input_tokens=None) == 31
+    folder = kedro_project / "data/06_models/bart"
+    model.save_pretrained(folder)
+    bpe_tokenizer.save_pretrained(folder)
+    (kedro_project / "data/01_raw/texts.txt").write_text("The battery\nok\n", encoding="utf-8")
+    before = sorted(p for p in (kedro_project / "data").rglob("*") if p.is_file())
+    with pytest.raises(Exception) as raised:
+        run_pipeline(
+            kedro_project,
+            "predict",
+            {
+                "predict": {"input": "data/01_raw/texts.txt", "model": str(folder), "max_new_tokens": 40},
+                "train": CPU,
+            },
+        )
+    error = find_user_error(raised.value)
+    assert isinstance(error, ConfigError) and "\n" not in str(error), repr(raised.value)
+    assert "predict.max_new_tokens = 40" in str(error) and "32 positions" in str(error)
+    assert sorted(p for p in (kedro_project / "data").rglob("*") if p.is_file()) == before
+
+
 def test_a_lora_adapter_folder_predicts_as_its_merged_model(project, model_folder):
     from fastlm.datasets.pretrained_model import PretrainedModelDataset
     from fastlm.engine.config import LoraParams

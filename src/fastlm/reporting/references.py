@@ -114,6 +114,8 @@ def input_limit(
     room = None
     if positions is not None:
         room = positions - 1 if is_encoder_decoder(model) else positions - max_new_tokens
+        if is_encoder_decoder(model):
+            _check_decoder_positions(model, max_new_tokens, positions, parameter)
     if max_input_tokens is not None:
         if room is not None and max_input_tokens > room:  # past the model's last position
             _refuse_input_tokens(max_input_tokens, max_new_tokens, positions, is_encoder_decoder(model))
@@ -129,6 +131,22 @@ def input_limit(
             fix=f"lower {parameter} below {positions}.",
         )
     return limit if trained is None else min(limit, trained)
+
+
+def _check_decoder_positions(model, max_new_tokens: int, positions: int, parameter: str) -> None:
+    """One line where an encoder-decoder's decoder row (its start token, a forced BOS, then
+    ``max_new_tokens``: ``generation.continuation_start``) would need more positions than the model has: a
+    row not ended sooner stopped the run with an IndexError from the position embedding."""
+    forced = getattr(getattr(model, "generation_config", None), "forced_bos_token_id", None) is not None
+    start = 1 + forced
+    if start + max_new_tokens <= positions:
+        return
+    what = "the decoder start token and a forced BOS" if forced else "the decoder start token"
+    raise ConfigError(
+        f"{parameter} = {max_new_tokens} and {what} need {start + max_new_tokens} decoder positions; the "
+        f"model has {positions} positions.",
+        fix=f"lower {parameter} to at most {positions - start}.",
+    )
 
 
 def _refuse_input_tokens(max_input_tokens: int, max_new_tokens: int, positions: int, encoder: bool) -> None:
