@@ -350,6 +350,18 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
             ConfigError,
             "predict.max_input_tokens = 500 and predict.max_new_tokens = 64 need 564 positions",
         ),
+        # torch reads -1 as 2**64 - 1, and seed + chunk made seed -1's second chunk sample as seed 0's first
+        (
+            {"input": "data/01_raw/inputs.jsonl", "prompt_column": "dialogue", "seed": -1},
+            ConfigError,
+            "predict.seed = -1 is invalid",
+        ),
+        # a seed past 64 bits (or one that seed + chunk takes past it): a ValueError traceback from torch
+        (
+            {"input": "data/01_raw/inputs.jsonl", "prompt_column": "dialogue", "seed": 2**64},
+            ConfigError,
+            "predict.seed = 18446744073709551616",
+        ),
     ],
     ids=[
         "missing_input",
@@ -362,6 +374,8 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
         "two_input_columns",
         "no_chat_template",
         "max_input_tokens_past_positions",
+        "negative_seed",
+        "seed_past_64_bits",
     ],
 )
 def test_bad_parameters_are_refused_in_one_line_and_nothing_is_written(project, predict, error, message):

@@ -59,7 +59,9 @@ class PredictParams(DecodingParams):
     max_new_tokens: int = Field(64, ge=1)
     max_input_tokens: int | None = Field(None, ge=1, description="null: what the model's positions leave")
     too_long: Literal["truncate", "refuse"] = "truncate"
-    seed: int = 0
+    # chunk i samples with seed + i (torch takes 0 .. 2**64 - 1; a negative seed is read modulo 2**64, so
+    # seed -1's second chunk would sample as seed 0's first): a seed of int64's range leaves room for them
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     resume: bool = Field(True, description="reuse the finished batches of an interrupted run of the same job")
 
     @field_validator("chat_template_kwargs", mode="before")
