@@ -28,7 +28,7 @@ from fastlm.reporting.predictions import (
 )
 from tests.support.project import PROJECT_ROOT, catalog_dataset
 from tests.support.reporting import text_rows
-from tests.support.tiny_llama import CHAT_TEMPLATE, line_end_llama, llama_style_tokenizer
+from tests.support.tiny_llama import CHAT_TEMPLATE, line_end_llama, llama_style_tokenizer, scripted_llama
 
 CHATS = [
     [
@@ -219,6 +219,27 @@ def test_a_plain_text_continuation_is_kept_as_decoded_and_a_response_stripped():
         job = PredictionJob(decoding={}, max_new_tokens=4, continuation=continued)
         table, _ = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
         assert table["prediction"].tolist() == expected
+
+
+def test_a_continuation_keeps_its_leading_space_with_a_sentencepiece_style_tokenizer():
+    """A SentencePiece-style tokenizer (Llama-2, Mistral, Gemma) takes the space off the first token it
+    decodes: the continuation decoded alone read "died again", input + prediction "The batterydied again".
+    It is the whole text decoded less the input's, " died again"; a response is stripped as before."""
+    tokens = ("<pad>", "<s>", "</s>", "<unk>", "▁The", "▁battery", "▁died", "▁again")
+    chain = {"▁The": "▁battery", "▁battery": "▁died", "▁died": "▁again", "▁again": "</s>"}
+    model, tokenizer = scripted_llama(tokens, chain, metaspace=True)
+    rows = text_rows(["The battery", "The"], tokenizer)
+    whole = []  # plain generate, one row at a time: the whole text decoded
+    for ids in rows["ids"]:
+        out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+        whole.append(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
+    job = PredictionJob(decoding={}, max_new_tokens=4, continuation=True)
+    table, _ = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    assert table["prediction"].tolist() == [" died again", " battery died again"]
+    assert (table["input"] + table["prediction"]).tolist() == whole
+    job = PredictionJob(decoding={}, max_new_tokens=4, continuation=False)
+    table, _ = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    assert table["prediction"].tolist() == ["died again", "battery died again"]
 
 
 def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):

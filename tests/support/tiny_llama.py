@@ -109,21 +109,22 @@ def line_end_llama():
     return scripted_llama(LINE_END_VOCAB, LINE_END_NEXT)
 
 
-def scripted_llama(vocab_tokens, next_token: dict, *, special: tuple = ()):
+def scripted_llama(vocab_tokens, next_token: dict, *, special: tuple = (), metaspace: bool = False):
     """A Llama whose greedy next token is ``next_token[last token]`` (else the token after the four named
     below; its layers add nothing to the residual stream: one-hot embeddings straight to the head) over a
     word-level tokenizer of ``vocab_tokens`` (``<pad>``, ``<s>``, ``</s>``, ``<unk>`` among them;
     ``special``: more of them marked special, as a tokenizer marks its chat markup). Returns (model,
     tokenizer); the tokenizer splits on whitespace and joins tokens without spaces, as byte-level tokenizers
-    decode."""
+    decode. ``metaspace``: a SentencePiece-style tokenizer instead (Llama-2, Mistral, Gemma: words as
+    ``▁word`` tokens, a ``▁`` put before the text, and taken off the first token when decoding)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     vocab = {token: index for index, token in enumerate(vocab_tokens)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.decoder = decoders.Fuse()
+    backend.pre_tokenizer = pre_tokenizers.Metaspace() if metaspace else pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.Metaspace() if metaspace else decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token="<s>",

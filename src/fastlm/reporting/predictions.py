@@ -33,13 +33,13 @@ from fastlm.engine.data.collators import pad_id_of
 from fastlm.engine.evaluate import generation
 from fastlm.engine.evaluate.generation import (
     clean_response,
+    continuation_text,
     decoding_kwargs,
     encoder_inputs,
     generate_continuations,
     kept_model_rules,
     response_text,
 )
-from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import InputDataError, StaleDataError
 from fastlm.reporting.predict_inputs import plain_id
 from fastlm.reporting.references import describe_decoding
@@ -65,14 +65,17 @@ LISTED_REFUSALS = 20  # refused rows named one by one in the summary (all are co
 class PredictionJob:
     """How to generate: the decoding settings (``decoding_kwargs`` arguments) and the batching.
     ``continuation``: the inputs are plain text the model continues, so a prediction is the decoded text
-    after the input exactly (a leading space or line end is part of it, as in ``pipeline(...,
-    return_full_text=False)``); else (prompts, chats) a response, stripped as training stripped them."""
+    after the input exactly (a leading space or line end is part of it: ``generation.continuation_text``);
+    else (prompts, chats) a response, stripped as training stripped them."""
 
     decoding: dict
     max_new_tokens: int = 64
     batch_size: int = 16
     seed: int = 0
     continuation: bool = False  # decoding only: the finished parts hold ids, so not part of the key
+    # rows of token ids (a model trained on pre-tokenized ids): a continuation is its ids as decoded alone,
+    # joined by spaces as the input's are, not the text after the input's (decoding only, as above)
+    ids_rows: bool = False
     calls: object | None = None  # a CallReader of a chat template's tool calls (decoding only, as above)
     extra: dict = field(default_factory=dict)  # shown in the summary (input, model, ...), not part of the key
 
@@ -381,7 +384,10 @@ def predict_rows(
     finally:
         if bar is not None:
             bar.close()
-    table = _table(rows, fed, continuations, tokenizer, job)
+    # a decoder-only model's output continues the ids it was fed; an encoder-decoder's continues none, and a
+    # row of ids is predicted as ids
+    prefixes = [None] * len(fed) if generation.is_encoder_decoder(model) or job.ids_rows else fed
+    table = _table(rows, (fed, prefixes), continuations, tokenizer, job)
     summary = _summary(rows, job, seconds, new_tokens, generated, resumed, perf_counter() - begun)
     # the model folder's forced and banned tokens, kept at generation: the settings the outputs were made with
     summary["decoding_settings"]["model_token_rules"] = kept_model_rules(model)
@@ -391,11 +397,18 @@ def predict_rows(
     return table, {**summary, **prediction_digest(table)}
 
 
-def _table(rows: pd.DataFrame, fed: list, continuations: list, tokenizer, job: PredictionJob) -> pd.DataFrame:
-    """``fed``: each row's ids as the model was fed them (None: refused), counted as ``input_tokens``. A row
+def _table(
+    rows: pd.DataFrame, inputs: tuple, continuations: list, tokenizer, job: PredictionJob
+) -> pd.DataFrame:
+    """``inputs``: ``fed``, each row's ids as the model was fed them (None: refused), counted as
+    ``input_tokens``, and the ids each continuation follows (a decoder-only model's ``fed``). A row
     asked with tools (``rows["tools"]``) is decoded with its call markup and its calls read (``tool_calls``,
     a JSON list) where ``job.calls`` reads the template's call format."""
-    decoded = [_prediction_text(ids, tokenizer, job.continuation) for ids in continuations]
+    fed, prefixes = inputs
+    decoded = [
+        _prediction_text(ids, tokenizer, job.continuation, prompt)
+        for ids, prompt in zip(continuations, prefixes, strict=True)
+    ]
     table = pd.DataFrame(
         {
             "id": rows["id"],
@@ -498,11 +511,12 @@ def _summary(
     return summary
 
 
-def _prediction_text(ids, tokenizer, continuation: bool) -> str:
+def _prediction_text(ids, tokenizer, continuation: bool, prompt=None) -> str:
     """A row's generated ids as its prediction (a refused row's None: empty), LF line ends; a response as
-    ``generation.response_text`` gives it (stripped, no empty think block), a continuation as decoded."""
+    ``generation.response_text`` gives it (stripped, no empty think block), a continuation as the text after
+    its ``prompt`` (the ids it was fed: ``generation.continuation_text``)."""
     if ids is None:
         return ""
     if not continuation:
         return response_text(ids, tokenizer)
-    return lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True))
+    return continuation_text(prompt, ids, tokenizer)

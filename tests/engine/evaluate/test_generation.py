@@ -305,6 +305,33 @@ def test_sample_generations_write_line_ends_as_lf_and_read_back_row_for_row(runt
     assert back["output"].tolist() == frame["output"].tolist() and len(back) == len(frame)
 
 
+def test_a_sample_continuation_keeps_its_leading_space_with_a_sentencepiece_style_tokenizer(runtime):
+    """A SentencePiece-style tokenizer (Llama-2, Mistral, Gemma) takes the space off the first token it
+    decodes: the report's sample continuation of "The battery" read "died again" (decoded alone), where
+    the whole text decoded is "The battery died again"; ``continuation_text`` gives " died again"."""
+    from fastlm.engine.evaluate.generation import continuation_text
+
+    tokens = ("<pad>", "<s>", "</s>", "<unk>", "▁The", "▁battery", "▁died", "▁again")
+    chain = {"▁The": "▁battery", "▁battery": "▁died", "▁died": "▁again", "▁again": "</s>"}
+    model, tokenizer = scripted_llama(tokens, chain, metaspace=True)
+    frame = generate_samples(
+        model,
+        tokenizer,
+        ["The battery"],
+        settings=[{"name": "greedy"}],
+        max_new_tokens=4,
+        runtime=runtime,
+        prompt_ids=[[4, 5]],  # as the report gives a plain-text model's prompts (``sample_prompts``)
+        continuation=True,
+    )
+    out = model.generate(torch.tensor([[4, 5]]), max_new_tokens=4, do_sample=False, pad_token_id=PAD)
+    assert "The battery" + frame["output"].iloc[0] == tokenizer.decode(out[0], skip_special_tokens=True)
+    assert (
+        frame["output"].tolist() == [" died again"]
+        and continuation_text(None, [6, 7], tokenizer) == "died again"
+    )
+
+
 def test_a_response_loses_a_leading_empty_think_block_and_keeps_reasoning():
     """Qwen3's template writes an empty <think></think> block before each answer in non-thinking mode, and a
     Qwen3 fine-tune may still open its answers with one (`<think>` and `</think>` are not special tokens, so

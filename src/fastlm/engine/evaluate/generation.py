@@ -54,6 +54,7 @@ __all__ = [
     "KEPT_FROM_MODEL",
     "Generations",
     "continuation_start",
+    "continuation_text",
     "decoding_kwargs",
     "encoder_inputs",
     "end_ids",
@@ -243,6 +244,20 @@ def response_text(ids: Sequence[int], tokenizer) -> str:
     return clean_response(tokenizer.decode(ids, skip_special_tokens=True))
 
 
+def continuation_text(prompt: Sequence[int] | None, ids: Sequence[int], tokenizer) -> str:
+    """The text a continuation ``ids`` adds after its ``prompt`` ids, LF line ends: the whole text decoded
+    less the prompt's (special tokens skipped), where the one begins with the other, else ``ids`` decoded
+    alone (``prompt`` None: an encoder-decoder's output, which continues no prompt). A SentencePiece-style
+    tokenizer (Llama-2, Mistral, Gemma) takes the space off the first token it decodes: ``ids`` decoded
+    alone lose the space that joins them to the prompt ("died" for " died")."""
+    if prompt:
+        before = tokenizer.decode(list(prompt), skip_special_tokens=True)
+        whole = tokenizer.decode([*prompt, *ids], skip_special_tokens=True)
+        if whole.startswith(before):
+            return lf_line_ends(whole[len(before) :])
+    return lf_line_ends(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
 def clean_response(text: str) -> str:
     """A decoded response with LF line ends (``lf_line_ends``), stripped, and without a leading empty
     ``<think></think>`` block (a non-empty one, the model's reasoning, is kept)."""
@@ -415,7 +430,8 @@ def generate_samples(
     ``prompt_ids``: the ids each prompt is given as, made by the caller (a prompt model's prompts wrapped by
     its prompt template, a chat model's rendered as a user turn with its chat template, a text model's
     tokenized as predict tokenizes a text); the table still shows ``prompts`` as written. ``continuation``:
-    whether the outputs are continuations, decoded as they are (above), or responses, as ``response_text``
+    whether the outputs are continuations, the text after the ``prompt_ids`` given (``continuation_text``;
+    decoded alone without them), or responses, as ``response_text``
     reads them (stripped, without a leading empty think block); None: continuations without ``prompt_ids``,
     responses with them.
     """
@@ -431,7 +447,9 @@ def generate_samples(
         else [list(tokenizer(prompt)["input_ids"]) if prompt else [] for prompt in prompts],
         tokenizer,
     )
-    rows = []
+    # a continuation of prompt ids given is the text after them (``continuation_text``); an encoder-decoder's
+    # output continues no prompt, and prompts tokenized here (a model of ids: ids as words) are decoded alone
+    rows, alone = [], is_encoder_decoder(model) or prompt_ids is None
     for setting in settings:
         kwargs = {key: value for key, value in setting.items() if key not in ("name", "seed")}
         generated = generate_continuations(
@@ -452,11 +470,11 @@ def generate_samples(
                 "prompt": prompt,
                 "setting": name,
                 "settings": described,
-                "output": lf_line_ends(tokenizer.decode(ids, skip_special_tokens=True))
+                "output": continuation_text(None if alone else fed, ids, tokenizer)
                 if continuation
                 else response_text(ids, tokenizer),
             }
-            for prompt, ids in zip(prompts, generated.continuations, strict=True)
+            for prompt, fed, ids in zip(prompts, encoded, generated.continuations, strict=True)
         ]
     return pd.DataFrame(rows, columns=["prompt", "setting", "settings", "output"])
 

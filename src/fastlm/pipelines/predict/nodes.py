@@ -70,6 +70,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
         batch_size=params.batch_size,
         seed=params.seed,
         continuation=parameter == "predict.text_column",  # plain text, continued: kept as decoded
+        ids_rows=vocabulary is not None,  # ids continued: the new ids alone, as the input shows its ids
         calls=steps.call_reader(chat, tokenizer, rows),  # chats asked with tools: their calls read
         extra={
             "input": path,
