@@ -3,7 +3,11 @@ unknown key or contradiction is one ConfigError line naming the parameter and th
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
+from pydantic import BaseModel
 
 from fastlm.engine.config import TrainParams, parse_train_params
 from fastlm.errors import ConfigError
@@ -45,17 +49,43 @@ def test_a_bad_parameter_is_one_line_naming_it_and_the_fix(raw, named, fix):
     [
         {"model": {"liger": "on"}, "runtime": {"device": "cpu"}},
         {"optimizer": {"in_backward": True}, "runtime": {"param_dtype": "fp32"}},
+        {"optimizer": {"in_backward": True, "grad_clip": None}, "runtime": {"param_dtype": "fp32"}},
+        {
+            "optimizer": {"in_backward": True, "grad_clip": None},
+            "runtime": {"param_dtype": "fp32"},
+            "distributed": {"strategy": "ddp"},
+        },
         {"loss": {"fused_linear_kernel": "cce", "label_smoothing": 0.1}},
     ],
-    ids=["liger-on-a-cpu", "in-backward-fp32-weights", "cce-label-smoothing"],
+    ids=[
+        "liger-on-a-cpu",
+        "in-backward-with-grad-clip",
+        "in-backward-fp32-weights",
+        "in-backward-fp32-weights-distributed-given",
+        "cce-label-smoothing",
+    ],
 )
 def test_a_contradiction_between_parameters_never_asks_for_a_key_that_does_not_exist(raw):
     """A check across groups says in its message what to change: its fix names no ``<group>.<key>`` of a
-    group that is not at fault."""
+    group that is not at fault, and each parameter it asks to set is a value (a leaf), not a group."""
     with pytest.raises(ConfigError) as raised:
         parse_train_params(raw)
     message = str(raised.value)
     assert "<key>" not in message and "Fix:" in message and "\n" not in message
+    asked = re.findall(r"\btrain(?:\.\w+)+", message.split("Fix:")[1])
+    assert asked and all(_is_a_value(name) for name in asked), message
+    assert "Params(" not in message  # no group shown as its object
+
+
+def _is_a_value(name: str) -> bool:
+    """Whether ``train.<group>.<key>`` names one parameter of TrainParams (not a group, not unknown)."""
+    model: Any = TrainParams
+    for part in name.split(".")[1:]:
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return False
+        model = fields[part].annotation
+    return not (isinstance(model, type) and issubclass(model, BaseModel))
 
 
 FSDP_CUDA_GRAPHS = {

@@ -699,10 +699,12 @@ class TrainParams(Params):
         if value.processes > 1 and value.strategy == "fsdp":
             return value  # FSDP2's fp32 shards are the masters, whatever dtype it gathers them in
         if runtime is not None and runtime.param_dtype == "fp32":
-            raise ValueError(
-                "train.optimizer.in_backward updates the fp32 masters of bf16 weights and "
-                "train.runtime.param_dtype is fp32; use param_dtype auto (a GPU) or bf16, or in_backward "
-                "false"
+            # ConfigError (not ValueError): the check runs on train.distributed, whose keys are not at fault
+            raise ConfigError(
+                "train.optimizer.in_backward = True is invalid with train.runtime.param_dtype = 'fp32': "
+                "in_backward updates the fp32 masters of bf16 weights.",
+                fix="set train.runtime.param_dtype: auto (a GPU) or bf16 (e.g. --params "
+                "train.runtime.param_dtype=bf16), or train.optimizer.in_backward: false.",
             )
         return value
 
