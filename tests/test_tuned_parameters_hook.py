@@ -7,6 +7,7 @@ import shutil
 import tarfile
 from types import SimpleNamespace
 
+import pytest
 import yaml
 
 from tests.support.logs import module_log_lines
@@ -255,10 +256,10 @@ def test_the_tuned_file_is_replaced_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
-def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record):
+def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record, change: dict | None = None):
     """A current tuned file (micro-batch 4, accumulation 8, measured on this conf) with
     ``accumulation_record`` (its ``tune_accumulation``; None: none), and a train run's ``params:train`` on
-    ``nproc`` processes."""
+    ``nproc`` processes, with the settings of ``change`` (``{group: {key: value}}``) over the conf's."""
     from fastlm.parameters import GROUPS
     from fastlm.pipelines.tune.record import ACCUMULATION_KEY, RECORD_KEY, device_description, measured_on
 
@@ -279,9 +280,10 @@ def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record):
     (project / TUNED).write_text(yaml.safe_dump(tuned))
     hook, catalog = _run(project / "conf", project)
     raw = catalog.load("params:train")
-    catalog["params:train"].save(
-        {**raw, "distributed": {**raw.get("distributed", {}), "nproc_per_node": nproc}}
-    )
+    raw = {**raw, "distributed": {**raw.get("distributed", {}), "nproc_per_node": nproc}}
+    for group, values in (change or {}).items():
+        raw[group] = {**raw.get(group, {}), **values}
+    catalog["params:train"].save(raw)
     hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
     return catalog.load("params:train")["batching"]
 
@@ -354,3 +356,32 @@ def test_torchrun_ranks_other_than_0_apply_the_tuned_file_as_rank_0_does(monkeyp
         importlib.reload(fastlm.settings)
     assert any(type(hook).__name__ == "OtherRankOutputsHook" for hook in other_rank)  # a rank other than 0
     assert sum(isinstance(hook, TunedParametersHook) for hook in other_rank) == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        (("distributed", "strategy"), "fsdp"),
+        (("runtime", "float8"), "off"),
+        (("runtime", "tf32"), False),
+    ],
+    ids=["fsdp2-shards", "float8-off", "tf32-off"],
+)
+def test_a_train_run_on_settings_that_change_memory_or_speed_sets_the_tuned_file_aside(
+    tmp_path, monkeypatch, setting, value
+):
+    """A tune measured with this conf (DDP's replicated weights, float8 auto, TF32 matmuls); a train run of
+    2 processes with FSDP2's sharded weights, gradients and AdamW state (another peak memory a process),
+    float8 off or TF32 off (another speed, another fastest micro-batch): the tuned file is not applied, one
+    line names the setting. (Its micro-batch was applied with `is in effect`.)"""
+    from fastlm.pipelines.tune.record import accumulation_record
+
+    lines = _lines(monkeypatch)
+    group, key = setting
+    change = {group: {key: value}}
+    batching = _tuned_on_processes(tmp_path, monkeypatch, 2, accumulation_record(1, 32, 4.0), change=change)
+    base = yaml.safe_load((tmp_path / "project/conf/base/parameters_train.yml").read_text())
+    assert batching["micro_batch_size"] == base["train"]["batching"]["micro_batch_size"] != 4
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and f"train.{group}.{key}" in warned[0], lines
+    assert not any("is in effect" in line for line in lines), lines

@@ -1,7 +1,8 @@
 """What a tune measured on, recorded in the tuned parameters file (``tune_measured_on``), and the train run's
-check of it: a micro-batch measured on another model, weights, split, device, precision, adapter or
-checkpointing setting is no measurement of this run, and applying it silently can run out of memory or
-waste the device. Also the train settings without the tuned file's, for a run that does not apply them.
+check of it: a micro-batch measured on another model, weights, split, device, precision, float8, TF32,
+adapter, checkpointing, optimizer or distributed strategy is no measurement of this run, and applying it
+silently can run out of memory or waste the device. Also the train settings without the tuned file's, for
+a run that does not apply them.
 
 No torch at import time: the hooks read this module when every `kedro run` starts."""
 
@@ -25,6 +26,8 @@ RUNTIME_KEYS = (
     "compile_mode",
     "cudnn_benchmark",
     "deterministic",
+    "float8",  # float8 matmuls: another speed and activation memory
+    "tf32",  # TF32 matmuls of fp32 weights: another speed
 )
 # train.model settings that change nothing a tune measures (where a model may come from)
 NOT_MEASURED = ("train.model.allow_download",)
@@ -49,6 +52,7 @@ OTHER_KEYS = (
     ("optimizer", "in_backward"),
     ("loss", "fused_linear"),
     ("loss", "fused_linear_kernel"),
+    ("distributed", "strategy"),  # fsdp: each process holds a shard of the weights, gradients, AdamW state
 )
 
 
