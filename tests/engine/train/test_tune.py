@@ -399,3 +399,32 @@ def test_the_explanation_counts_the_packed_rows_a_micro_batch_held(tmp_path):
     assert 3 < rows <= 3 * 64 // 48  # the packer's budget: 4 rows of 48 tokens, each filled in turn
     text = tune.explain(trials, trials[0], accumulation=2, target=None, headroom=0.1, memory_limit_mb=None)
     assert f"holds {2 * rows:,.0f} rows" in text, text
+
+
+def test_a_size_the_data_holds_too_few_batches_of_ends_the_ladder_with_what_was_measured(tmp_path):
+    """20 toy samples, one warm-up and two timed steps: micro-batch 16 makes fewer than 3 batches. The ladder
+    stops there, recorded and said, and the fastest size measured before it is chosen. (The whole tune
+    stopped with a ValueError traceback, the sizes measured lost.)"""
+    params = toy_params(tmp_path)
+    params = params.model_copy(
+        update={"batching": params.batching.model_copy(update={"mode": "length_grouped"})}
+    )
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(
+        toy_model(),
+        toy_sequences(20, 1),
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        warmup=1,
+        timed=2,
+    )
+    trials = tune.run_ladder(measure, [4, 16, 32], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9)
+    assert [t.micro_batch_size for t in trials] == [4, 16]
+    assert trials[0].status == tune.OK and trials[1].status != tune.OK and trials[1].real_tokens_per_s is None
+    chosen = tune.choose(trials)
+    assert chosen is not None and chosen.micro_batch_size == 4
+    text = tune.explain(trials, chosen, accumulation=1, target=None, headroom=0.1, memory_limit_mb=None)
+    assert "micro-batch 16 leaves fewer than 3 batches" in text, text

@@ -9,7 +9,8 @@ model compiled when ``train.runtime.compile`` is true; eager under ``auto``, whi
 settles and may leave eager: a compiled step usually holds less activation memory than the eager one, so the
 eager step is the safer size) on the user's real model, data and checkpointing settings, and records real
 tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up: the process
-goes on), past the memory headroom, or at the cliff (throughput falls while memory rises).
+goes on), past the memory headroom, at the cliff (throughput falls while memory rises), or at a size the
+training data makes fewer batches of than a trial's steps.
 
 ``tune.max_minutes`` bounds the whole measurement (a trial of a 3B model can take a minute, a compiled one
 more): past its deadline no new trial starts (each ladder's first size excepted, so a mode measured has a
@@ -33,6 +34,14 @@ import torch
 from fastlm.errors import ConfigError
 
 OK, OOM, CLIFF, OVER, TIME = "ok", "out of memory", "cliff", "over headroom", "time limit"
+FEW = "too few batches"  # the training data makes fewer micro-batches of this size than a trial's steps
+
+
+class TooFewBatches(ValueError):
+    """A micro-batch size the training data makes fewer batches of than a trial's warm-up and timed steps:
+    no larger size can be measured either, so the ladder ends there."""
+
+
 TIME_PARAM = "tune.max_minutes"
 
 
@@ -134,6 +143,10 @@ def run_ladder(
         try:
             result = measure(size)
             release_memory()  # the trial's optimizer state and activations, before the next size
+        except TooFewBatches as error:
+            release_memory()
+            trials.append(Trial(size, FEW, error=str(error)))
+            break
         except Exception as error:  # noqa: BLE001 - only out-of-memory is expected; anything else re-raised
             if not is_out_of_memory(error):
                 raise
@@ -392,6 +405,10 @@ def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) ->
             f"micro-batch {stop.micro_batch_size} was slower ({stop.real_tokens_per_s:,.0f} tok/s) while "
             "using more memory: the cliff"
         )
+    if stop.status == FEW:
+        return (
+            stop.error or f"micro-batch {stop.micro_batch_size} leaves too few batches in the training data"
+        )
     if stop.status == TIME:
         return f"{TIME_PARAM} was reached before micro-batch {stop.micro_batch_size}"
     if stop.status == OVER:
@@ -490,7 +507,10 @@ def real_step_measurer(
         sampler.set_epoch(0)
         batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
         if len(batches) < warmup + timed:
-            raise ValueError(f"micro-batch {size} leaves fewer than {warmup + timed} batches in the data")
+            raise TooFewBatches(
+                f"micro-batch {size} leaves fewer than {warmup + timed} batches in the training data "
+                f"({len(batches)}; tune.warmup_steps + tune.timed_steps)"
+            )
         # precision auto on CPU: what the run would measure at this size (runtime_probe, on the first batch)
         first = to_device(collator(dataset.__getitems__(batches[0])), runtime.device, attn)
         trial_runtime, _ = probe_runtime(runtime, params.runtime.precision, model, first)
