@@ -385,3 +385,30 @@ def test_a_train_run_on_settings_that_change_memory_or_speed_sets_the_tuned_file
     warned = [line for line in lines if "not applied" in line]
     assert len(warned) == 1 and f"train.{group}.{key}" in warned[0], lines
     assert not any("is in effect" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("bad", [0, "abc"])
+def test_a_tuned_file_edited_by_hand_with_a_bad_value_is_one_line_naming_that_file(
+    tmp_path, monkeypatch, bad
+):
+    """``micro_batch_size: 0`` (or a text) written into the tuned file by hand: one line naming the tuned
+    file, the key and the fix. (It named conf/base/parameters_train.yml, which holds a valid value.)"""
+    from fastlm.errors import ConfigError
+    from fastlm.parameters import GROUPS
+    from fastlm.pipelines.tune.record import RECORD_KEY, device_description, measured_on
+
+    project, _, _ = _project(tmp_path, monkeypatch)
+    _, catalog = _run(project / "conf", project)
+    train = GROUPS["train"].parse(catalog.load("params:train"))
+    split = GROUPS["split"].parse(catalog.load("params:split"))
+    record = measured_on(
+        train, max_length=split.max_length, data=None, device=device_description(train.runtime.device)
+    )
+    tuned = {"train": {"batching": {"micro_batch_size": bad}}, RECORD_KEY: record}
+    (project / TUNED).write_text(yaml.safe_dump(tuned))
+    hook, catalog = _run(project / "conf", project)
+    with pytest.raises(ConfigError) as raised:
+        hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    message = str(raised.value)
+    assert TUNED in message and "train.batching.micro_batch_size" in message, message
+    assert "conf/base" not in message and "\n" not in message and "--pipeline=tune" in message, message

@@ -351,6 +351,7 @@ class TunedParametersHook:
             )
             put(catalog, "params:train", untuned)
             return False
+        _valid_with(where, catalog.load("params:train"), untuned)
         if not data:
             return True
         tuned_batching = (tuned.get("train") or {}).get("batching") or {}
@@ -375,6 +376,24 @@ class TunedParametersHook:
             f"; {processes}" if processes else "",
         )
         return True
+
+
+def _valid_with(where: str, train: dict, untuned: dict) -> None:
+    """Refuse in one line naming the tuned file ``where`` a value it sets that ``params:train`` cannot take
+    (a hand edit: ``micro_batch_size: 0``), where the run's parameters without it (``untuned``) are valid:
+    the parser's own line would send the user to conf/base."""
+    try:
+        GROUPS["train"].parse(train)
+    except ConfigError as error:
+        try:
+            GROUPS["train"].parse(untuned)
+        except ConfigError:
+            return  # the other files' own problem: the node's parsing says it
+        problem = str(error).split(" Fix: ")[0].removesuffix(".")
+        raise ConfigError(
+            f"{where}: {problem}.",
+            fix=f"correct the value in {where}, run `kedro run --pipeline=tune` again, or delete the file.",
+        ) from None
 
 
 def _for_processes(where: str, tuned: dict, tuned_batching: dict, catalog) -> str | None:
