@@ -9,6 +9,7 @@ import torch
 
 from fastlm.engine.config import parse_train_params
 from fastlm.errors import ConfigError
+from tests.support.tiny_seq2seq import tiny_seq2seq
 from tests.support.toy_training import run_toy, toy_model, toy_params
 
 STEPS = {"max_steps": 4, "log_every": 1, "eval_every": 4}
@@ -118,3 +119,63 @@ def test_a_negative_alpha_is_refused_in_one_line():
     refused = r"train\.model\.neftune_noise_alpha = -1 .*greater than or equal to 0"
     with pytest.raises(ConfigError, match=refused):
         parse_train_params({"model": {"neftune_noise_alpha": -1}})
+
+
+def _side_outputs(model, inputs: dict) -> list[torch.Tensor]:
+    """The encoder's and the decoder's token-embedding outputs of one forward of ``model``."""
+    seen: list[torch.Tensor] = []
+    tables = [model.get_encoder().embed_tokens, model.get_decoder().embed_tokens]
+    handles = [t.register_forward_hook(lambda m, a, out: seen.append(out.detach())) for t in tables]
+    try:
+        model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_an_encoder_decoder_trains_on_noise_of_each_samples_own_length_on_both_sides(kind, packed):
+    """BART and T5 embed their tokens through the encoder's and the decoder's own ``embed_tokens``, not the
+    shared table ``get_input_embeddings`` returns: a hook there (transformers' place for it) never ran, and
+    an encoder-decoder trained with neftune_noise_alpha 5 trained on clean embeddings (noise 0.0). Now each
+    side's token embeddings move by at most alpha / sqrt(the sample's length on that side x width), close to
+    it, packed rows (several samples a row) and padded rows alike; nothing in evaluation."""
+    from fastlm.engine.data import Seq2SeqCollator
+    from fastlm.engine.data.schema import MODEL_INPUTS
+    from fastlm.engine.model.attention.inputs import to_device
+    from fastlm.engine.model.encoder_decoder import enable_packed_seq2seq
+    from fastlm.engine.model.noise import add_neftune
+    from tests.support.tiny_seq2seq import PAD, packed_batch, samples
+
+    model = tiny_seq2seq(kind)
+    start = model.config.decoder_start_token_id
+    enable_packed_seq2seq(model)
+    if packed:
+        batch = packed_batch(samples(10), start)
+        segments = [batch["encoder_segment_ids"], batch["decoder_segment_ids"]]
+    else:
+        batch = Seq2SeqCollator(pad_id=PAD, decoder_start_id=start)(samples(4))
+        segments = [batch["attention_mask"] - 1, batch["decoder_attention_mask"] - 1]  # 0 real, -1 padding
+    inputs = to_device(batch, torch.device("cpu"), "sdpa")[MODEL_INPUTS]
+    model.eval()
+    clean = _side_outputs(model, inputs)
+    add_neftune(model, 5.0)
+    torch.manual_seed(0)
+    model.train()
+    noisy = _side_outputs(model, inputs)
+    model.eval()
+    assert all(torch.equal(a, b) for a, b in zip(_side_outputs(model, inputs), clean, strict=True))
+    width = clean[0].size(-1)
+    checked = 0
+    for before, after, segment in zip(clean, noisy, segments, strict=True):
+        moved = (after - before).abs().amax(-1)
+        for row in range(segment.size(0)):
+            for sample in set(segment[row].tolist()) - {-1}:
+                tokens = segment[row] == sample
+                bound = 5.0 / (int(tokens.sum()) * width) ** 0.5
+                largest = moved[row, tokens].max().item()
+                assert 0.7 * bound < largest <= bound * (1 + 1e-5), (row, sample, largest, bound)
+                checked += 1
+    assert checked > 4
