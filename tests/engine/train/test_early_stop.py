@@ -283,3 +283,26 @@ def test_a_time_budget_stop_between_evaluations_uses_no_patience(tmp_path, monke
     assert [(r["step"], r["val_loss"]) for r in scheduled] == [
         (r["step"], r["val_loss"]) for r in straight.eval_history
     ]  # deterministic mode: the same computation
+
+
+def test_a_run_whose_every_evaluation_is_nan_says_so_when_patience_runs_out(tmp_path, monkeypatch, caplog):
+    """Every validation loss NaN (a validation split overflowing in fp16, or without targets): patience runs
+    out as the Trainer's does, and the stop line says no evaluation had a finite loss. Was: the line named
+    ``the best was step None`` and failed to format (a logging traceback in its place)."""
+    import fastlm.engine.train.records as records
+
+    evaluation = records.Recorder.evaluation
+
+    def nan_evaluation(self, metrics):
+        return evaluation(self, {**metrics, "loss": math.nan, "perplexity": math.nan})
+
+    monkeypatch.setattr(records.Recorder, "evaluation", nan_evaluation)
+    caplog.set_level("INFO", logger="fastlm")
+    result = run(tmp_path, max_steps=8, save_every=None)
+    assert result.summary["stopped_by"] == "early stopping" and result.summary["steps"] == 4
+    assert result.summary["early_stopping"]["best_step"] is None
+    said = [r.getMessage() for r in caplog.records if "early stopping at step" in r.msg]
+    assert said == [
+        "early stopping at step 4 of 8: no validation-loss improvement in 2 evaluations; no evaluation had a "
+        "finite validation loss (NaN or inf): the model is the last step's"
+    ]

@@ -59,6 +59,12 @@ class EarlyStopping:
         counted = f" of more than {self.min_delta:g}" if self.min_delta > 0 else ""
         return f"no validation-loss improvement{counted} in {self.bad_evals} evaluations"
 
+    def best_said(self) -> str:
+        """The best evaluation, in words: its step and loss, or that none had a finite loss."""
+        if self.best_step is None:
+            return "no evaluation had a finite validation loss (NaN or inf): the model is the last step's"
+        return f"the best was step {self.best_step} ({self.best:.4f})"
+
     def record(self) -> dict:
         """What a checkpoint keeps; ``stopped``: patience ran out (the run ended there: a finished run for
         ``checkpoint.discovery.unfinished_runs``)."""

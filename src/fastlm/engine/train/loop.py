@@ -234,14 +234,13 @@ def _ended_early_before(run: TrainingParts) -> str | None:
     if early is None or state.resumed_from is None or not early.should_stop or state.step >= run.total_steps:
         return None
     log.warning(
-        "%s: early stopping ended this run at step %d (%s; the best was "
-        "step %d, %.4f): nothing to train. Raise train.early_stopping.patience to continue it, or "
-        "set train.resume: never to train again from scratch.",
+        "%s: early stopping ended this run at step %d (%s; %s): nothing to train. Raise "
+        "train.early_stopping.patience to continue it, or set train.resume: never to train again "
+        "from scratch.",
         state.resumed_from,
         state.step,
         early.without_improvement(),
-        early.best_step,
-        early.best,
+        early.best_said(),
     )
     return "early stopping"
 
@@ -263,12 +262,11 @@ def _stop_reason(
         return STOPPED_BY
     if ended_early:
         log.info(
-            "early stopping at step %d of %d: %s; the best was step %d (%.4f)",
+            "early stopping at step %d of %d: %s; %s",
             state.step,
             total_steps,
             early.without_improvement(),
-            early.best_step,
-            early.best,
+            early.best_said(),
         )
         return "early stopping"
     return None
