@@ -519,3 +519,19 @@ def test_the_census_counts_the_compiled_graphs_that_ran_without_a_cuda_graph():
     assert (
         text.startswith("0 recorded; 2 compiled graphs ran without one") and "TORCH_LOGS=cudagraphs" in text
     )
+
+
+def test_the_compile_clock_times_torch_compile_while_entered_and_nothing_after():
+    """``CompileClock`` reads dynamo's own compile callbacks: a compile counts while it is entered (a
+    function compiled, then compiled again for another rank of input), a cached call and anything after
+    its exit do not."""
+    torch._dynamo.reset()
+    function = torch.compile(lambda x: x.sin() + 1, backend="eager")
+    with regions.CompileClock() as clock:
+        function(torch.ones(3))
+        function(torch.ones(3))  # cached: no compile
+        function(torch.ones(2, 2))
+        assert clock.compiles == 2 and clock() > 0
+    seconds = clock()
+    function(torch.ones(2, 2, 2))
+    assert clock.compiles == 2 and clock() == seconds

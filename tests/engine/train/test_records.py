@@ -128,6 +128,8 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
     )
     metrics = StepMetrics("cpu", total_steps=10, flops_per_token=6e3)
     metrics.step_times = [5.0, 1.0, 2.0, 3.0]  # the first (compile) left out of the step figures
+    metrics.step_compile_s = [4.5, 0.0, 0.0, 0.0]  # torch.compile's seconds, apart from the step times
+    metrics.compile_s = 4.5
     metrics.step_data_waits = [1.0, 0.5, 0.5, 2.0]
     metrics.step_real_tokens = [10.0, 30.0, 30.0, 30.0]
     metrics.step_computed_tokens = [20.0, 40.0, 40.0, 40.0]
@@ -168,7 +170,8 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
         "peak_memory_mb": 30.0,
         "tokens_seen": 5000,
         "flops_per_token": 6e3,
-        "first_step_s": 5.0,
+        "first_step_s": 9.5,  # the step and its compile
+        "compile_s": 4.5,
         "steps_trained": 8,
         "resumed_from": str(tmp_path / "c-2"),
         "resumed_from_step": 2,

@@ -55,6 +55,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from time import perf_counter
 
 import torch
 
@@ -63,6 +64,7 @@ from fastlm.errors import ConfigError
 __all__ = [
     "COMPILE_MODES",
     "COMPILE_SCOPES",
+    "CompileClock",
     "GraphCensus",
     "compile_in_scope",
     "compiled_layers",
@@ -192,6 +194,44 @@ def eager_stance() -> Iterator[None]:
     measurement of a model whose layers are already compiled."""
     with torch.compiler.set_stance("force_eager"):
         yield
+
+
+class CompileClock:
+    """The wall seconds ``torch.compile`` spends compiling in this process while it is entered (``with``):
+    timed between dynamo's compile callbacks, which fire around each outermost compile (a frame traced and
+    inductor's code generated, a backward compiled at its first call, a CUDA graph recorded). Calling it
+    reads the seconds so far (``observe.metrics.StepMetrics``' ``compile_seconds``: the compiles left out of
+    the step times and the throughput, counted apart); ``compiles`` counts them."""
+
+    def __init__(self) -> None:
+        self.seconds, self.compiles, self._began = 0.0, 0, None
+
+    def __call__(self) -> float:
+        return self.seconds
+
+    def __enter__(self) -> CompileClock:
+        handler = torch._dynamo.callback_handler
+        handler.register_start_callback(self._start)
+        handler.register_end_callback(self._end)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        handler = torch._dynamo.callback_handler
+        for callbacks, callback in (
+            (handler.start_callbacks, self._start),
+            (handler.end_callbacks, self._end),
+        ):
+            if callback in callbacks:  # torch._dynamo.reset() clears them
+                callbacks.remove(callback)
+
+    def _start(self, _args) -> None:
+        self._began = perf_counter()
+
+    def _end(self, _args) -> None:
+        if self._began is not None:
+            self.seconds += perf_counter() - self._began
+            self.compiles += 1
+            self._began = None
 
 
 @dataclass(frozen=True)

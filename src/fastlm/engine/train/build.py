@@ -51,7 +51,7 @@ from fastlm.engine.observe.progress import Progress
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8, float8_decision, float8_layers
 from fastlm.engine.runtime.probe import CompileProbe, Float8Probe, probe_float8, probe_runtime
-from fastlm.engine.runtime.regions import GraphCensus, cuda_graph_census
+from fastlm.engine.runtime.regions import CompileClock, GraphCensus, cuda_graph_census
 from fastlm.engine.runtime.remembered import RememberedChoices
 from fastlm.engine.train.backoff import batching_record, resumed_batching
 from fastlm.engine.train.early_stop import EarlyStopping
@@ -293,7 +293,14 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     )
     state.runtime_choice = {**state.runtime_choice, "float8": runtime.float8}  # a resumed run keeps it
     opt.float8_choice = runtime.float8_choice
-    metrics = _step_metrics(raw_model, device, comm, total_steps=total_steps, max_length=request.max_length)
+    metrics = _step_metrics(
+        raw_model,
+        device,
+        comm,
+        total_steps=total_steps,
+        max_length=request.max_length,
+        compile_seconds=cleanup.enter_context(CompileClock()),  # compiles: apart from the step times
+    )
     recorder = _recorder(
         state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps
     )
@@ -488,7 +495,13 @@ def _wrapping(params: TrainParams) -> dict:
 
 
 def _step_metrics(
-    raw_model, device: torch.device, comm: Collectives, *, total_steps: int, max_length: int
+    raw_model,
+    device: torch.device,
+    comm: Collectives,
+    *,
+    total_steps: int,
+    max_length: int,
+    compile_seconds: Callable[[], float],
 ) -> StepMetrics:
     # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
     n_params, config, peak = (
@@ -502,6 +515,7 @@ def _step_metrics(
         peak_flops=peak * comm.world_size if peak else None,
         flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, max_length),
         reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None,
+        compile_seconds=compile_seconds,
     )
 
 
