@@ -331,3 +331,34 @@ def test_a_report_named_after_another_training_is_refused_before_any_node_runs(t
     assert "data/08_reporting/runs/alpha" in said, said
     for given in ("beta", "report-final", None):
         hook.before_pipeline_run({"runtime_params": {"run_name": given}}, report, catalog)
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        ({"references": {"seed": -1}}, "report.references.seed = -1"),
+        ({"references": {"seed": 2**64}}, f"report.references.seed = {2**64}"),
+        (
+            {"decoding": [{"name": "greedy"}, {"name": "s", "do_sample": True, "seed": -1}]},
+            "report.decoding.1.seed",
+        ),
+        ({"decoding": [{"name": "s", "do_sample": True, "seed": 2**64}]}, "report.decoding.0.seed"),
+    ],
+    ids=["references_negative", "references_past_64_bits", "decoding_negative", "decoding_past_64_bits"],
+)
+def test_report_seeds_out_of_range_are_refused_in_one_line(raw, name):
+    """A seed of -1 was taken (torch reads it as 2**64 - 1: the draws of another seed) and one past 64 bits
+    stopped the report at generation with a ValueError traceback from ``torch.manual_seed``. A seed is
+    0 .. 2**63 - 1, as ``predict.seed`` is."""
+    with pytest.raises(ConfigError) as raised:
+        parse_group("report", raw)
+    message = str(raised.value)
+    assert name in message and "is invalid" in message and "\n" not in message, message
+
+
+def test_report_seeds_in_range_pass():
+    params = parse_group(
+        "report",
+        {"references": {"seed": 2**63 - 1}, "decoding": [{"name": "s", "do_sample": True, "seed": 0}]},
+    )
+    assert params.references.seed == 2**63 - 1 and params.decoding[0].seed == 0

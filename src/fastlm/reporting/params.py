@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -17,6 +17,11 @@ from fastlm.validation import Params, parse_params
 SOURCE = "conf/base/parameters_report.yml"
 _NO_INVISIBLE = dict.fromkeys(map(ord, INVISIBLE))
 
+# A sampling seed (report.references.seed, report.decoding[].seed, predict.seed). torch takes 0 .. 2**64 - 1
+# and reads a negative seed modulo 2**64 (-1 draws as 2**64 - 1 does); past 64 bits it raises. int64's
+# range leaves room for the seed + chunk predict's chunks sample with; train.seed is never negative either.
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
 
 class DecodingSetting(Params):
     name: str = Field(min_length=1)
@@ -29,7 +34,7 @@ class DecodingSetting(Params):
     no_repeat_ngram_size: int | None = Field(None, ge=1)
     length_penalty: float | None = None
     min_new_tokens: int | None = Field(None, ge=0)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class DecodingParams(Params):
@@ -70,7 +75,7 @@ class ReferenceParams(DecodingParams):
     max_samples: int | None = Field(200, ge=1, description="hash-selected test samples; null: all")
     batch_size: int = Field(16, ge=1)
     max_new_tokens: int = Field(64, ge=1)
-    seed: int = 0
+    seed: Seed = 0
     rouge_tokenizer: Literal[TOKENIZERS] = "auto"  # type: ignore[valid-type]
 
 

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE, check_chat_template_kwargs
 from fastlm.errors import ConfigError, InputDataError
-from fastlm.reporting.params import DecodingParams
+from fastlm.reporting.params import DecodingParams, Seed
 from fastlm.validation import parse_params
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class PredictParams(DecodingParams):
     too_long: Literal["truncate", "refuse"] = "truncate"
     # chunk i samples with seed + i (torch takes 0 .. 2**64 - 1; a negative seed is read modulo 2**64, so
     # seed -1's second chunk would sample as seed 0's first): a seed of int64's range leaves room for them
-    seed: int = Field(0, ge=0, le=2**63 - 1)
+    seed: Seed = 0
     resume: bool = Field(True, description="reuse the finished batches of an interrupted run of the same job")
 
     @field_validator("chat_template_kwargs", mode="before")
