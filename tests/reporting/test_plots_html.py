@@ -127,6 +127,31 @@ def test_nan_points_are_left_out_of_a_line():
     assert lines["validation loss"] == ([40], [3.5])
 
 
+@pytest.mark.parametrize("make", [loss_figure, throughput_figure, learning_rate_figure, memory_figure])
+@pytest.mark.parametrize(
+    "history",
+    [
+        make_history().iloc[:1],
+        make_history(
+            **{
+                name: [np.nan] * 4 + [1.0]
+                for name in ("loss", "real_tokens_per_s", "tokens_per_s", "lr", "peak_memory_mb")
+            }
+        ),
+    ],
+    ids=["one_step", "one_finite_point"],
+)
+def test_a_line_of_one_point_is_drawn_with_a_marker(make, history):
+    """A run of one step (or whose every other value is NaN) has one point per line: a line of one point
+    without a marker draws nothing, and the figure showed empty axes under a legend naming the line."""
+    fig = make(history, EMPTY_EVAL) if make is loss_figure else make(history)
+    lines = [line for line in fig.axes[0].lines if len(line.get_xdata()) == 1]
+    assert lines, lines_by_label(fig)
+    for line in lines:
+        assert line.get_marker() not in (None, "", " ", "None", "none"), line.get_label()
+        assert line.get_markersize() > 0
+
+
 def test_throughput_figure_has_real_and_computed_tokens_per_second():
     fig = throughput_figure(make_history())
     lines = lines_by_label(fig)

@@ -3,7 +3,8 @@
 Every function returns a :class:`matplotlib.figure.Figure` built directly (never through ``pyplot``), so
 nothing is registered globally, no GUI backend is touched and the figure is freed with its last reference.
 A missing or all-NaN column draws no line (the axes then say "no data"); rows whose value is NaN are left
-out of a line, so ``Line2D.get_xdata()``/``get_ydata()`` hold only real points. If ``history`` has no
+out of a line, so ``Line2D.get_xdata()``/``get_ydata()`` hold only real points; a line of one point (a run
+of one step) is drawn as a marker. If ``history`` has no
 ``step`` column, the row number (from 1) stands in for it.
 """
 
@@ -48,6 +49,8 @@ def _plot(ax: Axes, frame: pd.DataFrame | None, column: str, label: str, **style
     steps, values = _points(frame, column)
     if len(values) == 0:
         return False
+    if len(values) == 1 and style.get("marker") is None:  # a line of one point draws nothing: mark it
+        style = {**style, "marker": "o"}
     ax.plot(steps, values, label=label, **style)
     return True
 
