@@ -346,6 +346,22 @@ def test_format_number(value, text):
     assert format_number(value) == text
 
 
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.99996, "0.99996"),
+        (0.999999, "0.999999"),
+        (999.96, "999.96"),
+        (-0.99996, "-0.99996"),
+        (9.99996, "9.99996"),
+    ],
+)
+def test_a_fraction_that_rounds_to_a_whole_number_keeps_its_fraction(value, text):
+    """An accuracy or ROUGE F1 of 0.99996 in test_metrics.json was shown as ``1`` in the report's tables, as
+    an exact 1.0 is: a perfect score it was not. Digits are added until the cell shows the fraction."""
+    assert format_number(value) == text
+
+
 # --- Markdown ----------------------------------------------------------------------------------------
 
 

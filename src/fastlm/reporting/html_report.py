@@ -122,7 +122,13 @@ def format_number(value) -> str:
             return f"{number:.3e}"
         if magnitude >= 1000:
             return f"{number:,.1f}"
-        return f"{number:.4g}"
+        # 4 significant digits; a fraction they round to a whole number (an accuracy of 0.99996 as "1", the
+        # text of an exact 1.0) gets digits until its cell shows it is none
+        digits, text = 4, f"{number:.4g}"
+        while "." not in text and "e" not in text and digits < 17:
+            digits += 1
+            text = f"{number:.{digits}g}"
+        return text
     return str(value)
 
 
