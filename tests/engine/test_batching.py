@@ -117,6 +117,24 @@ def test_loader_settings_use_no_workers_on_cpu_and_pin_memory_on_cuda(tmp_path, 
     assert cuda["persistent_workers"] == params.dataloader.persistent_workers
 
 
+def test_auto_workers_share_the_cores_among_the_processes_of_a_machine_and_are_logged(
+    tmp_path, monkeypatch, caplog
+):
+    """Eight processes on a 16-core machine (``LOCAL_WORLD_SIZE``), each sharing the cores as its threads do
+    (``launch.job``): two workers each, not half the machine's cores each (8 x 8 = 64 loader processes and
+    8 training ones on 16 cores). The choice is logged with its reason."""
+    params = toy_params(tmp_path)
+    monkeypatch.setattr("fastlm.engine.batching.usable_cpu_count", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    caplog.set_level("INFO", logger="fastlm.engine.batching")
+    assert loader_settings(params, torch.device("cuda", 0), announce=True)["num_workers"] == 2
+    assert "2 DataLoader workers" in caplog.text and "8 processes" in caplog.text
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert loader_settings(params, torch.device("cuda", 0))["num_workers"] == 4  # 8 cores each, half
+    given = toy_params(tmp_path, dataloader={"num_workers": 3})
+    assert loader_settings(given, torch.device("cuda", 0))["num_workers"] == 3  # as given, any processes
+
+
 def _ids(stream: MicroBatches, count: int) -> list[list[int]]:
     return [next(stream)["input_ids"].flatten().tolist() for _ in range(count)]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from time import perf_counter
@@ -260,12 +261,26 @@ class RandomBatches(LengthGroupedSampler):
         return self.pieces([order[i : i + self.batch_size] for i in range(0, order.size, self.batch_size)])
 
 
-def loader_settings(params: TrainParams, device: torch.device) -> dict:
-    """Workers from the cores (none on CPU, where they would compete with the math), pinned memory on CUDA."""
+def loader_settings(params: TrainParams, device: torch.device, *, announce: bool = False) -> dict:
+    """Workers from the cores (none on CPU, where they would compete with the math), pinned memory on CUDA.
+
+    ``auto`` on CUDA: half of this process's share of the cores, 2 to 8: the processes of one machine
+    (``LOCAL_WORLD_SIZE``) share its cores, as their threads do (``launch.job``). ``announce``: log the
+    count and why (once a run, where its stream is built)."""
     settings = params.dataloader
-    workers = settings.num_workers
+    workers, why = settings.num_workers, "train.dataloader.num_workers"
     if workers == "auto":
-        workers = min(8, max(2, usable_cpu_count() // 2)) if device.type == "cuda" else 0
+        cores, processes = usable_cpu_count(), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        share = max(1, cores // min(processes, cores))
+        workers = min(8, max(2, share // 2)) if device.type == "cuda" else 0
+        why = (
+            f"auto: half of this process's {share} of {cores} cores, 2 to 8"
+            + (f", the machine's cores shared by its {processes} processes" if processes > 1 else "")
+            if device.type == "cuda"
+            else "auto: none on CPU, where loading in the training process competes with no math"
+        )
+    if announce:
+        log.info("%d DataLoader workers per process (%s)", workers, why)
     pin = device.type == "cuda" if settings.pin_memory == "auto" else settings.pin_memory
     extra = {"persistent_workers": settings.persistent_workers, "prefetch_factor": settings.prefetch_factor}
     return {"num_workers": workers, "pin_memory": pin, **(extra if workers else {})}

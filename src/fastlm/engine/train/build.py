@@ -232,7 +232,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         request.pad_id,
         request.max_length,
         request.sides,
-        loader_settings(configured, device),
+        loader_settings(configured, device, announce=comm.is_main),
         rank=comm.rank,
         world_size=comm.world_size,
     )
