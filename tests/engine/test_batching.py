@@ -2,6 +2,9 @@
 settings and the endless micro-batch stream whose position a checkpoint saves (a stream rebuilt at that
 position continues with exactly the batches the first one would have given)."""
 
+import os
+import signal
+
 import pytest
 import torch
 
@@ -133,6 +136,31 @@ def test_auto_workers_share_the_cores_among_the_processes_of_a_machine_and_are_l
     assert loader_settings(params, torch.device("cuda", 0))["num_workers"] == 4  # 8 cores each, half
     given = toy_params(tmp_path, dataloader={"num_workers": 3})
     assert loader_settings(given, torch.device("cuda", 0))["num_workers"] == 3  # as given, any processes
+
+
+class _KilledInAWorker:
+    """A collator whose loader process is killed (as the out-of-memory killer ends one) at its third batch."""
+
+    def __init__(self, collator) -> None:
+        self.collator, self.calls = collator, 0
+
+    def __call__(self, samples):
+        self.calls += 1
+        if self.calls == 3 and torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.collator(samples)
+
+
+def test_a_killed_loader_worker_is_one_line_naming_the_parameter(tmp_path):
+    """A DataLoader worker killed mid-run (the host's out-of-memory killer): one line naming
+    ``train.dataloader.num_workers`` and the fix, not torch's traceback from its worker watchdog."""
+    params = toy_params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 4})
+    kwargs = {"num_workers": 1, "pin_memory": False, "prefetch_factor": 1, "persistent_workers": True}
+    stream = micro_batches(toy_sequences(40, 0), params, StreamLayout(EOS, 64, None, kwargs))
+    stream.collator = _KilledInAWorker(stream.collator)
+    with pytest.raises(ConfigError, match="train.dataloader.num_workers") as error:
+        _ids(stream, 6)
+    assert "\n" not in str(error.value) and "killed" in str(error.value)
 
 
 def _ids(stream: MicroBatches, count: int) -> list[list[int]]:

@@ -355,6 +355,18 @@ class MicroBatches:
         except StopIteration:
             self.epoch, self.batch, self._iterator = self.epoch + 1, 0, None
             return self._read()
+        except RuntimeError as error:  # torch's watchdog: a worker process ended (the out-of-memory killer)
+            if not str(error).startswith("DataLoader worker (pid"):
+                raise
+            self._iterator = None
+            raise ConfigError(
+                f"a DataLoader worker stopped at batch {self.batch} of epoch {self.epoch}: {error} (killed, "
+                "most often by the host's out-of-memory killer; each worker holds its own copy of what it "
+                "touches).",
+                fix="lower train.dataloader.num_workers (0 loads in the training process) or free host "
+                "memory, then run the same command again (train.resume: auto continues from the last "
+                "checkpoint).",
+            ) from None
         self.batch += 1
         return batch
 
