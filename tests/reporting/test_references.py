@@ -380,3 +380,36 @@ def test_an_encoder_decoders_long_prompt_keeps_the_end_training_kept(kind):
     assert encoder_inputs(model, asked, tokenizer) == [trained]
     assert encoder_inputs(model, list(rows["ids"]), tokenizer) == [trained]
     assert trained[:kept] != full[:kept]  # the start-kept cut is another prompt: the test tells them apart
+
+
+def test_the_report_says_how_many_references_have_no_rouge_tokens_and_that_the_means_count_them():
+    """A punctuation-only reference scores 0 whatever the model writes: the ROUGE section says how many
+    there are, that the means count them as 0 (as rouge-score's aggregator does) and the F1 over the
+    others."""
+    predictions = pd.DataFrame(
+        {
+            "sample": [0, 1],
+            "prompt": ["a", "b"],
+            "reference": ["the cat", "!!!"],
+            "prediction": ["the cat", "!!!"],
+            "prompt_tokens": [1, 1],
+            "new_tokens": [2, 1],
+            "rouge1_f1": [1.0, 0.0],
+            "rougeL_f1": [1.0, 0.0],
+        }
+    )
+    metrics = {
+        "loss": 2.0,
+        "rouge_samples": 2,
+        "rouge_decoding": "greedy, max_new_tokens=8",
+        "rouge_tokenizer": "default",
+        "generated_tokens_per_s": 50.0,
+        "rouge_tokenless_references": 1,
+    }
+    _, aggregate, _ = rouge_scores(predictions["prediction"].tolist(), predictions["reference"].tolist())
+    metrics.update(aggregate)
+    assert metrics["rouge1"] == pytest.approx(0.5) and metrics["rouge1_scorable"] == pytest.approx(1.0)
+    text = {s.heading: s for s in _sections(metrics, predictions)}["ROUGE on the test split"].text
+    assert "1 of the 2 reference responses has no tokens under tokenizer 'default'" in text
+    assert "counted in the means as 0" in text
+    assert "ROUGE-1 / ROUGE-2 / ROUGE-L F1 over the other 1: 1 / 1 / 1" in text

@@ -94,3 +94,24 @@ def test_empty_prediction_scores_zero_and_columns_are_complete():
     assert aggregate["rougeL"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="2 predictions for 1 references"):
         rouge_scores(["a", "b"], ["a"])
+
+
+def test_references_without_rouge_tokens_are_counted_and_kept_in_the_mean_as_rouge_score_keeps_them():
+    """A reference of punctuation only ("!!!") has no tokens under either tokenizer: it scores 0 whatever
+    was generated. The means keep it (rouge-score's aggregator and Hugging Face evaluate count it as 0, so
+    the figures compare with theirs), and it is counted, with the means over the other samples beside."""
+    references = ["the cat sat", "!!!", "a dog ran"]
+    predictions = ["the cat sat", "!!!", "a dog sat"]
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES))
+    expected = [scorer.score(r, p) for r, p in zip(references, predictions, strict=True)]
+    assert expected[1]["rouge1"].fmeasure == 0.0  # rouge-score's own: no tokens, 0 even for the same text
+    for kind in ("default", "unicode"):
+        assert tokenize("!!!", kind) == []
+        _, aggregate, _ = rouge_scores(predictions, references, kind)
+        assert aggregate["rouge_tokenless_references"] == 1
+        for rouge in ROUGE_TYPES:
+            scores = [s[rouge].fmeasure for s in expected]
+            assert aggregate[rouge] == pytest.approx(sum(scores) / 3, abs=1e-12)
+            assert aggregate[f"{rouge}_scorable"] == pytest.approx((scores[0] + scores[2]) / 2, abs=1e-12)
+    _, plain, _ = rouge_scores(["the cat"], ["the cat"], "auto")
+    assert plain["rouge_tokenless_references"] == 0 and "rouge1_scorable" not in plain

@@ -13,6 +13,7 @@ import pandas as pd
 from fastlm.reporting import plots
 from fastlm.reporting.diagnosis import NOT_JUDGED
 from fastlm.reporting.html_report import Section, render_html, render_markdown
+from fastlm.reporting.rouge import tokenless_note
 from fastlm.reporting.summaries import TRAINING_ID
 
 
@@ -497,6 +498,9 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
         f"'{test_metrics['rouge_tokenizer']}'; means over samples. "
         f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s." + _tool_call_text(test_metrics)
     )
+    tokenless = tokenless_note(test_metrics)  # references that score 0 whatever was generated
+    if tokenless:
+        text += " " + tokenless
     rules = test_metrics.get("rouge_model_token_rules")
     if rules:  # the model folder's forced and banned tokens, kept at generation
         text += (

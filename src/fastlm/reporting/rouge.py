@@ -21,13 +21,22 @@ their scores compare.
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from collections.abc import Sequence
 
 import pandas as pd
 
-__all__ = ["ROUGE_TYPES", "TOKENIZERS", "resolve_tokenizer", "rouge_scores", "score_columns", "tokenize"]
+__all__ = [
+    "ROUGE_TYPES",
+    "TOKENIZERS",
+    "resolve_tokenizer",
+    "rouge_scores",
+    "score_columns",
+    "tokenize",
+    "tokenless_note",
+]
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 TOKENIZERS = ("auto", "default", "unicode", "syllable", "whitespace")
@@ -93,6 +102,11 @@ def rouge_scores(
     The means are ``rouge1`` / ``rouge2`` / ``rougeL`` (F1) and ``<type>_precision`` / ``<type>_recall``,
     averaged over samples (what rouge-score's BootstrapAggregator reports as ``mid``, without resampling).
     ROUGE-L is the sentence-level LCS (``rougeL``, no newline splitting). An empty prediction scores 0.
+
+    A reference with no tokens under the tokenizer (punctuation only, such as "!!!", or empty) scores 0
+    whatever was generated. It stays in the means, as rouge-score's aggregator and Hugging Face evaluate
+    keep it (so the figures compare with theirs), and is counted: ``rouge_tokenless_references``; where
+    there are any, ``<type>_scorable`` is the mean F1 over the other samples (NaN where there are none).
     """
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
@@ -117,4 +131,37 @@ def rouge_scores(
         aggregate[rouge] = float(means[f"{rouge}_f1"])
         aggregate[f"{rouge}_precision"] = float(means[f"{rouge}_precision"])
         aggregate[f"{rouge}_recall"] = float(means[f"{rouge}_recall"])
+    tokenless = [not tokenize(reference or "", kind) for reference in references]
+    aggregate["rouge_tokenless_references"] = sum(tokenless)
+    if any(tokenless):
+        scorable = per_sample[[not empty for empty in tokenless]]
+        for rouge in ROUGE_TYPES:
+            aggregate[f"{rouge}_scorable"] = (
+                float(scorable[f"{rouge}_f1"].mean()) if len(scorable) else math.nan
+            )
     return per_sample, aggregate, kind
+
+
+def tokenless_note(aggregate: dict) -> str:
+    """What ``rouge_tokenless_references`` means for the figures, in one sentence ("" where there are
+    none): the report's text and the node's warning."""
+    count = aggregate.get("rouge_tokenless_references") or 0
+    if not count:
+        return ""
+    total = aggregate.get("rouge_samples")
+    others = None if total is None else total - count
+    of = (
+        f"{count:,} of the {total:,} reference responses"
+        if total is not None
+        else f"{count:,} reference responses"
+    )
+    verb = "has" if count == 1 else "have"
+    text = (
+        f"{of} {verb} no tokens under tokenizer '{aggregate.get('rouge_tokenizer')}' (punctuation only, or "
+        "empty): each scores 0 whatever the model wrote and is counted in the means as 0, as rouge-score's "
+        "aggregator and Hugging Face evaluate count it"
+    )
+    if others:
+        scores = " / ".join(f"{aggregate.get(f'{rouge}_scorable', math.nan):.4g}" for rouge in ROUGE_TYPES)
+        text += f"; ROUGE-1 / ROUGE-2 / ROUGE-L F1 over the other {others:,}: {scores}"
+    return text + "."

@@ -184,6 +184,7 @@ def generate_on_references(
         reference_pairs,
         score_test_generations,
     )
+    from fastlm.reporting.rouge import tokenless_note
 
     references = parse_group("report", report_params).references
     found = has_references(splits)
@@ -230,6 +231,8 @@ def generate_on_references(
         metrics["generation_seconds"],
         metrics["generated_tokens_per_s"],
     )
+    if metrics.get("rouge_tokenless_references"):
+        log.warning("ROUGE: %s", tokenless_note(metrics))
     if "tool_call_samples" in metrics:
         log.info(
             "Tool calls on the %d test samples answered by a call: the same functions in %.1f%%, the same "
