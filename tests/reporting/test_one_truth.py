@@ -222,3 +222,23 @@ def test_run_comparison_names_a_label_smoothed_train_loss_and_an_early_stopped_r
     ]
     plain = runs.drop(columns=["params.train.loss.label_smoothing"]).assign(**{"metrics.model_step": 70.0})
     assert not {"label_smoothing", "model_step", "last_step"} & set(compare_runs(plain).columns)
+
+
+def test_runs_on_other_tokenized_data_are_marked_and_said_not_to_compare():
+    """Per-token losses of runs with another tokenizer or other data do not compare: the rows whose data
+    fingerprint is not the reported run's are marked (``data``: other) and the comparison's text says so.
+    Was: only a data.fingerprint column differed, the losses side by side."""
+    runs = runs_frame(SPEED).assign(**{"params.data.fingerprint": ["f" * 12, "e" * 12, "f" * 12]})
+    runs["metrics.test_loss"] = [2.0, 5.5, 2.1]
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert table["data"].tolist() == ["same", "other", "same"]
+    assert table["test_loss"].tolist() == [2.0, 5.5, 2.1]
+    _, text = report_document(HISTORY, runs=table)
+    assert "1 run (data: other) trained and was evaluated on other tokenized data than this run" in text
+    assert "its losses do not compare with this run's" in text
+    # an older run without a fingerprint is not judged; runs all on the same data get no column
+    unknown = compare_runs(
+        runs.assign(**{"params.data.fingerprint": ["f" * 12, None, "f" * 12]}), current_run_id="a" * 32
+    )
+    assert "data" not in unknown and "other tokenized data" not in report_document(HISTORY, runs=unknown)[1]
+    assert "data" not in compare_runs(runs_frame(SPEED), current_run_id="a" * 32)

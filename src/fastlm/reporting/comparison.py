@@ -55,6 +55,9 @@ COMPARED_TEST_METRICS = ("loss", "rouge1", "rouge2", "rougeL")
 # How many test samples the figures cover (``report.eval_max_batches`` / ``report.references.max_samples``
 # cap them): logged with them, shown in the comparison where runs differ, after the figures they count.
 TEST_SAMPLE_COUNTS = ("samples", "rouge_samples")
+# The tokenized data a run trained and was evaluated on (the tokenizer, the split settings and the texts),
+# logged by the train node: per-token losses of runs on other data do not compare.
+DATA = "params.data.fingerprint"
 
 
 def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None = None) -> pd.DataFrame:
@@ -107,7 +110,44 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
             table[f"test_{name}"] = runs[column]
     for column in differing:
         table[column.removeprefix("params.")] = params[column]
+    data = _same_data(runs, current_run_id)
+    if data is not None:
+        table.insert(table.columns.get_loc("real_tokens_per_s"), "data", data.to_numpy())
     return table.reset_index(drop=True)
+
+
+def _same_data(runs: pd.DataFrame, current_run_id: str | None) -> pd.Series | None:
+    """Per run, ``same`` or ``other``: whether it trained on the tokenized data (``DATA``) of the reported
+    run (without one in the table, the newest run), ``""`` for a run that logged none; None where no two
+    runs' data differ."""
+    if DATA not in runs:
+        return None
+    data = runs[DATA].map(param_value)
+    if data.dropna().nunique() < 2:
+        return None
+    current = data[runs["run_id"] == current_run_id].dropna()
+    reference = current.iloc[0] if len(current) else data.dropna().iloc[0]
+    return data.map(
+        lambda value: "" if value is None or value != value else "same" if value == reference else "other"
+    )
+
+
+def data_note(table: pd.DataFrame) -> str:
+    """One sentence on the runs marked ``data: other`` (``compare_runs``): their losses do not compare; ""
+    where there are none."""
+    if "data" not in table:
+        return ""
+    others = int((table["data"] == "other").sum())
+    if not others:
+        return ""
+    reference = "this run" if "this run" in table and (table["this run"] == "◀").any() else "the newest run"
+    one = others == 1
+    return (
+        f"{others} run{'' if one else 's'} (data: other) trained and {'was' if one else 'were'} evaluated on "
+        f"other tokenized data than {reference} (another tokenizer, other split settings or other texts: "
+        f"data.fingerprint): {'its' if one else 'their'} losses do not compare with {reference}'s (a loss is "
+        "per token of its own tokenizer, on its own texts), nor test figures on other texts."
+    )
 
 
 def _name_the_losses(table: pd.DataFrame, runs: pd.DataFrame) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from fastlm.reporting import plots
+from fastlm.reporting.comparison import data_note
 from fastlm.reporting.diagnosis import NOT_JUDGED
 from fastlm.reporting.html_report import Section, render_html, render_markdown
 from fastlm.reporting.rouge import tokenless_note
@@ -468,7 +469,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             "parameters whose values differ among the runs that have them. final_train_loss is each "
             "run's last step's (label-smoothed where label_smoothing is above 0), final_val_loss its model's "
             "step's (model_step, early stopping's best, where it is not last_step); validation and test "
-            "losses are plain.",
+            "losses are plain." + (" " + data_note(runs) if data_note(runs) else ""),
             table=runs.fillna({"this run": ""}) if "this run" in runs else runs,
         ),
         *_sweep_sections(inputs.sweep, data=inputs.summary.get("fingerprint")),

@@ -292,6 +292,9 @@ def compare_training_runs(
         current_run_id=(summary or {}).get("mlflow_run_id"),
     )
     log.info("Run comparison: %d training runs", len(table))
+    note = comparison.data_note(table)
+    if note:
+        log.warning("Run comparison: %s", note)
     return table
 
 
