@@ -601,3 +601,24 @@ def test_two_ranks_evaluate_the_samples_one_process_does_in_the_same_number_of_f
     assert loss_sum / targets == pytest.approx(one["loss"], rel=reordered_sum_rtol(evaluated))
     if collective:  # FSDP: every forward all-gathers the weights, so every rank runs the same number
         assert ranks[0][1] == ranks[1][1] == -(-evaluated // 2)
+
+
+def test_the_perplexity_of_a_loss_above_50_is_its_exp_and_inf_past_the_float_range(setup):
+    """Perplexity is exp(loss) as the Trainer's examples and the report's summaries compute it: a loss of
+    ~60 gives ~1e26, one past ~709.78 inf. Was: capped at exp(50) = 5.18e21 whatever the loss, unsaid."""
+    import copy
+
+    model, tokenizer, data, runtime = setup
+    params = _params("packed")
+    losses = []
+    for scale in (80.0, 2000.0):
+        broken = copy.deepcopy(model)
+        with torch.no_grad():
+            broken.lm_head.weight.mul_(scale)
+        metrics = _loss_only(broken, data, tokenizer, runtime, params, max_batches=2).metrics
+        losses.append(metrics["loss"])
+        if metrics["loss"] < 709.0:
+            assert metrics["loss"] > 50.0 and math.isclose(metrics["perplexity"], math.exp(metrics["loss"]))
+        else:
+            assert metrics["perplexity"] == math.inf
+    assert losses[0] < 709.0 < losses[1]

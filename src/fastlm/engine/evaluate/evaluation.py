@@ -61,7 +61,7 @@ from fastlm.errors import OutOfMemory
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DENSE_PAIR_TABLE_MAX", "EvalOptions", "EvaluationReport", "evaluate"]
+__all__ = ["DENSE_PAIR_TABLE_MAX", "EvalOptions", "EvaluationReport", "evaluate", "perplexity"]
 
 # Largest vocab**2 counted in a dense table (int64: 256 MiB). The hard limit would be 2**31 (int32 bin ids),
 # but a 32k vocabulary would then need an 8 GiB table; larger vocabularies use the torch.unique path.
@@ -169,6 +169,15 @@ class EvalOptions:
     micro_batch_size: int | None = None
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss), as the Trainer's examples and the report's summaries give it: inf where it is past the
+    float range (a loss above ~709.78), NaN for a NaN loss."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
 def evaluate(
     model,
     dataset: TokenSequences,
@@ -233,7 +242,7 @@ def evaluate(
     loss = total_loss / targets_count if targets_count else math.nan
     metrics = {
         "loss": loss,
-        "perplexity": math.exp(min(loss, 50.0)) if targets_count else math.nan,
+        "perplexity": perplexity(loss),
         "target_tokens": targets_count,
         "samples": samples,
         "seconds": seconds,
