@@ -634,3 +634,16 @@ def test_the_not_judged_message_names_every_warm_up_step_left_out():
     fresh = make_history(4, step=[1, 2, 3, 4])
     message = by_kind(diagnose(cpu(), fresh))[COMPUTE_BOUND].message
     assert "3 timed steps after the warm-up step (" in message, message
+
+
+def test_compile_bound_judges_from_all_the_compile_seconds_recompiles_included():
+    """The summary's ``compile_s`` counts every compile (a recompile after the first step included, left out
+    of the step times); the finding judges from it and says so. Was: from ``first_step_s`` alone, a 22 s
+    first step (compile included) of a run whose second step recompiled 19.4 s: 22 %, not triggered."""
+    summary = {**compiled("model", 22.0, 100.0), "compile_s": 41.4}
+    finding = by_kind(diagnose(summary, make_history(6, mfu=0.45)))[COMPILE_BOUND]
+    assert finding.triggered and finding.figure == "41 %"
+    assert finding.message == (
+        "compiling took 41 s, 41 % of the run's 100 s (all of torch.compile's compiles, recompiles included: "
+        "the summary's compile_s)"
+    )

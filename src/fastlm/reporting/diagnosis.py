@@ -16,10 +16,11 @@ passed. The rules, in order (thresholds are the module constants below):
 * ``eval-bound`` -- the evaluations and checkpoint saves between steps (``outside_steps_s``) took at least
   ``EVAL_BOUND_SHARE`` of the run's wall time: their cadence, not the steps' math, sets the pace. The advice:
   raise ``train.eval_every`` and ``train.save_every`` (or cap ``train.eval_max_batches``).
-* ``compile-bound`` -- a compiled run spent at least ``COMPILE_BOUND_SHARE`` of its wall time in its first
-  step (the compile): a start-up cost, so it does not keep the steady state from being compute-bound. The
-  advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short
-  does not repay compiling.
+* ``compile-bound`` -- a compiled run spent at least ``COMPILE_BOUND_SHARE`` of its wall time compiling
+  (the summary's ``compile_s``, recompiles included; a summary without it: the first step, compile
+  included): a start-up cost, so it does not keep the steady state from being compute-bound. The advice:
+  ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short does
+  not repay compiling.
 * ``compute-bound`` -- none of the steady-state rules above, over at least ``MIN_TIMED_STEPS`` timed steps
   (a shorter run concludes nothing and says how long a run is needed): the run spends its time in the
   math, as it should. On a GPU its advice names the speed levers the run's own decisions show it left unused
@@ -479,14 +480,19 @@ def _eval_bound(summary: dict) -> Finding:
 
 def _compile_bound(summary: dict) -> Finding:
     runtime = summary.get("runtime") or {}
-    first, wall = summary.get("first_step_s"), summary.get("wall_time_s")
+    # every compile's seconds (recompiles included, left out of the step times) where the summary records
+    # them; a summary from before compile_s has the first step's time (its compile included) alone
+    compile_s, wall = summary.get("compile_s"), summary.get("wall_time_s")
+    first = compile_s if _known(compile_s) and compile_s > 0 else summary.get("first_step_s")
     if runtime.get("compile") is not True or not (_known(first) and _known(wall)) or wall <= 0:
         return Finding(COMPILE_BOUND, False, _NA, "not compiled, or no first-step time recorded", "")
     share = float(first) / float(wall)
-    message = (
-        f"compiling took {first:.0f} s, {_percent(share)} of the run's {wall:.0f} s (the first step, compile "
-        "included)"
+    what = (
+        "all of torch.compile's compiles, recompiles included: the summary's compile_s"
+        if first is compile_s
+        else "the first step, compile included"
     )
+    message = f"compiling took {first:.0f} s, {_percent(share)} of the run's {wall:.0f} s ({what})"
     if share < COMPILE_BOUND_SHARE:
         return Finding(COMPILE_BOUND, False, _percent(share), message, "")
     if runtime.get("compile_scope", "model") == "model":
