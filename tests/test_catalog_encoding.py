@@ -13,7 +13,13 @@ import yaml
 
 from tests.support.project import PROJECT_ROOT
 
-TEXT_TYPES = ("pandas.CSVDataset", "text.TextDataset", "yaml.YAMLDataset", "json.JSONDataset")
+TEXT_TYPES = (
+    "pandas.CSVDataset",
+    "text.TextDataset",
+    "yaml.YAMLDataset",
+    "json.JSONDataset",
+    "fastlm.datasets.atomic_file.AtomicJSONDataset",
+)
 SAMPLE = "배송 빨라요 Ġ€ 가격 대비"
 
 # Run in a process whose locale encoding is ASCII: every text entry saves a value holding SAMPLE, then the
@@ -32,6 +38,7 @@ values = {
     "text.TextDataset": sample,
     "yaml.YAMLDataset": {"text": sample},
     "json.JSONDataset": {"text": sample},
+    "fastlm.datasets.atomic_file.AtomicJSONDataset": {"text": sample},
 }
 loaded = {}
 for name, kind in kinds.items():
@@ -67,7 +74,7 @@ def test_every_text_entry_is_utf8_in_an_ascii_locale(tmp_path):
     loaded = json.loads(done.stdout.decode("ascii").strip().splitlines()[-1])
     for name, kind in kinds.items():
         written = (tmp_path / name).read_bytes().decode("utf-8")
-        if kind == "json.JSONDataset":  # ASCII escapes (ensure_ascii, allow_unicode) are as good as UTF-8
+        if kind.endswith("JSONDataset"):  # ASCII escapes (ensure_ascii, allow_unicode) are as good as UTF-8
             written = json.loads(written)["text"]
         elif kind == "yaml.YAMLDataset":
             written = yaml.safe_load(written)["text"]
@@ -76,3 +83,56 @@ def test_every_text_entry_is_utf8_in_an_ascii_locale(tmp_path):
         shown = value["text"][0] if kind == "pandas.CSVDataset" else value
         shown = shown["text"] if isinstance(shown, dict) else shown
         assert shown == SAMPLE, name
+
+
+# Every JSON entry saves a run's figures, some non-finite (an inf perplexity, a NaN loss): the file must parse
+# with a strict parser (jq, JavaScript's JSON.parse) and the entry's own load must give the figures back.
+NON_FINITE_SCRIPT = """
+import json, math, sys
+from pathlib import Path
+from tests.support.project import catalog_dataset
+
+def refuse(name):
+    raise ValueError(name)
+
+folder = Path(sys.argv[1])
+out = {}
+for name in json.loads(sys.argv[2]):
+    dataset = catalog_dataset(name, folder / f"{name}.json")
+    dataset.save({"steps": 2, "test_loss": float("nan"), "test_perplexity": float("inf"),
+                  "rows": [{"tokens_per_s": float("-inf")}, {"tokens_per_s": 3.5}]})
+    try:
+        json.loads((folder / f"{name}.json").read_text(encoding="utf-8"), parse_constant=refuse)
+        strict = "ok"
+    except ValueError as error:
+        strict = f"invalid JSON: {error}"
+    back = dataset.load()
+    out[name] = [strict, repr(back["test_loss"]), repr(back["test_perplexity"]),
+                 repr(back["rows"][0]["tokens_per_s"]), back["rows"][1]["tokens_per_s"], back["steps"]]
+print(json.dumps(out))
+"""
+
+
+def json_entries() -> list[str]:
+    catalog = yaml.safe_load((PROJECT_ROOT / "conf/base/catalog.yml").read_text(encoding="utf-8"))
+    return [
+        name
+        for name, entry in catalog.items()
+        if isinstance(entry, dict)
+        and ("JSON" in entry["type"] or entry["type"].endswith("TrainSummaryDataset"))
+    ]
+
+
+def test_every_json_entry_writes_non_finite_figures_as_strict_json_and_reads_them_back(tmp_path):
+    names = json_entries()
+    assert {"train_summary", "test_metrics", "predict_summary", "split_report", "tune_choice"} <= set(names)
+    done = subprocess.run(
+        [sys.executable, "-c", NON_FINITE_SCRIPT, str(tmp_path), json.dumps(names)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = ["ok", "nan", "inf", "-inf", 3.5, 2]
+    assert json.loads(done.stdout) == {name: expected for name in names}

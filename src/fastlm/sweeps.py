@@ -31,6 +31,7 @@ import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from fastlm.engine.config import TrainParams, parse_train_params
+from fastlm.engine.observe import strict_json
 from fastlm.errors import ConfigError
 from fastlm.runs import validate_run_name
 from fastlm.validation import Params, parse_params
@@ -283,7 +284,7 @@ def finished_summary(folder: Path, identity: dict[str, Any]) -> dict | None:
     if not path.is_file():
         return None
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = strict_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return stored if stored.get("sweep_identity") == json.loads(json.dumps(identity, default=str)) else None
@@ -295,7 +296,7 @@ def save_finished(folder: Path, summary: dict, history, eval_history) -> None:
     history.to_csv(folder / "history.csv", index=False)
     eval_history.to_csv(folder / "eval_history.csv", index=False)
     temporary = folder / "summary.json.tmp"
-    temporary.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    temporary.write_text(strict_json.dumps(summary, indent=2, default=str), encoding="utf-8")
     os.replace(temporary, folder / "summary.json")
 
 

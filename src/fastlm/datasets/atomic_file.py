@@ -1,12 +1,11 @@
-"""CSV, JSON and YAML files written atomically: to a sibling temporary file, fsynced, then renamed over the
-target.
+"""CSV, JSON (strict) and YAML files written atomically: to a sibling temporary file, fsynced, then renamed
+over the target.
 
 A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from pathlib import Path
@@ -15,6 +14,8 @@ import yaml
 from kedro_datasets.json import JSONDataset
 from kedro_datasets.pandas import CSVDataset
 from kedro_datasets.yaml import YAMLDataset
+
+from fastlm.engine.observe import strict_json
 
 
 def write_file_atomically(target: str | Path, write) -> None:
@@ -43,13 +44,20 @@ class AtomicCSVDataset(CSVDataset):
 
 
 class AtomicJSONDataset(JSONDataset):
-    """``json.JSONDataset`` (local file, ``save_args`` as for ``json.dump``) saved atomically."""
+    """``json.JSONDataset`` (local file, ``save_args`` as for ``json.dump``) saved atomically, as strict JSON
+    (``engine.observe.strict_json``: a non-finite figure is null and noted in ``non_finite_values``, never the
+    ``NaN`` / ``Infinity`` a strict parser refuses) and loaded with those figures back as floats."""
 
     def __init__(self, filepath: str, **kwargs) -> None:
         super().__init__(filepath=filepath, **kwargs)
 
     def save(self, data) -> None:
-        write_file_atomically(str(self._filepath), lambda handle: json.dump(data, handle, **self._save_args))
+        write_file_atomically(
+            str(self._filepath), lambda handle: strict_json.dump(data, handle, **self._save_args)
+        )
+
+    def load(self):
+        return strict_json.restore(JSONDataset.load(self))
 
 
 class AtomicYAMLDataset(YAMLDataset):

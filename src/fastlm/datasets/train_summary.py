@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from kedro_datasets.json import JSONDataset
-
+from fastlm.datasets.atomic_file import AtomicJSONDataset
 from fastlm.datasets.atomic_folder import shown_path
 
 
-class TrainSummaryDataset(JSONDataset):
-    """``json.JSONDataset`` whose load refuses, in one line naming the file, JSON that is no training run's
-    summary (``{}``, ``null``, a list, an object without its step count): the report made of it said "? steps,
-    0 parameters" or failed with a traceback. ``check_saved`` is the same check, run by
-    ``fastlm.hooks.MissingInputsHook`` before a pipeline reading it starts (nothing has run, nothing written).
+class TrainSummaryDataset(AtomicJSONDataset):
+    """``AtomicJSONDataset`` (strict JSON, written atomically) whose load refuses, in one line naming the
+    file, JSON that is no training run's summary (``{}``, ``null``, a list, an object without its step count):
+    the report made of it said "? steps, 0 parameters" or failed with a traceback. ``check_saved`` is the same
+    check, run by ``fastlm.hooks.MissingInputsHook`` before a pipeline reading it starts (nothing has run,
+    nothing written).
     """
 
     def load(self) -> dict:
@@ -23,4 +23,4 @@ class TrainSummaryDataset(JSONDataset):
     def _checked(self) -> dict:
         from fastlm.reporting.summaries import check_train_summary
 
-        return check_train_summary(JSONDataset.load(self), shown_path(str(self._filepath)))
+        return check_train_summary(AtomicJSONDataset.load(self), shown_path(str(self._filepath)))

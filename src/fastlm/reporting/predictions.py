@@ -40,6 +40,7 @@ from fastlm.engine.evaluate.generation import (
     kept_model_rules,
     response_text,
 )
+from fastlm.engine.observe import strict_json
 from fastlm.errors import InputDataError, StaleDataError
 from fastlm.reporting.predict_inputs import plain_id
 from fastlm.reporting.references import describe_decoding
@@ -101,7 +102,7 @@ def check_prediction_pair(predictions_csv: str | Path, summary_json: str | Path)
             raise InputDataError(
                 f"{path} does not exist.", fix="run `kedro run --pipeline=predict` to write the pair."
             )
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary = strict_json.loads(summary_path.read_text(encoding="utf-8"))
     expected = summary.get("predictions_sha256") if isinstance(summary, dict) else None
     actual = hashlib.sha256(csv.read_bytes()).hexdigest()
     if expected != actual:
@@ -147,7 +148,7 @@ class PredictionParts:
                 other.unlink()
         if job is not None:
             tmp = self.folder / f".{key}.job.json.tmp"
-            tmp.write_text(json.dumps(job, sort_keys=True, default=str), encoding="utf-8")
+            tmp.write_text(strict_json.dumps(job, sort_keys=True, default=str), encoding="utf-8")
             os.replace(tmp, self._job_file(key))
         path, done, good = self._file(key), {}, []
         if path.is_file():
@@ -173,7 +174,7 @@ class PredictionParts:
             kept += len(record["continuations"])
         earlier = self.folder / other.name.replace(".jsonl", ".job.json")
         try:
-            recorded = json.loads(earlier.read_text(encoding="utf-8"))
+            recorded = strict_json.loads(earlier.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             recorded = None
         other.unlink()

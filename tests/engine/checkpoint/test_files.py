@@ -160,3 +160,18 @@ def test_failure_in_the_middle_of_a_save_leaves_previous_checkpoints(tmp_path, t
     assert (before / "COMPLETE").read_text() == manifest_before
     assert latest_checkpoint(tmp_path) == before
     assert load_checkpoint(before, model=checkpoint_llama(), restore_rng=False)["step"] == 2
+
+
+def test_a_state_holding_a_non_finite_figure_is_strict_json_and_resumes_with_that_figure(tmp_path, trained):
+    """An early-stopped run whose every validation loss was NaN keeps that NaN (and an inf) in its state: the
+    file parses with a strict parser and the resumed state holds the floats, not None or 0."""
+    model, optimizer, scheduler = trained
+    state = {**STATE, "best_val_loss": float("nan"), "evals": [{"step": 2, "val_loss": float("inf")}]}
+    folder = save_checkpoint(tmp_path, 2, model=model, optimizer=optimizer, scheduler=scheduler, state=state)
+
+    def refuse(name):
+        raise ValueError(name)
+
+    json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"), parse_constant=refuse)
+    loaded = load_checkpoint(folder, model=model, optimizer=optimizer, scheduler=scheduler)
+    assert np.isnan(loaded["best_val_loss"]) and loaded["evals"][0]["val_loss"] == float("inf")

@@ -55,6 +55,7 @@ from fastlm.engine.checkpoint.layout import (
 )
 from fastlm.engine.checkpoint.rng import host_rng_state, torch_rng_state
 from fastlm.engine.checkpoint.storage import os_error_in, storage_error
+from fastlm.engine.observe import strict_json
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def save_checkpoint(
         "rng": host_rng_state(),
     }
     try:  # fail before touching the disk
-        state_bytes = json.dumps(trainer_state, indent=2).encode("utf-8")
+        state_bytes = strict_json.dumps(trainer_state, indent=2).encode("utf-8")
     except (TypeError, ValueError) as error:
         raise TypeError(f"checkpoint state must be JSON-serialisable: {error}") from error
 

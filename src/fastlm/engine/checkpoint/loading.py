@@ -28,6 +28,7 @@ from fastlm.engine.checkpoint.layout import (
     CheckpointError,
 )
 from fastlm.engine.checkpoint.rng import restore_rng_states
+from fastlm.engine.observe import strict_json
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def _read_manifest(folder: Path) -> dict:
 
 def _read_trainer_state(file: Path) -> dict:
     try:
-        trainer_state = json.loads(file.read_text(encoding="utf-8"))
+        trainer_state = strict_json.loads(file.read_text(encoding="utf-8"))
         if not isinstance(trainer_state, dict) or not {"state", "rng"} <= trainer_state.keys():
             raise ValueError("no 'state' or 'rng' entry")
     except (OSError, ValueError) as error:

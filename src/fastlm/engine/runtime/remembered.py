@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from fastlm.engine.model.recompute import checkpointing_in_use
+from fastlm.engine.observe import strict_json
 from fastlm.engine.runtime.environment import Runtime
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class RememberedChoices:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             temporary.write_text(
-                json.dumps({"version": VERSION, "choices": entries}, indent=1, ensure_ascii=False),
+                strict_json.dumps({"version": VERSION, "choices": entries}, indent=1, ensure_ascii=False),
                 encoding="utf-8",
             )
             os.replace(temporary, self.path)
@@ -102,7 +103,7 @@ class RememberedChoices:
 
     def _entries(self, *, warn: bool) -> dict:
         try:
-            stored = json.loads(self.path.read_text(encoding="utf-8"))
+            stored = strict_json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as error:
