@@ -242,3 +242,24 @@ def test_runs_on_other_tokenized_data_are_marked_and_said_not_to_compare():
     )
     assert "data" not in unknown and "other tokenized data" not in report_document(HISTORY, runs=unknown)[1]
     assert "data" not in compare_runs(runs_frame(SPEED), current_run_id="a" * 32)
+
+
+def test_a_run_record_holding_a_metric_that_is_no_number_is_shown_blank_with_one_warning(caplog):
+    """A run record that loads but holds bad values (a metric that reads as text, a parameter missing) in the
+    run comparison: that figure blank and one warning naming the run and the metric, never the text shown as
+    a figure or a traceback."""
+    frame = runs_frame(SPEED)
+    frame["metrics.real_tokens_per_s"] = frame["metrics.real_tokens_per_s"].astype(object)
+    frame.loc[1, "metrics.real_tokens_per_s"] = "fast"
+    frame["metrics.test_loss"] = [1.25, "oops", 2.5]
+    frame.loc[2, "params.train.batching.mode"] = None
+    with caplog.at_level("WARNING", logger="fastlm.reporting.comparison"):
+        table = compare_runs(frame, current_run_id="a" * 32)
+    assert list(table["run_name"]) == ["new", "old", "older"]
+    assert math.isclose(table["real_tokens_per_s"].iloc[0], SPEED)
+    # the unreadable throughput is as a run without it: its last window's figure stands in, as for older runs
+    assert table["real_tokens_per_s"].iloc[1] == 456.0 and math.isnan(table["test_loss"].iloc[1])
+    assert table["test_loss"].iloc[2] == 2.5
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "old" in warnings[0] and "real_tokens_per_s" in warnings[0] and "test_loss" in warnings[0]

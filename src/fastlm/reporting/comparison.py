@@ -73,6 +73,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     """
     if runs.empty or not {SPEED, WINDOW_SPEED} & set(runs.columns):
         return pd.DataFrame(columns=["run_id", "run_name", "start_time"])
+    runs = _numeric_metrics(runs)
     speed = runs.get(SPEED, pd.Series(math.nan, index=runs.index)).fillna(
         runs.get(WINDOW_SPEED, pd.Series(math.nan, index=runs.index))
     )
@@ -208,6 +209,27 @@ def test_metric_values(metrics: dict) -> dict:
         for name in names
         if isinstance(metrics.get(name), Number) and math.isfinite(metrics[name])
     }
+
+
+def _numeric_metrics(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with every metric a number: a value that reads as none (a run record holding text where MLflow
+    keeps a number) is blank, said in one warning naming the runs and metrics, never shown as a figure."""
+    runs = runs.copy()
+    bad: dict[str, list[str]] = {}
+    names = runs.get("tags.mlflow.runName", runs.get("run_id", pd.Series("?", index=runs.index)))
+    for column in [column for column in runs.columns if column.startswith("metrics.")]:
+        values = pd.to_numeric(runs[column], errors="coerce")
+        for index in runs.index[values.isna() & runs[column].notna()]:
+            bad.setdefault(str(names.get(index) or runs["run_id"].get(index, "?")), []).append(
+                column.removeprefix("metrics.")
+            )
+        runs[column] = values.astype(float)
+    if bad:
+        log.warning(
+            "run comparison: %s hold values that are no numbers; they are left blank",
+            "; ".join(f"run {run}: {', '.join(metrics)}" for run, metrics in bad.items()),
+        )
+    return runs
 
 
 def _first_present(runs: pd.DataFrame, *columns: str) -> pd.Series | None:
