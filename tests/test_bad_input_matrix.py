@@ -1411,6 +1411,29 @@ def test_a_raw_file_changed_since_the_split_is_refused_by_a_pipeline_that_reads_
     )
 
 
+def test_a_raw_file_rewritten_with_its_size_and_time_kept_is_refused(project):
+    """A raw text replaced by another of as many bytes, the file's modification time put back (``touch -r``,
+    ``cp -p`` or ``rsync -t`` of another version): the report ran on the old splits, exit 0 (the record's
+    size and time alone were compared)."""
+    raw = project / "data/01_raw/demo_corpus.jsonl"
+    before = raw.stat()
+    lines = raw.read_text(encoding="utf-8").splitlines(keepends=True)
+    text = json.loads(lines[0])["text"]
+    lines[0] = json.dumps({"text": text[::-1]}, ensure_ascii=False) + "\n"
+    raw.write_text("".join(lines), encoding="utf-8")
+    os.utime(raw, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (raw.stat().st_size, raw.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    _fails_cleanly(
+        project,
+        "report",
+        {},
+        StaleDataError,
+        "data/01_raw/demo_corpus.jsonl changed since the split",
+        "same size",
+        "kedro run --pipeline=split",
+    )
+
+
 def test_a_shard_with_other_columns_is_refused_naming_it(project, sample_texts):
     """Raw data as a folder of shards: a shard whose columns differ from the first's is one line naming it."""
     write_jsonl(project / "data/01_raw/shards/part-00000.jsonl", sample_texts[:60])

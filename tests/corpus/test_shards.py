@@ -188,3 +188,24 @@ def test_a_changed_file_of_the_same_size_is_said_so():
     assert size_change(2946814, 2946814) == "same size, 2946814 bytes, other contents"
     assert size_change(10, 12) == "10 -> 12 bytes"
     assert size_change(None, 12) == "12 bytes now"
+
+
+def test_a_file_rewritten_with_its_size_and_time_kept_is_changed(tmp_path):
+    """Other bytes of the same size whose modification time was put back (``touch -r``, ``cp -p`` or
+    ``rsync -t`` of another version, a rewrite within a coarse clock's tick) read as the file the split
+    read: the record's size and time alone were compared, and train and the report used the old texts."""
+    from fastlm.corpus.shards import file_changed, file_record
+
+    folder = tmp_path / "s"
+    _jsonl(folder / "p0.jsonl", _rows(0, 3))
+    raw, before = folder / "p0.jsonl", (folder / "p0.jsonl").stat()
+    recorded, shards = file_record(raw, "p0.jsonl"), shards_record(folder)
+    _jsonl(raw, _rows(1, 3))  # "text 1".."text 3": the same size, other texts
+    os.utime(raw, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (raw.stat().st_size, raw.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert file_changed(raw, recorded)
+    assert "p0.jsonl changed (same size" in shards_changed(folder, shards)
+    _jsonl(raw, _rows(0, 3))  # the old bytes back, touched: the same file
+    os.utime(raw, (1_000_000_000, 1_000_000_000))
+    assert not file_changed(raw, recorded)
+    assert shards_changed(folder, shards) is None

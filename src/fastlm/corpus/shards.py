@@ -241,16 +241,28 @@ def _sha256(path: Path) -> str:
 
 def file_record(path: Path, name: str) -> dict:
     """What a split records of a raw file it read (a file, or one shard): ``name`` (how the record names
-    it), its size, time and SHA-256."""
+    it), its size, time, status-change time, inode and SHA-256."""
     stat = path.stat()
-    return {"path": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+    return {"path": name, **_file_state(stat), "sha256": _sha256(path)}
+
+
+def _file_state(stat) -> dict:
+    # ctime and inode beside size and mtime: a rewrite whose mtime is put back (touch -r, cp -p, rsync -t, a
+    # rewrite within a coarse clock's tick) still moves ctime, which no user call can set
+    return {
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "ctime_ns": stat.st_ctime_ns,
+        "inode": stat.st_ino,
+    }
 
 
 def file_changed(path: Path, recorded: dict) -> bool:
     """Whether the file at ``path`` holds other bytes than ``recorded`` (``file_record``'s) says: the same
-    size and time are the same file, a new time alone is compared by its SHA-256."""
+    size, time, status-change time and inode are the same file; anything else (a new time alone, a record
+    of an older fastlm without the last two) is compared by its SHA-256."""
     stat = path.stat()
-    if (stat.st_size, stat.st_mtime_ns) == (recorded.get("size"), recorded.get("mtime_ns")):
+    if all(recorded.get(key) == value for key, value in _file_state(stat).items()):
         return False
     return stat.st_size != recorded.get("size") or _sha256(path) != recorded.get("sha256")
 
