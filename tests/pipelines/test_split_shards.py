@@ -225,3 +225,27 @@ def test_csv_shards_of_numbers_split_as_one_file_of_their_rows_as_written(tmp_pa
         for splits in (results[0], results[3])
     )
     assert first == second
+
+
+def test_a_raw_file_changed_while_the_split_runs_is_stale_data(tmp_path, monkeypatch, sample_texts):
+    """The raw file edited after the split read it, before the split finished (a long split, an export still
+    writing the file): the record was taken of the file as it was when the split finished, so train and
+    the report took the splits of the old texts for the new file's."""
+    from fastlm.hooks.split_complete import SplitCompleteHook
+    from fastlm.pipelines.split import create_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data/05_model_input").mkdir(parents=True)
+    write_jsonl(tmp_path / "data/01_raw/corpus.jsonl", sample_texts[:20])
+    hook, pipeline = SplitCompleteHook(), create_pipeline()
+    catalog = _split_hook_catalog("data/01_raw/corpus.jsonl")
+    hook.before_pipeline_run({}, pipeline, catalog)  # then clean_corpus reads the file
+    write_jsonl(tmp_path / "data/01_raw/corpus.jsonl", sample_texts[:21])  # a row more, as the split runs
+    for node in pipeline.nodes:
+        hook.after_node_run(node)
+        for output in node.outputs:
+            hook.after_dataset_saved(output)
+    marker = tmp_path / "data/05_model_input/split_complete.json"
+    assert "tokenized_corpus" in json.loads(marker.read_text(encoding="utf-8"))["outputs"]
+    with pytest.raises(StaleDataError, match="data/01_raw/corpus.jsonl changed since the split"):
+        check_raw_unchanged(marker, None, None)

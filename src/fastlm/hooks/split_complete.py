@@ -21,7 +21,7 @@ from fastlm.corpus.shards import (
     size_change,
 )
 from fastlm.engine.paths import project_name
-from fastlm.errors import ConfigError, InputDataError, StaleDataError
+from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError
 from fastlm.hooks.catalog import local_path
 
 SPLIT_COMPLETE = "split_complete.json"  # beside tokenized_corpus_fingerprint: the last split finished
@@ -40,6 +40,15 @@ def raw_record(raw: Path | None) -> dict | None:
     if shards is not None:  # a folder or glob of shards: each one's record
         return {"path": project_name(raw), "shards": shards}
     return file_record(raw, project_name(raw)) if raw.is_file() else None
+
+
+def _record_before_read(raw: Path) -> dict | None:
+    """``raw_record`` of the raw data before the split reads it, so that the split's record is of the bytes
+    it read (None where it cannot be taken now: recorded when the split finishes, as before)."""
+    try:
+        return raw_record(raw)
+    except (OSError, FastlmError):
+        return None
 
 
 def check_raw_unchanged(marker: Path, given: str | None, now: Path | None) -> None:
@@ -185,6 +194,7 @@ class SplitCompleteHook:
         self._paths: dict[str, Path | None] = {}
         self._raw: Path | None = None
         self._kept_raw: dict | None = None  # a run of the later nodes: the finished split's raw record
+        self._read_raw: dict | None = None  # the raw file's record before the split read it
         self._group: set[str] = set()
         self._split_nodes: set[str] = set()
         self._done: set[str] = set()
@@ -202,8 +212,10 @@ class SplitCompleteHook:
         self._split_nodes, self._done, self._saved = {node.name for node in split.nodes}, set(), set()
         _refuse_memory_inputs(pipeline, split, catalog)
         self._raw = local_path(catalog, RAW) if RAW in pipeline.inputs() else None
+        self._read_raw = None
         if self._raw is not None:
             _refuse_outputs_as_shards(self._raw, catalog, split.all_outputs() | pipeline.all_outputs())
+            self._read_raw = _record_before_read(self._raw)
         read = sorted(name for name in pipeline.inputs() & self._group if catalog.exists(name))
         self._kept_raw = None
         ran = {node.name for node in pipeline.nodes} & self._split_nodes
@@ -277,7 +289,10 @@ class SplitCompleteHook:
             self._write_marker(sorted(self._saved))
 
     def _write_marker(self, outputs: list[str]) -> None:
-        raw = raw_record(self._raw) if self._raw is not None else self._kept_raw
+        if self._raw is None:
+            raw = self._kept_raw
+        else:  # as the split read it: a file changed while the split ran is stale data
+            raw = self._read_raw if self._read_raw is not None else raw_record(self._raw)
         self._write_text(json.dumps({"outputs": outputs, "raw": raw}) + "\n")
 
     def _write_text(self, text: str) -> None:
