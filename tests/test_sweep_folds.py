@@ -2,6 +2,7 @@
 mean and spread of each metric over the folds in the sweep's report."""
 
 import contextlib
+import os
 
 import pandas as pd
 import pytest
@@ -410,3 +411,33 @@ def test_runs_past_the_ninety_ninth_keep_the_plans_order():
     folds = fold_table(table, {name: None for name in names}, "final_val_loss")
     listed = list(folds.loc[folds["row"] == "fold", "run"])
     assert listed == names, listed[8:12] + listed[98:102]
+
+
+def test_a_sweeps_runs_are_trained_again_on_other_base_weights(tmp_path, monkeypatch):
+    """The base model folder (``train.model.name_or_path``) given other weights in place (a newer revision
+    downloaded into it, a base trained again): the sweep kept its finished runs, fine-tuned from the old
+    weights, as finished with the same settings and ranked them beside new ones."""
+    monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
+    sweep = tmp_path / "folds.yml"
+    sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}, "data_sha256": "texts"}
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    weights = base / "model.safetensors"
+    weights.write_bytes(b"old weights")
+    runs = SweepRuns(tmp_path / "sweeps")
+
+    def trained() -> int:
+        tracker = _Tracker()
+        train = {"model": {"name_or_path": str(base)}}
+        nodes.run_sweep(None, fingerprint, TOKENIZER, None, train, {}, {}, str(sweep), runs, tracker)
+        return len(tracker.children)
+
+    assert [trained(), trained()] == [2, 0]
+    os.utime(base / "config.json", (1_000_000_000, 1_000_000_000))  # not the weights: still finished
+    assert trained() == 0
+    stat = weights.stat()
+    weights.write_bytes(b"new weights")
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert trained() == 2

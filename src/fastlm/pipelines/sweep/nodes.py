@@ -17,6 +17,7 @@ from fastlm.corpus.fingerprint import data_folds, data_identity
 from fastlm.engine.config import parse_train_params
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
+from fastlm.pipelines.tune.record import weights_identity
 from fastlm.reporting.params import check_top_k, parse_report_params
 from fastlm.reporting.sweep_view import (
     best_run,
@@ -96,10 +97,10 @@ def run_sweep(
             "overrides": overrides,
             "scoring": scoring,  # its test figures are the report's: another k or sample is another run
         }
-        done = runs.finished(spec.name, name, identity)
-        if done is None and identity["data"] != fingerprint.get("fingerprint"):
-            # kept by the version before the data identity: its fingerprint alone (as a model folder's)
-            done = runs.finished(spec.name, name, {**identity, "data": fingerprint.get("fingerprint")})
+        weights = weights_identity((params.get("model") or {}).get("name_or_path"))
+        if weights is not None:  # a local base folder: other weights put in it are another run
+            identity["model weights"] = weights
+        done = _finished_before(runs, spec.name, name, identity, fingerprint.get("fingerprint"))
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
             try:
@@ -140,6 +141,19 @@ def run_sweep(
         fold_table(table, trainer.run_ids, spec.metric),
         _best_run_file(spec, best, dict(zip(names, plan, strict=True)), command, train_params, split_params),
     )
+
+
+def _finished_before(runs, sweep: str, name: str, identity: dict, fingerprint: str | None) -> dict | None:
+    """The kept summary of run ``name`` when it finished with ``identity``; or, kept by an earlier version,
+    with what that version recorded: no ``model weights`` (a base folder's weights were not compared then),
+    and before the data identity its fingerprint alone (as a model folder's)."""
+    done = runs.finished(sweep, name, identity)
+    earlier = {key: value for key, value in identity.items() if key != "model weights"}
+    if done is None and earlier != identity:
+        done = runs.finished(sweep, name, earlier)
+    if done is None and identity["data"] != fingerprint:
+        done = runs.finished(sweep, name, {**earlier, "data": fingerprint})
+    return done
 
 
 def best_run_header(sweep: str, best: str, metric: str, command: str) -> str:
