@@ -389,3 +389,34 @@ def test_a_checkpoint_that_recorded_row_length_auto_says_an_earlier_fastlm_wrote
     assert digest_differences({**earlier, "batching.mode": "packed"}, {**now, "batching.mode": "packed"}) == [
         said
     ]
+
+
+def test_a_model_config_of_the_same_shapes_but_other_math_is_another_run(tmp_path):
+    """A base folder's config.json changed where no weight's shape shows it (another RoPE base or scaling, a
+    norm's epsilon, the activation): ``resume: auto`` continued the checkpoint under the other positions or
+    activation, without a word. Now ``model.config`` names the changed key; a checkpoint written before the
+    field existed still resumes, and the settings that change no computation (the cache, the attention
+    kernel, dropout) are no part of it."""
+    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+
+    params = toy_params(tmp_path, **BASE)
+
+    def digest(model):
+        return run_digest(model, params, max_length=64, data="d", world_size=1, sharded=False)
+
+    before = digest(toy_model())
+    rope = toy_model()
+    rope.config.rope_parameters = {"rope_theta": 500000.0, "rope_type": "default"}
+    eps = toy_model()
+    eps.config.rms_norm_eps = 1e-5
+    changed = digest_differences(before, digest(rope)) + digest_differences(before, digest(eps))
+    assert [line.split(" ")[0] for line in changed] == [
+        "model.config.rope_parameters.rope_theta",
+        "model.config.rms_norm_eps",
+    ]
+    assert "500000" in changed[0] and "1e-05" in changed[1]
+    same = toy_model(attn="eager")
+    same.config.use_cache, same.config.attention_dropout = True, 0.1
+    assert digest_differences(before, digest(same)) == []
+    older = {key: value for key, value in before.items() if key != "model.config"}
+    assert digest_differences(older, digest(rope)) == []

@@ -9,7 +9,9 @@ digest (:func:`run_digest`) records, as readable fields:
   change no weight or data position, and ``use_rslora`` / ``use_dora`` / ``loraplus_lr_ratio`` where off, as
   checkpoints written before they existed hold them, and ``init`` where it leaves the base weights alone:
   PiSSA's and OLoRA's train over a base they changed, rebuilt at resume from the setting),
-  ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold);
+  ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold),
+  ``model.config`` (the config's ``CONFIG_MATH_KEYS``: RoPE, norms' epsilon, activations, attention windows,
+  which change the computation where no shape shows them; compared only where the checkpoint recorded it);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths),
   ``data.fold`` (``train.fold`` of k-fold runs) and, for an encoder-decoder model whose tokenizer puts
   special tokens around a text, ``data.ends`` (``collators.TextEnds``: the ids its rows get back at batch
@@ -134,7 +136,69 @@ def run_digest(
     }
     if text_ends is not None and (text_ends.head or text_ends.tail):
         digest["data.ends"] = {"head": list(text_ends.head), "tail": list(text_ends.tail)}
+    config = model_config_math(model)
+    if config:
+        digest[MODEL_CONFIG] = config
     return digest
+
+
+MODEL_CONFIG = "model.config"
+# A model config's keys that change what the model computes where no weight's shape shows it: positions
+# (RoPE base and scaling), norms' epsilon, activations, attention windows and scales. The others either
+# show in ``model.shape`` (sizes, vocabulary, tied weights) or change no computation of a step (the cache,
+# the attention kernel, token ids); dropout is a training setting, as the learning rate is.
+CONFIG_MATH_KEYS = frozenset(
+    {
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "partial_rotary_factor",
+        "rotary_pct",
+        "rotary_emb_base",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "layer_norm_eps",
+        "layer_norm_epsilon",
+        "norm_eps",
+        "hidden_act",
+        "hidden_activation",
+        "activation_function",
+        "feed_forward_proj",
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "query_pre_attn_scalar",
+        "attention_multiplier",
+        "embedding_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+        "scale_embedding",
+        "scale_attn_weights",
+        "scale_attn_by_inverse_layer_idx",
+        "reorder_and_upcast_attn",
+        "normalize_before",
+        "relative_attention_max_distance",
+    }
+)
+
+
+def model_config_math(model: torch.nn.Module) -> dict[str, Any]:
+    """The model config's ``CONFIG_MATH_KEYS`` it sets (a LoRA or sharded model's own config), a mapping's
+    keys each on its own (``rope_parameters.rope_theta``), JSON-ready."""
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return {}
+    values, flat = to_dict(), {}
+    for key in sorted(CONFIG_MATH_KEYS & set(values)):  # a mapping (rope_parameters) key by key: named alone
+        value = values[key]
+        items = value.items() if isinstance(value, dict) and value else [(None, value)]
+        for name, item in items:
+            flat[key if name is None else f"{key}.{name}"] = item
+    return json.loads(json.dumps(flat, default=str))
 
 
 def _same(key: str, saved: Any, now: Any) -> bool:
@@ -161,11 +225,25 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
     saved."""
     if not isinstance(saved, dict):
         return ["settings (not recorded: written by an earlier fastlm)"]
+    differences = []
+    for key, value in current.items():
+        if key == MODEL_CONFIG:  # not recorded by an earlier fastlm: not compared; else key by key
+            differences += _config_differences(saved.get(key), value)
+        elif not _same(key, saved.get(key), value):
+            differences.append(
+                f"{key} {_short(saved.get(key), key)} -> {_short(value, key)}"
+                + _unrecorded(key, saved.get(key), value)
+            )
+    return differences
+
+
+def _config_differences(saved: Any, now: dict) -> list[str]:
+    if not isinstance(saved, dict):
+        return []
     return [
-        f"{key} {_short(saved.get(key), key)} -> {_short(value, key)}"
-        + _unrecorded(key, saved.get(key), value)
-        for key, value in current.items()
-        if not _same(key, saved.get(key), value)
+        f"{MODEL_CONFIG}.{name} {_short(saved.get(name))} -> {_short(now.get(name))}"
+        for name in sorted({**saved, **now})
+        if saved.get(name) != now.get(name)
     ]
 
 
