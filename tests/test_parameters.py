@@ -235,6 +235,7 @@ def test_true_or_false_where_a_number_is_expected_is_refused(group, raw, name):
         ("predict", {"temperature": float("inf")}, "predict.temperature"),
         ("train", {"seed": -1}, "train.seed"),
         ("train", {"dataloader": {"num_workers": -1}}, "train.dataloader.num_workers"),
+        ("train", {"dataloader": {"num_workers": 100000}}, "train.dataloader.num_workers"),
         ("train", {"runtime": {"num_threads": 10**12}}, "train.runtime.num_threads"),
     ],
     ids=[
@@ -245,17 +246,20 @@ def test_true_or_false_where_a_number_is_expected_is_refused(group, raw, name):
         "temperature_inf",
         "seed",
         "workers",
+        "workers_past_the_cap",
         "threads",
     ],
 )
 def test_values_the_run_cannot_use_are_one_line_before_it_starts(group, raw, name):
     """Each was accepted: a NaN length penalty ranked beams arbitrarily and wrote NaN into a JSON summary; an
     infinite learning rate trained until the loss became NaN; a negative seed, a negative worker count, an
-    infinite epoch count or a huge thread count stopped the run with a Python traceback."""
+    infinite epoch count or a huge thread count stopped the run with a Python traceback; 100000 DataLoader
+    workers were taken and started as many processes."""
     with pytest.raises(ConfigError) as error:
         parse_group(group, raw)
     message = str(error.value)
     assert message.startswith(f"parameter {name} = ") and "\n" not in message, message
+    assert "Fix: " in message, message
 
 
 def test_a_value_given_for_a_group_of_parameters_names_its_keys():

@@ -409,11 +409,27 @@ class EarlyStoppingParams(Params):
     metric: Literal["val_loss"] = "val_loss"
 
 
+# DataLoader worker processes per training process: auto picks 2 to 8; each worker is a process of its own
+# (a copy of the loading state, prefetch_factor batches in flight), so past this a count is a typo, not a
+# setting (100000 would start as many processes). A fixed cap: a conf is valid on every machine.
+MAX_LOADER_WORKERS = 64
+
+
 class DataLoaderParams(Params):
     num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     pin_memory: bool | Literal["auto"] = "auto"
     prefetch_factor: int = Field(4, ge=1)
     persistent_workers: bool = True
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers_capped(cls, workers):
+        if isinstance(workers, int) and workers > MAX_LOADER_WORKERS:
+            raise ValueError(
+                f"at most {MAX_LOADER_WORKERS} DataLoader worker processes per training process (each is a "
+                "process of its own; auto picks 2 to 8 from the machine's cores)"
+            )
+        return workers
 
 
 class RuntimeParams(Params):
