@@ -256,6 +256,26 @@ def test_predict_stops_at_the_end_ids_of_the_models_generation_config(tmp_path):
     assert table["new_tokens"].tolist() == [1, 0, 3]
 
 
+def test_each_row_says_why_it_stopped_and_the_summary_counts_them():
+    """Each row's ``finish_reason`` as vLLM and the OpenAI API give it: ``stop`` where an end id ended it
+    (fewer new tokens than ``max_new_tokens``), ``length`` where ``max_new_tokens`` cut it; a refused row
+    none. The summary counts both (``finish_reasons``). Was: no finish reason; a cut row read as an answer."""
+    vocab = ("<pad>", "<s>", "</s>", "<unk>", "a", "b", "c")
+    model, tokenizer = scripted_llama(vocab, {"a": "b", "b": "c", "c": "</s>"})
+    rows = text_rows(["b", "c", "a"], tokenizer)
+    rows.loc[1, "refused"], rows.at[1, "ids"] = "too_long: refused here", None
+    job = PredictionJob(decoding={}, max_new_tokens=2)
+    table, summary = predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    assert table["new_tokens"].tolist() == [1, 0, 2]  # "c" then the end id; refused; "bc", cut
+    assert table["finish_reason"].tolist() == ["stop", "", "length"]
+    expected = [
+        "" if refused else "length" if n == 2 else "stop"
+        for refused, n in zip(table["refused"], table["new_tokens"], strict=True)
+    ]
+    assert table["finish_reason"].tolist() == expected
+    assert summary["finish_reasons"] == {"stop": 1, "length": 1}
+
+
 def test_finished_chunks_are_reused_only_on_the_device_type_and_precision_that_wrote_them(tmp_path):
     """The chunks of a bf16 GPU run are not mixed with those of an fp32 CPU rerun: the job's key has the
     device type, the autocast precision and the model's dtype."""

@@ -330,12 +330,23 @@ def check_token_ids(model, tokenizer, rows: pd.DataFrame, source: str) -> None:
     )
 
 
+def _finished(summary: dict) -> str:
+    """How the predicted rows ended (``finish_reasons``): at an end token, or cut by max_new_tokens."""
+    reasons = summary.get("finish_reasons")
+    if not reasons:
+        return ""
+    return (
+        f"; {reasons['stop']} stopped at an end token, {reasons['length']} cut at predict.max_new_tokens "
+        f"({summary['decoding_settings']['max_new_tokens']}: finish_reason length)"
+    )
+
+
 def say_predicted(summary: dict, path: str, model: str) -> None:
     """The run in one line: its speed where it generated rows; none where every row came from an earlier run
     (``predict_rows`` said "Nothing to generate")."""
     generated = summary.get("generated_rows", summary["predicted"])
     log.info(
-        "Predicted %d of %d rows of %s with %s (%s): %s; %d refused",
+        "Predicted %d of %d rows of %s with %s (%s): %s; %d refused%s",
         summary["predicted"],
         summary["rows"],
         path,
@@ -346,6 +357,7 @@ def say_predicted(summary: dict, path: str, model: str) -> None:
         if generated
         else "every row from an earlier run",
         summary["refused"],
+        _finished(summary),
     )
     calls = summary.get("tool_calls")
     if calls:

@@ -50,6 +50,7 @@ __all__ = [
     "PredictionJob",
     "PredictionParts",
     "check_prediction_pair",
+    "finish_reason",
     "predict_rows",
     "prediction_digest",
 ]
@@ -57,7 +58,19 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-PREDICTION_COLUMNS = ["id", "input", "prediction", "refused", "input_tokens", "new_tokens", "decoding"]
+PREDICTION_COLUMNS = [
+    "id",
+    "input",
+    "prediction",
+    "refused",
+    "input_tokens",
+    "new_tokens",
+    "finish_reason",
+    "decoding",
+]
+# Why a row's generation ended, as vLLM and the OpenAI API name it: an end id (the tokenizer's EOS or one of
+# the model's generation_config.eos_token_id) ended it, or max_new_tokens cut it; a refused row has none.
+STOP, LENGTH = "stop", "length"
 CHUNK_BATCHES = 4  # batches per chunk: the unit of progress, of the log line and of what a resumed run keeps
 LISTED_REFUSALS = 20  # refused rows named one by one in the summary (all are counted)
 
@@ -390,6 +403,8 @@ def predict_rows(
     prefixes = [None] * len(fed) if generation.is_encoder_decoder(model) or job.ids_rows else fed
     table = _table(rows, (fed, prefixes), continuations, tokenizer, job)
     summary = _summary(rows, job, seconds, new_tokens, generated, resumed, perf_counter() - begun)
+    reasons = table["finish_reason"].value_counts()
+    summary["finish_reasons"] = {reason: int(reasons.get(reason, 0)) for reason in (STOP, LENGTH)}
     # the model folder's forced and banned tokens, kept at generation: the settings the outputs were made with
     summary["decoding_settings"]["model_token_rules"] = kept_model_rules(model)
     if "tool_calls" in table:
@@ -418,6 +433,7 @@ def _table(
             "refused": rows["refused"].fillna(""),
             "input_tokens": [len(ids) if ids is not None else 0 for ids in fed],
             "new_tokens": [len(ids) if ids is not None else 0 for ids in continuations],
+            "finish_reason": [finish_reason(ids, job.max_new_tokens) for ids in continuations],
             "decoding": describe_decoding(job.decoding, job.max_new_tokens),
         }
     )[PREDICTION_COLUMNS]
@@ -432,6 +448,14 @@ def _table(
         calls = job.calls.calls(ids, tokenizer, prompt=fed[row], ended=ended, tools=tools)
         found[row] = json.dumps(calls, ensure_ascii=False) if calls is not None else None
     return table.assign(tool_calls=found)
+
+
+def finish_reason(ids, max_new_tokens: int) -> str:
+    """``stop`` where an end id ended the row (its ids, the end id left out, are fewer than
+    ``max_new_tokens``), ``length`` where ``max_new_tokens`` cut it, empty for a refused row (None)."""
+    if ids is None:
+        return ""
+    return LENGTH if len(ids) >= max_new_tokens else STOP
 
 
 def _calls_summary(table: pd.DataFrame, rows: pd.DataFrame) -> dict:
