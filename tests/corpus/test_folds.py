@@ -7,7 +7,13 @@ import pandas as pd
 import pytest
 
 from fastlm.corpus.config import parse_split_params
-from fastlm.corpus.fingerprint import check_fresh, data_folds, make_fingerprint, selection_params
+from fastlm.corpus.fingerprint import (
+    check_fresh,
+    data_folds,
+    folds_mismatch,
+    make_fingerprint,
+    selection_params,
+)
 from fastlm.corpus.splitting import FOLD_COLUMN, assign_folds, assign_splits, text_keys
 from fastlm.errors import ConfigError
 from fastlm.pipelines.split.nodes import split_corpus
@@ -102,3 +108,18 @@ def test_the_data_records_its_folds_in_its_fingerprint(bpe_tokenizer):
         other = parse_split_params({"folds": 5, "max_length": 64})
         check_fresh(fingerprint, bpe_tokenizer, other, where="data")
     assert parse_split_params({"folds": 2}).folds == 2 and params.folds is None
+
+
+def test_split_folds_other_than_the_datas_are_said_with_both_counts_and_the_fix(bpe_tokenizer):
+    """The data's fold count wins (above), but a conf asking for another one is said: split.folds 5 over data
+    split into 3 ran a 3-fold sweep without a word. Nothing is said where they agree or split.folds is
+    unset (train and sweep need none)."""
+    selection = selection_params(parse_split_params({}))
+    three = make_fingerprint(bpe_tokenizer, 64, selection=selection, folds=3)
+    plain = make_fingerprint(bpe_tokenizer, 64, selection=selection)
+    note = folds_mismatch(three, 5)
+    assert "split.folds = 5" in note and "split into 3 folds" in note and "3 folds are used" in note, note
+    assert "Fix: run `kedro run --pipeline=split --params split.folds=5`" in note and "\n" not in note, note
+    assert "without folds" in folds_mismatch(plain, 5)
+    assert folds_mismatch(three, 3) is None and folds_mismatch(three, None) is None
+    assert folds_mismatch(plain, None) is None

@@ -10,8 +10,10 @@ import pytest
 import yaml
 from demo_data.logkeys import VOCAB_SIZE, write_demo_logkeys
 
+from fastlm.pipelines.sweep import nodes as sweep_nodes
 from tests.support.e2e import TRAIN as BASE_TRAIN
 from tests.support.e2e import own_experiment
+from tests.support.logs import module_log_lines
 from tests.support.project import run_pipeline
 
 pytestmark = pytest.mark.e2e
@@ -19,7 +21,7 @@ TRAIN = {**BASE_TRAIN, "eval_every": 1, "save_every": None}
 SWEEP = {"name": "cv", "max_steps": 2, "metric": "final_val_loss", "folds": "auto"}
 
 
-def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri):
+def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri, monkeypatch):
     own_experiment(kedro_project, "kfold-e2e")
     raw = write_demo_logkeys(kedro_project / "data/01_raw/logkeys.jsonl", n=200, seed=0)
     (kedro_project / "folds.yml").write_text(yaml.safe_dump(SWEEP, sort_keys=False))
@@ -45,7 +47,11 @@ def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri):
     pd.testing.assert_frame_equal(folded.loc[test, ["text", "split"]], plain.loc[test, ["text", "split"]])
     assert list(folded["split"]) == list(plain["split"]) and set(folded.loc[~test, "fold"]) == {0, 1}
 
-    run_pipeline(kedro_project, "sweep", params)  # the folds come from the data: no split.folds needed
+    # the folds come from the data: no split.folds needed, and another count in the conf is said, once
+    said = module_log_lines(monkeypatch, sweep_nodes)
+    run_pipeline(kedro_project, "sweep", {**params, "split": {**split, "folds": 5}})
+    mismatch = [line for line in said if "split.folds = 5" in line]
+    assert len(mismatch) == 1 and "split into 2 folds" in mismatch[0], said
     table = pd.read_csv(kedro_project / "data/08_reporting/sweep_comparison.csv")
     assert sorted(table["run"]) == ["cv-01", "cv-02"] and sorted(table["train.fold"]) == [0, 1]
     state = kedro_project / "data/08_reporting/sweeps/cv"

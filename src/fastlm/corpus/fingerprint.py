@@ -273,6 +273,23 @@ def data_folds(stored: dict[str, Any] | None) -> int | None:
     return int(folds) if folds is not None else None
 
 
+def folds_mismatch(stored: dict[str, Any] | None, configured: int | None) -> str | None:
+    """One line where ``split.folds`` asks for another fold count than the data was split into (its
+    fingerprint's, :func:`data_folds`); None where they agree or ``split.folds`` is unset. The data's count is
+    the one train and sweep use (they need no ``split.folds``): this says so, and how to get the other."""
+    folds = data_folds(stored)
+    if configured is None or configured == folds:
+        return None
+    data = "without folds" if folds is None else f"into {folds} folds"
+    used = "no folds can be run" if folds is None else f"{folds} folds are used"
+    return (
+        f"split.folds = {configured} but the tokenized data was split {data}: {used}, not {configured}. "
+        f"Fix: run `kedro run --pipeline=split --params split.folds={configured}` to split into "
+        f"{configured} folds, or set split.folds to {folds if folds is not None else 'null'} to use the "
+        "data as it is."
+    )
+
+
 def _change(key: str, old: Any, new: Any) -> str:
     if key == "selection":
         if old is None:

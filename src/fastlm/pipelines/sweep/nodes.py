@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 
 from fastlm.corpus.config import parse_split_params
-from fastlm.corpus.fingerprint import data_folds, data_identity
+from fastlm.corpus.fingerprint import data_folds, data_identity, folds_mismatch
 from fastlm.engine.config import parse_train_params
 from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
@@ -82,6 +82,10 @@ def run_sweep(
     # every run's parameters checked before the first one
     spec = load_sweep_runs(sweep, train_params, folds, top_k=report.top_k)
     plan, names = spec.plan(folds), spec.run_names(folds)
+    configured = (split_params or {}).get("folds")
+    if spec.folds is not None and folds_mismatch(fingerprint, configured):  # said once, not per run
+        log.warning("Sweep %s: %s", spec.name, folds_mismatch(fingerprint, configured))
+        split_params = {**split_params, "folds": folds}
     checkpoints = str(
         parse_train_params(train_params).checkpoint_dir
     )  # the runs' choices kept with plain runs'

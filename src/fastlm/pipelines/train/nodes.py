@@ -12,7 +12,7 @@ from pathlib import Path
 import datasets
 import pandas as pd
 
-from fastlm.corpus.fingerprint import data_folds, data_identity
+from fastlm.corpus.fingerprint import data_folds, data_identity, folds_mismatch
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.reporting.summaries import TRAINING_ID, end_of_run_losses
@@ -66,6 +66,8 @@ def train_model(
         update={"checkpoint_dir": str(Path(start.train.checkpoint_dir) / run_name)}
     )
     max_length = start.split.max_length
+    if params.fold is not None and folds_mismatch(fingerprint, start.split.folds):  # the data's folds win
+        log.warning("%s", folds_mismatch(fingerprint, start.split.folds))
     train_split, eval_split = fold_splits(tokenized, params.fold, data_folds(fingerprint))  # train.fold
     job = TrainJob(
         params=params,
