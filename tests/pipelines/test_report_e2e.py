@@ -6,9 +6,11 @@ import pandas as pd
 import pytest
 
 from fastlm.errors import InputDataError, find_user_error
+from fastlm.reporting.html_report import format_number
 from tests.support.browser import find_chromium, run_chromium
 from tests.support.e2e import SPLIT, TRAIN, own_experiment
 from tests.support.project import run_pipeline
+from tests.support.reporting import html_tables
 
 pytestmark = pytest.mark.e2e
 REPORT = {"max_new_tokens": 5, "prompts": ["", "배송"], "worst_samples": 3, "error_pairs": 5}
@@ -69,6 +71,18 @@ def test_report_writes_summaries_evaluation_plots_comparison_and_one_html(kedro_
 
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 4 and "http://" not in html and "https://" not in html
+    # the figures the report shows are the files', formatted as the report formats a cell
+    tables = html_tables(html)
+    shown = {row["metric"]: row["value"] for row in tables["test-split-evaluation"]}
+    assert shown["loss"] == format_number(metrics["loss"]) and shown["accuracy"] == format_number(
+        metrics["accuracy"]
+    )
+    speeds = {row["figure"]: row["value"] for row in tables["efficiency"]}
+    assert speeds["real_tokens_per_s"] == format_number(efficiency["real_tokens_per_s"].iloc[0])
+    mine = runs[runs["this run"] == "◀"].iloc[0]
+    [shown_mine] = [row for row in tables["run-comparison"] if row["this run"] == "◀"]
+    for column in ("final_train_loss", "final_val_loss", "test_loss", "real_tokens_per_s"):
+        assert shown_mine[column] == format_number(mine[column]), column
     markdown = (out / "report.md").read_text()
     assert "Bottleneck diagnosis" in markdown
     curves = ("loss", "throughput", "learning_rate", "memory")

@@ -7,9 +7,11 @@ import json
 import pandas as pd
 import pytest
 
+from fastlm.reporting.html_report import format_number
 from tests.support.dialogues import RAW, REPORT, SPLIT, TOPICS, write_dialogues
 from tests.support.e2e import TRAIN
 from tests.support.project import run_pipeline
+from tests.support.reporting import html_tables
 
 pytestmark = pytest.mark.e2e
 PARAMS = {
@@ -51,4 +53,15 @@ def test_report_scores_test_generations_with_rouge_everywhere(kedro_project):
 
     html, markdown = (out / "report.html").read_text(), (out / "report.md").read_text()
     assert "ROUGE on the test split" in html and "Generations against references" in html
+    tables = html_tables(html)  # the figures shown are the files', formatted as the report formats a cell
+    scores = {row["ROUGE"]: row for row in tables["rouge-on-the-test-split"]}
+    for name, key in (("ROUGE-1", "rouge1"), ("ROUGE-2", "rouge2"), ("ROUGE-L", "rougeL")):
+        assert scores[name]["F1"] == format_number(metrics[key]), name
+        assert scores[name]["precision"] == format_number(metrics[f"{key}_precision"]), name
+    [mine] = [row for row in tables["run-comparison"] if row["this run"] == "◀"]
+    assert mine["test_rouge1"] == format_number(runs["test_rouge1"].iloc[0])
+    samples = tables["generations-against-references"]
+    assert [row["ROUGE-1"] for row in samples] == [
+        format_number(value) for value in predictions["rouge1_f1"].head(len(samples))
+    ]
     assert "## ROUGE on the test split" in markdown and predictions["reference"].iloc[0] in markdown

@@ -103,3 +103,39 @@ def text_rows(texts: list[str], tokenizer, *, limit: int | None = None):
         too_long="truncate",
         source="inputs.csv",
     )
+
+
+def html_tables(document: str) -> dict[str, list[dict[str, str]]]:
+    """The report's tables as the reader sees them: each section's (by its ``<section id>``) rows, each a
+    mapping of column heading to cell text."""
+    from html.parser import HTMLParser
+
+    class Tables(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__(convert_charrefs=True)
+            self.tables: dict[str, list[list[str]]] = {}
+            self.section, self.cell = "", None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "section":
+                self.section = dict(attrs).get("id", "")
+            elif tag == "tr":
+                self.tables.setdefault(self.section, []).append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.tables[self.section][-1].append(self.cell)
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    parser = Tables()
+    parser.feed(document)
+    return {
+        section: [dict(zip(rows[0], row, strict=True)) for row in rows[1:]]
+        for section, rows in parser.tables.items()
+    }
