@@ -30,3 +30,21 @@ def test_oc_env_in_parameters_names_the_projects_resolver(kedro_project, monkeyp
 def test_a_misspelled_resolver_names_the_close_one(kedro_project):
     message = _message(kedro_project, "${runtime_param:topk, 5}")
     assert "runtime_param" in message and "did you mean runtime_params?" in message, message
+
+
+def test_an_unset_variable_in_credentials_is_one_line_naming_it(kedro_project, monkeypatch):
+    """Round nineteen: ``${oc.env:NAME}`` in conf/local/credentials.yml (Kedro's way to read a token there)
+    with NAME not set was omegaconf's InterpolationResolutionError traceback, exit 1."""
+    monkeypatch.delenv("FASTLM_UNSET_TOKEN", raising=False)
+    (kedro_project / "conf/local/credentials.yml").write_text(
+        "hub:\n  token: ${oc.env:FASTLM_UNSET_TOKEN}\n  db: postgresql://bob:CREDPW7@db.example.com/x\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(Exception) as raised:
+        run_pipeline(kedro_project, "report")
+    error = config_file_error(raised.value)
+    assert error is not None, repr(raised.value)
+    message = str(error)
+    assert "\n" not in message and "Fix:" in message, message
+    assert "conf/local/credentials.yml" in message and "hub.token" in message, message
+    assert "FASTLM_UNSET_TOKEN" in message and "CREDPW7" not in message, message

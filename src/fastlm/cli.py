@@ -426,6 +426,9 @@ def config_file_error(exc: Exception) -> FastlmError | None:
         resolver = _UNKNOWN_RESOLVER.search(str(current))
         if resolver is not None and type(current).__module__.startswith("omegaconf"):
             return _unknown_resolver_error(resolver.group(1), resolver.group(2))
+        unset = _UNSET_VARIABLE.search(str(current))
+        if unset is not None and type(current).__module__.startswith("omegaconf"):
+            return _unset_variable_error(unset.group(1), unset.group(2))
         mark = getattr(current, "problem_mark", None)
         if mark is not None and type(current).__module__.startswith("yaml"):
             named = _YAML_FILE.search(str(exc))
@@ -525,6 +528,33 @@ def _unknown_resolver_error(name: str, key: str | None) -> ConfigError:
         f"{where}${{{name}:...}}{at}: no resolver {name}{hint}.",
         fix=f"use one of: {', '.join(known)}.",
     )
+
+
+_UNSET_VARIABLE = re.compile(r"Environment variable '([^']+)' not found\"?(?:\s+full_key: (\S+))?")
+
+
+def _unset_variable_error(variable: str, key: str | None) -> ConfigError:
+    """``${oc.env:NAME}`` (Kedro's in credentials files) with NAME not set, as one line naming the files that
+    read it, the key and the fix (omegaconf's error holds no value, and none is shown)."""
+    from kedro.framework.project import settings
+
+    conf = Path.cwd() / settings.CONF_SOURCE
+    files = sorted(
+        shown_path(path)
+        for path in (conf.rglob("*.y*ml") if conf.is_dir() else [])
+        if re.search(r"\$\{oc\.env:\s*" + re.escape(variable) + r"\s*[,}]", _conf_text(path))
+    )
+    where = f"{', '.join(files)}: " if files else ""
+    at = f"{key} reads " if key else "reads "
+    return ConfigError(
+        f"{where}{at}the environment variable {variable} (${{oc.env:{variable}}}), which is not set.",
+        fix=f"set it before the run (`export {variable}=...`), give it a default (${{oc.env:{variable},"
+        "<default>}), or remove the entry if no dataset uses it.",
+    )
+
+
+def _conf_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 _YAML_FILE = re.compile(r"Invalid YAML or JSON file (.+?), unable to read")
