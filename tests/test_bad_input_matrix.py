@@ -1375,6 +1375,30 @@ def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, mo
     assert "running in the project folder" in result.output and "(started in notebooks)" in result.output
 
 
+def test_kedro_run_from_a_subfolder_logs_as_the_projects_logging_yml_says(kedro_project, monkeypatch):
+    """Round nineteen: `kedro run` started in a subfolder ran with Kedro's default logging configuration
+    (Kedro looks for conf/logging.yml in the working folder, at start-up): every dataset load and save as an
+    INFO line, the project's levels for transformers and torchao lost, and Rich's wrapped lines in a
+    redirected log. The run reads the project's conf/logging.yml when it moves to the project folder."""
+    import yaml
+    from click.testing import CliRunner
+    from kedro.framework.project import LOGGING
+
+    from fastlm import cli
+
+    configured = []
+    monkeypatch.delenv("KEDRO_LOGGING_CONFIG", raising=False)
+    monkeypatch.setattr(LOGGING, "configure", configured.append)
+    monkeypatch.setattr(cli.kedro_run, "callback", lambda **kwargs: None)
+    (kedro_project / "notebooks").mkdir()
+    monkeypatch.chdir(kedro_project / "notebooks")
+    result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train"])
+    assert result.exit_code == 0, result.output
+    project_logging = yaml.safe_load((kedro_project / "conf/logging.yml").read_text(encoding="utf-8"))
+    assert configured == [project_logging]
+    assert configured[0]["loggers"]["kedro.io.data_catalog"]["level"] == "WARNING"
+
+
 def test_a_session_opened_from_a_subfolder_works_in_the_project_folder(kedro_project, monkeypatch, caplog):
     """Round seven: a KedroSession opened in a subfolder (a notebook in notebooks/, a script) read the catalog
     relative to the project but train.checkpoint_dir and the MLflow store (sqlite:///mlflow.db) relative to

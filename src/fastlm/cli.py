@@ -253,6 +253,28 @@ def in_project_folder() -> None:
             err=True,
         )
         os.chdir(project)
+        project_logging()
+
+
+def project_logging() -> None:
+    """The project's conf/logging.yml applied, as Kedro applies it at start-up in the project folder (it
+    looks for the file in the working folder only: from a subfolder its own defaults ran, every dataset load
+    and save an INFO line, the project's levels lost), then the adjustments fastlm.settings makes to it. A
+    ``KEDRO_LOGGING_CONFIG`` the user set is left as Kedro applied it."""
+    import yaml
+    from kedro.framework.project import LOGGING
+    from kedro.utils import find_config_file
+
+    from fastlm import log_handler
+    from fastlm.rank_hooks import torchrun_rank
+
+    path = find_config_file("conf/logging")
+    if os.environ.get("KEDRO_LOGGING_CONFIG") or path is None:
+        return
+    LOGGING.configure(yaml.safe_load(path.read_text(encoding="utf-8")))
+    log_handler.other_rank_logs_warnings_only(torchrun_rank())
+    log_handler.quiet_third_party_logs()
+    log_handler.plain_logs_when_redirected()
 
 
 def check_env(env: str | None, conf_source: str | None, *, variable: bool = False) -> None:
