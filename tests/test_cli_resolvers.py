@@ -48,3 +48,21 @@ def test_an_unset_variable_in_credentials_is_one_line_naming_it(kedro_project, m
     assert "\n" not in message and "Fix:" in message, message
     assert "conf/local/credentials.yml" in message and "hub.token" in message, message
     assert "FASTLM_UNSET_TOKEN" in message and "CREDPW7" not in message, message
+
+
+def test_a_catalog_entry_kedro_cannot_make_is_one_line_naming_it(kedro_project):
+    """Round nineteen: a catalog entry on a file system whose package is not installed (an ``s3://`` path,
+    keys in it, without s3fs) was Kedro's DatasetError traceback, exit 1."""
+    (kedro_project / "conf/local/catalog.yml").write_text(
+        "split_summary:\n  type: pandas.CSVDataset\n"
+        "  filepath: s3://AKIAKEYID12345:CATSECRET77@bucket/split_summary.csv\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(Exception) as raised:
+        run_pipeline(kedro_project, "split")
+    error = config_file_error(raised.value)
+    assert error is not None, repr(raised.value)
+    message = str(error)
+    assert "\n" not in message and "Fix:" in message, message
+    assert "split_summary" in message and "s3fs" in message, message
+    assert "CATSECRET77" not in message and "AKIAKEYID12345" not in message, message

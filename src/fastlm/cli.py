@@ -448,6 +448,9 @@ def config_file_error(exc: Exception) -> FastlmError | None:
         resolver = _UNKNOWN_RESOLVER.search(str(current))
         if resolver is not None and type(current).__module__.startswith("omegaconf"):
             return _unknown_resolver_error(resolver.group(1), resolver.group(2))
+        dataset = _NOT_MADE.search(str(current)) if type(current).__name__ == "DatasetError" else None
+        if dataset is not None:
+            return _dataset_not_made_error(dataset.group(2), dataset.group(3), dataset.group(1))
         unset = _UNSET_VARIABLE.search(str(current))
         if unset is not None and type(current).__module__.startswith("omegaconf"):
             return _unset_variable_error(unset.group(1), unset.group(2))
@@ -549,6 +552,29 @@ def _unknown_resolver_error(name: str, key: str | None) -> ConfigError:
     return ConfigError(
         f"{where}${{{name}:...}}{at}: no resolver {name}{hint}.",
         fix=f"use one of: {', '.join(known)}.",
+    )
+
+
+_NOT_MADE = re.compile(r"^\s*(.*?)\.?\s*Failed to instantiate dataset '([^']+)' of type '([^']+)'", re.DOTALL)
+
+
+def _dataset_not_made_error(name: str, kind: str, reason: str) -> ConfigError:
+    """Kedro's DatasetError for a catalog entry it could not make (a file system whose package is missing,
+    such as an ``s3://`` path without s3fs; a bad argument), as one line naming the entry and its files."""
+    from kedro.framework.project import settings
+
+    conf = Path.cwd() / settings.CONF_SOURCE
+    entry = re.compile(rf"^[\"']?{re.escape(name)}[\"']?\s*:", re.MULTILINE)
+    files = sorted(
+        shown_path(path)
+        for path in (conf.rglob("catalog*.y*ml") if conf.is_dir() else [])
+        if entry.search(_conf_text(path))
+    )
+    where = f" ({', '.join(files)})" if files else ""
+    reason = redact_text(" ".join(reason.split())) or "no reason given"
+    return ConfigError(
+        f"catalog entry {name}{where} of type {kind} could not be made: {reason}.",
+        fix="install the package the reason names, or correct the entry's type, filepath or arguments.",
     )
 
 
