@@ -293,8 +293,8 @@ def test_a_run_whose_every_evaluation_is_nan_says_so_when_patience_runs_out(tmp_
 
     evaluation = records.Recorder.evaluation
 
-    def nan_evaluation(self, metrics):
-        return evaluation(self, {**metrics, "loss": math.nan, "perplexity": math.nan})
+    def nan_evaluation(self, metrics, **timing):
+        return evaluation(self, {**metrics, "loss": math.nan, "perplexity": math.nan}, **timing)
 
     monkeypatch.setattr(records.Recorder, "evaluation", nan_evaluation)
     caplog.set_level("INFO", logger="fastlm")

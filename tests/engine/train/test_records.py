@@ -88,8 +88,14 @@ def test_the_row_before_a_checkpoint_is_flushed_once_and_sent_like_any_other():
 def test_an_evaluation_row_is_kept_and_sent_as_eval():
     state = TrainState(step=5)
     rec, received = recorder(state)
-    row = rec.evaluation({"loss": 1.5, "perplexity": 4.48, "target_tokens": 120})
-    assert row == {"step": 5, "val_loss": 1.5, "val_perplexity": 4.48, "val_target_tokens": 120}
+    row = rec.evaluation({"loss": 1.5, "perplexity": 4.48, "target_tokens": 120}, seconds=0.25)
+    assert row == {
+        "step": 5,
+        "val_loss": 1.5,
+        "val_perplexity": 4.48,
+        "val_target_tokens": 120,
+        "eval_s": 0.25,
+    }
     assert state.eval_history == [row] and received == [("eval", row)]
 
 
@@ -121,8 +127,9 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
         first_step=2,
         resumed_from=tmp_path / "c-2",
         eval_history=[
-            {"step": 5, "val_loss": 3.2, "val_perplexity": 24.5},
-            {"step": 10, "val_loss": 2.7, "val_perplexity": 14.9},
+            {"step": 2, "val_loss": 3.6, "val_perplexity": 36.6, "eval_s": 9.0},  # the earlier process's
+            {"step": 5, "val_loss": 3.2, "val_perplexity": 24.5, "eval_s": 1.5},
+            {"step": 10, "val_loss": 2.7, "val_perplexity": 14.9, "eval_s": 0.75},
         ],
         backoffs=[{"step": 3, "micro_batch_size": 2}],
     )
@@ -166,6 +173,7 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
         "padding_efficiency": 90.0 / 120.0,
         "steady_real_tokens_per_s": 90.0 / 6.0,  # the steps after the first over their own time
         "outside_steps_s": 7.25,
+        "eval_s": 2.25,  # this process's evaluations (steps 5 and 10), part of outside_steps_s
         "oom_failed_s": 0.0,  # no attempt ran out of memory
         "peak_memory_mb": 30.0,
         "tokens_seen": 5000,

@@ -266,3 +266,40 @@ def test_a_recompile_after_the_first_step_is_left_out_of_the_throughput_and_reco
     # of a few ms: the flushes and the loop's own work are what differs)
     assert summary["real_tokens_per_s"] > 0.5 * summary["steady_real_tokens_per_s"]
     assert summary["steady_real_tokens_per_s"] > summary["tokens_seen"] / pause
+
+
+def test_each_evaluation_records_its_seconds_and_the_summary_their_total(tmp_path, monkeypatch):
+    """Validation took time no row said: the eval history had no seconds and the summary only the evaluations
+    and saves together (``outside_steps_s``). Each validation here is slowed by a pause per batch and timed
+    around the call the run makes: its row's ``eval_s`` is that time (plus the loop's few microseconds), the
+    summary's ``eval_s`` their sum, and neither the step times nor the steady throughput hold it."""
+    import time
+
+    from fastlm.engine.evaluate import evaluation
+    from fastlm.engine.train import build
+
+    pause, forward, evaluate = 0.05, evaluation.forward_logits, build.evaluate
+    taken: list[float] = []
+
+    def slowed(model, batch):
+        time.sleep(pause)
+        return forward(model, batch)
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        report = evaluate(*args, **kwargs)
+        taken.append(time.perf_counter() - start)
+        return report
+
+    monkeypatch.setattr(evaluation, "forward_logits", slowed)
+    monkeypatch.setattr(build, "evaluate", timed)
+    result = run_toy(toy_params(tmp_path, max_steps=4, log_every=2, eval_every=2, eval_max_batches=2))
+    rows, summary = result.eval_history, result.summary
+    assert [row["step"] for row in rows] == [2, 4] and len(taken) == 2
+    for row, seconds in zip(rows, taken, strict=True):
+        assert 2 * pause <= seconds <= row["eval_s"] < seconds + 0.05  # two slowed batches each
+    assert summary["eval_s"] == pytest.approx(sum(row["eval_s"] for row in rows), abs=1e-3)  # rounded to ms
+    assert summary["eval_s"] <= summary["outside_steps_s"] + 1e-3
+    assert max(result.step_times) < pause  # no evaluation in a step's time
+    steady_time = sum(result.step_times[1:])
+    assert steady_time < 2 * pause

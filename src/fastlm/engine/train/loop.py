@@ -203,7 +203,9 @@ def _evaluate_if_due(run: TrainingParts, out_of_time: bool) -> tuple[bool, bool]
     scheduled = _due(run.state.step, run.params.eval_every, run.total_steps)
     if run.validate is None or not (scheduled or out_of_time):
         return False, False
-    run.recorder.evaluation(run.validate())
+    started = perf_counter()
+    metrics = run.validate()
+    run.recorder.evaluation(metrics, seconds=perf_counter() - started)
     if run.early is None:
         return False, False
     return _watch(run.early, run.state, run.checkpointer, run.total_steps, scheduled=scheduled)

@@ -100,22 +100,24 @@ class Recorder:
         self._emit("train", record)
         return record
 
-    def evaluation(self, metrics: dict) -> dict:
+    def evaluation(self, metrics: dict, *, seconds: float) -> dict:
         """An evaluation row (``evaluation.evaluate``'s metrics) for the current step, logged when not
-        quiet."""
+        quiet; ``eval_s``: the evaluation's wall seconds (``seconds``, timed around the whole call)."""
         record = {
             "step": self.state.step,
             "val_loss": metrics["loss"],
             "val_perplexity": metrics["perplexity"],
             "val_target_tokens": metrics["target_tokens"],
+            "eval_s": seconds,
         }
         self.state.eval_history.append(record)
         if self.main:
             log.info(
-                "step %d: validation loss %.4f, perplexity %.2f",
+                "step %d: validation loss %.4f, perplexity %.2f (%.2f s)",
                 record["step"],
                 record["val_loss"],
                 record["val_perplexity"],
+                seconds,
             )
         self._emit("eval", record)
         return record
@@ -153,7 +155,8 @@ def run_summary(
     ``rates.timed_rate``, the figure every report table shows; wall clock, the first step left out, the
     evaluations and saves within the windows in) and the per-step figures of ``StepMetrics.step_figures``
     (this process's steps; ``steady_real_tokens_per_s``: over the steps' own time, the first step,
-    evaluations and saves left out, ``outside_steps_s`` the time those took between steps)."""
+    evaluations and saves left out, ``outside_steps_s`` the time those took between steps; ``eval_s``: the
+    evaluations' part of it, this process's rows' ``eval_s`` summed)."""
     history, eval_history = state.history, state.eval_history
     last = history[-1] if history else {}
     final_eval = eval_history[-1] if eval_history else {}
@@ -171,6 +174,10 @@ def run_summary(
         "parameters": n_params,
         "real_tokens_per_s": timed_rate(history),
         **metrics.step_figures(),
+        # this process's evaluations (a resumed run's earlier rows are another process's time)
+        "eval_s": round(
+            sum(row.get("eval_s") or 0.0 for row in eval_history if row["step"] > state.first_step), 3
+        ),
         "peak_memory_mb": max((r["peak_memory_mb"] for r in history), default=None),
         "tokens_seen": state.tokens_seen,
         "flops_per_token": metrics.flops_per_token,
