@@ -303,3 +303,67 @@ def test_each_evaluation_records_its_seconds_and_the_summary_their_total(tmp_pat
     assert max(result.step_times) < pause  # no evaluation in a step's time
     steady_time = sum(result.step_times[1:])
     assert steady_time < 2 * pause
+
+
+def compiled_with_eager_backend(monkeypatch) -> None:
+    """``torch.compile`` with dynamo's ``eager`` backend from here on: dynamo traces, guards and recompiles as
+    under inductor, without generating kernels (a compile of the toy layer in well under a second)."""
+    import torch
+
+    real_compile = torch.compile
+
+    def eager_backend(model=None, **kwargs):
+        return real_compile(model, backend="eager", dynamic=kwargs.get("dynamic"))
+
+    torch._dynamo.reset()  # no graphs of earlier tests' models in the caches dynamo counts against its limit
+    monkeypatch.setattr(torch, "compile", eager_backend)
+
+
+def compiled_run(tmp_path, max_steps: int):
+    """The toy Llama compiled by layers, length-grouped: each micro-batch has its own row length."""
+    return toy_params(
+        tmp_path,
+        max_steps=max_steps,
+        log_every=max_steps,
+        eval_every=None,
+        batching={"mode": "length_grouped", "micro_batch_size": 4},
+        runtime={"precision": "fp32", "compile": True, "compile_scope": "layers"},
+    )
+
+
+def test_a_compiled_run_of_many_shapes_compiles_a_bounded_number_of_times(tmp_path, monkeypatch):
+    """40 length-grouped steps, each micro-batch of its own row length: dynamo compiles the layer static,
+    then once more with the length dynamic (automatic dynamic shapes), and no more however many lengths
+    follow; the summary counts the compiles and says dynamo's recompile limit was not reached."""
+    compiled_with_eager_backend(monkeypatch)
+    result = run_toy(compiled_run(tmp_path, max_steps=40))
+    assert result.summary["compiled"] is True
+    assert 1 <= result.summary["compiles"] <= 3
+    assert result.summary["recompile_limit_hit"] is False
+    assert result.summary["recompile_limit_functions"] == []
+
+
+def test_a_run_past_dynamos_recompile_limit_says_so_once_and_records_it(tmp_path, monkeypatch, caplog):
+    """Past ``torch._dynamo.config.recompile_limit`` dynamo runs the frame eagerly for the rest of the run,
+    and says so only in its own log: the run says it once, naming the function, the guard that failed and
+    the fix, and the summary records it beside ``compiled``. The limit is lowered to 1 here: the second
+    row length reaches it."""
+    import logging
+
+    import torch
+
+    compiled_with_eager_backend(monkeypatch)
+    with torch._dynamo.config.patch(recompile_limit=1), caplog.at_level(logging.WARNING, logger="fastlm"):
+        result = run_toy(compiled_run(tmp_path, max_steps=6))
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("fastlm") and "recompile" in r.getMessage()
+    ]
+    assert len(said) == 1
+    assert "forward_with_checkpointing" in said[0] and "size mismatch" in said[0] and "Fix:" in said[0]
+    assert result.summary["recompile_limit_hit"] is True
+    assert result.summary["compiles"] >= 1
+    assert [name.split(" ")[0] for name in result.summary["recompile_limit_functions"]] == [
+        "forward_with_checkpointing"
+    ]

@@ -61,6 +61,8 @@ import torch
 
 from fastlm.errors import ConfigError
 
+_log = logging.getLogger(__name__)
+
 __all__ = [
     "COMPILE_MODES",
     "COMPILE_SCOPES",
@@ -201,10 +203,18 @@ class CompileClock:
     timed between dynamo's compile callbacks, which fire around each outermost compile (a frame traced and
     inductor's code generated, a backward compiled at its first call, a CUDA graph recorded). Calling it
     reads the seconds so far (``observe.metrics.StepMetrics``' ``compile_seconds``: the compiles left out of
-    the step times and the throughput, counted apart); ``compiles`` counts them."""
+    the step times and the throughput, counted apart); ``compiles`` counts them.
+
+    It also watches for dynamo's recompile limit (``torch._dynamo.config.recompile_limit``, 8 by default):
+    a function compiled that many times (one graph per shape or guarded value it met) is run eagerly from
+    then on, said only in dynamo's own log, while the run stays compiled in name. ``limit_hits`` names each
+    such function with the guard that failed last (read from dynamo's warning), and the first one is said
+    once as a warning with the fix (``RECOMPILE_LIMIT_FIX``)."""
 
     def __init__(self) -> None:
         self.seconds, self.compiles, self._began = 0.0, 0, None
+        self.limit_hits: list[str] = []
+        self._watch = _RecompileLimitWatch(self.limit_hits)
 
     def __call__(self) -> float:
         return self.seconds
@@ -213,9 +223,11 @@ class CompileClock:
         handler = torch._dynamo.callback_handler
         handler.register_start_callback(self._start)
         handler.register_end_callback(self._end)
+        logging.getLogger(DYNAMO_FRAME_LOGGER).addHandler(self._watch)
         return self
 
     def __exit__(self, *exc_info) -> None:
+        logging.getLogger(DYNAMO_FRAME_LOGGER).removeHandler(self._watch)
         handler = torch._dynamo.callback_handler
         for callbacks, callback in (
             (handler.start_callbacks, self._start),
@@ -232,6 +244,42 @@ class CompileClock:
             self.seconds += perf_counter() - self._began
             self.compiles += 1
             self._began = None
+
+
+DYNAMO_FRAME_LOGGER = "torch._dynamo.convert_frame"  # where dynamo warns that a frame hit its recompile limit
+_LIMIT_HIT = "torch._dynamo hit config."  # that warning's opening words (torch 2.5 to 2.13)
+RECOMPILE_LIMIT_FIX = (
+    "Fix: give the micro-batches fewer shapes (train.batching.mode: packed, whose rows keep one length), set "
+    "train.runtime.compile: false, or raise torch._dynamo.config.recompile_limit before the run."
+)
+
+
+class _RecompileLimitWatch(logging.Handler):
+    """Dynamo's recompile-limit warnings, kept in ``hits`` ("function (file:line): last reason"); the first
+    said once on fastlm's log."""
+
+    def __init__(self, hits: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.hits = hits
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith(_LIMIT_HIT):
+            return
+        args = record.args if isinstance(record.args, tuple) else ()
+        limit, value, function, reason = (list(args) + ["recompile_limit", "?", "?", "?"][len(args) :])[:4]
+        function = str(function).strip("'").replace("' (", " (", 1)
+        self.hits.append(f"{function}: {reason}")
+        if len(self.hits) == 1:
+            _log.warning(
+                "torch.compile reached torch._dynamo.config.%s (%s) at %s: it runs eagerly for the rest of "
+                "the run (the summary's recompile_limit_hit), compiled in name only; the last guard that "
+                "failed: %s. %s",
+                limit,
+                value,
+                function,
+                reason,
+                RECOMPILE_LIMIT_FIX,
+            )
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,9 @@ class TrainingParts:
     early: EarlyStopping | None
     started: float
     graphs_at_start: GraphCensus | None = None  # compile_mode reduce-overhead: the CUDA graphs before the run
+    compile_clock: CompileClock = field(
+        default_factory=CompileClock
+    )  # every compile, and the recompile limit
 
     @property
     def device(self) -> torch.device:
@@ -293,13 +296,14 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     )
     state.runtime_choice = {**state.runtime_choice, "float8": runtime.float8}  # a resumed run keeps it
     opt.float8_choice = runtime.float8_choice
+    compile_clock = cleanup.enter_context(CompileClock())  # compiles: apart from the step times
     metrics = _step_metrics(
         raw_model,
         device,
         comm,
         total_steps=total_steps,
         max_length=request.max_length,
-        compile_seconds=cleanup.enter_context(CompileClock()),  # compiles: apart from the step times
+        compile_seconds=compile_clock,
     )
     recorder = _recorder(
         state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps
@@ -353,6 +357,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         early,
         started,
         graphs_at_start,
+        compile_clock,
     )
 
 
