@@ -17,10 +17,10 @@ passed. The rules, in order (thresholds are the module constants below):
   ``EVAL_BOUND_SHARE`` of the run's wall time: their cadence, not the steps' math, sets the pace. The advice:
   raise ``train.eval_every`` and ``train.save_every`` (or cap ``train.eval_max_batches``).
 * ``compile-bound`` -- a compiled run spent at least ``COMPILE_BOUND_SHARE`` of its wall time compiling
-  (the summary's ``compile_s``, recompiles included; a summary without it: the first step, compile
-  included): a start-up cost, so it does not keep the steady state from being compute-bound. The advice:
-  ``train.runtime.compile_scope: layers`` where the whole model was compiled, else a run this short does
-  not repay compiling.
+  (the summary's ``compile_s``, recompiles and ``compile: auto``'s probe included; a summary without it:
+  the first step, compile included): a start-up cost, so it does not keep the steady state from being
+  compute-bound. The advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled,
+  else a run this short does not repay compiling.
 * ``compute-bound`` -- none of the steady-state rules above, over at least ``MIN_TIMED_STEPS`` timed steps
   (a shorter run concludes nothing and says how long a run is needed): the run spends its time in the
   math, as it should. On a GPU its advice names the speed levers the run's own decisions show it left unused

@@ -180,6 +180,7 @@ def test_run_summary_figures_on_a_hand_made_state(tmp_path):
         "flops_per_token": 6e3,
         "first_step_s": 9.5,  # the step and its compile
         "compile_s": 4.5,
+        "compile_probe_s": 0.0,  # nothing compiled before the first step
         "steps_trained": 8,
         "resumed_from": str(tmp_path / "c-2"),
         "resumed_from_step": 2,

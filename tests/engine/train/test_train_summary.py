@@ -367,3 +367,47 @@ def test_a_run_past_dynamos_recompile_limit_says_so_once_and_records_it(tmp_path
     assert [name.split(" ")[0] for name in result.summary["recompile_limit_functions"]] == [
         "forward_with_checkpointing"
     ]
+
+
+def test_the_compile_auto_probes_compile_is_counted_in_compile_s(tmp_path, monkeypatch):
+    """``compile: auto`` compiles and measures before the step clocks start: that compile (here one of 0.3 s
+    announced by dynamo's compile callbacks, as torch.compile does) is the run's too, so the summary's
+    ``compile_s`` holds it, and ``compile_probe_s`` says how much of it the probe took."""
+    import time
+
+    import torch
+
+    import fastlm.engine.runtime.probe as probe
+
+    pause = 0.3
+
+    class Compiled(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self._orig_mod, self.calls = model, 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            if self.calls == 1:  # the probe's first compiled pass compiles
+                with torch._dynamo.callback_handler.install_callbacks(
+                    torch._dynamo.callback.CallbackTrigger.DYNAMO, "0/0"
+                ):
+                    time.sleep(pause)
+            return self._orig_mod(*args, **kwargs)
+
+    real_measure = probe.forward_backward_seconds
+
+    def measure(model, batch, runtime):  # compiled twice as fast: auto keeps it
+        real_measure(model, batch, runtime)
+        return 50.0 if isinstance(model, Compiled) else 100.0
+
+    monkeypatch.setattr(probe, "forward_backward_seconds", measure)
+    monkeypatch.setattr(probe, "compile_module", lambda model, scope="model", mode="default": Compiled(model))
+    params = toy_params(
+        tmp_path, max_steps=3, log_every=3, eval_every=None, runtime={"precision": "fp32", "compile": "auto"}
+    )
+    result = run_toy(params)
+    assert result.runtime.compile is True and "measured" in result.runtime.compile_choice
+    assert result.summary["compile_probe_s"] >= pause
+    assert result.summary["compile_s"] >= result.summary["compile_probe_s"]
+    assert result.summary["compile_s"] < result.summary["wall_time_s"]

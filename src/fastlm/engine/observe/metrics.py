@@ -33,7 +33,9 @@ run, 19.4 s of a 0.003 s step on the toy model with cold caches, the summary's t
 where the steps ran at about 14,000). The compile seconds (``compile_seconds``: a reading of
 ``runtime.regions.CompileClock``) are left out of every time here, the step times and the window's clock
 alike, and counted apart (``compile_s`` of each record, ``step_compile_s``, the summary's ``compile_s``);
-``elapsed_s`` stays the wall clock.
+``elapsed_s`` stays the wall clock. The clock may hold compiles from before ``start()`` (``compile: auto``'s
+probe compiles its candidate before the first step): ``compile_before_start_s``, which the summary's
+``compile_s`` adds to the steps' own (``compile_probe_s`` says how much).
 """
 
 from __future__ import annotations
@@ -171,6 +173,8 @@ class StepMetrics:
         self._compiled_at_window_start = self._compiled_at_last_step_end = self._compile_seconds()
         self._elapsed_before_s = elapsed_before_s
         self.compile_s = 0.0  # seconds torch.compile took since start(), in the steps or between them
+        # the seconds it took before start(): the runtime probes' compiles (compile and float8 auto)
+        self.compile_before_start_s = self._compiled_at_window_start
         self.outside_steps_s = 0.0  # host time spent between steps on other work (``set_aside``)
         self.oom_failed_s = 0.0  # host time of step attempts that ran out of memory (``discard_attempt``)
         self._window_steps = 0

@@ -119,9 +119,7 @@ class TrainingParts:
     early: EarlyStopping | None
     started: float
     graphs_at_start: GraphCensus | None = None  # compile_mode reduce-overhead: the CUDA graphs before the run
-    compile_clock: CompileClock = field(
-        default_factory=CompileClock
-    )  # every compile, and the recompile limit
+    compile_clock: CompileClock = field(default_factory=CompileClock)  # every compile, the probes' included
 
     @property
     def device(self) -> torch.device:
@@ -277,6 +275,8 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         batch=state.batch_in_epoch,
         configured=configured.batching.micro_batch_size,  # a resumed back-off cuts the configured batches
     )
+    # compiles from here on, the probes' (compile and float8 auto) included: apart from the step times
+    compile_clock = cleanup.enter_context(CompileClock())
     runtime, attn, model = _probed_runtime(request, params, state, stream, wrapped, total_steps, cleanup)
     runtime = probe_float8(  # float8 auto: measured on the same first micro-batch, through the stepping model
         runtime,
@@ -296,7 +296,6 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     )
     state.runtime_choice = {**state.runtime_choice, "float8": runtime.float8}  # a resumed run keeps it
     opt.float8_choice = runtime.float8_choice
-    compile_clock = cleanup.enter_context(CompileClock())  # compiles: apart from the step times
     metrics = _step_metrics(
         raw_model,
         device,

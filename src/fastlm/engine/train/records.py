@@ -183,9 +183,11 @@ def run_summary(
         "flops_per_token": metrics.flops_per_token,
         # compile included
         "first_step_s": metrics.step_times[0] + metrics.step_compile_s[0] if metrics.step_times else None,
-        # torch.compile's seconds in the steps and between them (a recompile where a shape first varies):
-        # left out of every throughput and step time above
-        "compile_s": round(metrics.compile_s, 3),
+        # torch.compile's seconds in the steps and between them (a recompile where a shape first varies),
+        # left out of every throughput and step time above, and before the first step (compile: auto's
+        # probe compiling its candidate: compile_probe_s of them)
+        "compile_s": round(metrics.compile_s + metrics.compile_before_start_s, 3),
+        "compile_probe_s": round(metrics.compile_before_start_s, 3),
         "steps_trained": state.step - state.first_step,
         "resumed_from": str(state.resumed_from) if state.resumed_from else None,
         "resumed_from_step": state.first_step if state.resumed_from else None,
