@@ -183,3 +183,19 @@ def test_an_unknown_to_outputs_name_lists_only_the_datasets_nodes_output():
     listed = last.split("use one of:")[1].strip().rstrip(".").split(", ")
     assert sorted(listed) == sorted(report.all_outputs()), last
     assert "--to-outputs loss_plt" in last and "did you mean loss_plot?" in last, last
+
+
+def test_a_misspelled_pipeline_is_one_line_with_the_close_match():
+    """``kedro run --pipeline=trian``: refused in one line naming the pipelines there are, but without the
+    close match a misspelled ``--env`` gets."""
+    exc = ValueError(
+        "Failed to find the pipeline named 'trian'. It needs to be generated and returned by the "
+        "'register_pipelines' function."
+    )
+    error = selection_error(exc, {"pipelines": ["trian"]})
+    assert isinstance(error, ConfigError) and "\n" not in str(error)
+    assert "unknown pipeline 'trian' (did you mean train?)" in str(error), error
+    assert "use one of: predict, report, split, sweep, train, tune" in str(error)
+
+    error = selection_error(ValueError("Failed to find the pipeline named 'xyz'."), {"pipelines": ["xyz"]})
+    assert "unknown pipeline 'xyz'." in str(error) and "did you mean" not in str(error), error

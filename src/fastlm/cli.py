@@ -748,8 +748,10 @@ def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError |
     unknown = [name for name in names if importlib.util.find_spec(f"fastlm.pipelines.{name}") is None]
     if unknown and isinstance(exc, ImportError | ValueError):
         known = sorted(info.name for info in pkgutil.iter_modules(fastlm.pipelines.__path__) if info.ispkg)
+        close = [match for name in unknown for match in difflib.get_close_matches(name, known, n=1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
         return ConfigError(
-            f"unknown pipeline {', '.join(unknown)!r}.", fix=f"use one of: {', '.join(known)}."
+            f"unknown pipeline {', '.join(unknown)!r}{hint}.", fix=f"use one of: {', '.join(known)}."
         )
     if not isinstance(exc, ValueError):
         return None
