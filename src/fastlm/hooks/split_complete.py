@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import shlex
 import threading
@@ -23,6 +24,8 @@ from fastlm.corpus.shards import (
 from fastlm.engine.paths import project_name
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError
 from fastlm.hooks.catalog import local_path
+
+log = logging.getLogger(__name__)
 
 SPLIT_COMPLETE = "split_complete.json"  # beside tokenized_corpus_fingerprint: the last split finished
 
@@ -168,6 +171,21 @@ def _refuse_outputs_as_shards(raw: Path, catalog, outputs: set[str]) -> None:
             )
 
 
+def _unfinished_split(marker: Path, left_out: list[str], run_params: dict) -> str:
+    """The warning of a run of the split's first nodes only (``--to-nodes``, ``--nodes``): the split it
+    leaves is unfinished, and the whole split finishes it (a run of the nodes left out reads unfinished
+    outputs, which is refused)."""
+    command = "kedro run --pipeline=split"
+    if run_params.get("env"):
+        command += f" --env {shlex.quote(str(run_params['env']))}"
+    same = " with this run's --params" if run_params.get("runtime_params") else ""
+    return (
+        f"the split is not complete: this run left out {', '.join(left_out)}, so {project_name(marker)} "
+        "is not written and train, tune, sweep and the report refuse the split's outputs. "
+        f"Fix: run `{command}`{same} to finish it."
+    )
+
+
 class SplitCompleteHook:
     """The split pipeline's outputs are used together or not at all.
 
@@ -256,12 +274,18 @@ class SplitCompleteHook:
         return self._marker is not None and self._parallel is None and self._owner == os.getpid()
 
     @hook_impl
-    def after_pipeline_run(self, pipeline) -> None:
-        if self._parallel is None or self._owner != os.getpid():
+    def after_pipeline_run(self, run_params: dict, pipeline) -> None:
+        if self._marker is None or self._owner != os.getpid():
             return
-        self._parallel = None
-        if {node.name for node in pipeline.nodes} >= self._split_nodes:
-            self._write_marker(sorted(self._group))
+        ran = {node.name for node in pipeline.nodes}
+        if self._parallel is not None:
+            self._parallel = None
+            if ran >= self._split_nodes:
+                self._write_marker(sorted(self._group))
+        if ran & self._split_nodes and not self._marker.exists():
+            split = importlib.import_module("fastlm.pipelines.split").create_pipeline()
+            left_out = [node.name for node in split.nodes if node.name in self._split_nodes - ran]
+            log.warning(_unfinished_split(self._marker, left_out, run_params))
 
     @hook_impl
     def on_pipeline_error(self) -> None:
