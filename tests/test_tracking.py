@@ -361,3 +361,39 @@ def test_a_notebook_session_points_mlflow_at_the_projects_store_before_any_run(
     finally:
         end_session_tracking()
         mlflow.set_tracking_uri(before)
+
+
+def test_the_compile_and_evaluation_records_reach_the_run(active_run):
+    """The summary's compile and evaluation figures reach the MLflow run as the other summary figures do: the
+    seconds and counts as metrics, whether dynamo's recompile limit was reached (and where) as parameters.
+    Was: train_summary.json alone held them."""
+    from fastlm.tracking import RunTracker
+
+    summary = {
+        "runtime": {"device": "cpu", "compile": True},
+        "real_tokens_per_s": 100.0,
+        "wall_time_s": 10.0,
+        "compiles": 3,
+        "compile_s": 4.5,
+        "compile_probe_s": 0.5,
+        "eval_s": 1.25,
+        "recompile_limit_hit": True,
+        "recompile_limit_functions": ["forward (model.py:9): size mismatch at index 1"],
+    }
+    RunTracker().training_finished(summary)
+    data = mlflow.MlflowClient().get_run(active_run.info.run_id).data
+    figures = {
+        name: data.metrics.get(name) for name in ("compiles", "compile_s", "compile_probe_s", "eval_s")
+    }
+    assert figures == {"compiles": 3, "compile_s": 4.5, "compile_probe_s": 0.5, "eval_s": 1.25}, data.metrics
+    assert data.params["recompile_limit_hit"] == "True"
+    assert json.loads(data.params["recompile_limit_functions"]) == summary["recompile_limit_functions"]
+
+
+def test_a_run_within_the_recompile_limit_records_no_functions(active_run):
+    from fastlm.tracking import RunTracker
+
+    summary = {"runtime": {"device": "cpu"}, "real_tokens_per_s": 100.0, "recompile_limit_hit": False}
+    RunTracker().training_finished({**summary, "recompile_limit_functions": []})
+    params = mlflow.MlflowClient().get_run(active_run.info.run_id).data.params
+    assert params["recompile_limit_hit"] == "False" and "recompile_limit_functions" not in params

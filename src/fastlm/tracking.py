@@ -45,6 +45,7 @@ SUMMARY_PARAMS = (
     "fused_linear_choice",
     "param_dtype",
     "cuda_graphs",
+    "recompile_limit_hit",  # functions dynamo ran eagerly past torch._dynamo.config.recompile_limit
 )
 
 
@@ -407,15 +408,17 @@ class RunTracker:
         self.metrics.log_params(params)
 
     def training_finished(self, summary: dict) -> None:
-        """The run's runtime settings, what its levers did (``SUMMARY_PARAMS``) and its data (the tokenized
-        data's fingerprint, 12 digits: runs on other data show it) as parameters, and its real tokens/s and
-        training wall time (the run comparison's)."""
+        """The run's runtime settings, what its levers did (``SUMMARY_PARAMS``, dynamo's recompile limit
+        reached and where) and its data (the tokenized data's fingerprint, 12 digits: runs on other data show
+        it) as parameters, and its real tokens/s and training wall time (the run comparison's), its compiles,
+        compile and validation seconds as metrics."""
         fingerprint = summary.get("fingerprint")
         self.metrics.log_params(
             {
                 **{f"runtime.{key}": value for key, value in summary["runtime"].items()},
                 **{key: summary.get(key) for key in SUMMARY_PARAMS},
                 "data.fingerprint": str(fingerprint)[:12] if fingerprint else None,
+                "recompile_limit_functions": summary.get("recompile_limit_functions") or None,
             }
         )
         self.metrics.log_run_metrics(
@@ -427,6 +430,9 @@ class RunTracker:
                 "model_step": (summary.get("early_stopping") or {}).get("model_from_step")
                 or summary.get("steps"),
                 "steps": summary.get("steps"),
+                # where the time went besides the steps: torch.compile's compiles (the probe's among them)
+                # and the validations
+                **{key: summary.get(key) for key in ("compiles", "compile_s", "compile_probe_s", "eval_s")},
             }
         )
 

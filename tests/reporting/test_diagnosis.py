@@ -18,6 +18,7 @@ from fastlm.reporting.diagnosis import (
     MIN_TIMED_STEPS,
     NOT_JUDGED,
     PADDING_BOUND,
+    RECOMPILE_LIMIT,
     Finding,
     diagnose,
     epoch_eta,
@@ -33,6 +34,7 @@ KINDS = [
     MEMORY_SATURATED,
     EVAL_BOUND,
     COMPILE_BOUND,
+    RECOMPILE_LIMIT,
     COMPUTE_BOUND,
 ]
 
@@ -647,3 +649,37 @@ def test_compile_bound_judges_from_all_the_compile_seconds_recompiles_included()
         "compiling took 41 s, 41 % of the run's 100 s (all of torch.compile's compiles, recompiles included: "
         "the summary's compile_s)"
     )
+
+
+def test_a_run_past_dynamos_recompile_limit_is_a_finding():
+    """A compiled run that reached ``torch._dynamo.config.recompile_limit`` ran those functions eagerly for
+    the rest of the run (the summary's ``recompile_limit_hit``): slower than compiled, so not compute-bound
+    yet, with the fix the run's warning gave. Was: no finding; the run read as compute-bound."""
+    from fastlm.reporting.report_document import check_line
+
+    functions = ["forward (modeling_llama.py:9): size mismatch at index 1", "forward (layers.py:89): x"]
+    hit = {
+        **compiled("layers", 1.0, 300.0),
+        "recompile_limit_hit": True,
+        "recompile_limit_functions": functions,
+    }
+    findings = diagnose(hit, make_history(6, mfu=0.45))
+    finding = by_kind(findings)[RECOMPILE_LIMIT]
+    assert finding.triggered and finding.figure == "2", finding
+    assert "forward (modeling_llama.py:9)" in finding.message and "eager" in finding.message, finding
+    assert (
+        "train.batching.mode: packed" in finding.advice and "train.runtime.compile: false" in finding.advice
+    )
+    assert triggered(findings) == {RECOMPILE_LIMIT}  # not compute-bound: part of the model ran eagerly
+    line = check_line(dataclasses.asdict(finding))
+    assert line == "⚠ functions run eagerly past dynamo's recompile limit 2: recompile-limit", line
+
+    within = by_kind(
+        diagnose(
+            {**hit, "recompile_limit_hit": False, "recompile_limit_functions": []}, make_history(6, mfu=0.45)
+        )
+    )
+    assert not within[RECOMPILE_LIMIT].triggered and within[RECOMPILE_LIMIT].figure == "0"
+    assert within[COMPUTE_BOUND].triggered
+    for quiet in (cuda(), compiled("layers", 1.0, 300.0)):  # not compiled; a summary from before the record
+        assert by_kind(diagnose(quiet, make_history(6)))[RECOMPILE_LIMIT].figure == "n/a"

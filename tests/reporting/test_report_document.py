@@ -378,3 +378,24 @@ def test_the_data_line_accounts_for_the_rows_split_max_samples_left_out():
     assert raw == sum(rest) == 24_000, line
     uncapped = {**split_report, "capped_by_max_samples": 0}
     assert "max_samples" not in next(line for line in run_lines(SUMMARY, uncapped) if line.startswith("Data"))
+
+
+def test_the_speed_line_breaks_down_the_time_outside_the_steps():
+    """The run section's time breakdown: the validations' seconds (``eval_s``) among those outside the steps,
+    and the compile seconds (``compile_s``) no step time holds. Was: only the seconds outside the steps."""
+    summary = {
+        **SUMMARY,
+        "real_tokens_per_s": 900.0,
+        "steady_real_tokens_per_s": 1000.0,
+        "outside_steps_s": 3.2,
+        "eval_s": 2.5,
+        "compile_s": 41.4,
+    }
+    line = next(line for line in run_lines(summary, None) if line.startswith("Speed:"))
+    assert "(3.2 s outside the steps, 2.5 s of them validation; 41.4 s compiling, in no step time)" in line, (
+        line
+    )
+    plain = next(
+        line for line in run_lines({**summary, "eval_s": 0.0, "compile_s": 0.0}, None) if "Speed" in line
+    )
+    assert plain.endswith("(3.2 s outside the steps)."), plain

@@ -21,6 +21,10 @@ passed. The rules, in order (thresholds are the module constants below):
   the first step, compile included): a start-up cost, so it does not keep the steady state from being
   compute-bound. The advice: ``train.runtime.compile_scope: layers`` where the whole model was compiled,
   else a run this short does not repay compiling.
+* ``recompile-limit`` -- a compiled run reached ``torch._dynamo.config.recompile_limit`` (the summary's
+  ``recompile_limit_hit``): the functions it names ran eagerly for the rest of the run, compiled in name
+  only and slower than compiled, a steady-state cost (judged from any step). The advice: the run's warning's
+  fix (fewer micro-batch shapes, compile off, or a higher limit).
 * ``compute-bound`` -- none of the steady-state rules above, over at least ``MIN_TIMED_STEPS`` timed steps
   (a shorter run concludes nothing and says how long a run is needed): the run spends its time in the
   math, as it should. On a GPU its advice names the speed levers the run's own decisions show it left unused
@@ -47,6 +51,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from fastlm.engine.observe.rates import timed_windows
+from fastlm.engine.runtime.regions import RECOMPILE_LIMIT_FIX
 from fastlm.reporting.summaries import after_warmup, numeric, throughput
 
 __all__ = [
@@ -69,6 +74,7 @@ __all__ = [
     "NOT_JUDGED",
     "PADDING_BOUND",
     "PADDING_BOUND_EFFICIENCY",
+    "RECOMPILE_LIMIT",
     "ROOMY_SHARE",
     "STEP_TIME_RISE_RATIO",
     "Finding",
@@ -83,6 +89,7 @@ HOST_SYNC_BOUND = "host-sync-bound"
 MEMORY_SATURATED = "memory-saturated"
 EVAL_BOUND = "eval-bound"
 COMPILE_BOUND = "compile-bound"
+RECOMPILE_LIMIT = "recompile-limit"
 COMPUTE_BOUND = "compute-bound"
 
 #: compute-bound on a GPU: a peak memory below this share of the device leaves room for bigger micro-batches.
@@ -509,6 +516,27 @@ def _compile_bound(summary: dict) -> Finding:
     return Finding(COMPILE_BOUND, True, _percent(share), message, advice)
 
 
+def _recompile_limit(summary: dict) -> Finding:
+    """A compiled run that reached dynamo's recompile limit (``recompile_limit_hit``): the functions of
+    ``recompile_limit_functions`` ("function (file:line): last guard that failed") ran eagerly from then
+    on."""
+    hit = summary.get("recompile_limit_hit")
+    if (summary.get("runtime") or {}).get("compile") is not True or not isinstance(hit, bool):
+        return Finding(RECOMPILE_LIMIT, False, _NA, "not compiled, or the recompile limit not recorded", "")
+    functions = [str(entry).split(": ", 1)[0] for entry in summary.get("recompile_limit_functions") or []]
+    if not hit:
+        return Finding(
+            RECOMPILE_LIMIT, False, "0", "no function reached torch._dynamo.config.recompile_limit", ""
+        )
+    count = f"{len(functions)} function{'' if len(functions) == 1 else 's'}" if functions else "a function"
+    message = (
+        f"{count} reached torch._dynamo.config.recompile_limit ({', '.join(functions) or 'unnamed'}) and ran "
+        "eagerly for the rest of the run: compiled in name only there, slower than compiled"
+    )
+    figure = str(len(functions)) if functions else "at least 1"
+    return Finding(RECOMPILE_LIMIT, True, figure, message, RECOMPILE_LIMIT_FIX.removeprefix("Fix: "))
+
+
 def _speed(summary: dict, history: pd.DataFrame) -> float:
     """The run's real tokens/s (:func:`throughput`), else the summary's figure, else NaN."""
     value = throughput(history)
@@ -659,8 +687,11 @@ def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
         _memory_saturated(summary, history, timed, steps),
         _steady(_eval_bound(summary), steps),
     ]
-    # the compile is a start-up cost: it does not keep the steady state from being compute-bound
-    return [*findings, _compile_bound(summary), _compute_bound(summary, history, timed, findings, steps)]
+    # the compile is a start-up cost: it does not keep the steady state from being compute-bound; a function
+    # run eagerly past the recompile limit does
+    recompile = _recompile_limit(summary)
+    compute = _compute_bound(summary, history, timed, [*findings, recompile], steps)
+    return [*findings, _compile_bound(summary), recompile, compute]
 
 
 def format_duration(seconds: float | None) -> str | None:

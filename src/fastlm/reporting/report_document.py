@@ -80,6 +80,7 @@ MEASURES = {
     "memory-saturated": "peak memory",
     "eval-bound": "evaluation and save share of the wall time",
     "compile-bound": "compile share of the wall time",
+    "recompile-limit": "functions run eagerly past dynamo's recompile limit",
     "compute-bound": "throughput",
 }
 
@@ -218,11 +219,10 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
     lines += _data_format_lines(split_report or {})
     steady = summary.get("steady_real_tokens_per_s")
     if _finite(steady) and _finite(summary.get("real_tokens_per_s")):
-        outside = summary.get("outside_steps_s")
         lines.append(
             f"Speed: {summary['real_tokens_per_s']:,.0f} real tokens/s over the timed steps' wall clock; "
             f"steady real tokens/s (steps only): {steady:,.0f}, {_steady_scope(summary)}"
-            + (f" ({outside:,.1f} s outside the steps)." if _finite(outside) else ".")
+            f"{_time_outside(summary)}."
         )
     failed = summary.get("oom_failed_s")
     if _finite(failed) and failed > 0:
@@ -245,6 +245,19 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             else f"Data splits: {rows}; dropped: {drops}{cap}."
         )
     return lines
+
+
+def _time_outside(summary: dict) -> str:
+    """The time no step holds: the seconds between steps (``outside_steps_s``), the validations' part of them
+    (``eval_s``), and torch.compile's compiles (``compile_s``, left out of every step time); "" for none."""
+    outside, evals, compiling = (summary.get(key) for key in ("outside_steps_s", "eval_s", "compile_s"))
+    parts = []
+    if _finite(outside):
+        part = f"{outside:,.1f} s outside the steps"
+        parts.append(part + (f", {evals:,.1f} s of them validation" if _finite(evals) and evals > 0 else ""))
+    if _finite(compiling) and compiling > 0:
+        parts.append(f"{compiling:,.1f} s compiling, in no step time")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _steady_scope(summary: dict) -> str:
