@@ -2,7 +2,9 @@
 under a parameter group (``train.optimizer.lr``, ``split.tokenizer.source``, ``report.top_k``)
 resolves, key by key, to a field of that group's typed schema (fastlm.parameters.GROUPS), and every key a
 ``--params`` example sets is one ``--params`` may set. A renamed or removed parameter left in the docs fails
-here instead of being refused (or, inside a sweep file, failing) only when a user copies it."""
+here instead of being refused (or, inside a sweep file, failing) only when a user copies it. So does a value
+the README gives one (`` `train.model.gradient_checkpointing: off | selective | full | auto` ``,
+``--params train.batching.mode=length_grouped``) that its field no longer takes."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+import yaml
+from pydantic import BaseModel, ValidationError
 
 from fastlm.parameters import GROUPS, known_top_level_params
 
@@ -119,3 +122,71 @@ def test_every_key_a_params_example_in_the_readme_sets_is_one_params_may_set():
     assert {key.split(".")[0] for key in keys} <= known
     unknown = {key: why for key in keys if "." in key and (why := unresolved(key))}
     assert not unknown, unknown
+
+
+# Values the README gives a parameter that its field cannot take on every machine, each with the reason.
+NOT_VALUES = {
+    ("train.fold", "i"): "a placeholder: `train.fold: i` is the i-th fold",
+    ("train.optimizer.name", "paged_adamw_8bit"): "CUDA only: refused on a machine without a CUDA GPU",
+}
+
+
+def _given_values(text: str) -> set[tuple[str, str]]:
+    """(name, value) for each `` `name: a | b` `` alternative and each ``name=value`` the text gives a
+    parameter; values holding a ``<placeholder>`` are left out."""
+    pairs = {
+        (name, alternative.strip())
+        for name, values in re.findall(rf"`({DOTTED.pattern}): ([^`]+)`", text)
+        for alternative in values.split(" | ")
+    }
+    pairs |= set(re.findall(rf"({DOTTED.pattern})=(\[[^\]]*\]|[^,\s`']+)", text))
+    return {(name, value) for name, value in pairs if "<" not in value}
+
+
+def refused_value(name: str, raw: str) -> str | None:
+    """Why ``name``'s field refuses ``raw`` (read as YAML, as ``--params`` reads it); None where it takes it.
+    The other fields keep their defaults: checks across fields (a prompt column without a response column)
+    are not this value's and are left out."""
+    group, *keys = name.split(".")
+    schema = GROUPS[group]
+    model = getattr(importlib.import_module(schema.module), schema.schema)
+    data = yaml.safe_load(raw)
+    for key in reversed(keys):
+        data = {key: data}
+    try:
+        model.model_validate(data)
+    except ValidationError as error:
+        for detail in error.errors():
+            if tuple(detail["loc"][: len(keys)]) == tuple(keys):
+                return detail["msg"]
+    except Exception:  # a check across fields (fastlm's ConfigError): not about this value
+        return None
+    return None
+
+
+def test_every_value_the_readme_gives_a_parameter_is_one_its_field_takes():
+    given = _given_values((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert ("train.batching.mode", "length_grouped") in given
+    assert set(NOT_VALUES) <= given, "a NOT_VALUES entry is no longer in the README: drop it"
+    wrong = {
+        f"{name}: {value}": why
+        for name, value in sorted(given - set(NOT_VALUES))
+        if unresolved(name) is None and (why := refused_value(name, value))
+    }
+    assert not wrong, "\n".join(f"{pair}: {why}" for pair, why in wrong.items())
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "takes"),
+    [
+        ("train.model.gradient_checkpointing", "selective", True),
+        ("train.model.gradient_checkpointing", "true", True),
+        ("train.model.gradient_checkpointing", "every", False),
+        ("train.batching.mode", "padded", False),
+        ("report.references.rouge_tokenizer", "syllable", True),
+        ("report.prompts", '["9 10"]', True),
+        ("split.prompt_column", "dialogue", True),
+    ],
+)
+def test_the_value_check_tells_taken_values_from_refused_ones(name, raw, takes):
+    assert (refused_value(name, raw) is None) is takes
