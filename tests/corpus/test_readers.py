@@ -1,11 +1,13 @@
 import gzip
 import json
+import logging
 
 import datasets
 import pandas as pd
 import pytest
 
 from fastlm.corpus.readers import read_text_table
+from fastlm.corpus.shards import read_raw_table, texts_as_written
 from fastlm.errors import InputDataError
 
 ROWS = ["first text", "둘째 텍스트", "NA", "null"]
@@ -141,6 +143,23 @@ def test_compressed_korean_cp949_is_read_like_an_uncompressed_file(tmp_path, nam
     data = _korean_jsonl(KOREAN) if ".jsonl" in name else csv
     path.write_bytes(gzip.compress(data))
     assert list(read_text_table(path)["text"]) == KOREAN
+
+
+@pytest.mark.parametrize("shards", [False, True])
+def test_a_korean_cp949_csv_of_words_is_read_once_and_said_once(tmp_path, caplog, shards):
+    """Its text columns are words (pandas' string dtype, not object, from pandas 3): read as the file writes
+    them already, not read a second time as if they held numbers, so its encoding is said in one warning."""
+    csv = ("id,question,answer\n" + "".join(f"{i},{row},{row} 답\n" for i, row in enumerate(KOREAN))).encode(
+        "cp949"
+    )
+    (tmp_path / "part-0.csv").write_bytes(csv)
+    path = tmp_path if shards else tmp_path / "part-0.csv"
+    with caplog.at_level(logging.WARNING, logger="fastlm.corpus.readers"):
+        table = texts_as_written(read_raw_table(path), ["question", "answer"])
+    assert list(table["question"]) == KOREAN
+    assert [r.getMessage() for r in caplog.records].count(
+        f"{tmp_path / 'part-0.csv'} is not UTF-8; read it as Korean CP949/EUC-KR (detected cp949)."
+    ) == 1
 
 
 def test_mostly_ascii_korean_cp949_is_not_taken_for_a_western_encoding(tmp_path):

@@ -128,10 +128,16 @@ def text_as_written(table: pd.DataFrame, names: Sequence[str], parameter: str = 
     source = table.attrs.get("source_path")
     if source is None or suffix_format(Path(source)) not in ("csv", "tsv") or not Path(source).is_file():
         return table
-    numbers = [name for name in names if name in table.columns and table[name].dtype != object]
+    numbers = [name for name in names if name in table.columns and not is_text_dtype(table[name].dtype)]
     if not numbers:
         return table
     return _as_written(None, table.copy(deep=False), Path(source), parameter, numbers)
+
+
+def is_text_dtype(dtype) -> bool:
+    """Whether a column of this dtype holds text as read: object (pandas 2's text, or words and numbers
+    mixed) or pandas' string dtype (pandas 3's text, strings alone), not a column pandas made numbers of."""
+    return pd.api.types.is_object_dtype(dtype) or isinstance(dtype, pd.StringDtype)
 
 
 def _as_written(raw, table: pd.DataFrame, path: Path, parameter: str, names: Sequence[str]) -> pd.DataFrame:

@@ -173,6 +173,8 @@ def texts_as_written(table: pd.DataFrame, names: list[str], parameter: str = RAW
 def _not_text(values: pd.Series) -> np.ndarray:
     """Which of ``values`` are there but no text (numbers, booleans)."""
     there = values.notna().to_numpy()
+    if isinstance(values.dtype, pd.StringDtype):
+        return np.zeros(len(values), dtype=bool)
     if not pd.api.types.is_object_dtype(values.dtype):
         return there
     return there & ~values.map(lambda value: isinstance(value, str)).to_numpy(dtype=bool)
