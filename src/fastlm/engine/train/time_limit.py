@@ -1,5 +1,6 @@
-"""A per-run time budget (``train.max_minutes``): read after each optimizer step, like a stop signal, so a run
-that spends it stops at a step boundary with a checkpoint, which ``train.resume: auto`` continues.
+"""A per-run time budget (``train.max_minutes``): read as each optimizer step starts, with the step's counts
+(in one collective for all processes), so the first step that starts past it is the last: the run stops at
+that step's boundary with a checkpoint, which ``train.resume: auto`` continues.
 
 The budget counts this process's training loop (model building, data loading and evaluation after the loop
 are not in it); a resumed run gets a new budget.
