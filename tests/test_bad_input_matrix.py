@@ -1350,7 +1350,26 @@ def test_a_report_on_other_texts_with_the_models_own_tokenizer_is_refused_before
     )
 
 
-def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, monkeypatch):
+@pytest.fixture
+def kept_logging():
+    """The process's logging as it was before the test: a run started from a subfolder applies the project's
+    conf/logging.yml in this process, with handlers on the streams CliRunner swaps in and closes after it."""
+    root = logging.getLogger()
+    loggers = [
+        root,
+        *(lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ]
+    state = [(lg, lg.level, list(lg.handlers), list(lg.filters), lg.propagate, lg.disabled) for lg in loggers]
+    disabled, factory = logging.root.manager.disable, logging.getLogRecordFactory()
+    yield
+    for lg, level, handlers, filters, propagate, off in state:
+        lg.setLevel(level)
+        lg.handlers[:], lg.filters[:], lg.propagate, lg.disabled = handlers, filters, propagate, off
+    logging.disable(disabled)
+    logging.setLogRecordFactory(factory)
+
+
+def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, monkeypatch, kept_logging):
     """Round six: `kedro run` started in a subfolder of the project (Kedro finds the project above it and
     makes the catalog's paths the project's) kept train.checkpoint_dir and the MLflow store relative to the
     subfolder: a run there did not resume its checkpoint (data/data/06_models/...), wrote a second
@@ -1366,6 +1385,7 @@ def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, mo
         seen.update(cwd=Path.cwd(), conf_source=kwargs.get("conf_source"))
 
     monkeypatch.setattr(cli.kedro_run, "callback", record)
+    monkeypatch.setattr(cli, "project_logging", lambda: None)  # its own test below
     (kedro_project / "notebooks").mkdir()
     monkeypatch.chdir(kedro_project / "notebooks")
     result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train", "--conf-source", "../conf"])
@@ -1375,7 +1395,9 @@ def test_kedro_run_from_a_subfolder_runs_in_the_project_folder(kedro_project, mo
     assert "running in the project folder" in result.output and "(started in notebooks)" in result.output
 
 
-def test_kedro_run_from_a_subfolder_logs_as_the_projects_logging_yml_says(kedro_project, monkeypatch):
+def test_kedro_run_from_a_subfolder_logs_as_the_projects_logging_yml_says(
+    kedro_project, monkeypatch, kept_logging
+):
     """Round nineteen: `kedro run` started in a subfolder ran with Kedro's default logging configuration
     (Kedro looks for conf/logging.yml in the working folder, at start-up): every dataset load and save as an
     INFO line, the project's levels for transformers and torchao lost, and Rich's wrapped lines in a
