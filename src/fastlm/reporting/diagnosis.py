@@ -51,7 +51,6 @@ from typing import NamedTuple
 import pandas as pd
 
 from fastlm.engine.observe.rates import timed_windows
-from fastlm.engine.runtime.regions import RECOMPILE_LIMIT_FIX
 from fastlm.reporting.summaries import after_warmup, numeric, throughput
 
 __all__ = [
@@ -534,6 +533,9 @@ def _recompile_limit(summary: dict) -> Finding:
         "eagerly for the rest of the run: compiled in name only there, slower than compiled"
     )
     figure = str(len(functions)) if functions else "at least 1"
+    # here, not at the top: the regions module imports torch, which Kedro's start-up leaves to the nodes
+    from fastlm.engine.runtime.regions import RECOMPILE_LIMIT_FIX
+
     return Finding(RECOMPILE_LIMIT, True, figure, message, RECOMPILE_LIMIT_FIX.removeprefix("Fix: "))
 
 
