@@ -9,14 +9,20 @@ from fastlm.cli import config_file_error
 from tests.support.project import run_pipeline
 
 
-def _message(project, text: str) -> str:
-    (project / "conf/local/parameters_env.yml").write_text(f"report:\n  top_k: {text}\n", encoding="utf-8")
+def _one_line(project, pipeline: str) -> str:
+    """The one line the CLI says of the error that running ``pipeline`` in ``project`` raises."""
     with pytest.raises(Exception) as raised:
-        run_pipeline(project, "report")
+        run_pipeline(project, pipeline)
     error = config_file_error(raised.value)
     assert error is not None, repr(raised.value)
     message = str(error)
     assert "\n" not in message and "Fix:" in message, message
+    return message
+
+
+def _message(project, text: str) -> str:
+    (project / "conf/local/parameters_env.yml").write_text(f"report:\n  top_k: {text}\n", encoding="utf-8")
+    message = _one_line(project, "report")
     assert "conf/local/parameters_env.yml" in message and "report.top_k" in message, message
     return message
 
@@ -40,12 +46,7 @@ def test_an_unset_variable_in_credentials_is_one_line_naming_it(kedro_project, m
         "hub:\n  token: ${oc.env:FASTLM_UNSET_TOKEN}\n  db: postgresql://bob:CREDPW7@db.example.com/x\n",
         encoding="utf-8",
     )
-    with pytest.raises(Exception) as raised:
-        run_pipeline(kedro_project, "report")
-    error = config_file_error(raised.value)
-    assert error is not None, repr(raised.value)
-    message = str(error)
-    assert "\n" not in message and "Fix:" in message, message
+    message = _one_line(kedro_project, "report")
     assert "conf/local/credentials.yml" in message and "hub.token" in message, message
     assert "FASTLM_UNSET_TOKEN" in message and "CREDPW7" not in message, message
 
@@ -58,11 +59,6 @@ def test_a_catalog_entry_kedro_cannot_make_is_one_line_naming_it(kedro_project):
         "  filepath: s3://AKIAKEYID12345:CATSECRET77@bucket/split_summary.csv\n",
         encoding="utf-8",
     )
-    with pytest.raises(Exception) as raised:
-        run_pipeline(kedro_project, "split")
-    error = config_file_error(raised.value)
-    assert error is not None, repr(raised.value)
-    message = str(error)
-    assert "\n" not in message and "Fix:" in message, message
+    message = _one_line(kedro_project, "split")
     assert "split_summary" in message and "s3fs" in message, message
     assert "CATSECRET77" not in message and "AKIAKEYID12345" not in message, message
