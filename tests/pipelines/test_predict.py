@@ -485,22 +485,26 @@ def test_an_interrupted_run_continues_where_it_stopped_with_the_same_predictions
     assert summary["resumed_rows"] == 0  # other weights: nothing reused
 
 
-def test_an_encoder_decoder_model_predicts_each_row_as_it_does_alone(bpe_tokenizer):
+def _small_bart(tokenizer, **config):
+    """A small BART on ``tokenizer``'s vocabulary, its end token its start tokens; ``config`` overrides."""
     from transformers import BartConfig, BartForConditionalGeneration
 
+    eos = tokenizer.eos_token_id
+    settings = {
+        **SMALL_BART_LAYERS,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": eos,
+        "bos_token_id": eos,
+        "decoder_start_token_id": eos,
+        **config,
+    }
+    return BartForConditionalGeneration(BartConfig(vocab_size=len(tokenizer), **settings))
+
+
+def test_an_encoder_decoder_model_predicts_each_row_as_it_does_alone(bpe_tokenizer):
+
     torch.manual_seed(0)
-    eos = bpe_tokenizer.eos_token_id
-    model = BartForConditionalGeneration(
-        BartConfig(
-            vocab_size=len(bpe_tokenizer),
-            **SMALL_BART_LAYERS,
-            pad_token_id=bpe_tokenizer.pad_token_id,
-            eos_token_id=eos,
-            bos_token_id=eos,
-            decoder_start_token_id=eos,
-            init_std=0.2,
-        )
-    ).eval()
+    model = _small_bart(bpe_tokenizer, init_std=0.2).eval()
     texts = pd.DataFrame(
         {"text": ["The battery", "배송 문의 드립니다 빨리 보내 주세요", "ok", "가격 대비 좋아요"] * 2}
     )
@@ -535,21 +539,10 @@ def test_an_encoder_decoder_asked_more_new_tokens_than_its_decoder_positions_is_
     stopped with an IndexError traceback ('index out of range in self') once a row did not end sooner.
     Refused in one line before anything is written; 31 new tokens (the decoder start and 31 tokens fill
     the 32 positions) are still asked."""
-    from transformers import BartConfig, BartForConditionalGeneration
 
     from fastlm.reporting.predict_inputs import input_limit
 
-    eos = bpe_tokenizer.eos_token_id
-    model = BartForConditionalGeneration(
-        BartConfig(
-            vocab_size=len(bpe_tokenizer),
-            **{**SMALL_BART_LAYERS, "max_position_embeddings": 32},
-            pad_token_id=bpe_tokenizer.pad_token_id,
-            eos_token_id=eos,
-            bos_token_id=eos,
-            decoder_start_token_id=eos,
-        )
-    )
+    model = _small_bart(bpe_tokenizer, max_position_embeddings=32)
     assert input_limit(model, max_new_tokens=31, max_input_tokens=None) == 31
     folder = kedro_project / "data/06_models/bart"
     model.save_pretrained(folder)
