@@ -199,3 +199,21 @@ def test_a_misspelled_pipeline_is_one_line_with_the_close_match():
 
     error = selection_error(ValueError("Failed to find the pipeline named 'xyz'."), {"pipelines": ["xyz"]})
     assert "unknown pipeline 'xyz'." in str(error) and "did you mean" not in str(error), error
+
+
+def test_a_misspelled_pipeline_is_refused_before_kedro_starts_its_session(monkeypatch):
+    """``kedro run --pipeline=trian`` was refused only after Kedro had made its session and failed to read the
+    parameters of the unknown pipeline (a "Could not import pipelines" warning above the refusal): now it is
+    refused before Kedro's run starts, in the same one line."""
+    from click.testing import CliRunner
+
+    from fastlm import cli
+
+    started = []
+    monkeypatch.setattr(cli.kedro_run, "callback", lambda **kwargs: started.append(kwargs))
+    monkeypatch.setattr(cli, "in_project_folder", lambda: None)
+    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)  # the test session's handlers stay
+    done = CliRunner().invoke(cli.run, ["--pipeline=trian"])
+    assert done.exit_code != 0 and not started, (done.exit_code, started)
+    assert "unknown pipeline 'trian' (did you mean train?)" in done.output, done.output
+    assert CliRunner().invoke(cli.run, ["--pipeline=report,train"]).exit_code == 0 and started

@@ -44,6 +44,11 @@ def _run(**kwargs):
         kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
         check_env(kwargs.get("env"), kwargs.get("conf_source"), variable=not kwargs.get("env"))
         check_runner_params(kwargs.get("runner"), kwargs.get("runner_params"))
+        unknown = unknown_pipelines_error(kwargs.get("pipelines") or [])
+        if (
+            unknown is not None
+        ):  # before Kedro's session, which warns first that it cannot read its parameters
+            raise unknown
         return kedro_run.callback(**kwargs)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step with its own line)
         logging.shutdown()
@@ -742,17 +747,26 @@ def _unknown_name(
     )
 
 
+def unknown_pipelines_error(names: list[str]) -> ConfigError | None:
+    """The one line for the names of ``names`` that are no pipeline of the project (with the close match and
+    the pipelines there are), else None."""
+    unknown = [name for name in names if importlib.util.find_spec(f"fastlm.pipelines.{name}") is None]
+    if not unknown:
+        return None
+    known = sorted(info.name for info in pkgutil.iter_modules(fastlm.pipelines.__path__) if info.ispkg)
+    close = [match for name in unknown for match in difflib.get_close_matches(name, known, n=1)]
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ConfigError(
+        f"unknown pipeline {', '.join(unknown)!r}{hint}.", fix=f"use one of: {', '.join(known)}."
+    )
+
+
 def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError | None:
     """Kedro's ValueErrors for an unknown or empty pipeline, as one line."""
     message = str(exc)
-    unknown = [name for name in names if importlib.util.find_spec(f"fastlm.pipelines.{name}") is None]
-    if unknown and isinstance(exc, ImportError | ValueError):
-        known = sorted(info.name for info in pkgutil.iter_modules(fastlm.pipelines.__path__) if info.ispkg)
-        close = [match for name in unknown for match in difflib.get_close_matches(name, known, n=1)]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        return ConfigError(
-            f"unknown pipeline {', '.join(unknown)!r}{hint}.", fix=f"use one of: {', '.join(known)}."
-        )
+    unknown = unknown_pipelines_error(names)
+    if unknown is not None and isinstance(exc, ImportError | ValueError):
+        return unknown
     if not isinstance(exc, ValueError):
         return None
     if "Pipeline contains no nodes" in message:
