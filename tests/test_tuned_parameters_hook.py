@@ -412,3 +412,74 @@ def test_a_tuned_file_edited_by_hand_with_a_bad_value_is_one_line_naming_that_fi
     message = str(raised.value)
     assert TUNED in message and "train.batching.micro_batch_size" in message, message
     assert "conf/base" not in message and "\n" not in message and "--pipeline=tune" in message, message
+
+
+@pytest.mark.parametrize(
+    ("key", "bad"),
+    [
+        ("train.batching.micro_batch_size", "4"),
+        ("train.batching.micro_batch_size", 4.0),
+        ("train.batching.micro_batch_size", [4]),
+        ("train.batching.gradient_accumulation_steps", True),
+        ("train.batching.gradient_accumulation_steps", None),
+        ("train.batching.mode", 3),
+        ("tune_accumulation.processes", "1"),
+        ("tune_accumulation.processes", 1.0),
+        ("tune_accumulation.processes", True),
+        ("tune_accumulation.processes", None),
+        ("tune_accumulation.target_effective_batch", "32"),
+        ("tune_accumulation.target_effective_batch", [32]),
+        ("tune_accumulation.samples_per_micro_batch", "4.0"),
+        ("tune_accumulation.samples_per_micro_batch", False),
+        ("tune_accumulation", [1]),
+        ("tune_measured_on", [1]),
+    ],
+)
+def test_a_tuned_file_whose_values_have_the_wrong_type_is_one_line_naming_the_file_and_key(
+    tmp_path, monkeypatch, key, bad
+):
+    """A tuned file (micro-batch 4, accumulation 8 for target 32 on one process) with one value of another
+    type than the tune writes, read by a 2-process train run: one line naming the tuned file, the key and
+    the fix; the file and data/ as they were. (``micro_batch_size: "4"`` was taken as another value than
+    the file's 4, so the accumulation was not rescaled for the processes; a text or list in
+    ``tune_accumulation`` was a traceback; ``processes: true`` or ``1.0`` was read as 1.)"""
+    from fastlm.errors import ConfigError
+    from fastlm.parameters import GROUPS
+    from fastlm.pipelines.tune.record import (
+        ACCUMULATION_KEY,
+        RECORD_KEY,
+        accumulation_record,
+        device_description,
+        measured_on,
+    )
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    project, _, _ = _project(tmp_path, monkeypatch)
+    _, catalog = _run(project / "conf", project)
+    train = GROUPS["train"].parse(catalog.load("params:train"))
+    split = GROUPS["split"].parse(catalog.load("params:split"))
+    device = device_description(train.runtime.device)
+    tuned = {
+        "train": {"batching": {"mode": "padded", "micro_batch_size": 4, "gradient_accumulation_steps": 8}},
+        RECORD_KEY: measured_on(train, max_length=split.max_length, data=None, device=device),
+        ACCUMULATION_KEY: accumulation_record(1, 32, 4.0),
+    }
+    *parents, last = key.split(".")
+    level = tuned
+    for parent in parents:
+        level = level[parent]
+    level[last] = bad
+    (project / TUNED).write_text(yaml.safe_dump(tuned))
+    written = (project / TUNED).read_bytes()
+    data = sorted((path, path.stat().st_mtime_ns) for path in (project / "data").rglob("*"))
+    hook, catalog = _run(project / "conf", project)
+    raw = catalog.load("params:train")
+    catalog["params:train"].save({**raw, "distributed": {**raw.get("distributed", {}), "nproc_per_node": 2}})
+    with pytest.raises(ConfigError) as raised:
+        hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    message = str(raised.value)
+    assert TUNED in message and key in message and "\n" not in message, message
+    assert "--pipeline=tune" in message and "delete the file" in message, message
+    assert (project / TUNED).read_bytes() == written
+    assert sorted((path, path.stat().st_mtime_ns) for path in (project / "data").rglob("*")) == data

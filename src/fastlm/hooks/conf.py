@@ -283,8 +283,10 @@ class TunedParametersHook:
         if found is None:
             return
         where, tuned = found
-        from fastlm.pipelines.tune.record import tuned_leaves, without_tuned
+        from fastlm.pipelines.tune.record import check_tuned_file, tuned_leaves, without_tuned
 
+        if trains:  # a tune measures without the file and replaces it
+            check_tuned_file(where, tuned)
         tuned = tuned or {}
         leaves = tuned_leaves(tuned)
         if not leaves:  # an empty file: nothing applied, nothing to say

@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fastlm.errors import ConfigError
+
 RECORD_KEY = "tune_measured_on"  # top-level key of the tuned parameters file
+ACCUMULATION_KEY = "tune_accumulation"  # top-level key: the process count the tuned accumulation is for
 DATA_KEY = "tokenized data"  # the record's entry of the tokenized data (``data_identity``)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # settings of train the tune's measurement depends on besides train.model (every key of it)
@@ -54,6 +57,72 @@ OTHER_KEYS = (
     ("loss", "fused_linear_kernel"),
     ("distributed", "strategy"),  # fsdp: each process holds a shard of the weights, gradients, AdamW state
 )
+
+
+# what a train run reads of the tuned file besides its train settings' values, with the types the tune writes
+# them in (None: null is written): a value of another type is a hand edit that would be read as another value
+_COUNT, _NUMBER, _TEXT = "a whole number", "a number", "a text"
+TUNED_TYPES: dict[tuple[str, ...], tuple[str, bool]] = {
+    ("train", "batching", "mode"): (_TEXT, False),
+    ("train", "batching", "micro_batch_size"): (_COUNT, False),
+    ("train", "batching", "gradient_accumulation_steps"): (_COUNT, False),
+    ("train", "model", "gradient_checkpointing"): (_TEXT, False),
+    (ACCUMULATION_KEY, "processes"): (_COUNT, False),
+    (ACCUMULATION_KEY, "measured_processes"): (_COUNT, False),
+    (ACCUMULATION_KEY, "target_effective_batch"): (_COUNT, True),
+    (ACCUMULATION_KEY, "samples_per_micro_batch"): (_NUMBER, True),
+}
+_GROUPS = (("train",), ("train", "batching"), ("train", "model"), (RECORD_KEY,), (ACCUMULATION_KEY,))
+
+
+def _of_type(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):  # true / false is no number
+        return False
+    if kind == _COUNT:
+        return isinstance(value, int)
+    if kind == _NUMBER:
+        return isinstance(value, int | float) and math.isfinite(value)
+    return isinstance(value, str)
+
+
+def check_tuned_file(where: str, tuned: Any) -> None:
+    """Refuse in one line naming the tuned file ``where``, the key and the fix a value of ``tuned`` (its
+    contents) of another type than the tune writes (``micro_batch_size: "4"``, a list, ``processes: 1.0``,
+    ``true`` for a number, null): a hand edit the train run would read as another value than the file's,
+    or fail on. A key the file does not hold is not checked (an older version's file, or a setting not
+    tuned)."""
+    if not isinstance(tuned, Mapping):
+        return
+    fix = f"run `kedro run --pipeline=tune` again, or delete the file {where}."
+    for group in _GROUPS:
+        found = _get(tuned, group)
+        if found is not _MISSING and not isinstance(found, Mapping):
+            raise ConfigError(
+                f"{where}: {'.'.join(group)} is {_shown_type(found)}, where the tune writes a mapping.",
+                fix=fix,
+            )
+    for path, (kind, nullable) in TUNED_TYPES.items():
+        found = _get(tuned, path)
+        if found is _MISSING or (found is None and nullable) or _of_type(found, kind):
+            continue
+        raise ConfigError(
+            f"{where}: {'.'.join(path)} is {_shown_type(found)}, where the tune writes {kind}"
+            f"{' or null' if nullable else ''}.",
+            fix=fix,
+        )
+
+
+def _shown_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    kind = {
+        bool: "true/false",
+        str: "a text",
+        list: "a list",
+        float: "a decimal number",
+        int: "a whole number",
+    }
+    return f"{value!r} ({kind.get(type(value), type(value).__name__)})"
 
 
 def weights_identity(name_or_path: str | None) -> str | None:
@@ -206,9 +275,6 @@ def _copy(tree: Any) -> Any:
 
 def _shown(value: Any) -> str:
     return "(none)" if value is None else str(value)
-
-
-ACCUMULATION_KEY = "tune_accumulation"  # top-level key: the process count the tuned accumulation is for
 
 
 def accumulation_record(
