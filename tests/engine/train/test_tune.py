@@ -428,3 +428,65 @@ def test_a_size_the_data_holds_too_few_batches_of_ends_the_ladder_with_what_was_
     assert chosen is not None and chosen.micro_batch_size == 4
     text = tune.explain(trials, chosen, accumulation=1, target=None, headroom=0.1, memory_limit_mb=None)
     assert "micro-batch 16 leaves fewer than 3 batches" in text, text
+
+
+FEW_ERROR = "micro-batch 4 leaves fewer than 8 batches in the training data"
+
+
+def _nothing_fit(*ladders: tune.ModeLadder) -> list[tune.PolicyLadders]:
+    return [tune.PolicyLadders("off", list(ladders), None)]
+
+
+@pytest.mark.parametrize(
+    ("ladders", "said", "memory"),
+    [
+        (
+            [tune.ModeLadder("packed", [tune.Trial(4, tune.FEW, error=FEW_ERROR)], None)],
+            "micro-batch 4 leaves fewer than 8",
+            False,
+        ),
+        (
+            [tune.ModeLadder("packed", [], None, skipped="the model cannot train packed rows on eager")],
+            "packed: not measured (the model cannot train packed rows on eager)",
+            False,
+        ),
+        (
+            [
+                tune.ModeLadder("packed", [], None, skipped="the model cannot train packed rows on eager"),
+                tune.ModeLadder("padded", [tune.Trial(4, tune.OOM, error="CUDA out of memory")], None),
+            ],
+            "packed: not measured (the model cannot train packed rows on eager)",
+            True,
+        ),
+        (
+            [tune.ModeLadder("padded", [tune.Trial(4, tune.OOM, error="CUDA out of memory")], None)],
+            "micro-batch 4 ran out of memory",
+            True,
+        ),
+        (
+            [tune.ModeLadder("padded", [tune.Trial(4, tune.OVER, 10.0, 1.0, 95.0)], None)],
+            "micro-batch 4 needed 95 MB",
+            True,
+        ),
+    ],
+    ids=["too-few-batches", "mode-skipped", "skipped-then-oom", "oom", "over-headroom"],
+)
+def test_when_no_size_fit_the_error_says_the_first_failure_and_memory_advice_only_for_memory(
+    ladders, said, memory
+):
+    """Every size of every ladder failed: the one line names the first failure as it happened, and gives
+    memory advice (free memory, gradient checkpointing, a smaller model) only where memory stopped a ladder.
+    (It always said to free device memory, also where the training data held too few batches for the trial
+    or the model could not train in the batching mode.)"""
+    error = tune.no_fit_error(
+        _nothing_fit(*ladders),
+        min_size=4,
+        headroom=0.1,
+        memory_limit_mb=100.0,
+        tuned_file="conf/local/parameters_tuned.yml",
+    )
+    message = str(error)
+    assert said in message and "\n" not in message, message
+    assert message.index(said) < message.index("Fix:"), message
+    assert ("free device memory" in message) is memory, message
+    assert "conf/local/parameters_tuned.yml was left as it was" in message, message

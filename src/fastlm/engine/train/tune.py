@@ -397,6 +397,51 @@ def explain(
     )
 
 
+def no_fit_error(
+    results: Sequence[PolicyLadders],
+    *,
+    min_size: int,
+    headroom: float,
+    memory_limit_mb: float | None,
+    tuned_file: str,
+) -> ConfigError:
+    """The one line when no micro-batch size of any ladder (``results``: ``tune_checkpointing``'s) fit: what
+    failed first (a mode not measured and why, or the first size that did not finish and why), the paragraph
+    of what was measured, and the fix for that failure: memory advice only where memory (out of memory, over
+    the headroom) stopped a ladder; ``tuned_file`` is left as it was."""
+    first, memory, fixes = "", False, []
+    for result in results:
+        for ladder in result.ladders:
+            failed = next((trial for trial in ladder.trials if trial.status != OK), None)
+            if ladder.skipped:
+                said = f"{ladder.mode}: not measured ({ladder.skipped})"
+                fixes.append("set tune.modes to a batching mode the model trains in")
+            elif failed is not None:
+                said = f"{ladder.mode}: {_why_stopped(failed, headroom, memory_limit_mb)}"
+                memory = memory or failed.status in (OOM, OVER)
+                if failed.status == FEW:
+                    fixes.append(
+                        "lower tune.warmup_steps + tune.timed_steps or tune.min_micro_batch_size, or split "
+                        "more training data"
+                    )
+            else:
+                said = f"{ladder.mode}: nothing measured"
+            first = first or said
+    if memory:
+        fixes.append("free device memory, turn on train.model.gradient_checkpointing, or use a smaller model")
+    explained = f"first failure: {first}." if first else "nothing was measured."
+    measured = " ".join(
+        f"{ladder.mode}: {', '.join(f'{t.micro_batch_size} {t.status}' for t in ladder.trials) or 'no size'}"
+        for result in results
+        for ladder in result.ladders
+    )
+    fix = "; ".join(dict.fromkeys(fixes)) or "correct what the first failure names"
+    return ConfigError(
+        f"no micro-batch size from {min_size} fit: {explained} Sizes tried: {measured or 'none'}.",
+        fix=f"{fix}; {tuned_file} was left as it was.",
+    )
+
+
 def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) -> str:
     if stop.status == OOM:
         return f"micro-batch {stop.micro_batch_size} ran out of memory"

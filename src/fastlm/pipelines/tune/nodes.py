@@ -12,7 +12,6 @@ import pandas as pd
 
 from fastlm.corpus.fingerprint import data_identity
 from fastlm.engine.config import train_processes
-from fastlm.errors import ConfigError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
 from fastlm.pipelines.tune import record
@@ -150,10 +149,12 @@ def tune_micro_batch(
     }
     tracker.log_params({f"tune.chosen.{k}": v for k, v in choice.items() if k != "explanation"})
     if chosen is None:
-        raise ConfigError(
-            f"no micro-batch size from {settings.min_micro_batch_size} fit: {explanation}",
-            fix="free device memory, turn on train.model.gradient_checkpointing, or use a smaller "
-            f"model; {tuned_file} was left as it was.",
+        raise tune.no_fit_error(
+            policies,
+            min_size=settings.min_micro_batch_size,
+            headroom=settings.memory_headroom,
+            memory_limit_mb=limit,
+            tuned_file=tuned_file,
         )
     tuned = {
         "train": {
