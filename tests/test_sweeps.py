@@ -712,3 +712,32 @@ def test_final_train_loss_ranks_an_early_stopped_run_by_its_models_train_loss():
     text = verdict(table, "final_train_loss", {}, {})
     assert "s-01 (optimizer.lr 0.001) is best by model_train_loss = 2.2" in text, text
     assert "s-02 (optimizer.lr 0.003), has 2.4" in text, text
+
+
+def test_a_run_kept_by_an_older_version_without_the_weights_or_data_identity_is_trained_again(tmp_path):
+    """A run kept before the sweep recorded its base folder's weights (no ``model weights``) or the split
+    texts' digest (``data`` the fingerprint alone): trained again, with one line saying why; never kept on
+    what that version could not compare (other weights in the folder, another split of other texts). A
+    summary that is no record at all is trained again too, not a traceback. The same identity is kept."""
+    from fastlm.sweeps import SweepRuns, kept_run
+
+    runs, history = SweepRuns(tmp_path), pd.DataFrame({"step": [1]})
+    identity = {"train": {"max_steps": 2}, "data": "digest", "model weights": "w2"}
+    runs.keep(
+        "s", "s-01", {"sweep_identity": {"train": {"max_steps": 2}, "data": "digest"}}, history, history
+    )
+    runs.keep("s", "s-02", {"sweep_identity": {**identity, "data": "fp"}}, history, history)
+    runs.keep("s", "s-03", {"sweep_identity": identity}, history, history)
+    runs.keep("s", "s-04", {"sweep_identity": {**identity, "model weights": "w1"}}, history, history)
+    runs.folder("s", "s-05").mkdir(parents=True)
+    (runs.folder("s", "s-05") / "summary.json").write_text("[1]")
+    done, why = kept_run(runs, "s", "s-01", identity)
+    assert done is None and "model weights" in why and "older version" in why and "\n" not in why, why
+    done, why = kept_run(runs, "s", "s-02", identity)
+    assert done is None and "data" in why and "\n" not in why, why
+    done, why = kept_run(runs, "s", "s-03", identity)
+    assert done is not None and why is None
+    done, why = kept_run(runs, "s", "s-04", identity)
+    assert done is None and "model weights" in why and "older version" not in why, why
+    assert kept_run(runs, "s", "s-05", identity)[0] is None
+    assert kept_run(runs, "s", "s-06", identity) == (None, None)  # never kept: nothing to say

@@ -287,7 +287,41 @@ def finished_summary(folder: Path, identity: dict[str, Any]) -> dict | None:
         stored = strict_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    if not isinstance(stored, dict):
+        return None
     return stored if stored.get("sweep_identity") == json.loads(json.dumps(identity, default=str)) else None
+
+
+def kept_run(
+    runs: SweepRuns, sweep: str, run: str, identity: dict[str, Any]
+) -> tuple[dict | None, str | None]:
+    """(summary, None) of run ``run`` of ``sweep`` when it finished with exactly ``identity``; else (None, why
+    it is trained again) where a summary is kept with another identity, in a phrase naming what differs: a
+    key its record lacks (``model weights``, a base folder's weights; ``data`` the fingerprint alone, before
+    the split texts' digest) was kept by an older version, which did not compare it, so the run is not kept
+    on it. (None, None): never kept."""
+    done = runs.finished(sweep, run, identity)
+    if done is not None:
+        return done, None
+    path = runs.folder(sweep, run) / "summary.json"
+    if not path.is_file():
+        return None, None
+    try:
+        stored = strict_json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = None
+    recorded = stored.get("sweep_identity") if isinstance(stored, dict) else None
+    if not isinstance(recorded, dict):
+        return None, f"its kept summary {path} records no identity to compare"
+    now = json.loads(json.dumps(identity, default=str))
+    older = sorted(key for key in now if key not in recorded)
+    changed = sorted(
+        key for key in {*now, *recorded} if key not in older and recorded.get(key) != now.get(key)
+    )
+    said = [f"its {', '.join(changed)} differ from what it finished with"] if changed else []
+    if older:
+        said.append(f"it was kept by an older version that did not record its {', '.join(older)}")
+    return None, "; ".join(said)
 
 
 def save_finished(folder: Path, summary: dict, history, eval_history) -> None:

@@ -83,3 +83,22 @@ def test_settings_a_run_ignores_are_no_change(tmp_path):
     lora = {"model": {"name_or_path": str(tmp_path), "lora": {"enabled": True}}}
     rank = {"model": {"name_or_path": str(tmp_path), "lora": {"enabled": True, "r": 8}}}
     assert "train.model.lora.r" in what_changed(record(lora), record(rank))
+
+
+def test_weights_replaced_with_their_size_and_time_put_back_change_the_identity(tmp_path):
+    """A weight file replaced by one of the same size whose modification time is put back (``cp -p``,
+    ``rsync -t``, ``os.utime``): another identity, as the raw data's record sees it (status-change time and
+    inode beside size and time, ``corpus.shards.file_state``). (Names, sizes and modification times alone
+    took it for the same weights: a sweep kept its runs, a tuned file was applied.) Untouched: the same."""
+    from fastlm.pipelines.tune.record import weights_identity
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"1234")
+    before = weights_identity(str(tmp_path))
+    assert weights_identity(str(tmp_path)) == before
+    stat = weights.stat()
+    (tmp_path / "new.tmp").write_bytes(b"abcd")
+    os.replace(tmp_path / "new.tmp", weights)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    assert weights_identity(str(tmp_path)) != before

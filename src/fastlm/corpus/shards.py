@@ -245,10 +245,12 @@ def file_record(path: Path, name: str) -> dict:
     """What a split records of a raw file it read (a file, or one shard): ``name`` (how the record names
     it), its size, time, status-change time, inode and SHA-256."""
     stat = path.stat()
-    return {"path": name, **_file_state(stat), "sha256": _sha256(path)}
+    return {"path": name, **file_state(stat), "sha256": _sha256(path)}
 
 
-def _file_state(stat) -> dict:
+def file_state(stat) -> dict:
+    """A file's identity short of its bytes, from its ``os.stat`` result: size, modification time,
+    status-change time and inode (the raw record's; a base model folder's weights, ``weights_identity``)."""
     # ctime and inode beside size and mtime: a rewrite whose mtime is put back (touch -r, cp -p, rsync -t, a
     # rewrite within a coarse clock's tick) still moves ctime, which no user call can set
     return {
@@ -264,7 +266,7 @@ def file_changed(path: Path, recorded: dict) -> bool:
     size, time, status-change time and inode are the same file; anything else (a new time alone, a record
     of an older fastlm without the last two) is compared by its SHA-256."""
     stat = path.stat()
-    if all(recorded.get(key) == value for key, value in _file_state(stat).items()):
+    if all(recorded.get(key) == value for key, value in file_state(stat).items()):
         return False
     return stat.st_size != recorded.get("size") or _sha256(path) != recorded.get("sha256")
 

@@ -35,6 +35,7 @@ from fastlm.sweeps import (
     SweepSpec,
     best_run_config,
     child_run_params,
+    kept_run,
     load_sweep_runs,
     run_train_params,
 )
@@ -104,7 +105,9 @@ def run_sweep(
         weights = weights_identity((params.get("model") or {}).get("name_or_path"))
         if weights is not None:  # a local base folder: other weights put in it are another run
             identity["model weights"] = weights
-        done = _finished_before(runs, spec.name, name, identity, fingerprint.get("fingerprint"))
+        done, why = kept_run(runs, spec.name, name, identity)
+        if why is not None:
+            log.info("Sweep %s: run %s is trained again: %s", spec.name, name, why)
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
             try:
@@ -145,19 +148,6 @@ def run_sweep(
         fold_table(table, trainer.run_ids, spec.metric),
         _best_run_file(spec, best, dict(zip(names, plan, strict=True)), command, train_params, split_params),
     )
-
-
-def _finished_before(runs, sweep: str, name: str, identity: dict, fingerprint: str | None) -> dict | None:
-    """The kept summary of run ``name`` when it finished with ``identity``; or, kept by an earlier version,
-    with what that version recorded: no ``model weights`` (a base folder's weights were not compared then),
-    and before the data identity its fingerprint alone (as a model folder's)."""
-    done = runs.finished(sweep, name, identity)
-    earlier = {key: value for key, value in identity.items() if key != "model weights"}
-    if done is None and earlier != identity:
-        done = runs.finished(sweep, name, earlier)
-    if done is None and identity["data"] != fingerprint:
-        done = runs.finished(sweep, name, {**earlier, "data": fingerprint})
-    return done
 
 
 def best_run_header(sweep: str, best: str, metric: str, command: str) -> str:

@@ -126,15 +126,21 @@ def _shown_type(value: Any) -> str:
 
 
 def weights_identity(name_or_path: str | None) -> str | None:
-    """A digest of the weight files of a local model folder (names, sizes, modification times): a retrained
-    or replaced model changes it. None for a hub id or a model trained from scratch (the name is recorded)."""
+    """A digest of the weight files of a local model folder: their names and each one's identity as the raw
+    data's record has it (``corpus.shards.file_state``: size, modification and status-change times, inode),
+    so a retrained or replaced model changes it, also one of the same size whose time was put back (``cp
+    -p``, ``rsync -t``). None for a hub id or a model trained from scratch (the name is recorded). A record
+    of an older version (names, sizes and times alone) is another digest: taken for other weights."""
+    from fastlm.corpus.shards import file_state
+
     if not name_or_path or not Path(name_or_path).is_dir():
         return None
     folder = Path(name_or_path)
     digest = hashlib.sha256()
     for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES):
-        stat = file.stat()
-        digest.update(f"{file.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+        state = file_state(file.stat())
+        shown = ":".join(str(state[key]) for key in sorted(state))
+        digest.update(f"{file.relative_to(folder)}:{shown}\n".encode())
     return digest.hexdigest()[:24]
 
 
