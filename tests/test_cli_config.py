@@ -124,3 +124,40 @@ def test_a_quoted_or_uncommented_params_value_is_taken_as_typed(given, tmp_path,
 def test_a_params_value_cut_by_a_comment_is_one_line_and_status_2(kedro_project):
     last = cli_refusal(kedro_project, "--pipeline=report", "--params", "run_name=실험 #3")
     assert "run_name" in last and "실험 #3" in last, last
+
+
+def test_the_sweeps_command_names_the_best_run_file_relative_to_the_project(tmp_path, monkeypatch):
+    """The command a sweep writes into sweep.md and sweep_best_run.yml names the file as the catalog gives
+    it, relative to the project folder (the working folder of a run); a file outside it keeps its absolute
+    path. (The catalog's absolute path was written: a sweep folder moved to another checkout or machine
+    named a file that is not there.)"""
+    from fastlm.sweeps import best_run_command
+
+    monkeypatch.chdir(tmp_path)
+    inside = tmp_path / "data/08_reporting/sweep_best_run.yml"
+    assert best_run_command(str(inside)) == "kedro run --config data/08_reporting/sweep_best_run.yml"
+    outside = tmp_path.parent / "elsewhere.yml"
+    assert best_run_command(str(outside)) == f"kedro run --config {outside}"
+
+
+def test_a_config_file_named_from_the_project_is_found_from_a_subfolder_or_refused_in_one_line(
+    given, tmp_path, monkeypatch
+):
+    """`kedro run --config data/08_reporting/sweep_best_run.yml` (as the sweep writes it) started in a
+    subfolder of the project reads the project's file; a file neither here nor in the project is one line
+    naming it, exit 1. (Click refused the path before the run moved to the project folder.)"""
+    (tmp_path / "pyproject.toml").write_text('[tool.kedro]\npackage_name = "fastlm"\nproject_name = "x"\n')
+    best = tmp_path / "data/08_reporting/sweep_best_run.yml"
+    best.parent.mkdir(parents=True)
+    best.write_text(yaml.safe_dump({"run": {"pipeline": "train", "params": {"run_name": "s-best"}}}))
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    done = CliRunner().invoke(cli.run, ["--config", "data/08_reporting/sweep_best_run.yml"])
+    assert done.exit_code == 0, done.output
+    assert given["params"] == {"run_name": "s-best"} and given["pipelines"] == ["train"], given
+    done = CliRunner().invoke(cli.run, ["--config", "data/08_reporting/missing.yml"])
+    assert done.exit_code == 1, done.output
+    lines = done.output.strip().splitlines()
+    assert len(lines) == 1 and "data/08_reporting/missing.yml" in lines[0] and str(tmp_path) in lines[0], (
+        lines
+    )

@@ -778,9 +778,44 @@ def _pipeline_selection_error(exc: Exception, names: list[str]) -> FastlmError |
     return None
 
 
+def config_file(given: str) -> Path:
+    """The ``--config`` file ``given``: as named from the working folder, else (a relative name) from the
+    project folder, where a run works (``in_project_folder``) and where a sweep's ``sweep_best_run.yml`` is
+    named from; neither: one line naming both places."""
+    from kedro.utils import find_kedro_project
+
+    path = Path(given)
+    if path.is_file():
+        return path.resolve()
+    project = find_kedro_project(Path.cwd())
+    if project is not None and not path.is_absolute() and (Path(project) / path).is_file():
+        return (Path(project) / path).resolve()
+    where = f" nor in the project folder {project}" if project is not None and not path.is_absolute() else ""
+    raise click.ClickException(
+        f"--config {given}: no such file here ({Path.cwd()}){where}; name a run configuration file such as "
+        "data/08_reporting/sweep_best_run.yml (a sweep writes it)."
+    )
+
+
+def _config_resolved(option: click.Parameter) -> click.Parameter:
+    """Kedro's ``--config`` option, its file found by ``config_file`` before Kedro reads it (Kedro's own check
+    looked in the working folder only, before the run moved to the project folder)."""
+    if option.name != "config" or option.callback is None:
+        return option
+    kept = copy.copy(option)
+    kept.type = click.Path(dir_okay=False)
+    read = option.callback
+
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        return read(ctx, param, str(config_file(value)) if value else value)
+
+    kept.callback = callback
+    return kept
+
+
 run = click.Command(
     name="run",
-    params=[_params_text_kept(option) for option in kedro_run.params],
+    params=[_config_resolved(_params_text_kept(option)) for option in kedro_run.params],
     callback=_run,
     help=kedro_run.help,
     short_help=kedro_run.short_help,

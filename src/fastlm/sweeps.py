@@ -229,6 +229,15 @@ def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: in
     return params
 
 
+def best_run_command(path: str) -> str:
+    """The command that trains the sweep's best setting from its run configuration at ``path`` (the catalog's
+    ``sweep_best_run``), with the file named relative to the project folder (the working folder of a run)
+    where it is inside it, so sweep.md and the file itself still name it in a moved or copied project
+    (``kedro run --config`` reads such a name from the project folder, ``fastlm.cli.config_file``)."""
+    file, here = Path(path).resolve(), Path.cwd().resolve()
+    return f"kedro run --config {(file.relative_to(here) if file.is_relative_to(here) else file).as_posix()}"
+
+
 CHECKPOINTS = "sweeps"  # <train.checkpoint_dir>/sweeps/<sweep name>/<run name>/
 
 

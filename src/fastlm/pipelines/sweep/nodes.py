@@ -33,6 +33,7 @@ from fastlm.reporting.sweep_view import (
 from fastlm.sweeps import (
     SweepRuns,
     SweepSpec,
+    best_run_command,
     best_run_config,
     child_run_params,
     kept_run,
@@ -136,7 +137,7 @@ def run_sweep(
     spread = fold_spread(table, spec.metric)  # None unless the runs differ by train.fold
     _log_cv_metrics(table, spec.metric, tracker)
     best = best_run(table, spec.metric)
-    command = f"kedro run --config {(paths or {}).get('sweep_best_run', 'sweep_best_run')}"
+    command = best_run_command((paths or {}).get("sweep_best_run", "sweep_best_run"))
     text = verdict(table, spec.metric, histories, evaluations, spread=spread)
     if best is not None:
         text += f" To train {best}'s setting on the whole training split: `{command}`."
