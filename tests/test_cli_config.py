@@ -145,7 +145,8 @@ def test_a_config_file_named_from_the_project_is_found_from_a_subfolder_or_refus
 ):
     """`kedro run --config data/08_reporting/sweep_best_run.yml` (as the sweep writes it) started in a
     subfolder of the project reads the project's file; a file neither here nor in the project is one line
-    naming it, exit 1. (Click refused the path before the run moved to the project folder.)"""
+    naming it (both places where they differ), exit 2. (Click refused the path before the run moved to the
+    project folder.)"""
     (tmp_path / "pyproject.toml").write_text('[tool.kedro]\npackage_name = "fastlm"\nproject_name = "x"\n')
     best = tmp_path / "data/08_reporting/sweep_best_run.yml"
     best.parent.mkdir(parents=True)
@@ -156,8 +157,12 @@ def test_a_config_file_named_from_the_project_is_found_from_a_subfolder_or_refus
     assert done.exit_code == 0, done.output
     assert given["params"] == {"run_name": "s-best"} and given["pipelines"] == ["train"], given
     done = CliRunner().invoke(cli.run, ["--config", "data/08_reporting/missing.yml"])
-    assert done.exit_code == 1, done.output
+    assert done.exit_code == 2, done.output
     lines = done.output.strip().splitlines()
-    assert len(lines) == 1 and "data/08_reporting/missing.yml" in lines[0] and str(tmp_path) in lines[0], (
+    assert len(lines) == 1 and lines[0].startswith("fastlm: error: --config data/08_reporting/missing.yml"), (
         lines
     )
+    assert f"in {tmp_path / 'notebooks'} nor in the project folder {tmp_path}." in lines[0], lines
+    monkeypatch.chdir(tmp_path)  # the project folder itself: named once
+    line = CliRunner().invoke(cli.run, ["--config", "missing.yml"]).output.strip()
+    assert f"no such file in {tmp_path}. Fix:" in line and "nor" not in line, line

@@ -790,11 +790,28 @@ def config_file(given: str) -> Path:
     project = find_kedro_project(Path.cwd())
     if project is not None and not path.is_absolute() and (Path(project) / path).is_file():
         return (Path(project) / path).resolve()
-    where = f" nor in the project folder {project}" if project is not None and not path.is_absolute() else ""
-    raise click.ClickException(
-        f"--config {given}: no such file here ({Path.cwd()}){where}; name a run configuration file such as "
-        "data/08_reporting/sweep_best_run.yml (a sweep writes it)."
+    places = [Path.cwd().resolve()]
+    if project is not None and not path.is_absolute() and Path(project).resolve() != places[0]:
+        places.append(Path(project).resolve())
+    raise _OneLine(
+        ConfigError(
+            f"--config {given}: no such file in {' nor in the project folder '.join(map(str, places))}.",
+            fix="name a run configuration file such as data/08_reporting/sweep_best_run.yml (a sweep writes "
+            "it), relative to the project folder or absolute.",
+        )
     )
+
+
+class _OneLine(click.ClickException):
+    """A user error raised while click reads the options (before ``_run``): shown as ``_run`` shows one,
+    ``fastlm: error: ...`` and its exit status, not click's ``Error:``."""
+
+    def __init__(self, error: FastlmError):
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+    def show(self, file=None) -> None:
+        click.secho(f"fastlm: error: {redact_text(self.message)}", fg="red", err=True)
 
 
 def _config_resolved(option: click.Parameter) -> click.Parameter:
