@@ -420,3 +420,16 @@ def test_a_model_config_of_the_same_shapes_but_other_math_is_another_run(tmp_pat
     assert digest_differences(before, digest(same)) == []
     older = {key: value for key, value in before.items() if key != "model.config"}
     assert digest_differences(older, digest(rope)) == []
+
+
+def test_a_full_fine_tunes_checkpoint_without_base_weights_is_still_resumed():
+    """A full fine-tune's checkpoint from before its base folder's weights were recorded (None there) is not
+    compared on them; a LoRA one's, or a recorded one's, is."""
+    from fastlm.engine.checkpoint.resume import digest_differences
+
+    now = {"model.lora": None, "model.base_weights": "b" * 16}
+    assert digest_differences({"model.lora": None, "model.base_weights": None}, now) == []
+    (line,) = digest_differences({"model.lora": None, "model.base_weights": "a" * 16}, now)
+    assert line.startswith("model.base_weights"), line
+    lora = {"model.lora": {"r": 4}, "model.base_weights": "b" * 16}
+    assert len(digest_differences({"model.lora": {"r": 4}, "model.base_weights": None}, lora)) == 1

@@ -1033,6 +1033,28 @@ def test_a_lora_checkpoint_is_not_resumed_on_a_changed_base(tmp_path, base_dir, 
     assert "model.base_weights" in line, line
 
 
+def test_a_full_fine_tune_is_not_continued_on_a_changed_base(tmp_path, base_dir, tokenizer, pairs, caplog):
+    """Round twenty: a full fine-tune's checkpoint holds all its weights, but they are a fine-tune of the
+    base it started from: with other weights of the same shapes put in the base folder, a finished run
+    entered again (a sweep trains a run again when its base changed) returned the old base's model as
+    trained, and an interrupted one went on training it. It starts fresh, saying the base weights changed."""
+    base = tmp_path / "base"
+    shutil.copytree(base_dir, base)
+    full = {"name_or_path": str(base)}
+    params = train_params(tmp_path, base, model=full, max_steps=2, save_every=2, resume="auto")
+
+    def run():
+        return run_train(params, tokenizer, pairs)
+
+    run()
+    save_tiny_llama(base, tokenizer, seed=1)
+    caplog.set_level(logging.INFO, logger="fastlm")
+    again = run()
+    assert again.summary["steps_trained"] == 2
+    (line,) = [message for message in caplog.messages if "starting fresh" in message]
+    assert "model.base_weights" in line, line
+
+
 def test_an_adapter_moved_with_its_base_finds_it_where_it_now_is(tmp_path, base_dir, tokenizer, monkeypatch):
     """Round six: the adapter config names its base by absolute path: after `mv` of the project the report
     and predict refused the adapter (its base "does not exist"), and a `cp -r` copy read the original

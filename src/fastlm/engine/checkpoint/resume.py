@@ -9,7 +9,10 @@ digest (:func:`run_digest`) records, as readable fields:
   change no weight or data position, and ``use_rslora`` / ``use_dora`` / ``loraplus_lr_ratio`` where off, as
   checkpoints written before they existed hold them, and ``init`` where it leaves the base weights alone:
   PiSSA's and OLoRA's train over a base they changed, rebuilt at resume from the setting),
-  ``model.base_weights`` (LoRA: a hash of the frozen base weights, which a LoRA checkpoint does not hold),
+  ``model.base_weights`` (a hash of a local base folder's weights: LoRA's frozen base, which a LoRA
+  checkpoint does not hold; a full fine-tune's starting point, which its weights are a fine-tune of: a
+  checkpoint of another base is another run, as one of other data is; a full fine-tune's checkpoint written
+  before it was recorded holds None, not compared),
   ``model.config`` (the config's ``CONFIG_MATH_KEYS``: RoPE, norms' epsilon, activations, attention windows,
   which change the computation where no shape shows them; compared only where the checkpoint recorded it);
 - ``data``: a hash of the tokenized training split (every token, every sample boundary, prompt lengths),
@@ -121,7 +124,7 @@ def run_digest(
         "model.lora": lora.model_dump(mode="json", exclude=_LORA_LEVERS | _lora_defaults_added(lora))
         if lora.enabled
         else None,
-        "model.base_weights": _base_weights(source) if lora.enabled else None,
+        BASE_WEIGHTS: _base_weights(source),
         "data": data,
         "data.fold": params.fold,  # k-fold runs: never continue another fold's checkpoint
         "batching.mode": params.batching.mode,
@@ -211,8 +214,18 @@ def _same(key: str, saved: Any, now: Any) -> bool:
     return Path(saved).expanduser().resolve() == Path(now).expanduser().resolve()
 
 
+BASE_WEIGHTS = "model.base_weights"
+
+
+def _unrecorded_base(saved: dict) -> bool:
+    """A full fine-tune's checkpoint written before its base folder's weights were recorded (None there):
+    not compared, so it still resumes."""
+    return saved.get(BASE_WEIGHTS) is None and saved.get("model.lora") is None
+
+
 def _base_weights(source: str | None) -> str | None:
-    """LoRA: a hash of the frozen base weights (``lora.base_weights_digest``), which no checkpoint holds."""
+    """A hash of a local base folder's weights (``lora.base_weights_digest``: a few MB read for a multi-GB
+    base); None for a hub name or a model from scratch."""
     if source is None or not Path(source).is_dir():
         return None
     from fastlm.engine.model.lora import base_weights_digest
@@ -229,6 +242,8 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
     for key, value in current.items():
         if key == MODEL_CONFIG:  # not recorded by an earlier fastlm: not compared; else key by key
             differences += _config_differences(saved.get(key), value)
+        elif key == BASE_WEIGHTS and _unrecorded_base(saved):
+            continue
         elif not _same(key, saved.get(key), value):
             differences.append(
                 f"{key} {_short(saved.get(key), key)} -> {_short(value, key)}"
