@@ -30,7 +30,12 @@ from fastlm.reporting.predictions import (
 )
 from tests.support.e2e import own_experiment
 from tests.support.project import catalog_dataset, run_pipeline
-from tests.support.tiny_llama import CHAT_TEMPLATE, llama_style_tokenizer, save_tiny_llama
+from tests.support.tiny_llama import (
+    CHAT_TEMPLATE,
+    llama_style_tokenizer,
+    rewrite_weights_keeping_time,
+    save_tiny_llama,
+)
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 # kernels: batched left-padded generation against one row at a time (as
@@ -1320,3 +1325,24 @@ def test_a_prompt_of_a_json_number_is_still_refused_as_no_text(tmp_path):
         limit=None, too_long="truncate", source=str(path),
     )  # fmt: skip
     assert asked["refused"].tolist()[0::2] == ["non_string", "non_string"] and pd.isna(asked["refused"][1])
+
+
+def test_a_model_rewritten_with_its_time_put_back_is_another_model_and_a_copy_the_same(
+    tmp_path, model_folder
+):
+    """Round twenty: the model's identity (which keys the resumable prediction parts) digested file names,
+    sizes and modification times: weights rewritten with their size and time put back (``cp -p``, ``rsync
+    -t``) were the same model, and an interrupted predict continued with the old model's predictions. It is
+    the weights' content now (sampled as ``base_digest.json`` samples them): a copy of the folder is the same
+    model, the rewrite another."""
+    from fastlm.datasets.predict_sources import PredictSources
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    sources = PredictSources(folder, tmp_path / "runs", tmp_path / "parts")
+    before = sources.load_model(None)["identity"]
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    assert sources.load_model(str(copy))["identity"] == before
+    rewrite_weights_keeping_time(folder)
+    assert sources.load_model(None)["identity"] != before

@@ -2,8 +2,11 @@
 
 import os
 
+import torch
+
 from fastlm.engine.config import TrainParams
 from fastlm.pipelines.tune.record import measured_on, tuned_leaves, what_changed, without_tuned
+from tests.support.tiny_llama import rewrite_weights_keeping_time
 
 
 def record(train: dict | None = None, max_length: int = 48, data: str = "abc", device: str = "cpu") -> dict:
@@ -102,3 +105,27 @@ def test_weights_replaced_with_their_size_and_time_put_back_change_the_identity(
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
     assert weights_identity(str(tmp_path)) != before
+
+
+def test_a_copied_base_folder_keeps_its_weights_identity_and_rewritten_weights_lose_it(tmp_path):
+    """Round twenty: the weights identity digested each weight file's inode and status-change time, so a base
+    folder copied or restored (``cp -r``: new inodes, the same weights) was other weights: a sweep trained its
+    runs again and a tuned file was set aside. It is the weights' content now (every tensor's dtype, shape
+    and sampled bytes, ``base_digest.json``'s digest): a copy keeps it, other weights written in place with
+    the file's size and time put back change it."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from fastlm.pipelines.tune.record import weights_identity
+
+    base = tmp_path / "base"
+    base.mkdir()
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"embed": torch.randn(300, 64, generator=generator), "norm": torch.ones(64)}
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    before = weights_identity(str(base))
+    shutil.copytree(base, tmp_path / "copy")
+    assert weights_identity(str(tmp_path / "copy")) == before
+    rewrite_weights_keeping_time(base)
+    assert weights_identity(str(base)) != before

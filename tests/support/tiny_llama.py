@@ -185,3 +185,20 @@ def calling_llama():
     model, tokenizer = scripted_llama(CALL_TOKENS, _CALL_NEXT, special=("<tool_call>", "</tool_call>"))
     tokenizer.chat_template = QWEN_STYLE_TOOLS_TEMPLATE
     return model, tokenizer
+
+
+def rewrite_weights_keeping_time(folder: Path, name: str = "model.safetensors") -> None:
+    """Other weights of the same shapes written over ``folder``'s ``name`` in place (every tensor plus one),
+    its size and modification time put back, as ``cp -p``, ``rsync -t`` or ``os.utime`` leave a rewrite."""
+    import os
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    path = Path(folder) / name
+    stat = path.stat()
+    with safe_open(path, "pt") as handle:
+        metadata = handle.metadata()
+    save_file({key: tensor + 1 for key, tensor in load_file(path).items()}, path, metadata=metadata)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)

@@ -250,7 +250,7 @@ def file_record(path: Path, name: str) -> dict:
 
 def file_state(stat) -> dict:
     """A file's identity short of its bytes, from its ``os.stat`` result: size, modification time,
-    status-change time and inode (the raw record's; a base model folder's weights, ``weights_identity``)."""
+    status-change time and inode (the raw record's)."""
     # ctime and inode beside size and mtime: a rewrite whose mtime is put back (touch -r, cp -p, rsync -t, a
     # rewrite within a coarse clock's tick) still moves ctime, which no user call can set
     return {

@@ -4,7 +4,6 @@ place that names them (a catalog path read from ``--params`` would miss a value 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -15,6 +14,7 @@ from kedro.io import AbstractDataset, DatasetError
 from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table, text_as_written
 from fastlm.corpus.shards import data_files, is_pattern
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
+from fastlm.engine.model.lora import folder_identity
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import with_system_prompt
 from fastlm.reporting.predictions import PredictionParts
@@ -105,9 +105,10 @@ class PredictSources:
     def load_model(self, name: str | None) -> dict:
         """``{"model", "tokenizer", "source", "identity", "trained_here"}``: ``name`` None is the trained
         model; else a model folder, else the run name of a finished training run (``<runs>/<name>/model``).
-        ``identity`` (file names, sizes, modification times) keys the resumable parts: new weights never
-        reuse old predictions. ``trained_here``: the trained model or a run's, i.e. trained on this
-        project's data (``training_chat`` speaks for it)."""
+        ``identity`` (``lora.folder_identity``: every file's name and content, a safetensors file's tensors
+        sampled) keys the resumable parts: new weights never reuse old predictions, also written with their
+        size and time put back, and a copied folder reuses them. ``trained_here``: the trained model or a
+        run's, i.e. trained on this project's data (``training_chat`` speaks for it)."""
         folder = self.trained_model if name is None else Path(name)
         if name is not None and not folder.is_dir() and (self.runs / name / "model").is_dir():
             folder = self.runs / name / "model"
@@ -131,7 +132,7 @@ class PredictSources:
         return {
             **loaded,
             "source": str(folder),
-            "identity": _folder_identity(folder),
+            "identity": folder_identity(folder),
             "trained_here": trained_here,
             "project_rows": self._project_rows(folder, loaded.get("training_data"))
             if trained_here and not recorded
@@ -174,14 +175,6 @@ class PredictSources:
         except (OSError, UnicodeDecodeError, ValueError):
             return None
         return summary.get("fingerprint") if isinstance(summary, dict) else None
-
-
-def _folder_identity(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-        stat = file.stat()
-        digest.update(f"{file.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
 
 
 class PredictSourcesDataset(AbstractDataset):

@@ -1003,6 +1003,30 @@ def test_the_base_digest_samples_large_tensors_and_reads_little(tmp_path, monkey
     assert lora.base_weights_digest(tmp_path) != first
 
 
+def test_a_folders_identity_is_its_files_names_and_content_not_their_metadata(tmp_path, base_dir):
+    """``folder_identity`` (the predict parts' and the tune's and sweep's key of a model folder): a copy (new
+    inodes) is the same; a file of other bytes written with its size and time put back, a safetensors tensor
+    or a whole other file, is not; files outside ``suffixes`` do not count there."""
+    import os
+
+    folder = tmp_path / "model"
+    shutil.copytree(base_dir, folder)
+    (folder / "pytorch_model.bin").write_bytes(bytes(range(256)) * 4)
+    weights = (".safetensors", ".bin")
+    whole, only = lora.folder_identity(folder), lora.folder_identity(folder, weights)
+    shutil.copytree(folder, tmp_path / "copy")
+    assert (lora.folder_identity(tmp_path / "copy"), lora.folder_identity(tmp_path / "copy", weights)) == (
+        whole,
+        only,
+    )
+    (folder / "config.json").write_text((folder / "config.json").read_text() + " ")
+    assert lora.folder_identity(folder) != whole and lora.folder_identity(folder, weights) == only
+    stat = (folder / "pytorch_model.bin").stat()
+    (folder / "pytorch_model.bin").write_bytes(bytes(range(255, -1, -1)) * 4)
+    os.utime(folder / "pytorch_model.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert lora.folder_identity(folder, weights) != only
+
+
 def test_an_adapter_saved_without_a_base_digest_loads_with_one_warning(tmp_path, base_dir, tokenizer, caplog):
     from fastlm.datasets import PretrainedModelDataset
 

@@ -640,6 +640,50 @@ def base_weights_digest(folder: str | Path) -> dict[str, str]:
     return dict(sorted(digests.items()))
 
 
+def folder_identity(folder: str | Path, suffixes: tuple[str, ...] | None = None) -> str:
+    """A digest (24 hex digits) of the files in ``folder`` and below it (those whose name ends in one of
+    ``suffixes`` when given) by their names and content: a safetensors file's tensors as
+    :func:`base_weights_digest` samples them (dtype, shape and bytes, whole up to 64 KiB, else 4 spread
+    blocks), any other file's bytes whole up to 16 MiB, else its size and 256 spread blocks of 4 KiB.
+
+    File metadata does not count: a folder copied or restored (new inodes and times) keeps its identity, and
+    other weights written over a file, its size and time put back (``cp -p``, ``rsync -t``), change it. A
+    multi-GB model costs a few MB of reads (as ``base_weights_digest``); a change confined to the unsampled
+    middle of a large tensor alone would go unseen."""
+    root = Path(folder)
+    digest = hashlib.sha256()
+    files = sorted(
+        path
+        for path in root.rglob("*")
+        if path.is_file() and (suffixes is None or path.name.endswith(tuple(suffixes)))
+    )
+    for path in files:
+        digest.update(f"{path.relative_to(root).as_posix()}\n".encode())
+        for name, value in _file_digests(path).items():
+            digest.update(f"{name}:{value}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+_WHOLE_FILE = 16 * 2**20  # bytes: a file other than safetensors read whole up to this size
+
+
+def _file_digests(path: Path) -> dict[str, str]:
+    """``{tensor: digest}`` of a safetensors file; ``{"": digest}`` of another file (or one whose header does
+    not parse)."""
+    with path.open("rb") as handle:
+        tensors = _safetensors_index(handle) if path.suffix == ".safetensors" else None
+        if tensors is not None:
+            return {
+                name: _sampled_digest(handle, f"{dtype}{shape}", start, end, _TENSOR_BLOCKS)
+                for name, (dtype, shape, start, end) in sorted(tensors.items())
+            }
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(0)
+        if size <= _WHOLE_FILE:
+            return {"": hashlib.sha256(handle.read()).hexdigest()[:16]}
+        return {"": _sampled_digest(handle, f"{size}", 0, size, _FILE_BLOCKS)}
+
+
 _WHOLE = 64 * 1024  # bytes: read whole up to this size
 _BLOCK = 4096
 _TENSOR_BLOCKS, _FILE_BLOCKS = 4, 256

@@ -8,7 +8,6 @@ No torch at import time: the hooks read this module when every `kedro run` start
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -126,22 +125,18 @@ def _shown_type(value: Any) -> str:
 
 
 def weights_identity(name_or_path: str | None) -> str | None:
-    """A digest of the weight files of a local model folder: their names and each one's identity as the raw
-    data's record has it (``corpus.shards.file_state``: size, modification and status-change times, inode),
-    so a retrained or replaced model changes it, also one of the same size whose time was put back (``cp
-    -p``, ``rsync -t``). None for a hub id or a model trained from scratch (the name is recorded). A record
-    of an older version (names, sizes and times alone) is another digest: taken for other weights."""
-    from fastlm.corpus.shards import file_state
+    """A digest of the weight files of a local model folder by their names and content
+    (``fastlm.engine.model.lora.folder_identity``: every tensor's dtype, shape and sampled bytes, as an
+    adapter's ``base_digest.json`` has them; a few MB read for a multi-GB model): other weights change it,
+    also written in place with the file's size and time put back (``cp -p``, ``rsync -t``), and a copied or
+    restored folder (new inodes and times) keeps it. None for a hub id or a model trained from scratch (the
+    name is recorded). A record of an older version (file sizes, times, inodes) is another digest: taken for
+    other weights."""
+    from fastlm.engine.model.lora import folder_identity
 
     if not name_or_path or not Path(name_or_path).is_dir():
         return None
-    folder = Path(name_or_path)
-    digest = hashlib.sha256()
-    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES):
-        state = file_state(file.stat())
-        shown = ":".join(str(state[key]) for key in sorted(state))
-        digest.update(f"{file.relative_to(folder)}:{shown}\n".encode())
-    return digest.hexdigest()[:24]
+    return folder_identity(name_or_path, WEIGHT_SUFFIXES)
 
 
 def measured_on(train, *, max_length: int, data: str | None, device: str) -> dict[str, Any]:
