@@ -369,13 +369,14 @@ def test_the_runs_of_a_sweep_keep_their_runtime_choices_where_plain_runs_do(tmp_
     assert seen == [(str(tmp_path / "ckpt" / "sweeps" / "cv"), str(tmp_path / "ckpt"))] * 2
 
 
-def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data_identity_too(
-    tmp_path, monkeypatch
+def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data_identity_trained_again(
+    tmp_path, monkeypatch, caplog
 ):
     """A sweep's finished runs record the data they trained on: since round six the data identity (the
     fingerprint with the split texts' digest), so a split of other texts with the same tokenizer and settings
-    trains them again. Runs kept by the version before recorded the fingerprint alone: they stay finished
-    (all of a sweep's runs were trained again after the upgrade), as a model folder of then stays usable."""
+    trains them again. Runs kept by the version before recorded the fingerprint alone, which cannot tell two
+    splits of other texts apart: they are trained again, each with a line saying what its record lacks (they
+    were kept as finished, fine-tuned on other texts, until round twenty)."""
     import json
 
     monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
@@ -395,7 +396,11 @@ def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data
         kept = json.loads(summary.read_text())
         kept["sweep_identity"]["data"] = "f"
         summary.write_text(json.dumps(kept))
-    assert trained("other texts") == 0
+    with caplog.at_level("INFO", logger=nodes.__name__):
+        assert trained("other texts") == 2
+    said = [record.getMessage() for record in caplog.records if "is trained again" in record.getMessage()]
+    assert len(said) == 2 and all("data" in line for line in said), said
+    assert trained("other texts") == 0  # then kept, on their own record
 
 
 def test_runs_past_the_ninety_ninth_keep_the_plans_order():
