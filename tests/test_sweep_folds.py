@@ -396,6 +396,7 @@ def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data
         kept = json.loads(summary.read_text())
         kept["sweep_identity"]["data"] = "f"
         summary.write_text(json.dumps(kept))
+    caplog.clear()  # the lines of the runs above, where INFO reached the log
     with caplog.at_level("INFO", logger=nodes.__name__):
         assert trained("other texts") == 2
     said = [record.getMessage() for record in caplog.records if "is trained again" in record.getMessage()]
