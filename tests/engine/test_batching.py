@@ -2,6 +2,7 @@
 settings and the endless micro-batch stream whose position a checkpoint saves (a stream rebuilt at that
 position continues with exactly the batches the first one would have given)."""
 
+import multiprocessing
 import os
 import signal
 
@@ -165,6 +166,52 @@ def test_a_killed_loader_worker_is_one_line_naming_the_parameter(tmp_path):
 
 def _ids(stream: MicroBatches, count: int) -> list[list[int]]:
     return [next(stream)["input_ids"].flatten().tolist() for _ in range(count)]
+
+
+class _WorkerPids:
+    """A collator that puts the pid of the process it ran in into each batch."""
+
+    def __init__(self, collator) -> None:
+        self.collator = collator
+
+    def __call__(self, samples):
+        return {**self.collator(samples), "pid": os.getpid()}
+
+
+PERSISTENT = {"num_workers": 2, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": True}
+
+
+def test_persistent_workers_are_the_same_processes_every_epoch_and_end_with_the_stream(tmp_path):
+    """``train.dataloader.persistent_workers``: the stream's loader is built once and iterated again each
+    epoch, so the workers that loaded epoch 0 load epochs 1 and 2; ``close`` ends them."""
+    params = toy_params(tmp_path, batching={"mode": "dynamic", "micro_batch_size": 8})
+    stream = micro_batches(toy_sequences(48, 0), params, StreamLayout(EOS, 64, None, PERSISTENT))
+    stream.collator = _WorkerPids(stream.collator)
+    per_epoch = stream.batches_per_epoch()
+    pids = [{next(stream)["pid"] for _ in range(per_epoch)} for _ in range(3)]
+    assert stream.position == {"epoch": 2, "batch_in_epoch": per_epoch}
+    assert len(pids[0]) == 2 and os.getpid() not in pids[0]
+    assert pids[1] == pids[0] and pids[2] == pids[0]
+    stream.close()
+    assert not {child.pid for child in multiprocessing.active_children()} & pids[0]
+
+
+@pytest.mark.parametrize("mode", ["packed", "dynamic"])
+def test_persistent_workers_give_the_batches_of_no_workers_across_epochs_and_a_resume(tmp_path, mode):
+    """Each epoch's order comes from the sampler, iterated in the training process: the persistent loader
+    gives every epoch the batches a loader without workers gives, and a stream resumed in mid-epoch with
+    workers continues into the next epoch as the uninterrupted one."""
+    params = toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 8})
+    data = toy_sequences(48, 0)
+    plain = micro_batches(data, params, StreamLayout(EOS, 64, None, {"num_workers": 0}))
+    per_epoch = plain.batches_per_epoch()
+    expected = _ids(plain, 3 * per_epoch)
+    workers = micro_batches(data, params, StreamLayout(EOS, 64, None, PERSISTENT))
+    assert _ids(workers, 3 * per_epoch) == expected  # same computation run twice: exact
+    workers.close()
+    resumed = micro_batches(data, params, StreamLayout(EOS, 64, None, PERSISTENT), epoch=1, batch=2)
+    assert _ids(resumed, 2 * per_epoch - 2) == expected[per_epoch + 2 :]
+    resumed.close()
 
 
 @pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])

@@ -311,6 +311,7 @@ class MicroBatches:
             loader_kwargs,
         )
         self.epoch, self.batch, self.seed = epoch, batch, seed
+        self._loader: DataLoader | None = None  # persistent workers: the one loader every epoch iterates
         self._iterator: Iterator | None = None
         self._epoch_end = 0  # this rank's batches in the epoch being read (known once its loader starts)
         self._peeked: tuple[list[dict], float, int] | None = None
@@ -340,16 +341,11 @@ class MicroBatches:
     def _read(self) -> dict | None:
         """The next position's micro-batch (None: an empty piece)."""
         if self._iterator is None:
+            # the batch sampler is iterated here, in this process: its epoch and start set before ``iter``
+            # give a persistent loader's workers the epoch's batches
             self.sampler.set_epoch(self.epoch, start_batch=self.batch)
             self._epoch_end = self.batch + len(self.sampler)
-            loader = DataLoader(
-                self.dataset,
-                batch_sampler=self.sampler,
-                collate_fn=NoneIfEmpty(self.collator),
-                generator=loader_generator(self.seed, self.epoch),
-                **self.loader_kwargs,
-            )
-            self._iterator = iter(loader)
+            self._iterator = iter(self._loader or self._new_loader())
         try:
             batch = next(self._iterator)
         except StopIteration:
@@ -358,7 +354,7 @@ class MicroBatches:
         except RuntimeError as error:  # torch's watchdog: a worker process ended (the out-of-memory killer)
             if not str(error).startswith("DataLoader worker (pid"):
                 raise
-            self._iterator = None
+            self.close()
             raise ConfigError(
                 f"a DataLoader worker stopped at batch {self.batch} of epoch {self.epoch}: {error} (killed, "
                 "most often by the host's out-of-memory killer; each worker holds its own copy of what it "
@@ -369,6 +365,31 @@ class MicroBatches:
             ) from None
         self.batch += 1
         return batch
+
+    def _new_loader(self) -> DataLoader:
+        """A loader over the sampler as it is set now. With ``persistent_workers`` (and workers) it is kept:
+        each later epoch iterates it again, on the same worker processes (torch resets their iterator); the
+        workers' base seed (``loader_generator``) is then the first epoch's, which changes no batch (the
+        collators and the dataset draw nothing at random). Without: a new loader, and new workers, an epoch.
+        """
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=self.sampler,
+            collate_fn=NoneIfEmpty(self.collator),
+            generator=loader_generator(self.seed, self.epoch),
+            **self.loader_kwargs,
+        )
+        if loader.persistent_workers and loader.num_workers > 0:
+            self._loader = loader
+        return loader
+
+    def close(self) -> None:
+        """End the loader's worker processes (persistent ones live until then); the stream may be read again
+        after, on new ones."""
+        iterator, self._iterator, self._loader = self._iterator, None, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)  # torch's, on an iterator with workers
+        if shutdown is not None:
+            shutdown()
 
     def peek_step(self, accumulation: int, device: torch.device, attn: str) -> list[dict]:
         """The micro-batches the next ``next_step`` returns (fetched now, handed out then)."""

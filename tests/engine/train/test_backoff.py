@@ -5,6 +5,8 @@ A real CUDA OOM cannot happen on the CPU machines that run the suite, so the ste
 ``torch.OutOfMemoryError`` (what PyTorch raises on CUDA) whenever a micro-batch holds more rows than a budget.
 """
 
+import multiprocessing
+
 import pytest
 
 from fastlm.engine.train.backoff import OutOfMemory
@@ -29,6 +31,30 @@ def test_backoff_halves_the_micro_batch_keeps_the_effective_batch_and_finishes(
     assert [r["step"] for r in result.history][-1] == 12 and max(seen[2:]) <= 2
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     assert "effective batch is unchanged" in caplog.text
+
+
+def test_a_backoff_ends_the_old_streams_persistent_workers(tmp_path, memory_for_rows):
+    """The back-off's stream (the batches cut in pieces) starts its own loader workers: the old stream's
+    persistent ones end then, and the last stream's with the run."""
+    memory_for_rows(4)
+    params = toy_params(
+        tmp_path,
+        batching={"mode": "dynamic", "micro_batch_size": 8, "oom_backoff": True},
+        dataloader={"num_workers": 2, "persistent_workers": True, "prefetch_factor": 2},
+        max_steps=4,
+        log_every=1,
+        eval_every=None,
+    )
+    before = {child.pid for child in multiprocessing.active_children()}
+    alive = []  # the run's processes at each step
+
+    def children(kind, record):
+        alive.append({child.pid for child in multiprocessing.active_children()} - before)
+
+    result = run_toy(params, callbacks=[children])
+    assert len(result.summary["oom_backoffs"]) == 1 and result.summary["steps"] == 4
+    assert alive and all(len(pids) == 2 for pids in alive)  # the back-off's 2 workers, the old ones ended
+    assert {child.pid for child in multiprocessing.active_children()} == before
 
 
 def test_without_backoff_out_of_memory_is_one_line_pointing_to_tune(tmp_path, memory_for_rows):

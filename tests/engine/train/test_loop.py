@@ -2,6 +2,7 @@
 
 import inspect
 import math
+import multiprocessing
 from contextlib import ExitStack
 
 import pytest
@@ -283,6 +284,29 @@ def _samples_in(batch: dict) -> int:
         starts = batch["position_ids"] == 0
         return int((starts & batch["real_mask"]).sum() if "real_mask" in batch else starts.sum())
     return int(batch["input_ids"].shape[0])
+
+
+def test_a_run_with_persistent_loader_workers_ends_them_when_it_ends(tmp_path):
+    """``train.dataloader.persistent_workers`` keeps the workers across epochs: the run's end still ends
+    them (no process of the run left behind, none to hang the exit)."""
+    params = toy_params(
+        tmp_path,
+        max_steps=None,
+        epochs=2,
+        eval_every=None,
+        batching={"mode": "dynamic", "micro_batch_size": 64, "gradient_accumulation_steps": 2},
+        dataloader={"num_workers": 2, "persistent_workers": True, "prefetch_factor": 2},
+    )
+    before = {child.pid for child in multiprocessing.active_children()}
+    during = set()  # the run's processes, seen at each logged step of both epochs
+
+    def children(kind, record):
+        during.update(child.pid for child in multiprocessing.active_children())
+
+    result = run_toy(params.model_copy(update={"log_every": 1}), callbacks=[children])
+    assert result.summary["epochs"] == 2.0 and result.summary["steps"] == 6  # 3 steps an epoch
+    assert len(during - before) == 2  # the same 2 workers both epochs
+    assert {child.pid for child in multiprocessing.active_children()} == before
 
 
 def test_train_reads_top_to_bottom_in_at_most_60_lines():

@@ -275,6 +275,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         batch=state.batch_in_epoch,
         configured=configured.batching.micro_batch_size,  # a resumed back-off cuts the configured batches
     )
+    cleanup.callback(stream.close)  # its workers end with the run, a failed build's too
     # compiles from here on, the probes' (compile and float8 auto) included: apart from the step times
     compile_clock = cleanup.enter_context(CompileClock())
     runtime, attn, model = _probed_runtime(request, params, state, stream, wrapped, total_steps, cleanup)

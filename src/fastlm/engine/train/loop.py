@@ -92,6 +92,7 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
     lock = checkpoint_lock(Path(request.params.checkpoint_dir)) if request.comm.is_main else nullcontext()
     with lock, ExitStack() as cleanup:
         run = build_training(request, cleanup)
+        cleanup.callback(lambda: run.stream.close())  # the stream in use at the end (a back-off swaps it)
         state, stopped_by = run.state, _ended_early_before(run)
         # SIGTERM / Ctrl-C set a flag, read after each step (engine/train/signals.py); a worker of several
         # processes keeps handling them (its launcher sends the signal once more)
@@ -169,6 +170,7 @@ def _back_off(run: TrainingParts, error: BaseException) -> None:
         }
     )
     epoch, start = stream.step_start  # a configured batch's first piece: each of its pieces now two
+    stream.close()  # its workers (persistent ones) load the old batching: the new stream starts its own
     run.stream = micro_batches(
         stream.dataset,
         smaller,
