@@ -1039,42 +1039,25 @@ def test_an_adapter_saved_without_a_base_digest_loads_with_one_warning(tmp_path,
     assert len(warned) == 1 and "\n" not in warned[0].getMessage(), caplog.messages
 
 
-def test_a_lora_checkpoint_is_not_resumed_on_a_changed_base(tmp_path, base_dir, tokenizer, pairs, caplog):
-    """A LoRA checkpoint holds the adapters alone: on other base weights of the same shape it starts fresh."""
+@pytest.mark.parametrize("adapter", [True, False], ids=["lora", "full_fine_tune"])
+def test_a_checkpoint_is_not_continued_on_a_changed_base(
+    adapter, tmp_path, base_dir, tokenizer, pairs, caplog
+):
+    """A LoRA checkpoint holds the adapters alone: on other base weights of the same shape it starts fresh.
+    Round twenty: a full fine-tune's checkpoint holds all its weights, but they are a fine-tune of the base it
+    started from: with other weights of the same shapes put in the base folder, a finished run entered again
+    (a sweep trains a run again when its base changed) returned the old base's model as trained, and an
+    interrupted one went on training it. Both start fresh, saying the base weights changed."""
     base = tmp_path / "base"
     shutil.copytree(base_dir, base)
-    params = train_params(tmp_path, base, model=model_params(base), max_steps=4, save_every=2, resume="auto")
-
-    def run():
-        return run_train(params, tokenizer, pairs)
-
-    run()
+    model = model_params(base) if adapter else {"name_or_path": str(base)}
+    steps = 4 if adapter else 2
+    params = train_params(tmp_path, base, model=model, max_steps=steps, save_every=2, resume="auto")
+    run_train(params, tokenizer, pairs)
     save_tiny_llama(base, tokenizer, seed=1)
     caplog.set_level(logging.INFO, logger="fastlm")
-    again = run()
-    assert again.summary["steps_trained"] == 4
-    (line,) = [message for message in caplog.messages if "starting fresh" in message]
-    assert "model.base_weights" in line, line
-
-
-def test_a_full_fine_tune_is_not_continued_on_a_changed_base(tmp_path, base_dir, tokenizer, pairs, caplog):
-    """Round twenty: a full fine-tune's checkpoint holds all its weights, but they are a fine-tune of the
-    base it started from: with other weights of the same shapes put in the base folder, a finished run
-    entered again (a sweep trains a run again when its base changed) returned the old base's model as
-    trained, and an interrupted one went on training it. It starts fresh, saying the base weights changed."""
-    base = tmp_path / "base"
-    shutil.copytree(base_dir, base)
-    full = {"name_or_path": str(base)}
-    params = train_params(tmp_path, base, model=full, max_steps=2, save_every=2, resume="auto")
-
-    def run():
-        return run_train(params, tokenizer, pairs)
-
-    run()
-    save_tiny_llama(base, tokenizer, seed=1)
-    caplog.set_level(logging.INFO, logger="fastlm")
-    again = run()
-    assert again.summary["steps_trained"] == 2
+    again = run_train(params, tokenizer, pairs)
+    assert again.summary["steps_trained"] == steps
     (line,) = [message for message in caplog.messages if "starting fresh" in message]
     assert "model.base_weights" in line, line
 
