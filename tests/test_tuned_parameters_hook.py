@@ -256,12 +256,10 @@ def test_the_tuned_file_is_replaced_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
-def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record, change: dict | None = None):
-    """A current tuned file (micro-batch 4, accumulation 8, measured on this conf) with
-    ``accumulation_record`` (its ``tune_accumulation``; None: none), and a train run's ``params:train`` on
-    ``nproc`` processes, with the settings of ``change`` (``{group: {key: value}}``) over the conf's."""
+def _project_and_record(tmp_path, monkeypatch) -> tuple:
+    """A one-process project and the tune record (``tune_measured_on``) of its conf as it is."""
     from fastlm.parameters import GROUPS
-    from fastlm.pipelines.tune.record import ACCUMULATION_KEY, RECORD_KEY, device_description, measured_on
+    from fastlm.pipelines.tune.record import device_description, measured_on
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
@@ -270,7 +268,16 @@ def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record, 
     train = GROUPS["train"].parse(catalog.load("params:train"))
     split = GROUPS["split"].parse(catalog.load("params:split"))
     device = device_description(train.runtime.device)
-    record = measured_on(train, max_length=split.max_length, data=None, device=device)
+    return project, measured_on(train, max_length=split.max_length, data=None, device=device)
+
+
+def _tuned_on_processes(tmp_path, monkeypatch, nproc: int, accumulation_record, change: dict | None = None):
+    """A current tuned file (micro-batch 4, accumulation 8, measured on this conf) with
+    ``accumulation_record`` (its ``tune_accumulation``; None: none), and a train run's ``params:train`` on
+    ``nproc`` processes, with the settings of ``change`` (``{group: {key: value}}``) over the conf's."""
+    from fastlm.pipelines.tune.record import ACCUMULATION_KEY, RECORD_KEY
+
+    project, record = _project_and_record(tmp_path, monkeypatch)
     tuned = {
         "train": {"batching": {"micro_batch_size": 4, "gradient_accumulation_steps": 8}},
         RECORD_KEY: record,
@@ -444,25 +451,12 @@ def test_a_tuned_file_whose_values_have_the_wrong_type_is_one_line_naming_the_fi
     the file's 4, so the accumulation was not rescaled for the processes; a text or list in
     ``tune_accumulation`` was a traceback; ``processes: true`` or ``1.0`` was read as 1.)"""
     from fastlm.errors import ConfigError
-    from fastlm.parameters import GROUPS
-    from fastlm.pipelines.tune.record import (
-        ACCUMULATION_KEY,
-        RECORD_KEY,
-        accumulation_record,
-        device_description,
-        measured_on,
-    )
+    from fastlm.pipelines.tune.record import ACCUMULATION_KEY, RECORD_KEY, accumulation_record
 
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("RANK", raising=False)
-    project, _, _ = _project(tmp_path, monkeypatch)
-    _, catalog = _run(project / "conf", project)
-    train = GROUPS["train"].parse(catalog.load("params:train"))
-    split = GROUPS["split"].parse(catalog.load("params:split"))
-    device = device_description(train.runtime.device)
+    project, record = _project_and_record(tmp_path, monkeypatch)
     tuned = {
         "train": {"batching": {"mode": "padded", "micro_batch_size": 4, "gradient_accumulation_steps": 8}},
-        RECORD_KEY: measured_on(train, max_length=split.max_length, data=None, device=device),
+        RECORD_KEY: record,
         ACCUMULATION_KEY: accumulation_record(1, 32, 4.0),
     }
     *parents, last = key.split(".")
