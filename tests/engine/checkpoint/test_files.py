@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from fastlm.engine.checkpoint import swap
 from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.checkpoint.files import SaveOptions, save_checkpoint
 from fastlm.engine.checkpoint.loading import load_checkpoint
@@ -135,6 +138,43 @@ def test_saving_the_same_step_again_replaces_it(tmp_path, trained):
         "step": 3,
         "v": 2,
     }
+
+
+def test_saving_the_same_step_again_never_leaves_it_missing(tmp_path, trained, monkeypatch):
+    """Round twenty: replacing a step's folder moved it aside, then renamed the new one in: a kill between
+    the two renames left no checkpoint of that step. Where the system exchanges two folders in one call, the
+    folder is never renamed away."""
+    probes = [tmp_path / "probe-a", tmp_path / "probe-b"]
+    for probe in probes:
+        probe.mkdir()
+    if not swap.exchange(*probes):
+        pytest.skip("this system or filesystem has no atomic exchange")
+    root = tmp_path / "checkpoints"
+    model, optimizer, scheduler = trained
+    final = save(root, 3, *trained)
+    real_replace = os.replace
+
+    def no_rename_of_the_step(source, destination):
+        assert os.fspath(source) != os.fspath(final), "the checkpoint was renamed away: a window without it"
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", no_rename_of_the_step)
+    save_checkpoint(root, 3, model=model, optimizer=optimizer, scheduler=scheduler, state={"step": 3, "v": 2})
+    monkeypatch.undo()
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-00000003"]
+    assert load_checkpoint(final, model=checkpoint_llama(), restore_rng=False) == {"step": 3, "v": 2}
+
+
+def test_a_replacement_cut_between_its_renames_is_recovered_by_the_next_save(tmp_path, trained):
+    """Round twenty: the next save removed every ``.tmp-*`` folder, the complete new copy of a step whose
+    swap was cut between its renames too; now it is put in place first."""
+    save(tmp_path, 1, *trained)
+    folder = save(tmp_path, 2, *trained)
+    shutil.copytree(folder, tmp_path / ".tmp-replaced-checkpoint-00000002-99999999-0a1b2c3d")
+    os.replace(folder, tmp_path / ".tmp-checkpoint-00000002-99999999-0a1b2c3d")
+    save(tmp_path, 3, *trained, options=SaveOptions(keep_last=None))
+    assert steps_on_disk(tmp_path) == ["checkpoint-00000001", "checkpoint-00000002", "checkpoint-00000003"]
+    assert load_checkpoint(folder, model=checkpoint_llama(), restore_rng=False)["step"] == 2
 
 
 @pytest.mark.parametrize("step", [3, 2], ids=["new-step", "same-step"])

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -433,3 +434,24 @@ def test_a_full_fine_tunes_checkpoint_without_base_weights_is_still_resumed():
     assert line.startswith("model.base_weights"), line
     lora = {"model.lora": {"r": 4}, "model.base_weights": "b" * 16}
     assert len(digest_differences({"model.lora": {"r": 4}, "model.base_weights": None}, lora)) == 1
+
+
+def test_a_replacement_cut_between_its_renames_is_recovered_before_the_resume_is_chosen(
+    tmp_path, trained, caplog
+):
+    """Round twenty: a save of a step already on disk killed between the two renames of its swap (where the
+    system has no atomic exchange) left no ``checkpoint-<step>``, its previous copy aside and its complete
+    new copy beside it: ``auto`` resumed from an older checkpoint (or started fresh). Now the writing process
+    puts the new copy in place first, in one log line."""
+    from fastlm.engine.checkpoint.resume import plan_resume
+
+    root = tmp_path / "checkpoints"
+    _saved_by(root, trained, 1, step=1)
+    folder = _saved_by(root, trained, 1, step=2)
+    shutil.copytree(folder, root / ".tmp-replaced-checkpoint-00000002-99999999-0a1b2c3d")
+    os.replace(folder, root / ".tmp-checkpoint-00000002-99999999-0a1b2c3d")
+    caplog.set_level(logging.INFO, logger="fastlm")
+    assert plan_resume(root, "auto", DIGEST, plan=_plan(24, 1, epochs=2)).checkpoint == folder
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".tmp-")) == []
+    (line,) = [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()]
+    assert folder.name in line

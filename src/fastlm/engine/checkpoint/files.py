@@ -5,7 +5,10 @@ every file is fsync'ed, then the ``COMPLETE`` marker (a small JSON manifest with
 and fsync'ed last, then the folder is renamed into place and ``root`` is fsync'ed. A crash at any point
 leaves either the previous checkpoints alone (plus a ``.tmp-*`` folder that the next save removes) or a
 complete new one: a ``checkpoint-*`` folder without ``COMPLETE`` never comes from this module, and
-``discovery.latest_checkpoint`` never picks one.
+``discovery.latest_checkpoint`` never picks one. A step saved again replaces its folder in one atomic
+exchange where the system has it (``swap.replace_folder``); elsewhere a crash between the two renames that
+move the old one aside and the new one in is recovered (``recover_checkpoints``) before the writing process
+chooses what to resume and at its next save.
 
 Contents:
 
@@ -29,6 +32,7 @@ import errno
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import time
@@ -55,9 +59,11 @@ from fastlm.engine.checkpoint.layout import (
 )
 from fastlm.engine.checkpoint.rng import host_rng_state, torch_rng_state
 from fastlm.engine.checkpoint.storage import os_error_in, storage_error
+from fastlm.engine.checkpoint.swap import replace_folder
 from fastlm.engine.observe import strict_json
 
 log = logging.getLogger(__name__)
+_REPLACED = re.compile(rf"{re.escape(TMP_PREFIX)}replaced-(.+)-(\d+-[0-9a-f]+)")
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,8 @@ def save_checkpoint(
         _fsync_dir(root.parent)
     _remove_temporaries(root)  # space left by an earlier crash, before writing a new copy
     final = checkpoint_dir(root, step)
-    tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = root / f"{TMP_PREFIX}{final.name}-{tag}"
     tmp.mkdir()
     try:
         if model_state is None:
@@ -139,7 +146,7 @@ def save_checkpoint(
         marker = {"format": FORMAT_VERSION, "step": step, "files": files}
         _write_bytes(tmp / MARKER, json.dumps(marker, indent=2).encode("utf-8"))  # last
         _fsync_dir(tmp)
-        _move_into_place(tmp, final)
+        _move_into_place(tmp, final, root / f"{TMP_PREFIX}replaced-{final.name}-{tag}")
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
         # a full disk or a read-only folder: one line, the previous copy named
@@ -178,21 +185,42 @@ def _raise_storage_error(error: Exception, final: Path) -> None:
         raise clear from error
 
 
-def _move_into_place(tmp: Path, final: Path) -> None:
-    """``os.replace`` cannot replace a non-empty folder: move an existing one aside first, delete it after."""
-    old = None
-    if final.exists() or final.is_symlink():
-        old = final.with_name(f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}-{secrets.token_hex(4)}")
-        os.replace(final, old)
-    try:
-        os.replace(tmp, final)
-    except BaseException:
-        if old is not None:
-            os.replace(old, final)  # put the previous copy back
-        raise
+def _move_into_place(tmp: Path, final: Path, aside: Path) -> None:
+    """``os.replace`` cannot replace a non-empty folder: an existing one is exchanged with ``tmp`` in one
+    call where the system can, else moved to ``aside`` first (``aside`` shares ``tmp``'s tag, so a crash
+    between the two renames is recovered by ``recover_checkpoints``); the previous copy is deleted after."""
+    old = replace_folder(tmp, final, aside)
     _fsync_dir(final.parent)
     if old is not None:
         _remove_path(old)
+
+
+def recover_checkpoints(root: Path) -> list[Path]:
+    """Put back the checkpoints whose replacement (a step saved again) was cut between its two renames: the
+    step's folder missing, its previous copy moved aside (``.tmp-replaced-<name>-<tag>``) and the complete new
+    copy beside it (``.tmp-<name>-<tag>``, its ``COMPLETE`` marker written). The new copy is renamed into
+    place, the previous one removed, each said in one log line; returns the folders put back. Only the
+    process holding ``root``'s lock calls it (a save of another process is never half-way there)."""
+    root = Path(root)
+    recovered = []
+    for aside in sorted(root.glob(f"{TMP_PREFIX}replaced-*")) if root.is_dir() else []:
+        match = _REPLACED.fullmatch(aside.name)
+        if match is None:
+            continue
+        name, tag = match.groups()
+        new, final = root / f"{TMP_PREFIX}{name}-{tag}", root / name
+        if final.exists() or final.is_symlink() or not (new / MARKER).is_file():
+            continue
+        os.replace(new, final)
+        _fsync_dir(root)
+        _remove_path(aside)
+        recovered.append(final)
+        log.warning(
+            "checkpoint %s was missing: the save replacing it stopped between the two renames that swap the "
+            "new copy in; recovered its complete new copy and removed the previous one",
+            final,
+        )
+    return recovered
 
 
 def _prune(root: Path, keep_last: int | None, *, keep: set[Path | None]) -> None:
@@ -234,6 +262,7 @@ def move_aside(root: Path, only: list[Path] | None = None) -> Path | None:
 
 
 def _remove_temporaries(root: Path) -> None:
+    recover_checkpoints(root)  # a complete copy cut between the renames of its swap is kept, not removed
     for path in root.glob(f"{TMP_PREFIX}*"):
         _remove_path(path)
 

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from fastlm.engine.checkpoint.discovery import complete_checkpoints, resolve_resume
-from fastlm.engine.checkpoint.files import move_aside
+from fastlm.engine.checkpoint.files import move_aside, recover_checkpoints
 from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.checkpoint.loading import read_header
 from fastlm.engine.config import BASE_KEEPING_INITS, TrainParams
@@ -301,6 +301,8 @@ def plan_resume(
     :class:`CheckpointError` for an explicit folder that cannot be used.
     """
     root = Path(root)
+    if move_old:  # the writing process, holding the lock: a replacement cut between its renames put back
+        recover_checkpoints(root)
     if resume not in ("auto", "never"):
         folder = resolve_resume(root, resume)
         header = read_header(folder)
