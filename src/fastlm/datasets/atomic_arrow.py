@@ -14,7 +14,7 @@ from typing import Any
 
 from kedro.io.core import AbstractDataset, DatasetError, get_filepath_str, get_protocol_and_path
 
-from fastlm.datasets.atomic_folder import write_folder_atomically
+from fastlm.datasets.atomic_folder import recover_folder, write_folder_atomically
 from fastlm.redaction import shown_location
 
 
@@ -51,6 +51,8 @@ class AtomicArrowDataset(AbstractDataset):
     def load(self):
         from datasets import load_from_disk
 
+        if self._protocol == "file":
+            recover_folder(self._location)  # a save killed between the two renames of its swap
         return load_from_disk(self._location, storage_options=self._storage_options, **self._load_args)
 
     def save(self, data) -> None:

@@ -1,7 +1,8 @@
 """CSV, JSON (strict) and YAML files written atomically: to a sibling temporary file, fsynced, then renamed
 over the target.
 
-A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole.
+A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole; the
+temporary file it leaves (``.name.tmp-<pid>-<hex>``) is removed by the next write once that process is gone.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from kedro_datasets.json import JSONDataset
 from kedro_datasets.pandas import CSVDataset
 from kedro_datasets.yaml import YAMLDataset
 
+from fastlm.datasets.atomic_folder import remove_leftovers
 from fastlm.engine.observe import strict_json
 
 
 def write_file_atomically(target: str | Path, write) -> None:
-    """``write(handle)`` into a sibling temporary file (text, UTF-8), fsynced, then renamed to ``target``."""
+    """``write(handle)`` into a sibling temporary file (text, UTF-8), fsynced, then renamed to ``target``;
+    what earlier writers killed part way left beside ``target`` is removed first (``remove_leftovers``)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(target)
     temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(temporary, "w", encoding="utf-8", newline="") as handle:

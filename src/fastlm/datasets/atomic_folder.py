@@ -1,34 +1,49 @@
-"""Write a folder atomically: build it beside the target, then swap it in with renames."""
+"""Write a folder atomically: build it beside the target, then swap it in (one atomic exchange on Linux).
+
+Beside a target ``name`` a write leaves, only while it runs, ``.name.tmp-<pid>-<hex>`` (the new copy being
+written) and, where the system cannot exchange two folders in one call, ``.name.old-<pid>-<hex>`` (the
+previous copy, between the two renames of the swap). A process killed part way leaves them behind:
+:func:`recover_folder` (called by the next load and the next write) puts a complete new copy in place of a
+missing target, and the next write removes what a writer no longer alive left there.
+"""
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from fastlm.engine.checkpoint.storage import StorageError, os_error_in, storage_error
+from fastlm.engine.checkpoint.swap import replace_folder
+
+log = logging.getLogger(__name__)
+_TAG = re.compile(r"(\d+)-[0-9a-f]+")
 
 
 def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a fresh sibling folder; replace ``target`` only if it succeeds.
 
-    A crash or an exception before the swap leaves the old ``target`` untouched; the swap itself is
-    two renames on one filesystem. A full disk or a denied write is one ``StorageError`` line naming
-    ``target``.
+    A crash or an exception before the swap leaves the old ``target`` untouched; the swap itself is one
+    ``renameat2(RENAME_EXCHANGE)`` where the system has it, else two renames on one filesystem (a swap cut
+    between them is recovered by :func:`recover_folder`). What earlier writers, no longer alive, left beside
+    ``target`` is removed first. A full disk or a denied write is one ``StorageError`` line naming ``target``.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    recover_folder(target)
+    remove_leftovers(target)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = target.with_name(f".{target.name}.tmp-{tag}")
     old = target.with_name(f".{target.name}.old-{tag}")
     try:
         write(tmp)
         _fsync_tree(tmp)
-        if target.exists():
-            os.replace(target, old)
-        os.replace(tmp, target)
+        replace_folder(tmp, target, old)
     except Exception as exc:
         os_error = os_error_in(exc)
         error = (
@@ -45,8 +60,113 @@ def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -
             raise error from exc
         raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the previous copy after an exchange, else the failed one
         shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_folder(target: str | Path) -> bool:
+    """Where ``target`` is missing but a swap of :func:`write_folder_atomically` was cut between its two
+    renames (``.name.old-<tag>`` beside ``.name.tmp-<tag>``, whose writer is gone), put that new copy in place
+    (complete: the swap starts only once it is written and fsynced), remove the previous one and say so in
+    one log line. True where it did; a swap of a live writer is left to it."""
+    target = Path(target)
+    if target.exists() or target.is_symlink() or not target.parent.is_dir():
+        return False
+    prefix = f".{target.name}.old-"
+    for old in sorted(target.parent.glob(f"{glob.escape(prefix)}*")):
+        tag = old.name[len(prefix) :]
+        new = target.with_name(f".{target.name}.tmp-{tag}")
+        if not new.is_dir() or writer_alive(tag, new):
+            continue
+        try:
+            os.replace(new, target)
+        except OSError:  # another process recovered it first
+            return target.exists()
+        shutil.rmtree(old, ignore_errors=True)
+        log.warning(
+            "%s was missing: the run writing it (pid %s) stopped between the two renames that swap a new "
+            "copy in; recovered its complete new copy (%s) and removed the previous one",
+            shown_path(target),
+            tag.split("-")[0],
+            new.name,
+        )
+        return True
+    return False
+
+
+def remove_leftovers(target: str | Path) -> None:
+    """Remove the temporary copies (``.name.tmp-<pid>-<hex>``, ``.name.old-<pid>-<hex>``, files or folders)
+    that writers of ``target`` killed part way left beside it, and say what in one log line. One whose
+    writer is alive is kept: another run may be writing it."""
+    target = Path(target)
+    removed = []
+    for kind in ("tmp", "old"):
+        prefix = f".{target.name}.{kind}-"
+        for path in sorted(target.parent.glob(f"{glob.escape(prefix)}*")):
+            tag = path.name[len(prefix) :]
+            if _TAG.fullmatch(tag) is None or writer_alive(tag, path):
+                continue
+            size = _size(path)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            if not (path.exists() or path.is_symlink()):
+                removed.append(f"{path.name} ({size / 1e6:.1f} MB)")
+    if removed:
+        log.info(
+            "removed what a stopped write of %s left beside it: %s", shown_path(target), ", ".join(removed)
+        )
+
+
+def writer_alive(tag: str, path: Path) -> bool:
+    """Whether the process that wrote ``path`` (its pid leads ``tag``, ``<pid>-<hex>``) may still be
+    writing: this process, or a live one that started before ``path`` last changed (a process started
+    since, e.g. after a reboot, only has the same pid). An unreadable tag counts as alive."""
+    match = _TAG.fullmatch(tag)
+    if match is None:
+        return True
+    pid = int(match.group(1))
+    if pid == os.getpid():
+        return True  # another thread of this run may be writing it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    except (OSError, OverflowError):
+        return False
+    started = _process_start(pid)
+    try:
+        changed = path.lstat().st_mtime
+    except OSError:
+        return True
+    return started is None or started <= changed + 1
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch; Linux /proc), None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, after "pid (comm)"
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text(encoding="utf-8").splitlines()
+            if line.startswith("btime ")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        if not path.is_dir() or path.is_symlink():
+            return path.lstat().st_size
+        return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    except OSError:
+        return 0
 
 
 def _fsync_tree(folder: Path) -> None:

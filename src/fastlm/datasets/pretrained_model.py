@@ -12,7 +12,7 @@ from typing import Any
 from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.corpus.tokenizer_source import check_has_vocabulary, has_vocabulary_files
-from fastlm.datasets.atomic_folder import write_folder_atomically
+from fastlm.datasets.atomic_folder import recover_folder, write_folder_atomically
 from fastlm.errors import ConfigError
 
 TRAINING_DATA = "training_data.json"  # how the model's training data was made (the train pipeline writes it)
@@ -94,7 +94,7 @@ class PretrainedModelDataset(AbstractDataset):
             return self._load_tokenizer()
 
     def _check_folder(self) -> None:
-        if not self._exists():
+        if not self._exists():  # a swap cut between its renames recovered first
             raise DatasetError(
                 f"No trained model at {self._filepath}: run `kedro run --pipeline=train` first."
             )
@@ -132,6 +132,7 @@ class PretrainedModelDataset(AbstractDataset):
         write_folder_atomically(self._filepath, write)
 
     def _exists(self) -> bool:
+        recover_folder(self._filepath)  # a save killed between the two renames of its swap
         return (Path(self._filepath) / "config.json").is_file() or _is_adapter_folder(self._filepath)
 
     def _describe(self) -> dict[str, Any]:

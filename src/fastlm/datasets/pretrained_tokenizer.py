@@ -7,7 +7,7 @@ from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.datasets.atomic_folder import write_folder_atomically
+from fastlm.datasets.atomic_folder import recover_folder, write_folder_atomically
 
 
 class PretrainedTokenizerDataset(AbstractDataset):
@@ -21,6 +21,7 @@ class PretrainedTokenizerDataset(AbstractDataset):
     def load(self):
         from transformers import AutoTokenizer
 
+        recover_folder(self._filepath)  # a save killed between the two renames of its swap
         if not Path(self._filepath).is_dir():
             raise DatasetError(f"No tokenizer at {self._filepath}: run `kedro run --pipeline=split` first.")
         return AutoTokenizer.from_pretrained(str(self._filepath), **self._load_args)
@@ -29,6 +30,7 @@ class PretrainedTokenizerDataset(AbstractDataset):
         write_folder_atomically(self._filepath, lambda tmp: data.save_pretrained(str(tmp)))
 
     def _exists(self) -> bool:
+        recover_folder(self._filepath)
         return (Path(self._filepath) / "tokenizer_config.json").is_file()
 
     def _describe(self) -> dict[str, Any]:

@@ -127,8 +127,11 @@ class ParametersValidHook:
 def _model_vocab_size(catalog) -> int | None:
     """The vocabulary of the model folder's config.json (a language model's, or its text model's); None where
     the folder has none (an adapter folder, not trained yet: the nodes say so)."""
+    from fastlm.datasets.atomic_folder import recover_folder
+
     folder = local_path(catalog, "trained_model")
     try:
+        recover_folder(folder)  # a save killed between the two renames of its swap
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     except (OSError, ValueError, TypeError, AttributeError):

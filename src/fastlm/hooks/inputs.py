@@ -93,8 +93,10 @@ class ModelOfTheseSplitsHook:
         )
         if model is None or fingerprint is None or not fingerprint.is_file():
             return
+        from fastlm.datasets.atomic_folder import recover_folder
         from fastlm.datasets.pretrained_model import TRAINING_DATA
 
+        recover_folder(model)  # a save killed between the two renames of its swap, before its record is read
         try:
             trained_on = json.loads((model / TRAINING_DATA).read_text(encoding="utf-8"))["fingerprint"]
             split = json.loads(fingerprint.read_text(encoding="utf-8"))

@@ -1,0 +1,146 @@
+"""Folders and files written atomically (``fastlm.datasets.atomic_folder``, ``atomic_file``): a run killed
+between the two renames of a folder's swap leaves the new copy recovered on the next load or write, and
+what a killed writer left beside its target is removed by the next write once its process is gone."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fastlm.datasets.atomic_file import write_file_atomically
+from fastlm.datasets.atomic_folder import write_folder_atomically
+from fastlm.datasets.pretrained_model import PretrainedModelDataset
+from fastlm.engine.checkpoint import swap
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def _model_folder(folder, version: str):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"version": version}), encoding="utf-8")
+    (folder / "tokenizer.json").write_text("{}", encoding="utf-8")
+    return folder
+
+
+def _writing(version: str):
+    def write(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"version": version}), encoding="utf-8")
+
+    return write
+
+
+def _version(folder) -> str:
+    return json.loads((folder / "config.json").read_text(encoding="utf-8"))["version"]
+
+
+def test_a_folder_replaced_with_the_exchange_is_never_missing(tmp_path, monkeypatch):
+    probes = [tmp_path / "probe-a", tmp_path / "probe-b"]
+    for probe in probes:
+        probe.mkdir()
+    if not swap.exchange(*probes):
+        pytest.skip("this system or filesystem has no atomic exchange")
+    target = _model_folder(tmp_path / "model", "old")
+    real_replace = os.replace
+
+    def no_rename_of_the_target(source, destination):
+        assert os.fspath(source) != os.fspath(target), "the target was renamed away: a window without it"
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", no_rename_of_the_target)
+    write_folder_atomically(target, _writing("new"))
+    assert _version(target) == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "probe-a", "probe-b"]
+
+
+def test_without_the_exchange_a_failed_second_rename_keeps_the_previous_folder(tmp_path, monkeypatch):
+    target = _model_folder(tmp_path / "model", "old")
+    monkeypatch.setattr(swap, "exchange", lambda first, second: False)
+    real_replace, calls = os.replace, []
+
+    def second_fails(source, destination):
+        calls.append(source)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "I/O error")
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", second_fails)
+    with pytest.raises(OSError):
+        write_folder_atomically(target, _writing("new"))
+    assert _version(target) == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def _cut_between_the_renames(tmp_path, pid: int):
+    """What a run killed between the two renames of the swap leaves: no model folder, the previous copy
+    moved aside, the new one complete beside it."""
+    tag = f"{pid}-0a1b2c3d"
+    _model_folder(tmp_path / f".model.old-{tag}", "old")
+    _model_folder(tmp_path / f".model.tmp-{tag}", "new")
+    return tmp_path / "model"
+
+
+def test_a_swap_cut_between_its_renames_is_recovered_when_the_model_is_loaded(tmp_path, caplog):
+    target = _cut_between_the_renames(tmp_path, _dead_pid())
+    with caplog.at_level(logging.WARNING, logger="fastlm.datasets.atomic_folder"):
+        assert PretrainedModelDataset(str(target)).exists()
+    assert _version(target) == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastlm.datasets.atomic_folder"]
+    assert len(lines) == 1 and "model" in lines[0] and "recovered" in lines[0], lines
+
+
+def test_a_swap_cut_between_its_renames_is_recovered_before_the_next_write(tmp_path):
+    target = _cut_between_the_renames(tmp_path, _dead_pid())
+
+    def failing(folder):
+        raise ValueError("the new write fails")
+
+    with pytest.raises(ValueError):
+        write_folder_atomically(target, failing)
+    assert _version(target) == "new"  # the recovered copy stays where the next write failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_swap_of_a_live_writer_is_left_to_it(tmp_path):
+    target = _cut_between_the_renames(tmp_path, os.getpid())  # this process: another thread may be swapping
+    assert not PretrainedModelDataset(str(target)).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".model.old-{os.getpid()}-0a1b2c3d",
+                                                          f".model.tmp-{os.getpid()}-0a1b2c3d"]  # fmt: skip
+
+
+def test_the_next_write_removes_what_dead_writers_left_and_keeps_a_live_writers(tmp_path, caplog):
+    dead, alive = _dead_pid(), os.getpid()
+    target = _model_folder(tmp_path / "model", "old")
+    left = _model_folder(tmp_path / f".model.tmp-{dead}-deadbeef", "half")
+    (left / "model.safetensors").write_bytes(b"\0" * 3_000_000)
+    writing = _model_folder(tmp_path / f".model.tmp-{alive}-cafef00d", "being written")
+    other = _model_folder(tmp_path / f".tokenizer.tmp-{dead}-deadbeef", "another target's")
+    with caplog.at_level(logging.INFO, logger="fastlm.datasets.atomic_folder"):
+        write_folder_atomically(target, _writing("new"))
+    assert _version(target) == "new"
+    assert not left.exists() and writing.is_dir() and other.is_dir()
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastlm.datasets.atomic_folder"]
+    assert len(lines) == 1 and left.name in lines[0] and "3.0 MB" in lines[0], lines
+
+
+def test_the_next_file_write_removes_what_a_dead_writer_left(tmp_path):
+    dead, alive = _dead_pid(), os.getpid()
+    target = tmp_path / "predictions.csv"
+    left = tmp_path / f".predictions.csv.tmp-{dead}-deadbeef"
+    left.write_text("id,prediction\n1,cut", encoding="utf-8")
+    writing = tmp_path / f".predictions.csv.tmp-{alive}-cafef00d"
+    writing.write_text("id", encoding="utf-8")
+    write_file_atomically(target, lambda handle: handle.write("id,prediction\n1,whole\n"))
+    assert target.read_text(encoding="utf-8") == "id,prediction\n1,whole\n"
+    assert not left.exists() and writing.is_file()
