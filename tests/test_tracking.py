@@ -397,3 +397,77 @@ def test_a_run_within_the_recompile_limit_records_no_functions(active_run):
     RunTracker().training_finished({**summary, "recompile_limit_functions": []})
     params = mlflow.MlflowClient().get_run(active_run.info.run_id).data.params
     assert params["recompile_limit_hit"] == "False" and "recompile_limit_functions" not in params
+
+
+def test_a_store_write_refused_as_locked_is_tried_again_then_logged(active_run, monkeypatch, caplog):
+    """Two commands of one project log into its SQLite store at once (a training and a report): a write
+    that finds the database locked is tried again after a short wait, not given up with tracking turned
+    off for the rest of the run."""
+    import sqlite3
+
+    import fastlm.tracking as tracking
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
+    real, calls = mlflow.log_metrics, []
+
+    def locked_twice(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mlflow, "log_metrics", locked_twice)
+    tracker = MlflowMetrics()
+    with caplog.at_level(logging.WARNING, logger="fastlm.tracking"):
+        tracker("train", {"step": 1, "loss": 2.0})
+    history = mlflow.MlflowClient().get_metric_history(active_run.info.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0)]
+    assert len(calls) == 3 and not tracker.failed and not caplog.records
+
+
+def test_a_store_locked_for_good_warns_once_after_a_bounded_wait(active_run, monkeypatch, caplog):
+    import sqlite3
+
+    import fastlm.tracking as tracking
+
+    waits, calls = [], []
+    monkeypatch.setattr(tracking.time, "sleep", waits.append)
+
+    def locked(*args, **kwargs):
+        calls.append(1)
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(mlflow, "log_metrics", locked)
+    tracker = MlflowMetrics()
+    with caplog.at_level(logging.WARNING, logger="fastlm.tracking"):
+        for step in range(3):
+            tracker("train", {"step": step, "loss": 1.0})
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "database is locked" in warnings[0] and "\n" not in warnings[0]
+    assert tracker.failed and len(calls) == len(waits) + 1 and 1 < len(calls) <= 6
+    assert sum(waits) <= 30  # bounded: the training is not held up for long
+
+
+def test_one_command_at_a_time_sets_up_the_projects_store(tmp_path):
+    """Two commands starting at once on a project without its store yet (two trainings of other run
+    names, a training and a report) would both create MLflow's tables and migrate them: one failed with
+    ``table ... already exists`` and ran untracked. The store's set-up is one process at a time."""
+    import time
+
+    from fastlm.tracking import setting_up_store
+
+    order, inside = [], threading.Event()
+
+    def first():
+        with setting_up_store():
+            inside.set()
+            time.sleep(0.3)
+            order.append("first out")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    inside.wait(5)
+    with setting_up_store():
+        order.append("second in")
+    thread.join()
+    assert order == ["first out", "second in"]

@@ -234,8 +234,50 @@ def _process_runs(pid: int) -> bool:
     return True
 
 
+# A local SQLite store written by two commands at once (a training and a report, two trainings of other run
+# names): a write that finds the database locked past SQLite's own wait is tried again after these pauses
+# (seconds), then given up with the one warning.
+LOCKED_RETRY_WAITS = (0.5, 1.0, 2.0, 4.0)
+
+
+def store_locked(error: BaseException) -> bool:
+    """``error`` (or one it was raised from) is SQLite's ``database is locked``: another process was writing
+    the store; the write may be tried again."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if "database is locked" in str(error) or "database table is locked" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@contextlib.contextmanager
+def setting_up_store():
+    """Held while a command sets up its MLflow store (creates the tables of a new SQLite store and migrates
+    them, creates the experiment): one command of this machine at a time. Two starting at once on a project
+    without its store both created and migrated the tables, and one failed (``table ... already exists``,
+    ``duplicate column name``) and ran untracked. An exclusive ``flock`` on a file in the temporary folder,
+    released when the block ends or its process dies; where it cannot be taken, the block runs unheld."""
+    import fcntl
+    import tempfile
+
+    handle = None
+    try:
+        handle = open(Path(tempfile.gettempdir()) / f"fastlm-mlflow-setup-{os.getuid()}.lock", "a")  # noqa: SIM115
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    except OSError as exc:
+        log.debug("MLflow store set-up not serialized (%s)", exc)
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
+
+
 class SafeMlflow:
-    """Calls into mlflow that warn once on the first failure and are skipped afterwards."""
+    """Calls into mlflow that warn once on the first failure and are skipped afterwards; a call that finds a
+    SQLite store locked by another process is tried again first (``LOCKED_RETRY_WAITS``)."""
 
     def __init__(self) -> None:
         self.failed = False
@@ -248,7 +290,17 @@ class SafeMlflow:
 
             if needs_active_run and mlflow.active_run() is None:
                 return
-            function(mlflow, *args, **kwargs)
+            for wait in (*LOCKED_RETRY_WAITS, None):
+                try:
+                    function(mlflow, *args, **kwargs)
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    if wait is None or not store_locked(exc):
+                        raise
+                    log.debug(
+                        "MLflow %s: the store is locked by another process; again in %.1f s", what, wait
+                    )
+                    time.sleep(wait)
         except Exception as exc:  # noqa: BLE001 - any store failure: warn once, keep training
             self.failed = True
             log.warning(

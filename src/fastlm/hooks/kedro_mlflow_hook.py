@@ -29,6 +29,7 @@ from fastlm.tracking import (
     process_tag,
     register_project_artifacts,
     session_tracking_set,
+    setting_up_store,
     share_run_with_workers,
     stopped_by_user,
 )
@@ -65,11 +66,12 @@ class RedactingMlflowHook(MlflowHook):
         with contextlib.suppress(Exception):  # a missing or broken mlflow.yml: the plugin's own handling
             pin_local_store(context.config_loader)
         self._tracking = SafeMlflow()  # one per run: this hook object outlives a session in-process
-        self._tracking.call(
-            "tracking setup",
-            lambda _: super(RedactingMlflowHook, self).after_context_created(context),
-            needs_active_run=False,
-        )
+        with setting_up_store():  # a new store's tables: made by one command at a time
+            self._tracking.call(
+                "tracking setup",
+                lambda _: super(RedactingMlflowHook, self).after_context_created(context),
+                needs_active_run=False,
+            )
         session_tracking_set()
 
     @hook_impl
