@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,66 @@ def test_two_trainings_of_other_run_names_may_run_at_once(tmp_path, live_pid):
     hook.before_pipeline_run(_params(), with_split, catalog)
     assert output_lock_file(tmp_path / "data" / "split_counts.json").exists()
     hook.after_pipeline_run()
+
+
+def test_a_model_folder_replaced_while_it_is_read_is_read_whole_again(tmp_path, monkeypatch):
+    """A report or predict started while a training ends reads the trained model (its weights, tokenizer and
+    training record: several files) as the training's save swaps in the new folder: what it returns is one
+    folder's, never the old weights with the new record."""
+    import torch
+
+    from fastlm.datasets.pretrained_model import PretrainedModelDataset
+    from tests.support.tiny_llama import llama_style_tokenizer, save_tiny_llama
+
+    tokenizer = llama_style_tokenizer(["a b c d e f g"], vocab_size=60)
+    first, second = (
+        save_tiny_llama(tmp_path / name, tokenizer, hidden_size=16, seed=seed)
+        for name, seed in (("a", 0), ("b", 1))
+    )
+    target = tmp_path / "data" / "06_models" / "model"
+    dataset = PretrainedModelDataset(str(target))
+
+    def as_saved(source: Path, record: str) -> dict:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(source)
+        return {
+            "model": model,
+            "tokenizer": AutoTokenizer.from_pretrained(source),
+            "training_data": {"fingerprint": record},
+        }
+
+    dataset.save(as_saved(first, "first"))
+    newer = as_saved(second, "second")
+    real, swaps = PretrainedModelDataset._load_tokenizer, []
+
+    def tokenizer_after_a_save(self):  # the weights are read; the training's save swaps the folder now
+        if not swaps:
+            swaps.append(1)
+            PretrainedModelDataset(str(target)).save(newer)
+        return real(self)
+
+    monkeypatch.setattr(PretrainedModelDataset, "_load_tokenizer", tokenizer_after_a_save)
+    loaded = dataset.load()
+    assert swaps and loaded["training_data"] == {"fingerprint": "second"}
+    for name, tensor in newer["model"].state_dict().items():
+        assert torch.equal(loaded["model"].state_dict()[name], tensor), name
+
+
+def test_a_folder_replaced_at_every_read_is_one_line_and_a_missing_one_its_own_error(tmp_path):
+    from fastlm.datasets.atomic_folder import read_folder_whole, write_folder_atomically
+    from fastlm.errors import FastlmError
+
+    target = tmp_path / "model"
+
+    def replaced_each_time():
+        write_folder_atomically(target, lambda folder: folder.mkdir())
+        return "read"
+
+    write_folder_atomically(target, lambda folder: folder.mkdir())
+    with pytest.raises(FastlmError) as raised:
+        read_folder_whole(target, replaced_each_time)
+    assert "was replaced by another command" in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(FileNotFoundError):
+        read_folder_whole(tmp_path / "none", lambda: (tmp_path / "none" / "config.json").read_text())
+    assert read_folder_whole(target, lambda: "read") == "read"

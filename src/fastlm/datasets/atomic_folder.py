@@ -17,12 +17,15 @@ import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from fastlm.engine.checkpoint.storage import StorageError, os_error_in, storage_error
 from fastlm.engine.checkpoint.swap import replace_folder
+from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
 _TAG = re.compile(r"(\d+)-[0-9a-f]+")
+T = TypeVar("T")
 
 
 def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -> None:
@@ -167,6 +170,43 @@ def _size(path: Path) -> int:
         return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
     except OSError:
         return 0
+
+
+# A folder read (``read_folder_whole``) while another process replaced it: read again this many times at most
+READ_AGAIN = 3
+
+
+def read_folder_whole(target: str | Path, read: Callable[[], T]) -> T:
+    """``read()`` of the folder ``target``, read again where :func:`write_folder_atomically` replaced it
+    meanwhile (another command's save: a training ending while a report or predict loads its model), so what
+    it returns comes from one folder, never the old folder's files with the new one's. The folder is
+    replaced whole by a rename: its inode (and change time) differ after a swap. A read that fails while the
+    folder was being replaced is read again too; one that still sees it replaced after ``READ_AGAIN`` more
+    reads is one ``FastlmError`` line."""
+    target = Path(target)
+    for _ in range(READ_AGAIN + 1):
+        before = _folder_state(target)
+        try:
+            result = read()
+        except Exception:
+            if _folder_state(target) == before:  # not replaced (or not there at all): the read's own failure
+                raise
+            continue
+        if before is not None and _folder_state(target) == before:
+            return result
+    raise FastlmError(
+        f"{shown_path(target)} was replaced by another command each time it was read ({READ_AGAIN + 1} "
+        "times): a training or another run is writing it.",
+        fix="wait for that command to finish, then rerun.",
+    )
+
+
+def _folder_state(folder: Path) -> tuple[int, int, int] | None:
+    try:
+        found = os.stat(folder)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_ctime_ns
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -13,6 +13,7 @@ from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table, text_as_written
 from fastlm.corpus.shards import data_files, is_pattern
+from fastlm.datasets.atomic_folder import read_folder_whole
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
 from fastlm.engine.model.lora import folder_identity
 from fastlm.errors import InputDataError
@@ -125,14 +126,15 @@ class PredictSources:
                 f"a finished training run ({self.runs}/<name>/model).",
                 fix=f"give a model folder or one of the runs: {', '.join(runs[-10:]) or '(none yet)'}.",
             )
-        loaded = dataset.load()
+        # the identity of the folder the model was loaded from (a training's save may replace it meanwhile)
+        loaded, identity = read_folder_whole(folder, lambda: (dataset.load(), folder_identity(folder)))
         where = folder.resolve()
         trained_here = where == self.trained_model.resolve() or self.runs.resolve() in where.parents
         recorded = (loaded.get("training_data") or {}).get("max_length") is not None
         return {
             **loaded,
             "source": str(folder),
-            "identity": folder_identity(folder),
+            "identity": identity,
             "trained_here": trained_here,
             "project_rows": self._project_rows(folder, loaded.get("training_data"))
             if trained_here and not recorded

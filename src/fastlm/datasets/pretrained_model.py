@@ -12,7 +12,7 @@ from typing import Any
 from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.corpus.tokenizer_source import check_has_vocabulary, has_vocabulary_files
-from fastlm.datasets.atomic_folder import recover_folder, write_folder_atomically
+from fastlm.datasets.atomic_folder import read_folder_whole, recover_folder, write_folder_atomically
 from fastlm.errors import ConfigError
 
 TRAINING_DATA = "training_data.json"  # how the model's training data was made (the train pipeline writes it)
@@ -55,8 +55,9 @@ class PretrainedModelDataset(AbstractDataset):
         self._train_summaries = train_summaries
 
     def load(self) -> dict:
+        """The folder as one save wrote it: loaded again where a training's save replaced it meanwhile."""
         with _LOADING:
-            return self._load_folder()
+            return read_folder_whole(self._filepath, self._load_folder)
 
     def _load_folder(self) -> dict:
         self._check_folder()
