@@ -259,14 +259,15 @@ def setting_up_store():
     without its store both created and migrated the tables, and one failed (``table ... already exists``,
     ``duplicate column name``) and ran untracked. An exclusive ``flock`` on a file in the temporary folder,
     released when the block ends or its process dies; where it cannot be taken, the block runs unheld."""
-    import fcntl
     import tempfile
 
     handle = None
     try:
+        import fcntl  # POSIX; elsewhere the block runs unheld
+
         handle = open(Path(tempfile.gettempdir()) / f"fastlm-mlflow-setup-{os.getuid()}.lock", "a")  # noqa: SIM115
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-    except OSError as exc:
+    except (ImportError, OSError) as exc:
         log.debug("MLflow store set-up not serialized (%s)", exc)
     try:
         yield
