@@ -59,3 +59,20 @@ def test_answer_spans_beyond_int32_are_refused_not_wrapped_into_the_prompt(span)
     )
     with pytest.raises(ValueError, match="inside its prompt"):
         TokenSequences.from_arrow(table)
+
+
+def test_a_loader_worker_keeps_the_rows_read_when_the_folder_is_written_again(tmp_path):
+    """DataLoader workers get the samples as numpy arrays (pickled by value, or shared by a fork), never as
+    the Arrow files' paths: a split written again after the samples were read leaves a worker's rows as
+    they were."""
+    import pickle
+    import shutil
+
+    import datasets
+
+    folder = tmp_path / "split"
+    datasets.Dataset.from_dict({"input_ids": [[5, 6, 7, 2]] * 8}).save_to_disk(str(folder))
+    samples = TokenSequences.from_arrow(datasets.load_from_disk(str(folder)))
+    shutil.rmtree(folder)
+    datasets.Dataset.from_dict({"input_ids": [[9, 9, 9, 2]] * 8}).save_to_disk(str(folder))
+    assert pickle.loads(pickle.dumps(samples))[3].tolist() == [5, 6, 7, 2]

@@ -376,3 +376,122 @@ def test_the_worker_server_imports_what_a_job_unpickles_and_trains_before_it_for
     remote = job.params.model.model_copy(update={"name_or_path": "an/unknown-hub-model"})
     hub_job = TrainJob(job.params.model_copy(update={"model": remote}), 48, rows, None, None, "m")
     assert server_preload(hub_job) == [*modules[:2], type(rows).__module__]  # no class to tell: none
+
+
+def _handed_to_a_worker(tmp_path, tokenizer, monkeypatch, *, replace, before_launch: bool = False) -> dict:
+    """Launch two workers over a split saved on disk and loaded memory-mapped, as the train node does; the
+    launch calls ``replace(folder)`` (before the launcher looks at the data with ``before_launch``) and then
+    runs rank 1's entry point in this process, as a worker would run it, with the job it unpickled. What
+    that worker held (``rows``) or raised (``error``)."""
+    import logging
+    import signal
+
+    import datasets
+    import torch.distributed.launcher.api as launcher_api
+
+    import fastlm.engine.launch.workers as workers
+    from fastlm.engine.distributed.ranks import RankInfo
+
+    folder = tmp_path / "tokenized"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"input_ids": [[5, 6, 7, 2]] * 40})}
+    ).save_to_disk(str(folder))
+    train = datasets.load_from_disk(str(folder))["train"]
+    checked = train["input_ids"]  # what the train node's check read
+    if before_launch:
+        replace(folder)
+    seen: dict = {}
+
+    class Handed(Exception):
+        pass
+
+    def run_job(job, rank, callbacks=()):
+        seen["rows"] = job.train_split["input_ids"]
+
+    def elastic_launch(config, entrypoint):
+        def run(*args):
+            if not before_launch:
+                replace(folder)
+            try:
+                entrypoint(*args)
+            except Exception as error:
+                seen["error"] = error
+            raise Handed
+
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", elastic_launch)
+    monkeypatch.setattr(workers, "run_job", run_job)
+    monkeypatch.setattr(workers, "rank_from_env", lambda: RankInfo(1, 2, 1))
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # the worker's logging set-up undone after
+    monkeypatch.setattr(root, "level", root.level)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    params = job_params(
+        tmp_path, accum=1, nproc=2, distributed={"nproc_per_node": 2, "start_method": "spawn"}
+    )
+    try:
+        with pytest.raises(Handed):
+            launch(params, tokenizer, (train, None), tmp_path)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    seen["checked"] = checked
+    return seen
+
+
+def _split_again(folder: Path, row: list[int], shards: int = 1) -> None:
+    """The tokenized data written again while a run starts (the split's atomic folder swap): the folder's
+    path now holds other files; the launcher's memory-mapped copy still reads the old ones."""
+    import shutil
+
+    import datasets
+
+    fresh = folder.with_name("fresh")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [row] * 40})}).save_to_disk(
+        str(fresh), num_shards={"train": shards}
+    )
+    old = folder.with_name("old")
+    folder.rename(old)
+    fresh.rename(folder)
+    shutil.rmtree(old)
+
+
+@pytest.mark.parametrize("before_launch", [False, True], ids=["after-launch", "before-launch"])
+def test_a_worker_refuses_a_split_written_again_after_the_launcher_checked_it(
+    tmp_path, bpe_tokenizer, monkeypatch, before_launch
+):
+    """A worker's job holds its memory-mapped splits as their files' paths, opened again as the job is
+    unpickled: a split run that replaced the tokenized data after the train node checked it (its
+    fingerprint and digests) had the workers train on the new rows while the run recorded the old data. The
+    worker now compares what it opened with what the launcher held and refuses in one line: here rows of
+    the same lengths, other tokens, swapped in after the launcher looked (its files tell) or before (the
+    sampled digest of its buffers tells)."""
+    seen = _handed_to_a_worker(
+        tmp_path,
+        bpe_tokenizer,
+        monkeypatch,
+        replace=lambda folder: _split_again(folder, [9, 9, 9, 2]),
+        before_launch=before_launch,
+    )
+    assert "rows" not in seen, (
+        f"the worker trained on {seen['rows'][0]}, the launcher checked {seen['checked'][0]}"
+    )
+    error = seen["error"]
+    assert "\n" not in str(error) and "train split" in str(error) and "pipeline=split" in str(error)
+    assert error.exit_code == 2
+
+
+def test_a_worker_refuses_a_split_written_again_in_other_files(tmp_path, bpe_tokenizer, monkeypatch):
+    """The data written again in two files where the launcher held one: the job's file is gone as the worker
+    unpickles it; one line, not the traceback of a missing file."""
+    seen = _handed_to_a_worker(
+        tmp_path, bpe_tokenizer, monkeypatch, replace=lambda folder: _split_again(folder, [9, 2], shards=2)
+    )
+    assert "rows" not in seen and "\n" not in str(seen["error"]) and seen["error"].exit_code == 2
+    assert "data-00000-of-00001.arrow" in str(seen["error"]) and "pipeline=split" in str(seen["error"])
+
+
+def test_a_worker_trains_on_a_split_left_as_the_launcher_checked_it(tmp_path, bpe_tokenizer, monkeypatch):
+    seen = _handed_to_a_worker(tmp_path, bpe_tokenizer, monkeypatch, replace=lambda folder: None)
+    assert "error" not in seen and seen["rows"] == seen["checked"]

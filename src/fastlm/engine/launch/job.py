@@ -41,6 +41,9 @@ class TrainJob:
     model_dir: str  # where the final model is saved (checked for room before training)
     extra_summary: dict = field(default_factory=dict)
     runtime_choices: str | None = None  # the precisions measured before (engine.runtime.remembered)
+    # {"train", "validation"}: each split's ``data.arrow_identity.split_identity`` as the launcher held it,
+    # which a launched worker compares with the split it unpickled (``launch.workers.read_job``); None: none
+    data_identity: dict | None = None
 
 
 def expected_log_records(params: TrainParams) -> int | None:

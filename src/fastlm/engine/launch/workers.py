@@ -25,7 +25,11 @@ engine from the launcher's ``sys.path`` (``_importing_from``), wherever the laun
 The job (its tokenized data and tokenizer) is pickled once into a file beside the model folder, which each
 worker reads: spawn writes a worker's arguments into its start pipe, and the worker reads their end only
 after importing its parent's main module, so arguments beyond a pipe's buffer held the launcher at each
-worker until that one had imported, and N workers started one after another.
+worker until that one had imported, and N workers started one after another. A memory-mapped split
+pickles as its Arrow files' paths, which each worker opens again: the launcher records what it holds (its
+rows, its files' inodes and a sampled digest, ``data.arrow_identity``) and a worker refuses a split that is
+not that data (``read_job``), as when a split run wrote the tokenized data again after the train node
+checked it: the run would have trained on other rows than those it records.
 
 Failure handling is the elastic agent's: when any worker exits with an error or is killed, the agent stops
 the others (SIGTERM, then SIGKILL after ``SHUTDOWN_TIMEOUT_S``) and raises ``ChildFailedError`` naming the
@@ -40,6 +44,7 @@ not through a pipe; the parent builds the model once more and loads them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import multiprocessing.forkserver
@@ -57,12 +62,13 @@ from pathlib import Path
 import safetensors.torch
 
 from fastlm.engine.checkpoint.discovery import latest_checkpoint
+from fastlm.engine.data.arrow_identity import identity_change, split_identity
 from fastlm.engine.distributed.parallel import rank_from_env
 from fastlm.engine.launch import server
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.train.signals import TrainingInterrupted
-from fastlm.errors import ConfigError, FastlmError
+from fastlm.errors import ConfigError, FastlmError, StaleDataError
 
 log = logging.getLogger(__name__)
 # How long the launcher's agent waits for its workers after it forwarded a stop signal (or after a worker
@@ -125,6 +131,7 @@ def launch_workers(
     )
     launched = time.time()
     try:
+        job = dataclasses.replace(job, data_identity=job_data_identity(job))
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         with _quiet_elastic_logs(), _own_signal_handlers(), _rendezvous_names_from_frames():
             results = elastic_launch(config, _worker)(
@@ -298,7 +305,7 @@ def _worker(job_file: str, weights: str, callback_factory, pythonpath: str | Non
     for signum in server.SERVER_IGNORES:  # a forked worker inherits its server's SIG_IGN (launch.server)
         signal.signal(signum, signal.SIG_DFL)
     _restore_pythonpath(pythonpath)
-    job: TrainJob = pickle.loads(Path(job_file).read_bytes())
+    job = read_job(job_file)
     rank = rank_from_env()
     _configure_worker_logging(rank.rank)
     callbacks = (callback_factory(),) if callback_factory is not None and rank.is_main else ()
@@ -317,6 +324,47 @@ def _worker(job_file: str, weights: str, callback_factory, pythonpath: str | Non
         safetensors.torch.save_model(result.model, weights)
     result.model = None
     return result
+
+
+# the tokenized data written again between the launcher's check and a worker's open of its files
+_SPLIT_AGAIN = (
+    "a split (`kedro run --pipeline=split`) wrote the tokenized data again while this training started: wait "
+    "for it to finish, then run the training again (its data is checked again then)."
+)
+
+
+def job_data_identity(job: TrainJob) -> dict:
+    """Each split of ``job`` as this process holds it (``data.arrow_identity.split_identity``), before the
+    job is pickled to the workers."""
+    splits = {"train": job.train_split, "validation": job.eval_split}
+    return {name: split_identity(split) for name, split in splits.items() if split is not None}
+
+
+def read_job(job_file: str | Path) -> TrainJob:
+    """The job a launcher pickled into ``job_file``, its splits opened again from their files, refused
+    (StaleDataError, one line naming the split and the fix) where one of them is not the data the launcher
+    held and checked: the tokenized data was written again in between (module docstring). The check reads
+    the splits' file sizes and a few hundred KiB a column (``data.arrow_identity``)."""
+    try:
+        job: TrainJob = pickle.loads(Path(job_file).read_bytes())
+    except FileNotFoundError as error:  # the folder swapped in holds other file names
+        raise StaleDataError(
+            f"the tokenized data's files are gone since the launcher checked them "
+            f"({error.filename or error}).",
+            fix=_SPLIT_AGAIN,
+        ) from None
+    for name, expected in (job.data_identity or {}).items():
+        split = job.train_split if name == "train" else job.eval_split
+        change = identity_change(expected, split_identity(split))
+        if change is not None:
+            files = getattr(split, "cache_files", None)
+            where = f" ({Path(files[0]['filename']).parent})" if files else ""
+            raise StaleDataError(
+                f"the {name} split of the tokenized data{where} changed since the launcher checked it: "
+                f"{change}.",
+                fix=_SPLIT_AGAIN,
+            )
+    return job
 
 
 def _configure_worker_logging(rank: int) -> None:
