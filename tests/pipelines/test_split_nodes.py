@@ -309,6 +309,34 @@ def test_a_tokenized_split_replaced_or_edited_by_hand_is_refused(raw, tmp_path):
     check_tokenized({k: v for k, v in fingerprint.items() if k != "splits"}, swapped, where="tokenized")
 
 
+def test_a_split_run_while_the_data_was_read_is_named_as_the_likely_cause(raw, tmp_path):
+    """Kedro loads the tokenized data, then its fingerprint: a split run in between (another salt, other
+    rows) has the old data checked against the new record. The refusal names that likely cause and its fix
+    (wait for the split, run the command again), not only files edited or copied by hand."""
+    import datasets
+
+    from fastlm.corpus.fingerprint import check_tokenized
+
+    def split(salt: str):
+        params = {**PARAMS, "text_column": "body", "hash_salt": salt}
+        clean, counts = nodes.clean_corpus(raw, params)
+        splits, split_counts = nodes.split_corpus(clean, counts, params)
+        tokenizer = nodes.build_tokenizer(splits, params, split_counts)
+        return nodes.tokenize_corpus(splits, tokenizer, params, split_counts)[:2]
+
+    tokenized, _ = split("first")
+    tokenized.save_to_disk(tmp_path / "tokenized")
+    read = datasets.load_from_disk(tmp_path / "tokenized")  # the train command's load of the data
+    _, written_meanwhile = split("second")  # then the split's new fingerprint, read next
+    with pytest.raises(InputDataError) as error:
+        check_tokenized(written_meanwhile, read, where="data/05_model_input/tokenized_corpus")
+    said = str(error.value)
+    assert "\n" not in said and "split (`kedro run --pipeline=split`) ran while this command read" in said, (
+        said
+    )
+    assert "wait for it to finish, then run this command again" in said, said
+
+
 def test_tokenizer_training_texts_are_hash_selected_whatever_the_row_order(raw):
     """split.tokenizer.training_samples below the train rows: the BPE learns from the same texts (and so is
     the same tokenizer) however the raw file's rows are ordered, as the splits are."""

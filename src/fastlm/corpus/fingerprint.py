@@ -217,7 +217,8 @@ def tokenized_digests(tokenized) -> dict[str, dict[str, Any]]:
 def check_tokenized(stored: dict[str, Any] | None, tokenized, *, where: str) -> None:
     """Raise InputDataError unless every split of ``tokenized`` holds the rows and tokens the split recorded
     (``splits`` of its fingerprint; a record without them, written before they were recorded, is not
-    compared): a split file replaced or edited by hand since would be trained or scored without a word."""
+    compared): a split file replaced or edited by hand since would be trained or scored without a word. The
+    likeliest cause named first: a split run between Kedro's loads of the data and of its fingerprint."""
     recorded = (stored or {}).get("splits")
     if not isinstance(recorded, dict):
         return
@@ -231,9 +232,11 @@ def check_tokenized(stored: dict[str, Any] | None, tokenized, *, where: str) -> 
         else:
             what = f"its {name} split's tokens are not those the split wrote ({now['rows']} rows)"
         raise InputDataError(
-            f"{where} was changed since the split wrote it: {what}.",
-            fix="run `kedro run --pipeline=split` to write it again (the tokenized data's files are not to "
-            "be edited or copied by hand).",
+            f"{where} was changed since the split wrote it: {what}; likely a split (`kedro run "
+            "--pipeline=split`) ran while this command read the data, then its fingerprint.",
+            fix="if a split is running, wait for it to finish, then run this command again; otherwise run "
+            "`kedro run --pipeline=split` to write the data again (its files are not to be edited or "
+            "copied by hand).",
         )
 
 
