@@ -1189,7 +1189,7 @@ def test_a_tracking_database_missing_a_table_warns_once_without_tracebacks(
     project, mlflow_uri, monkeypatch, capfd, caplog
 ):
     """A database whose metrics table was dropped: training completes (as with a corrupt file), and the
-    store's failure is one warning, not a traceback per failed call."""
+    store's failure is one warning naming the file and the fix, not a traceback per failed call."""
     import sqlite3
 
     database = project / "dropped.db"
@@ -1204,6 +1204,9 @@ def test_a_tracking_database_missing_a_table_warns_once_without_tracebacks(
     shown = printed.out + printed.err + caplog.text
     assert "Traceback" not in shown, shown[-3000:]
     assert shown.count("without tracking") == 1, shown[-3000:]  # the one warning
+    words = " ".join(shown.split())  # Rich wraps lines
+    assert "dropped.db is not a complete MLflow store (a set-up was cut: table metrics missing)" in words
+    assert "mv dropped.db dropped.db.broken" in words
 
 
 def test_cli_secrets_are_masked_in_tracebacks(monkeypatch):

@@ -8,6 +8,7 @@ import threading
 import mlflow
 import pytest
 
+from fastlm.hooks.kedro_mlflow_hook import RedactingMlflowHook  # configures logging: before caplog's handler
 from fastlm.tracking import MlflowMetrics
 
 
@@ -471,3 +472,98 @@ def test_one_command_at_a_time_sets_up_the_projects_store(tmp_path):
         order.append("second in")
     thread.join()
     assert order == ["first out", "second in"]
+
+
+class MlflowConfigLoader(dict):
+    """What the MLflow set-up reads of a Kedro config loader: ``mlflow.yml`` naming the store."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(mlflow={"server": {"mlflow_tracking_uri": uri}})
+        self.config_patterns: dict = {}
+
+
+def damaged_store(folder, empty_mlflow_db, *statements):
+    import contextlib
+    import sqlite3
+
+    store = folder / "mlflow.db"
+    shutil.copyfile(empty_mlflow_db, store)
+    with contextlib.closing(sqlite3.connect(store)) as connection, connection:
+        for statement in statements:
+            connection.execute(statement)
+    return store
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("CREATE TABLE _alembic_tmp_runs (run_uuid VARCHAR(32))", "table _alembic_tmp_runs left"),
+        ("DROP TABLE params", "table params missing"),
+        ("UPDATE alembic_version SET version_num = '0584bdc529eb'", "0584bdc529eb"),
+    ],
+    ids=["temporary-table-left", "table-dropped", "version-row-behind-its-tables"],
+)
+def test_a_store_left_half_migrated_is_named_once_with_its_fix_and_kept(
+    tmp_path, monkeypatch, empty_mlflow_db, caplog, damage, named
+):
+    """A store whose set-up was cut (an interrupted or raced migration) failed every later command's tracking
+    with MLflow's own error (or none at all, or MLflow re-made a dropped table in its first schema), each
+    time: the set-up names the file and the fix in one warning line, leaves the store as it is, and the run
+    goes on untracked."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)
+    store = damaged_store(tmp_path, empty_mlflow_db, damage)
+    before = store.read_bytes()
+    hook = RedactingMlflowHook()
+    context = SimpleNamespace(
+        config_loader=MlflowConfigLoader("sqlite:///mlflow.db"),
+        project_path=tmp_path,
+        _package_name="fastlm",
+        _get_config_credentials=dict,
+    )
+    try:
+        with caplog.at_level(logging.WARNING):
+            hook.after_context_created(context)
+    finally:
+        mlflow.set_tracking_uri(None)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    line = warnings[0]
+    assert line.startswith("mlflow.db is not a complete MLflow store") and named in line, line
+    assert "mv mlflow.db mlflow.db.broken" in line and "without tracking" in line and "\n" not in line
+    assert hook._tracking.failed  # the run goes on, untracked
+    assert store.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
+def test_a_whole_store_and_a_locked_one_are_not_called_broken(tmp_path, empty_mlflow_db, monkeypatch):
+    """Only a store a cut set-up left is named: a complete one, one another command holds locked, a new
+    (empty) file and one an older MLflow made (which MLflow itself asks to upgrade) are left to MLflow."""
+    import contextlib
+    import sqlite3
+    import time
+
+    from fastlm import tracking
+
+    store = damaged_store(tmp_path, empty_mlflow_db)
+    assert tracking.store_problem(f"sqlite:///{store}") is None
+    monkeypatch.setattr(tracking, "STORE_CHECK_WAIT_S", 0.05)
+    with contextlib.closing(sqlite3.connect(store, isolation_level=None)) as writer:
+        writer.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        assert tracking.store_problem(f"sqlite:///{store}") is None
+        assert time.monotonic() - started < 1
+        writer.execute("ROLLBACK")
+    (tmp_path / "new.db").touch()
+    assert tracking.store_problem(f"sqlite:///{tmp_path / 'new.db'}") is None
+    assert tracking.store_problem(f"sqlite:///{tmp_path / 'absent.db'}") is None
+    older = tmp_path / "older"
+    older.mkdir()
+    damaged_store(
+        older, empty_mlflow_db, "DROP TABLE jobs", "UPDATE alembic_version SET version_num = '0584bdc529eb'"
+    )
+    assert tracking.store_problem(f"sqlite:///{older / 'mlflow.db'}") is None
+    (tmp_path / "garbage.db").write_bytes(b"this is not a sqlite database" * 100)
+    assert "garbage.db is not a complete MLflow store" in tracking.store_problem(
+        f"sqlite:///{tmp_path / 'garbage.db'}"
+    )

@@ -14,6 +14,8 @@ import logging
 import math
 import os
 import re
+import shlex
+import sqlite3
 import time
 from dataclasses import dataclass
 from numbers import Number
@@ -276,12 +278,121 @@ def setting_up_store():
             handle.close()  # releases the lock
 
 
+# How long the store's check waits for a command that holds the SQLite store locked (a write, a migration of
+# another machine's command) before leaving the store to MLflow: a busy store is not a broken one.
+STORE_CHECK_WAIT_S = 2.0
+
+
+def store_problem(uri: str | None) -> str | None:
+    """One warning line naming a local SQLite store (``sqlite:///mlflow.db``) that a cut set-up left
+    incomplete and the fix, or None (no such store, a new or complete one, one locked by another command, one
+    an older MLflow made, which MLflow itself asks to upgrade). Reads the store only: its runs are the user's.
+
+    A set-up cut part way (a kill, two commands migrating at once) leaves an ``_alembic_tmp_*`` table, a
+    table or column missing, or a schema version row behind tables already migrated; MLflow then failed every
+    later command's tracking (or re-made a missing table in its first schema, or asked for an upgrade that
+    fails)."""
+    local = local_store_uri(uri)
+    if not isinstance(local, str) or not local.startswith("sqlite:////"):
+        return None
+    path = Path(local.removeprefix("sqlite:///").partition("?")[0])
+    if not path.is_file():
+        return None
+    try:
+        reason = _store_damage(path)
+    except sqlite3.Error:  # locked, busy, unreadable: MLflow's own handling (its retries, its error)
+        return None
+    if reason is None:
+        return None
+    try:
+        name = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        name = str(path)
+    move = f"mv {shlex.quote(name)} {shlex.quote(name + '.broken')}"
+    return (
+        f"{name} is not a complete MLflow store ({reason}); this run continues without tracking (training "
+        f"and local outputs are kept). Fix: move it aside ({move}) and run again; the runs it holds can "
+        "still be read with sqlite3."
+    )
+
+
+def _store_damage(path: Path) -> str | None:
+    try:
+        connection = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=STORE_CHECK_WAIT_S)
+    except sqlite3.Error:
+        return None
+    try:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        left = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
+        if left:
+            return f"a set-up was cut: table {', '.join(left)} left"
+        if not {name for name in tables if not name.startswith(("alembic_", "sqlite_"))}:
+            return None  # a new store: MLflow makes its tables
+        versions = (
+            [row[0] for row in connection.execute("SELECT version_num FROM alembic_version")]
+            if "alembic_version" in tables
+            else []
+        )
+        if len(versions) != 1:
+            return f"a set-up was cut: {len(versions) or 'no'} schema version rows"
+        columns = {
+            name: {row[1] for row in connection.execute(f"PRAGMA table_xinfo('{name}')")} for name in tables
+        }
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError):
+            raise  # locked, busy
+        return f"not an SQLite database: {exc}"
+    finally:
+        connection.close()
+    head, known, first_tables, head_columns = mlflow_schema()
+    missing = sorted(name for name in first_tables if name not in tables)
+    if missing:
+        return f"a set-up was cut: table {', '.join(missing)} missing"
+    version = versions[0]
+    if version not in known:
+        return None  # a newer MLflow's store: MLflow says so
+    behind_head = [
+        name if name not in columns else f"{name}.{column}"
+        for name, wanted in head_columns.items()
+        for column in ([None] if name not in columns else sorted(wanted - columns[name]))
+    ]
+    if version == head and behind_head:
+        tables_missing = [name for name in behind_head if "." not in name]
+        what = "table" if tables_missing else "column"
+        return f"a set-up was cut: {what} {', '.join((tables_missing or behind_head)[:3])} missing"
+    if version != head and not behind_head:
+        return f"a set-up was cut: its schema version row says {version}, its tables are already at {head}"
+    return None
+
+
+def mlflow_schema() -> tuple[str, set[str], set[str], dict[str, set[str]]]:
+    """This MLflow's store schema: its head revision, every revision it knows, the tables of its first schema
+    (every store has them) and the columns of each table at the head."""
+    import mlflow.store
+    import mlflow.store.db.utils  # noqa: F401 - registers every table of the schema with Base
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.base_sql_model import Base
+    from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
+
+    script = ScriptDirectory(str(Path(mlflow.store.__file__).parent / "db_migrations"))
+    known = {revision.revision for revision in script.walk_revisions()}
+    columns = {
+        name: {column.name for column in table.columns} for name, table in Base.metadata.tables.items()
+    }
+    return script.get_current_head(), known, set(InitialBase.metadata.tables), columns
+
+
 class SafeMlflow:
     """Calls into mlflow that warn once on the first failure and are skipped afterwards; a call that finds a
     SQLite store locked by another process is tried again first (``LOCKED_RETRY_WAITS``)."""
 
     def __init__(self) -> None:
         self.failed = False
+
+    def give_up(self, line: str) -> None:
+        """Turn tracking off for good with ``line``, the one warning (a store known not to work)."""
+        self.failed = True
+        log.warning("%s", line)
 
     def call(self, what: str, function, *args, needs_active_run: bool = True, **kwargs) -> None:
         if self.failed:

@@ -481,13 +481,15 @@ def _measured_now(train: dict, catalog) -> dict:
     return measured_on(params, max_length=split.max_length, data=data_identity(fingerprint), device=device)
 
 
-def pin_local_store(config_loader) -> None:
+def pin_local_store(config_loader) -> str | None:
     """The session's mlflow.yml with a local SQLite store named relative to the working folder (the default
     ``sqlite:///mlflow.db``) as its absolute path (``fastlm.tracking.local_store_uri``), so that each project
-    run in one process tracks into its own store."""
+    run in one process tracks into its own store. Returns the store's URI (kedro-mlflow's: mlflow.yml's, else
+    ``MLFLOW_TRACKING_URI``)."""
     config_loader.config_patterns.setdefault("mlflow", ["mlflow*", "mlflow*/**", "**/mlflow*"])
     conf = config_loader["mlflow"]
     server = conf.get("server") or {}
     uri = server.get("mlflow_tracking_uri")
     if local_store_uri(uri) != uri:
         config_loader["mlflow"] = {**conf, "server": {**server, "mlflow_tracking_uri": local_store_uri(uri)}}
+    return local_store_uri(uri if uri is not None else os.environ.get("MLFLOW_TRACKING_URI"))

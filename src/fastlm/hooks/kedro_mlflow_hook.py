@@ -32,6 +32,7 @@ from fastlm.tracking import (
     setting_up_store,
     share_run_with_workers,
     stopped_by_user,
+    store_problem,
 )
 
 _GATHERING = threading.local()  # RedactingMlflowHook: the parameters of the node whose hooks this thread runs
@@ -63,10 +64,16 @@ class RedactingMlflowHook(MlflowHook):
         end_interrupted_runs()  # a run an earlier session in this process left open (Ctrl-C in a notebook)
         register_project_artifacts()  # the experiment's artefacts live next to the project's store
         begin_session_tracking()  # put back at the run's end: a later session in this process starts clean
+        uri = None
         with contextlib.suppress(Exception):  # a missing or broken mlflow.yml: the plugin's own handling
-            pin_local_store(context.config_loader)
+            uri = pin_local_store(context.config_loader)
         self._tracking = SafeMlflow()  # one per run: this hook object outlives a session in-process
         with setting_up_store():  # a new store's tables: made by one command at a time
+            # a store a cut set-up left: named with its fix, left as it is (MLflow would re-make a missing
+            # table in its first schema), and the run goes on untracked, as with any failing store
+            problem = store_problem(uri) if active_run_id() is None else None
+            if problem is not None:
+                self._tracking.give_up(problem)
             self._tracking.call(
                 "tracking setup",
                 lambda _: super(RedactingMlflowHook, self).after_context_created(context),
