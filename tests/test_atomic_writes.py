@@ -8,8 +8,11 @@ import errno
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,8 @@ from fastlm.datasets.atomic_file import write_file_atomically
 from fastlm.datasets.atomic_folder import write_folder_atomically
 from fastlm.datasets.pretrained_model import PretrainedModelDataset
 from fastlm.engine.checkpoint import swap
+
+DAY = 24 * 3600
 
 
 def _dead_pid() -> int:
@@ -144,3 +149,65 @@ def test_the_next_file_write_removes_what_a_dead_writer_left(tmp_path):
     write_file_atomically(target, lambda handle: handle.write("id,prediction\n1,whole\n"))
     assert target.read_text(encoding="utf-8") == "id,prediction\n1,whole\n"
     assert not left.exists() and writing.is_file()
+
+
+def _aged(path, seconds: float):
+    """``path`` and everything in it last changed ``seconds`` ago."""
+    then = time.time() - seconds
+    for item in [*path.rglob("*"), path] if path.is_dir() else [path]:
+        os.utime(item, (then, then))
+    return path
+
+
+def test_leftovers_of_a_writer_on_another_host_are_kept_until_unchanged_for_a_day(tmp_path, monkeypatch):
+    """Round twenty: on a shared filesystem (NFS, a cluster's shared home) a writer on another host has a pid
+    this host cannot see: its copy in progress was taken for a dead writer's and removed. Leftovers name
+    their host; another host's is kept until nothing in it has changed for ``OTHER_HOST_STALE_S``, this
+    host's (and an old tag without a host) go by its pid."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "trainer 1/a")  # sanitized: trainer_1_a
+    dead, alive = _dead_pid(), os.getpid()
+    target = _model_folder(tmp_path / "model", "old")
+    elsewhere = _model_folder(tmp_path / f".model.tmp-gpu-node-7-{dead}-cafef00d", "another host's, writing")
+    still_writing = _aged(
+        _model_folder(tmp_path / f".model.tmp-gpu-node-9-{dead}-0ddba11", "writing"), 3 * DAY
+    )
+    (still_writing / "model.safetensors").write_bytes(b"\0" * 10)  # a file in it changed just now
+    stale = _aged(_model_folder(tmp_path / f".model.tmp-gpu-node-8-{dead}-0badcafe", "a day old"), DAY + 60)
+    stale_file = tmp_path / f".model.old-gpu-node-8-{dead}-0badcafe"
+    stale_file.write_text("x", encoding="utf-8")
+    _aged(stale_file, DAY + 60)
+    ours_dead = _model_folder(tmp_path / f".model.tmp-trainer_1_a-{dead}-deadbeef", "this host's, dead")
+    ours_alive = _model_folder(tmp_path / f".model.tmp-trainer_1_a-{alive}-feedf00d", "this host's, alive")
+    untagged_dead = _model_folder(tmp_path / f".model.tmp-{dead}-beefcafe", "an old tag, dead")
+    names = []
+
+    def write(folder):
+        names.append(folder.name)
+        _writing("new")(folder)
+
+    write_folder_atomically(target, write)
+    assert _version(target) == "new"
+    assert names[0].startswith(f".model.tmp-trainer_1_a-{os.getpid()}-"), names
+    assert elsewhere.is_dir() and still_writing.is_dir() and ours_alive.is_dir()
+    assert not stale.exists() and not stale_file.exists()
+    assert not ours_dead.exists() and not untagged_dead.exists()
+
+
+def test_a_swap_cut_on_another_host_is_left_to_it_until_a_day_old(tmp_path, monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "trainer-1")
+    dead = _dead_pid()
+    _model_folder(tmp_path / f".model.old-gpu-node-7-{dead}-0a1b2c3d", "old")
+    _model_folder(tmp_path / f".model.tmp-gpu-node-7-{dead}-0a1b2c3d", "new")
+    assert not PretrainedModelDataset(str(tmp_path / "model")).exists()  # its writer may be swapping now
+    assert len(list(tmp_path.iterdir())) == 2
+    for leftover in tmp_path.iterdir():
+        _aged(leftover, DAY + 60)
+    assert PretrainedModelDataset(str(tmp_path / "model")).exists()
+    assert _version(tmp_path / "model") == "new"
+
+
+def test_a_file_writes_temporary_names_its_host(tmp_path, monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "trainer-1")
+    names = []
+    write_file_atomically(tmp_path / "summary.json", lambda handle: names.append(Path(handle.name).name))
+    assert names[0].startswith(f".summary.json.tmp-trainer-1-{os.getpid()}-"), names

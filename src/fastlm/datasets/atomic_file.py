@@ -2,13 +2,13 @@
 over the target.
 
 A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole; the
-temporary file it leaves (``.name.tmp-<pid>-<hex>``) is removed by the next write once that process is gone.
+temporary file it leaves (``.name.tmp-<host>-<pid>-<hex>``) is removed by the next write once that process is
+gone (another host's: once it has not changed for a day, ``atomic_folder.OTHER_HOST_STALE_S``).
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import yaml
@@ -17,6 +17,7 @@ from kedro_datasets.pandas import CSVDataset
 from kedro_datasets.yaml import YAMLDataset
 
 from fastlm.datasets.atomic_folder import remove_leftovers
+from fastlm.engine.checkpoint.swap import writer_tag
 from fastlm.engine.observe import strict_json
 
 
@@ -26,7 +27,7 @@ def write_file_atomically(target: str | Path, write) -> None:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(target)
-    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    temporary = target.with_name(f".{target.name}.tmp-{writer_tag()}")
     try:
         with open(temporary, "w", encoding="utf-8", newline="") as handle:
             write(handle)

@@ -1,10 +1,12 @@
 """Write a folder atomically: build it beside the target, then swap it in (one atomic exchange on Linux).
 
-Beside a target ``name`` a write leaves, only while it runs, ``.name.tmp-<pid>-<hex>`` (the new copy being
-written) and, where the system cannot exchange two folders in one call, ``.name.old-<pid>-<hex>`` (the
-previous copy, between the two renames of the swap). A process killed part way leaves them behind:
+Beside a target ``name`` a write leaves, only while it runs, ``.name.tmp-<host>-<pid>-<hex>`` (the new copy
+being written) and, where the system cannot exchange two folders in one call, ``.name.old-<host>-<pid>-<hex>``
+(the previous copy, between the two renames of the swap). A process killed part way leaves them behind:
 :func:`recover_folder` (called by the next load and the next write) puts a complete new copy in place of a
-missing target, and the next write removes what a writer no longer alive left there.
+missing target, and the next write removes what a writer no longer alive left there. Whether a writer is
+alive is told by its pid on its own host only; another host's (a shared filesystem) is taken for alive until
+nothing it left has changed for ``OTHER_HOST_STALE_S``.
 """
 
 from __future__ import annotations
@@ -12,19 +14,20 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import re
 import shutil
-import uuid
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from fastlm.engine.checkpoint.storage import StorageError, os_error_in, storage_error
-from fastlm.engine.checkpoint.swap import replace_folder
+from fastlm.engine.checkpoint.swap import host_name, replace_folder, tag_writer, writer_tag
 from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
-_TAG = re.compile(r"(\d+)-[0-9a-f]+")
+# A leftover of a writer on another host (NFS, a cluster's shared home: its pid means nothing here) is kept as
+# a live writer's until nothing in it has changed for this long (seconds): a day, longer than any write takes.
+OTHER_HOST_STALE_S = 24 * 3600
 T = TypeVar("T")
 
 
@@ -40,7 +43,7 @@ def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -
     target.parent.mkdir(parents=True, exist_ok=True)
     recover_folder(target)
     remove_leftovers(target)
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tag = writer_tag()
     tmp = target.with_name(f".{target.name}.tmp-{tag}")
     old = target.with_name(f".{target.name}.old-{tag}")
     try:
@@ -86,11 +89,13 @@ def recover_folder(target: str | Path) -> bool:
         except OSError:  # another process recovered it first
             return target.exists()
         shutil.rmtree(old, ignore_errors=True)
+        host, pid = tag_writer(tag) or ("?", "?")
         log.warning(
-            "%s was missing: the run writing it (pid %s) stopped between the two renames that swap a new "
-            "copy in; recovered its complete new copy (%s) and removed the previous one",
+            "%s was missing: the run writing it (pid %s on %s) stopped between the two renames that swap a "
+            "new copy in; recovered its complete new copy (%s) and removed the previous one",
             shown_path(target),
-            tag.split("-")[0],
+            pid,
+            host,
             new.name,
         )
         return True
@@ -98,16 +103,17 @@ def recover_folder(target: str | Path) -> bool:
 
 
 def remove_leftovers(target: str | Path) -> None:
-    """Remove the temporary copies (``.name.tmp-<pid>-<hex>``, ``.name.old-<pid>-<hex>``, files or folders)
-    that writers of ``target`` killed part way left beside it, and say what in one log line. One whose
-    writer is alive is kept: another run may be writing it."""
+    """Remove the temporary copies (``.name.tmp-<host>-<pid>-<hex>``, ``.name.old-<host>-<pid>-<hex>``, or
+    ``<pid>-<hex>`` of before hosts were named, files or folders) that writers of ``target`` killed part way
+    left beside it, and say what in one log line. One whose writer may be alive is kept: another run (of this
+    host or another) may be writing it."""
     target = Path(target)
     removed = []
     for kind in ("tmp", "old"):
         prefix = f".{target.name}.{kind}-"
         for path in sorted(target.parent.glob(f"{glob.escape(prefix)}*")):
             tag = path.name[len(prefix) :]
-            if _TAG.fullmatch(tag) is None or writer_alive(tag, path):
+            if tag_writer(tag) is None or writer_alive(tag, path):
                 continue
             size = _size(path)
             if path.is_dir() and not path.is_symlink():
@@ -123,13 +129,17 @@ def remove_leftovers(target: str | Path) -> None:
 
 
 def writer_alive(tag: str, path: Path) -> bool:
-    """Whether the process that wrote ``path`` (its pid leads ``tag``, ``<pid>-<hex>``) may still be
-    writing: this process, or a live one that started before ``path`` last changed (a process started
-    since, e.g. after a reboot, only has the same pid). An unreadable tag counts as alive."""
-    match = _TAG.fullmatch(tag)
-    if match is None:
+    """Whether the process that wrote ``path`` (``tag``: ``<host>-<pid>-<hex>``, or ``<pid>-<hex>``, this
+    host's) may still be writing. Of this host: this process, or a live one that started before ``path`` last
+    changed (a process started since, e.g. after a reboot, only has the same pid). Of another host (a shared
+    filesystem), whose pid cannot be looked up here: unless nothing in ``path`` has changed for
+    ``OTHER_HOST_STALE_S``. An unreadable tag counts as alive."""
+    writer = tag_writer(tag)
+    if writer is None:
         return True
-    pid = int(match.group(1))
+    host, pid = writer
+    if host != host_name():
+        return time.time() - _last_change(path) < OTHER_HOST_STALE_S
     if pid == os.getpid():
         return True  # another thread of this run may be writing it
     try:
@@ -161,6 +171,16 @@ def _process_start(pid: int) -> float | None:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+
+
+def _last_change(path: Path) -> float:
+    """When ``path`` or anything in it last changed (a writer adds to a file inside a folder without changing
+    the folder's own time); now where it cannot be read."""
+    try:
+        items = [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]
+        return max(item.lstat().st_mtime for item in items)
+    except OSError:
+        return time.time()
 
 
 def _size(path: Path) -> int:

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import socket
 
 import numpy as np
 import pytest
@@ -175,6 +176,31 @@ def test_a_replacement_cut_between_its_renames_is_recovered_by_the_next_save(tmp
     save(tmp_path, 3, *trained, options=SaveOptions(keep_last=None))
     assert steps_on_disk(tmp_path) == ["checkpoint-00000001", "checkpoint-00000002", "checkpoint-00000003"]
     assert load_checkpoint(folder, model=checkpoint_llama(), restore_rng=False)["step"] == 2
+
+
+def test_a_saves_temporary_folders_name_its_host_and_a_cut_one_of_any_host_is_recovered(
+    tmp_path, trained, monkeypatch
+):
+    """Round twenty: a save's temporary folders name the host with the pid (``<host>-<pid>-<hex>``): on a
+    shared filesystem another host's pid says nothing here. A replacement cut between its renames is still
+    put back whatever host wrote it (only the lock's holder saves there)."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu node-7")  # sanitized: gpu_node-7
+    moved, real_replace = [], os.replace
+
+    def recording(source, destination):
+        moved.append(os.path.basename(os.fspath(source)))
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", recording)
+    folder = save(tmp_path, 2, *trained)
+    monkeypatch.undo()
+    assert moved and all(
+        name.startswith(f".tmp-checkpoint-00000002-gpu_node-7-{os.getpid()}-") for name in moved
+    )
+    shutil.copytree(folder, tmp_path / ".tmp-replaced-checkpoint-00000002-gpu_node-8-99999999-0a1b2c3d")
+    os.replace(folder, tmp_path / ".tmp-checkpoint-00000002-gpu_node-8-99999999-0a1b2c3d")
+    save(tmp_path, 3, *trained, options=SaveOptions(keep_last=None))
+    assert steps_on_disk(tmp_path) == ["checkpoint-00000002", "checkpoint-00000003"]
 
 
 @pytest.mark.parametrize("step", [3, 2], ids=["new-step", "same-step"])

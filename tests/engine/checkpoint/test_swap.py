@@ -105,3 +105,18 @@ def test_replacing_without_the_exchange_and_without_a_target(tmp_path, monkeypat
     shutil.rmtree(target)
     assert swap.replace_folder(previous, target, tmp_path / "aside2") is None
     assert (target / "b.txt").is_file()
+
+
+def test_a_writer_tag_names_its_host_and_pid_and_an_old_tag_reads_as_this_hosts(monkeypatch):
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu node-7.cluster/x")
+    tag = swap.writer_tag()
+    assert tag.startswith(f"gpu_node-7.cluster_x-{os.getpid()}-")
+    assert swap.tag_writer(tag) == ("gpu_node-7.cluster_x", os.getpid())
+    assert swap.tag_writer("4242-0a1b2c3d") == (
+        "gpu_node-7.cluster_x",
+        4242,
+    )  # written before hosts were named
+    assert swap.tag_writer("node-1-4242-0a1b2c3d") == ("node-1", 4242)
+    assert swap.tag_writer("not a tag") is None

@@ -1,6 +1,6 @@
 """Atomic, resumable training checkpoints: ``root/checkpoint-<step:08d>/``.
 
-A checkpoint is written into a temporary sibling folder (``root/.tmp-checkpoint-<step>-<pid>-<rand>``);
+A checkpoint is written into a temporary sibling folder (``root/.tmp-checkpoint-<step>-<host>-<pid>-<rand>``);
 every file is fsync'ed, then the ``COMPLETE`` marker (a small JSON manifest with each file's size) is written
 and fsync'ed last, then the folder is renamed into place and ``root`` is fsync'ed. A crash at any point
 leaves either the previous checkpoints alone (plus a ``.tmp-*`` folder that the next save removes) or a
@@ -59,11 +59,12 @@ from fastlm.engine.checkpoint.layout import (
 )
 from fastlm.engine.checkpoint.rng import host_rng_state, torch_rng_state
 from fastlm.engine.checkpoint.storage import os_error_in, storage_error
-from fastlm.engine.checkpoint.swap import replace_folder
+from fastlm.engine.checkpoint.swap import WRITER_TAG, replace_folder, writer_tag
 from fastlm.engine.observe import strict_json
 
 log = logging.getLogger(__name__)
-_REPLACED = re.compile(rf"{re.escape(TMP_PREFIX)}replaced-(.+)-(\d+-[0-9a-f]+)")
+# .tmp-replaced-<checkpoint-NNNNNNNN>-<tag>: a tag of any host (swap.writer_tag) or of before hosts were named
+_REPLACED = re.compile(rf"{re.escape(TMP_PREFIX)}replaced-(checkpoint-\d+)-({WRITER_TAG.pattern})")
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def save_checkpoint(
         _fsync_dir(root.parent)
     _remove_temporaries(root)  # space left by an earlier crash, before writing a new copy
     final = checkpoint_dir(root, step)
-    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tag = writer_tag()
     tmp = root / f"{TMP_PREFIX}{final.name}-{tag}"
     tmp.mkdir()
     try:
@@ -207,7 +208,7 @@ def recover_checkpoints(root: Path) -> list[Path]:
         match = _REPLACED.fullmatch(aside.name)
         if match is None:
             continue
-        name, tag = match.groups()
+        name, tag = match.group(1, 2)
         new, final = root / f"{TMP_PREFIX}{name}-{tag}", root / name
         if final.exists() or final.is_symlink() or not (new / MARKER).is_file():
             continue
@@ -230,7 +231,7 @@ def _prune(root: Path, keep_last: int | None, *, keep: set[Path | None]) -> None
     for path in complete[:-keep_last]:
         if path in keep:
             continue
-        trash = root / f"{TMP_PREFIX}delete-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
+        trash = root / f"{TMP_PREFIX}delete-{path.name}-{writer_tag()}"
         try:  # rename first: a crash during the delete must not leave a half-deleted checkpoint-* folder
             os.replace(path, trash)
         except OSError as error:
