@@ -344,7 +344,10 @@ def _store_damage(path: Path) -> str | None:
         return f"not an SQLite database: {exc}"
     finally:
         connection.close()
-    head, known, first_tables, head_columns = mlflow_schema()
+    try:
+        head, known, first_tables, head_columns = mlflow_schema()
+    except Exception:  # noqa: BLE001 - this MLflow's schema unreadable: the store is left to MLflow
+        return None
     missing = sorted(name for name in first_tables if name not in tables)
     if missing:
         return f"a set-up was cut: table {', '.join(missing)} missing"
