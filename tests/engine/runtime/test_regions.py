@@ -4,6 +4,8 @@ model without such layers refused in one line; the CPU probe measures and undoes
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -535,3 +537,107 @@ def test_the_compile_clock_times_torch_compile_while_entered_and_nothing_after()
     seconds = clock()
     function(torch.ones(2, 2, 2))
     assert clock.compiles == 2 and clock() == seconds
+
+
+class _Collect(logging.Handler):
+    """A user's own handler: the records that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _quiet_frame_logger() -> None:
+    logging.getLogger(regions.DYNAMO_FRAME_LOGGER).setLevel(logging.ERROR)
+
+
+def _quiet_dynamo_logs() -> None:
+    torch._logging.set_logs(dynamo=logging.ERROR)  # what TORCH_LOGS="-dynamo" sets
+
+
+def _quiet_torch_logger() -> None:
+    logging.getLogger("torch").setLevel(logging.ERROR)  # a logging config's `torch: ERROR`
+
+
+@pytest.mark.parametrize(
+    "quiet",
+    [None, _quiet_frame_logger, _quiet_dynamo_logs, _quiet_torch_logger],
+    ids=lambda q: getattr(q, "__name__", "default"),
+)
+def test_the_compile_clock_sees_dynamos_recompile_limit_whatever_the_log_levels(quiet, caplog):
+    """Past ``torch._dynamo.config.recompile_limit`` dynamo runs the function eagerly and says so only at
+    WARNING on its own logger: a level above WARNING there or on a parent (a logging config, ``TORCH_LOGS``)
+    must not hide the hit from the run. The hit is recorded with the function's name and said once on
+    fastlm's log, and the user's own handlers see exactly what they saw before (the warning only where
+    their levels let it through); every level is as it was after."""
+    names = ("torch", "torch._dynamo", regions.DYNAMO_FRAME_LOGGER)
+    levels = {name: logging.getLogger(name).level for name in names}
+    users = _Collect()
+    logging.getLogger("torch._dynamo").addHandler(users)
+    torch._dynamo.reset()
+
+    def tiny_shapes(x):
+        return x * 2
+
+    function = torch.compile(tiny_shapes, backend="eager", dynamic=False)
+    try:
+        if quiet is not None:
+            quiet()
+        set_levels = {name: logging.getLogger(name).level for name in names}
+        with (
+            torch._dynamo.config.patch(recompile_limit=1),
+            caplog.at_level(logging.WARNING, logger="fastlm"),
+            regions.CompileClock() as clock,
+        ):
+            for n in (1, 2, 3):
+                assert torch.equal(function(torch.ones(n)), torch.full((n,), 2.0))
+        after = {name: logging.getLogger(name).level for name in names}
+    finally:
+        logging.getLogger("torch._dynamo").removeHandler(users)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        if quiet is _quiet_dynamo_logs:
+            torch._logging.set_logs()
+        torch._dynamo.reset()
+    assert [hit.split(" ")[0] for hit in clock.recompile_limit_hits()] == ["tiny_shapes"]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("fastlm")]
+    assert len(said) == 1 and "tiny_shapes" in said[0] and "Fix:" in said[0]
+    seen = [
+        r for r in users.records if r.name == regions.DYNAMO_FRAME_LOGGER and r.levelno >= logging.WARNING
+    ]
+    assert len(seen) == (1 if quiet is None else 0)
+    assert after == set_levels
+    assert not logging.getLogger(regions.DYNAMO_FRAME_LOGGER).filters
+
+
+def test_the_compile_clock_counts_a_recompile_limit_hit_dynamo_did_not_log(caplog):
+    """A logger disabled outright (``logging.config.dictConfig``'s ``disable_existing_loggers``, the default,
+    applied after torch's import) drops dynamo's warning whatever its level: dynamo's own count of the hit
+    (``counters["unimplemented"]``) still records it, unnamed, and the run says it once when read."""
+    frame_logger = logging.getLogger(regions.DYNAMO_FRAME_LOGGER)
+    torch._dynamo.reset()
+
+    def tiny_unlogged(x):
+        return x + 1
+
+    function = torch.compile(tiny_unlogged, backend="eager", dynamic=False)
+    frame_logger.disabled = True
+    try:
+        with (
+            torch._dynamo.config.patch(recompile_limit=1),
+            caplog.at_level(logging.WARNING, logger="fastlm"),
+            regions.CompileClock() as clock,
+        ):
+            for n in (1, 2):
+                function(torch.ones(n))
+            hits = clock.recompile_limit_hits()
+            assert clock.recompile_limit_hits() == hits  # said once however often it is read
+    finally:
+        frame_logger.disabled = False
+        torch._dynamo.reset()
+    assert len(hits) == 1 and hits[0].startswith("unnamed")
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("fastlm")]
+    assert len(said) == 1 and "recompile_limit" in said[0] and "Fix:" in said[0]

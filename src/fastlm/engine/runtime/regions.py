@@ -207,27 +207,44 @@ class CompileClock:
 
     It also watches for dynamo's recompile limit (``torch._dynamo.config.recompile_limit``, 8 by default):
     a function compiled that many times (one graph per shape or guarded value it met) is run eagerly from
-    then on, said only in dynamo's own log, while the run stays compiled in name. ``limit_hits`` names each
-    such function with the guard that failed last (read from dynamo's warning), and the first one is said
-    once as a warning with the fix (``RECOMPILE_LIMIT_FIX``)."""
+    then on, said only in dynamo's own log, while the run stays compiled in name. ``recompile_limit_hits``
+    names each such function with the guard that failed last (read from dynamo's warning), and the first one
+    is said once as a warning with the fix (``RECOMPILE_LIMIT_FIX``). The hits are counted from dynamo's own
+    count (``counters["unimplemented"]``), whatever the log levels; the names are read from the warning,
+    which the watch sees even where a logging config or ``TORCH_LOGS`` set that logger above WARNING
+    (``_RecompileLimitWatch``), and a hit whose warning never came (a disabled logger) is kept unnamed."""
 
     def __init__(self) -> None:
         self.seconds, self.compiles, self._began = 0.0, 0, None
-        self.limit_hits: list[str] = []
-        self._watch = _RecompileLimitWatch(self.limit_hits)
+        self._watch = _RecompileLimitWatch()
+        self._counted_before, self._counted_at_exit = 0, None
 
     def __call__(self) -> float:
         return self.seconds
+
+    def recompile_limit_hits(self) -> list[str]:
+        """The functions that reached dynamo's recompile limit while entered ("function (file:line): last
+        guard that failed"), one "unnamed" entry for each hit dynamo counted but did not log; the first
+        said once as a warning (``_RecompileLimitWatch``)."""
+        named = list(self._watch.hits)
+        counted = _recompile_limit_count() if self._counted_at_exit is None else self._counted_at_exit
+        hits = named + [UNNAMED_LIMIT_HIT] * max(counted - self._counted_before - len(named), 0)
+        if hits and not self._watch.said:
+            limit = torch._dynamo.config.recompile_limit
+            self._watch.say("recompile_limit", limit, "a function dynamo did not name", "not logged")
+        return hits
 
     def __enter__(self) -> CompileClock:
         handler = torch._dynamo.callback_handler
         handler.register_start_callback(self._start)
         handler.register_end_callback(self._end)
-        logging.getLogger(DYNAMO_FRAME_LOGGER).addHandler(self._watch)
+        self._counted_before, self._counted_at_exit = _recompile_limit_count(), None
+        self._watch.attach()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        logging.getLogger(DYNAMO_FRAME_LOGGER).removeHandler(self._watch)
+        self._counted_at_exit = _recompile_limit_count()
+        self._watch.detach()
         handler = torch._dynamo.callback_handler
         for callbacks, callback in (
             (handler.start_callbacks, self._start),
@@ -248,38 +265,84 @@ class CompileClock:
 
 DYNAMO_FRAME_LOGGER = "torch._dynamo.convert_frame"  # where dynamo warns that a frame hit its recompile limit
 _LIMIT_HIT = "torch._dynamo hit config."  # that warning's opening words (torch 2.5 to 2.13)
+# the graph break dynamo raises at the limit, counted in counters["unimplemented"] under its message, which
+# opens with this (torch/_dynamo/convert_frame.py, 2.8 to 2.13); the count names no function
+_LIMIT_GRAPH_BREAK = "Dynamo recompile limit exceeded"
+UNNAMED_LIMIT_HIT = "unnamed (dynamo's warning was not logged): recompile_limit"
 RECOMPILE_LIMIT_FIX = (
     "Fix: give the micro-batches fewer shapes (train.batching.mode: packed, whose rows keep one length), set "
     "train.runtime.compile: false, or raise torch._dynamo.config.recompile_limit before the run."
 )
 
 
-class _RecompileLimitWatch(logging.Handler):
+def _recompile_limit_count() -> int:
+    """How many times this process's dynamo reached a recompile limit (its own count, logging aside)."""
+    from torch._dynamo.utils import counters
+
+    return sum(
+        n for message, n in counters["unimplemented"].items() if message.startswith(_LIMIT_GRAPH_BREAK)
+    )
+
+
+class _RecompileLimitWatch(logging.Filter):
     """Dynamo's recompile-limit warnings, kept in ``hits`` ("function (file:line): last reason"); the first
-    said once on fastlm's log."""
+    said once on fastlm's log.
 
-    def __init__(self, hits: list[str]) -> None:
-        super().__init__(logging.WARNING)
-        self.hits = hits
+    A filter on dynamo's frame logger while attached, not a handler: a level above WARNING there or on a
+    parent (a logging config, ``TORCH_LOGS``, ``torch._logging.set_logs``) drops a record before any handler
+    sees it, so that logger is set to WARNING while attached, and the filter, having read the record, lets
+    through only what the level it replaced would have let through: the user's handlers see what they saw
+    before, and the level is put back on detaching."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if not str(record.msg).startswith(_LIMIT_HIT):
-            return
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits: list[str] = []
+        self.said = False
+        self._replaced: int | None = None  # the logger's own level, where set to WARNING while attached
+
+    def attach(self) -> None:
+        logger = logging.getLogger(DYNAMO_FRAME_LOGGER)
+        logger.addFilter(self)
+        if logger.getEffectiveLevel() > logging.WARNING:
+            self._replaced = logger.level
+            logger.setLevel(logging.WARNING)
+
+    def detach(self) -> None:
+        logger = logging.getLogger(DYNAMO_FRAME_LOGGER)
+        logger.removeFilter(self)
+        if self._replaced is not None and logger.level == logging.WARNING:  # unless changed meanwhile
+            logger.setLevel(self._replaced)
+        self._replaced = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(_LIMIT_HIT):
+            self._read(record)
+        if self._replaced is None:
+            return True
+        logger = logging.getLogger(DYNAMO_FRAME_LOGGER)
+        level = self._replaced or (logger.parent.getEffectiveLevel() if logger.parent else logging.WARNING)
+        return record.levelno >= level
+
+    def _read(self, record: logging.LogRecord) -> None:
         args = record.args if isinstance(record.args, tuple) else ()
         limit, value, function, reason = (list(args) + ["recompile_limit", "?", "?", "?"][len(args) :])[:4]
         function = str(function).strip("'").replace("' (", " (", 1)
         self.hits.append(f"{function}: {reason}")
-        if len(self.hits) == 1:
-            _log.warning(
-                "torch.compile reached torch._dynamo.config.%s (%s) at %s: it runs eagerly for the rest of "
-                "the run (the summary's recompile_limit_hit), compiled in name only; the last guard that "
-                "failed: %s. %s",
-                limit,
-                value,
-                function,
-                reason,
-                RECOMPILE_LIMIT_FIX,
-            )
+        if not self.said:
+            self.say(limit, value, function, reason)
+
+    def say(self, limit: object, value: object, function: str, reason: object) -> None:
+        self.said = True
+        _log.warning(
+            "torch.compile reached torch._dynamo.config.%s (%s) at %s: it runs eagerly for the rest of "
+            "the run (the summary's recompile_limit_hit), compiled in name only; the last guard that "
+            "failed: %s. %s",
+            limit,
+            value,
+            function,
+            reason,
+            RECOMPILE_LIMIT_FIX,
+        )
 
 
 @dataclass(frozen=True)

@@ -293,12 +293,13 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         world_size=run.world,
     )
     clock = run.compile_clock
+    limit_hits = clock.recompile_limit_hits()
     summary.update(
         compiled=run.runtime.compile,
         compiles=clock.compiles,  # torch.compile's compiles in this process: the probes', the steps', eval's
         # functions dynamo ran eagerly past torch._dynamo.config.recompile_limit, said once as a warning
-        recompile_limit_hit=bool(clock.limit_hits),
-        recompile_limit_functions=list(clock.limit_hits),
+        recompile_limit_hit=bool(limit_hits),
+        recompile_limit_functions=limit_hits,
         attention=run.attn,
         profile=run.profiler.summary,
         planned_steps=run.total_steps,
