@@ -1,6 +1,7 @@
 """engine/data/arrow_identity.py: what a split holds, as a launched worker compares it with its launcher's:
 its files (another inode for data written again, even alike), a digest of its buffers sampled past 256 KiB a
-column (other tokens in a sampled place, another row selection), and at most a few hundred KiB read."""
+column (other tokens in a sampled place, another row selection), and at most a few hundred KiB read; two
+copies of the same data (two nodes') hold the same content."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import datasets
 import numpy as np
 
 from fastlm.engine.data import arrow_identity
-from fastlm.engine.data.arrow_identity import identity_change, split_identity
+from fastlm.engine.data.arrow_identity import content_of, identity_change, split_identity
 
 
 def _saved(folder, rows) -> datasets.Dataset:
@@ -25,6 +26,14 @@ def test_the_same_rows_written_again_are_other_files_with_the_same_digest(tmp_pa
     assert identity_change(first, again) == "its files are not those that were checked"
     assert identity_change(first, split_identity(_saved(tmp_path / "a2", rows))) is not None
     assert identity_change(first, first) is None
+
+
+def test_two_copies_of_the_same_data_hold_the_same_content_and_other_rows_another(tmp_path):
+    rows = [[5, 6, 7, 2]] * 30
+    here, there = split_identity(_saved(tmp_path / "a", rows)), split_identity(_saved(tmp_path / "b", rows))
+    assert here["files"] != there["files"] and content_of(here) == content_of(there)
+    assert content_of(here) != content_of(split_identity(_saved(tmp_path / "c", rows[:29])))
+    assert content_of(here) != content_of(split_identity(_saved(tmp_path / "d", [[5, 6, 8, 2]] * 30)))
 
 
 def test_other_tokens_in_a_sampled_place_or_another_selection_change_the_digest(tmp_path):

@@ -9,6 +9,10 @@ bytes sampled (whole up to 256 KiB a column, else 8 blocks of 32 KiB spread over
 column whatever the data's size; 2 ms for a 1 GB split of 4 files). The files tell any swap after the
 launcher looked; the sample tells a swap before it unless the new data differs from the old only in bytes
 no block reads (the same row count and buffer sizes).
+
+:func:`content_of` is the part that holds wherever the data is copied (rows and the sampled digest, not the
+files' inodes, devices or times): what the ranks of a run started on their own (torchrun) compare with each
+other, each of which loaded its own copy (``launch.job``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ def split_identity(dataset) -> dict[str, Any]:
         stat = os.stat(entry["filename"])
         files.append([Path(entry["filename"]).name, stat.st_size, stat.st_dev, stat.st_ino, stat.st_mtime_ns])
     return {"rows": len(dataset), "files": files, "sha256": digest.hexdigest()}
+
+
+def content_of(identity: dict[str, Any]) -> dict[str, Any]:
+    """The rows and sampled digest of a :func:`split_identity` record: equal for two copies of the same data
+    on two machines, whose files are other inodes on other devices."""
+    return {"rows": identity["rows"], "sha256": identity["sha256"]}
 
 
 def identity_change(expected: dict[str, Any], now: dict[str, Any]) -> str | None:

@@ -12,6 +12,8 @@ whose calls cost nothing, so the one-process path is unchanged):
                        step). It runs on a gloo group over host memory, so it never waits for a GPU.
 ``sum_device_(t)``     an in-place all-reduce of a device tensor: the loss sum at a logging step, evaluation
                        sums.
+``gather_host(value)`` every rank's small picklable ``value``, in rank order, gathered over the gloo group:
+                       once at the start of a run, the ranks' tokenized data compared (``launch.job``).
 
 Gradient reduction is DDP's (bucketed all-reduce overlapped with the backward) or FSDP2's (reduce-scatter),
 skipped on all but the last micro-batch of an accumulation (:func:`gradient_sync`). DDP averages gradients
@@ -107,6 +109,9 @@ class Collectives:
     def sum_device_(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
+    def gather_host(self, value: object) -> list:
+        return [value]
+
     def barrier(self) -> None:
         return None
 
@@ -148,6 +153,11 @@ class ProcessGroup(Collectives):
     def sum_device_(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor)
         return tensor
+
+    def gather_host(self, value: object) -> list:
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, value, group=self._host_group)  # gloo: pickled into host memory
+        return gathered
 
     def barrier(self) -> None:
         dist.barrier(group=self._host_group)

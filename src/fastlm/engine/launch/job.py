@@ -1,7 +1,8 @@
 """One training run, the same code in every process: a plain run, a torchrun rank, or a launched worker.
 
 ``run_job(job)`` sets up the runtime on this rank's device, joins the process group when there are several
-ranks, builds the model, checks the output storage (rank 0), trains, and returns :class:`JobResult` on rank 0
+ranks, checks that every rank holds the same tokenized data (:func:`check_same_data`), builds the model,
+checks the output storage (rank 0), trains, and returns :class:`JobResult` on rank 0
 (``None`` elsewhere). Only rank 0 calls the loop callbacks (live MLflow metrics).
 
 Kedro-free: the train node builds the :class:`TrainJob` from catalog inputs and parameters.
@@ -18,13 +19,22 @@ from fastlm.engine.batching import loader_settings
 from fastlm.engine.checkpoint.storage import check_training_storage
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data import TextEnds, pad_id_of
+from fastlm.engine.data.arrow_identity import content_of, split_identity
 from fastlm.engine.data.token_dataset import TokenSequences
-from fastlm.engine.distributed.parallel import RankInfo, connect, full_state_dicts, is_sharded, rank_device
+from fastlm.engine.distributed.parallel import (
+    Collectives,
+    RankInfo,
+    connect,
+    full_state_dicts,
+    is_sharded,
+    rank_device,
+)
 from fastlm.engine.model.build import build_model, model_attention
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.observe.metrics import device_memory_mb
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime, usable_cpu_count
 from fastlm.engine.train.loop import train
+from fastlm.errors import StaleDataError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +73,47 @@ class JobResult:
     summary: dict
 
 
+def splits_identity(job: TrainJob) -> dict:
+    """Each split of ``job`` as this process holds it (``data.arrow_identity.split_identity``)."""
+    splits = {"train": job.train_split, "validation": job.eval_split}
+    return {name: split_identity(split) for name, split in splits.items() if split is not None}
+
+
+def check_same_data(job: TrainJob, comm: Collectives) -> None:
+    """Refuse (StaleDataError, on every rank, one line naming the ranks and the fix) a run whose ranks do not
+    all hold rank 0's tokenized data: each split's rows and sampled digest (``data.arrow_identity``), one
+    gather over the gloo group at the start of the run.
+
+    Ranks started on their own (torchrun, one node or several) each load the data themselves: a split run
+    that wrote it again between two ranks' loads, or a node whose copy of ``data/`` is stale, leaves them
+    training on other rows, each checked against its own, and DDP averaging gradients of two datasets while
+    rank 0 records its own data. Launched workers (``nproc_per_node``) all opened the splits of one job and
+    checked them against the launcher's record (``launch.workers.read_job``): theirs is that record, no split
+    read twice. One process: nothing to compare."""
+    if comm.world_size == 1:
+        return
+    identity = job.data_identity if job.data_identity is not None else splits_identity(job)
+    held = comm.gather_host({name: content_of(split) for name, split in identity.items()})
+    others = [rank for rank, theirs in enumerate(held) if theirs != held[0]]
+    if not others:
+        return
+    first, what = held[others[0]], "other tokens"
+    for name, mine in held[0].items():
+        theirs = first.get(name)
+        if theirs is None or theirs["rows"] != mine["rows"]:
+            rows = "no" if theirs is None else theirs["rows"]
+            what = f"a {name} split of {rows} rows, rank 0's {mine['rows']}"
+            break
+    who = f"rank {others[0]} holds" if len(others) == 1 else f"ranks {', '.join(map(str, others))} hold"
+    raise StaleDataError(
+        f"the {comm.world_size} ranks of this run do not hold the same tokenized data: {who} other data than "
+        f"rank 0 (rank {others[0]}: {what}); trained together, their gradients would be averaged over "
+        f"different datasets.",
+        fix="let a running split (`kedro run --pipeline=split`) finish, or run it once and give every node "
+        "the same data/05_model_input (a shared filesystem or one copy), then start the training again.",
+    )
+
+
 def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> JobResult | None:
     """Train on this rank; ``rank`` None = one process. Returns the result on rank 0, None on the others."""
     params = job.params
@@ -76,6 +127,7 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
     runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed), measured_later=True)
     comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
     try:
+        check_same_data(job, comm)
         attn = model_attention(params.model, runtime.device, runtime.precision)
         model = build_model(params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn)
         if comm.is_main:

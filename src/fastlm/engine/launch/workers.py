@@ -65,7 +65,7 @@ from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.data.arrow_identity import identity_change, split_identity
 from fastlm.engine.distributed.parallel import rank_from_env
 from fastlm.engine.launch import server
-from fastlm.engine.launch.job import JobResult, TrainJob, run_job
+from fastlm.engine.launch.job import JobResult, TrainJob, run_job, splits_identity
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.train.signals import TrainingInterrupted
 from fastlm.errors import ConfigError, FastlmError, StaleDataError
@@ -131,7 +131,7 @@ def launch_workers(
     )
     launched = time.time()
     try:
-        job = dataclasses.replace(job, data_identity=job_data_identity(job))
+        job = dataclasses.replace(job, data_identity=splits_identity(job))  # before the pickling
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         with _quiet_elastic_logs(), _own_signal_handlers(), _rendezvous_names_from_frames():
             results = elastic_launch(config, _worker)(
@@ -331,13 +331,6 @@ _SPLIT_AGAIN = (
     "a split (`kedro run --pipeline=split`) wrote the tokenized data again while this training started: wait "
     "for it to finish, then run the training again (its data is checked again then)."
 )
-
-
-def job_data_identity(job: TrainJob) -> dict:
-    """Each split of ``job`` as this process holds it (``data.arrow_identity.split_identity``), before the
-    job is pickled to the workers."""
-    splits = {"train": job.train_split, "validation": job.eval_split}
-    return {name: split_identity(split) for name, split in splits.items() if split is not None}
 
 
 def read_job(job_file: str | Path) -> TrainJob:
