@@ -4,7 +4,6 @@ what a killed writer left beside its target is removed by the next write once it
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from fastlm.datasets.atomic_file import write_file_atomically
 from fastlm.datasets.atomic_folder import write_folder_atomically
 from fastlm.datasets.pretrained_model import PretrainedModelDataset
 from fastlm.engine.checkpoint import swap
+from tests.support.renames import second_rename_fails
 
 DAY = 24 * 3600
 
@@ -70,16 +70,7 @@ def test_a_folder_replaced_with_the_exchange_is_never_missing(tmp_path, monkeypa
 
 def test_without_the_exchange_a_failed_second_rename_keeps_the_previous_folder(tmp_path, monkeypatch):
     target = _model_folder(tmp_path / "model", "old")
-    monkeypatch.setattr(swap, "exchange", lambda first, second: False)
-    real_replace, calls = os.replace, []
-
-    def second_fails(source, destination):
-        calls.append(source)
-        if len(calls) == 2:
-            raise OSError(errno.EIO, "I/O error")
-        return real_replace(source, destination)
-
-    monkeypatch.setattr(os, "replace", second_fails)
+    second_rename_fails(monkeypatch)
     with pytest.raises(OSError):
         write_folder_atomically(target, _writing("new"))
     assert _version(target) == "old"

@@ -6,5 +6,6 @@
 * ``tiny_llama``: a saved tiny Llama checkpoint with a Llama-style tokenizer,
 * ``tiny_models``: tiny Llamas built from configs for the collator and checkpoint tests,
 * ``reporting``: summaries, histories and prompt/response frames of the reporting tests,
-* ``browser``: headless Chromium for the HTML checks.
+* ``browser``: headless Chromium for the HTML checks,
+* ``renames``: a folder swap whose second rename fails.
 """

@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from fastlm.engine.checkpoint import swap
+from tests.support.renames import second_rename_fails
 
 
 def _folders(tmp_path):
@@ -81,16 +82,7 @@ def test_replacing_without_the_exchange_puts_the_previous_folder_back_when_the_s
     tmp_path, monkeypatch
 ):
     new, target = _folders(tmp_path)
-    monkeypatch.setattr(swap, "exchange", lambda first, second: False)
-    real_replace, calls = os.replace, []
-
-    def second_fails(source, destination):
-        calls.append(source)
-        if len(calls) == 2:
-            raise OSError(errno.EIO, "I/O error")
-        return real_replace(source, destination)
-
-    monkeypatch.setattr(os, "replace", second_fails)
+    second_rename_fails(monkeypatch)
     with pytest.raises(OSError, match="I/O error"):
         swap.replace_folder(new, target, tmp_path / "aside")
     assert (target / "b.txt").read_text(encoding="utf-8") == "second"
