@@ -2,6 +2,9 @@
 hash as its split, so it is stable and independent of row order, the folds partition train and validation,
 and the test rows never move."""
 
+import json
+
+import datasets
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,8 +18,9 @@ from fastlm.corpus.fingerprint import (
     selection_params,
 )
 from fastlm.corpus.splitting import FOLD_COLUMN, assign_folds, assign_splits, text_keys
+from fastlm.engine.data.folds import fold_splits
 from fastlm.errors import ConfigError
-from fastlm.pipelines.split.nodes import split_corpus
+from fastlm.pipelines.split.nodes import clean_corpus, report_split, split_corpus, tokenize_corpus
 
 RATIOS = (0.8, 0.1, 0.1)
 
@@ -123,3 +127,73 @@ def test_split_folds_other_than_the_datas_are_said_with_both_counts_and_the_fix(
     assert "without folds" in folds_mismatch(plain, 5)
     assert folds_mismatch(three, 3) is None and folds_mismatch(three, None) is None
     assert folds_mismatch(plain, None) is None
+
+
+def _pairs(texts: list[str]) -> list[tuple[str, str]]:
+    return list(zip(texts[::2], texts[1::2], strict=True))
+
+
+def _fold_runs(raw: pd.DataFrame, params: dict, tokenizer):
+    clean, cleaning = clean_corpus(raw, params)
+    splits, counts = split_corpus(clean, cleaning, params)
+    tokenized, fingerprint, stats = tokenize_corpus(splits, tokenizer, params, counts)
+    report, table = report_split(counts, stats, fingerprint)
+    return tokenized, fingerprint, report, table
+
+
+@pytest.mark.parametrize("data", ["text", "prompt_response", "messages"])
+def test_the_split_report_gives_each_folds_figures_as_a_recount_of_the_tokenized_data_finds(
+    data, sample_texts, bpe_tokenizer
+):
+    """k-fold (split.folds): the split report said nothing of the folds, so a user learnt that one fold held
+    far more or longer samples only after k runs. Its ``folds`` gives each fold's rows, tokens, mean and p90
+    length and the largest / smallest fold, as a recount of the tokenized data finds them; each fold is what
+    ``train.fold`` validates on, the other folds what it trains on, and a duplicate (dropped before the
+    folds are drawn) sits in no two folds: texts, prompt/response pairs and chats alike."""
+    texts = list(sample_texts)
+    if data == "text":
+        raw, params = pd.DataFrame({"text": texts + texts[:40]}), {}
+    elif data == "prompt_response":
+        pairs = {"prompt": texts[:300] + texts[:20], "response": texts[300:] + texts[300:320]}
+        raw, params = pd.DataFrame(pairs), {"prompt_column": "prompt", "response_column": "response"}
+    else:  # chats, the repeated ones written the ShareGPT way
+        chats = [
+            [{"role": "user", "content": a}, {"role": "assistant", "content": b}] for a, b in _pairs(texts)
+        ]
+        again = [[{"from": "human", "value": a}, {"from": "gpt", "value": b}] for a, b in _pairs(texts[:40])]
+        raw, params = pd.DataFrame({"messages": chats + again}), {"messages_column": "messages"}
+    params = {**params, "folds": 4, "max_length": 64}
+    tokenized, fingerprint, report, table = _fold_runs(raw, params, bpe_tokenizer)
+    assert report["dropped"]["duplicate"] == {"text": 40, "prompt_response": 20, "messages": 20}[data]
+    json.dumps(report, allow_nan=False)  # strict JSON
+    assert list(table["split"]) == ["train", "validation", "test"]  # the CSV: one row per split, as before
+    folds = report["folds"]
+    assert folds["count"] == 4 and [fold["fold"] for fold in folds["per_fold"]] == [0, 1, 2, 3]
+    pool = datasets.concatenate_datasets([tokenized["train"], tokenized["validation"]])
+    seen: dict[tuple, int] = {}
+    for figures in folds["per_fold"]:
+        fold = figures["fold"]
+        trained, validated = fold_splits(tokenized, fold, data_folds(fingerprint))
+        held_out = {tuple(ids) for ids in validated["input_ids"]}
+        assert not held_out & {tuple(ids) for ids in trained["input_ids"]}  # nothing trained and validated
+        assert len(trained) + len(validated) == len(pool)
+        assert not held_out & set(seen)  # no sample (no duplicate) in two folds
+        seen.update(dict.fromkeys(held_out, fold))
+        lengths = np.array([len(ids) for ids in validated["input_ids"]])  # recounted from the ids
+        assert figures["rows"] == len(lengths) and figures["tokens"] == int(lengths.sum())
+        assert figures["mean_length"] == pytest.approx(lengths.mean(), abs=0.005)  # rounded to 2 decimals
+        assert figures["p90_length"] == pytest.approx(np.percentile(lengths, 90), abs=1e-9)
+    assert len(seen) == len(pool) == sum(fold["rows"] for fold in folds["per_fold"])  # folds cover the pool
+    rows = [fold["rows"] for fold in folds["per_fold"]]
+    tokens = [fold["tokens"] for fold in folds["per_fold"]]
+    assert folds["largest_smallest_rows"] == pytest.approx(max(rows) / min(rows), abs=5e-5)  # 4 decimals
+    assert folds["largest_smallest_tokens"] == pytest.approx(max(tokens) / min(tokens), abs=5e-5)
+    # balanced: each fold's rows within 4 standard deviations of the binomial spread around len(pool) / 4
+    assert np.abs(np.array(rows) - len(pool) / 4).max() <= 4 * np.sqrt(len(pool) * 0.25 * 0.75)
+
+
+def test_a_split_without_folds_reports_none(sample_texts, bpe_tokenizer):
+    _, _, report, _ = _fold_runs(
+        pd.DataFrame({"text": list(sample_texts)}), {"max_length": 64}, bpe_tokenizer
+    )
+    assert "folds" not in report and set(report["splits"]) == {"train", "validation", "test"}

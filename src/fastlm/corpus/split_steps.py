@@ -27,7 +27,14 @@ from fastlm.corpus.prompts import (
 )
 from fastlm.corpus.shards import shard_row, texts_as_written
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
-from fastlm.corpus.statistics import UNKNOWN_WARNING_SHARE, length_summary, unknown_per_row, unknown_summary
+from fastlm.corpus.statistics import (
+    FOLDS,
+    UNKNOWN_WARNING_SHARE,
+    fold_summary,
+    length_summary,
+    unknown_per_row,
+    unknown_summary,
+)
 from fastlm.corpus.tokenization import TokenizedTexts, cut_long_texts, encode_id_lists, tokenize_texts
 from fastlm.errors import ConfigError, InputDataError
 
@@ -321,10 +328,13 @@ def tokenize_rows(splits: pd.DataFrame, tokenizer, config) -> TokenizedTexts:
     )
 
 
-def measure_splits(tokens: TokenizedTexts, rows: dict, tokenizer, config) -> dict:
+def measure_splits(
+    tokens: TokenizedTexts, rows: dict, tokenizer, config, folds: np.ndarray | None = None
+) -> dict:
     """Each split's (``rows``: its sample indices) length summary, unknown-token share and target tokens,
     with a warning where ``split.max_length`` cut many train rows or the tokenizer's unknown token is
-    common."""
+    common; with ``folds`` (each sample's fold bucket, ``split.folds``), each fold's figures under
+    ``FOLDS``, said in one line."""
     stats = {
         name: length_summary(tokens.lengths[rows[name]], tokens.truncated[rows[name]]) for name in SPLITS
     }
@@ -333,7 +343,24 @@ def measure_splits(tokens: TokenizedTexts, rows: dict, tokenizer, config) -> dic
     if tokens.prompt_lengths is not None:
         for name in SPLITS:
             stats[name]["target_tokens"] = int(tokens.target_lengths[rows[name]].sum())
+    if folds is not None and config.folds is not None:
+        stats[FOLDS] = fold_summary(tokens.lengths, folds, config.folds)
+        _say_folds(stats[FOLDS])
     return stats
+
+
+def _say_folds(folds: dict) -> None:
+    """The folds' rows and tokens and their spread, before k runs are spent on them."""
+    per_fold = folds["per_fold"]
+    log.info(
+        "Tokenized folds (split.folds = %d): rows %s, tokens %s; largest / smallest fold: %s by rows, %s "
+        "by tokens (split_report.json: folds)",
+        folds["count"],
+        [fold["rows"] for fold in per_fold],
+        [fold["tokens"] for fold in per_fold],
+        folds["largest_smallest_rows"],
+        folds["largest_smallest_tokens"],
+    )
 
 
 def _say_truncation(train: dict, config) -> None:

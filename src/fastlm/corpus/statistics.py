@@ -1,4 +1,5 @@
-"""The split report: rows per split, drops per reason, token length percentiles, share truncated."""
+"""The split report: rows per split, drops per reason, token length percentiles, share truncated; with
+``split.folds``, each fold's figures and their spread."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 import numpy as np
 
 PERCENTILES = (50, 90, 95, 99)
+# the split report's (and the length statistics') key of the per-fold figures (split.folds)
+FOLDS = "folds"
 
 
 def length_summary(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, Any]:
@@ -23,6 +26,34 @@ def length_summary(lengths: np.ndarray, truncated: np.ndarray) -> dict[str, Any]
         "truncated_rows": int(truncated.sum()),
         "truncated_share": round(float(truncated.mean()), 6),
     }
+
+
+def fold_summary(lengths: np.ndarray, folds: np.ndarray, count: int) -> dict[str, Any]:
+    """Each of ``count`` folds' rows, tokens (EOS included, no padding), mean and p90 length, of the samples
+    whose bucket (``folds``, -1: a test row, in no fold) is that fold, and the spread across folds: the
+    largest fold over the smallest, by rows and by tokens (None where a fold is empty)."""
+    per_fold = []
+    for fold in range(count):
+        chosen = lengths[folds == fold]
+        per_fold.append(
+            {
+                "fold": fold,
+                "rows": int(len(chosen)),
+                "tokens": int(chosen.sum()),
+                "mean_length": round(float(chosen.mean()), 2) if len(chosen) else 0.0,
+                "p90_length": float(np.percentile(chosen, 90)) if len(chosen) else 0.0,
+            }
+        )
+    return {
+        "count": int(count),
+        "per_fold": per_fold,
+        "largest_smallest_rows": _largest_over_smallest([fold["rows"] for fold in per_fold]),
+        "largest_smallest_tokens": _largest_over_smallest([fold["tokens"] for fold in per_fold]),
+    }
+
+
+def _largest_over_smallest(values: list[int]) -> float | None:
+    return round(max(values) / min(values), 4) if values and min(values) > 0 else None
 
 
 # a split whose tokens are this share of the tokenizer's unknown token or more is said (with the fix)

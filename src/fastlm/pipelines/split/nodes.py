@@ -28,7 +28,7 @@ from fastlm.corpus.split_steps import (
     training_system_turn,
 )
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS
-from fastlm.corpus.statistics import build_report
+from fastlm.corpus.statistics import FOLDS, build_report
 from fastlm.corpus.tokenizer_source import (
     load_tokenizer,
     record_settings,
@@ -148,13 +148,14 @@ def tokenize_corpus(
     codes = splits["split"].cat.codes.to_numpy()
     rows = {name: np.flatnonzero(codes == index) for index, name in enumerate(SPLITS)}
     # split.folds: each sample keeps its fold bucket, so train.fold picks a fold without re-tokenizing.
-    extra = {FOLD_COLUMN: splits[FOLD_COLUMN].to_numpy()} if FOLD_COLUMN in splits else None
+    folds = splits[FOLD_COLUMN].to_numpy() if FOLD_COLUMN in splits else None
+    extra = {FOLD_COLUMN: folds} if folds is not None else None
     tokenized = datasets.DatasetDict(
         {name: datasets.Dataset(tokens.to_arrow(rows[name], extra)) for name in SPLITS}
     )
     fingerprint = split_fingerprint(splits, tokenizer, config, (split_counts or {}).get("system_prompt"))
     fingerprint["splits"] = tokenized_digests(tokenized)  # a split file replaced or edited since is refused
-    stats = measure_splits(tokens, rows, tokenizer, config)
+    stats = measure_splits(tokens, rows, tokenizer, config, folds)
     log.info(
         "Tokenized %d texts into %d tokens (max_length %d)",
         len(splits),
@@ -165,13 +166,15 @@ def tokenize_corpus(
 
 
 def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[dict, pd.DataFrame]:
-    """The split report as JSON (everything) and CSV (one row per split)."""
+    """The split report as JSON (everything: with ``split.folds``, each fold's figures under ``folds``) and
+    CSV (one row per split)."""
     data_format = (fingerprint.get("params") or {}).get("data_format")
+    splits = {name: stats for name, stats in length_stats.items() if name != FOLDS}
     report = build_report(
         counts["raw_rows"],
         counts["dropped"],
         counts["capped_by_max_samples"],
-        length_stats,
+        splits,
         {
             "source": counts["source"],
             "fingerprint": fingerprint["fingerprint"],
@@ -182,7 +185,9 @@ def report_split(counts: dict, length_stats: dict, fingerprint: dict) -> tuple[d
             **({"tool_use": counts["tool_use"]} if "tool_use" in counts else {}),
             # how the prompts were rendered and what was trained: the report's training summary says it
             **({"data_format": data_format} if data_format else {}),
+            # split.folds: each fold's rows, tokens, mean and p90 length, and the largest / smallest fold
+            **({FOLDS: length_stats[FOLDS]} if FOLDS in length_stats else {}),
         },
     )
-    table = pd.DataFrame([{"split": name, **stats} for name, stats in length_stats.items()])
+    table = pd.DataFrame([{"split": name, **stats} for name, stats in splits.items()])
     return report, table
