@@ -122,11 +122,11 @@ def test_the_next_write_removes_what_dead_writers_left_and_keeps_a_live_writers(
     (left / "model.safetensors").write_bytes(b"\0" * 3_000_000)
     writing = _model_folder(tmp_path / f".model.tmp-{alive}-cafef00d", "being written")
     other = _model_folder(tmp_path / f".tokenizer.tmp-{dead}-deadbeef", "another target's")
-    with caplog.at_level(logging.INFO, logger="fastlm.datasets.atomic_folder"):
+    with caplog.at_level(logging.INFO, logger="fastlm.temporary_files"):
         write_folder_atomically(target, _writing("new"))
     assert _version(target) == "new"
     assert not left.exists() and writing.is_dir() and other.is_dir()
-    lines = [r.getMessage() for r in caplog.records if r.name == "fastlm.datasets.atomic_folder"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastlm.temporary_files"]
     assert len(lines) == 1 and left.name in lines[0] and "3.0 MB" in lines[0], lines
 
 

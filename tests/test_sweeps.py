@@ -1,6 +1,7 @@
 """Issue 18: the sweep file (grid or list, train.* only, one line on bad input), overrides, and the
 verdict."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -741,3 +742,20 @@ def test_a_run_kept_by_an_older_version_without_the_weights_or_data_identity_is_
     assert done is None and "model weights" in why and "older version" not in why, why
     assert kept_run(runs, "s", "s-05", identity)[0] is None
     assert kept_run(runs, "s", "s-06", identity) == (None, None)  # never kept: nothing to say
+
+
+def test_two_writers_of_a_runs_summary_never_write_into_one_file(tmp_path):
+    """Round twenty: every writer of a run's summary wrote ``summary.json.tmp``. A second writer opening it
+    while the first was writing it truncated the first's file, renamed it to summary.json, and the first
+    went on writing into it: a summary of both, or of neither. Each write has its own temporary file."""
+    folder = tmp_path / "sweep" / "run-1"
+    folder.mkdir(parents=True)
+    first = json.dumps({"val_loss": 1.25, "note": "the first writer's summary, longer than the second's"})
+    written = folder / "summary.json.tmp"  # the name the first writer, under way, opened
+    with written.open("w", encoding="utf-8") as handle:
+        handle.write(first[:20])
+        handle.flush()
+        save_finished(folder, {"val_loss": 2.5}, pd.DataFrame(), pd.DataFrame())  # the second writer
+        handle.write(first[20:])
+    assert json.loads((folder / "summary.json").read_text(encoding="utf-8")) == {"val_loss": 2.5}
+    assert written.read_text(encoding="utf-8") == first  # the first writer's file, for it to rename

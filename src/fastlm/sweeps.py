@@ -34,6 +34,7 @@ from fastlm.engine.config import TrainParams, parse_train_params
 from fastlm.engine.observe import strict_json
 from fastlm.errors import ConfigError
 from fastlm.runs import validate_run_name
+from fastlm.temporary_files import write_file_atomically
 from fastlm.validation import Params, parse_params
 
 PARAM = "sweep"
@@ -338,9 +339,8 @@ def save_finished(folder: Path, summary: dict, history, eval_history) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     history.to_csv(folder / "history.csv", index=False)
     eval_history.to_csv(folder / "eval_history.csv", index=False)
-    temporary = folder / "summary.json.tmp"
-    temporary.write_text(strict_json.dumps(summary, indent=2, default=str), encoding="utf-8")
-    os.replace(temporary, folder / "summary.json")
+    text = strict_json.dumps(summary, indent=2, default=str)
+    write_file_atomically(folder / "summary.json", lambda handle: handle.write(text))
 
 
 class SweepRuns:

@@ -3,39 +3,22 @@ over the target.
 
 A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole; the
 temporary file it leaves (``.name.tmp-<host>-<pid>-<hex>``) is removed by the next write once that process is
-gone (another host's: once it has not changed for a day, ``atomic_folder.OTHER_HOST_STALE_S``).
+gone (another host's: once it has not changed for a day, ``atomic_folder.OTHER_HOST_STALE_S``). The writer,
+``write_file_atomically``, is ``fastlm.temporary_files``'s, shared with the project's other files written
+atomically.
 """
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import yaml
 from kedro_datasets.json import JSONDataset
 from kedro_datasets.pandas import CSVDataset
 from kedro_datasets.yaml import YAMLDataset
 
-from fastlm.datasets.atomic_folder import remove_leftovers
-from fastlm.engine.checkpoint.swap import writer_tag
 from fastlm.engine.observe import strict_json
+from fastlm.temporary_files import write_file_atomically
 
-
-def write_file_atomically(target: str | Path, write) -> None:
-    """``write(handle)`` into a sibling temporary file (text, UTF-8), fsynced, then renamed to ``target``;
-    what earlier writers killed part way left beside ``target`` is removed first (``remove_leftovers``)."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(target)
-    temporary = target.with_name(f".{target.name}.tmp-{writer_tag()}")
-    try:
-        with open(temporary, "w", encoding="utf-8", newline="") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
+__all__ = ["AtomicCSVDataset", "AtomicJSONDataset", "AtomicYAMLDataset", "write_file_atomically"]
 
 
 class AtomicCSVDataset(CSVDataset):

@@ -4,9 +4,9 @@ Beside a target ``name`` a write leaves, only while it runs, ``.name.tmp-<host>-
 being written) and, where the system cannot exchange two folders in one call, ``.name.old-<host>-<pid>-<hex>``
 (the previous copy, between the two renames of the swap). A process killed part way leaves them behind:
 :func:`recover_folder` (called by the next load and the next write) puts a complete new copy in place of a
-missing target, and the next write removes what a writer no longer alive left there. Whether a writer is
-alive is told by its pid on its own host only; another host's (a shared filesystem) is taken for alive until
-nothing it left has changed for ``OTHER_HOST_STALE_S``.
+missing target, and the next write removes what a writer no longer alive left there (the rules of
+``fastlm.temporary_files``: whether a writer is alive is told by its pid on its own host only; another host's,
+on a shared filesystem, is taken for alive until nothing it left has changed for ``OTHER_HOST_STALE_S``).
 """
 
 from __future__ import annotations
@@ -15,19 +15,33 @@ import glob
 import logging
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from fastlm.engine.checkpoint.storage import StorageError, os_error_in, storage_error
-from fastlm.engine.checkpoint.swap import host_name, replace_folder, tag_writer, writer_tag
+from fastlm.engine.checkpoint.swap import replace_folder
 from fastlm.errors import FastlmError
+from fastlm.temporary_files import (
+    OTHER_HOST_STALE_S,
+    remove_leftovers,
+    shown_path,
+    tag_writer,
+    writer_alive,
+    writer_tag,
+)
 
+__all__ = [
+    "OTHER_HOST_STALE_S",
+    "READ_AGAIN",
+    "read_folder_whole",
+    "recover_folder",
+    "remove_leftovers",
+    "shown_path",
+    "write_folder_atomically",
+    "writer_alive",
+]
 log = logging.getLogger(__name__)
-# A leftover of a writer on another host (NFS, a cluster's shared home: its pid means nothing here) is kept as
-# a live writer's until nothing in it has changed for this long (seconds): a day, longer than any write takes.
-OTHER_HOST_STALE_S = 24 * 3600
 T = TypeVar("T")
 
 
@@ -102,96 +116,6 @@ def recover_folder(target: str | Path) -> bool:
     return False
 
 
-def remove_leftovers(target: str | Path) -> None:
-    """Remove the temporary copies (``.name.tmp-<host>-<pid>-<hex>``, ``.name.old-<host>-<pid>-<hex>``, or
-    ``<pid>-<hex>`` of before hosts were named, files or folders) that writers of ``target`` killed part way
-    left beside it, and say what in one log line. One whose writer may be alive is kept: another run (of this
-    host or another) may be writing it."""
-    target = Path(target)
-    removed = []
-    for kind in ("tmp", "old"):
-        prefix = f".{target.name}.{kind}-"
-        for path in sorted(target.parent.glob(f"{glob.escape(prefix)}*")):
-            tag = path.name[len(prefix) :]
-            if tag_writer(tag) is None or writer_alive(tag, path):
-                continue
-            size = _size(path)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-            if not (path.exists() or path.is_symlink()):
-                removed.append(f"{path.name} ({size / 1e6:.1f} MB)")
-    if removed:
-        log.info(
-            "removed what a stopped write of %s left beside it: %s", shown_path(target), ", ".join(removed)
-        )
-
-
-def writer_alive(tag: str, path: Path) -> bool:
-    """Whether the process that wrote ``path`` (``tag``: ``<host>-<pid>-<hex>``, or ``<pid>-<hex>``, this
-    host's) may still be writing. Of this host: this process, or a live one that started before ``path`` last
-    changed (a process started since, e.g. after a reboot, only has the same pid). Of another host (a shared
-    filesystem), whose pid cannot be looked up here: unless nothing in ``path`` has changed for
-    ``OTHER_HOST_STALE_S``. An unreadable tag counts as alive."""
-    writer = tag_writer(tag)
-    if writer is None:
-        return True
-    host, pid = writer
-    if host != host_name():
-        return time.time() - _last_change(path) < OTHER_HOST_STALE_S
-    if pid == os.getpid():
-        return True  # another thread of this run may be writing it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, another user's
-    except (OSError, OverflowError):
-        return False
-    started = _process_start(pid)
-    try:
-        changed = path.lstat().st_mtime
-    except OSError:
-        return True
-    return started is None or started <= changed + 1
-
-
-def _process_start(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch; Linux /proc), None where unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, after "pid (comm)"
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text(encoding="utf-8").splitlines()
-            if line.startswith("btime ")
-        )
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def _last_change(path: Path) -> float:
-    """When ``path`` or anything in it last changed (a writer adds to a file inside a folder without changing
-    the folder's own time); now where it cannot be read."""
-    try:
-        items = [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]
-        return max(item.lstat().st_mtime for item in items)
-    except OSError:
-        return time.time()
-
-
-def _size(path: Path) -> int:
-    try:
-        if not path.is_dir() or path.is_symlink():
-            return path.lstat().st_size
-        return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-    except OSError:
-        return 0
-
-
 # A folder read (``read_folder_whole``) while another process replaced it: read again this many times at most
 READ_AGAIN = 3
 
@@ -234,9 +158,3 @@ def _fsync_tree(folder: Path) -> None:
         if path.is_file():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
-
-
-def shown_path(path: str | Path) -> str:
-    """``path`` relative to the working directory (the project root in a run) when it lies under it."""
-    relative = os.path.relpath(path)
-    return Path(path).as_posix() if relative.startswith("..") else Path(relative).as_posix()

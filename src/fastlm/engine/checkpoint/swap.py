@@ -7,9 +7,10 @@ atomic call: :func:`replace_folder` uses it where the system has it and the file
 back to the two renames elsewhere (whose second, failing, puts the previous folder back).
 
 The temporary copies such a write leaves beside its target while it runs are named with a
-:func:`writer_tag` (``<host>-<pid>-<hex>``), which :func:`tag_writer` reads back: whether their writer still
-runs can be told only on its host (on a shared filesystem, NFS or a cluster's shared home, another host's pid
-means nothing here).
+:func:`writer_tag` (``<host>-<pid>-<hex>``), which :func:`tag_writer` reads back (both kept in
+``fastlm.temporary_files``, which the files written atomically share): whether their writer still runs can be
+told only on its host (on a shared filesystem, NFS or a cluster's shared home, another host's pid means
+nothing here).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import re
-import secrets
-import socket
 from pathlib import Path
+
+from fastlm.temporary_files import WRITER_TAG, host_name, tag_writer, writer_tag
+
+__all__ = ["WRITER_TAG", "exchange", "host_name", "replace_folder", "tag_writer", "writer_tag"]
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
@@ -41,28 +43,6 @@ def _libc_renameat2():
 
 
 _renameat2 = _libc_renameat2()
-
-
-# <host>-<pid>-<hex>; the tags written before the host was named, <pid>-<hex>, are this host's
-WRITER_TAG = re.compile(r"(?:(?P<host>[A-Za-z0-9_.-]+)-)?(?P<pid>\d+)-[0-9a-f]+")
-
-
-def host_name() -> str:
-    """This host's name as a tag holds it: letters, digits, ``_``, ``.`` and ``-`` (others become ``_``)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64] or "_"
-
-
-def writer_tag() -> str:
-    """``<host>-<pid>-<hex>``: which process of which host writes a temporary copy, unique per write."""
-    return f"{host_name()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def tag_writer(tag: str) -> tuple[str, int] | None:
-    """The host and pid a :func:`writer_tag` names (a tag without a host: this host's), None if unreadable."""
-    match = WRITER_TAG.fullmatch(tag)
-    if match is None:
-        return None
-    return match.group("host") or host_name(), int(match.group("pid"))
 
 
 def exchange(first: str | Path, second: str | Path) -> bool:
