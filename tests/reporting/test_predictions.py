@@ -27,6 +27,7 @@ from fastlm.reporting.predictions import (
     prediction_digest,
 )
 from tests.support.project import PROJECT_ROOT, catalog_dataset
+from tests.support.renames import killed_at_first_rename
 from tests.support.reporting import text_rows
 from tests.support.tiny_llama import CHAT_TEMPLATE, line_end_llama, llama_style_tokenizer, scripted_llama
 
@@ -759,3 +760,16 @@ def test_chats_given_without_the_training_system_turn_are_asked_as_given_with_on
     }
     assert predict_steps.system_turn_record(table, ChatFormat(), "messages") == {}  # no shared system turn
     assert not seen.buffer
+
+
+def test_what_a_killed_run_left_in_the_parts_folder_is_removed_by_the_next(tmp_path):
+    """Round twenty: a predict killed while writing a job's settings or rewriting its chunks left
+    ``.<key>.job.json.tmp`` / ``.<key>.jsonl.tmp`` in the parts folder; a later run of another job dropped
+    that job's files but never these. The next run removes what a writer no longer alive left there."""
+    parts = PredictionParts(tmp_path)
+    parts.open("a", {"settings": {"batch_size": 1}, "rows": 2})
+    parts.append("a", 0, [[5]])
+    killed_at_first_rename(lambda: parts.open("a", {"settings": {"batch_size": 1}, "rows": 2}))
+    assert len(list(tmp_path.iterdir())) == 3  # a's two files and the killed write's temporary file
+    assert parts.open("c", {"settings": {"batch_size": 2}, "rows": 2}) == {}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.job.json"]

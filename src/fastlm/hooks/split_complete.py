@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shlex
-import threading
 from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
@@ -24,6 +23,7 @@ from fastlm.corpus.shards import (
 from fastlm.engine.paths import project_name
 from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataError
 from fastlm.hooks.catalog import local_path
+from fastlm.temporary_files import write_file_atomically
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,6 @@ class SplitCompleteHook:
         self._write_text(json.dumps({"outputs": outputs, "raw": raw}) + "\n")
 
     def _write_text(self, text: str) -> None:
-        # its own temporary file: two outputs saved at once (--async) may both find the split finished
-        partial = self._marker.with_name(f".{self._marker.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, self._marker)
+        # a temporary file of its own per write: two outputs saved at once (--async) may both find the split
+        # finished; what a killed write left is removed by the next
+        write_file_atomically(self._marker, lambda handle: handle.write(text))

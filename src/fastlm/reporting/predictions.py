@@ -44,6 +44,7 @@ from fastlm.engine.observe import strict_json
 from fastlm.errors import InputDataError, StaleDataError
 from fastlm.reporting.predict_inputs import plain_id
 from fastlm.reporting.references import describe_decoding
+from fastlm.temporary_files import remove_leftovers, write_file_atomically
 
 __all__ = [
     "PREDICTION_COLUMNS",
@@ -159,10 +160,11 @@ class PredictionParts:
         for other in self.folder.glob("*.job.json"):
             if other.name != self._job_file(key).name:
                 other.unlink()
+        for target in _leftover_targets(self.folder):  # what killed runs of any job left
+            remove_leftovers(target)
         if job is not None:
-            tmp = self.folder / f".{key}.job.json.tmp"
-            tmp.write_text(strict_json.dumps(job, sort_keys=True, default=str), encoding="utf-8")
-            os.replace(tmp, self._job_file(key))
+            settings = strict_json.dumps(job, sort_keys=True, default=str)
+            write_file_atomically(self._job_file(key), lambda handle: handle.write(settings))
         path, done, good = self._file(key), {}, []
         if path.is_file():
             for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
@@ -171,9 +173,7 @@ class PredictionParts:
                     break
                 done[int(record["chunk"])] = record["continuations"]
                 good.append(line)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text("".join(good), encoding="utf-8")
-            os.replace(tmp, path)
+            write_file_atomically(path, lambda handle: handle.write("".join(good)))
         return done
 
     def _drop(self, other: Path, job: dict | None) -> None:
@@ -208,6 +208,13 @@ class PredictionParts:
             handle.write(json.dumps({"chunk": chunk, "continuations": continuations}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def _leftover_targets(folder: Path) -> set[Path]:
+    """The files whose temporary copies (``.<name>.tmp-<writer tag>``) lie in ``folder``."""
+    return {
+        folder / path.name[1:].rpartition(".tmp-")[0] for path in folder.glob(".*.tmp-*") if path.is_file()
+    }
 
 
 def _kept_line(line: str) -> dict | None:

@@ -12,6 +12,7 @@ import fastlm.engine.runtime.probe as probe
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.runtime.probe import MIN_SPEEDUP, probe_runtime
 from fastlm.engine.runtime.remembered import RememberedChoices, choice_key
+from tests.support.renames import killed_at_first_rename
 from tests.support.toy_training import run_toy, toy_model, toy_params
 
 BATCH = {"input_ids": torch.ones(2, 8, dtype=torch.long), "labels": torch.ones(2, 8, dtype=torch.long)}
@@ -141,3 +142,15 @@ def test_gradient_checkpointing_is_part_of_the_key():
     plain = choice_key(cpu(), model, BATCH)
     model.gradient_checkpointing_enable()
     assert choice_key(cpu(), model, BATCH) != plain
+
+
+def test_what_a_killed_write_left_beside_the_file_is_removed_by_the_next(tmp_path):
+    """Round twenty: a run killed while writing the choices file left its ``.runtime_choices.json.<pid>.tmp``
+    beside it for good (each run names its own). The next write removes what a writer no longer alive left."""
+    choices, model = RememberedChoices(tmp_path / "runtime_choices.json"), toy_model()
+    key = choice_key(cpu(), model, BATCH)
+    killed_at_first_rename(lambda: choices.put(key, {"precision": "bf16", "reason": "killed"}))
+    assert len(list(tmp_path.iterdir())) == 1  # the killed write's temporary file, nothing else
+    choices.put(key, {"precision": "fp32", "reason": "r"})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["runtime_choices.json"]
+    assert choices.get(key)["precision"] == "fp32"

@@ -9,7 +9,8 @@ the speed (:func:`choice_key`: the CPU, its thread count and kernel set, the tor
 parameters and the micro-batch shape); a later run with the same key trains in the same precision and says
 where it came from. Another key (a new torch, another model or batch shape, more threads) is measured again;
 deleting the file measures everything again. A file that cannot be read is measured over and written anew
-(one warning); one that cannot be written leaves the run as measured (one warning).
+(one warning); one that cannot be written leaves the run as measured (one warning). It is written once, when
+the probe measures (before the first step), atomically (``temporary_files.write_file_atomically``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.observe import strict_json
 from fastlm.engine.runtime.environment import Runtime
+from fastlm.temporary_files import write_file_atomically
 
 log = logging.getLogger(__name__)
 
@@ -83,17 +85,10 @@ class RememberedChoices:
         entries = self._entries(warn=False)
         measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         entries[_digest(key)] = {**record, "measured": measured, "key": key}
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        text = strict_json.dumps({"version": VERSION, "choices": entries}, indent=1, ensure_ascii=False)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(
-                strict_json.dumps({"version": VERSION, "choices": entries}, indent=1, ensure_ascii=False),
-                encoding="utf-8",
-            )
-            os.replace(temporary, self.path)
+            write_file_atomically(self.path, lambda handle: handle.write(text))
         except OSError as error:
-            if temporary.parent.is_dir():
-                temporary.unlink(missing_ok=True)
             log.warning(
                 "runtime choice not kept in %s (%s: %s): the next run measures again",
                 self.path,
