@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fastlm.datasets.atomic_file import write_file_atomically
 from fastlm.datasets.atomic_folder import write_folder_atomically
 from fastlm.datasets.pretrained_model import PretrainedModelDataset
 from fastlm.engine.checkpoint import swap
+from fastlm.temporary_files import write_file_atomically
 from tests.support.renames import second_rename_fails
 
 DAY = 24 * 3600

@@ -23,9 +23,9 @@ from kedro.config import MissingConfigException
 from kedro.framework.cli.project import run as kedro_run
 
 import fastlm.pipelines
-from fastlm.datasets.atomic_folder import shown_path
 from fastlm.errors import ConfigError, FastlmError, find_user_error
 from fastlm.redaction import redact_exception, redact_text
+from fastlm.temporary_files import shown_path
 
 
 @click.group(name="fastlm")

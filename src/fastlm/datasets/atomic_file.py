@@ -18,8 +18,6 @@ from kedro_datasets.yaml import YAMLDataset
 from fastlm.engine.observe import strict_json
 from fastlm.temporary_files import write_file_atomically
 
-__all__ = ["AtomicCSVDataset", "AtomicJSONDataset", "AtomicYAMLDataset", "write_file_atomically"]
-
 
 class AtomicCSVDataset(CSVDataset):
     """``pandas.CSVDataset`` (local file, ``save_args`` as for ``DataFrame.to_csv``) saved atomically."""

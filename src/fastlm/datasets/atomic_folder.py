@@ -23,7 +23,6 @@ from fastlm.engine.checkpoint.storage import StorageError, os_error_in, storage_
 from fastlm.engine.checkpoint.swap import replace_folder
 from fastlm.errors import FastlmError
 from fastlm.temporary_files import (
-    OTHER_HOST_STALE_S,
     remove_leftovers,
     shown_path,
     tag_writer,
@@ -31,16 +30,6 @@ from fastlm.temporary_files import (
     writer_tag,
 )
 
-__all__ = [
-    "OTHER_HOST_STALE_S",
-    "READ_AGAIN",
-    "read_folder_whole",
-    "recover_folder",
-    "remove_leftovers",
-    "shown_path",
-    "write_folder_atomically",
-    "writer_alive",
-]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 

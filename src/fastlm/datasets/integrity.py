@@ -14,8 +14,8 @@ import json
 import struct
 from pathlib import Path
 
-from fastlm.datasets.atomic_folder import shown_path
 from fastlm.errors import InputDataError
+from fastlm.temporary_files import shown_path
 
 
 def find_damaged(path: str | Path) -> tuple[Path, str] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastlm.datasets.atomic_file import AtomicJSONDataset
-from fastlm.datasets.atomic_folder import shown_path
+from fastlm.temporary_files import shown_path
 
 
 class TrainSummaryDataset(AtomicJSONDataset):

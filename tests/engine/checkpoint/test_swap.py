@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from fastlm import temporary_files
 from fastlm.engine.checkpoint import swap
 from tests.support.renames import second_rename_fails
 
@@ -103,12 +104,12 @@ def test_a_writer_tag_names_its_host_and_pid_and_an_old_tag_reads_as_this_hosts(
     import socket
 
     monkeypatch.setattr(socket, "gethostname", lambda: "gpu node-7.cluster/x")
-    tag = swap.writer_tag()
+    tag = temporary_files.writer_tag()
     assert tag.startswith(f"gpu_node-7.cluster_x-{os.getpid()}-")
-    assert swap.tag_writer(tag) == ("gpu_node-7.cluster_x", os.getpid())
-    assert swap.tag_writer("4242-0a1b2c3d") == (
+    assert temporary_files.tag_writer(tag) == ("gpu_node-7.cluster_x", os.getpid())
+    assert temporary_files.tag_writer("4242-0a1b2c3d") == (
         "gpu_node-7.cluster_x",
         4242,
     )  # written before hosts were named
-    assert swap.tag_writer("node-1-4242-0a1b2c3d") == ("node-1", 4242)
-    assert swap.tag_writer("not a tag") is None
+    assert temporary_files.tag_writer("node-1-4242-0a1b2c3d") == ("node-1", 4242)
+    assert temporary_files.tag_writer("not a tag") is None

@@ -59,11 +59,12 @@ from fastlm.engine.checkpoint.layout import (
 )
 from fastlm.engine.checkpoint.rng import host_rng_state, torch_rng_state
 from fastlm.engine.checkpoint.storage import os_error_in, storage_error
-from fastlm.engine.checkpoint.swap import WRITER_TAG, replace_folder, writer_tag
+from fastlm.engine.checkpoint.swap import replace_folder
 from fastlm.engine.observe import strict_json
+from fastlm.temporary_files import WRITER_TAG, writer_tag
 
 log = logging.getLogger(__name__)
-# .tmp-replaced-<checkpoint-NNNNNNNN>-<tag>: a tag of any host (swap.writer_tag) or of before hosts were named
+# .tmp-replaced-<checkpoint-NNNNNNNN>-<tag>: a tag of any host (temporary_files.writer_tag), or an older one
 _REPLACED = re.compile(rf"{re.escape(TMP_PREFIX)}replaced-(checkpoint-\d+)-({WRITER_TAG.pattern})")
 
 

@@ -21,10 +21,6 @@ import errno
 import os
 from pathlib import Path
 
-from fastlm.temporary_files import WRITER_TAG, host_name, tag_writer, writer_tag
-
-__all__ = ["WRITER_TAG", "exchange", "host_name", "replace_folder", "tag_writer", "writer_tag"]
-
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
 _REFUSED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
