@@ -495,3 +495,31 @@ def test_a_worker_refuses_a_split_written_again_in_other_files(tmp_path, bpe_tok
 def test_a_worker_trains_on_a_split_left_as_the_launcher_checked_it(tmp_path, bpe_tokenizer, monkeypatch):
     seen = _handed_to_a_worker(tmp_path, bpe_tokenizer, monkeypatch, replace=lambda folder: None)
     assert "error" not in seen and seen["rows"] == seen["checked"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_worker_other_than_rank_0_logs_warnings_only_whatever_level_its_loggers_were_handed(rank, capfd):
+    """The forkserver hands the launcher's levels over (``fastlm`` at INFO, conf/logging.yml's), and the
+    kedro import of a worker's preparation applies conf/logging.yml again: a worker of rank 1 printed every
+    INFO line of the run a second time (``[rank 1] INFO fastlm.engine.train.build: Training 6 steps ...``)."""
+    import logging
+
+    from fastlm.engine.launch.workers import _configure_worker_logging
+
+    engine_log = logging.getLogger("fastlm.engine.train.build")
+    fastlm_log = logging.getLogger("fastlm")
+    root = logging.getLogger()
+    saved = (fastlm_log.level, root.level, list(root.handlers), logging.root.manager.disable)
+    fastlm_log.setLevel(logging.INFO)  # as the launcher's conf/logging.yml sets it
+    try:
+        _configure_worker_logging(rank)
+        engine_log.info("an info line")
+        engine_log.warning("a warning line")
+    finally:
+        fastlm_log.setLevel(saved[0])
+        root.setLevel(saved[1])
+        root.handlers[:] = saved[2]
+        logging.disable(saved[3])
+    err = capfd.readouterr().err
+    assert f"[rank {rank}] WARNING fastlm.engine.train.build: a warning line" in err
+    assert ("an info line" in err) == (rank == 0)

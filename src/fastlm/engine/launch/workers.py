@@ -361,9 +361,13 @@ def read_job(job_file: str | Path) -> TrainJob:
 
 
 def _configure_worker_logging(rank: int) -> None:
-    """Rank 0 logs like the parent (INFO); the other ranks only warnings and errors, each line tagged."""
+    """Rank 0 logs like the parent (INFO); the other ranks only warnings and errors, each line tagged. The
+    filter is the handler's: a worker's loggers keep the levels the forkserver was handed and its kedro import
+    applied (``fastlm`` at INFO, conf/logging.yml's), which the root's level alone does not hold back."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    if rank != 0:
+        handler.setLevel(logging.WARNING)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
