@@ -306,3 +306,20 @@ def test_a_run_whose_every_evaluation_is_nan_says_so_when_patience_runs_out(tmp_
         "early stopping at step 4 of 8: no validation-loss improvement in 2 evaluations; no evaluation had a "
         "finite validation loss (NaN or inf): the model is the last step's"
     ]
+
+
+def test_a_run_continued_from_another_runs_checkpoint_returns_that_runs_best_model(tmp_path):
+    """``train.resume: <a checkpoint folder of another run>`` with early stopping: its best step's checkpoint
+    is beside it, in that run's folder. The continued run looked for it in its own folder and, having
+    trained, ended in a CheckpointError (``.../b/checkpoints/checkpoint-<best> does not exist``): no model
+    written, and the same again on every resume. The best model comes from the folder it is in."""
+    stopped = run(tmp_path / "a")
+    best = stopped.summary["early_stopping"]["best_step"]
+    assert stopped.summary["stopped_by"] == "early stopping" and best < stopped.summary["steps"]
+    last = latest_checkpoint(tmp_path / "a" / "checkpoints")
+    again = run(tmp_path / "b", resume=str(last))
+    early = again.summary["early_stopping"]
+    assert again.summary["steps_trained"] == 0 and early["model_from_step"] == best
+    assert early["best_checkpoint"] == str(tmp_path / "a" / "checkpoints" / f"checkpoint-{best:08d}")
+    for a, b in zip(stopped.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # the best step's weights, read back from the same checkpoint

@@ -186,3 +186,39 @@ def test_a_checkpoint_packed_with_another_resolved_row_length_is_not_continued(t
         second = run(6)
     assert second.summary["resumed_from"] is None
     assert "batching.row_length 64 -> 56" in caplog.text and "starting fresh" in caplog.text
+
+
+def test_a_kept_checkpoint_keeps_the_best_checkpoint_it_records(tmp_path):
+    """keep_last 2, early stopping's best at step 2, then a new best at 6: step 4 is kept beside 6, and a
+    rewind to it (``train.resume: <step 4's folder>``) continues with step 2 as its best, whose weights the
+    run returns. Step 2 was pruned when 6 became the best: the rewound run ended in a CheckpointError
+    naming the missing step 2. It stays while a kept checkpoint records it, and goes with the last of them."""
+    saver = checkpointer(tmp_path, keep_last=2)
+    state = TrainState(early_stopping={"best_step": 2})
+    saver.protected = checkpoint_dir(saver.root, 2)
+    for step in (2, 4):
+        saved_at(saver, state, step)
+    state.early_stopping = {"best_step": 6}
+    saver.protected = checkpoint_dir(saver.root, 6)
+    saved_at(saver, state, 6)
+    assert steps_on_disk(saver) == [2, 4, 6]  # step 4 records step 2 as its best
+    saved_at(saver, state, 8)
+    assert steps_on_disk(saver) == [6, 8]
+
+
+def test_a_resume_whose_best_checkpoint_is_gone_is_refused_in_one_line(tmp_path):
+    """A checkpoint whose early-stopping best is no longer on disk (removed by hand, or pruned before kept
+    checkpoints kept their bests): with early stopping on, the run would train to its end and then fail to
+    load the best step's weights; it is refused before training, naming the folder and the fixes. Without
+    early stopping the model is the last step's: it resumes."""
+    from fastlm.engine.checkpoint.layout import CheckpointError
+
+    saver = checkpointer(tmp_path, keep_last=3)
+    saved_at(saver, TrainState(early_stopping={"best_step": 2}), 4)  # step 2 never saved
+    patient = checkpointer(tmp_path, keep_last=3, early_stopping={"patience": 2})
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint-00000002.*train\.early_stopping\.patience"
+    ) as error:
+        patient.restore()
+    assert "\n" not in str(error.value)
+    assert checkpointer(tmp_path, keep_last=3).restore().step == 4

@@ -55,8 +55,10 @@ from fastlm.engine.checkpoint.layout import (
     STATE_FILE,
     SUPERSEDED_PREFIX,
     TMP_PREFIX,
+    CheckpointError,
     checkpoint_dir,
 )
+from fastlm.engine.checkpoint.loading import read_checkpoint_state
 from fastlm.engine.checkpoint.rng import host_rng_state, torch_rng_state
 from fastlm.engine.checkpoint.storage import os_error_in, storage_error
 from fastlm.engine.checkpoint.swap import replace_folder
@@ -72,9 +74,10 @@ _REPLACED = re.compile(rf"{re.escape(TMP_PREFIX)}replaced-(checkpoint-\d+)-({WRI
 class SaveOptions:
     """What a save keeps and writes beyond the defaults, one object because these travel together from the
     trainer's ``Checkpointer``: the ``keep_last`` newest checkpoints (None: every one) and ``also_keep``
-    (early stopping's best); ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded
-    (FSDP2) model (or a LoRA model's trainable tensors), written instead of ``model.state_dict()`` /
-    ``optimizer.state_dict()`` (same files, so any world size or strategy resumes)."""
+    (early stopping's best; the best each checkpoint that stays records is kept too, ``_prune``);
+    ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded (FSDP2) model (or a LoRA
+    model's trainable tensors), written instead of ``model.state_dict()`` / ``optimizer.state_dict()`` (same
+    files, so any world size or strategy resumes)."""
 
     keep_last: int | None = 2
     also_keep: Path | None = None
@@ -225,12 +228,26 @@ def recover_checkpoints(root: Path) -> list[Path]:
     return recovered
 
 
+def _recorded_best(folder: Path) -> int | None:
+    """The early-stopping best step checkpoint ``folder`` records (None: none, or unreadable)."""
+    try:
+        record = read_checkpoint_state(folder).get("early_stopping") or {}
+    except (CheckpointError, OSError, ValueError):
+        return None
+    return record.get("best_step")
+
+
 def _prune(root: Path, keep_last: int | None, *, keep: set[Path | None]) -> None:
+    """Remove all but the ``keep_last`` newest complete checkpoints and ``keep``, sparing the early-stopping
+    best each checkpoint that stays records (``early_stopping.best_step`` of its state): a rewind to one of
+    them continues with its best model on disk."""
     if keep_last is None:
         return
     complete = complete_checkpoints(root)  # oldest first
+    staying = [*complete[-keep_last:], *(path for path in keep if path is not None)]
+    spared = keep | {checkpoint_dir(root, step) for step in map(_recorded_best, staying) if step is not None}
     for path in complete[:-keep_last]:
-        if path in keep:
+        if path in spared:
             continue
         trash = root / f"{TMP_PREFIX}delete-{path.name}-{writer_tag()}"
         try:  # rename first: a crash during the delete must not leave a half-deleted checkpoint-* folder

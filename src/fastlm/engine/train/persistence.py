@@ -103,8 +103,7 @@ class Checkpointer:
             early_stopping=saved.get("early_stopping") or {},
             elapsed_before_s=_elapsed(saved),
         )
-        best_step = state.early_stopping.get("best_step")
-        self.protected = checkpoint_dir(self.root, best_step) if best_step is not None else None
+        self.protected = self._best_beside(folder, state.early_stopping.get("best_step"))
         log.info(
             "Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)",
             folder,
@@ -122,6 +121,23 @@ class Checkpointer:
                 self.total_steps,
             )
         return state
+
+    def _best_beside(self, folder: Path, best_step: int | None) -> Path | None:
+        """Early stopping's best checkpoint of the resumed ``folder``: beside it (the folder of the run that
+        wrote it, another run's where ``train.resume`` names one). Gone while early stopping is on: refused
+        in one line (the run would train, then fail to load the model it returns)."""
+        if best_step is None:
+            return None
+        best = checkpoint_dir(folder.parent, best_step)
+        if self.params.early_stopping.patience is not None and not best.is_dir():
+            raise CheckpointError(
+                f"checkpoint {folder} records step {best_step} as early stopping's best, but {best} is gone: "
+                "the model this run would return is not on disk.",
+                fix="resume from a checkpoint whose best step's checkpoint is kept, set "
+                "train.early_stopping.patience: null to continue without early stopping (the model: the "
+                "last step's), or set train.resume: never.",
+            )
+        return best
 
     def _load(self, folder: Path, plan, own_loader: bool) -> dict:
         """The checkpoint's model, optimizer, scheduler and scaler states into this run's; its state. The
