@@ -399,3 +399,29 @@ def test_the_speed_line_breaks_down_the_time_outside_the_steps():
         line for line in run_lines({**summary, "eval_s": 0.0, "compile_s": 0.0}, None) if "Speed" in line
     )
     assert plain.endswith("(3.2 s outside the steps)."), plain
+
+
+def test_the_report_shows_each_folds_figures_from_the_split_report():
+    """`split.folds=3`: split_report.json holds each fold's rows, tokens, mean and p90 length and the
+    largest / smallest fold (``folds``), but the report showed none of it: a lopsided fold went unseen before
+    k runs were spent on it. The report has a table of them, only for data split into folds."""
+    import numpy as np
+
+    from fastlm.corpus.statistics import fold_summary
+    from tests.support.reporting import html_tables, make_history, report_document
+
+    lengths, buckets = np.array([4, 6, 8, 10, 3, 5, 7]), np.array([0, 0, 1, 1, 2, -1, 0])
+    folds = fold_summary(lengths, buckets, 3)
+    split_report = {"splits": {"train": {"rows": 5}, "validation": {"rows": 1}, "test": {"rows": 1}}}
+    history = make_history(2)
+    document, markdown = report_document(history, split_report={**split_report, "folds": folds})
+    rows = html_tables(document)["folds-of-train-validation"]
+    assert [row["fold"] for row in rows] == ["0", "1", "2"]
+    assert [row["rows"] for row in rows] == ["3", "2", "1"]
+    assert [row["tokens"] for row in rows] == ["17", "18", "3"]
+    assert [row["mean length"] for row in rows] == ["5.67", "9", "3"]
+    assert [row["p90 length"] for row in rows] == ["6.8", "9.8", "3"]
+    assert "Largest / smallest fold: 3 by rows, 6 by tokens." in document
+    assert "## Folds of train + validation" in markdown
+    plain, plain_markdown = report_document(history, split_report=split_report)
+    assert "folds-of-train-validation" not in plain and "Folds of" not in plain_markdown

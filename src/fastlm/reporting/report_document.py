@@ -445,6 +445,7 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             items=run_lines(summary, inputs.split_report),
             table=training_table(inputs.training),
         ),
+        *_fold_sections(inputs.split_report),
         Section("Efficiency", table=_one_row(efficiency), text=_efficiency_scope(summary, efficiency)),
         Section(
             "Curves",
@@ -609,6 +610,39 @@ def _sweep_sections(sweep: dict | None, *, data: str | None) -> list[Section]:
             )
         )
     return sections
+
+
+def _fold_sections(split_report: dict | None) -> list[Section]:
+    """Each fold's rows, tokens, mean and p90 length and the largest / smallest fold (``split_report``'s
+    ``folds``: ``fastlm.corpus.statistics.fold_summary``), for data split with ``split.folds``; none
+    without folds."""
+    folds = (split_report or {}).get("folds")
+    per_fold = folds.get("per_fold") if isinstance(folds, dict) else None
+    if not per_fold:
+        return []
+    table = pd.DataFrame(
+        {
+            label: [fold.get(key) if isinstance(fold, dict) else None for fold in per_fold]
+            for label, key in (
+                ("fold", "fold"),
+                ("rows", "rows"),
+                ("tokens", "tokens"),
+                ("mean length", "mean_length"),
+                ("p90 length", "p90_length"),
+            )
+        }
+    )
+    ratios = [
+        f"{folds[key]:g} by {what}" if _finite(folds.get(key)) else f"none by {what} (a fold is empty)"
+        for key, what in (("largest_smallest_rows", "rows"), ("largest_smallest_tokens", "tokens"))
+    ]
+    text = (
+        f"split.folds = {folds.get('count', len(per_fold))}: the train + validation rows in fold buckets "
+        "(tokens with EOS, no padding; split_report.json: folds). A run with train.fold i validates on fold "
+        "i and trains on the others; the test split is in no fold. Largest / smallest fold: "
+        f"{', '.join(ratios)}."
+    )
+    return [Section("Folds of train + validation", text=text, table=table)]
 
 
 def _tail(text: str, limit: int) -> str:
