@@ -87,13 +87,15 @@ def test_the_training_wall_time_and_data_fingerprint_reach_the_run(active_run, t
         **result.summary,
         "runtime": result.runtime.describe(),
         "fingerprint": "ab" * 32,
+        "test_data": "cd"
+        * 32,  # the test split's identity: a fold run's is a plain split's of the same texts
         "final_val_loss": 2.5,  # the returned model's (early stopping: its best step's)
     }
     RunTracker().training_finished(summary)
     data = mlflow.MlflowClient().get_run(active_run.info.run_id).data
     assert data.metrics["wall_time_s"] == summary["wall_time_s"] > 0
     assert data.metrics["final_val_loss"] == 2.5
-    assert data.params["data.fingerprint"] == "ab" * 6
+    assert data.params["data.fingerprint"] == "ab" * 6 and data.params["data.test"] == "cd" * 6
 
 
 @pytest.mark.e2e

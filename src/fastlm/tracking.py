@@ -577,14 +577,17 @@ class RunTracker:
     def training_finished(self, summary: dict) -> None:
         """The run's runtime settings, what its levers did (``SUMMARY_PARAMS``, dynamo's recompile limit
         reached and where) and its data (the tokenized data's fingerprint, 12 digits: runs on other data show
-        it) as parameters, and its real tokens/s and training wall time (the run comparison's), its compiles,
-        compile and validation seconds as metrics."""
-        fingerprint = summary.get("fingerprint")
+        it; its test split's, ``data.test``) as parameters, and its real tokens/s and training wall time (the
+        run comparison's), its compiles, compile and validation seconds as metrics."""
+        fingerprint, test = summary.get("fingerprint"), summary.get("test_data")
         self.metrics.log_params(
             {
                 **{f"runtime.{key}": value for key, value in summary["runtime"].items()},
                 **{key: summary.get(key) for key in SUMMARY_PARAMS},
                 "data.fingerprint": str(fingerprint)[:12] if fingerprint else None,
+                # its test split's (corpus.fingerprint.identity_of_test_split): a fold run's test figures
+                # compare with a run's on the same texts split without folds
+                "data.test": str(test)[:12] if test else None,
                 "recompile_limit_functions": summary.get("recompile_limit_functions") or None,
             }
         )

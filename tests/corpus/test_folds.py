@@ -13,7 +13,9 @@ from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.fingerprint import (
     check_fresh,
     data_folds,
+    data_identity,
     folds_mismatch,
+    identity_of_test_split,
     make_fingerprint,
     selection_params,
 )
@@ -197,3 +199,30 @@ def test_a_split_without_folds_reports_none(sample_texts, bpe_tokenizer):
         pd.DataFrame({"text": list(sample_texts)}), {"max_length": 64}, bpe_tokenizer
     )
     assert "folds" not in report and set(report["splits"]) == {"train", "validation", "test"}
+
+
+def test_a_fold_split_and_a_plain_split_of_the_same_texts_have_one_test_split_identity(
+    sample_texts, bpe_tokenizer
+):
+    """split.folds is part of the data fingerprint, so the run comparison showed a k-fold run as on other
+    data than a run on the same texts split without folds, although its test split holds the same rows:
+    their test figures compare. The test split's identity (recorded by train, logged as data.test) is the
+    same for both; another salt (other test rows) or another max_length (other test tokens) changes it."""
+    raw = pd.DataFrame({"text": list(sample_texts)})
+    identities = {}
+    for name, params in {
+        "plain": {"max_length": 64},
+        "folds": {"max_length": 64, "folds": 2},
+        "folds3": {"max_length": 64, "folds": 3},
+        "salted": {"max_length": 64, "folds": 2, "hash_salt": "other"},
+        "shorter": {"max_length": 32},
+    }.items():
+        tokenized, fingerprint, _, _ = _fold_runs(raw, params, bpe_tokenizer)
+        identities[name] = (
+            data_identity(fingerprint),
+            identity_of_test_split(fingerprint, tokenized["test"]),
+        )
+    assert identities["plain"][0] != identities["folds"][0] != identities["folds3"][0]  # the data differs
+    assert identities["plain"][1] == identities["folds"][1] == identities["folds3"][1]  # its test split not
+    assert len({identities[name][1] for name in ("plain", "salted", "shorter")}) == 3
+    assert identity_of_test_split(None, tokenized["test"]) is None  # no record: nothing to compare

@@ -4,12 +4,14 @@
 
 import json
 
+import datasets
 import mlflow
 import pandas as pd
 import pytest
 import yaml
 from demo_data.logkeys import VOCAB_SIZE, write_demo_logkeys
 
+from fastlm.corpus.fingerprint import identity_of_test_split
 from fastlm.pipelines.sweep import nodes as sweep_nodes
 from tests.support.e2e import TRAIN as BASE_TRAIN
 from tests.support.e2e import own_experiment
@@ -36,6 +38,11 @@ def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri, monke
 
     run_pipeline(kedro_project, "split", params)
     plain = pd.read_parquet(splits_path)
+    data = kedro_project / "data/05_model_input"
+    plain_test = identity_of_test_split(  # the fold runs' test split is this one: their test figures compare
+        json.loads((data / "tokenized_corpus_fingerprint.json").read_text()),
+        datasets.load_from_disk(str(data / "tokenized_corpus"))["test"],
+    )
     with pytest.raises(Exception, match=r"train.fold = 0 .*split.folds") as raised:
         run_pipeline(kedro_project, "train", {**params, "train": {**TRAIN, "fold": 0}})
     assert "\n" not in str(raised.value)
@@ -57,6 +64,7 @@ def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri, monke
     state = kedro_project / "data/08_reporting/sweeps/cv"
     summaries = [json.loads((state / name / "summary.json").read_text()) for name in ("cv-01", "cv-02")]
     assert [summary["fold"] for summary in summaries] == [0, 1]
+    assert [summary["test_data"] for summary in summaries] == [plain_test] * 2 and plain_test
     in_folds = (~test).sum()  # each fold trains on the train/validation rows outside it
     fold_sizes = folded.loc[~test, "fold"].value_counts()
     trained = [summary["train_samples"] for summary in summaries]

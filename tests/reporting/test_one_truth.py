@@ -263,3 +263,38 @@ def test_a_run_record_holding_a_metric_that_is_no_number_is_shown_blank_with_one
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1, warnings
     assert "old" in warnings[0] and "real_tokens_per_s" in warnings[0] and "test_loss" in warnings[0]
+
+
+def test_a_fold_run_on_the_same_test_split_is_said_comparable_on_test_figures_alone():
+    """A k-fold run (split.folds: part of the data fingerprint) beside a run on the same texts split without
+    folds was marked ``data: other`` and its test loss said not to compare, although both were evaluated on
+    the same test rows. Where the test split's identity (data.test) is the reported run's, it is ``other
+    train, same test``: its test figures compare, its train and validation losses do not. Runs on really other
+    data (another data.test) and older runs that logged no data.test stay ``other``; two folds of one split
+    (train.fold) trained on other rows: ``other train, same test``."""
+    runs = pd.concat([runs_frame(SPEED), runs_frame(SPEED).iloc[[1, 2]]], ignore_index=True)
+    runs["run_id"] = ["a" * 32, "b" * 32, "c" * 32, "d" * 32, "e" * 32]
+    runs["start_time"] = pd.to_datetime([f"2026-01-0{day} 10:00" for day in (9, 8, 7, 6, 5)], utc=True)
+    runs["params.data.fingerprint"] = ["f" * 12, "e" * 12, "d" * 12, "c" * 12, "e" * 12]
+    runs["params.data.test"] = ["1" * 12, "1" * 12, "2" * 12, None, "1" * 12]
+    runs["params.train.fold"] = [None, "0", None, None, "1"]
+    runs["metrics.test_loss"] = [2.0, 2.1, 5.5, 4.0, 2.2]
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert table["data"].tolist() == [
+        "same",
+        *["other train, same test", "other", "other"],
+        "other train, same test",
+    ]
+    _, text = report_document(HISTORY, runs=table)
+    assert "2 runs (data: other train, same test) trained on other rows than this run" in text
+    assert "their test figures compare with this run's" in text
+    assert "2 runs (data: other) trained and were evaluated on other tokenized data than this run" in text
+    # reported from a fold run: the other fold is other training data on the same test split too
+    folds = compare_runs(runs, current_run_id="b" * 32)
+    assert folds["data"].tolist() == [
+        "other train, same test",
+        "same",
+        "other",
+        "other",
+        "other train, same test",
+    ]

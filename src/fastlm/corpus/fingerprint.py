@@ -163,6 +163,22 @@ def data_identity(stored: dict[str, Any] | None) -> str | None:
     return fingerprint if data is None else hashlib.sha256(f"{fingerprint}\0{data}".encode()).hexdigest()
 
 
+def identity_of_test_split(stored: dict[str, Any] | None, test) -> str | None:
+    """What the test split a model is evaluated on is: the tokenizer, the parameters that made the data less
+    ``folds``, and the test split's rows and tokens (``test``: its ``Dataset``) without the fold column
+    (-1 on every test row). Data split with ``split.folds`` and the same texts split without are other data
+    (:func:`data_identity`: their train and validation rows differ) on one test split: their test figures
+    compare. None without a record."""
+    from fastlm.corpus.splitting import FOLD_COLUMN
+
+    if not isinstance(stored, dict) or stored.get("fingerprint") is None:
+        return None
+    params = {key: value for key, value in (stored.get("params") or {}).items() if key != "folds"}
+    rows = test.remove_columns([FOLD_COLUMN]) if FOLD_COLUMN in test.column_names else test
+    record = [stored.get("tokenizer_sha256"), params, _split_digest(rows)]
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
 def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) -> None:
     """Raise StaleDataError unless ``stored`` matches ``tokenizer`` and ``split``.
 

@@ -58,6 +58,12 @@ TEST_SAMPLE_COUNTS = ("samples", "rouge_samples")
 # The tokenized data a run trained and was evaluated on (the tokenizer, the split settings and the texts),
 # logged by the train node: per-token losses of runs on other data do not compare.
 DATA = "params.data.fingerprint"
+# Its test split alone (``corpus.fingerprint.identity_of_test_split``), logged by the train node since it was
+# recorded (older runs have none): a k-fold run (split.folds, part of DATA) on the texts of a run split
+# without folds was evaluated on the same test rows. And the fold a run trained without (train.fold): two
+# folds of one split trained on other rows.
+TEST_DATA, FOLD = "params.data.test", "params.train.fold"
+SAME, OTHER_TRAIN, OTHER = "same", "other train, same test", "other"
 
 
 def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None = None) -> pd.DataFrame:
@@ -118,37 +124,63 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
 
 
 def _same_data(runs: pd.DataFrame, current_run_id: str | None) -> pd.Series | None:
-    """Per run, ``same`` or ``other``: whether it trained on the tokenized data (``DATA``) of the reported
-    run (without one in the table, the newest run), ``""`` for a run that logged none; None where no two
-    runs' data differ."""
+    """Per run, whether it trained on the tokenized data (``DATA``) and fold (``FOLD``) of the reported run
+    (without one in the table, the newest run): ``same``; ``other train, same test`` where it trained on
+    other rows (another fold, or data split with other ``split.folds``) but was evaluated on the same test
+    split (``TEST_DATA`` equal, or the same data); ``other`` where the test split differs or is unknown (an
+    older run's); ``""`` for a run that logged no data. None where every run's data and fold agree."""
     if DATA not in runs:
         return None
     data = runs[DATA].map(param_value)
-    if data.dropna().nunique() < 2:
+    fold = runs[FOLD].map(param_value) if FOLD in runs else pd.Series(None, index=runs.index, dtype=object)
+    test = runs[TEST_DATA].map(param_value) if TEST_DATA in runs else pd.Series(None, index=runs.index)
+    known = data.notna()
+    trained = pd.Series(list(zip(data, fold.where(fold.notna(), None), strict=True)), index=runs.index)
+    if trained[known].nunique() < 2:
         return None
-    current = data[runs["run_id"] == current_run_id].dropna()
-    reference = current.iloc[0] if len(current) else data.dropna().iloc[0]
-    return data.map(
-        lambda value: "" if value is None or value != value else "same" if value == reference else "other"
-    )
+    current = known & (runs["run_id"] == current_run_id)
+    reference = current.idxmax() if current.any() else known.idxmax()
+
+    def judged(index) -> str:
+        if not known[index]:
+            return ""
+        if trained[index] == trained[reference]:
+            return SAME
+        same_test = data[index] == data[reference] or (
+            isinstance(test[index], str) and test[index] == test[reference]
+        )
+        return OTHER_TRAIN if same_test else OTHER
+
+    return pd.Series([judged(index) for index in runs.index], index=runs.index)
 
 
 def data_note(table: pd.DataFrame) -> str:
-    """One sentence on the runs marked ``data: other`` (``compare_runs``): their losses do not compare; ""
-    where there are none."""
+    """What the runs marked ``data: other`` (``compare_runs``: their losses do not compare) and ``data: other
+    train, same test`` (their test figures compare, their train and validation losses do not) mean, one
+    sentence each; "" where there are none."""
     if "data" not in table:
         return ""
-    others = int((table["data"] == "other").sum())
-    if not others:
-        return ""
     reference = "this run" if "this run" in table and (table["this run"] == "◀").any() else "the newest run"
-    one = others == 1
-    return (
-        f"{others} run{'' if one else 's'} (data: other) trained and {'was' if one else 'were'} evaluated on "
-        f"other tokenized data than {reference} (another tokenizer, other split settings or other texts: "
-        f"data.fingerprint): {'its' if one else 'their'} losses do not compare with {reference}'s (a loss is "
-        "per token of its own tokenizer, on its own texts), nor test figures on other texts."
-    )
+    said = []
+    fold_runs = int((table["data"] == OTHER_TRAIN).sum())
+    if fold_runs:
+        one, its = fold_runs == 1, "its" if fold_runs == 1 else "their"
+        said.append(
+            f"{fold_runs} run{'' if one else 's'} (data: {OTHER_TRAIN}) trained on other rows than "
+            f"{reference} (another fold: train.fold, or the same texts split with other split.folds) and "
+            f"{'was' if one else 'were'} evaluated on the same test split (data.test): {its} test figures "
+            f"compare with {reference}'s, {its} train and validation losses (on other rows) do not."
+        )
+    others = int((table["data"] == OTHER).sum())
+    if others:
+        one, its = others == 1, "its" if others == 1 else "their"
+        said.append(
+            f"{others} run{'' if one else 's'} (data: other) trained and {'was' if one else 'were'} "
+            f"evaluated on other tokenized data than {reference} (another tokenizer, other split settings or "
+            f"other texts: data.fingerprint): {its} losses do not compare with {reference}'s (a loss is per "
+            "token of its own tokenizer, on its own texts), nor test figures on other texts."
+        )
+    return " ".join(said)
 
 
 def _name_the_losses(table: pd.DataFrame, runs: pd.DataFrame) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import datasets
 import pandas as pd
 
-from fastlm.corpus.fingerprint import data_folds, data_identity, folds_mismatch
+from fastlm.corpus.fingerprint import data_folds, data_identity, folds_mismatch, identity_of_test_split
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.reporting.summaries import TRAINING_ID, end_of_run_losses
@@ -78,6 +78,10 @@ def train_model(
         model_dir=(paths or {}).get("trained_model", params.checkpoint_dir),
         extra_summary={
             "fingerprint": data_identity(fingerprint),
+            # the test split alone: a fold run's is a plain split's of the same texts (test figures compare)
+            "test_data": identity_of_test_split(fingerprint, tokenized["test"])
+            if "test" in tokenized
+            else None,
             **(
                 {"fold": params.fold, "folds": data_folds(fingerprint), "validation_samples": len(eval_split)}
                 if params.fold is not None
