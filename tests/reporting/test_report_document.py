@@ -425,3 +425,21 @@ def test_the_report_shows_each_folds_figures_from_the_split_report():
     assert "## Folds of train + validation" in markdown
     plain, plain_markdown = report_document(history, split_report=split_report)
     assert "folds-of-train-validation" not in plain and "Folds of" not in plain_markdown
+
+
+def test_a_test_metric_that_is_not_a_number_is_said_so_not_shown_as_missing():
+    """A model whose test loss came out NaN (weights broken after the last logging step's health check, an
+    overflow in evaluation) had a report whose evaluation table showed ``—`` for it, the mark of a figure not
+    measured: the broken model read as an unmeasured one. The cell says NaN and the section says which
+    figures are not finite; an infinite perplexity stays ∞."""
+    import math
+
+    from tests.support.reporting import html_tables, make_history, report_document
+
+    metrics = {"loss": math.nan, "perplexity": math.inf, "accuracy": 0.5}
+    document, markdown = report_document(make_history(2), test_metrics=metrics)
+    values = {row["metric"]: row["value"] for row in html_tables(document)["test-split-evaluation"]}
+    assert values == {"loss": "NaN", "perplexity": "∞", "accuracy": "0.5"}
+    assert "Not finite: loss (NaN), perplexity (∞)" in document and "Not finite: loss" in markdown
+    finite, _ = report_document(make_history(2), test_metrics={"loss": 3.0})
+    assert "Not finite" not in finite

@@ -298,6 +298,28 @@ def _resumed_steps(summary: dict) -> str | None:
     )
 
 
+def _is_nan(value) -> bool:
+    return isinstance(value, Number) and not isinstance(value, bool) and math.isnan(value)
+
+
+def _not_finite(metrics: dict) -> str:
+    """The test figures that came out NaN or infinite, named: a model whose outputs are not finite on the
+    test split (weights broken after the last checked step, an overflow in evaluation); "" for none."""
+    bad = [
+        f"{name} ({'NaN' if math.isnan(value) else '∞' if value > 0 else '-∞'})"
+        for name, value in metrics.items()
+        if isinstance(value, Number) and not isinstance(value, bool) and not math.isfinite(value)
+    ]
+    if not bad:
+        return ""
+    return (
+        f"Not finite: {', '.join(bad)}. The model's outputs on the test split are not finite numbers "
+        "(weights broken after the last step the training checked, or an overflow in evaluation: try "
+        "train.runtime.precision: fp32); these figures are not logged to MLflow and the run comparison "
+        "shows none."
+    )
+
+
 def _finite(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -436,7 +458,10 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
         {"phase": [phase for phase, _ in phases], "real tokens/s": [speed for _, speed in phases]}
     )
     shown = {name: value for name, value in test_metrics.items() if name != TRAINING_ID}
-    evaluation = pd.DataFrame({"metric": list(shown), "value": list(shown.values())})
+    # a NaN figure was measured: "NaN", never the table's mark of a missing one
+    evaluation = pd.DataFrame(
+        {"metric": list(shown), "value": ["NaN" if _is_nan(value) else value for value in shown.values()]}
+    )
     files = curve_files(inputs.paths)
     return [
         Section("Bottleneck diagnosis", text=eta_line, items=verdict + checks),
@@ -460,7 +485,11 @@ def build_sections(inputs: ReportInputs) -> list[Section]:
             figure_files=files,
             markdown_note=NOT_PLOTTED if any(file is None for file in files.values()) else "",
         ),
-        Section("Test split evaluation", table=evaluation, text=_evaluation_scope(test_metrics)),
+        Section(
+            "Test split evaluation",
+            table=evaluation,
+            text="\n\n".join(part for part in (_evaluation_scope(test_metrics), _not_finite(shown)) if part),
+        ),
         Section("Throughput: training and evaluation", table=speeds),
         Section(
             "Most frequent wrong predictions",
