@@ -400,13 +400,36 @@ def test_markdown_summary(sections):
         assert f"![{name}]({name}.png)" in markdown
     assert "![peak memory](peak-memory.png)" in markdown
     assert figure_filename("peak memory") == "peak-memory.png"
-    assert "- first <item>" in markdown
+    assert "- first &lt;item&gt;" in markdown
     (table,) = table_blocks(markdown)
     assert len(table) == 2 + len(TABLE)
     assert_well_formed_pipe_table(table)
     assert table[0].split("|")[1].strip() == "metric"
     assert "pipe \\| here" in markdown and "&lt;b&gt;bold&lt;/b&gt;" in markdown
     assert "\n\n\n" not in markdown
+
+
+def test_markdown_text_outside_tables_shows_angle_brackets_and_keeps_code_spans():
+    """A model or run name such as ``org/model<v2>`` went into report.md raw: rendered, ``<v2>`` was an
+    unknown HTML tag and disappeared (and raw HTML passed through). Text, headings, items and the title now
+    escape ``< >`` (and an ``&`` that would start an entity); a code span stays as written (entities are
+    not decoded inside one)."""
+    markdown = render_markdown(
+        title="Run org/model<v2>",
+        subtitle="Q&A &copy; <i>data</i>",
+        sections=[
+            Section(
+                "Model <b>x</b>",
+                text="Trained `org/model<v2>` from org/model<v2>.",
+                items=["adapter <lora>", "`a<b` & c"],
+            )
+        ],
+    )
+    assert markdown.startswith("# Run org/model&lt;v2&gt;\n\n_Q&A &amp;copy; &lt;i&gt;data&lt;/i&gt;_\n")
+    assert "## Model &lt;b&gt;x&lt;/b&gt;" in markdown
+    assert "Trained `org/model<v2>` from org/model&lt;v2&gt;." in markdown
+    assert "- adapter &lt;lora&gt;" in markdown and "- `a<b` & c" in markdown
+    assert "<b>" not in markdown and "<i>" not in markdown and "<lora>" not in markdown
 
 
 def test_markdown_table_keeps_a_meaningful_index_and_handles_edge_cases():

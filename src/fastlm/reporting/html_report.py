@@ -274,20 +274,35 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join([line(header), align, *(line(r) for r in rows)]) + "\n"
 
 
+_CODE_SPAN = re.compile(r"(`[^`]*`)")
+_ENTITY_LIKE = re.compile(r"&(?=#?\w+;)")
+
+
+def _markdown_text(text: str) -> str:
+    """``< >`` (and an ``&`` that would start an entity) escaped outside code spans: a name such as
+    ``org/model<v2>`` shows as written instead of being read as an HTML tag, ``Q&A`` stays readable; inside
+    a code span entities are not decoded, so it stays as it is."""
+    parts = _CODE_SPAN.split(str(text))
+    return "".join(
+        part if index % 2 else _ENTITY_LIKE.sub("&amp;", part).replace("<", "&lt;").replace(">", "&gt;")
+        for index, part in enumerate(parts)
+    )
+
+
 def render_markdown(*, title: str, subtitle: str, sections: Iterable[Section]) -> str:
     """The report as Markdown; figures are ``![name](FILE)`` references (``figure_files``' file, else
     ``figure_filename(name)``; none for a figure whose file is None, the section's ``markdown_note`` said
-    instead)."""
-    blocks = [f"# {title}"]
+    instead). Title, headings, text and items are escaped outside code spans (``_markdown_text``)."""
+    blocks = [f"# {_markdown_text(title)}"]
     if subtitle:
-        blocks.append(f"_{subtitle}_")
+        blocks.append(f"_{_markdown_text(subtitle)}_")
     for section in sections:
-        blocks.append(f"## {section.heading}")
+        blocks.append(f"## {_markdown_text(section.heading)}")
         text = (section.text or "").strip()
         if text:
-            blocks.append(text)
+            blocks.append(_markdown_text(text))
         if section.items:
-            blocks.append("\n".join(f"- {' '.join(str(i).split())}" for i in section.items))
+            blocks.append("\n".join(f"- {_markdown_text(' '.join(str(i).split()))}" for i in section.items))
         if section.table is not None:
             blocks.append(markdown_table(section.table).rstrip("\n"))
         if section.markdown_note:
