@@ -490,3 +490,77 @@ def test_when_no_size_fit_the_error_says_the_first_failure_and_memory_advice_onl
     assert message.index(said) < message.index("Fix:"), message
     assert ("free device memory" in message) is memory, message
     assert "conf/local/parameters_tuned.yml was left as it was" in message, message
+
+
+class _CountedReads(torch.Tensor):
+    """A tensor that counts the reads of its value into Python (``bool``, ``item``, ...): each one is a device
+    sync on a GPU. What is computed from it is one as well, and counted."""
+
+    reads = 0
+    READS = ("__bool__", "item", "__float__", "__int__", "tolist", "__index__")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in cls.READS:
+            _CountedReads.reads += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_trial_whose_loss_diverges_fails_in_one_read_of_the_device_and_is_not_chosen(tmp_path, monkeypatch):
+    """``train.optimizer.lr`` 1e30: the toy's loss is NaN from the second step. The trial fails ("loss not
+    finite"), is not chosen, and its ladder ends there (the weights it trained are no longer finite); the
+    loss is read from the device once for the trial, not at each step. (A diverged trial counted as a speed
+    measurement and could be chosen.)"""
+    from dataclasses import replace
+
+    from fastlm.engine.train import step as step_module
+
+    real = step_module.train_step
+
+    def counted(model, micro, opt, **kwargs):
+        result = real(model, micro, opt, **kwargs)
+        return replace(result, loss_sum=result.loss_sum.as_subclass(_CountedReads))
+
+    monkeypatch.setattr(step_module, "train_step", counted)
+    monkeypatch.setattr(_CountedReads, "reads", 0)
+    params = toy_params(tmp_path, optimizer={"lr": 1e30, "warmup_steps": 0})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = toy_measurer(params, runtime, timed=4)
+    trials = tune.run_ladder(measure, [1, 2, 4], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.9)
+    assert [(t.micro_batch_size, t.status) for t in trials] == [(1, tune.NONFINITE)]
+    assert _CountedReads.reads == 1, f"{_CountedReads.reads} reads of the loss for one trial of 5 steps"
+    assert tune.choose(trials) is None
+
+
+def test_a_diverged_size_between_finite_ones_is_not_chosen_and_ends_its_ladder():
+    speeds = {size: 100.0 * size for size in SIZES}  # always faster: the diverged size would win
+
+    def measure(size):
+        return tune.Measurement(speeds[size], 1.0 / speeds[size], MEMORY[size], loss_finite=size < 4)
+
+    trials = tune.run_ladder(measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+    assert [t.status for t in trials] == [tune.OK, tune.OK, tune.NONFINITE]
+    assert tune.choose(trials).micro_batch_size == 2
+    text = tune.explain(
+        trials, tune.choose(trials), accumulation=1, target=None, headroom=0.1, memory_limit_mb=None
+    )
+    assert "micro-batch 4's loss was not finite" in text, text
+
+
+def test_when_every_trial_diverged_the_one_line_says_so_and_names_the_learning_rate_and_precision():
+    ladders = [
+        tune.ModeLadder(mode, [tune.Trial(1, tune.NONFINITE, 10.0, 1.0, 5.0)], None)
+        for mode in ("packed", "length_grouped")
+    ]
+    message = str(
+        tune.no_fit_error(
+            _nothing_fit(*ladders),
+            min_size=1,
+            headroom=0.1,
+            memory_limit_mb=None,
+            tuned_file="conf/local/parameters_tuned.yml",
+        )
+    )
+    assert "\n" not in message and "micro-batch 1's loss was not finite" in message, message
+    assert "train.optimizer.lr" in message and "train.runtime.precision" in message, message
+    assert "free device memory" not in message, message

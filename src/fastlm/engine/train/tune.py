@@ -9,8 +9,11 @@ model compiled when ``train.runtime.compile`` is true; eager under ``auto``, whi
 settles and may leave eager: a compiled step usually holds less activation memory than the eager one, so the
 eager step is the safer size) on the user's real model, data and checkpointing settings, and records real
 tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up: the process
-goes on), past the memory headroom, at the cliff (throughput falls while memory rises), or at a size the
-training data makes fewer batches of than a trial's steps.
+goes on), past the memory headroom, at the cliff (throughput falls while memory rises), at a size the
+training data makes fewer batches of than a trial's steps, or at a trial whose loss was not finite (NaN or
+inf: a learning rate or precision the training diverges at). Such a trial is no measurement of the training
+(a step skipped on an overflow is faster) and is never chosen; its ladder ends there, as the weights it
+trained may no longer be finite. The loss is checked once per trial, from a flag kept on the device.
 
 ``tune.max_minutes`` bounds the whole measurement (a trial of a 3B model can take a minute, a compiled one
 more): past its deadline no new trial starts (each ladder's first size excepted, so a mode measured has a
@@ -35,6 +38,7 @@ from fastlm.errors import ConfigError
 
 OK, OOM, CLIFF, OVER, TIME = "ok", "out of memory", "cliff", "over headroom", "time limit"
 FEW = "too few batches"  # the training data makes fewer micro-batches of this size than a trial's steps
+NONFINITE = "loss not finite"  # the trial's loss was NaN or inf: the training diverged, no speed to choose by
 
 
 class TooFewBatches(ValueError):
@@ -73,6 +77,7 @@ class Measurement:
     peak_reserved_mb: float | None = None
     samples_per_micro_batch: float | None = None
     rows_per_micro_batch: float | None = None
+    loss_finite: bool = True  # every step's loss was finite (read once, at the trial's end)
 
 
 def memory_budget_mb(device: torch.device, limit_gb: float | None, *, total_mb: float | None) -> float | None:
@@ -132,8 +137,9 @@ def run_ladder(
     cliff_tolerance: float,
     deadline: float | None = None,
 ) -> list[Trial]:
-    """Measure each size in order until out-of-memory, the headroom, the cliff, or (after the first size)
-    ``deadline`` (a ``perf_counter`` time: ``tune.max_minutes``); every trial is kept."""
+    """Measure each size in order until out-of-memory, the headroom, a loss that was not finite, the cliff,
+    or (after the first size) ``deadline`` (a ``perf_counter`` time: ``tune.max_minutes``); every trial is
+    kept."""
     trials: list[Trial] = []
     budget = memory_limit_mb * (1 - headroom) if memory_limit_mb else None
     for size in sizes:
@@ -157,6 +163,8 @@ def run_ladder(
         status = OK
         if budget is not None and result.peak_memory_mb > budget:
             status = OVER
+        elif not result.loss_finite:
+            status = NONFINITE  # diverged: no measurement of the training, and its weights may be NaN
         elif best is not None and (
             (
                 result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
@@ -377,6 +385,7 @@ def explain(
     """One paragraph, with the figures, saying what was measured and why this size."""
     measured = ", ".join(
         f"{t.micro_batch_size}: {t.real_tokens_per_s:,.0f} tok/s at {t.peak_memory_mb:,.0f} MB"
+        + (" (loss not finite)" if t.status == NONFINITE else "")
         for t in trials
         if t.real_tokens_per_s is not None
     )
@@ -419,6 +428,11 @@ def no_fit_error(
             elif failed is not None:
                 said = f"{ladder.mode}: {_why_stopped(failed, headroom, memory_limit_mb)}"
                 memory = memory or failed.status in (OOM, OVER)
+                if failed.status == NONFINITE:
+                    fixes.append(
+                        "the training diverges at these settings: lower train.optimizer.lr (or raise its "
+                        "warmup_steps), or set train.runtime.precision to bf16 or fp32 instead of fp16"
+                    )
                 if failed.status == FEW:
                     fixes.append(
                         "lower tune.warmup_steps + tune.timed_steps or tune.min_micro_batch_size, or split "
@@ -456,6 +470,10 @@ def _why_stopped(stop: Trial, headroom: float, memory_limit_mb: float | None) ->
         )
     if stop.status == TIME:
         return f"{TIME_PARAM} was reached before micro-batch {stop.micro_batch_size}"
+    if stop.status == NONFINITE:
+        return (
+            f"micro-batch {stop.micro_batch_size}'s loss was not finite (NaN or inf): the training diverged"
+        )
     if stop.status == OVER:
         return (
             f"micro-batch {stop.micro_batch_size} needed {stop.peak_memory_mb:,.0f} MB, over the "
@@ -564,18 +582,27 @@ def real_step_measurer(
         rows: list[
             int
         ] = []  # a packed micro-batch's rows: micro_batch_size x max_length tokens in row_length
+        finite: torch.Tensor | None = None  # every step's loss so far finite: kept on the device, no sync
 
         def step(index: int) -> int:
+            nonlocal finite
             batch = collator(dataset.__getitems__(batches[index]))
             rows.append(len(batch["input_ids"]))
-            train_step(compiled, [to_device(batch, runtime.device, attn)], opt, runtime=trial_runtime)
+            result = train_step(
+                compiled, [to_device(batch, runtime.device, attn)], opt, runtime=trial_runtime
+            )
+            now = torch.isfinite(result.loss_sum.detach()).all()
+            finite = now if finite is None else finite & now
             return int(batch["num_real_tokens"])
 
         try:
             measured = measure_training_step(step, device=runtime.device, warmup=warmup, timed=timed)
             samples = sum(len(indices) for indices in batches) / len(batches)
             return dataclasses.replace(
-                measured, samples_per_micro_batch=samples, rows_per_micro_batch=sum(rows) / len(rows)
+                measured,
+                samples_per_micro_batch=samples,
+                rows_per_micro_batch=sum(rows) / len(rows),
+                loss_finite=finite is None or bool(finite),  # the trial's one read of the flag
             )
         finally:  # the optimizer state goes with this call's frame; bf16 weights back to their fp32 masters
             opt.optimizer.zero_grad(set_to_none=True)
