@@ -19,7 +19,23 @@ def tokenized(bpe_tokenizer, sample_texts):
     return tokenized_splits(bpe_tokenizer, sample_texts)
 
 
-def test_a_worker_error_ends_the_run_with_that_error_in_one_line(tmp_path, bpe_tokenizer, tokenized):
+def _temporary_folder(tmp_path, monkeypatch) -> Path:
+    """This process's temporary folder (``tempfile``'s), where the elastic launcher made its log folder
+    (``torchelastic_*``) when given none."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_a_worker_error_ends_the_run_with_that_error_in_one_line(
+    tmp_path, bpe_tokenizer, tokenized, monkeypatch
+):
+    """The worker's own message comes back through its error file, in the launch's log folder, which the
+    launch removes when it ends: nothing left in the temporary folder or beside the model folder."""
+    temporary = _temporary_folder(tmp_path, monkeypatch)
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "COMPLETE").write_text("{not json")
@@ -27,11 +43,14 @@ def test_a_worker_error_ends_the_run_with_that_error_in_one_line(tmp_path, bpe_t
     with pytest.raises(WorkerFailedError, match=r"training worker rank \d of 2 failed: .*broken") as caught:
         launch(params, bpe_tokenizer, tokenized, tmp_path)
     assert "\n" not in str(caught.value) and caught.value.exit_code == 2  # a user error keeps its status
+    assert not list(temporary.glob("torchelastic_*")) and not list(tmp_path.glob(".launch-*"))
 
 
-def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tokenized):
+def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tokenized, monkeypatch):
+    """... and leaves no log folder behind (``torchelastic_*`` in the temporary folder, one a launch)."""
     import signal
 
+    temporary = _temporary_folder(tmp_path, monkeypatch)
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     launch(
         job_params(tmp_path, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None),
@@ -40,6 +59,7 @@ def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tok
         tmp_path,
     )
     assert {signum: signal.getsignal(signum) for signum in before} == before
+    assert not list(temporary.glob("torchelastic_*")) and not list(tmp_path.glob(".launch-*"))
 
 
 def test_each_worker_is_handed_a_few_bytes_whatever_the_jobs_size(tmp_path, bpe_tokenizer, monkeypatch):
@@ -77,8 +97,8 @@ def test_a_launch_removes_what_a_killed_launch_left_and_keeps_a_live_ones(
     tmp_path, bpe_tokenizer, monkeypatch
 ):
     """A launcher killed outright (the out-of-memory killer, kill -9) leaves its hand-over files beside the
-    model folder: the pickled job (its data) and the weights. The next launch there removes those of a
-    process that no longer runs, and keeps a running one's."""
+    model folder: the pickled job (its data), the weights and the log folder. The next launch there removes
+    those of a process that no longer runs, and keeps a running one's."""
     import datasets
     import torch.distributed.launcher.api as launcher_api
 
@@ -97,10 +117,13 @@ def test_a_launch_removes_what_a_killed_launch_left_and_keeps_a_live_ones(
     running = tmp_path / f".launch-{os.getppid()}-00c0ffee.job"
     for path in (*left, running):
         path.write_bytes(b"x")
+    logs = tmp_path / f".launch-{gone}-0badcafe.logs"  # its log folder: the workers' error files
+    (logs / "fastlm-run_x" / "attempt_0" / "0").mkdir(parents=True)
+    (logs / "fastlm-run_x" / "attempt_0" / "0" / "error.json").write_text("{}")
     rows = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]] * 4})
     with pytest.raises(Handed):
         launch(job_params(tmp_path, accum=1, nproc=2), bpe_tokenizer, (rows, rows), tmp_path)
-    assert not any(path.exists() for path in left) and running.exists()
+    assert not any(path.exists() for path in (*left, logs)) and running.exists()
 
 
 def _launch_recording(tmp_path, tokenizer, tokenized, method: str, name: str):

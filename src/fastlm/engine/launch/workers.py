@@ -52,6 +52,7 @@ import os
 import pickle
 import re
 import secrets
+import shutil
 import signal
 import sys
 import threading
@@ -102,7 +103,7 @@ def launch_workers(
     ``callback_factory`` (picklable) makes rank 0's loop callback inside the worker (e.g. MLflow metrics);
     ``start_method``: ``distributed.start_method`` (module docstring).
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -112,25 +113,29 @@ def launch_workers(
     _remove_stale_handovers(staging)
     handover = staging / f".launch-{os.getpid()}-{secrets.token_hex(4)}"
     weights, job_file = handover.with_suffix(".safetensors"), handover.with_suffix(".job")
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        run_id=f"fastlm-{secrets.token_hex(6)}",
-        max_restarts=0,
-        monitor_interval=monitor_interval_s,
-        start_method=_server_or_spawn(method, job),
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-    )
+    # the agent's log folder (each worker's error file): torch's default is a new /tmp/torchelastic_* folder
+    # at each launch, never removed
+    logs = handover.with_suffix(".logs")
+    start = _server_or_spawn(method, job)
     log.info(
-        "Launching %d training workers (elastic launcher, %s, c10d rendezvous on 127.0.0.1)",
-        nproc,
-        config.start_method,
+        "Launching %d training workers (elastic launcher, %s, c10d rendezvous on 127.0.0.1)", nproc, start
     )
     launched = time.time()
     try:
+        logs.mkdir(mode=0o700)
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=nproc,
+            rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:0",
+            run_id=f"fastlm-{secrets.token_hex(6)}",
+            max_restarts=0,
+            monitor_interval=monitor_interval_s,
+            start_method=start,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            logs_specs=DefaultLogsSpecs(log_dir=str(logs)),
+        )
         job = dataclasses.replace(job, data_identity=splits_identity(job))  # before the pickling
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         with _quiet_elastic_logs(), _own_signal_handlers(), _rendezvous_names_from_frames():
@@ -152,6 +157,7 @@ def launch_workers(
     finally:
         weights.unlink(missing_ok=True)
         job_file.unlink(missing_ok=True)
+        shutil.rmtree(logs, ignore_errors=True)  # the workers' error files were read into the error raised
 
 
 def _stopped_by(signal_name: str, job: TrainJob, nproc: int, *, since: float) -> FastlmError:
@@ -274,12 +280,12 @@ def _restore_pythonpath(value: str | None) -> None:
 # first it finds at a check (the lowest rank when several ended since the last), and the killed peer is the
 # cause; a worker failing this way waits two checks before it ends (``_worker``).
 _LOST_PEER = re.compile(r"(closed|reset) by peer|Broken pipe|remote process exited", re.IGNORECASE)
-_HANDOVER = re.compile(r"\.launch-(\d+)-[0-9a-f]+\.(job|safetensors)")
+_HANDOVER = re.compile(r"\.launch-(\d+)-[0-9a-f]+\.(job|safetensors|logs)")
 
 
 def _remove_stale_handovers(staging: Path) -> None:
-    """The hand-over files (job, weights) a launcher killed outright left in ``staging``: those of a process
-    that no longer runs are removed (a running one's, another run's launch, are kept)."""
+    """The hand-over files (job, weights) and log folder a launcher killed outright left in ``staging``: those
+    of a process that no longer runs are removed (a running one's, another run's launch, are kept)."""
     for path in staging.glob(".launch-*"):
         match = _HANDOVER.fullmatch(path.name)
         if match is None:
@@ -287,7 +293,10 @@ def _remove_stale_handovers(staging: Path) -> None:
         try:
             os.kill(int(match[1]), 0)
         except ProcessLookupError:
-            path.unlink(missing_ok=True)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
             log.info("removed %s, left by a launch whose process no longer runs", path.name)
         except (PermissionError, OverflowError):
             continue  # another user's running process, or an id too large to be one a launcher wrote
