@@ -477,3 +477,48 @@ def test_a_tuned_file_whose_values_have_the_wrong_type_is_one_line_naming_the_fi
     assert "--pipeline=tune" in message and "delete the file" in message, message
     assert (project / TUNED).read_bytes() == written
     assert sorted((path, path.stat().st_mtime_ns) for path in (project / "data").rglob("*")) == data
+
+
+@pytest.mark.parametrize(
+    ("key", "bad"),
+    [
+        ("device", ["cpu"]),
+        ("device", 1),
+        ("split.max_length", "48"),
+        ("split.max_length", 48.0),
+        ("tokenized data", {"digest": "abc"}),
+        ("model weights", ["abc"]),
+        ("train.runtime.precision", ["bf16"]),
+        ("train.model.lora.r", {"value": 16}),
+        ("train.model.lora.target_modules", [["q_proj"]]),
+    ],
+)
+def test_a_tune_record_value_of_another_type_is_one_line_naming_the_file_and_key(
+    tmp_path, monkeypatch, key, bad
+):
+    """A value of ``tune_measured_on`` edited by hand into another type than the tune writes (a list where
+    it writes a text, a text for ``split.max_length``, a mapping): one line naming the tuned file, the key
+    and the fix, as for the file's other keys. (The file was set aside with a warning naming a change that
+    was none: ``split.max_length 48 -> 48``.)"""
+    from fastlm.errors import ConfigError
+    from fastlm.pipelines.tune.record import RECORD_KEY
+
+    project, record = _project_and_record(tmp_path, monkeypatch)
+    assert key in record
+    tuned = {"train": {"batching": {"micro_batch_size": 4}}, RECORD_KEY: {**record, key: bad}}
+    (project / TUNED).write_text(yaml.safe_dump(tuned))
+    hook, catalog = _run(project / "conf", project)
+    with pytest.raises(ConfigError) as raised:
+        hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    message = str(raised.value)
+    assert TUNED in message and f"{RECORD_KEY}.{key}" in message and "\n" not in message, message
+    assert "--pipeline=tune" in message and "delete the file" in message, message
+
+
+def test_a_tune_record_of_the_types_the_tune_writes_is_not_refused(tmp_path, monkeypatch):
+    """The record as the tune writes it, lists of module names included, passes the type check."""
+    from fastlm.pipelines.tune.record import RECORD_KEY, check_tuned_file
+
+    _, record = _project_and_record(tmp_path, monkeypatch)
+    record = {**record, "train.model.lora.target_modules": ["q_proj", "v_proj"], "model weights": "ab12"}
+    check_tuned_file(TUNED, {"train": {"batching": {"micro_batch_size": 4}}, RECORD_KEY: record})

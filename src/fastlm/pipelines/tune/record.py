@@ -72,9 +72,23 @@ TUNED_TYPES: dict[tuple[str, ...], tuple[str, bool]] = {
     (ACCUMULATION_KEY, "samples_per_micro_batch"): (_NUMBER, True),
 }
 _GROUPS = (("train",), ("train", "batching"), ("train", "model"), (RECORD_KEY,), (ACCUMULATION_KEY,))
+# the record's entries of one type whatever the settings (``measured_on``); its train.* settings are each a
+# null, true/false, number or text (``_SETTING``), a list of texts only where the setting is one
+_LIST, _SETTING = "a list of texts", "a null, true/false, number or text"
+RECORD_TYPES: dict[str, tuple[str, bool]] = {
+    "model weights": (_TEXT, True),
+    DATA_KEY: (_TEXT, True),
+    "split.max_length": (_COUNT, False),
+    "device": (_TEXT, False),
+}
+LIST_SETTINGS = ("train.model.lora.target_modules", "train.model.lora.modules_to_save")
 
 
 def _of_type(value: Any, kind: str) -> bool:
+    if kind == _SETTING:
+        return value is None or isinstance(value, bool | int | float | str)
+    if kind == _LIST:
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
     if isinstance(value, bool):  # true / false is no number
         return False
     if kind == _COUNT:
@@ -88,8 +102,10 @@ def check_tuned_file(where: str, tuned: Any) -> None:
     """Refuse in one line naming the tuned file ``where``, the key and the fix a value of ``tuned`` (its
     contents) of another type than the tune writes (``micro_batch_size: "4"``, a list, ``processes: 1.0``,
     ``true`` for a number, null): a hand edit the train run would read as another value than the file's,
-    or fail on. A key the file does not hold is not checked (an older version's file, or a setting not
-    tuned)."""
+    or fail on; or a value of its record (``tune_measured_on``) of another type than ``measured_on`` writes
+    (a list where it writes a text, a text for ``split.max_length``, a mapping), which the train run would
+    take for other settings and set the file aside, naming a change that is none. A key the file does not
+    hold is not checked (an older version's file, or a setting not tuned)."""
     if not isinstance(tuned, Mapping):
         return
     fix = f"run `kedro run --pipeline=tune` again, or delete the file {where}."
@@ -109,6 +125,18 @@ def check_tuned_file(where: str, tuned: Any) -> None:
             f"{' or null' if nullable else ''}.",
             fix=fix,
         )
+    record = _get(tuned, (RECORD_KEY,))
+    for key, value in record.items() if isinstance(record, Mapping) else ():
+        kind, nullable = RECORD_TYPES.get(key, (_SETTING, False))
+        if key in LIST_SETTINGS and isinstance(value, list):
+            kind = _LIST
+        if (value is None and nullable) or _of_type(value, kind):
+            continue
+        raise ConfigError(
+            f"{where}: {RECORD_KEY}.{key} is {_shown_type(value)}, where the tune writes {kind}"
+            f"{' or null' if nullable else ''}.",
+            fix=fix,
+        )
 
 
 def _shown_type(value: Any) -> str:
@@ -120,6 +148,7 @@ def _shown_type(value: Any) -> str:
         list: "a list",
         float: "a decimal number",
         int: "a whole number",
+        dict: "a mapping",
     }
     return f"{value!r} ({kind.get(type(value), type(value).__name__)})"
 
