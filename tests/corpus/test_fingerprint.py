@@ -104,3 +104,34 @@ def test_a_split_of_nested_columns_digests_alike_whatever_its_chunks():
     regrouped = [dict(row) for row in rows]
     regrouped[1]["answer_spans"] = [[1, 2, 3, 4]]
     assert tokenized_digests({"train": datasets.Dataset.from_list(regrouped)}) != whole
+
+
+def test_split_digest_hashes_rows_in_bounded_chunks_as_the_whole_frame(bpe_tokenizer, monkeypatch):
+    # A million-row split hashed at once held every text again as Python objects and bytes (+0.9 GB at
+    # 1M short texts): the digest is taken over chunks of rows, and must not change (earlier runs' data)
+    import hashlib
+
+    import pandas as pd
+
+    from fastlm.corpus import fingerprint
+    from fastlm.corpus.config import parse_split_params
+    from fastlm.corpus.split_steps import split_fingerprint
+
+    splits = pd.DataFrame(
+        {
+            "text": [f"텍스트 {index} text" for index in range(50)],
+            "split": pd.Categorical(["train", "test"] * 25, categories=["train", "validation", "test"]),
+        }
+    )
+    whole = hashlib.sha256(pd.util.hash_pandas_object(splits, index=False).to_numpy().tobytes()).hexdigest()
+    seen = []
+    hash_rows = pd.util.hash_pandas_object
+    monkeypatch.setattr(fingerprint, "HASH_CHUNK_ROWS", 7, raising=False)
+    monkeypatch.setattr(
+        pd.util,
+        "hash_pandas_object",
+        lambda part, **kwargs: seen.append(len(part)) or hash_rows(part, **kwargs),
+    )
+    digest = split_fingerprint(splits, bpe_tokenizer, parse_split_params({"max_length": 64}))["data_sha256"]
+    assert digest == whole
+    assert max(seen) <= 7 and sum(seen) == len(splits)

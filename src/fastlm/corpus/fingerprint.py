@@ -15,6 +15,9 @@ from typing import Any
 from fastlm.corpus.tokenizer_source import settings_changes
 from fastlm.errors import InputDataError, StaleDataError
 
+# Rows hashed at a time for the split's data digest (``rows_digest``): hashing a million texts at once holds
+# each again as a Python object and its bytes (about 0.9 GB); a row's hash depends on that row alone.
+HASH_CHUNK_ROWS = 65_536
 FORMAT_VERSION = 1  # bump when tokenization itself changes (e.g. how EOS or truncation work)
 REFRESH = (
     "run `kedro run --pipeline=split` to re-tokenize with these settings (it overwrites the stale data), or "
@@ -129,6 +132,18 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
         "truncation": "prompt_left_first",
         "completion_only": True,
     }
+
+
+def rows_digest(frame) -> str:
+    """SHA-256 of ``frame``'s row hashes (``pandas.util.hash_pandas_object``, index left out), taken over
+    ``HASH_CHUNK_ROWS`` rows at a time: the digest of the whole frame hashed at once, in bounded memory."""
+    import pandas as pd
+
+    digest = hashlib.sha256()
+    for start in range(0, len(frame), HASH_CHUNK_ROWS):
+        part = frame.iloc[start : start + HASH_CHUNK_ROWS]
+        digest.update(pd.util.hash_pandas_object(part, index=False).to_numpy().tobytes())
+    return digest.hexdigest()
 
 
 def make_fingerprint(

@@ -6,7 +6,6 @@ written (``fastlm.errors.InputDataError``)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import numpy as np
@@ -14,7 +13,7 @@ import pandas as pd
 
 from fastlm.corpus.chat_template import has_chat_template, unread_variables
 from fastlm.corpus.cleaning import clean_texts
-from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, selection_params
+from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, rows_digest, selection_params
 from fastlm.corpus.pretokenized import id_texts, parse_id_texts
 from fastlm.corpus.prompts import (
     SYSTEM_TURN,
@@ -296,11 +295,10 @@ def split_fingerprint(splits: pd.DataFrame, tokenizer, config, system_prompt: st
     """The fingerprint of the tokenized ``splits`` (``fingerprint.make_fingerprint``: the rows, the tokenizer
     and the settings that made them), with the system turn every training chat begins with, for predict and
     the report to ask the model as it was trained."""
-    row_hashes = pd.util.hash_pandas_object(splits, index=False).to_numpy()
     fingerprint = make_fingerprint(
         tokenizer,
         config.max_length,
-        data_digest=hashlib.sha256(row_hashes.tobytes()).hexdigest(),
+        data_digest=rows_digest(splits),
         data_format=data_format_params(config, tokenizer),
         selection=selection_params(config),
         folds=config.folds,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import multiprocessing
 import os
 from collections.abc import Sequence
@@ -259,7 +260,7 @@ def _encode_chunk(chunk: Sequence[str], eos: int, max_length: int | None, add_sp
 
 def _ids_to_arrays(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    values = np.fromiter((token for row in rows for token in row), dtype=np.int32, count=int(lengths.sum()))
+    values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
     return values, lengths
 
 
