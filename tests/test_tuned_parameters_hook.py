@@ -522,3 +522,89 @@ def test_a_tune_record_of_the_types_the_tune_writes_is_not_refused(tmp_path, mon
     _, record = _project_and_record(tmp_path, monkeypatch)
     record = {**record, "train.model.lora.target_modules": ["q_proj", "v_proj"], "model weights": "ab12"}
     check_tuned_file(TUNED, {"train": {"batching": {"micro_batch_size": 4}}, RECORD_KEY: record})
+
+
+H100 = "cuda (NVIDIA H100 80GB HBM3, 79 GiB)"
+
+
+def _on_card(tmp_path, monkeypatch, *, limit, card: str, memory_gb: float, float8_cores: bool = True):
+    """A tuned file (micro-batch 4) tuned on an H100 with ``tune.memory_limit_gb: limit`` (None: none), read
+    by a train run on ``card`` of ``memory_gb`` (fake names and memory: the device calls stand in), and the
+    micro-batch the run trains with."""
+    import fastlm.pipelines.tune.record as tune_record
+    from fastlm.engine.config import TrainParams
+    from fastlm.pipelines.tune.record import RECORD_KEY, measured_on
+
+    project, record = _project_and_record(tmp_path, monkeypatch)
+    train = TrainParams.model_validate(_run(project / "conf", project)[1].load("params:train"))
+    tuned_on = measured_on(
+        train,
+        max_length=record["split.max_length"],
+        data=None,
+        device=H100,
+        memory_limit_gb=limit,
+        float8_cores=True,
+    )
+    (project / TUNED).write_text(
+        yaml.safe_dump({"train": {"batching": {"micro_batch_size": 4}}, RECORD_KEY: tuned_on})
+    )
+    monkeypatch.setattr(tune_record, "device_description", lambda requested: card)
+    monkeypatch.setattr(tune_record, "device_memory_gb", lambda requested: memory_gb)
+    monkeypatch.setattr(tune_record, "float8_tensor_cores", lambda requested: float8_cores)
+    hook, catalog = _run(project / "conf", project)
+    hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    return catalog.load("params:train")["batching"]["micro_batch_size"]
+
+
+@pytest.mark.parametrize("memory_gb", [24.0, 79.6])
+def test_a_file_tuned_under_a_memory_limit_applies_on_a_card_of_at_least_that_memory(
+    tmp_path, monkeypatch, memory_gb
+):
+    """``tune.memory_limit_gb: 24`` on an H100, to tune for a 24 GB card: on a CUDA card of 24 GB or more it
+    is applied, and the line applying it says it was tuned on the H100 limited to 24 GB. (The record's
+    device, the H100, was compared as a whole: the file was set aside on the very card it was tuned for.)"""
+    lines = _lines(monkeypatch)
+    card = "cuda (NVIDIA GeForce RTX 4090, 24 GiB)" if memory_gb < 30 else H100
+    assert _on_card(tmp_path, monkeypatch, limit=24, card=card, memory_gb=memory_gb) == 4
+    said = [line for line in lines if "is in effect" in line]
+    assert len(said) == 1 and f"tuned on {H100} limited to 24 GB" in said[0], lines
+    assert not any("not applied" in line for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("card", "memory_gb", "float8_cores", "named"),
+    [
+        ("cuda (NVIDIA A10, 22 GiB)", 22.49, False, "22.49 GB, less than the 24 GB"),
+        ("cuda (NVIDIA A10, 22 GiB)", 23.99, True, "tune.memory_limit_gb: 23.99"),
+        ("cpu", 500.0, False, f"device {H100} -> cpu"),
+        ("cuda (NVIDIA A100-SXM4-40GB, 39 GiB)", 39.4, False, "float8 tensor cores"),
+    ],
+    ids=["less-memory", "just-under", "other-kind", "no-float8-cores"],
+)
+def test_a_file_tuned_under_a_memory_limit_is_set_aside_where_that_limit_does_not_hold(
+    tmp_path, monkeypatch, card, memory_gb, float8_cores, named
+):
+    """The same file on a card of less memory than the limit, on another kind of device, or on a card
+    without the float8 tensor cores its ``float8: auto`` measured with (other activation memory): not
+    applied, one warning naming why."""
+    lines = _lines(monkeypatch)
+    base = _on_card(
+        tmp_path, monkeypatch, limit=24, card=card, memory_gb=memory_gb, float8_cores=float8_cores
+    )
+    assert base != 4
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and named in warned[0], lines
+    assert not any("is in effect" in line for line in lines), lines
+
+
+def test_a_file_tuned_without_a_limit_applies_on_its_own_card_only(tmp_path, monkeypatch):
+    """Without ``tune.memory_limit_gb`` the record names the card alone, as before: another card of more
+    memory sets it aside; its own card applies it, without a word of a limit."""
+    lines = _lines(monkeypatch)
+    other = "cuda (NVIDIA H200, 139 GiB)"
+    assert _on_card(tmp_path / "other", monkeypatch, limit=None, card=other, memory_gb=139.8) != 4
+    assert any("not applied" in line and f"device {H100} -> {other}" in line for line in lines), lines
+    lines.clear()
+    assert _on_card(tmp_path / "own", monkeypatch, limit=None, card=H100, memory_gb=79.6) == 4
+    said = [line for line in lines if "is in effect" in line]
+    assert len(said) == 1 and "limited to" not in said[0], lines

@@ -57,8 +57,10 @@ def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_projec
 
 def test_max_minutes_stops_the_measurement_and_the_choice_comes_from_what_was_measured(kedro_project):
     """A limit already past when the measurement starts: the first mode's first size only (each ladder's
-    first size always runs), the next size and the second mode left out and said so, that size chosen."""
-    params = {"split": SPLIT, "train": TRAIN, "tune": {"max_micro_batch_size": 4, "max_minutes": 1e-6}}
+    first size always runs), the next size and the second mode left out and said so, that size chosen. Tuned
+    under ``tune.memory_limit_gb``, the file records the limit (for a card of this kind with that memory)."""
+    tune = {"max_micro_batch_size": 4, "max_minutes": 1e-6, "memory_limit_gb": 2}
+    params = {"split": SPLIT, "train": TRAIN, "tune": tune}
     run_pipeline(kedro_project, "split", params)
     run_pipeline(kedro_project, "tune", params)
     trials = pd.read_csv(kedro_project / "data/08_reporting/tune_trials.csv")
@@ -68,6 +70,7 @@ def test_max_minutes_stops_the_measurement_and_the_choice_comes_from_what_was_me
     ]
     tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
     assert tuned["train"]["batching"]["micro_batch_size"] == 1
+    assert tuned["tune_measured_on"]["device memory limit GB"] == 2
     explanation = json.loads((kedro_project / "data/08_reporting/tune_choice.json").read_text())[
         "explanation"
     ]

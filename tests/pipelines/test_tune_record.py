@@ -129,3 +129,36 @@ def test_a_copied_base_folder_keeps_its_weights_identity_and_rewritten_weights_l
     assert weights_identity(str(tmp_path / "copy")) == before
     rewrite_weights_keeping_time(base)
     assert weights_identity(str(base)) != before
+
+
+def test_a_record_under_a_memory_limit_holds_it_and_one_without_holds_what_it_held_before():
+    """``tune.memory_limit_gb`` and the float8 tensor cores measured with (where float8 may train) are
+    recorded under a limit only: a record without a limit has the keys it had (files of older versions
+    compare equal). A hand-edited limit of another type is one line naming the key."""
+    import pytest
+
+    from fastlm.errors import ConfigError
+    from fastlm.pipelines.tune.record import (
+        FLOAT8_KEY,
+        LIMIT_KEY,
+        RECORD_KEY,
+        check_tuned_file,
+        measured_on,
+    )
+
+    train = TrainParams.model_validate({})
+    plain = measured_on(train, max_length=48, data="abc", device="cpu")
+    assert LIMIT_KEY not in plain and FLOAT8_KEY not in plain
+    limited = measured_on(
+        train, max_length=48, data="abc", device="cuda (X, 79 GiB)", memory_limit_gb=24, float8_cores=True
+    )
+    assert limited[LIMIT_KEY] == 24 and limited[FLOAT8_KEY] is True
+    assert {key: value for key, value in limited.items() if key not in (LIMIT_KEY, FLOAT8_KEY)} == {
+        **plain,
+        "device": "cuda (X, 79 GiB)",
+    }
+    off = TrainParams.model_validate({"runtime": {"float8": "off"}})
+    assert FLOAT8_KEY not in measured_on(off, max_length=48, data="abc", device="cuda", memory_limit_gb=24)
+    for key, bad in ((LIMIT_KEY, "24"), (LIMIT_KEY, True), (FLOAT8_KEY, "yes")):
+        with pytest.raises(ConfigError, match=f"{RECORD_KEY}.{key}"):
+            check_tuned_file("t.yml", {RECORD_KEY: {**limited, key: bad}})

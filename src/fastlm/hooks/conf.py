@@ -339,13 +339,15 @@ class TunedParametersHook:
         """Whether the tuned file ``tuned`` (read from ``where``) applies: measured on the settings now (and,
         with ``data``, the tokenized data in the catalog: with ``split``, the data this run's split wrote),
         said so once that is known; else one warning and ``params:train`` without it (``untuned``)."""
-        from fastlm.pipelines.tune.record import DATA_KEY, RECORD_KEY, what_changed
+        from fastlm.pipelines.tune.record import DATA_KEY, RECORD_KEY, limited_device, tuned_for, what_changed
 
         recorded, now = tuned.get(RECORD_KEY), _measured_now(untuned, catalog)
         if not data and isinstance(recorded, dict):  # the data is compared once this run's split wrote it
             recorded = {key: value for key, value in recorded.items() if key != DATA_KEY}
             now.pop(DATA_KEY, None)
-        changed = what_changed(recorded, now)
+        # tuned under tune.memory_limit_gb: for a device of its kind with that much memory, not its own card
+        device = limited_device(recorded, now, requested=GROUPS["train"].parse(untuned).runtime.device)
+        changed = "; ".join(filter(None, [device, what_changed(recorded, now)]))
         if changed:
             log.warning(
                 "%s is not applied: it was measured on other settings (%s)%s; run "
@@ -373,9 +375,11 @@ class TunedParametersHook:
         if processes is None:
             put(catalog, "params:train", untuned)
             return False
+        limited = tuned_for(recorded)
         log.info(
-            "%s is in effect (from `kedro run --pipeline=tune`): %s%s%s; delete it to go back to conf/base",
+            "%s is in effect (from `kedro run --pipeline=tune`%s): %s%s%s; delete it to go back to conf/base",
             where,
+            f", {limited}" if limited else "",
             given or "no batching settings",
             f" (--params or a later file overrides it: {overridden})" if overridden else "",
             f"; {processes}" if processes else "",

@@ -173,6 +173,9 @@ def tune_micro_batch(
         max_length=max_length,
         data=data_identity(fingerprint),
         device=record.device_description(str(runtime.device)),
+        # under a limit the file is for a card of this kind with that much memory, not this card alone
+        memory_limit_gb=settings.memory_limit_gb,
+        float8_cores=record.float8_tensor_cores(str(runtime.device)) if settings.memory_limit_gb else None,
     )
     # a train run on another process count divides the accumulation to keep the target (hooks.conf)
     tuned[record.ACCUMULATION_KEY] = record.accumulation_record(

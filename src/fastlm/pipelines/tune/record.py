@@ -18,6 +18,9 @@ from fastlm.errors import ConfigError
 RECORD_KEY = "tune_measured_on"  # top-level key of the tuned parameters file
 ACCUMULATION_KEY = "tune_accumulation"  # top-level key: the process count the tuned accumulation is for
 DATA_KEY = "tokenized data"  # the record's entry of the tokenized data (``data_identity``)
+# the record's entries of a tune under ``tune.memory_limit_gb`` (none without a limit: the record as before)
+LIMIT_KEY = "device memory limit GB"  # the limit: the file applies on a device of its kind with this much
+FLOAT8_KEY = "device float8 tensor cores"  # where float8 may train: whether the tuned card had them
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # settings of train the tune's measurement depends on besides train.model (every key of it)
 RUNTIME_KEYS = (
@@ -60,7 +63,7 @@ OTHER_KEYS = (
 
 # what a train run reads of the tuned file besides its train settings' values, with the types the tune writes
 # them in (None: null is written): a value of another type is a hand edit that would be read as another value
-_COUNT, _NUMBER, _TEXT = "a whole number", "a number", "a text"
+_COUNT, _NUMBER, _TEXT, _BOOL = "a whole number", "a number", "a text", "true/false"
 TUNED_TYPES: dict[tuple[str, ...], tuple[str, bool]] = {
     ("train", "batching", "mode"): (_TEXT, False),
     ("train", "batching", "micro_batch_size"): (_COUNT, False),
@@ -80,6 +83,8 @@ RECORD_TYPES: dict[str, tuple[str, bool]] = {
     DATA_KEY: (_TEXT, True),
     "split.max_length": (_COUNT, False),
     "device": (_TEXT, False),
+    LIMIT_KEY: (_NUMBER, False),
+    FLOAT8_KEY: (_BOOL, False),
 }
 LIST_SETTINGS = ("train.model.lora.target_modules", "train.model.lora.modules_to_save")
 
@@ -89,6 +94,8 @@ def _of_type(value: Any, kind: str) -> bool:
         return value is None or isinstance(value, bool | int | float | str)
     if kind == _LIST:
         return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if kind == _BOOL:
+        return isinstance(value, bool)
     if isinstance(value, bool):  # true / false is no number
         return False
     if kind == _COUNT:
@@ -168,17 +175,32 @@ def weights_identity(name_or_path: str | None) -> str | None:
     return folder_identity(name_or_path, WEIGHT_SUFFIXES)
 
 
-def measured_on(train, *, max_length: int, data: str | None, device: str) -> dict[str, Any]:
+def measured_on(
+    train,
+    *,
+    max_length: int,
+    data: str | None,
+    device: str,
+    memory_limit_gb: float | None = None,
+    float8_cores: bool | None = None,
+) -> dict[str, Any]:
     """The record (flat: a setting's dotted name, its value) of what a tune measures on: ``train`` (validated
     ``TrainParams``, without the tuned file's settings: gradient checkpointing as asked for, ``auto``
     included), the split's ``max_length`` and tokenized ``data`` identity (``data_identity``), the
-    ``device`` (``device_description``)."""
+    ``device`` (``device_description``). A tune under ``tune.memory_limit_gb`` also records the limit and,
+    where float8 may train (``train.runtime.float8`` not ``off``), whether the card had float8 tensor cores
+    (``float8_cores``: float8 matmuls hold other activations): the file is for a card of its kind with that
+    much memory (``limited_device``)."""
     record: dict[str, Any] = {
         "model weights": weights_identity(train.model.name_or_path),
         DATA_KEY: data,
         "split.max_length": max_length,
         "device": device,
     }
+    if memory_limit_gb is not None:
+        record[LIMIT_KEY] = memory_limit_gb
+        if train.runtime.float8 != "off":
+            record[FLOAT8_KEY] = bool(float8_cores)
     model = _flat(train.model.model_dump(mode="json"), "train.model")
     record.update({key: value for key, value in model.items() if key not in NOT_MEASURED})
     record["train.model.name_or_path"] = folder_named(train.model.name_or_path)
@@ -212,6 +234,81 @@ def device_description(requested: str) -> str:
     index = device.index if device.index is not None else torch.cuda.current_device()
     properties = torch.cuda.get_device_properties(index)
     return f"cuda ({properties.name}, {properties.total_memory / 2**30:.0f} GiB)"
+
+
+def device_kind(description: str) -> str:
+    """``cuda``, ``cpu`` or ``mps`` of a recorded device (``cuda (NVIDIA A10, 22 GiB)``, ``cuda:1``)."""
+    return description.split(" (", 1)[0].split(":", 1)[0]
+
+
+def device_memory_gb(requested: str) -> float | None:
+    """The memory of the device ``train.runtime.device`` resolves to here, in GB of 2**30 bytes (as
+    ``tune.memory_limit_gb``): the GPU's, the host's on CPU and MPS (shared); None where unknown."""
+    from fastlm.engine.observe.metrics import device_memory_mb
+    from fastlm.engine.runtime.environment import resolve_device
+
+    total = device_memory_mb(resolve_device(requested))
+    return None if total is None else total / 1024
+
+
+def float8_tensor_cores(requested: str) -> bool:
+    """Whether the device ``train.runtime.device`` resolves to here has float8 tensor cores (CUDA compute
+    capability 8.9 or more), where ``train.runtime.float8`` may train in float8."""
+    import torch
+
+    from fastlm.engine.runtime.environment import resolve_device
+    from fastlm.engine.runtime.float8 import MIN_CAPABILITY
+
+    device = resolve_device(requested)
+    return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= MIN_CAPABILITY
+
+
+def limited_device(recorded: Any, now: dict[str, Any], *, requested: str) -> str | None:
+    """For a record of a tune under ``tune.memory_limit_gb`` (``LIMIT_KEY``): the device ``requested``
+    (``train.runtime.device``) here is what was tuned for where it is of the recorded kind (CUDA, CPU, MPS)
+    with at least the limit's memory; ``now`` (``measured_on`` here) then takes the recorded device and
+    limit, and this card's float8 tensor cores where recorded (``what_changed`` names them if they differ:
+    float8 matmuls hold other activations). Returns the phrase saying why the device is not what was tuned
+    for (``now`` then compared on the rest), or None. A record without a limit: None, ``now`` untouched (its
+    device is compared whole)."""
+    if not isinstance(recorded, Mapping) or not isinstance(recorded.get(LIMIT_KEY), int | float):
+        return None
+    tuned_on, limit, here = str(recorded.get("device")), recorded[LIMIT_KEY], str(now.get("device"))
+    why = None
+    if device_kind(tuned_on) != device_kind(here):
+        why = f"device {tuned_on} -> {here}"
+    else:
+        try:
+            memory = device_memory_gb(requested)
+        except Exception:  # noqa: BLE001 - a device that is not there: the training run says so itself
+            memory = None
+        if memory is None or memory < limit:
+            has = "an unknown memory" if memory is None else f"{memory:.2f} GB"
+            most = (
+                ""
+                if memory is None
+                else f" - tune with tune.memory_limit_gb: {math.floor(memory * 100) / 100:g}"
+            )
+            why = (
+                f"this device, {here}, has {has}, less than the {limit:g} GB of tune.memory_limit_gb it was "
+                f"tuned under on {tuned_on}{most}"
+            )
+    now.update({"device": tuned_on, LIMIT_KEY: limit})
+    if FLOAT8_KEY in recorded and why is None:
+        try:
+            now[FLOAT8_KEY] = float8_tensor_cores(requested)
+        except Exception:  # noqa: BLE001 - as above
+            now[FLOAT8_KEY] = None
+    elif FLOAT8_KEY in recorded:
+        now[FLOAT8_KEY] = recorded[FLOAT8_KEY]
+    return why
+
+
+def tuned_for(recorded: Any) -> str | None:
+    """``tuned on <card> limited to <N> GB`` for a record of a tune under ``tune.memory_limit_gb``."""
+    if not isinstance(recorded, Mapping) or not isinstance(recorded.get(LIMIT_KEY), int | float):
+        return None
+    return f"tuned on {recorded.get('device')} limited to {recorded[LIMIT_KEY]:g} GB"
 
 
 def what_changed(recorded: Any, current: Mapping[str, Any]) -> str | None:
