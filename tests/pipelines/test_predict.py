@@ -1210,6 +1210,17 @@ def test_an_input_of_no_row_is_refused_in_one_line_leaving_the_last_predictions(
     assert "none.csv" in message and "no row" in message, message
 
 
+@pytest.mark.parametrize(("name", "content"), [("blank.jsonl", "\n"), ("none.json", "[]")])
+@pytest.mark.parametrize("column", [{"prompt_column": "dialogue"}, {}], ids=["named", "the-models"])
+def test_an_input_of_no_row_and_no_column_is_refused_as_no_row(project, name, content, column):
+    """A JSON Lines file of a blank line or a JSON file of an empty list: no row, so no column either. It
+    was refused as having no column ``'dialogue'``, ``its columns are []``, with the fix to name one of
+    them (there are none); it is refused as holding no row, before the model is loaded."""
+    (project / "data/01_raw" / name).write_text(content, encoding="utf-8")
+    message = _refusal(project, input=f"data/01_raw/{name}", max_new_tokens=2, **column)
+    assert name in message and "no row" in message and "column" not in message, message
+
+
 def test_an_input_refused_for_lengths_and_blanks_names_both_fixes(project):
     """Every row refused, some too long and some blank: the fix named only the blanks' (a non-empty text),
     which leaves the long ones refused. It names both."""

@@ -255,6 +255,16 @@ def predict_input_limit(model, params, trained: dict) -> int:
     return limit
 
 
+def refuse_an_input_of_no_row(table: pd.DataFrame, path: str) -> None:
+    """Refuse in one line an input ``path`` of no row (a CSV of its header only, a JSON Lines file of blank
+    lines, a JSON ``[]``): no column either where nothing names one, so no other line would say why."""
+    if len(table) == 0:
+        raise InputDataError(
+            f"{path} holds no row to ask; nothing was written.",
+            fix="give predict.input a file of at least one row.",
+        )
+
+
 def refuse_an_input_of_no_askable_row(
     rows: pd.DataFrame,
     path: str,

@@ -28,6 +28,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     params = parse_group("predict", predict_params)
     path = params.require_input()
     table = sources.read_input(path, id_column=params.id_column)
+    steps.refuse_an_input_of_no_row(table, path)  # before any column is looked for, or the model loaded
     trained = sources.load_model(params.model)
     training = sources.training_format(trained)
     chat_training = training if training is not None and training.get("kind") == "messages" else None
