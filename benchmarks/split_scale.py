@@ -26,10 +26,10 @@ so far), "RSS now" its resident set when the stage ends, "workers" the largest f
 ``ru_maxrss``; "CPU s" counts this process and its workers.
 
 Checks (after the run, not timed): the split report's dropped duplicates and blanks equal an independent
-count of the corpus (NFC + strip, then Python's ``set``), the report's raw rows are the corpus's rows (a
-one-column CSV line of spaces alone is skipped by pandas' reader: "unread" counts such rows), every kept
-text appears once, and with ``--append`` a second run on the corpus plus 10 % new rows puts every earlier
-text in the same split.
+count of the corpus (NFC + strip, then Python's ``set``), the report's raw rows are the corpus's rows
+("unread" counts rows the reader never returned: a one-column CSV line of spaces alone, once skipped by
+pandas), every kept text appears once, and with ``--append`` a second run on the corpus plus 10 % new rows
+puts every earlier text in the same split.
 """
 
 from __future__ import annotations

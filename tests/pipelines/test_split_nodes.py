@@ -431,3 +431,34 @@ def test_json_numbers_where_texts_are_asked_stay_non_string(tmp_path):
     (tmp_path / "numbers.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:-1]))
     with pytest.raises(InputDataError, match="'non_string': 6"):
         nodes.clean_corpus(_read_raw(tmp_path / "numbers.jsonl"), params)
+
+
+@pytest.mark.parametrize(("suffix", "encoding"), [("csv", "utf-8"), ("tsv", "utf-8"), ("csv", "cp949")])
+def test_a_csv_line_of_spaces_is_a_raw_row_counted_blank(tmp_path, suffix, encoding):
+    """pandas skips a line holding only spaces or tabs (skip_blank_lines): the split report counted 4,998 raw
+    rows of 5,000 lines written, those rows neither kept nor dropped. Every line of the file is a raw row, one
+    of white space alone dropped as whitespace_only (as a JSON Lines text of spaces); an empty line is no
+    row (the trailing one of a file either), and a quoted text holding such lines stays one row. A Korean
+    CP949 file (read from a UTF-8 copy in memory) likewise."""
+    word = "리뷰 번호" if encoding == "cp949" else "review number"
+    texts = [f"{word} {i} of the shop" for i in range(12)]
+    blank = " \t " if suffix == "csv" else "  "
+    body = [*texts[:4], "   ", texts[4], blank, *texts[5:], '"two lines\n   \nquoted"']
+    (tmp_path / f"spaces.{suffix}").write_text("text\n" + "\n".join(body) + "\n\n", encoding=encoding)
+    (tmp_path / f"plain.{suffix}").write_text("text\n" + "\n".join(texts) + "\n", encoding=encoding)
+    params = {**PARAMS, "text_column": "text"}
+    clean, counts = nodes.clean_corpus(_read_raw(tmp_path / f"spaces.{suffix}"), params)
+    assert counts["raw_rows"] == len(body) == 15, counts
+    assert counts["dropped"]["whitespace_only"] == 2 and sum(counts["dropped"].values()) == 2, counts
+    assert list(clean["text"]) == [*texts, "two lines\n   \nquoted"]
+    plain, plain_counts = nodes.clean_corpus(_read_raw(tmp_path / f"plain.{suffix}"), params)
+    assert list(plain["text"]) == texts and plain_counts["raw_rows"] == len(texts)
+
+
+def test_a_line_of_spaces_in_a_csv_of_numbers_is_one_row_read_as_written(tmp_path):
+    """The cells re-read as the file writes them (a column of numbers) are the rows of the table read: a line
+    of spaces is one row in both, before and after the header's blank lines alike."""
+    (tmp_path / "years.csv").write_text("\n  \nyear,id\n1990,1\n  \n2001,2\n\n007,3\n", encoding="utf-8")
+    clean, counts = nodes.clean_corpus(_read_raw(tmp_path / "years.csv"), {**PARAMS, "text_column": "year"})
+    assert list(clean["text"]) == ["1990", "2001", "007"]
+    assert counts["raw_rows"] == 4 and counts["dropped"]["whitespace_only"] == 1, counts

@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from fastlm.errors import InputDataError
@@ -165,10 +166,10 @@ def written_cells(path: str | Path, names: Sequence[str], parameter: str = RAW_P
     ``read_text_table`` reads the file (its encoding, its compression): text ("007" is not the number 7, "1e3"
     not 1000.0), a truly empty cell None."""
     path = Path(path)
-    written = pd.read_csv(
+    written = csv_rows(
         _text_source(path, parameter),
-        sep="\t" if check_table_path(path, parameter) == "tsv" else ",",
-        usecols=list(names),
+        "\t" if check_table_path(path, parameter) == "tsv" else ",",
+        list(names),
         dtype=str,
         keep_default_na=False,
         na_values=[""],
@@ -452,7 +453,82 @@ def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
     header = pd.read_csv(source, sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False)
     _refuse_repeated(header.iloc[0].tolist() if len(header) else [], path)
     # Only truly empty cells are missing: a text that reads "NA" or "null" stays a text.
-    return pd.read_csv(_rewound(source), sep=sep, keep_default_na=False, na_values=[""], low_memory=False)
+    return csv_rows(source, sep, keep_default_na=False, na_values=[""], low_memory=False)
+
+
+# A line of spaces and tabs alone, which pandas' CSV reader skips as blank (skip_blank_lines): after each line
+# end, or first (searched for one by one: a regex led by one character searches many times faster).
+SPACE_LINES = tuple(re.compile(start + rb"[ \t]+(?=[\r\n]|\Z)") for start in (rb"\A", rb"\n", rb"\r"))
+BLANK_LINES = {
+    sep: re.compile(rb"[" + blank + rb"]*(?:\r\n|\r|\n)") for sep, blank in ((",", b" \t"), ("\t", b" "))
+}
+
+
+def csv_rows(source, sep: str, columns: list[str] | None = None, **options) -> pd.DataFrame:
+    """The records of a CSV or TSV file (``pd.read_csv``'s ``options``; ``columns``: those alone), one row
+    each: a line of spaces or tabs alone too (a record of white space, which pandas skips as a blank line:
+    cleaning counts it ``whitespace_only``), an empty line none (nor the last line's newline), as Python's
+    ``csv`` reads them. A file without a line of white space alone is read by pandas alone."""
+    if not _has_space_line(source):
+        return pd.read_csv(_rewound(source), sep=sep, usecols=columns, **options)
+    skipped = _blank_lines_above(source, sep)  # before the rewind: it reads the source (a copy in memory too)
+    every = pd.read_csv(_rewound(source), sep=sep, skip_blank_lines=False, skiprows=skipped, **options)
+    every = _without_empty_lines(every, pd.read_csv(_rewound(source), sep=sep, **options))
+    return every if columns is None else every[columns]
+
+
+def _has_space_line(source) -> bool:
+    """Whether ``source`` has a line of spaces or tabs alone (anywhere: inside a quoted text too), read in
+    blocks of whole lines."""
+    rest = b""
+    with _open(source) as handle:
+        while True:
+            block = handle.read(_SCAN_BLOCK)
+            data = rest + block
+            cut = max(data.rfind(b"\n"), data.rfind(b"\r"), 0) if block else len(data)
+            data, rest = data[:cut], data[cut:]
+            if any(pattern.search(data) for pattern in SPACE_LINES):
+                return True
+            if not block:
+                return False
+
+
+def _blank_lines_above(source, sep: str) -> int:
+    """The blank lines above a CSV or TSV file's header (pandas skips them before it, as it reads no header;
+    a TSV line of tabs is a record)."""
+    with _open(source) as handle:
+        head = handle.read(CHUNK).removeprefix(b"\xef\xbb\xbf")
+    count = position = 0
+    while found := BLANK_LINES[sep].match(head, position):
+        count, position = count + 1, found.end()
+    return count
+
+
+def _without_empty_lines(every: pd.DataFrame, skipping: pd.DataFrame) -> pd.DataFrame:
+    """``every`` (a file read with its blank lines, ``skip_blank_lines=False``) without the rows of its empty
+    lines. ``skipping`` (the file read without its blank lines) is ``every`` less its blank lines' rows: rows
+    of missing values alone, and rows whose first value alone is there, spaces or tabs. Between two other
+    rows, ``every`` holds the rows of missing values ``skipping`` holds there (records such as ``""``), and
+    one more for each empty line: as many are dropped, the first there (the same values)."""
+
+    def blank(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        rest_missing = frame.iloc[:, 1:].isna().all(axis=1).to_numpy()
+        first = frame.iloc[:, 0]
+        missing = first.isna().to_numpy() & rest_missing
+        spaces = first.map(lambda value: isinstance(value, str) and not value.strip(" \t"))
+        return missing, missing | (rest_missing & spaces.to_numpy(dtype=bool))
+
+    every_missing, every_blank = blank(every)
+    skipping_missing, skipping_blank = blank(skipping)
+    gaps = int((~every_blank).sum()) + 1
+    gap = np.cumsum(~every_blank)[every_missing]  # the blank rows after the same other row share a number
+    extra = (
+        np.bincount(gap, minlength=gaps)
+        - np.bincount(np.cumsum(~skipping_blank)[skipping_missing], minlength=gaps)[:gaps]
+    )
+    rank = pd.Series(gap).groupby(gap).cumcount().to_numpy()
+    dropped = np.flatnonzero(every_missing)[rank < extra[gap]]
+    return every.drop(index=every.index[dropped]).reset_index(drop=True)
 
 
 def _read_jsonl(source, path: Path) -> pd.DataFrame:
