@@ -13,6 +13,7 @@ from fastlm.hooks import (
     MlflowArtifactsHook,
     MlflowTrackingHook,
     ModelOfTheseSplitsHook,
+    OnlyMissingOutputsHook,
     OutputFoldersWritableHook,
     OutputsLockHook,
     ParametersValidHook,
@@ -66,6 +67,7 @@ HOOKS = (
     RunTrackerHook(),
     RunNameHook(),
     ProjectFolderHook(),  # called first: every path below is the project's
+    OnlyMissingOutputsHook(),  # tryfirst: --only-missing-outputs, the hooks see the nodes that will run
 )
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
     HOOKS = (
@@ -79,6 +81,7 @@ if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing a
         RunTrackerHook(),
         RunNameHook(),
         ProjectFolderHook(),
+        OnlyMissingOutputsHook(),
     )
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader

@@ -11,7 +11,10 @@ from kedro.framework.hooks.markers import HOOK_NAMESPACE
 from kedro.io import DataCatalog
 from pluggy import PluginManager
 
+from fastlm.errors import InputDataError
+from fastlm.hooks import OnlyMissingOutputsHook
 from fastlm.hooks.split_complete import SPLIT_COMPLETE, SplitCompleteHook
+from fastlm.pipelines import train
 from fastlm.pipelines.split import create_pipeline
 from tests.support.project import PROJECT_ROOT, write_jsonl
 
@@ -23,13 +26,14 @@ def _catalog():
     )
 
 
-def _run(hook, pipeline, run_params):
+def _run(hook, pipeline, run_params, *more_hooks):
     """The hooks Kedro calls, by keyword, for a run of ``pipeline`` that succeeds (each node's outputs saved
-    after it)."""
+    after it; the nodes of ``pipeline`` as the hooks leave it, as Kedro's runner runs them)."""
     manager = PluginManager(HOOK_NAMESPACE)
     for spec in (specs.NodeSpecs, specs.PipelineSpecs, specs.DatasetSpecs):
         manager.add_hookspecs(spec)
-    manager.register(hook)
+    for each in (hook, *more_hooks):
+        manager.register(each)
     catalog = _catalog()
     manager.hook.before_pipeline_run(run_params=run_params, pipeline=pipeline, catalog=catalog)
     for node in pipeline.nodes:
@@ -70,3 +74,55 @@ def test_a_partial_split_run_says_at_its_end_that_the_split_is_unfinished(
         _run(SplitCompleteHook(), create_pipeline(), {})  # the whole split: finished, nothing said
     assert not [record for record in caplog.records if record.levelno == logging.WARNING]
     assert (tmp_path / "data/05_model_input" / SPLIT_COMPLETE).exists()
+
+
+# Every file output of a finished split, as the catalog names it (what ``exists`` looks for)
+_SPLIT_FILES = {
+    "corpus_splits": "data/03_primary/corpus_splits.parquet",
+    "split_counts": "data/02_intermediate/split_counts.json",
+    "tokenizer": "data/06_models/tokenizer/tokenizer_config.json",
+    "tokenized_corpus": "data/05_model_input/tokenized_corpus/dataset_dict.json",
+    "tokenized_corpus_fingerprint": "data/05_model_input/tokenized_corpus_fingerprint.json",
+    "split_report": "data/08_reporting/split_report.json",
+    "split_summary": "data/08_reporting/split_summary.csv",
+}
+
+
+def _split_outputs(root, *, missing=(), finished=True):
+    for name, path in _SPLIT_FILES.items():
+        if name not in missing:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text("{}", encoding="utf-8")
+    (root / "data/05_model_input").mkdir(parents=True, exist_ok=True)
+    if finished:
+        (root / "data/05_model_input" / SPLIT_COMPLETE).write_text('{"outputs": [], "raw": null}\n', "utf-8")
+
+
+def test_only_missing_outputs_on_a_finished_split_runs_its_later_nodes_and_keeps_it_finished(
+    tmp_path, monkeypatch, caplog
+):
+    """`kedro run --pipeline=split --only-missing-outputs` with split_report.json gone: Kedro runs
+    tokenize_corpus and report_split (the length stats are held in memory), as `--from-nodes tokenize_corpus`.
+    Was: the hooks were handed the whole split, so the marker was removed and never written again (train then
+    refused the finished split) and the run warned "this run left out , so ..."."""
+    monkeypatch.chdir(tmp_path)
+    _split_outputs(tmp_path, missing=("split_report",))
+    pipeline = create_pipeline()
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        _run(OnlyMissingOutputsHook(), pipeline, {"only_missing_outputs": True}, SplitCompleteHook())
+    assert sorted(node.name for node in pipeline.nodes) == ["report_split", "tokenize_corpus"]
+    assert not [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert (tmp_path / "data/05_model_input" / SPLIT_COMPLETE).exists()
+
+
+def test_only_missing_outputs_does_not_train_on_an_unfinished_split(tmp_path, monkeypatch):
+    """`kedro run --only-missing-outputs` (split, then train) with the split's outputs all there but its
+    marker missing (a split stopped part way): Kedro skips the split's nodes and trains. Was: the hooks saw
+    the split's nodes in the run and let train read the unfinished split; now refused in one line, as
+    `--pipeline=train` is."""
+    monkeypatch.chdir(tmp_path)
+    _split_outputs(tmp_path, finished=False)
+    pipeline = create_pipeline() + train.create_pipeline()
+    with pytest.raises(InputDataError, match="split that did not finish"):
+        _run(OnlyMissingOutputsHook(), pipeline, {"only_missing_outputs": True}, SplitCompleteHook())
+    assert [node.name for node in pipeline.nodes] == ["train_model"]

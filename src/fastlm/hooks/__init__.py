@@ -18,6 +18,7 @@ from fastlm.hooks.catalog import (
     RUN_TRACKER,
     DatasetPathsHook,
     LoadVersionsHook,
+    OnlyMissingOutputsHook,
     RunTrackerHook,
     load_versions_error,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "MlflowArtifactsHook",
     "MlflowTrackingHook",
     "ModelOfTheseSplitsHook",
+    "OnlyMissingOutputsHook",
     "OutputFoldersWritableHook",
     "OutputsLockHook",
     "ParametersValidHook",

@@ -162,3 +162,32 @@ class LoadVersionsHook:
         error = load_versions_error(load_versions, conf_catalog or {}, resolve)
         if error is not None:
             raise error
+
+
+class OnlyMissingOutputsHook:
+    """``--only-missing-outputs`` (``only_missing_outputs=True`` of a session's run): the hooks see the
+    nodes that will run. Kedro hands the hooks the whole selected pipeline and drops the nodes whose
+    outputs exist in its runner only, so every check made on the run's nodes looked at nodes that did not
+    run: a split run of its later nodes removed the finished split's marker and never wrote it again ("this
+    run left out , ..."), and split then train trained on the outputs of a split that did not finish.
+    Called before every other hook's ``before_pipeline_run``, this narrows the pipeline (the object the
+    runner then runs, where Kedro's filter finds the same nodes again) to those Kedro's runner keeps, by
+    Kedro's own filter."""
+
+    @hook_impl(tryfirst=True)
+    def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        if not run_params.get("only_missing_outputs"):
+            return
+        from kedro.runner import SequentialRunner
+
+        try:
+            kept = SequentialRunner()._filter_pipeline_for_missing_outputs(pipeline, catalog)
+        except AttributeError as exc:  # a Kedro without it: the run's checks would miss the nodes it skips
+            raise ConfigError(
+                "--only-missing-outputs: this Kedro's runner has no filter fastlm can check the run against.",
+                fix="select the nodes to run with --nodes (or --from-nodes), or drop --only-missing-outputs.",
+            ) from exc
+        if {node.name for node in kept.nodes} != {node.name for node in pipeline.nodes}:
+            # the same object, the runner's, made the kept pipeline (its cached properties included)
+            vars(pipeline).clear()
+            vars(pipeline).update(vars(kept))
