@@ -126,3 +126,13 @@ def test_only_missing_outputs_does_not_train_on_an_unfinished_split(tmp_path, mo
     with pytest.raises(InputDataError, match="split that did not finish"):
         _run(OnlyMissingOutputsHook(), pipeline, {"only_missing_outputs": True}, SplitCompleteHook())
     assert [node.name for node in pipeline.nodes] == ["train_model"]
+
+
+def test_an_unfinished_split_refused_under_an_env_names_the_split_of_that_env(tmp_path, monkeypatch):
+    """`kedro run --pipeline=train --env quick` on an unfinished split. Was: the fix named `kedro run
+    --pipeline=split`, a split of conf/local's settings, whose data the quick train then refused as stale."""
+    monkeypatch.chdir(tmp_path)
+    _split_outputs(tmp_path, finished=False)
+    with pytest.raises(InputDataError, match="split that did not finish") as refused:
+        _run(SplitCompleteHook(), train.create_pipeline(), {"env": "quick"})
+    assert "kedro run --pipeline=split --env quick`" in str(refused.value), str(refused.value)

@@ -171,13 +171,19 @@ def _refuse_outputs_as_shards(raw: Path, catalog, outputs: set[str]) -> None:
             )
 
 
+def _whole_split_command(run_params: dict) -> str:
+    """The whole split under the run's ``--env`` (another environment's settings split other data)."""
+    command = "kedro run --pipeline=split"
+    if run_params.get("env"):
+        command += f" --env {shlex.quote(str(run_params['env']))}"
+    return command
+
+
 def _unfinished_split(marker: Path, left_out: list[str], run_params: dict) -> str:
     """The warning of a run of the split's first nodes only (``--to-nodes``, ``--nodes``): the split it
     leaves is unfinished, and the whole split finishes it (a run of the nodes left out reads unfinished
     outputs, which is refused)."""
-    command = "kedro run --pipeline=split"
-    if run_params.get("env"):
-        command += f" --env {shlex.quote(str(run_params['env']))}"
+    command = _whole_split_command(run_params)
     same = " with this run's --params" if run_params.get("runtime_params") else ""
     return (
         f"the split is not complete: this run left out {', '.join(left_out)}, so {project_name(marker)} "
@@ -247,7 +253,7 @@ class SplitCompleteHook:
             raise InputDataError(
                 f"{shown} come from a split that did not finish (or from an older fastlm): "
                 f"{self._marker} is missing, so newer and older split outputs may be mixed.",
-                fix="run `kedro run --pipeline=split` to write them all again.",
+                fix=f"run `{_whole_split_command(run_params)}` to write them all again.",
             )
         if read and RAW not in pipeline.inputs():
             given = (run_params.get("runtime_params") or {}).get("raw_path")
