@@ -74,7 +74,7 @@ def test_a_key_given_as_a_value_and_as_a_group_is_refused_as_a_config_error():
 def test_the_best_run_files_header_says_params_are_merged_as_the_cli_merges_them(given, tmp_path):
     """sweep_best_run.yml's header said a ``--params`` given with ``--config`` "replaces these parameters";
     the CLI merges them key by key (``run_params``): the header says so, and the run it heads does so."""
-    from fastlm.pipelines.sweep.nodes import best_run_header
+    from fastlm.sweep_training import best_run_header
 
     header = best_run_header("lr", "lr-2", "final_val_loss", "kedro run --config best.yml")
     assert "replaces" not in header and "key by key" in header

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from fastlm import sweep_training
 from fastlm.engine.checkpoint.resume import digest_differences, run_digest
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.observe.health import NonFiniteLossError
@@ -397,7 +398,7 @@ def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data
         kept["sweep_identity"]["data"] = "f"
         summary.write_text(json.dumps(kept))
     caplog.clear()  # the lines of the runs above, where INFO reached the log
-    with caplog.at_level("INFO", logger=nodes.__name__):
+    with caplog.at_level("INFO", logger=sweep_training.__name__):
         assert trained("other texts") == 2
     said = [record.getMessage() for record in caplog.records if "is trained again" in record.getMessage()]
     assert len(said) == 2 and all("data" in line for line in said), said

@@ -350,7 +350,7 @@ def test_reference_scores_of_a_run_on_prompt_response_data(bpe_tokenizer):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from fastlm.pipelines.sweep.nodes import reference_scores
+    from fastlm.sweep_training import reference_scores
     from tests.support.reporting import pair_frame
 
     torch.manual_seed(0)

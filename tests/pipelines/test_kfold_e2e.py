@@ -11,8 +11,8 @@ import pytest
 import yaml
 from demo_data.logkeys import VOCAB_SIZE, write_demo_logkeys
 
+from fastlm import sweep_training
 from fastlm.corpus.fingerprint import identity_of_test_split
-from fastlm.pipelines.sweep import nodes as sweep_nodes
 from tests.support.e2e import TRAIN as BASE_TRAIN
 from tests.support.e2e import own_experiment
 from tests.support.logs import module_log_lines
@@ -55,7 +55,7 @@ def test_two_fold_sweep_reports_mean_and_spread(kedro_project, mlflow_uri, monke
     assert list(folded["split"]) == list(plain["split"]) and set(folded.loc[~test, "fold"]) == {0, 1}
 
     # the folds come from the data: no split.folds needed, and another count in the conf is said, once
-    said = module_log_lines(monkeypatch, sweep_nodes)
+    said = module_log_lines(monkeypatch, sweep_training)
     run_pipeline(kedro_project, "sweep", {**params, "split": {**split, "folds": 5}})
     mismatch = [line for line in said if "split.folds = 5" in line]
     assert len(mismatch) == 1 and "split into 2 folds" in mismatch[0], said

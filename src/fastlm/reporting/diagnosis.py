@@ -44,6 +44,8 @@ rise needed) and ``compile-bound`` (the first step's share of the wall time: a s
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -51,7 +53,9 @@ from typing import NamedTuple
 import pandas as pd
 
 from fastlm.engine.observe.rates import timed_windows
-from fastlm.reporting.summaries import after_warmup, numeric, throughput
+from fastlm.reporting.summaries import TRAINING_ID, after_warmup, numeric, throughput
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "COMPILE_BOUND",
@@ -737,4 +741,23 @@ def epoch_eta(summary: dict, history: pd.DataFrame) -> dict:
         "train_tokens": tokens,
         "real_tokens_per_s": rate,
         "not_judged": None if judged else _too_few(steps),
+    }
+
+
+def diagnosis_record(summary: dict, history: pd.DataFrame) -> dict:
+    """``bottleneck_diagnosis``: every finding of :func:`diagnose` (the triggered ones said, each in a line
+    with what to do), the :func:`epoch_eta`, and which training it is of (the report refuses another's)."""
+    findings = diagnose(summary, history)
+    for finding in findings:
+        if finding.triggered:
+            log.info(
+                "Diagnosis: %s — %s%s",
+                finding.kind,
+                finding.message,
+                f". What to do: {finding.advice}" if finding.advice else "",
+            )
+    return {
+        "findings": [dataclasses.asdict(f) for f in findings],
+        "epoch_eta": epoch_eta(summary, history),
+        TRAINING_ID: summary.get(TRAINING_ID),  # which training: write_report refuses another's
     }

@@ -4,7 +4,6 @@ building the pipelines, as every `kedro run` does, imports neither (tests/test_p
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import datasets
@@ -13,9 +12,8 @@ import pandas as pd
 from fastlm.errors import InputDataError
 from fastlm.parameters import parse_group
 from fastlm.pipelines.start import start_node
-from fastlm.reporting import comparison, plots
-from fastlm.reporting.diagnosis import diagnose, epoch_eta
-from fastlm.reporting.params import check_id_prompts, check_top_k
+from fastlm.reporting import comparison, evaluation_run, plots
+from fastlm.reporting.diagnosis import diagnosis_record
 from fastlm.reporting.report_document import ReportInputs, build_document
 from fastlm.reporting.summaries import (
     TRAINING_ID,
@@ -48,20 +46,7 @@ def summarize_training(
     summary = check_train_summary(summary, _path(paths, "train_summary"))
     check_one_training(summary, history=history, what=f"the history {_path(paths, 'train_history')}")
     run_id = summary.get("mlflow_run_id")
-    findings = diagnose(summary, history)
-    for finding in findings:
-        if finding.triggered:
-            log.info(
-                "Diagnosis: %s — %s%s",
-                finding.kind,
-                finding.message,
-                f". What to do: {finding.advice}" if finding.advice else "",
-            )
-    diagnosis = {
-        "findings": [dataclasses.asdict(f) for f in findings],
-        "epoch_eta": epoch_eta(summary, history),
-        TRAINING_ID: summary.get(TRAINING_ID),  # which training: write_report refuses another's
-    }
+    diagnosis = diagnosis_record(summary, history)
     return (
         training_summary(summary, history, eval_history, run_id),
         efficiency_summary(summary, history, run_id),
@@ -78,91 +63,25 @@ def evaluate_model(
     report_params: dict,
     paths: dict | None = None,
 ):
-    """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations."""
-    from fastlm.engine.data.collators import TextEnds
-    from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
-    from fastlm.engine.evaluate.generation import generate_samples
-    from fastlm.reporting.predict_inputs import input_limit, sample_prompts
-
+    """Test-split loss, perplexity, accuracy, top-k, error analysis and sample generations
+    (``evaluation_run.evaluate_test_split``), on data checked fresh and with the runtime applied."""
     report = parse_group("report", report_params)
-    model, tokenizer = trained["model"], trained["tokenizer"]
     start = start_node(
         train_params,
         split_params,
         fingerprint=fingerprint,
-        tokenizer=tokenizer,
+        tokenizer=trained["tokenizer"],
         tokenized=tokenized,
         paths=paths,
     )
-    if start.split.pretokenized:  # its tokenizer reads an unknown word as EOS: refused before the slow part
-        check_id_prompts(report.prompts, start.split.vocab_size)
-    if len(tokenized["test"]) == 0:
-        raise InputDataError(
-            "the test split is empty.", fix="raise split.ratios.test and rerun the split pipeline."
-        )
-    params, runtime, max_length = start.train, start.runtime, start.split.max_length
-    check_top_k(report.top_k, model.config.get_text_config().vocab_size)
-    model.to(runtime.device)
-    attn = model.config._attn_implementation or "sdpa"
-    result = evaluate(
-        model,
-        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
-        tokenizer=tokenizer,
-        params=params,
-        runtime=runtime,
-        max_length=max_length,
-        attn=attn,
-        options=EvalOptions(
-            analysis=True,
-            max_batches=report.eval_max_batches,
-            top_k=report.top_k,
-            worst=report.worst_samples,
-            pairs=report.error_pairs,
-        ),
-    )
-    settings = [setting.model_dump(exclude_none=True) for setting in report.decoding]
-    samples = sample_prompts(  # as predict asks the model an input of its training's kind
-        report.prompts,
+    return evaluation_run.evaluate_test_split(
         trained,
+        tokenized,
         fingerprint,
+        settings=(start.train, start.split, start.runtime),
+        report=report,
         fingerprint_source=_path(paths, "tokenized_corpus_fingerprint"),
-        limit=input_limit(
-            model,
-            max_new_tokens=report.max_new_tokens,
-            max_input_tokens=None,
-            trained_length=max_length,
-            parameter="report.max_new_tokens",
-        ),
     )
-    generations = generate_samples(
-        model,
-        tokenizer,
-        report.prompts,
-        settings=settings,
-        max_new_tokens=report.max_new_tokens,
-        runtime=runtime,
-        prompt_ids=samples.ids,
-        continuation=samples.continuation,
-    )
-    log.info(
-        "Test split: loss %.4f, perplexity %.2f, accuracy %.3f, top-%d %.3f (%.0f real tokens/s)",
-        result.metrics["loss"],
-        result.metrics["perplexity"],
-        result.metrics["accuracy"],
-        report.top_k,
-        result.metrics[top_k_metric(report.top_k)],
-        result.metrics["real_tokens_per_s"],
-    )
-    metrics = {**result.metrics, TRAINING_ID: _training_id(trained)}  # which training made the model
-    if report.eval_max_batches is not None:  # the report says how many of the split's samples it counted
-        metrics["test_split_samples"] = len(tokenized["test"])
-        metrics["eval_max_batches"] = report.eval_max_batches
-    return metrics, result.wrong_pairs, result.worst_samples, generations
-
-
-def _training_id(trained: dict) -> str | None:
-    return (trained.get("training_data") or {}).get(TRAINING_ID)
 
 
 def generate_on_references(
@@ -173,84 +92,20 @@ def generate_on_references(
     report_params: dict,
     paths: dict | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Prompt/response data: generations on the test split and their ROUGE against the responses.
+    """Prompt/response data: generations on the test split and their ROUGE against the responses
+    (``evaluation_run.pairs_to_score`` and ``score_reference_pairs``).
 
     Plain-text data (``report.references.enabled: auto``) or ``enabled: false``: an empty table and no
     metrics, and the report has no ROUGE section.
     """
-    from fastlm.reporting.references import (
-        PREDICTION_COLUMNS,
-        has_references,
-        reference_pairs,
-        score_test_generations,
-    )
-    from fastlm.reporting.rouge import tokenless_note
-
     references = parse_group("report", report_params).references
-    found = has_references(splits)
-    if references.enabled is True and not found:
-        raise InputDataError(
-            f"report.references.enabled is true but {_path(paths, 'corpus_splits')} has no prompt/response "
-            f"columns (it has {list(map(str, splits.columns))}).",
-            fix="split prompt/response data (split.prompt_column and split.response_column) or set "
-            "report.references.enabled: auto.",
-        )
-    if references.enabled is False or not found:
-        log.info(
-            "No generation against references: %s",
-            "report.references.enabled is false" if found else "the data has no prompt/response columns",
-        )
-        return pd.DataFrame(columns=PREDICTION_COLUMNS), {}
-    pairs = reference_pairs(splits, references.max_samples)
-    if pairs.empty:
-        raise InputDataError(
-            f"the test split of {_path(paths, 'corpus_splits')} is empty.",
-            fix="raise split.ratios.test and rerun the split pipeline.",
-        )
+    pairs = evaluation_run.pairs_to_score(splits, references, _path(paths, "corpus_splits"))
+    if pairs is None:
+        return evaluation_run.no_reference_predictions(), {}
     start = start_node(train_params, split_params, runtime_said=True)  # evaluate_model's line
-    runtime = start.runtime
-    model = trained["model"].to(runtime.device)
-    table, metrics = score_test_generations(
-        model,
-        trained["tokenizer"],
-        pairs,
-        references=references,
-        runtime=runtime,
-        max_length=start.split.max_length,
-        chat_variables=start.split.chat_template_kwargs if start.split.data_format == "messages" else None,
+    return evaluation_run.score_reference_pairs(
+        trained, pairs, references=references, split=start.split, runtime=start.runtime
     )
-    log.info(
-        "ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
-        "(%.1f s, %.0f generated tokens/s)",
-        metrics["rouge_samples"],
-        metrics["rouge_decoding"],
-        metrics["rouge_tokenizer"],
-        metrics["rouge1"],
-        metrics["rouge2"],
-        metrics["rougeL"],
-        metrics["generation_seconds"],
-        metrics["generated_tokens_per_s"],
-    )
-    if metrics.get("rouge_tokenless_references"):
-        log.warning("ROUGE: %s", tokenless_note(metrics))
-    if "tool_call_samples" in metrics:
-        log.info(
-            "Tool calls on the %d test samples answered by a call: the same functions in %.1f%%, the same "
-            "calls in %.1f%% (call_match in reference_predictions.csv)",
-            metrics["tool_call_samples"],
-            100 * metrics["tool_call_name_accuracy"],
-            100 * metrics["tool_call_exact_match"],
-        )
-        if metrics.get("tool_call_unread_at_limit"):
-            log.warning(
-                "%d of the %d test answers that call a tool stopped at report.references.max_new_tokens = %d "
-                "before their call ended: they read as no call and count as misses; raise "
-                "report.references.max_new_tokens to score whole calls",
-                metrics["tool_call_unread_at_limit"],
-                metrics["tool_call_samples"],
-                references.max_new_tokens,
-            )
-    return table, {**metrics, TRAINING_ID: _training_id(trained)}
 
 
 def collect_test_metrics(

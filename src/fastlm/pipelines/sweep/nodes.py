@@ -1,57 +1,19 @@
 """Node of the sweep pipeline: each parameter set of the sweep file is one named training run (an MLflow child
 run of this pipeline's run) on the same tokenized data; finished runs are kept, so a rerun continues. The
-engine (torch, transformers) is imported when the node runs, not as the pipelines are built."""
+work is ``fastlm.sweep_training``'s; the node hands it the catalog inputs, the train pipeline's training and
+the weights digest of a local base model. The engine (torch, transformers) is imported when the node runs,
+not as the pipelines are built."""
 
 from __future__ import annotations
 
-import json
-import logging
-from dataclasses import dataclass, field
-
 import datasets
 import pandas as pd
-import yaml
 
-from fastlm.corpus.config import parse_split_params
-from fastlm.corpus.fingerprint import data_folds, data_identity, folds_mismatch
-from fastlm.engine.config import parse_train_params
-from fastlm.pipelines.report.nodes import generate_on_references
 from fastlm.pipelines.train.nodes import train_model
 from fastlm.pipelines.tune.record import weights_identity
-from fastlm.reporting.params import check_top_k, parse_report_params
-from fastlm.reporting.sweep_view import (
-    best_run,
-    comparison_table,
-    cv_metrics,
-    cv_setting,
-    fold_spread,
-    fold_table,
-    loss_plot,
-    sweep_document,
-    verdict,
-)
-from fastlm.sweeps import (
-    SweepRuns,
-    SweepSpec,
-    best_run_command,
-    best_run_config,
-    child_run_params,
-    kept_run,
-    load_sweep_runs,
-    run_train_params,
-)
+from fastlm.sweep_training import SweepInputs, train_sweep
+from fastlm.sweeps import SweepRuns
 from fastlm.tracking import RunTracker
-
-log = logging.getLogger(__name__)
-
-
-def run_failures() -> tuple[type[Exception], ...]:
-    """A run's own failures (its setting or fold diverged or did not fit in memory): left out, the sweep
-    goes on."""
-    from fastlm.engine.observe.health import NonFiniteLossError
-    from fastlm.engine.train.backoff import OutOfMemory
-
-    return (NonFiniteLossError, OutOfMemory)
 
 
 def run_sweep(
@@ -68,203 +30,15 @@ def run_sweep(
     paths: dict | None = None,
 ):
     """Train every run of the sweep file ``sweep`` that has not finished yet (``runs`` keeps the finished
-    ones; each run is a child run of ``tracker``'s); the comparison table, the loss plot, the verdict, the
-    per-fold table (``sweep_folds.csv``) of all and the run configuration of the best setting
-    (``sweep_best_run``: ``kedro run --config <file>`` trains it), and for k-fold runs the mean and spread
-    over folds as ``cv/`` metrics of the sweep's run.
-
-    A run that diverges or runs out of memory (``run_failures``) is left out and named, and the sweep goes
-    on; the next sweep trains it again. A stop signal or any other error stops the sweep, as does every run
-    failing."""
-    failures = run_failures()
-    folds = data_folds(fingerprint)  # folds: auto runs one model per fold of the data (split.folds)
-    report = parse_report_params(report_params)
-    check_top_k(report.top_k, len(tokenizer))
-    scoring = report.model_dump(mode="json", include={"top_k", "eval_max_batches", "references"})
-    # every run's parameters checked before the first one
-    spec = load_sweep_runs(sweep, train_params, folds, top_k=report.top_k)
-    plan, names = spec.plan(folds), spec.run_names(folds)
-    configured = (split_params or {}).get("folds")
-    if spec.folds is not None and folds_mismatch(fingerprint, configured):  # said once, not per run
-        log.warning("Sweep %s: %s", spec.name, folds_mismatch(fingerprint, configured))
-        split_params = {**split_params, "folds": folds}
-    checkpoints = str(
-        parse_train_params(train_params).checkpoint_dir
-    )  # the runs' choices kept with plain runs'
-    trainer = _Trainer(
-        tokenized, fingerprint, tokenizer, splits, split_params, report_params, tracker, checkpoints
+    ones; each run is a child run of ``tracker``'s) and compare them (``sweep_training.train_sweep``): the
+    comparison table, the loss plot, the verdict, the per-fold table (``sweep_folds.csv``) and the run
+    configuration of the best setting (``sweep_best_run``: ``kedro run --config <file>`` trains it)."""
+    return train_sweep(
+        SweepInputs(tokenized, fingerprint, tokenizer, splits, train_params, split_params, report_params),
+        sweep,
+        runs,
+        tracker,
+        train=train_model,
+        weights_identity=weights_identity,
+        best_run_source=(paths or {}).get("sweep_best_run", "sweep_best_run"),
     )
-    summaries, histories, evaluations, errors = {}, {}, {}, []
-    for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
-        params = run_train_params(train_params, spec, overrides)
-        identity = {
-            "train": params,
-            "data": data_identity(fingerprint),
-            "overrides": overrides,
-            "scoring": scoring,  # its test figures are the report's: another k or sample is another run
-        }
-        weights = weights_identity((params.get("model") or {}).get("name_or_path"))
-        if weights is not None:  # a local base folder: other weights put in it are another run
-            identity["model weights"] = weights
-        done, why = kept_run(runs, spec.name, name, identity)
-        if why is not None:
-            log.info("Sweep %s: run %s is trained again: %s", spec.name, name, why)
-        if done is None:
-            log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
-            try:
-                done, history, evaluation = trainer.train(name, params, overrides)
-            except failures as error:
-                log.warning(
-                    "Sweep %s: run %s failed, left out (the next sweep retries it): %s",
-                    spec.name,
-                    name,
-                    error,
-                )
-                errors.append(error)
-                summaries[name] = {"failed": f"{type(error).__name__}: {str(error).split(' Fix: ')[0]}"}
-                histories[name], evaluations[name] = pd.DataFrame(), pd.DataFrame()
-                continue
-            done = {**done, "sweep_identity": json.loads(json.dumps(identity, default=str))}
-            runs.keep(spec.name, name, done, history, evaluation)
-        else:
-            log.info("Sweep %s: run %d of %d, %s, finished before: kept", spec.name, index, len(plan), name)
-            trainer.run_ids[name] = done.get("mlflow_run_id")
-        summaries[name] = done
-        histories[name], evaluations[name] = runs.histories(spec.name, name)
-    if len(errors) == len(plan):
-        raise errors[0]  # nothing to compare
-    table = comparison_table(summaries, dict(zip(names, plan, strict=True)), spec.metric)
-    spread = fold_spread(table, spec.metric)  # None unless the runs differ by train.fold
-    _log_cv_metrics(table, spec.metric, tracker)
-    best = best_run(table, spec.metric)
-    command = best_run_command((paths or {}).get("sweep_best_run", "sweep_best_run"))
-    text = verdict(table, spec.metric, histories, evaluations, spread=spread)
-    if best is not None:
-        text += f" To train {best}'s setting on the whole training split: `{command}`."
-    log.info("Sweep %s: %s", spec.name, text)
-    return (
-        table,
-        loss_plot(histories, evaluations),
-        sweep_document(spec.name, text, table, spread, data=data_identity(fingerprint)),
-        fold_table(table, trainer.run_ids, spec.metric),
-        _best_run_file(spec, best, dict(zip(names, plan, strict=True)), command, train_params, split_params),
-    )
-
-
-def best_run_header(sweep: str, best: str, metric: str, command: str) -> str:
-    """The comment heading ``sweep_best_run``: whose setting it is and how to train it. A ``--params`` given
-    with ``--config`` is merged over the file's parameters key by key (``fastlm.cli.run_params``)."""
-    return (
-        f"# Sweep {sweep}: the setting of {best}, best by {metric}, with the sweep's budgets,\n"
-        "# its parameters (its --env and --params included) and no fold (the whole training split).\n"
-        "# Train it with\n"
-        f"#   {command}\n"
-        "# and change values here, or give --params with --config: they are merged over these parameters\n"
-        "# key by key (--params train.max_steps=1000 changes that value; the others stay as they are here).\n"
-    )
-
-
-def _best_run_file(
-    spec: SweepSpec, best: str | None, plan: dict[str, dict], command: str, train: dict, split: dict
-) -> str:
-    """``sweep_best_run``: the best setting as a Kedro run configuration, headed by how to use it; a comment
-    alone where no run has a finite metric."""
-    if best is None:
-        return f"# Sweep {spec.name}: no run has a finite {spec.metric}: no setting to train.\n"
-    header = best_run_header(spec.name, best, spec.metric, command)
-    config = best_run_config(spec, plan[best], train, split)
-    return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-
-
-@dataclass
-class _Trainer:
-    """What every run of a sweep trains on and reports to; ``run_ids``: each run's MLflow child run."""
-
-    tokenized: datasets.DatasetDict
-    fingerprint: dict
-    tokenizer: object
-    splits: pd.DataFrame
-    split_params: dict
-    report_params: dict
-    tracker: RunTracker
-    choices_dir: str  # where plain runs keep their measured runtime choices (train.checkpoint_dir)
-    run_ids: dict = field(default_factory=dict)
-
-    def train(self, name: str, params: dict, overrides: dict) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-        """One run as a child run (ended FAILED when it raises), its model scored on the test split: its
-        summary (with its ``mlflow_run_id``), training and evaluation histories."""
-        with self.tracker.child_run(name, child_run_params(params, overrides)) as run_id:
-            self.run_ids[name] = run_id
-            trained, history, evaluation, summary = train_model(
-                self.tokenized,
-                self.fingerprint,
-                self.tokenizer,
-                params,
-                self.split_params,
-                run_name=name,
-                tracker=self.tracker,
-                choices_dir=self.choices_dir,
-            )
-            model, scored = trained["model"], (params, self.split_params, self.report_params)
-            scores = {
-                **_test_metrics(model, self.tokenizer, self.tokenized, *scored),
-                **reference_scores(model, self.tokenizer, self.splits, *scored),
-            }
-            if scores:
-                self.tracker.log_run_metrics(scores)
-        return {**summary, **scores, "mlflow_run_id": run_id}, history, evaluation
-
-
-def _log_cv_metrics(table: pd.DataFrame, metric: str, tracker: RunTracker) -> None:
-    """k-fold runs: the mean and spread over folds as ``cv/`` metrics of the sweep's run, and with a grid the
-    setting they are of as ``cv/<parameter>`` parameters."""
-    figures, setting = cv_metrics(table, metric), cv_setting(table, metric)
-    if figures:
-        tracker.log_run_metrics(figures)
-    if setting:
-        tracker.log_params({f"cv/{key}": value for key, value in setting.items()})
-
-
-def _test_metrics(
-    model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict
-) -> dict:
-    """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``)."""
-    from fastlm.engine.data.collators import TextEnds
-    from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
-    from fastlm.engine.runtime.environment import setup_runtime
-
-    if model is None or len(tokenized["test"]) == 0:
-        return {}
-    params, report = parse_train_params(train_params), parse_report_params(report_params)
-    runtime = setup_runtime(params.runtime, seed=params.seed)
-    model.to(runtime.device)
-    result = evaluate(
-        model,
-        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
-        tokenizer=tokenizer,
-        params=params,
-        runtime=runtime,
-        max_length=parse_split_params(split_params).max_length,
-        attn=model.config._attn_implementation or "sdpa",
-        options=EvalOptions(
-            analysis=True, max_batches=report.eval_max_batches, top_k=report.top_k, worst=1, pairs=1
-        ),
-    )
-    keys = ("loss", "perplexity", "accuracy", top_k_metric(report.top_k))
-    return {f"test_{key}": result.metrics[key] for key in keys}
-
-
-def reference_scores(
-    model, tokenizer, splits: pd.DataFrame, train_params: dict, split_params: dict, report_params: dict
-) -> dict:
-    """ROUGE-1/2/L F1 (``test_rouge*``) of a run's generations against the test split's references, and
-    where its answers call tools their calls' scores (``test_tool_call_*``), as the report scores them
-    (prompt/response data under ``report.references``; nothing otherwise)."""
-    if model is None:
-        return {}
-    _, metrics = generate_on_references(
-        {"model": model, "tokenizer": tokenizer}, splits, train_params, split_params, report_params
-    )
-    keys = ("rouge1", "rouge2", "rougeL", "tool_call_name_accuracy", "tool_call_exact_match")
-    return {f"test_{key}": metrics[key] for key in keys if key in metrics}
