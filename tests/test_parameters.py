@@ -299,3 +299,49 @@ def test_texts_given_as_parameters_are_composed_as_the_training_texts_are():
     assert parse_group("split", {"prompt_template": template}).prompt_template == composed
     assert parse_group("predict", {"input": "x.csv", "prompt_template": template}).prompt_template == composed
     assert parse_group("report", {"prompts": [prompt, ""]}).prompts == ["배송", ""]
+
+
+def _conf(tmp_path, env: str, files: dict[str, dict]) -> Path:
+    """A conf folder: conf/base/parameters_train.yml's defaults and ``files`` (name -> content) in ``env``."""
+    conf = tmp_path / "conf"
+    (conf / "base").mkdir(parents=True)
+    (conf / "base" / "parameters_train.yml").write_text(yaml.safe_dump({"train": {"max_steps": 10}}))
+    (conf / env).mkdir(exist_ok=True)
+    for name, content in files.items():
+        (conf / env / name).write_text(yaml.safe_dump(content))
+    return conf
+
+
+@pytest.mark.parametrize("env", ["quick", None])
+def test_a_bad_value_set_under_an_environment_names_that_environments_file(tmp_path, env):
+    """A value set in conf/<env>/ (``kedro run --env quick``) or conf/local/ overrides conf/base: the fix
+    named conf/base/parameters_train.yml, where editing it changes nothing. It names the file that set it;
+    a key that file does not hold keeps conf/base's."""
+    from types import SimpleNamespace
+
+    from kedro.config import OmegaConfigLoader
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.pipeline import Node, Pipeline
+
+    from fastlm.hooks import ParametersValidHook
+
+    folder = env or "local"
+    conf = _conf(tmp_path, folder, {"parameters_train.yml": {"train": {"optimizer": {"lr": -1}}}})
+    pipeline = Pipeline([Node(lambda train: train, "params:train", "out")])
+
+    def refusal(train: dict, *, loader: bool) -> str:
+        hook = ParametersValidHook()
+        if loader:
+            config = OmegaConfigLoader(str(conf), env=env, base_env="base", default_run_env="local")
+            hook.after_context_created(SimpleNamespace(config_loader=config))
+        catalog = DataCatalog({"params:train": MemoryDataset(train)})
+        with pytest.raises(ConfigError) as raised:
+            hook.before_pipeline_run({"env": env, "project_path": str(tmp_path)}, pipeline, catalog)
+        return str(raised.value)
+
+    for loader in (False, True):
+        said = refusal({"max_steps": 10, "optimizer": {"lr": -1}}, loader=loader)
+        assert f"set train.optimizer.lr in {conf / folder / 'parameters_train.yml'} " in said, said
+        assert "conf/base" not in said
+        said = refusal({"max_steps": 0}, loader=loader)  # a value the environment does not set: base's
+        assert "train.max_steps" in said and "set train.max_steps in conf/base/parameters_train.yml" in said

@@ -109,6 +109,38 @@ def env_parameters(loader, env: str) -> dict:
     return loader.load_and_merge_dir_config(str(folder), patterns, "parameters", set()) or {}
 
 
+def setting_file(conf_root: Path, env: str, message: str) -> Path | None:
+    """The parameters file of the environment ``env`` under ``conf_root`` (Kedro's parameters patterns:
+    ``parameters*``, ``parameters*/**``, ``**/parameters*``) that sets a parameter ``message`` names: one of
+    its values (``train.optimizer.lr``, ``report.prompts``) written there as a whole name. None where no
+    file of it does (the value is conf/base's, a default, or given with ``--params``)."""
+    import yaml
+
+    folder = Path(conf_root) / env
+    if not folder.is_dir():
+        return None
+    for file in sorted(folder.rglob("*")):
+        if not file.is_file() or file.suffix not in _CONF_SUFFIXES:
+            continue
+        if not any(part.startswith("parameters") for part in file.relative_to(folder).parts):
+            continue
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w|\.\w)", message) for name in _leaves(loaded)):
+            return file
+    return None
+
+
+def _leaves(value: Any, prefix: str = "") -> list[str]:
+    """The dotted names of the values of a parameters file's mapping (``{train: {max_steps: 3}}`` ->
+    ``["train.max_steps"]``)."""
+    if not isinstance(value, Mapping) or (not value and prefix):
+        return [prefix] if prefix else []
+    return [name for key, child in value.items() for name in _leaves(child, f"{prefix}.{key}".lstrip("."))]
+
+
 def packed_conf(source: str) -> bool:
     """Whether ``source`` (a ``--conf-source``) is a packed conf, a tar or zip archive, by its name as Kedro's
     config loader tells one."""

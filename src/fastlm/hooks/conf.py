@@ -22,6 +22,7 @@ from fastlm.parameters import (
     packed_conf,
     packed_conf_file,
     runtime_only_params,
+    setting_file,
 )
 from fastlm.tracking import local_store_uri
 
@@ -104,24 +105,67 @@ class ParametersValidHook:
     (``reporting.params.check_id_prompts``); the report's ``top_k`` must be below the trained model's
     vocabulary (``reporting.params.check_top_k``; the evaluation checks it again on the model it loads)."""
 
+    def __init__(self) -> None:
+        self._loader = None
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        self._loader = getattr(context, "config_loader", None)
+
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
-        parsed = {}
-        for dataset in sorted(pipeline.inputs()):
-            group = dataset.removeprefix("params:")
-            if dataset.startswith("params:") and group in GROUPS:
-                parsed[group] = GROUPS[group].parse(catalog.load(dataset))
-        report, split = parsed.get("report"), parsed.get("split")
-        generates = "sample_generations" in pipeline.all_outputs()
-        if generates and report is not None and split is not None and split.pretokenized:
-            from fastlm.reporting.params import check_id_prompts
+        try:
+            _validate_groups(pipeline, catalog)
+        except ConfigError as error:
+            raise self._named_where_set(error, run_params) from None
 
-            check_id_prompts(report.prompts, split.vocab_size)
-        vocab_size = _model_vocab_size(catalog) if "trained_model" in pipeline.inputs() else None
-        if report is not None and vocab_size is not None:
-            from fastlm.reporting.params import check_top_k
+    def _named_where_set(self, error: ConfigError, run_params: dict) -> ConfigError:
+        """``error`` with the fix's conf/base/parameters_<group>.yml replaced by the parameters file of the
+        run's environment (``--env``, else conf/local) that sets the value it names: that file overrides
+        conf/base, so editing conf/base would change nothing. Unchanged where no file of it does, or where
+        the conf is packed or remote."""
+        what, said, fix = str(error).partition(" Fix: ")
+        loader = self._loader
+        if loader is not None:
+            source = str(getattr(loader, "conf_source", "") or "")
+            conf = None if not source or packed_conf(source) or "://" in source else Path(source)
+            env = getattr(loader, "env", None) or getattr(loader, "default_run_env", None) or "local"
+            base = getattr(loader, "base_env", None) or "base"
+        else:  # the hook called alone
+            conf = Path(run_params.get("project_path") or ".") / "conf"
+            env, base = run_params.get("env") or "local", "base"
+        bases = [group.source for group in GROUPS.values() if group.source in fix]
+        if not said or conf is None or env == base or not bases:
+            return error
+        found = setting_file(conf, env, what)
+        if found is None:
+            return error
+        shown = found.resolve()
+        here = Path.cwd().resolve()
+        shown = shown.relative_to(here) if shown.is_relative_to(here) else shown
+        for source in bases:
+            fix = fix.replace(source, str(shown))
+        return type(error)(what, fix=fix)
 
-            check_top_k(report.top_k, vocab_size)
+
+def _validate_groups(pipeline, catalog) -> None:
+    """Every parameter group ``pipeline`` reads parsed, and the checks across groups (see the class)."""
+    parsed = {}
+    for dataset in sorted(pipeline.inputs()):
+        group = dataset.removeprefix("params:")
+        if dataset.startswith("params:") and group in GROUPS:
+            parsed[group] = GROUPS[group].parse(catalog.load(dataset))
+    report, split = parsed.get("report"), parsed.get("split")
+    generates = "sample_generations" in pipeline.all_outputs()
+    if generates and report is not None and split is not None and split.pretokenized:
+        from fastlm.reporting.params import check_id_prompts
+
+        check_id_prompts(report.prompts, split.vocab_size)
+    vocab_size = _model_vocab_size(catalog) if "trained_model" in pipeline.inputs() else None
+    if report is not None and vocab_size is not None:
+        from fastlm.reporting.params import check_top_k
+
+        check_top_k(report.top_k, vocab_size)
 
 
 def _model_vocab_size(catalog) -> int | None:
