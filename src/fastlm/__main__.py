@@ -107,7 +107,7 @@ def _write_merged(adapter: Path, out: Path, base: str | None, dtype: str) -> str
 
     from fastlm.datasets.atomic_folder import write_folder_atomically
     from fastlm.datasets.pretrained_model import TRAINING_DATA
-    from fastlm.engine.model.lora import merge_adapter
+    from fastlm.engine.model.adapter_folder import merge_adapter
 
     model = merge_adapter(adapter, base=base, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)

@@ -609,7 +609,8 @@ def test_a_qlora_adapter_saved_without_its_quantization_is_said_to_merge_into_fu
     from fastlm.datasets.predict_sources import PredictSources
     from fastlm.datasets.pretrained_model import PretrainedModelDataset
     from fastlm.engine.config import LoraParams
-    from fastlm.engine.model.lora import BASE_DIGEST, apply_lora
+    from fastlm.engine.model.adapter_folder import BASE_DIGEST
+    from fastlm.engine.model.lora import apply_lora
 
     lines = []
     logger = logging.Logger("qlora-record", logging.INFO)

@@ -15,7 +15,7 @@ from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table
 from fastlm.corpus.shards import data_files, is_pattern
 from fastlm.datasets.atomic_folder import read_folder_whole
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
-from fastlm.engine.model.lora import folder_identity
+from fastlm.engine.model.weights_identity import folder_identity
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import with_system_prompt
 from fastlm.reporting.predictions import PredictionParts
@@ -106,10 +106,10 @@ class PredictSources:
     def load_model(self, name: str | None) -> dict:
         """``{"model", "tokenizer", "source", "identity", "trained_here"}``: ``name`` None is the trained
         model; else a model folder, else the run name of a finished training run (``<runs>/<name>/model``).
-        ``identity`` (``lora.folder_identity``: every file's name and content, a safetensors file's tensors
-        sampled) keys the resumable parts: new weights never reuse old predictions, also written with their
-        size and time put back, and a copied folder reuses them. ``trained_here``: the trained model or a
-        run's, i.e. trained on this project's data (``training_chat`` speaks for it)."""
+        ``identity`` (``weights_identity.folder_identity``: every file's name and content, a safetensors
+        file's tensors sampled) keys the resumable parts: new weights never reuse old predictions, also
+        written with their size and time put back, and a copied folder reuses them. ``trained_here``: the
+        trained model or a run's, i.e. trained on this project's data (``training_chat`` speaks for it)."""
         folder = self.trained_model if name is None else Path(name)
         if name is not None and not folder.is_dir() and (self.runs / name / "model").is_dir():
             folder = self.runs / name / "model"

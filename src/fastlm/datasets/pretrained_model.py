@@ -31,8 +31,8 @@ class PretrainedModelDataset(AbstractDataset):
     ``adapter_model.safetensors``) plus the tokenizer; loading it reads the base model from the folder the
     adapter config names and returns the adapter merged into it, a plain transformers model
     (``python -m fastlm merge-adapter`` writes that model as a full folder). The adapter folder also holds
-    ``base_digest.json`` (``fastlm.engine.model.lora.BASE_DIGEST``): a base folder whose weights changed since
-    is refused where the adapter is loaded.
+    ``base_digest.json`` (``fastlm.engine.model.adapter_folder.BASE_DIGEST``): a base folder whose weights
+    changed since is refused where the adapter is loaded.
 
     ``training_data`` (optional, saved as ``training_data.json``, loaded back, None where a folder has none):
     the fingerprint of the tokenized data the model was trained on and its ``data_format`` (how prompts and
@@ -63,7 +63,7 @@ class PretrainedModelDataset(AbstractDataset):
         self._check_folder()
         folder = str(self._filepath)
         if _is_adapter_folder(folder):
-            from fastlm.engine.model.lora import load_adapter_model
+            from fastlm.engine.model.adapter_folder import load_adapter_model
 
             model = load_adapter_model(folder, **self._load_args)
         else:  # as what its config says it is, whole, or one line (never re-shaped into another class)
@@ -118,7 +118,7 @@ class PretrainedModelDataset(AbstractDataset):
     def save(self, data: dict) -> None:
         def write(folder: Path) -> None:
             if hasattr(data["model"], "peft_config"):  # a LoRA adapter, and the base weights it is for
-                from fastlm.engine.model.lora import save_adapter, write_base_digest
+                from fastlm.engine.model.adapter_folder import save_adapter, write_base_digest
 
                 save_adapter(data["model"], folder)
                 write_base_digest(data["model"], folder)
@@ -173,9 +173,9 @@ def say_unrecorded_qlora(folder: str | Path, train_summaries: str | Path) -> Non
     """Say once, in one warning, that the LoRA adapter in ``folder`` trained on a 4-bit base (the train
     summary of its ``training_id``, in ``train_summaries`` or its ``runs/<run>/``, names a QLoRA adapter) but
     was saved before ``base_digest.json`` recorded the quantization: it is merged into the base folder's
-    full-precision weights, not the 4-bit weights it trained on (``lora.as_trained_in_4bit`` rebuilds those
-    only from the record), and training it again records it. Nothing for any other folder."""
-    from fastlm.engine.model.lora import BASE_DIGEST
+    full-precision weights, not the 4-bit weights it trained on (``adapter_folder.as_trained_in_4bit``
+    rebuilds those only from the record), and training it again records it. Nothing for any other folder."""
+    from fastlm.engine.model.adapter_folder import BASE_DIGEST
     from fastlm.reporting.summaries import TRAINING_ID
 
     folder = Path(folder)
@@ -209,6 +209,6 @@ def say_unrecorded_qlora(folder: str | Path, train_summaries: str | Path) -> Non
 
 
 def _is_adapter_folder(folder) -> bool:
-    """A peft LoRA adapter folder (``fastlm.engine.model.lora.ADAPTER_CONFIG``), checked without importing
-    torch."""
+    """A peft LoRA adapter folder (``fastlm.engine.model.adapter_folder.ADAPTER_CONFIG``), checked without
+    importing torch."""
     return (Path(folder) / "adapter_config.json").is_file()

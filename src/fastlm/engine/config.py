@@ -14,7 +14,8 @@ from fastlm.errors import ConfigError
 from fastlm.validation import Params, parse_params
 
 # ``python -m fastlm merge-adapter --dtype``: the merged weights' dtype; auto: the base folder's saved dtype
-# (``model.lora.saved_dtype``). Here, not in the LoRA module, so that the command line parses without torch.
+# (``model.adapter_folder.saved_dtype``). Here, not in the adapter folder module, so that the command line
+# parses without torch.
 MERGE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 SOURCE = "conf/base/parameters_train.yml"

@@ -341,7 +341,7 @@ def test_merge_adapter_refuses_a_base_that_is_not_whole(folders, tmp_path, capsy
 
 
 def test_lora_with_resized_embeddings_trains_the_new_rows_and_loads_back(bpe_tokenizer, tmp_path):
-    from fastlm.engine.model.lora import load_adapter_model
+    from fastlm.engine.model.adapter_folder import load_adapter_model
 
     folder = tmp_path / "base"
     _tiny("llama", len(bpe_tokenizer) - 8).save_pretrained(folder)

@@ -318,7 +318,7 @@ def test_packed_seq2seq_batches_length_grouped_and_says_so_once(tmp_path, caplog
     ],
 )
 def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp_path, kind, targets):
-    from fastlm.engine.model.lora import load_adapter_model
+    from fastlm.engine.model.adapter_folder import load_adapter_model
 
     folder = tmp_path / kind
     # frozen embeddings (LoRA) of BART's usual init (std 0.02) in 16 dimensions barely move the tied logits

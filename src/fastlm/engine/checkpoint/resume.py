@@ -224,11 +224,11 @@ def _unrecorded_base(saved: dict) -> bool:
 
 
 def _base_weights(source: str | None) -> str | None:
-    """A hash of a local base folder's weights (``lora.base_weights_digest``: a few MB read for a multi-GB
-    base); None for a hub name or a model from scratch."""
+    """A hash of a local base folder's weights (``weights_identity.base_weights_digest``: a few MB read for a
+    multi-GB base); None for a hub name or a model from scratch."""
     if source is None or not Path(source).is_dir():
         return None
-    from fastlm.engine.model.lora import base_weights_digest
+    from fastlm.engine.model.weights_identity import base_weights_digest
 
     return hashlib.sha256(json.dumps(base_weights_digest(source), sort_keys=True).encode()).hexdigest()[:16]
 

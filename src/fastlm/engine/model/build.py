@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fastlm.engine.config import ModelParams
-from fastlm.engine.model import lora, pretrained
+from fastlm.engine.model import adapter_folder, lora, pretrained
 from fastlm.engine.model.attention import kernels  # noqa: F401  (registers torch_varlen and sdpa_varlen)
 from fastlm.engine.model.attention.choice import choose_attention
 from fastlm.engine.model.attention.windows import enable_packed_windows
@@ -75,7 +75,7 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
     if params.lora.enabled:
         model = lora.apply_lora(model, params.lora, gradient_checkpointing=policy)
         if base is not None and Path(base).is_dir():  # saved with the adapter, checked where it is merged
-            lora.remember_base(model, base)
+            adapter_folder.remember_base(model, base)
     counts = lora.parameter_counts(model)
     log.info(
         "Model %s: %s parameters (%s trainable), attention %s, gradient checkpointing %s",

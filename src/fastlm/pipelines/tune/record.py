@@ -162,13 +162,13 @@ def _shown_type(value: Any) -> str:
 
 def weights_identity(name_or_path: str | None) -> str | None:
     """A digest of the weight files of a local model folder by their names and content
-    (``fastlm.engine.model.lora.folder_identity``: every tensor's dtype, shape and sampled bytes, as an
-    adapter's ``base_digest.json`` has them; a few MB read for a multi-GB model): other weights change it,
-    also written in place with the file's size and time put back (``cp -p``, ``rsync -t``), and a copied or
-    restored folder (new inodes and times) keeps it. None for a hub id or a model trained from scratch (the
-    name is recorded). A record of an older version (file sizes, times, inodes) is another digest: taken for
-    other weights."""
-    from fastlm.engine.model.lora import folder_identity
+    (``fastlm.engine.model.weights_identity.folder_identity``: every tensor's dtype, shape and sampled
+    bytes, as an adapter's ``base_digest.json`` has them; a few MB read for a multi-GB model): other weights
+    change it, also written in place with the file's size and time put back (``cp -p``, ``rsync -t``), and a
+    copied or restored folder (new inodes and times) keeps it. None for a hub id or a model trained from
+    scratch (the name is recorded). A record of an older version (file sizes, times, inodes) is another
+    digest: taken for other weights."""
+    from fastlm.engine.model.weights_identity import folder_identity
 
     if not name_or_path or not Path(name_or_path).is_dir():
         return None
