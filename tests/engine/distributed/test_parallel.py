@@ -9,7 +9,13 @@ import torch
 from fastlm.engine.batching import RandomBatches, make_batching
 from fastlm.engine.checkpoint.layout import CheckpointError
 from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBudget
-from fastlm.engine.distributed.parallel import RankInfo, launch_mode, rank_from_env, resolve_backend
+from fastlm.engine.distributed.parallel import (
+    RankInfo,
+    launch_mode,
+    rank_device,
+    rank_from_env,
+    resolve_backend,
+)
 from fastlm.engine.launch.job import TrainJob, run_job
 from fastlm.engine.train.persistence import resume_position
 from fastlm.errors import ConfigError
@@ -107,6 +113,25 @@ def test_nccl_asked_for_a_cpu_run_is_one_line_naming_the_parameter_and_the_fix()
     assert (
         resolve_backend("auto", torch.device("cpu")) == resolve_backend("gloo", torch.device("cpu")) == "gloo"
     )
+
+
+def test_more_nccl_processes_than_gpus_is_one_line_naming_the_parameter(monkeypatch):
+    """One GPU a process: 4 processes on a machine of 2 GPUs put two ranks on each, which NCCL refuses at
+    its first collective (`Duplicate GPU detected : rank 2 and rank 0 both on CUDA device ...`), naming
+    neither the parameter nor the fix; a fixed `cuda:1` put every rank on that GPU. gloo may share a GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert rank_device("auto", RankInfo(1, 2, 1), local_world=2, backend="auto") == "cuda:1"
+    assert rank_device("cuda", RankInfo(3, 4, 3), local_world=4, backend="gloo") == "cuda:1"
+    with pytest.raises(ConfigError) as refused:
+        rank_device("auto", RankInfo(3, 4, 3), local_world=4, backend="auto")
+    message = str(refused.value)
+    assert (
+        "train.distributed.nproc_per_node" in message and "2 CUDA device" in message and "\n" not in message
+    )
+    with pytest.raises(ConfigError, match=r"train\.runtime\.device is cuda:1.*2 processes"):
+        rank_device("cuda:1", RankInfo(0, 2, 0), local_world=2, backend="nccl")
+    assert rank_device("cuda:1", RankInfo(0, 2, 0), local_world=1, backend="nccl") == "cuda:1"  # 2 nodes
 
 
 # ------------------------------------------------------------------------------------------ real processes

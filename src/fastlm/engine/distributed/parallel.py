@@ -86,10 +86,33 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def rank_device(requested: str, info: RankInfo) -> str:
-    """One GPU per local rank: ``auto``/``cuda`` become ``cuda:<local_rank>`` where CUDA is present."""
-    if requested in ("auto", "cuda") and torch.cuda.is_available():
-        return f"cuda:{info.local_rank % max(torch.cuda.device_count(), 1)}"
+def rank_device(requested: str, info: RankInfo, *, local_world: int = 1, backend: str = "auto") -> str:
+    """One GPU per local rank: ``auto``/``cuda`` become ``cuda:<local_rank>`` where CUDA is present.
+
+    ``local_world``: the processes of this machine (``LOCAL_WORLD_SIZE``). More of them than GPUs, or a
+    fixed ``cuda:N`` for several, puts two ranks on one GPU, which NCCL refuses at its first collective
+    (``Duplicate GPU detected``) in words naming no parameter: one line here instead. ``backend: gloo``
+    may share a GPU."""
+    if (not requested.startswith("cuda") and requested != "auto") or not torch.cuda.is_available():
+        return requested
+    shared = backend != "gloo" and local_world > 1
+    count = max(torch.cuda.device_count(), 1)
+    if requested in ("auto", "cuda"):
+        if shared and local_world > count:
+            raise ConfigError(
+                f"this run starts {local_world} processes on this machine, which has {count} CUDA "
+                f"device(s): NCCL runs one process a GPU.",
+                fix=f"set train.distributed.nproc_per_node (or torchrun's --nproc-per-node) to at most "
+                f"{count}, or make more GPUs visible (CUDA_VISIBLE_DEVICES).",
+            )
+        return f"cuda:{info.local_rank % count}"
+    if shared:
+        raise ConfigError(
+            f"train.runtime.device is {requested} and this machine runs {local_world} processes of the run: "
+            "every one would use that GPU, and NCCL runs one process a GPU.",
+            fix="set train.runtime.device: auto (each process its own GPU); choose the GPUs with "
+            "CUDA_VISIBLE_DEVICES.",
+        )
     return requested
 
 

@@ -120,9 +120,11 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
     world = rank.world_size if rank is not None else 1
     runtime_config = params.runtime.model_dump()
     if rank is not None and world > 1:
-        runtime_config["device"] = rank_device(runtime_config["device"], rank)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        runtime_config["device"] = rank_device(
+            runtime_config["device"], rank, local_world=local_world, backend=params.distributed.backend
+        )
         if runtime_config["num_threads"] is None:  # the ranks on one machine share its cores
-            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             runtime_config["num_threads"] = max(1, usable_cpu_count() // min(local_world, usable_cpu_count()))
     runtime = setup_runtime(RuntimeConfig(**runtime_config, seed=params.seed), measured_later=True)
     comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
