@@ -443,3 +443,33 @@ def test_a_test_metric_that_is_not_a_number_is_said_so_not_shown_as_missing():
     assert "Not finite: loss (NaN), perplexity (∞)" in document and "Not finite: loss" in markdown
     finite, _ = report_document(make_history(2), test_metrics={"loss": 3.0})
     assert "Not finite" not in finite
+
+
+def test_a_summary_whose_runtime_is_null_is_reported_with_its_device_unknown():
+    """A train summary holding ``"runtime": null`` (hand-edited, or a record cut short) passed the summary
+    check (it has its step count) and the diagnosis read it as no runtime, but the report's title line read
+    ``summary.get("runtime", {})``: an AttributeError traceback. The rest of the record is trusted as it
+    is, so the report is written with the device said unknown, as for a record without the key; a runtime
+    that is no object at all (a string) is a record of another shape: one line naming the file."""
+    import pandas as pd
+    import pytest
+
+    from fastlm.errors import InputDataError
+    from fastlm.pipelines.report.nodes import summarize_training, write_report
+    from tests.support.reporting import make_history
+
+    history, empty = make_history(6), pd.DataFrame()
+    summary = {**SUMMARY, "runtime": None}
+    training, efficiency, diagnosis = summarize_training(summary, history, empty)
+    document, markdown = write_report(
+        summary, history, empty, training, efficiency, diagnosis, {"loss": 3.0}, empty, empty, empty, empty,
+        empty,
+    )  # fmt: skip
+    assert "50 steps, packed batching, 123,456 parameters, on ?" in markdown, markdown[:400]
+    assert "on ?" in document
+    paths = {"train_summary": "data/07_reporting/train_summary.json"}
+    with pytest.raises(InputDataError) as refused:
+        summarize_training({**SUMMARY, "runtime": "cpu"}, history, empty, paths)
+    said = str(refused.value)
+    assert said.startswith("data/07_reporting/train_summary.json holds runtime = 'cpu'"), said
+    assert "Fix: rerun `kedro run --pipeline=train`" in said and "\n" not in said

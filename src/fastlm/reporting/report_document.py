@@ -736,10 +736,11 @@ def build_document(inputs: ReportInputs) -> tuple[str, str]:
         if summary.get("run_name")
         else "fastlm training report"
     )
+    runtime = summary.get("runtime") or {}  # null (a record cut short): the device is unknown, as without it
     subtitle = (
         f"{summary.get('steps', '?')} steps, {summary.get('batching', '?')} batching, "
         f"{summary.get('parameters', 0):,} parameters{' (LoRA)' if summary.get('lora') else ''}, "
-        f"on {summary.get('runtime', {}).get('device_name', '?')}"
+        f"on {runtime.get('device_name', '?')}"
     )
     sections = build_sections(inputs)
     return render_html(title=title, subtitle=subtitle, sections=sections), render_markdown(

@@ -92,9 +92,17 @@ def marked_run(runs: pd.DataFrame | None, summary: dict) -> str | None:
 
 def check_train_summary(summary: Any, shown: str) -> dict:
     """``summary`` when it is a training run's summary (a JSON object with its step count ``steps``, which
-    every fastlm version wrote), else one InputDataError line naming ``shown`` (the file)."""
+    every fastlm version wrote, and a ``runtime`` that is an object, or null: unknown), else one
+    InputDataError line naming ``shown`` (the file)."""
     steps = summary.get("steps") if isinstance(summary, dict) else None
+    runtime = summary.get("runtime") if isinstance(summary, dict) else None
     if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+        if runtime is not None and not isinstance(runtime, dict):  # null: read as unknown, as without it
+            raise InputDataError(
+                f"{shown} holds runtime = {runtime!r}, not the record of a training's runtime (an object): "
+                "it is not a summary fastlm wrote.",
+                fix="rerun `kedro run --pipeline=train` to write it again.",
+            )
         return summary
     if summary is None:
         what = "null"
