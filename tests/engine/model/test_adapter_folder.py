@@ -419,6 +419,51 @@ def test_an_adapter_saved_without_a_base_digest_loads_with_one_warning(tmp_path,
     assert len(warned) == 1 and "\n" not in warned[0].getMessage(), caplog.messages
 
 
+def test_an_adapter_without_a_base_digest_is_said_saved_elsewhere_or_by_fastlm_as_it_was(
+    tmp_path, base_dir, tokenizer, caplog
+):
+    """An adapter folder peft saved itself (``save_pretrained``: no training_data.json, no
+    base_digest.json) loaded with a warning that it was "saved by an earlier fastlm": wrong about where it
+    came from. It is said to hold none of fastlm's training records, that its base weights cannot be
+    checked and what to do; a folder fastlm's train pipeline wrote (its training_data.json) without
+    base_digest.json is said to be fastlm's, with why it may lack the digest."""
+    from fastlm.datasets import PretrainedModelDataset
+    from fastlm.datasets.pretrained_model import TRAINING_DATA
+
+    base = tmp_path / "base"
+    shutil.copytree(base_dir, base)
+    model = build_model(
+        parse_train_params({"model": model_params(base)}).model,
+        tokenizer,
+        max_length=MAX_LENGTH,
+        attn_implementation="sdpa",
+    )
+    elsewhere, ours = tmp_path / "elsewhere", tmp_path / "ours"
+    model.save_pretrained(str(elsewhere))  # as peft saves it, beside the tokenizer
+    tokenizer.save_pretrained(str(elsewhere))
+    PretrainedModelDataset(str(ours)).save({"model": model, "tokenizer": tokenizer, "training_data": {}})
+    (ours / adapter_folder.BASE_DIGEST).unlink()
+    assert (ours / TRAINING_DATA).is_file() and not (elsewhere / TRAINING_DATA).exists()
+
+    def warning(folder: Path) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            PretrainedModelDataset(str(folder)).load()
+        said = [record.getMessage() for record in caplog.records if "base_digest.json" in record.getMessage()]
+        assert len(said) == 1 and "\n" not in said[0], caplog.messages
+        return said[0]
+
+    said = warning(elsewhere)
+    assert "earlier fastlm" not in said, said
+    assert (
+        f"{elsewhere} holds none of fastlm's training records (training_data.json, base_digest.json)" in said
+    )
+    assert "cannot be checked" in said and f"Fix: make sure {base} holds" in said, said
+    said = warning(ours)
+    assert f"{ours} was written by fastlm's train pipeline (its training_data.json)" in said, said
+    assert "cannot be checked" in said and "kedro run --pipeline=train" in said, said
+
+
 def test_an_adapter_moved_with_its_base_finds_it_where_it_now_is(tmp_path, base_dir, tokenizer, monkeypatch):
     """Round six: the adapter config names its base by absolute path: after `mv` of the project the report
     and predict refused the adapter (its base "does not exist"), and a `cp -r` copy read the original

@@ -149,6 +149,9 @@ def save_adapter(peft_model, folder: str | Path) -> None:
 
 
 BASE_DIGEST = "base_digest.json"  # beside adapter_config.json: the base weights the adapter was trained on
+# beside it too, written by fastlm's train pipeline alone (fastlm.datasets.pretrained_model.TRAINING_DATA):
+# how its training data was made; a folder without it or BASE_DIGEST was saved elsewhere (peft's own save)
+TRAINING_RECORD = "training_data.json"
 _BASE_RECORD = "_fastlm_base_weights"  # the record, kept on the LoRA model from build to save
 _warned_unchecked: set[str] = set()
 _said_4bit: set[str] = set()
@@ -282,18 +285,12 @@ def write_base_digest(peft_model, folder: str | Path) -> None:
 
 def check_base(folder: str | Path, base: str | Path) -> None:
     """Refuse, in one line, a base folder whose weights are not the ones the adapter of ``folder`` was trained
-    on; an adapter saved without ``BASE_DIGEST`` (an earlier fastlm) loads with one warning."""
+    on; an adapter saved without ``BASE_DIGEST`` loads with one warning (``say_unchecked``)."""
     path = Path(folder) / BASE_DIGEST
     if not path.is_file():
         if str(Path(folder).resolve()) not in _warned_unchecked:
             _warned_unchecked.add(str(Path(folder).resolve()))
-            log.warning(
-                "The LoRA adapter in %s has no %s (saved by an earlier fastlm): it is merged onto %s "
-                "without checking that those are the base weights it was trained on.",
-                folder,
-                BASE_DIGEST,
-                base,
-            )
+            say_unchecked(folder, base)
         return
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))["weights"]
@@ -321,6 +318,43 @@ def check_base(folder: str | Path, base: str | Path) -> None:
             "merge-adapter --base <dir>), or train the adapter again on this base "
             "(kedro run --pipeline=train).",
         )
+
+
+def say_unchecked(folder: str | Path, base: str | Path) -> None:
+    """One warning: the adapter of ``folder`` has no ``BASE_DIGEST``, so whether ``base`` holds the weights
+    it was trained on cannot be checked. A folder fastlm's train pipeline wrote (its ``TRAINING_RECORD``)
+    lacks it where its base was no local folder when it trained, or where it was removed: training it again
+    records it. A folder with neither record was saved elsewhere (peft's ``save_pretrained``, another tool;
+    or a fastlm before it wrote them): its base is the user's to make sure of."""
+    unchecked = (
+        f"that {base} holds the base weights it was trained on cannot be checked, and it is merged onto them "
+        "as they are (onto other weights, a model that never trained)"
+    )
+    if (Path(folder) / TRAINING_RECORD).is_file():
+        log.warning(
+            "The LoRA adapter in %s was written by fastlm's train pipeline (its %s) but has no %s (its base "
+            "was no local folder when it trained, or the file was removed): %s. Fix: train it again on this "
+            "base (kedro run --pipeline=train) to record its base weights, or make sure %s is the base it "
+            "was trained on.",
+            folder,
+            TRAINING_RECORD,
+            BASE_DIGEST,
+            unchecked,
+            base,
+        )
+        return
+    log.warning(
+        "The LoRA adapter in %s holds none of fastlm's training records (%s, %s): it was saved outside "
+        "fastlm's train pipeline (peft's save_pretrained, another tool, or a fastlm before it wrote them), "
+        "so %s. Fix: make sure %s holds the model it was trained on, or merge it over that model's folder: "
+        "python -m fastlm merge-adapter --adapter %s --base <its folder> --out <merged>.",
+        folder,
+        TRAINING_RECORD,
+        BASE_DIGEST,
+        unchecked,
+        base,
+        folder,
+    )
 
 
 def is_adapter_folder(folder: str | Path) -> bool:
