@@ -103,8 +103,7 @@ class PretrainedModelDataset(AbstractDataset):
             raise ConfigError(
                 f"{self._filepath} holds no tokenizer (no tokenizer.json, vocabulary, merges or "
                 "sentencepiece file): its predictions would start from no input token.",
-                fix="save the model's tokenizer into the folder (tokenizer.save_pretrained), or point at the "
-                "model folder a train run wrote.",
+                fix=_tokenizer_fix(self._filepath),
             )
 
     def _load_tokenizer(self):
@@ -138,6 +137,25 @@ class PretrainedModelDataset(AbstractDataset):
 
     def _describe(self) -> dict[str, Any]:
         return {"filepath": str(self._filepath)}
+
+
+def _tokenizer_fix(folder: PurePosixPath) -> str:
+    """How to give a model folder without a tokenizer one: an adapter folder (peft's ``save_pretrained``
+    alone) the command saving the tokenizer of the base its adapter config records into it (predict reads
+    the tokenizer from the model folder: no parameter names another); any other folder, its own."""
+    config = _json_file(Path(folder) / "adapter_config.json")
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str) or not base:
+        return (
+            "save the model's tokenizer into the folder (tokenizer.save_pretrained), or point at the model "
+            "folder a train run wrote."
+        )
+    command = f"AutoTokenizer.from_pretrained({json.dumps(base)}).save_pretrained({json.dumps(str(folder))})"
+    return (
+        f"save the tokenizer of its base ({base}, as its adapter_config.json records it) into it: python -c "
+        f"'from transformers import AutoTokenizer; {command}' (a training that added tokens needs its own "
+        "tokenizer instead), or point at the model folder a train run wrote."
+    )
 
 
 @contextlib.contextmanager

@@ -464,6 +464,38 @@ def test_an_adapter_without_a_base_digest_is_said_saved_elsewhere_or_by_fastlm_a
     assert "cannot be checked" in said and "kedro run --pipeline=train" in said, said
 
 
+def test_an_adapter_folder_without_a_tokenizer_is_refused_naming_the_command_that_adds_its_bases(
+    tmp_path, base_dir, tokenizer
+):
+    """An adapter folder saved without its tokenizer (peft's ``save_pretrained`` alone) was refused with
+    "save the model's tokenizer into the folder": which tokenizer, and how, was left to guess. The fix names
+    the command that saves the tokenizer of the base its adapter_config.json records into the folder
+    (predict has no parameter naming a tokenizer apart from the model)."""
+    from fastlm.datasets import PretrainedModelDataset
+
+    base = tmp_path / "base"
+    shutil.copytree(base_dir, base)
+    model = build_model(
+        parse_train_params({"model": model_params(base)}).model,
+        tokenizer,
+        max_length=MAX_LENGTH,
+        attn_implementation="sdpa",
+    )
+    folder = tmp_path / "adapter"
+    model.save_pretrained(str(folder))
+    recorded = json.loads((folder / adapter_folder.ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    for load in (
+        PretrainedModelDataset(str(folder)).load,
+        PretrainedModelDataset(str(folder)).load_tokenizer,
+    ):
+        with pytest.raises(Exception) as refused:  # noqa: PT011 - Kedro wraps a load's error in its own
+            load()
+        said = str(find_user_error(refused.value))
+        assert said.startswith(f"{folder} holds no tokenizer") and "\n" not in said, said
+        command = f'AutoTokenizer.from_pretrained("{recorded}").save_pretrained("{folder}")'
+        assert command in said.split("Fix:")[1], said
+
+
 def test_an_adapter_moved_with_its_base_finds_it_where_it_now_is(tmp_path, base_dir, tokenizer, monkeypatch):
     """Round six: the adapter config names its base by absolute path: after `mv` of the project the report
     and predict refused the adapter (its base "does not exist"), and a `cp -r` copy read the original
