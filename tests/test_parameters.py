@@ -345,3 +345,46 @@ def test_a_bad_value_set_under_an_environment_names_that_environments_file(tmp_p
         assert "conf/base" not in said
         said = refusal({"max_steps": 0}, loader=loader)  # a value the environment does not set: base's
         assert "train.max_steps" in said and "set train.max_steps in conf/base/parameters_train.yml" in said
+
+
+def test_a_bad_value_given_with_params_is_to_be_changed_there_first(tmp_path):
+    """``kedro run --params train.optimizer.lr=-1``: the fix named a parameters file to set it in, though
+    the --params value overrides every file (editing one changed nothing while it was given). It says to
+    change the --params value first, in an environment whose file sets the key too and in one whose does
+    not (or in the --config file whose run.params reached the run as --params do); a value that came from a
+    file alone keeps the fix naming that file."""
+    from types import SimpleNamespace
+
+    import click
+    from kedro.config import OmegaConfigLoader
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.pipeline import Node, Pipeline
+
+    from fastlm.hooks import ParametersValidHook
+
+    conf = _conf(tmp_path, "local", {"parameters_train.yml": {"train": {"max_steps": 0}}})
+    pipeline = Pipeline([Node(lambda train: train, "params:train", "out")])
+
+    def fix(train: dict, given: dict) -> str:
+        hook = ParametersValidHook()
+        config = OmegaConfigLoader(str(conf), base_env="base", default_run_env="local", runtime_params=given)
+        hook.after_context_created(SimpleNamespace(config_loader=config))
+        catalog = DataCatalog({"params:train": MemoryDataset(train)})
+        run = {"env": None, "project_path": str(tmp_path), "runtime_params": given}
+        with pytest.raises(ConfigError) as raised:
+            hook.before_pipeline_run(run, pipeline, catalog)
+        said = str(raised.value)
+        assert "\n" not in said
+        return said.split(" Fix: ")[1]
+
+    said = fix({"max_steps": 10, "optimizer": {"lr": -1}}, {"train": {"optimizer": {"lr": -1}}})
+    assert said.startswith("change train.optimizer.lr in this run's --params first"), said
+    said = fix({"max_steps": -3}, {"train": {"max_steps": -3}})  # conf/local sets it too: --params wins
+    assert said.startswith("change train.max_steps in this run's --params first"), said
+    with click.Context(click.Command("run"), default_map={"params": {"train": {"max_steps": -3}}}):
+        said = fix({"max_steps": -3}, {"train": {"max_steps": -3}})  # kedro run --config FILE
+    assert said.startswith(
+        "change train.max_steps in this run's --params (or its --config file's run.params) first"
+    ), said
+    said = fix({"max_steps": 0}, {"train": {"optimizer": {"lr": 0.1}}})  # another key given: the file's
+    assert said.startswith(f"set train.max_steps in {conf / 'local' / 'parameters_train.yml'} "), said

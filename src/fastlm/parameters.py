@@ -128,9 +128,17 @@ def setting_file(conf_root: Path, env: str, message: str) -> Path | None:
             loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
-        if any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w|\.\w)", message) for name in _leaves(loaded)):
+        if named_in(loaded, message):
             return file
     return None
+
+
+def named_in(values: Any, message: str) -> list[str]:
+    """The dotted names of ``values`` (a parameters mapping: a file's, or the run's ``--params``) that
+    ``message`` names as a whole name (``train.optimizer.lr``, not ``train.optimizer`` of it)."""
+    return [
+        name for name in _leaves(values) if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w|\.\w)", message)
+    ]
 
 
 def _leaves(value: Any, prefix: str = "") -> list[str]:

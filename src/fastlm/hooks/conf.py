@@ -19,6 +19,7 @@ from fastlm.parameters import (
     check_top_level_params,
     env_parameters,
     known_top_level_params,
+    named_in,
     packed_conf,
     packed_conf_file,
     runtime_only_params,
@@ -120,11 +121,28 @@ class ParametersValidHook:
             raise self._named_where_set(error, run_params) from None
 
     def _named_where_set(self, error: ConfigError, run_params: dict) -> ConfigError:
-        """``error`` with the fix's conf/base/parameters_<group>.yml replaced by the parameters file of the
-        run's environment (``--env``, else conf/local) that sets the value it names: that file overrides
-        conf/base, so editing conf/base would change nothing. Unchanged where no file of it does, or where
-        the conf is packed or remote."""
+        """``error`` with its fix naming where the value it names was set: a value given with ``--params``
+        (the run's ``runtime_params``) is to be changed there first, as it overrides every parameters file;
+        in the fix, conf/base/parameters_<group>.yml is replaced by the parameters file of the run's
+        environment (``--env``, else conf/local) that sets the value, which overrides conf/base, so editing
+        conf/base would change nothing. Unchanged where neither applies, or where the conf is packed or
+        remote (for the file)."""
         what, said, fix = str(error).partition(" Fix: ")
+        if not said:
+            return error
+        changed = self._file_named(what, fix, run_params)
+        given = named_in(run_params.get("runtime_params") or {}, what)
+        if given:
+            where = "this run's --params" + (" (or its --config file's run.params)" if _config_file() else "")
+            changed = (
+                f"change {' and '.join(given)} in {where} first (a --params value overrides every parameters "
+                f"file: editing one changes nothing while it is given); {changed}"
+            )
+        return error if changed == fix else type(error)(what, fix=changed)
+
+    def _file_named(self, what: str, fix: str, run_params: dict) -> str:
+        """``fix`` with conf/base's parameters file replaced by the run environment's that sets a value
+        ``what`` names (see ``_named_where_set``)."""
         loader = self._loader
         if loader is not None:
             source = str(getattr(loader, "conf_source", "") or "")
@@ -135,17 +153,26 @@ class ParametersValidHook:
             conf = Path(run_params.get("project_path") or ".") / "conf"
             env, base = run_params.get("env") or "local", "base"
         bases = [group.source for group in GROUPS.values() if group.source in fix]
-        if not said or conf is None or env == base or not bases:
-            return error
+        if conf is None or env == base or not bases:
+            return fix
         found = setting_file(conf, env, what)
         if found is None:
-            return error
+            return fix
         shown = found.resolve()
         here = Path.cwd().resolve()
         shown = shown.relative_to(here) if shown.is_relative_to(here) else shown
         for source in bases:
             fix = fix.replace(source, str(shown))
-        return type(error)(what, fix=fix)
+        return fix
+
+
+def _config_file() -> bool:
+    """Whether the run's command (``kedro run``, under click) read parameters from a ``--config`` file's
+    ``run.params``: they reach the hooks as ``--params`` do (``cli.run_params`` merges the two)."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    return bool(context is not None and (context.default_map or {}).get("params"))
 
 
 def _validate_groups(pipeline, catalog) -> None:
