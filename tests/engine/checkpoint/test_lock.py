@@ -52,3 +52,30 @@ def test_a_lock_of_a_process_that_no_longer_runs_is_taken_over(tmp_path, caplog,
     with checkpoint_lock(tmp_path) as lock:
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert not lock.exists() and "taking over" in caplog.text
+
+
+def test_a_stale_lock_another_run_took_over_meanwhile_is_not_taken_from_it(tmp_path, monkeypatch):
+    """Round twenty-one: a worker SIGKILLed leaves its ``.lock``; two runs started after it both find it
+    stale. The first takes it over; the second, which read the dead holder before that, removed the lock file
+    by name, so the first's lock, and held the folder too: two live runs writing into one folder. The second
+    now sees the first's lock and is refused in one line; the first's lock stays."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / LOCK_FILE
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    first = {"pid": os.getppid(), "host": socket.gethostname()}  # a live process of this machine
+    kill = os.kill
+
+    def meanwhile(pid, signal):  # while this run checks the dead holder, another run takes the lock over
+        if pid == dead.pid:
+            lock.write_text(json.dumps(first))
+            raise ProcessLookupError(pid)
+        return kill(pid, signal)
+
+    monkeypatch.setattr(os, "kill", meanwhile)
+    with pytest.raises(CheckpointError) as raised:
+        with checkpoint_lock(tmp_path):
+            pass
+    assert f"PID {first['pid']}" in str(raised.value) and "\n" not in str(raised.value)
+    assert json.loads(lock.read_text()) == first
+    assert sorted(path.name for path in tmp_path.iterdir()) == [LOCK_FILE]  # no takeover file left

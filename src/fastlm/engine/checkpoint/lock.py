@@ -3,8 +3,9 @@ host) while the run writes there; :func:`held_lock` is that lock for any file (`
 run` at a time writes an output).
 
 Why: a save removes every ``.tmp-*`` folder it finds in its folder (``files.save_checkpoint``), which would
-break a second writer. A second run is refused in one line; a lock left by a process that no longer runs is
-taken over.
+break a second writer. A second run is refused in one line; a lock left by a process that no longer runs (a
+worker killed by SIGKILL or the OOM killer) is taken over, by one run only: two runs that both find it stale
+take turns, and the second finds the first's lock and is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,21 +71,23 @@ def held_lock(
     """
     lock = Path(lock)
     mine = json.dumps({**(record or {}), "pid": os.getpid(), "host": socket.gethostname()})
-    for _ in range(3):
+    for _ in range(_ATTEMPTS):
         try:
             handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            holder = _lock_holder(lock)
+            seen = _lock_text(lock)
+            holder = _lock_holder(seen)
             own = holder is not None and _is_this_process(holder)
             if holder is not None and _holder_runs(holder) and not (own and own_is_stale):
                 raise refusal(holder) from None
-            if not own:
+            if not _remove_if_unchanged(lock, seen):
+                time.sleep(_GUARD_WAIT_S)  # another process is taking it over: it holds it or frees it
+            elif not own:
                 log.warning(
                     "taking over %s: the process that held it (PID %s) no longer runs",
                     lock,
                     holder.get("pid") if holder else "unknown",
                 )
-            lock.unlink(missing_ok=True)
             continue
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(mine)
@@ -91,7 +95,8 @@ def held_lock(
     else:
         raise CheckpointError(
             f"could not take the lock {lock}.",
-            fix="make sure no other process writes there, delete the file and rerun.",
+            fix=f"make sure no other process writes there, delete the file (and {_guard(lock)} if it is "
+            "left) and rerun.",
         )
     try:
         yield lock
@@ -103,15 +108,50 @@ def held_lock(
             pass
 
 
+# A stale lock is removed under a guard file, and only while it still holds what was read as stale: two runs
+# that both found it stale would otherwise each remove it by name, the second removing the lock the first had
+# just taken, and both write into one folder. The guard is held for a read and an unlink; one left behind (its
+# process killed in between) ends the attempts with a line naming it.
+_ATTEMPTS = 20
+_GUARD_WAIT_S = 0.05
+
+
+def _guard(lock: Path) -> Path:
+    return lock.with_name(lock.name + ".takeover")
+
+
+def _remove_if_unchanged(lock: Path, seen: str | None) -> bool:
+    """Remove ``lock`` if it still holds ``seen`` (a holder that no longer runs); False when another
+    process holds the guard (nothing done)."""
+    guard = _guard(lock)
+    try:
+        os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    try:
+        if _lock_text(lock) == seen:
+            lock.unlink(missing_ok=True)
+    finally:
+        guard.unlink(missing_ok=True)
+    return True
+
+
 def _is_this_process(holder: dict) -> bool:
     return holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
 
 
-def _lock_holder(lock: Path) -> dict | None:
+def _lock_text(lock: Path) -> str | None:
     try:
-        holder = json.loads(lock.read_text(encoding="utf-8"))
+        return lock.read_text(encoding="utf-8")
+    except OSError:
+        return None  # gone meanwhile
+
+
+def _lock_holder(text: str | None) -> dict | None:
+    try:
+        holder = json.loads(text) if text is not None else None
         return holder if isinstance(holder, dict) and isinstance(holder.get("pid"), int) else None
-    except (OSError, ValueError):
+    except ValueError:
         return None  # cut off while being written: its writer died
 
 
