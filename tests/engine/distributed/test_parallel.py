@@ -12,6 +12,8 @@ from fastlm.engine.data import LengthGroupedSampler, PackedBatchSampler, TokenBu
 from fastlm.engine.distributed.parallel import (
     RankInfo,
     launch_mode,
+    optimizer_state_by_index,
+    optimizer_state_by_name,
     rank_device,
     rank_from_env,
     resolve_backend,
@@ -95,6 +97,49 @@ def test_resume_position_splits_the_global_batch_or_says_why_not(tmp_path):
         resume_position(state, 5, tmp_path)
 
 
+def _stepped_adamw():
+    """A small model and its AdamW (two groups, as weight decay splits them) after one step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    decayed = [model[0].weight, model[2].weight]
+    others = [model[0].bias, model[1].weight, model[1].bias, model[2].bias]
+    optimizer = torch.optim.AdamW([{"params": decayed}, {"params": others, "weight_decay": 0.0}], lr=0.1)
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_an_optimizer_state_keyed_by_parameter_name_loads_in_one_process_and_back():
+    """Round twenty-one: FSDP2's checkpoints hold the AdamW state keyed by parameter name (what
+    ``full_state_dicts`` gathers), one process's by position; each is rekeyed for the other, every moment on
+    its own parameter."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    model, optimizer = _stepped_adamw()
+    named = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    assert "0.weight" in named["state"]  # keyed by name, as a sharded run writes it
+    groups = [
+        [model[0].weight, model[2].weight],
+        [model[0].bias, model[1].weight, model[1].bias, model[2].bias],
+    ]
+    fresh = torch.optim.AdamW([{"params": groups[0]}, {"params": groups[1], "weight_decay": 0.0}], lr=0.1)
+    fresh.load_state_dict(optimizer_state_by_index(model, fresh, named))
+    for param in model.parameters():  # the same values copied: exact
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(fresh.state[param][key], optimizer.state[param][key], rtol=0, atol=0)
+    assert [group["weight_decay"] for group in fresh.param_groups] == [0.01, 0.0]
+    by_name = optimizer_state_by_name(model, optimizer, optimizer.state_dict())
+    assert by_name["param_groups"][1]["params"] == named["param_groups"][1]["params"]
+    assert set(by_name["state"]) == set(named["state"])
+    # already keyed as wanted: unchanged
+    assert optimizer_state_by_name(model, optimizer, named) is named
+    # a state of other parameters: one line, never a moment on another parameter
+    other = {**named, "param_groups": [named["param_groups"][1], named["param_groups"][0]]}
+    with pytest.raises(ValueError, match="other parameters") as refused:
+        optimizer_state_by_index(model, fresh, other)
+    assert "\n" not in str(refused.value)
+
+
 def test_launch_mode_detects_torchrun_spawn_and_single():
     torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
     assert launch_mode(1, torchrun) == "torchrun" and launch_mode(4, torchrun) == "torchrun"
@@ -143,10 +188,16 @@ def tokenized(bpe_tokenizer, sample_texts):
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory, bpe_tokenizer, tokenized):
+def one_process_folder(tmp_path_factory):
+    """Where ``one_process`` runs: its checkpoints in checkpoints-1/, which the tests only read."""
+    return tmp_path_factory.mktemp("one_process")
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_folder, bpe_tokenizer, tokenized):
     """The one-process run (2 micro-batches accumulated) the two-process runs are compared with: run once for
     the module, its result only read."""
-    folder = tmp_path_factory.mktemp("one_process")
+    folder = one_process_folder
     return run_job(
         TrainJob(job_params(folder, accum=2, nproc=1), 48, *tokenized, bpe_tokenizer, str(folder / "m"))
     )
@@ -320,18 +371,56 @@ def test_fsdp2_trains_like_one_process_and_writes_whole_checkpoints(
     )
     for name, param in one.model.named_parameters():
         torch.testing.assert_close(saved[name], param.detach().cpu(), **TRAINED_FP32_WEIGHTS)
-    with pytest.raises(CheckpointError, match=r"distributed.strategy fsdp \(sharded .*\) -> unsharded"):
-        run_job(
-            TrainJob(
-                job_params(
-                    tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2/checkpoint-00000004")
-                ),
-                48,
-                *tokenized,
-                bpe_tokenizer,
-                str(tmp_path / "m"),
-            )
+    # Round twenty-one: its step-2 checkpoint (whole weights and AdamW moments, keyed by parameter name) was
+    # refused in one process; it continues there as the uninterrupted run does. Its first two steps are the
+    # sharded run's (reordered sums, as above), the last two one process's: the same tolerance.
+    resumed = run_one(
+        job_params(tmp_path, accum=2, nproc=1, resume=str(tmp_path / "checkpoints-2/checkpoint-00000002")),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path,
+    )
+    assert resumed.summary["resumed_from_step"] == 2
+    np.testing.assert_allclose(
+        [r["loss"] for r in resumed.history[-2:]],
+        [r["loss"] for r in one.history[-2:]],
+        rtol=TRAINED_FP32_LOSS_REL,
+    )
+    for (name, mine), theirs in zip(one.model.named_parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(
+            theirs.detach().cpu(), mine.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name
         )
+
+
+@pytest.mark.kernels  # one process, then two sharded ones, vs one process throughout: a tolerance
+def test_a_one_process_checkpoint_continues_in_two_fsdp2_processes_like_one_process(
+    tmp_path, bpe_tokenizer, tokenized, one_process, one_process_folder
+):
+    """Round twenty-one: a one-process (or DDP) checkpoint holds the AdamW moments keyed by position, which
+    FSDP2's loader reads by parameter name; it was refused ("distributed.strategy ... differs"). It continues
+    in two FSDP2 processes with the same effective batch, each moment on its own parameter."""
+    import shutil
+
+    checkpoint = tmp_path / "checkpoints-2" / "checkpoint-00000002"
+    shutil.copytree(one_process_folder / "checkpoints-1" / "checkpoint-00000002", checkpoint)
+    distributed = {"nproc_per_node": 2, "strategy": "fsdp"}
+    two = launch(
+        job_params(tmp_path, accum=1, nproc=2, resume=str(checkpoint), distributed=distributed),
+        bpe_tokenizer,
+        tokenized,
+        tmp_path,
+    )
+    assert two.summary["resumed_from_step"] == 2 and two.summary["distributed_strategy"] == "fsdp"
+    # the last two steps sharded (reduce-scattered sums) vs accumulated in one process
+    np.testing.assert_allclose(
+        [r["loss"] for r in two.history[-2:]],
+        [r["loss"] for r in one_process.history[-2:]],
+        rtol=TRAINED_FP32_LOSS_REL,
+    )
+    for (name, mine), theirs in zip(
+        one_process.model.named_parameters(), two.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(theirs, mine.detach().cpu(), **TRAINED_FP32_WEIGHTS, msg=name)
 
 
 @pytest.mark.kernels  # two sharded processes with the fused head vs one with the plain head: a tolerance

@@ -24,13 +24,14 @@ digest (:func:`run_digest`) records, as readable fields:
   ``seed``, ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
   float8 token multiple may round) and ``batching.pad_to_multiple_of``: the data order and the meaning of
   the saved micro-batch position;
-- ``micro_batches_per_step`` (gradient accumulation x processes) and ``distributed.strategy`` (``fsdp``:
-  FSDP2's parameter-keyed optimizer state, else ``ddp``, one process included): the world layout. The number
-  of processes alone may change (resume across world sizes with the same effective batch), where the step
-  plans agree: an epoch's micro-batches are split evenly over the processes and the rest left out, so W and
-  W' processes train the same ones only where ``N mod W == N mod W'`` (``batching.StepPlan.difference``,
-  checked against the checkpoint's ``world_size``, which every checkpoint records; one written before data
-  parallelism is one process's). Elsewhere its step would sit at another data position and the epochs end
+- ``micro_batches_per_step`` (gradient accumulation x processes): the world layout. The number of processes
+  and the strategy may change (resume across world sizes and between FSDP2, DDP and one process with the
+  same effective batch: every checkpoint holds the whole weights and AdamW moments,
+  ``distributed.full_state_dicts``), where the step plans agree: an epoch's micro-batches are split evenly
+  over the processes and the rest left out, so W and W' processes train the same ones only where
+  ``N mod W == N mod W'`` (``batching.StepPlan.difference``, checked against the checkpoint's ``world_size``,
+  which every checkpoint records; one written before data parallelism is one process's). Elsewhere its step
+  would sit at another data position and the epochs end
   on other steps: a micro-batch trained twice or never.
 
 :func:`plan_resume` applies ``train.resume``: ``auto`` continues the newest checkpoint in the run's folder
@@ -135,7 +136,7 @@ def run_digest(
         "max_length": max_length,
         "seed": params.seed,
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
-        "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp
+        "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp; not compared
     }
     if text_ends is not None and (text_ends.head or text_ends.tail):
         digest["data.ends"] = {"head": list(text_ends.head), "tail": list(text_ends.tail)}
@@ -215,6 +216,10 @@ def _same(key: str, saved: Any, now: Any) -> bool:
 
 
 BASE_WEIGHTS = "model.base_weights"
+# Recorded for the reader, not compared: how the checkpoint was written (``fsdp``: FSDP2 over several
+# processes, its AdamW moments keyed by parameter name; ``ddp``: one process or DDP, keyed by position).
+# Either resumes in the other (``train.persistence``), so a checkpoint continues under another strategy.
+RECORDED_ONLY = frozenset({"distributed.strategy"})
 
 
 def _unrecorded_base(saved: dict) -> bool:
@@ -242,12 +247,11 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
     for key, value in current.items():
         if key == MODEL_CONFIG:  # not recorded by an earlier fastlm: not compared; else key by key
             differences += _config_differences(saved.get(key), value)
-        elif key == BASE_WEIGHTS and _unrecorded_base(saved):
+        elif key in RECORDED_ONLY or (key == BASE_WEIGHTS and _unrecorded_base(saved)):
             continue
         elif not _same(key, saved.get(key), value):
             differences.append(
-                f"{key} {_short(saved.get(key), key)} -> {_short(value, key)}"
-                + _unrecorded(key, saved.get(key), value)
+                f"{key} {_short(saved.get(key))} -> {_short(value)}" + _unrecorded(key, saved.get(key), value)
             )
     return differences
 
@@ -270,14 +274,7 @@ def _unrecorded(key: str, saved: Any, now: Any) -> str:
     return ""
 
 
-# How a checkpoint's layout reads in a difference: "fsdp -> ddp" told a user of strategy: fsdp in one process
-# (which trains unsharded) of a strategy they never set.
-LAYOUTS = {"fsdp": "fsdp (sharded over several processes)", "ddp": "unsharded (ddp, or one process)"}
-
-
-def _short(value: Any, key: str = "") -> str:
-    if key == "distributed.strategy" and value in LAYOUTS:
-        return LAYOUTS[value]
+def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
     return text if len(text) <= 24 else text[:12] + "…"
 

@@ -50,6 +50,8 @@ __all__ = [
     "is_sharded",
     "launch_mode",
     "load_full_state_dicts",
+    "optimizer_state_by_index",
+    "optimizer_state_by_name",
     "rank_device",
     "rank_from_env",
     "resolve_backend",
@@ -292,7 +294,11 @@ def full_state_dicts(
     """Whole (unsharded) model and optimizer state dicts on the CPU of rank 0; every rank must call it.
     ``trainable_only``: the trained weights alone (LoRA's adapters; the frozen base is not gathered).
 
-    The checkpoint files are the same as a one-process run's, so any world size or strategy can resume them.
+    The weights are a one-process run's (the same names and whole tensors); the optimizer state holds every
+    parameter's whole AdamW moments, keyed by parameter name where one process's ``optimizer.state_dict()``
+    keys them by position. A checkpoint of any world size and strategy resumes in any other with the same
+    effective batch (``checkpoint.resume``): one process or DDP reads this state through
+    :func:`optimizer_state_by_index`, FSDP2 one of one process through :func:`optimizer_state_by_name`.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
@@ -326,12 +332,84 @@ def load_full_state_dicts(
     for name in model_keys - model_state.keys() if not trainable_only else ():
         model_state[name] = model_state[_tied_source(model, name)]  # a tied head saved once (save_model)
     options = StateDictOptions(full_state_dict=True, strict=not trainable_only)
+    if optimizer_state is not None:  # one process's (or DDP's) checkpoint: its moments keyed by position
+        optimizer_state = optimizer_state_by_name(model, optimizer, optimizer_state)
     if optimizer is None:
         set_model_state_dict(model, model_state, options=options)
         return
     set_state_dict(
         model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state, options=options
     )
+
+
+def optimizer_state_by_name(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> dict:
+    """``saved`` (an ``optimizer.state_dict()``: parameters by their position in ``optimizer``'s groups)
+    keyed by the parameters' names, as :func:`full_state_dicts` writes it; one keyed by name as it is."""
+    if not _by_position(saved):
+        return saved
+    names = _optimizer_names(model, optimizer)
+    try:
+        return {
+            "state": {names[index]: value for index, value in saved["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[index] for index in group["params"]]}
+                for group in saved["param_groups"]
+            ],
+        }
+    except IndexError:
+        raise ValueError(
+            f"the optimizer state holds other parameters than this model's optimizer ({len(names)})"
+        ) from None
+
+
+def optimizer_state_by_index(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> dict:
+    """``saved`` keyed by parameter name (:func:`full_state_dicts` of an FSDP2 model) keyed as this
+    ``optimizer.state_dict()`` keys it: each parameter by its position in ``optimizer``'s groups, each group
+    holding the same parameters as this one's (else ``ValueError``: no moment lands on another parameter);
+    one keyed by position as it is."""
+    if _by_position(saved):
+        return saved
+    names = _optimizer_names(model, optimizer)
+    groups, start = [], 0
+    saved_groups = saved["param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(
+            f"the optimizer state holds other parameters than this model's optimizer ({len(saved_groups)} "
+            f"parameter groups, this one {len(optimizer.param_groups)})"
+        )
+    for number, (group, current) in enumerate(zip(saved_groups, optimizer.param_groups, strict=True)):
+        own = names[start : start + len(current["params"])]
+        if set(group["params"]) != set(own):
+            raise ValueError(
+                f"the optimizer state holds other parameters than this model's optimizer (group {number}: "
+                f"{sorted(set(group['params']) ^ set(own))[:3]} differ)"
+            )
+        groups.append({**group, "params": list(range(start, start + len(own)))})
+        start += len(own)
+    position = {name: index for index, name in enumerate(names)}
+    unknown = sorted(set(saved["state"]) - position.keys())
+    if unknown:
+        raise ValueError(
+            f"the optimizer state holds other parameters than this model's optimizer ({unknown[:3]})"
+        )
+    return {
+        "state": {position[name]: value for name, value in saved["state"].items()},
+        "param_groups": groups,
+    }
+
+
+def _by_position(saved: dict) -> bool:
+    keys = list(saved.get("state", {})) + [key for group in saved["param_groups"] for key in group["params"]]
+    return all(isinstance(key, int) for key in keys)
+
+
+def _optimizer_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of ``optimizer``'s parameters, in the order of its groups."""
+    named = {id(param): name for name, param in model.named_parameters()}
+    names = [named.get(id(param)) for group in optimizer.param_groups for param in group["params"]]
+    if None in names:
+        raise ValueError("the optimizer updates a tensor that is not one of the model's parameters")
+    return names
 
 
 def get_plain_keys(model: torch.nn.Module) -> list[str]:

@@ -206,8 +206,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     if configured.distributed.strategy == "fsdp" and not sharded:
         log.info(
             "train.distributed.strategy: fsdp in one process: nothing to shard, the model trains unsharded "
-            "(as ddp would; its checkpoints resume unsharded, or sharded in several processes only after a "
-            "fresh start)"
+            "(as ddp would; its checkpoints resume in one process, under ddp or sharded under fsdp)"
         )
     wrapped, float8_choice = raw_model, None
     if sharded:  # FSDP2 before the optimizer, which is built on its DTensors; it casts its gathered weights

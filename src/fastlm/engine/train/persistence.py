@@ -2,9 +2,11 @@
 
 ``Checkpointer.restore()`` applies ``train.resume`` (``resume.plan_resume``: the run digest must match), loads
 the chosen checkpoint once (weights, optimizer, scheduler, grad scaler, RNG states; a sharded FSDP2 model or
-a trainable-only LoRA checkpoint through their own loaders) and returns the :class:`TrainState` to continue
-from (a fresh one when starting over). ``maybe_save(state, position, force=...)`` writes a checkpoint when
-the step is ``due`` (every ``save_every`` steps, the last step, or forced by a stop signal) through ``save``
+a trainable-only LoRA checkpoint through their own loaders; a checkpoint of either strategy in the other, its
+AdamW moments rekeyed: by parameter name under FSDP2, by position otherwise) and returns the
+:class:`TrainState` to continue from (a fresh one when starting over). ``maybe_save(state, position,
+force=...)`` writes a checkpoint when the step is ``due`` (every ``save_every`` steps, the last step, or
+forced by a stop signal) through ``save``
 (``checkpoint.save_checkpoint``: atomic, pruned to ``keep_last``); every rank calls it (FSDP2 gathers the
 whole state dicts collectively), only rank 0 writes.
 """
@@ -30,6 +32,7 @@ from fastlm.engine.distributed.parallel import (
     full_state_dicts,
     is_sharded,
     load_full_state_dicts,
+    optimizer_state_by_index,
 )
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.lora import trains_part_only
@@ -85,7 +88,10 @@ class Checkpointer:
         folder = plan.checkpoint
         if folder is None:
             return TrainState()
-        own_loader = self.sharded or plan.state.get("trainable_only", False)
+        # FSDP2's whole weights, a LoRA run's trained ones, or (unsharded) an FSDP2 checkpoint's: loaded here
+        own_loader = (
+            self.sharded or plan.state.get("trainable_only", False) or plan.state.get("sharded", False)
+        )
         with self.opt.full_precision():  # bf16 weights: the checkpoint's fp32 weights load into the masters
             saved = self._load(folder, plan, own_loader)
         state = TrainState(
@@ -143,10 +149,12 @@ class Checkpointer:
         """The checkpoint's model, optimizer, scheduler and scaler states into this run's; its state. The
         optimizer keeps its moments but trains with this run's settings (``keep_settings``)."""
         given = settings_of(self.opt)
+        # an FSDP2 checkpoint's AdamW moments are keyed by parameter name: rekeyed by position here
+        by_name = not self.sharded and plan.state.get("sharded", False)
         saved = load_checkpoint(
             folder,
             model=None if own_loader else self.model,
-            optimizer=None if self.sharded else self.opt.optimizer,
+            optimizer=None if self.sharded or by_name else self.opt.optimizer,
             scheduler=self.opt.scheduler,
             grad_scaler=self.opt.scaler,
             map_location=self.device,
@@ -160,10 +168,42 @@ class Checkpointer:
                 torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True),
                 trainable_only=self.trainable_only,
             )
-        elif own_loader:
+        elif plan.state.get("trainable_only", False):
             self._load_trainable(folder)
+        elif own_loader:
+            self._load_whole(folder)
+        if by_name:
+            self._load_named_optimizer(folder / OPTIMIZER_FILE)
         keep_settings(self.opt, given, folder)
         return saved
+
+    def _load_whole(self, folder: Path) -> None:
+        """A sharded run's whole weights (``full_state_dicts``: a tied head under its own name too, which a
+        one-process save writes once) into this unsharded model."""
+        file = folder / MODEL_FILE
+        try:
+            self.model.load_state_dict(self._model_file(folder), strict=True)
+        except RuntimeError as error:
+            raise CheckpointError(
+                f"checkpoint file {file} does not match this model: {' '.join(str(error).split())[:300]}.",
+                fix="resume with the train.model settings the checkpoint was written with, or set "
+                "train.resume: never.",
+            ) from error
+
+    def _load_named_optimizer(self, file: Path) -> None:
+        """A sharded run's optimizer state (``full_state_dicts``: whole moments keyed by parameter name) into
+        this unsharded run's optimizer, each parameter's moments on it."""
+        saved = torch.load(file, map_location=self.device, weights_only=True)
+        try:
+            self.opt.optimizer.load_state_dict(
+                optimizer_state_by_index(self.model, self.opt.optimizer, saved)
+            )
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise CheckpointError(
+                f"checkpoint file {file} does not match this run's optimizer: {error}.",
+                fix="resume with the train.model settings the checkpoint was written with, or set "
+                "train.resume: never.",
+            ) from error
 
     def due(self, step: int, *, force: bool = False) -> bool:
         """Whether ``step`` ends with a checkpoint: every ``save_every`` steps, the last step, or
