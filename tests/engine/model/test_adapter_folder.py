@@ -646,11 +646,12 @@ def _seq2seq_adapter(tmp_path, tokenizer, *, forced_by_base: bool):
 def test_an_encoder_decoder_adapter_saved_without_its_generation_config_generates_as_it_trained(
     tmp_path, bos_before_text, caplog
 ):
-    """An encoder-decoder adapter folder saved before adapters kept their generation config (no
-    ``generation_config.json``) is given the setting its training used, rebuilt from the folder's tokenizer
-    (the ``<s>`` it puts before a text forced, or none) and the base's decoder start, said once in the log:
-    loaded and merged, it has the generation settings and the greedy generations of the same adapter saved
-    with its generation config. Was: it generated from the base's generation config, without a word."""
+    """An encoder-decoder adapter folder fastlm's train pipeline saved before adapters kept their generation
+    config (its ``training_data.json``, no ``generation_config.json``) is given the setting its training
+    used, rebuilt from the folder's tokenizer (the ``<s>`` it puts before a text forced, or none) and the
+    base's decoder start, said once in the log: loaded and merged, it has the generation settings and the
+    greedy generations of the same adapter saved with its generation config. Was: it generated from the
+    base's generation config, without a word."""
 
     from fastlm.datasets import PretrainedModelDataset
     from fastlm.engine.data.collators import TextEnds
@@ -660,7 +661,9 @@ def test_an_encoder_decoder_adapter_saved_without_its_generation_config_generate
     tokenizer = bart_style_tokenizer(bos_before_text)
     base, peft_model = _seq2seq_adapter(tmp_path, tokenizer, forced_by_base=not bos_before_text)
     generate_as_trained(peft_model, base.config.decoder_start_token_id, TextEnds.of(tokenizer).head)
-    PretrainedModelDataset(str(tmp_path / "new")).save({"model": peft_model, "tokenizer": tokenizer})
+    PretrainedModelDataset(str(tmp_path / "new")).save(
+        {"model": peft_model, "tokenizer": tokenizer, "training_data": {}}
+    )
     shutil.copytree(tmp_path / "new", tmp_path / "old")
     (tmp_path / "old" / adapter_folder.GENERATION_CONFIG).unlink()
     prompts = tokenizer(
@@ -686,3 +689,49 @@ def test_an_encoder_decoder_adapter_saved_without_its_generation_config_generate
         if adapter_folder.GENERATION_CONFIG in record.getMessage()
     ]
     assert len(said) == 1 and "\n" not in said[0] and str(tmp_path / "old") in said[0], caplog.messages
+
+
+def test_an_encoder_decoder_adapter_peft_saved_generates_with_its_bases_generation_config(tmp_path, caplog):
+    """An encoder-decoder adapter folder peft saved itself (``save_pretrained``: no ``training_data.json``,
+    no ``generation_config.json``) loads and merges with its base's own generation config, as transformers
+    and peft load it, said in one line. Was: it was said "saved by an earlier fastlm" and given fastlm's
+    training-time settings (the ``<s>`` its tokenizer puts before a text forced first) as if it "generates
+    as it trained", for an adapter that may not have trained that way."""
+    from peft import PeftModel
+    from transformers import AutoModelForSeq2SeqLM
+
+    from fastlm.datasets import PretrainedModelDataset
+    from fastlm.datasets.pretrained_model import TRAINING_DATA
+    from tests.support.tiny_seq2seq import bart_style_tokenizer
+
+    tokenizer = bart_style_tokenizer(True)  # <s> before a text: fastlm's training would force it first
+    _, peft_model = _seq2seq_adapter(tmp_path, tokenizer, forced_by_base=False)
+    folder = tmp_path / "peft"
+    peft_model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    assert not (folder / TRAINING_DATA).exists() and not (folder / adapter_folder.GENERATION_CONFIG).exists()
+    settings = ("decoder_start_token_id", "forced_bos_token_id", "bos_token_id", "eos_token_id")
+
+    def generation(model):
+        return {name: getattr(model.generation_config, name) for name in settings}, (
+            model.config.decoder_start_token_id
+        )
+
+    as_peft_loads = PeftModel.from_pretrained(
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"), folder
+    )
+    assert generation(as_peft_loads)[0]["forced_bos_token_id"] is None
+    caplog.set_level(logging.INFO, logger="fastlm.engine.model.adapter_folder")
+    for load in (
+        lambda: adapter_folder.merge_adapter(folder),
+        lambda: PretrainedModelDataset(str(folder)).load()["model"],
+    ):
+        assert generation(load()) == generation(as_peft_loads)
+    said = [
+        record.getMessage()
+        for record in caplog.records
+        if adapter_folder.GENERATION_CONFIG in record.getMessage()
+    ]
+    assert len(said) == 1 and "\n" not in said[0] and str(folder) in said[0], caplog.messages
+    assert "earlier fastlm" not in said[0] and "as it trained" not in said[0], said
+    assert "base's generation config" in said[0], said

@@ -7,7 +7,9 @@ anywhere), and ``base_digest.json`` (``BASE_DIGEST``, taken when the model is bu
 written by ``write_base_digest``) records the base weights it trains on (``base_weights_digest``) and a
 4-bit base's quantization: loading or merging the adapter onto a base folder whose weights changed since is
 refused in one line (``check_base``; an adapter saved without one loads with one warning). An
-encoder-decoder adapter keeps the generation config it trained with (``save_generation_config``).
+encoder-decoder adapter keeps the generation config it trained with (``save_generation_config``); one saved
+without it is given it rebuilt where fastlm's train pipeline saved it, else its base's
+(``adapter_generation_config``).
 
 Loading (``load_adapter_model``): the base found where it lay relative to the adapter (``adapter_base``),
 checked, a QLoRA adapter's base rebuilt as the 4-bit weights it trained on (``as_trained_in_4bit``), tied
@@ -55,13 +57,20 @@ _said_rebuilt: set[str] = set()
 
 def adapter_generation_config(model, folder: str | Path) -> None:
     """``model`` (the base of the adapter in ``folder``) gets the generation config saved with the adapter
-    (``save_generation_config``), where the folder holds one. An encoder-decoder adapter folder saved without
-    one (an earlier fastlm) gets the setting its training used, rebuilt from what the folder holds: the
-    base's decoder start and the tokens the folder's tokenizer puts before a text (``TextEnds.head``, as
-    ``batching.seq2seq_batching`` gives them to ``generate_as_trained``), said once per folder."""
+    (``save_generation_config``), where the folder holds one. An encoder-decoder adapter folder fastlm's
+    train pipeline saved without one (an earlier fastlm: its ``TRAINING_RECORD``) gets the setting its
+    training used, rebuilt from what the folder holds: the base's decoder start and the tokens the folder's
+    tokenizer puts before a text (``TextEnds.head``, as ``batching.seq2seq_batching`` gives them to
+    ``generate_as_trained``); one saved elsewhere (peft's ``save_pretrained``, another tool), whose training
+    fastlm cannot know, keeps its base's generation config, as transformers and peft load it. Either is said
+    once per folder."""
     if not (Path(folder) / GENERATION_CONFIG).is_file():
-        if getattr(model.config, "is_encoder_decoder", False):
+        if not getattr(model.config, "is_encoder_decoder", False):
+            return
+        if (Path(folder) / TRAINING_RECORD).is_file():
             _rebuild_generation_config(model, folder)
+        else:
+            _say_base_generation_config(folder)
         return
     from transformers import GenerationConfig
 
@@ -69,6 +78,25 @@ def adapter_generation_config(model, folder: str | Path) -> None:
     start = model.generation_config.decoder_start_token_id
     if start is not None:
         model.config.decoder_start_token_id = start
+
+
+def _say_base_generation_config(folder: str | Path) -> None:
+    """One line per folder: the encoder-decoder adapter in ``folder``, saved outside fastlm's train pipeline,
+    generates with its base's generation config."""
+    key = str(Path(folder).resolve())
+    if key in _said_rebuilt:
+        return
+    _said_rebuilt.add(key)
+    log.info(
+        "The encoder-decoder LoRA adapter in %s has no %s and none of fastlm's training records (%s): it was "
+        "saved outside fastlm's train pipeline (peft's save_pretrained, another tool, or a fastlm before it "
+        "wrote them) and generates with its base's generation config, as transformers and peft load it "
+        "(put a %s in the folder to generate otherwise).",
+        folder,
+        GENERATION_CONFIG,
+        TRAINING_RECORD,
+        GENERATION_CONFIG,
+    )
 
 
 def _rebuild_generation_config(model, folder: str | Path) -> None:
@@ -89,11 +117,12 @@ def _rebuild_generation_config(model, folder: str | Path) -> None:
         if key not in _said_rebuilt:
             _said_rebuilt.add(key)
             log.warning(
-                "The encoder-decoder LoRA adapter in %s has no %s (saved by an earlier fastlm) and no "
-                "tokenizer that loads (%s): it generates with its base's generation config, which may "
-                "differ from how it trained.",
+                "The encoder-decoder LoRA adapter in %s has no %s (saved by an earlier fastlm, which wrote "
+                "its %s) and no tokenizer that loads (%s): it generates with its base's generation config, "
+                "which may differ from how it trained.",
                 folder,
                 GENERATION_CONFIG,
+                TRAINING_RECORD,
                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
             )
         return
@@ -105,11 +134,12 @@ def _rebuild_generation_config(model, folder: str | Path) -> None:
         _said_rebuilt.add(key)
         forced = f"{head[0]} forced first" if len(head) == 1 else "none forced"
         log.info(
-            "The encoder-decoder LoRA adapter in %s has no %s (saved by an earlier fastlm): it generates as "
-            "it trained, from its base's decoder start token %d and what its tokenizer puts before a text "
-            "(%s)",
+            "The encoder-decoder LoRA adapter in %s has no %s (saved by an earlier fastlm, which wrote its "
+            "%s): it generates as it trained, from its base's decoder start token %d and what its tokenizer "
+            "puts before a text (%s)",
             folder,
             GENERATION_CONFIG,
+            TRAINING_RECORD,
             int(start),
             forced,
         )
