@@ -1,5 +1,6 @@
 """Temporary files and folders written beside a target, then renamed over it (``write_file_atomically``
-here; ``datasets.atomic_folder`` for folders, ``engine.checkpoint.files`` for checkpoints).
+here; ``datasets.atomic_folder`` for folders, ``engine.checkpoint.files`` for checkpoints), and
+:func:`held_exclusively`, for a read-change-write of a file that two processes may do at once.
 
 Each is named with a :func:`writer_tag` (``<host>-<pid>-<hex>``), unique per write, so two writers of one
 target never write into one temporary file, and :func:`tag_writer` reads it back: a process killed part way
@@ -13,6 +14,7 @@ Imports nothing of fastlm: the engine's lowest layers write through it too.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -21,7 +23,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -70,6 +72,27 @@ def write_file_atomically(target: str | Path, write: Callable[[TextIO], object])
         os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def held_exclusively(lock: str | Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the file ``lock`` (created where missing, kept: removing it would let a
+    waiter lock a file another process no longer sees) while the block runs: one process (or thread) at a
+    time, the others wait. Released when the block ends or its process dies; where it cannot be taken (no
+    ``fcntl``: Windows; a filesystem without locks, an unwritable folder), the block runs unheld."""
+    handle = None
+    try:
+        import fcntl  # POSIX; elsewhere the block runs unheld
+
+        handle = open(lock, "a")  # noqa: SIM115 - held open for the block
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    except (ImportError, OSError) as exc:
+        log.debug("%s not locked (%s)", lock, exc)
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
 
 
 def remove_leftovers(target: str | Path) -> None:

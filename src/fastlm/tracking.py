@@ -260,22 +260,15 @@ def setting_up_store():
     them, creates the experiment): one command of this machine at a time. Two starting at once on a project
     without its store both created and migrated the tables, and one failed (``table ... already exists``,
     ``duplicate column name``) and ran untracked. An exclusive ``flock`` on a file in the temporary folder,
-    released when the block ends or its process dies; where it cannot be taken, the block runs unheld."""
+    released when the block ends or its process dies; where it cannot be taken, the block runs unheld
+    (``temporary_files.held_exclusively``)."""
     import tempfile
 
-    handle = None
-    try:
-        import fcntl  # POSIX; elsewhere the block runs unheld
+    from fastlm.temporary_files import held_exclusively
 
-        handle = open(Path(tempfile.gettempdir()) / f"fastlm-mlflow-setup-{os.getuid()}.lock", "a")  # noqa: SIM115
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-    except (ImportError, OSError) as exc:
-        log.debug("MLflow store set-up not serialized (%s)", exc)
-    try:
+    user = getattr(os, "getuid", lambda: "")()  # POSIX; elsewhere no lock is taken
+    with held_exclusively(Path(tempfile.gettempdir()) / f"fastlm-mlflow-setup-{user}.lock"):
         yield
-    finally:
-        if handle is not None:
-            handle.close()  # releases the lock
 
 
 # How long the store's check waits for a command that holds the SQLite store locked (a write, a migration of

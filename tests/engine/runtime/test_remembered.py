@@ -149,8 +149,49 @@ def test_what_a_killed_write_left_beside_the_file_is_removed_by_the_next(tmp_pat
     beside it for good (each run names its own). The next write removes what a writer no longer alive left."""
     choices, model = RememberedChoices(tmp_path / "runtime_choices.json"), toy_model()
     key = choice_key(cpu(), model, BATCH)
+    lock = ".runtime_choices.json.lock"  # kept: the writers' lock (held_exclusively)
     killed_at_first_rename(lambda: choices.put(key, {"precision": "bf16", "reason": "killed"}))
-    assert len(list(tmp_path.iterdir())) == 1  # the killed write's temporary file, nothing else
+    left = [path.name for path in tmp_path.iterdir() if path.name != lock]
+    assert len(left) == 1 and left[0].startswith(".runtime_choices.json.tmp-"), left  # nothing else
     choices.put(key, {"precision": "fp32", "reason": "r"})
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["runtime_choices.json"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [lock, "runtime_choices.json"]
     assert choices.get(key)["precision"] == "fp32"
+
+
+def test_two_runs_keeping_their_choices_in_one_file_at_once_keep_both(tmp_path, monkeypatch):
+    """Two trainings of other run names share ``<train.checkpoint_dir>/runtime_choices.json``; each read the
+    file, added its entry and wrote it: the second to read wrote over the first's entry (which measured
+    again next time). Here the first reads and waits (up to 0.5 s) for the second to read too before it
+    writes: the update is read, merged and written under one lock, so the second reads the first's entry and
+    the file keeps both."""
+    import threading
+
+    choices, model = RememberedChoices(tmp_path / "runtime_choices.json"), toy_model()
+    keys = [choice_key(cpu(), model, batch) for batch in (BATCH, LONGER)]
+    read = RememberedChoices._entries
+    first_read, second_read = threading.Event(), threading.Event()
+
+    def entries(self, *, warn):
+        found = read(self, warn=warn)
+        if threading.current_thread().name == "first":
+            first_read.set()
+            second_read.wait(0.5)  # without a lock, the second reads the file the first has not written
+        else:
+            second_read.set()
+        return found
+
+    monkeypatch.setattr(RememberedChoices, "_entries", entries)
+
+    def second():
+        first_read.wait(5)
+        choices.put(keys[1], {"precision": "fp32", "reason": "second"})
+
+    first = threading.Thread(target=lambda: choices.put(keys[0], {"precision": "bf16", "reason": "first"}))
+    first.name = "first"
+    other = threading.Thread(target=second, name="second")
+    first.start()
+    other.start()
+    first.join(5)
+    other.join(5)
+    monkeypatch.undo()
+    assert [(choices.get(key) or {}).get("reason") for key in keys] == ["first", "second"]

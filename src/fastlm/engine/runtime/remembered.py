@@ -10,7 +10,10 @@ parameters and the micro-batch shape); a later run with the same key trains in t
 where it came from. Another key (a new torch, another model or batch shape, more threads) is measured again;
 deleting the file measures everything again. A file that cannot be read is measured over and written anew
 (one warning); one that cannot be written leaves the run as measured (one warning). It is written once, when
-the probe measures (before the first step), atomically (``temporary_files.write_file_atomically``).
+the probe measures (before the first step), atomically (``temporary_files.write_file_atomically``). Two
+trainings of other run names share it: each reads it, adds its entry and writes it under an exclusive lock
+(``temporary_files.held_exclusively`` on ``.runtime_choices.json.lock`` beside it), so neither writes over the
+other's entry.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.observe import strict_json
 from fastlm.engine.runtime.environment import Runtime
-from fastlm.temporary_files import write_file_atomically
+from fastlm.temporary_files import held_exclusively, write_file_atomically
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +84,19 @@ class RememberedChoices:
         return record if isinstance(record, dict) else None
 
     def put(self, key: dict, record: dict) -> None:
-        """Keep ``record`` under ``key``, written atomically; a failure warns and changes nothing else."""
-        entries = self._entries(warn=False)
+        """Keep ``record`` under ``key`` with the entries the file holds when it is written: read, merged and
+        written atomically under the file's lock (another run's entry kept); a failure warns and changes
+        nothing else."""
         measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        entries[_digest(key)] = {**record, "measured": measured, "key": key}
-        text = strict_json.dumps({"version": VERSION, "choices": entries}, indent=1, ensure_ascii=False)
         try:
-            write_file_atomically(self.path, lambda handle: handle.write(text))
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with held_exclusively(self.path.with_name(f".{self.path.name}.lock")):
+                entries = self._entries(warn=False)
+                entries[_digest(key)] = {**record, "measured": measured, "key": key}
+                text = strict_json.dumps(
+                    {"version": VERSION, "choices": entries}, indent=1, ensure_ascii=False
+                )
+                write_file_atomically(self.path, lambda handle: handle.write(text))
         except OSError as error:
             log.warning(
                 "runtime choice not kept in %s (%s: %s): the next run measures again",
