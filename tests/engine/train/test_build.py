@@ -132,3 +132,33 @@ def test_settle_request_refuses_flex_attention_on_a_cpu_in_one_line(tmp_path, se
     with pytest.raises(ConfigError, match="flex_attention.*CPU") as refused:
         settle_request(request)
     assert "\n" not in str(refused.value) and "train.model.attn_implementation" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("warmup", "decay", "said"),
+    [
+        (20, "cosine", "the cosine decay never starts"),
+        (7, "linear", "the linear decay never starts"),
+        (20, "constant", "warms up over 7 steps, not 20"),
+        (7, "constant", None),  # the warmup asked for, to the last step, and no decay asked for
+        (6, "linear", None),
+    ],
+)
+def test_a_warmup_of_the_whole_run_is_said_in_one_line(tmp_path, caplog, warmup, decay, said):
+    """``warmup_steps`` not below the run's steps (the default 20 and a small data set's few steps): the
+    warmup is cut to the run's steps, so the rate rises to the peak at the last step and the decay asked for
+    never happens (the run ends at ``lr``, not at ``min_lr_ratio`` x ``lr``). That was silent."""
+    request = settle_request(
+        _request(tmp_path, max_steps=7, optimizer={"warmup_steps": warmup, "decay": decay, "lr": 1e-2})
+    )
+    with caplog.at_level("WARNING", logger="fastlm.engine.train.build"), ExitStack() as cleanup:
+        parts = build_training(request, cleanup)
+        last = parts.opt.scheduler.lr_lambdas[0](parts.total_steps - 1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if said is None:
+        assert warnings == []
+        return
+    assert last == 1.0  # the peak at the last step: what the line warns of
+    assert len(warnings) == 1 and said in warnings[0], warnings
+    assert f"train.optimizer.warmup_steps {warmup}" in warnings[0] and "below 7" in warnings[0]
+    assert "\n" not in warnings[0]

@@ -35,7 +35,7 @@ from fastlm.engine.batching import (
     step_plan,
     trained_samples,
 )
-from fastlm.engine.config import TrainParams
+from fastlm.engine.config import OptimizerParams, TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess, gradient_sync, wrap_model
 from fastlm.engine.evaluate.evaluation import EvalOptions, EvaluationReport, evaluate
@@ -323,6 +323,8 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         ),
     )
     _log_start(params, total_steps, steps_per_epoch, comm.world_size, holds)
+    if comm.is_main:
+        _warn_whole_run_warmup(params.optimizer, total_steps)
     log.info("loss: %s", opt.fused_choice)
     budget = TimeLimit(params.max_minutes)  # train.max_minutes: a stop at a step boundary
     early = _early_stopping(params, state, total_steps)  # train.early_stopping (engine/train/early_stop.py)
@@ -574,6 +576,29 @@ def _early_stopping(params: TrainParams, state: TrainState, total_steps: int) ->
         )
     return EarlyStopping.from_record(
         state.early_stopping, patience=settings.patience, min_delta=settings.min_delta
+    )
+
+
+def _warn_whole_run_warmup(settings: OptimizerParams, total_steps: int) -> None:
+    """One warning where ``train.optimizer.warmup_steps`` is not below the run's steps: the schedule cuts the
+    warmup to the run's steps (``step.make_optimization``), so the rate reaches ``lr`` at the last step and a
+    decay asked for never starts; a constant rate's warmup is cut short."""
+    warmup, decay = settings.warmup_steps, settings.decay
+    if warmup < total_steps or (decay == "constant" and warmup == total_steps):
+        return
+    what = (
+        f"warms up over {total_steps} steps, not {warmup}"
+        if decay == "constant"
+        else f"rises to train.optimizer.lr at its last step and the {decay} decay never starts"
+    )
+    log.warning(
+        "train.optimizer.warmup_steps %d is not below this run's %d optimizer steps: the rate %s. Set "
+        "warmup_steps below %d (a tenth of the steps is usual: %d) for the schedule asked for.",
+        warmup,
+        total_steps,
+        what,
+        total_steps,
+        max(1, total_steps // 10),
     )
 
 
