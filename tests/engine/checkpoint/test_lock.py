@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -79,3 +80,31 @@ def test_a_stale_lock_another_run_took_over_meanwhile_is_not_taken_from_it(tmp_p
     assert f"PID {first['pid']}" in str(raised.value) and "\n" not in str(raised.value)
     assert json.loads(lock.read_text()) == first
     assert sorted(path.name for path in tmp_path.iterdir()) == [LOCK_FILE]  # no takeover file left
+
+
+@pytest.mark.parametrize("age_s", [60.0, 0.0], ids=["left-by-a-killed-run", "held-now"])
+def test_a_takeover_guard_left_by_a_killed_run_is_removed_and_a_fresh_one_refused(tmp_path, caplog, age_s):
+    """Round twenty-one: a run killed while it held ``.lock.takeover`` (held for one read and one unlink)
+    left it behind, and every later run failed after ~1 s asking to delete it. A guard older than
+    ``GUARD_STALE_S`` is no process's: removed with one warning, and the stale lock taken over; a fresh one
+    is another run's and still refused."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / LOCK_FILE
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    guard = tmp_path / (LOCK_FILE + ".takeover")
+    guard.touch()
+    past = time.time() - age_s
+    os.utime(guard, (past, past))
+    if age_s:
+        with checkpoint_lock(tmp_path):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+        assert sorted(path.name for path in tmp_path.iterdir()) == []
+        warnings = [record.getMessage() for record in caplog.records if str(guard) in record.getMessage()]
+        assert len(warnings) == 1 and "\n" not in warnings[0]
+    else:
+        with pytest.raises(CheckpointError, match="takeover") as raised:
+            with checkpoint_lock(tmp_path):
+                pass
+        assert "\n" not in str(raised.value)
+        assert guard.exists() and json.loads(lock.read_text())["pid"] == dead.pid

@@ -94,9 +94,9 @@ def held_lock(
         break
     else:
         raise CheckpointError(
-            f"could not take the lock {lock}.",
-            fix=f"make sure no other process writes there, delete the file (and {_guard(lock)} if it is "
-            "left) and rerun.",
+            f"could not take the lock {lock}: another process held {_guard(lock)} meanwhile.",
+            fix=f"make sure no other process writes there and rerun in {GUARD_STALE_S:g} s (a guard left "
+            "by a killed process is removed then).",
         )
     try:
         yield lock
@@ -110,10 +110,12 @@ def held_lock(
 
 # A stale lock is removed under a guard file, and only while it still holds what was read as stale: two runs
 # that both found it stale would otherwise each remove it by name, the second removing the lock the first had
-# just taken, and both write into one folder. The guard is held for a read and an unlink; one left behind (its
-# process killed in between) ends the attempts with a line naming it.
+# just taken, and both write into one folder. The guard is held for a read and an unlink (microseconds): one
+# older than GUARD_STALE_S was left by a process killed in between, and is removed (one warning); a younger
+# one that stays through the attempts ends them with a line naming it.
 _ATTEMPTS = 20
 _GUARD_WAIT_S = 0.05
+GUARD_STALE_S = 10.0
 
 
 def _guard(lock: Path) -> Path:
@@ -127,12 +129,50 @@ def _remove_if_unchanged(lock: Path, seen: str | None) -> bool:
     try:
         os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
-        return False
+        if not _remove_stale_guard(guard):
+            return False
+        try:
+            os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False  # another process took the guard first
     try:
         if _lock_text(lock) == seen:
             lock.unlink(missing_ok=True)
     finally:
         guard.unlink(missing_ok=True)
+    return True
+
+
+def _remove_stale_guard(guard: Path) -> bool:
+    """Remove ``guard`` if it is older than :data:`GUARD_STALE_S` (its process was killed while holding it);
+    True when it is gone. It is moved aside to a name of this process's first and removed only if that is
+    the file found stale: two processes that both found it stale would otherwise each remove it by name, the
+    second removing the guard the first had just taken."""
+    try:
+        seen = guard.stat()
+    except FileNotFoundError:
+        return True
+    if time.time() - seen.st_mtime < GUARD_STALE_S:
+        return False
+    aside = guard.with_name(f"{guard.name}.{socket.gethostname()}-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.rename(guard, aside)
+    except FileNotFoundError:
+        return True  # another process removed it first
+    moved = aside.stat()
+    if (moved.st_dev, moved.st_ino, moved.st_mtime_ns) != (seen.st_dev, seen.st_ino, seen.st_mtime_ns):
+        try:  # another process's fresh guard, taken in between: put it back
+            os.link(aside, guard)
+        except OSError:
+            pass
+        aside.unlink(missing_ok=True)
+        return False
+    aside.unlink(missing_ok=True)
+    log.warning(
+        "removed %s, left %.0f s ago by a process killed while it took over a stale lock",
+        guard,
+        time.time() - seen.st_mtime,
+    )
     return True
 
 
