@@ -157,11 +157,23 @@ def encode_inputs(
     return _encoded(rendered, tokenizer)
 
 
+# Texts tokenized in one call: a call holds each text's whole encoding (tokens, offsets, masks: ~3 KB a short
+# prompt) until it returns, so a whole input in one call grew the peak memory with its rows (~90 MB for
+# 30,000 short prompts); slices keep it flat at no measurable cost in time.
+ENCODE_SLICE_ROWS = 1024
+
+
 def _encoded(rendered: list[str], tokenizer) -> list[list[int]]:
-    """Rendered prompts tokenized as training tokenized them (``encode_inputs``)."""
-    encoded = tokenizer(rendered, add_special_tokens=False, **UNPADDED)["input_ids"] if rendered else []
+    """Rendered prompts tokenized as training tokenized them (``encode_inputs``), ``ENCODE_SLICE_ROWS`` at a
+    time."""
     bos = leading_bos(tokenizer)
-    return [[bos, *ids] if bos is not None and ids[:1] != [bos] else list(ids) for ids in encoded]
+    encoded = []
+    for begin in range(0, len(rendered), ENCODE_SLICE_ROWS):
+        piece = tokenizer(rendered[begin : begin + ENCODE_SLICE_ROWS], add_special_tokens=False, **UNPADDED)
+        encoded.extend(
+            [bos, *ids] if bos is not None and ids[:1] != [bos] else list(ids) for ids in piece["input_ids"]
+        )
+    return encoded
 
 
 def input_rows(
