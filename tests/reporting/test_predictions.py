@@ -442,6 +442,34 @@ def test_a_run_whose_rows_all_came_from_an_earlier_run_says_no_speed(tmp_path, m
     assert sum(line.startswith(f"Predicted {len(rows)} of {len(rows)} rows") for line in again) == 1, again
 
 
+@pytest.mark.parametrize(("tick_s", "expected"), [(0.0, 2), (31.0, 5)], ids=["fast", "slow"])
+def test_the_progress_line_comes_at_the_first_and_last_chunk_and_every_half_minute(
+    monkeypatch, tick_s, expected
+):
+    """A line a chunk (4 batches) was about 780 INFO lines for 50,000 rows at the default batch of 16: now
+    the first chunk's (the rate seen early), then one at most every ``PROGRESS_EVERY_S`` seconds, and the
+    last chunk's. 20 rows at batch 1 are 5 chunks: 2 lines when the clock stands still, 5 when each chunk
+    takes longer than the interval."""
+    import itertools
+    import logging.handlers
+
+    from fastlm.reporting import predictions
+
+    seen = logging.handlers.BufferingHandler(capacity=100)
+    logger = logging.Logger("predict-progress", logging.INFO)
+    logger.addHandler(seen)
+    monkeypatch.setattr(predictions, "log", logger)
+    clock = itertools.count(0.0, tick_s) if tick_s else itertools.repeat(0.0)
+    monkeypatch.setattr(predictions, "perf_counter", lambda: next(clock))
+    model, tokenizer = line_end_llama()
+    rows = text_rows([chr(ord("a") + i) for i in range(20)], tokenizer)
+    job = PredictionJob(decoding={}, max_new_tokens=2, batch_size=1)
+    predict_rows(model, tokenizer, rows, job, runtime=_cpu("fp32"))
+    lines = [record.getMessage() for record in seen.buffer if "rows/s" in record.getMessage()]
+    assert len(lines) == expected, lines
+    assert lines[0].startswith("predict: 4/20 rows") and lines[-1].startswith("predict: 20/20 rows")
+
+
 def test_inputs_longer_than_the_tokenizers_own_limit_give_no_indexing_warning(tokenizer, capfd, caplog):
     """Predict truncates to the model's positions itself (``input_limit``): the tokenizer's warning that
     the sequence "will result in indexing errors" (its own ``model_max_length``, the split's max_length)

@@ -73,6 +73,7 @@ PREDICTION_COLUMNS = [
 # the model's generation_config.eos_token_id) ended it, or max_new_tokens cut it; a refused row has none.
 STOP, LENGTH = "stop", "length"
 CHUNK_BATCHES = 4  # batches per chunk: the unit of progress, of the log line and of what a resumed run keeps
+PROGRESS_EVERY_S = 30.0  # the progress line: the first chunk's, then at most one this often, and the last's
 LISTED_REFUSALS = 20  # refused rows named one by one in the summary (all are counted)
 
 
@@ -364,6 +365,7 @@ def predict_rows(
             generated_on["dtype"],
         )
     bar, seconds, new_tokens, generated, begun = _progress(len(valid), resumed), 0.0, 0, 0, perf_counter()
+    said_at, last = begun, max((i for i in range(len(chunks)) if i not in done), default=-1)
     try:
         for index, chunk in enumerate(chunks):
             if index in done:
@@ -390,14 +392,17 @@ def predict_rows(
                 if parts is not None:
                     parts.append(key, index, outputs)
                 rate = generated / seconds if seconds > 0 else float("nan")
-                log.info(
-                    "predict: %d/%d rows, %.1f rows/s, %.0f generated tokens/s, eta %.0fs",
-                    resumed + generated,
-                    len(valid),
-                    rate,
-                    new_tokens / seconds if seconds > 0 else 0,
-                    (len(valid) - resumed - generated) / rate if rate > 0 else 0,
-                )
+                now = perf_counter()  # the first chunk's line, then one every PROGRESS_EVERY_S, the last's
+                if generated == len(chunk) or now - said_at >= PROGRESS_EVERY_S or index == last:
+                    said_at = now
+                    log.info(
+                        "predict: %d/%d rows, %.1f rows/s, %.0f generated tokens/s, eta %.0fs",
+                        resumed + generated,
+                        len(valid),
+                        rate,
+                        new_tokens / seconds if seconds > 0 else 0,
+                        (len(valid) - resumed - generated) / rate if rate > 0 else 0,
+                    )
                 if bar is not None:
                     bar.update(len(chunk))
             for row, ids in zip(chunk, outputs, strict=True):
