@@ -72,6 +72,7 @@ def test_the_levers_a_run_used_become_parameters_of_its_run(active_run, tmp_path
         logged["fused_linear"] == "False" and logged["fused_linear_choice"] == summary["fused_linear_choice"]
     )
     assert "fused_linear_kernel" not in logged and summary["fused_linear_kernel"] is None
+    assert logged["warmup_steps"] == "2" == str(summary["warmup_steps"])  # the schedule's warmup
     assert logged["runtime.float8_choice"] == summary["runtime"]["float8_choice"]  # the runtime's, once
 
 

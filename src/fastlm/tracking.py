@@ -48,6 +48,7 @@ SUMMARY_PARAMS = (
     "param_dtype",
     "cuda_graphs",
     "recompile_limit_hit",  # functions dynamo ran eagerly past torch._dynamo.config.recompile_limit
+    "warmup_steps",  # the schedule's: train.optimizer.warmup_ratio's of the planned steps where it is set
 )
 
 

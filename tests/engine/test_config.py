@@ -121,3 +121,25 @@ def test_the_checks_across_processes_count_the_processes_a_step_spans(monkeypatc
         assert parse_train_params(graphs).distributed.strategy == "fsdp"
         with pytest.raises(ConfigError, match="in_backward updates the fp32 masters"):
             parse_train_params(in_backward)
+
+
+@pytest.mark.parametrize("optimizer", [{"warmup_ratio": 0.1}, {"warmup_steps": 20, "warmup_ratio": 0.1}])
+def test_a_warmup_ratio_beside_warmup_steps_left_at_its_default_is_taken(optimizer):
+    """The conf sets ``warmup_steps: 20`` (the default), so a ``warmup_ratio`` given over it is the
+    Trainer's: the warmup is then derived from the run's planned steps."""
+    settings = parse_train_params({"optimizer": optimizer}).optimizer
+    assert settings.warmup_ratio == 0.1 and settings.warmup_steps == 20
+
+
+def test_a_warmup_ratio_with_another_warmup_steps_is_refused_in_one_line_naming_both():
+    with pytest.raises(ConfigError) as raised:
+        parse_train_params({"optimizer": {"warmup_steps": 50, "warmup_ratio": 0.1}})
+    message = str(raised.value)
+    assert "train.optimizer.warmup_steps" in message and "warmup_ratio" in message and "\n" not in message
+    assert "Fix:" in message
+
+
+@pytest.mark.parametrize("ratio", [1.0, -0.1])
+def test_a_warmup_ratio_outside_zero_to_one_is_refused(ratio):
+    with pytest.raises(ConfigError, match="train.optimizer.warmup_ratio"):
+        parse_train_params({"optimizer": {"warmup_ratio": ratio}})

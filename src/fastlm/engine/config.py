@@ -309,6 +309,13 @@ class OptimizerParams(Params):
     eps: float = Field(1e-8, gt=0)
     grad_clip: float | None = Field(1.0, gt=0)
     warmup_steps: int = Field(20, ge=0)
+    warmup_ratio: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="the Trainer's warmup_ratio: the warmup is ceil(warmup_ratio x the run's planned "
+        "optimizer steps) (max_steps, or every epoch's), in place of warmup_steps, left at its default",
+    )
     decay: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     in_backward: bool = Field(
@@ -336,6 +343,17 @@ class OptimizerParams(Params):
                 "gradient by their global norm first; set grad_clip: null, or in_backward false"
             )
         return value
+
+    @model_validator(mode="after")
+    def _one_warmup(self):
+        default = type(self).model_fields["warmup_steps"].default
+        if self.warmup_ratio is not None and self.warmup_steps != default:
+            raise ValueError(
+                f"warmup_steps {self.warmup_steps} and warmup_ratio {self.warmup_ratio:g} both set the "
+                f"warmup; keep one: warmup_ratio with warmup_steps at its default {default}, or "
+                "warmup_ratio: null"
+            )
+        return self
 
     @field_validator("name")
     @classmethod

@@ -9,6 +9,7 @@ from contextlib import ExitStack
 
 import numpy as np
 import pytest
+import torch
 
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.engine.train.build import TrainRequest, build_training, settle_request
@@ -162,3 +163,63 @@ def test_a_warmup_of_the_whole_run_is_said_in_one_line(tmp_path, caplog, warmup,
     assert len(warnings) == 1 and said in warnings[0], warnings
     assert f"train.optimizer.warmup_steps {warmup}" in warnings[0] and "below 7" in warnings[0]
     assert "\n" not in warnings[0]
+
+
+def _lr_factors(scheduler, total: int) -> list[float]:
+    """The multiplier of the peak rate at each of ``total`` steps, as the scheduler steps."""
+    factors = []
+    for _ in range(total):
+        factors.append(scheduler.get_last_lr()[0] / scheduler.base_lrs[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    return factors
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear"])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {"max_steps": 7},
+        {"max_steps": None, "epochs": 2},
+        {"max_steps": None, "epochs": 2, "max_minutes": 0.01},
+    ],
+    ids=["max-steps", "epochs", "epochs-time-budget"],
+)
+def test_a_warmup_ratio_is_the_trainers_over_the_runs_planned_steps(tmp_path, decay, plan):
+    """``warmup_ratio`` r warms up over ceil(r x T) steps, T the run's planned optimizer steps (max_steps, or
+    every epoch's; a time budget stops early, the plan is still T), and decays as the Trainer's
+    ``get_scheduler`` then does. fastlm's warmup starts at lr / warmup (the Trainer's at 0): compared as
+    such; ``min_lr_ratio`` 0 decays to 0 as the Trainer's does."""
+    from transformers import get_scheduler
+
+    ratio = 0.3
+    optimizer = {"warmup_steps": 20, "warmup_ratio": ratio, "decay": decay, "min_lr_ratio": 0.0}
+    request = settle_request(_request(tmp_path, **plan, optimizer=optimizer))
+    with ExitStack() as cleanup:
+        parts = build_training(request, cleanup)
+        total = parts.plan.total_steps
+        ours = [parts.opt.scheduler.lr_lambdas[0](step) for step in range(total)]
+    assert total == parts.total_steps > 4 and (total == 7 or not plan.get("max_steps"))
+    warmup = math.ceil(total * ratio)
+    param = torch.zeros(1, requires_grad=True)
+    theirs = _lr_factors(
+        get_scheduler(
+            decay, torch.optim.SGD([param], lr=1.0), num_warmup_steps=warmup, num_training_steps=total
+        ),
+        total,
+    )
+    assert ours[:warmup] == [(step + 1) / warmup for step in range(warmup)]  # the same quotients
+    # the same cosine / line of (step - warmup) / (total - warmup): a few float operations apart
+    assert ours[warmup:] == pytest.approx(theirs[warmup:], rel=1e-12, abs=1e-15)
+
+
+def test_a_warmup_ratio_of_the_whole_run_is_said_naming_the_ratio(tmp_path, caplog):
+    """ceil(0.7 x 3) = 3 warmup steps of a 3-step run: the warning of a warmup not below the run's steps
+    names the ratio it came from and the steps it gave."""
+    optimizer = {"warmup_steps": 20, "warmup_ratio": 0.7, "decay": "cosine"}
+    request = settle_request(_request(tmp_path, max_steps=3, optimizer=optimizer))
+    with caplog.at_level("WARNING", logger="fastlm.engine.train.build"), ExitStack() as cleanup:
+        build_training(request, cleanup)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "train.optimizer.warmup_ratio 0.7" in warnings[0], warnings
+    assert "3 warmup steps" in warnings[0] and "below this run's 3" in warnings[0] and "\n" not in warnings[0]

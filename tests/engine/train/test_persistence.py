@@ -150,6 +150,34 @@ def test_a_resumed_run_trains_with_the_optimizer_settings_it_is_given(tmp_path, 
     assert len(said) == 1 and "lr 0.01 -> 0.001" in said[0] and "weight_decay 0.1 -> 0" in said[0], said
 
 
+def test_a_resumed_run_derives_its_warmup_ratio_from_the_whole_plan(tmp_path, monkeypatch):
+    """``warmup_ratio`` is resumed as ``warmup_steps`` is: the checkpoint is continued (not in the digest)
+    and this run's schedule applies from its step on, its warmup ceil(r x T) of the run's planned T (6 here,
+    not the 3 steps left), recorded in the summary as the warmup the schedule ran."""
+    from fastlm.engine.train.schedule import LRSchedule
+    from tests.support.toy_training import run_toy
+
+    applied = []
+    adamw_step = torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):
+        applied.append(self.param_groups[0]["lr"])
+        return adamw_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    steady = {"log_every": 1, "eval_every": None, "save_every": 100, "resume": "auto"}
+    first = {"lr": 1e-2, "warmup_steps": 20, "warmup_ratio": 0.5, "decay": "linear"}
+    done = run_toy(toy_params(tmp_path, optimizer=first, max_steps=3, **steady))
+    assert done.summary["warmup_steps"] == 2  # ceil(0.5 x 3)
+    assert applied == [LRSchedule(1e-2, 3, 2, "linear").lr_at(step) for step in range(3)]  # exact
+    applied.clear()
+    second = {**first, "warmup_ratio": 0.6}
+    resumed = run_toy(toy_params(tmp_path, optimizer=second, max_steps=6, **steady))
+    assert resumed.summary["steps_trained"] == 3 and resumed.summary["resumed_from_step"] == 3
+    assert resumed.summary["warmup_steps"] == 4  # ceil(0.6 x 6)
+    assert applied == [LRSchedule(1e-2, 6, 4, "linear").lr_at(step) for step in range(3, 6)]
+
+
 def test_a_checkpoint_packed_with_another_resolved_row_length_is_not_continued(tmp_path, monkeypatch, caplog):
     """``row_length: auto`` resolves to the data's row length rounded up to float8's token multiple, which
     the device decides (16 on a CUDA device float8 auto may use, else 1) and the digest does not see: with

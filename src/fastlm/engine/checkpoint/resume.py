@@ -43,7 +43,9 @@ is refused in one line. ``never`` starts fresh the same way.
 Learning-rate schedule when the total changes: the schedule is rebuilt for the NEW total and the saved
 scheduler position (the step) is restored, so warm-up and decay follow the new length from the resumed step on
 (the rate at the resumed step jumps to where the longer schedule is at that step); the Hugging Face Trainer
-does the same.
+does the same. ``train.optimizer.warmup_ratio`` derives its warmup from that total, the plan's (never the
+steps left); like ``warmup_steps`` and the other optimizer settings it is not in the digest: a run resumed
+with another applies it from the resumed step on.
 """
 
 from __future__ import annotations

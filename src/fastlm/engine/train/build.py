@@ -14,6 +14,7 @@ budget. What the loop uses comes back as one ``TrainingParts``.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,7 @@ from fastlm.engine.train.early_stop import EarlyStopping
 from fastlm.engine.train.master_weights import choose_param_dtype
 from fastlm.engine.train.persistence import Checkpointer
 from fastlm.engine.train.records import Callback, Recorder, step_contents
+from fastlm.engine.train.schedule import asked_warmup
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization, make_optimization
 from fastlm.engine.train.time_limit import TimeLimit
@@ -580,10 +582,11 @@ def _early_stopping(params: TrainParams, state: TrainState, total_steps: int) ->
 
 
 def _warn_whole_run_warmup(settings: OptimizerParams, total_steps: int) -> None:
-    """One warning where ``train.optimizer.warmup_steps`` is not below the run's steps: the schedule cuts the
-    warmup to the run's steps (``step.make_optimization``), so the rate reaches ``lr`` at the last step and a
-    decay asked for never starts; a constant rate's warmup is cut short."""
-    warmup, decay = settings.warmup_steps, settings.decay
+    """One warning where the warmup (``train.optimizer.warmup_steps``, or ``warmup_ratio``'s ceil(ratio x the
+    run's steps)) is not below the run's steps: the schedule cuts the warmup to the run's steps
+    (``schedule.run_schedule``), so the rate reaches ``lr`` at the last step and a decay asked for never
+    starts; a constant rate's warmup is cut short."""
+    warmup, decay = asked_warmup(settings, total_steps), settings.decay
     if warmup < total_steps or (decay == "constant" and warmup == total_steps):
         return
     what = (
@@ -591,14 +594,25 @@ def _warn_whole_run_warmup(settings: OptimizerParams, total_steps: int) -> None:
         if decay == "constant"
         else f"rises to train.optimizer.lr at its last step and the {decay} decay never starts"
     )
+    ratio = settings.warmup_ratio
+    asked, fix = (
+        (
+            f"train.optimizer.warmup_steps {warmup} is",
+            f"warmup_steps below {total_steps} (a tenth of the steps is usual: {max(1, total_steps // 10)})",
+        )
+        if ratio is None
+        else (
+            f"train.optimizer.warmup_ratio {ratio:g} gives {warmup} warmup steps,",
+            f"warmup_ratio at most {math.floor(1000 * (total_steps - 1) / total_steps) / 1000:g} "
+            "(0.1 is usual)",
+        )
+    )
     log.warning(
-        "train.optimizer.warmup_steps %d is not below this run's %d optimizer steps: the rate %s. Set "
-        "warmup_steps below %d (a tenth of the steps is usual: %d) for the schedule asked for.",
-        warmup,
+        "%s not below this run's %d optimizer steps: the rate %s. Set %s for the schedule asked for.",
+        asked,
         total_steps,
         what,
-        total_steps,
-        max(1, total_steps // 10),
+        fix,
     )
 
 

@@ -42,6 +42,7 @@ from fastlm.engine.train.build import TrainingParts, TrainRequest, build_trainin
 from fastlm.engine.train.early_stop import EarlyStopping
 from fastlm.engine.train.persistence import Checkpointer
 from fastlm.engine.train.records import Callback, run_summary
+from fastlm.engine.train.schedule import run_schedule
 from fastlm.engine.train.signals import GracefulStop, TrainingInterrupted
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization, StepResult, train_step
@@ -303,6 +304,8 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         attention=run.attn,
         profile=run.profiler.summary,
         planned_steps=run.total_steps,
+        # the schedule's warmup: warmup_steps, or warmup_ratio's of the planned steps, cut to them
+        warmup_steps=run_schedule(params.optimizer, run.total_steps).warmup_steps,
         stopped_by=stopped_by,
         **run.holds,
         early_stopping=early_summary,

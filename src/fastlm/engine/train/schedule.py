@@ -4,14 +4,23 @@
 at ``peak / warmup_steps`` (not 0, which would waste the first update) and reaches the peak at step
 ``warmup_steps - 1``; the decay then runs from step ``warmup_steps`` to ``total_steps``, where it reaches
 ``min_lr_ratio × peak`` and stays.
+
+A run's schedule (:func:`run_schedule`) warms up over ``train.optimizer.warmup_steps``, or over
+ceil(``warmup_ratio`` × the run's planned optimizer steps) as the Hugging Face Trainer's ``warmup_ratio``
+(:func:`asked_warmup`): the plan's total, the same on every process and for a resumed run of the same
+plan, whatever step a time budget or early stopping ends it at; either is cut to the run's steps.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from fastlm.engine.config import OptimizerParams
 
 DECAYS = ("cosine", "linear", "constant")
 
@@ -59,3 +68,23 @@ def make_lr_scheduler(
         group["lr"] = schedule.peak_lr * group.get("lr_scale", 1.0)
         group.pop("initial_lr", None)  # LambdaLR takes the base rate from here when it exists
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor_at)
+
+
+def asked_warmup(settings: OptimizerParams, total_steps: int) -> int:
+    """The warmup steps ``settings`` ask of a run of ``total_steps`` planned optimizer steps:
+    ``warmup_steps``, or ceil(``warmup_ratio`` × ``total_steps``) as the Trainer computes it
+    (``TrainingArguments.get_warmup_steps``); not yet cut to the run's steps."""
+    if settings.warmup_ratio is None:
+        return settings.warmup_steps
+    return math.ceil(total_steps * settings.warmup_ratio)
+
+
+def run_schedule(settings: OptimizerParams, total_steps: int) -> LRSchedule:
+    """The schedule of a run of ``total_steps`` planned optimizer steps, its warmup cut to them."""
+    return LRSchedule(
+        settings.lr,
+        total_steps,
+        min(asked_warmup(settings, total_steps), total_steps),
+        settings.decay,
+        settings.min_lr_ratio,
+    )

@@ -28,7 +28,7 @@ from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8
 from fastlm.engine.train.master_weights import BackwardUpdates, MasterWeights, choose_param_dtype
 from fastlm.engine.train.optim import make_optimizer
-from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
+from fastlm.engine.train.schedule import make_lr_scheduler, run_schedule
 from fastlm.errors import ConfigError
 
 __all__ = ["Optimization", "StepResult", "make_optimization", "owning_gradients", "train_step"]
@@ -153,13 +153,7 @@ def make_optimization(
             )
         backward = masters.update_in_backward(optimizer)
         param_dtype_choice += "; each master updated in the backward (train.optimizer.in_backward)"
-    schedule = LRSchedule(
-        settings.lr,
-        total_steps,
-        min(settings.warmup_steps, total_steps),
-        settings.decay,
-        settings.min_lr_ratio,
-    )
+    schedule = run_schedule(settings, total_steps)  # warmup_steps or warmup_ratio's
     clip = settings.grad_clip if settings.grad_clip is not None else math.inf
     head, why = fused_head_choice(model, params.loss.fused_linear)
     fused = None
