@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ def tokenized(bpe_tokenizer, sample_texts):
 
 def _temporary_folder(tmp_path, monkeypatch) -> Path:
     """This process's temporary folder (``tempfile``'s), where the elastic launcher made its log folder
-    (``torchelastic_*``) when given none."""
+    (``torchelastic_*``) when given none and torch's process start makes each worker's traceback file
+    (``pytorch-errorfile-*``) unless the launch says where."""
     import tempfile
 
     folder = tmp_path / "tmp"
@@ -34,7 +36,8 @@ def test_a_worker_error_ends_the_run_with_that_error_in_one_line(
     tmp_path, bpe_tokenizer, tokenized, monkeypatch
 ):
     """The worker's own message comes back through its error file, in the launch's log folder, which the
-    launch removes when it ends: nothing left in the temporary folder or beside the model folder."""
+    launch removes when it ends: nothing left in the temporary folder (no log folder, no worker's traceback
+    file) or beside the model folder."""
     temporary = _temporary_folder(tmp_path, monkeypatch)
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -44,6 +47,8 @@ def test_a_worker_error_ends_the_run_with_that_error_in_one_line(
         launch(params, bpe_tokenizer, tokenized, tmp_path)
     assert "\n" not in str(caught.value) and caught.value.exit_code == 2  # a user error keeps its status
     assert not list(temporary.glob("torchelastic_*")) and not list(tmp_path.glob(".launch-*"))
+    assert not list(temporary.glob("pytorch-errorfile-*"))
+    assert tempfile.tempdir == str(temporary)  # set for the workers' start only, then put back
 
 
 def test_the_launcher_puts_the_signal_handlers_back(tmp_path, bpe_tokenizer, tokenized, monkeypatch):

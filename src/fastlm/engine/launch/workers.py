@@ -35,7 +35,9 @@ Failure handling is the elastic agent's: when any worker exits with an error or 
 the others (SIGTERM, then SIGKILL after ``SHUTDOWN_TIMEOUT_S``) and raises ``ChildFailedError`` naming the
 first failure; it is turned into one :class:`WorkerFailedError` line carrying that rank's own message (a
 user error raised in a worker keeps its text and exit status). No worker is restarted (``max_restarts=0``):
-a training run resumes from its checkpoint instead.
+a training run resumes from its checkpoint instead. The workers' error files and traceback files (torch's
+``pytorch-errorfile-*``, written by a worker that raised) go into the launch's own log folder beside the
+model folder (``.launch-<pid>-*.logs``), removed when the launch ends (``_tracebacks_in``).
 
 The trained weights travel back through one safetensors file written by rank 0 next to the model folder,
 not through a pipe; the parent builds the model once more and loads them.
@@ -55,6 +57,7 @@ import secrets
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -114,7 +117,7 @@ def launch_workers(
     handover = staging / f".launch-{os.getpid()}-{secrets.token_hex(4)}"
     weights, job_file = handover.with_suffix(".safetensors"), handover.with_suffix(".job")
     # the agent's log folder (each worker's error file): torch's default is a new /tmp/torchelastic_* folder
-    # at each launch, never removed
+    # at each launch, never removed; it also holds each worker's traceback file (_tracebacks_in)
     logs = handover.with_suffix(".logs")
     start = _server_or_spawn(method, job)
     log.info(
@@ -138,7 +141,12 @@ def launch_workers(
         )
         job = dataclasses.replace(job, data_identity=splits_identity(job))  # before the pickling
         _write_private(job_file, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
-        with _quiet_elastic_logs(), _own_signal_handlers(), _rendezvous_names_from_frames():
+        with (
+            _quiet_elastic_logs(),
+            _own_signal_handlers(),
+            _rendezvous_names_from_frames(),
+            _tracebacks_in(logs),
+        ):
             results = elastic_launch(config, _worker)(
                 str(job_file), str(weights), callback_factory, os.environ.get("PYTHONPATH")
             )
@@ -425,6 +433,37 @@ def _rendezvous_names_from_frames() -> Iterator[None]:
         yield
     finally:
         dynamic_rendezvous.get_method_name = original
+
+
+@contextlib.contextmanager
+def _tracebacks_in(folder: Path) -> Iterator[None]:
+    """torch's process start (``torch.multiprocessing.start_processes``, which the agent's
+    ``MultiprocessContext._start`` calls) names each worker's traceback file
+    (``pytorch-errorfile-*.pickle``, written by a worker that raised) in this process's temporary folder,
+    ``tempfile``'s, and never removes it: every failed launch left one a worker in /tmp. It takes no folder,
+    so during the launch that start runs with ``tempfile.tempdir`` set to ``folder`` (the launch's log
+    folder, removed when the launch ends), put back as soon as the workers are started, even on an error.
+    The workers do not inherit it (spawned: a new interpreter; forked: from the server)."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = getattr(api.MultiprocessContext, "_start", None)
+    if original is None:  # a torch without it: nothing to redirect
+        yield
+        return
+
+    def start_with_tracebacks_in_folder(context) -> None:
+        before = tempfile.tempdir
+        tempfile.tempdir = str(folder)
+        try:
+            original(context)
+        finally:
+            tempfile.tempdir = before
+
+    api.MultiprocessContext._start = start_with_tracebacks_in_folder
+    try:
+        yield
+    finally:
+        api.MultiprocessContext._start = original
 
 
 @contextlib.contextmanager
