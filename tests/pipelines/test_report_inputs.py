@@ -149,6 +149,22 @@ def test_report_prompts_are_cleaned_as_the_training_texts_were():
     assert prompts == ["배송\n언제", "a\nb", "\u00e9", "xy", "The battery "]
 
 
+def test_a_report_prompt_with_a_mark_between_decomposed_jamo_is_the_text_the_split_makes_of_it():
+    """A zero-width space or word joiner between a decomposed (NFD) syllable's jamo: the split composes the
+    text again once the mark is gone (한), the report's own copy of the rule did not, so the sample
+    generation was asked jamo tokens the model never saw. One rule, the split's."""
+    import unicodedata
+
+    from fastlm.corpus.cleaning import clean_texts
+    from fastlm.reporting.params import parse_report_params
+
+    decomposed = unicodedata.normalize("NFD", "한국 배송")
+    marked = [decomposed[:1] + "\u200b" + decomposed[1:], decomposed[:2] + "\u2060" + decomposed[2:]]
+    prompts = parse_report_params({"prompts": marked}).prompts
+    assert prompts == [clean_texts(pd.Series([text], dtype=object))[0][0] for text in marked]
+    assert prompts == ["한국 배송", "한국 배송"]
+
+
 def test_a_report_that_skipped_the_summaries_of_the_new_training_is_refused():
     """``kedro run --pipeline=report --nodes evaluate_model,generate_on_references,collect_test_metrics,
     write_report`` after another training: the test metrics were the new training's, but the training and

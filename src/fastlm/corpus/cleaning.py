@@ -8,6 +8,9 @@ Chat-style message lists are cleaned in ``fastlm.corpus.prompts.clean_messages``
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 import pandas as pd
 
 DROP_REASONS = ("missing", "non_string", "empty", "whitespace_only", "duplicate")
@@ -17,6 +20,7 @@ DROP_REASONS = ("missing", "non_string", "empty", "whitespace_only", "duplicate"
 INVISIBLE = "\u200b\u2060\ufeff"
 # str.translate's table: a lone CR becomes LF (CRLF first becomes LF), the invisible marks go
 _TRANSLATE = {ord("\r"): "\n", **dict.fromkeys(map(ord, INVISIBLE))}
+_MARKED = re.compile(f"[\r{INVISIBLE}]")
 # Characters that render as blank but are not Unicode white space (Hangul fillers, the Braille blank): a
 # value of these alone is blank; inside a text they stay.
 FILLERS = "\u3164\uffa0\u115f\u1160\u2800"
@@ -54,9 +58,9 @@ def clean_pairs(prompts: pd.Series, responses: pd.Series) -> tuple[pd.DataFrame,
 
 
 def classify_values(values: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Each value normalized (object dtype), and its drop reason (None when usable): Unicode NFC, line ends
-    as LF (a file saved with CRLF holds the same texts), the ``INVISIBLE`` marks removed, stripped; a value
-    of white space and ``FILLERS`` alone is blank."""
+    """Each value normalized (object dtype), and its drop reason (None when usable): ``normalize_text``
+    (Unicode NFC, line ends as LF: a file saved with CRLF holds the same texts; the ``INVISIBLE`` marks
+    removed), stripped; a value of white space and ``FILLERS`` alone is blank."""
     missing = values.isna()
     if pd.api.types.is_string_dtype(values.dtype) and not pd.api.types.is_object_dtype(values.dtype):
         is_text = ~missing
@@ -64,13 +68,7 @@ def classify_values(values: pd.Series) -> tuple[pd.Series, pd.Series]:
         is_text = values.map(lambda value: isinstance(value, str), na_action="ignore").fillna(False)
         is_text = is_text.astype(bool)
     normalized = pd.Series(None, index=values.index, dtype=object)
-    texts = values[is_text].astype(object).str.normalize("NFC")
-    marked = texts.str.contains(f"[\r{INVISIBLE}]", regex=True)  # few rows: the others are not rewritten
-    # NFC again: a mark removed from between a decomposed syllable's jamo (a letter and its accent) joins them
-    texts[marked] = (
-        texts[marked].str.replace("\r\n", "\n", regex=False).str.translate(_TRANSLATE).str.normalize("NFC")
-    )
-    texts = texts.str.strip()
+    texts = values[is_text].astype(object).map(normalize_text).str.strip()
     filler_first = texts.str[:1].isin(set(FILLERS))  # a blank of fillers starts with one once stripped
     blank = texts[filler_first].str.match(BLANK)
     normalized[is_text] = texts.mask(blank.reindex(texts.index, fill_value=False), "")
@@ -81,6 +79,19 @@ def classify_values(values: pd.Series) -> tuple[pd.Series, pd.Series]:
     reasons[raw_empty] = "empty"
     reasons[is_text & ~raw_empty & normalized.eq("")] = "whitespace_only"
     return normalized, reasons
+
+
+def normalize_text(text: str) -> str:
+    """``text`` as the split normalizes every value before it strips it (``classify_values``), the one rule
+    for every text given to a model's tokenizer (the split's texts, predict's inputs, the report's prompts)
+    and for ROUGE's two sides: Unicode NFC, each CRLF and lone CR as LF, the ``INVISIBLE`` marks removed, and
+    NFC again where one was (a mark removed from between a decomposed syllable's jamo, or a letter and its
+    accent, joins them). Not stripped: a plain-text prompt's trailing space is part of what a model
+    continues."""
+    text = unicodedata.normalize("NFC", text)
+    if _MARKED.search(text) is None:  # most texts: nothing more to rewrite
+        return text
+    return unicodedata.normalize("NFC", text.replace("\r\n", "\n").translate(_TRANSLATE))
 
 
 def _drop_counts(reasons: pd.Series, duplicates: int) -> dict[str, int]:

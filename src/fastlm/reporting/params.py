@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from fastlm.corpus.cleaning import INVISIBLE
+from fastlm.corpus.cleaning import normalize_text
 from fastlm.corpus.pretokenized import id_word
-from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import ConfigError
 from fastlm.reporting.rouge import TOKENIZERS
 from fastlm.validation import Params, parse_params
 
 SOURCE = "conf/base/parameters_report.yml"
-_NO_INVISIBLE = dict.fromkeys(map(ord, INVISIBLE))
 
 # A sampling seed (report.references.seed, report.decoding[].seed, predict.seed). torch takes 0 .. 2**64 - 1
 # and reads a negative seed modulo 2**64 (-1 draws as 2**64 - 1 does); past 64 bits it raises. int64's
@@ -96,12 +93,10 @@ class ReportParams(Params):
     @field_validator("prompts")
     @classmethod
     def _cleaned(cls, prompts: list[str]) -> list[str]:
-        # as the split cleans the training texts (NFC, LF line ends, no invisible marks): a prompt saved
-        # decomposed, or with the CRLF of a file edited on Windows, would tokenize otherwise. Not stripped: a
-        # plain-text prompt's trailing space is part of what the model continues.
-        return [
-            lf_line_ends(unicodedata.normalize("NFC", prompt)).translate(_NO_INVISIBLE) for prompt in prompts
-        ]
+        # as the split cleans the training texts (normalize_text: NFC, LF line ends, no invisible marks): a
+        # prompt saved decomposed, or with the CRLF of a file edited on Windows, would tokenize otherwise. Not
+        # stripped: a plain-text prompt's trailing space is part of what the model continues.
+        return [normalize_text(prompt) for prompt in prompts]
 
 
 def check_top_k(top_k: int, vocab_size: int) -> None:
