@@ -56,6 +56,28 @@ def test_korean_aware_tokenizers_score_identical_texts_one_and_overlaps_above_ze
     assert aggregate["rouge1_precision"] > aggregate["rouge1_recall"]  # shorter predictions, all words right
 
 
+@pytest.mark.parametrize("kind", ["auto", "unicode", "syllable", "whitespace"])
+def test_a_text_scores_one_against_itself_whatever_form_either_side_is_written_in(kind):
+    """The references are the split's cleaned texts (NFC, no invisible marks, LF); a generation is decoded as
+    the model wrote it. A zero-width space, word joiner or BOM inside a generated word split it into two
+    tokens (or, under ``whitespace``, made it another token), so a prediction equal to its reference scored
+    below 1; decomposed (NFD) Hangul on either side must not score 0 either. Both sides are normalized by
+    the split's rule before tokenizing."""
+    import unicodedata
+
+    reference = "배송이 빨라요\n가격 대비 좋아요"
+    predictions = [
+        "배송\u200b이 빨라요\r\n가격 대\u2060비 좋아요",
+        "\ufeff" + unicodedata.normalize("NFD", reference),
+        unicodedata.normalize("NFD", reference)[:1] + "\u200b" + unicodedata.normalize("NFD", reference)[1:],
+    ]
+    scores = rouge_scores(predictions, [reference] * 3, kind)[0]
+    f1 = scores[[f"{rouge}_f1" for rouge in ROUGE_TYPES]].to_numpy().ravel().tolist()
+    assert f1 == pytest.approx([1.0] * 9), scores
+    decomposed = rouge_scores([reference], [unicodedata.normalize("NFD", reference)], kind)[1]
+    assert all(decomposed[rouge] == pytest.approx(1.0) for rouge in ROUGE_TYPES), decomposed
+
+
 def test_unicode_tokenizer_keeps_words_and_splits_unspaced_scripts():
     assert tokenize("배송이 빨라요! 東京に行く Café, 3x_y", "unicode") == [
         "배송이",

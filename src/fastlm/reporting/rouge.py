@@ -15,6 +15,10 @@ So the n-gram matching, LCS and F-measure stay rouge-score's, and only the token
 ``whitespace`` lower-cased whitespace-separated pieces, punctuation kept attached.
 ``auto``       ``unicode`` when any reference holds a letter or digit outside ASCII, else ``default``.
 
+Both sides are first normalized by the split's rule (``fastlm.corpus.cleaning.normalize_text``: NFC, LF line
+ends, no zero-width space, word joiner or BOM): the references are the split's cleaned texts, and a generation
+holding such a mark inside a word, or written decomposed, is the same text (it scored below 1 against itself).
+
 ``auto`` looks at the references only, so the choice is the same for every run scored on the same data and
 their scores compare.
 """
@@ -27,6 +31,8 @@ import unicodedata
 from collections.abc import Sequence
 
 import pandas as pd
+
+from fastlm.corpus.cleaning import normalize_text
 
 __all__ = [
     "ROUGE_TYPES",
@@ -54,12 +60,14 @@ def _split_out(pattern: re.Pattern, words: list[str]) -> list[str]:
 
 
 def tokenize(text: str, kind: str) -> list[str]:
-    """``text`` as the tokens ``kind`` (one of TOKENIZERS except ``auto``) scores."""
+    """``text`` as the tokens ``kind`` (one of TOKENIZERS except ``auto``) scores, normalized first as the
+    split normalizes its texts (``normalize_text``)."""
+    text = normalize_text(text or "")
     if kind == "default":
         from rouge_score import tokenizers  # here, not at each kedro start-up: rouge-score imports nltk
 
         return tokenizers.DefaultTokenizer(use_stemmer=False).tokenize(text)
-    text = unicodedata.normalize("NFKC", text or "").lower()
+    text = unicodedata.normalize("NFKC", text).lower()
     if kind == "whitespace":
         return text.split()
     if kind not in ("unicode", "syllable"):
