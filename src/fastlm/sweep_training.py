@@ -244,24 +244,19 @@ def run_test_metrics(
     model, tokenizer, tokenized, train_params: dict, split_params: dict, report_params: dict
 ) -> dict:
     """Test-split loss, perplexity, accuracy and top-k accuracy of a run's model (``test_*``)."""
-    from fastlm.engine.data.collators import TextEnds
-    from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
+    from fastlm.engine.evaluate.evaluation import EvalOptions, top_k_metric
     from fastlm.engine.runtime.environment import setup_runtime
+    from fastlm.reporting.evaluation_run import evaluate_on_test
 
     if model is None or len(tokenized["test"]) == 0:
         return {}
     params, report = parse_train_params(train_params), parse_report_params(report_params)
     runtime = setup_runtime(params.runtime, seed=params.seed)
-    model.to(runtime.device)
-    result = evaluate(
+    result = evaluate_on_test(
         model,
-        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
-        tokenizer=tokenizer,
-        params=params,
-        runtime=runtime,
-        max_length=parse_split_params(split_params).max_length,
-        attn=model.config._attn_implementation or "sdpa",
+        tokenizer,
+        tokenized,
+        settings=(params, parse_split_params(split_params).max_length, runtime),
         options=EvalOptions(
             analysis=True, max_batches=report.eval_max_batches, top_k=report.top_k, worst=1, pairs=1
         ),

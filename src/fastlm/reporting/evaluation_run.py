@@ -33,6 +33,28 @@ def training_id(trained: dict) -> str | None:
     return (trained.get("training_data") or {}).get(TRAINING_ID)
 
 
+def evaluate_on_test(model, tokenizer, tokenized: datasets.DatasetDict, *, settings: tuple, options):
+    """The engine's evaluation of ``model`` on the test split (``engine.evaluate.evaluation.evaluate``) with
+    its ``options``: the report's and the sweep's. ``settings``: the train parameters, the split's
+    max_length and the runtime applied."""
+    from fastlm.engine.data.collators import TextEnds
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.evaluate.evaluation import evaluate
+
+    params, max_length, runtime = settings
+    model.to(runtime.device)
+    return evaluate(
+        model,
+        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
+        tokenizer=tokenizer,
+        params=params,
+        runtime=runtime,
+        max_length=max_length,
+        attn=model.config._attn_implementation or "sdpa",
+        options=options,
+    )
+
+
 def evaluate_test_split(
     trained: dict,
     tokenized: datasets.DatasetDict,
@@ -46,9 +68,7 @@ def evaluate_test_split(
     ``trained``: the metrics, the wrong pairs, the worst samples and the generations. ``settings``: the
     validated train and split parameters and the runtime applied; ``fingerprint_source``: the file of the
     fingerprint, named in an error."""
-    from fastlm.engine.data.collators import TextEnds
-    from fastlm.engine.data.token_dataset import TokenSequences
-    from fastlm.engine.evaluate.evaluation import EvalOptions, evaluate, top_k_metric
+    from fastlm.engine.evaluate.evaluation import EvalOptions, top_k_metric
     from fastlm.engine.evaluate.generation import generate_samples
     from fastlm.reporting.predict_inputs import input_limit, sample_prompts
 
@@ -62,16 +82,11 @@ def evaluate_test_split(
         )
     max_length = split.max_length
     check_top_k(report.top_k, model.config.get_text_config().vocab_size)
-    model.to(runtime.device)
-    attn = model.config._attn_implementation or "sdpa"
-    result = evaluate(
+    result = evaluate_on_test(
         model,
-        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
-        tokenizer=tokenizer,
-        params=params,
-        runtime=runtime,
-        max_length=max_length,
-        attn=attn,
+        tokenizer,
+        tokenized,
+        settings=(params, max_length, runtime),
         options=EvalOptions(
             analysis=True,
             max_batches=report.eval_max_batches,
