@@ -50,9 +50,26 @@ def test_a_lock_of_a_process_that_no_longer_runs_is_taken_over(tmp_path, caplog,
         dead.wait()
         content = json.dumps({"pid": dead.pid, "host": socket.gethostname()})
     (tmp_path / LOCK_FILE).write_text(content)
+    past = time.time() - 60  # a torn file is its killed writer's once older than a write takes
+    os.utime(tmp_path / LOCK_FILE, (past, past))
     with checkpoint_lock(tmp_path) as lock:
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert not lock.exists() and "taking over" in caplog.text
+
+
+@pytest.mark.parametrize("content", ["", '{"pid": 12'], ids=["created", "half-written"])
+def test_a_lock_another_run_is_writing_is_not_taken_from_it(tmp_path, content):
+    """Round twenty-one: a run creates its ``.lock`` empty, then writes its PID. A second run that read it in
+    between found no holder, took it for a killed writer's torn file and removed it under the guard (still
+    empty): both runs then wrote into one folder. An unreadable lock younger than ``GUARD_STALE_S`` is being
+    written: refused in one line, the lock kept."""
+    lock = tmp_path / LOCK_FILE
+    lock.write_text(content)
+    with pytest.raises(CheckpointError) as raised:
+        with checkpoint_lock(tmp_path):
+            pass
+    assert str(lock) in str(raised.value) and "\n" not in str(raised.value)
+    assert lock.read_text() == content
 
 
 def test_a_stale_lock_another_run_took_over_meanwhile_is_not_taken_from_it(tmp_path, monkeypatch):

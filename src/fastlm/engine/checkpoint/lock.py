@@ -71,6 +71,7 @@ def held_lock(
     """
     lock = Path(lock)
     mine = json.dumps({**(record or {}), "pid": os.getpid(), "host": socket.gethostname()})
+    being_written = False
     for _ in range(_ATTEMPTS):
         try:
             handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -80,6 +81,11 @@ def held_lock(
             own = holder is not None and _is_this_process(holder)
             if holder is not None and _holder_runs(holder) and not (own and own_is_stale):
                 raise refusal(holder) from None
+            # no holder in a young lock: created and not yet written by its run (a killed writer's is older)
+            being_written = holder is None and seen is not None and _younger_than(lock, GUARD_STALE_S)
+            if being_written:
+                time.sleep(_GUARD_WAIT_S)
+                continue
             if not _remove_if_unchanged(lock, seen):
                 time.sleep(_GUARD_WAIT_S)  # another process is taking it over: it holds it or frees it
             elif not own:
@@ -93,6 +99,13 @@ def held_lock(
             file.write(mine)
         break
     else:
+        if being_written:
+            raise CheckpointError(
+                f"could not take the lock {lock}: it names no process, and was written less than "
+                f"{GUARD_STALE_S:g} s ago (another run is writing it, or was killed while it did).",
+                fix=f"make sure no other process writes there and rerun in {GUARD_STALE_S:g} s (a lock left "
+                "cut off by a killed process is taken over then).",
+            )
         raise CheckpointError(
             f"could not take the lock {lock}: another process held {_guard(lock)} meanwhile.",
             fix=f"make sure no other process writes there and rerun in {GUARD_STALE_S:g} s (a guard left "
@@ -174,6 +187,13 @@ def _remove_stale_guard(guard: Path) -> bool:
         time.time() - seen.st_mtime,
     )
     return True
+
+
+def _younger_than(path: Path, seconds: float) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < seconds
+    except OSError:
+        return False  # gone meanwhile
 
 
 def _is_this_process(holder: dict) -> bool:
