@@ -5,6 +5,7 @@ test_resume.py.)"""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -72,7 +73,7 @@ def test_a_lock_another_run_is_writing_is_not_taken_from_it(tmp_path, content):
     assert lock.read_text() == content
 
 
-def test_a_stale_lock_another_run_took_over_meanwhile_is_not_taken_from_it(tmp_path, monkeypatch):
+def test_a_stale_lock_another_run_took_over_meanwhile_is_not_taken_from_it(tmp_path, monkeypatch, caplog):
     """Round twenty-one: a worker SIGKILLed leaves its ``.lock``; two runs started after it both find it
     stale. The first takes it over; the second, which read the dead holder before that, removed the lock file
     by name, so the first's lock, and held the folder too: two live runs writing into one folder. The second
@@ -91,11 +92,13 @@ def test_a_stale_lock_another_run_took_over_meanwhile_is_not_taken_from_it(tmp_p
         return kill(pid, signal)
 
     monkeypatch.setattr(os, "kill", meanwhile)
-    with pytest.raises(CheckpointError) as raised:
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointError) as raised:
         with checkpoint_lock(tmp_path):
             pass
     assert f"PID {first['pid']}" in str(raised.value) and "\n" not in str(raised.value)
     assert json.loads(lock.read_text()) == first
+    assert not [r for r in caplog.records if "taking over" in r.getMessage()]  # nothing was taken over
     assert sorted(path.name for path in tmp_path.iterdir()) == [LOCK_FILE]  # no takeover file left
 
 

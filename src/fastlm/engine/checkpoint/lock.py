@@ -86,9 +86,10 @@ def held_lock(
             if being_written:
                 time.sleep(_GUARD_WAIT_S)
                 continue
-            if not _remove_if_unchanged(lock, seen):
+            removed = _remove_if_unchanged(lock, seen)
+            if removed is None:
                 time.sleep(_GUARD_WAIT_S)  # another process is taking it over: it holds it or frees it
-            elif not own:
+            elif removed and not own:  # else it changed meanwhile (another run's now): read again
                 log.warning(
                     "taking over %s: the process that held it (PID %s) no longer runs",
                     lock,
@@ -135,25 +136,26 @@ def _guard(lock: Path) -> Path:
     return lock.with_name(lock.name + ".takeover")
 
 
-def _remove_if_unchanged(lock: Path, seen: str | None) -> bool:
-    """Remove ``lock`` if it still holds ``seen`` (a holder that no longer runs); False when another
-    process holds the guard (nothing done)."""
+def _remove_if_unchanged(lock: Path, seen: str | None) -> bool | None:
+    """Remove ``lock`` if it still holds ``seen`` (a holder that no longer runs): True when removed, False
+    when it changed meanwhile, None when another process holds the guard (nothing done)."""
     guard = _guard(lock)
     try:
         os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         if not _remove_stale_guard(guard):
-            return False
+            return None
         try:
             os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
-            return False  # another process took the guard first
+            return None  # another process took the guard first
     try:
-        if _lock_text(lock) == seen:
+        unchanged = _lock_text(lock) == seen
+        if unchanged:
             lock.unlink(missing_ok=True)
     finally:
         guard.unlink(missing_ok=True)
-    return True
+    return unchanged
 
 
 def _remove_stale_guard(guard: Path) -> bool:
