@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shlex
 import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -151,10 +152,11 @@ def _tokenizer_fix(folder: PurePosixPath) -> str:
             "folder a train run wrote."
         )
     command = f"AutoTokenizer.from_pretrained({json.dumps(base)}).save_pretrained({json.dumps(str(folder))})"
+    code = shlex.quote(f"from transformers import AutoTokenizer; {command}")  # a quote in a path stays
     return (
         f"save the tokenizer of its base ({base}, as its adapter_config.json records it) into it: python -c "
-        f"'from transformers import AutoTokenizer; {command}' (a training that added tokens needs its own "
-        "tokenizer instead), or point at the model folder a train run wrote."
+        f"{code} (a training that added tokens needs its own tokenizer instead), or point at the model "
+        "folder a train run wrote."
     )
 
 

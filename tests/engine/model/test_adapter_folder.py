@@ -735,3 +735,26 @@ def test_an_encoder_decoder_adapter_peft_saved_generates_with_its_bases_generati
     assert len(said) == 1 and "\n" not in said[0] and str(folder) in said[0], caplog.messages
     assert "earlier fastlm" not in said[0] and "as it trained" not in said[0], said
     assert "base's generation config" in said[0], said
+
+
+def test_the_tokenizer_command_is_one_shell_word_though_a_path_holds_a_quote(tmp_path):
+    """The fix's ``python -c '...'`` command broke in the shell where the base or the folder held a single
+    quote (``it's``): the command is now quoted for the shell, and reads back as the Python that saves the
+    base's tokenizer into the folder."""
+    import shlex
+
+    from fastlm.datasets import PretrainedModelDataset
+
+    folder = tmp_path / "it's adapter"
+    folder.mkdir()
+    base = "/models/o'brien base"
+    (folder / adapter_folder.ADAPTER_CONFIG).write_text(json.dumps({"base_model_name_or_path": base}))
+    with pytest.raises(Exception) as refused:  # noqa: PT011 - Kedro wraps a load's error in its own
+        PretrainedModelDataset(str(folder)).load_tokenizer()
+    fix = str(find_user_error(refused.value)).split("Fix:")[1]
+    words = shlex.split(fix.split(": ", 1)[1].split(" (a training")[0])
+    assert words[:2] == ["python", "-c"] and len(words) == 3, words
+    assert (
+        f"AutoTokenizer.from_pretrained({json.dumps(base)}).save_pretrained({json.dumps(str(folder))})"
+        in words[2]
+    )
