@@ -10,6 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -381,3 +382,21 @@ def test_secrets_in_params_reach_no_log_mlflow_or_output():
     assert params_logged["train.profile.trace_dir"] == "https://***:***@example.com/traces"
     assert params_logged["train.max_steps"] == "2"  # ordinary parameters unchanged
     assert tags and all(json.loads(tag)["hf_token"] == "***" for tag in tags)  # tags hold values: JSON
+
+
+def test_kedro_viz_fastapi_deprecation_is_not_shown():
+    """kedro-viz's REST module imports FastAPI's ORJSONResponse, which FastAPI deprecated: `kedro viz build`
+    printed FastAPI's advice to its maintainers as a warning, about nothing the user did.
+    Other warnings show."""
+    from fastapi.exceptions import FastAPIDeprecationWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fastlm.apply_process_defaults()
+        warnings.warn(
+            "ORJSONResponse is deprecated, FastAPI now serializes data directly to JSON bytes via Pydantic",
+            FastAPIDeprecationWarning,
+            stacklevel=1,
+        )
+        warnings.warn("UJSONResponse is deprecated", FastAPIDeprecationWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["UJSONResponse is deprecated"]

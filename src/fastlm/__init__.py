@@ -33,11 +33,13 @@ _OFFLINE_DEFAULTS = {
 
 
 # Warnings third-party code raises whatever the user does (kedro-mlflow importing MLflow's pyfunc, OmegaConf's
-# resolver API, peft reading a property transformers 5 deprecated): filtered before any plugin is imported.
+# resolver API, peft reading a property transformers 5 deprecated, kedro-viz importing a response class
+# FastAPI deprecated): filtered before any plugin is imported.
 _THIRD_PARTY_NOISE = (
     (r".*Add type hints to the `predict` method", UserWarning),
     (r"register_new_resolver\(\) is deprecated", UserWarning),
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+    (r"ORJSONResponse is deprecated", UserWarning),
 )
 
 
