@@ -759,3 +759,19 @@ def test_two_writers_of_a_runs_summary_never_write_into_one_file(tmp_path):
         handle.write(first[20:])
     assert json.loads((folder / "summary.json").read_text(encoding="utf-8")) == {"val_loss": 2.5}
     assert written.read_text(encoding="utf-8") == first  # the first writer's file, for it to rename
+
+
+def test_a_train_budget_the_sweep_file_replaces_is_named(tmp_path):
+    """`--params sweep=FILE,train.max_steps=5` trained every run for the file's `max_steps: 60`, silently: the
+    replaced value is named with the file's, and the fix. A budget the file leaves out, or equal, says
+    nothing."""
+    from fastlm.sweeps import replaced_budgets
+
+    path = _file(tmp_path, {"name": "s", "max_steps": 60, "max_minutes": 2, "grid": {"train.seed": [1]}})
+    spec = load_sweep(path)
+    lines = replaced_budgets(spec, {"max_steps": 5, "max_minutes": 2.0}, path)
+    assert len(lines) == 1 and "train.max_steps 5" in lines[0] and "max_steps: 60" in lines[0], lines
+    assert f"write max_steps: 5 in {path}" in lines[0], lines
+    assert replaced_budgets(spec, {"max_steps": None}, path) == []
+    unbudgeted = load_sweep(_file(tmp_path, {"name": "t", "grid": {"train.seed": [1]}}))
+    assert replaced_budgets(unbudgeted, {"max_steps": 5}, path) == []

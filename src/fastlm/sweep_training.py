@@ -39,6 +39,7 @@ from fastlm.sweeps import (
     child_run_params,
     kept_run,
     load_sweep_runs,
+    replaced_budgets,
     run_train_params,
 )
 from fastlm.tracking import RunTracker
@@ -103,6 +104,8 @@ def train_sweep(
     # every run's parameters checked before the first one
     spec = load_sweep_runs(sweep, train_params, folds, top_k=report.top_k)
     plan, names = spec.plan(folds), spec.run_names(folds)
+    for line in replaced_budgets(spec, train_params, sweep):  # said once, not per run
+        log.warning("Sweep %s: %s", spec.name, line)
     configured = (split_params or {}).get("folds")
     if spec.folds is not None and folds_mismatch(fingerprint, configured):  # said once, not per run
         log.warning("Sweep %s: %s", spec.name, folds_mismatch(fingerprint, configured))

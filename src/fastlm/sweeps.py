@@ -211,6 +211,21 @@ def load_sweep_runs(
     return spec
 
 
+def replaced_budgets(spec: SweepSpec, train_params: dict, path: str) -> list[str]:
+    """One line for each budget of the train parameters (``train.max_steps``, ``train.max_minutes``: the
+    conf or ``--params``) that the sweep file's own budget replaces in every run, naming both and the fix."""
+    lines = []
+    for budget in ("max_steps", "max_minutes"):
+        asked, used = (train_params or {}).get(budget), getattr(spec, budget)
+        if asked is not None and used is not None and asked != used:
+            lines.append(
+                f"train.{budget} {asked} (conf or --params) is not used: {budget}: {used} of the sweep file "
+                f"{path} is every run's budget. Fix: write {budget}: {asked} in {path}, or remove its "
+                f"{budget} line to train every run with train.{budget}"
+            )
+    return lines
+
+
 def apply_overrides(train_params: dict, overrides: dict[str, Any], max_steps: int | None) -> dict:
     """A copy of ``train_params`` with each ``train.a.b: value`` set (and ``max_steps``, when given)."""
     params = copy.deepcopy(train_params or {})
