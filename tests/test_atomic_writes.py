@@ -202,3 +202,25 @@ def test_a_file_writes_temporary_names_its_host(tmp_path, monkeypatch):
     names = []
     write_file_atomically(tmp_path / "summary.json", lambda handle: names.append(Path(handle.name).name))
     assert names[0].startswith(f".summary.json.tmp-trainer-1-{os.getpid()}-"), names
+
+
+def test_a_model_folder_s_safetensors_weights_get_the_umask_s_mode(tmp_path):
+    """safetensors 0.8 creates every file it writes 0o600, so a model folder's weights (the trained model, a
+    merged one) were readable by their writer alone while its config and tokenizer files were not: another
+    user serving the model, or a container not run as root, could not load it. Now they have the mode any new
+    file gets under the umask."""
+    import safetensors.torch
+    import torch
+
+    def write(folder):
+        folder.mkdir()
+        safetensors.torch.save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text("{}")
+
+    previous = os.umask(0o027)
+    try:
+        write_folder_atomically(tmp_path / "model", write)
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "model").iterdir()}
+    assert modes == {"model.safetensors": 0o640, "config.json": 0o640}, modes

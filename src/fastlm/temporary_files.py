@@ -189,3 +189,27 @@ def shown_path(path: str | Path) -> str:
     """``path`` relative to the working directory (the project root in a run) when it lies under it."""
     relative = os.path.relpath(path)
     return Path(path).as_posix() if relative.startswith("..") else Path(relative).as_posix()
+
+
+def umask_mode() -> int:
+    """The mode a new file gets under this process's umask (``0o666 & ~umask``)."""
+    try:  # Linux: read without changing it (other threads may be creating files)
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def give_umask_mode(folder: str | Path) -> None:
+    """Give the ``.safetensors`` files under ``folder`` the mode any new file gets under the umask:
+    safetensors (0.8) writes each through a temporary file it creates 0o600 and renames into place, so a
+    model's weights were readable by their writer alone beside config and tokenizer files readable by all."""
+    mode = umask_mode()
+    for path in Path(folder).rglob("*.safetensors"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)

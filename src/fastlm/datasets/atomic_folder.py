@@ -23,6 +23,7 @@ from fastlm.engine.checkpoint.storage import StorageError, os_error_in, storage_
 from fastlm.engine.checkpoint.swap import replace_folder
 from fastlm.errors import FastlmError
 from fastlm.temporary_files import (
+    give_umask_mode,
     remove_leftovers,
     shown_path,
     tag_writer,
@@ -51,6 +52,7 @@ def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -
     old = target.with_name(f".{target.name}.old-{tag}")
     try:
         write(tmp)
+        give_umask_mode(tmp)  # safetensors writes its files 0o600
         _fsync_tree(tmp)
         replace_folder(tmp, target, old)
     except Exception as exc:

@@ -241,3 +241,16 @@ def test_a_state_holding_a_non_finite_figure_is_strict_json_and_resumes_with_tha
     json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"), parse_constant=refuse)
     loaded = load_checkpoint(folder, model=model, optimizer=optimizer, scheduler=scheduler)
     assert np.isnan(loaded["best_val_loss"]) and loaded["evals"][0]["val_loss"] == float("inf")
+
+
+def test_a_checkpoint_s_weights_get_the_mode_of_its_other_files(tmp_path, trained):
+    """safetensors 0.8 writes through a temporary file it creates 0o600 and renames into place: the weights
+    of a checkpoint were unreadable by the group and others (a shared node, a serving user) while every other
+    file of the folder had the umask's mode. Now the weights have it too."""
+    previous = os.umask(0o022)
+    try:
+        folder = save(tmp_path, 2, *trained)
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir()}
+    assert modes["model.safetensors"] == modes["trainer_state.json"] == 0o644, modes

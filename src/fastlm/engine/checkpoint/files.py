@@ -63,7 +63,7 @@ from fastlm.engine.checkpoint.rng import host_rng_state, torch_rng_state
 from fastlm.engine.checkpoint.storage import os_error_in, storage_error
 from fastlm.engine.checkpoint.swap import replace_folder
 from fastlm.engine.observe import strict_json
-from fastlm.temporary_files import WRITER_TAG, writer_tag
+from fastlm.temporary_files import WRITER_TAG, give_umask_mode, writer_tag
 
 log = logging.getLogger(__name__)
 # .tmp-replaced-<checkpoint-NNNNNNNN>-<tag>: a tag of any host (temporary_files.writer_tag), or an older one
@@ -138,6 +138,7 @@ def save_checkpoint(
             safetensors.torch.save_file(
                 model_state, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)}
             )
+        give_umask_mode(tmp)  # safetensors writes its files 0o600
         _fsync_file(tmp / MODEL_FILE)
         _torch_save(
             optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / OPTIMIZER_FILE
