@@ -419,6 +419,18 @@ def test_an_adapter_saved_without_a_base_digest_loads_with_one_warning(tmp_path,
     assert len(warned) == 1 and "\n" not in warned[0].getMessage(), caplog.messages
 
 
+def _untrained_adapter(tmp_path, base_dir, tokenizer):
+    """A LoRA model over a copy of the base (``tmp_path/base``), as built for training, not trained."""
+    base = tmp_path / "base"
+    shutil.copytree(base_dir, base)
+    return build_model(
+        parse_train_params({"model": model_params(base)}).model,
+        tokenizer,
+        max_length=MAX_LENGTH,
+        attn_implementation="sdpa",
+    )
+
+
 def test_an_adapter_without_a_base_digest_is_said_saved_elsewhere_or_by_fastlm_as_it_was(
     tmp_path, base_dir, tokenizer, caplog
 ):
@@ -430,14 +442,7 @@ def test_an_adapter_without_a_base_digest_is_said_saved_elsewhere_or_by_fastlm_a
     from fastlm.datasets import PretrainedModelDataset
     from fastlm.datasets.pretrained_model import TRAINING_DATA
 
-    base = tmp_path / "base"
-    shutil.copytree(base_dir, base)
-    model = build_model(
-        parse_train_params({"model": model_params(base)}).model,
-        tokenizer,
-        max_length=MAX_LENGTH,
-        attn_implementation="sdpa",
-    )
+    model = _untrained_adapter(tmp_path, base_dir, tokenizer)
     elsewhere, ours = tmp_path / "elsewhere", tmp_path / "ours"
     model.save_pretrained(str(elsewhere))  # as peft saves it, beside the tokenizer
     tokenizer.save_pretrained(str(elsewhere))
@@ -458,7 +463,7 @@ def test_an_adapter_without_a_base_digest_is_said_saved_elsewhere_or_by_fastlm_a
     assert (
         f"{elsewhere} holds none of fastlm's training records (training_data.json, base_digest.json)" in said
     )
-    assert "cannot be checked" in said and f"Fix: make sure {base} holds" in said, said
+    assert "cannot be checked" in said and f"Fix: make sure {tmp_path / 'base'} holds" in said, said
     said = warning(ours)
     assert f"{ours} was written by fastlm's train pipeline (its training_data.json)" in said, said
     assert "cannot be checked" in said and "kedro run --pipeline=train" in said, said
@@ -473,14 +478,7 @@ def test_an_adapter_folder_without_a_tokenizer_is_refused_naming_the_command_tha
     (predict has no parameter naming a tokenizer apart from the model)."""
     from fastlm.datasets import PretrainedModelDataset
 
-    base = tmp_path / "base"
-    shutil.copytree(base_dir, base)
-    model = build_model(
-        parse_train_params({"model": model_params(base)}).model,
-        tokenizer,
-        max_length=MAX_LENGTH,
-        attn_implementation="sdpa",
-    )
+    model = _untrained_adapter(tmp_path, base_dir, tokenizer)
     folder = tmp_path / "adapter"
     model.save_pretrained(str(folder))
     recorded = json.loads((folder / adapter_folder.ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
