@@ -13,6 +13,15 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def own_and_children_cpu_s() -> float:
+    """User + system CPU seconds of this process and its reaped descendants (a tokenizer's fork pool)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
 def busy_cpu_s() -> float:
     """Busy CPU seconds of the whole machine so far (all cores), from /proc/stat (0 where unavailable)."""
     try:

@@ -46,6 +46,8 @@ import unicodedata
 from importlib import metadata
 from pathlib import Path
 
+from cpu_usage import own_and_children_cpu_s  # sibling module: scripts run from benchmarks/
+
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {
     "HF_HUB_OFFLINE": "1",
@@ -162,21 +164,12 @@ def _memory(field: str) -> int:
     return int(line.split()[1]) * 1024
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and its reaped workers (the tokenizer's fork pool)."""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
-
-
 def child(corpus: Path, out: Path, result: Path, profile: Path | None) -> None:
     stages: list[dict] = []
-    last = [time.perf_counter(), _cpu_s()]
+    last = [time.perf_counter(), own_and_children_cpu_s()]
 
     def mark(name: str, rows: int) -> None:
-        now, cpu = time.perf_counter(), _cpu_s()
+        now, cpu = time.perf_counter(), own_and_children_cpu_s()
         stages.append(
             {
                 "stage": name,

@@ -52,7 +52,7 @@ from importlib import metadata
 from pathlib import Path
 
 from contender_process import OFFLINE_ENV  # sibling modules: scripts run from benchmarks/
-from cpu_usage import busy_cpu_s, children_cpu_s
+from cpu_usage import busy_cpu_s, children_cpu_s, own_and_children_cpu_s
 
 # demo_data: the demo-data generators
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -165,21 +165,13 @@ class Stages:
         self.seconds: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
         self._last = time.perf_counter()
-        self._last_cpu = _cpu_s()
+        self._last_cpu = own_and_children_cpu_s()
 
     def mark(self, name: str) -> None:
-        now, cpu = time.perf_counter(), _cpu_s()
+        now, cpu = time.perf_counter(), own_and_children_cpu_s()
         self.seconds[name] = now - self._last
         self.cpu[name] = cpu - self._last_cpu
         self._last, self._last_cpu = now, cpu
-
-
-def _cpu_s() -> float:
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
 
 
 def _rusage() -> dict:
