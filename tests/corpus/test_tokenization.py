@@ -52,3 +52,102 @@ def test_edge_inputs(bpe_tokenizer, texts):
     tokens = tokenize_texts(texts, bpe_tokenizer, max_length=4, num_proc=1)
     assert len(tokens.lengths) == len(texts)
     assert all(length == 1 for length in tokens.lengths)  # an empty text is just EOS
+
+
+class _RecordedBackend:
+    """A ``tokenizers.Tokenizer`` that appends each batch call's text count and characters to ``log`` (a
+    file: the fork pool's workers record there too)."""
+
+    def __init__(self, inner, log):
+        self.inner, self.log = inner, log
+
+    def _record(self, texts):
+        with open(self.log, "a", encoding="utf-8") as out:
+            out.write(f"{len(texts)} {sum(map(len, texts))}\n")
+
+    def encode_batch_fast(self, texts, **kwargs):
+        self._record(texts)
+        return self.inner.encode_batch_fast(texts, **kwargs)
+
+    def encode_batch(self, texts, **kwargs):
+        self._record(texts)
+        return self.inner.encode_batch(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _SlowTokenizer:
+    """A tokenizer without a Rust backend (as a slow one): batched ``__call__``s, recorded in ``calls``."""
+
+    def __init__(self, inner):
+        self.inner, self.eos_token_id, self.calls = inner, inner.eos_token_id, []
+
+    def __call__(self, texts, **kwargs):
+        self.calls.append((len(texts), sum(map(len, texts))))
+        return self.inner(texts, **kwargs)
+
+
+def _recorded_calls(monkeypatch, tmp_path):
+    """Route every Rust tokenizer the corpus builds through ``_RecordedBackend``; the calls' file."""
+    import tokenizers
+
+    from fastlm.corpus import chat_spans
+
+    log = tmp_path / "calls.txt"
+    log.write_text("")
+
+    class Recording:
+        @staticmethod
+        def from_str(text):
+            return _RecordedBackend(Tokenizer.from_str(text), log)
+
+    monkeypatch.setattr(tokenizers, "Tokenizer", Recording)
+    monkeypatch.setattr(chat_spans, "Tokenizer", Recording)
+    return log
+
+
+def _over_budget(calls, budget):
+    """The calls of more than one text whose characters exceed ``budget`` (a longer text is a call alone)."""
+    return [(texts, chars) for texts, chars in calls if texts > 1 and chars > budget]
+
+
+@pytest.mark.parametrize("path", ["text", "text_pool", "pairs", "slow"])
+def test_no_tokenizer_call_exceeds_the_character_budget(
+    path, bpe_tokenizer, sample_texts, monkeypatch, tmp_path
+):
+    """``split.batch_size`` counts texts: 20,000 texts of 100 KB in one call held ~67 GB. Each call is also
+    bounded by ``MAX_CHARS_PER_CALL`` characters, with the same ids."""
+    from fastlm.corpus import tokenization
+    from fastlm.corpus.prompts import tokenize_pairs
+
+    texts = [text * (1 + i % 7) for i, text in enumerate(sample_texts[:120])]
+    prompts, responses = texts[::2], texts[1::2]
+    spans = [f"0:{min(5, len(p))}" for p in prompts]  # earlier answers: their character map is read too
+
+    def run(tokenizer):
+        if path in ("text", "text_pool", "slow"):
+            tokens = tokenize_texts(
+                texts, tokenizer, max_length=64, batch_size=40, num_proc=2 if path == "text_pool" else 1
+            )
+            return tokens.to_arrow()
+        tokens = tokenize_pairs(
+            prompts, responses, tokenizer, max_length=64, batch_size=40, num_proc=1, answer_spans=spans
+        )
+        return tokens.to_arrow()
+
+    whole = run(bpe_tokenizer)
+    budget = 600
+    monkeypatch.setattr(tokenization, "MAX_CHARS_PER_CALL", budget, raising=False)
+    log = _recorded_calls(monkeypatch, tmp_path)
+    slow = _SlowTokenizer(bpe_tokenizer)
+    cut = run(slow if path == "slow" else bpe_tokenizer)
+    calls = (
+        slow.calls
+        if path == "slow"
+        else [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line]
+    )
+    assert cut.equals(whole)
+    assert len(calls) > -(-len(texts) // 40)  # the budget split the batches of 40 texts
+    assert sum(texts for texts, _ in calls) >= len(prompts if path == "pairs" else texts)
+    assert not _over_budget(calls, budget), calls

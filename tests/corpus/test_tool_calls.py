@@ -5,6 +5,7 @@ call."""
 
 import json
 import logging
+import unicodedata
 
 import numpy as np
 import pandas as pd
@@ -462,3 +463,118 @@ def test_the_split_report_records_the_chats_that_call_tools_and_the_tools_column
     assert report["tool_use"] == counts["tool_use"]
     plain_rows = [{"messages": row["messages"]} for row in rows[8:]]
     assert "tool_use" not in nodes.clean_corpus(pd.DataFrame(plain_rows), params)[1]  # plain chats: none
+
+
+def test_call_arguments_and_tools_are_cleaned_as_contents_by_the_split_and_predict(sample_texts):
+    """A chat's contents are NFC with the invisible marks removed; its calls' arguments (a mapping or a JSON
+    text) and its tools' schemas were given to the template as they came: decomposed (NFD) Hangul and a
+    zero-width space reached the prompt and the trained call, while every content was composed. They are
+    cleaned by the same rule (``normalize_text``, not stripped), keys kept in order, by the split and by
+    predict alike: the marked chat trains and is asked exactly as the clean one."""
+    from fastlm.reporting.predict_chats import ChatFormat
+    from tests.support.reporting import chat_rows
+
+    def nfd(text: str) -> str:
+        return unicodedata.normalize("NFD", text)
+
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    tool = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "description": "도시의 날씨"}}
+    clean = tool_chat("서울")
+    clean[1]["tool_calls"] = [_call("get_weather", {"city": "서울", "unit": "섭씨"})]
+    marked_tool = {**tool, "function": {**tool["function"], "description": nfd("도시의\u200b 날씨")}}
+    marked = [dict(turn) for turn in clean]
+    marked[1]["tool_calls"] = [
+        _call("get_weather", json.dumps({"city": nfd("서울\u200b"), "unit": nfd("섭씨")}))
+    ]
+    marked[3]["tool_calls"] = [_call("get_weather", {"city": nfd("서울 근교") + "\u2060"})]
+    config = parse_split_params({"messages_column": "messages"})
+    frames = [
+        prompt_frame(pd.DataFrame({"messages": [chat], "tools": [[given]]}), config, tokenizer)[0]
+        for chat, given in ((clean, tool), (marked, marked_tool))
+    ]
+    columns = ["prompt", "response", "split_key", "answer_spans"]
+    assert frames[1][columns].to_dict("records") == frames[0][columns].to_dict("records")
+    assert '"unit": "섭씨"' in frames[0].loc[0, "prompt"] and "도시의 날씨" in frames[0].loc[0, "prompt"]
+    asked = chat_rows(
+        pd.DataFrame({"messages": [clean[:3], marked[:3]], "tools": [[tool], [marked_tool]]}),
+        tokenizer,
+        ChatFormat(),
+        source="chats.jsonl",
+    )
+    assert asked["ids"].iloc[1] == asked["ids"].iloc[0]
+    assert asked["tools"].iloc[1] == asked["tools"].iloc[0]
+
+
+def test_keys_that_are_one_once_cleaned_drop_the_chat_or_refuse_the_tools_never_merge(sample_texts):
+    """Cleaning a mapping's keys (NFC, invisible marks removed) made ``city`` and ``city`` + a zero-width
+    space, or an NFD and an NFC key, one key: one value was silently lost. A call whose arguments hold two
+    such keys makes its chat malformed (a ``malformed_messages`` drop at the split, a refused row at
+    predict); a tools value holding two is refused in one line naming its row and the keys."""
+    from fastlm.reporting.predict_chats import ChatFormat
+    from tests.support.reporting import chat_rows
+
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    clashing = tool_chat("서울")
+    clashing[1] = {
+        **clashing[1],
+        "tool_calls": [_call("get_weather", {"city": "서울", "city\u200b": "부산"})],
+    }
+    nfd = unicodedata.normalize("NFD", "도시")
+    text_arguments = tool_chat("부산")
+    text_arguments[-1] = {
+        **text_arguments[-1],
+        "tool_calls": [_call("get_weather", json.dumps({"도시": "부산", nfd: "대구"}, ensure_ascii=False))],
+    }
+    config = parse_split_params({"messages_column": "messages"})
+    raw = pd.DataFrame(
+        {"messages": [clashing, text_arguments, tool_chat("광주")], "tools": [[WEATHER_TOOL]] * 3}
+    )
+    frame, drops = prompt_frame(raw, config, tokenizer)
+    assert len(frame) == 1 and drops["malformed_messages"] == 2
+    asked = chat_rows(
+        pd.DataFrame({"messages": [clashing[:3], tool_chat("광주")[:3]]}), tokenizer, ChatFormat()
+    )
+    assert asked["refused"].fillna("").tolist()[0].startswith("malformed_messages (tool_calls")
+    assert asked["refused"].fillna("").tolist()[1] == "" and asked["ids"].notna().tolist() == [False, True]
+    properties = {"city": {"type": "string"}, "city\u2060": {"type": "integer"}}
+    bad_tool = {
+        **WEATHER_TOOL,
+        "function": {**WEATHER_TOOL["function"], "parameters": {"properties": properties}},
+    }
+    raw = pd.DataFrame(
+        {"messages": [tool_chat("서울"), tool_chat("부산")], "tools": [[WEATHER_TOOL], [bad_tool]]}
+    )
+    with pytest.raises(InputDataError) as caught:
+        prompt_frame(raw, config, tokenizer)
+    line = str(caught.value)
+    assert "\n" not in line and "row 2" in line and "city\\u2060" in line, line
+
+
+def test_a_key_written_twice_in_a_json_text_drops_the_chat_or_refuses_the_tools(sample_texts):
+    """Python's ``json`` keeps the last value of a key an object writes twice: arguments given as the JSON
+    text ``{"city": "서울", "city": "부산"}`` were read as a call to 부산 alone, a tools JSON text writing a
+    property twice as a schema the data never held. Such a call makes its chat malformed (a
+    ``malformed_messages`` drop at the split, a refused row at predict); such a tools text is refused in one
+    line naming its row and the key."""
+    from fastlm.reporting.predict_chats import ChatFormat
+    from tests.support.reporting import chat_rows
+
+    tokenizer = tool_calling_tokenizer(sample_texts)
+    twice = tool_chat("서울")
+    twice[1] = {**twice[1], "tool_calls": [_call("get_weather", '{"city": "서울", "city": "부산"}')]}
+    config = parse_split_params({"messages_column": "messages"})
+    raw = pd.DataFrame({"messages": [twice, tool_chat("광주")], "tools": [[WEATHER_TOOL]] * 2})
+    frame, drops = prompt_frame(raw, config, tokenizer)
+    assert len(frame) == 1 and drops["malformed_messages"] == 1
+    asked = chat_rows(pd.DataFrame({"messages": [twice[:3], tool_chat("광주")[:3]]}), tokenizer, ChatFormat())
+    assert asked["refused"].fillna("").tolist()[0].startswith("malformed_messages (tool_calls")
+    assert asked["ids"].notna().tolist() == [False, True]
+    schema = json.dumps([WEATHER_TOOL], ensure_ascii=False)
+    properties = '"properties": {"city": {"type": "string"}, "city": {"type": "integer"}}'
+    doubled = schema.replace('"properties": {"city": {"type": "string"}}', properties)
+    assert doubled != schema
+    raw = pd.DataFrame({"messages": [tool_chat("서울"), tool_chat("부산")], "tools": [schema, doubled]})
+    with pytest.raises(InputDataError) as caught:
+        prompt_frame(raw, config, tokenizer)
+    line = str(caught.value)
+    assert "\n" not in line and "row 2" in line and "'city'" in line and "twice" in line, line

@@ -462,3 +462,27 @@ def test_a_line_of_spaces_in_a_csv_of_numbers_is_one_row_read_as_written(tmp_pat
     clean, counts = nodes.clean_corpus(_read_raw(tmp_path / "years.csv"), {**PARAMS, "text_column": "year"})
     assert list(clean["text"]) == ["1990", "2001", "007"]
     assert counts["raw_rows"] == 4 and counts["dropped"]["whitespace_only"] == 1, counts
+
+
+def test_the_character_budget_per_tokenizer_call_changes_no_byte_of_the_data(raw, monkeypatch):
+    """Bounding each tokenizer call by characters (``MAX_CHARS_PER_CALL``) as well as texts changes only the
+    batching: the tokenized Arrow tables and the fingerprint are the same with a budget that splits every
+    batch."""
+    from fastlm.corpus import tokenization
+
+    params = {**PARAMS, "text_column": "body", "batch_size": 64}
+    clean, counts = nodes.clean_corpus(raw, params)
+    splits, _ = nodes.split_corpus(clean, counts, params)
+    tokenizer = nodes.build_tokenizer(splits, params)
+    whole, whole_fingerprint, _ = nodes.tokenize_corpus(splits, tokenizer, params)
+    monkeypatch.setattr(tokenization, "MAX_CHARS_PER_CALL", 300, raising=False)
+    calls = []
+    chunks = tokenization.call_chunks
+    monkeypatch.setattr(
+        tokenization, "call_chunks", lambda *a: calls.append(chunks(*a)) or calls[-1], raising=False
+    )
+    cut, cut_fingerprint, _ = nodes.tokenize_corpus(splits, tokenizer, params)
+    assert len(calls[0]) > -(-len(splits) // 64)  # the budget split the batches
+    assert cut_fingerprint == whole_fingerprint
+    assert set(cut) == set(whole)
+    assert all(cut[name].data.table.equals(whole[name].data.table) for name in whole)

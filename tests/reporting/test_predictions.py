@@ -18,7 +18,6 @@ from fastlm.datasets.predict_sources import PredictSources
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
 from fastlm.errors import InputDataError, StaleDataError
 from fastlm.reporting.predict_chats import ChatFormat, chat_format
-from fastlm.reporting.predict_inputs import input_rows
 from fastlm.reporting.predictions import (
     PredictionJob,
     PredictionParts,
@@ -28,7 +27,7 @@ from fastlm.reporting.predictions import (
 )
 from tests.support.project import PROJECT_ROOT, catalog_dataset
 from tests.support.renames import killed_at_first_rename
-from tests.support.reporting import text_rows
+from tests.support.reporting import chat_rows, text_rows
 from tests.support.tiny_llama import CHAT_TEMPLATE, line_end_llama, llama_style_tokenizer, scripted_llama
 
 CHATS = [
@@ -53,20 +52,6 @@ def _cpu(precision: str):
     return setup_runtime(RuntimeConfig(device="cpu", precision=precision, num_threads=2))
 
 
-def _rows(table, tokenizer, chat):
-    return input_rows(
-        table,
-        tokenizer,
-        column=("predict.messages_column", "messages"),
-        template=None,
-        id_column=None,
-        limit=None,
-        too_long="truncate",
-        source="chats.parquet",
-        chat=chat,
-    )
-
-
 @pytest.mark.parametrize("with_template", [True, False], ids=["chat_template", "role_content_lines"])
 def test_chat_inputs_get_the_prompt_ids_training_gave_the_same_chats(tokenizer, tmp_path, with_template):
     split = parse_split_params({"messages_column": "messages", "chat_template": with_template})
@@ -74,7 +59,7 @@ def test_chat_inputs_get_the_prompt_ids_training_gave_the_same_chats(tokenizer, 
     training, _ = prompt_frame(pd.DataFrame({"messages": CHATS}), split, tokenizer)
     pd.DataFrame({"messages": CHATS}).to_parquet(tmp_path / "chats.parquet")  # lists come back as arrays
     table = PredictSources("model", "runs", tmp_path / "parts").read_input(str(tmp_path / "chats.parquet"))
-    rows = _rows(table, tokenizer, chat_format(tokenizer, trained, model="model"))
+    rows = chat_rows(table, tokenizer, chat_format(tokenizer, trained, model="model"))
     assert rows["ids"].tolist() == [prompt_token_ids(tokenizer, prompt) for prompt in training["prompt"]]
     assert rows["refused"].isna().all() and json.loads(rows["input"].iloc[1]) == CHATS[1]
     assert ("<|assistant|>" in training["prompt"][0]) == with_template and "Two" not in training["prompt"][0]
@@ -110,7 +95,7 @@ def test_rows_that_are_not_chats_are_kept_with_their_reason(tokenizer):
         [{"role": "user"}],
         None,
     ]
-    rows = _rows(pd.DataFrame({"messages": values}), tokenizer, ChatFormat())
+    rows = chat_rows(pd.DataFrame({"messages": values}), tokenizer, ChatFormat())
     assert rows["refused"].fillna("").tolist() == [
         "",
         "malformed_messages (not a list of {role, content} turns)",
@@ -138,7 +123,7 @@ def test_chats_that_call_tools_are_rendered_with_their_tools_as_the_split_render
             "tools": [[WEATHER_TOOL], json.dumps([WEATHER_TOOL]), None],
         }
     )
-    rows = _rows(table, tool_tokenizer, ChatFormat())
+    rows = chat_rows(table, tool_tokenizer, ChatFormat())
     frame, _ = prompt_frame(
         pd.DataFrame({"messages": [chat], "tools": [[WEATHER_TOOL]]}),
         parse_split_params({"messages_column": "messages"}),
@@ -147,7 +132,7 @@ def test_chats_that_call_tools_are_rendered_with_their_tools_as_the_split_render
     expected = prompt_token_ids(tool_tokenizer, frame.loc[0, "prompt"])
     assert rows["ids"].iloc[0] == expected and rows["ids"].iloc[1] == expected
     assert rows["refused"].iloc[2].startswith("malformed_messages")
-    lines = _rows(table.head(2), tool_tokenizer, ChatFormat(chat_template=False))
+    lines = chat_rows(table.head(2), tool_tokenizer, ChatFormat(chat_template=False))
     assert lines["refused"].tolist() == ["tool_calls (no chat template renders tool calls)"] * 2
 
 
@@ -537,7 +522,7 @@ def test_predict_asks_a_chat_ending_with_a_tool_result_with_the_templates_own_pr
     }
     tools = [[WEATHER_TOOL], json.dumps([WEATHER_TOOL]), None, [WEATHER_TOOL]]
     table = pd.DataFrame({"messages": [*chats, as_text], "tools": pd.Series(tools, dtype=object)})
-    rows = _rows(table, tokenizer, ChatFormat(variables=variables))
+    rows = chat_rows(table, tokenizer, ChatFormat(variables=variables))
     expected_chats = [*chats, tool_chat("광주")[:3]]
     assert rows["refused"].isna().all()
     for ids, chat, given in zip(
@@ -560,7 +545,7 @@ def test_a_chat_the_template_refuses_is_a_refused_row_and_the_others_are_asked(s
     two_calls[1] = {**two_calls[1], "tool_calls": [tool_call("서울"), tool_call("부산")]}
     chats = [tool_chat("대구")[:3], two_calls, [{"role": "user", "content": "안녕"}]]
     table = pd.DataFrame({"messages": chats, "tools": pd.Series([[WEATHER_TOOL]] * 3, dtype=object)})
-    rows = _rows(table, tokenizer, ChatFormat())
+    rows = chat_rows(table, tokenizer, ChatFormat())
     assert rows["refused"].iat[0] is None and rows["refused"].iat[2] is None, list(rows["refused"])
     reason = rows["refused"].iat[1]
     assert reason.startswith("template_refused") and "\n" not in reason, reason
@@ -691,8 +676,8 @@ def test_sharegpt_chats_are_asked_as_the_same_role_content_chats(tokenizer, tmp_
 
     pd.DataFrame({"messages": [sharegpt_chat(chat) for chat in CHATS]}).to_parquet(tmp_path / "chats.parquet")
     table = PredictSources("model", "runs", tmp_path / "parts").read_input(str(tmp_path / "chats.parquet"))
-    given = _rows(table, tokenizer, ChatFormat())
-    expected = _rows(pd.DataFrame({"messages": CHATS}), tokenizer, ChatFormat())
+    given = chat_rows(table, tokenizer, ChatFormat())
+    expected = chat_rows(pd.DataFrame({"messages": CHATS}), tokenizer, ChatFormat())
     assert given["refused"].isna().all() and given["ids"].tolist() == expected["ids"].tolist()
     seen = logging.handlers.BufferingHandler(capacity=100)
     logger = logging.Logger("predict-steps-sharegpt", logging.INFO)
@@ -708,7 +693,7 @@ def test_sharegpt_chats_are_asked_as_the_same_role_content_chats(tokenizer, tmp_
     with pytest.raises(
         InputDataError, match=r"^predict\.messages_column \('messages'\) of chats\.parquet: row 1"
     ):
-        _rows(unread, tokenizer, ChatFormat())
+        chat_rows(unread, tokenizer, ChatFormat())
 
 
 def test_a_chat_with_a_role_the_template_writes_nowhere_is_a_refused_row(sample_texts):
@@ -722,7 +707,7 @@ def test_a_chat_with_a_role_the_template_writes_nowhere_is_a_refused_row(sample_
         [{"role": "user", "content": "안녕"}],
         [{"role": "human", "content": "배송은 언제 오나요?"}, {"role": "user", "content": "답해 주세요"}],
     ]
-    rows = _rows(pd.DataFrame({"messages": chats}), tokenizer, ChatFormat())
+    rows = chat_rows(pd.DataFrame({"messages": chats}), tokenizer, ChatFormat())
     assert rows["refused"].iat[0] is None and rows["ids"].iat[0] is not None, list(rows["refused"])
     reason = rows["refused"].iat[1]
     assert reason.startswith("unwritten_role") and "'human'" in reason and "\n" not in reason, reason
@@ -822,3 +807,35 @@ def test_a_large_input_is_tokenized_a_slice_at_a_time_with_the_ids_of_each_row_a
     monkeypatch.undo()
     for text, ids in zip(texts[::97], rows["ids"].iloc[::97], strict=True):
         assert ids == [tokenizer.bos_token_id, *tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+class _CountedTokenizer:
+    """A tokenizer whose batched calls (lists of texts) are recorded as (texts, characters)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __call__(self, texts, **kwargs):
+        if isinstance(texts, list):
+            self.calls.append((len(texts), sum(map(len, texts))))
+        return self.inner(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_predict_tokenizes_long_inputs_in_calls_bounded_by_characters(
+    bpe_tokenizer, sample_texts, monkeypatch
+):
+    """predict's slices of ``ENCODE_SLICE_ROWS`` texts are also bounded by the corpus's
+    ``MAX_CHARS_PER_CALL`` characters (a slice of 1,024 long documents held gigabytes), with the same ids."""
+    from fastlm.corpus import tokenization
+    from fastlm.reporting.predict_inputs import encode_inputs
+
+    texts = [text * (1 + i % 5) for i, text in enumerate(sample_texts[:60])]
+    whole = encode_inputs(texts, bpe_tokenizer)
+    monkeypatch.setattr(tokenization, "MAX_CHARS_PER_CALL", 500, raising=False)
+    counted = _CountedTokenizer(bpe_tokenizer)
+    assert encode_inputs(texts, counted) == whole
+    assert len(counted.calls) > 1 and sum(texts for texts, _ in counted.calls) == len(texts)
+    assert all(chars <= 500 for texts, chars in counted.calls if texts > 1), counted.calls

@@ -46,6 +46,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template
+from fastlm.corpus.tokenization import call_chunks
 from fastlm.corpus.tool_calls import rendered_turn
 
 __all__ = ["ANSWER_MARK", "answer_spans", "answer_token_ranges", "kept_answer_ranges"]
@@ -55,6 +56,9 @@ log = logging.getLogger(__name__)
 # What an earlier answer is rendered as to find its place in a chat's render: characters of a private use
 # plane around its index (a chat that holds them anyway is found by the slower search).
 ANSWER_MARK = ("\U000f0000", "\U000f0001")
+# Prompts read per call for their character maps: every chat with earlier answers went in one call, whose
+# encodings (ids, offsets, masks) all stay until it returns; also bounded by MAX_CHARS_PER_CALL characters.
+SPAN_CALL_TEXTS = 20_000
 
 
 def answer_spans(
@@ -278,7 +282,11 @@ def answer_token_ranges(prompts, spans, shifts: np.ndarray, tokenizer, encoded) 
     backend = Tokenizer.from_str(backend.to_str())  # a copy: without the tokenizer.json's padding/truncation
     backend.no_padding()
     backend.no_truncation()
-    encodings = backend.encode_batch([prompts[i] for i in rows], add_special_tokens=False)
+    encodings = [  # with their character maps (heavier than the ids alone): in bounded calls
+        encoding
+        for chunk in call_chunks([prompts[i] for i in rows], SPAN_CALL_TEXTS)
+        for encoding in backend.encode_batch(chunk, add_special_tokens=False)
+    ]
     ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int64)
     expected = np.concatenate([values[starts[i] : starts[i] + lengths[i]] for i in rows])
     if not np.array_equal(ids, expected):

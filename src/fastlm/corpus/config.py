@@ -204,7 +204,9 @@ class SplitParams(Params):
     )
     max_length: int = Field(320, ge=2, le=MAX_LENGTH_LIMIT, description="tokens per sample, EOS included")
     tokenizer: TokenizerParams = TokenizerParams()
-    batch_size: int = Field(20_000, ge=1, description="texts per tokenizer call")
+    batch_size: int = Field(
+        20_000, ge=1, description="texts per tokenizer call (at most 8 M characters a call)"
+    )
     num_proc: int | Literal["auto"] = "auto"
     # Pre-tokenized data (integer id lists, e.g. log keys): no tokenizer is trained or loaded.
     pretokenized: bool = Field(False, description="ids_column holds lists of integer ids, not texts")

@@ -482,7 +482,7 @@ def _chat_shape(value) -> str | None:
     if value[-1]["role"] != RESPONSE_ROLE:
         return "malformed_messages"
     if any(has_tool_calls(m) and clean_tool_calls(m["tool_calls"]) is None for m in value):
-        return "malformed_messages"  # calls that name no function
+        return "malformed_messages"  # calls that name no function, or keys that clash once cleaned
     return None
 
 
@@ -519,7 +519,9 @@ def malformed_chat(values: pd.Series, place=None) -> str | None:
         if calls:
             return (
                 f"{place(row)}: the tool_calls of message {calls[0]} are not a list of calls each naming its "
-                "function ({function: {name, arguments}}, the arguments a mapping or a JSON text of one)"
+                "function ({function: {name, arguments}}, the arguments a mapping or a JSON text of one), "
+                "or hold two keys that are one once cleaned (NFC, invisible marks removed), or a JSON text "
+                "writing a key twice"
             )
         if len(value) and value[-1]["role"] != RESPONSE_ROLE:
             return (

@@ -423,20 +423,23 @@ def _refuse_repeated(names, path: Path) -> None:
         seen[name] = number
 
 
-class _RepeatedKey(Exception):
-    def __init__(self, key: str):
-        super().__init__(key)
+class KeyWrittenTwice(ValueError):
+    """A JSON object that writes one key twice (``json`` keeps the last value and loses the first)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"writes the key {key!r} twice in one object")
         self.key = key
 
 
-def _unique_object(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object hook refusing a key given twice (json keeps the last value, pyarrow refuses the line)."""
+def unique_keys_object(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON ``object_pairs_hook`` refusing a key given twice (``KeyWrittenTwice``), where ``json`` keeps the
+    last value (and pyarrow refuses the line)."""
     row = dict(pairs)
     if len(row) < len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise _RepeatedKey(key)
+                raise KeyWrittenTwice(key)
             seen.add(key)
     return row
 
@@ -640,13 +643,13 @@ def _filled_lines(source) -> int:
 def _read_json_array(source, path: Path) -> pd.DataFrame:
     try:
         with _open(source) as handle:
-            rows = json.load(handle, object_pairs_hook=_unique_object)
+            rows = json.load(handle, object_pairs_hook=unique_keys_object)
     except json.JSONDecodeError as exc:
         raise InputDataError(
             f"{path} line {exc.lineno} is not valid JSON ({exc.msg}).",
             fix="fix the JSON array, or give one JSON object per line (.jsonl).",
         ) from exc
-    except _RepeatedKey as exc:
+    except KeyWrittenTwice as exc:
         raise _repeated_key(path, _array_row_line(source), exc.key) from None
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         raise InputDataError(
@@ -670,8 +673,8 @@ def _first_repeated_key(source) -> tuple[int, str] | None:
     with _open(source) as handle:
         for number, line in enumerate(handle, start=1):
             try:
-                json.loads(line, object_pairs_hook=_unique_object)
-            except _RepeatedKey as exc:
+                json.loads(line, object_pairs_hook=unique_keys_object)
+            except KeyWrittenTwice as exc:
                 return number, exc.key
             except ValueError:
                 continue
@@ -685,12 +688,12 @@ def _array_row_line(source) -> int:
     """The line where the first element of a JSON array holding a key twice starts (1 if none is found)."""
     with _open(source) as handle:
         text = handle.read().decode("utf-8-sig")
-    decoder = json.JSONDecoder(object_pairs_hook=_unique_object)
+    decoder = json.JSONDecoder(object_pairs_hook=unique_keys_object)
     position = JSON_SEPARATORS.match(text, text.index("[") + 1).end()
     while position < len(text) and text[position] != "]":
         try:
             _, position = decoder.raw_decode(text, position)
-        except _RepeatedKey:
+        except KeyWrittenTwice:
             return text.count("\n", 0, position) + 1
         position = JSON_SEPARATORS.match(text, position).end()
     return 1

@@ -24,6 +24,13 @@ POOL_MIN_ROWS = 100_000  # below this a pool's start-up costs more than it saves
 # max_length * MAX_CHARS_PER_TOKEN characters is cut before tokenizing (what is cut could never survive the
 # token truncation), so one 50 MB line costs memory for max_length tokens, not for millions.
 MAX_CHARS_PER_TOKEN = 64
+# Characters per tokenizer call (``split.batch_size`` counts texts): a call holds every text's encoding until
+# it returns, ~30-36 bytes of peak memory per input character (measured: 200 texts of 100 KB, 19 MiB, peaked
+# 583-686 MiB above the start in one call at max_length 32,768), so 20,000 such texts in one batch would peak
+# near 60-67 GB. 8 M characters keep one call near 250-300 MiB (that case: +251 MiB in three calls; ~1 GB for
+# a script of one token per character), each fork worker holding one call; short texts (20,000 of ~100
+# characters: 2 M) never reach it.
+MAX_CHARS_PER_CALL = 8_000_000
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,23 @@ def cut_long_texts(
     return [text[-limit:] if too_long else text for text, too_long in zip(texts, cut, strict=True)], cut
 
 
+def call_chunks(texts: Sequence[str], max_texts: int) -> list[Sequence[str]]:
+    """``texts`` in consecutive pieces, one per tokenizer call: at most ``max_texts`` texts and, where they
+    hold more, ``MAX_CHARS_PER_CALL`` characters (a longer text is a piece alone). Each text is tokenized
+    alone, so the pieces change the memory of a call, never an id."""
+    ends = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=ends[1:])
+    chunks, start = [], 0
+    while start < len(texts):
+        stop = min(start + max_texts, len(texts))
+        if ends[stop] - ends[start] > MAX_CHARS_PER_CALL:
+            fits = int(np.searchsorted(ends, ends[start] + MAX_CHARS_PER_CALL, side="right")) - 1
+            stop = max(fits, start + 1)
+        chunks.append(texts[start:stop])
+        start = stop
+    return chunks
+
+
 def encode_ragged(
     texts: Sequence[str],
     tokenizer,
@@ -168,7 +192,7 @@ def _encode_all(
     batch_size: int,
     num_proc: int | str,
 ) -> list:
-    chunks = [texts[start : start + batch_size] for start in range(0, len(texts), batch_size)]
+    chunks = call_chunks(texts, batch_size)
     procs = resolve_num_proc(num_proc, len(texts))
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # a slow (Python) tokenizer: batched calls in this process

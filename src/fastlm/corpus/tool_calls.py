@@ -10,6 +10,16 @@ and the text a chat template writes for a turn that calls tools.
   templates write a mapping as the JSON a model asked with tools writes, and a text as it is (Qwen3: an
   ASCII-escaped ``json.dumps`` text) or quoted again (Llama-3.x); its content may be empty. A chat whose
   calls are not so is malformed.
+* Texts: every text inside the tools and a call (a schema's descriptions, a call's name, its arguments' keys
+  and values, a JSON text's once read) is cleaned as a message's content is (``cleaning.normalize_text``:
+  NFC, LF line ends, the invisible marks removed; not stripped, an argument's spaces being its own), keys
+  kept in order, by the split and predict alike: decomposed Hangul or a zero-width space in an argument is
+  not written to the prompt or a trained call beside contents that never hold one. Two keys of one mapping
+  that are one once cleaned (``city`` and ``city`` + a zero-width space) are not merged, one value lost: a
+  call holding them makes its chat malformed (the split's ``malformed_messages``, a refused row in
+  predict), a tools value holding them is refused as a malformed one is. So is a JSON text (a call's
+  arguments, a tools value) that writes one key twice in one object (``{"city": "서울", "city": "부산"}``),
+  of which Python's ``json`` would keep the last value alone.
 * Nulls: Arrow reads a column of mappings (Parquet, and the JSON Lines reader) as one struct type, every
   row's mapping holding every key any row has, null where it has none (a ``get_time`` call's arguments get
   the ``city: null`` of ``get_weather``'s). A null value in a mapping of the tools or of a call (its
@@ -34,6 +44,8 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template
+from fastlm.corpus.cleaning import normalize_text
+from fastlm.corpus.readers import KeyWrittenTwice, unique_keys_object
 from fastlm.errors import InputDataError
 
 __all__ = [
@@ -78,12 +90,46 @@ def _without_nulls(value):
     return value
 
 
+class _KeyClash(ValueError):
+    """Two keys of one mapping that are one once cleaned (their values would merge, one lost)."""
+
+    def __init__(self, first: str, second: str) -> None:
+        super().__init__(f"keys {ascii(first)} and {ascii(second)} are one once cleaned")
+        self.keys = (first, second)
+
+
+def _normalized(value):
+    """Plain ``value`` (``plain``'s) with each text in it, a mapping's keys too, cleaned as a message's
+    content is before it is stripped (``normalize_text``), recursively; the order of keys kept. Two keys of
+    one mapping that clean to one (``city`` and ``city`` + a zero-width space, NFD and NFC) raise
+    ``_KeyClash``: merged, one of their values would be lost."""
+    if isinstance(value, str):
+        return normalize_text(value)
+    if isinstance(value, list):
+        return [_normalized(item) for item in value]
+    if isinstance(value, dict):
+        cleaned, given = {}, {}
+        for key, item in value.items():
+            clean = normalize_text(key)
+            if clean in cleaned:
+                raise _KeyClash(given[clean], key)
+            cleaned[clean], given[clean] = _normalized(item), key
+        return cleaned
+    return value
+
+
+def _read_json(text: str):
+    """``text`` read as JSON, a key an object writes twice raising ``KeyWrittenTwice`` (a ValueError too)."""
+    return json.loads(text, object_pairs_hook=unique_keys_object)
+
+
 def _arguments(value):
     """A call's arguments as a mapping (a JSON text read, its nulls kept; a mapping less its nulls), None
-    where they are neither a mapping nor a JSON text of one."""
+    where they are neither a mapping nor a JSON text of one, or their JSON text writes a key twice in one
+    object (one value would be lost)."""
     if isinstance(value, str):
         try:
-            value = json.loads(value) if value.strip() else {}
+            value = _read_json(value) if value.strip() else {}
         except ValueError:
             return None
         return value if isinstance(value, dict) else None
@@ -103,10 +149,12 @@ def has_tool_calls(message: Mapping) -> bool:
 
 
 def clean_tool_calls(calls) -> list[dict] | None:
-    """``calls`` (a turn's ``tool_calls``) as plain Python, their null values left out and each call's
-    arguments a mapping (a JSON text read), None where they are not a list of calls each naming its
-    function (``{function: {name, arguments}}`` or ``{name, arguments}``, the arguments a mapping or a
-    JSON text of one)."""
+    """``calls`` (a turn's ``tool_calls``) as plain Python, their null values left out, each call's
+    arguments a mapping (a JSON text read), every text in them cleaned (``_normalized``: the name, the id,
+    the arguments' keys and values), None where they are not a list of calls each naming its function
+    (``{function: {name, arguments}}`` or ``{name, arguments}``, the arguments a mapping or a JSON text of
+    one), or where two keys of a mapping in them are one once cleaned, or their JSON text writes a key twice
+    in one object (one value would be lost)."""
     calls = plain(calls)
     if not isinstance(calls, list) or not calls:
         return None
@@ -124,7 +172,10 @@ def clean_tool_calls(calls) -> list[dict] | None:
             return None
         function["arguments"] = arguments
         cleaned.append({**call, "function": function} if nested else function)
-    return cleaned
+    try:
+        return _normalized(cleaned)
+    except _KeyClash:
+        return None
 
 
 def call_names(calls: Sequence[Mapping]) -> list[str]:
@@ -134,13 +185,17 @@ def call_names(calls: Sequence[Mapping]) -> list[str]:
 
 def turn_fields(message: Mapping) -> dict:
     """The tool fields (``TOOL_TURN_FIELDS``) a cleaned turn keeps: an assistant turn's cleaned calls, a tool
-    turn's name and call id where they are texts."""
+    turn's name and call id where they are texts (cleaned as the calls' are)."""
     kept = {}
     if message.get("role") == RESPONSE_ROLE and has_tool_calls(message):
         kept["tool_calls"] = clean_tool_calls(message["tool_calls"])
     elif message.get("role") == "tool":
         kept.update(
-            {key: message[key] for key in ("name", "tool_call_id") if isinstance(message.get(key), str)}
+            {
+                key: normalize_text(message[key])
+                for key in ("name", "tool_call_id")
+                if isinstance(message.get(key), str)
+            }
         )
     return kept
 
@@ -152,9 +207,11 @@ def tools_key(tools: list | None) -> str:
 
 def parse_tools(values: pd.Series, parameter: str, place=None) -> list[list[dict] | None]:
     """Each row's tools (``values``: a tools column; ``parameter`` names it, e.g. ``split.tools_column
-    ('tools')``) as a list of function schemas, None for a missing value or an empty list; a value that is no
-    such list (nor a JSON string of one) is refused in one line naming its row (counted from 1; ``place``:
-    what names a row where not ``row N``, a shard's)."""
+    ('tools')``) as a list of function schemas (their texts cleaned as a content is, ``_normalized``), None
+    for a missing value or an empty list; a value that is no such list (nor a JSON string of one), a JSON
+    string writing a key twice in one object, or a value holding a mapping with two keys that are one once
+    cleaned, is refused in one line naming its row (counted from
+    1; ``place``: what names a row where not ``row N``, a shard's)."""
     parsed = []
     place = place or (lambda number: f"row {number}")
     for row, value in enumerate(values, start=1):
@@ -163,13 +220,22 @@ def parse_tools(values: pd.Series, parameter: str, place=None) -> list[list[dict
                 parsed.append(None)
                 continue
             try:
-                value = json.loads(value)
+                value = _read_json(value)
+            except KeyWrittenTwice as twice:
+                _refuse(parameter, place(row), f"is a JSON text that {twice}: one value would be lost")
             except ValueError as error:
                 _refuse(parameter, place(row), f"is a text that is not JSON ({error.msg})")
         if _missing(value):
             parsed.append(None)
             continue
-        value = _without_nulls(plain(value))
+        try:
+            value = _normalized(_without_nulls(plain(value)))
+        except _KeyClash as clash:
+            _refuse(
+                parameter,
+                place(row),
+                f"holds a mapping whose {clash} (NFC, invisible marks removed): one value would be lost",
+            )
         if not isinstance(value, list):
             _refuse(parameter, place(row), f"is a {type(value).__name__}, not a list of function schemas")
         for index, tool in enumerate(value, start=1):

@@ -162,7 +162,11 @@ def _chat_history(value, templated: bool) -> tuple[str | None, list | None]:
     turns = list(value[: last + 1])
     calls = [m for m in turns if has_tool_calls(m)]
     if any(clean_tool_calls(m["tool_calls"]) is None for m in calls):
-        return "malformed_messages (tool_calls that name no function)", None
+        return (
+            "malformed_messages (tool_calls that name no function, or two keys that are one once cleaned or "
+            "written twice)",
+            None,
+        )
     if not templated and (calls or "tool" in roles[: last + 1]):
         return "tool_calls (no chat template renders tool calls)", None
     contents, reasons = classify_values(pd.Series([m.get("content") for m in turns], dtype=object))

@@ -30,6 +30,7 @@ from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.corpus.pretokenized import input_ids
 from fastlm.corpus.prompts import UNPADDED, leading_bos, quoted, render_prompt, truncate_prompt_ids
 from fastlm.corpus.sharegpt import role_content_chats
+from fastlm.corpus.tokenization import call_chunks
 from fastlm.corpus.tool_calls import parse_tools
 from fastlm.engine.evaluate.line_ends import lf_line_ends
 from fastlm.errors import InputDataError
@@ -159,17 +160,18 @@ def encode_inputs(
 
 # Texts tokenized in one call: a call holds each text's whole encoding (tokens, offsets, masks: ~3 KB a short
 # prompt) until it returns, so a whole input in one call grew the peak memory with its rows (~90 MB for
-# 30,000 short prompts); slices keep it flat at no measurable cost in time.
+# 30,000 short prompts); slices keep it flat at no measurable cost in time. A slice of long documents is cut
+# further at the split's MAX_CHARS_PER_CALL characters (1,024 texts of 100 KB held ~3.5 GB in one call).
 ENCODE_SLICE_ROWS = 1024
 
 
 def _encoded(rendered: list[str], tokenizer) -> list[list[int]]:
     """Rendered prompts tokenized as training tokenized them (``encode_inputs``), ``ENCODE_SLICE_ROWS`` at a
-    time."""
+    time, fewer where they hold more than ``MAX_CHARS_PER_CALL`` characters (``call_chunks``)."""
     bos = leading_bos(tokenizer)
     encoded = []
-    for begin in range(0, len(rendered), ENCODE_SLICE_ROWS):
-        piece = tokenizer(rendered[begin : begin + ENCODE_SLICE_ROWS], add_special_tokens=False, **UNPADDED)
+    for chunk in call_chunks(rendered, ENCODE_SLICE_ROWS):
+        piece = tokenizer(list(chunk), add_special_tokens=False, **UNPADDED)
         encoded.extend(
             [bos, *ids] if bos is not None and ids[:1] != [bos] else list(ids) for ids in piece["input_ids"]
         )
