@@ -570,3 +570,18 @@ def test_a_whole_store_and_a_locked_one_are_not_called_broken(tmp_path, empty_ml
     assert "garbage.db is not a complete MLflow store" in tracking.store_problem(
         f"sqlite:///{tmp_path / 'garbage.db'}"
     )
+
+
+def test_a_warmup_ratio_leaves_the_unused_warmup_steps_out_of_the_run_parameters():
+    """With train.optimizer.warmup_ratio set, the config's warmup_steps (its default, unused) is not logged
+    beside the warmup the run used (the ``warmup_steps`` summary parameter); without a ratio it stays."""
+    from fastlm.hooks.kedro_mlflow_hook import logged_parameters
+
+    train = {"optimizer": {"lr": 1e-3, "warmup_steps": 20, "warmup_ratio": 0.1}, "seed": 0}
+    for name, value in (("params:train", train), ("parameters", {"train": train})):
+        logged = logged_parameters(name, value)
+        optimizer = (logged if name == "params:train" else logged["train"])["optimizer"]
+        assert optimizer == {"lr": 1e-3, "warmup_ratio": 0.1}
+    assert train["optimizer"]["warmup_steps"] == 20  # the node's own input untouched
+    plain = {"optimizer": {"lr": 1e-3, "warmup_steps": 20, "warmup_ratio": None}}
+    assert logged_parameters("params:train", plain)["optimizer"]["warmup_steps"] == 20

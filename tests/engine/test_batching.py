@@ -231,6 +231,51 @@ def test_a_stream_rebuilt_at_a_saved_position_continues_with_the_same_batches(tm
     assert first[per_epoch : per_epoch + 3] != first[:3]  # each epoch is shuffled anew
 
 
+def _orders(data, params, world: int, epochs: int = 2) -> list[list[list[int]]]:
+    """Each rank's batches of ``epochs`` epochs as its stream's sampler gives them (rank by rank)."""
+    orders = []
+    for rank in range(world):
+        sampler = micro_batches(
+            data, params, StreamLayout(EOS, 64, None, {}, rank=rank, world_size=world)
+        ).sampler
+        orders.append([index for epoch in range(epochs) for index in (sampler.set_epoch(epoch) or sampler)])
+    return orders
+
+
+@pytest.mark.parametrize("mode", ["packed", "length_grouped", "dynamic"])
+def test_train_data_seed_draws_the_data_order_alone_and_null_leaves_it_to_train_seed(tmp_path, mode):
+    """``train.data_seed`` (the Hugging Face Trainer's ``data_seed``): null, the order of every epoch and
+    every rank's shard is train.seed's, the batches of before it existed; set, the order is its own, the
+    same whatever train.seed, while the weights' init (the run's start seeds torch) stays on train.seed."""
+    from fastlm.pipelines.start import start_node
+
+    data = toy_sequences(120, 0)
+
+    def params(**seeds):
+        return toy_params(tmp_path, batching={"mode": mode, "micro_batch_size": 4}, **seeds)
+
+    for world in (1, 2):
+        by_seed = _orders(data, params(seed=3), world)
+        before = make_batching(params(seed=3), data.lengths, pad_id=EOS, max_length=64, seed=3)[0]
+        assert world > 1 or by_seed[0] == [
+            index for epoch in range(2) for index in (before.set_epoch(epoch) or before)
+        ]  # same computation run twice: exact
+        assert _orders(data, params(seed=3, data_seed=None), world) == by_seed
+        assert _orders(data, params(seed=0, data_seed=3), world) == by_seed  # it draws as train.seed did
+        fixed = _orders(data, params(seed=1, data_seed=5), world)
+        assert _orders(data, params(seed=2, data_seed=5), world) == fixed
+        assert _orders(data, params(seed=1, data_seed=6), world) != fixed
+        assert _orders(data, params(seed=1), world) != _orders(data, params(seed=2), world)
+
+    def init(**seeds) -> list[float]:
+        raw = {"runtime": {"device": "cpu", "num_threads": 1}, **seeds}
+        start_node(raw, {})
+        return torch.rand(4).tolist()
+
+    assert init(seed=1, data_seed=5) == init(seed=1, data_seed=6) == init(seed=1)
+    assert init(seed=1, data_seed=5) != init(seed=2, data_seed=5)
+
+
 def test_one_steps_micro_batches_reach_the_device_with_the_wait_measured(tmp_path):
     params = toy_params(tmp_path, batching={"mode": "packed", "micro_batch_size": 4})
     layout = StreamLayout(pad_id=EOS, max_length=64, sides=None, loader_kwargs={"num_workers": 0})

@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from pydantic import BaseModel
 
 from fastlm.engine.config import TrainParams, parse_train_params
@@ -34,14 +36,44 @@ def test_nested_values_are_parsed_and_typed():
         ({"optimizer": {"lr": "fast"}}, "train.optimizer.lr = 'fast'", "set train.optimizer.lr"),
         ({"bogus": 1}, "unknown parameter train.bogus", "remove or correct it"),
         ({"eval_every": None, "early_stopping": {"patience": 2}}, "train.early_stopping", "train.eval_every"),
+        ({"seed": 2**64}, "train.seed = 18446744073709551616", "--params train.seed=<value>"),
+        ({"data_seed": 2**64}, "train.data_seed = 18446744073709551616", "--params train.data_seed=<value>"),
+        ({"data_seed": -1}, "train.data_seed = -1", "--params train.data_seed=<value>"),
+        ({"data_seed": "x"}, "train.data_seed = 'x'", "train.data_seed"),
     ],
-    ids=["out-of-range", "not-a-number", "unknown-key", "early-stop-without-evaluations"],
+    ids=[
+        "out-of-range",
+        "not-a-number",
+        "unknown-key",
+        "early-stop-without-evaluations",
+        "seed-past-2**64",
+        "data-seed-past-2**64",
+        "data-seed-negative",
+        "data-seed-not-a-number",
+    ],
 )
 def test_a_bad_parameter_is_one_line_naming_it_and_the_fix(raw, named, fix):
     with pytest.raises(ConfigError) as raised:
         parse_train_params(raw)
     message = str(raised.value)
     assert named in message and fix in message.split("Fix:")[1] and "\n" not in message
+
+
+def test_the_largest_seed_taken_seeds_torch_and_the_data_order():
+    """torch's generators take seeds below 2**64: a larger train.seed is refused when parsed, not by torch
+    half-way through the set-up."""
+    seed = parse_train_params({"seed": 2**64 - 1}).seed
+    torch.Generator().manual_seed(seed)
+    assert np.random.default_rng((seed, 0)).integers(2**62) >= 0
+
+
+def test_the_data_order_follows_train_seed_unless_train_data_seed_is_set():
+    """``train.data_seed`` (the Hugging Face Trainer's ``data_seed``): null draws the data order from
+    ``train.seed`` as before it existed; an int (the same 0 .. 2**64 - 1) draws it alone."""
+    assert parse_train_params({"seed": 7}).order_seed == 7
+    assert parse_train_params({"seed": 7, "data_seed": None}).order_seed == 7
+    params = parse_train_params({"seed": 7, "data_seed": 2**64 - 1})
+    assert params.order_seed == 2**64 - 1 and params.seed == 7
 
 
 @pytest.mark.parametrize(

@@ -139,3 +139,21 @@ def html_tables(document: str) -> dict[str, list[dict[str, str]]]:
         section: [dict(zip(rows[0], row, strict=True)) for row in rows[1:]]
         for section, rows in parser.tables.items()
     }
+
+
+def chat_rows(table, tokenizer, chat, *, source: str = "chats.parquet"):
+    """Predict's rows of chat inputs (``predict.messages_column``) under ``chat`` (a ``ChatFormat``), long
+    ones truncated."""
+    from fastlm.reporting.predict_inputs import input_rows
+
+    return input_rows(
+        table,
+        tokenizer,
+        column=("predict.messages_column", "messages"),
+        template=None,
+        id_column=None,
+        limit=None,
+        too_long="truncate",
+        source=source,
+        chat=chat,
+    )

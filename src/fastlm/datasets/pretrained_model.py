@@ -123,7 +123,7 @@ class PretrainedModelDataset(AbstractDataset):
                 save_adapter(data["model"], folder)
                 write_base_digest(data["model"], folder)
             else:
-                with _for_inference(data["model"], data["tokenizer"]):
+                with for_inference(data["model"], data["tokenizer"]):
                     data["model"].save_pretrained(str(folder), safe_serialization=True)
             data["tokenizer"].save_pretrained(str(folder))
             if data.get("training_data") is not None:
@@ -161,7 +161,7 @@ def _tokenizer_fix(folder: PurePosixPath) -> str:
 
 
 @contextlib.contextmanager
-def _for_inference(model, tokenizer):
+def for_inference(model, tokenizer):
     """``model``'s config as a folder for inference wants it while it is saved: the key/value cache on
     (training switches it off; put back after), and the tokenizer's pad id in the generation config where it
     has none (a base whose tokenizer pads with its EOS). Not in the model config: a Llama or Qwen2 built from

@@ -465,7 +465,9 @@ def micro_batches(
     batch: int = 0,
     configured: int | None = None,
 ) -> MicroBatches:
-    """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on.
+    """The stream of this rank's micro-batches for ``params.batching``, from ``batch`` of ``epoch`` on, in
+    the order of ``params.order_seed`` (``train.data_seed``, else ``train.seed``: each rank's shard of one
+    order).
     ``configured``: the micro-batch size the run was configured with, where an out-of-memory back-off
     halved it since (the batches are the configured ones cut in pieces, ``make_batching``)."""
     sampler, collator = make_batching(
@@ -473,7 +475,7 @@ def micro_batches(
         dataset.lengths,
         pad_id=layout.pad_id,
         max_length=layout.max_length,
-        seed=params.seed,
+        seed=params.order_seed,
         configured=configured,
         sides=layout.sides,
     )

@@ -121,6 +121,11 @@ class LoraParams(Params):
                 "loraplus_lr_ratio sets the LoRA B matrices' learning rate and LoRA is off; set "
                 "train.model.lora.enabled: true, or loraplus_lr_ratio: null"
             )
+        if self.load_in_4bit and not self.enabled:  # else a full fine-tune of every weight in fp32
+            raise ValueError(
+                "load_in_4bit quantizes the frozen base of LoRA (QLoRA) and LoRA is off; set "
+                "train.model.lora.enabled: true for QLoRA, or load_in_4bit: false for a full fine-tune"
+            )
         return self
 
 
@@ -239,6 +244,11 @@ class BatchingParams(Params):
         """The packed rows' length where the user set it (None: not packed, or ``row_length: auto``): float8
         ``auto`` stays off for a length its GEMMs cannot take (``runtime.float8.float8_decision``)."""
         return self.row_length if self.mode == "packed" and self.row_length != "auto" else None
+
+    def longest_row(self, max_length: int) -> int:
+        """The longest row a micro-batch of this run can have: a packed run's ``row_length`` where set, else
+        ``max_length`` (``row_length: auto`` never exceeds it; padded rows are at most that long)."""
+        return self.fixed_row_length() or max_length
 
     def pad_multiple(self, device_type: str, align: int = 1) -> int:
         """``pad_to_multiple_of`` for a run on ``device_type`` ("cuda", "cpu", ...), ``auto`` resolved, and
@@ -628,7 +638,15 @@ class TrainParams(Params):
         description="time budget of the training loop: it stops at "
         "the first step boundary after it, with a checkpoint (engine/train/time_limit.py)",
     )
-    seed: int = Field(0, ge=0)
+    # torch's generators take seeds below 2**64 (a larger one would stop the set-up with torch's overflow)
+    seed: int = Field(0, ge=0, le=2**64 - 1)
+    data_seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**64 - 1,
+        description="the data order's seed (the Hugging Face Trainer's data_seed): null = train.seed's "
+        "order; the weights' init, dropout and NEFTune draws stay on train.seed",
+    )
     fold: int | None = Field(
         None,
         ge=0,
@@ -651,6 +669,12 @@ class TrainParams(Params):
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
     distributed: DistributedParams = DistributedParams()
+
+    @property
+    def order_seed(self) -> int:
+        """The seed every epoch's data order is drawn from (``samplers.epoch_rng``): ``data_seed`` where set,
+        else ``seed``."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     @field_validator("runtime")
     @classmethod

@@ -38,6 +38,20 @@ from fastlm.tracking import (
 _GATHERING = threading.local()  # RedactingMlflowHook: the parameters of the node whose hooks this thread runs
 
 
+def logged_parameters(name: str, value):
+    """A node's parameter input ``name`` as its run logs it: secrets masked, and where
+    ``train.optimizer.warmup_ratio`` is set, ``train.optimizer.warmup_steps`` (the config's default, which
+    the ratio replaces) left out; the run logs the warmup it used as ``warmup_steps``."""
+    value = redact(value, name.removeprefix("params:"))
+    train = value if name == "params:train" else None
+    if name == "parameters" and isinstance(value, dict):
+        train = value.get("train")
+    optimizer = train.get("optimizer") if isinstance(train, dict) else None
+    if isinstance(optimizer, dict) and optimizer.get("warmup_ratio") is not None:
+        optimizer.pop("warmup_steps", None)  # redact's copy
+    return value
+
+
 class RedactingMlflowHook(MlflowHook):
     """kedro-mlflow's hook, fed copies of the parameters and run parameters with every secret masked.
 
@@ -105,7 +119,7 @@ class RedactingMlflowHook(MlflowHook):
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
         logged = {
-            name: redact(value, name.removeprefix("params:"))
+            name: logged_parameters(name, value)
             if name.startswith("params:") or name == "parameters"
             else value
             for name, value in inputs.items()

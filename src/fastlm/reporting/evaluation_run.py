@@ -40,19 +40,48 @@ def evaluate_on_test(model, tokenizer, tokenized: datasets.DatasetDict, *, setti
     from fastlm.engine.data.collators import TextEnds
     from fastlm.engine.data.token_dataset import TokenSequences
     from fastlm.engine.evaluate.evaluation import evaluate
+    from fastlm.engine.model.attention.choice import attention_path
 
     params, max_length, runtime = settings
     model.to(runtime.device)
-    return evaluate(
-        model,
-        TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
-        tokenizer=tokenizer,
-        params=params,
-        runtime=runtime,
-        max_length=max_length,
-        attn=model.config._attn_implementation or "sdpa",
-        options=options,
+    attn = report_attention(model, params, max_length, runtime.device)
+    with attention_path(model, attn):
+        return evaluate(
+            model,
+            TokenSequences.from_arrow(tokenized["test"], text_ends=TextEnds.of(tokenizer)),
+            tokenizer=tokenizer,
+            params=params,
+            runtime=runtime,
+            max_length=max_length,
+            attn=attn,
+            options=options,
+        )
+
+
+def report_attention(model, params: TrainParams, max_length: int, device) -> str:
+    """The attention path the report evaluates ``model`` on: the one it loaded with (transformers' default,
+    ``sdpa`` on a CPU), except where ``train.model.attn_implementation: auto`` trains rows this long per
+    document (``attention.choice.LONG_ROW_TOKENS`` on a CPU: ``sdpa_varlen``), whose dense mask would grow
+    with the rows' square. Off a CPU the loaded path, and no ``auto`` choice logged that it would not run."""
+    import torch
+
+    from fastlm.engine.model.attention.choice import choose_attention
+    from fastlm.engine.model.attention.kernels import SDPA_VARLEN
+
+    current = model.config._attn_implementation or "sdpa"
+    if params.model.attn_implementation != "auto" or current not in ("sdpa", "eager"):
+        return current
+    if torch.device(device).type != "cpu":  # auto's per-document rule is a CPU one; its choice is not asked
+        return current
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a LoRA adapter's
+    chosen = choose_attention(
+        "auto",
+        device,
+        model_class=type(base),
+        config=model.config,
+        row_length=params.batching.longest_row(max_length),
     )
+    return chosen if chosen == SDPA_VARLEN else current
 
 
 def evaluate_test_split(

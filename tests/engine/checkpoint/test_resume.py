@@ -79,6 +79,7 @@ def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog)
         ({"batching": {"micro_batch_size": 2}}, "batching.micro_batch_size"),
         ({"batching": {"mode": "dynamic"}}, "batching.mode"),
         ({"seed": 7}, "seed"),
+        ({"data_seed": 7}, "data_seed"),
         ({"batching": {"gradient_accumulation_steps": 2}}, "micro_batches_per_step"),
         # other packed rows: other batches at a position (auto resolves to 64 here: the digest holds that)
         ({"batching": {"row_length": 48}}, "batching.row_length"),
@@ -143,6 +144,34 @@ def test_an_explicit_folder_that_does_not_match_is_refused_in_one_line(tmp_path)
     assert not (tmp_path / "other" / "checkpoints").exists()  # nothing written
 
 
+def test_an_explicit_folder_of_another_data_seed_is_refused_in_one_line(tmp_path):
+    _train(toy_params(tmp_path, **BASE, data_seed=5))
+    folder = tmp_path / "checkpoints" / "checkpoint-00000004"
+    with pytest.raises(CheckpointError) as raised:
+        _train(toy_params(tmp_path / "other", **{**BASE, "max_steps": 8}, data_seed=6, resume=str(folder)))
+    message = str(raised.value)
+    assert "\n" not in message and "data_seed 5 -> 6" in message and str(folder) in message
+    assert not (tmp_path / "other" / "checkpoints").exists()  # nothing written
+
+
+def test_the_digest_compares_the_data_order_seed_and_an_older_checkpoint_reads_as_data_seed_null(tmp_path):
+    """``data_seed`` in the digest is train.data_seed as set (null: the order follows train.seed); two digests
+    match where their orders' seeds do, and a checkpoint written before the field existed reads as null."""
+    from fastlm.engine.checkpoint.resume import digest_differences, run_digest
+
+    def digest(**seeds):
+        params = toy_params(tmp_path, **BASE, **seeds)
+        return run_digest(toy_model(), params, max_length=64, data="d", world_size=1, sharded=False)
+
+    null = digest(seed=3)
+    assert null["data_seed"] is None and digest(seed=3, data_seed=8)["data_seed"] == 8
+    older = {key: value for key, value in null.items() if key != "data_seed"}
+    assert digest_differences(older, null) == []
+    assert digest_differences(null, digest(seed=3, data_seed=3)) == []  # the same order
+    assert digest_differences(older, digest(seed=3, data_seed=8)) == ["data_seed None (seed 3) -> 8"]
+    assert digest_differences(digest(seed=3, data_seed=8), digest(seed=4, data_seed=8)) == ["seed 3 -> 4"]
+
+
 def test_nan_stop_names_this_runs_checkpoint_not_an_earlier_runs(tmp_path):
     # an earlier run, step 6
     _train(toy_params(tmp_path, **{**BASE, "max_steps": 6, "save_every": 6}, seed=5))
@@ -182,6 +211,7 @@ def test_the_digest_is_in_the_checkpoint(tmp_path):
         "batching.micro_batch_size",
         "max_length",
         "seed",
+        "data_seed",
         "micro_batches_per_step",
         "distributed.strategy",
     ):

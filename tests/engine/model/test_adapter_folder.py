@@ -3,6 +3,7 @@ weights, loaded and merged over the base it trained on (a QLoRA one over its 4-b
 moved or missing base refused or found, the merged folder in the base's saved dtype with its ties, an
 encoder-decoder adapter generating as it trained (the fixtures: conftest.py)."""
 
+import copy
 import json
 import logging
 import shutil
@@ -127,6 +128,27 @@ def test_an_adapter_refuses_a_base_replaced_by_another_model_of_the_same_shape(
     assert merge_adapter_command(["--adapter", str(adapter), "--out", str(out)]) == 2
     error_lines = capsys.readouterr().err.strip().splitlines()
     assert len(error_lines) == 1 and "no longer holds the weights" in error_lines[0] and not out.exists()
+
+
+def test_the_merged_folder_generates_with_the_tokenizers_pad_as_a_full_fine_tune_does(
+    tmp_path, base_dir, tokenizer
+):
+    """A full fine-tune's folder records the tokenizer's pad id in its generation config (a base whose
+    generation config has none); the merged folder of an adapter kept the base's, without one, so a user's
+    batched ``generate`` padded with the EOS and warned. The merged folder records it too."""
+    from transformers import GenerationConfig
+
+    from fastlm.__main__ import merge_adapter_command
+
+    padded = copy.deepcopy(tokenizer)
+    padded.pad_token = padded.eos_token  # as the split gives a tokenizer without a pad token one
+    assert GenerationConfig.from_pretrained(base_dir).pad_token_id is None
+    _, adapter = _adapter(tmp_path, base_dir, padded)
+    out = tmp_path / "merged"
+    assert merge_adapter_command(["--adapter", str(adapter), "--out", str(out)]) == 0
+    generation = GenerationConfig.from_pretrained(out)
+    assert generation.pad_token_id == padded.pad_token_id is not None
+    assert generation.eos_token_id == padded.eos_token_id
 
 
 def test_merge_adapter_never_writes_over_its_own_adapter_or_base(tmp_path, base_dir, tokenizer, capsys):

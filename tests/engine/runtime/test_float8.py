@@ -40,6 +40,10 @@ def hopper(monkeypatch):
 CUDA = torch.device("cuda")
 
 
+class FourBitLike(nn.Linear):
+    """Stands for bitsandbytes' Linear4bit: a Linear subclass whose forward is no plain matmul."""
+
+
 def test_auto_is_on_for_a_wide_model_on_a_hopper_gpu_with_torchao(hopper):
     on, why = float8.float8_decision("auto", llama(2048), CUDA)
     assert on and "9.0" in why and "2048" in why
@@ -52,6 +56,7 @@ def test_auto_is_on_for_a_wide_model_on_a_hopper_gpu_with_torchao(hopper):
         ("ampere", "compute capability 8.0 < 8.9"),
         ("no_torchao", "torchao"),
         ("narrow", "hidden size 1024 < 2048"),
+        ("four_bit", "no Linear layer can take it"),
     ],
 )
 def test_auto_is_off_with_the_reason(hopper, monkeypatch, change, reason):
@@ -62,8 +67,12 @@ def test_auto_is_off_with_the_reason(hopper, monkeypatch, change, reason):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     elif change == "no_torchao":
         monkeypatch.setattr(float8, "torchao_installed", lambda: False)
-    else:
+    elif change == "narrow":
         model = llama(1024)
+    else:  # a 4-bit base (QLoRA): bitsandbytes' Linear subclasses, which float8 leaves out, the head aside
+        for name, module in model.named_modules():
+            if type(module) is nn.Linear and name != "lm_head":
+                module.__class__ = FourBitLike
     on, why = float8.float8_decision("auto", model, device)
     assert not on and reason in why
 
@@ -126,6 +135,22 @@ def test_the_filter_keeps_aligned_plain_linears_and_skips_the_head():
     assert chosen == ["up", "block.0"]
 
 
+def test_the_filter_skips_a_trained_head_copy_and_the_lora_adapters():
+    # modules_to_save: [lm_head] wraps the head (peft's ModulesToSaveWrapper): its frozen original and its
+    # trained copy are plain Linear layers, and were converted, logits in float8; with r a multiple of 16
+    # the adapters' rank-r matmuls were too (under peft's forward; the fused LoRA forward reads their
+    # weights itself, so they were counted as float8 layers that never ran as such).
+    from fastlm.engine.model import lora
+
+    with torch.random.fork_rng(devices=[]):
+        model = LlamaForCausalLM(llama(32).config)
+    raw = {"model": {"lora": {"enabled": True, "r": 16, "modules_to_save": ["lm_head"]}}}
+    adapted = lora.apply_lora(model, parse_train_params(raw).model.lora, gradient_checkpointing="off")
+    keep = float8.module_filter(adapted)
+    chosen = [name for name, module in adapted.named_modules() if name and keep(module, name)]
+    assert len(chosen) == 7 and all(name.endswith("base_layer") for name in chosen), chosen
+
+
 def test_apply_converts_through_torchao_with_the_filter(hopper, monkeypatch):
     converted: list[str] = []
 
@@ -150,3 +175,24 @@ def test_on_is_refused_in_one_line_without_a_float8_gpu():
     with pytest.raises(ConfigError, match="train.runtime.float8.*8.9") as error:
         parse_train_params({"runtime": {"float8": "on"}})
     assert "\n" not in str(error.value)
+
+
+def test_on_with_no_layer_to_convert_is_said_in_a_warning(hopper, monkeypatch, caplog):
+    # a 4-bit base (QLoRA): its Linear layers are bitsandbytes' and the adapters are left out, so `on`
+    # converted nothing, said only as "0 Linear layers in float8" at INFO
+    monkeypatch.setattr(float8, "load_converter", lambda: lambda model, *, module_filter_fn: model)
+    model = nn.Sequential(nn.Linear(10, 10))  # not a multiple of 16: nothing float8 can take
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=float8.__name__):
+        why = float8.apply_float8(model, "on", CUDA)
+    warned = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warned) == 1 and "no Linear layer" in warned[0] and "train.runtime.float8" in warned[0]
+    assert warned[0] == why
+
+
+def test_on_with_no_layer_to_convert_is_off_for_the_whole_run():
+    # `on` with nothing float8 can take (a 4-bit base): the decision the run's compile choice (CUDA auto
+    # compiles where float8 may train) and its recorded runtime.float8 follow said on, though no layer was
+    # converted; the run is to train as with off
+    on, why = float8.float8_decision("on", nn.Sequential(nn.Linear(10, 10)), CUDA)
+    assert not on and "no Linear layer can take it" in why and "(on)" in why

@@ -223,3 +223,61 @@ def test_a_warmup_ratio_of_the_whole_run_is_said_naming_the_ratio(tmp_path, capl
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "train.optimizer.warmup_ratio 0.7" in warnings[0], warnings
     assert "3 warmup steps" in warnings[0] and "below this run's 3" in warnings[0] and "\n" not in warnings[0]
+
+
+@pytest.mark.parametrize(("scope", "validated_on"), [("model", "sdpa"), ("layers", "eager")])
+def test_a_compiled_cpu_runs_validation_runs_on_the_path_its_model_runs(
+    tmp_path, monkeypatch, scope, validated_on
+):
+    """Compiled on CPU, ``auto`` attention trains on the additive-mask path, which pays only compiled
+    (``attention_when_compiled``). With ``compile_scope: model`` validation runs the uncompiled model
+    (torch.compile's wrapper is the stepping model's alone): there the additive mask is the slow path (rows of
+    2,048: 3.6x SDPA's time), so it validates on SDPA, batches and model alike, and training goes on on the
+    additive mask. With ``layers`` the model's own layers are the compiled ones: validation stays on their
+    path (another one would compile them again)."""
+    import fastlm.engine.runtime.environment as environment
+    import fastlm.engine.train.build as build
+    from fastlm.engine.train.loop import train
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self._orig_mod = model
+
+        def forward(self, *args, **kwargs):
+            steps.append(self._orig_mod.config._attn_implementation)
+            return self._orig_mod(*args, **kwargs)
+
+    steps, validations = [], []
+    real_evaluate = build.evaluate
+
+    def recording_evaluate(model, *args, **kwargs):
+        validations.append((kwargs["attn"], model.config._attn_implementation))
+        return real_evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(
+        environment,
+        "compile_in_scope",
+        lambda model, scope, mode: Wrapper(model) if scope == "model" else model,
+    )
+    monkeypatch.setattr(build, "evaluate", recording_evaluate)
+    params = toy_params(
+        tmp_path, runtime={"precision": "fp32", "compile": True, "compile_scope": scope}, max_steps=4
+    )
+    params = params.model_copy(update={"eval_every": 2})
+    model = toy_model()
+    result = train(
+        model,
+        toy_sequences(300, 1),
+        toy_sequences(40, 2),
+        params=params,
+        runtime=setup_runtime(params.runtime, seed=params.seed),
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+    )
+    assert result.summary["attention"] == "eager"
+    assert validations == [(validated_on, validated_on)] * 2
+    assert set(steps) <= {"eager"} and len(steps) == (4 if scope == "model" else 0)
+    assert model.config._attn_implementation == "sdpa"
+    assert [row["step"] for row in result.eval_history] == [2, 4]

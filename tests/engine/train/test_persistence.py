@@ -250,3 +250,32 @@ def test_a_resume_whose_best_checkpoint_is_gone_is_refused_in_one_line(tmp_path)
         patient.restore()
     assert "\n" not in str(error.value)
     assert checkpointer(tmp_path, keep_last=3).restore().step == 4
+
+
+def test_a_resumed_fp16_fused_runs_first_rate_is_the_device_rate_it_would_have_used(tmp_path):
+    """fp16 with fused AdamW: the schedule puts each rate on the device as a float32 tensor (the type CUDA's
+    fused kernel reads). After a resume the settings kept from this run wrote the rate back as a Python
+    float (a double), so the first resumed update used another rounding of the rate than the uninterrupted
+    run's; it is the same float32 device tensor now. Same computation twice: exact equality."""
+    from fastlm.engine.train.persistence import keep_settings
+    from fastlm.engine.train.schedule import AppliedStepsLR, LRSchedule, make_lr_scheduler
+
+    schedule = LRSchedule(1e-3, total_steps=10, warmup_steps=3, decay="cosine")
+
+    def scheduler_of():
+        optimizer = torch.optim.AdamW(toy_model().parameters(), lr=1e-3, fused=True)
+        return make_lr_scheduler(optimizer, schedule, scaler=torch.amp.GradScaler("cpu"))
+
+    uninterrupted = scheduler_of()
+    assert isinstance(uninterrupted, AppliedStepsLR)
+    for _ in range(4):
+        uninterrupted.advance(torch.zeros(()))
+    resumed = scheduler_of()
+    resumed.load_state_dict(uninterrupted.state_dict())
+    groups = resumed.optimizer.param_groups
+    opt = Optimization(toy_model(), resumed.optimizer, resumed, torch.amp.GradScaler("cpu"), math.inf)
+    keep_settings(opt, ([{} for _ in groups], list(resumed.base_lrs)), tmp_path)
+    rates = [group["lr"] for group in groups]
+    expected = [group["lr"] for group in uninterrupted.optimizer.param_groups]
+    assert all(isinstance(rate, torch.Tensor) and rate.dtype == torch.float32 for rate in rates)
+    assert all(torch.equal(rate, want) for rate, want in zip(rates, expected, strict=True))

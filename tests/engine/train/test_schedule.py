@@ -64,3 +64,14 @@ def test_lambda_lr_follows_lr_at():
 def test_invalid_schedules_are_rejected(kwargs):
     with pytest.raises(ValueError):
         LRSchedule(peak_lr=PEAK, **kwargs)
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear", "constant"])
+@pytest.mark.parametrize("warmup", [0, 3, 10])
+def test_the_device_factor_is_the_host_factor(decay, warmup):
+    """``factor_of`` (float64 on the device, for the fp16 fused path) against ``factor_at`` (Python floats)
+    over every step and past the end: the same arithmetic, a few ulps apart in cos."""
+    schedule = LRSchedule(1e-3, total_steps=10, warmup_steps=warmup, decay=decay, min_lr_ratio=0.1)
+    steps = torch.arange(13, dtype=torch.float64)
+    expected = [schedule.factor_at(step) for step in range(13)]
+    torch.testing.assert_close(schedule.factor_of(steps).tolist(), expected, rtol=1e-12, atol=1e-15)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+from fastlm.engine.train.schedule import AppliedStepsLR
 from fastlm.engine.train.step import Optimization, train_step
 from tests.support.tolerances import OTHER_FP32_KERNEL_GRAD, OTHER_FP32_MODEL, TRAINED_FP32_WEIGHTS
 from tests.support.toy_training import VOCAB, toy_model
@@ -204,3 +205,69 @@ def test_a_module_kept_in_fp32_beside_bf16_masters_owns_its_graph_output_gradien
     assert len(seen[True]) == len(seen[False]) > 0
     for graphed, fresh in zip(seen[True], seen[False], strict=True):
         assert torch.equal(graphed, fresh)
+
+
+def _fp16_steps(kernel: dict, steps: int, overflow_at: int, device: str = "cpu"):
+    """``steps`` steps of the toy model under an enabled GradScaler, the gradients of step ``overflow_at``
+    made infinite (the scaler skips that update); the optimizer, the scheduler, each step's rate."""
+    from fastlm.engine.train.schedule import LRSchedule, make_lr_scheduler
+
+    model = toy_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, **kernel)
+    schedule = LRSchedule(LR, total_steps=8, warmup_steps=4, decay="cosine")
+    scaler = torch.amp.GradScaler(device)
+    scheduler = make_lr_scheduler(optimizer, schedule, scaler=scaler)
+    opt = Optimization(model, optimizer, scheduler, scaler, math.inf)
+    runtime = setup_runtime(RuntimeConfig(device=device, precision="fp32", compile=False, num_threads=1))
+    weight = model.get_input_embeddings().weight
+    rates = []
+    for step in range(1, steps + 1):
+        hook = weight.register_hook(lambda grad: grad * math.inf) if step == overflow_at else None
+        batch = {key: value.to(device) for key, value in _batch(step).items()}
+        rates.append(float(train_step(model, [batch], opt, runtime=runtime).lr))
+        if hook is not None:
+            hook.remove()
+    return schedule, scheduler, rates
+
+
+@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True}], ids=["fused", "foreach"])
+def test_an_fp16_step_the_scaler_skips_does_not_advance_the_schedule(kernel):
+    """The Trainer's rule (``optimizer_step_was_skipped``): a skipped update leaves the schedule where it was.
+    After 5 steps of which the 2nd overflowed, the next rate is the schedule's after 4 applied steps (the
+    fused kernel skips on the device, the foreach path on the host); the saved scheduler state counts 4, so a
+    resumed run continues from there. The fused path's rate is a float32 tensor (the type CUDA's kernel reads)
+    against the host float64: rtol 1e-7."""
+    schedule, scheduler, rates = _fp16_steps(kernel, steps=5, overflow_at=2)
+    expected = [schedule.lr_at(k) for k in (0, 1, 1, 2, 3)]  # the skipped step's rate is used again
+    torch.testing.assert_close(rates, expected, rtol=1e-7, atol=0.0)
+    state = scheduler.state_dict()
+    assert state["last_epoch"] == 4
+    torch.testing.assert_close(float(state["_last_lr"][0]), schedule.lr_at(4), rtol=1e-7, atol=0.0)
+    lrs = [float(group["lr"]) for group in scheduler.optimizer.param_groups]
+    torch.testing.assert_close(lrs, [schedule.lr_at(4)], rtol=1e-7, atol=0.0)
+    resumed = _fp16_steps(kernel, steps=0, overflow_at=0)[1]
+    resumed.load_state_dict(state)  # the rate the resumed run's first update uses
+    lrs = [float(lr) for lr in resumed.get_last_lr()]
+    torch.testing.assert_close(lrs, [schedule.lr_at(4)], rtol=1e-7, atol=0.0)
+
+
+def test_the_device_rate_given_to_the_fused_kernel_is_float32():
+    """CUDA's fused AdamW reads a tensor rate as ``const float*`` (``lr.const_data_ptr<float>()``): a
+    float64 rate fails there at the first step, though the CPU kernel (which reads it as a double) takes it.
+    The rates the applied-steps schedule puts in the groups and reports are float32."""
+    scheduler = _fp16_steps({"fused": True}, steps=2, overflow_at=0)[1]
+    assert isinstance(scheduler, AppliedStepsLR)
+    assert [group["lr"].dtype for group in scheduler.optimizer.param_groups] == [torch.float32]
+    assert [lr.dtype for lr in scheduler.get_last_lr()] == [torch.float32]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_fp16_step_cuda_s_fused_kernel_skips_leaves_the_schedule_where_it_was():
+    """On CUDA, where the fused kernel reads the device rate itself (as a float32) and skips an overflowed
+    update on the device: the rates of 5 steps whose 2nd overflowed are the schedule's after 0, 1, 1, 2, 3
+    applied updates, the saved state counts 4. float32 rate against the host float64: rtol 1e-7."""
+    schedule, scheduler, rates = _fp16_steps({"fused": True}, steps=5, overflow_at=2, device="cuda")
+    assert isinstance(scheduler, AppliedStepsLR)
+    expected = [schedule.lr_at(k) for k in (0, 1, 1, 2, 3)]
+    torch.testing.assert_close(rates, expected, rtol=1e-7, atol=0.0)
+    assert scheduler.state_dict()["last_epoch"] == 4

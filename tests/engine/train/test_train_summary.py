@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fastlm.engine.batching import make_batching
-from tests.support.toy_training import EOS, run_toy, toy_params, toy_sequences
+from tests.support.toy_training import EOS, run_toy, toy_model, toy_params, toy_sequences
 
 
 def test_every_history_row_reaches_the_callbacks(tmp_path):
@@ -411,3 +411,41 @@ def test_the_compile_auto_probes_compile_is_counted_in_compile_s(tmp_path, monke
     assert result.summary["compile_probe_s"] >= pause
     assert result.summary["compile_s"] >= result.summary["compile_probe_s"]
     assert result.summary["compile_s"] < result.summary["wall_time_s"]
+
+
+def test_a_packed_runs_auto_row_length_is_said_once_and_recorded(tmp_path, caplog):
+    """``row_length: auto`` chooses the packed rows' length from the data (at most ``max_length``, the bound
+    the attention choice reads): the start line says the rows built, once, and the summary's ``row_length``
+    is their length (None where nothing is packed)."""
+    import logging
+
+    from fastlm.engine.runtime.environment import setup_runtime
+    from fastlm.engine.train.loop import train
+
+    widths = []
+
+    def run(params):
+        model = toy_model()
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        )
+        runtime = setup_runtime(params.runtime, seed=params.seed)
+        data = toy_sequences(300, 1)
+        return train(
+            model, data, None, params=params, runtime=runtime, pad_id=EOS, max_length=128, attn="sdpa"
+        )
+
+    packed = toy_params(
+        tmp_path, max_steps=2, eval_every=None, batching={"mode": "packed", "row_length": "auto"}
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fastlm"):
+        result = run(packed)
+    assert len(set(widths)) == 1 and widths[0] < 128  # shorter than max_length: chosen, not the bound
+    assert result.summary["row_length"] == widths[0]
+    said = [message for message in caplog.messages if f"rows of {widths[0]} tokens" in message]
+    assert len(said) == 1 and "row_length auto" in said[0], caplog.messages
+    grouped = toy_params(
+        tmp_path / "grouped", max_steps=1, eval_every=None, batching={"mode": "length_grouped"}
+    )
+    assert run(grouped).summary["row_length"] is None

@@ -21,7 +21,9 @@ digest (:func:`run_digest`) records, as readable fields:
   time; in the digest only where there are some, so a checkpoint of rows written without them, by an
   earlier fastlm, is not continued on rows framed otherwise);
 - ``batching.mode``, ``batching.micro_batch_size`` (as configured, before any OOM back-off), ``max_length``,
-  ``seed``, ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
+  ``seed``, ``data_seed`` (``train.data_seed`` as set: compared by the order's seed it gives, null being
+  ``seed``'s, so a checkpoint written before it existed, which has none, reads as null),
+  ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
   float8 token multiple may round) and ``batching.pad_to_multiple_of``: the data order and the meaning of
   the saved micro-batch position;
 - ``micro_batches_per_step`` (gradient accumulation x processes): the world layout. The number of processes
@@ -137,6 +139,7 @@ def run_digest(
         "batching.pad_to_multiple_of": params.batching.pad_to_multiple_of,
         "max_length": max_length,
         "seed": params.seed,
+        DATA_SEED: params.data_seed,  # null: the order is seed's (compared by the seed it gives: _same)
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
         "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp; not compared
     }
@@ -207,6 +210,15 @@ def model_config_math(model: torch.nn.Module) -> dict[str, Any]:
     return json.loads(json.dumps(flat, default=str))
 
 
+DATA_SEED = "data_seed"
+
+
+def _order_seed(digest: dict) -> Any:
+    """The seed a digest's data order was drawn from: its ``data_seed``, else (null, or a checkpoint written
+    before the field existed) its ``seed``."""
+    return digest.get("seed") if digest.get(DATA_SEED) is None else digest.get(DATA_SEED)
+
+
 def _same(key: str, saved: Any, now: Any) -> bool:
     """Digest fields equal; a model folder named two ways (absolute by an earlier fastlm, relative now) is
     the same folder when both name it."""
@@ -251,11 +263,20 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
             differences += _config_differences(saved.get(key), value)
         elif key in RECORDED_ONLY or (key == BASE_WEIGHTS and _unrecorded_base(saved)):
             continue
+        elif key == DATA_SEED:  # the order's seed compared; both null: a changed seed, named as seed
+            nulls = saved.get(key) is None and value is None
+            if not nulls and _order_seed(saved) != _order_seed(current):
+                differences.append(f"{key} {_seed_text(saved)} -> {_seed_text(current)}")
         elif not _same(key, saved.get(key), value):
             differences.append(
                 f"{key} {_short(saved.get(key))} -> {_short(value)}" + _unrecorded(key, saved.get(key), value)
             )
     return differences
+
+
+def _seed_text(digest: dict) -> str:
+    value = digest.get(DATA_SEED)
+    return f"None (seed {digest.get('seed')})" if value is None else str(value)
 
 
 def _config_differences(saved: Any, now: dict) -> list[str]:

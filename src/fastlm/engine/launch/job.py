@@ -130,7 +130,12 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
     comm = connect(rank, params.distributed.backend, runtime.device, params.distributed.timeout_s)
     try:
         check_same_data(job, comm)
-        attn = model_attention(params.model, runtime.device, runtime.precision)
+        attn = model_attention(
+            params.model,
+            runtime.device,
+            runtime.precision,
+            row_length=params.batching.longest_row(job.max_length),
+        )
         model = build_model(params.model, job.tokenizer, max_length=job.max_length, attn_implementation=attn)
         if comm.is_main:
             check_training_storage(

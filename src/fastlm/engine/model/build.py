@@ -88,12 +88,20 @@ def build_model(params: ModelParams, tokenizer, *, max_length: int, attn_impleme
     return model.train()
 
 
-def model_attention(params: ModelParams, device: torch.device, precision: str | None = None) -> str:
+def model_attention(
+    params: ModelParams, device: torch.device, precision: str | None = None, *, row_length: int | None = None
+) -> str:
     """``train.model.attn_implementation`` for this model here: ``auto`` among the paths the class it
-    trains supports (``attention.choice.choose_attention``)."""
+    trains supports, for rows of at most ``row_length`` tokens (``BatchingParams.longest_row``;
+    ``attention.choice.choose_attention``)."""
     model_class, config = pretrained.trained_class_and_config(params.name_or_path, params.trust_remote_code)
     return choose_attention(
-        params.attn_implementation, device, precision, model_class=model_class, config=config
+        params.attn_implementation,
+        device,
+        precision,
+        model_class=model_class,
+        config=config,
+        row_length=row_length,
     )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import sys
 from collections.abc import Mapping
 
@@ -207,10 +206,8 @@ def chunked_cross_entropy_sum(
         target = targets[start : start + step]
         if buffer is None or buffer.size(0) != chunk.size(0):
             buffer = torch.empty(chunk.shape, dtype=torch.float32, device=logits.device)
-        if chunk.dtype == torch.float32:
-            log_probs = torch.log_softmax(chunk, dim=-1, out=buffer)
-        else:  # bf16/fp16 logits: the log-probabilities in fp32
-            log_probs = buffer.copy_(torch.log_softmax(chunk, dim=-1, dtype=torch.float32))
+        # bf16/fp16 logits: the log-probabilities in fp32, written straight into the buffer (no temporary)
+        log_probs = torch.log_softmax(chunk, dim=-1, dtype=torch.float32, out=buffer)
         valid = target != ignore_index
         index = torch.where(valid, target, 0).unsqueeze(1)
         picked = log_probs.gather(1, index).squeeze(1)
@@ -219,9 +216,10 @@ def chunked_cross_entropy_sum(
         total -= torch.where(valid, picked, 0.0).sum()
         if grad_out is not None:
             part = grad_out[start : start + step]
-            # no target: zero gradient (in cache, no sync)
-            log_probs.masked_fill_(~valid.unsqueeze(1), -math.inf)
             torch.exp(log_probs, out=part)  # softmax (the chunk of logits may be overwritten now)
+            # no target: zero gradient. Only those rows are written (CPU only: reading which ones costs no
+            # device sync); a pass over the whole chunk cost as much as the exp
+            part.index_fill_(0, (~valid).nonzero().squeeze(1), 0)
             if smooth:  # minus the uniform share on every entry of the rows with a target
                 part.sub_(valid.to(part.dtype).unsqueeze(1) * (smooth / vocab))
             # minus the one-hot

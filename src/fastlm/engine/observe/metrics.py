@@ -12,7 +12,7 @@ A flush record (plain floats, ready for ``mlflow.log_metrics``):
 
 ``loss``                mean loss per target token since the last flush
 ``grad_norm``           last gradient norm passed to ``update`` (None if none was)
-``lr``                  last learning rate passed to ``update``
+``lr``                  last learning rate passed to ``update`` (a host float, or a device tensor, read here)
 ``tokens_per_s``        computed tokens (padding included) per second
 ``real_tokens_per_s``   non-padding tokens per second
 ``samples_per_s``       rows per second
@@ -182,7 +182,7 @@ class StepMetrics:
         self._step_data_wait = 0.0
         self._has_grad_norm = False
         self._sharded_grad_norm = None
-        self._lr: float | None = None
+        self._lr: torch.Tensor | float | None = None
         self._sums.zero_()
 
     @property
@@ -221,7 +221,7 @@ class StepMetrics:
         computed_tokens: torch.Tensor | int,
         samples: torch.Tensor | int,
         grad_norm: torch.Tensor | float | None = None,
-        lr: float | None = None,
+        lr: torch.Tensor | float | None = None,
     ) -> None:
         """Add one optimizer step. Tensor ops and host arithmetic only: no device-to-host transfer."""
         now, compiling = perf_counter(), self._compiled_since_last_step_end()
@@ -284,7 +284,7 @@ class StepMetrics:
             "step": step,
             "loss": loss_sum / target_tokens if target_tokens else float("nan"),
             "grad_norm": grad_norm if self._has_grad_norm else None,
-            "lr": self._lr,
+            "lr": float(self._lr) if self._lr is not None else None,  # a device rate (fp16, fused) read here
             "tokens_per_s": computed_tokens / window,
             "real_tokens_per_s": real_tokens_per_s,
             "samples_per_s": samples / window,

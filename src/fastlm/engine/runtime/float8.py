@@ -88,6 +88,14 @@ def _hidden_size(model: nn.Module) -> int | None:
     return None
 
 
+# a model with no layer float8 takes (e.g. a 4-bit base whose Linear layers are all bitsandbytes')
+NO_LAYER = (
+    f"float8 off ({{requested}}): no Linear layer can take it (plain Linear layers of in and out features "
+    f"multiples of {ALIGNMENT}, not the head, not LoRA's adapters: a 4-bit base's quantized layers are not); "
+    "the run trains as with train.runtime.float8: off"
+)
+
+
 def float8_decision(
     requested: str,
     model: nn.Module,
@@ -102,7 +110,9 @@ def float8_decision(
     off where it is not a multiple of ``ALIGNMENT`` (``on`` has the batching refuse it)."""
     if requested == "off":
         return False, "float8 off (train.runtime.float8: off)"
-    if requested == "on":
+    if requested == "on":  # the config checked the machine; a model with no layer to convert trains as off
+        if not _has_float8_layer(model):
+            return False, NO_LAYER.format(requested="on")
         return True, "float8 on (train.runtime.float8: on)"
     if device.type != "cuda" or not torch.cuda.is_available():
         return False, f"float8 off (auto): {device.type} is not a CUDA device"
@@ -123,6 +133,8 @@ def float8_decision(
             f"float8 off (auto): train.batching.row_length {row_length} is not a multiple of {ALIGNMENT} "
             "(the token counts float8 GEMMs take; auto or a multiple of 16 lets float8 be measured)"
         )
+    if not _has_float8_layer(model):
+        return False, NO_LAYER.format(requested="auto")
     if not torchao_installed():  # last: the package named only where it is all that is missing
         return False, "float8 off (auto): torchao is not installed (`pip install torchao`)"
     why = f"compute capability {capability[0]}.{capability[1]}, torchao, hidden size {hidden}"
@@ -132,19 +144,35 @@ def float8_decision(
     return True, f"float8 on (auto): {why}"
 
 
+def _has_float8_layer(model: nn.Module) -> bool:
+    """Whether ``model`` has a layer ``module_filter`` keeps."""
+    keep = module_filter(model)
+    return any(keep(module, name) for name, module in model.named_modules() if name)
+
+
 def module_filter(model: nn.Module) -> Callable[[nn.Module, str], bool]:
     """``module_filter_fn(module, fqn)`` for torchao: plain ``nn.Linear`` layers whose in and out features are
     multiples of 16, except the output head. The head is left in bf16: its logits feed a softmax over the
     whole vocabulary, where float8's 3-bit mantissa shows in the loss, and the fused linear loss multiplies
-    its weight itself. Subclasses (bitsandbytes' 4-bit layers, peft's LoRA wrappers, an already
-    converted Float8Linear) are left out: their forward is not a plain matmul of the weight."""
+    its weight itself; so is a trained copy of it (``lora.modules_to_save: [lm_head]``: peft's wrapper holds
+    the frozen head and the copy, both plain Linear layers). Subclasses (bitsandbytes' 4-bit layers, peft's
+    LoRA wrappers, an already converted Float8Linear) are left out: their forward is not a plain matmul of
+    the weight. A LoRA layer's adapters (``lora_A`` / ``lora_B``) are too: rank-r matmuls, where the casts
+    cost more than the matmul, and the fused LoRA forward (``model.lora_forward``) reads their weights
+    itself; the frozen base Linear inside a LoRA layer is kept."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    left_out = {id(module) for module in head.modules()} if isinstance(head, nn.Module) else set()
+    for module in model.modules():
+        for name in ("lora_A", "lora_B"):
+            adapters = getattr(module, name, None)
+            if isinstance(adapters, nn.Module):
+                left_out.update(id(adapter) for adapter in adapters.modules())
 
     def keep(module: nn.Module, fqn: str) -> bool:
         return (
             type(module) is nn.Linear
-            and module is not head
+            and id(module) not in left_out
             and module.in_features % ALIGNMENT == 0
             and module.out_features % ALIGNMENT == 0
         )
@@ -169,6 +197,9 @@ def apply_float8(
     if on and measured_later and requested == "auto":
         why = f"{why}: a candidate, measured on the first micro-batch"
         log.debug("%s", why)
+        return why
+    if not on and why == NO_LAYER.format(requested="on"):  # e.g. a 4-bit base (QLoRA): bitsandbytes' layers
+        log.warning("%s", why)
         return why
     if on:
         keep = module_filter(model)

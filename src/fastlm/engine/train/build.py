@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -324,6 +324,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
             params.batching.micro_batch_size * params.batching.gradient_accumulation_steps * comm.world_size
         ),
     )
+    holds["row_length"] = plan.row_length  # the packed rows' length, auto resolved (None: not packed)
     _log_start(params, total_steps, steps_per_epoch, comm.world_size, holds)
     if comm.is_main:
         _warn_whole_run_warmup(params.optimizer, total_steps)
@@ -457,36 +458,52 @@ def _validation(
     model). Either way the ranks evaluate the batches one process does, the remainder of an uneven split
     too. An evaluation that backed off to a
     smaller micro-batch (out of memory, ``train.batching.oom_backoff``) leaves it to the next ones
-    (``_Validation``)."""
+    (``_Validation``).
+
+    The attention path: the steps' (``attn``) where the model evaluated is the compiled one (FSDP's wrapper,
+    or ``compile_scope: layers``, the raw model's layers compiled in place: another path would compile them
+    again). With ``compile_scope: model`` the raw model evaluates uncompiled, so it evaluates on the run's
+    choice before the compiled switch (``request.attn``): the additive mask ``attention_when_compiled`` trains
+    on pays only compiled; uncompiled it took 3.6x SDPA's time on rows of 2,048 (docs/benchmarks.md, "The
+    compiled CPU step's regions")."""
     if request.eval_set is None:
         return None
     fsdp = params.distributed.strategy == "fsdp"
     options = EvalOptions(max_batches=params.eval_max_batches, comm=request.comm, collective_forward=fsdp)
+    evaluated = model if fsdp else request.model
+    on = attn if fsdp or (runtime.compile and runtime.compile_scope == "layers") else request.attn
     return _Validation(
         partial(
             evaluate,
-            model if fsdp else request.model,
+            evaluated,
             request.eval_set,
             params=params,
             runtime=runtime,
             pad_id=request.pad_id,
             max_length=request.max_length,
-            attn=attn,
+            attn=on,
         ),
         options,
+        path=partial(attention_path, evaluated, on) if on != attn else nullcontext,
     )
 
 
 class _Validation:
     """Training's validation: ``evaluate`` (all but its options bound) with ``options``; the micro-batch an
     evaluation finished with after an out-of-memory back-off is where the next one starts (the configured
-    one would fail again first)."""
+    one would fail again first). ``path``: the attention path it evaluates on meanwhile (``_validation``)."""
 
-    def __init__(self, run: Callable[..., EvaluationReport], options: EvalOptions) -> None:
-        self.run, self.options = run, options
+    def __init__(
+        self,
+        run: Callable[..., EvaluationReport],
+        options: EvalOptions,
+        path: Callable[[], AbstractContextManager] = nullcontext,
+    ) -> None:
+        self.run, self.options, self.path = run, options, path
 
     def __call__(self) -> dict:
-        report = self.run(options=self.options)
+        with self.path():
+            report = self.run(options=self.options)
         if report.micro_batch_size != self.options.micro_batch_size:
             self.options = replace(self.options, micro_batch_size=report.micro_batch_size)
         return report.metrics
@@ -630,5 +647,11 @@ def _log_start(params: TrainParams, total_steps: int, steps_per_epoch: int, worl
         "es" if world > 1 else "",
         f"{holds['samples_per_step']:,.0f}",
         f"{holds['tokens_per_step']:,.0f}",
-        batching.mode,
+        batching.mode
+        + (
+            f", rows of {holds['row_length']} tokens"
+            + (" (row_length auto)" if batching.row_length == "auto" else "")
+            if holds["row_length"] is not None
+            else ""
+        ),
     )

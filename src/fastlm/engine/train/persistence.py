@@ -36,6 +36,7 @@ from fastlm.engine.distributed.parallel import (
 )
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.lora import trains_part_only
+from fastlm.engine.train.schedule import AppliedStepsLR
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization
 
@@ -375,6 +376,8 @@ def keep_settings(opt: Optimization, given: tuple[list[dict], list[float]], fold
     for group, base, factor in zip(opt.optimizer.param_groups, base_lrs, factors, strict=True):
         group["lr"] = base * factor
     scheduler._last_lr = [group["lr"] for group in opt.optimizer.param_groups]
+    if isinstance(scheduler, AppliedStepsLR):  # fp16, fused: the rates as the device tensors the kernel reads
+        scheduler.place()
     if changed:
         said = ", ".join(f"{key} {_shown(old)} -> {_shown(new)}" for key, (old, new) in changed.items())
         log.warning(

@@ -4,7 +4,9 @@
 fp16 grad scaler, the clipping threshold; float8 Linear layers where ``train.runtime.float8`` turns them on;
 liger's kernels where ``train.model.liger`` patches them in; the fused LM head and its kernel, chosen once);
 ``train_step`` runs one step: the micro-batches' token-normalised forward/backward
-(``accumulation.accumulate_gradients``), unscale, clip, optimizer and scheduler step, zeroed gradients.
+(``accumulation.accumulate_gradients``), unscale, clip, optimizer and scheduler step, zeroed gradients. An
+fp16 update the grad scaler skips (overflowed gradients) leaves the schedule where it was, as in the Trainer:
+the schedule counts applied updates, the run's step count every step taken (``schedule``).
 Nothing is read back on the host: the loss sum and the gradient norm stay on the device for
 ``metrics.StepMetrics``.
 """
@@ -28,7 +30,7 @@ from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import apply_float8
 from fastlm.engine.train.master_weights import BackwardUpdates, MasterWeights, choose_param_dtype
 from fastlm.engine.train.optim import make_optimizer
-from fastlm.engine.train.schedule import make_lr_scheduler, run_schedule
+from fastlm.engine.train.schedule import AppliedStepsLR, make_lr_scheduler, run_schedule
 from fastlm.errors import ConfigError
 
 __all__ = ["Optimization", "StepResult", "make_optimization", "owning_gradients", "train_step"]
@@ -80,7 +82,9 @@ class StepResult:
     loss_sum: torch.Tensor  # summed loss over the step's target tokens, on the device
     target_tokens: int
     grad_norm: torch.Tensor  # before clipping, on the device (a DTensor under FSDP2)
-    lr: float  # the rate this update used
+    # the rate this update used: a host float, or a 0-d device tensor where the schedule counts the applied
+    # fp16 updates on the device (schedule.AppliedStepsLR)
+    lr: float | torch.Tensor
 
 
 def make_optimization(
@@ -160,11 +164,12 @@ def make_optimization(
     if head is not None:
         kernel, kernel_why = linear_ce_kernel_choice(params.loss.fused_linear_kernel, runtime.device)
         fused, why = FusedHead(head, kernel), f"{why}, {kernel_why}"
+    scaler = runtime.make_grad_scaler()
     return Optimization(
         model,
         optimizer,
-        make_lr_scheduler(optimizer, schedule),
-        runtime.make_grad_scaler(),
+        make_lr_scheduler(optimizer, schedule, scaler=scaler if backward is None else None),
+        scaler,
         clip,
         label_smoothing=params.loss.label_smoothing,
         fused_head=fused,
@@ -215,6 +220,22 @@ def _gradients_kept(model: torch.nn.Module, masters: MasterWeights | None) -> tu
         for param in model.parameters()
         if param.requires_grad and (masters is None or masters.master_of(param) is param)
     )
+
+
+def _stepping(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor | list | None:
+    """Whether the coming ``scaler.step`` applies the update, as far as it is known without a host read:
+    None without loss scaling (bf16, fp32: it always does); for an optimizer that skips on the device (fused
+    AdamW) the scaler's ``found_inf`` tensor of the unscaled gradients (nonzero: skipped); else a list that
+    the optimizer's step appends to (``GradScaler.step`` calls it only where no gradient overflowed, after
+    reading ``found_inf`` on the host itself) after the hook's handle, which the caller removes."""
+    if not scaler.is_enabled():
+        return None
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        found = scaler._found_inf_per_device(optimizer).values()
+        return torch.stack([flag.to(scaler._scale.device) for flag in found]).sum()
+    stepped: list = []
+    stepped.append(optimizer.register_step_post_hook(lambda *_: stepped.append(True)))
+    return stepped
 
 
 def train_step(
@@ -280,11 +301,19 @@ def train_step(
         norms = backward.take_norms() if backward is not None else []
         if norms:  # with the norms of the gradients the backward updated and freed (clip is inf there)
             grad_norm = backward.step_norm(norms, grad_norm)
-        lr = opt.scheduler.get_last_lr()[0]  # the rate this update uses (host float, no sync)
+        # the rate this update uses: a host float, or AppliedStepsLR's device tensor (no sync either way)
+        lr = opt.scheduler.get_last_lr()[0]
+        applied = _stepping(scaler, opt.optimizer)
         scaler.step(opt.optimizer)
         scaler.update()
+        if isinstance(applied, list):  # the hook's handle, then True where the optimizer stepped
+            applied.pop(0).remove()
+            applied = bool(applied)
         if opt.masters is not None:
             opt.masters.publish()
-        opt.scheduler.step()
+        if isinstance(opt.scheduler, AppliedStepsLR):  # fp16, fused: the skip counted on the device
+            opt.scheduler.advance(applied)
+        elif applied is None or applied:  # a skipped fp16 update leaves the schedule where it was
+            opt.scheduler.step()
         opt.optimizer.zero_grad(set_to_none=True)
     return StepResult(loss_sum, n_targets, grad_norm, lr)

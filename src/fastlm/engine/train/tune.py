@@ -565,7 +565,12 @@ def real_step_measurer(
         batching = params.batching.model_copy(update={"micro_batch_size": size})
         trial_params = params.model_copy(update={"batching": batching})
         sampler, collator = make_batching(
-            trial_params, dataset.lengths, pad_id=pad_id, max_length=max_length, seed=params.seed, sides=sides
+            trial_params,
+            dataset.lengths,
+            pad_id=pad_id,
+            max_length=max_length,
+            seed=params.order_seed,
+            sides=sides,
         )
         sampler.set_epoch(0)
         batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]

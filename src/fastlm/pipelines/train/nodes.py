@@ -157,5 +157,7 @@ def _untrained_model(params, tokenizer, max_length: int):
 
     from fastlm.engine.model.build import build_model, model_attention
 
-    attn = model_attention(params.model, torch.device("cpu"))
+    attn = model_attention(
+        params.model, torch.device("cpu"), row_length=params.batching.longest_row(max_length)
+    )
     return build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)

@@ -52,7 +52,9 @@ def tune_micro_batch(
     params, runtime, max_length = start.train, start.runtime, start.split.max_length
     settings = parse_group("tune", tune_params)
     tuned_file = (paths or {}).get("tuned_parameters", "tuned_parameters")
-    attn = model_attention(params.model, runtime.device, runtime.precision)
+    attn = model_attention(
+        params.model, runtime.device, runtime.precision, row_length=params.batching.longest_row(max_length)
+    )
     model = build_model(params.model, tokenizer, max_length=max_length, attn_implementation=attn)
     limit = tune.memory_budget_mb(
         runtime.device, settings.memory_limit_gb, total_mb=device_memory_mb(runtime.device)

@@ -195,3 +195,105 @@ def test_auto_keeps_an_encoder_decoder_model_on_the_dense_mask_that_packs_its_ro
         "auto", cuda, "bf16", model_class=LlamaForCausalLM, config=LlamaConfig()
     )
     assert decoder == ("flash_attention_2" if installed else "flex_attention")
+
+
+def test_auto_keeps_long_cpu_rows_off_the_dense_mask(monkeypatch, caplog):
+    """On CPU ``auto`` trained every row on SDPA over the dense ``[rows, 1, T, T]`` block-causal mask: one
+    training step of a tiny Llama on a packed row of 16,384 tokens peaked 2.5 GiB above its start (8,192:
+    0.7 GiB, 2,048: 0.08 GiB: quadratic; a 32,768-token row ~10 GiB), where ``sdpa_varlen`` (each document
+    its own keys) took 0.27 GiB and was 2.5-5.7x faster from 2,048 tokens on. Rows of
+    ``LONG_ROW_TOKENS`` or more now take ``sdpa_varlen``; shorter ones, an encoder-decoder model and a
+    class or config it cannot serve keep their paths."""
+    import logging
+
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        LlamaForCausalLM,
+    )
+
+    from fastlm.engine.model.attention import choice
+    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
+
+    cpu, long_row = torch.device("cpu"), choice.LONG_ROW_TOKENS
+    with caplog.at_level(logging.INFO, logger="fastlm.engine.model.attention.choice"):
+        picked = choice.choose_attention("auto", cpu, model_class=LlamaForCausalLM, row_length=long_row)
+        assert picked == "sdpa_varlen"
+        assert f"rows of up to {long_row} tokens" in caplog.messages[-1], caplog.messages
+    assert choice.choose_attention("auto", cpu, row_length=32768) == "sdpa_varlen"
+    assert (
+        choice.choose_attention("auto", cpu, model_class=LlamaForCausalLM, row_length=long_row - 1) == "sdpa"
+    )
+    assert choice.choose_attention("auto", cpu) == "sdpa"  # row length unknown
+    assert choice.choose_attention("sdpa", cpu, row_length=32768) == "sdpa"  # asked for: kept
+    gemma = Gemma2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )  # fmt: skip  (logit softcapping: no varlen path computes it)
+    assert choice.choose_attention(
+        "auto", cpu, model_class=Gemma2ForCausalLM, config=gemma, row_length=8192
+    ) == ("eager")
+    bart = BartConfig(vocab_size=50, **SMALL_BART_LAYERS)
+    assert (
+        choice.choose_attention(
+            "auto", cpu, model_class=BartForConditionalGeneration, config=bart, row_length=8192
+        )
+        == "sdpa"
+    )
+    # a compiled CPU model keeps it (only sdpa becomes eager, whose additive mask is 4 bytes a score pair)
+    assert choice.attention_when_compiled("sdpa_varlen", "auto", cpu) == "sdpa_varlen"
+
+
+def test_a_run_chooses_its_attention_for_its_longest_row():
+    """The row length ``auto`` judges by: a packed run's ``row_length`` where set, else ``split.max_length``
+    (``row_length: auto`` never exceeds it; padded batches are at most that long)."""
+    from fastlm.engine.config import BatchingParams, ModelParams
+    from fastlm.engine.model.build import model_attention
+
+    cpu = torch.device("cpu")
+    assert BatchingParams(mode="packed", row_length=4096).longest_row(320) == 4096
+    assert BatchingParams(mode="packed", row_length="auto").longest_row(8192) == 8192
+    assert BatchingParams(mode="length_grouped", row_length=4096).longest_row(512) == 512
+    assert model_attention(ModelParams(), cpu, row_length=8192) == "sdpa_varlen"
+    assert model_attention(ModelParams(), cpu, row_length=320) == "sdpa"
+
+
+@pytest.mark.parametrize("requested", ["sdpa", "eager"])
+def test_an_explicit_dense_mask_path_on_long_cpu_rows_is_warned_about(requested, caplog):
+    """``auto`` trains CPU rows of ``LONG_ROW_TOKENS`` or more per document; an explicit ``sdpa`` or
+    ``eager`` kept the dense ``[T, T]`` mask (its memory the row's square: ~10 GiB a 32,768-token row)
+    without a word. Now one warning names the parameter, the row length and the fix; shorter rows, a GPU
+    and a model the varlen path cannot serve (an encoder-decoder one) are not warned about."""
+    import logging
+
+    from transformers import BartConfig, BartForConditionalGeneration, LlamaForCausalLM
+
+    from fastlm.engine.model.attention import choice
+
+    cpu, long_row = torch.device("cpu"), choice.LONG_ROW_TOKENS
+    with caplog.at_level(logging.WARNING, logger="fastlm.engine.model.attention.choice"):
+        picked = choice.choose_attention(requested, cpu, model_class=LlamaForCausalLM, row_length=long_row)
+    assert picked == requested
+    assert len(caplog.messages) == 1, caplog.messages
+    said = caplog.messages[0]
+    assert (
+        f"train.model.attn_implementation: {requested}" in said and f"rows of up to {long_row} tokens" in said
+    )
+    assert "auto" in said and "sdpa_varlen" in said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastlm.engine.model.attention.choice"):
+        choice.choose_attention(requested, cpu, model_class=LlamaForCausalLM, row_length=long_row - 1)
+        choice.choose_attention(requested, cpu, row_length=None)
+        choice.choose_attention(requested, torch.device("cuda"), row_length=long_row)
+        bart = BartConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1)
+        choice.choose_attention(
+            requested, cpu, model_class=BartForConditionalGeneration, config=bart, row_length=long_row
+        )
+    assert not caplog.messages, caplog.messages

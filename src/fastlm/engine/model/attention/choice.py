@@ -7,7 +7,10 @@ SDPA with the dense mask; the varlen kernels need bf16/fp16. An encoder-decoder 
 training loop compiles then trains on ``eager``: ``attention_when_compiled``), by measurement
 (``python benchmarks/attention_cpu.py``, docs/benchmarks.md): flex_attention has no CPU backward in torch
 2.13 (it cannot train), and on the default shape (32 rows x 320) its compiled CPU forward saves at best
-~0.16 s of ~0.9 s per batch against >= 4.5 s of compile, and lost (1.7x slower) in a loaded run.
+~0.16 s of ~0.9 s per batch against >= 4.5 s of compile, and lost (1.7x slower) in a loaded run. CPU rows
+that can reach ``LONG_ROW_TOKENS`` (a packed run's ``row_length`` where set, else ``split.max_length``) take
+``sdpa_varlen`` instead, each document on its own keys: the dense mask's memory grows with the row's square
+(an explicit ``sdpa`` or ``eager`` there is kept, with a warning).
 
 Switching: :func:`attention_path` puts a model on another path meanwhile (a compiled model's path,
 :func:`attention_when_compiled`), :func:`generation_attention` puts a varlen-only path on SDPA while it
@@ -23,12 +26,18 @@ import logging
 import torch
 
 from fastlm.engine.model.attention import kernels
-from fastlm.engine.model.attention.kernels import TORCH_VARLEN, VARLEN_ONLY
+from fastlm.engine.model.attention.kernels import SDPA_VARLEN, TORCH_VARLEN, VARLEN_ONLY
 from fastlm.engine.model.encoder_decoder import DENSE_MASK_ATTENTION
 from fastlm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# On CPU rows at least this long take ``sdpa_varlen`` under ``auto``: the dense mask path's memory grows with
+# the square of the row (one training step of a 2-layer, hidden-64 Llama on a packed row of 64-token
+# documents: 0.08 GiB above its start at 2,048 tokens, 0.7 at 8,192, 2.5 at 16,384; sdpa_varlen 0.05, 0.15,
+# 0.27), and sdpa_varlen's whole step measured 1.5-3.5x faster fp32, 1.5-2x bf16 at 1,024 tokens (2.5-5.7x
+# at 2,048).
+LONG_ROW_TOKENS = 1024
 HALF_PRECISION_ONLY = ("flash_attention_2", "flash_attention_3", "flash_attention_4", TORCH_VARLEN)
 
 
@@ -81,11 +90,12 @@ def choose_attention(
     *,
     model_class: type | None = None,
     config=None,
+    row_length: int | None = None,
 ) -> str:
     """``auto``: the fastest path that keeps packed samples apart here (see the module docstring) among those
     ``model_class`` supports (transformers' ``_supports_*`` flags; eager last; None: not checked) and that
     compute what ``config``'s attention computes (fastlm's varlen kernels have no logit softcapping and no
-    attention sinks); logged."""
+    attention sinks), for rows of at most ``row_length`` tokens (None: not known); logged."""
     terms = kernels.unsupported_terms(config, model_class)
     if requested != "auto":
         if device.type == "cuda" and precision == "fp32" and requested in HALF_PRECISION_ONLY:
@@ -99,10 +109,22 @@ def choose_attention(
                 "model's attention computes.",
                 fix="choose auto, flash_attention_2, flex_attention or eager.",
             )
+        # the dense mask on long CPU rows, where auto would go per document (a model it can serve)
+        dense = requested in ("sdpa", "eager") and device.type == "cpu"
+        if dense and not terms and not getattr(config, "is_encoder_decoder", False):
+            if row_length is not None and row_length >= LONG_ROW_TOKENS:
+                log.warning(
+                    "train.model.attn_implementation: %s on CPU with rows of up to %d tokens builds the "
+                    "dense [T, T] mask, whose memory grows with the row's square (~10 GiB a 32,768-token "
+                    "row). Fix: attn_implementation: auto (or sdpa_varlen) trains each document on its own "
+                    "keys.",
+                    requested,
+                    row_length,
+                )
         return requested
     unsupported = []
     for attn, why in _preferred(
-        device, precision, encoder_decoder=getattr(config, "is_encoder_decoder", False)
+        device, precision, encoder_decoder=getattr(config, "is_encoder_decoder", False), row_length=row_length
     ):
         if attn in VARLEN_ONLY and terms:
             log.info("attention auto: not %s (it has no %s)", attn, " or ".join(terms))
@@ -118,10 +140,11 @@ def choose_attention(
 
 
 def _preferred(
-    device: torch.device, precision: str | None, *, encoder_decoder: bool
+    device: torch.device, precision: str | None, *, encoder_decoder: bool, row_length: int | None
 ) -> list[tuple[str, str]]:
     """``auto``'s paths here, best first, each with why. An encoder-decoder model's packed rows keep their
-    samples apart through dense per-sample masks only (``encoder_decoder.DENSE_MASK_ATTENTION``)."""
+    samples apart through dense per-sample masks only (``encoder_decoder.DENSE_MASK_ATTENTION``); on CPU
+    rows of ``LONG_ROW_TOKENS`` or more go per document (``sdpa_varlen``) before the dense mask."""
     if encoder_decoder:
         why = "an encoder-decoder model's packed rows take dense per-sample masks"
         return [(attn, why) for attn in DENSE_MASK_ATTENTION if attn != "eager"]
@@ -137,7 +160,14 @@ def _preferred(
     if device.type == "cuda":
         return [*paths, ("flex_attention", "document-causal BlockMask"), ("sdpa", "the dense mask")]
     why = "CPU: flex_attention has no CPU backward and loses to the dense mask here"
-    return [("sdpa", f"{why} (benchmarks/attention_cpu.py)")]
+    dense = ("sdpa", f"{why} (benchmarks/attention_cpu.py)")
+    if row_length is not None and row_length >= LONG_ROW_TOKENS:
+        long_rows = (
+            f"CPU, rows of up to {row_length} tokens: the dense [T, T] mask would grow with the row's "
+            "square; each document attends its own keys"
+        )
+        return [(SDPA_VARLEN, long_rows), dense]
+    return [dense]
 
 
 # transformers' flag for each path (fastlm's own kernels are registered attention functions)

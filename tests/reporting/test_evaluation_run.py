@@ -1,0 +1,69 @@
+"""The report's test-split evaluation (``reporting.evaluation_run``): the attention path it runs on."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from fastlm.engine.config import parse_train_params
+from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+
+
+@pytest.mark.parametrize(("max_length", "expected"), [(4096, "sdpa_varlen"), (320, "sdpa")])
+def test_the_report_evaluates_long_rows_on_the_path_training_took(monkeypatch, max_length, expected):
+    """A trained model loads on transformers' default path (``sdpa`` on CPU), and the report's test-split
+    pass built the dense ``[rows, 1, T, T]`` mask whatever the rows' length (quadratic: 0.7 GiB a
+    8,192-token row in training, ~10 GiB at 32,768), where training now takes ``sdpa_varlen`` for long CPU
+    rows. The report runs on the path ``auto`` gives its rows, and the model is put back after."""
+    from fastlm.engine.data.collators import TextEnds
+    from fastlm.engine.data.token_dataset import TokenSequences
+    from fastlm.engine.evaluate import evaluation
+    from fastlm.reporting.evaluation_run import evaluate_on_test
+
+    config = LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32,
+        max_position_embeddings=max_length,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"  # as from_pretrained loads it on a CPU
+    seen = {}
+
+    def spy(model, dataset, **kwargs):
+        seen["attn"], seen["model"] = kwargs["attn"], model.config._attn_implementation
+        return "report"
+
+    monkeypatch.setattr(evaluation, "evaluate", spy)
+    monkeypatch.setattr(TokenSequences, "from_arrow", classmethod(lambda cls, *a, **k: None))
+    monkeypatch.setattr(TextEnds, "of", classmethod(lambda cls, tokenizer: None))
+    params = parse_train_params({"runtime": {"device": "cpu"}})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    result = evaluate_on_test(
+        model, None, {"test": None}, settings=(params, max_length, runtime), options=evaluation.EvalOptions()
+    )
+    assert result == "report"
+    assert seen == {"attn": expected, "model": expected}
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_report_logs_no_attention_choice_it_does_not_evaluate_on(caplog):
+    """Off a CPU the report evaluates on the path the model loaded with, but asked ``auto``'s choice anyway,
+    which logged it: a GPU run's report said ``attention auto -> flex_attention`` (or flash-attention, or
+    ``torch_varlen``) and then evaluated on ``sdpa``. No choice is logged there now, and the path is the
+    loaded one."""
+    import logging
+
+    import torch
+
+    from fastlm.reporting.evaluation_run import report_attention
+
+    config = LlamaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=32,
+        max_position_embeddings=4096,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    params = parse_train_params({})
+    with caplog.at_level(logging.INFO):
+        attn = report_attention(model, params, 4096, torch.device("cuda"))
+    assert attn == "sdpa"
+    assert [r.getMessage() for r in caplog.records if "attention auto" in r.getMessage()] == []
