@@ -318,6 +318,8 @@ def test_only_duplicates_keep_one(project):
         ),
         ({"model": {"lora": {"loraplus_lr_ratio": 16}}}, "loraplus_lr_ratio sets the LoRA B matrices"),
         ({"model": {"lora": {"enabled": True, "loraplus_lr_ratio": 0}}}, "loraplus_lr_ratio = 0"),
+        # was a full fine-tune of every weight in full precision, saved as a whole model, without a word
+        ({"model": {"lora": {"load_in_4bit": True}}}, "load_in_4bit quantizes the frozen base of LoRA"),
     ],
     ids=[
         "micro_batch_0",
@@ -335,6 +337,7 @@ def test_only_duplicates_keep_one(project):
         "early_stopping_without_evaluations",
         "loraplus_without_lora",
         "loraplus_0",
+        "qlora_without_lora",
     ],
 )
 def test_bad_train_parameter(project, train, expected):
@@ -1092,6 +1095,26 @@ def test_yaml_syntax_error_names_file_and_line(project):
     assert _snapshot(project) == before
 
 
+def test_a_key_written_twice_in_a_conf_file_names_the_file_line_and_key(project):
+    """Kedro's loader (OmegaConf's) refuses a key a conf file's mapping writes twice, but its error names no
+    file (``<file>``) and the one line said to fix the indentation or a quote: it names the file, the line and
+    the key, and says to keep one of the two."""
+    from fastlm.cli import config_file_error
+
+    (project / "conf/local/parameters_tuned.yml").write_text(
+        "train:\n  batching:\n    micro_batch_size: 4\n    micro_batch_size: 8\n"
+    )
+    before = _snapshot(project)
+    with pytest.raises(Exception) as raised:
+        run_pipeline(project, "split")
+    message = str(config_file_error(raised.value))
+    assert "\n" not in message and "Fix:" in message
+    assert "conf/local/parameters_tuned.yml line 4" in message and "'micro_batch_size' twice" in message, (
+        message
+    )
+    assert _snapshot(project) == before
+
+
 def test_kedro_env_variable_naming_no_folder(project, monkeypatch):
     """``KEDRO_ENV=doesnotexist kedro run``: Kedro reads the variable itself, so the project CLI checks it as
     it checks ``--env`` (it was a MissingConfigException traceback, exit 1)."""
@@ -1422,6 +1445,43 @@ def test_kedro_run_from_a_subfolder_logs_as_the_projects_logging_yml_says(
     project_logging = yaml.safe_load((kedro_project / "conf/logging.yml").read_text(encoding="utf-8"))
     assert configured == [project_logging]
     assert configured[0]["loggers"]["kedro.io.data_catalog"]["level"] == "WARNING"
+
+
+@pytest.mark.parametrize("start", ["notebooks", "."])
+def test_a_key_written_twice_in_conf_logging_yml_is_refused_naming_the_file_line_and_key(
+    kedro_project, monkeypatch, kept_logging, start
+):
+    """Round twenty-two: conf/logging.yml was read with PyYAML's safe loader (by Kedro at start-up in the
+    project folder, by the run itself from a subfolder), which keeps the last value of a key a mapping writes
+    twice: a logger's settings written twice (``kedro.io.data_catalog`` at WARNING, then again at INFO)
+    applied the last, every dataset load and save an INFO line, with no word of the first. The run is refused
+    in one line naming the file, the line and the key, before Kedro's session starts."""
+    from click.testing import CliRunner
+
+    from fastlm import cli
+
+    logging_yml = kedro_project / "conf/logging.yml"
+    text = logging_yml.read_text(encoding="utf-8")
+    again = "  kedro.io.data_catalog:\n    level: INFO\n"
+    text = text.replace("  fastlm:\n    level: INFO\n", "  fastlm:\n    level: INFO\n" + again, 1)
+    assert text.count("kedro.io.data_catalog:") == 2
+    logging_yml.write_text(text, encoding="utf-8")
+    line = text[: text.index(again)].count("\n") + 1
+    ran = []
+    monkeypatch.delenv("KEDRO_LOGGING_CONFIG", raising=False)
+    monkeypatch.setattr(cli.kedro_run, "callback", lambda **kwargs: ran.append(kwargs))
+    # the refusal's logging.shutdown() would close the test session's handlers, absl's among them with the
+    # stream pytest captures into (absl closes a stream that is not sys.stderr, and CliRunner swapped it)
+    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)
+    (kedro_project / "notebooks").mkdir()
+    monkeypatch.chdir(kedro_project / start)
+    result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train"])
+    assert result.exit_code == 2, result.output
+    assert not ran
+    message = result.output.strip().splitlines()[-1]
+    assert message.startswith("fastlm: error: "), result.output
+    assert f"conf/logging.yml line {line}" in message and "'kedro.io.data_catalog' twice" in message, message
+    assert "Traceback" not in result.output
 
 
 def test_a_session_opened_from_a_subfolder_works_in_the_project_folder(kedro_project, monkeypatch, caplog):

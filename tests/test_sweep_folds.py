@@ -405,6 +405,31 @@ def test_a_sweeps_runs_are_kept_on_the_same_texts_and_those_kept_before_the_data
     assert trained("other texts") == 0  # then kept, on their own record
 
 
+def test_a_run_trained_again_for_a_changed_setting_names_it_with_both_values(tmp_path, monkeypatch, caplog):
+    """One train setting edited in the project's conf (``train.optimizer.lr``) trains the sweep's finished
+    runs again: the line saying why named the section alone ("its train differ"), not which setting
+    changed. It names the setting by its dotted name with the value the run finished with and the new one."""
+    monkeypatch.setattr(nodes, "train_model", _fake_training(set()))
+    sweep = tmp_path / "folds.yml"
+    sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
+    runs = SweepRuns(tmp_path / "sweeps")
+
+    def trained(lr: float) -> int:
+        tracker = _Tracker()
+        train = {"optimizer": {"lr": lr}}
+        nodes.run_sweep(None, fingerprint, TOKENIZER, None, train, {}, {}, str(sweep), runs, tracker)
+        return len(tracker.children)
+
+    assert [trained(0.0003), trained(0.0003)] == [2, 0]
+    caplog.clear()  # the lines of the runs above
+    with caplog.at_level("INFO", logger=sweep_training.__name__):
+        assert trained(0.0001) == 2
+    said = [record.getMessage() for record in caplog.records if "is trained again" in record.getMessage()]
+    assert len(said) == 2, said
+    assert all("its train.optimizer.lr 0.0003 -> 0.0001 differ" in line for line in said), said
+
+
 def test_runs_past_the_ninety_ninth_keep_the_plans_order():
     """Run names number the plan with two digits (``sweep-01``): from the hundredth run on, sorting them as
     text put ``cv-100`` between ``cv-10`` and ``cv-11`` in the fold table and the folds of a setting out of
@@ -448,3 +473,47 @@ def test_a_sweeps_runs_are_trained_again_on_other_base_weights(tmp_path, monkeyp
     weights.write_bytes(b"new weights")
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert trained() == 2
+
+
+def test_a_run_trained_again_starts_fresh_not_from_the_checkpoint_it_finished_with(tmp_path, monkeypatch):
+    """A finished run trained again for a changed setting (``train.optimizer.weight_decay`` edited in the
+    conf) was given ``train.resume`` as the conf has it (``auto``): its own checkpoint, at the last step of
+    the sweep's budget, was resumed with the new optimizer settings and nothing trained, and the run was kept
+    with the old model's figures under the new settings. It trains from scratch (``resume: never``: its old
+    checkpoints moved aside); its stale record is dropped first, so an interrupted retrain is resumed by the
+    next sweep as any unfinished run is."""
+    sweep = tmp_path / "folds.yml"
+    sweep.write_text(yaml.safe_dump({"name": "cv", "folds": "auto"}))
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
+    runs = SweepRuns(tmp_path / "sweeps")
+    seen = []
+
+    def training(error=None):
+        fake = _fake_training({0} if error else set(), error)
+
+        def train_model(
+            tokenized, fingerprint, tokenizer, params, split_params, run_name, tracker, choices_dir
+        ):
+            seen.append((run_name, params.get("resume", "auto")))
+            return fake(
+                tokenized, fingerprint, tokenizer, params, split_params, run_name, tracker, choices_dir
+            )
+
+        return train_model
+
+    def sweep_with(decay: float, error=None) -> list:
+        seen.clear()
+        monkeypatch.setattr(nodes, "train_model", training(error))
+        train = {"optimizer": {"weight_decay": decay}}
+        nodes.run_sweep(None, fingerprint, TOKENIZER, None, train, {}, {}, str(sweep), runs, _Tracker())
+        return list(seen)
+
+    assert sweep_with(0.1) == [("cv-01", "auto"), ("cv-02", "auto")]
+    assert sweep_with(0.1) == []  # kept
+    assert sweep_with(0.05) == [("cv-01", "never"), ("cv-02", "never")]  # trained again, from scratch
+    assert sweep_with(0.05) == []  # then kept on its new record
+    interrupted = TrainingInterrupted("SIGTERM", 1, "checkpoint-00000001")
+    with pytest.raises(TrainingInterrupted):
+        sweep_with(0.2, interrupted)  # cv-01's retrain stopped part way
+    assert not (runs.folder("cv", "cv-01") / "summary.json").exists()  # no stale record left to keep
+    assert sweep_with(0.2) == [("cv-01", "auto"), ("cv-02", "never")]  # cv-01 resumes its own retrain

@@ -73,6 +73,33 @@ def test_bad_sweep_files_are_one_line(tmp_path, spec, expected):
 
 
 @pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [
+        (
+            "name: s\ngrid:\n  train.optimizer.lr: [0.1, 0.2]\n  train.optimizer.lr: [0.3]\n",
+            4,
+            "train.optimizer.lr",
+        ),
+        ("name: a\nruns:\n  - {train.seed: 1}\nname: b\n", 4, "name"),
+        ("name: s\nruns:\n  - {train.seed: 1, train.seed: 2}\n", 3, "train.seed"),
+    ],
+    ids=["grid_key", "top_level", "run_setting"],
+)
+def test_a_key_written_twice_in_a_sweep_file_is_refused_naming_the_file_line_and_key(
+    tmp_path, text, line, key
+):
+    """PyYAML keeps the last value of a key a mapping writes twice: a grid key written twice swept its last
+    values alone, a run's setting written twice ran the last, with no word of the others."""
+    path = tmp_path / "sweep.yml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as raised:
+        load_sweep(str(path))
+    message = str(raised.value)
+    assert "\n" not in message and "Fix:" in message
+    assert f"sweep file {path} line {line}" in message and f"{key!r} twice" in message, message
+
+
+@pytest.mark.parametrize(
     ("plan", "expected"),
     [
         (
@@ -742,6 +769,68 @@ def test_a_run_kept_by_an_older_version_without_the_weights_or_data_identity_is_
     assert done is None and "model weights" in why and "older version" not in why, why
     assert kept_run(runs, "s", "s-05", identity)[0] is None
     assert kept_run(runs, "s", "s-06", identity) == (None, None)  # never kept: nothing to say
+
+
+def test_a_run_kept_before_train_data_seed_existed_is_kept_by_the_conf_that_has_it(tmp_path):
+    """Round twenty-two: a run a sweep kept before ``train.data_seed`` existed records train parameters
+    without it; the project's conf/base now holds ``data_seed: null`` (the order of ``train.seed``, as those
+    runs trained), so the same sweep again trained every finished run again ("its train differ"), a
+    k-fold sweep's folds logged twice, the second time with no train loss. A record without the key reads
+    as null: kept; a data_seed set now is another run, and a record with it set is no null."""
+    from fastlm.sweeps import SweepRuns, kept_run
+    from tests.support.project import PROJECT_ROOT
+
+    conf = yaml.safe_load((PROJECT_ROOT / "conf/base/parameters_train.yml").read_text(encoding="utf-8"))
+    train = {**conf["train"], "max_steps": 2}
+    assert "data_seed" in train and train["data_seed"] is None  # what an upgraded project's conf holds
+    runs, history = SweepRuns(tmp_path), pd.DataFrame({"step": [1]})
+    older = {key: value for key, value in train.items() if key != "data_seed"}
+    runs.keep("s", "s-01", {"sweep_identity": {"train": older, "data": "d"}}, history, history)
+    runs.keep(
+        "s", "s-02", {"sweep_identity": {"train": {**train, "data_seed": 7}, "data": "d"}}, history, history
+    )
+    identity = {"train": train, "data": "d"}
+    done, why = kept_run(runs, "s", "s-01", identity)
+    assert done is not None and why is None, why
+    assert kept_run(runs, "s", "s-01", {"train": older, "data": "d"})[0] is not None  # a conf without it
+    done, why = kept_run(runs, "s", "s-01", {"train": {**train, "data_seed": 7}, "data": "d"})
+    assert done is None and "train" in why, why
+    done, why = kept_run(runs, "s", "s-02", identity)
+    assert done is None and "train" in why, why
+
+
+def test_the_reason_a_kept_run_is_trained_again_names_a_few_settings_shortened_and_masked(tmp_path):
+    """The settings that differ from a kept run's record, by dotted name with both values: a few, then how
+    many more; a long value shortened; a secret's value (by its name or its shape) never shown."""
+    from fastlm.sweeps import SweepRuns, kept_run
+
+    runs, history = SweepRuns(tmp_path), pd.DataFrame({"step": [1]})
+    secret = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+    kept = {
+        "model": {"name_or_path": "https://user:pw@host/base", "hf_token": secret, "name": "m"},
+        "optimizer": {"lr": 0.0003},
+        "note": "x" * 200,
+        "seed": 1,
+        "fold": 0,
+        "max_steps": 2,
+    }
+    now = {
+        "model": {"name_or_path": "https://user:other@host/base", "hf_token": secret + "Z", "name": "m"},
+        "optimizer": {"lr": 0.0001},
+        "note": "y" * 200,
+        "seed": 2,
+        "fold": 1,
+        "max_steps": 3,
+    }
+    runs.keep("s", "s-01", {"sweep_identity": {"train": kept, "data": "d"}}, history, history)
+    done, why = kept_run(runs, "s", "s-01", {"train": now, "data": "d"})
+    assert done is None and "\n" not in why, why
+    assert "train.optimizer.lr 0.0003 -> 0.0001" in why and "and 3 more" in why, why
+    assert "pw" not in why and "other" not in why and secret not in why and "***" in why, why
+    assert "x" * 80 not in why and "y" * 80 not in why, why
+    assert len(why) < 400, why
+    done, why = kept_run(runs, "s", "s-01", {"train": {**kept, "data_seed": 7}, "data": "d"})
+    assert why == "its train.data_seed null -> 7 differ from what it finished with", why
 
 
 def test_two_writers_of_a_runs_summary_never_write_into_one_file(tmp_path):

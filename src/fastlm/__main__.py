@@ -106,14 +106,16 @@ def _write_merged(adapter: Path, out: Path, base: str | None, dtype: str) -> str
     from transformers import AutoTokenizer
 
     from fastlm.datasets.atomic_folder import write_folder_atomically
-    from fastlm.datasets.pretrained_model import TRAINING_DATA
+    from fastlm.datasets.pretrained_model import TRAINING_DATA, for_inference
     from fastlm.engine.model.adapter_folder import merge_adapter
 
     model = merge_adapter(adapter, base=base, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(adapter), local_files_only=True)
 
     def write(folder: Path) -> None:
-        model.save_pretrained(str(folder), safe_serialization=True)
+        # as a full fine-tune's folder is saved: the tokenizer's pad id in its generation config
+        with for_inference(model, tokenizer):
+            model.save_pretrained(str(folder), safe_serialization=True)
         tokenizer.save_pretrained(str(folder))
         if (adapter / TRAINING_DATA).is_file():  # how its training data was made: predict reads it
             shutil.copy2(adapter / TRAINING_DATA, folder / TRAINING_DATA)

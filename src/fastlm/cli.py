@@ -26,6 +26,7 @@ import fastlm.pipelines
 from fastlm.errors import ConfigError, FastlmError, find_user_error
 from fastlm.redaction import redact_exception, redact_text
 from fastlm.temporary_files import shown_path
+from fastlm.unique_keys import KeyTwice, load_unique_keys
 
 
 @click.group(name="fastlm")
@@ -34,11 +35,12 @@ def cli() -> None:
 
 
 def _run(**kwargs):
-    in_project_folder()
     if kwargs.get("pipeline") and not kwargs.get("pipelines"):
         kwargs["pipelines"] = [name.strip() for name in kwargs["pipeline"].split(",") if name.strip()]
         kwargs["pipeline"] = None
     try:
+        in_project_folder()
+        check_logging_file()
         check_project_folder(Path.cwd())
         check_params_text(click.get_current_context().meta.get(RAW_PARAMS))
         kwargs["params"] = run_params(_config_file_params(), kwargs.get("params"))
@@ -266,7 +268,6 @@ def project_logging() -> None:
     looks for the file in the working folder only: from a subfolder its own defaults ran, every dataset load
     and save an INFO line, the project's levels lost), then the adjustments fastlm.settings makes to it. A
     ``KEDRO_LOGGING_CONFIG`` the user set is left as Kedro applied it."""
-    import yaml
     from kedro.framework.project import LOGGING
     from kedro.utils import find_config_file
 
@@ -276,10 +277,36 @@ def project_logging() -> None:
     path = find_config_file("conf/logging")
     if os.environ.get("KEDRO_LOGGING_CONFIG") or path is None:
         return
-    LOGGING.configure(yaml.safe_load(path.read_text(encoding="utf-8")))
+    LOGGING.configure(logging_settings(path))
     log_handler.other_rank_logs_warnings_only(torchrun_rank())
     log_handler.quiet_third_party_logs()
     log_handler.plain_logs_when_redirected()
+
+
+def check_logging_file() -> None:
+    """The project's conf/logging.yml (where no ``KEDRO_LOGGING_CONFIG`` replaces it) must not write a key
+    twice in one mapping: Kedro applies it at start-up with PyYAML's safe loader, which keeps the last value
+    and loses the first (a logger's level written twice, the first never applied), where Kedro's config
+    loader refuses the same in the other conf files."""
+    from kedro.utils import find_config_file
+
+    path = find_config_file("conf/logging")
+    if not os.environ.get("KEDRO_LOGGING_CONFIG") and path is not None:
+        logging_settings(path)
+
+
+def logging_settings(path: Path) -> dict:
+    """The logging settings of the file at ``path``, read as ``yaml.safe_load`` reads them, or one ConfigError
+    line naming the file, the line and the key a mapping there writes twice."""
+    try:
+        return load_unique_keys(Path(path).read_text(encoding="utf-8"))
+    except KeyTwice as twice:
+        file = shown_path(Path(path))
+        raise ConfigError(
+            f"{file} line {twice.line} has the key {twice.key!r} twice in one mapping; only the last value "
+            "would be applied.",
+            fix=f"keep one of the two {twice.key} keys in {file} (merge their values into it).",
+        ) from None
 
 
 def check_env(env: str | None, conf_source: str | None, *, variable: bool = False) -> None:
@@ -462,8 +489,17 @@ def config_file_error(exc: Exception) -> FastlmError | None:
         mark = getattr(current, "problem_mark", None)
         if mark is not None and type(current).__module__.startswith("yaml"):
             named = _YAML_FILE.search(str(exc))
-            file = shown_path(named.group(1)) if named else getattr(mark, "name", "a conf/ file")
+            reading = None if named else _conf_file_read(current)
+            file = shown_path(named.group(1)) if named else reading or getattr(mark, "name", "a conf/ file")
             problem = getattr(current, "problem", None) or type(current).__name__
+            twice = _KEY_TWICE.fullmatch(problem)
+            if twice is not None:  # OmegaConf's loader refuses it; Kedro names no file for it (``<file>``)
+                key = twice.group(1)
+                return ConfigError(
+                    f"{file} line {mark.line + 1} has the key {key!r} twice in one mapping; Kedro's config "
+                    "loader reads no file that does.",
+                    fix=f"keep one of the two {key} keys in {file} (merge their values into it).",
+                )
             return ConfigError(
                 f"{file} line {mark.line + 1}, column {mark.column + 1}: invalid YAML ({problem}).",
                 fix="correct the YAML there (indentation, a missing ':', or an unclosed bracket or quote).",
@@ -472,20 +508,35 @@ def config_file_error(exc: Exception) -> FastlmError | None:
     return None
 
 
+def _conf_file_read(error: BaseException) -> str | None:
+    """The conf/ file Kedro's config loader was reading when ``error`` was raised (its frame's
+    ``config_filepath``), shown as ``shown_path`` shows it; None where no loader frame names one."""
+    loader = _config_loader_frame(error)
+    reading = loader.f_locals.get("config_filepath") if loader is not None else None
+    return shown_path(Path(reading)) if reading is not None else None
+
+
+def _config_loader_frame(error: BaseException):
+    """The innermost frame of Kedro's config loader (a ``kedro.config`` module) in ``error``'s traceback;
+    None where the error was raised outside it."""
+    loader = None
+    trace = error.__traceback__
+    while trace is not None:
+        if str(trace.tb_frame.f_globals.get("__name__")).startswith("kedro.config"):
+            loader = trace.tb_frame
+        trace = trace.tb_next
+    return loader
+
+
 def _not_utf8_conf_error(error: UnicodeDecodeError) -> ConfigError | None:
     """A conf/ file Kedro's config loader could not read as UTF-8 (it reads every file as UTF-8, whatever
     the locale, and its UnicodeDecodeError names no file), as one line naming it: the file the loader was
     reading (its frame's ``config_filepath``), else the files under conf/ that are not UTF-8. None for an
     error raised elsewhere (a node reading a data file)."""
-    frames = []
-    trace = error.__traceback__
-    while trace is not None:
-        frames.append(trace.tb_frame)
-        trace = trace.tb_next
-    loader = [frame for frame in frames if str(frame.f_globals.get("__name__")).startswith("kedro.config")]
-    if not loader:
+    loader = _config_loader_frame(error)
+    if loader is None:
         return None
-    reading = loader[-1].f_locals.get("config_filepath")
+    reading = loader.f_locals.get("config_filepath")
     if reading is not None:
         files = [shown_path(Path(reading))]
     else:
@@ -612,6 +663,7 @@ def _conf_text(path: Path) -> str:
 
 _YAML_FILE = re.compile(r"Invalid YAML or JSON file (.+?), unable to read")
 _DUPLICATES = re.compile(r"Duplicate keys found in (.+?) and (.+?): (.+)")
+_KEY_TWICE = re.compile(r"found duplicate key (.+)")
 _MISSING_FOLDER = re.compile(r"not a valid directory: (.+)$")
 
 

@@ -128,7 +128,11 @@ def train_sweep(
             identity["model weights"] = weights
         done, why = kept_run(runs, spec.name, name, identity)
         if why is not None:
-            log.info("Sweep %s: run %s is trained again: %s", spec.name, name, why)
+            log.info("Sweep %s: run %s is trained again, from scratch: %s", spec.name, name, why)
+            # Its checkpoints are those of the run it finished with other settings: resuming the last one
+            # would train nothing (its step is the budget's) and keep the old model under the new settings.
+            runs.forget(spec.name, name)
+            params = {**params, "resume": "never"}  # the old checkpoints moved aside, kept for the user
         if done is None:
             log.info("Sweep %s: run %d of %d, %s: %s", spec.name, index, len(plan), name, overrides)
             try:

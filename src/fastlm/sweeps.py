@@ -33,8 +33,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from fastlm.engine.config import TrainParams, parse_train_params
 from fastlm.engine.observe import strict_json
 from fastlm.errors import ConfigError
+from fastlm.redaction import redact
 from fastlm.runs import validate_run_name
 from fastlm.temporary_files import write_file_atomically
+from fastlm.unique_keys import KeyTwice, load_unique_keys
 from fastlm.validation import Params, parse_params
 
 PARAM = "sweep"
@@ -169,7 +171,13 @@ def load_sweep(path) -> SweepSpec:
             fix="pass --params sweep=conf/base/sweeps/lr_batch.yml (a YAML file with name and grid or runs).",
         )
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        raw = load_unique_keys(Path(path).read_text(encoding="utf-8"))
+    except KeyTwice as twice:
+        raise ConfigError(
+            f"sweep file {path} line {twice.line} has the key {twice.key!r} twice in one mapping; only the "
+            "last value would be read.",
+            fix=f"in {path}, keep one of the two {twice.key} keys (merge their values into it).",
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(
             f"sweep file {path} is not valid YAML ({str(exc).splitlines()[0]}).", fix="correct the file."
@@ -314,7 +322,30 @@ def finished_summary(folder: Path, identity: dict[str, Any]) -> dict | None:
         return None
     if not isinstance(stored, dict):
         return None
-    return stored if stored.get("sweep_identity") == json.loads(json.dumps(identity, default=str)) else None
+    recorded = stored.get("sweep_identity")
+    return (
+        stored
+        if _comparable(recorded) == _comparable(json.loads(json.dumps(identity, default=str)))
+        else None
+    )
+
+
+# train settings added after sweeps first kept runs, with the value that trains as a run without them did: a
+# kept record without the key reads as holding that value (the project's conf gaining the key is no change)
+ADDED_TRAIN_SETTINGS: dict[str, Any] = {"data_seed": None}
+
+
+def _comparable(identity: Any) -> Any:
+    """A sweep run's identity as compared: its train parameters less each of ``ADDED_TRAIN_SETTINGS`` at the
+    value a record written before it existed means (any other identity as it is)."""
+    if not isinstance(identity, dict) or not isinstance(identity.get("train"), dict):
+        return identity
+    train = {
+        key: value
+        for key, value in identity["train"].items()
+        if key not in ADDED_TRAIN_SETTINGS or value != ADDED_TRAIN_SETTINGS[key]
+    }
+    return {**identity, "train": train}
 
 
 def kept_run(
@@ -335,18 +366,63 @@ def kept_run(
         stored = strict_json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         stored = None
-    recorded = stored.get("sweep_identity") if isinstance(stored, dict) else None
+    recorded = _comparable(stored.get("sweep_identity")) if isinstance(stored, dict) else None
     if not isinstance(recorded, dict):
         return None, f"its kept summary {path} records no identity to compare"
-    now = json.loads(json.dumps(identity, default=str))
+    now = _comparable(json.loads(json.dumps(identity, default=str)))
     older = sorted(key for key in now if key not in recorded)
     changed = sorted(
         key for key in {*now, *recorded} if key not in older and recorded.get(key) != now.get(key)
     )
-    said = [f"its {', '.join(changed)} differ from what it finished with"] if changed else []
+    said = []
+    if changed:
+        ordered = [key for key in dict.fromkeys([*now, *recorded]) if key in changed]  # train first
+        settings = changed_settings(
+            {key: recorded.get(key) for key in ordered}, {key: now.get(key) for key in ordered}
+        )
+        said.append(f"its {settings} differ from what it finished with")
     if older:
         said.append(f"it was kept by an older version that did not record its {', '.join(older)}")
     return None, "; ".join(said)
+
+
+SHOWN_SETTINGS = 4  # settings named in the line saying why a kept run is trained again, then "and N more"
+SHOWN_VALUE = 40  # characters of a value shown there (longer ones end in "...")
+ABSENT = object()
+
+
+def changed_settings(recorded: dict[str, Any], now: dict[str, Any]) -> str:
+    """The settings that differ between a kept run's ``recorded`` identity and ``now``, by dotted name with
+    both values (``train.optimizer.lr 0.0003 -> 0.0001``), in the identity's order: the first
+    ``SHOWN_SETTINGS``, then how many more. A train setting of ``ADDED_TRAIN_SETTINGS`` a record lacks reads
+    as the value it means; a value is masked as :func:`fastlm.redaction.redact` masks it (by its dotted
+    name and its shape), then shortened, so a secret is never cut into a shape the masking misses."""
+    differences: list[str] = []
+
+    def walk(name: str, old: Any, new: Any) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in [*new, *(key for key in old if key not in new)]:
+                walk(f"{name}.{key}", old.get(key, ABSENT), new.get(key, ABSENT))
+        elif old != new:
+            differences.append(f"{name} {_shown_value(old, name)} -> {_shown_value(new, name)}")
+
+    for key in [*now, *(key for key in recorded if key not in now)]:
+        old, new = recorded.get(key), now.get(key)
+        if key == "train" and isinstance(old, dict) and isinstance(new, dict):
+            old, new = {**ADDED_TRAIN_SETTINGS, **old}, {**ADDED_TRAIN_SETTINGS, **new}
+        walk(key, old, new)
+    if not differences:  # equal once the added settings are filled in: name the sections, as compared
+        return ", ".join(recorded)
+    more = len(differences) - SHOWN_SETTINGS
+    return ", ".join(differences[:SHOWN_SETTINGS]) + (f" and {more} more" if more > 0 else "")
+
+
+def _shown_value(value: Any, name: str) -> str:
+    if value is ABSENT:
+        return "(none)"
+    value = redact(value, name)
+    text = value if isinstance(value, str) and value else json.dumps(value, default=str)
+    return text if len(text) <= SHOWN_VALUE else text[: SHOWN_VALUE - 3] + "..."
 
 
 def save_finished(folder: Path, summary: dict, history, eval_history) -> None:
@@ -374,6 +450,12 @@ class SweepRuns:
 
     def keep(self, sweep: str, run: str, summary: dict, history, eval_history) -> None:
         save_finished(self.folder(sweep, run), summary, history, eval_history)
+
+    def forget(self, sweep: str, run: str) -> None:
+        """Drop the run's kept record (its summary, which marks it finished): it is trained again, so a
+        retrain stopped part way is an unfinished run the next sweep resumes, not one kept with other
+        settings."""
+        (self.folder(sweep, run) / "summary.json").unlink(missing_ok=True)
 
     def histories(self, sweep: str, run: str):
         """The kept run's training and evaluation histories (DataFrames)."""
