@@ -255,6 +255,10 @@ EOF
     # windowed BlockMask, FA2 where installed: attention.windows, proven on CPU through their contracts)
     timeout -k 5 75 "$PYTHON" benchmarks/gpu_attention_check.py --family gemma3 --seeds 1 2>&1 \
         | tail -n 14 | tee -a "$OUT/session.log"
+    # the tests that need CUDA (skipped on CPU machines): e.g. the fp16 schedule's device rate read by CUDA's
+    # fused AdamW, the fused optimizer chosen on CUDA
+    timeout -k 5 150 "$PYTHON" -m pytest -q -p no:cacheprovider -rs -k cuda \
+        $(grep -rl "torch.cuda.is_available()" tests) 2>&1 | tail -n 15 | tee -a "$OUT/session.log"
 fi
 
 for step in "${PLAN[@]}"; do

@@ -390,7 +390,12 @@ def fastlm_tune(args, base: Path, rows, device, quantized: bool, limit_mb: float
         }
     )
     runtime = setup_runtime(params.runtime, seed=params.seed)
-    attn = choose_attention(params.model.attn_implementation, runtime.device, runtime.precision)
+    attn = choose_attention(
+        params.model.attn_implementation,
+        runtime.device,
+        runtime.precision,
+        row_length=params.batching.longest_row(args.max_len),
+    )
     model = build_model(params.model, VocabOf(vocab), max_length=args.max_len, attn_implementation=attn)
     lengths = np.array([len(r) for r in rows])
     train_set = TokenSequences(np.concatenate(rows), np.concatenate([[0], np.cumsum(lengths)]))

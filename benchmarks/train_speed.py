@@ -13,10 +13,11 @@ the distribution of 300,000 real Korean user reviews (``benchmarks/data/short_re
 p90 75, p99 139, max 147; no long tail; a few empty rows and about 2.5 % exact duplicates; see
 ``length_profile.py``). ``--profile reviews`` is the older long-tail profile the figures above were taken on.
 ``--model 5m`` is the issue's shape (Llama hidden 256, intermediate 688, 4 layers, 4 heads, tied embeddings:
-5.2 M parameters with the 8k vocab) next to the tiny default. The issue's targets (fastlm's default >= 1.3x
-the Trainer with ``train_sampling_strategy="group_by_length"``, >= 4x the usual Trainer, >= 3x TRL's
-``SFTTrainer(packing=True)``, >= 20x ``padding="max_length"``; padding waste <= 2 %; fastlm's length_grouped
-mode wastes no more than the Trainer's group_by_length) are printed as PASS/FAIL too, never asserted.
+5.2 M parameters with the 8k vocab) next to the tiny default. The issue's targets (fastlm's default >= 1.5x
+the Trainer with ``train_sampling_strategy="group_by_length"`` in its fastest measured set-up (first 1.3x),
+>= 4x the usual Trainer, >= 3x TRL's ``SFTTrainer(packing=True)``, >= 20x ``padding="max_length"``; padding
+waste <= 2 %; fastlm's length_grouped mode wastes no more than the Trainer's group_by_length) are printed as
+PASS/FAIL too, never asserted.
 
     # realistic, tiny model, 3 + 20 steps each
     python benchmarks/train_speed.py
@@ -179,7 +180,9 @@ TARGET_OVERHEAD = 0.01
 TARGET_DATA_WAIT = 0.02
 # Issue 16, item 3 (realistic profile, 5.2 M shape): fastlm's default against each peer's best honest set-up.
 SLOW_PEERS = ("trainer_max_length", "trl_packing")  # time only max(3, steps // 4) steps
-TARGET_VS_GROUP_BY_LENGTH = 1.3
+# The CPU lead at defaults over the Trainer's fastest simple set-up (group_by_length, fp32/bf16/compile):
+# 1.5x (issue 16 first asked 1.3x). The 1.3x of gpu_speed.py is another comparison (full fine-tune on a GPU).
+TARGET_VS_GROUP_BY_LENGTH = 1.5
 TARGET_VS_TRAINER_16 = 4.0
 TARGET_VS_TRL = 3.0
 TARGET_VS_MAX_LENGTH_16 = 20.0
@@ -436,7 +439,7 @@ def run_fastlm(ctx: Context, mode: str, lora: bool = False) -> dict:
 
     # Cross-check: the same steps' batches again, from the engine's own sampler and collator (not timed).
     sampler, collator = make_batching(
-        params, train_set.lengths, pad_id=ctx.pad_id, max_length=args.max_length, seed=params.seed
+        params, train_set.lengths, pad_id=ctx.pad_id, max_length=args.max_length, seed=params.order_seed
     )
     batches, epoch = [], 0
     while len(batches) < end:

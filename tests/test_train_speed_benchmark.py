@@ -71,7 +71,7 @@ def test_issue16_verdicts_compare_fastlm_with_each_peer(bench):
     }
     lines = dict(train_speed.verdicts_issue16(table))
     outcome = {text.split(":")[0]: ok for text, ok in lines.items()}
-    assert outcome["fastlm / trainer_group_by_length >= 1.3x"] is False
+    assert outcome["fastlm / trainer_group_by_length >= 1.5x"] is False
     assert outcome["fastlm / trainer >= 4x"] is True
     assert outcome["fastlm / trl_packing >= 3x"] is None  # not run: n/a, not a pass
     assert outcome["fastlm padding waste <= 2%"] is True
@@ -91,11 +91,30 @@ def test_issue16_verdicts_judge_fastlm_against_each_peers_fastest_setup(bench):
     assert train_speed.best_setup(table, "trainer_group_by_length") == "trainer_group_by_length@bf16"
     assert train_speed.best_setup(table, "trainer") == "trainer"  # not measured: its plain name, n/a below
     outcome = {text.split(":")[0]: ok for text, ok in train_speed.verdicts_issue16(table)}
-    assert outcome["fastlm / trainer_group_by_length@bf16 (its fastest set-up) >= 1.3x"] is False
+    assert outcome["fastlm / trainer_group_by_length@bf16 (its fastest set-up) >= 1.5x"] is False
     assert outcome["fastlm / trainer >= 4x"] is None
     # fastlm's grouped waste is compared with the waste of the Trainer's fastest grouped row
     # (2 %), not the 3 %
     assert outcome["fastlm_length_grouped padding waste <= trainer_group_by_length's"] is False
+
+
+def test_issue16_cpu_lead_over_the_trainers_fastest_simple_setup_needs_1_5x(bench):
+    # The CPU target at defaults: fastlm >= 1.5x the Trainer's fastest group_by_length set-up. A 1.4x lead
+    # (it passed the former 1.3x line) fails; 1.5x passes; the other comparisons keep their targets.
+    _, train_speed = bench
+    base = {"fastlm_length_grouped": {"real_tokens_per_s": 2500.0, "padding_waste": 0.01}}
+    short = {
+        **base,
+        "fastlm": {"real_tokens_per_s": 1400.0, "padding_waste": 0.002},
+        "trainer_group_by_length@bf16+compile": {"real_tokens_per_s": 1000.0, "padding_waste": 0.02},
+        "trainer": {"real_tokens_per_s": 350.0, "padding_waste": 0.7},
+    }
+    outcome = {text.split(":")[0]: ok for text, ok in train_speed.verdicts_issue16(short)}
+    assert outcome["fastlm / trainer_group_by_length@bf16+compile (its fastest set-up) >= 1.5x"] is False
+    assert outcome["fastlm / trainer >= 4x"] is True
+    enough = {**short, "fastlm": {"real_tokens_per_s": 1500.0, "padding_waste": 0.002}}
+    outcome = {text.split(":")[0]: ok for text, ok in train_speed.verdicts_issue16(enough)}
+    assert outcome["fastlm / trainer_group_by_length@bf16+compile (its fastest set-up) >= 1.5x"] is True
 
 
 def test_contender_setups_parse_and_override_only_their_own_flags(bench):
