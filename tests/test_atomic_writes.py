@@ -18,7 +18,11 @@ import pytest
 from fastlm.datasets.atomic_folder import write_folder_atomically
 from fastlm.datasets.pretrained_model import PretrainedModelDataset
 from fastlm.engine.checkpoint import swap
+from fastlm.engine.checkpoint.storage import StorageError
+from fastlm.errors import find_user_error
 from fastlm.temporary_files import write_file_atomically
+from tests.support.disk_full import write_stops_part_way
+from tests.support.project import catalog_dataset
 from tests.support.renames import second_rename_fails
 
 DAY = 24 * 3600
@@ -224,3 +228,88 @@ def test_a_model_folder_s_safetensors_weights_get_the_umask_s_mode(tmp_path):
         os.umask(previous)
     modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "model").iterdir()}
     assert modes == {"model.safetensors": 0o640, "config.json": 0o640}, modes
+
+
+def _figure(title: str):
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(2, 2))
+    figure.subplots().set_title(title)
+    return figure
+
+
+def _catalog_output(name: str, version: str):
+    """A value the pipeline saves to catalog entry ``name``, its content depending on ``version``."""
+    import pandas as pd
+
+    if name in ("{name}_plot", "sweep_loss_plot"):
+        return _figure(version)
+    if name in ("report_html", "report_markdown", "sweep_verdict", "sweep_best_run"):
+        return f"<p>{version}</p>\n" * 200
+    if name in ("test_metrics", "tuned_parameters"):
+        return {"version": version, "rows": list(range(200))}
+    return pd.DataFrame({"version": [version] * 200, "step": range(200)})
+
+
+# One entry of each kind the report, tune, sweep, predict and train pipelines write: HTML / Markdown / YAML
+# text, CSV tables, PNG plots, JSON and YAML files.
+CATALOG_FILES = {
+    "report_html": "report.html",
+    "report_markdown": "report.md",
+    "training_summary": "training_summary.csv",
+    "run_comparison": "run_comparison.csv",
+    "{name}_plot": "loss.png",
+    "test_metrics": "test_metrics.json",
+    "tune_trials": "tune_trials.csv",
+    "tuned_parameters": "parameters_tuned.yml",
+    "sweep_comparison": "sweep_comparison.csv",
+    "sweep_folds": "sweep_folds.csv",
+    "sweep_verdict": "sweep.md",
+    "sweep_best_run": "sweep_best_run.yml",
+    "sweep_loss_plot": "sweep_loss.png",
+    "predictions": "predictions.csv",
+    "train_history": "train_history.csv",
+    "split_summary": "split_summary.csv",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG_FILES))
+def test_a_catalog_file_whose_rewrite_fills_the_disk_keeps_the_previous_one(tmp_path, monkeypatch, name):
+    """Round twenty-three: the report's HTML, Markdown, tables and plots, the sweep's tables, verdict and best
+    run file, the tune's trials were written in place (kedro-datasets' pandas, text and matplotlib datasets):
+    a full disk part way left half a file where the complete one was, and every file save's full disk was
+    Kedro's DatasetError with its traceback. Now each is written beside and renamed in, and the error is one
+    line naming the file and the fix."""
+    target = tmp_path / "data" / CATALOG_FILES[name]
+    dataset = catalog_dataset(name, target)
+    dataset.save(_catalog_output(name, "old"))
+    before = target.read_bytes()
+    write_stops_part_way(monkeypatch, target.name)
+    with pytest.raises(Exception) as raised:
+        dataset.save(_catalog_output(name, "new"))
+    monkeypatch.undo()
+    error = find_user_error(raised.value)
+    assert isinstance(error, StorageError), repr(raised.value)
+    message = str(error)
+    assert "\n" not in message and str(target) in message and "the disk is full" in message, message
+    assert "Fix: free disk space" in message and "previous file is kept" in message, message
+    assert target.read_bytes() == before
+    assert [path.name for path in target.parent.iterdir()] == [target.name]
+
+
+@pytest.mark.parametrize("name", ["report_html", "{name}_plot", "sweep_comparison", "sweep_best_run"])
+def test_a_catalog_file_whose_rewrite_is_stopped_by_ctrl_c_keeps_the_previous_one(
+    tmp_path, monkeypatch, name
+):
+    """Round twenty-three: Ctrl-C (KeyboardInterrupt) inside the write of a report, plot or sweep file left
+    half of it in place of the complete one."""
+    target = tmp_path / "data" / CATALOG_FILES[name]
+    dataset = catalog_dataset(name, target)
+    dataset.save(_catalog_output(name, "old"))
+    before = target.read_bytes()
+    write_stops_part_way(monkeypatch, target.name, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        dataset.save(_catalog_output(name, "new"))
+    monkeypatch.undo()
+    assert target.read_bytes() == before
+    assert [path.name for path in target.parent.iterdir()] == [target.name]

@@ -19,6 +19,8 @@ TEXT_TYPES = (
     "yaml.YAMLDataset",
     "json.JSONDataset",
     "fastlm.datasets.atomic_file.AtomicJSONDataset",
+    "fastlm.datasets.atomic_file.AtomicCSVDataset",
+    "fastlm.datasets.atomic_file.AtomicTextDataset",
 )
 SAMPLE = "배송 빨라요 Ġ€ 가격 대비"
 
@@ -39,13 +41,15 @@ values = {
     "yaml.YAMLDataset": {"text": sample},
     "json.JSONDataset": {"text": sample},
     "fastlm.datasets.atomic_file.AtomicJSONDataset": {"text": sample},
+    "fastlm.datasets.atomic_file.AtomicCSVDataset": pd.DataFrame({"text": [sample, "b"], "n": [1, 2]}),
+    "fastlm.datasets.atomic_file.AtomicTextDataset": sample,
 }
 loaded = {}
 for name, kind in kinds.items():
     dataset = catalog_dataset(name, folder / name)
     dataset.save(values[kind])
     value = dataset.load()
-    loaded[name] = value.to_dict("list") if kind == "pandas.CSVDataset" else value
+    loaded[name] = value.to_dict("list") if kind.endswith("CSVDataset") else value
 print(json.dumps(loaded, ensure_ascii=True))
 """
 
@@ -80,7 +84,7 @@ def test_every_text_entry_is_utf8_in_an_ascii_locale(tmp_path):
             written = yaml.safe_load(written)["text"]
         assert SAMPLE in written, name
         value = loaded[name]
-        shown = value["text"][0] if kind == "pandas.CSVDataset" else value
+        shown = value["text"][0] if kind.endswith("CSVDataset") else value
         shown = shown["text"] if isinstance(shown, dict) else shown
         assert shown == SAMPLE, name
 

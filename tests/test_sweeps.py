@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 import yaml
 
+from fastlm.engine.checkpoint.storage import StorageError
 from fastlm.errors import ConfigError
 from fastlm.reporting.sweep_view import comparison_table, verdict
 from fastlm.sweeps import apply_overrides, finished_summary, load_sweep, save_finished
+from tests.support.disk_full import write_stops_part_way
 
 
 def _file(tmp_path, spec) -> str:
@@ -848,6 +850,22 @@ def test_two_writers_of_a_runs_summary_never_write_into_one_file(tmp_path):
         handle.write(first[20:])
     assert json.loads((folder / "summary.json").read_text(encoding="utf-8")) == {"val_loss": 2.5}
     assert written.read_text(encoding="utf-8") == first  # the first writer's file, for it to rename
+
+
+def test_a_full_disk_while_a_finished_run_is_kept_is_one_line_and_the_run_not_kept(tmp_path, monkeypatch):
+    """Round twenty-three: a full disk while a sweep kept a finished run's histories ended the sweep with
+    pandas' OSError and its traceback. Now one line names the run's folder and the fix; its summary, written
+    last, is not there, so the next sweep trains the run again."""
+    folder = tmp_path / "sweep" / "run-1"
+    write_stops_part_way(monkeypatch, "history.csv")
+    with pytest.raises(StorageError) as raised:
+        save_finished(folder, {"val_loss": 2.5}, pd.DataFrame({"step": range(50)}), pd.DataFrame())
+    monkeypatch.undo()
+    message = str(raised.value)
+    assert "\n" not in message and str(folder) in message and "the disk is full" in message, message
+    assert "Fix: free disk space" in message and "trains it again" in message, message
+    assert sorted(path.name for path in folder.iterdir()) == []
+    assert finished_summary(folder, {}) is None
 
 
 def test_a_train_budget_the_sweep_file_replaces_is_named(tmp_path):

@@ -30,12 +30,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from fastlm.engine.checkpoint.storage import storage_error
 from fastlm.engine.config import TrainParams, parse_train_params
 from fastlm.engine.observe import strict_json
 from fastlm.errors import ConfigError
 from fastlm.redaction import redact
 from fastlm.runs import validate_run_name
-from fastlm.temporary_files import write_file_atomically
+from fastlm.temporary_files import shown_path, write_file_atomically
 from fastlm.unique_keys import KeyTwice, load_unique_keys
 from fastlm.validation import Params, parse_params
 
@@ -426,12 +427,26 @@ def _shown_value(value: Any, name: str) -> str:
 
 
 def save_finished(folder: Path, summary: dict, history, eval_history) -> None:
-    """Keep a finished run's summary and histories (the summary last, atomically: it marks the run done)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    history.to_csv(folder / "history.csv", index=False)
-    eval_history.to_csv(folder / "eval_history.csv", index=False)
+    """Keep a finished run's summary and histories, each atomically (the summary last: it marks the run
+    done). A full disk or a denied write is one ``StorageError`` line: the run is not kept."""
     text = strict_json.dumps(summary, indent=2, default=str)
-    write_file_atomically(folder / "summary.json", lambda handle: handle.write(text))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, table in (("history.csv", history), ("eval_history.csv", eval_history)):
+            write_file_atomically(
+                folder / name, lambda handle, table=table: table.to_csv(handle, index=False)
+            )
+        write_file_atomically(folder / "summary.json", lambda handle: handle.write(text))
+    except OSError as error:
+        failure = storage_error(
+            error,
+            f"could not keep the finished sweep run in {shown_path(folder)}",
+            parameter="sweep_runs' path in conf/base/catalog.yml",
+            detail="; the run is not kept, so the next sweep trains it again",
+        )
+        if failure is error:
+            raise
+        raise failure from error
 
 
 class SweepRuns:

@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 log = logging.getLogger(__name__)
 # A leftover of a writer on another host (NFS, a cluster's shared home: its pid means nothing here) is kept as
@@ -55,17 +55,23 @@ def tag_writer(tag: str) -> tuple[str, int] | None:
     return match.group("host") or host_name(), int(match.group("pid"))
 
 
-def write_file_atomically(target: str | Path, write: Callable[[TextIO], object]) -> None:
+def write_file_atomically(
+    target: str | Path,
+    write: Callable[[TextIO], object] | Callable[[BinaryIO], object],
+    *,
+    binary: bool = False,
+) -> None:
     """``write(handle)`` into a sibling temporary file (``.name.tmp-<writer_tag>``; text, UTF-8, no newline
-    translation), fsynced, then renamed to ``target``; what earlier writers killed part way left beside
-    ``target`` is removed first (:func:`remove_leftovers`). A failure (its ``OSError`` as raised) leaves the
-    previous ``target`` and no temporary file."""
+    translation, or bytes where ``binary``), fsynced, then renamed to ``target``; what earlier writers killed
+    part way left beside ``target`` is removed first (:func:`remove_leftovers`). A failure (its ``OSError`` as
+    raised, a ``KeyboardInterrupt``) leaves the previous ``target`` and no temporary file."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(target)
     temporary = target.with_name(f".{target.name}.tmp-{writer_tag()}")
+    text = {} if binary else {"encoding": "utf-8", "newline": ""}
     try:
-        with open(temporary, "w", encoding="utf-8", newline="") as handle:
+        with open(temporary, "wb" if binary else "w", **text) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())

@@ -56,23 +56,30 @@ def write_folder_atomically(target: str | Path, write: Callable[[Path], None]) -
         _fsync_tree(tmp)
         replace_folder(tmp, target, old)
     except Exception as exc:
-        os_error = os_error_in(exc)
-        error = (
-            None
-            if os_error is None
-            else storage_error(
-                os_error,
-                f"could not write {shown_path(target)}",
-                parameter="its path in conf/base/catalog.yml",
-                detail="; the partial copy was removed and the previous one is kept",
-            )
-        )
-        if isinstance(error, StorageError):
+        error = write_failure(exc, target, "; the partial copy was removed and the previous one is kept")
+        if error is not None:
             raise error from exc
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the previous copy after an exchange, else the failed one
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_failure(error: BaseException, target: str | Path, detail: str) -> StorageError | None:
+    """``error``, raised writing the catalog's ``target``, as one ``StorageError`` line naming it where it is
+    a full disk (ENOSPC, EDQUOT, EFBIG) or a denied write, ``detail`` saying what is left; else None."""
+    os_error = os_error_in(error)
+    failure = (
+        None
+        if os_error is None
+        else storage_error(
+            os_error,
+            f"could not write {shown_path(target)}",
+            parameter="its path in conf/base/catalog.yml",
+            detail=detail,
+        )
+    )
+    return failure if isinstance(failure, StorageError) else None
 
 
 def recover_folder(target: str | Path) -> bool:
