@@ -641,3 +641,47 @@ def test_the_compile_clock_counts_a_recompile_limit_hit_dynamo_did_not_log(caplo
     assert len(hits) == 1 and hits[0].startswith("unnamed")
     said = [r.getMessage() for r in caplog.records if r.name.startswith("fastlm")]
     assert len(said) == 1 and "recompile_limit" in said[0] and "Fix:" in said[0]
+
+
+class _Embedder(torch.nn.Module):
+    """An embedding and a head: the least a model NEFTune hooks into needs (``get_input_embeddings``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = torch.nn.Embedding(VOCAB, 8), torch.nn.Linear(8, VOCAB)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids):
+        return self.head(self.embed(input_ids))
+
+
+def test_a_model_given_hooks_after_another_of_its_class_compiled_runs_them_compiled(monkeypatch):
+    """A sweep's runs train in one process: one compiled without NEFTune (``neftune_noise_alpha: 0``), the
+    next with it. Dynamo did not guard on module hooks (``skip_nnmodule_hook_guards``), so the second model,
+    of the same class, ran the first one's graph, traced without hooks: trained on clean embeddings (a tiny
+    Llama's losses equal to the plain run's) while its summary said alpha 5. A model compiled here is guarded
+    on its hooks: the second traces its own graph, with the noise."""
+    from fastlm.engine.model.noise import add_neftune
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", True)  # dynamo's default
+
+    def backend(graph, example_inputs):
+        return graph.forward
+
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    plain = _Embedder()
+    with torch.no_grad():
+        regions.compile_in_scope(plain, "model", backend=backend)(input_ids=ids)  # traced without hooks
+        clean = plain(input_ids=ids)
+        noisy = _Embedder()  # the same weights (seed 0)
+        add_neftune(noisy, 5.0)
+        torch.manual_seed(1)
+        eager = noisy(input_ids=ids)
+        torch.manual_seed(1)
+        compiled = regions.compile_in_scope(noisy, "model", backend=backend)(input_ids=ids)
+    assert (eager - clean).abs().max() > 100 * OTHER_FP32_MODEL["atol"]  # the noise shows in the logits
+    torch.testing.assert_close(compiled, eager, **OTHER_FP32_MODEL)

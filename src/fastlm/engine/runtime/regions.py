@@ -44,6 +44,12 @@ call, so each compiled layer broke in two at it, each layer's attention a frame 
 ``layer_idx``), eager past dynamo's recompile limit. A flash-attention kernel is loaded before the layers are
 compiled (a layer traced through transformers' loading at its first call was compiled twice).
 
+Module hooks are guarded (``torch._dynamo.config.skip_nnmodule_hook_guards`` set off when a model is
+compiled): a sweep's runs train in one process, and dynamo shares a class's traced frames between
+instances, so a run with NEFTune (hooks on the model and its embeddings, ``model.noise``) after one
+compiled without it ran the earlier graph, without the hooks, while its summary said the noise was on.
+Guarded, the hooked model traces a graph of its own (once: the run's later steps reuse it).
+
 The layers are transformers' own (``GradientCheckpointingLayer``: every decoder and encoder layer of the
 families fastlm trains); checkpointing, LoRA, liger's patches and DDP/FSDP2 wrap around them unchanged, and
 the state dict keeps its names (nothing is wrapped).
@@ -103,6 +109,7 @@ def compile_in_scope(
         )
     options = {} if mode == "default" else {"mode": mode}
     _trace_past_once_only_logging()
+    _guard_module_hooks()
     _load_flash_attention(model)
     if backend != "inductor":
         options["backend"] = backend
@@ -131,6 +138,12 @@ def _trace_past_once_only_logging() -> None:
         function = getattr(logging.Logger, name, None)  # set when transformers is imported
         if function is not None:
             ignored.add(function)
+
+
+def _guard_module_hooks() -> None:
+    """Dynamo guards on module hooks from here on (``skip_nnmodule_hook_guards`` off; module docstring)."""
+    if getattr(torch._dynamo.config, "skip_nnmodule_hook_guards", None):
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
 
 
 def _load_flash_attention(model: torch.nn.Module) -> None:
