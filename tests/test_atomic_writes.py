@@ -313,3 +313,32 @@ def test_a_catalog_file_whose_rewrite_is_stopped_by_ctrl_c_keeps_the_previous_on
     monkeypatch.undo()
     assert target.read_bytes() == before
     assert [path.name for path in target.parent.iterdir()] == [target.name]
+
+
+def test_a_run_copy_whose_rewrite_fills_the_disk_keeps_the_previous_copy(tmp_path, monkeypatch, caplog):
+    import shutil
+
+    from kedro.io import DataCatalog
+    from kedro_datasets.json import JSONDataset
+
+    from fastlm.hooks.run_outputs import RunOutputsHook
+
+    runs = tmp_path / "runs"
+    output = tmp_path / "train_summary.json"
+    dataset = JSONDataset(filepath=str(output), metadata={"keep_per_run": str(runs)})
+    hook = RunOutputsHook()
+    hook._catalog, hook._trained, hook._pid = DataCatalog({"train_summary": dataset}), "run-a", os.getpid()
+    output.write_text(json.dumps({"run_name": "run-a", "steps": 4}), encoding="utf-8")
+    hook.after_dataset_saved("train_summary", None, None)
+    kept = runs / "run-a" / "train_summary.json"
+    assert json.loads(kept.read_text(encoding="utf-8"))["steps"] == 4
+
+    output.write_text(json.dumps({"run_name": "run-a", "steps": 8, "pad": "x" * 4096}), encoding="utf-8")
+    monkeypatch.setattr(shutil, "_USE_CP_SENDFILE", False)  # the copy's writes go through open's handles
+    write_stops_part_way(monkeypatch, str(runs))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        hook.after_dataset_saved("train_summary", None, None)
+    assert json.loads(kept.read_text(encoding="utf-8"))["steps"] == 4, "the previous copy was cut"
+    assert sorted(p.name for p in kept.parent.iterdir()) == ["train_summary.json"]
+    assert any("could not keep a copy" in r.getMessage() for r in caplog.records)

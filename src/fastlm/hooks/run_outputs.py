@@ -18,6 +18,7 @@ from fastlm.engine.checkpoint.lock import held_lock
 from fastlm.engine.checkpoint.storage import check_writable
 from fastlm.errors import FastlmError
 from fastlm.hooks.catalog import ParallelRunOutputs, local_path, put
+from fastlm.temporary_files import write_file_atomically
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +228,7 @@ class RunOutputsHook:
                     lambda tmp: shutil.copytree(path, tmp, dirs_exist_ok=True, copy_function=_link_or_copy),
                 )
             else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, target)
+                _copy_file_atomically(path, target)
         except OSError as error:
             log.warning(
                 "could not keep a copy of %s in %s (%s); the output itself is written", path, target, error
@@ -243,6 +243,15 @@ class RunOutputsHook:
             name = summary.get("run_name") if isinstance(summary, dict) else None
             self._trained = name or self._catalog.load(RUN_NAME)
         return self._trained
+
+
+def _copy_file_atomically(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` through a sibling temporary file renamed over it: a copy stopped part
+    way (a full disk, Ctrl-C) leaves the previous copy, never a cut one that the run comparison and the
+    report's checks would read."""
+    with open(source, "rb") as handle:
+        write_file_atomically(target, lambda copy: shutil.copyfileobj(handle, copy), binary=True)
+    shutil.copystat(source, target)
 
 
 def _link_or_copy(source: str, target: str) -> None:
