@@ -585,3 +585,67 @@ def test_a_warmup_ratio_leaves_the_unused_warmup_steps_out_of_the_run_parameters
     assert train["optimizer"]["warmup_steps"] == 20  # the node's own input untouched
     plain = {"optimizer": {"lr": 1e-3, "warmup_steps": 20, "warmup_ratio": None}}
     assert logged_parameters("params:train", plain)["optimizer"]["warmup_steps"] == 20
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["finished", "failed"])
+def test_a_run_whose_start_and_end_find_the_store_locked_is_one_run_ended_as_it_ended(
+    tmp_path, monkeypatch, empty_mlflow_db, caplog, failed
+):
+    """Two commands of one project log into its SQLite store at once: the run's tags at its start and its
+    FINISHED status at its end are refused once as ``database is locked`` and tried again. The retry opens no
+    second (nested) run and ends the run whose status write was refused (MLflow's ``end_run`` had already
+    let go of it): one run, FINISHED (FAILED for a failed pipeline), no warning."""
+    import sqlite3
+    from types import SimpleNamespace
+
+    from kedro.io import DataCatalog
+    from kedro.pipeline import Pipeline
+
+    import fastlm.tracking as tracking
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    client_class, refused = mlflow.MlflowClient, []
+
+    def locked_once(name):
+        real = getattr(client_class, name)
+
+        def write(self, *args, **kwargs):
+            if name not in refused:
+                refused.append(name)
+                raise sqlite3.OperationalError("database is locked")
+            return real(self, *args, **kwargs)
+
+        return write
+
+    hook = RedactingMlflowHook()
+    context = SimpleNamespace(
+        config_loader=MlflowConfigLoader("sqlite:///mlflow.db"),
+        project_path=tmp_path,
+        _package_name="fastlm",
+        _get_config_credentials=dict,
+    )
+    run_params = {"pipeline_names": ["train"], "tags": None, "node_names": None, "from_nodes": None}
+    run_params |= {"to_nodes": None, "from_inputs": None, "load_versions": None, "runner": "SequentialRunner"}
+    try:
+        hook.after_context_created(context)
+        experiment = mlflow.get_experiment_by_name("fastlm").experiment_id
+        monkeypatch.setattr(client_class, "log_batch", locked_once("log_batch"))  # the run's tags
+        monkeypatch.setattr(client_class, "set_terminated", locked_once("set_terminated"))
+        with caplog.at_level(logging.WARNING):
+            hook.before_pipeline_run(run_params, Pipeline([]), DataCatalog())
+            if failed:
+                hook.on_pipeline_error(ValueError("a node failed"), run_params, Pipeline([]), DataCatalog())
+            else:
+                hook.after_pipeline_run(run_params, Pipeline([]), DataCatalog())
+        assert mlflow.active_run() is None
+        runs = mlflow.MlflowClient().search_runs([experiment])
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.set_tracking_uri(None)
+    assert refused == ["log_batch", "set_terminated"]
+    status = "FAILED" if failed else "FINISHED"
+    assert [run.info.status for run in runs] == [status], [(r.info.run_name, r.info.status) for r in runs]
+    assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]

@@ -179,6 +179,13 @@ def end_interrupted_runs(run_id: str | None = None) -> None:
         log.warning("MLflow: an interrupted run was not marked KILLED (%s: %s)", type(exc).__name__, exc)
 
 
+def set_run_status(run_id: str, status: str) -> None:
+    """End the run ``run_id`` with ``status`` (``FINISHED``, ``FAILED``, ``KILLED``), active or not."""
+    import mlflow
+
+    mlflow.MlflowClient().set_terminated(run_id, status)
+
+
 # Each run's process (``process_tag``): a run left RUNNING by a process that is gone (SIGKILL, a power cut),
 # which no handler of its own could end, is ended KILLED by the next run start here.
 PROCESS_TAG = "fastlm.process"

@@ -29,6 +29,7 @@ from fastlm.tracking import (
     process_tag,
     register_project_artifacts,
     session_tracking_set,
+    set_run_status,
     setting_up_store,
     share_run_with_workers,
     stopped_by_user,
@@ -100,7 +101,16 @@ class RedactingMlflowHook(MlflowHook):
         if RUN_NAME in catalog and getattr(self, "mlflow_config", None) is not None:
             self.mlflow_config.tracking.run.name = catalog.load(RUN_NAME)  # resolved by RunNameHook
         run_params = redact(run_params)
-        self._guarded("run start", super().before_pipeline_run, run_params, pipeline, catalog)
+        opened_before = active_run_id()
+
+        def start() -> None:
+            # a try before this one opened the run, then its tags were refused (the store locked by another
+            # command): the run stays the one opened, its tags are this hook's below; the plugin again would
+            # open a second run, nested in the first, and leave the first RUNNING
+            if getattr(self, "_already_active_mlflow", True) or active_run_id() in (None, opened_before):
+                super(RedactingMlflowHook, self).before_pipeline_run(run_params, pipeline, catalog)
+
+        self._guarded("run start", start)
         if not getattr(self, "_already_active_mlflow", True):  # this run is the session's own
             note_session_run()  # Ctrl-C outside training: ended KILLED at exit, not FINISHED by MLflow
         if "ParallelRunner" in str(run_params.get("runner")):
@@ -141,7 +151,7 @@ class RedactingMlflowHook(MlflowHook):
     @hook_impl
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
         try:
-            self._guarded("run end", super().after_pipeline_run, run_params, pipeline, catalog)
+            self._ending("FINISHED", super().after_pipeline_run, run_params, pipeline, catalog)
         finally:
             end_session_tracking()
 
@@ -153,7 +163,7 @@ class RedactingMlflowHook(MlflowHook):
             if stopped_by_user(error) and not getattr(self, "_already_active_mlflow", True):
                 self._guarded("run end", lambda: end_interrupted_runs(self.run_id))
             else:
-                self._guarded("run end", super().on_pipeline_error, error, run_params, pipeline, catalog)
+                self._ending("FAILED", super().on_pipeline_error, error, run_params, pipeline, catalog)
         finally:
             end_session_tracking()
 
@@ -162,6 +172,21 @@ class RedactingMlflowHook(MlflowHook):
         if tracking is None or tracking.failed:
             return
         tracking.call(what, lambda _: method(*args), needs_active_run=False)
+
+    def _ending(self, status: str, method, *args) -> None:
+        """The plugin's run end (``method``), tried again where the store was locked: MLflow's ``end_run``
+        lets go of the run before it writes its status, so a retry of it found no run to end and left the run
+        RUNNING, silently. A retry after that writes the run's ``status`` itself."""
+        run_id, tries = getattr(self, "run_id", None) or active_run_id(), []
+
+        def end() -> None:
+            if tries and run_id is not None and active_run_id() is None:
+                set_run_status(run_id, status)
+            else:
+                tries.append(1)
+                method(*args)
+
+        self._guarded("run end", end)
 
     def _log_param(self, name: str, value) -> None:
         """Typed values: an unset parameter is not logged (no 'None' string); lists and mappings as JSON.
