@@ -282,30 +282,36 @@ def answer_token_ranges(prompts, spans, shifts: np.ndarray, tokenizer, encoded) 
     backend = Tokenizer.from_str(backend.to_str())  # a copy: without the tokenizer.json's padding/truncation
     backend.no_padding()
     backend.no_truncation()
-    encodings = [  # with their character maps (heavier than the ids alone): in bounded calls
-        encoding
-        for chunk in call_chunks([prompts[i] for i in rows], SPAN_CALL_TEXTS)
-        for encoding in backend.encode_batch(chunk, add_special_tokens=False)
-    ]
-    ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int64)
-    expected = np.concatenate([values[starts[i] : starts[i] + lengths[i]] for i in rows])
-    if not np.array_equal(ids, expected):
-        raise ValueError("the tokenizer gave the prompts other ids with their character map than without")
-    for row, encoding in zip(rows, encodings, strict=True):
-        chars = np.array([pair.split(":") for pair in spans[row].split()], dtype=np.int64) - shifts[row]
-        size, count = len(prompts[row]), int(lengths[row])
-        tokens = np.array(
-            [
-                (
-                    _token_at(encoding, max(begin, 0), size, count),
-                    _token_at(encoding, max(end, 0), size, count, True),
-                )
-                for begin, end in chars
-            ],
-            dtype=np.int64,
-        ).reshape(-1, 2)
-        out[row] = tokens[tokens[:, 1] > tokens[:, 0]]
+    # with their character maps (~80 bytes a token, the ids 4): each bounded call's read and let go
+    position = 0
+    for chunk in call_chunks([prompts[i] for i in rows], SPAN_CALL_TEXTS):
+        encodings = backend.encode_batch(chunk, add_special_tokens=False)
+        chunk_rows = rows[position : position + len(chunk)]
+        position += len(chunk)
+        ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int64)
+        expected = np.concatenate([values[starts[i] : starts[i] + lengths[i]] for i in chunk_rows])
+        if not np.array_equal(ids, expected):
+            raise ValueError("the tokenizer gave the prompts other ids with their character map than without")
+        for row, encoding in zip(chunk_rows, encodings, strict=True):
+            out[row] = _answer_tokens(encoding, spans[row], shifts[row], len(prompts[row]), int(lengths[row]))
     return out
+
+
+def _answer_tokens(encoding, spans: str, shift: int, size: int, count: int) -> np.ndarray:
+    """The ``[k, 2]`` token ranges of one prompt's ``"start:end"`` character ranges (``shift`` characters cut
+    from its start since) in its ``encoding`` of ``size`` characters into ``count`` tokens."""
+    chars = np.array([pair.split(":") for pair in spans.split()], dtype=np.int64) - shift
+    tokens = np.array(
+        [
+            (
+                _token_at(encoding, max(begin, 0), size, count),
+                _token_at(encoding, max(end, 0), size, count, True),
+            )
+            for begin, end in chars
+        ],
+        dtype=np.int64,
+    ).reshape(-1, 2)
+    return tokens[tokens[:, 1] > tokens[:, 0]]
 
 
 def _token_at(encoding, char: int, size: int, count: int, after: bool = False) -> int:
