@@ -485,6 +485,19 @@ class MlflowConfigLoader(dict):
         self.config_patterns: dict = {}
 
 
+def _hook_and_context(project):
+    """The project's MLflow hook and a Kedro context of ``project`` whose store is ``sqlite:///mlflow.db``."""
+    from types import SimpleNamespace
+
+    context = SimpleNamespace(
+        config_loader=MlflowConfigLoader("sqlite:///mlflow.db"),
+        project_path=project,
+        _package_name="fastlm",
+        _get_config_credentials=dict,
+    )
+    return RedactingMlflowHook(), context
+
+
 def damaged_store(folder, empty_mlflow_db, *statements):
     import contextlib
     import sqlite3
@@ -513,18 +526,11 @@ def test_a_store_left_half_migrated_is_named_once_with_its_fix_and_kept(
     with MLflow's own error (or none at all, or MLflow re-made a dropped table in its first schema), each
     time: the set-up names the file and the fix in one warning line, leaves the store as it is, and the run
     goes on untracked."""
-    from types import SimpleNamespace
 
     monkeypatch.chdir(tmp_path)
     store = damaged_store(tmp_path, empty_mlflow_db, damage)
     before = store.read_bytes()
-    hook = RedactingMlflowHook()
-    context = SimpleNamespace(
-        config_loader=MlflowConfigLoader("sqlite:///mlflow.db"),
-        project_path=tmp_path,
-        _package_name="fastlm",
-        _get_config_credentials=dict,
-    )
+    hook, context = _hook_and_context(tmp_path)
     try:
         with caplog.at_level(logging.WARNING):
             hook.after_context_created(context)
@@ -596,7 +602,6 @@ def test_a_run_whose_start_and_end_find_the_store_locked_is_one_run_ended_as_it_
     second (nested) run and ends the run whose status write was refused (MLflow's ``end_run`` had already
     let go of it): one run, FINISHED (FAILED for a failed pipeline), no warning."""
     import sqlite3
-    from types import SimpleNamespace
 
     from kedro.io import DataCatalog
     from kedro.pipeline import Pipeline
@@ -619,13 +624,7 @@ def test_a_run_whose_start_and_end_find_the_store_locked_is_one_run_ended_as_it_
 
         return write
 
-    hook = RedactingMlflowHook()
-    context = SimpleNamespace(
-        config_loader=MlflowConfigLoader("sqlite:///mlflow.db"),
-        project_path=tmp_path,
-        _package_name="fastlm",
-        _get_config_credentials=dict,
-    )
+    hook, context = _hook_and_context(tmp_path)
     run_params = {"pipeline_names": ["train"], "tags": None, "node_names": None, "from_nodes": None}
     run_params |= {"to_nodes": None, "from_inputs": None, "load_versions": None, "runner": "SequentialRunner"}
     try:
