@@ -658,7 +658,7 @@ class _Embedder(torch.nn.Module):
         return self.head(self.embed(input_ids))
 
 
-def test_a_model_given_hooks_after_another_of_its_class_compiled_runs_them_compiled(monkeypatch):
+def test_a_model_given_hooks_after_another_of_its_class_compiled_runs_them_compiled():
     """A sweep's runs train in one process: one compiled without NEFTune (``neftune_noise_alpha: 0``), the
     next with it. Dynamo did not guard on module hooks (``skip_nnmodule_hook_guards``), so the second model,
     of the same class, ran the first one's graph, traced without hooks: trained on clean embeddings (a tiny
@@ -667,21 +667,23 @@ def test_a_model_given_hooks_after_another_of_its_class_compiled_runs_them_compi
     from fastlm.engine.model.noise import add_neftune
 
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "skip_nnmodule_hook_guards", True)  # dynamo's default
+    # dynamo's default, put back after (a monkeypatch would delete the setting: the config module keeps it
+    # outside the instance __dict__ a monkeypatch restores)
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=True):
 
-    def backend(graph, example_inputs):
-        return graph.forward
+        def backend(graph, example_inputs):
+            return graph.forward
 
-    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
-    plain = _Embedder()
-    with torch.no_grad():
-        regions.compile_in_scope(plain, "model", backend=backend)(input_ids=ids)  # traced without hooks
-        clean = plain(input_ids=ids)
-        noisy = _Embedder()  # the same weights (seed 0)
-        add_neftune(noisy, 5.0)
-        torch.manual_seed(1)
-        eager = noisy(input_ids=ids)
-        torch.manual_seed(1)
-        compiled = regions.compile_in_scope(noisy, "model", backend=backend)(input_ids=ids)
-    assert (eager - clean).abs().max() > 100 * OTHER_FP32_MODEL["atol"]  # the noise shows in the logits
-    torch.testing.assert_close(compiled, eager, **OTHER_FP32_MODEL)
+        ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+        plain = _Embedder()
+        with torch.no_grad():
+            regions.compile_in_scope(plain, "model", backend=backend)(input_ids=ids)  # traced without hooks
+            clean = plain(input_ids=ids)
+            noisy = _Embedder()  # the same weights (seed 0)
+            add_neftune(noisy, 5.0)
+            torch.manual_seed(1)
+            eager = noisy(input_ids=ids)
+            torch.manual_seed(1)
+            compiled = regions.compile_in_scope(noisy, "model", backend=backend)(input_ids=ids)
+        assert (eager - clean).abs().max() > 100 * OTHER_FP32_MODEL["atol"]  # the noise shows in the logits
+        torch.testing.assert_close(compiled, eager, **OTHER_FP32_MODEL)
