@@ -1079,40 +1079,41 @@ def test_mistyped_env(project):
     assert _snapshot(project) == before
 
 
-def test_yaml_syntax_error_names_file_and_line(project):
-    """Kedro's own error for a broken conf file, as the project CLI turns it into one line."""
+def _conf_file_refusal(project, name: str, text: str) -> str:
+    """The one line the project CLI makes of Kedro's error for ``conf/local/<name>`` holding ``text``, a split
+    run refused with nothing under the project changed."""
     from fastlm.cli import config_file_error
 
-    (project / "conf/local/parameters_typo.yml").write_text(
-        "split:\n  max_length: 48\n  ratios: {train: 0.9\n"
-    )
+    (project / "conf/local" / name).write_text(text)
     before = _snapshot(project)
     with pytest.raises(Exception) as raised:
         run_pipeline(project, "split")
     message = str(config_file_error(raised.value))
     assert "\n" not in message and "Fix:" in message
-    assert "conf/local/parameters_typo.yml line 4" in message and "invalid YAML" in message
     assert _snapshot(project) == before
+    return message
+
+
+def test_yaml_syntax_error_names_file_and_line(project):
+    """Kedro's own error for a broken conf file, as the project CLI turns it into one line."""
+    message = _conf_file_refusal(
+        project, "parameters_typo.yml", "split:\n  max_length: 48\n  ratios: {train: 0.9\n"
+    )
+    assert "conf/local/parameters_typo.yml line 4" in message and "invalid YAML" in message
 
 
 def test_a_key_written_twice_in_a_conf_file_names_the_file_line_and_key(project):
     """Kedro's loader (OmegaConf's) refuses a key a conf file's mapping writes twice, but its error names no
     file (``<file>``) and the one line said to fix the indentation or a quote: it names the file, the line and
     the key, and says to keep one of the two."""
-    from fastlm.cli import config_file_error
-
-    (project / "conf/local/parameters_tuned.yml").write_text(
-        "train:\n  batching:\n    micro_batch_size: 4\n    micro_batch_size: 8\n"
+    message = _conf_file_refusal(
+        project,
+        "parameters_tuned.yml",
+        "train:\n  batching:\n    micro_batch_size: 4\n    micro_batch_size: 8\n",
     )
-    before = _snapshot(project)
-    with pytest.raises(Exception) as raised:
-        run_pipeline(project, "split")
-    message = str(config_file_error(raised.value))
-    assert "\n" not in message and "Fix:" in message
     assert "conf/local/parameters_tuned.yml line 4" in message and "'micro_batch_size' twice" in message, (
         message
     )
-    assert _snapshot(project) == before
 
 
 def test_kedro_env_variable_naming_no_folder(project, monkeypatch):
