@@ -11,7 +11,8 @@ What is counted:
 - **inputs tried**: test cases collected in ``tests/test_bad_input_matrix.py`` (parametrized cases count one
   each); *bad* ones are those that assert a one-line failure (``_fails_cleanly`` / ``_one_line_exit_2``, both
   of which compare a SHA-256 snapshot of every output before and after; ``_cli_refusal``, the background
-  job's refusals, compares the same digests), the rest must work.
+  job's refusals, compares the same digests; a module helper that calls one of them, or compares the
+  snapshot around ``pytest.raises`` itself, counts as one), the rest must work.
 - **data lost**: bad-input cases that do not compare that snapshot, plus (with ``--run``) those that fail.
 
 ``tests/test_reliability_doc.py`` checks that the block in the document equals what this script computes and
@@ -84,18 +85,36 @@ def expand(ref: tuple[str, str], collected: set[str]) -> set[str]:
 
 
 def matrix_kinds() -> dict[str, bool]:
-    """Test function name in the matrix -> True when it asserts a clean failure with the outputs snapshot."""
+    """Test function name in the matrix -> True when it asserts a clean failure with the outputs snapshot,
+    itself or through module helpers that do (followed to any depth)."""
     tree = ast.parse((ROOT / MATRIX).read_text(encoding="utf-8"))
-    kinds = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-            called = {getattr(call.func, "id", None) for call in ast.walk(node) if isinstance(call, ast.Call)}
-            raises = any(
-                isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "raises"
-                for call in ast.walk(node)
-            )
-            kinds[node.name] = bool(called & SNAPSHOT_CHECKS) or (raises and "_snapshot" in called)
-    return kinds
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    calls = {
+        node.name: {getattr(call.func, "id", None) for call in ast.walk(node) if isinstance(call, ast.Call)}
+        for node in functions
+    }
+    raises = {
+        node.name: any(
+            isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "raises"
+            for call in ast.walk(node)
+        )
+        for node in functions
+    }
+    checks = set(SNAPSHOT_CHECKS)
+    while True:
+        found = {
+            name
+            for name, called in calls.items()
+            if not name.startswith("test_") and (called & checks or (raises[name] and "_snapshot" in called))
+        } - checks
+        if not found:
+            break
+        checks |= found
+    return {
+        name: bool(called & checks) or (raises[name] and "_snapshot" in called)
+        for name, called in calls.items()
+        if name.startswith("test_")
+    }
 
 
 def compute(text: str, *, execute: bool = False) -> dict:

@@ -54,6 +54,40 @@ def test_counts_in_the_document_are_the_computed_ones(computed):
     assert computed["faults_survived"] >= 10
 
 
+def test_a_matrix_case_refusing_through_a_shared_helper_counts_as_bad(tmp_path, monkeypatch):
+    """A matrix test that calls a module helper which compares the outputs snapshot around a refusal is a bad
+    input as much as one that compares it itself; a helper that only runs a job is not."""
+    counts = _counts_module()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / counts.MATRIX).write_text(
+        "import pytest\n"
+        "def _refused(project):\n"
+        "    before = _snapshot(project)\n"
+        "    with pytest.raises(Exception):\n"
+        "        run_pipeline(project)\n"
+        "    assert _snapshot(project) == before\n"
+        "def _refused_again(project):\n"
+        "    return _refused(project)\n"
+        "def _runs(project):\n"
+        "    run_pipeline(project)\n"
+        "def test_direct(project):\n"
+        "    _fails_cleanly(project)\n"
+        "def test_through_helper(project):\n"
+        "    _refused(project)\n"
+        "def test_through_two_helpers(project):\n"
+        "    _refused_again(project)\n"
+        "def test_works(project):\n"
+        "    _runs(project)\n"
+    )
+    monkeypatch.setattr(counts, "ROOT", tmp_path)
+    assert counts.matrix_kinds() == {
+        "test_direct": True,
+        "test_through_helper": True,
+        "test_through_two_helpers": True,
+        "test_works": False,
+    }
+
+
 def test_every_matrix_case_and_every_referenced_test_is_real(computed):
     counts, text, computed = computed
     listed = {f"{file}::{name}" for file, name in counts.TEST_REF.findall(text)}
