@@ -125,6 +125,21 @@ def collected_node_ids(request) -> dict[str, frozenset[str]]:
     return request.config.stash.get(COLLECTED_NODE_IDS, {})
 
 
+_INTRA_OP_THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    """Each test runs with the session's intra-op threads (one, OMP_NUM_THREADS above), and leaves them so: a
+    fixture or test that sizes the pool for a runtime of two threads (``setup_runtime(num_threads=2)``) would
+    otherwise leave every later test of the process spinning two threads against the background jobs'
+    subprocesses on a 2-core machine (tiny tensors gain nothing from them; a module of generation tests took
+    eight times the CPU seconds)."""
+    torch.set_num_threads(_INTRA_OP_THREADS)
+    yield
+    torch.set_num_threads(_INTRA_OP_THREADS)
+
+
 @pytest.fixture(autouse=True)
 def _no_dangling_mlflow_run():
     """Each test starts with no active MLflow run (kedro-mlflow can leave one open in-process)."""
