@@ -20,7 +20,7 @@ VOCAB, PAD, EOS, BOS = 64, 0, 2, 1
 
 @pytest.fixture(scope="module")
 def runtime():
-    return setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    return setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
 
 
 @pytest.fixture(scope="module")
