@@ -49,7 +49,7 @@ def tokenizer():
 
 
 def _cpu(precision: str):
-    return setup_runtime(RuntimeConfig(device="cpu", precision=precision, num_threads=2))
+    return setup_runtime(RuntimeConfig(device="cpu", precision=precision, num_threads=1))
 
 
 @pytest.mark.parametrize("with_template", [True, False], ids=["chat_template", "role_content_lines"])

@@ -55,7 +55,7 @@ def model(bpe_tokenizer):
 
 @pytest.fixture(scope="module")
 def runtime():
-    return setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=2))
+    return setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
 
 
 def test_reference_pairs_are_the_test_rows_capped_by_hash_whatever_the_row_order():
