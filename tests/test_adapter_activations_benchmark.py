@@ -3,39 +3,22 @@ fewer activations for backward than peft's forward and peft's 4-bit preparation 
 to show on the 3B shape)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.benchmark_scripts import run_main
+
 pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "adapter_activations.py"
 
-
-def test_fastlm_keeps_fewer_activations_than_peft_forward_and_preparation(tmp_path):
+def test_fastlm_keeps_fewer_activations_than_peft_forward_and_preparation(tmp_path, monkeypatch, capsys):
+    # the script's main, run here: the activations it counts, not how it starts
+    monkeypatch.setenv("DO_NOT_TRACK", "true")
     out = tmp_path / "activations.json"
-    shown = subprocess.run(
-        [
-            sys.executable,
-            str(BENCHMARK),
-            "--model",
-            "tiny",
-            "--tokens",
-            "64",
-            "--steps",
-            "1",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "DO_NOT_TRACK": "true"},
-    )
-    assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
+    argv = ["--model", "tiny", "--tokens", "64", "--steps", "1", "--json", str(out)]
+    exit_code = run_main(monkeypatch, "adapter_activations", argv)
+    shown = capsys.readouterr()
+    assert exit_code == 0, shown.out[-3000:] + shown.err[-3000:]
     figures = json.loads(out.read_text())
     saved = {run["setup"]: run["saved_mib"] for run in figures["runs"]}
     assert len(saved) == 7 and all(value > 0 for value in saved.values())
@@ -49,4 +32,4 @@ def test_fastlm_keeps_fewer_activations_than_peft_forward_and_preparation(tmp_pa
     assert saved["qlora_fp32_norms"] <= saved["qlora_peft_prepared"]
     frozen = {run["setup"]: run["frozen_dtypes"] for run in figures["runs"]}
     assert frozen["qlora_fastlm"] == ["bfloat16", "uint8"] and "float32" in frozen["qlora_peft_prepared"]
-    assert "qlora_fastlm / qlora_peft_prepared: saved activations" in shown.stdout
+    assert "qlora_fastlm / qlora_peft_prepared: saved activations" in shown.out

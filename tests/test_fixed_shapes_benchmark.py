@@ -4,23 +4,22 @@ against the default's real tokens rounded up to 8, on the demo texts and the rea
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fixed_shapes.py"
+from tests.support.benchmark_scripts import run_main
 
 
-def test_one_shape_computes_the_capacity_of_every_micro_batch_and_few_boundary_counts(tmp_path):
+def test_one_shape_computes_the_capacity_of_every_micro_batch_and_few_boundary_counts(
+    tmp_path, monkeypatch, capsys
+):
+    # the script's main, run here: what it computes, not how it starts
     out = tmp_path / "fixed.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--demo-docs", "120", "--review-docs", "600", "--seq-len", "256"]
-        + ["--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    exit_code = run_main(
+        monkeypatch,
+        "fixed_shapes",
+        ["--demo-docs", "120", "--review-docs", "600", "--seq-len", "256", "--json", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    shown = capsys.readouterr()
+    assert exit_code is None, shown.err[-3000:]
     results = json.loads(out.read_text())["results"]
     assert [result["texts"] for result in results] == ["demo", "reviews"]
     for result in results:
@@ -30,4 +29,4 @@ def test_one_shape_computes_the_capacity_of_every_micro_batch_and_few_boundary_c
         assert graphs["token_counts"] == 1 and graphs["computed_tokens"] >= default["computed_tokens"]
         assert all(count & (count - 1) == 0 for count in graphs["segment_counts"])  # powers of two
         assert len(graphs["segment_counts"]) <= len(default["segment_counts"])
-        assert f"{result['texts']}: one shape computes {result['computed_ratio']:.4f}x" in done.stdout
+        assert f"{result['texts']}: one shape computes {result['computed_ratio']:.4f}x" in shown.out
