@@ -17,18 +17,27 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "linear_loss_memor
 TOKENS, VOCAB = 256, 4096
 
 
-@pytest.mark.kernels  # the fused and the plain loss are two computations, compared with a tolerance
-def test_the_benchmark_measures_each_path_and_chunk_size_with_the_same_loss(tmp_path):
-    out = tmp_path / "figures.json"
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory) -> tuple[dict, subprocess.CompletedProcess]:
+    """One fp32 run of the script, its figures and what it printed: each path and chunk size, and the GPU
+    kernels asked for (``--kernels liger cce``, the GPU session's head_kernels step), which a CPU skips."""
+    out = tmp_path_factory.mktemp("linear_loss_memory") / "figures.json"
     shown = subprocess.run(
         [sys.executable, str(SCRIPT), "--tokens", str(TOKENS), "--vocab", str(VOCAB), "--hidden", "32"]
-        + ["--threads", "1", "--chunk-tokens", "64", "--vocab-blocks", "1000", "--json", str(out)],
+        + ["--threads", "1", "--chunk-tokens", "64", "--vocab-blocks", "1000"]
+        + ["--kernels", "liger", "cce", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert shown.returncode == 0, shown.stderr[-2000:]
-    results = json.loads(out.read_text())["results"]
+    return json.loads(out.read_text()), shown
+
+
+@pytest.mark.kernels  # the fused and the plain loss are two computations, compared with a tolerance
+def test_the_benchmark_measures_each_path_and_chunk_size_with_the_same_loss(fp32_run):
+    figures, shown = fp32_run
+    results = figures["results"]
     assert set(results) == {"plain", "fused", "fused@64", "blocks@1000"}
     plain = results["plain"]["loss"]
     for name in ("fused", "fused@64", "blocks@1000"):  # chunked sums vs one: the same terms in another order
@@ -59,20 +68,11 @@ def test_under_bf16_the_benchmark_runs_both_heads_under_autocast(tmp_path):
     assert "bf16 autocast, fp32 weights" in shown.stdout and "by blocks of" in shown.stdout
 
 
-def test_the_gpu_kernels_are_skipped_with_their_reason_where_they_cannot_run(tmp_path):
+def test_the_gpu_kernels_are_skipped_with_their_reason_where_they_cannot_run(fp32_run):
     """``--kernels liger cce`` (the GPU session's head_kernels step) on a CPU: each kernel reported as
     skipped with why, ours and the plain head measured, exit 0; an fp32 run says why cce cannot run."""
-    out = tmp_path / "figures.json"
-    shown = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tokens", "64", "--vocab", "512", "--hidden", "16", "--threads", "1"]
-        + ["--kernels", "liger", "cce", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    figures = json.loads(out.read_text())
-    assert set(figures["results"]) == {"plain", "fused"}
+    figures, shown = fp32_run  # exit 0: asserted by the fixture
+    assert {"plain", "fused"} <= set(figures["results"]) and not {"liger", "cce"} & set(figures["results"])
     assert "not on a CUDA device" in figures["skipped"]["liger"]
     assert "bf16 or fp16 only" in figures["skipped"]["cce"]
     assert "liger: skipped: this run is not on a CUDA device" in shown.stdout
