@@ -2,39 +2,57 @@
 
 import json
 import math
+import shutil
 
 import pandas as pd
 import pytest
 import yaml
 
 from tests.support.e2e import SPLIT, TRAIN, own_experiment
-from tests.support.project import run_pipeline
+from tests.support.project import make_kedro_project, run_pipeline
 
 pytestmark = pytest.mark.e2e
 
 
-def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_project, mlflow_uri):
-    own_experiment(kedro_project, "tune-e2e")
+@pytest.fixture(scope="module")
+def split_data(tmp_path_factory, sample_texts, mlflow_uri):
+    """The data folder of a project split once with SPLIT (every test here tunes or trains on that split)."""
+    project = make_kedro_project(tmp_path_factory.mktemp("tune-split") / "project", sample_texts)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+        run_pipeline(project, "split", {"split": SPLIT})
+    return project / "data"
+
+
+@pytest.fixture
+def split_project(kedro_project, split_data):
+    """The test's project with the module's split copied in, as `kedro run --pipeline=split` leaves it."""
+    shutil.copytree(split_data, kedro_project / "data", dirs_exist_ok=True)
+    return kedro_project
+
+
+def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(split_project, mlflow_uri):
+    own_experiment(split_project, "tune-e2e")
     params = {
         "split": SPLIT,
         "train": TRAIN,
         "tune": {"max_micro_batch_size": 4, "target_effective_batch": 8, "cliff_tolerance": 0.9},
     }
-    run_pipeline(kedro_project, "split", params)
     # the accumulation is for the processes a training step spans: micro-batch x accumulation x processes
     two = {**TRAIN, "distributed": {**TRAIN.get("distributed", {}), "nproc_per_node": 2}}
-    run_pipeline(kedro_project, "tune", {**params, "train": two})
-    trials = pd.read_csv(kedro_project / "data/08_reporting/tune_trials.csv")
+    run_pipeline(split_project, "tune", {**params, "train": two})
+    trials = pd.read_csv(split_project / "data/08_reporting/tune_trials.csv")
     assert list(trials["mode"]) == ["packed"] * 3 + ["length_grouped"] * 3  # conf/base: tune.modes
     assert list(trials["micro_batch_size"]) == [1, 2, 4] * 2 and (trials["real_tokens_per_s"] > 0).all()
-    assert (kedro_project / "data/08_reporting/plots/tune.png").stat().st_size > 5_000
+    assert (split_project / "data/08_reporting/plots/tune.png").stat().st_size > 5_000
     import mlflow  # the tune run logs what it wrote (the README says so): the trials too
 
     mlflow.set_tracking_uri(mlflow_uri)
     run = mlflow.search_runs(experiment_names=["tune-e2e"]).iloc[0]
     logged = {item.path for item in mlflow.MlflowClient().list_artifacts(run["run_id"], "tune")}
     assert {"tune/tune_trials.csv", "tune/tune_choice.json"} <= logged, logged
-    tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
+    tuned = yaml.safe_load((split_project / "conf/local/parameters_tuned.yml").read_text())
     chosen, mode = tuned["train"]["batching"]["micro_batch_size"], tuned["train"]["batching"]["mode"]
     fastest = trials.loc[trials["real_tokens_per_s"].idxmax()]
     assert (mode, chosen) == (fastest["mode"], fastest["micro_batch_size"])
@@ -49,36 +67,35 @@ def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(kedro_projec
 
     from kedro.framework.session import KedroSession
 
-    with KedroSession.create(project_path=kedro_project) as session:
+    with KedroSession.create(project_path=split_project) as session:
         train = session.load_context().params["train"]
     assert train["batching"]["micro_batch_size"] == chosen and train["optimizer"]["lr"] == 0.002
     assert train["batching"]["mode"] == mode
 
 
-def test_max_minutes_stops_the_measurement_and_the_choice_comes_from_what_was_measured(kedro_project):
+def test_max_minutes_stops_the_measurement_and_the_choice_comes_from_what_was_measured(split_project):
     """A limit already past when the measurement starts: the first mode's first size only (each ladder's
     first size always runs), the next size and the second mode left out and said so, that size chosen. Tuned
     under ``tune.memory_limit_gb``, the file records the limit (for a card of this kind with that memory)."""
     tune = {"max_micro_batch_size": 4, "max_minutes": 1e-6, "memory_limit_gb": 2}
     params = {"split": SPLIT, "train": TRAIN, "tune": tune}
-    run_pipeline(kedro_project, "split", params)
-    run_pipeline(kedro_project, "tune", params)
-    trials = pd.read_csv(kedro_project / "data/08_reporting/tune_trials.csv")
+    run_pipeline(split_project, "tune", params)
+    trials = pd.read_csv(split_project / "data/08_reporting/tune_trials.csv")
     assert list(zip(trials["mode"], trials["micro_batch_size"], trials["status"], strict=True)) == [
         ("packed", 1, "ok"),
         ("packed", 2, "time limit"),
     ]
-    tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
+    tuned = yaml.safe_load((split_project / "conf/local/parameters_tuned.yml").read_text())
     assert tuned["train"]["batching"]["micro_batch_size"] == 1
     assert tuned["tune_measured_on"]["device memory limit GB"] == 2
-    explanation = json.loads((kedro_project / "data/08_reporting/tune_choice.json").read_text())[
+    explanation = json.loads((split_project / "data/08_reporting/tune_choice.json").read_text())[
         "explanation"
     ]
     assert "tune.max_minutes was reached before micro-batch 2" in explanation
     assert "length_grouped: not measured (tune.max_minutes was reached first)" in explanation
 
 
-def test_under_cuda_graphs_tune_measures_packed_without_recompute_and_says_why(kedro_project, monkeypatch):
+def test_under_cuda_graphs_tune_measures_packed_without_recompute_and_says_why(split_project, monkeypatch):
     """``compile_mode: reduce-overhead``: conf/base's ``tune.modes`` lists length_grouped and memory stops
     the ladder with ``gradient_checkpointing: auto``, but CUDA graphs replay packed micro-batches and no
     recompute: tune measures packed with checkpointing off, writes what train accepts and says why. (The
@@ -102,22 +119,21 @@ def test_under_cuda_graphs_tune_measures_packed_without_recompute_and_says_why(k
     graphs = {"compile": True, "compile_scope": "layers", "compile_mode": "reduce-overhead", "device": "auto"}
     train = {**TRAIN, "runtime": graphs, "model": {**TRAIN["model"], "gradient_checkpointing": "auto"}}
     params = {"split": SPLIT, "train": train, "tune": {"max_micro_batch_size": 8}}
-    run_pipeline(kedro_project, "split", params)
-    run_pipeline(kedro_project, "tune", params)
+    run_pipeline(split_project, "tune", params)
     assert measured == [(["packed"], 0)]  # one policy (off), one mode
-    tuned = yaml.safe_load((kedro_project / "conf/local/parameters_tuned.yml").read_text())
+    tuned = yaml.safe_load((split_project / "conf/local/parameters_tuned.yml").read_text())
     assert (
         tuned["train"]["batching"]["mode"] == "packed" and tuned["train"]["batching"]["micro_batch_size"] == 2
     )
     assert tuned["train"]["model"]["gradient_checkpointing"] == "off"
-    explanation = json.loads((kedro_project / "data/08_reporting/tune_choice.json").read_text())[
+    explanation = json.loads((split_project / "data/08_reporting/tune_choice.json").read_text())[
         "explanation"
     ]
     assert "recompute was not measured: train.runtime.compile_mode reduce-overhead" in explanation
     assert "tune.modes length_grouped not measured" in explanation
 
 
-def test_tuned_settings_measured_on_another_split_are_not_applied(kedro_project, monkeypatch):
+def test_tuned_settings_measured_on_another_split_are_not_applied(split_project, split_data, monkeypatch):
     """Tune, then train: the tuned micro-batch and mode are applied and said. Re-split with another
     max_length, or a tuned file without the record of what it measured on (an older version's): train runs on
     conf/base's batching, with one warning naming what changed and the fix."""
@@ -128,17 +144,16 @@ def test_tuned_settings_measured_on_another_split_are_not_applied(kedro_project,
 
     train = {key: value for key, value in TRAIN.items() if key != "batching"}  # batching from the files
     tune = {"max_micro_batch_size": 2, "modes": ["length_grouped"], "cliff_tolerance": 0.9}
-    run_pipeline(kedro_project, "split", {"split": SPLIT})
-    run_pipeline(kedro_project, "tune", {"split": SPLIT, "train": train, "tune": tune})
-    tuned_file = kedro_project / "conf/local/parameters_tuned.yml"
+    run_pipeline(split_project, "tune", {"split": SPLIT, "train": train, "tune": tune})
+    tuned_file = split_project / "conf/local/parameters_tuned.yml"
     tuned = yaml.safe_load(tuned_file.read_text())["train"]["batching"]
-    base = yaml.safe_load((kedro_project / "conf/base/parameters_train.yml").read_text())["train"]["batching"]
+    base = yaml.safe_load((split_project / "conf/base/parameters_train.yml").read_text())["train"]["batching"]
     assert tuned["micro_batch_size"] != base["micro_batch_size"] and tuned["mode"] != base["mode"]
 
     def trained_batching(split: dict) -> tuple[int, str]:
         lines.clear()
-        run_pipeline(kedro_project, "train", {"split": split, "train": train})
-        summary = json.loads((kedro_project / "data/08_reporting/train_summary.json").read_text())
+        run_pipeline(split_project, "train", {"split": split, "train": train})
+        summary = json.loads((split_project / "data/08_reporting/train_summary.json").read_text())
         return summary["micro_batch_size"], summary["batching"]
 
     assert trained_batching(SPLIT) == (tuned["micro_batch_size"], tuned["mode"])
@@ -146,13 +161,13 @@ def test_tuned_settings_measured_on_another_split_are_not_applied(kedro_project,
     assert len(applied) == 1 and f"mode={tuned['mode']}" in applied[0]
 
     other = {**SPLIT, "max_length": SPLIT["max_length"] // 2}
-    run_pipeline(kedro_project, "split", {"split": other})
+    run_pipeline(split_project, "split", {"split": other})
     assert trained_batching(other) == (base["micro_batch_size"], base["mode"])
     warned = [line for line in lines if "not applied" in line]
     assert len(warned) == 1 and "split.max_length" in warned[0] and "kedro run --pipeline=tune" in warned[0]
     assert not any("is in effect" in line for line in lines)
 
-    run_pipeline(kedro_project, "split", {"split": SPLIT})  # back to the split it was measured on
+    shutil.copytree(split_data, split_project / "data", dirs_exist_ok=True)  # the split it was measured on
     old = yaml.safe_load(tuned_file.read_text())
     old.pop("tune_measured_on", None)  # as an older version wrote it
     tuned_file.write_text(yaml.safe_dump(old))
