@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,25 @@ OUTPUTS = [
     "data/08_reporting/split_summary.csv",
 ]
 SMALL = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48}}
+
+
+@pytest.fixture(scope="module")
+def split_once(tmp_path_factory, sample_texts, mlflow_uri) -> Path:
+    """The kedro_project fixture's project split once (SMALL) for the module, through a KedroSession."""
+    project = make_kedro_project(tmp_path_factory.mktemp("split_once") / "project", sample_texts)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+        run_pipeline(project, "split", SMALL)
+    return project
+
+
+@pytest.fixture
+def split_done(split_once, kedro_project) -> Path:
+    """kedro_project as `run_pipeline(kedro_project, "split", SMALL)` leaves it: split_once's data/ copied
+    over it (the raw file too, its time kept: the same file the split read)."""
+    shutil.copytree(split_once / "data", kedro_project / "data", symlinks=True, dirs_exist_ok=True)
+    return kedro_project
 
 
 def _snapshot(project):
@@ -57,11 +77,11 @@ def test_session_run_writes_every_output(kedro_project):
     assert summary["rows"].sum() == report["kept_rows"]
 
 
+@pytest.mark.usefixtures("split_done")
 def test_the_split_retokenizes_from_its_tokenize_node(kedro_project):
     """`kedro run --pipeline=split --from-nodes tokenize_corpus` (a new max_length, the same splits): the
     counts of the earlier nodes are read back, not asked of the run (was: Kedro's "Pipeline input(s)
     {'split_counts'} not found" traceback)."""
-    run_pipeline(kedro_project, "split", SMALL)
     before = json.loads((kedro_project / "data/08_reporting/split_report.json").read_text())
     shorter = {"split": {**SMALL["split"], "max_length": 24}}
     run_pipeline(kedro_project, "split", shorter, from_nodes=["tokenize_corpus"])
@@ -84,8 +104,8 @@ def test_the_split_retokenizes_from_its_tokenize_node(kedro_project):
         run_pipeline(kedro_project, "train", SMALL)
 
 
+@pytest.mark.usefixtures("split_done")
 def test_appending_rows_keeps_every_existing_row_in_its_split(kedro_project, sample_texts):
-    run_pipeline(kedro_project, "split", SMALL)
     before = pd.read_parquet(kedro_project / "data/03_primary/corpus_splits.parquet")
     write_jsonl(
         kedro_project / "data/01_raw/demo_corpus.jsonl", sample_texts + [f"new row {i}" for i in range(200)]
@@ -108,8 +128,8 @@ def test_appending_rows_keeps_every_existing_row_in_its_split(kedro_project, sam
         ({"split": {"tokenizer": {"source": "./no/tokenizer"}}}, ConfigError, "split.tokenizer.source"),
     ],
 )
+@pytest.mark.usefixtures("split_done")
 def test_bad_input_leaves_existing_outputs_untouched(kedro_project, params, error, expected):
-    run_pipeline(kedro_project, "split", SMALL)
     before = _snapshot(kedro_project)
     with pytest.raises(Exception) as raised:
         run_pipeline(kedro_project, "split", params)
@@ -158,12 +178,12 @@ def test_cli_singular_pipeline_flag_runs_and_bad_input_is_one_line():
     assert _snapshot(project) == before
 
 
+@pytest.mark.usefixtures("split_done")
 def test_a_later_node_run_refuses_settings_the_splits_were_not_made_with(kedro_project):
     """`--from-nodes tokenize_corpus` tokenizes the splits a finished split made: a setting of its earlier
     nodes (the cap, the ratios, the salt, the columns, the templates) changed on that run is refused in one
     line. Was: the fingerprint recorded the new setting over the old rows (``max_samples: 30`` over every
     row), so a train run asking for it took the uncapped data as fresh."""
-    run_pipeline(kedro_project, "split", SMALL)
     marker = kedro_project / "data/05_model_input/split_complete.json"
     fingerprint = kedro_project / "data/05_model_input/tokenized_corpus_fingerprint.json"
     before = fingerprint.read_bytes()
@@ -178,10 +198,10 @@ def test_a_later_node_run_refuses_settings_the_splits_were_not_made_with(kedro_p
     assert "other" not in (kedro_project / "data/02_intermediate/split_counts.json").read_text()
 
 
+@pytest.mark.usefixtures("split_done")
 def test_a_later_node_run_on_a_split_without_its_counts_is_one_line(kedro_project):
     """A split finished before ``split_counts.json`` was kept: its later nodes cannot run alone (the counts
     are the earlier nodes'): one line asking for the whole split, not Kedro's traceback."""
-    run_pipeline(kedro_project, "split", SMALL)
     (kedro_project / "data/02_intermediate/split_counts.json").unlink()
     with pytest.raises(InputDataError, match=r"split_counts\.json.*kedro run --pipeline=split"):
         run_pipeline(kedro_project, "split", SMALL, from_nodes=["tokenize_corpus"])
@@ -195,11 +215,11 @@ def test_a_later_node_run_on_a_split_without_its_counts_is_one_line(kedro_projec
         ({"node_names": ["report_split"]}, "token_length_stats"),
     ],
 )
+@pytest.mark.usefixtures("split_done")
 def test_a_later_node_run_from_a_node_reading_memory_only_data_is_one_line(kedro_project, selection, held):
     """`--from-nodes split_corpus` reads the cleaned rows, `--nodes report_split` the length stats: the split
     holds them in memory only, so a run cannot start there: one line naming where one can. Was: Kedro's
     "Pipeline input(s) {...} not found in the DataCatalog" traceback."""
-    run_pipeline(kedro_project, "split", SMALL)
     with pytest.raises(ConfigError, match=rf"{held}.*in memory.*--from-nodes"):
         run_pipeline(kedro_project, "split", SMALL, **selection)
     assert (kedro_project / "data/05_model_input/split_complete.json").exists()
