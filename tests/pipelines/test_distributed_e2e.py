@@ -16,10 +16,12 @@ import pandas as pd
 import pytest
 
 from tests.support import background
-from tests.support.project import demo_texts, make_kedro_project, run_pipeline
+from tests.support.project import run_pipeline
+from tests.support.split_project import SHARED_SPLIT, copy_of_the_split_project
 
 pytestmark = pytest.mark.e2e
 SPLIT = {"tokenizer": {"vocab_size": 400}, "max_length": 48}
+assert SPLIT == SHARED_SPLIT  # the background jobs train in copies of the split project, split so
 TRAIN = {
     "max_steps": 4,
     "log_every": 1,
@@ -111,18 +113,15 @@ def _params_arg(params: dict) -> str:
 
 
 def split_then_train_under_torchrun(folder: Path):
-    """In a new project (the kedro_project fixture's, with an MLflow store of its own): `kedro run
-    --pipeline=split`, then `kedro run --pipeline=train` under torchrun with 2 processes (a job of
-    tests/support/background.py)."""
-    project = make_kedro_project(folder / "project", list(demo_texts()))
+    """In a copy of the split project (tests/support/split_project.py: the kedro_project fixture's project,
+    split by `kedro run --pipeline=split`, its MLflow store in it): `kedro run --pipeline=train` under
+    torchrun with 2 processes (a job of tests/support/background.py)."""
+    project = folder / "project"
+    split_done = copy_of_the_split_project(project)
     env = background.environ(
         PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
     )
     kedro_run = ["-m", "kedro", "run"]
-    split = _params_arg({"split": SPLIT})
-    split_done = background.run(
-        [sys.executable, *kedro_run, "--pipeline=split", "--params", split], cwd=project, env=env
-    )
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command = [
         sys.executable,
@@ -184,21 +183,15 @@ def _alive(pid: int) -> bool:
 
 
 def _split_then_train_until_a_checkpoint(folder: Path, save_every: int, **popen) -> tuple:
-    """In a new project (the kedro_project fixture's, with an MLflow store of its own): `kedro run
-    --pipeline=split`, then a long 2-process `kedro run --pipeline=train` (``popen``: more Popen arguments)
-    until its first checkpoint is written: (what was seen, the training process or None when it did not get
-    there)."""
-    project = make_kedro_project(folder / "project", list(demo_texts()))
+    """In a copy of the split project (tests/support/split_project.py, its MLflow store in it): a long
+    2-process `kedro run --pipeline=train` (``popen``: more Popen arguments) until its first checkpoint is
+    written: (what was seen, the training process or None when it did not get there)."""
+    project = folder / "project"
+    seen = {"project": project, "split": copy_of_the_split_project(project)}
     env = background.environ(
         PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
     )
     kedro_run = [sys.executable, "-m", "kedro", "run"]
-    seen = {
-        "project": project,
-        "split": background.run(
-            [*kedro_run, "--pipeline=split", "--params", _params_arg({"split": SPLIT})], cwd=project, env=env
-        ),
-    }
     if seen["split"].returncode != 0:
         return seen, None
     long_run = {
