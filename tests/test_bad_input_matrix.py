@@ -32,19 +32,20 @@ from fastlm.errors import ConfigError, FastlmError, InputDataError, StaleDataErr
 from tests.support import background
 from tests.support.project import (
     PROJECT_ROOT,
-    demo_texts,
     kedro_cli,
     make_kedro_project,
     run_pipeline,
     without_import_times,
     write_jsonl,
 )
+from tests.support.split_project import SHARED_SPLIT, copy_of_the_split_project
 from tests.support.tiny_llama import save_project_llama
 from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
 
 pytestmark = pytest.mark.e2e
 
 SPLIT = {"tokenizer": {"vocab_size": 400}, "max_length": 48}
+assert SPLIT == SHARED_SPLIT  # a background job trains in a copy of the split project, split so
 TRAIN = {
     "max_steps": 2,
     "log_every": 1,
@@ -463,9 +464,9 @@ def _refused_in_one_line(done, before: dict, after: dict) -> str:
     return last
 
 
-# The module's project built in a fresh process (split and train as base_project runs them), with a tiny
-# Llama for the project's tokenizer (save_project_llama) one of whose tensors is then removed;
-# prints the Llama's folder as train.model.name_or_path takes it.
+# The module's project built in a fresh process (a copy of the split project trained as base_project trains
+# it), with a tiny Llama for the project's tokenizer (save_project_llama) one of whose tensors is then
+# removed; prints the Llama's folder as train.model.name_or_path takes it.
 BUILD = """
 import json, sys
 from pathlib import Path
@@ -479,7 +480,6 @@ def main():
     from tests.support.tiny_llama import save_project_llama
 
     project = Path.cwd()
-    run_pipeline(project, "split")
     run_pipeline(project, "train")
     folder = project / save_project_llama(project)
     weights = load_file(folder / "model.safetensors")
@@ -507,12 +507,19 @@ def _digests(project: Path) -> dict[str, str]:
 
 
 def cli_refusals_in_a_built_project(folder: Path) -> dict:
-    """The module's project (its conf/local parameters, an MLflow store of its own) built in a fresh process,
+    """The module's project (its conf/local parameters, an MLflow store of its own: the split project's,
+    tests/support/split_project.py, copied with it and split as the module splits) built in a fresh process,
     then in a copy each: `kedro run` with a misspelled parameter key, on a corrupted checkpoint, and on a
     pretrained folder with a removed tensor; each run's copy, the digests of data/ before and after, the
     run, and when it started, and the modules it imported (the misspelled key's run alone lists them; a job
     of tests/support/background.py)."""
-    project = make_kedro_project(folder / "built", list(demo_texts()))
+    project = folder / "built"
+    split = copy_of_the_split_project(project)
+    if split.returncode != 0:
+        return {"build": split}
+    shutil.move(project / "mlflow.db", folder / "mlflow.db")  # the store the copies below share
+    if os.path.exists(project / "mlruns"):
+        shutil.move(project / "mlruns", folder / "mlruns")  # its artefacts, beside it
     with open(project / "conf/local/parameters_matrix.yml", "w") as file:
         file.write(yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"}))
     env = background.environ(
@@ -1160,17 +1167,20 @@ SECRET_URI = "http://alice:S3cretPassw0rdXYZ@127.0.0.1:9"
 
 
 def train_with_the_store_then_with_the_server_down(folder: Path) -> dict:
-    """A project like the module's (its conf/local parameters, an MLflow store of its own), split by the CLI;
-    then `kedro run --pipeline=train` tracked, and again (its model removed) with a closed local port as the
-    tracking server, each timed (a job of tests/support/background.py)."""
-    project = make_kedro_project(folder / "project", list(demo_texts()))
+    """A project like the module's (its conf/local parameters, an MLflow store of its own), split by the CLI
+    (a copy of tests/support/split_project.py's, split as the module splits); then `kedro run
+    --pipeline=train` tracked, and again (its model removed) with a closed local port as the tracking server,
+    each timed (a job of tests/support/background.py)."""
+    project = folder / "project"
+    runs = {"split": copy_of_the_split_project(project)}
+    if runs["split"].returncode != 0:
+        return {"project": project, **runs}
     with open(project / "conf/local/parameters_matrix.yml", "w") as file:
         file.write(yaml.safe_dump({"split": SPLIT, "train": TRAIN, "run_name": "matrix"}))
     env = background.environ(
         DO_NOT_TRACK="true", COLUMNS="200", MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}"
     )
     kedro_run = [sys.executable, "-m", "kedro", "run"]
-    runs = {"split": background.run([*kedro_run, "--pipeline=split"], cwd=project, env=env)}
     params = ("--params", "train.resume=never,train.save_every=null")
     start = time.monotonic()
     runs["tracked"] = background.run([*kedro_run, "--pipeline=train", *params], cwd=project, env=env)
@@ -1188,8 +1198,8 @@ def train_with_the_store_then_with_the_server_down(folder: Path) -> dict:
 def test_cli_tracking_server_down_training_finishes_fast():
     """A closed local port as the tracking server: one warning, the run completes, no secret printed."""
     runs = background.result(train_with_the_store_then_with_the_server_down)
-    project, tracked, down = runs["project"], runs["tracked"], runs["down"]
     assert runs["split"].returncode == 0, runs["split"].stderr[-3000:]
+    project, tracked, down = runs["project"], runs["tracked"], runs["down"]
     assert tracked.returncode == 0, tracked.stderr[-3000:]
     output = down.stdout + down.stderr
     assert down.returncode == 0, output[-3000:]
