@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,14 @@ import pytest
 
 from fastlm.errors import ConfigError, InputDataError
 from tests.support import background
-from tests.support.project import demo_texts, make_kedro_project, run_pipeline, write_jsonl
+from tests.support.project import (
+    copy_split_data,
+    demo_texts,
+    make_kedro_project,
+    run_pipeline,
+    split_once,
+    write_jsonl,
+)
 from tests.support.runner_jobs import runs_under_the_parallel_and_thread_runners
 
 pytestmark = pytest.mark.e2e
@@ -29,22 +35,15 @@ SMALL = {"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48}}
 
 
 @pytest.fixture(scope="module")
-def split_once(tmp_path_factory, sample_texts, mlflow_uri) -> Path:
+def split_small(tmp_path_factory, sample_texts, mlflow_uri) -> Path:
     """The kedro_project fixture's project split once (SMALL) for the module, through a KedroSession."""
-    project = make_kedro_project(tmp_path_factory.mktemp("split_once") / "project", sample_texts)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(project)
-        patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
-        run_pipeline(project, "split", SMALL)
-    return project
+    return split_once(tmp_path_factory.mktemp("split_once"), sample_texts, mlflow_uri, SMALL)
 
 
 @pytest.fixture
-def split_done(split_once, kedro_project) -> Path:
-    """kedro_project as `run_pipeline(kedro_project, "split", SMALL)` leaves it: split_once's data/ copied
-    over it (the raw file too, its time kept: the same file the split read)."""
-    shutil.copytree(split_once / "data", kedro_project / "data", symlinks=True, dirs_exist_ok=True)
-    return kedro_project
+def split_done(split_small, kedro_project) -> Path:
+    """kedro_project as `run_pipeline(kedro_project, "split", SMALL)` leaves it."""
+    return copy_split_data(split_small, kedro_project)
 
 
 def _snapshot(project):

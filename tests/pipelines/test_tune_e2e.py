@@ -2,34 +2,27 @@
 
 import json
 import math
-import shutil
 
 import pandas as pd
 import pytest
 import yaml
 
 from tests.support.e2e import SPLIT, TRAIN, own_experiment
-from tests.support.project import make_kedro_project, run_pipeline
+from tests.support.project import copy_split_data, run_pipeline, split_once
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def split_data(tmp_path_factory, sample_texts, mlflow_uri):
-    """The data folder of a project split once with SPLIT (every test here tunes or trains on that split)."""
-    project = make_kedro_project(tmp_path_factory.mktemp("tune-split") / "project", sample_texts)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(project)
-        patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
-        run_pipeline(project, "split", {"split": SPLIT})
-    return project / "data"
+    """A project split once with SPLIT (every test here tunes or trains on that split)."""
+    return split_once(tmp_path_factory.mktemp("tune-split"), sample_texts, mlflow_uri, {"split": SPLIT})
 
 
 @pytest.fixture
 def split_project(kedro_project, split_data):
     """The test's project with the module's split copied in, as `kedro run --pipeline=split` leaves it."""
-    shutil.copytree(split_data, kedro_project / "data", dirs_exist_ok=True)
-    return kedro_project
+    return copy_split_data(split_data, kedro_project)
 
 
 def test_tune_writes_trials_plot_and_parameters_that_train_picks_up(split_project, mlflow_uri):
@@ -167,7 +160,7 @@ def test_tuned_settings_measured_on_another_split_are_not_applied(split_project,
     assert len(warned) == 1 and "split.max_length" in warned[0] and "kedro run --pipeline=tune" in warned[0]
     assert not any("is in effect" in line for line in lines)
 
-    shutil.copytree(split_data, split_project / "data", dirs_exist_ok=True)  # the split it was measured on
+    copy_split_data(split_data, split_project)  # the split it was measured on
     old = yaml.safe_load(tuned_file.read_text())
     old.pop("tune_measured_on", None)  # as an older version wrote it
     tuned_file.write_text(yaml.safe_dump(old))

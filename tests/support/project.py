@@ -110,6 +110,27 @@ def run_pipeline(
             mlflow.end_run("FAILED")
 
 
+def split_once(folder: Path, texts: list[str], mlflow_uri: str, params: dict) -> Path:
+    """A new project in ``folder`` (the kedro_project fixture's) split with ``params`` through a
+    KedroSession, its cwd and tracking store set for that run only: the project, whose data/ a module's tests
+    copy into their own (``copy_split_data``) instead of splitting the same texts again."""
+    import pytest
+
+    project = make_kedro_project(folder / "project", texts)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+        run_pipeline(project, "split", params)
+    return project
+
+
+def copy_split_data(split: Path, project: Path) -> Path:
+    """``project`` as the split of ``split_once`` leaves it: its data/ copied over (the raw file too, its
+    times kept: the same file the split read)."""
+    shutil.copytree(split / "data", project / "data", symlinks=True, dirs_exist_ok=True)
+    return project
+
+
 def run_quick(project: Path, pipeline: str, params: dict | None = None):
     """Run ``pipeline`` in the ``quick`` environment (conf/quick over conf/base), as
     `kedro run --env quick`."""
