@@ -30,7 +30,7 @@ from fastlm.engine.checkpoint.storage import (
 Usage = namedtuple("Usage", "total used free")
 
 
-def _one_line(error: BaseException, *parts: str) -> str:
+def _one_line(error: BaseException | str, *parts: str) -> str:
     message = str(error)
     assert "\n" not in message and "Fix:" in message, message
     for part in parts:
@@ -347,3 +347,49 @@ def test_other_write_errors_are_not_disguised(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="a bug, not a disk"):
         _save(tmp_path / "checkpoints", 1, model, optimizer, scheduler)
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+# -------------------------------------------------------------------- not every write error is a full disk
+
+_OVER_THE_FILE_SIZE_LIMIT = """
+import resource, sys
+from fastlm.datasets.atomic_file import save_file_atomically
+from fastlm.errors import FastlmError
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    save_file_atomically(sys.argv[1], lambda handle: handle.write(b"x" * 2**20), binary=True)
+except FastlmError as error:
+    print(error)
+"""
+
+
+def test_a_file_over_the_file_size_limit_is_one_line_that_does_not_call_the_disk_full(tmp_path):
+    """EFBIG (a file-size limit, `ulimit -f`, or a file system such as FAT32 that stops at 4 GB) with room on
+    the disk: the line says the file is too large for where it goes and how to lift that, not "the disk is
+    full" (whose fix, freeing space, changes nothing). A real limit, in a process of its own (Python ignores
+    SIGXFSZ, so the write fails with EFBIG)."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "weights.bin"
+    target.write_bytes(b"previous")
+    done = subprocess.run(
+        [sys.executable, "-c", _OVER_THE_FILE_SIZE_LIMIT, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    message = done.stdout.strip()
+    assert done.returncode == 0 and message, done.stderr
+    _one_line(message, str(target), os.strerror(errno.EFBIG), "file-size limit", "ulimit -f", "FAT32")
+    assert "disk is full" not in message and "free disk space" not in message, message
+    assert target.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
+
+
+def test_a_used_up_disk_quota_is_named_a_quota(tmp_path):
+    """EDQUOT: the user's quota, not the disk, is used up: the line says so (the disk may have room)."""
+    clear = storage.storage_error(
+        OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)), f"could not write {tmp_path}", parameter="p.q"
+    )
+    message = _one_line(clear, "disk quota", os.strerror(errno.EDQUOT), "point p.q at")
+    assert "disk is full" not in message, message

@@ -215,9 +215,22 @@ def os_error_in(error: BaseException) -> OSError | None:
 
 
 def storage_error(error: OSError, what: str, *, parameter: str, detail: str = "") -> StorageError | OSError:
-    """``error`` as one StorageError line when it is a full disk or a permission problem, else ``error``
-    itself."""
+    """``error`` as one StorageError line when it is a full disk, a used-up quota, a file over a size limit
+    (each named as what it is) or a permission problem, else ``error`` itself."""
     reason = os.strerror(error.errno) if error.errno else type(error).__name__
+    if error.errno == errno.EFBIG:  # the disk may have room: the file outgrew a limit
+        return StorageError(
+            f"{what}: the file is larger than this file system or the process's file-size limit allows "
+            f"({reason}){detail}.",
+            fix=f"point {parameter} at a file system that holds files this large (FAT32 stops at 4 GB), or "
+            "lift the limit (`ulimit -f unlimited`, or ask whoever set it), then rerun.",
+        )
+    if error.errno == getattr(errno, "EDQUOT", None):
+        return StorageError(
+            f"{what}: your disk quota is used up ({reason}){detail}.",
+            fix=f"free space within your quota, ask for a larger one, or point {parameter} at a disk with "
+            "room, then rerun.",
+        )
     if error.errno in DISK_FULL:
         return StorageError(
             f"{what}: the disk is full ({reason}){detail}.",
