@@ -270,6 +270,7 @@ CATALOG_FILES = {
     "predictions": "predictions.csv",
     "train_history": "train_history.csv",
     "split_summary": "split_summary.csv",
+    "corpus_splits": "corpus_splits.parquet",
 }
 
 
@@ -297,7 +298,9 @@ def test_a_catalog_file_whose_rewrite_fills_the_disk_keeps_the_previous_one(tmp_
     assert [path.name for path in target.parent.iterdir()] == [target.name]
 
 
-@pytest.mark.parametrize("name", ["report_html", "{name}_plot", "sweep_comparison", "sweep_best_run"])
+@pytest.mark.parametrize(
+    "name", ["report_html", "{name}_plot", "sweep_comparison", "sweep_best_run", "corpus_splits"]
+)
 def test_a_catalog_file_whose_rewrite_is_stopped_by_ctrl_c_keeps_the_previous_one(
     tmp_path, monkeypatch, name
 ):

@@ -1,5 +1,5 @@
-"""CSV, JSON (strict), YAML and text files written atomically: to a sibling temporary file, fsynced, then
-renamed over the target (``datasets.atomic_plot`` for the PNG plots).
+"""CSV, Parquet, JSON (strict), YAML and text files written atomically: to a sibling temporary file, fsynced,
+then renamed over the target (``datasets.atomic_plot`` for the PNG plots).
 
 A run killed while writing leaves the previous file (or none), never a cut-off one that looks whole; the
 temporary file it leaves (``.name.tmp-<host>-<pid>-<hex>``) is removed by the next write once that process is
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import yaml
 from kedro_datasets.json import JSONDataset
-from kedro_datasets.pandas import CSVDataset
+from kedro_datasets.pandas import CSVDataset, ParquetDataset
 from kedro_datasets.text import TextDataset
 from kedro_datasets.yaml import YAMLDataset
 
@@ -42,6 +42,20 @@ class AtomicCSVDataset(CSVDataset):
 
     def save(self, data) -> None:
         save_file_atomically(str(self._filepath), lambda handle: data.to_csv(handle, **self._save_args))
+
+
+class AtomicParquetDataset(ParquetDataset):
+    """``pandas.ParquetDataset`` (local file, ``save_args`` as for ``DataFrame.to_parquet``) saved atomically:
+    the split's ``corpus_splits``, which the train, report and sweep pipelines read, is the previous one or
+    the new one."""
+
+    def __init__(self, *, filepath: str, **kwargs) -> None:
+        super().__init__(filepath=filepath, **kwargs)
+
+    def save(self, data) -> None:
+        save_file_atomically(
+            str(self._filepath), lambda handle: data.to_parquet(handle, **self._save_args), binary=True
+        )
 
 
 class AtomicJSONDataset(JSONDataset):
