@@ -10,6 +10,7 @@ import pytest
 
 from fastlm.hooks.kedro_mlflow_hook import RedactingMlflowHook  # configures logging: before caplog's handler
 from fastlm.tracking import MlflowMetrics
+from tests.support.locked_store import store_locked_once
 
 
 @pytest.fixture
@@ -601,8 +602,6 @@ def test_a_run_whose_start_and_end_find_the_store_locked_is_one_run_ended_as_it_
     FINISHED status at its end are refused once as ``database is locked`` and tried again. The retry opens no
     second (nested) run and ends the run whose status write was refused (MLflow's ``end_run`` had already
     let go of it): one run, FINISHED (FAILED for a failed pipeline), no warning."""
-    import sqlite3
-
     from kedro.io import DataCatalog
     from kedro.pipeline import Pipeline
 
@@ -611,18 +610,6 @@ def test_a_run_whose_start_and_end_find_the_store_locked_is_one_run_ended_as_it_
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
     shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
-    client_class, refused = mlflow.MlflowClient, []
-
-    def locked_once(name):
-        real = getattr(client_class, name)
-
-        def write(self, *args, **kwargs):
-            if name not in refused:
-                refused.append(name)
-                raise sqlite3.OperationalError("database is locked")
-            return real(self, *args, **kwargs)
-
-        return write
 
     hook, context = _hook_and_context(tmp_path)
     run_params = {"pipeline_names": ["train"], "tags": None, "node_names": None, "from_nodes": None}
@@ -630,8 +617,7 @@ def test_a_run_whose_start_and_end_find_the_store_locked_is_one_run_ended_as_it_
     try:
         hook.after_context_created(context)
         experiment = mlflow.get_experiment_by_name("fastlm").experiment_id
-        monkeypatch.setattr(client_class, "log_batch", locked_once("log_batch"))  # the run's tags
-        monkeypatch.setattr(client_class, "set_terminated", locked_once("set_terminated"))
+        refused = store_locked_once(monkeypatch, "log_batch", "set_terminated")  # the run's tags, its end
         with caplog.at_level(logging.WARNING):
             hook.before_pipeline_run(run_params, Pipeline([]), DataCatalog())
             if failed:
@@ -647,4 +633,52 @@ def test_a_run_whose_start_and_end_find_the_store_locked_is_one_run_ended_as_it_
     assert refused == ["log_batch", "set_terminated"]
     status = "FAILED" if failed else "FINISHED"
     assert [run.info.status for run in runs] == [status], [(r.info.run_name, r.info.status) for r in runs]
+    assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    "locked, failed",
+    [
+        (("create_run",), False),
+        (("log_batch",), False),
+        (("set_terminated",), False),
+        (("create_run", "log_batch", "set_terminated"), True),
+    ],
+    ids=["start", "parameters", "end", "all-failed"],
+)
+def test_a_child_run_whose_start_and_end_find_the_store_locked_is_one_child_ended_as_it_ended(
+    active_run, monkeypatch, caplog, locked, failed
+):
+    """A sweep's (or k-fold's) child run while another command writes the same SQLite store: its start, its
+    parameters and its status at its end, refused once as ``database is locked``, are tried again. One child
+    run, nested under the sweep's run, with its parameters, ended FINISHED (FAILED when its training failed);
+    the sweep's run active again and RUNNING; no warning."""
+    import contextlib
+
+    import fastlm.tracking as tracking
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
+    client, parent = mlflow.MlflowClient(), active_run.info.run_id
+    refused = store_locked_once(monkeypatch, *locked)
+    outcome = pytest.raises(ValueError) if failed else contextlib.nullcontext()
+    try:
+        with caplog.at_level(logging.WARNING), outcome:
+            with tracking.RunTracker().child_run("lr-0.1", {"train.optimizer.lr": 0.1}) as run_id:
+                assert run_id is not None and tracking.active_run_id() == run_id
+                if failed:
+                    raise ValueError("the run's training failed")
+        active = tracking.active_run_id()
+    finally:  # a child left open: not the next test's active run
+        while tracking.active_run_id() not in (parent, None):
+            mlflow.end_run()
+    assert refused == list(locked)
+    assert active == parent and client.get_run(parent).info.status == "RUNNING"
+    runs = client.search_runs([active_run.info.experiment_id])
+    children = [
+        (run.info.run_id, run.info.status, run.data.params)
+        for run in runs
+        if run.data.tags.get("mlflow.parentRunId") == parent
+    ]
+    status = "FAILED" if failed else "FINISHED"
+    assert len(runs) == 2 and children == [(run_id, status, {"train.optimizer.lr": "0.1"})]
     assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]

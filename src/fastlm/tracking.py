@@ -186,6 +186,24 @@ def set_run_status(run_id: str, status: str) -> None:
     mlflow.MlflowClient().set_terminated(run_id, status)
 
 
+def end_active_run(status: str) -> None:
+    """End the active run with ``status``, tried again where the SQLite store is locked
+    (``retried_while_locked``). MLflow's ``end_run`` lets go of the run before it writes its status: a try
+    after that writes that run's status itself (``set_run_status``), and the run it was nested in stays the
+    active one (a second ``end_run`` would have ended that one instead, and left this one RUNNING)."""
+    import mlflow
+
+    run_id = active_run_id()
+
+    def end() -> None:
+        if run_id is not None and active_run_id() != run_id:  # let go of by a try before this one
+            set_run_status(run_id, status)
+        else:
+            mlflow.end_run(status)
+
+    retried_while_locked("run end", end)
+
+
 # Each run's process (``process_tag``): a run left RUNNING by a process that is gone (SIGKILL, a power cut),
 # which no handler of its own could end, is ended KILLED by the next run start here.
 PROCESS_TAG = "fastlm.process"
@@ -248,6 +266,22 @@ def _process_runs(pid: int) -> bool:
 # names): a write that finds the database locked past SQLite's own wait is tried again after these pauses
 # (seconds), then given up with the one warning.
 LOCKED_RETRY_WAITS = (0.5, 1.0, 2.0, 4.0)
+
+
+def retried_while_locked(what: str, function, *args):
+    """``function(*args)``'s result, tried again after each of ``LOCKED_RETRY_WAITS`` while it finds the
+    SQLite store locked by another process (``store_locked``); any other failure, or the last, is raised. A
+    write refused as locked wrote nothing (SQLite rolls its transaction back): trying it again repeats
+    nothing, unless ``function`` does more than one write (it then looks at what went through first)."""
+    for wait in (*LOCKED_RETRY_WAITS, None):
+        try:
+            return function(*args)
+        except Exception as exc:  # noqa: BLE001
+            if wait is None or not store_locked(exc):
+                raise
+            log.debug("MLflow %s: the store is locked by another process; again in %.1f s", what, wait)
+            time.sleep(wait)
+    return None  # not reached: the last try returns or raises
 
 
 def store_locked(error: BaseException) -> bool:
@@ -406,17 +440,7 @@ class SafeMlflow:
 
             if needs_active_run and mlflow.active_run() is None:
                 return
-            for wait in (*LOCKED_RETRY_WAITS, None):
-                try:
-                    function(mlflow, *args, **kwargs)
-                    break
-                except Exception as exc:  # noqa: BLE001
-                    if wait is None or not store_locked(exc):
-                        raise
-                    log.debug(
-                        "MLflow %s: the store is locked by another process; again in %.1f s", what, wait
-                    )
-                    time.sleep(wait)
+            retried_while_locked(what, lambda: function(mlflow, *args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - any store failure: warn once, keep training
             self.failed = True
             log.warning(
@@ -615,29 +639,49 @@ class RunTracker:
     def child_run(self, name: str, params: dict):
         """An MLflow run nested under the active run (a sweep's run), with ``params``; ended FAILED when the
         body raises (KILLED when a stop signal or Ctrl-C stopped it). Yields its run id. Without an active run
-        (tracking off or failed) nothing is opened, the body still runs and gets None."""
+        (tracking off or failed) nothing is opened, the body still runs and gets None. Its start, parameters
+        and end are tried again where another command holds the SQLite store locked
+        (``retried_while_locked``); a run that was opened is the body's and is ended, whatever fails after."""
         import mlflow
 
-        try:
-            run = (
+        parent = active_run_id()
+
+        def start() -> None:
+            if active_run_id() == parent:  # a try before this one that opened the run: not opened again
                 mlflow.start_run(run_name=name, nested=True, tags={PROCESS_TAG: process_tag()})
-                if mlflow.active_run() is not None
-                else None
-            )
-            if run is not None:
-                texts = {key: param_text(redact(value, key)) for key, value in params.items()}
-                mlflow.log_params({key: text[:500] for key, text in texts.items() if text is not None})
-        except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
-            log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
-            run = None
+
+        if parent is not None:
+            try:
+                retried_while_locked(f"child run {name} start", start)
+            except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
+                log.warning(
+                    "MLflow child run %s not started (%s); the sweep continues without it.", name, exc
+                )
+        run_id = active_run_id() if parent is not None and active_run_id() != parent else None
+        if run_id is not None:
+            texts = {key: param_text(redact(value, key)) for key, value in params.items()}
+            logged = {key: text[:500] for key, text in texts.items() if text is not None}
+            try:
+                retried_while_locked(f"child run {name} parameters", mlflow.log_params, logged)
+            except Exception as exc:  # noqa: BLE001 - the run stays the body's: it is ended below
+                log.warning(
+                    "MLflow child run %s: parameters not logged (%s); the sweep continues.", name, exc
+                )
+
+        def end(status: str) -> None:
+            try:
+                end_active_run(status)
+            except Exception as exc:  # noqa: BLE001 - a finished run is kept, the sweep goes on
+                log.warning("MLflow child run %s not ended %s (%s); the sweep continues.", name, status, exc)
+
         try:
-            yield run.info.run_id if run is not None else None
+            yield run_id
         except BaseException as error:
-            if run is not None:
-                mlflow.end_run("KILLED" if stopped_by_user(error) else "FAILED")
+            if run_id is not None:
+                end("KILLED" if stopped_by_user(error) else "FAILED")
             raise
-        if run is not None:
-            mlflow.end_run()
+        if run_id is not None:
+            end("FINISHED")
 
     def log_test_metrics(self, values: dict, training_run_id: str | None) -> dict:
         """``values`` (``test_<name>``) on this run and on the training run, where the run comparison finds

@@ -8,5 +8,6 @@
 * ``tiny_models``: tiny Llamas built from configs for the collator and checkpoint tests,
 * ``reporting``: summaries, histories and prompt/response frames of the reporting tests,
 * ``browser``: headless Chromium for the HTML checks,
-* ``renames``: a folder swap whose second rename fails.
+* ``renames``: a folder swap whose second rename fails,
+* ``locked_store``: MLflow writes refused once as ``database is locked`` (another command writing the store).
 """
