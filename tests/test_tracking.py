@@ -682,3 +682,36 @@ def test_a_child_run_whose_start_and_end_find_the_store_locked_is_one_child_ende
     status = "FAILED" if failed else "FINISHED"
     assert len(runs) == 2 and children == [(run_id, status, {"train.optimizer.lr": "0.1"})]
     assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+def test_runs_left_open_by_ctrl_c_are_ended_killed_where_the_store_is_locked(active_run, monkeypatch, caplog):
+    """Ctrl-C outside the training loop while another command writes the same SQLite store: the session's run,
+    its open child run, and its run open in another thread are ended KILLED at exit (``end_interrupted_runs``)
+    though the look-up of the child's parent and each status write are refused once as ``database is
+    locked``: each is tried again; no warning."""
+    import fastlm.tracking as tracking
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda seconds: None)
+    client, experiment = mlflow.MlflowClient(), active_run.info.experiment_id
+    tracking.note_session_run()
+    child = mlflow.start_run(run_name="open child", nested=True).info.run_id
+    elsewhere = client.create_run(experiment).info.run_id  # the session's run, open in another thread
+    tracking.session_runs.add(elsewhere)
+    refused = store_locked_once(monkeypatch, "get_run", *["set_terminated"] * 3)
+    try:
+        with caplog.at_level(logging.WARNING):
+            tracking.end_interrupted_runs(elsewhere)
+        active = tracking.active_run_id()
+    finally:
+        monkeypatch.undo()  # the store unlocked for what the test leaves open
+        while tracking.active_run_id() is not None:
+            mlflow.end_run()
+        tracking.session_runs.clear()
+    assert active is None and sorted(refused) == ["get_run", *["set_terminated"] * 3]
+    statuses = {run_id: client.get_run(run_id).info.status for run_id in (child, active_run.info.run_id)}
+    assert statuses | {elsewhere: client.get_run(elsewhere).info.status} == {
+        child: "KILLED",
+        active_run.info.run_id: "KILLED",
+        elsewhere: "KILLED",
+    }
+    assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]

@@ -167,14 +167,16 @@ def end_interrupted_runs(run_id: str | None = None) -> None:
         import mlflow
 
         while (run := mlflow.active_run()) is not None:
-            parent = mlflow.MlflowClient().get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")
-            if run.info.run_id not in session_runs and parent not in session_runs:
+            # each read and write tried again where another command holds the SQLite store locked
+            look_up = mlflow.MlflowClient().get_run  # the store is opened only where a run is open
+            tags = retried_while_locked("run look-up", look_up, run.info.run_id).data.tags
+            if run.info.run_id not in session_runs and tags.get("mlflow.parentRunId") not in session_runs:
                 break
             session_runs.discard(run.info.run_id)
-            mlflow.end_run("KILLED")
+            end_active_run("KILLED")
         if run_id in session_runs:
             session_runs.discard(run_id)
-            mlflow.MlflowClient().set_terminated(run_id, "KILLED")
+            retried_while_locked("run end", set_run_status, run_id, "KILLED")
     except Exception as exc:  # noqa: BLE001 - at exit or a session's start: tracking must not stop anything
         log.warning("MLflow: an interrupted run was not marked KILLED (%s: %s)", type(exc).__name__, exc)
 
