@@ -715,3 +715,51 @@ def test_runs_left_open_by_ctrl_c_are_ended_killed_where_the_store_is_locked(act
         elsewhere: "KILLED",
     }
     assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("worker", ["forked", "spawned"])
+def test_a_sweeps_child_runs_in_a_parallel_runner_worker_are_children_not_the_sweeps_run(
+    tmp_path, monkeypatch, empty_mlflow_db, worker
+):
+    """`kedro run --pipeline=sweep --runner=ParallelRunner`: the sweep's node runs in a worker, which has the
+    sweep's run id in MLflow's ``MLFLOW_RUN_ID`` (``share_run_with_workers``); a forked worker has the run
+    active (kedro-mlflow's node hook opens it again by its id), a spawned one none yet. Each setting is a
+    child run of the sweep's run, with its own parameters and metrics; the sweep's run keeps its name, none
+    of theirs and stays RUNNING (the main process ends it)."""
+    import fastlm.tracking as tracking
+
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    experiment = mlflow.set_experiment("sweep-worker").experiment_id
+    sweep = client.create_run(experiment, run_name="sweep-1").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", sweep)
+    try:
+        if worker == "forked":
+            mlflow.start_run(run_id=sweep)
+        tracker, ids = tracking.RunTracker(), {}
+        for name, lr in (("tiny-01", 0.001), ("tiny-02", 0.01)):
+            with tracker.child_run(name, {"train.optimizer.lr": lr}) as run_id:
+                tracker.log_run_metrics({"test_loss": lr * 100})
+                ids[name] = run_id
+        active, status = tracking.active_run_id(), client.get_run(sweep).info.status
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.set_tracking_uri(None)
+    runs = {run.info.run_id: run for run in client.search_runs([experiment])}
+    assert (active, status) == (sweep, "RUNNING") and len(runs) == 3 and sweep not in ids.values()
+    assert (runs[sweep].info.run_name, runs[sweep].data.params, runs[sweep].data.metrics) == (
+        "sweep-1",
+        {},
+        {},
+    )
+    children = {
+        run.info.run_name: (run.info.run_id, run.info.status, run.data.params, run.data.metrics)
+        for run in runs.values()
+        if run.data.tags.get("mlflow.parentRunId") == sweep
+    }
+    assert children == {
+        "tiny-01": (ids["tiny-01"], "FINISHED", {"train.optimizer.lr": "0.001"}, {"test_loss": 0.1}),
+        "tiny-02": (ids["tiny-02"], "FINISHED", {"train.optimizer.lr": "0.01"}, {"test_loss": 1.0}),
+    }

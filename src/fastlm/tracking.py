@@ -97,6 +97,41 @@ def share_run_with_workers() -> None:
         session_tracking_set()
 
 
+def shared_run(name: str) -> str | None:
+    """In a worker of Kedro's ParallelRunner without an active run (spawned: a fresh MLflow): the run the
+    main process shares in ``MLFLOW_RUN_ID`` (``share_run_with_workers``), made the active run here (by its
+    id: the variable stays for the next try where the store was locked), so that the child run ``name`` is
+    nested in it; None where no run is shared or it cannot be opened (the sweep then goes on untracked)."""
+    import mlflow
+
+    shared = os.environ.get("MLFLOW_RUN_ID")
+    if not shared:
+        return None
+
+    def resume() -> None:
+        if active_run_id() is None:  # a try before this one that opened it: not opened again
+            mlflow.start_run(run_id=shared)
+
+    try:
+        retried_while_locked(f"child run {name}: the shared run {shared}", resume)
+    except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
+        log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
+    return active_run_id()
+
+
+@contextlib.contextmanager
+def without_shared_run_id():
+    """``MLFLOW_RUN_ID`` set aside while a child run starts: MLflow's ``start_run`` opens the run it names,
+    nested or not, so the child run would be the shared run itself (renamed, its parameters and metrics the
+    child's, ended by the child's end); put back after."""
+    shared = os.environ.pop("MLFLOW_RUN_ID", None)
+    try:
+        yield
+    finally:
+        if shared is not None:
+            os.environ["MLFLOW_RUN_ID"] = shared
+
+
 def session_tracking_set() -> None:
     """Note the variables as the session's store setup left them: only those still so at its end are put
     back (one the user changed since, e.g. in a notebook, is the user's)."""
@@ -640,17 +675,22 @@ class RunTracker:
     @contextlib.contextmanager
     def child_run(self, name: str, params: dict):
         """An MLflow run nested under the active run (a sweep's run), with ``params``; ended FAILED when the
-        body raises (KILLED when a stop signal or Ctrl-C stopped it). Yields its run id. Without an active run
-        (tracking off or failed) nothing is opened, the body still runs and gets None. Its start, parameters
+        body raises (KILLED when a stop signal or Ctrl-C stopped it). Yields its run id. In a ParallelRunner
+        worker it is nested in the run the main process shares (``shared_run``), never that run reopened.
+        Without an active or shared run (tracking off or failed) nothing is opened, the body still runs and
+        gets None. Its start, parameters
         and end are tried again where another command holds the SQLite store locked
         (``retried_while_locked``); a run that was opened is the body's and is ended, whatever fails after."""
         import mlflow
 
-        parent = active_run_id()
+        parent = active_run_id() or shared_run(name)
 
         def start() -> None:
             if active_run_id() == parent:  # a try before this one that opened the run: not opened again
-                mlflow.start_run(run_name=name, nested=True, tags={PROCESS_TAG: process_tag()})
+                with without_shared_run_id():
+                    mlflow.start_run(
+                        run_name=name, nested=True, parent_run_id=parent, tags={PROCESS_TAG: process_tag()}
+                    )
 
         if parent is not None:
             try:
