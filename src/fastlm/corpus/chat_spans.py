@@ -33,12 +33,13 @@ template's end of turn: Qwen3's ``<|im_end|>``, Llama-3's ``<|eot_id|>``). Witho
 ``"role: content"`` lines put each answer where its place is known.
 
 The character ranges become token ranges through the fast tokenizer's character map
-(``answer_token_ranges``: the tokens that overlap a range) and follow the prompt's truncation into the
-sample (``kept_answer_ranges``).
+(``prompt_ids_and_answer_ranges``: the tokens that overlap a range; the prompt's ids are those of the same
+encoding, so it is encoded once) and follow the prompt's truncation into the sample (``kept_answer_ranges``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -46,10 +47,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template
-from fastlm.corpus.tokenization import call_chunks
+from fastlm.corpus.tokenization import call_chunks, encode_ragged, fork_map, resolve_num_proc
 from fastlm.corpus.tool_calls import rendered_turn
 
-__all__ = ["ANSWER_MARK", "answer_spans", "answer_token_ranges", "kept_answer_ranges"]
+__all__ = ["ANSWER_MARK", "answer_spans", "kept_answer_ranges", "prompt_ids_and_answer_ranges"]
 
 log = logging.getLogger(__name__)
 
@@ -261,40 +262,91 @@ def _answer_search(history, prompt: str, render: _Render):
     return find
 
 
-def answer_token_ranges(prompts, spans, shifts: np.ndarray, tokenizer, encoded) -> list[np.ndarray]:
-    """Each prompt's answer ranges (``"start:end"`` characters of its uncut text, ``shifts[i]`` characters
-    cut from its start since) as ``[k, 2]`` ranges of its raw ids (``encoded``: ``encode_ragged``'s values
-    and lengths): the tokens that overlap a range (a byte-level token may carry the space before an answer's
-    first word: it is that word's token). Read from the fast tokenizer's character map of the same ids; a
-    slow tokenizer has none and trains the last answer only (said once)."""
-    values, lengths = encoded
-    starts = np.cumsum(lengths) - lengths
+def prompt_ids_and_answer_ranges(
+    prompts: Sequence[str],
+    spans: Sequence[str],
+    shifts: np.ndarray,
+    tokenizer,
+    *,
+    batch_size: int = 20_000,
+    num_proc: int | str = "auto",
+) -> tuple[tuple[np.ndarray, np.ndarray], list[np.ndarray]]:
+    """The raw ids of ``prompts`` (``encode_ragged``'s values and lengths: no special tokens, no EOS, no
+    truncation) and each prompt's answer ranges (``spans[i]``: ``"start:end"`` characters of its uncut text,
+    ``shifts[i]`` characters cut from its start since) as ``[k, 2]`` ranges of those ids: the tokens that
+    overlap a range (a byte-level token may carry the space before an answer's first word: it is that word's
+    token). A prompt with ranges is encoded once, with the fast tokenizer's character map the ranges are read
+    from (its ids are that encoding's); the others without one. A slow tokenizer has no map: its chats train
+    their last answer only (said once)."""
     out = [np.zeros((0, 2), dtype=np.int64)] * len(prompts)
     rows = [i for i, text in enumerate(spans) if text]
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    if backend is None and rows:
         log.warning(
             "%s is a slow tokenizer (no character map): %d chats train their last answer only.",
             type(tokenizer).__name__,
             len(rows),
         )
-        return out
+    if backend is None or not rows:
+        return encode_ragged(
+            prompts, tokenizer, add_special_tokens=False, batch_size=batch_size, num_proc=num_proc
+        ), out
+    others = [i for i, text in enumerate(spans) if not text]
+    plain = encode_ragged(
+        [prompts[i] for i in others],
+        tokenizer,
+        add_special_tokens=False,
+        batch_size=batch_size,
+        num_proc=num_proc,
+    )
     backend = Tokenizer.from_str(backend.to_str())  # a copy: without the tokenizer.json's padding/truncation
     backend.no_padding()
     backend.no_truncation()
     # with their character maps (~80 bytes a token, the ids 4): each bounded call's read and let go
-    position = 0
-    for chunk in call_chunks([prompts[i] for i in rows], SPAN_CALL_TEXTS):
-        encodings = backend.encode_batch(chunk, add_special_tokens=False)
-        chunk_rows = rows[position : position + len(chunk)]
-        position += len(chunk)
-        ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int64)
-        expected = np.concatenate([values[starts[i] : starts[i] + lengths[i]] for i in chunk_rows])
-        if not np.array_equal(ids, expected):
-            raise ValueError("the tokenizer gave the prompts other ids with their character map than without")
-        for row, encoding in zip(chunk_rows, encodings, strict=True):
-            out[row] = _answer_tokens(encoding, spans[row], shifts[row], len(prompts[row]), int(lengths[row]))
-    return out
+    chunks, position = [], 0
+    for texts in call_chunks([prompts[i] for i in rows], SPAN_CALL_TEXTS):
+        chunk_rows = rows[position : position + len(texts)]
+        position += len(texts)
+        chunks.append([(texts[k], spans[row], int(shifts[row])) for k, row in enumerate(chunk_rows)])
+    parts = fork_map(_mapped_chunk, chunks, resolve_num_proc(num_proc, len(rows)), backend)
+    mapped = (
+        np.concatenate([part[0] for part in parts]),
+        np.concatenate([part[1] for part in parts]),
+    )
+    for row, ranges in zip(rows, (ranges for part in parts for ranges in part[2]), strict=True):
+        out[row] = ranges
+    return _interleave(len(prompts), (others, plain), (rows, mapped)), out
+
+
+def _mapped_chunk(backend, chunk) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """One call's prompts (``(text, spans, shift)``) encoded with their character maps: their ids (values,
+    lengths) and answer token ranges; the encodings let go when it returns."""
+    encodings = backend.encode_batch([text for text, _, _ in chunk], add_special_tokens=False)
+    ids = [encoding.ids for encoding in encodings]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+    ranges = [
+        _answer_tokens(encoding, spans, shift, len(text), count)
+        for (text, spans, shift), encoding, count in zip(chunk, encodings, lengths.tolist(), strict=True)
+    ]
+    return values, lengths, ranges
+
+
+def _interleave(size: int, *parts) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged ids of ``size`` rows from ``parts``, each ``(rows, (values, lengths))``: the ids of its rows,
+    in their order."""
+    lengths = np.zeros(size, dtype=np.int64)
+    for rows, (_, part_lengths) in parts:
+        lengths[np.asarray(rows, dtype=np.int64)] = part_lengths
+    starts = np.cumsum(lengths) - lengths
+    values = np.empty(int(lengths.sum()), dtype=np.int32)
+    for rows, (part_values, part_lengths) in parts:
+        row_starts = np.repeat(starts[np.asarray(rows, dtype=np.int64)], part_lengths)
+        within = np.arange(len(part_values), dtype=np.int64) - np.repeat(
+            np.cumsum(part_lengths) - part_lengths, part_lengths
+        )
+        values[row_starts + within] = part_values
+    return values, lengths
 
 
 def _answer_tokens(encoding, spans: str, shift: int, size: int, count: int) -> np.ndarray:

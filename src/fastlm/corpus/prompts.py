@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from fastlm.corpus.chat_spans import answer_spans, answer_token_ranges, kept_answer_ranges
+from fastlm.corpus.chat_spans import answer_spans, kept_answer_ranges, prompt_ids_and_answer_ranges
 from fastlm.corpus.chat_template import RESPONSE_ROLE, apply_template, has_chat_template, unwritten_roles
 from fastlm.corpus.cleaning import DROP_REASONS, classify_values, clean_pairs
 from fastlm.corpus.shards import shard_row
@@ -591,14 +591,17 @@ def tokenize_pairs(
     original = list(prompts)
     prompts, prompt_cut = cut_long_texts(original, max_length, keep="tail")  # prompts lose their start
     responses, response_cut = cut_long_texts(list(responses), max_length)
-    p_values, p_lengths = encode_ragged(prompts, tokenizer, add_special_tokens=False, **encode)
-    r_values, r_lengths = encode_ragged(responses, tokenizer, add_special_tokens=False, **encode)
     answers = None
     if answer_spans is not None:  # a missing value (NaN once read back from parquet): no earlier answer
         answer_spans = [text if isinstance(text, str) else "" for text in answer_spans]
-    if answer_spans is not None and any(answer_spans):
+    if answer_spans is not None and any(answer_spans):  # a chat's prompt encoded once, with its character map
         shifts = np.fromiter((len(a) - len(b) for a, b in zip(original, prompts, strict=True)), np.int64)
-        answers = answer_token_ranges(prompts, answer_spans, shifts, tokenizer, (p_values, p_lengths))
+        (p_values, p_lengths), answers = prompt_ids_and_answer_ranges(
+            prompts, answer_spans, shifts, tokenizer, **encode
+        )
+    else:
+        p_values, p_lengths = encode_ragged(prompts, tokenizer, add_special_tokens=False, **encode)
+    r_values, r_lengths = encode_ragged(responses, tokenizer, add_special_tokens=False, **encode)
     raw_lengths = p_lengths
     p_values, p_lengths, has_bos = _with_bos(p_values, p_lengths, leading_bos(tokenizer))
     r_values, r_lengths = _without_trailing(r_values, r_lengths, eos)
