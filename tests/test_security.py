@@ -384,6 +384,50 @@ def test_secrets_in_params_reach_no_log_mlflow_or_output():
     assert tags and all(json.loads(tag)["hf_token"] == "***" for tag in tags)  # tags hold values: JSON
 
 
+def split_in_spawned_workers_with_a_secret(folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """`kedro run --pipeline=split --runner=ParallelRunner` with spawned workers (KEDRO_MP_CONTEXT=spawn, as
+    macOS starts them by default) and a fake token as the split's hash salt (a job of
+    tests/support/background.py)."""
+    project = copy_project(folder / "project")
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", list(demo_texts()))
+    with open(project / "conf/local/parameters_small.yml", "w") as file:
+        file.write(yaml.safe_dump({"split": {"tokenizer": {"vocab_size": 400}, "max_length": 48}}))
+    env = background.environ(
+        MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}", COLUMNS="200", KEDRO_MP_CONTEXT="spawn"
+    )
+    args = ["--pipeline=split", "--runner=ParallelRunner", "--runner-params", "max_workers=2"]
+    done = background.run(
+        [sys.executable, "-m", "kedro", "run", *args, "--params", f"split.hash_salt={SALT_TOKEN}"],
+        cwd=project,
+        env=env,
+    )
+    return project, done
+
+
+@pytest.mark.e2e
+@pytest.mark.background(job=split_in_spawned_workers_with_a_secret)
+def test_spawned_parallel_runner_workers_log_the_parameters_masked_like_the_project():
+    """Kedro's ParallelRunner workers started by spawn on Linux skipped the project's set-up (Kedro checks the
+    default start method, fork there): no project hooks, so kedro-mlflow's own hook logged each node's
+    parameters unmasked into the run (the hash salt in mlflow.db) and kedro-viz's statistics hook, without
+    the catalog it gets in the main process, warned on every dataset. The workers run with the project's
+    settings, as on macOS: the parameters logged masked, no such warning."""
+    project, done = background.result(split_in_spawned_workers_with_a_secret)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert SALT_TOKEN not in done.stdout + done.stderr
+    leaked = [
+        str(path.relative_to(project))
+        for path in project.rglob("*")
+        if path.is_file() and SALT_TOKEN.encode() in path.read_bytes()
+    ]
+    assert leaked == []
+    with sqlite3.connect(project / "mlflow.db") as db:
+        params_logged = dict(db.execute("select key, value from params"))
+        runs = db.execute("select count(*) from runs").fetchone()[0]
+    assert (runs, params_logged["split.hash_salt"], params_logged["split.max_length"]) == (1, MASK, "48")
+    assert "Unable to create statistics" not in done.stdout + done.stderr
+
+
 def test_kedro_viz_fastapi_deprecation_is_not_shown():
     """kedro-viz's REST module imports FastAPI's ORJSONResponse, which FastAPI deprecated: `kedro viz build`
     printed FastAPI's advice to its maintainers as a warning, about nothing the user did.

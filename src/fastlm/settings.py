@@ -1,5 +1,6 @@
 """Kedro project settings."""
 
+import multiprocessing
 import os
 
 from kedro.config import OmegaConfigLoader
@@ -44,6 +45,10 @@ other_rank_logs_warnings_only(torchrun_rank())
 # kedro-mlflow's own hook logs parameters verbatim; MlflowTrackingHook is that hook with secrets masked (and
 # takes its name, so Kedro does not load it: this is for a kedro-mlflow that names it otherwise).
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro_mlflow", "kedro-mlflow")
+if multiprocessing.parent_process() is not None:
+    # a spawned worker of Kedro's ParallelRunner (fastlm.pipelines sets it up): kedro-viz's statistics hook,
+    # without the catalog it gets in the main process, warned on every dataset and kept nothing
+    DISABLE_HOOKS_FOR_PLUGINS += ("kedro-viz",)
 # pluggy calls the last registered first: the run name is resolved (and checked); --params, parameters, inputs
 # and output folders are checked; then MLflow is loaded, its store set up and the run opened under that name
 # (a run refused before any node runs sets up no MLflow and leaves no store or run behind; the outputs' locks

@@ -102,20 +102,26 @@ def shared_run(name: str) -> str | None:
     main process shares in ``MLFLOW_RUN_ID`` (``share_run_with_workers``), made the active run here (by its
     id: the variable stays for the next try where the store was locked), so that the child run ``name`` is
     nested in it; None where no run is shared or it cannot be opened (the sweep then goes on untracked)."""
-    import mlflow
+    return resume_shared_run(f"child run {name}", "the sweep continues without it")
 
+
+def resume_shared_run(what: str, without: str) -> str | None:
+    """The run the main process shares in ``MLFLOW_RUN_ID`` made the active run of this worker, for
+    ``what`` (tried again while the SQLite store is locked); the active run's id, None where none is shared.
+    A run that cannot be opened warns once, saying ``without``: tracking fails open."""
     shared = os.environ.get("MLFLOW_RUN_ID")
     if not shared:
         return None
+    import mlflow
 
     def resume() -> None:
         if active_run_id() is None:  # a try before this one that opened it: not opened again
             mlflow.start_run(run_id=shared)
 
     try:
-        retried_while_locked(f"child run {name}: the shared run {shared}", resume)
+        retried_while_locked(f"{what}: the shared run {shared}", resume)
     except Exception as exc:  # noqa: BLE001 - tracking fails open, training goes on
-        log.warning("MLflow child run %s not started (%s); the sweep continues without it.", name, exc)
+        log.warning("MLflow %s: the shared run %s not opened (%s); %s.", what, shared, exc, without)
     return active_run_id()
 
 

@@ -115,6 +115,7 @@ class RedactingMlflowHook(MlflowHook):
             note_session_run()  # Ctrl-C outside training: ended KILLED at exit, not FINISHED by MLflow
         if "ParallelRunner" in str(run_params.get("runner")):
             share_run_with_workers()  # the workers' metrics are this run's
+            self._log_pipeline_parameters(pipeline, catalog)
         # Tags as values: the runner's class name, not its repr; lists and --params as JSON.
         tags = {key: text for key, value in run_params.items() if value and (text := param_text(value))}
         tags[PROCESS_TAG] = process_tag()  # a run this process leaves RUNNING is ended by a later one
@@ -125,6 +126,15 @@ class RedactingMlflowHook(MlflowHook):
                 "ending runs of processes that are gone",
                 lambda mlflow: end_runs_of_gone_processes(mlflow, mlflow.active_run().info.experiment_id),
             )
+
+    def _log_pipeline_parameters(self, pipeline, catalog) -> None:
+        """Under Kedro's ParallelRunner the node hooks run in its workers: a forked one has this hook, the
+        run active and logs each node's parameters as it starts; a spawned one has the project's hooks fresh,
+        without this run's set-up, and logs none. Every node's parameters are logged here, in the process
+        that opened the run, as the run starts (a forked worker's are then the same values again)."""
+        names = sorted(n for n in pipeline.inputs() if n.startswith("params:") or n == "parameters")
+        if names:
+            self.before_node_run(None, catalog, {name: catalog.load(name) for name in names}, False)
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:

@@ -11,7 +11,7 @@ import sys
 from kedro.framework.hooks import hook_impl
 
 from fastlm.hooks.catalog import ParallelRunOutputs
-from fastlm.tracking import MlflowMetrics
+from fastlm.tracking import MlflowMetrics, resume_shared_run
 
 # The name of kedro-mlflow's own hook among Kedro's plugin hooks (its ``kedro.hooks`` entry point). Kedro
 # loads the plugins' hooks when a session is made, all but those whose name a registered hook has already:
@@ -123,8 +123,10 @@ class MlflowTrackingHook:
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict, is_async: bool) -> None:
-        if self._hook is not None:  # none in a ParallelRunner worker: its run is the main process's
+        if self._hook is not None:  # a forked ParallelRunner worker's: the main process's, its run active
             self._hook.before_node_run(node, catalog, inputs, is_async)
+        elif os.environ.get("MLFLOW_RUN_ID"):  # a spawned worker: the run the main process shares, opened
+            resume_shared_run(f"node {node.name}", "its metrics are not tracked")
 
     @hook_impl
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
