@@ -4,6 +4,8 @@
 #   bash scripts/check_cpu_kernels.sh                       every set, tests/engine
 #   bash scripts/check_cpu_kernels.sh --sets avx2,default -m kernels     (what CI runs after the suite)
 #   bash scripts/check_cpu_kernels.sh --list                the sets, and the kernels torch picks under each
+#   --jobs N   run N sets at once (default: one per CPU core, at most one per set); each set's pytest output
+#              is printed whole when it ends, in the order of --sets
 #
 # PyTorch picks its CPU kernels by the CPU it runs on: ATen's vectorised kernels (AVX512 on most Intel Xeons,
 # AVX2 on many AMD EPYCs and older Intel), MKL's GEMM and oneDNN's bf16 matmuls each dispatch their own code
@@ -21,12 +23,15 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 sets="native,avx2,default"
 list=0
+jobs=auto
 args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --sets) sets="$2"; shift 2 ;;
         --sets=*) sets="${1#--sets=}"; shift ;;
         --list) list=1; shift ;;
+        --jobs) jobs="$2"; shift 2 ;;
+        --jobs=*) jobs="${1#--jobs=}"; shift ;;
         *) args+=("$1"); shift ;;
     esac
 done
@@ -43,20 +48,83 @@ kernel_env() {  # the environment of one set, as NAME=VALUE words
 
 status=0
 caches=$(mktemp -d)
-trap 'rm -rf "$caches"' EXIT
+pids=()
+stop_sets() {
+    for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null; done
+}
+trap 'stop_sets; rm -rf "$caches"' EXIT
+trap 'stop_sets; exit 130' INT TERM
 IFS=',' read -r -a names <<< "$sets"
+if [ "$jobs" = "auto" ]; then
+    jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+fi
+if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
+    echo "check_cpu_kernels: --jobs must be a whole number of at least 1 or auto, not '$jobs'" >&2
+    exit 2
+fi
+[ "$jobs" -gt "${#names[@]}" ] && jobs=${#names[@]}
+
+run_set() {  # one set's pytest, its lines into $caches/<set>.log, its exit status into $caches/<set>.status
+    local name=$1 words=$2 capability=$3 start=$SECONDS code
+    {
+        echo "== check_cpu_kernels: $name (${words:-nothing set}; ATen picks $capability): pytest ${args[*]}"
+        env $words TORCHINDUCTOR_CACHE_DIR="$caches/$name" "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
+        code=$?
+        echo "== check_cpu_kernels: $name: exit $code in $((SECONDS - start)) s"
+        echo "$code" > "$caches/$name.status"
+    } > "$caches/$name.log" 2>&1
+}
+
+report_set() {  # print a finished set's lines; a set without a status (killed) counts as failed
+    local name=$1
+    cat "$caches/$name.log"
+    [ "$(cat "$caches/$name.status" 2>/dev/null)" = "0" ] || status=1
+}
+
+declare -A words_of capability_of
 for name in "${names[@]}"; do
-    words=$(kernel_env "$name") || exit 2
-    capability=$(env $words "$PYTHON" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())' 2>&1)
+    words_of[$name]=$(kernel_env "$name") || exit 2
+    capability_of[$name]=$(env ${words_of[$name]} "$PYTHON" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())' 2>&1)
     if [ "$list" -eq 1 ]; then
-        echo "$name: ${words:-(nothing set)} -> ATen $capability"
-        continue
+        echo "$name: ${words_of[$name]:-(nothing set)} -> ATen ${capability_of[$name]}"
     fi
-    echo "== check_cpu_kernels: $name (${words:-nothing set}; ATen picks $capability): pytest ${args[*]}"
-    start=$SECONDS
-    env $words TORCHINDUCTOR_CACHE_DIR="$caches/$name" "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
-    code=$?
-    echo "== check_cpu_kernels: $name: exit $code in $((SECONDS - start)) s"
-    [ "$code" -ne 0 ] && status=1
 done
+[ "$list" -eq 1 ] && exit 0
+
+if [ "$jobs" -eq 1 ]; then
+    for name in "${names[@]}"; do  # one at a time, its output as it comes
+        words=${words_of[$name]}
+        echo "== check_cpu_kernels: $name (${words:-nothing set}; ATen picks ${capability_of[$name]}): pytest ${args[*]}"
+        start=$SECONDS
+        env $words TORCHINDUCTOR_CACHE_DIR="$caches/$name" "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
+        code=$?
+        echo "== check_cpu_kernels: $name: exit $code in $((SECONDS - start)) s"
+        [ "$code" -ne 0 ] && status=1
+    done
+    exit "$status"
+fi
+
+echo "== check_cpu_kernels: ${#names[@]} sets, $jobs at a time (--jobs); each set's output follows when it ends"
+start=$SECONDS
+next=0
+running=()
+while [ "$next" -lt "${#names[@]}" ] || [ ${#running[@]} -gt 0 ]; do
+    while [ "$next" -lt "${#names[@]}" ] && [ ${#running[@]} -lt "$jobs" ]; do
+        name=${names[$next]}
+        set -m  # each set in a process group of its own, stopped whole on Ctrl-C
+        run_set "$name" "${words_of[$name]}" "${capability_of[$name]}" &
+        set +m
+        pids+=("$!")
+        running+=("$next")
+        next=$((next + 1))
+    done
+    wait -n 2>/dev/null || true
+    still=()
+    for index in "${running[@]}"; do
+        if kill -0 "${pids[$index]}" 2>/dev/null; then still+=("$index"); fi
+    done
+    running=("${still[@]}")
+done
+for name in "${names[@]}"; do report_set "$name"; done
+echo "== check_cpu_kernels: every set done in $((SECONDS - start)) s"
 exit "$status"

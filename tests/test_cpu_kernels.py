@@ -29,8 +29,8 @@ def listed_sets(folder: Path) -> subprocess.CompletedProcess:
 
 
 def check_of_a_kernel_dependent_test(folder: Path) -> subprocess.CompletedProcess:
-    """The check, under avx2 and default, of a test that passes only where ATen has vector kernels (a job of
-    tests/support/background.py)."""
+    """The check, under avx2 and default at once (``--jobs 2``, as CI runs it), of a test that passes only
+    where ATen has vector kernels (a job of tests/support/background.py)."""
     test = folder / "test_depends_on_the_cpu.py"
     with open(test, "w") as file:
         file.write(
@@ -39,7 +39,7 @@ def check_of_a_kernel_dependent_test(folder: Path) -> subprocess.CompletedProces
             "        seen.write(os.environ['TORCHINDUCTOR_CACHE_DIR'] + '\\n')\n"
             "    assert torch.backends.cpu.get_cpu_capability() != 'DEFAULT'\n"
         )
-    return run("--sets", "avx2,default", str(test), cwd=folder)
+    return run("--sets", "avx2,default", "--jobs", "2", str(test), cwd=folder)
 
 
 def unknown_set(folder: Path) -> subprocess.CompletedProcess:
@@ -70,11 +70,22 @@ def test_each_kernel_set_makes_pytorch_dispatch_its_own_kernels():
 def test_a_test_that_passes_only_on_some_kernels_fails_the_check():
     checked = background.result(check_of_a_kernel_dependent_test)
     assert checked.returncode == 1, checked.stdout[-2000:]
-    assert "== check_cpu_kernels: avx2: exit 0" in checked.stdout
-    assert "== check_cpu_kernels: default: exit 1" in checked.stdout
+    lines = checked.stdout.splitlines()
+    assert (
+        lines[0]
+        == "== check_cpu_kernels: 2 sets, 2 at a time (--jobs); each set's output follows when it ends"
+    )
+    # the two sets ran at once, and each one's output is printed whole, in the order of --sets
+    ends = [
+        i for i, line in enumerate(lines) if line.startswith("== check_cpu_kernels: ") and ": exit " in line
+    ]
+    assert [lines[i].split(": ")[1] for i in ends] == ["avx2", "default"]
+    assert "avx2: exit 0" in lines[ends[0]] and "default: exit 1" in lines[ends[1]]
+    assert lines[ends[0] + 1].startswith("== check_cpu_kernels: default (ATEN_CPU_CAPABILITY=default")
+    assert "every set done in" in lines[-1]
     # each set compiles into an inductor cache of its own (its cache is not keyed on the kernel set), removed
     caches = (Path(checked.args[-1]).parent / "caches.txt").read_text().split()
-    assert [Path(cache).name for cache in caches] == ["avx2", "default"] and caches[0] != caches[1]
+    assert sorted(Path(cache).name for cache in caches) == ["avx2", "default"] and caches[0] != caches[1]
     assert not any(Path(cache).parent.exists() for cache in caches)
 
 
