@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
         --sets) sets="$2"; shift 2 ;;
         --sets=*) sets="${1#--sets=}"; shift ;;
         --list) list=1; shift ;;
+        -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
         --jobs) jobs="$2"; shift 2 ;;
         --jobs=*) jobs="${1#--jobs=}"; shift ;;
         *) args+=("$1"); shift ;;

@@ -93,3 +93,17 @@ def test_a_test_that_passes_only_on_some_kernels_fails_the_check():
 def test_an_unknown_set_is_refused_in_one_line():
     refused = background.result(unknown_set)
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0 and "avx9" in refused.stderr
+
+
+def test_help_prints_the_usage_and_runs_nothing(tmp_path):
+    shown = subprocess.run(
+        ["bash", str(SCRIPT), "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": "/nonexistent/python"},  # runs no Python, no pytest
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "bash scripts/check_cpu_kernels.sh --list" in shown.stdout and "--jobs N" in shown.stdout
+    assert not shown.stdout.startswith("#!") and "set -uo pipefail" not in shown.stdout
