@@ -65,15 +65,18 @@ if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
 fi
 [ "$jobs" -gt "${#names[@]}" ] && jobs=${#names[@]}
 
-run_set() {  # one set's pytest, its lines into $caches/<set>.log, its exit status into $caches/<set>.status
-    local name=$1 words=$2 capability=$3 start=$SECONDS code
-    {
-        echo "== check_cpu_kernels: $name (${words:-nothing set}; ATen picks $capability): pytest ${args[*]}"
-        env $words TORCHINDUCTOR_CACHE_DIR="$caches/$name" "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
-        code=$?
-        echo "== check_cpu_kernels: $name: exit $code in $((SECONDS - start)) s"
-        echo "$code" > "$caches/$name.status"
-    } > "$caches/$name.log" 2>&1
+check_set() {  # one set's pytest, between a line naming the set and one with its exit status (returned)
+    local name=$1 words=${words_of[$1]} start=$SECONDS code
+    echo "== check_cpu_kernels: $name (${words:-nothing set}; ATen picks ${capability_of[$name]}): pytest ${args[*]}"
+    env $words TORCHINDUCTOR_CACHE_DIR="$caches/$name" "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
+    code=$?
+    echo "== check_cpu_kernels: $name: exit $code in $((SECONDS - start)) s"
+    return "$code"
+}
+
+run_set() {  # check_set's lines into $caches/<set>.log, its exit status into $caches/<set>.status
+    check_set "$1" > "$caches/$1.log" 2>&1
+    echo "$?" > "$caches/$1.status"
 }
 
 report_set() {  # print a finished set's lines; a set without a status (killed) counts as failed
@@ -94,13 +97,7 @@ done
 
 if [ "$jobs" -eq 1 ]; then
     for name in "${names[@]}"; do  # one at a time, its output as it comes
-        words=${words_of[$name]}
-        echo "== check_cpu_kernels: $name (${words:-nothing set}; ATen picks ${capability_of[$name]}): pytest ${args[*]}"
-        start=$SECONDS
-        env $words TORCHINDUCTOR_CACHE_DIR="$caches/$name" "$PYTHON" -m pytest -q -p no:cacheprovider "${args[@]}"
-        code=$?
-        echo "== check_cpu_kernels: $name: exit $code in $((SECONDS - start)) s"
-        [ "$code" -ne 0 ] && status=1
+        check_set "$name" || status=1
     done
     exit "$status"
 fi
@@ -113,7 +110,7 @@ while [ "$next" -lt "${#names[@]}" ] || [ ${#running[@]} -gt 0 ]; do
     while [ "$next" -lt "${#names[@]}" ] && [ ${#running[@]} -lt "$jobs" ]; do
         name=${names[$next]}
         set -m  # each set in a process group of its own, stopped whole on Ctrl-C
-        run_set "$name" "${words_of[$name]}" "${capability_of[$name]}" &
+        run_set "$name" &
         set +m
         pids+=("$!")
         running+=("$next")
