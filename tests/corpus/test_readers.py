@@ -231,6 +231,68 @@ def test_a_jsonl_line_that_is_not_one_object_is_named_by_its_number(tmp_path, li
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "line", "escape"),
+    [
+        ("high.jsonl", '{"text": "a"}\n{"text": "b \\ud800 c"}\n', 2, "\\ud800"),  # pandas dropped it unsaid
+        ("low.jsonl", '{"text": "a \\udc00"}\n{"text": "b"}\n', 1, "\\udc00"),
+        ("swapped.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": "\\ude00\\ud83d"}\n', 3, "\\ude00"),
+        ("nested.jsonl", '{"messages": [{"role": "user", "content": "x\\uDBFF"}]}\n', 1, "\\uDBFF"),
+        ("array.json", '[\n  {"text": "a"},\n  {"text": "b \\ud800"}\n]\n', 3, "\\ud800"),
+        ("wide.jsonl", '{"text": "\\ud800", "id": 99999999999999999999}\n', 1, "\\ud800"),
+    ],
+    ids=[
+        "high_alone",
+        "low_alone",
+        "pair_reversed",
+        "in_a_nested_value",
+        "json_array",
+        "beside_a_wide_integer",
+    ],
+)
+def test_a_lone_surrogate_escape_is_refused_naming_its_line(tmp_path, name, content, line, escape):
+    """A ``\\ud800``-style escape without its other half writes no character: it was dropped from the text
+    without a word (a high one, by pandas' reader) or failed with a fix about the file's extension (a low
+    one). Refused, naming the line and the escape, as a line that is not JSON is."""
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert (
+        message.startswith(f"{path} line {line} writes {escape}, half of a surrogate pair")
+        and "Fix:" in message
+    )
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"text": "smile \\ud83d\\ude00"}',
+        '{"text": "a backslash then u: \\\\ud800"}',
+        '{"text": "\\\\\\ud83d\\ude00"}',
+    ],
+    ids=["a_whole_pair", "an_escaped_backslash", "a_backslash_then_a_pair"],
+)
+def test_a_whole_surrogate_pair_and_an_escaped_backslash_are_read(tmp_path, text):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(text + '\n{"text": "x"}\n', encoding="utf-8")
+    assert list(read_text_table(path)["text"]) == [json.loads(text)["text"], "x"]
+
+
+def test_a_lone_surrogate_is_found_on_the_line_that_writes_it(tmp_path):
+    """The scan pairs halves within a line: a high half ending one line and a low half starting the next are
+    two lone halves (JSON strings hold no line break)."""
+    from fastlm.corpus.readers import first_lone_surrogate
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"text": "ok \\ud83d\\ude00", "b": "\\\\ud800"}\n{"t": "end \\ud83d"}\n')
+    assert first_lone_surrogate(path) == (2, "\\ud83d")
+    path.write_bytes(b'{"text": "ok \\ud83d\\ude00"}\n')
+    assert first_lone_surrogate(path) is None
+
+
 def test_blank_lines_between_jsonl_objects_are_no_rows(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"text": "a"}\n\n  \n{"text": "b"}\r\n\n', encoding="utf-8")

@@ -566,6 +566,7 @@ def _read_jsonl(source, path: Path) -> pd.DataFrame:
             f"{path} line {line} is not valid JSON ({error}).",
             fix="fix or remove that line (JSON Lines: one JSON object per line).",
         )
+    _refuse_lone_surrogate(source, path)
     if whole:
         return table
     if _wide_integer(source):  # pandas' reader refuses it (``Value is too big!``) or rounds it (above int64)
@@ -656,7 +657,51 @@ def _read_json_array(source, path: Path) -> pd.DataFrame:
             f"{path} holds a JSON array, but not only of objects.",
             fix='give an array of objects such as [{"text": "..."}, ...].',
         )
+    _refuse_lone_surrogate(source, path)
     return pd.DataFrame.from_records(rows)
+
+
+# a JSON escape of a surrogate code point (``\ud800``-``\udfff``) and the backslashes before it: an odd run
+# is an escape, an even one an escaped backslash followed by the text "u..."
+SURROGATE_ESCAPE = re.compile(rb"(\\+)u([dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def first_lone_surrogate(source) -> tuple[int, str] | None:
+    r"""(line, escape) of the first JSON escape of half a surrogate pair with no other half beside it: a high
+    one (``\ud800``-``\udbff``) not followed at once by a low one, or a low one not preceded by a high one.
+    It writes no character (Python's ``json`` keeps it as a string UTF-8 cannot encode; pandas' reader drops a
+    high one). A JSON string holds no line break, so the halves are paired within a line."""
+    with _open(source) as handle:
+        for number, line in enumerate(handle, start=1):
+            if b"\\u" not in line:
+                continue
+            high = None  # the match of a high half awaiting its low half
+            for found in SURROGATE_ESCAPE.finditer(line):
+                if len(found.group(1)) % 2 == 0:
+                    continue
+                escape = "\\u" + found.group(2).decode()
+                if int(found.group(2), 16) < 0xDC00:  # a high half
+                    if high is not None:
+                        return number, "\\u" + high.group(2).decode()
+                    high = found
+                elif high is not None and found.start(1) == high.end() and len(found.group(1)) == 1:
+                    high = None  # the pair is whole
+                else:
+                    return number, escape
+            if high is not None:
+                return number, "\\u" + high.group(2).decode()
+    return None
+
+
+def _refuse_lone_surrogate(source, path: Path) -> None:
+    found = first_lone_surrogate(source)
+    if found is not None:
+        line, escape = found
+        raise InputDataError(
+            f"{path} line {line} writes {escape}, half of a surrogate pair without its other half:"
+            " no character (the text would lose it).",
+            fix="write the character itself (or both halves of its pair), or remove that escape.",
+        )
 
 
 def _first_byte(source) -> bytes:
