@@ -373,3 +373,49 @@ def _written(stem, kind: str, rows: list[dict]):
     else:
         datasets.Dataset.from_list(rows).save_to_disk(path)
     return path
+
+
+@pytest.mark.parametrize("written_by", ["pandas_categorical", "arrow_dictionary"])
+def test_a_dictionary_encoded_parquet_text_column_reads_and_cleans_as_plain_texts(tmp_path, written_by):
+    """A text column Parquet stores dictionary-encoded (pandas' ``category`` dtype, a writer's dictionary of
+    repeated answers) is read as the texts it holds: cleaning such a column with a missing value failed with
+    pandas' ``Cannot setitem on a Categorical with a new category``, a traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastlm.corpus.cleaning import clean_pairs, clean_texts
+
+    texts = ["배송 빨라요", None, "good", "배송 빨라요", "  ", "good "]
+    path = tmp_path / "rows.parquet"
+    if written_by == "pandas_categorical":
+        index = pd.Index(range(10, 16), name="row_id")
+        frame = pd.DataFrame(
+            {"text": pd.Categorical(texts), "answer": pd.Categorical(texts[::-1])}, index=index
+        )
+        frame.to_parquet(path)
+    else:
+        column = pa.array(texts).dictionary_encode()
+        pq.write_table(pa.table({"text": column, "answer": pa.array(texts[::-1]).dictionary_encode()}), path)
+    table = read_text_table(path)
+    assert not any(isinstance(dtype, pd.CategoricalDtype) for dtype in table.dtypes)
+    assert list(table.columns) == ["text", "answer"]  # pandas' index stays the index
+    kept, drops = clean_texts(table["text"])
+    assert list(kept) == ["배송 빨라요", "good"]
+    assert drops == {"missing": 1, "non_string": 0, "empty": 0, "whitespace_only": 1, "duplicate": 2}
+    pairs, _ = clean_pairs(table["text"], table["answer"])
+    assert pairs.values.tolist() == [["배송 빨라요", "good"], ["good", "배송 빨라요"]]
+
+
+def test_parquet_shards_of_dictionary_and_plain_text_columns_join_as_one_file_of_their_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": pa.array(["a", "b", "a"]).dictionary_encode()}), folder / "0.parquet")
+    pq.write_table(pa.table({"text": pa.array(["c", None])}), folder / "1.parquet")
+    pq.write_table(pa.table({"text": pa.array(["d", "a"]).dictionary_encode()}), folder / "2.parquet")
+    table = read_raw_table(folder)
+    assert not isinstance(table["text"].dtype, pd.CategoricalDtype)
+    assert table["text"].tolist()[:4] == ["a", "b", "a", "c"] and table["text"].isna().tolist()[4]
+    assert table["text"].tolist()[5:] == ["d", "a"]

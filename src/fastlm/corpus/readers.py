@@ -776,7 +776,31 @@ def _read_parquet(source, path: Path) -> pd.DataFrame:
 
     with pq.ParquetFile(source) as file:  # one open for the schema and the rows (shards: a third the time)
         _refuse_repeated(file.schema_arrow.names, path)
-        return file.read()
+        return _dictionaries_decoded(file.read())
+
+
+def _dictionaries_decoded(table):
+    """``table`` with each dictionary-encoded column (pandas' ``category`` written to Parquet, a writer's
+    dictionary of repeated values) as the plain column of its values: pandas would read it as a Categorical,
+    which holds no value outside its categories (cleaning writes new ones) and compares unlike a column of
+    texts. The file's pandas metadata (its index kept) no longer calls those columns categorical."""
+    import pyarrow as pa
+
+    encoded = {field.name for field in table.schema if pa.types.is_dictionary(field.type)}
+    if not encoded:
+        return table
+    for index, field in enumerate(table.schema):
+        if field.name in encoded:
+            plain = table.column(index).cast(field.type.value_type)
+            table = table.set_column(index, field.with_type(plain.type), plain)
+    metadata = dict(table.schema.metadata or {})
+    if b"pandas" in metadata:
+        pandas_metadata = json.loads(metadata[b"pandas"])
+        for column in pandas_metadata.get("columns", []):
+            if column.get("field_name") in encoded:
+                column.update(pandas_type="object", numpy_type="object", metadata=None)
+        metadata[b"pandas"] = json.dumps(pandas_metadata).encode()
+    return table.replace_schema_metadata(metadata)
 
 
 def _read_arrow_dir(source, path: Path) -> pd.DataFrame:
