@@ -157,13 +157,13 @@ def test_empty_raw_file(project):
 
 
 def test_unknown_extension(project):
-    (project / "data/01_raw/corpus.txt").write_text("text\nhello\n", encoding="utf-8")
+    (project / "data/01_raw/corpus.docx").write_bytes(b"PK\x03\x04 a word document")
     _fails_cleanly(
         project,
         "split",
-        {"raw_path": "data/01_raw/corpus.txt"},
+        {"raw_path": "data/01_raw/corpus.docx"},
         InputDataError,
-        "data/01_raw/corpus.txt: unknown extension '.txt'",
+        "data/01_raw/corpus.docx: unknown extension '.docx'",
         ".jsonl",
     )
 

@@ -109,7 +109,7 @@ def test_a_shard_of_another_format_is_refused_naming_it(tmp_path):
 def test_nothing_to_read_names_the_folder_or_pattern(tmp_path, kind):
     (tmp_path / "s").mkdir()
     if kind == "only other files":
-        (tmp_path / "s" / "notes.txt").write_text("x")
+        (tmp_path / "s" / "notes.md").write_text("x")
     path = tmp_path / "s" / "*.jsonl" if kind == "no match" else tmp_path / "s"
     message = _refusal(path)
     assert str(path) in message and "raw_path" in message
@@ -209,3 +209,16 @@ def test_a_file_rewritten_with_its_size_and_time_kept_is_changed(tmp_path):
     os.utime(raw, (1_000_000_000, 1_000_000_000))
     assert not file_changed(raw, recorded)
     assert shards_changed(folder, shards) is None
+
+
+def test_a_folder_of_txt_shards_reads_one_text_a_line_and_a_txt_beside_other_shards_is_skipped(tmp_path):
+    """Text files are shards where the folder holds no other data file; beside JSON Lines or Parquet shards
+    a .txt (notes, a licence) is no data and said skipped, as a README.md is."""
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "lines" / "b.txt").write_text("three\nfour\n", encoding="utf-8")
+    (tmp_path / "lines" / "a.txt").write_text("one\ntwo\n", encoding="utf-8")
+    assert read_raw_table(tmp_path / "lines")["text"].tolist() == ["one", "two", "three", "four"]
+    _jsonl(tmp_path / "mixed" / "part-0.jsonl", _rows(0, 3))
+    (tmp_path / "mixed" / "LICENSE.txt").write_text("a licence\n", encoding="utf-8")
+    assert [path.name for path in shard_files(tmp_path / "mixed")] == ["part-0.jsonl"]
+    assert read_raw_table(tmp_path / "mixed")["n"].tolist() == [0, 1, 2]

@@ -486,3 +486,42 @@ def test_the_character_budget_per_tokenizer_call_changes_no_byte_of_the_data(raw
     assert cut_fingerprint == whole_fingerprint
     assert set(cut) == set(whole)
     assert all(cut[name].data.table.equals(whole[name].data.table) for name in whole)
+
+
+@pytest.mark.parametrize("name", ["lines.txt", "lines.txt.gz"])
+def test_a_txt_file_splits_one_text_a_line_as_the_same_lines_in_json_lines(tmp_path, name):
+    """A plain-text corpus (one text a line, as Hugging Face's ``text`` loader reads it) is raw data: each
+    line a text (split at newlines alone, CRLF and a leading BOM dropped, U+2028 kept inside its line), a
+    blank line counted as ``empty`` or ``whitespace_only``; the kept texts and their splits are those of the
+    same lines written as JSON Lines. Was: refused as an unknown extension, though predict read .txt."""
+    import gzip
+
+    lines = [f"배송이 빨라요 {i}번째 리뷰입니다" for i in range(30)] + [
+        "a line\u2028with a separator",
+        "",
+        "  ",
+    ]
+    lines += ["배송이 빨라요 3번째 리뷰입니다"]
+    data = ("\ufeff" + "\r\n".join(lines) + "\r\n").encode("utf-8")
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    (tmp_path / "same.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    clean, counts = nodes.clean_corpus(_read_raw(tmp_path / name), PARAMS)
+    same, same_counts = nodes.clean_corpus(_read_raw(tmp_path / "same.jsonl"), PARAMS)
+    assert list(clean["text"]) == list(same["text"]) == lines[:31]
+    assert counts["dropped"] == same_counts["dropped"]
+    assert counts["dropped"]["empty"] == 1 and counts["dropped"]["whitespace_only"] == 1
+    assert counts["dropped"]["duplicate"] == 1
+    splits, _ = nodes.split_corpus(clean, counts, PARAMS)
+    same_splits, _ = nodes.split_corpus(same, same_counts, PARAMS)
+    pd.testing.assert_frame_equal(splits, same_splits)
+
+
+def test_a_txt_file_for_another_text_column_or_for_pairs_names_its_one_column(tmp_path):
+    (tmp_path / "lines.txt").write_text("one\ntwo\n", encoding="utf-8")
+    for params in (
+        {**PARAMS, "text_column": "body"},
+        {**PARAMS, "prompt_column": "q", "response_column": "a"},
+    ):
+        with pytest.raises(InputDataError) as error:
+            nodes.clean_corpus(_read_raw(tmp_path / "lines.txt"), params)
+        assert "its columns are ['text']" in str(error.value)

@@ -109,8 +109,11 @@ def test_tracking_is_relative_typed_complete_and_honest(own_store, tmp_path, mon
     before = len(runs_of(copy))
     with pytest.raises(Exception, match="max_stesp"):
         run_pipeline(copy, "train", {**PARAMS, "train": {**TINY_TRAIN, "max_stesp": 5}})
-    (copy / "data/01_raw/corpus.txt").write_text("one text\n", encoding="utf-8")
-    for raw, refused in (("data/01_raw/nope.csv", "does not exist"), ("data/01_raw/corpus.txt", "extension")):
+    (copy / "data/01_raw/corpus.docx").write_bytes(b"PK\x03\x04 a word document")
+    for raw, refused in (
+        ("data/01_raw/nope.csv", "does not exist"),
+        ("data/01_raw/corpus.docx", "extension"),
+    ):
         with pytest.raises(Exception, match=refused):
             run_pipeline(copy, "split", {**PARAMS, "raw_path": raw})
     assert len(runs_of(copy)) == before

@@ -1,4 +1,5 @@
-"""Read a raw text table by file extension: CSV, TSV, JSONL, Parquet, or a ``save_to_disk`` folder."""
+"""Read a raw text table by file extension: CSV, TSV, JSONL, Parquet, plain text (one text a line, a
+``text`` column), or a ``save_to_disk`` folder."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ FORMATS = {
     ".json": "jsonl",
     ".parquet": "parquet",
     ".pq": "parquet",
+    ".txt": "txt",
 }
+LINES = "txt"  # one text a line, in a ``text`` column (Hugging Face's ``text`` loader, line by line)
 RAW_PATH = "raw_path"
 FIX = (
     "point raw_path at it (kedro run --pipeline=split --params raw_path=<file>) or edit raw_corpus in "
@@ -71,10 +74,9 @@ def detect_format(path: Path, parameter: str = RAW_PATH) -> str:
         )
     kind = suffix_format(path)
     if kind is None:
-        lines = "" if parameter == RAW_PATH else ", .txt (one input a line)"
         raise InputDataError(
             f"{path}: unknown extension {path.suffix or '(none)'!r}; fastlm reads .csv, .tsv, .jsonl (.json, "
-            f".ndjson), .parquet{lines}, optionally compressed, or a save_to_disk folder.",
+            ".ndjson), .parquet, .txt (one text a line), optionally compressed, or a save_to_disk folder.",
             fix="convert the file to one of those or rename it to its real format"
             + ("." if parameter == RAW_PATH else f", then {_fix(parameter)}."),
         )
@@ -194,6 +196,8 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
     read so (``fastlm.corpus.shards``): their Arrow tables are joined without a copy, then converted once."""
     path = Path(path)
     kind = check_table_path(path, parameter)
+    if kind == LINES:
+        return pd.DataFrame({"text": pd.Series(read_text_lines(path, parameter), dtype=object)})
     try:
         source = _text_source(path, parameter) if kind in TEXT_FORMATS else path
         return _READERS[kind](source, path)

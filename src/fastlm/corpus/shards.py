@@ -23,6 +23,7 @@ import pandas as pd
 from fastlm.corpus.readers import (
     COMPRESSIONS,
     FIX,
+    LINES,
     RAW_PATH,
     as_frame,
     check_table_path,
@@ -55,7 +56,8 @@ def _marker(path: Path) -> bool:
 
 def data_files(path: str | Path, say: bool = False) -> list[Path] | None:
     """The data files of a folder or glob in sorted path order (markers, other files and empty files left
-    out; ``say``: the others said in a log line, as the shards are read), without checking them further; None
+    out, and .txt files where other data files are beside them; ``say``: the others said in a log line, as
+    the shards are read), without checking them further; None
     for a single file, a ``save_to_disk`` folder or a path that does not exist (read as one file)."""
     path = Path(path)
     if is_pattern(path):
@@ -76,6 +78,9 @@ def data_files(path: str | Path, say: bool = False) -> list[Path] | None:
             said.append(f"{file.name} (empty)")
         else:
             kept.append(file)
+    if any(suffix_format(file) != LINES for file in kept):  # notes or a licence beside the data: no shard
+        said += [f"{file.name} (text beside the data files)" for file in kept if suffix_format(file) == LINES]
+        kept = [file for file in kept if suffix_format(file) != LINES]
     if said and say:
         log.info("Skipped in %s: %s", path, ", ".join(said))
     return kept
@@ -91,8 +96,8 @@ def shard_files(path: str | Path, parameter: str = RAW_PATH, say: bool = False) 
     if not files:
         slashed = str(path).replace("\\", "/")
         raise InputDataError(
-            f"no data file (.csv, .tsv, .jsonl, .parquet, optionally compressed) {what} {path} given as "
-            f"{parameter}.",
+            f"no data file (.csv, .tsv, .jsonl, .parquet, .txt, optionally compressed) {what} {path} given "
+            f"as {parameter}.",
             fix=f"write the path with / (a backslash is no folder separator here): --params "
             f"{parameter}={shlex.quote(slashed)}."
             if slashed != str(path) and data_files(slashed)
