@@ -419,3 +419,43 @@ def test_parquet_shards_of_dictionary_and_plain_text_columns_join_as_one_file_of
     assert not isinstance(table["text"].dtype, pd.CategoricalDtype)
     assert table["text"].tolist()[:4] == ["a", "b", "a", "c"] and table["text"].isna().tolist()[4]
     assert table["text"].tolist()[5:] == ["d", "a"]
+
+
+def test_a_csv_row_with_more_fields_than_its_header_is_named_with_the_quoting_fix(tmp_path):
+    """A text holding a comma, unquoted, makes its row one field longer: pandas' ``Expected 2 fields in line
+    3, saw 3`` was passed on with the fix to check the file's format matches its extension."""
+    path = tmp_path / "ragged.csv"
+    path.write_text('id,text\n1,"two\nlines"\n2,a, b\n3,"c, d"\n', encoding="utf-8")
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)  # the line an editor shows (pandas counted records: its "line 3")
+    assert (
+        message.startswith(f"{path} line 4 holds 3 fields where its header names 2") and "\n" not in message
+    )
+    assert "Fix: quote" in message and "extension" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said", "fix"),
+    [
+        ("semi.csv", "text;label\nhello;1\n", "separated by ';'", "commas"),
+        ("bars.csv", "text|label\nhello|1\n", "separated by '|'", "commas"),
+        ("tabs.csv", "text\tlabel\nhello\t1\n", "separated by tabs", "rename it to tabs.tsv"),
+        ("commas.tsv", "text,label\nhello,1\n", "separated by ','", "rename it to commas.csv"),
+    ],
+)
+def test_a_table_read_with_the_wrong_separator_says_which_separator_it_looks_like(
+    tmp_path, name, content, said, fix
+):
+    """A CSV separated by semicolons (a European spreadsheet's export) reads as one column named
+    ``text;label``: the split said to set split.text_column to that name. Now the separator is named, and
+    what to do about it."""
+    from fastlm.pipelines.split import nodes
+
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputDataError) as error:
+        nodes.clean_corpus(read_raw_table(path), {"text_column": "text"})
+    message = str(error.value)
+    assert f"{path} has no column 'text'" in message and said in message and fix in message, message
+    assert "set split.text_column to one of them" not in message

@@ -1222,6 +1222,15 @@ def test_an_input_of_no_row_and_no_column_is_refused_as_no_row(project, name, co
     assert name in message and "no row" in message and "column" not in message, message
 
 
+def test_an_input_separated_by_semicolons_names_its_separator(project):
+    """A CSV exported with semicolons reads as one column named after its whole header: the fix said to
+    name one of its columns (``text;label``). The separator is named instead."""
+    (project / "data/01_raw/semi.csv").write_text("dialogue;label\nhello there;1\n", encoding="utf-8")
+    message = _refusal(project, input="data/01_raw/semi.csv", prompt_column="dialogue", max_new_tokens=2)
+    assert "has no column 'dialogue'" in message and "looks separated by ';', not ','" in message, message
+    assert "save it with commas between columns" in message and "one of them" not in message
+
+
 def test_an_input_refused_for_lengths_and_blanks_names_both_fixes(project):
     """Every row refused, some too long and some blank: the fix named only the blanks' (a non-empty text),
     which leaves the long ones refused. It names both."""

@@ -460,7 +460,73 @@ def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
     header = pd.read_csv(source, sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False)
     _refuse_repeated(header.iloc[0].tolist() if len(header) else [], path)
     # Only truly empty cells are missing: a text that reads "NA" or "null" stays a text.
-    return csv_rows(source, sep, keep_default_na=False, na_values=[""], low_memory=False)
+    try:
+        return csv_rows(source, sep, keep_default_na=False, na_values=[""], low_memory=False)
+    except pd.errors.ParserError as exc:
+        found = MORE_FIELDS.search(str(exc))
+        if found is None:
+            raise
+        expected, line, saw = found.groups()
+        line = _line_of_longer_record(source, sep, int(expected)) or line  # pandas counts records
+        what = SEPARATOR_NAMES[sep]
+        raise InputDataError(
+            f"{path} line {line} holds {saw} fields where its header names {expected}: a value holding "
+            f"{what} unquoted is split there.",
+            fix=f'quote each value that holds {what} ("a, b"; a quote inside a quoted value doubled: "say '
+            '""hi"""), or remove the extra field.',
+        ) from None
+
+
+def _line_of_longer_record(source, sep: str, fields: int) -> int | None:
+    """The line (counted from 1, as an editor counts) where the first record of more than ``fields`` fields
+    ends, read by Python's ``csv`` (a quoted value may span lines, which pandas' record number does not
+    count)."""
+    import csv
+
+    with _open(source) as handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
+        try:
+            reader = csv.reader(text, delimiter=sep)
+            for record in reader:
+                if len(record) > fields:
+                    return reader.line_num
+        except csv.Error:
+            return None
+        finally:
+            text.detach()  # the source stays open for its owner
+    return None
+
+
+# pandas' C parser on a record longer than the header
+MORE_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
+SEPARATOR_NAMES = {",": "a comma", "\t": "a tab", ";": "a semicolon", "|": "a bar"}
+SHOWN_SEPARATORS = {",": "','", "\t": "tabs", ";": "';'", "|": "'|'"}
+
+
+def separator_hint(table: pd.DataFrame, file: str | Path) -> tuple[str, str] | None:
+    """(what, fix) where ``table``, read from ``file`` (a CSV or TSV file), is one column whose name holds
+    another separator than the file's: a CSV separated by semicolons (a European spreadsheet's export), tabs
+    or bars, or a TSV by commas, read as one column named ``text;label``; None otherwise."""
+    kind = suffix_format(Path(file))
+    if kind not in ("csv", "tsv") or len(table.columns) != 1:
+        return None
+    own = "," if kind == "csv" else "\t"
+    name = str(table.columns[0])
+    other = next((sep for sep in SHOWN_SEPARATORS if sep != own and sep in name), None)
+    if other is None:
+        return None
+    what = f"its one column is named {name!r}: the file looks separated by {SHOWN_SEPARATORS[other]}, not "
+    what += f"{SHOWN_SEPARATORS[own]}"
+    file = Path(file)
+    stem = file.name[: -len("".join(file.suffixes))] if file.suffixes else file.name
+    compressed = "".join(file.suffixes[1:]) if _is_compressed(file) else ""
+    if other in (",", "\t"):
+        other_kind = "csv" if other == "," else "tsv"
+        return what, f"rename it to {stem}.{other_kind}{compressed}."
+    return what, (
+        f"save it with commas between columns (pandas: pd.read_csv(path, sep={other!r}).to_csv(new_path, "
+        "index=False)), or with tabs as a .tsv file."
+    )
 
 
 # A line of spaces and tabs alone, which pandas' CSV reader skips as blank (skip_blank_lines): after each line

@@ -24,7 +24,8 @@ from fastlm.corpus.prompts import (
     prompt_frame,
     tokenize_pairs,
 )
-from fastlm.corpus.shards import shard_row, texts_as_written
+from fastlm.corpus.readers import separator_hint
+from fastlm.corpus.shards import SHARDS, shard_row, texts_as_written
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import (
     FOLDS,
@@ -197,6 +198,10 @@ def data_columns(config) -> list[tuple[str, str]]:
 def require_columns(raw: pd.DataFrame, config, source: str) -> None:
     for name, column in data_columns(config):
         if column not in raw.columns:
+            shards = raw.attrs.get(SHARDS)
+            hint = separator_hint(raw, shards[0][0] if shards else source)
+            if hint is not None:  # one column named after the whole header: another separator
+                raise InputDataError(f"{source} has no column {column!r}; {hint[0]}.", fix=hint[1])
             raise InputDataError(
                 f"{source} has no column {column!r}; its columns are {list(map(str, raw.columns))}.",
                 fix=f"set split.{name} to one of them (--params split.{name}=<name>).",

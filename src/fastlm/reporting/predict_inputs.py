@@ -29,6 +29,7 @@ from fastlm.corpus.cleaning import classify_values
 from fastlm.corpus.config import DEFAULT_PROMPT_TEMPLATE
 from fastlm.corpus.pretokenized import input_ids
 from fastlm.corpus.prompts import UNPADDED, leading_bos, quoted, render_prompt, truncate_prompt_ids
+from fastlm.corpus.readers import separator_hint
 from fastlm.corpus.sharegpt import role_content_chats
 from fastlm.corpus.tokenization import call_chunks
 from fastlm.corpus.tool_calls import parse_tools
@@ -321,6 +322,11 @@ def id_input_rows(
 def _check_columns(table: pd.DataFrame, column: tuple[str, str], id_column: str | None, source: str) -> None:
     for parameter, name in (column, ("predict.id_column", id_column)):
         if name is not None and name not in table.columns:
+            hint = separator_hint(table, source)
+            if hint is not None:  # one column named after the whole header: another separator
+                raise InputDataError(
+                    f"{source} has no column {name!r} ({parameter}); {hint[0]}.", fix=hint[1]
+                )
             raise InputDataError(
                 f"{source} has no column {name!r} ({parameter}); its columns are "
                 f"{[str(c) for c in table.columns]}.",
