@@ -459,3 +459,52 @@ def test_a_table_read_with_the_wrong_separator_says_which_separator_it_looks_lik
     message = str(error.value)
     assert f"{path} has no column 'text'" in message and said in message and fix in message, message
     assert "set split.text_column to one of them" not in message
+
+
+def test_a_tsv_whose_quotes_are_text_reads_them_as_written(tmp_path):
+    """A TSV written by hand or by a tool that does not quote (NSMC's ratings files: reviews holding quotes)
+    is read as written: a CSV-style reading dropped the quotes of a value that begins with one
+    (``"좋아요" 최고`` read ``좋아요 최고``) and an unclosed quote swallowed the rows after it or failed with
+    pandas' ``EOF inside string``."""
+    rows = [
+        ("1", '"좋아요" 최고'),
+        ("2", '그냥 "보통" 이에요'),
+        ("3", '"닫히지 않은 따옴표'),
+        ("4", "다음 리뷰"),
+        ("5", '""'),
+    ]
+    path = tmp_path / "ratings.tsv"
+    path.write_text("id\tdocument\n" + "".join(f"{i}\t{text}\n" for i, text in rows), encoding="utf-8")
+    table = read_text_table(path)
+    assert table["document"].tolist() == [text for _, text in rows]
+    cells = texts_as_written(read_raw_table(path), ["id"])["id"].tolist()
+    assert cells == [i for i, _ in rows]
+
+
+@pytest.mark.parametrize("sep", [",", "\t"])
+def test_a_table_written_with_csv_quoting_reads_back_its_values(tmp_path, sep):
+    """pandas' to_csv quotes a value holding the separator, a line end or a quote: read back as written."""
+    values = ['he said "hi"', "a\tb", "two\nlines", "a, b", '"quoted whole"', "plain"]
+    path = tmp_path / ("rows.csv" if sep == "," else "rows.tsv")
+    pd.DataFrame({"id": range(len(values)), "text": values}).to_csv(path, sep=sep, index=False)
+    assert read_text_table(path)["text"].tolist() == values
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "said"),
+    [
+        ('id,text\n1,plain\n2,"좋아요" 최고\n3,next\n', 3, "a quoted value is followed by more text"),
+        ('id,text\n1,plain\n2,"never closed\n3,next\n4,last\n', 3, "a quote opened here is never closed"),
+    ],
+    ids=["text_after_a_quoted_value", "unclosed_quote"],
+)
+def test_a_csv_whose_quoting_is_broken_is_refused_naming_the_line(tmp_path, content, line, said):
+    """A CSV quotes values; a value that starts with a quote and goes on after the closing one, or a quote
+    never closed, was read with its quotes dropped (``좋아요 최고``) or swallowed every later row into one
+    text, or failed with pandas' ``EOF inside string``."""
+    path = tmp_path / "broken.csv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert message.startswith(f"{path} line {line}: {said}") and "Fix: " in message and "\n" not in message

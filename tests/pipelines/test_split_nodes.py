@@ -525,3 +525,23 @@ def test_a_txt_file_for_another_text_column_or_for_pairs_names_its_one_column(tm
         with pytest.raises(InputDataError) as error:
             nodes.clean_corpus(_read_raw(tmp_path / "lines.txt"), params)
         assert "its columns are ['text']" in str(error.value)
+
+
+def test_a_txt_file_that_is_a_table_of_tabs_is_refused_naming_tsv(tmp_path):
+    """NSMC's ratings_train.txt and its like: a .txt whose every line holds the same number of tabs is a
+    table, not one text a line (its header and every id and label would train as text). Refused, naming the
+    .tsv it is; lines with tabs in varying numbers (code, aligned notes) are texts."""
+    table = "id\tdocument\tlabel\n9976970\t아 더빙.. 진짜 짜증나네요 목소리\t0\n"
+    table += "3819312\t흠...포스터보고 초딩영화줄\t1\n"
+    (tmp_path / "ratings_train.txt").write_text(table, encoding="utf-8")
+    from fastlm.corpus.shards import read_raw_table
+
+    with pytest.raises(InputDataError) as error:
+        read_raw_table(tmp_path / "ratings_train.txt")
+    message = str(error.value)
+    assert "ratings_train.txt looks like a table" in message and "2 tabs" in message, message
+    assert "rename it to ratings_train.tsv" in message and "\n" not in message
+    code = "def f():\n\treturn 1\nplain line\n\t\tdeeper\n"
+    (tmp_path / "code.txt").write_text(code, encoding="utf-8")
+    clean, _ = nodes.clean_corpus(_read_raw(tmp_path / "code.txt"), PARAMS)
+    assert list(clean["text"]) == ["def f():", "return 1", "plain line", "deeper"]

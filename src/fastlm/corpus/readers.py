@@ -168,13 +168,16 @@ def written_cells(path: str | Path, names: Sequence[str], parameter: str = RAW_P
     ``read_text_table`` reads the file (its encoding, its compression): text ("007" is not the number 7, "1e3"
     not 1000.0), a truly empty cell None."""
     path = Path(path)
+    source = _text_source(path, parameter)
+    sep = "\t" if check_table_path(path, parameter) == "tsv" else ","
     written = csv_rows(
-        _text_source(path, parameter),
-        "\t" if check_table_path(path, parameter) == "tsv" else ",",
+        source,
+        sep,
         list(names),
         dtype=str,
         keep_default_na=False,
         na_values=[""],
+        quoting=csv_quoting(source, sep, path),
     )
     return {name: [None if pd.isna(v) else str(v) for v in written[name]] for name in names}
 
@@ -197,7 +200,9 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
     path = Path(path)
     kind = check_table_path(path, parameter)
     if kind == LINES:
-        return pd.DataFrame({"text": pd.Series(read_text_lines(path, parameter), dtype=object)})
+        lines = read_text_lines(path, parameter)
+        _refuse_a_table_of_tabs(lines, path)
+        return pd.DataFrame({"text": pd.Series(lines, dtype=object)})
     try:
         source = _text_source(path, parameter) if kind in TEXT_FORMATS else path
         return _READERS[kind](source, path)
@@ -254,6 +259,24 @@ def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
     if lines[-1] == "":
         lines.pop()  # the file's last line ends with a newline
     return [line.removesuffix("\r") for line in lines]
+
+
+def _refuse_a_table_of_tabs(lines: list[str], path: Path) -> None:
+    """A .txt whose every line (two or more, blank ones aside) holds the same number of tabs is a table saved
+    as text (NSMC's ratings_train.txt: id, document, label): read a line a text, its header and every id and
+    label would train as text."""
+    filled = [line for line in lines if line.strip()]
+    tabs = {line.count("\t") for line in filled}
+    if len(filled) >= 2 and len(tabs) == 1 and (count := tabs.pop()) >= 1:
+        name = path.name
+        stem = name[: -len("".join(path.suffixes))] if path.suffixes else name
+        compressed = "".join(path.suffixes[1:]) if _is_compressed(path) else ""
+        raise InputDataError(
+            f"{path} looks like a table, not one text a line: each of its lines holds {count} tab"
+            f"{'s' if count > 1 else ''} (its first: {filled[0][:60]!r}).",
+            fix=f"rename it to {stem}.tsv{compressed} to read its columns (its first line names them), then "
+            "set split.text_column to the column of texts.",
+        )
 
 
 TEXT_FORMATS = {"csv", "tsv", "jsonl"}
@@ -456,18 +479,21 @@ def _repeated_key(path: Path, line: int, key: str) -> InputDataError:
 
 
 def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
+    quoting = csv_quoting(source, sep, path)
     # pandas renames a repeated header name ("text", "text.1"): read the header row as it is written first.
-    header = pd.read_csv(source, sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False)
+    header = pd.read_csv(
+        _rewound(source), sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False, quoting=quoting
+    )
     _refuse_repeated(header.iloc[0].tolist() if len(header) else [], path)
     # Only truly empty cells are missing: a text that reads "NA" or "null" stays a text.
     try:
-        return csv_rows(source, sep, keep_default_na=False, na_values=[""], low_memory=False)
+        return csv_rows(source, sep, keep_default_na=False, na_values=[""], low_memory=False, quoting=quoting)
     except pd.errors.ParserError as exc:
         found = MORE_FIELDS.search(str(exc))
         if found is None:
             raise
         expected, line, saw = found.groups()
-        line = _line_of_longer_record(source, sep, int(expected)) or line  # pandas counts records
+        line = _line_of_longer_record(source, sep, int(expected), quoting) or line  # pandas counts records
         what = SEPARATOR_NAMES[sep]
         raise InputDataError(
             f"{path} line {line} holds {saw} fields where its header names {expected}: a value holding "
@@ -477,7 +503,7 @@ def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
         ) from None
 
 
-def _line_of_longer_record(source, sep: str, fields: int) -> int | None:
+def _line_of_longer_record(source, sep: str, fields: int, quoting: int) -> int | None:
     """The line (counted from 1, as an editor counts) where the first record of more than ``fields`` fields
     ends, read by Python's ``csv`` (a quoted value may span lines, which pandas' record number does not
     count)."""
@@ -486,7 +512,7 @@ def _line_of_longer_record(source, sep: str, fields: int) -> int | None:
     with _open(source) as handle:
         text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
         try:
-            reader = csv.reader(text, delimiter=sep)
+            reader = csv.reader(text, delimiter=sep, quoting=quoting)
             for record in reader:
                 if len(record) > fields:
                     return reader.line_num
@@ -495,6 +521,50 @@ def _line_of_longer_record(source, sep: str, fields: int) -> int | None:
         finally:
             text.detach()  # the source stays open for its owner
     return None
+
+
+def csv_quoting(source, sep: str, path: Path) -> int:
+    """How the CSV or TSV file at ``source`` quotes (``csv.QUOTE_*``, for ``pd.read_csv``): as spreadsheets
+    and pandas write (a value in quotes, a quote inside it doubled) where every quote of the file is such
+    quoting, or where it holds none; a TSV whose quotes are not (typed by hand or by a tool that quotes
+    nothing, as NSMC's reviews are: ``"좋아요" 최고``, a quote never closed) has its quotes read as text. A
+    CSV whose quoting is broken is refused, naming the line where the broken value begins."""
+    import csv
+
+    if not _holds_quote(source):
+        return csv.QUOTE_MINIMAL
+    with _open(source) as handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
+        reader = csv.reader(text, delimiter=sep, strict=True)
+        start = 1  # the line where the record being read begins
+        try:
+            for _ in reader:
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            if sep == "\t":
+                return csv.QUOTE_NONE
+            raise _broken_quoting(path, start, str(exc)) from None
+        finally:
+            text.detach()  # the source stays open for its owner
+    return csv.QUOTE_MINIMAL
+
+
+def _holds_quote(source) -> bool:
+    with _open(source) as handle:
+        return any(b'"' in block for block in iter(lambda: handle.read(_SCAN_BLOCK), b""))
+
+
+def _broken_quoting(path: Path, line: int, error: str) -> InputDataError:
+    what = (
+        "a quote opened here is never closed"
+        if "unexpected end of data" in error or "EOF" in error
+        else "a quoted value is followed by more text before the next comma"
+    )
+    return InputDataError(
+        f"{path} line {line}: {what} (a CSV value that begins with a quote ends with the quote closing it).",
+        fix='quote the whole value and double each quote inside it ("""hi"" there" for "hi" there), or '
+        "remove the stray quote.",
+    )
 
 
 # pandas' C parser on a record longer than the header
