@@ -135,3 +135,18 @@ def test_split_digest_hashes_rows_in_bounded_chunks_as_the_whole_frame(bpe_token
     digest = split_fingerprint(splits, bpe_tokenizer, parse_split_params({"max_length": 64}))["data_sha256"]
     assert digest == whole
     assert max(seen) <= 7 and sum(seen) == len(splits)
+
+
+def test_plain_text_tokenized_with_special_tokens_parsed_is_stale(bpe_tokenizer):
+    """Plain text tokenized before a special token's text in a text was read as text (the EOS token in the
+    middle of a sample) is stale, saying why; data of prompts, chats or ids keeps its fingerprint."""
+    current = make_fingerprint(bpe_tokenizer, 64)
+    assert current["params"]["special_tokens_in_texts"] == "as_text"
+    older = json.loads(json.dumps(current))
+    del older["params"]["special_tokens_in_texts"]
+    older["fingerprint"] = "written-by-an-older-fastlm"
+    with pytest.raises(StaleDataError) as error:
+        check_fresh(older, bpe_tokenizer, 64, where="data/05_model_input/tokenized_corpus")
+    assert "special tokens written in a text were read as the tokens" in str(error.value)
+    prompts = make_fingerprint(bpe_tokenizer, 64, data_format={"kind": "prompt_response"})
+    assert "special_tokens_in_texts" not in prompts["params"]

@@ -151,3 +151,19 @@ def test_no_tokenizer_call_exceeds_the_character_budget(
     assert len(calls) > -(-len(texts) // 40)  # the budget split the batches of 40 texts
     assert sum(texts for texts, _ in calls) >= len(prompts if path == "pairs" else texts)
     assert not _over_budget(calls, budget), calls
+
+
+@pytest.mark.parametrize("num_proc", [1, 2], ids=["one_process", "pool"])
+def test_a_special_tokens_text_in_a_plain_text_is_text_not_the_token(bpe_tokenizer, sample_texts, num_proc):
+    """A plain text holding ``<|endoftext|>`` as characters (scraped model output, a page about tokenizers)
+    was tokenized as the EOS token in the middle of its sample: the model learned to end a text and go on.
+    It is text: the sample decodes back to the text, its one EOS last."""
+    eos = bpe_tokenizer.eos_token_id
+    marker = bpe_tokenizer.eos_token
+    texts = [f"{text} {marker} and more" for text in sample_texts[:40]]
+    tokens = tokenize_texts(texts, bpe_tokenizer, max_length=512, batch_size=10, num_proc=num_proc)
+    assert np.count_nonzero(tokens.values == eos) == len(texts)  # each sample's last id alone
+    for row, text in enumerate(texts[:10]):
+        ids = tokens.values[tokens.offsets[row] : tokens.offsets[row + 1] - 1].tolist()
+        assert bpe_tokenizer.decode(ids) == text
+    assert bpe_tokenizer(f"a {marker}")["input_ids"][-1] == eos  # the tokenizer itself is left as it was

@@ -839,3 +839,20 @@ def test_predict_tokenizes_long_inputs_in_calls_bounded_by_characters(
     assert encode_inputs(texts, counted) == whole
     assert len(counted.calls) > 1 and sum(texts for texts, _ in counted.calls) == len(texts)
     assert all(chars <= 500 for texts, chars in counted.calls if texts > 1), counted.calls
+
+
+def test_a_plain_texts_special_token_text_is_asked_as_training_read_it(bpe_tokenizer, sample_texts):
+    """A text holding ``<|endoftext|>`` as characters is given to a plain-text model as the split tokenized
+    it for training (the characters, not the EOS token); a prompt template's text keeps its tokens."""
+    from fastlm.corpus.tokenization import tokenize_texts
+    from fastlm.reporting.predict_inputs import encode_inputs
+
+    marker = bpe_tokenizer.eos_token
+    texts = [f"{text} {marker} and more" for text in sample_texts[:5]]
+    trained = tokenize_texts(texts, bpe_tokenizer, max_length=512, num_proc=1)
+    asked = encode_inputs(texts, bpe_tokenizer)
+    for row, ids in enumerate(asked):
+        assert ids == trained.values[trained.offsets[row] : trained.offsets[row + 1] - 1].tolist()
+        assert bpe_tokenizer.eos_token_id not in ids
+    templated = encode_inputs(["hello"], bpe_tokenizer, template=f"{{prompt}}{marker}")
+    assert templated[0][-1] == bpe_tokenizer.eos_token_id

@@ -68,6 +68,8 @@ def tokenization_params(
     }
     if data_format is not None:
         params["data_format"] = data_format
+    else:  # plain text: a special token's text inside a text is read as its characters (tokenize_texts)
+        params["special_tokens_in_texts"] = "as_text"
     if selection is not None:
         params["selection"] = selection
     if folds is not None:
@@ -335,6 +337,8 @@ def _change(key: str, old: Any, new: Any) -> str:
             for name in {**new, **old}
             if old.get(name) != new.get(name)
         )
+    if key == "special_tokens_in_texts" and old is None:
+        return "special tokens written in a text were read as the tokens (tokenized by an older fastlm)"
     if key != "data_format":
         return f"{key} {old!r} -> {new!r}"
     if old is None or new is None:

@@ -103,7 +103,10 @@ def tokenize_texts(
     batch_size: int = 20_000,
     num_proc: int | str = "auto",
 ) -> TokenizedTexts:
-    """Token ids of ``texts`` with EOS appended and truncation at ``max_length`` (EOS included)."""
+    """Token ids of ``texts`` with EOS appended and truncation at ``max_length`` (EOS included). A special
+    token's text inside a text (``<|endoftext|>`` written out: scraped model output, a page about tokenizers)
+    is encoded as the characters it is, not as the token (the backend's ``encode_special_tokens``, the
+    tokenizer call's ``split_special_tokens``): a sample's one EOS is the one appended."""
     eos = int(tokenizer.eos_token_id)
     texts, cut = cut_long_texts(texts, max_length)
     tokens = _concat(
@@ -115,6 +118,7 @@ def tokenize_texts(
             add_special_tokens=True,
             batch_size=batch_size,
             num_proc=num_proc,
+            special_tokens_as_text=True,
         )
     )
     return dataclasses.replace(tokens, truncated=tokens.truncated | cut) if cut.any() else tokens
@@ -191,6 +195,7 @@ def _encode_all(
     add_special_tokens: bool,
     batch_size: int,
     num_proc: int | str,
+    special_tokens_as_text: bool = False,
 ) -> list:
     chunks = call_chunks(texts, batch_size)
     procs = resolve_num_proc(num_proc, len(texts))
@@ -200,7 +205,11 @@ def _encode_all(
             _finish(
                 _ids_to_arrays(
                     tokenizer(
-                        list(chunk), add_special_tokens=add_special_tokens, padding=False, truncation=False
+                        list(chunk),
+                        add_special_tokens=add_special_tokens,
+                        padding=False,
+                        truncation=False,
+                        split_special_tokens=special_tokens_as_text,
                     )["input_ids"]
                 ),
                 eos,
@@ -209,18 +218,27 @@ def _encode_all(
             for chunk in chunks
         ]
     if procs > 1 and len(chunks) > 1:
-        return _in_pool(chunks, backend.to_str(), eos, max_length, procs, add_special_tokens)
-    _init_worker(backend.to_str())
+        return _in_pool(
+            chunks, backend.to_str(), eos, max_length, procs, add_special_tokens, special_tokens_as_text
+        )
+    _init_worker(backend.to_str(), special_tokens_as_text)
     return [_encode_chunk(chunk, eos, max_length, add_special_tokens) for chunk in chunks]
 
 
 def _in_pool(
-    chunks, backend_json: str, eos: int, max_length: int | None, procs: int, add_special_tokens: bool = True
+    chunks,
+    backend_json: str,
+    eos: int,
+    max_length: int | None,
+    procs: int,
+    add_special_tokens: bool = True,
+    special_tokens_as_text: bool = False,
 ) -> list:
     # Workers tokenize single-threaded: the pool is the parallelism.
     with _single_threaded_tokenizers():
         context = multiprocessing.get_context("fork")
-        with context.Pool(procs, initializer=_init_worker, initargs=(backend_json,)) as pool:
+        initargs = (backend_json, special_tokens_as_text)
+        with context.Pool(procs, initializer=_init_worker, initargs=initargs) as pool:
             return pool.starmap(
                 _encode_chunk, [(chunk, eos, max_length, add_special_tokens) for chunk in chunks], chunksize=1
             )
@@ -267,13 +285,14 @@ def _call_shared(function, chunk):
 _worker_backend = None
 
 
-def _init_worker(backend_json: str) -> None:
+def _init_worker(backend_json: str, special_tokens_as_text: bool = False) -> None:
     global _worker_backend
     from tokenizers import Tokenizer
 
     _worker_backend = Tokenizer.from_str(backend_json)
     _worker_backend.no_padding()  # the tokenizer.json's own settings: fastlm pads nothing and cuts itself
     _worker_backend.no_truncation()
+    _worker_backend.encode_special_tokens = special_tokens_as_text
 
 
 def _encode_chunk(chunk: Sequence[str], eos: int, max_length: int | None, add_special_tokens: bool = True):

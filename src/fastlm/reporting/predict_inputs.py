@@ -156,7 +156,8 @@ def encode_inputs(
         ]
     else:
         rendered = [render_prompt(text, template) if template else text for text in inputs]
-    return _encoded(rendered, tokenizer)
+    # a text continued as it is was tokenized by the split with a special token's text read as text
+    return _encoded(rendered, tokenizer, special_tokens_as_text=chat is None and not template)
 
 
 # Texts tokenized in one call: a call holds each text's whole encoding (tokens, offsets, masks: ~3 KB a short
@@ -166,13 +167,16 @@ def encode_inputs(
 ENCODE_SLICE_ROWS = 1024
 
 
-def _encoded(rendered: list[str], tokenizer) -> list[list[int]]:
+def _encoded(rendered: list[str], tokenizer, special_tokens_as_text: bool = False) -> list[list[int]]:
     """Rendered prompts tokenized as training tokenized them (``encode_inputs``), ``ENCODE_SLICE_ROWS`` at a
-    time, fewer where they hold more than ``MAX_CHARS_PER_CALL`` characters (``call_chunks``)."""
+    time, fewer where they hold more than ``MAX_CHARS_PER_CALL`` characters (``call_chunks``);
+    ``special_tokens_as_text``: a special token's text read as its characters (plain texts, as
+    ``tokenize_texts`` reads them)."""
     bos = leading_bos(tokenizer)
     encoded = []
+    split = {"split_special_tokens": True} if special_tokens_as_text else {}
     for chunk in call_chunks(rendered, ENCODE_SLICE_ROWS):
-        piece = tokenizer(list(chunk), add_special_tokens=False, **UNPADDED)
+        piece = tokenizer(list(chunk), add_special_tokens=False, **UNPADDED, **split)
         encoded.extend(
             [bos, *ids] if bos is not None and ids[:1] != [bos] else list(ids) for ids in piece["input_ids"]
         )
