@@ -545,3 +545,29 @@ def test_a_txt_file_that_is_a_table_of_tabs_is_refused_naming_tsv(tmp_path):
     (tmp_path / "code.txt").write_text(code, encoding="utf-8")
     clean, _ = nodes.clean_corpus(_read_raw(tmp_path / "code.txt"), PARAMS)
     assert list(clean["text"]) == ["def f():", "return 1", "plain line", "deeper"]
+
+
+def test_a_response_holding_a_special_tokens_text_trains_it_as_text(sample_texts):
+    """A prompt/response pair whose response writes ``<|endoftext|>`` out (an answer quoting a model's
+    output) trained the EOS token in the middle of the answer: the model learned to stop there. The
+    response is text, its one EOS the one appended; a prompt template's own tokens stay tokens."""
+    params = {**PARAMS, "max_length": 200, "prompt_column": "q", "response_column": "a"}
+    marker = "<|endoftext|>"
+    frame = pd.DataFrame(
+        {
+            "q": [f"question {i}: {text}" for i, text in enumerate(sample_texts[:80])],
+            "a": sample_texts[80:160],
+        }
+    )
+    frame.loc[:39, "a"] = [f"{answer} {marker} then more" for answer in frame["a"][:40]]
+    frame.attrs["source_path"] = "data/01_raw/pairs.jsonl"
+    clean, counts = nodes.clean_corpus(frame, params)
+    splits, split_counts = nodes.split_corpus(clean, counts, params)
+    tokenizer = nodes.build_tokenizer(splits, params)
+    assert tokenizer.eos_token == marker
+    tokenized, fingerprint, _ = nodes.tokenize_corpus(splits, tokenizer, params)
+    eos = tokenizer.eos_token_id
+    for part in tokenized.values():
+        for ids, prompt_length in zip(part["input_ids"], part["prompt_length"], strict=True):
+            assert ids[-1] == eos and eos not in ids[prompt_length:-1]
+    assert fingerprint["params"]["data_format"]["response_special_tokens"] == "as_text"

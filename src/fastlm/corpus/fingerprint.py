@@ -113,8 +113,12 @@ def data_format_params(split, tokenizer) -> dict[str, Any] | None:
             "eos_id": eos,
             "pad_id": pad,
         }
-    if kind == "prompt_response":
-        columns = {"prompt_column": split.prompt_column, "response_column": split.response_column}
+    if kind == "prompt_response":  # a special token's text in a response is read as its characters
+        columns = {
+            "prompt_column": split.prompt_column,
+            "response_column": split.response_column,
+            "response_special_tokens": "as_text",
+        }
     else:
         template = getattr(tokenizer, "chat_template", None) if split.chat_template else None
         template_sha = hashlib.sha256(str(template).encode()).hexdigest() if template else None

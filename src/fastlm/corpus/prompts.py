@@ -580,10 +580,13 @@ def tokenize_pairs(
     batch_size: int = 20_000,
     num_proc: int | str = "auto",
     answer_spans: Sequence[str | None] | None = None,
+    responses_as_text: bool = False,
 ) -> TokenizedTexts:
     """Prompt ids + response ids + EOS per row, truncated as the module docstring says, with prompt
     lengths and, given ``answer_spans`` (the character ranges ``prompt_frame`` found), the earlier answers'
-    token ranges (tokens overlapping a range; moved with the prompt's cut, the cut part dropped)."""
+    token ranges (tokens overlapping a range; moved with the prompt's cut, the cut part dropped).
+    ``responses_as_text``: a special token's text inside a response is encoded as its characters (a
+    response of prompt/response data is the data's text alone; a chat's may be a template's render)."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     eos = int(tokenizer.eos_token_id)
@@ -601,7 +604,9 @@ def tokenize_pairs(
         )
     else:
         p_values, p_lengths = encode_ragged(prompts, tokenizer, add_special_tokens=False, **encode)
-    r_values, r_lengths = encode_ragged(responses, tokenizer, add_special_tokens=False, **encode)
+    r_values, r_lengths = encode_ragged(
+        responses, tokenizer, add_special_tokens=False, special_tokens_as_text=responses_as_text, **encode
+    )
     raw_lengths = p_lengths
     p_values, p_lengths, has_bos = _with_bos(p_values, p_lengths, leading_bos(tokenizer))
     r_values, r_lengths = _without_trailing(r_values, r_lengths, eos)

@@ -327,7 +327,12 @@ def tokenize_rows(splits: pd.DataFrame, tokenizer, config) -> TokenizedTexts:
         return tokenize_texts(splits["text"].tolist(), tokenizer, **encode)
     answers = splits["answer_spans"].tolist() if "answer_spans" in splits else None
     return tokenize_pairs(
-        splits["prompt"].tolist(), splits["response"].tolist(), tokenizer, answer_spans=answers, **encode
+        splits["prompt"].tolist(),
+        splits["response"].tolist(),
+        tokenizer,
+        answer_spans=answers,
+        responses_as_text=config.data_format == "prompt_response",  # a chat's may be a template's render
+        **encode,
     )
 
 

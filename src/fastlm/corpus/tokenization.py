@@ -170,8 +170,10 @@ def encode_ragged(
     add_special_tokens: bool,
     batch_size: int = 20_000,
     num_proc: int | str = "auto",
+    special_tokens_as_text: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Raw token ids of ``texts`` as flat int32 ``values`` and int64 ``lengths``: no EOS, no truncation."""
+    """Raw token ids of ``texts`` as flat int32 ``values`` and int64 ``lengths``: no EOS, no truncation;
+    ``special_tokens_as_text``: a special token's text inside a text encoded as its characters."""
     parts = _encode_all(
         texts,
         tokenizer,
@@ -180,6 +182,7 @@ def encode_ragged(
         add_special_tokens=add_special_tokens,
         batch_size=batch_size,
         num_proc=num_proc,
+        special_tokens_as_text=special_tokens_as_text,
     )
     if not parts:
         return np.zeros(0, np.int32), np.zeros(0, np.int64)
