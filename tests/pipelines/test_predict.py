@@ -1231,6 +1231,17 @@ def test_an_input_separated_by_semicolons_names_its_separator(project):
     assert "save it with commas between columns" in message and "one of them" not in message
 
 
+def test_a_txt_input_that_is_a_table_of_tabs_is_refused_naming_tsv(project):
+    """A .txt whose every line holds the same number of tabs (a table: NSMC's ratings_test.txt) would have
+    its header, ids and labels asked as inputs. Refused, naming the .tsv to rename it to and the column to
+    ask."""
+    table = "id\tdocument\tlabel\n1\t좋아요\t1\n2\t별로예요\t0\n"
+    (project / "data/01_raw/ratings_test.txt").write_text(table, encoding="utf-8")
+    message = _refusal(project, input="data/01_raw/ratings_test.txt", max_new_tokens=2)
+    assert "ratings_test.txt looks like a table" in message and "rename it to ratings_test.tsv" in message
+    assert "predict.text_column" in message and "split.text_column" not in message
+
+
 def test_an_input_refused_for_lengths_and_blanks_names_both_fixes(project):
     """Every row refused, some too long and some blank: the fix named only the blanks' (a non-empty text),
     which leaves the long ones refused. It names both."""

@@ -201,7 +201,7 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
     kind = check_table_path(path, parameter)
     if kind == LINES:
         lines = read_text_lines(path, parameter)
-        _refuse_a_table_of_tabs(lines, path)
+        refuse_a_table_of_tabs(lines, path)
         return pd.DataFrame({"text": pd.Series(lines, dtype=object)})
     try:
         source = _text_source(path, parameter) if kind in TEXT_FORMATS else path
@@ -261,10 +261,11 @@ def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def _refuse_a_table_of_tabs(lines: list[str], path: Path) -> None:
+def refuse_a_table_of_tabs(lines: list[str], path: Path, column: str = "split.text_column") -> None:
     """A .txt whose every line (two or more, blank ones aside) holds the same number of tabs is a table saved
     as text (NSMC's ratings_train.txt: id, document, label): read a line a text, its header and every id and
-    label would train as text."""
+    label would train as text (or be asked, by predict: ``column`` names the parameter that picks the
+    column of texts)."""
     filled = [line for line in lines if line.strip()]
     tabs = {line.count("\t") for line in filled}
     if len(filled) >= 2 and len(tabs) == 1 and (count := tabs.pop()) >= 1:
@@ -275,7 +276,7 @@ def _refuse_a_table_of_tabs(lines: list[str], path: Path) -> None:
             f"{path} looks like a table, not one text a line: each of its lines holds {count} tab"
             f"{'s' if count > 1 else ''} (its first: {filled[0][:60]!r}).",
             fix=f"rename it to {stem}.tsv{compressed} to read its columns (its first line names them), then "
-            "set split.text_column to the column of texts.",
+            f"set {column} to the column of texts.",
         )
 
 

@@ -11,7 +11,13 @@ from typing import Any
 import pandas as pd
 from kedro.io import AbstractDataset, DatasetError
 
-from fastlm.corpus.readers import COMPRESSIONS, read_text_lines, read_text_table, text_as_written
+from fastlm.corpus.readers import (
+    COMPRESSIONS,
+    read_text_lines,
+    read_text_table,
+    refuse_a_table_of_tabs,
+    text_as_written,
+)
 from fastlm.corpus.shards import data_files, is_pattern
 from fastlm.datasets.atomic_folder import read_folder_whole
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
@@ -70,7 +76,9 @@ class PredictSources:
                 fix=f"--params predict.input=<an existing file: {FORMATS}>.",
             )
         if one_input_a_line(path):
-            table = pd.DataFrame({"text": pd.Series(read_text_lines(file, PARAMETER), dtype=object)})
+            lines = read_text_lines(file, PARAMETER)
+            refuse_a_table_of_tabs(lines, file, "predict.text_column (or predict.prompt_column)")
+            table = pd.DataFrame({"text": pd.Series(lines, dtype=object)})
             table.attrs["source_path"] = str(file)
             return table
         return read_text_table(file, PARAMETER, as_written=[id_column] if id_column else [])
