@@ -508,3 +508,19 @@ def test_a_csv_whose_quoting_is_broken_is_refused_naming_the_line(tmp_path, cont
         read_text_table(path)
     message = str(error.value)
     assert message.startswith(f"{path} line {line}: {said}") and "Fix: " in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "expected"),
+    [
+        ("ratings.v2.txt", "tsv", "ratings.v2.tsv"),
+        ("a.csv.gz", "tsv", "a.tsv.gz"),
+        ("rows.tsv", "csv", "rows.csv"),
+    ],
+)
+def test_a_rename_keeps_the_dots_of_a_name_and_its_compression(name, kind, expected):
+    from pathlib import Path
+
+    from fastlm.corpus.readers import renamed
+
+    assert renamed(Path(name), kind) == expected

@@ -261,6 +261,14 @@ def read_text_lines(path: str | Path, parameter: str = RAW_PATH) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+def renamed(path: Path, kind: str) -> str:
+    """``path``'s name with its format's extension made ``.kind``, a compression suffix kept
+    (``ratings.v2.txt.gz`` -> ``ratings.v2.tsv.gz``)."""
+    compression = path.suffix if _is_compressed(path) else ""
+    base = path.name[: len(path.name) - len(compression)]
+    return f"{base[: len(base) - len(Path(base).suffix)]}.{kind}{compression}"
+
+
 def refuse_a_table_of_tabs(lines: list[str], path: Path, column: str = "split.text_column") -> None:
     """A .txt whose every line (two or more, blank ones aside) holds the same number of tabs is a table saved
     as text (NSMC's ratings_train.txt: id, document, label): read a line a text, its header and every id and
@@ -269,13 +277,10 @@ def refuse_a_table_of_tabs(lines: list[str], path: Path, column: str = "split.te
     filled = [line for line in lines if line.strip()]
     tabs = {line.count("\t") for line in filled}
     if len(filled) >= 2 and len(tabs) == 1 and (count := tabs.pop()) >= 1:
-        name = path.name
-        stem = name[: -len("".join(path.suffixes))] if path.suffixes else name
-        compressed = "".join(path.suffixes[1:]) if _is_compressed(path) else ""
         raise InputDataError(
             f"{path} looks like a table, not one text a line: each of its lines holds {count} tab"
             f"{'s' if count > 1 else ''} (its first: {filled[0][:60]!r}).",
-            fix=f"rename it to {stem}.tsv{compressed} to read its columns (its first line names them), then "
+            fix=f"rename it to {renamed(path, 'tsv')} to read its columns (its first line names them), then "
             f"set {column} to the column of texts.",
         )
 
@@ -588,12 +593,9 @@ def separator_hint(table: pd.DataFrame, file: str | Path) -> tuple[str, str] | N
         return None
     what = f"its one column is named {name!r}: the file looks separated by {SHOWN_SEPARATORS[other]}, not "
     what += f"{SHOWN_SEPARATORS[own]}"
-    file = Path(file)
-    stem = file.name[: -len("".join(file.suffixes))] if file.suffixes else file.name
-    compressed = "".join(file.suffixes[1:]) if _is_compressed(file) else ""
     if other in (",", "\t"):
         other_kind = "csv" if other == "," else "tsv"
-        return what, f"rename it to {stem}.{other_kind}{compressed}."
+        return what, f"rename it to {renamed(Path(file), other_kind)}."
     return what, (
         f"save it with commas between columns (pandas: pd.read_csv(path, sep={other!r}).to_csv(new_path, "
         "index=False)), or with tabs as a .tsv file."
