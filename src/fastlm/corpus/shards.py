@@ -57,8 +57,8 @@ def _marker(path: Path) -> bool:
 def data_files(path: str | Path, say: bool = False) -> list[Path] | None:
     """The data files of a folder or glob in sorted path order (markers, other files and empty files left
     out, and .txt files where other data files are beside them; ``say``: the others said in a log line, as
-    the shards are read), without checking them further; None
-    for a single file, a ``save_to_disk`` folder or a path that does not exist (read as one file)."""
+    the shards are read), without checking them further; None for a single file, a ``save_to_disk`` folder
+    or a path that does not exist (read as one file)."""
     path = Path(path)
     if is_pattern(path):
         found = [Path(name) for name in glob.glob(str(path), recursive=True)]
