@@ -832,3 +832,35 @@ def test_a_role_the_chat_template_writes_nowhere_is_refused_naming_it(sample_tex
     assert "6 chats" in said and "user" in said.split("Fix:")[1], said
     frame, _ = prompt_frame(raw, config, llama3_style_tokenizer(sample_texts))
     assert all("질문" in prompt for prompt in frame["prompt"])
+
+
+def test_chats_and_prompts_writing_a_special_tokens_text_are_said_once(tmp_path, llama_tokenizer, caplog):
+    """A message or prompt holding a special token's text (``</s>`` written out) is written into the prompt
+    by the template, where the tokenizer reads it as that token (as Hugging Face's apply_chat_template does):
+    the data's text is not what trains. Said in one warning with the count; data without any, nothing."""
+    llama_tokenizer.save_pretrained(tmp_path / "tok")
+    chats = [
+        [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+        for i in range(40)
+    ]
+    chats[3][0]["content"] = "what does </s> mean?"
+    chats[9][1]["content"] = "it ends a text: </s>"
+    params = {"messages_column": "chat", "max_length": 96, "tokenizer": {"source": str(tmp_path / "tok")}}
+    with caplog.at_level("WARNING", logger="fastlm"):
+        nodes.clean_corpus(pd.DataFrame({"chat": chats}), params)
+    said = [r.getMessage() for r in caplog.records if "special token" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("2 of 40 chats write a special token's text ('</s>')"), said
+    caplog.clear()
+    pairs = pd.DataFrame({"q": [f"question {i}" for i in range(30)], "a": [f"answer {i}" for i in range(30)]})
+    pairs.loc[4, "q"] = "after </s> comes"
+    pair_params = {**params, "messages_column": None, "prompt_column": "q", "response_column": "a"}
+    with caplog.at_level("WARNING", logger="fastlm"):
+        nodes.clean_corpus(pairs, pair_params)
+    said = [r.getMessage() for r in caplog.records if "special token" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 of 30 prompts write a special token's text ('</s>')"), (
+        said
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fastlm"):
+        nodes.clean_corpus(pd.DataFrame({"chat": chats[10:]}), params)
+    assert not [r for r in caplog.records if "special token" in r.getMessage()]

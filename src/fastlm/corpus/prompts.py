@@ -51,6 +51,7 @@ response tokens and the closing EOS (``fastlm.engine.data.labels``).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -68,6 +69,7 @@ from fastlm.corpus.tokenization import (
     fork_map,
     resolve_num_proc,
 )
+from fastlm.corpus.tokenizer_source import EOS_TOKEN
 from fastlm.corpus.tool_calls import (
     call_names,
     clean_tool_calls,
@@ -125,6 +127,11 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
             chats, drops["tool_calls"] = _without_tool_chats(chats)
         else:
             _refuse_unwritten_roles(chats["history"], config, tokenizer)
+        contents = [
+            [message.get("content") for message in history] + [final.get("content")]
+            for history, final in zip(chats["history"], chats["final"], strict=True)
+        ]
+        _say_special_token_texts(contents, tokenizer, "chats")
         prompts, spans, responses = _render_chats(chats, config, tokenizer)
         kept = [prompt is not None for prompt in prompts]  # None: a final call not told apart from its prompt
         drops["tool_call_rewritten"] = len(kept) - sum(kept)
@@ -152,6 +159,7 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
             }
         return frame, drops
     pairs, drops = clean_pairs(raw[config.prompt_column], raw[config.response_column])
+    _say_special_token_texts([[text] for text in pairs["prompt"]], tokenizer, "prompts")
     frame = pd.DataFrame(
         {
             "prompt": [render_prompt(text, config.prompt_template) for text in pairs["prompt"]],
@@ -160,6 +168,44 @@ def prompt_frame(raw: pd.DataFrame, config, tokenizer=None) -> tuple[pd.DataFram
         }
     )
     return frame, drops
+
+
+def special_token_texts(tokenizer) -> list[str]:
+    """The texts of ``tokenizer``'s special tokens (its named ones and every added token marked special),
+    longest first; the BPE the split trains (``tokenizer`` None): its EOS."""
+    if tokenizer is None:
+        return [EOS_TOKEN]
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            texts.add(str(token.content))
+    return sorted((text for text in texts if text), key=len, reverse=True)
+
+
+def _say_special_token_texts(rows: list[list], tokenizer, what: str) -> None:
+    """One warning where ``rows`` (each row's texts: a chat's message contents, a pair's prompt) write a
+    special token's text: a template writes it into the prompt, where the tokenizer reads it as that token
+    (as Hugging Face's apply_chat_template does), so that text is not what trains. A plain text and a
+    pair's response are read as text (``tokenize_texts``, ``tokenize_pairs``) and are not said."""
+    texts = special_token_texts(tokenizer)
+    if not texts or not rows:
+        return
+    pattern = re.compile("|".join(map(re.escape, texts)))
+    found = [
+        next((hit.group(0) for text in row if isinstance(text, str) and (hit := pattern.search(text))), None)
+        for row in rows
+    ]
+    hits = [token for token in found if token is not None]
+    if hits:
+        log.warning(
+            "%d of %d %s write a special token's text (%s): the template writes it into the prompt, where "
+            "the tokenizer reads it as that token, not as the characters the data holds. Remove or reword it "
+            "in the data to train it as text.",
+            len(hits),
+            len(rows),
+            what,
+            ", ".join(repr(token) for token in dict.fromkeys(hits)),
+        )
 
 
 def _refuse_unwritten_roles(histories: pd.Series, config, tokenizer) -> None:
