@@ -481,6 +481,21 @@ def test_a_tsv_whose_quotes_are_text_reads_them_as_written(tmp_path):
     assert cells == [i for i, _ in rows]
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("spaces.csv", 'id,text,n\n1,"a"  ,1\n2,"b" ,"2"  \n'),
+        ("spaces.tsv", 'id\ttext\tn\n1\t"a"  \t1\n2\t"b" \t"2"  \n'),
+    ],
+)
+def test_spaces_after_a_closing_quote_are_no_broken_quoting(tmp_path, name, content):
+    """A hand-edited file with spaces between a closing quote and the separator or line end is read as
+    pandas reads it (the quotes taken as quoting), not refused."""
+    path = tmp_path / name
+    path.write_text(content, encoding="utf-8")
+    assert [text.strip() for text in read_text_table(path)["text"]] == ["a", "b"]
+
+
 @pytest.mark.parametrize("sep", [",", "\t"])
 def test_a_table_written_with_csv_quoting_reads_back_its_values(tmp_path, sep):
     """pandas' to_csv quotes a value holding the separator, a line end or a quote: read back as written."""

@@ -539,9 +539,13 @@ def csv_quoting(source, sep: str, path: Path) -> int:
 
     if not _holds_quote(source):
         return csv.QUOTE_MINIMAL
+    # white space between a closing quote and the separator or line end (``"a"  ,b``: pandas reads it and
+    # cleaning strips it) is no broken quoting: left out of the check (the lines read stay as they are)
+    spaces = TRAILING_SPACES[sep]
     with _open(source) as handle:
         text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
-        reader = csv.reader(text, delimiter=sep, strict=True)
+        lines = (spaces.sub("", line) if '"' in line else line for line in text)  # a closing quote's line
+        reader = csv.reader(lines, delimiter=sep, strict=True)
         start = 1  # the line where the record being read begins
         try:
             for _ in reader:
@@ -553,6 +557,9 @@ def csv_quoting(source, sep: str, path: Path) -> int:
         finally:
             text.detach()  # the source stays open for its owner
     return csv.QUOTE_MINIMAL
+
+
+TRAILING_SPACES = {",": re.compile(r"[ \t]+(?=,|\r?\n|\Z)"), "\t": re.compile(r" +(?=\t|\r?\n|\Z)")}
 
 
 def _holds_quote(source) -> bool:
