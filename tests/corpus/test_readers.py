@@ -433,6 +433,19 @@ def test_a_csv_row_with_more_fields_than_its_header_is_named_with_the_quoting_fi
         message.startswith(f"{path} line 4 holds 3 fields where its header names 2") and "\n" not in message
     )
     assert "Fix: quote" in message and "extension" not in message
+    # every record, or the first, one field longer: pandas took the first column as the index and shifted
+    # every value one column (id 'a', text ' b'), silently
+    for content in ("id,text\n1,a, b\n2,c\n", "id,text\n1,a, b\n2,c, d\n"):
+        path = tmp_path / "shifted.csv"
+        path.write_text(content, encoding="utf-8")
+        with pytest.raises(InputDataError) as error:
+            read_text_table(path)
+        assert str(error.value).startswith(f"{path} line 2 holds 3 fields where its header names 2")
+    path = tmp_path / "ragged.tsv"
+    path.write_text("id\ttext\n1\ta\tb\n", encoding="utf-8")
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    assert 'quote each value that holds a tab ("a<tab>b";' in str(error.value), str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import json
 import logging
 import lzma
 import re
+import warnings
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -178,6 +179,7 @@ def written_cells(path: str | Path, names: Sequence[str], parameter: str = RAW_P
         keep_default_na=False,
         na_values=[""],
         quoting=csv_quoting(source, sep, path),
+        index_col=False,
     )
     return {name: [None if pd.isna(v) else str(v) for v in written[name]] for name in names}
 
@@ -491,28 +493,39 @@ def _read_csv(source, path: Path, sep: str = ",") -> pd.DataFrame:
         _rewound(source), sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False, quoting=quoting
     )
     _refuse_repeated(header.iloc[0].tolist() if len(header) else [], path)
-    # Only truly empty cells are missing: a text that reads "NA" or "null" stays a text.
+    # Only truly empty cells are missing: a text that reads "NA" or "null" stays a text. index_col=False:
+    # pandas took the first column as the index where the first record held one field more than the header
+    # (an unquoted comma), shifting every value one column; the longer record is refused instead.
+    options = {"keep_default_na": False, "na_values": [""], "low_memory": False, "quoting": quoting}
     try:
-        return csv_rows(source, sep, keep_default_na=False, na_values=[""], low_memory=False, quoting=quoting)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)  # "... leads to a loss of data"
+            return csv_rows(source, sep, index_col=False, **options)
+    except pd.errors.ParserWarning:
+        expected, line, saw = len(header.columns), None, None
+        found = _longer_record(source, sep, expected, quoting)
+        if found is None:  # a warning of another kind: read as pandas reads it
+            return csv_rows(source, sep, index_col=False, **options)
+        line, saw = found
     except pd.errors.ParserError as exc:
         found = MORE_FIELDS.search(str(exc))
         if found is None:
             raise
-        expected, line, saw = found.groups()
-        line = _line_of_longer_record(source, sep, int(expected), quoting) or line  # pandas counts records
-        what = SEPARATOR_NAMES[sep]
-        raise InputDataError(
-            f"{path} line {line} holds {saw} fields where its header names {expected}: a value holding "
-            f"{what} unquoted is split there.",
-            fix=f'quote each value that holds {what} ("a, b"; a quote inside a quoted value doubled: "say '
-            '""hi"""), or remove the extra field.',
-        ) from None
+        expected, line, saw = found.groups()  # pandas counts records: the editor's line is looked for
+        line, saw = _longer_record(source, sep, int(expected), quoting) or (line, saw)
+    what = SEPARATOR_NAMES[sep]
+    raise InputDataError(
+        f"{path} line {line} holds {saw} fields where its header names {expected}: a value holding {what} "
+        "unquoted is split there.",
+        fix=f"quote each value that holds {what} ({QUOTED_EXAMPLES[sep]}; a quote inside a quoted value "
+        'doubled: "say ""hi"""), or remove the extra field.',
+    )
 
 
-def _line_of_longer_record(source, sep: str, fields: int, quoting: int) -> int | None:
-    """The line (counted from 1, as an editor counts) where the first record of more than ``fields`` fields
-    ends, read by Python's ``csv`` (a quoted value may span lines, which pandas' record number does not
-    count)."""
+def _longer_record(source, sep: str, fields: int, quoting: int) -> tuple[int, int] | None:
+    """(line, fields) of the first record of more than ``fields`` fields, its line the one where it ends
+    (counted from 1, as an editor counts), read by Python's ``csv`` (a quoted value may span lines, which
+    pandas' record number does not count)."""
     import csv
 
     with _open(source) as handle:
@@ -521,7 +534,7 @@ def _line_of_longer_record(source, sep: str, fields: int, quoting: int) -> int |
             reader = csv.reader(text, delimiter=sep, quoting=quoting)
             for record in reader:
                 if len(record) > fields:
-                    return reader.line_num
+                    return reader.line_num, len(record)
         except csv.Error:
             return None
         finally:
@@ -583,6 +596,7 @@ def _broken_quoting(path: Path, line: int, error: str) -> InputDataError:
 # pandas' C parser on a record longer than the header
 MORE_FIELDS = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 SEPARATOR_NAMES = {",": "a comma", "\t": "a tab", ";": "a semicolon", "|": "a bar"}
+QUOTED_EXAMPLES = {",": '"a, b"', "\t": '"a<tab>b"'}
 SHOWN_SEPARATORS = {",": "','", "\t": "tabs", ";": "';'", "|": "'|'"}
 
 
