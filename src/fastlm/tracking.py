@@ -463,6 +463,26 @@ def mlflow_schema() -> tuple[str, set[str], set[str], dict[str, set[str]]]:
     return script.get_current_head(), known, set(InitialBase.metadata.tables), columns
 
 
+@contextlib.contextmanager
+def outside_notebooks():
+    """MLflow calls made by a process that has not imported IPython, which therefore runs in no IPython shell
+    and no notebook: an import of IPython in them (MLflow's run start asks it for a Databricks notebook's
+    ``dbutils``) finds none, as in a Python without IPython, instead of importing IPython and jedi (~0.4 s
+    of each tracked command's start) to learn that. In a notebook or `kedro ipython`, IPython is imported
+    and MLflow looks as it always does."""
+    import sys
+
+    if "IPython" in sys.modules:
+        yield
+        return
+    sys.modules["IPython"] = None  # an import of it raises ImportError, MLflow's "no dbutils"
+    try:
+        yield
+    finally:
+        if "IPython" in sys.modules and sys.modules["IPython"] is None:
+            del sys.modules["IPython"]
+
+
 class SafeMlflow:
     """Calls into mlflow that warn once on the first failure and are skipped afterwards; a call that finds a
     SQLite store locked by another process is tried again first (``LOCKED_RETRY_WAITS``)."""
@@ -483,7 +503,8 @@ class SafeMlflow:
 
             if needs_active_run and mlflow.active_run() is None:
                 return
-            retried_while_locked(what, lambda: function(mlflow, *args, **kwargs))
+            with outside_notebooks():
+                retried_while_locked(what, lambda: function(mlflow, *args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - any store failure: warn once, keep training
             self.failed = True
             log.warning(

@@ -160,3 +160,32 @@ def test_sessions_of_two_projects_in_one_process_track_each_into_its_own_store(
     monkeypatch.chdir(second)
     run_pipeline(second, "split", PARAMS)
     assert (split_runs(first), split_runs(second)) == (1, 2)
+
+
+class _RefuseIPython:
+    """A finder that notes every lookup of IPython and finds nothing (a process without it installed)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "IPython" or name.startswith("IPython."):
+            self.asked.append(name)
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def test_a_tracked_run_outside_a_notebook_never_imports_ipython(own_store, monkeypatch):
+    """MLflow's run start asks IPython for a notebook's ``dbutils`` (its check of a Databricks job): with
+    IPython installed (Kedro's and Jupyter's dependency) every tracked `kedro run` imported IPython and jedi,
+    ~0.4 s of its start, to learn it is in no notebook. A process that has not imported IPython runs in no
+    IPython shell, so the run asks nothing of it; in a notebook (IPython imported) MLflow looks as before."""
+    import sys
+
+    for name in [name for name in sys.modules if name == "IPython" or name.startswith("IPython.")]:
+        monkeypatch.delitem(sys.modules, name)
+    finder = _RefuseIPython()
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    run_pipeline(own_store, "split", PARAMS)
+    assert [run.info.status for run in runs_of(own_store)] == ["FINISHED"]
+    assert finder.asked == [] and "IPython" not in sys.modules
