@@ -84,6 +84,8 @@ def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog)
         # other packed rows: other batches at a position (auto resolves to 64 here: the digest holds that)
         ({"batching": {"row_length": 48}}, "batching.row_length"),
         ({"batching": {"pad_to_multiple_of": 8}}, "batching.pad_to_multiple_of"),
+        # another objective: the run's train losses (and the summary's, the report's label) would mix two
+        ({"loss": {"label_smoothing": 0.1}}, "loss.label_smoothing"),
     ],
 )
 def test_auto_starts_fresh_when_the_batching_changed_and_says_why_and_where(tmp_path, caplog, change, field):
@@ -484,3 +486,14 @@ def test_a_replacement_cut_between_its_renames_is_recovered_before_the_resume_is
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".tmp-")) == []
     (line,) = [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()]
     assert folder.name in line
+
+
+def test_a_checkpoint_written_before_label_smoothing_was_recorded_still_resumes():
+    """Fields added to the digest later are compared only where the checkpoint recorded them."""
+    from fastlm.engine.checkpoint.resume import digest_differences
+
+    now = {"seed": 0, "loss.label_smoothing": 0.1, "eval_max_batches": 2}
+    assert digest_differences({"seed": 0}, now) == []
+    assert digest_differences({"seed": 0, "loss.label_smoothing": 0.0}, now) == [
+        "loss.label_smoothing 0.0 -> 0.1"
+    ]

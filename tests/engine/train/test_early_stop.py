@@ -323,3 +323,62 @@ def test_a_run_continued_from_another_runs_checkpoint_returns_that_runs_best_mod
     assert early["best_checkpoint"] == str(tmp_path / "a" / "checkpoints" / f"checkpoint-{best:08d}")
     for a, b in zip(stopped.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(a, b)  # the best step's weights, read back from the same checkpoint
+
+
+def test_a_run_continued_from_another_runs_checkpoint_resumes_again_with_that_runs_best(tmp_path):
+    """The run continued from another run's checkpoint (larger patience: it trains on) writes checkpoints of
+    its own whose best step is still the other run's. Resumed again (a stop, or the same command asked
+    again), it looked for that best beside its own checkpoint and was refused in one line naming a folder
+    that never existed (``.../b/checkpoints/checkpoint-<best> is gone``): it could neither continue nor be
+    asked again. Each checkpoint records where its best is."""
+    stopped = run(tmp_path / "a")
+    best = stopped.summary["early_stopping"]["best_step"]
+    best_folder = tmp_path / "a" / "checkpoints" / f"checkpoint-{best:08d}"
+    last = latest_checkpoint(tmp_path / "a" / "checkpoints")
+    # lr 3 (from 0.3) makes it worse: evaluations none better, then a stop at patience 3, a checkpoint each
+    steeper = {"lr": 3.0, "warmup_steps": 0, "decay": "constant"}
+    continued = run(
+        tmp_path / "b", resume=str(last), early_stopping={"patience": 3}, save_every=2, optimizer=steeper
+    )
+    assert continued.summary["steps_trained"] > 0
+    assert continued.summary["early_stopping"]["best_step"] == best  # still the other run's
+    assert continued.summary["early_stopping"]["best_checkpoint"] == str(best_folder)
+    again = run(
+        tmp_path / "b", resume="auto", early_stopping={"patience": 3}, save_every=2, optimizer=steeper
+    )
+    assert again.summary["steps_trained"] == 0 and again.summary["early_stopping"]["model_from_step"] == best
+    assert again.summary["early_stopping"]["best_checkpoint"] == str(best_folder)
+    for a, b in zip(stopped.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # the best step's weights, read back from the same checkpoint
+    longer = run(
+        tmp_path / "b", resume="auto", early_stopping={"patience": 50}, save_every=2, optimizer=steeper
+    )
+    assert longer.summary["steps_trained"] > 0  # a larger patience continues it
+
+
+def test_early_stopping_resumed_on_another_validation_subset_starts_fresh_or_is_refused(tmp_path, caplog):
+    """``train.eval_max_batches`` changed on resume with early stopping: the best so far was measured on
+    other validation batches than the losses to come (1 batch, then all), and was compared with them as if
+    they were one measure. ``auto`` starts fresh and says why; a folder named is refused in one line."""
+    first = run(tmp_path / "a", max_steps=8, early_stopping={"patience": 50}, eval_max_batches=1)
+    assert first.summary["steps"] == 8
+    caplog.set_level("INFO", logger="fastlm")
+    again = run(tmp_path / "a", max_steps=12, early_stopping={"patience": 50}, resume="auto")
+    assert again.summary["steps_trained"] == 12  # from the first step
+    (line,) = [r.getMessage() for r in caplog.records if "starting fresh" in r.getMessage()]
+    assert "eval_max_batches 1 -> None" in line
+    from fastlm.engine.checkpoint.layout import CheckpointError
+
+    last = latest_checkpoint(tmp_path / "a" / "checkpoints")
+    with pytest.raises(CheckpointError, match="eval_max_batches"):
+        run(
+            tmp_path / "b",
+            max_steps=12,
+            early_stopping={"patience": 50},
+            eval_max_batches=2,
+            resume=str(last),
+        )
+    # without early stopping a validation curve may change its batches: nothing compares them
+    plain = run(tmp_path / "c", max_steps=8, early_stopping={"patience": None}, eval_max_batches=1)
+    more = run(tmp_path / "c", max_steps=12, early_stopping={"patience": None}, resume="auto")
+    assert plain.summary["steps"] == 8 and more.summary["steps_trained"] == 4

@@ -26,6 +26,10 @@ digest (:func:`run_digest`) records, as readable fields:
   ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
   float8 token multiple may round) and ``batching.pad_to_multiple_of``: the data order and the meaning of
   the saved micro-batch position;
+- ``loss.label_smoothing``: the objective the train losses measure (a run continued under another would
+  mix two in its curve, its summary and its report's label); with early stopping, ``eval_max_batches``: the
+  validation batches its best loss so far was measured on, which the losses to come are compared with. Both
+  compared only where the checkpoint recorded them (``ADDED_LATER``: one written before they were resumes);
 - ``micro_batches_per_step`` (gradient accumulation x processes): the world layout. The number of processes
   and the strategy may change (resume across world sizes and between FSDP2, DDP and one process with the
   same effective batch: every checkpoint holds the whole weights and AdamW moments,
@@ -142,7 +146,10 @@ def run_digest(
         DATA_SEED: params.data_seed,  # null: the order is seed's (compared by the seed it gives: _same)
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
         "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp; not compared
+        LABEL_SMOOTHING: params.loss.label_smoothing,  # the objective the train losses measure
     }
+    if params.early_stopping.patience is not None:  # the batches its best validation loss was measured on
+        digest[EVAL_MAX_BATCHES] = params.eval_max_batches
     if text_ends is not None and (text_ends.head or text_ends.tail):
         digest["data.ends"] = {"head": list(text_ends.head), "tail": list(text_ends.tail)}
     config = model_config_math(model)
@@ -234,6 +241,10 @@ BASE_WEIGHTS = "model.base_weights"
 # processes, its AdamW moments keyed by parameter name; ``ddp``: one process or DDP, keyed by position).
 # Either resumes in the other (``train.persistence``), so a checkpoint continues under another strategy.
 RECORDED_ONLY = frozenset({"distributed.strategy"})
+LABEL_SMOOTHING = "loss.label_smoothing"
+EVAL_MAX_BATCHES = "eval_max_batches"
+# Fields added after checkpoints were written without them: compared only where the checkpoint recorded one.
+ADDED_LATER = frozenset({LABEL_SMOOTHING, EVAL_MAX_BATCHES})
 
 
 def _unrecorded_base(saved: dict) -> bool:
@@ -262,6 +273,8 @@ def digest_differences(saved: dict | None, current: dict) -> list[str]:
         if key == MODEL_CONFIG:  # not recorded by an earlier fastlm: not compared; else key by key
             differences += _config_differences(saved.get(key), value)
         elif key in RECORDED_ONLY or (key == BASE_WEIGHTS and _unrecorded_base(saved)):
+            continue
+        elif key in ADDED_LATER and key not in saved:
             continue
         elif key == DATA_SEED:  # the order's seed compared; both null: a changed seed, named as seed
             nulls = saved.get(key) is None and value is None

@@ -14,6 +14,7 @@ whole state dicts collectively), only rank 0 writes.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,7 +111,7 @@ class Checkpointer:
             early_stopping=saved.get("early_stopping") or {},
             elapsed_before_s=_elapsed(saved),
         )
-        self.protected = self._best_beside(folder, state.early_stopping.get("best_step"))
+        self.protected = self._best_of(folder, state.early_stopping)
         log.info(
             "Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)",
             folder,
@@ -129,13 +130,19 @@ class Checkpointer:
             )
         return state
 
-    def _best_beside(self, folder: Path, best_step: int | None) -> Path | None:
-        """Early stopping's best checkpoint of the resumed ``folder``: beside it (the folder of the run that
-        wrote it, another run's where ``train.resume`` names one). Gone while early stopping is on: refused
-        in one line (the run would train, then fail to load the model it returns)."""
+    def _best_of(self, folder: Path, record: dict) -> Path | None:
+        """Early stopping's best checkpoint of the resumed ``folder``: where its ``record`` says
+        (``best_checkpoint``, relative to the folder's run folder: another run's, for a run continued from
+        one of its checkpoints), else beside it (a checkpoint written before the place was recorded). Gone
+        while early stopping is on: refused in one line (the run would train, then fail to load the model
+        it returns)."""
+        best_step = record.get("best_step")
         if best_step is None:
             return None
         best = checkpoint_dir(folder.parent, best_step)
+        recorded = record.get("best_checkpoint")
+        if isinstance(recorded, str) and Path(recorded).name == best.name:
+            best = Path(os.path.normpath(folder.parent / recorded))
         if self.params.early_stopping.patience is not None and not best.is_dir():
             raise CheckpointError(
                 f"checkpoint {folder} records step {best_step} as early stopping's best, but {best} is gone: "
@@ -256,13 +263,24 @@ class Checkpointer:
                     "digest": self.digest,
                     "batching": state.batching,
                     "runtime_choice": state.runtime_choice,
-                    "early_stopping": state.early_stopping,
+                    "early_stopping": self._early_stopping_record(state),
                     "elapsed_s": state.elapsed_s(),
                     **position,
                 },
             )
         state.last_good = saved
         return saved
+
+    def _early_stopping_record(self, state: TrainState) -> dict:
+        """The early-stopping bookkeeping a checkpoint keeps, with where its best checkpoint is, relative to
+        this run's folder (``../<other run>/checkpoint-...`` for a run continued from another run's)."""
+        if not state.early_stopping or self.protected is None:
+            return state.early_stopping
+        try:
+            where = os.path.relpath(self.protected, self.root)
+        except ValueError:  # another drive (Windows): no relative path
+            where = str(Path(self.protected).absolute())
+        return {**state.early_stopping, "best_checkpoint": Path(where).as_posix()}
 
     def maybe_save(
         self,
