@@ -608,3 +608,38 @@ def test_a_file_tuned_without_a_limit_applies_on_its_own_card_only(tmp_path, mon
     assert _on_card(tmp_path / "own", monkeypatch, limit=None, card=H100, memory_gb=79.6) == 4
     said = [line for line in lines if "is in effect" in line]
     assert len(said) == 1 and "limited to" not in said[0], lines
+
+
+@pytest.mark.parametrize(
+    ("local", "refused"),
+    [
+        ({"train": {"batching": {"micro_batch_size": 8}}}, "train.batching.micro_batch_size"),
+        ({"train": {"batching": {"mode": "dynamic"}, "max_steps": 50}}, "train.batching.mode"),
+        ({"train": {"model": {"gradient_checkpointing": "auto"}}}, "train.model.gradient_checkpointing"),
+        ({"train": {"model": {"gradient_checkpointing": "full"}, "max_steps": 50}}, None),  # not auto: kept
+        ({"train": {"max_steps": 50, "batching": {"row_length": 64}}}, None),
+    ],
+    ids=["micro_batch_size", "mode", "checkpointing_auto", "checkpointing_full", "other_keys"],
+)
+def test_a_tune_refuses_before_measuring_where_another_file_of_its_environment_sets_what_it_writes(
+    tmp_path, monkeypatch, local, refused
+):
+    """conf/local/parameters.yml (the user's) setting a key the tune writes into
+    conf/local/parameters_tuned.yml: Kedro refuses a key two files of one environment set, so the tune ran,
+    wrote its file, and every later `kedro run` (another tune too) stopped on the clash until a file was
+    edited by hand. Refused before any trial, in one line naming both files and the keys, nothing written;
+    other keys are no clash."""
+    from fastlm.errors import ConfigError
+
+    project, _, _ = _project(tmp_path, monkeypatch)
+    (project / "conf/local/parameters.yml").write_text(yaml.safe_dump(local))
+    hook, catalog = _run(project / "conf", project)
+    if refused is None:
+        hook.before_pipeline_run({"env": None}, _pipeline("tune"), catalog)
+        return
+    with pytest.raises(ConfigError) as caught:
+        hook.before_pipeline_run({"env": None}, _pipeline("tune"), catalog)
+    said = str(caught.value)
+    assert "\n" not in said and refused in said
+    assert "conf/local/parameters.yml" in said and "conf/local/parameters_tuned.yml" in said
+    assert not (project / TUNED).exists()

@@ -353,6 +353,10 @@ class TunedParametersHook:
         path = local_path(catalog, "tuned_parameters")
         if path is None:
             return
+        if tunes:  # before any trial: a file the next runs could not read is never written
+            from fastlm.pipelines.tune.record import refuse_clashing_files
+
+            refuse_clashing_files(path, catalog.load("params:train"))
         found = self._tuned(path, catalog, run_params, trains)
         if found is None:
             return

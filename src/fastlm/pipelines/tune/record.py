@@ -446,3 +446,63 @@ def accumulation_for_processes(
     if exact < 1:
         return steps, f"{said}; one micro-batch per process already holds more)", False
     return steps, f"{said}, rounded up)", True
+
+
+# what a tune writes into its file besides its record (``tune_measured_on``, ``tune_accumulation``)
+WRITTEN_BATCHING = (
+    "train.batching.mode",
+    "train.batching.micro_batch_size",
+    "train.batching.gradient_accumulation_steps",
+)
+WRITTEN_CHECKPOINTING = "train.model.gradient_checkpointing"  # where it is auto: the policy measured fastest
+_CONF_FILE_SUFFIXES = (".yml", ".yaml", ".json")
+
+
+def refuse_clashing_files(tuned_file: Path, train: Mapping[str, Any]) -> None:
+    """Refuse, in one line before a tune measures anything, where another parameters file of the tuned
+    file's conf environment (its folder: conf/local/parameters.yml beside conf/local/parameters_tuned.yml)
+    sets a key the tune writes (``WRITTEN_BATCHING``, the checkpointing policy where ``train`` asks auto, its
+    record): Kedro refuses a key two files of one environment set, so every later run, another tune too,
+    would stop on the file this tune wrote."""
+    import yaml
+
+    written = {*WRITTEN_BATCHING}
+    model = train.get("model") if isinstance(train, Mapping) else None
+    if isinstance(model, Mapping) and model.get("gradient_checkpointing") == "auto":
+        written.add(WRITTEN_CHECKPOINTING)
+    folder, own = Path(tuned_file).parent, Path(tuned_file).resolve()
+    if not folder.is_dir():
+        return
+    for file in sorted(folder.rglob("*")):
+        if file.resolve() == own or not file.is_file() or file.suffix not in _CONF_FILE_SUFFIXES:
+            continue
+        if not any(part.startswith("parameters") for part in file.relative_to(folder).parts):
+            continue  # Kedro's parameters patterns: parameters*, parameters*/**, **/parameters*
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # the run's loader says what is wrong with it
+        if not isinstance(loaded, Mapping):
+            continue
+        names = [
+            name
+            for name in _flat(loaded, "").keys()
+            if name.lstrip(".") in written or name.lstrip(".").split(".")[0] in (RECORD_KEY, ACCUMULATION_KEY)
+        ]
+        if names:
+            keys = ", ".join(sorted(name.lstrip(".") for name in names))
+            file, tuned_file = _project_path(file), _project_path(Path(tuned_file))
+            raise ConfigError(
+                f"{file} sets {keys}, which the tune writes into {tuned_file}: Kedro refuses a key two "
+                f"files of one conf environment set, so every later run would stop on the file this tune "
+                "wrote. Nothing was measured or written.",
+                fix=f"move {keys} out of {file} (into conf/base, or give it with --params), then tune again.",
+            )
+
+
+def _project_path(path: Path) -> Path:
+    """``path`` relative to the run's folder (the project's) where it is inside it, as messages name files."""
+    try:
+        return path.absolute().relative_to(Path.cwd())
+    except ValueError:
+        return path
