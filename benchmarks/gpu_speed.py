@@ -668,14 +668,17 @@ class GpuContext(Context):
         model = build_model(
             params, self.tokenizer, max_length=self.args.seq_len, attn_implementation=self.attn
         )
-        return model, None if quantized else base_digest(model), sum(p.numel() for p in model.parameters())
+        from fastlm.engine.model.lora import model_parameters  # 4-bit weights unpacked
+
+        return model, None if quantized else base_digest(model), model_parameters(model)
 
     def mfu(self, model, real_tokens_per_s: float) -> dict:
         """Both MFU figures (module docstring): attention over seq_len, and over each document's length."""
+        from fastlm.engine.model.lora import model_parameters
         from fastlm.engine.observe.metrics import attended_length, device_peak_flops, flops_per_token
 
         config = model.config
-        n_params = sum(p.numel() for p in model.parameters())
+        n_params = model_parameters(model)  # a QLoRA base's 4-bit weights unpacked: the model's FLOPs
         shape = (n_params, config.num_hidden_layers, config.hidden_size)
         fpt = flops_per_token(*shape, self.args.seq_len)
         fpt_docs = flops_per_token(*shape, attended_length(self.lengths))
@@ -1255,7 +1258,9 @@ def trainer_adapter_model(ctx: GpuContext, adapter: str, best: bool, attn: str):
     if best and ctx.args.checkpointing != "off":
         trainer_checkpointing(model, ctx.args.checkpointing)
         model.enable_input_require_grads()
-    return model, digest, sum(p.numel() for p in model.parameters())
+    from fastlm.engine.model.lora import model_parameters  # 4-bit weights unpacked
+
+    return model, digest, model_parameters(model)
 
 
 def trainer_checkpointing(model, policy: str) -> str:

@@ -566,3 +566,34 @@ def test_auto_targets_of_a_multimodal_model_are_its_language_models_projections(
     assert names and all(".language_model." in name for name in names), names
     kinds = {name.rsplit(".", 1)[-1] for name in names}
     assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def test_qlora_counts_and_costs_its_4bit_base_as_lora_does_the_same_base(
+    tmp_path, base_dir, tokenizer, pairs
+):
+    """bitsandbytes packs two 4-bit weights in each byte of a ``Params4bit``: summed as ``numel()``, a QLoRA
+    run's ``parameters`` left out half of every quantized matrix (76,960 against its own
+    ``total_parameters`` 86,176 on a tiny Llama; ~55 % of a 3B model's), and its FLOPs per token, so its
+    MFU, came out lower than the same model's under LoRA. Counted unpacked, the two are the same model."""
+    pytest.importorskip("bitsandbytes", reason="the dev install brings it: pip install -e .[dev]")
+    runs = {}
+    for four_bit in (False, True):
+        params = train_params(
+            tmp_path / str(four_bit),
+            base_dir,
+            model=model_params(base_dir, load_in_4bit=four_bit, base_dtype="fp32"),
+            runtime={"device": "cpu", "precision": "fp32"},
+        )
+        result = run_train(params, tokenizer, pairs)
+        runs[four_bit] = {
+            **result.summary,
+            **lora.parameter_counts(result.model),
+        }  # as the train node adds them
+    plain, quantized = runs[False], runs[True]
+    assert (
+        quantized["parameters"]
+        == plain["parameters"]
+        == plain["total_parameters"]
+        == quantized["total_parameters"]
+    )
+    assert quantized["flops_per_token"] == plain["flops_per_token"]

@@ -489,13 +489,28 @@ def parameter_counts(model) -> dict:
     if hasattr(model, "get_nb_trainable_parameters"):
         trainable, total = model.get_nb_trainable_parameters()
     else:
-        total = sum(p.numel() for p in model.parameters())
+        total = model_parameters(model)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {
         "trainable_parameters": int(trainable),
         "total_parameters": int(total),
         "trainable_share": round(trainable / total, 6) if total else 0.0,
     }
+
+
+def model_parameters(model: torch.nn.Module) -> int:
+    """The model's parameters (each shared tensor once; FSDP2's DTensors by their global size), a QLoRA
+    base's 4-bit weights counted unpacked: bitsandbytes' ``Params4bit`` packs two values in each byte of its
+    storage (peft's count), where ``numel()`` counts the bytes: half of every quantized matrix, in the run's
+    parameter count and its FLOPs per token (its MFU)."""
+    total = 0
+    for param in model.parameters():
+        values = param.numel()
+        if type(param).__name__ == "Params4bit":
+            storage = getattr(param, "quant_storage", None)
+            values *= 2 * (storage.itemsize if isinstance(storage, torch.dtype) else param.element_size())
+        total += values
+    return total
 
 
 def trains_part_only(model: torch.nn.Module) -> bool:

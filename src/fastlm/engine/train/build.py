@@ -45,6 +45,7 @@ from fastlm.engine.model.attention.inputs import packed_inputs, to_device
 from fastlm.engine.model.attention.kernels import VARLEN_ONLY
 from fastlm.engine.model.attention.windows import packing_leak
 from fastlm.engine.model.encoder_decoder import packing_unavailable, unwrapped
+from fastlm.engine.model.lora import model_parameters
 from fastlm.engine.model.noise import add_neftune
 from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_per_token
 from fastlm.engine.observe.profiling import step_profiler
@@ -530,7 +531,7 @@ def _step_metrics(
 ) -> StepMetrics:
     # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
     n_params, config, peak = (
-        sum(p.numel() for p in raw_model.parameters()),
+        model_parameters(raw_model),  # a QLoRA base's 4-bit weights unpacked
         raw_model.config.get_text_config(),  # a multimodal model's language model (Gemma 3 4B and up)
         device_peak_flops(device),
     )

@@ -33,6 +33,7 @@ from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.accumulation import total_target_tokens
+from fastlm.engine.model.lora import model_parameters
 from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.runtime.environment import Runtime
 from fastlm.engine.runtime.float8 import plain_layers
@@ -289,7 +290,7 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         total_steps=state.step if stopped_by else run.total_steps,
         epochs=run.plan.epochs_at(state.step if stopped_by else run.total_steps),  # in each epoch's own steps
         wall=state.elapsed_before_s + perf_counter() - run.started,  # the run's, not only this process's
-        n_params=sum(p.numel() for p in run.raw_model.parameters()),
+        n_params=model_parameters(run.raw_model),  # a QLoRA base's 4-bit weights unpacked
         params=run.configured,  # the effective batch as configured (a back-off cuts its batches in pieces)
         world_size=run.world,
     )
