@@ -1378,3 +1378,25 @@ def test_a_model_rewritten_with_its_time_put_back_is_another_model_and_a_copy_th
     assert sources.load_model(str(copy))["identity"] == before
     rewrite_weights_keeping_time(folder)
     assert sources.load_model(None)["identity"] != before
+
+
+def test_an_unknown_model_names_the_newest_runs_and_how_many_there_are(tmp_path):
+    """``predict.model`` naming no folder and no run: the fix listed the last 10 run names in alphabetical
+    order with no word of the others (runs trained a moment before were left out). It lists the 10 newest,
+    newest first, says how many there are, and suggests a close name."""
+    import os
+
+    from fastlm.datasets.predict_sources import PredictSources
+    from fastlm.errors import InputDataError
+
+    runs = tmp_path / "runs"
+    names = [f"run{i:02d}" for i in range(12)] + ["lora1"]
+    for age, name in enumerate(reversed(names)):  # lora1 the newest, run00 the oldest
+        (runs / name / "model").mkdir(parents=True)
+        os.utime(runs / name / "model", (1e9 - age * 100, 1e9 - age * 100))
+    sources = PredictSources(str(tmp_path / "model"), str(runs), str(tmp_path / "parts"))
+    with pytest.raises(InputDataError) as caught:
+        sources.load_model("lora2")
+    said = str(caught.value)
+    assert "the 10 newest of 13" in said and "lora1, run11, run10" in said and "run00" not in said
+    assert "the closest to it: lora1." in said and "\n" not in said

@@ -128,11 +128,10 @@ class PredictSources:
                     f"there is no trained model at {folder}.",
                     fix="run `kedro run --pipeline=train` first, or set predict.model.",
                 )
-            runs = sorted(p.parent.name for p in self.runs.glob("*/model")) if self.runs.is_dir() else []
             raise InputDataError(
                 f"predict.model {name!r} is neither a model folder (config.json or adapter_config.json) nor "
                 f"a finished training run ({self.runs}/<name>/model).",
-                fix=f"give a model folder or one of the runs: {', '.join(runs[-10:]) or '(none yet)'}.",
+                fix=f"give a model folder or one of the runs{_runs_said(self.runs, name)}.",
             )
         # the identity of the folder the model was loaded from (a training's save may replace it meanwhile)
         loaded, identity = read_folder_whole(folder, lambda: (dataset.load(), folder_identity(folder)))
@@ -185,6 +184,23 @@ class PredictSources:
         except (OSError, UnicodeDecodeError, ValueError):
             return None
         return summary.get("fingerprint") if isinstance(summary, dict) else None
+
+
+def _runs_said(runs: Path, name: str) -> str:
+    """The finished runs under ``runs`` a message offers: the 10 newest (by their model folder's time),
+    newest first, how many there are, and the closest name to ``name``."""
+    import difflib
+
+    found = [folder.parent for folder in runs.glob("*/model")] if runs.is_dir() else []
+    if not found:
+        return ": (none yet)"
+    found.sort(key=lambda run: (run.joinpath("model").stat().st_mtime, run.name), reverse=True)
+    names = [run.name for run in found]
+    shown = f"the 10 newest of {len(names)}, " if len(names) > 10 else ""
+    close = difflib.get_close_matches(name, names, n=1)
+    return f" ({shown}newest first): {', '.join(names[:10])}" + (
+        f"; the closest to it: {close[0]}" if close else ""
+    )
 
 
 class PredictSourcesDataset(AbstractDataset):

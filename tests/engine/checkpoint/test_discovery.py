@@ -93,3 +93,20 @@ def test_unfinished_runs_are_the_runs_stopped_before_their_total_newest_first(tm
     (tmp_path / "empty").mkdir()
     assert unfinished_runs(tmp_path) == [tmp_path / "newer", tmp_path / "older"]
     assert unfinished_runs(tmp_path / "nothing-here") == []
+
+
+def test_a_run_folder_named_for_resume_is_said_to_be_one_with_its_newest_checkpoint(tmp_path, trained):
+    """``train.resume: data/06_models/checkpoints/<run>`` (the run's folder, not one of its checkpoints) was
+    refused as "not a complete checkpoint (no COMPLETE marker, the save was interrupted)": nothing had been
+    interrupted. The line says it is a run folder and names its newest complete checkpoint to give."""
+    run = tmp_path / "xa"
+    save(run, 1, *trained)
+    newest = save(run, 2, *trained)
+    with pytest.raises(CheckpointError) as caught:
+        resolve_resume(tmp_path, str(run))
+    said = str(caught.value)
+    assert "run folder" in said and str(newest) in said and "interrupted" not in said
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        resolve_resume(tmp_path, str(empty))

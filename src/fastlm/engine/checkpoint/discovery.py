@@ -85,6 +85,14 @@ def resolve_resume(root: Path, resume: str) -> Path | None:
             f"train.resume: checkpoint folder {path} does not exist; "
             "set train.resume to 'auto', 'never' or an existing checkpoint folder"
         )
+    inside = latest_checkpoint(path) if not (path / MARKER).is_file() else None
+    if inside is not None:  # a run's folder (data/06_models/checkpoints/<run>), not one of its checkpoints
+        raise CheckpointError(
+            f"train.resume: {path} is a run folder, not a checkpoint: its newest complete checkpoint is "
+            f"{inside}",
+            fix=f"set train.resume: {inside} (or another checkpoint-* folder of it), or train.resume: auto "
+            f"with run_name: {path.name} to continue that run's newest.",
+        )
     if not (path / MARKER).is_file():
         raise CheckpointError(
             f"train.resume: {path} is not a complete checkpoint (no {MARKER} marker, the save was "
