@@ -864,3 +864,46 @@ def test_chats_and_prompts_writing_a_special_tokens_text_are_said_once(tmp_path,
     with caplog.at_level("WARNING", logger="fastlm"):
         nodes.clean_corpus(pd.DataFrame({"chat": chats[10:]}), params)
     assert not [r for r in caplog.records if "special token" in r.getMessage()]
+
+
+@pytest.mark.parametrize("bos_in_front", [True, False], ids=["llama_bos", "no_bos"])
+@pytest.mark.parametrize(
+    "template",
+    ["{prompt}\n\n### Response:\n", 'Chat:\n{prompt}\n{prompt}\nA: "x" {{y}}'],
+    ids=["default_template", "braces_and_quotes"],
+)
+def test_the_saved_tokenizer_of_chats_rendered_as_lines_renders_them_as_training_did(bos_in_front, template):
+    """Chats split with ``split.chat_template: false`` (or a tokenizer whose template the split did not use)
+    train on ``role: content`` lines wrapped by the prompt template, but the model folder kept the base's chat
+    template: transformers' ``pipeline`` (and ``apply_chat_template``) prompted the model in a format it never
+    trained on (0 of 16 rows as predict). The saved tokenizer's template renders the lines as training did,
+    to the same ids, BOS included where the tokenizer puts one in front."""
+    from fastlm.corpus.prompts import prompt_token_ids, render_messages, tokenizer_as_trained
+    from tests.support.tiny_llama import llama_style_tokenizer
+
+    tokenizer = llama_style_tokenizer(
+        ["user: hello there", "assistant: hi", "system: be kind"], chat_template=True
+    )
+    if not bos_in_front:
+        tokenizer.backend_tokenizer.post_processor = None
+    data_format = {"kind": "messages", "chat_template_sha256": None, "prompt_template": template}
+    saved = tokenizer_as_trained(tokenizer, data_format)
+    assert saved is not tokenizer and tokenizer.chat_template is not None  # the run's own left alone
+    chats = [
+        [{"role": "user", "content": "hello there"}],
+        [
+            {"role": "system", "content": "be kind"},
+            {"role": "user", "content": "hi\nyou"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": 'é {{ a }} "q"'},
+        ],
+    ]
+    for chat in chats:
+        trained = prompt_token_ids(tokenizer, render_messages(chat, template))
+        asked = saved.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)
+        assert list(asked["input_ids"]) == trained
+    # a template the split used, and data of other kinds: the tokenizer as it is
+    used = {**data_format, "chat_template_sha256": "ab12"}
+    assert tokenizer_as_trained(tokenizer, used) is tokenizer
+    assert tokenizer_as_trained(tokenizer, {"kind": "prompt_response"}) is tokenizer
+    assert tokenizer_as_trained(tokenizer, None) is tokenizer

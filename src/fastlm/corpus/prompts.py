@@ -94,6 +94,7 @@ __all__ = [
     "render_prompt",
     "system_turns",
     "tokenize_pairs",
+    "tokenizer_as_trained",
     "truncate_prompt_ids",
 ]
 
@@ -605,6 +606,61 @@ def prompt_token_ids(tokenizer, prompt: str) -> list[int]:
     ids = list(tokenizer(prompt, add_special_tokens=False, **UNPADDED)["input_ids"])
     bos = leading_bos(tokenizer)
     return [bos, *ids] if bos is not None and ids[:1] != [bos] else ids
+
+
+def tokenizer_as_trained(tokenizer, data_format: Mapping | None):
+    """The tokenizer a model folder is saved with: ``tokenizer`` itself, but for chats the split rendered as
+    ``role: content`` lines (``split.chat_template: false``, ``chat_template_sha256`` None) with a tokenizer
+    that has a chat template: a copy whose template renders a messages list as those lines wrapped by the
+    prompt template, to the ids training gave them (checked on two probe chats), so transformers'
+    ``pipeline`` and ``apply_chat_template`` prompt the model as it trained; where no such template gives
+    those ids, a copy without a template (a messages list is then refused, not rendered in a format the
+    model never saw), said in one warning."""
+    if not data_format or data_format.get("kind") != "messages" or data_format.get("chat_template_sha256"):
+        return tokenizer
+    if not has_chat_template(tokenizer):
+        return tokenizer
+    import copy
+
+    saved = copy.deepcopy(tokenizer)
+    template = data_format.get("prompt_template") or ""
+    saved.chat_template = _lines_template(template, bos=leading_bos(tokenizer) is not None)
+    probes = (
+        [{"role": "user", "content": "a b"}],
+        [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "x\ny"},
+            {"role": "assistant", "content": "z"},
+            {"role": "user", "content": "w"},
+        ],
+    )
+    for chat in probes:
+        text = saved.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        asked = list(saved(text, add_special_tokens=False, **UNPADDED)["input_ids"])
+        if asked != prompt_token_ids(tokenizer, render_messages(chat, template)):
+            saved.chat_template = None
+            log.warning(
+                "The model folder's tokenizer is saved without its chat template: the chats trained on were "
+                "rendered as 'role: content' lines (split.chat_template: false), which no chat template of "
+                "this tokenizer gives the same ids; ask the model with `kedro run --pipeline=predict`, or "
+                "give plain transformers the lines as text."
+            )
+            break
+    return saved
+
+
+def _lines_template(prompt_template: str, *, bos: bool) -> str:
+    """A Jinja chat template writing the messages as ``role: content`` lines wrapped by ``prompt_template``
+    (each ``{prompt}`` replaced by them, as ``render_prompt`` does; the rest written as it is), the
+    tokenizer's BOS in front where ``bos``."""
+    import json
+
+    lines = (
+        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}"
+        "{% if not loop.last %}{{ '\\n' }}{% endif %}{% endfor %}"
+    )
+    parts = ["{{ " + json.dumps(part) + " }}" if part else "" for part in prompt_template.split("{prompt}")]
+    return ("{{ bos_token }}" if bos else "") + lines.join(parts)
 
 
 def truncate_prompt_ids(ids: Sequence[int], keep: int, bos: int | None = None) -> list[int]:

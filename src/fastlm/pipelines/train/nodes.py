@@ -13,6 +13,7 @@ import datasets
 import pandas as pd
 
 from fastlm.corpus.fingerprint import data_folds, data_identity, folds_mismatch, identity_of_test_split
+from fastlm.corpus.prompts import tokenizer_as_trained
 from fastlm.pipelines.start import start_node
 from fastlm.redaction import redact
 from fastlm.reporting.summaries import TRAINING_ID, end_of_run_losses
@@ -147,7 +148,9 @@ def train_model(
     }
     if fingerprint.get("system_prompt") is not None:  # every training chat's system turn: asked after it
         record["system_prompt"] = fingerprint["system_prompt"]
-    model = {"model": result.model, "tokenizer": tokenizer, "training_data": record}
+    # chats trained as role: content lines: the folder's chat template renders them so (plain transformers)
+    saved = tokenizer_as_trained(tokenizer, record["data_format"])
+    model = {"model": result.model, "tokenizer": saved, "training_data": record}
     return model, pd.DataFrame(result.history), evaluations, summary
 
 
