@@ -317,7 +317,7 @@ def test_a_cross_validated_grid_names_the_setting_of_its_cv_metrics(tmp_path, mo
     sweep.write_text(yaml.safe_dump({"name": "g", "folds": "auto", "grid": {"train.seed": [1, 2]}}))
     tracker = _Tracker()
     fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
-    *_, folds, best = nodes.run_sweep(
+    _, _, document, folds, best = nodes.run_sweep(
         None,
         fingerprint,
         TOKENIZER,
@@ -331,6 +331,17 @@ def test_a_cross_validated_grid_names_the_setting_of_its_cv_metrics(tmp_path, mo
         paths={"sweep_best_run": "out/best.yml"},
     )
     assert tracker.params == {"cv/train.seed": 1}  # equal means: the first setting
+    # named by all its runs, one a fold, and the mean that chose it: not as its first fold's run, which the
+    # verdict may call the worst fold (the header said "the setting of g-01, best by final_val_loss")
+    runs = folds.loc[(folds["row"] == "fold") & (folds["train.seed"] == 1), "run"].tolist()
+    assert len(runs) == 2
+    assert best.startswith(
+        f"# Sweep g: the setting of {' and '.join(runs)} (one run a fold), best by its mean"
+    )
+    assert (
+        f"To train the setting of {' and '.join(runs)} (one run a fold) on the whole training split"
+        in str(document)
+    )
     # the best setting, to train on the whole training split: its seed, no fold
     expected = {"run_name": "g-best", "train": {"seed": 1}, "split": {}}
     assert yaml.safe_load(best) == {"run": {"pipeline": "train", "params": expected}}

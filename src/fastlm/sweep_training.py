@@ -22,6 +22,7 @@ from fastlm.engine.config import parse_train_params
 from fastlm.reporting.params import check_top_k, parse_report_params
 from fastlm.reporting.sweep_view import (
     best_run,
+    best_setting_runs,
     comparison_table,
     cv_metrics,
     cv_setting,
@@ -164,22 +165,44 @@ def train_sweep(
     command = best_run_command(best_run_source)
     text = verdict(table, spec.metric, histories, evaluations, spread=spread)
     if best is not None:
-        text += f" To train {best}'s setting on the whole training split: `{command}`."
+        text += f" To train {_setting_of(table, spec.metric)} on the whole training split: `{command}`."
     log.info("Sweep %s: %s", spec.name, text)
     return (
         table,
         loss_plot(histories, evaluations),
         sweep_document(spec.name, text, table, spread, data=data_identity(fingerprint)),
         fold_table(table, trainer.run_ids, spec.metric),
-        best_run_file(spec, best, dict(zip(names, plan, strict=True)), command, (train_params, split_params)),
+        best_run_file(
+            spec,
+            best,
+            dict(zip(names, plan, strict=True)),
+            command,
+            (train_params, split_params),
+            setting=_setting_of(table, spec.metric),
+        ),
     )
 
 
-def best_run_header(sweep: str, best: str, metric: str, command: str) -> str:
-    """The comment heading ``sweep_best_run``: whose setting it is and how to train it. A ``--params`` given
+def _setting_of(table, metric: str) -> str:
+    """The recommended setting in words: "the setting of s-03 and s-04 (one run a fold)" for k-fold runs
+    (chosen by its mean over them: no run of it is "the best"), else "s-02's setting"."""
+    runs = best_setting_runs(table, metric)
+    if len(runs) > 1:
+        return f"the setting of {' and '.join(runs)} (one run a fold)"
+    return f"{runs[0]}'s setting" if runs else "no setting"
+
+
+def best_run_header(sweep: str, best: str, metric: str, command: str, *, setting: str | None = None) -> str:
+    """The comment heading ``sweep_best_run``: whose setting it is and how to train it (``setting``: k-fold
+    runs' "the setting of a and b (one run a fold)", chosen by its mean ``metric``). A ``--params`` given
     with ``--config`` is merged over the file's parameters key by key (``fastlm.cli.run_params``)."""
+    named = (
+        f"{setting}, best by its mean {metric} over the folds"
+        if setting and setting.startswith("the setting of ")
+        else f"the setting of {best}, best by {metric}"
+    )
     return (
-        f"# Sweep {sweep}: the setting of {best}, best by {metric}, with the sweep's budgets,\n"
+        f"# Sweep {sweep}: {named}, with the sweep's budgets,\n"
         "# its parameters (its --env and --params included) and no fold (the whole training split).\n"
         "# Train it with\n"
         f"#   {command}\n"
@@ -189,14 +212,20 @@ def best_run_header(sweep: str, best: str, metric: str, command: str) -> str:
 
 
 def best_run_file(
-    spec: SweepSpec, best: str | None, plan: dict[str, dict], command: str, groups: tuple[dict, dict]
+    spec: SweepSpec,
+    best: str | None,
+    plan: dict[str, dict],
+    command: str,
+    groups: tuple[dict, dict],
+    *,
+    setting: str | None = None,
 ) -> str:
     """``sweep_best_run``: the best setting as a Kedro run configuration (with the train and split
     parameter groups ``groups``), headed by how to use it; a comment alone where no run has a finite
     metric."""
     if best is None:
         return f"# Sweep {spec.name}: no run has a finite {spec.metric}: no setting to train.\n"
-    header = best_run_header(spec.name, best, spec.metric, command)
+    header = best_run_header(spec.name, best, spec.metric, command, setting=setting)
     config = best_run_config(spec, plan[best], *groups)
     return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
 

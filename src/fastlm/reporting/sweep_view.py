@@ -240,6 +240,16 @@ def best_run(table: pd.DataFrame, metric: str) -> str | None:
     return str(finite["run"].iloc[0]) if len(finite) else None
 
 
+def best_setting_runs(table: pd.DataFrame, metric: str) -> list[str]:
+    """The runs of the setting the sweep recommends, in the plan's order: of k-fold runs every fold's run of
+    the setting with the best mean (:func:`best_run` is its first), else the best run alone; none where no
+    run has a finite ``metric``."""
+    best = best_run(table, metric)
+    if best is None or FOLD not in table.columns:
+        return [best] if best is not None else []
+    return [str(run) for run in _in_plan_order(table[_matches(table, cv_setting(table, metric))])["run"]]
+
+
 def fold_table(table: pd.DataFrame, run_ids: dict[str, str | None], metric: str) -> pd.DataFrame:
     """``sweep_folds.csv``: one row per fold (``row`` "fold": run name, MLflow ``run_id``, the other swept
     parameters, ``fold``, ``status`` completed or failed, the ``error`` of a failed run, and the metrics of
