@@ -498,3 +498,22 @@ def test_a_trained_model_folder_is_saved_for_inference(bpe_tokenizer, tmp_path):
     assert config["use_cache"] is True and generation.get("use_cache", True) is True
     assert generation["pad_token_id"] == bpe_tokenizer.pad_token_id and config.get("pad_token_id") is None
     assert model.config.use_cache is False
+
+
+def test_a_model_folder_without_a_tokenizer_says_the_data_tokenizer_could_not_be_checked(
+    bpe_tokenizer, tmp_path, caplog
+):
+    """A folder of weights and config alone (no tokenizer beside them) over data tokenized with another
+    model's tokenizer of no more tokens: nothing to compare, the run trained on embeddings whose ids meant
+    other tokens, its only hint a first loss far from ln(vocab). One warning says the pairing is unchecked."""
+    folder = tmp_path / "no-tokenizer"
+    _tiny("llama", len(bpe_tokenizer) + 4).save_pretrained(folder)
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        _build(folder, bpe_tokenizer)
+    said = [r.getMessage() for r in caplog.records if "holds no tokenizer" in r.getMessage()]
+    assert len(said) == 1 and str(folder) in said[0] and "split.tokenizer.source" in said[0]
+    bpe_tokenizer.save_pretrained(folder)  # its own beside it: compared, nothing said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        _build(folder, bpe_tokenizer)
+    assert not [r for r in caplog.records if "holds no tokenizer" in r.getMessage()]

@@ -389,6 +389,15 @@ def fit_vocabulary(
             fix=retokenize + ".",
         )
     if len(tokenizer) <= vocab:
+        if relation is None and Path(checkpoint.location).is_dir():  # a local folder of weights alone
+            log.warning(
+                "%s holds no tokenizer to compare the data's with (%d tokens): it is taken to be the "
+                "model's own; one of other ids would train on embeddings that mean other tokens (a first "
+                "loss far above ln(vocab) says so). Set split.tokenizer.source to the folder of the model's "
+                "tokenizer, or save it beside the weights, to have it checked.",
+                checkpoint.source,
+                len(tokenizer),
+            )
         return
     grow = (
         f"set {RESIZE_PARAM}: true to grow the embedding to {len(tokenizer)} rows (the new rows are trained)"
