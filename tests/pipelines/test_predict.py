@@ -1400,3 +1400,32 @@ def test_an_unknown_model_names_the_newest_runs_and_how_many_there_are(tmp_path)
     said = str(caught.value)
     assert "the 10 newest of 13" in said and "lora1, run11, run10" in said and "run00" not in said
     assert "the closest to it: lora1." in said and "\n" not in said
+
+
+@pytest.mark.parametrize("trained_on", ["prompt_response", "text"])
+def test_a_model_not_trained_on_chats_asked_chats_says_it_never_saw_them(project, caplog, trained_on):
+    """``predict.messages_column`` on a model trained here on prompt/response pairs or plain text: the chats
+    are rendered with its tokenizer's chat template, a format it never trained on, and answered without a
+    word (as a text model asked prompts is warned). Asked, it is done, said in one warning naming the input
+    the model was trained on; a model from elsewhere (no record) is asked without a warning."""
+    folder = project / "data/06_models/model"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    (project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps({"messages": chat}) + "\n" for chat, _ in CHATS[:2]), encoding="utf-8"
+    )
+    _predicted(project, input="data/01_raw/chats.jsonl", messages_column="messages")
+    assert _warned(caplog) == []
+    pairs = parse_split_params({"prompt_column": "dialogue", "response_column": "summary"})
+    data_format = data_format_params(pairs, tokenizer) if trained_on == "prompt_response" else None
+    stored = make_fingerprint(tokenizer, 64, data_format=data_format)
+    record = {"fingerprint": stored["fingerprint"], "data_format": data_format, "max_length": 64}
+    (folder / "training_data.json").write_text(json.dumps(record))  # as the train pipeline writes it
+    caplog.clear()
+    table, summary = _predicted(project, input="data/01_raw/chats.jsonl", messages_column="messages")
+    assert summary["input_format"] == "messages" and len(table) == 2
+    warned = _warned(caplog)
+    assert len(warned) == 1 and "never trained on chat" in warned[0], warned
+    expected = "predict.prompt_column" if trained_on == "prompt_response" else "predict.text_column"
+    assert expected in warned[0], warned

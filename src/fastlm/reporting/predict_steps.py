@@ -170,6 +170,30 @@ def check_prompts_of_text_model(trained: dict, asks_prompts: bool) -> None:
         )
 
 
+def check_chats_of_other_model(trained: dict, asks_chats: bool) -> None:
+    """Say in one warning that a model trained here on prompt/response pairs or plain text (its record's
+    ``data_format``) is asked chats (``asks_chats``: the input is predict.messages_column's): they are
+    rendered with its tokenizer's chat template, which it never trained on."""
+    record = trained.get("training_data")
+    if not asks_chats or record is None:
+        return
+    kind = (record.get("data_format") or {}).get("kind", "text")
+    if kind not in ("prompt_response", "text"):
+        return
+    trained_on, instead = (
+        ("prompt/response pairs", "predict.prompt_column asks each prompt wrapped by its training's template")
+        if kind == "prompt_response"
+        else ("plain text", "predict.text_column continues texts as it was trained")
+    )
+    log.warning(
+        "predict.messages_column: the model was trained on %s (%s), never trained on chat messages: each "
+        "chat is rendered with its tokenizer's chat template, a format it never saw; %s",
+        trained_on,
+        Path(trained["source"]) / "training_data.json",
+        instead,
+    )
+
+
 def refuse_prompts_of_an_id_model(training: dict | None, column: str | None) -> None:
     """One line where a model trained on pre-tokenized ids (``training``: ``PredictSources.training_format``,
     kind ``pretokenized``) is asked prompts (``column``: predict.prompt_column's, None when the input is not
