@@ -169,7 +169,9 @@ def train_sweep(
     log.info("Sweep %s: %s", spec.name, text)
     return (
         table,
-        loss_plot(histories, evaluations),
+        loss_plot(
+            histories, evaluations, {name: run.get("label_smoothing") for name, run in summaries.items()}
+        ),
         sweep_document(spec.name, text, table, spread, data=data_identity(fingerprint)),
         fold_table(table, trainer.run_ids, spec.metric),
         best_run_file(

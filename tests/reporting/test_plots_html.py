@@ -512,3 +512,16 @@ def test_tune_figure_draws_one_line_per_batching_mode_and_stars_the_chosen_mode(
     ]
     assert list(lines[-1].get_ydata()) == [300.0] and lines[-1].get_label() == "chosen"
     assert len(memory.get_lines()) == 2
+
+
+def test_a_sweeps_loss_plot_names_each_label_smoothed_train_line():
+    """sweep_loss.png: a run whose train loss was label-smoothed (its summary's ``label_smoothing``) is named
+    so, as loss.png names it; smoothed and plain curves of a grid over label smoothing were one unlabelled
+    plot."""
+    from fastlm.reporting.sweep_view import loss_plot
+
+    histories = {"s-01": make_history(), "s-02": make_history()}
+    evaluations = {"s-01": EVAL, "s-02": EVAL}
+    fig = loss_plot(histories, evaluations, smoothing={"s-01": 0.0, "s-02": 0.1})
+    assert legend_texts(fig) == ["s-01 train", "s-01 val", "s-02 train (label-smoothed 0.1)", "s-02 val"]
+    assert legend_texts(loss_plot(histories, evaluations))[:2] == ["s-01 train", "s-01 val"]

@@ -418,8 +418,13 @@ def _swept(overrides: dict[str, dict]) -> list[str]:
     return list(dict.fromkeys(key for run in overrides.values() for key in run))
 
 
-def loss_plot(histories: dict[str, pd.DataFrame], evaluations: dict[str, pd.DataFrame]) -> Figure:
-    """Train loss (solid) and validation loss (dashed, when evaluated) of every run against the step."""
+def loss_plot(
+    histories: dict[str, pd.DataFrame],
+    evaluations: dict[str, pd.DataFrame],
+    smoothing: dict[str, float | None] | None = None,
+) -> Figure:
+    """Train loss (solid) and validation loss (dashed, when evaluated) of every run against the step; a
+    run's train line named label-smoothed where ``smoothing`` (each run's summary's) says it was."""
     fig = Figure(figsize=(7.0, 3.5), dpi=110, layout="tight")
     ax = fig.add_subplot()
     ax.set_title("Sweep: loss per run")
@@ -429,7 +434,9 @@ def loss_plot(histories: dict[str, pd.DataFrame], evaluations: dict[str, pd.Data
     for index, (name, history) in enumerate(histories.items()):
         color = f"C{index % 10}"
         if "loss" in history and len(history):
-            ax.plot(history["step"], history["loss"], color=color, label=f"{name} train")
+            smoothed = (smoothing or {}).get(name)
+            label = f"{name} train" + (f" (label-smoothed {smoothed:g})" if smoothed else "")
+            ax.plot(history["step"], history["loss"], color=color, label=label)
         evaluation = evaluations.get(name)
         if evaluation is not None and "val_loss" in evaluation and len(evaluation):
             ax.plot(
