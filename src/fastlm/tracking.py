@@ -685,6 +685,8 @@ class RunTracker:
                 "real_tokens_per_s": summary["real_tokens_per_s"],
                 "wall_time_s": summary.get("wall_time_s"),
                 "final_val_loss": summary.get("final_val_loss"),  # the model's (early stopping: best step's)
+                # the last step's: also for a run entered again with nothing to train (no train/loss logged)
+                "final_train_loss": summary.get("final_train_loss"),
                 # the model's step (early stopping's best) and the last: the comparison names the losses'
                 "model_step": (summary.get("early_stopping") or {}).get("model_from_step")
                 or summary.get("steps"),

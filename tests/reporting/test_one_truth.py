@@ -298,3 +298,27 @@ def test_a_fold_run_on_the_same_test_split_is_said_comparable_on_test_figures_al
         "other",
         "other train, same test",
     ]
+
+
+def test_run_comparison_takes_the_summarys_final_train_loss_where_the_run_logged_no_train_step():
+    """A finished run entered again (``resume: auto``, nothing to train: a sweep's second pass) logs no
+    ``train/loss``: its comparison row showed "—" though its summary held the loss. The train node logs the
+    summary's ``final_train_loss`` as a run metric; the comparison takes it, else the last ``train/loss``."""
+    runs = runs_frame(SPEED)
+    runs["metrics.train/loss"] = [None, 2.5, 2.7]
+    runs["metrics.final_train_loss"] = [3.25, 2.5, None]  # the oldest: logged before it was
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert list(table["final_train_loss"]) == [3.25, 2.5, 2.7]
+
+
+def test_a_finished_training_logs_its_final_train_loss_as_a_run_metric(monkeypatch):
+    from fastlm.tracking import RunTracker
+
+    logged = {}
+    tracker = RunTracker()
+    monkeypatch.setattr(tracker.metrics, "log_params", lambda params: None)
+    monkeypatch.setattr(tracker.metrics, "log_run_metrics", logged.update)
+    tracker.training_finished(
+        {"runtime": {}, "real_tokens_per_s": 10.0, "final_train_loss": 5.024, "steps": 8}
+    )
+    assert logged["final_train_loss"] == 5.024

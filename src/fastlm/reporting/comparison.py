@@ -20,6 +20,7 @@ VAL_LOSS = "metrics.eval/val_loss"
 # before it have the last evaluation's alone.
 MODEL_VAL_LOSS = "metrics.final_val_loss"
 TRAIN_LOSS = "metrics.train/loss"
+FINAL_TRAIN_LOSS = "metrics.final_train_loss"  # the train node's, from the summary
 # The training's wall time (train_summary.json's, a resumed run's earlier processes counted), logged by the
 # train node; runs from before it have none (their MLflow span held the split and the report too).
 WALL_TIME = "metrics.wall_time_s"
@@ -98,7 +99,8 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
             "run_name": runs.get("tags.mlflow.runName"),
             "start_time": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M") if "start_time" in runs else None,
             "real_tokens_per_s": runs["_speed"],
-            "final_train_loss": runs.get(TRAIN_LOSS),
+            # the summary's (a run entered again with nothing to train logs no train/loss), else the last
+            "final_train_loss": _first_present(runs, FINAL_TRAIN_LOSS, TRAIN_LOSS),
             "final_val_loss": _first_present(runs, MODEL_VAL_LOSS, VAL_LOSS),
             "wall_time_s": runs.get(WALL_TIME),
         }
