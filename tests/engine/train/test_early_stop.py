@@ -378,7 +378,10 @@ def test_early_stopping_resumed_on_another_validation_subset_starts_fresh_or_is_
             eval_max_batches=2,
             resume=str(last),
         )
-    # without early stopping a validation curve may change its batches: nothing compares them
+    # without early stopping nothing compares them: the run resumes, its validation curve said to change
     plain = run(tmp_path / "c", max_steps=8, early_stopping={"patience": None}, eval_max_batches=1)
+    caplog.clear()
     more = run(tmp_path / "c", max_steps=12, early_stopping={"patience": None}, resume="auto")
     assert plain.summary["steps"] == 8 and more.summary["steps_trained"] == 4
+    (said,) = [r.getMessage() for r in caplog.records if "eval_max_batches" in r.getMessage()]
+    assert "1 -> None" in said and "after step 8" in said and "\n" not in said

@@ -112,6 +112,7 @@ class Checkpointer:
             elapsed_before_s=_elapsed(saved),
         )
         self.protected = self._best_of(folder, state.early_stopping)
+        _say_other_validation(saved, self.params.eval_max_batches, folder)
         log.info(
             "Resumed from %s at step %d of %d (epoch %d, micro-batch %d of this rank)",
             folder,
@@ -264,6 +265,7 @@ class Checkpointer:
                     "batching": state.batching,
                     "runtime_choice": state.runtime_choice,
                     "early_stopping": self._early_stopping_record(state),
+                    "eval_max_batches": self.params.eval_max_batches,  # the validation batches measured
                     "elapsed_s": state.elapsed_s(),
                     **position,
                 },
@@ -336,6 +338,23 @@ def _encoder_decoder_ends(model: torch.nn.Module, train_set: TokenSequences):
     split's ids."""
     config = getattr(unwrapped(model), "config", None)
     return train_set.text_ends if getattr(config, "is_encoder_decoder", False) else None
+
+
+def _say_other_validation(saved: dict, now: int | None, folder: Path) -> None:
+    """One warning where the checkpoint validated on other batches (``train.eval_max_batches``) than this
+    run will: its validation losses from the resumed step on are measured on others than those before.
+    With early stopping the two are another run (the digest), so only a run without it gets here."""
+    if "eval_max_batches" not in saved or saved["eval_max_batches"] == now:
+        return  # the same, or a checkpoint written before it was recorded
+    log.warning(
+        "%s was validated with another train.eval_max_batches (%s -> %s in this run): the validation "
+        "losses after step %d are measured on other batches than those before (eval_history, the "
+        "report's curve)",
+        folder,
+        saved["eval_max_batches"],
+        now,
+        saved["step"],
+    )
 
 
 def resume_position(state: dict, world_size: int, folder: Path) -> int:
