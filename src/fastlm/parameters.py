@@ -114,11 +114,20 @@ def setting_file(conf_root: Path, env: str, message: str) -> Path | None:
     ``parameters*``, ``parameters*/**``, ``**/parameters*``) that sets a parameter ``message`` names: one of
     its values (``train.optimizer.lr``, ``report.prompts``) written there as a whole name. None where no
     file of it does (the value is conf/base's, a default, or given with ``--params``)."""
+    for file, loaded in parameters_files(Path(conf_root) / env):
+        if named_in(loaded, message):
+            return file
+    return None
+
+
+def parameters_files(folder: Path):
+    """Each parameters file of the conf environment ``folder`` (Kedro's parameters patterns:
+    ``parameters*``, ``parameters*/**``, ``**/parameters*``), in name order, with what it holds as YAML;
+    files that do not read are left to the run's config loader, which says what is wrong with them."""
     import yaml
 
-    folder = Path(conf_root) / env
     if not folder.is_dir():
-        return None
+        return
     for file in sorted(folder.rglob("*")):
         if not file.is_file() or file.suffix not in _CONF_SUFFIXES:
             continue
@@ -128,9 +137,7 @@ def setting_file(conf_root: Path, env: str, message: str) -> Path | None:
             loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
-        if named_in(loaded, message):
-            return file
-    return None
+        yield file, loaded
 
 
 def named_in(values: Any, message: str) -> list[str]:

@@ -455,7 +455,6 @@ WRITTEN_BATCHING = (
     "train.batching.gradient_accumulation_steps",
 )
 WRITTEN_CHECKPOINTING = "train.model.gradient_checkpointing"  # where it is auto: the policy measured fastest
-_CONF_FILE_SUFFIXES = (".yml", ".yaml", ".json")
 
 
 def refuse_clashing_files(tuned_file: Path, train: Mapping[str, Any]) -> None:
@@ -464,24 +463,16 @@ def refuse_clashing_files(tuned_file: Path, train: Mapping[str, Any]) -> None:
     sets a key the tune writes (``WRITTEN_BATCHING``, the checkpointing policy where ``train`` asks auto, its
     record): Kedro refuses a key two files of one environment set, so every later run, another tune too,
     would stop on the file this tune wrote."""
-    import yaml
+    from fastlm.parameters import parameters_files
 
     written = {*WRITTEN_BATCHING}
     model = train.get("model") if isinstance(train, Mapping) else None
     if isinstance(model, Mapping) and model.get("gradient_checkpointing") == "auto":
         written.add(WRITTEN_CHECKPOINTING)
-    folder, own = Path(tuned_file).parent, Path(tuned_file).resolve()
-    if not folder.is_dir():
-        return
-    for file in sorted(folder.rglob("*")):
-        if file.resolve() == own or not file.is_file() or file.suffix not in _CONF_FILE_SUFFIXES:
+    own = Path(tuned_file).resolve()
+    for file, loaded in parameters_files(Path(tuned_file).parent):
+        if file.resolve() == own:
             continue
-        if not any(part.startswith("parameters") for part in file.relative_to(folder).parts):
-            continue  # Kedro's parameters patterns: parameters*, parameters*/**, **/parameters*
-        try:
-            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue  # the run's loader says what is wrong with it
         if not isinstance(loaded, Mapping):
             continue
         names = [
