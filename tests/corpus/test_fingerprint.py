@@ -6,7 +6,7 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
-from fastlm.corpus.fingerprint import check_fresh, make_fingerprint
+from fastlm.corpus.fingerprint import check_fresh, make_fingerprint, params_changes, selection_params
 from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
 from fastlm.errors import StaleDataError
 from tests.support.project import PROJECT_ROOT
@@ -150,3 +150,31 @@ def test_plain_text_tokenized_with_special_tokens_parsed_is_stale(bpe_tokenizer)
     assert "special tokens written in a text were read as the tokens" in str(error.value)
     prompts = make_fingerprint(bpe_tokenizer, 64, data_format={"kind": "prompt_response"})
     assert "special_tokens_in_texts" not in prompts["params"]
+
+
+@pytest.mark.parametrize("made_as", ["prompt_response", "text"])
+def test_data_of_another_format_is_stale_for_that_reason_alone_not_for_its_special_token_reading(
+    bpe_tokenizer, made_as
+):
+    """Plain text records how it read special tokens' texts and prompt/response data records its format
+    instead: data made by this fastlm in one format and read as the other is stale for its format (and any
+    real difference), never "tokenized by an older fastlm" nor a raw ``special_tokens_in_texts`` change."""
+    from fastlm.corpus.config import parse_split_params
+
+    prompts = {"kind": "prompt_response", "prompt_column": "dialogue", "response_column": "summary"}
+    stored = make_fingerprint(bpe_tokenizer, 128, data_format=prompts if made_as != "text" else None)
+    asked = make_fingerprint(bpe_tokenizer, 48, data_format=prompts if made_as == "text" else None)
+    other = "text" if made_as != "text" else "prompt_response"
+    assert sorted(params_changes(stored["params"], asked["params"])) == sorted(
+        [f"the data format changed ({made_as} -> {other})", "max_length 128 -> 48"]
+    )
+    # as train checks the data it is given: the split.* parameters of plain text against prompt/response data
+    split = parse_split_params({"max_length": 48})
+    stored = make_fingerprint(bpe_tokenizer, 128, data_format=prompts, selection=selection_params(split))
+    with pytest.raises(StaleDataError) as error:
+        check_fresh(stored, bpe_tokenizer, split, where="data/05_model_input/tokenized_corpus")
+    message = str(error.value)
+    assert (
+        "the data format changed (prompt_response -> text)" in message and "max_length 128 -> 48" in message
+    )
+    assert "older fastlm" not in message, message

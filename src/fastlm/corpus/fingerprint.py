@@ -233,10 +233,7 @@ def check_fresh(stored: dict[str, Any] | None, tokenizer, split, *, where: str) 
     )
     if stored["fingerprint"] == current["fingerprint"] and not settings:
         return
-    old, new = stored.get("params", {}), current["params"]
-    changed = [
-        _change(key, old.get(key), new.get(key)) for key in {**new, **old} if old.get(key) != new.get(key)
-    ] + settings
+    changed = params_changes(stored.get("params", {}), current["params"]) + settings
     if stored.get("tokenizer_sha256") != current["tokenizer_sha256"]:
         changed.append("the tokenizer changed")
     raise StaleDataError(
@@ -328,6 +325,18 @@ def folds_mismatch(stored: dict[str, Any] | None, configured: int | None) -> str
         f"{configured} folds, or set split.folds to {folds if folds is not None else 'null'} to use the "
         "data as it is."
     )
+
+
+def params_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two fingerprints' tokenization parameters, a phrase each. Plain text records how
+    it read special tokens' texts and prompt/response data its format instead: where the format changed,
+    that one phrase says it (the other key's absence is no sign of an older fastlm)."""
+    format_changed = ("data_format" in old) != ("data_format" in new)
+    return [
+        _change(key, old.get(key), new.get(key))
+        for key in {**new, **old}
+        if old.get(key) != new.get(key) and not (key == "special_tokens_in_texts" and format_changed)
+    ]
 
 
 def _change(key: str, old: Any, new: Any) -> str:
