@@ -174,9 +174,10 @@ def test_the_processes_the_suite_starts_take_ctrl_c():
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
 
 
-def split_stopped_by_ctrl_c(folder: Path) -> tuple[Path, int, str]:
-    """In a new project: a split stopped by Ctrl-C (SIGINT to the foreground ``kedro run``) once its first
-    node runs, outside any training loop (KeyboardInterrupt, which Kedro's on_pipeline_error never sees)."""
+def _split_stopped(folder: Path, signum: int) -> tuple[Path, int, str]:
+    """In a new project: a split stopped by ``signum`` sent to the foreground ``kedro run`` once its first
+    node runs, outside any training loop (for Ctrl-C a KeyboardInterrupt, which Kedro's on_pipeline_error
+    never sees)."""
     project = copy_project(folder / "project")
     write_jsonl(project / "data/01_raw/demo_corpus.jsonl", list(demo_texts()[:200]))
     process = background.popen(
@@ -192,12 +193,33 @@ def split_stopped_by_ctrl_c(folder: Path) -> tuple[Path, int, str]:
         for line in process.stdout:
             output.append(line)
             if "Running node" in line:
-                process.send_signal(signal.SIGINT)
+                process.send_signal(signum)
                 break
         output.append(process.stdout.read())
         return project, process.wait(timeout=120), "".join(output)
     finally:
         background.forget(process)
+
+
+def split_stopped_by_ctrl_c(folder: Path) -> tuple[Path, int, str]:
+    """A split stopped by Ctrl-C (SIGINT) once its first node runs."""
+    return _split_stopped(folder, signal.SIGINT)
+
+
+def split_stopped_by_sigterm(folder: Path) -> tuple[Path, int, str]:
+    """A split stopped by SIGTERM (``timeout``, Slurm, Kubernetes) once its first node runs."""
+    return _split_stopped(folder, signal.SIGTERM)
+
+
+def _assert_stopped_and_killed(project: Path, returncode: int, output: str, said: str) -> None:
+    # the shell's status for a Ctrl-C (128 + SIGINT) and one line, not click's "Aborted!" and status 1
+    assert returncode == 130 and "Aborted!" not in output and "Traceback" not in output, output
+    assert output.strip().splitlines()[-1].startswith(said), output
+    statuses = sqlite3.connect(project / "mlflow.db").execute("select status from runs").fetchall()
+    assert [status for (status,) in statuses] == ["KILLED"], output
+    # the outputs' locks released (Kedro calls neither after_pipeline_run nor on_pipeline_error): a lock file
+    # left behind is refused for good where the next run's host name differs (a new container, same volume)
+    assert sorted(str(lock.relative_to(project)) for lock in project.rglob(".*.lock")) == [], output
 
 
 @pytest.mark.e2e
@@ -206,15 +228,41 @@ def test_a_run_stopped_by_ctrl_c_outside_training_is_killed_not_finished():
     """MLflow ends a run still open at the process's exit as FINISHED: a split, report or predict stopped by
     Ctrl-C showed in the MLflow UI as a finished run with nothing in it. The run ends with status 130, as a
     Ctrl-C'd training run does."""
-    project, returncode, output = background.result(split_stopped_by_ctrl_c)
-    # the shell's status for a Ctrl-C (128 + SIGINT) and one line, not click's "Aborted!" and status 1
-    assert returncode == 130 and "Aborted!" not in output, output
-    assert output.strip().splitlines()[-1].startswith("fastlm: stopped by Ctrl-C"), output
-    statuses = sqlite3.connect(project / "mlflow.db").execute("select status from runs").fetchall()
-    assert [status for (status,) in statuses] == ["KILLED"], output
-    # the outputs' locks released (Kedro calls neither after_pipeline_run nor on_pipeline_error): a lock file
-    # left behind is refused for good where the next run's host name differs (a new container, same volume)
-    assert sorted(str(lock.relative_to(project)) for lock in project.rglob(".*.lock")) == [], output
+    _assert_stopped_and_killed(*background.result(split_stopped_by_ctrl_c), "fastlm: stopped by Ctrl-C")
+
+
+@pytest.mark.e2e
+@pytest.mark.background(job=split_stopped_by_sigterm)
+def test_a_run_stopped_by_sigterm_outside_training_is_killed_with_one_line():
+    """SIGTERM (``timeout``, Slurm's cancel, a Kubernetes pod's stop) outside the training loop, which stops
+    at a step with its own line: one line and status 130, the MLflow run KILLED and the locks released, as
+    for Ctrl-C. Was: the process died by the signal (status 143) with nothing printed, its MLflow run left
+    RUNNING until the next run started."""
+    _assert_stopped_and_killed(*background.result(split_stopped_by_sigterm), "fastlm: stopped by SIGTERM")
+
+
+def test_a_failure_raised_while_ctrl_c_was_unwinding_is_the_ctrl_c_line(monkeypatch):
+    """A second Ctrl-C inside a checkpoint's ``torch.save``: its zip writer raised its own error while the
+    KeyboardInterrupt unwound it (``RuntimeError: [enforce fail at inline_container.cc:672] . unexpected
+    pos``), which replaced it: a 360-line traceback and status 1. The Ctrl-C in its chain is what stopped the
+    run: one line, status 130."""
+    from click.testing import CliRunner
+
+    from fastlm import cli
+
+    def stopped_in_a_write(**kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos 79707968"
+            ) from None
+
+    monkeypatch.setattr(cli.kedro_run, "callback", stopped_in_a_write)
+    result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train"])
+    assert result.exit_code == 130, (result.exception, result.output)
+    assert result.output.strip().startswith("fastlm: stopped by Ctrl-C"), result.output
+    assert "enforce fail" not in result.output
 
 
 # A log line in a process whose locale encoding (here ASCII; EUC-KR alike) lacks some of its characters:

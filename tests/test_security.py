@@ -384,6 +384,43 @@ def test_secrets_in_params_reach_no_log_mlflow_or_output():
     assert tags and all(json.loads(tag)["hf_token"] == "***" for tag in tags)  # tags hold values: JSON
 
 
+def runs_failing_on_a_secret(folder: Path) -> tuple[Path, list[subprocess.CompletedProcess]]:
+    """Two `kedro run`s in a new project refused by a node on a parameter holding a secret (a fake token as
+    the split's tokenizer, a URL with a password as the model), each a full run as kedro-viz records them (a
+    job of tests/support/background.py)."""
+    project = copy_project(folder / "project")
+    write_jsonl(project / "data/01_raw/demo_corpus.jsonl", list(demo_texts()[:200]))
+    env = background.environ(MLFLOW_TRACKING_URI=f"sqlite:///{project / 'mlflow.db'}", COLUMNS="200")
+    kedro_run = [sys.executable, "-m", "kedro", "run", "--pipeline=split", "--params"]
+    return project, [
+        background.run([*kedro_run, f"split.tokenizer.source={HF_TOKEN}"], cwd=project, env=env),
+        background.run([*kedro_run, f"split.tokenizer.source={URI}"], cwd=project, env=env),
+    ]
+
+
+@pytest.mark.e2e
+@pytest.mark.background(job=runs_failing_on_a_secret)
+def test_a_node_error_holding_a_secret_reaches_no_file_a_plugin_writes():
+    """A node's error whose text holds a parameter's secret: the one line printed masks it, and so does every
+    file of the project, kedro-viz's run events (``.viz/kedro_pipeline_events.json``, the error and its
+    traceback, written by its hook from the exception) and the MLflow store included. Was: the events file
+    held the token and the password in clear."""
+    project, runs = background.result(runs_failing_on_a_secret)
+    for done in runs:
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert "fastlm: error: split.tokenizer.source" in done.stderr and MASK in done.stderr, done.stderr
+    secrets = (HF_TOKEN, PASSWORD)
+    assert not [secret for secret in secrets for done in runs if secret in done.stdout + done.stderr]
+    events = project / ".viz/kedro_pipeline_events.json"
+    assert events.is_file() and "on_node_error" in events.read_text()  # the plugin recorded the error
+    leaked = [
+        str(path.relative_to(project))
+        for path in project.rglob("*")
+        if path.is_file() and any(s.encode() in path.read_bytes() for s in secrets)
+    ]
+    assert leaked == []
+
+
 def split_in_spawned_workers_with_a_secret(folder: Path) -> tuple[Path, subprocess.CompletedProcess]:
     """`kedro run --pipeline=split --runner=ParallelRunner` with spawned workers (KEDRO_MP_CONTEXT=spawn, as
     macOS starts them by default) and a fake token as the split's hash salt (a job of

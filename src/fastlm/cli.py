@@ -7,6 +7,7 @@ deprecation warning.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import importlib.util
@@ -14,7 +15,9 @@ import logging
 import os
 import pkgutil
 import re
+import signal
 import sys
+import threading
 from pathlib import Path, PurePosixPath
 
 import click
@@ -51,17 +54,13 @@ def _run(**kwargs):
             unknown is not None
         ):  # before Kedro's session, which warns first that it cannot read its parameters
             raise unknown
-        return kedro_run.callback(**kwargs)
-    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step with its own line)
-        logging.shutdown()
-        click.secho(
-            "fastlm: stopped by Ctrl-C before the run finished; what its nodes wrote so far is kept (a split "
-            "stopped part way is refused until it is run again); run the same command again to finish it.",
-            fg="red",
-            err=True,
-        )
-        sys.exit(130)
+        with stop_signals_interrupt():
+            return kedro_run.callback(**kwargs)
+    except KeyboardInterrupt as stop:  # Ctrl-C or a stop signal outside a training loop (which stops at a
+        _stopped(stop)  # step with its own line)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a user error
+        if (stop := _interrupt_in_chain(exc)) is not None:  # what failed as Ctrl-C unwound it (a file write)
+            _stopped(stop)
         user_error = find_user_error(exc) or selection_error(exc, kwargs) or config_file_error(exc)
         if user_error is None:
             redact_exception(exc)  # the traceback printed from it shows no credential
@@ -69,6 +68,69 @@ def _run(**kwargs):
         logging.shutdown()
         click.secho(f"fastlm: error: {redact_text(str(user_error))}", fg="red", err=True)
         sys.exit(user_error.exit_code)
+
+
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP outside the training loop (``timeout``, Slurm's cancel, a Kubernetes pod's stop, a
+    closed terminal), raised where the run is as Ctrl-C is, so the run ends as a Ctrl-C'd one does: its
+    MLflow run KILLED, its outputs' locks released, one line and status 130."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)):
+    """While the run is on, ``signals`` left at their default action (a run under ``nohup`` keeps ignoring
+    SIGHUP) raise :class:`StopSignal` in the main thread; the training loop's graceful stop takes them over
+    around its steps. A process forked from this one (a worker pool) still dies by them, as before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    here = os.getpid()
+
+    def interrupt(signum, frame) -> None:
+        if os.getpid() != here:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise StopSignal(signal.Signals(signum).name)
+
+    previous = {}
+    for signum in signals:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupt_in_chain(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or stop signal) ``error`` was raised while handling, if any: a second Ctrl-C inside a
+    checkpoint's ``torch.save`` made its zip writer raise its own error over the KeyboardInterrupt."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _stopped(stop: KeyboardInterrupt) -> None:
+    logging.shutdown()
+    what = stop.signal_name if isinstance(stop, StopSignal) else "Ctrl-C"
+    click.secho(
+        f"fastlm: stopped by {what} before the run finished; what its nodes wrote so far is kept (a split "
+        "stopped part way is refused until it is run again); run the same command again to finish it.",
+        fg="red",
+        err=True,
+    )
+    sys.exit(130)
 
 
 RAW_PARAMS = "fastlm.raw_params"  # click context meta: the --params text as typed

@@ -19,6 +19,7 @@ from fastlm.hooks import (
     OutputsLockHook,
     ParametersValidHook,
     ProjectFolderHook,
+    RedactedErrorsHook,
     ReportOfOneTrainingHook,
     RunNameHook,
     RunOutputsHook,
@@ -73,6 +74,7 @@ HOOKS = (
     RunNameHook(),
     ProjectFolderHook(),  # called first: every path below is the project's
     OnlyMissingOutputsHook(),  # tryfirst: --only-missing-outputs, the hooks see the nodes that will run
+    RedactedErrorsHook(),  # tryfirst: an error's secrets masked before kedro-viz's hook writes it to .viz/
 )
 if torchrun_rank() > 0:  # torchrun ranks other than 0 train but write nothing and open no MLflow run
     HOOKS = (

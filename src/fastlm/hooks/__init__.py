@@ -9,6 +9,7 @@
   its outputs kept per run;
 * ``catalog``: the entries handed to the nodes (``dataset_paths``, ``run_tracker``), ``--load-versions`` of
   versioned datasets only;
+* ``errors``: a node's or the run's error masked before any plugin's hook records it;
 * ``mlflow_tracking``: kedro-mlflow's hook with secrets masked and failing open (``kedro_mlflow_hook``, which
   imports MLflow: loaded when a run starts, after every check), artifacts logged.
 """
@@ -29,6 +30,7 @@ from fastlm.hooks.conf import (
     UnknownRuntimeParamsHook,
     pin_local_store,
 )
+from fastlm.hooks.errors import RedactedErrorsHook
 from fastlm.hooks.inputs import (
     FreshDataHook,
     MissingInputsHook,
@@ -54,6 +56,7 @@ from fastlm.hooks.split_complete import (
 )
 
 __all__ = [
+    "RedactedErrorsHook",
     "DATASET_PATHS",
     "KEDRO_MLFLOW_HOOK",
     "RAW",

@@ -128,3 +128,33 @@ def test_a_takeover_guard_left_by_a_killed_run_is_removed_and_a_fresh_one_refuse
                 pass
         assert "\n" not in str(raised.value)
         assert guard.exists() and json.loads(lock.read_text())["pid"] == dead.pid
+
+
+@pytest.mark.parametrize("errno_", ["ENOSPC", "EDQUOT"])
+def test_a_lock_that_cannot_be_written_on_a_full_disk_is_one_line_and_leaves_no_file(
+    tmp_path, monkeypatch, errno_
+):
+    """A disk with room for a file's name but not its bytes (less than ~40 KB free as a run starts): the lock
+    was created, its write raised ENOSPC out of the run's first hook as a 220-line traceback, and the empty
+    lock stayed behind (the next run warned it took it over). Now one storage line, no lock file left."""
+    import errno
+
+    from fastlm.engine.checkpoint.lock import held_lock
+    from fastlm.engine.checkpoint.storage import StorageError
+
+    real_fdopen = os.fdopen
+
+    def full(handle, *args, **kwargs):
+        file = real_fdopen(handle, *args, **kwargs)
+        file.close()
+        raise OSError(getattr(errno, errno_), os.strerror(getattr(errno, errno_)))
+
+    monkeypatch.setattr(os, "fdopen", full)
+    lock = tmp_path / ".report.json.lock"
+    with pytest.raises(StorageError) as raised:
+        with held_lock(lock, lambda holder: RuntimeError("held")):
+            pass
+    message = str(raised.value)
+    assert str(lock) in message and ("disk is full" in message or "quota" in message), message
+    assert "\n" not in message and "Fix:" in message
+    assert list(tmp_path.iterdir()) == []

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fastlm.engine.checkpoint.layout import LOCK_FILE, CheckpointError
+from fastlm.engine.checkpoint.storage import storage_error
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,15 @@ def held_lock(
                     holder.get("pid") if holder else "unknown",
                 )
             continue
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(mine)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(mine)
+        except OSError as error:  # a disk with room for the name but not the bytes: no empty lock left
+            lock.unlink(missing_ok=True)
+            clear = storage_error(error, f"could not write the lock {lock}", parameter="that folder")
+            if clear is error:
+                raise
+            raise clear from error
         break
     else:
         if being_written:

@@ -3,9 +3,10 @@
 :class:`GracefulStop` is installed by :func:`fastlm.engine.train.loop.train` around the hot loop. Its handler
 only records the signal (no work inside a signal handler); the loop reads :attr:`GracefulStop.requested` after
 each optimizer step, saves a checkpoint and raises :class:`TrainingInterrupted`. After the first signal the
-previous handlers are put back, so a second Ctrl-C raises ``KeyboardInterrupt`` at once (a second SIGTERM gets
-the default: the process ends). A checkpoint save cut short that way leaves only a ``.tmp-*`` folder, never a
-checkpoint that resume would pick.
+previous handlers are put back, so a second Ctrl-C raises ``KeyboardInterrupt`` at once (a second SIGTERM
+gets the previous handler: under the project CLI the run ends at once with one line,
+``fastlm.cli.StopSignal``; elsewhere the default, the process ends). A checkpoint save cut short that way
+leaves only a ``.tmp-*`` folder, never a checkpoint that resume would pick.
 
 Signal handlers can only be set from the main thread: elsewhere (a Kedro runner thread, a notebook worker) the
 context manager does nothing and the loop never sees a request.
