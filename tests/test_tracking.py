@@ -763,3 +763,27 @@ def test_a_sweeps_child_runs_in_a_parallel_runner_worker_are_children_not_the_sw
         "tiny-01": (ids["tiny-01"], "FINISHED", {"train.optimizer.lr": "0.001"}, {"test_loss": 0.1}),
         "tiny-02": (ids["tiny-02"], "FINISHED", {"train.optimizer.lr": "0.01"}, {"test_loss": 1.0}),
     }
+
+
+def test_a_read_only_store_is_named_so_not_by_sqlalchemys_preamble(tmp_path, empty_mlflow_db, monkeypatch):
+    """A store that cannot be written (mlflow.db on a read-only mount) warned with SQLAlchemy's first line
+    alone: ``MLflow run start failed (MlflowException: (raised as a result of Query-invoked autoflush;
+    consider using a session.no_autoflush block ...))``, never saying what failed. The warning names the
+    database error and that the store is read-only."""
+    import fastlm.tracking
+    from fastlm.tracking import SafeMlflow
+    from tests.support.logs import module_log_lines
+
+    store = tmp_path / "mlflow.db"
+    shutil.copyfile(empty_mlflow_db, store)
+    mlflow.set_tracking_uri(f"sqlite:///{store}")
+    mlflow.set_experiment("read-only")  # then opened read-only, as from a read-only mount
+    mlflow.set_tracking_uri(f"sqlite:///file:{store}?mode=ro&uri=true")
+    lines = module_log_lines(monkeypatch, fastlm.tracking)
+    try:
+        SafeMlflow().call("run start", lambda mlflow: mlflow.start_run(), needs_active_run=False)
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert len(lines) == 1, lines
+    assert "autoflush" not in lines[0] and "attempt to write a readonly database" in lines[0], lines
+    assert "read-only" in lines[0] and "mlflow.db" in lines[0], lines

@@ -511,8 +511,29 @@ class SafeMlflow:
                 "MLflow %s failed (%s: %s); training and local outputs continue without tracking.",
                 what,
                 type(exc).__name__,
-                changed_params_text(str(exc)) or (str(exc).splitlines()[0] if str(exc) else ""),
+                changed_params_text(str(exc)) or failure_text(exc),
             )
+
+
+# SQLAlchemy's first line when a query's autoflush failed: what failed is on the next line.
+_SQLALCHEMY_PREAMBLE = "(raised as a result of "
+
+
+def failure_text(error: BaseException) -> str:
+    """The line of a store failure that says what failed (SQLAlchemy's preamble skipped); a store that
+    cannot be written is named as read-only."""
+    text = str(error)
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith(_SQLALCHEMY_PREAMBLE)]
+    line = lines[0] if lines else ""
+    if "readonly database" in text or "read-only file system" in text.lower():
+        import mlflow
+
+        line += (
+            f"; the store {redact(mlflow.get_tracking_uri())} is read-only (a read-only mount, or its file's "
+            "or folder's permissions): make it writable, or set MLFLOW_TRACKING_URI to a writable "
+            "sqlite:/// file"
+        )
+    return line
 
 
 _CHANGED_PARAM = re.compile(
