@@ -108,3 +108,39 @@ def test_auto_reuses_the_newest_interrupted_run_only(tmp_path):
         resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW)
         == "train-20261123-041428"
     )
+
+
+@pytest.mark.parametrize("given", ["x", None], ids=["named", "auto-resumed"])
+def test_a_training_run_whose_checkpoint_folder_another_live_run_holds_is_refused_before_mlflow(
+    tmp_path, given
+):
+    """Two `kedro run --pipeline=train` of one name (the same command twice: both resume the newest
+    interrupted run): the second was refused by the checkpoint lock inside the train node, after MLflow
+    had opened a run of that name, left FAILED beside the real one. The run's name is resolved before MLflow
+    opens its run; a checkpoint folder of that name held by a running process is refused there, in the same
+    line."""
+    import json
+    import os
+    import socket
+
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.pipeline import Pipeline, node
+
+    from fastlm.engine.checkpoint.layout import LOCK_FILE, CheckpointError
+    from fastlm.hooks import RunNameHook
+
+    base = tmp_path / "checkpoints"
+    _checkpoint(base / "x", 2, 4)  # interrupted: `resume: auto` continues it
+    (base / "x" / LOCK_FILE).write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
+    catalog = DataCatalog(
+        {"params:train": MemoryDataset({"checkpoint_dir": str(base), "resume": "auto"})}
+        | ({"params:run_name": MemoryDataset(given)} if given else {})
+    )
+    pipeline = Pipeline([node(lambda train: train, "params:train", "trained_model", name="train_model")])
+    with pytest.raises(CheckpointError) as raised:
+        RunNameHook().before_pipeline_run({"pipeline_names": ["train"]}, pipeline, catalog)
+    message = str(raised.value)
+    assert f"PID {os.getppid()}" in message and str(base / "x") in message and "run_name" in message
+    (base / "x" / LOCK_FILE).unlink()  # no holder: the run goes on under that name
+    RunNameHook().before_pipeline_run({"pipeline_names": ["train"]}, pipeline, catalog)
+    assert catalog.load("params:run_name") == "x"

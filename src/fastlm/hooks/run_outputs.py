@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
-from fastlm.engine.checkpoint.lock import held_lock
+from fastlm.engine.checkpoint.lock import held_lock, refuse_held_checkpoint
 from fastlm.engine.checkpoint.storage import check_writable
 from fastlm.errors import FastlmError
 from fastlm.hooks.catalog import ParallelRunOutputs, local_path, put
@@ -45,17 +45,21 @@ class RunNameHook:
         )
         train = catalog.load("params:train") if trains and "params:train" in catalog else {}
         train = train if isinstance(train, dict) else {}
-        launch = (
-            os.environ.get("TORCHELASTIC_RUN_ID") if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 else None
-        )
+        processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        launch = os.environ.get("TORCHELASTIC_RUN_ID") if processes > 1 else None
+        checkpoints = Path(str(train.get("checkpoint_dir", TrainParams().checkpoint_dir)))
         name = resolve_run_name(
             given,
             run_params.get("pipeline_names"),
-            Path(str(train.get("checkpoint_dir", TrainParams().checkpoint_dir))),
+            checkpoints,
             resume=str(train.get("resume", "auto")),
             trains=trains,
             launch_id=launch if launch not in (None, "", "none") else None,
         )
+        # a run of this name training now: refused before MLflow opens a second run of that name (not under
+        # torchrun, where this job's rank 0 may hold it already while another rank starts)
+        if trains and processes == 1:
+            refuse_held_checkpoint(checkpoints / name)
         put(catalog, RUN_NAME, name)
         log.info("Run name: %s", name)
 

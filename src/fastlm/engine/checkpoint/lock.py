@@ -36,17 +36,8 @@ def checkpoint_lock(root: Path) -> Iterator[Path]:
     created = not root.exists()  # removed again when the run leaves it empty (e.g. refused before any step)
     root.mkdir(parents=True, exist_ok=True)
     lock = root / LOCK_FILE
-
-    def refusal(holder: dict) -> Exception:
-        return CheckpointError(
-            f"checkpoint folder {root} is in use by another training run (PID {holder['pid']} on "
-            f"{holder.get('host', '?')}, lock file {lock}).",
-            fix="wait for that run to finish or stop it, or give this run its own --params "
-            f"run_name=...; delete {lock} only if that process is gone.",
-        )
-
     try:
-        with held_lock(lock, refusal):
+        with held_lock(lock, lambda holder: checkpoint_in_use(root, holder)):
             yield lock
     finally:
         try:
@@ -54,6 +45,25 @@ def checkpoint_lock(root: Path) -> Iterator[Path]:
                 root.rmdir()
         except OSError:
             pass
+
+
+def checkpoint_in_use(root: Path, holder: dict) -> CheckpointError:
+    """The one line refusing a run whose checkpoint folder ``root`` another run (``holder``) holds."""
+    lock = Path(root) / LOCK_FILE
+    return CheckpointError(
+        f"checkpoint folder {root} is in use by another training run (PID {holder['pid']} on "
+        f"{holder.get('host', '?')}, lock file {lock}).",
+        fix="wait for that run to finish or stop it, or give this run its own --params "
+        f"run_name=...; delete {lock} only if that process is gone.",
+    )
+
+
+def refuse_held_checkpoint(root: Path) -> None:
+    """Refuse, before a run starts (before MLflow opens a run of its name), where another running process
+    holds the checkpoint folder ``root`` (:func:`checkpoint_lock` still decides when training starts)."""
+    holder = _lock_holder(_lock_text(Path(root) / LOCK_FILE))
+    if holder is not None and not _is_this_process(holder) and _holder_runs(holder):
+        raise checkpoint_in_use(root, holder)
 
 
 @contextmanager
