@@ -439,7 +439,10 @@ def check_made_with(counts: dict | None, config, tokenizer) -> None:
     if not changed:
         return
     shown = "; ".join(
-        f"split.{key}: {_dotted(made).get(key)!r} -> {_dotted(now).get(key)!r}" for key in changed[:3]
+        f"split.{key} changed"  # recorded as a digest: the salt may be a secret
+        if key == "hash_salt"
+        else f"split.{key}: {_dotted(made).get(key)!r} -> {_dotted(now).get(key)!r}"
+        for key in changed[:3]
     )
     raise ConfigError(
         f"the splits this run tokenizes were made with other settings ({shown}): the split's earlier nodes "
