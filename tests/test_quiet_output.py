@@ -259,6 +259,8 @@ def test_a_failure_raised_while_ctrl_c_was_unwinding_is_the_ctrl_c_line(monkeypa
             ) from None
 
     monkeypatch.setattr(cli.kedro_run, "callback", stopped_in_a_write)
+    # the line ends the process's logging first (a CLI run's last act): not this test process's
+    monkeypatch.setattr(cli.logging, "shutdown", lambda: None)
     result = CliRunner().invoke(cli.cli, ["run", "--pipeline=train"])
     assert result.exit_code == 130, (result.exception, result.output)
     assert result.output.strip().startswith("fastlm: stopped by Ctrl-C"), result.output
