@@ -5,10 +5,13 @@ launch of its workers."""
 from __future__ import annotations
 
 import functools
+import shutil
+import warnings
+from pathlib import Path
 
 from fastlm.engine.config import parse_train_params
 from fastlm.engine.launch.job import TrainJob, run_job
-from fastlm.engine.launch.workers import launch_workers
+from fastlm.engine.launch.workers import WorkerFailedError, launch_workers
 from fastlm.engine.model.build import build_model
 
 
@@ -50,17 +53,38 @@ def job_params(tmp_path, *, accum: int, nproc: int, **extra):
     )
 
 
-def launch(params, tokenizer, tokenized, tmp_path, callback_factory=None):
+def launch(params, tokenizer, tokenized, tmp_path, callback_factory=None, *, again_after_native_crash=True):
+    """The job of ``params`` in its worker processes; its result.
+
+    A worker that native code crashed (a SIGSEGV of an FSDP2 LoRA worker over gloo, seen once in CI's
+    kernel-set run of 2026-12-02 and not in 260 runs of the FSDP2 tests here, two kernel sets at once;
+    where it crashed is now recorded, ``launch.workers._native_crash_site``) is not what these tests
+    compare: where
+    ``again_after_native_crash``, the launch runs once more from nothing, with a warning carrying the
+    crashed worker's every-thread stack (in the test session's warnings summary, for a report). A second
+    crash fails the test; any other failure fails it at once."""
     job = TrainJob(params, 48, tokenized[0], tokenized[1], tokenizer, str(tmp_path / "model"))
     build = functools.partial(build_model, params.model, tokenizer, max_length=48, attn_implementation="sdpa")
-    return launch_workers(
-        job,
-        params.distributed.nproc_per_node,
-        build_model=build,
-        callback_factory=callback_factory,
-        monitor_interval_s=params.distributed.monitor_interval_s,
-        start_method=params.distributed.start_method,
-    )
+
+    def run():
+        return launch_workers(
+            job,
+            params.distributed.nproc_per_node,
+            build_model=build,
+            callback_factory=callback_factory,
+            monitor_interval_s=params.distributed.monitor_interval_s,
+            start_method=params.distributed.start_method,
+        )
+
+    try:
+        return run()
+    except WorkerFailedError as error:
+        if not (again_after_native_crash and error.native_stack):
+            raise
+        warnings.warn(f"launched again after: {error}\n{error.native_stack}", stacklevel=2)
+    for folder in (Path(params.checkpoint_dir), tmp_path / "model"):  # from nothing, as the first launch
+        shutil.rmtree(folder, ignore_errors=True)
+    return run()
 
 
 class WorkerProcess:
@@ -103,3 +127,27 @@ def one_and_two(tmp_path, tokenizer, tokenized, *, accum: int, strategy: str = "
         tmp_path / "two", accum=accum // 2, nproc=2, distributed=distributed, **{**job, **(two or {})}
     )
     return one, launch(params, tokenizer, tokenized, tmp_path / "two")
+
+
+class CrashInNativeCode:
+    """A loop callback whose first call crashes the process in native code (a read of address 0: SIGSEGV),
+    as a kernel or a collective's library can. ``CrashInNativeCode`` is itself the picklable
+    ``callback_factory`` of ``launch``."""
+
+    def __call__(self, kind: str, record: dict) -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+
+class CrashOnce:
+    """``CrashInNativeCode`` in the first launch only: a launch whose worker finds no file at ``path`` makes
+    it, then crashes. ``functools.partial(CrashOnce, path)`` is the picklable ``callback_factory``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def __call__(self, kind: str, record: dict) -> None:
+        if not self.path.exists():
+            self.path.write_text("crashed")
+            CrashInNativeCode()(kind, record)

@@ -551,3 +551,41 @@ def test_a_worker_other_than_rank_0_logs_warnings_only_whatever_level_its_logger
     err = capfd.readouterr().err
     assert f"[rank {rank}] WARNING fastlm.engine.train.build: a warning line" in err
     assert ("an info line" in err) == (rank == 0)
+
+
+def test_a_worker_crashing_in_native_code_is_named_with_where_it_crashed(tmp_path, bpe_tokenizer, tokenized):
+    """A worker killed by a crash of native code (SIGSEGV in a kernel or a collective's library) wrote no
+    error, and the line said only the signal: no one could tell where, or whether it was the memory killer.
+    Each worker records its Python stack on such a crash (``faulthandler``, in the launch's log folder): the
+    line names the function that was running and the engine's frame under it, and the fix says it is a
+    crash, not the out-of-memory killer. The log folder is still removed."""
+    from tests.support.parallel_jobs import CrashInNativeCode
+
+    params = job_params(tmp_path, accum=1, nproc=2, max_steps=1, eval_every=None, save_every=None)
+    with pytest.raises(WorkerFailedError) as caught:
+        launch(params, bpe_tokenizer, tokenized, tmp_path, CrashInNativeCode, again_after_native_crash=False)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "rank 0 of 2 was killed (Signal 11 (SIGSEGV)" in message, message
+    assert "crashed in native code under string_at (" in message and "ctypes" in message, message
+    assert "tests/support/parallel_jobs.py:" in message or "fastlm/engine/" in message, message
+    assert "dmesg" not in message and "run the same command again" in message, message
+    assert "Current thread" in caught.value.native_stack  # the whole record, kept for a report
+    assert not list(tmp_path.glob(".launch-*"))
+
+
+def test_the_tests_launch_once_more_after_a_native_crash_with_its_stack_in_a_warning(
+    tmp_path, bpe_tokenizer, tokenized
+):
+    """The tests' launcher (tests/support/parallel_jobs.launch) runs a launch whose worker native code
+    crashed once more, from nothing, and says so with the crashed worker's stack: the run's result is the
+    second launch's, trained to its last step."""
+    import functools
+
+    from tests.support.parallel_jobs import CrashOnce
+
+    params = job_params(tmp_path, accum=1, nproc=2, max_steps=2, eval_every=None, save_every=None)
+    marker = tmp_path / "crashed"
+    with pytest.warns(UserWarning, match=r"(?s)launched again after: .*SIGSEGV.*Current thread"):
+        result = launch(params, bpe_tokenizer, tokenized, tmp_path, functools.partial(CrashOnce, str(marker)))
+    assert marker.read_text() == "crashed" and [row["step"] for row in result.history][-1] == 2

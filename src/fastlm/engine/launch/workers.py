@@ -37,7 +37,9 @@ first failure; it is turned into one :class:`WorkerFailedError` line carrying th
 user error raised in a worker keeps its text and exit status). No worker is restarted (``max_restarts=0``):
 a training run resumes from its checkpoint instead. The workers' error files and traceback files (torch's
 ``pytorch-errorfile-*``, written by a worker that raised) go into the launch's own log folder beside the
-model folder (``.launch-<pid>-*.logs``), removed when the launch ends (``_tracebacks_in``).
+model folder (``.launch-<pid>-*.logs``), removed when the launch ends (``_tracebacks_in``). A worker that
+native code crashes (SIGSEGV and the like) raises nothing: each writes its Python stack there on such a
+crash (``faulthandler``), and the line names where it crashed (``_native_crash_site``).
 
 The trained weights travel back through one safetensors file written by rank 0 next to the model folder,
 not through a pipe; the parent builds the model once more and loads them.
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import logging
 import multiprocessing.forkserver
@@ -86,9 +89,11 @@ _NOT_COMPARED = frozenset({"TORCHELASTIC_SIGNALS_TO_HANDLE", "PYTEST_CURRENT_TES
 
 
 class WorkerFailedError(FastlmError):
-    """A training worker failed or was killed; the launcher stopped the others."""
+    """A training worker failed or was killed; the launcher stopped the others. ``native_stack``: a worker
+    crashed by native code, every thread's Python stack at the crash (``faulthandler``'s text), else ''."""
 
     exit_code = 1
+    native_stack = ""
 
 
 def launch_workers(
@@ -159,7 +164,7 @@ def launch_workers(
         result.model = model
         return result
     except ChildFailedError as error:
-        raise _worker_error(error, nproc) from None
+        raise _worker_error(error, nproc, logs) from None
     except SignalException as error:
         raise _stopped_by(error.sigval.name, job, nproc, since=launched) from None
     finally:
@@ -322,8 +327,9 @@ def _worker(job_file: str, weights: str, callback_factory, pythonpath: str | Non
     for signum in server.SERVER_IGNORES:  # a forked worker inherits its server's SIG_IGN (launch.server)
         signal.signal(signum, signal.SIG_DFL)
     _restore_pythonpath(pythonpath)
-    job = read_job(job_file)
     rank = rank_from_env()
+    _record_native_crashes(Path(job_file).with_suffix(".logs"), rank.rank)
+    job = read_job(job_file)
     _configure_worker_logging(rank.rank)
     callbacks = (callback_factory(),) if callback_factory is not None and rank.is_main else ()
     try:
@@ -482,11 +488,54 @@ def _own_signal_handlers():
             signal.signal(signum, handler)
 
 
-def _worker_error(error, nproc: int) -> FastlmError:
+# signals by which a process's own native code ends it (a kernel's or a library's bad read, an abort)
+_NATIVE_CRASHES = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)', re.MULTILINE)
+
+
+def _native_crash_path(logs: Path, rank: int) -> Path:
+    return logs / f"native-crash-rank{rank}.txt"
+
+
+def _record_native_crashes(logs: Path, rank: int) -> None:
+    """This worker writes its Python stack into the launch's log folder if native code crashes it (SIGSEGV,
+    SIGBUS, SIGILL, SIGFPE, SIGABRT: ``faulthandler``), which otherwise leaves no error behind: the launcher
+    names where it crashed (``_native_crash_site``). Nothing is written unless it crashes."""
+    if not logs.is_dir():  # a worker started by another launcher
+        return
+    # a descriptor, open until the process ends (a file object would be closed, and warned of, at its exit)
+    record = os.open(_native_crash_path(logs, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    faulthandler.enable(record, all_threads=True)
+
+
+def _native_crash_record(logs: Path | None, rank: int) -> str:
+    """Worker ``rank``'s stack record of a native crash (``faulthandler``'s text), or ''."""
+    try:
+        return _native_crash_path(logs, rank).read_text(errors="replace") if logs is not None else ""
+    except OSError:
+        return ""
+
+
+def _native_crash_site(record: str) -> str | None:
+    """Where native code crashed a worker, from its stack record: the Python function that was running,
+    and the engine's innermost frame under it (or the caller's, outside the engine), or None."""
+    current = record.partition("Current thread")[2].split("\n\n", 1)[0]
+    frames = list(_FRAME.finditer(current))  # most recent call first
+    if not frames:
+        return None
+    where = f"under {frames[0]['name']} ({frames[0]['file']}:{frames[0]['line']})"
+    own = [f for f in frames[1:] if "/fastlm/" in f["file"] or "/tests/" in f["file"]]
+    if own:
+        where += f", from {own[0]['name']} ({own[0]['file']}:{own[0]['line']})"
+    return where
+
+
+def _worker_error(error, nproc: int, logs: Path | None = None) -> FastlmError:
     """The cause of a ChildFailedError as one line (the worker's own message when it raised): a worker
     killed by a signal, else the first failure. A killed worker writes no error and its peers fail on the
     closed connection a moment later; the launcher dates theirs by their error files and the killed one's by
-    when it looked, in whole seconds, so its "first failure" can be a peer's."""
+    when it looked, in whole seconds, so its "first failure" can be a peer's. A worker that native code
+    crashed is named with where it crashed (its stack record in ``logs``)."""
     killed = {rank: failure for rank, failure in error.failures.items() if failure.exitcode < 0}
     rank, failure = min(killed.items()) if killed else error.get_first_failure()
     message = failure.message
@@ -495,6 +544,17 @@ def _worker_error(error, nproc: int) -> FastlmError:
     message = " ".join(str(message or f"exit code {failure.exitcode}").split())
     kind, _, text = message.partition(": ")
     if failure.exitcode < 0 or kind.startswith("Signal"):
+        record = _native_crash_record(logs, rank) if any(s in message for s in _NATIVE_CRASHES) else ""
+        site = _native_crash_site(record)
+        if site is not None:
+            crashed = WorkerFailedError(
+                f"training worker rank {rank} of {nproc} was killed ({message}): it crashed in native code "
+                f"{site}; the other workers were stopped.",
+                fix="run the same command again (train.resume: auto continues from the last checkpoint); if "
+                "it crashes at the same place again, report it with the versions the run logged first.",
+            )
+            crashed.native_stack = record  # every thread's stack, for a report (not printed)
+            return crashed
         return WorkerFailedError(
             f"training worker rank {rank} of {nproc} was killed ({message}); the other workers were stopped.",
             fix="look for the cause (e.g. the out-of-memory killer in `dmesg`), then run the same command "
