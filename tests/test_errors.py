@@ -46,3 +46,16 @@ def test_a_user_error_raised_while_another_exception_was_handled_is_itself():
             raise InputDataError("x.csv has no text column.", fix="name it.")  # noqa: B904 - tested
     except InputDataError as exc:
         assert find_user_error(exc) is exc
+
+
+def test_an_exception_chain_is_walked_once_each_even_where_it_loops():
+    """``exception_chain``: the error, what it was raised from (``__cause__``) or while handling
+    (``__context__``), each once: a chain that loops back (an error re-raised while handling itself) ends."""
+    from fastlm.errors import exception_chain
+
+    first, second, third = ValueError("first"), KeyError("second"), OSError("third")
+    third.__cause__ = second
+    second.__context__ = first
+    first.__context__ = third  # back to the start
+    assert [str(e) for e in exception_chain(third)] == ["third", "'second'", "first"]
+    assert list(exception_chain(None)) == []

@@ -26,7 +26,7 @@ from kedro.config import MissingConfigException
 from kedro.framework.cli.project import run as kedro_run
 
 import fastlm.pipelines
-from fastlm.errors import ConfigError, FastlmError, find_user_error
+from fastlm.errors import ConfigError, FastlmError, exception_chain, find_user_error
 from fastlm.redaction import redact_exception, redact_text
 from fastlm.temporary_files import shown_path
 from fastlm.unique_keys import KeyTwice, load_unique_keys
@@ -111,14 +111,7 @@ def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SI
 def _interrupt_in_chain(error: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C (or stop signal) ``error`` was raised while handling, if any: a second Ctrl-C inside a
     checkpoint's ``torch.save`` made its zip writer raise its own error over the KeyboardInterrupt."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, KeyboardInterrupt):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
+    return next((link for link in exception_chain(error) if isinstance(link, KeyboardInterrupt)), None)
 
 
 def _stopped(stop: KeyboardInterrupt) -> None:
@@ -519,10 +512,7 @@ def config_file_error(exc: Exception) -> FastlmError | None:
     PyYAML's) with the file and line; a configuration folder that does not exist (MissingConfigException); one
     key set by two files of one environment (``ValueError: Duplicate keys found in A and B: key``); a file
     that is not UTF-8 (``_not_utf8_conf_error``)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         if isinstance(current, UnicodeDecodeError):
             not_utf8 = _not_utf8_conf_error(current)
             if not_utf8 is not None:
@@ -566,7 +556,6 @@ def config_file_error(exc: Exception) -> FastlmError | None:
                 f"{file} line {mark.line + 1}, column {mark.column + 1}: invalid YAML ({problem}).",
                 fix="correct the YAML there (indentation, a missing ':', or an unclosed bracket or quote).",
             )
-        current = current.__cause__ or current.__context__
     return None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class FastlmError(Exception):
     """A problem the user can fix (bad input, bad parameter, stale data).
@@ -44,3 +46,13 @@ def find_user_error(exc: BaseException | None) -> FastlmError | None:
         seen.add(id(exc))
         exc = exc.__cause__
     return None
+
+
+def exception_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error``, then the exception it was raised from or while handling (``__cause__``, else
+    ``__context__``), and so on: each once (a chain can loop back on itself)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__

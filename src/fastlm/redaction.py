@@ -24,6 +24,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from fastlm.errors import exception_chain
+
 MASK = "***"
 
 _SECRET_WORDS = {
@@ -191,10 +193,7 @@ def install_log_redaction() -> None:
 def redact_exception(error: BaseException) -> BaseException:
     """Mask secrets in the text of ``error`` and of every exception in its cause/context chain, in place, so
     that a traceback printed from it (Rich's, Python's) shows no credential; returns ``error``."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(error):
         text = str(current)
         masked = redact_text(text)
         if masked != text:
@@ -204,5 +203,4 @@ def redact_exception(error: BaseException) -> BaseException:
                     current.message = masked
             except (AttributeError, TypeError):  # an exception type whose text cannot be replaced
                 pass
-        current = current.__cause__ or current.__context__
     return error

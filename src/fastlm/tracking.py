@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from numbers import Number
 from pathlib import Path
 
+from fastlm.errors import exception_chain
 from fastlm.redaction import redact
 
 log = logging.getLogger(__name__)
@@ -181,13 +182,10 @@ session_runs: set[str] = set()
 def stopped_by_user(error: BaseException | None) -> bool:
     """``error`` (or one it was raised from) is a Ctrl-C or a stop signal: a KeyboardInterrupt, or the
     training loop's graceful stop (exit status 130)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, KeyboardInterrupt) or getattr(error, "exit_code", None) == 130:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(
+        isinstance(link, KeyboardInterrupt) or getattr(link, "exit_code", None) == 130
+        for link in exception_chain(error)
+    )
 
 
 def note_session_run() -> None:
@@ -330,13 +328,10 @@ def retried_while_locked(what: str, function, *args):
 def store_locked(error: BaseException) -> bool:
     """``error`` (or one it was raised from) is SQLite's ``database is locked``: another process was writing
     the store; the write may be tried again."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if "database is locked" in str(error) or "database table is locked" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(
+        "database is locked" in str(link) or "database table is locked" in str(link)
+        for link in exception_chain(error)
+    )
 
 
 @contextlib.contextmanager

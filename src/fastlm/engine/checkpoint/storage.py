@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastlm.engine.checkpoint.layout import MARKER
-from fastlm.errors import FastlmError
+from fastlm.errors import FastlmError, exception_chain
 
 if TYPE_CHECKING:  # type hints only: `kedro run` start-up (hooks import check_writable) stays torch-free
     import torch
@@ -200,17 +200,13 @@ def os_error_in(error: BaseException) -> OSError | None:
     Libraries written in Rust or C++ (safetensors) report a failed write as their own exception whose text
     ends in ``(os error 28)``.
     """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
+    for current in exception_chain(error):
         if isinstance(current, OSError) and current.errno is not None:
             return current
         match = _OS_ERROR_TEXT.search(str(current))
         if match:
             number = int(match.group(1))
             return OSError(number, os.strerror(number))
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
     return None
 
 
