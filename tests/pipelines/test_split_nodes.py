@@ -99,6 +99,22 @@ def test_a_tokenizer_that_cannot_write_the_corpus_is_measured_and_said(caplog):
     assert report["splits"]["train"]["unknown_token_share"] > 0.01 and "unknown_token_share" in table
 
 
+def test_every_split_a_tokenizer_cannot_write_is_named_with_its_share(caplog):
+    """The warning named the worst split alone: a user whose test split was as bad as the train split read
+    that training was the problem. Each split at 1 % or more is named with its share, in one warning."""
+    english = ["fast", "delivery", "great", "product", "very", "good"]
+    texts = [f"{a} {b}" for a in english for b in english] + ["배송 빨라요", "정말 좋아요 good", "최고"] * 4
+    names = ["train", "test"] * (len(texts) // 2)
+    splits = pd.DataFrame({"text": texts, "split": pd.Categorical(names, nodes.SPLITS)})
+    caplog.set_level("WARNING", logger="fastlm")
+    _, _, stats = nodes.tokenize_corpus(splits, _wordpiece(english), {**PARAMS, "max_length": 16})
+    said = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
+    assert len(said) == 1, said
+    for name in ("train", "test"):
+        assert f"{name} {100 * stats[name]['unknown_token_share']:.1f} %" in said[0], said
+    assert "validation" not in said[0], said
+
+
 def test_a_tokenizer_whose_unknown_token_is_its_eos_is_not_counted_unknown(caplog):
     """GPT-2 style tokenizers name one token `<|endoftext|>` unknown, EOS, BOS and pad: every row's EOS was
     counted unknown and the split said so ("3.4 % ... unknown token"). Such a tokenizer has no unknown token
