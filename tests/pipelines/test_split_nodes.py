@@ -393,6 +393,23 @@ def test_the_bpe_line_counts_the_train_rows_it_was_trained_on(caplog):
     assert len(said) == 1 and "on 10 train rows (their prompts and responses)" in said[0], said
 
 
+def test_a_bpe_smaller_than_the_vocab_size_asked_says_why(caplog):
+    """`split.tokenizer.vocab_size: 128000` on a few thousand reviews learns a fraction of it; the line said
+    only the count learned, and users read the model's smaller embedding as a fault. It says what was asked
+    and why it stopped."""
+    from fastlm.corpus.tokenizer_source import train_bpe_tokenizer
+
+    caplog.set_level("INFO", logger="fastlm")
+    texts = [f"question {i} about the river and the stone" for i in range(30)]
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=128_000, min_frequency=2, model_max_length=64)
+    said = [r.getMessage() for r in caplog.records if "split.tokenizer.vocab_size asks" in r.getMessage()]
+    assert len(said) == 1 and f"learned {len(tokenizer)} of the 128000 tokens" in said[0], said
+    assert "split.tokenizer.min_frequency" in said[0]
+    caplog.clear()
+    train_bpe_tokenizer(texts, vocab_size=260, min_frequency=2, model_max_length=64)
+    assert not [r for r in caplog.records if "vocab_size asks" in r.getMessage()]
+
+
 # A CSV cell is text as written: answers that are numbers alone, as math word problems have them.
 WRITTEN_ANSWERS = ["42", "1e3", "007", "-3.50", "0", "12", "1000", "2.0", "99", "5"]
 

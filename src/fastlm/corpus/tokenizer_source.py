@@ -54,6 +54,14 @@ def train_bpe_tokenizer(texts: Sequence[str], *, vocab_size: int, min_frequency:
         clean_up_tokenization_spaces=False,
     )
     tokenizer.init_kwargs[TRAINED_HERE] = True  # saved in tokenizer_config.json; no part of the ids' digest
+    if len(tokenizer) < vocab_size:  # not a fault (the model's embedding follows the tokenizer): said why
+        log.info(
+            "The BPE learned %d of the %d tokens split.tokenizer.vocab_size asks: every pair seen at least "
+            "%d times (split.tokenizer.min_frequency) was merged before that; a larger corpus learns more",
+            len(tokenizer),
+            vocab_size,
+            min_frequency,
+        )
     return tokenizer
 
 
