@@ -60,6 +60,7 @@ import secrets
 import shutil
 import signal
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -518,13 +519,19 @@ def _native_crash_record(logs: Path | None, rank: int) -> str:
 
 def _native_crash_site(record: str) -> str | None:
     """Where native code crashed a worker, from its stack record: the Python function that was running,
-    and the engine's innermost frame under it (or the caller's, outside the engine), or None."""
+    and the innermost frame under it of the engine or of the caller's own code (outside the standard
+    library and the installed packages), or None."""
     current = record.partition("Current thread")[2].split("\n\n", 1)[0]
     frames = list(_FRAME.finditer(current))  # most recent call first
     if not frames:
         return None
     where = f"under {frames[0]['name']} ({frames[0]['file']}:{frames[0]['line']})"
-    own = [f for f in frames[1:] if "/fastlm/" in f["file"] or "/tests/" in f["file"]]
+    libraries = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    own = [  # the engine's frames, or the caller's own code (neither the standard library nor a package)
+        f
+        for f in frames[1:]
+        if "/fastlm/" in f["file"] or not any(f["file"].startswith(lib) for lib in libraries if lib)
+    ]
     if own:
         where += f", from {own[0]['name']} ({own[0]['file']}:{own[0]['line']})"
     return where
