@@ -267,6 +267,27 @@ def test_a_failure_raised_while_ctrl_c_was_unwinding_is_the_ctrl_c_line(monkeypa
     assert "enforce fail" not in result.output
 
 
+def test_the_stop_signals_are_put_back_only_where_the_clis_own_handler_is_still_installed():
+    """A torchrun rank whose peer was lost ignores SIGTERM from then on (the agent sends it one on seeing
+    the dead rank) until its line is printed. The CLI put its previous handler (the default) back over
+    that at the end of the run, before the line: the agent's SIGTERM then killed the rank silently. A
+    handler set during the run by someone else is left; the CLI's own is put back as before."""
+    from fastlm import cli
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for signum in before:
+            signal.signal(signum, signal.SIG_DFL)
+        with cli.stop_signals_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL  # the CLI's
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # another's, set during the run
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
 # A log line in a process whose locale encoding (here ASCII; EUC-KR alike) lacks some of its characters:
 # Kedro's Rich handler on a terminal, or the plain handler when redirected, as fastlm.settings sets them up.
 LOG_IN_LOCALE = """

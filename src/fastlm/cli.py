@@ -84,7 +84,12 @@ class StopSignal(KeyboardInterrupt):
 def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)):
     """While the run is on, ``signals`` left at their default action (a run under ``nohup`` keeps ignoring
     SIGHUP) raise :class:`StopSignal` in the main thread; the training loop's graceful stop takes them over
-    around its steps. A process forked from this one (a worker pool) still dies by them, as before."""
+    around its steps. A process forked from this one (a worker pool) still dies by them, as before.
+
+    At the end the previous handler is put back only where this one is still installed: a handler set during
+    the run and left (a torchrun rank that lost its peer ignores SIGTERM until its line is printed,
+    ``launch.job.run_torchrun_rank``) is no longer ours to replace; put back, the default let torchrun's
+    agent kill that rank silently before its line."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -105,7 +110,8 @@ def stop_signals_interrupt(signals: tuple[int, ...] = (signal.SIGTERM, signal.SI
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) is interrupt:
+                signal.signal(signum, handler)
 
 
 def _interrupt_in_chain(error: BaseException) -> KeyboardInterrupt | None:

@@ -1,5 +1,5 @@
 """The train pipeline on 2 CPU processes (gloo): launched by the node, started under torchrun, and a killed
-worker."""
+worker or torchrun rank."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from tests.support import background
 from tests.support.project import run_pipeline
+from tests.support.runner_jobs import data_files
 from tests.support.split_project import SHARED_SPLIT, copy_of_the_split_project
 
 pytestmark = pytest.mark.e2e
@@ -307,3 +309,100 @@ def test_sigterm_to_the_whole_process_group_saves_the_step_as_one_process_does()
     step, checkpoint = int(stopped[1]), stopped[2]  # relative to the project
     assert checkpoint.endswith(f"/checkpoint-{step:08d}") and seen["weights"].get(checkpoint), output[-6000:]
     assert seen["left"] == []
+
+
+def _torchrun_ranks(agent: int) -> dict[int, int]:
+    """The processes torchrun's agent (``agent``) started, by the ``RANK`` it gave each."""
+    ranks = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(_read(str(stat)).rsplit(")", 1)[1].split()[1]) != agent:
+                continue
+            environ = _read(str(stat.parent / "environ"), "rb").split(b"\0")
+            rank = next(item for item in environ if item.startswith(b"RANK="))
+            ranks[int(rank.removeprefix(b"RANK="))] = int(stat.parent.name)
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+    return ranks
+
+
+def split_then_kill_a_torchrun_rank(folder: Path) -> dict:
+    """In a copy of the split project: a long `kedro run --pipeline=train` under torchrun with 2 ranks (the
+    agent's own checks, every 0.1 s), each rank's stderr in a file of its own (``--redirects``), whose rank 1
+    is killed (SIGKILL, as the out-of-memory killer does) once a checkpoint is written: what rank 0, the
+    survivor, wrote on its stderr, what the agent wrote, the MLflow runs' statuses and the files under
+    data/ before and after (a job of tests/support/background.py)."""
+    project, logs = folder / "project", folder / "logs"
+    seen = {"project": project, "split": copy_of_the_split_project(project)}
+    if seen["split"].returncode != 0:
+        return seen
+    env = background.environ(
+        PYTHONUNBUFFERED="1", RANK=None, WORLD_SIZE=None, MLFLOW_TRACKING_URI=_store(project)
+    )
+    long_run = {**TRAIN, "max_steps": 100000, "save_every": 2, "keep_last": 1}
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [
+        sys.executable,
+        *torchrun,
+        f"--log-dir={logs}",
+        "--redirects=2",
+        *["-m", "kedro", "run", "--pipeline=train"],
+        *["--params", _params_arg({"split": SPLIT, "train": long_run})],
+    ]
+    seen["before"] = data_files(project)
+    with open(folder / "agent.txt", "w+") as agent:
+        process = background.popen(command, cwd=project, env=env, stdout=agent, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while not list((project / "data/06_models/checkpoints").glob("*/checkpoint-*")):
+                if process.poll() is not None or time.monotonic() >= deadline:
+                    seen["started"] = False
+                    return seen
+                time.sleep(0.2)
+            seen["started"], seen["ranks"] = True, _torchrun_ranks(process.pid)
+            if len(seen["ranks"]) == 2:
+                os.kill(seen["ranks"][1], signal.SIGKILL)
+                process.wait(timeout=90)
+        finally:
+            _forget(process)
+        seen["returncode"] = process.returncode
+        agent.seek(0)
+        seen["agent"] = agent.read()
+    seen["survivor"] = "".join(_read(str(path)) for path in logs.glob("*/attempt_0/0/stderr.log"))
+    seen["after"] = data_files(project)
+    with sqlite3.connect(project / "mlflow.db") as db:
+        seen["runs"] = db.execute("select name, status from runs where name like 'train-%'").fetchall()
+    return seen
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the ranks")
+@pytest.mark.background(job=split_then_kill_a_torchrun_rank)
+def test_a_torchrun_rank_whose_peer_was_killed_ends_with_one_line_and_its_run_failed():
+    """The surviving rank fails in a collective on the closed connection (gloo's "Connection reset by
+    peer"); the agent then sends it SIGTERM. It ends with one line saying that its peer's process ended and
+    how to continue, exit status 2 (its own, not the agent's signal), its MLflow run FAILED, nothing but the
+    run's checkpoints written under data/. Was: killed by the agent's SIGTERM (exit -15) with nothing on its
+    stderr; with the agent slower to see the killed rank (or on another node), a 280-line traceback of
+    gloo's error, exit 1."""
+    seen = background.result(split_then_kill_a_torchrun_rank)
+    assert seen["split"].returncode == 0, seen["split"].stderr[-3000:]
+    assert seen["started"], "training did not start"
+    assert sorted(seen["ranks"]) == [0, 1], seen["ranks"]
+    agent, survivor = seen["agent"], seen["survivor"]
+    assert seen["returncode"] not in (0, None), agent[-3000:]
+    assert survivor.strip().splitlines()[-1:] == survivor.strip().splitlines(), survivor[-3000:]
+    assert re.fullmatch(
+        r"fastlm: error: rank 0 of 2 lost its peer rank 1: .*the other process ended \(killed\?\).*"
+        r"Fix: .*out-of-memory killer.*dmesg.*run the same torchrun command again.*train\.resume: auto.*",
+        survivor.strip(),
+    ), survivor[-3000:]
+    # the agent's summary of its failed ranks: rank 0's own exit status (a user error's), not its signal
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\s+exitcode\s+: 2 ", agent), agent[-3000:]
+    assert seen["runs"] == [(seen["runs"][0][0], "FAILED")], seen["runs"]
+    checkpoints = "data/06_models/checkpoints/"
+    changed = {
+        path
+        for path in {*seen["before"], *seen["after"]}
+        if seen["before"].get(path) != seen["after"].get(path)
+    }
+    assert changed and all(path.startswith(checkpoints) for path in changed), sorted(changed)

@@ -147,6 +147,24 @@ def test_launch_mode_detects_torchrun_spawn_and_single():
     assert rank_from_env(torchrun) == RankInfo(1, 2, 1) and rank_from_env({}) is None
 
 
+def test_a_lost_peer_is_told_by_the_backends_words_in_its_runtime_error():
+    """gloo's and NCCL's words for a collective whose peer process is gone, in the RuntimeError they raise;
+    a pipe of this process's own closed (``BrokenPipeError``) or another error's text is not a lost peer."""
+    from torch.distributed import DistBackendError
+
+    from fastlm.engine.distributed.parallel import lost_peer
+
+    gloo = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:35216: Connection reset by peer. GLHF!"
+    assert lost_peer(RuntimeError(gloo)) == "Connection reset by peer"
+    assert (
+        lost_peer(RuntimeError("[pair.cc:553] Connection closed by peer [::1]:6797"))
+        == "Connection closed by peer"
+    )
+    assert lost_peer(DistBackendError("NCCL error: remote process exited or there was a network error"))
+    assert lost_peer(BrokenPipeError(32, "Broken pipe")) is None
+    assert lost_peer(RuntimeError("Timed out waiting 600000ms for recv operation to complete")) is None
+
+
 def test_nccl_asked_for_a_cpu_run_is_one_line_naming_the_parameter_and_the_fix():
     """Was: each worker failed in torch's process group set-up, `training worker rank 0 of 2 failed:
     RuntimeError: Distributed package doesn't have NCCL built in` (a CUDA build: `ProcessGroupNCCL is only

@@ -3,6 +3,8 @@ parameters, the splits read from Arrow, the run trained, and a summary that says
 of metric records the storage check plans for covers what the run writes; ranks started on their own
 (torchrun) train only when every rank holds the same tokenized data."""
 
+import signal
+
 import pytest
 
 from fastlm.engine.distributed.parallel import Collectives
@@ -86,3 +88,76 @@ def test_launched_workers_compare_the_launchers_record_and_read_no_split_again(
     assert comm.gathered == [
         {name: {"rows": i["rows"], "sha256": i["sha256"]} for name, i in job.data_identity.items()}
     ]
+
+
+def test_a_torchrun_rank_whose_peer_process_was_killed_ends_in_one_line_saying_so(
+    tmp_path, bpe_tokenizer, sample_texts
+):
+    """Rank 1's process killed outright while training (the out-of-memory killer, kill -9): rank 0 fails in
+    its next collective on gloo's words ("Connection reset by peer", "Connection closed by peer"). That is
+    one user-facing line naming the lost peer, why it may have ended and how to continue, raised from gloo's
+    error; the rank then ignores the SIGTERM torchrun's agent sends it on seeing the dead rank, so that it
+    ends with that line (its MLflow run FAILED) rather than by the signal, silently. Was: gloo's
+    RuntimeError, a traceback of some 280 lines."""
+    from fastlm.engine.distributed.parallel import lost_peer
+    from tests.support import peer_ranks
+
+    splits = tokenized_splits(bpe_tokenizer, sample_texts)
+    params = job_params(tmp_path, accum=1, nproc=2, max_steps=8, eval_every=None, save_every=2, resume="auto")
+    seen = peer_ranks.run(tmp_path, params, bpe_tokenizer, splits)
+    assert seen["exit_codes"] == [0, -9], seen
+    assert seen["type"] == "PeerLostError" and seen["exit_code"] == 2, seen
+    line = seen["error"]
+    assert "\n" not in line and line.startswith("rank 0 of 2 lost its peer rank 1: "), line
+    assert "the other process ended (killed?)" in line and "dmesg" in line, line
+    # killed at its third step: the last checkpoint rank 0 saved is step 2's
+    last = tmp_path / "checkpoints-2" / "checkpoint-00000002"
+    assert line.endswith(f"train.resume: auto continues from the last checkpoint ({last})."), line
+    assert lost_peer(RuntimeError(seen["cause"])), seen["cause"]  # raised from gloo's own error
+    assert seen["sigterm"] == str(signal.Handlers.SIG_IGN), seen
+
+
+def _raising(error: BaseException):
+    def run_job(*args, **kwargs):
+        raise error
+
+    return run_job
+
+
+def test_only_a_lost_peer_of_several_ranks_is_a_lost_peer_error(tmp_path, monkeypatch):
+    """Any other error of a torchrun rank, and one of a single process, is left as it was raised; a stop
+    signal (or Ctrl-C) that reached the rank while it unwound a lost peer's error is that lost peer: the
+    agent's SIGTERM, sent on seeing the killed rank, in the moment before the rank ignores it."""
+    from fastlm.engine.distributed.ranks import RankInfo
+    from fastlm.engine.launch.job import PeerLostError, TrainJob, run_torchrun_rank
+    from fastlm.errors import FastlmError
+
+    job = TrainJob(job_params(tmp_path, accum=1, nproc=2), 48, None, None, None, str(tmp_path / "model"))
+    lost = RuntimeError(
+        "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:5: Connection reset by peer."
+    )
+
+    def stopped_while_unwinding(*args, **kwargs):
+        try:
+            raise lost
+        except RuntimeError:
+            raise KeyboardInterrupt from None
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        for run_job, rank, expected in (
+            (_raising(ValueError("a bad value")), RankInfo(0, 2, 0), ValueError),
+            (_raising(lost), RankInfo(0, 1, 0), RuntimeError),
+            (_raising(lost), RankInfo(1, 3, 1), PeerLostError),
+            (stopped_while_unwinding, RankInfo(0, 2, 0), PeerLostError),
+        ):
+            monkeypatch.setattr(job_module, "run_job", run_job)
+            with pytest.raises(expected) as caught:
+                run_torchrun_rank(job, rank)
+            if expected is PeerLostError:
+                assert isinstance(caught.value, FastlmError) and caught.value.__cause__ is lost
+                assert str(caught.value).startswith(f"rank {rank.rank} of {rank.world_size} lost "), (
+                    caught.value
+                )
+    finally:
+        signal.signal(signal.SIGTERM, before)

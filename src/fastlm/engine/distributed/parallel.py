@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -50,6 +51,7 @@ __all__ = [
     "is_sharded",
     "launch_mode",
     "load_full_state_dicts",
+    "lost_peer",
     "optimizer_state_by_index",
     "optimizer_state_by_name",
     "rank_device",
@@ -72,6 +74,25 @@ def launch_mode(nproc_per_node: int, environ: dict | None = None) -> str:
             )
         return "torchrun"
     return "spawn" if nproc_per_node > 1 else "single"
+
+
+# A collective whose peer process is gone, in gloo's words ("Connection closed by peer", "Connection reset by
+# peer", "Broken pipe") and NCCL's ("remote process exited"), with the word before them ("Connection").
+_LOST_PEER = re.compile(
+    r"(?:\w+ )?(?:(?:closed|reset) by peer|Broken pipe|remote process exited)", re.IGNORECASE
+)
+
+
+def lost_peer(error: BaseException) -> str | None:
+    """The words of ``error``'s own message that say a collective lost its peer process (one killed, by the
+    out-of-memory killer or kill -9, or crashed), e.g. ``"Connection reset by peer"``; None when it says
+    nothing of the kind. The backends raise a RuntimeError (``DistBackendError``) whose text is all that tells
+    this failure, the consequence of another rank's death, from a failure of this rank's own; an OSError of
+    this process's own (a ``BrokenPipeError`` writing to a closed pipe) is not one."""
+    if not isinstance(error, RuntimeError):
+        return None
+    match = _LOST_PEER.search(str(error))
+    return match[0] if match else None
 
 
 def resolve_backend(requested: str, device: torch.device) -> str:

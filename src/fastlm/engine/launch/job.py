@@ -5,6 +5,12 @@ ranks, checks that every rank holds the same tokenized data (:func:`check_same_d
 checks the output storage (rank 0), trains, and returns :class:`JobResult` on rank 0
 (``None`` elsewhere). Only rank 0 calls the loop callbacks (live MLflow metrics).
 
+``run_torchrun_rank(job, rank)`` is ``run_job`` for a rank started by torchrun, whose process is its own: a
+rank whose peer process ended (killed by the out-of-memory killer or kill -9) fails in its next collective on
+the backend's words ("Connection reset by peer"), a plain RuntimeError; it ends as :class:`PeerLostError`,
+one line saying what happened and how to continue (launched workers are named by their launcher instead,
+``launch.workers``).
+
 Kedro-free: the train node builds the :class:`TrainJob` from catalog inputs and parameters.
 """
 
@@ -12,10 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastlm.engine.batching import loader_settings
+from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.checkpoint.storage import check_training_storage
 from fastlm.engine.config import TrainParams
 from fastlm.engine.data import TextEnds, pad_id_of
@@ -27,6 +36,7 @@ from fastlm.engine.distributed.parallel import (
     connect,
     full_state_dicts,
     is_sharded,
+    lost_peer,
     rank_device,
 )
 from fastlm.engine.model.build import build_model, model_attention
@@ -34,7 +44,7 @@ from fastlm.engine.model.lora import load_trained_weights, trains_part_only
 from fastlm.engine.observe.metrics import device_memory_mb
 from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime, usable_cpu_count
 from fastlm.engine.train.loop import train
-from fastlm.errors import StaleDataError
+from fastlm.errors import FastlmError, StaleDataError, exception_chain
 
 log = logging.getLogger(__name__)
 
@@ -204,3 +214,54 @@ def run_job(job: TrainJob, rank: RankInfo | None = None, *, callbacks=()) -> Job
         "runtime": (result.runtime or runtime).describe(),
     }
     return JobResult(result.model, result.history, result.eval_history, summary)
+
+
+class PeerLostError(FastlmError):
+    """A torchrun rank's collective failed because another rank's process ended: the user looks for why
+    that one ended and runs the training again, which resumes from its last checkpoint."""
+
+
+def _peer_lost(job: TrainJob, rank: RankInfo, words: str) -> PeerLostError:
+    """The line of ``rank``, whose collective failed on ``words`` (the backend's): the peer it lost, and how
+    to continue (the last checkpoint, where this node holds one: rank 0's)."""
+    params = job.params
+    if rank.world_size == 2:
+        what = f"its peer rank {1 - rank.rank}: the other process ended (killed?)"
+    else:
+        what = "its peer rank(s): another rank's process ended (killed?)"
+    if params.save_every is None:
+        resume = "the run starts over (train.save_every is null: no checkpoint is saved)"
+    else:
+        latest = latest_checkpoint(Path(params.checkpoint_dir))
+        last = "the last checkpoint" + (f" ({latest})" if latest is not None else "")
+        resume = (
+            f"train.resume: auto continues from {last}"
+            if params.resume == "auto"
+            else f"with train.resume: auto (it is {params.resume!r} now) it continues from {last}"
+        )
+    return PeerLostError(
+        f"rank {rank.rank} of {rank.world_size} lost {what} while this one waited for it in a collective "
+        f"({words}); this rank stopped too.",
+        fix="look for why that process ended (its own output; the out-of-memory killer: `dmesg | grep -i "
+        f"oom` or `journalctl -k`), then run the same torchrun command again; {resume}.",
+    )
+
+
+def run_torchrun_rank(job: TrainJob, rank: RankInfo, *, callbacks=()) -> JobResult | None:
+    """``run_job`` on a rank torchrun started, a lost peer (module docstring) raised as :class:`PeerLostError`
+    from the backend's error, which was a traceback of some 280 lines.
+
+    A stop signal or Ctrl-C that reached the rank while it unwound that error is the lost peer too: torchrun's
+    agent sends SIGTERM to the ranks left once it sees one end, and that one is not the user's. From then on
+    this process ignores SIGTERM, so that it ends with its line and its MLflow run FAILED (the CLI's own
+    handler would have ended it as stopped by SIGTERM, its default silently, status -15) within the agent's
+    shutdown timeout, after which the agent kills it anyway."""
+    try:
+        return run_job(job, rank, callbacks=callbacks)
+    except BaseException as error:
+        peer_error = next((link for link in exception_chain(error) if lost_peer(link)), None)
+        if rank.world_size < 2 or peer_error is None:
+            raise
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _peer_lost(job, rank, lost_peer(peer_error)) from peer_error

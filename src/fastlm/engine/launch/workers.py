@@ -71,7 +71,7 @@ import safetensors.torch
 
 from fastlm.engine.checkpoint.discovery import latest_checkpoint
 from fastlm.engine.data.arrow_identity import identity_change, split_identity
-from fastlm.engine.distributed.parallel import rank_from_env
+from fastlm.engine.distributed.parallel import lost_peer, rank_from_env
 from fastlm.engine.launch import server
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job, splits_identity
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
@@ -290,10 +290,6 @@ def _restore_pythonpath(value: str | None) -> None:
         os.environ["PYTHONPATH"] = value
 
 
-# A collective whose peer process is gone (gloo's and NCCL's words): the launcher names one failed worker, the
-# first it finds at a check (the lowest rank when several ended since the last), and the killed peer is the
-# cause; a worker failing this way waits two checks before it ends (``_worker``).
-_LOST_PEER = re.compile(r"(closed|reset) by peer|Broken pipe|remote process exited", re.IGNORECASE)
 _HANDOVER = re.compile(r"\.launch-(\d+)-[0-9a-f]+\.(job|safetensors|logs)")
 
 
@@ -336,7 +332,10 @@ def _worker(job_file: str, weights: str, callback_factory, pythonpath: str | Non
     try:
         result = run_job(job, rank, callbacks=callbacks)
     except Exception as error:
-        if _LOST_PEER.search(str(error)):  # the peer's death is the cause: let the launcher find it first
+        # A collective whose peer process is gone (``parallel.lost_peer``): the launcher names one failed
+        # worker, the first it finds at a check (the lowest rank when several ended since the last), and the
+        # killed peer is the cause; a worker failing this way waits two checks before it ends.
+        if lost_peer(error):
             time.sleep(2 * job.params.distributed.monitor_interval_s)
         raise
     if result is None:

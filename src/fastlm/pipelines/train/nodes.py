@@ -47,7 +47,7 @@ def train_model(
     """
     from fastlm.engine.data.folds import fold_splits
     from fastlm.engine.distributed.parallel import launch_mode, rank_from_env
-    from fastlm.engine.launch.job import TrainJob, run_job
+    from fastlm.engine.launch.job import TrainJob, run_job, run_torchrun_rank
     from fastlm.engine.launch.workers import launch_workers
     from fastlm.engine.model.lora import adapter_description, parameter_counts
     from fastlm.engine.runtime.remembered import CHOICES_FILE
@@ -103,8 +103,10 @@ def train_model(
             build_model=functools.partial(_untrained_model, params, tokenizer, max_length),
             callback_factory=tracker.worker_callback_factory(),
         )
+    elif mode == "torchrun":  # a rank whose peer process ended says so in one line (PeerLostError)
+        result = run_torchrun_rank(job, rank_from_env(), callbacks=tracker.callbacks())
     else:
-        result = run_job(job, rank_from_env() if mode == "torchrun" else None, callbacks=tracker.callbacks())
+        result = run_job(job, None, callbacks=tracker.callbacks())
     if result is None:  # a torchrun rank other than 0: rank 0 writes every output (see fastlm.rank_hooks)
         return {"model": None, "tokenizer": tokenizer}, pd.DataFrame(), pd.DataFrame(), {}
     summary = {
