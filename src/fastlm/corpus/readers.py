@@ -289,15 +289,48 @@ def refuse_a_table_of_tabs(lines: list[str], path: Path, column: str = "split.te
 
 TEXT_FORMATS = {"csv", "tsv", "jsonl"}
 KOREAN_ENCODINGS = {"cp949", "euc_kr", "johab", "iso2022_kr"}
+# Python's codec name -> the name glibc's ``iconv -l`` knows it by (a name guessed from the codec's, such as
+# PTCP154 for ptcp154, may be unknown to iconv: a fix naming it fails). A codec not here is named to Python.
 ICONV_NAMES = {
-    "latin_1": "ISO-8859-1",
+    "iso8859_1": "ISO-8859-1",
+    **{f"iso8859_{n}": f"ISO-8859-{n}" for n in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16)},
+    **{f"cp{n}": f"CP{n}" for n in (*range(1250, 1259), 437, 850, 852, 855, 857, 858, 860, 861, 862, 863)},
+    **{f"cp{n}": f"CP{n}" for n in (864, 865, 866, 869, 874, 932, 949, 950, 1125, 737, 775)},
     "utf_16": "UTF-16",
     "utf_16_le": "UTF-16LE",
     "utf_16_be": "UTF-16BE",
     "utf_32": "UTF-32",
+    "utf_32_le": "UTF-32LE",
+    "utf_32_be": "UTF-32BE",
     "euc_kr": "EUC-KR",
-    "cp949": "CP949",
+    "johab": "JOHAB",
+    "iso2022_kr": "ISO-2022-KR",
+    "euc_jp": "EUC-JP",
+    "iso2022_jp": "ISO-2022-JP",
+    "shift_jis": "SHIFT_JIS",
+    "gb2312": "GB2312",
+    "gbk": "GBK",
+    "gb18030": "GB18030",
+    "big5": "BIG5",
+    "big5hkscs": "BIG5-HKSCS",
+    "koi8_r": "KOI8-R",
+    "koi8_u": "KOI8-U",
+    "mac_roman": "MACINTOSH",
+    "mac_cyrillic": "MAC-CYRILLIC",
+    "ptcp154": "PT154",
+    "tis_620": "TIS-620",
+    "hp_roman8": "HP-ROMAN8",
 }
+
+
+def iconv_name(codec: str) -> str | None:
+    """The name ``iconv -f`` takes for the Python codec ``codec``, None for one it may not know."""
+    try:
+        return ICONV_NAMES.get(codecs.lookup(codec).name.replace("-", "_"))
+    except LookupError:
+        return None
+
+
 CHUNK = 16 * 2**20
 THREADED_JSON = 16 * 2**20  # bytes: a JSON Lines file read by pyarrow's threads above it
 # Writes the decompressed bytes of a file to stdout (the start of a pipe into iconv).
@@ -377,10 +410,12 @@ def _legacy_text(path: Path, position: int, reason: str, parameter: str = RAW_PA
         if encoding in KOREAN_ENCODINGS:
             with contextlib.suppress(UnicodeDecodeError):
                 korean = data.decode("cp949")
+            if korean is not None and _western_look_alike(korean):
+                korean, encoding = None, _western(data)
     if korean is not None:
         log.warning("%s is not UTF-8; read it as Korean CP949/EUC-KR (detected %s).", path, encoding)
         return io.BytesIO(korean.encode("utf-8"))
-    raise _not_utf8(path, position, reason, encoding, parameter)
+    raise _not_utf8(path, position, reason, encoding, parameter, data)
 
 
 # The 2,350 Hangul syllables of KS X 1001 (EUC-KR): nearly every syllable of real Korean text. The other
@@ -393,16 +428,44 @@ ASCII_RUNS = re.compile(r"[\x00-\x7f]+")
 KOREAN_SAMPLE = 2**20  # non-ASCII characters looked at
 
 
+# A non-ASCII character with a Latin letter on either side: inside a Western word (INFORMAÇÃO), where the
+# accented capitals Ç (C7) and Ã (C3) read as CP949 make the KS X 1001 syllable 플. Korean writes a syllable
+# between two Latin letters next to never (``API를`` has one on one side): such syllables are no sign of it.
+BETWEEN_LETTERS = re.compile(r"(?<=[A-Za-z])[^\x00-\x7f](?=[A-Za-z])")
+
+
 def _korean_text(data: bytes) -> str | None:
     """``data`` decoded as CP949 when all of it decodes and most of its non-ASCII characters are KS X 1001
-    Hangul syllables, else None: this finds a mostly-ASCII Korean file, which detectors take for cp1252."""
+    Hangul syllables not standing between two Latin letters, else None: this finds a mostly-ASCII Korean
+    file, which detectors take for cp1252, and leaves all-caps Portuguese or German (whose accented
+    capitals pair into syllables) to be named Western."""
     try:
         text = data.decode("cp949")
     except UnicodeDecodeError:
         return None
-    sample = ASCII_RUNS.sub("", text[: 64 * KOREAN_SAMPLE])[:KOREAN_SAMPLE]
+    window = BETWEEN_LETTERS.sub("\ufffd", text[: 64 * KOREAN_SAMPLE])
+    sample = ASCII_RUNS.sub("", window)[:KOREAN_SAMPLE]
     hangul = sum(char in KS_HANGUL for char in sample)
     return text if sample and hangul >= len(sample) / 2 else None
+
+
+def _western_look_alike(text: str) -> bool:
+    """Whether most KS X 1001 syllables of ``text`` (``data`` read as CP949) stand between two Latin
+    letters: a Western text's accented capitals, which a detector may still call Korean."""
+    window = text[: 64 * KOREAN_SAMPLE]
+    hangul = sum(char in KS_HANGUL for char in ASCII_RUNS.sub("", window)[:KOREAN_SAMPLE])
+    inside = sum(char in KS_HANGUL for char in BETWEEN_LETTERS.findall(window))
+    return hangul > 0 and inside >= hangul / 2
+
+
+def _western(data: bytes) -> str:
+    """The Western European single-byte encoding of ``data``: cp1252 where it decodes (its curly quotes and
+    dashes in 0x80-0x9F), else Latin-1 (which decodes any byte)."""
+    try:
+        data.decode("cp1252")
+    except UnicodeDecodeError:
+        return "latin_1"
+    return "cp1252"
 
 
 # Among equally good guesses, the Western European encodings win, in this order: a French Latin-1 text scores
@@ -421,26 +484,131 @@ def _likely_encoding(matches) -> str | None:
     return next((name for name in WESTERN if name in candidates), best.encoding)
 
 
+NAMED_BAD_LINES = 5  # the lines after the first that a refusal lists by number
+EXCERPT = 60  # characters of a bad line a refusal shows
+
+
 def _not_utf8(
-    path: Path, position: int, reason: str, encoding: str | None, parameter: str = RAW_PATH
+    path: Path,
+    position: int,
+    reason: str,
+    encoding: str | None,
+    parameter: str = RAW_PATH,
+    data: bytes | None = None,
 ) -> InputDataError:
+    """The refusal of a file (its decompressed bytes ``data``, read here where not given) that is not UTF-8:
+    the first line holding a bad byte (counted from 1, as an editor counts), shown, and a fix that converts
+    what is wrong alone. Where the file's other non-ASCII lines are UTF-8 (a few lines pasted in from a CP949
+    or Latin-1 file) converting the whole file would garble every good line, so the fix converts those lines
+    alone; otherwise the whole file, from ``encoding`` (detected), by ``iconv`` or Python."""
+    if data is None:
+        with _open_path(path) or path.open("rb") as handle:
+            data = handle.read()
+    bad, count, good = _non_utf8_lines(data)
     compressed = _is_compressed(path)
-    where = f"byte {position}{' after decompression' if compressed else ''}: {reason}"
-    name = (
-        "<its encoding>"
-        if encoding is None
-        else ICONV_NAMES.get(encoding, encoding.upper().replace("_", "-"))
-    )
     suffix = path.suffixes[-2] if compressed and len(path.suffixes) > 1 else path.suffix
-    if compressed:
-        command = f"{DECOMPRESS_COMMANDS[path.suffixes[-1].lower()]} {path} | iconv -f {name} -t UTF-8"
-    else:
-        command = f"iconv -f {name} -t UTF-8 {path}"
-    return InputDataError(
-        f"{path} is not valid UTF-8 ({where}){'' if encoding is None else f'; it looks like {name}'}.",
-        fix=f"re-save it as UTF-8: {command} > converted{suffix}, then point {parameter} at the converted "
-        "file.",
+    # the decompressed bytes: a pipe from the decompressing command, else the file itself
+    reads = f"{DECOMPRESS_COMMANDS[path.suffixes[-1].lower()]} {path} | " if compressed else ""
+    into = "" if compressed else f" < {path}"
+    where = f"byte {position}{' after decompression' if compressed else ''}: {reason}"
+    then = f"then point {parameter} at the converted file."
+    if not bad:  # not expected: a decoder's error is on some line
+        return InputDataError(f"{path} is not valid UTF-8 ({where}).", fix=f"re-save it as UTF-8, {then}")
+    number, line, column = bad[0]
+    if good > count:  # a UTF-8 file with a few lines in another encoding
+        encoding = _lines_encoding([line for _, line, _ in bad])
+        shown = _excerpt(line, column, encoding)
+        more = ""
+        if count > 1:
+            listed = ", ".join(str(n) for n, _, _ in bad[1 : 1 + NAMED_BAD_LINES])
+            listed += ", ..." if count > 1 + NAMED_BAD_LINES else ""
+            more = f" and {count - 1} more line{'s' if count > 2 else ''} ({listed})"
+        what = (
+            f"{path} is not valid UTF-8 at line {number} ({where}): {shown}{more}; its other lines are "
+            "UTF-8, so converting the whole file would garble them."
+        )
+        those = "that line" if count == 1 else "those lines"
+        if encoding is None:
+            return InputDataError(what, fix=f"fix or remove {those} (re-typed as UTF-8), {then}")
+        one_liner = (
+            "import sys; o=sys.stdout.buffer; [o.write(l if l.decode('utf-8','replace').encode()==l else "
+            f"l.decode('{encoding}').encode()) for l in sys.stdin.buffer]"
+        )
+        return InputDataError(
+            what,
+            fix=f"fix or remove {those}, or convert {those} alone from {_named(encoding)}: "
+            f'{reads}python3 -c "{one_liner}"{into} > converted{suffix}, {then}',
+        )
+    shown = _excerpt(line, column, encoding)
+    name = None if encoding is None else iconv_name(encoding)
+    looks = "" if encoding is None else f"; it looks like {_named(encoding)}"
+    what = f"{path} is not valid UTF-8 at line {number} ({where}): {shown}{looks}."
+    if encoding is None:
+        command = f"{reads}iconv -f <its encoding> -t UTF-8{'' if compressed else f' {path}'}"
+        return InputDataError(what, fix=f"re-save it as UTF-8: {command} > converted{suffix}, {then}")
+    python = (
+        f'{reads}python3 -c "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read()'
+        f".decode('{encoding}').encode())\"{into} > converted{suffix}"
     )
+    if name is None:
+        return InputDataError(what, fix=f"re-save it as UTF-8: {python}, {then}")
+    command = f"{reads}iconv -f {name} -t UTF-8{'' if compressed else f' {path}'} > converted{suffix}"
+    return InputDataError(what, fix=f"re-save it as UTF-8: {command} (without iconv: {python}), {then}")
+
+
+def _named(encoding: str) -> str:
+    """How a message names a Python codec: its ``iconv`` name, else the codec's own."""
+    return iconv_name(encoding) or encoding
+
+
+def _non_utf8_lines(data: bytes) -> tuple[list[tuple[int, bytes, int]], int, int]:
+    """(the first lines of ``data`` that are not UTF-8, as (number from 1, bytes, first bad byte's index),
+    how many lines are not, how many non-ASCII lines are)."""
+    bad: list[tuple[int, bytes, int]] = []
+    count = good = 0
+    for number, line in enumerate(io.BytesIO(data), start=1):
+        if line.isascii():
+            continue
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            count += 1
+            if len(bad) <= NAMED_BAD_LINES:
+                bad.append((number, line.rstrip(b"\r\n"), exc.start))
+        else:
+            good += 1
+    return bad, count, good
+
+
+def _lines_encoding(lines: list[bytes]) -> str | None:
+    """The encoding the bad lines of a UTF-8 file are in: CP949 where they read as Korean, else the Western
+    cp1252 or Latin-1; None where a line also holds UTF-8 (a line of two encodings, which no decoding of the
+    whole line reads right)."""
+    data = b"\n".join(lines)
+    if _korean_text(data) is not None and all(_korean_text(line) is not None for line in lines):
+        return "cp949"
+    for line in lines:
+        if any(char != "\ufffd" and not char.isascii() for char in line.decode("utf-8", "replace")):
+            return None
+    return _western(data)
+
+
+def _excerpt(line: bytes, column: int, encoding: str | None) -> str:
+    """A bad line shown: at most ``EXCERPT`` characters around its first bad byte, bytes that are not UTF-8
+    as ``\\xNN``, then the line as ``encoding`` reads it (where it decodes so)."""
+    start = max(0, column - EXCERPT // 2)
+    end = start + EXCERPT
+    cut = line[start:end].decode("utf-8", "backslashreplace")
+    shown = f"'{'...' if start else ''}{cut}{'...' if end < len(line) else ''}'"
+    if encoding is None:
+        return shown
+    try:
+        text = line.decode(encoding)
+    except UnicodeDecodeError:
+        return shown
+    at = len(line[:start].decode(encoding, "replace"))
+    read = f"{'...' if at else ''}{text[at : at + EXCERPT]}{'...' if at + EXCERPT < len(text) else ''}"
+    return f"{shown} (as {_named(encoding)}: '{read}')"
 
 
 def _refuse_repeated(names, path: Path) -> None:
