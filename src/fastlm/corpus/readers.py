@@ -100,7 +100,58 @@ def check_table_path(path: str | Path, parameter: str = RAW_PATH) -> str:
         )
     if path.is_file() and path.stat().st_size == 0:
         raise InputDataError(f"{what} {path} is empty (0 bytes).", fix=f"fill it or {fix}.")
+    if path.is_file() and (kind in TEXT_FORMATS or kind == LINES):
+        _check_compression(path, kind, fix)
     return kind
+
+
+# The first bytes of each compression a text file may be read through (by its name's last suffix). bzip2's
+# "BZh" is ASCII, so its block size and first block's (or end's) magic number are matched too: a text that
+# begins "BZh" is no bzip2 file.
+MAGIC = {
+    re.compile(rb"\x1f\x8b"): ("gzip", ".gz"),
+    re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)"): ("bzip2", ".bz2"),
+    re.compile(rb"\xfd7zXZ\x00"): ("xz", ".xz"),
+    re.compile(rb"\x28\xb5\x2f\xfd"): ("zstd", ".zst"),
+    re.compile(rb"PK(?:\x03\x04|\x05\x06)"): ("zip", ".zip"),  # a member first, or an empty archive
+}
+
+
+def _check_compression(path: Path, kind: str, fix: str) -> None:
+    """Refuse what the text readers cannot read as the name says, before any byte is decoded: a compressed
+    file named as plain text (its bytes would be taken for text in some unknown encoding), a zip holding no
+    file or several (which one is meant?), a .zst where the zstandard module is missing."""
+    suffix = path.suffixes[-1].lower() if _is_compressed(path) else ""
+    if not suffix:
+        with path.open("rb") as handle:
+            head = handle.read(10)
+        found = next((named for magic, named in MAGIC.items() if magic.match(head)), None)
+        if found is not None:
+            compression, extension = found
+            raise InputDataError(
+                f"{path} is {compression}-compressed, but its name says plain {kind} text.",
+                fix=f"rename it to {path.name}{extension} (fastlm decompresses by the name's last suffix), "
+                f"then {fix}.",
+            )
+    elif suffix == ".zip":
+        with contextlib.suppress(zipfile.BadZipFile), zipfile.ZipFile(path) as archive:
+            members = [info.filename for info in archive.infolist() if not info.is_dir()]
+            if len(members) != 1:
+                shown = ", ".join(members[:5]) + (", ..." if len(members) > 5 else "")
+                held = "no file" if not members else f"{len(members)} files ({shown})"
+                raise InputDataError(
+                    f"{path} holds {held}; fastlm reads a zip of one file.",
+                    fix=f"unzip it (unzip {path} -d <folder>) and give the file to read alone: {fix}.",
+                )
+    elif suffix == ".zst":
+        try:
+            import zstandard  # noqa: F401
+        except ImportError:
+            raise InputDataError(
+                f"{path} is zstd-compressed and the zstandard module is not installed.",
+                fix=f"pip install zstandard, or decompress it first (zstd -d {path} -o "
+                f"{path.with_suffix('')}), then {fix}.",
+            ) from None
 
 
 def read_text_table(
