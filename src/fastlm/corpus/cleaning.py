@@ -13,6 +13,8 @@ import unicodedata
 
 import pandas as pd
 
+from fastlm.errors import InputDataError
+
 DROP_REASONS = ("missing", "non_string", "empty", "whitespace_only", "duplicate")
 # Marks that show nothing and mean nothing in a text (a zero-width space, a word joiner, a BOM inside a
 # file): removed, so that they make no other text. The zero-width joiner and non-joiner are kept (emoji
@@ -99,3 +101,56 @@ def _drop_counts(reasons: pd.Series, duplicates: int) -> dict[str, int]:
     drops = {reason: int(counts.get(reason, 0)) for reason in DROP_REASONS[:-1]}
     extra = {str(reason): int(count) for reason, count in counts.items() if reason not in drops}
     return {**drops, **extra, "duplicate": duplicates}
+
+
+def typed_not_text(values: pd.Series) -> str | None:
+    """What a column the file typed as numbers or booleans holds (a JSON or Parquet column; a CSV's cells are
+    text as written already): ``numbers (int64)``, said where no text is left; None for any other column."""
+    if pd.api.types.is_bool_dtype(values.dtype):
+        return f"true/false values ({values.dtype})"
+    if pd.api.types.is_numeric_dtype(values.dtype):
+        return f"numbers ({values.dtype})"
+    return None
+
+
+def not_utf8_error(
+    values: pd.Series, what: str, source: str, parameter: str, place=None
+) -> InputDataError | None:
+    """Why the column ``values`` (``what``: ``column 'text' (split.text_column)``) of ``source`` cannot be
+    read as text, or None: bytes that are not UTF-8 (a Parquet string column a writer filled with CP949, read
+    as bytes by ``readers``), the first such row named (``place``: what names a row where not ``row N``, a
+    shard's) with what it reads as in CP949. They were dropped as ``non_string``: one bad row among
+    thousands without a word, a whole column as "no usable text left"."""
+    if not pd.api.types.is_object_dtype(values.dtype):
+        return None
+    bad = next(
+        (
+            (row, bytes(value))
+            for row, value in enumerate(values, start=1)
+            if isinstance(value, bytes | bytearray) and not _is_utf8(bytes(value))
+        ),
+        None,
+    )
+    if bad is None:
+        return None
+    row, value = bad
+    try:
+        korean = f"; as CP949: {value.decode('cp949')[:60]!r}"
+    except UnicodeDecodeError:
+        korean = ""
+    named = (place or (lambda number: f"row {number}"))(row)
+    decode = "as cp949" if korean else "from their encoding"
+    return InputDataError(
+        f"{source} {what} {named} holds bytes that are not UTF-8 text ({value[:24]!r}{korean}): the file's "
+        "writer stored that column in another encoding.",
+        fix=f"write that column as UTF-8 text (decode its bytes {decode} first), then point {parameter} at "
+        "the converted file.",
+    )
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -1201,12 +1201,55 @@ def _arrow_frame(table) -> pd.DataFrame:
     call's ``{"n": 7}`` beside another call's arguments without ``n``) into a float, ``7.0``, which a chat
     template then writes. A list of numbers (pre-tokenized ids) keeps pandas' conversion: an array a row,
     8 bytes an id where a Python list takes 36."""
-    nested = [field.name for field in table.schema if _holds_struct(field.type)]
-    frame = table.drop_columns(nested).to_pandas() if nested else table.to_pandas()
-    for name in nested:
-        values = pd.Series(table.column(name).to_pylist(), index=frame.index, dtype=object)
-        frame.insert(table.column_names.index(name), name, values)
+    nested = {field.name: None for field in table.schema if _holds_struct(field.type)}
+    special = {**nested, **_text_bytes_columns(table)}
+    frame = table.drop_columns(list(special)).to_pandas() if special else table.to_pandas()
+    for name in table.column_names:  # in the table's order
+        if name in special:
+            values = special[name] if special[name] is not None else table.column(name).to_pylist()
+            frame.insert(
+                table.column_names.index(name), name, pd.Series(values, index=frame.index, dtype=object)
+            )
     return frame
+
+
+def _text_bytes_columns(table) -> dict[str, list]:
+    """The columns of ``table`` (Arrow) whose text is bytes as Python values: a binary column whose every
+    value is UTF-8 as its texts (writers that drop Parquet's UTF8 annotation: Impala, older Hive; Spark's
+    ``binaryAsString``), and a string column holding bytes that are not UTF-8 (a writer that stored CP949
+    under the annotation) as its texts where they are UTF-8 and its other values as their bytes, for the
+    check of the columns read as text to name (``cleaning.not_text_error``): pyarrow's own conversion of
+    such a column failed the whole read (``ArrowException: ... Wrapping ... failed``), whichever column it
+    was. Any other binary column stays bytes."""
+    import pyarrow as pa
+    import pyarrow.types as patypes
+
+    found = {}
+    for field in table.schema:
+        column = table.column(field.name)
+        if patypes.is_string(field.type) or patypes.is_large_string(field.type):
+            try:
+                column.validate(full=True)
+                continue
+            except pa.ArrowInvalid:
+                binary = pa.binary() if patypes.is_string(field.type) else pa.large_binary()
+                values = [value for chunk in column.chunks for value in chunk.view(binary).to_pylist()]
+                found[field.name] = [_utf8_or_bytes(value) for value in values]
+        elif patypes.is_binary(field.type) or patypes.is_large_binary(field.type):
+            values = column.to_pylist()
+            decoded = [_utf8_or_bytes(value) for value in values]
+            if not any(isinstance(value, bytes) for value in decoded):
+                found[field.name] = decoded
+    return found
+
+
+def _utf8_or_bytes(value: bytes | None) -> str | bytes | None:
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
 
 
 def _holds_struct(kind) -> bool:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fastlm.corpus.chat_template import has_chat_template, unread_variables
-from fastlm.corpus.cleaning import clean_texts
+from fastlm.corpus.cleaning import clean_texts, not_utf8_error, typed_not_text
 from fastlm.corpus.fingerprint import data_format_params, make_fingerprint, rows_digest, selection_params
 from fastlm.corpus.pretokenized import id_texts, parse_id_texts
 from fastlm.corpus.prompts import (
@@ -69,8 +69,15 @@ _LATER_PARAMS = {"max_length", "tokenizer", "batch_size", "num_proc"}
 def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[pd.DataFrame, dict]:
     """Texts, prompt/response pairs or chats of ``raw`` cleaned (prompts rendered with ``tokenizer``, the
     configured one, None where the split trains its own), and the counts of the split report."""
+    place = shard_row(raw.attrs)
     if config.data_format in ("text", "prompt_response"):  # a CSV's cells are text, numbers too ("007")
         raw = texts_as_written(raw, [column for _, column in data_columns(config)])
+        for name, column in data_columns(config):
+            error = not_utf8_error(
+                raw[column], f"column {column!r} (split.{name})", source, "raw_path", place
+            )
+            if error is not None:
+                raise error
     if config.data_format == "text":
         kept, drops = clean_texts(raw[config.text_column])
         kept = kept.to_frame()
@@ -98,15 +105,19 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
     log.info("Cleaned %d raw rows of %s: kept %d, dropped %s", len(raw), source, len(kept), drops)
     if kept.empty:
         malformed = (
-            malformed_chat(chat_turns(raw, config), shard_row(raw.attrs))
-            if config.data_format == "messages"
-            else None
+            malformed_chat(chat_turns(raw, config), place) if config.data_format == "messages" else None
         )
         columns = ", ".join(f"split.{name} ({column!r})" for name, column in data_columns(config))
+        typed = [
+            f"split.{name} ({column!r}) holds {kind}, not texts"
+            for name, column in data_columns(config)
+            if column in raw.columns and (kind := typed_not_text(raw[column])) is not None
+        ]
         raise InputDataError(
             f"no usable {'text' if config.data_format == 'text' else 'prompt/response row'} left in {source} "
             f"after cleaning {len(raw)} rows (dropped: {drops})"
-            + (f"; split.messages_column {config.messages_column!r}: {malformed}." if malformed else "."),
+            + (f"; split.messages_column {config.messages_column!r}: {malformed}." if malformed else "")
+            + (f"; {'; '.join(typed)}." if typed else "" if malformed else "."),
             fix=f"check that {columns} hold the data"
             + (
                 ": each row a list of {role, content} turns (or ShareGPT {from, value} ones), each content "
