@@ -86,6 +86,8 @@ def test_a_finished_run_asked_again_trains_nothing_and_says_so(tmp_path, caplog)
         ({"batching": {"pad_to_multiple_of": 8}}, "batching.pad_to_multiple_of"),
         # another objective: the run's train losses (and the summary's, the report's label) would mix two
         ({"loss": {"label_smoothing": 0.1}}, "loss.label_smoothing"),
+        # NEFTune's noise on the embeddings: another objective from the resumed step on, as label smoothing
+        ({"model": {"neftune_noise_alpha": 5.0}}, "model.neftune_noise_alpha"),
     ],
 )
 def test_auto_starts_fresh_when_the_batching_changed_and_says_why_and_where(tmp_path, caplog, change, field):
@@ -496,4 +498,15 @@ def test_a_checkpoint_written_before_label_smoothing_was_recorded_still_resumes(
     assert digest_differences({"seed": 0}, now) == []
     assert digest_differences({"seed": 0, "loss.label_smoothing": 0.0}, now) == [
         "loss.label_smoothing 0.0 -> 0.1"
+    ]
+
+
+def test_a_checkpoint_written_before_neftune_noise_alpha_was_recorded_still_resumes():
+    """NEFTune's alpha is compared as label smoothing is: only where the checkpoint recorded it."""
+    from fastlm.engine.checkpoint.resume import digest_differences
+
+    now = {"seed": 0, "model.neftune_noise_alpha": 5.0}
+    assert digest_differences({"seed": 0}, now) == []
+    assert digest_differences({"seed": 0, "model.neftune_noise_alpha": 0.0}, now) == [
+        "model.neftune_noise_alpha 0.0 -> 5.0"
     ]

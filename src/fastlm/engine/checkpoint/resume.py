@@ -26,9 +26,10 @@ digest (:func:`run_digest`) records, as readable fields:
   ``batching.row_length`` (packed: the rows' length in use, ``auto`` resolved, which the device's
   float8 token multiple may round) and ``batching.pad_to_multiple_of``: the data order and the meaning of
   the saved micro-batch position;
-- ``loss.label_smoothing``: the objective the train losses measure (a run continued under another would
-  mix two in its curve, its summary and its report's label); with early stopping, ``eval_max_batches``: the
-  validation batches its best loss so far was measured on, which the losses to come are compared with. Both
+- ``loss.label_smoothing`` and ``model.neftune_noise_alpha`` (NEFTune's noise on the training embeddings):
+  the objective the train losses measure (a run continued under another would mix two in its curve, its
+  summary and its report's label, which name one); with early stopping, ``eval_max_batches``: the
+  validation batches its best loss so far was measured on, which the losses to come are compared with. All
   compared only where the checkpoint recorded them (``ADDED_LATER``: one written before they were resumes);
 - ``micro_batches_per_step`` (gradient accumulation x processes): the world layout. The number of processes
   and the strategy may change (resume across world sizes and between FSDP2, DDP and one process with the
@@ -147,6 +148,7 @@ def run_digest(
         "micro_batches_per_step": params.batching.gradient_accumulation_steps * world_size,
         "distributed.strategy": "fsdp" if sharded else "ddp",  # one process counts as ddp; not compared
         LABEL_SMOOTHING: params.loss.label_smoothing,  # the objective the train losses measure
+        NEFTUNE: params.model.neftune_noise_alpha,  # the embeddings' noise: the objective too
     }
     if params.early_stopping.patience is not None:  # the batches its best validation loss was measured on
         digest[EVAL_MAX_BATCHES] = params.eval_max_batches
@@ -242,9 +244,10 @@ BASE_WEIGHTS = "model.base_weights"
 # Either resumes in the other (``train.persistence``), so a checkpoint continues under another strategy.
 RECORDED_ONLY = frozenset({"distributed.strategy"})
 LABEL_SMOOTHING = "loss.label_smoothing"
+NEFTUNE = "model.neftune_noise_alpha"
 EVAL_MAX_BATCHES = "eval_max_batches"
 # Fields added after checkpoints were written without them: compared only where the checkpoint recorded one.
-ADDED_LATER = frozenset({LABEL_SMOOTHING, EVAL_MAX_BATCHES})
+ADDED_LATER = frozenset({LABEL_SMOOTHING, NEFTUNE, EVAL_MAX_BATCHES})
 
 
 def _unrecorded_base(saved: dict) -> bool:
