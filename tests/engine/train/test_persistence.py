@@ -150,6 +150,66 @@ def test_a_resumed_run_trains_with_the_optimizer_settings_it_is_given(tmp_path, 
     assert len(said) == 1 and "lr 0.01 -> 0.001" in said[0] and "weight_decay 0.1 -> 0" in said[0], said
 
 
+def test_a_resumed_run_names_each_schedule_setting_it_changed_and_the_rate_it_jumps_to(tmp_path, caplog):
+    """``warmup_steps``, ``decay``, ``min_lr_ratio``, ``grad_clip`` and the planned steps (a raised or
+    lowered ``train.max_steps``) reshape the schedule of a resumed run as ``lr`` does, from its step on. Only
+    lr, weight_decay, betas and eps were compared: a resume with another warmup (the rate dropping and
+    warming up a second time) said nothing. The checkpoint records the schedule's settings; the one line
+    names each change and the rate of the first step trained, the checkpoint's schedule's and this run's."""
+    from fastlm.engine.train.schedule import LRSchedule
+    from tests.support.toy_training import run_toy
+
+    steady = {"log_every": 1, "eval_every": None, "save_every": 100, "resume": "auto"}
+    first = {"lr": 1e-2, "warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.1, "grad_clip": 1.0}
+    run_toy(toy_params(tmp_path, optimizer=first, max_steps=3, **steady))
+    caplog.set_level("WARNING", logger="fastlm")
+    second = {**first, "warmup_steps": 5, "decay": "linear", "min_lr_ratio": 0.5, "grad_clip": 0.5}
+    resumed = run_toy(toy_params(tmp_path, optimizer=second, max_steps=6, **steady))
+    assert resumed.summary["steps_trained"] == 3
+    said = [r.getMessage() for r in caplog.records if "optimizer settings" in r.getMessage()]
+    assert len(said) == 1, said
+    for change in (
+        "warmup_steps 2 -> 5",
+        "decay cosine -> linear",
+        "min_lr_ratio 0.1 -> 0.5",
+        "grad_clip 1 -> 0.5",
+        "total_steps 3 -> 6",
+    ):
+        assert change in said[0], (change, said[0])
+    was, now = LRSchedule(1e-2, 3, 2, "cosine", 0.1).lr_at(3), LRSchedule(1e-2, 6, 5, "linear", 0.5).lr_at(3)
+    assert (
+        f"first step trains at learning rate {now:.4g}, where the checkpoint's schedule gave {was:.4g}"
+        in said[0]
+    )
+    assert "lr " not in said[0].split(":")[1]  # the peak rate is the same: not named
+
+
+def test_a_checkpoint_that_recorded_no_schedule_resumes_naming_what_it_can(tmp_path, caplog):
+    """A checkpoint written before its schedule settings were recorded resumes: the settings it holds (lr,
+    weight_decay, the planned steps) are compared, the others are said to be not comparable, nothing
+    fails."""
+    import json
+
+    from tests.support.toy_training import run_toy
+
+    steady = {"log_every": 1, "eval_every": None, "save_every": 100, "resume": "auto"}
+    run_toy(toy_params(tmp_path, optimizer={"warmup_steps": 2}, max_steps=3, **steady))
+    (folder,) = complete_checkpoints(tmp_path / "checkpoints")
+    state_file = folder / "trainer_state.json"
+    trainer_state = json.loads(state_file.read_text())
+    assert trainer_state["state"].pop("schedule")  # recorded now; an earlier fastlm wrote none
+    state_file.write_text(json.dumps(trainer_state))
+    manifest = json.loads((folder / "COMPLETE").read_text())
+    manifest["files"]["trainer_state.json"] = state_file.stat().st_size
+    (folder / "COMPLETE").write_text(json.dumps(manifest))
+    caplog.set_level("WARNING", logger="fastlm")
+    resumed = run_toy(toy_params(tmp_path, optimizer={"warmup_steps": 4, "lr": 1e-3}, max_steps=6, **steady))
+    assert resumed.summary["steps_trained"] == 3
+    (said,) = [r.getMessage() for r in caplog.records if "optimizer settings" in r.getMessage()]
+    assert "lr 0.01 -> 0.001" in said and "total_steps 3 -> 6" in said and "warmup_steps" not in said
+    assert "recorded no schedule settings" in said, said
+
+
 def test_a_resumed_run_derives_its_warmup_ratio_from_the_whole_plan(tmp_path, monkeypatch):
     """``warmup_ratio`` is resumed as ``warmup_steps`` is: the checkpoint is continued (not in the digest)
     and this run's schedule applies from its step on, its warmup ceil(r x T) of the run's planned T (6 here,

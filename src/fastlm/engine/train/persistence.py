@@ -14,6 +14,7 @@ whole state dicts collectively), only rank 0 writes.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from fastlm.engine.checkpoint.files import SaveOptions, save_checkpoint
 from fastlm.engine.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE, CheckpointError, checkpoint_dir
 from fastlm.engine.checkpoint.loading import load_checkpoint
 from fastlm.engine.checkpoint.resume import data_digest, plan_resume, run_digest
-from fastlm.engine.config import TrainParams
+from fastlm.engine.config import OptimizerParams, TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import (
     Collectives,
@@ -37,7 +38,7 @@ from fastlm.engine.distributed.parallel import (
 )
 from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.lora import trains_part_only
-from fastlm.engine.train.schedule import AppliedStepsLR
+from fastlm.engine.train.schedule import AppliedStepsLR, LRSchedule, run_schedule
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization
 
@@ -183,7 +184,8 @@ class Checkpointer:
             self._load_whole(folder)
         if by_name:
             self._load_named_optimizer(folder / OPTIMIZER_FILE)
-        keep_settings(self.opt, given, folder)
+        now = {**schedule_record(self.params.optimizer, self.total_steps), "total_steps": self.total_steps}
+        keep_settings(self.opt, given, folder, schedules=(recorded_schedule(saved), now))
         return saved
 
     def _load_whole(self, folder: Path) -> None:
@@ -261,6 +263,8 @@ class Checkpointer:
                     "sharded": self.sharded,
                     "trainable_only": self.trainable_only,
                     "total_steps": self.total_steps,
+                    # a resume with another schedule or clip says what changed (keep_settings)
+                    "schedule": schedule_record(self.params.optimizer, self.total_steps),
                     "digest": self.digest,
                     "batching": state.batching,
                     "runtime_choice": state.runtime_choice,
@@ -395,12 +399,50 @@ def settings_of(opt: Optimization) -> tuple[list[dict], list[float]]:
     return groups, list(opt.scheduler.base_lrs)
 
 
-def keep_settings(opt: Optimization, given: tuple[list[dict], list[float]], folder: Path) -> None:
+def schedule_record(settings: OptimizerParams, total_steps: int) -> dict:
+    """The schedule and clip settings a checkpoint records (with its ``total_steps``, ``SCHEDULE``): they
+    are not in the digest, a resume applies this run's from its step on, and a checkpoint keeps no other
+    trace of them (LambdaLR saves its step, not its function), so only a record can say what changed. The
+    warmup as the schedule ran it: ``warmup_ratio``'s, cut to the run's steps."""
+    schedule = run_schedule(settings, total_steps)
+    return {
+        "warmup_steps": schedule.warmup_steps,
+        "warmup_ratio": settings.warmup_ratio,
+        "decay": schedule.decay,
+        "min_lr_ratio": schedule.min_lr_ratio,
+        "grad_clip": settings.grad_clip,
+    }
+
+
+# The schedule's settings a resume compares, named as the log says them; total_steps: the planned steps
+# (train.max_steps or epochs), which every checkpoint records.
+SCHEDULE = ("warmup_steps", "warmup_ratio", "decay", "min_lr_ratio", "grad_clip", "total_steps")
+
+
+def recorded_schedule(state: dict) -> dict:
+    """A checkpoint's ``schedule_record`` and planned steps; only the steps (or nothing) for a checkpoint
+    written before the record existed."""
+    recorded = state.get("schedule")
+    total = {"total_steps": state["total_steps"]} if state.get("total_steps") is not None else {}
+    return {**(recorded if isinstance(recorded, dict) else {}), **total}
+
+
+def keep_settings(
+    opt: Optimization,
+    given: tuple[list[dict], list[float]],
+    folder: Path,
+    *,
+    schedules: tuple[dict, dict] | None = None,
+) -> None:
     """After a checkpoint's optimizer and scheduler states were loaded: this run's settings and its schedule
     from the checkpoint's step on (the rate of that step: base x the schedule's factor, as LambdaLR computes
-    it), the moments kept; what differed from the checkpoint's is said once."""
+    it), the moments kept; what differed from the checkpoint's is said once, in one line. ``schedules``:
+    the checkpoint's ``recorded_schedule`` and this run's (warmup, decay, clip, planned steps), which no
+    optimizer state holds: each change named, and the first step's rate beside the one the checkpoint's
+    schedule gave it, where they differ (a new warmup drops it and warms up again; a longer run raises it)."""
     groups, base_lrs = given
     scheduler, changed = opt.scheduler, {}
+    old_base = opt.optimizer.param_groups[0].get("initial_lr")  # the checkpoint's peak (x lr_scale)
     for group, settings, base in zip(opt.optimizer.param_groups, groups, base_lrs, strict=True):
         was = {key: group.get(key) for key in settings} | {"lr": group.get("initial_lr")}
         for key, value in {**settings, "lr": base}.items():
@@ -415,16 +457,48 @@ def keep_settings(opt: Optimization, given: tuple[list[dict], list[float]], fold
     scheduler._last_lr = [group["lr"] for group in opt.optimizer.param_groups]
     if isinstance(scheduler, AppliedStepsLR):  # fp16, fused: the rates as the device tensors the kernel reads
         scheduler.place()
-    if changed:
-        said = ", ".join(f"{key} {_shown(old)} -> {_shown(new)}" for key, (old, new) in changed.items())
-        log.warning(
-            "%s was written with other optimizer settings: %s; this run's apply from its step %d on (the "
-            "AdamW moments kept, the rate on this run's schedule)",
-            folder,
-            said,
-            scheduler.last_epoch,
-        )
+    saved, now = schedules if schedules is not None else ({}, {})
+    changed |= {
+        key: (saved[key], now[key])
+        for key in SCHEDULE
+        if key in saved and key in now and saved[key] != now[key]
+    }
+    if not changed:
+        return
+    said = ", ".join(f"{key} {_shown(old)} -> {_shown(new)}" for key, (old, new) in changed.items())
+    log.warning(
+        "%s was written with other optimizer settings: %s; this run's apply from its step %d on (the "
+        "AdamW moments kept, the rate on this run's schedule)%s",
+        folder,
+        said,
+        scheduler.last_epoch,
+        _rate_said(saved, old_base, scheduler.last_epoch, float(scheduler._last_lr[0]))
+        + (
+            ""
+            if "decay" in saved or not now
+            else "; the checkpoint recorded no schedule settings (an "
+            "earlier fastlm): warmup, decay, min_lr_ratio and grad_clip not compared"
+        ),
+    )
+
+
+def _rate_said(saved: dict, old_base: float | None, step: int, rate: float) -> str:
+    """The first resumed step's rate beside the one the checkpoint's recorded schedule gives it, where they
+    differ; nothing where the checkpoint recorded no schedule."""
+    try:
+        old = old_base * LRSchedule(
+            1.0, saved["total_steps"], saved["warmup_steps"], saved["decay"], saved["min_lr_ratio"]
+        ).factor_at(step)
+    except (KeyError, TypeError, ValueError):  # no record (an earlier fastlm), or one no schedule takes
+        return ""
+    if math.isclose(old, rate, rel_tol=1e-6):
+        return ""
+    return (
+        f"; its first step trains at learning rate {rate:.4g}, where the checkpoint's schedule gave {old:.4g}"
+    )
 
 
 def _shown(value) -> str:
-    return f"{value:g}" if isinstance(value, float | int) else str(tuple(value))
+    if isinstance(value, list | tuple):  # betas
+        return str(tuple(value))
+    return f"{value:g}" if isinstance(value, float | int) else str(value)
