@@ -72,6 +72,29 @@ def test_a_checkpoint_of_the_former_bookkeeping_resumes_with_its_best_as_the_ref
     assert early.update(50, 2.35) and early.bad_evals == 0 and early.reference == 2.35
 
 
+def test_a_run_resumed_with_another_min_delta_recounts_its_evaluations_under_it():
+    """A run early stopping ended, entered again with another ``min_delta``, said "nothing to train" from
+    the counter kept under the old one. The checkpoint holds every evaluation and now records the min_delta
+    it counted under (and the evaluations that used no patience): the count is redone under this run's, so
+    a looser min_delta lets the run continue; a checkpoint that recorded none keeps its count."""
+    early = EarlyStopping(patience=2, min_delta=0.1)
+    evaluations = [
+        {"step": step, "val_loss": loss} for step, loss in ((10, 3.0), (20, 2.95), (25, 2.9), (30, 2.92))
+    ]
+    for row in evaluations:
+        early.update(row["step"], row["val_loss"], scheduled=row["step"] != 25)  # 25: a time-budget stop's
+    assert early.should_stop and early.best_step == 25
+    looser = EarlyStopping.from_record(early.record(), patience=2, min_delta=0.01, evaluations=evaluations)
+    assert (looser.bad_evals, looser.reference, looser.best_step) == (0, 2.92, 25) and not looser.should_stop
+    same = EarlyStopping.from_record(early.record(), patience=2, min_delta=0.1, evaluations=evaluations)
+    assert same == early
+    unrecorded = {
+        key: value for key, value in early.record().items() if key in ("best", "best_step", "bad_evals")
+    }
+    older = EarlyStopping.from_record(unrecorded, patience=2, min_delta=0.01, evaluations=evaluations)
+    assert older.bad_evals == 2 and older.should_stop
+
+
 def run(tmp_path, attn: str = "sdpa", **overrides):
     settings = {
         "max_steps": 30,

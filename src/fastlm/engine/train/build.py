@@ -594,9 +594,24 @@ def _early_stopping(params: TrainParams, state: TrainState, total_steps: int) ->
             total_steps,
             settings.patience,
         )
-    return EarlyStopping.from_record(
-        state.early_stopping, patience=settings.patience, min_delta=settings.min_delta
+    early = EarlyStopping.from_record(
+        state.early_stopping,
+        patience=settings.patience,
+        min_delta=settings.min_delta,
+        evaluations=state.eval_history,
     )
+    counted = state.early_stopping.get("min_delta")
+    if counted is not None and counted != settings.min_delta:  # said: the stop (or not) it decides
+        log.info(
+            "train.early_stopping.min_delta %g -> %g: the %d evaluations so far counted again under it, %d "
+            "in a row without an improvement (was %s)",
+            counted,
+            settings.min_delta,
+            len(state.eval_history),
+            early.bad_evals,
+            state.early_stopping.get("bad_evals"),
+        )
+    return early
 
 
 def _warn_whole_run_warmup(settings: OptimizerParams, total_steps: int) -> None:

@@ -10,12 +10,17 @@ evaluation lower than the best by less than ``min_delta`` is the new best, and a
 An evaluation off the schedule (a ``train.max_minutes`` stop between two ``eval_every`` steps) may be the best
 but uses no patience and resets none: a run continued after it stops where the same run without the stop
 does.
+
+A checkpoint keeps the ``min_delta`` it counted under and the off-schedule evaluations' steps: a run entered
+again with another ``min_delta`` counts its evaluations (the checkpoint's ``eval_history``) again under it
+(``from_record``), so a looser one may let a run early stopping ended continue. A checkpoint written before
+they were recorded keeps its count.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["EarlyStopping"]
 
@@ -28,6 +33,7 @@ class EarlyStopping:
     best_step: int | None = None
     bad_evals: int = 0  # evaluations in a row without an improvement of more than min_delta
     reference: float | None = None  # the loss an improvement is measured from (the last reset's)
+    unscheduled: list[int] = field(default_factory=list)  # steps of evaluations that used no patience
 
     def __post_init__(self) -> None:
         if self.reference is None:  # a checkpoint written before the reference was kept: its best
@@ -37,6 +43,8 @@ class EarlyStopping:
         """Record the evaluation at ``step``; True when it is the new best (the lowest loss so far).
         ``scheduled``: False for an evaluation off the ``eval_every`` steps, which counts as a candidate
         for the best only."""
+        if not scheduled:
+            self.unscheduled.append(step)
         if not math.isfinite(value):
             self.bad_evals += int(scheduled)
             return False
@@ -74,17 +82,34 @@ class EarlyStopping:
             "bad_evals": self.bad_evals,
             "reference": self.reference,
             "stopped": self.should_stop,
+            "min_delta": self.min_delta,  # what the count was counted under: another is counted again
+            "unscheduled": list(self.unscheduled),
         }
 
     @classmethod
-    def from_record(cls, record: dict | None, *, patience: int, min_delta: float) -> EarlyStopping:
-        """The state a checkpoint saved, under this run's settings (they may differ from the saved run's)."""
-        return cls(
+    def from_record(
+        cls, record: dict | None, *, patience: int, min_delta: float, evaluations: list[dict] = ()
+    ) -> EarlyStopping:
+        """The state a checkpoint saved, under this run's settings (they may differ from the saved run's):
+        where its recorded ``min_delta`` is another, the count and reference again over ``evaluations``
+        (the checkpoint's ``eval_history``) under this one; the best is the same under any."""
+        record = record or {}
+        kept = cls(
             patience,
             min_delta,
             **{
                 key: value
-                for key, value in (record or {}).items()
-                if key in ("best", "best_step", "bad_evals", "reference")
+                for key, value in record.items()
+                if key in ("best", "best_step", "bad_evals", "reference", "unscheduled")
             },
         )
+        kept.unscheduled = list(kept.unscheduled)  # its own: the record's stays as saved
+        if record.get("min_delta", min_delta) == min_delta:
+            return kept
+        again = cls(patience, min_delta)
+        for row in evaluations:
+            loss = row.get("val_loss")
+            loss = float(loss) if isinstance(loss, int | float) else math.nan
+            again.update(row["step"], loss, scheduled=row["step"] not in kept.unscheduled)
+        kept.bad_evals, kept.reference = again.bad_evals, again.reference
+        return kept
