@@ -292,7 +292,15 @@ def test_chat_template_kwargs_of_the_training_render_the_prompts_and_another_set
 
 
 def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(project, model_folder):
+    """... and the summary names the training that made the model (its id, from the folder's
+    training_data.json, and its run's name, from that training's summary): the folder alone said nothing
+    once later trainings had run."""
     shutil.copytree(model_folder, project / "data/06_models/runs/first/model")
+    record = {"fingerprint": None, "data_format": None, "max_length": 48, "training_id": "t-first"}
+    (project / "data/06_models/runs/first/model/training_data.json").write_text(json.dumps(record))
+    (project / "data/08_reporting/runs/first").mkdir(parents=True)
+    first = {"run_name": "first", "training_id": "t-first"}
+    (project / "data/08_reporting/runs/first/train_summary.json").write_text(json.dumps(first))
     with gzip.open(project / "data/01_raw/lines.txt.gz", "wt", encoding="utf-8") as handle:
         handle.write("The battery\n\nshort\n" + "word " * 40 + "\n")
     _run(
@@ -308,6 +316,7 @@ def test_txt_input_a_run_name_as_model_and_too_long_rows_refused_or_truncated(pr
     assert table["id"].tolist() == [0, 1, 2, 3] and table["refused"].iloc[1] == "empty"
     assert table["refused"].iloc[3].startswith("too_long (") and summary["refused_by_reason"]["too_long"] == 1
     assert summary["model"].endswith("runs/first/model")
+    assert summary["training_id"] == "t-first" and summary["training_run"] == "first", summary
     _run(project, input="data/01_raw/lines.txt.gz", model="first", max_new_tokens=4, max_input_tokens=12)
     truncated = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)
     assert truncated["refused"].tolist() == ["", "empty", "", ""] and truncated["input_tokens"].iloc[3] == 12

@@ -20,7 +20,7 @@ from fastlm.corpus.readers import (
 )
 from fastlm.corpus.shards import data_files, is_pattern
 from fastlm.datasets.atomic_folder import read_folder_whole
-from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset
+from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset, training_of
 from fastlm.engine.model.weights_identity import folder_identity
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import with_system_prompt
@@ -143,6 +143,7 @@ class PredictSources:
             "source": str(folder),
             "identity": identity,
             "trained_here": trained_here,
+            "training": training_of(folder, self.train_summaries),
             "project_rows": self._project_rows(folder, loaded.get("training_data"))
             if trained_here and not recorded
             else None,

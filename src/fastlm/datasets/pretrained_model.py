@@ -228,6 +228,29 @@ def say_unrecorded_qlora(folder: str | Path, train_summaries: str | Path) -> Non
         return
 
 
+def training_of(folder: str | Path, train_summaries: str | Path | None) -> dict:
+    """Which training made the model in ``folder``: ``{"training_id", "training_run"}`` from its
+    ``training_data.json`` and the train summary of that id (``train_summaries`` or its ``runs/<run>/``: the
+    run's name), each where known; empty for a folder no training here wrote. Predict records it: the
+    trained model's folder is replaced by each training, and a predictions file said only the folder."""
+    from fastlm.reporting.summaries import TRAINING_ID
+
+    record = _json_file(Path(folder) / TRAINING_DATA)
+    training_id = record.get(TRAINING_ID) if isinstance(record, dict) else None
+    if not isinstance(training_id, str) or not training_id:
+        return {}
+    found = {"training_id": training_id}
+    if train_summaries is not None:
+        summaries = Path(train_summaries)
+        for path in [summaries / "train_summary.json", *sorted(summaries.glob("runs/*/train_summary.json"))]:
+            summary = _json_file(path)
+            if isinstance(summary, dict) and summary.get(TRAINING_ID) == training_id:
+                if isinstance(summary.get("run_name"), str):
+                    found["training_run"] = summary["run_name"]
+                break
+    return found
+
+
 def _is_adapter_folder(folder) -> bool:
     """A peft LoRA adapter folder (``fastlm.engine.model.adapter_folder.ADAPTER_CONFIG``), checked without
     importing torch."""

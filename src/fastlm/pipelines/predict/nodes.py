@@ -86,6 +86,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
             **(steps.system_turn_record(table, chat, column) if parameter == MESSAGES else {}),
             **({"prompt_template": template, "prompt_template_source": template_source} if template else {}),
             "model": trained["source"],
+            **trained.get("training", {}),  # which training made it: the folder is replaced by each one
             "device": str(runtime.device),
             "precision": runtime.precision,
             "input_limit": limit,
