@@ -349,6 +349,36 @@ def test_a_report_named_after_another_training_is_refused_before_any_node_runs(t
         hook.before_pipeline_run({"runtime_params": {"run_name": given}}, report, catalog)
 
 
+def test_a_report_named_after_an_interrupted_training_is_refused_before_any_node_runs(tmp_path, monkeypatch):
+    """``kedro run --pipeline=report --params run_name=intr`` after the training intr was interrupted (its
+    checkpoints kept, no summary): the report of the last finished training was filed in MLflow as a
+    FINISHED run named intr, beside intr's KILLED training run, its test metrics under intr's name. Refused
+    before any node runs, naming the interrupted training, its checkpoints (``train.checkpoint_dir``) and
+    the command that finishes it."""
+    from kedro.io import DataCatalog, MemoryDataset
+
+    from fastlm.errors import ConfigError
+    from fastlm.hooks.inputs import ReportOfOneTrainingHook
+    from fastlm.pipelines.report.pipeline import create_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt/intr/checkpoint-00000006").mkdir(parents=True)
+    catalog = DataCatalog(
+        {
+            "train_summary": MemoryDataset({"steps": 3, "run_name": "main-1"}),
+            "params:train": MemoryDataset({"checkpoint_dir": "ckpt"}),
+        }
+    )
+    hook, report = ReportOfOneTrainingHook(), create_pipeline()
+    with pytest.raises(ConfigError) as refused:
+        hook.before_pipeline_run({"runtime_params": {"run_name": "intr"}}, report, catalog)
+    said = str(refused.value)
+    assert "\n" not in said and "run_name intr" in said and "interrupted" in said and "main-1" in said, said
+    assert "ckpt/intr" in said and "kedro run --pipeline=train --params run_name=intr" in said, said
+    for given in ("main-1", "report-final", None):
+        hook.before_pipeline_run({"runtime_params": {"run_name": given}}, report, catalog)
+
+
 @pytest.mark.parametrize(
     ("raw", "name"),
     [

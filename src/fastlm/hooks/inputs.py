@@ -188,7 +188,18 @@ def _check_report_name(given: str, catalog) -> None:
         return
     metadata = getattr(catalog["train_summary"], "metadata", None) or {}
     folder = Path(str(metadata.get("keep_per_run") or _TRAINING_RUNS))
-    if not trained or given == trained or not (folder / given / "train_summary.json").is_file():
+    if not trained or given == trained:
+        return
+    interrupted = _interrupted_training(given, catalog)
+    if interrupted is not None and not (folder / given / "train_summary.json").is_file():
+        raise ConfigError(
+            f"run_name {given}: the training {given} was interrupted and never finished (its checkpoints are "
+            f"in {interrupted.as_posix()}); the report covers the last finished training, {trained}, and "
+            f"this run would file {trained}'s report under {given}'s name in MLflow.",
+            fix=f"finish it first (kedro run --pipeline=train --params run_name={given}), then report it; or "
+            f"drop run_name (the report is filed under {trained}).",
+        )
+    if not (folder / given / "train_summary.json").is_file():
         return
     raise ConfigError(
         f"run_name {given}: the report covers the last training, {trained} (train_summary.json), not the "
@@ -197,6 +208,20 @@ def _check_report_name(given: str, catalog) -> None:
         fix=f"drop run_name (the report is filed under {trained}), or name the report run otherwise; to "
         f"report {given} again, train it again (kedro run --params run_name={given}).",
     )
+
+
+def _interrupted_training(name: str, catalog) -> Path | None:
+    """The checkpoint folder of a training named ``name`` (``train.checkpoint_dir``/<name>) that holds a
+    checkpoint, or None."""
+    from fastlm.engine.config import TrainParams
+
+    try:
+        train = catalog.load("params:train") if "params:train" in catalog else {}
+    except Exception:  # noqa: BLE001 - parameters are checked where they are parsed
+        train = {}
+    root = (train if isinstance(train, dict) else {}).get("checkpoint_dir") or TrainParams().checkpoint_dir
+    folder = Path(str(root)) / name
+    return folder if folder.is_dir() and any(folder.glob("checkpoint-*")) else None
 
 
 class ReportOfOneTrainingHook:
