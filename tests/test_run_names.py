@@ -110,6 +110,27 @@ def test_auto_reuses_the_newest_interrupted_run_only(tmp_path):
     )
 
 
+def test_a_run_finished_with_nothing_to_train_is_not_the_interrupted_run_an_unnamed_run_continues(tmp_path):
+    """``run_name=ms1`` stopped at step 12 of 30, then entered again with ``max_steps: 12``: it trained
+    nothing and finished (rc 0, its model written), and its checkpoint's ``FINISHED`` marker says so. The
+    next unnamed training run took it for the newest interrupted run: ``Run name: ms1``, its checkpoints
+    moved aside and its model written over. It gets a new name; a newer checkpoint of ms1 (continued by name)
+    makes it a candidate again."""
+    from fastlm.engine.checkpoint.files import mark_finished
+    from fastlm.engine.checkpoint.layout import checkpoint_dir
+
+    base = tmp_path / "checkpoints"
+    _checkpoint(base / "ms1", 12, 30)
+    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "ms1"
+    mark_finished(checkpoint_dir(base / "ms1", 12), step=12, reason="nothing to train")
+    assert (
+        resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW)
+        == "train-20261123-041428"
+    )
+    _checkpoint(base / "ms1", 20, 30)  # continued by name, stopped again
+    assert resolve_run_name(None, ["train"], base, resume="auto", trains=True, now=NOW) == "ms1"
+
+
 @pytest.mark.parametrize("given", ["x", None], ids=["named", "auto-resumed"])
 def test_a_training_run_whose_checkpoint_folder_another_live_run_holds_is_refused_before_mlflow(
     tmp_path, given

@@ -10,11 +10,13 @@ import pytest
 
 from fastlm.engine.checkpoint.discovery import (
     complete_checkpoints,
+    finished_step,
     latest_checkpoint,
     resolve_resume,
     unfinished_runs,
 )
-from fastlm.engine.checkpoint.layout import FORMAT_VERSION, MARKER, CheckpointError
+from fastlm.engine.checkpoint.files import mark_finished
+from fastlm.engine.checkpoint.layout import FINISHED, FORMAT_VERSION, MARKER, CheckpointError
 from fastlm.engine.checkpoint.loading import load_checkpoint
 from tests.support.checkpoints import save
 from tests.support.tiny_models import checkpoint_llama
@@ -93,6 +95,25 @@ def test_unfinished_runs_are_the_runs_stopped_before_their_total_newest_first(tm
     (tmp_path / "empty").mkdir()
     assert unfinished_runs(tmp_path) == [tmp_path / "newer", tmp_path / "older"]
     assert unfinished_runs(tmp_path / "nothing-here") == []
+
+
+def test_a_run_marked_finished_at_its_newest_checkpoint_is_not_unfinished_until_a_newer_one(tmp_path):
+    """A run entered again with nothing to train (``max_steps`` lowered to its checkpoint's step, early
+    stopping judged over) finished there, but its checkpoint still reads "step 12 of 30": the next unnamed
+    run took its name and wrote over its model. Its ``FINISHED`` marker says it finished; a newer checkpoint
+    (the run continued by name with a larger ``max_steps``) is judged on its own again."""
+    run = tmp_path / "ms1"
+    twelve = _fake_checkpoint(run, 12, {"step": 12, "total_steps": 30}, mtime=1_000)
+    _fake_checkpoint(tmp_path / "other", 2, {"step": 2, "total_steps": 10}, mtime=500)
+    assert unfinished_runs(tmp_path) == [run, tmp_path / "other"]
+    mark_finished(twelve, step=12, reason="nothing to train")
+    assert finished_step(twelve) == 12 and not list(twelve.glob(".*"))  # written whole, no temporary left
+    assert unfinished_runs(tmp_path) == [tmp_path / "other"]
+    assert latest_checkpoint(run) == twelve  # the checkpoint itself is untouched: a named run continues it
+    _fake_checkpoint(run, 20, {"step": 20, "total_steps": 30}, mtime=2_000)  # continued, then stopped again
+    assert unfinished_runs(tmp_path) == [run, tmp_path / "other"]
+    (twelve / FINISHED).write_text("{cut")  # unreadable: the checkpoint's own state decides
+    assert finished_step(twelve) is None
 
 
 def test_a_run_folder_named_for_resume_is_said_to_be_one_with_its_newest_checkpoint(tmp_path, trained):

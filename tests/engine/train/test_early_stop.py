@@ -408,3 +408,37 @@ def test_early_stopping_resumed_on_another_validation_subset_starts_fresh_or_is_
     assert plain.summary["steps"] == 8 and more.summary["steps_trained"] == 4
     (said,) = [r.getMessage() for r in caplog.records if "eval_max_batches" in r.getMessage()]
     assert "1 -> None" in said and "after step 8" in said and "\n" not in said
+
+
+def test_a_run_early_stopping_judges_over_when_asked_again_is_finished_for_the_next_unnamed_run(tmp_path):
+    """A run stopped by a signal (its checkpoint: not stopped, some evaluations without an improvement),
+    asked again with a patience those evaluations use up, trains nothing and returns its best model: it
+    finished. Its checkpoint still read "step 12 of 30, not stopped", so the next unnamed run took its name
+    and wrote over its model. Now it is finished; a larger patience, by name, still continues it."""
+    import os
+    import signal
+
+    from fastlm.engine.checkpoint.discovery import unfinished_runs
+    from fastlm.engine.train.signals import TrainingInterrupted
+
+    def terminate(kind, record):
+        if kind == "train" and record["step"] == 12:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    settings = {
+        "max_steps": 30,
+        "log_every": 1,
+        "eval_every": 2,
+        "save_every": 10,
+        "optimizer": {"lr": 0.3, "warmup_steps": 0, "decay": "constant"},  # too high: it gets worse
+        "resume": "auto",
+    }
+    base = tmp_path / "ms1"
+    with pytest.raises(TrainingInterrupted):
+        run_toy(toy_params(base, early_stopping={"patience": 50}, **settings), callbacks=[terminate])
+    assert unfinished_runs(base) == [base / "checkpoints"]
+    again = run_toy(toy_params(base, early_stopping={"patience": 1}, **settings))
+    assert again.summary["steps_trained"] == 0 and again.summary["stopped_by"] == "early stopping"
+    assert unfinished_runs(base) == []
+    longer = run_toy(toy_params(base, early_stopping={"patience": 50}, **{**settings, "max_steps": 14}))
+    assert longer.summary["resumed_from_step"] == 12 and longer.summary["steps_trained"] == 2

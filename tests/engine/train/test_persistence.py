@@ -5,6 +5,8 @@ complete checkpoint with its weights, optimizer state and position."""
 from __future__ import annotations
 
 import math
+import os
+import signal
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from fastlm.engine.train.persistence import Checkpointer
 from fastlm.engine.train.state import TrainState
 from fastlm.engine.train.step import Optimization
 from tests.support.tiny_models import optimizer_and_scheduler
-from tests.support.toy_training import toy_model, toy_params, toy_sequences
+from tests.support.toy_training import run_toy, toy_model, toy_params, toy_sequences
 
 TOTAL = 7
 
@@ -339,3 +341,45 @@ def test_a_resumed_fp16_fused_runs_first_rate_is_the_device_rate_it_would_have_u
     expected = [group["lr"] for group in uninterrupted.optimizer.param_groups]
     assert all(isinstance(rate, torch.Tensor) and rate.dtype == torch.float32 for rate in rates)
     assert all(torch.equal(rate, want) for rate, want in zip(rates, expected, strict=True))
+
+
+def _sigterm_at(step: int):
+    """A callback that sends this process SIGTERM once step ``step`` is recorded: the loop saves that step
+    and stops (``TrainingInterrupted``), as Ctrl-C does."""
+
+    def terminate(kind, record):
+        if kind == "train" and record["step"] == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return [terminate]
+
+
+def test_a_run_entered_again_with_nothing_to_train_is_finished_for_the_next_unnamed_run(tmp_path):
+    """A run stopped at step 3 of 8, asked again with ``max_steps: 3``, trains nothing and returns its model
+    (rc 0): it finished. Its newest checkpoint still read "step 3 of 8", so the next unnamed run took it for
+    the newest interrupted run, took its name, moved its checkpoints aside and wrote over its model. Now it
+    is finished; continued by name with a larger ``max_steps`` it resumes from that checkpoint as before and
+    is judged by its new checkpoints again: stopped at 5 of 6 it is unfinished, and once it ends at 6
+    without a checkpoint of that step (``save_every: null``) it is finished."""
+    from fastlm.engine.checkpoint.discovery import finished_step, unfinished_runs
+    from fastlm.engine.train.signals import TrainingInterrupted
+
+    base, steady = (
+        tmp_path / "ms1",
+        {"log_every": 1, "eval_every": None, "save_every": None, "resume": "auto"},
+    )
+    run_folder = base / "checkpoints"
+    with pytest.raises(TrainingInterrupted):
+        run_toy(toy_params(base, max_steps=8, **steady), callbacks=_sigterm_at(3))
+    assert unfinished_runs(base) == [run_folder]
+    again = run_toy(toy_params(base, max_steps=3, **steady))
+    assert again.summary["steps_trained"] == 0 and again.summary["resumed_from_step"] == 3
+    assert unfinished_runs(base) == []
+    with pytest.raises(TrainingInterrupted):  # continued by name: from step 3, stopped again at 5
+        run_toy(toy_params(base, max_steps=6, **steady), callbacks=_sigterm_at(5))
+    assert unfinished_runs(base) == [run_folder]
+    done = run_toy(toy_params(base, max_steps=6, **steady))
+    assert done.summary["resumed_from_step"] == 5 and done.summary["steps_trained"] == 1
+    assert [path.name for path in complete_checkpoints(run_folder)][-1] == "checkpoint-00000005"
+    assert unfinished_runs(base) == []
+    assert finished_step(run_folder / "checkpoint-00000005") == 6  # the step it ended at, not the saved one

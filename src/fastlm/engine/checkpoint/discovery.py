@@ -1,15 +1,17 @@
 """Which checkpoints exist and which one to resume: the complete ``checkpoint-*`` folders of a run folder
 (a folder without the ``COMPLETE`` marker, a temporary folder or a name that does not parse is never picked),
-the runs of a base folder that stopped early, and what ``train.resume`` names.
+the runs of a base folder that stopped early (a checkpoint's ``FINISHED`` marker says its run ended there),
+and what ``train.resume`` names.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
-from fastlm.engine.checkpoint.layout import MARKER, CheckpointError
+from fastlm.engine.checkpoint.layout import FINISHED, MARKER, CheckpointError
 from fastlm.engine.checkpoint.loading import read_checkpoint_state
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -43,7 +45,11 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 def unfinished_runs(base: Path) -> list[Path]:
     """Run folders under ``base`` whose newest checkpoint stopped before its run's ``total_steps``, newest
-    first; a run early stopping ended (its ``early_stopping`` record says ``stopped``) is finished.
+    first; a run early stopping ended (its ``early_stopping`` record says ``stopped``) is finished, and so is
+    one whose newest checkpoint carries the ``FINISHED`` marker (:func:`finished_step`): a run entered again
+    that trained nothing (``max_steps`` lowered to its step, early stopping judged over) or ended without a
+    checkpoint of its last step finished there, though the checkpoint's state, written before, reads
+    unfinished; otherwise the next unnamed run would take its name and write over its model.
 
     A run folder is a direct subfolder holding ``checkpoint-*`` folders; its newest checkpoint's ``COMPLETE``
     marker time orders the runs. Unreadable states and checkpoints without ``total_steps`` are skipped.
@@ -60,11 +66,42 @@ def unfinished_runs(base: Path) -> list[Path]:
             state = read_checkpoint_state(newest)
         except CheckpointError:
             continue
-        total = state.get("total_steps")
-        stopped_early = bool((state.get("early_stopping") or {}).get("stopped"))
-        if isinstance(total, int) and int(state.get("step", 0)) < total and not stopped_early:
+        if not finished(newest, state):
             found.append(((newest / MARKER).stat().st_mtime, folder))
     return [folder for _, folder in sorted(found, reverse=True)]
+
+
+def finished(checkpoint: Path, state: dict) -> bool:
+    """Whether the run ended at ``checkpoint`` (``state``: its saved state): its state says so
+    (:func:`ended_in_state`) or its ``FINISHED`` marker does (:func:`finished_step`)."""
+    return ended_in_state(state) or finished_step(checkpoint) is not None
+
+
+def ended_in_state(state: dict) -> bool:
+    """Whether a checkpoint's saved ``state`` says its run ended there: its step reached the run's
+    ``total_steps`` (a state without one counts as ended: nothing says what is left) or early stopping
+    stopped it. A time-budget or signal stop is neither: ``train.resume: auto`` continues those."""
+    total = state.get("total_steps")
+    if not isinstance(total, int) or int(state.get("step", 0)) >= total:
+        return True
+    return bool((state.get("early_stopping") or {}).get("stopped"))
+
+
+def finished_step(checkpoint: Path) -> int | None:
+    """The step the run ended at, as ``checkpoint``'s ``FINISHED`` marker records it
+    (``files.mark_finished``); None without one, or one that cannot be read or records a step before the
+    checkpoint's own (nothing writes that): the checkpoint's state then decides, as it did before markers
+    existed. The marker lives in the checkpoint's folder, so a newer checkpoint of the run (continued by
+    name) is judged on its own, and a checkpoint moved aside takes its marker along."""
+    try:
+        record = json.loads((Path(checkpoint) / FINISHED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    match = _CHECKPOINT_RE.match(Path(checkpoint).name)
+    if not isinstance(step, int) or isinstance(step, bool) or (match and step < int(match.group(1))):
+        return None
+    return step
 
 
 def resolve_resume(root: Path, resume: str) -> Path | None:

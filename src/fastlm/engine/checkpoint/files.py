@@ -18,7 +18,9 @@ Contents:
   (tensors);
 - ``trainer_state.json``: the caller's ``state`` (JSON: step, epoch, position, metric history, config digest)
   and the Python ``random`` and NumPy global RNG states as plain lists, so nothing needs pickle;
-- ``COMPLETE``: ``{"format": 1, "step": ..., "files": {name: size in bytes}}``.
+- ``COMPLETE``: ``{"format": 1, "step": ..., "files": {name: size in bytes}}``;
+- later, only where its run ended there though its state reads unfinished: ``FINISHED``
+  (:func:`mark_finished`), outside the manifest.
 
 One process writes into a ``root`` (rank 0 under DDP) and holds its lock (``lock.checkpoint_lock``): a save
 removes every ``.tmp-*`` folder it finds there. Pass the unwrapped model (not the DDP wrapper or a
@@ -45,6 +47,7 @@ import torch
 
 from fastlm.engine.checkpoint.discovery import complete_checkpoints, latest_checkpoint
 from fastlm.engine.checkpoint.layout import (
+    FINISHED,
     FORMAT_VERSION,
     GRAD_SCALER_FILE,
     MARKER,
@@ -63,7 +66,7 @@ from fastlm.engine.checkpoint.rng import host_rng_state, torch_rng_state
 from fastlm.engine.checkpoint.storage import os_error_in, storage_error
 from fastlm.engine.checkpoint.swap import replace_folder
 from fastlm.engine.observe import strict_json
-from fastlm.temporary_files import WRITER_TAG, give_umask_mode, writer_tag
+from fastlm.temporary_files import WRITER_TAG, give_umask_mode, write_file_atomically, writer_tag
 
 log = logging.getLogger(__name__)
 # .tmp-replaced-<checkpoint-NNNNNNNN>-<tag>: a tag of any host (temporary_files.writer_tag), or an older one
@@ -168,6 +171,24 @@ def save_checkpoint(
         time.perf_counter() - started,
     )
     return final
+
+
+def mark_finished(checkpoint: Path, *, step: int, reason: str) -> Path:
+    """Write ``checkpoint/FINISHED`` (``{"format", "step", "reason"}``): the run ended at ``step`` from this
+    checkpoint, which its saved state cannot say (a run entered again with nothing to train: ``max_steps``
+    lowered to its step, early stopping judged over; or one that ended without a checkpoint of its last
+    step). Without it ``discovery.unfinished_runs`` took the finished run for an interrupted one, and the
+    next unnamed run took its name and wrote over its model.
+
+    A file beside the checkpoint's own, outside its manifest: the checkpoint stays byte for byte what was
+    saved, and a run continued by name from it still does (``resume`` never reads the marker). Written to a
+    temporary file, fsynced and renamed in (``write_file_atomically``), the folder fsynced: a crash leaves
+    the marker whole or absent. Only the process holding the run folder's lock calls it."""
+    marker = Path(checkpoint) / FINISHED
+    record = {"format": FORMAT_VERSION, "step": int(step), "reason": reason}
+    write_file_atomically(marker, lambda handle: handle.write(json.dumps(record) + "\n"))
+    _fsync_dir(marker.parent)
+    return marker
 
 
 def _raise_storage_error(error: Exception, final: Path) -> None:

@@ -1,5 +1,7 @@
 """A training checkpoint's folder layout: ``checkpoint-<step:08d>/`` holds these files, and the ``COMPLETE``
-marker written last says the folder is whole (a folder without it is an interrupted save). Also the one error
+marker written last says the folder is whole (a folder without it is an interrupted save). ``FINISHED``, added
+to a complete checkpoint later, says the run ended there though its state reads unfinished (a run entered
+again with nothing to train, ``files.mark_finished``): not in the manifest, never loaded. Also the one error
 a checkpoint that cannot be used raises, shared by every checkpoint module (writing, the lock, finding,
 loading).
 """
@@ -10,6 +12,7 @@ from fastlm.errors import FastlmError
 
 FORMAT_VERSION = 1
 MARKER = "COMPLETE"
+FINISHED = "FINISHED"  # {"format", "step", "reason"}: the run ended here (discovery.finished_step)
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"

@@ -134,7 +134,21 @@ def train(model, train_set: TokenSequences, eval_set: TokenSequences | None, *, 
                 stopped_by = _stop_reason(run, saved, out_of_time=out_of_time, ended_early=ended_early)
                 if stopped_by is not None:
                     break
-        return _finish(run, stopped_by)
+        result = _finish(run, stopped_by)
+        _mark_ended(run, stopped_by)
+        return result
+
+
+def _mark_ended(run: TrainingParts, stopped_by: str | None) -> None:
+    """The run ended (its last step, early stopping, or nothing to train), not a time-budget stop, which
+    ``train.resume: auto`` continues: said on its newest checkpoint where that reads unfinished
+    (``Checkpointer.ended``), so the next unnamed run does not take it for the newest interrupted run and
+    write over its model. After ``_finish``: a run that failed there did not end."""
+    if stopped_by == STOPPED_BY:
+        return
+    state = run.state
+    nothing_trained = state.resumed_from is not None and state.step == state.first_step
+    run.checkpointer.ended(state, "nothing to train" if nothing_trained else stopped_by or "last step")
 
 
 def _step_counts(micro: list[dict], comm: Collectives, stop: GracefulStop, budget: TimeLimit) -> StepCounts:

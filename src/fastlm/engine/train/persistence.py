@@ -8,7 +8,8 @@ AdamW moments rekeyed: by parameter name under FSDP2, by position otherwise) and
 force=...)`` writes a checkpoint when the step is ``due`` (every ``save_every`` steps, the last step, or
 forced by a stop signal) through ``save``
 (``checkpoint.save_checkpoint``: atomic, pruned to ``keep_last``); every rank calls it (FSDP2 gathers the
-whole state dicts collectively), only rank 0 writes.
+whole state dicts collectively), only rank 0 writes. ``ended(state, reason)``: the run ended (not a
+time-budget or signal stop), marked on its last checkpoint where that checkpoint's state cannot say so.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import safetensors.torch
 import torch
 
 from fastlm.engine.batching import StepPlan
-from fastlm.engine.checkpoint.files import SaveOptions, save_checkpoint
+from fastlm.engine.checkpoint.discovery import ended_in_state, finished_step
+from fastlm.engine.checkpoint.files import SaveOptions, mark_finished, save_checkpoint
 from fastlm.engine.checkpoint.layout import MODEL_FILE, OPTIMIZER_FILE, CheckpointError, checkpoint_dir
-from fastlm.engine.checkpoint.loading import load_checkpoint
+from fastlm.engine.checkpoint.loading import load_checkpoint, read_checkpoint_state
 from fastlm.engine.checkpoint.resume import data_digest, plan_resume, run_digest
 from fastlm.engine.config import OptimizerParams, TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
@@ -65,6 +67,9 @@ class Checkpointer:
     ) -> None:
         self.params, self.model, self.opt, self.comm, self.step_plan = params, model, opt, comm, plan
         self.protected: Path | None = None  # early stopping's best checkpoint: kept past keep_last
+        # the newest checkpoint this run resumed or wrote, and what its state says of the run's end (step,
+        # total_steps, early_stopping): ``ended`` judges it without reading the checkpoint again
+        self.newest: tuple[Path, dict] | None = None
         self.root, self.total_steps, self.device = Path(params.checkpoint_dir), plan.total_steps, device
         self.sharded = is_sharded(model)  # FSDP2: checkpoints hold the gathered, whole state dicts
         # LoRA: the frozen base comes from name_or_path again; checkpoints hold the trainable tensors only
@@ -91,6 +96,7 @@ class Checkpointer:
         folder = plan.checkpoint
         if folder is None:
             return TrainState()
+        self.newest = (folder, plan.state)
         # FSDP2's whole weights, a LoRA run's trained ones, or (unsharded) an FSDP2 checkpoint's: loaded here
         own_loader = (
             self.sharded or plan.state.get("trainable_only", False) or plan.state.get("sharded", False)
@@ -241,6 +247,7 @@ class Checkpointer:
                 name: param.detach() for name, param in model.named_parameters() if param.requires_grad
             }
         if self.comm.is_main:  # one writer (checkpoint.files removes other writers' temporaries)
+            early_stopping = self._early_stopping_record(state)
             saved = save_checkpoint(
                 self.root,
                 state.step,
@@ -268,11 +275,15 @@ class Checkpointer:
                     "digest": self.digest,
                     "batching": state.batching,
                     "runtime_choice": state.runtime_choice,
-                    "early_stopping": self._early_stopping_record(state),
+                    "early_stopping": early_stopping,
                     "eval_max_batches": self.params.eval_max_batches,  # the validation batches measured
                     "elapsed_s": state.elapsed_s(),
                     **position,
                 },
+            )
+            self.newest = (
+                saved,
+                {"step": state.step, "total_steps": self.total_steps, "early_stopping": early_stopping},
             )
         state.last_good = saved
         return saved
@@ -303,6 +314,33 @@ class Checkpointer:
         if before_save is not None:
             before_save()
         return self.save(state, position)
+
+    def ended(self, state: TrainState, reason: str) -> Path | None:
+        """The run ended at ``state.step`` for ``reason`` (its last step, early stopping, nothing to train):
+        where the newest checkpoint of this run's folder (``state.last_good``) reads unfinished, it gets the
+        ``FINISHED`` marker (``files.mark_finished``); returns the marker written, else None.
+
+        A run entered again with nothing to train (``max_steps`` lowered to its checkpoint's step, early
+        stopping judged over) writes no checkpoint, nor does one that ends between ``save_every`` steps
+        with ``save_every: null`` after a resume; its newest checkpoint still read "step 12 of 30", so the
+        next unnamed run (``runs.resolve_run_name``: the newest interrupted run) took its name, moved its
+        checkpoints aside and wrote over its model. A checkpoint of another run's folder (``train.resume``
+        naming it, nothing trained) is that run's: left alone. Only rank 0 writes (it holds the lock)."""
+        folder = state.last_good
+        if not self.comm.is_main or folder is None or Path(folder).parent.resolve() != self.root.resolve():
+            return None
+        # what the restore read or the save wrote (the resume reads a checkpoint once: its history may be
+        # long); another folder (never, as last_good is one of them) is read
+        saved = self.newest[1] if self.newest is not None and self.newest[0] == folder else None
+        try:
+            if ended_in_state(saved if saved is not None else read_checkpoint_state(folder)):
+                return None  # its state says so already (saved at the last step, early stopping's stop)
+        except CheckpointError:
+            pass  # unreadable now: the marker says it ended
+        marked = finished_step(folder)
+        if marked is not None and marked >= state.step:
+            return None  # entered again with nothing to train once more: marked already
+        return mark_finished(folder, step=state.step, reason=reason)
 
     def load_weights(self, folder: Path) -> None:
         """The model's weights from checkpoint ``folder`` (early stopping's best step), nothing else."""
