@@ -334,6 +334,8 @@ def test_auto_compile_on_cuda_keeps_the_compiled_model_only_where_it_measures_fa
     ("probe_kwargs", "run_kwargs", "expected", "reason"),
     [
         ({"micro_batches_left": 10}, {}, False, "would not repay"),  # a short run: eager, nothing compiled
+        # a long run that train.max_minutes ends in 5 s: a compile of tens of seconds would eat the budget
+        ({"seconds_left": 5.0}, {}, False, "left by train.max_minutes"),
         ({}, {"world_size": 2}, True, "several processes"),  # every rank alike, as before
         ({"mode": "reduce-overhead"}, {}, True, "reduce-overhead"),  # CUDA graphs need the compile
         # float8 may train (on, or auto where its rule allows): torchao's casts pay only compiled, and float8
@@ -360,7 +362,7 @@ def test_auto_compile_on_cuda_is_not_compiled_for_nothing_nor_measured_where_a_r
         **run_kwargs,
     )
     assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
-    assert calls == (["eager"] if reason == "would not repay" else [])
+    assert calls == (["eager"] if reason in ("would not repay", "left by train.max_minutes") else [])
 
 
 def test_the_measurement_leaves_the_gpus_random_streams_as_they_were(monkeypatch):

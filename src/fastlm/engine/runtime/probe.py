@@ -142,17 +142,20 @@ class CompileProbe:
     """``train.runtime.compile`` and what settling ``auto`` needs, one object because they travel together.
 
     ``request``: the setting (True, False or "auto"); ``micro_batches_left``: what the run still trains (the
-    compile decision weighs the compile time against it); ``compiler``: ``torch.compile`` by default
-    (``compile_module``, in ``scope``); ``batch`` / ``context``: the compiled candidate's own inputs (None:
-    the probe's batch) and the context its passes run in (another attention path:
-    ``attention.attention_when_compiled``), so the candidate measured is the one trained with; ``float8``:
-    float8 layers may train (``float8: on``, or ``auto`` where its rule allows), and ``auto`` on CUDA then
-    compiles (torchao's casts fuse only compiled; float8 ``auto`` is measured through the compiled model).
+    compile decision weighs the compile time against it), ``seconds_left`` the time budget that may end it
+    first (``train.max_minutes``: a compile of 33 s took a run asked to train 2 s); ``compiler``:
+    ``torch.compile`` by default (``compile_module``, in ``scope``); ``batch`` / ``context``: the compiled
+    candidate's own inputs (None: the probe's batch) and the context its passes run in (another attention
+    path: ``attention.attention_when_compiled``), so the candidate measured is the one trained with;
+    ``float8``: float8 layers may train (``float8: on``, or ``auto`` where its rule allows), and ``auto`` on
+    CUDA then compiles (torchao's casts fuse only compiled; float8 ``auto`` is measured through the compiled
+    model).
     """
 
     request: bool | str
     micro_batches_left: int = 0
     compiler: Callable[[torch.nn.Module], torch.nn.Module] | None = None
+    seconds_left: float | None = None  # train.max_minutes: the run stops by then, whatever steps are left
     batch: Mapping | None = None
     context: Callable[[], contextlib.AbstractContextManager] | None = None
     scope: str = "model"  # train.runtime.compile_scope: what the default compiler compiles
@@ -252,12 +255,15 @@ def _compile_choice(
     compiled_context = probe.context or contextlib.nullcontext
     with _no_trace(model):
         eager = measured.get(runtime.precision) or measure(model, batch, runtime)
-        left = eager * probe.micro_batches_left
+        left, budget = eager * probe.micro_batches_left, ""
+        if probe.seconds_left is not None and probe.seconds_left < left:  # the time budget ends it first
+            left, budget = probe.seconds_left, " by train.max_minutes"
         if left < COMPILE_MIN_RUN_SECONDS:
             return (
                 False,
                 (
-                    f"auto: about {left:.0f} s of training left ({eager:.3f} s per micro-batch eager); "
+                    f"auto: about {left:.0f} s of training left{budget} ({eager:.3f} s per micro-batch "
+                    "eager); "
                     f"compiling (tens of seconds per batch shape) would not repay under "
                     f"{COMPILE_MIN_RUN_SECONDS:.0f} s"
                 ),

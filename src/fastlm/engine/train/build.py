@@ -394,6 +394,7 @@ def _probed_runtime(
     compile_probe = CompileProbe(
         params.runtime.compile,
         micro_batches_left=(total_steps - state.step) * accumulation,
+        seconds_left=None if params.max_minutes is None else params.max_minutes * 60.0,
         batch=(
             to_device(first, device, compiled_attn) if first is not None and compiled_attn != attn else None
         ),
