@@ -856,3 +856,24 @@ def test_a_plain_texts_special_token_text_is_asked_as_training_read_it(bpe_token
         assert bpe_tokenizer.eos_token_id not in ids
     templated = encode_inputs(["hello"], bpe_tokenizer, template=f"{{prompt}}{marker}")
     assert templated[0][-1] == bpe_tokenizer.eos_token_id
+
+
+def test_a_model_named_after_an_interrupted_training_says_so_and_how_to_finish_it(tmp_path):
+    """``predict.model=lora1`` while the training lora1 was interrupted (its checkpoints kept, no model
+    folder): the refusal said only that it was neither a model folder nor a finished run. It names the
+    interrupted training, its last checkpoint, and the command that finishes it."""
+    from fastlm.datasets.predict_sources import PredictSources
+    from fastlm.errors import InputDataError
+
+    for step in (6, 12):
+        (tmp_path / f"checkpoints/lora1/checkpoint-{step:08d}").mkdir(parents=True)
+    sources = PredictSources(
+        tmp_path / "model", tmp_path / "runs", tmp_path / "parts", checkpoints=tmp_path / "checkpoints"
+    )
+    with pytest.raises(InputDataError) as refused:
+        sources.load_model("lora1")
+    said = str(refused.value)
+    assert "\n" not in said and "interrupted" in said and "checkpoint-00000012" in said, said
+    assert "kedro run --pipeline=train --params run_name=lora1" in said, said
+    with pytest.raises(InputDataError, match="neither a model folder"):
+        sources.load_model("other")

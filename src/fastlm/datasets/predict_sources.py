@@ -52,10 +52,12 @@ class PredictSources:
         parts: str,
         fingerprint: str | None = None,
         train_summaries: str | None = None,
+        checkpoints: str | None = None,
     ):
         self.trained_model, self.runs, self.parts = Path(trained_model), Path(runs), PredictionParts(parts)
         self.fingerprint = Path(fingerprint) if fingerprint is not None else None
         self.train_summaries = train_summaries  # read to say a QLoRA adapter's missing quantization record
+        self.checkpoints = Path(checkpoints) if checkpoints is not None else None  # interrupted trainings'
 
     def read_input(self, path: str, id_column: str | None = None) -> pd.DataFrame:
         """The table at ``path``; a .txt file (compressed or not) is one input per line, in a ``text``
@@ -111,6 +113,13 @@ class PredictSources:
             ) from exc
         return with_system_prompt(data_format, stored, self.fingerprint) if data_format.get("kind") else None
 
+    def _interrupted(self, name: str) -> Path | None:
+        """The newest checkpoint of a training named ``name`` (``checkpoints``/<name>, the catalog's
+        ``train.checkpoint_dir`` default) that left no model: an interrupted run; else None."""
+        folder = self.checkpoints / name if self.checkpoints is not None and "/" not in name else None
+        found = sorted(folder.glob("checkpoint-*")) if folder is not None and folder.is_dir() else []
+        return found[-1] if found else None
+
     def load_model(self, name: str | None) -> dict:
         """``{"model", "tokenizer", "source", "identity", "trained_here"}``: ``name`` None is the trained
         model; else a model folder, else the run name of a finished training run (``<runs>/<name>/model``).
@@ -127,6 +136,14 @@ class PredictSources:
                 raise InputDataError(
                     f"there is no trained model at {folder}.",
                     fix="run `kedro run --pipeline=train` first, or set predict.model.",
+                )
+            interrupted = self._interrupted(name)
+            if interrupted is not None:
+                raise InputDataError(
+                    f"predict.model {name!r} is a training that was interrupted and never finished (its last "
+                    f"checkpoint: {interrupted}); a checkpoint is no model folder to predict with.",
+                    fix=f"finish it (kedro run --pipeline=train --params run_name={name}), then predict with "
+                    f"it; or give a model folder or one of the runs{_runs_said(self.runs, name)}.",
                 )
             raise InputDataError(
                 f"predict.model {name!r} is neither a model folder (config.json or adapter_config.json) nor "
@@ -217,6 +234,7 @@ class PredictSourcesDataset(AbstractDataset):
         fingerprint: str | None = None,
         metadata: dict | None = None,
         train_summaries: str | None = None,
+        checkpoints: str | None = None,
     ):
         self._paths = {
             "trained_model": str(PurePosixPath(trained_model)),
@@ -224,6 +242,7 @@ class PredictSourcesDataset(AbstractDataset):
             "parts": str(PurePosixPath(parts)),
             "fingerprint": str(PurePosixPath(fingerprint)) if fingerprint is not None else None,
             "train_summaries": str(PurePosixPath(train_summaries)) if train_summaries is not None else None,
+            "checkpoints": str(PurePosixPath(checkpoints)) if checkpoints is not None else None,
         }
         self.metadata = metadata
 
