@@ -227,7 +227,7 @@ class _Tracker:
     """The RunTracker calls the sweep node makes, recorded."""
 
     def __init__(self):
-        self.children, self.metrics, self.params = [], [], {}
+        self.children, self.metrics, self.params, self.adopted = [], [], {}, []
 
     @contextlib.contextmanager
     def child_run(self, name, params):
@@ -239,6 +239,9 @@ class _Tracker:
 
     def log_params(self, params):
         self.params.update(params)
+
+    def adopt_child_run(self, run_id):
+        self.adopted.append(run_id)
 
 
 def _fake_training(failing: set[int], error=None, seen=None):

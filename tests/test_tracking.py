@@ -787,3 +787,26 @@ def test_a_read_only_store_is_named_so_not_by_sqlalchemys_preamble(tmp_path, emp
     assert len(lines) == 1, lines
     assert "autoflush" not in lines[0] and "attempt to write a readonly database" in lines[0], lines
     assert "read-only" in lines[0] and "mlflow.db" in lines[0], lines
+
+
+def test_a_sweep_member_kept_from_an_earlier_sweep_run_is_nested_under_the_one_that_kept_it(active_run):
+    """A k-fold sweep stopped in its second fold and run again keeps the first fold ("finished before:
+    kept"): its MLflow run stayed a child of the KILLED first sweep run, and the FINISHED sweep run whose
+    cv/ metrics it counts in showed one fold of two. It is nested under the sweep run that kept it; a member
+    of a sweep run that finished stays that run's child (its own table compared it)."""
+    from fastlm.tracking import RunTracker
+
+    client = mlflow.MlflowClient()
+    experiment = active_run.info.experiment_id
+    stopped, finished = (client.create_run(experiment).info.run_id for _ in range(2))
+    client.set_terminated(stopped, "KILLED")
+    client.set_terminated(finished, "FINISHED")
+    fold = client.create_run(experiment, tags={"mlflow.parentRunId": stopped}).info.run_id
+    other = client.create_run(experiment, tags={"mlflow.parentRunId": finished}).info.run_id
+    for run in (fold, other):
+        RunTracker().adopt_child_run(run)
+    assert client.get_run(fold).data.tags["mlflow.parentRunId"] == active_run.info.run_id
+    assert client.get_run(other).data.tags["mlflow.parentRunId"] == finished
+    RunTracker().adopt_child_run(None)  # a kept run tracked nowhere: nothing
+    RunTracker().adopt_child_run(active_run.info.run_id)  # never its own parent
+    assert "mlflow.parentRunId" not in client.get_run(active_run.info.run_id).data.tags

@@ -154,6 +154,7 @@ def train_sweep(
         else:
             log.info("Sweep %s: run %d of %d, %s, finished before: kept", spec.name, index, len(plan), name)
             trainer.run_ids[name] = done.get("mlflow_run_id")
+            tracker.adopt_child_run(done.get("mlflow_run_id"))  # a child of this sweep's run, as the others
         summaries[name] = done
         histories[name], evaluations[name] = runs.histories(spec.name, name)
     if len(errors) == len(plan):

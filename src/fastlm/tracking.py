@@ -770,6 +770,33 @@ class RunTracker:
         if run_id is not None:
             end("FINISHED")
 
+    def adopt_child_run(self, run_id: str | None) -> None:
+        """Nest the run ``run_id`` (a sweep member kept from an earlier sweep run: "finished before: kept")
+        under the active run (or the shared one, in a ParallelRunner worker) where the sweep run it was
+        nested in did not finish (stopped part way, KILLED, or failed): the sweep run whose cv/ metrics count
+        it showed fewer folds than it compared, and the stopped one's children are what it left behind. A
+        member of a sweep run that finished stays its child (that run's own table compared it). Nothing
+        without a run either side; a failing store warns and the sweep goes on."""
+        import mlflow
+
+        parent = active_run_id() or shared_run("a kept sweep member")
+        if run_id is None or parent is None or run_id == parent:
+            return
+        client = mlflow.MlflowClient()
+
+        def adopt() -> None:
+            earlier = client.get_run(run_id).data.tags.get("mlflow.parentRunId")
+            if earlier == parent:
+                return
+            if earlier is not None and client.get_run(earlier).info.status == "FINISHED":
+                return
+            client.set_tag(run_id, "mlflow.parentRunId", parent)
+
+        try:
+            retried_while_locked("kept child run", adopt)
+        except Exception as exc:  # noqa: BLE001 - tracking fails open, the sweep goes on
+            log.warning("MLflow: kept run %s not nested under this sweep's run (%s)", run_id, exc)
+
     def log_test_metrics(self, values: dict, training_run_id: str | None) -> dict:
         """``values`` (``test_<name>``) on this run and on the training run, where the run comparison finds
         them."""
