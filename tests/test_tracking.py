@@ -776,6 +776,7 @@ def test_a_read_only_store_is_named_so_not_by_sqlalchemys_preamble(tmp_path, emp
 
     store = tmp_path / "mlflow.db"
     shutil.copyfile(empty_mlflow_db, store)
+    monkeypatch.chdir(tmp_path)  # MLflow makes the folder of ``file:<path>`` relative to the working folder
     mlflow.set_tracking_uri(f"sqlite:///{store}")
     mlflow.set_experiment("read-only")  # then opened read-only, as from a read-only mount
     mlflow.set_tracking_uri(f"sqlite:///file:{store}?mode=ro&uri=true")
