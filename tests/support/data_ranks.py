@@ -12,6 +12,8 @@ import pathlib
 import torch
 import torch.distributed as dist
 
+from tests.support import spawned_ranks
+
 WORLD = 2
 
 
@@ -20,7 +22,7 @@ def run(folder: pathlib.Path, params, tokenizer, cases: dict[str, list[tuple]]) 
     the ``(train, validation)`` splits that rank trains on in case ``name``; ``steps`` is rank 0's trained
     steps (None on rank 1), ``error`` the line of a user error a rank raised."""
     args = (folder, params, tokenizer, cases)
-    torch.multiprocessing.start_processes(_rank, args=args, nprocs=WORLD, join=True, start_method="fork")
+    spawned_ranks.start(_rank, args, folder, WORLD, start_method="fork")
     return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 

@@ -15,6 +15,8 @@ import pathlib
 import torch
 import torch.distributed as dist
 
+from tests.support import spawned_ranks
+
 WORLD = 2
 
 
@@ -30,7 +32,7 @@ def run(
     ``inputs[rank]``: the ``x`` of its micro-batches (all but the last under ``no_sync``); ``initial[rank]``:
     its weight before DDP is set up."""
     args = (folder, inputs, initial, steps, lr)
-    torch.multiprocessing.spawn(_rank, args=args, nprocs=WORLD, join=True)
+    spawned_ranks.start(_rank, args, folder, WORLD)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(WORLD)]
 
 

@@ -12,6 +12,8 @@ import pathlib
 import torch
 import torch.distributed as dist
 
+from tests.support import spawned_ranks
+
 WORLD = 2
 
 
@@ -19,7 +21,7 @@ def run(folder: pathlib.Path, steps: int = 3) -> list[dict]:
     """Each rank's ``{"after": ..., "during": ...}``: ``"weights"`` (the whole weights after each step),
     ``"norms"`` (the step's gradient norm); ``during`` also ``"updated_in_backward"`` (each step: the weights
     had changed and every shard's gradient was freed when the backward returned, before any step)."""
-    torch.multiprocessing.spawn(_rank, args=(folder, steps), nprocs=WORLD, join=True)
+    spawned_ranks.start(_rank, (folder, steps), folder, WORLD)
     return [torch.load(folder / f"rank{rank}.pt") for rank in range(WORLD)]
 
 

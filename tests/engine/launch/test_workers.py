@@ -589,3 +589,32 @@ def test_the_tests_launch_once_more_after_a_native_crash_with_its_stack_in_a_war
     with pytest.warns(UserWarning, match=r"(?s)launched again after: .*SIGSEGV.*Current thread"):
         result = launch(params, bpe_tokenizer, tokenized, tmp_path, functools.partial(CrashOnce, str(marker)))
     assert marker.read_text() == "crashed" and [row["step"] for row in result.history][-1] == 2
+
+
+def test_the_tests_own_ranks_start_once_more_after_a_native_crash_with_its_stack_in_a_warning(tmp_path):
+    """The tests that start gloo ranks of their own (tests/support/ddp_ranks, fsdp_ranks, data_ranks) were
+    not covered by the launcher's second start: a SIGSEGV of gloo's library there failed CI's run with a
+    signal alone. ``spawned_ranks.start`` runs the ranks once more after a native crash, from what their
+    folder held before, and warns with the crashed rank's stack; a failure of any other kind is raised at
+    once, and a second crash too."""
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    from tests.support import spawned_ranks
+
+    folder, marker = tmp_path / "ranks", tmp_path / "crashed"
+    folder.mkdir()
+    (folder / "kept.txt").write_text("there before")
+    with pytest.warns(UserWarning, match=r"(?s)ranks started again after: .*SIGSEGV.*rank 1:.*string_at"):
+        spawned_ranks.start(spawned_ranks.crash_once, (folder, marker), folder, 2, start_method="fork")
+    assert marker.read_text() == "crashed"
+    assert sorted(path.name for path in folder.glob("*.txt") if "native" not in path.name) == [
+        "kept.txt",
+        "rank0.txt",
+        "rank1.txt",
+    ]
+    calls = tmp_path / "calls"
+    with pytest.raises(ProcessRaisedException, match="failed"):
+        spawned_ranks.start(spawned_ranks.fail, (folder, calls), folder, 2, start_method="fork")
+    assert len(calls.read_text().split()) in (1, 2)  # one start: both ranks, or one before the other's stop
+    with pytest.warns(UserWarning), pytest.raises(ProcessExitedException, match="SIGSEGV"):
+        spawned_ranks.start(spawned_ranks.crash_once, (folder, marker, True), folder, 2, start_method="fork")
