@@ -877,3 +877,31 @@ def test_a_model_named_after_an_interrupted_training_says_so_and_how_to_finish_i
     assert "kedro run --pipeline=train --params run_name=lora1" in said, said
     with pytest.raises(InputDataError, match="neither a model folder"):
         sources.load_model("other")
+
+
+def test_a_checkpoint_folder_given_as_the_model_names_its_run_and_what_to_predict_with(tmp_path):
+    """``predict.model=data/06_models/checkpoints/<run>/checkpoint-00000006`` (the folder a user finds
+    beside the run, holding model.safetensors): the refusal said it was neither a model folder nor a run,
+    as of any folder. It says it is a checkpoint of that run, kept for resuming, and gives the run's model
+    where the run finished, the command that finishes it where it did not."""
+    from fastlm.datasets.predict_sources import PredictSources
+    from fastlm.errors import InputDataError
+
+    for run in ("done1", "stopped1"):
+        folder = tmp_path / f"checkpoints/{run}/checkpoint-00000006"
+        folder.mkdir(parents=True)
+        for name in ("COMPLETE", "model.safetensors", "optimizer.pt"):
+            (folder / name).write_text("x")
+    (tmp_path / "runs/done1/model").mkdir(parents=True)
+    (tmp_path / "runs/done1/model/config.json").write_text("{}")
+    sources = PredictSources(
+        tmp_path / "model", tmp_path / "runs", tmp_path / "parts", checkpoints=tmp_path / "checkpoints"
+    )
+    said = {}
+    for run in ("done1", "stopped1"):
+        with pytest.raises(InputDataError) as refused:
+            sources.load_model(str(tmp_path / f"checkpoints/{run}/checkpoint-00000006"))
+        said[run] = str(refused.value)
+        assert "\n" not in said[run] and f"a checkpoint of the training {run}" in said[run], said[run]
+    assert "predict.model=done1" in said["done1"], said["done1"]
+    assert "kedro run --pipeline=train --params run_name=stopped1" in said["stopped1"], said["stopped1"]

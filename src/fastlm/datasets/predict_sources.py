@@ -21,6 +21,7 @@ from fastlm.corpus.readers import (
 from fastlm.corpus.shards import data_files, is_pattern
 from fastlm.datasets.atomic_folder import read_folder_whole
 from fastlm.datasets.pretrained_model import TRAINING_DATA, PretrainedModelDataset, training_of
+from fastlm.engine.checkpoint.layout import MARKER
 from fastlm.engine.model.weights_identity import folder_identity
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import with_system_prompt
@@ -136,6 +137,26 @@ class PredictSources:
                 raise InputDataError(
                     f"there is no trained model at {folder}.",
                     fix="run `kedro run --pipeline=train` first, or set predict.model.",
+                )
+            run = (
+                folder.parent.name
+                if (folder / MARKER).is_file() and folder.name[:11] == "checkpoint-"
+                else None
+            )
+            if run is not None:  # a checkpoint folder: kept for resuming its run, not a model folder
+                finished = (self.runs / run / "model").is_dir()
+                raise InputDataError(
+                    f"predict.model {name!r} is a checkpoint of the training {run} (weights, optimizer and "
+                    "state kept for resuming it), not a model folder"
+                    + (
+                        "; that training finished and saved its model."
+                        if finished
+                        else ", which never finished."
+                    ),
+                    fix=f"--params predict.model={run} (its model)"
+                    if finished
+                    else f"finish it (kedro run --pipeline=train --params run_name={run}), then predict with "
+                    f"predict.model={run}.",
                 )
             interrupted = self._interrupted(name)
             if interrupted is not None:
