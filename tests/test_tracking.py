@@ -77,6 +77,24 @@ def test_the_levers_a_run_used_become_parameters_of_its_run(active_run, tmp_path
     assert logged["runtime.float8_choice"] == summary["runtime"]["float8_choice"]  # the runtime's, once
 
 
+def test_a_resumed_training_says_in_its_run_which_checkpoint_and_step_it_went_on_from(active_run, tmp_path):
+    """A training run again by name goes on from its checkpoint in a new MLflow run whose curves begin at
+    the step after it: nothing in that run said it was resumed, or from where (the train summary did). Its
+    parameters name the checkpoint and the step; a run started fresh has neither."""
+    from fastlm.tracking import RunTracker
+    from tests.support.toy_training import run_toy, toy_params
+
+    run_toy(toy_params(tmp_path, max_steps=2, log_every=1, eval_every=None, save_every=2))
+    result = run_toy(toy_params(tmp_path, max_steps=4, log_every=1, eval_every=None, resume="auto"))
+    summary = {**result.summary, "runtime": result.runtime.describe()}
+    assert summary["resumed_from"] and summary["resumed_from_step"] == 2, summary.get("resumed_from")
+    RunTracker().training_finished(summary)
+    logged = mlflow.MlflowClient().get_run(active_run.info.run_id).data.params
+    assert logged["resumed_checkpoint"] == summary["resumed_from"] and logged["resumed_from_step"] == "2", logged
+    fresh = run_toy(toy_params(tmp_path / "fresh", max_steps=1, log_every=1, eval_every=None))
+    assert fresh.summary["resumed_from"] is None
+
+
 def test_the_training_wall_time_and_data_fingerprint_reach_the_run(active_run, tmp_path):
     """The run comparison's wall time is the training's (the summary's, counting a resumed run's earlier
     processes), not the MLflow run's span (split, train and report of one ``kedro run``); and runs on other

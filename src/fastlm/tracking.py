@@ -681,9 +681,10 @@ class RunTracker:
 
     def training_finished(self, summary: dict) -> None:
         """The run's runtime settings, what its levers did (``SUMMARY_PARAMS``, dynamo's recompile limit
-        reached and where) and its data (the tokenized data's fingerprint, 12 digits: runs on other data show
-        it; its test split's, ``data.test``) as parameters, and its real tokens/s and training wall time (the
-        run comparison's), its compiles, compile and validation seconds as metrics."""
+        reached and where), its data (the tokenized data's fingerprint, 12 digits: runs on other data show
+        it; its test split's, ``data.test``) and the checkpoint and step a resumed run went on from as
+        parameters, and its real tokens/s and training wall time (the run comparison's), its compiles,
+        compile and validation seconds as metrics."""
         fingerprint, test = summary.get("fingerprint"), summary.get("test_data")
         self.metrics.log_params(
             {
@@ -694,6 +695,9 @@ class RunTracker:
                 # compare with a run's on the same texts split without folds
                 "data.test": str(test)[:12] if test else None,
                 "recompile_limit_functions": summary.get("recompile_limit_functions") or None,
+                # a training gone on with from its checkpoint: its curves begin after that step
+                "resumed_checkpoint": summary.get("resumed_from"),
+                "resumed_from_step": summary.get("resumed_from_step"),
             }
         )
         self.metrics.log_run_metrics(

@@ -25,8 +25,9 @@ FINAL_TRAIN_LOSS = "metrics.final_train_loss"  # the train node's, from the summ
 # train node; runs from before it have none (their MLflow span held the split and the report too).
 WALL_TIME = "metrics.wall_time_s"
 # The run's name is its MLflow name (a sweep's child runs have no run_name parameter: the column would blank
-# theirs); the torch build is the runtime's, not a setting.
-NOT_COMPARED = ("params.run_name", "params.runtime.torch")
+# theirs); the torch build is the runtime's, not a setting; a resumed run's checkpoint path is its run name's
+# folder (its resumed_from_step is shown).
+NOT_COMPARED = ("params.run_name", "params.runtime.torch", "params.resumed_checkpoint")
 # The train loss's label smoothing (the train loss is smoothed by it, validation and test losses plain)
 SMOOTHING = "params.train.loss.label_smoothing"
 # The step whose weights the run returned (early stopping's best, else the last) and the run's last step,
