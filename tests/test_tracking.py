@@ -90,7 +90,8 @@ def test_a_resumed_training_says_in_its_run_which_checkpoint_and_step_it_went_on
     assert summary["resumed_from"] and summary["resumed_from_step"] == 2, summary.get("resumed_from")
     RunTracker().training_finished(summary)
     logged = mlflow.MlflowClient().get_run(active_run.info.run_id).data.params
-    assert logged["resumed_checkpoint"] == summary["resumed_from"] and logged["resumed_from_step"] == "2", logged
+    assert logged["resumed_checkpoint"] == summary["resumed_from"], logged
+    assert logged["resumed_from_step"] == "2", logged
     fresh = run_toy(toy_params(tmp_path / "fresh", max_steps=1, log_every=1, eval_every=None))
     assert fresh.summary["resumed_from"] is None
 
