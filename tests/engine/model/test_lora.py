@@ -368,6 +368,29 @@ def test_pissa_and_olora_start_at_the_bases_function_and_save_a_lora_for_the_unc
             assert torch.equal(p, residual[name]), name
 
 
+@pytest.mark.parametrize("init", ["pissa", "pissa_niter_2", "olora"])
+def test_pissa_or_olora_of_a_rank_above_a_layers_is_refused_in_one_line(base_dir, tokenizer, init):
+    """``r`` 24 on the tiny Llama, whose k_proj and v_proj map 32 features to 16: their weights have rank 16
+    at most, so the decomposition keeps 16 directions there (peft cuts the SVD or QR), the run trains rank-16
+    adapters where the config says 24, and the saved adapter (twice the rank, 48 in its config, 32 in its
+    tensors) no longer loads: the report, predict, merge-adapter and transformers all failed with peft's
+    size-mismatch traceback after a run that had said it finished. Refused as the model is built, in one line
+    naming the layers, their rank and the fixes."""
+    params = parse_train_params({"model": model_params(base_dir, init=init, r=24)}).model
+    with pytest.raises(ConfigError) as refused:
+        build_model(params, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    message = str(refused.value)
+    assert "\n" not in message, message
+    assert message.startswith("train.model.lora.r = 24 is more than"), message
+    assert "k_proj, v_proj" in message and "16" in message and "q_proj" not in message.split(" Fix: ")[0]
+    assert "train.model.lora.r to at most 16" in message and "init: default" in message, message
+    # a rank every adapted layer holds trains as before (the layers' 16 output features: rank 16 is kept)
+    fits = parse_train_params({"model": model_params(base_dir, init=init, r=16)}).model
+    model = build_model(fits, tokenizer, max_length=MAX_LENGTH, attn_implementation="sdpa")
+    ranks = {p.shape[0] for name, p in model.named_parameters() if "lora_A" in name}
+    assert ranks == {16}, ranks
+
+
 def test_pissa_and_olora_are_refused_where_the_saved_adapter_could_not_reproduce_the_run(base_dir):
     for lora_settings, reason in [
         ({"init": "pissa", "load_in_4bit": True}, "4-bit"),

@@ -289,6 +289,8 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
             "Conv1D holds its weight transposed).",
             fix=f"set {PARAM}.init: pissa or default for this model.",
         )
+    if moves_base_weights(lora):
+        _refuse_ranks_above_the_layers(peft_model, lora)
     _say_biasless(peft_model, lora.bias)
     for parameter in peft_model.parameters():  # modules_to_save copies keep the base's 16-bit dtype
         if parameter.requires_grad and parameter.dtype != torch.float32:
@@ -327,6 +329,37 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
         100 * counts["trainable_share"],
     )
     return peft_model
+
+
+def _refuse_ranks_above_the_layers(peft_model, lora: LoraParams) -> None:
+    """PiSSA and OLoRA take ``r`` directions of each adapted weight (an SVD, a QR), and a weight of ``in`` x
+    ``out`` features has at most ``min(in, out)``: peft cuts the decomposition there silently, so such a
+    layer trains adapters of that rank where the config says ``r``, and the adapter saved (twice the rank,
+    ``save_adapter``) no longer loads onto its base (peft's size-mismatch traceback in the report, predict,
+    ``merge-adapter`` and transformers). Refused in one line naming the layers and the largest ``r``."""
+    from peft.tuners.lora import LoraLayer
+
+    short: dict[str, int] = {}
+    for name, module in peft_model.get_base_model().named_modules():
+        decomposed = getattr(module, "lora_A", None)  # an embedding's adapters (lora_embedding_A) are not
+        if not isinstance(module, LoraLayer) or not isinstance(decomposed, torch.nn.ModuleDict):
+            continue
+        for layer in decomposed.values():
+            rank = int(layer.weight.shape[0])  # the directions the decomposition found: at most min(in, out)
+            if rank < lora.r:
+                short.setdefault(name.rsplit(".", 1)[-1], rank)
+    if not short:
+        return
+    most = min(short.values())
+    layers = ", ".join(short)
+    dims = ", ".join(f"{name} {rank}" for name, rank in short.items())
+    raise ConfigError(
+        f"{PARAM}.r = {lora.r} is more than the rank of {layers} ({dims}: the smaller of a weight's input "
+        f"and output features), which {init_name(lora.init)} init decomposes into the adapters: peft would "
+        f"train adapters of that rank there and save an adapter that does not load onto its base.",
+        fix=f"set {PARAM}.r to at most {most}, leave {layers} out of {PARAM}.target_modules, or set "
+        f"{PARAM}.init: default (a plain LoRA of any rank).",
+    )
 
 
 def _say_biasless(peft_model, bias: str) -> None:
