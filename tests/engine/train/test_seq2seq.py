@@ -375,7 +375,7 @@ def test_lora_trains_the_family_targets_of_an_encoder_decoder_and_loads_back(tmp
         )
 
 
-def test_tune_measures_the_seq2seq_training_step(tmp_path):
+def test_tune_measures_the_seq2seq_training_step(tmp_path, monkeypatch):
     from fastlm.engine.train import tune
 
     params = _params(tmp_path, tmp_path)
@@ -383,6 +383,15 @@ def test_tune_measures_the_seq2seq_training_step(tmp_path):
     model = _tiny("t5")
     dataset = copy_samples(60, 1)
     before = [p.detach().clone() for p in model.parameters()]
+    stepped = []  # at the trial's end, before its starting weights are put back: whether steps changed them
+    restore = tune.restore_weights
+
+    def restoring(model, copies):
+        params = [(name, p) for name, p in model.named_parameters() if name in copies]
+        stepped.append(any(not torch.equal(p.detach(), copies[name]) for name, p in params))
+        restore(model, copies)
+
+    monkeypatch.setattr(tune, "restore_weights", restoring)
     measure = tune.real_step_measurer(
         model,
         dataset,
@@ -414,9 +423,9 @@ def test_tune_measures_the_seq2seq_training_step(tmp_path):
     assert real == sum(int(dataset.lengths[i]) + 1 for indices in timed for i in indices)  # + decoder start
     assert round(trial.real_tokens_per_s * trial.step_time_s * 2) == real  # the 2 timed steps' real tokens
     assert trial.samples_per_micro_batch == 4.0
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), (
-        "no step was taken"
-    )
+    assert stepped == [True], "no step was taken"
+    # the next trial starts from the weights the model was built with
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 import gc
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -508,9 +509,8 @@ class _CountedReads(torch.Tensor):
 
 def test_a_trial_whose_loss_diverges_fails_in_one_read_of_the_device_and_is_not_chosen(tmp_path, monkeypatch):
     """``train.optimizer.lr`` 1e30: the toy's loss is NaN from the second step. The trial fails ("loss not
-    finite"), is not chosen, and its ladder ends there (the weights it trained are no longer finite); the
-    loss is read from the device once for the trial, not at each step. (A diverged trial counted as a speed
-    measurement and could be chosen.)"""
+    finite"), is not chosen, and its ladder ends there; the loss is read from the device once for the trial,
+    not at each step. (A diverged trial counted as a speed measurement and could be chosen.)"""
     from dataclasses import replace
 
     from fastlm.engine.train import step as step_module
@@ -545,6 +545,43 @@ def test_a_diverged_size_between_finite_ones_is_not_chosen_and_ends_its_ladder()
         trials, tune.choose(trials), accumulation=1, target=None, headroom=0.1, memory_limit_mb=None
     )
     assert "micro-batch 4's loss was not finite" in text, text
+
+
+def test_every_trial_starts_from_the_weights_the_model_was_built_with(tmp_path):
+    """Each trial trains the model a few steps (warm-up and timed); the next trial, the next batching mode's
+    ladder and the next checkpointing policy's start again from the weights the model was built with. At a
+    learning rate the toy diverges at after some steps (100), a trial continuing the earlier trials' weights
+    diverged at the ladder's second size, and the weights it left (NaN) failed every trial of the next mode
+    ("length_grouped: micro-batch 1's loss was not finite"): figures of the sizes tried before, not of the
+    size. Now a size's status and loss are its own: the same as measured alone, first on a fresh model."""
+    params = toy_params(tmp_path, optimizer={"lr": 100.0, "warmup_steps": 20})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    settings = tune.LadderSettings(
+        warmup=1, timed=2, sizes=[1, 2, 4], memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.99
+    )
+
+    def statuses(modes, sizes, model):
+        ladders = tune.tune_modes(
+            model,
+            toy_sequences(300, 1),
+            modes,
+            params=params,
+            runtime=runtime,
+            pad_id=EOS,
+            max_length=64,
+            attn="sdpa",
+            settings=replace(settings, sizes=sizes),
+        )
+        return {ladder.mode: [(t.micro_batch_size, t.status) for t in ladder.trials] for ladder in ladders}
+
+    model = toy_model()
+    built = {name: p.detach().clone() for name, p in model.named_parameters()}
+    both = statuses(["packed", "length_grouped"], [1, 2, 4], model)
+    for name, p in model.named_parameters():  # the same tensors restored: exactly the built ones
+        assert torch.equal(p, built[name]), name
+    for mode, trials in both.items():
+        for size, status in trials:
+            assert statuses([mode], [size], toy_model())[mode] == [(size, status)], (mode, size, both)
 
 
 def test_when_every_trial_diverged_the_one_line_says_so_and_names_the_learning_rate_and_precision():

@@ -8,12 +8,14 @@ trial runs warm-up steps (not timed) then timed steps of ``step.train_step``, th
 model compiled when ``train.runtime.compile`` is true; eager under ``auto``, which the run's first micro-batch
 settles and may leave eager: a compiled step usually holds less activation memory than the eager one, so the
 eager step is the safer size) on the user's real model, data and checkpointing settings, and records real
-tokens/s, step time and peak memory. The ladder stops at out-of-memory (caught and cleaned up: the process
-goes on), past the memory headroom, at the cliff (throughput falls while memory rises), at a size the
-training data makes fewer batches of than a trial's steps, or at a trial whose loss was not finite (NaN or
-inf: a learning rate or precision the training diverges at). Such a trial is no measurement of the training
-(a step skipped on an overflow is faster) and is never chosen; its ladder ends there, as the weights it
-trained may no longer be finite. The loss is checked once per trial, from a flag kept on the device.
+tokens/s, step time and peak memory. Every trial starts from the weights the model was built with (a copy of
+its trainable weights, on the CPU, is put back after each: ``trained_weights``), so a size's figures and loss
+are its own, not those of the steps earlier trials, modes or checkpointing policies took. The ladder stops at
+out-of-memory (caught and cleaned up: the process goes on), past the memory headroom, at the cliff
+(throughput falls while memory rises), at a size the training data makes fewer batches of than a trial's
+steps, or at a trial whose loss was not finite (NaN or inf: a learning rate or precision the training
+diverges at). Such a trial is no measurement of the training (a step skipped on an overflow is faster) and is
+never chosen; its ladder ends there. The loss is checked once per trial, from a flag kept on the device.
 
 ``tune.max_minutes`` bounds the whole measurement (a trial of a 3B model can take a minute, a compiled one
 more): past its deadline no new trial starts (each ladder's first size excepted, so a mode measured has a
@@ -560,6 +562,8 @@ def real_step_measurer(
     compiled = runtime.compile_model(model)
     # an encoder-decoder model measures its own (seq2seq) batches
     sides = seq2seq_batching(model, dataset, attn)
+    # each trial trains from these weights and puts them back (the next trial, mode or policy starts there)
+    start, start_mb = trained_weights(model)
 
     def measure(size: int) -> Measurement:
         batching = params.batching.model_copy(update={"micro_batch_size": size})
@@ -605,6 +609,9 @@ def real_step_measurer(
             samples = sum(len(indices) for indices in batches) / len(batches)
             return dataclasses.replace(
                 measured,
+                # off CUDA the peak is the process's memory, which holds the copy of the starting weights
+                # that a training run does not
+                peak_memory_mb=measured.peak_memory_mb - (start_mb if runtime.device.type != "cuda" else 0.0),
                 samples_per_micro_batch=samples,
                 rows_per_micro_batch=sum(rows) / len(rows),
                 loss_finite=finite is None or bool(finite),  # the trial's one read of the flag
@@ -612,9 +619,33 @@ def real_step_measurer(
         finally:  # the optimizer state goes with this call's frame; bf16 weights back to their fp32 masters
             opt.optimizer.zero_grad(set_to_none=True)
             opt.release()
+            restore_weights(model, start)
             release_memory()
 
     return measure
+
+
+def trained_weights(model) -> tuple[dict[str, torch.Tensor], float]:
+    """A copy, on the CPU, of the weights a trial trains (the trainable parameters: a LoRA model's adapters,
+    a full fine-tune's every weight), and its size in MB. A trial trains the model a few steps at the run's
+    learning rate: without the copy put back (``restore_weights``) each trial, mode and checkpointing policy
+    went on from the weights the trials before it left, so a learning rate that diverges after some steps
+    made a later size's loss NaN, and the NaN weights every later trial's."""
+    copies = {
+        name: param.detach().to("cpu", copy=True)
+        for name, param in model.named_parameters()
+        if param.requires_grad
+    }
+    return copies, sum(t.numel() * t.element_size() for t in copies.values()) / 2**20
+
+
+def restore_weights(model, copies: dict[str, torch.Tensor]) -> None:
+    """The weights of ``trained_weights`` back into ``model``'s parameters, in place (the same tensors: a
+    compiled model's guards hold)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in copies:
+                param.copy_(copies[name])
 
 
 CHECKPOINTING_ORDER = ("off", "selective", "full")  # ever more recompute for ever less activation memory
