@@ -431,6 +431,52 @@ def test_a_size_the_data_holds_too_few_batches_of_ends_the_ladder_with_what_was_
     assert "micro-batch 16 leaves fewer than 3 batches" in text, text
 
 
+@pytest.mark.parametrize("mode", ["length_grouped", "dynamic"])
+def test_a_padded_trial_runs_the_epochs_largest_batch_where_the_runs_peak_memory_comes_from(
+    tmp_path, monkeypatch, mode
+):
+    """length_grouped and dynamic micro-batches are padded to their longest sample, so their memory grows
+    with it: a trial of the epoch's first batches (short ones, for short texts with a long tail) measured
+    a peak the run then passes at its longest batch, where a size chosen under the headroom runs out of
+    memory. The trial's warm-up step is the epoch's largest batch (most padded tokens), its timed steps the
+    epoch's first batches as before; packed micro-batches are one token budget and stay as they were."""
+    from fastlm.engine.batching import make_batching
+    from fastlm.engine.train import step as step_module
+
+    shapes: list[tuple[int, int]] = []
+    real = step_module.train_step
+
+    def recorded(model, micro, opt, **kwargs):
+        shapes.append(tuple(micro[0]["input_ids"].shape))
+        return real(model, micro, opt, **kwargs)
+
+    monkeypatch.setattr(step_module, "train_step", recorded)
+    params = toy_params(tmp_path)
+    params = params.model_copy(update={"batching": params.batching.model_copy(update={"mode": mode})})
+    runtime = setup_runtime(RuntimeConfig(device="cpu", num_threads=1))
+    measure = tune.real_step_measurer(
+        toy_model(),
+        toy_sequences(300, 1),
+        params=params,
+        runtime=runtime,
+        pad_id=EOS,
+        max_length=64,
+        attn="sdpa",
+        warmup=1,
+        timed=2,
+    )
+    measure(4)
+    trial = params.model_copy(update={"batching": params.batching.model_copy(update={"micro_batch_size": 4})})
+    sampler, collator = make_batching(
+        trial, toy_sequences(300, 1).lengths, pad_id=EOS, max_length=64, seed=params.order_seed
+    )
+    sampler.set_epoch(0)
+    epoch = [tuple(collator(toy_sequences(300, 1).__getitems__(b))["input_ids"].shape) for b in sampler]
+    largest = max(epoch, key=lambda shape: (shape[0] * shape[1], shape[1]))
+    assert largest not in epoch[:3], "the toy's first batches already hold its largest: no check"
+    assert shapes == [largest, *epoch[1:3]], (shapes, largest, epoch[:3])
+
+
 FEW_ERROR = "micro-batch 4 leaves fewer than 8 batches in the training data"
 
 

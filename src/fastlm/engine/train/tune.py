@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from time import perf_counter
 
+import numpy as np
 import torch
 
 from fastlm.errors import ConfigError
@@ -577,14 +578,15 @@ def real_step_measurer(
             sides=sides,
         )
         sampler.set_epoch(0)
-        batches = [b for _, b in zip(range(warmup + timed), iter(sampler), strict=False)]
-        if len(batches) < warmup + timed:
+        epoch = list(iter(sampler))
+        if len(epoch) < warmup + timed:
             raise TooFewBatches(
                 f"micro-batch {size} leaves fewer than {warmup + timed} batches in the training data "
-                f"({len(batches)}; tune.warmup_steps + tune.timed_steps)"
+                f"({len(epoch)}; tune.warmup_steps + tune.timed_steps)"
             )
+        batches = with_largest_batch(sampler, epoch, warmup + timed)
         # precision auto on CPU: what the run would measure at this size (runtime_probe, on the first batch)
-        first = to_device(collator(dataset.__getitems__(batches[0])), runtime.device, attn)
+        first = to_device(collator(dataset.__getitems__(epoch[0])), runtime.device, attn)
         trial_runtime, _ = probe_runtime(runtime, params.runtime.precision, model, first)
         opt = make_optimization(model, trial_params, trial_runtime, total_steps=warmup + timed)
 
@@ -623,6 +625,30 @@ def real_step_measurer(
             release_memory()
 
     return measure
+
+
+def with_largest_batch(sampler, epoch: list, count: int) -> list:
+    """The ``count`` batches a trial runs: the epoch's first ones, the first of them replaced by its largest
+    where micro-batches are padded to their longest sample (length_grouped, dynamic: memory grows with that
+    sample; the largest holds the most padded tokens, ``len x longest`` in ``sampler.lengths``) and the
+    first ones do not hold it. The first step runs it (the untimed warm-up where there is one), so the
+    trial's peak memory is the one the run meets at its longest batch, not that of the epoch's first, often
+    short, ones. Packed micro-batches each fill one token budget: the first ones, as they are."""
+    from fastlm.engine.data.samplers import PackedBatchSampler
+
+    batches = epoch[:count]
+    if isinstance(sampler, PackedBatchSampler) or not batches:
+        return batches
+    lengths = np.asarray(sampler.lengths)
+
+    def padded(batch) -> tuple[int, int]:
+        longest = int(lengths[np.asarray(batch, dtype=np.int64)].max()) if len(batch) else 0
+        return len(batch) * longest, longest
+
+    largest = max(epoch, key=padded)
+    if padded(largest) <= max(padded(batch) for batch in batches):
+        return batches
+    return [largest, *batches[1:]]
 
 
 def trained_weights(model) -> tuple[dict[str, torch.Tensor], float]:
