@@ -610,6 +610,35 @@ def test_a_file_tuned_without_a_limit_applies_on_its_own_card_only(tmp_path, mon
     assert len(said) == 1 and "limited to" not in said[0], lines
 
 
+def test_a_file_tuned_on_a_cpu_applies_on_a_host_of_its_memory_only(tmp_path, monkeypatch):
+    """On a CPU the trials' memory is the host's RAM (the headroom is a share of it), as a GPU's is the
+    card's: a file tuned on a 512 GiB server, in a project copied whole to a 16 GiB laptop, is set aside
+    there, one warning naming both; the same host applies it. (The record said ``cpu`` alone: the server's
+    micro-batch was applied on the laptop, where it did not fit.)"""
+    import fastlm.engine.observe.metrics as metrics
+    from fastlm.pipelines.tune.record import RECORD_KEY
+
+    lines = _lines(monkeypatch)
+    monkeypatch.setattr(metrics, "device_memory_mb", lambda device: 512 * 1024.0)
+    project, record = _project_and_record(tmp_path, monkeypatch)
+    assert record["device"] == "cpu (512 GiB)", record["device"]
+    (project / TUNED).write_text(
+        yaml.safe_dump({"train": {"batching": {"micro_batch_size": 4}}, RECORD_KEY: record})
+    )
+    monkeypatch.setattr(metrics, "device_memory_mb", lambda device: 16 * 1024.0 - 300)  # 15.7 GiB
+    hook, catalog = _run(project / "conf", project)
+    hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    assert catalog.load("params:train")["batching"]["micro_batch_size"] != 4
+    warned = [line for line in lines if "not applied" in line]
+    assert len(warned) == 1 and "device cpu (512 GiB) -> cpu (16 GiB)" in warned[0], lines
+    lines.clear()
+    monkeypatch.setattr(metrics, "device_memory_mb", lambda device: 512 * 1024.0)
+    hook, catalog = _run(project / "conf", project)
+    hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    assert catalog.load("params:train")["batching"]["micro_batch_size"] == 4
+    assert not any("not applied" in line for line in lines), lines
+
+
 @pytest.mark.parametrize(
     ("local", "refused"),
     [

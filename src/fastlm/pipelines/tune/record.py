@@ -222,13 +222,18 @@ def folder_named(name_or_path: str | None) -> str | None:
 
 
 def device_description(requested: str) -> str:
-    """The device ``train.runtime.device`` resolves to here, with the GPU's name and memory: a micro-batch
-    measured on one card is no measurement of another."""
+    """The device ``train.runtime.device`` resolves to here, with the GPU's name and memory, a CPU's with the
+    host's memory (the trials' memory, whose share the headroom is): a micro-batch measured on one card, or
+    on a host of more RAM, is no measurement of another."""
     import torch
 
+    from fastlm.engine.observe import metrics
     from fastlm.engine.runtime.environment import resolve_device
 
     device = resolve_device(requested)
+    if device.type == "cpu":
+        total = metrics.device_memory_mb(device)
+        return "cpu" if total is None else f"cpu ({total / 1024:.0f} GiB)"
     if device.type != "cuda":
         return device.type
     index = device.index if device.index is not None else torch.cuda.current_device()
