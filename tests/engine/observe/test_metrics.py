@@ -197,3 +197,33 @@ def test_attended_length_is_the_per_document_span():
     assert attended_length([4, 4]) == 4.0  # documents filling the rows: the usual figure
     assert attended_length([1, 3]) == (1 + 9) / 4
     assert flops_per_token(10, 2, 8, attended_length([2, 6])) < flops_per_token(10, 2, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("files", "limited"),
+    [
+        ({"memory.max": "8589934592\n"}, True),  # cgroup v2: a container's 8 GiB
+        ({"memory.max": "max\n"}, False),  # v2, no limit
+        ({"memory.limit_in_bytes": "8589934592\n"}, True),  # cgroup v1
+        ({"memory.limit_in_bytes": "9223372036854771712\n"}, False),  # v1's "no limit"
+        ({}, False),  # no cgroup files (not Linux, or not mounted)
+    ],
+    ids=["v2-limit", "v2-max", "v1-limit", "v1-unlimited", "none"],
+)
+def test_the_cpus_memory_is_the_containers_where_a_cgroup_limits_it(tmp_path, monkeypatch, files, limited):
+    """On a CPU the device's memory is the memory this process may use: the host's RAM, or less where a
+    cgroup limits it (a Docker ``--memory 8g`` container, a Kubernetes pod's limit on a large node). The
+    tune's budget is a share of it (``tune.memory_headroom``) and the train summary's diagnosis reads it:
+    with the host's RAM (here up to hundreds of GB) the tune's ladder climbed past the container's limit,
+    where the kernel kills the process (SIGKILL, no word, nothing written) before any headroom stops it."""
+    host = metrics_module.device_memory_mb("cpu")
+    assert host is not None and host > 0
+    paths = []
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    for name in ("memory.max", "memory.limit_in_bytes"):
+        paths.append(tmp_path / name)
+    monkeypatch.setattr(metrics_module, "CGROUP_MEMORY_LIMITS", tuple(str(path) for path in paths))
+    expected = min(host, 8 * 1024.0) if limited else host
+    assert metrics_module.device_memory_mb("cpu") == expected
+    assert metrics_module.device_memory_mb(torch.device("cpu")) == expected

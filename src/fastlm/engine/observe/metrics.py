@@ -90,15 +90,41 @@ def device_peak_flops(device: torch.device | str) -> float | None:
     return next((peak for key, peak in PEAK_BF16_DENSE_FLOPS if key in name), None)
 
 
+# a container's memory limit: cgroup v2's file, then v1's (read in this order; the first that holds a number)
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def device_memory_mb(device: torch.device | str) -> float | None:
-    """Total memory of the device: the GPU's, or the host's RAM on CPU (None where unknown)."""
+    """Total memory of the device: the GPU's; on CPU the host's RAM, or the cgroup's limit where one is
+    lower (a container's: Docker's ``--memory``, a Kubernetes pod's limit), past which the kernel kills the
+    process rather than raise an out-of-memory error (None where unknown)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory / 2**20
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     except (ValueError, OSError, AttributeError):
-        return None
+        host = None
+    limit = _cgroup_memory_mb()
+    if limit is None:
+        return host
+    return limit if host is None else min(host, limit)
+
+
+def _cgroup_memory_mb() -> float | None:
+    """This process's cgroup memory limit in MB (None: no limit, v2's ``max`` or v1's near-2**63, or no
+    cgroup file)."""
+    for path in CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path) as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 2**60:  # v1 writes "no limit" as a page-rounded 2**63 - 1
+            return int(text) / 2**20
+        if text:
+            return None  # "max": no limit here
+    return None
 
 
 def peak_memory_mb(device: torch.device | str) -> float:
