@@ -501,6 +501,33 @@ def current_rss_mb() -> float:
         return 0.0
 
 
+_CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's resident-memory high-water mark (Linux: ``5`` into ``/proc/self/clear_refs``,
+    the kernel's reset of ``VmHWM``) to its resident memory now; False where it cannot be."""
+    try:
+        with open(_CLEAR_REFS, "w") as handle:
+            handle.write("5")
+        return peak_rss_mb() is not None
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float | None:
+    """This process's resident-memory high-water mark (``VmHWM``) in MB since it was last reset; None where
+    unavailable."""
+    try:
+        with open(_STATUS) as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def measure_training_step(
     step: Callable[[int], int], *, device: torch.device, warmup: int, timed: int
 ) -> Measurement:
@@ -508,13 +535,17 @@ def measure_training_step(
 
     CUDA: ``max_memory_allocated`` and ``max_memory_reserved`` (reset first) and the allocator's
     ``num_alloc_retries`` during the trial (retries with no speed gain mark the cliff);
-    CPU: the largest process RSS seen after each step.
+    CPU: the process's resident-memory high-water mark over the trial (``reset_peak_rss`` as it starts):
+    a step's activations are freed before it returns, large blocks given back to the system at once, so the
+    resident memory after a step misses them; where the mark cannot be reset, the largest resident memory
+    seen after each step.
     """
     on_cuda = device.type == "cuda"
     if on_cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         retries_before = torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+    high_water = not on_cuda and reset_peak_rss()
     peak_rss = current_rss_mb()
     tokens = 0
     start = 0.0
@@ -537,7 +568,7 @@ def measure_training_step(
         reserved = torch.cuda.max_memory_reserved(device) / 2**20
         retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) - retries_before
     else:
-        peak, retries = peak_rss, None
+        peak, retries = max(peak_rss, (peak_rss_mb() or 0.0) if high_water else 0.0), None
     return Measurement(tokens / elapsed, elapsed / timed, peak, retries, reserved)
 
 
