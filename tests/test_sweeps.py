@@ -882,3 +882,135 @@ def test_a_train_budget_the_sweep_file_replaces_is_named(tmp_path):
     assert replaced_budgets(spec, {"max_steps": None}, path) == []
     unbudgeted = load_sweep(_file(tmp_path, {"name": "t", "grid": {"train.seed": [1]}}))
     assert replaced_budgets(unbudgeted, {"max_steps": 5}, path) == []
+
+
+class _Vocabulary:
+    """The tokenizer as the sweep asks it before its runs: its length."""
+
+    def __len__(self) -> int:
+        return 300
+
+
+class _Children:
+    """The RunTracker calls of a sweep's runs, recorded."""
+
+    def __init__(self):
+        self.children = []
+
+    def child_run(self, name, params):
+        import contextlib
+
+        self.children.append(name)
+        return contextlib.nullcontext(f"id-{name}")
+
+    def log_run_metrics(self, metrics):
+        pass
+
+    def log_params(self, params):
+        pass
+
+
+def _sweep_of(tmp_path, metric: str, splits, report: dict, split: dict | None = None, tokenizer=None):
+    """``train_sweep`` of a two-run sweep ranked by ``metric`` on ``splits`` (``tokenizer``: the data's); the
+    runs it trained."""
+    from fastlm.sweep_training import SweepInputs, train_sweep
+    from fastlm.sweeps import SweepRuns
+
+    trained = []
+
+    def train(tokenized, fingerprint, tokenizer, params, split_params, *, run_name, tracker, choices_dir):
+        trained.append(run_name)
+        history = pd.DataFrame({"step": [1], "loss": [2.0], "elapsed_s": [0.1]})
+        evaluation = pd.DataFrame({"step": [1], "val_loss": [2.0]})
+        return {"model": None}, history, evaluation, {"final_val_loss": 2.0, "steps": 1}
+
+    path = _file(tmp_path, {"name": "m", "metric": metric, "grid": {"train.seed": [0, 1]}})
+    data = {"fingerprint": "f", "params": {}}
+    inputs = SweepInputs(None, data, tokenizer or _Vocabulary(), splits, {}, split or {}, report)
+    tracker = _Children()
+    try:
+        train_sweep(
+            inputs,
+            path,
+            SweepRuns(tmp_path / "sweeps"),
+            tracker,
+            train=train,
+            weights_identity=lambda _: None,
+            best_run_source=str(tmp_path / "best.yml"),
+        )
+    finally:
+        assert tracker.children == trained
+    return trained, path
+
+
+@pytest.mark.parametrize(
+    ("metric", "data", "report", "expected"),
+    [
+        ("test_rouge1", "text", {}, "the data has no prompt/response pairs"),
+        ("test_rougeL", "pairs", {"references": {"enabled": False}}, "report.references.enabled is false"),
+        ("test_tool_call_exact_match", "pairs", {}, "no test answer the runs are scored on calls a tool"),
+        ("test_tool_call_name_accuracy", "text", {}, "the data has no prompt/response pairs"),
+    ],
+)
+def test_a_sweep_ranked_by_a_metric_its_runs_never_get_is_refused_before_the_first_run(
+    tmp_path, metric, data, report, expected
+):
+    """ROUGE and the tool-call rates come from generations on the test split's references: none on plain text,
+    none with report.references off, and no tool-call rate where no test answer calls a tool. Was: every run
+    trained, then 'No run of the sweep has a finite test_rouge1: every run diverged or was not evaluated',
+    a success with no setting to train."""
+    from tests.support.reporting import pair_frame
+
+    splits = (
+        pair_frame() if data == "pairs" else pd.DataFrame({"text": ["a", "b"], "split": ["train", "test"]})
+    )
+    with pytest.raises(ConfigError, match=expected) as raised:
+        _sweep_of(tmp_path, metric, splits, report)
+    message = str(raised.value)
+    assert "\n" not in message and f"sweep file {tmp_path / 'sweep.yml'}: metric {metric}" in message
+    assert "final_val_loss" in message  # the fix names a metric every run has
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "best.yml").exists()
+
+
+def test_a_sweep_ranked_by_rouge_on_prompt_response_data_trains_its_runs(tmp_path):
+    from tests.support.reporting import pair_frame
+
+    trained, _ = _sweep_of(tmp_path, "test_rouge1", pair_frame(), {}, {"prompt_column": "p"})
+    assert trained == ["m-01", "m-02"]
+
+
+def test_a_sweep_ranked_by_tool_calls_trains_where_its_scored_test_answers_call_tools(tmp_path):
+    """Chat data whose test answers call tools in the template's call format: the runs train. Where the
+    test answers scored (report.references.max_samples) all answer in text, the calls beyond them are named
+    with the fix."""
+    from fastlm.reporting.references import reference_pairs
+    from tests.support.tiny_llama import calling_llama
+
+    _, tokenizer = calling_llama()
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "서울"}}</tool_call>'
+    splits = pd.DataFrame(
+        {
+            "prompt": ["ask"] * 4,
+            "response": [call, "sunny", call, "맑아요"],
+            "split": ["train"] + ["test"] * 3,
+        }
+    )
+    chat = {"messages_column": "messages"}
+    metric = "test_tool_call_exact_match"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    trained, _ = _sweep_of(tmp_path / "a", metric, splits, {}, chat, tokenizer)
+    assert trained == ["m-01", "m-02"]
+
+    def capped_data(i: int) -> pd.DataFrame:  # a call and a text answer in the test split
+        return pd.DataFrame(
+            {"prompt": f"ask {i}", "response": [call, call, "sunny"], "split": ["train", "test", "test"]}
+        )
+
+    capped = next(  # the first whose one answer scored (max_samples 1, a hash of each pair) is the text
+        data for data in map(capped_data, range(100)) if reference_pairs(data, 1)["response"].item() != call
+    )
+    with pytest.raises(ConfigError, match="no test answer the runs are scored on calls a tool") as raised:
+        _sweep_of(tmp_path / "b", metric, capped, {"references": {"max_samples": 1}}, chat, tokenizer)
+    assert "report.references.max_samples 1 of them" in str(raised.value)
+    assert "raise report.references.max_samples (null: every test answer)" in str(raised.value)

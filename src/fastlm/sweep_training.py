@@ -19,6 +19,7 @@ import yaml
 from fastlm.corpus.config import parse_split_params
 from fastlm.corpus.fingerprint import data_folds, data_identity, folds_mismatch
 from fastlm.engine.config import parse_train_params
+from fastlm.errors import ConfigError
 from fastlm.reporting.params import check_top_k, parse_report_params
 from fastlm.reporting.sweep_view import (
     best_run,
@@ -67,6 +68,80 @@ class SweepInputs:
     report_params: dict
 
 
+# Test metrics of the runs' generations on the test split's references (``reference_scores``): ROUGE on
+# prompt/response and chat data, the tool-call rates where the test answers scored call tools.
+ROUGE_METRICS = ("test_rouge1", "test_rouge2", "test_rougeL")
+TOOL_CALL_METRICS = ("test_tool_call_name_accuracy", "test_tool_call_exact_match")
+
+
+def refuse_unscored_metric(metric: str, sweep: str, inputs: SweepInputs, references) -> None:
+    """Refuse, in one line naming the sweep file, a ``metric`` no run of the sweep would get, before the
+    first run trains: ROUGE or a tool-call rate on data without prompt/response pairs (plain text,
+    pre-tokenized ids) or with ``report.references.enabled: false``, and a tool-call rate where no test
+    answer scored (``report.references.max_samples``) calls a tool. Every run would train and none be
+    ranked (the verdict: no setting to train)."""
+    if metric not in ROUGE_METRICS + TOOL_CALL_METRICS:
+        return
+    from fastlm.reporting.references import has_references
+
+    splits = inputs.splits
+    others = "rank the runs by final_val_loss or test_loss (every run has them)"
+    if splits is None or not has_references(splits):
+        why = (
+            "the data has no prompt/response pairs (split.prompt_column and split.response_column, or "
+            "split.messages_column), and only those are generated on and scored"
+        )
+        fix = f"write another metric in {sweep}: {others}; or split prompt/response or chat data."
+    elif references.enabled is False:
+        why = "report.references.enabled is false: no run generates on the test split's references"
+        fix = f"set report.references.enabled: auto, or write another metric in {sweep}: {others}."
+    elif (
+        metric in TOOL_CALL_METRICS and (calls := _tool_calls_scored(inputs, splits, references)) != "scored"
+    ):
+        why = (
+            "no test answer the runs are scored on calls a tool (tool-call rates score chat data whose test "
+            "answers call one, in the chat template's call format"
+            + (
+                f"; report.references.max_samples {references.max_samples} of them"
+                if calls == "capped"
+                else ""
+            )
+            + ")"
+        )
+        fix = f"write another metric in {sweep}: test_rouge1, or {others}" + (
+            "; or raise report.references.max_samples (null: every test answer) to score those that call "
+            "tools."
+            if calls == "capped"
+            else "."
+        )
+    else:
+        return
+    raise ConfigError(
+        f"sweep file {sweep}: metric {metric} is never computed for these runs: {why}; every run would "
+        "train and none be ranked by it.",
+        fix=fix,
+    )
+
+
+def _tool_calls_scored(inputs: SweepInputs, splits: pd.DataFrame, references) -> str:
+    """Whether the runs' reference scores hold tool-call rates (``references.score_test_generations``: chat
+    data whose test answers scored call tools in the template's call format): ``scored``; ``capped`` where
+    only test answers beyond ``references.max_samples`` call tools; ``none`` otherwise."""
+    from fastlm.reporting.references import call_reader, reference_pairs
+
+    split = parse_split_params(inputs.split_params)
+    if split.data_format != "messages":
+        return "none"
+    variables = split.chat_template_kwargs
+    scored = reference_pairs(splits, references.max_samples)
+    if call_reader(inputs.tokenizer, variables, scored["response"]) is not None:
+        return "scored"
+    whole = reference_pairs(splits, None)
+    if len(whole) > len(scored) and call_reader(inputs.tokenizer, variables, whole["response"]) is not None:
+        return "capped"
+    return "none"
+
+
 def run_failures() -> tuple[type[Exception], ...]:
     """A run's own failures (its setting or fold diverged or did not fit in memory): left out, the sweep
     goes on."""
@@ -104,6 +179,7 @@ def train_sweep(
     scoring = report.model_dump(mode="json", include={"top_k", "eval_max_batches", "references"})
     # every run's parameters checked before the first one
     spec = load_sweep_runs(sweep, train_params, folds, top_k=report.top_k)
+    refuse_unscored_metric(spec.metric, sweep, inputs, report.references)
     plan, names = spec.plan(folds), spec.run_names(folds)
     for line in replaced_budgets(spec, train_params, sweep):  # said once, not per run
         log.warning("Sweep %s: %s", spec.name, line)

@@ -231,7 +231,7 @@ def score_test_generations(
         start_id=start_id,
         **decoding_kwargs(**settings),
     )
-    reader = _call_reader(tokenizer, chat_variables, pairs["response"])
+    reader = call_reader(tokenizer, chat_variables, pairs["response"])
     predictions = [
         clean_response(reader.text(ids, tokenizer)) if reader else response_text(ids, tokenizer)
         for ids in generations.continuations
@@ -277,7 +277,7 @@ def score_test_generations(
     return table[PREDICTION_COLUMNS].assign(call_match=matches), {**aggregate, **scores}
 
 
-def _call_reader(tokenizer, chat_variables: dict | None, references: pd.Series):
+def call_reader(tokenizer, chat_variables: dict | None, references: pd.Series):
     """The template's call format (``CallReader``) where chat data's references hold calls; else None."""
     if chat_variables is None:
         return None
