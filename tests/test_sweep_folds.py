@@ -531,3 +531,22 @@ def test_a_run_trained_again_starts_fresh_not_from_the_checkpoint_it_finished_wi
         sweep_with(0.2, interrupted)  # cv-01's retrain stopped part way
     assert not (runs.folder("cv", "cv-01") / "summary.json").exists()  # no stale record left to keep
     assert sweep_with(0.2) == [("cv-01", "auto"), ("cv-02", "never")]  # cv-01 resumes its own retrain
+
+
+def test_folds_of_one_value_have_that_mean_and_no_spread():
+    """Folds that score alike (a test accuracy of 4 in 11 on every fold; a ROUGE every fold's model reaches)
+    have that value as their mean and a standard deviation of 0, in sweep.md, sweep_folds.csv and the cv/
+    metrics. Was: pandas' mean one unit in the last place off (0.36363636363636360) and a std of 6.799e-17
+    shown as a spread."""
+    same = 4 / 11
+    summaries = {name: {**summary, "test_accuracy": same} for name, summary in SUMMARIES.items()}
+    table = comparison_table(summaries, OVERRIDES, "final_val_loss")
+    row = fold_spread(table).set_index("metric").loc["test_accuracy"]
+    assert (row["mean"], row["std"], row["min"], row["max"]) == (same, 0.0, same, same)
+    metrics = cv_metrics(table, "final_val_loss")
+    assert (metrics["cv/test_accuracy_mean"], metrics["cv/test_accuracy_std"]) == (same, 0.0)
+    folds = fold_table(table, {}, "final_val_loss").set_index("row")
+    assert (folds.loc["mean", "test_accuracy"], folds.loc["std", "test_accuracy"]) == (same, 0.0)
+    assert "e-17" not in sweep_document("cv", "text", table, fold_spread(table))
+    spread = fold_spread(table).set_index("metric").loc["final_val_loss"]
+    assert spread["std"] == pytest.approx(1.0)  # values apart: the sample std (n - 1) as before

@@ -290,9 +290,13 @@ def fold_table(table: pd.DataFrame, run_ids: dict[str, str | None], metric: str)
 
 def _aggregate(scores: pd.Series) -> dict:
     """count, mean, std (n - 1), min and max of the values that are there: the one computation of the
-    figures over folds (sweep.md, sweep_folds.csv, the cv/ metrics)."""
+    figures over folds (sweep.md, sweep_folds.csv, the cv/ metrics). Folds of one value have it as their mean
+    and no spread (pandas' sum-then-divide gives 4/11 on three folds as 0.36363636363636360, std 6.8e-17)."""
     kept = pd.to_numeric(scores, errors="coerce").dropna()
-    return {"count": len(kept), "mean": kept.mean(), "std": kept.std(), "min": kept.min(), "max": kept.max()}
+    low, high = kept.min(), kept.max()
+    if len(kept) > 1 and low == high:
+        return {"count": len(kept), "mean": low, "std": 0.0, "min": low, "max": high}
+    return {"count": len(kept), "mean": kept.mean(), "std": kept.std(), "min": low, "max": high}
 
 
 def _settings(table: pd.DataFrame) -> list[str]:
