@@ -413,3 +413,46 @@ def test_the_report_says_how_many_references_have_no_rouge_tokens_and_that_the_m
     assert "1 of the 2 reference responses has no tokens under tokenizer 'default'" in text
     assert "counted in the means as 0" in text
     assert "ROUGE-1 / ROUGE-2 / ROUGE-L F1 over the other 1: 1 / 1 / 1" in text
+
+
+@pytest.mark.parametrize("forced_bos", [False, True])
+def test_an_encoder_decoder_is_asked_every_new_token_its_decoder_positions_hold(bpe_tokenizer, forced_bos):
+    """A BART of 32 positions generates 32 new tokens (31 after a forced BOS): the decoder is fed its start
+    token, the forced BOS and every new token but the last, which is never fed back. One more runs past the
+    last position (IndexError from the position embedding) and is refused in one line. Was: 32 refused as
+    needing 33 positions (31 with a forced BOS as needing 33), an off-by-one that refused what generates."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from fastlm.errors import ConfigError
+    from fastlm.reporting.predict_inputs import input_limit
+    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
+
+    eos = bpe_tokenizer.eos_token_id
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=len(bpe_tokenizer),
+            **{**SMALL_BART_LAYERS, "max_position_embeddings": 32},
+            pad_token_id=bpe_tokenizer.pad_token_id,
+            eos_token_id=eos,
+            bos_token_id=eos,
+            decoder_start_token_id=eos,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+        )
+    ).eval()
+    model.generation_config.forced_bos_token_id = (eos + 1) % len(bpe_tokenizer) if forced_bos else None
+    most = 32 - forced_bos
+    prompt = torch.tensor([[5, 6, 7]])
+
+    def generate(new: int) -> torch.Tensor:  # every row runs its whole length: no EOS ends it sooner
+        return model.generate(prompt, max_new_tokens=new + forced_bos, min_new_tokens=new + forced_bos)
+
+    assert generate(most).shape[1] == 1 + forced_bos + most  # the start, a forced BOS, the new tokens
+    assert input_limit(model, max_new_tokens=most, max_input_tokens=None) == 31
+    with pytest.raises(IndexError):
+        generate(most + 1)
+    with pytest.raises(ConfigError, match=f"predict.max_new_tokens = {most + 1} and") as raised:
+        input_limit(model, max_new_tokens=most + 1, max_input_tokens=None)
+    assert f"need {most + 1 + forced_bos} decoder positions (all but the last new token" in str(raised.value)
+    assert f"lower predict.max_new_tokens to at most {most}." in str(raised.value)

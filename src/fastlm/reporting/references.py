@@ -134,18 +134,19 @@ def input_limit(
 
 
 def _check_decoder_positions(model, max_new_tokens: int, positions: int, parameter: str) -> None:
-    """One line where an encoder-decoder's decoder row (its start token, a forced BOS, then
-    ``max_new_tokens``: ``generation.continuation_start``) would need more positions than the model has: a
-    row not ended sooner stopped the run with an IndexError from the position embedding."""
+    """One line where an encoder-decoder's decoder row would run past the model's positions: the decoder is
+    fed its start token, a forced BOS (``generation.continuation_start``) and every new token but the last
+    (generated, never fed back), so ``max_new_tokens`` plus a forced BOS must fit; one more stopped the run
+    with an IndexError from the position embedding once a row did not end sooner."""
     forced = getattr(getattr(model, "generation_config", None), "forced_bos_token_id", None) is not None
-    start = 1 + forced
-    if start + max_new_tokens <= positions:
+    need = forced + max_new_tokens
+    if need <= positions:
         return
     what = "the decoder start token and a forced BOS" if forced else "the decoder start token"
     raise ConfigError(
-        f"{parameter} = {max_new_tokens} and {what} need {start + max_new_tokens} decoder positions; the "
-        f"model has {positions} positions.",
-        fix=f"lower {parameter} to at most {positions - start}.",
+        f"{parameter} = {max_new_tokens} and {what} need {need} decoder positions (all but the last new "
+        f"token are fed back); the model has {positions} positions.",
+        fix=f"lower {parameter} to at most {positions - forced}.",
     )
 
 
