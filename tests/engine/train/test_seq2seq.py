@@ -659,3 +659,41 @@ def test_an_encoder_decoder_runs_epoch_tokens_count_the_ends_its_rows_get(tmp_pa
     assert summary["tokens_per_step"] * summary["steps"] == pytest.approx(
         summary["tokens_seen"], abs=0.05 * 8
     )
+
+
+def test_an_encoder_decoder_runs_flops_per_token_count_each_side_through_its_own_stack(tmp_path):
+    """An encoder token runs through the encoder, a decoder token through the decoder (its self- and
+    cross-attention) and the LM head: the FLOPs per real token (what MFU divides by the GPU's peak) are the
+    two sides' 6 N + 12 L d S, weighted by the tokens each side gets. Was: 6 N of the whole model for every
+    encoder and decoder token (BART-base: about twice the work done, so MFU twice too high)."""
+    from fastlm.engine.data.collators import TextEnds
+
+    folder = tmp_path / "bart"
+    _tiny("bart").save_pretrained(folder)
+    plain = copy_samples(8, 3)
+    samples = TokenSequences(
+        plain.values, plain.offsets, plain.prompt_lengths, text_ends=TextEnds((0,), (EOS,))
+    )
+    params = _params(tmp_path, folder, micro_batch_size=4).model_copy(
+        update={"max_steps": 2, "log_every": 1, "eval_every": None}
+    )
+    model = build_model(params.model, _Tokenizer(), max_length=64, attn_implementation="sdpa")
+    runtime = setup_runtime(RuntimeConfig(**params.runtime.model_dump(), seed=params.seed))
+    result = train(
+        model, samples, None, params=params, runtime=runtime, pad_id=PAD, max_length=64, attn="sdpa"
+    )
+    total = sum(p.numel() for p in model.parameters())
+    encoder = sum(
+        p.numel() for name, p in model.model.encoder.named_parameters() if not name.startswith("embed_tokens")
+    )
+    decoder = total - encoder  # its stack, the shared token table (the LM head) and the logits' bias
+    width, layers, length = SMALL_BART_LAYERS["d_model"], 1, 64
+    per_encoder_token = 6 * encoder + 12 * layers * width * length
+    per_decoder_token = 6 * decoder + 2 * 12 * layers * width * length  # self- and cross-attention
+    encoder_tokens = int(plain.prompt_lengths.sum()) + 8  # each prompt and the tokenizer's </s>
+    decoder_tokens = int((plain.lengths - plain.prompt_lengths).sum()) + 2 * 8  # </s> <s> and each response
+    expected = (encoder_tokens * per_encoder_token + decoder_tokens * per_decoder_token) / (
+        encoder_tokens + decoder_tokens
+    )
+    assert result.summary["flops_per_token"] == pytest.approx(expected, rel=1e-9)
+    assert result.summary["flops_per_token"] < 0.75 * (6 * total + 12 * layers * width * length)

@@ -536,8 +536,14 @@ def model_parameters(model: torch.nn.Module) -> int:
     base's 4-bit weights counted unpacked: bitsandbytes' ``Params4bit`` packs two values in each byte of its
     storage (peft's count), where ``numel()`` counts the bytes: half of every quantized matrix, in the run's
     parameter count and its FLOPs per token (its MFU)."""
+    return parameter_count(model.parameters())
+
+
+def parameter_count(params) -> int:
+    """``model_parameters``' count of the parameters ``params`` (each counted as given: a shared tensor once
+    where the iterable holds it once)."""
     total = 0
-    for param in model.parameters():
+    for param in params:
         values = param.numel()
         if type(param).__name__ == "Params4bit":
             storage = getattr(param, "quant_storage", None)

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from time import perf_counter
 
+import numpy as np
 import torch
 
 from fastlm.engine.batching import (
@@ -45,7 +46,7 @@ from fastlm.engine.model.attention.inputs import packed_inputs, to_device
 from fastlm.engine.model.attention.kernels import VARLEN_ONLY
 from fastlm.engine.model.attention.windows import packing_leak
 from fastlm.engine.model.encoder_decoder import packing_unavailable, unwrapped
-from fastlm.engine.model.lora import model_parameters
+from fastlm.engine.model.lora import model_parameters, parameter_count
 from fastlm.engine.model.noise import add_neftune
 from fastlm.engine.observe.metrics import StepMetrics, device_peak_flops, flops_per_token
 from fastlm.engine.observe.profiling import step_profiler
@@ -306,6 +307,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         total_steps=total_steps,
         max_length=request.max_length,
         compile_seconds=compile_clock,
+        sides=(request.sides, request.train_set),
     )
     recorder = _recorder(
         state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps
@@ -529,6 +531,7 @@ def _step_metrics(
     total_steps: int,
     max_length: int,
     compile_seconds: Callable[[], float],
+    sides: tuple[Seq2SeqSides | None, TokenSequences] | None = None,
 ) -> StepMetrics:
     # The whole model's parameters on every strategy: FSDP2's DTensors report their global numel.
     n_params, config, peak = (
@@ -536,14 +539,51 @@ def _step_metrics(
         raw_model.config.get_text_config(),  # a multimodal model's language model (Gemma 3 4B and up)
         device_peak_flops(device),
     )
+    per_token = (
+        encoder_decoder_flops_per_token(raw_model, *sides, seq_len=max_length)
+        if sides is not None and sides[0] is not None
+        else flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, max_length)
+    )
     return StepMetrics(
         device,
         total_steps=total_steps,
         peak_flops=peak * comm.world_size if peak else None,
-        flops_per_token=flops_per_token(n_params, config.num_hidden_layers, config.hidden_size, max_length),
+        flops_per_token=per_token,
         reduce_loss_sum=comm.sum_device_ if comm.world_size > 1 else None,
         compile_seconds=compile_seconds,
     )
+
+
+def encoder_decoder_flops_per_token(raw_model, sides: Seq2SeqSides, data: TokenSequences, *, seq_len: int):
+    """An encoder-decoder's training FLOPs per real token (a step's real tokens are both sides'): an encoder
+    token runs through the encoder stack (6 N_enc + 12 L_enc d S: ``metrics.flops_per_token``), a decoder
+    token through the decoder stack, the LM head and its token table (6 N_dec + 12 (2 L_dec) d S: self- and
+    cross-attention), weighted by the tokens each side of ``data``'s rows gets (``collators.seq2seq_sides``:
+    the prompt and the tokenizer's tail; the decoder start, its head and the response)."""
+    base = unwrapped(raw_model)
+    encoder, decoder = base.get_encoder(), base.get_decoder()
+    head = base.get_output_embeddings()  # its token table: the encoder's too where tied (BART, T5)
+    on_decoder = {
+        id(param) for param in (*decoder.parameters(), *(head.parameters() if head is not None else ()))
+    }
+    n_encoder = parameter_count(param for param in encoder.parameters() if id(param) not in on_decoder)
+    n_decoder = model_parameters(raw_model) - n_encoder
+    width = base.config.get_text_config().hidden_size
+    per_encoder = flops_per_token(n_encoder, _stack_layers(encoder, base.config), width, seq_len)
+    per_decoder = flops_per_token(n_decoder, 2 * _stack_layers(decoder, base.config), width, seq_len)
+    prompts = np.asarray(data.prompt_lengths, dtype=np.int64)
+    encoder_tokens = int(prompts.sum()) + len(sides.ends.tail) * len(data)
+    decoder_tokens = int((data.lengths - prompts).sum()) + (1 + len(sides.ends.head)) * len(data)
+    total = encoder_tokens + decoder_tokens
+    return (encoder_tokens * per_encoder + decoder_tokens * per_decoder) / total if total else per_decoder
+
+
+def _stack_layers(stack, config) -> int:
+    """The transformer layers of an encoder or decoder stack (BART's ``layers``, T5's ``block``)."""
+    layers = getattr(stack, "layers", None)
+    if layers is None:
+        layers = getattr(stack, "block", None)
+    return len(layers) if layers is not None else config.get_text_config().num_hidden_layers
 
 
 def _recorder(
