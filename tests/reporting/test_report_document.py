@@ -125,6 +125,19 @@ def test_the_training_summary_says_the_chat_format_the_model_trained_on():
     assert "system turn" not in line and "chat_template_kwargs" not in line
 
 
+def test_the_training_summary_of_an_encoder_decoder_on_chats_says_it_trained_each_last_answer():
+    """An encoder-decoder model (BART, KoBART, T5) reads a chat's earlier answers as encoder input and trains
+    its last answer alone, as training warns. Was: 'every assistant answer trained (split.train_turns: all)',
+    the split's setting, in the report of a model that trained none of them."""
+    report = {"data_format": CHAT_FORMAT}
+    line = next(line for line in run_lines({**SUMMARY, "encoder_decoder": True}, report) if "Chats" in line)
+    assert "only each chat's last answer trained" in line and "every assistant answer" not in line
+    assert "encoder-decoder" in line and "earlier answers are its encoder's input" in line
+    assert "split.train_turns: all" in line
+    line = next(line for line in run_lines({**SUMMARY, "encoder_decoder": False}, report) if "Chats" in line)
+    assert "every assistant answer trained (split.train_turns: all)" in line  # a decoder-only model's
+
+
 def test_the_training_summary_says_prompt_response_data_trains_the_response_only():
     report = {
         "data_format": {

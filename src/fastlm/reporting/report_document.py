@@ -216,7 +216,7 @@ def run_lines(summary: dict, split_report: dict | None) -> list[str]:
             f"validated on its {_count(summary.get('validation_samples'))} rows; the test split is the "
             "split's."
         )
-    lines += _data_format_lines(split_report or {})
+    lines += _data_format_lines(split_report or {}, encoder_decoder=bool(summary.get("encoder_decoder")))
     steady = summary.get("steady_real_tokens_per_s")
     if _finite(steady) and _finite(summary.get("real_tokens_per_s")):
         lines.append(
@@ -324,16 +324,21 @@ def _finite(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _data_format_lines(split_report: dict) -> list[str]:
+def _data_format_lines(split_report: dict, *, encoder_decoder: bool = False) -> list[str]:
     """What the model trained on of prompt/response or chat data (``split_report``'s ``data_format``, the
     split fingerprint's, and ``system_prompt``): which tokens were trained and how prompts were rendered;
-    nothing for plain text or pre-tokenized ids."""
+    nothing for plain text or pre-tokenized ids. ``encoder_decoder`` (the train summary's): the model read a
+    chat's earlier answers as encoder input and trained its last answer alone, whatever
+    ``split.train_turns``."""
     data_format = split_report.get("data_format") or {}
     kind = data_format.get("kind")
     if kind == "messages":
         turns = data_format.get("train_turns") or "all"
         trained = (
             f"every assistant answer trained (split.train_turns: {turns})"
+            if turns == "all" and not encoder_decoder
+            else "only each chat's last answer trained: an encoder-decoder model, its earlier answers are "
+            f"its encoder's input (split.train_turns: {turns})"
             if turns == "all"
             else f"only each chat's last answer trained (split.train_turns: {turns}), earlier ones context"
         )

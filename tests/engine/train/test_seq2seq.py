@@ -696,4 +696,5 @@ def test_an_encoder_decoder_runs_flops_per_token_count_each_side_through_its_own
         encoder_tokens + decoder_tokens
     )
     assert result.summary["flops_per_token"] == pytest.approx(expected, rel=1e-9)
+    assert result.summary["encoder_decoder"] is True  # the report says what such a model trained
     assert result.summary["flops_per_token"] < 0.75 * (6 * total + 12 * layers * width * length)

@@ -33,6 +33,7 @@ from fastlm.engine.config import TrainParams
 from fastlm.engine.data.token_dataset import TokenSequences
 from fastlm.engine.distributed.parallel import Collectives, SingleProcess
 from fastlm.engine.model.accumulation import total_target_tokens
+from fastlm.engine.model.encoder_decoder import unwrapped
 from fastlm.engine.model.lora import model_parameters
 from fastlm.engine.model.recompute import checkpointing_in_use
 from fastlm.engine.runtime.environment import Runtime
@@ -326,6 +327,8 @@ def _finish(run: TrainingParts, stopped_by: str | None) -> TrainResult:
         early_stopping=early_summary,
         label_smoothing=params.loss.label_smoothing,  # the train loss's; validation is plain
         neftune_noise_alpha=params.model.neftune_noise_alpha,  # training's embeddings; validation is plain
+        # a chat's earlier answers were its encoder's input, its last answer alone trained (the report says)
+        encoder_decoder=bool(getattr(unwrapped(run.raw_model).config, "is_encoder_decoder", False)),
         **_lever_summary(params, opt),
         cuda_graphs=_cuda_graphs(run),
     )
