@@ -580,6 +580,22 @@ def test_the_best_setting_is_a_run_configuration_that_trains_it(tmp_path):
     assert swept_with == {"optimizer": {"lr": 0.001, "warmup_steps": 0}, "batching": {"micro_batch_size": 8}}
 
 
+def test_the_best_setting_of_a_fold_sweep_run_with_a_train_fold_trains_the_whole_training_split(tmp_path):
+    """A k-fold sweep (folds: auto) run with a train.fold left in the parameters (conf/local, --params from
+    a fold run before): each run takes its own fold, and the best setting's run configuration trains on the
+    whole training split, as its header says, its train.fold set to null (a --config file's parameters merge
+    over the parameters files: a key left out keeps conf/local's fold). Was: train.fold 1 written into it, a
+    run on fold 1's rows validated on fold 1, under a header saying "no fold (the whole training split)"."""
+    from fastlm.sweeps import best_run_config
+
+    spec = load_sweep(_file(tmp_path, {"name": "cv", "folds": "auto", "grid": {"train.optimizer.lr": [0.1]}}))
+    swept_with = {"fold": 1, "optimizer": {"lr": 0.001}, "max_steps": 30}
+    config = best_run_config(spec, {"train.optimizer.lr": 0.1, "train.fold": 0}, swept_with, {"folds": 3})
+    train = config["run"]["params"]["train"]
+    assert "fold" in train and train["fold"] is None and train["optimizer"] == {"lr": 0.1}
+    assert swept_with["fold"] == 1  # the sweep's own parameters untouched
+
+
 def test_a_sweep_over_label_smoothing_says_its_train_losses_are_not_comparable():
     overrides = {"a": {"train.loss.label_smoothing": 0.0}, "b": {"train.loss.label_smoothing": 0.5}}
     summaries = {

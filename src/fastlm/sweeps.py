@@ -272,9 +272,12 @@ def best_run_config(
     """A Kedro run configuration (``kedro run --config <file>``) that trains the setting ``overrides`` (the
     sweep's best) with the sweep's budgets over the train and split parameters the sweep ran with (its
     ``--env`` and ``--params`` included: Kedro merges them over the parameters files), as ``<sweep>-best``;
-    ``train.fold`` left out: the whole training split."""
+    ``train.fold`` left out: the whole training split (null where the parameters the sweep ran with set one:
+    a run configuration's parameters merge over the parameters files, so a key left out would keep it)."""
     setting = {key: value for key, value in overrides.items() if key != FOLD_KEY}
     train = apply_overrides(train_params, setting, spec.max_steps)
+    if "fold" in train:
+        train["fold"] = None
     if spec.max_minutes is not None:
         train["max_minutes"] = spec.max_minutes
     params = {"run_name": f"{spec.name}-best", "train": train, "split": copy.deepcopy(split_params or {})}
