@@ -550,3 +550,33 @@ def test_folds_of_one_value_have_that_mean_and_no_spread():
     assert "e-17" not in sweep_document("cv", "text", table, fold_spread(table))
     spread = fold_spread(table).set_index("metric").loc["final_val_loss"]
     assert spread["std"] == pytest.approx(1.0)  # values apart: the sample std (n - 1) as before
+
+
+def test_a_fold_sweep_ranked_by_final_train_loss_takes_each_models_train_loss_over_the_folds():
+    """``metric: final_train_loss`` over folds where early stopping kept an earlier step's model: the setting
+    is chosen by the mean of the models' train losses (``model_train_loss``), as a sweep without folds ranks
+    its runs and as final_val_loss is the model's. Was: by the mean of the last steps' train losses, so lr 0.1
+    (last steps 1.0, its models 3.0) was recommended over lr 0.01 (2.0, its models the last steps')."""
+    early = {"steps": 60, "early_stopping": {"model_from_step": 20}, "stopped_by": "early stopping"}
+    summaries = {
+        "g-01": {"final_train_loss": 1.0, "model_train_loss": 3.0, "final_val_loss": 2.5, **early},
+        "g-02": {"final_train_loss": 1.0, "model_train_loss": 3.2, "final_val_loss": 2.6, **early},
+        "g-03": {"final_train_loss": 2.0, "model_train_loss": 2.0, "final_val_loss": 2.7, "steps": 60},
+        "g-04": {"final_train_loss": 2.2, "model_train_loss": 2.2, "final_val_loss": 2.8, "steps": 60},
+    }
+    overrides = {
+        "g-01": {"train.optimizer.lr": 0.1, "train.fold": 0},
+        "g-02": {"train.optimizer.lr": 0.1, "train.fold": 1},
+        "g-03": {"train.optimizer.lr": 0.01, "train.fold": 0},
+        "g-04": {"train.optimizer.lr": 0.01, "train.fold": 1},
+    }
+    table = comparison_table(summaries, overrides, "final_train_loss")
+    assert cv_setting(table, "final_train_loss") == {"train.optimizer.lr": 0.01}
+    from fastlm.reporting.sweep_view import best_run, best_setting_runs
+
+    assert best_run(table, "final_train_loss") == "g-03"
+    assert best_setting_runs(table, "final_train_loss") == ["g-03", "g-04"]
+    metrics = cv_metrics(table, "final_train_loss")
+    assert metrics["cv/model_train_loss_mean"] == pytest.approx(2.1)
+    text = verdict(table, "final_train_loss", {}, spread=fold_spread(table, "final_train_loss"))
+    assert "optimizer.lr 0.01 is best by model_train_loss mean 2.1" in text, text

@@ -160,13 +160,15 @@ def sweep_document(
 
 def fold_spread(table: pd.DataFrame, metric: str | None = None) -> pd.DataFrame | None:
     """Per setting of the other swept parameters, per metric (validation, train and test loss, test accuracy,
-    ROUGE when present, and ``metric``): the number of folds, mean, standard deviation (n - 1), min and max
-    over the folds; None unless the runs differ by ``train.fold``. Where a fold failed or has no value, also
-    the folds ``planned`` and which are ``left out`` (the figures are over the others). The folds' models are
-    not averaged or voted: each fold's figures are its own model's, the spread says how much they depend on
-    the held-out rows."""
+    ROUGE when present, and ``metric``, by its ``ranking_column``: final_train_loss as the models' own
+    train losses where early stopping kept an earlier step): the number of folds, mean, standard deviation
+    (n - 1), min and max over the folds; None unless the runs differ by ``train.fold``. Where a fold failed
+    or has no value, also the folds ``planned`` and which are ``left out`` (the figures are over the others).
+    The folds' models are not averaged or voted: each fold's figures are its own model's, the spread says how
+    much they depend on the held-out rows."""
     if FOLD not in table.columns:
         return None
+    metric = ranking_column(table, metric) if metric else metric  # final_train_loss: the models' own
     settings = _settings(table)
     rows = []
     for values, group in _setting_groups(table):
@@ -220,7 +222,7 @@ def cv_setting(table: pd.DataFrame, metric: str) -> dict:
     spread = fold_spread(table, metric)
     if spread is None or spread.empty:
         return {}
-    best = _best_setting(spread, metric)
+    best = _best_setting(spread, ranking_column(table, metric))
     row = best if best is not None else spread.iloc[0]
     return {key: row[key].item() if hasattr(row[key], "item") else row[key] for key in _settings(table)}
 
@@ -231,7 +233,7 @@ def best_run(table: pd.DataFrame, metric: str) -> str | None:
     best first); None where no run has a finite ``metric``."""
     if FOLD in table.columns:
         spread = fold_spread(table, metric)
-        if spread is None or spread.empty or _best_setting(spread, metric) is None:
+        if spread is None or spread.empty or _best_setting(spread, ranking_column(table, metric)) is None:
             return None
         runs = table[_matches(table, cv_setting(table, metric))]
         return str(_in_plan_order(runs)["run"].iloc[0]) if len(runs) else None
@@ -256,7 +258,7 @@ def fold_table(table: pd.DataFrame, run_ids: dict[str, str | None], metric: str)
     :func:`fold_spread`), then per setting the rows ``count``, ``mean``, ``std`` (n - 1), ``min`` and ``max``
     over its folds (the figures of ``sweep.md``). A sweep without folds: one row per run (``row`` "run"), no
     aggregate."""
-    metrics = _quality_metrics(table, metric)
+    metrics = _quality_metrics(table, ranking_column(table, metric))
     folds = FOLD in table.columns
     swept = _settings(table) if folds else [column for column in table.columns if column.startswith("train.")]
     rows = []
@@ -462,7 +464,7 @@ def verdict(
     ``metric`` over the folds; the best run and its settings, the worst, which run reached a common
     validation loss soonest in wall time (or was fastest), which runs failed (left out), which runs the
     time budget stopped, which runs diverged."""
-    folds = _fold_sentence(spread, metric) if spread is not None else None
+    folds = _fold_sentence(spread, ranking_column(table, metric)) if spread is not None else None
     text = _runs_verdict(table, metric, histories, evaluations)
     return f"{folds}. {text}" if folds else text
 
