@@ -580,3 +580,41 @@ def test_a_fold_sweep_ranked_by_final_train_loss_takes_each_models_train_loss_ov
     assert metrics["cv/model_train_loss_mean"] == pytest.approx(2.1)
     text = verdict(table, "final_train_loss", {}, spread=fold_spread(table, "final_train_loss"))
     assert "optimizer.lr 0.01 is best by model_train_loss mean 2.1" in text, text
+
+
+def test_a_cross_validated_grid_over_a_list_setting_is_compared_and_its_best_setting_named(
+    tmp_path, monkeypatch
+):
+    """A k-fold sweep whose grid sets a list (``train.model.lora.target_modules``: which layers get adapters):
+    its folds are grouped by setting as any other's, the mean and spread given per setting, the best setting
+    logged and written to train. Was: every fold trained, then ``TypeError: unhashable type: 'list'`` from
+    pandas' groupby, a traceback (and again on every rerun, the runs kept)."""
+
+    def training(tokenized, fingerprint, tokenizer, params, split_params, run_name, tracker, choices_dir):
+        wide = len(params["model"]["lora"]["target_modules"]) > 1  # more adapters: a lower loss
+        history = pd.DataFrame({"step": [1, 2], "loss": [3.0, 2.0], "elapsed_s": [0.1, 0.2]})
+        loss = 2.0 + params["fold"] - wide
+        evaluation = pd.DataFrame({"step": [2], "val_loss": [loss]})
+        return {"model": None}, history, evaluation, {"final_val_loss": loss, "wall_time_s": 1.0, "steps": 2}
+
+    monkeypatch.setattr(nodes, "train_model", training)
+    modules = [["q_proj"], ["q_proj", "v_proj"]]
+    sweep = tmp_path / "grid.yml"
+    sweep.write_text(
+        yaml.safe_dump({"name": "g", "folds": "auto", "grid": {"train.model.lora.target_modules": modules}})
+    )
+    tracker = _Tracker()
+    fingerprint = {"fingerprint": "f", "params": {"folds": 2}}
+    table, _, document, folds, best = nodes.run_sweep(
+        None, fingerprint, TOKENIZER, None, {}, {}, {}, str(sweep), SweepRuns(tmp_path / "s"), tracker
+    )
+    assert tracker.children == ["g-01", "g-02", "g-03", "g-04"]
+    assert tracker.params == {"cv/train.model.lora.target_modules": ["q_proj", "v_proj"]}
+    assert tracker.metrics[-1]["cv/final_val_loss_mean"] == pytest.approx(1.5)
+    assert yaml.safe_load(best)["run"]["params"]["train"] == {
+        "model": {"lora": {"target_modules": modules[1]}}
+    }
+    means = folds[folds["row"] == "mean"]
+    assert means["train.model.lora.target_modules"].tolist() == modules
+    assert means["final_val_loss"].tolist() == pytest.approx([2.5, 1.5])
+    assert "Over 2 folds: model.lora.target_modules ['q_proj', 'v_proj'] is best" in str(document)

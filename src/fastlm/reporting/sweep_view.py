@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -315,22 +316,33 @@ def _in_plan_order(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _setting_groups(table: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
-    """(the setting of the other swept parameters, its runs in the plan's order) per setting."""
+    """(the setting of the other swept parameters, its runs in the plan's order) per setting; a list or
+    mapping value (``train.model.lora.target_modules``) is grouped by its JSON text, given as it is."""
     settings = _settings(table)
     ordered = _in_plan_order(table)  # the plan's order
     if not settings:
         return [({}, ordered)]
+    keys = [ordered[key].map(_setting_key).rename(key) for key in settings]
     return [
-        (dict(zip(settings, key if isinstance(key, tuple) else (key,), strict=True)), group)
-        for key, group in ordered.groupby(settings, sort=False, dropna=False)
+        ({key: group.iloc[0][key] for key in settings}, group)
+        for _, group in ordered.groupby(keys, sort=False, dropna=False)
     ]
 
 
+def _setting_key(value):
+    """A swept value as a key to group or match by: a list or mapping by its JSON text (hashable)."""
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
+
+
 def _matches(frame: pd.DataFrame, setting: dict) -> pd.Series:
-    """Rows of ``frame`` with ``setting`` (a missing value matches a missing value)."""
+    """Rows of ``frame`` with ``setting`` (a missing value matches a missing value; lists by their items)."""
     mask = pd.Series(True, index=frame.index)
     for key, value in setting.items():
-        mask &= (frame[key] == value) | (frame[key].isna() & pd.isna(value))
+        wanted = _setting_key(value)
+        missing = not isinstance(wanted, str) and pd.isna(wanted)
+        mask &= (frame[key].map(_setting_key) == wanted) | (frame[key].isna() & missing)
     return mask
 
 
