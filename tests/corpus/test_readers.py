@@ -73,6 +73,31 @@ def test_bad_files_give_one_line_naming_the_file_and_fix(tmp_path, name, content
     assert "\n" not in message and ".." not in message  # a reader's own message ending in "." not doubled
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("empty.jsonl.gz", b""),
+        ("blank.jsonl", b"\n  \n"),
+        ("empty.csv.gz", b""),
+        ("blank.csv", b"\n\n"),
+        ("list.json", b"[]"),
+    ],
+)
+def test_a_file_holding_no_rows_once_decompressed_is_refused_as_an_empty_one(tmp_path, name, content):
+    """A compressed file of nothing (20 bytes of gzip), blank lines or an empty JSON list hold no rows, as an
+    empty file: one line saying so. Was: `has no column 'text'; its columns are []` with a fix naming
+    split.text_column, or `could not be read as csv: No columns to parse from file`."""
+    import gzip
+
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(content) if name.endswith(".gz") else content)
+    with pytest.raises(InputDataError) as error:
+        read_text_table(path)
+    message = str(error.value)
+    assert f"raw data file {path} holds no rows" in message and "Fix: fill it" in message, message
+    assert "\n" not in message and "column" not in message
+
+
 def test_plain_folder_is_refused(tmp_path):
     with pytest.raises(InputDataError, match="not a datasets.save_to_disk folder"):
         read_text_table(tmp_path)

@@ -222,3 +222,46 @@ def test_a_folder_of_txt_shards_reads_one_text_a_line_and_a_txt_beside_other_sha
     (tmp_path / "mixed" / "LICENSE.txt").write_text("a licence\n", encoding="utf-8")
     assert [path.name for path in shard_files(tmp_path / "mixed")] == ["part-0.jsonl"]
     assert read_raw_table(tmp_path / "mixed")["n"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_shard_holding_no_rows_once_decompressed_is_skipped_as_an_empty_file_is(tmp_path, monkeypatch, fmt):
+    """A writer's empty partition, compressed (a gzip of nothing is 20 bytes) or of blank lines, is a shard of
+    no rows, as an empty file is: skipped and said. It was refused as a shard lacking the first shard's
+    columns (JSON Lines) or as a file that could not be read as csv, so the folder could not be split."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    frame = pd.DataFrame(_rows(0, 6))
+
+    def write(name, rows, compress):
+        data = rows.to_csv(index=False).encode() if fmt == "csv" else b""
+        if fmt == "jsonl":
+            data = "".join(json.dumps(row) + "\n" for row in rows.to_dict("records")).encode()
+        (folder / name).write_bytes(gzip.compress(data) if compress else data)
+
+    (folder / f"part-0.{fmt}.gz").write_bytes(gzip.compress(b""))  # the first shard empty: columns come later
+    write(f"part-1.{fmt}", frame.iloc[:3], compress=False)
+    (folder / f"part-2.{fmt}.gz").write_bytes(gzip.compress(b""))
+    (folder / f"part-3.{fmt}").write_bytes(b"\n\n")
+    write(f"part-4.{fmt}.gz", frame.iloc[3:], compress=True)
+    logger = logging.Logger("shards-empty")
+    records = []
+    logger.addHandler(logging.Handler())
+    logger.handlers[0].emit = records.append
+    monkeypatch.setattr(shards, "log", logger)
+    check_raw_path(folder)
+    table = read_raw_table(folder)
+    assert table["text"].tolist() == frame["text"].astype(str).tolist()
+    assert [rows for _, rows in table.attrs["shards"]] == [3, 3]
+    said = " ".join(record.getMessage() for record in records)
+    assert f"part-0.{fmt}.gz (no rows)" in said and f"part-2.{fmt}.gz (no rows)" in said, said
+    assert f"part-3.{fmt} (no rows)" in said, said
+
+
+def test_shards_that_all_hold_no_rows_are_refused_naming_the_folder(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "part-0.jsonl.gz").write_bytes(gzip.compress(b""))
+    (folder / "part-1.jsonl").write_bytes(b"\n")
+    message = _refusal(folder)
+    assert str(folder) in message and "no rows" in message and "column" not in message, message

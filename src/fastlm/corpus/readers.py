@@ -169,6 +169,13 @@ def read_text_table(
     """
     path = Path(path)
     raw = read_table(path, parameter)
+    if holds_no_rows(raw):
+        what = "raw data file" if parameter == RAW_PATH else parameter
+        raise InputDataError(
+            f"{what} {path} holds no rows{' once decompressed' if _is_compressed(path) else ''} (nothing but "
+            "white space, or an empty JSON list).",
+            fix=f"fill it or {_fix(parameter)}.",
+        )
     table = _as_written(raw, as_frame(raw, path), path, parameter, as_written)
     table.attrs["source_path"] = str(path)
     return table
@@ -261,6 +268,8 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
         return _READERS[kind](source, path)
     except InputDataError:
         raise
+    except pd.errors.EmptyDataError:  # a CSV or TSV of nothing once decompressed, or of blank lines alone
+        return pd.DataFrame()
     except UnicodeDecodeError as exc:  # a compressed text file (not checked up front)
         raise _not_utf8(path, exc.start, exc.reason, None, parameter) from exc
     except Exception as exc:  # noqa: BLE001 - parser errors differ per format; name the file
@@ -269,6 +278,15 @@ def read_table(path: str | Path, parameter: str = RAW_PATH):
             f"{path} could not be read as {kind}: {first_line.rstrip('.')}.",
             fix="check the file's format matches its extension.",
         ) from exc
+
+
+def holds_no_rows(table) -> bool:
+    """Whether ``table`` (``read_table``'s) holds nothing, neither a column nor a row: a compressed file empty
+    once decompressed (a writer's empty partition), a JSON Lines or CSV file of blank lines, a JSON ``[]``.
+    A header without rows is a table (of no rows)."""
+    if isinstance(table, pd.DataFrame):
+        return table.shape == (0, 0)
+    return table.num_rows == 0 and table.num_columns == 0
 
 
 def as_frame(table, path: Path) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from fastlm.corpus.readers import (
     RAW_PATH,
     as_frame,
     check_table_path,
+    holds_no_rows,
     is_saved_folder,
     read_table,
     read_text_table,
@@ -130,17 +131,30 @@ def read_raw_table(path: str | Path, parameter: str = RAW_PATH) -> pd.DataFrame:
     files = shard_files(path, parameter, say=True)
     if files is None:
         return read_text_table(path, parameter)
-    parts, counts, columns = [], [], None
+    parts, counts, columns, read, empty = [], [], None, [], []
     for file in files:
         part = read_table(file, parameter)
+        if holds_no_rows(part):  # an empty partition, compressed (20 bytes of gzip) or of blank lines
+            empty.append(file)
+            continue
         names = list(part.columns) if isinstance(part, pd.DataFrame) else part.column_names
         if columns is None:
             columns = names
         elif set(map(str, names)) != set(map(str, columns)):
             raise _other_columns(file, names, files[0], columns)
         parts.append(part)
+        read.append(file)
         counts.append((str(file), len(part)))
-    table = _joined(parts, columns, files)
+    if empty:
+        log.info("Skipped in %s: %s", path, ", ".join(f"{file.name} (no rows)" for file in empty))
+    if not parts:
+        what = "matching the glob" if is_pattern(path) else "in the folder"
+        raise InputDataError(
+            f"every data file {what} {path} given as {parameter} holds no rows "
+            f"({_named(list(map(str, empty)))}; nothing but white space once decompressed).",
+            fix=f"fill them, or {FIX}.",
+        )
+    table = _joined(parts, columns, read)
     table.attrs["source_path"] = str(path)
     table.attrs[SHARDS] = counts
     return table
