@@ -65,6 +65,30 @@ def test_run_comparison_shows_values_that_differ_and_marks_this_run():
     assert list(table["this run"]) == ["◀", "", ""]
 
 
+def test_run_comparison_shows_a_setting_one_run_left_unset_and_another_set():
+    """MLflow logs no unset (null) parameter: a run of ``train.max_minutes: 30`` beside one without a time
+    budget, a pretrained ``train.model.name_or_path`` beside a model from scratch, ``split.max_samples: 2000``
+    beside the whole corpus differ, where the run lacking the key logged its group (other ``train.*`` /
+    ``split.*`` keys). Such columns were left out: the one run holding the key was taken for the only run
+    that had it. A run that logged no key of the group (a report-only key, a train-only run) still differs
+    in nothing there."""
+    runs = runs_frame(SPEED).assign(
+        **{
+            "params.train.max_minutes": ["30", None, None],
+            "params.train.model.name_or_path": ["models/x", None, None],
+            "params.split.max_length": ["48", "48", None],  # the oldest run logged no split.* key
+            "params.split.max_samples": [None, "2000", None],
+        }
+    )
+    table = compare_runs(runs, current_run_id="a" * 32)
+    assert table["train.max_minutes"].tolist()[0] == "30" and table["train.max_minutes"].iloc[1:].isna().all()
+    assert table["train.model.name_or_path"].iloc[0] == "models/x"
+    assert table["train.model.name_or_path"].iloc[1:].isna().all()
+    assert table["split.max_samples"].iloc[1] == "2000"
+    assert table["split.max_samples"].iloc[[0, 2]].isna().all()
+    assert "report.prompts" not in table and "train.seed" not in table and "split.max_length" not in table
+
+
 def test_run_comparison_wall_time_is_the_trainings_and_other_data_shows():
     """``wall_time_s`` is what the run logged as its training's wall time; a run from before that has none
     (its MLflow span held the split and the report too). A run name given as a parameter does not blank the

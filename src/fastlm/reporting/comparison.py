@@ -28,6 +28,9 @@ WALL_TIME = "metrics.wall_time_s"
 # theirs); the torch build is the runtime's, not a setting; a resumed run's checkpoint path is its run name's
 # folder (its resumed_from_step is shown).
 NOT_COMPARED = ("params.run_name", "params.runtime.torch", "params.resumed_checkpoint")
+# The parameter groups a run logs whole where it logs any of their keys (each node logs the groups it reads),
+# leaving out the unset (null) ones alone: a key such a run lacks is unset there, a difference from a value.
+SETTING_GROUPS = ("split", "train", "report")
 # The train loss's label smoothing (the train loss is smoothed by it, validation and test losses plain)
 SMOOTHING = "params.train.loss.label_smoothing"
 # The step whose weights the run returned (early stopping's best, else the last) and the run's last step,
@@ -92,7 +95,7 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
         for column in runs.columns
         if column.startswith("params.") and not column.startswith(NOT_COMPARED) and column != SMOOTHING
     }
-    differing = [column for column, values in params.items() if values.dropna().nunique() > 1]
+    differing = [column for column, values in params.items() if _differs(column, values, runs)]
     table = pd.DataFrame(
         {
             "this run": ["◀" if run_id == current_run_id else "" for run_id in runs["run_id"]],
@@ -124,6 +127,19 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     if data is not None:
         table.insert(table.columns.get_loc("real_tokens_per_s"), "data", data.to_numpy())
     return table.reset_index(drop=True)
+
+
+def _differs(column: str, values: pd.Series, runs: pd.DataFrame) -> bool:
+    """Whether the parameter ``column`` (its ``values`` as read) differs among the runs that have it: for a
+    key of a parameter group (``SETTING_GROUPS``), every run that logged a key of that group has it, a
+    missing value being unset (MLflow logs no null: ``train.max_minutes`` 30 beside no time budget); for any
+    other, the runs holding a value."""
+    group = column.removeprefix("params.").split(".", 1)[0]
+    if group not in SETTING_GROUPS or column.count(".") < 2:
+        return values.dropna().nunique() > 1
+    keys = [name for name in runs.columns if name.startswith(f"params.{group}.")]
+    logged = runs[keys].notna().any(axis=1)
+    return values[logged].map(lambda value: (value is not None, value)).nunique() > 1
 
 
 def _same_data(runs: pd.DataFrame, current_run_id: str | None) -> pd.Series | None:
