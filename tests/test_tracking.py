@@ -830,3 +830,31 @@ def test_a_sweep_member_kept_from_an_earlier_sweep_run_is_nested_under_the_one_t
     RunTracker().adopt_child_run(None)  # a kept run tracked nowhere: nothing
     RunTracker().adopt_child_run(active_run.info.run_id)  # never its own parent
     assert "mlflow.parentRunId" not in client.get_run(active_run.info.run_id).data.tags
+
+
+def test_the_run_comparison_lists_the_experiment_of_the_reported_training_run(active_run, caplog):
+    """A report run in another experiment than the training it reports (the experiment renamed in
+    conf/local/mlflow.yml between train and report) compared that experiment's runs: none, or others, without
+    the reported one and without a word. It lists the training's experiment, said in one line; a training
+    run the store does not hold leaves this run's experiment, with a warning."""
+    from fastlm.tracking import search_training_runs
+
+    client = mlflow.MlflowClient()
+    earlier = client.create_experiment("earlier")
+    training = client.create_run(earlier, run_name="trained").info.run_id
+    client.log_metric(training, "real_tokens_per_s", 100.0)
+    client.set_terminated(training)
+    mine = search_training_runs()
+    assert training not in set(mine.get("run_id", []))  # this run's experiment alone
+    with caplog.at_level(logging.INFO, logger="fastlm.tracking"):
+        runs = search_training_runs(training_run_id=training)
+    assert list(runs["run_id"]) == [training]
+    said = " ".join(record.getMessage() for record in caplog.records)
+    assert "'earlier'" in said and "'tracking-test'" in said and "trained" in said, said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fastlm.tracking"):
+        same = search_training_runs(training_run_id=active_run.info.run_id)
+        missing = search_training_runs(training_run_id="f" * 32)
+    assert list(same["run_id"]) == list(mine["run_id"]) == list(missing["run_id"])
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warned) == 1 and "f" * 32 in warned[0] and "not in" in warned[0], warned

@@ -806,9 +806,10 @@ class RunTracker:
         them."""
         return log_test_metrics(values, training_run_id=training_run_id)
 
-    def training_runs(self):
-        """The experiment's runs, for the run comparison (an empty frame, with a warning, if MLflow fails)."""
-        return search_training_runs()
+    def training_runs(self, training_run_id: str | None = None):
+        """The runs of the experiment of the training run ``training_run_id`` reports (else this run's), for
+        the run comparison (an empty frame, with a warning, if MLflow fails)."""
+        return search_training_runs(training_run_id=training_run_id)
 
 
 def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
@@ -834,9 +835,11 @@ def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
     return values
 
 
-def search_training_runs(experiment: str | None = None):
+def search_training_runs(experiment: str | None = None, training_run_id: str | None = None):
     """The runs of the active (or named) experiment as a DataFrame; an empty frame, with one warning, if
-    MLflow fails."""
+    MLflow fails. ``training_run_id``: the training run a report reports, whose experiment is listed where
+    it is not the active run's (one line says so; the experiment renamed between train and report), the
+    active run's with a warning where the store does not hold that run."""
     import pandas as pd
 
     try:
@@ -845,11 +848,45 @@ def search_training_runs(experiment: str | None = None):
         if experiment is None:
             active = mlflow.active_run()
             ids = [active.info.experiment_id] if active is not None else None
+            if training_run_id is not None:
+                ids = _training_experiment(mlflow, training_run_id, ids)
             return mlflow.search_runs(experiment_ids=ids, max_results=500) if ids else pd.DataFrame()
         return mlflow.search_runs(experiment_names=[experiment], max_results=500)
     except Exception as exc:  # noqa: BLE001 - a report without the comparison beats no report
         log.warning("Run comparison skipped: MLflow search failed (%s: %s)", type(exc).__name__, exc)
         return pd.DataFrame()
+
+
+def _training_experiment(mlflow, training_run_id: str, ids: list[str] | None) -> list[str] | None:
+    """The experiment (as ``search_runs``' ids) of the training run ``training_run_id``, said where it is not
+    the active run's (``ids``); ``ids`` with a warning where the store does not hold that run."""
+    client = mlflow.MlflowClient()
+    try:
+        run = client.get_run(training_run_id)
+    except Exception as exc:  # noqa: BLE001 - a run of another store, or deleted: this run's experiment
+        log.warning(
+            "Run comparison: the reported training run %s is not in this MLflow store (%s): the comparison "
+            "lists this run's experiment, without it",
+            training_run_id,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
+        return ids
+    experiment = run.info.experiment_id
+    if not ids or experiment in ids:  # this run's experiment, or no run of its own (tracking off for it)
+        return [experiment]
+
+    def name(experiment_id: str) -> str:
+        return client.get_experiment(experiment_id).name
+
+    log.info(
+        "Run comparison: the reported training run %s is in the MLflow experiment %r, not this run's %r: the "
+        "comparison lists the runs of %r",
+        run.info.run_name or training_run_id,
+        name(experiment),
+        name(ids[0]),
+        name(experiment),
+    )
+    return [experiment]
 
 
 OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")

@@ -140,11 +140,12 @@ def compare_training_runs(
     """The experiment's training runs (from ``tracker``, ``run_tracker``) side by side (parameters that
     differ, tokens/s, loss, test loss and ROUGE, wall time), the reported training run marked.
     ``test_metrics`` is an input so that this run's are logged before the search."""
-    runs = (tracker if tracker is not None else RunTracker()).training_runs()
+    training_run = (summary or {}).get("mlflow_run_id")
+    runs = (tracker if tracker is not None else RunTracker()).training_runs(training_run)
     table = comparison.compare_runs(
         runs,
         parse_group("report", report_params).compare_runs,
-        current_run_id=(summary or {}).get("mlflow_run_id"),
+        current_run_id=training_run,
     )
     log.info("Run comparison: %d training runs", len(table))
     note = comparison.data_note(table)
