@@ -30,6 +30,40 @@ def test_clean_corpus_names_the_file_and_lists_columns(raw):
     assert "data/01_raw/reviews.csv has no column 'text'; its columns are ['body', 'id']" in str(error.value)
 
 
+def test_a_column_named_with_white_space_around_it_or_decomposed_is_the_column_asked_for(tmp_path, caplog):
+    """A CSV header written `id, text` names its column ' text' (which --params cannot give: the value is
+    stripped), a header saved on macOS names '본문' decomposed (NFD), while the parameter is typed composed:
+    the split refused them with `has no column 'text'; its columns are ['id', ' text']` (or two names that
+    look the same) and a fix naming the parameter. Each is read as the column asked for, said once; a CSV
+    column of numbers alone is still read as written ('007')."""
+    import logging
+    import unicodedata
+
+    from fastlm.corpus.readers import read_text_table
+
+    path = tmp_path / "rows.csv"
+    path.write_text("id, text\n1,007\n2,2024\n3,007\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        clean, counts = nodes.clean_corpus(read_text_table(path), {})
+    assert clean["text"].tolist() == ["007", "2024"] and counts["dropped"]["duplicate"] == 1
+    said = [record.getMessage() for record in caplog.records if "split.text_column" in record.getMessage()]
+    assert len(said) == 1 and "' text'" in said[0], said
+    decomposed = unicodedata.normalize("NFD", "질문"), unicodedata.normalize("NFD", "답변")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        "".join(
+            json.dumps({decomposed[0]: f"질문 {i}", decomposed[1]: f"답변 {i}"}, ensure_ascii=False) + "\n"
+            for i in range(3)
+        ),
+        encoding="utf-8",
+    )
+    clean, _ = nodes.clean_corpus(
+        read_text_table(pairs),
+        {"prompt_column": "질문", "response_column": "답변", "prompt_template": "{prompt}"},
+    )
+    assert clean["response"].tolist() == ["답변 0", "답변 1", "답변 2"]
+
+
 def test_clean_corpus_refuses_an_empty_result(raw):
     frame = pd.DataFrame({"text": ["", "  ", None]})
     with pytest.raises(InputDataError, match="no usable text left"):

@@ -12,6 +12,7 @@ import json
 import logging
 import lzma
 import re
+import unicodedata
 import warnings
 import zipfile
 import zlib
@@ -229,17 +230,41 @@ def written_cells(path: str | Path, names: Sequence[str], parameter: str = RAW_P
     path = Path(path)
     source = _text_source(path, parameter)
     sep = "\t" if check_table_path(path, parameter) == "tsv" else ","
+    quoting = csv_quoting(source, sep, path)
+    header = pd.read_csv(
+        _rewound(source), sep=sep, header=None, nrows=1, dtype=str, keep_default_na=False, quoting=quoting
+    )
+    written_names = header.iloc[0].tolist() if len(header) else []
+    # a name the split matched to the file's own spelling (``matching_column``: ' text', a decomposed name)
+    files = {name: matching_column(written_names, name) or name for name in names}
     written = csv_rows(
         source,
         sep,
-        list(names),
+        list(dict.fromkeys(files.values())),
         dtype=str,
         keep_default_na=False,
         na_values=[""],
-        quoting=csv_quoting(source, sep, path),
+        quoting=quoting,
         index_col=False,
     )
-    return {name: [None if pd.isna(v) else str(v) for v in written[name]] for name in names}
+    return {name: [None if pd.isna(v) else str(v) for v in written[files[name]]] for name in names}
+
+
+def column_key(name) -> object:
+    """What a column name is the same name as: a text composed (NFC) and without white space around it (a
+    CSV header written ``id, text`` names ' text'; one saved on macOS may be decomposed, NFD, where a
+    parameter typed is composed); any other name itself."""
+    return unicodedata.normalize("NFC", name).strip() if isinstance(name, str) else name
+
+
+def matching_column(columns, name: str):
+    """The column of ``columns`` that ``name`` (a parameter's) names: itself, else the one column of the same
+    ``column_key``; None where there is none, or several."""
+    columns = list(columns)
+    if name in columns:
+        return name
+    same = [column for column in columns if column_key(column) == column_key(name)]
+    return same[0] if len(same) == 1 else None
 
 
 def _written_value(value):

@@ -24,7 +24,7 @@ from fastlm.corpus.prompts import (
     prompt_frame,
     tokenize_pairs,
 )
-from fastlm.corpus.readers import separator_hint
+from fastlm.corpus.readers import matching_column, separator_hint
 from fastlm.corpus.shards import SHARDS, shard_row, texts_as_written
 from fastlm.corpus.splitting import FOLD_COLUMN, SPLITS, assign_folds, assign_splits, cap_rows, text_keys
 from fastlm.corpus.statistics import (
@@ -47,6 +47,7 @@ __all__ = [
     "clean_id_lists",
     "clean_rows",
     "data_columns",
+    "match_columns",
     "measure_splits",
     "split_fingerprint",
     "require_columns",
@@ -204,6 +205,32 @@ def data_columns(config) -> list[tuple[str, str]]:
         "pretokenized": ["ids_column"],
     }[config.data_format]
     return [(name, getattr(config, name)) for name in names]
+
+
+def match_columns(raw: pd.DataFrame, config, source: str) -> pd.DataFrame:
+    """``raw`` with each column the data's parameters (``data_columns``, ``split.tools_column``) name but that
+    ``raw`` spells otherwise, with white space around it (a CSV header ``id, text``) or decomposed (NFD, a
+    header saved on macOS), renamed to the parameter's spelling (``readers.matching_column``), said in one
+    warning each; any other ``raw`` as it is."""
+    names = data_columns(config)
+    if config.data_format == "messages" and config.tools_column is not None:
+        names.append(("tools_column", config.tools_column))
+    renamed = {}
+    for name, column in names:
+        found = matching_column(raw.columns, column)
+        if found is not None and found != column and column not in renamed.values():
+            renamed[found] = column
+            log.warning(
+                "split.%s %r is read from the column %r of %s: the same name %s",
+                name,
+                column,
+                found,
+                source,
+                "with white space around it"
+                if found.strip() != found
+                else "decomposed (NFD, as macOS writes it)",
+            )
+    return raw.rename(columns=renamed) if renamed else raw
 
 
 def require_columns(raw: pd.DataFrame, config, source: str) -> None:

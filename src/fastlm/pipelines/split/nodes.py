@@ -18,6 +18,7 @@ from fastlm.corpus.split_steps import (
     check_made_with,
     clean_id_lists,
     clean_rows,
+    match_columns,
     measure_splits,
     require_columns,
     split_fingerprint,
@@ -49,6 +50,7 @@ def clean_corpus(raw: pd.DataFrame, params: dict) -> tuple[pd.DataFrame, dict]:
     """
     config = parse_group("split", params)
     source = raw.attrs.get("source_path", "raw_corpus")
+    raw = match_columns(raw, config, source)
     require_columns(raw, config, source)
     if config.pretokenized:
         clean, counts = clean_id_lists(raw, config, source)
