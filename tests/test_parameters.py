@@ -262,6 +262,26 @@ def test_values_the_run_cannot_use_are_one_line_before_it_starts(group, raw, nam
     assert "Fix: " in message, message
 
 
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        ({"checkpoint_dir": ""}, "train.checkpoint_dir"),
+        ({"profile": {"enabled": True, "trace_dir": ""}}, "train.profile.trace_dir"),
+        ({"model": {"name_or_path": ""}}, "train.model.name_or_path"),
+    ],
+    ids=["checkpoint_dir", "trace_dir", "name_or_path"],
+)
+def test_an_empty_folder_parameter_is_refused_in_one_line(raw, name):
+    """An empty folder (``--params train.checkpoint_dir=`` to leave it out) was the project folder itself: the
+    run's checkpoints went to ``./<run_name>/`` and ``runtime_choices.json`` beside conf/, the profile's
+    traces likewise, exit 0; an empty model folder read ``/config.json``."""
+    with pytest.raises(ConfigError) as error:
+        parse_group("train", raw)
+    message = str(error.value)
+    assert message.startswith(f"parameter {name} = '' is invalid") and "\n" not in message, message
+    assert "Fix: " in message, message
+
+
 def test_a_value_given_for_a_group_of_parameters_names_its_keys():
     """``--params train.loss=0.1``: train.loss is a group; the message said "a valid dictionary or instance of
     LossParams" (a class name) and offered ``train.loss=<value>`` as the fix."""

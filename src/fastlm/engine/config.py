@@ -130,7 +130,9 @@ class LoraParams(Params):
 
 
 class ModelParams(Params):
-    name_or_path: str | None = Field(None, description="local directory or hub id; null = from scratch")
+    name_or_path: str | None = Field(
+        None, min_length=1, description="local directory or hub id; null = from scratch"
+    )
     lora: LoraParams = LoraParams()
     trust_remote_code: bool = False
     allow_download: bool = False
@@ -584,7 +586,7 @@ class ProfileParams(Params):
     enabled: bool = False
     start_step: int = Field(5, ge=1, description="first optimizer step recorded (after warm-up)")
     steps: int = Field(3, ge=1)
-    trace_dir: str = "data/07_model_output/profile"
+    trace_dir: str = Field("data/07_model_output/profile", min_length=1)
 
 
 def train_processes(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> int:
@@ -664,7 +666,9 @@ class TrainParams(Params):
         "auto", min_length=1, description="auto | never | a checkpoint folder (engine/checkpoint/resume.py)"
     )
     checkpoint_dir: str = Field(
-        "data/06_models/checkpoints", description="the engine writes here; the train node appends /<run_name>"
+        "data/06_models/checkpoints",
+        min_length=1,
+        description="the engine writes here; the train node appends /<run_name>",
     )
     quiet: bool = False
     profile: ProfileParams = ProfileParams()
