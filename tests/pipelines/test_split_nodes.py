@@ -64,6 +64,42 @@ def test_a_column_named_with_white_space_around_it_or_decomposed_is_the_column_a
     assert clean["response"].tolist() == ["답변 0", "답변 1", "답변 2"]
 
 
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ({"vocab_size": 1000}, ["split.vocab_size = 1000"]),
+        ({"eos_id": 5, "ids_column": "x"}, ["split.ids_column = 'x'", "split.eos_id = 5"]),
+        ({"prompt_template": "Q: {prompt} A:"}, ["split.prompt_template = 'Q: {prompt} A:'"]),
+        (
+            {"chat_template": False, "tools_column": "tt"},
+            ["split.chat_template = False", "tools_column = 'tt'"],
+        ),
+        (
+            {"tokenizer": {"source": "models/x", "vocab_size": 500}, "pretokenized": True, "vocab_size": 9},
+            ["split.tokenizer.source = 'models/x'", "split.tokenizer.vocab_size = 500"],
+        ),
+    ],
+    ids=["vocab_size", "ids_settings", "prompt_template", "chat_settings", "tokenizer_of_ids"],
+)
+def test_split_settings_the_data_format_never_reads_are_said(params, said, caplog):
+    """``split.vocab_size=1000`` meant for the BPE (``split.tokenizer.vocab_size``) on text data, the ids'
+    EOS on texts, a prompt template or chat settings on plain text, a tokenizer for pre-tokenized ids: each
+    was taken without a word and changed nothing. One warning names them and why, as for
+    ``split.train_turns`` and ``split.chat_template_kwargs``."""
+    import logging
+
+    frame = pd.DataFrame({"text": ["a b", "c d"], "ids": [[1, 2], [3, 4]]})
+    with caplog.at_level(logging.WARNING):
+        nodes.clean_corpus(frame, params)
+    warned = [record.getMessage() for record in caplog.records if "change" in record.getMessage()]
+    assert len(warned) == 1 and all(part in warned[0] for part in said), warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        nodes.clean_corpus(frame, {"pretokenized": True, "vocab_size": 9, "eos_id": 8})  # read: nothing said
+        nodes.clean_corpus(frame, {"tokenizer": {"vocab_size": 500, "min_frequency": 3}})
+    assert not [record for record in caplog.records if "change" in record.getMessage()], caplog.text
+
+
 def test_clean_corpus_refuses_an_empty_result(raw):
     frame = pd.DataFrame({"text": ["", "  ", None]})
     with pytest.raises(InputDataError, match="no usable text left"):

@@ -93,6 +93,7 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
                 else "split.prompt_template",
             )
     check_template_variables(config, tokenizer)
+    say_unread_settings(config)
     if drops.get("tool_calls"):
         log.warning(
             "%d chats hold tool calls or tool turns, which no chat template renders here (%s): they are "
@@ -134,6 +135,49 @@ def clean_rows(raw: pd.DataFrame, config, source: str, tokenizer=None) -> tuple[
     return kept, counts
 
 
+# The split settings some data formats alone read, with why the others do not: each changes nothing there.
+_IDS = (("pretokenized",), "pre-tokenized data alone reads it (split.pretokenized is false)")
+_PROMPTS = (("prompt_response", "messages"), "the data holds neither prompt/response pairs nor chats")
+_CHATS = (("messages",), "the data is not chat messages (split.messages_column)")
+_FORMAT_SETTINGS = {
+    **dict.fromkeys(("ids_column", "vocab_size", "eos_id", "pad_id"), _IDS),
+    "prompt_template": _PROMPTS,
+    **dict.fromkeys(("chat_template", "tools_column"), _CHATS),
+}
+_TRAINED_BPE = ("vocab_size", "min_frequency", "training_samples")
+
+
+def say_unread_settings(config) -> None:
+    """One warning naming the split settings set away from their defaults that the data's format never reads
+    (``split.vocab_size`` meant for the BPE on text data, a prompt template on plain texts, a tokenizer for
+    pre-tokenized ids, the BPE's settings with a tokenizer folder), and why: each changes nothing."""
+    defaults = type(config)()
+    unread = []
+    for key, (formats, why) in _FORMAT_SETTINGS.items():
+        value = getattr(config, key)
+        if config.data_format not in formats and value != getattr(defaults, key):
+            if key == "vocab_size":
+                why += "; the BPE's vocabulary is split.tokenizer.vocab_size"
+            unread.append(f"split.{key} = {value!r} ({why})")
+    tokenizer, default = config.tokenizer, defaults.tokenizer
+    if config.pretokenized:
+        keys, why = type(tokenizer).model_fields, "pre-tokenized ids are read by no tokenizer"
+    elif tokenizer.source != default.source:
+        keys, why = (
+            _TRAINED_BPE,
+            f"only the BPE the split trains (split.tokenizer.source: {default.source}) reads it",
+        )
+    else:
+        keys = ()
+    unread += [
+        f"split.tokenizer.{key} = {getattr(tokenizer, key)!r} ({why})"
+        for key in keys
+        if getattr(tokenizer, key) != getattr(default, key)
+    ]
+    if unread:
+        log.warning("split settings that change nothing for this data: %s", "; ".join(unread))
+
+
 def check_template_variables(config, tokenizer) -> None:
     """Say where ``split.chat_template_kwargs`` change nothing: no chat template renders the data, or the
     template never mentions a name (misspelled, or another model family's variable); and where
@@ -171,6 +215,7 @@ def check_template_variables(config, tokenizer) -> None:
 
 def clean_id_lists(raw: pd.DataFrame, config, source: str) -> tuple[pd.DataFrame, dict]:
     """Pre-tokenized rows: every id list checked (one bad row refuses the file), exact duplicates dropped."""
+    say_unread_settings(config)
     eos, _ = config.special_ids
     ids = id_texts(
         raw[config.ids_column],
