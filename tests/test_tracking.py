@@ -858,3 +858,17 @@ def test_the_run_comparison_lists_the_experiment_of_the_reported_training_run(ac
     assert list(same["run_id"]) == list(mine["run_id"]) == list(missing["run_id"])
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warned) == 1 and "f" * 32 in warned[0] and "not in" in warned[0], warned
+
+
+def test_the_reported_training_run_is_read_behind_newer_runs(active_run, monkeypatch):
+    """The run comparison reads the newest runs of the experiment (500: splits, reports and predictions count
+    among them): a report of an earlier training behind as many newer runs compared them without it."""
+    import fastlm.tracking as tracking
+
+    client = mlflow.MlflowClient()
+    experiment = active_run.info.experiment_id
+    runs = [client.create_run(experiment, start_time=1000 + index).info.run_id for index in range(3)]
+    monkeypatch.setattr(tracking, "SEARCHED_RUNS", 2)
+    found = tracking.search_training_runs(training_run_id=runs[0])
+    assert runs[0] in set(found["run_id"]) and len(found) == 3
+    assert len(tracking.search_training_runs(training_run_id=runs[-1])) == 2

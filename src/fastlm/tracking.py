@@ -835,11 +835,15 @@ def log_test_metrics(values: dict, training_run_id: str | None) -> dict:
     return values
 
 
+SEARCHED_RUNS = 500  # the newest runs of an experiment the run comparison reads (every kind of run counts)
+
+
 def search_training_runs(experiment: str | None = None, training_run_id: str | None = None):
     """The runs of the active (or named) experiment as a DataFrame; an empty frame, with one warning, if
     MLflow fails. ``training_run_id``: the training run a report reports, whose experiment is listed where
     it is not the active run's (one line says so; the experiment renamed between train and report), the
-    active run's with a warning where the store does not hold that run."""
+    active run's with a warning where the store does not hold that run; that run is read also where
+    ``SEARCHED_RUNS`` newer runs hide it."""
     import pandas as pd
 
     try:
@@ -850,8 +854,17 @@ def search_training_runs(experiment: str | None = None, training_run_id: str | N
             ids = [active.info.experiment_id] if active is not None else None
             if training_run_id is not None:
                 ids = _training_experiment(mlflow, training_run_id, ids)
-            return mlflow.search_runs(experiment_ids=ids, max_results=500) if ids else pd.DataFrame()
-        return mlflow.search_runs(experiment_names=[experiment], max_results=500)
+            if not ids:
+                return pd.DataFrame()
+            runs = mlflow.search_runs(experiment_ids=ids, max_results=SEARCHED_RUNS)
+            if training_run_id is None or (runs.get("run_id", pd.Series()) == training_run_id).any():
+                return runs
+            # an earlier training, behind SEARCHED_RUNS newer runs (splits, reports, predictions count)
+            found = mlflow.search_runs(
+                experiment_ids=ids, filter_string=f"attributes.run_id = '{training_run_id}'"
+            )
+            return pd.concat([runs, found], ignore_index=True) if len(found) else runs
+        return mlflow.search_runs(experiment_names=[experiment], max_results=SEARCHED_RUNS)
     except Exception as exc:  # noqa: BLE001 - a report without the comparison beats no report
         log.warning("Run comparison skipped: MLflow search failed (%s: %s)", type(exc).__name__, exc)
         return pd.DataFrame()

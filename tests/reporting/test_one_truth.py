@@ -89,6 +89,19 @@ def test_run_comparison_shows_a_setting_one_run_left_unset_and_another_set():
     assert "report.prompts" not in table and "train.seed" not in table and "split.max_length" not in table
 
 
+def test_the_reported_run_stays_in_its_comparison_when_newer_runs_fill_the_limit():
+    """A report of an earlier training (``--params run_name=<it>``) with ``report.compare_runs`` newer
+    training runs in the experiment: the table kept the newest alone, without the reported run, nothing
+    marked ◀ and the ``data`` column judged against another run. It holds the reported run and the newest
+    others, ``compare_runs`` rows in all."""
+    runs = runs_frame(SPEED).assign(**{"params.data.fingerprint": ["new-data", "new-data", "old-data"]})
+    table = compare_runs(runs, limit=2, current_run_id="c" * 32)
+    assert list(table["run_name"]) == ["new", "older"]
+    assert list(table["this run"]) == ["", "◀"]
+    assert list(table["data"]) == ["other", "same"]
+    assert list(compare_runs(runs, limit=2, current_run_id="a" * 32)["run_name"]) == ["new", "old"]
+
+
 def test_run_comparison_wall_time_is_the_trainings_and_other_data_shows():
     """``wall_time_s`` is what the run logged as its training's wall time; a run from before that has none
     (its MLflow span held the split and the report too). A run name given as a parameter does not blank the

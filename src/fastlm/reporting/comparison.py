@@ -89,7 +89,9 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
         runs.get(WINDOW_SPEED, pd.Series(math.nan, index=runs.index))
     )
     runs = runs.assign(_speed=speed)
-    runs = runs[runs["_speed"].notna()].sort_values("start_time", ascending=False).head(limit)
+    runs = _newest_with(
+        runs[runs["_speed"].notna()].sort_values("start_time", ascending=False), limit, current_run_id
+    )
     params = {
         column: runs[column].map(param_value)
         for column in runs.columns
@@ -127,6 +129,16 @@ def compare_runs(runs: pd.DataFrame, limit: int = 20, current_run_id: str | None
     if data is not None:
         table.insert(table.columns.get_loc("real_tokens_per_s"), "data", data.to_numpy())
     return table.reset_index(drop=True)
+
+
+def _newest_with(runs: pd.DataFrame, limit: int, current_run_id: str | None) -> pd.DataFrame:
+    """The ``limit`` first of ``runs`` (newest first), the reported run ``current_run_id`` among them where
+    ``runs`` holds it (a report of an earlier training): it and the ``limit`` - 1 newest others."""
+    newest = runs.head(limit)
+    current = runs["run_id"] == current_run_id
+    if current_run_id is None or not current.any() or (newest["run_id"] == current_run_id).any():
+        return newest
+    return runs[current | runs.index.isin(runs[~current].head(limit - 1).index)]
 
 
 def _differs(column: str, values: pd.Series, runs: pd.DataFrame) -> bool:
