@@ -408,3 +408,49 @@ def test_a_bad_value_given_with_params_is_to_be_changed_there_first(tmp_path):
     ), said
     said = fix({"max_steps": 0}, {"train": {"optimizer": {"lr": 0.1}}})  # another key given: the file's
     assert said.startswith(f"set train.max_steps in {conf / 'local' / 'parameters_train.yml'} "), said
+
+
+@pytest.mark.parametrize(
+    ("name", "renamed"),
+    [
+        ("parameter_split.yml", "parameters_split.yml"),
+        ("params.yml", "parameters.yml"),
+        ("Parameters_split.yaml", "parameters_split.yaml"),
+        ("split.yml", "parameters_split.yml"),
+    ],
+)
+def test_a_parameters_file_kedro_does_not_read_is_refused_naming_the_name_it_reads(tmp_path, name, renamed):
+    """``conf/local/parameter_split.yml`` (or ``params.yml``, a capital P): Kedro reads parameters from files
+    named ``parameters*`` alone, so its ``split.max_samples: 99`` was dropped without a word and the split
+    ran on the defaults, over the outputs. Refused before any node runs, naming the file, what it sets and
+    the name Kedro reads; such a file of another environment, a sweep file and a catalog are left alone."""
+    from types import SimpleNamespace
+
+    from kedro.config import OmegaConfigLoader
+
+    from fastlm.engine.paths import project_name
+    from fastlm.hooks import UnknownRuntimeParamsHook
+
+    conf = _conf(tmp_path, "local", {name: {"split": {"max_samples": 99}, "run_name": "x"}})
+    _conf_extra = {
+        "quick/params.yml": {"split": {"max_samples": 5}},  # another environment: not this run's
+        "base/sweeps/mine.yml": {"name": "mine", "train": {"seed": 1}},
+        "local/catalog_extra.yml": {"train": {"type": "pandas.CSVDataset", "filepath": "x.csv"}},
+    }
+    for path, content in _conf_extra.items():
+        (conf / path).parent.mkdir(parents=True, exist_ok=True)
+        (conf / path).write_text(yaml.safe_dump(content))
+
+    def run(env, file_name=None):
+        hook = UnknownRuntimeParamsHook()
+        loader = OmegaConfigLoader(str(conf), env=env, base_env="base", default_run_env="local")
+        hook.after_context_created(SimpleNamespace(config_loader=loader, params={}))
+        hook.before_pipeline_run({"env": env, "project_path": str(tmp_path)}, None, None)
+
+    with pytest.raises(ConfigError) as raised:
+        run(None)
+    said = str(raised.value)
+    assert said.startswith(f"{project_name(conf / 'local' / name)} is not read") and "\n" not in said, said
+    assert "run_name, split" in said and f"rename it to {project_name(conf / 'local' / renamed)}" in said
+    (conf / "local" / name).unlink()
+    run(None)  # nothing else refused: the other environment's file, the sweep file, the catalog

@@ -11,7 +11,7 @@ import difflib
 import importlib
 import mimetypes
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,49 @@ def _conf_files(conf_root: Path):
                     loaded = None  # Kedro reports the file itself
                 keys = [str(key) for key in loaded] if isinstance(loaded, dict) else []
             yield file, _RUNTIME_PARAM.findall(text), keys
+
+
+def unread_parameters_files(
+    conf_root: Path, envs: Sequence[str], patterns: Mapping[str, Sequence[str]]
+) -> list[tuple[Path, list[str], Path]]:
+    """The conf files of the environments ``envs`` under ``conf_root`` that set parameters (a group or a plain
+    parameter at their top level) but that the config loader reads under none of its ``patterns`` (Kedro reads
+    parameters from ``parameters*`` files alone: ``parameter_split.yml``, ``params.yml`` and
+    ``Parameters.yml`` are dropped without a word): each with those keys and the name it would be read under.
+    Sweep files (a ``sweeps`` folder), read by name, are none."""
+    import glob
+
+    import yaml
+
+    names = {*GROUPS, *PLAIN}
+    found = []
+    for env in dict.fromkeys(envs):
+        folder = Path(conf_root) / env
+        if not folder.is_dir():
+            continue
+        read = {
+            Path(path).resolve()
+            for listed in patterns.values()
+            for pattern in listed
+            for path in glob.glob(str(folder / pattern), recursive=True)
+        }
+        for file in sorted(folder.rglob("*")):
+            if not file.is_file() or file.suffix.lower() not in _CONF_SUFFIXES or file.resolve() in read:
+                continue
+            if "sweeps" in file.relative_to(folder).parts:
+                continue
+            try:
+                loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue
+            keys = sorted(str(key) for key in loaded if str(key) in names) if isinstance(loaded, dict) else []
+            if keys:
+                rest = re.sub(r"(?i)^param(?:eter)?s?", "", file.stem).lstrip("_-")
+                renamed = file.with_name(f"parameters_{rest}" if rest else "parameters").with_suffix(
+                    file.suffix.lower()
+                )
+                found.append((file, keys, renamed))
+    return found
 
 
 def check_top_level_params(given: Mapping[str, Any], known: set[str]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
+from fastlm.engine.paths import project_name
 from fastlm.errors import ConfigError
 from fastlm.hooks.catalog import local_path, put
 from fastlm.parameters import (
@@ -24,6 +25,7 @@ from fastlm.parameters import (
     packed_conf_file,
     runtime_only_params,
     setting_file,
+    unread_parameters_files,
 )
 from fastlm.tracking import local_store_uri
 
@@ -74,6 +76,12 @@ class UnknownRuntimeParamsHook:
     @hook_impl
     def after_context_created(self, context) -> None:
         self._conf = _conf_source(context)
+        loader = getattr(context, "config_loader", None)
+        self._patterns = dict(getattr(loader, "config_patterns", None) or {})
+        self._envs = (
+            getattr(loader, "base_env", None) or "base",
+            getattr(loader, "env", None) or getattr(loader, "default_run_env", None) or "local",
+        )
         try:
             self._params = dict(context.params)
         except Exception:  # noqa: BLE001 - a broken parameters file is Kedro's to report, when it is read
@@ -87,6 +95,16 @@ class UnknownRuntimeParamsHook:
             return
         if given:
             check_top_level_params(given, known_top_level_params(conf))
+        patterns = getattr(self, "_patterns", {})
+        if "parameters" in patterns:  # a parameters file under a name Kedro does not read: dropped silently
+            for file, keys, renamed in unread_parameters_files(conf, self._envs, patterns):
+                read = ", ".join(patterns["parameters"])
+                raise ConfigError(
+                    f"{project_name(file)} is not read: Kedro reads parameters from files named parameters* "
+                    f"alone ({read}), so what it sets ({', '.join(keys)}) would be left out of the run.",
+                    fix=f"rename it to {project_name(renamed)} (or move it out of conf/ if it is not "
+                    "meant to be read).",
+                )
         # a name the catalog reads from --params alone (raw_path), set in a parameters file: dropped silently
         for name, files in runtime_only_params(conf).items():
             value = getattr(self, "_params", {}).get(name)
