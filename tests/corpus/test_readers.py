@@ -1,6 +1,7 @@
 import gzip
 import json
 import logging
+from pathlib import Path
 
 import datasets
 import pandas as pd
@@ -96,6 +97,32 @@ def test_a_file_holding_no_rows_once_decompressed_is_refused_as_an_empty_one(tmp
     message = str(error.value)
     assert f"raw data file {path} holds no rows" in message and "Fix: fill it" in message, message
     assert "\n" not in message and "column" not in message
+
+
+def test_a_file_whose_name_is_written_decomposed_is_named_with_the_rename(tmp_path, monkeypatch):
+    """``raw_path=data/01_raw/리뷰.jsonl`` typed composed (NFC) where the file, copied from macOS, has its
+    name decomposed (NFD), or sits in a folder so named: `does not exist` for a file `ls` shows under that
+    very name. The line says which file is there and how to rename it."""
+    import unicodedata
+
+    monkeypatch.chdir(tmp_path)
+    decomposed = unicodedata.normalize("NFD", "리뷰")
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / f"{decomposed}.jsonl").write_text('{"text": "a"}\n', encoding="utf-8")
+    (tmp_path / decomposed).mkdir()
+    (tmp_path / decomposed / "rows.jsonl").write_text('{"text": "a"}\n', encoding="utf-8")
+    for given, there in (
+        ("raw/리뷰.jsonl", f"raw/{decomposed}.jsonl"),
+        ("리뷰/rows.jsonl", f"{decomposed}/rows.jsonl"),
+    ):
+        with pytest.raises(InputDataError) as error:
+            read_text_table(Path(given))
+        message = str(error.value)
+        assert f"raw data file {given} does not exist; {there} is there" in message, message
+        assert f"os.rename({there!r}, {given!r})" in message and "\n" not in message, message
+    with pytest.raises(InputDataError) as error:
+        read_text_table(Path("raw/other.jsonl"))
+    assert "is there" not in str(error.value)
 
 
 def test_plain_folder_is_refused(tmp_path):

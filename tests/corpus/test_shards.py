@@ -180,6 +180,22 @@ def test_a_glob_written_with_backslashes_is_refused_naming_it_with_slashes(tmp_p
     assert read_raw_table("data/01_raw/shards/*.jsonl")["n"].tolist() == list(range(3))
 
 
+def test_a_glob_through_a_folder_named_in_another_normalization_names_the_folder_and_the_rename(
+    tmp_path, monkeypatch
+):
+    """``raw_path='data/01_raw/리뷰/*.jsonl'`` typed composed where the folder, copied from macOS, is named
+    decomposed: `no data file matches the glob` for a folder `ls` shows under that very name."""
+    import unicodedata
+
+    monkeypatch.chdir(tmp_path)
+    decomposed = unicodedata.normalize("NFD", "리뷰")
+    _jsonl(tmp_path / "raw" / decomposed / "part-0.jsonl", _rows(0, 3))
+    with pytest.raises(InputDataError) as refused:
+        check_raw_path("raw/리뷰/*.jsonl")
+    message = str(refused.value)
+    assert f"raw/{decomposed} is there" in message and f"os.rename('raw/{decomposed}', 'raw/리뷰')" in message
+
+
 def test_a_changed_file_of_the_same_size_is_said_so():
     """A raw file reordered (or edited byte for byte) keeps its size: the refusal said
     ``(2946814 -> 2946814 bytes)``, which reads as no change. Now "same size, other contents"."""

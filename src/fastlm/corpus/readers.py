@@ -92,6 +92,14 @@ def check_table_path(path: str | Path, parameter: str = RAW_PATH) -> str:
     path = Path(path)
     what, fix = ("raw data file" if parameter == RAW_PATH else parameter), _fix(parameter)
     if not path.exists():
+        there = other_normalization(path)
+        if there is not None:  # a name copied from macOS (decomposed) beside one typed (composed), or back
+            raise InputDataError(
+                f"{what} {path} does not exist; {there} is there, the same name in another Unicode "
+                "normalization (decomposed, NFD, as macOS writes file names, or composed, NFC).",
+                fix=f'rename it as {parameter} writes it: python3 -c "import os; os.rename({str(there)!r}, '
+                f'{str(path)!r})", or {fix}.',
+            )
         raise InputDataError(f"{what} {path} does not exist.", fix=f"create it or {fix}.")
     kind = detect_format(path, parameter)
     if kind != "arrow_dir" and not path.is_file():  # a named pipe or a device would block or never end
@@ -104,6 +112,30 @@ def check_table_path(path: str | Path, parameter: str = RAW_PATH) -> str:
     if path.is_file() and (kind in TEXT_FORMATS or kind == LINES):
         _check_compression(path, kind, fix)
     return kind
+
+
+def other_normalization(path: str | Path) -> Path | None:
+    """The existing file or folder that ``path`` (one that does not exist) names in another Unicode
+    normalization, each missing part of it matched to the one entry of its folder of the same NFC name (a
+    name copied from macOS, decomposed, where the parameter was typed composed); None where there is none."""
+    path = Path(path)
+    found = Path(path.anchor) if path.is_absolute() else Path()
+    for part in path.parts[1:] if path.is_absolute() else path.parts:
+        if (found / part).exists() or part in ("", ".", ".."):
+            found = found / part
+            continue
+        try:
+            same = [
+                entry
+                for entry in found.iterdir()
+                if unicodedata.normalize("NFC", entry.name) == unicodedata.normalize("NFC", part)
+            ]
+        except OSError:
+            return None
+        if len(same) != 1:
+            return None
+        found = same[0]
+    return found if found != path and found.exists() else None
 
 
 # The first bytes of each compression a text file may be read through (by its name's last suffix). bzip2's

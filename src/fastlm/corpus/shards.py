@@ -29,6 +29,7 @@ from fastlm.corpus.readers import (
     check_table_path,
     holds_no_rows,
     is_saved_folder,
+    other_normalization,
     read_table,
     read_text_table,
     suffix_format,
@@ -96,6 +97,16 @@ def shard_files(path: str | Path, parameter: str = RAW_PATH, say: bool = False) 
     what = "matches the glob" if is_pattern(path) else "is in the folder"
     if not files:
         slashed = str(path).replace("\\", "/")
+        folder = _literal_folder(path)
+        there = None if folder.exists() else other_normalization(folder)
+        if there is not None:  # a folder copied from macOS (decomposed) where the glob was typed composed
+            raise InputDataError(
+                f"no data file {what} {path} given as {parameter}: its folder {folder} does not exist; "
+                f"{there} is there, the same name in another Unicode normalization (decomposed, NFD, as "
+                "macOS writes file names, or composed, NFC).",
+                fix=f'rename it as {parameter} writes it: python3 -c "import os; os.rename({str(there)!r}, '
+                f'{str(folder)!r})".',
+            )
         raise InputDataError(
             f"no data file (.csv, .tsv, .jsonl, .parquet, .txt, optionally compressed) {what} {path} given "
             f"as {parameter}.",
@@ -114,6 +125,14 @@ def shard_files(path: str | Path, parameter: str = RAW_PATH, say: bool = False) 
             f"{files[0].suffix if files[0].suffix.lower() not in COMPRESSIONS else ''}).",
         )
     return files
+
+
+def _literal_folder(path: str | Path) -> Path:
+    """The folder part of a glob before its first part holding a glob character (``data/01_raw`` of
+    ``data/01_raw/*/x.jsonl``); a folder itself."""
+    parts = Path(path).parts
+    index = next((i for i, part in enumerate(parts) if GLOB_CHARACTERS & set(part)), len(parts))
+    return Path(*parts[:index]) if index else Path()
 
 
 def check_raw_path(path: str | Path, parameter: str = RAW_PATH) -> None:
