@@ -454,3 +454,40 @@ def test_a_parameters_file_kedro_does_not_read_is_refused_naming_the_name_it_rea
     assert "run_name, split" in said and f"rename it to {project_name(conf / 'local' / renamed)}" in said
     (conf / "local" / name).unlink()
     run(None)  # nothing else refused: the other environment's file, the sweep file, the catalog
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ({"spilt": {"max_samples": 99}}, "sets spilt, which no node reads (did you mean split?)"),
+        ({"split.max_samples": 99}, "sets split.max_samples, which no node reads"),
+        ({"Train": {"max_steps": 3}}, "sets Train, which no node reads (did you mean train?)"),
+    ],
+    ids=["misspelled_group", "dotted_key", "capital"],
+)
+def test_a_misspelled_top_level_key_in_a_parameters_file_is_refused(tmp_path, content, said):
+    """``spilt: {max_samples: 99}`` in conf/local/parameters.yml (or ``split.max_samples: 99``, one key with a
+    dot in its name, not a path): the --params spelling is refused, the file's was taken as a parameter of
+    its own that no node reads, and the split ran on the defaults, exit 0. A name of the user's own that is
+    no near miss of one fastlm reads, or one a conf file interpolates, is left alone."""
+    from types import SimpleNamespace
+
+    from kedro.config import OmegaConfigLoader
+
+    from fastlm.hooks import UnknownRuntimeParamsHook
+
+    conf = _conf(tmp_path, "local", {"parameters.yml": content})
+
+    def run():
+        hook = UnknownRuntimeParamsHook()
+        loader = OmegaConfigLoader(str(conf), base_env="base", default_run_env="local")
+        hook.after_context_created(SimpleNamespace(config_loader=loader, params={}))
+        hook.before_pipeline_run({"env": None, "project_path": str(tmp_path)}, None, None)
+
+    with pytest.raises(ConfigError) as raised:
+        run()
+    message = str(raised.value)
+    assert said in message and "parameters.yml" in message and "\n" not in message, message
+    own = {"experiment_notes": "baseline", "max_len": 48, "split": {"max_length": "${max_len}"}}
+    (conf / "local" / "parameters.yml").write_text(yaml.safe_dump(own))
+    run()

@@ -258,6 +258,47 @@ def unread_parameters_files(
     return found
 
 
+_INTERPOLATION = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)")  # ${name...}: a key a conf file reads
+
+
+def misread_top_level_keys(
+    conf_root: Path, envs: Sequence[str], read: set[str]
+) -> list[tuple[Path, str, str]]:
+    """The top-level keys of the parameters files of the environments ``envs`` under ``conf_root`` that no
+    node reads (``read``: the names nodes take as ``params:<name>``; the groups and :data:`PLAIN`) and no conf
+    file interpolates, but that look meant for one: a near miss of such a name (``spilt``, ``Train``) or a
+    dotted key whose first part is one (``split.max_samples: 99``, one name, not a path). Each with the file
+    and the name meant. A name of the user's own is left alone."""
+
+    known = sorted({*GROUPS, *PLAIN, *read})
+    interpolated: set[str] = set()
+    for _, reads, _ in _conf_files(conf_root):
+        interpolated.update(reads)
+    for env in (path for path in sorted(Path(conf_root).iterdir()) if path.is_dir()):
+        for file in env.rglob("*"):
+            if file.is_file() and file.suffix in _CONF_SUFFIXES:
+                try:
+                    interpolated.update(_INTERPOLATION.findall(file.read_text(encoding="utf-8")))
+                except (OSError, UnicodeDecodeError):
+                    continue
+    found = []
+    for env in dict.fromkeys(envs):
+        for file, loaded in parameters_files(Path(conf_root) / env):
+            for key in loaded if isinstance(loaded, dict) else ():
+                key = str(key)
+                if key in known or key in interpolated:
+                    continue
+                first = key.split(".", 1)[0]
+                meant = (
+                    first
+                    if first in known
+                    else next(iter(difflib.get_close_matches(first.lower(), known, n=1, cutoff=0.75)), None)
+                )
+                if meant is not None:
+                    found.append((file, key, meant))
+    return found
+
+
 def check_top_level_params(given: Mapping[str, Any], known: set[str]) -> None:
     """One ConfigError line for the first top-level key of ``given`` (``--params``) outside ``known``.
 

@@ -20,6 +20,7 @@ from fastlm.parameters import (
     check_top_level_params,
     env_parameters,
     known_top_level_params,
+    misread_top_level_keys,
     named_in,
     packed_conf,
     packed_conf_file,
@@ -95,6 +96,22 @@ class UnknownRuntimeParamsHook:
             return
         if given:
             check_top_level_params(given, known_top_level_params(conf))
+        # a top-level key of a parameters file that no node reads: dropped silently (the nodes' reads are
+        # looked up only for a key that looks meant for another name: building every pipeline costs seconds)
+        misread = misread_top_level_keys(conf, self._envs, set())
+        read = _params_nodes_read() if misread else None
+        if read is not None:
+            for file, key, meant in misread_top_level_keys(conf, self._envs, read):
+                nested = key.split(".", 1)
+                raise ConfigError(
+                    f"{project_name(file)} sets {key}, which no node reads"
+                    + ("" if nested[0] == meant else f" (did you mean {meant}?)")
+                    + ": it would be left out of the run.",
+                    fix=f"write it as {meant}: {{{nested[1]}: ...}} (a key with a dot in a parameters file "
+                    "is one name, not a path)."
+                    if len(nested) > 1 and nested[0] == meant
+                    else f"correct it to {meant} in {project_name(file)}.",
+                )
         patterns = getattr(self, "_patterns", {})
         if "parameters" in patterns:  # a parameters file under a name Kedro does not read: dropped silently
             for file, keys, renamed in unread_parameters_files(conf, self._envs, patterns):
@@ -114,6 +131,24 @@ class UnknownRuntimeParamsHook:
                     "--params only: the run would read its default instead.",
                     fix=f"pass --params {name}={value} (and remove it from {files[0]}).",
                 )
+
+
+def _params_nodes_read() -> set[str] | None:
+    """The top-level parameter names the project's nodes take (``params:<name>``), the registered pipelines'
+    and fastlm's own; None where a node takes every parameter (``parameters``): nothing is unread then."""
+    from fastlm.hooks.inputs import all_pipelines
+
+    pipelines = list(all_pipelines().values())
+    try:
+        from kedro.framework.project import pipelines as registered
+
+        pipelines += list(registered.values())
+    except Exception:  # noqa: BLE001 - no project bootstrapped (a notebook, a test): fastlm's own
+        pass
+    inputs = {name for pipeline in pipelines for name in pipeline.inputs()}
+    if "parameters" in inputs:
+        return None
+    return {name.removeprefix("params:").split(".", 1)[0] for name in inputs if name.startswith("params:")}
 
 
 class ParametersValidHook:
