@@ -55,6 +55,9 @@ def test_secret_shaped_text_is_masked(text, expected):
         "max_tokens=5, train/tokens_per_s: 1200.5, pad_token=<pad>",
         "MLflow tracking URI sqlite:///mlflow.db, http://127.0.0.1:5000",
         "saved checkpoint data/06_models/checkpoints/checkpoint-00000004 (1.2 MB in 0.10 s)",
+        # a fix's placeholder for a secret's value: no secret, and the fix's closing backtick was eaten
+        "set it before the run (`export HF_TOKEN=...`), give it a default",
+        "run `export DB_PASSWORD=<password>` first",
     ],
 )
 def test_ordinary_text_is_left_alone(text):
@@ -481,3 +484,14 @@ def test_kedro_viz_fastapi_deprecation_is_not_shown():
         )
         warnings.warn("UJSONResponse is deprecated", FastAPIDeprecationWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["UJSONResponse is deprecated"]
+
+
+def test_the_fix_for_an_unset_credentials_variable_keeps_its_command_whole_once_masked(tmp_path, monkeypatch):
+    """``${oc.env:HF_TOKEN}`` in credentials.yml with HF_TOKEN not set: the line's fix, ``export
+    HF_TOKEN=...``, went through the masking every printed line goes through, which took ``...`)`` for the
+    token's value: the fix read ``(`export HF_TOKEN=***, give it a default``."""
+    from fastlm.cli import _unset_variable_error
+
+    monkeypatch.chdir(tmp_path)
+    shown = redact_text(str(_unset_variable_error("HF_TOKEN", "hub.token")))
+    assert "(`export HF_TOKEN=...`), give it a default (${oc.env:HF_TOKEN,<default>})" in shown, shown

@@ -141,8 +141,14 @@ def shown_location(value: Any) -> str:
     return redact_text(str(value))
 
 
+# a fix's placeholder for a secret's value (``export HF_TOKEN=...``, ``=<password>``), its closing backtick or
+# bracket after it: no secret, and masking it ate the fix's closing backtick
+_PLACEHOLDER = re.compile(r"(?:\.\.\.|<\w+>)[`)\]]*")
+
+
 def _mask_pair(match: re.Match) -> str:
-    if not is_secret_key(match.group("key")) or match.group("value") == MASK:
+    value = match.group("value")
+    if not is_secret_key(match.group("key")) or value == MASK or _PLACEHOLDER.fullmatch(value):
         return match.group(0)
     return f"{match.group('key')}{match.group('kq')}{match.group('sep')}{match.group('quote')}{MASK}"
 
