@@ -905,3 +905,29 @@ def test_a_checkpoint_folder_given_as_the_model_names_its_run_and_what_to_predic
         assert "\n" not in said[run] and f"a checkpoint of the training {run}" in said[run], said[run]
     assert "predict.model=done1" in said["done1"], said["done1"]
     assert "kedro run --pipeline=train --params run_name=stopped1" in said["stopped1"], said["stopped1"]
+
+
+def test_an_input_column_named_with_white_space_around_it_or_decomposed_is_the_column_asked_for(
+    tmp_path, caplog
+):
+    """A CSV header written ``id, text`` names the column ' text' (which ``--params`` cannot say), and a
+    Korean header saved on macOS is decomposed (NFD) where the parameter typed is composed: the split reads
+    such a column as the one its parameter names, but predict refused the same file (``has no column
+    'text'``). Its input table names them as asked, said in one warning each; a number-only cell is still
+    read as the file writes it."""
+    import logging
+    import unicodedata
+
+    from fastlm.datasets.predict_sources import PredictSources
+
+    korean = unicodedata.normalize("NFD", "본문")
+    path = tmp_path / "in.csv"
+    path.write_text(f"id, text,{korean}\n007, 2024,가\n8, hello,나\n", encoding="utf-8")
+    sources = PredictSources(tmp_path / "model", tmp_path / "runs", tmp_path / "parts")
+    with caplog.at_level(logging.WARNING):
+        table = sources.read_input(str(path), id_column="id")
+    assert list(table.columns) == ["id", "text", "본문"], list(table.columns)
+    assert table["id"].tolist() == ["007", "8"]
+    assert sources.text_as_written(table, "text")["text"].tolist() == [" 2024", " hello"]
+    said = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(said) == 2 and "' text'" in said[0] and "decomposed" in said[1], said

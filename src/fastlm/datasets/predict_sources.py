@@ -5,6 +5,7 @@ place that names them (a catalog path read from ``--params`` would miss a value 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -13,6 +14,7 @@ from kedro.io import AbstractDataset, DatasetError
 
 from fastlm.corpus.readers import (
     COMPRESSIONS,
+    column_key,
     read_text_lines,
     read_text_table,
     refuse_a_table_of_tabs,
@@ -30,6 +32,7 @@ from fastlm.reporting.predictions import PredictionParts
 FORMATS = (
     ".jsonl, .csv, .tsv, .parquet (as the split reads them) or .txt (one input a line), optionally compressed"
 )
+log = logging.getLogger(__name__)
 PARAMETER = "predict.input"
 
 
@@ -84,7 +87,7 @@ class PredictSources:
             table = pd.DataFrame({"text": pd.Series(lines, dtype=object)})
             table.attrs["source_path"] = str(file)
             return table
-        return read_text_table(file, PARAMETER, as_written=[id_column] if id_column else [])
+        return _named_as_asked(read_text_table(file, PARAMETER, as_written=[id_column] if id_column else []))
 
     def text_as_written(self, table: pd.DataFrame, column: str) -> pd.DataFrame:
         """``table`` (``read_input``'s) with its input ``column`` as a CSV or TSV file writes it: prompts or
@@ -223,6 +226,30 @@ class PredictSources:
         except (OSError, UnicodeDecodeError, ValueError):
             return None
         return summary.get("fingerprint") if isinstance(summary, dict) else None
+
+
+def _named_as_asked(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with each column whose name has white space around it (a CSV header ``id, text``) or is
+    decomposed (NFD, a header saved on macOS) named as a parameter names it (``readers.column_key``), as
+    the split reads such a column, said in one warning each; a name whose key another column has, as it
+    is. Its cells as the file writes them are still found by that name (``readers.written_cells``)."""
+    keys = [column_key(column) for column in table.columns]
+    renamed = {
+        column: key
+        for column, key in zip(table.columns, keys, strict=True)
+        if key != column and keys.count(key) == 1 and key not in table.columns
+    }
+    for column, key in renamed.items():
+        log.warning(
+            "predict: the column %r of %s is read as %r: the same name %s",
+            column,
+            table.attrs.get("source_path", "predict.input"),
+            key,
+            "with white space around it"
+            if column.strip() != column
+            else "decomposed (NFD, as macOS writes it)",
+        )
+    return table.rename(columns=renamed) if renamed else table
 
 
 def _runs_said(runs: Path, name: str) -> str:
