@@ -517,3 +517,33 @@ def test_a_model_folder_without_a_tokenizer_says_the_data_tokenizer_could_not_be
     with caplog.at_level(logging.WARNING, logger="fastlm"):
         _build(folder, bpe_tokenizer)
     assert not [r for r in caplog.records if "holds no tokenizer" in r.getMessage()]
+
+
+def test_an_adapter_over_a_grown_embedding_says_at_its_save_how_it_loads(bpe_tokenizer, tmp_path, caplog):
+    """LoRA with ``train.model.resize_embeddings`` saves an adapter whose embedding and head have more rows
+    than its base folder's: transformers' ``AutoModelForCausalLM.from_pretrained`` and ``pipeline()`` on that
+    folder load the base as it is and stop with a size mismatch, though fastlm's own loading (predict, the
+    report, merge-adapter) grows the base first. Its save says so, with the commands that load it; an
+    adapter over an embedding of the base's size says nothing of it."""
+    import logging
+
+    from fastlm.engine.model.adapter_folder import save_adapter
+
+    folder = tmp_path / "base"
+    _tiny("llama", len(bpe_tokenizer) - 8).save_pretrained(folder)
+    bpe_tokenizer.save_pretrained(folder)
+    lora = {"enabled": True, "r": 2, "modules_to_save": ["embed_tokens", "lm_head"]}
+    model = _build(folder, bpe_tokenizer, resize_embeddings=True, lora=lora)
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        save_adapter(model, tmp_path / "adapter")
+    said = [record.getMessage() for record in caplog.records if "size mismatch" in record.getMessage()]
+    assert len(said) == 1, [record.getMessage() for record in caplog.records]
+    assert f"from {len(bpe_tokenizer) - 8} to {len(bpe_tokenizer)} tokens" in said[0], said
+    assert "merge-adapter --adapter" in said[0] and "resize_token_embeddings" in said[0], said
+    caplog.clear()
+    same = tmp_path / "same"
+    _tiny("llama", len(bpe_tokenizer)).save_pretrained(same)
+    bpe_tokenizer.save_pretrained(same)
+    with caplog.at_level(logging.WARNING, logger="fastlm"):
+        save_adapter(_build(same, bpe_tokenizer, lora=lora), tmp_path / "adapter2")
+    assert not [record for record in caplog.records if "size mismatch" in record.getMessage()]

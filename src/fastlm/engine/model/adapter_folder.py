@@ -155,6 +155,7 @@ def save_adapter(peft_model, folder: str | Path) -> None:
     folder = Path(folder)
     peft_model.save_pretrained(str(folder), safe_serialization=True)
     save_generation_config(peft_model, folder)
+    _say_grown_embedding(peft_model, folder)
     initial = initial_adapters(peft_model)
     if initial is None:
         return
@@ -176,6 +177,36 @@ def save_adapter(peft_model, folder: str | Path) -> None:
     config["lora_alpha"] *= math.sqrt(2) if config.get("use_rslora") else 2
     config["init_lora_weights"] = True
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _say_grown_embedding(peft_model, folder: Path) -> None:
+    """One warning where the adapter's embedding has more rows than its base folder's (``train.model.
+    resize_embeddings``): transformers loads an adapter folder's base as it is, so its ``from_pretrained`` and
+    ``pipeline()`` stop there with a size mismatch; fastlm's loading grows the base first
+    (``load_adapter_model``)."""
+    config = next(iter(getattr(peft_model, "peft_config", {}).values()), None)
+    base = getattr(config, "base_model_name_or_path", None)
+    try:
+        written = json.loads((Path(str(base)) / "config.json").read_text(encoding="utf-8"))
+        before = written.get("vocab_size") or (written.get("text_config") or {}).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return
+    size = peft_model.get_input_embeddings().num_embeddings
+    if isinstance(before, int) and size > before:
+        log.warning(
+            "The adapter in %s trained an embedding grown from %d to %d tokens "
+            "(train.model.resize_embeddings): transformers' AutoModelForCausalLM.from_pretrained and "
+            "pipeline() on that folder load its base as it is and stop with a size mismatch. Load it with "
+            "fastlm (predict, the report) or merge it into a full model folder: python -m fastlm "
+            "merge-adapter --adapter %s --out <merged>; with peft, call "
+            "base.resize_token_embeddings(%d) before PeftModel.from_pretrained(base, %s).",
+            folder,
+            before,
+            size,
+            folder,
+            size,
+            folder,
+        )
 
 
 BASE_DIGEST = "base_digest.json"  # beside adapter_config.json: the base weights the adapter was trained on
