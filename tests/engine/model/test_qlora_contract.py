@@ -11,6 +11,8 @@ GPU run is ``benchmarks/gpu_speed.py --contenders fastlm_qlora``."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -30,7 +32,12 @@ TEXTS = [f"sample {index} of the qlora contract, word {index * 7 % 13}" for inde
 @pytest.fixture
 def fake_cuda_with_bitsandbytes(monkeypatch):
     """A machine that has CUDA and bitsandbytes, as far as fastlm's checks go. No ``bitsandbytes`` module is
-    put in ``sys.modules``: peft and transformers would then take it for the real one (and cache that)."""
+    put in ``sys.modules``: peft and transformers would then take it for the real one (and cache that). The
+    real one, where installed, is imported first, on this CPU: imported first under the faked CUDA it loaded
+    its CUDA backend and failed (``torch._C`` has no ``_cuda_getCurrentRawStream``), so this file failed run
+    alone and passed only after another file had imported it."""
+    with contextlib.suppress(ImportError):
+        import bitsandbytes  # noqa: F401
     monkeypatch.setattr(engine_config, "bitsandbytes_missing", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -220,3 +227,30 @@ def test_qlora_keeps_frozen_matrices_in_the_compute_dtype_and_trains_in_fp32(fak
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trainable.values())
     assert all(torch.isfinite(p.grad).all() for p in trainable.values())
     assert all(p.grad is None for p in frozen.values())
+
+
+def test_the_adapters_log_line_says_a_qlora_run_is_one(fake_cuda_with_bitsandbytes, caplog):
+    """The line that says what was adapted read ``LoRA r=4 alpha=8 adapting ...`` for a QLoRA run too:
+    nothing in the run's log said its base was 4-bit. It names the 4-bit NF4 base."""
+    import logging
+
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+    )
+    lines = {}
+    for four_bit in (True, False):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(config).to(torch.bfloat16)
+        raw = {"model": {"lora": {"enabled": True, "load_in_4bit": four_bit, "r": 4}}}
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="fastlm.engine.model.lora"):
+            lora.apply_lora(model, parse_train_params(raw).model.lora, gradient_checkpointing="full")
+        lines[four_bit] = next(message for message in caplog.messages if " r=4 " in message)
+    assert lines[True].startswith("LoRA on a 4-bit NF4 base (QLoRA) r=4 "), lines[True]
+    assert lines[False].startswith("LoRA r=4 "), lines[False]

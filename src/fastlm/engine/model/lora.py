@@ -315,6 +315,7 @@ def apply_lora(model, lora: LoraParams, *, gradient_checkpointing: str | bool):
     counts = parameter_counts(peft_model)
     saved = f"; fully training {', '.join(lora.modules_to_save)}" if lora.modules_to_save else ""
     kind = "DoRA" if lora.use_dora else "LoRA"
+    kind += " on a 4-bit NF4 base (QLoRA)" if lora.load_in_4bit else ""
     kind += " (rank-stabilized: alpha / sqrt(r))" if lora.use_rslora else ""
     kind += f" ({init_name(lora.init)} init)" if lora.init != "default" else ""
     log.info(
