@@ -189,20 +189,7 @@ def test_qlora_keeps_frozen_matrices_in_the_compute_dtype_and_trains_in_fp32(fak
     those only."""
     from fastlm.engine.model.accumulation import accumulate_gradients
 
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(
-            torch.bfloat16
-        )  # as the 4-bit load leaves what it does not quantize
+    model = _bf16_llama(tie_word_embeddings=False)
     raw = {"model": {"lora": {"enabled": True, "load_in_4bit": True, "r": 4, "modules_to_save": ["lm_head"]}}}
     adapted = lora.apply_lora(model, parse_train_params(raw).model.lora, gradient_checkpointing="full")
     base = adapted.get_base_model()
@@ -234,19 +221,9 @@ def test_the_adapters_log_line_says_a_qlora_run_is_one(fake_cuda_with_bitsandbyt
     nothing in the run's log said its base was 4-bit. It names the 4-bit NF4 base."""
     import logging
 
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=32,
-    )
     lines = {}
     for four_bit in (True, False):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model = _bf16_llama()
         raw = {"model": {"lora": {"enabled": True, "load_in_4bit": four_bit, "r": 4}}}
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="fastlm.engine.model.lora"):
@@ -254,3 +231,20 @@ def test_the_adapters_log_line_says_a_qlora_run_is_one(fake_cuda_with_bitsandbyt
         lines[four_bit] = next(message for message in caplog.messages if " r=4 " in message)
     assert lines[True].startswith("LoRA on a 4-bit NF4 base (QLoRA) r=4 "), lines[True]
     assert lines[False].startswith("LoRA r=4 "), lines[False]
+
+
+def _bf16_llama(**config) -> LlamaForCausalLM:
+    """A two-layer Llama in bf16, as the 4-bit load leaves what it does not quantize (seed 0)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=96,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                max_position_embeddings=32,
+                **config,
+            )
+        ).to(torch.bfloat16)
