@@ -153,6 +153,18 @@ def _no_dangling_mlflow_run():
             mlflow.end_run()
 
 
+@pytest.fixture(autouse=True)
+def _no_tuned_file_in_effect():
+    """Each test starts with no tuned file recorded as in effect: a hook test calls the tuned parameters
+    hook's ``before_pipeline_run`` without the run's end that clears it."""
+    yield
+    import sys
+
+    record = sys.modules.get("fastlm.pipelines.tune.record")
+    if record is not None:
+        record.set_in_effect(None)
+
+
 @pytest.fixture(scope="session")
 def sample_texts() -> list[str]:
     return list(demo_texts())

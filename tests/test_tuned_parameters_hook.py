@@ -672,3 +672,84 @@ def test_a_tune_refuses_before_measuring_where_another_file_of_its_environment_s
     assert "\n" not in said and refused in said
     assert "conf/local/parameters.yml" in said and "conf/local/parameters_tuned.yml" in said
     assert not (project / TUNED).exists()
+
+
+class _SweepTracker:
+    """The RunTracker calls of a sweep's runs: none recorded."""
+
+    def child_run(self, name, params):
+        import contextlib
+
+        return contextlib.nullcontext(f"id-{name}")
+
+    def log_run_metrics(self, metrics):
+        pass
+
+    def log_params(self, params):
+        pass
+
+    def adopt_child_run(self, run_id):
+        pass
+
+
+def test_a_sweep_run_on_settings_the_tuned_file_was_not_measured_on_trains_without_it(tmp_path, monkeypatch):
+    """A tune measured on this conf (gradient checkpointing off) chose micro-batch 4, accumulation 8; a sweep
+    over gradient checkpointing: the run with it off (as measured) trains with the tuned batching, the run
+    with it full (another peak memory, another fastest micro-batch) with the conf's, one warning naming the
+    run, the setting and the file. Was: every run of the sweep took the tuned file's micro-batch."""
+    import pandas as pd
+
+    from fastlm import sweep_training
+    from fastlm.pipelines.sweep import nodes
+    from fastlm.pipelines.tune.record import RECORD_KEY
+    from fastlm.sweeps import SweepRuns
+
+    lines = module_log_lines(monkeypatch, sweep_training)
+    project, record = _project_and_record(tmp_path, monkeypatch)
+    assert record["train.model.gradient_checkpointing"] == "off"
+    tuned = {
+        "train": {"batching": {"micro_batch_size": 4, "gradient_accumulation_steps": 8}},
+        RECORD_KEY: record,
+    }
+    (project / TUNED).write_text(yaml.safe_dump(tuned))
+    hook, catalog = _run(project / "conf", project)
+    hook.before_pipeline_run({"env": None}, _pipeline("train"), catalog)
+    seen = {}
+
+    def train_model(tokenized, fingerprint, tokenizer, params, split_params, run_name, tracker, choices_dir):
+        seen[run_name] = params["batching"]
+        history = pd.DataFrame({"step": [1], "loss": [2.0], "elapsed_s": [0.1]})
+        evaluation = pd.DataFrame({"step": [1], "val_loss": [2.0]})
+        return {"model": None}, history, evaluation, {"final_val_loss": 2.0, "steps": 1}
+
+    monkeypatch.setattr(nodes, "train_model", train_model)
+    sweep = tmp_path / "gc.yml"
+    sweep.write_text(
+        yaml.safe_dump({"name": "gc", "grid": {"train.model.gradient_checkpointing": ["off", "full"]}})
+    )
+    train = catalog.load("params:train")
+    base = yaml.safe_load((project / "conf/base/parameters_train.yml").read_text())["train"]["batching"]
+
+    class _Vocabulary:
+        def __len__(self) -> int:
+            return 300
+
+    fingerprint = {"fingerprint": "f", "params": {}}
+    nodes.run_sweep(
+        None,
+        fingerprint,
+        _Vocabulary(),
+        None,
+        train,
+        {},
+        {},
+        str(sweep),
+        SweepRuns(tmp_path / "s"),
+        _SweepTracker(),
+    )
+    assert (seen["gc-01"]["micro_batch_size"], seen["gc-01"]["gradient_accumulation_steps"]) == (4, 8)
+    assert seen["gc-02"]["micro_batch_size"] == base["micro_batch_size"] != 4
+    assert seen["gc-02"]["gradient_accumulation_steps"] == base["gradient_accumulation_steps"] != 8
+    warned = [line for line in lines if "gc-02" in line and TUNED in line]
+    assert len(warned) == 1 and "train.model.gradient_checkpointing off -> full" in warned[0], lines
+    assert not any("gc-01" in line and TUNED in line for line in lines), lines

@@ -11,6 +11,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import datasets
 import pandas as pd
@@ -160,6 +161,7 @@ def train_sweep(
     train: TrainFunction,
     weights_identity: Callable[[str | None], str | None],
     best_run_source: str,
+    tuned: TunedFile | None = None,
 ):
     """Train every run of the sweep file ``sweep`` that has not finished yet with ``train`` (``runs`` keeps
     the finished ones; each run is a child run of ``tracker``'s; ``weights_identity``: the digest of a local
@@ -170,7 +172,11 @@ def train_sweep(
 
     A run that diverges or runs out of memory (``run_failures``) is left out and named, and the sweep goes
     on; the next sweep trains it again. A stop signal or any other error stops the sweep, as does every run
-    failing."""
+    failing.
+
+    ``tuned``: the tuned file the run applies (``tune.record.TunedInEffect``): a run whose settings are not
+    what it was measured on (its grid sets the adapter, checkpointing, precision, ...) trains without it,
+    from the other files' settings, said in one warning."""
     failures = run_failures()
     fingerprint, train_params, split_params = inputs.fingerprint, inputs.train_params, inputs.split_params
     folds = data_folds(fingerprint)  # folds: auto runs one model per fold of the data (split.folds)
@@ -194,6 +200,8 @@ def train_sweep(
     summaries, histories, evaluations, errors = {}, {}, {}, []
     for index, (overrides, name) in enumerate(zip(plan, names, strict=True), start=1):
         params = run_train_params(train_params, spec, overrides)
+        if tuned is not None:
+            params = _tuned_or_not(tuned, spec, overrides, params, name)
         identity = {
             "train": params,
             "data": data_identity(fingerprint),
@@ -260,6 +268,48 @@ def train_sweep(
             setting=_setting_of(table, spec.metric),
         ),
     )
+
+
+class TunedFile(Protocol):
+    """The tuned file a run applies (``tune.record.TunedInEffect``): where, what it sets, the run's train
+    parameters without it, and what given train parameters differ in from what it was measured on."""
+
+    where: str
+    leaves: tuple[tuple[str, ...], ...]
+    untuned: dict
+    changes: Callable[[dict], str | None]
+
+
+def _tuned_or_not(tuned: TunedFile, spec, overrides: dict, params: dict, name: str) -> dict:
+    """The train parameters of the sweep run ``name``: ``params`` (the tuned file's settings and the run's
+    overrides) where the file was measured on its settings, else the run's settings without the file (its
+    overrides over the other files'), with one warning naming the run, what changed and what it drops."""
+    plain = run_train_params(tuned.untuned, spec, overrides)
+    changed = tuned.changes(plain)
+    if changed is None:
+        return params
+    dropped = []
+    for path in tuned.leaves:
+        value, instead = _at(params, path), _at(plain, path)
+        if value != instead:
+            dropped.append(f"train.{'.'.join(path)}={value} (now {instead})")
+    log.warning(
+        "Sweep %s: run %s trains without %s%s: it was measured on other settings than this run's (%s); "
+        "tune them (`kedro run --pipeline=tune --params ...` with this run's settings) or set "
+        "train.batching in the sweep file for this run",
+        spec.name,
+        name,
+        tuned.where,
+        f" ({', '.join(dropped)})" if dropped else "",
+        changed,
+    )
+    return plain
+
+
+def _at(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
 
 
 def _setting_of(table, metric: str) -> str:

@@ -348,7 +348,16 @@ class TunedParametersHook:
         return here.is_relative_to(folder) and here.relative_to(folder).parts[0] in (base, env)
 
     @hook_impl
+    def on_pipeline_error(self, error, run_params: dict, pipeline, catalog) -> None:
+        from fastlm.pipelines.tune.record import set_in_effect
+
+        set_in_effect(None)  # the next run of this process (a test, a notebook) decides its own
+
+    @hook_impl
     def after_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        from fastlm.pipelines.tune.record import set_in_effect
+
+        set_in_effect(None)  # the next run of this process (a test, a notebook) decides its own
         if "tuned_parameters" not in pipeline.all_outputs():
             return
         path = local_path(catalog, "tuned_parameters")
@@ -398,7 +407,10 @@ class TunedParametersHook:
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
+        from fastlm.pipelines.tune.record import set_in_effect
+
         self._pending, self._catalog = None, catalog
+        set_in_effect(None)
         outputs = pipeline.all_outputs()
         trains, tunes = bool(_TRAINING_OUTPUTS & outputs), "tuned_parameters" in outputs
         if not (trains or tunes) or "tuned_parameters" not in catalog or "params:train" not in catalog:
@@ -467,15 +479,30 @@ class TunedParametersHook:
         """Whether the tuned file ``tuned`` (read from ``where``) applies: measured on the settings now (and,
         with ``data``, the tokenized data in the catalog: with ``split``, the data this run's split wrote),
         said so once that is known; else one warning and ``params:train`` without it (``untuned``)."""
-        from fastlm.pipelines.tune.record import DATA_KEY, RECORD_KEY, limited_device, tuned_for, what_changed
+        from fastlm.pipelines.tune.record import (
+            DATA_KEY,
+            RECORD_KEY,
+            TunedInEffect,
+            limited_device,
+            set_in_effect,
+            tuned_for,
+            tuned_leaves,
+            what_changed,
+        )
 
-        recorded, now = tuned.get(RECORD_KEY), _measured_now(untuned, catalog)
+        recorded = tuned.get(RECORD_KEY)
         if not data and isinstance(recorded, dict):  # the data is compared once this run's split wrote it
             recorded = {key: value for key, value in recorded.items() if key != DATA_KEY}
-            now.pop(DATA_KEY, None)
-        # tuned under tune.memory_limit_gb: for a device of its kind with that much memory, not its own card
-        device = limited_device(recorded, now, requested=GROUPS["train"].parse(untuned).runtime.device)
-        changed = "; ".join(filter(None, [device, what_changed(recorded, now)]))
+
+        def changes(train: dict) -> str | None:
+            now = _measured_now(train, catalog)
+            if not data:
+                now.pop(DATA_KEY, None)
+            # tuned under tune.memory_limit_gb: for a device of its kind with that much memory, not its card
+            device = limited_device(recorded, now, requested=GROUPS["train"].parse(train).runtime.device)
+            return "; ".join(filter(None, [device, what_changed(recorded, now)])) or None
+
+        changed = changes(untuned)
         if changed:
             log.warning(
                 "%s is not applied: it was measured on other settings (%s)%s; run "
@@ -503,6 +530,8 @@ class TunedParametersHook:
         if processes is None:
             put(catalog, "params:train", untuned)
             return False
+        leaves = tuple(tuned_leaves(tuned))
+        set_in_effect(TunedInEffect(where, leaves, untuned, changes))  # a sweep checks each of its runs
         limited = tuned_for(recorded)
         log.info(
             "%s is in effect (from `kedro run --pipeline=tune`%s): %s%s%s; delete it to go back to conf/base",

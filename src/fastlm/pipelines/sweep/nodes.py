@@ -1,7 +1,8 @@
 """Node of the sweep pipeline: each parameter set of the sweep file is one named training run (an MLflow child
 run of this pipeline's run) on the same tokenized data; finished runs are kept, so a rerun continues. The
-work is ``fastlm.sweep_training``'s; the node hands it the catalog inputs, the train pipeline's training and
-the weights digest of a local base model. The engine (torch, transformers) is imported when the node runs,
+work is ``fastlm.sweep_training``'s; the node hands it the catalog inputs, the train pipeline's training, the
+weights digest of a local base model and the tuned file the run applies (each run checked against what it was
+measured on). The engine (torch, transformers) is imported when the node runs,
 not as the pipelines are built."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import datasets
 import pandas as pd
 
 from fastlm.pipelines.train.nodes import train_model
-from fastlm.pipelines.tune.record import weights_identity
+from fastlm.pipelines.tune.record import in_effect, weights_identity
 from fastlm.sweep_training import SweepInputs, train_sweep
 from fastlm.sweeps import SweepRuns
 from fastlm.tracking import RunTracker
@@ -40,5 +41,6 @@ def run_sweep(
         tracker,
         train=train_model,
         weights_identity=weights_identity,
+        tuned=in_effect(),
         best_run_source=(paths or {}).get("sweep_best_run", "sweep_best_run"),
     )

@@ -9,7 +9,8 @@ No torch at import time: the hooks read this module when every `kedro run` start
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +340,32 @@ def _ignored(key: str, recorded: Mapping[str, Any], current: Mapping[str, Any]) 
     if key.startswith("train.model.lora.") and key != LORA_ENABLED:
         return not current.get(LORA_ENABLED) and not recorded.get(LORA_ENABLED)
     return False
+
+
+@dataclass(frozen=True)
+class TunedInEffect:
+    """The tuned file a run applies (``TunedParametersHook``): where it is (``where``), the paths under
+    ``train`` it sets (``leaves``), the run's train parameters without it (``untuned``), and ``changes``: for
+    train parameters without the file (a sweep run's), what a tune on them would measure on that the file was
+    not measured on, in ``what_changed``'s phrase (None: nothing, the file applies to them)."""
+
+    where: str
+    leaves: tuple[tuple[str, ...], ...]
+    untuned: dict[str, Any]
+    changes: Callable[[dict[str, Any]], str | None]
+
+
+_IN_EFFECT: list[TunedInEffect | None] = [None]  # the tuned file this process's run applies, if any
+
+
+def set_in_effect(tuned: TunedInEffect | None) -> None:
+    """Record the tuned file the run applies (None: none), for the nodes that train several settings."""
+    _IN_EFFECT[0] = tuned
+
+
+def in_effect() -> TunedInEffect | None:
+    """The tuned file the run applies (``set_in_effect``), None where it applies none."""
+    return _IN_EFFECT[0]
 
 
 def tuned_leaves(tuned: Mapping[str, Any] | None) -> list[tuple[str, ...]]:
