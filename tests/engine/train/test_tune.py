@@ -33,7 +33,27 @@ def test_cliff_stops_the_ladder_and_the_fastest_before_it_is_chosen():
     trials = tune.run_ladder(
         fake(speeds, MEMORY, calls=calls), SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05
     )
-    assert [t.status for t in trials] == ["ok", "ok", "ok", "ok", "cliff"] and calls == [1, 2, 4, 8, 16]
+    assert [t.status for t in trials] == ["ok", "ok", "ok", "ok", "cliff"]
+    assert calls == [1, 2, 4, 8, 16, 16]  # the cliff measured twice: a slowdown that holds
+    assert tune.choose(trials).micro_batch_size == 8
+
+
+def test_a_slowdown_measured_once_is_measured_again_before_it_counts_as_the_cliff():
+    """Size 4's first trial ran while something else took the cores (150 tok/s, below size 2's 190); its
+    second runs at its speed (350): the ladder goes on to the real cliff, and size 4's figure is the second.
+    Was: one noisy trial of two timed steps (CPU, a shared machine) ended the ladder at size 2."""
+    speeds = {1: [100], 2: [190], 4: [150, 350], 8: [400], 16: [170, 175], 32: [999]}
+    calls = []
+
+    def measure(size: int) -> tune.Measurement:
+        calls.append(size)
+        speed = speeds[size][min(calls.count(size), len(speeds[size])) - 1]
+        return tune.Measurement(speed, 1.0 / speed, MEMORY[size])
+
+    trials = tune.run_ladder(measure, SIZES, memory_limit_mb=None, headroom=0.1, cliff_tolerance=0.05)
+    assert [t.status for t in trials] == ["ok", "ok", "ok", "ok", "cliff"]
+    assert calls == [1, 2, 4, 4, 8, 16, 16]
+    assert trials[2].real_tokens_per_s == 350 and trials[4].real_tokens_per_s == 175
     assert tune.choose(trials).micro_batch_size == 8
 
 

@@ -31,7 +31,7 @@ import gc
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from time import perf_counter
 
 import numpy as np
@@ -142,7 +142,9 @@ def run_ladder(
 ) -> list[Trial]:
     """Measure each size in order until out-of-memory, the headroom, a loss that was not finite, the cliff,
     or (after the first size) ``deadline`` (a ``perf_counter`` time: ``tune.max_minutes``); every trial is
-    kept."""
+    kept. A size slower than the fastest before it is measured once more, and the faster of its two
+    measurements counts: a cliff holds, a trial slowed by something else on the machine (a few timed steps
+    on shared cores) does not end the ladder."""
     trials: list[Trial] = []
     budget = memory_limit_mb * (1 - headroom) if memory_limit_mb else None
     for size in sizes:
@@ -152,6 +154,14 @@ def run_ladder(
         try:
             result = measure(size)
             release_memory()  # the trial's optimizer state and activations, before the next size
+            if _slower(result, trials, cliff_tolerance) and not result.alloc_retries:
+                again = measure(size)
+                release_memory()
+                if again.real_tokens_per_s > result.real_tokens_per_s:
+                    peak = max(result.peak_memory_mb, again.peak_memory_mb)
+                    result = replace(
+                        again, peak_memory_mb=peak, loss_finite=result.loss_finite and again.loss_finite
+                    )
         except TooFewBatches as error:
             release_memory()
             trials.append(Trial(size, FEW, error=str(error)))
@@ -169,10 +179,7 @@ def run_ladder(
         elif not result.loss_finite:
             status = NONFINITE  # diverged: no measurement of the training, and its weights may be NaN
         elif best is not None and (
-            (
-                result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
-                and result.peak_memory_mb > trials[-1].peak_memory_mb
-            )
+            _slower(result, trials, cliff_tolerance)
             or (result.alloc_retries and result.real_tokens_per_s <= best.real_tokens_per_s)
         ):
             status = CLIFF  # slower while using more memory, or the CUDA allocator had to retry for no gain
@@ -192,6 +199,17 @@ def run_ladder(
         if status != OK:
             break
     return trials
+
+
+def _slower(result: Measurement, trials: Sequence[Trial], cliff_tolerance: float) -> bool:
+    """Whether ``result`` is slower than the fastest finished trial by more than ``cliff_tolerance`` while
+    using more memory than the trial before it: the cliff, where it holds."""
+    best = max((t for t in trials if t.status == OK), key=lambda t: t.real_tokens_per_s, default=None)
+    return (
+        best is not None
+        and result.real_tokens_per_s < best.real_tokens_per_s * (1 - cliff_tolerance)
+        and result.peak_memory_mb > trials[-1].peak_memory_mb
+    )
 
 
 def deadline_after(minutes: float | None) -> float | None:
