@@ -155,6 +155,33 @@ def test_the_checks_across_processes_count_the_processes_a_step_spans(monkeypatc
             parse_train_params(in_backward)
 
 
+@pytest.mark.parametrize("launched", ["nproc_per_node", "torchrun"])
+def test_bitsandbytes_8bit_adamw_under_fsdp2_is_refused_in_one_line(monkeypatch, launched):
+    """bitsandbytes' 8-bit AdamW updates plain tensors and FSDP2's parameters are DTensors: its first
+    step failed in every worker (``NotImplementedError: Operator bitsandbytes.optimizer_update_32bit.default
+    does not have a sharding strategy registered``) after the launch and the model's set-up. Refused when
+    parsed, in the processes a step spans (``nproc_per_node`` or torchrun's); DDP and one process keep it."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    nproc = {"nproc_per_node": 2} if launched == "nproc_per_node" else {}
+    if launched == "torchrun":
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    raw = {"optimizer": {"name": "adamw_8bit"}, "distributed": {"strategy": "fsdp", **nproc}}
+    with pytest.raises(ConfigError) as raised:
+        parse_train_params(raw)
+    message = str(raised.value)
+    assert "\n" not in message and "train.optimizer.name" in message and "adamw_8bit" in message
+    assert "strategy" in message and "fsdp" in message and "Fix:" in message
+    assert (
+        parse_train_params({**raw, "distributed": {"strategy": "ddp", **nproc}}).optimizer.name
+        == "adamw_8bit"
+    )
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: nothing is sharded
+    if launched == "torchrun":
+        assert parse_train_params(raw).distributed.strategy == "fsdp"
+
+
 @pytest.mark.parametrize("optimizer", [{"warmup_ratio": 0.1}, {"warmup_steps": 20, "warmup_ratio": 0.1}])
 def test_a_warmup_ratio_beside_warmup_steps_left_at_its_default_is_taken(optimizer):
     """The conf sets ``warmup_steps: 20`` (the default), so a ``warmup_ratio`` given over it is the

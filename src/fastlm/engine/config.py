@@ -755,6 +755,21 @@ class TrainParams(Params):
 
     @field_validator("distributed")
     @classmethod
+    def _bitsandbytes_optimizer_without_shards(cls, value: DistributedParams, info: ValidationInfo):
+        optimizer = info.data.get("optimizer")
+        if optimizer is None or optimizer.name == "adamw" or value.strategy != "fsdp" or value.processes < 2:
+            return value
+        # ConfigError (not ValueError): the check runs on train.distributed, and the optimizer is at fault too
+        raise ConfigError(
+            f"train.optimizer.name is {optimizer.name} and train.distributed.strategy is fsdp over "
+            f"{value.processes} processes: bitsandbytes' 8-bit AdamW updates plain tensors and FSDP2's "
+            "parameters are sharded DTensors, so its first step would fail in every worker.",
+            fix="set train.optimizer.name: adamw (FSDP2 already shards its AdamW state over the processes), "
+            "or train.distributed.strategy: ddp to keep the 8-bit states.",
+        )
+
+    @field_validator("distributed")
+    @classmethod
     def _in_backward_with_bf16_weights_or_shards(cls, value: DistributedParams, info: ValidationInfo):
         runtime, optimizer = info.data.get("runtime"), info.data.get("optimizer")
         if optimizer is None or not optimizer.in_backward:
