@@ -456,3 +456,56 @@ def test_an_encoder_decoder_is_asked_every_new_token_its_decoder_positions_hold(
         input_limit(model, max_new_tokens=most + 1, max_input_tokens=None)
     assert f"need {most + 1 + forced_bos} decoder positions (all but the last new token" in str(raised.value)
     assert f"lower predict.max_new_tokens to at most {most}." in str(raised.value)
+
+
+@pytest.mark.parametrize("forced_bos", [False, True])
+def test_an_encoder_decoder_forcing_its_eos_is_asked_what_its_decoder_positions_hold_beside_it(
+    bpe_tokenizer, forced_bos
+):
+    """A BART of 32 positions that forces its EOS at the last position (``forced_eos_token_id``, BartConfig's
+    default) generates that EOS after the new tokens asked for, every one of them fed back: 31 new tokens
+    fit (30 beside a forced BOS), and one more is refused in one line, not an IndexError from the position
+    embedding part way through the rows."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from fastlm.engine.runtime.environment import RuntimeConfig, setup_runtime
+    from fastlm.errors import ConfigError
+    from fastlm.reporting.predict_inputs import input_limit
+    from tests.support.tiny_seq2seq import SMALL_BART_LAYERS
+
+    eos = bpe_tokenizer.eos_token_id
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=len(bpe_tokenizer),
+            **{**SMALL_BART_LAYERS, "max_position_embeddings": 32},
+            pad_token_id=bpe_tokenizer.pad_token_id,
+            eos_token_id=eos,
+            bos_token_id=eos,
+            decoder_start_token_id=eos,
+            forced_bos_token_id=None,
+            forced_eos_token_id=eos,
+        )
+    ).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, eos] = -1e4  # no row ends before the limit
+    assert model.generation_config.forced_eos_token_id == eos
+    model.generation_config.forced_bos_token_id = (eos + 1) % len(bpe_tokenizer) if forced_bos else None
+    most = 31 - forced_bos
+    runtime = setup_runtime(RuntimeConfig(device="cpu", precision="fp32", num_threads=1))
+    made = generate_continuations(
+        model, [[5, 6, 7, eos]], pad_id=bpe_tokenizer.pad_token_id, eos_id=eos, runtime=runtime,
+        max_new_tokens=most,
+    )  # fmt: skip
+    assert made.new_tokens == most
+    assert input_limit(model, max_new_tokens=most, max_input_tokens=None) == 31
+    with pytest.raises(IndexError):
+        generate_continuations(
+            model, [[5, 6, 7, eos]], pad_id=bpe_tokenizer.pad_token_id, eos_id=eos, runtime=runtime,
+            max_new_tokens=most + 1,
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match=f"predict.max_new_tokens = {most + 1} and") as raised:
+        input_limit(model, max_new_tokens=most + 1, max_input_tokens=None)
+    assert f"need {most + 2 + forced_bos} decoder positions" in str(raised.value)
+    assert "the forced EOS after them" in str(raised.value)
+    assert f"lower predict.max_new_tokens to at most {most}." in str(raised.value)

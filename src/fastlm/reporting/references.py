@@ -26,6 +26,7 @@ from fastlm.engine.evaluate.generation import (
     clean_response,
     decoding_kwargs,
     encoder_inputs,
+    forced_end,
     generate_continuations,
     is_encoder_decoder,
     kept_model_rules,
@@ -136,17 +137,24 @@ def input_limit(
 def _check_decoder_positions(model, max_new_tokens: int, positions: int, parameter: str) -> None:
     """One line where an encoder-decoder's decoder row would run past the model's positions: the decoder is
     fed its start token, a forced BOS (``generation.continuation_start``) and every new token but the last
-    (generated, never fed back), so ``max_new_tokens`` plus a forced BOS must fit; one more stopped the run
-    with an IndexError from the position embedding once a row did not end sooner."""
+    generated one (never fed back), so ``max_new_tokens`` plus a forced BOS must fit, and plus one where the
+    model forces its EOS after them (``generation.forced_end``: every new token is then fed back); one more
+    stopped the run with an IndexError from the position embedding once a row did not end sooner."""
     forced = getattr(getattr(model, "generation_config", None), "forced_bos_token_id", None) is not None
-    need = forced + max_new_tokens
+    end = forced_end(model)
+    need = forced + max_new_tokens + end
     if need <= positions:
         return
-    what = "the decoder start token and a forced BOS" if forced else "the decoder start token"
+    what = "the decoder start token" + (" and a forced BOS" if forced else "")
+    fed = (
+        "(every new token is fed back before the forced EOS after them)"
+        if end
+        else "(all but the last new token are fed back)"
+    )
     raise ConfigError(
-        f"{parameter} = {max_new_tokens} and {what} need {need} decoder positions (all but the last new "
-        f"token are fed back); the model has {positions} positions.",
-        fix=f"lower {parameter} to at most {positions - forced}.",
+        f"{parameter} = {max_new_tokens} and {what} need {need} decoder positions {fed}; the model has "
+        f"{positions} positions.",
+        fix=f"lower {parameter} to at most {positions - forced - end}.",
     )
 
 

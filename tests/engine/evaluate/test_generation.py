@@ -402,6 +402,38 @@ def test_a_forced_bos_is_not_one_of_the_new_tokens_asked_for(runtime, max_new_to
     assert made.continuations == [decoded[2:]] and made.new_tokens == max_new_tokens
 
 
+@pytest.mark.parametrize("forced_bos", [False, True], ids=["no_forced_bos", "forced_bos"])
+@pytest.mark.parametrize("max_new_tokens", [1, 4])
+def test_a_forced_eos_is_not_one_of_the_new_tokens_asked_for(runtime, max_new_tokens, forced_bos):
+    """A BART checkpoint forces its EOS at the last position (``forced_eos_token_id``: BartConfig's default,
+    facebook/bart-*'s): it is generated on top of the ``max_new_tokens`` asked for, as a forced BOS is, so a
+    row the limit cuts holds ``max_new_tokens`` tokens of its own, the ones greedy decoding gives, and reads
+    as cut (``finish_reason`` length). Was: the forced EOS took the last of them: one fewer token (none for
+    1), and the row read as ended by the model (``stop``)."""
+    from fastlm.engine.model.encoder_decoder import generate_as_trained
+    from fastlm.reporting.predictions import finish_reason
+    from tests.support.tiny_seq2seq import EOS as END
+    from tests.support.tiny_seq2seq import PAD as PADDING
+    from tests.support.tiny_seq2seq import tiny_seq2seq
+
+    model = tiny_seq2seq("bart").eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, END] = -1e4  # the model never ends a row: the limit cuts every one
+    generate_as_trained(model, END, (0,) if forced_bos else ())
+    assert model.generation_config.forced_eos_token_id == END  # BART's own rule, kept
+    prompt = [0, 5, 6, 7, END]
+    decoded = [END, 0] if forced_bos else [END]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([decoded])).logits
+            decoded.append(int(logits[0, -1].argmax()))
+    made = generate_continuations(
+        model, [prompt], pad_id=PADDING, eos_id=END, runtime=runtime, max_new_tokens=max_new_tokens
+    )
+    assert made.continuations == [decoded[1 + forced_bos :]] and made.new_tokens == max_new_tokens
+    assert finish_reason(made.continuations[0], max_new_tokens) == "length"
+
+
 def test_the_models_forced_and_banned_tokens_are_kept_and_said_once(runtime, monkeypatch):
     """A folder's token rules (a token never emitted: ``bad_words_ids``) are part of the model: kept, and
     the log says so once, however many generations run. The reference: ``model.generate`` alone, whose

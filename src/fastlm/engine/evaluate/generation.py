@@ -29,7 +29,9 @@ from the first column, so right padding is what training saw), each followed by 
 tokenizer puts after a text (``encoder_inputs``: BART's and T5's ``</s>``), as training's encoder rows are;
 their output is the decoder row, whose first token is the decoder start (then the BOS a BART-style model is
 made to generate first, ``forced_bos_token_id``), so the continuation is everything after them.
-``continuation_start`` says which.
+``continuation_start`` says which. The EOS a checkpoint forces at the last position (``forced_eos_token_id``,
+BART's) is generated after the tokens asked for (``forced_end``), a forced BOS before them: neither takes
+the place of a new token.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ __all__ = [
     "encoder_inputs",
     "end_ids",
     "explicit_decoding",
+    "forced_end",
     "generate_continuations",
     "generate_samples",
     "is_encoder_decoder",
@@ -76,7 +79,9 @@ log = logging.getLogger(__name__)
 # 3: so are the ones no setting names (a length floor, a time limit, sampling's other cuts: ``_OFF``).
 # 4: a left-padded row's padding is no part of what the repetition penalty and n-gram ban read
 # (``_padding_rule``).
-DECODING_RULES = 4
+# 5: a forced EOS (``forced_eos_token_id``, BART's) is generated after the new tokens asked for, not in place
+# of the last (``forced_end``).
+DECODING_RULES = 5
 
 
 @dataclass
@@ -221,6 +226,15 @@ def continuation_start(model, input_ids: torch.Tensor) -> int:
         return input_ids.shape[1]
     forced = getattr(getattr(model, "generation_config", None), "forced_bos_token_id", None)
     return 1 + (forced is not None)
+
+
+def forced_end(model) -> int:
+    """1 where ``model``'s generation_config forces its EOS at the last position (``forced_eos_token_id``:
+    BartConfig's default, facebook/bart-*'s), else 0: that EOS is generated after the new tokens asked for,
+    as a forced BOS is before them, so it takes none of their places (it is an end id, never part of a
+    continuation)."""
+    forced = getattr(getattr(model, "generation_config", None), "forced_eos_token_id", None)
+    return int(forced is not None)
 
 
 def encoder_inputs(model, prompts: Sequence[Sequence[int]], tokenizer) -> list[list[int]]:
@@ -385,8 +399,9 @@ def generate_continuations(
             for chunk in _batches(order, prompts, batch_size, one_length):
                 input_ids, attention_mask = _padded([prompts[i] for i in chunk], fill, device, left=left)
                 skip = continuation_start(model, input_ids)
-                # an encoder-decoder's forced BOS is generated but is no continuation token: not one asked for
-                forced = skip - 1 if is_encoder_decoder(model) else 0
+                # an encoder-decoder's forced BOS is generated but is no continuation token, not one asked
+                # for; nor is a forced EOS, generated after them
+                forced = (skip - 1 if is_encoder_decoder(model) else 0) + forced_end(model)
                 with runtime.autocast_context():
                     output = model.generate(
                         input_ids=input_ids,
@@ -399,7 +414,8 @@ def generate_continuations(
                     )
                 new = output[:, skip:].tolist()
                 for index, ids in zip(chunk, new, strict=True):
-                    results[int(index)] = _until_eos(ids, eos_ids)
+                    # a forced EOS that is no end id is cut off with the tokens past the limit
+                    results[int(index)] = _until_eos(ids, eos_ids)[:max_new_tokens]
                     new_tokens += len(results[int(index)])
     finally:
         if config is not None:
