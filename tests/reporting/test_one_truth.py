@@ -359,3 +359,20 @@ def test_a_finished_training_logs_its_final_train_loss_as_a_run_metric(monkeypat
         {"runtime": {}, "real_tokens_per_s": 10.0, "final_train_loss": 5.024, "steps": 8}
     )
     assert logged["final_train_loss"] == 5.024
+
+
+def test_the_mfu_is_the_runs_over_its_timed_steps_as_its_throughput():
+    """A window's MFU is flops_per_token x its real tokens/s / the device's peak: the run's MFU is that of the
+    run's throughput (total over time, the timed windows weighted by their duration), the figure the
+    efficiency table and the diagnosis show beside it. Was: the plain mean of the windows' MFUs, which
+    weighs a one-step window as a nine-step one (here 0.25 where the throughput gives 0.13)."""
+    per_token = 1e-4  # MFU per real token/s
+    history = HISTORY.assign(mfu=HISTORY["real_tokens_per_s"] * per_token)
+    expected = SPEED * per_token
+    efficiency = efficiency_summary(SUMMARY, history)
+    assert math.isclose(efficiency["mfu"].iloc[0], expected, rel_tol=1e-9)
+    cuda = {**SUMMARY, "runtime": {"device": "cuda:0", "precision": "bf16"}, "data_wait_share": 0.01}
+    compute = [f for f in diagnose(cuda, history) if f.kind == "compute-bound"][0]
+    assert f"MFU {expected * 100:.0f} %" in compute.figure
+    host = [f for f in diagnose(cuda, history) if f.kind == "host-sync-bound"][0]
+    assert f"MFU {expected * 100:.0f} %" in host.figure

@@ -237,15 +237,15 @@ def _padding_bound(summary: dict, timed: pd.DataFrame) -> Finding:
     )
 
 
-def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
+def _host_sync_bound(summary: dict, history: pd.DataFrame, timed: pd.DataFrame) -> Finding:
     """CUDA only. Triggered by either signal, each with the input and padding ruled out:
 
     * stalls: the median over windows of ``step_time_max_s / step_time_s`` is at least
       ``HOST_SYNC_SPIKE_RATIO`` -- in a typical window one step takes 3x the mean, the signature of the
       host blocking on the GPU (``.item()``, ``torch.cuda.synchronize``, a print) every few steps --
       while the data wait is below ``HOST_SYNC_LOW_DATA_WAIT_SHARE`` (so the slow steps are not data);
-    * starved GPU: the mean MFU is below ``HOST_SYNC_MAX_MFU`` while the data wait is below
-      ``HOST_SYNC_LOW_DATA_WAIT_SHARE`` and the padding efficiency is at least
+    * starved GPU: the run's MFU (over its timed steps, as its throughput) is below ``HOST_SYNC_MAX_MFU``
+      while the data wait is below ``HOST_SYNC_LOW_DATA_WAIT_SHARE`` and the padding efficiency is at least
       ``HOST_SYNC_MIN_PADDING_EFFICIENCY`` -- neither input nor padding explains the idle GPU, so the
       host (Python, kernel launches, syncs) does.
 
@@ -261,7 +261,7 @@ def _host_sync_bound(summary: dict, timed: pd.DataFrame) -> Finding:
         return Finding(HOST_SYNC_BOUND, False, _NA, f"checked on CUDA only (this run: {device})", "")
     wait = _measured(summary, timed, "data_wait_share")
     efficiency = _measured(summary, timed, "padding_efficiency")
-    mfu = _mean(numeric(timed, "mfu"))
+    mfu = throughput(history, "mfu")  # the run's, as its real tokens/s
     ratios = (
         (numeric(timed, "step_time_max_s") / numeric(timed, "step_time_s"))
         .replace([math.inf, -math.inf], math.nan)
@@ -606,7 +606,7 @@ def _compute_bound(
     rate = f"{tokens:,.0f} real tokens/s" if not math.isnan(tokens) else "unknown real tokens/s"
     runtime = summary.get("runtime") or {}
     if _is_cuda(summary):
-        mfu = _mean(numeric(timed, "mfu"))
+        mfu = throughput(history, "mfu")  # the run's, as its real tokens/s
         where = (
             f"at MFU {_percent(mfu)}" if not math.isnan(mfu) else f"on {runtime.get('device')} (MFU unknown)"
         )
@@ -689,7 +689,7 @@ def diagnose(summary: dict, history: pd.DataFrame) -> list[Finding]:
     findings = [
         _steady(_input_bound(summary, timed), steps),
         _padding_bound(summary, timed),  # real / computed tokens: counts, judged from any step
-        _steady(_host_sync_bound(summary, timed), steps),
+        _steady(_host_sync_bound(summary, history, timed), steps),
         _memory_saturated(summary, history, timed, steps),
         _steady(_eval_bound(summary), steps),
     ]

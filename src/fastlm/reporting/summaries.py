@@ -162,7 +162,8 @@ def after_warmup(history: pd.DataFrame | None) -> pd.DataFrame:
 
 def throughput(history: pd.DataFrame | None, column: str = "real_tokens_per_s") -> float:
     """:func:`fastlm.engine.observe.rates.timed_rate` of a history frame (NaN when not measured): the one
-    figure."""
+    figure. ``column`` may be any per-window rate, ``mfu`` too (proportional to the window's real
+    tokens/s)."""
     if history is None or history.empty or column not in history or "step_time_s" not in history:
         return math.nan
     columns = ["step", "step_time_s", column] + (["warmup"] if "warmup" in history else [])
@@ -331,7 +332,9 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
     computes them, first step left out); a run without them falls back to the logging windows after the
     warm-up row (percentiles of the window mean step times, means of the window shares). ``peak_memory_mb`` is
     the maximum over all rows (the warm-up row included: memory peaks count wherever they happen). Figures the
-    history lacks come from ``summary`` when it has them. ``mfu`` is NaN when never measured (CPU runs).
+    history lacks come from ``summary`` when it has them. ``mfu`` is the run's (:func:`throughput` of the
+    windows' MFU: flops_per_token x real tokens/s / peak is linear in the rate, so the run's MFU is that of
+    the run's real tokens/s, not a mean of window MFUs); NaN when never measured (CPU runs).
     ``rate_steps`` says which steps the rates cover ("2-6, 8-12": each process's first step left out),
     ``step_figure_steps`` which steps the step times, data wait and padding cover: a resumed run's are its
     last process's ("8-12"), its history's windows before it not among them.
@@ -360,7 +363,7 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
         "peak_memory_mb": _first_known(
             _max(numeric(history, "peak_memory_mb")), summary.get("peak_memory_mb"), math.nan
         ),
-        "mfu": _mean(numeric(timed, "mfu")),
+        "mfu": throughput(history, "mfu"),
         "rate_steps": _rate_steps(history),
         "step_figure_steps": _step_figure_steps(summary) or _rate_steps(history),
     }
