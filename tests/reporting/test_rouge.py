@@ -95,6 +95,20 @@ def test_unicode_tokenizer_keeps_words_and_splits_unspaced_scripts():
     assert tokenize("ＡＢＣ Ｄ", "unicode") == ["abc", "d"]  # NFKC folds full-width letters
 
 
+def test_a_word_keeps_its_vowel_signs_and_other_combining_marks():
+    """Hindi, Thai, Arabic with its vowel marks, Hebrew with niqqud write vowels as combining marks (Unicode
+    Mn/Mc) inside a word: the word is one token, marks kept. Was: each mark cut the word and was dropped, so
+    "हिन्दी" read as the consonants ह न द and Thai ดี (good) and ดู (look) as the same token ด: different
+    words matched, one word counted as several. An emoji's variation selector is no letter's mark."""
+    assert tokenize("हिन्दी भाषा", "unicode") == ["हिन्दी", "भाषा"]
+    assert tokenize("ภาษาไทย ดี", "unicode") == ["ภาษาไทย", "ดี"]
+    assert tokenize("مَرْحَبًا بِكَ", "unicode") == ["مَرْحَبًا", "بِكَ"]
+    assert tokenize("배송이 빨라요 ❤️ 1️⃣", "syllable") == ["배", "송", "이", "빨", "라", "요", "1"]
+    assert rouge_scores(["ดู"], ["ดี"], "unicode")[1]["rouge1"] == 0.0
+    assert rouge_scores(["हिन्दी"], ["हिन्दी"], "auto")[1]["rouge1"] == pytest.approx(1.0)
+    assert rouge_scores(["हन्द"], ["हिन्दी"], "auto")[1]["rouge1"] == 0.0
+
+
 def test_syllables_credit_the_same_word_with_another_particle():
     word = rouge_scores(["배송은 빨라요"], ["배송이 빨라요"], "unicode")[1]
     syllable = rouge_scores(["배송은 빨라요"], ["배송이 빨라요"], "syllable")[1]

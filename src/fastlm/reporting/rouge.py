@@ -6,8 +6,9 @@ Korean, Chinese or Japanese text becomes *no tokens at all*, and every score is 
 So the n-gram matching, LCS and F-measure stay rouge-score's, and only the tokenizer is chosen:
 
 ``default``    rouge-score's tokenizer: English (ASCII) text, numbers identical to the package's.
-``unicode``    lower-cased (NFKC) runs of Unicode letters and digits, so Hangul words (eojeol) are kept;
-               scripts written without spaces (Han ideographs, Hiragana, Katakana) give one token per
+``unicode``    lower-cased (NFKC) runs of Unicode letters and digits with the combining marks written in
+               words (vowel signs of Devanagari and Thai, Arabic's harakat), so Hangul words (eojeol) are
+               kept; scripts written without spaces (Han ideographs, Hiragana, Katakana) give one token per
                character. Identical to ``default`` on ASCII text.
 ``syllable``   ``unicode``, then every Hangul syllable is its own token: a Korean word and the same word
                with another particle (배송이 / 배송은) share n-grams. More lenient (ROUGE-1 counts common
@@ -25,8 +26,10 @@ their scores compare.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import sys
 import unicodedata
 from collections.abc import Sequence
 
@@ -48,7 +51,37 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 TOKENIZERS = ("auto", "default", "unicode", "syllable", "whitespace")
 MEASURES = {"precision": "precision", "recall": "recall", "f1": "fmeasure"}
 
-_WORD = re.compile(r"[^\W_]+")
+
+def _marks() -> str:
+    """The combining marks written inside a word (Unicode Mn, Mc: Devanagari's and Thai's vowel signs, the
+    virama, Arabic's harakat, Hebrew's niqqud), as a regex character class's ranges; the variation selectors
+    (an emoji's presentation, U+FE0F) left out, as enclosing marks (a keycap's U+20E3) are."""
+    marks = [
+        code
+        for code in range(sys.maxunicode + 1)
+        if unicodedata.category(chr(code)) in ("Mn", "Mc")
+        and not (0xFE00 <= code <= 0xFE0F or 0xE0100 <= code <= 0xE01EF)
+    ]
+    ranges, start = [], None
+    for index, code in enumerate(marks):
+        if start is None:
+            start = code
+        if index + 1 == len(marks) or marks[index + 1] != code + 1:
+            ranges.append(
+                f"{re.escape(chr(start))}-{re.escape(chr(code))}" if code > start else re.escape(chr(code))
+            )
+            start = None
+    return "".join(ranges)
+
+
+@functools.cache
+def _word() -> re.Pattern:
+    """A word: a letter or digit, then letters, digits and the combining marks written in words (Python's
+    ``\\w`` leaves marks out: "हिन्दी" would read as its consonants ह न द, Thai ดี and ดู as one token ด).
+    Built at its first use (a scan of the code points), not at each kedro start-up."""
+    return re.compile(rf"[^\W_](?:[^\W_]|[{_marks()}])*")
+
+
 # Scripts written without spaces between words: one token per character.
 _PER_CHARACTER = re.compile(r"([\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff])")
 _HANGUL_SYLLABLE = re.compile(r"([\uac00-\ud7a3])")
@@ -72,7 +105,7 @@ def tokenize(text: str, kind: str) -> list[str]:
         return text.split()
     if kind not in ("unicode", "syllable"):
         raise ValueError(f"unknown ROUGE tokenizer {kind!r}; choose one of {TOKENIZERS}")
-    words = _split_out(_PER_CHARACTER, _WORD.findall(text))
+    words = _split_out(_PER_CHARACTER, _word().findall(text))
     return _split_out(_HANGUL_SYLLABLE, words) if kind == "syllable" else words
 
 
