@@ -408,3 +408,47 @@ def test_report_seeds_in_range_pass():
         {"references": {"seed": 2**63 - 1}, "decoding": [{"name": "s", "do_sample": True, "seed": 0}]},
     )
     assert params.references.seed == 2**63 - 1 and params.decoding[0].seed == 0
+
+
+def test_a_new_training_under_a_reported_name_drops_that_names_earlier_report_copies(tmp_path):
+    """``data/08_reporting/runs/<run_name>/`` holds one training's outputs. A training under the name of a
+    reported one (trained again from the start, or a resume past a report) writes its summary and histories
+    there: the earlier training's report copies (report.html, report.md, test_metrics.json) are removed, not
+    left beside the new summary as its report (the folder the refusal of a report of an earlier training
+    names). Was: runs/pr1/report.md said 10 steps beside a train_summary.json of 4 steps, another training."""
+    import os
+
+    from kedro.io import DataCatalog
+    from kedro.pipeline import Node, Pipeline
+    from kedro_datasets.json import JSONDataset
+    from kedro_datasets.text import TextDataset
+
+    from fastlm.hooks.run_outputs import RunOutputsHook
+
+    runs = tmp_path / "runs"
+    keep = {"keep_per_run": str(runs)}
+    catalog = DataCatalog(
+        {
+            "train_summary": JSONDataset(filepath=str(tmp_path / "train_summary.json"), metadata=keep),
+            "test_metrics": JSONDataset(filepath=str(tmp_path / "test_metrics.json"), metadata=keep),
+            "report_markdown": TextDataset(filepath=str(tmp_path / "report.md"), metadata=keep),
+        }
+    )
+    earlier = runs / "pr1"
+    earlier.mkdir(parents=True)
+    for name, text in (("report.md", "10 steps"), ("test_metrics.json", "{}"), ("notes.txt", "mine")):
+        (earlier / name).write_text(text, encoding="utf-8")
+    train = Pipeline([Node(lambda: {"steps": 4}, None, "train_summary", name="train_model")])
+    hook = RunOutputsHook()
+    hook._catalog, hook._pid = catalog, os.getpid()
+    hook._outputs, hook._trained = train.all_outputs(), "pr1"
+    (tmp_path / "train_summary.json").write_text('{"run_name": "pr1", "steps": 4}', encoding="utf-8")
+    hook.after_dataset_saved("train_summary", None, None)
+    assert sorted(p.name for p in earlier.iterdir()) == ["notes.txt", "train_summary.json"]
+
+    # a run that writes the report too (split, train and report in one) keeps what it writes
+    (tmp_path / "report.md").write_text("4 steps", encoding="utf-8")
+    hook._outputs = {"train_summary", "report_markdown"}
+    hook.after_dataset_saved("report_markdown", None, None)
+    hook.after_dataset_saved("train_summary", None, None)
+    assert (earlier / "report.md").read_text(encoding="utf-8") == "4 steps"

@@ -177,7 +177,9 @@ class RunOutputsHook:
     weights), so an earlier run's model and report survive the next run for comparison.
 
     The run name is the TRAINING run's: this run's own name when it trains, else the name in the
-    ``train_summary`` that a report run reads (its own name when that summary has none).
+    ``train_summary`` that a report run reads (its own name when that summary has none). A training's summary
+    kept there removes the folder's copies of outputs the run does not write (an earlier training's report
+    under the same name).
 
     Under Kedro's ParallelRunner the dataset hooks run in its worker processes (spawned: fresh hooks that
     never saw the run start): there the process that runs the pipeline keeps the copies when the run ends,
@@ -189,10 +191,12 @@ class RunOutputsHook:
         self._trained: str | None = None
         self._pid: int | None = None  # the PID of before_pipeline_run (a forked worker copy: another)
         self._parallel: ParallelRunOutputs | None = None  # under ParallelRunner
+        self._outputs: set[str] = set()  # the datasets this run writes
 
     @hook_impl
     def before_pipeline_run(self, run_params: dict, pipeline, catalog) -> None:
         self._catalog, self._pid, self._parallel = catalog, os.getpid(), None
+        self._outputs = set(pipeline.all_outputs())
         self._trained = catalog.load(RUN_NAME) if "train_summary" in pipeline.all_outputs() else None
         self._parallel = ParallelRunOutputs.at_start(run_params, pipeline, catalog)
 
@@ -237,6 +241,37 @@ class RunOutputsHook:
             log.warning(
                 "could not keep a copy of %s in %s (%s); the output itself is written", path, target, error
             )
+        if dataset_name == "train_summary":
+            self._drop_earlier_training_copies()
+
+    def _drop_earlier_training_copies(self) -> None:
+        """A training's summary kept in its run's folder: the copies there of outputs this run does not write
+        (the report's: report.html, report.md, test_metrics.json) are an earlier training's under the same
+        name (trained again from the start, or continued past its report), removed so the folder holds one
+        training's outputs, not another's report beside this one's summary."""
+        catalog = self._catalog
+        if "train_summary" not in self._outputs:  # not a training run's (or a run this hook did not start)
+            return
+        try:
+            names = [name for name in catalog.keys() if name not in self._outputs]
+        except Exception:  # noqa: BLE001 - a catalog that cannot list its entries: nothing removed
+            return
+        for name in names:
+            if name.startswith("params:") or name == "parameters":
+                continue
+            try:
+                folder = (getattr(catalog[name], "metadata", None) or {}).get("keep_per_run")
+            except Exception:  # noqa: BLE001 - an entry that cannot be built keeps no copy either
+                continue
+            path = local_path(catalog, name) if folder else None
+            copy = Path(folder) / self._owner() / path.name if path is not None else None
+            if copy is not None and copy.is_file():
+                try:
+                    copy.unlink()
+                except OSError as error:
+                    log.warning("could not remove %s, an earlier training's (%s)", copy, error)
+                else:
+                    log.info("Removed %s: an earlier training's under the run name %s", copy, self._owner())
 
     def _owner(self) -> str:
         if self._trained is None:
