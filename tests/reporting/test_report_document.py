@@ -486,3 +486,19 @@ def test_a_summary_whose_runtime_is_null_is_reported_with_its_device_unknown():
     said = str(refused.value)
     assert said.startswith("data/07_reporting/train_summary.json holds runtime = 'cpu'"), said
     assert "Fix: rerun `kedro run --pipeline=train`" in said and "\n" not in said
+
+
+def test_an_infinite_perplexity_of_a_finite_loss_is_said_to_be_the_losss_exponential_past_the_float_range():
+    """A test loss above ~709.78 (a broken or diverged model, yet finite outputs) has exp(loss) past the float
+    range: perplexity ∞. The section says that, not that the model's outputs are not finite numbers (which
+    sent a user to look for NaN weights and to train in fp32). A NaN loss beside it keeps that reading."""
+    import math
+
+    from tests.support.reporting import make_history, report_document
+
+    metrics = {"loss": 750.25, "perplexity": math.inf, "accuracy": 0.0}
+    document, markdown = report_document(make_history(2), test_metrics=metrics)
+    assert "perplexity (∞)" in markdown and "exp of the test loss 750.2" in markdown
+    assert "float range" in markdown and "not finite numbers" not in markdown
+    both, _ = report_document(make_history(2), test_metrics={**metrics, "loss": math.nan})
+    assert "not finite numbers" in both

@@ -304,7 +304,8 @@ def _is_nan(value) -> bool:
 
 def _not_finite(metrics: dict) -> str:
     """The test figures that came out NaN or infinite, named: a model whose outputs are not finite on the
-    test split (weights broken after the last checked step, an overflow in evaluation); "" for none."""
+    test split (weights broken after the last checked step, an overflow in evaluation), or a perplexity
+    alone infinite, the exp of a finite loss past the float range; "" for none."""
     bad = [
         f"{name} ({'NaN' if math.isnan(value) else '∞' if value > 0 else '-∞'})"
         for name, value in metrics.items()
@@ -312,6 +313,14 @@ def _not_finite(metrics: dict) -> str:
     ]
     if not bad:
         return ""
+    loss, perplexity = metrics.get("loss"), metrics.get("perplexity")
+    if len(bad) == 1 and _finite(loss) and isinstance(perplexity, float) and perplexity == math.inf:
+        # exp(loss) past the float range (a loss above ~709.78): the outputs and the loss are finite
+        return (
+            f"Not finite: perplexity (∞), the exp of the test loss {loss:,.4g}, past the float range (a loss "
+            "above 709.78): the model's outputs are finite numbers, its loss that of a broken or diverged "
+            "model; the perplexity is not logged to MLflow and the run comparison shows none."
+        )
     return (
         f"Not finite: {', '.join(bad)}. The model's outputs on the test split are not finite numbers "
         "(weights broken after the last step the training checked, or an overflow in evaluation: try "
