@@ -24,6 +24,20 @@ def test_a_finite_record_passes_and_a_nan_loss_or_inf_norm_stops_naming_the_chec
         check_finite({"loss": 2.0, "grad_norm": math.inf}, 2, None)
 
 
+def test_an_inf_norm_the_fp16_grad_scaler_skipped_is_no_stop_unless_it_overflowed_unscaled():
+    """Under loss scaling a non-finite norm is an update ``GradScaler`` skipped while its scale is at least 1
+    (the gradients fit unscaled); below 1, or with a NaN loss, the run diverged: the stop as without it."""
+    check_finite({"loss": 2.0, "grad_norm": math.inf}, 3, None, loss_scale=32768.0)
+    check_finite({"loss": 2.0, "grad_norm": math.nan}, 3, None, loss_scale=1.0)
+    with pytest.raises(NonFiniteLossError, match="gradient norm became inf by step 3"):
+        check_finite({"loss": 2.0, "grad_norm": math.inf}, 3, None, loss_scale=0.5)
+    with pytest.raises(NonFiniteLossError, match="loss became nan by step 3"):
+        check_finite({"loss": math.nan, "grad_norm": math.inf}, 3, None, loss_scale=32768.0)
+    watch = GradNormWatch.from_history([{"grad_norm": 1.0}, {"grad_norm": math.inf}, {"grad_norm": 2.0}])
+    watch.check({"step": 4, "grad_norm": math.inf})  # a skipped update: no norm to compare or keep
+    assert watch.seen == [1.0, 2.0]
+
+
 def test_first_loss_far_from_ln_vocab_warns(caplog):
     uniform = math.log(1000)
     with caplog.at_level(logging.WARNING):

@@ -195,6 +195,52 @@ def test_the_logged_learning_rate_is_the_one_the_step_used(tmp_path, monkeypatch
     assert [record["lr"] for record in result.history] == pytest.approx(used)
 
 
+def test_an_fp16_update_the_grad_scaler_skips_on_a_logging_step_does_not_stop_the_run(tmp_path, caplog):
+    """Under fp16 loss scaling an overflowed gradient is what ``GradScaler.step`` skips (the weights and the
+    schedule untouched, the scale halved), as it does in an fp16 run's first steps and now and then after the
+    scale grew: the step's row keeps its non-finite norm, the run goes on, and the next update uses the rate
+    the skipped one would have (the schedule's, computed apart). A NaN loss still stops (see above)."""
+    import dataclasses
+
+    params = toy_params(
+        tmp_path,
+        max_steps=5,
+        log_every=1,
+        eval_every=None,
+        optimizer={"warmup_steps": 4, "decay": "linear"},
+        runtime={"precision": "fp32", "compile": False},  # no probe: one backward a step
+    )
+    runtime = dataclasses.replace(  # the loss scaling of an fp16 run (precision fp16 needs CUDA)
+        setup_runtime(params.runtime, seed=params.seed), grad_scaler=True
+    )
+    model, backwards = toy_model(), []
+
+    def overflow_at_step_3(grad):
+        backwards.append(1)
+        return grad * math.inf if len(backwards) == 3 else grad
+
+    model.lm_head.weight.register_hook(overflow_at_step_3)
+    with caplog.at_level("INFO", logger="fastlm.engine.train.records"):
+        result = train(
+            model,
+            toy_sequences(300, 1),
+            None,
+            params=params,
+            runtime=runtime,
+            pad_id=EOS,
+            max_length=64,
+            attn="sdpa",
+        )
+    rows = result.history
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    assert all(math.isfinite(row["loss"]) for row in rows)
+    assert math.isinf(rows[2]["grad_norm"]) and all(math.isfinite(rows[i]["grad_norm"]) for i in (0, 1, 3, 4))
+    schedule = LRSchedule(params.optimizer.lr, 5, 4, "linear", params.optimizer.min_lr_ratio)
+    applied = [0, 1, 2, 2, 3]  # step 3's update skipped: step 4 trains at the rate step 3 was given
+    assert [row["lr"] for row in rows] == pytest.approx([schedule.lr_at(k) for k in applied], rel=1e-6)
+    assert "step 3: the fp16 grad scaler skipped this update" in caplog.text
+
+
 @pytest.mark.parametrize(("mode", "accumulation"), [("packed", 3), ("length_grouped", 4)])
 def test_an_epoch_trains_each_sample_once_when_the_accumulation_does_not_divide_it(
     tmp_path, monkeypatch, mode, accumulation

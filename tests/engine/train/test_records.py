@@ -31,7 +31,6 @@ def recorder(state: TrainState, *, log_every: int = 3, total_steps: int = 7):
         [lambda kind, row: received.append((kind, row))],
         log_every=log_every,
         total_steps=total_steps,
-        compiled=False,
         first_loss={"len_vocab": VOCAB, "from_scratch": True},
     )
     return rec, received

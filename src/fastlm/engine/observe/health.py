@@ -1,7 +1,8 @@
 """Health checks on the metric records of a training run, at logging steps only (never a per-step sync).
 
 ``check_finite`` stops a run whose loss or gradient norm became NaN/inf (one line naming the last good
-checkpoint); ``check_first_loss`` warns when the first loss is far from ``ln(vocab)`` (labels, tokenizer or
+checkpoint), but for the overflowed gradients of a step the fp16 grad scaler skipped (``overflow_skipped``);
+``check_first_loss`` warns when the first loss is far from ``ln(vocab)`` (labels, tokenizer or
 initialisation wrong); ``GradNormWatch`` warns when a gradient norm jumps over 10x its running median.
 """
 
@@ -16,19 +17,23 @@ from fastlm.errors import FastlmError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GradNormWatch", "NonFiniteLossError", "check_finite", "check_first_loss"]
+__all__ = ["GradNormWatch", "NonFiniteLossError", "check_finite", "check_first_loss", "overflow_skipped"]
 
 
 class NonFiniteLossError(FastlmError):
     """The loss became NaN or inf: training stopped, the last good checkpoint is kept."""
 
 
-def check_finite(record: dict, step: int, last: Path | None) -> None:
-    """Stop on a NaN/inf loss, or a NaN/inf gradient norm (that step's update already broke the weights).
+def check_finite(record: dict, step: int, last: Path | None, *, loss_scale: float | None = None) -> None:
+    """Stop on a NaN/inf loss, or a NaN/inf gradient norm (that step's update already broke the weights), but
+    for an fp16 overflow the grad scaler skipped (``overflow_skipped``: nothing was updated).
 
     ``last``: this run's newest checkpoint (saved or resumed from by this process), the one to name as good.
+    ``loss_scale``: the fp16 grad scaler's scale after the record's step (None: no loss scaling).
     """
     norm = record.get("grad_norm")
+    if math.isfinite(record["loss"]) and overflow_skipped(norm, loss_scale):
+        return
     if not math.isfinite(record["loss"]) or (norm is not None and not math.isfinite(norm)):
         what = (
             f"loss became {record['loss']}"
@@ -43,6 +48,15 @@ def check_finite(record: dict, step: int, last: Path | None) -> None:
             "bf16/fp32 instead of fp16; then rerun (train.resume: auto continues from the last good "
             "checkpoint).",
         )
+
+
+def overflow_skipped(norm: float | None, loss_scale: float | None) -> bool:
+    """Whether a step's non-finite gradient norm is an fp16 overflow the grad scaler skipped: under loss
+    scaling, a gradient with an inf or NaN is exactly what ``GradScaler.step`` skips (the weights, the AdamW
+    moments and the schedule untouched) and its scale is halved, as it is while the scale comes down from
+    65536 in the first steps and again now and then after it grew. Not where the scale has fallen below 1
+    (it is halved at every skip): the gradients overflowed unscaled, the run diverged."""
+    return norm is not None and not math.isfinite(norm) and loss_scale is not None and loss_scale >= 1.0
 
 
 def check_first_loss(loss: float, *, len_vocab: int, from_scratch: bool) -> None:
@@ -65,11 +79,17 @@ class GradNormWatch:
 
     @classmethod
     def from_history(cls, history: list[dict]) -> GradNormWatch:
-        return cls([record["grad_norm"] for record in history if record.get("grad_norm") is not None])
+        return cls(
+            [
+                record["grad_norm"]
+                for record in history
+                if record.get("grad_norm") is not None and math.isfinite(record["grad_norm"])
+            ]
+        )
 
     def check(self, record: dict) -> None:
         norm = record.get("grad_norm")
-        if norm is None:
+        if norm is None or not math.isfinite(norm):  # an update the fp16 grad scaler skipped: no norm
             return
         if len(self.seen) >= 3 and norm > 10 * statistics.median(self.seen):
             log.warning(

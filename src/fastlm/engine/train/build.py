@@ -310,7 +310,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
         sides=(request.sides, request.train_set),
     )
     recorder = _recorder(
-        state, metrics, raw_model, params, runtime, request.callbacks, comm, total_steps=total_steps
+        state, metrics, raw_model, params, opt, request.callbacks, comm, total_steps=total_steps
     )
     profiler = step_profiler(params.profile, device, enabled=comm.is_main)
     validate = _validation(request, model, params=params, runtime=runtime, attn=attn)
@@ -591,13 +591,14 @@ def _recorder(
     metrics: StepMetrics,
     raw_model,
     params: TrainParams,
-    runtime: Runtime,
+    opt: Optimization,
     callbacks: Sequence[Callback],
     comm: Collectives,
     *,
     total_steps: int,
 ) -> Recorder:
-    """Rows, progress bar and callbacks on rank 0; the other ranks keep the same rows quietly."""
+    """Rows, progress bar and callbacks on rank 0; the other ranks keep the same rows quietly. An fp16 run's
+    rows are judged with its grad scaler's scale (an overflowed step it skipped is no stop)."""
     progress = Progress(total_steps, initial=state.step, quiet=params.quiet or not comm.is_main)
     return Recorder(
         state,
@@ -606,8 +607,8 @@ def _recorder(
         callbacks if comm.is_main else (),
         log_every=params.log_every,
         total_steps=total_steps,
-        compiled=runtime.compile,
         main=comm.is_main,
+        loss_scale=opt.scaler.get_scale if opt.scaler.is_enabled() else None,
         first_loss={
             # through an adapter's wrapper (LoRA on the embedding: peft's layer holds the Embedding)
             "len_vocab": raw_model.get_input_embeddings().weight.shape[0],

@@ -8,12 +8,13 @@ the callbacks (live MLflow metrics) see exactly the rows of the history.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from fastlm.engine.config import TrainParams
-from fastlm.engine.observe.health import GradNormWatch, check_finite, check_first_loss
+from fastlm.engine.observe.health import GradNormWatch, check_finite, check_first_loss, overflow_skipped
 from fastlm.engine.observe.metrics import StepMetrics
 from fastlm.engine.observe.progress import Progress
 from fastlm.engine.observe.rates import timed_rate
@@ -31,7 +32,9 @@ class Recorder:
     """Metrics, progress, health checks and callbacks of one run; rows go into ``state``'s histories.
 
     ``first_loss``: ``check_first_loss``'s keywords (vocabulary size, from scratch) for the run's first row;
-    ``main``: this is rank 0 (the others keep the same rows, quietly).
+    ``main``: this is rank 0 (the others keep the same rows, quietly); ``loss_scale``: the fp16 grad
+    scaler's current scale (None: no loss scaling), read where a row's gradient norm is not finite (an
+    overflowed step the scaler skipped is no stop, ``health.overflow_skipped``).
     """
 
     def __init__(
@@ -43,17 +46,13 @@ class Recorder:
         *,
         log_every: int,
         total_steps: int,
-        compiled: bool,
         first_loss: dict,
         main: bool = True,
+        loss_scale: Callable[[], float] | None = None,
     ) -> None:
         self.state, self.metrics, self.progress, self.callbacks = state, metrics, progress, tuple(callbacks)
-        self.log_every, self.total_steps, self.compiled, self.first_loss = (
-            log_every,
-            total_steps,
-            compiled,
-            first_loss,
-        )
+        self.log_every, self.total_steps, self.first_loss = log_every, total_steps, first_loss
+        self.loss_scale = loss_scale
         self.grad_norms = GradNormWatch.from_history(state.history)
         self.main = main  # rank 0 logs the evaluations
 
@@ -84,7 +83,17 @@ class Recorder:
         # this process's first step alone (warm-up): every throughput figure leaves the row out
         warmup = state.step == state.first_step + 1 and self.metrics.pending_steps == 1
         record = {**self.metrics.flush(state.step), **position, "warmup": int(warmup)}
-        check_finite(record, state.step, state.last_good)
+        norm = record["grad_norm"]
+        overflowed = norm is not None and not math.isfinite(norm) and self.loss_scale is not None
+        scale = self.loss_scale() if overflowed else None  # a read-back only where the norm is not finite
+        check_finite(record, state.step, state.last_good, loss_scale=scale)
+        if overflow_skipped(norm, scale):
+            log.info(
+                "step %d: the fp16 grad scaler skipped this update (its gradients overflowed; loss scale now "
+                "%g): the weights and the learning-rate schedule are unchanged",
+                state.step,
+                scale,
+            )
         if warmup:
             log.info(
                 "First step%s: %.2f s%s; the throughput figures leave it out",
