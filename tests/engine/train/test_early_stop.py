@@ -308,6 +308,58 @@ def test_a_time_budget_stop_between_evaluations_uses_no_patience(tmp_path, monke
     ]  # deterministic mode: the same computation
 
 
+def test_a_time_budget_stop_before_the_first_scheduled_evaluation_resumes_counting_as_without_it(
+    tmp_path, monkeypatch
+):
+    """The time budget spent at step 4 of a run evaluated every 6 steps: the stop's evaluation is the best so
+    far but no reference for the patience (no scheduled evaluation had a loss yet). Resumed, the first
+    scheduled evaluation (step 6) sets the reference as in the run without the stop, so both stop at the same
+    step with the same model. Was: the checkpoint's empty reference was read as one of the former
+    bookkeeping and replaced by the best (step 4's loss), so step 6, not better by min_delta, used the
+    patience and the resumed run stopped there, at step 6 instead of 12."""
+    import itertools
+
+    import fastlm.engine.train.time_limit as budget
+
+    settings = {
+        "max_steps": 30,
+        "eval_every": 6,
+        "save_every": 6,
+        "optimizer": {"lr": 0.05, "warmup_steps": 0, "decay": "constant"},
+        "early_stopping": {"patience": 1, "min_delta": 100.0},  # no evaluation beats its reference
+        "runtime": {"deterministic": True},
+    }
+    straight = run(tmp_path / "a", **settings)
+    assert straight.summary["stopped_by"] == "early stopping" and straight.summary["steps"] == 12
+    ticks = itertools.count(0.0, 4.0)  # after step k: 4k s; the budget (16 s) spent at step 4
+    monkeypatch.setattr(budget, "monotonic", lambda: next(ticks))
+    stopped = run(tmp_path / "b", max_minutes=16 / 60, **settings)
+    assert stopped.summary["stopped_by"] == "time budget" and stopped.summary["steps"] == 4
+    monkeypatch.setattr(budget, "monotonic", lambda: 0.0)  # a new budget
+    resumed = run(tmp_path / "b", resume="auto", **settings)
+    assert resumed.summary["resumed_from_step"] == 4
+    assert (resumed.summary["stopped_by"], resumed.summary["steps"]) == ("early stopping", 12)
+    scheduled = [(r["step"], r["val_loss"]) for r in resumed.eval_history if r["step"] != 4]
+    assert scheduled == [(r["step"], r["val_loss"]) for r in straight.eval_history]
+
+
+def test_a_record_without_a_reference_yet_keeps_none_and_an_older_one_takes_its_best():
+    """``reference`` None in a record (no scheduled evaluation had a finite loss: the best is an off-schedule
+    one's) stays None, as the bookkeeping that wrote it holds it; a record without the key at all (written
+    before the reference was kept) takes its best."""
+    early = EarlyStopping(patience=2, min_delta=0.1)
+    early.update(4, 2.0, scheduled=False)  # a time-budget stop's evaluation
+    resumed = EarlyStopping.from_record(early.record(), patience=2, min_delta=0.1)
+    assert resumed == early and resumed.reference is None
+    for row in ((6, 1.95), (12, 1.9)):  # the same evaluations, into both
+        assert resumed.update(*row) == early.update(*row)
+    assert (resumed.bad_evals, resumed.reference) == (early.bad_evals, early.reference) == (1, 1.95)
+    older = EarlyStopping.from_record(
+        {"best": 2.0, "best_step": 4, "bad_evals": 0}, patience=2, min_delta=0.1
+    )
+    assert older.reference == 2.0
+
+
 def test_a_run_whose_every_evaluation_is_nan_says_so_when_patience_runs_out(tmp_path, monkeypatch, caplog):
     """Every validation loss NaN (a validation split overflowing in fp16, or without targets): patience runs
     out as the Trainer's does, and the stop line says no evaluation had a finite loss. Was: the line named

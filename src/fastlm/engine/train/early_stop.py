@@ -11,10 +11,11 @@ An evaluation off the schedule (a ``train.max_minutes`` stop between two ``eval_
 but uses no patience and resets none: a run continued after it stops where the same run without the stop
 does.
 
-A checkpoint keeps the ``min_delta`` it counted under and the off-schedule evaluations' steps: a run entered
-again with another ``min_delta`` counts its evaluations (the checkpoint's ``eval_history``) again under it
-(``from_record``), so a looser one may let a run early stopping ended continue. A checkpoint written before
-they were recorded keeps its count.
+A checkpoint keeps the reference (None until a scheduled evaluation had a finite loss, though an
+off-schedule one may be the best already), the ``min_delta`` it counted under and the off-schedule
+evaluations' steps: a run entered again with another ``min_delta`` counts its evaluations (the checkpoint's
+``eval_history``) again under it (``from_record``), so a looser one may let a run early stopping ended
+continue. A checkpoint written before they were recorded keeps its count.
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ class EarlyStopping:
     bad_evals: int = 0  # evaluations in a row without an improvement of more than min_delta
     reference: float | None = None  # the loss an improvement is measured from (the last reset's)
     unscheduled: list[int] = field(default_factory=list)  # steps of evaluations that used no patience
-
-    def __post_init__(self) -> None:
-        if self.reference is None:  # a checkpoint written before the reference was kept: its best
-            self.reference = self.best
 
     def update(self, step: int, value: float, *, scheduled: bool = True) -> bool:
         """Record the evaluation at ``step``; True when it is the new best (the lowest loss so far).
@@ -103,6 +100,8 @@ class EarlyStopping:
                 if key in ("best", "best_step", "bad_evals", "reference", "unscheduled")
             },
         )
+        if "reference" not in record:  # written before the reference was kept apart: its best was both
+            kept.reference = kept.best
         kept.unscheduled = list(kept.unscheduled)  # its own: the record's stays as saved
         if record.get("min_delta", min_delta) == min_delta:
             return kept
