@@ -342,18 +342,24 @@ def efficiency_summary(summary: dict, history: pd.DataFrame, run_id: str | None 
     summary = summary or {}
     timed = after_warmup(history)
     step_times = numeric(timed, "step_time_s")
+    slowest = _first_known(summary.get("step_time_max_s"), _max(numeric(timed, "step_time_max_s")))
+
+    def _window_quantile(q: float) -> float:
+        # a window's step time is its wall time over its steps, evaluations and saves between them included;
+        # no step is slower than the slowest one's own time: the fallback's percentiles are bounded by it
+        value = _quantile(step_times, q)
+        return min(value, slowest) if isinstance(slowest, float) and math.isfinite(slowest) else value
+
     row = {
         "run_id": run_id,
         "windows": len(timed),
         "real_tokens_per_s": _first_known(throughput(history), summary.get("real_tokens_per_s"), math.nan),
         "tokens_per_s": throughput(history, "tokens_per_s"),
         "samples_per_s": throughput(history, "samples_per_s"),
-        "step_time_p50_s": _first_known(summary.get("step_time_p50_s"), _quantile(step_times, 0.50)),
-        "step_time_p90_s": _first_known(summary.get("step_time_p90_s"), _quantile(step_times, 0.90)),
-        "step_time_p99_s": _first_known(summary.get("step_time_p99_s"), _quantile(step_times, 0.99)),
-        "step_time_max_s": _first_known(
-            summary.get("step_time_max_s"), _max(numeric(timed, "step_time_max_s"))
-        ),
+        "step_time_p50_s": _first_known(summary.get("step_time_p50_s"), _window_quantile(0.50)),
+        "step_time_p90_s": _first_known(summary.get("step_time_p90_s"), _window_quantile(0.90)),
+        "step_time_p99_s": _first_known(summary.get("step_time_p99_s"), _window_quantile(0.99)),
+        "step_time_max_s": slowest,
         "data_wait_share": _first_known(
             summary.get("data_wait_share"), _mean(numeric(timed, "data_wait_share")), math.nan
         ),
