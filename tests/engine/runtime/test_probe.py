@@ -251,6 +251,47 @@ def test_compile_is_not_measured_where_the_choice_is_already_made(request_, kwar
     assert runtime.compile is expected and result.compiled is None and reason in runtime.compile_choice
 
 
+def test_the_same_command_twice_settles_compile_auto_alike_where_noise_would_flip_it(tmp_path):
+    """The first run's compile timings are kept beside its precision (``runtime_choices.json``): the same
+    command again decides from them, unmeasured, where its own timings (1.05x, under the 1.1x margin) would
+    train it eager, with other losses, after the first trained compiled (1.18x). A run too short to repay
+    compiling (10 micro-batches of the kept 1.0 s) stays eager, uncompiled; another scope is measured."""
+    from fastlm.engine.runtime.remembered import RememberedChoices
+
+    choices = RememberedChoices(tmp_path / "runtime_choices.json")
+
+    def settle(compiled_s: float, left: int = LONG_RUN, kept=choices, scope: str = "model"):
+        calls = []
+
+        def compiler(model):
+            calls.append("compile")
+            return Compiled(model)
+
+        runtime, result = probe_runtime(
+            cpu("fp32"),
+            "fp32",
+            toy_model(),
+            BATCH,
+            compile_probe=CompileProbe("auto", left, compiler=compiler, scope=scope),
+            measure=compile_timer(1.0, compiled_s, calls),
+            choices=kept,
+        )
+        return runtime, result, calls
+
+    first, result, calls = settle(0.85)
+    assert first.compile is True and isinstance(result.compiled, Compiled) and "eager" in calls
+    alone = settle(0.95, kept=None)[0]  # the second run's timings decide the other way on their own
+    assert alone.compile is False
+    second, result, calls = settle(0.95)
+    assert second.compile is True and isinstance(result.compiled, Compiled) and calls == ["compile"]
+    assert "1.18x" in second.compile_choice and "kept from" in second.compile_choice
+    short, result, calls = settle(0.5, left=10)
+    assert short.compile is False and result.compiled is None and calls == []
+    assert "about 10 s of training left" in short.compile_choice
+    other, _, calls = settle(0.95, scope="layers")
+    assert other.compile is False and "eager" in calls and "kept from" not in other.compile_choice
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_compile_that_fails_under_auto_leaves_the_run_eager_and_says_why(device, caplog):
     """``auto`` promises a compiled model only where it pays: a compile that fails in the probe (an inductor

@@ -22,7 +22,9 @@ tens of seconds per batch shape (about 25 s for the 5.2 M-parameter benchmark mo
 tried only when the run's remaining micro-batches take at least ``COMPILE_MIN_RUN_SECONDS`` eager (by the
 first micro-batch's measured time). Then the first micro-batch runs compiled (the compile, then a warm-up) and
 ``ROUNDS`` alternated eager / compiled timed passes follow; the compiled model is kept, and trained with (its
-compile is not paid twice), when its best time is at least ``COMPILE_MIN_SPEEDUP`` times faster. Measured:
+compile is not paid twice), when its best time is at least ``COMPILE_MIN_SPEEDUP`` times faster. The timings
+are kept in the run's choices file as the precision's are (``_KeptTimings``): the same command again decides
+from them, unmeasured. Measured:
 1.19x (tiny demo model) and 1.21-1.27x (5.2 M) real tokens per second on packed bf16 steps
 (docs/benchmarks.md). On CUDA ``auto`` was a rule (compiled) until a full fine-tune with liger's fused kernels
 ran no faster compiled by layers than eager on an H200 (two runs, docs/benchmarks.md, 2026-11-28): measured
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from time import perf_counter
@@ -161,6 +164,9 @@ class CompileProbe:
     scope: str = "model"  # train.runtime.compile_scope: what the default compiler compiles
     mode: str = "default"  # train.runtime.compile_mode: torch.compile's mode (reduce-overhead: CUDA graphs)
     float8: bool = False  # float8 layers may train (float8 on, or auto where its rule allows)
+    # where the measured timings are kept (engine.runtime.remembered; None: measured every run): the same
+    # command twice decides alike, where run-to-run noise would flip a speedup near the margin
+    choices: RememberedChoices | None = None
 
 
 def probe_runtime(
@@ -201,6 +207,8 @@ def probe_runtime(
     runtime = replace(runtime, precision=result.precision, precision_choice=result.reason)
     if compile_probe is None:
         return runtime, replace(result, compile=runtime.compile)
+    if compile_probe.choices is None and choices is not None:  # the run's choices file, for both choices
+        compile_probe = replace(compile_probe, choices=choices)
     compiled, reason, module = _compile_choice(
         runtime,
         model,
@@ -253,12 +261,14 @@ def _compile_choice(
         return False, "auto: nothing left to train, nothing measured", None
     compiled_batch = batch if probe.batch is None else probe.batch
     compiled_context = probe.context or contextlib.nullcontext
+    kept = _KeptTimings.of(probe, runtime, model, batch)
     with _no_trace(model):
-        eager = measured.get(runtime.precision) or measure(model, batch, runtime)
+        eager = kept.seconds.get("eager") or measured.get(runtime.precision) or measure(model, batch, runtime)
         left, budget = eager * probe.micro_batches_left, ""
         if probe.seconds_left is not None and probe.seconds_left < left:  # the time budget ends it first
             left, budget = probe.seconds_left, " by train.max_minutes"
         if left < COMPILE_MIN_RUN_SECONDS:
+            kept.keep({"eager": eager})
             return (
                 False,
                 (
@@ -266,10 +276,14 @@ def _compile_choice(
                     "eager); "
                     f"compiling (tens of seconds per batch shape) would not repay under "
                     f"{COMPILE_MIN_RUN_SECONDS:.0f} s"
-                ),
+                )
+                + kept.said(),
                 None,
             )
         compiled = probe.compiler(model) if probe.compiler else compile_module(model, probe.scope, probe.mode)
+        if {"eager_best", "compiled"} <= kept.seconds.keys():  # an earlier run's: decided as it decided
+            best = {"eager": kept.seconds["eager_best"], "compiled": kept.seconds["compiled"]}
+            return _compiled_or_eager(model, compiled, best, kept.seconds.get("compile", 0.0), kept.said())
 
         def eager_pass() -> float:
             with eager_stance():  # layers compiled in place run eagerly here
@@ -290,16 +304,80 @@ def _compile_choice(
             first = str(error).splitlines()[0] if str(error) else ""
             reason = f"{COMPILE_FAILED} ({type(error).__name__}: {first}): eager, the model as it was"
             return False, reason, None
+    kept.keep(
+        {
+            "eager": eager,
+            "eager_best": best["eager"],
+            "compiled": best["compiled"],
+            "compile": compile_seconds,
+        }
+    )
+    return _compiled_or_eager(model, compiled, best, compile_seconds, "")
+
+
+def _compiled_or_eager(
+    model, compiled, best: dict[str, float], compile_seconds: float, kept: str
+) -> tuple[bool, str, torch.nn.Module | None]:
+    """The compiled candidate where its best time beats eager's by ``COMPILE_MIN_SPEEDUP``, else eager (the
+    layers compiled in place put back); why, in words (``kept``: where the timings came from)."""
     speedup = best["eager"] / best["compiled"]
     reason = (
         f"auto, measured on the first micro-batch: eager {best['eager']:.3f} s, compiled "
         f"{best['compiled']:.3f} s ({speedup:.2f}x; compiled needs {COMPILE_MIN_SPEEDUP}x; compiling took "
-        f"{compile_seconds:.0f} s)"
+        f"{compile_seconds:.0f} s){kept}"
     )
     if speedup >= COMPILE_MIN_SPEEDUP:
         return True, reason, compiled
     uncompile_layers(model)  # scope layers compiled them in place: eager again
     return False, reason, None
+
+
+@dataclass
+class _KeptTimings:
+    """The compile probe's timings an earlier run kept for this machine, model, micro-batch shape, precision
+    and compile scope and mode (``seconds``: ``eager``, the first pass's, which weighs the run's length, and
+    where it measured the compiled candidate ``eager_best``, ``compiled`` and ``compile``; empty: none), and
+    where this run's new ones go (``keep``: those kept before stay as they were): as
+    ``runtime.precision: auto``'s choice, so that noise near ``COMPILE_MIN_SPEEDUP`` or
+    ``COMPILE_MIN_RUN_SECONDS`` cannot train the same command once compiled and once eager, with other
+    losses."""
+
+    choices: RememberedChoices | None = None
+    key: dict | None = None
+    seconds: dict = field(default_factory=dict)
+    measured: str | None = None
+
+    @classmethod
+    def of(cls, probe: CompileProbe, runtime: Runtime, model, batch) -> _KeptTimings:
+        if probe.choices is None:
+            return cls()
+        key = {
+            **choice_key(runtime, model, batch),
+            "compile": {"precision": runtime.precision, "scope": probe.scope, "mode": probe.mode},
+        }
+        earlier = probe.choices.get(key) or {}
+        timings = earlier.get("compile_seconds")
+        valid = isinstance(timings, dict) and all(
+            isinstance(value, int | float) and math.isfinite(value) and value >= 0
+            for value in timings.values()
+        )
+        seconds = dict(timings) if valid and timings.get("eager", 0) > 0 else {}
+        return cls(probe.choices, key, seconds, earlier.get("measured") if seconds else None)
+
+    def keep(self, seconds: dict) -> None:
+        """Keep this run's timings beside those kept before, which stay (nothing new: nothing written)."""
+        merged = {**seconds, **self.seconds}
+        if self.choices is not None and merged != self.seconds:
+            self.choices.put(self.key, {"compile_seconds": merged})
+
+    def said(self) -> str:
+        """Where the timings came from, for the choice's words ("" where this run measured them)."""
+        if self.measured is None:
+            return ""
+        return (
+            f"{KEPT}{self.choices.path} (timed {self.measured} on this machine for this model and "
+            "micro-batch shape; delete it to measure again)"
+        )
 
 
 def _probe(
