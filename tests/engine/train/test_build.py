@@ -225,6 +225,46 @@ def test_a_warmup_ratio_of_the_whole_run_is_said_naming_the_ratio(tmp_path, capl
     assert "3 warmup steps" in warnings[0] and "below this run's 3" in warnings[0] and "\n" not in warnings[0]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            {"epochs": 3, "max_steps": 4},
+            "train.epochs = 3 (train.max_steps = 4 sets the run's length: 4 optimizer",
+        ),
+        ({"max_steps": 4}, None),  # epochs left at its default: nothing to say
+        ({"epochs": 3, "max_steps": None}, None),
+        (
+            {"early_stopping": {"min_delta": 0.05}},
+            "train.early_stopping.min_delta = 0.05 (early stopping is off",
+        ),
+    ],
+)
+def test_a_train_setting_the_run_never_reads_is_said_in_one_warning(tmp_path, caplog, overrides, said):
+    """``train.epochs`` beside ``train.max_steps`` (a conf/local max_steps and ``--params train.epochs=3``),
+    or a ``min_delta`` with early stopping off, changes nothing: the run trains ``max_steps`` steps. One
+    warning names the setting, why and the steps an epoch takes (the plan's, counted apart here); the run
+    trains as before. Was: taken without a word, 4 steps trained where 3 epochs were asked for."""
+    settings = {"optimizer": {"warmup_steps": 1}, **overrides}
+    request = settle_request(_request(tmp_path, **settings))
+    with caplog.at_level("WARNING", logger="fastlm.engine.train.build"), ExitStack() as cleanup:
+        parts = build_training(request, cleanup)
+        steps_per_epoch = parts.plan.steps(0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    asked_steps = overrides.get("max_steps")
+    if said is None:
+        assert warnings == []
+        return
+    assert len(warnings) == 1 and said in warnings[0] and "\n" not in warnings[0], warnings
+    assert warnings[0].startswith("train settings that change nothing for this run: ")
+    if asked_steps is not None:
+        assert parts.total_steps == asked_steps
+        # an epoch's steps, counted from the stream's own batches (accumulation 1: a step a batch)
+        assert steps_per_epoch == len(parts.stream.sampler.epoch_batches())
+        assert f"about {asked_steps / steps_per_epoch:.3g} epochs of {steps_per_epoch} steps" in warnings[0]
+        assert "set train.max_steps: null to train 3 epochs" in warnings[0]
+
+
 @pytest.mark.parametrize(("scope", "validated_on"), [("model", "sdpa"), ("layers", "eager")])
 def test_a_compiled_cpu_runs_validation_runs_on_the_path_its_model_runs(
     tmp_path, monkeypatch, scope, validated_on

@@ -331,6 +331,7 @@ def build_training(request: TrainRequest, cleanup: ExitStack) -> TrainingParts:
     _log_start(params, total_steps, steps_per_epoch, comm.world_size, holds)
     if comm.is_main:
         _warn_whole_run_warmup(params.optimizer, total_steps)
+        _say_unread_settings(params, steps_per_epoch)
     log.info("loss: %s", opt.fused_choice)
     budget = TimeLimit(params.max_minutes)  # train.max_minutes: a stop at a step boundary
     early = _early_stopping(params, state, total_steps)  # train.early_stopping (engine/train/early_stop.py)
@@ -689,6 +690,29 @@ def _warn_whole_run_warmup(settings: OptimizerParams, total_steps: int) -> None:
         what,
         fix,
     )
+
+
+def _say_unread_settings(params: TrainParams, steps_per_epoch: int) -> None:
+    """One warning naming the train settings changed from their defaults that this run never reads, and why
+    (as the split says of its own): ``train.epochs`` beside ``train.max_steps``, which sets the run's length,
+    and ``train.early_stopping.min_delta`` with early stopping off."""
+    defaults = TrainParams()
+    unread = []
+    if params.max_steps is not None and params.epochs != defaults.epochs:
+        unread.append(
+            f"train.epochs = {params.epochs:g} (train.max_steps = {params.max_steps} sets the run's length: "
+            f"{params.max_steps} optimizer steps, about {params.max_steps / steps_per_epoch:.3g} epochs of "
+            f"{steps_per_epoch} steps; set train.max_steps: null to train {params.epochs:g} epochs)"
+        )
+    stopping = params.early_stopping
+    if stopping.patience is None and stopping.min_delta != defaults.early_stopping.min_delta:
+        unread.append(
+            f"train.early_stopping.min_delta = {stopping.min_delta:g} (early stopping is off: "
+            "train.early_stopping.patience is null; set it to stop after that many evaluations without an "
+            "improvement of more than min_delta)"
+        )
+    if unread:
+        log.warning("train settings that change nothing for this run: %s", "; ".join(unread))
 
 
 def _log_start(params: TrainParams, total_steps: int, steps_per_epoch: int, world: int, holds: dict) -> None:
