@@ -225,6 +225,33 @@ def test_auto_forks_workers_on_a_cpu_and_spawns_them_for_a_gpu(monkeypatch):
     assert worker_start_method("auto", "auto") == "forkserver"
 
 
+def test_more_workers_than_the_cpu_has_cores_is_refused_in_one_line_before_anything_starts(
+    tmp_path, bpe_tokenizer, tokenized, monkeypatch
+):
+    """``train.distributed.nproc_per_node`` above the usable cores of a CPU run (a GPU node's 8 copied to a
+    2-core machine): each worker gets one thread and two share a core, and every collective of a step waits
+    for the slowest, so the run is slower than with fewer processes (4 workers on 2 cores: 12,000 real
+    tokens/s where 2 trained 17,400). Refused in one line naming the parameter, the cores and the fix
+    before any worker, log folder or checkpoint is made; a GPU job is not counted against the cores."""
+    import torch
+
+    from fastlm.engine.launch import workers
+    from fastlm.errors import ConfigError
+
+    monkeypatch.setattr(workers, "usable_cpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    params = job_params(tmp_path, accum=1, nproc=3)
+    with pytest.raises(ConfigError) as refused:
+        launch(params, bpe_tokenizer, tokenized, tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message and "train.distributed.nproc_per_node is 3" in message
+    assert "2 usable CPU cores" in message and "Fix:" in message and "at most 2" in message
+    assert not list(tmp_path.glob(".launch-*")) and not (tmp_path / "checkpoints-3").exists()
+    workers.refuse_more_workers_than_cores(2, "cpu")  # one a core: let through
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    workers.refuse_more_workers_than_cores(8, "auto")  # one a GPU: the cores are not what it is counted by
+
+
 def test_a_killed_worker_is_named_before_the_peer_that_lost_its_connection(tmp_path):
     """A worker killed outright (the out-of-memory killer, kill -9) writes no error; its peer fails on the
     closed connection a moment later and does. The elastic launcher dates the peer's failure by its error

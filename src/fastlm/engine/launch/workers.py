@@ -75,6 +75,7 @@ from fastlm.engine.distributed.parallel import lost_peer, rank_from_env
 from fastlm.engine.launch import server
 from fastlm.engine.launch.job import JobResult, TrainJob, run_job, splits_identity
 from fastlm.engine.model.lora import load_trained_weights, trains_part_only
+from fastlm.engine.runtime.environment import usable_cpu_count
 from fastlm.engine.train.signals import TrainingInterrupted
 from fastlm.errors import ConfigError, FastlmError, StaleDataError
 
@@ -116,7 +117,8 @@ def launch_workers(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    method = worker_start_method(start_method, job.params.runtime.device)  # refused before any file is made
+    refuse_more_workers_than_cores(nproc, job.params.runtime.device)  # refused before any file is made
+    method = worker_start_method(start_method, job.params.runtime.device)
     staging = Path(job.model_dir).parent
     staging.mkdir(parents=True, exist_ok=True)
     _remove_stale_handovers(staging)
@@ -188,14 +190,37 @@ def _stopped_by(signal_name: str, job: TrainJob, nproc: int, *, since: float) ->
     )
 
 
+def _device_kind(device: str) -> str:
+    """The kind of device a job on ``device`` (``runtime.device``) trains on: ``auto`` is CUDA where it is
+    present, else the CPU."""
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
+
+
+def refuse_more_workers_than_cores(nproc: int, device: str) -> None:
+    """One line where a CPU job (``runtime.device``) would start more workers than this machine has usable
+    cores (``runtime.environment.usable_cpu_count``: the affinity mask, a container's CPU quota): each
+    worker takes one thread and two share a core, and every step's collectives wait for the slowest, so
+    the run is slower than with fewer processes. A job on a GPU runs a process per GPU (``rank_device``)."""
+    cores = usable_cpu_count()
+    if nproc <= cores or _device_kind(device) != "cpu":
+        return
+    raise ConfigError(
+        f"train.distributed.nproc_per_node is {nproc} and this CPU run has {cores} usable CPU cores: each "
+        f"worker process needs a core of its own (processes sharing a core wait for one another at every "
+        f"step, slower than fewer processes).",
+        fix=f"set train.distributed.nproc_per_node to at most {cores} (raise "
+        "train.batching.gradient_accumulation_steps to keep the effective batch), or 1.",
+    )
+
+
 def worker_start_method(requested: str, device: str) -> str:
     """``distributed.start_method`` for a job on ``device`` (``runtime.device``): ``auto`` is forkserver for
     the CPU, spawn for any other device; forkserver for another device is refused (module docstring)."""
     if requested == "spawn":
         return requested
-    import torch
-
-    kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
+    kind = _device_kind(device)
     if kind == "cpu":
         return "forkserver"
     if requested == "forkserver":
