@@ -892,6 +892,40 @@ def test_a_model_folder_whose_tokenizer_has_ids_past_its_embedding_is_refused_in
     assert sorted(p for p in (project / "data").rglob("*") if p.is_file()) == before
 
 
+@pytest.mark.parametrize("pad", [False, True], ids=["no_pad", "pad"])
+def test_a_model_folder_whose_tokenizer_has_no_eos_is_refused_in_one_line_leaving_data_whole(project, pad):
+    """``predict.model`` a folder whose tokenizer defines no EOS token (a tokenizer saved without its special
+    tokens): refused in one line naming the folder and the fix, before anything is written, as the split
+    refuses such a tokenizer. Was: a ValueError traceback from the padding (no pad either) or a TypeError from
+    the end ids (a pad but no EOS), after the kept chunks of the earlier predict job had been dropped."""
+    folder = project / "data/06_models/no_eos"
+    shutil.copytree(project / "data/06_models/model", folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    for key in ("eos_token", "pad_token", "bos_token"):
+        config.pop(key, None)
+    if pad:
+        config["pad_token"] = "<s>"
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.eos_token_id is None and (tokenizer.pad_token_id is not None) == pad
+    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=2)
+    before = {p: p.read_bytes() for p in sorted((project / "data").rglob("*")) if p.is_file()}
+    assert any("predict_parts" in str(p) for p in before)  # the earlier job's kept chunks
+    with pytest.raises(Exception) as raised:
+        _run(
+            project,
+            input="data/01_raw/inputs.jsonl",
+            prompt_column="dialogue",
+            model=str(folder),
+            max_new_tokens=4,
+        )
+    error = find_user_error(raised.value)
+    assert isinstance(error, InputDataError) and "\n" not in str(error), repr(raised.value)
+    assert str(folder) in str(error) and "no EOS token" in str(error) and "Fix: set eos_token" in str(error)
+    assert {p: p.read_bytes() for p in sorted((project / "data").rglob("*")) if p.is_file()} == before
+
+
 def _predicted(project, **predict):
     _run(project, max_new_tokens=6, **predict)
     table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)

@@ -31,6 +31,7 @@ __all__ = [
     "predict_input_limit",
     "predict_input_limit_source",
     "refuse_an_input_of_no_askable_row",
+    "refuse_a_tokenizer_without_eos",
     "refuse_prompts_of_an_id_model",
     "say_predicted",
     "system_turn_record",
@@ -277,6 +278,20 @@ def predict_input_limit(model, params, trained: dict) -> int:
             longer,
         )
     return limit
+
+
+def refuse_a_tokenizer_without_eos(tokenizer, source: str) -> None:
+    """One line, before the input is read as rows or anything is written, where the model's tokenizer
+    (``source``: its folder) defines no EOS token: generation ends each row at it and pads a batch with it
+    where there is no pad token (the split refuses such a tokenizer too: it ends every training sample)."""
+    if tokenizer.eos_token_id is not None:
+        return
+    raise InputDataError(
+        f"predict.model {source}: its tokenizer defines no EOS token (eos_token), which ends each generated "
+        "row and pads a batch where there is no pad token; nothing was written.",
+        fix="set eos_token in the folder's tokenizer_config.json to the token its model ends a text with "
+        '(e.g. "</s>" or "<|endoftext|>"), or give predict.model a folder whose tokenizer has one.',
+    )
 
 
 def refuse_an_input_of_no_row(table: pd.DataFrame, path: str) -> None:

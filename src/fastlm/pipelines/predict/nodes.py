@@ -30,6 +30,7 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     table = sources.read_input(path, id_column=params.id_column)
     steps.refuse_an_input_of_no_row(table, path)  # before any column is looked for, or the model loaded
     trained = sources.load_model(params.model)
+    steps.refuse_a_tokenizer_without_eos(trained["tokenizer"], trained["source"])
     training = sources.training_format(trained)
     chat_training = training if training is not None and training.get("kind") == "messages" else None
     parameter, column = params.input_column(
