@@ -1037,6 +1037,26 @@ def _trained_on_chats(project):
     return folder
 
 
+def test_chats_asked_without_the_training_system_turn_are_counted_among_the_chats_asked(project, caplog):
+    """Every training chat began with one system turn: the chats given without it are counted
+    (``chats_without_system_turn``) and said in one warning among those asked, as given; a chat refused (no
+    user turn, blank content) is asked neither way. Was: refused chats counted too ("4 of 6 chats ... they
+    are asked as given" where 2 of the 3 chats asked lacked it)."""
+    folder = _trained_on_chats(project)
+    record = json.loads((folder / "training_data.json").read_text())
+    (folder / "training_data.json").write_text(json.dumps({**record, "system_prompt": SYSTEM["content"]}))
+    (project / "data/01_raw/chats.jsonl").write_text(
+        "".join(json.dumps({"messages": chat}) + "\n" for chat, _ in CHATS), encoding="utf-8"
+    )
+    table, summary = _predicted(project, input="data/01_raw/chats.jsonl")
+    asked = table[table["refused"] == ""]
+    lacking = [json.loads(text)[0]["role"] != "system" for text in asked["input"]]
+    assert len(asked) == 3 and sum(lacking) == 2 == summary["chats_without_system_turn"]
+    assert summary["refused"] == 4
+    said = [text for text in _warned(caplog) if "begin without the system turn" in text]
+    assert len(said) == 1 and "2 of 3 chats" in said[0], said
+
+
 def test_a_chat_model_asks_a_txt_a_text_or_a_prompt_column_as_one_user_turn(project, caplog):
     """A model trained on chat messages, given a .txt, a table with a ``text`` column (no column named) or a
     ``predict.prompt_column``: each input is one user turn in its training's chat format, as the report asks

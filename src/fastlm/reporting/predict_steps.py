@@ -82,14 +82,16 @@ def tools_record(table: pd.DataFrame, chat, column: str) -> dict:
     return {"tools_column": None, "rows_with_tools": 0}
 
 
-def system_turn_record(table: pd.DataFrame, chat, column: str) -> dict:
-    """Chats given without the system turn every training chat began with (``chat.system_prompt``), for the
+def system_turn_record(table: pd.DataFrame, chat, column: str, asked=None) -> dict:
+    """Chats asked without the system turn every training chat began with (``chat.system_prompt``), for the
     summary (``chats_without_system_turn``): they are asked as given, said in one warning naming that turn and
-    how to add it; nothing for a model whose training chats shared no system turn."""
+    how to add it; nothing for a model whose training chats shared no system turn. ``asked``: which rows of
+    ``table`` are asked (the rows' ``refused`` is missing; None: all): a refused chat is asked neither way."""
     if chat is None or not chat.system_prompt:
         return {}
     chats = role_content_chats(table[column], f"predict.messages_column ({column!r})")[0]  # ShareGPT's too
-    turns = [plain(value) for value in chats]
+    kept = [True] * len(table) if asked is None else [bool(flag) for flag in asked]
+    turns = [plain(value) for value, used in zip(chats, kept, strict=True) if used]
     given = [value for value in turns if isinstance(value, list) and value and isinstance(value[0], dict)]
     lacking = sum(value[0].get("role") != "system" for value in given)
     if lacking:
