@@ -926,6 +926,36 @@ def test_a_model_folder_whose_tokenizer_has_no_eos_is_refused_in_one_line_leavin
     assert {p: p.read_bytes() for p in sorted((project / "data").rglob("*")) if p.is_file()} == before
 
 
+def test_a_tokenizer_whose_pad_token_the_model_lacks_predicts_padded_with_its_eos(project):
+    """``predict.model`` a folder whose tokenizer was given a pad token the model's embedding lacks
+    (``tokenizer.add_special_tokens({"pad_token": "[PAD]"})`` saved without ``resize_token_embeddings``): the
+    padding is masked and never generated, so its rows are padded with the EOS and predicted as those of the
+    same model whose tokenizer has no pad. Was: refused as "the tokenizer is not the model's", though every
+    input id is the model's."""
+    _run(project, input="data/01_raw/inputs.jsonl", prompt_column="dialogue", max_new_tokens=5, batch_size=4)
+    csv = project / "data/07_model_output/predictions.csv"
+    expected = pd.read_csv(csv, keep_default_na=False)
+    folder = project / "data/06_models/padded"
+    shutil.copytree(project / "data/06_models/model", folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    tokenizer.save_pretrained(folder)
+    embedding = AutoModelForCausalLM.from_pretrained(folder).get_input_embeddings().num_embeddings
+    assert tokenizer.pad_token_id == embedding == len(tokenizer) - 1
+    _run(
+        project,
+        input="data/01_raw/inputs.jsonl",
+        prompt_column="dialogue",
+        max_new_tokens=5,
+        batch_size=4,
+        model=str(folder),
+    )
+    table = pd.read_csv(csv, keep_default_na=False)
+    assert len(set(table["input_tokens"])) > 2  # rows of several lengths batched together: padded
+    columns = ["id", "prediction", "refused", "input_tokens", "new_tokens", "finish_reason"]
+    pd.testing.assert_frame_equal(table[columns], expected[columns])
+
+
 def _predicted(project, **predict):
     _run(project, max_new_tokens=6, **predict)
     table = pd.read_csv(project / "data/07_model_output/predictions.csv", keep_default_na=False)

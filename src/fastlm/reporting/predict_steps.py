@@ -15,6 +15,7 @@ from fastlm.corpus.chat_template import unread_variables
 from fastlm.corpus.prompts import quoted
 from fastlm.corpus.sharegpt import role_content_chats
 from fastlm.corpus.tool_calls import has_tool_calls, parse_tools, plain
+from fastlm.engine.data.collators import pad_id_of
 from fastlm.errors import InputDataError
 from fastlm.reporting.predict_chats import chat_format, chat_template_sha256
 from fastlm.reporting.predict_inputs import IdVocabulary, input_limit
@@ -361,24 +362,40 @@ def refuse_an_input_of_no_askable_row(
     )
 
 
-def check_token_ids(model, tokenizer, rows: pd.DataFrame, source: str) -> None:
-    """One line, before anything is generated or written, where the rows' token ids (or the pad id that fills
+def check_token_ids(model, tokenizer, rows: pd.DataFrame, source: str) -> int:
+    """One line, before anything is generated or written, where the rows' token ids (or the id that fills
     their padding) reach past the model's input embedding: the folder holds another model's tokenizer, and
-    the lookup would stop the run with an IndexError traceback."""
+    the lookup would stop the run with an IndexError traceback. Returns the id generation pads with: the
+    tokenizer's pad token, else its EOS; its EOS too where the pad token is past the embedding and the EOS is
+    not (a pad token added to the tokenizer without growing the model, ``add_special_tokens({"pad_token":
+    ...})``): the padding is masked and never generated, so an id the model has fills it, said in one line."""
+    pad = pad_id_of(tokenizer)
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     size = getattr(embedding, "num_embeddings", None)
     if size is None:
-        return
+        return pad
+    eos = tokenizer.eos_token_id
+    fill = int(eos) if pad >= size and eos is not None and eos < size else pad
     asked = [max(ids) for ids in rows["ids"] if ids is not None and len(ids)]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    highest = max([*asked, *([pad] if pad is not None else [])], default=None)
-    if highest is None or highest < size:
-        return
-    raise InputDataError(
-        f"predict.model {source}: its tokenizer ({len(tokenizer)} tokens) gives token id {highest}, past the "
-        f"model's {size} embedding rows: the tokenizer is not the model's.",
-        fix="give predict.model a folder holding the model with the tokenizer it was trained with.",
-    )
+    highest = max([*asked, fill])
+    if highest >= size:
+        raise InputDataError(
+            f"predict.model {source}: its tokenizer ({len(tokenizer)} tokens) gives token id {highest}, past "
+            f"the model's {size} embedding rows: the tokenizer is not the model's.",
+            fix="give predict.model a folder holding the model with the tokenizer it was trained with.",
+        )
+    if fill != pad:
+        log.info(
+            "predict: the pad token %r of %s's tokenizer (id %d) is past the model's %d embedding rows "
+            "(added to the tokenizer without growing the model): batches are padded with its EOS %r instead "
+            "(padding is masked and never generated)",
+            tokenizer.pad_token,
+            source,
+            pad,
+            size,
+            tokenizer.eos_token,
+        )
+    return fill
 
 
 def _finished(summary: dict) -> str:

@@ -93,6 +93,9 @@ class PredictionJob:
     # joined by spaces as the input's are, not the text after the input's (decoding only, as above)
     ids_rows: bool = False
     calls: object | None = None  # a CallReader of a chat template's tool calls (decoding only, as above)
+    # the id a batch's padding and its finished rows are filled with (masked, never generated: not part of the
+    # key); None: the tokenizer's pad token, else its EOS (``pad_id_of``)
+    pad_id: int | None = None
     extra: dict = field(default_factory=dict)  # shown in the summary (input, model, ...), not part of the key
 
 
@@ -374,7 +377,7 @@ def predict_rows(
                 result = generate_continuations(
                     model,
                     [fed[int(i)] for i in chunk],
-                    pad_id=pad_id_of(tokenizer),
+                    pad_id=job.pad_id if job.pad_id is not None else pad_id_of(tokenizer),
                     eos_id=tokenizer.eos_token_id,
                     runtime=runtime,
                     batch_size=job.batch_size,

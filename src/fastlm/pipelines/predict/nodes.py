@@ -66,12 +66,13 @@ def predict_file(sources, predict_params: dict, train_params: dict) -> tuple[pd.
     steps.refuse_an_input_of_no_askable_row(
         rows, path, parameter, column, messages=parameter == MESSAGES, vocabulary=vocabulary
     )
-    steps.check_token_ids(model, tokenizer, rows, trained["source"])
+    pad_id = steps.check_token_ids(model, tokenizer, rows, trained["source"])  # the id padding is filled with
     job = PredictionJob(
         decoding=params.decoding(),
         max_new_tokens=params.max_new_tokens,
         batch_size=params.batch_size,
         seed=params.seed,
+        pad_id=pad_id,
         continuation=parameter == "predict.text_column",  # plain text, continued: kept as decoded
         ids_rows=vocabulary is not None,  # ids continued: the new ids alone, as the input shows its ids
         calls=steps.call_reader(chat, tokenizer, rows),  # chats asked with tools: their calls read
