@@ -103,6 +103,26 @@ def test_scores_are_rouge_of_what_the_model_generates(model, bpe_tokenizer, runt
     assert (table["new_tokens"] <= 6).all() and metrics["generated_tokens_per_s"] > 0
 
 
+def test_rouge_on_part_of_the_test_split_says_of_how_many_test_samples(model, bpe_tokenizer, runtime):
+    """``report.references.max_samples`` below the test split's pairs: ROUGE is over a hash-selected part,
+    recorded (``rouge_test_samples``) and said in the ROUGE section as the test evaluation says its
+    ``report.eval_max_batches`` share. Was: "6 test samples generated ...", read as the test split's."""
+    pairs = reference_pairs(pair_frame(), 6)
+    _, metrics = _scored(model, bpe_tokenizer, pairs, runtime, new=2, batch=4, max_length=320)
+    assert metrics["rouge_samples"] == 6 and metrics["rouge_test_samples"] == 20
+    whole = pd.DataFrame({"sample": [0], "prompt": ["대화"], "response": ["배송"]})  # every test pair
+    _, every = _scored(model, bpe_tokenizer, whole, runtime, new=2, batch=4, max_length=320)
+    assert "rouge_test_samples" not in every
+    predictions = pd.DataFrame(
+        {"sample": [0], "prompt": ["p"], "reference": ["r"], "prediction": ["r"], "rouge1_f1": [1.0]}
+    ).assign(rougeL_f1=1.0)
+    sections = {s.heading: s for s in _sections({"loss": 2.0, **metrics}, predictions)}
+    assert sections["ROUGE on the test split"].text.startswith(
+        "6 of the 20 test samples (report.references.max_samples: hash-selected, the same for every run on "
+        "this data) generated"
+    )
+
+
 def test_predictions_of_a_model_writing_carriage_returns_read_back_row_for_row(runtime, tmp_path):
     """A model that writes a bare carriage return and a CRLF: its predictions get the split's line-end rule,
     so reference_predictions.csv (pandas quotes only the fields that hold a line feed) reads back one row per

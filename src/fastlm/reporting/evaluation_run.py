@@ -227,9 +227,12 @@ def score_reference_pairs(
         chat_variables=split.chat_template_kwargs if split.data_format == "messages" else None,
     )
     log.info(
-        "ROUGE on %d test samples (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
+        "ROUGE on %d test samples%s (%s; %s tokenizer): ROUGE-1 %.4f, ROUGE-2 %.4f, ROUGE-L %.4f "
         "(%.1f s, %.0f generated tokens/s)",
         metrics["rouge_samples"],
+        f" of {metrics['rouge_test_samples']} (report.references.max_samples)"
+        if "rouge_test_samples" in metrics
+        else "",
         metrics["rouge_decoding"],
         metrics["rouge_tokenizer"],
         metrics["rouge1"],

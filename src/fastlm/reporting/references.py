@@ -61,6 +61,7 @@ PREDICTION_COLUMNS = [
     *score_columns(),
 ]
 _PAIR_SEPARATOR = "\x00"
+TEST_PAIRS = "test_pairs"  # the attrs key of reference_pairs' frame: the test split's pairs, capped or not
 
 
 def has_references(splits: pd.DataFrame) -> bool:
@@ -69,11 +70,14 @@ def has_references(splits: pd.DataFrame) -> bool:
 
 
 def reference_pairs(splits: pd.DataFrame, max_samples: int | None) -> pd.DataFrame:
-    """The test rows (``sample`` = position among the test rows, ``prompt``, ``response``), hash-capped."""
+    """The test rows (``sample`` = position among the test rows, ``prompt``, ``response``), hash-capped; the
+    test split's pair count in ``attrs[TEST_PAIRS]`` (what a capped scoring is a part of)."""
     test = splits.loc[splits["split"].astype(str) == "test", list(PAIR_COLUMNS)].reset_index(drop=True)
     keys = text_keys((test["prompt"] + _PAIR_SEPARATOR + test["response"]).tolist())
     keep = cap_rows(keys[:, 1], max_samples) if len(test) else []
-    return test.iloc[keep].rename_axis("sample").reset_index()
+    pairs = test.iloc[keep].rename_axis("sample").reset_index()
+    pairs.attrs[TEST_PAIRS] = len(test)
+    return pairs
 
 
 def describe_decoding(settings: dict, max_new_tokens: int) -> str:
@@ -215,8 +219,9 @@ def score_test_generations(
     ``batch_size``, ``seed``, ``rouge_tokenizer``), passed whole because its settings travel together. The
     aggregate has ``rouge1``/``rouge2``/``rougeL`` (mean F1), their ``_precision``/``_recall``, and
     ``rouge_samples``, ``rouge_tokenizer``, ``rouge_decoding``, ``generation_seconds``,
-    ``generated_tokens_per_s``, and ``rouge_model_token_rules`` where the model's generation_config has
-    forced or banned tokens generation keeps (``generation.kept_model_rules``).
+    ``generated_tokens_per_s``, ``rouge_test_samples`` (the test split's pairs, where ``pairs`` are a
+    ``max_samples`` part of them: ``reference_pairs``), and ``rouge_model_token_rules`` where the model's
+    generation_config has forced or banned tokens generation keeps (``generation.kept_model_rules``).
 
     ``chat_variables``: chat data's template variables (None: not chat data). Where some reference answers
     call tools (in the template's call format, ``corpus.call_reader``), the predictions keep the call markup
@@ -272,6 +277,9 @@ def score_test_generations(
         generation_seconds=seconds,
         generated_tokens_per_s=generations.new_tokens / seconds if seconds > 0 else float("nan"),
     )
+    test_pairs = pairs.attrs.get(TEST_PAIRS)
+    if isinstance(test_pairs, int) and test_pairs > len(table):  # report.references.max_samples' part
+        aggregate["rouge_test_samples"] = test_pairs
     rules = kept_model_rules(model)  # the model folder's forced and banned tokens, kept at generation
     if rules:
         aggregate["rouge_model_token_rules"] = rules

@@ -550,8 +550,15 @@ def _rouge_sections(test_metrics: dict, predictions: pd.DataFrame | None) -> lis
             "F1": [test_metrics[r] for r in ("rouge1", "rouge2", "rougeL")],
         }
     )
+    total = test_metrics.get("rouge_test_samples")
+    scored = (
+        f"{test_metrics['rouge_samples']:,} of the {total:,} test samples (report.references.max_samples: "
+        "hash-selected, the same for every run on this data)"
+        if isinstance(total, Number) and total > test_metrics["rouge_samples"]
+        else f"{test_metrics['rouge_samples']:,} test samples"
+    )
     text = (
-        f"{test_metrics['rouge_samples']:,} test samples generated ({test_metrics['rouge_decoding']}) and "
+        f"{scored} generated ({test_metrics['rouge_decoding']}) and "
         f"scored against their reference responses with rouge-score, tokenizer "
         f"'{test_metrics['rouge_tokenizer']}'; means over samples. "
         f"{test_metrics['generated_tokens_per_s']:,.0f} generated tokens/s." + _tool_call_text(test_metrics)
