@@ -355,6 +355,22 @@ def test_memory_saturated_needs_full_memory_and_rising_step_time():
     assert MEMORY_SATURATED not in triggered(rising_only)
 
 
+def test_full_memory_over_too_few_logging_windows_to_see_a_rise_does_not_say_step_time_does_not_rise():
+    """The rise is the last third of the timed logging windows against the first: two windows (20 steps at
+    train.log_every 10: steps 2-10 and 11-20) have no third. Full memory there is not judged (the report's
+    "?" line), with the fix (a lower train.log_every). Was: "peak memory is 95 % of 1,000 MB, but step time
+    does not rise", a rise nobody measured."""
+    from fastlm.reporting.report_document import check_line
+
+    summary = cpu(device_memory_mb=1000.0)
+    history = make_history(3, step=[1, 10, 20], peak_memory_mb=950.0, step_time_s=[0.1, 0.1, 0.4])
+    finding = by_kind(diagnose(summary, history))[MEMORY_SATURATED]
+    assert not finding.triggered and "does not rise" not in finding.message
+    assert finding.message.startswith(f"{NOT_JUDGED}: peak memory is 95 % of 1,000 MB")
+    assert "(2 here: a lower train.log_every gives more)" in finding.message
+    assert check_line(dataclasses.asdict(finding)).startswith("? peak memory 95 % of 1,000 MB: ")
+
+
 def test_memory_saturated_names_the_memory_levers_this_run_left_unused():
     """The run's own lever decisions (train_summary.json): only the levers it did not use are advised, the
     next checkpointing policy after the one it ran, an 8-bit optimizer only on CUDA."""

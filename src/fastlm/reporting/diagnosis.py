@@ -11,7 +11,8 @@ passed. The rules, in order (thresholds are the module constants below):
   host at least ``HOST_BOUND_IDLE_SHARE`` of the profiled window), else see :func:`_host_sync_bound` for
   the heuristic.
 * ``memory-saturated`` -- peak memory is at least ``MEMORY_SATURATED_SHARE`` of the device memory *and*
-  step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed. The advice
+  step time rises over the run (allocator thrashing, fragmentation, swapping): both are needed; full memory
+  over fewer than 3 timed logging windows (no thirds to compare) is not judged. The advice
   names the memory levers the run's own decisions show it left unused (``_unused_memory_levers``).
 * ``eval-bound`` -- the evaluations and checkpoint saves between steps (``outside_steps_s``) took at least
   ``EVAL_BOUND_SHARE`` of the run's wall time: their cadence, not the steps' math, sets the pace. The advice:
@@ -398,7 +399,13 @@ def _memory_saturated(summary: dict, history: pd.DataFrame, timed: pd.DataFrame,
             "train.batching.gradient_accumulation_steps to keep the effective batch"
             + "".join(f", or {lever}" for lever in _unused_memory_levers(summary)),
         )
-    if full:
+    if full and math.isnan(rise):  # no third of the windows to compare: the rise was not measured
+        windows = len(step_times)
+        message = (
+            f"{NOT_JUDGED}: peak memory is {figure}, and whether step time rises over the run needs 3 timed "
+            f"logging windows ({windows} here: a lower train.log_every gives more)"
+        )
+    elif full:
         message = f"peak memory is {figure}, but step time does not rise"
     else:
         message = f"peak memory is {figure} (below {_percent(MEMORY_SATURATED_SHARE)})"
