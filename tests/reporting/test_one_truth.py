@@ -376,3 +376,27 @@ def test_the_mfu_is_the_runs_over_its_timed_steps_as_its_throughput():
     assert f"MFU {expected * 100:.0f} %" in compute.figure
     host = [f for f in diagnose(cuda, history) if f.kind == "host-sync-bound"][0]
     assert f"MFU {expected * 100:.0f} %" in host.figure
+
+
+def test_wrong_predictions_of_byte_pieces_that_decode_to_no_character_are_told_apart_by_their_ids():
+    """A byte-level BPE piece of a Korean syllable (one byte of its three) decodes to U+FFFD alone: three
+    such targets were three rows "� → ." of other counts, the same row to a reader. Each undecodable piece
+    is shown with its token id."""
+    from fastlm.reporting.report_document import error_pairs_table
+
+    pairs = pd.DataFrame(
+        {
+            "target_id": [121, 260, 5],
+            "predicted_id": [14, 14, 14],
+            "target": ["¼", "Ġë", "Ġthe"],
+            "predicted": [".", ".", "."],
+            "target_text": ["\ufffd", " \ufffd", " the"],
+            "predicted_text": [".", ".", "."],
+            "count": [7, 6, 5],
+            "share_of_errors": [0.4, 0.3, 0.2],
+        }
+    )
+    table = error_pairs_table(pairs)
+    assert table["target"].tolist() == ["� (id 121)", "␣� (id 260)", "␣the"]
+    assert table["predicted"].tolist() == [".", ".", "."]
+    assert table["count"].tolist() == [7, 6, 5]

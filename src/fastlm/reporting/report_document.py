@@ -104,14 +104,27 @@ def readable_token(text) -> str:
     return ("␣" * lead + stripped + "␣" * trail).replace("\n", "⏎")
 
 
+def _token_cell(texts: pd.Series, ids: pd.Series | None) -> list[str]:
+    """Decoded tokens for people (``readable_token``); a piece that decodes to no character (a byte of a
+    multi-byte character: U+FFFD) followed by its id, so two such pieces are not one token to a reader."""
+    ids = ids if ids is not None else pd.Series(None, index=texts.index)
+    return [
+        f"{readable_token(text)} (id {int(token)})"
+        if "\ufffd" in str(text) and token is not None and not pd.isna(token)
+        else readable_token(text)
+        for text, token in zip(texts, ids, strict=True)
+    ]
+
+
 def error_pairs_table(pairs: pd.DataFrame) -> pd.DataFrame:
-    """The wrong predictions with decoded tokens (byte-level BPE pieces such as ``Ġthe`` are for machines)."""
+    """The wrong predictions with decoded tokens (byte-level BPE pieces such as ``Ġthe`` are for machines;
+    one that decodes to no character shown with its id)."""
     if pairs is None or pairs.empty or "target_text" not in pairs:
         return pairs
     return pd.DataFrame(
         {
-            "target": pairs["target_text"].map(readable_token),
-            "predicted": pairs["predicted_text"].map(readable_token),
+            "target": _token_cell(pairs["target_text"], pairs.get("target_id")),
+            "predicted": _token_cell(pairs["predicted_text"], pairs.get("predicted_id")),
             "count": pairs["count"],
             "share of errors": pairs.get("share_of_errors"),
         }
